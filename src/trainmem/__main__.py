@@ -1,0 +1,5 @@
+"""``python -m trainmem`` runs the CLI."""
+
+from trainmem.cli import main
+
+main()

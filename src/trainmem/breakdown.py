@@ -1,0 +1,149 @@
+"""Results shared by every engine: memory categories, the peak breakdown, the estimate.
+
+Categories align with PyTorch's ``torch.distributed._tools.mem_tracker._MemRefType`` (PARAM, BUFFER,
+GRAD, ACT, TEMP, OPT) plus what only a device sees (fragmentation, CUDA context).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+SCHEMA_VERSION = 1
+"""Version of the JSON produced by :meth:`MemoryEstimate.to_dict`; bump on any key change."""
+
+
+class MemoryCategory(str, Enum):
+    """What a block of GPU memory holds."""
+
+    PARAMETER = "parameters"
+    BUFFER = "buffers"
+    GRADIENT = "gradients"
+    OPTIMIZER_STATE = "optimizer_states"
+    ACTIVATION = "activations"
+    TEMPORARY = "temporary"
+    INPUT = "inputs"
+    FRAGMENTATION = "fragmentation"
+    CUDA_CONTEXT = "cuda_context"
+
+
+#: Keys of ``breakdown_bytes`` in the JSON, in display order. Buffers and inputs are folded into
+#: parameters and activations respectively for the top-level breakdown (they stay separate in the
+#: trace engine's detailed table).
+BREAKDOWN_KEYS: tuple[str, ...] = (
+    "parameters",
+    "gradients",
+    "optimizer_states",
+    "activations",
+    "temporary",
+    "fragmentation",
+    "cuda_context",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBreakdown:
+    """Bytes per category at the moment of the peak of one training step (one GPU).
+
+    ``parameters + gradients + optimizer_states + activations + temporary`` is the predicted
+    ``torch.cuda.max_memory_allocated``; ``+ fragmentation`` is ``max_memory_reserved``;
+    ``+ cuda_context`` is what nvidia-smi shows.
+    """
+
+    parameters: int
+    gradients: int
+    optimizer_states: int
+    activations: int
+    temporary: int
+    fragmentation: int = 0
+    cuda_context: int = 0
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Sum of tensor categories: predicted ``max_memory_allocated``."""
+        return (
+            self.parameters
+            + self.gradients
+            + self.optimizer_states
+            + self.activations
+            + self.temporary
+        )
+
+    @property
+    def reserved_bytes(self) -> int:
+        """Allocated plus fragmentation: predicted ``max_memory_reserved``."""
+        return self.allocated_bytes + self.fragmentation
+
+    @property
+    def device_total_bytes(self) -> int:
+        """Reserved plus CUDA context: what nvidia-smi shows."""
+        return self.reserved_bytes + self.cuda_context
+
+    def as_dict(self) -> dict[str, int]:
+        """Category -> bytes, keys :data:`BREAKDOWN_KEYS`."""
+        return {k: int(getattr(self, k)) for k in BREAKDOWN_KEYS}
+
+
+@dataclass(slots=True)
+class MemoryEstimate:
+    """The answer of any engine for one model + training config (+ optional GPU).
+
+    Attributes:
+        model_name: preset name or config path.
+        engine: ``"analytic"`` or ``"trace"``.
+        num_parameters: all parameters (trainable and frozen).
+        num_trainable_parameters: parameters that get gradients and optimizer states.
+        breakdown: bytes per category at the peak.
+        peak_phase: ``forward``, ``backward`` or ``optimizer``: where the peak falls.
+        peak_reason: one sentence on why the peak falls there.
+        config: every resolved training setting (JSON-able).
+        gpu_name / gpu_capacity_bytes: the GPU the verdict is for, or None.
+        details: engine-specific extras (per-component bytes, per-module tables...).
+        timeline: the allocation stream, when the engine produced one.
+    """
+
+    model_name: str
+    engine: str
+    num_parameters: int
+    num_trainable_parameters: int
+    breakdown: MemoryBreakdown
+    peak_phase: str
+    peak_reason: str
+    config: dict[str, Any]
+    gpu_name: str | None = None
+    gpu_capacity_bytes: int | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+    timeline: Any = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the device total fits the GPU's usable capacity; None without a GPU."""
+        if self.gpu_capacity_bytes is None:
+            return None
+        return self.breakdown.device_total_bytes <= self.gpu_capacity_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict (schema :data:`SCHEMA_VERSION`); all sizes integers in bytes."""
+        b = self.breakdown
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "model": self.model_name,
+            "engine": self.engine,
+            "num_parameters": self.num_parameters,
+            "num_trainable_parameters": self.num_trainable_parameters,
+            "breakdown_bytes": b.as_dict(),
+            "peak": {
+                "allocated_bytes": b.allocated_bytes,
+                "reserved_bytes": b.reserved_bytes,
+                "device_total_bytes": b.device_total_bytes,
+                "phase": self.peak_phase,
+                "reason": self.peak_reason,
+            },
+            "fits": self.fits,
+            "gpu": {"name": self.gpu_name, "capacity_bytes": self.gpu_capacity_bytes},
+            "config": dict(self.config),
+            "details": self.details,
+            "notes": list(self.notes),
+        }

@@ -1,0 +1,145 @@
+"""GPUSpec and the GPU catalog.
+
+``memory_bytes`` is the usable capacity, the ``total_memory`` that
+``torch.cuda.get_device_properties(0)`` reports (what ``cudaMemGetInfo`` calls total), which is
+what PyTorch's out-of-memory message calls "total capacity". It is less than the marketing figure
+(decimal GB on the datasheet) because the driver and ECC keep some memory. The figures are the
+"GPU 0 has a total capacity of X GiB" values of PyTorch OOM messages as they appear in public bug
+reports (2 decimals, so +-0.005 GiB); each entry also cites its vendor datasheet for the nominal
+size. A user with a different board passes ``--gpu-memory`` instead.
+
+``cuda_context_bytes`` is the memory a CUDA process holds outside the caching allocator once a
+training step has run (driver context + lazily loaded kernels + cuBLAS/cuDNN handles). See
+Note [CUDA context] below.
+
+Note [CUDA context]
+    PyTorch sets ``CUDA_MODULE_LOADING=LAZY`` since 1.13 (CUDA >= 11.7). PyTorch PR #86509 measured
+    287,047,680 B total used after a first 6.4 MB tensor with lazy loading, against 666,632,192 B
+    eager (each including one 20 MiB segment); unsloth-zoo PR #1053 measured 426 MiB on an RTX 6000
+    Ada with PyTorch 2.10 + CUDA 13.0. After a training step more kernels have been loaded (autograd,
+    optimizer, attention). We default to 500 MiB for current stacks
+    (``DEFAULT_CUDA_CONTEXT_BYTES``) and use the measured 1343 MiB for the V100 + torch 1.10 era
+    (HF ``perf_train_gpu_one`` docs, 2022) through ``LEGACY_CUDA_CONTEXT_BYTES``.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+from trainmem.errors import SpecError
+from trainmem.units import GiB, MiB
+
+DEFAULT_CUDA_CONTEXT_BYTES = 500 * MiB
+"""Context + kernels of a PyTorch 2.x process after a training step (lazy loading). See
+Note [CUDA context]."""
+
+LEGACY_CUDA_CONTEXT_BYTES = 1343 * MiB
+"""Measured CUDA context of torch ~1.10 on a V100 without lazy loading (HF transformers docs,
+``perf_train_gpu_one.mdx`` @0016acf7, "CUDA context alone 1343 MB" where MB means MiB)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GPUSpec:
+    """A GPU model as the memory estimate sees it."""
+
+    name: str
+    """Catalog key, e.g. ``"A100-80GB"``."""
+    memory_bytes: int
+    """Usable capacity in bytes (``total_memory``), see module docstring."""
+    nominal: str
+    """Vendor's marketing capacity, e.g. ``"80 GB HBM2e"``."""
+    compute_capability: str
+    """CUDA compute capability (``"8.0"``) or the ROCm gfx target."""
+    vendor: str
+    """``nvidia`` or ``amd``."""
+    datasheet: str
+    """URL of the vendor datasheet."""
+    cublas_workspace_bytes: int = 8_519_680
+    """cuBLAS workspace per handle: 4096 KiB*2 + 16 KiB*8 = 8,519,680 B by default; 32 MiB on
+    compute capability >= 9.0 (PyTorch PR #89027), 32 MiB on ROCm. Source:
+    aten/src/ATen/cuda/CublasHandlePool.cpp ``getChosenWorkspaceSize``."""
+
+    def __post_init__(self) -> None:
+        if self.memory_bytes <= 0:
+            raise SpecError("memory_bytes", f"must be positive, got {self.memory_bytes}")
+
+
+def _gpu(name: str, total_gib: float, nominal: str, cc: str, url: str, vendor: str = "nvidia") -> GPUSpec:
+    major = int(cc.split(".")[0]) if vendor == "nvidia" else 0
+    ws = 32 * MiB if (vendor == "amd" or major >= 9) else 8_519_680
+    return GPUSpec(
+        name=name,
+        memory_bytes=round(total_gib * GiB),
+        nominal=nominal,
+        compute_capability=cc,
+        vendor=vendor,
+        datasheet=url,
+        cublas_workspace_bytes=ws,
+    )
+
+
+_NV = "https://www.nvidia.com/"
+GPUS: dict[str, GPUSpec] = {
+    g.name: g
+    for g in (
+        _gpu("H100-80GB", 79.11, "80 GB HBM3", "9.0", _NV + "en-us/data-center/h100/"),
+        _gpu("H100-94GB", 93.10, "94 GB HBM3 (H100 NVL)", "9.0", _NV + "en-us/data-center/h100/"),
+        _gpu("H200", 139.72, "141 GB HBM3e", "9.0", _NV + "en-us/data-center/h200/"),
+        _gpu("B200", 178.35, "180 GB HBM3e", "10.0", _NV + "en-us/data-center/dgx-b200/"),
+        _gpu("A100-80GB", 79.15, "80 GB HBM2e", "8.0", _NV + "en-us/data-center/a100/"),
+        _gpu("A100-40GB", 39.39, "40 GB HBM2", "8.0", _NV + "en-us/data-center/a100/"),
+        _gpu("A10G", 22.19, "24 GB GDDR6", "8.6", "https://aws.amazon.com/ec2/instance-types/g5/"),
+        _gpu("A10", 22.06, "24 GB GDDR6", "8.6", _NV + "en-us/data-center/products/a10-gpu/"),
+        _gpu("L4", 22.05, "24 GB GDDR6", "8.9", _NV + "en-us/data-center/l4/"),
+        _gpu("L40S", 44.39, "48 GB GDDR6", "8.9", _NV + "en-us/data-center/l40s/"),
+        _gpu("RTX-4090", 23.65, "24 GB GDDR6X", "8.9", _NV + "en-us/geforce/graphics-cards/40-series/rtx-4090/"),
+        _gpu("RTX-3090", 23.69, "24 GB GDDR6X", "8.6", _NV + "en-us/geforce/graphics-cards/30-series/rtx-3090-3090ti/"),
+        _gpu("RTX-A6000", 47.54, "48 GB GDDR6", "8.6", _NV + "en-us/design-visualization/rtx-a6000/"),
+        _gpu("V100-16GB", 15.77, "16 GB HBM2", "7.0", _NV + "en-us/data-center/v100/"),
+        _gpu("V100-32GB", 31.74, "32 GB HBM2", "7.0", _NV + "en-us/data-center/v100/"),
+        _gpu("T4", 14.75, "16 GB GDDR6", "7.5", _NV + "en-us/data-center/tesla-t4/"),
+        _gpu(
+            "MI250",
+            63.98,
+            "128 GB HBM2e (2 GCDs x 64 GB; one GCD is one torch device)",
+            "gfx90a",
+            "https://www.amd.com/en/products/accelerators/instinct/mi200/mi250.html",
+            vendor="amd",
+        ),
+        _gpu(
+            "MI300X",
+            191.98,
+            "192 GB HBM3",
+            "gfx942",
+            "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html",
+            vendor="amd",
+        ),
+    )
+}
+
+_ALIASES = {
+    "h100": "H100-80GB",
+    "a100": "A100-80GB",
+    "v100": "V100-16GB",
+    "4090": "RTX-4090",
+    "3090": "RTX-3090",
+}
+
+
+def get_gpu(name: str) -> GPUSpec:
+    """Look a GPU up by catalog name, case-insensitively (``"a100-80gb"``, ``"H100"``).
+
+    Raises:
+        SpecError: unknown GPU; the message lists close names and the catalog.
+    """
+    folded = {k.lower(): k for k in GPUS}
+    key = name.strip().lower().replace(" ", "-").replace("_", "-")
+    key = key.removeprefix("nvidia-").removeprefix("tesla-").removeprefix("geforce-")
+    if key in folded:
+        return GPUS[folded[key]]
+    if key in _ALIASES:
+        return GPUS[_ALIASES[key]]
+    close = difflib.get_close_matches(key, list(folded), n=3, cutoff=0.5)
+    hint = f" Did you mean: {', '.join(folded[c] for c in close)}?" if close else ""
+    raise SpecError("gpu", f"unknown GPU {name!r}.{hint} Known: {', '.join(GPUS)}")

@@ -1,0 +1,78 @@
+"""Timeline: the allocation stream of one training step, passed from an engine to the allocator
+simulator and the plots. Pure data, no torch.
+
+Each :class:`AllocEvent` is one ``malloc`` or ``free`` of a tensor storage as the CUDA caching
+allocator would see it (``size_bytes`` is the requested size, before the allocator's 512-byte
+rounding). ``block_id`` pairs a free with its alloc.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+from trainmem.breakdown import MemoryCategory
+
+Action = Literal["alloc", "free"]
+Phase = Literal["init", "forward", "backward", "optimizer", "zero_grad"]
+PHASES: tuple[str, ...] = ("init", "forward", "backward", "optimizer", "zero_grad")
+
+
+@dataclass(frozen=True, slots=True)
+class AllocEvent:
+    """One allocation or free.
+
+    Attributes:
+        action: ``"alloc"`` or ``"free"``.
+        block_id: identifies the storage; a free carries the id of its alloc.
+        size_bytes: requested bytes (same on the free as on its alloc).
+        category: what the storage holds.
+        phase: step phase the event happened in.
+        module: dotted module path that was running (``"transformer.h.3.attn"``), ``""`` if none.
+        stream: CUDA stream id (0 = default stream).
+    """
+
+    action: Action
+    block_id: int
+    size_bytes: int
+    category: MemoryCategory
+    phase: Phase
+    module: str = ""
+    stream: int = 0
+
+
+@dataclass(slots=True)
+class Timeline:
+    """Ordered allocation events of one steady-state step, plus the blocks live before it.
+
+    Attributes:
+        events: ordered events.
+        name: free text (model + config) for reports.
+    """
+
+    events: list[AllocEvent] = field(default_factory=list)
+    name: str = ""
+
+    def __iter__(self) -> Iterator[AllocEvent]:
+        return iter(self.events)
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def live_bytes(self) -> list[int]:
+        """Live requested bytes after each event (no rounding)."""
+        out: list[int] = []
+        live = 0
+        for ev in self.events:
+            live += ev.size_bytes if ev.action == "alloc" else -ev.size_bytes
+            out.append(live)
+        return out
+
+    def peak(self) -> tuple[int, int]:
+        """(peak live requested bytes, index of the event that set it); (0, -1) if empty."""
+        best, at = 0, -1
+        for i, live in enumerate(self.live_bytes()):
+            if live > best:
+                best, at = live, i
+        return best, at
