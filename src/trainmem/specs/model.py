@@ -23,6 +23,13 @@ HeadKind = Literal[
     "causal-lm", "masked-lm", "sequence-classification", "image-classification", "none"
 ]
 
+_HEADS_BY_ARCHITECTURE: dict[str, tuple[str, ...]] = {
+    "decoder": ("causal-lm", "sequence-classification", "none"),
+    "encoder": ("masked-lm", "sequence-classification", "none"),
+    "vision-encoder": ("image-classification", "none"),
+}
+"""Heads transformers offers per trunk (``XForCausalLM``, ``BertForMaskedLM``, ...)."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelSpec:
@@ -79,9 +86,13 @@ class ModelSpec:
     num_experts_per_tok: int = 1
     """Experts each token is routed to (top-k)."""
     head: HeadKind = "causal-lm"
-    """Task head on top of the trunk."""
+    """Task head on top of the trunk, as the transformers class names it: ``causal-lm``
+    (``XForCausalLM``), ``masked-lm`` (``BertForMaskedLM``), ``sequence-classification``,
+    ``image-classification`` (``ViTForImageClassification``), ``none`` (``BertModel``,
+    ``ViTModel``). It also decides the pooler: BERT has one for ``none`` and
+    ``sequence-classification``, ViT only for ``none``, as in transformers."""
     num_labels: int = 0
-    """Classes of a classification head."""
+    """Classes of a classification head (0 for other heads)."""
     type_vocab_size: int = 0
     """BERT token-type embeddings."""
     image_size: int = 0
@@ -96,6 +107,24 @@ class ModelSpec:
     """Dropout probability on attention probabilities."""
     embedding_dropout: float = 0.0
     """Dropout on the embeddings."""
+    fused_qkv: bool = False
+    """q, k and v are one HF module (GPT-2 ``c_attn``, Falcon / GPT-NeoX ``query_key_value``)."""
+    num_norms_per_layer: int = 2
+    """Norm modules per block: 2 (pre-attention, pre-MLP), 1 for a shared parallel-block norm
+    (Phi, Falcon-7B), 4 for Gemma-2 (pre and post norms around attention and MLP)."""
+    qk_norm: bool = False
+    """Per-head norms (width head_dim, kind ``norm_kind``) on queries and keys (Phi
+    ``qk_layernorm``, Qwen3 ``q_norm`` / ``k_norm``)."""
+    final_norm: bool = True
+    """A norm after the last block (GPT-2 ``ln_f``, Llama ``norm``); BERT (post-LN) has none."""
+    embedding_norm: bool = False
+    """A LayerNorm on the summed embeddings (BERT ``embeddings.LayerNorm``)."""
+    lm_head_bias: bool = False
+    """The causal-LM output projection has a bias of size V (Phi ``lm_head``)."""
+    partial_rotary_factor: float = 1.0
+    """Fraction of head_dim that is rotated by RoPE (Phi-2 0.4, GPT-NeoX ``rotary_pct``)."""
+    pooler_output_size: int | None = None
+    """Width of a ViT pooler's dense layer; None means hidden_size (always so for BERT)."""
 
     def __post_init__(self) -> None:
         for field in (
@@ -116,6 +145,45 @@ class ModelSpec:
             raise SpecError(
                 "num_key_value_heads",
                 f"{self.num_kv_heads} must divide num_attention_heads={self.num_heads}",
+            )
+        if self.num_experts < 1:
+            raise SpecError("num_experts", f"must be >= 1, got {self.num_experts}")
+        if self.num_norms_per_layer < 0:
+            raise SpecError(
+                "num_norms_per_layer", f"must be >= 0, got {self.num_norms_per_layer}"
+            )
+        if not 0.0 < self.partial_rotary_factor <= 1.0:
+            raise SpecError(
+                "partial_rotary_factor",
+                f"must be in (0, 1], got {self.partial_rotary_factor}",
+            )
+        allowed_heads = _HEADS_BY_ARCHITECTURE[self.architecture]
+        if self.head not in allowed_heads:
+            raise SpecError(
+                "head",
+                f"{self.head!r} is not available for a {self.architecture} model; "
+                f"allowed: {', '.join(allowed_heads)}",
+            )
+        classifies = self.head in ("sequence-classification", "image-classification")
+        if classifies and self.num_labels < 1:
+            raise SpecError(
+                "num_labels", f"a {self.head} head needs num_labels >= 1, got {self.num_labels}"
+            )
+        if self.architecture == "vision-encoder":
+            for field in ("image_size", "patch_size", "num_channels"):
+                value = getattr(self, field)
+                if value <= 0:
+                    raise SpecError(field, f"must be a positive integer for a ViT, got {value}")
+            if self.patch_size > self.image_size:
+                raise SpecError(
+                    "patch_size",
+                    f"{self.patch_size} is larger than image_size={self.image_size}",
+                )
+        elif self.vocab_size <= 0:
+            raise SpecError("vocab_size", f"must be a positive integer, got {self.vocab_size}")
+        if self.pooler_output_size is not None and self.pooler_output_size <= 0:
+            raise SpecError(
+                "pooler_output_size", f"must be a positive integer, got {self.pooler_output_size}"
             )
         if not 1 <= self.num_experts_per_tok <= self.num_experts:
             raise SpecError(

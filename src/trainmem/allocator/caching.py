@@ -1,0 +1,972 @@
+"""A pure-Python simulation of PyTorch's CUDA caching allocator (``backend:native``).
+
+It turns a stream of ``malloc(size, stream)`` / ``free(handle)`` calls into what
+``torch.cuda.memory_stats()`` would report: allocated and reserved bytes with their peaks,
+inactive-split fragmentation, retries and out-of-memory errors. No torch, no GPU.
+
+Note [Simulator data model]
+    A *segment* is one simulated ``cudaMalloc`` (or one expandable virtual range); its *blocks*
+    are a doubly linked list in address order (``prev``/``next``) that tiles it exactly. Free
+    blocks live in a pool (small or large) kept as a sorted list of ``(stream, size, ptr)``
+    tuples, so ``bisect`` finds the best fit in O(log n): the smallest block of the stream with
+    size >= request, lowest address among equal sizes (spec 2.3). Unmapped blocks of expandable
+    segments live in a second list ordered by ``(stream, ptr)``. Allocated blocks are found by
+    address; the address is the handle ``malloc`` returns. Addresses are invented: segments are
+    laid out bump-pointer style with a 2 MiB gap, so they never overlap and never get reused.
+
+Note [Cross-stream frees]
+    A block with ``record_stream`` uses becomes ``active_pending_free`` on free. A simulator
+    cannot know when the GPU finishes, so the pending free completes at the start of the next
+    ``malloc`` (the default completion-lag model of spec 2.8), or at ``empty_cache`` / the OOM
+    path, which synchronize.
+
+Source: ../shared/specs/cuda-caching-allocator.md sections 1-5; the functions of the same names
+in c10/cuda/CUDACachingAllocator.cpp
+(https://github.com/pytorch/pytorch/blob/eb42ad6eca0ce61e7c581212b4bf32f991425571/c10/cuda/CUDACachingAllocator.cpp).
+
+Known limitations:
+    - one device; no private pools (CUDA graphs, MemPool) and no IPC;
+    - ``expandable_segments`` cannot be toggled after construction;
+    - invented addresses only break ties between equal-sized free blocks (spec 2.3).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from typing import Any
+
+from trainmem.allocator.config import AllocatorConfig
+from trainmem.allocator.constants import (
+    DEFAULT_VIRTUAL_DEVICE_BYTES,
+    EXPANDABLE_VIRTUAL_DEN,
+    EXPANDABLE_VIRTUAL_NUM,
+    K_MIN_BLOCK_SIZE,
+    K_MIN_LARGE_ALLOC,
+    K_ROUND_LARGE,
+    K_SMALL_BUFFER,
+    K_SMALL_SIZE,
+    MAX_SPLIT_SIZE_UNLIMITED,
+    OOM_DOCS_URL,
+)
+from trainmem.allocator.stats import LARGE_POOL, SMALL_POOL, DeviceStats, decrease, increase
+from trainmem.errors import TrainmemError
+
+#: First invented segment address (looks like a CUDA device pointer, fits in int64).
+_BASE_ADDRESS = 0x7F0000000000
+#: Gap between invented segments (bytes), so no two segments are adjacent.
+_ADDRESS_GAP = K_SMALL_BUFFER
+
+
+class OutOfMemoryError(TrainmemError):
+    """The simulated ``cudaMalloc`` failed after the cache was flushed (spec 3.5).
+
+    ``str(err)`` is the message PyTorch prints.
+
+    Attributes:
+        size_bytes: the rounded request that failed.
+        alloc_size_bytes: the segment size it tried to obtain (printed in the message).
+    """
+
+    def __init__(self, message: str, *, size_bytes: int, alloc_size_bytes: int) -> None:
+        super().__init__(message)
+        self.size_bytes = size_bytes
+        self.alloc_size_bytes = alloc_size_bytes
+
+
+def format_size(size_bytes: int) -> str:
+    """Format bytes as PyTorch's allocator does in its messages (``format_size``).
+
+    Args:
+        size_bytes: a byte count.
+
+    Returns:
+        ``"N bytes"`` up to 1024, then ``"x.xx KiB"`` up to 1 MiB inclusive, ``"x.xx MiB"`` up to
+        1 GiB inclusive, else ``"x.xx GiB"``.
+
+    Source: spec section 3.5 (format_size table).
+    """
+    if size_bytes <= 1024:
+        return f"{size_bytes} bytes"
+    if size_bytes <= 1_048_576:
+        return f"{size_bytes / 1024:.2f} KiB"
+    if size_bytes <= 1_073_741_824:
+        return f"{size_bytes / 1_048_576:.2f} MiB"
+    return f"{size_bytes / 1_073_741_824:.2f} GiB"
+
+
+def get_allocation_size(size: int, large_segment_size: int) -> int:
+    """Size of a new segment for a rounded request (``get_allocation_size``).
+
+    Args:
+        size: rounded request in bytes.
+        large_segment_size: segment size for 1-10 MiB requests (kLargeBuffer, 20 MiB by default).
+
+    Returns:
+        2 MiB for small requests, ``large_segment_size`` under 10 MiB, else the request rounded
+        up to a multiple of 2 MiB (bytes).
+
+    Source: spec section 1.4.
+    """
+    if size <= K_SMALL_SIZE:
+        return K_SMALL_BUFFER
+    if size < K_MIN_LARGE_ALLOC:
+        return large_segment_size
+    return K_ROUND_LARGE * ((size + K_ROUND_LARGE - 1) // K_ROUND_LARGE)
+
+
+class _ExpandableSegment:
+    """One reserved virtual range whose pages get mapped on demand (spec 4.1)."""
+
+    __slots__ = ("base", "page_size", "size")
+
+    def __init__(self, base: int, page_size: int, size: int) -> None:
+        self.base = base
+        self.page_size = page_size
+        self.size = size
+
+
+class Block:
+    """A contiguous piece of a segment (``Block`` in CUDACachingAllocator.cpp)."""
+
+    __slots__ = (
+        "ptr",
+        "size",
+        "requested_size",
+        "allocated",
+        "prev",
+        "next",
+        "stream",
+        "pool",
+        "mapped",
+        "expandable",
+        "gc_count_base",
+        "event_count",
+        "stream_uses",
+        "category",
+    )
+
+    def __init__(
+        self,
+        ptr: int,
+        size: int,
+        stream: int,
+        pool: BlockPool,
+        expandable: _ExpandableSegment | None = None,
+    ) -> None:
+        self.ptr = ptr
+        self.size = size
+        self.requested_size = 0
+        self.allocated = False
+        self.prev: Block | None = None
+        self.next: Block | None = None
+        self.stream = stream
+        self.pool = pool
+        self.mapped = True
+        self.expandable = expandable
+        self.gc_count_base = 0
+        self.event_count = 0
+        self.stream_uses: set[int] = set()
+        self.category: str | None = None
+
+    def is_split(self) -> bool:
+        """True if the block does not cover its whole segment."""
+        return self.prev is not None or self.next is not None
+
+
+class BlockPool:
+    """Free blocks of one pool (small or large), ordered by (stream, size, address)."""
+
+    __slots__ = ("is_small", "stat_type", "keys", "free_at", "unmapped", "unmapped_at", "calls")
+
+    def __init__(self, is_small: bool) -> None:
+        self.is_small = is_small
+        self.stat_type = SMALL_POOL if is_small else LARGE_POOL
+        #: Sorted (stream, size, ptr) of free mapped blocks.
+        self.keys: list[tuple[int, int, int]] = []
+        self.free_at: dict[int, Block] = {}
+        #: Sorted (stream, ptr) of unmapped expandable blocks.
+        self.unmapped: list[tuple[int, int]] = []
+        self.unmapped_at: dict[int, Block] = {}
+        #: get_free_blocks_call_count (block ages for the garbage collector).
+        self.calls = 0
+
+    def insert(self, block: Block) -> None:
+        """Insert a free mapped block (``insert_into_blocks``)."""
+        block.gc_count_base = self.calls
+        insort(self.keys, (block.stream, block.size, block.ptr))
+        self.free_at[block.ptr] = block
+
+    def remove(self, block: Block) -> None:
+        """Remove a free mapped block; its ptr and size must be those it was inserted with."""
+        keys = self.keys
+        del keys[bisect_left(keys, (block.stream, block.size, block.ptr))]
+        del self.free_at[block.ptr]
+
+    def insert_unmapped(self, block: Block) -> None:
+        """Insert an unmapped expandable block."""
+        insort(self.unmapped, (block.stream, block.ptr))
+        self.unmapped_at[block.ptr] = block
+
+    def remove_unmapped(self, block: Block) -> None:
+        """Remove an unmapped expandable block."""
+        del self.unmapped[bisect_left(self.unmapped, (block.stream, block.ptr))]
+        del self.unmapped_at[block.ptr]
+
+
+class CachingAllocatorSim:
+    """Simulated ``DeviceCachingAllocator`` of one GPU.
+
+    Example:
+        >>> sim = CachingAllocatorSim()
+        >>> h = sim.malloc(1000)
+        >>> sim.memory_stats()["allocated_bytes.all.current"], sim.max_memory_reserved
+        (1024, 2097152)
+        >>> sim.free(h)
+
+    Args:
+        capacity_bytes: bytes the allocator may obtain from CUDA (device total minus CUDA context
+            and other non-PyTorch usage). A ``cudaMalloc`` succeeds iff
+            ``capacity_bytes - reserved >= segment size`` (spec 3.1). ``None`` is unlimited.
+        config: allocator options (``AllocatorConfig.from_string(PYTORCH_CUDA_ALLOC_CONF)``).
+        device_total_bytes: ``total_memory`` of the GPU, printed in the OOM message and used for
+            the memory-fraction cap and the expandable virtual range; defaults to
+            ``capacity_bytes``. The difference is printed as non-PyTorch memory of this process.
+        record_history: keep a trace of alloc/free/segment events for a memory snapshot
+            (``torch.cuda.memory._record_memory_history``); costs time and memory.
+        device: device ordinal printed in messages and snapshots.
+
+    Source: spec sections 2-5.
+    """
+
+    def __init__(
+        self,
+        capacity_bytes: int | None = None,
+        config: AllocatorConfig | None = None,
+        *,
+        device_total_bytes: int | None = None,
+        record_history: bool = False,
+        device: int = 0,
+    ) -> None:
+        self.config = config if config is not None else AllocatorConfig()
+        self.capacity_bytes = capacity_bytes
+        self.device_total_bytes = (
+            device_total_bytes if device_total_bytes is not None else capacity_bytes
+        )
+        self.device = device
+        self.stats = DeviceStats()
+        self.small_pool = BlockPool(is_small=True)
+        self.large_pool = BlockPool(is_small=False)
+        self._allocated: dict[int, Block] = {}
+        self._pending: list[Block] = []
+        self._reserved_total = 0  # total_allocated_memory in C++: reserved over all pools
+        self._next_address = _BASE_ADDRESS
+        self._expandable_segments: list[_ExpandableSegment] = []
+        self.trace: list[dict[str, Any]] | None = [] if record_history else None
+        self._memory_fraction: float | None = None
+        if self.config.per_process_memory_fraction < 1.0:
+            self.set_per_process_memory_fraction(self.config.per_process_memory_fraction)
+        # Hot-path copies of config values.
+        cfg = self.config
+        self._max_split = cfg.max_split_size_bytes
+        self._max_split_set = cfg.max_split_size_is_set
+        self._expandable = cfg.expandable_segments
+        self._divisions = cfg.roundup_power2_divisions
+        self._any_divisions = any(cfg.roundup_power2_divisions)
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def max_memory_allocated(self) -> int:
+        """Peak of ``allocated_bytes.all`` (``torch.cuda.max_memory_allocated``), bytes."""
+        return self.stats.allocated_bytes[0].peak
+
+    @property
+    def max_memory_reserved(self) -> int:
+        """Peak of ``reserved_bytes.all`` (``torch.cuda.max_memory_reserved``), bytes."""
+        return self.stats.reserved_bytes[0].peak
+
+    @property
+    def memory_allocated(self) -> int:
+        """``allocated_bytes.all.current`` (``torch.cuda.memory_allocated``), bytes."""
+        return self.stats.allocated_bytes[0].current
+
+    @property
+    def memory_reserved(self) -> int:
+        """``reserved_bytes.all.current`` (``torch.cuda.memory_reserved``), bytes."""
+        return self.stats.reserved_bytes[0].current
+
+    @property
+    def allowed_bytes(self) -> int | None:
+        """The memory-fraction cap in bytes, or ``None`` when no fraction is set."""
+        if self._memory_fraction is None or self.device_total_bytes is None:
+            return None
+        return int(self._memory_fraction * self.device_total_bytes)
+
+    def memory_stats(self) -> dict[str, int]:
+        """``torch.cuda.memory_stats()`` of the simulated device (spec 5.1)."""
+        max_split = -1 if self._max_split == MAX_SPLIT_SIZE_UNLIMITED else self._max_split
+        return self.stats.as_dict(max_split)
+
+    def reset_peak_memory_stats(self) -> None:
+        """Set every peak to its current value (``torch.cuda.reset_peak_memory_stats``)."""
+        self.stats.reset_peak()
+
+    def set_per_process_memory_fraction(self, fraction: float) -> None:
+        """Cap reserved memory at ``fraction * device_total_bytes`` (2.9+ semantics, spec 3.1).
+
+        A fraction of 1.0 removes the cap, which also disables the garbage collector (3.3).
+
+        Args:
+            fraction: in (0, 1].
+
+        Raises:
+            ValueError: fraction outside (0, 1], or no device total is known.
+        """
+        if not 0.0 < fraction <= 1.0:
+            raise ValueError(f"fraction must be in (0, 1], got {fraction}")
+        if fraction < 1.0 and self.device_total_bytes is None:
+            raise ValueError("a memory fraction needs capacity_bytes or device_total_bytes")
+        self._memory_fraction = fraction if fraction < 1.0 else None
+
+    def round_size(self, size: int) -> int:
+        """Block size for a request of ``size`` bytes (``round_size``, spec 1.2).
+
+        Args:
+            size: requested bytes.
+
+        Returns:
+            At least 512 and a multiple of 512 (bytes); with ``roundup_power2_divisions`` the
+            next power-of-two division when the bucket's divisions d > 1 and size > 512 * d.
+        """
+        if size < K_MIN_BLOCK_SIZE:
+            return K_MIN_BLOCK_SIZE
+        if self._any_divisions:
+            idx = min(max(size.bit_length() - 1 - 20, 0), 15)
+            d = self._divisions[idx]
+            if d > 1 and size > K_MIN_BLOCK_SIZE * d:
+                if size & (size - 1) == 0:
+                    return size
+                step = (1 << (size.bit_length() - 1)) // d
+                return -(-size // step) * step
+        return -(-size // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE
+
+    def malloc(
+        self, size_bytes: int, stream: int = 0, *, category: str | None = None
+    ) -> int:
+        """Allocate ``size_bytes`` on ``stream`` and return a handle (the block address).
+
+        Args:
+            size_bytes: requested bytes (``numel * itemsize``). 0 returns the null handle 0 and
+                changes nothing, like PyTorch.
+            stream: CUDA stream id; cached memory is never shared between streams.
+            category: optional label recorded in the trace (snapshot colouring).
+
+        Returns:
+            An int handle to pass to :meth:`free`.
+
+        Raises:
+            OutOfMemoryError: with PyTorch's message, after the flush-and-retry path failed.
+            ValueError: a negative size.
+
+        Source: spec section 2.2 (``malloc``), 2.4 to 2.6, 3.
+        """
+        if size_bytes <= 0:
+            if size_bytes == 0:
+                return 0
+            raise ValueError(f"size_bytes must be >= 0, got {size_bytes}")
+        if self._pending:
+            self._process_events()
+        size = self.round_size(size_bytes)
+        pool = self.small_pool if size <= K_SMALL_SIZE else self.large_pool
+        block = self._get_free_block(pool, stream, size)
+        if block is None:
+            alloc_size = get_allocation_size(size, self.config.large_segment_size_bytes)
+            if self._memory_fraction is not None and self.config.garbage_collection_threshold > 0:
+                self._garbage_collect()
+            block = self._alloc_block(pool, stream, size, alloc_size, is_retry=False)
+            if block is None and self._release_available_cached_blocks(pool, stream, size):
+                block = self._alloc_block(pool, stream, size, alloc_size, is_retry=False)
+            if block is None:
+                self._release_cached_blocks()
+                block = self._alloc_block(pool, stream, size, alloc_size, is_retry=True)
+            if block is None:
+                raise self._out_of_memory(size, alloc_size, stream)
+        return self._alloc_found_block(block, pool, size, size_bytes, category)
+
+    def free(self, handle: int) -> None:
+        """Free the block behind ``handle`` (``free``, spec 2.7).
+
+        ``allocated_bytes`` drops at once; the block goes back to its pool and merges with free
+        neighbours, unless ``record_stream`` was called (then it waits, see
+        Note [Cross-stream frees]). Memory is never returned to CUDA here.
+
+        Args:
+            handle: a value returned by :meth:`malloc`; 0 (a zero-byte allocation) is ignored.
+
+        Raises:
+            ValueError: ``handle`` is not a live allocation.
+        """
+        if handle == 0:
+            return
+        block = self._allocated.pop(handle, None)
+        if block is None:
+            raise ValueError(f"invalid device pointer: {handle:#x}")
+        block.allocated = False
+        st = block.pool.stat_type
+        s = self.stats
+        decrease(s.allocation, st, 1)
+        decrease(s.allocated_bytes, st, block.size)
+        if block.size >= self._max_split:
+            s.oversize_allocations.decrease(1)
+        if self.trace is not None:
+            self._record("free_requested", block.ptr, block.requested_size, block.stream, block)
+        if block.stream_uses:
+            block.event_count = len(block.stream_uses)
+            block.stream_uses = set()
+            self._pending.append(block)
+        else:
+            self._free_block(block)
+
+    def record_stream(self, handle: int, stream: int) -> None:
+        """Mark the allocation as used on ``stream`` (``Tensor.record_stream``, spec 2.8).
+
+        Args:
+            handle: a live allocation.
+            stream: the stream that uses it; the allocation stream itself is ignored.
+
+        Raises:
+            ValueError: ``handle`` is not a live allocation.
+        """
+        block = self._allocated.get(handle)
+        if block is None:
+            raise ValueError(f"invalid device pointer: {handle:#x}")
+        if stream != block.stream:
+            block.stream_uses.add(stream)
+
+    def empty_cache(self) -> None:
+        """Release every wholly free segment (and free expandable pages) to CUDA.
+
+        ``torch.cuda.empty_cache()``; it first completes pending cross-stream frees. Segments
+        with any block in use stay (spec 3.4).
+        """
+        self._release_cached_blocks()
+
+    def block_size_of(self, handle: int) -> int:
+        """Block size (bytes) behind a live allocation handle."""
+        return self._allocated[handle].size
+
+    # ------------------------------------------------------------------ internals: search
+
+    def _get_free_block(self, pool: BlockPool, stream: int, size: int) -> Block | None:
+        """Best-fit cached block, or None (``get_free_block``, spec 2.3 and 2.4)."""
+        cfg = self.config
+        if self._memory_fraction is not None and cfg.garbage_collection_threshold > 0:
+            pool.calls += 1
+        keys = pool.keys
+        i = bisect_left(keys, (stream, size, 0))
+        n = len(keys)
+        if i == n or keys[i][0] != stream:
+            return None
+        block = pool.free_at[keys[i][2]]
+        if block.expandable is not None:
+            # Best fit by "expandable size": skip the growable tail for an interior block (4.3).
+            while i + 1 < n and keys[i + 1][0] == stream and block.expandable is not None:
+                nxt = pool.free_at[keys[i + 1][2]]
+                if _expandable_size(nxt) < _expandable_size(block):
+                    i += 1
+                    block = nxt
+                else:
+                    break
+        if self._max_split_set:
+            # Oversize rule A: do not hand an oversize block to a normal request.
+            if size < self._max_split and block.size >= self._max_split:
+                return None
+            # Oversize rule B: an oversize request reuses a block less than 20 MiB bigger.
+            if size >= self._max_split and block.size >= size + cfg.max_non_split_rounding_bytes:
+                return None
+        pool.remove(block)
+        return block
+
+    def _should_split(self, block: Block, size: int) -> bool:
+        """``should_split`` (spec 2.5)."""
+        remaining = block.size - size
+        if block.pool.is_small or self._expandable:
+            return remaining >= K_MIN_BLOCK_SIZE
+        return size < self._max_split and remaining > K_SMALL_SIZE
+
+    def _alloc_found_block(
+        self, block: Block, pool: BlockPool, size: int, orig_size: int, category: str | None
+    ) -> int:
+        """Split if worth it, mark allocated, update stats (``alloc_found_block``, spec 2.6)."""
+        st = pool.stat_type
+        s = self.stats
+        already_split = block.is_split()
+        not_expandable = block.expandable is None
+        if self._should_split(block, size):
+            # Carve the allocation from the low end; the remainder stays in the pool.
+            remaining = block
+            block = Block(remaining.ptr, size, remaining.stream, pool, remaining.expandable)
+            block.prev = remaining.prev
+            if block.prev is not None:
+                block.prev.next = block
+            block.next = remaining
+            remaining.prev = block
+            remaining.ptr += size
+            remaining.size -= size
+            pool.insert(remaining)
+            if not_expandable:
+                if already_split:
+                    decrease(s.inactive_split_bytes, st, size)
+                else:
+                    increase(s.inactive_split_bytes, st, remaining.size)
+                    increase(s.inactive_split, st, 1)
+        elif already_split and not_expandable:
+            decrease(s.inactive_split_bytes, st, block.size)
+            decrease(s.inactive_split, st, 1)
+        block.allocated = True
+        block.requested_size = orig_size
+        block.category = category
+        self._allocated[block.ptr] = block
+        bsize = block.size
+        increase(s.allocation, st, 1)
+        increase(s.allocated_bytes, st, bsize)
+        increase(s.active, st, 1)
+        increase(s.active_bytes, st, bsize)
+        increase(s.requested_bytes, st, orig_size)
+        if bsize >= self._max_split:
+            s.oversize_allocations.increase(1)
+        if self.trace is not None:
+            self._record("alloc", block.ptr, orig_size, block.stream, block)
+        return block.ptr
+
+    # ------------------------------------------------------------------ internals: free
+
+    def _free_block(self, block: Block) -> None:
+        """Merge with free neighbours and return to the pool (``free_block``, spec 2.7)."""
+        if self.trace is not None:
+            self._record("free_completed", block.ptr, block.requested_size, block.stream, block)
+        pool = block.pool
+        original_size = block.size
+        requested = block.requested_size
+        net_blocks = 0
+        net_bytes = 0
+        for candidate in (block.prev, block.next):
+            subsumed = self._try_merge_blocks(block, candidate, pool)
+            if subsumed:
+                net_blocks -= 1
+                net_bytes -= subsumed
+        pool.insert(block)
+        if block.is_split():
+            net_blocks += 1
+            net_bytes += block.size
+        st = pool.stat_type
+        s = self.stats
+        if block.expandable is None:
+            # inactive_split excludes expandable segments (their free pages can be unmapped).
+            if net_blocks > 0:
+                increase(s.inactive_split, st, net_blocks)
+            elif net_blocks < 0:
+                decrease(s.inactive_split, st, -net_blocks)
+            if net_bytes > 0:
+                increase(s.inactive_split_bytes, st, net_bytes)
+            elif net_bytes < 0:
+                decrease(s.inactive_split_bytes, st, -net_bytes)
+        decrease(s.active, st, 1)
+        decrease(s.active_bytes, st, original_size)
+        decrease(s.requested_bytes, st, requested)
+
+    @staticmethod
+    def _try_merge_blocks(dst: Block, src: Block | None, pool: BlockPool) -> int:
+        """Absorb ``src`` into ``dst`` if it is free and in the same mapped state; bytes absorbed.
+
+        ``dst`` is never in the pool here. Source: ``try_merge_blocks``.
+        """
+        if (
+            src is None
+            or src.allocated
+            or src.event_count > 0
+            or src.stream_uses
+            or dst.mapped != src.mapped
+        ):
+            return 0
+        if src.mapped:
+            pool.remove(src)
+        else:
+            pool.remove_unmapped(src)
+        if dst.prev is src:
+            dst.ptr = src.ptr
+            dst.prev = src.prev
+            if dst.prev is not None:
+                dst.prev.next = dst
+        else:
+            dst.next = src.next
+            if dst.next is not None:
+                dst.next.prev = dst
+        dst.size += src.size
+        return src.size
+
+    def _process_events(self) -> None:
+        """Complete pending cross-stream frees (see Note [Cross-stream frees])."""
+        pending, self._pending = self._pending, []
+        for block in pending:
+            block.event_count = 0
+            self._free_block(block)
+
+    # ------------------------------------------------------------------ internals: segments
+
+    def _reserve_address(self, size: int) -> int:
+        ptr = self._next_address
+        self._next_address += -(-size // _ADDRESS_GAP) * _ADDRESS_GAP + _ADDRESS_GAP
+        return ptr
+
+    def _alloc_block(
+        self, pool: BlockPool, stream: int, size: int, alloc_size: int, *, is_retry: bool
+    ) -> Block | None:
+        """Obtain new memory from "CUDA" (``alloc_block``, spec 3.1 and 4.4)."""
+        s = self.stats
+        if is_retry:
+            s.num_alloc_retries += 1
+        allowed = self.allowed_bytes
+        if allowed is not None and self._reserved_total + alloc_size > allowed:
+            return None
+        if self._expandable:
+            return self._try_allocate_expandable_block(pool, stream, size)
+        if self.capacity_bytes is not None and (
+            self._reserved_total + alloc_size > self.capacity_bytes
+        ):
+            return None
+        block = Block(self._reserve_address(alloc_size), alloc_size, stream, pool)
+        self._reserved_total += alloc_size
+        st = pool.stat_type
+        increase(s.segment, st, 1)
+        increase(s.reserved_bytes, st, alloc_size)
+        if alloc_size >= self._max_split:
+            s.oversize_segments.increase(1)
+        s.num_device_alloc += 1
+        if self.trace is not None:
+            self._record("segment_alloc", block.ptr, alloc_size, stream, None)
+        return block
+
+    def _release_block(self, block: Block) -> None:
+        """cudaFree a whole free non-expandable segment (``release_block``)."""
+        pool = block.pool
+        pool.remove(block)
+        s = self.stats
+        s.num_device_free += 1
+        if self.trace is not None:
+            self._record("segment_free", block.ptr, block.size, block.stream, None)
+        self._reserved_total -= block.size
+        st = pool.stat_type
+        decrease(s.segment, st, 1)
+        decrease(s.reserved_bytes, st, block.size)
+        if block.size >= self._max_split:
+            s.oversize_segments.decrease(1)
+
+    def _release_available_cached_blocks(self, pool: BlockPool, stream: int, size: int) -> bool:
+        """Free oversize cached blocks, just enough for the request (spec 3.2)."""
+        if not self._max_split_set:
+            return False
+        key_size = max(size, self._max_split)
+        keys = pool.keys
+        i = bisect_left(keys, (stream, key_size, 0))
+        if i < len(keys) and keys[i][0] == stream:
+            block = pool.free_at[keys[i][2]]
+            if block.expandable is None:
+                self._release_block(block)
+                return True
+        # No single block is large enough: free oversize blocks from the largest downward.
+        released = 0
+        i -= 1
+        while i >= 0 and released < key_size:
+            st_, bsize, ptr = keys[i]
+            if st_ != stream or bsize < self._max_split:
+                break
+            block = pool.free_at[ptr]
+            if block.expandable is None:
+                released += bsize
+                self._release_block(block)
+            i -= 1
+        return released >= key_size
+
+    def _release_cached_blocks(self) -> None:
+        """Synchronize, then free every whole free segment (``release_cached_blocks``, 3.4)."""
+        self.stats.num_sync_all_streams += 1
+        if self._pending:
+            self._process_events()
+        self._release_blocks(self.large_pool)
+        self._release_blocks(self.small_pool)
+
+    def _release_blocks(self, pool: BlockPool) -> None:
+        to_unmap: list[Block] = []
+        for _, _, ptr in list(pool.keys):
+            block = pool.free_at[ptr]
+            if block.expandable is not None:
+                to_unmap.append(block)
+            elif block.prev is None and block.next is None:
+                self._release_block(block)
+        for block in to_unmap:
+            self._unmap_block(block)
+            if block.prev is None and block.next is None:
+                # The whole virtual range is unmapped: drop the expandable segment.
+                pool.remove_unmapped(block)
+                assert block.expandable is not None
+                self._expandable_segments.remove(block.expandable)
+
+    def _garbage_collect(self) -> None:
+        """Free old unsplit large cached blocks above the GC threshold (spec 3.3)."""
+        allowed = self.allowed_bytes
+        assert allowed is not None
+        gc_limit = int(self.config.garbage_collection_threshold * allowed)
+        if self._reserved_total <= gc_limit:
+            return
+        target = self._reserved_total - gc_limit
+        pool = self.large_pool
+
+        def candidates() -> list[Block]:
+            blocks = (pool.free_at[ptr] for _, _, ptr in pool.keys)
+            return [b for b in blocks if not b.is_split() and b.expandable is None]
+
+        blocks = candidates()
+        if not blocks:
+            return
+        total_age = float(sum(pool.calls - b.gc_count_base for b in blocks))
+        count = len(blocks)
+        reclaimed = 0
+        freed = True
+        while reclaimed < target and freed and count > 0:
+            threshold = total_age / count
+            freed = False
+            for block in candidates():
+                age = pool.calls - block.gc_count_base
+                if age >= threshold:
+                    freed = True
+                    reclaimed += block.size
+                    total_age -= age
+                    count -= 1
+                    self._release_block(block)
+
+    # ------------------------------------------------------------------ internals: expandable
+
+    def _try_allocate_expandable_block(
+        self, pool: BlockPool, stream: int, size: int
+    ) -> Block | None:
+        """Grow an expandable segment to hold ``size`` bytes (spec 4.4)."""
+        candidate = self._find_expandable_block(pool, stream, size)
+        if not candidate.mapped:
+            if not self._map_block(candidate, min(candidate.size, size)):
+                return None
+        while candidate.size < size:
+            nxt = candidate.next
+            assert nxt is not None and not nxt.mapped
+            if not self._map_block(nxt, min(size - candidate.size, nxt.size)):
+                return None
+            candidate = nxt  # nxt absorbed the old candidate when it was mapped
+        pool.remove(candidate)
+        return candidate
+
+    def _find_expandable_block(self, pool: BlockPool, stream: int, size: int) -> Block:
+        """Lowest-address run of free + unmapped blocks with room for ``size`` (spec 4.4)."""
+        unmapped = pool.unmapped
+        i = bisect_left(unmapped, (stream, 0))
+        while i < len(unmapped) and unmapped[i][0] == stream:
+            c = pool.unmapped_at[unmapped[i][1]]
+            if _allocatable(c.prev):
+                assert c.prev is not None
+                c = c.prev
+            room = 0
+            b: Block | None = c
+            while room < size and _allocatable(b):
+                assert b is not None
+                room += b.size
+                b = b.next
+            if room >= size:
+                return c
+            i += 1
+        page = K_SMALL_BUFFER if pool.is_small else self.config.large_segment_size_bytes
+        total = self.device_total_bytes or self.capacity_bytes or DEFAULT_VIRTUAL_DEVICE_BYTES
+        num_pages = -(-(total * EXPANDABLE_VIRTUAL_NUM) // (EXPANDABLE_VIRTUAL_DEN * page))
+        es = _ExpandableSegment(self._reserve_address(page * num_pages), page, page * num_pages)
+        self._expandable_segments.append(es)
+        block = Block(es.base, es.size, stream, pool, es)
+        block.mapped = False
+        pool.insert_unmapped(block)
+        return block
+
+    def _map_block(self, to_map: Block, size: int) -> bool:
+        """Map whole pages covering ``size`` bytes at the start of ``to_map`` (``map_block``)."""
+        es = to_map.expandable
+        assert es is not None and not to_map.mapped and size <= to_map.size
+        page = es.page_size
+        offset = to_map.ptr - es.base
+        mapped = (-(-(offset + size) // page) - offset // page) * page
+        if self.capacity_bytes is not None and (
+            self._reserved_total + mapped > self.capacity_bytes
+        ):
+            return False
+        pool = to_map.pool
+        map_ptr = to_map.ptr
+        pool.remove_unmapped(to_map)
+        to_map.mapped = True
+        if mapped < to_map.size:
+            rest = Block(to_map.ptr + mapped, to_map.size - mapped, to_map.stream, pool, es)
+            rest.mapped = False
+            rest.prev = to_map
+            rest.next = to_map.next
+            if rest.next is not None:
+                rest.next.prev = rest
+            to_map.next = rest
+            to_map.size = mapped
+            pool.insert_unmapped(rest)
+        self._try_merge_blocks(to_map, to_map.prev, pool)
+        self._try_merge_blocks(to_map, to_map.next, pool)
+        pool.insert(to_map)
+        self._reserved_total += mapped
+        s = self.stats
+        increase(s.reserved_bytes, pool.stat_type, mapped)
+        s.num_device_alloc += 1
+        if self.trace is not None:
+            self._record("segment_map", map_ptr, mapped, to_map.stream, None)
+        return True
+
+    def _unmap_block(self, block: Block) -> None:
+        """Unmap every page lying entirely inside free ``block`` (``unmap_block``, spec 4.5)."""
+        es = block.expandable
+        assert es is not None
+        page = es.page_size
+        offset = block.ptr - es.base
+        begin = -(-offset // page)
+        end = (offset + block.size) // page
+        if begin >= end:
+            return
+        pool = block.pool
+        pool.remove(block)
+        unmap_ptr = es.base + begin * page
+        unmap_size = (end - begin) * page
+        before = unmap_ptr - block.ptr
+        if before > 0:
+            head = Block(block.ptr, before, block.stream, pool, es)
+            head.prev = block.prev
+            if head.prev is not None:
+                head.prev.next = head
+            head.next = block
+            block.prev = head
+            pool.insert(head)
+        after = block.size - before - unmap_size
+        if after > 0:
+            tail = Block(unmap_ptr + unmap_size, after, block.stream, pool, es)
+            tail.next = block.next
+            if tail.next is not None:
+                tail.next.prev = tail
+            tail.prev = block
+            block.next = tail
+            pool.insert(tail)
+        block.ptr = unmap_ptr
+        block.size = unmap_size
+        block.mapped = False
+        self._try_merge_blocks(block, block.prev, pool)
+        self._try_merge_blocks(block, block.next, pool)
+        pool.insert_unmapped(block)
+        self._reserved_total -= unmap_size
+        s = self.stats
+        decrease(s.reserved_bytes, pool.stat_type, unmap_size)
+        s.num_device_free += 1
+        if self.trace is not None:
+            self._record("segment_unmap", unmap_ptr, unmap_size, block.stream, None)
+
+    # ------------------------------------------------------------------ internals: OOM, trace
+
+    def _out_of_memory(self, size: int, alloc_size: int, stream: int) -> OutOfMemoryError:
+        """Count the OOM, trace it and build PyTorch's message (spec 3.5, 2.2+ wording)."""
+        s = self.stats
+        s.num_ooms += 1
+        allocated = self.memory_allocated
+        reserved = self.memory_reserved
+        total = self.device_total_bytes or self.capacity_bytes or 0
+        capacity = self.capacity_bytes if self.capacity_bytes is not None else total
+        device_free = max(capacity - self._reserved_total, 0)
+        if self.trace is not None:
+            self.trace.append(
+                {"action": "oom", "device_free": device_free, "size": size, "stream": stream}
+            )
+        proc_info = ""
+        if total > capacity:
+            # Non-PyTorch usage of this process (CUDA context, ...) = total - capacity.
+            in_use = reserved + total - capacity
+            proc_info = (
+                "Including non-PyTorch memory, this process has "
+                f"{format_size(in_use)} memory in use. "
+            )
+        allowed = self.allowed_bytes
+        allowed_info = f"{format_size(allowed)} allowed; " if allowed is not None else ""
+        message = (
+            f"CUDA out of memory. Tried to allocate {format_size(alloc_size)}. "
+            f"GPU {self.device} has a total capacity of {format_size(total)} "
+            f"of which {format_size(device_free)} is free. {proc_info}{allowed_info}"
+            f"Of the allocated memory {format_size(allocated)} is allocated by PyTorch, "
+            f"and {format_size(reserved - allocated)} is reserved by PyTorch but unallocated. "
+            "If reserved but unallocated memory is large try setting "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  "
+            f"See documentation for Memory Management  ({OOM_DOCS_URL})"
+        )
+        return OutOfMemoryError(message, size_bytes=size, alloc_size_bytes=alloc_size)
+
+    def _record(self, action: str, addr: int, size: int, stream: int, block: Block | None) -> None:
+        assert self.trace is not None
+        entry: dict[str, Any] = {
+            "action": action,
+            "addr": addr,
+            "size": size,
+            "stream": stream,
+            "frames": [],
+        }
+        if block is not None and block.category is not None:
+            entry["category"] = block.category
+        self.trace.append(entry)
+
+    # ------------------------------------------------------------------ introspection
+
+    def segments(self) -> list[list[Block]]:
+        """Blocks of every segment, each list in address order, segments by address.
+
+        An expandable segment is reported as one segment per contiguous mapped range, as
+        ``torch.cuda.memory_snapshot()`` does (spec 4.6). Unmapped blocks are left out.
+        """
+        blocks: list[Block] = list(self._allocated.values())
+        blocks += self._pending
+        for pool in (self.small_pool, self.large_pool):
+            blocks += pool.free_at.values()
+        out: list[list[Block]] = []
+        for b in blocks:
+            if b.prev is not None and b.prev.mapped:
+                continue
+            seg: list[Block] = []
+            cur: Block | None = b
+            while cur is not None and cur.mapped:
+                seg.append(cur)
+                cur = cur.next
+            out.append(seg)
+        out.sort(key=lambda seg: seg[0].ptr)
+        return out
+
+    def live_blocks(self) -> list[Block]:
+        """Allocated blocks, by address."""
+        return sorted(self._allocated.values(), key=lambda b: b.ptr)
+
+    def pending_blocks(self) -> list[Block]:
+        """Freed blocks waiting for cross-stream events (``active_pending_free``)."""
+        return list(self._pending)
+
+
+def _expandable_size(block: Block) -> int:
+    """Size the block could grow to: itself plus a following unmapped block (spec 4.3)."""
+    nxt = block.next
+    return block.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
+
+
+def _allocatable(block: Block | None) -> bool:
+    return (
+        block is not None
+        and not block.allocated
+        and block.event_count == 0
+        and not block.stream_uses
+    )

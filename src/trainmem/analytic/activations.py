@@ -1,0 +1,333 @@
+"""Activation memory: the tensors autograd saves for backward, per layer and outside the layers.
+
+Legend (per micro-batch): s = seq_len, b = micro_batch_size, T = b * s tokens, h = hidden_size,
+a = num_heads, k = num_kv_heads, d = head_dim, i = intermediate_size, V = vocab_size,
+c = bytes of the compute dtype, r = bytes of the residual stream.
+
+Note [Activation terms]
+    The starting point is Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+    Transformer Models", arXiv:2205.05198, sec. 4.1, Eq. 1: sbh(34 + 5as/h) bytes per layer for
+    16-bit activations, eager attention and dropout. We keep its term list (two LayerNorm inputs,
+    the QKV input, Q and K, V, the output-projection input, the MLP input, the GELU input and
+    output, three dropout masks, softmax / dropout / attention-over-values of size a*s*s) and make
+    each term's dtype and multiplicity follow what the PyTorch/Hugging Face code really keeps:
+
+    * Residual stream dtype r. Under autocast the embeddings are fp32 and residual adds promote, so
+      the residual stream and the norms run in fp32 (r = 4) while matmul outputs are 16-bit (c = 2).
+      In ``*-true`` precisions r = c.
+    * Autocast casts every *activation* input of a matmul on each call (only leaf weights are
+      cached: aten/src/ATen/autocast_mode.cpp ``cached_cast``), so q, k and v projections reading
+      one norm output save three 16-bit copies of it (gate/up save two); a fused QKV saves one.
+    * Autocast also caches one 16-bit copy of every linear weight for the forward; the matmuls save
+      it for backward, so it lives until that layer's backward: c bytes per linear weight,
+      counted here as activations ("autocast_weight_copies").
+    * HF RMSNorm (modeling_llama.py ``LlamaRMSNorm``) upcasts to fp32 and saves the fp32 input and
+      the normalised fp32 tensor: 4h + r*h + 4 bytes per token; LayerNorm saves its input and fp32
+      mean/rstd: r*h + 8.
+    * Rotary embeddings (modeling_llama.py ``apply_rotary_pos_emb``) save q and k before rotation
+      and ``rotate_half`` of each, and attention saves the rotated copies: 3c(ad + kd) for q, k.
+    * SDPA / flash attention (Dao et al. 2022, arXiv:2205.14135) saves q, k, v, its output and a
+      fp32 logsumexp of a values per token, and no a*s*s term; the output is then copied by
+      ``transpose(1, 2).contiguous()`` for the output projection (one more c*a*d). Eager attention
+      saves the softmax output (fp32 under autocast: ``softmax`` is on CUDA autocast's fp32 list),
+      the dropout mask (1 byte) and the probabilities fed to the value matmul (c).
+    * Activation functions: a fused GELU/SiLU saves its input (c*i); HF ``gelu_new``
+      (``NewGELUActivation``, a tanh formula written as separate ops) saves four i-sized tensors
+      (fp32 ones under autocast, since ``pow`` is on the fp32 list). A gated MLP
+      (``down(act(gate(x)) * up(x))``) saves gate, act(gate), up and their product: 4c*i.
+    * MoE layers (Mixtral) run top-k experts per token: expert-side terms times k, plus the
+      gathered expert inputs and outputs and the fp32 router softmax (E per token).
+
+    Deviation from source: Korthikanti's counts are for Megatron's fused kernels; the terms above
+    follow HF transformers 5 code paths, so e.g. GPT-2's ``gelu_new`` saves more (see
+    ``tests/analytic/test_activations.py`` for the exact reduction to Eq. 1).
+
+Note [Activation checkpointing]
+    ``full``: HF ``gradient_checkpointing_enable`` (non-reentrant ``torch.utils.checkpoint``) keeps
+    each decoder layer's input (r*h per token) and recomputes the layer during backward, so one
+    layer's full activations are live again at a time (Chen et al. 2016, arXiv:1604.06174;
+    Korthikanti et al. 2022 sec. 5 "full": 2sbhL). ``selective``: Korthikanti et al. 2022 sec. 5,
+    recompute only the attention core (softmax, dropout, attention over values): the a*s*s terms
+    disappear and every other term stays; with SDPA/flash attention there is nothing left to drop,
+    so selective equals none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trainmem.specs.model import ModelSpec
+from trainmem.specs.training import TrainingConfig
+from trainmem.units import dtype_bytes
+
+#: HF activation names implemented as one fused kernel that saves only its input.
+FUSED_ACTIVATIONS = frozenset(
+    {"gelu", "gelu_pytorch_tanh", "relu", "silu", "swish", "gelu_python", "quick_gelu", "tanh"}
+)
+#: HF activation names written as separate tanh-formula ops (transformers/activations.py
+#: ``NewGELUActivation``, ``FastGELUActivation``).
+TANH_FORMULA_ACTIVATIONS = frozenset({"gelu_new", "gelu_fast"})
+#: Model types whose HF eager attention computes softmax in fp32 explicitly
+#: (``softmax(..., dtype=torch.float32).to(query.dtype)``, modeling_llama.py eager_attention_forward).
+FP32_SOFTMAX_MODEL_TYPES = frozenset(
+    {"llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2", "phi", "falcon", "gpt_neox"}
+)
+#: Model types whose HF code projects q, k, v with one fused linear.
+FUSED_QKV_MODEL_TYPES = frozenset({"gpt2", "falcon", "gpt_neox"})
+
+
+def compute_and_residual_bytes(training: TrainingConfig) -> tuple[int, int]:
+    """(c, r): bytes of the compute dtype and of the residual stream. See Note [Activation terms]."""
+    c = dtype_bytes(training.compute_dtype)
+    r = 4 if training.is_mixed else c
+    return c, r
+
+
+def _norm_saved_bytes(model: ModelSpec, r: int) -> int:
+    """Bytes per token one norm saves: LayerNorm r*h + 8 (input, fp32 mean and rstd); HF RMSNorm
+    4h + r*h + 4 (fp32 input or copy, normalised tensor, fp32 rstd)."""
+    h = model.hidden_size
+    if model.norm_kind == "layernorm":
+        return r * h + 8
+    return 4 * h + r * h + 4
+
+
+def _activation_fn_saved_bytes(model: ModelSpec, training: TrainingConfig, width: int) -> int:
+    """Bytes per token saved by the non-gated MLP activation and the down projection's input."""
+    c, _ = compute_and_residual_bytes(training)
+    if model.hidden_act in TANH_FORMULA_ACTIVATIONS:
+        if training.is_mixed:
+            # pow's fp32 input copy, tanh out, 1+tanh (fp32), 0.5*x (c), output cast for down (c)
+            return (4 + 4 + 4 + c + c) * width
+        # x, tanh out, 0.5*x, 1+tanh, output (saved by down): five tensors of the compute dtype
+        return 5 * c * width
+    return 2 * c * width  # input saved by the kernel, output saved by the down projection
+
+
+def layer_linear_weights(model: ModelSpec) -> int:
+    """Weight elements of the linears of one layer (all experts for MoE), no biases."""
+    h, i = model.hidden_size, model.intermediate_size
+    attn = h * model.num_heads * model.head_dim * 2 + h * model.num_kv_heads * model.head_dim * 2
+    mlp = (3 if model.mlp_kind == "gated" else 2) * h * i * model.num_experts
+    router = h * model.num_experts if model.num_experts > 1 else 0
+    return attn + mlp + router
+
+
+def tokens_per_sequence(model: ModelSpec, training: TrainingConfig) -> int:
+    """Sequence length the layers see: ``seq_len``, or patches + 1 (CLS) for a ViT."""
+    if model.architecture == "vision-encoder":
+        return model.num_patches + 1
+    return training.seq_len
+
+
+def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[str, int]:
+    """Bytes one transformer layer saves for backward, without checkpointing, by term.
+
+    Returns:
+        Term name -> bytes for the whole micro-batch (b sequences). Terms of size a*s*s are
+        prefixed ``scores/``. See Note [Activation terms] for every term's source.
+    """
+    b = training.micro_batch_size
+    s = tokens_per_sequence(model, training)
+    t = b * s
+    h, a, kv, d, i = (
+        model.hidden_size,
+        model.num_heads,
+        model.num_kv_heads,
+        model.head_dim,
+        model.intermediate_size,
+    )
+    c, r = compute_and_residual_bytes(training)
+    mixed = training.is_mixed
+    dropout = training.dropout
+    p_hidden = dropout and model.hidden_dropout > 0
+    p_attn = dropout and model.attention_dropout > 0
+    fused_qkv = model.model_type in FUSED_QKV_MODEL_TYPES
+    terms: dict[str, int] = {}
+
+    norm = _norm_saved_bytes(model, r)
+    terms["attention/norm"] = norm * t
+    terms["attention/qkv_input"] = c * h * t * (1 if (fused_qkv or not mixed) else 3)
+    qk = a * d + kv * d
+    rope_factor = 3 if model.position_kind == "rotary" else 1
+    terms["attention/q_k"] = rope_factor * c * qk * t
+    terms["attention/v"] = c * kv * d * t
+    if training.attention == "eager":
+        fp32_softmax = mixed or model.model_type in FP32_SOFTMAX_MODEL_TYPES or c == 4
+        sm = 4 if fp32_softmax else c
+        terms["scores/softmax"] = sm * a * s * s * b
+        if p_attn:
+            terms["scores/dropout_mask"] = a * s * s * b
+        if p_attn or sm != c:
+            terms["scores/probs_for_values"] = c * a * s * s * b
+        terms["attention/out_proj_input"] = c * a * d * t
+    else:
+        # SDPA output + logsumexp saved by the kernel; contiguous copy saved by the out projection
+        terms["attention/sdpa_output"] = c * a * d * t
+        terms["attention/logsumexp"] = 4 * a * t
+        terms["attention/out_proj_input"] = c * a * d * t
+    if p_hidden:
+        terms["attention/dropout_mask"] = h * t
+
+    k_top = model.num_experts_per_tok if model.num_experts > 1 else 1
+    if not model.parallel_attention:
+        terms["mlp/norm"] = norm * t
+    elif model.model_type == "gpt_neox":
+        terms["mlp/norm"] = (norm - r * h) * t  # second norm reads the same saved input
+    n_in = 2 if model.mlp_kind == "gated" else 1
+    if model.num_experts > 1:
+        terms["mlp/router"] = (4 * model.num_experts + c * model.num_experts) * t
+        terms["mlp/expert_inputs"] = r * h * t * k_top
+        terms["mlp/expert_outputs"] = c * h * t * k_top
+    terms["mlp/input"] = c * h * t * k_top * (n_in if mixed else 1)
+    if model.mlp_kind == "gated":
+        terms["mlp/gated"] = 4 * c * i * t * k_top
+    else:
+        terms["mlp/activation"] = _activation_fn_saved_bytes(model, training, i) * t * k_top
+    if p_hidden:
+        terms["mlp/dropout_mask"] = h * t
+    if mixed:
+        terms["autocast_weight_copies"] = c * layer_linear_weights(model)
+    return terms
+
+
+def korthikanti_layer_bytes(*, s: int, b: int, h: int, a: int) -> int:
+    """Activation bytes of one transformer layer, 16-bit, no parallelism, eager attention, dropout.
+
+    Source: Korthikanti et al. 2022, arXiv:2205.05198, sec. 4.1, Eq. 1: sbh(34 + 5as/h).
+    """
+    return s * b * h * 34 + 5 * a * s * s * b  # sbh(34 + 5as/h), expanded to stay in integers
+
+
+@dataclass(frozen=True, slots=True)
+class ActivationProfile:
+    """Activation bytes of one micro-batch, laid out the way backward consumes them.
+
+    Attributes:
+        per_layer: bytes one layer keeps until its backward (after checkpointing).
+        recompute: extra bytes live while one checkpointed layer is recomputed (0 without).
+        embedding: bytes saved before the first layer (inputs, masks, rotary tables).
+        head: bytes saved after the last layer (final norm, LM head input, logits, log-softmax).
+        num_layers: L.
+        terms: the per-layer terms without checkpointing (for reports).
+        head_terms: the head terms (for reports).
+    """
+
+    per_layer: int
+    recompute: int
+    embedding: int
+    head: int
+    num_layers: int
+    terms: dict[str, int] = field(default_factory=dict)
+    head_terms: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        """All saved activations at the end of the forward pass, bytes."""
+        return self.embedding + self.per_layer * self.num_layers + self.head
+
+
+def embedding_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[str, int]:
+    """Bytes saved before the first layer: token ids and labels (int64), dropout mask, rotary
+    cos/sin tables (fp32 under autocast, HF ``LlamaRotaryEmbedding``), BERT's embedding LayerNorm,
+    ViT's (cast) pixel input."""
+    b = training.micro_batch_size
+    s = tokens_per_sequence(model, training)
+    t = b * s
+    c, r = compute_and_residual_bytes(training)
+    h = model.hidden_size
+    out: dict[str, int] = {}
+    if model.architecture == "vision-encoder":
+        out["inputs/pixel_values"] = b * model.num_channels * model.image_size**2 * (c + 4)
+    else:
+        out["inputs/token_ids_and_labels"] = 8 * t * 2
+    if model.position_kind == "rotary":
+        out["rotary_cos_sin"] = 2 * r * t * model.head_dim
+    if model.model_type == "bert":
+        out["embedding_norm"] = _norm_saved_bytes(model, r) * t
+    if training.dropout and model.embedding_dropout > 0:
+        out["embedding_dropout_mask"] = h * t
+    return out
+
+
+def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[str, int]:
+    """Bytes saved after the last layer, by term.
+
+    Causal/masked LM: final norm, LM-head input, logits (c*V, kept alive by the model output
+    until the step ends), and the fp32 log-softmax output saved by ``cross_entropy``; HF
+    transformers' ``ForCausalLMLoss`` upcasts logits with ``logits.float()`` before the loss
+    (transformers/loss/loss_utils.py). Classification heads keep only the pooled vector.
+    """
+    b = training.micro_batch_size
+    s = tokens_per_sequence(model, training)
+    t = b * s
+    c, r = compute_and_residual_bytes(training)
+    h, v = model.hidden_size, model.vocab_size
+    out: dict[str, int] = {}
+    if model.architecture != "encoder" or model.head == "masked-lm":
+        out["final_norm"] = _norm_saved_bytes(model, r) * t
+    if model.head in ("causal-lm", "masked-lm"):
+        if model.head == "masked-lm":
+            out["mlm_transform"] = (2 * c * h + _norm_saved_bytes(model, r)) * t
+        out["lm_head_input"] = c * h * t
+        out["logits"] = c * v * t
+        out["log_softmax"] = 4 * v * t
+        if training.is_mixed:
+            out["autocast_weight_copies"] = c * v * h
+    else:
+        out["pooled"] = 4 * h * b * 4
+    return out
+
+
+def loss_backward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes live only at the start of backward: the gradient of the log-softmax output and the
+    gradient it produces, two fp32 (T, V) tensors (``_log_softmax_backward_data``; measured as the
+    step's peak in shared/notes/tracing-without-a-gpu.md sec. 2)."""
+    if model.head not in ("causal-lm", "masked-lm"):
+        return 0
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    return 2 * 4 * model.vocab_size * t
+
+
+def backward_layer_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes live while one layer runs backward besides what it saved: the gradients of its MLP
+    intermediate (2 i-sized tensors, 3 for gated MLPs), the residual gradient, and under autocast
+    the 16-bit weight gradient of its largest linear before it is cast into the fp32 ``.grad``."""
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    c, r = compute_and_residual_bytes(training)
+    i, h = model.intermediate_size, model.hidden_size
+    k_top = model.num_experts_per_tok if model.num_experts > 1 else 1
+    n = 3 if model.mlp_kind == "gated" else 2
+    out = n * c * i * t * k_top + 2 * r * h * t
+    if training.is_mixed:
+        out += c * h * i
+    return out
+
+
+def activation_profile(model: ModelSpec, training: TrainingConfig) -> ActivationProfile:
+    """Saved activations of one micro-batch, per layer and outside the layers, after
+    checkpointing. See Note [Activation terms] and Note [Activation checkpointing]."""
+    terms = layer_activation_terms(model, training)
+    full_layer = sum(terms.values())
+    mode = training.activation_checkpointing
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    _, r = compute_and_residual_bytes(training)
+    if mode == "full":
+        per_layer = r * model.hidden_size * t
+        recompute = full_layer
+    elif mode == "selective":
+        per_layer = sum(v for k, v in terms.items() if not k.startswith("scores/"))
+        recompute = full_layer - per_layer
+    else:
+        per_layer, recompute = full_layer, 0
+    emb = embedding_activation_bytes(model, training)
+    head = head_activation_bytes(model, training)
+    return ActivationProfile(
+        per_layer=per_layer,
+        recompute=recompute,
+        embedding=sum(emb.values()),
+        head=sum(head.values()),
+        num_layers=model.num_layers,
+        terms=terms,
+        head_terms={**emb, **head},
+    )

@@ -1,0 +1,196 @@
+"""The analytic engine: peak memory of one steady-state training step in closed form.
+
+Note [Where the peak falls]
+    A steady-state step (the optimizer states already exist; ``zero_grad(set_to_none=True)``, the
+    default since PyTorch 2.0, so no gradients exist during the forward of the first
+    micro-batch) has four candidate peaks; the engine evaluates each and reports the largest:
+
+    1. ``forward``: end of the forward pass. Under autocast with full checkpointing, the 16-bit
+       weight copies cached by autocast are all still alive here (not saved, but cached until
+       the autocast region exits).
+    2. ``backward`` start: every saved activation plus the two fp32 (T, V) log-softmax gradients
+       (the typical peak of LM training at small model size / long sequences).
+    3. ``backward`` through the layers: activations of unprocessed layers fall by one layer while
+       the gradients of processed layers grow by one layer; the sum is linear in the layer index,
+       so its maximum is at the first or the last layer; plus the recomputed layer under
+       checkpointing and the layer's gradient transients.
+    4. ``optimizer``: weights + gradients + optimizer states + the step's temporaries (the peak for
+       small micro-batches).
+
+    With gradient accumulation > 1, gradients persist across micro-batches and are added to 1-3.
+    The seeds' four-phase picture (shared/seeds, "How GPU gets utilized during model training")
+    is this sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from trainmem.analytic.activations import (
+    activation_profile,
+    backward_layer_transient_bytes,
+    compute_and_residual_bytes,
+    layer_linear_weights,
+    loss_backward_transient_bytes,
+)
+from trainmem.analytic.model_states import model_states
+from trainmem.analytic.params import linear_shapes, num_parameters, parameter_counts
+from trainmem.analytic.temporaries import cublas_workspace_bytes, optimizer_step_temporary_bytes
+from trainmem.breakdown import MemoryBreakdown, MemoryEstimate
+from trainmem.specs.hardware import DEFAULT_CUDA_CONTEXT_BYTES, GPUSpec
+from trainmem.specs.model import ModelSpec
+from trainmem.specs.training import TrainingConfig
+from trainmem.units import dtype_bytes
+
+DEFAULT_CUBLAS_WORKSPACE_BYTES = 8_519_680
+"""cuBLAS workspace per handle when no GPU is named (pre-Hopper default ``:4096:2:16:8``)."""
+
+
+def parameter_shapes(model: ModelSpec) -> tuple[list[tuple[int, int, int]], int, int]:
+    """(matrix shapes ``(rows, cols, count)``, elements in 1-D tensors, largest tensor) of the whole
+    model, from :func:`trainmem.analytic.params.linear_shapes` plus the embedding matrices."""
+    h = model.hidden_size
+    shapes = [(i, o, n * model.num_layers) for i, o, n in linear_shapes(model).values()]
+    counts = parameter_counts(model)
+    for key in ("embedding/tokens", "embedding/positions", "embedding/token_types", "lm_head"):
+        n = counts.get(key, 0)
+        if n >= h and n % h == 0:
+            shapes.append((n // h, h, 1))
+    total = num_parameters(model)
+    in_matrices = sum(r * c * n for r, c, n in shapes)
+    vectors = max(total - in_matrices, 0)
+    largest = max((r * c for r, c, _ in shapes), default=0)
+    return shapes, vectors, largest
+
+
+def estimate_analytic(
+    model: ModelSpec,
+    training: TrainingConfig,
+    *,
+    gpu: GPUSpec | None = None,
+    cuda_context_bytes: int | None = None,
+) -> MemoryEstimate:
+    """Peak GPU memory of one steady-state training step on one GPU, in closed form.
+
+    Args:
+        model: the transformer's shape.
+        training: micro-batch, sequence length, precision, optimizer, checkpointing, attention.
+        gpu: the GPU for the verdict and its cuBLAS workspace size; None for no verdict.
+        cuda_context_bytes: memory outside the allocator; default
+            :data:`~trainmem.specs.hardware.DEFAULT_CUDA_CONTEXT_BYTES`.
+
+    Returns:
+        A :class:`~trainmem.breakdown.MemoryEstimate` whose breakdown is taken at the peak.
+
+    Source: Note [Where the peak falls]; model states: Note [Model states per precision];
+    activations: Note [Activation terms] (Korthikanti et al. 2022, arXiv:2205.05198, sec. 4.1).
+
+    Known limitations: no tensor/pipeline parallelism or sharding yet; fragmentation is the
+    allocator simulator's (0 here until it is wired in); HF transformers 5 code paths assumed.
+    """
+    n_params = num_parameters(model)
+    n_trainable = n_params
+    shapes, vectors, largest = parameter_shapes(model)
+    ms = model_states(
+        training,
+        num_parameters=n_params,
+        num_trainable_parameters=n_trainable,
+        matrix_shapes=shapes,
+        num_vector_parameters=vectors,
+    )
+    prof = activation_profile(model, training)
+    w = dtype_bytes(training.weight_dtype)
+    c, _ = compute_and_residual_bytes(training)
+    ws = cublas_workspace_bytes(gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES)
+    opt_tmp = optimizer_step_temporary_bytes(
+        training, num_trainable_parameters=n_trainable, largest_parameter=largest
+    )
+    loss_tmp = loss_backward_transient_bytes(model, training)
+    layer_tmp = backward_layer_transient_bytes(model, training)
+
+    counts = parameter_counts(model)
+    layer_params = sum(v for k, v in counts.items() if k.startswith("layers/")) // model.num_layers
+    g_layer = w * layer_params
+    g_head = w * (counts.get("lm_head", 0) or counts.get("embedding/tokens", 0))
+    g_prev = ms.gradients if training.gradient_accumulation_steps > 1 else 0
+    logits_kept = prof.head_terms.get("logits", 0)
+    W, O = ms.parameters, ms.optimizer_states
+
+    candidates: dict[str, tuple[int, int, int, str]] = {}  # name -> (grads, acts, temps, reason)
+    weight_copies = 0
+    if training.is_mixed and training.activation_checkpointing == "full":
+        weight_copies = c * layer_linear_weights(model) * model.num_layers
+    candidates["forward"] = (
+        g_prev,
+        prof.total + weight_copies,
+        ws,
+        "end of forward: every saved activation is alive",
+    )
+    candidates["backward_start"] = (
+        g_prev,
+        prof.total,
+        ws + loss_tmp,
+        "start of backward: saved activations plus two fp32 (tokens x vocab) log-softmax "
+        "gradients",
+    )
+    L = model.num_layers
+    for name, j in (("backward_first_layer", 0), ("backward_last_layer", L - 1)):
+        grads = max(g_prev, min(g_head + (j + 1) * g_layer, ms.gradients))
+        acts = prof.embedding + (L - j) * prof.per_layer + logits_kept + prof.recompute
+        candidates[name] = (
+            grads,
+            acts,
+            ws + layer_tmp,
+            "backward through the layers: gradients grow while activations are freed"
+            + (" and one layer is recomputed" if prof.recompute else ""),
+        )
+    candidates["optimizer"] = (
+        ms.gradients,
+        0,
+        ws + opt_tmp,
+        f"optimizer step: weights, gradients, optimizer states and the "
+        f"{training.optimizer_implementation} {training.optimizer} temporaries",
+    )
+    totals = {k: W + O + g + a + t for k, (g, a, t, _) in candidates.items()}
+    peak_name = max(totals, key=lambda k: totals[k])
+    grads, acts, temps, reason = candidates[peak_name]
+    phase = "backward" if peak_name.startswith("backward") else peak_name
+    ctx = DEFAULT_CUDA_CONTEXT_BYTES if cuda_context_bytes is None else cuda_context_bytes
+    breakdown = MemoryBreakdown(
+        parameters=W,
+        gradients=grads,
+        optimizer_states=O,
+        activations=acts,
+        temporary=temps,
+        fragmentation=0,
+        cuda_context=ctx,
+    )
+    return MemoryEstimate(
+        model_name=model.name,
+        engine="analytic",
+        num_parameters=n_params,
+        num_trainable_parameters=n_trainable,
+        breakdown=breakdown,
+        peak_phase=phase,
+        peak_reason=reason,
+        config=resolved_config(training),
+        gpu_name=gpu.name if gpu else None,
+        gpu_capacity_bytes=gpu.memory_bytes if gpu else None,
+        details={
+            "candidates_bytes": totals,
+            "activation_terms_per_layer_bytes": prof.terms,
+            "activation_terms_outside_layers_bytes": prof.head_terms,
+            "activations_per_layer_bytes": prof.per_layer,
+            "optimizer_step_temporary_bytes": opt_tmp,
+            "loss_backward_temporary_bytes": loss_tmp,
+            "cublas_workspace_bytes": ws,
+        },
+    )
+
+
+def resolved_config(training: TrainingConfig) -> dict[str, object]:
+    """Every training setting after defaults, JSON-able, plus derived dtypes."""
+    out: dict[str, object] = asdict(training)
+    out["weight_dtype"] = training.weight_dtype
+    out["compute_dtype"] = training.compute_dtype
+    return out

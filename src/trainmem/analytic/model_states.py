@@ -1,0 +1,148 @@
+"""Model states: parameters, gradients and optimizer states, in bytes, for one GPU.
+
+Legend: P = trainable parameters, F = frozen parameters, w = bytes per stored weight
+(``TrainingConfig.weight_dtype``).
+
+Note [Model states per precision]
+    PyTorch AMP (``16-mixed``/``bf16-mixed``) keeps fp32 weights, which double as master weights,
+    and fp32 gradients (``param.grad`` has the parameter's dtype); Adam keeps ``exp_avg`` and
+    ``exp_avg_sq`` in the parameter's dtype: 4 + 4 + 8 = 16 bytes per parameter. The ZeRO paper
+    (Rajbhandari et al. 2020, arXiv:1910.02054, sec. 3.1) counts Megatron/DeepSpeed-style mixed
+    precision, 2 (fp16 weights) + 2 (fp16 gradients) + K * P with K = 12 (fp32 master weights,
+    momentum, variance): also 16 bytes per parameter, but split differently. ``*-true`` precisions
+    keep everything, optimizer states included, in the one dtype (Lightning ``HalfPrecision``,
+    torchtune/litgpt ``bf16-true``): 2 + 2 + 4 = 8 bytes per parameter for AdamW.
+
+    The 16-bit weight copies that autocast makes for the forward pass are per-step tensors, not
+    model states; they are counted with the activations (see ``activations.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainmem.specs.training import TrainingConfig
+from trainmem.units import dtype_bytes
+
+BNB_BLOCKWISE_BLOCK_SIZE = 256
+"""Block size of bitsandbytes' block-wise quantized optimizer states (one fp32 absmax per 256
+values). Source: bitsandbytes/functional.py ``create_dynamic_map`` / ``optimizer_update_8bit_blockwise``
+(blocksize 256 for 8-bit optimizer states)."""
+
+BNB_MIN_8BIT_SIZE = 4096
+"""bitsandbytes keeps 32-bit states for tensors with fewer elements than this
+(``Optimizer8bit`` ``min_8bit_size=4096``, bitsandbytes/optim/optimizer.py)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStates:
+    """Persistent bytes of one GPU's copy of the model (no sharding yet).
+
+    Attributes:
+        parameters: weights of all parameters (trainable and frozen), bytes.
+        gradients: ``.grad`` of the trainable parameters, bytes.
+        optimizer_states: optimizer states of the trainable parameters, bytes.
+    """
+
+    parameters: int
+    gradients: int
+    optimizer_states: int
+
+
+def optimizer_state_bytes_per_parameter(training: TrainingConfig) -> float:
+    """Optimizer-state bytes per trainable parameter of a large (>= 4096 elements) tensor.
+
+    Source: torch/optim/{sgd,adam,adamw,adafactor}.py state dicts (``momentum_buffer``;
+    ``exp_avg``, ``exp_avg_sq``), lucidrains/lion-pytorch and torch ``Lion`` semantics (one
+    ``exp_avg``), bitsandbytes ``AdamW8bit`` (``state1``/``state2`` uint8 + ``absmax1``/``absmax2``
+    fp32 per 256-value block).
+
+    Adafactor's factored second moment (row + column vectors) is not per parameter; see
+    :func:`optimizer_state_bytes`.
+    """
+    w = dtype_bytes(training.weight_dtype)
+    opt = training.optimizer
+    if opt == "sgd":
+        return 0.0
+    if opt in ("sgd-momentum", "lion"):
+        return float(w)
+    if opt in ("adam", "adamw"):
+        return float(2 * w)
+    if opt in ("adamw-8bit", "paged-adamw-8bit"):
+        return 2 * (1 + 4 / BNB_BLOCKWISE_BLOCK_SIZE)
+    if opt == "adafactor":
+        return 0.0  # factored: see optimizer_state_bytes
+    raise AssertionError(opt)  # TrainingConfig validated the name
+
+
+def optimizer_state_bytes(
+    training: TrainingConfig,
+    matrix_shapes: list[tuple[int, int, int]],
+    num_vector_parameters: int,
+) -> int:
+    """Optimizer states of the trainable parameters, in bytes.
+
+    Args:
+        training: the optimizer and precision.
+        matrix_shapes: ``(rows, cols, count)`` of every trainable 2-D weight.
+        num_vector_parameters: elements of trainable 1-D tensors (biases, norm weights).
+
+    Returns:
+        Bytes of optimizer state.
+
+    Source: as :func:`optimizer_state_bytes_per_parameter`; Adafactor follows
+    transformers.optimization.Adafactor (default ``beta1=None``: no first moment;
+    ``exp_avg_sq_row`` [rows] + ``exp_avg_sq_col`` [cols] for matrices, full ``exp_avg_sq`` for
+    vectors, in the gradient's dtype) (Shazeer & Stern 2018, arXiv:1804.04235, sec. 3).
+    bitsandbytes 8-bit optimizers keep 32-bit states for tensors under 4096 elements
+    (``BNB_MIN_8BIT_SIZE``); we treat every 1-D tensor as such.
+    """
+    w = dtype_bytes(training.weight_dtype)
+    num_matrix = sum(r * c * n for r, c, n in matrix_shapes)
+    if training.optimizer == "adafactor":
+        return w * (sum((r + c) * n for r, c, n in matrix_shapes) + num_vector_parameters)
+    if training.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
+        small = sum(r * c * n for r, c, n in matrix_shapes if r * c < BNB_MIN_8BIT_SIZE)
+        small += num_vector_parameters
+        large = num_matrix + num_vector_parameters - small
+        return round(large * optimizer_state_bytes_per_parameter(training)) + small * 2 * 4
+    per = optimizer_state_bytes_per_parameter(training)
+    return round((num_matrix + num_vector_parameters) * per)
+
+
+def model_states(
+    training: TrainingConfig,
+    *,
+    num_parameters: int,
+    num_trainable_parameters: int,
+    matrix_shapes: list[tuple[int, int, int]],
+    num_vector_parameters: int,
+) -> ModelStates:
+    """Weights, gradients and optimizer states of one full (unsharded) copy of the model.
+
+    Args:
+        training: precision and optimizer.
+        num_parameters: all parameters.
+        num_trainable_parameters: parameters with ``requires_grad``.
+        matrix_shapes: ``(rows, cols, count)`` of the trainable 2-D weights.
+        num_vector_parameters: elements of the trainable 1-D tensors.
+
+    Returns:
+        :class:`ModelStates` in bytes. See Note [Model states per precision].
+    """
+    w = dtype_bytes(training.weight_dtype)
+    return ModelStates(
+        parameters=num_parameters * w,
+        gradients=num_trainable_parameters * w,
+        optimizer_states=optimizer_state_bytes(training, matrix_shapes, num_vector_parameters),
+    )
+
+
+def zero_paper_model_state_bytes(num_parameters: int, k: int = 12) -> int:
+    """Model states of mixed-precision Adam as the ZeRO paper counts them: (2 + 2 + K) * Psi.
+
+    Source: Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion
+    Parameter Models", arXiv:1910.02054, sec. 3.1 (K = 12: fp32 parameters, momentum, variance).
+    """
+    psi = num_parameters
+    return (2 + 2 + k) * psi

@@ -1,0 +1,60 @@
+"""Temporary buffers of the optimizer step and the fixed workspaces, in bytes.
+
+Note [Optimizer-step temporaries]
+    torch.optim's ``foreach`` Adam/AdamW (the CUDA default, torch/optim/adam.py
+    ``_multi_tensor_adam``) updates moments in place but materialises
+    ``exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)`` for a whole parameter group: one extra
+    copy of the group's parameters in the state dtype. The ``for-loop`` implementation
+    (``_single_tensor_adam``) builds ``denom = (exp_avg_sq.sqrt() / bc2_sqrt).add_(eps)``: two
+    tensors the size of the largest parameter. ``fused`` (``_fused_adamw_``) needs none.
+    Measured on GPT-2 small fp32 (shared/notes/tracing-without-a-gpu.md sec. 4): optimizer-phase
+    peak 1.85 GiB fused, 2.14 for-loop, 2.32 foreach over 1.854 GiB of model states, i.e. +0,
+    +2 x 0.144 GiB (wte) and +0.4636 GiB (one copy of the parameters).
+    HF Adafactor (transformers/optimization.py) works per parameter in fp32 and builds about three
+    temporaries of the largest parameter; Lion (lion-pytorch / torch) two; bitsandbytes 8-bit
+    kernels update in place.
+"""
+
+from __future__ import annotations
+
+from trainmem.specs.training import TrainingConfig
+from trainmem.units import dtype_bytes
+
+
+def optimizer_step_temporary_bytes(
+    training: TrainingConfig, *, num_trainable_parameters: int, largest_parameter: int
+) -> int:
+    """Peak temporary bytes of ``optimizer.step()``. See Note [Optimizer-step temporaries].
+
+    Args:
+        training: optimizer, implementation and precision.
+        num_trainable_parameters: elements updated by the optimizer (one group assumed).
+        largest_parameter: elements of the largest trainable tensor.
+
+    Returns:
+        Bytes.
+    """
+    w = dtype_bytes(training.weight_dtype)
+    opt, impl = training.optimizer, training.optimizer_implementation
+    if opt in ("adam", "adamw"):
+        if impl == "fused":
+            return 0
+        if impl == "foreach":
+            return w * num_trainable_parameters
+        return 2 * w * largest_parameter
+    if opt == "adafactor":
+        return 3 * 4 * largest_parameter
+    if opt == "lion":
+        return 2 * w * largest_parameter
+    return 0  # sgd, sgd-momentum (in place), bitsandbytes 8-bit (in-place kernels)
+
+
+def cublas_workspace_bytes(per_handle_bytes: int, num_handles: int = 2) -> int:
+    """cuBLAS workspaces held through the caching allocator: one per (handle, stream); training
+    has two, the forward thread's and the autograd device thread's.
+
+    Source: shared/specs/cuda-caching-allocator.md sec. 5.3; PyTorch
+    aten/src/ATen/cuda/CublasHandlePool.cpp ``getChosenWorkspaceSize`` (default
+    ``:4096:2:16:8`` = 8,519,680 B; 32 MiB on compute capability 9.x since PR #89027).
+    """
+    return per_handle_bytes * num_handles

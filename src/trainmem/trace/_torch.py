@@ -1,0 +1,50 @@
+"""Lazy access to the ``trace`` extra (torch, transformers, peft).
+
+``import trainmem`` and ``import trainmem.trace`` must not import torch; every module of the trace
+engine that needs torch imports it inside functions, or is itself imported only from a function
+that called :func:`require_torch` first.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+INSTALL_HINT = "pip install 'trainmem[trace]'"
+
+
+def require_torch() -> ModuleType:
+    """Import and return torch, or explain how to install it.
+
+    Returns:
+        The ``torch`` module.
+
+    Raises:
+        ImportError: torch is not installed; the message names the install command.
+    """
+    try:
+        import torch
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            f"the trace engine needs PyTorch, which is not installed: {INSTALL_HINT}"
+        ) from exc
+    return torch
+
+
+def require_transformers() -> ModuleType:
+    """Import and return transformers, or explain how to install it.
+
+    Returns:
+        The ``transformers`` module.
+
+    Raises:
+        ImportError: transformers is not installed; the message names the install command.
+    """
+    require_torch()
+    try:
+        import transformers
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            f"tracing a Hugging Face config needs transformers, which is not installed: "
+            f"{INSTALL_HINT}"
+        ) from exc
+    return transformers
