@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from trainmem.analytic.activations import korthikanti_layer_bytes
 from trainmem.analytic.model_states import zero_paper_model_state_bytes
+from trainmem.analytic.params import num_parameters
+from trainmem.specs.model import ModelSpec
+from trainmem.specs.training import TrainingConfig
 
 
 def zero_paper(*, n: int, h: int, b: int, s: int, num_layers: int) -> dict[str, int]:
@@ -74,3 +77,73 @@ def korthikanti(
         act = num_layers * korthikanti_layer_bytes(s=s, b=b, h=h, a=a)
     states = zero_paper_model_state_bytes(n)
     return {"model_states_bytes": states, "activations_bytes": act, "total_bytes": states + act}
+
+
+def rules_of_thumb(model: ModelSpec, training: TrainingConfig) -> list[tuple[str, int | None, str]]:
+    """Each rule above applied to one configuration, as (name, total bytes, what it counts).
+
+    ``bytes_per_value`` for the "model memory" rule and the GPT-2 calculator is 4 for
+    ``32-true`` and 2 otherwise (the rules know one dtype only); the ZeRO and Korthikanti rules
+    are fixed to mixed-precision Adam by their papers. Korthikanti's formula applies with
+    ``full`` checkpointing as its full-recompute variant. None where a rule cannot express the
+    model (the GPT-2 calculator has no GQA, gated MLP or encoders).
+    """
+    n = num_parameters(model)
+    b, s = training.micro_batch_size, training.seq_len
+    h, L, a = model.hidden_size, model.num_layers, model.num_heads
+    p = 4 if training.precision == "32-true" else 2
+    rows: list[tuple[str, int | None, str]] = []
+    z = zero_paper(n=n, h=h, b=b, s=s, num_layers=L)
+    rows.append(
+        (
+            "ZeRO paper (Rajbhandari et al. 2020)",
+            z["total_bytes"],
+            "16 B/param model states + 12*h*b*s*L 16-bit activations",
+        )
+    )
+    m = model_memory_rule(n=n, b=b, s=s, bytes_per_value=p)
+    rows.append(
+        (
+            f"'model memory' rule (P={p})",
+            m["total_bytes"],
+            "weights, 2x Adam states, grads, optimizer intermediates, A*B*L*P activations",
+        )
+    )
+    gpt2_like = (
+        model.architecture == "decoder"
+        and model.mlp_kind == "gelu"
+        and (model.num_kv_heads == model.num_heads)
+    )
+    g = (
+        gpt2_calculator(
+            vocab=model.vocab_size, e=h, num_layers=L, num_heads=a, b=b, t=s, bytes_per_value=p
+        )
+        if gpt2_like
+        else None
+    )
+    rows.append(
+        (
+            f"GPT-2 calculator (P={p})",
+            g["total_bytes"] if g else None,
+            "4x model params + 2x activation values"
+            if g
+            else "not expressible: needs a GPT-2-like decoder (no GQA, 4h GELU MLP)",
+        )
+    )
+    k = korthikanti(
+        n=n,
+        h=h,
+        a=a,
+        b=b,
+        s=s,
+        num_layers=L,
+        full_recompute=training.activation_checkpointing == "full",
+    )
+    rows.append(
+        (
+            "Korthikanti et al. 2022 + 16 B/param",
+            k["total_bytes"],
+            "sbh(34 + 5as/h) per layer (2sbh with full recompute), no logits/loss",
+        )
+    )
+    return rows

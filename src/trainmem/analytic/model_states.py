@@ -102,10 +102,16 @@ def optimizer_state_bytes(
     if training.optimizer == "adafactor":
         return w * (sum((r + c) * n for r, c, n in matrix_shapes) + num_vector_parameters)
     if training.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
+        # Per large tensor: two uint8 states + two fp32 absmax per started block of 256
+        # (bitsandbytes ``blocks = ceil(n / blocksize)``); small tensors: two fp32 states.
         small = sum(r * c * n for r, c, n in matrix_shapes if r * c < BNB_MIN_8BIT_SIZE)
         small += num_vector_parameters
-        large = num_matrix + num_vector_parameters - small
-        return round(large * optimizer_state_bytes_per_parameter(training)) + small * 2 * 4
+        large = sum(
+            n * (2 * r * c + 2 * 4 * -(-(r * c) // BNB_BLOCKWISE_BLOCK_SIZE))
+            for r, c, n in matrix_shapes
+            if r * c >= BNB_MIN_8BIT_SIZE
+        )
+        return large + small * 2 * 4
     per = optimizer_state_bytes_per_parameter(training)
     return round((num_matrix + num_vector_parameters) * per)
 

@@ -1,0 +1,289 @@
+"""Command-line interface (typer + rich): ``trainmem estimate | models | gpus | formulas``.
+
+Every error trainmem raises on purpose (:class:`~trainmem.errors.TrainmemError`) is printed as
+one line ``error: <field>: <message>`` on stderr with exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from functools import wraps
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from trainmem.breakdown import MemoryEstimate
+from trainmem.errors import TrainmemError
+from trainmem.estimate import ENGINES, default_seq_len, estimate, resolve_model
+from trainmem.specs.hardware import GPUS
+from trainmem.specs.training import (
+    ACTIVATION_CHECKPOINTING,
+    ATTENTIONS,
+    OPTIMIZER_IMPLEMENTATIONS,
+    OPTIMIZERS,
+    PRECISIONS,
+    TrainingConfig,
+)
+
+app = typer.Typer(
+    help="How much GPU memory does training this model need, where does it go, and what fits?",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+_stdout_probe = Console()
+# Piped output (CI logs, files) gets room for the tables instead of rich's 80-column default.
+console = _stdout_probe if _stdout_probe.is_terminal else Console(width=160)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def clean_errors(func: F) -> F:
+    """Turn trainmem's own errors into one line on stderr and exit code 2."""
+
+    @wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except (TrainmemError, ImportError) as exc:
+            # plain print: one line whatever the terminal width (rich would wrap it)
+            print(f"error: {exc}", file=sys.stderr)
+            raise typer.Exit(2) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _choices(values: tuple[str, ...]) -> str:
+    return "|".join(values)
+
+
+ModelArg = Annotated[
+    str, typer.Argument(help="Preset name (see `trainmem models`), or a HF config.json / folder.")
+]
+MicroBatch = Annotated[
+    int, typer.Option("--micro-batch-size", "-b", help="Sequences per GPU per step.")
+]
+SeqLen = Annotated[
+    int | None,
+    typer.Option("--seq-len", "-s", help="Tokens per sequence [default: model context, max 4096]."),
+]
+PrecisionOpt = Annotated[
+    str, typer.Option("--precision", "-p", help=f"Lightning precision: {_choices(PRECISIONS)}.")
+]
+OptimizerOpt = Annotated[str, typer.Option("--optimizer", "-o", help=_choices(OPTIMIZERS))]
+OptimizerImplOpt = Annotated[
+    str,
+    typer.Option("--optimizer-implementation", help=_choices(OPTIMIZER_IMPLEMENTATIONS)),
+]
+CheckpointingOpt = Annotated[
+    str,
+    typer.Option("--activation-checkpointing", "-c", help=_choices(ACTIVATION_CHECKPOINTING)),
+]
+AttentionOpt = Annotated[str, typer.Option("--attention", help=_choices(ATTENTIONS))]
+AccumulationOpt = Annotated[
+    int, typer.Option("--gradient-accumulation-steps", help="Micro-batches per optimizer step.")
+]
+DropoutOpt = Annotated[
+    bool, typer.Option("--dropout/--no-dropout", help="Apply the model's dropout.")
+]
+GpuOpt = Annotated[
+    str | None, typer.Option("--gpu", "-g", help="GPU for the verdict (see `trainmem gpus`).")
+]
+EngineOpt = Annotated[str, typer.Option("--engine", "-e", help=_choices(ENGINES))]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print JSON (exact bytes) instead of a table.")
+]
+
+
+def training_config(
+    model: str,
+    micro_batch_size: int,
+    seq_len: int | None,
+    precision: str,
+    optimizer: str,
+    optimizer_implementation: str,
+    activation_checkpointing: str,
+    attention: str,
+    gradient_accumulation_steps: int,
+    dropout: bool,
+) -> TrainingConfig:
+    """A validated TrainingConfig from CLI options; seq_len defaults to the model's context."""
+    spec = resolve_model(model)
+    return TrainingConfig(
+        micro_batch_size=micro_batch_size,
+        seq_len=default_seq_len(spec) if seq_len is None else seq_len,
+        precision=precision,  # type: ignore[arg-type]
+        optimizer=optimizer,  # type: ignore[arg-type]
+        optimizer_implementation=optimizer_implementation,  # type: ignore[arg-type]
+        activation_checkpointing=activation_checkpointing,  # type: ignore[arg-type]
+        attention=attention,  # type: ignore[arg-type]
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        dropout=dropout,
+    )
+
+
+def print_estimate(est: MemoryEstimate, as_json: bool) -> None:
+    """Table (with the resolved settings and where the peak falls) or JSON on stdout."""
+    from trainmem.report.table import config_line, estimate_table
+
+    if as_json:
+        print(json.dumps(est.to_dict(), indent=2, default=str))
+        return
+    console.print(estimate_table(est))
+    console.print(config_line(est), highlight=False)
+    console.print(f"peak falls in the {est.peak_phase}: {est.peak_reason}", highlight=False)
+    for note in est.notes:
+        console.print(f"note: {note}", highlight=False)
+
+
+@app.command(name="estimate")
+@clean_errors
+def estimate_cmd(
+    model: ModelArg,
+    micro_batch_size: MicroBatch = 1,
+    seq_len: SeqLen = None,
+    precision: PrecisionOpt = "bf16-mixed",
+    optimizer: OptimizerOpt = "adamw",
+    optimizer_implementation: OptimizerImplOpt = "foreach",
+    activation_checkpointing: CheckpointingOpt = "none",
+    attention: AttentionOpt = "sdpa",
+    gradient_accumulation_steps: AccumulationOpt = 1,
+    dropout: DropoutOpt = True,
+    gpu: GpuOpt = None,
+    engine: EngineOpt = "analytic",
+    as_json: JsonOpt = False,
+) -> None:
+    """Peak GPU memory of one training step, broken down, with a verdict for --gpu."""
+    training = training_config(
+        model,
+        micro_batch_size,
+        seq_len,
+        precision,
+        optimizer,
+        optimizer_implementation,
+        activation_checkpointing,
+        attention,
+        gradient_accumulation_steps,
+        dropout,
+    )
+    print_estimate(estimate(model, training, gpu=gpu, engine=engine), as_json)
+
+
+@app.command(name="formulas")
+@clean_errors
+def formulas_cmd(
+    model: ModelArg,
+    micro_batch_size: MicroBatch = 1,
+    seq_len: SeqLen = None,
+    precision: PrecisionOpt = "bf16-mixed",
+    optimizer: OptimizerOpt = "adamw",
+    activation_checkpointing: CheckpointingOpt = "none",
+    attention: AttentionOpt = "sdpa",
+    as_json: JsonOpt = False,
+) -> None:
+    """The published rules of thumb next to trainmem's own estimate, for one configuration."""
+    from trainmem.analytic.formulas import rules_of_thumb
+    from trainmem.report.table import formulas_table
+
+    training = training_config(
+        model,
+        micro_batch_size,
+        seq_len,
+        precision,
+        optimizer,
+        "foreach",
+        activation_checkpointing,
+        attention,
+        1,
+        True,
+    )
+    spec = resolve_model(model)
+    est = estimate(spec, training)
+    rows = rules_of_thumb(spec, training)
+    rows.append(
+        (
+            "trainmem (analytic), peak allocated",
+            est.breakdown.allocated_bytes,
+            "every tensor alive at the peak: " + est.peak_reason,
+        )
+    )
+    if as_json:
+        print(
+            json.dumps(
+                [{"formula": n, "total_bytes": t, "counts": w} for n, t, w in rows], indent=2
+            )
+        )
+        return
+    console.print(formulas_table(rows))
+    console.print(
+        f"{spec.name}: micro-batch {training.micro_batch_size}, seq_len {training.seq_len}, "
+        f"{training.precision}, {training.optimizer}",
+        highlight=False,
+    )
+
+
+@app.command(name="models")
+@clean_errors
+def models_cmd(as_json: JsonOpt = False) -> None:
+    """The shipped model presets (real HF config files, no download) with parameter counts."""
+    from trainmem.analytic.params import num_parameters
+    from trainmem.report.table import models_table
+    from trainmem.specs.hf import list_presets, load_model_spec
+
+    rows = []
+    for name in list_presets():
+        spec = load_model_spec(name)
+        rows.append(
+            {
+                "preset": name,
+                "model_type": spec.model_type,
+                "layers": spec.num_layers,
+                "hidden": spec.hidden_size,
+                "heads": f"{spec.num_heads}/{spec.num_kv_heads}",
+                "context": spec.max_position_embeddings,
+                "parameters": f"{num_parameters(spec):,}",
+                "num_parameters": num_parameters(spec),
+            }
+        )
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    console.print(models_table(rows))
+
+
+@app.command(name="gpus")
+@clean_errors
+def gpus_cmd(as_json: JsonOpt = False) -> None:
+    """The GPU catalog: usable capacity, nominal size, datasheet."""
+    from trainmem.report.table import gpus_table
+
+    if as_json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "name": g.name,
+                        "capacity_bytes": g.memory_bytes,
+                        "nominal": g.nominal,
+                        "compute_capability": g.compute_capability,
+                        "datasheet": g.datasheet,
+                    }
+                    for g in GPUS.values()
+                ],
+                indent=2,
+            )
+        )
+        return
+    console.print(gpus_table(GPUS.values()))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

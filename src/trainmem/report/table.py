@@ -1,0 +1,145 @@
+"""Terminal tables (rich) for estimates, presets and GPUs. Sizes are shown in GiB (2^30 bytes)
+and the tables say so; the JSON output keeps exact bytes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from rich.table import Table
+
+from trainmem.breakdown import BREAKDOWN_KEYS, MemoryEstimate
+from trainmem.specs.hardware import GPUSpec
+from trainmem.units import GB, GiB
+
+_LABELS = {
+    "parameters": "parameters",
+    "gradients": "gradients",
+    "optimizer_states": "optimizer states",
+    "activations": "activations",
+    "temporary": "temporary buffers",
+    "fragmentation": "fragmentation (reserved - allocated)",
+    "cuda_context": "CUDA context + kernels",
+}
+
+
+def gib(n_bytes: int | float) -> str:
+    """Bytes as GiB with two decimals (``"12.34"``)."""
+    return f"{n_bytes / GiB:,.2f}"
+
+
+def estimate_table(est: MemoryEstimate) -> Table:
+    """Breakdown at the peak, then the three peak figures and the verdict."""
+    total = est.breakdown.device_total_bytes
+    table = Table(
+        title=f"{est.model_name}: peak of one training step ({est.engine} engine)",
+        caption="GiB = 2^30 bytes; '--json' gives exact bytes",
+    )
+    table.add_column("memory", style="bold")
+    table.add_column("GiB", justify="right")
+    table.add_column("share", justify="right")
+    for key in BREAKDOWN_KEYS:
+        value = getattr(est.breakdown, key)
+        share = f"{100 * value / total:.1f}%" if total else "-"
+        table.add_row(_LABELS[key], gib(value), share)
+    table.add_section()
+    b = est.breakdown
+    table.add_row("peak allocated (max_memory_allocated)", gib(b.allocated_bytes), "")
+    table.add_row("peak reserved (max_memory_reserved)", gib(b.reserved_bytes), "")
+    table.add_row("device total (nvidia-smi)", gib(b.device_total_bytes), "")
+    if est.gpu_capacity_bytes is not None:
+        verdict = "[green]fits[/]" if est.fits else "[red]does not fit[/]"
+        margin = est.gpu_capacity_bytes - b.device_total_bytes
+        table.add_row(
+            f"{est.gpu_name} usable capacity",
+            gib(est.gpu_capacity_bytes),
+            f"{verdict} ({'+' if margin >= 0 else '-'}{gib(abs(margin))} GiB)",
+        )
+    return table
+
+
+def config_line(est: MemoryEstimate) -> str:
+    """The resolved settings on one line, so the user sees every default that was applied."""
+    c = est.config
+    parts = [
+        f"{k}={c[k]}"
+        for k in (
+            "micro_batch_size",
+            "seq_len",
+            "precision",
+            "optimizer",
+            "activation_checkpointing",
+            "attention",
+            "gradient_accumulation_steps",
+        )
+        if k in c
+    ]
+    return (
+        f"{est.num_parameters:,} parameters ({est.num_trainable_parameters:,} trainable); "
+        + ", ".join(parts)
+    )
+
+
+def models_table(rows: Iterable[Mapping[str, object]]) -> Table:
+    """Presets with family, layers, width and parameter count."""
+    table = Table(title="Shipped model presets (config files, no download)")
+    for col, justify in (
+        ("preset", "left"),
+        ("model_type", "left"),
+        ("layers", "right"),
+        ("hidden", "right"),
+        ("heads (q/kv)", "right"),
+        ("context", "right"),
+        ("parameters", "right"),
+    ):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for r in rows:
+        table.add_row(
+            *(
+                str(r[k])
+                for k in (
+                    "preset",
+                    "model_type",
+                    "layers",
+                    "hidden",
+                    "heads",
+                    "context",
+                    "parameters",
+                )
+            )
+        )
+    return table
+
+
+def gpus_table(gpus: Iterable[GPUSpec]) -> Table:
+    """The GPU catalog: usable capacity in GiB and GB, nominal size, datasheet."""
+    table = Table(
+        title="GPU catalog",
+        caption="usable = what torch.cuda.get_device_properties().total_memory reports",
+    )
+    table.add_column("name")
+    table.add_column("usable GiB", justify="right")
+    table.add_column("usable GB", justify="right")
+    table.add_column("nominal")
+    table.add_column("compute capability")
+    table.add_column("datasheet")
+    for g in gpus:
+        table.add_row(
+            g.name,
+            gib(g.memory_bytes),
+            f"{g.memory_bytes / GB:,.2f}",
+            g.nominal,
+            g.compute_capability,
+            g.datasheet,
+        )
+    return table
+
+
+def formulas_table(rows: Iterable[tuple[str, int | None, str]]) -> Table:
+    """Rules of thumb next to trainmem: (name, total bytes or None, what it counts)."""
+    table = Table(title="What the published formulas predict", caption="GiB = 2^30 bytes")
+    table.add_column("formula")
+    table.add_column("GiB", justify="right")
+    table.add_column("counts")
+    for name, total, what in rows:
+        table.add_row(name, "-" if total is None else gib(total), what)
+    return table

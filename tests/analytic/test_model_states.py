@@ -1,0 +1,61 @@
+"""Model states per precision x optimizer, from the papers' and PyTorch's byte counts."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainmem.analytic.model_states import model_states, zero_paper_model_state_bytes
+from trainmem.specs.training import TrainingConfig
+
+P = 1_000_000  # parameters, all in one large matrix (1000 x 1000)
+
+
+def states(**kw: object) -> tuple[int, int, int]:
+    ms = model_states(
+        TrainingConfig(**kw),  # type: ignore[arg-type]
+        num_parameters=P,
+        num_trainable_parameters=P,
+        matrix_shapes=[(1000, 1000, 1)],
+        num_vector_parameters=0,
+    )
+    return ms.parameters, ms.gradients, ms.optimizer_states
+
+
+def test_mixed_precision_adamw_is_16_bytes_per_parameter() -> None:
+    # PyTorch AMP: fp32 weights (4) + fp32 grads (4) + exp_avg and exp_avg_sq in fp32 (8).
+    assert states(precision="bf16-mixed", optimizer="adamw") == (4 * P, 4 * P, 8 * P)
+    assert sum(states(precision="16-mixed", optimizer="adam")) == 16 * P
+
+
+def test_zero_paper_split_is_also_16_bytes_per_parameter() -> None:
+    # Rajbhandari et al. 2020 sec. 3.1: 2 + 2 + 12 bytes; GPT-2 1.5B -> 24 GB of model states.
+    assert zero_paper_model_state_bytes(P) == (2 + 2 + 12) * P
+    assert zero_paper_model_state_bytes(1_500_000_000) == 24 * 10**9
+
+
+@pytest.mark.parametrize(
+    ("precision", "optimizer", "expected"),
+    [
+        ("32-true", "sgd", (4, 4, 0)),  # no state without momentum
+        ("32-true", "sgd-momentum", (4, 4, 4)),  # momentum_buffer
+        ("32-true", "lion", (4, 4, 4)),  # one exp_avg
+        ("bf16-true", "adamw", (2, 2, 4)),  # Lightning bf16-true: states in bf16
+        ("16-true", "sgd-momentum", (2, 2, 2)),
+    ],
+)
+def test_bytes_per_parameter(
+    precision: str, optimizer: str, expected: tuple[int, int, int]
+) -> None:
+    assert states(precision=precision, optimizer=optimizer) == tuple(e * P for e in expected)
+
+
+def test_adamw_8bit_is_2_bytes_plus_blockwise_absmax() -> None:
+    # bitsandbytes AdamW8bit: two uint8 states + one fp32 absmax per 256-value block for each.
+    blocks = -(-P // 256)
+    assert states(optimizer="adamw-8bit")[2] == 2 * P + 2 * 4 * blocks
+
+
+def test_adafactor_is_factored() -> None:
+    # torch.optim.Adafactor: row (1000) and column (1000) second-moment vectors in fp32, no
+    # first moment by default (beta1=None): far below one value per parameter.
+    assert states(optimizer="adafactor")[2] == 4 * (1000 + 1000)

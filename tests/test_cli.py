@@ -1,0 +1,143 @@
+"""The command line end to end: JSON keys, tables, and one clear line for every bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from trainmem.cli import app
+
+runner = CliRunner()
+
+BREAKDOWN = {
+    "parameters",
+    "gradients",
+    "optimizer_states",
+    "activations",
+    "temporary",
+    "fragmentation",
+    "cuda_context",
+}
+
+
+def run(*args: str):  # noqa: ANN201
+    return runner.invoke(app, list(args))
+
+
+def test_estimate_json_has_the_documented_keys() -> None:
+    r = run("estimate", "llama-3.2-1b", "--gpu", "A100-40GB", "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert set(d["breakdown_bytes"]) == BREAKDOWN
+    assert all(isinstance(v, int) for v in d["breakdown_bytes"].values())
+    assert d["num_parameters"] == d["num_trainable_parameters"] == 1_235_814_400
+    peak = d["peak"]
+    assert peak["allocated_bytes"] <= peak["reserved_bytes"] <= peak["device_total_bytes"]
+    assert d["gpu"]["capacity_bytes"] > 0 and isinstance(d["fits"], bool)
+    # defaults are resolved and reported: llama-3.2's 131072 context capped at 4096
+    assert d["config"]["seq_len"] == 4096
+    assert d["config"]["precision"] == "bf16-mixed" and d["config"]["attention"] == "sdpa"
+    assert d["schema_version"] == 1
+
+
+def test_estimate_table_states_gib_and_verdict() -> None:
+    r = run("estimate", "gpt2", "-b", "4", "--gpu", "T4")
+    assert r.exit_code == 0, r.output
+    assert "GiB = 2^30 bytes" in r.stdout
+    assert "max_memory_allocated" in r.stdout and "T4" in r.stdout
+    assert "micro_batch_size=4" in r.stdout
+
+
+def test_estimate_of_a_user_config_file(tmp_path: Path) -> None:
+    cfg = {
+        "model_type": "llama",
+        "hidden_size": 256,
+        "intermediate_size": 688,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 1000,
+        "max_position_embeddings": 512,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    r = run("estimate", str(tmp_path), "--json")
+    assert r.exit_code == 0, r.output
+    # embed 256000 + lm_head 256000 + 2 * (q 65536 + k,v 2*32768 + o 65536 + 3*256*688
+    # + 2 norms 512) + final norm 256
+    layer = 65536 + 2 * 32768 + 65536 + 3 * 256 * 688 + 512
+    assert json.loads(r.stdout)["num_parameters"] == 2 * 256000 + 2 * layer + 256
+
+
+def test_models_and_gpus_list() -> None:
+    r = run("models")
+    assert r.exit_code == 0 and "llama-3.1-405b" in r.stdout
+    r = run("gpus", "--json")
+    assert r.exit_code == 0
+    names = {g["name"] for g in json.loads(r.stdout)}
+    assert {"H100-80GB", "A100-40GB", "T4", "MI250"} <= names
+
+
+def test_formulas_side_by_side() -> None:
+    r = run("formulas", "gpt2", "-b", "8", "-s", "1024", "-p", "32-true")
+    assert r.exit_code == 0, r.output
+    for name in ("ZeRO paper", "model memory", "GPT-2 calculator", "Korthikanti", "trainmem"):
+        assert name in r.stdout
+
+
+def bad(tmp_path: Path, content: str) -> str:
+    p = tmp_path / "config.json"
+    p.write_text(content)
+    return str(p)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["estimate", "lama-2-7b"], "llama-2-7b"),  # suggests the close preset name
+        (["estimate", "gpt2", "--precision", "fp17"], "bf16-mixed"),  # lists allowed values
+        (["estimate", "gpt2", "--optimizer", "adamx"], "adamw-8bit"),
+        (["estimate", "gpt2", "--gpu", "A1000"], "A100"),
+        (["estimate", "gpt2", "--micro-batch-size", "0"], "micro_batch_size"),
+        (["estimate", "gpt2", "--seq-len", "-5"], "seq_len"),
+        (["estimate", "gpt2", "--activation-checkpointing", "some"], "selective"),
+        (["estimate", "gpt2", "--engine", "magic"], "analytic"),
+    ],
+)
+def test_bad_options_get_one_clear_line(args: list[str], needle: str) -> None:
+    r = run(*args)
+    assert r.exit_code == 2
+    assert "Traceback" not in r.output
+    assert r.stderr.startswith("error: ") and needle in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("content", "field"),
+    [
+        ("{not json", "not valid JSON"),
+        ('{"hidden_size": 64}', "model_type"),
+        ('{"model_type": "t5", "d_model": 512}', "t5"),
+        (
+            '{"model_type": "llama", "hidden_size": 100, "num_attention_heads": 3, '
+            '"num_hidden_layers": 2, "intermediate_size": 10, "vocab_size": 10}',
+            "num_attention_heads",
+        ),
+        (
+            '{"model_type": "gpt2", "n_embd": 0, "n_head": 1, "n_layer": 1, "vocab_size": 10}',
+            "n_embd",
+        ),
+        (
+            '{"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, '
+            '"intermediate_size": 10, "vocab_size": 10}',
+            "num_hidden_layers",
+        ),
+    ],
+)
+def test_bad_config_files_get_one_clear_line(tmp_path: Path, content: str, field: str) -> None:
+    r = run("estimate", bad(tmp_path, content))
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output
+    assert r.stderr.startswith("error: ") and field in r.stderr
