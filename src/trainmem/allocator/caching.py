@@ -948,6 +948,103 @@ class CachingAllocatorSim:
         out.sort(key=lambda seg: seg[0].ptr)
         return out
 
+    def all_blocks(self) -> list[Block]:
+        """Every block, mapped or not, segment by segment in address order."""
+        blocks: list[Block] = list(self._allocated.values())
+        blocks += self._pending
+        for pool in (self.small_pool, self.large_pool):
+            blocks += pool.free_at.values()
+            blocks += pool.unmapped_at.values()
+        out: list[Block] = []
+        for head in sorted((b for b in blocks if b.prev is None), key=lambda b: b.ptr):
+            cur: Block | None = head
+            while cur is not None:
+                out.append(cur)
+                cur = cur.next
+        return out
+
+    def check_invariants(self) -> None:
+        """Check the simulator's internal consistency (a fuzzing aid, tinygrad style).
+
+        Checks that blocks tile their segments, sizes are multiples of 512 B, no two free mapped
+        neighbours were left unmerged, segments never overlap, the pools index exactly the free
+        blocks, and the current statistics equal the sums over blocks (spec section 5.1 and 10).
+
+        Raises:
+            AssertionError: naming the first invariant that does not hold.
+        """
+        blocks = self.all_blocks()
+        small, large = self.small_pool.stat_type, self.large_pool.stat_type
+        sums = {
+            key: [0, 0, 0]
+            for key in ("allocated", "active", "requested", "reserved", "split", "split_n")
+        }
+        sums["segments"] = [0, 0, 0]
+        last_end = 0
+        for b in blocks:
+            st = b.pool.stat_type
+            assert b.size > 0 and b.size % K_MIN_BLOCK_SIZE == 0, f"block size {b.size}"
+            assert b.ptr >= last_end, f"block at {b.ptr:#x} overlaps the previous one"
+            last_end = b.ptr + b.size
+            if b.next is not None:
+                assert b.next.prev is b and b.next.ptr == b.ptr + b.size, "blocks do not tile"
+            if b.prev is None and b.expandable is None:
+                seg = 0
+                cur: Block | None = b
+                while cur is not None:
+                    seg += cur.size
+                    cur = cur.next
+                assert seg % K_SMALL_BUFFER == 0, f"segment size {seg} not a multiple of 2 MiB"
+                sums["segments"][st] += 1
+            pending = b in self._pending
+            free = not b.allocated and not pending
+            if b.mapped:
+                sums["reserved"][st] += b.size
+            if b.allocated:
+                sums["allocated"][st] += b.size
+            if b.allocated or pending:
+                sums["active"][st] += b.size
+                sums["requested"][st] += b.requested_size
+            if free and b.mapped:
+                assert b.pool.free_at.get(b.ptr) is b, "free block missing from its pool"
+                nxt = b.next
+                assert not (
+                    nxt is not None and nxt.mapped and not nxt.allocated
+                    and nxt not in self._pending
+                ), "two adjacent free blocks were not merged"
+                if b.is_split() and b.expandable is None:
+                    sums["split"][st] += b.size
+                    sums["split_n"][st] += 1
+            if not b.mapped:
+                assert b.pool.unmapped_at.get(b.ptr) is b, "unmapped block missing from its pool"
+        for pool in (self.small_pool, self.large_pool):
+            assert pool.keys == sorted(pool.keys), "pool keys out of order"
+            assert len(pool.keys) == len(pool.free_at), "pool index out of sync"
+            for stream, size, ptr in pool.keys:
+                b = pool.free_at[ptr]
+                assert (b.stream, b.size, b.ptr) == (stream, size, ptr), "stale pool key"
+        s = self.stats
+        pairs = (
+            ("allocated_bytes", "allocated"),
+            ("active_bytes", "active"),
+            ("requested_bytes", "requested"),
+            ("reserved_bytes", "reserved"),
+            ("inactive_split_bytes", "split"),
+            ("inactive_split", "split_n"),
+            ("segment", "segments"),
+        )
+        for stat_name, key in pairs:
+            stat = getattr(s, stat_name)
+            for st in (small, large):
+                assert stat[st].current == sums[key][st], (
+                    f"{stat_name}[{st}] = {stat[st].current}, blocks say {sums[key][st]}"
+                )
+            assert stat[0].current == stat[small].current + stat[large].current, stat_name
+            for x in stat:
+                assert x.peak >= x.current, f"{stat_name} peak below current"
+        assert s.allocation[0].current == len(self._allocated), "allocation count"
+        assert self._reserved_total == s.reserved_bytes[0].current, "reserved total"
+
     def live_blocks(self) -> list[Block]:
         """Allocated blocks, by address."""
         return sorted(self._allocated.values(), key=lambda b: b.ptr)

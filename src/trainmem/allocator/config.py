@@ -175,7 +175,8 @@ class AllocatorConfig:
             else:
                 known = ", ".join(sorted((*MODELLED_OPTIONS, *NO_EFFECT_OPTIONS)))
                 raise SpecError(
-                    "PYTORCH_CUDA_ALLOC_CONF", f"unrecognized option {key!r}; known options: {known}"
+                    "PYTORCH_CUDA_ALLOC_CONF",
+                    f"unrecognized option {key!r}; known options: {known}",
                 )
         return cls(alloc_conf=alloc_conf, ignored_options=tuple(ignored), **kwargs)  # type: ignore[arg-type]
 
