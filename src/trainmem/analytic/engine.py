@@ -69,6 +69,8 @@ def estimate_analytic(
     *,
     gpu: GPUSpec | None = None,
     cuda_context_bytes: int | None = None,
+    simulate_allocator: bool = True,
+    alloc_conf: str = "",
 ) -> MemoryEstimate:
     """Peak GPU memory of one steady-state training step on one GPU, in closed form.
 
@@ -78,6 +80,11 @@ def estimate_analytic(
         gpu: the GPU for the verdict and its cuBLAS workspace size; None for no verdict.
         cuda_context_bytes: memory outside the allocator; default
             :data:`~trainmem.specs.hardware.DEFAULT_CUDA_CONTEXT_BYTES`.
+        simulate_allocator: replay the step's allocation timeline
+            (:func:`~trainmem.analytic.step_timeline.analytic_timeline`) through the caching
+            allocator simulator for fragmentation and the OOM verdict (tens of ms for the largest
+            presets); False gives the closed form alone (fragmentation 0), for sweeps.
+        alloc_conf: ``PYTORCH_CUDA_ALLOC_CONF`` for the simulator.
 
     Returns:
         A :class:`~trainmem.breakdown.MemoryEstimate` whose breakdown is taken at the peak.
@@ -85,8 +92,8 @@ def estimate_analytic(
     Source: Note [Where the peak falls]; model states: Note [Model states per precision];
     activations: Note [Activation terms] (Korthikanti et al. 2022, arXiv:2205.05198, sec. 4.1).
 
-    Known limitations: no tensor/pipeline parallelism or sharding yet; fragmentation is the
-    allocator simulator's (0 here until it is wired in); HF transformers 5 code paths assumed.
+    Known limitations: no tensor/pipeline parallelism or sharding yet; HF transformers 5 code
+    paths assumed.
     """
     n_params = num_parameters(model)
     n_trainable = n_params
@@ -156,13 +163,18 @@ def estimate_analytic(
     grads, acts, temps, reason = candidates[peak_name]
     phase = "backward" if peak_name.startswith("backward") else peak_name
     ctx = DEFAULT_CUDA_CONTEXT_BYTES if cuda_context_bytes is None else cuda_context_bytes
+    fragmentation, notes, replay_details = 0, [], {}
+    if simulate_allocator:
+        fragmentation, notes, replay_details = _allocator_replay(
+            model, training, gpu=gpu, cuda_context_bytes=ctx, alloc_conf=alloc_conf
+        )
     breakdown = MemoryBreakdown(
         parameters=W,
         gradients=grads,
         optimizer_states=O,
         activations=acts,
         temporary=temps,
-        fragmentation=0,
+        fragmentation=fragmentation,
         cuda_context=ctx,
     )
     return MemoryEstimate(
@@ -184,8 +196,49 @@ def estimate_analytic(
             "optimizer_step_temporary_bytes": opt_tmp,
             "loss_backward_temporary_bytes": loss_tmp,
             "cublas_workspace_bytes": ws,
+            **replay_details,
         },
+        notes=notes,
     )
+
+
+def _allocator_replay(
+    model: ModelSpec,
+    training: TrainingConfig,
+    *,
+    gpu: GPUSpec | None,
+    cuda_context_bytes: int,
+    alloc_conf: str,
+) -> tuple[int, list[str], dict[str, object]]:
+    """Fragmentation (reserved - allocated at their peaks), notes and details from replaying the
+    analytic timeline through the caching allocator simulator (Note [Analytic timeline])."""
+    from trainmem.allocator.replay import replay_timeline
+    from trainmem.analytic.step_timeline import analytic_timeline
+
+    per_handle = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
+    timeline = analytic_timeline(model, training, cublas_workspace_bytes=per_handle)
+    capacity = None if gpu is None else max(gpu.memory_bytes - cuda_context_bytes, 0)
+    result = replay_timeline(
+        timeline,
+        capacity_bytes=capacity,
+        alloc_conf=alloc_conf,
+        device_total_bytes=None if gpu is None else gpu.memory_bytes,
+    )
+    fragmentation = max(result.max_memory_reserved - result.max_memory_allocated, 0)
+    notes: list[str] = []
+    if result.oom and result.oom_message:
+        notes.append("the simulated caching allocator runs out of memory: "
+                     + result.oom_message.splitlines()[0])
+    details: dict[str, object] = {
+        "allocator_replay": {
+            "events": result.num_events,
+            "max_memory_allocated": result.max_memory_allocated,
+            "max_memory_reserved": result.max_memory_reserved,
+            "oom": result.oom,
+            "num_alloc_retries": result.memory_stats.get("num_alloc_retries", 0),
+        }
+    }
+    return fragmentation, notes, details
 
 
 def resolved_config(training: TrainingConfig) -> dict[str, object]:

@@ -1,0 +1,227 @@
+"""The analytic engine's allocation timeline: one event per tensor the closed-form model counts,
+in the order a PyTorch training step allocates and frees them, for the allocator simulator.
+
+Note [Analytic timeline]
+    The closed form (``engine.py``) gives the bytes alive at each candidate peak; the caching
+    allocator needs the order and the sizes of the blocks as well, because reserved memory depends
+    on which freed blocks a later request can reuse. The timeline replays, from an empty device:
+
+    * ``init``: every parameter tensor (:func:`~trainmem.analytic.params.parameter_tensor_sizes`);
+    * ``steps`` training steps (2 by default, so the first step's lazy optimizer-state
+      allocation, which lands after the backward has filled the cache, is included as in a real
+      run and the second step shows the steady state);
+    * per micro-batch, ``forward``: the inputs and embedding terms, then per layer the saved
+      terms of :func:`~trainmem.analytic.activations.layer_activation_terms` (under checkpointing
+      the layer input is saved and the rest is allocated and freed), autocast weight copies, the
+      head terms; the cuBLAS workspace at the first matmul of each thread (forward, backward);
+    * ``backward``: the two fp32 (tokens x vocab) loss gradients, then layer by layer in reverse:
+      recomputed terms, the layer's gradient transients, its parameter gradients (first
+      micro-batch only: they accumulate afterwards), and the frees of its saved terms;
+    * ``optimizer``: optimizer states (first step only, torch's lazy ``_init_group``), the step's
+      temporaries (``foreach``: one list of per-parameter tensors alive together, as
+      ``torch._foreach_sqrt``; ``for-loop``: one per parameter, freed before the next);
+    * ``zero_grad``: gradients freed (``set_to_none=True``, the default since PyTorch 2.0).
+
+    Each term is one block; a term that stands for several same-sized tensors (``q_k``) is one
+    block of their total, a simplification that can only reduce fragmentation.
+
+Source: the step order of ``torch.optim.Optimizer.step`` / ``zero_grad`` (torch/optim/optimizer.py,
+adam.py ``_init_group``, ``_multi_tensor_adam``), autograd's reverse-order layer backward, and
+``getCurrentCUDABlasHandle`` creating one cuBLAS handle + workspace per thread
+(aten/src/ATen/cuda/CublasHandlePool.cpp).
+"""
+
+from __future__ import annotations
+
+from trainmem.analytic.activations import (
+    activation_profile,
+    backward_layer_transient_bytes,
+    compute_and_residual_bytes,
+    layer_linear_weights,
+    loss_backward_transient_bytes,
+)
+from trainmem.analytic.model_states import model_states
+from trainmem.analytic.params import parameter_tensor_sizes
+from trainmem.analytic.temporaries import optimizer_step_temporary_bytes
+from trainmem.breakdown import MemoryCategory as Cat
+from trainmem.specs.model import ModelSpec
+from trainmem.specs.training import TrainingConfig
+from trainmem.timeline import AllocEvent, Phase, Timeline
+from trainmem.units import dtype_bytes
+
+
+class _Recorder:
+    """Appends alloc/free events with fresh block ids."""
+
+    def __init__(self) -> None:
+        self.events: list[AllocEvent] = []
+        self.sizes: dict[int, tuple[int, Cat, str]] = {}
+        self.next_id = 0
+        self.phase: Phase = "init"
+
+    def alloc(self, size: int, category: Cat, module: str = "") -> int:
+        size = max(int(size), 0)
+        block = self.next_id
+        self.next_id += 1
+        if size == 0:
+            return -1
+        self.sizes[block] = (size, category, module)
+        self.events.append(AllocEvent("alloc", block, size, category, self.phase, module))
+        return block
+
+    def free(self, block: int) -> None:
+        if block < 0:
+            return
+        size, category, module = self.sizes.pop(block)
+        self.events.append(AllocEvent("free", block, size, category, self.phase, module))
+
+
+def analytic_timeline(
+    model: ModelSpec,
+    training: TrainingConfig,
+    *,
+    cublas_workspace_bytes: int,
+    steps: int = 2,
+) -> Timeline:
+    """Allocation timeline of ``steps`` training steps from an empty device.
+
+    Args:
+        model: the transformer's shape.
+        training: the step's settings.
+        cublas_workspace_bytes: workspace of one cuBLAS handle (one per thread that runs a
+            matmul: the forward thread and autograd's backward thread).
+        steps: training steps to replay (>= 1); see Note [Analytic timeline].
+
+    Returns:
+        The timeline; requested sizes in bytes.
+    """
+    rec = _Recorder()
+    w = dtype_bytes(training.weight_dtype)
+    c, _ = compute_and_residual_bytes(training)
+    tensors = parameter_tensor_sizes(model)
+    n_params = sum(n for _, n in tensors)
+    for owner, n in tensors:
+        rec.alloc(w * n, Cat.PARAMETER, owner)
+
+    prof = activation_profile(model, training)
+    mode = training.activation_checkpointing
+    saved_terms = {
+        "none": {k: v for k, v in prof.terms.items()},
+        "selective": {k: v for k, v in prof.terms.items() if not k.startswith("scores/")},
+        "full": {"layer_input": prof.per_layer},
+    }[mode]
+    dropped_terms = {k: v for k, v in prof.terms.items() if k not in saved_terms}
+    weight_copy = c * layer_linear_weights(model) if training.is_mixed else 0
+    loss_tmp = loss_backward_transient_bytes(model, training)
+    layer_tmp = backward_layer_transient_bytes(model, training)
+
+    ms = model_states(
+        training,
+        num_parameters=n_params,
+        num_trainable_parameters=n_params,
+        matrix_shapes=[],
+        num_vector_parameters=n_params,
+    )
+    opt_tmp_total = optimizer_step_temporary_bytes(
+        training, num_trainable_parameters=n_params, largest_parameter=max(n for _, n in tensors)
+    )
+    states_per_element = ms.optimizer_states / n_params if n_params else 0.0
+    by_owner: dict[str, list[int]] = {}
+    for owner, n in tensors:
+        by_owner.setdefault(owner, []).append(n)
+
+    grads: dict[str, list[int]] = {}
+    states: list[int] = []
+    workspaces: list[int] = []
+    for step in range(steps):
+        for _micro in range(training.gradient_accumulation_steps):
+            rec.phase = "forward"
+            if not workspaces:
+                workspaces.append(rec.alloc(cublas_workspace_bytes, Cat.TEMPORARY, "cublas"))
+            emb = [rec.alloc(v, Cat.ACTIVATION, "embedding") for k, v in prof.head_terms.items()
+                   if k in _EMBEDDING_TERMS]
+            layer_blocks: list[list[int]] = []
+            copies: list[int] = []
+            for layer in range(model.num_layers):
+                name = f"layers.{layer}"
+                if weight_copy and mode == "full":
+                    copies.append(rec.alloc(weight_copy, Cat.ACTIVATION, name))
+                kept = [rec.alloc(v, Cat.ACTIVATION, name) for v in saved_terms.values()]
+                dropped = [rec.alloc(v, Cat.TEMPORARY, name) for v in dropped_terms.values()]
+                for b in dropped:
+                    rec.free(b)
+                layer_blocks.append(kept)
+            head = [rec.alloc(v, Cat.ACTIVATION, "head") for k, v in prof.head_terms.items()
+                    if k not in _EMBEDDING_TERMS]
+            for b in copies:  # autocast's weight cache is cleared when the forward region exits
+                rec.free(b)
+
+            rec.phase = "backward"
+            if len(workspaces) < 2:
+                workspaces.append(rec.alloc(cublas_workspace_bytes, Cat.TEMPORARY, "cublas"))
+            g1 = rec.alloc(loss_tmp // 2, Cat.TEMPORARY, "loss")
+            g2 = rec.alloc(loss_tmp - loss_tmp // 2, Cat.TEMPORARY, "loss")
+            rec.free(g1)
+            for b in head:
+                rec.free(b)
+            if "head" in by_owner and "head" not in grads:
+                grads["head"] = [rec.alloc(w * n, Cat.GRADIENT, "head") for n in by_owner["head"]]
+            rec.free(g2)
+            for layer in reversed(range(model.num_layers)):
+                name = f"layers.{layer}"
+                recomputed = [rec.alloc(v, Cat.ACTIVATION, name) for v in dropped_terms.values()]
+                if mode == "full" and weight_copy:
+                    recomputed.append(rec.alloc(weight_copy, Cat.ACTIVATION, name))
+                tmp = rec.alloc(layer_tmp, Cat.TEMPORARY, name)
+                if name not in grads:
+                    grads[name] = [rec.alloc(w * n, Cat.GRADIENT, name) for n in by_owner[name]]
+                rec.free(tmp)
+                for b in recomputed + layer_blocks[layer]:
+                    rec.free(b)
+            if "embedding" not in grads:
+                grads["embedding"] = [
+                    rec.alloc(w * n, Cat.GRADIENT, "embedding") for n in by_owner["embedding"]
+                ]
+            for b in emb:
+                rec.free(b)
+
+        rec.phase = "optimizer"
+        if step == 0:
+            states = [rec.alloc(round(states_per_element * n), Cat.OPTIMIZER_STATE, owner)
+                      for owner, n in tensors]
+        _optimizer_temporaries(rec, training, tensors, opt_tmp_total, n_params)
+        rec.phase = "zero_grad"
+        for blocks in grads.values():
+            for b in blocks:
+                rec.free(b)
+        grads = {}
+    del states
+    return Timeline(events=rec.events, name=f"{model.name} (analytic)")
+
+
+_EMBEDDING_TERMS = frozenset(
+    {"inputs/token_ids_and_labels", "inputs/pixel_values", "rotary_cos_sin", "embedding_norm",
+     "embedding_dropout_mask"}
+)
+
+
+def _optimizer_temporaries(
+    rec: _Recorder,
+    training: TrainingConfig,
+    tensors: list[tuple[str, int]],
+    total: int,
+    n_params: int,
+) -> None:
+    """Temporaries of the optimizer step: all at once for ``foreach``, one at a time for the
+    per-parameter loop, none for ``fused``. See :mod:`trainmem.analytic.temporaries`."""
+    if total <= 0 or n_params == 0:
+        return
+    if training.optimizer_implementation == "foreach":
+        per = total / n_params
+        blocks = [rec.alloc(round(per * n), Cat.TEMPORARY, owner) for owner, n in tensors]
+        for b in blocks:
+            rec.free(b)
+        return
+    largest = max(n for _, n in tensors)
+    for owner, n in tensors:
+        rec.free(rec.alloc(round(total * n / largest), Cat.TEMPORARY, owner))
