@@ -1,0 +1,224 @@
+"""Run a warm-up step, then record the steady-state step: the orchestration of the trace engine.
+
+Note [Steady state]
+    The first step of Adam has no moments during forward and backward, so its peak is two
+    parameter copies too low (shared/notes/tracing-without-a-gpu.md, sec. 4). We run one full
+    step unrecorded, then record the second: optimizer states, parameters, buffers and the
+    micro-batches are registered as live ``init`` blocks, and every alloc/free of the step
+    follows.
+
+Note [Categories]
+    Registered storages keep their category (parameters, buffers, optimizer states, inputs). A
+    storage a step allocates is:
+    - a gradient once ``AccumulateGrad`` stores it in ``param.grad`` (post-accumulate-grad hook);
+    - an optimizer state if it is in ``optimizer.state`` after the step (first-step creation);
+    - in a forward region (the forward pass, or a checkpoint recomputation in backward, seen by
+      the global module forward hooks): an activation if it is still live when the region ends
+      (saved for backward, kept by checkpointing or by the loss), otherwise a temporary;
+    - anything else (backward transients, optimizer temporaries): a temporary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainmem.breakdown import MemoryCategory
+from trainmem.trace._torch import require_torch
+from trainmem.trace.recorder import Block, StorageRecorder
+from trainmem.trace.step import forward_depth_hooks, run_step
+
+torch = require_torch()
+
+__all__ = ["Capture", "capture_step"]
+
+FORWARD_LIKE = ("forward",)
+
+
+@dataclass
+class Capture:
+    """What one recorded steady-state step produced.
+
+    Attributes:
+        recorder: holds the blocks and ordered events (init blocks first).
+        num_parameters: unique parameter elements.
+        num_trainable_parameters: elements of parameters with ``requires_grad``.
+        trace_seconds: wall time of the recorded step.
+        warmup_seconds: wall time of the unrecorded warm-up step.
+        host_state_bytes: optimizer-state bytes that live in host memory on CUDA (Adam's
+            ``step`` scalars for the for-loop/foreach implementations), left out.
+    """
+
+    recorder: StorageRecorder
+    num_parameters: int
+    num_trainable_parameters: int
+    trace_seconds: float
+    warmup_seconds: float
+    host_state_bytes: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def _unique_params(model: Any) -> list[Any]:
+    seen: dict[int, Any] = {}
+    for p in model.parameters():
+        seen.setdefault(id(p), p)
+    return list(seen.values())
+
+
+def _host_resident(name: str, value: Any, fused: bool) -> bool:
+    """Adam/AdamW/SGD keep ``state["step"]`` as a CPU scalar unless fused or capturable
+    (``torch/optim/adam.py``, ``_init_group``)."""
+    return name == "step" and not fused and value.numel() == 1
+
+
+def capture_step(
+    model: Any,
+    batches: Sequence[Any],
+    optimizer: Any,
+    *,
+    loss_fn: Callable[[Any, Any], Any] | None = None,
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+    accumulation_divisor: int = 1,
+    fake_mode: Any = None,
+    host_optimizer_step: bool = True,
+    fused: bool = False,
+    context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+) -> Capture:
+    """Warm up, then record one optimizer step over ``batches``.
+
+    Args:
+        model: ``nn.Module`` whose tensors are fake (or real, for the CPU proof).
+        batches: the micro-batches of the recorded step (reused for the warm-up).
+        optimizer: ``torch.optim.Optimizer`` over the model's trainable parameters.
+        loss_fn: see :func:`trainmem.trace.step.compute_loss`.
+        autocast: factory of the autocast context, or None.
+        accumulation_divisor: loss divisor (gradient accumulation steps).
+        fake_mode: the ``FakeTensorMode`` to run in, or None for real tensors.
+        host_optimizer_step: treat Adam's scalar ``step`` states as host memory (CUDA); False
+            counts them (a real CPU run).
+        fused: the optimizer is fused (its ``step`` lives on the device).
+        context: extra context (SDPA routing, autocast policy, mask patches) around both steps.
+
+    Returns:
+        The :class:`Capture`.
+    """
+    ctx = context or contextlib.nullcontext
+    outer = fake_mode if fake_mode is not None else contextlib.nullcontext()
+    with outer, ctx():
+        t0 = time.perf_counter()
+        run_step(
+            model,
+            batches,
+            optimizer,
+            loss_fn=loss_fn,
+            autocast=autocast,
+            accumulation_divisor=accumulation_divisor,
+        )
+        warmup = time.perf_counter() - t0
+
+        rec = StorageRecorder()
+        rec.set_root(model)
+        names = {id(p): n for n, p in model.named_parameters(remove_duplicate=True)}
+        params = _unique_params(model)
+        for p in params:
+            rec.register(p, MemoryCategory.PARAMETER, module=names.get(id(p), ""))
+        for n, b in model.named_buffers():
+            rec.register(b, MemoryCategory.BUFFER, module=n)
+        host_bytes = 0
+        for p, state in optimizer.state.items():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor):
+                    if host_optimizer_step and _host_resident(key, value, fused):
+                        host_bytes += value.untyped_storage().nbytes()
+                        continue
+                    rec.register(value, MemoryCategory.OPTIMIZER_STATE, module=names.get(id(p), ""))
+        for batch in batches:
+            flat, _ = torch.utils._pytree.tree_flatten(batch)
+            for t in flat:
+                if isinstance(t, torch.Tensor):
+                    rec.register(t, MemoryCategory.INPUT)
+
+        region_blocks: list[Block] = []
+        state = {"in_region": False, "phase": "init"}
+
+        def close_region() -> None:
+            for b in region_blocks:
+                if b.category is None:
+                    b.category = MemoryCategory.TEMPORARY if b.freed else MemoryCategory.ACTIVATION
+            region_blocks.clear()
+            state["in_region"] = False
+
+        def on_alloc(block: Block) -> None:
+            if state["in_region"]:
+                region_blocks.append(block)
+
+        def on_depth(depth: int) -> None:
+            if state["phase"] != "backward":
+                return
+            if depth > 0 and not state["in_region"]:
+                state["in_region"] = True  # checkpoint recomputation starts
+                rec.forward_region += 1
+            elif depth == 0 and state["in_region"]:
+                close_region()
+
+        def on_phase(phase: str) -> None:
+            if phase == "forward":
+                rec.forward_region += 1
+                state["in_region"] = True
+            elif phase == "forward_end":
+                close_region()
+                return
+            elif phase in ("backward_end", "end"):
+                if state["in_region"]:
+                    close_region()
+                return
+            state["phase"] = phase
+            rec.phase = phase
+
+        def on_grad(p: Any) -> None:
+            if p.grad is not None:
+                rec.register(p.grad, MemoryCategory.GRADIENT, module=names.get(id(p), ""))
+
+        rec.on_alloc = on_alloc
+        handles = [p.register_post_accumulate_grad_hook(on_grad) for p in params if p.requires_grad]
+        t0 = time.perf_counter()
+        try:
+            with rec, rec.modules, forward_depth_hooks(on_depth):
+                run_step(
+                    model,
+                    batches,
+                    optimizer,
+                    loss_fn=loss_fn,
+                    autocast=autocast,
+                    accumulation_divisor=accumulation_divisor,
+                    on_phase=on_phase,
+                )
+                # First-step optimizer states (e.g. a trace without warm-up) become states.
+                for state_dict in optimizer.state.values():
+                    for key, value in state_dict.items():
+                        if isinstance(value, torch.Tensor) and not (
+                            host_optimizer_step and _host_resident(key, value, fused)
+                        ):
+                            block = rec.block_of(value)
+                            if block is not None and block.phase != "init":
+                                block.category = MemoryCategory.OPTIMIZER_STATE
+        finally:
+            for h in handles:
+                h.remove()
+        elapsed = time.perf_counter() - t0
+        for b in rec.blocks:
+            if b.category is None:
+                b.category = MemoryCategory.TEMPORARY
+    n_all = sum(p.numel() for p in params)
+    n_train = sum(p.numel() for p in params if p.requires_grad)
+    return Capture(
+        recorder=rec,
+        num_parameters=n_all,
+        num_trainable_parameters=n_train,
+        trace_seconds=elapsed,
+        warmup_seconds=warmup,
+        host_state_bytes=host_bytes,
+    )

@@ -1,0 +1,383 @@
+"""The trace engine: run the real training step on fake tensors and read the memory off it.
+
+``estimate_trace`` builds a preset / HF config with transformers; ``trace`` takes any
+``nn.Module``. Both return the :class:`~trainmem.breakdown.MemoryEstimate` the analytic engine
+returns (``engine="trace"``), with the :class:`~trainmem.timeline.Timeline` attached.
+
+What is emulated so that the fake CPU step allocates what a CUDA step allocates
+(shared/notes/tracing-without-a-gpu.md):
+- SDPA kernel choice and saved tensors: ``trainmem.trace.cuda_sdpa``;
+- CUDA autocast cast lists and weight-cast cache: ``trainmem.trace.cuda_autocast``;
+- foreach / fused / for-loop optimizers as asked (``trainmem.trace.optimizers``); Adam's scalar
+  ``step`` states stay in host memory unless fused (``torch/optim/adam.py``);
+- transformers' mask heuristics: ``trainmem.trace.hf_model.hf_mask_patches``;
+- the cuBLAS workspace (allocated through the caching allocator on the first matmul, so part of
+  ``max_memory_allocated``): one ``init`` block of ``GPUSpec.cublas_workspace_bytes``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from trainmem.breakdown import MemoryBreakdown, MemoryCategory, MemoryEstimate
+from trainmem.errors import TraceError, UnsupportedError
+from trainmem.specs.hardware import DEFAULT_CUDA_CONTEXT_BYTES, GPUSpec
+from trainmem.specs.model import ModelSpec
+from trainmem.specs.training import TrainingConfig
+from trainmem.trace._torch import require_torch
+
+torch = require_torch()
+
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+
+from trainmem.trace.attribution import PeakReport, analyse  # noqa: E402
+from trainmem.trace.capture import Capture, capture_step  # noqa: E402
+from trainmem.trace.cuda_autocast import cuda_autocast_policy  # noqa: E402
+from trainmem.trace.cuda_sdpa import cuda_sdpa  # noqa: E402
+from trainmem.trace.optimizers import build_optimizer  # noqa: E402
+
+__all__ = ["estimate_trace", "run_trace", "trace"]
+
+DEFAULT_CUBLAS_WORKSPACE_BYTES = 8_519_680
+"""cuBLAS workspace when no GPU is named (pre-Hopper ``:4096:2:16:8`` = 4 MiB*2 + 16 KiB*8;
+``aten/src/ATen/cuda/CublasHandlePool.cpp``, ``getChosenWorkspaceSize``), as the analytic
+engine uses."""
+
+_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
+MAX_TRACED_MICRO_BATCHES = 2
+"""With gradient accumulation, micro-batches 2..k allocate identically (gradients exist from
+the first), so at most two are traced."""
+
+
+def _torch_dtype(name: str) -> Any:
+    return getattr(torch, _DTYPES[name])
+
+
+@contextlib.contextmanager
+def _emulation(training: TrainingConfig, emulate_cuda: bool) -> Iterator[None]:
+    from trainmem.trace.hf_model import hf_mask_patches
+
+    with contextlib.ExitStack() as stack:
+        with contextlib.suppress(ImportError):
+            stack.enter_context(hf_mask_patches())
+        if training.is_mixed:
+            stack.enter_context(cuda_autocast_policy())
+        if emulate_cuda and training.attention != "eager":
+            force = "flash" if training.attention == "flash" else None
+            stack.enter_context(cuda_sdpa(force))
+        yield
+
+
+def _autocast_factory(training: TrainingConfig) -> Callable[[], Any] | None:
+    if not training.is_mixed:
+        return None
+    dtype = _torch_dtype(training.compute_dtype)
+    return lambda: torch.autocast("cpu", dtype=dtype)
+
+
+def apply_activation_checkpointing(model: Any, mode: str) -> None:
+    """Checkpoint each transformer layer (``full``) or only its non-matmul ops (``selective``).
+
+    HF models: ``model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=
+    {"use_reentrant": False})`` (``transformers/modeling_utils.py``). Other models: every element
+    of every ``nn.ModuleList`` is wrapped in ``torch.utils.checkpoint.checkpoint``.
+    ``selective`` is op-level selective checkpointing as in torchtitan: matmul and attention
+    outputs are saved, everything else is recomputed (``torch.utils.checkpoint.
+    create_selective_checkpoint_contexts``).
+
+    Args:
+        model: the ``nn.Module``.
+        mode: ``none``, ``full`` or ``selective``.
+    """
+    if mode == "none":
+        return
+    from torch.utils.checkpoint import (
+        CheckpointPolicy,
+        checkpoint,
+        create_selective_checkpoint_contexts,
+    )
+
+    kwargs: dict[str, Any] = {"use_reentrant": False}
+    if mode == "selective":
+        aten = torch.ops.aten
+        save = {
+            aten.mm.default,
+            aten.addmm.default,
+            aten.bmm.default,
+            aten._scaled_dot_product_flash_attention.default,
+            aten._scaled_dot_product_efficient_attention.default,
+            aten._scaled_dot_product_flash_attention_for_cpu.default,
+        }
+
+        def policy(_ctx: Any, op: Any, *_a: Any, **_k: Any) -> Any:
+            return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
+
+        kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts, policy)
+    if hasattr(model, "gradient_checkpointing_enable") and getattr(
+        model, "supports_gradient_checkpointing", False
+    ):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        return
+    wrapped = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList):
+            for layer in module:
+                forward = layer.forward
+                layer.forward = functools.partial(checkpoint, forward, **kwargs)
+                wrapped += 1
+    if wrapped == 0:
+        raise UnsupportedError(
+            "activation checkpointing needs an nn.ModuleList of layers (or a HF model); "
+            "apply torch.utils.checkpoint inside build_model instead"
+        )
+
+
+def run_trace(
+    build_model: Callable[[], Any],
+    make_batch: Callable[..., Any],
+    training: TrainingConfig,
+    *,
+    loss_fn: Callable[[Any, Any], Any] | None = None,
+    optimizer: Callable[[Any], Any] | None = None,
+    fake: bool = True,
+    emulate_cuda: bool = True,
+    workspace_bytes: int = DEFAULT_CUBLAS_WORKSPACE_BYTES,
+) -> tuple[Capture, PeakReport]:
+    """Build, warm up and record one steady-state step; the engine's core.
+
+    Args:
+        build_model: returns the ``nn.Module``; called under ``torch.device("meta")`` when
+            ``fake`` (so no weights are initialised), then given fake storage.
+        make_batch: returns one micro-batch (dict of kwargs, tuple of args or a tensor); called
+            inside the fake mode; may take the ``TrainingConfig`` as its only argument.
+        training: the step's settings.
+        loss_fn: ``loss_fn(output, batch) -> scalar``; default reads ``output.loss``.
+        optimizer: ``optimizer(params) -> torch.optim.Optimizer``; default from ``training``.
+        fake: False runs on real CPU tensors (the proof in tests/trace/).
+        emulate_cuda: route SDPA to the CUDA kernels, keep Adam's ``step`` in host memory and
+            add the cuBLAS workspace; False keeps the CPU behaviour (a real CPU run cannot call
+            CUDA kernels).
+        workspace_bytes: cuBLAS workspace added when ``emulate_cuda``.
+
+    Returns:
+        ``(capture, report)``.
+
+    Raises:
+        TraceError: the step failed under fake tensors (the message names the op).
+    """
+    from trainmem.trace.hf_model import materialize_fake
+
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else None
+    if fake:
+        with torch.device("meta"):
+            model = build_model()
+        materialize_fake(model, fake_mode)
+    else:
+        model = build_model()
+    weight_dtype = _torch_dtype(training.weight_dtype)
+    if not fake and weight_dtype != torch.float32:
+        model = model.to(weight_dtype)
+    model.train()
+    apply_activation_checkpointing(model, training.activation_checkpointing)
+    takes_training = _takes_argument(make_batch)
+    with fake_mode if fake_mode is not None else contextlib.nullcontext():
+        k = min(training.gradient_accumulation_steps, MAX_TRACED_MICRO_BATCHES)
+        batches = [make_batch(training) if takes_training else make_batch() for _ in range(k)]
+        params = [p for p in dict.fromkeys(model.parameters()) if p.requires_grad]
+        opt = optimizer(params) if optimizer is not None else build_optimizer(params, training)
+    fused = bool(opt.defaults.get("fused")) if hasattr(opt, "defaults") else False
+    try:
+        capture = capture_step(
+            model,
+            batches,
+            opt,
+            loss_fn=loss_fn,
+            autocast=_autocast_factory(training),
+            accumulation_divisor=training.gradient_accumulation_steps,
+            fake_mode=fake_mode,
+            host_optimizer_step=emulate_cuda,
+            fused=fused,
+            context=lambda: _emulation(training, emulate_cuda),
+        )
+    except (RuntimeError, TypeError, NotImplementedError) as exc:
+        if isinstance(exc, UnsupportedError):
+            raise
+        raise TraceError(f"the traced step failed: {type(exc).__name__}: {exc}") from exc
+    extra = []
+    if emulate_cuda:
+        extra.append(("cublas_workspace", workspace_bytes, MemoryCategory.TEMPORARY))
+    report = analyse(capture.recorder.events, extra)
+    return capture, report
+
+
+def _takes_argument(fn: Callable[..., Any]) -> bool:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return False
+    return any(
+        p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)
+        for p in sig.parameters.values()
+    )
+
+
+def _estimate(
+    name: str,
+    capture: Capture,
+    report: PeakReport,
+    training: TrainingConfig,
+    gpu: GPUSpec | None,
+    workspace_bytes: int,
+) -> MemoryEstimate:
+    from trainmem.analytic.engine import resolved_config
+
+    b = report.breakdown
+    breakdown = MemoryBreakdown(
+        parameters=b.parameters,
+        gradients=b.gradients,
+        optimizer_states=b.optimizer_states,
+        activations=b.activations,
+        temporary=b.temporary,
+        fragmentation=0,
+        cuda_context=DEFAULT_CUDA_CONTEXT_BYTES,
+    )
+    where = f" in {report.peak_module}" if report.peak_module else ""
+    reason = (
+        f"{report.peak_phase} peak at {report.peak_op or 'a registered block'}{where}: "
+        f"{report.peak_bytes} B of tensors live"
+    )
+    return MemoryEstimate(
+        model_name=name,
+        engine="trace",
+        num_parameters=capture.num_parameters,
+        num_trainable_parameters=capture.num_trainable_parameters,
+        breakdown=breakdown,
+        peak_phase=report.peak_phase,
+        peak_reason=reason,
+        config=resolved_config(training),
+        gpu_name=gpu.name if gpu else None,
+        gpu_capacity_bytes=gpu.memory_bytes if gpu else None,
+        details={
+            "peak_allocated_bytes": report.peak_bytes,
+            "peak_op": report.peak_op,
+            "peak_module": report.peak_module,
+            "peak_by_category_bytes": report.by_category_bytes,
+            "phase_peaks_bytes": report.phase_peaks_bytes,
+            "activation_bytes_by_module": report.activation_bytes_by_module,
+            "peak_contributors": [
+                {"module": m, "category": c, "bytes": n} for m, c, n in report.peak_contributors
+            ],
+            "cublas_workspace_bytes": workspace_bytes,
+            "host_optimizer_state_bytes": capture.host_state_bytes,
+            "traced_micro_batches": min(
+                training.gradient_accumulation_steps, MAX_TRACED_MICRO_BATCHES
+            ),
+            "num_events": len(report.timeline),
+            "trace_seconds": round(capture.trace_seconds, 3),
+            "warmup_seconds": round(capture.warmup_seconds, 3),
+        },
+        timeline=report.timeline,
+        notes=[
+            "trace engine: requested sizes, no 512 B rounding or fragmentation (allocator "
+            "simulator's job); CUDA context is the default allowance",
+        ],
+    )
+
+
+def estimate_trace(
+    model_spec_or_name: ModelSpec | str,
+    training: TrainingConfig,
+    *,
+    gpu: GPUSpec | None = None,
+) -> MemoryEstimate:
+    """Peak GPU memory of one steady-state training step of a preset / HF config, traced.
+
+    The model is built by transformers from the config (``trainmem.specs.hf.load_hf_config``) on
+    ``meta``, given fake storage, warmed up one step, and its second step recorded.
+
+    Args:
+        model_spec_or_name: a preset name, config path or hub id, or a
+            :class:`~trainmem.specs.model.ModelSpec` (its ``name`` is loaded).
+        training: micro-batch, sequence length, precision, optimizer, checkpointing, attention,
+            gradient accumulation, dropout.
+        gpu: the GPU for the verdict and the cuBLAS workspace size.
+
+    Returns:
+        A :class:`~trainmem.breakdown.MemoryEstimate` with ``engine="trace"``, the breakdown at
+        the traced peak, ``details`` (per-module tables, phase peaks, timings) and ``timeline``.
+
+    Raises:
+        UnsupportedError: model type or optimizer the trace cannot run.
+        TraceError: the step failed under fake tensors.
+
+    Source: shared/notes/tracing-without-a-gpu.md (method, measured exactness); CUDA behaviour
+    from the modules named in this module's docstring.
+
+    Known limitations: no fragmentation (allocator simulator) or CUDA context (a default
+    allowance); attention kernels' internal workspaces (flash backward's fp32 dq accumulator)
+    are not allocated by the ATen meta kernels and are missing; GradScaler not run; 8-bit
+    optimizers unsupported.
+    """
+    from trainmem.specs.hf import load_hf_config
+    from trainmem.trace.hf_model import build_hf_model, make_hf_batch
+
+    name = model_spec_or_name if isinstance(model_spec_or_name, str) else model_spec_or_name.name
+    raw = load_hf_config(name)
+    holder: dict[str, Any] = {}
+    dtype = None if training.weight_dtype == "float32" else _torch_dtype(training.weight_dtype)
+
+    def build() -> Any:
+        model = build_hf_model(
+            raw, dropout=training.dropout, attention=training.attention, dtype=dtype
+        )
+        holder["model"] = model
+        return model
+
+    def batch() -> Any:
+        return make_hf_batch(holder["model"], training.micro_batch_size, training.seq_len)
+
+    ws = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
+    capture, report = run_trace(build, batch, training, workspace_bytes=ws)
+    return _estimate(name, capture, report, training, gpu, ws)
+
+
+def trace(
+    build_model: Callable[[], Any],
+    make_batch: Callable[..., Any],
+    *,
+    training: TrainingConfig | None = None,
+    loss_fn: Callable[[Any, Any], Any] | None = None,
+    optimizer: Callable[[Any], Any] | None = None,
+    gpu: GPUSpec | None = None,
+    name: str = "custom",
+) -> MemoryEstimate:
+    """Trace one steady-state training step of any ``nn.Module``.
+
+    Args:
+        build_model: returns the model; runs under ``torch.device("meta")`` so it allocates
+            nothing (build layers in ``__init__`` as usual; no data-dependent init).
+        make_batch: returns one micro-batch: a dict (``model(**batch)``), a tuple
+            (``model(*batch)``) or a tensor; may accept the ``TrainingConfig``. Runs on fake
+            tensors, so use ``torch.randn`` / ``torch.randint``, never real data.
+        training: defaults to ``TrainingConfig()`` (bf16-mixed AdamW foreach).
+        loss_fn: ``loss_fn(output, batch) -> scalar``; default ``output.loss`` or a scalar output.
+        optimizer: ``optimizer(params) -> torch.optim.Optimizer``; default from ``training``.
+        gpu: the GPU for the verdict and the cuBLAS workspace size.
+        name: label of the result.
+
+    Returns:
+        The :class:`~trainmem.breakdown.MemoryEstimate` (``engine="trace"``, ``timeline``).
+
+    Raises:
+        TraceError: the step failed on fake tensors, or no loss could be found.
+    """
+    training = training or TrainingConfig()
+    ws = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
+    capture, report = run_trace(
+        build_model, make_batch, training, loss_fn=loss_fn, optimizer=optimizer, workspace_bytes=ws
+    )
+    return _estimate(name, capture, report, training, gpu, ws)

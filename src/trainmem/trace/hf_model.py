@@ -1,0 +1,202 @@
+"""Build a transformers model from a HF config dict with fake (data-less) storage, and patch the
+transformers heuristics that misread fake tensors.
+
+Recipe (shared/notes/tracing-without-a-gpu.md, sec. 1): build on ``meta`` outside fake mode so no
+weight init runs, then give every parameter and buffer a fake CPU storage of the same
+shape/stride/dtype inside ``FakeTensorMode``, keeping tied weights tied (one memo per tensor id).
+``module._apply`` / ``to_empty`` would untie GPT-2's ``lm_head`` (163M params instead of 124M).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from trainmem.errors import UnsupportedError
+from trainmem.trace._torch import require_torch, require_transformers
+
+torch = require_torch()
+
+__all__ = ["build_hf_model", "hf_mask_patches", "make_hf_batch", "materialize_fake"]
+
+#: HF config keys that hold a dropout probability (zeroed when ``TrainingConfig.dropout`` is off).
+_DROPOUT_KEY_PARTS = ("dropout", "pdrop")
+
+
+def _head_class(transformers: Any, config: Any, raw: Mapping[str, Any]) -> Any:
+    archs = raw.get("architectures") or []
+    for arch in archs:
+        cls = getattr(transformers, arch, None)
+        if cls is not None:
+            return cls
+    if config.model_type in ("bert", "roberta"):
+        return transformers.AutoModelForMaskedLM
+    if config.model_type == "vit":
+        return transformers.AutoModelForImageClassification
+    return transformers.AutoModelForCausalLM
+
+
+def build_hf_model(
+    raw_config: Mapping[str, Any],
+    *,
+    dropout: bool = True,
+    attention: str = "sdpa",
+    dtype: Any = None,
+    device: str = "meta",
+) -> Any:
+    """Build the model a HF ``config.json`` describes, on the ``meta`` device.
+
+    Args:
+        raw_config: the parsed ``config.json`` (``trainmem.specs.hf.load_hf_config``).
+        dropout: keep the config's dropout probabilities; False sets every ``*dropout*`` /
+            ``*pdrop*`` float field to 0.
+        attention: ``sdpa`` / ``flash`` (both SDPA in transformers; the kernel is chosen by
+            ``trainmem.trace.cuda_sdpa``) or ``eager``.
+        dtype: parameter dtype (None keeps fp32).
+        device: ``meta`` (no weights initialised) or ``cpu`` (real weights, for the proof).
+
+    Returns:
+        The ``nn.Module`` on ``device``, in train mode.
+
+    Raises:
+        UnsupportedError: transformers does not know the ``model_type``.
+    """
+    transformers = require_transformers()
+    raw = dict(raw_config)
+    if not dropout:
+        for k, v in list(raw.items()):
+            if isinstance(v, float) and any(p in k for p in _DROPOUT_KEY_PARTS):
+                raw[k] = 0.0
+    model_type = raw.get("model_type")
+    try:
+        config = transformers.AutoConfig.for_model(
+            model_type, **{k: v for k, v in raw.items() if k != "model_type"}
+        )
+    except (ValueError, KeyError) as exc:
+        raise UnsupportedError(
+            f"transformers {transformers.__version__} cannot build model_type={model_type!r} "
+            "for tracing; use --engine analytic"
+        ) from exc
+    config._attn_implementation = "eager" if attention == "eager" else "sdpa"
+    cls = _head_class(transformers, config, raw)
+    with torch.device(device):
+        if hasattr(cls, "_from_config"):
+            model = cls._from_config(config, dtype=dtype) if dtype is not None else cls(config)
+        else:  # Auto classes
+            model = cls.from_config(config)
+            if dtype is not None:
+                model = model.to(dtype)
+    model.train()
+    return model
+
+
+def materialize_fake(model: Any, fake_mode: Any) -> None:
+    """Replace every meta parameter/buffer with a fake CPU tensor, in place, keeping ties.
+
+    Args:
+        model: ``nn.Module`` with ``meta`` (or real) tensors.
+        fake_mode: the ``FakeTensorMode`` the step will run in.
+    """
+    memo: dict[int, Any] = {}
+
+    def conv(t: Any) -> Any:
+        if id(t) not in memo:
+            with fake_mode:
+                e = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+            memo[id(t)] = (
+                torch.nn.Parameter(e, t.requires_grad) if isinstance(t, torch.nn.Parameter) else e
+            )
+        return memo[id(t)]
+
+    for m in model.modules():
+        for n, p in list(m._parameters.items()):
+            if p is not None:
+                m._parameters[n] = conv(p)
+        for n, b in list(m._buffers.items()):
+            if b is not None:
+                m._buffers[n] = conv(b)
+
+
+def make_hf_batch(model: Any, micro_batch_size: int, seq_len: int) -> dict[str, Any]:
+    """One unpadded training batch for a HF model (call inside the fake mode for fake tensors).
+
+    Shapes: ``input_ids``/``labels`` [b, s] int64 (causal and masked LM), ViT ``pixel_values``
+    [b, c, image, image] in the parameter dtype with ``labels`` [b].
+
+    Args:
+        model: the HF model (its ``config`` decides the inputs).
+        micro_batch_size: b.
+        seq_len: s.
+
+    Returns:
+        Keyword arguments of ``model(**batch)``, including ``labels`` so the model returns a loss.
+    """
+    cfg = model.config
+    b, s = micro_batch_size, seq_len
+    if cfg.model_type == "vit":
+        dtype = next(model.parameters()).dtype
+        size = cfg.image_size
+        return {
+            "pixel_values": torch.randn(b, cfg.num_channels, size, size, dtype=dtype),
+            "labels": torch.randint(0, max(cfg.num_labels, 1), (b,)),
+        }
+    ids = torch.randint(0, cfg.vocab_size, (b, s))
+    return {"input_ids": ids, "labels": ids.clone()}
+
+
+@contextlib.contextmanager
+def hf_mask_patches() -> Iterator[None]:
+    """Make transformers take the unpadded fast path a real run takes.
+
+    Under fake tensors ``transformers.utils.import_utils.is_tracing`` is True for any fake
+    tensor, so ``masking_utils`` refuses the SDPA ``is_causal`` skip (``_ignore_causal_mask_sdpa``)
+    and ``find_packed_sequence_indices`` reports possible packing; the model then builds a
+    [b, 1, s, s] bool mask that a real unpadded run never builds (+b*s*s bytes, and no flash
+    kernel). The patch answers as a real run with ``attention_mask=None`` and ``position_ids =
+    arange(s)`` does: not tracing, no packing (``transformers/masking_utils.py``, v5).
+
+    Yields:
+        None.
+    """
+    transformers = require_transformers()
+    try:
+        import transformers.masking_utils as mu
+    except ImportError:  # pragma: no cover - transformers 4.x layout
+        yield
+        return
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    orig_is_tracing = mu.is_tracing
+    orig_find_packed = mu.find_packed_sequence_indices
+    orig_fast_all = getattr(mu, "fast_all", None)
+
+    def is_tracing(tensor: Any = None) -> bool:
+        return bool(orig_is_tracing(None if isinstance(tensor, FakeTensor) else tensor))
+
+    def find_packed_sequence_indices(position_ids: Any) -> Any:
+        # Same ops as the original (diff, cumsum) so transient bytes match; the answer of an
+        # unpadded batch of arange positions is "no packing".
+        first = position_ids[:, :1] - 1
+        diff = torch.diff(position_ids, prepend=first, dim=-1)
+        packed = (diff != 1).cumsum(-1)
+        _ = (packed[:, -1] == 0).all()
+        return None
+
+    def fast_all(tensor: Any) -> Any:
+        if isinstance(tensor, FakeTensor):
+            return True
+        return orig_fast_all(tensor)  # type: ignore[misc]
+
+    mu.is_tracing = is_tracing
+    mu.find_packed_sequence_indices = find_packed_sequence_indices
+    if orig_fast_all is not None:
+        mu.fast_all = fast_all
+    del transformers
+    try:
+        yield
+    finally:
+        mu.is_tracing = orig_is_tracing
+        mu.find_packed_sequence_indices = orig_find_packed
+        if orig_fast_all is not None:
+            mu.fast_all = orig_fast_all

@@ -1,0 +1,218 @@
+"""Record every tensor-storage allocation and free of a training step, with its module and phase.
+
+A :class:`StorageRecorder` is a ``TorchDispatchMode`` placed *inside* ``FakeTensorMode`` (or used
+on real tensors): every ATen op passes through :meth:`StorageRecorder.__torch_dispatch__` below
+autograd, so autograd's own buffers (gradients, ``AccumulateGrad`` clones, checkpoint
+recomputation) are seen too. A storage counts once, however many views share it, at its
+requested size ``UntypedStorage.nbytes()`` (the CUDA caching allocator rounds it up to 512 B
+later; see ``trainmem.allocator``). A free is the ``weakref`` callback of the storage's Python
+object: storages keep their Python object alive as long as the C++ ``StorageImpl`` lives
+(PyObject preservation, ``torch/csrc/Storage.cpp``), so the callback fires exactly when the
+storage is released.
+
+The module that allocated a block comes from ``torch.utils.module_tracker.ModuleTracker`` (forward
+hooks plus multi-grad hooks in backward), whose names are ``RootClass.child.grandchild``; the
+innermost (deepest) live name is kept, with the root class name removed.
+
+Mirrors: ``torch/distributed/_tools/mem_tracker.py`` (MemTracker), which does the same with more
+bookkeeping per op and is 6-30x slower (shared/notes/tracing-without-a-gpu.md, sec. 2).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainmem.breakdown import MemoryCategory
+from trainmem.trace._torch import require_torch
+
+torch = require_torch()
+
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._pytree import tree_flatten  # noqa: E402
+from torch.utils.module_tracker import ModuleTracker  # noqa: E402
+
+__all__ = ["Block", "RawEvent", "StorageRecorder"]
+
+
+@dataclass(slots=True)
+class Block:
+    """One storage's life.
+
+    Attributes:
+        block_id: sequential id, in allocation order.
+        size_bytes: requested bytes (``UntypedStorage.nbytes()``).
+        phase: phase at allocation (``init`` for storages that existed before recording).
+        module: dotted module path that allocated it (``""`` outside any module).
+        category: final category (see ``trainmem.trace.attribution``); None until decided.
+        forward_region: index of the forward region (main forward or a checkpoint recomputation)
+            the block was allocated in, or -1.
+        freed: the free has been recorded.
+        op: ATen op that allocated it (``aten.mm.default``), ``""`` for registered storages.
+    """
+
+    block_id: int
+    size_bytes: int
+    phase: str
+    module: str
+    category: MemoryCategory | None = None
+    forward_region: int = -1
+    freed: bool = False
+    op: str = ""
+
+
+@dataclass(slots=True)
+class RawEvent:
+    """An alloc or free before categories are final: ``(action, block, phase)``; ``phase`` is
+    the phase running when the event happened (a free's phase can differ from its alloc's)."""
+
+    action: str
+    block: Block
+    phase: str
+
+
+@dataclass
+class StorageRecorder(TorchDispatchMode):  # type: ignore[misc]
+    """Dispatch mode recording storage allocations/frees in order.
+
+    Use as ``with fake_mode, recorder, recorder.modules:``. Set :attr:`phase` from the step
+    driver. Call :meth:`register` for storages that exist before recording (parameters...).
+
+    Attributes:
+        phase: current phase name (``forward``, ``backward``, ``optimizer``, ``zero_grad``).
+        events: ordered raw events.
+        blocks: every block ever seen, by id.
+        live_bytes: requested bytes currently live.
+    """
+
+    phase: str = "init"
+    events: list[RawEvent] = field(default_factory=list)
+    blocks: list[Block] = field(default_factory=list)
+    live_bytes: int = 0
+    forward_region: int = -1
+    recording: bool = True
+    _live: dict[int, tuple[Block, weakref.ref[Any]]] = field(default_factory=dict)
+    _root_prefix: str = ""
+    modules: Any = None
+    on_alloc: Callable[[Block], None] | None = None
+
+    def __post_init__(self) -> None:
+        super().__init__()
+        self.modules = ModuleTracker()
+
+    # -- public -------------------------------------------------------------------------
+
+    def set_root(self, root: Any) -> None:
+        """Strip ``type(root).__name__ + "."`` from ModuleTracker names."""
+        self._root_prefix = type(root).__name__
+
+    def current_module(self) -> str:
+        """Deepest module whose forward or backward is running, as a dotted path."""
+        parents = self.modules.parents
+        if len(parents) <= 1:
+            return ""
+        name = max(parents, key=lambda n: (n.count("."), n))
+        if name == "Global":
+            return ""
+        if name == self._root_prefix:
+            return ""
+        if name.startswith(self._root_prefix + "."):
+            return name[len(self._root_prefix) + 1 :]
+        return name
+
+    def register(self, tensor: Any, category: MemoryCategory, module: str = "") -> Block | None:
+        """Record ``tensor``'s storage as live (``phase`` ``init`` before the step) and set its
+        category; re-labels the block if the storage is already known.
+
+        Args:
+            tensor: any tensor (views register their base storage).
+            category: what it holds.
+            module: owner path for the per-module tables.
+
+        Returns:
+            The block, or None for an undefined tensor.
+        """
+        if tensor is None:
+            return None
+        st = tensor.untyped_storage()
+        known = self._live.get(id(st))
+        if known is not None:
+            known[0].category = category
+            return known[0]
+        block = self._new_block(st, op="", module=module)
+        block.category = category
+        return block
+
+    def category_of(self, tensor: Any) -> MemoryCategory | None:
+        """Category of the live storage behind ``tensor``, or None if unknown."""
+        known = self._live.get(id(tensor.untyped_storage()))
+        return None if known is None else known[0].category
+
+    def block_of(self, tensor: Any) -> Block | None:
+        """The live block behind ``tensor``, or None."""
+        known = self._live.get(id(tensor.untyped_storage()))
+        return None if known is None else known[0]
+
+    def live_blocks(self) -> list[Block]:
+        """Blocks currently live, in allocation order."""
+        return sorted((b for b, _ in self._live.values()), key=lambda b: b.block_id)
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _new_block(self, st: Any, *, op: str, module: str | None = None) -> Block:
+        block = Block(
+            block_id=len(self.blocks),
+            size_bytes=int(st.nbytes()),
+            phase=self.phase,
+            module=self.current_module() if module is None else module,
+            forward_region=self.forward_region,
+            op=op,
+        )
+        self.blocks.append(block)
+        key = id(st)
+
+        def on_free(_: Any, block: Block = block, key: int = key) -> None:
+            entry = self._live.get(key)
+            if entry is not None and entry[0] is block:
+                del self._live[key]
+            block.freed = True
+            self.live_bytes -= block.size_bytes
+            if self.recording:
+                self.events.append(RawEvent("free", block, self.phase))
+
+        self._live[key] = (block, weakref.ref(st, on_free))
+        self.live_bytes += block.size_bytes
+        self.events.append(RawEvent("alloc", block, self.phase))
+        if self.on_alloc is not None:
+            self.on_alloc(block)
+        return block
+
+    def _track(self, out: Any, op: str) -> None:
+        flat, _ = tree_flatten(out)
+        for t in flat:
+            if not isinstance(t, torch.Tensor):
+                continue
+            st = t.untyped_storage()
+            known = self._live.get(id(st))
+            if known is None:
+                self._new_block(st, op=op)
+            elif known[0].size_bytes != st.nbytes():  # resize_ / out= variant grew it in place
+                old = known[0]
+                self.live_bytes -= old.size_bytes
+                old.freed = True
+                self.events.append(RawEvent("free", old, self.phase))
+                del self._live[id(st)]
+                self._new_block(st, op=op)
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        self._track(out, str(func))
+        return out

@@ -1,0 +1,134 @@
+"""One training step as a real loop runs it: forward (+ loss) under autocast, backward, optimizer
+step, ``zero_grad(set_to_none=True)``; with gradient accumulation, several forward/backward
+pairs before the step.
+
+The step follows the HF ``Trainer`` / Lightning pattern: the model output is dropped once the loss
+is read (``Trainer.training_step`` returns ``loss.detach()``), the loss is divided by
+``gradient_accumulation_steps``, and the autocast region covers forward and loss only
+(``torch.amp`` recipe). ``GradScaler`` (16-mixed) is not run: its ``found_inf`` check reads a
+tensor value (``.item()``), impossible on fake tensors; it allocates only a few scalars.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from trainmem.errors import TraceError
+from trainmem.trace._torch import require_torch
+
+torch = require_torch()
+
+__all__ = ["compute_loss", "run_step"]
+
+PhaseCallback = Callable[[str], None]
+
+
+def compute_loss(model: Any, batch: Any, loss_fn: Callable[[Any, Any], Any] | None) -> Any:
+    """Run the forward pass on ``batch`` and return the scalar loss.
+
+    Args:
+        model: the ``nn.Module``.
+        batch: a dict (keyword arguments), a tuple/list (positional arguments) or one tensor.
+        loss_fn: ``loss_fn(output, batch) -> scalar``; None reads ``output.loss`` /
+            ``output["loss"]`` or takes a scalar output as the loss.
+
+    Returns:
+        The scalar loss tensor.
+
+    Raises:
+        TraceError: no loss_fn and the output carries no loss.
+    """
+    if isinstance(batch, dict):
+        out = model(**batch)
+    elif isinstance(batch, (tuple, list)):
+        out = model(*batch)
+    else:
+        out = model(batch)
+    if loss_fn is not None:
+        return loss_fn(out, batch)
+    loss = getattr(out, "loss", None)
+    if loss is None and isinstance(out, dict):
+        loss = out.get("loss")
+    if loss is None and isinstance(out, torch.Tensor) and out.dim() == 0:
+        loss = out
+    if loss is None:
+        raise TraceError(
+            f"the model returned {type(out).__name__} without a loss; pass loss_fn=lambda out, "
+            "batch: ... to trainmem.trace"
+        )
+    return loss
+
+
+def run_step(
+    model: Any,
+    batches: Sequence[Any],
+    optimizer: Any,
+    *,
+    loss_fn: Callable[[Any, Any], Any] | None = None,
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+    accumulation_divisor: int = 1,
+    on_phase: PhaseCallback | None = None,
+) -> None:
+    """Run one optimizer step over ``batches`` (one micro-batch each).
+
+    Args:
+        model: the ``nn.Module`` in train mode.
+        batches: micro-batches, see :func:`compute_loss`.
+        optimizer: a ``torch.optim.Optimizer``.
+        loss_fn: see :func:`compute_loss`.
+        autocast: factory of the autocast context for forward + loss, or None.
+        accumulation_divisor: the loss is divided by it (gradient accumulation), if > 1.
+        on_phase: called with ``forward``, ``forward_end``, ``backward``, ``backward_end``,
+            ``optimizer``, ``zero_grad``, ``end`` at each boundary.
+    """
+    signal = on_phase or (lambda _phase: None)
+    for batch in batches:
+        signal("forward")
+        with autocast() if autocast is not None else contextlib.nullcontext():
+            loss = compute_loss(model, batch, loss_fn)
+            if accumulation_divisor > 1:
+                loss = loss / accumulation_divisor
+        signal("forward_end")
+        signal("backward")
+        loss.backward()
+        del loss
+        signal("backward_end")
+    signal("optimizer")
+    optimizer.step()
+    signal("zero_grad")
+    optimizer.zero_grad(set_to_none=True)
+    signal("end")
+
+
+@contextlib.contextmanager
+def forward_depth_hooks(callback: Callable[[int], None]) -> Iterator[None]:
+    """Call ``callback(depth)`` whenever the number of modules whose forward is running changes.
+
+    Uses the global ``nn.Module`` forward pre/post hooks (``torch/nn/modules/module.py``,
+    ``register_module_forward_pre_hook``), so checkpoint recomputation inside backward is seen.
+
+    Args:
+        callback: receives the new depth.
+
+    Yields:
+        None.
+    """
+    depth = [0]
+
+    def pre(_mod: Any, _args: Any) -> None:
+        depth[0] += 1
+        callback(depth[0])
+
+    def post(_mod: Any, _args: Any, _out: Any) -> None:
+        depth[0] -= 1
+        callback(depth[0])
+
+    h1 = torch.nn.modules.module.register_module_forward_pre_hook(pre)
+    h2 = torch.nn.modules.module.register_module_forward_hook(post, always_call=True)
+    try:
+        yield
+    finally:
+        h1.remove()
+        h2.remove()
