@@ -143,6 +143,7 @@ class Block:
         "event_count",
         "stream_uses",
         "category",
+        "frames",
     )
 
     def __init__(
@@ -167,6 +168,7 @@ class Block:
         self.event_count = 0
         self.stream_uses: set[int] = set()
         self.category: str | None = None
+        self.frames: list[dict[str, Any]] | None = None
 
     def is_split(self) -> bool:
         """True if the block does not cover its whole segment."""
@@ -351,7 +353,12 @@ class CachingAllocatorSim:
         return -(-size // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE
 
     def malloc(
-        self, size_bytes: int, stream: int = 0, *, category: str | None = None
+        self,
+        size_bytes: int,
+        stream: int = 0,
+        *,
+        category: str | None = None,
+        frames: list[dict[str, Any]] | None = None,
     ) -> int:
         """Allocate ``size_bytes`` on ``stream`` and return a handle (the block address).
 
@@ -360,6 +367,8 @@ class CachingAllocatorSim:
                 changes nothing, like PyTorch.
             stream: CUDA stream id; cached memory is never shared between streams.
             category: optional label recorded in the trace (snapshot colouring).
+            frames: optional stack recorded in the trace and the snapshot, a list of
+                ``{"filename", "line", "name"}`` dicts as PyTorch records them.
 
         Returns:
             An int handle to pass to :meth:`free`.
@@ -391,7 +400,7 @@ class CachingAllocatorSim:
                 block = self._alloc_block(pool, stream, size, alloc_size, is_retry=True)
             if block is None:
                 raise self._out_of_memory(size, alloc_size, stream)
-        return self._alloc_found_block(block, pool, size, size_bytes, category)
+        return self._alloc_found_block(block, pool, size, size_bytes, category, frames)
 
     def free(self, handle: int) -> None:
         """Free the block behind ``handle`` (``free``, spec 2.7).
@@ -495,7 +504,13 @@ class CachingAllocatorSim:
         return size < self._max_split and remaining > K_SMALL_SIZE
 
     def _alloc_found_block(
-        self, block: Block, pool: BlockPool, size: int, orig_size: int, category: str | None
+        self,
+        block: Block,
+        pool: BlockPool,
+        size: int,
+        orig_size: int,
+        category: str | None,
+        frames: list[dict[str, Any]] | None,
     ) -> int:
         """Split if worth it, mark allocated, update stats (``alloc_found_block``, spec 2.6)."""
         st = pool.stat_type
@@ -526,6 +541,7 @@ class CachingAllocatorSim:
         block.allocated = True
         block.requested_size = orig_size
         block.category = category
+        block.frames = frames
         self._allocated[block.ptr] = block
         bsize = block.size
         increase(s.allocation, st, 1)
@@ -917,10 +933,10 @@ class CachingAllocatorSim:
             "addr": addr,
             "size": size,
             "stream": stream,
-            "frames": [],
+            "frames": (block.frames or []) if block is not None else [],
         }
-        if block is not None and block.category is not None:
-            entry["category"] = block.category
+        # MemoryViz needs an "unknown" category whenever categories are used (spec 6.7).
+        entry["category"] = (block.category if block is not None else None) or "unknown"
         self.trace.append(entry)
 
     # ------------------------------------------------------------------ introspection
@@ -1009,7 +1025,9 @@ class CachingAllocatorSim:
                 assert b.pool.free_at.get(b.ptr) is b, "free block missing from its pool"
                 nxt = b.next
                 assert not (
-                    nxt is not None and nxt.mapped and not nxt.allocated
+                    nxt is not None
+                    and nxt.mapped
+                    and not nxt.allocated
                     and nxt not in self._pending
                 ), "two adjacent free blocks were not merged"
                 if b.is_split() and b.expandable is None:

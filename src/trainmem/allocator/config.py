@@ -147,9 +147,9 @@ class AllocatorConfig:
             elif key == "large_segment_size_mb":
                 kwargs["large_segment_size_bytes"] = _parse_mb(key, value, minimum=11) * MiB
             elif key == "roundup_power2_divisions":
-                kwargs[
-                    "roundup_power2_divisions"
-                ] = _parse_roundup(value, legacy_gt=torch_version < (2, 9))
+                kwargs["roundup_power2_divisions"] = _parse_roundup(
+                    value, legacy_gt=torch_version < (2, 9)
+                )
             elif key == "garbage_collection_threshold":
                 kwargs["garbage_collection_threshold"] = _parse_fraction(
                     key, value, "a number strictly between 0 and 1", allow_one=False

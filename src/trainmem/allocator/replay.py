@@ -17,8 +17,9 @@ Source: ``DeviceCachingAllocator::malloc`` / ``free`` in c10/cuda/CUDACachingAll
 via :mod:`trainmem.allocator.caching`; spec ../shared/specs/cuda-caching-allocator.md sections 2-5.
 
 Known limitations:
-    - the memory outside the allocator (CUDA context, NCCL) is not part of the replay; subtract it
-      from the device total before passing ``capacity_bytes`` (see :mod:`trainmem.allocator.device`);
+    - the memory outside the allocator (CUDA context, NCCL) is not part of the replay; subtract
+      it from the device total before passing ``capacity_bytes``
+      (see :mod:`trainmem.allocator.device`);
     - one device; cross-stream frees complete at the next ``malloc`` (Note [Cross-stream frees]).
 """
 
@@ -166,15 +167,18 @@ def replay_timeline(
                     f"event {i}: block_id {ev.block_id} allocated again while live", event_index=i
                 )
             category = ev.category.value
+            frames = None
+            if record_history:  # shown as the allocation's stack in MemoryViz
+                frames = [{"filename": ev.module or "<trainmem>", "line": 0, "name": ev.phase}]
             try:
-                handle = malloc(ev.size_bytes, ev.stream, category=category)
+                handle = malloc(ev.size_bytes, ev.stream, category=category, frames=frames)
             except OutOfMemoryError as err:
                 if oom_message is None:
                     oom_message, oom_index = str(err), i
                 if not continue_after_oom:
                     break
                 sim.capacity_bytes = None  # See Note [Out of memory during a replay]
-                handle = malloc(ev.size_bytes, ev.stream, category=category)
+                handle = malloc(ev.size_bytes, ev.stream, category=category, frames=frames)
             size = sim.block_size_of(handle) if handle else 0
             live[ev.block_id] = (handle, category, size)
             by_category[category] = by_category.get(category, 0) + size

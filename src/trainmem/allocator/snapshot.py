@@ -1,0 +1,438 @@
+"""PyTorch memory snapshots: write a simulated run as one, read a real one safely, compare.
+
+A snapshot is the dict ``torch.cuda.memory._snapshot()`` returns and
+``torch.cuda.memory._dump_snapshot(path)`` pickles: ``segments`` (the allocator state at the end,
+each segment with its blocks) and ``device_traces`` (one list of trace entries per device:
+``alloc``, ``free_requested``, ``free_completed``, ``segment_alloc``, ``segment_free``,
+``segment_map``, ``segment_unmap``, ``oom``), plus ``allocator_settings``. The files written here
+open in pytorch.org/memory_viz and in ``python -m torch.cuda._memory_viz``.
+
+Note [Snapshot constraints]
+    From torch/utils/viz/MemoryViz.js (spec section 6.7): pickle protocol 2-4 with only dict,
+    list, tuple, str, int, float, bool and None; "Allocator State History" replays the trace
+    *backwards* from ``segments``, so the final state must be the one the trace leads to; blocks
+    tile their segment and their address is the segment address plus the earlier block sizes;
+    when any entry has a ``category``, one of them must be ``"unknown"`` (a typo in the viewer
+    otherwise throws). Trace ``size`` is the requested size for alloc/free entries and the segment
+    size for segment entries.
+
+Note [Reading untrusted snapshots]
+    A snapshot file may come from anyone, and unpickling can run arbitrary code through
+    ``find_class`` (any importable callable) and ``persistent_load``. :func:`read_snapshot` uses an
+    unpickler that refuses both, so only the opcodes that build plain containers, numbers,
+    strings, bytes, booleans and None can succeed.
+
+Source: ../shared/specs/cuda-caching-allocator.md section 6; torch/cuda/memory.py ``_snapshot``
+and ``_dump_snapshot``; torch/csrc/cuda/Module.cpp (the dict builder); torch/cuda/_memory_viz.py;
+torch/utils/viz/MemoryViz.js (``annotate_snapshot``, ``MemoryView``, ``process_alloc_data``).
+
+Known limitations:
+    - the measured ``max_memory_allocated`` cannot be read from a snapshot: trace entries carry the
+      requested size, not the block size. :func:`snapshot_stats` reports the requested-bytes peak
+      and its 512-byte-rounded version (a lower bound of ``max_memory_allocated``), the exact peak
+      reserved, and the exact final allocated and reserved bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+from collections.abc import Mapping
+from typing import Any
+
+from trainmem.allocator.caching import CachingAllocatorSim
+from trainmem.allocator.constants import MAX_SPLIT_SIZE_UNLIMITED
+from trainmem.breakdown import MemoryCategory
+from trainmem.errors import TrainmemError
+from trainmem.timeline import AllocEvent, Timeline
+
+#: Pickle protocol of ``_dump_snapshot`` (default on Python >= 3.8); MemoryViz rejects 5.
+SNAPSHOT_PICKLE_PROTOCOL = 4
+
+_SEGMENT_ACTIONS_UP = ("segment_alloc", "segment_map")
+_SEGMENT_ACTIONS_DOWN = ("segment_free", "segment_unmap")
+
+
+class SnapshotError(TrainmemError, ValueError):
+    """A snapshot file is unsafe (it asks to build objects) or is not a memory snapshot."""
+
+
+# ---------------------------------------------------------------------------------------- write
+
+
+def snapshot_of(sim: CachingAllocatorSim) -> dict[str, Any]:
+    """The simulator's state and history as ``torch.cuda.memory._snapshot()`` would return them.
+
+    Args:
+        sim: a simulator, normally built with ``record_history=True`` (otherwise
+            ``device_traces`` holds an empty list and only the final state is exported).
+
+    Returns:
+        ``{"segments": [...], "device_traces": [[...]] * (device + 1), "allocator_settings": {...},
+        "external_annotations": []}`` built from plain builtins only. See
+        Note [Snapshot constraints].
+
+    Source: torch/csrc/cuda/Module.cpp ``_cuda_memorySnapshot``; spec section 6.2-6.5.
+    """
+    pending = {id(b) for b in sim.pending_blocks()}
+    segments: list[dict[str, Any]] = []
+    for seg_blocks in sim.segments():
+        first = seg_blocks[0]
+        blocks: list[dict[str, Any]] = []
+        allocated = active = requested = 0
+        for b in seg_blocks:
+            if b.allocated:
+                state = "active_allocated"
+                allocated += b.size
+            elif id(b) in pending:
+                state = "active_pending_free"
+            else:
+                state = "inactive"
+            if state != "inactive":
+                active += b.size
+                requested += b.requested_size
+            blocks.append(
+                {
+                    "address": b.ptr,
+                    "size": b.size,
+                    "requested_size": b.requested_size if state != "inactive" else 0,
+                    "state": state,
+                    "frames": list(b.frames or []) if state != "inactive" else [],
+                }
+            )
+        segments.append(
+            {
+                "device": sim.device,
+                "address": first.ptr,
+                "total_size": sum(b.size for b in seg_blocks),
+                "allocated_size": allocated,
+                "active_size": active,
+                "requested_size": requested,
+                "stream": first.stream,
+                "segment_type": "small" if first.pool.is_small else "large",
+                "segment_pool_id": (0, 0),
+                "is_expandable": first.expandable is not None,
+                "frames": [],
+                "blocks": blocks,
+            }
+        )
+    traces: list[list[dict[str, Any]]] = [[] for _ in range(sim.device + 1)]
+    traces[sim.device] = [dict(e) for e in (sim.trace or [])]
+    cfg = sim.config
+    max_split = cfg.max_split_size_bytes
+    settings = {
+        "PYTORCH_CUDA_ALLOC_CONF": cfg.alloc_conf,
+        "max_split_size": -1 if max_split == MAX_SPLIT_SIZE_UNLIMITED else max_split,
+        "garbage_collection_threshold": cfg.garbage_collection_threshold,
+        "expandable_segments": cfg.expandable_segments,
+        "pinned_num_register_threads": 1,
+        "release_lock_on_cudamalloc": False,
+        "pinned_use_cuda_host_register": False,
+        "roundup_power2_divisions": cfg.roundup_power2_divisions_dict(),
+    }
+    return {
+        "segments": segments,
+        "device_traces": traces,
+        "allocator_settings": settings,
+        "external_annotations": [],
+    }
+
+
+def write_snapshot(path: str | os.PathLike[str], snapshot: Mapping[str, Any]) -> None:
+    """Pickle a snapshot dict as ``torch.cuda.memory._dump_snapshot`` does (protocol 4).
+
+    Args:
+        path: output file, conventionally ``*.pickle``.
+        snapshot: from :func:`snapshot_of` or ``ReplayResult.snapshot``.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    with open(path, "wb") as f:
+        pickle.dump(dict(snapshot), f, protocol=SNAPSHOT_PICKLE_PROTOCOL)
+
+
+# ----------------------------------------------------------------------------------------- read
+
+
+class _PlainDataUnpickler(pickle.Unpickler):
+    """Unpickler that builds only plain data. See Note [Reading untrusted snapshots]."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise SnapshotError(
+            f"refusing to load {module}.{name}: a memory snapshot holds only dicts, lists, "
+            "tuples, strings and numbers, and this file asks to build other objects"
+        )
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise SnapshotError("refusing to load a persistent id: not a memory snapshot")
+
+
+def loads_snapshot(data: bytes) -> dict[str, Any]:
+    """Unpickle snapshot bytes with the restricted unpickler and check the top-level shape.
+
+    Args:
+        data: the pickle bytes.
+
+    Returns:
+        The snapshot dict; a 1.13-era bare list of segments is wrapped as
+        ``{"segments": [...], "device_traces": []}``.
+
+    Raises:
+        SnapshotError: the pickle asks for any class or callable, is corrupt, or is not a
+            snapshot (no ``segments`` list).
+    """
+    try:
+        obj = _PlainDataUnpickler(io.BytesIO(data)).load()
+    except SnapshotError:
+        raise
+    except Exception as err:  # corrupt or truncated pickles raise many types
+        raise SnapshotError(f"not a readable pickle: {type(err).__name__}: {err}") from None
+    if isinstance(obj, list):
+        obj = {"segments": obj, "device_traces": []}
+    if not isinstance(obj, dict) or not isinstance(obj.get("segments"), list):
+        raise SnapshotError(
+            "not a memory snapshot: expected a dict with a 'segments' list, as written by "
+            "torch.cuda.memory._dump_snapshot"
+        )
+    obj.setdefault("device_traces", [])
+    if not isinstance(obj["device_traces"], list):
+        raise SnapshotError("not a memory snapshot: 'device_traces' is not a list")
+    return obj
+
+
+def read_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a snapshot file safely (see :func:`loads_snapshot`).
+
+    Args:
+        path: a file written by ``torch.cuda.memory._dump_snapshot`` or :func:`write_snapshot`.
+
+    Returns:
+        The snapshot dict.
+
+    Raises:
+        SnapshotError: unsafe or not a snapshot.
+        OSError: the file cannot be read.
+    """
+    with open(path, "rb") as f:
+        return loads_snapshot(f.read())
+
+
+# -------------------------------------------------------------------------------------- analyse
+
+
+def _round512(n: int) -> int:
+    return max(512, -(-n // 512) * 512)
+
+
+def snapshot_stats(snapshot: Mapping[str, Any], device: int = 0) -> dict[str, int]:
+    """Measured numbers of one device of a snapshot, the trace replayed from its start.
+
+    The state before the first trace entry is rebuilt backwards from the final ``segments``
+    (a ring buffer may have dropped the beginning of the run, spec section 6.6).
+
+    Args:
+        snapshot: a snapshot dict.
+        device: device ordinal.
+
+    Returns:
+        Bytes: ``peak_reserved_bytes`` (exact: running sum of segment_alloc/map minus
+        segment_free/unmap), ``peak_requested_bytes`` (live requested bytes, what MemoryViz's
+        "Active Memory Timeline" plots), ``peak_requested_rounded_bytes`` (the same rounded to
+        512 B per allocation, a lower bound of ``max_memory_allocated``), ``final_reserved_bytes``,
+        ``final_allocated_bytes`` (block sizes of active_allocated blocks), and counts
+        ``num_trace_entries``, ``num_segments``, ``num_ooms``.
+    """
+    segs = [s for s in snapshot["segments"] if s.get("device", 0) == device]
+    final_reserved = sum(int(s["total_size"]) for s in segs)
+    final_allocated = final_requested = final_rounded = 0
+    for s in segs:
+        for b in s.get("blocks", []):
+            if b.get("state") == "active_allocated":
+                final_allocated += int(b["size"])
+            if b.get("state") in ("active_allocated", "active_pending_free"):
+                req = int(b.get("requested_size", b["size"]))
+                final_requested += req
+                final_rounded += _round512(req)
+    traces = snapshot.get("device_traces", [])
+    entries: list[dict[str, Any]] = traces[device] if device < len(traces) else []
+    d_res = d_req = d_round = 0
+    for e in entries:
+        action, size = e.get("action"), int(e.get("size", 0))
+        if action in _SEGMENT_ACTIONS_UP:
+            d_res += size
+        elif action in _SEGMENT_ACTIONS_DOWN:
+            d_res -= size
+        elif action == "alloc":
+            d_req += size
+            d_round += _round512(size)
+        elif action == "free_completed":
+            d_req -= size
+            d_round -= _round512(size)
+    reserved, requested, rounded = final_reserved - d_res, final_requested - d_req, 0
+    rounded = final_rounded - d_round
+    peak_res, peak_req, peak_round = reserved, requested, rounded
+    num_ooms = 0
+    for e in entries:
+        action, size = e.get("action"), int(e.get("size", 0))
+        if action in _SEGMENT_ACTIONS_UP:
+            reserved += size
+            peak_res = max(peak_res, reserved)
+        elif action in _SEGMENT_ACTIONS_DOWN:
+            reserved -= size
+        elif action == "alloc":
+            requested += size
+            rounded += _round512(size)
+            peak_req = max(peak_req, requested)
+            peak_round = max(peak_round, rounded)
+        elif action == "free_completed":
+            requested -= size
+            rounded -= _round512(size)
+        elif action == "oom":
+            num_ooms += 1
+    return {
+        "peak_reserved_bytes": peak_res,
+        "peak_requested_bytes": peak_req,
+        "peak_requested_rounded_bytes": peak_round,
+        "final_reserved_bytes": final_reserved,
+        "final_allocated_bytes": final_allocated,
+        "num_trace_entries": len(entries),
+        "num_segments": len(segs),
+        "num_ooms": num_ooms,
+    }
+
+
+def _category(value: Any) -> MemoryCategory:
+    try:
+        return MemoryCategory(value)
+    except ValueError:
+        return MemoryCategory.TEMPORARY  # NB: real snapshots carry no trainmem category
+
+
+def timeline_from_snapshot(snapshot: Mapping[str, Any], device: int = 0) -> Timeline:
+    """The allocation stream of a snapshot's trace, to replay through the simulator.
+
+    ``alloc`` entries become allocs and ``free_completed`` entries frees (spec section 6.6).
+    Blocks that were live before the trace began (freed in the trace without being allocated
+    in it, or active in the final state without an alloc in the trace) become ``"init"``
+    allocations at the start, in address order.
+
+    Args:
+        snapshot: a snapshot dict.
+        device: device ordinal.
+
+    Returns:
+        A timeline whose sizes are the requested bytes of the trace. Categories are the entries'
+        ``category`` where it is a :class:`MemoryCategory` value, else TEMPORARY.
+    """
+    traces = snapshot.get("device_traces", [])
+    entries: list[dict[str, Any]] = traces[device] if device < len(traces) else []
+    body: list[AllocEvent] = []
+    live: dict[int, tuple[int, int, MemoryCategory, int]] = {}  # addr -> id, size, cat, stream
+    pre_existing: dict[int, tuple[int, int, MemoryCategory, int]] = {}
+    next_id = 0
+    for e in entries:
+        action = e.get("action")
+        if action == "alloc":
+            next_id += 1
+            info = (next_id, int(e["size"]), _category(e.get("category")), int(e.get("stream", 0)))
+            live[int(e["addr"])] = info
+            body.append(AllocEvent("alloc", info[0], info[1], info[2], "forward", "", info[3]))
+        elif action == "free_completed":
+            addr = int(e["addr"])
+            info_or_none = live.pop(addr, None)
+            if info_or_none is None:
+                next_id += 1
+                cat = _category(e.get("category"))
+                info_or_none = (next_id, int(e["size"]), cat, int(e.get("stream", 0)))
+                pre_existing[addr] = info_or_none
+            block_id, size, cat, stream = info_or_none
+            body.append(AllocEvent("free", block_id, size, cat, "forward", "", stream))
+    allocated_in_trace = set(live)
+    for s in snapshot["segments"]:
+        if s.get("device", 0) != device:
+            continue
+        addr = int(s["address"])
+        for b in s.get("blocks", []):
+            if b.get("state") in ("active_allocated", "active_pending_free") and (
+                addr not in allocated_in_trace and addr not in pre_existing
+            ):
+                next_id += 1
+                size = int(b.get("requested_size", b["size"]))
+                stream = int(s.get("stream", 0))
+                pre_existing[addr] = (next_id, size, MemoryCategory.TEMPORARY, stream)
+            addr += int(b["size"])
+    init = [
+        AllocEvent("alloc", block_id, size, cat, "init", "", stream)
+        for _, (block_id, size, cat, stream) in sorted(pre_existing.items())
+    ]
+    return Timeline(events=init + body, name="snapshot trace")
+
+
+def compare_snapshot(
+    path: str | os.PathLike[str],
+    prediction: Any,
+    *,
+    device: int = 0,
+    replay: bool = True,
+) -> dict[str, Any]:
+    """Compare a real snapshot with a prediction.
+
+    Args:
+        path: snapshot file recorded with ``torch.cuda.memory._dump_snapshot``.
+        prediction: a :class:`~trainmem.allocator.replay.ReplayResult` or a mapping with
+            ``max_memory_allocated`` and ``max_memory_reserved`` (bytes).
+        device: device ordinal in the snapshot.
+        replay: also replay the snapshot's own trace through the simulator, with the snapshot's
+            ``PYTORCH_CUDA_ALLOC_CONF``, to separate allocator error from timeline error.
+
+    Returns:
+        ``{"measured": snapshot_stats(...), "predicted": {"max_memory_allocated": ...,
+        "max_memory_reserved": ...}, "reserved_error_bytes": predicted - measured peak reserved,
+        "reserved_relative_error": that / measured (None if measured is 0),
+        "allocated_error_bytes": predicted allocated - measured rounded requested peak,
+        "replayed": {"max_memory_allocated", "max_memory_reserved", "alloc_conf"} (or
+        {"error", "alloc_conf"} if the trace cannot be replayed) or None}``.
+
+    Raises:
+        SnapshotError: unsafe file or not a snapshot.
+        OSError: the file cannot be read.
+    """
+    from trainmem.allocator.replay import replay_timeline
+
+    snapshot = read_snapshot(path)
+    measured = snapshot_stats(snapshot, device)
+    if isinstance(prediction, Mapping):
+        pred_alloc = int(prediction["max_memory_allocated"])
+        pred_res = int(prediction["max_memory_reserved"])
+    else:
+        pred_alloc = int(prediction.max_memory_allocated)
+        pred_res = int(prediction.max_memory_reserved)
+    res_err = pred_res - measured["peak_reserved_bytes"]
+    replayed = None
+    if replay:
+        settings = snapshot.get("allocator_settings") or {}
+        conf = str(settings.get("PYTORCH_CUDA_ALLOC_CONF", "") or "")
+        try:
+            r = replay_timeline(
+                timeline_from_snapshot(snapshot, device), capacity_bytes=None, alloc_conf=conf
+            )
+        except (TrainmemError, ValueError) as err:  # an option we do not model, a torn trace
+            replayed = {"error": f"{type(err).__name__}: {err}", "alloc_conf": conf}
+        else:
+            replayed = {
+                "max_memory_allocated": r.max_memory_allocated,
+                "max_memory_reserved": r.max_memory_reserved,
+                "alloc_conf": conf,
+            }
+    return {
+        "measured": measured,
+        "predicted": {"max_memory_allocated": pred_alloc, "max_memory_reserved": pred_res},
+        "reserved_error_bytes": res_err,
+        "reserved_relative_error": (
+            res_err / measured["peak_reserved_bytes"] if measured["peak_reserved_bytes"] else None
+        ),
+        "allocated_error_bytes": pred_alloc - measured["peak_requested_rounded_bytes"],
+        "replayed": replayed,
+    }

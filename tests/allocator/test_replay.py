@@ -1,0 +1,134 @@
+"""replay_timeline: Timeline in, torch.cuda-style numbers out. Expected values by hand from the
+spec's rules (../shared/specs/cuda-caching-allocator.md sections 1-3)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from trainmem.allocator.replay import TimelineError, replay_timeline
+from trainmem.breakdown import MemoryCategory
+from trainmem.timeline import AllocEvent, Timeline
+
+MiB = 1_048_576
+P, A, T = MemoryCategory.PARAMETER, MemoryCategory.ACTIVATION, MemoryCategory.TEMPORARY
+
+
+def alloc(block_id: int, size: int, category: MemoryCategory = A) -> AllocEvent:
+    return AllocEvent("alloc", block_id, size, category, "forward")
+
+
+def free(block_id: int, size: int, category: MemoryCategory = A) -> AllocEvent:
+    return AllocEvent("free", block_id, size, category, "backward")
+
+
+def e4_timeline() -> Timeline:
+    """Spec example E4: three 6 MiB blocks, free the outer two, then 10 MiB."""
+    return Timeline(
+        events=[
+            alloc(1, 6 * MiB, P),
+            alloc(2, 6 * MiB),
+            alloc(3, 6 * MiB),
+            free(1, 6 * MiB, P),
+            free(3, 6 * MiB),
+            alloc(4, 10 * MiB, T),
+            free(2, 6 * MiB),
+        ]
+    )
+
+
+def test_replay_reports_peaks_and_fragmentation() -> None:
+    r = replay_timeline(e4_timeline(), capacity_bytes=None)
+    assert r.max_memory_allocated == 18 * MiB
+    assert r.max_memory_reserved == 30 * MiB
+    assert r.peak_allocated_event_index == 2
+    assert r.reserved_at_allocated_peak_bytes == 20 * MiB
+    assert r.peak_reserved_event_index == 5
+    assert r.allocated_at_reserved_peak_bytes == 16 * MiB
+    assert r.fragmentation_bytes == 14 * MiB
+    assert r.allocated_by_category_at_peak == {"parameters": 6 * MiB, "activations": 12 * MiB}
+    assert not r.oom and r.fits and r.oom_message is None and r.oom_event_index is None
+    assert r.num_events == 7
+    assert r.memory_stats["allocated_bytes.all.current"] == 10 * MiB
+    assert r.memory_stats["reserved_bytes.all.peak"] == 30 * MiB
+    assert r.snapshot is None
+
+
+def test_replay_oom_where_allocated_bytes_would_fit() -> None:
+    # Peak allocated is 18 MiB, but fragmentation needs a second segment: 30 MiB reserved.
+    # With 25 MiB of capacity the 10 MiB request fails (20 + 10 > 25, no whole free segment).
+    r = replay_timeline(e4_timeline(), capacity_bytes=25 * MiB)
+    assert r.oom and not r.fits
+    assert r.oom_event_index == 5
+    assert r.oom_message is not None
+    assert r.oom_message.startswith("CUDA out of memory. Tried to allocate 10.00 MiB. GPU 0 has")
+    assert (
+        "Of the allocated memory 6.00 MiB is allocated by PyTorch, and 14.00 MiB is reserved"
+        in (r.oom_message)
+    )
+    # Continued past the failure without a limit: the step needs 30 MiB.
+    assert r.max_memory_reserved == 30 * MiB
+    assert r.num_events == 7
+    assert r.memory_stats["num_ooms"] == 1
+
+
+def test_replay_can_stop_at_the_oom() -> None:
+    r = replay_timeline(e4_timeline(), capacity_bytes=25 * MiB, continue_after_oom=False)
+    assert r.oom and r.oom_event_index == 5 and r.num_events == 5
+    assert r.max_memory_reserved == 20 * MiB
+    assert r.memory_stats["allocated_bytes.all.current"] == 6 * MiB
+
+
+def test_replay_reads_alloc_conf() -> None:
+    # Spec E5 as a timeline: 100, 101, 102 MiB one after the other.
+    events = [alloc(1, 100 * MiB), free(1, 100 * MiB), alloc(2, 101 * MiB), free(2, 101 * MiB)]
+    events += [alloc(3, 102 * MiB)]
+    assert replay_timeline(Timeline(events=events), capacity_bytes=None).max_memory_reserved == (
+        202 * MiB
+    )
+    r = replay_timeline(
+        Timeline(events=events), capacity_bytes=None, alloc_conf="expandable_segments:True"
+    )
+    assert r.max_memory_reserved == 120 * MiB
+
+
+def test_zero_byte_allocations_are_ignored() -> None:
+    r = replay_timeline(Timeline(events=[alloc(1, 0), free(1, 0)]), capacity_bytes=None)
+    assert r.max_memory_allocated == 0 and r.max_memory_reserved == 0
+    assert r.peak_allocated_event_index is None and r.peak_reserved_event_index is None
+
+
+def test_streams_are_passed_through() -> None:
+    events = [
+        AllocEvent("alloc", 1, 4 * MiB, A, "forward", stream=1),
+        AllocEvent("free", 1, 4 * MiB, A, "forward", stream=1),
+        AllocEvent("alloc", 2, 4 * MiB, A, "forward", stream=2),
+    ]
+    assert replay_timeline(Timeline(events=events), capacity_bytes=None).max_memory_reserved == (
+        40 * MiB
+    )
+
+
+@pytest.mark.parametrize(
+    "events",
+    [
+        [free(1, 512)],
+        [alloc(1, 512), alloc(1, 512)],
+        [alloc(1, 512), free(1, 512), free(1, 512)],
+    ],
+)
+def test_bad_timelines_raise(events: list[AllocEvent]) -> None:
+    with pytest.raises(TimelineError) as info:
+        replay_timeline(Timeline(events=events), capacity_bytes=None)
+    assert info.value.event_index == len(events) - 1
+
+
+def test_allocator_does_not_import_torch() -> None:
+    import subprocess
+
+    code = (
+        "import sys, trainmem.allocator.replay, trainmem.allocator.snapshot, "
+        "trainmem.allocator.device; assert 'torch' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
