@@ -33,34 +33,15 @@ from trainmem.analytic.activations import (
     layer_linear_weights,
     loss_backward_transient_bytes,
 )
-from trainmem.analytic.model_states import model_states
-from trainmem.analytic.params import linear_shapes, num_parameters, parameter_counts
+from trainmem.analytic.tensor_states import tensor_states
 from trainmem.analytic.temporaries import cublas_workspace_bytes, optimizer_step_temporary_bytes
 from trainmem.breakdown import MemoryBreakdown, MemoryEstimate
 from trainmem.specs.hardware import DEFAULT_CUDA_CONTEXT_BYTES, GPUSpec
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
-from trainmem.units import dtype_bytes
 
 DEFAULT_CUBLAS_WORKSPACE_BYTES = 8_519_680
 """cuBLAS workspace per handle when no GPU is named (pre-Hopper default ``:4096:2:16:8``)."""
-
-
-def parameter_shapes(model: ModelSpec) -> tuple[list[tuple[int, int, int]], int, int]:
-    """(matrix shapes ``(rows, cols, count)``, elements in 1-D tensors, largest tensor) of the whole
-    model, from :func:`trainmem.analytic.params.linear_shapes` plus the embedding matrices."""
-    h = model.hidden_size
-    shapes = [(i, o, n * model.num_layers) for i, o, n in linear_shapes(model).values()]
-    counts = parameter_counts(model)
-    for key in ("embedding/tokens", "embedding/positions", "embedding/token_types", "lm_head"):
-        n = counts.get(key, 0)
-        if n >= h and n % h == 0:
-            shapes.append((n // h, h, 1))
-    total = num_parameters(model)
-    in_matrices = sum(r * c * n for r, c, n in shapes)
-    vectors = max(total - in_matrices, 0)
-    largest = max((r * c for r, c, _ in shapes), default=0)
-    return shapes, vectors, largest
 
 
 def estimate_analytic(
@@ -92,36 +73,51 @@ def estimate_analytic(
     Source: Note [Where the peak falls]; model states: Note [Model states per precision];
     activations: Note [Activation terms] (Korthikanti et al. 2022, arXiv:2205.05198, sec. 4.1).
 
-    Known limitations: no tensor/pipeline parallelism or sharding yet; HF transformers 5 code
-    paths assumed.
+    Model states per tensor (LoRA, quantized bases, ZeRO / FSDP sharding, offload): Note [Model
+    states with PEFT and sharding] in :mod:`trainmem.analytic.tensor_states`.
+
+    Known limitations: no tensor/pipeline parallelism; HF transformers 5 code paths assumed.
     """
-    n_params = num_parameters(model)
-    n_trainable = n_params
-    shapes, vectors, largest = parameter_shapes(model)
-    ms = model_states(
-        training,
-        num_parameters=n_params,
-        num_trainable_parameters=n_trainable,
-        matrix_shapes=shapes,
-        num_vector_parameters=vectors,
-    )
+    states = tensor_states(model, training)
+    n_params = sum(s.numel for s in states)
+    n_trainable = sum(s.numel for s in states if s.trainable)
+    W = sum(s.param_bytes for s in states)
+    G = sum(s.grad_bytes for s in states)
+    O = sum(s.state_bytes for s in states)
+    dp = training.data_parallel_size
+    stage = training.zero_stage if dp > 1 else 0
+    largest = max((s.numel for s in states if s.trainable), default=0)
     prof = activation_profile(model, training)
-    w = dtype_bytes(training.weight_dtype)
     c, _ = compute_and_residual_bytes(training)
     ws = cublas_workspace_bytes(gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES)
-    opt_tmp = optimizer_step_temporary_bytes(
-        training, num_trainable_parameters=n_trainable, largest_parameter=largest
-    )
+    opt_tmp = 0
+    if training.offload == "none":
+        opt_tmp = optimizer_step_temporary_bytes(
+            training,
+            num_trainable_parameters=-(-n_trainable // dp) if stage >= 1 else n_trainable,
+            largest_parameter=largest,
+        )
     loss_tmp = loss_backward_transient_bytes(model, training)
     layer_tmp = backward_layer_transient_bytes(model, training)
+    layer0 = [s for s in states if s.owner == "layers.0"]
+    # ZeRO-3 / FULL_SHARD: the current and the prefetched layer's gathered parameters; ZeRO-2/3:
+    # one layer's unsharded gradients before the reduce-scatter (Rajbhandari et al. 2020, sec.
+    # 5.2-5.3; FSDP ``forward_prefetch`` / ``backward_prefetch=BACKWARD_PRE``).
+    gather = 2 * sum(s.full_param_bytes for s in layer0) if stage == 3 else 0
+    reduce = sum(s.full_grad_bytes for s in layer0) if stage >= 2 else 0
+    # QLoRA / int8 bases: each frozen quantized linear is dequantized to the compute dtype for its
+    # matmul, forward and backward (bitsandbytes ``MatMul4Bit``), one at a time.
+    dequant = 0
+    if training.quantize_base != "none":
+        dequant = c * max((s.numel for s in layer0 if not s.trainable and s.name != "vector"),
+                          default=0)
 
-    counts = parameter_counts(model)
-    layer_params = sum(v for k, v in counts.items() if k.startswith("layers/")) // model.num_layers
-    g_layer = w * layer_params
-    g_head = w * (counts.get("lm_head", 0) or counts.get("embedding/tokens", 0))
-    g_prev = ms.gradients if training.gradient_accumulation_steps > 1 else 0
+    g_layer = sum(s.grad_bytes for s in layer0)
+    g_head = sum(s.grad_bytes for s in states if s.owner == "head")
+    if model.tie_word_embeddings:
+        g_head += sum(s.grad_bytes for s in states if s.name == "embedding/tokens")
+    g_prev = G if training.gradient_accumulation_steps > 1 else 0
     logits_kept = prof.head_terms.get("logits", 0)
-    W, O = ms.parameters, ms.optimizer_states
 
     candidates: dict[str, tuple[int, int, int, str]] = {}  # name -> (grads, acts, temps, reason)
     weight_copies = 0
@@ -130,7 +126,7 @@ def estimate_analytic(
     candidates["forward"] = (
         g_prev,
         prof.total + weight_copies,
-        ws,
+        ws + gather + dequant,
         "end of forward: every saved activation is alive",
     )
     candidates["backward_start"] = (
@@ -142,17 +138,17 @@ def estimate_analytic(
     )
     L = model.num_layers
     for name, j in (("backward_first_layer", 0), ("backward_last_layer", L - 1)):
-        grads = max(g_prev, min(g_head + (j + 1) * g_layer, ms.gradients))
+        grads = max(g_prev, min(g_head + (j + 1) * g_layer, G))
         acts = prof.embedding + (L - j) * prof.per_layer + logits_kept + prof.recompute
         candidates[name] = (
             grads,
             acts,
-            ws + layer_tmp,
+            ws + layer_tmp + gather + reduce + dequant,
             "backward through the layers: gradients grow while activations are freed"
             + (" and one layer is recomputed" if prof.recompute else ""),
         )
     candidates["optimizer"] = (
-        ms.gradients,
+        G,
         0,
         ws + opt_tmp,
         f"optimizer step: weights, gradients, optimizer states and the "

@@ -40,14 +40,12 @@ from trainmem.analytic.activations import (
     layer_linear_weights,
     loss_backward_transient_bytes,
 )
-from trainmem.analytic.model_states import model_states
-from trainmem.analytic.params import parameter_tensor_sizes
+from trainmem.analytic.tensor_states import tensor_states
 from trainmem.analytic.temporaries import optimizer_step_temporary_bytes
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.timeline import AllocEvent, Phase, Timeline
-from trainmem.units import dtype_bytes
 
 
 class _Recorder:
@@ -96,17 +94,15 @@ def analytic_timeline(
         The timeline; requested sizes in bytes.
     """
     rec = _Recorder()
-    w = dtype_bytes(training.weight_dtype)
     c, _ = compute_and_residual_bytes(training)
-    tensors = parameter_tensor_sizes(model)
-    n_params = sum(n for _, n in tensors)
-    for owner, n in tensors:
-        rec.alloc(w * n, Cat.PARAMETER, owner)
+    states = tensor_states(model, training)
+    for s in states:
+        rec.alloc(s.param_bytes, Cat.PARAMETER, s.owner)
 
     prof = activation_profile(model, training)
     mode = training.activation_checkpointing
     saved_terms = {
-        "none": {k: v for k, v in prof.terms.items()},
+        "none": dict(prof.terms),
         "selective": {k: v for k, v in prof.terms.items() if not k.startswith("scores/")},
         "full": {"layer_input": prof.per_layer},
     }[mode]
@@ -114,24 +110,26 @@ def analytic_timeline(
     weight_copy = c * layer_linear_weights(model) if training.is_mixed else 0
     loss_tmp = loss_backward_transient_bytes(model, training)
     layer_tmp = backward_layer_transient_bytes(model, training)
-
-    ms = model_states(
-        training,
-        num_parameters=n_params,
-        num_trainable_parameters=n_params,
-        matrix_shapes=[],
-        num_vector_parameters=n_params,
-    )
-    opt_tmp_total = optimizer_step_temporary_bytes(
-        training, num_trainable_parameters=n_params, largest_parameter=max(n for _, n in tensors)
-    )
-    states_per_element = ms.optimizer_states / n_params if n_params else 0.0
-    by_owner: dict[str, list[int]] = {}
-    for owner, n in tensors:
-        by_owner.setdefault(owner, []).append(n)
+    trainable = [s for s in states if s.trainable]
+    n_trainable = sum(s.numel for s in trainable)
+    dp = training.data_parallel_size
+    sharded_states = training.zero_stage >= 1 and dp > 1
+    opt_tmp_total = 0
+    if training.offload == "none" and trainable:
+        opt_tmp_total = optimizer_step_temporary_bytes(
+            training,
+            num_trainable_parameters=-(-n_trainable // dp) if sharded_states else n_trainable,
+            largest_parameter=max(s.numel for s in trainable),
+        )
+    grad_sizes: dict[str, list[int]] = {}
+    for s in states:
+        if s.grad_bytes:
+            # a tied input embedding first receives its gradient from the LM head's backward
+            tied = model.tie_word_embeddings and s.name == "embedding/tokens"
+            grad_sizes.setdefault("head" if tied else s.owner, []).append(s.grad_bytes)
+    opt_tensors = [(s.owner, -(-s.numel // dp) if sharded_states else s.numel) for s in trainable]
 
     grads: dict[str, list[int]] = {}
-    states: list[int] = []
     workspaces: list[int] = []
     for step in range(steps):
         for _micro in range(training.gradient_accumulation_steps):
@@ -164,8 +162,9 @@ def analytic_timeline(
             rec.free(g1)
             for b in head:
                 rec.free(b)
-            if "head" in by_owner and "head" not in grads:
-                grads["head"] = [rec.alloc(w * n, Cat.GRADIENT, "head") for n in by_owner["head"]]
+            if "head" not in grads:
+                grads["head"] = [rec.alloc(g, Cat.GRADIENT, "head")
+                                 for g in grad_sizes.get("head", [])]
             rec.free(g2)
             for layer in reversed(range(model.num_layers)):
                 name = f"layers.{layer}"
@@ -174,28 +173,28 @@ def analytic_timeline(
                     recomputed.append(rec.alloc(weight_copy, Cat.ACTIVATION, name))
                 tmp = rec.alloc(layer_tmp, Cat.TEMPORARY, name)
                 if name not in grads:
-                    grads[name] = [rec.alloc(w * n, Cat.GRADIENT, name) for n in by_owner[name]]
+                    grads[name] = [rec.alloc(g, Cat.GRADIENT, name)
+                                   for g in grad_sizes.get(name, [])]
                 rec.free(tmp)
                 for b in recomputed + layer_blocks[layer]:
                     rec.free(b)
             if "embedding" not in grads:
                 grads["embedding"] = [
-                    rec.alloc(w * n, Cat.GRADIENT, "embedding") for n in by_owner["embedding"]
+                    rec.alloc(g, Cat.GRADIENT, "embedding") for g in grad_sizes.get("embedding", [])
                 ]
             for b in emb:
                 rec.free(b)
 
         rec.phase = "optimizer"
         if step == 0:
-            states = [rec.alloc(round(states_per_element * n), Cat.OPTIMIZER_STATE, owner)
-                      for owner, n in tensors]
-        _optimizer_temporaries(rec, training, tensors, opt_tmp_total, n_params)
+            for s in states:
+                rec.alloc(s.state_bytes, Cat.OPTIMIZER_STATE, s.owner)
+        _optimizer_temporaries(rec, training, opt_tensors, opt_tmp_total)
         rec.phase = "zero_grad"
         for blocks in grads.values():
             for b in blocks:
                 rec.free(b)
         grads = {}
-    del states
     return Timeline(events=rec.events, name=f"{model.name} (analytic)")
 
 
@@ -210,10 +209,10 @@ def _optimizer_temporaries(
     training: TrainingConfig,
     tensors: list[tuple[str, int]],
     total: int,
-    n_params: int,
 ) -> None:
     """Temporaries of the optimizer step: all at once for ``foreach``, one at a time for the
     per-parameter loop, none for ``fused``. See :mod:`trainmem.analytic.temporaries`."""
+    n_params = sum(n for _, n in tensors)
     if total <= 0 or n_params == 0:
         return
     if training.optimizer_implementation == "foreach":

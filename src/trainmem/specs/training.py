@@ -51,6 +51,17 @@ OPTIMIZERS: tuple[str, ...] = (
 ACTIVATION_CHECKPOINTING: tuple[str, ...] = ("none", "selective", "full")
 ATTENTIONS: tuple[str, ...] = ("eager", "sdpa", "flash")
 OPTIMIZER_IMPLEMENTATIONS: tuple[str, ...] = ("foreach", "fused", "for-loop")
+ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
+OFFLOADS: tuple[str, ...] = ("none", "optimizer", "optimizer+params")
+QUANTIZE_BASE: tuple[str, ...] = ("none", "nf4", "int8")
+LORA_TARGETS: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
+"""Linear names ``--lora-targets`` accepts (``all-linear`` means all of them); for fused-qkv
+families (GPT-2 ``c_attn``, Falcon / GPT-NeoX ``query_key_value``) any of q, k, v targets the
+one fused module, as peft does."""
+FSDP_TO_ZERO: dict[str, int] = {"no-shard": 0, "shard-grad-op": 2, "full-shard": 3}
+"""FSDP sharding strategies as the ZeRO stage they shard like (torch.distributed.fsdp
+``ShardingStrategy``: SHARD_GRAD_OP shards gradients and optimizer states, FULL_SHARD also the
+parameters); ``hybrid-shard`` is ``full-shard`` within a node."""
 
 #: (weight dtype, compute dtype) per precision; torch dtype spellings.
 _PRECISION_DTYPES: dict[str, tuple[str, str]] = {
@@ -95,6 +106,23 @@ class TrainingConfig:
     """Micro-batches per optimizer step; gradients persist across them."""
     dropout: bool = True
     """Apply the model's own dropout probabilities (False: treat them as 0)."""
+    data_parallel_size: int = 1
+    """Data-parallel ranks the model states are sharded over (ZeRO / FSDP)."""
+    zero_stage: int = 0
+    """ZeRO stage (Rajbhandari et al. 2020, sec. 5): 0 none, 1 optimizer states, 2 + gradients,
+    3 + parameters, each sharded over ``data_parallel_size`` ranks."""
+    offload: str = "none"
+    """``optimizer``: optimizer states (and the step) on the CPU (ZeRO-Offload, Ren et al.
+    2021); ``optimizer+params``: parameters too (ZeRO-Infinity style, stage 3 only)."""
+    lora_rank: int = 0
+    """LoRA rank r (Hu et al. 2021); 0 = full fine-tuning."""
+    lora_targets: tuple[str, ...] = ("q", "v")
+    """Linears that get LoRA adapters (peft's default for Llama: q_proj, v_proj)."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA input (peft ``lora_dropout``); > 0 keeps a copy of the input."""
+    quantize_base: str = "none"
+    """Frozen base linear weights: ``nf4`` (QLoRA, Dettmers et al. 2023: 4-bit NormalFloat,
+    blocksize 64, double quantization), ``int8`` (LLM.int8()), or ``none``."""
 
     def __post_init__(self) -> None:
         for field in ("micro_batch_size", "seq_len", "gradient_accumulation_steps"):
@@ -110,6 +138,26 @@ class TrainingConfig:
             "activation_checkpointing", self.activation_checkpointing, ACTIVATION_CHECKPOINTING
         )
         _check_choice("attention", self.attention, ATTENTIONS)
+        for field in ("data_parallel_size",):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise SpecError(field, f"must be a positive integer, got {value!r}")
+        if self.zero_stage not in ZERO_STAGES:
+            raise SpecError("zero_stage", f"unknown value {self.zero_stage!r}; allowed: 0, 1, 2, 3")
+        _check_choice("offload", self.offload, OFFLOADS)
+        if self.offload == "optimizer+params" and self.zero_stage != 3:
+            raise SpecError("offload", "optimizer+params needs zero_stage 3 (parameter sharding)")
+        if not isinstance(self.lora_rank, int) or self.lora_rank < 0:
+            raise SpecError("lora_rank", f"must be a non-negative integer, got {self.lora_rank!r}")
+        for target in self.lora_targets:
+            _check_choice("lora_targets", target, LORA_TARGETS + ("lm_head",))
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise SpecError("lora_dropout", f"must be in [0, 1), got {self.lora_dropout!r}")
+        _check_choice("quantize_base", self.quantize_base, QUANTIZE_BASE)
+        if self.quantize_base != "none" and self.lora_rank == 0:
+            raise SpecError(
+                "quantize_base", "a quantized base is frozen: set lora_rank > 0 (QLoRA)"
+            )
 
     @property
     def weight_dtype(self) -> str:
@@ -120,6 +168,11 @@ class TrainingConfig:
     def compute_dtype(self) -> str:
         """Dtype of matmul inputs/outputs and most activations (torch spelling)."""
         return _PRECISION_DTYPES[self.precision][1]
+
+    @property
+    def is_lora(self) -> bool:
+        """True when only LoRA adapters are trained."""
+        return self.lora_rank > 0
 
     @property
     def is_mixed(self) -> bool:

@@ -1,0 +1,182 @@
+"""Per-tensor model states on one GPU: weight, gradient and optimizer-state bytes of every
+parameter tensor, after LoRA / quantized bases, ZeRO / FSDP sharding and CPU offload.
+
+Both the closed form (``engine.py``) and the allocation timeline (``step_timeline.py``) read this
+one table, so the two can never disagree about model states.
+
+Note [Model states with PEFT and sharding]
+    * LoRA (Hu et al. 2021, arXiv:2106.09685, sec. 4.1): each targeted linear W (in x out) gets
+      trainable A (r x in) and B (out x r) in the weight dtype; the base weights are frozen: no
+      gradient, no optimizer state (peft ``LoraLayer.update_layer``). peft on a fused q/k/v module
+      (GPT-2 ``c_attn``) adapts the fused matrix.
+    * QLoRA (Dettmers et al. 2023, arXiv:2305.14314, sec. 3): the frozen linear weights of the
+      layers are NF4, 0.5 byte per value, with one 8-bit absmax per block of 64 values after
+      double quantization plus one fp32 absmax per 256 such blocks (bitsandbytes
+      ``Linear4bit``, ``quantize_4bit(blocksize=64, compress_statistics=True)``); embeddings,
+      norms and the LM head stay in the weight dtype. ``int8`` (LLM.int8(), bitsandbytes
+      ``Linear8bitLt``): 1 byte per value plus one fp32 scale per output row.
+    * ZeRO (Rajbhandari et al. 2020, arXiv:1910.02054, sec. 5.1-5.3, Figure 1): stage 1 shards the
+      optimizer states over the data-parallel ranks, stage 2 also the gradients, stage 3 also the
+      parameters; FSDP's SHARD_GRAD_OP / FULL_SHARD shard like stages 2 / 3. Each tensor's shard
+      is ``ceil(bytes / data_parallel_size)`` (FSDP pads flat parameters to a multiple of the
+      world size).
+    * Offload (ZeRO-Offload, Ren et al. 2021, arXiv:2101.06840): ``optimizer`` keeps the optimizer
+      states (and runs the step) on the CPU; ``optimizer+params`` also keeps the parameter shards
+      there (ZeRO-Infinity).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from trainmem.analytic.model_states import optimizer_state_bytes
+from trainmem.analytic.params import linear_shapes, parameter_counts
+from trainmem.specs.model import ModelSpec
+from trainmem.specs.training import TrainingConfig
+from trainmem.units import dtype_bytes
+
+NF4_BLOCK = 64
+"""Values per NF4 quantization block (bitsandbytes ``Linear4bit`` default blocksize)."""
+NF4_DOUBLE_QUANT_BLOCK = 256
+"""First-level absmax values per second-level fp32 absmax (QLoRA double quantization)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TensorState:
+    """One parameter tensor on one GPU, in bytes.
+
+    Attributes:
+        owner: ``embedding``, ``layers.<i>`` or ``head``.
+        name: linear name (``q``, ``up``...), ``lora_A.q``, or ``vector`` / the component key.
+        numel: elements of the whole (unsharded) tensor.
+        trainable: gets a gradient and optimizer states.
+        param_bytes: weight bytes held on this GPU (after quantization, sharding, offload).
+        grad_bytes: gradient bytes held between backward and the optimizer step.
+        state_bytes: optimizer-state bytes held on this GPU.
+        full_param_bytes: weight bytes of the whole tensor (what ZeRO-3 gathers).
+        full_grad_bytes: gradient bytes of the whole tensor before it is reduce-scattered.
+    """
+
+    owner: str
+    name: str
+    numel: int
+    trainable: bool
+    param_bytes: int
+    grad_bytes: int
+    state_bytes: int
+    full_param_bytes: int
+    full_grad_bytes: int
+
+
+def _quantized_bytes(numel: int, out_features: int, quantize: str) -> int:
+    """Bytes of a frozen quantized weight; see Note [Model states with PEFT and sharding]."""
+    if quantize == "nf4":
+        blocks = -(-numel // NF4_BLOCK)
+        return -(-numel // 2) + blocks + 4 * -(-blocks // NF4_DOUBLE_QUANT_BLOCK)
+    if quantize == "int8":
+        return numel + 4 * out_features
+    raise AssertionError(quantize)
+
+
+def _lora_targeted(name: str, training: TrainingConfig) -> bool:
+    if name == "qkv":
+        return any(t in training.lora_targets for t in ("q", "k", "v"))
+    return name in training.lora_targets
+
+
+def _layer_tensors(model: ModelSpec, training: TrainingConfig) -> list[tuple[str, int, int, bool]]:
+    """(name, numel, out_features, trainable) of one layer's tensors, LoRA adapters included."""
+    counts = parameter_counts(model)
+    layer_total = sum(n for k, n in counts.items() if k.startswith("layers/")) // model.num_layers
+    out: list[tuple[str, int, int, bool]] = []
+    lora = training.is_lora
+    weights = 0
+    for name, (i, o, n) in linear_shapes(model).items():
+        for _ in range(n):
+            out.append((name, i * o, o, not lora))
+            weights += i * o
+            if lora and name != "router" and _lora_targeted(name, training):
+                r = training.lora_rank
+                out.append((f"lora_A.{name}", r * i, r, True))
+                out.append((f"lora_B.{name}", o * r, o, True))
+    vectors = layer_total - weights
+    h = model.hidden_size
+    out.extend(("vector", h, h, not lora) for _ in range(vectors // h))
+    if vectors % h:
+        out.append(("vector", vectors % h, vectors % h, not lora))
+    return out
+
+
+def tensor_states(model: ModelSpec, training: TrainingConfig) -> list[TensorState]:
+    """Every parameter tensor of the model with its bytes on one GPU.
+
+    Args:
+        model: the transformer's shape.
+        training: precision, optimizer, LoRA / quantization, ZeRO stage, data-parallel size,
+            offload.
+
+    Returns:
+        One entry per tensor, in module order (embeddings, layers, head).
+
+    Source: Note [Model states with PEFT and sharding]; optimizer states per tensor from
+    :func:`trainmem.analytic.model_states.optimizer_state_bytes`.
+    """
+    w = dtype_bytes(training.weight_dtype)
+    dp = training.data_parallel_size
+    stage = training.zero_stage if dp > 1 else 0
+    cache: dict[tuple[str, int, int, bool], TensorState] = {}
+
+    def make(owner: str, name: str, numel: int, out_features: int, trainable: bool) -> TensorState:
+        key = (name, numel, out_features, trainable)
+        proto = cache.get(key)
+        if proto is None:
+            is_linear = not name.startswith(("lora_", "vector", "embedding", "head", "lm_head",
+                                             "final_norm", "pooler", "router"))
+            if not trainable and is_linear and training.quantize_base != "none":
+                full_param = _quantized_bytes(numel, out_features, training.quantize_base)
+            else:
+                full_param = w * numel
+            full_grad = w * numel if trainable else 0
+            state = 0
+            if trainable:
+                if out_features > 1 and numel % out_features == 0 and numel > out_features:
+                    shape = [(numel // out_features, out_features, 1)]
+                    state = optimizer_state_bytes(training, shape, 0)
+                else:
+                    state = optimizer_state_bytes(training, [], numel)
+
+            def shard(x: int, from_stage: int) -> int:
+                return -(-x // dp) if stage >= from_stage else x
+
+            param = shard(full_param, 3)
+            grad = shard(full_grad, 2)
+            state = shard(state, 1)
+            if training.offload != "none":
+                state = 0
+            if training.offload == "optimizer+params":
+                param = 0
+            proto = TensorState("", name, numel, trainable, param, grad, state, full_param,
+                                full_grad)
+            cache[key] = proto
+        return replace(proto, owner=owner)
+
+    lora = training.is_lora
+    counts = parameter_counts(model)
+    h = model.hidden_size
+    out: list[TensorState] = []
+    for key, n in counts.items():
+        if key.startswith("embedding/"):
+            out.append(make("embedding", key, n, h, not lora))
+    layer = _layer_tensors(model, training)
+    for index in range(model.num_layers):
+        owner = f"layers.{index}"
+        out.extend(make(owner, name, n, o, trainable) for name, n, o, trainable in layer)
+    for key, n in counts.items():
+        if not key.startswith(("embedding/", "layers/")):
+            trainable = not lora or (key == "lm_head" and "lm_head" in training.lora_targets)
+            out.append(make("head", key, n, h, trainable and not lora))
+            if lora and key == "lm_head" and "lm_head" in training.lora_targets:
+                r = training.lora_rank
+                out.append(make("head", "lora_A.lm_head", r * h, r, True))
+                out.append(make("head", "lora_B.lm_head", n // h * r, n // h, True))
+    return out
