@@ -410,7 +410,7 @@ def compare_snapshot(
         pred_alloc = int(prediction.max_memory_allocated)
         pred_res = int(prediction.max_memory_reserved)
     res_err = pred_res - measured["peak_reserved_bytes"]
-    replayed = None
+    replayed: dict[str, Any] | None = None
     if replay:
         settings = snapshot.get("allocator_settings") or {}
         conf = str(settings.get("PYTORCH_CUDA_ALLOC_CONF", "") or "")
