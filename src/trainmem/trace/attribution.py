@@ -60,9 +60,10 @@ class PeakReport:
 
 
 def module_group(path: str, depth: int = 3) -> str:
-    """Shorten a module path to its first ``depth`` components (``transformer.h.3``)."""
+    """Shorten a module path to its first ``depth`` components (``transformer.h.3``); the root
+    module (and code outside any module) is ``(model)``."""
     parts = path.split(".") if path else []
-    return ".".join(parts[:depth]) if parts else "(outside modules)"
+    return ".".join(parts[:depth]) if parts else "(model)"
 
 
 def analyse(
@@ -137,7 +138,7 @@ def analyse(
     acts: dict[str, int] = defaultdict(int)
     for b in _blocks_live_at_last_forward_end(raw_events):
         if b.category in (MemoryCategory.ACTIVATION, MemoryCategory.INPUT):
-            acts[b.module or "(outside modules)"] += b.size_bytes
+            acts[b.module or "(model)"] += b.size_bytes
     contributors = sorted(((m, c, n) for (m, c), n in contrib.items()), key=lambda x: -x[2])
     return PeakReport(
         timeline=timeline,

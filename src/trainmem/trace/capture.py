@@ -29,7 +29,7 @@ from typing import Any
 from trainmem.breakdown import MemoryCategory
 from trainmem.trace._torch import require_torch
 from trainmem.trace.recorder import Block, StorageRecorder
-from trainmem.trace.step import forward_depth_hooks, run_step
+from trainmem.trace.step import run_step
 
 torch = require_torch()
 
@@ -183,10 +183,11 @@ def capture_step(
                 rec.register(p.grad, MemoryCategory.GRADIENT, module=names.get(id(p), ""))
 
         rec.on_alloc = on_alloc
+        rec.modules.depth_callback = on_depth
         handles = [p.register_post_accumulate_grad_hook(on_grad) for p in params if p.requires_grad]
         t0 = time.perf_counter()
         try:
-            with rec, rec.modules, forward_depth_hooks(on_depth):
+            with rec, rec.modules:
                 run_step(
                     model,
                     batches,

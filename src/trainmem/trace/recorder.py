@@ -10,9 +10,8 @@ object: storages keep their Python object alive as long as the C++ ``StorageImpl
 (PyObject preservation, ``torch/csrc/Storage.cpp``), so the callback fires exactly when the
 storage is released.
 
-The module that allocated a block comes from ``torch.utils.module_tracker.ModuleTracker`` (forward
-hooks plus multi-grad hooks in backward), whose names are ``RootClass.child.grandchild``; the
-innermost (deepest) live name is kept, with the root class name removed.
+The module that allocated a block comes from :class:`~trainmem.trace.module_paths.
+ModulePathTracker` (forward hooks; autograd-node ownership in backward).
 
 Mirrors: ``torch/distributed/_tools/mem_tracker.py`` (MemTracker), which does the same with more
 bookkeeping per op and is 6-30x slower (shared/notes/tracing-without-a-gpu.md, sec. 2).
@@ -27,12 +26,12 @@ from typing import Any
 
 from trainmem.breakdown import MemoryCategory
 from trainmem.trace._torch import require_torch
+from trainmem.trace.module_paths import ModulePathTracker
 
 torch = require_torch()
 
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
-from torch.utils.module_tracker import ModuleTracker  # noqa: E402
 
 __all__ = ["Block", "RawEvent", "StorageRecorder"]
 
@@ -77,8 +76,9 @@ class RawEvent:
 class StorageRecorder(TorchDispatchMode):  # type: ignore[misc]
     """Dispatch mode recording storage allocations/frees in order.
 
-    Use as ``with fake_mode, recorder, recorder.modules:``. Set :attr:`phase` from the step
-    driver. Call :meth:`register` for storages that exist before recording (parameters...).
+    Use as ``recorder.set_root(model)`` then ``with fake_mode, recorder, recorder.modules:``.
+    Set :attr:`phase` from the step driver. Call :meth:`register` for storages that exist
+    before recording (parameters...).
 
     Attributes:
         phase: current phase name (``forward``, ``backward``, ``optimizer``, ``zero_grad``).
@@ -94,33 +94,21 @@ class StorageRecorder(TorchDispatchMode):  # type: ignore[misc]
     forward_region: int = -1
     recording: bool = True
     _live: dict[int, tuple[Block, weakref.ref[Any]]] = field(default_factory=dict)
-    _root_prefix: str = ""
     modules: Any = None
     on_alloc: Callable[[Block], None] | None = None
 
     def __post_init__(self) -> None:
         super().__init__()
-        self.modules = ModuleTracker()
 
     # -- public -------------------------------------------------------------------------
 
     def set_root(self, root: Any) -> None:
-        """Strip ``type(root).__name__ + "."`` from ModuleTracker names."""
-        self._root_prefix = type(root).__name__
+        """Track module paths of ``root`` (``self.modules`` becomes its tracker)."""
+        self.modules = ModulePathTracker(root)
 
     def current_module(self) -> str:
-        """Deepest module whose forward or backward is running, as a dotted path."""
-        parents = self.modules.parents
-        if len(parents) <= 1:
-            return ""
-        name = max(parents, key=lambda n: (n.count("."), n))
-        if name == "Global":
-            return ""
-        if name == self._root_prefix:
-            return ""
-        if name.startswith(self._root_prefix + "."):
-            return name[len(self._root_prefix) + 1 :]
-        return name
+        """Innermost module whose forward or backward is running, as a dotted path."""
+        return self.modules.current() if self.modules is not None else ""
 
     def register(self, tensor: Any, category: MemoryCategory, module: str = "") -> Block | None:
         """Record ``tensor``'s storage as live (``phase`` ``init`` before the step) and set its

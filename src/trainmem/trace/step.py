@@ -12,7 +12,7 @@ tensor value (``.item()``), impossible on fake tensors; it allocates only a few 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from trainmem.errors import TraceError
@@ -100,35 +100,3 @@ def run_step(
     signal("zero_grad")
     optimizer.zero_grad(set_to_none=True)
     signal("end")
-
-
-@contextlib.contextmanager
-def forward_depth_hooks(callback: Callable[[int], None]) -> Iterator[None]:
-    """Call ``callback(depth)`` whenever the number of modules whose forward is running changes.
-
-    Uses the global ``nn.Module`` forward pre/post hooks (``torch/nn/modules/module.py``,
-    ``register_module_forward_pre_hook``), so checkpoint recomputation inside backward is seen.
-
-    Args:
-        callback: receives the new depth.
-
-    Yields:
-        None.
-    """
-    depth = [0]
-
-    def pre(_mod: Any, _args: Any) -> None:
-        depth[0] += 1
-        callback(depth[0])
-
-    def post(_mod: Any, _args: Any, _out: Any) -> None:
-        depth[0] -= 1
-        callback(depth[0])
-
-    h1 = torch.nn.modules.module.register_module_forward_pre_hook(pre)
-    h2 = torch.nn.modules.module.register_module_forward_hook(post, always_call=True)
-    try:
-        yield
-    finally:
-        h1.remove()
-        h2.remove()
