@@ -94,6 +94,22 @@ def format_size(size_bytes: int) -> str:
     return f"{size_bytes / 1_073_741_824:.2f} GiB"
 
 
+def round_size_default(size: int) -> int:
+    """``round_size`` without ``roundup_power2_divisions``: at least 512, a multiple of 512 (bytes).
+
+    Args:
+        size: requested bytes.
+
+    Returns:
+        ``max(512, ceil(size / 512) * 512)``.
+
+    Source: spec section 1.2 (``round_size``), kMinBlockSize.
+    """
+    if size < K_MIN_BLOCK_SIZE:
+        return K_MIN_BLOCK_SIZE
+    return -(-size // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE
+
+
 def get_allocation_size(size: int, large_segment_size: int) -> int:
     """Size of a new segment for a rounded request (``get_allocation_size``).
 
@@ -350,7 +366,7 @@ class CachingAllocatorSim:
                     return size
                 step = (1 << (size.bit_length() - 1)) // d
                 return -(-size // step) * step
-        return -(-size // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE
+        return round_size_default(size)
 
     def malloc(
         self,

@@ -41,7 +41,7 @@ import pickle
 from collections.abc import Mapping
 from typing import Any
 
-from trainmem.allocator.caching import CachingAllocatorSim
+from trainmem.allocator.caching import CachingAllocatorSim, round_size_default
 from trainmem.allocator.constants import MAX_SPLIT_SIZE_UNLIMITED
 from trainmem.breakdown import MemoryCategory
 from trainmem.errors import TrainmemError
@@ -222,10 +222,6 @@ def read_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
 # -------------------------------------------------------------------------------------- analyse
 
 
-def _round512(n: int) -> int:
-    return max(512, -(-n // 512) * 512)
-
-
 def snapshot_stats(snapshot: Mapping[str, Any], device: int = 0) -> dict[str, int]:
     """Measured numbers of one device of a snapshot, the trace replayed from its start.
 
@@ -254,43 +250,33 @@ def snapshot_stats(snapshot: Mapping[str, Any], device: int = 0) -> dict[str, in
             if b.get("state") in ("active_allocated", "active_pending_free"):
                 req = int(b.get("requested_size", b["size"]))
                 final_requested += req
-                final_rounded += _round512(req)
+                final_rounded += round_size_default(req)
     traces = snapshot.get("device_traces", [])
     entries: list[dict[str, Any]] = traces[device] if device < len(traces) else []
-    d_res = d_req = d_round = 0
-    for e in entries:
-        action, size = e.get("action"), int(e.get("size", 0))
-        if action in _SEGMENT_ACTIONS_UP:
-            d_res += size
-        elif action in _SEGMENT_ACTIONS_DOWN:
-            d_res -= size
-        elif action == "alloc":
-            d_req += size
-            d_round += _round512(size)
-        elif action == "free_completed":
-            d_req -= size
-            d_round -= _round512(size)
-    reserved, requested, rounded = final_reserved - d_res, final_requested - d_req, 0
-    rounded = final_rounded - d_round
-    peak_res, peak_req, peak_round = reserved, requested, rounded
+    # One pass of running deltas from the (unknown) start; the start is the final state minus the
+    # total delta, and each peak is the start plus the highest running delta (at least 0).
+    res = req = rnd = 0
+    top_res = top_req = top_rnd = 0
     num_ooms = 0
     for e in entries:
         action, size = e.get("action"), int(e.get("size", 0))
         if action in _SEGMENT_ACTIONS_UP:
-            reserved += size
-            peak_res = max(peak_res, reserved)
+            res += size
+            top_res = max(top_res, res)
         elif action in _SEGMENT_ACTIONS_DOWN:
-            reserved -= size
+            res -= size
         elif action == "alloc":
-            requested += size
-            rounded += _round512(size)
-            peak_req = max(peak_req, requested)
-            peak_round = max(peak_round, rounded)
+            req += size
+            rnd += round_size_default(size)
+            top_req, top_rnd = max(top_req, req), max(top_rnd, rnd)
         elif action == "free_completed":
-            requested -= size
-            rounded -= _round512(size)
+            req -= size
+            rnd -= round_size_default(size)
         elif action == "oom":
             num_ooms += 1
+    peak_res = final_reserved - res + top_res
+    peak_req = final_requested - req + top_req
+    peak_round = final_rounded - rnd + top_rnd
     return {
         "peak_reserved_bytes": peak_res,
         "peak_requested_bytes": peak_req,
