@@ -1,1 +1,29 @@
-"""trainmem.planner."""
+"""The planner: what fits a GPU, and the cheapest change that makes a run fit.
+
+* :func:`max_micro_batch_size`, :func:`max_seq_len`: search on the monotone analytic estimate,
+  answer confirmed with the allocator simulator (``search.py``).
+* :func:`fixes`: ranked changes from the table :data:`CHANGES` (``fixes.py``).
+* :func:`sweep`: estimates over a grid (``sweep.py``); renderers in ``render.py``.
+* ``commands.py``: the ``plan``, ``fit`` and ``sweep`` CLI commands (``register(app)``).
+
+All sizes are bytes (``int``).
+"""
+
+from __future__ import annotations
+
+from trainmem.planner.fixes import CHANGES, Change, Fix, fixes
+from trainmem.planner.search import PlanResult, max_micro_batch_size, max_seq_len
+from trainmem.planner.sweep import SweepRow, parse_over, sweep
+
+__all__ = [
+    "CHANGES",
+    "Change",
+    "Fix",
+    "PlanResult",
+    "SweepRow",
+    "fixes",
+    "max_micro_batch_size",
+    "max_seq_len",
+    "parse_over",
+    "sweep",
+]

@@ -1,0 +1,182 @@
+"""Plan, fix and sweep results as rich tables, CSV and JSON.
+
+Tables show GiB (2^30 bytes) and say so; CSV and JSON keep exact bytes. (These renderers belong
+with ``report/`` by the import order of STYLE.md sec. 1; they live here until the planner's
+output settles.)
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from rich.table import Table
+
+from trainmem.breakdown import MemoryEstimate
+from trainmem.planner.evaluate import margin_bytes
+from trainmem.planner.fixes import Fix
+from trainmem.planner.search import PlanResult
+from trainmem.planner.sweep import SweepRow
+from trainmem.units import GiB
+
+SCHEMA_VERSION = 1
+"""Version of the plan / fit JSON; bump on any key change."""
+
+_CAPTION = "GiB = 2^30 bytes; '--json' gives exact bytes"
+
+
+def gib(n_bytes: int | float) -> str:
+    """Bytes as GiB with two decimals (``"12.34"``)."""
+    return f"{n_bytes / GiB:,.2f}"
+
+
+def _signed_gib(n_bytes: int) -> str:
+    return f"{'+' if n_bytes >= 0 else '-'}{gib(abs(n_bytes))}"
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, tuple):
+        return "+".join(str(v) for v in value)
+    return str(value)
+
+
+def plan_table(model_name: str, results: Sequence[PlanResult]) -> Table:
+    """One row per searched dimension: the maximum, its peak, the margin, why it stops."""
+    gpu = results[0].gpu if results else None
+    title = model_name
+    if gpu is not None:
+        title = f"{model_name} on {gpu.name} ({gib(gpu.memory_bytes)} GiB usable)"
+    table = Table(title=f"{title}: the most that fits", caption=_CAPTION)
+    table.add_column("largest", style="bold")
+    table.add_column("value", justify="right")
+    table.add_column("device total GiB", justify="right")
+    table.add_column("margin GiB", justify="right")
+    table.add_column("limited by")
+    for r in results:
+        if r.value is None or r.estimate is None:
+            table.add_row(r.dimension, "[red]none fits[/]", "-", "-", "nothing fits")
+            continue
+        table.add_row(
+            r.dimension,
+            str(r.value),
+            gib(r.estimate.breakdown.device_total_bytes),
+            _signed_gib(margin_bytes(r.estimate)),
+            r.limited_by.replace("_", " "),
+        )
+    return table
+
+
+def plan_json(model_name: str, results: Sequence[PlanResult]) -> str:
+    """``{"schema_version", "model", "results": [PlanResult.to_dict(), ...]}``."""
+    return json.dumps(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "model": model_name,
+            "results": [r.to_dict() for r in results],
+        },
+        indent=2,
+        default=str,
+    )
+
+
+def fixes_table(base: MemoryEstimate, found: Sequence[Fix]) -> Table:
+    """Ranked fixes: what changes, memory saved, device total and margin after, cost."""
+    table = Table(
+        title=f"{base.model_name} on {base.gpu_name}: changes that make it fit, cheapest first",
+        caption=_CAPTION + "; saved = drop of the closed-form peak allocated",
+    )
+    table.add_column("#", justify="right")
+    table.add_column("change", style="bold")
+    table.add_column("settings")
+    table.add_column("saved GiB", justify="right")
+    table.add_column("total GiB", justify="right")
+    table.add_column("margin GiB", justify="right")
+    table.add_column("cost")
+    for i, fix in enumerate(found, 1):
+        settings = ", ".join(
+            f"{k}: {_show(old)} -> {_show(new)}" for k, (old, new) in fix.settings.items()
+        )
+        table.add_row(
+            str(i),
+            fix.name,
+            settings,
+            gib(fix.saved_bytes),
+            gib(fix.estimate.breakdown.device_total_bytes),
+            _signed_gib(fix.margin_bytes),
+            fix.cost,
+        )
+    return table
+
+
+def fixes_json(base: MemoryEstimate, found: Sequence[Fix]) -> str:
+    """``{"schema_version", "model", "gpu", "fits", "peak", "config", "fixes": [...]}``."""
+    b = base.breakdown
+    return json.dumps(
+        {
+            "schema_version": SCHEMA_VERSION,
+            "model": base.model_name,
+            "gpu": {"name": base.gpu_name, "capacity_bytes": base.gpu_capacity_bytes},
+            "fits": base.fits,
+            "peak": {
+                "allocated_bytes": b.allocated_bytes,
+                "reserved_bytes": b.reserved_bytes,
+                "device_total_bytes": b.device_total_bytes,
+                "phase": base.peak_phase,
+            },
+            "config": base.config,
+            "fixes": [f.to_dict() for f in found],
+        },
+        indent=2,
+        default=str,
+    )
+
+
+def sweep_table(title: str, rows: Sequence[SweepRow]) -> Table:
+    """One row per grid point: the swept settings, peak figures in GiB, margin and verdict."""
+    table = Table(title=title, caption="GiB = 2^30 bytes; '--format csv|json' gives exact bytes")
+    keys = list(rows[0].settings) if rows else []
+    for k in keys:
+        table.add_column(k, justify="right")
+    for col in ("allocated GiB", "reserved GiB", "device total GiB", "margin GiB"):
+        table.add_column(col, justify="right")
+    table.add_column("peak")
+    table.add_column("fits")
+    for r in rows:
+        verdict = "-" if r.fits is None else ("[green]yes[/]" if r.fits else "[red]no[/]")
+        table.add_row(
+            *(_show(r.settings[k]) for k in keys),
+            gib(r.allocated_bytes),
+            gib(r.reserved_bytes),
+            gib(r.device_total_bytes),
+            "-" if r.margin_bytes is None else _signed_gib(r.margin_bytes),
+            r.peak_phase,
+            verdict,
+        )
+    return table
+
+
+def sweep_csv(rows: Sequence[SweepRow]) -> str:
+    """CSV with a header: the swept settings, then the figures in bytes; ``fits`` is
+    ``true``/``false`` (empty without a GPU)."""
+    buf = io.StringIO()
+    if not rows:
+        return ""
+    dicts = [r.to_dict() for r in rows]
+    writer = csv.DictWriter(buf, fieldnames=list(dicts[0]), lineterminator="\n")
+    writer.writeheader()
+    for d in dicts:
+        writer.writerow(
+            {
+                k: ("" if v is None else str(v).lower() if isinstance(v, bool) else _show(v))
+                for k, v in d.items()
+            }
+        )
+    return buf.getvalue()
+
+
+def sweep_json(rows: Sequence[SweepRow]) -> str:
+    """A JSON list of :meth:`SweepRow.to_dict` (exact bytes)."""
+    return json.dumps([r.to_dict() for r in rows], indent=2, default=list)

@@ -1,0 +1,311 @@
+"""The largest micro-batch size and the longest sequence length that fit one GPU.
+
+Both searches run on a predicate that is monotone in the searched value (the analytic peak is
+non-decreasing in ``micro_batch_size`` and in ``seq_len``; ``tests/planner`` checks this over a
+grid): exponential growth from the smallest value until the first value that does not fit, then
+bisection between the last fit and the first non-fit. That is ``O(log n)`` fast estimates.
+The answer is then re-checked with the allocator simulator (See Note [Fast bound, simulated
+answer] in ``evaluate.py``) and moved down by a second bisection if fragmentation pushes it over.
+
+All sizes are bytes (``int``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from trainmem.breakdown import MemoryEstimate
+from trainmem.errors import SpecError, UnsupportedError
+from trainmem.planner.evaluate import (
+    fast_estimate,
+    fits,
+    margin_bytes,
+    resolve,
+    simulated_estimate,
+)
+from trainmem.specs.hardware import GPUSpec
+from trainmem.specs.model import ModelSpec
+from trainmem.specs.training import TrainingConfig
+from trainmem.units import format_bytes
+
+MAX_MICRO_BATCH_SIZE = 1 << 20
+"""Upper end of the micro-batch search: a tiny model on a large GPU stops here instead of
+searching forever (reported as ``limited_by="search_limit"``)."""
+
+LimitedBy = Literal["memory", "context_length", "search_limit", "nothing_fits"]
+
+
+@dataclass(frozen=True, slots=True)
+class PlanResult:
+    """The answer of one search.
+
+    Attributes:
+        dimension: the searched field, ``"micro_batch_size"`` or ``"seq_len"``.
+        value: the largest value that fits, or None when even the smallest does not.
+        training: the configuration at ``value`` (None when nothing fits).
+        estimate: the simulated estimate at ``value`` (None when nothing fits).
+        next_estimate: the fast estimate at the first value that does not fit (``value + step``,
+            or the smallest value when nothing fits); None when the search hit a limit instead.
+        gpu: the GPU planned for.
+        limited_by: ``memory`` (the next value does not fit), ``context_length`` (seq_len
+            reached the model's ``max_position_embeddings``), ``search_limit``, or
+            ``nothing_fits``.
+        reason: one sentence for a person: why the answer is what it is.
+    """
+
+    dimension: str
+    value: int | None
+    training: TrainingConfig | None
+    estimate: MemoryEstimate | None
+    next_estimate: MemoryEstimate | None
+    gpu: GPUSpec
+    limited_by: LimitedBy
+    reason: str
+
+    @property
+    def margin_bytes(self) -> int | None:
+        """Usable capacity minus the simulated device total at ``value``, bytes; None when
+        nothing fits."""
+        return None if self.estimate is None else margin_bytes(self.estimate)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able summary; sizes in bytes."""
+        est = self.estimate
+        nxt = self.next_estimate
+        return {
+            "dimension": self.dimension,
+            "value": self.value,
+            "limited_by": self.limited_by,
+            "reason": self.reason,
+            "margin_bytes": self.margin_bytes,
+            "gpu": {"name": self.gpu.name, "capacity_bytes": self.gpu.memory_bytes},
+            "peak": None if est is None else _peak(est),
+            "next": None
+            if nxt is None
+            else {**_peak(nxt), self.dimension: nxt.config.get(self.dimension)},
+            "config": None if est is None else dict(est.config),
+        }
+
+
+def _peak(est: MemoryEstimate) -> dict[str, Any]:
+    b = est.breakdown
+    return {
+        "allocated_bytes": b.allocated_bytes,
+        "reserved_bytes": b.reserved_bytes,
+        "device_total_bytes": b.device_total_bytes,
+        "phase": est.peak_phase,
+    }
+
+
+def largest_true(pred: Callable[[int], bool], lo: int, hi: int) -> int | None:
+    """Largest ``n`` in ``[lo, hi]`` with ``pred(n)``, for ``pred`` true up to some point and
+    false after it; None when ``pred(lo)`` is false.
+
+    Exponential search from ``lo`` (``lo, 2lo, 4lo, ...``), then bisection:
+    ``O(log(answer))`` calls.
+    """
+    if lo > hi or not pred(lo):
+        return None
+    good, n = lo, lo
+    while True:
+        n = min(2 * n, hi)
+        if n == good:
+            return good  # reached hi, everything fits
+        if not pred(n):
+            bad = n
+            break
+        good = n
+    while bad - good > 1:  # invariant: pred(good), not pred(bad)
+        mid = (good + bad) // 2
+        if pred(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+def _search(
+    dimension: str,
+    model: ModelSpec,
+    training: TrainingConfig,
+    gpu: GPUSpec,
+    *,
+    step: int,
+    max_value: int,
+    cap_reason: LimitedBy,
+    cuda_context_bytes: int | None,
+) -> PlanResult:
+    def config(units: int) -> TrainingConfig:
+        return replace(training, **{dimension: units * step})
+
+    def fast_fits(units: int) -> bool:
+        return fits(fast_estimate(model, config(units), gpu, cuda_context_bytes=cuda_context_bytes))
+
+    cache: dict[int, MemoryEstimate] = {}
+
+    def sim(units: int) -> MemoryEstimate:
+        if units not in cache:
+            cache[units] = simulated_estimate(
+                model, config(units), gpu, cuda_context_bytes=cuda_context_bytes
+            )
+        return cache[units]
+
+    max_units = max_value // step
+    if max_units < 1:
+        raise SpecError(dimension, f"step {step} is larger than the limit {max_value}")
+    best = largest_true(fast_fits, 1, max_units)
+    if best is None:
+        first = fast_estimate(model, config(1), gpu, cuda_context_bytes=cuda_context_bytes)
+        return PlanResult(
+            dimension, None, None, None, first, gpu, "nothing_fits",
+            why_nothing_fits(dimension, first, gpu),
+        )
+    if not fits(sim(best)):
+        # Fragmentation pushed the closed-form answer over: bisect again on the simulator.
+        sim_best = largest_true(lambda u: fits(sim(u)), 1, best - 1)
+        if sim_best is None:
+            first = sim(1)
+            return PlanResult(
+                dimension, None, None, None, first, gpu, "nothing_fits",
+                why_nothing_fits(dimension, first, gpu),
+            )
+        best = sim_best
+    est = sim(best)
+    value = best * step
+    if best == max_units:
+        limit = cap_reason
+        nxt = None
+        reason = (
+            f"{dimension}={value} fits with {format_bytes(margin_bytes(est))} to spare; "
+            + (
+                f"it is the model's context length (max_position_embeddings={max_value})"
+                if limit == "context_length"
+                else f"the search stops at {max_value}"
+            )
+        )
+    else:
+        limit = "memory"
+        nxt = fast_estimate(model, config(best + 1), gpu, cuda_context_bytes=cuda_context_bytes)
+        reason = (
+            f"{dimension}={value} fits with {format_bytes(margin_bytes(est))} to spare; "
+            f"{dimension}={value + step} needs {format_bytes(nxt.breakdown.device_total_bytes)} "
+            f"in the {nxt.peak_phase} (usable {format_bytes(gpu.memory_bytes)})"
+        )
+    return PlanResult(dimension, value, config(best), est, nxt, gpu, limit, reason)
+
+
+def why_nothing_fits(dimension: str, first: MemoryEstimate, gpu: GPUSpec) -> str:
+    """One sentence on why the smallest configuration does not fit: the weights alone, the
+    weights + optimizer states, or the peak of the step at the smallest value.
+
+    Args:
+        dimension: the searched field.
+        first: the estimate at the smallest value of the search.
+        gpu: the GPU.
+
+    Returns:
+        The sentence (sizes in GiB).
+    """
+    b = first.breakdown
+    usable = gpu.memory_bytes
+    ctx = b.cuda_context
+    value = first.config.get(dimension)
+    fix_hint = "; see `trainmem fit` for changes that make it fit"
+    if b.parameters + ctx > usable:
+        return (
+            f"the weights alone ({format_bytes(b.parameters)}) plus the CUDA context "
+            f"({format_bytes(ctx)}) exceed the {format_bytes(usable)} usable on {gpu.name}, "
+            f"before any gradient, optimizer state or activation"
+        )
+    if b.parameters + b.optimizer_states + ctx > usable:
+        return (
+            f"weights + optimizer states alone ({format_bytes(b.parameters)} + "
+            f"{format_bytes(b.optimizer_states)}) plus the CUDA context exceed the "
+            f"{format_bytes(usable)} usable on {gpu.name}{fix_hint}"
+        )
+    return (
+        f"even {dimension}={value} needs {format_bytes(b.device_total_bytes)} at the peak "
+        f"({first.peak_phase}: {first.peak_reason}; weights {format_bytes(b.parameters)}, "
+        f"gradients {format_bytes(b.gradients)}, optimizer states "
+        f"{format_bytes(b.optimizer_states)}, activations {format_bytes(b.activations)}) "
+        f"> {format_bytes(usable)} usable on {gpu.name}{fix_hint}"
+    )
+
+
+def max_micro_batch_size(
+    model: str | ModelSpec,
+    training: TrainingConfig,
+    gpu: str | GPUSpec,
+    *,
+    cuda_context_bytes: int | None = None,
+    max_value: int = MAX_MICRO_BATCH_SIZE,
+) -> PlanResult:
+    """The largest ``micro_batch_size`` that fits ``gpu``, every other setting fixed.
+
+    Args:
+        model: preset name, HF ``config.json`` path, or a ModelSpec.
+        training: the fixed settings (its ``micro_batch_size`` is ignored).
+        gpu: catalog name or GPUSpec.
+        cuda_context_bytes: memory outside the allocator, bytes; default per GPU catalog.
+        max_value: search limit.
+
+    Returns:
+        The answer with the simulated estimate at it, its margin in bytes and a reason; when even
+        ``micro_batch_size=1`` does not fit, ``value`` is None and ``reason`` says why (e.g. the
+        weights alone exceed the GPU).
+
+    Raises:
+        SpecError: unknown model or GPU.
+
+    Source: exponential + binary search on a monotone predicate; the predicate is
+    :func:`trainmem.analytic.engine.estimate_analytic` (Note [Where the peak falls]).
+    """
+    spec, gpu_spec = resolve(model, gpu)
+    return _search(
+        "micro_batch_size", spec, training, gpu_spec,
+        step=1, max_value=max_value, cap_reason="search_limit",
+        cuda_context_bytes=cuda_context_bytes,
+    )
+
+
+def max_seq_len(
+    model: str | ModelSpec,
+    training: TrainingConfig,
+    gpu: str | GPUSpec,
+    *,
+    cuda_context_bytes: int | None = None,
+    multiple_of: int = 1,
+) -> PlanResult:
+    """The longest ``seq_len`` (a multiple of ``multiple_of``, at most the model's
+    ``max_position_embeddings``) that fits ``gpu``, every other setting fixed.
+
+    Args:
+        model: preset name, HF ``config.json`` path, or a ModelSpec.
+        training: the fixed settings (its ``seq_len`` is ignored).
+        gpu: catalog name or GPUSpec.
+        cuda_context_bytes: memory outside the allocator, bytes; default per GPU catalog.
+        multiple_of: granularity of the answer in tokens (e.g. 128).
+
+    Returns:
+        As :func:`max_micro_batch_size`; ``limited_by="context_length"`` when the model's own
+        context length fits.
+
+    Raises:
+        SpecError: unknown model or GPU, ``multiple_of`` < 1 or above the context length.
+        UnsupportedError: a vision encoder, whose sequence is fixed by the image size.
+    """
+    spec, gpu_spec = resolve(model, gpu)
+    if spec.architecture == "vision-encoder":
+        raise UnsupportedError(
+            f"{spec.name} is a vision encoder: its sequence length is fixed by the image size "
+            "(patches + 1); plan the micro-batch size instead"
+        )
+    if not isinstance(multiple_of, int) or multiple_of < 1:
+        raise SpecError("multiple_of", f"must be a positive integer, got {multiple_of!r}")
+    return _search(
+        "seq_len", spec, training, gpu_spec,
+        step=multiple_of, max_value=spec.max_position_embeddings, cap_reason="context_length",
+        cuda_context_bytes=cuda_context_bytes,
+    )

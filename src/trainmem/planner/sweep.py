@@ -1,0 +1,200 @@
+"""Estimates over a grid of training settings, with fit / no fit per row.
+
+A sweep is the cartesian product of ``over`` (field -> values) applied to a base
+:class:`~trainmem.specs.training.TrainingConfig` with ``dataclasses.replace``. By default each
+row is the closed form alone (``simulate_allocator=False``, about 0.1 ms, fragmentation 0), so a
+10,000-row sweep takes about a second (``benchmarks/planner_speed.py``).
+
+All sizes are bytes (``int``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import MISSING, dataclass, fields, replace
+from itertools import product
+from typing import Any
+
+from trainmem.analytic.engine import estimate_analytic
+from trainmem.errors import SpecError
+from trainmem.estimate import resolve_gpu, resolve_model
+from trainmem.planner.evaluate import fits
+from trainmem.specs.hardware import GPUSpec
+from trainmem.specs.model import ModelSpec
+from trainmem.specs.training import TrainingConfig
+
+_DEFAULTS: dict[str, Any] = {
+    f.name: f.default for f in fields(TrainingConfig) if f.default is not MISSING
+}
+SWEEPABLE: tuple[str, ...] = tuple(_DEFAULTS)
+"""TrainingConfig fields a sweep may vary (every field with a default)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SweepRow:
+    """One grid point.
+
+    Attributes:
+        settings: the swept fields and their values at this point.
+        allocated_bytes: predicted ``max_memory_allocated``.
+        reserved_bytes: predicted ``max_memory_reserved`` (equal to allocated without the
+            simulator).
+        device_total_bytes: reserved plus the CUDA context (what nvidia-smi shows).
+        peak_phase: ``forward``, ``backward`` or ``optimizer``.
+        fits: whether the device total fits the GPU (None without a GPU).
+        margin_bytes: usable capacity minus the device total (None without a GPU).
+    """
+
+    settings: dict[str, Any]
+    allocated_bytes: int
+    reserved_bytes: int
+    device_total_bytes: int
+    peak_phase: str
+    fits: bool | None
+    margin_bytes: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat JSON-able dict: the settings, then the figures (bytes)."""
+        return {
+            **self.settings,
+            "allocated_bytes": self.allocated_bytes,
+            "reserved_bytes": self.reserved_bytes,
+            "device_total_bytes": self.device_total_bytes,
+            "peak_phase": self.peak_phase,
+            "fits": self.fits,
+            "margin_bytes": self.margin_bytes,
+        }
+
+
+def field_name(key: str) -> str:
+    """The TrainingConfig field for a sweep key (``micro-batch-size`` or ``micro_batch_size``).
+
+    Raises:
+        SpecError: not a sweepable field (the message lists them).
+    """
+    name = key.strip().replace("-", "_")
+    if name not in _DEFAULTS:
+        allowed = ", ".join(n.replace("_", "-") for n in SWEEPABLE)
+        raise SpecError("over", f"unknown field {key!r}; allowed: {allowed}")
+    return name
+
+
+def parse_value(name: str, text: str) -> Any:
+    """One value of field ``name`` from text, typed like the field's default.
+
+    ints (``4``), floats, bools (``true/false/1/0/yes/no``), tuples (``q+v``), strings.
+    The value's range is checked later by TrainingConfig itself.
+
+    Raises:
+        SpecError: text that is not of the field's type.
+    """
+    default = _DEFAULTS[name]
+    raw = text.strip()
+    if isinstance(default, bool):
+        folded = raw.lower()
+        if folded in ("true", "1", "yes", "on"):
+            return True
+        if folded in ("false", "0", "no", "off"):
+            return False
+        raise SpecError(name, f"must be true or false, got {raw!r}")
+    if isinstance(default, int):
+        try:
+            return int(raw)
+        except ValueError:
+            raise SpecError(name, f"must be an integer, got {raw!r}") from None
+    if isinstance(default, float):
+        try:
+            return float(raw)
+        except ValueError:
+            raise SpecError(name, f"must be a number, got {raw!r}") from None
+    if isinstance(default, tuple):
+        return tuple(p for p in raw.split("+") if p)
+    return raw
+
+
+def parse_over(items: Iterable[str]) -> dict[str, list[Any]]:
+    """``["micro-batch-size=1,2,4", "seq-len=512,1024"]`` -> ``{"micro_batch_size": [1, 2, 4],
+    "seq_len": [512, 1024]}``.
+
+    Raises:
+        SpecError: an item without ``=``, an unknown field, an empty or mistyped value, or a
+            field given twice.
+    """
+    out: dict[str, list[Any]] = {}
+    for item in items:
+        key, sep, values = item.partition("=")
+        if not sep:
+            raise SpecError("over", f"expected FIELD=V1,V2,..., got {item!r}")
+        name = field_name(key)
+        if name in out:
+            raise SpecError("over", f"field {key.strip()!r} given twice")
+        parts = [v for v in values.split(",") if v.strip()]
+        if not parts:
+            raise SpecError(name, f"no values in {item!r}")
+        out[name] = [parse_value(name, v) for v in parts]
+    return out
+
+
+def sweep(
+    model: str | ModelSpec,
+    base_training: TrainingConfig,
+    gpu: str | GPUSpec | None,
+    over: Mapping[str, Sequence[Any]],
+    *,
+    simulate_allocator: bool = False,
+    cuda_context_bytes: int | None = None,
+) -> list[SweepRow]:
+    """Estimate every point of the grid ``over`` around ``base_training``.
+
+    Args:
+        model: preset name, HF ``config.json`` path, or a ModelSpec.
+        base_training: the settings that are not swept.
+        gpu: catalog name or GPUSpec for the verdicts, or None for no verdict.
+        over: field (``micro_batch_size`` or ``micro-batch-size``) -> values; rows come in
+            ``itertools.product`` order of the fields as given.
+        simulate_allocator: replay every row through the allocator simulator (tens of ms a
+            row) for reserved memory and fragmentation; default off (closed form).
+        cuda_context_bytes: memory outside the allocator, bytes; default per GPU catalog.
+
+    Returns:
+        One row per grid point.
+
+    Raises:
+        SpecError: unknown model, GPU or field, or a value a field does not accept (the message
+            names the field).
+    """
+    spec = resolve_model(model)
+    gpu_spec = resolve_gpu(gpu)
+    names = [field_name(k) for k in over]
+    if len(set(names)) != len(names):
+        raise SpecError("over", "a field is given twice")
+    grids = [list(v) for v in over.values()]
+    for name, values in zip(names, grids, strict=True):
+        if not values:
+            raise SpecError(name, "no values to sweep")
+    rows: list[SweepRow] = []
+    for point in product(*grids):
+        settings = dict(zip(names, point, strict=True))
+        training = replace(base_training, **settings)
+        est = estimate_analytic(
+            spec,
+            training,
+            gpu=gpu_spec,
+            cuda_context_bytes=cuda_context_bytes,
+            simulate_allocator=simulate_allocator,
+        )
+        b = est.breakdown
+        cap = est.gpu_capacity_bytes
+        rows.append(
+            SweepRow(
+                settings=settings,
+                allocated_bytes=b.allocated_bytes,
+                reserved_bytes=b.reserved_bytes,
+                device_total_bytes=b.device_total_bytes,
+                peak_phase=est.peak_phase,
+                fits=None if cap is None else fits(est),
+                margin_bytes=None if cap is None else cap - b.device_total_bytes,
+            )
+        )
+    return rows
+
