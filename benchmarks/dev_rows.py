@@ -34,8 +34,17 @@ def _gpt2(preset: str, **training: Any) -> dict[str, Any]:
     return {"preset": preset, **LEGACY, "training": {**base, **training}}
 
 
-_NEEDS_PEFT = "needs LoRA / QLoRA / adapters (issue 8: parameter-efficient fine-tuning)"
-_NEEDS_FSDP = "needs FSDP sharding with LoRA (issue 8)"
+def _litgpt(preset: str, b: int, s: int, **kw: Any) -> dict[str, Any]:
+    """lit-gpt finetune/lora.py @8641822: LoRA r=8 on query and value, dropout 0.05,
+    bf16-true unless told, SDPA, torch AdamW with per-parameter loops (``foreach`` default on
+    CUDA in torch 2.1; the LoRA parameters are tiny either way), max_memory_allocated."""
+    training = {"micro_batch_size": b, "seq_len": s, "precision": "bf16-true",
+                "attention": "sdpa", "lora_rank": 8, "lora_targets": ("q", "v"),
+                "lora_dropout": 0.05, **kw}
+    return {"preset": preset, "metric": "allocated", "training": training}
+
+
+_ADAPTER = "LLaMA-Adapter (prefix adapters) is not modelled; only LoRA / QLoRA"
 
 ROWS: dict[str, dict[str, Any] | str] = {
     "GT001": _bert(micro_batch_size=4, precision="32-true", optimizer="adamw"),
@@ -57,7 +66,29 @@ ROWS: dict[str, dict[str, Any] | str] = {
     "GT073": _gpt2("gpt2-medium", micro_batch_size=1, precision="32-true"),
     "GT074": _gpt2("gpt2", micro_batch_size=1, precision="16-mixed"),
     "GT075": _gpt2("gpt2", micro_batch_size=8, precision="16-mixed"),
-    **{f"GT0{i}": _NEEDS_PEFT for i in range(76, 92)},
-    **{f"GT0{i}": _NEEDS_FSDP for i in range(92, 96)},
-    "GT096": _NEEDS_PEFT,
+    "GT076": _litgpt("phi-1.5", 1, 1044),
+    "GT077": _litgpt("phi-1.5", 1, 1044, quantize_base="nf4"),
+    "GT078": _litgpt("phi-1.5", 2, 1044),
+    "GT079": _litgpt("phi-1.5", 4, 1044),
+    "GT080": _litgpt("stablelm-base-alpha-3b", 1, 1034),
+    "GT081": _litgpt("stablelm-base-alpha-3b", 1, 1034, quantize_base="nf4"),
+    "GT082": _litgpt("stablelm-base-alpha-3b", 2, 1034),
+    "GT083": _litgpt("stablelm-base-alpha-3b", 4, 1034),
+    "GT084": _litgpt("llama-2-7b", 1, 1304),
+    "GT085": _litgpt("llama-2-7b", 1, 1304, quantize_base="nf4"),
+    "GT086": _litgpt("llama-2-7b", 1, 1304, quantize_base="nf4-dq"),
+    "GT087": _litgpt("llama-2-7b", 2, 1304),
+    "GT088": _litgpt("llama-2-13b", 1, 1304),
+    "GT089": _litgpt("llama-2-13b", 1, 1304, quantize_base="nf4"),
+    "GT090": _ADAPTER,
+    "GT091": _ADAPTER,
+    "GT092": _litgpt("llama-2-7b", 1, 1304, data_parallel_size=2, zero_stage=3,
+                     activation_checkpointing="full"),
+    "GT093": _litgpt("llama-2-7b", 4, 1304, data_parallel_size=2, zero_stage=3,
+                     activation_checkpointing="full"),
+    "GT094": _litgpt("llama-2-13b", 1, 1304, data_parallel_size=4, zero_stage=3,
+                     activation_checkpointing="full"),
+    "GT095": _litgpt("phi-1.5", 4, 1044, data_parallel_size=2, zero_stage=3,
+                     activation_checkpointing="full"),
+    "GT096": _litgpt("stablelm-base-alpha-3b", 1, 1034, precision="bf16-mixed"),
 }

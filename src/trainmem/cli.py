@@ -18,13 +18,18 @@ from rich.console import Console
 from trainmem.breakdown import MemoryEstimate
 from trainmem.errors import TrainmemError
 from trainmem.estimate import ENGINES, default_seq_len, estimate, resolve_model
+from trainmem.errors import SpecError
 from trainmem.specs.hardware import GPUS
 from trainmem.specs.training import (
     ACTIVATION_CHECKPOINTING,
     ATTENTIONS,
+    FSDP_TO_ZERO,
+    LORA_TARGETS,
+    OFFLOADS,
     OPTIMIZER_IMPLEMENTATIONS,
     OPTIMIZERS,
     PRECISIONS,
+    QUANTIZE_BASE,
     TrainingConfig,
 )
 
@@ -96,6 +101,55 @@ EngineOpt = Annotated[str, typer.Option("--engine", "-e", help=_choices(ENGINES)
 JsonOpt = Annotated[
     bool, typer.Option("--json", help="Print JSON (exact bytes) instead of a table.")
 ]
+DataParallelOpt = Annotated[
+    int, typer.Option("--data-parallel-size", help="Ranks the model states are sharded over.")
+]
+ZeroStageOpt = Annotated[int, typer.Option("--zero-stage", help="ZeRO stage 0|1|2|3.")]
+FsdpOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--fsdp",
+        help="full-shard|shard-grad-op|hybrid-shard|no-shard (sets the ZeRO stage it shards like)",
+    ),
+]
+OffloadOpt = Annotated[str, typer.Option("--offload", help=_choices(OFFLOADS))]
+LoraRankOpt = Annotated[int, typer.Option("--lora-rank", help="LoRA rank r (0: full fine-tuning).")]
+LoraAlphaOpt = Annotated[
+    float, typer.Option("--lora-alpha", help="LoRA scaling (no effect on memory).")
+]
+LoraTargetsOpt = Annotated[
+    str,
+    typer.Option("--lora-targets", help=",".join(LORA_TARGETS) + ",lm_head or all-linear"),
+]
+LoraDropoutOpt = Annotated[float, typer.Option("--lora-dropout", help="peft lora_dropout.")]
+QuantizeOpt = Annotated[
+    str, typer.Option("--quantize-base", help=_choices(QUANTIZE_BASE) + " (QLoRA and kin)")
+]
+
+
+def parse_lora_targets(text: str) -> tuple[str, ...]:
+    """``"q,v"`` -> ("q", "v"); ``all-linear`` -> every layer linear (peft's ``all-linear``)."""
+    if text.strip() == "all-linear":
+        return LORA_TARGETS
+    targets = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not targets:
+        raise SpecError(
+            "lora_targets", "empty; allowed: " + ",".join(LORA_TARGETS) + ",lm_head or all-linear"
+        )
+    return targets
+
+
+def zero_stage_from(zero_stage: int, fsdp: str | None) -> int:
+    """The ZeRO stage, from ``--zero-stage`` or the FSDP strategy that shards like it
+    (``hybrid-shard`` shards like ``full-shard`` within its shard group)."""
+    if fsdp is None:
+        return zero_stage
+    if fsdp == "hybrid-shard":
+        return 3
+    if fsdp not in FSDP_TO_ZERO:
+        allowed = ", ".join((*FSDP_TO_ZERO, "hybrid-shard"))
+        raise SpecError("fsdp", f"unknown value {fsdp!r}; allowed: {allowed}")
+    return FSDP_TO_ZERO[fsdp]
 
 
 def training_config(
@@ -109,10 +163,13 @@ def training_config(
     attention: str,
     gradient_accumulation_steps: int,
     dropout: bool,
+    **parallel_and_peft: Any,
 ) -> TrainingConfig:
-    """A validated TrainingConfig from CLI options; seq_len defaults to the model's context."""
+    """A validated TrainingConfig from CLI options; seq_len defaults to the model's context.
+    ``parallel_and_peft`` holds the other TrainingConfig fields (ZeRO, LoRA...)."""
     spec = resolve_model(model)
     return TrainingConfig(
+        **parallel_and_peft,
         micro_batch_size=micro_batch_size,
         seq_len=default_seq_len(spec) if seq_len is None else seq_len,
         precision=precision,  # type: ignore[arg-type]
@@ -152,11 +209,21 @@ def estimate_cmd(
     attention: AttentionOpt = "sdpa",
     gradient_accumulation_steps: AccumulationOpt = 1,
     dropout: DropoutOpt = True,
+    data_parallel_size: DataParallelOpt = 1,
+    zero_stage: ZeroStageOpt = 0,
+    fsdp: FsdpOpt = None,
+    offload: OffloadOpt = "none",
+    lora_rank: LoraRankOpt = 0,
+    lora_alpha: LoraAlphaOpt = 16.0,
+    lora_targets: LoraTargetsOpt = "q,v",
+    lora_dropout: LoraDropoutOpt = 0.0,
+    quantize_base: QuantizeOpt = "none",
     gpu: GpuOpt = None,
     engine: EngineOpt = "analytic",
     as_json: JsonOpt = False,
 ) -> None:
-    """Peak GPU memory of one training step, broken down, with a verdict for --gpu."""
+    """Peak GPU memory of one training step per GPU, broken down, with a verdict for --gpu."""
+    del lora_alpha  # scales the adapter update, not the memory
     training = training_config(
         model,
         micro_batch_size,
@@ -168,6 +235,13 @@ def estimate_cmd(
         attention,
         gradient_accumulation_steps,
         dropout,
+        data_parallel_size=data_parallel_size,
+        zero_stage=zero_stage_from(zero_stage, fsdp),
+        offload=offload,
+        lora_rank=lora_rank,
+        lora_targets=parse_lora_targets(lora_targets),
+        lora_dropout=lora_dropout,
+        quantize_base=quantize_base,
     )
     print_estimate(estimate(model, training, gpu=gpu, engine=engine), as_json)
 

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trainmem.analytic.params import linear_shapes
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
@@ -188,7 +189,65 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
         terms["mlp/dropout_mask"] = h * t
     if mixed:
         terms["autocast_weight_copies"] = c * layer_linear_weights(model)
+    if training.is_lora:
+        _apply_lora(terms, model, training, t=t, k_top=k_top)
     return terms
+
+
+def _apply_lora(
+    terms: dict[str, int], model: ModelSpec, training: TrainingConfig, *, t: int, k_top: int
+) -> None:
+    """Adjust one layer's terms for LoRA, in place. See Note [LoRA activations].
+
+    Note [LoRA activations]
+        A frozen linear needs no weight gradient, so autograd does not save its input
+        (``mm`` saves ``self`` only when ``mat2`` requires grad: torch
+        tools/autograd/derivatives.yaml); the input stays saved only if a LoRA ``A`` of a targeted
+        linear reads it. Each targeted linear adds ``A``'s output (r values per token, saved by
+        ``B``) and, with ``lora_dropout > 0``, peft's dropout output and mask on the input (peft
+        ``lora.Linear.forward``: ``lora_B(lora_A(dropout(x)))``). Under autocast each linear
+        casts its own input, so the number of saved 16-bit input copies is the number of
+        targeted linears reading it. Source: Hu et al. 2021 (arXiv:2106.09685); peft
+        ``tuners/lora/layer.py``.
+    """
+    c, _ = compute_and_residual_bytes(training)
+    targets = set(training.lora_targets)
+    r, h = training.lora_rank, model.hidden_size
+    shapes = linear_shapes(model)
+    fused = "qkv" in shapes
+    qkv_targets = len({"q", "k", "v"} & targets)
+    # bitsandbytes' quantized matmuls save their input whenever it requires grad, frozen weight
+    # or not (``MatMul4Bit`` / ``MatMul8bitLt``: ``ctx.tensors = (A, B)``), so a quantized base
+    # keeps every linear input like full fine-tuning does.
+    frozen_inputs_saved = training.quantize_base != "none"
+    if frozen_inputs_saved:
+        pass
+    elif qkv_targets == 0:
+        terms["attention/qkv_input"] = 0
+    elif training.is_mixed and not fused:
+        terms["attention/qkv_input"] = c * h * t * qkv_targets
+    if "o" not in targets and not frozen_inputs_saved:
+        terms["attention/out_proj_input"] = 0
+    n_up = len({"gate", "up"} & targets) if model.mlp_kind == "gated" else int("up" in targets)
+    if frozen_inputs_saved:
+        pass
+    elif n_up == 0:
+        terms["mlp/input"] = 0
+    elif training.is_mixed:
+        terms["mlp/input"] = c * h * t * k_top * n_up
+    if "down" not in targets and not frozen_inputs_saved:
+        key = "mlp/gated" if model.mlp_kind == "gated" else "mlp/activation"
+        terms[key] -= c * model.intermediate_size * t * k_top
+    for name, (fan_in, _out, _n) in shapes.items():
+        if name == "router":
+            continue
+        targeted = bool(qkv_targets) if name == "qkv" else name in targets
+        if not targeted:
+            continue
+        active = k_top if name in ("gate", "up", "down") else 1
+        terms[f"lora/{name}"] = c * r * t * active
+        if training.lora_dropout > 0:
+            terms[f"lora/{name}_dropout"] = (c + 1) * fan_in * t * active
 
 
 def korthikanti_layer_bytes(*, s: int, b: int, h: int, a: int) -> int:

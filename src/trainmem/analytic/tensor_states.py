@@ -10,10 +10,11 @@ Note [Model states with PEFT and sharding]
       gradient, no optimizer state (peft ``LoraLayer.update_layer``). peft on a fused q/k/v module
       (GPT-2 ``c_attn``) adapts the fused matrix.
     * QLoRA (Dettmers et al. 2023, arXiv:2305.14314, sec. 3): the frozen linear weights of the
-      layers are NF4, 0.5 byte per value, with one 8-bit absmax per block of 64 values after
-      double quantization plus one fp32 absmax per 256 such blocks (bitsandbytes
-      ``Linear4bit``, ``quantize_4bit(blocksize=64, compress_statistics=True)``); embeddings,
-      norms and the LM head stay in the weight dtype. ``int8`` (LLM.int8(), bitsandbytes
+      layers are 4-bit (NF4 or FP4), 0.5 byte per value, with one fp32 absmax per block of 64
+      values, or after double quantization one 8-bit absmax per block plus one fp32 absmax per
+      256 blocks (bitsandbytes ``Linear4bit``, ``quantize_4bit(blocksize=64,
+      compress_statistics=...)``); embeddings, norms and the LM head stay in the weight dtype
+      (transformers keeps the output embedding unquantized, ``get_keys_to_not_convert``). ``int8`` (LLM.int8(), bitsandbytes
       ``Linear8bitLt``): 1 byte per value plus one fp32 scale per output row.
     * ZeRO (Rajbhandari et al. 2020, arXiv:1910.02054, sec. 5.1-5.3, Figure 1): stage 1 shards the
       optimizer states over the data-parallel ranks, stage 2 also the gradients, stage 3 also the
@@ -70,7 +71,9 @@ class TensorState:
 
 def _quantized_bytes(numel: int, out_features: int, quantize: str) -> int:
     """Bytes of a frozen quantized weight; see Note [Model states with PEFT and sharding]."""
-    if quantize == "nf4":
+    if quantize in ("nf4", "fp4"):
+        return -(-numel // 2) + 4 * -(-numel // NF4_BLOCK)
+    if quantize in ("nf4-dq", "fp4-dq"):
         blocks = -(-numel // NF4_BLOCK)
         return -(-numel // 2) + blocks + 4 * -(-blocks // NF4_DOUBLE_QUANT_BLOCK)
     if quantize == "int8":

@@ -73,6 +73,16 @@ def config_line(est: MemoryEstimate) -> str:
         )
         if k in c
     ]
+    if c.get("data_parallel_size", 1) > 1:
+        parts += [f"data_parallel_size={c['data_parallel_size']}", f"zero_stage={c['zero_stage']}"]
+    if c.get("offload", "none") != "none":
+        parts.append(f"offload={c['offload']}")
+    if c.get("lora_rank"):
+        parts += [
+            f"lora_rank={c['lora_rank']}",
+            f"lora_targets={','.join(c['lora_targets'])}",
+            f"quantize_base={c['quantize_base']}",
+        ]
     return (
         f"{est.num_parameters:,} parameters ({est.num_trainable_parameters:,} trainable); "
         + ", ".join(parts)
