@@ -122,6 +122,15 @@ LoraTargetsOpt = Annotated[
     typer.Option("--lora-targets", help=",".join(LORA_TARGETS) + ",lm_head or all-linear"),
 ]
 LoraDropoutOpt = Annotated[float, typer.Option("--lora-dropout", help="peft lora_dropout.")]
+AllocConfOpt = Annotated[
+    str,
+    typer.Option("--alloc-conf", help="PYTORCH_CUDA_ALLOC_CONF for the allocator simulator."),
+]
+SnapshotOpt = Annotated[
+    str | None,
+    typer.Option("--snapshot", help="Write the simulated step as a PyTorch memory snapshot "
+                 "(open it at https://pytorch.org/memory_viz)."),
+]
 QuantizeOpt = Annotated[
     str, typer.Option("--quantize-base", help=_choices(QUANTIZE_BASE) + " (QLoRA and kin)")
 ]
@@ -220,6 +229,8 @@ def estimate_cmd(
     quantize_base: QuantizeOpt = "none",
     gpu: GpuOpt = None,
     engine: EngineOpt = "analytic",
+    alloc_conf: AllocConfOpt = "",
+    snapshot: SnapshotOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Peak GPU memory of one training step per GPU, broken down, with a verdict for --gpu."""
@@ -243,7 +254,65 @@ def estimate_cmd(
         lora_dropout=lora_dropout,
         quantize_base=quantize_base,
     )
-    print_estimate(estimate(model, training, gpu=gpu, engine=engine), as_json)
+    est = estimate(model, training, gpu=gpu, engine=engine, alloc_conf=alloc_conf)
+    if snapshot is not None:
+        write_step_snapshot(model, training, gpu, alloc_conf, snapshot)
+        est.notes.append(f"memory snapshot written to {snapshot}")
+    print_estimate(est, as_json)
+
+
+def write_step_snapshot(
+    model: str, training: TrainingConfig, gpu: str | None, alloc_conf: str, path: str
+) -> None:
+    """Replay the analytic step with history and write it as a PyTorch snapshot pickle."""
+    from trainmem.allocator.snapshot import write_snapshot
+    from trainmem.analytic.engine import replay_step
+    from trainmem.estimate import resolve_gpu
+
+    result = replay_step(
+        resolve_model(model), training, gpu=resolve_gpu(gpu), alloc_conf=alloc_conf,
+        record_history=True,
+    )
+    try:
+        write_snapshot(path, result.snapshot)
+    except OSError as exc:
+        raise SpecError("snapshot", f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+@app.command(name="compare-snapshot")
+@clean_errors
+def compare_snapshot_cmd(
+    snapshot_file: Annotated[str, typer.Argument(help="torch.cuda.memory._dump_snapshot file.")],
+    model: ModelArg,
+    micro_batch_size: MicroBatch = 1,
+    seq_len: SeqLen = None,
+    precision: PrecisionOpt = "bf16-mixed",
+    optimizer: OptimizerOpt = "adamw",
+    optimizer_implementation: OptimizerImplOpt = "foreach",
+    activation_checkpointing: CheckpointingOpt = "none",
+    attention: AttentionOpt = "sdpa",
+    gpu: GpuOpt = None,
+    alloc_conf: AllocConfOpt = "",
+) -> None:
+    """Compare a snapshot you recorded on a GPU with trainmem's prediction for the same run.
+
+    The snapshot is read with a restricted unpickler (plain containers and numbers only)."""
+    from trainmem.allocator.snapshot import compare_snapshot
+    from trainmem.analytic.engine import replay_step
+    from trainmem.estimate import resolve_gpu
+
+    training = training_config(
+        model, micro_batch_size, seq_len, precision, optimizer, optimizer_implementation,
+        activation_checkpointing, attention, 1, True,
+    )
+    prediction = replay_step(resolve_model(model), training, gpu=resolve_gpu(gpu),
+                             alloc_conf=alloc_conf)
+    try:
+        report = compare_snapshot(snapshot_file, prediction)
+    except OSError as exc:
+        raise SpecError("snapshot_file", f"cannot read {snapshot_file}: "
+                        f"{exc.strerror or exc}") from exc
+    print(json.dumps(report, indent=2, default=str))
 
 
 @app.command(name="formulas")
@@ -352,6 +421,16 @@ def gpus_cmd(as_json: JsonOpt = False) -> None:
         )
         return
     console.print(gpus_table(GPUS.values()))
+
+
+def _register_planner() -> None:
+    """Add ``plan``, ``fit`` and ``sweep`` (trainmem.planner.commands)."""
+    from trainmem.planner.commands import register
+
+    register(app)
+
+
+_register_planner()
 
 
 def main() -> None:

@@ -53,6 +53,7 @@ def estimate(
     gpu: str | GPUSpec | None = None,
     engine: str = "analytic",
     cuda_context_bytes: int | None = None,
+    alloc_conf: str = "",
 ) -> MemoryEstimate:
     """Peak GPU memory of one steady-state training step on one GPU.
 
@@ -66,6 +67,7 @@ def estimate(
             tensors; needs the ``trace`` extra).
         cuda_context_bytes: memory outside the allocator; default per
             :mod:`trainmem.specs.hardware`.
+        alloc_conf: ``PYTORCH_CUDA_ALLOC_CONF`` for the caching-allocator simulator.
 
     Returns:
         The estimate; bytes throughout.
@@ -80,7 +82,8 @@ def estimate(
     gpu_spec = resolve_gpu(gpu)
     if engine == "analytic":
         return estimate_analytic(
-            spec, training, gpu=gpu_spec, cuda_context_bytes=cuda_context_bytes
+            spec, training, gpu=gpu_spec, cuda_context_bytes=cuda_context_bytes,
+            alloc_conf=alloc_conf,
         )
     if engine == "trace":
         from trainmem.trace.engine import estimate_trace

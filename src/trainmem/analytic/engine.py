@@ -24,6 +24,8 @@ Note [Where the peak falls]
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dataclasses import asdict
 
 from trainmem.analytic.activations import (
@@ -39,6 +41,9 @@ from trainmem.breakdown import MemoryBreakdown, MemoryEstimate
 from trainmem.specs.hardware import DEFAULT_CUDA_CONTEXT_BYTES, GPUSpec
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
+
+if TYPE_CHECKING:
+    from trainmem.allocator.replay import ReplayResult
 
 DEFAULT_CUBLAS_WORKSPACE_BYTES = 8_519_680
 """cuBLAS workspace per handle when no GPU is named (pre-Hopper default ``:4096:2:16:8``)."""
@@ -198,6 +203,40 @@ def estimate_analytic(
     )
 
 
+def replay_step(
+    model: ModelSpec,
+    training: TrainingConfig,
+    *,
+    gpu: GPUSpec | None = None,
+    cuda_context_bytes: int = DEFAULT_CUDA_CONTEXT_BYTES,
+    alloc_conf: str = "",
+    record_history: bool = False,
+) -> ReplayResult:
+    """Replay the analytic timeline (Note [Analytic timeline]) through the caching allocator
+    simulator, with the GPU's capacity minus the CUDA context as the allocator's limit.
+
+    Args:
+        record_history: keep a PyTorch memory snapshot in ``result.snapshot`` (for
+            :func:`trainmem.allocator.snapshot.write_snapshot`).
+
+    Returns:
+        The simulator's :class:`~trainmem.allocator.replay.ReplayResult` (bytes).
+    """
+    from trainmem.allocator.replay import replay_timeline
+    from trainmem.analytic.step_timeline import analytic_timeline
+
+    per_handle = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
+    timeline = analytic_timeline(model, training, cublas_workspace_bytes=per_handle)
+    capacity = None if gpu is None else max(gpu.memory_bytes - cuda_context_bytes, 0)
+    return replay_timeline(
+        timeline,
+        capacity_bytes=capacity,
+        alloc_conf=alloc_conf,
+        device_total_bytes=None if gpu is None else gpu.memory_bytes,
+        record_history=record_history,
+    )
+
+
 def _allocator_replay(
     model: ModelSpec,
     training: TrainingConfig,
@@ -206,19 +245,10 @@ def _allocator_replay(
     cuda_context_bytes: int,
     alloc_conf: str,
 ) -> tuple[int, list[str], dict[str, object]]:
-    """Fragmentation (reserved - allocated at their peaks), notes and details from replaying the
-    analytic timeline through the caching allocator simulator (Note [Analytic timeline])."""
-    from trainmem.allocator.replay import replay_timeline
-    from trainmem.analytic.step_timeline import analytic_timeline
-
-    per_handle = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
-    timeline = analytic_timeline(model, training, cublas_workspace_bytes=per_handle)
-    capacity = None if gpu is None else max(gpu.memory_bytes - cuda_context_bytes, 0)
-    result = replay_timeline(
-        timeline,
-        capacity_bytes=capacity,
-        alloc_conf=alloc_conf,
-        device_total_bytes=None if gpu is None else gpu.memory_bytes,
+    """Fragmentation (reserved - allocated at their peaks), notes and details from
+    :func:`replay_step`."""
+    result = replay_step(
+        model, training, gpu=gpu, cuda_context_bytes=cuda_context_bytes, alloc_conf=alloc_conf
     )
     fragmentation = max(result.max_memory_reserved - result.max_memory_allocated, 0)
     notes: list[str] = []
