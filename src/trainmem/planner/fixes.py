@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields, replace
 from itertools import combinations, islice
-from typing import Any
+from typing import Any, TypeVar
 
 from trainmem.breakdown import MemoryEstimate
 from trainmem.planner.evaluate import (
@@ -38,6 +38,8 @@ from trainmem.planner.evaluate import (
 from trainmem.specs.hardware import GPUSpec
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
+
+_T = TypeVar("_T")
 
 Propose = Callable[[ModelSpec, TrainingConfig, GPUSpec], list[TrainingConfig]]
 """Configurations one change proposes for a run, cheapest first; [] when it does not apply."""
@@ -368,47 +370,65 @@ def fixes(
     if fits(simulated_estimate(spec, training, gpu_spec, cuda_context_bytes=ctx)):
         return []
     base_allocated = fast_estimate(spec, training, gpu_spec, cuda_context_bytes=ctx).breakdown
-    singles = [(c,) for c in changes]
-    found = _screen(spec, training, gpu_spec, singles, base_allocated.allocated_bytes, limit, ctx)
-    if found:
-        return found
-    pairs = [(a, b) for a, b in combinations(changes, 2) if a.group != b.group]
-    return _screen(spec, training, gpu_spec, pairs, base_allocated.allocated_bytes, limit, ctx)
+    singles = _screen_fast(spec, training, gpu_spec, [(c,) for c in changes], ctx)
+    fitting_alone = {rows[0].name for _, rows, _ in singles}
+    # A pair is worth showing only when neither of its rows fits alone (else the single is
+    # cheaper and does the job); this covers "no single change fits" and cheap pairs that beat
+    # an expensive single (e.g. bf16-true + 8-bit optimizer before sharding over N GPUs).
+    pairs = [
+        (a, b)
+        for a, b in combinations(changes, 2)
+        if a.group != b.group and a.name not in fitting_alone and b.name not in fitting_alone
+    ]
+    screened = singles + _screen_fast(spec, training, gpu_spec, pairs, ctx)
+    return _confirm(
+        spec, training, gpu_spec, screened, base_allocated.allocated_bytes, limit, ctx
+    )
 
 
-def _screen(
+_Screened = tuple[float, tuple[Change, ...], Iterator[tuple[TrainingConfig, MemoryEstimate]]]
+
+
+def _screen_fast(
     model: ModelSpec,
     training: TrainingConfig,
     gpu: GPUSpec,
     candidates: list[tuple[Change, ...]],
+    ctx: int | None,
+) -> list[_Screened]:
+    """Candidates with at least one proposal that fits by the closed form: (cost rank, rows,
+    iterator over the fitting proposals starting at the cheapest)."""
+    out: list[_Screened] = []
+    for rows in candidates:
+        fitting = _fast_fitting(model, training, gpu, rows, ctx)
+        first = next(fitting, None)
+        if first is not None:
+            out.append((sum(c.cost_rank for c in rows), rows, _chain(first, fitting)))
+    return out
+
+
+def _confirm(
+    model: ModelSpec,
+    training: TrainingConfig,
+    gpu: GPUSpec,
+    screened: list[_Screened],
     base_allocated_bytes: int,
     limit: int,
     ctx: int | None,
 ) -> list[Fix]:
-    """Closed-form screen of every candidate (first fitting proposal each), then the simulator
-    in rank order until ``limit`` fixes are confirmed."""
-    screened: list[tuple[float, int, tuple[Change, ...], Iterator[TrainingConfig]]] = []
-    fast: dict[TrainingConfig, MemoryEstimate] = {}
-    for rows in candidates:
-        fitting = _fast_fitting(model, training, gpu, rows, ctx, fast)
-        first = next(fitting, None)
-        if first is not None:
-            saved = base_allocated_bytes - fast[first].breakdown.allocated_bytes
-            screened.append(
-                (sum(c.cost_rank for c in rows), -saved, rows, _chain(first, fitting))
-            )
-    screened.sort(key=lambda x: (x[0], x[1]))
+    """The simulator in cost order until ``limit`` fixes are confirmed; ties by bytes saved."""
     out: list[Fix] = []
-    for rank, _, rows, fitting in screened:
+    for rank, rows, fitting in sorted(screened, key=lambda x: x[0]):
         if len(out) >= limit:
             break
         # The first closed-form fit may not survive fragmentation; try the next few proposals.
-        for proposed in islice(fitting, SIMULATED_RETRIES):
+        for proposed, fast in islice(fitting, SIMULATED_RETRIES):
             est = simulated_estimate(model, proposed, gpu, cuda_context_bytes=ctx)
             if fits(est):
-                saved = base_allocated_bytes - fast[proposed].breakdown.allocated_bytes
+                saved = base_allocated_bytes - fast.breakdown.allocated_bytes
                 out.append(Fix(rows, proposed, est, saved, rank, training))
                 break
+    out.sort(key=lambda f: (f.cost_rank, -f.saved_bytes))
     return out
 
 
@@ -422,16 +442,14 @@ def _fast_fitting(
     gpu: GPUSpec,
     rows: tuple[Change, ...],
     ctx: int | None,
-    cache: dict[TrainingConfig, MemoryEstimate],
-) -> Iterator[TrainingConfig]:
+) -> Iterator[tuple[TrainingConfig, MemoryEstimate]]:
     """The rows' proposals that fit by the closed form, cheapest first (lazily)."""
     for proposed in _apply(model, training, gpu, rows):
-        if proposed not in cache:
-            cache[proposed] = fast_estimate(model, proposed, gpu, cuda_context_bytes=ctx)
-        if fits(cache[proposed]):
-            yield proposed
+        est = fast_estimate(model, proposed, gpu, cuda_context_bytes=ctx)
+        if fits(est):
+            yield proposed, est
 
 
-def _chain(first: TrainingConfig, rest: Iterator[TrainingConfig]) -> Iterator[TrainingConfig]:
+def _chain(first: _T, rest: Iterator[_T]) -> Iterator[_T]:
     yield first
     yield from rest

@@ -188,12 +188,24 @@ def _search(
     else:
         limit = "memory"
         nxt = fast_estimate(model, config(best + 1), gpu, cuda_context_bytes=cuda_context_bytes)
+        if fits(nxt):  # the simulator moved the answer down: show what it says one step up
+            nxt = sim(best + 1)
         reason = (
             f"{dimension}={value} fits with {format_bytes(margin_bytes(est))} to spare; "
             f"{dimension}={value + step} needs {format_bytes(nxt.breakdown.device_total_bytes)} "
-            f"in the {nxt.peak_phase} (usable {format_bytes(gpu.memory_bytes)})"
+            f"in the {nxt.peak_phase}{_fragmentation(nxt)} (usable "
+            f"{format_bytes(gpu.memory_bytes)})"
         )
     return PlanResult(dimension, value, config(best), est, nxt, gpu, limit, reason)
+
+
+def _fragmentation(est: MemoryEstimate) -> str:
+    frag = est.breakdown.fragmentation
+    out = f", {format_bytes(frag)} of it fragmentation" if frag else ""
+    replay = est.details.get("allocator_replay")
+    if isinstance(replay, dict) and replay.get("oom"):
+        out += ", and the simulated caching allocator runs out of memory"
+    return out
 
 
 def why_nothing_fits(dimension: str, first: MemoryEstimate, gpu: GPUSpec) -> str:

@@ -1,0 +1,189 @@
+"""CLI commands ``plan``, ``fit`` and ``sweep``, added to trainmem's typer app by
+:func:`register` (``cli.py`` calls ``register(app)``; the import is inside the function so that
+``trainmem.cli`` can import this module at any point without a cycle).
+
+This module deliberately has no ``from __future__ import annotations``: typer reads the option
+annotations at registration time, and the aliases are local names of :func:`register`.
+"""
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``plan``, ``fit`` and ``sweep`` to ``app`` (trainmem's CLI app)."""
+    from typing import Annotated
+
+    from trainmem.cli import (
+        AccumulationOpt,
+        AttentionOpt,
+        CheckpointingOpt,
+        DropoutOpt,
+        GpuOpt,
+        JsonOpt,
+        MicroBatch,
+        ModelArg,
+        OptimizerImplOpt,
+        OptimizerOpt,
+        PrecisionOpt,
+        SeqLen,
+        clean_errors,
+        console,
+        training_config,
+    )
+    from trainmem.errors import SpecError
+    from trainmem.estimate import resolve_model
+    from trainmem.planner import render
+    from trainmem.planner.evaluate import fits, require_gpu, simulated_estimate
+    from trainmem.planner.fixes import fixes
+    from trainmem.planner.search import max_micro_batch_size, max_seq_len
+    from trainmem.planner.sweep import SWEEPABLE, parse_over, sweep
+
+    MultipleOf = Annotated[
+        int, typer.Option("--seq-len-multiple-of", help="Granularity of the planned seq_len.")
+    ]
+    Limit = Annotated[int, typer.Option("--limit", help="At most this many fixes.")]
+    Over = Annotated[
+        list[str],
+        typer.Option(
+            "--over",
+            help="FIELD=V1,V2,... (repeatable); fields: "
+            + ", ".join(n.replace("_", "-") for n in SWEEPABLE),
+        ),
+    ]
+    FormatOpt = Annotated[str, typer.Option("--format", "-f", help="table|csv|json")]
+    SimulateOpt = Annotated[
+        bool,
+        typer.Option(
+            "--simulate-allocator/--no-simulate-allocator",
+            help="Replay every row through the allocator simulator (slow; fragmentation).",
+        ),
+    ]
+
+    @app.command(name="plan")
+    @clean_errors
+    def plan_cmd(
+        model: ModelArg,
+        gpu: GpuOpt = None,
+        micro_batch_size: MicroBatch = 1,
+        seq_len: SeqLen = None,
+        precision: PrecisionOpt = "bf16-mixed",
+        optimizer: OptimizerOpt = "adamw",
+        optimizer_implementation: OptimizerImplOpt = "foreach",
+        activation_checkpointing: CheckpointingOpt = "none",
+        attention: AttentionOpt = "sdpa",
+        gradient_accumulation_steps: AccumulationOpt = 1,
+        dropout: DropoutOpt = True,
+        seq_len_multiple_of: MultipleOf = 1,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """The largest micro-batch size (at --seq-len) and the longest sequence length (at
+        --micro-batch-size) that fit --gpu, with the margin left."""
+        gpu_spec = require_gpu(gpu)
+        spec = resolve_model(model)
+        training = training_config(
+            model, micro_batch_size, seq_len, precision, optimizer, optimizer_implementation,
+            activation_checkpointing, attention, gradient_accumulation_steps, dropout,
+        )
+        results = [max_micro_batch_size(spec, training, gpu_spec)]
+        if spec.architecture != "vision-encoder":
+            results.append(max_seq_len(spec, training, gpu_spec, multiple_of=seq_len_multiple_of))
+        if as_json:
+            print(render.plan_json(spec.name, results))
+            return
+        console.print(render.plan_table(spec.name, results))
+        console.print(
+            f"fixed: seq_len={training.seq_len} for the micro-batch search, "
+            f"micro_batch_size={training.micro_batch_size} for the seq_len search; "
+            f"{training.precision}, {training.optimizer} ({training.optimizer_implementation}), "
+            f"checkpointing {training.activation_checkpointing}, attention {training.attention}",
+            highlight=False,
+        )
+        for r in results:
+            console.print(f"{r.dimension}: {r.reason}", highlight=False)
+
+    @app.command(name="fit")
+    @clean_errors
+    def fit_cmd(
+        model: ModelArg,
+        gpu: GpuOpt = None,
+        micro_batch_size: MicroBatch = 1,
+        seq_len: SeqLen = None,
+        precision: PrecisionOpt = "bf16-mixed",
+        optimizer: OptimizerOpt = "adamw",
+        optimizer_implementation: OptimizerImplOpt = "foreach",
+        activation_checkpointing: CheckpointingOpt = "none",
+        attention: AttentionOpt = "sdpa",
+        gradient_accumulation_steps: AccumulationOpt = 1,
+        dropout: DropoutOpt = True,
+        limit: Limit = 10,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """Whether the run fits --gpu and, if not, ranked changes that make it fit, each with
+        the memory it saves and what it costs."""
+        gpu_spec = require_gpu(gpu)
+        spec = resolve_model(model)
+        training = training_config(
+            model, micro_batch_size, seq_len, precision, optimizer, optimizer_implementation,
+            activation_checkpointing, attention, gradient_accumulation_steps, dropout,
+        )
+        base = simulated_estimate(spec, training, gpu_spec)
+        found = [] if fits(base) else fixes(spec, training, gpu_spec, limit=limit)
+        if as_json:
+            print(render.fixes_json(base, found))
+            return
+        total, cap = base.breakdown.device_total_bytes, gpu_spec.memory_bytes
+        head = (
+            f"{spec.name} needs {render.gib(total)} GiB at the peak ({base.peak_phase}) "
+            f"on {gpu_spec.name} ({render.gib(cap)} GiB usable): "
+        )
+        if fits(base):
+            console.print(
+                head + f"fits with {render.gib(cap - total)} GiB to spare; nothing to change.",
+                highlight=False,
+            )
+            return
+        console.print(head + "does not fit.", highlight=False)
+        if not found:
+            console.print(
+                "no change in the planner's table, nor any two of them, makes it fit.",
+                highlight=False,
+            )
+            return
+        console.print(render.fixes_table(base, found))
+
+    @app.command(name="sweep")
+    @clean_errors
+    def sweep_cmd(
+        model: ModelArg,
+        over: Over,
+        gpu: GpuOpt = None,
+        micro_batch_size: MicroBatch = 1,
+        seq_len: SeqLen = None,
+        precision: PrecisionOpt = "bf16-mixed",
+        optimizer: OptimizerOpt = "adamw",
+        optimizer_implementation: OptimizerImplOpt = "foreach",
+        activation_checkpointing: CheckpointingOpt = "none",
+        attention: AttentionOpt = "sdpa",
+        gradient_accumulation_steps: AccumulationOpt = 1,
+        dropout: DropoutOpt = True,
+        output_format: FormatOpt = "table",
+        simulate_allocator: SimulateOpt = False,
+    ) -> None:
+        """Estimates over a grid (--over FIELD=V1,V2,... repeated), with fit / no fit for
+        --gpu, as a table, CSV or JSON (exact bytes)."""
+        if output_format not in ("table", "csv", "json"):
+            raise SpecError("format", f"unknown value {output_format!r}; allowed: table, csv, json")
+        grid = parse_over(over)
+        spec = resolve_model(model)
+        training = training_config(
+            model, micro_batch_size, seq_len, precision, optimizer, optimizer_implementation,
+            activation_checkpointing, attention, gradient_accumulation_steps, dropout,
+        )
+        rows = sweep(spec, training, gpu, grid, simulate_allocator=simulate_allocator)
+        if output_format == "csv":
+            print(render.sweep_csv(rows), end="")
+        elif output_format == "json":
+            print(render.sweep_json(rows))
+        else:
+            title = f"{spec.name}" + (f" on {gpu}" if gpu else "") + ": sweep"
+            console.print(render.sweep_table(title, rows))
