@@ -88,5 +88,5 @@ def estimate(
     if engine == "trace":
         from trainmem.trace.engine import estimate_trace
 
-        return estimate_trace(spec, training, gpu=gpu_spec, cuda_context_bytes=cuda_context_bytes)
+        return estimate_trace(spec, training, gpu=gpu_spec)
     raise SpecError("engine", f"unknown value {engine!r}; allowed: {', '.join(ENGINES)}")
