@@ -1,0 +1,95 @@
+"""The plan / fit / sweep commands end to end (registered on trainmem's app here; cli.py
+registers them itself once the lead wires ``register(app)`` in)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from trainmem.cli import app
+from trainmem.planner.commands import register
+
+if not {c.name for c in app.registered_commands} & {"plan", "fit", "sweep"}:
+    register(app)
+
+runner = CliRunner()
+
+
+def run(*args: str):  # noqa: ANN201
+    return runner.invoke(app, list(args))
+
+
+def test_plan_json() -> None:
+    r = run("plan", "gpt2", "--gpu", "T4", "-s", "1024", "--json")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["schema_version"] == 1 and d["model"] == "gpt2"
+    mb, sl = d["results"]
+    assert mb["dimension"] == "micro_batch_size" and mb["value"] >= 1
+    assert mb["limited_by"] == "memory" and mb["margin_bytes"] >= 0
+    assert sl["dimension"] == "seq_len" and sl["value"] == 1024
+    assert sl["limited_by"] == "context_length"
+
+
+def test_plan_table_and_reasons() -> None:
+    r = run("plan", "gpt2", "--gpu", "T4", "-s", "1024")
+    assert r.exit_code == 0, r.output
+    assert "the most that fits" in r.stdout and "GiB = 2^30 bytes" in r.stdout
+    assert "micro_batch_size: micro_batch_size=" in r.stdout
+
+
+def test_plan_when_nothing_fits() -> None:
+    r = run("plan", "llama-3.1-405b", "--gpu", "T4")
+    assert r.exit_code == 0, r.output
+    assert "none fits" in r.stdout and "weights alone" in r.stdout
+
+
+def test_fit_lists_fixes() -> None:
+    r = run("fit", "gpt2", "--gpu", "T4", "-b", "16", "-s", "1024")
+    assert r.exit_code == 0, r.output
+    assert "does not fit" in r.stdout and "cheapest first" in r.stdout
+    d = json.loads(run("fit", "gpt2", "--gpu", "T4", "-b", "16", "-s", "1024", "--json").stdout)
+    assert d["fits"] is False and d["fixes"]
+    assert all(f["margin_bytes"] >= 0 and f["saved_bytes"] > 0 for f in d["fixes"])
+
+
+def test_fit_when_it_already_fits() -> None:
+    r = run("fit", "gpt2", "--gpu", "A100-80GB", "-b", "1", "-s", "1024")
+    assert r.exit_code == 0, r.output
+    assert "nothing to change" in r.stdout
+
+
+def test_sweep_csv_and_json() -> None:
+    args = ["sweep", "gpt2", "--gpu", "T4", "--over", "micro-batch-size=1,2,4,8"]
+    args += ["--over", "seq-len=512,1024"]
+    r = run(*args, "--format", "csv")
+    assert r.exit_code == 0, r.output
+    rows = list(csv.DictReader(io.StringIO(r.stdout)))
+    assert len(rows) == 8 and rows[0]["micro_batch_size"] == "1"
+    r = run(*args, "--format", "json")
+    data = json.loads(r.stdout)
+    assert len(data) == 8 and {d["seq_len"] for d in data} == {512, 1024}
+    r = run(*args)
+    assert r.exit_code == 0 and "sweep" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["sweep", "gpt2", "--gpu", "T4", "--over", "batch=1"], "error: over: unknown field"),
+        (["sweep", "gpt2", "--over", "seq-len=x"], "error: seq_len: must be an integer"),
+        (["sweep", "gpt2", "--over", "seq-len=8", "--format", "xml"], "error: format:"),
+        (["sweep", "gpt2", "--over", "precision=fp8"], "error: precision: unknown value"),
+        (["plan", "gpt2"], "error: gpu: required"),
+        (["fit", "gpt2", "--gpu", "A9000"], "error: gpu: unknown GPU"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
+    r = run(*args)
+    assert r.exit_code == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), r.stderr
