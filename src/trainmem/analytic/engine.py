@@ -35,7 +35,7 @@ from trainmem.analytic.activations import (
     layer_linear_weights,
     loss_backward_transient_bytes,
 )
-from trainmem.analytic.tensor_states import tensor_states
+from trainmem.analytic.tensor_states import state_layout
 from trainmem.analytic.temporaries import cublas_workspace_bytes, optimizer_step_temporary_bytes
 from trainmem.breakdown import MemoryBreakdown, MemoryEstimate
 from trainmem.specs.hardware import DEFAULT_CUDA_CONTEXT_BYTES, GPUSpec
@@ -83,15 +83,18 @@ def estimate_analytic(
 
     Known limitations: no tensor/pipeline parallelism; HF transformers 5 code paths assumed.
     """
-    states = tensor_states(model, training)
-    n_params = sum(s.numel for s in states)
-    n_trainable = sum(s.numel for s in states if s.trainable)
-    W = sum(s.param_bytes for s in states)
-    G = sum(s.grad_bytes for s in states)
-    O = sum(s.state_bytes for s in states)
+    layout = state_layout(model, training)
+    n_params = layout.total("numel")
+    trainable = [s for s in layout.embedding + layout.layer + layout.head if s.trainable]
+    n_trainable = sum(s.numel for s in trainable if s.owner != "layers.0") + model.num_layers * sum(
+        s.numel for s in trainable if s.owner == "layers.0"
+    )
+    W = layout.total("param_bytes")
+    G = layout.total("grad_bytes")
+    O = layout.total("state_bytes")
     dp = training.data_parallel_size
     stage = training.zero_stage if dp > 1 else 0
-    largest = max((s.numel for s in states if s.trainable), default=0)
+    largest = max((s.numel for s in trainable), default=0)
     prof = activation_profile(model, training)
     c, _ = compute_and_residual_bytes(training)
     ws = cublas_workspace_bytes(gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES)
@@ -104,7 +107,7 @@ def estimate_analytic(
         )
     loss_tmp = loss_backward_transient_bytes(model, training)
     layer_tmp = backward_layer_transient_bytes(model, training)
-    layer0 = [s for s in states if s.owner == "layers.0"]
+    layer0 = layout.layer
     # ZeRO-3 / FULL_SHARD: the current and the prefetched layer's gathered parameters; ZeRO-2/3:
     # one layer's unsharded gradients before the reduce-scatter (Rajbhandari et al. 2020, sec.
     # 5.2-5.3; FSDP ``forward_prefetch`` / ``backward_prefetch=BACKWARD_PRE``).
@@ -118,9 +121,9 @@ def estimate_analytic(
                           default=0)
 
     g_layer = sum(s.grad_bytes for s in layer0)
-    g_head = sum(s.grad_bytes for s in states if s.owner == "head")
+    g_head = sum(s.grad_bytes for s in layout.head)
     if model.tie_word_embeddings:
-        g_head += sum(s.grad_bytes for s in states if s.name == "embedding/tokens")
+        g_head += sum(s.grad_bytes for s in layout.embedding if s.name == "embedding/tokens")
     g_prev = G if training.gradient_accumulation_steps > 1 else 0
     logits_kept = prof.head_terms.get("logits", 0)
 

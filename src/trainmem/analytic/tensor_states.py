@@ -110,8 +110,8 @@ def _layer_tensors(model: ModelSpec, training: TrainingConfig) -> list[tuple[str
     return out
 
 
-def tensor_states(model: ModelSpec, training: TrainingConfig) -> list[TensorState]:
-    """Every parameter tensor of the model with its bytes on one GPU.
+def state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayout:
+    """Every parameter tensor of the model with its bytes on one GPU, in compact form.
 
     Args:
         model: the transformer's shape.
@@ -119,7 +119,7 @@ def tensor_states(model: ModelSpec, training: TrainingConfig) -> list[TensorStat
             offload.
 
     Returns:
-        One entry per tensor, in module order (embeddings, layers, head).
+        The embedding tensors, one layer's tensors, the head tensors.
 
     Source: Note [Model states with PEFT and sharding]; optimizer states per tensor from
     :func:`trainmem.analytic.model_states.optimizer_state_bytes`.
@@ -170,16 +170,45 @@ def tensor_states(model: ModelSpec, training: TrainingConfig) -> list[TensorStat
     for key, n in counts.items():
         if key.startswith("embedding/"):
             out.append(make("embedding", key, n, h, not lora))
-    layer = _layer_tensors(model, training)
-    for index in range(model.num_layers):
-        owner = f"layers.{index}"
-        out.extend(make(owner, name, n, o, trainable) for name, n, o, trainable in layer)
+    layer = [make("layers.0", name, n, o, trainable)
+             for name, n, o, trainable in _layer_tensors(model, training)]
+    head: list[TensorState] = []
     for key, n in counts.items():
         if not key.startswith(("embedding/", "layers/")):
             trainable = not lora or (key == "lm_head" and "lm_head" in training.lora_targets)
-            out.append(make("head", key, n, h, trainable and not lora))
+            head.append(make("head", key, n, h, trainable and not lora))
             if lora and key == "lm_head" and "lm_head" in training.lora_targets:
                 r = training.lora_rank
-                out.append(make("head", "lora_A.lm_head", r * h, r, True))
-                out.append(make("head", "lora_B.lm_head", n // h * r, n // h, True))
-    return out
+                head.append(make("head", "lora_A.lm_head", r * h, r, True))
+                head.append(make("head", "lora_B.lm_head", n // h * r, n // h, True))
+    return StateLayout(embedding=out, layer=layer, head=head, num_layers=model.num_layers)
+
+
+@dataclass(frozen=True, slots=True)
+class StateLayout:
+    """The per-tensor table in compact form: the tensors before the layers, one layer's (owner
+    ``layers.0``; every layer is the same), and the tensors after them. Bytes as TensorState."""
+
+    embedding: list[TensorState]
+    layer: list[TensorState]
+    head: list[TensorState]
+    num_layers: int
+
+    def total(self, field: str) -> int:
+        """Sum of one TensorState field (``param_bytes``, ``numel``...) over the whole model."""
+        outer = sum(getattr(s, field) for s in self.embedding + self.head)
+        return outer + self.num_layers * sum(getattr(s, field) for s in self.layer)
+
+    def expand(self) -> list[TensorState]:
+        """Every tensor, layer by layer, in module order."""
+        out = list(self.embedding)
+        for index in range(self.num_layers):
+            owner = f"layers.{index}"
+            out.extend(replace(s, owner=owner) for s in self.layer)
+        return out + self.head
+
+
+def tensor_states(model: ModelSpec, training: TrainingConfig) -> list[TensorState]:
+    """Every parameter tensor of the model with its bytes on one GPU, in module order; see
+    :func:`state_layout`."""
+    return state_layout(model, training).expand()
