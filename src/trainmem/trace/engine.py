@@ -7,6 +7,7 @@ returns (``engine="trace"``), with the :class:`~trainmem.timeline.Timeline` atta
 What is emulated so that the fake CPU step allocates what a CUDA step allocates
 (shared/notes/tracing-without-a-gpu.md):
 - SDPA kernel choice and saved tensors: ``trainmem.trace.cuda_sdpa``;
+- fused dropout with a bool mask: ``trainmem.trace.cuda_dropout``;
 - CUDA autocast cast lists and weight-cast cache: ``trainmem.trace.cuda_autocast``;
 - foreach / fused / for-loop optimizers as asked (``trainmem.trace.optimizers``); Adam's scalar
   ``step`` states stay in host memory unless fused (``torch/optim/adam.py``);
@@ -37,6 +38,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from trainmem.trace.attribution import PeakReport, analyse  # noqa: E402
 from trainmem.trace.capture import Capture, capture_step  # noqa: E402
 from trainmem.trace.cuda_autocast import cuda_autocast_policy  # noqa: E402
+from trainmem.trace.cuda_dropout import cuda_dropout  # noqa: E402
 from trainmem.trace.cuda_sdpa import cuda_sdpa  # noqa: E402
 from trainmem.trace.optimizers import build_optimizer  # noqa: E402
 
@@ -66,6 +68,8 @@ def _emulation(training: TrainingConfig, emulate_cuda: bool) -> Iterator[None]:
             stack.enter_context(hf_mask_patches())
         if training.is_mixed:
             stack.enter_context(cuda_autocast_policy())
+        # native_dropout also runs on real CPU tensors, so the proof covers this emulation too.
+        stack.enter_context(cuda_dropout())
         if emulate_cuda and training.attention != "eager":
             force = "flash" if training.attention == "flash" else None
             stack.enter_context(cuda_sdpa(force))
