@@ -216,7 +216,7 @@ def _zero(stage: int) -> Propose:
         # same global batch divide the accumulation steps by n themselves.
         current = getattr(t, "data_parallel_size", 1)
         sizes = [n for n in DATA_PARALLEL_SIZES if n >= max(current, 2)]
-        return [replace(t, zero_stage=stage, data_parallel_size=n) for n in sizes]  # type: ignore[call-arg]
+        return [replace(t, zero_stage=stage, data_parallel_size=n) for n in sizes]
 
     return propose
 
@@ -224,14 +224,14 @@ def _zero(stage: int) -> Propose:
 def _offload(_m: ModelSpec, t: TrainingConfig, _g: GPUSpec) -> list[TrainingConfig]:
     if not _has("offload") or getattr(t, "offload", "none") != "none":
         return []
-    return [replace(t, offload="optimizer")]  # type: ignore[call-arg]
+    return [replace(t, offload="optimizer")]
 
 
 def _lora(quantize: str) -> Propose:
     def propose(_m: ModelSpec, t: TrainingConfig, _g: GPUSpec) -> list[TrainingConfig]:
         if not _has("lora_rank", "quantize_base") or getattr(t, "lora_rank", 0) > 0:
             return []
-        return [replace(t, lora_rank=LORA_RANK, quantize_base=quantize)]  # type: ignore[call-arg]
+        return [replace(t, lora_rank=LORA_RANK, quantize_base=quantize)]
 
     return propose
 
@@ -375,7 +375,7 @@ def fixes(
     # A pair is worth showing only when neither of its rows fits alone (else the single is
     # cheaper and does the job); this covers "no single change fits" and cheap pairs that beat
     # an expensive single (e.g. bf16-true + 8-bit optimizer before sharding over N GPUs).
-    pairs = [
+    pairs: list[tuple[Change, ...]] = [
         (a, b)
         for a, b in combinations(changes, 2)
         if a.group != b.group and a.name not in fitting_alone and b.name not in fitting_alone

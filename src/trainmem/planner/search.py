@@ -138,7 +138,8 @@ def _search(
     cuda_context_bytes: int | None,
 ) -> PlanResult:
     def config(units: int) -> TrainingConfig:
-        return replace(training, **{dimension: units * step})
+        changes: dict[str, Any] = {dimension: units * step}
+        return replace(training, **changes)
 
     def fast_fits(units: int) -> bool:
         return fits(fast_estimate(model, config(units), gpu, cuda_context_bytes=cuda_context_bytes))
