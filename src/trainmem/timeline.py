@@ -49,10 +49,14 @@ class Timeline:
     Attributes:
         events: ordered events.
         name: free text (model + config) for reports.
+        steady_state_start: index of the first event of the steady-state step; events before
+            it set up the state the step starts from (weights, optimizer states, a warm-up step).
+            Plots show ``events[steady_state_start:]`` with the live bytes carried in.
     """
 
     events: list[AllocEvent] = field(default_factory=list)
     name: str = ""
+    steady_state_start: int = 0
 
     def __iter__(self) -> Iterator[AllocEvent]:
         return iter(self.events)

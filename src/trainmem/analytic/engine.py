@@ -44,6 +44,7 @@ from trainmem.specs.training import TrainingConfig
 
 if TYPE_CHECKING:
     from trainmem.allocator.replay import ReplayResult
+    from trainmem.timeline import Timeline
 
 DEFAULT_CUBLAS_WORKSPACE_BYTES = 8_519_680
 """cuBLAS workspace per handle when no GPU is named (pre-Hopper default ``:4096:2:16:8``)."""
@@ -167,9 +168,9 @@ def estimate_analytic(
     grads, acts, temps, reason = candidates[peak_name]
     phase = "backward" if peak_name.startswith("backward") else peak_name
     ctx = DEFAULT_CUDA_CONTEXT_BYTES if cuda_context_bytes is None else cuda_context_bytes
-    fragmentation, notes, replay_details = 0, [], {}
+    fragmentation, notes, replay_details, timeline = 0, [], {}, None
     if simulate_allocator:
-        fragmentation, notes, replay_details = _allocator_replay(
+        fragmentation, notes, replay_details, timeline = _allocator_replay(
             model, training, gpu=gpu, cuda_context_bytes=ctx, alloc_conf=alloc_conf
         )
     breakdown = MemoryBreakdown(
@@ -203,6 +204,7 @@ def estimate_analytic(
             **replay_details,
         },
         notes=notes,
+        timeline=timeline,
     )
 
 
@@ -214,6 +216,7 @@ def replay_step(
     cuda_context_bytes: int = DEFAULT_CUDA_CONTEXT_BYTES,
     alloc_conf: str = "",
     record_history: bool = False,
+    timeline: Timeline | None = None,
 ) -> ReplayResult:
     """Replay the analytic timeline (Note [Analytic timeline]) through the caching allocator
     simulator, with the GPU's capacity minus the CUDA context as the allocator's limit.
@@ -221,6 +224,7 @@ def replay_step(
     Args:
         record_history: keep a PyTorch memory snapshot in ``result.snapshot`` (for
             :func:`trainmem.allocator.snapshot.write_snapshot`).
+        timeline: the step's timeline if already built, else built here.
 
     Returns:
         The simulator's :class:`~trainmem.allocator.replay.ReplayResult` (bytes).
@@ -228,8 +232,9 @@ def replay_step(
     from trainmem.allocator.replay import replay_timeline
     from trainmem.analytic.step_timeline import analytic_timeline
 
-    per_handle = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
-    timeline = analytic_timeline(model, training, cublas_workspace_bytes=per_handle)
+    if timeline is None:
+        per_handle = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
+        timeline = analytic_timeline(model, training, cublas_workspace_bytes=per_handle)
     capacity = None if gpu is None else max(gpu.memory_bytes - cuda_context_bytes, 0)
     return replay_timeline(
         timeline,
@@ -247,11 +252,16 @@ def _allocator_replay(
     gpu: GPUSpec | None,
     cuda_context_bytes: int,
     alloc_conf: str,
-) -> tuple[int, list[str], dict[str, object]]:
-    """Fragmentation (reserved - allocated at their peaks), notes and details from
+) -> tuple[int, list[str], dict[str, object], Timeline]:
+    """Fragmentation (reserved - allocated at their peaks), notes, details and the timeline from
     :func:`replay_step`."""
+    from trainmem.analytic.step_timeline import analytic_timeline
+
+    per_handle = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
+    timeline = analytic_timeline(model, training, cublas_workspace_bytes=per_handle)
     result = replay_step(
-        model, training, gpu=gpu, cuda_context_bytes=cuda_context_bytes, alloc_conf=alloc_conf
+        model, training, gpu=gpu, cuda_context_bytes=cuda_context_bytes, alloc_conf=alloc_conf,
+        timeline=timeline,
     )
     fragmentation = max(result.max_memory_reserved - result.max_memory_allocated, 0)
     notes: list[str] = []
@@ -267,7 +277,7 @@ def _allocator_replay(
             "num_alloc_retries": result.memory_stats.get("num_alloc_retries", 0),
         }
     }
-    return fragmentation, notes, details
+    return fragmentation, notes, details, timeline
 
 
 def resolved_config(training: TrainingConfig) -> dict[str, object]:

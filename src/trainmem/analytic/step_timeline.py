@@ -131,7 +131,9 @@ def analytic_timeline(
 
     grads: dict[str, list[int]] = {}
     workspaces: list[int] = []
+    steady_state_start = 0
     for step in range(steps):
+        steady_state_start = len(rec.events)
         for _micro in range(training.gradient_accumulation_steps):
             rec.phase = "forward"
             if not workspaces:
@@ -195,7 +197,9 @@ def analytic_timeline(
             for b in blocks:
                 rec.free(b)
         grads = {}
-    return Timeline(events=rec.events, name=f"{model.name} (analytic)")
+    return Timeline(
+        events=rec.events, name=f"{model.name} (analytic)", steady_state_start=steady_state_start
+    )
 
 
 _EMBEDDING_TERMS = frozenset(
