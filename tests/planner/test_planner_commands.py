@@ -93,3 +93,16 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None
     assert r.exit_code == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message), r.stderr
+
+
+def test_plan_and_fit_take_the_sharding_and_lora_options() -> None:
+    args = ["llama-3.1-8b", "--gpu", "A100-80GB", "-s", "2048", "--fsdp", "full-shard"]
+    args += ["--data-parallel-size", "8", "--json"]
+    r = run("plan", *args)
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["results"][0]["value"] >= 1
+    assert d["results"][0]["config"]["zero_stage"] == 3
+    r = run("fit", "llama-3.2-1b", "--gpu", "T4", "-s", "2048", "--lora-rank", "8", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["config"]["lora_rank"] == 8

@@ -17,18 +17,28 @@ def register(app: typer.Typer) -> None:
         AccumulationOpt,
         AttentionOpt,
         CheckpointingOpt,
+        DataParallelOpt,
         DropoutOpt,
+        FsdpOpt,
         GpuOpt,
         JsonOpt,
+        LoraDropoutOpt,
+        LoraRankOpt,
+        LoraTargetsOpt,
         MicroBatch,
         ModelArg,
+        OffloadOpt,
         OptimizerImplOpt,
         OptimizerOpt,
         PrecisionOpt,
+        QuantizeOpt,
         SeqLen,
+        ZeroStageOpt,
         clean_errors,
         console,
+        parse_lora_targets,
         training_config,
+        zero_stage_from,
     )
     from trainmem.errors import SpecError
     from trainmem.estimate import resolve_model
@@ -37,6 +47,7 @@ def register(app: typer.Typer) -> None:
     from trainmem.planner.fixes import fixes
     from trainmem.planner.search import max_micro_batch_size, max_seq_len
     from trainmem.planner.sweep import SWEEPABLE, parse_over, sweep
+    from trainmem.specs.training import TrainingConfig
 
     MultipleOf = Annotated[
         int, typer.Option("--seq-len-multiple-of", help="Granularity of the planned seq_len.")
@@ -46,7 +57,8 @@ def register(app: typer.Typer) -> None:
         list[str],
         typer.Option(
             "--over",
-            help="FIELD=V1,V2,... (repeatable); fields: "
+            help="FIELD=V1,V2,... (repeatable; tuple values joined by +, e.g. "
+            "lora-targets=q+v,q+k+v+o); fields: "
             + ", ".join(n.replace("_", "-") for n in SWEEPABLE),
         ),
     ]
@@ -58,6 +70,30 @@ def register(app: typer.Typer) -> None:
             help="Replay every row through the allocator simulator (slow; fragmentation).",
         ),
     ]
+
+    def config(
+        model: str,
+        common: tuple[int, int | None, str, str, str, str, str, int, bool],
+        data_parallel_size: int,
+        zero_stage: int,
+        fsdp: str | None,
+        offload: str,
+        lora_rank: int,
+        lora_targets: str,
+        lora_dropout: float,
+        quantize_base: str,
+    ) -> TrainingConfig:
+        return training_config(
+            model,
+            *common,
+            data_parallel_size=data_parallel_size,
+            zero_stage=zero_stage_from(zero_stage, fsdp),
+            offload=offload,
+            lora_rank=lora_rank,
+            lora_targets=parse_lora_targets(lora_targets),
+            lora_dropout=lora_dropout,
+            quantize_base=quantize_base,
+        )
 
     @app.command(name="plan")
     @clean_errors
@@ -73,6 +109,14 @@ def register(app: typer.Typer) -> None:
         attention: AttentionOpt = "sdpa",
         gradient_accumulation_steps: AccumulationOpt = 1,
         dropout: DropoutOpt = True,
+        data_parallel_size: DataParallelOpt = 1,
+        zero_stage: ZeroStageOpt = 0,
+        fsdp: FsdpOpt = None,
+        offload: OffloadOpt = "none",
+        lora_rank: LoraRankOpt = 0,
+        lora_targets: LoraTargetsOpt = "q,v",
+        lora_dropout: LoraDropoutOpt = 0.0,
+        quantize_base: QuantizeOpt = "none",
         seq_len_multiple_of: MultipleOf = 1,
         as_json: JsonOpt = False,
     ) -> None:
@@ -80,9 +124,13 @@ def register(app: typer.Typer) -> None:
         --micro-batch-size) that fit --gpu, with the margin left."""
         gpu_spec = require_gpu(gpu)
         spec = resolve_model(model)
-        training = training_config(
-            model, micro_batch_size, seq_len, precision, optimizer, optimizer_implementation,
+        common = (
+            micro_batch_size, seq_len, precision, optimizer, optimizer_implementation,
             activation_checkpointing, attention, gradient_accumulation_steps, dropout,
+        )
+        training = config(
+            model, common, data_parallel_size, zero_stage, fsdp, offload, lora_rank,
+            lora_targets, lora_dropout, quantize_base,
         )
         results = [max_micro_batch_size(spec, training, gpu_spec)]
         if spec.architecture != "vision-encoder":
@@ -115,6 +163,14 @@ def register(app: typer.Typer) -> None:
         attention: AttentionOpt = "sdpa",
         gradient_accumulation_steps: AccumulationOpt = 1,
         dropout: DropoutOpt = True,
+        data_parallel_size: DataParallelOpt = 1,
+        zero_stage: ZeroStageOpt = 0,
+        fsdp: FsdpOpt = None,
+        offload: OffloadOpt = "none",
+        lora_rank: LoraRankOpt = 0,
+        lora_targets: LoraTargetsOpt = "q,v",
+        lora_dropout: LoraDropoutOpt = 0.0,
+        quantize_base: QuantizeOpt = "none",
         limit: Limit = 10,
         as_json: JsonOpt = False,
     ) -> None:
@@ -122,9 +178,13 @@ def register(app: typer.Typer) -> None:
         the memory it saves and what it costs."""
         gpu_spec = require_gpu(gpu)
         spec = resolve_model(model)
-        training = training_config(
-            model, micro_batch_size, seq_len, precision, optimizer, optimizer_implementation,
+        common = (
+            micro_batch_size, seq_len, precision, optimizer, optimizer_implementation,
             activation_checkpointing, attention, gradient_accumulation_steps, dropout,
+        )
+        training = config(
+            model, common, data_parallel_size, zero_stage, fsdp, offload, lora_rank,
+            lora_targets, lora_dropout, quantize_base,
         )
         base = simulated_estimate(spec, training, gpu_spec)
         found = [] if fits(base) else fixes(spec, training, gpu_spec, limit=limit)
@@ -166,6 +226,14 @@ def register(app: typer.Typer) -> None:
         attention: AttentionOpt = "sdpa",
         gradient_accumulation_steps: AccumulationOpt = 1,
         dropout: DropoutOpt = True,
+        data_parallel_size: DataParallelOpt = 1,
+        zero_stage: ZeroStageOpt = 0,
+        fsdp: FsdpOpt = None,
+        offload: OffloadOpt = "none",
+        lora_rank: LoraRankOpt = 0,
+        lora_targets: LoraTargetsOpt = "q,v",
+        lora_dropout: LoraDropoutOpt = 0.0,
+        quantize_base: QuantizeOpt = "none",
         output_format: FormatOpt = "table",
         simulate_allocator: SimulateOpt = False,
     ) -> None:
@@ -175,9 +243,13 @@ def register(app: typer.Typer) -> None:
             raise SpecError("format", f"unknown value {output_format!r}; allowed: table, csv, json")
         grid = parse_over(over)
         spec = resolve_model(model)
-        training = training_config(
-            model, micro_batch_size, seq_len, precision, optimizer, optimizer_implementation,
+        common = (
+            micro_batch_size, seq_len, precision, optimizer, optimizer_implementation,
             activation_checkpointing, attention, gradient_accumulation_steps, dropout,
+        )
+        training = config(
+            model, common, data_parallel_size, zero_stage, fsdp, offload, lora_rank,
+            lora_targets, lora_dropout, quantize_base,
         )
         rows = sweep(spec, training, gpu, grid, simulate_allocator=simulate_allocator)
         if output_format == "csv":
