@@ -80,3 +80,18 @@ def test_fake_trace_matches_real_cpu_step(preset: str, cfg: dict) -> None:
         fake,
         diff,
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        dict(micro_batch_size=1, seq_len=128, precision="32-true"),
+        dict(micro_batch_size=2, seq_len=128, precision="bf16-mixed", dropout=False),
+    ],
+)
+def test_gpt2_small_matches_real_cpu_step(cfg: dict) -> None:
+    training = TrainingConfig(**cfg)
+    real = real_cpu_peak("gpt2", training)
+    fake = fake_peak("gpt2", training)
+    assert 0 <= real - fake <= SCALAR_SLACK_BYTES, (real, fake, real - fake)
