@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from trainmem.breakdown import MemoryCategory
@@ -34,8 +34,6 @@ from trainmem.trace.step import run_step
 torch = require_torch()
 
 __all__ = ["Capture", "capture_step"]
-
-FORWARD_LIKE = ("forward",)
 
 
 @dataclass
@@ -58,7 +56,6 @@ class Capture:
     trace_seconds: float
     warmup_seconds: float
     host_state_bytes: int = 0
-    notes: list[str] = field(default_factory=list)
 
 
 def _unique_params(model: Any) -> list[Any]:

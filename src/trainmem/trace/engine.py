@@ -49,14 +49,13 @@ DEFAULT_CUBLAS_WORKSPACE_BYTES = 8_519_680
 ``aten/src/ATen/cuda/CublasHandlePool.cpp``, ``getChosenWorkspaceSize``), as the analytic
 engine uses."""
 
-_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
 MAX_TRACED_MICRO_BATCHES = 2
 """With gradient accumulation, micro-batches 2..k allocate identically (gradients exist from
 the first), so at most two are traced."""
 
 
 def _torch_dtype(name: str) -> Any:
-    return getattr(torch, _DTYPES[name])
+    return getattr(torch, name)
 
 
 @contextlib.contextmanager

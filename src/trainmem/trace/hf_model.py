@@ -159,7 +159,7 @@ def hf_mask_patches() -> Iterator[None]:
     Yields:
         None.
     """
-    transformers = require_transformers()
+    require_transformers()
     try:
         import transformers.masking_utils as mu
     except ImportError:  # pragma: no cover - transformers 4.x layout
@@ -192,7 +192,6 @@ def hf_mask_patches() -> Iterator[None]:
     mu.find_packed_sequence_indices = find_packed_sequence_indices
     if orig_fast_all is not None:
         mu.fast_all = fast_all
-    del transformers
     try:
         yield
     finally:

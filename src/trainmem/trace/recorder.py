@@ -92,7 +92,6 @@ class StorageRecorder(TorchDispatchMode):  # type: ignore[misc]
     blocks: list[Block] = field(default_factory=list)
     live_bytes: int = 0
     forward_region: int = -1
-    recording: bool = True
     _live: dict[int, tuple[Block, weakref.ref[Any]]] = field(default_factory=dict)
     modules: Any = None
     on_alloc: Callable[[Block], None] | None = None
@@ -133,19 +132,10 @@ class StorageRecorder(TorchDispatchMode):  # type: ignore[misc]
         block.category = category
         return block
 
-    def category_of(self, tensor: Any) -> MemoryCategory | None:
-        """Category of the live storage behind ``tensor``, or None if unknown."""
-        known = self._live.get(id(tensor.untyped_storage()))
-        return None if known is None else known[0].category
-
     def block_of(self, tensor: Any) -> Block | None:
         """The live block behind ``tensor``, or None."""
         known = self._live.get(id(tensor.untyped_storage()))
         return None if known is None else known[0]
-
-    def live_blocks(self) -> list[Block]:
-        """Blocks currently live, in allocation order."""
-        return sorted((b for b, _ in self._live.values()), key=lambda b: b.block_id)
 
     # -- internals ----------------------------------------------------------------------
 
@@ -167,8 +157,7 @@ class StorageRecorder(TorchDispatchMode):  # type: ignore[misc]
                 del self._live[key]
             block.freed = True
             self.live_bytes -= block.size_bytes
-            if self.recording:
-                self.events.append(RawEvent("free", block, self.phase))
+            self.events.append(RawEvent("free", block, self.phase))
 
         self._live[key] = (block, weakref.ref(st, on_free))
         self.live_bytes += block.size_bytes
