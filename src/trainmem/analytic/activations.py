@@ -80,7 +80,7 @@ FUSED_QKV_MODEL_TYPES = frozenset({"gpt2", "falcon", "gpt_neox"})
 def compute_and_residual_bytes(training: TrainingConfig) -> tuple[int, int]:
     """(c, r): bytes of the compute dtype and of the residual stream. See Note [Activation terms]."""
     c = dtype_bytes(training.compute_dtype)
-    r = 4 if training.is_mixed else c
+    r = 4 if training.uses_autocast else c
     return c, r
 
 
@@ -97,7 +97,7 @@ def _activation_fn_saved_bytes(model: ModelSpec, training: TrainingConfig, width
     """Bytes per token saved by the non-gated MLP activation and the down projection's input."""
     c, _ = compute_and_residual_bytes(training)
     if model.hidden_act in TANH_FORMULA_ACTIVATIONS:
-        if training.is_mixed:
+        if training.uses_autocast:
             # pow's fp32 input copy, tanh out, 1+tanh (fp32), 0.5*x (c), output cast for down (c)
             return (4 + 4 + 4 + c + c) * width
         # x, tanh out, 0.5*x, 1+tanh, output (saved by down): five tensors of the compute dtype
@@ -112,6 +112,18 @@ def layer_linear_weights(model: ModelSpec) -> int:
     mlp = (3 if model.mlp_kind == "gated" else 2) * h * i * model.num_experts
     router = h * model.num_experts if model.num_experts > 1 else 0
     return attn + mlp + router
+
+
+def autocast_weight_copy_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """16-bit copies of one layer's linear weights that autocast makes and the matmuls save for
+    the input gradient (``mm`` saves ``mat2`` when ``self`` requires grad), frozen or not; none
+    for a quantized base, whose bitsandbytes matmul dequantizes inside and saves only the
+    quantized weight (``MatMul4Bit``). Source: aten/src/ATen/autocast_mode.cpp ``cached_cast``;
+    tools/autograd/derivatives.yaml (mm)."""
+    if not training.uses_autocast or training.quantize_base != "none":
+        return 0
+    c, _ = compute_and_residual_bytes(training)
+    return c * layer_linear_weights(model)
 
 
 def tokens_per_sequence(model: ModelSpec, training: TrainingConfig) -> int:
@@ -139,7 +151,7 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
         model.intermediate_size,
     )
     c, r = compute_and_residual_bytes(training)
-    mixed = training.is_mixed
+    mixed = training.uses_autocast
     dropout = training.dropout
     p_hidden = dropout and model.hidden_dropout > 0
     p_attn = dropout and model.attention_dropout > 0
@@ -188,7 +200,7 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
     if p_hidden:
         terms["mlp/dropout_mask"] = h * t
     if mixed:
-        terms["autocast_weight_copies"] = c * layer_linear_weights(model)
+        terms["autocast_weight_copies"] = autocast_weight_copy_bytes(model, training)
     if training.is_lora:
         _apply_lora(terms, model, training, t=t, k_top=k_top)
     return terms
@@ -224,7 +236,7 @@ def _apply_lora(
         pass
     elif qkv_targets == 0:
         terms["attention/qkv_input"] = 0
-    elif training.is_mixed and not fused:
+    elif training.uses_autocast and not fused:
         terms["attention/qkv_input"] = c * h * t * qkv_targets
     if "o" not in targets and not frozen_inputs_saved:
         terms["attention/out_proj_input"] = 0
@@ -233,7 +245,7 @@ def _apply_lora(
         pass
     elif n_up == 0:
         terms["mlp/input"] = 0
-    elif training.is_mixed:
+    elif training.uses_autocast:
         terms["mlp/input"] = c * h * t * k_top * n_up
     if "down" not in targets and not frozen_inputs_saved:
         key = "mlp/gated" if model.mlp_kind == "gated" else "mlp/activation"
@@ -330,8 +342,10 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
             out["mlm_transform"] = (2 * c * h + _norm_saved_bytes(model, r)) * t
         out["lm_head_input"] = c * h * t
         out["logits"] = c * v * t
-        out["log_softmax"] = 4 * v * t
-        if training.is_mixed:
+        # saved by cross_entropy for its backward: fp32 after HF's / torchtune's upcast,
+        # the logits' dtype in lit-gpt's chunked cross-entropy
+        out["log_softmax"] = (4 if training.loss_upcast else c) * v * t
+        if training.uses_autocast:
             out["autocast_weight_copies"] = c * v * h
     else:
         out["pooled"] = 4 * h * b * 4
@@ -341,11 +355,17 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
 def loss_backward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     """Bytes live only at the start of backward: the gradient of the log-softmax output and the
     gradient it produces, two fp32 (T, V) tensors (``_log_softmax_backward_data``; measured as the
-    step's peak in shared/notes/tracing-without-a-gpu.md sec. 2)."""
+    step's peak in shared/notes/tracing-without-a-gpu.md sec. 2). With a chunked loss
+    (``chunked_cross_entropy`` = N; torchtune ``CEWithChunkedOutputLoss``, lit-gpt
+    ``chunked_cross_entropy``) only one chunk's pair is alive at a time: 1/N of it, in the logits'
+    dtype when the loss does not upcast."""
     if model.head not in ("causal-lm", "masked-lm"):
         return 0
     t = training.micro_batch_size * tokens_per_sequence(model, training)
-    return 2 * 4 * model.vocab_size * t
+    c, _ = compute_and_residual_bytes(training)
+    per_value = 4 if training.loss_upcast else c
+    chunks = max(training.chunked_cross_entropy, 1)
+    return 2 * per_value * model.vocab_size * -(-t // chunks)
 
 
 def backward_layer_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:
@@ -358,7 +378,7 @@ def backward_layer_transient_bytes(model: ModelSpec, training: TrainingConfig) -
     k_top = model.num_experts_per_tok if model.num_experts > 1 else 1
     n = 3 if model.mlp_kind == "gated" else 2
     out = n * c * i * t * k_top + 2 * r * h * t
-    if training.is_mixed:
+    if training.uses_autocast:
         out += c * h * i
     return out
 

@@ -24,19 +24,18 @@ Note [Where the peak falls]
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 from trainmem.analytic.activations import (
     activation_profile,
+    autocast_weight_copy_bytes,
     backward_layer_transient_bytes,
     compute_and_residual_bytes,
-    layer_linear_weights,
     loss_backward_transient_bytes,
 )
-from trainmem.analytic.tensor_states import state_layout
 from trainmem.analytic.temporaries import cublas_workspace_bytes, optimizer_step_temporary_bytes
+from trainmem.analytic.tensor_states import state_layout
 from trainmem.breakdown import MemoryBreakdown, MemoryEstimate
 from trainmem.specs.hardware import DEFAULT_CUDA_CONTEXT_BYTES, GPUSpec
 from trainmem.specs.model import ModelSpec
@@ -113,6 +112,9 @@ def estimate_analytic(
     # one layer's unsharded gradients before the reduce-scatter (Rajbhandari et al. 2020, sec.
     # 5.2-5.3; FSDP ``forward_prefetch`` / ``backward_prefetch=BACKWARD_PRE``).
     gather = 2 * sum(s.full_param_bytes for s in layer0) if stage == 3 else 0
+    if stage == 3 and training.framework == "fsdp2" and training.is_mixed:
+        # MixedPrecisionPolicy(param_dtype=bf16): the all-gather output is 16-bit
+        gather = 2 * c * sum(s.numel for s in layer0)
     reduce = sum(s.full_grad_bytes for s in layer0) if stage >= 2 else 0
     # QLoRA / int8 bases: each frozen quantized linear is dequantized to the compute dtype for its
     # matmul, forward and backward (bitsandbytes ``MatMul4Bit``), one at a time.
@@ -127,28 +129,35 @@ def estimate_analytic(
         g_head += sum(s.grad_bytes for s in layout.embedding if s.name == "embedding/tokens")
     g_prev = G if training.gradient_accumulation_steps > 1 else 0
     logits_kept = prof.head_terms.get("logits", 0)
+    # Activation offloading: saved activations go to CPU layer by layer; the current and the
+    # prefetched layer stay (torchtune ``OffloadActivations``).
+    L = model.num_layers
+    layers_on_gpu = min(L, 2) if training.activation_offloading else L
+    acts_forward = prof.embedding + layers_on_gpu * prof.per_layer + prof.head
 
     candidates: dict[str, tuple[int, int, int, str]] = {}  # name -> (grads, acts, temps, reason)
     weight_copies = 0
-    if training.is_mixed and training.activation_checkpointing == "full":
-        weight_copies = c * layer_linear_weights(model) * model.num_layers
+    if training.activation_checkpointing == "full":
+        weight_copies = autocast_weight_copy_bytes(model, training) * model.num_layers
     candidates["forward"] = (
         g_prev,
-        prof.total + weight_copies,
+        acts_forward + weight_copies,
         ws + gather + dequant,
         "end of forward: every saved activation is alive",
     )
     candidates["backward_start"] = (
         g_prev,
-        prof.total,
+        acts_forward,
         ws + loss_tmp,
         "start of backward: saved activations plus two fp32 (tokens x vocab) log-softmax "
         "gradients",
     )
-    L = model.num_layers
     for name, j in (("backward_first_layer", 0), ("backward_last_layer", L - 1)):
         grads = max(g_prev, min(g_head + (j + 1) * g_layer, G))
-        acts = prof.embedding + (L - j) * prof.per_layer + logits_kept + prof.recompute
+        if training.optimizer_in_backward:
+            grads = min(g_head + g_layer, G)  # each gradient is stepped and freed at once
+        acts = (prof.embedding + min(L - j, layers_on_gpu) * prof.per_layer + logits_kept
+                + prof.recompute)
         candidates[name] = (
             grads,
             acts,
@@ -156,13 +165,14 @@ def estimate_analytic(
             "backward through the layers: gradients grow while activations are freed"
             + (" and one layer is recomputed" if prof.recompute else ""),
         )
-    candidates["optimizer"] = (
-        G,
-        0,
-        ws + opt_tmp,
-        f"optimizer step: weights, gradients, optimizer states and the "
-        f"{training.optimizer_implementation} {training.optimizer} temporaries",
-    )
+    if not training.optimizer_in_backward:
+        candidates["optimizer"] = (
+            G,
+            0,
+            ws + opt_tmp,
+            f"optimizer step: weights, gradients, optimizer states and the "
+            f"{training.optimizer_implementation} {training.optimizer} temporaries",
+        )
     totals = {k: W + O + g + a + t for k, (g, a, t, _) in candidates.items()}
     peak_name = max(totals, key=lambda k: totals[k])
     grads, acts, temps, reason = candidates[peak_name]

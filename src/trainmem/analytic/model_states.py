@@ -11,7 +11,10 @@ Note [Model states per precision]
     precision, 2 (fp16 weights) + 2 (fp16 gradients) + K * P with K = 12 (fp32 master weights,
     momentum, variance): also 16 bytes per parameter, but split differently. ``*-true`` precisions
     keep everything, optimizer states included, in the one dtype (Lightning ``HalfPrecision``,
-    torchtune/litgpt ``bf16-true``): 2 + 2 + 4 = 8 bytes per parameter for AdamW.
+    torchtune/litgpt ``bf16-true``): 2 + 2 + 4 = 8 bytes per parameter for AdamW. With
+    ``framework="deepspeed"`` / ``"megatron"`` the ZeRO paper's split is modelled: 16-bit weights
+    and gradients (fp32 gradients for Megatron), the fp32 master copy counted as optimizer state
+    (Note [Framework conventions] in ``specs/training.py``).
 
     The 16-bit weight copies that autocast makes for the forward pass are per-step tensors, not
     model states; they are counted with the activations (see ``activations.py``).
@@ -60,18 +63,19 @@ def optimizer_state_bytes_per_parameter(training: TrainingConfig) -> float:
     Adafactor's factored second moment (row + column vectors) is not per parameter; see
     :func:`optimizer_state_bytes`.
     """
-    w = dtype_bytes(training.weight_dtype)
+    w = dtype_bytes(training.optimizer_state_dtype)
+    master = 4.0 if training.master_weights else 0.0
     opt = training.optimizer
     if opt == "sgd":
-        return 0.0
+        return master
     if opt in ("sgd-momentum", "lion"):
-        return float(w)
+        return master + w
     if opt in ("adam", "adamw"):
-        return float(2 * w)
+        return master + 2 * w
     if opt in ("adamw-8bit", "paged-adamw-8bit"):
-        return 2 * (1 + 4 / BNB_BLOCKWISE_BLOCK_SIZE)
+        return master + 2 * (1 + 4 / BNB_BLOCKWISE_BLOCK_SIZE)
     if opt == "adafactor":
-        return 0.0  # factored: see optimizer_state_bytes
+        return master  # factored: see optimizer_state_bytes
     raise AssertionError(opt)  # TrainingConfig validated the name
 
 
@@ -97,10 +101,15 @@ def optimizer_state_bytes(
     bitsandbytes 8-bit optimizers keep 32-bit states for tensors under 4096 elements
     (``BNB_MIN_8BIT_SIZE``); we treat every 1-D tensor as such.
     """
-    w = dtype_bytes(training.weight_dtype)
+    w = dtype_bytes(training.optimizer_state_dtype)
     num_matrix = sum(r * c * n for r, c, n in matrix_shapes)
+    # DeepSpeed / Megatron: an fp32 master copy of every trainable parameter (Note [Model
+    # states per precision])
+    master = 4 * (num_matrix + num_vector_parameters) if training.master_weights else 0
     if training.optimizer == "adafactor":
-        return w * (sum((r + c) * n for r, c, n in matrix_shapes) + num_vector_parameters)
+        return master + w * (
+            sum((r + c) * n for r, c, n in matrix_shapes) + num_vector_parameters
+        )
     if training.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
         # Per large tensor: two uint8 states + two fp32 absmax per started block of 256
         # (bitsandbytes ``blocks = ceil(n / blocksize)``); small tensors: two fp32 states.
@@ -111,7 +120,7 @@ def optimizer_state_bytes(
             for r, c, n in matrix_shapes
             if r * c >= BNB_MIN_8BIT_SIZE
         )
-        return large + small * 2 * 4
+        return master + large + small * 2 * 4
     per = optimizer_state_bytes_per_parameter(training)
     return round((num_matrix + num_vector_parameters) * per)
 
@@ -139,7 +148,7 @@ def model_states(
     w = dtype_bytes(training.weight_dtype)
     return ModelStates(
         parameters=num_parameters * w,
-        gradients=num_trainable_parameters * w,
+        gradients=num_trainable_parameters * dtype_bytes(training.grad_dtype),
         optimizer_states=optimizer_state_bytes(training, matrix_shapes, num_vector_parameters),
     )
 

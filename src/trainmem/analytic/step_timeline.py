@@ -22,8 +22,9 @@ Note [Analytic timeline]
       ``torch._foreach_sqrt``; ``for-loop``: one per parameter, freed before the next);
     * ``zero_grad``: gradients freed (``set_to_none=True``, the default since PyTorch 2.0).
 
-    Each term is one block; a term that stands for several same-sized tensors (``q_k``) is one
-    block of their total, a simplification that can only reduce fragmentation.
+    Each term is split into the single tensors it is made of (the largest natural tensor size
+    that divides it: ``mlp/gated`` is four (t, i) tensors); a term that is not a multiple of one
+    (LayerNorm input + statistics) stays one block.
 
 Source: the step order of ``torch.optim.Optimizer.step`` / ``zero_grad`` (torch/optim/optimizer.py,
 adam.py ``_init_group``, ``_multi_tensor_adam``), autograd's reverse-order layer backward, and
@@ -35,13 +36,14 @@ from __future__ import annotations
 
 from trainmem.analytic.activations import (
     activation_profile,
+    autocast_weight_copy_bytes,
     backward_layer_transient_bytes,
     compute_and_residual_bytes,
-    layer_linear_weights,
     loss_backward_transient_bytes,
+    tokens_per_sequence,
 )
-from trainmem.analytic.tensor_states import tensor_states
 from trainmem.analytic.temporaries import optimizer_step_temporary_bytes
+from trainmem.analytic.tensor_states import tensor_states
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
@@ -107,7 +109,10 @@ def analytic_timeline(
         "full": {"layer_input": prof.per_layer},
     }[mode]
     dropped_terms = {k: v for k, v in prof.terms.items() if k not in saved_terms}
-    weight_copy = c * layer_linear_weights(model) if training.is_mixed else 0
+    pieces = _tensor_sizes(model, training)
+    saved_blocks = [size for v in saved_terms.values() for size in _split(v, pieces)]
+    dropped_blocks = [size for v in dropped_terms.values() for size in _split(v, pieces)]
+    weight_copy = autocast_weight_copy_bytes(model, training)
     loss_tmp = loss_backward_transient_bytes(model, training)
     layer_tmp = backward_layer_transient_bytes(model, training)
     trainable = [s for s in states if s.trainable]
@@ -146,8 +151,8 @@ def analytic_timeline(
                 name = f"layers.{layer}"
                 if weight_copy and mode == "full":
                     copies.append(rec.alloc(weight_copy, Cat.ACTIVATION, name))
-                kept = [rec.alloc(v, Cat.ACTIVATION, name) for v in saved_terms.values()]
-                dropped = [rec.alloc(v, Cat.TEMPORARY, name) for v in dropped_terms.values()]
+                kept = [rec.alloc(v, Cat.ACTIVATION, name) for v in saved_blocks]
+                dropped = [rec.alloc(v, Cat.TEMPORARY, name) for v in dropped_blocks]
                 for b in dropped:
                     rec.free(b)
                 layer_blocks.append(kept)
@@ -170,7 +175,7 @@ def analytic_timeline(
             rec.free(g2)
             for layer in reversed(range(model.num_layers)):
                 name = f"layers.{layer}"
-                recomputed = [rec.alloc(v, Cat.ACTIVATION, name) for v in dropped_terms.values()]
+                recomputed = [rec.alloc(v, Cat.ACTIVATION, name) for v in dropped_blocks]
                 if mode == "full" and weight_copy:
                     recomputed.append(rec.alloc(weight_copy, Cat.ACTIVATION, name))
                 tmp = rec.alloc(layer_tmp, Cat.TEMPORARY, name)
@@ -200,6 +205,29 @@ def analytic_timeline(
     return Timeline(
         events=rec.events, name=f"{model.name} (analytic)", steady_state_start=steady_state_start
     )
+
+
+def _tensor_sizes(model: ModelSpec, training: TrainingConfig) -> list[int]:
+    """Sizes of the single tensors a layer's terms are made of, largest first: (t, i) and
+    (t, h) activations in the compute, residual and fp32 dtypes, (b, a, s, s) scores, masks."""
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    s, b = tokens_per_sequence(model, training), training.micro_batch_size
+    c, r = compute_and_residual_bytes(training)
+    k_top = model.num_experts_per_tok if model.num_experts > 1 else 1
+    i, h = model.intermediate_size * k_top, model.hidden_size
+    kv = model.num_kv_heads * model.head_dim
+    sizes = {n * t for n in (4 * i, c * i, i, 4 * h, r * h, c * h, h, c * kv)}
+    sizes |= {n * model.num_heads * s * s * b for n in (4, c, 1)}
+    return sorted((x for x in sizes if x > 0), reverse=True)
+
+
+def _split(term_bytes: int, sizes: list[int]) -> list[int]:
+    """A term as the tensors it is made of: the largest single-tensor size that divides it,
+    repeated; the term as one block if none does (e.g. LayerNorm input + statistics)."""
+    for size in sizes:
+        if term_bytes >= size and term_bytes % size == 0:
+            return [size] * (term_bytes // size)
+    return [term_bytes]
 
 
 _EMBEDDING_TERMS = frozenset(

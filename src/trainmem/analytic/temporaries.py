@@ -34,7 +34,7 @@ def optimizer_step_temporary_bytes(
     Returns:
         Bytes.
     """
-    w = dtype_bytes(training.weight_dtype)
+    w = dtype_bytes(training.optimizer_state_dtype)
     opt, impl = training.optimizer, training.optimizer_implementation
     if opt in ("adam", "adamw"):
         if impl == "fused":

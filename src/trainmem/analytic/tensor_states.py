@@ -139,7 +139,7 @@ def state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayout:
                 full_param = _quantized_bytes(numel, out_features, training.quantize_base)
             else:
                 full_param = w * numel
-            full_grad = w * numel if trainable else 0
+            full_grad = dtype_bytes(training.grad_dtype) * numel if trainable else 0
             state = 0
             if trainable:
                 if out_features > 1 and numel % out_features == 0 and numel > out_features:

@@ -13,6 +13,25 @@ precision       weights/grads    compute         notes
 ==============  ===============  ==============  =====================================
 
 Source: Lightning ``lightning/fabric/plugins/precision`` (``MixedPrecision``, ``HalfPrecision``).
+
+Note [Framework conventions]
+    The same "mixed precision" stores different bytes per parameter in different frameworks:
+
+    ==============  =============================================================================
+    framework       ``*-mixed`` means
+    ==============  =============================================================================
+    pytorch-amp     fp32 weights and grads, torch.autocast (16 B/param with Adam); the default.
+    hf-trainer      as pytorch-amp (``Trainer(fp16/bf16=True)`` uses torch.autocast).
+    litgpt          as pytorch-amp (Fabric ``MixedPrecision``); its loss is chunked, no fp32 upcast.
+    deepspeed       16-bit weights and grads, fp32 master weights + moments in the optimizer:
+                    2 + 2 + 12 B/param (ZeRO paper sec. 3.1); the model runs in 16-bit, no autocast.
+    megatron        16-bit weights, fp32 gradient accumulation buffer (``accumulate_allreduce_
+                    grads_in_fp32``), fp32 master + moments: 2 + 4 + 12 B/param; no autocast.
+    fsdp2           fp32 sharded weights and grads, ``MixedPrecisionPolicy(param_dtype=bf16)``:
+                    layers compute on gathered 16-bit weights, no autocast.
+    torchtune       as the precision says (``bf16-true`` in its recipes); chunked loss with a
+                    per-chunk fp32 upcast (``CEWithChunkedOutputLoss``).
+    ==============  =============================================================================
 """
 
 from __future__ import annotations
@@ -58,6 +77,12 @@ LORA_TARGETS: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
 """Linear names ``--lora-targets`` accepts (``all-linear`` means all of them); for fused-qkv
 families (GPT-2 ``c_attn``, Falcon / GPT-NeoX ``query_key_value``) any of q, k, v targets the
 one fused module, as peft does."""
+FRAMEWORKS: tuple[str, ...] = (
+    "pytorch-amp", "hf-trainer", "deepspeed", "megatron", "fsdp2", "torchtune", "litgpt"
+)
+"""Framework conventions, see Note [Framework conventions]."""
+_AUTOCAST_FRAMEWORKS = frozenset({"pytorch-amp", "hf-trainer", "litgpt"})
+_MASTER_WEIGHT_FRAMEWORKS = frozenset({"deepspeed", "megatron"})
 FSDP_TO_ZERO: dict[str, int] = {"no-shard": 0, "shard-grad-op": 2, "full-shard": 3}
 """FSDP sharding strategies as the ZeRO stage they shard like (torch.distributed.fsdp
 ``ShardingStrategy``: SHARD_GRAD_OP shards gradients and optimizer states, FULL_SHARD also the
@@ -120,6 +145,17 @@ class TrainingConfig:
     """Linears that get LoRA adapters (peft's default for Llama: q_proj, v_proj)."""
     lora_dropout: float = 0.0
     """Dropout on the LoRA input (peft ``lora_dropout``); > 0 keeps a copy of the input."""
+    framework: str = "pytorch-amp"
+    """Whose conventions set the bytes per parameter and the loss; Note [Framework conventions]."""
+    chunked_cross_entropy: int = 0
+    """Compute the loss in this many chunks of tokens (0: in one piece); see
+    :func:`trainmem.analytic.activations.loss_backward_transient_bytes`."""
+    optimizer_in_backward: bool = False
+    """Step each parameter as soon as its gradient is ready and free the gradient (torchtune
+    ``optimizer_in_bwd``, ``register_post_accumulate_grad_hook``)."""
+    activation_offloading: bool = False
+    """Move saved activations to CPU after each layer's forward (torchtune
+    ``OffloadActivations``): about two layers' activations stay on the GPU."""
     quantize_base: str = "none"
     """Frozen base linear weights, bitsandbytes names as lit-gpt spells them: ``nf4`` / ``fp4``
     (4-bit, blocksize 64, fp32 absmax), ``nf4-dq`` / ``fp4-dq`` (with QLoRA's double
@@ -156,20 +192,58 @@ class TrainingConfig:
         if not 0.0 <= self.lora_dropout < 1.0:
             raise SpecError("lora_dropout", f"must be in [0, 1), got {self.lora_dropout!r}")
         _check_choice("quantize_base", self.quantize_base, QUANTIZE_BASE)
+        _check_choice("framework", self.framework, FRAMEWORKS)
+        if not isinstance(self.chunked_cross_entropy, int) or self.chunked_cross_entropy < 0:
+            raise SpecError(
+                "chunked_cross_entropy",
+                f"must be a non-negative integer, got {self.chunked_cross_entropy!r}",
+            )
         if self.quantize_base != "none" and self.lora_rank == 0:
             raise SpecError(
                 "quantize_base", "a quantized base is frozen: set lora_rank > 0 (QLoRA)"
             )
 
     @property
+    def master_weights(self) -> bool:
+        """16-bit model weights with an fp32 master copy kept by the optimizer (DeepSpeed,
+        Megatron mixed precision)."""
+        return self.is_mixed and self.framework in _MASTER_WEIGHT_FRAMEWORKS
+
+    @property
     def weight_dtype(self) -> str:
-        """Dtype of the stored parameters and their gradients (torch spelling)."""
+        """Dtype of the model's stored parameters (torch spelling)."""
+        if self.master_weights:
+            return self.compute_dtype
         return _PRECISION_DTYPES[self.precision][0]
+
+    @property
+    def grad_dtype(self) -> str:
+        """Dtype of the gradients kept between backward and the step (Megatron accumulates in
+        fp32)."""
+        if self.master_weights and self.framework == "megatron":
+            return "float32"
+        return self.weight_dtype
+
+    @property
+    def optimizer_state_dtype(self) -> str:
+        """Dtype of the optimizer's moments (fp32 beside master weights)."""
+        return "float32" if self.master_weights else self.weight_dtype
 
     @property
     def compute_dtype(self) -> str:
         """Dtype of matmul inputs/outputs and most activations (torch spelling)."""
         return _PRECISION_DTYPES[self.precision][1]
+
+    @property
+    def uses_autocast(self) -> bool:
+        """Mixed precision through torch.autocast (fp32 residual stream, per-op casts)."""
+        return self.is_mixed and self.framework in _AUTOCAST_FRAMEWORKS
+
+    @property
+    def loss_upcast(self) -> bool:
+        """The loss upcasts the logits to fp32 (HF ``ForCausalLMLoss``, torchtune per chunk);
+        lit-gpt's chunked cross-entropy works in the logits' dtype."""
+        return self.framework != "litgpt"
 
     @property
     def is_lora(self) -> bool:
@@ -178,5 +252,5 @@ class TrainingConfig:
 
     @property
     def is_mixed(self) -> bool:
-        """True for autocast precisions (fp32 weights, 16-bit compute)."""
+        """True for the ``*-mixed`` precisions (16-bit compute, an fp32 copy of the weights)."""
         return self.precision.endswith("-mixed")
