@@ -132,10 +132,15 @@ def peak_rows(est: MemoryEstimate, *, top: int = 10, depth: int | None = 3) -> l
     )
 
 
+def _natural(text: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key that puts ``layers.2`` before ``layers.10``."""
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in text.split("."))
+
+
 def _top(rows: list[dict[str, Any]], key: str, top: int) -> list[dict[str, Any]]:
     """The ``top`` largest rows by ``key`` with their share of the total, then the rest summed."""
     total = sum(r[key] for r in rows)
-    rows = sorted((r for r in rows if r[key]), key=lambda r: (-r[key], r["module"]))
+    rows = sorted((r for r in rows if r[key]), key=lambda r: (-r[key], _natural(r["module"])))
     head, rest = rows[:top], rows[top:]
     if rest:
         other: dict[str, Any] = {k: "" for k in head[0]}
