@@ -280,14 +280,17 @@ def format_gib(n_bytes: int | float) -> str:
     return f"{value:.2f} GiB" if abs(value) >= 1 or value == 0 else f"{value:#.3g} GiB"
 
 
-def _legend(ax: Any, stacked: int, extra: Sequence[Any] = ()) -> None:
-    """Legend outside the axes on the right; the first ``stacked`` handles (bottom-to-top
-    areas) are listed top first, as they appear in the stack, then ``extra`` artists."""
-    handles, texts = ax.get_legend_handles_labels()
-    handles = [*handles[:stacked][::-1], *handles[stacked:], *extra]
-    texts = [*texts[:stacked][::-1], *texts[stacked:], *(a.get_label() for a in extra)]
+def _legend(ax: Any, stacked: Sequence[Any], others: Sequence[Any]) -> None:
+    """Legend outside the axes on the right: the ``stacked`` artists (drawn bottom to top) listed
+    top first, as they appear in the stack, then ``others``."""
+    handles = [*list(stacked)[::-1], *others]
     ax.legend(
-        handles, texts, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9, frameon=False
+        handles,
+        [h.get_label() for h in handles],
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        fontsize=9,
+        frameon=False,
     )
 
 
@@ -363,7 +366,8 @@ def plot_timeline(
                     rotation=rotation,
                 )
         keys = [k for k in TIMELINE_KEYS if any(data.live_bytes[k])]
-        ax.stackplot(
+        others: list[Any] = []
+        areas = ax.stackplot(
             x,
             [[v / GiB for v in data.live_bytes[k]] for k in keys],
             labels=[CATEGORY_LABELS[k] for k in keys],
@@ -373,7 +377,7 @@ def plot_timeline(
             zorder=2,
         )
         if data.reserved_bytes is not None:
-            ax.step(
+            others += ax.step(
                 x,
                 [v / GiB for v in data.reserved_bytes],
                 where="post",
@@ -386,14 +390,16 @@ def plot_timeline(
         capacity = None
         if show_capacity and est.gpu_capacity_bytes is not None:
             capacity = max(est.gpu_capacity_bytes - est.breakdown.cuda_context, 0)
-            ax.axhline(
-                capacity / GiB,
-                color="#b00020",
-                ls="--",
-                lw=1.2,
-                zorder=3,
-                label=f"{est.gpu_name}: {est.gpu_capacity_bytes / GiB:.1f} GiB usable "
-                f"- {est.breakdown.cuda_context / GiB:.2f} GiB CUDA context",
+            others.append(
+                ax.axhline(
+                    capacity / GiB,
+                    color="#b00020",
+                    ls="--",
+                    lw=1.2,
+                    zorder=3,
+                    label=f"{est.gpu_name}: {est.gpu_capacity_bytes / GiB:.1f} GiB usable "
+                    f"- {est.breakdown.cuda_context / GiB:.2f} GiB CUDA context",
+                )
             )
             top = max(top, capacity)
         peak_gib = data.peak_bytes / GiB
@@ -431,9 +437,25 @@ def plot_timeline(
             )
             for phase in dict.fromkeys(data.phases)
         ]
-        _legend(ax, len(keys), shades)
+        _legend(ax, areas, [*others, *shades])
         _save(fig, path, fmt, dpi)
     return data
+
+
+def _wrap_label(text: str, width: int = 16) -> str:
+    """A bar label on several lines: one assignment per line; a long ``key=value`` is broken
+    after the ``=`` and the key at its hyphens."""
+    import textwrap
+
+    lines: list[str] = []
+    for part in text.replace(";", " ").replace(", ", " ").split():
+        key, sep, value = part.partition("=")
+        if len(part) <= width or not sep:
+            lines.append(part)
+            continue
+        lines += textwrap.wrap(key + sep, width=width, break_long_words=False) or [key + sep]
+        lines.append(value)
+    return "\n".join(lines)
 
 
 def plot_breakdown(
@@ -470,23 +492,27 @@ def plot_breakdown(
     from matplotlib.figure import Figure
 
     names = sorted({e.model_name for e in estimates})
-    width = max(6.0, 1.3 * len(estimates) + 3.5)
+    width = max(6.0, 1.6 * len(estimates) + 3.5)
     with mpl.style.context("default"), mpl.rc_context(_RC):
         fig = Figure(figsize=(width, 5.5), layout="constrained")
         ax = fig.add_subplot()
         x = list(range(len(estimates)))
         bottom = [0.0] * len(estimates)
         stacked = [k for k in STACK_ORDER if any(getattr(e.breakdown, k) for e in estimates)]
+        bars: list[Any] = []
+        lines: list[Any] = []
         for key in stacked:
             values = [getattr(e.breakdown, key) / GiB for e in estimates]
-            ax.bar(
-                x,
-                values,
-                bottom=bottom,
-                color=CATEGORY_COLORS[key],
-                label=CATEGORY_LABELS[key],
-                width=0.6,
-                zorder=2,
+            bars.append(
+                ax.bar(
+                    x,
+                    values,
+                    bottom=bottom,
+                    color=CATEGORY_COLORS[key],
+                    label=CATEGORY_LABELS[key],
+                    width=0.6,
+                    zorder=2,
+                )
             )
             bottom = [b + v for b, v in zip(bottom, values, strict=True)]
         for xi, e, height in zip(x, estimates, bottom, strict=True):
@@ -503,17 +529,19 @@ def plot_breakdown(
         capacities = {(e.gpu_name, e.gpu_capacity_bytes) for e in estimates if e.gpu_capacity_bytes}
         for name, cap in sorted(capacities, key=lambda t: t[1] or 0):
             assert cap is not None
-            ax.axhline(
-                cap / GiB,
-                color="#b00020",
-                ls="--",
-                lw=1.2,
-                zorder=3,
-                label=f"{name} usable capacity ({cap / GiB:.1f} GiB)",
+            lines.append(
+                ax.axhline(
+                    cap / GiB,
+                    color="#b00020",
+                    ls="--",
+                    lw=1.2,
+                    zorder=3,
+                    label=f"{name} usable capacity ({cap / GiB:.1f} GiB)",
+                )
             )
             top = max(top, cap / GiB)
         ax.set_ylim(0, top * 1.12 if top else 1.0)
-        ax.set_xticks(x, list(labels), fontsize=9)
+        ax.set_xticks(x, [_wrap_label(t) for t in labels], fontsize=9)
         ax.set_ylabel("memory at the peak (GiB = 2^30 bytes)")
         ax.set_title(
             title
@@ -522,5 +550,5 @@ def plot_breakdown(
         )
         ax.grid(axis="y", color="#dddddd", lw=0.6, zorder=1)
         ax.set_axisbelow(True)
-        _legend(ax, len(stacked))
+        _legend(ax, bars, lines)
         _save(fig, path, fmt, dpi)
