@@ -442,7 +442,7 @@ def plot_timeline(
     return data
 
 
-def _wrap_label(text: str, width: int = 16) -> str:
+def _wrap_label(text: str, width: int = 20) -> str:
     """A bar label on several lines: one assignment per line; a long ``key=value`` is broken
     after the ``=`` and the key at its hyphens."""
     import textwrap

@@ -1,0 +1,104 @@
+"""``trainmem compare`` and ``emit_reports`` (registered on a fresh app here; the lead wires
+``register(app)`` into cli.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from trainmem.errors import SpecError
+from trainmem.estimate import estimate
+from trainmem.report.commands import emit_reports, parse_set, register
+from trainmem.specs.training import TrainingConfig
+
+app = typer.Typer()
+
+
+@app.callback()
+def _root() -> None:
+    """Test app."""
+
+
+register(app)
+runner = CliRunner()
+
+
+def test_parse_set() -> None:
+    assert parse_set("activation-checkpointing=full micro-batch-size=4") == {
+        "activation_checkpointing": "full",
+        "micro_batch_size": 4,
+    }
+    assert parse_set("lora-rank=8;lora-targets=q,v,engine=analytic") == {
+        "lora_rank": 8,
+        "lora_targets": ("q", "v"),
+        "engine": "analytic",
+    }
+    assert parse_set("dropout=false gpu=T4") == {"dropout": False, "gpu": "T4"}
+    for bad, match in (
+        ("", "empty"),
+        ("nope", "KEY=VALUE"),
+        ("bogus=1", "unknown key"),
+        ("micro-batch-size=x", "integer"),
+    ):
+        with pytest.raises(SpecError, match=match):
+            parse_set(bad)
+
+
+def test_compare_table_json_and_plot(tmp_path: Path) -> None:
+    plot = tmp_path / "cmp.png"
+    args = [
+        "compare",
+        "tiny-gpt2-test",
+        "-b",
+        "2",
+        "-s",
+        "64",
+        "--gpu",
+        "T4",
+        "--set",
+        "activation-checkpointing=none",
+        "--set",
+        "activation-checkpointing=full",
+        "--plot",
+        str(plot),
+    ]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert (
+        "activation-checkpointing=none" in r.stdout and "activation-checkpointing=full" in r.stdout
+    )
+    assert f"note: comparison plot written to {plot}" in r.stdout and plot.stat().st_size > 0
+    r = runner.invoke(app, [*args, "--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)["configurations"]
+    assert [row["config"]["activation_checkpointing"] for row in rows] == ["none", "full"]
+    assert rows[1]["settings"] == {"activation_checkpointing": "full"}
+    expected = estimate(
+        "tiny-gpt2-test",
+        TrainingConfig(micro_batch_size=2, seq_len=64, activation_checkpointing="full"),
+        gpu="T4",
+    )
+    assert rows[1]["breakdown_bytes"] == expected.breakdown.as_dict()
+
+
+def test_compare_errors_are_one_line() -> None:
+    r = runner.invoke(app, ["compare", "gpt2", "--set", "bogus=1"])
+    assert r.exit_code == 2 and r.stderr.startswith("error: set: unknown key 'bogus'")
+    r = runner.invoke(app, ["compare", "gpt2", "--set", "precision=64-true"])
+    assert r.exit_code == 2 and "precision" in r.stderr
+
+
+def test_emit_reports(tmp_path: Path) -> None:
+    est = estimate("tiny-gpt2-test", TrainingConfig(micro_batch_size=2, seq_len=64))
+    plot, html = tmp_path / "t.svg", tmp_path / "r.html"
+    notes = emit_reports(est, plot=str(plot), html=str(html))
+    assert notes == [f"timeline plot written to {plot}", f"HTML report written to {html}"]
+    assert "live memory (GiB = 2^30 bytes)" in plot.read_text()
+    assert "<h2>Configuration</h2>" in html.read_text()
+    assert emit_reports(est, plot=None, html=None) == []
+    with pytest.raises(SpecError, match="png or .svg"):
+        emit_reports(est, plot=str(tmp_path / "t.gif"), html=None)
