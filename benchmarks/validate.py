@@ -1,35 +1,106 @@
-"""Predicted vs measured peak memory for every dev-set row trainmem can express.
+"""Accuracy benchmark: trainmem and its peers against published peak-memory measurements.
 
-Usage: ``python benchmarks/validate.py [--csv PATH] [--engine analytic|trace]``
+Usage::
 
-Compares each row on the metric it reports (``max_memory_allocated``, ``max_memory_reserved``
-or an nvidia-smi style device total), prints the signed error per row, the median and 90th
-percentile absolute error, and the share of rows under-estimated by more than 10%; rows that
-cannot be expressed yet are listed with the reason (see ``dev_rows.py``).
+    python benchmarks/validate.py                    # analytic + trace, table to stdout
+    python benchmarks/validate.py --peers            # + peers (makes benchmarks/.peers-venv)
+    python benchmarks/validate.py --write-results    # everything; writes RESULTS.md, the plot
+                                                     # and src/trainmem/data/uncertainty.json
+
+Every row of ``shared/validation/dev_measurements.csv`` is expressed as a trainmem configuration
+by ``dev_rows.py`` (one entry per row: settings, or the reason it cannot be expressed), run
+through each engine and compared on the metric the row reports (``max_memory_allocated``,
+``max_memory_reserved`` or an nvidia-smi style device total). Per tool: the signed error per
+row, the median and 90th-percentile absolute error, and the share of rows under-estimated by
+more than 10% (an under-estimate is an OOM for the user).
+
+The trace engine runs each row in its own subprocess with a time limit; rows whose settings it
+does not model are "not run" with the reason. Peers (accelerate ``estimate-memory``, DeepSpeed's
+ZeRO estimators, llm-analysis) run in ``benchmarks/.peers-venv`` through one adapter each in
+``benchmarks/peers/``; the published rules of thumb (``trainmem formulas``) run here. A peer's
+figure is compared as it is given: it is that tool's answer to "how much memory does this need".
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import datetime
+import json
+import platform
 import statistics
+import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 
 from dev_rows import ROWS  # noqa: E402
 
+from trainmem.analytic.formulas import rules_of_thumb  # noqa: E402
 from trainmem.estimate import estimate  # noqa: E402
 from trainmem.specs.hf import load_hf_config, model_spec_from_hf  # noqa: E402
 from trainmem.specs.training import TrainingConfig  # noqa: E402
+from trainmem.uncertainty import configuration_kinds  # noqa: E402
 
-DEFAULT_CSV = Path(__file__).resolve().parents[2] / "shared/validation/dev_measurements.csv"
+REPO = HERE.parent
+DEFAULT_CSV = REPO.parent / "shared/validation/dev_measurements.csv"
+PEERS_DIR = HERE / "peers"
+PEERS_VENV = HERE / ".peers-venv"
+RESULTS_MD = HERE / "RESULTS.md"
+PLOT_PNG = HERE / "results_predicted_vs_measured.png"
+UNCERTAINTY_JSON = REPO / "src/trainmem/data/uncertainty.json"
+
+TRACE_TIMEOUT_S = 300
+"""Per-row limit for the trace engine (CPU, fake tensors); a row over it is "not run"."""
+
+UNDER_THRESHOLD = 0.10
+"""The issue's dangerous direction: predicted below measured by more than this share."""
+
+PEER_ADAPTERS = {
+    "accelerate": "accelerate_adapter.py",
+    "deepspeed": "deepspeed_adapter.py",
+    "llm-analysis": "llm_analysis_adapter.py",
+}
+
+RULES = {
+    "ZeRO paper (Rajbhandari et al. 2020)": "rule: ZeRO paper",
+    "Korthikanti et al. 2022 + 16 B/param": "rule: Korthikanti + 16 B/param",
+    "'model memory' rule": "rule: model memory",
+    "GPT-2 calculator": "rule: GPT-2 calculator",
+}
+"""``rules_of_thumb`` names (prefix) -> tool column name."""
+
+
+@dataclass
+class Tool:
+    """One column of the benchmark: predictions per row id, or the reason there is none."""
+
+    name: str
+    version: str = ""
+    predicted: dict[str, int] = field(default_factory=dict)
+    not_run: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+# --- rows -------------------------------------------------------------------------------------
 
 
 def metric_key(metric_text: str) -> str:
-    """Which prediction a row's ``metric`` column is compared with."""
+    """Which prediction a row's ``metric`` column is compared with.
+
+    Args:
+        metric_text: the CSV's ``metric`` column.
+
+    Returns:
+        ``allocated``, ``reserved`` or ``device_total``.
+    """
     text = metric_text.lower()
     if "max_memory_allocated" in text:
         return "allocated"
@@ -38,48 +109,612 @@ def metric_key(metric_text: str) -> str:
     return "device_total"
 
 
+def load_rows(path: Path = DEFAULT_CSV) -> list[dict[str, str]]:
+    """The CSV rows, in file order."""
+    with path.open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def resolve_entry(row: dict[str, str]) -> dict[str, Any] | str:
+    """The row's mapping with its metric filled in, or the reason it is not expressible."""
+    entry = ROWS.get(row["id"], "no mapping in benchmarks/dev_rows.py")
+    if isinstance(entry, str):
+        return entry
+    return {**entry, "metric": entry.get("metric") or metric_key(row["metric"])}
+
+
+def hf_config(entry: dict[str, Any]) -> dict[str, Any]:
+    """The row's HF config.json dict (shipped preset plus the row's overrides)."""
+    return {**load_hf_config(entry["preset"]), **entry.get("config_overrides", {})}
+
+
+def training_of(entry: dict[str, Any]) -> TrainingConfig:
+    """The row's TrainingConfig."""
+    return TrainingConfig(**entry["training"])
+
+
+# --- trainmem ---------------------------------------------------------------------------------
+
+
+def pick_metric(breakdown: Any, metric: str, cuda_context_bytes: int | None = None) -> int:
+    """The breakdown's figure on the row's metric; a row's own CUDA context replaces the default.
+
+    Args:
+        breakdown: a :class:`~trainmem.breakdown.MemoryBreakdown`.
+        metric: ``allocated``, ``reserved`` or ``device_total``.
+        cuda_context_bytes: the row's era context, if the mapping gives one.
+
+    Returns:
+        Bytes.
+    """
+    if metric == "allocated":
+        return int(breakdown.allocated_bytes)
+    if metric == "reserved":
+        return int(breakdown.reserved_bytes)
+    context = breakdown.cuda_context if cuda_context_bytes is None else cuda_context_bytes
+    return int(breakdown.reserved_bytes + context)
+
+
 def predict(entry: dict[str, Any], engine: str) -> int:
     """Predicted bytes for one expressible row, on the row's own metric."""
-    config = {**load_hf_config(entry["preset"]), **entry.get("config_overrides", {})}
-    spec = model_spec_from_hf(config, name=entry["preset"])
-    est = estimate(spec, TrainingConfig(**entry["training"]), engine=engine,
-                   cuda_context_bytes=entry.get("cuda_context_bytes"))
-    b = est.breakdown
-    return {"allocated": b.allocated_bytes, "reserved": b.reserved_bytes,
-            "device_total": b.device_total_bytes}[entry["metric"]]
+    spec = model_spec_from_hf(hf_config(entry), name=entry["preset"])
+    est = estimate(
+        spec, training_of(entry), engine=engine, cuda_context_bytes=entry.get("cuda_context_bytes")
+    )
+    return pick_metric(est.breakdown, entry["metric"], entry.get("cuda_context_bytes"))
+
+
+def trace_limits(training: TrainingConfig) -> str | None:
+    """Why the trace engine cannot run a row's settings, or None.
+
+    The trace engine builds the plain transformers model on one GPU: it has no LoRA adapters,
+    quantized bases, ZeRO/FSDP sharding or offload, and would silently trace full fine-tuning.
+    """
+    missing = []
+    if training.lora_rank:
+        missing.append("LoRA")
+    if training.quantize_base != "none":
+        missing.append(f"{training.quantize_base} base weights")
+    if training.data_parallel_size > 1 or training.zero_stage:
+        missing.append("ZeRO/FSDP sharding")
+    if training.offload != "none":
+        missing.append("offload")
+    if missing:
+        return "trace engine does not model " + ", ".join(missing)
+    return None
+
+
+def _trace_one(row_id: str, csv_path: Path, timeout_s: float) -> tuple[str, int | None, str]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--csv", str(csv_path)]
+    cmd += ["--trace-row", row_id]
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return row_id, None, f"over the {timeout_s:.0f} s limit on CPU"
+    lines = proc.stdout.strip().splitlines()
+    try:
+        answer = json.loads(lines[-1]) if lines else {}
+    except json.JSONDecodeError:
+        answer = {}
+    if "predicted_bytes" in answer:
+        return row_id, int(answer["predicted_bytes"]), f"{time.monotonic() - start:.1f} s"
+    err = answer.get("error") or (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    return row_id, None, f"failed: {err[:200]}"
+
+
+def run_trainmem(
+    rows: list[dict[str, str]], engine: str, csv_path: Path, timeout_s: float = TRACE_TIMEOUT_S
+) -> Tool:
+    """trainmem on every row with one engine (trace rows in subprocesses, 4 at a time)."""
+    tool = Tool(f"trainmem {engine}", version=_version("trainmem"))
+    pending: list[str] = []
+    for row in rows:
+        entry = resolve_entry(row)
+        if isinstance(entry, str):
+            tool.not_run[row["id"]] = entry
+            continue
+        if engine == "analytic":
+            tool.predicted[row["id"]] = predict(entry, "analytic")
+            continue
+        why = trace_limits(training_of(entry))
+        if why:
+            tool.not_run[row["id"]] = why
+        else:
+            pending.append(row["id"])
+    if pending:
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            done = pool.map(lambda rid: _trace_one(rid, csv_path, timeout_s), pending)
+            for rid, value, what in done:
+                if value is None:
+                    tool.not_run[rid] = what
+                else:
+                    tool.predicted[rid] = value
+    if engine == "trace":
+        tool.notes.append(
+            "the trace engine reports no fragmentation: its device total is allocated bytes "
+            "plus the row's CUDA context"
+        )
+    return tool
+
+
+# --- rules of thumb (trainmem formulas) ---------------------------------------------------------
+
+
+def rule_limits(training: TrainingConfig, rule: str) -> str | None:
+    """Why a published rule of thumb cannot express a row, or None.
+
+    Every rule counts full fine-tuning with Adam on one GPU; the ZeRO paper and Korthikanti's
+    16 B/param are mixed-precision Adam by construction.
+    """
+    kinds = configuration_kinds(training)
+    if "method=full" not in kinds:
+        return "counts every parameter as trained (no LoRA / QLoRA)"
+    if "sharded=yes" in kinds:
+        return "no ZeRO/FSDP sharding"
+    if training.optimizer not in ("adam", "adamw"):
+        return f"assumes Adam; the row uses {training.optimizer}"
+    mixed_only = rule.startswith(("ZeRO paper", "Korthikanti"))
+    if mixed_only and training.precision not in ("16-mixed", "bf16-mixed"):
+        return f"mixed-precision Adam (16 B/param) by construction; the row is {training.precision}"
+    return None
+
+
+def run_rules(rows: list[dict[str, str]]) -> list[Tool]:
+    """The published rules of thumb from ``trainmem formulas``, one tool each."""
+    tools = {name: Tool(name, version=_version("trainmem")) for name in RULES.values()}
+    for row in rows:
+        entry = resolve_entry(row)
+        if isinstance(entry, str):
+            for tool in tools.values():
+                tool.not_run[row["id"]] = f"row not mapped, no settings to pass on ({entry})"
+            continue
+        training = training_of(entry)
+        spec = model_spec_from_hf(hf_config(entry), name=entry["preset"])
+        for rule_name, total, what in rules_of_thumb(spec, training):
+            column = next(col for prefix, col in RULES.items() if rule_name.startswith(prefix))
+            why = rule_limits(training, rule_name)
+            if why is None and total is None:
+                why = what
+            if why:
+                tools[column].not_run[row["id"]] = why
+            else:
+                tools[column].predicted[row["id"]] = int(total or 0)
+    return list(tools.values())
+
+
+# --- peers --------------------------------------------------------------------------------------
+
+
+def ensure_peers_venv(venv: Path = PEERS_VENV, *, upgrade: bool = False) -> Path:
+    """Make (or upgrade) the peers' virtual environment with ``peers/setup_venv.sh``.
+
+    Returns:
+        The venv's python.
+    """
+    python = venv / "bin" / "python"
+    if upgrade or not python.exists():
+        subprocess.run(["bash", str(PEERS_DIR / "setup_venv.sh"), str(venv)], check=True)
+    return python
+
+
+def peer_requests(rows: list[dict[str, str]]) -> list[dict[str, Any]]:
+    """The JSON requests the adapters read: config.json dict, training fields, metric."""
+    out = []
+    for row in rows:
+        entry = resolve_entry(row)
+        if isinstance(entry, str):
+            continue
+        training = {k: list(v) if isinstance(v, tuple) else v for k, v in entry["training"].items()}
+        out.append(
+            {
+                "id": row["id"],
+                "config": hf_config(entry),
+                "training": training,
+                "metric": entry["metric"],
+            }
+        )
+    return out
+
+
+def run_peer(name: str, python: Path, rows: list[dict[str, str]], timeout_s: float = 900) -> Tool:
+    """One peer adapter in the peers' venv; rows trainmem cannot express are not sent."""
+    tool = Tool(name)
+    requests = peer_requests(rows)
+    sent = {r["id"] for r in requests}
+    for row in rows:
+        if row["id"] not in sent:
+            tool.not_run[row["id"]] = (
+                f"row not mapped, no settings to pass on ({ROWS.get(row['id'], 'no mapping')})"
+            )
+    cmd = [str(python), str(PEERS_DIR / PEER_ADAPTERS[name])]
+    try:
+        proc = subprocess.run(
+            cmd,
+            input=json.dumps(requests),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+        answer = json.loads(proc.stdout)
+    except (subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
+        for rid in sent:
+            tool.not_run[rid] = f"adapter failed: {type(exc).__name__}"
+        return tool
+    tool.name, tool.version, tool.notes = answer["tool"], answer["version"], answer["notes"]
+    for rid, res in answer["results"].items():
+        if "predicted_bytes" in res:
+            tool.predicted[rid] = int(res["predicted_bytes"])
+        else:
+            tool.not_run[rid] = res.get("cannot_express") or f"error: {res.get('error')}"
+    return tool
+
+
+# --- statistics ---------------------------------------------------------------------------------
+
+
+def signed_errors(tool: Tool, measured: dict[str, float]) -> dict[str, float]:
+    """``(predicted - measured) / measured`` per row the tool predicted."""
+    return {rid: (p - measured[rid]) / measured[rid] for rid, p in tool.predicted.items()}
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of an ascending list (q in 0..1)."""
+    return sorted_values[min(len(sorted_values) - 1, round(q * (len(sorted_values) - 1)))]
+
+
+def summarize(errors: dict[str, float]) -> dict[str, Any]:
+    """Median and p90 absolute error, under-estimates by more than 10%, worst under-estimate."""
+    if not errors:
+        return {"n": 0}
+    abs_err = sorted(abs(e) for e in errors.values())
+    worst_id = min(errors, key=lambda rid: errors[rid])
+    return {
+        "n": len(errors),
+        "median_abs": statistics.median(abs_err),
+        "p90_abs": percentile(abs_err, 0.9),
+        "under": sum(e < -UNDER_THRESHOLD for e in errors.values()),
+        "worst_under": (worst_id, errors[worst_id]) if errors[worst_id] < 0 else None,
+    }
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    """Signed-error statistics of one kind of configuration, for the uncertainty table."""
+    v = sorted(values)
+    return {
+        "n": len(v),
+        "min": round(v[0], 4),
+        "p10": round(percentile(v, 0.1), 4),
+        "median": round(statistics.median(v), 4),
+        "p90": round(percentile(v, 0.9), 4),
+        "max": round(v[-1], 4),
+    }
+
+
+def uncertainty_table(
+    tools: list[Tool], rows: list[dict[str, str]], measured: dict[str, float]
+) -> dict[str, Any]:
+    """Per engine and kind of configuration, the spread of trainmem's signed errors."""
+    engines: dict[str, Any] = {}
+    for tool in tools:
+        if not tool.name.startswith("trainmem ") or not tool.predicted:
+            continue
+        errors = signed_errors(tool, measured)
+        by_kind: dict[str, list[float]] = {"all": list(errors.values())}
+        for row in rows:
+            if row["id"] not in errors:
+                continue
+            entry = resolve_entry(row)
+            assert isinstance(entry, dict)
+            for kind in configuration_kinds(training_of(entry)):
+                by_kind.setdefault(kind, []).append(errors[row["id"]])
+        engines[tool.name.split()[1]] = {k: spread(v) for k, v in sorted(by_kind.items())}
+    return {
+        "schema_version": 1,
+        "generated_by": "python benchmarks/validate.py --write-results",
+        "dataset": "shared/validation/dev_measurements.csv",
+        "date": datetime.date.today().isoformat(),
+        "trainmem_version": _version("trainmem"),
+        "error": "(predicted - measured) / measured, on each row's own metric",
+        "engines": engines,
+    }
+
+
+# --- output -------------------------------------------------------------------------------------
+
+
+def _version(package: str) -> str:
+    try:
+        return f"{package}=={version(package)}"
+    except PackageNotFoundError:
+        return f"{package} (not installed)"
+
+
+def _git_commit() -> str:
+    proc = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return proc.stdout.strip() or "unknown"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:+.1f}%"
+
+
+def print_table(tools: list[Tool], rows: list[dict[str, str]], measured: dict[str, float]) -> None:
+    """Per-row table and per-tool summary on stdout."""
+    head = f"{'id':6} {'model':24} {'metric':12} {'measured GB':>11}"
+    for tool in tools:
+        head += f" | {tool.name[:22]:>22}"
+    print(head)
+    for row in rows:
+        rid = row["id"]
+        entry = resolve_entry(row)
+        model = entry["preset"] if isinstance(entry, dict) else "-"
+        metric = entry["metric"] if isinstance(entry, dict) else "-"
+        line = f"{rid:6} {model[:24]:24} {metric:12} {measured[rid] / 1e9:11.2f}"
+        for tool in tools:
+            if rid in tool.predicted:
+                p = tool.predicted[rid]
+                cell = f"{p / 1e9:.2f} ({_pct((p - measured[rid]) / measured[rid])})"
+            else:
+                cell = "not run"
+            line += f" | {cell:>22}"
+        print(line)
+    print()
+    for tool in tools:
+        s = summarize(signed_errors(tool, measured))
+        if s["n"]:
+            print(
+                f"{tool.name:34} {s['n']:2} rows: median |error| {100 * s['median_abs']:.1f}%, "
+                f"p90 {100 * s['p90_abs']:.1f}%, under-estimated by >10%: {s['under']}/{s['n']}"
+            )
+        else:
+            print(f"{tool.name:34}  0 rows")
+    for tool in tools:
+        reasons = _grouped_reasons(tool)
+        if reasons:
+            print(f"\n{tool.name}: not run on")
+            for why, ids in reasons.items():
+                print(f"  {_id_ranges(ids)}: {why}")
+
+
+def _grouped_reasons(tool: Tool) -> dict[str, list[str]]:
+    grouped: dict[str, list[str]] = {}
+    for rid, why in sorted(tool.not_run.items()):
+        grouped.setdefault(why, []).append(rid)
+    return grouped
+
+
+def _id_ranges(ids: list[str]) -> str:
+    return ", ".join(ids) if len(ids) <= 4 else f"{', '.join(ids[:3])}, ... ({len(ids)} rows)"
+
+
+def _describe(entry: dict[str, Any]) -> str:
+    t = entry["training"]
+    parts = [f"b{t.get('micro_batch_size', 1)}", f"s{t['seq_len']}", t.get("precision", "")]
+    if t.get("gradient_accumulation_steps", 1) > 1:
+        parts.append(f"GA{t['gradient_accumulation_steps']}")
+    if t.get("optimizer", "adamw") != "adamw":
+        parts.append(t["optimizer"])
+    if t.get("activation_checkpointing", "none") != "none":
+        parts.append("AC")
+    if t.get("quantize_base", "none") != "none":
+        parts.append(f"QLoRA {t['quantize_base']}")
+    elif t.get("lora_rank"):
+        parts.append(f"LoRA r{t['lora_rank']}")
+    if t.get("zero_stage"):
+        parts.append(f"ZeRO-{t['zero_stage']} x{t.get('data_parallel_size', 1)}")
+    parts.append(t.get("attention", "sdpa"))
+    return " ".join(p for p in parts if p)
+
+
+def write_plot(tools: list[Tool], measured: dict[str, float], path: Path = PLOT_PNG) -> None:
+    """Log-log predicted vs measured, one panel per tool, y = x and +-10% lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = [t for t in tools if t.predicted]
+    cols = 3
+    nrows = (len(shown) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 4.0 * nrows), squeeze=False)
+    lo, hi = 0.5, 200.0
+    for ax, tool in zip(axes.flat, shown, strict=False):
+        ids = sorted(tool.predicted)
+        x = [measured[rid] / 1e9 for rid in ids]
+        y = [tool.predicted[rid] / 1e9 for rid in ids]
+        ax.plot([lo, hi], [lo, hi], "k-", lw=1, label="y = x")
+        ax.plot([lo, hi], [0.9 * lo, 0.9 * hi], "k:", lw=0.8, label="-10%")
+        ax.plot([lo, hi], [1.1 * lo, 1.1 * hi], "k:", lw=0.8)
+        under = [(a, b) for a, b in zip(x, y, strict=True) if b < 0.9 * a]
+        ok = [(a, b) for a, b in zip(x, y, strict=True) if b >= 0.9 * a]
+        if ok:
+            ax.scatter(*zip(*ok, strict=True), s=18, c="tab:blue", label="within / over")
+        if under:
+            ax.scatter(*zip(*under, strict=True), s=18, c="tab:red", label="under by >10%")
+        s = summarize(signed_errors(tool, measured))
+        ax.set_title(
+            f"{tool.name}\n{s['n']} rows, median |err| {100 * s['median_abs']:.0f}%", fontsize=9
+        )
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_xlabel("measured (GB)", fontsize=8)
+        ax.set_ylabel("predicted (GB)", fontsize=8)
+        ax.grid(True, which="both", lw=0.3)
+        ax.legend(fontsize=6, loc="upper left")
+    for ax in list(axes.flat)[len(shown) :]:
+        ax.axis("off")
+    fig.suptitle("Predicted vs measured peak GPU memory, dev set (log-log)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_results_md(
+    tools: list[Tool],
+    rows: list[dict[str, str]],
+    measured: dict[str, float],
+    path: Path = RESULTS_MD,
+) -> None:
+    """RESULTS.md: versions, summary per tool, the bar, per-row table, reasons, plot."""
+    today = datetime.date.today().isoformat()
+    versions = sorted({t.version for t in tools if t.version} | {_version("torch")})
+    out = [
+        "# Accuracy benchmark: predicted vs measured peak GPU memory",
+        "",
+        f"Generated {today} by `python benchmarks/validate.py --write-results` at commit "
+        f"`{_git_commit()}` (Python {platform.python_version()}). Do not edit by hand.",
+        "",
+        "Versions: " + ", ".join(f"`{v}`" for v in versions) + ".",
+        "",
+        "Rows: `shared/validation/dev_measurements.csv` (published measurements, see its "
+        "README); each mapped to trainmem settings in `benchmarks/dev_rows.py`. Error = "
+        "(predicted - measured) / measured on the row's own metric (allocated, reserved or "
+        "device total); negative is an under-estimate, the dangerous direction. Peers' figures "
+        "are compared as the tools give them (none adds a CUDA context or allocator cache).",
+        "",
+        "## Summary",
+        "",
+        "| tool | rows run | median abs error | p90 abs error | under-estimated by >10% "
+        "| worst under-estimate |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for tool in tools:
+        s = summarize(signed_errors(tool, measured))
+        if not s["n"]:
+            out.append(f"| {tool.name} | 0 | - | - | - | - |")
+            continue
+        worst = f"{s['worst_under'][0]} {_pct(s['worst_under'][1])}" if s["worst_under"] else "-"
+        out.append(
+            f"| {tool.name} | {s['n']}/{len(rows)} | {100 * s['median_abs']:.1f}% | "
+            f"{100 * s['p90_abs']:.1f}% | {s['under']}/{s['n']} ({100 * s['under'] / s['n']:.0f}%) "
+            f"| {worst} |"
+        )
+    analytic = next((t for t in tools if t.name == "trainmem analytic"), None)
+    if analytic is not None:
+        errs = signed_errors(analytic, measured)
+        s = summarize(errs)
+        over15 = sorted(rid for rid, e in errs.items() if e < -0.15)
+        med_ok = s["n"] and s["median_abs"] < 0.10
+        out += [
+            "",
+            "Bar (issue 7): trainmem's median absolute error below 10%: "
+            f"**{'met' if med_ok else 'not met'}** ({100 * s.get('median_abs', 0):.1f}%); "
+            "no row under-estimated by more than 15%: "
+            f"**{'met' if not over15 else 'not met'}**"
+            + (f" ({', '.join(over15)})" if over15 else "")
+            + ".",
+        ]
+    out += [
+        "",
+        "![predicted vs measured](results_predicted_vs_measured.png)",
+        "",
+        "## Per row",
+        "",
+        "Predicted GB (error). `-`: not run; the reasons follow the table.",
+        "",
+    ]
+    header = (
+        "| id | model | settings | metric | measured GB | "
+        + " | ".join(t.name for t in tools)
+        + " |"
+    )
+    out += [header, "|" + "---|" * 5 + "---:|" * len(tools)]
+    for row in rows:
+        rid = row["id"]
+        entry = resolve_entry(row)
+        if isinstance(entry, dict):
+            model, settings, metric = entry["preset"], _describe(entry), entry["metric"]
+        else:
+            model, settings, metric = row["model"].split(" ")[0], "-", metric_key(row["metric"])
+        cells = []
+        for tool in tools:
+            if rid in tool.predicted:
+                p = tool.predicted[rid]
+                cells.append(f"{p / 1e9:.2f} ({_pct((p - measured[rid]) / measured[rid])})")
+            else:
+                cells.append("-")
+        out.append(
+            f"| {rid} | {model} | {settings} | {metric} | {measured[rid] / 1e9:.2f} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    out += ["", "## Not run, and why", ""]
+    for tool in tools:
+        reasons = _grouped_reasons(tool)
+        notes = "".join(f" Note: {n}." for n in tool.notes)
+        if not reasons and not notes:
+            continue
+        out.append(f"- **{tool.name}** ({tool.version}).{notes}")
+        for why, ids in reasons.items():
+            out.append(f"  - {', '.join(ids)}: {why}")
+    out.append("")
+    path.write_text("\n".join(out))
+
+
+# --- main ---------------------------------------------------------------------------------------
+
+
+def _trace_row_main(csv_path: Path, row_id: str) -> int:
+    """Subprocess entry: one row through the trace engine, JSON on the last stdout line."""
+    row = next(r for r in load_rows(csv_path) if r["id"] == row_id)
+    entry = resolve_entry(row)
+    assert isinstance(entry, dict)
+    try:
+        answer: dict[str, Any] = {"predicted_bytes": predict(entry, "trace")}
+    except Exception as exc:  # noqa: BLE001 - reported as "not run" with the reason
+        answer = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+    print(json.dumps(answer))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Command line; see the module docstring."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--csv", type=Path, default=DEFAULT_CSV)
-    parser.add_argument("--engine", default="analytic", choices=("analytic", "trace"))
+    parser.add_argument("--no-trace", action="store_true", help="analytic engine only")
+    parser.add_argument("--peers", action="store_true", help="run the peers (makes their venv)")
+    parser.add_argument(
+        "--upgrade-peers",
+        action="store_true",
+        help="re-run peers/setup_venv.sh (latest releases) before running them",
+    )
+    parser.add_argument(
+        "--write-results",
+        action="store_true",
+        help="run everything; write RESULTS.md, the plot, uncertainty.json",
+    )
+    parser.add_argument("--trace-timeout", type=float, default=TRACE_TIMEOUT_S)
+    parser.add_argument("--trace-row", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    rows = list(csv.DictReader(args.csv.open()))
-    errors: list[float] = []
-    skipped: list[tuple[str, str]] = []
-    print(f"{'id':6} {'model':22} {'metric':12} {'measured GB':>11} {'predicted GB':>12} {'error':>7}")
-    for row in rows:
-        entry = ROWS.get(row["id"], "no mapping in benchmarks/dev_rows.py")
-        if isinstance(entry, str):
-            skipped.append((row["id"], entry))
-            continue
-        entry = {**entry, "metric": entry.get("metric") or metric_key(row["metric"])}
-        measured = float(row["measured_gb"]) * 1e9
-        predicted = predict(entry, args.engine)
-        err = (predicted - measured) / measured
-        errors.append(err)
-        print(f"{row['id']:6} {entry['preset']:22} {entry['metric']:12} {measured / 1e9:11.2f} "
-              f"{predicted / 1e9:12.2f} {100 * err:+6.1f}%")
-    if errors:
-        abs_err = sorted(abs(e) for e in errors)
-        p90 = abs_err[min(len(abs_err) - 1, round(0.9 * (len(abs_err) - 1)))]
-        under = sum(e < -0.10 for e in errors)
-        print(f"\n{len(errors)} rows: median |error| {100 * statistics.median(abs_err):.1f}%, "
-              f"p90 |error| {100 * p90:.1f}%, under-estimated by >10%: {under}/{len(errors)}")
-    if skipped:
-        print(f"\n{len(skipped)} rows not expressible yet:")
-        for rid, why in skipped:
-            print(f"  {rid}: {why}")
+    if args.trace_row:
+        return _trace_row_main(args.csv, args.trace_row)
+    rows = load_rows(args.csv)
+    measured = {row["id"]: float(row["measured_gb"]) * 1e9 for row in rows}
+    tools = [run_trainmem(rows, "analytic", args.csv)]
+    if args.write_results or not args.no_trace:
+        tools.append(run_trainmem(rows, "trace", args.csv, args.trace_timeout))
+    if args.write_results or args.peers or args.upgrade_peers:
+        python = ensure_peers_venv(upgrade=args.upgrade_peers)
+        for name in PEER_ADAPTERS:
+            tools.append(run_peer(name, python, rows))
+    tools += run_rules(rows)
+    print_table(tools, rows, measured)
+    if args.write_results:
+        write_plot(tools, measured)
+        write_results_md(tools, rows, measured)
+        UNCERTAINTY_JSON.parent.mkdir(parents=True, exist_ok=True)
+        table = uncertainty_table(tools, rows, measured)
+        UNCERTAINTY_JSON.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+        print(f"\nwrote {RESULTS_MD}, {PLOT_PNG}, {UNCERTAINTY_JSON}")
     return 0
 
 

@@ -1,0 +1,188 @@
+"""Low / expected / high band around an estimate, from the accuracy benchmark's error spread.
+
+The band is empirical, not a model: ``benchmarks/validate.py --write-results`` runs every
+expressible row of the dev set (``shared/validation/dev_measurements.csv``) through each engine
+and stores, per *kind of configuration* (``method=lora``, ``attention=eager``, ``sharded=yes``,
+...), the spread of the signed relative error ``e = (predicted - measured) / measured`` in
+``trainmem/data/uncertainty.json``. For a new configuration, every kind it belongs to that has
+at least :data:`MIN_ROWS` measured rows contributes its spread; the band is their union:
+
+    measured = predicted / (1 + e)  =>  low = expected / (1 + e_max), high = expected / (1 + e_min)
+
+with ``e_min <= 0 <= e_max`` so the band always brackets the expected value. A kind with too
+few rows (or none) falls back to the spread over all rows and is named first in
+``least_sure_of``: nothing was measured there.
+
+Known limitations: the dev set is 33 rows from three sources (2022 HF Trainer on a V100,
+a GPT-2 blog post, lit-gpt on an A100); min/max over few rows is a statement about those rows,
+not a confidence interval. Rows measured as allocated, reserved and device totals are pooled.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+from trainmem.specs.training import TrainingConfig
+
+MIN_ROWS = 3
+"""A kind needs this many benchmark rows before its own spread is used; below it, the spread
+over all rows stands in (min/max of one or two rows says nothing about the spread)."""
+
+TABLE_RESOURCE = ("trainmem", "data/uncertainty.json")
+"""Package resource holding the table written by ``benchmarks/validate.py --write-results``."""
+
+_METRICS = {
+    "allocated": "allocated_bytes",
+    "reserved": "reserved_bytes",
+    "device_total": "device_total_bytes",
+}
+
+
+def configuration_kinds(training: TrainingConfig) -> list[str]:
+    """The kinds of configuration a training setup belongs to, as ``key=value`` labels.
+
+    One label per axis along which the benchmark's errors are grouped: fine-tuning method,
+    sharding, attention kernel, activation checkpointing, precision, optimizer family.
+
+    Args:
+        training: the training settings.
+
+    Returns:
+        Labels such as ``["method=lora", "sharded=no", "attention=sdpa", ...]``.
+    """
+    if training.quantize_base != "none":
+        method = "qlora"
+    elif training.lora_rank > 0:
+        method = "lora"
+    else:
+        method = "full"
+    sharded = training.data_parallel_size > 1 and training.zero_stage > 0
+    optimizer = training.optimizer
+    if optimizer.endswith("8bit"):
+        family = "8-bit"
+    elif optimizer in ("adam", "adamw"):
+        family = "adam"
+    else:
+        family = optimizer
+    return [
+        f"method={method}",
+        f"sharded={'yes' if sharded else 'no'}",
+        f"offload={training.offload}",
+        f"attention={training.attention}",
+        f"checkpointing={training.activation_checkpointing}",
+        f"precision={training.precision}",
+        f"optimizer={family}",
+    ]
+
+
+@lru_cache(maxsize=1)
+def load_table() -> dict[str, Any]:
+    """The committed error table (``trainmem/data/uncertainty.json``).
+
+    Returns:
+        The parsed table: ``{"engines": {engine: {kind: {"n", "min", "max", ...}}}, ...}``.
+    """
+    package, name = TABLE_RESOURCE
+    text = resources.files(package).joinpath(name).read_text(encoding="utf-8")
+    table: dict[str, Any] = json.loads(text)
+    return table
+
+
+def _training_from(config: dict[str, Any]) -> TrainingConfig:
+    names = {f.name for f in fields(TrainingConfig)}
+    kwargs = {k: v for k, v in config.items() if k in names}
+    if isinstance(kwargs.get("lora_targets"), list):
+        kwargs["lora_targets"] = tuple(kwargs["lora_targets"])
+    return TrainingConfig(**kwargs)
+
+
+def uncertainty_band(
+    est_or_training: Any,
+    expected_bytes: int | None = None,
+    *,
+    engine: str | None = None,
+    metric: str = "allocated",
+    table: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Low / expected / high peak bytes for one configuration, from the benchmark's errors.
+
+    Args:
+        est_or_training: a :class:`~trainmem.breakdown.MemoryEstimate` (its config, engine and
+            peak are used), or a :class:`~trainmem.specs.training.TrainingConfig` together with
+            ``expected_bytes``.
+        expected_bytes: the point estimate in bytes; required with a TrainingConfig, overrides
+            the estimate's own peak otherwise.
+        engine: whose errors to use (``analytic`` or ``trace``); default the estimate's engine,
+            or ``analytic``. An engine missing from the table falls back to ``analytic``.
+        metric: which peak of an estimate is banded: ``allocated``, ``reserved`` or
+            ``device_total``.
+        table: an error table in the format of :func:`load_table`; default the shipped one.
+
+    Returns:
+        ``{"low": int, "expected": int, "high": int, "least_sure_of": [str, ...],
+        "kinds": [str, ...], "engine": str, "metric": str}``; bytes are ints,
+        ``low <= expected <= high``; ``least_sure_of`` names the (at most three) settings with
+        the widest error spread, unmeasured ones first, then widest first.
+
+    Raises:
+        TypeError: a TrainingConfig without ``expected_bytes``.
+        ValueError: an unknown ``metric``.
+    """
+    if metric not in _METRICS:
+        raise ValueError(f"metric: unknown value {metric!r}; allowed: {', '.join(_METRICS)}")
+    if isinstance(est_or_training, TrainingConfig):
+        if expected_bytes is None:
+            raise TypeError("uncertainty_band(TrainingConfig, ...) needs expected_bytes")
+        training = est_or_training
+        engine = engine or "analytic"
+        expected = int(expected_bytes)
+    else:
+        training = _training_from(est_or_training.config)
+        engine = engine or est_or_training.engine
+        expected = (
+            int(expected_bytes)
+            if expected_bytes is not None
+            else int(getattr(est_or_training.breakdown, _METRICS[metric]))
+        )
+    table = table if table is not None else load_table()
+    engines: dict[str, Any] = table["engines"]
+    per_kind: dict[str, Any] = engines.get(engine) or engines["analytic"]
+    overall = per_kind["all"]
+    kinds = configuration_kinds(training)
+    e_min = e_max = 0.0
+    ranked: list[tuple[float, str]] = []
+    for kind in kinds:
+        stats = per_kind.get(kind)
+        if stats is None or stats["n"] < MIN_ROWS:
+            n = 0 if stats is None else stats["n"]
+            stats = overall
+            # Unmeasured settings rank above every measured one.
+            why = f"{kind}: {n} dev rows measured; band from all {overall['n']} rows"
+            ranked.append((float("inf"), why))
+        else:
+            width = stats["max"] - stats["min"]
+            why = (
+                f"{kind}: error {100 * stats['min']:+.0f}% to {100 * stats['max']:+.0f}% "
+                f"over {stats['n']} dev rows"
+            )
+            ranked.append((width, why))
+        e_min = min(e_min, stats["min"])
+        e_max = max(e_max, stats["max"])
+    ranked.sort(key=lambda item: -item[0])
+    least_sure = [why for _width, why in ranked[:3]]
+    # measured = predicted / (1 + e); e > -1 always (a prediction is never 0 bytes).
+    low = int(expected / (1.0 + e_max))
+    high = int(expected / (1.0 + e_min))
+    return {
+        "low": min(low, expected),
+        "expected": expected,
+        "high": max(high, expected),
+        "least_sure_of": least_sure,
+        "kinds": kinds,
+        "engine": engine,
+        "metric": metric,
+    }

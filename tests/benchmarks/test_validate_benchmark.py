@@ -1,0 +1,140 @@
+"""The accuracy benchmark's plumbing (benchmarks/validate.py, benchmarks/dev_rows.py).
+
+No network and no peers: the peers run only from the benchmark script, in their own venv.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import validate  # noqa: E402
+from dev_rows import ROWS  # noqa: E402
+
+from trainmem.breakdown import MemoryBreakdown  # noqa: E402
+from trainmem.specs.hf import model_spec_from_hf  # noqa: E402
+from trainmem.specs.training import TrainingConfig  # noqa: E402
+
+needs_csv = pytest.mark.skipif(
+    not validate.DEFAULT_CSV.exists(), reason="shared/validation/dev_measurements.csv not beside"
+)
+
+
+@needs_csv
+def test_mapping_covers_every_csv_row_and_nothing_else() -> None:
+    ids = [row["id"] for row in validate.load_rows()]
+    assert len(ids) == len(set(ids))
+    assert set(ROWS) == set(ids)
+
+
+@needs_csv
+def test_every_entry_is_settings_or_a_reason() -> None:
+    for row in validate.load_rows():
+        entry = validate.resolve_entry(row)
+        if isinstance(entry, str):
+            assert len(entry) > 20, f"{row['id']}: a reason, not a placeholder"
+            continue
+        TrainingConfig(**entry["training"])  # validates every field
+        model_spec_from_hf(validate.hf_config(entry), name=entry["preset"])
+        assert entry["metric"] in ("allocated", "reserved", "device_total")
+
+
+@needs_csv
+def test_metric_per_row_follows_the_metric_column() -> None:
+    for row in validate.load_rows():
+        entry = validate.resolve_entry(row)
+        if isinstance(entry, str):
+            continue
+        text = row["metric"].lower()
+        if "max_memory_allocated" in text:
+            assert entry["metric"] == "allocated", row["id"]
+        elif "max_memory_reserved" in text:
+            assert entry["metric"] == "reserved", row["id"]
+        else:
+            assert entry["metric"] == "device_total", row["id"]
+    by_id = {row["id"]: validate.resolve_entry(row) for row in validate.load_rows()}
+    assert by_id["GT001"]["metric"] == "device_total"  # type: ignore[index]
+    assert by_id["GT071"]["metric"] == "device_total"  # type: ignore[index]
+    assert by_id["GT084"]["metric"] == "allocated"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("torch.cuda.max_memory_allocated()/1e9 ('Memory used')", "allocated"),
+        ("torch.cuda.max_memory_reserved() in GiB", "reserved"),
+        ("NVML used memory after trainer.train() (nvidia-smi-style total)", "device_total"),
+        ("total GPU memory (nvidia-smi style)", "device_total"),
+    ],
+)
+def test_metric_key(text: str, key: str) -> None:
+    assert validate.metric_key(text) == key
+
+
+def test_pick_metric_compares_like_with_like() -> None:
+    b = MemoryBreakdown(
+        parameters=10,
+        gradients=20,
+        optimizer_states=30,
+        activations=40,
+        temporary=0,
+        fragmentation=5,
+        cuda_context=1000,
+    )
+    assert validate.pick_metric(b, "allocated") == 100
+    assert validate.pick_metric(b, "reserved") == 105
+    assert validate.pick_metric(b, "device_total") == 1105
+    # A row's own era context replaces the default.
+    assert validate.pick_metric(b, "device_total", cuda_context_bytes=7) == 112
+
+
+def test_summary_statistics() -> None:
+    errors = {"a": -0.2, "b": -0.05, "c": 0.0, "d": 0.1, "e": 0.3}
+    s = validate.summarize(errors)
+    assert s["n"] == 5
+    assert s["median_abs"] == pytest.approx(0.1)
+    assert s["p90_abs"] == pytest.approx(0.3)
+    assert s["under"] == 1
+    assert s["worst_under"] == ("a", -0.2)
+    assert validate.summarize({}) == {"n": 0}
+
+
+def test_trace_limits_name_what_the_trace_engine_lacks() -> None:
+    assert validate.trace_limits(TrainingConfig()) is None
+    why = validate.trace_limits(TrainingConfig(lora_rank=8, quantize_base="nf4"))
+    assert why is not None and "LoRA" in why and "nf4" in why
+    sharded = TrainingConfig(lora_rank=8, data_parallel_size=2, zero_stage=3)
+    assert "sharding" in (validate.trace_limits(sharded) or "")
+
+
+def test_rules_of_thumb_refuse_what_they_cannot_express() -> None:
+    full = TrainingConfig(precision="16-mixed")
+    assert validate.rule_limits(full, "ZeRO paper (Rajbhandari et al. 2020)") is None
+    fp32 = TrainingConfig(precision="32-true")
+    assert validate.rule_limits(fp32, "ZeRO paper (Rajbhandari et al. 2020)") is not None
+    assert validate.rule_limits(fp32, "'model memory' rule (P=4)") is None
+    assert validate.rule_limits(TrainingConfig(lora_rank=8), "'model memory' rule (P=2)")
+    assert validate.rule_limits(TrainingConfig(optimizer="adafactor"), "GPT-2 calculator")
+
+
+def test_uncertainty_table_groups_errors_by_kind() -> None:
+    rows = [{"id": "GT001"}, {"id": "GT084"}]
+    tool = validate.Tool("trainmem analytic", predicted={"GT001": 90, "GT084": 120})
+    table = validate.uncertainty_table([tool], rows, {"GT001": 100.0, "GT084": 100.0})
+    analytic = table["engines"]["analytic"]
+    assert analytic["all"]["n"] == 2
+    assert analytic["all"]["min"] == pytest.approx(-0.1)
+    assert analytic["method=full"] == {
+        "n": 1,
+        "min": -0.1,
+        "p10": -0.1,
+        "median": -0.1,
+        "p90": -0.1,
+        "max": -0.1,
+    }
+    assert analytic["method=lora"]["max"] == pytest.approx(0.2)
