@@ -131,6 +131,13 @@ SnapshotOpt = Annotated[
     typer.Option("--snapshot", help="Write the simulated step as a PyTorch memory snapshot "
                  "(open it at https://pytorch.org/memory_viz)."),
 ]
+PlotOpt = Annotated[
+    str | None,
+    typer.Option("--plot", help="Write the timeline of the step as a picture (.png or .svg)."),
+]
+HtmlOpt = Annotated[
+    str | None, typer.Option("--html", help="Write a self-contained HTML report (offline).")
+]
 QuantizeOpt = Annotated[
     str, typer.Option("--quantize-base", help=_choices(QUANTIZE_BASE) + " (QLoRA and kin)")
 ]
@@ -231,6 +238,8 @@ def estimate_cmd(
     engine: EngineOpt = "analytic",
     alloc_conf: AllocConfOpt = "",
     snapshot: SnapshotOpt = None,
+    plot: PlotOpt = None,
+    html: HtmlOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Peak GPU memory of one training step per GPU, broken down, with a verdict for --gpu."""
@@ -258,6 +267,10 @@ def estimate_cmd(
     if snapshot is not None:
         write_step_snapshot(model, training, gpu, alloc_conf, snapshot)
         est.notes.append(f"memory snapshot written to {snapshot}")
+    if plot is not None or html is not None:
+        from trainmem.report.commands import emit_reports
+
+        est.notes.extend(emit_reports(est, plot=plot, html=html, alloc_conf=alloc_conf))
     print_estimate(est, as_json)
 
 
@@ -431,6 +444,16 @@ def _register_planner() -> None:
 
 
 _register_planner()
+
+
+def _register_report() -> None:
+    """Add ``compare`` (trainmem.report.commands)."""
+    from trainmem.report.commands import register
+
+    register(app)
+
+
+_register_report()
 
 
 def main() -> None:

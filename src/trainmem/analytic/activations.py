@@ -24,11 +24,12 @@ Note [Activation terms]
     * HF RMSNorm (modeling_llama.py ``LlamaRMSNorm``) upcasts to fp32 and saves the fp32 input and
       the normalised fp32 tensor: 4h + r*h + 4 bytes per token; LayerNorm saves its input and fp32
       mean/rstd: r*h + 8.
-    * Rotary embeddings (modeling_llama.py ``apply_rotary_pos_emb``) save q and k before rotation
-      and ``rotate_half`` of each, and attention saves the rotated copies: 3c(ad + kd) for q, k.
+    * Rotary embeddings (modeling_llama.py ``apply_rotary_pos_emb``) multiply by cos/sin, which
+      saves cos/sin (counted once per step), so only the rotated q and k are saved, by attention.
     * SDPA / flash attention (Dao et al. 2022, arXiv:2205.14135) saves q, k, v, its output and a
-      fp32 logsumexp of a values per token, and no a*s*s term; the output is then copied by
-      ``transpose(1, 2).contiguous()`` for the output projection (one more c*a*d). Eager attention
+      fp32 logsumexp of a values per token, and no a*s*s term; the output projection reads a
+      view of that output. k and v are saved expanded to all query heads where the kernel or
+      HF's ``repeat_kv`` expands them (eager; the fp32 memory-efficient kernel). Eager attention
       saves the softmax output (fp32 under autocast: ``softmax`` is on CUDA autocast's fp32 list),
       the dropout mask (1 byte) and the probabilities fed to the value matmul (c).
     * Activation functions: a fused GELU/SiLU saves its input (c*i); HF ``gelu_new``
@@ -161,10 +162,18 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
     norm = _norm_saved_bytes(model, r)
     terms["attention/norm"] = norm * t
     terms["attention/qkv_input"] = c * h * t * (1 if (fused_qkv or not mixed) else 3)
-    qk = a * d + kv * d
-    rope_factor = 3 if model.position_kind == "rotary" else 1
-    terms["attention/q_k"] = rope_factor * c * qk * t
-    terms["attention/v"] = c * kv * d * t
+    # Keys and values reach the kernel expanded to all query heads (GQA) in eager attention
+    # (HF ``repeat_kv`` + the matmul's reshape copy) and in the fp32 memory-efficient SDPA
+    # kernel; flash (16-bit) takes them at kv-head size. Only the rotated q and k are saved:
+    # RoPE's multiplications by cos/sin save cos/sin, not q or k.
+    kv_saved = a if (training.attention == "eager" or c == 4) else kv
+    terms["attention/q_k"] = c * (a * d + kv_saved * d) * t
+    terms["attention/v"] = c * kv_saved * d * t
+    if model.model_type == "gpt2" and training.activation_checkpointing == "none":
+        # transformers 5 GPT-2 builds a DynamicCache in training (config ``use_cache=True``,
+        # disabled under gradient checkpointing); its ``torch.cat`` copies of k and v are what
+        # SDPA saves (found by the trace engine, benchmarks/analytic_vs_trace.py).
+        terms["attention/kv_cache_copy"] = 2 * c * h * t
     if training.attention == "eager":
         fp32_softmax = mixed or model.model_type in FP32_SOFTMAX_MODEL_TYPES or c == 4
         sm = 4 if fp32_softmax else c
@@ -175,10 +184,11 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
             terms["scores/probs_for_values"] = c * a * s * s * b
         terms["attention/out_proj_input"] = c * a * d * t
     else:
-        # SDPA output + logsumexp saved by the kernel; contiguous copy saved by the out projection
+        # SDPA output + logsumexp saved by the kernel; the flash / efficient output is already
+        # (b, s, a, d)-contiguous, so ``transpose(1, 2).reshape`` before the output projection
+        # is a view and that projection saves the same storage.
         terms["attention/sdpa_output"] = c * a * d * t
         terms["attention/logsumexp"] = 4 * a * t
-        terms["attention/out_proj_input"] = c * a * d * t
     if p_hidden:
         terms["attention/dropout_mask"] = h * t
 
@@ -341,7 +351,9 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
         if model.head == "masked-lm":
             out["mlm_transform"] = (2 * c * h + _norm_saved_bytes(model, r)) * t
         out["lm_head_input"] = c * h * t
-        out["logits"] = c * v * t
+        # The logits are not saved: the training loop drops the model output after the loss,
+        # log-softmax keeps only its output and the LM head its input (found by the trace
+        # engine); they exist only at the end of forward (loss_forward_transient_bytes).
         # saved by cross_entropy for its backward: fp32 after HF's / torchtune's upcast,
         # the logits' dtype in lit-gpt's chunked cross-entropy
         out["log_softmax"] = (4 if training.loss_upcast else c) * v * t
@@ -350,6 +362,19 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
     else:
         out["pooled"] = 4 * h * b * 4
     return out
+
+
+def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes live only at the end of forward, when the loss runs: the logits (c per value) and,
+    when the loss upcasts 16-bit logits, their fp32 copy (one chunk of it with a chunked loss).
+    Source: transformers/loss/loss_utils.py ``ForCausalLMLoss`` (``logits.float()``)."""
+    if model.head not in ("causal-lm", "masked-lm"):
+        return 0
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    c, _ = compute_and_residual_bytes(training)
+    v = model.vocab_size
+    upcast = 4 * v * -(-t // max(training.chunked_cross_entropy, 1))
+    return c * v * t + (upcast if training.loss_upcast and c != 4 else 0)
 
 
 def loss_backward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:

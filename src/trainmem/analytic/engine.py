@@ -33,6 +33,7 @@ from trainmem.analytic.activations import (
     backward_layer_transient_bytes,
     compute_and_residual_bytes,
     loss_backward_transient_bytes,
+    loss_forward_transient_bytes,
 )
 from trainmem.analytic.temporaries import cublas_workspace_bytes, optimizer_step_temporary_bytes
 from trainmem.analytic.tensor_states import state_layout
@@ -106,6 +107,7 @@ def estimate_analytic(
             largest_parameter=largest,
         )
     loss_tmp = loss_backward_transient_bytes(model, training)
+    loss_fwd = loss_forward_transient_bytes(model, training)
     layer_tmp = backward_layer_transient_bytes(model, training)
     layer0 = layout.layer
     # ZeRO-3 / FULL_SHARD: the current and the prefetched layer's gathered parameters; ZeRO-2/3:
@@ -128,7 +130,7 @@ def estimate_analytic(
     if model.tie_word_embeddings:
         g_head += sum(s.grad_bytes for s in layout.embedding if s.name == "embedding/tokens")
     g_prev = G if training.gradient_accumulation_steps > 1 else 0
-    logits_kept = prof.head_terms.get("logits", 0)
+    logits_kept = 0  # the logits are freed once the loss has run (Note [Activation terms])
     # Activation offloading: saved activations go to CPU layer by layer; the current and the
     # prefetched layer stay (torchtune ``OffloadActivations``).
     L = model.num_layers
@@ -142,8 +144,9 @@ def estimate_analytic(
     candidates["forward"] = (
         g_prev,
         acts_forward + weight_copies,
-        ws + gather + dequant,
-        "end of forward: every saved activation is alive",
+        ws + gather + dequant + loss_fwd,
+        "end of forward: every saved activation is alive, with the logits (and their fp32 "
+        "copy) while the loss runs",
     )
     candidates["backward_start"] = (
         g_prev,

@@ -40,6 +40,7 @@ from trainmem.analytic.activations import (
     backward_layer_transient_bytes,
     compute_and_residual_bytes,
     loss_backward_transient_bytes,
+    loss_forward_transient_bytes,
     tokens_per_sequence,
 )
 from trainmem.analytic.temporaries import optimizer_step_temporary_bytes
@@ -114,6 +115,7 @@ def analytic_timeline(
     dropped_blocks = [size for v in dropped_terms.values() for size in _split(v, pieces)]
     weight_copy = autocast_weight_copy_bytes(model, training)
     loss_tmp = loss_backward_transient_bytes(model, training)
+    loss_fwd = loss_forward_transient_bytes(model, training)
     layer_tmp = backward_layer_transient_bytes(model, training)
     trainable = [s for s in states if s.trainable]
     n_trainable = sum(s.numel for s in trainable)
@@ -156,8 +158,10 @@ def analytic_timeline(
                 for b in dropped:
                     rec.free(b)
                 layer_blocks.append(kept)
+            logits = rec.alloc(loss_fwd, Cat.TEMPORARY, "head")
             head = [rec.alloc(v, Cat.ACTIVATION, "head") for k, v in prof.head_terms.items()
                     if k not in _EMBEDDING_TERMS]
+            rec.free(logits)
             for b in copies:  # autocast's weight cache is cleared when the forward region exits
                 rec.free(b)
 
