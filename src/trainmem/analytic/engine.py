@@ -129,7 +129,10 @@ def estimate_analytic(
     g_head = sum(s.grad_bytes for s in layout.head)
     if model.tie_word_embeddings:
         g_head += sum(s.grad_bytes for s in layout.embedding if s.name == "embedding/tokens")
-    g_prev = G if training.gradient_accumulation_steps > 1 else 0
+    # gradients alive through the forward: accumulated from earlier micro-batches, or zeroed but
+    # kept by zero_grad(set_to_none=False)
+    keep_grads = training.gradient_accumulation_steps > 1 or not training.zero_grad_set_to_none
+    g_prev = G if keep_grads else 0
     logits_kept = 0  # the logits are freed once the loss has run (Note [Activation terms])
     # Activation offloading: saved activations go to CPU layer by layer; the current and the
     # prefetched layer stay (torchtune ``OffloadActivations``).

@@ -20,7 +20,8 @@ Note [Analytic timeline]
     * ``optimizer``: optimizer states (first step only, torch's lazy ``_init_group``), the step's
       temporaries (``foreach``: one list of per-parameter tensors alive together, as
       ``torch._foreach_sqrt``; ``for-loop``: one per parameter, freed before the next);
-    * ``zero_grad``: gradients freed (``set_to_none=True``, the default since PyTorch 2.0).
+    * ``zero_grad``: gradients freed (``set_to_none=True``, the default since PyTorch 2.0), or
+      kept zeroed for the next step (``zero_grad_set_to_none=False``).
 
     Each term is split into the single tensors it is made of (the largest natural tensor size
     that divides it: ``mlp/gated`` is four (t, i) tensors); a term that is not a multiple of one
@@ -202,10 +203,11 @@ def analytic_timeline(
                 rec.alloc(s.state_bytes, Cat.OPTIMIZER_STATE, s.owner)
         _optimizer_temporaries(rec, training, opt_tensors, opt_tmp_total)
         rec.phase = "zero_grad"
-        for blocks in grads.values():
-            for b in blocks:
-                rec.free(b)
-        grads = {}
+        if training.zero_grad_set_to_none:
+            for blocks in grads.values():
+                for b in blocks:
+                    rec.free(b)
+            grads = {}
     return Timeline(
         events=rec.events, name=f"{model.name} (analytic)", steady_state_start=steady_state_start
     )

@@ -145,6 +145,11 @@ class TrainingConfig:
     """Linears that get LoRA adapters (peft's default for Llama: q_proj, v_proj)."""
     lora_dropout: float = 0.0
     """Dropout on the LoRA input (peft ``lora_dropout``); > 0 keeps a copy of the input."""
+    zero_grad_set_to_none: bool = True
+    """``optimizer.zero_grad(set_to_none=...)``: True (the default since PyTorch 2.0) frees the
+    gradients after the step; False (the default before 2.0, and HF Trainer's
+    ``model.zero_grad()`` on torch 1.x) keeps them allocated, zeroed, through the next forward
+    (PyTorch 2.0 release notes, torch/optim/optimizer.py ``zero_grad``)."""
     framework: str = "pytorch-amp"
     """Whose conventions set the bytes per parameter and the loss; Note [Framework conventions]."""
     chunked_cross_entropy: int = 0
