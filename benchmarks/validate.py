@@ -438,7 +438,14 @@ def _git_commit() -> str:
         text=True,
         check=False,
     )
-    return proc.stdout.strip() or "unknown"
+    commit = proc.stdout.strip() or "unknown"
+    dirty = subprocess.run(
+        ["git", "-C", str(REPO), "status", "--porcelain", "--", "src"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    return f"{commit} + uncommitted changes in src/" if dirty else commit
 
 
 def _pct(x: float) -> str:
