@@ -29,6 +29,7 @@ from trainmem.specs.training import (
     OPTIMIZER_IMPLEMENTATIONS,
     OPTIMIZERS,
     PRECISIONS,
+    FRAMEWORKS,
     QUANTIZE_BASE,
     TrainingConfig,
 )
@@ -131,6 +132,31 @@ SnapshotOpt = Annotated[
     typer.Option("--snapshot", help="Write the simulated step as a PyTorch memory snapshot "
                  "(open it at https://pytorch.org/memory_viz)."),
 ]
+FrameworkOpt = Annotated[
+    str, typer.Option("--framework", help=_choices(FRAMEWORKS) + " (bytes per parameter, loss)")
+]
+ChunkedLossOpt = Annotated[
+    int, typer.Option("--chunked-cross-entropy", help="Loss in N chunks of tokens (0: whole).")
+]
+OptimizerInBackwardOpt = Annotated[
+    bool, typer.Option("--optimizer-in-backward", help="Step and free each gradient in backward.")
+]
+ActivationOffloadOpt = Annotated[
+    bool, typer.Option("--activation-offloading", help="Saved activations offloaded to CPU.")
+]
+SetToNoneOpt = Annotated[
+    bool,
+    typer.Option(
+        "--zero-grad-set-to-none/--zero-grad-keep",
+        help="zero_grad(set_to_none=...); keep = torch < 2.0 behaviour (gradients stay allocated).",
+    ),
+]
+DeepSpeedConfigOpt = Annotated[
+    str | None, typer.Option("--deepspeed-config", help="Read settings from a ds_config.json.")
+]
+AccelerateConfigOpt = Annotated[
+    str | None, typer.Option("--accelerate-config", help="Read settings from an accelerate config.")
+]
 PlotOpt = Annotated[
     str | None,
     typer.Option("--plot", help="Write the timeline of the step as a picture (.png or .svg)."),
@@ -170,15 +196,15 @@ def zero_stage_from(zero_stage: int, fsdp: str | None) -> int:
 
 def training_config(
     model: str,
-    micro_batch_size: int,
-    seq_len: int | None,
-    precision: str,
-    optimizer: str,
-    optimizer_implementation: str,
-    activation_checkpointing: str,
-    attention: str,
-    gradient_accumulation_steps: int,
-    dropout: bool,
+    micro_batch_size: int = 1,
+    seq_len: int | None = None,
+    precision: str = "bf16-mixed",
+    optimizer: str = "adamw",
+    optimizer_implementation: str = "foreach",
+    activation_checkpointing: str = "none",
+    attention: str = "sdpa",
+    gradient_accumulation_steps: int = 1,
+    dropout: bool = True,
     **parallel_and_peft: Any,
 ) -> TrainingConfig:
     """A validated TrainingConfig from CLI options; seq_len defaults to the model's context.
@@ -196,6 +222,28 @@ def training_config(
         gradient_accumulation_steps=gradient_accumulation_steps,
         dropout=dropout,
     )
+
+
+def with_config_files(
+    settings: dict[str, Any], deepspeed_config: str | None, accelerate_config: str | None
+) -> dict[str, Any]:
+    """Fill TrainingConfig settings from a DeepSpeed / accelerate config file where the command
+    line left them at their defaults (an explicit flag wins over the file)."""
+    from dataclasses import fields
+
+    from trainmem.specs.framework_configs import read_accelerate_config, read_deepspeed_config
+
+    from_files: dict[str, Any] = {}
+    if accelerate_config:
+        from_files.update(read_accelerate_config(accelerate_config))
+    if deepspeed_config:
+        from_files.update(read_deepspeed_config(deepspeed_config))
+    defaults = {f.name: f.default for f in fields(TrainingConfig)}
+    out = dict(settings)
+    for key, value in from_files.items():
+        if key not in out or out[key] == defaults.get(key):
+            out[key] = value
+    return out
 
 
 def print_estimate(est: MemoryEstimate, as_json: bool) -> None:
@@ -234,6 +282,13 @@ def estimate_cmd(
     lora_targets: LoraTargetsOpt = "q,v",
     lora_dropout: LoraDropoutOpt = 0.0,
     quantize_base: QuantizeOpt = "none",
+    framework: FrameworkOpt = "pytorch-amp",
+    chunked_cross_entropy: ChunkedLossOpt = 0,
+    optimizer_in_backward: OptimizerInBackwardOpt = False,
+    activation_offloading: ActivationOffloadOpt = False,
+    zero_grad_set_to_none: SetToNoneOpt = True,
+    deepspeed_config: DeepSpeedConfigOpt = None,
+    accelerate_config: AccelerateConfigOpt = None,
     gpu: GpuOpt = None,
     engine: EngineOpt = "analytic",
     alloc_conf: AllocConfOpt = "",
@@ -244,25 +299,33 @@ def estimate_cmd(
 ) -> None:
     """Peak GPU memory of one training step per GPU, broken down, with a verdict for --gpu."""
     del lora_alpha  # scales the adapter update, not the memory
-    training = training_config(
-        model,
-        micro_batch_size,
-        seq_len,
-        precision,
-        optimizer,
-        optimizer_implementation,
-        activation_checkpointing,
-        attention,
-        gradient_accumulation_steps,
-        dropout,
-        data_parallel_size=data_parallel_size,
-        zero_stage=zero_stage_from(zero_stage, fsdp),
-        offload=offload,
-        lora_rank=lora_rank,
-        lora_targets=parse_lora_targets(lora_targets),
-        lora_dropout=lora_dropout,
-        quantize_base=quantize_base,
+    settings = with_config_files(
+        {
+            "micro_batch_size": micro_batch_size,
+            "precision": precision,
+            "optimizer": optimizer,
+            "optimizer_implementation": optimizer_implementation,
+            "activation_checkpointing": activation_checkpointing,
+            "attention": attention,
+            "gradient_accumulation_steps": gradient_accumulation_steps,
+            "dropout": dropout,
+            "data_parallel_size": data_parallel_size,
+            "zero_stage": zero_stage_from(zero_stage, fsdp),
+            "offload": offload,
+            "lora_rank": lora_rank,
+            "lora_targets": parse_lora_targets(lora_targets),
+            "lora_dropout": lora_dropout,
+            "quantize_base": quantize_base,
+            "framework": framework,
+            "chunked_cross_entropy": chunked_cross_entropy,
+            "optimizer_in_backward": optimizer_in_backward,
+            "activation_offloading": activation_offloading,
+            "zero_grad_set_to_none": zero_grad_set_to_none,
+        },
+        deepspeed_config,
+        accelerate_config,
     )
+    training = training_config(model, seq_len=seq_len, **settings)
     est = estimate(model, training, gpu=gpu, engine=engine, alloc_conf=alloc_conf)
     if snapshot is not None:
         write_step_snapshot(model, training, gpu, alloc_conf, snapshot)

@@ -1,0 +1,70 @@
+"""DeepSpeed / accelerate config files and framework conventions, from the documented formats."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from trainmem.analytic.tensor_states import tensor_states
+from trainmem.cli import app
+from trainmem.specs.framework_configs import read_accelerate_config, read_deepspeed_config
+from trainmem.specs.hf import load_model_spec
+from trainmem.specs.training import TrainingConfig
+
+
+def test_deepspeed_config_fields(tmp_path: Path) -> None:
+    # keys from https://www.deepspeed.ai/docs/config-json/ ; "auto" is left to the Trainer
+    p = tmp_path / "ds.json"
+    p.write_text(json.dumps({
+        "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": "auto",
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}},
+    }))
+    assert read_deepspeed_config(str(p)) == {
+        "framework": "deepspeed", "micro_batch_size": 4, "precision": "bf16-mixed",
+        "zero_stage": 3, "offload": "optimizer",
+    }
+
+
+def test_accelerate_fsdp_config(tmp_path: Path) -> None:
+    p = tmp_path / "accelerate.yaml"
+    p.write_text(
+        "distributed_type: FSDP\nmixed_precision: bf16\nnum_processes: 8\nfsdp_config:\n"
+        "  fsdp_sharding_strategy: SHARD_GRAD_OP\n  fsdp_activation_checkpointing: true\n"
+    )
+    assert read_accelerate_config(str(p)) == {
+        "precision": "bf16-mixed", "data_parallel_size": 8, "zero_stage": 2,
+        "activation_checkpointing": "full",
+    }
+
+
+def test_explicit_flags_win_over_the_file(tmp_path: Path) -> None:
+    p = tmp_path / "ds.json"
+    p.write_text(json.dumps({"train_micro_batch_size_per_gpu": 4,
+                             "zero_optimization": {"stage": 2}}))
+    r = CliRunner().invoke(app, ["estimate", "gpt2", "--deepspeed-config", str(p),
+                                 "--micro-batch-size", "2", "--data-parallel-size", "4", "--json"])
+    assert r.exit_code == 0, r.output
+    config = json.loads(r.stdout)["config"]
+    assert config["micro_batch_size"] == 2 and config["zero_stage"] == 2
+    assert config["framework"] == "deepspeed"
+
+
+def test_deepspeed_mixed_precision_is_the_zero_papers_2_2_12() -> None:
+    # Rajbhandari et al. 2020 sec. 3.1: fp16 weights (2) + fp16 grads (2) + fp32 master weights,
+    # momentum and variance (12) = 16 bytes per parameter.
+    training = TrainingConfig(precision="16-mixed", framework="deepspeed")
+    states = tensor_states(load_model_spec("gpt2"), training)
+    n = sum(s.numel for s in states)
+    assert sum(s.param_bytes for s in states) == 2 * n
+    assert sum(s.grad_bytes for s in states) == 2 * n
+    assert sum(s.state_bytes for s in states) == 12 * n
+
+
+def test_megatron_accumulates_gradients_in_fp32() -> None:
+    training = TrainingConfig(precision="bf16-mixed", framework="megatron")
+    states = tensor_states(load_model_spec("gpt2"), training)
+    n = sum(s.numel for s in states)
+    assert sum(s.grad_bytes for s in states) == 4 * n
