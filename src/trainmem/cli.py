@@ -157,6 +157,10 @@ DeepSpeedConfigOpt = Annotated[
 AccelerateConfigOpt = Annotated[
     str | None, typer.Option("--accelerate-config", help="Read settings from an accelerate config.")
 ]
+UncertaintyOpt = Annotated[
+    bool,
+    typer.Option("--uncertainty", help="Low / expected / high from the benchmark's error spread."),
+]
 PlotOpt = Annotated[
     str | None,
     typer.Option("--plot", help="Write the timeline of the step as a picture (.png or .svg)."),
@@ -295,6 +299,7 @@ def estimate_cmd(
     snapshot: SnapshotOpt = None,
     plot: PlotOpt = None,
     html: HtmlOpt = None,
+    uncertainty: UncertaintyOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Peak GPU memory of one training step per GPU, broken down, with a verdict for --gpu."""
@@ -334,7 +339,24 @@ def estimate_cmd(
         from trainmem.report.commands import emit_reports
 
         est.notes.extend(emit_reports(est, plot=plot, html=html, alloc_conf=alloc_conf))
+    if uncertainty:
+        add_uncertainty(est)
     print_estimate(est, as_json)
+
+
+def add_uncertainty(est: MemoryEstimate) -> None:
+    """Attach the low / expected / high band of the device total (trainmem.uncertainty) to the
+    estimate's details and notes."""
+    from trainmem.report.table import gib
+    from trainmem.uncertainty import uncertainty_band
+
+    band = uncertainty_band(est, metric="device_total")
+    est.details["uncertainty"] = band
+    least = ", ".join(str(k) for k in band.get("least_sure_of", [])[:3]) or "-"
+    est.notes.append(
+        f"device total {gib(band['low'])} / {gib(band['expected'])} / {gib(band['high'])} GiB "
+        f"(low / expected / high, from the benchmark's errors); least sure of: {least}"
+    )
 
 
 def write_step_snapshot(

@@ -10,7 +10,7 @@ from typing import Literal
 
 from trainmem.analytic.engine import estimate_analytic
 from trainmem.breakdown import MemoryEstimate
-from trainmem.errors import SpecError
+from trainmem.errors import SpecError, UnsupportedError
 from trainmem.specs.hardware import GPUSpec, get_gpu
 from trainmem.specs.hf import load_model_spec
 from trainmem.specs.model import ModelSpec
@@ -44,6 +44,48 @@ def resolve_gpu(gpu: str | GPUSpec | None) -> GPUSpec | None:
     if gpu is None or isinstance(gpu, GPUSpec):
         return gpu
     return get_gpu(gpu)
+
+
+def trace_unsupported_settings(training: TrainingConfig) -> list[str]:
+    """Settings the trace engine would silently ignore, as ``field=value`` (empty if none)."""
+    defaults = TrainingConfig()
+    checked = ("data_parallel_size", "zero_stage", "offload", "lora_rank", "quantize_base",
+               "framework", "chunked_cross_entropy", "optimizer_in_backward",
+               "activation_offloading", "zero_grad_set_to_none")
+    return [f"{name}={getattr(training, name)}" for name in checked
+            if getattr(training, name) != getattr(defaults, name)]
+
+
+def with_allocator_replay(
+    est: MemoryEstimate, *, gpu: GPUSpec | None, alloc_conf: str = ""
+) -> MemoryEstimate:
+    """Fill fragmentation (reserved - allocated at their peaks) and the OOM note of a traced
+    estimate by replaying its timeline through the caching allocator simulator."""
+    from dataclasses import replace
+
+    from trainmem.allocator.replay import replay_timeline
+
+    if est.timeline is None or not len(est.timeline):
+        return est
+    ctx = est.breakdown.cuda_context
+    result = replay_timeline(
+        est.timeline,
+        capacity_bytes=None if gpu is None else max(gpu.memory_bytes - ctx, 0),
+        alloc_conf=alloc_conf,
+        device_total_bytes=None if gpu is None else gpu.memory_bytes,
+    )
+    fragmentation = max(result.max_memory_reserved - result.max_memory_allocated, 0)
+    est.breakdown = replace(est.breakdown, fragmentation=fragmentation)
+    est.details["allocator_replay"] = {
+        "max_memory_allocated": result.max_memory_allocated,
+        "max_memory_reserved": result.max_memory_reserved,
+        "oom": result.oom,
+    }
+    est.notes = [n for n in est.notes if "fragmentation" not in n]
+    if result.oom and result.oom_message:
+        est.notes.append("the simulated caching allocator runs out of memory: "
+                         + result.oom_message.splitlines()[0])
+    return est
 
 
 def estimate(
@@ -88,5 +130,12 @@ def estimate(
     if engine == "trace":
         from trainmem.trace.engine import estimate_trace
 
-        return estimate_trace(spec, training, gpu=gpu_spec)
+        unsupported = trace_unsupported_settings(training)
+        if unsupported:
+            raise UnsupportedError(
+                "the trace engine does not model " + ", ".join(unsupported)
+                + " yet; use --engine analytic for this configuration"
+            )
+        est = estimate_trace(spec, training, gpu=gpu_spec)
+        return with_allocator_replay(est, gpu=gpu_spec, alloc_conf=alloc_conf)
     raise SpecError("engine", f"unknown value {engine!r}; allowed: {', '.join(ENGINES)}")

@@ -97,7 +97,10 @@ def _norm_saved_bytes(model: ModelSpec, r: int) -> int:
 def _activation_fn_saved_bytes(model: ModelSpec, training: TrainingConfig, width: int) -> int:
     """Bytes per token saved by the non-gated MLP activation and the down projection's input."""
     c, _ = compute_and_residual_bytes(training)
-    if model.hidden_act in TANH_FORMULA_ACTIVATIONS:
+    # lit-gpt's own model code runs GELU as one kernel (``torch.nn.functional.gelu(x,
+    # approximate=config.gelu_approximate)``, litgpt/model.py ``GptNeoxMLP``) even where the HF
+    # model writes the tanh formula out.
+    if model.hidden_act in TANH_FORMULA_ACTIVATIONS and training.framework != "litgpt":
         if training.uses_autocast:
             # pow's fp32 input copy, tanh out, 1+tanh (fp32), 0.5*x (c), output cast for down (c)
             return (4 + 4 + 4 + c + c) * width
