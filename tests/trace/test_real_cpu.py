@@ -21,7 +21,7 @@ from trace_realcpu import real_cpu_peak
 
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace.engine import run_trace
-from trainmem.trace.hf_model import build_hf_model, make_hf_batch
+from trainmem.trace.hf_model import build_hf_training_model, make_hf_batch
 
 SCALAR_SLACK_BYTES = 512
 RNG_STATE_BYTES = torch.get_rng_state().numel()  # 5056 B for the Mersenne Twister state
@@ -32,12 +32,9 @@ def fake_peak(preset: str, training: TrainingConfig) -> int:
 
     raw = load_hf_config(preset)
     holder = {}
-    dtype = None if training.weight_dtype == "float32" else getattr(torch, training.weight_dtype)
 
     def build():
-        holder["m"] = build_hf_model(
-            raw, dropout=training.dropout, attention=training.attention, dtype=dtype
-        )
+        holder["m"] = build_hf_training_model(raw, training)
         return holder["m"]
 
     def batch():
@@ -63,6 +60,15 @@ CASES = [
                              activation_checkpointing="full", optimizer_implementation="fused")),
     ("tiny-llama-test", dict(micro_batch_size=2, seq_len=64, precision="32-true",
                              optimizer="sgd-momentum", optimizer_implementation="for-loop")),
+    # LoRA through peft: frozen base, adapters only in the optimizer; dropout on the adapter input.
+    ("tiny-llama-test", dict(micro_batch_size=2, seq_len=64, precision="32-true", lora_rank=8)),
+    ("tiny-llama-test", dict(micro_batch_size=2, seq_len=96, precision="bf16-mixed", lora_rank=4,
+                             lora_targets=("q", "k", "v", "o", "gate", "up", "down", "lm_head"),
+                             lora_dropout=0.1)),
+    ("tiny-llama-test", dict(micro_batch_size=1, seq_len=64, precision="bf16-true", lora_rank=8,
+                             lora_targets=("q", "v", "down"), activation_checkpointing="full")),
+    ("tiny-gpt2-test", dict(micro_batch_size=2, seq_len=64, precision="32-true", lora_rank=8,
+                            lora_targets=("q", "o", "up", "down", "lm_head"), lora_dropout=0.05)),
 ]  # fmt: skip
 
 

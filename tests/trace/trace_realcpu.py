@@ -16,7 +16,7 @@ from torch.profiler import ProfilerActivity, profile
 from trainmem.specs.hf import load_hf_config
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace.engine import _autocast_factory, _emulation, apply_activation_checkpointing
-from trainmem.trace.hf_model import build_hf_model, make_hf_batch
+from trainmem.trace.hf_model import build_hf_training_model, make_hf_batch
 from trainmem.trace.optimizers import build_optimizer
 from trainmem.trace.step import run_step
 
@@ -38,14 +38,7 @@ def _storage_bytes(tensors) -> int:
 def real_cpu_peak(preset: str, training: TrainingConfig) -> int:
     """Peak live tensor bytes of the second (steady-state) step, measured by the profiler."""
     torch.manual_seed(0)
-    dtype = None if training.weight_dtype == "float32" else getattr(torch, training.weight_dtype)
-    model = build_hf_model(
-        load_hf_config(preset),
-        dropout=training.dropout,
-        attention=training.attention,
-        dtype=dtype,
-        device="cpu",
-    )
+    model = build_hf_training_model(load_hf_config(preset), training, device="cpu")
     apply_activation_checkpointing(model, training.activation_checkpointing)
     k = min(training.gradient_accumulation_steps, 2)
     batches = [make_hf_batch(model, training.micro_batch_size, training.seq_len) for _ in range(k)]
@@ -58,6 +51,7 @@ def real_cpu_peak(preset: str, training: TrainingConfig) -> int:
     with _emulation(training, emulate_cuda=False):
         run_step(model, batches, opt, **kwargs)  # warm-up: creates the optimizer states
         before = [*model.parameters(), *model.buffers()]
+        before += [p.grad for p in model.parameters() if p.grad is not None]  # set_to_none=False
         before += [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
         before += [t for b in batches for t in b.values()]
         pre_bytes = _storage_bytes(before)

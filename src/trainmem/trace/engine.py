@@ -326,17 +326,14 @@ def estimate_trace(
     optimizers unsupported.
     """
     from trainmem.specs.hf import load_hf_config
-    from trainmem.trace.hf_model import build_hf_model, make_hf_batch
+    from trainmem.trace.hf_model import build_hf_training_model, make_hf_batch
 
     name = model_spec_or_name if isinstance(model_spec_or_name, str) else model_spec_or_name.name
     raw = load_hf_config(name)
     holder: dict[str, Any] = {}
-    dtype = None if training.weight_dtype == "float32" else _torch_dtype(training.weight_dtype)
 
     def build() -> Any:
-        model = build_hf_model(
-            raw, dropout=training.dropout, attention=training.attention, dtype=dtype
-        )
+        model = build_hf_training_model(raw, training)
         holder["model"] = model
         return model
 

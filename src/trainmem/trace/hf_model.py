@@ -14,11 +14,18 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from trainmem.errors import UnsupportedError
+from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch, require_transformers
 
 torch = require_torch()
 
-__all__ = ["build_hf_model", "hf_mask_patches", "make_hf_batch", "materialize_fake"]
+__all__ = [
+    "build_hf_model",
+    "build_hf_training_model",
+    "hf_mask_patches",
+    "make_hf_batch",
+    "materialize_fake",
+]
 
 #: HF config keys that hold a dropout probability (zeroed when ``TrainingConfig.dropout`` is off).
 _DROPOUT_KEY_PARTS = ("dropout", "pdrop")
@@ -87,6 +94,34 @@ def build_hf_model(
             model = cls.from_config(config)
             if dtype is not None:
                 model = model.to(dtype)
+    model.train()
+    return model
+
+
+def build_hf_training_model(
+    raw_config: Mapping[str, Any], training: TrainingConfig, *, device: str = "meta"
+) -> Any:
+    """The model a training run of ``training`` steps: built, cast, wrapped in peft LoRA if asked.
+
+    Args:
+        raw_config: the parsed ``config.json``.
+        training: dropout, attention, weight dtype and the LoRA settings.
+        device: ``meta`` for the trace, ``cpu`` for the real-run proof.
+
+    Returns:
+        The ``nn.Module`` (a ``PeftModel`` with LoRA), in train mode.
+    """
+    from trainmem.trace.lora import apply_lora
+
+    dtype = None if training.weight_dtype == "float32" else getattr(torch, training.weight_dtype)
+    model = build_hf_model(
+        raw_config,
+        dropout=training.dropout,
+        attention=training.attention,
+        dtype=dtype,
+        device=device,
+    )
+    model = apply_lora(model, training)
     model.train()
     return model
 

@@ -1,0 +1,196 @@
+"""LoRA through peft: map trainmem's linear names to a model's modules and wrap it.
+
+trainmem names the linears of a transformer layer ``q``, ``k``, ``v``, ``o``, ``gate``, ``up``,
+``down`` (``trainmem.specs.training.LORA_TARGETS``) plus ``lm_head``. The HF module names differ
+per family (Llama ``q_proj`` ... ``down_proj``; GPT-2 ``c_attn`` / ``attn.c_proj`` / ``c_fc`` /
+``mlp.c_proj``; BERT ``query`` ... ``output.dense``; Falcon ``query_key_value`` ...), so the
+mapping is read off the built model instead of a table:
+
+Note [LoRA target inference]
+    The layer stack is the longest ``nn.ModuleList`` of one module class. In its first layer the
+    linears (``nn.Linear`` or transformers' ``Conv1D``) are taken in definition order and split
+    by their path: a path component containing ``attn`` / ``attention`` puts a linear in the
+    attention, anything else in the MLP. Attention: the last linear is ``o``; one linear before
+    it is a fused q/k/v (any of ``q``, ``k``, ``v`` targets it, as in peft), three are ``q``,
+    ``k``, ``v`` in order. MLP: the last linear is ``down``; two before it are ``gate``, ``up``
+    (gated MLP, ``act(gate(x)) * up(x)``), one is ``up``, or a fused ``gate_up`` when its
+    out_features are twice ``down``'s in_features (Phi-3). The relative paths found in the first
+    layer are targeted in every layer; ``lm_head`` is ``get_output_embeddings()``.
+
+peft is applied to the ``meta``-built model (on fake tensors peft's ``.to()`` fails,
+shared/notes/tracing-without-a-gpu.md sec. 1) with ``get_peft_model``'s defaults: the adapters
+of a 16-bit base are upcast to fp32 (``autocast_adapter_dtype=True``), every base parameter is
+frozen, so only ``lora_A`` / ``lora_B`` get gradients and optimizer states.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from typing import Any
+
+from trainmem.errors import UnsupportedError
+from trainmem.specs.training import TrainingConfig
+from trainmem.trace._torch import require_torch
+
+torch = require_torch()
+
+__all__ = ["apply_lora", "layer_linear_roles", "lora_target_modules"]
+
+
+def _is_linear(module: Any) -> bool:
+    return isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"
+
+
+def _features(module: Any) -> tuple[int, int]:
+    """(in_features, out_features); transformers' Conv1D stores its weight as [in, out]."""
+    if isinstance(module, torch.nn.Linear):
+        return module.in_features, module.out_features
+    w = module.weight
+    return int(w.shape[0]), int(w.shape[1])
+
+
+def _layer_stack(model: Any) -> tuple[str, Any]:
+    best: tuple[int, str, Any] | None = None
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.ModuleList) or len(module) == 0:
+            continue
+        kinds = Counter(type(m) for m in module)
+        n = kinds.most_common(1)[0][1]
+        if best is None or n > best[0]:
+            best = (n, name, module)
+    if best is None:
+        raise UnsupportedError(
+            "LoRA tracing needs the transformer layers in an nn.ModuleList; wrap the model with "
+            "peft yourself and use trainmem.trace(build_model, ...)"
+        )
+    return best[1], best[2]
+
+
+def layer_linear_roles(layer: Any) -> dict[str, tuple[str, ...]]:
+    """trainmem linear name -> module paths (relative to ``layer``) it targets.
+
+    See Note [LoRA target inference].
+
+    Args:
+        layer: one transformer layer (``nn.Module``).
+
+    Returns:
+        ``{"q": ("self_attn.q_proj",), ...}``; a fused q/k/v module appears under q, k and v.
+
+    Raises:
+        UnsupportedError: the layer's linears fit none of the patterns (e.g. MoE experts).
+    """
+    attn: list[tuple[str, Any]] = []
+    mlp: list[tuple[str, Any]] = []
+    for path, module in layer.named_modules():
+        if not path or not _is_linear(module):
+            continue
+        parts = path.lower().split(".")
+        (attn if any("attn" in p or "attention" in p for p in parts) else mlp).append(
+            (path, module)
+        )
+    roles: dict[str, tuple[str, ...]] = {}
+    if len(attn) == 2:
+        roles.update({"q": (attn[0][0],), "k": (attn[0][0],), "v": (attn[0][0],)})
+    elif len(attn) == 4:
+        roles.update({"q": (attn[0][0],), "k": (attn[1][0],), "v": (attn[2][0],)})
+    else:
+        raise UnsupportedError(
+            f"cannot tell q/k/v/o apart among the attention linears {[p for p, _ in attn]}; "
+            "wrap the model with peft yourself and use trainmem.trace(build_model, ...)"
+        )
+    roles["o"] = (attn[-1][0],)
+    if len(mlp) == 3:
+        roles.update({"gate": (mlp[0][0],), "up": (mlp[1][0],), "down": (mlp[2][0],)})
+    elif len(mlp) == 2:
+        fused_gate_up = _features(mlp[0][1])[1] == 2 * _features(mlp[1][1])[0]
+        roles["up"] = (mlp[0][0],)
+        if fused_gate_up:
+            roles["gate"] = (mlp[0][0],)
+        roles["down"] = (mlp[1][0],)
+    else:
+        raise UnsupportedError(
+            f"cannot tell gate/up/down apart among the MLP linears {[p for p, _ in mlp]} (MoE "
+            "experts are not targeted); wrap the model with peft yourself and use "
+            "trainmem.trace(build_model, ...)"
+        )
+    return roles
+
+
+def lora_target_modules(model: Any, targets: tuple[str, ...]) -> list[str]:
+    """Full module names of ``model`` that get adapters for trainmem's ``targets``.
+
+    Args:
+        model: the HF model (before peft).
+        targets: trainmem linear names (``TrainingConfig.lora_targets``).
+
+    Returns:
+        Dotted module names, in model order, each once.
+
+    Raises:
+        UnsupportedError: a target the model has no linear for (``gate`` on GPT-2), or no
+            layer stack.
+    """
+    stack_name, stack = _layer_stack(model)
+    roles = layer_linear_roles(stack[0])
+    rel: list[str] = []
+    for t in targets:
+        if t == "lm_head":
+            continue
+        if t not in roles:
+            raise UnsupportedError(
+                f"lora target {t!r}: {type(model).__name__} has no such linear (it has "
+                f"{', '.join(sorted(roles))}); drop it from --lora-targets"
+            )
+        rel.extend(p for p in roles[t] if p not in rel)
+    names = [f"{stack_name}.{i}.{p}" for i in range(len(stack)) for p in rel]
+    if "lm_head" in targets:
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        found = [n for n, m in model.named_modules() if head is not None and m is head]
+        if not found:
+            raise UnsupportedError(f"lora target 'lm_head': {type(model).__name__} has no head")
+        names.append(found[0])
+    return names
+
+
+def apply_lora(model: Any, training: TrainingConfig) -> Any:
+    """Wrap ``model`` in a peft LoRA model as ``TrainingConfig`` asks (no-op without LoRA).
+
+    Args:
+        model: the HF model, built on ``meta`` (or on CPU for the real-run proof).
+        training: ``lora_rank``, ``lora_targets``, ``lora_dropout``.
+
+    Returns:
+        The ``PeftModel`` (or ``model`` itself when ``lora_rank == 0``).
+
+    Raises:
+        UnsupportedError: peft is missing, a target does not exist, or a quantized base is
+            asked (bitsandbytes needs CUDA).
+    """
+    if not training.is_lora:
+        return model
+    if training.quantize_base != "none":
+        raise UnsupportedError(
+            f"quantize_base={training.quantize_base}: bitsandbytes' 4/8-bit layers need CUDA and "
+            "cannot run on fake CPU tensors; use --engine analytic"
+        )
+    try:
+        import peft
+    except ImportError as exc:  # pragma: no cover - peft is in the trace extra
+        raise UnsupportedError("LoRA tracing needs peft: pip install 'trainmem[trace]'") from exc
+    names = lora_target_modules(model, training.lora_targets)
+    conv1d = any(type(m).__name__ == "Conv1D" for n, m in model.named_modules() if n in names)
+    config = peft.LoraConfig(
+        r=training.lora_rank,
+        lora_alpha=2 * training.lora_rank,  # alpha only scales values, never memory
+        lora_dropout=training.lora_dropout,
+        target_modules=names,
+        fan_in_fan_out=conv1d,
+    )
+    with warnings.catch_warnings():
+        # peft warns when it flips fan_in_fan_out for a Conv1D / Linear mix (GPT-2 + lm_head),
+        # and reads transformers' deprecated ``is_gradient_checkpointing``.
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", FutureWarning)
+        return peft.get_peft_model(model, config)
