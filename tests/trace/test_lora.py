@@ -1,0 +1,75 @@
+"""LoRA through peft in the trace engine: target inference, trainable counts, frozen base."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trainmem.errors import UnsupportedError
+from trainmem.specs.hf import load_hf_config
+from trainmem.specs.training import TrainingConfig
+from trainmem.trace.engine import estimate_trace
+from trainmem.trace.hf_model import build_hf_model, build_hf_training_model
+from trainmem.trace.lora import layer_linear_roles, lora_target_modules
+
+ALL = ("q", "k", "v", "o", "gate", "up", "down", "lm_head")
+
+
+def _meta(preset: str):
+    return build_hf_model(load_hf_config(preset))
+
+
+def test_llama_roles_are_the_proj_modules() -> None:
+    model = _meta("tiny-llama-test")
+    roles = layer_linear_roles(model.model.layers[0])
+    assert roles == {
+        "q": ("self_attn.q_proj",),
+        "k": ("self_attn.k_proj",),
+        "v": ("self_attn.v_proj",),
+        "o": ("self_attn.o_proj",),
+        "gate": ("mlp.gate_proj",),
+        "up": ("mlp.up_proj",),
+        "down": ("mlp.down_proj",),
+    }
+
+
+def test_gpt2_fused_qkv_and_conv1d_roles() -> None:
+    model = _meta("tiny-gpt2-test")
+    roles = layer_linear_roles(model.transformer.h[0])
+    assert roles == {
+        "q": ("attn.c_attn",),
+        "k": ("attn.c_attn",),
+        "v": ("attn.c_attn",),
+        "o": ("attn.c_proj",),
+        "up": ("mlp.c_fc",),
+        "down": ("mlp.c_proj",),
+    }
+    names = lora_target_modules(model, ("q", "v", "lm_head"))
+    assert names == ["transformer.h.0.attn.c_attn", "transformer.h.1.attn.c_attn", "lm_head"]
+    with pytest.raises(UnsupportedError, match="gate"):
+        lora_target_modules(model, ("gate",))
+
+
+@pytest.mark.parametrize(
+    ("preset", "targets"),
+    [
+        ("tiny-llama-test", ("q", "v")),
+        ("tiny-llama-test", ALL),
+        ("tiny-gpt2-test", ("q", "k", "o", "up", "down", "lm_head")),
+    ],
+)
+def test_trainable_parameters_equal_peft_and_only_adapters_have_states(preset, targets) -> None:
+    training = TrainingConfig(
+        micro_batch_size=1, seq_len=32, precision="bf16-true", lora_rank=4, lora_targets=targets
+    )
+    model = build_hf_training_model(load_hf_config(preset), training)
+    trainable, total = model.get_nb_trainable_parameters()
+    est = estimate_trace(preset, training)
+    assert (est.num_trainable_parameters, est.num_parameters) == (trainable, total)
+    # peft upcasts 16-bit adapters to fp32 (autocast_adapter_dtype); AdamW keeps two fp32 moments
+    # per adapter element, nothing for the frozen base.
+    assert all(p.dtype == torch.float32 for n, p in model.named_parameters() if p.requires_grad)
+    assert est.breakdown.optimizer_states == 2 * 4 * trainable
+    base = total - trainable
+    buffers = est.details["peak_by_category_bytes"]["buffers"]  # counted with the parameters
+    assert est.breakdown.parameters == 2 * base + 4 * trainable + buffers
