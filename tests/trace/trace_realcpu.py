@@ -15,7 +15,12 @@ from torch.profiler import ProfilerActivity, profile
 
 from trainmem.specs.hf import load_hf_config
 from trainmem.specs.training import TrainingConfig
-from trainmem.trace.engine import _autocast_factory, _emulation, apply_activation_checkpointing
+from trainmem.trace.engine import (
+    _autocast_factory,
+    _emulation,
+    apply_activation_checkpointing,
+    default_forward_loss,
+)
 from trainmem.trace.hf_model import build_hf_training_model, make_hf_batch
 from trainmem.trace.optimizers import build_optimizer
 from trainmem.trace.step import run_step
@@ -47,6 +52,8 @@ def real_cpu_peak(preset: str, training: TrainingConfig) -> int:
     kwargs = dict(
         autocast=_autocast_factory(training),
         accumulation_divisor=training.gradient_accumulation_steps,
+        set_to_none=training.zero_grad_set_to_none,
+        forward_loss=default_forward_loss(training),
     )
     with _emulation(training, emulate_cuda=False):
         run_step(model, batches, opt, **kwargs)  # warm-up: creates the optimizer states

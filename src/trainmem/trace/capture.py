@@ -83,6 +83,8 @@ def capture_step(
     host_optimizer_step: bool = True,
     fused: bool = False,
     context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+    set_to_none: bool = True,
+    forward_loss: Any = None,
 ) -> Capture:
     """Warm up, then record one optimizer step over ``batches``.
 
@@ -98,6 +100,9 @@ def capture_step(
             counts them (a real CPU run).
         fused: the optimizer is fused (its ``step`` lives on the device).
         context: extra context (SDPA routing, autocast policy, mask patches) around both steps.
+        set_to_none: ``zero_grad(set_to_none=...)``; False keeps the warm-up's gradients, which
+            are registered as live gradients before the recorded step.
+        forward_loss: see :func:`trainmem.trace.step.run_step`.
 
     Returns:
         The :class:`Capture`.
@@ -113,6 +118,8 @@ def capture_step(
             loss_fn=loss_fn,
             autocast=autocast,
             accumulation_divisor=accumulation_divisor,
+            set_to_none=set_to_none,
+            forward_loss=forward_loss,
         )
         warmup = time.perf_counter() - t0
 
@@ -124,6 +131,9 @@ def capture_step(
             rec.register(p, MemoryCategory.PARAMETER, module=names.get(id(p), ""))
         for n, b in model.named_buffers():
             rec.register(b, MemoryCategory.BUFFER, module=n)
+        for p in params:
+            if p.grad is not None:  # zero_grad(set_to_none=False): kept, zeroed
+                rec.register(p.grad, MemoryCategory.GRADIENT, module=names.get(id(p), ""))
         host_bytes = 0
         for p, state in optimizer.state.items():
             for key, value in state.items():
@@ -193,6 +203,8 @@ def capture_step(
                     autocast=autocast,
                     accumulation_divisor=accumulation_divisor,
                     on_phase=on_phase,
+                    set_to_none=set_to_none,
+                    forward_loss=forward_loss,
                 )
                 # First-step optimizer states (e.g. a trace without warm-up) become states.
                 for state_dict in optimizer.state.values():

@@ -42,7 +42,7 @@ from trainmem.trace.cuda_dropout import cuda_dropout  # noqa: E402
 from trainmem.trace.cuda_sdpa import cuda_sdpa  # noqa: E402
 from trainmem.trace.optimizers import build_optimizer  # noqa: E402
 
-__all__ = ["estimate_trace", "run_trace", "trace"]
+__all__ = ["default_forward_loss", "estimate_trace", "run_trace", "trace"]
 
 DEFAULT_CUBLAS_WORKSPACE_BYTES = 8_519_680
 """cuBLAS workspace when no GPU is named (pre-Hopper ``:4096:2:16:8`` = 4 MiB*2 + 16 KiB*8;
@@ -149,6 +149,7 @@ def run_trace(
     fake: bool = True,
     emulate_cuda: bool = True,
     workspace_bytes: int = DEFAULT_CUBLAS_WORKSPACE_BYTES,
+    forward_loss: Callable[[Any, Any], Any] | None = None,
 ) -> tuple[Capture, PeakReport]:
     """Build, warm up and record one steady-state step; the engine's core.
 
@@ -165,6 +166,8 @@ def run_trace(
             add the cuBLAS workspace; False keeps the CPU behaviour (a real CPU run cannot call
             CUDA kernels).
         workspace_bytes: cuBLAS workspace added when ``emulate_cuda``.
+        forward_loss: ``forward_loss(model, batch) -> loss`` replacing the forward + loss
+            (default: :func:`default_forward_loss` of ``training``).
 
     Returns:
         ``(capture, report)``.
@@ -205,6 +208,8 @@ def run_trace(
             host_optimizer_step=emulate_cuda,
             fused=fused,
             context=lambda: _emulation(training, emulate_cuda),
+            set_to_none=training.zero_grad_set_to_none,
+            forward_loss=forward_loss,
         )
     except (RuntimeError, TypeError, NotImplementedError) as exc:
         if isinstance(exc, UnsupportedError):
@@ -215,6 +220,24 @@ def run_trace(
         extra.append(("cublas_workspace", workspace_bytes, MemoryCategory.TEMPORARY))
     report = analyse(capture.recorder.events, extra)
     return capture, report
+
+
+def default_forward_loss(training: TrainingConfig) -> Callable[[Any, Any], Any] | None:
+    """The forward + loss ``training`` asks for beyond ``model(**batch).loss``, or None.
+
+    Args:
+        training: ``chunked_cross_entropy`` and the framework's ``loss_upcast``.
+
+    Returns:
+        The chunked cross-entropy (``trainmem.trace.chunked_loss``) or None.
+    """
+    if training.chunked_cross_entropy == 0:
+        return None
+    from trainmem.trace.chunked_loss import chunked_cross_entropy_forward
+
+    return chunked_cross_entropy_forward(
+        training.chunked_cross_entropy, upcast=training.loss_upcast
+    )
 
 
 def _takes_argument(fn: Callable[..., Any]) -> bool:
@@ -341,7 +364,9 @@ def estimate_trace(
         return make_hf_batch(holder["model"], training.micro_batch_size, training.seq_len)
 
     ws = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
-    capture, report = run_trace(build, batch, training, workspace_bytes=ws)
+    capture, report = run_trace(
+        build, batch, training, workspace_bytes=ws, forward_loss=default_forward_loss(training)
+    )
     return _estimate(name, capture, report, training, gpu, ws)
 
 

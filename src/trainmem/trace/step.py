@@ -1,6 +1,7 @@
 """One training step as a real loop runs it: forward (+ loss) under autocast, backward, optimizer
-step, ``zero_grad(set_to_none=True)``; with gradient accumulation, several forward/backward
-pairs before the step.
+step, ``zero_grad(set_to_none=...)``; with gradient accumulation, several forward/backward
+pairs before the step. With ``set_to_none=False`` the gradients stay allocated (zeroed in place
+by ``_foreach_zero_``) into the next step's forward.
 
 The step follows the HF ``Trainer`` / Lightning pattern: the model output is dropped once the loss
 is read (``Trainer.training_step`` returns ``loss.detach()``), the loss is divided by
@@ -23,6 +24,9 @@ torch = require_torch()
 __all__ = ["compute_loss", "run_step"]
 
 PhaseCallback = Callable[[str], None]
+ForwardLoss = Callable[[Any, Any], Any]
+"""``forward_loss(model, batch) -> scalar loss``: replaces ``model(**batch)`` + loss reading (the
+chunked cross-entropy of ``trainmem.trace.chunked_loss``)."""
 
 
 def compute_loss(model: Any, batch: Any, loss_fn: Callable[[Any, Any], Any] | None) -> Any:
@@ -70,6 +74,8 @@ def run_step(
     autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
     accumulation_divisor: int = 1,
     on_phase: PhaseCallback | None = None,
+    set_to_none: bool = True,
+    forward_loss: ForwardLoss | None = None,
 ) -> None:
     """Run one optimizer step over ``batches`` (one micro-batch each).
 
@@ -82,12 +88,17 @@ def run_step(
         accumulation_divisor: the loss is divided by it (gradient accumulation), if > 1.
         on_phase: called with ``forward``, ``forward_end``, ``backward``, ``backward_end``,
             ``optimizer``, ``zero_grad``, ``end`` at each boundary.
+        set_to_none: ``optimizer.zero_grad(set_to_none=...)``.
+        forward_loss: computes the loss from ``(model, batch)`` instead of :func:`compute_loss`.
     """
     signal = on_phase or (lambda _phase: None)
     for batch in batches:
         signal("forward")
         with autocast() if autocast is not None else contextlib.nullcontext():
-            loss = compute_loss(model, batch, loss_fn)
+            if forward_loss is not None:
+                loss = forward_loss(model, batch)
+            else:
+                loss = compute_loss(model, batch, loss_fn)
             if accumulation_divisor > 1:
                 loss = loss / accumulation_divisor
         signal("forward_end")
@@ -98,5 +109,5 @@ def run_step(
     signal("optimizer")
     optimizer.step()
     signal("zero_grad")
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad(set_to_none=set_to_none)
     signal("end")

@@ -1,0 +1,88 @@
+"""Chunked cross-entropy for HF causal LMs: the loss computed over N chunks of tokens.
+
+Shapes: b = micro_batch_size, s = seq_len, h = hidden_size, V = vocab_size.
+
+The model runs with its output head made the identity, so ``output.logits`` is the final hidden
+state [b, s, h] (a view; transformers v5 computes ``lm_head(hidden_states[:, slice_indices])``).
+Then, as torchtune's ``CEWithChunkedOutputLoss`` (``torchtune/modules/loss/ce_chunked_output_
+loss.py``) with the model's chunked output (``TransformerDecoder.chunked_output``), for each of N
+chunks along the sequence: ``head(hidden_chunk)`` [b, s/N, V] in the compute dtype, upcast to
+fp32 (unless ``TrainingConfig.loss_upcast`` is False, lit-gpt), ``cross_entropy(...,
+reduction="sum")``; the sum is divided by the number of labelled tokens. Labels are shifted as
+HF's ``ForCausalLMLoss`` shifts them (pad one ``-100`` at the end, drop the first).
+
+Known limitations: models that post-process their logits (Gemma-2 ``final_logit_softcapping``)
+are refused; only causal LMs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from trainmem.errors import UnsupportedError
+from trainmem.trace._torch import require_torch
+
+torch = require_torch()
+
+__all__ = ["chunked_cross_entropy_forward"]
+
+IGNORE_INDEX = -100
+"""HF / torchtune ``ignore_index``."""
+
+
+@contextlib.contextmanager
+def _identity_head(head: Any) -> Iterator[None]:
+    head.forward = lambda x: x
+    try:
+        yield
+    finally:
+        del head.forward
+
+
+def chunked_cross_entropy_forward(chunks: int, *, upcast: bool = True) -> Any:
+    """A ``forward_loss(model, batch)`` computing the causal-LM loss in ``chunks`` pieces.
+
+    Args:
+        chunks: N, the number of token chunks (``torch.chunk`` along the sequence).
+        upcast: cast each chunk's logits to fp32 before the loss (torchtune); False keeps the
+            compute dtype (lit-gpt).
+
+    Returns:
+        ``forward_loss(model, batch) -> scalar``, for :func:`trainmem.trace.step.run_step`.
+    """
+    nn_f = torch.nn.functional
+
+    def forward_loss(model: Any, batch: Any) -> Any:
+        config = getattr(model, "config", None)
+        if getattr(config, "final_logit_softcapping", None):
+            raise UnsupportedError(
+                "chunked cross-entropy with final_logit_softcapping is not traced; use "
+                "--engine analytic"
+            )
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        if head is None or not isinstance(batch, dict) or "labels" not in batch:
+            raise UnsupportedError(
+                "chunked cross-entropy is traced for HF causal LMs only (an output head and "
+                "labels); use --engine analytic"
+            )
+        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        with _identity_head(head):
+            hidden = model(**inputs).logits  # [b, s, h]
+        shifted = nn_f.pad(batch["labels"], (0, 1), value=IGNORE_INDEX)[:, 1:]  # [b, s]
+        total = None
+        for hc, lc in zip(hidden.chunk(chunks, dim=1), shifted.chunk(chunks, dim=1), strict=True):
+            logits = head(hc)  # [b, s/N, V]
+            if upcast:
+                logits = logits.float()
+            part = nn_f.cross_entropy(
+                logits.reshape(-1, logits.size(-1)),
+                lc.reshape(-1),
+                ignore_index=IGNORE_INDEX,
+                reduction="sum",
+            )
+            total = part if total is None else total + part
+        return total / (shifted != IGNORE_INDEX).sum()
+
+    return forward_loss
