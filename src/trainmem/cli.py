@@ -30,6 +30,7 @@ from trainmem.specs.training import (
     OPTIMIZERS,
     PRECISIONS,
     FRAMEWORKS,
+    PIPELINE_SCHEDULES,
     QUANTIZE_BASE,
     TrainingConfig,
 )
@@ -131,6 +132,21 @@ SnapshotOpt = Annotated[
     str | None,
     typer.Option("--snapshot", help="Write the simulated step as a PyTorch memory snapshot "
                  "(open it at https://pytorch.org/memory_viz)."),
+]
+TensorParallelOpt = Annotated[
+    int, typer.Option("--tensor-parallel-size", help="Megatron tensor parallelism t.")
+]
+SequenceParallelOpt = Annotated[
+    bool, typer.Option("--sequence-parallel", help="Megatron sequence parallelism (needs t > 1).")
+]
+PipelineParallelOpt = Annotated[
+    int, typer.Option("--pipeline-parallel-size", help="Pipeline stages p.")
+]
+PipelineScheduleOpt = Annotated[
+    str, typer.Option("--pipeline-schedule", help=_choices(PIPELINE_SCHEDULES))
+]
+ContextParallelOpt = Annotated[
+    int, typer.Option("--context-parallel-size", help="Sequence split over this many ranks.")
 ]
 FrameworkOpt = Annotated[
     str, typer.Option("--framework", help=_choices(FRAMEWORKS) + " (bytes per parameter, loss)")
@@ -286,6 +302,11 @@ def estimate_cmd(
     lora_targets: LoraTargetsOpt = "q,v",
     lora_dropout: LoraDropoutOpt = 0.0,
     quantize_base: QuantizeOpt = "none",
+    tensor_parallel_size: TensorParallelOpt = 1,
+    sequence_parallel: SequenceParallelOpt = False,
+    pipeline_parallel_size: PipelineParallelOpt = 1,
+    pipeline_schedule: PipelineScheduleOpt = "1f1b",
+    context_parallel_size: ContextParallelOpt = 1,
     framework: FrameworkOpt = "pytorch-amp",
     chunked_cross_entropy: ChunkedLossOpt = 0,
     optimizer_in_backward: OptimizerInBackwardOpt = False,
@@ -321,6 +342,11 @@ def estimate_cmd(
             "lora_targets": parse_lora_targets(lora_targets),
             "lora_dropout": lora_dropout,
             "quantize_base": quantize_base,
+            "tensor_parallel_size": tensor_parallel_size,
+            "sequence_parallel": sequence_parallel,
+            "pipeline_parallel_size": pipeline_parallel_size,
+            "pipeline_schedule": pipeline_schedule,
+            "context_parallel_size": context_parallel_size,
             "framework": framework,
             "chunked_cross_entropy": chunked_cross_entropy,
             "optimizer_in_backward": optimizer_in_backward,

@@ -216,7 +216,41 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
         terms["autocast_weight_copies"] = autocast_weight_copy_bytes(model, training)
     if training.is_lora:
         _apply_lora(terms, model, training, t=t, k_top=k_top)
-    return terms
+    return split_for_parallelism(terms, training)
+
+
+#: Terms of width h (the norm / residual / dropout region): replicated over tensor-parallel ranks
+#: unless sequence parallelism splits them (Korthikanti et al. 2022, sec. 4.2.1-4.2.2).
+HIDDEN_REGION_TERMS = frozenset({
+    "attention/norm", "mlp/norm", "attention/qkv_input", "mlp/input", "attention/dropout_mask",
+    "mlp/dropout_mask", "mlp/expert_inputs", "mlp/expert_outputs", "mlp/router", "layer_input",
+    "final_norm", "lm_head_input", "mlm_transform", "pooled", "embedding_norm",
+    "embedding_dropout_mask",
+})
+#: Inputs every tensor-parallel rank holds whole (token ids, rotary tables).
+REPLICATED_INPUT_TERMS = frozenset(
+    {"inputs/token_ids_and_labels", "inputs/pixel_values", "rotary_cos_sin"}
+)
+
+
+def parallel_divisor(term: str, training: TrainingConfig) -> int:
+    """Ranks one activation term is split over: tensor parallelism t for the attention / MLP
+    internals and the vocabulary-parallel logits (Korthikanti et al. 2022 Eq. 2: sbh(10 + 24/t
+    + 5as/ht)), also for the hidden-size region with sequence parallelism (Eq. 3: sbh(34/t +
+    5as/ht)); context parallelism splits every term by sequence."""
+    tp, cp = training.tensor_parallel_size, training.context_parallel_size
+    if term in REPLICATED_INPUT_TERMS or term.startswith("lora/"):
+        return cp
+    if term in HIDDEN_REGION_TERMS and not training.sequence_parallel:
+        return cp
+    return tp * cp
+
+
+def split_for_parallelism(terms: dict[str, int], training: TrainingConfig) -> dict[str, int]:
+    """Per-rank bytes of each term; see :func:`parallel_divisor`."""
+    if training.tensor_parallel_size == 1 and training.context_parallel_size == 1:
+        return terms
+    return {k: -(-v // parallel_divisor(k, training)) for k, v in terms.items()}
 
 
 def _apply_lora(
@@ -331,7 +365,7 @@ def embedding_activation_bytes(model: ModelSpec, training: TrainingConfig) -> di
         out["embedding_norm"] = _norm_saved_bytes(model, r) * t
     if training.dropout and model.embedding_dropout > 0:
         out["embedding_dropout_mask"] = h * t
-    return out
+    return split_for_parallelism(out, training)
 
 
 def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[str, int]:
@@ -364,7 +398,7 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
             out["autocast_weight_copies"] = c * v * h
     else:
         out["pooled"] = 4 * h * b * 4
-    return out
+    return split_for_parallelism(out, training)
 
 
 def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:
@@ -377,7 +411,8 @@ def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
     c, _ = compute_and_residual_bytes(training)
     v = model.vocab_size
     upcast = 4 * v * -(-t // max(training.chunked_cross_entropy, 1))
-    return c * v * t + (upcast if training.loss_upcast and c != 4 else 0)
+    total = c * v * t + (upcast if training.loss_upcast and c != 4 else 0)
+    return -(-total // parallel_divisor("logits", training))
 
 
 def loss_backward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:
@@ -393,7 +428,8 @@ def loss_backward_transient_bytes(model: ModelSpec, training: TrainingConfig) ->
     c, _ = compute_and_residual_bytes(training)
     per_value = 4 if training.loss_upcast else c
     chunks = max(training.chunked_cross_entropy, 1)
-    return 2 * per_value * model.vocab_size * -(-t // chunks)
+    total = 2 * per_value * model.vocab_size * -(-t // chunks)
+    return -(-total // parallel_divisor("logits", training))
 
 
 def backward_layer_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:
@@ -405,9 +441,10 @@ def backward_layer_transient_bytes(model: ModelSpec, training: TrainingConfig) -
     i, h = model.intermediate_size, model.hidden_size
     k_top = model.num_experts_per_tok if model.num_experts > 1 else 1
     n = 3 if model.mlp_kind == "gated" else 2
-    out = n * c * i * t * k_top + 2 * r * h * t
+    out = n * c * i * t * k_top // parallel_divisor("mlp/gated", training)
+    out += 2 * r * h * t // parallel_divisor("mlp/input", training)
     if training.uses_autocast:
-        out += c * h * i
+        out += c * h * i // training.tensor_parallel_size
     return out
 
 
@@ -420,7 +457,7 @@ def activation_profile(model: ModelSpec, training: TrainingConfig) -> Activation
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     _, r = compute_and_residual_bytes(training)
     if mode == "full":
-        per_layer = r * model.hidden_size * t
+        per_layer = r * model.hidden_size * t // parallel_divisor("layer_input", training)
         recompute = full_layer
     elif mode == "selective":
         per_layer = sum(v for k, v in terms.items() if not k.startswith("scores/"))

@@ -24,10 +24,11 @@ Note [Where the peak falls]
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 from trainmem.analytic.activations import (
+    ActivationProfile,
     activation_profile,
     autocast_weight_copy_bytes,
     backward_layer_transient_bytes,
@@ -36,11 +37,13 @@ from trainmem.analytic.activations import (
     loss_forward_transient_bytes,
 )
 from trainmem.analytic.temporaries import cublas_workspace_bytes, optimizer_step_temporary_bytes
-from trainmem.analytic.tensor_states import state_layout
+from trainmem.analytic.tensor_states import StateLayout, state_layout
 from trainmem.breakdown import MemoryBreakdown, MemoryEstimate
+from trainmem.errors import SpecError
 from trainmem.specs.hardware import DEFAULT_CUDA_CONTEXT_BYTES, GPUSpec
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
+from trainmem.units import dtype_bytes
 
 if TYPE_CHECKING:
     from trainmem.allocator.replay import ReplayResult
@@ -82,110 +85,39 @@ def estimate_analytic(
     Model states per tensor (LoRA, quantized bases, ZeRO / FSDP sharding, offload): Note [Model
     states with PEFT and sharding] in :mod:`trainmem.analytic.tensor_states`.
 
-    Known limitations: no tensor/pipeline parallelism; HF transformers 5 code paths assumed.
+    Tensor / sequence / context parallelism divide the activation terms
+    (:func:`trainmem.analytic.activations.parallel_divisor`) and the layer linears and the
+    vocabulary (Note [Model states with PEFT and sharding]); pipeline parallelism is evaluated
+    per stage (:func:`pipeline_ranks`) and the most loaded rank is reported, with every rank's
+    peak under ``details["per_rank"]``.
+
+    Known limitations: HF transformers 5 code paths assumed; pipeline ranks are evaluated
+    without the allocator replay (the replay simulates the unpipelined step).
     """
     layout = state_layout(model, training)
     n_params = layout.total("numel")
-    trainable = [s for s in layout.embedding + layout.layer + layout.head if s.trainable]
-    n_trainable = sum(s.numel for s in trainable if s.owner != "layers.0") + model.num_layers * sum(
-        s.numel for s in trainable if s.owner == "layers.0"
-    )
-    W = layout.total("param_bytes")
-    G = layout.total("grad_bytes")
-    O = layout.total("state_bytes")
-    dp = training.data_parallel_size
-    stage = training.zero_stage if dp > 1 else 0
-    largest = max((s.numel for s in trainable), default=0)
+    n_trainable = sum(s.numel for s in layout.embedding + layout.head if s.trainable)
+    n_trainable += model.num_layers * sum(s.numel for s in layout.layer if s.trainable)
+    _check_parallel_shape(model, training)
     prof = activation_profile(model, training)
-    c, _ = compute_and_residual_bytes(training)
     ws = cublas_workspace_bytes(gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES)
-    opt_tmp = 0
-    if training.offload == "none":
-        opt_tmp = optimizer_step_temporary_bytes(
-            training,
-            num_trainable_parameters=-(-n_trainable // dp) if stage >= 1 else n_trainable,
-            largest_parameter=largest,
-        )
-    loss_tmp = loss_backward_transient_bytes(model, training)
-    loss_fwd = loss_forward_transient_bytes(model, training)
-    layer_tmp = backward_layer_transient_bytes(model, training)
-    layer0 = layout.layer
-    # ZeRO-3 / FULL_SHARD: the current and the prefetched layer's gathered parameters; ZeRO-2/3:
-    # one layer's unsharded gradients before the reduce-scatter (Rajbhandari et al. 2020, sec.
-    # 5.2-5.3; FSDP ``forward_prefetch`` / ``backward_prefetch=BACKWARD_PRE``).
-    gather = 2 * sum(s.full_param_bytes for s in layer0) if stage == 3 else 0
-    if stage == 3 and training.framework == "fsdp2" and training.is_mixed:
-        # MixedPrecisionPolicy(param_dtype=bf16): the all-gather output is 16-bit
-        gather = 2 * c * sum(s.numel for s in layer0)
-    reduce = sum(s.full_grad_bytes for s in layer0) if stage >= 2 else 0
-    # QLoRA / int8 bases: each frozen quantized linear is dequantized to the compute dtype for its
-    # matmul, forward and backward (bitsandbytes ``MatMul4Bit``), one at a time.
-    dequant = 0
-    if training.quantize_base != "none":
-        dequant = c * max((s.numel for s in layer0 if not s.trainable and s.name != "vector"),
-                          default=0)
-
-    g_layer = sum(s.grad_bytes for s in layer0)
-    g_head = sum(s.grad_bytes for s in layout.head)
-    if model.tie_word_embeddings:
-        g_head += sum(s.grad_bytes for s in layout.embedding if s.name == "embedding/tokens")
-    # gradients alive through the forward: accumulated from earlier micro-batches, or zeroed but
-    # kept by zero_grad(set_to_none=False)
-    keep_grads = training.gradient_accumulation_steps > 1 or not training.zero_grad_set_to_none
-    g_prev = G if keep_grads else 0
-    logits_kept = 0  # the logits are freed once the loss has run (Note [Activation terms])
-    # Activation offloading: saved activations go to CPU layer by layer; the current and the
-    # prefetched layer stay (torchtune ``OffloadActivations``).
-    L = model.num_layers
-    layers_on_gpu = min(L, 2) if training.activation_offloading else L
-    acts_forward = prof.embedding + layers_on_gpu * prof.per_layer + prof.head
-
-    candidates: dict[str, tuple[int, int, int, str]] = {}  # name -> (grads, acts, temps, reason)
-    weight_copies = 0
-    if training.activation_checkpointing == "full":
-        weight_copies = autocast_weight_copy_bytes(model, training) * model.num_layers
-    candidates["forward"] = (
-        g_prev,
-        acts_forward + weight_copies,
-        ws + gather + dequant + loss_fwd,
-        "end of forward: every saved activation is alive, with the logits (and their fp32 "
-        "copy) while the loss runs",
-    )
-    candidates["backward_start"] = (
-        g_prev,
-        acts_forward,
-        ws + loss_tmp,
-        "start of backward: saved activations plus two fp32 (tokens x vocab) log-softmax "
-        "gradients",
-    )
-    for name, j in (("backward_first_layer", 0), ("backward_last_layer", L - 1)):
-        grads = max(g_prev, min(g_head + (j + 1) * g_layer, G))
-        if training.optimizer_in_backward:
-            grads = min(g_head + g_layer, G)  # each gradient is stepped and freed at once
-        acts = (prof.embedding + min(L - j, layers_on_gpu) * prof.per_layer + logits_kept
-                + prof.recompute)
-        candidates[name] = (
-            grads,
-            acts,
-            ws + layer_tmp + gather + reduce + dequant,
-            "backward through the layers: gradients grow while activations are freed"
-            + (" and one layer is recomputed" if prof.recompute else ""),
-        )
-    if not training.optimizer_in_backward:
-        candidates["optimizer"] = (
-            G,
-            0,
-            ws + opt_tmp,
-            f"optimizer step: weights, gradients, optimizer states and the "
-            f"{training.optimizer_implementation} {training.optimizer} temporaries",
-        )
-    totals = {k: W + O + g + a + t for k, (g, a, t, _) in candidates.items()}
+    ranks = [
+        _rank_peak(model, training, rank, layout=layout, prof=prof, workspace=ws)
+        for rank in pipeline_ranks(model, training)
+    ]
+    worst = max(ranks, key=lambda r: r.peak_bytes)
+    W, O, totals = worst.parameters, worst.optimizer_states, worst.totals
     peak_name = max(totals, key=lambda k: totals[k])
-    grads, acts, temps, reason = candidates[peak_name]
+    grads, acts, temps, reason = worst.candidates[peak_name]
+    if len(ranks) > 1:
+        reason += f" (pipeline stage {worst.rank.stage}, the most loaded rank)"
     phase = "backward" if peak_name.startswith("backward") else peak_name
     ctx = DEFAULT_CUDA_CONTEXT_BYTES if cuda_context_bytes is None else cuda_context_bytes
     fragmentation, notes, replay_details, timeline = 0, [], {}, None
-    if simulate_allocator:
+    if simulate_allocator and training.pipeline_parallel_size > 1:
+        notes = ["the caching-allocator simulation is not run for pipeline-parallel ranks yet: "
+                 "reserved = allocated (no fragmentation counted)"]
+    elif simulate_allocator:
         fragmentation, notes, replay_details, timeline = _allocator_replay(
             model, training, gpu=gpu, cuda_context_bytes=ctx, alloc_conf=alloc_conf
         )
@@ -211,17 +143,225 @@ def estimate_analytic(
         gpu_capacity_bytes=gpu.memory_bytes if gpu else None,
         details={
             "candidates_bytes": totals,
+            "per_rank": [r.to_dict() for r in ranks],
             "activation_terms_per_layer_bytes": prof.terms,
             "activation_terms_outside_layers_bytes": prof.head_terms,
             "activations_per_layer_bytes": prof.per_layer,
-            "optimizer_step_temporary_bytes": opt_tmp,
-            "loss_backward_temporary_bytes": loss_tmp,
+            "loss_backward_temporary_bytes": loss_backward_transient_bytes(model, training),
             "cublas_workspace_bytes": ws,
             **replay_details,
         },
         notes=notes,
         timeline=timeline,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineRank:
+    """One pipeline stage as a rank sees it.
+
+    Attributes:
+        stage: stage index (0 = first).
+        num_layers: transformer layers held (ceil(L / p); all of them without pipelining).
+        in_flight: micro-batches whose activations the stage holds at once (Korthikanti et al.
+            2022 sec. 4.2.3: the first 1F1B stage holds p; interleaving adds (p - 1) / v; GPipe
+            holds all of them).
+        has_embedding: holds the input embeddings (first stage; the last stage too for tied
+            embeddings, as Megatron keeps a copy for the output layer).
+        has_head: holds the final norm, the output layer and the loss (last stage).
+    """
+
+    stage: int
+    num_layers: int
+    in_flight: float
+    has_embedding: bool
+    has_head: bool
+
+
+def pipeline_ranks(model: ModelSpec, training: TrainingConfig) -> list[PipelineRank]:
+    """The ranks whose memory differs: the first and the last pipeline stage (one rank without
+    pipelining). Tensor, context and data-parallel ranks of a stage hold the same bytes."""
+    p = training.pipeline_parallel_size
+    L = model.num_layers
+    m = training.gradient_accumulation_steps  # micro-batches per step
+    if p == 1:
+        return [PipelineRank(0, L, 1, True, True)]
+    per_stage = -(-L // p)
+    schedule = training.pipeline_schedule
+    out = []
+    for stage in (0, p - 1):
+        if schedule == "gpipe":
+            in_flight: float = m
+        elif schedule == "interleaved-1f1b":
+            in_flight = min(float(m), (p - stage) + (p - 1) / training.virtual_pipeline_stages)
+        else:
+            in_flight = min(m, p - stage)
+        last = stage == p - 1
+        out.append(PipelineRank(
+            stage, per_stage if not last else L - per_stage * (p - 1), max(in_flight, 1),
+            stage == 0 or (last and model.tie_word_embeddings), last,
+        ))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _RankPeak:
+    rank: PipelineRank
+    parameters: int
+    optimizer_states: int
+    candidates: dict[str, tuple[int, int, int, str]]
+    totals: dict[str, int]
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(self.totals.values())
+
+    def to_dict(self) -> dict[str, object]:
+        name = max(self.totals, key=lambda k: self.totals[k])
+        return {
+            "pipeline_stage": self.rank.stage,
+            "num_layers": self.rank.num_layers,
+            "micro_batches_in_flight": self.rank.in_flight,
+            "allocated_bytes": self.peak_bytes,
+            "peak_phase": name,
+        }
+
+
+def _check_parallel_shape(model: ModelSpec, training: TrainingConfig) -> None:
+    tp = training.tensor_parallel_size
+    if model.num_heads % tp:
+        raise SpecError(
+            "tensor_parallel_size",
+            f"{tp} must divide num_attention_heads={model.num_heads} (Megatron splits heads)",
+        )
+    if training.pipeline_parallel_size > model.num_layers:
+        raise SpecError(
+            "pipeline_parallel_size",
+            f"{training.pipeline_parallel_size} stages for {model.num_layers} layers",
+        )
+
+
+def _rank_peak(
+    model: ModelSpec,
+    training: TrainingConfig,
+    rank: PipelineRank,
+    *,
+    layout: StateLayout,
+    prof: ActivationProfile,
+    workspace: int,
+) -> _RankPeak:
+    """The candidate peaks of one rank (Note [Where the peak falls])."""
+    emb_states = layout.embedding if rank.has_embedding else []
+    if rank.has_embedding and rank.stage > 0:  # the last stage's copy of the tied embedding
+        emb_states = [s for s in layout.embedding if s.name == "embedding/tokens"]
+    head_states = layout.head if rank.has_head else []
+    outer = emb_states + head_states
+    L = rank.num_layers
+
+    def total(field: str) -> int:
+        return sum(getattr(s, field) for s in outer) + L * sum(
+            getattr(s, field) for s in layout.layer
+        )
+
+    W, G, O = total("param_bytes"), total("grad_bytes"), total("state_bytes")
+    trainable = [s for s in outer + layout.layer if s.trainable]
+    n_trainable = sum(s.numel for s in outer if s.trainable) + L * sum(
+        s.numel for s in layout.layer if s.trainable
+    )
+    dp = training.data_parallel_size
+    stage = training.zero_stage if dp > 1 else 0
+    c, _ = compute_and_residual_bytes(training)
+    opt_tmp = 0
+    if training.offload == "none" and trainable:
+        # per-rank parameter slices: the temporaries follow the local shards
+        local = sum(s.full_grad_bytes for s in outer) + L * sum(
+            s.full_grad_bytes for s in layout.layer
+        )
+        local_elems = local // max(dtype_bytes(training.grad_dtype), 1)
+        opt_tmp = optimizer_step_temporary_bytes(
+            training,
+            num_trainable_parameters=-(-local_elems // dp) if stage >= 1 else local_elems,
+            largest_parameter=max(s.full_grad_bytes for s in trainable)
+            // max(dtype_bytes(training.grad_dtype), 1),
+        )
+    del n_trainable
+    loss_tmp = loss_backward_transient_bytes(model, training) if rank.has_head else 0
+    loss_fwd = loss_forward_transient_bytes(model, training) if rank.has_head else 0
+    layer_tmp = backward_layer_transient_bytes(model, training)
+    layer0 = layout.layer
+    # ZeRO-3 / FULL_SHARD: the current and the prefetched layer's gathered parameters; ZeRO-2/3:
+    # one layer's unsharded gradients before the reduce-scatter (Rajbhandari et al. 2020, sec.
+    # 5.2-5.3; FSDP ``forward_prefetch`` / ``backward_prefetch=BACKWARD_PRE``).
+    gather = 2 * sum(s.full_param_bytes for s in layer0) if stage == 3 else 0
+    if stage == 3 and training.framework == "fsdp2" and training.is_mixed:
+        # MixedPrecisionPolicy(param_dtype=bf16): the all-gather output is 16-bit
+        gather = 2 * c * sum(s.numel for s in layer0) // training.tensor_parallel_size
+    reduce = sum(s.full_grad_bytes for s in layer0) if stage >= 2 else 0
+    # QLoRA / int8 bases: each frozen quantized linear is dequantized to the compute dtype for its
+    # matmul, forward and backward (bitsandbytes ``MatMul4Bit``), one at a time.
+    dequant = 0
+    if training.quantize_base != "none":
+        dequant = c * max((s.numel for s in layer0 if not s.trainable and s.name != "vector"),
+                          default=0) // training.tensor_parallel_size
+
+    g_layer = sum(s.grad_bytes for s in layer0)
+    g_head = sum(s.grad_bytes for s in head_states)
+    if model.tie_word_embeddings and rank.has_head:
+        g_head += sum(s.grad_bytes for s in emb_states if s.name == "embedding/tokens")
+    # gradients alive through the forward: accumulated from earlier micro-batches, or zeroed but
+    # kept by zero_grad(set_to_none=False)
+    keep_grads = training.gradient_accumulation_steps > 1 or not training.zero_grad_set_to_none
+    g_prev = G if keep_grads else 0
+    # Activation offloading: saved activations go to CPU layer by layer; the current and the
+    # prefetched layer stay (torchtune ``OffloadActivations``).
+    layers_on_gpu = min(L, 2) if training.activation_offloading else L
+    emb_acts = prof.embedding if rank.stage == 0 else 0
+    head_acts = prof.head if rank.has_head else 0
+    # other micro-batches in flight on this stage keep their whole activations (pipelining)
+    others = round((rank.in_flight - 1) * (emb_acts + layers_on_gpu * prof.per_layer))
+    acts_forward = emb_acts + layers_on_gpu * prof.per_layer + head_acts + others
+
+    candidates: dict[str, tuple[int, int, int, str]] = {}  # name -> (grads, acts, temps, reason)
+    weight_copies = 0
+    if training.activation_checkpointing == "full":
+        weight_copies = autocast_weight_copy_bytes(model, training) * L
+    candidates["forward"] = (
+        g_prev,
+        acts_forward + weight_copies,
+        workspace + gather + dequant + loss_fwd,
+        "end of forward: every saved activation is alive"
+        + (", with the logits (and their fp32 copy) while the loss runs" if loss_fwd else ""),
+    )
+    if rank.has_head:
+        candidates["backward_start"] = (
+            g_prev,
+            acts_forward,
+            workspace + loss_tmp,
+            "start of backward: saved activations plus the two (tokens x vocab) log-softmax "
+            "gradients",
+        )
+    for name, j in (("backward_first_layer", 0), ("backward_last_layer", L - 1)):
+        grads = max(g_prev, min(g_head + (j + 1) * g_layer, G))
+        if training.optimizer_in_backward:
+            grads = min(g_head + g_layer, G)  # each gradient is stepped and freed at once
+        acts = emb_acts + min(L - j, layers_on_gpu) * prof.per_layer + prof.recompute + others
+        candidates[name] = (
+            grads,
+            acts,
+            workspace + layer_tmp + gather + reduce + dequant,
+            "backward through the layers: gradients grow while activations are freed"
+            + (" and one layer is recomputed" if prof.recompute else ""),
+        )
+    if not training.optimizer_in_backward:
+        candidates["optimizer"] = (
+            G,
+            0,
+            workspace + opt_tmp,
+            f"optimizer step: weights, gradients, optimizer states and the "
+            f"{training.optimizer_implementation} {training.optimizer} temporaries",
+        )
+    totals = {k: W + O + g + a + t for k, (g, a, t, _) in candidates.items()}
+    return _RankPeak(rank, W, O, candidates, totals)
 
 
 def replay_step(

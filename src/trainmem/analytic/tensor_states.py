@@ -49,13 +49,14 @@ class TensorState:
     Attributes:
         owner: ``embedding``, ``layers.<i>`` or ``head``.
         name: linear name (``q``, ``up``...), ``lora_A.q``, or ``vector`` / the component key.
-        numel: elements of the whole (unsharded) tensor.
+        numel: elements of the whole tensor (before tensor parallelism and sharding).
         trainable: gets a gradient and optimizer states.
         param_bytes: weight bytes held on this GPU (after quantization, sharding, offload).
         grad_bytes: gradient bytes held between backward and the optimizer step.
         state_bytes: optimizer-state bytes held on this GPU.
-        full_param_bytes: weight bytes of the whole tensor (what ZeRO-3 gathers).
-        full_grad_bytes: gradient bytes of the whole tensor before it is reduce-scattered.
+        full_param_bytes: weight bytes of this rank's tensor-parallel slice before ZeRO / FSDP
+            sharding (what ZeRO-3 gathers).
+        full_grad_bytes: gradient bytes of that slice before it is reduce-scattered.
     """
 
     owner: str
@@ -125,6 +126,7 @@ def state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayout:
     :func:`trainmem.analytic.model_states.optimizer_state_bytes`.
     """
     w = dtype_bytes(training.weight_dtype)
+    tp = training.tensor_parallel_size
     dp = training.data_parallel_size
     stage = training.zero_stage if dp > 1 else 0
     cache: dict[tuple[str, int, int, bool], TensorState] = {}
@@ -135,18 +137,23 @@ def state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayout:
         if proto is None:
             is_linear = not name.startswith(("lora_", "vector", "embedding", "head", "lm_head",
                                              "final_norm", "pooler", "router"))
+            # Megatron tensor parallelism splits every layer linear (column / row parallel) and
+            # the vocabulary (VocabParallelEmbedding, the output layer); norms are replicated.
+            tp_split = is_linear or name in ("embedding/tokens", "lm_head")
+            local = -(-numel // tp) if tp_split else numel
+            local_out = -(-out_features // tp) if tp_split and out_features > 1 else out_features
             if not trainable and is_linear and training.quantize_base != "none":
-                full_param = _quantized_bytes(numel, out_features, training.quantize_base)
+                full_param = _quantized_bytes(local, local_out, training.quantize_base)
             else:
-                full_param = w * numel
-            full_grad = dtype_bytes(training.grad_dtype) * numel if trainable else 0
+                full_param = w * local
+            full_grad = dtype_bytes(training.grad_dtype) * local if trainable else 0
             state = 0
             if trainable:
-                if out_features > 1 and numel % out_features == 0 and numel > out_features:
-                    shape = [(numel // out_features, out_features, 1)]
+                if local_out > 1 and local % local_out == 0 and local > local_out:
+                    shape = [(local // local_out, local_out, 1)]
                     state = optimizer_state_bytes(training, shape, 0)
                 else:
-                    state = optimizer_state_bytes(training, [], numel)
+                    state = optimizer_state_bytes(training, [], local)
 
             def shard(x: int, from_stage: int) -> int:
                 return -(-x // dp) if stage >= from_stage else x

@@ -77,6 +77,7 @@ LORA_TARGETS: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
 """Linear names ``--lora-targets`` accepts (``all-linear`` means all of them); for fused-qkv
 families (GPT-2 ``c_attn``, Falcon / GPT-NeoX ``query_key_value``) any of q, k, v targets the
 one fused module, as peft does."""
+PIPELINE_SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved-1f1b", "gpipe")
 FRAMEWORKS: tuple[str, ...] = (
     "pytorch-amp", "hf-trainer", "deepspeed", "megatron", "fsdp2", "torchtune", "litgpt"
 )
@@ -145,6 +146,21 @@ class TrainingConfig:
     """Linears that get LoRA adapters (peft's default for Llama: q_proj, v_proj)."""
     lora_dropout: float = 0.0
     """Dropout on the LoRA input (peft ``lora_dropout``); > 0 keeps a copy of the input."""
+    tensor_parallel_size: int = 1
+    """Megatron tensor parallelism t: linear weights, the vocabulary and attention heads split
+    over t ranks (Shoeybi et al. 2019)."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism: the norm / dropout regions split over the t ranks too
+    (Korthikanti et al. 2022, sec. 4.2.2)."""
+    pipeline_parallel_size: int = 1
+    """Pipeline stages p; each holds about L / p layers."""
+    pipeline_schedule: str = "1f1b"
+    """``1f1b`` (PipeDream-flush), ``interleaved-1f1b`` (Narayanan et al. 2021), ``gpipe``."""
+    virtual_pipeline_stages: int = 2
+    """Model chunks per rank for ``interleaved-1f1b`` (Megatron ``virtual_pipeline_model_
+    parallel_size``)."""
+    context_parallel_size: int = 1
+    """Context parallelism: the sequence split over this many ranks (ring attention)."""
     zero_grad_set_to_none: bool = True
     """``optimizer.zero_grad(set_to_none=...)``: True (the default since PyTorch 2.0) frees the
     gradients after the step; False (the default before 2.0, and HF Trainer's
@@ -181,7 +197,8 @@ class TrainingConfig:
             "activation_checkpointing", self.activation_checkpointing, ACTIVATION_CHECKPOINTING
         )
         _check_choice("attention", self.attention, ATTENTIONS)
-        for field in ("data_parallel_size",):
+        for field in ("data_parallel_size", "tensor_parallel_size", "pipeline_parallel_size",
+                      "context_parallel_size", "virtual_pipeline_stages"):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise SpecError(field, f"must be a positive integer, got {value!r}")
@@ -198,6 +215,9 @@ class TrainingConfig:
             raise SpecError("lora_dropout", f"must be in [0, 1), got {self.lora_dropout!r}")
         _check_choice("quantize_base", self.quantize_base, QUANTIZE_BASE)
         _check_choice("framework", self.framework, FRAMEWORKS)
+        _check_choice("pipeline_schedule", self.pipeline_schedule, PIPELINE_SCHEDULES)
+        if self.sequence_parallel and self.tensor_parallel_size == 1:
+            raise SpecError("sequence_parallel", "needs tensor_parallel_size > 1")
         if not isinstance(self.chunked_cross_entropy, int) or self.chunked_cross_entropy < 0:
             raise SpecError(
                 "chunked_cross_entropy",
