@@ -51,7 +51,8 @@ def trace_unsupported_settings(training: TrainingConfig) -> list[str]:
     defaults = TrainingConfig()
     checked = ("data_parallel_size", "zero_stage", "offload", "lora_rank", "quantize_base",
                "framework", "chunked_cross_entropy", "optimizer_in_backward",
-               "activation_offloading", "zero_grad_set_to_none")
+               "activation_offloading", "zero_grad_set_to_none", "tensor_parallel_size",
+               "sequence_parallel", "pipeline_parallel_size", "context_parallel_size")
     return [f"{name}={getattr(training, name)}" for name in checked
             if getattr(training, name) != getattr(defaults, name)]
 
