@@ -85,6 +85,11 @@ CASES = [
                              chunked_cross_entropy=4)),
     ("tiny-gpt2-test", dict(micro_batch_size=2, seq_len=64, precision="32-true",
                             chunked_cross_entropy=3, lora_rank=4, zero_grad_set_to_none=False)),
+    # Adafactor reads .item() scalars in its step: answered on the host under fake tensors.
+    ("tiny-llama-test", dict(micro_batch_size=2, seq_len=64, precision="32-true",
+                             optimizer="adafactor")),
+    ("tiny-gpt2-test", dict(micro_batch_size=2, seq_len=64, precision="32-true",
+                            optimizer="adafactor", optimizer_implementation="for-loop")),
 ]  # fmt: skip
 
 

@@ -12,6 +12,7 @@ What is emulated so that the fake CPU step allocates what a CUDA step allocates
 - foreach / fused / for-loop optimizers as asked (``trainmem.trace.optimizers``); Adam's scalar
   ``step`` states stay in host memory unless fused (``torch/optim/adam.py``);
 - transformers' mask heuristics: ``trainmem.trace.hf_model.hf_mask_patches``;
+- scalars an optimizer reads with ``.item()`` (Adafactor): ``trainmem.trace.host_scalars``;
 - the cuBLAS workspace (allocated through the caching allocator on the first matmul, so part of
   ``max_memory_allocated``): one ``init`` block of ``GPUSpec.cublas_workspace_bytes``.
 """
@@ -73,6 +74,15 @@ def _emulation(training: TrainingConfig, emulate_cuda: bool) -> Iterator[None]:
             force = "flash" if training.attention == "flash" else None
             stack.enter_context(cuda_sdpa(force))
         yield
+
+
+@contextlib.contextmanager
+def _step_context(training: TrainingConfig, emulate_cuda: bool, optimizer: Any) -> Iterator[None]:
+    from trainmem.trace.host_scalars import host_scalars
+
+    with _emulation(training, emulate_cuda):
+        with host_scalars(optimizer) if optimizer is not None else contextlib.nullcontext():
+            yield
 
 
 def _autocast_factory(training: TrainingConfig) -> Callable[[], Any] | None:
@@ -207,7 +217,7 @@ def run_trace(
             fake_mode=fake_mode,
             host_optimizer_step=emulate_cuda,
             fused=fused,
-            context=lambda: _emulation(training, emulate_cuda),
+            context=lambda: _step_context(training, emulate_cuda, opt if fake else None),
             set_to_none=training.zero_grad_set_to_none,
             forward_loss=forward_loss,
         )
