@@ -29,6 +29,7 @@ Note [Model states with PEFT and sharding]
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from trainmem.analytic.model_states import optimizer_state_bytes
 from trainmem.analytic.params import linear_shapes, parameter_counts
@@ -112,6 +113,21 @@ def _layer_tensors(model: ModelSpec, training: TrainingConfig) -> list[tuple[str
 
 
 def state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayout:
+    """Cached :func:`build_state_layout`: the layout does not depend on the micro-batch, the
+    sequence length or the activation settings, so sweeps over those reuse it."""
+    key = replace(
+        training, micro_batch_size=1, seq_len=1, gradient_accumulation_steps=1,
+        activation_checkpointing="none", attention="sdpa", dropout=True,
+    )
+    return _cached_layout(model, key)
+
+
+@lru_cache(maxsize=256)
+def _cached_layout(model: ModelSpec, training: TrainingConfig) -> StateLayout:
+    return build_state_layout(model, training)
+
+
+def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayout:
     """Every parameter tensor of the model with its bytes on one GPU, in compact form.
 
     Args:
