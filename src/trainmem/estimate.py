@@ -47,14 +47,29 @@ def resolve_gpu(gpu: str | GPUSpec | None) -> GPUSpec | None:
 
 
 def trace_unsupported_settings(training: TrainingConfig) -> list[str]:
-    """Settings the trace engine would silently ignore, as ``field=value`` (empty if none)."""
+    """Settings the trace engine would silently ignore, as ``field=value`` (empty if none).
+
+    Traced: LoRA through peft (``lora_*``), ``chunked_cross_entropy``,
+    ``zero_grad_set_to_none``, and FSDP2 (``zero_stage=3`` with ``data_parallel_size > 1``,
+    framework ``pytorch-amp`` or ``fsdp2``; ``trainmem.trace.fsdp``). Other data-parallel
+    layouts, offload, quantized bases, the other frameworks, optimizer-in-backward, activation
+    offloading and model parallelism are refused.
+    """
     defaults = TrainingConfig()
-    checked = ("data_parallel_size", "zero_stage", "offload", "lora_rank", "quantize_base",
-               "framework", "chunked_cross_entropy", "optimizer_in_backward",
-               "activation_offloading", "zero_grad_set_to_none", "tensor_parallel_size",
-               "sequence_parallel", "pipeline_parallel_size", "context_parallel_size")
-    return [f"{name}={getattr(training, name)}" for name in checked
-            if getattr(training, name) != getattr(defaults, name)]
+    checked = ("offload", "quantize_base", "optimizer_in_backward", "activation_offloading",
+               "tensor_parallel_size", "sequence_parallel", "pipeline_parallel_size",
+               "context_parallel_size")
+    out = [f"{name}={getattr(training, name)}" for name in checked
+           if getattr(training, name) != getattr(defaults, name)]
+    fsdp = training.zero_stage == 3 and training.data_parallel_size > 1
+    if not fsdp:
+        out += [f"{name}={getattr(training, name)}" for name in ("data_parallel_size", "zero_stage")
+                if getattr(training, name) != getattr(defaults, name)]
+    if training.framework not in ("pytorch-amp", "fsdp2") or (
+        training.framework == "fsdp2" and not fsdp
+    ):
+        out.append(f"framework={training.framework}")
+    return out
 
 
 def with_allocator_replay(

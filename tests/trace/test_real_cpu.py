@@ -90,6 +90,14 @@ CASES = [
                              optimizer="adafactor")),
     ("tiny-gpt2-test", dict(micro_batch_size=2, seq_len=64, precision="32-true",
                             optimizer="adafactor", optimizer_implementation="for-loop")),
+    # FSDP2 (fully_shard per layer + root), rank 0 of a fake 4-rank process group.
+    ("tiny-llama-test", dict(micro_batch_size=2, seq_len=64, precision="32-true",
+                             data_parallel_size=4, zero_stage=3)),
+    ("tiny-llama-test", dict(micro_batch_size=2, seq_len=64, precision="bf16-mixed",
+                             data_parallel_size=4, zero_stage=3, framework="fsdp2")),
+    ("tiny-gpt2-test", dict(micro_batch_size=2, seq_len=64, precision="32-true",
+                            data_parallel_size=3, zero_stage=3, lora_rank=4,
+                            activation_checkpointing="full")),
 ]  # fmt: skip
 
 

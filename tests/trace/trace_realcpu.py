@@ -21,8 +21,10 @@ from trainmem.trace.engine import (
     apply_activation_checkpointing,
     default_forward_loss,
 )
+from trainmem.trace.fsdp import fake_process_group, shard_model, uses_fsdp
 from trainmem.trace.hf_model import build_hf_training_model, make_hf_batch
 from trainmem.trace.optimizers import build_optimizer
+from trainmem.trace.recorder import plain_tensors
 from trainmem.trace.step import run_step
 
 
@@ -34,17 +36,27 @@ def _walk(nodes):
 
 def _storage_bytes(tensors) -> int:
     seen: dict[int, int] = {}
-    for t in tensors:
+    for t in (p for x in tensors for p in plain_tensors(x)):  # DTensor: its local shard
         st = t.untyped_storage()
         seen[st.data_ptr()] = st.nbytes()
     return sum(seen.values())
 
 
 def real_cpu_peak(preset: str, training: TrainingConfig) -> int:
-    """Peak live tensor bytes of the second (steady-state) step, measured by the profiler."""
+    """Peak live tensor bytes of the second (steady-state) step, measured by the profiler; with
+    FSDP2, rank 0 of a fake process group (collectives write nothing, buffers are real)."""
+    if not uses_fsdp(training):
+        return _real_cpu_peak(preset, training, None)
+    with fake_process_group(training.data_parallel_size) as mesh:
+        return _real_cpu_peak(preset, training, mesh)
+
+
+def _real_cpu_peak(preset: str, training: TrainingConfig, mesh) -> int:
     torch.manual_seed(0)
     model = build_hf_training_model(load_hf_config(preset), training, device="cpu")
     apply_activation_checkpointing(model, training.activation_checkpointing)
+    if mesh is not None:
+        shard_model(model, mesh, training, None)
     k = min(training.gradient_accumulation_steps, 2)
     batches = [make_hf_batch(model, training.micro_batch_size, training.seq_len) for _ in range(k)]
     params = [p for p in dict.fromkeys(model.parameters()) if p.requires_grad]

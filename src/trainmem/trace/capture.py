@@ -15,6 +15,7 @@ Note [Categories]
     - in a forward region (the forward pass, or a checkpoint recomputation in backward, seen by
       the global module forward hooks): an activation if it is still live when the region ends
       (saved for backward, kept by checkpointing or by the loss), otherwise a temporary;
+    - an FSDP2 unsharded parameter (storage re-allocated by ``resize_``): a temporary;
     - anything else (backward transients, optimizer temporaries): a temporary.
 """
 
@@ -28,7 +29,7 @@ from typing import Any
 
 from trainmem.breakdown import MemoryCategory
 from trainmem.trace._torch import require_torch
-from trainmem.trace.recorder import Block, StorageRecorder
+from trainmem.trace.recorder import RESIZE_OP, Block, StorageRecorder, plain_tensors
 from trainmem.trace.step import run_step
 
 torch = require_torch()
@@ -139,7 +140,9 @@ def capture_step(
             for key, value in state.items():
                 if isinstance(value, torch.Tensor):
                     if host_optimizer_step and _host_resident(key, value, fused):
-                        host_bytes += value.untyped_storage().nbytes()
+                        host_bytes += sum(
+                            t.untyped_storage().nbytes() for t in plain_tensors(value)
+                        )
                         continue
                     rec.register(value, MemoryCategory.OPTIMIZER_STATE, module=names.get(id(p), ""))
         for batch in batches:
@@ -154,7 +157,12 @@ def capture_step(
         def close_region() -> None:
             for b in region_blocks:
                 if b.category is None:
-                    b.category = MemoryCategory.TEMPORARY if b.freed else MemoryCategory.ACTIVATION
+                    # FSDP2's unsharded parameters (re-allocated by storage resize) are gathered
+                    # copies, not saved activations, even when kept through the forward (root).
+                    transient = b.freed or b.op == RESIZE_OP
+                    b.category = (
+                        MemoryCategory.TEMPORARY if transient else MemoryCategory.ACTIVATION
+                    )
             region_blocks.clear()
             state["in_region"] = False
 

@@ -12,6 +12,7 @@ What is emulated so that the fake CPU step allocates what a CUDA step allocates
 - foreach / fused / for-loop optimizers as asked (``trainmem.trace.optimizers``); Adam's scalar
   ``step`` states stay in host memory unless fused (``torch/optim/adam.py``);
 - transformers' mask heuristics: ``trainmem.trace.hf_model.hf_mask_patches``;
+- FSDP2 over a fake process group, one rank: ``trainmem.trace.fsdp``;
 - scalars an optimizer reads with ``.item()`` (Adafactor): ``trainmem.trace.host_scalars``;
 - the cuBLAS workspace (allocated through the caching allocator on the first matmul, so part of
   ``max_memory_allocated``): one ``init`` block of ``GPUSpec.cublas_workspace_bytes``.
@@ -66,7 +67,7 @@ def _emulation(training: TrainingConfig, emulate_cuda: bool) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         with contextlib.suppress(ImportError):
             stack.enter_context(hf_mask_patches())
-        if training.is_mixed:
+        if training.uses_autocast:
             stack.enter_context(cuda_autocast_policy())
         # native_dropout also runs on real CPU tensors, so the proof covers this emulation too.
         stack.enter_context(cuda_dropout())
@@ -86,7 +87,7 @@ def _step_context(training: TrainingConfig, emulate_cuda: bool, optimizer: Any) 
 
 
 def _autocast_factory(training: TrainingConfig) -> Callable[[], Any] | None:
-    if not training.is_mixed:
+    if not training.uses_autocast:  # FSDP2's MixedPrecisionPolicy casts instead (trace.fsdp)
         return None
     dtype = _torch_dtype(training.compute_dtype)
     return lambda: torch.autocast("cpu", dtype=dtype)
@@ -185,6 +186,35 @@ def run_trace(
     Raises:
         TraceError: the step failed under fake tensors (the message names the op).
     """
+    from trainmem.trace.fsdp import fake_process_group, uses_fsdp
+
+    if not uses_fsdp(training):
+        return _run_trace(
+            build_model, make_batch, training, loss_fn=loss_fn, optimizer=optimizer, fake=fake,
+            emulate_cuda=emulate_cuda, workspace_bytes=workspace_bytes, forward_loss=forward_loss,
+        )  # fmt: skip
+    with fake_process_group(training.data_parallel_size) as mesh:
+        return _run_trace(
+            build_model, make_batch, training, loss_fn=loss_fn, optimizer=optimizer, fake=fake,
+            emulate_cuda=emulate_cuda, workspace_bytes=workspace_bytes, forward_loss=forward_loss,
+            mesh=mesh,
+        )  # fmt: skip
+
+
+def _run_trace(
+    build_model: Callable[[], Any],
+    make_batch: Callable[..., Any],
+    training: TrainingConfig,
+    *,
+    loss_fn: Callable[[Any, Any], Any] | None,
+    optimizer: Callable[[Any], Any] | None,
+    fake: bool,
+    emulate_cuda: bool,
+    workspace_bytes: int,
+    forward_loss: Callable[[Any, Any], Any] | None,
+    mesh: Any = None,
+) -> tuple[Capture, PeakReport]:
+    from trainmem.trace.fsdp import shard_model
     from trainmem.trace.hf_model import materialize_fake
 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else None
@@ -195,10 +225,12 @@ def run_trace(
     else:
         model = build_model()
     weight_dtype = _torch_dtype(training.weight_dtype)
-    if not fake and weight_dtype != torch.float32:
-        model = model.to(weight_dtype)
+    if not fake and weight_dtype != torch.float32 and not training.is_lora:
+        model = model.to(weight_dtype)  # (peft keeps its adapters fp32 on purpose)
     model.train()
     apply_activation_checkpointing(model, training.activation_checkpointing)
+    if mesh is not None:
+        shard_model(model, mesh, training, fake_mode)
     takes_training = _takes_argument(make_batch)
     with fake_mode if fake_mode is not None else contextlib.nullcontext():
         k = min(training.gradient_accumulation_steps, MAX_TRACED_MICRO_BATCHES)

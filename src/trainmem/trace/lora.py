@@ -35,7 +35,7 @@ from trainmem.trace._torch import require_torch
 
 torch = require_torch()
 
-__all__ = ["apply_lora", "layer_linear_roles", "lora_target_modules"]
+__all__ = ["apply_lora", "layer_linear_roles", "layer_stack", "lora_target_modules"]
 
 
 def _is_linear(module: Any) -> bool:
@@ -50,7 +50,18 @@ def _features(module: Any) -> tuple[int, int]:
     return int(w.shape[0]), int(w.shape[1])
 
 
-def _layer_stack(model: Any) -> tuple[str, Any]:
+def layer_stack(model: Any) -> tuple[str, Any]:
+    """The transformer layers: the longest ``nn.ModuleList`` of one module class.
+
+    Args:
+        model: any ``nn.Module``.
+
+    Returns:
+        ``(dotted name, ModuleList)``.
+
+    Raises:
+        UnsupportedError: the model has no ``nn.ModuleList``.
+    """
     best: tuple[int, str, Any] | None = None
     for name, module in model.named_modules():
         if not isinstance(module, torch.nn.ModuleList) or len(module) == 0:
@@ -132,7 +143,7 @@ def lora_target_modules(model: Any, targets: tuple[str, ...]) -> list[str]:
         UnsupportedError: a target the model has no linear for (``gate`` on GPT-2), or no
             layer stack.
     """
-    stack_name, stack = _layer_stack(model)
+    stack_name, stack = layer_stack(model)
     roles = layer_linear_roles(stack[0])
     rel: list[str] = []
     for t in targets:

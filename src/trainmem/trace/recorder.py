@@ -30,10 +30,34 @@ from trainmem.trace.module_paths import ModulePathTracker
 
 torch = require_torch()
 
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._python_dispatch import (  # noqa: E402
+    TorchDispatchMode,
+    is_traceable_wrapper_subclass,
+)
 from torch.utils._pytree import tree_flatten  # noqa: E402
 
-__all__ = ["Block", "RawEvent", "StorageRecorder"]
+__all__ = ["RESIZE_OP", "Block", "RawEvent", "StorageRecorder", "plain_tensors"]
+
+RESIZE_OP = "UntypedStorage.resize_"
+"""``Block.op`` of a storage re-allocated in place (FSDP2's ``alloc_storage``)."""
+
+
+def plain_tensors(tensor: Any) -> list[Any]:
+    """The plain tensors holding ``tensor``'s data: itself, or the inner tensors of a wrapper
+    subclass (a ``DTensor`` parameter of FSDP2 holds only its local shard,
+    ``DTensor.__tensor_flatten__`` -> ``_local_tensor``).
+
+    Args:
+        tensor: any tensor.
+
+    Returns:
+        Plain tensors whose storages are the memory.
+    """
+    if not is_traceable_wrapper_subclass(tensor):
+        return [tensor]
+    names, _ = tensor.__tensor_flatten__()
+    inner = (getattr(tensor, n) for n in names)  # DTensor also lists its device_mesh
+    return [t for x in inner if isinstance(x, torch.Tensor) for t in plain_tensors(x)]
 
 
 @dataclass(slots=True)
@@ -95,6 +119,7 @@ class StorageRecorder(TorchDispatchMode):  # type: ignore[misc]
     _live: dict[int, tuple[Block, weakref.ref[Any]]] = field(default_factory=dict)
     modules: Any = None
     on_alloc: Callable[[Block], None] | None = None
+    _orig_resize: Any = None
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -123,6 +148,10 @@ class StorageRecorder(TorchDispatchMode):  # type: ignore[misc]
         """
         if tensor is None:
             return None
+        inner = plain_tensors(tensor)
+        if len(inner) != 1 or inner[0] is not tensor:
+            blocks = [self.register(t, category, module) for t in inner]
+            return blocks[0] if blocks else None
         st = tensor.untyped_storage()
         known = self._live.get(id(st))
         if known is not None:
@@ -134,8 +163,41 @@ class StorageRecorder(TorchDispatchMode):  # type: ignore[misc]
 
     def block_of(self, tensor: Any) -> Block | None:
         """The live block behind ``tensor``, or None."""
+        tensor = plain_tensors(tensor)[0]
         known = self._live.get(id(tensor.untyped_storage()))
         return None if known is None else known[0]
+
+    def __enter__(self) -> StorageRecorder:
+        # FSDP2 frees and re-allocates its unsharded parameters by resizing their storage in
+        # place (``_fsdp_param.py``: ``free_storage`` / ``alloc_storage``), a Python storage
+        # method that no dispatch mode sees; wrap it while recording.
+        orig = torch.UntypedStorage.resize_
+        self._orig_resize = orig
+
+        def resize_(st: Any, size: int) -> Any:
+            out = orig(st, size)
+            self._on_resize(st)
+            return out
+
+        torch.UntypedStorage.resize_ = resize_
+        return super().__enter__()  # type: ignore[no-any-return]
+
+    def __exit__(self, *exc: Any) -> Any:
+        torch.UntypedStorage.resize_ = self._orig_resize
+        return super().__exit__(*exc)
+
+    def _on_resize(self, st: Any) -> None:
+        known = self._live.get(id(st))
+        if known is not None and known[0].size_bytes == st.nbytes():
+            return
+        if known is not None:
+            old = known[0]
+            self.live_bytes -= old.size_bytes
+            old.freed = True
+            self.events.append(RawEvent("free", old, self.phase))
+            del self._live[id(st)]
+        if st.nbytes() > 0:
+            self._new_block(st, op=RESIZE_OP)
 
     # -- internals ----------------------------------------------------------------------
 
@@ -168,9 +230,7 @@ class StorageRecorder(TorchDispatchMode):  # type: ignore[misc]
 
     def _track(self, out: Any, op: str) -> None:
         flat, _ = tree_flatten(out)
-        for t in flat:
-            if not isinstance(t, torch.Tensor):
-                continue
+        for t in (p for x in flat if isinstance(x, torch.Tensor) for p in plain_tensors(x)):
             st = t.untyped_storage()
             known = self._live.get(id(st))
             if known is None:

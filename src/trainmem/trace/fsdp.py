@@ -1,0 +1,101 @@
+"""FSDP2 (``torch.distributed.fsdp.fully_shard``) under torch's fake process group: one rank.
+
+Note [Tracing FSDP2]
+    ``zero_stage=3`` with ``data_parallel_size=N`` is traced as torchtitan applies FSDP2: each
+    transformer layer (``trainmem.trace.lora.layer_stack``) is ``fully_shard``-ed, then the root
+    module, over a 1-D CPU device mesh of N ranks of the ``"fake"`` backend
+    (``torch.testing._internal.distributed.fake_pg.FakeStore``; collectives return at once and
+    write nothing, so only their buffers are allocated). Rank 0's allocations are recorded:
+    sharded parameters, gradients and optimizer states are its ``DTensor`` local shards (dim-0
+    chunks padded to ``ceil(dim0 / N)`` rows), and the unsharded parameters, all-gather and
+    reduce-scatter buffers of the layer being run appear as temporaries. Activation
+    checkpointing is applied before sharding, as torchtitan does. ``framework="fsdp2"`` with
+    ``*-mixed`` precision uses ``MixedPrecisionPolicy(param_dtype=<16-bit>,
+    reduce_dtype=float32)`` and no autocast; any other framework keeps fp32 gathered weights
+    and runs under autocast.
+
+    Not modelled: the separate all-gather / reduce-scatter CUDA streams (the caching allocator
+    keeps per-stream pools and frees them only after the consumer stream's event), so blocks
+    freed across streams are freed here at once; a CUDA device mesh (impossible on the CPU
+    build, shared/notes/tracing-without-a-gpu.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from trainmem.errors import UnsupportedError
+from trainmem.specs.training import TrainingConfig
+from trainmem.trace._torch import require_torch
+
+torch = require_torch()
+
+__all__ = ["fake_process_group", "shard_model", "uses_fsdp"]
+
+
+def uses_fsdp(training: TrainingConfig) -> bool:
+    """True when ``training`` is traced with FSDP2 (parameters sharded over ranks).
+
+    Args:
+        training: ``zero_stage`` and ``data_parallel_size``.
+
+    Returns:
+        ``zero_stage == 3`` and more than one rank.
+    """
+    return training.zero_stage == 3 and training.data_parallel_size > 1
+
+
+@contextlib.contextmanager
+def fake_process_group(world_size: int) -> Iterator[Any]:
+    """A ``"fake"`` default process group of ``world_size`` ranks (rank 0) and its CPU mesh.
+
+    Args:
+        world_size: N.
+
+    Yields:
+        The 1-D ``DeviceMesh``.
+
+    Raises:
+        UnsupportedError: a process group is already initialised in this process.
+    """
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise UnsupportedError(
+            "a torch.distributed process group is already initialised in this process; trace "
+            "FSDP in a fresh process"
+        )
+    dist.init_process_group("fake", rank=0, world_size=world_size, store=FakeStore())
+    try:
+        yield init_device_mesh("cpu", (world_size,))
+    finally:
+        dist.destroy_process_group()
+
+
+def shard_model(model: Any, mesh: Any, training: TrainingConfig, fake_mode: Any) -> None:
+    """``fully_shard`` every layer, then the root, in place; see Note [Tracing FSDP2].
+
+    Args:
+        model: the ``nn.Module`` (fake or real tensors).
+        mesh: the device mesh of :func:`fake_process_group`.
+        training: precision and framework (mixed-precision policy).
+        fake_mode: the ``FakeTensorMode`` the tensors live in, or None for real tensors.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from trainmem.trace.lora import layer_stack
+
+    kwargs: dict[str, Any] = {"mesh": mesh}
+    if training.framework == "fsdp2" and training.is_mixed:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=getattr(torch, training.compute_dtype), reduce_dtype=torch.float32
+        )
+    _, layers = layer_stack(model)
+    with fake_mode if fake_mode is not None else contextlib.nullcontext():
+        for layer in layers:
+            fully_shard(layer, **kwargs)
+        fully_shard(model, **kwargs)
