@@ -141,3 +141,17 @@ def test_bad_config_files_get_one_clear_line(tmp_path: Path, content: str, field
     assert r.exit_code == 2, r.output
     assert "Traceback" not in r.output
     assert r.stderr.startswith("error: ") and field in r.stderr
+
+
+def test_plan_accepts_any_setting_through_set() -> None:
+    # Tensor parallelism over 4 ranks splits weights, states and most activations, so the
+    # largest micro-batch per rank can only grow.
+    def planned(*extra: str) -> int:
+        r = run("plan", "llama-3.2-1b", "--gpu", "A100-40GB", "-s", "2048", "--json", *extra)
+        assert r.exit_code == 0, r.output
+        rows = json.loads(r.stdout)["results"]
+        return next(row for row in rows if row["dimension"] == "micro_batch_size")["value"] or 0
+
+    assert planned("--set", "tensor-parallel-size=4") > planned()
+    bad = run("plan", "gpt2", "--gpu", "T4", "--set", "warp-speed=9")
+    assert bad.exit_code == 2 and bad.stderr.startswith("error: ")

@@ -11,7 +11,7 @@ import typer
 
 def register(app: typer.Typer) -> None:
     """Add ``plan``, ``fit`` and ``sweep`` to ``app`` (trainmem's CLI app)."""
-    from typing import Annotated
+    from typing import Annotated, Any
 
     from trainmem.cli import (
         AccumulationOpt,
@@ -82,18 +82,42 @@ def register(app: typer.Typer) -> None:
         lora_targets: str,
         lora_dropout: float,
         quantize_base: str,
+        extra: list[str] | None = None,
     ) -> TrainingConfig:
+        from trainmem.report.commands import ESTIMATE_KEYS, parse_set
+
+        settings: dict[str, Any] = {}
+        for item in extra or []:
+            settings.update(parse_set(item))
+        bad = [k for k in settings if k in ESTIMATE_KEYS]
+        if bad:
+            raise SpecError("set", f"{', '.join(bad)} cannot be set here; use its own option")
+        names = ("micro_batch_size", "seq_len", "precision", "optimizer",
+                 "optimizer_implementation", "activation_checkpointing", "attention",
+                 "gradient_accumulation_steps", "dropout")
         return training_config(
             model,
-            *common,
-            data_parallel_size=data_parallel_size,
-            zero_stage=zero_stage_from(zero_stage, fsdp),
-            offload=offload,
-            lora_rank=lora_rank,
-            lora_targets=parse_lora_targets(lora_targets),
-            lora_dropout=lora_dropout,
-            quantize_base=quantize_base,
+            **{
+                **dict(zip(names, common, strict=True)),
+                "data_parallel_size": data_parallel_size,
+                "zero_stage": zero_stage_from(zero_stage, fsdp),
+                "offload": offload,
+                "lora_rank": lora_rank,
+                "lora_targets": parse_lora_targets(lora_targets),
+                "lora_dropout": lora_dropout,
+                "quantize_base": quantize_base,
+                **settings,
+            },
         )
+
+    SetOpt = Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="Any other setting as KEY=VALUE, e.g. --set tensor-parallel-size=8 "
+            "--set framework=deepspeed (the fields of `trainmem estimate`).",
+        ),
+    ]
 
     @app.command(name="plan")
     @clean_errors
@@ -117,6 +141,7 @@ def register(app: typer.Typer) -> None:
         lora_targets: LoraTargetsOpt = "q,v",
         lora_dropout: LoraDropoutOpt = 0.0,
         quantize_base: QuantizeOpt = "none",
+        extra: SetOpt = None,
         seq_len_multiple_of: MultipleOf = 1,
         as_json: JsonOpt = False,
     ) -> None:
@@ -130,7 +155,7 @@ def register(app: typer.Typer) -> None:
         )
         training = config(
             model, common, data_parallel_size, zero_stage, fsdp, offload, lora_rank,
-            lora_targets, lora_dropout, quantize_base,
+            lora_targets, lora_dropout, quantize_base, extra,
         )
         results = [max_micro_batch_size(spec, training, gpu_spec)]
         if spec.architecture != "vision-encoder":
@@ -171,6 +196,7 @@ def register(app: typer.Typer) -> None:
         lora_targets: LoraTargetsOpt = "q,v",
         lora_dropout: LoraDropoutOpt = 0.0,
         quantize_base: QuantizeOpt = "none",
+        extra: SetOpt = None,
         limit: Limit = 10,
         as_json: JsonOpt = False,
     ) -> None:
@@ -184,7 +210,7 @@ def register(app: typer.Typer) -> None:
         )
         training = config(
             model, common, data_parallel_size, zero_stage, fsdp, offload, lora_rank,
-            lora_targets, lora_dropout, quantize_base,
+            lora_targets, lora_dropout, quantize_base, extra,
         )
         base = simulated_estimate(spec, training, gpu_spec)
         found = [] if fits(base) else fixes(spec, training, gpu_spec, limit=limit)
@@ -234,6 +260,7 @@ def register(app: typer.Typer) -> None:
         lora_targets: LoraTargetsOpt = "q,v",
         lora_dropout: LoraDropoutOpt = 0.0,
         quantize_base: QuantizeOpt = "none",
+        extra: SetOpt = None,
         output_format: FormatOpt = "table",
         simulate_allocator: SimulateOpt = False,
     ) -> None:
@@ -249,7 +276,7 @@ def register(app: typer.Typer) -> None:
         )
         training = config(
             model, common, data_parallel_size, zero_stage, fsdp, offload, lora_rank,
-            lora_targets, lora_dropout, quantize_base,
+            lora_targets, lora_dropout, quantize_base, extra,
         )
         rows = sweep(spec, training, gpu, grid, simulate_allocator=simulate_allocator)
         if output_format == "csv":
