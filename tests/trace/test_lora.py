@@ -73,3 +73,33 @@ def test_trainable_parameters_equal_peft_and_only_adapters_have_states(preset, t
     base = total - trainable
     buffers = est.details["peak_by_category_bytes"]["buffers"]  # counted with the parameters
     assert est.breakdown.parameters == 2 * base + 4 * trainable + buffers
+
+
+def test_trace_refuses_only_what_it_cannot_model() -> None:
+    from trainmem.estimate import trace_unsupported_settings
+
+    ok = [
+        TrainingConfig(lora_rank=8, lora_dropout=0.1, chunked_cross_entropy=8),
+        TrainingConfig(zero_grad_set_to_none=False, optimizer="adafactor"),
+        TrainingConfig(data_parallel_size=8, zero_stage=3, framework="fsdp2"),
+    ]
+    assert all(trace_unsupported_settings(t) == [] for t in ok)
+    assert trace_unsupported_settings(TrainingConfig(data_parallel_size=8, zero_stage=2)) == [
+        "data_parallel_size=8",
+        "zero_stage=2",
+    ]
+    assert trace_unsupported_settings(TrainingConfig(framework="fsdp2")) == ["framework=fsdp2"]
+    assert trace_unsupported_settings(TrainingConfig(lora_rank=8, quantize_base="nf4")) == [
+        "quantize_base=nf4"
+    ]
+
+
+def test_item_outside_the_optimizer_step_still_fails_on_fake_tensors() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from trainmem.trace.host_scalars import host_scalars
+
+    p = torch.nn.Parameter(torch.zeros(3))
+    opt = torch.optim.SGD([p], lr=0.1)
+    with FakeTensorMode(), host_scalars(opt), pytest.raises(Exception, match="local_scalar"):
+        torch.ones(2).sum().item()

@@ -6,9 +6,12 @@ Importing this package does not import torch: :func:`trace` and :func:`estimate_
 this package or the function.
 
 Modules, in data-flow order: ``hf_model`` (build a HF config on meta, fake storage, mask patches),
-``cuda_sdpa`` / ``cuda_autocast`` / ``optimizers`` (what CUDA would run), ``step`` (the training
-loop), ``recorder`` (dispatch-mode storage tracker), ``capture`` (warm-up + recorded step,
-categories), ``attribution`` (timeline, peak breakdown, per-module tables), ``engine``.
+``lora`` (peft LoRA, targets read off the model), ``fsdp`` (FSDP2 ``fully_shard`` on a fake
+process group, one rank's allocations), ``cuda_sdpa`` / ``cuda_autocast`` / ``optimizers`` /
+``host_scalars`` (what CUDA would run; Adafactor's ``.item()``), ``chunked_loss`` (chunked
+cross-entropy), ``step`` (the training loop), ``recorder`` (dispatch-mode storage tracker),
+``capture`` (warm-up + recorded step, categories), ``attribution`` (timeline, peak breakdown,
+per-module tables), ``engine``.
 """
 
 from __future__ import annotations
