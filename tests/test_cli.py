@@ -40,7 +40,8 @@ def test_estimate_json_has_the_documented_keys() -> None:
     # defaults are resolved and reported: llama-3.2's 131072 context capped at 4096
     assert d["config"]["seq_len"] == 4096
     assert d["config"]["precision"] == "bf16-mixed" and d["config"]["attention"] == "sdpa"
-    assert d["schema_version"] == 1
+    assert d["schema_version"] == 2
+    assert d["rank_map"]["world_size"] == 1 and len(d["per_rank"]) == 1
 
 
 def test_estimate_table_states_gib_and_verdict() -> None:

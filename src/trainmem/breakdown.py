@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """Version of the JSON produced by :meth:`MemoryEstimate.to_dict`; bump on any key change."""
 
 
@@ -144,6 +144,8 @@ class MemoryEstimate:
             "fits": self.fits,
             "gpu": {"name": self.gpu_name, "capacity_bytes": self.gpu_capacity_bytes},
             "config": dict(self.config),
+            "per_rank": self.details.get("per_rank", []),
+            "rank_map": self.details.get("rank_map"),
             "details": self.details,
             "notes": list(self.notes),
         }

@@ -144,6 +144,7 @@ def estimate_analytic(
         details={
             "candidates_bytes": totals,
             "per_rank": [r.to_dict() for r in ranks],
+            "rank_map": rank_map(model, training),
             "activation_terms_per_layer_bytes": prof.terms,
             "activation_terms_outside_layers_bytes": prof.head_terms,
             "activations_per_layer_bytes": prof.per_layer,
@@ -225,6 +226,33 @@ class _RankPeak:
             "allocated_bytes": self.peak_bytes,
             "peak_phase": name,
         }
+
+
+def rank_map(model: ModelSpec, training: TrainingConfig) -> dict[str, object]:
+    """How the world is laid out: sizes per dimension, Megatron's rank order (tensor fastest,
+    then context, data, pipeline: megatron/core/parallel_state.py ``RankGenerator``), and the
+    layers of every pipeline stage."""
+    tp, cp = training.tensor_parallel_size, training.context_parallel_size
+    dp, p = training.data_parallel_size, training.pipeline_parallel_size
+    per_stage = -(-model.num_layers // p)
+    stages = []
+    for stage in range(p):
+        first = stage * per_stage
+        last = min(model.num_layers, first + per_stage) - 1
+        stages.append({
+            "stage": stage,
+            "layers": [first, last],
+            "global_ranks": [stage * tp * cp * dp, (stage + 1) * tp * cp * dp - 1],
+        })
+    return {
+        "world_size": tp * cp * dp * p,
+        "tensor_parallel_size": tp,
+        "context_parallel_size": cp,
+        "data_parallel_size": dp,
+        "pipeline_parallel_size": p,
+        "order": "tp-cp-dp-pp",
+        "stages": stages,
+    }
 
 
 def _check_parallel_shape(model: ModelSpec, training: TrainingConfig) -> None:
