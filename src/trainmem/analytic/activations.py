@@ -85,13 +85,15 @@ def compute_and_residual_bytes(training: TrainingConfig) -> tuple[int, int]:
     return c, r
 
 
-def _norm_saved_bytes(model: ModelSpec, r: int) -> int:
+def _norm_saved_bytes(model: ModelSpec, r: int, *, trainable: bool = True) -> int:
     """Bytes per token one norm saves: LayerNorm r*h + 8 (input, fp32 mean and rstd); HF RMSNorm
-    4h + r*h + 4 (fp32 input or copy, normalised tensor, fp32 rstd)."""
+    4h + r*h + 4 (fp32 input or copy, normalised tensor, fp32 rstd). A frozen RMSNorm (LoRA)
+    does not save the normalised tensor: ``weight * x`` saves ``x`` only for the weight's
+    gradient (found by the trace engine)."""
     h = model.hidden_size
     if model.norm_kind == "layernorm":
         return r * h + 8
-    return 4 * h + r * h + 4
+    return 4 * h + (r * h if trainable else 0) + 4
 
 
 def _activation_fn_saved_bytes(model: ModelSpec, training: TrainingConfig, width: int) -> int:
@@ -162,7 +164,7 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
     fused_qkv = model.model_type in FUSED_QKV_MODEL_TYPES
     terms: dict[str, int] = {}
 
-    norm = _norm_saved_bytes(model, r)
+    norm = _norm_saved_bytes(model, r, trainable=not training.is_lora)
     terms["attention/norm"] = norm * t
     terms["attention/qkv_input"] = c * h * t * (1 if (fused_qkv or not mixed) else 3)
     # Keys and values reach the kernel expanded to all query heads (GQA) in eager attention
@@ -279,22 +281,27 @@ def _apply_lora(
     # or not (``MatMul4Bit`` / ``MatMul8bitLt``: ``ctx.tensors = (A, B)``), so a quantized base
     # keeps every linear input like full fine-tuning does.
     frozen_inputs_saved = training.quantize_base != "none"
+    # With lora_dropout the adapters read the dropout output (counted below), not x: a frozen
+    # base saves no input at all.
+    via_dropout = training.lora_dropout > 0 and not frozen_inputs_saved
     if frozen_inputs_saved:
         pass
+    elif via_dropout:
+        terms["attention/qkv_input"] = 0
     elif qkv_targets == 0:
         terms["attention/qkv_input"] = 0
     elif training.uses_autocast and not fused:
         terms["attention/qkv_input"] = c * h * t * qkv_targets
-    if "o" not in targets and not frozen_inputs_saved:
+    if ("o" not in targets or via_dropout) and not frozen_inputs_saved:
         terms["attention/out_proj_input"] = 0
     n_up = len({"gate", "up"} & targets) if model.mlp_kind == "gated" else int("up" in targets)
     if frozen_inputs_saved:
         pass
-    elif n_up == 0:
+    elif n_up == 0 or via_dropout:
         terms["mlp/input"] = 0
     elif training.uses_autocast:
         terms["mlp/input"] = c * h * t * k_top * n_up
-    if "down" not in targets and not frozen_inputs_saved:
+    if ("down" not in targets or via_dropout) and not frozen_inputs_saved:
         key = "mlp/gated" if model.mlp_kind == "gated" else "mlp/activation"
         terms[key] -= c * model.intermediate_size * t * k_top
     for name, (fan_in, _out, _n) in shapes.items():
@@ -304,9 +311,24 @@ def _apply_lora(
         if not targeted:
             continue
         active = k_top if name in ("gate", "up", "down") else 1
-        terms[f"lora/{name}"] = c * r * t * active
+        a_bytes = dtype_bytes(lora_adapter_dtype(training))
+        if training.uses_autocast:
+            a_bytes = c  # autocast runs the adapters' matmuls in 16-bit
+        terms[f"lora/{name}"] = a_bytes * r * t * active
         if training.lora_dropout > 0:
             terms[f"lora/{name}_dropout"] = (c + 1) * fan_in * t * active
+        if a_bytes > c:
+            # peft casts the input to the fp32 adapter's dtype; A saves that copy
+            terms[f"lora/{name}_input_cast"] = a_bytes * fan_in * t * active
+
+
+def lora_adapter_dtype(training: TrainingConfig) -> str:
+    """Dtype of the LoRA A and B matrices: peft upcasts adapters on a 16-bit base to fp32
+    (``autocast_adapter_dtype=True``, peft tuners/tuners_utils.py); lit-gpt and torchtune keep
+    them in the model's dtype."""
+    if training.framework in ("litgpt", "torchtune"):
+        return training.weight_dtype
+    return "float32"
 
 
 def korthikanti_layer_bytes(*, s: int, b: int, h: int, a: int) -> int:
@@ -383,7 +405,7 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
     h, v = model.hidden_size, model.vocab_size
     out: dict[str, int] = {}
     if model.architecture != "encoder" or model.head == "masked-lm":
-        out["final_norm"] = _norm_saved_bytes(model, r) * t
+        out["final_norm"] = _norm_saved_bytes(model, r, trainable=not training.is_lora) * t
     if model.head in ("causal-lm", "masked-lm"):
         if model.head == "masked-lm":
             out["mlm_transform"] = (2 * c * h + _norm_saved_bytes(model, r)) * t

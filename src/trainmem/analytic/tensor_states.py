@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
+from trainmem.analytic.activations import lora_adapter_dtype
 from trainmem.analytic.model_states import optimizer_state_bytes
 from trainmem.analytic.params import linear_shapes, parameter_counts
 from trainmem.specs.model import ModelSpec
@@ -141,16 +142,22 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
     Source: Note [Model states with PEFT and sharding]; optimizer states per tensor from
     :func:`trainmem.analytic.model_states.optimizer_state_bytes`.
     """
-    w = dtype_bytes(training.weight_dtype)
     tp = training.tensor_parallel_size
     dp = training.data_parallel_size
     stage = training.zero_stage if dp > 1 else 0
     cache: dict[tuple[str, int, int, bool], TensorState] = {}
 
+    adapter_training = replace(training, precision="32-true", framework="pytorch-amp")
+    if lora_adapter_dtype(training) != "float32":
+        adapter_training = training
+
     def make(owner: str, name: str, numel: int, out_features: int, trainable: bool) -> TensorState:
         key = (name, numel, out_features, trainable)
         proto = cache.get(key)
         if proto is None:
+            # LoRA adapters may have their own dtype (peft: fp32 on a 16-bit base)
+            tr = adapter_training if name.startswith("lora_") else training
+            w = dtype_bytes(tr.weight_dtype)
             is_linear = not name.startswith(("lora_", "vector", "embedding", "head", "lm_head",
                                              "final_norm", "pooler", "router"))
             # Megatron tensor parallelism splits every layer linear (column / row parallel) and
@@ -162,14 +169,14 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
                 full_param = _quantized_bytes(local, local_out, training.quantize_base)
             else:
                 full_param = w * local
-            full_grad = dtype_bytes(training.grad_dtype) * local if trainable else 0
+            full_grad = dtype_bytes(tr.grad_dtype) * local if trainable else 0
             state = 0
             if trainable:
                 if local_out > 1 and local % local_out == 0 and local > local_out:
                     shape = [(local // local_out, local_out, 1)]
-                    state = optimizer_state_bytes(training, shape, 0)
+                    state = optimizer_state_bytes(tr, shape, 0)
                 else:
-                    state = optimizer_state_bytes(training, [], local)
+                    state = optimizer_state_bytes(tr, [], local)
 
             def shard(x: int, from_stage: int) -> int:
                 return -(-x // dp) if stage >= from_stage else x

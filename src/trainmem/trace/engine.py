@@ -15,7 +15,8 @@ What is emulated so that the fake CPU step allocates what a CUDA step allocates
 - FSDP2 over a fake process group, one rank: ``trainmem.trace.fsdp``;
 - scalars an optimizer reads with ``.item()`` (Adafactor): ``trainmem.trace.host_scalars``;
 - the cuBLAS workspace (allocated through the caching allocator on the first matmul, so part of
-  ``max_memory_allocated``): one ``init`` block of ``GPUSpec.cublas_workspace_bytes``.
+  ``max_memory_allocated``): two ``init`` blocks of ``GPUSpec.cublas_workspace_bytes``, one
+  per cuBLAS handle (the forward thread's and autograd's device thread's).
 """
 
 from __future__ import annotations
@@ -259,7 +260,10 @@ def _run_trace(
         raise TraceError(f"the traced step failed: {type(exc).__name__}: {exc}") from exc
     extra = []
     if emulate_cuda:
+        # two cuBLAS handles, so two workspaces: the forward thread's and the autograd device
+        # thread's (shared/specs/cuda-caching-allocator.md, "cuBLAS workspace")
         extra.append(("cublas_workspace", workspace_bytes, MemoryCategory.TEMPORARY))
+        extra.append(("cublas_workspace_backward", workspace_bytes, MemoryCategory.TEMPORARY))
     report = analyse(capture.recorder.events, extra)
     return capture, report
 
