@@ -156,3 +156,13 @@ def test_plan_accepts_any_setting_through_set() -> None:
     assert planned("--set", "tensor-parallel-size=4") > planned()
     bad = run("plan", "gpt2", "--gpu", "T4", "--set", "warp-speed=9")
     assert bad.exit_code == 2 and bad.stderr.startswith("error: ")
+
+
+def test_estimate_prints_per_module_tables() -> None:
+    r = run("estimate", "tiny-llama-test", "-s", "64", "--modules", "3")
+    assert r.exit_code == 0, r.output
+    assert "by module" in r.stdout and "layers.0" in r.stdout
+    r = run("estimate", "tiny-llama-test", "-s", "64", "--modules", "3", "--json")
+    modules = json.loads(r.stdout)["details"]["modules"]
+    # the top rows of the activation table are real module names with positive bytes
+    assert modules["activations"] and all(row for row in modules["activations"])

@@ -173,6 +173,10 @@ DeepSpeedConfigOpt = Annotated[
 AccelerateConfigOpt = Annotated[
     str | None, typer.Option("--accelerate-config", help="Read settings from an accelerate config.")
 ]
+ModulesOpt = Annotated[
+    int,
+    typer.Option("--modules", help="Also print the top N modules by activations and at the peak."),
+]
 UncertaintyOpt = Annotated[
     bool,
     typer.Option("--uncertainty", help="Low / expected / high from the benchmark's error spread."),
@@ -321,6 +325,7 @@ def estimate_cmd(
     plot: PlotOpt = None,
     html: HtmlOpt = None,
     uncertainty: UncertaintyOpt = False,
+    modules: ModulesOpt = 0,
     as_json: JsonOpt = False,
 ) -> None:
     """Peak GPU memory of one training step per GPU, broken down, with a verdict for --gpu."""
@@ -367,7 +372,19 @@ def estimate_cmd(
         est.notes.extend(emit_reports(est, plot=plot, html=html, alloc_conf=alloc_conf))
     if uncertainty:
         add_uncertainty(est)
+    if modules and as_json:
+        from trainmem.report.modules import activation_rows, peak_rows
+
+        est.details["modules"] = {
+            "activations": activation_rows(est, top=modules),
+            "at_peak": peak_rows(est, top=modules),
+        }
     print_estimate(est, as_json)
+    if modules and not as_json:
+        from trainmem.report.modules import module_tables
+
+        for table in module_tables(est, top=modules):
+            console.print(table)
 
 
 def add_uncertainty(est: MemoryEstimate) -> None:
