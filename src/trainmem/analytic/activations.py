@@ -72,7 +72,7 @@ TANH_FORMULA_ACTIVATIONS = frozenset({"gelu_new", "gelu_fast"})
 #: Model types whose HF eager attention computes softmax in fp32 explicitly
 #: (``softmax(..., dtype=torch.float32).to(query.dtype)``, modeling_llama.py eager_attention_forward).
 FP32_SOFTMAX_MODEL_TYPES = frozenset(
-    {"llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2", "phi", "falcon", "gpt_neox"}
+    {"llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2", "phi", "gpt_neox"}
 )
 #: Model types whose HF code projects q, k, v with one fused linear.
 FUSED_QKV_MODEL_TYPES = frozenset({"gpt2", "falcon", "gpt_neox"})
@@ -180,8 +180,7 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
         # SDPA saves (found by the trace engine, benchmarks/analytic_vs_trace.py).
         terms["attention/kv_cache_copy"] = 2 * c * h * t
     if training.attention == "eager":
-        fp32_softmax = mixed or model.model_type in FP32_SOFTMAX_MODEL_TYPES or c == 4
-        sm = 4 if fp32_softmax else c
+        sm = 4 if _fp32_softmax(model, training) else c
         terms["scores/softmax"] = sm * a * s * s * b
         if p_attn:
             terms["scores/dropout_mask"] = a * s * s * b
@@ -455,19 +454,42 @@ def loss_backward_transient_bytes(model: ModelSpec, training: TrainingConfig) ->
 
 
 def backward_layer_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:
-    """Bytes live while one layer runs backward besides what it saved: the gradients of its MLP
-    intermediate (2 i-sized tensors, 3 for gated MLPs), the residual gradient, and under autocast
-    the 16-bit weight gradient of its largest linear before it is cast into the fp32 ``.grad``."""
+    """The larger of :func:`backward_layer_transients`' MLP and attention parts, plus the
+    residual gradient: the most one layer's backward holds at once besides what it saved."""
+    mlp, attention, residual = backward_layer_transients(model, training)
+    return max(mlp, attention) + residual
+
+
+def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tuple[int, int, int]:
+    """(MLP part, attention part, residual gradient) of what one layer's backward holds besides
+    what it saved. MLP: the gradients of its intermediate (2 i-sized tensors, 3 for gated
+    MLPs) and under autocast the 16-bit weight gradient of its largest linear before it is cast
+    into the fp32 ``.grad``. Attention (eager only): two score-sized gradients. The MLP's
+    backward runs first, and by the attention's backward the MLP's saved tensors are freed."""
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     c, r = compute_and_residual_bytes(training)
     i, h = model.intermediate_size, model.hidden_size
     k_top = model.num_experts_per_tok if model.num_experts > 1 else 1
     n = 3 if model.mlp_kind == "gated" else 2
-    out = n * c * i * t * k_top // parallel_divisor("mlp/gated", training)
-    out += 2 * r * h * t // parallel_divisor("mlp/input", training)
+    mlp = n * c * i * t * k_top // parallel_divisor("mlp/gated", training)
     if training.uses_autocast:
-        out += c * h * i // training.tensor_parallel_size
-    return out
+        mlp += c * h * i // training.tensor_parallel_size
+    attention = 0
+    if training.attention == "eager":
+        # eager attention's backward holds two (b, a, s, s) tensors in the softmax dtype at its
+        # peak: the probabilities' gradient (upcast when the softmax runs in fp32) and the
+        # softmax input's gradient (``_softmax_backward_data``; found by the trace engine)
+        s, b = tokens_per_sequence(model, training), training.micro_batch_size
+        sm = 4 if _fp32_softmax(model, training) else c
+        attention = 2 * sm * model.num_heads * s * s * b // parallel_divisor("scores/x", training)
+    return mlp, attention, 2 * r * h * t // parallel_divisor("mlp/input", training)
+
+
+def _fp32_softmax(model: ModelSpec, training: TrainingConfig) -> bool:
+    """Eager softmax in fp32: under autocast (``softmax`` is on CUDA autocast's fp32 list), in
+    fp32 training, or where the HF code upcasts explicitly (FP32_SOFTMAX_MODEL_TYPES)."""
+    c, _ = compute_and_residual_bytes(training)
+    return training.uses_autocast or model.model_type in FP32_SOFTMAX_MODEL_TYPES or c == 4
 
 
 def activation_profile(model: ModelSpec, training: TrainingConfig) -> ActivationProfile:

@@ -31,7 +31,7 @@ from trainmem.analytic.activations import (
     ActivationProfile,
     activation_profile,
     autocast_weight_copy_bytes,
-    backward_layer_transient_bytes,
+    backward_layer_transients,
     compute_and_residual_bytes,
     loss_backward_transient_bytes,
     loss_forward_transient_bytes,
@@ -315,7 +315,8 @@ def _rank_peak(
     del n_trainable
     loss_tmp = loss_backward_transient_bytes(model, training) if rank.has_head else 0
     loss_fwd = loss_forward_transient_bytes(model, training) if rank.has_head else 0
-    layer_tmp = backward_layer_transient_bytes(model, training)
+    mlp_tmp, attention_tmp, residual_tmp = backward_layer_transients(model, training)
+    mlp_acts = sum(v for k, v in prof.terms.items() if k.startswith("mlp/"))
     layer0 = layout.layer
     # ZeRO-3 / FULL_SHARD: the current and the prefetched layer's gathered parameters; ZeRO-2/3:
     # one layer's unsharded gradients before the reduce-scatter (Rajbhandari et al. 2020, sec.
@@ -373,13 +374,16 @@ def _rank_peak(
         if training.optimizer_in_backward:
             grads = min(g_head + g_layer, G)  # each gradient is stepped and freed at once
         acts = emb_acts + min(L - j, layers_on_gpu) * prof.per_layer + prof.recompute + others
-        candidates[name] = (
-            grads,
-            acts,
-            workspace + layer_tmp + gather + reduce + dequant,
-            "backward through the layers: gradients grow while activations are freed"
-            + (" and one layer is recomputed" if prof.recompute else ""),
-        )
+        reason = ("backward through the layers: gradients grow while activations are freed"
+                  + (" and one layer is recomputed" if prof.recompute else ""))
+        fixed = workspace + residual_tmp + gather + reduce + dequant
+        # the layer's MLP backward (all its activations alive), then its attention backward
+        # (the MLP's saved tensors already freed): whichever holds more
+        if mlp_tmp >= attention_tmp - mlp_acts:
+            candidates[name] = (grads, acts, fixed + mlp_tmp, reason)
+        else:
+            candidates[name] = (grads, acts - mlp_acts, fixed + attention_tmp,
+                                reason + " (in eager attention's backward)")
     if not training.optimizer_in_backward:
         candidates["optimizer"] = (
             G,
