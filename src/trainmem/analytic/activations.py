@@ -47,10 +47,12 @@ Note [Activation checkpointing]
     ``full``: HF ``gradient_checkpointing_enable`` (non-reentrant ``torch.utils.checkpoint``) keeps
     each decoder layer's input (r*h per token) and recomputes the layer during backward, so one
     layer's full activations are live again at a time (Chen et al. 2016, arXiv:1604.06174;
-    Korthikanti et al. 2022 sec. 5 "full": 2sbhL). ``selective``: Korthikanti et al. 2022 sec. 5,
-    recompute only the attention core (softmax, dropout, attention over values): the a*s*s terms
-    disappear and every other term stays; with SDPA/flash attention there is nothing left to drop,
-    so selective equals none.
+    Korthikanti et al. 2022 sec. 5 "full": 2sbhL). ``selective`` with eager attention: Korthikanti
+    et al. 2022 sec. 5, recompute only the attention core (softmax, dropout, attention over
+    values): the a*s*s terms disappear and every other term stays. With SDPA/flash attention,
+    where there is no attention core to drop, ``selective`` is op-level selective checkpointing
+    as torchtitan does it: matmul and SDPA outputs are saved, the rest (norms, activation
+    functions, dropout, rotary) is recomputed (:func:`op_selective_saved_bytes`).
 """
 
 from __future__ import annotations
@@ -492,6 +494,39 @@ def _fp32_softmax(model: ModelSpec, training: TrainingConfig) -> bool:
     return training.uses_autocast or model.model_type in FP32_SOFTMAX_MODEL_TYPES or c == 4
 
 
+def layer_is_checkpointed(training: TrainingConfig) -> bool:
+    """The whole layer runs inside a checkpoint region (full, or op-level selective with SDPA):
+    its autocast weight casts are not saved but stay in autocast's cache until the forward ends
+    (``cached_cast``; cleared on exiting the autocast region)."""
+    mode = training.activation_checkpointing
+    return mode == "full" or (mode == "selective" and training.attention != "eager")
+
+
+def op_selective_saved_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes one layer keeps under op-level selective checkpointing (torchtitan's
+    ``selective_ac_option="op"``; ``torch.utils.checkpoint.create_selective_checkpoint_contexts``
+    with matmuls and SDPA as MUST_SAVE): the layer input, every matmul output (q, k, v, o, the
+    MLP projections; k_top experts for MoE) and the SDPA output + logsumexp; everything else is
+    recomputed in backward. See Note [Activation checkpointing]."""
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    c, r = compute_and_residual_bytes(training)
+    h, a, kv, d, i = (model.hidden_size, model.num_heads, model.num_kv_heads, model.head_dim,
+                      model.intermediate_size)
+    k_top = model.num_experts_per_tok if model.num_experts > 1 else 1
+    ups = 2 if model.mlp_kind == "gated" else 1
+    split = {
+        "layer_input": r * h * t,
+        "attention/q_k": c * (a * d + kv * d) * t,
+        "attention/v": c * kv * d * t,
+        "attention/sdpa_output": c * a * d * t,
+        "attention/logsumexp": 4 * a * t,
+        "attention/out_proj_output": c * h * t,
+        "mlp/gated": c * ups * i * t * k_top,
+        "mlp/input": c * h * t * k_top,  # the down projection's output (width h)
+    }
+    return sum(split_for_parallelism(split, training).values())
+
+
 def activation_profile(model: ModelSpec, training: TrainingConfig) -> ActivationProfile:
     """Saved activations of one micro-batch, per layer and outside the layers, after
     checkpointing. See Note [Activation terms] and Note [Activation checkpointing]."""
@@ -503,8 +538,11 @@ def activation_profile(model: ModelSpec, training: TrainingConfig) -> Activation
     if mode == "full":
         per_layer = r * model.hidden_size * t // parallel_divisor("layer_input", training)
         recompute = full_layer
-    elif mode == "selective":
+    elif mode == "selective" and training.attention == "eager":
         per_layer = sum(v for k, v in terms.items() if not k.startswith("scores/"))
+        recompute = full_layer - per_layer
+    elif mode == "selective":
+        per_layer = min(op_selective_saved_bytes(model, training), full_layer)
         recompute = full_layer - per_layer
     else:
         per_layer, recompute = full_layer, 0

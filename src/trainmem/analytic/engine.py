@@ -33,6 +33,7 @@ from trainmem.analytic.activations import (
     autocast_weight_copy_bytes,
     backward_layer_transients,
     compute_and_residual_bytes,
+    layer_is_checkpointed,
     loss_backward_transient_bytes,
     loss_forward_transient_bytes,
 )
@@ -352,7 +353,7 @@ def _rank_peak(
 
     candidates: dict[str, tuple[int, int, int, str]] = {}  # name -> (grads, acts, temps, reason)
     weight_copies = 0
-    if training.activation_checkpointing == "full":
+    if layer_is_checkpointed(training):
         weight_copies = autocast_weight_copy_bytes(model, training) * L
     candidates["forward"] = (
         g_prev,

@@ -41,6 +41,7 @@ from trainmem.analytic.activations import (
     autocast_weight_copy_bytes,
     backward_layer_transient_bytes,
     compute_and_residual_bytes,
+    layer_is_checkpointed,
     loss_backward_transient_bytes,
     loss_forward_transient_bytes,
     tokens_per_sequence,
@@ -106,12 +107,18 @@ def analytic_timeline(
 
     prof = activation_profile(model, training)
     mode = training.activation_checkpointing
-    saved_terms = {
-        "none": dict(prof.terms),
-        "selective": {k: v for k, v in prof.terms.items() if not k.startswith("scores/")},
-        "full": {"layer_input": prof.per_layer},
-    }[mode]
-    dropped_terms = {k: v for k, v in prof.terms.items() if k not in saved_terms}
+    if mode == "none":
+        saved_terms = dict(prof.terms)
+    elif mode == "selective" and training.attention == "eager":
+        saved_terms = {k: v for k, v in prof.terms.items() if not k.startswith("scores/")}
+    elif mode == "selective":  # op-level: matmul / SDPA outputs kept, the rest recomputed
+        saved_terms = {"op_selective_saved": prof.per_layer}
+    else:
+        saved_terms = {"layer_input": prof.per_layer}
+    if mode == "selective" and training.attention != "eager":
+        dropped_terms = {"recomputed": prof.recompute}
+    else:
+        dropped_terms = {k: v for k, v in prof.terms.items() if k not in saved_terms}
     pieces = _tensor_sizes(model, training)
     saved_blocks = [size for v in saved_terms.values() for size in _split(v, pieces)]
     dropped_blocks = [size for v in dropped_terms.values() for size in _split(v, pieces)]
@@ -153,7 +160,7 @@ def analytic_timeline(
             copies: list[int] = []
             for layer in range(model.num_layers):
                 name = f"layers.{layer}"
-                if weight_copy and mode == "full":
+                if weight_copy and layer_is_checkpointed(training):
                     copies.append(rec.alloc(weight_copy, Cat.ACTIVATION, name))
                 kept = [rec.alloc(v, Cat.ACTIVATION, name) for v in saved_blocks]
                 dropped = [rec.alloc(v, Cat.TEMPORARY, name) for v in dropped_blocks]
@@ -182,7 +189,7 @@ def analytic_timeline(
             for layer in reversed(range(model.num_layers)):
                 name = f"layers.{layer}"
                 recomputed = [rec.alloc(v, Cat.ACTIVATION, name) for v in dropped_blocks]
-                if mode == "full" and weight_copy:
+                if weight_copy and layer_is_checkpointed(training):
                     recomputed.append(rec.alloc(weight_copy, Cat.ACTIVATION, name))
                 tmp = rec.alloc(layer_tmp, Cat.TEMPORARY, name)
                 if name not in grads:
