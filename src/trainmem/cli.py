@@ -160,6 +160,9 @@ OptimizerInBackwardOpt = Annotated[
 ActivationOffloadOpt = Annotated[
     bool, typer.Option("--activation-offloading", help="Saved activations offloaded to CPU.")
 ]
+CompileOpt = Annotated[
+    bool, typer.Option("--compile", help="torch.compile: fused pointwise chains (see docs).")
+]
 SetToNoneOpt = Annotated[
     bool,
     typer.Option(
@@ -316,6 +319,7 @@ def estimate_cmd(
     optimizer_in_backward: OptimizerInBackwardOpt = False,
     activation_offloading: ActivationOffloadOpt = False,
     zero_grad_set_to_none: SetToNoneOpt = True,
+    compile: CompileOpt = False,
     deepspeed_config: DeepSpeedConfigOpt = None,
     accelerate_config: AccelerateConfigOpt = None,
     gpu: GpuOpt = None,
@@ -357,12 +361,18 @@ def estimate_cmd(
             "optimizer_in_backward": optimizer_in_backward,
             "activation_offloading": activation_offloading,
             "zero_grad_set_to_none": zero_grad_set_to_none,
+            "compile": compile,
         },
         deepspeed_config,
         accelerate_config,
     )
     training = training_config(model, seq_len=seq_len, **settings)
     est = estimate(model, training, gpu=gpu, engine=engine, alloc_conf=alloc_conf)
+    if training.compile:
+        est.notes.append(
+            "--compile: only inductor's fused pointwise chains (GELU formula, RMSNorm) are "
+            "modelled; other recomputation by its partitioner is not, so this is an upper bound"
+        )
     if snapshot is not None:
         write_step_snapshot(model, training, gpu, alloc_conf, snapshot)
         est.notes.append(f"memory snapshot written to {snapshot}")

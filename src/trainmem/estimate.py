@@ -58,7 +58,7 @@ def trace_unsupported_settings(training: TrainingConfig) -> list[str]:
     defaults = TrainingConfig()
     checked = ("offload", "quantize_base", "optimizer_in_backward", "activation_offloading",
                "tensor_parallel_size", "sequence_parallel", "pipeline_parallel_size",
-               "context_parallel_size")
+               "context_parallel_size", "compile")
     out = [f"{name}={getattr(training, name)}" for name in checked
            if getattr(training, name) != getattr(defaults, name)]
     fsdp = training.zero_stage == 3 and training.data_parallel_size > 1

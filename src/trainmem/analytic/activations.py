@@ -91,7 +91,8 @@ def _norm_saved_bytes(model: ModelSpec, r: int, *, trainable: bool = True) -> in
     """Bytes per token one norm saves: LayerNorm r*h + 8 (input, fp32 mean and rstd); HF RMSNorm
     4h + r*h + 4 (fp32 input or copy, normalised tensor, fp32 rstd). A frozen RMSNorm (LoRA)
     does not save the normalised tensor: ``weight * x`` saves ``x`` only for the weight's
-    gradient (found by the trace engine)."""
+    gradient (found by the trace engine); under torch.compile the fused norm's normalised
+    tensor is recomputed in backward, so it is not saved either."""
     h = model.hidden_size
     if model.norm_kind == "layernorm":
         return r * h + 8
@@ -104,7 +105,10 @@ def _activation_fn_saved_bytes(model: ModelSpec, training: TrainingConfig, width
     # lit-gpt's own model code runs GELU as one kernel (``torch.nn.functional.gelu(x,
     # approximate=config.gelu_approximate)``, litgpt/model.py ``GptNeoxMLP``) even where the HF
     # model writes the tanh formula out.
-    if model.hidden_act in TANH_FORMULA_ACTIVATIONS and training.framework != "litgpt":
+    # torch.compile (inductor) fuses the formula into one kernel and its min-cut partitioner
+    # saves only the input (torch/_functorch/partitioners.py ``min_cut_rematerialization``).
+    fused = training.framework == "litgpt" or training.compile
+    if model.hidden_act in TANH_FORMULA_ACTIVATIONS and not fused:
         if training.uses_autocast:
             # pow's fp32 input copy, tanh out, 1+tanh (fp32), 0.5*x (c), output cast for down (c)
             return (4 + 4 + 4 + c + c) * width
@@ -166,7 +170,7 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
     fused_qkv = model.model_type in FUSED_QKV_MODEL_TYPES
     terms: dict[str, int] = {}
 
-    norm = _norm_saved_bytes(model, r, trainable=not training.is_lora)
+    norm = _norm_saved_bytes(model, r, trainable=not training.is_lora and not training.compile)
     terms["attention/norm"] = norm * t
     terms["attention/qkv_input"] = c * h * t * (1 if (fused_qkv or not mixed) else 3)
     # Keys and values reach the kernel expanded to all query heads (GQA) in eager attention
@@ -406,7 +410,9 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
     h, v = model.hidden_size, model.vocab_size
     out: dict[str, int] = {}
     if model.architecture != "encoder" or model.head == "masked-lm":
-        out["final_norm"] = _norm_saved_bytes(model, r, trainable=not training.is_lora) * t
+        out["final_norm"] = _norm_saved_bytes(
+            model, r, trainable=not training.is_lora and not training.compile
+        ) * t
     if model.head in ("causal-lm", "masked-lm"):
         if model.head == "masked-lm":
             out["mlm_transform"] = (2 * c * h + _norm_saved_bytes(model, r)) * t

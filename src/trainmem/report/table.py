@@ -81,7 +81,7 @@ def config_line(est: MemoryEstimate) -> str:
                          ("pipeline_parallel_size", 1), ("context_parallel_size", 1),
                          ("framework", "pytorch-amp"), ("chunked_cross_entropy", 0),
                          ("optimizer_in_backward", False), ("activation_offloading", False),
-                         ("zero_grad_set_to_none", True)):
+                         ("zero_grad_set_to_none", True), ("compile", False)):
         if c.get(key, default) != default:
             parts.append(f"{key}={c[key]}")
     if c.get("lora_rank"):

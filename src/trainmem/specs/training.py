@@ -161,6 +161,10 @@ class TrainingConfig:
     parallel_size``)."""
     context_parallel_size: int = 1
     """Context parallelism: the sequence split over this many ranks (ring attention)."""
+    compile: bool = False
+    """``torch.compile`` (inductor). Modelled: pointwise chains (tanh GELU, RMSNorm) fused and
+    recomputed by the min-cut partitioner, saving only their inputs. Not modelled: anything
+    else the partitioner recomputes or saves differently (estimates stay an upper bound)."""
     zero_grad_set_to_none: bool = True
     """``optimizer.zero_grad(set_to_none=...)``: True (the default since PyTorch 2.0) frees the
     gradients after the step; False (the default before 2.0, and HF Trainer's
