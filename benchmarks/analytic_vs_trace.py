@@ -38,6 +38,20 @@ CONFIGS: dict[str, dict[str, object]] = {
     "bf16-true b2 s1024 eager": dict(
         micro_batch_size=2, seq_len=1024, precision="bf16-true", attention="eager"
     ),
+    "bf16-mixed b4 s512 selective": dict(
+        micro_batch_size=4, seq_len=512, precision="bf16-mixed", activation_checkpointing="selective"
+    ),
+    "bf16-mixed b2 s512 lora r16 qv": dict(
+        micro_batch_size=2, seq_len=512, precision="bf16-mixed", lora_rank=16
+    ),
+    "bf16-mixed b2 s512 lora r16 all dropout": dict(
+        micro_batch_size=2, seq_len=512, precision="bf16-mixed", lora_rank=16,
+        lora_targets=("q", "k", "v", "o", "gate", "up", "down"), lora_dropout=0.05,
+    ),
+    "fsdp2 x4 bf16-mixed b2 s512": dict(
+        micro_batch_size=2, seq_len=512, precision="bf16-mixed", framework="fsdp2",
+        data_parallel_size=4, zero_stage=3,
+    ),
 }
 TOLERANCE = 0.05
 _LAYER = re.compile(r"^(.*?(?:\.h|\.layers|\.layer)\.(\d+))(\.|$)")

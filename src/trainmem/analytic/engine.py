@@ -327,6 +327,16 @@ def _rank_peak(
         # MixedPrecisionPolicy(param_dtype=bf16): the all-gather output is 16-bit
         gather = 2 * c * sum(s.numel for s in layer0) // training.tensor_parallel_size
     reduce = sum(s.full_grad_bytes for s in layer0) if stage >= 2 else 0
+    if stage == 3:
+        # FSDP2's root module (embeddings, final norm, LM head) is not resharded after forward:
+        # its gathered parameters stay from the forward to the backward (``fully_shard`` on the
+        # root, ``reshard_after_forward`` defaults to False there; found by the trace engine).
+        root = [s for s in outer if not s.name.startswith("lora_")]
+        if training.framework == "fsdp2" and training.is_mixed:
+            root_full = c * sum(s.numel for s in root) // training.tensor_parallel_size
+        else:
+            root_full = sum(s.full_param_bytes for s in root)
+        gather += max(root_full - sum(s.param_bytes for s in root), 0)
     # QLoRA / int8 bases: each frozen quantized linear is dequantized to the compute dtype for its
     # matmul, forward and backward (bitsandbytes ``MatMul4Bit``), one at a time.
     dequant = 0
@@ -366,7 +376,7 @@ def _rank_peak(
         candidates["backward_start"] = (
             g_prev,
             acts_forward,
-            workspace + loss_tmp,
+            workspace + loss_tmp + gather,
             "start of backward: saved activations plus the two (tokens x vocab) log-softmax "
             "gradients",
         )
