@@ -284,8 +284,10 @@ def _apply_lora(
     qkv_targets = len({"q", "k", "v"} & targets)
     # bitsandbytes' quantized matmuls save their input whenever it requires grad, frozen weight
     # or not (``MatMul4Bit`` / ``MatMul8bitLt``: ``ctx.tensors = (A, B)``), so a quantized base
-    # keeps every linear input like full fine-tuning does.
-    frozen_inputs_saved = training.quantize_base != "none"
+    # keeps every linear input like full fine-tuning does. torchtune quantizes with torchao's
+    # NF4Tensor, whose ``linear_nf4`` saves only the weight (torchao/dtypes/nf4tensor.py
+    # ``LinearNF4``).
+    frozen_inputs_saved = training.quantize_base != "none" and training.framework != "torchtune"
     # With lora_dropout the adapters read the dropout output (counted below), not x: a frozen
     # base saves no input at all.
     via_dropout = training.lora_dropout > 0 and not frozen_inputs_saved
