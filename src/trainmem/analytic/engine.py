@@ -401,7 +401,7 @@ def _rank_peak(
             0,
             workspace + opt_tmp,
             f"optimizer step: weights, gradients, optimizer states and the "
-            f"{training.optimizer_implementation} {training.optimizer} temporaries",
+            f"{training.step_implementation} {training.optimizer} temporaries",
         )
     totals = {k: W + O + g + a + t for k, (g, a, t, _) in candidates.items()}
     return _RankPeak(rank, W, O, candidates, totals)

@@ -261,7 +261,7 @@ def _optimizer_temporaries(
     n_params = sum(n for _, n in tensors)
     if total <= 0 or n_params == 0:
         return
-    if training.optimizer_implementation == "foreach":
+    if training.step_implementation == "foreach":
         per = total / n_params
         blocks = [rec.alloc(round(per * n), Cat.TEMPORARY, owner) for owner, n in tensors]
         for b in blocks:

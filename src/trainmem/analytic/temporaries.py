@@ -35,7 +35,7 @@ def optimizer_step_temporary_bytes(
         Bytes.
     """
     w = dtype_bytes(training.optimizer_state_dtype)
-    opt, impl = training.optimizer, training.optimizer_implementation
+    opt, impl = training.optimizer, training.step_implementation
     if opt in ("adam", "adamw"):
         if impl == "fused":
             return 0

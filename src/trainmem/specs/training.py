@@ -21,7 +21,8 @@ Note [Framework conventions]
     framework       ``*-mixed`` means
     ==============  =============================================================================
     pytorch-amp     fp32 weights and grads, torch.autocast (16 B/param with Adam); the default.
-    hf-trainer      as pytorch-amp (``Trainer(fp16/bf16=True)`` uses torch.autocast).
+    hf-trainer      as pytorch-amp (``Trainer(fp16/bf16=True)`` uses torch.autocast); its default
+                    optimizer is fused AdamW (``adamw_torch_fused``, transformers >= 4.46).
     litgpt          as pytorch-amp (Fabric ``MixedPrecision``); its loss is chunked, no fp32 upcast.
     deepspeed       16-bit weights and grads, fp32 master weights + moments in the optimizer:
                     2 + 2 + 12 B/param (ZeRO paper sec. 3.1); the model runs in 16-bit, no autocast.
@@ -262,6 +263,16 @@ class TrainingConfig:
     def compute_dtype(self) -> str:
         """Dtype of matmul inputs/outputs and most activations (torch spelling)."""
         return _PRECISION_DTYPES[self.precision][1]
+
+    @property
+    def step_implementation(self) -> str:
+        """The optimizer implementation that runs: as asked, except that the HF Trainer's default
+        optimizer (``adamw_torch_fused`` since transformers 4.46 with torch >= 2.5,
+        transformers/training_args.py) is fused when the default ``foreach`` was left."""
+        if (self.framework == "hf-trainer" and self.optimizer in ("adam", "adamw")
+                and self.optimizer_implementation == "foreach"):
+            return "fused"
+        return self.optimizer_implementation
 
     @property
     def uses_autocast(self) -> bool:
