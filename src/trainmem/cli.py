@@ -16,24 +16,26 @@ import typer
 from rich.console import Console
 
 from trainmem.breakdown import MemoryEstimate
-from trainmem.errors import TrainmemError
-from trainmem.estimate import ENGINES, default_seq_len, estimate, resolve_model
-from trainmem.errors import SpecError
-from trainmem.specs.hardware import GPUS
-from trainmem.specs.training import (
-    ACTIVATION_CHECKPOINTING,
-    ATTENTIONS,
-    FSDP_TO_ZERO,
-    LORA_TARGETS,
-    OFFLOADS,
-    OPTIMIZER_IMPLEMENTATIONS,
-    OPTIMIZERS,
-    PRECISIONS,
-    FRAMEWORKS,
-    PIPELINE_SCHEDULES,
-    QUANTIZE_BASE,
-    TrainingConfig,
+from trainmem.cli_options import (
+    AllocConfOpt,
+    EngineOpt,
+    GpuOpt,
+    JsonOpt,
+    ModelArg,
+    parse_lora_targets,
+    training_from_options,
+    with_training_options,
+    zero_stage_from,
 )
+from trainmem.errors import SpecError, TrainmemError
+from trainmem.estimate import estimate, resolve_model
+from trainmem.specs.hardware import GPUS
+from trainmem.specs.training import TrainingConfig
+
+__all__ = [
+    "AllocConfOpt", "EngineOpt", "GpuOpt", "JsonOpt", "ModelArg", "app", "clean_errors",
+    "console", "main", "parse_lora_targets", "training_config", "zero_stage_from",
+]
 
 app = typer.Typer(
     help="How much GPU memory does training this model need, where does it go, and what fits?",
@@ -63,118 +65,10 @@ def clean_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _choices(values: tuple[str, ...]) -> str:
-    return "|".join(values)
-
-
-ModelArg = Annotated[
-    str, typer.Argument(help="Preset name (see `trainmem models`), or a HF config.json / folder.")
-]
-MicroBatch = Annotated[
-    int, typer.Option("--micro-batch-size", "-b", help="Sequences per GPU per step.")
-]
-SeqLen = Annotated[
-    int | None,
-    typer.Option("--seq-len", "-s", help="Tokens per sequence [default: model context, max 4096]."),
-]
-PrecisionOpt = Annotated[
-    str, typer.Option("--precision", "-p", help=f"Lightning precision: {_choices(PRECISIONS)}.")
-]
-OptimizerOpt = Annotated[str, typer.Option("--optimizer", "-o", help=_choices(OPTIMIZERS))]
-OptimizerImplOpt = Annotated[
-    str,
-    typer.Option("--optimizer-implementation", help=_choices(OPTIMIZER_IMPLEMENTATIONS)),
-]
-CheckpointingOpt = Annotated[
-    str,
-    typer.Option("--activation-checkpointing", "-c", help=_choices(ACTIVATION_CHECKPOINTING)),
-]
-AttentionOpt = Annotated[str, typer.Option("--attention", help=_choices(ATTENTIONS))]
-AccumulationOpt = Annotated[
-    int, typer.Option("--gradient-accumulation-steps", help="Micro-batches per optimizer step.")
-]
-DropoutOpt = Annotated[
-    bool, typer.Option("--dropout/--no-dropout", help="Apply the model's dropout.")
-]
-GpuOpt = Annotated[
-    str | None, typer.Option("--gpu", "-g", help="GPU for the verdict (see `trainmem gpus`).")
-]
-EngineOpt = Annotated[str, typer.Option("--engine", "-e", help=_choices(ENGINES))]
-JsonOpt = Annotated[
-    bool, typer.Option("--json", help="Print JSON (exact bytes) instead of a table.")
-]
-DataParallelOpt = Annotated[
-    int, typer.Option("--data-parallel-size", help="Ranks the model states are sharded over.")
-]
-ZeroStageOpt = Annotated[int, typer.Option("--zero-stage", help="ZeRO stage 0|1|2|3.")]
-FsdpOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--fsdp",
-        help="full-shard|shard-grad-op|hybrid-shard|no-shard (sets the ZeRO stage it shards like)",
-    ),
-]
-OffloadOpt = Annotated[str, typer.Option("--offload", help=_choices(OFFLOADS))]
-LoraRankOpt = Annotated[int, typer.Option("--lora-rank", help="LoRA rank r (0: full fine-tuning).")]
-LoraAlphaOpt = Annotated[
-    float, typer.Option("--lora-alpha", help="LoRA scaling (no effect on memory).")
-]
-LoraTargetsOpt = Annotated[
-    str,
-    typer.Option("--lora-targets", help=",".join(LORA_TARGETS) + ",lm_head or all-linear"),
-]
-LoraDropoutOpt = Annotated[float, typer.Option("--lora-dropout", help="peft lora_dropout.")]
-AllocConfOpt = Annotated[
-    str,
-    typer.Option("--alloc-conf", help="PYTORCH_CUDA_ALLOC_CONF for the allocator simulator."),
-]
 SnapshotOpt = Annotated[
     str | None,
     typer.Option("--snapshot", help="Write the simulated step as a PyTorch memory snapshot "
                  "(open it at https://pytorch.org/memory_viz)."),
-]
-TensorParallelOpt = Annotated[
-    int, typer.Option("--tensor-parallel-size", help="Megatron tensor parallelism t.")
-]
-SequenceParallelOpt = Annotated[
-    bool, typer.Option("--sequence-parallel", help="Megatron sequence parallelism (needs t > 1).")
-]
-PipelineParallelOpt = Annotated[
-    int, typer.Option("--pipeline-parallel-size", help="Pipeline stages p.")
-]
-PipelineScheduleOpt = Annotated[
-    str, typer.Option("--pipeline-schedule", help=_choices(PIPELINE_SCHEDULES))
-]
-ContextParallelOpt = Annotated[
-    int, typer.Option("--context-parallel-size", help="Sequence split over this many ranks.")
-]
-FrameworkOpt = Annotated[
-    str, typer.Option("--framework", help=_choices(FRAMEWORKS) + " (bytes per parameter, loss)")
-]
-ChunkedLossOpt = Annotated[
-    int, typer.Option("--chunked-cross-entropy", help="Loss in N chunks of tokens (0: whole).")
-]
-OptimizerInBackwardOpt = Annotated[
-    bool, typer.Option("--optimizer-in-backward", help="Step and free each gradient in backward.")
-]
-ActivationOffloadOpt = Annotated[
-    bool, typer.Option("--activation-offloading", help="Saved activations offloaded to CPU.")
-]
-CompileOpt = Annotated[
-    bool, typer.Option("--compile", help="torch.compile: fused pointwise chains (see docs).")
-]
-SetToNoneOpt = Annotated[
-    bool,
-    typer.Option(
-        "--zero-grad-set-to-none/--zero-grad-keep",
-        help="zero_grad(set_to_none=...); keep = torch < 2.0 behaviour (gradients stay allocated).",
-    ),
-]
-DeepSpeedConfigOpt = Annotated[
-    str | None, typer.Option("--deepspeed-config", help="Read settings from a ds_config.json.")
-]
-AccelerateConfigOpt = Annotated[
-    str | None, typer.Option("--accelerate-config", help="Read settings from an accelerate config.")
 ]
 ModulesOpt = Annotated[
     int,
@@ -191,86 +85,15 @@ PlotOpt = Annotated[
 HtmlOpt = Annotated[
     str | None, typer.Option("--html", help="Write a self-contained HTML report (offline).")
 ]
-QuantizeOpt = Annotated[
-    str, typer.Option("--quantize-base", help=_choices(QUANTIZE_BASE) + " (QLoRA and kin)")
-]
 
 
-def parse_lora_targets(text: str) -> tuple[str, ...]:
-    """``"q,v"`` -> ("q", "v"); ``all-linear`` -> every layer linear (peft's ``all-linear``)."""
-    if text.strip() == "all-linear":
-        return LORA_TARGETS
-    targets = tuple(part.strip() for part in text.split(",") if part.strip())
-    if not targets:
-        raise SpecError(
-            "lora_targets", "empty; allowed: " + ",".join(LORA_TARGETS) + ",lm_head or all-linear"
-        )
-    return targets
-
-
-def zero_stage_from(zero_stage: int, fsdp: str | None) -> int:
-    """The ZeRO stage, from ``--zero-stage`` or the FSDP strategy that shards like it
-    (``hybrid-shard`` shards like ``full-shard`` within its shard group)."""
-    if fsdp is None:
-        return zero_stage
-    if fsdp == "hybrid-shard":
-        return 3
-    if fsdp not in FSDP_TO_ZERO:
-        allowed = ", ".join((*FSDP_TO_ZERO, "hybrid-shard"))
-        raise SpecError("fsdp", f"unknown value {fsdp!r}; allowed: {allowed}")
-    return FSDP_TO_ZERO[fsdp]
-
-
-def training_config(
-    model: str,
-    micro_batch_size: int = 1,
-    seq_len: int | None = None,
-    precision: str = "bf16-mixed",
-    optimizer: str = "adamw",
-    optimizer_implementation: str = "foreach",
-    activation_checkpointing: str = "none",
-    attention: str = "sdpa",
-    gradient_accumulation_steps: int = 1,
-    dropout: bool = True,
-    **parallel_and_peft: Any,
-) -> TrainingConfig:
-    """A validated TrainingConfig from CLI options; seq_len defaults to the model's context.
-    ``parallel_and_peft`` holds the other TrainingConfig fields (ZeRO, LoRA...)."""
-    spec = resolve_model(model)
-    return TrainingConfig(
-        **parallel_and_peft,
-        micro_batch_size=micro_batch_size,
-        seq_len=default_seq_len(spec) if seq_len is None else seq_len,
-        precision=precision,  # type: ignore[arg-type]
-        optimizer=optimizer,  # type: ignore[arg-type]
-        optimizer_implementation=optimizer_implementation,  # type: ignore[arg-type]
-        activation_checkpointing=activation_checkpointing,  # type: ignore[arg-type]
-        attention=attention,  # type: ignore[arg-type]
-        gradient_accumulation_steps=gradient_accumulation_steps,
-        dropout=dropout,
-    )
-
-
-def with_config_files(
-    settings: dict[str, Any], deepspeed_config: str | None, accelerate_config: str | None
-) -> dict[str, Any]:
-    """Fill TrainingConfig settings from a DeepSpeed / accelerate config file where the command
-    line left them at their defaults (an explicit flag wins over the file)."""
-    from dataclasses import fields
-
-    from trainmem.specs.framework_configs import read_accelerate_config, read_deepspeed_config
-
-    from_files: dict[str, Any] = {}
-    if accelerate_config:
-        from_files.update(read_accelerate_config(accelerate_config))
-    if deepspeed_config:
-        from_files.update(read_deepspeed_config(deepspeed_config))
-    defaults = {f.name: f.default for f in fields(TrainingConfig)}
-    out = dict(settings)
-    for key, value in from_files.items():
-        if key not in out or out[key] == defaults.get(key):
-            out[key] = value
-    return out
+def training_config(model: str, **values: Any) -> TrainingConfig:
+    """A validated TrainingConfig for ``model`` from option values (TrainingConfig field names,
+    plus ``fsdp``, ``lora_targets`` as text...); see :func:`trainmem.cli_options.
+    training_from_options`."""
+    if isinstance(values.get("lora_targets"), tuple):
+        values["lora_targets"] = ",".join(values["lora_targets"])
+    return training_from_options(model, values)
 
 
 def print_estimate(est: MemoryEstimate, as_json: bool) -> None:
@@ -289,39 +112,9 @@ def print_estimate(est: MemoryEstimate, as_json: bool) -> None:
 
 @app.command(name="estimate")
 @clean_errors
+@with_training_options()
 def estimate_cmd(
     model: ModelArg,
-    micro_batch_size: MicroBatch = 1,
-    seq_len: SeqLen = None,
-    precision: PrecisionOpt = "bf16-mixed",
-    optimizer: OptimizerOpt = "adamw",
-    optimizer_implementation: OptimizerImplOpt = "foreach",
-    activation_checkpointing: CheckpointingOpt = "none",
-    attention: AttentionOpt = "sdpa",
-    gradient_accumulation_steps: AccumulationOpt = 1,
-    dropout: DropoutOpt = True,
-    data_parallel_size: DataParallelOpt = 1,
-    zero_stage: ZeroStageOpt = 0,
-    fsdp: FsdpOpt = None,
-    offload: OffloadOpt = "none",
-    lora_rank: LoraRankOpt = 0,
-    lora_alpha: LoraAlphaOpt = 16.0,
-    lora_targets: LoraTargetsOpt = "q,v",
-    lora_dropout: LoraDropoutOpt = 0.0,
-    quantize_base: QuantizeOpt = "none",
-    tensor_parallel_size: TensorParallelOpt = 1,
-    sequence_parallel: SequenceParallelOpt = False,
-    pipeline_parallel_size: PipelineParallelOpt = 1,
-    pipeline_schedule: PipelineScheduleOpt = "1f1b",
-    context_parallel_size: ContextParallelOpt = 1,
-    framework: FrameworkOpt = "pytorch-amp",
-    chunked_cross_entropy: ChunkedLossOpt = 0,
-    optimizer_in_backward: OptimizerInBackwardOpt = False,
-    activation_offloading: ActivationOffloadOpt = False,
-    zero_grad_set_to_none: SetToNoneOpt = True,
-    compile: CompileOpt = False,
-    deepspeed_config: DeepSpeedConfigOpt = None,
-    accelerate_config: AccelerateConfigOpt = None,
     gpu: GpuOpt = None,
     engine: EngineOpt = "analytic",
     alloc_conf: AllocConfOpt = "",
@@ -331,42 +124,10 @@ def estimate_cmd(
     uncertainty: UncertaintyOpt = False,
     modules: ModulesOpt = 0,
     as_json: JsonOpt = False,
+    *,
+    training: TrainingConfig,
 ) -> None:
     """Peak GPU memory of one training step per GPU, broken down, with a verdict for --gpu."""
-    del lora_alpha  # scales the adapter update, not the memory
-    settings = with_config_files(
-        {
-            "micro_batch_size": micro_batch_size,
-            "precision": precision,
-            "optimizer": optimizer,
-            "optimizer_implementation": optimizer_implementation,
-            "activation_checkpointing": activation_checkpointing,
-            "attention": attention,
-            "gradient_accumulation_steps": gradient_accumulation_steps,
-            "dropout": dropout,
-            "data_parallel_size": data_parallel_size,
-            "zero_stage": zero_stage_from(zero_stage, fsdp),
-            "offload": offload,
-            "lora_rank": lora_rank,
-            "lora_targets": parse_lora_targets(lora_targets),
-            "lora_dropout": lora_dropout,
-            "quantize_base": quantize_base,
-            "tensor_parallel_size": tensor_parallel_size,
-            "sequence_parallel": sequence_parallel,
-            "pipeline_parallel_size": pipeline_parallel_size,
-            "pipeline_schedule": pipeline_schedule,
-            "context_parallel_size": context_parallel_size,
-            "framework": framework,
-            "chunked_cross_entropy": chunked_cross_entropy,
-            "optimizer_in_backward": optimizer_in_backward,
-            "activation_offloading": activation_offloading,
-            "zero_grad_set_to_none": zero_grad_set_to_none,
-            "compile": compile,
-        },
-        deepspeed_config,
-        accelerate_config,
-    )
-    training = training_config(model, seq_len=seq_len, **settings)
     est = estimate(model, training, gpu=gpu, engine=engine, alloc_conf=alloc_conf)
     if training.compile:
         est.notes.append(
@@ -432,18 +193,14 @@ def write_step_snapshot(
 
 @app.command(name="compare-snapshot")
 @clean_errors
+@with_training_options()
 def compare_snapshot_cmd(
     snapshot_file: Annotated[str, typer.Argument(help="torch.cuda.memory._dump_snapshot file.")],
     model: ModelArg,
-    micro_batch_size: MicroBatch = 1,
-    seq_len: SeqLen = None,
-    precision: PrecisionOpt = "bf16-mixed",
-    optimizer: OptimizerOpt = "adamw",
-    optimizer_implementation: OptimizerImplOpt = "foreach",
-    activation_checkpointing: CheckpointingOpt = "none",
-    attention: AttentionOpt = "sdpa",
     gpu: GpuOpt = None,
     alloc_conf: AllocConfOpt = "",
+    *,
+    training: TrainingConfig,
 ) -> None:
     """Compare a snapshot you recorded on a GPU with trainmem's prediction for the same run.
 
@@ -452,10 +209,6 @@ def compare_snapshot_cmd(
     from trainmem.analytic.engine import replay_step
     from trainmem.estimate import resolve_gpu
 
-    training = training_config(
-        model, micro_batch_size, seq_len, precision, optimizer, optimizer_implementation,
-        activation_checkpointing, attention, 1, True,
-    )
     prediction = replay_step(resolve_model(model), training, gpu=resolve_gpu(gpu),
                              alloc_conf=alloc_conf)
     try:
@@ -468,32 +221,17 @@ def compare_snapshot_cmd(
 
 @app.command(name="formulas")
 @clean_errors
+@with_training_options()
 def formulas_cmd(
     model: ModelArg,
-    micro_batch_size: MicroBatch = 1,
-    seq_len: SeqLen = None,
-    precision: PrecisionOpt = "bf16-mixed",
-    optimizer: OptimizerOpt = "adamw",
-    activation_checkpointing: CheckpointingOpt = "none",
-    attention: AttentionOpt = "sdpa",
     as_json: JsonOpt = False,
+    *,
+    training: TrainingConfig,
 ) -> None:
     """The published rules of thumb next to trainmem's own estimate, for one configuration."""
     from trainmem.analytic.formulas import rules_of_thumb
     from trainmem.report.table import formulas_table
 
-    training = training_config(
-        model,
-        micro_batch_size,
-        seq_len,
-        precision,
-        optimizer,
-        "foreach",
-        activation_checkpointing,
-        attention,
-        1,
-        True,
-    )
     spec = resolve_model(model)
     est = estimate(spec, training)
     rows = rules_of_thumb(spec, training)

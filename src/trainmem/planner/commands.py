@@ -11,35 +11,10 @@ import typer
 
 def register(app: typer.Typer) -> None:
     """Add ``plan``, ``fit`` and ``sweep`` to ``app`` (trainmem's CLI app)."""
-    from typing import Annotated, Any
+    from typing import Annotated
 
-    from trainmem.cli import (
-        AccumulationOpt,
-        AttentionOpt,
-        CheckpointingOpt,
-        DataParallelOpt,
-        DropoutOpt,
-        FsdpOpt,
-        GpuOpt,
-        JsonOpt,
-        LoraDropoutOpt,
-        LoraRankOpt,
-        LoraTargetsOpt,
-        MicroBatch,
-        ModelArg,
-        OffloadOpt,
-        OptimizerImplOpt,
-        OptimizerOpt,
-        PrecisionOpt,
-        QuantizeOpt,
-        SeqLen,
-        ZeroStageOpt,
-        clean_errors,
-        console,
-        parse_lora_targets,
-        training_config,
-        zero_stage_from,
-    )
+    from trainmem.cli import clean_errors, console
+    from trainmem.cli_options import GpuOpt, JsonOpt, ModelArg, with_training_options
     from trainmem.errors import SpecError
     from trainmem.estimate import resolve_model
     from trainmem.planner import render
@@ -71,92 +46,21 @@ def register(app: typer.Typer) -> None:
         ),
     ]
 
-    def config(
-        model: str,
-        common: tuple[int, int | None, str, str, str, str, str, int, bool],
-        data_parallel_size: int,
-        zero_stage: int,
-        fsdp: str | None,
-        offload: str,
-        lora_rank: int,
-        lora_targets: str,
-        lora_dropout: float,
-        quantize_base: str,
-        extra: list[str] | None = None,
-    ) -> TrainingConfig:
-        from trainmem.report.commands import ESTIMATE_KEYS, parse_set
-
-        settings: dict[str, Any] = {}
-        for item in extra or []:
-            settings.update(parse_set(item))
-        bad = [k for k in settings if k in ESTIMATE_KEYS]
-        if bad:
-            raise SpecError("set", f"{', '.join(bad)} cannot be set here; use its own option")
-        names = ("micro_batch_size", "seq_len", "precision", "optimizer",
-                 "optimizer_implementation", "activation_checkpointing", "attention",
-                 "gradient_accumulation_steps", "dropout")
-        return training_config(
-            model,
-            **{
-                **dict(zip(names, common, strict=True)),
-                "data_parallel_size": data_parallel_size,
-                "zero_stage": zero_stage_from(zero_stage, fsdp),
-                "offload": offload,
-                "lora_rank": lora_rank,
-                "lora_targets": parse_lora_targets(lora_targets),
-                "lora_dropout": lora_dropout,
-                "quantize_base": quantize_base,
-                **settings,
-            },
-        )
-
-    SetOpt = Annotated[
-        list[str] | None,
-        typer.Option(
-            "--set",
-            help="Any other setting as KEY=VALUE, e.g. --set tensor-parallel-size=8 "
-            "--set framework=deepspeed (the fields of `trainmem estimate`).",
-        ),
-    ]
-
     @app.command(name="plan")
     @clean_errors
+    @with_training_options()
     def plan_cmd(
         model: ModelArg,
         gpu: GpuOpt = None,
-        micro_batch_size: MicroBatch = 1,
-        seq_len: SeqLen = None,
-        precision: PrecisionOpt = "bf16-mixed",
-        optimizer: OptimizerOpt = "adamw",
-        optimizer_implementation: OptimizerImplOpt = "foreach",
-        activation_checkpointing: CheckpointingOpt = "none",
-        attention: AttentionOpt = "sdpa",
-        gradient_accumulation_steps: AccumulationOpt = 1,
-        dropout: DropoutOpt = True,
-        data_parallel_size: DataParallelOpt = 1,
-        zero_stage: ZeroStageOpt = 0,
-        fsdp: FsdpOpt = None,
-        offload: OffloadOpt = "none",
-        lora_rank: LoraRankOpt = 0,
-        lora_targets: LoraTargetsOpt = "q,v",
-        lora_dropout: LoraDropoutOpt = 0.0,
-        quantize_base: QuantizeOpt = "none",
-        extra: SetOpt = None,
         seq_len_multiple_of: MultipleOf = 1,
         as_json: JsonOpt = False,
+        *,
+        training: TrainingConfig,
     ) -> None:
         """The largest micro-batch size (at --seq-len) and the longest sequence length (at
         --micro-batch-size) that fit --gpu, with the margin left."""
         gpu_spec = require_gpu(gpu)
         spec = resolve_model(model)
-        common = (
-            micro_batch_size, seq_len, precision, optimizer, optimizer_implementation,
-            activation_checkpointing, attention, gradient_accumulation_steps, dropout,
-        )
-        training = config(
-            model, common, data_parallel_size, zero_stage, fsdp, offload, lora_rank,
-            lora_targets, lora_dropout, quantize_base, extra,
-        )
         results = [max_micro_batch_size(spec, training, gpu_spec)]
         if spec.architecture != "vision-encoder":
             results.append(max_seq_len(spec, training, gpu_spec, multiple_of=seq_len_multiple_of))
@@ -176,42 +80,19 @@ def register(app: typer.Typer) -> None:
 
     @app.command(name="fit")
     @clean_errors
+    @with_training_options()
     def fit_cmd(
         model: ModelArg,
         gpu: GpuOpt = None,
-        micro_batch_size: MicroBatch = 1,
-        seq_len: SeqLen = None,
-        precision: PrecisionOpt = "bf16-mixed",
-        optimizer: OptimizerOpt = "adamw",
-        optimizer_implementation: OptimizerImplOpt = "foreach",
-        activation_checkpointing: CheckpointingOpt = "none",
-        attention: AttentionOpt = "sdpa",
-        gradient_accumulation_steps: AccumulationOpt = 1,
-        dropout: DropoutOpt = True,
-        data_parallel_size: DataParallelOpt = 1,
-        zero_stage: ZeroStageOpt = 0,
-        fsdp: FsdpOpt = None,
-        offload: OffloadOpt = "none",
-        lora_rank: LoraRankOpt = 0,
-        lora_targets: LoraTargetsOpt = "q,v",
-        lora_dropout: LoraDropoutOpt = 0.0,
-        quantize_base: QuantizeOpt = "none",
-        extra: SetOpt = None,
         limit: Limit = 10,
         as_json: JsonOpt = False,
+        *,
+        training: TrainingConfig,
     ) -> None:
         """Whether the run fits --gpu and, if not, ranked changes that make it fit, each with
         the memory it saves and what it costs."""
         gpu_spec = require_gpu(gpu)
         spec = resolve_model(model)
-        common = (
-            micro_batch_size, seq_len, precision, optimizer, optimizer_implementation,
-            activation_checkpointing, attention, gradient_accumulation_steps, dropout,
-        )
-        training = config(
-            model, common, data_parallel_size, zero_stage, fsdp, offload, lora_rank,
-            lora_targets, lora_dropout, quantize_base, extra,
-        )
         base = simulated_estimate(spec, training, gpu_spec)
         found = [] if fits(base) else fixes(spec, training, gpu_spec, limit=limit)
         if as_json:
@@ -239,30 +120,15 @@ def register(app: typer.Typer) -> None:
 
     @app.command(name="sweep")
     @clean_errors
+    @with_training_options()
     def sweep_cmd(
         model: ModelArg,
         over: Over,
         gpu: GpuOpt = None,
-        micro_batch_size: MicroBatch = 1,
-        seq_len: SeqLen = None,
-        precision: PrecisionOpt = "bf16-mixed",
-        optimizer: OptimizerOpt = "adamw",
-        optimizer_implementation: OptimizerImplOpt = "foreach",
-        activation_checkpointing: CheckpointingOpt = "none",
-        attention: AttentionOpt = "sdpa",
-        gradient_accumulation_steps: AccumulationOpt = 1,
-        dropout: DropoutOpt = True,
-        data_parallel_size: DataParallelOpt = 1,
-        zero_stage: ZeroStageOpt = 0,
-        fsdp: FsdpOpt = None,
-        offload: OffloadOpt = "none",
-        lora_rank: LoraRankOpt = 0,
-        lora_targets: LoraTargetsOpt = "q,v",
-        lora_dropout: LoraDropoutOpt = 0.0,
-        quantize_base: QuantizeOpt = "none",
-        extra: SetOpt = None,
         output_format: FormatOpt = "table",
         simulate_allocator: SimulateOpt = False,
+        *,
+        training: TrainingConfig,
     ) -> None:
         """Estimates over a grid (--over FIELD=V1,V2,... repeated), with fit / no fit for
         --gpu, as a table, CSV or JSON (exact bytes)."""
@@ -270,14 +136,6 @@ def register(app: typer.Typer) -> None:
             raise SpecError("format", f"unknown value {output_format!r}; allowed: table, csv, json")
         grid = parse_over(over)
         spec = resolve_model(model)
-        common = (
-            micro_batch_size, seq_len, precision, optimizer, optimizer_implementation,
-            activation_checkpointing, attention, gradient_accumulation_steps, dropout,
-        )
-        training = config(
-            model, common, data_parallel_size, zero_stage, fsdp, offload, lora_rank,
-            lora_targets, lora_dropout, quantize_base, extra,
-        )
         rows = sweep(spec, training, gpu, grid, simulate_allocator=simulate_allocator)
         if output_format == "csv":
             print(render.sweep_csv(rows), end="")

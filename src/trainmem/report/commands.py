@@ -79,7 +79,7 @@ def parse_set(text: str) -> dict[str, Any]:
         if name in ESTIMATE_KEYS:
             out[name] = value.strip()
         elif name == "lora_targets":
-            from trainmem.cli import parse_lora_targets
+            from trainmem.cli_options import parse_lora_targets
 
             out[name] = parse_lora_targets(value.replace("+", ","))
         else:
@@ -111,7 +111,7 @@ def compare_estimates(
     Raises:
         SpecError: an invalid combination (TrainingConfig validates it), an unknown GPU/engine.
     """
-    from trainmem.cli import zero_stage_from
+    from trainmem.cli_options import zero_stage_from
     from trainmem.estimate import estimate
 
     out = []
@@ -182,35 +182,16 @@ def register(app: typer.Typer) -> None:
     import json
     from typing import Annotated
 
-    from trainmem.cli import (
-        AccumulationOpt,
+    from trainmem.cli import clean_errors, console
+    from trainmem.cli_options import (
         AllocConfOpt,
-        AttentionOpt,
-        CheckpointingOpt,
-        DataParallelOpt,
-        DropoutOpt,
         EngineOpt,
-        FsdpOpt,
         GpuOpt,
         JsonOpt,
-        LoraDropoutOpt,
-        LoraRankOpt,
-        LoraTargetsOpt,
-        MicroBatch,
         ModelArg,
-        OffloadOpt,
-        OptimizerImplOpt,
-        OptimizerOpt,
-        PrecisionOpt,
-        QuantizeOpt,
-        SeqLen,
-        ZeroStageOpt,
-        clean_errors,
-        console,
-        parse_lora_targets,
-        training_config,
-        zero_stage_from,
+        with_training_options,
     )
+    from trainmem.specs.training import TrainingConfig
 
     SetOpt = Annotated[
         list[str],
@@ -232,53 +213,21 @@ def register(app: typer.Typer) -> None:
 
     @app.command(name="compare")
     @clean_errors
+    @with_training_options(set_option=False)
     def compare_cmd(
         model: ModelArg,
         set_: SetOpt,
-        micro_batch_size: MicroBatch = 1,
-        seq_len: SeqLen = None,
-        precision: PrecisionOpt = "bf16-mixed",
-        optimizer: OptimizerOpt = "adamw",
-        optimizer_implementation: OptimizerImplOpt = "foreach",
-        activation_checkpointing: CheckpointingOpt = "none",
-        attention: AttentionOpt = "sdpa",
-        gradient_accumulation_steps: AccumulationOpt = 1,
-        dropout: DropoutOpt = True,
-        data_parallel_size: DataParallelOpt = 1,
-        zero_stage: ZeroStageOpt = 0,
-        fsdp: FsdpOpt = None,
-        offload: OffloadOpt = "none",
-        lora_rank: LoraRankOpt = 0,
-        lora_targets: LoraTargetsOpt = "q,v",
-        lora_dropout: LoraDropoutOpt = 0.0,
-        quantize_base: QuantizeOpt = "none",
         gpu: GpuOpt = None,
         engine: EngineOpt = "analytic",
         alloc_conf: AllocConfOpt = "",
         plot: PlotOpt = None,
         html: HtmlOpt = None,
         as_json: JsonOpt = False,
+        *,
+        training: TrainingConfig,
     ) -> None:
         """Estimates for several option sets side by side: a table and a stacked bar chart."""
-        base = training_config(
-            model,
-            micro_batch_size,
-            seq_len,
-            precision,
-            optimizer,
-            optimizer_implementation,
-            activation_checkpointing,
-            attention,
-            gradient_accumulation_steps,
-            dropout,
-            data_parallel_size=data_parallel_size,
-            zero_stage=zero_stage_from(zero_stage, fsdp),
-            offload=offload,
-            lora_rank=lora_rank,
-            lora_targets=parse_lora_targets(lora_targets),
-            lora_dropout=lora_dropout,
-            quantize_base=quantize_base,
-        )
+        base = training
         sets = [parse_set(text) for text in set_]
         labels = [" ".join(text.split()) for text in set_]
         estimates = compare_estimates(

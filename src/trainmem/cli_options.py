@@ -1,0 +1,240 @@
+"""The command-line options that describe a training run, shared by every command.
+
+:func:`with_training_options` adds them to a typer command and hands the command one validated
+:class:`~trainmem.specs.training.TrainingConfig` (``training=``), so ``estimate``, ``formulas``,
+``plan``, ``fit``, ``sweep``, ``compare`` and ``compare-snapshot`` accept the same flags, spelled
+once. Values come from, in order of precedence: an explicit flag, ``--set KEY=VALUE``, a
+``--deepspeed-config`` / ``--accelerate-config`` file, the TrainingConfig default.
+
+This module has no ``from __future__ import annotations``: typer reads the annotations below at
+registration time.
+"""
+
+import inspect
+from collections.abc import Callable
+from dataclasses import fields
+from functools import wraps
+from typing import Annotated, Any, TypeVar, get_type_hints
+
+import typer
+
+from trainmem.errors import SpecError
+from trainmem.estimate import ENGINES, default_seq_len, resolve_model
+from trainmem.specs.training import (
+    ACTIVATION_CHECKPOINTING,
+    ATTENTIONS,
+    FRAMEWORKS,
+    FSDP_TO_ZERO,
+    LORA_TARGETS,
+    OFFLOADS,
+    OPTIMIZER_IMPLEMENTATIONS,
+    OPTIMIZERS,
+    PIPELINE_SCHEDULES,
+    PRECISIONS,
+    QUANTIZE_BASE,
+    TrainingConfig,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _choices(values: tuple[str, ...]) -> str:
+    return "|".join(values)
+
+
+ModelArg = Annotated[
+    str, typer.Argument(help="Preset name (see `trainmem models`), or a HF config.json / folder.")
+]
+GpuOpt = Annotated[
+    str | None, typer.Option("--gpu", "-g", help="GPU for the verdict (see `trainmem gpus`).")
+]
+EngineOpt = Annotated[str, typer.Option("--engine", "-e", help=_choices(ENGINES))]
+JsonOpt = Annotated[
+    bool, typer.Option("--json", help="Print JSON (exact bytes) instead of a table.")
+]
+AllocConfOpt = Annotated[
+    str,
+    typer.Option("--alloc-conf", help="PYTORCH_CUDA_ALLOC_CONF for the allocator simulator."),
+]
+
+
+def _p(name: str, annotation: Any, default: Any) -> inspect.Parameter:
+    return inspect.Parameter(
+        name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation
+    )
+
+
+def _o(*decls: str, help: str) -> Any:  # noqa: A002 - typer's own keyword
+    return typer.Option(*decls, help=help)
+
+
+TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
+    _p("micro_batch_size", Annotated[int, _o("--micro-batch-size", "-b",
+                                             help="Sequences per GPU per step.")], 1),
+    _p("seq_len", Annotated[int | None, _o(
+        "--seq-len", "-s", help="Tokens per sequence [default: model context, max 4096].")], None),
+    _p("precision", Annotated[str, _o(
+        "--precision", "-p", help=f"Lightning precision: {_choices(PRECISIONS)}.")], "bf16-mixed"),
+    _p("optimizer", Annotated[str, _o("--optimizer", "-o", help=_choices(OPTIMIZERS))], "adamw"),
+    _p("optimizer_implementation", Annotated[str, _o(
+        "--optimizer-implementation", help=_choices(OPTIMIZER_IMPLEMENTATIONS))], "foreach"),
+    _p("activation_checkpointing", Annotated[str, _o(
+        "--activation-checkpointing", "-c", help=_choices(ACTIVATION_CHECKPOINTING))], "none"),
+    _p("attention", Annotated[str, _o("--attention", help=_choices(ATTENTIONS))], "sdpa"),
+    _p("gradient_accumulation_steps", Annotated[int, _o(
+        "--gradient-accumulation-steps", help="Micro-batches per optimizer step.")], 1),
+    _p("dropout", Annotated[bool, _o("--dropout/--no-dropout",
+                                     help="Apply the model's dropout.")], True),
+    _p("data_parallel_size", Annotated[int, _o(
+        "--data-parallel-size", help="Ranks the model states are sharded over.")], 1),
+    _p("zero_stage", Annotated[int, _o("--zero-stage", help="ZeRO stage 0|1|2|3.")], 0),
+    _p("fsdp", Annotated[str | None, _o(
+        "--fsdp", help="full-shard|shard-grad-op|hybrid-shard|no-shard (sets the ZeRO stage it "
+        "shards like)")], None),
+    _p("offload", Annotated[str, _o("--offload", help=_choices(OFFLOADS))], "none"),
+    _p("lora_rank", Annotated[int, _o("--lora-rank",
+                                      help="LoRA rank r (0: full fine-tuning).")], 0),
+    _p("lora_alpha", Annotated[float, _o("--lora-alpha",
+                                         help="LoRA scaling (no effect on memory).")], 16.0),
+    _p("lora_targets", Annotated[str, _o(
+        "--lora-targets", help=",".join(LORA_TARGETS) + ",lm_head or all-linear")], "q,v"),
+    _p("lora_dropout", Annotated[float, _o("--lora-dropout", help="peft lora_dropout.")], 0.0),
+    _p("quantize_base", Annotated[str, _o(
+        "--quantize-base", help=_choices(QUANTIZE_BASE) + " (QLoRA and kin)")], "none"),
+    _p("tensor_parallel_size", Annotated[int, _o(
+        "--tensor-parallel-size", help="Megatron tensor parallelism t.")], 1),
+    _p("sequence_parallel", Annotated[bool, _o(
+        "--sequence-parallel", help="Megatron sequence parallelism (needs t > 1).")], False),
+    _p("pipeline_parallel_size", Annotated[int, _o(
+        "--pipeline-parallel-size", help="Pipeline stages p.")], 1),
+    _p("pipeline_schedule", Annotated[str, _o(
+        "--pipeline-schedule", help=_choices(PIPELINE_SCHEDULES))], "1f1b"),
+    _p("context_parallel_size", Annotated[int, _o(
+        "--context-parallel-size", help="Sequence split over this many ranks.")], 1),
+    _p("framework", Annotated[str, _o(
+        "--framework", help=_choices(FRAMEWORKS) + " (bytes per parameter, loss)")],
+        "pytorch-amp"),
+    _p("chunked_cross_entropy", Annotated[int, _o(
+        "--chunked-cross-entropy", help="Loss in N chunks of tokens (0: whole).")], 0),
+    _p("optimizer_in_backward", Annotated[bool, _o(
+        "--optimizer-in-backward", help="Step and free each gradient in backward.")], False),
+    _p("activation_offloading", Annotated[bool, _o(
+        "--activation-offloading", help="Saved activations offloaded to CPU.")], False),
+    _p("zero_grad_set_to_none", Annotated[bool, _o(
+        "--zero-grad-set-to-none/--zero-grad-keep",
+        help="zero_grad(set_to_none=...); keep = torch < 2.0 behaviour.")], True),
+    _p("compile", Annotated[bool, _o(
+        "--compile", help="torch.compile: fused pointwise chains (see docs).")], False),
+    _p("deepspeed_config", Annotated[str | None, _o(
+        "--deepspeed-config", help="Read settings from a ds_config.json.")], None),
+    _p("accelerate_config", Annotated[str | None, _o(
+        "--accelerate-config", help="Read settings from an accelerate config.")], None),
+    _p("settings", Annotated[list[str] | None, _o(
+        "--set", help="Any other setting as KEY=VALUE, e.g. --set tensor-parallel-size=8.")], None),
+)
+"""Every option that describes the run; names are TrainingConfig fields except ``fsdp`` (a ZeRO
+stage by another name), ``lora_alpha`` (no memory effect), the two config files and ``settings``
+(``--set``)."""
+
+_NOT_FIELDS = ("fsdp", "lora_alpha", "deepspeed_config", "accelerate_config", "settings")
+
+
+def parse_lora_targets(text: str) -> tuple[str, ...]:
+    """``"q,v"`` -> ("q", "v"); ``all-linear`` -> every layer linear (peft's ``all-linear``)."""
+    if text.strip() == "all-linear":
+        return LORA_TARGETS
+    targets = tuple(part.strip() for part in text.replace("+", ",").split(",") if part.strip())
+    if not targets:
+        raise SpecError(
+            "lora_targets", "empty; allowed: " + ",".join(LORA_TARGETS) + ",lm_head or all-linear"
+        )
+    return targets
+
+
+def zero_stage_from(zero_stage: int, fsdp: str | None) -> int:
+    """The ZeRO stage, from ``--zero-stage`` or the FSDP strategy that shards like it
+    (``hybrid-shard`` shards like ``full-shard`` within its shard group)."""
+    if fsdp is None:
+        return zero_stage
+    if fsdp == "hybrid-shard":
+        return 3
+    if fsdp not in FSDP_TO_ZERO:
+        allowed = ", ".join((*FSDP_TO_ZERO, "hybrid-shard"))
+        raise SpecError("fsdp", f"unknown value {fsdp!r}; allowed: {allowed}")
+    return FSDP_TO_ZERO[fsdp]
+
+
+def with_config_files(
+    settings: dict[str, Any], deepspeed_config: str | None, accelerate_config: str | None
+) -> dict[str, Any]:
+    """Fill TrainingConfig settings from a DeepSpeed / accelerate config file where the command
+    line left them at their defaults (an explicit flag wins over the file)."""
+    from trainmem.specs.framework_configs import read_accelerate_config, read_deepspeed_config
+
+    from_files: dict[str, Any] = {}
+    if accelerate_config:
+        from_files.update(read_accelerate_config(accelerate_config))
+    if deepspeed_config:
+        from_files.update(read_deepspeed_config(deepspeed_config))
+    defaults = {f.name: f.default for f in fields(TrainingConfig)}
+    out = dict(settings)
+    for key, value in from_files.items():
+        if key not in out or out[key] == defaults.get(key):
+            out[key] = value
+    return out
+
+
+def training_from_options(model: str, values: dict[str, Any]) -> TrainingConfig:
+    """A validated TrainingConfig from the values of :data:`TRAINING_OPTIONS` (missing ones take
+    their defaults); ``seq_len`` defaults to the model's context length (at most 4096).
+
+    Raises:
+        SpecError: a bad value (the message names the field and the allowed values).
+    """
+    from trainmem.report.commands import ESTIMATE_KEYS, parse_set
+
+    given = {p.name: values.get(p.name, p.default) for p in TRAINING_OPTIONS}
+    settings = {k: v for k, v in given.items() if k not in _NOT_FIELDS}
+    settings["zero_stage"] = zero_stage_from(given["zero_stage"], given["fsdp"])
+    settings["lora_targets"] = parse_lora_targets(given["lora_targets"])
+    defaults = {p.name: p.default for p in TRAINING_OPTIONS}
+    for item in given["settings"] or []:
+        for key, value in parse_set(item).items():
+            if key in ESTIMATE_KEYS:
+                raise SpecError("set", f"{key} cannot be set here; use its own option")
+            if settings.get(key, defaults.get(key)) == defaults.get(key):  # explicit flags win
+                settings[key] = value
+    settings = with_config_files(settings, given["deepspeed_config"], given["accelerate_config"])
+    if settings["seq_len"] is None:
+        settings["seq_len"] = default_seq_len(resolve_model(model))
+    return TrainingConfig(**settings)
+
+
+def with_training_options(*, set_option: bool = True) -> Callable[[F], F]:
+    """Decorator: add :data:`TRAINING_OPTIONS` to a typer command whose function takes ``model``
+    and a keyword ``training``, and call it with the TrainingConfig they describe.
+
+    Args:
+        set_option: also offer ``--set KEY=VALUE`` (off for commands that give ``--set`` a
+            meaning of their own, like ``compare``).
+    """
+    options = [p for p in TRAINING_OPTIONS if set_option or p.name != "settings"]
+
+    def decorate(func: F) -> F:
+        signature = inspect.signature(func)
+        own = [p for p in signature.parameters.values() if p.name != "training"]
+        hints = get_type_hints(func, include_extras=True)
+        hints.pop("training", None)
+
+        @wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            values = {p.name: kwargs.pop(p.name) for p in options if p.name in kwargs}
+            model = kwargs["model"] if "model" in kwargs else args[0]
+            return func(*args, training=training_from_options(model, values), **kwargs)
+
+        params = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in own]
+        wrapper.__signature__ = signature.replace(parameters=[*params, *options])  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {**hints, **{p.name: p.annotation for p in options}}
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
