@@ -166,3 +166,21 @@ def test_estimate_prints_per_module_tables() -> None:
     modules = json.loads(r.stdout)["details"]["modules"]
     # the top rows of the activation table are real module names with positive bytes
     assert modules["activations"] and all(row for row in modules["activations"])
+
+
+def test_trace_engine_runs_a_family_the_analytic_engine_does_not_model(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    cfg = {"architectures": ["T5ForConditionalGeneration"], "model_type": "t5", "d_model": 64,
+           "d_ff": 128, "d_kv": 16, "num_heads": 4, "num_layers": 1, "num_decoder_layers": 1,
+           "vocab_size": 128, "decoder_start_token_id": 0, "pad_token_id": 0, "eos_token_id": 1}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    analytic = run("estimate", str(path), "-s", "32")
+    assert analytic.exit_code == 2 and "--engine trace" in analytic.stderr
+    traced = run("estimate", str(path), "-s", "32", "--engine", "trace", "--json")
+    assert traced.exit_code == 0, traced.output
+    d = json.loads(traced.stdout)
+    # T5 small: shared embedding 128*64, the rest from transformers itself; the trace counts
+    # every parameter exactly once and keeps 16 bytes per parameter of AMP AdamW states
+    assert d["breakdown_bytes"]["optimizer_states"] == 2 * d["breakdown_bytes"]["parameters"]
+    assert d["peak"]["allocated_bytes"] > d["breakdown_bytes"]["parameters"]

@@ -19,7 +19,7 @@ from typing import Annotated, Any, TypeVar, get_type_hints
 import typer
 
 from trainmem.errors import SpecError
-from trainmem.estimate import ENGINES, default_seq_len, resolve_model
+from trainmem.estimate import ENGINES, default_seq_len_of
 from trainmem.specs.training import (
     ACTIVATION_CHECKPOINTING,
     ATTENTIONS,
@@ -206,7 +206,7 @@ def training_from_options(model: str, values: dict[str, Any]) -> TrainingConfig:
                 settings[key] = value
     settings = with_config_files(settings, given["deepspeed_config"], given["accelerate_config"])
     if settings["seq_len"] is None:
-        settings["seq_len"] = default_seq_len(resolve_model(model))
+        settings["seq_len"] = default_seq_len_of(model)
     return TrainingConfig(**settings)
 
 

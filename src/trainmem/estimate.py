@@ -39,6 +39,23 @@ def default_seq_len(model: ModelSpec) -> int:
     return min(model.max_position_embeddings, DEFAULT_SEQ_LEN_CAP)
 
 
+def default_seq_len_of(model: str | ModelSpec) -> int:
+    """:func:`default_seq_len` of a preset, config or spec; for a family the analytic engine does
+    not model (the trace engine still runs it), the config's own context length
+    (``max_position_embeddings`` / ``n_positions``), capped the same way, else 1024."""
+    try:
+        return default_seq_len(resolve_model(model))
+    except UnsupportedError:
+        from trainmem.specs.hf import load_hf_config
+
+        config = load_hf_config(str(model))
+        for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
+            value = config.get(key)
+            if isinstance(value, int) and value > 0:
+                return min(value, DEFAULT_SEQ_LEN_CAP)
+        return 1024
+
+
 def resolve_gpu(gpu: str | GPUSpec | None) -> GPUSpec | None:
     """A catalog GPU from its name (``"A100-80GB"``, ``"h100"``), a GPUSpec, or None."""
     if gpu is None or isinstance(gpu, GPUSpec):
@@ -134,15 +151,9 @@ def estimate(
         SpecError: bad model, settings, GPU or engine name (message names the field).
         UnsupportedError: a model family the engine does not model.
     """
-    spec = resolve_model(model)
     if training is None:
-        training = TrainingConfig(seq_len=default_seq_len(spec))
+        training = TrainingConfig(seq_len=default_seq_len_of(model))
     gpu_spec = resolve_gpu(gpu)
-    if engine == "analytic":
-        return estimate_analytic(
-            spec, training, gpu=gpu_spec, cuda_context_bytes=cuda_context_bytes,
-            alloc_conf=alloc_conf,
-        )
     if engine == "trace":
         from trainmem.trace.engine import estimate_trace
 
@@ -152,6 +163,16 @@ def estimate(
                 "the trace engine does not model " + ", ".join(unsupported)
                 + " yet; use --engine analytic for this configuration"
             )
-        est = estimate_trace(spec, training, gpu=gpu_spec)
+        try:  # the trace engine runs families the analytic engine does not model
+            target: str | ModelSpec = resolve_model(model)
+        except UnsupportedError:
+            target = model
+        est = estimate_trace(target, training, gpu=gpu_spec)
         return with_allocator_replay(est, gpu=gpu_spec, alloc_conf=alloc_conf)
+    spec = resolve_model(model)
+    if engine == "analytic":
+        return estimate_analytic(
+            spec, training, gpu=gpu_spec, cuda_context_bytes=cuda_context_bytes,
+            alloc_conf=alloc_conf,
+        )
     raise SpecError("engine", f"unknown value {engine!r}; allowed: {', '.join(ENGINES)}")
