@@ -227,6 +227,20 @@ def hf_mask_patches() -> Iterator[None]:
     mu.find_packed_sequence_indices = find_packed_sequence_indices
     if orig_fast_all is not None:
         mu.fast_all = fast_all
+    # MoE experts (transformers/integrations/moe.py): the fake CPU device would pick
+    # torch's grouped_mm, whose meta kernel accepts bf16 only; fp32 expert weights (AMP) take
+    # transformers' own grouped-mm fallback op instead, which saves the same input and weight.
+    try:
+        import transformers.integrations.moe as moe
+    except ImportError:  # pragma: no cover - older transformers
+        moe = None
+    orig_can_use = getattr(moe, "_can_use_grouped_mm", None)
+    if moe is not None and orig_can_use is not None:
+
+        def can_use_grouped_mm(input: Any, weight: Any, offs: Any) -> bool:
+            return bool(weight.dtype == torch.bfloat16 and orig_can_use(input, weight, offs))
+
+        moe._can_use_grouped_mm = can_use_grouped_mm
     try:
         yield
     finally:
@@ -234,3 +248,5 @@ def hf_mask_patches() -> Iterator[None]:
         mu.find_packed_sequence_indices = orig_find_packed
         if orig_fast_all is not None:
             mu.fast_all = orig_fast_all
+        if moe is not None and orig_can_use is not None:
+            moe._can_use_grouped_mm = orig_can_use
