@@ -40,10 +40,14 @@ def _gpt2(preset: str, **training: Any) -> dict[str, Any]:
 def _litgpt(preset: str, b: int, s: int, **kw: Any) -> dict[str, Any]:
     """lit-gpt finetune/lora.py @8641822: LoRA r=8 on query and value, dropout 0.05,
     bf16-true unless told, SDPA, torch AdamW with per-parameter loops (``foreach`` default on
-    CUDA in torch 2.1; the LoRA parameters are tiny either way), max_memory_allocated."""
+    CUDA in torch 2.1; the LoRA parameters are tiny either way), max_memory_allocated.
+    The row's framework column is lit-gpt: its own model code and Fabric's output cast
+    (``framework="litgpt"``) and its LM head / loss in chunks of 128 tokens
+    (``lm_head_chunk_size=128``, ``chunked_cross_entropy``)."""
     training = {"micro_batch_size": b, "seq_len": s, "precision": "bf16-true",
                 "attention": "sdpa", "lora_rank": 8, "lora_targets": ("q", "v"),
-                "lora_dropout": 0.05, **kw}
+                "lora_dropout": 0.05, "framework": "litgpt",
+                "chunked_cross_entropy": -(-s // 128), **kw}
     return {"preset": preset, "metric": "allocated", "training": training}
 
 

@@ -223,7 +223,38 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
         terms["autocast_weight_copies"] = autocast_weight_copy_bytes(model, training)
     if training.is_lora:
         _apply_lora(terms, model, training, t=t, k_top=k_top)
+    if training.framework == "litgpt":
+        _apply_litgpt_attention(terms, model, training, t=t)
     return split_for_parallelism(terms, training)
+
+
+def _apply_litgpt_attention(
+    terms: dict[str, int], model: ModelSpec, training: TrainingConfig, *, t: int
+) -> None:
+    """lit-gpt's own attention code, in place (found by tracing lit-gpt's ``GPT``,
+    benchmarks/litgpt_trace.py).
+
+    * The fused qkv output is viewed into q, k, v (``qkv.view(...).permute(...).split(...)``);
+      without GQA ``v.reshape`` stays a view, so the tensor SDPA saves as v keeps the whole
+      (a + 2k) * d qkv output alive: + c * (a + k) * d over our v term. With GQA, k and v are
+      expanded to all heads and copied (``expand`` + ``reshape``): k and v at a heads.
+    * With LoRA on some but not all of q, k, v, ``LoRAQKVLinear.zero_pad`` scatters the adapter
+      output with ``index_copy``, whose backward saves its source: c * (targeted widths).
+
+    Source: lit_gpt/model.py ``CausalSelfAttention.forward``, lit_gpt/lora.py ``zero_pad``.
+    """
+    c, _ = compute_and_residual_bytes(training)
+    a, k, d = model.num_heads, model.num_kv_heads, model.head_dim
+    if k == a:
+        terms["attention/qkv_view_kept"] = c * (a + k) * d * t
+    else:
+        terms["attention/q_k"] = 2 * c * a * d * t
+        terms["attention/v"] = c * a * d * t
+    if training.is_lora:
+        widths = {"q": a * d, "k": k * d, "v": k * d}
+        chosen = [w for name, w in widths.items() if name in training.lora_targets]
+        if chosen and len(chosen) < 3:
+            terms["lora/zero_pad_source"] = c * sum(chosen) * t
 
 
 #: Terms of width h (the norm / residual / dropout region): replicated over tensor-parallel ranks
@@ -322,7 +353,11 @@ def _apply_lora(
         if training.uses_autocast:
             a_bytes = c  # autocast runs the adapters' matmuls in 16-bit
         terms[f"lora/{name}"] = a_bytes * r * t * active
-        if training.lora_dropout > 0:
+        # lit-gpt's fused ``attn`` applies one dropout to x for q, k and v together
+        # (lit_gpt/lora.py ``LoRAQKVLinear``: ``F.linear(self.lora_dropout(x), self.lora_A)``)
+        shared = training.framework == "litgpt" and name in ("k", "v") and "q" in targets
+        shared = shared or (training.framework == "litgpt" and name == "v" and "k" in targets)
+        if training.lora_dropout > 0 and not shared:
             terms[f"lora/{name}_dropout"] = (c + 1) * fan_in * t * active
         if a_bytes > c:
             # peft casts the input to the fp32 adapter's dtype; A saves that copy
@@ -418,7 +453,17 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
     if model.head in ("causal-lm", "masked-lm"):
         if model.head == "masked-lm":
             out["mlm_transform"] = (2 * c * h + _norm_saved_bytes(model, r)) * t
-        out["lm_head_input"] = c * h * t
+        lm_head_frozen = training.is_lora and "lm_head" not in training.lora_targets
+        # a frozen LM head saves no input, unless bitsandbytes quantized it (lit-gpt quantizes
+        # every linear, the LM head too; HF keeps it unquantized)
+        bnb_head = training.framework == "litgpt" and training.quantize_base != "none"
+        if not lm_head_frozen or bnb_head:
+            out["lm_head_input"] = c * h * t
+        if training.framework == "litgpt":
+            # Lightning Fabric casts the model output to fp32 (``_FabricModule.forward`` ->
+            # ``precision.convert_output``) and lit-gpt's loop keeps ``logits`` until the step
+            # ends (lightning/fabric/plugins/precision/half.py)
+            out["logits_fp32_output"] = 4 * v * t
         # The logits are not saved: the training loop drops the model output after the loss,
         # log-softmax keeps only its output and the LM head its input (found by the trace
         # engine); they exist only at the end of forward (loss_forward_transient_bytes).
@@ -441,8 +486,13 @@ def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     c, _ = compute_and_residual_bytes(training)
     v = model.vocab_size
-    upcast = 4 * v * -(-t // max(training.chunked_cross_entropy, 1))
-    total = c * v * t + (upcast if training.loss_upcast and c != 4 else 0)
+    chunk = -(-t // max(training.chunked_cross_entropy, 1))
+    if training.framework == "litgpt":
+        # lit-gpt's chunked LM head: one chunk of 16-bit logits before Fabric's fp32 cast (the
+        # fp32 logits themselves are a head term)
+        total = c * v * chunk
+    else:
+        total = c * v * t + (4 * v * chunk if training.loss_upcast and c != 4 else 0)
     return -(-total // parallel_divisor("logits", training))
 
 

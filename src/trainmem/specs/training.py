@@ -23,7 +23,8 @@ Note [Framework conventions]
     pytorch-amp     fp32 weights and grads, torch.autocast (16 B/param with Adam); the default.
     hf-trainer      as pytorch-amp (``Trainer(fp16/bf16=True)`` uses torch.autocast); its default
                     optimizer is fused AdamW (``adamw_torch_fused``, transformers >= 4.46).
-    litgpt          as pytorch-amp (Fabric ``MixedPrecision``); its loss is chunked, no fp32 upcast.
+    litgpt          as the precision says; lit-gpt's own model code (fused qkv, fused GELU) and
+                    Fabric's fp32 cast of the model output (logits kept in fp32).
     deepspeed       16-bit weights and grads, fp32 master weights + moments in the optimizer:
                     2 + 2 + 12 B/param (ZeRO paper sec. 3.1); the model runs in 16-bit, no autocast.
     megatron        16-bit weights, fp32 gradient accumulation buffer (``accumulate_allreduce_
@@ -281,9 +282,9 @@ class TrainingConfig:
 
     @property
     def loss_upcast(self) -> bool:
-        """The loss upcasts the logits to fp32 (HF ``ForCausalLMLoss``, torchtune per chunk);
-        lit-gpt's chunked cross-entropy works in the logits' dtype."""
-        return self.framework != "litgpt"
+        """The loss works on fp32 logits: HF ``ForCausalLMLoss`` and torchtune upcast; under
+        lit-gpt, Lightning Fabric has already cast the model output to fp32."""
+        return True
 
     @property
     def is_lora(self) -> bool:
