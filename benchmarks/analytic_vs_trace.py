@@ -39,18 +39,29 @@ CONFIGS: dict[str, dict[str, object]] = {
         micro_batch_size=2, seq_len=1024, precision="bf16-true", attention="eager"
     ),
     "bf16-mixed b4 s512 selective": dict(
-        micro_batch_size=4, seq_len=512, precision="bf16-mixed", activation_checkpointing="selective"
+        micro_batch_size=4,
+        seq_len=512,
+        precision="bf16-mixed",
+        activation_checkpointing="selective",
     ),
     "bf16-mixed b2 s512 lora r16 qv": dict(
         micro_batch_size=2, seq_len=512, precision="bf16-mixed", lora_rank=16
     ),
     "bf16-mixed b2 s512 lora r16 all dropout": dict(
-        micro_batch_size=2, seq_len=512, precision="bf16-mixed", lora_rank=16,
-        lora_targets=("q", "k", "v", "o", "gate", "up", "down"), lora_dropout=0.05,
+        micro_batch_size=2,
+        seq_len=512,
+        precision="bf16-mixed",
+        lora_rank=16,
+        lora_targets=("q", "k", "v", "o", "gate", "up", "down"),
+        lora_dropout=0.05,
     ),
     "fsdp2 x4 bf16-mixed b2 s512": dict(
-        micro_batch_size=2, seq_len=512, precision="bf16-mixed", framework="fsdp2",
-        data_parallel_size=4, zero_stage=3,
+        micro_batch_size=2,
+        seq_len=512,
+        precision="bf16-mixed",
+        framework="fsdp2",
+        data_parallel_size=4,
+        zero_stage=3,
     ),
 }
 TOLERANCE = 0.05
@@ -110,9 +121,8 @@ def main() -> None:
             # previous module; compare totals then.
             a_out = int(sum(an.details["activation_terms_outside_layers_bytes"].values()))
             flag = " <<" if t_layer and abs(a_layer - t_layer) > TOLERANCE * t_layer else ""
-            print(
-                f"   acts/layer (end fwd) {a_layer:>14,} {t_layer:>16,}  {pct(a_layer, t_layer)}{flag}"
-            )
+            diff = pct(a_layer, t_layer)
+            print(f"   acts/layer (end fwd) {a_layer:>14,} {t_layer:>16,}  {diff}{flag}")
             print(f"   acts outside layers  {a_out:>14,} {outside:>16,}  {pct(a_out, outside)}")
             if flag:
                 flagged.append(f"{preset} | {cname}: per-layer {pct(a_layer, t_layer)}")

@@ -4,10 +4,10 @@ Tree (httpx style)::
 
     TrainmemError
      +-- SpecError(ValueError)            bad field in a model / training / GPU spec
-     +-- UnsupportedError(NotImplementedError)  a model type or option not modelled (names a workaround)
+     +-- UnsupportedError(NotImplementedError)  not modelled (the message names a workaround)
      +-- TraceError(RuntimeError)         the trace engine could not run the model
 
-The CLI catches ``TrainmemError`` and prints one line ``error: <field>: <message>`` with exit code 2.
+The CLI catches ``TrainmemError`` and prints one line ``error: <field>: <message>``, exit code 2.
 """
 
 from __future__ import annotations

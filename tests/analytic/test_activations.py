@@ -84,5 +84,7 @@ def test_compile_fuses_the_gelu_formula() -> None:
     eager = TrainingConfig(micro_batch_size=1, seq_len=128, precision="32-true")
     compiled = replace(eager, compile=True)
     i, t = model.intermediate_size, 128
-    diff = activation_profile(model, eager).per_layer - activation_profile(model, compiled).per_layer
+    diff = (
+        activation_profile(model, eager).per_layer - activation_profile(model, compiled).per_layer
+    )
     assert diff == (5 - 2) * 4 * i * t

@@ -72,7 +72,8 @@ FUSED_ACTIVATIONS = frozenset(
 #: ``NewGELUActivation``, ``FastGELUActivation``).
 TANH_FORMULA_ACTIVATIONS = frozenset({"gelu_new", "gelu_fast"})
 #: Model types whose HF eager attention computes softmax in fp32 explicitly
-#: (``softmax(..., dtype=torch.float32).to(query.dtype)``, modeling_llama.py eager_attention_forward).
+#: (``softmax(..., dtype=torch.float32).to(query.dtype)``, modeling_llama.py
+#: ``eager_attention_forward``).
 FP32_SOFTMAX_MODEL_TYPES = frozenset(
     {"llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2", "phi", "gpt_neox"}
 )
@@ -81,7 +82,9 @@ FUSED_QKV_MODEL_TYPES = frozenset({"gpt2", "falcon", "gpt_neox"})
 
 
 def compute_and_residual_bytes(training: TrainingConfig) -> tuple[int, int]:
-    """(c, r): bytes of the compute dtype and of the residual stream. See Note [Activation terms]."""
+    """(c, r): bytes of the compute dtype and of the residual stream.
+
+    See Note [Activation terms]."""
     c = dtype_bytes(training.compute_dtype)
     r = 4 if training.uses_autocast else c
     return c, r

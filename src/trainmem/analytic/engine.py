@@ -101,13 +101,15 @@ def estimate_analytic(
     n_trainable += model.num_layers * sum(s.numel for s in layout.layer if s.trainable)
     _check_parallel_shape(model, training)
     prof = activation_profile(model, training)
-    ws = cublas_workspace_bytes(gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES)
+    ws = cublas_workspace_bytes(
+        gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
+    )
     ranks = [
         _rank_peak(model, training, rank, layout=layout, prof=prof, workspace=ws)
         for rank in pipeline_ranks(model, training)
     ]
     worst = max(ranks, key=lambda r: r.peak_bytes)
-    W, O, totals = worst.parameters, worst.optimizer_states, worst.totals
+    weights, states, totals = worst.parameters, worst.optimizer_states, worst.totals
     peak_name = max(totals, key=lambda k: totals[k])
     grads, acts, temps, reason = worst.candidates[peak_name]
     if len(ranks) > 1:
@@ -116,16 +118,18 @@ def estimate_analytic(
     ctx = DEFAULT_CUDA_CONTEXT_BYTES if cuda_context_bytes is None else cuda_context_bytes
     fragmentation, notes, replay_details, timeline = 0, [], {}, None
     if simulate_allocator and training.pipeline_parallel_size > 1:
-        notes = ["the caching-allocator simulation is not run for pipeline-parallel ranks yet: "
-                 "reserved = allocated (no fragmentation counted)"]
+        notes = [
+            "the caching-allocator simulation is not run for pipeline-parallel ranks yet: "
+            "reserved = allocated (no fragmentation counted)"
+        ]
     elif simulate_allocator:
         fragmentation, notes, replay_details, timeline = _allocator_replay(
             model, training, gpu=gpu, cuda_context_bytes=ctx, alloc_conf=alloc_conf
         )
     breakdown = MemoryBreakdown(
-        parameters=W,
+        parameters=weights,
         gradients=grads,
-        optimizer_states=O,
+        optimizer_states=states,
         activations=acts,
         temporary=temps,
         fragmentation=fragmentation,
@@ -199,10 +203,15 @@ def pipeline_ranks(model: ModelSpec, training: TrainingConfig) -> list[PipelineR
         else:
             in_flight = min(m, p - stage)
         last = stage == p - 1
-        out.append(PipelineRank(
-            stage, per_stage if not last else L - per_stage * (p - 1), max(in_flight, 1),
-            stage == 0 or (last and model.tie_word_embeddings), last,
-        ))
+        out.append(
+            PipelineRank(
+                stage,
+                per_stage if not last else L - per_stage * (p - 1),
+                max(in_flight, 1),
+                stage == 0 or (last and model.tie_word_embeddings),
+                last,
+            )
+        )
     return out
 
 
@@ -240,11 +249,13 @@ def rank_map(model: ModelSpec, training: TrainingConfig) -> dict[str, object]:
     for stage in range(p):
         first = stage * per_stage
         last = min(model.num_layers, first + per_stage) - 1
-        stages.append({
-            "stage": stage,
-            "layers": [first, last],
-            "global_ranks": [stage * tp * cp * dp, (stage + 1) * tp * cp * dp - 1],
-        })
+        stages.append(
+            {
+                "stage": stage,
+                "layers": [first, last],
+                "global_ranks": [stage * tp * cp * dp, (stage + 1) * tp * cp * dp - 1],
+            }
+        )
     return {
         "world_size": tp * cp * dp * p,
         "tensor_parallel_size": tp,
@@ -292,7 +303,7 @@ def _rank_peak(
             getattr(s, field) for s in layout.layer
         )
 
-    W, G, O = total("param_bytes"), total("grad_bytes"), total("state_bytes")
+    weights, grads_all, states = total("param_bytes"), total("grad_bytes"), total("state_bytes")
     trainable = [s for s in outer + layout.layer if s.trainable]
     n_trainable = sum(s.numel for s in outer if s.trainable) + L * sum(
         s.numel for s in layout.layer if s.trainable
@@ -341,8 +352,11 @@ def _rank_peak(
     # matmul, forward and backward (bitsandbytes ``MatMul4Bit``), one at a time.
     dequant = 0
     if training.quantize_base != "none":
-        dequant = c * max((s.numel for s in layer0 if not s.trainable and s.name != "vector"),
-                          default=0) // training.tensor_parallel_size
+        dequant = (
+            c
+            * max((s.numel for s in layer0 if not s.trainable and s.name != "vector"), default=0)
+            // training.tensor_parallel_size
+        )
 
     g_layer = sum(s.grad_bytes for s in layer0)
     g_head = sum(s.grad_bytes for s in head_states)
@@ -351,7 +365,7 @@ def _rank_peak(
     # gradients alive through the forward: accumulated from earlier micro-batches, or zeroed but
     # kept by zero_grad(set_to_none=False)
     keep_grads = training.gradient_accumulation_steps > 1 or not training.zero_grad_set_to_none
-    g_prev = G if keep_grads else 0
+    g_prev = grads_all if keep_grads else 0
     # Activation offloading: saved activations go to CPU layer by layer; the current and the
     # prefetched layer stay (torchtune ``OffloadActivations``).
     layers_on_gpu = min(L, 2) if training.activation_offloading else L
@@ -381,30 +395,35 @@ def _rank_peak(
             "gradients",
         )
     for name, j in (("backward_first_layer", 0), ("backward_last_layer", L - 1)):
-        grads = max(g_prev, min(g_head + (j + 1) * g_layer, G))
+        grads = max(g_prev, min(g_head + (j + 1) * g_layer, grads_all))
         if training.optimizer_in_backward:
-            grads = min(g_head + g_layer, G)  # each gradient is stepped and freed at once
+            grads = min(g_head + g_layer, grads_all)  # each gradient is stepped and freed at once
         acts = emb_acts + min(L - j, layers_on_gpu) * prof.per_layer + prof.recompute + others
-        reason = ("backward through the layers: gradients grow while activations are freed"
-                  + (" and one layer is recomputed" if prof.recompute else ""))
+        reason = "backward through the layers: gradients grow while activations are freed" + (
+            " and one layer is recomputed" if prof.recompute else ""
+        )
         fixed = workspace + residual_tmp + gather + reduce + dequant
         # the layer's MLP backward (all its activations alive), then its attention backward
         # (the MLP's saved tensors already freed): whichever holds more
         if mlp_tmp >= attention_tmp - mlp_acts:
             candidates[name] = (grads, acts, fixed + mlp_tmp, reason)
         else:
-            candidates[name] = (grads, acts - mlp_acts, fixed + attention_tmp,
-                                reason + " (in eager attention's backward)")
+            candidates[name] = (
+                grads,
+                acts - mlp_acts,
+                fixed + attention_tmp,
+                reason + " (in eager attention's backward)",
+            )
     if not training.optimizer_in_backward:
         candidates["optimizer"] = (
-            G,
+            grads_all,
             0,
             workspace + opt_tmp,
             f"optimizer step: weights, gradients, optimizer states and the "
             f"{training.step_implementation} {training.optimizer} temporaries",
         )
-    totals = {k: W + O + g + a + t for k, (g, a, t, _) in candidates.items()}
-    return _RankPeak(rank, W, O, candidates, totals)
+    totals = {k: weights + states + g + a + t for k, (g, a, t, _) in candidates.items()}
+    return _RankPeak(rank, weights, states, candidates, totals)
 
 
 def replay_step(
@@ -459,14 +478,20 @@ def _allocator_replay(
     per_handle = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
     timeline = analytic_timeline(model, training, cublas_workspace_bytes=per_handle)
     result = replay_step(
-        model, training, gpu=gpu, cuda_context_bytes=cuda_context_bytes, alloc_conf=alloc_conf,
+        model,
+        training,
+        gpu=gpu,
+        cuda_context_bytes=cuda_context_bytes,
+        alloc_conf=alloc_conf,
         timeline=timeline,
     )
     fragmentation = max(result.max_memory_reserved - result.max_memory_allocated, 0)
     notes: list[str] = []
     if result.oom and result.oom_message:
-        notes.append("the simulated caching allocator runs out of memory: "
-                     + result.oom_message.splitlines()[0])
+        notes.append(
+            "the simulated caching allocator runs out of memory: "
+            + result.oom_message.splitlines()[0]
+        )
     details: dict[str, object] = {
         "allocator_replay": {
             "events": result.num_events,

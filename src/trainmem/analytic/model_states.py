@@ -29,7 +29,8 @@ from trainmem.units import dtype_bytes
 
 BNB_BLOCKWISE_BLOCK_SIZE = 256
 """Block size of bitsandbytes' block-wise quantized optimizer states (one fp32 absmax per 256
-values). Source: bitsandbytes/functional.py ``create_dynamic_map`` / ``optimizer_update_8bit_blockwise``
+values). Source: bitsandbytes/functional.py ``create_dynamic_map`` /
+``optimizer_update_8bit_blockwise``
 (blocksize 256 for 8-bit optimizer states)."""
 
 BNB_MIN_8BIT_SIZE = 4096

@@ -14,7 +14,8 @@ Note [Model states with PEFT and sharding]
       values, or after double quantization one 8-bit absmax per block plus one fp32 absmax per
       256 blocks (bitsandbytes ``Linear4bit``, ``quantize_4bit(blocksize=64,
       compress_statistics=...)``); embeddings, norms and the LM head stay in the weight dtype
-      (transformers keeps the output embedding unquantized, ``get_keys_to_not_convert``). ``int8`` (LLM.int8(), bitsandbytes
+      (transformers keeps the output embedding unquantized, ``get_keys_to_not_convert``).
+      ``int8`` (LLM.int8(), bitsandbytes
       ``Linear8bitLt``): 1 byte per value plus one fp32 scale per output row.
     * ZeRO (Rajbhandari et al. 2020, arXiv:1910.02054, sec. 5.1-5.3, Figure 1): stage 1 shards the
       optimizer states over the data-parallel ranks, stage 2 also the gradients, stage 3 also the

@@ -16,8 +16,8 @@ Note [CUDA context]
     PyTorch sets ``CUDA_MODULE_LOADING=LAZY`` since 1.13 (CUDA >= 11.7). PyTorch PR #86509 measured
     287,047,680 B total used after a first 6.4 MB tensor with lazy loading, against 666,632,192 B
     eager (each including one 20 MiB segment); unsloth-zoo PR #1053 measured 426 MiB on an RTX 6000
-    Ada with PyTorch 2.10 + CUDA 13.0. After a training step more kernels have been loaded (autograd,
-    optimizer, attention). We default to 500 MiB for current stacks
+    Ada with PyTorch 2.10 + CUDA 13.0. After a training step more kernels have been loaded
+    (autograd, optimizer, attention). We default to 500 MiB for current stacks
     (``DEFAULT_CUDA_CONTEXT_BYTES``) and use the measured 1343 MiB for the V100 + torch 1.10 era
     (HF ``perf_train_gpu_one`` docs, 2022) through ``LEGACY_CUDA_CONTEXT_BYTES``.
 """
@@ -65,7 +65,9 @@ class GPUSpec:
             raise SpecError("memory_bytes", f"must be positive, got {self.memory_bytes}")
 
 
-def _gpu(name: str, total_gib: float, nominal: str, cc: str, url: str, vendor: str = "nvidia") -> GPUSpec:
+def _gpu(
+    name: str, total_gib: float, nominal: str, cc: str, url: str, vendor: str = "nvidia"
+) -> GPUSpec:
     major = int(cc.split(".")[0]) if vendor == "nvidia" else 0
     ws = 32 * MiB if (vendor == "amd" or major >= 9) else 8_519_680
     return GPUSpec(
@@ -93,9 +95,23 @@ GPUS: dict[str, GPUSpec] = {
         _gpu("A10", 22.06, "24 GB GDDR6", "8.6", _NV + "en-us/data-center/products/a10-gpu/"),
         _gpu("L4", 22.05, "24 GB GDDR6", "8.9", _NV + "en-us/data-center/l4/"),
         _gpu("L40S", 44.39, "48 GB GDDR6", "8.9", _NV + "en-us/data-center/l40s/"),
-        _gpu("RTX-4090", 23.65, "24 GB GDDR6X", "8.9", _NV + "en-us/geforce/graphics-cards/40-series/rtx-4090/"),
-        _gpu("RTX-3090", 23.69, "24 GB GDDR6X", "8.6", _NV + "en-us/geforce/graphics-cards/30-series/rtx-3090-3090ti/"),
-        _gpu("RTX-A6000", 47.54, "48 GB GDDR6", "8.6", _NV + "en-us/design-visualization/rtx-a6000/"),
+        _gpu(
+            "RTX-4090",
+            23.65,
+            "24 GB GDDR6X",
+            "8.9",
+            _NV + "en-us/geforce/graphics-cards/40-series/rtx-4090/",
+        ),
+        _gpu(
+            "RTX-3090",
+            23.69,
+            "24 GB GDDR6X",
+            "8.6",
+            _NV + "en-us/geforce/graphics-cards/30-series/rtx-3090-3090ti/",
+        ),
+        _gpu(
+            "RTX-A6000", 47.54, "48 GB GDDR6", "8.6", _NV + "en-us/design-visualization/rtx-a6000/"
+        ),
         _gpu("V100-16GB", 15.77, "16 GB HBM2", "7.0", _NV + "en-us/data-center/v100/"),
         _gpu("V100-32GB", 31.74, "32 GB HBM2", "7.0", _NV + "en-us/data-center/v100/"),
         _gpu("T4", 14.75, "16 GB GDDR6", "7.5", _NV + "en-us/data-center/tesla-t4/"),

@@ -287,7 +287,9 @@ def _head(fields: _Fields, default: HeadKind) -> tuple[HeadKind, int]:
     head: HeadKind = default
     if architectures:
         if not isinstance(architectures, list) or not isinstance(architectures[0], str):
-            raise SpecError("architectures", f"must be a list of class names, got {architectures!r}")
+            raise SpecError(
+                "architectures", f"must be a list of class names, got {architectures!r}"
+            )
         arch = architectures[0]
         for suffix, kind in _HEAD_SUFFIXES:
             if arch.endswith(suffix):
@@ -468,9 +470,7 @@ def _mixtral(f: _Fields) -> dict[str, Any]:
     num_experts = f.positive_int("num_local_experts", 8)
     top_k = f.positive_int("num_experts_per_tok", 2)
     if top_k > num_experts:
-        raise SpecError(
-            "num_experts_per_tok", f"{top_k} exceeds num_local_experts={num_experts}"
-        )
+        raise SpecError("num_experts_per_tok", f"{top_k} exceeds num_local_experts={num_experts}")
     spec.update(num_experts=num_experts, num_experts_per_tok=top_k)
     return spec
 

@@ -4,7 +4,8 @@ Legend used across trainmem: s = seq_len, b = micro_batch_size, h = hidden_size,
 a = num_heads, k = num_kv_heads, d = head_dim, i = intermediate_size, V = vocab_size,
 L = num_layers, E = num_experts.
 
-A ModelSpec is built from a Hugging Face ``config.json`` by :func:`trainmem.specs.hf.model_spec_from_hf`
+A ModelSpec is built from a Hugging Face ``config.json`` by
+:func:`trainmem.specs.hf.model_spec_from_hf`
 (the only place where HF field names are translated).
 """
 

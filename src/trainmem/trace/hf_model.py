@@ -237,8 +237,8 @@ def hf_mask_patches() -> Iterator[None]:
     orig_can_use = getattr(moe, "_can_use_grouped_mm", None)
     if moe is not None and orig_can_use is not None:
 
-        def can_use_grouped_mm(input: Any, weight: Any, offs: Any) -> bool:
-            return bool(weight.dtype == torch.bfloat16 and orig_can_use(input, weight, offs))
+        def can_use_grouped_mm(inputs: Any, weight: Any, offs: Any) -> bool:
+            return bool(weight.dtype == torch.bfloat16 and orig_can_use(inputs, weight, offs))
 
         moe._can_use_grouped_mm = can_use_grouped_mm
     try:
