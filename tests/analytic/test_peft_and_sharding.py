@@ -113,3 +113,12 @@ def test_tensor_parallel_splits_linears_and_vocabulary() -> None:
             assert b.param_bytes * 8 == a.param_bytes
         else:  # norms are replicated
             assert b.param_bytes == a.param_bytes
+
+
+def test_gptq_int4_storage() -> None:
+    # GPTQ (auto-gptq QuantLinear), 4096 x 4096, group size 128: int32 qweight = n/2 bytes,
+    # fp16 scales 32 groups x 4096 x 2, 4-bit qzeros 32 x 4096 / 2, int32 g_idx 4096 x 4.
+    training = TrainingConfig(lora_rank=8, quantize_base="gptq-int4")
+    q = next(s for s in tensor_states(load_model_spec("llama-2-7b"), training) if s.name == "q")
+    n = 4096 * 4096
+    assert q.param_bytes == n // 2 + 32 * 4096 * 2 + 32 * 4096 // 2 + 4096 * 4

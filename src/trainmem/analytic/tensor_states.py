@@ -41,6 +41,8 @@ from trainmem.units import dtype_bytes
 
 NF4_BLOCK = 64
 """Values per NF4 quantization block (bitsandbytes ``Linear4bit`` default blocksize)."""
+GPTQ_GROUP_SIZE = 128
+"""Input rows per GPTQ quantization group (the common ``group_size=128``)."""
 NF4_DOUBLE_QUANT_BLOCK = 256
 """First-level absmax values per second-level fp32 absmax (QLoRA double quantization)."""
 
@@ -82,6 +84,15 @@ def _quantized_bytes(numel: int, out_features: int, quantize: str) -> int:
         return -(-numel // 2) + blocks + 4 * -(-blocks // NF4_DOUBLE_QUANT_BLOCK)
     if quantize == "int8":
         return numel + 4 * out_features
+    if quantize == "gptq-int4":
+        # auto-gptq / optimum ``QuantLinear``: ``qweight`` int32 packing 8 values, per group of
+        # 128 input rows an fp16 ``scales`` row and a 4-bit packed ``qzeros`` row, and an int32
+        # ``g_idx`` per input row (in_features = numel / out_features)
+        in_features = numel // max(out_features, 1)
+        groups = -(-in_features // GPTQ_GROUP_SIZE)
+        return -(-numel // 2) + 2 * groups * out_features + -(-groups * out_features // 2) + (
+            4 * in_features
+        )
     raise AssertionError(quantize)
 
 

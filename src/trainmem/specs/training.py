@@ -74,7 +74,7 @@ ATTENTIONS: tuple[str, ...] = ("eager", "sdpa", "flash")
 OPTIMIZER_IMPLEMENTATIONS: tuple[str, ...] = ("foreach", "fused", "for-loop")
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 OFFLOADS: tuple[str, ...] = ("none", "optimizer", "optimizer+params")
-QUANTIZE_BASE: tuple[str, ...] = ("none", "nf4", "nf4-dq", "fp4", "fp4-dq", "int8")
+QUANTIZE_BASE: tuple[str, ...] = ("none", "nf4", "nf4-dq", "fp4", "fp4-dq", "int8", "gptq-int4")
 LORA_TARGETS: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
 """Linear names ``--lora-targets`` accepts (``all-linear`` means all of them); for fused-qkv
 families (GPT-2 ``c_attn``, Falcon / GPT-NeoX ``query_key_value``) any of q, k, v targets the
@@ -187,7 +187,8 @@ class TrainingConfig:
     """Frozen base linear weights, bitsandbytes names as lit-gpt spells them: ``nf4`` / ``fp4``
     (4-bit, blocksize 64, fp32 absmax), ``nf4-dq`` / ``fp4-dq`` (with QLoRA's double
     quantization, Dettmers et al. 2023; peft's ``bnb_4bit_use_double_quant=True``), ``int8``
-    (LLM.int8()), or ``none``."""
+    (LLM.int8()), ``gptq-int4`` (GPTQ, Frantar et al. 2022: 4-bit weights, group size 128), or
+    ``none``."""
 
     def __post_init__(self) -> None:
         for field in ("micro_batch_size", "seq_len", "gradient_accumulation_steps"):
