@@ -337,7 +337,8 @@ def _rank_peak(
     if stage == 3 and training.framework == "fsdp2" and training.is_mixed:
         # MixedPrecisionPolicy(param_dtype=bf16): the all-gather output is 16-bit
         gather = 2 * c * sum(s.numel for s in layer0) // training.tensor_parallel_size
-    reduce = sum(s.full_grad_bytes for s in layer0) if stage >= 2 else 0
+    offloads_grads = training.offload in ("optimizer+gradients", "optimizer+params")
+    reduce = sum(s.full_grad_bytes for s in layer0) if stage >= 2 or offloads_grads else 0
     if stage == 3:
         # FSDP2's root module (embeddings, final norm, LM head) is not resharded after forward:
         # its gathered parameters stay from the forward to the backward (``fully_shard`` on the

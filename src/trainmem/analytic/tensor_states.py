@@ -198,6 +198,8 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
             state = shard(state, 1)
             if training.offload != "none":
                 state = 0
+            if training.offload in ("optimizer+gradients", "optimizer+params"):
+                grad = 0  # each layer's gradient leaves once reduced (the engine's reduce term)
             if training.offload == "optimizer+params":
                 param = 0
             proto = TensorState("", name, numel, trainable, param, grad, state, full_param,

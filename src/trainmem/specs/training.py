@@ -73,7 +73,7 @@ ACTIVATION_CHECKPOINTING: tuple[str, ...] = ("none", "selective", "full")
 ATTENTIONS: tuple[str, ...] = ("eager", "sdpa", "flash")
 OPTIMIZER_IMPLEMENTATIONS: tuple[str, ...] = ("foreach", "fused", "for-loop")
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
-OFFLOADS: tuple[str, ...] = ("none", "optimizer", "optimizer+params")
+OFFLOADS: tuple[str, ...] = ("none", "optimizer", "optimizer+gradients", "optimizer+params")
 QUANTIZE_BASE: tuple[str, ...] = ("none", "nf4", "nf4-dq", "fp4", "fp4-dq", "int8", "gptq-int4")
 LORA_TARGETS: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
 """Linear names ``--lora-targets`` accepts (``all-linear`` means all of them); for fused-qkv
@@ -141,7 +141,9 @@ class TrainingConfig:
     3 + parameters, each sharded over ``data_parallel_size`` ranks."""
     offload: str = "none"
     """``optimizer``: optimizer states (and the step) on the CPU (ZeRO-Offload, Ren et al.
-    2021); ``optimizer+params``: parameters too (ZeRO-Infinity style, stage 3 only)."""
+    2021); ``optimizer+gradients``: the reduced gradients are moved to the CPU as well (one
+    layer's stay on the GPU until they are reduced); ``optimizer+params``: parameters, gradients
+    and states (ZeRO-Infinity style, stage 3 only)."""
     lora_rank: int = 0
     """LoRA rank r (Hu et al. 2021); 0 = full fine-tuning."""
     lora_targets: tuple[str, ...] = ("q", "v")
