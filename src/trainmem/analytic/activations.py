@@ -564,26 +564,42 @@ def layer_is_checkpointed(training: TrainingConfig) -> bool:
 
 
 def op_selective_saved_bytes(model: ModelSpec, training: TrainingConfig) -> int:
-    """Bytes one layer keeps under op-level selective checkpointing (torchtitan's
-    ``selective_ac_option="op"``; ``torch.utils.checkpoint.create_selective_checkpoint_contexts``
-    with matmuls and SDPA as MUST_SAVE): the layer input, every matmul output (q, k, v, o, the
-    MLP projections; k_top experts for MoE) and the SDPA output + logsumexp; everything else is
-    recomputed in backward. See Note [Activation checkpointing]."""
+    """Bytes one layer keeps under op-level selective checkpointing as torchtitan does it
+    (``selective_ac_option="op"``): the layer input, the SDPA output + logsumexp, and the output
+    of every other matmul in execution order (the 1st, 3rd, ...; torchtitan's policy saves
+    ``aten.mm`` "except every second mm"); everything else is recomputed in backward.
+
+    Source: torchtitan ``apply_ac`` / ``_get_custom_policy`` (``_save_list`` and the mm counter),
+    ``torch.utils.checkpoint.create_selective_checkpoint_contexts``. See Note [Activation
+    checkpointing].
+    """
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     c, r = compute_and_residual_bytes(training)
-    h, a, kv, d, i = (model.hidden_size, model.num_heads, model.num_kv_heads, model.head_dim,
-                      model.intermediate_size)
     k_top = model.num_experts_per_tok if model.num_experts > 1 else 1
-    ups = 2 if model.mlp_kind == "gated" else 1
+    # matmul outputs in execution order (experts: k_top of each)
+    outputs = [
+        (name, c * fan_out * t * (k_top if name in ("gate", "up", "down") else 1))
+        for name, (_fan_in, fan_out, _n) in linear_shapes(model).items()
+        if name != "router"
+    ]
+    # a linear with a bias runs as ``addmm`` (always saved); without one as ``mm`` (counted)
+    biased = {"qkv": model.attention_bias, "q": model.attention_bias, "k": model.attention_bias,
+              "v": model.attention_bias, "o": model.attention_out_bias, "gate": model.mlp_bias,
+              "up": model.mlp_bias, "down": model.mlp_bias}
+    kept: dict[str, int] = {}
+    mm_count = 0
+    for name, size in outputs:
+        if biased.get(name, False):
+            kept[f"mm/{name}"] = size
+            continue
+        mm_count += 1
+        if mm_count % 2 == 1:
+            kept[f"mm/{name}"] = size
     split = {
-        "layer_input": r * h * t,
-        "attention/q_k": c * (a * d + kv * d) * t,
-        "attention/v": c * kv * d * t,
-        "attention/sdpa_output": c * a * d * t,
-        "attention/logsumexp": 4 * a * t,
-        "attention/out_proj_output": c * h * t,
-        "mlp/gated": c * ups * i * t * k_top,
-        "mlp/input": c * h * t * k_top,  # the down projection's output (width h)
+        "layer_input": r * model.hidden_size * t,
+        "attention/sdpa_output": c * model.num_heads * model.head_dim * t,
+        "attention/logsumexp": 4 * model.num_heads * t,
+        **kept,
     }
     return sum(split_for_parallelism(split, training).values())
 

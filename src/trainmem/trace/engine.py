@@ -100,9 +100,10 @@ def apply_activation_checkpointing(model: Any, mode: str) -> None:
     HF models: ``model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=
     {"use_reentrant": False})`` (``transformers/modeling_utils.py``). Other models: every element
     of every ``nn.ModuleList`` is wrapped in ``torch.utils.checkpoint.checkpoint``.
-    ``selective`` is op-level selective checkpointing as in torchtitan: matmul and attention
-    outputs are saved, everything else is recomputed (``torch.utils.checkpoint.
-    create_selective_checkpoint_contexts``).
+    ``selective`` is op-level selective checkpointing as in torchtitan: attention outputs and
+    every other matmul output are saved, everything else is recomputed
+    (``torch.utils.checkpoint.create_selective_checkpoint_contexts``; torchtitan
+    ``_get_custom_policy``).
 
     Args:
         model: the ``nn.Module``.
@@ -128,10 +129,24 @@ def apply_activation_checkpointing(model: Any, mode: str) -> None:
             aten._scaled_dot_product_flash_attention_for_cpu.default,
         }
 
-        def policy(_ctx: Any, op: Any, *_a: Any, **_k: Any) -> Any:
-            return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
+        def make_contexts() -> Any:
+            # torchtitan's policy (``_get_custom_policy``): save the ops of the list, except
+            # every second ``aten.mm``; one counter per layer pass, forward and recompute apart
+            counts = {"forward": 0, "recompute": 0}
 
-        kwargs["context_fn"] = functools.partial(create_selective_checkpoint_contexts, policy)
+            def policy(ctx: Any, op: Any, *_a: Any, **_k: Any) -> Any:
+                if op == aten.mm.default:
+                    mode = "recompute" if ctx.is_recompute else "forward"
+                    counts[mode] += 1
+                    if counts[mode] % 2 == 0:
+                        return CheckpointPolicy.PREFER_RECOMPUTE
+                return (
+                    CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
+                )
+
+            return create_selective_checkpoint_contexts(policy)
+
+        kwargs["context_fn"] = make_contexts
     if hasattr(model, "gradient_checkpointing_enable") and getattr(
         model, "supports_gradient_checkpointing", False
     ):
