@@ -4,27 +4,37 @@ from __future__ import annotations
 
 import pytest
 
-from trainmem.analytic.model_states import model_states, zero_paper_model_state_bytes
+from trainmem.analytic.model_states import optimizer_state_bytes, zero_paper_model_state_bytes
+from trainmem.analytic.tensor_states import tensor_states
+from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 
 P = 1_000_000  # parameters, all in one large matrix (1000 x 1000)
 
+# A small model built directly; for the optimizers tested through it every tensor keeps the same
+# bytes per element, so per-element figures are the hand calculation whatever the shapes.
+ONE_MATRIX = ModelSpec(
+    name="one-matrix", model_type="llama", architecture="decoder", num_layers=1,
+    hidden_size=1000, num_heads=10, num_kv_heads=10, head_dim=100, intermediate_size=1,
+    mlp_kind="gelu", hidden_act="gelu", norm_kind="rmsnorm", vocab_size=1000,
+    max_position_embeddings=16, position_kind="rotary", tie_word_embeddings=True,
+    num_norms_per_layer=0, final_norm=False,
+)
+
 
 def states(**kw: object) -> tuple[int, int, int]:
-    ms = model_states(
-        TrainingConfig(**kw),  # type: ignore[arg-type]
-        num_parameters=P,
-        num_trainable_parameters=P,
-        matrix_shapes=[(1000, 1000, 1)],
-        num_vector_parameters=0,
-    )
-    return ms.parameters, ms.gradients, ms.optimizer_states
+    """(weights, gradients, optimizer states) per parameter element, from the per-tensor table."""
+    table = tensor_states(ONE_MATRIX, TrainingConfig(**kw))  # type: ignore[arg-type]
+    n = sum(s.numel for s in table)
+    total = [sum(getattr(s, f) for s in table) for f in ("param_bytes", "grad_bytes", "state_bytes")]
+    assert all(x % n == 0 for x in total[:2])
+    return total[0] // n, total[1] // n, round(total[2] / n)
 
 
 def test_mixed_precision_adamw_is_16_bytes_per_parameter() -> None:
     # PyTorch AMP: fp32 weights (4) + fp32 grads (4) + exp_avg and exp_avg_sq in fp32 (8).
-    assert states(precision="bf16-mixed", optimizer="adamw") == (4 * P, 4 * P, 8 * P)
-    assert sum(states(precision="16-mixed", optimizer="adam")) == 16 * P
+    assert states(precision="bf16-mixed", optimizer="adamw") == (4, 4, 8)
+    assert sum(states(precision="16-mixed", optimizer="adam")) == 16
 
 
 def test_zero_paper_split_is_also_16_bytes_per_parameter() -> None:
@@ -46,16 +56,18 @@ def test_zero_paper_split_is_also_16_bytes_per_parameter() -> None:
 def test_bytes_per_parameter(
     precision: str, optimizer: str, expected: tuple[int, int, int]
 ) -> None:
-    assert states(precision=precision, optimizer=optimizer) == tuple(e * P for e in expected)
+    assert states(precision=precision, optimizer=optimizer) == expected
 
 
 def test_adamw_8bit_is_2_bytes_plus_blockwise_absmax() -> None:
     # bitsandbytes AdamW8bit: two uint8 states + one fp32 absmax per 256-value block for each.
     blocks = -(-P // 256)
-    assert states(optimizer="adamw-8bit")[2] == 2 * P + 2 * 4 * blocks
+    training = TrainingConfig(optimizer="adamw-8bit")
+    assert optimizer_state_bytes(training, [(1000, 1000, 1)], 0) == 2 * P + 2 * 4 * blocks
 
 
 def test_adafactor_is_factored() -> None:
     # torch.optim.Adafactor: row (1000) and column (1000) second-moment vectors in fp32, no
     # first moment by default (beta1=None): far below one value per parameter.
-    assert states(optimizer="adafactor")[2] == 4 * (1000 + 1000)
+    training = TrainingConfig(optimizer="adafactor")
+    assert optimizer_state_bytes(training, [(1000, 1000, 1)], 0) == 4 * (1000 + 1000)

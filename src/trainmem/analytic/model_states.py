@@ -22,8 +22,6 @@ Note [Model states per precision]
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
 
@@ -36,21 +34,6 @@ values). Source: bitsandbytes/functional.py ``create_dynamic_map`` /
 BNB_MIN_8BIT_SIZE = 4096
 """bitsandbytes keeps 32-bit states for tensors with fewer elements than this
 (``Optimizer8bit`` ``min_8bit_size=4096``, bitsandbytes/optim/optimizer.py)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ModelStates:
-    """Persistent bytes of one GPU's copy of the model (no sharding yet).
-
-    Attributes:
-        parameters: weights of all parameters (trainable and frozen), bytes.
-        gradients: ``.grad`` of the trainable parameters, bytes.
-        optimizer_states: optimizer states of the trainable parameters, bytes.
-    """
-
-    parameters: int
-    gradients: int
-    optimizer_states: int
 
 
 def optimizer_state_bytes_per_parameter(training: TrainingConfig) -> float:
@@ -124,34 +107,6 @@ def optimizer_state_bytes(
         return master + large + small * 2 * 4
     per = optimizer_state_bytes_per_parameter(training)
     return round((num_matrix + num_vector_parameters) * per)
-
-
-def model_states(
-    training: TrainingConfig,
-    *,
-    num_parameters: int,
-    num_trainable_parameters: int,
-    matrix_shapes: list[tuple[int, int, int]],
-    num_vector_parameters: int,
-) -> ModelStates:
-    """Weights, gradients and optimizer states of one full (unsharded) copy of the model.
-
-    Args:
-        training: precision and optimizer.
-        num_parameters: all parameters.
-        num_trainable_parameters: parameters with ``requires_grad``.
-        matrix_shapes: ``(rows, cols, count)`` of the trainable 2-D weights.
-        num_vector_parameters: elements of the trainable 1-D tensors.
-
-    Returns:
-        :class:`ModelStates` in bytes. See Note [Model states per precision].
-    """
-    w = dtype_bytes(training.weight_dtype)
-    return ModelStates(
-        parameters=num_parameters * w,
-        gradients=num_trainable_parameters * dtype_bytes(training.grad_dtype),
-        optimizer_states=optimizer_state_bytes(training, matrix_shapes, num_vector_parameters),
-    )
 
 
 def zero_paper_model_state_bytes(num_parameters: int, k: int = 12) -> int:

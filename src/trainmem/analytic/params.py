@@ -159,30 +159,3 @@ def parameter_counts(model: ModelSpec) -> dict[str, int]:
 def num_parameters(model: ModelSpec) -> int:
     """All parameter elements of the model (tied weights once); see :func:`parameter_counts`."""
     return sum(parameter_counts(model).values())
-
-
-def parameter_tensor_sizes(model: ModelSpec) -> list[tuple[str, int]]:
-    """One ``(owner, elements)`` entry per parameter tensor, in module order (embeddings, layers,
-    head), summing to :func:`num_parameters`. Owners are ``embedding``, ``layers.<i>``, ``head``.
-
-    Linear weights are exact tensors (one per expert for MoE); a layer's 1-D parameters (norm
-    weights and biases) are listed as tensors of width h plus one remainder, which is what the
-    allocator simulator needs (their sizes only decide the small/large pool).
-    """
-    counts = parameter_counts(model)
-    h, L = model.hidden_size, model.num_layers
-    out: list[tuple[str, int]] = [
-        ("embedding", n) for k, n in counts.items() if k.startswith("embedding/")
-    ]
-    layer_total = sum(n for k, n in counts.items() if k.startswith("layers/")) // L
-    weights = [i * o for i, o, n in linear_shapes(model).values() for _ in range(n)]
-    vectors = layer_total - sum(weights)
-    per_layer = weights + [h] * (vectors // h) + ([vectors % h] if vectors % h else [])
-    for layer in range(L):
-        out.extend((f"layers.{layer}", n) for n in per_layer)
-    out.extend(
-        ("head", n)
-        for k, n in counts.items()
-        if not k.startswith(("embedding/", "layers/"))
-    )
-    return out

@@ -6,7 +6,7 @@ Note [Analytic timeline]
     allocator needs the order and the sizes of the blocks as well, because reserved memory depends
     on which freed blocks a later request can reuse. The timeline replays, from an empty device:
 
-    * ``init``: every parameter tensor (:func:`~trainmem.analytic.params.parameter_tensor_sizes`);
+    * ``init``: every parameter tensor (:func:`~trainmem.analytic.tensor_states.tensor_states`);
     * ``steps`` training steps (3 by default: the first step's lazy optimizer-state
       allocation lands after the backward has filled the cache, as in a real run, and the cache
       reaches its fixed point by the third step; e.g. BERT-large b=4 fp32 reserves 9.29, 12.81,
