@@ -14,11 +14,24 @@ P = 1_000_000  # parameters, all in one large matrix (1000 x 1000)
 # A small model built directly; for the optimizers tested through it every tensor keeps the same
 # bytes per element, so per-element figures are the hand calculation whatever the shapes.
 ONE_MATRIX = ModelSpec(
-    name="one-matrix", model_type="llama", architecture="decoder", num_layers=1,
-    hidden_size=1000, num_heads=10, num_kv_heads=10, head_dim=100, intermediate_size=1,
-    mlp_kind="gelu", hidden_act="gelu", norm_kind="rmsnorm", vocab_size=1000,
-    max_position_embeddings=16, position_kind="rotary", tie_word_embeddings=True,
-    num_norms_per_layer=0, final_norm=False,
+    name="one-matrix",
+    model_type="llama",
+    architecture="decoder",
+    num_layers=1,
+    hidden_size=1000,
+    num_heads=10,
+    num_kv_heads=10,
+    head_dim=100,
+    intermediate_size=1,
+    mlp_kind="gelu",
+    hidden_act="gelu",
+    norm_kind="rmsnorm",
+    vocab_size=1000,
+    max_position_embeddings=16,
+    position_kind="rotary",
+    tie_word_embeddings=True,
+    num_norms_per_layer=0,
+    final_norm=False,
 )
 
 
@@ -26,7 +39,9 @@ def states(**kw: object) -> tuple[int, int, int]:
     """(weights, gradients, optimizer states) per parameter element, from the per-tensor table."""
     table = tensor_states(ONE_MATRIX, TrainingConfig(**kw))  # type: ignore[arg-type]
     n = sum(s.numel for s in table)
-    total = [sum(getattr(s, f) for s in table) for f in ("param_bytes", "grad_bytes", "state_bytes")]
+    total = [
+        sum(getattr(s, f) for s in table) for f in ("param_bytes", "grad_bytes", "state_bytes")
+    ]
     assert all(x % n == 0 for x in total[:2])
     return total[0] // n, total[1] // n, round(total[2] / n)
 
