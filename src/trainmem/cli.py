@@ -185,6 +185,7 @@ def write_step_snapshot(
         resolve_model(model), training, gpu=resolve_gpu(gpu), alloc_conf=alloc_conf,
         record_history=True,
     )
+    assert result.snapshot is not None  # record_history=True always fills it
     try:
         write_snapshot(path, result.snapshot)
     except OSError as exc:
@@ -338,4 +339,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    main()

@@ -116,7 +116,8 @@ def estimate_analytic(
         reason += f" (pipeline stage {worst.rank.stage}, the most loaded rank)"
     phase = "backward" if peak_name.startswith("backward") else peak_name
     ctx = DEFAULT_CUDA_CONTEXT_BYTES if cuda_context_bytes is None else cuda_context_bytes
-    fragmentation, notes, replay_details, timeline = 0, [], {}, None
+    fragmentation, notes, timeline = 0, [], None
+    replay_details: dict[str, object] = {}
     if simulate_allocator and training.pipeline_parallel_size > 1:
         notes = [
             "the caching-allocator simulation is not run for pipeline-parallel ranks yet: "

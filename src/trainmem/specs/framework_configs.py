@@ -37,7 +37,7 @@ def _load(path: str, kind: str, field: str) -> dict[str, Any]:
         if kind == "json":
             data = json.loads(text)
         else:
-            import yaml
+            import yaml  # type: ignore[import-untyped]
 
             data = yaml.safe_load(text)
     except (json.JSONDecodeError, ValueError) as exc:

@@ -8,6 +8,7 @@ breakdown folds buffers into parameters and inputs into activations
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,8 +68,8 @@ def module_group(path: str, depth: int = 3) -> str:
 
 
 def analyse(
-    raw_events: list[Any], extra_blocks: list[tuple[str, int, MemoryCategory]] = ()
-) -> PeakReport:  # type: ignore[assignment]
+    raw_events: list[Any], extra_blocks: Sequence[tuple[str, int, MemoryCategory]] = ()
+) -> PeakReport:
     """Summarise the recorder's ordered events.
 
     Args:

@@ -244,10 +244,10 @@ def cuda_autocast_policy() -> Iterator[None]:
                 op = _resolve(name)
                 if op is not None:
                     lib.impl(name, _make_kernel(op, policy), _AUTOCAST_KEY)
-        torch.clear_autocast_cache = clear_autocast_cache
+        torch.clear_autocast_cache = clear_autocast_cache  # type: ignore[attr-defined]
         yield
     finally:
-        torch.clear_autocast_cache = original_clear
+        torch.clear_autocast_cache = original_clear  # type: ignore[attr-defined]
         _cast_cache.clear()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -230,6 +230,7 @@ def hf_mask_patches() -> Iterator[None]:
     # MoE experts (transformers/integrations/moe.py): the fake CPU device would pick
     # torch's grouped_mm, whose meta kernel accepts bf16 only; fp32 expert weights (AMP) take
     # transformers' own grouped-mm fallback op instead, which saves the same input and weight.
+    moe: Any
     try:
         import transformers.integrations.moe as moe
     except ImportError:  # pragma: no cover - older transformers
