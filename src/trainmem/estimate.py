@@ -78,6 +78,8 @@ def trace_unsupported_settings(training: TrainingConfig) -> list[str]:
                "context_parallel_size", "compile")
     out = [f"{name}={getattr(training, name)}" for name in checked
            if getattr(training, name) != getattr(defaults, name)]
+    if training.is_fp8:
+        out.append("precision=fp8-mixed")
     fsdp = training.zero_stage == 3 and training.data_parallel_size > 1
     if not fsdp:
         out += [f"{name}={getattr(training, name)}" for name in ("data_parallel_size", "zero_stage")

@@ -122,3 +122,20 @@ def test_gptq_int4_storage() -> None:
     q = next(s for s in tensor_states(load_model_spec("llama-2-7b"), training) if s.name == "q")
     n = 4096 * 4096
     assert q.param_bytes == n // 2 + 32 * 4096 * 2 + 32 * 4096 // 2 + 4096 * 4
+
+
+def test_fp8_keeps_bf16_activations_and_gathers_float8() -> None:
+    # torchao Float8Linear saves its high-precision input, so per-layer activations equal those
+    # of bf16 without autocast (FSDP2's policy); only the FSDP2 all-gather shrinks: one byte per
+    # gathered linear weight instead of two.
+    from trainmem.analytic.engine import estimate_analytic
+
+    model = load_model_spec("llama-3.2-1b")
+    base = dict(seq_len=2048, framework="fsdp2", zero_stage=3, data_parallel_size=8)
+    bf16 = estimate_analytic(model, TrainingConfig(precision="bf16-mixed", **base),
+                             simulate_allocator=False)
+    fp8 = estimate_analytic(model, TrainingConfig(precision="fp8-mixed", **base),
+                            simulate_allocator=False)
+    assert fp8.details["activations_per_layer_bytes"] == bf16.details["activations_per_layer_bytes"]
+    assert fp8.breakdown.parameters == bf16.breakdown.parameters
+    assert fp8.breakdown.allocated_bytes < bf16.breakdown.allocated_bytes

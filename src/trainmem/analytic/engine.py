@@ -335,7 +335,13 @@ def _rank_peak(
     # one layer's unsharded gradients before the reduce-scatter (Rajbhandari et al. 2020, sec.
     # 5.2-5.3; FSDP ``forward_prefetch`` / ``backward_prefetch=BACKWARD_PRE``).
     gather = 2 * sum(s.full_param_bytes for s in layer0) if stage == 3 else 0
-    if stage == 3 and training.framework == "fsdp2" and training.is_mixed:
+    if stage == 3 and training.is_fp8:
+        # torchao float8 all-gather: linear weights travel and are gathered in float8 (1 byte)
+        gather = 2 * sum(
+            (1 if s.name != "vector" and not s.name.startswith("lora_") else c) * s.numel
+            for s in layer0
+        ) // training.tensor_parallel_size
+    elif stage == 3 and training.framework == "fsdp2" and training.is_mixed:
         # MixedPrecisionPolicy(param_dtype=bf16): the all-gather output is 16-bit
         gather = 2 * c * sum(s.numel for s in layer0) // training.tensor_parallel_size
     offloads_grads = training.offload in ("optimizer+gradients", "optimizer+params")

@@ -43,7 +43,7 @@ from typing import Literal
 
 from trainmem.errors import SpecError
 
-Precision = Literal["32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true"]
+Precision = Literal["32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "fp8-mixed"]
 Optimizer = Literal[
     "sgd",
     "sgd-momentum",
@@ -58,7 +58,9 @@ ActivationCheckpointing = Literal["none", "selective", "full"]
 Attention = Literal["eager", "sdpa", "flash"]
 OptimizerImplementation = Literal["foreach", "fused", "for-loop"]
 
-PRECISIONS: tuple[str, ...] = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
+PRECISIONS: tuple[str, ...] = (
+    "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "fp8-mixed"
+)
 OPTIMIZERS: tuple[str, ...] = (
     "sgd",
     "sgd-momentum",
@@ -98,6 +100,7 @@ _PRECISION_DTYPES: dict[str, tuple[str, str]] = {
     "bf16-mixed": ("float32", "bfloat16"),
     "16-true": ("float16", "float16"),
     "bf16-true": ("bfloat16", "bfloat16"),
+    "fp8-mixed": ("float32", "bfloat16"),
 }
 
 
@@ -279,9 +282,18 @@ class TrainingConfig:
         return self.optimizer_implementation
 
     @property
+    def is_fp8(self) -> bool:
+        """``fp8-mixed``: torchao float8 linears as torchtitan trains (fp32 weights, layers in
+        bf16 without autocast, linears in float8). Memory: ``Float8Linear`` saves its
+        high-precision input and weight for backward (torchao float8 ``matmul_with_hp_or_
+        float8_args``), so activations are those of bf16; with FSDP2 the all-gather is float8
+        (``enable_fsdp_float8_all_gather``), one byte per gathered weight."""
+        return self.precision == "fp8-mixed"
+
+    @property
     def uses_autocast(self) -> bool:
         """Mixed precision through torch.autocast (fp32 residual stream, per-op casts)."""
-        return self.is_mixed and self.framework in _AUTOCAST_FRAMEWORKS
+        return self.is_mixed and self.framework in _AUTOCAST_FRAMEWORKS and not self.is_fp8
 
     @property
     def loss_upcast(self) -> bool:
