@@ -184,3 +184,11 @@ def test_trace_engine_runs_a_family_the_analytic_engine_does_not_model(tmp_path:
     # every parameter exactly once and keeps 16 bytes per parameter of AMP AdamW states
     assert d["breakdown_bytes"]["optimizer_states"] == 2 * d["breakdown_bytes"]["parameters"]
     assert d["peak"]["allocated_bytes"] > d["breakdown_bytes"]["parameters"]
+
+
+def test_a_run_that_does_not_fit_points_to_fit() -> None:
+    # llama-3.1-8b with AdamW in AMP needs 16 bytes x 8.03e9 parameters of model states alone,
+    # far over a T4's 16 GB
+    r = run("estimate", "llama-3.1-8b", "-s", "512", "--gpu", "T4")
+    assert r.exit_code == 0, r.output
+    assert "does not fit" in r.stdout and "trainmem fit llama-3.1-8b --gpu T4" in r.stdout

@@ -105,9 +105,11 @@ def print_estimate(est: MemoryEstimate, as_json: bool) -> None:
         return
     console.print(estimate_table(est))
     console.print(config_line(est), highlight=False)
-    console.print(f"peak falls in the {est.peak_phase}: {est.peak_reason}", highlight=False)
+    console.print(
+        f"peak falls in the {est.peak_phase}: {est.peak_reason}", highlight=False, markup=False
+    )
     for note in est.notes:
-        console.print(f"note: {note}", highlight=False)
+        console.print(f"note: {note}", highlight=False, markup=False)
 
 
 @app.command(name="estimate")
@@ -143,6 +145,11 @@ def estimate_cmd(
         est.notes.extend(emit_reports(est, plot=plot, html=html, alloc_conf=alloc_conf))
     if uncertainty:
         add_uncertainty(est)
+    if est.fits is False:
+        est.notes.append(
+            f"does not fit {est.gpu_name}: `trainmem fit {model} --gpu {gpu} [same options]` "
+            "ranks the changes that make it fit"
+        )
     if modules and as_json:
         from trainmem.report.modules import activation_rows, peak_rows
 
