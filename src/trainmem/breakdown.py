@@ -42,6 +42,23 @@ BREAKDOWN_KEYS: tuple[str, ...] = (
 )
 
 
+_FOLD: dict[MemoryCategory, str] = {
+    MemoryCategory.PARAMETER: "parameters",
+    MemoryCategory.BUFFER: "parameters",
+    MemoryCategory.GRADIENT: "gradients",
+    MemoryCategory.OPTIMIZER_STATE: "optimizer_states",
+    MemoryCategory.ACTIVATION: "activations",
+    MemoryCategory.INPUT: "activations",
+    MemoryCategory.TEMPORARY: "temporary",
+}
+
+
+def fold_category(category: MemoryCategory) -> str:
+    """The :data:`BREAKDOWN_KEYS` entry a timeline category is counted under (buffers as
+    parameters, inputs as activations, anything else as temporary)."""
+    return _FOLD.get(category, "temporary")
+
+
 @dataclass(frozen=True, slots=True)
 class MemoryBreakdown:
     """Bytes per category at the moment of the peak of one training step (one GPU).

@@ -23,7 +23,6 @@ from trainmem.cli_options import (
     JsonOpt,
     ModelArg,
     parse_lora_targets,
-    training_from_options,
     with_training_options,
     zero_stage_from,
 )
@@ -34,7 +33,7 @@ from trainmem.specs.training import TrainingConfig
 
 __all__ = [
     "AllocConfOpt", "EngineOpt", "GpuOpt", "JsonOpt", "ModelArg", "app", "clean_errors",
-    "console", "main", "parse_lora_targets", "training_config", "zero_stage_from",
+    "console", "main", "parse_lora_targets", "zero_stage_from",
 ]
 
 app = typer.Typer(
@@ -85,15 +84,6 @@ PlotOpt = Annotated[
 HtmlOpt = Annotated[
     str | None, typer.Option("--html", help="Write a self-contained HTML report (offline).")
 ]
-
-
-def training_config(model: str, **values: Any) -> TrainingConfig:
-    """A validated TrainingConfig for ``model`` from option values (TrainingConfig field names,
-    plus ``fsdp``, ``lora_targets`` as text...); see :func:`trainmem.cli_options.
-    training_from_options`."""
-    if isinstance(values.get("lora_targets"), tuple):
-        values["lora_targets"] = ",".join(values["lora_targets"])
-    return training_from_options(model, values)
 
 
 def print_estimate(est: MemoryEstimate, as_json: bool) -> None:

@@ -19,6 +19,15 @@ Phase = Literal["init", "forward", "backward", "optimizer", "zero_grad"]
 PHASES: tuple[str, ...] = ("init", "forward", "backward", "optimizer", "zero_grad")
 
 
+def module_group(path: str, depth: int | None = 3) -> str:
+    """Shorten a dotted module path to its first ``depth`` components (``transformer.h.3``);
+    None keeps the full path. Code outside any module is ``(model)``."""
+    if not path:
+        return "(model)"
+    parts = path.split(".")
+    return ".".join(parts if depth is None else parts[:depth])
+
+
 @dataclass(frozen=True, slots=True)
 class AllocEvent:
     """One allocation or free.

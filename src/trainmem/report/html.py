@@ -19,6 +19,7 @@ from typing import Any
 from trainmem.breakdown import BREAKDOWN_KEYS, MemoryEstimate
 from trainmem.errors import SpecError
 from trainmem.report.modules import activation_rows, gib_text, peak_rows
+from trainmem.report.table import BREAKDOWN_LABELS
 
 __all__ = ["comparison_labels", "render_html", "write_html"]
 
@@ -34,15 +35,6 @@ img { max-width: 100%; height: auto; } .fits { color: #1a7f37; } .nofit { color:
 .note { color: #555; font-size: 0.9em; } code { background: #f3f3f3; padding: 0 0.2em; }
 """
 
-_LABELS = {
-    "parameters": "parameters",
-    "gradients": "gradients",
-    "optimizer_states": "optimizer states",
-    "activations": "activations",
-    "temporary": "temporary buffers",
-    "fragmentation": "fragmentation (reserved - allocated)",
-    "cuda_context": "CUDA context + kernels",
-}
 
 
 def _e(value: Any) -> str:
@@ -95,7 +87,7 @@ def _breakdown_section(est: MemoryEstimate) -> str:
     for key in BREAKDOWN_KEYS:
         value = getattr(b, key)
         share = f"{100 * value / total:.1f}%" if total else "-"
-        rows.append([_LABELS[key], gib_text(value), share, f"{value:,}"])
+        rows.append([BREAKDOWN_LABELS[key], gib_text(value), share, f"{value:,}"])
     rows += [
         [
             "peak allocated (max_memory_allocated)",
@@ -186,7 +178,7 @@ def _comparison_section(
         parts.append(f'<img alt="breakdown comparison" src="{uri}">')
     header = [
         "configuration",
-        *(_LABELS[k] for k in BREAKDOWN_KEYS),
+        *(BREAKDOWN_LABELS[k] for k in BREAKDOWN_KEYS),
         "allocated GiB",
         "reserved GiB",
         "device total GiB",

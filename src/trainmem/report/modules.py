@@ -23,7 +23,7 @@ from typing import Any
 from rich.table import Table
 
 from trainmem.breakdown import MemoryCategory, MemoryEstimate
-from trainmem.timeline import AllocEvent, Timeline
+from trainmem.timeline import AllocEvent, Timeline, module_group
 from trainmem.units import GiB
 
 __all__ = [
@@ -35,19 +35,6 @@ __all__ = [
 ]
 
 _ACTIVATION_CATEGORIES = (MemoryCategory.ACTIVATION, MemoryCategory.INPUT)
-
-
-def module_group(path: str, depth: int | None = 3) -> str:
-    """Shorten a dotted module path to its first ``depth`` components (``transformer.h.3``);
-    None keeps the full path. Code outside any module is ``(model)``.
-
-    Same rule as the trace engine's :func:`trainmem.trace.attribution.module_group` (kept here so
-    that reports do not import the trace package).
-    """
-    if not path:
-        return "(model)"
-    parts = path.split(".")
-    return ".".join(parts if depth is None else parts[:depth])
 
 
 def _live_after(events: Sequence[AllocEvent], stop: int) -> list[AllocEvent]:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainmem.breakdown import MemoryCategory, MemoryEstimate
+from trainmem.breakdown import MemoryEstimate, fold_category
 from trainmem.errors import SpecError
 from trainmem.timeline import AllocEvent, Timeline
 from trainmem.units import GiB
@@ -84,24 +84,9 @@ _PHASE_COLORS: dict[str, str] = {
     "optimizer": "#e4f4e0",
     "zero_grad": "#eeeeee",
 }
-# Buffers count as parameters and inputs as activations, as in the top-level breakdown.
-_FOLD: dict[MemoryCategory, str] = {
-    MemoryCategory.PARAMETER: "parameters",
-    MemoryCategory.BUFFER: "parameters",
-    MemoryCategory.GRADIENT: "gradients",
-    MemoryCategory.OPTIMIZER_STATE: "optimizer_states",
-    MemoryCategory.ACTIVATION: "activations",
-    MemoryCategory.INPUT: "activations",
-    MemoryCategory.TEMPORARY: "temporary",
-}
 _FORMATS = (".png", ".svg")
 # SVG text stays text (searchable, selectable); a fixed hash salt gives stable element ids.
 _RC: dict[str, Any] = {"svg.fonttype": "none", "svg.hashsalt": "trainmem"}
-
-
-def fold_category(category: MemoryCategory) -> str:
-    """The breakdown key (``BREAKDOWN_KEYS``) a timeline category is drawn as."""
-    return _FOLD.get(category, "temporary")
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from trainmem.breakdown import BREAKDOWN_KEYS, MemoryEstimate
 from trainmem.specs.hardware import GPUSpec
 from trainmem.units import GB, GiB
 
-_LABELS = {
+BREAKDOWN_LABELS: dict[str, str] = {
     "parameters": "parameters",
     "gradients": "gradients",
     "optimizer_states": "optimizer states",
@@ -40,7 +40,7 @@ def estimate_table(est: MemoryEstimate) -> Table:
     for key in BREAKDOWN_KEYS:
         value = getattr(est.breakdown, key)
         share = f"{100 * value / total:.1f}%" if total else "-"
-        table.add_row(_LABELS[key], gib(value), share)
+        table.add_row(BREAKDOWN_LABELS[key], gib(value), share)
     table.add_section()
     b = est.breakdown
     table.add_row("peak allocated (max_memory_allocated)", gib(b.allocated_bytes), "")

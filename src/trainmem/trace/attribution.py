@@ -12,20 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainmem.breakdown import MemoryBreakdown, MemoryCategory
-from trainmem.timeline import AllocEvent, Timeline
+from trainmem.breakdown import BREAKDOWN_KEYS, MemoryBreakdown, MemoryCategory, fold_category
+from trainmem.timeline import AllocEvent, Timeline, module_group
 
 __all__ = ["PeakReport", "analyse", "module_group"]
 
-_FOLD = {
-    MemoryCategory.PARAMETER: "parameters",
-    MemoryCategory.BUFFER: "parameters",
-    MemoryCategory.GRADIENT: "gradients",
-    MemoryCategory.OPTIMIZER_STATE: "optimizer_states",
-    MemoryCategory.ACTIVATION: "activations",
-    MemoryCategory.INPUT: "activations",
-    MemoryCategory.TEMPORARY: "temporary",
-}
 _PHASE_OF = {"init": "forward", "zero_grad": "optimizer"}
 
 
@@ -58,13 +49,6 @@ class PeakReport:
     phase_peaks_bytes: dict[str, int]
     activation_bytes_by_module: dict[str, int]
     peak_contributors: list[tuple[str, str, int]]
-
-
-def module_group(path: str, depth: int = 3) -> str:
-    """Shorten a module path to its first ``depth`` components (``transformer.h.3``); the root
-    module (and code outside any module) is ``(model)``."""
-    parts = path.split(".") if path else []
-    return ".".join(parts[:depth]) if parts else "(model)"
 
 
 def analyse(
@@ -116,11 +100,11 @@ def analyse(
         else:
             live_blocks.pop(ev.block_id, None)
     by_cat: dict[str, int] = {c.value: 0 for c in MemoryCategory}
-    folded = {k: 0 for k in set(_FOLD.values())}
+    folded = {k: 0 for k in BREAKDOWN_KEYS[:5]}  # the tensor categories
     contrib: dict[tuple[str, str], int] = defaultdict(int)
     for ev in live_blocks.values():
         by_cat[ev.category.value] += ev.size_bytes
-        folded[_FOLD.get(ev.category, "temporary")] += ev.size_bytes
+        folded[fold_category(ev.category)] += ev.size_bytes
         contrib[(module_group(ev.module), ev.category.value)] += ev.size_bytes
     breakdown = MemoryBreakdown(
         parameters=folded["parameters"],
