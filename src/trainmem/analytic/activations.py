@@ -77,8 +77,6 @@ TANH_FORMULA_ACTIVATIONS = frozenset({"gelu_new", "gelu_fast"})
 FP32_SOFTMAX_MODEL_TYPES = frozenset(
     {"llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2", "phi", "gpt_neox"}
 )
-#: Model types whose HF code projects q, k, v with one fused linear.
-FUSED_QKV_MODEL_TYPES = frozenset({"gpt2", "falcon", "gpt_neox"})
 
 
 def compute_and_residual_bytes(training: TrainingConfig) -> tuple[int, int]:
@@ -170,7 +168,7 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
     dropout = training.dropout
     p_hidden = dropout and model.hidden_dropout > 0
     p_attn = dropout and model.attention_dropout > 0
-    fused_qkv = model.model_type in FUSED_QKV_MODEL_TYPES
+    fused_qkv = model.fused_qkv
     terms: dict[str, int] = {}
 
     norm = _norm_saved_bytes(model, r, trainable=not training.is_lora and not training.compile)
