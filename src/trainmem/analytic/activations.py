@@ -356,8 +356,8 @@ def _apply_lora(
         terms[f"lora/{name}"] = a_bytes * r * t * active
         # lit-gpt's fused ``attn`` applies one dropout to x for q, k and v together
         # (lit_gpt/lora.py ``LoRAQKVLinear``: ``F.linear(self.lora_dropout(x), self.lora_A)``)
-        shared = training.framework == "litgpt" and name in ("k", "v") and "q" in targets
-        shared = shared or (training.framework == "litgpt" and name == "v" and "k" in targets)
+        first_qkv = next((n for n in ("q", "k", "v") if n in targets), None)
+        shared = training.framework == "litgpt" and name in ("q", "k", "v") and name != first_qkv
         if training.lora_dropout > 0 and not shared:
             terms[f"lora/{name}_dropout"] = (c + 1) * fan_in * t * active
         if a_bytes > c:
