@@ -192,3 +192,8 @@ def test_a_run_that_does_not_fit_points_to_fit() -> None:
     r = run("estimate", "llama-3.1-8b", "-s", "512", "--gpu", "T4")
     assert r.exit_code == 0, r.output
     assert "does not fit" in r.stdout and "trainmem fit llama-3.1-8b --gpu T4" in r.stdout
+
+
+def test_negative_module_rows_are_refused() -> None:
+    r = run("estimate", "gpt2", "--modules", "-2")
+    assert r.exit_code == 2 and r.stderr.startswith("error: modules:")

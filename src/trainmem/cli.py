@@ -120,6 +120,8 @@ def estimate_cmd(
     training: TrainingConfig,
 ) -> None:
     """Peak GPU memory of one training step per GPU, broken down, with a verdict for --gpu."""
+    if modules < 0:
+        raise SpecError("modules", f"must be a non-negative number of rows, got {modules}")
     est = estimate(model, training, gpu=gpu, engine=engine, alloc_conf=alloc_conf)
     if training.compile:
         est.notes.append(
