@@ -197,3 +197,8 @@ def test_a_run_that_does_not_fit_points_to_fit() -> None:
 def test_negative_module_rows_are_refused() -> None:
     r = run("estimate", "gpt2", "--modules", "-2")
     assert r.exit_code == 2 and r.stderr.startswith("error: modules:")
+
+
+def test_fit_refuses_a_non_positive_limit() -> None:
+    r = run("fit", "gpt2", "--gpu", "T4", "-b", "64", "--limit", "-1")
+    assert r.exit_code == 2 and r.stderr.startswith("error: limit:")

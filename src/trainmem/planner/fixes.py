@@ -28,6 +28,7 @@ from itertools import combinations, islice
 from typing import Any, TypeVar
 
 from trainmem.breakdown import MemoryEstimate
+from trainmem.errors import SpecError
 from trainmem.planner.evaluate import (
     fast_estimate,
     fits,
@@ -360,11 +361,13 @@ def fixes(
         fits or nothing in the table (nor two of its rows) makes it fit.
 
     Raises:
-        SpecError: unknown model or GPU.
+        SpecError: unknown model or GPU, or ``limit`` below 1.
 
     Known limitations: saved bytes compare closed-form peaks (fragmentation excluded); the cost
     of a smaller micro-batch is not modelled (rank only).
     """
+    if limit < 1:
+        raise SpecError("limit", f"must be a positive number of fixes, got {limit}")
     spec, gpu_spec = resolve(model, gpu)
     ctx = cuda_context_bytes
     if fits(simulated_estimate(spec, training, gpu_spec, cuda_context_bytes=ctx)):
