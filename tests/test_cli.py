@@ -170,9 +170,20 @@ def test_estimate_prints_per_module_tables() -> None:
 
 def test_trace_engine_runs_a_family_the_analytic_engine_does_not_model(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    cfg = {"architectures": ["T5ForConditionalGeneration"], "model_type": "t5", "d_model": 64,
-           "d_ff": 128, "d_kv": 16, "num_heads": 4, "num_layers": 1, "num_decoder_layers": 1,
-           "vocab_size": 128, "decoder_start_token_id": 0, "pad_token_id": 0, "eos_token_id": 1}
+    cfg = {
+        "architectures": ["T5ForConditionalGeneration"],
+        "model_type": "t5",
+        "d_model": 64,
+        "d_ff": 128,
+        "d_kv": 16,
+        "num_heads": 4,
+        "num_layers": 1,
+        "num_decoder_layers": 1,
+        "vocab_size": 128,
+        "decoder_start_token_id": 0,
+        "pad_token_id": 0,
+        "eos_token_id": 1,
+    }
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
     analytic = run("estimate", str(path), "-s", "32")

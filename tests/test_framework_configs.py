@@ -17,14 +17,22 @@ from trainmem.specs.training import TrainingConfig
 def test_deepspeed_config_fields(tmp_path: Path) -> None:
     # keys from https://www.deepspeed.ai/docs/config-json/ ; "auto" is left to the Trainer
     p = tmp_path / "ds.json"
-    p.write_text(json.dumps({
-        "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": "auto",
-        "bf16": {"enabled": True},
-        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}},
-    }))
+    p.write_text(
+        json.dumps(
+            {
+                "train_micro_batch_size_per_gpu": 4,
+                "gradient_accumulation_steps": "auto",
+                "bf16": {"enabled": True},
+                "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}},
+            }
+        )
+    )
     assert read_deepspeed_config(str(p)) == {
-        "framework": "deepspeed", "micro_batch_size": 4, "precision": "bf16-mixed",
-        "zero_stage": 3, "offload": "optimizer",
+        "framework": "deepspeed",
+        "micro_batch_size": 4,
+        "precision": "bf16-mixed",
+        "zero_stage": 3,
+        "offload": "optimizer",
     }
 
 
@@ -35,17 +43,32 @@ def test_accelerate_fsdp_config(tmp_path: Path) -> None:
         "  fsdp_sharding_strategy: SHARD_GRAD_OP\n  fsdp_activation_checkpointing: true\n"
     )
     assert read_accelerate_config(str(p)) == {
-        "precision": "bf16-mixed", "data_parallel_size": 8, "zero_stage": 2,
+        "precision": "bf16-mixed",
+        "data_parallel_size": 8,
+        "zero_stage": 2,
         "activation_checkpointing": "full",
     }
 
 
 def test_explicit_flags_win_over_the_file(tmp_path: Path) -> None:
     p = tmp_path / "ds.json"
-    p.write_text(json.dumps({"train_micro_batch_size_per_gpu": 4,
-                             "zero_optimization": {"stage": 2}}))
-    r = CliRunner().invoke(app, ["estimate", "gpt2", "--deepspeed-config", str(p),
-                                 "--micro-batch-size", "2", "--data-parallel-size", "4", "--json"])
+    p.write_text(
+        json.dumps({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2}})
+    )
+    r = CliRunner().invoke(
+        app,
+        [
+            "estimate",
+            "gpt2",
+            "--deepspeed-config",
+            str(p),
+            "--micro-batch-size",
+            "2",
+            "--data-parallel-size",
+            "4",
+            "--json",
+        ],
+    )
     assert r.exit_code == 0, r.output
     config = json.loads(r.stdout)["config"]
     assert config["micro_batch_size"] == 2 and config["zero_stage"] == 2

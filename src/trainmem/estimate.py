@@ -73,17 +73,31 @@ def trace_unsupported_settings(training: TrainingConfig) -> list[str]:
     offloading and model parallelism are refused.
     """
     defaults = TrainingConfig()
-    checked = ("offload", "quantize_base", "optimizer_in_backward", "activation_offloading",
-               "tensor_parallel_size", "sequence_parallel", "pipeline_parallel_size",
-               "context_parallel_size", "compile")
-    out = [f"{name}={getattr(training, name)}" for name in checked
-           if getattr(training, name) != getattr(defaults, name)]
+    checked = (
+        "offload",
+        "quantize_base",
+        "optimizer_in_backward",
+        "activation_offloading",
+        "tensor_parallel_size",
+        "sequence_parallel",
+        "pipeline_parallel_size",
+        "context_parallel_size",
+        "compile",
+    )
+    out = [
+        f"{name}={getattr(training, name)}"
+        for name in checked
+        if getattr(training, name) != getattr(defaults, name)
+    ]
     if training.is_fp8:
         out.append("precision=fp8-mixed")
     fsdp = training.zero_stage == 3 and training.data_parallel_size > 1
     if not fsdp:
-        out += [f"{name}={getattr(training, name)}" for name in ("data_parallel_size", "zero_stage")
-                if getattr(training, name) != getattr(defaults, name)]
+        out += [
+            f"{name}={getattr(training, name)}"
+            for name in ("data_parallel_size", "zero_stage")
+            if getattr(training, name) != getattr(defaults, name)
+        ]
     if training.framework not in ("pytorch-amp", "fsdp2") or (
         training.framework == "fsdp2" and not fsdp
     ):
@@ -118,8 +132,10 @@ def with_allocator_replay(
     }
     est.notes = [n for n in est.notes if "fragmentation" not in n]
     if result.oom and result.oom_message:
-        est.notes.append("the simulated caching allocator runs out of memory: "
-                         + result.oom_message.splitlines()[0])
+        est.notes.append(
+            "the simulated caching allocator runs out of memory: "
+            + result.oom_message.splitlines()[0]
+        )
     return est
 
 
@@ -162,7 +178,8 @@ def estimate(
         unsupported = trace_unsupported_settings(training)
         if unsupported:
             raise UnsupportedError(
-                "the trace engine does not model " + ", ".join(unsupported)
+                "the trace engine does not model "
+                + ", ".join(unsupported)
                 + " yet; use --engine analytic for this configuration"
             )
         try:  # the trace engine runs families the analytic engine does not model
@@ -174,7 +191,10 @@ def estimate(
     spec = resolve_model(model)
     if engine == "analytic":
         return estimate_analytic(
-            spec, training, gpu=gpu_spec, cuda_context_bytes=cuda_context_bytes,
+            spec,
+            training,
+            gpu=gpu_spec,
+            cuda_context_bytes=cuda_context_bytes,
             alloc_conf=alloc_conf,
         )
     raise SpecError("engine", f"unknown value {engine!r}; allowed: {', '.join(ENGINES)}")

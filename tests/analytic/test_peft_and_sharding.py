@@ -79,8 +79,13 @@ def test_tensor_parallel_layer_terms_are_korthikanti_eq_2_and_3() -> None:
 
     model = replace(load_model_spec("gpt2-xl"), hidden_act="gelu", model_type="megatron-gpt")
     s, b, h, a, t = 1024, 2, 1600, 25, 5
-    base = TrainingConfig(micro_batch_size=b, seq_len=s, precision="16-true", attention="eager",
-                          tensor_parallel_size=t)
+    base = TrainingConfig(
+        micro_batch_size=b,
+        seq_len=s,
+        precision="16-true",
+        attention="eager",
+        tensor_parallel_size=t,
+    )
     eq2 = s * b * h * 10 + s * b * h * 24 // t + 5 * a * s * s * b // t
     assert sum(layer_activation_terms(model, base).values()) == eq2 + 2 * 8 * s * b
     sp = replace(base, sequence_parallel=True)
@@ -96,8 +101,12 @@ def test_first_1f1b_stage_holds_p_micro_batches() -> None:
     from trainmem.analytic.engine import estimate_analytic
 
     model = load_model_spec("llama-2-7b")
-    t = TrainingConfig(seq_len=2048, pipeline_parallel_size=4, gradient_accumulation_steps=8,
-                       activation_checkpointing="full")
+    t = TrainingConfig(
+        seq_len=2048,
+        pipeline_parallel_size=4,
+        gradient_accumulation_steps=8,
+        activation_checkpointing="full",
+    )
     est = estimate_analytic(model, t, simulate_allocator=False)
     first, last = est.details["per_rank"]
     assert first["micro_batches_in_flight"] == 4 and last["micro_batches_in_flight"] == 1
@@ -132,10 +141,12 @@ def test_fp8_keeps_bf16_activations_and_gathers_float8() -> None:
 
     model = load_model_spec("llama-3.2-1b")
     base = dict(seq_len=2048, framework="fsdp2", zero_stage=3, data_parallel_size=8)
-    bf16 = estimate_analytic(model, TrainingConfig(precision="bf16-mixed", **base),
-                             simulate_allocator=False)
-    fp8 = estimate_analytic(model, TrainingConfig(precision="fp8-mixed", **base),
-                            simulate_allocator=False)
+    bf16 = estimate_analytic(
+        model, TrainingConfig(precision="bf16-mixed", **base), simulate_allocator=False
+    )
+    fp8 = estimate_analytic(
+        model, TrainingConfig(precision="fp8-mixed", **base), simulate_allocator=False
+    )
     assert fp8.details["activations_per_layer_bytes"] == bf16.details["activations_per_layer_bytes"]
     assert fp8.breakdown.parameters == bf16.breakdown.parameters
     assert fp8.breakdown.allocated_bytes < bf16.breakdown.allocated_bytes

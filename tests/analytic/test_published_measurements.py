@@ -22,8 +22,13 @@ from trainmem.specs.training import TrainingConfig
 )
 def test_litgpt_lora_rows(row: str, preset: str, b: int, s: int, measured_gb: float) -> None:
     training = TrainingConfig(
-        micro_batch_size=b, seq_len=s, precision="bf16-true", lora_rank=8,
-        lora_targets=("q", "v"), lora_dropout=0.05, framework="litgpt",
+        micro_batch_size=b,
+        seq_len=s,
+        precision="bf16-true",
+        lora_rank=8,
+        lora_targets=("q", "v"),
+        lora_dropout=0.05,
+        framework="litgpt",
         chunked_cross_entropy=-(-s // 128),
     )
     predicted = estimate(preset, training).breakdown.allocated_bytes / 1e9

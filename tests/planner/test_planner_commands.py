@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from trainmem.cli import app
-from trainmem.planner.commands import register
+from trainmem.cli.planner import register
 
 if not {c.name for c in app.registered_commands} & {"plan", "fit", "sweep"}:
     register(app)

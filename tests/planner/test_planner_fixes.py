@@ -57,8 +57,7 @@ def test_micro_batch_fix_keeps_the_global_batch() -> None:
     assert new.micro_batch_size * new.gradient_accumulation_steps == 16 * 3
     # the cheapest is the largest divisor of 16 that fits, decided by the estimate itself
     fitting = [
-        d for d in (8, 4, 2, 1)
-        if estimate("gpt2", replace(t, micro_batch_size=d), gpu="T4").fits
+        d for d in (8, 4, 2, 1) if estimate("gpt2", replace(t, micro_batch_size=d), gpu="T4").fits
     ]
     assert new.micro_batch_size == fitting[0]
     assert found[0] is accum[0] or found[0].cost_rank <= accum[0].cost_rank

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from trainmem.errors import SpecError
-from trainmem.planner.render import sweep_csv, sweep_json, sweep_table
 from trainmem.planner.sweep import parse_over, sweep
+from trainmem.report.render import sweep_csv, sweep_json, sweep_table
 from trainmem.specs.hardware import get_gpu
 from trainmem.specs.training import TrainingConfig
 
@@ -20,7 +20,12 @@ OVER = {"micro_batch_size": [1, 8, 16], "seq-len": [512, 1024]}
 def test_rows_are_the_product_in_order() -> None:
     rows = sweep("gpt2", TrainingConfig(), "T4", OVER)
     assert [(r.settings["micro_batch_size"], r.settings["seq_len"]) for r in rows] == [
-        (1, 512), (1, 1024), (8, 512), (8, 1024), (16, 512), (16, 1024),
+        (1, 512),
+        (1, 1024),
+        (8, 512),
+        (8, 1024),
+        (16, 512),
+        (16, 1024),
     ]
     cap = get_gpu("T4").memory_bytes
     for r in rows:
@@ -46,8 +51,14 @@ def test_csv_and_json_parse_back() -> None:
     parsed = list(csv.DictReader(io.StringIO(sweep_csv(rows))))
     assert len(parsed) == len(rows)
     assert list(parsed[0]) == [
-        "micro_batch_size", "seq_len", "allocated_bytes", "reserved_bytes",
-        "device_total_bytes", "peak_phase", "fits", "margin_bytes",
+        "micro_batch_size",
+        "seq_len",
+        "allocated_bytes",
+        "reserved_bytes",
+        "device_total_bytes",
+        "peak_phase",
+        "fits",
+        "margin_bytes",
     ]
     for p, r in zip(parsed, rows, strict=True):
         assert int(p["device_total_bytes"]) == r.device_total_bytes

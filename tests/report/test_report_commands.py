@@ -10,9 +10,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from trainmem.cli.compare import register
+from trainmem.cli.options import parse_set
 from trainmem.errors import SpecError
 from trainmem.estimate import estimate
-from trainmem.report.commands import emit_reports, parse_set, register
+from trainmem.report.compare import emit_reports
 from trainmem.specs.training import TrainingConfig
 
 app = typer.Typer()

@@ -260,12 +260,26 @@ def _apply_litgpt_attention(
 
 #: Terms of width h (the norm / residual / dropout region): replicated over tensor-parallel ranks
 #: unless sequence parallelism splits them (Korthikanti et al. 2022, sec. 4.2.1-4.2.2).
-HIDDEN_REGION_TERMS = frozenset({
-    "attention/norm", "mlp/norm", "attention/qkv_input", "mlp/input", "attention/dropout_mask",
-    "mlp/dropout_mask", "mlp/expert_inputs", "mlp/expert_outputs", "mlp/router", "layer_input",
-    "final_norm", "lm_head_input", "mlm_transform", "pooled", "embedding_norm",
-    "embedding_dropout_mask",
-})
+HIDDEN_REGION_TERMS = frozenset(
+    {
+        "attention/norm",
+        "mlp/norm",
+        "attention/qkv_input",
+        "mlp/input",
+        "attention/dropout_mask",
+        "mlp/dropout_mask",
+        "mlp/expert_inputs",
+        "mlp/expert_outputs",
+        "mlp/router",
+        "layer_input",
+        "final_norm",
+        "lm_head_input",
+        "mlm_transform",
+        "pooled",
+        "embedding_norm",
+        "embedding_dropout_mask",
+    }
+)
 #: Inputs every tensor-parallel rank holds whole (token ids, rotary tables).
 REPLICATED_INPUT_TERMS = frozenset(
     {"inputs/token_ids_and_labels", "inputs/pixel_values", "rotary_cos_sin"}
@@ -448,9 +462,9 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
     h, v = model.hidden_size, model.vocab_size
     out: dict[str, int] = {}
     if model.architecture != "encoder" or model.head == "masked-lm":
-        out["final_norm"] = _norm_saved_bytes(
-            model, r, trainable=not training.is_lora and not training.compile
-        ) * t
+        out["final_norm"] = (
+            _norm_saved_bytes(model, r, trainable=not training.is_lora and not training.compile) * t
+        )
     if model.head in ("causal-lm", "masked-lm"):
         if model.head == "masked-lm":
             out["mlm_transform"] = (2 * c * h + _norm_saved_bytes(model, r)) * t
@@ -581,9 +595,16 @@ def op_selective_saved_bytes(model: ModelSpec, training: TrainingConfig) -> int:
         if name != "router"
     ]
     # a linear with a bias runs as ``addmm`` (always saved); without one as ``mm`` (counted)
-    biased = {"qkv": model.attention_bias, "q": model.attention_bias, "k": model.attention_bias,
-              "v": model.attention_bias, "o": model.attention_out_bias, "gate": model.mlp_bias,
-              "up": model.mlp_bias, "down": model.mlp_bias}
+    biased = {
+        "qkv": model.attention_bias,
+        "q": model.attention_bias,
+        "k": model.attention_bias,
+        "v": model.attention_bias,
+        "o": model.attention_out_bias,
+        "gate": model.mlp_bias,
+        "up": model.mlp_bias,
+        "down": model.mlp_bias,
+    }
     kept: dict[str, int] = {}
     mm_count = 0
     for name, size in outputs:

@@ -337,10 +337,14 @@ def _rank_peak(
     gather = 2 * sum(s.full_param_bytes for s in layer0) if stage == 3 else 0
     if stage == 3 and training.is_fp8:
         # torchao float8 all-gather: linear weights travel and are gathered in float8 (1 byte)
-        gather = 2 * sum(
-            (1 if s.name != "vector" and not s.name.startswith("lora_") else c) * s.numel
-            for s in layer0
-        ) // training.tensor_parallel_size
+        gather = (
+            2
+            * sum(
+                (1 if s.name != "vector" and not s.name.startswith("lora_") else c) * s.numel
+                for s in layer0
+            )
+            // training.tensor_parallel_size
+        )
     elif stage == 3 and training.framework == "fsdp2" and training.is_mixed:
         # MixedPrecisionPolicy(param_dtype=bf16): the all-gather output is 16-bit
         gather = 2 * c * sum(s.numel for s in layer0) // training.tensor_parallel_size

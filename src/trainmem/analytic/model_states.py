@@ -91,9 +91,7 @@ def optimizer_state_bytes(
     # states per precision])
     master = 4 * (num_matrix + num_vector_parameters) if training.master_weights else 0
     if training.optimizer == "adafactor":
-        return master + w * (
-            sum((r + c) * n for r, c, n in matrix_shapes) + num_vector_parameters
-        )
+        return master + w * (sum((r + c) * n for r, c, n in matrix_shapes) + num_vector_parameters)
     if training.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
         # Per large tensor: two uint8 states + two fp32 absmax per started block of 256
         # (bitsandbytes ``blocks = ceil(n / blocksize)``); small tensors: two fp32 states.

@@ -154,8 +154,11 @@ def analytic_timeline(
             rec.phase = "forward"
             if not workspaces:
                 workspaces.append(rec.alloc(cublas_workspace_bytes, Cat.TEMPORARY, "cublas"))
-            emb = [rec.alloc(v, Cat.ACTIVATION, "embedding") for k, v in prof.head_terms.items()
-                   if k in _EMBEDDING_TERMS]
+            emb = [
+                rec.alloc(v, Cat.ACTIVATION, "embedding")
+                for k, v in prof.head_terms.items()
+                if k in _EMBEDDING_TERMS
+            ]
             layer_blocks: list[list[int]] = []
             copies: list[int] = []
             for layer in range(model.num_layers):
@@ -168,8 +171,11 @@ def analytic_timeline(
                     rec.free(b)
                 layer_blocks.append(kept)
             logits = rec.alloc(loss_fwd, Cat.TEMPORARY, "head")
-            head = [rec.alloc(v, Cat.ACTIVATION, "head") for k, v in prof.head_terms.items()
-                    if k not in _EMBEDDING_TERMS]
+            head = [
+                rec.alloc(v, Cat.ACTIVATION, "head")
+                for k, v in prof.head_terms.items()
+                if k not in _EMBEDDING_TERMS
+            ]
             rec.free(logits)
             for b in copies:  # autocast's weight cache is cleared when the forward region exits
                 rec.free(b)
@@ -183,8 +189,9 @@ def analytic_timeline(
             for b in head:
                 rec.free(b)
             if "head" not in grads:
-                grads["head"] = [rec.alloc(g, Cat.GRADIENT, "head")
-                                 for g in grad_sizes.get("head", [])]
+                grads["head"] = [
+                    rec.alloc(g, Cat.GRADIENT, "head") for g in grad_sizes.get("head", [])
+                ]
             rec.free(g2)
             for layer in reversed(range(model.num_layers)):
                 name = f"layers.{layer}"
@@ -193,8 +200,9 @@ def analytic_timeline(
                     recomputed.append(rec.alloc(weight_copy, Cat.ACTIVATION, name))
                 tmp = rec.alloc(layer_tmp, Cat.TEMPORARY, name)
                 if name not in grads:
-                    grads[name] = [rec.alloc(g, Cat.GRADIENT, name)
-                                   for g in grad_sizes.get(name, [])]
+                    grads[name] = [
+                        rec.alloc(g, Cat.GRADIENT, name) for g in grad_sizes.get(name, [])
+                    ]
                 rec.free(tmp)
                 for b in recomputed + layer_blocks[layer]:
                     rec.free(b)
@@ -245,8 +253,13 @@ def _split(term_bytes: int, sizes: list[int]) -> list[int]:
 
 
 _EMBEDDING_TERMS = frozenset(
-    {"inputs/token_ids_and_labels", "inputs/pixel_values", "rotary_cos_sin", "embedding_norm",
-     "embedding_dropout_mask"}
+    {
+        "inputs/token_ids_and_labels",
+        "inputs/pixel_values",
+        "rotary_cos_sin",
+        "embedding_norm",
+        "embedding_dropout_mask",
+    }
 )
 
 

@@ -90,8 +90,11 @@ def _quantized_bytes(numel: int, out_features: int, quantize: str) -> int:
         # ``g_idx`` per input row (in_features = numel / out_features)
         in_features = numel // max(out_features, 1)
         groups = -(-in_features // GPTQ_GROUP_SIZE)
-        return -(-numel // 2) + 2 * groups * out_features + -(-groups * out_features // 2) + (
-            4 * in_features
+        return (
+            -(-numel // 2)
+            + 2 * groups * out_features
+            + -(-groups * out_features // 2)
+            + (4 * in_features)
         )
     raise AssertionError(quantize)
 
@@ -129,8 +132,13 @@ def state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayout:
     """Cached :func:`build_state_layout`: the layout does not depend on the micro-batch, the
     sequence length or the activation settings, so sweeps over those reuse it."""
     key = replace(
-        training, micro_batch_size=1, seq_len=1, gradient_accumulation_steps=1,
-        activation_checkpointing="none", attention="sdpa", dropout=True,
+        training,
+        micro_batch_size=1,
+        seq_len=1,
+        gradient_accumulation_steps=1,
+        activation_checkpointing="none",
+        attention="sdpa",
+        dropout=True,
     )
     return _cached_layout(model, key)
 
@@ -170,8 +178,18 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
             # LoRA adapters may have their own dtype (peft: fp32 on a 16-bit base)
             tr = adapter_training if name.startswith("lora_") else training
             w = dtype_bytes(tr.weight_dtype)
-            is_linear = not name.startswith(("lora_", "vector", "embedding", "head", "lm_head",
-                                             "final_norm", "pooler", "router"))
+            is_linear = not name.startswith(
+                (
+                    "lora_",
+                    "vector",
+                    "embedding",
+                    "head",
+                    "lm_head",
+                    "final_norm",
+                    "pooler",
+                    "router",
+                )
+            )
             # Megatron tensor parallelism splits every layer linear (column / row parallel) and
             # the vocabulary (VocabParallelEmbedding, the output layer); norms are replicated.
             tp_split = is_linear or name in ("embedding/tokens", "lm_head")
@@ -202,8 +220,9 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
                 grad = 0  # each layer's gradient leaves once reduced (the engine's reduce term)
             if training.offload == "optimizer+params":
                 param = 0
-            proto = TensorState("", name, numel, trainable, param, grad, state, full_param,
-                                full_grad)
+            proto = TensorState(
+                "", name, numel, trainable, param, grad, state, full_param, full_grad
+            )
             cache[key] = proto
         return replace(proto, owner=owner)
 
@@ -214,8 +233,10 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
     for key, n in counts.items():
         if key.startswith("embedding/"):
             out.append(make("embedding", key, n, h, not lora))
-    layer = [make("layers.0", name, n, o, trainable)
-             for name, n, o, trainable in _layer_tensors(model, training)]
+    layer = [
+        make("layers.0", name, n, o, trainable)
+        for name, n, o, trainable in _layer_tensors(model, training)
+    ]
     head: list[TensorState] = []
     for key, n in counts.items():
         if not key.startswith(("embedding/", "layers/")):

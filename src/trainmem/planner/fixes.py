@@ -239,27 +239,42 @@ def _lora(quantize: str) -> Propose:
 
 CHANGES: tuple[Change, ...] = (
     Change(
-        "fused optimizer", "optimizer_implementation", _fused_optimizer, 0.0,
+        "fused optimizer",
+        "optimizer_implementation",
+        _fused_optimizer,
+        0.0,
         "none: one fused kernel, usually faster than foreach (torch.optim fused=True, CUDA)",
         "Note [Optimizer-step temporaries] (foreach materialises one copy of the parameters)",
     ),
     Change(
-        "16-bit mixed precision", "precision", _mixed_precision, 0.01,
+        "16-bit mixed precision",
+        "precision",
+        _mixed_precision,
+        0.01,
         "none to negative on tensor cores; fp16 (pre-Ampere) needs loss scaling",
         "Micikevicius et al. 2018, arXiv:1710.03740 (mixed precision training)",
     ),
     Change(
-        "selective activation checkpointing", "activation_checkpointing", _selective, 0.03,
+        "selective activation checkpointing",
+        "activation_checkpointing",
+        _selective,
+        0.03,
         "a few % more compute: the attention core is recomputed in the backward",
         "Korthikanti et al. 2022, arXiv:2205.05198, sec. 5 (Note [Cost ranks])",
     ),
     Change(
-        "smaller micro-batch + gradient accumulation", "micro_batch", _accumulate, 0.05,
+        "smaller micro-batch + gradient accumulation",
+        "micro_batch",
+        _accumulate,
+        0.05,
         "same global batch and same update; smaller kernels use the GPU less well (not modelled)",
         "gradients persist across micro-batches (Note [Where the peak falls])",
     ),
     Change(
-        "8-bit optimizer", "optimizer", _eight_bit_optimizer, 0.1,
+        "8-bit optimizer",
+        "optimizer",
+        _eight_bit_optimizer,
+        0.1,
         "bitsandbytes dependency; block-wise 8-bit Adam matches 32-bit Adam in the paper's "
         "benchmarks; paged-adamw-8bit has the same GPU footprint here and also pages states "
         "to the CPU under memory spikes",
@@ -267,51 +282,78 @@ CHANGES: tuple[Change, ...] = (
         "arXiv:2305.14314, sec. 3",
     ),
     Change(
-        "full activation checkpointing", "activation_checkpointing", _full, 0.33,
+        "full activation checkpointing",
+        "activation_checkpointing",
+        _full,
+        0.33,
         "about 33% more compute: one extra forward, which is 1/3 of forward + backward FLOPs",
         "Chen et al. 2016, arXiv:1604.06174, sec. 4; Korthikanti et al. 2022, "
         "arXiv:2205.05198, sec. 5",
     ),
     Change(
-        "pure 16-bit weights and optimizer states", "precision", _true_16bit, 0.5,
+        "pure 16-bit weights and optimizer states",
+        "precision",
+        _true_16bit,
+        0.5,
         "numerics: updates smaller than 16-bit resolution are lost unless stochastic rounding "
         "or Kahan summation is used",
         "Zamirai et al. 2020, arXiv:2010.06192 (revisiting bf16 training)",
     ),
     Change(
-        "Adafactor optimizer", "optimizer", _adafactor, 1.0,
+        "Adafactor optimizer",
+        "optimizer",
+        _adafactor,
+        1.0,
         "different optimizer (factored second moment, no momentum): may need retuning",
         "Shazeer & Stern 2018, arXiv:1804.04235, sec. 3",
     ),
     # Rows below need TrainingConfig's sharding / LoRA fields; they propose nothing without them.
     Change(
-        "ZeRO-1 over N GPUs", "sharding", _zero(1), 1.5,
+        "ZeRO-1 over N GPUs",
+        "sharding",
+        _zero(1),
+        1.5,
         "N GPUs; optimizer states sharded, same communication volume as plain data parallelism",
         "Rajbhandari et al. 2020, arXiv:1910.02054, sec. 5.1 and 7.2.1",
     ),
     Change(
-        "ZeRO-2 / FSDP shard-grad-op over N GPUs", "sharding", _zero(2), 1.6,
+        "ZeRO-2 / FSDP shard-grad-op over N GPUs",
+        "sharding",
+        _zero(2),
+        1.6,
         "N GPUs; gradients reduce-scattered instead of all-reduced (same volume)",
         "Rajbhandari et al. 2020, arXiv:1910.02054, sec. 5.2 and 7.2.1",
     ),
     Change(
-        "ZeRO-3 / FSDP full-shard over N GPUs", "sharding", _zero(3), 2.0,
+        "ZeRO-3 / FSDP full-shard over N GPUs",
+        "sharding",
+        _zero(3),
+        2.0,
         "N GPUs; parameters all-gathered in forward and backward: 1.5x the communication of "
         "data parallelism",
         "Rajbhandari et al. 2020, arXiv:1910.02054, sec. 5.3 and 7.2.2",
     ),
     Change(
-        "CPU offload of the optimizer", "offload", _offload, 3.0,
+        "CPU offload of the optimizer",
+        "offload",
+        _offload,
+        3.0,
         "optimizer step on the CPU and PCIe transfers each step: often much slower",
         "Ren et al. 2021, arXiv:2101.06840 (ZeRO-Offload)",
     ),
     Change(
-        f"LoRA (rank {LORA_RANK})", "adapters", _lora("none"), 4.0,
+        f"LoRA (rank {LORA_RANK})",
+        "adapters",
+        _lora("none"),
+        4.0,
         "fine-tuning only: a low-rank update instead of full training",
         "Hu et al. 2021, arXiv:2106.09685",
     ),
     Change(
-        f"QLoRA (4-bit NF4 base, rank {LORA_RANK})", "adapters", _lora("nf4"), 4.5,
+        f"QLoRA (4-bit NF4 base, rank {LORA_RANK})",
+        "adapters",
+        _lora("nf4"),
+        4.5,
         "fine-tuning only, 4-bit frozen base: dequantization per matmul and quantization error",
         "Dettmers et al. 2023, arXiv:2305.14314",
     ),
@@ -384,9 +426,7 @@ def fixes(
         if a.group != b.group and a.name not in fitting_alone and b.name not in fitting_alone
     ]
     screened = singles + _screen_fast(spec, training, gpu_spec, pairs, ctx)
-    return _confirm(
-        spec, training, gpu_spec, screened, base_allocated.allocated_bytes, limit, ctx
-    )
+    return _confirm(spec, training, gpu_spec, screened, base_allocated.allocated_bytes, limit, ctx)
 
 
 _Screened = tuple[float, tuple[Change, ...], Iterator[tuple[TrainingConfig, MemoryEstimate]]]

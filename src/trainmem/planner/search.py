@@ -160,7 +160,13 @@ def _search(
     if best is None:
         first = fast_estimate(model, config(1), gpu, cuda_context_bytes=cuda_context_bytes)
         return PlanResult(
-            dimension, None, None, None, first, gpu, "nothing_fits",
+            dimension,
+            None,
+            None,
+            None,
+            first,
+            gpu,
+            "nothing_fits",
             why_nothing_fits(dimension, first, gpu),
         )
     if not fits(sim(best)):
@@ -169,7 +175,13 @@ def _search(
         if sim_best is None:
             first = sim(1)
             return PlanResult(
-                dimension, None, None, None, first, gpu, "nothing_fits",
+                dimension,
+                None,
+                None,
+                None,
+                first,
+                gpu,
+                "nothing_fits",
                 why_nothing_fits(dimension, first, gpu),
             )
         best = sim_best
@@ -178,13 +190,10 @@ def _search(
     if best == max_units:
         limit = cap_reason
         nxt = None
-        reason = (
-            f"{dimension}={value} fits with {format_bytes(margin_bytes(est))} to spare; "
-            + (
-                f"it is the model's context length (max_position_embeddings={max_value})"
-                if limit == "context_length"
-                else f"the search stops at {max_value}"
-            )
+        reason = f"{dimension}={value} fits with {format_bytes(margin_bytes(est))} to spare; " + (
+            f"it is the model's context length (max_position_embeddings={max_value})"
+            if limit == "context_length"
+            else f"the search stops at {max_value}"
         )
     else:
         limit = "memory"
@@ -277,8 +286,13 @@ def max_micro_batch_size(
     """
     spec, gpu_spec = resolve(model, gpu)
     return _search(
-        "micro_batch_size", spec, training, gpu_spec,
-        step=1, max_value=max_value, cap_reason="search_limit",
+        "micro_batch_size",
+        spec,
+        training,
+        gpu_spec,
+        step=1,
+        max_value=max_value,
+        cap_reason="search_limit",
         cuda_context_bytes=cuda_context_bytes,
     )
 
@@ -318,7 +332,12 @@ def max_seq_len(
     if not isinstance(multiple_of, int) or multiple_of < 1:
         raise SpecError("multiple_of", f"must be a positive integer, got {multiple_of!r}")
     return _search(
-        "seq_len", spec, training, gpu_spec,
-        step=multiple_of, max_value=spec.max_position_embeddings, cap_reason="context_length",
+        "seq_len",
+        spec,
+        training,
+        gpu_spec,
+        step=multiple_of,
+        max_value=spec.max_position_embeddings,
+        cap_reason="context_length",
         cuda_context_bytes=cuda_context_bytes,
     )

@@ -197,4 +197,3 @@ def sweep(
             )
         )
     return rows
-

@@ -36,7 +36,6 @@ img { max-width: 100%; height: auto; } .fits { color: #1a7f37; } .nofit { color:
 """
 
 
-
 def _e(value: Any) -> str:
     return html.escape(str(value), quote=True)
 

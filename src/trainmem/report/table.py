@@ -77,11 +77,18 @@ def config_line(est: MemoryEstimate) -> str:
         parts += [f"data_parallel_size={c['data_parallel_size']}", f"zero_stage={c['zero_stage']}"]
     if c.get("offload", "none") != "none":
         parts.append(f"offload={c['offload']}")
-    for key, default in (("tensor_parallel_size", 1), ("sequence_parallel", False),
-                         ("pipeline_parallel_size", 1), ("context_parallel_size", 1),
-                         ("framework", "pytorch-amp"), ("chunked_cross_entropy", 0),
-                         ("optimizer_in_backward", False), ("activation_offloading", False),
-                         ("zero_grad_set_to_none", True), ("compile", False)):
+    for key, default in (
+        ("tensor_parallel_size", 1),
+        ("sequence_parallel", False),
+        ("pipeline_parallel_size", 1),
+        ("context_parallel_size", 1),
+        ("framework", "pytorch-amp"),
+        ("chunked_cross_entropy", 0),
+        ("optimizer_in_backward", False),
+        ("activation_offloading", False),
+        ("zero_grad_set_to_none", True),
+        ("compile", False),
+    ):
         if c.get(key, default) != default:
             parts.append(f"{key}={c[key]}")
     if c.get("lora_rank"):

@@ -22,8 +22,16 @@ from typing import Any
 from trainmem.errors import SpecError
 
 _FSDP_STRATEGIES = {
-    "FULL_SHARD": 3, "1": 3, "SHARD_GRAD_OP": 2, "2": 2, "NO_SHARD": 0, "3": 0,
-    "HYBRID_SHARD": 3, "4": 3, "HYBRID_SHARD_ZERO2": 2, "5": 2,
+    "FULL_SHARD": 3,
+    "1": 3,
+    "SHARD_GRAD_OP": 2,
+    "2": 2,
+    "NO_SHARD": 0,
+    "3": 0,
+    "HYBRID_SHARD": 3,
+    "4": 3,
+    "HYBRID_SHARD_ZERO2": 2,
+    "5": 2,
 }
 """FSDP ``ShardingStrategy`` names (or accelerate's older 1-5 numbering) as ZeRO stages."""
 
@@ -131,8 +139,13 @@ def read_accelerate_config(path: str) -> dict[str, Any]:
         if file:
             base = Path(path).expanduser().parent
             nested = file if Path(file).is_absolute() else str(base / file)
-            out.update({k: v for k, v in read_deepspeed_config(nested).items()
-                        if k not in out or k == "framework"})
+            out.update(
+                {
+                    k: v
+                    for k, v in read_deepspeed_config(nested).items()
+                    if k not in out or k == "framework"
+                }
+            )
         else:
             out["framework"] = "deepspeed"
             _set(out, "zero_stage", ds.get("zero_stage"))

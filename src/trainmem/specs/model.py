@@ -150,9 +150,7 @@ class ModelSpec:
         if self.num_experts < 1:
             raise SpecError("num_experts", f"must be >= 1, got {self.num_experts}")
         if self.num_norms_per_layer < 0:
-            raise SpecError(
-                "num_norms_per_layer", f"must be >= 0, got {self.num_norms_per_layer}"
-            )
+            raise SpecError("num_norms_per_layer", f"must be >= 0, got {self.num_norms_per_layer}")
         if not 0.0 < self.partial_rotary_factor <= 1.0:
             raise SpecError(
                 "partial_rotary_factor",

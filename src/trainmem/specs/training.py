@@ -59,7 +59,12 @@ Attention = Literal["eager", "sdpa", "flash"]
 OptimizerImplementation = Literal["foreach", "fused", "for-loop"]
 
 PRECISIONS: tuple[str, ...] = (
-    "32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "fp8-mixed"
+    "32-true",
+    "16-mixed",
+    "bf16-mixed",
+    "16-true",
+    "bf16-true",
+    "fp8-mixed",
 )
 OPTIMIZERS: tuple[str, ...] = (
     "sgd",
@@ -83,7 +88,13 @@ families (GPT-2 ``c_attn``, Falcon / GPT-NeoX ``query_key_value``) any of q, k, 
 one fused module, as peft does."""
 PIPELINE_SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved-1f1b", "gpipe")
 FRAMEWORKS: tuple[str, ...] = (
-    "pytorch-amp", "hf-trainer", "deepspeed", "megatron", "fsdp2", "torchtune", "litgpt"
+    "pytorch-amp",
+    "hf-trainer",
+    "deepspeed",
+    "megatron",
+    "fsdp2",
+    "torchtune",
+    "litgpt",
 )
 """Framework conventions, see Note [Framework conventions]."""
 _AUTOCAST_FRAMEWORKS = frozenset({"pytorch-amp", "hf-trainer", "litgpt"})
@@ -209,8 +220,13 @@ class TrainingConfig:
             "activation_checkpointing", self.activation_checkpointing, ACTIVATION_CHECKPOINTING
         )
         _check_choice("attention", self.attention, ATTENTIONS)
-        for field in ("data_parallel_size", "tensor_parallel_size", "pipeline_parallel_size",
-                      "context_parallel_size", "virtual_pipeline_stages"):
+        for field in (
+            "data_parallel_size",
+            "tensor_parallel_size",
+            "pipeline_parallel_size",
+            "context_parallel_size",
+            "virtual_pipeline_stages",
+        ):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise SpecError(field, f"must be a positive integer, got {value!r}")
@@ -276,8 +292,11 @@ class TrainingConfig:
         """The optimizer implementation that runs: as asked, except that the HF Trainer's default
         optimizer (``adamw_torch_fused`` since transformers 4.46 with torch >= 2.5,
         transformers/training_args.py) is fused when the default ``foreach`` was left."""
-        if (self.framework == "hf-trainer" and self.optimizer in ("adam", "adamw")
-                and self.optimizer_implementation == "foreach"):
+        if (
+            self.framework == "hf-trainer"
+            and self.optimizer in ("adam", "adamw")
+            and self.optimizer_implementation == "foreach"
+        ):
             return "fused"
         return self.optimizer_implementation
 
@@ -310,3 +329,16 @@ class TrainingConfig:
     def is_mixed(self) -> bool:
         """True for the ``*-mixed`` precisions (16-bit compute, an fp32 copy of the weights)."""
         return self.precision.endswith("-mixed")
+
+
+def zero_stage_from(zero_stage: int, fsdp: str | None) -> int:
+    """The ZeRO stage, from ``--zero-stage`` or the FSDP strategy that shards like it
+    (``hybrid-shard`` shards like ``full-shard`` within its shard group)."""
+    if fsdp is None:
+        return zero_stage
+    if fsdp == "hybrid-shard":
+        return 3
+    if fsdp not in FSDP_TO_ZERO:
+        allowed = ", ".join((*FSDP_TO_ZERO, "hybrid-shard"))
+        raise SpecError("fsdp", f"unknown value {fsdp!r}; allowed: {allowed}")
+    return FSDP_TO_ZERO[fsdp]

@@ -7,34 +7,26 @@ one line ``error: <field>: <message>`` on stderr with exit code 2, never a trace
 from __future__ import annotations
 
 import json
-import sys
-from collections.abc import Callable
-from functools import wraps
-from typing import Annotated, Any, TypeVar
+from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from trainmem.breakdown import MemoryEstimate
-from trainmem.cli_options import (
+from trainmem.cli.common import clean_errors, console
+from trainmem.cli.options import (
     AllocConfOpt,
     EngineOpt,
     GpuOpt,
     JsonOpt,
     ModelArg,
-    parse_lora_targets,
     with_training_options,
-    zero_stage_from,
 )
-from trainmem.errors import SpecError, TrainmemError
+from trainmem.errors import SpecError
 from trainmem.estimate import estimate, resolve_model
 from trainmem.specs.hardware import GPUS
 from trainmem.specs.training import TrainingConfig
 
-__all__ = [
-    "AllocConfOpt", "EngineOpt", "GpuOpt", "JsonOpt", "ModelArg", "app", "clean_errors",
-    "console", "main", "parse_lora_targets", "zero_stage_from",
-]
+__all__ = ["app", "main"]
 
 app = typer.Typer(
     help="How much GPU memory does training this model need, where does it go, and what fits?",
@@ -42,32 +34,13 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-_stdout_probe = Console()
-# Piped output (CI logs, files) gets room for the tables instead of rich's 80-column default.
-console = _stdout_probe if _stdout_probe.is_terminal else Console(width=160)
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def clean_errors(func: F) -> F:
-    """Turn trainmem's own errors into one line on stderr and exit code 2."""
-
-    @wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except (TrainmemError, ImportError) as exc:
-            # plain print: one line whatever the terminal width (rich would wrap it)
-            print(f"error: {exc}", file=sys.stderr)
-            raise typer.Exit(2) from None
-
-    return wrapper  # type: ignore[return-value]
-
-
 SnapshotOpt = Annotated[
     str | None,
-    typer.Option("--snapshot", help="Write the simulated step as a PyTorch memory snapshot "
-                 "(open it at https://pytorch.org/memory_viz)."),
+    typer.Option(
+        "--snapshot",
+        help="Write the simulated step as a PyTorch memory snapshot "
+        "(open it at https://pytorch.org/memory_viz).",
+    ),
 ]
 ModulesOpt = Annotated[
     int,
@@ -132,7 +105,7 @@ def estimate_cmd(
         write_step_snapshot(model, training, gpu, alloc_conf, snapshot)
         est.notes.append(f"memory snapshot written to {snapshot}")
     if plot is not None or html is not None:
-        from trainmem.report.commands import emit_reports
+        from trainmem.report.compare import emit_reports
 
         est.notes.extend(emit_reports(est, plot=plot, html=html, alloc_conf=alloc_conf))
     if uncertainty:
@@ -181,7 +154,10 @@ def write_step_snapshot(
     from trainmem.estimate import resolve_gpu
 
     result = replay_step(
-        resolve_model(model), training, gpu=resolve_gpu(gpu), alloc_conf=alloc_conf,
+        resolve_model(model),
+        training,
+        gpu=resolve_gpu(gpu),
+        alloc_conf=alloc_conf,
         record_history=True,
     )
     assert result.snapshot is not None  # record_history=True always fills it
@@ -209,13 +185,15 @@ def compare_snapshot_cmd(
     from trainmem.analytic.engine import replay_step
     from trainmem.estimate import resolve_gpu
 
-    prediction = replay_step(resolve_model(model), training, gpu=resolve_gpu(gpu),
-                             alloc_conf=alloc_conf)
+    prediction = replay_step(
+        resolve_model(model), training, gpu=resolve_gpu(gpu), alloc_conf=alloc_conf
+    )
     try:
         report = compare_snapshot(snapshot_file, prediction)
     except OSError as exc:
-        raise SpecError("snapshot_file", f"cannot read {snapshot_file}: "
-                        f"{exc.strerror or exc}") from exc
+        raise SpecError(
+            "snapshot_file", f"cannot read {snapshot_file}: {exc.strerror or exc}"
+        ) from exc
     print(json.dumps(report, indent=2, default=str))
 
 
@@ -312,24 +290,16 @@ def gpus_cmd(as_json: JsonOpt = False) -> None:
     console.print(gpus_table(GPUS.values()))
 
 
-def _register_planner() -> None:
-    """Add ``plan``, ``fit`` and ``sweep`` (trainmem.planner.commands)."""
-    from trainmem.planner.commands import register
+def _register_commands() -> None:
+    """Add ``plan``, ``fit``, ``sweep`` (:mod:`trainmem.cli.planner`) and ``compare``
+    (:mod:`trainmem.cli.compare`)."""
+    from trainmem.cli import compare, planner
 
-    register(app)
-
-
-_register_planner()
-
-
-def _register_report() -> None:
-    """Add ``compare`` (trainmem.report.commands)."""
-    from trainmem.report.commands import register
-
-    register(app)
+    planner.register(app)
+    compare.register(app)
 
 
-_register_report()
+_register_commands()
 
 
 def main() -> None:

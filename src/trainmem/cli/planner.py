@@ -1,6 +1,5 @@
 """CLI commands ``plan``, ``fit`` and ``sweep``, added to trainmem's typer app by
-:func:`register` (``cli.py`` calls ``register(app)``; the import is inside the function so that
-``trainmem.cli`` can import this module at any point without a cycle).
+:func:`register` (:mod:`trainmem.cli.app` calls ``register(app)``).
 
 This module deliberately has no ``from __future__ import annotations``: typer reads the option
 annotations at registration time, and the aliases are local names of :func:`register`.
@@ -13,15 +12,15 @@ def register(app: typer.Typer) -> None:
     """Add ``plan``, ``fit`` and ``sweep`` to ``app`` (trainmem's CLI app)."""
     from typing import Annotated
 
-    from trainmem.cli import clean_errors, console
-    from trainmem.cli_options import GpuOpt, JsonOpt, ModelArg, with_training_options
+    from trainmem.cli.common import clean_errors, console
+    from trainmem.cli.options import GpuOpt, JsonOpt, ModelArg, with_training_options
     from trainmem.errors import SpecError
     from trainmem.estimate import resolve_model
-    from trainmem.planner import render
     from trainmem.planner.evaluate import fits, require_gpu, simulated_estimate
     from trainmem.planner.fixes import fixes
     from trainmem.planner.search import max_micro_batch_size, max_seq_len
     from trainmem.planner.sweep import SWEEPABLE, parse_over, sweep
+    from trainmem.report import render
     from trainmem.specs.training import TrainingConfig
 
     MultipleOf = Annotated[

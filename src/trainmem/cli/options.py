@@ -11,6 +11,7 @@ registration time.
 """
 
 import inspect
+import re
 from collections.abc import Callable
 from dataclasses import fields
 from functools import wraps
@@ -24,7 +25,6 @@ from trainmem.specs.training import (
     ACTIVATION_CHECKPOINTING,
     ATTENTIONS,
     FRAMEWORKS,
-    FSDP_TO_ZERO,
     LORA_TARGETS,
     OFFLOADS,
     OPTIMIZER_IMPLEMENTATIONS,
@@ -33,6 +33,7 @@ from trainmem.specs.training import (
     PRECISIONS,
     QUANTIZE_BASE,
     TrainingConfig,
+    zero_stage_from,
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -69,68 +70,183 @@ def _o(*decls: str, help: str) -> Any:  # noqa: A002 - typer's own keyword
 
 
 TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
-    _p("micro_batch_size", Annotated[int, _o("--micro-batch-size", "-b",
-                                             help="Sequences per GPU per step.")], 1),
-    _p("seq_len", Annotated[int | None, _o(
-        "--seq-len", "-s", help="Tokens per sequence [default: model context, max 4096].")], None),
-    _p("precision", Annotated[str, _o(
-        "--precision", "-p", help=f"Lightning precision: {_choices(PRECISIONS)}.")], "bf16-mixed"),
+    _p(
+        "micro_batch_size",
+        Annotated[int, _o("--micro-batch-size", "-b", help="Sequences per GPU per step.")],
+        1,
+    ),
+    _p(
+        "seq_len",
+        Annotated[
+            int | None,
+            _o("--seq-len", "-s", help="Tokens per sequence [default: model context, max 4096]."),
+        ],
+        None,
+    ),
+    _p(
+        "precision",
+        Annotated[
+            str, _o("--precision", "-p", help=f"Lightning precision: {_choices(PRECISIONS)}.")
+        ],
+        "bf16-mixed",
+    ),
     _p("optimizer", Annotated[str, _o("--optimizer", "-o", help=_choices(OPTIMIZERS))], "adamw"),
-    _p("optimizer_implementation", Annotated[str, _o(
-        "--optimizer-implementation", help=_choices(OPTIMIZER_IMPLEMENTATIONS))], "foreach"),
-    _p("activation_checkpointing", Annotated[str, _o(
-        "--activation-checkpointing", "-c", help=_choices(ACTIVATION_CHECKPOINTING))], "none"),
+    _p(
+        "optimizer_implementation",
+        Annotated[str, _o("--optimizer-implementation", help=_choices(OPTIMIZER_IMPLEMENTATIONS))],
+        "foreach",
+    ),
+    _p(
+        "activation_checkpointing",
+        Annotated[
+            str, _o("--activation-checkpointing", "-c", help=_choices(ACTIVATION_CHECKPOINTING))
+        ],
+        "none",
+    ),
     _p("attention", Annotated[str, _o("--attention", help=_choices(ATTENTIONS))], "sdpa"),
-    _p("gradient_accumulation_steps", Annotated[int, _o(
-        "--gradient-accumulation-steps", help="Micro-batches per optimizer step.")], 1),
-    _p("dropout", Annotated[bool, _o("--dropout/--no-dropout",
-                                     help="Apply the model's dropout.")], True),
-    _p("data_parallel_size", Annotated[int, _o(
-        "--data-parallel-size", help="Ranks the model states are sharded over.")], 1),
+    _p(
+        "gradient_accumulation_steps",
+        Annotated[
+            int, _o("--gradient-accumulation-steps", help="Micro-batches per optimizer step.")
+        ],
+        1,
+    ),
+    _p(
+        "dropout",
+        Annotated[bool, _o("--dropout/--no-dropout", help="Apply the model's dropout.")],
+        True,
+    ),
+    _p(
+        "data_parallel_size",
+        Annotated[int, _o("--data-parallel-size", help="Ranks the model states are sharded over.")],
+        1,
+    ),
     _p("zero_stage", Annotated[int, _o("--zero-stage", help="ZeRO stage 0|1|2|3.")], 0),
-    _p("fsdp", Annotated[str | None, _o(
-        "--fsdp", help="full-shard|shard-grad-op|hybrid-shard|no-shard (sets the ZeRO stage it "
-        "shards like)")], None),
+    _p(
+        "fsdp",
+        Annotated[
+            str | None,
+            _o(
+                "--fsdp",
+                help="full-shard|shard-grad-op|hybrid-shard|no-shard (sets the ZeRO stage it "
+                "shards like)",
+            ),
+        ],
+        None,
+    ),
     _p("offload", Annotated[str, _o("--offload", help=_choices(OFFLOADS))], "none"),
-    _p("lora_rank", Annotated[int, _o("--lora-rank",
-                                      help="LoRA rank r (0: full fine-tuning).")], 0),
-    _p("lora_alpha", Annotated[float, _o("--lora-alpha",
-                                         help="LoRA scaling (no effect on memory).")], 16.0),
-    _p("lora_targets", Annotated[str, _o(
-        "--lora-targets", help=",".join(LORA_TARGETS) + ",lm_head or all-linear")], "q,v"),
+    _p(
+        "lora_rank", Annotated[int, _o("--lora-rank", help="LoRA rank r (0: full fine-tuning).")], 0
+    ),
+    _p(
+        "lora_alpha",
+        Annotated[float, _o("--lora-alpha", help="LoRA scaling (no effect on memory).")],
+        16.0,
+    ),
+    _p(
+        "lora_targets",
+        Annotated[
+            str, _o("--lora-targets", help=",".join(LORA_TARGETS) + ",lm_head or all-linear")
+        ],
+        "q,v",
+    ),
     _p("lora_dropout", Annotated[float, _o("--lora-dropout", help="peft lora_dropout.")], 0.0),
-    _p("quantize_base", Annotated[str, _o(
-        "--quantize-base", help=_choices(QUANTIZE_BASE) + " (QLoRA and kin)")], "none"),
-    _p("tensor_parallel_size", Annotated[int, _o(
-        "--tensor-parallel-size", help="Megatron tensor parallelism t.")], 1),
-    _p("sequence_parallel", Annotated[bool, _o(
-        "--sequence-parallel", help="Megatron sequence parallelism (needs t > 1).")], False),
-    _p("pipeline_parallel_size", Annotated[int, _o(
-        "--pipeline-parallel-size", help="Pipeline stages p.")], 1),
-    _p("pipeline_schedule", Annotated[str, _o(
-        "--pipeline-schedule", help=_choices(PIPELINE_SCHEDULES))], "1f1b"),
-    _p("context_parallel_size", Annotated[int, _o(
-        "--context-parallel-size", help="Sequence split over this many ranks.")], 1),
-    _p("framework", Annotated[str, _o(
-        "--framework", help=_choices(FRAMEWORKS) + " (bytes per parameter, loss)")],
-        "pytorch-amp"),
-    _p("chunked_cross_entropy", Annotated[int, _o(
-        "--chunked-cross-entropy", help="Loss in N chunks of tokens (0: whole).")], 0),
-    _p("optimizer_in_backward", Annotated[bool, _o(
-        "--optimizer-in-backward", help="Step and free each gradient in backward.")], False),
-    _p("activation_offloading", Annotated[bool, _o(
-        "--activation-offloading", help="Saved activations offloaded to CPU.")], False),
-    _p("zero_grad_set_to_none", Annotated[bool, _o(
-        "--zero-grad-set-to-none/--zero-grad-keep",
-        help="zero_grad(set_to_none=...); keep = torch < 2.0 behaviour.")], True),
-    _p("compile", Annotated[bool, _o(
-        "--compile", help="torch.compile: fused pointwise chains (see docs).")], False),
-    _p("deepspeed_config", Annotated[str | None, _o(
-        "--deepspeed-config", help="Read settings from a ds_config.json.")], None),
-    _p("accelerate_config", Annotated[str | None, _o(
-        "--accelerate-config", help="Read settings from an accelerate config.")], None),
-    _p("settings", Annotated[list[str] | None, _o(
-        "--set", help="Any other setting as KEY=VALUE, e.g. --set tensor-parallel-size=8.")], None),
+    _p(
+        "quantize_base",
+        Annotated[str, _o("--quantize-base", help=_choices(QUANTIZE_BASE) + " (QLoRA and kin)")],
+        "none",
+    ),
+    _p(
+        "tensor_parallel_size",
+        Annotated[int, _o("--tensor-parallel-size", help="Megatron tensor parallelism t.")],
+        1,
+    ),
+    _p(
+        "sequence_parallel",
+        Annotated[
+            bool, _o("--sequence-parallel", help="Megatron sequence parallelism (needs t > 1).")
+        ],
+        False,
+    ),
+    _p(
+        "pipeline_parallel_size",
+        Annotated[int, _o("--pipeline-parallel-size", help="Pipeline stages p.")],
+        1,
+    ),
+    _p(
+        "pipeline_schedule",
+        Annotated[str, _o("--pipeline-schedule", help=_choices(PIPELINE_SCHEDULES))],
+        "1f1b",
+    ),
+    _p(
+        "context_parallel_size",
+        Annotated[int, _o("--context-parallel-size", help="Sequence split over this many ranks.")],
+        1,
+    ),
+    _p(
+        "framework",
+        Annotated[
+            str, _o("--framework", help=_choices(FRAMEWORKS) + " (bytes per parameter, loss)")
+        ],
+        "pytorch-amp",
+    ),
+    _p(
+        "chunked_cross_entropy",
+        Annotated[
+            int, _o("--chunked-cross-entropy", help="Loss in N chunks of tokens (0: whole).")
+        ],
+        0,
+    ),
+    _p(
+        "optimizer_in_backward",
+        Annotated[
+            bool, _o("--optimizer-in-backward", help="Step and free each gradient in backward.")
+        ],
+        False,
+    ),
+    _p(
+        "activation_offloading",
+        Annotated[bool, _o("--activation-offloading", help="Saved activations offloaded to CPU.")],
+        False,
+    ),
+    _p(
+        "zero_grad_set_to_none",
+        Annotated[
+            bool,
+            _o(
+                "--zero-grad-set-to-none/--zero-grad-keep",
+                help="zero_grad(set_to_none=...); keep = torch < 2.0 behaviour.",
+            ),
+        ],
+        True,
+    ),
+    _p(
+        "compile",
+        Annotated[bool, _o("--compile", help="torch.compile: fused pointwise chains (see docs).")],
+        False,
+    ),
+    _p(
+        "deepspeed_config",
+        Annotated[
+            str | None, _o("--deepspeed-config", help="Read settings from a ds_config.json.")
+        ],
+        None,
+    ),
+    _p(
+        "accelerate_config",
+        Annotated[
+            str | None, _o("--accelerate-config", help="Read settings from an accelerate config.")
+        ],
+        None,
+    ),
+    _p(
+        "settings",
+        Annotated[
+            list[str] | None,
+            _o("--set", help="Any other setting as KEY=VALUE, e.g. --set tensor-parallel-size=8."),
+        ],
+        None,
+    ),
 )
 """Every option that describes the run; names are TrainingConfig fields except ``fsdp`` (a ZeRO
 stage by another name), ``lora_alpha`` (no memory effect), the two config files and ``settings``
@@ -149,19 +265,6 @@ def parse_lora_targets(text: str) -> tuple[str, ...]:
             "lora_targets", "empty; allowed: " + ",".join(LORA_TARGETS) + ",lm_head or all-linear"
         )
     return targets
-
-
-def zero_stage_from(zero_stage: int, fsdp: str | None) -> int:
-    """The ZeRO stage, from ``--zero-stage`` or the FSDP strategy that shards like it
-    (``hybrid-shard`` shards like ``full-shard`` within its shard group)."""
-    if fsdp is None:
-        return zero_stage
-    if fsdp == "hybrid-shard":
-        return 3
-    if fsdp not in FSDP_TO_ZERO:
-        allowed = ", ".join((*FSDP_TO_ZERO, "hybrid-shard"))
-        raise SpecError("fsdp", f"unknown value {fsdp!r}; allowed: {allowed}")
-    return FSDP_TO_ZERO[fsdp]
 
 
 def with_config_files(
@@ -191,8 +294,6 @@ def training_from_options(model: str, values: dict[str, Any]) -> TrainingConfig:
     Raises:
         SpecError: a bad value (the message names the field and the allowed values).
     """
-    from trainmem.report.commands import ESTIMATE_KEYS, parse_set
-
     given = {p.name: values.get(p.name, p.default) for p in TRAINING_OPTIONS}
     settings = {k: v for k, v in given.items() if k not in _NOT_FIELDS}
     settings["zero_stage"] = zero_stage_from(given["zero_stage"], given["fsdp"])
@@ -238,3 +339,48 @@ def with_training_options(*, set_option: bool = True) -> Callable[[F], F]:
         return wrapper  # type: ignore[return-value]
 
     return decorate
+
+
+#: ``--set`` keys that are not TrainingConfig fields: they choose how the estimate is made.
+ESTIMATE_KEYS = ("engine", "gpu", "alloc_conf", "fsdp")
+
+# Assignments are separated by ';' or whitespace, or by a ',' that starts a new KEY=...
+_SPLIT = re.compile(r"[;\s]+|,(?=\s*[A-Za-z][\w-]*\s*=)")
+
+
+def parse_set(text: str) -> dict[str, Any]:
+    """One ``--set`` option: ``"activation-checkpointing=full micro-batch-size=4"`` ->
+    ``{"activation_checkpointing": "full", "micro_batch_size": 4}``.
+
+    Keys are TrainingConfig fields (dashes or underscores) or :data:`ESTIMATE_KEYS`; values are
+    typed like the field's default (:func:`trainmem.planner.sweep.parse_value`);
+    ``lora-targets`` takes ``q,v`` or ``q+v`` or ``all-linear``.
+
+    Raises:
+        SpecError: an empty set, an item without ``=``, an unknown key or a mistyped value.
+    """
+    from trainmem.planner.sweep import field_name, parse_value
+
+    out: dict[str, Any] = {}
+    for item in (p for p in _SPLIT.split(text.strip()) if p):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SpecError("set", f"{item!r} is not KEY=VALUE")
+        name = key.strip().replace("-", "_")
+        if name in ESTIMATE_KEYS:
+            out[name] = value.strip()
+        elif name == "lora_targets":
+            out[name] = parse_lora_targets(value.replace("+", ","))
+        else:
+            try:
+                name = field_name(key)
+            except SpecError:
+                raise SpecError(
+                    "set",
+                    f"unknown key {key.strip()!r} in {text!r} (TrainingConfig fields, "
+                    "engine, gpu, alloc-conf or fsdp)",
+                ) from None
+            out[name] = parse_value(name, value)
+    if not out:
+        raise SpecError("set", "empty; give KEY=VALUE, e.g. activation-checkpointing=full")
+    return out

@@ -1,0 +1,131 @@
+"""CLI pieces for pictures of memory: the ``compare`` command, added to trainmem's typer app by
+:func:`register`, and :func:`emit_reports`, which ``trainmem estimate --plot FILE --html FILE``
+calls after the estimate.
+
+``cli.py`` calls ``register(app)``; the import of ``trainmem.cli`` is inside the function so that
+``trainmem.cli`` can import this module at any point without a cycle. Like
+``trainmem.cli.planner``, this module has no ``from __future__ import annotations``: typer
+reads the option annotations at registration time, and the aliases are local names of
+:func:`register`.
+"""
+
+import dataclasses
+from typing import Any
+
+from trainmem.breakdown import MemoryEstimate
+
+
+def emit_reports(
+    est: MemoryEstimate, *, plot: str | None, html: str | None, alloc_conf: str = ""
+) -> list[str]:
+    """Write the timeline plot and/or the HTML report of ``est``; return one note per file.
+
+    Args:
+        est: the estimate (with its timeline, which both engines attach).
+        plot: ``.png`` / ``.svg`` path for :func:`trainmem.report.plots.plot_timeline`, or None.
+        html: path for :func:`trainmem.report.html.write_html`, or None.
+        alloc_conf: ``PYTORCH_CUDA_ALLOC_CONF`` of the estimate, for the reserved outline.
+
+    Returns:
+        Notes such as ``"timeline plot written to timeline.png"``.
+
+    Raises:
+        SpecError: no timeline on ``est``, a bad suffix, or a file that cannot be written.
+        ImportError: matplotlib (the ``plot`` extra) is not installed.
+    """
+    notes: list[str] = []
+    if plot is not None:
+        from trainmem.report.plots import plot_timeline
+
+        plot_timeline(est, plot, alloc_conf=alloc_conf)
+        notes.append(f"timeline plot written to {plot}")
+    if html is not None:
+        from trainmem.report.html import write_html
+
+        write_html(est, html, alloc_conf=alloc_conf)
+        notes.append(f"HTML report written to {html}")
+    return notes
+
+
+_NOT_FIELDS = ("engine", "gpu", "alloc_conf", "fsdp")
+"""``--set`` keys that choose how the estimate is made rather than a TrainingConfig field."""
+
+
+def compare_estimates(
+    model: str,
+    base: Any,
+    sets: list[dict[str, Any]],
+    *,
+    gpu: str | None,
+    engine: str,
+    alloc_conf: str,
+) -> list[MemoryEstimate]:
+    """One estimate per option set: ``base`` (a TrainingConfig) with the set's fields replaced.
+
+    Raises:
+        SpecError: an invalid combination (TrainingConfig validates it), an unknown GPU/engine.
+    """
+    from trainmem.estimate import estimate
+    from trainmem.specs.training import zero_stage_from
+
+    out = []
+    for overrides in sets:
+        fields = {k: v for k, v in overrides.items() if k not in _NOT_FIELDS}
+        if "fsdp" in overrides:
+            fields["zero_stage"] = zero_stage_from(base.zero_stage, overrides["fsdp"])
+        training = dataclasses.replace(base, **fields)
+        out.append(
+            estimate(
+                model,
+                training,
+                gpu=overrides.get("gpu", gpu),
+                engine=overrides.get("engine", engine),
+                alloc_conf=overrides.get("alloc_conf", alloc_conf),
+            )
+        )
+    return out
+
+
+def compare_table(estimates: list[MemoryEstimate], labels: list[str]) -> Any:
+    """Rich table: one row per configuration, GiB (2^30 bytes) per category and the peaks."""
+    from rich.table import Table
+
+    from trainmem.breakdown import BREAKDOWN_KEYS
+    from trainmem.report.modules import gib_text
+
+    names = ", ".join(sorted({e.model_name for e in estimates}))
+    table = Table(
+        title=f"{names}: peak of one training step per configuration",
+        caption="GiB = 2^30 bytes; '--json' gives exact bytes",
+    )
+    table.add_column(
+        "configuration", style="bold", no_wrap=True, min_width=max(len(x) for x in labels)
+    )
+    short = {
+        "parameters": "params",
+        "gradients": "grads",
+        "optimizer_states": "optim",
+        "activations": "acts",
+        "temporary": "temp",
+        "fragmentation": "frag",
+        "cuda_context": "ctx",
+    }
+    for key in BREAKDOWN_KEYS:
+        table.add_column(short[key], justify="right")
+    for col in ("allocated", "reserved", "device"):
+        table.add_column(col, justify="right")
+    table.add_column("peak in")
+    table.add_column("fits")
+    for label, e in zip(labels, estimates, strict=True):
+        b = e.breakdown
+        fits = "-" if e.fits is None else ("[green]yes[/]" if e.fits else "[red]no[/]")
+        table.add_row(
+            label,
+            *(gib_text(getattr(b, k)) for k in BREAKDOWN_KEYS),
+            gib_text(b.allocated_bytes),
+            gib_text(b.reserved_bytes),
+            gib_text(b.device_total_bytes),
+            e.peak_phase,
+            fits,
+        )
+    return table
