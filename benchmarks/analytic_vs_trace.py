@@ -18,7 +18,7 @@ import re
 import time
 from collections import defaultdict
 
-from trainmem.analytic.engine import estimate_analytic
+from trainmem.estimate import estimate as estimate_analytic
 from trainmem.breakdown import BREAKDOWN_KEYS
 from trainmem.errors import TrainmemError
 from trainmem.specs.hf import load_model_spec

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from trainmem.analytic.engine import estimate_analytic
+from trainmem.estimate import estimate as estimate_analytic
 from trainmem.estimate import estimate, resolve_model
 from trainmem.planner.evaluate import fits
 from trainmem.planner.fixes import CHANGES, Change, fixes

@@ -85,7 +85,7 @@ def test_bf16_mixed_sdpa_uses_flash_kernel_and_cuda_autocast_lists() -> None:
 
 
 def test_model_states_equal_analytic_exactly() -> None:
-    from trainmem.analytic.engine import estimate_analytic
+    from trainmem.estimate import estimate as estimate_analytic
     from trainmem.specs.hf import load_model_spec
 
     for preset in ("tiny-gpt2-test", "tiny-llama-test"):

@@ -471,8 +471,7 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
         lm_head_frozen = training.is_lora and "lm_head" not in training.lora_targets
         # a frozen LM head saves no input, unless bitsandbytes quantized it (lit-gpt quantizes
         # every linear, the LM head too; HF keeps it unquantized)
-        bnb_head = training.framework == "litgpt" and training.quantize_base != "none"
-        if not lm_head_frozen or bnb_head:
+        if not lm_head_frozen or quantized_lm_head(training):
             out["lm_head_input"] = c * h * t
         if training.framework == "litgpt":
             # Lightning Fabric casts the model output to fp32 (``_FabricModule.forward`` ->
@@ -490,6 +489,25 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
     else:
         out["pooled"] = 4 * h * b * 4
     return split_for_parallelism(out, training)
+
+
+def quantized_lm_head(training: TrainingConfig) -> bool:
+    """The LM head is quantized with the rest of the base: lit-gpt's ``--quantize bnb.*``
+    replaces every ``nn.Linear``, the LM head too (lit_gpt/utils.py, Fabric's
+    ``BitsandbytesPrecision.convert_module``); HF / peft keep ``lm_head`` unquantized
+    (``llm_int8_skip_modules`` defaults to the output embedding)."""
+    return training.framework == "litgpt" and training.quantize_base != "none"
+
+
+def lm_head_dequant_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes of the LM head's weight dequantized to the compute dtype while its matmul runs
+    (forward, and again for the input gradient in backward) when the head is quantized
+    (:func:`quantized_lm_head`): bitsandbytes ``MatMul4Bit`` dequantizes the whole (V, h) weight
+    (bitsandbytes/autograd/_functions.py ``F.dequantize_4bit``), 0 otherwise."""
+    if not quantized_lm_head(training) or model.head not in ("causal-lm", "masked-lm"):
+        return 0
+    c, _ = compute_and_residual_bytes(training)
+    return c * model.vocab_size * model.hidden_size // training.tensor_parallel_size
 
 
 def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:

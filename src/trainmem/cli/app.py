@@ -102,7 +102,7 @@ def estimate_cmd(
             "modelled; other recomputation by its partitioner is not, so this is an upper bound"
         )
     if snapshot is not None:
-        write_step_snapshot(model, training, gpu, alloc_conf, snapshot)
+        write_step_snapshot(est, gpu, alloc_conf, snapshot)
         est.notes.append(f"memory snapshot written to {snapshot}")
     if plot is not None or html is not None:
         from trainmem.report.compare import emit_reports
@@ -145,21 +145,12 @@ def add_uncertainty(est: MemoryEstimate) -> None:
     )
 
 
-def write_step_snapshot(
-    model: str, training: TrainingConfig, gpu: str | None, alloc_conf: str, path: str
-) -> None:
-    """Replay the analytic step with history and write it as a PyTorch snapshot pickle."""
+def write_step_snapshot(est: MemoryEstimate, gpu: str | None, alloc_conf: str, path: str) -> None:
+    """Write the estimate's replayed step (whichever engine made it) as a PyTorch snapshot."""
     from trainmem.allocator.snapshot import write_snapshot
-    from trainmem.analytic.engine import replay_step
-    from trainmem.estimate import resolve_gpu
+    from trainmem.estimate import replay_estimate, resolve_gpu
 
-    result = replay_step(
-        resolve_model(model),
-        training,
-        gpu=resolve_gpu(gpu),
-        alloc_conf=alloc_conf,
-        record_history=True,
-    )
+    result = replay_estimate(est, gpu=resolve_gpu(gpu), alloc_conf=alloc_conf, record_history=True)
     assert result.snapshot is not None  # record_history=True always fills it
     try:
         write_snapshot(path, result.snapshot)

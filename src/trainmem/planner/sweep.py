@@ -15,9 +15,8 @@ from dataclasses import MISSING, dataclass, fields, replace
 from itertools import product
 from typing import Any
 
-from trainmem.analytic.engine import estimate_analytic
 from trainmem.errors import SpecError
-from trainmem.estimate import resolve_gpu, resolve_model
+from trainmem.estimate import estimate, resolve_gpu, resolve_model
 from trainmem.planner.evaluate import fits
 from trainmem.specs.hardware import GPUSpec
 from trainmem.specs.model import ModelSpec
@@ -176,7 +175,7 @@ def sweep(
     for point in product(*grids):
         settings = dict(zip(names, point, strict=True))
         training = replace(base_training, **settings)
-        est = estimate_analytic(
+        est = estimate(
             spec,
             training,
             gpu=gpu_spec,
