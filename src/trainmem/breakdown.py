@@ -141,13 +141,27 @@ class MemoryEstimate:
     gpu_name: str | None = None
     gpu_capacity_bytes: int | None = None
     details: dict[str, Any] = field(default_factory=dict)
-    timeline: Any = None
+    recorded_timeline: Any = None
     notes: list[str] = field(default_factory=list)
     schedules: list[Any] = field(default_factory=list)
     rank_labels: list[dict[str, Any]] = field(default_factory=list)
     model_states_bytes: dict[str, int] = field(default_factory=dict)
     oom_message: str | None = None
     replayed: bool = False
+    reported_rank: int = 0
+
+    @property
+    def timeline(self) -> Any:
+        """The replayed events of the reported rank: the trace engine's recording, or the
+        expansion of the analytic schedule (built on first use; None without the replay)."""
+        if self.recorded_timeline is None and self.replayed and self.schedules:
+            self.recorded_timeline = self.schedules[self.reported_rank].expand()
+        return self.recorded_timeline
+
+    @timeline.setter
+    def timeline(self, value: Any) -> None:
+        self.recorded_timeline = value
+        self.replayed = self.replayed and value is not None
 
     @property
     def fits(self) -> bool | None:

@@ -18,8 +18,10 @@ from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from trainmem.allocator.replay import ReplayResult
-    from trainmem.timeline import Timeline
+    from trainmem.timeline import AllocEvent, Timeline
 
 Engine = Literal["analytic", "trace"]
 ENGINES: tuple[str, ...] = ("analytic", "trace")
@@ -161,13 +163,14 @@ def finish(
     fragmentation = 0
     if simulate_allocator:
         for k, sched in enumerate(est.schedules):
-            result = _replay(sched.expand(), ctx, gpu=gpu, alloc_conf=alloc_conf)
+            result = _replay(sched.events(), ctx, gpu=gpu, alloc_conf=alloc_conf)
             per_rank[k]["reserved_bytes"] = result.max_memory_reserved
             per_rank[k]["oom"] = result.oom
             if result.oom and est.oom_message is None and result.oom_message:
                 est.oom_message = result.oom_message.splitlines()[0]
             if k == worst:
-                fragmentation = max(result.max_memory_reserved - peak.peak_bytes, 0)
+                if not result.oom:  # a failed step has no reserved figure to report
+                    fragmentation = max(result.max_memory_reserved - peak.peak_bytes, 0)
                 est.details["allocator_replay"] = {
                     "events": result.num_events,
                     "max_memory_allocated": result.max_memory_allocated,
@@ -175,8 +178,8 @@ def finish(
                     "oom": result.oom,
                     "num_alloc_retries": result.memory_stats.get("num_alloc_retries", 0),
                 }
-        est.timeline = schedule.expand()
         est.replayed = True
+        est.reported_rank = worst
     est.breakdown = replace(
         est.breakdown,
         parameters=split.get("parameters", 0),
@@ -209,7 +212,7 @@ def finish(
 
 
 def _replay(
-    timeline: Timeline,
+    timeline: Timeline | Iterable[AllocEvent],
     ctx: int,
     *,
     gpu: GPUSpec | None,
@@ -224,6 +227,7 @@ def _replay(
         alloc_conf=alloc_conf,
         device_total_bytes=None if gpu is None else gpu.memory_bytes,
         record_history=record_history,
+        continue_after_oom=False,
     )
 
 

@@ -66,7 +66,9 @@ from trainmem.specs.training import TrainingConfig
 from trainmem.timeline import Phase
 from trainmem.units import dtype_bytes
 
-WARMUP_STEPS = 2
+WEIGHT_COPIES = "autocast_weight_copies"
+
+WARMUP_STEPS = 1
 """Steps replayed before the measured one (Note [Analytic step schedule])."""
 
 
@@ -213,13 +215,35 @@ class _Builder:
             dropped = {"recomputed": prof.recompute}
         else:
             dropped = {k: v for k, v in prof.terms.items() if k not in saved}
+        if self.weight_copy:  # autocast's cache holds them (Note [Analytic step schedule])
+            dropped.pop(WEIGHT_COPIES, None)
         pieces = _tensor_sizes(self.model, t)
 
         def blocks(terms: dict[str, int]) -> list[tuple[str, int]]:
             ordered = sorted(terms.items(), key=lambda kv: kv[0].startswith("mlp/"))
-            return [(k, size) for k, v in ordered for size in _split(v, pieces) if v > 0]
+            return [
+                (k, size)
+                for k, v in ordered
+                for size in (self._weight_blocks(v) if k == WEIGHT_COPIES else _split(v, pieces))
+                if v > 0
+            ]
 
         return blocks(saved), blocks(dropped)
+
+    def _weight_blocks(self, total: int) -> list[int]:
+        """16-bit weight copies of one layer as the tensors they are (q, k, v, o, the MLP's
+        linears per expert, the router), or one block if their sum is not ``total``."""
+        m, c = self.model, self.c
+        h, i = m.hidden_size, m.intermediate_size
+        q, kv = h * m.num_heads * m.head_dim, h * m.num_kv_heads * m.head_dim
+        n_mlp = (3 if m.mlp_kind == "gated" else 2) * m.num_experts
+        router = [h * m.num_experts] if m.num_experts > 1 else []
+        sizes = [q, kv, kv, q] + [h * i] * n_mlp + router
+        for div in (1, self.training.tensor_parallel_size):
+            out = [c * n // div for n in sizes]
+            if sum(out) == total:
+                return out
+        return [total]
 
     # -- pieces of the step -----------------------------------------------------------------
 
@@ -326,8 +350,8 @@ class _Builder:
         head_act = alloc(self.head_acts, Cat.ACTIVATION, f, "act/head", "head", "head activations")
         items += [head_dequant, logits, free(head_dequant, f), head_act, free(logits, f)]
         if self.weight_copy:
-            copy = alloc(self.weight_copy, Cat.ACTIVATION, f, "wcopy/{i}", "layers.{i}")
-            items.append(Repeat((free(copy, f),), self.L))
+            copies = self._weight_copy_ops(f, "wcopy/{i}", "")
+            items.append(Repeat(tuple(free(op, f) for op in copies), self.L))
         # backward
         if first_ever:
             items.append(alloc(ws, Cat.TEMPORARY, b, "cublas/1", "cublas", "cuBLAS workspace"))
@@ -382,6 +406,14 @@ class _Builder:
         items += [free(op, b) for op in reversed(spans)]
         return items
 
+    def _weight_copy_ops(self, phase: Phase, key: str, label: str) -> list[Op]:
+        if not self.weight_copy:
+            return []
+        return [
+            alloc(size, Cat.ACTIVATION, phase, f"{key}/{n}", "layers.{i}", label)
+            for n, size in enumerate(self._weight_blocks(self.weight_copy))
+        ]
+
     def _saved_ops(self, phase: Phase, key: str) -> list[Op]:
         return [
             alloc(size, Cat.ACTIVATION, phase, f"act/{key}/{n}", "layers.{i}", "saved activations")
@@ -391,17 +423,7 @@ class _Builder:
     def _forward_layers(self) -> list[Item]:
         f: Phase = "forward"
         body: list[Op] = []
-        if self.weight_copy:
-            body.append(
-                alloc(
-                    self.weight_copy,
-                    Cat.ACTIVATION,
-                    f,
-                    "wcopy/{i}",
-                    "layers.{i}",
-                    "autocast's cached 16-bit weight copies",
-                )
-            )
+        body += self._weight_copy_ops(f, "wcopy/{i}", "autocast's cached 16-bit weight copies")
         if self.dequant:
             d = alloc(
                 self.dequant, Cat.TEMPORARY, f, "dequant", "layers.{i}", "a dequantized base weight"

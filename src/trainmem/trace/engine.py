@@ -367,7 +367,7 @@ def _estimate(
             "trace_seconds": round(capture.trace_seconds, 3),
             "warmup_seconds": round(capture.warmup_seconds, 3),
         },
-        timeline=report.timeline,
+        recorded_timeline=report.timeline,
         notes=[
             "trace engine: requested sizes, no 512 B rounding or fragmentation (allocator "
             "simulator's job); CUDA context is the default allowance",
