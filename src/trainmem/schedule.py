@@ -75,12 +75,14 @@ class Op:
 @dataclass(frozen=True, slots=True)
 class Repeat:
     """``body`` run ``count`` times; iteration ``k`` has index ``start + k``, or counts down
-    from ``start + count - 1`` when ``reverse`` (backward through the layers)."""
+    from ``start + count - 1`` when ``reverse`` (backward through the layers). ``independent``:
+    every iteration frees what it allocates and nothing else (Note [Balanced repeats])."""
 
     body: tuple[Item, ...]
     count: int
     reverse: bool = False
     start: int = 0
+    independent: bool = False
 
     def index(self, k: int) -> int:
         """The index of iteration ``k`` (0-based)."""
@@ -270,8 +272,8 @@ BALANCED_REPEATS = 2
 """Iterations of a balanced repeated body that :meth:`StepSchedule.expand` writes out.
 
 Note [Balanced repeats]
-    A repeated body that frees everything it allocates (a micro-batch of gradient accumulation
-    once the gradients exist) leaves the caching allocator where it found it after its first
+    A repeated body marked ``independent`` frees everything it allocates and nothing else (a
+    micro-batch of gradient accumulation once the gradients exist), so it leaves the caching allocator where it found it after its first
     iterations: the same requests meet the same cached blocks. ``expand()`` writes out
     :data:`BALANCED_REPEATS` iterations of such a body, so 1024 micro-batches replay like two
     (their live bytes are identical, so ``peak()`` is unchanged; a property test checks
@@ -287,7 +289,7 @@ def _only(items: Sequence[Item], category: MemoryCategory) -> tuple[Item, ...]:
         else:
             body = _only(x.body, category)
             if body:
-                out.append(Repeat(body, x.count, x.reverse, x.start))
+                out.append(Repeat(body, x.count, x.reverse, x.start, x.independent))
     return tuple(out)
 
 
@@ -307,7 +309,7 @@ def _expand(
     for item in items:
         if isinstance(item, Repeat):
             count = item.count
-            if count > BALANCED_REPEATS and not any(_summarise(item.body).delta.values()):
+            if count > BALANCED_REPEATS and item.independent:
                 count = BALANCED_REPEATS  # Note [Balanced repeats]
             for k in range(count):
                 yield from _expand(item.body, {**index, "i": item.index(k)}, live, counter)

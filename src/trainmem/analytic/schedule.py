@@ -625,7 +625,8 @@ class _Builder:
             items += self.all_gradients("forward")
         items += self.micro_batch(new_grads=not keep, first_ever=first)
         if m > 1:
-            items.append(Repeat(tuple(self.micro_batch(new_grads=False, first_ever=False)), m - 1))
+            again = self.micro_batch(new_grads=False, first_ever=False)
+            items.append(Repeat(tuple(again), m - 1, independent=True))
         items += self.optimizer(first=first)
         if not keep and not t.optimizer_in_backward:
             items += self.free_gradients("zero_grad")
