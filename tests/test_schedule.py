@@ -35,8 +35,9 @@ def test_repeat_peak_by_hand() -> None:
     # the last layer's transient, 20 + 10 + 5 = 35; backward: 30 - 10 + 4 = 24, ... lower.
     body = (_a(10, "act/{i}"), _a(5, "tmp"), _f(5, "tmp"))
     back = (_a(4, "g/{i}", Cat.GRADIENT), _f(10, "act/{i}"))
-    sched = StepSchedule(setup=(_a(100, "w", Cat.PARAMETER),),
-                         step=(Repeat(body, 3), Repeat(back, 3, reverse=True)))
+    sched = StepSchedule(
+        setup=(_a(100, "w", Cat.PARAMETER),), step=(Repeat(body, 3), Repeat(back, 3, reverse=True))
+    )
     peak = sched.peak()
     assert peak.peak_bytes == 100 + 35
     assert peak.by_category == {Cat.PARAMETER: 100, Cat.ACTIVATION: 35}
@@ -45,7 +46,9 @@ def test_repeat_peak_by_hand() -> None:
     assert len(events) == 1 + 3 * 3 + 3 * 2
     # backward runs layer 2 first: its free names the block layer 2's forward allocated
     first_free = next(e for e in events if e.action == "free" and e.size_bytes == 10)
-    first_alloc = next(e for e in events if e.action == "alloc" and e.block_id == first_free.block_id)
+    first_alloc = next(
+        e for e in events if e.action == "alloc" and e.block_id == first_free.block_id
+    )
     assert first_alloc.module == "layers.2"
     assert sched.category_peak(Cat.GRADIENT) == 12
 
@@ -84,8 +87,9 @@ CONFIGS = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=60, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
 @given(config=CONFIGS, model=st.sampled_from(["tiny-gpt2-test", "gpt2", "llama-3.2-1b"]))
 def test_peak_is_the_peak_of_the_expansion(config: dict, model: str) -> None:
     try:
@@ -102,16 +106,48 @@ MATRIX = [
     ("gpt2", {"micro_batch_size": 4, "seq_len": 1024}, "A100-40GB"),
     ("llama-3.2-1b", {"seq_len": 2048, "zero_stage": 1, "data_parallel_size": 8}, "A100-40GB"),
     ("llama-3.2-1b", {"seq_len": 2048, "zero_stage": 3, "data_parallel_size": 8}, "L4"),
-    ("llama-3.2-1b", {"micro_batch_size": 4, "seq_len": 4096, "activation_offloading": True},
-     "A100-40GB"),
-    ("llama-3.1-8b", {"seq_len": 2048, "lora_rank": 16, "quantize_base": "nf4",
-                      "activation_checkpointing": "full"}, "L4"),
-    ("llama-3.1-8b", {"seq_len": 2048, "tensor_parallel_size": 4, "sequence_parallel": True,
-                      "pipeline_parallel_size": 2, "gradient_accumulation_steps": 4}, "H100-80GB"),
-    ("llama-3.1-8b", {"seq_len": 2048, "offload": "optimizer", "zero_stage": 2,
-                      "data_parallel_size": 4}, "A100-40GB"),
-    ("llama-3.1-70b", {"micro_batch_size": 16, "seq_len": 8192, "data_parallel_size": 32,
-                       "zero_stage": 3, "tensor_parallel_size": 8}, "H100-80GB"),
+    (
+        "llama-3.2-1b",
+        {"micro_batch_size": 4, "seq_len": 4096, "activation_offloading": True},
+        "A100-40GB",
+    ),
+    (
+        "llama-3.1-8b",
+        {
+            "seq_len": 2048,
+            "lora_rank": 16,
+            "quantize_base": "nf4",
+            "activation_checkpointing": "full",
+        },
+        "L4",
+    ),
+    (
+        "llama-3.1-8b",
+        {
+            "seq_len": 2048,
+            "tensor_parallel_size": 4,
+            "sequence_parallel": True,
+            "pipeline_parallel_size": 2,
+            "gradient_accumulation_steps": 4,
+        },
+        "H100-80GB",
+    ),
+    (
+        "llama-3.1-8b",
+        {"seq_len": 2048, "offload": "optimizer", "zero_stage": 2, "data_parallel_size": 4},
+        "A100-40GB",
+    ),
+    (
+        "llama-3.1-70b",
+        {
+            "micro_batch_size": 16,
+            "seq_len": 8192,
+            "data_parallel_size": 32,
+            "zero_stage": 3,
+            "tensor_parallel_size": 8,
+        },
+        "H100-80GB",
+    ),
     ("gpt2", {"optimizer": "sgd-momentum", "optimizer_implementation": "for-loop"}, "T4"),
 ]
 
@@ -138,10 +174,12 @@ def test_fits_agrees_with_plan() -> None:
     base = TrainingConfig(seq_len=2048)
     plan = max_micro_batch_size("llama-3.2-1b", base, "A100-40GB")
     assert plan.value is not None
-    ok = estimate("llama-3.2-1b", dataclasses.replace(base, micro_batch_size=plan.value),
-                  gpu="A100-40GB")
-    over = estimate("llama-3.2-1b", dataclasses.replace(base, micro_batch_size=plan.value + 1),
-                    gpu="A100-40GB")
+    ok = estimate(
+        "llama-3.2-1b", dataclasses.replace(base, micro_batch_size=plan.value), gpu="A100-40GB"
+    )
+    over = estimate(
+        "llama-3.2-1b", dataclasses.replace(base, micro_batch_size=plan.value + 1), gpu="A100-40GB"
+    )
     assert ok.fits is True and over.fits is False
 
 
@@ -151,8 +189,13 @@ def test_model_states_follow_zero(stage: int) -> None:
     # 16-bit weights, 2 B of 16-bit gradients and K = 12 B of fp32 master weights + Adam
     # moments per parameter; stage 1 shards K, stage 2 also the gradients, stage 3 everything.
     n_gpus = 8
-    training = TrainingConfig(seq_len=128, framework="deepspeed", precision="bf16-mixed",
-                              zero_stage=stage, data_parallel_size=n_gpus)
+    training = TrainingConfig(
+        seq_len=128,
+        framework="deepspeed",
+        precision="bf16-mixed",
+        zero_stage=stage,
+        data_parallel_size=n_gpus,
+    )
     est = estimate("gpt2", training, simulate_allocator=False)
     n = est.num_parameters
     states = est.model_states_bytes
@@ -171,10 +214,14 @@ def test_model_states_follow_zero(stage: int) -> None:
 
 def test_gradient_accumulation_is_one_segment() -> None:
     # 1024 micro-batches cost the schedule one repeated segment, not 1024 copies
-    few = estimate("llama-3.2-1b", TrainingConfig(seq_len=512, gradient_accumulation_steps=2),
-                   gpu="H100-80GB")
-    many = estimate("llama-3.2-1b", TrainingConfig(seq_len=512, gradient_accumulation_steps=1024),
-                    gpu="H100-80GB")
+    few = estimate(
+        "llama-3.2-1b", TrainingConfig(seq_len=512, gradient_accumulation_steps=2), gpu="H100-80GB"
+    )
+    many = estimate(
+        "llama-3.2-1b",
+        TrainingConfig(seq_len=512, gradient_accumulation_steps=1024),
+        gpu="H100-80GB",
+    )
     assert many.schedules[0].num_segments() == few.schedules[0].num_segments()
     assert many.breakdown.allocated_bytes == few.breakdown.allocated_bytes
     assert len(many.timeline) <= 2 * len(few.timeline)

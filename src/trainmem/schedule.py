@@ -121,7 +121,9 @@ class _Summary:
     index: dict[str, int]
 
 
-def _add(a: dict[MemoryCategory, int], b: dict[MemoryCategory, int], k: int = 1) -> dict:
+def _add(
+    a: dict[MemoryCategory, int], b: dict[MemoryCategory, int], k: int = 1
+) -> dict[MemoryCategory, int]:
     out = dict(a)
     for cat, v in b.items():
         out[cat] = out.get(cat, 0) + k * v
@@ -134,7 +136,9 @@ def _summarise(items: Sequence[Item]) -> _Summary:
     point is ``(n - 1) * d + m`` in the last iteration when ``d > 0``, else ``m`` in the first."""
     live: dict[MemoryCategory, int] = {}
     total = 0
-    best, best_at, best_op, best_index = 0, {}, None, {}
+    best, best_op = 0, None
+    best_at: dict[MemoryCategory, int] = {}
+    best_index: dict[str, int] = {}
     for item in items:
         if isinstance(item, Op):
             sign = 1 if item.action == "alloc" else -1
@@ -273,8 +277,9 @@ BALANCED_REPEATS = 2
 
 Note [Balanced repeats]
     A repeated body marked ``independent`` frees everything it allocates and nothing else (a
-    micro-batch of gradient accumulation once the gradients exist), so it leaves the caching allocator where it found it after its first
-    iterations: the same requests meet the same cached blocks. ``expand()`` writes out
+    micro-batch of gradient accumulation once the gradients exist), so it leaves the caching
+    allocator where it found it after its first iterations: the same requests meet the same
+    cached blocks. ``expand()`` writes out
     :data:`BALANCED_REPEATS` iterations of such a body, so 1024 micro-batches replay like two
     (their live bytes are identical, so ``peak()`` is unchanged; a property test checks
     ``peak()`` against the expansion)."""

@@ -24,8 +24,6 @@ Note [Where the peak falls]
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 from trainmem.analytic.activations import activation_profile, loss_backward_transient_bytes
 from trainmem.analytic.schedule import PipelineRank, rank_schedule
 from trainmem.analytic.temporaries import cublas_workspace_bytes
@@ -34,7 +32,7 @@ from trainmem.breakdown import MemoryBreakdown, MemoryEstimate
 from trainmem.errors import SpecError
 from trainmem.specs.hardware import DEFAULT_CUDA_CONTEXT_BYTES, GPUSpec
 from trainmem.specs.model import ModelSpec
-from trainmem.specs.training import TrainingConfig
+from trainmem.specs.training import TrainingConfig, resolved_config
 
 DEFAULT_CUBLAS_WORKSPACE_BYTES = 8_519_680
 """cuBLAS workspace per handle when no GPU is named (pre-Hopper default ``:4096:2:16:8``)."""
@@ -195,11 +193,3 @@ def _check_parallel_shape(model: ModelSpec, training: TrainingConfig) -> None:
             f"{p} stages leave a stage without layers ({layers} layers split "
             f"{-(-layers // p)} per stage); allowed: {', '.join(map(str, allowed))}",
         )
-
-
-def resolved_config(training: TrainingConfig) -> dict[str, object]:
-    """Every training setting after defaults, JSON-able, plus derived dtypes."""
-    out: dict[str, object] = asdict(training)
-    out["weight_dtype"] = training.weight_dtype
-    out["compute_dtype"] = training.compute_dtype
-    return out

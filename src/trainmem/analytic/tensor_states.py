@@ -261,8 +261,9 @@ class StateLayout:
 
     def total(self, field: str) -> int:
         """Sum of one TensorState field (``param_bytes``, ``numel``...) over the whole model."""
-        outer = sum(getattr(s, field) for s in self.embedding + self.head)
-        return outer + self.num_layers * sum(getattr(s, field) for s in self.layer)
+        outer: int = sum(getattr(s, field) for s in self.embedding + self.head)
+        layer: int = sum(getattr(s, field) for s in self.layer)
+        return outer + self.num_layers * layer
 
     def expand(self) -> list[TensorState]:
         """Every tensor, layer by layer, in module order."""

@@ -173,12 +173,10 @@ def compare_snapshot_cmd(
 
     The snapshot is read with a restricted unpickler (plain containers and numbers only)."""
     from trainmem.allocator.snapshot import compare_snapshot
-    from trainmem.analytic.engine import replay_step
-    from trainmem.estimate import resolve_gpu
+    from trainmem.estimate import replay_estimate, resolve_gpu
 
-    prediction = replay_step(
-        resolve_model(model), training, gpu=resolve_gpu(gpu), alloc_conf=alloc_conf
-    )
+    est = estimate(model, training, gpu=gpu, alloc_conf=alloc_conf)
+    prediction = replay_estimate(est, gpu=resolve_gpu(gpu), alloc_conf=alloc_conf)
     try:
         report = compare_snapshot(snapshot_file, prediction)
     except OSError as exc:
@@ -284,10 +282,11 @@ def gpus_cmd(as_json: JsonOpt = False) -> None:
 def _register_commands() -> None:
     """Add ``plan``, ``fit``, ``sweep`` (:mod:`trainmem.cli.planner`) and ``compare``
     (:mod:`trainmem.cli.compare`)."""
-    from trainmem.cli import compare, planner
+    from trainmem.cli.compare import register as register_compare
+    from trainmem.cli.planner import register as register_planner
 
-    planner.register(app)
-    compare.register(app)
+    register_planner(app)
+    register_compare(app)
 
 
 _register_commands()

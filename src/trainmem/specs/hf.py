@@ -93,7 +93,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _from_hub(repo_id: str) -> dict[str, Any]:
     try:
-        from huggingface_hub import hf_hub_download  # type: ignore[import-not-found]
+        from huggingface_hub import hf_hub_download  # type: ignore[import-not-found,unused-ignore]
     except ImportError as exc:
         raise SpecError(
             "model",

@@ -38,7 +38,7 @@ Note [Framework conventions]
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Literal
 
 from trainmem.errors import SpecError
@@ -342,3 +342,11 @@ def zero_stage_from(zero_stage: int, fsdp: str | None) -> int:
         allowed = ", ".join((*FSDP_TO_ZERO, "hybrid-shard"))
         raise SpecError("fsdp", f"unknown value {fsdp!r}; allowed: {allowed}")
     return FSDP_TO_ZERO[fsdp]
+
+
+def resolved_config(training: TrainingConfig) -> dict[str, object]:
+    """Every training setting after defaults, JSON-able, plus derived dtypes."""
+    out: dict[str, object] = asdict(training)
+    out["weight_dtype"] = training.weight_dtype
+    out["compute_dtype"] = training.compute_dtype
+    return out

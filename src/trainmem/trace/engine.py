@@ -320,7 +320,7 @@ def _estimate(
     gpu: GPUSpec | None,
     workspace_bytes: int,
 ) -> MemoryEstimate:
-    from trainmem.analytic.engine import resolved_config
+    from trainmem.specs.training import resolved_config
 
     b = report.breakdown
     breakdown = MemoryBreakdown(
