@@ -122,9 +122,6 @@ class MemoryEstimate:
         notes: sentences for the user.
         schedules: the step schedule of every rank whose memory differs (both engines).
         rank_labels: what identifies each of those ranks (pipeline stage, layers...).
-        model_states_bytes: persistent bytes per rank of the reported rank: ``parameters`` and
-            ``optimizer_states`` held when the step starts, ``gradients`` the most gradient
-            bytes held during the step (as DeepSpeed's estimators report them).
         oom_message: PyTorch's out-of-memory message when the simulated caching allocator
             (free cache and retry included) cannot serve the step on the GPU; None otherwise.
         replayed: whether the allocator simulator ran (else reserved = allocated).
@@ -145,10 +142,18 @@ class MemoryEstimate:
     notes: list[str] = field(default_factory=list)
     schedules: list[Any] = field(default_factory=list)
     rank_labels: list[dict[str, Any]] = field(default_factory=list)
-    model_states_bytes: dict[str, int] = field(default_factory=dict)
     oom_message: str | None = None
     replayed: bool = False
     reported_rank: int = 0
+
+    @property
+    def model_states_bytes(self) -> dict[str, int]:
+        """Persistent bytes of the reported rank (``StepSchedule.model_states``): parameters and
+        optimizer states held when the step starts, the most gradient bytes held during it."""
+        if not self.schedules:
+            return {}
+        states: dict[str, int] = self.schedules[self.reported_rank].model_states()
+        return states
 
     @property
     def timeline(self) -> Any:

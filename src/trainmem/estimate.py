@@ -143,13 +143,13 @@ def finish(
     """
     from dataclasses import replace
 
-    from trainmem.breakdown import MemoryCategory, fold_category
+    from trainmem.breakdown import fold_category
 
     if not est.schedules:
         raise UnsupportedError("the engine produced no step schedule")
     peaks = [s.peak() for s in est.schedules]
     worst = max(range(len(peaks)), key=lambda k: peaks[k].peak_bytes)
-    peak, schedule = peaks[worst], est.schedules[worst]
+    peak = peaks[worst]
     split: dict[str, int] = {}
     for category, size in peak.by_category.items():
         key = fold_category(category)
@@ -179,7 +179,6 @@ def finish(
                     "num_alloc_retries": result.memory_stats.get("num_alloc_retries", 0),
                 }
         est.replayed = True
-        est.reported_rank = worst
     est.breakdown = replace(
         est.breakdown,
         parameters=split.get("parameters", 0),
@@ -189,14 +188,8 @@ def finish(
         temporary=split.get("temporary", 0),
         fragmentation=fragmentation,
     )
-    before = schedule.live_before_step()
-    est.model_states_bytes = {
-        "parameters": before.get(MemoryCategory.PARAMETER, 0)
-        + before.get(MemoryCategory.BUFFER, 0),
-        "gradients": schedule.category_peak(MemoryCategory.GRADIENT),
-        "optimizer_states": before.get(MemoryCategory.OPTIMIZER_STATE, 0),
-    }
     est.details["per_rank"] = per_rank
+    est.reported_rank = worst
     est.peak_phase = "backward" if peak.phase == "zero_grad" else peak.phase
     if peak.label or not est.peak_reason:
         est.peak_reason = _reason(peak.phase, peak.label, peak.module)

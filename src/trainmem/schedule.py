@@ -114,6 +114,7 @@ class SchedulePeak:
 class _Summary:
     """Net change and highest excursion of a run of items, per category at the excursion."""
 
+    total: int
     delta: dict[MemoryCategory, int]
     excursion: int
     at_excursion: dict[MemoryCategory, int]
@@ -130,36 +131,52 @@ def _add(
     return out
 
 
-def _summarise(items: Sequence[Item]) -> _Summary:
-    """Walk ``items`` once; repeated bodies are summarised once (Note [One description of the
-    step]): over ``n`` iterations of a body with net change ``d`` and excursion ``m`` the highest
-    point is ``(n - 1) * d + m`` in the last iteration when ``d > 0``, else ``m`` in the first."""
-    live: dict[MemoryCategory, int] = {}
-    total = 0
-    best, best_op = 0, None
-    best_at: dict[MemoryCategory, int] = {}
-    best_index: dict[str, int] = {}
-    for item in items:
+def _summarise(items: Sequence[Item], memo: dict[int, _Summary] | None = None) -> _Summary:
+    """Walk ``items`` once for the totals and once more for the split by category at the
+    highest point; repeated bodies are summarised once (Note [One description of the step]):
+    over ``n`` iterations of a body with net change ``d`` and excursion ``m`` the highest point
+    is ``(n - 1) * d + m`` in the last iteration when ``d > 0``, else ``m`` in the first.
+    ``memo`` reuses the summary of a body object met twice (the warm-up and measured steps
+    share their micro-batches)."""
+    memo = {} if memo is None else memo
+    total = best = 0
+    best_pos, best_k = -1, 0
+    bodies: dict[int, _Summary] = {}
+    for pos, item in enumerate(items):
         if isinstance(item, Op):
-            sign = 1 if item.action == "alloc" else -1
-            live[item.category] = live.get(item.category, 0) + sign * item.size_bytes
-            total += sign * item.size_bytes
+            total += item.size_bytes if item.action == "alloc" else -item.size_bytes
             if total > best:
-                best, best_at, best_op, best_index = total, dict(live), item, {}
+                best, best_pos = total, pos
             continue
+        body = memo.get(id(item.body))
+        if body is None:
+            body = memo[id(item.body)] = _summarise(item.body, memo)
+        bodies[pos] = body
         if item.count <= 0:
             continue
-        body = _summarise(item.body)
-        d = sum(body.delta.values())
-        k = item.count - 1 if d > 0 else 0
-        high = total + k * d + body.excursion
+        k = item.count - 1 if body.total > 0 else 0
+        high = total + k * body.total + body.excursion
         if high > best and body.op is not None:
-            at = _add(_add(live, body.delta, k), body.at_excursion)
-            best, best_at, best_op = high, at, body.op
-            best_index = {"i": item.index(k), **body.index}
-        live = _add(live, body.delta, item.count)
-        total += item.count * d
-    return _Summary(live, best, best_at, best_op, best_index)
+            best, best_pos, best_k = high, pos, k
+        total += item.count * body.total
+    live: dict[MemoryCategory, int] = {}
+    at: dict[MemoryCategory, int] = {}
+    op: Op | None = None
+    index: dict[str, int] = {}
+    for pos, item in enumerate(items):
+        if isinstance(item, Op):
+            size = item.size_bytes if item.action == "alloc" else -item.size_bytes
+            live[item.category] = live.get(item.category, 0) + size
+            if pos == best_pos:
+                at, op = dict(live), item
+            continue
+        body = bodies[pos]
+        if pos == best_pos:
+            at = _add(_add(live, body.delta, best_k), body.at_excursion)
+            op, index = body.op, {"i": item.index(best_k), **body.index}
+        if item.count > 0:
+            live = _add(live, body.delta, item.count)
+    return _Summary(total, live, best, at, op, index)
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,8 +204,9 @@ class StepSchedule:
         cached = self._cache.get("peak")
         if isinstance(cached, SchedulePeak):
             return cached
-        before = _summarise(self.setup).delta
-        step = _summarise(self.step)
+        memo: dict[int, _Summary] = {}
+        before = _summarise(self.setup, memo).delta
+        step = _summarise(self.step, memo)
         base = sum(before.values())
         if step.op is None:  # nothing allocated in the step: the state it starts from
             by_cat, op_phase, module, label = before, "init", "", ""
@@ -211,6 +229,18 @@ class StepSchedule:
         carried in from the setup included)."""
         before = _summarise(_only(self.setup, category)).delta.get(category, 0)
         return before + _summarise(_only(self.step, category)).excursion
+
+    def model_states(self) -> dict[str, int]:
+        """Persistent bytes of this rank: ``parameters`` (buffers included) and
+        ``optimizer_states`` held when the step starts, ``gradients`` the most gradient bytes
+        held during it (as DeepSpeed's ``estimate_zero*_model_states_mem_needs`` report)."""
+        before = self.live_before_step()
+        return {
+            "parameters": before.get(MemoryCategory.PARAMETER, 0)
+            + before.get(MemoryCategory.BUFFER, 0),
+            "gradients": self.category_peak(MemoryCategory.GRADIENT),
+            "optimizer_states": before.get(MemoryCategory.OPTIMIZER_STATE, 0),
+        }
 
     def expand(self) -> Timeline:
         """The events of ``setup`` then ``step``, block ids paired by key (cached).

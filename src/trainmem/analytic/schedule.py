@@ -161,6 +161,7 @@ class _Builder:
             autocast_weight_copy_bytes(model, training) if layer_is_checkpointed(training) else 0
         )
         self.saved, self.dropped = self._layer_blocks()
+        self._cache: dict[str, Repeat] = {}
         self.emb_acts = prof.embedding if rank.stage == 0 else 0
         self.head_acts = prof.head if rank.has_head else 0
         on_gpu = min(self.L, 2) if training.activation_offloading else self.L
@@ -283,14 +284,20 @@ class _Builder:
             *(free(op, phase) for op in emb),
         ]
 
-    def micro_batch(self, *, new_grads: bool, first_ever: bool) -> list[Item]:
+    def micro_batch(self, *, new_grads: bool) -> Repeat:
+        """One micro-batch (built once per kind, shared by the warm-up and measured steps)."""
+        key = f"micro/{new_grads}"
+        cached = self._cache.get(key)
+        if cached is None:
+            cached = self._cache[key] = Repeat(tuple(self._micro_batch(new_grads=new_grads)), 1)
+        return cached
+
+    def _micro_batch(self, *, new_grads: bool) -> list[Item]:
         """One micro-batch: forward then backward (Note [Analytic step schedule])."""
-        t, ws = self.training, self.workspace_per_handle
+        t = self.training
         f: Phase = "forward"
         b: Phase = "backward"
         items: list[Item] = []
-        if first_ever:
-            items.append(alloc(ws, Cat.TEMPORARY, f, "cublas/0", "cublas", "cuBLAS workspace"))
         spans = [
             alloc(
                 self.gather_root,
@@ -353,8 +360,6 @@ class _Builder:
             copies = self._weight_copy_ops(f, "wcopy/{i}", "")
             items.append(Repeat(tuple(free(op, f) for op in copies), self.L))
         # backward
-        if first_ever:
-            items.append(alloc(ws, Cat.TEMPORARY, b, "cublas/1", "cublas", "cuBLAS workspace"))
         g1 = alloc(
             self.loss_tmp // 2,
             Cat.TEMPORARY,
@@ -553,7 +558,10 @@ class _Builder:
             )
         if self.training.optimizer_in_backward:
             return items
-        return items + self._optimizer_temporaries()
+        cached = self._cache.get("optimizer")
+        if cached is None:
+            cached = self._cache["optimizer"] = Repeat(tuple(self._optimizer_temporaries()), 1)
+        return [*items, cached]
 
     def _optimizer_temporaries(self) -> list[Item]:
         t = self.training
@@ -621,15 +629,26 @@ class _Builder:
         m = t.gradient_accumulation_steps
         keep = not t.zero_grad_set_to_none
         items: list[Item] = []
+        if first:  # the forward thread's and autograd's cuBLAS handles, created at first use
+            ws = self.workspace_per_handle
+            items += [
+                alloc(ws, Cat.TEMPORARY, "forward", "cublas/0", "cublas", "cuBLAS workspace"),
+                alloc(ws, Cat.TEMPORARY, "forward", "cublas/1", "cublas", "cuBLAS workspace"),
+            ]
         if first and keep:
             items += self.all_gradients("forward")
-        items += self.micro_batch(new_grads=not keep, first_ever=first)
+        items.append(self.micro_batch(new_grads=not keep))
         if m > 1:
-            again = self.micro_batch(new_grads=False, first_ever=False)
-            items.append(Repeat(tuple(again), m - 1, independent=True))
+            again = self.micro_batch(new_grads=False)
+            items.append(Repeat(again.body, m - 1, independent=True))
         items += self.optimizer(first=first)
         if not keep and not t.optimizer_in_backward:
-            items += self.free_gradients("zero_grad")
+            cached = self._cache.get("zero_grad")
+            if cached is None:
+                cached = self._cache["zero_grad"] = Repeat(
+                    tuple(self.free_gradients("zero_grad")), 1
+                )
+            items.append(cached)
         return items
 
 

@@ -38,7 +38,7 @@ Note [Framework conventions]
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from typing import Literal
 
 from trainmem.errors import SpecError
@@ -346,7 +346,8 @@ def zero_stage_from(zero_stage: int, fsdp: str | None) -> int:
 
 def resolved_config(training: TrainingConfig) -> dict[str, object]:
     """Every training setting after defaults, JSON-able, plus derived dtypes."""
-    out: dict[str, object] = asdict(training)
+    # fields hold immutable values (str, int, float, bool, tuples of str): no deep copy needed
+    out: dict[str, object] = {f.name: getattr(training, f.name) for f in fields(training)}
     out["weight_dtype"] = training.weight_dtype
     out["compute_dtype"] = training.compute_dtype
     return out
