@@ -6,6 +6,8 @@ Tree (httpx style)::
      +-- SpecError(ValueError)            bad field in a model / training / GPU spec
      +-- UnsupportedError(NotImplementedError)  not modelled (the message names a workaround)
      +-- TraceError(RuntimeError)         the trace engine could not run the model
+     +-- ScheduleError(ValueError)        a step schedule frees what it never allocated
+     +-- TimelineError(ValueError)        an event stream the allocator cannot replay
 
 The CLI catches ``TrainmemError`` and prints one line ``error: <field>: <message>``, exit code 2.
 """
@@ -36,3 +38,19 @@ class UnsupportedError(TrainmemError, NotImplementedError):
 
 class TraceError(TrainmemError, RuntimeError):
     """The trace engine failed to run the model's training step on fake tensors."""
+
+
+class ScheduleError(TrainmemError, ValueError):
+    """A schedule cannot be expanded: a free whose key is not live, or a key allocated twice."""
+
+
+class TimelineError(TrainmemError, ValueError):
+    """A timeline cannot be replayed: a free without a live alloc, or an id allocated twice.
+
+    Attributes:
+        event_index: index of the offending event in ``Timeline.events``.
+    """
+
+    def __init__(self, message: str, *, event_index: int) -> None:
+        super().__init__(message)
+        self.event_index = event_index

@@ -37,14 +37,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from trainmem.breakdown import MemoryCategory
-from trainmem.errors import TrainmemError
+from trainmem.errors import ScheduleError
 from trainmem.timeline import AllocEvent, Phase, Timeline
 
 Action = Literal["alloc", "free"]
-
-
-class ScheduleError(TrainmemError, ValueError):
-    """A schedule cannot be expanded: a free whose key is not live, or a key allocated twice."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from trainmem.allocator.device import (
     cuda_context_bytes,
     inject_cublas_workspaces,
 )
-from trainmem.allocator.replay import ReplayResult, TimelineError, replay_timeline
+from trainmem.allocator.replay import ReplayResult, replay_timeline
 from trainmem.allocator.snapshot import (
     SnapshotError,
     compare_snapshot,
@@ -27,6 +27,7 @@ from trainmem.allocator.snapshot import (
     timeline_from_snapshot,
     write_snapshot,
 )
+from trainmem.errors import TimelineError
 
 __all__ = [
     "AllocatorConfig",

@@ -31,20 +31,8 @@ from typing import Any
 
 from trainmem.allocator.caching import CachingAllocatorSim, OutOfMemoryError
 from trainmem.allocator.config import AllocatorConfig
-from trainmem.errors import TrainmemError
+from trainmem.errors import TimelineError
 from trainmem.timeline import AllocEvent, Timeline
-
-
-class TimelineError(TrainmemError, ValueError):
-    """A timeline cannot be replayed: a free without a live alloc, or an id allocated twice.
-
-    Attributes:
-        event_index: index of the offending event in ``Timeline.events``.
-    """
-
-    def __init__(self, message: str, *, event_index: int) -> None:
-        super().__init__(message)
-        self.event_index = event_index
 
 
 @dataclass(frozen=True, slots=True)
