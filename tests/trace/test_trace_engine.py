@@ -212,8 +212,9 @@ def test_trace_snapshot_is_the_traced_step(tmp_path) -> None:  # noqa: ANN001
     r = CliRunner().invoke(app, [*args, "--snapshot", str(path)])
     assert r.exit_code == 0, r.output
     actions = [e["action"] for e in read_snapshot(path)["device_traces"][0]]
-    traced = estimate("tiny-gpt2-test", TrainingConfig(micro_batch_size=2, seq_len=32),
-                      engine="trace")
+    traced = estimate(
+        "tiny-gpt2-test", TrainingConfig(micro_batch_size=2, seq_len=32), engine="trace"
+    )
     analytic = estimate("tiny-gpt2-test", TrainingConfig(micro_batch_size=2, seq_len=32))
     n_traced = sum(e.action == "alloc" and e.size_bytes > 0 for e in traced.timeline.events)
     n_analytic = sum(e.action == "alloc" and e.size_bytes > 0 for e in analytic.timeline.events)

@@ -281,6 +281,11 @@ HIDDEN_REGION_TERMS = frozenset(
     }
 )
 #: Inputs every tensor-parallel rank holds whole (token ids, rotary tables).
+GATHERED_INPUT_TERMS = frozenset({"attention/qkv_input", "mlp/input"})
+"""The normed inputs of the column-parallel linears: under DTensor sequence parallelism they are
+all-gathered to the full sequence before the linears, which save them whole
+(:attr:`~trainmem.specs.training.TrainingConfig.sequence_parallel_saves_gathered_input`)."""
+
 REPLICATED_INPUT_TERMS = frozenset(
     {"inputs/token_ids_and_labels", "inputs/pixel_values", "rotary_cos_sin"}
 )
@@ -290,9 +295,13 @@ def parallel_divisor(term: str, training: TrainingConfig) -> int:
     """Ranks one activation term is split over: tensor parallelism t for the attention / MLP
     internals and the vocabulary-parallel logits (Korthikanti et al. 2022 Eq. 2: sbh(10 + 24/t
     + 5as/ht)), also for the hidden-size region with sequence parallelism (Eq. 3: sbh(34/t +
-    5as/ht)); context parallelism splits every term by sequence."""
+    5as/ht)); context parallelism splits every term by sequence. Under DTensor sequence
+    parallelism (torchtitan) the column-parallel linears save their all-gathered input whole
+    (:data:`GATHERED_INPUT_TERMS`)."""
     tp, cp = training.tensor_parallel_size, training.context_parallel_size
     if term in REPLICATED_INPUT_TERMS or term.startswith("lora/"):
+        return cp
+    if term in GATHERED_INPUT_TERMS and training.sequence_parallel_saves_gathered_input:
         return cp
     if term in HIDDEN_REGION_TERMS and not training.sequence_parallel:
         return cp

@@ -37,6 +37,17 @@ Note [Analytic step schedule]
     Each term is split into the single tensors it is made of (the largest natural tensor size
     that divides it), so the allocator sees realistic block sizes.
 
+Note [FSDP under pipeline parallelism]
+    With pipeline parallelism, ``torch.distributed.pipelining`` runs every micro-batch's
+    backward of an FSDP2 stage with ``set_reshard_after_backward(False)`` and
+    ``set_requires_gradient_sync(False)`` (torch/distributed/pipelining/stage.py
+    ``backward_maybe_with_nosync``), and reduces only after the last micro-batch
+    (``perform_reduce_grad``); torchtitan also sets ``reshard_after_forward=False`` under PP
+    (torchtitan/models/llama3/infra/parallelize.py ``apply_fsdp``). So the stage's parameters stay
+    gathered for the whole step, and its gradients accumulate unsharded, upcast to the reduce
+    dtype (FSDP2 ``FSDPParam.to_accumulated_grad_if_needed``: fp32 under torchtitan's
+    ``MixedPrecisionPolicy(reduce_dtype=float32)``), until the reduce-scatter leaves the shards.
+
 Source: torch/optim/optimizer.py, adam.py ``_init_group`` / ``_multi_tensor_adam``; autograd's
 reverse-order backward; ATen/cuda/CublasHandlePool.cpp (one workspace per handle); the papers
 cited per term in :mod:`trainmem.analytic.activations` and :mod:`trainmem.analytic.engine`.
@@ -135,6 +146,12 @@ class _Builder:
         c, _ = compute_and_residual_bytes(training)
         self.c = c
         self.gather_layer, self.gather_root = self._gathers()
+        # Note [FSDP under pipeline parallelism]
+        self.pp_fsdp = training.pipeline_parallel_size > 1 and self.stage == 3
+        self.stage_gather = 0
+        if self.pp_fsdp:
+            self.stage_gather = self.L * self.gather_layer + self.gather_root
+            self.gather_layer = self.gather_root = self.reduce = 0
         offloads_grads = training.offload in ("optimizer+gradients", "optimizer+params")
         self.reduce = (
             sum(s.full_grad_bytes for s in self.layer_states)
@@ -260,24 +277,47 @@ class _Builder:
         items.append(Repeat(layer, self.L))
         return items
 
-    def _grad_ops(self, states: list[TensorState], phase: Phase, key: str, module: str) -> list[Op]:
+    def _grad_ops(
+        self,
+        states: list[TensorState],
+        phase: Phase,
+        key: str,
+        module: str,
+        *,
+        unsharded: bool = False,
+    ) -> list[Op]:
+        if unsharded:  # Note [FSDP under pipeline parallelism]
+            return [
+                alloc(
+                    s.full_grad_bytes,
+                    Cat.GRADIENT,
+                    phase,
+                    f"ugrad/{key}/{n}",
+                    module,
+                    "unsharded gradients accumulated until the last micro-batch",
+                )
+                for n, s in enumerate(states)
+            ]
         return [
             alloc(s.grad_bytes, Cat.GRADIENT, phase, f"grad/{key}/{n}", module, "gradients")
             for n, s in enumerate(states)
         ]
 
-    def all_gradients(self, phase: Phase) -> list[Item]:
+    def all_gradients(self, phase: Phase, *, unsharded: bool = False) -> list[Item]:
         """Every gradient allocated at once (kept by ``zero_grad(set_to_none=False)``)."""
+        u = unsharded
+        layer = self._grad_ops(self.layer_states, phase, "{i}", "layers.{i}", unsharded=u)
         return [
-            *self._grad_ops(self.head_grad_states, phase, "head", "head"),
-            Repeat(tuple(self._grad_ops(self.layer_states, phase, "{i}", "layers.{i}")), self.L),
-            *self._grad_ops(self.emb_grad_states, phase, "embedding", "embedding"),
+            *self._grad_ops(self.head_grad_states, phase, "head", "head", unsharded=u),
+            Repeat(tuple(layer), self.L),
+            *self._grad_ops(self.emb_grad_states, phase, "embedding", "embedding", unsharded=u),
         ]
 
-    def free_gradients(self, phase: Phase) -> list[Item]:
-        head = self._grad_ops(self.head_grad_states, phase, "head", "head")
-        layer = self._grad_ops(self.layer_states, phase, "{i}", "layers.{i}")
-        emb = self._grad_ops(self.emb_grad_states, phase, "embedding", "embedding")
+    def free_gradients(self, phase: Phase, *, unsharded: bool = False) -> list[Item]:
+        u = unsharded
+        head = self._grad_ops(self.head_grad_states, phase, "head", "head", unsharded=u)
+        layer = self._grad_ops(self.layer_states, phase, "{i}", "layers.{i}", unsharded=u)
+        emb = self._grad_ops(self.emb_grad_states, phase, "embedding", "embedding", unsharded=u)
         return [
             *(free(op, phase) for op in head),
             Repeat(tuple(free(op, phase) for op in layer), self.L),
@@ -385,7 +425,9 @@ class _Builder:
             "the LM head's dequantized weight",
         )
         items += [g1, g2, free(g1, b), head_dequant_b, free(head_dequant_b, b), free(head_act, b)]
-        head_grads = self._grad_ops(self.head_grad_states, b, "head", "head")
+        head_grads = self._grad_ops(
+            self.head_grad_states, b, "head", "head", unsharded=self.pp_fsdp
+        )
         if new_grads:
             items += head_grads
         items.append(free(g2, b))
@@ -403,7 +445,9 @@ class _Builder:
         items += self._backward_layers(new_grads=new_grads)
         items.append(free(residual, b))
         if new_grads:
-            emb_grads = self._grad_ops(self.emb_grad_states, b, "embedding", "embedding")
+            emb_grads = self._grad_ops(
+                self.emb_grad_states, b, "embedding", "embedding", unsharded=self.pp_fsdp
+            )
             items += emb_grads
             if t.optimizer_in_backward:
                 items += [free(op, b) for op in emb_grads]
@@ -492,7 +536,7 @@ class _Builder:
                 self.dequant, Cat.TEMPORARY, b, "dequant", "layers.{i}", "a dequantized base weight"
             )
             body += [d, free(d, b)]
-        grads = self._grad_ops(self.layer_states, b, "{i}", "layers.{i}")
+        grads = self._grad_ops(self.layer_states, b, "{i}", "layers.{i}", unsharded=self.pp_fsdp)
         reduce = alloc(
             self.reduce,
             Cat.TEMPORARY,
@@ -637,10 +681,23 @@ class _Builder:
             ]
         if first and keep:
             items += self.all_gradients("forward")
+        gathered = alloc(
+            self.stage_gather,
+            Cat.TEMPORARY,
+            "forward",
+            "gather/stage",
+            "(stage)",
+            "the stage's gathered parameters, kept across micro-batches",
+        )
+        items.append(gathered)
         items.append(self.micro_batch(new_grads=not keep))
         if m > 1:
             again = self.micro_batch(new_grads=False)
             items.append(Repeat(again.body, m - 1, independent=True))
+        if self.pp_fsdp and not keep:  # the reduce-scatter after the last micro-batch
+            items += self.all_gradients("backward")
+            items += self.free_gradients("backward", unsharded=True)
+        items.append(free(gathered, "backward"))
         items += self.optimizer(first=first)
         if not keep and not t.optimizer_in_backward:
             cached = self._cache.get("zero_grad")

@@ -257,6 +257,19 @@ class TrainingConfig:
             )
 
     @property
+    def sequence_parallel_saves_gathered_input(self) -> bool:
+        """Sequence parallelism as torchtitan applies it with DTensor (``framework="fsdp2"``):
+        ``PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Replicate())`` on the
+        attention and feed-forward modules all-gathers the normed input before the
+        ``ColwiseParallel`` linears, and their matmuls save that full-sequence tensor for the
+        weight gradient (torchtitan/models/llama3/infra/parallelize.py ``apply_tp``;
+        torch/distributed/tensor/parallel/style.py). Megatron's sequence parallelism saves the
+        sequence shard and all-gathers it again in backward (Korthikanti et al. 2022 sec. 4.2.2,
+        megatron/core/tensor_parallel/layers.py,
+        ``LinearWithGradAccumulationAndAsyncCommunication``)."""
+        return self.sequence_parallel and self.framework == "fsdp2"
+
+    @property
     def master_weights(self) -> bool:
         """16-bit model weights with an fp32 master copy kept by the optimizer (DeepSpeed,
         Megatron mixed precision)."""
