@@ -60,3 +60,26 @@ def test_fsdp_under_pipeline_parallel_keeps_unsharded_fp32_gradients() -> None:
         est.schedules[0].peak().peak_bytes
         > estimate("llama-3.2-1b", flat, simulate_allocator=False).breakdown.parameters + 2 * n
     )
+
+
+def test_torchtitan_fsdp_shards_over_data_and_context_parallel_ranks() -> None:
+    # torchtitan apply_fsdp shards over the flattened dp_shard_cp mesh: with 2 data-parallel
+    # and 4 context-parallel ranks every fp32 weight, gradient and Adam moment is split 8 ways
+    # (4 + 4 + 8 bytes per parameter / 8); llama-3.2-1b has 1,235,814,400 parameters.
+    training = TrainingConfig(
+        seq_len=8192, data_parallel_size=2, context_parallel_size=4, zero_stage=3, framework="fsdp2"
+    )
+    states = estimate("llama-3.2-1b", training, simulate_allocator=False).model_states_bytes
+    n = 1_235_814_400
+    assert states["parameters"] == pytest.approx(4 * n / 8, rel=1e-4)
+    assert states["optimizer_states"] == pytest.approx(8 * n / 8, rel=1e-4)
+    # Megatron's distributed optimizer shards over the data-parallel ranks only
+    megatron = TrainingConfig(
+        seq_len=8192,
+        data_parallel_size=2,
+        context_parallel_size=4,
+        zero_stage=1,
+        framework="megatron",
+    )
+    m_states = estimate("llama-3.2-1b", megatron, simulate_allocator=False).model_states_bytes
+    assert m_states["optimizer_states"] == pytest.approx(12 * n / 2, rel=1e-4)

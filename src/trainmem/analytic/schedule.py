@@ -141,7 +141,7 @@ class _Builder:
             s for s in emb if tied and s.name == "embedding/tokens"
         ]
         self.emb_grad_states = [s for s in emb if s not in self.head_grad_states]
-        dp = training.data_parallel_size
+        dp = training.shard_group_size
         self.stage = training.zero_stage if dp > 1 else 0
         c, _ = compute_and_residual_bytes(training)
         self.c = c
@@ -616,7 +616,7 @@ class _Builder:
         if t.offload != "none" or not trainable:
             return []
         gb = max(dtype_bytes(t.grad_dtype), 1)
-        dp = t.data_parallel_size
+        dp = t.shard_group_size
 
         def local(s: TensorState) -> int:
             n = s.full_grad_bytes // gb

@@ -257,6 +257,17 @@ class TrainingConfig:
             )
 
     @property
+    def shard_group_size(self) -> int:
+        """Ranks the ZeRO / FSDP shards are spread over: the data-parallel ranks, and for
+        torchtitan's FSDP2 (``framework="fsdp2"``) the context-parallel ranks too, since it
+        shards over the flattened ``dp_shard_cp`` mesh
+        (torchtitan/models/llama3/infra/parallelize.py ``apply_fsdp``;
+        torchtitan/distributed/parallel_dims.py)."""
+        if self.framework == "fsdp2":
+            return self.data_parallel_size * self.context_parallel_size
+        return self.data_parallel_size
+
+    @property
     def sequence_parallel_saves_gathered_input(self) -> bool:
         """Sequence parallelism as torchtitan applies it with DTensor (``framework="fsdp2"``):
         ``PrepareModuleInput(input_layouts=Shard(1), desired_input_layouts=Replicate())`` on the
