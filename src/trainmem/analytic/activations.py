@@ -280,12 +280,13 @@ HIDDEN_REGION_TERMS = frozenset(
         "embedding_dropout_mask",
     }
 )
-#: Inputs every tensor-parallel rank holds whole (token ids, rotary tables).
-GATHERED_INPUT_TERMS = frozenset({"attention/qkv_input", "mlp/input"})
-"""The normed inputs of the column-parallel linears: under DTensor sequence parallelism they are
-all-gathered to the full sequence before the linears, which save them whole
+GATHERED_INPUT_TERMS = frozenset({"attention/qkv_input", "mlp/input", "lm_head_input"})
+"""The normed inputs of the column-parallel linears (q/k/v, gate/up, the output layer): under
+DTensor sequence parallelism they are all-gathered to the full sequence before the linears,
+which save them whole
 (:attr:`~trainmem.specs.training.TrainingConfig.sequence_parallel_saves_gathered_input`)."""
 
+#: Inputs every tensor-parallel rank holds whole (token ids, rotary tables).
 REPLICATED_INPUT_TERMS = frozenset(
     {"inputs/token_ids_and_labels", "inputs/pixel_values", "rotary_cos_sin"}
 )
