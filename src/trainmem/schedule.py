@@ -79,6 +79,7 @@ class Repeat:
     reverse: bool = False
     start: int = 0
     independent: bool = False
+    memo: dict[str, object] = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     def index(self, k: int) -> int:
         """The index of iteration ``k`` (0-based)."""
@@ -146,7 +147,10 @@ def _summarise(items: Sequence[Item], memo: dict[int, _Summary] | None = None) -
             continue
         body = memo.get(id(item.body))
         if body is None:
-            body = memo[id(item.body)] = _summarise(item.body, memo)
+            cached = item.memo.get("summary")
+            body = cached if isinstance(cached, _Summary) else _summarise(item.body, memo)
+            memo[id(item.body)] = body
+            item.memo["summary"] = body
         bodies[pos] = body
         if item.count <= 0:
             continue

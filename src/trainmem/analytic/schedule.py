@@ -179,6 +179,11 @@ class _Builder:
         )
         self.saved, self.dropped = self._layer_blocks()
         self._cache: dict[str, Repeat] = {}
+        # pieces that depend only on the model states and this rank's share of them
+        self._shared: dict[str, Repeat] = layout.cache.setdefault(
+            ("schedule", self.L, rank.has_embedding, rank.has_head, rank.stage > 0, self.pp_fsdp),
+            {},
+        )
         self.emb_acts = prof.embedding if rank.stage == 0 else 0
         self.head_acts = prof.head if rank.has_head else 0
         on_gpu = min(self.L, 2) if training.activation_offloading else self.L
@@ -266,6 +271,12 @@ class _Builder:
     # -- pieces of the step -----------------------------------------------------------------
 
     def parameters(self) -> list[Item]:
+        cached = self._shared.get("parameters")
+        if cached is None:
+            cached = self._shared["parameters"] = Repeat(tuple(self._parameters()), 1)
+        return [cached]
+
+    def _parameters(self) -> list[Item]:
         items: list[Item] = [
             alloc(s.param_bytes, Cat.PARAMETER, "init", f"param/{s.owner}/{n}", s.owner)
             for n, s in enumerate(self.emb_states + self.head_states)
@@ -582,30 +593,33 @@ class _Builder:
 
     def optimizer(self, *, first: bool) -> list[Item]:
         """States (first step only), then the step's temporaries."""
-        o: Phase = "optimizer"
         items: list[Item] = []
         if first:
-            items += [
-                alloc(s.state_bytes, Cat.OPTIMIZER_STATE, o, f"state/{s.owner}/{n}", s.owner)
-                for n, s in enumerate(self.emb_states + self.head_states)
-            ]
-            items.append(
-                Repeat(
-                    tuple(
-                        alloc(
-                            s.state_bytes, Cat.OPTIMIZER_STATE, o, f"state/{{i}}/{n}", "layers.{i}"
-                        )
-                        for n, s in enumerate(self.layer_states)
-                    ),
-                    self.L,
-                )
-            )
+            items.append(self._optimizer_states())
         if self.training.optimizer_in_backward:
             return items
-        cached = self._cache.get("optimizer")
+        cached = self._shared.get("optimizer")
         if cached is None:
-            cached = self._cache["optimizer"] = Repeat(tuple(self._optimizer_temporaries()), 1)
+            cached = self._shared["optimizer"] = Repeat(tuple(self._optimizer_temporaries()), 1)
         return [*items, cached]
+
+    def _optimizer_states(self) -> Repeat:
+        """Every optimizer state, allocated lazily by the first step (torch ``_init_group``)."""
+        cached = self._shared.get("states")
+        if cached is not None:
+            return cached
+        o: Phase = "optimizer"
+        outer = [
+            alloc(s.state_bytes, Cat.OPTIMIZER_STATE, o, f"state/{s.owner}/{n}", s.owner)
+            for n, s in enumerate(self.emb_states + self.head_states)
+        ]
+        layer = tuple(
+            alloc(s.state_bytes, Cat.OPTIMIZER_STATE, o, f"state/{{i}}/{n}", "layers.{i}")
+            for n, s in enumerate(self.layer_states)
+        )
+        states = Repeat((*outer, Repeat(layer, self.L)), 1)
+        self._shared["states"] = states
+        return states
 
     def _optimizer_temporaries(self) -> list[Item]:
         t = self.training
@@ -700,9 +714,9 @@ class _Builder:
         items.append(free(gathered, "backward"))
         items += self.optimizer(first=first)
         if not keep and not t.optimizer_in_backward:
-            cached = self._cache.get("zero_grad")
+            cached = self._shared.get("zero_grad")
             if cached is None:
-                cached = self._cache["zero_grad"] = Repeat(
+                cached = self._shared["zero_grad"] = Repeat(
                     tuple(self.free_gradients("zero_grad")), 1
                 )
             items.append(cached)

@@ -29,8 +29,9 @@ Note [Model states with PEFT and sharding]
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from typing import Any
 
 from trainmem.analytic.activations import lora_adapter_dtype
 from trainmem.analytic.model_states import optimizer_state_bytes
@@ -258,6 +259,8 @@ class StateLayout:
     layer: list[TensorState]
     head: list[TensorState]
     num_layers: int
+    #: schedule pieces that depend only on these states (built once per cached layout)
+    cache: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def total(self, field: str) -> int:
         """Sum of one TensorState field (``param_bytes``, ``numel``...) over the whole model."""
