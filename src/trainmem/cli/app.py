@@ -293,10 +293,11 @@ def gpus_cmd(as_json: JsonOpt = False) -> None:
 def _register_commands() -> None:
     """Add ``plan``, ``fit``, ``sweep`` (:mod:`trainmem.cli.planner`) and ``compare``
     (:mod:`trainmem.cli.compare`)."""
-    from trainmem.cli import compare, planner
+    from trainmem.cli import compare, planner, replay_snapshot
 
     planner.register(app)
     compare.register(app)
+    replay_snapshot.register(app)
 
 
 _register_commands()
