@@ -139,6 +139,9 @@ class SnapshotReplay:
         first_address_divergence: index of the first ``alloc`` entry the simulator served at
             another address than the real allocator (Note [Real segment addresses]: addresses
             are comparable), or None.
+        num_allocs: ``alloc`` entries replayed.
+        num_allocs_at_real_address: of those, how many the simulator placed where the real
+            allocator did (block for block agreement, the strictest check of the replay).
         notes: what the replay had to approximate, one sentence each.
     """
 
@@ -152,6 +155,8 @@ class SnapshotReplay:
     unplaced_blocks: int = 0
     first_segment_divergence: int | None = None
     first_address_divergence: int | None = None
+    num_allocs: int = 0
+    num_allocs_at_real_address: int = 0
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -575,6 +580,7 @@ def _replay_once(
     real_reserved = start_reserved
     divergence: int | None = None
     first_address_divergence: int | None = None
+    num_allocs = num_allocs_at_real_address = 0
     sim_ooms_unlifted = 0
     num_empty_cache = 0
     reserved_stat = sim.stats.reserved_bytes[0]
@@ -618,6 +624,8 @@ def _replay_once(
                     "allocated while a block there is live"
                 )
             handles[e["addr"]] = h
+            num_allocs += 1
+            num_allocs_at_real_address += h == e["addr"]
             if first_address_divergence is None and h != e["addr"]:
                 first_address_divergence = i
                 tail = _unsplit_tail(e, sim, seeded, h) if learn else None
@@ -687,6 +695,8 @@ def _replay_once(
         unplaced_blocks=unplaced,
         first_segment_divergence=divergence,
         first_address_divergence=first_address_divergence,
+        num_allocs=num_allocs,
+        num_allocs_at_real_address=num_allocs_at_real_address,
         notes=notes,
     )
     return replay
