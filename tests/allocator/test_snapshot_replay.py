@@ -302,3 +302,56 @@ def test_cli_refuses_a_fifo(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     res = runner.invoke(app, ["replay-snapshot", str(fifo)])
     assert res.exit_code == 2 and "not a regular file" in res.stderr
+
+
+# ------------------------------------------------------------------ stream comparison helpers
+
+
+def test_phases_and_sources_from_recorded_stacks() -> None:
+    from trainmem.allocator.stream_compare import phase_summary, real_allocations
+
+    torch_frame = {"filename": "/x/site-packages/torch/nn/modules/module.py", "line": 1}
+    fwd = [{"filename": "/home/u/proj/model.py", "line": 54, "name": "forward"}, torch_frame]
+    bwd = [{"filename": "??", "line": 0, "name": "torch::autograd::Engine::thread_main(x)"}]
+    opt = [{"filename": "C:\\proj\\cs336_basics\\optimizer.py", "line": 77, "name": "step"}]
+    trace = [
+        ev("alloc", A, 1000, frames=fwd),
+        ev("alloc", A + 1024, 2 * MiB, frames=bwd),
+        ev("free_completed", A, 1000),
+        ev("alloc", A + 4 * MiB, 600, frames=opt),
+        ev("alloc", A + 8 * MiB, 512, frames=[]),  # another thread without Python: backward
+    ]
+    recs = real_allocations(trace)
+    assert [(r.phase, r.source) for r in recs] == [
+        ("forward", "model.py:54 forward"),
+        ("backward", ""),
+        ("optimizer", "optimizer.py:77 step"),
+        ("backward", ""),
+    ]
+    summary = phase_summary(trace)
+    # Rounded: 1024, 2 MiB, 1024 (600 B), 512; live before the optimizer: 2 MiB after the free.
+    assert summary["forward"] == {
+        "num_allocs": 1,
+        "allocated_bytes": 1024,
+        "peak_live_delta_bytes": 1024,
+    }
+    assert summary["backward"]["allocated_bytes"] == 2 * MiB + 512
+    assert summary["optimizer"]["peak_live_delta_bytes"] == 2 * MiB + 1024
+
+
+def test_first_divergence_and_alignment() -> None:
+    from trainmem.allocator.stream_compare import align_sizes, first_divergence
+
+    real = [1000, 4096, 8 * MiB, 512, 300]
+    pred = [1024, 4096, 8 * MiB, 7 * MiB, 512, 300]  # 1000 and 1024 round to the same block
+    assert first_divergence(real, pred) == {
+        "index": 3,
+        "real_bytes": 512,
+        "predicted_bytes": 7 * MiB,
+    }
+    assert first_divergence(real, real) is None
+    al = align_sizes(real, pred)
+    assert (al["matched"], al["real_only"], al["predicted_only"]) == (5, 0, 1)
+    assert al["differences"] == [
+        {"real": [3, 3], "predicted": [3, 4], "real_bytes": 0, "predicted_bytes": 7 * MiB}
+    ]
