@@ -172,13 +172,13 @@ def compare_snapshot_cmd(
     """Compare a snapshot you recorded on a GPU with trainmem's prediction for the same run.
 
     The snapshot is read with a restricted unpickler (plain containers and numbers only)."""
-    from trainmem.allocator.snapshot import compare_snapshot
+    from trainmem.allocator.stream_compare import compare_snapshot
     from trainmem.estimate import replay_estimate, resolve_gpu
 
     est = estimate(model, training, gpu=gpu, alloc_conf=alloc_conf)
     prediction = replay_estimate(est, gpu=resolve_gpu(gpu), alloc_conf=alloc_conf)
     try:
-        report = compare_snapshot(snapshot_file, prediction)
+        report = compare_snapshot(snapshot_file, prediction, timeline=est.timeline)
     except OSError as exc:
         raise SpecError(
             "snapshot_file", f"cannot read {snapshot_file}: {exc.strerror or exc}"
@@ -284,9 +284,11 @@ def _register_commands() -> None:
     (:mod:`trainmem.cli.compare`)."""
     from trainmem.cli.compare import register as register_compare
     from trainmem.cli.planner import register as register_planner
+    from trainmem.cli.replay_snapshot import register as register_replay_snapshot
 
     register_planner(app)
     register_compare(app)
+    register_replay_snapshot(app)
 
 
 _register_commands()
