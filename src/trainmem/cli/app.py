@@ -293,10 +293,11 @@ def gpus_cmd(as_json: JsonOpt = False) -> None:
 def _register_commands() -> None:
     """Add ``plan``, ``fit``, ``sweep`` (:mod:`trainmem.cli.planner`) and ``compare``
     (:mod:`trainmem.cli.compare`)."""
-    from trainmem.cli import compare, planner
+    from trainmem.cli import compare, planner, serve
 
     planner.register(app)
     compare.register(app)
+    serve.register(app)
 
 
 _register_commands()

@@ -1,0 +1,203 @@
+"""The page (gradio Blocks): inputs on the left, results on the right, and the wiring of the
+events to :mod:`trainmem.web.handlers`.
+
+Every option widget is made from :func:`trainmem.web.form.field`, so the page offers exactly
+the training settings of ``trainmem estimate``. Changing a widget runs the estimate (verdict,
+breakdown, CLI command, URL) and then the slower details (timeline plot, per-module tables,
+``fit`` and ``plan``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+try:
+    import gradio as gr
+except ImportError as exc:  # pragma: no cover - the web extra is missing
+    raise ImportError("the web calculator needs gradio: pip install 'trainmem[web]'") from exc
+
+from trainmem.specs.hf import list_presets
+from trainmem.web import handlers as h
+from trainmem.web.form import DEFAULT_GPU, DEFAULT_MODEL, GROUPS, field, gpu_choices
+
+CSS = """
+.verdict {padding: 12px 16px; border-radius: 8px; border: 1px solid #ccc; margin-bottom: 8px}
+.verdict .head {font-size: 1.4em; font-weight: 700; margin-bottom: 4px}
+.verdict.fits {background: #e6f4ea; border-color: #34a853}
+.verdict.nofit {background: #fce8e6; border-color: #d93025}
+.tm-error {padding: 8px 12px; border-radius: 6px; background: #fce8e6; color: #a50e0e;
+  border: 1px solid #d93025; font-weight: 600}
+.tm-info {padding: 6px 12px; border-radius: 6px; background: #e8f0fe; border: 1px solid #4285f4}
+table.tm {border-collapse: collapse; margin: 6px 0; font-size: 0.95em}
+table.tm th, table.tm td {border-bottom: 1px solid #ddd; padding: 3px 10px; text-align: left}
+table.tm td.num {text-align: right; font-variant-numeric: tabular-nums}
+table.tm td[title] {cursor: help}
+table.tm tr.sum td {font-weight: 600}
+table.tm caption {caption-side: bottom; font-size: 0.85em; color: #666; text-align: left}
+"""
+
+SET_URL_JS = """(query) => {
+  const url = new URL(window.location.href);
+  url.search = query;
+  window.history.replaceState(null, "", url.toString());
+}"""
+"""Write the page state into the address bar, so the link reproduces the configuration."""
+
+_OPEN_GROUPS = ("Batch and sequence", "Precision and optimizer")
+
+
+def _widget(name: str) -> Any:
+    """The input widget of one TrainingConfig field, labelled with its CLI option."""
+    f = field(name)
+    elem_id = "opt-" + name.replace("_", "-")
+    default = h.default_values()[name]
+    if f.kind == "multi":
+        return gr.CheckboxGroup(list(f.choices), value=list(default), label=f.label, elem_id=elem_id)
+    if f.kind == "choice":
+        return gr.Dropdown(list(f.choices), value=default, label=f.label, elem_id=elem_id)
+    if f.kind == "bool":
+        return gr.Checkbox(value=default, label=f.label, elem_id=elem_id)
+    if name == "seq_len":
+        return gr.Number(
+            value=None,
+            precision=0,
+            label=f.label + " (empty: the model's context, at most 4096)",
+            elem_id=elem_id,
+        )
+    return gr.Number(
+        value=default, precision=0 if f.kind == "int" else None, label=f.label, elem_id=elem_id
+    )
+
+
+def build_app() -> Any:
+    """The web calculator as a ``gradio.Blocks`` (not launched; see :func:`trainmem.web.launch`).
+
+    Raises:
+        ImportError: gradio is not installed (``pip install 'trainmem[web]'``).
+    """
+    w: dict[str, Any] = {}
+    with gr.Blocks(title="trainmem: GPU memory of a training step", analytics_enabled=False) as demo:
+        gr.Markdown(
+            "## trainmem: will this training run fit my GPU?\n"
+            "Peak GPU memory of one training step, per category, from the analytic engine "
+            "(no GPU, no download). Every option is a `trainmem estimate` option; the link in "
+            "the address bar reproduces this page."
+        )
+        notice = gr.HTML(elem_id="notice")
+        message = gr.HTML(elem_id="message")
+        with gr.Row():
+            with gr.Column(scale=2, min_width=340):
+                w["model"] = gr.Dropdown(
+                    list_presets(),
+                    value=DEFAULT_MODEL,
+                    label="Model preset (type to search) or Hugging Face hub id org/name",
+                    filterable=True,
+                    allow_custom_value=True,
+                    elem_id="model",
+                )
+                config_file = gr.File(
+                    label="... or upload a config.json (replaces the preset)",
+                    file_types=[".json"],
+                    type="filepath",
+                    elem_id="config-file",
+                    height=90,
+                )
+                w["gpu"] = gr.Dropdown(gpu_choices(), value=DEFAULT_GPU, label="GPU", elem_id="gpu")
+                for group, names in GROUPS.items():
+                    with gr.Accordion(group, open=group in _OPEN_GROUPS):
+                        for name in names:
+                            w[name] = _widget(name)
+                        if group == "Framework":
+                            w["alloc_conf"] = gr.Textbox(
+                                label="--alloc-conf (PYTORCH_CUDA_ALLOC_CONF)",
+                                elem_id="opt-alloc-conf",
+                            )
+                            ds_file = gr.File(
+                                label="Read settings from a ds_config.json",
+                                file_types=[".json"],
+                                type="filepath",
+                                elem_id="ds-file",
+                                height=90,
+                            )
+                            acc_file = gr.File(
+                                label="Read settings from an accelerate config (.yaml)",
+                                file_types=[".yaml", ".yml", ".json"],
+                                type="filepath",
+                                elem_id="accelerate-file",
+                                height=90,
+                            )
+            with gr.Column(scale=3):
+                verdict = gr.HTML(elem_id="verdict-box")
+                breakdown = gr.HTML(elem_id="breakdown-box")
+                per_rank = gr.HTML(elem_id="per-rank-box")
+                band = gr.HTML(elem_id="band-box")
+                notes = gr.HTML(elem_id="notes-box")
+                cli = gr.Textbox(
+                    label="CLI: the same estimate in a terminal",
+                    interactive=False,
+                    buttons=["copy"],
+                    elem_id="cli",
+                )
+                with gr.Tabs():
+                    with gr.Tab("Timeline"):
+                        plot = gr.Image(
+                            type="filepath",
+                            label="Memory over one training step",
+                            elem_id="timeline",
+                            buttons=["download", "fullscreen"],
+                        )
+                    with gr.Tab("Per module"):
+                        modules = gr.HTML(elem_id="modules-box")
+                    with gr.Tab("Fit and plan"):
+                        fixes = gr.HTML(elem_id="fixes-box")
+                        plan = gr.HTML(elem_id="plan-box")
+                    with gr.Tab("Compare"):
+                        with gr.Row():
+                            pin_button = gr.Button("Pin this configuration", elem_id="pin")
+                            clear_button = gr.Button("Clear", elem_id="clear-pins")
+                        comparison = gr.HTML(h.compare([]), elem_id="compare-box")
+                    with gr.Tab("Downloads"):
+                        download_button = gr.Button(
+                            "Make JSON, HTML report and memory snapshot", elem_id="make-downloads"
+                        )
+                        files = gr.File(
+                            label="Downloads (the snapshot opens at pytorch.org/memory_viz)",
+                            file_count="multiple",
+                            interactive=False,
+                            elem_id="downloads",
+                        )
+        query = gr.Textbox(visible=False)
+        pins = gr.State([])
+
+        inputs = [w[name] for name in h.INPUT_NAMES]
+        estimate_outputs = [verdict, breakdown, per_rank, band, notes, cli, query, message]
+        detail_outputs = [plot, modules, fixes, plan]
+
+        def refresh(event: Any) -> None:
+            """Chain estimate -> URL -> details after ``event``."""
+            event.then(
+                h.update, [pins, config_file, *inputs], estimate_outputs, show_progress="hidden"
+            ).then(None, [query], None, js=SET_URL_JS).then(
+                h.details, [config_file, *inputs], detail_outputs, show_progress="minimal"
+            )
+
+        triggers = [w[name].input for name in h.INPUT_NAMES]
+        triggers += [config_file.upload, config_file.clear]
+        refresh(gr.on(triggers, lambda: None, None, None, trigger_mode="always_last"))
+
+        def on_load(request: gr.Request) -> list[Any]:
+            return h.load_query(dict(request.query_params))
+
+        refresh(demo.load(on_load, None, [*inputs, pins, comparison, notice]))
+
+        for upload, kind in ((ds_file, "deepspeed"), (acc_file, "accelerate")):
+
+            def apply(path: str | None, *raw: Any, kind: str = kind) -> list[Any]:
+                return h.apply_framework_file(kind, path, *raw)
+
+            refresh(upload.upload(apply, [upload, *inputs], [*inputs, notice]))
+
+        refresh(pin_button.click(h.pin, [pins, config_file, *inputs], [pins, comparison, notice]))
+        refresh(clear_button.click(lambda: ([], h.compare([]), ""), None, [pins, comparison, notice]))
+        download_button.click(h.downloads, [config_file, *inputs], [files, notice])
+    return demo
