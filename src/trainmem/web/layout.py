@@ -173,17 +173,27 @@ def build_app() -> Any:
         estimate_outputs = [verdict, breakdown, per_rank, band, notes, cli, query, message]
         detail_outputs = [plot, modules, fixes, plan]
 
+        last = "always_last"  # a change made while one is computed is computed next
+
         def refresh(event: Any) -> None:
             """Chain estimate -> URL -> details after ``event``."""
             event.then(
-                h.update, [pins, config_file, *inputs], estimate_outputs, show_progress="hidden"
-            ).then(None, [query], None, js=SET_URL_JS).then(
-                h.details, [config_file, *inputs], detail_outputs, show_progress="minimal"
+                h.update,
+                [pins, config_file, *inputs],
+                estimate_outputs,
+                show_progress="hidden",
+                trigger_mode=last,
+            ).then(None, [query], None, js=SET_URL_JS, trigger_mode=last).then(
+                h.details,
+                [config_file, *inputs],
+                detail_outputs,
+                show_progress="minimal",
+                trigger_mode=last,
             )
 
         triggers = [w[name].input for name in h.INPUT_NAMES]
         triggers += [config_file.upload, config_file.clear]
-        refresh(gr.on(triggers, lambda: None, None, None, trigger_mode="always_last"))
+        refresh(gr.on(triggers, lambda: None, None, None, trigger_mode=last))
 
         def on_load(request: gr.Request) -> list[Any]:
             return h.load_query(dict(request.query_params))
