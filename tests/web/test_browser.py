@@ -184,9 +184,7 @@ def check_against_cli(page: Page, expected: dict[str, Any]) -> None:
         assert verdict == f"Does not fit on H100-80GB: {-margin / GiB:,.2f} GiB short"
 
 
-def test_page_matches_cli_and_survives_bad_input(
-    server: str, browser: Any, tmp_path: Path
-) -> None:
+def test_page_matches_cli_and_survives_bad_input(server: str, browser: Any, tmp_path: Path) -> None:
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.set_default_timeout(TIMEOUT_MS)
     page.goto(server + "?model=gpt2")  # a small model: the first details are quick
@@ -199,8 +197,7 @@ def test_page_matches_cli_and_survives_bad_input(
     pick(page, "opt-precision", "bf16-true")
     cli = wait_cli(page, "llama-3.2-1b", "--micro-batch-size 4", "--precision bf16-true")
     assert cli == (
-        "trainmem estimate llama-3.2-1b --gpu H100-80GB --micro-batch-size 4 "
-        "--precision bf16-true"
+        "trainmem estimate llama-3.2-1b --gpu H100-80GB --micro-batch-size 4 --precision bf16-true"
     )
     expected = cli_json(*cli.split()[2:])
     check_against_cli(page, expected)

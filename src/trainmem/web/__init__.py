@@ -5,8 +5,8 @@ Stage: after ``report`` (it imports ``estimate``, ``planner`` and ``report``, ne
 
 - :mod:`trainmem.web.form`: the inputs as data, URL query string and CLI command (no gradio);
 - :mod:`trainmem.web.uploads`: uploaded files, parsed as data only, size-limited;
-- :mod:`trainmem.web.compute`: the estimate of a page state and :func:`~trainmem.web.compute.numbers`,
-  the one reader of ``MemoryEstimate.to_dict()``;
+- :mod:`trainmem.web.compute`: the estimate of a page state, and ``numbers()``, the one reader
+  of ``MemoryEstimate.to_dict()``;
 - :mod:`trainmem.web.views`: HTML fragments (verdict, tables);
 - :mod:`trainmem.web.handlers`: the event handlers (no gradio);
 - :mod:`trainmem.web.layout`: the gradio page; :mod:`trainmem.web.server`: :func:`launch`.

@@ -224,7 +224,9 @@ def to_query(values: Mapping[str, Any], pins: list[dict[str, Any]] | None = None
     return urlencode(items)
 
 
-def from_query(query: str | Mapping[str, str]) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
+def from_query(
+    query: str | Mapping[str, str],
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
     """Page state from a URL query (the inverse of :func:`to_query`).
 
     Args:

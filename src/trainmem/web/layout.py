@@ -52,7 +52,9 @@ def _widget(name: str) -> Any:
     elem_id = "opt-" + name.replace("_", "-")
     default = h.default_values()[name]
     if f.kind == "multi":
-        return gr.CheckboxGroup(list(f.choices), value=list(default), label=f.label, elem_id=elem_id)
+        return gr.CheckboxGroup(
+            list(f.choices), value=list(default), label=f.label, elem_id=elem_id
+        )
     if f.kind == "choice":
         return gr.Dropdown(list(f.choices), value=default, label=f.label, elem_id=elem_id)
     if f.kind == "bool":
@@ -76,7 +78,9 @@ def build_app() -> Any:
         ImportError: gradio is not installed (``pip install 'trainmem[web]'``).
     """
     w: dict[str, Any] = {}
-    with gr.Blocks(title="trainmem: GPU memory of a training step", analytics_enabled=False) as demo:
+    with gr.Blocks(
+        title="trainmem: GPU memory of a training step", analytics_enabled=False
+    ) as demo:
         gr.Markdown(
             "## trainmem: will this training run fit my GPU?\n"
             "Peak GPU memory of one training step, per category, from the analytic engine "
@@ -208,6 +212,8 @@ def build_app() -> Any:
             refresh(upload.upload(apply, [upload, *inputs], [*inputs, notice]))
 
         refresh(pin_button.click(h.pin, [pins, config_file, *inputs], [pins, comparison, notice]))
-        refresh(clear_button.click(lambda: ([], h.compare([]), ""), None, [pins, comparison, notice]))
+        refresh(
+            clear_button.click(lambda: ([], h.compare([]), ""), None, [pins, comparison, notice])
+        )
         download_button.click(h.downloads, [config_file, *inputs], [files, notice])
     return demo

@@ -31,9 +31,7 @@ def size_cell(n_bytes: int | None, *, signed: bool = False) -> str:
     )
 
 
-def _table(
-    table_id: str, header: Sequence[str], rows: Sequence[str], caption: str = ""
-) -> str:
+def _table(table_id: str, header: Sequence[str], rows: Sequence[str], caption: str = "") -> str:
     head = "".join(f"<th>{_e(h)}</th>" for h in header)
     cap = f"<caption>{_e(caption)}</caption>" if caption else ""
     return (
@@ -82,15 +80,15 @@ def breakdown_html(n: Numbers) -> str:
             f'<tr data-key="{key}"><td>{_e(BREAKDOWN_LABELS[key])}</td>'
             f'{size_cell(value)}<td class="num">{share}</td></tr>'
         )
-    for key, label, value in (
+    for key, label, peak in (
         ("allocated", "peak allocated (max_memory_allocated)", n.allocated_bytes),
         ("reserved", "peak reserved (max_memory_reserved)", n.reserved_bytes),
         ("device_total", "device total (nvidia-smi)", total),
         ("capacity", f"{n.gpu_name} usable capacity", n.capacity_bytes),
     ):
-        if value is not None:
+        if peak is not None:
             rows.append(
-                f'<tr class="sum" data-key="{key}"><td>{_e(label)}</td>{size_cell(value)}'
+                f'<tr class="sum" data-key="{key}"><td>{_e(label)}</td>{size_cell(peak)}'
                 "<td></td></tr>"
             )
     return _table(
@@ -134,7 +132,6 @@ def band_html(b: dict[str, Any] | None) -> str:
         + (f"least sure of:<ul>{least}</ul>" if least else "")
         + "</div>"
     )
-
 
 
 def modules_html(activations: list[dict[str, Any]], at_peak: list[dict[str, Any]]) -> str:
