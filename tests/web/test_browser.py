@@ -213,8 +213,12 @@ def test_page_matches_cli_and_survives_bad_input(server: str, browser: Any, tmp_
     check_against_cli(again, expected)
     again.close()
 
-    # the details follow: timeline plot, fit/plan
-    page.wait_for_selector("#timeline img")
+    # the details follow: the interactive timeline, then fit and plan on their tab
+    page.wait_for_selector("#timeline-interactive canvas, #timeline-interactive svg.marks")
+    page.get_by_role("tab", name="Fit and plan").click()
+    plan = page.locator("#plan tr[data-dimension=micro_batch_size] td").nth(1)
+    assert int(plan.inner_text().replace(",", "")) >= 4  # micro-batch 4 fits, so the plan does
+    page.get_by_role("tab", name="Timeline", exact=True).click()  # fit and plan stop updating
 
     # upload a model config.json: the page estimates that model
     from trainmem.specs.hf import PRESETS_DIR

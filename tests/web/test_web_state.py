@@ -214,10 +214,10 @@ def test_bad_size_is_a_message_not_a_traceback() -> None:
     assert "micro_batch_size: must be a positive integer, got -3" in out["message"]
     assert "Traceback" not in out["message"]
     assert out["cli"].endswith("--micro-batch-size -3")
-    assert "No estimate" in out["verdict"]
+    assert "No estimate" in out["result"]
     fine = _update(micro_batch_size=2)
     assert fine["message"] == ""
-    assert 'id="breakdown"' in fine["breakdown"]
+    assert 'id="breakdown"' in fine["result"]
 
 
 def test_broken_config_upload_is_a_message(tmp_path: Path) -> None:
@@ -243,7 +243,7 @@ def test_breakdown_cells_carry_exact_bytes() -> None:
     est = estimate("gpt2", TrainingConfig(micro_batch_size=2, seq_len=1024), gpu="H100-80GB")
     activations = est.breakdown.activations
     cell = f'title="{activations:,} bytes" data-bytes="{activations}">{activations / GiB:,.2f}<'
-    assert cell in out["breakdown"]
+    assert cell in out["result"]
 
 
 def test_compare_pins_up_to_four() -> None:

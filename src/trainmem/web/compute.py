@@ -181,6 +181,49 @@ def plan_rows(req: Request) -> list[dict[str, Any]]:
     return rows
 
 
+def timeline_points(est: MemoryEstimate, max_positions: int = 400) -> list[dict[str, Any]]:
+    """Live bytes per category (and their total) over the steady-state step, for the
+    interactive plot: one row per (position, series) with the GiB drawn, the exact bytes, the
+    phase and the event at that position.
+
+    Positions are grouped in at most ``max_positions`` buckets; each bucket keeps its position
+    with the largest total, so the peak and every local spike wider than a bucket survive.
+    Source: :func:`trainmem.report.plots.timeline_series` (what the static plot draws).
+    """
+    from trainmem.report.plots import timeline_series
+    from trainmem.units import GiB
+
+    if est.timeline is None or not len(est.timeline):
+        return []
+    data = timeline_series(est.timeline, reserved=False)
+    total = data.total_bytes
+    n = len(total)
+    step = max(1, -(-n // max_positions))
+    keep = [max(range(i, min(i + step, n)), key=total.__getitem__) for i in range(0, n, step)]
+    series = {**data.live_bytes, "total": total}
+    rows = []
+    for x in keep:
+        ev = data.events[x - 1] if x > 0 else None
+        at = (
+            f"{ev.action} {ev.size_bytes:,} B of {ev.category.value} in {ev.module or '-'}"
+            if ev is not None
+            else "state carried into the step"
+        )
+        phase = data.phases[x - 1] if x > 0 else "start"
+        for name, values in series.items():
+            rows.append(
+                {
+                    "event": x,
+                    "memory": name,
+                    "GiB": values[x] / GiB,
+                    "bytes": f"{values[x]:,}",
+                    "phase": phase,
+                    "at": at,
+                }
+            )
+    return rows
+
+
 def band(est: MemoryEstimate) -> dict[str, Any]:
     """Low / expected / high device total from the benchmark's errors
     (:func:`trainmem.uncertainty.uncertainty_band`)."""

@@ -19,7 +19,16 @@ from typing import Any, TypeVar
 
 from trainmem.errors import TrainmemError
 from trainmem.web import views
-from trainmem.web.compute import Request, band, fix_rows, numbers, plan_rows, resolve_request, run
+from trainmem.web.compute import (
+    Request,
+    band,
+    fix_rows,
+    numbers,
+    plan_rows,
+    resolve_request,
+    run,
+    timeline_points,
+)
 from trainmem.web.form import GROUPS, cli_command, coerce, default_values, from_query, to_query
 from trainmem.web.uploads import accelerate_from_upload, deepspeed_from_upload, model_from_upload
 
@@ -80,12 +89,12 @@ def _query(values: Mapping[str, Any], config_path: str | None, pins: list[dict[s
 # The estimate (fast: every change) and its details (plot, modules, fit, plan)
 # ---------------------------------------------------------------------------------------
 
-ESTIMATE_OUTPUTS = ("verdict", "breakdown", "per_rank", "band", "notes", "cli", "query", "message")
+ESTIMATE_OUTPUTS = ("result", "cli", "query", "message")
 
 
 def update(pins: list[dict[str, Any]] | None, config_path: str | None, *raw: Any) -> tuple:
-    """Verdict, breakdown, per-rank table, uncertainty band, notes, CLI command, URL query and
-    message (:data:`ESTIMATE_OUTPUTS`) for the current widgets."""
+    """The result (verdict, breakdown, uncertainty band, per-rank table, notes), the CLI
+    command, the URL query and the message (:data:`ESTIMATE_OUTPUTS`) for the current widgets."""
     values = collect(raw)
     pins = pins or []
 
@@ -94,11 +103,7 @@ def update(pins: list[dict[str, Any]] | None, config_path: str | None, *raw: Any
         est = run(req)
         n = numbers(est)
         return (
-            views.verdict_html(n),
-            views.breakdown_html(n),
-            views.per_rank_html(n),
-            views.band_html(band(est)),
-            views.notes_html(n.notes),
+            views.result_html(n, band(est)),
             cli_command(values, req.model_arg),
             _query(values, config_path, pins),
             "",
@@ -111,36 +116,53 @@ def update(pins: list[dict[str, Any]] | None, config_path: str | None, *raw: Any
         except Exception:  # noqa: BLE001 - the command is a courtesy
             cli = ""
         query = _guard(lambda: _query(values, config_path, pins), lambda _m: "")
-        return (blank, "", "", "", "", cli, query, views.message_html([message]))
+        return (blank, cli, query, views.message_html([message]))
 
     return _guard(compute, failed)
 
 
-DETAIL_OUTPUTS = ("plot", "modules", "fixes", "plan")
+DETAIL_OUTPUTS = ("interactive", "plot", "modules")
 
 
 def details(config_path: str | None, *raw: Any) -> tuple:
-    """Timeline plot (PNG path), per-module tables, ``fit`` suggestions and ``plan``
-    (:data:`DETAIL_OUTPUTS`); these take up to a few seconds, so they follow the estimate."""
+    """Interactive timeline (a pandas DataFrame), timeline picture (PNG path) and per-module
+    tables (:data:`DETAIL_OUTPUTS`); these take a second or two, so they follow the
+    estimate."""
     values = collect(raw)
 
     def compute() -> tuple:
+        import pandas as pd  # a dependency of gradio
+
         from trainmem.report.modules import activation_rows, peak_rows
         from trainmem.report.plots import plot_timeline
 
         req = request_of(config_path, values)
         est = run(req)
-        n = numbers(est)
         plot = _new_file("timeline", ".png")
         plot_timeline(est, plot, alloc_conf=req.alloc_conf)
         return (
+            pd.DataFrame(timeline_points(est)),
             str(plot),
             views.modules_html(activation_rows(est), peak_rows(est)),
-            views.fixes_html(fix_rows(req) if n.fits is False else [], n),
-            views.plan_html(plan_rows(req)),
         )
 
-    return _guard(compute, lambda m: (None, views.message_html([m]), "", ""))
+    return _guard(compute, lambda m: (None, None, views.message_html([m])))
+
+
+def fit_and_plan(shown: bool, config_path: str | None, *raw: Any) -> tuple[str, str]:
+    """``trainmem fit`` suggestions (when the run does not fit) and ``trainmem plan``, as HTML;
+    the searches take seconds, so they run only while their tab is ``shown``."""
+    if not shown:
+        return "", ""
+    values = collect(raw)
+
+    def compute() -> tuple[str, str]:
+        req = request_of(config_path, values)
+        n = numbers(run(req))
+        found = fix_rows(req) if n.fits is False else []
+        return views.fixes_html(found, n), views.plan_html(plan_rows(req))
+
+    return _guard(compute, lambda m: (views.message_html([m]), ""))
 
 
 # ---------------------------------------------------------------------------------------

@@ -16,11 +16,14 @@ try:
 except ImportError as exc:  # pragma: no cover - the web extra is missing
     raise ImportError("the web calculator needs gradio: pip install 'trainmem[web]'") from exc
 
+from trainmem.report.plots import CATEGORY_COLORS
 from trainmem.specs.hf import list_presets
 from trainmem.web import handlers as h
 from trainmem.web.form import DEFAULT_GPU, DEFAULT_MODEL, GROUPS, field, gpu_choices
 
 CSS = """
+.tm-slot:has(.prose:empty) {display: none}
+.tm-grid {display: flex; flex-wrap: wrap; gap: 4px 28px; align-items: flex-start}
 .verdict {padding: 12px 16px; border-radius: 8px; border: 1px solid #ccc; margin-bottom: 8px}
 .verdict .head {font-size: 1.4em; font-weight: 700; margin-bottom: 4px}
 .verdict.fits {background: #e6f4ea; border-color: #34a853}
@@ -35,6 +38,9 @@ table.tm td[title] {cursor: help}
 table.tm tr.sum td {font-weight: 600}
 table.tm caption {caption-side: bottom; font-size: 0.85em; color: #666; text-align: left}
 """
+
+SLOT = ["tm-slot"]
+"""CSS class of the HTML outputs that take no room while empty."""
 
 SET_URL_JS = """(query) => {
   const url = new URL(window.location.href);
@@ -87,8 +93,8 @@ def build_app() -> Any:
             "(no GPU, no download). Every option is a `trainmem estimate` option; the link in "
             "the address bar reproduces this page."
         )
-        notice = gr.HTML(elem_id="notice")
-        message = gr.HTML(elem_id="message")
+        notice = gr.HTML(elem_id="notice", elem_classes=SLOT)
+        message = gr.HTML(elem_id="message", elem_classes=SLOT)
         with gr.Row():
             with gr.Column(scale=2, min_width=340):
                 w["model"] = gr.Dropdown(
@@ -131,11 +137,7 @@ def build_app() -> Any:
                                 height=90,
                             )
             with gr.Column(scale=3):
-                verdict = gr.HTML(elem_id="verdict-box")
-                breakdown = gr.HTML(elem_id="breakdown-box")
-                per_rank = gr.HTML(elem_id="per-rank-box")
-                band = gr.HTML(elem_id="band-box")
-                notes = gr.HTML(elem_id="notes-box")
+                result = gr.HTML(elem_id="result", elem_classes=SLOT)
                 cli = gr.Textbox(
                     label="CLI: the same estimate in a terminal",
                     interactive=False,
@@ -143,24 +145,41 @@ def build_app() -> Any:
                     elem_id="cli",
                 )
                 with gr.Tabs():
-                    with gr.Tab("Timeline"):
+                    with gr.Tab("Timeline") as first_tab:
+                        interactive = gr.LinePlot(
+                            x="event",
+                            y="GiB",
+                            color="memory",
+                            color_map={**CATEGORY_COLORS, "total": "#000000"},
+                            tooltip=["memory", "GiB", "bytes", "phase", "at"],
+                            x_title="allocation events of one steady-state step",
+                            y_title="live memory, GiB (2^30 bytes)",
+                            label="Memory over one training step (hover for bytes)",
+                            height=360,
+                            elem_id="timeline-interactive",
+                        )
+                    with gr.Tab("Timeline picture") as picture_tab:
                         plot = gr.Image(
                             type="filepath",
                             label="Memory over one training step",
                             elem_id="timeline",
                             buttons=["download", "fullscreen"],
                         )
-                    with gr.Tab("Per module"):
+                    with gr.Tab("Per module") as modules_tab:
                         modules = gr.HTML(elem_id="modules-box")
-                    with gr.Tab("Fit and plan"):
+                    with gr.Tab("Fit and plan") as fit_tab:
+                        gr.Markdown(
+                            "What to change so that it fits (`trainmem fit`), and the largest "
+                            "micro-batch size and sequence length that fit (`trainmem plan`)."
+                        )
                         fixes = gr.HTML(elem_id="fixes-box")
                         plan = gr.HTML(elem_id="plan-box")
-                    with gr.Tab("Compare"):
+                    with gr.Tab("Compare") as compare_tab:
                         with gr.Row():
                             pin_button = gr.Button("Pin this configuration", elem_id="pin")
                             clear_button = gr.Button("Clear", elem_id="clear-pins")
                         comparison = gr.HTML(h.compare([]), elem_id="compare-box")
-                    with gr.Tab("Downloads"):
+                    with gr.Tab("Downloads") as downloads_tab:
                         download_button = gr.Button(
                             "Make JSON, HTML report and memory snapshot", elem_id="make-downloads"
                         )
@@ -172,10 +191,11 @@ def build_app() -> Any:
                         )
         query = gr.Textbox(visible=False)
         pins = gr.State([])
+        fit_shown = gr.State(False)  # fit and plan take seconds: only while their tab is open
 
         inputs = [w[name] for name in h.INPUT_NAMES]
-        estimate_outputs = [verdict, breakdown, per_rank, band, notes, cli, query, message]
-        detail_outputs = [plot, modules, fixes, plan]
+        estimate_outputs = [result, cli, query, message]
+        detail_outputs = [interactive, plot, modules]
 
         last = "always_last"  # a change made while one is computed is computed next
 
@@ -215,5 +235,10 @@ def build_app() -> Any:
         refresh(
             clear_button.click(lambda: ([], h.compare([]), ""), None, [pins, comparison, notice])
         )
+        fit_tab.select(lambda: True, None, fit_shown).then(
+            h.fit_and_plan, [fit_shown, config_file, *inputs], [fixes, plan], trigger_mode=last
+        )
+        for tab in (first_tab, picture_tab, modules_tab, compare_tab, downloads_tab):
+            tab.select(lambda: False, None, fit_shown)
         download_button.click(h.downloads, [config_file, *inputs], [files, notice])
     return demo

@@ -20,7 +20,13 @@ def _theme(gr: Any) -> Any:
     )
 
 
-def launch(host: str | None = DEFAULT_HOST, port: int | None = DEFAULT_PORT, **kwargs: Any) -> Any:
+def launch(
+    host: str | None = DEFAULT_HOST,
+    port: int | None = DEFAULT_PORT,
+    *,
+    app: Any = None,
+    **kwargs: Any,
+) -> Any:
     """Build the page and serve it (blocks until interrupted unless
     ``prevent_thread_lock=True``).
 
@@ -28,6 +34,7 @@ def launch(host: str | None = DEFAULT_HOST, port: int | None = DEFAULT_PORT, **k
         host: interface to listen on; None lets gradio choose (``GRADIO_SERVER_NAME``, which
             a Hugging Face Space sets to 0.0.0.0).
         port: TCP port; None lets gradio choose (``GRADIO_SERVER_PORT``, else 7860).
+        app: a page made by :func:`~trainmem.web.layout.build_app`; default a new one.
         **kwargs: passed to ``gradio.Blocks.launch``.
 
     Returns:
@@ -38,7 +45,7 @@ def launch(host: str | None = DEFAULT_HOST, port: int | None = DEFAULT_PORT, **k
     """
     import gradio as gr
 
-    demo = build_app()
+    demo = app if app is not None else build_app()
     demo.queue(default_concurrency_limit=4)
     options: dict[str, Any] = {
         "server_name": host,

@@ -233,6 +233,21 @@ def compare_html(labels: Sequence[str], columns: Sequence[Numbers]) -> str:
     return _table("compare", head, rows, "GiB = 2^30 bytes; hover for exact bytes")
 
 
+def result_html(n: Numbers, band: dict[str, Any] | None) -> str:
+    """The verdict above the breakdown, the band and the per-stage table side by side, then the
+    notes."""
+    return (
+        verdict_html(n)
+        + '<div class="tm-grid"><div>'
+        + breakdown_html(n)
+        + "</div><div>"
+        + band_html(band)
+        + per_rank_html(n)
+        + "</div></div>"
+        + notes_html(n.notes)
+    )
+
+
 def notes_html(notes: Sequence[str]) -> str:
     """The estimate's notes as a list."""
     if not notes:
