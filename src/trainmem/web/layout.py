@@ -23,7 +23,8 @@ from trainmem.web.form import DEFAULT_GPU, DEFAULT_MODEL, GROUPS, field, gpu_cho
 
 CSS = """
 .tm-slot:has(.prose:empty) {display: none}
-.tm-grid {display: flex; flex-wrap: wrap; gap: 4px 28px; align-items: flex-start}
+.tm-grid {display: grid; grid-template-columns: max-content minmax(200px, 1fr); gap: 4px 24px}
+@media (max-width: 1000px) {.tm-grid {grid-template-columns: 1fr}}
 .verdict {padding: 12px 16px; border-radius: 8px; border: 1px solid #ccc; margin-bottom: 8px}
 .verdict .head {font-size: 1.4em; font-weight: 700; margin-bottom: 4px}
 .verdict.fits {background: #e6f4ea; border-color: #34a853}
@@ -96,7 +97,7 @@ def build_app() -> Any:
         notice = gr.HTML(elem_id="notice", elem_classes=SLOT)
         message = gr.HTML(elem_id="message", elem_classes=SLOT)
         with gr.Row():
-            with gr.Column(scale=2, min_width=340):
+            with gr.Column(scale=1, min_width=320):
                 w["model"] = gr.Dropdown(
                     list_presets(),
                     value=DEFAULT_MODEL,
@@ -110,7 +111,7 @@ def build_app() -> Any:
                     file_types=[".json"],
                     type="filepath",
                     elem_id="config-file",
-                    height=90,
+                    height=110,
                 )
                 w["gpu"] = gr.Dropdown(gpu_choices(), value=DEFAULT_GPU, label="GPU", elem_id="gpu")
                 for group, names in GROUPS.items():
@@ -127,16 +128,16 @@ def build_app() -> Any:
                                 file_types=[".json"],
                                 type="filepath",
                                 elem_id="ds-file",
-                                height=90,
+                                height=110,
                             )
                             acc_file = gr.File(
                                 label="Read settings from an accelerate config (.yaml)",
                                 file_types=[".yaml", ".yml", ".json"],
                                 type="filepath",
                                 elem_id="accelerate-file",
-                                height=90,
+                                height=110,
                             )
-            with gr.Column(scale=3):
+            with gr.Column(scale=2):
                 result = gr.HTML(elem_id="result", elem_classes=SLOT)
                 cli = gr.Textbox(
                     label="CLI: the same estimate in a terminal",
