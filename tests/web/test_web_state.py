@@ -260,3 +260,31 @@ def test_compare_pins_up_to_four() -> None:
     pins, _, _ = h.pin(pins, None, *raw)
     pins, _, message = h.pin(pins, None, *raw)
     assert len(pins) == 4 and "at most 4 configurations" in message
+
+
+def test_pipeline_stages_are_shown() -> None:
+    out = _update(model="llama-3.2-1b", pipeline_parallel_size=4, seq_len=1024)
+    training = TrainingConfig(seq_len=1024, pipeline_parallel_size=4)
+    per_rank = estimate("llama-3.2-1b", training, gpu="H100-80GB").to_dict()["per_rank"]
+    # 16 layers over 4 stages; the engine reports the distinct ones (first: embedding, last: head)
+    assert [r["pipeline_stage"] for r in per_rank] == [0, 3]
+    assert 'id="per-rank"' in out["result"]
+    for row in per_rank:
+        assert f'data-bytes="{row["allocated_bytes"]}"' in out["result"]
+
+
+def test_handlers_do_not_need_gradio() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, trainmem.web.handlers; assert 'gradio' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_serve_without_gradio_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "gradio", None)  # import gradio -> ImportError
+    result = CliRunner().invoke(app, ["serve", "--port", "7"])
+    assert result.exit_code == 2
+    assert "pip install 'trainmem[web]'" in result.output
