@@ -131,7 +131,7 @@ def details(config_path: str | None, *raw: Any) -> tuple:
     values = collect(raw)
 
     def compute() -> tuple:
-        import pandas as pd  # a dependency of gradio
+        import pandas as pd  # type: ignore[import-untyped]  # a dependency of gradio
 
         from trainmem.report.modules import activation_rows, peak_rows
         from trainmem.report.plots import plot_timeline
