@@ -288,3 +288,22 @@ def test_serve_without_gradio_names_the_extra(monkeypatch: pytest.MonkeyPatch) -
     result = CliRunner().invoke(app, ["serve", "--port", "7"])
     assert result.exit_code == 2
     assert "pip install 'trainmem[web]'" in result.output
+
+
+def test_requests_too_large_for_the_page_are_refused() -> None:
+    # llama-3.2-1b has 16 layers: 128 micro-batches are 2048 layer passes, 129 are too many
+    resolve_request(
+        {**default_values(), "model": "llama-3.2-1b", "gradient_accumulation_steps": 128}
+    )
+    out = _update(model="llama-3.2-1b", gradient_accumulation_steps=129)
+    assert (
+        "gradient_accumulation_steps: 129 micro-batches x 16 layers is more than the web "
+        "calculator simulates per request (2048 layer passes)"
+    ) in out["message"]
+    # pipeline ranks are not replayed, so their micro-batches cost nothing
+    fine = _update(model="llama-3.2-1b", gradient_accumulation_steps=129, pipeline_parallel_size=4)
+    assert fine["message"] == ""
+    raw = h.widget_values(
+        {**default_values(), "model": "llama-3.2-1b", "pipeline_parallel_size": 4}
+    )
+    assert "No step timeline" in h.details(None, *raw)[2]

@@ -26,6 +26,11 @@ from trainmem.web.form import NO_GPU, training_config
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
+MAX_LAYER_PASSES = 2048
+"""Most layers x micro-batches one page request simulates. The analytic engine replays every
+micro-batch of a step through the allocator simulator (about 1 s per 500-800 layer passes on
+one core), so a page that answers everybody within seconds stops here; the CLI has no limit."""
+
 
 @dataclass(frozen=True, slots=True)
 class Numbers:
@@ -131,6 +136,7 @@ def resolve_request(values: Mapping[str, Any], uploaded: ModelSpec | None = None
         model = model_arg = name
     gpu = str(values.get("gpu") or NO_GPU)
     training = training_config(values, default_seq_len=default_seq_len_of(model))
+    check_work(model, training)
     return Request(
         model=model,
         model_arg=model_arg,
@@ -138,6 +144,34 @@ def resolve_request(values: Mapping[str, Any], uploaded: ModelSpec | None = None
         gpu=None if gpu == NO_GPU else gpu,
         alloc_conf=str(values.get("alloc_conf") or ""),
     )
+
+
+def check_work(model: str | ModelSpec, training: TrainingConfig) -> None:
+    """Refuse a request that would simulate more than :data:`MAX_LAYER_PASSES` layer passes
+    (``num_layers x gradient_accumulation_steps`` without pipeline parallelism, whose ranks are
+    not replayed).
+
+    Raises:
+        SpecError: too much work for one page request (the message names the field and the
+            CLI command to use instead).
+    """
+    from trainmem.errors import UnsupportedError
+    from trainmem.estimate import resolve_model
+
+    if training.pipeline_parallel_size > 1:
+        return
+    try:
+        layers = resolve_model(model).num_layers
+    except UnsupportedError:
+        return  # estimate() will say so
+    passes = layers * training.gradient_accumulation_steps
+    if passes > MAX_LAYER_PASSES:
+        raise SpecError(
+            "gradient_accumulation_steps",
+            f"{training.gradient_accumulation_steps} micro-batches x {layers} layers is more "
+            f"than the web calculator simulates per request ({MAX_LAYER_PASSES} layer passes); "
+            "run the command in the CLI box for this one",
+        )
 
 
 @lru_cache(maxsize=16)

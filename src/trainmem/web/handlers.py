@@ -138,6 +138,9 @@ def details(config_path: str | None, *raw: Any) -> tuple:
 
         req = request_of(config_path, values)
         est = run(req)
+        if est.timeline is None or not len(est.timeline):
+            why = "<p>No step timeline for this estimate (pipeline ranks are not simulated).</p>"
+            return None, None, why
         plot = _new_file("timeline", ".png")
         plot_timeline(est, plot, alloc_conf=req.alloc_conf)
         return (
