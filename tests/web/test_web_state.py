@@ -306,4 +306,15 @@ def test_requests_too_large_for_the_page_are_refused() -> None:
     raw = h.widget_values(
         {**default_values(), "model": "llama-3.2-1b", "pipeline_parallel_size": 4}
     )
-    assert "No step timeline" in h.details(None, *raw)[2]
+    assert "No step timeline" in h.details(h.PICTURE_TAB, None, *raw)[2]
+
+
+def test_slow_details_only_on_their_tab() -> None:
+    raw = h.widget_values({**default_values(), "model": "gpt2"})
+    interactive, picture, _ = h.details("", None, *raw)
+    assert picture is None and len(interactive) > 0
+    _, picture, _ = h.details(h.PICTURE_TAB, None, *raw)
+    assert picture is not None and Path(picture).read_bytes().startswith(b"\x89PNG")
+    assert h.fit_and_plan("", None, *raw) == ("", "")
+    fixes, plan = h.fit_and_plan(h.FIT_TAB, None, *raw)
+    assert "It fits" in fixes and 'data-dimension="micro_batch_size"' in plan

@@ -124,10 +124,15 @@ def update(pins: list[dict[str, Any]] | None, config_path: str | None, *raw: Any
 DETAIL_OUTPUTS = ("interactive", "plot", "modules")
 
 
-def details(config_path: str | None, *raw: Any) -> tuple:
-    """Interactive timeline (a pandas DataFrame), timeline picture (PNG path) and per-module
-    tables (:data:`DETAIL_OUTPUTS`); these take a second or two, so they follow the
-    estimate."""
+PICTURE_TAB = "picture"
+FIT_TAB = "fit"
+"""Names of the result tabs whose content takes seconds: it is computed only while shown."""
+
+
+def details(tab: str, config_path: str | None, *raw: Any) -> tuple:
+    """Interactive timeline (a pandas DataFrame), timeline picture (PNG path, only while
+    ``tab`` is :data:`PICTURE_TAB`: matplotlib takes a second or more) and per-module tables
+    (:data:`DETAIL_OUTPUTS`); they follow the estimate."""
     values = collect(raw)
 
     def compute() -> tuple:
@@ -141,21 +146,23 @@ def details(config_path: str | None, *raw: Any) -> tuple:
         if est.timeline is None or not len(est.timeline):
             why = "<p>No step timeline for this estimate (pipeline ranks are not simulated).</p>"
             return None, None, why
-        plot = _new_file("timeline", ".png")
-        plot_timeline(est, plot, alloc_conf=req.alloc_conf)
+        plot = None
+        if tab == PICTURE_TAB:
+            plot = _new_file("timeline", ".png")
+            plot_timeline(est, plot, alloc_conf=req.alloc_conf)
         return (
             pd.DataFrame(timeline_points(est)),
-            str(plot),
+            None if plot is None else str(plot),
             views.modules_html(activation_rows(est), peak_rows(est)),
         )
 
     return _guard(compute, lambda m: (None, None, views.message_html([m])))
 
 
-def fit_and_plan(shown: bool, config_path: str | None, *raw: Any) -> tuple[str, str]:
+def fit_and_plan(tab: str, config_path: str | None, *raw: Any) -> tuple[str, str]:
     """``trainmem fit`` suggestions (when the run does not fit) and ``trainmem plan``, as HTML;
-    the searches take seconds, so they run only while their tab is ``shown``."""
-    if not shown:
+    the searches take seconds, so they run only while ``tab`` is :data:`FIT_TAB`."""
+    if tab != FIT_TAB:
         return "", ""
     values = collect(raw)
 

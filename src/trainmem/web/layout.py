@@ -192,7 +192,7 @@ def build_app() -> Any:
                         )
         query = gr.Textbox(visible=False)
         pins = gr.State([])
-        fit_shown = gr.State(False)  # fit and plan take seconds: only while their tab is open
+        tab = gr.State("")  # the result tab shown (handlers.PICTURE_TAB, FIT_TAB, ...)
 
         inputs = [w[name] for name in h.INPUT_NAMES]
         estimate_outputs = [result, cli, query, message]
@@ -201,7 +201,7 @@ def build_app() -> Any:
         last = "always_last"  # a change made while one is computed is computed next
 
         def refresh(event: Any) -> None:
-            """Chain estimate -> URL -> details after ``event``."""
+            """Chain estimate -> URL -> details -> fit and plan after ``event``."""
             event.then(
                 h.update,
                 [pins, config_file, *inputs],
@@ -210,11 +210,11 @@ def build_app() -> Any:
                 trigger_mode=last,
             ).then(None, [query], None, js=SET_URL_JS, trigger_mode=last).then(
                 h.details,
-                [config_file, *inputs],
+                [tab, config_file, *inputs],
                 detail_outputs,
                 show_progress="minimal",
                 trigger_mode=last,
-            )
+            ).then(h.fit_and_plan, [tab, config_file, *inputs], [fixes, plan], trigger_mode=last)
 
         triggers = [w[name].input for name in h.INPUT_NAMES]
         triggers += [config_file.upload, config_file.clear]
@@ -236,10 +236,19 @@ def build_app() -> Any:
         refresh(
             clear_button.click(lambda: ([], h.compare([]), ""), None, [pins, comparison, notice])
         )
-        fit_tab.select(lambda: True, None, fit_shown).then(
-            h.fit_and_plan, [fit_shown, config_file, *inputs], [fixes, plan], trigger_mode=last
-        )
-        for tab in (first_tab, picture_tab, modules_tab, compare_tab, downloads_tab):
-            tab.select(lambda: False, None, fit_shown)
+        tabs = [
+            (first_tab, ""),
+            (picture_tab, h.PICTURE_TAB),
+            (modules_tab, ""),
+            (fit_tab, h.FIT_TAB),
+            (compare_tab, ""),
+            (downloads_tab, ""),
+        ]
+        for tab_block, name in tabs:
+            selected = tab_block.select(lambda name=name: name, None, tab)
+            if name == h.PICTURE_TAB:
+                selected.then(h.details, [tab, config_file, *inputs], detail_outputs)
+            elif name == h.FIT_TAB:
+                selected.then(h.fit_and_plan, [tab, config_file, *inputs], [fixes, plan])
         download_button.click(h.downloads, [config_file, *inputs], [files, notice])
     return demo
