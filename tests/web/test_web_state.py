@@ -273,11 +273,19 @@ def test_pipeline_stages_are_shown() -> None:
         assert f'data-bytes="{row["allocated_bytes"]}"' in out["result"]
 
 
-def test_handlers_do_not_need_gradio() -> None:
+def test_handlers_need_neither_gradio_nor_torch_nor_the_cli() -> None:
     import subprocess
     import sys
 
-    code = "import sys, trainmem.web.handlers; assert 'gradio' not in sys.modules"
+    code = (
+        "import sys\n"
+        "from trainmem.web import handlers as h\n"
+        "raw = h.widget_values({**h.default_values(), 'model': 'gpt2'})\n"
+        "assert h.update([], None, *raw)[-1] == ''\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('gradio', 'torch')]\n"
+        "bad += [m for m in sys.modules if m.startswith('trainmem.cli')]  # web never imports cli\n"
+        "assert not bad, bad\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

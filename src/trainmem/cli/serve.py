@@ -20,8 +20,8 @@ def register(app: typer.Typer) -> None:
         host: Annotated[str, typer.Option("--host", help="Interface to listen on.")] = "127.0.0.1",
         port: Annotated[int, typer.Option("--port", help="TCP port.")] = 7860,
     ) -> None:
-        """Start the web calculator (needs the web extra: pip install 'trainmem[web]') and
-        print its URL."""
+        """Start the web calculator in a browser page and print its URL (needs gradio: the
+        web extra of trainmem)."""
         from trainmem.web import launch
 
         try:
