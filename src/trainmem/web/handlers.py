@@ -251,8 +251,7 @@ def apply_framework_file(kind: str, path: str | None, *raw: Any) -> list[Any]:
         for name, value in settings.items():
             values[name] = coerce(name, value)
         applied = ", ".join(f"{k}={v}" for k, v in settings.items()) or "nothing"
-        note = f'<div class="tm-info">{Path(path).name}: set {views._e(applied)}</div>'
-        return [*widget_values(values), note]
+        return [*widget_values(values), views.info_html(f"{Path(path).name}: set {applied}")]
 
     return _guard(compute, lambda m: [*widget_values(values), views.message_html([m])])
 

@@ -255,6 +255,11 @@ def notes_html(notes: Sequence[str]) -> str:
     return "<ul class='notes'>" + "".join(f"<li>{_e(x)}</li>" for x in notes) + "</ul>"
 
 
+def info_html(text: str) -> str:
+    """One line of information (e.g. what an uploaded file set)."""
+    return f'<div class="tm-info">{_e(text)}</div>'
+
+
 def message_html(messages: Sequence[str]) -> str:
     """Problems with the input, one line each, in a box the user cannot miss; "" for none."""
     if not messages:
