@@ -291,8 +291,8 @@ def gpus_cmd(as_json: JsonOpt = False) -> None:
 
 
 def _register_commands() -> None:
-    """Add ``plan``, ``fit``, ``sweep`` (:mod:`trainmem.cli.planner`) and ``compare``
-    (:mod:`trainmem.cli.compare`)."""
+    """Add ``plan``, ``fit``, ``sweep`` (:mod:`trainmem.cli.planner`), ``compare``
+    (:mod:`trainmem.cli.compare`) and ``serve`` (:mod:`trainmem.cli.serve`)."""
     from trainmem.cli import compare, planner, serve
 
     planner.register(app)
