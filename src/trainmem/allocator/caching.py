@@ -58,8 +58,6 @@ _BASE_ADDRESS = 0x7F0000000000
 _ADDRESS_GAP = K_SMALL_BUFFER
 
 
-
-
 def format_size(size_bytes: int) -> str:
     """Format bytes as PyTorch's allocator does in its messages (``format_size``).
 

@@ -55,7 +55,6 @@ _SEGMENT_ACTIONS_UP = ("segment_alloc", "segment_map")
 _SEGMENT_ACTIONS_DOWN = ("segment_free", "segment_unmap")
 
 
-
 # ---------------------------------------------------------------------------------------- write
 
 

@@ -280,15 +280,18 @@ def gpus_cmd(as_json: JsonOpt = False) -> None:
 
 
 def _register_commands() -> None:
-    """Add ``plan``, ``fit``, ``sweep`` (:mod:`trainmem.cli.planner`) and ``compare``
-    (:mod:`trainmem.cli.compare`)."""
+    """Add ``plan``, ``fit``, ``sweep`` (:mod:`trainmem.cli.planner`), ``compare``
+    (:mod:`trainmem.cli.compare`), ``replay-snapshot`` (:mod:`trainmem.cli.replay_snapshot`)
+    and ``serve`` (:mod:`trainmem.cli.serve`)."""
     from trainmem.cli.compare import register as register_compare
     from trainmem.cli.planner import register as register_planner
     from trainmem.cli.replay_snapshot import register as register_replay_snapshot
+    from trainmem.cli.serve import register as register_serve
 
     register_planner(app)
     register_compare(app)
     register_replay_snapshot(app)
+    register_serve(app)
 
 
 _register_commands()
