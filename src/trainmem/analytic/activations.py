@@ -88,15 +88,21 @@ def compute_and_residual_bytes(training: TrainingConfig) -> tuple[int, int]:
     return c, r
 
 
-def _norm_saved_bytes(model: ModelSpec, r: int, *, trainable: bool = True) -> int:
+def _norm_saved_bytes(
+    model: ModelSpec, r: int, *, trainable: bool = True, compiled: bool = False
+) -> int:
     """Bytes per token one norm saves: LayerNorm r*h + 8 (input, fp32 mean and rstd); HF RMSNorm
     4h + r*h + 4 (fp32 input or copy, normalised tensor, fp32 rstd). A frozen RMSNorm (LoRA)
     does not save the normalised tensor: ``weight * x`` saves ``x`` only for the weight's
-    gradient (found by the trace engine); under torch.compile the fused norm's normalised
-    tensor is recomputed in backward, so it is not saved either."""
+    gradient (found by the trace engine). Under torch.compile the min-cut partition keeps only
+    the norm's input in its own dtype and the fp32 rstd (r*h + 4): the fp32 upcast and the
+    normalised tensor are fused and recomputed in backward (traced: AOTAutograd with
+    ``min_cut_rematerialization_partition`` on a Llama layer, trainmem.trace.compile)."""
     h = model.hidden_size
     if model.norm_kind == "layernorm":
         return r * h + 8
+    if compiled:
+        return r * h + 4
     return 4 * h + (r * h if trainable else 0) + 4
 
 
@@ -171,7 +177,9 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
     fused_qkv = model.fused_qkv
     terms: dict[str, int] = {}
 
-    norm = _norm_saved_bytes(model, r, trainable=not training.is_lora and not training.compile)
+    norm = _norm_saved_bytes(
+        model, r, trainable=not training.is_lora and not training.compile, compiled=training.compile
+    )
     terms["attention/norm"] = norm * t
     terms["attention/qkv_input"] = c * h * t * (1 if (fused_qkv or not mixed) else 3)
     # Keys and values reach the kernel expanded to all query heads (GQA) in eager attention
@@ -215,7 +223,10 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
         terms["mlp/expert_outputs"] = c * h * t * k_top
     terms["mlp/input"] = c * h * t * k_top * (n_in if mixed else 1)
     if model.mlp_kind == "gated":
-        terms["mlp/gated"] = 4 * c * i * t * k_top
+        # gate and up outputs, the activation's output and the down projection's input; under
+        # torch.compile the activation's output is recomputed from the saved gate (traced:
+        # min-cut keeps gate, up and act(gate) * up)
+        terms["mlp/gated"] = (3 if training.compile else 4) * c * i * t * k_top
     else:
         terms["mlp/activation"] = _activation_fn_saved_bytes(model, training, i) * t * k_top
     if p_hidden:
