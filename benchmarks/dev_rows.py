@@ -43,8 +43,10 @@ def _litgpt(preset: str, b: int, s: int, **kw: Any) -> dict[str, Any]:
     CUDA in torch 2.1; the LoRA parameters are tiny either way), max_memory_allocated.
     The row's framework column is lit-gpt: its own model code and Fabric's output cast
     (``framework="litgpt"``) and its LM head / loss in chunks of 128 tokens
-    (``lm_head_chunk_size=128``, ``chunked_cross_entropy``)."""
+    (``lm_head_chunk_size=128``, ``chunked_cross_entropy``). The rows' source names
+    bitsandbytes 0.41.1, whose ``MatMul4Bit`` still saved its input."""
     training = {"micro_batch_size": b, "seq_len": s, "precision": "bf16-true",
+                "bitsandbytes_version": "0.41.1",
                 "attention": "sdpa", "lora_rank": 8, "lora_targets": ("q", "v"),
                 "lora_dropout": 0.05, "framework": "litgpt",
                 "chunked_cross_entropy": -(-s // 128), **kw}

@@ -30,12 +30,18 @@ from typing import TYPE_CHECKING
 from trainmem.analytic.activations import (
     ActivationProfile,
     activation_profile,
-    autocast_weight_copy_bytes,
+    autocast_cached_weight_bytes,
     backward_layer_transients,
     compute_and_residual_bytes,
     layer_is_checkpointed,
     loss_backward_transient_bytes,
     loss_forward_transient_bytes,
+)
+from trainmem.analytic.buffers import (
+    gathered_layer_bytes,
+    gradients_alive_in_forward,
+    kept_gathered_layer_bytes,
+    reduce_scatter_layer_bytes,
 )
 from trainmem.analytic.temporaries import cublas_workspace_bytes, optimizer_step_temporary_bytes
 from trainmem.analytic.tensor_states import StateLayout, state_layout
@@ -321,7 +327,9 @@ def _rank_peak(
         local_elems = local // max(dtype_bytes(training.grad_dtype), 1)
         opt_tmp = optimizer_step_temporary_bytes(
             training,
-            num_trainable_parameters=-(-local_elems // dp) if stage >= 1 else local_elems,
+            num_trainable_parameters=(  # issue 12: shards span the shard group (HYBRID_SHARD)
+                -(-local_elems // training.sharding_degree) if stage >= 1 else local_elems
+            ),
             largest_parameter=max(s.full_grad_bytes for s in trainable)
             // max(dtype_bytes(training.grad_dtype), 1),
         )
@@ -345,17 +353,16 @@ def _rank_peak(
             )
             // training.tensor_parallel_size
         )
-    elif stage == 3 and training.framework == "fsdp2" and training.is_mixed:
-        # MixedPrecisionPolicy(param_dtype=bf16): the all-gather output is 16-bit
-        gather = 2 * c * sum(s.numel for s in layer0) // training.tensor_parallel_size
+    elif stage == 3:  # issue 12: FSDP mixed-precision policies gather in the compute dtype
+        gather = 2 * gathered_layer_bytes(layer0, training)
     offloads_grads = training.offload in ("optimizer+gradients", "optimizer+params")
-    reduce = sum(s.full_grad_bytes for s in layer0) if stage >= 2 or offloads_grads else 0
+    reduce = reduce_scatter_layer_bytes(layer0, training) if stage >= 2 or offloads_grads else 0
     if stage == 3:
         # FSDP2's root module (embeddings, final norm, LM head) is not resharded after forward:
         # its gathered parameters stay from the forward to the backward (``fully_shard`` on the
         # root, ``reshard_after_forward`` defaults to False there; found by the trace engine).
         root = [s for s in outer if not s.name.startswith("lora_")]
-        if training.framework == "fsdp2" and training.is_mixed:
+        if training.gathered_weight_dtype != training.weight_dtype:  # issue 12
             root_full = c * sum(s.numel for s in root) // training.tensor_parallel_size
         else:
             root_full = sum(s.full_param_bytes for s in root)
@@ -376,7 +383,7 @@ def _rank_peak(
         g_head += sum(s.grad_bytes for s in emb_states if s.name == "embedding/tokens")
     # gradients alive through the forward: accumulated from earlier micro-batches, or zeroed but
     # kept by zero_grad(set_to_none=False)
-    keep_grads = training.gradient_accumulation_steps > 1 or not training.zero_grad_set_to_none
+    keep_grads = gradients_alive_in_forward(training)  # issue 12: + Megatron's grad buffer
     g_prev = grads_all if keep_grads else 0
     # Activation offloading: saved activations go to CPU layer by layer; the current and the
     # prefetched layer stay (torchtune ``OffloadActivations``).
@@ -389,12 +396,16 @@ def _rank_peak(
 
     candidates: dict[str, tuple[int, int, int, str]] = {}  # name -> (grads, acts, temps, reason)
     weight_copies = 0
-    if layer_is_checkpointed(training):
-        weight_copies = autocast_weight_copy_bytes(model, training) * L
+    if layer_is_checkpointed(training):  # issue 12: only trainable leaves are cached
+        weight_copies = autocast_cached_weight_bytes(model, training) * L
+    # issue 12: FSDP SHARD_GRAD_OP / NO_SHARD keep each layer's gathered weights to its backward
+    kept = kept_gathered_layer_bytes(layer0, training)
+    if kept and stage == 3:
+        gather = max(gather - 2 * kept, 0)  # the layers' gathers are the kept ones; root stays
     candidates["forward"] = (
         g_prev,
         acts_forward + weight_copies,
-        workspace + gather + dequant + loss_fwd,
+        workspace + gather + dequant + loss_fwd + L * kept,
         "end of forward: every saved activation is alive"
         + (", with the logits (and their fp32 copy) while the loss runs" if loss_fwd else ""),
     )
@@ -402,7 +413,7 @@ def _rank_peak(
         candidates["backward_start"] = (
             g_prev,
             acts_forward,
-            workspace + loss_tmp + gather,
+            workspace + loss_tmp + gather + L * kept,
             "start of backward: saved activations plus the two (tokens x vocab) log-softmax "
             "gradients",
         )
@@ -414,7 +425,7 @@ def _rank_peak(
         reason = "backward through the layers: gradients grow while activations are freed" + (
             " and one layer is recomputed" if prof.recompute else ""
         )
-        fixed = workspace + residual_tmp + gather + reduce + dequant
+        fixed = workspace + residual_tmp + gather + reduce + dequant + (L - j) * kept
         # the layer's MLP backward (all its activations alive), then its attention backward
         # (the MLP's saved tensors already freed): whichever holds more
         if mlp_tmp >= attention_tmp - mlp_acts:
@@ -521,4 +532,6 @@ def resolved_config(training: TrainingConfig) -> dict[str, object]:
     out: dict[str, object] = asdict(training)
     out["weight_dtype"] = training.weight_dtype
     out["compute_dtype"] = training.compute_dtype
+    # issue 12: the implementation that was computed (the framework's default when none given)
+    out["optimizer_implementation"] = training.step_implementation
     return out

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from trainmem.analytic.activations import (
     activation_profile,
+    autocast_cached_weight_bytes,
     autocast_weight_copy_bytes,
     backward_layer_transient_bytes,
     compute_and_residual_bytes,
@@ -123,12 +124,13 @@ def analytic_timeline(
     saved_blocks = [size for v in saved_terms.values() for size in _split(v, pieces)]
     dropped_blocks = [size for v in dropped_terms.values() for size in _split(v, pieces)]
     weight_copy = autocast_weight_copy_bytes(model, training)
+    cached_copy = autocast_cached_weight_bytes(model, training)  # issue 12: trainable leaves only
     loss_tmp = loss_backward_transient_bytes(model, training)
     loss_fwd = loss_forward_transient_bytes(model, training)
     layer_tmp = backward_layer_transient_bytes(model, training)
     trainable = [s for s in states if s.trainable]
     n_trainable = sum(s.numel for s in trainable)
-    dp = training.data_parallel_size
+    dp = training.sharding_degree  # issue 12: HYBRID_SHARD shards within its group
     sharded_states = training.zero_stage >= 1 and dp > 1
     opt_tmp_total = 0
     if training.offload == "none" and trainable:
@@ -163,8 +165,8 @@ def analytic_timeline(
             copies: list[int] = []
             for layer in range(model.num_layers):
                 name = f"layers.{layer}"
-                if weight_copy and layer_is_checkpointed(training):
-                    copies.append(rec.alloc(weight_copy, Cat.ACTIVATION, name))
+                if cached_copy and layer_is_checkpointed(training):
+                    copies.append(rec.alloc(cached_copy, Cat.ACTIVATION, name))
                 kept = [rec.alloc(v, Cat.ACTIVATION, name) for v in saved_blocks]
                 dropped = [rec.alloc(v, Cat.TEMPORARY, name) for v in dropped_blocks]
                 for b in dropped:

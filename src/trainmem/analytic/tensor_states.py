@@ -163,7 +163,7 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
     :func:`trainmem.analytic.model_states.optimizer_state_bytes`.
     """
     tp = training.tensor_parallel_size
-    dp = training.data_parallel_size
+    dp = training.sharding_degree  # HYBRID_SHARD: the shard group, not every rank
     stage = training.zero_stage if dp > 1 else 0
     cache: dict[tuple[str, int, int, bool], TensorState] = {}
 

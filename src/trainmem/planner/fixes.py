@@ -147,7 +147,7 @@ def _supports_bf16(gpu: GPUSpec) -> bool:
 
 
 def _fused_optimizer(_m: ModelSpec, t: TrainingConfig, _g: GPUSpec) -> list[TrainingConfig]:
-    if t.optimizer in ("adam", "adamw") and t.optimizer_implementation != "fused":
+    if t.optimizer in ("adam", "adamw") and t.step_implementation != "fused":
         return [replace(t, optimizer_implementation="fused")]
     return []
 

@@ -22,7 +22,7 @@ __all__ = ["build_optimizer"]
 
 
 def _impl_kwargs(training: TrainingConfig, *, fused_ok: bool = True) -> dict[str, bool]:
-    impl = training.optimizer_implementation
+    impl = training.step_implementation
     if impl == "fused":
         if not fused_ok:
             raise UnsupportedError(

@@ -1,0 +1,105 @@
+"""Framework buffers of one training step, in bytes: what ZeRO / FSDP gather and reduce, the
+gradient buffers a framework allocates up front, and memory held outside the caching allocator.
+
+Each function names the phases in which its bytes are alive (forward / backward / optimizer)
+and the framework source it mirrors; the conventions it reads are
+:class:`trainmem.specs.frameworks.FrameworkConventions` fields.
+
+Legend: L = layers on the rank, N = ``TrainingConfig.sharding_degree``, c = bytes of the
+compute dtype, t = tensor-parallel size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from trainmem.analytic.tensor_states import TensorState
+from trainmem.specs.training import TrainingConfig
+from trainmem.units import dtype_bytes
+
+
+def gathered_layer_bytes(layer: Sequence[TensorState], training: TrainingConfig) -> int:
+    """Bytes of one layer's weights once ZeRO-3 / FSDP has all-gathered them: the stored bytes
+    (``full_param_bytes``), or ``c`` per element when an FSDP mixed-precision policy gathers in
+    the compute dtype (``fsdp_param_dtype_follows_precision``; LoRA adapters are cast too).
+
+    Alive: forward and backward, two layers at a time with prefetching (Rajbhandari et al.
+    2020, sec. 5.3; FSDP ``forward_prefetch`` / ``BACKWARD_PRE``).
+
+    Source: torch distributed/fsdp/_flat_param.py ``_use_unsharded_flat_param`` (the
+    ``_mp_shard`` all-gathered in ``param_dtype``); accelerate utils/dataclasses.py
+    ``FullyShardedDataParallelPlugin.set_mixed_precision`` (``param_dtype=bf16`` under
+    ``mixed_precision="bf16"``); torch FSDP2 ``MixedPrecisionPolicy``.
+    """
+    if training.gathered_weight_dtype == training.weight_dtype:
+        return sum(s.full_param_bytes for s in layer)
+    c = dtype_bytes(training.gathered_weight_dtype)
+    # a quantized frozen base travels as stored (4-bit / int8); everything else is cast to c
+    quantized = [
+        s for s in layer if training.quantize_base != "none" and not s.trainable
+        and s.name != "vector"
+    ]
+    cast = sum(s.numel for s in layer if s not in quantized)
+    return c * cast // training.tensor_parallel_size + sum(s.full_param_bytes for s in quantized)
+
+
+def kept_gathered_layer_bytes(layer: Sequence[TensorState], training: TrainingConfig) -> int:
+    """Bytes of one layer's gathered weights that stay from its forward to its backward: the
+    whole :func:`gathered_layer_bytes` when the weights are not resharded after forward
+    (FSDP ``SHARD_GRAD_OP`` / ``reshard_after_forward=False`` at stage 3), or the 16-bit copy
+    FSDP (v1) ``NO_SHARD`` makes under a mixed-precision policy (accelerate-fsdp, stage 0);
+    0 otherwise.
+
+    Alive: forward (it accumulates: after layer j's forward, j + 1 layers are held) and backward
+    (freed by each layer's post-backward reshard); never at the optimizer step, which sees the
+    sharded fp32 weights.
+
+    Source: torch distributed/fsdp/api.py ``ShardingStrategy.SHARD_GRAD_OP`` ("Parameters are
+    sharded outside of computation ... not resharded after the forward"),
+    _runtime_utils.py ``_post_forward_reshard`` / ``_post_backward_reshard``.
+    """
+    dp = training.data_parallel_size
+    if training.zero_stage == 3 and dp > 1 and not training.reshard_after_forward:
+        return gathered_layer_bytes(layer, training)
+    unsharded = training.zero_stage < 3 or dp == 1
+    if unsharded and training.is_mixed and training.conventions.fsdp_param_dtype_follows_precision:
+        return gathered_layer_bytes(layer, training)
+    return 0
+
+
+def reduce_scatter_layer_bytes(layer: Sequence[TensorState], training: TrainingConfig) -> int:
+    """Bytes of one layer's unsharded gradients before ZeRO-2/3 / FSDP reduce-scatters them:
+    the stored gradient bytes (``full_grad_bytes``), or ``c`` per trainable element when FSDP
+    reduces in the compute dtype (accelerate: ``reduce_dtype=bf16``,
+    ``fsdp_reduce_in_compute_dtype``).
+
+    Alive: backward, one layer at a time (the layer being reduced).
+
+    Source: torch distributed/fsdp/_runtime_utils.py ``_post_backward_hook`` (``unsharded_grad``
+    in ``reduce_dtype``, cast to the parameter dtype after the reduce-scatter).
+    """
+    conv = training.conventions
+    if training.is_mixed and conv.fsdp_reduce_in_compute_dtype:
+        c = dtype_bytes(training.compute_dtype)
+        return c * sum(s.numel for s in layer if s.trainable) // training.tensor_parallel_size
+    return sum(s.full_grad_bytes for s in layer)
+
+
+def gradients_alive_in_forward(training: TrainingConfig) -> bool:
+    """Whether every gradient already exists during the forward pass: gradient accumulation
+    over > 1 micro-batches, ``zero_grad(set_to_none=False)``, or a gradient buffer the
+    framework allocates once at wrap time (``grad_buffer_from_init``: Megatron's fp32
+    ``grad_data``).
+
+    Alive: forward, backward and optimizer (the whole step).
+
+    Source: Megatron-LM megatron/core/distributed/param_and_grad_buffer.py
+    ``_ParamAndGradBuffer.__init__`` (``self.grad_data = torch.zeros(self.numel,
+    dtype=self.grad_dtype, ...)``; ``param.main_grad`` are views into it);
+    torch/optim/optimizer.py ``zero_grad``.
+    """
+    return (
+        training.gradient_accumulation_steps > 1
+        or not training.zero_grad_set_to_none
+        or (training.conventions.grad_buffer_from_init and training.master_weights)
+    )
