@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from trainmem.analytic.tensor_states import TensorState
+from trainmem.analytic.tensor_states import StateLayout, TensorState
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
 
@@ -103,3 +103,18 @@ def gradients_alive_in_forward(training: TrainingConfig) -> bool:
         or not training.zero_grad_set_to_none
         or (training.conventions.grad_buffer_from_init and training.master_weights)
     )
+
+
+def outside_allocator_bytes(layout: StateLayout, training: TrainingConfig) -> dict[str, int]:
+    """Device memory of the step that the caching allocator does not hold, by kind: the states
+    of a bitsandbytes paged optimizer (CUDA managed memory,
+    :func:`~trainmem.analytic.tensor_states.paged_state_bytes`). nvidia-smi counts them while
+    they are resident; ``max_memory_allocated`` / ``max_memory_reserved`` never do.
+
+    Alive: the whole step (forward, backward and optimizer).
+
+    Returns:
+        Kind -> bytes; kinds with 0 bytes are left out.
+    """
+    out = {"paged_optimizer_states": layout.total("paged_state_bytes")}
+    return {k: v for k, v in out.items() if v}

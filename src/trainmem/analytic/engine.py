@@ -39,6 +39,7 @@ from trainmem.analytic.activations import (
 )
 from trainmem.analytic.buffers import (
     gathered_layer_bytes,
+    outside_allocator_bytes,
     gradients_alive_in_forward,
     kept_gathered_layer_bytes,
     reduce_scatter_layer_bytes,
@@ -123,6 +124,16 @@ def estimate_analytic(
     phase = "backward" if peak_name.startswith("backward") else peak_name
     ctx = DEFAULT_CUDA_CONTEXT_BYTES if cuda_context_bytes is None else cuda_context_bytes
     fragmentation, notes, timeline = 0, [], None
+    # issue 12: memory outside the caching allocator (paged optimizer states) joins the device
+    # total through the context figure, never allocated / reserved
+    outside = outside_allocator_bytes(layout, training)
+    ctx += sum(outside.values())
+    notes_outside = [
+        f"{kind.replace('_', ' ')}: {size} bytes in CUDA managed memory, outside the caching "
+        "allocator: counted in the device total (with the CUDA context), not in "
+        "max_memory_allocated"
+        for kind, size in outside.items()
+    ]
     replay_details: dict[str, object] = {}
     if simulate_allocator and training.pipeline_parallel_size > 1:
         notes = [
@@ -133,6 +144,7 @@ def estimate_analytic(
         fragmentation, notes, replay_details, timeline = _allocator_replay(
             model, training, gpu=gpu, cuda_context_bytes=ctx, alloc_conf=alloc_conf
         )
+    notes = notes_outside + notes  # issue 12
     breakdown = MemoryBreakdown(
         parameters=weights,
         gradients=grads,
@@ -162,6 +174,7 @@ def estimate_analytic(
             "activations_per_layer_bytes": prof.per_layer,
             "loss_backward_temporary_bytes": loss_backward_transient_bytes(model, training),
             "cublas_workspace_bytes": ws,
+            "outside_allocator_bytes": outside,  # issue 12
             **replay_details,
         },
         notes=notes,

@@ -56,6 +56,9 @@ def optimizer_state_bytes_per_parameter(training: TrainingConfig) -> float:
         return master + w
     if opt in ("adam", "adamw"):
         return master + 2 * w
+    if opt == "paged-adamw":
+        # bitsandbytes 32-bit optimizer: ``get_state_buffer(p, dtype=torch.float32)``
+        return master + 2 * 4
     if opt in ("adamw-8bit", "paged-adamw-8bit"):
         return master + 2 * (1 + 4 / BNB_BLOCKWISE_BLOCK_SIZE)
     if opt == "adafactor":

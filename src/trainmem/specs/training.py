@@ -63,6 +63,7 @@ Optimizer = Literal[
     "lion",
     "adamw-8bit",
     "paged-adamw-8bit",
+    "paged-adamw",
 ]
 ActivationCheckpointing = Literal["none", "selective", "full"]
 Attention = Literal["eager", "sdpa", "flash"]
@@ -85,7 +86,12 @@ OPTIMIZERS: tuple[str, ...] = (
     "lion",
     "adamw-8bit",
     "paged-adamw-8bit",
+    "paged-adamw",
 )
+PAGED_OPTIMIZERS: tuple[str, ...] = ("paged-adamw", "paged-adamw-8bit")
+"""bitsandbytes paged optimizers (``bnb.optim.PagedAdamW`` 32-bit, ``PagedAdamW8bit``): their
+large states live in CUDA managed memory, outside the caching allocator (see
+:func:`trainmem.analytic.buffers.paged_state_bytes`)."""
 ACTIVATION_CHECKPOINTING: tuple[str, ...] = ("none", "selective", "full")
 ATTENTIONS: tuple[str, ...] = ("eager", "sdpa", "flash")
 OPTIMIZER_IMPLEMENTATIONS: tuple[str, ...] = ("foreach", "fused", "for-loop")
@@ -140,7 +146,9 @@ class TrainingConfig:
     precision: Precision = "bf16-mixed"
     """Lightning precision name, see the module docstring."""
     optimizer: Optimizer = "adamw"
-    """Optimizer whose states are kept per trainable parameter."""
+    """Optimizer whose states are kept per trainable parameter; ``paged-adamw`` is bitsandbytes'
+    32-bit ``PagedAdamW`` (fp32 states in CUDA managed memory, as torchtune's low-memory recipes
+    use)."""
     optimizer_implementation: OptimizerImplementation | None = None
     """torch.optim implementation: ``foreach``, ``fused``, ``for-loop``; None: the framework's
     default for ``torch_version`` (:attr:`step_implementation`). An explicit value always
