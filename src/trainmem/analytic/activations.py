@@ -163,7 +163,8 @@ def autocast_cached_weight_bytes(model: ModelSpec, training: TrainingConfig) -> 
     adapters = 0
     for name, (fan_in, fan_out, n) in linear_shapes(model).items():
         targeted = (
-            any(t in training.lora_targets for t in ("q", "k", "v")) if name == "qkv"
+            any(t in training.lora_targets for t in ("q", "k", "v"))
+            if name == "qkv"
             else name in training.lora_targets
         )
         if targeted and name != "router":

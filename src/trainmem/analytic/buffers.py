@@ -36,8 +36,9 @@ def gathered_layer_bytes(layer: Sequence[TensorState], training: TrainingConfig)
     c = dtype_bytes(training.gathered_weight_dtype)
     # a quantized frozen base travels as stored (4-bit / int8); everything else is cast to c
     quantized = [
-        s for s in layer if training.quantize_base != "none" and not s.trainable
-        and s.name != "vector"
+        s
+        for s in layer
+        if training.quantize_base != "none" and not s.trainable and s.name != "vector"
     ]
     cast = sum(s.numel for s in layer if s not in quantized)
     return c * cast // training.tensor_parallel_size + sum(s.full_param_bytes for s in quantized)

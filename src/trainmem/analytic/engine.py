@@ -39,9 +39,9 @@ from trainmem.analytic.activations import (
 )
 from trainmem.analytic.buffers import (
     gathered_layer_bytes,
-    outside_allocator_bytes,
     gradients_alive_in_forward,
     kept_gathered_layer_bytes,
+    outside_allocator_bytes,
     reduce_scatter_layer_bytes,
 )
 from trainmem.analytic.temporaries import cublas_workspace_bytes, optimizer_step_temporary_bytes

@@ -254,7 +254,9 @@ class TrainingConfig:
         parse_version("torch_version", self.torch_version)
         parse_version("bitsandbytes_version", self.bitsandbytes_version)
         group = self.shard_group_size
-        if group is not None and (not isinstance(group, int) or isinstance(group, bool) or group <= 0):
+        if group is not None and (
+            not isinstance(group, int) or isinstance(group, bool) or group <= 0
+        ):
             raise SpecError("shard_group_size", f"must be a positive integer, got {group!r}")
         _check_choice(
             "activation_checkpointing", self.activation_checkpointing, ACTIVATION_CHECKPOINTING
@@ -407,7 +409,9 @@ class TrainingConfig:
 def zero_stage_from(zero_stage: int, fsdp: str | None) -> int:
     """The ZeRO stage, from ``--zero-stage`` or the FSDP strategy that shards like it
     (``hybrid-shard`` shards like ``full-shard`` within its shard group)."""
-    return int(fsdp_settings(zero_stage, fsdp)["zero_stage"])
+    stage = fsdp_settings(zero_stage, fsdp)["zero_stage"]
+    assert isinstance(stage, int)
+    return stage
 
 
 def fsdp_settings(zero_stage: int, fsdp: str | None) -> dict[str, int | bool | None]:

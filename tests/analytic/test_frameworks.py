@@ -1,0 +1,281 @@
+"""Framework conventions (specs/frameworks.py), each rule against a hand derivation from the
+source file it mirrors (issue 12).
+
+llama-2-7b, used throughout: h = 4096, i = 11008, L = 32, V = 32000, a = 32 heads of d = 128.
+One layer's linear weights: 4 h^2 (q, k, v, o) + 3 h i (gate, up, down)
+= 67,108,864 + 135,266,304 = 202,375,168; with its two RMSNorm vectors 202,383,360.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from trainmem.analytic.activations import (
+    autocast_cached_weight_bytes,
+    compute_and_residual_bytes,
+    layer_activation_terms,
+)
+from trainmem.analytic.buffers import (
+    gathered_layer_bytes,
+    gradients_alive_in_forward,
+    kept_gathered_layer_bytes,
+    reduce_scatter_layer_bytes,
+)
+from trainmem.analytic.engine import estimate_analytic
+from trainmem.analytic.temporaries import optimizer_step_temporary_bytes
+from trainmem.analytic.tensor_states import state_layout, tensor_states
+from trainmem.cli import app
+from trainmem.errors import SpecError
+from trainmem.specs.frameworks import FRAMEWORK_CONVENTIONS
+from trainmem.specs.hardware import DEFAULT_CUDA_CONTEXT_BYTES
+from trainmem.specs.hf import load_model_spec
+from trainmem.specs.training import FRAMEWORKS, TrainingConfig, fsdp_settings
+
+LAYER_LINEAR = 4 * 4096 * 4096 + 3 * 4096 * 11008
+LAYER_NUMEL = LAYER_LINEAR + 2 * 4096
+PSI = 6_738_415_616  # llama-2-7b parameters
+assert LAYER_LINEAR == 202_375_168 and LAYER_NUMEL == 202_383_360
+
+
+@pytest.fixture(scope="module")
+def llama() -> object:
+    return load_model_spec("llama-2-7b")
+
+
+def _layer(model: object, training: TrainingConfig) -> list:  # type: ignore[type-arg]
+    return state_layout(model, training).layer  # type: ignore[arg-type]
+
+
+def _candidates(model: object, training: TrainingConfig) -> dict[str, int]:
+    est = estimate_analytic(model, training, simulate_allocator=False)  # type: ignore[arg-type]
+    return dict(est.details["candidates_bytes"])  # type: ignore[arg-type]
+
+
+def test_every_framework_has_one_conventions_row() -> None:
+    assert set(FRAMEWORKS) == set(FRAMEWORK_CONVENTIONS)
+    assert {"accelerate-fsdp", "hf-trainer", "megatron", "deepspeed"} <= set(FRAMEWORKS)
+    for name in FRAMEWORKS:
+        assert TrainingConfig(framework=name).conventions.name == name
+
+
+# -- item 1: accelerate / HF Trainer FSDP (v1) installs MixedPrecision(param_dtype=bf16) --------
+
+
+def test_accelerate_fsdp_gathers_and_reduces_in_bf16(llama: object) -> None:
+    # accelerate utils/dataclasses.py set_mixed_precision: MixedPrecision(param_dtype=bf16,
+    # reduce_dtype=bf16): a gathered layer is 2 bytes per element, so is its unsharded gradient
+    acc = TrainingConfig(framework="accelerate-fsdp", data_parallel_size=8, zero_stage=3)
+    assert gathered_layer_bytes(_layer(llama, acc), acc) == 2 * LAYER_NUMEL == 404_766_720
+    assert reduce_scatter_layer_bytes(_layer(llama, acc), acc) == 404_766_720
+    # FSDP without a policy (pytorch-amp: autocast on fp32 gathers) moves fp32: 4 bytes each
+    amp = TrainingConfig(framework="pytorch-amp", data_parallel_size=8, zero_stage=3)
+    assert gathered_layer_bytes(_layer(llama, amp), amp) == 4 * LAYER_NUMEL == 809_533_440
+    assert reduce_scatter_layer_bytes(_layer(llama, amp), amp) == 809_533_440
+
+
+def test_accelerate_fsdp_runs_bf16_without_autocast_casts(llama: object) -> None:
+    acc = TrainingConfig(framework="accelerate-fsdp", data_parallel_size=8, zero_stage=3)
+    # residual stream in bf16 (the gathered embedding is bf16), not autocast's fp32
+    assert compute_and_residual_bytes(acc) == (2, 2)
+    assert acc.weight_dtype == "float32" and acc.gathered_weight_dtype == "bfloat16"
+    t = 2048
+    terms = layer_activation_terms(llama, TrainingConfig(**{**_fields(acc), "seq_len": t}))  # type: ignore[arg-type]
+    # q, k, v read one bf16 norm output: one saved copy (autocast would cast it three times)
+    assert terms["attention/qkv_input"] == 2 * 4096 * t
+    assert "autocast_weight_copies" not in terms
+
+
+def _fields(training: TrainingConfig) -> dict[str, object]:
+    from dataclasses import fields
+
+    return {f.name: getattr(training, f.name) for f in fields(training)}
+
+
+# -- item 1: autocast caches only leaf, non-view tensors that require grad ---------------------
+
+
+def test_autocast_cache_holds_only_trainable_leaf_weights(llama: object) -> None:
+    # aten autocast_mode.cpp cached_cast: arg.requires_grad() && arg.is_leaf() && !arg.is_view()
+    full = TrainingConfig(activation_checkpointing="full")
+    assert autocast_cached_weight_bytes(llama, full) == 2 * LAYER_LINEAR == 404_750_336  # type: ignore[arg-type]
+    # LoRA r=8 on q, v: the frozen base is not cached; the fp32 adapters are:
+    # 2 adapters x r (in + out) = 2 x 8 x (4096 + 4096) = 131,072 elements, 2 bytes each
+    lora = TrainingConfig(activation_checkpointing="full", lora_rank=8, lora_targets=("q", "v"))
+    assert autocast_cached_weight_bytes(llama, lora) == 2 * 131_072 == 262_144  # type: ignore[arg-type]
+    # FSDP-gathered weights are views of the flat parameter: nothing cached
+    fsdp = TrainingConfig(activation_checkpointing="full", data_parallel_size=8, zero_stage=3)
+    assert autocast_cached_weight_bytes(llama, fsdp) == 0  # type: ignore[arg-type]
+
+
+# -- item 7: the HF Trainer's default optimizer by torch version; explicit always wins ---------
+
+
+def test_hf_trainer_default_optimizer_follows_torch_version() -> None:
+    # transformers training_args.py: default_optim = "adamw_torch"; "adamw_torch_fused" if
+    # is_torch_greater_or_equal_than_2_8. torch AdamW: foreach on CUDA from 2.0, loop before.
+    assert TrainingConfig(framework="hf-trainer", torch_version="2.7").step_implementation == (
+        "foreach"
+    )
+    assert TrainingConfig(framework="hf-trainer", torch_version="2.8.0").step_implementation == (
+        "fused"
+    )
+    assert TrainingConfig(framework="hf-trainer").step_implementation == "fused"
+    assert TrainingConfig(torch_version="1.10").step_implementation == "for-loop"
+    assert TrainingConfig().step_implementation == "foreach"
+    explicit = TrainingConfig(framework="hf-trainer", optimizer_implementation="foreach")
+    assert explicit.step_implementation == "foreach"
+    with pytest.raises(SpecError, match="torch_version"):
+        TrainingConfig(torch_version="two")
+
+
+def test_hf_trainer_explicit_foreach_is_computed_and_reported() -> None:
+    bert = load_model_spec("bert-base-uncased")
+    kw = {"framework": "hf-trainer", "precision": "32-true", "micro_batch_size": 2, "seq_len": 16}
+    fused = estimate_analytic(bert, TrainingConfig(**kw), simulate_allocator=False)  # type: ignore[arg-type]
+    foreach = estimate_analytic(
+        bert,
+        TrainingConfig(**kw, optimizer_implementation="foreach"),  # type: ignore[arg-type]
+        simulate_allocator=False,
+    )
+    assert fused.config["optimizer_implementation"] == "fused"
+    assert foreach.config["optimizer_implementation"] == "foreach"
+    # torch/optim/adam.py _multi_tensor_adam: torch._foreach_sqrt(exp_avg_sqs) is one fp32
+    # copy of every trainable parameter: 4 bytes x N
+    n = foreach.num_trainable_parameters
+    gap = (
+        foreach.details["candidates_bytes"]["optimizer"]
+        - fused.details["candidates_bytes"][  # type: ignore[index]
+            "optimizer"
+        ]
+    )
+    assert gap == 4 * n
+
+
+def test_cli_torch_version_and_explicit_implementation() -> None:
+    runner = CliRunner()
+    args = ["estimate", "bert-base-uncased", "-p", "32-true", "-s", "16", "--json"]
+    old = runner.invoke(app, [*args, "--framework", "hf-trainer", "--torch-version", "2.5"])
+    assert old.exit_code == 0, old.output
+    assert json.loads(old.stdout)["config"]["optimizer_implementation"] == "foreach"
+    new = runner.invoke(app, [*args, "--framework", "hf-trainer"])
+    assert json.loads(new.stdout)["config"]["optimizer_implementation"] == "fused"
+    bad = runner.invoke(app, [*args, "--torch-version", "latest"])
+    assert bad.exit_code == 2 and "torch_version" in bad.output
+
+
+# -- item 5: bitsandbytes --------------------------------------------------------------------
+
+
+def test_matmul4bit_saves_its_input_only_before_0_43_2() -> None:
+    # bitsandbytes autograd/_functions.py MatMul4Bit: ctx.tensors = (None, B) since 0.43.2
+    def saves(**kw: object) -> bool:
+        base = {"lora_rank": 8, "quantize_base": "nf4"}
+        return TrainingConfig(**{**base, **kw}).quantized_matmul_saves_input  # type: ignore[arg-type]
+
+    assert saves(bitsandbytes_version="0.43.1")
+    assert not saves(bitsandbytes_version="0.43.2")
+    assert not saves()
+    assert saves(quantize_base="int8")  # MatMul8bitLt still saves A
+    assert not saves(framework="torchtune", bitsandbytes_version="0.41.1")  # torchao NF4
+
+
+def test_qlora_activations_with_new_and_old_bitsandbytes(llama: object) -> None:
+    # LoRA on q, v over an nf4 base, bf16-true, b1 s1024 (t = 1024): with (A, B) saved the
+    # frozen gate/up input (c h t) and down input (c i t) stay; with (None, B) they do not.
+    # The q/v input stays either way (LoRA A reads it).
+    kw = {"lora_rank": 8, "quantize_base": "nf4", "precision": "bf16-true", "seq_len": 1024}
+    old = sum(
+        layer_activation_terms(llama, TrainingConfig(**kw, bitsandbytes_version="0.41.1")).values()
+    )  # type: ignore[arg-type]
+    new = sum(layer_activation_terms(llama, TrainingConfig(**kw)).values())  # type: ignore[arg-type]
+    assert old - new == 2 * 1024 * (4096 + 11008) == 30_932_992
+
+
+def test_paged_adamw_states_live_outside_the_allocator(llama: object) -> None:
+    # bitsandbytes optimizer.py get_state_buffer: fp32 states of tensors >= 1e5 elements come
+    # from F.get_paged (cudaMallocManaged); smaller ones from torch.zeros_like
+    paged = TrainingConfig(optimizer="paged-adamw", precision="bf16-true")
+    states = {s.name: s for s in tensor_states(llama, paged)}  # type: ignore[arg-type]
+    q, norm = states["q"], states["vector"]
+    assert (q.paged_state_bytes, q.state_bytes) == (2 * 4 * 4096 * 4096, 0) == (134_217_728, 0)
+    assert (norm.paged_state_bytes, norm.state_bytes) == (0, 2 * 4 * 4096)
+    # whole model: 65 norm vectors of 4096 stay in the allocator, everything else is paged
+    total = 8 * (PSI - 65 * 4096)
+    assert total == 53_905_195_008
+    est = estimate_analytic(llama, paged, simulate_allocator=False)  # type: ignore[arg-type]
+    assert est.details["outside_allocator_bytes"] == {"paged_optimizer_states": total}
+    b = est.breakdown
+    assert b.device_total_bytes - b.reserved_bytes == DEFAULT_CUDA_CONTEXT_BYTES + total
+    assert b.optimizer_states == 65 * 8 * 4096
+    assert any("outside the caching allocator" in n for n in est.notes)
+    # 8-bit paged: the uint8 states are paged, the fp32 absmax (2 x 4 B per 256) is not
+    q8 = next(
+        s
+        for s in tensor_states(llama, TrainingConfig(optimizer="paged-adamw-8bit"))
+        if s.name == "q"
+    )  # type: ignore[arg-type]
+    assert (q8.paged_state_bytes, q8.state_bytes) == (2 * 4096 * 4096, 2 * 4 * 4096 * 4096 // 256)
+
+
+# -- item 2: SHARD_GRAD_OP reshards after backward; HYBRID_SHARD shards within a node ---------
+
+
+def test_fsdp_strategies_as_settings() -> None:
+    assert fsdp_settings(0, "shard-grad-op") == {"zero_stage": 3, "reshard_after_forward": False}
+    assert fsdp_settings(0, "hybrid-shard") == {"zero_stage": 3, "shard_group_size": 8}
+    assert fsdp_settings(2, None) == {"zero_stage": 2}
+
+
+def test_hybrid_shard_shards_over_the_node_only(llama: object) -> None:
+    t = TrainingConfig(data_parallel_size=32, zero_stage=3, shard_group_size=8)
+    states = tensor_states(llama, t)  # type: ignore[arg-type]
+    params = sum(s.param_bytes for s in states)
+    # fp32 weights over 8 ranks (not 32): 4 PSI / 8, each tensor's shard rounded up
+    assert 4 * PSI // 8 <= params <= 4 * PSI // 8 + len(states)
+
+
+def test_shard_grad_op_keeps_gathered_layers_from_forward_to_backward(llama: object) -> None:
+    base = {"framework": "accelerate-fsdp", "data_parallel_size": 8, "seq_len": 512}
+    sgo = TrainingConfig(**base, **fsdp_settings(0, "shard-grad-op"))  # type: ignore[arg-type]
+    full = TrainingConfig(**base, **fsdp_settings(0, "full-shard"))  # type: ignore[arg-type]
+    assert kept_gathered_layer_bytes(_layer(llama, sgo), sgo) == 2 * LAYER_NUMEL
+    assert kept_gathered_layer_bytes(_layer(llama, full), full) == 0
+    a, b = _candidates(llama, sgo), _candidates(llama, full)
+    # end of forward: all 32 bf16 layers gathered, instead of FULL_SHARD's current + prefetched
+    assert a["forward"] - b["forward"] == (32 - 2) * 404_766_720 == 12_143_001_600
+    # the optimizer step sees the same sharded fp32 weights (4 PSI / 8), not full ones
+    assert a["optimizer"] == b["optimizer"]
+
+
+# -- item 3: Megatron grad buffer from init; fused multi-tensor Adam ------------------------
+
+
+def test_megatron_grad_buffer_exists_in_the_forward(llama: object) -> None:
+    # megatron param_and_grad_buffer.py: grad_data = torch.zeros(...) at wrap time, fp32
+    assert gradients_alive_in_forward(TrainingConfig(framework="megatron"))
+    assert not gradients_alive_in_forward(TrainingConfig(framework="deepspeed"))
+    kw = {"seq_len": 512}
+    for fw, grad_bytes in (("megatron", 0), ("deepspeed", 2 * PSI)):
+        one = _candidates(llama, TrainingConfig(framework=fw, **kw))  # type: ignore[arg-type]
+        acc = _candidates(llama, TrainingConfig(framework=fw, gradient_accumulation_steps=2, **kw))  # type: ignore[arg-type]
+        # accumulation adds the gradients to the forward unless they were there already:
+        # DeepSpeed's bf16 gradients 2 x PSI = 13,476,831,232 B; Megatron's already counted
+        assert acc["forward"] - one["forward"] == grad_bytes
+
+
+def test_megatron_and_deepspeed_adam_is_fused() -> None:
+    for fw in ("megatron", "deepspeed"):
+        t = TrainingConfig(framework=fw)
+        assert (
+            optimizer_step_temporary_bytes(t, num_trainable_parameters=1000, largest_parameter=10)
+            == 0
+        )
+        # an explicit foreach wins: one fp32 (master-dtype) copy, 4 x 1000
+        t = TrainingConfig(framework=fw, optimizer_implementation="foreach")
+        assert (
+            optimizer_step_temporary_bytes(t, num_trainable_parameters=1000, largest_parameter=10)
+            == 4000
+        )
