@@ -279,3 +279,37 @@ def test_megatron_and_deepspeed_adam_is_fused() -> None:
             optimizer_step_temporary_bytes(t, num_trainable_parameters=1000, largest_parameter=10)
             == 4000
         )
+
+
+# -- item 8: device total: NCCL communicators, BLAS workspaces per GPU family -----------------
+
+
+def test_blas_workspaces_per_gpu_family() -> None:
+    from trainmem.specs.hardware import get_gpu
+
+    # CublasHandlePool.cpp: ":4096:2:16:8" = 4096 KiB x 2 + 16 KiB x 8 before Hopper, 32 MiB on
+    # 9.x-12.x; ROCm rocBLAS 128 MiB on gfx942 (32 MiB elsewhere) + hipBLASLt 76 MiB
+    assert get_gpu("A100-80GB").cublas_workspace_bytes == 4096 * 1024 * 2 + 16 * 1024 * 8
+    assert get_gpu("H100-80GB").cublas_workspace_bytes == 32 * 2**20
+    assert get_gpu("MI300X").cublas_workspace_bytes == (128 + 76) * 2**20 == 213_909_504
+    assert get_gpu("MI250").cublas_workspace_bytes == (32 + 76) * 2**20
+
+
+def test_nccl_communicators_join_the_device_total(llama: object) -> None:
+    from trainmem.analytic.buffers import nccl_communicator_bytes
+
+    mib = 2**20
+    assert nccl_communicator_bytes(TrainingConfig()) == {}
+    # NVIDIA/nccl#964: 688 MB for a group of more than two ranks, 544 MB for two
+    t = TrainingConfig(data_parallel_size=8, tensor_parallel_size=2, pipeline_parallel_size=2)
+    assert nccl_communicator_bytes(t) == {
+        "data": 688 * mib,
+        "tensor": 544 * mib,
+        "pipeline": 544 * mib,
+    }
+    hybrid = TrainingConfig(data_parallel_size=32, zero_stage=3, shard_group_size=8)
+    assert nccl_communicator_bytes(hybrid) == {"shard": 688 * mib, "replicate": 688 * mib}
+    dp = TrainingConfig(data_parallel_size=8, zero_stage=3, seq_len=512)
+    est = estimate_analytic(llama, dp, simulate_allocator=False)  # type: ignore[arg-type]
+    b = est.breakdown
+    assert b.device_total_bytes - b.reserved_bytes == DEFAULT_CUDA_CONTEXT_BYTES + 688 * mib

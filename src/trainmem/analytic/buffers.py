@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from trainmem.analytic.tensor_states import StateLayout, TensorState
 from trainmem.specs.training import TrainingConfig
-from trainmem.units import dtype_bytes
+from trainmem.units import MiB, dtype_bytes
 
 
 def gathered_layer_bytes(layer: Sequence[TensorState], training: TrainingConfig) -> int:
@@ -109,8 +109,9 @@ def gradients_alive_in_forward(training: TrainingConfig) -> bool:
 def outside_allocator_bytes(layout: StateLayout, training: TrainingConfig) -> dict[str, int]:
     """Device memory of the step that the caching allocator does not hold, by kind: the states
     of a bitsandbytes paged optimizer (CUDA managed memory,
-    :func:`~trainmem.analytic.tensor_states.paged_state_bytes`). nvidia-smi counts them while
-    they are resident; ``max_memory_allocated`` / ``max_memory_reserved`` never do.
+    :func:`~trainmem.analytic.tensor_states.paged_state_bytes`) and the NCCL communicators
+    (:func:`nccl_communicator_bytes`). nvidia-smi counts them (paged states while resident);
+    ``max_memory_allocated`` / ``max_memory_reserved`` never do.
 
     Alive: the whole step (forward, backward and optimizer).
 
@@ -118,4 +119,52 @@ def outside_allocator_bytes(layout: StateLayout, training: TrainingConfig) -> di
         Kind -> bytes; kinds with 0 bytes are left out.
     """
     out = {"paged_optimizer_states": layout.total("paged_state_bytes")}
+    for group, size in nccl_communicator_bytes(training).items():
+        out[f"nccl_communicator/{group}"] = size
+    return {k: v for k, v in out.items() if v}
+
+
+NCCL_COMMUNICATOR_BYTES = 688 * MiB
+"""Device memory of one NCCL communicator of more than two ranks after its first collective,
+measured on 4 x A100 with NVLink (NVIDIA/nccl issue #964: "for group with more than 2 devices,
+it requires 688 MB", nvidia-smi MiB). NCCL's own buffers (``NCCL_BUFFSIZE`` = 4 MiB per channel
+per peer for the Simple protocol, plus LL / LL128) scale with the number of channels, which NCCL
+raises with the link bandwidth (NVIDIA/nccl issue #986, maintainer's answer), so faster
+interconnects use more (NVIDIA/nccl issue #864 reports about 1.6 GB)."""
+NCCL_PAIR_COMMUNICATOR_BYTES = 544 * MiB
+"""The same measurement for a two-rank communicator (NVIDIA/nccl issue #964: 544 MB)."""
+
+
+def nccl_communicator_bytes(training: TrainingConfig) -> dict[str, int]:
+    """Device memory of the NCCL communicators one rank holds, by process group: one per
+    parallel dimension of size > 1 (data, tensor, pipeline, context; HYBRID_SHARD's shard and
+    replicate groups are two), each :data:`NCCL_COMMUNICATOR_BYTES` (two ranks:
+    :data:`NCCL_PAIR_COMMUNICATOR_BYTES`; pipeline send / recv between neighbouring stages are
+    pairs). NCCL allocates them with ``cudaMalloc`` outside the caching allocator.
+
+    Alive: the whole step (from the first collective on the group to the end of the process).
+
+    Source: NVIDIA/nccl issues #964 (measured sizes), #986 ("more communicators = more memory
+    used"); fairscale utils/parallel.py ``get_process_group_cached`` ("the NCCL buffers are not
+    allocated through the PyTorch caching allocator").
+
+    Known limitations: one measured size per group, whatever the GPU and interconnect.
+    """
+
+    def one(ranks: int) -> int:
+        return NCCL_PAIR_COMMUNICATOR_BYTES if ranks == 2 else NCCL_COMMUNICATOR_BYTES
+
+    dp, shard = training.data_parallel_size, training.sharding_degree
+    out: dict[str, int] = {}
+    if shard < dp:  # HYBRID_SHARD: reduce-scatter within the node, all-reduce across nodes
+        out["shard"] = one(shard) if shard > 1 else 0
+        out["replicate"] = one(-(-dp // shard))
+    elif dp > 1:
+        out["data"] = one(dp)
+    if training.tensor_parallel_size > 1:
+        out["tensor"] = one(training.tensor_parallel_size)
+    if training.context_parallel_size > 1:
+        out["context"] = one(training.context_parallel_size)
+    if training.pipeline_parallel_size > 1:
+        out["pipeline"] = NCCL_PAIR_COMMUNICATOR_BYTES
     return {k: v for k, v in out.items() if v}

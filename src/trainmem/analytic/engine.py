@@ -129,9 +129,9 @@ def estimate_analytic(
     outside = outside_allocator_bytes(layout, training)
     ctx += sum(outside.values())
     notes_outside = [
-        f"{kind.replace('_', ' ')}: {size} bytes in CUDA managed memory, outside the caching "
-        "allocator: counted in the device total (with the CUDA context), not in "
-        "max_memory_allocated"
+        f"{kind.replace('_', ' ')}: {size} bytes outside the caching allocator "
+        f"({'CUDA managed memory' if kind.startswith('paged') else 'NCCL cudaMalloc'}): counted "
+        "in the device total (with the CUDA context), not in max_memory_allocated"
         for kind, size in outside.items()
     ]
     replay_details: dict[str, object] = {}
