@@ -313,3 +313,48 @@ def test_nccl_communicators_join_the_device_total(llama: object) -> None:
     est = estimate_analytic(llama, dp, simulate_allocator=False)  # type: ignore[arg-type]
     b = est.breakdown
     assert b.device_total_bytes - b.reserved_bytes == DEFAULT_CUDA_CONTEXT_BYTES + 688 * mib
+
+
+# -- item 4: DeepSpeed gradient buckets ------------------------------------------------------
+
+
+def test_deepspeed_gradient_buckets(llama: object) -> None:
+    from trainmem.analytic.buffers import (
+        deepspeed_backward_bucket_bytes,
+        deepspeed_persistent_bucket_bytes,
+    )
+
+    def ds(**kw: object) -> TrainingConfig:
+        return TrainingConfig(framework="deepspeed", data_parallel_size=8, seq_len=512, **kw)  # type: ignore[arg-type]
+
+    # stage_1_and_2.py backward(): torch.empty(reduce_bucket_size = 5e8, dtype=bf16), a second
+    # one with overlap_comm: 2 B x 5e8 = 1e9 B, 2e9 B
+    assert deepspeed_backward_bucket_bytes(llama, ds(zero_stage=2)) == 1_000_000_000  # type: ignore[arg-type]
+    assert deepspeed_backward_bucket_bytes(llama, ds(zero_stage=1, overlap_comm=True)) == 2 * 10**9  # type: ignore[arg-type]
+    # "auto" (HF Trainer): hidden_size^2 = 4096^2 elements, 2 bytes each
+    auto = ds(zero_stage=2, reduce_bucket_size="auto")
+    assert deepspeed_backward_bucket_bytes(llama, auto) == 2 * 4096 * 4096 == 33_554_432  # type: ignore[arg-type]
+    # stage3.py __init__: one bucket for the whole run, not a backward one
+    z3 = ds(zero_stage=3)
+    assert deepspeed_persistent_bucket_bytes(llama, z3) == 1_000_000_000  # type: ignore[arg-type]
+    assert deepspeed_backward_bucket_bytes(llama, z3) == 0  # type: ignore[arg-type]
+    assert deepspeed_backward_bucket_bytes(llama, TrainingConfig(zero_stage=2)) == 0  # type: ignore[arg-type]
+    # the closed form adds it to every candidate of stage 3, to backward ones below
+    big, small = _candidates(llama, z3), _candidates(llama, ds(zero_stage=3, reduce_bucket_size=1))
+    assert {k: big[k] - small[k] for k in big} == {k: 2 * (5 * 10**8 - 1) for k in big}
+    big, small = (
+        _candidates(llama, ds(zero_stage=2)),
+        _candidates(llama, ds(zero_stage=2, reduce_bucket_size=1)),
+    )
+    assert big["optimizer"] == small["optimizer"] and big["forward"] == small["forward"]
+    assert big["backward_first_layer"] - small["backward_first_layer"] == 2 * (5 * 10**8 - 1)
+
+
+def test_ds_config_buckets_are_read(tmp_path: object) -> None:
+    from trainmem.specs.framework_configs import deepspeed_settings
+
+    zero = {"stage": 2, "reduce_bucket_size": "auto", "overlap_comm": True}
+    out = deepspeed_settings({"zero_optimization": zero})
+    assert (out["reduce_bucket_size"], out["overlap_comm"]) == ("auto", True)
+    out = deepspeed_settings({"zero_optimization": {"stage": 2, "reduce_bucket_size": 2e8}})
+    assert out["reduce_bucket_size"] == 200_000_000

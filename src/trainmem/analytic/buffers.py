@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from trainmem.analytic.tensor_states import StateLayout, TensorState
+from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import MiB, dtype_bytes
 
@@ -104,6 +105,52 @@ def gradients_alive_in_forward(training: TrainingConfig) -> bool:
         or not training.zero_grad_set_to_none
         or (training.conventions.grad_buffer_from_init and training.master_weights)
     )
+
+
+DEEPSPEED_REDUCE_BUCKET_SIZE = 500_000_000
+"""DeepSpeed's default ``reduce_bucket_size``, elements (runtime/zero/config.py
+``reduce_bucket_size: int = Field(pp_int(5e8), ge=0)``)."""
+
+
+def deepspeed_reduce_bucket_elements(model: ModelSpec, training: TrainingConfig) -> int:
+    """Elements of one DeepSpeed gradient bucket: ``reduce_bucket_size``, ``"auto"`` =
+    hidden_size^2 (the HF Trainer's fill-in, transformers integrations/deepspeed.py
+    ``trainer_config_finalize``), default :data:`DEEPSPEED_REDUCE_BUCKET_SIZE`."""
+    size = training.reduce_bucket_size
+    if size == "auto":
+        return model.hidden_size * model.hidden_size
+    return DEEPSPEED_REDUCE_BUCKET_SIZE if size is None else int(size)
+
+
+def deepspeed_backward_bucket_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """DeepSpeed ZeRO-1/2 gradient buckets: ``reduce_bucket_size`` elements of the 16-bit model
+    dtype, twice with ``overlap_comm`` (default False below stage 3); 0 for other frameworks.
+
+    Alive: backward (allocated in ``backward()`` before ``loss.backward``).
+
+    Source: DeepSpeed runtime/zero/stage_1_and_2.py ``backward``: ``buf_0 = torch.empty(int(
+    self.reduce_bucket_size), dtype=self.dtype, ...)``, ``if self.overlap_comm: buf_1 = ...``.
+    """
+    if not training.conventions.zero_ipg_buckets or training.zero_stage not in (1, 2):
+        return 0
+    c = dtype_bytes(training.weight_dtype)
+    overlap = bool(training.overlap_comm)  # None: False below stage 3
+    return c * deepspeed_reduce_bucket_elements(model, training) * (2 if overlap else 1)
+
+
+def deepspeed_persistent_bucket_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """DeepSpeed ZeRO-3's gradient bucket: ``reduce_bucket_size`` elements of the 16-bit model
+    dtype, allocated when the optimizer is built; 0 for other frameworks and stages.
+
+    Alive: the whole step (forward, backward and optimizer).
+
+    Source: DeepSpeed runtime/zero/stage3.py ``DeepSpeedZeroOptimizer_Stage3.__init__``: ``if
+    self.contiguous_gradients: self.__ipg_bucket_flat_buffer = torch.empty(self.
+    reduce_bucket_size, dtype=self.dtype, ...)``.
+    """
+    if not training.conventions.zero_ipg_buckets or training.zero_stage != 3:
+        return 0
+    return dtype_bytes(training.weight_dtype) * deepspeed_reduce_bucket_elements(model, training)
 
 
 def outside_allocator_bytes(layout: StateLayout, training: TrainingConfig) -> dict[str, int]:

@@ -38,6 +38,8 @@ from trainmem.analytic.activations import (
     loss_forward_transient_bytes,
 )
 from trainmem.analytic.buffers import (
+    deepspeed_backward_bucket_bytes,
+    deepspeed_persistent_bucket_bytes,
     gathered_layer_bytes,
     gradients_alive_in_forward,
     kept_gathered_layer_bytes,
@@ -411,6 +413,9 @@ def _rank_peak(
     weight_copies = 0
     if layer_is_checkpointed(training):  # issue 12: only trainable leaves are cached
         weight_copies = autocast_cached_weight_bytes(model, training) * L
+    # issue 12: DeepSpeed gradient buckets (ZeRO-1/2 in backward, ZeRO-3 for the whole step)
+    bucket_bwd = deepspeed_backward_bucket_bytes(model, training)
+    bucket_all = deepspeed_persistent_bucket_bytes(model, training)
     # issue 12: FSDP SHARD_GRAD_OP / NO_SHARD keep each layer's gathered weights to its backward
     kept = kept_gathered_layer_bytes(layer0, training)
     if kept and stage == 3:
@@ -418,7 +423,7 @@ def _rank_peak(
     candidates["forward"] = (
         g_prev,
         acts_forward + weight_copies,
-        workspace + gather + dequant + loss_fwd + L * kept,
+        workspace + gather + dequant + loss_fwd + L * kept + bucket_all,
         "end of forward: every saved activation is alive"
         + (", with the logits (and their fp32 copy) while the loss runs" if loss_fwd else ""),
     )
@@ -426,7 +431,7 @@ def _rank_peak(
         candidates["backward_start"] = (
             g_prev,
             acts_forward,
-            workspace + loss_tmp + gather + L * kept,
+            workspace + loss_tmp + gather + L * kept + bucket_all + bucket_bwd,
             "start of backward: saved activations plus the two (tokens x vocab) log-softmax "
             "gradients",
         )
@@ -439,6 +444,7 @@ def _rank_peak(
             " and one layer is recomputed" if prof.recompute else ""
         )
         fixed = workspace + residual_tmp + gather + reduce + dequant + (L - j) * kept
+        fixed += bucket_all + bucket_bwd  # issue 12
         # the layer's MLP backward (all its activations alive), then its attention backward
         # (the MLP's saved tensors already freed): whichever holds more
         if mlp_tmp >= attention_tmp - mlp_acts:
@@ -454,7 +460,7 @@ def _rank_peak(
         candidates["optimizer"] = (
             grads_all,
             0,
-            workspace + opt_tmp,
+            workspace + opt_tmp + bucket_all,  # issue 12
             f"optimizer step: weights, gradients, optimizer states and the "
             f"{training.step_implementation} {training.optimizer} temporaries",
         )

@@ -73,6 +73,12 @@ class FrameworkConventions:
     """The unsharded gradient FSDP reduce-scatters is in the compute dtype (accelerate's
     ``reduce_dtype=dtype``); False: fp32 (torchtitan / trainmem's FSDP2 policy
     ``reduce_dtype=float32``)."""
+    zero_ipg_buckets: bool
+    """ZeRO keeps contiguous gradient buckets of ``reduce_bucket_size`` elements (DeepSpeed
+    ``contiguous_gradients=True``, the default): stage 1/2 allocate one (two with
+    ``overlap_comm``) in ``backward()`` (runtime/zero/stage_1_and_2.py ``self.ipg_buffer``);
+    stage 3 one at init, kept for the whole run (runtime/zero/stage3.py
+    ``self.__ipg_bucket_flat_buffer``)."""
     fused_multi_tensor_adam: bool
     """Adam runs as one fused multi-tensor kernel with no parameter-sized temporary (Megatron
     ``optimizer/__init__.py``: TransformerEngine / apex ``FusedAdam``; DeepSpeed
@@ -126,6 +132,7 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "fsdp_param_dtype_follows_precision": False,
         "fsdp_reduce_in_compute_dtype": False,
         "fused_multi_tensor_adam": False,
+        "zero_ipg_buckets": False,
         "trainer_default_fused_since_torch": None,
         "adapter_dtype_follows_weights": False,
         "own_model_code": False,
@@ -146,7 +153,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             fsdp_reduce_in_compute_dtype=True,
             trainer_default_fused_since_torch=(2, 8),
         ),
-        _row("deepspeed", master_weights=True, fused_multi_tensor_adam=True),
+        _row("deepspeed", master_weights=True, fused_multi_tensor_adam=True, zero_ipg_buckets=True),
         _row(
             "megatron",
             master_weights=True,

@@ -185,6 +185,13 @@ class TrainingConfig:
     zero_stage: int = 0
     """ZeRO stage (Rajbhandari et al. 2020, sec. 5): 0 none, 1 optimizer states, 2 + gradients,
     3 + parameters, each sharded over ``data_parallel_size`` ranks."""
+    reduce_bucket_size: int | Literal["auto"] | None = None
+    """DeepSpeed ``zero_optimization.reduce_bucket_size`` in elements; ``"auto"``: what the HF
+    Trainer fills in, hidden_size^2 (transformers integrations/deepspeed.py
+    ``trainer_config_finalize``); None: DeepSpeed's default, 5e8 (runtime/zero/config.py)."""
+    overlap_comm: bool | None = None
+    """DeepSpeed ``zero_optimization.overlap_comm`` (doubles the stage 1/2 gradient bucket);
+    None: DeepSpeed's default, True at stage 3 and False below (``overlap_comm_valid``)."""
     offload: str = "none"
     """``optimizer``: optimizer states (and the step) on the CPU (ZeRO-Offload, Ren et al.
     2021); ``optimizer+gradients``: the reduced gradients are moved to the CPU as well (one
@@ -253,6 +260,14 @@ class TrainingConfig:
             )
         parse_version("torch_version", self.torch_version)
         parse_version("bitsandbytes_version", self.bitsandbytes_version)
+        bucket = self.reduce_bucket_size
+        if bucket is not None and bucket != "auto":
+            if not isinstance(bucket, int) or isinstance(bucket, bool) or bucket <= 0:
+                raise SpecError(
+                    "reduce_bucket_size", f"must be a positive integer or 'auto', got {bucket!r}"
+                )
+        if self.overlap_comm is not None and not isinstance(self.overlap_comm, bool):
+            raise SpecError("overlap_comm", f"must be true or false, got {self.overlap_comm!r}")
         group = self.shard_group_size
         if group is not None and (
             not isinstance(group, int) or isinstance(group, bool) or group <= 0
