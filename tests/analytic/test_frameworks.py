@@ -358,3 +358,27 @@ def test_ds_config_buckets_are_read(tmp_path: object) -> None:
     assert (out["reduce_bucket_size"], out["overlap_comm"]) == ("auto", True)
     out = deepspeed_settings({"zero_optimization": {"stage": 2, "reduce_bucket_size": 2e8}})
     assert out["reduce_bucket_size"] == 200_000_000
+
+
+# -- item 6: torchao low-bit AdamW -----------------------------------------------------------
+
+
+def test_torchao_low_bit_adamw_states(llama: object) -> None:
+    # torchao optim/adam.py: AdamW4bit block 128 (packed 4-bit codes n/2 B + fp32 scale per
+    # block), AdamWFp8 block 256 (float8 codes n B + fp32 scale per block); two states each
+    n = 4096 * 4096
+    four = {s.name: s for s in tensor_states(llama, TrainingConfig(optimizer="adamw-4bit"))}  # type: ignore[arg-type]
+    assert four["q"].state_bytes == 2 * (n // 2 + 4 * n // 128) == 17_825_792
+    # a 4096-element norm weight is quantized too (>= 4096 and a multiple of 128)
+    assert four["vector"].state_bytes == 2 * (4096 // 2 + 4 * 4096 // 128) == 4352
+    fp8 = {s.name: s for s in tensor_states(llama, TrainingConfig(optimizer="adamw-fp8"))}  # type: ignore[arg-type]
+    assert fp8["q"].state_bytes == 2 * (n + 4 * n // 256) == 34_078_720
+    # LoRA A of r=8 over 4096 inputs: 32768 elements, quantized; GPT-2's 768-wide bias is not
+    lora = TrainingConfig(optimizer="adamw-4bit", lora_rank=8)
+    a = next(s for s in tensor_states(llama, lora) if s.name == "lora_A.q")  # type: ignore[arg-type]
+    assert a.state_bytes == 2 * (32768 // 2 + 4 * 32768 // 128) == 34_816
+    gpt2 = {
+        s.name: s
+        for s in tensor_states(load_model_spec("gpt2"), TrainingConfig(optimizer="adamw-fp8"))
+    }
+    assert gpt2["vector"].state_bytes == 2 * 4 * 768  # fp32 zeros_like for 768 < 4096

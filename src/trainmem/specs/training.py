@@ -64,6 +64,8 @@ Optimizer = Literal[
     "adamw-8bit",
     "paged-adamw-8bit",
     "paged-adamw",
+    "adamw-4bit",
+    "adamw-fp8",
 ]
 ActivationCheckpointing = Literal["none", "selective", "full"]
 Attention = Literal["eager", "sdpa", "flash"]
@@ -87,6 +89,8 @@ OPTIMIZERS: tuple[str, ...] = (
     "adamw-8bit",
     "paged-adamw-8bit",
     "paged-adamw",
+    "adamw-4bit",
+    "adamw-fp8",
 )
 PAGED_OPTIMIZERS: tuple[str, ...] = ("paged-adamw", "paged-adamw-8bit")
 """bitsandbytes paged optimizers (``bnb.optim.PagedAdamW`` 32-bit, ``PagedAdamW8bit``): their
@@ -148,7 +152,9 @@ class TrainingConfig:
     optimizer: Optimizer = "adamw"
     """Optimizer whose states are kept per trainable parameter; ``paged-adamw`` is bitsandbytes'
     32-bit ``PagedAdamW`` (fp32 states in CUDA managed memory, as torchtune's low-memory recipes
-    use)."""
+    use); ``adamw-4bit`` / ``adamw-fp8`` are torchao's ``AdamW4bit`` / ``AdamWFp8``. torchao's
+    ``CPUOffloadOptimizer`` is ``offload="optimizer"`` (``offload_gradients=True``:
+    ``"optimizer+gradients"``)."""
     optimizer_implementation: OptimizerImplementation | None = None
     """torch.optim implementation: ``foreach``, ``fused``, ``for-loop``; None: the framework's
     default for ``torch_version`` (:attr:`step_implementation`). An explicit value always
