@@ -382,3 +382,21 @@ def test_torchao_low_bit_adamw_states(llama: object) -> None:
         for s in tensor_states(load_model_spec("gpt2"), TrainingConfig(optimizer="adamw-fp8"))
     }
     assert gpt2["vector"].state_bytes == 2 * 4 * 768  # fp32 zeros_like for 768 < 4096
+
+
+# -- item 9: the FSDP2 root gather is a new buffer beside the shard ---------------------------
+
+
+def test_fsdp2_root_gather_does_not_subtract_the_shard(llama: object) -> None:
+    from trainmem.analytic.buffers import root_gathered_bytes
+
+    layout = state_layout(
+        llama, TrainingConfig(framework="fsdp2", data_parallel_size=8, zero_stage=3)
+    )  # type: ignore[arg-type]
+    outer = layout.embedding + layout.head
+    # embeddings + LM head 2 x 32000 x 4096 + final norm 4096 = 262,148,096 elements, gathered
+    # in bf16 (MixedPrecisionPolicy); the fp32 shard (4 B / 8 ranks each) is not subtracted
+    fsdp2 = TrainingConfig(framework="fsdp2", data_parallel_size=8, zero_stage=3)
+    assert root_gathered_bytes(outer, fsdp2) == 2 * 262_148_096 == 524_296_192
+    amp = TrainingConfig(data_parallel_size=8, zero_stage=3)
+    assert root_gathered_bytes(outer, amp) == 4 * 262_148_096

@@ -38,6 +38,7 @@ from trainmem.analytic.activations import (
     loss_forward_transient_bytes,
 )
 from trainmem.analytic.buffers import (
+    root_gathered_bytes,
     deepspeed_backward_bucket_bytes,
     deepspeed_persistent_bucket_bytes,
     gathered_layer_bytes,
@@ -376,12 +377,7 @@ def _rank_peak(
         # FSDP2's root module (embeddings, final norm, LM head) is not resharded after forward:
         # its gathered parameters stay from the forward to the backward (``fully_shard`` on the
         # root, ``reshard_after_forward`` defaults to False there; found by the trace engine).
-        root = [s for s in outer if not s.name.startswith("lora_")]
-        if training.gathered_weight_dtype != training.weight_dtype:  # issue 12
-            root_full = c * sum(s.numel for s in root) // training.tensor_parallel_size
-        else:
-            root_full = sum(s.full_param_bytes for s in root)
-        gather += max(root_full - sum(s.param_bytes for s in root), 0)
+        gather += root_gathered_bytes(outer, training)  # issue 12: the shard stays beside it
     # QLoRA / int8 bases: each frozen quantized linear is dequantized to the compute dtype for its
     # matmul, forward and backward (bitsandbytes ``MatMul4Bit``), one at a time.
     dequant = 0
