@@ -400,3 +400,17 @@ def test_fsdp2_root_gather_does_not_subtract_the_shard(llama: object) -> None:
     assert root_gathered_bytes(outer, fsdp2) == 2 * 262_148_096 == 524_296_192
     amp = TrainingConfig(data_parallel_size=8, zero_stage=3)
     assert root_gathered_bytes(outer, amp) == 4 * 262_148_096
+
+
+def test_gpt2_hf_only_terms_not_under_megatron() -> None:
+    # transformers GPT-2: DynamicCache k/v copies (2 c h t) and gelu_new as 5 separate tensors
+    # (5 c i t); Megatron's own GPT runs a fused bias-GELU that saves its input (+ the down
+    # projection's input: 2 c i t) and has no cache. gpt2: h = 768, i = 3072; t = 128.
+    gpt2 = load_model_spec("gpt2")
+    kw = {"precision": "bf16-mixed", "seq_len": 128, "dropout": False}
+    hf = layer_activation_terms(gpt2, TrainingConfig(framework="deepspeed", **kw))  # type: ignore[arg-type]
+    mg = layer_activation_terms(gpt2, TrainingConfig(framework="megatron", **kw))  # type: ignore[arg-type]
+    assert hf["attention/kv_cache_copy"] == 2 * 2 * 768 * 128
+    assert "attention/kv_cache_copy" not in mg
+    assert hf["mlp/activation"] == 5 * 2 * 3072 * 128 == 3_932_160
+    assert mg["mlp/activation"] == 2 * 2 * 3072 * 128 == 1_572_864

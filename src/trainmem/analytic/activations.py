@@ -108,7 +108,7 @@ def _activation_fn_saved_bytes(model: ModelSpec, training: TrainingConfig, width
     # model writes the tanh formula out.
     # torch.compile (inductor) fuses the formula into one kernel and its min-cut partitioner
     # saves only the input (torch/_functorch/partitioners.py ``min_cut_rematerialization``).
-    fused = training.conventions.own_model_code or training.compile
+    fused = not training.conventions.hf_model_code or training.compile
     if model.hidden_act in TANH_FORMULA_ACTIVATIONS and not fused:
         if training.uses_autocast:
             # pow's fp32 input copy, tanh out, 1+tanh (fp32), 0.5*x (c), output cast for down (c)
@@ -214,7 +214,11 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
     kv_saved = a if (training.attention == "eager" or c == 4) else kv
     terms["attention/q_k"] = c * (a * d + kv_saved * d) * t
     terms["attention/v"] = c * kv_saved * d * t
-    if model.model_type == "gpt2" and training.activation_checkpointing == "none":
+    if (
+        model.model_type == "gpt2"
+        and training.activation_checkpointing == "none"
+        and training.conventions.hf_model_code
+    ):
         # transformers 5 GPT-2 builds a DynamicCache in training (config ``use_cache=True``,
         # disabled under gradient checkpointing); its ``torch.cat`` copies of k and v are what
         # SDPA saves (found by the trace engine, benchmarks/analytic_vs_trace.py).

@@ -91,6 +91,12 @@ class FrameworkConventions:
     """LoRA A and B are kept in the model's weight dtype (lit-gpt ``lora.py``, torchtune
     ``LoRALinear``); False: peft upcasts adapters on a 16-bit base to fp32
     (``autocast_adapter_dtype=True``, peft ``tuners/tuners_utils.py``)."""
+    hf_model_code: bool
+    """The model is the transformers class, with its code paths: GPT-2's training-time
+    ``DynamicCache`` (``use_cache=True``) whose ``torch.cat`` copies of k and v SDPA saves, and
+    ``gelu_new`` written as separate tanh-formula ops (transformers models/gpt2/modeling_gpt2.py,
+    activations.py ``NewGELUActivation``). False: the framework's own model code (Megatron's
+    fused bias-GELU and attention, lit-gpt, torchtune)."""
     own_model_code: bool
     """The framework runs its own model code, not transformers': fused GELU kernel, fused qkv
     viewed into q, k, v, chunked LM head (lit-gpt ``model.py``)."""
@@ -135,6 +141,7 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "zero_ipg_buckets": False,
         "trainer_default_fused_since_torch": None,
         "adapter_dtype_follows_weights": False,
+        "hf_model_code": True,
         "own_model_code": False,
         "fp32_model_output": False,
         "quantized_base_saves_input": True,
@@ -157,17 +164,24 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
         _row(
             "megatron",
             master_weights=True,
+            hf_model_code=False,
             fp32_grad_buffer=True,
             grad_buffer_from_init=True,
             fused_multi_tensor_adam=True,
         ),
         _row("fsdp2", fsdp_param_dtype_follows_precision=True),
-        _row("torchtune", adapter_dtype_follows_weights=True, quantized_base_saves_input=False),
+        _row(
+            "torchtune",
+            adapter_dtype_follows_weights=True,
+            quantized_base_saves_input=False,
+            hf_model_code=False,
+        ),
         _row(
             "litgpt",
             autocast=True,
             adapter_dtype_follows_weights=True,
             own_model_code=True,
+            hf_model_code=False,
             fp32_model_output=True,
         ),
     )
