@@ -414,3 +414,16 @@ def test_gpt2_hf_only_terms_not_under_megatron() -> None:
     assert "attention/kv_cache_copy" not in mg
     assert hf["mlp/activation"] == 5 * 2 * 3072 * 128 == 3_932_160
     assert mg["mlp/activation"] == 2 * 2 * 3072 * 128 == 1_572_864
+
+
+def test_peft_kbit_training_keeps_non_quantized_weights_in_fp32(llama: object) -> None:
+    # peft prepare_model_for_kbit_training: every non-Params4bit 16-bit parameter -> fp32
+    kw = {"lora_rank": 8, "quantize_base": "nf4", "precision": "bf16-true"}
+    peft = {s.name: s for s in tensor_states(llama, TrainingConfig(**kw))}  # type: ignore[arg-type]
+    lit = {s.name: s for s in tensor_states(llama, TrainingConfig(framework="litgpt", **kw))}  # type: ignore[arg-type]
+    assert peft["embedding/tokens"].param_bytes == 4 * 32000 * 4096 == 524_288_000
+    assert lit["embedding/tokens"].param_bytes == 2 * 32000 * 4096
+    assert peft["vector"].param_bytes == 4 * 4096
+    # the fp32 embedding output makes the residual stream fp32; compute stays bf16
+    assert compute_and_residual_bytes(TrainingConfig(**kw)) == (2, 4)  # type: ignore[arg-type]
+    assert compute_and_residual_bytes(TrainingConfig(framework="litgpt", **kw)) == (2, 2)  # type: ignore[arg-type]

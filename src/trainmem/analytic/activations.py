@@ -84,7 +84,9 @@ def compute_and_residual_bytes(training: TrainingConfig) -> tuple[int, int]:
 
     See Note [Activation terms]."""
     c = dtype_bytes(training.compute_dtype)
-    r = 4 if training.uses_autocast else c
+    # peft's prepare_model_for_kbit_training leaves an fp32 embedding and fp32 norms: the
+    # residual stream is fp32 as under autocast
+    r = 4 if training.uses_autocast or training.kbit_fp32_upcast else c
     return c, r
 
 

@@ -204,7 +204,6 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
         if proto is None:
             # LoRA adapters may have their own dtype (peft: fp32 on a 16-bit base)
             tr = adapter_training if name.startswith("lora_") else training
-            w = dtype_bytes(tr.weight_dtype)
             is_linear = not name.startswith(
                 (
                     "lora_",
@@ -217,6 +216,9 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
                     "router",
                 )
             )
+            w = dtype_bytes(tr.weight_dtype)
+            if training.kbit_fp32_upcast and not is_linear and not name.startswith("lora_"):
+                w = 4  # peft prepare_model_for_kbit_training: non-quantized params in fp32
             # Megatron tensor parallelism splits every layer linear (column / row parallel) and
             # the vocabulary (VocabParallelEmbedding, the output layer); norms are replicated.
             tp_split = is_linear or name in ("embedding/tokens", "lm_head")

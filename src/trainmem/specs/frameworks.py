@@ -97,6 +97,11 @@ class FrameworkConventions:
     ``gelu_new`` written as separate tanh-formula ops (transformers models/gpt2/modeling_gpt2.py,
     activations.py ``NewGELUActivation``). False: the framework's own model code (Megatron's
     fused bias-GELU and attention, lit-gpt, torchtune)."""
+    peft_kbit_training: bool
+    """A quantized base is prepared with peft's ``prepare_model_for_kbit_training``: every
+    parameter that is not quantized (embeddings, norms, LM head) is cast to fp32, so the
+    residual stream leaving the fp32 embedding is fp32 too (peft utils/other.py: ``param.data =
+    param.data.to(torch.float32)`` for non-``Params4bit`` 16-bit parameters)."""
     own_model_code: bool
     """The framework runs its own model code, not transformers': fused GELU kernel, fused qkv
     viewed into q, k, v, chunked LM head (lit-gpt ``model.py``)."""
@@ -142,6 +147,7 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "trainer_default_fused_since_torch": None,
         "adapter_dtype_follows_weights": False,
         "hf_model_code": True,
+        "peft_kbit_training": False,
         "own_model_code": False,
         "fp32_model_output": False,
         "quantized_base_saves_input": True,
@@ -152,8 +158,13 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
 FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
     row.name: row
     for row in (
-        _row("pytorch-amp", autocast=True),
-        _row("hf-trainer", autocast=True, trainer_default_fused_since_torch=(2, 8)),
+        _row("pytorch-amp", autocast=True, peft_kbit_training=True),
+        _row(
+            "hf-trainer",
+            autocast=True,
+            peft_kbit_training=True,
+            trainer_default_fused_since_torch=(2, 8),
+        ),
         _row(
             "accelerate-fsdp",
             fsdp_param_dtype_follows_precision=True,

@@ -369,6 +369,12 @@ class TrainingConfig:
         )
 
     @property
+    def kbit_fp32_upcast(self) -> bool:
+        """A quantized base whose other parameters peft cast to fp32
+        (``FrameworkConventions.peft_kbit_training``)."""
+        return self.quantize_base != "none" and self.conventions.peft_kbit_training
+
+    @property
     def sharding_degree(self) -> int:
         """Ranks each ZeRO / FSDP shard is spread over: ``data_parallel_size``, or the shard
         group when smaller (HYBRID_SHARD)."""
