@@ -38,7 +38,6 @@ from trainmem.analytic.activations import (
     loss_forward_transient_bytes,
 )
 from trainmem.analytic.buffers import (
-    root_gathered_bytes,
     deepspeed_backward_bucket_bytes,
     deepspeed_persistent_bucket_bytes,
     gathered_layer_bytes,
@@ -46,6 +45,7 @@ from trainmem.analytic.buffers import (
     kept_gathered_layer_bytes,
     outside_allocator_bytes,
     reduce_scatter_layer_bytes,
+    root_gathered_bytes,
 )
 from trainmem.analytic.temporaries import cublas_workspace_bytes, optimizer_step_temporary_bytes
 from trainmem.analytic.tensor_states import StateLayout, state_layout
