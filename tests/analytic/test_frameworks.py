@@ -427,3 +427,20 @@ def test_peft_kbit_training_keeps_non_quantized_weights_in_fp32(llama: object) -
     # the fp32 embedding output makes the residual stream fp32; compute stays bf16
     assert compute_and_residual_bytes(TrainingConfig(**kw)) == (2, 4)  # type: ignore[arg-type]
     assert compute_and_residual_bytes(TrainingConfig(framework="litgpt", **kw)) == (2, 2)  # type: ignore[arg-type]
+
+
+def test_deepspeed_zero3_gathers_one_layer_plus_the_prefetch_bucket(llama: object) -> None:
+    from trainmem.analytic.buffers import deepspeed_zero3_gather_bytes
+
+    def z3(**kw: object) -> TrainingConfig:
+        return TrainingConfig(framework="deepspeed", data_parallel_size=8, zero_stage=3, **kw)  # type: ignore[arg-type]
+
+    # bf16 layer (2 x 202,383,360 B) + a 5e7-element prefetch bucket (2 B each)
+    layer = _layer(llama, z3())
+    assert deepspeed_zero3_gather_bytes(layer, llama, z3()) == 2 * (LAYER_NUMEL + 50_000_000)  # type: ignore[arg-type]
+    # "auto": int(0.9 x 4096^2) = 15,099,494 elements
+    auto = z3(stage3_prefetch_bucket_size="auto")
+    assert deepspeed_zero3_gather_bytes(layer, llama, auto) == 2 * (LAYER_NUMEL + 15_099_494)  # type: ignore[arg-type]
+    # a bucket larger than the layer prefetches the next whole layer, no more
+    big = z3(stage3_prefetch_bucket_size=10**9)
+    assert deepspeed_zero3_gather_bytes(layer, llama, big) == 4 * LAYER_NUMEL  # type: ignore[arg-type]

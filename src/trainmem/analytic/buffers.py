@@ -143,6 +143,36 @@ def deepspeed_reduce_bucket_elements(model: ModelSpec, training: TrainingConfig)
     return DEEPSPEED_REDUCE_BUCKET_SIZE if size is None else int(size)
 
 
+DEEPSPEED_PREFETCH_BUCKET_SIZE = 50_000_000
+"""DeepSpeed's default ``stage3_prefetch_bucket_size``, elements (runtime/zero/config.py
+``prefetch_bucket_size: int = Field(pp_int(5e7), ge=0, alias="stage3_prefetch_bucket_size")``)."""
+
+
+def deepspeed_zero3_gather_bytes(
+    layer: Sequence[TensorState], model: ModelSpec, training: TrainingConfig
+) -> int:
+    """Bytes of gathered parameters DeepSpeed ZeRO-3 holds while a layer runs: the layer's own
+    (16-bit) weights plus the prefetch bucket, at most ``stage3_prefetch_bucket_size`` elements
+    of the next layer (default 5e7; ``"auto"`` = int(0.9 h^2), the HF Trainer's fill-in).
+
+    Alive: forward and backward (one layer at a time).
+
+    Source: DeepSpeed runtime/zero/partitioned_param_coordinator.py ``fetch_sub_module``
+    (prefetches up to ``prefetch_bucket_sz`` numel of the upcoming parameters);
+    transformers integrations/deepspeed.py ``trainer_config_finalize``
+    (``stage3_prefetch_bucket_size = 0.9 * hidden_size * hidden_size``).
+    """
+    own = sum(s.full_param_bytes for s in layer)
+    numel = sum(s.numel for s in layer) // training.tensor_parallel_size
+    size = training.stage3_prefetch_bucket_size
+    if size == "auto":
+        prefetch = int(0.9 * model.hidden_size * model.hidden_size)
+    else:
+        prefetch = DEEPSPEED_PREFETCH_BUCKET_SIZE if size is None else int(size)
+    per_element = own // max(numel, 1)
+    return own + per_element * min(prefetch, numel)
+
+
 def deepspeed_backward_bucket_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     """DeepSpeed ZeRO-1/2 gradient buckets: ``reduce_bucket_size`` elements of the 16-bit model
     dtype, twice with ``overlap_comm`` (default False below stage 3); 0 for other frameworks.

@@ -40,6 +40,7 @@ from trainmem.analytic.activations import (
 from trainmem.analytic.buffers import (
     deepspeed_backward_bucket_bytes,
     deepspeed_persistent_bucket_bytes,
+    deepspeed_zero3_gather_bytes,
     gathered_layer_bytes,
     gradients_alive_in_forward,
     kept_gathered_layer_bytes,
@@ -369,6 +370,8 @@ def _rank_peak(
             )
             // training.tensor_parallel_size
         )
+    elif stage == 3 and training.conventions.zero_ipg_buckets:  # issue 12: DeepSpeed prefetch
+        gather = deepspeed_zero3_gather_bytes(layer0, model, training)
     elif stage == 3:  # issue 12: FSDP mixed-precision policies gather in the compute dtype
         gather = 2 * gathered_layer_bytes(layer0, training)
     offloads_grads = training.offload in ("optimizer+gradients", "optimizer+params")

@@ -83,9 +83,10 @@ def deepspeed_settings(ds: dict[str, Any]) -> dict[str, Any]:
     _set(out, "precision", _precision(bf16, fp16))
     zero = ds.get("zero_optimization") or {}
     _set(out, "zero_stage", zero.get("stage"))
-    bucket = zero.get("reduce_bucket_size")
-    if bucket == "auto" or isinstance(bucket, (int, float)):
-        out["reduce_bucket_size"] = bucket if bucket == "auto" else int(bucket)
+    for key in ("reduce_bucket_size", "stage3_prefetch_bucket_size"):
+        bucket = zero.get(key)
+        if bucket == "auto" or isinstance(bucket, (int, float)):
+            out[key] = bucket if bucket == "auto" else int(bucket)
     if isinstance(zero.get("overlap_comm"), bool):
         out["overlap_comm"] = zero["overlap_comm"]
     opt_dev = (zero.get("offload_optimizer") or {}).get("device", "none")

@@ -195,6 +195,9 @@ class TrainingConfig:
     """DeepSpeed ``zero_optimization.reduce_bucket_size`` in elements; ``"auto"``: what the HF
     Trainer fills in, hidden_size^2 (transformers integrations/deepspeed.py
     ``trainer_config_finalize``); None: DeepSpeed's default, 5e8 (runtime/zero/config.py)."""
+    stage3_prefetch_bucket_size: int | Literal["auto"] | None = None
+    """DeepSpeed ZeRO-3 ``stage3_prefetch_bucket_size``, elements of parameters gathered ahead
+    of use; ``"auto"``: the HF Trainer's 0.9 * hidden_size^2; None: DeepSpeed's 5e7."""
     overlap_comm: bool | None = None
     """DeepSpeed ``zero_optimization.overlap_comm`` (doubles the stage 1/2 gradient bucket);
     None: DeepSpeed's default, True at stage 3 and False below (``overlap_comm_valid``)."""
@@ -266,12 +269,13 @@ class TrainingConfig:
             )
         parse_version("torch_version", self.torch_version)
         parse_version("bitsandbytes_version", self.bitsandbytes_version)
-        bucket = self.reduce_bucket_size
-        if bucket is not None and bucket != "auto":
-            if not isinstance(bucket, int) or isinstance(bucket, bool) or bucket <= 0:
-                raise SpecError(
-                    "reduce_bucket_size", f"must be a positive integer or 'auto', got {bucket!r}"
-                )
+        for name in ("reduce_bucket_size", "stage3_prefetch_bucket_size"):
+            bucket = getattr(self, name)
+            if bucket is not None and bucket != "auto":
+                if not isinstance(bucket, int) or isinstance(bucket, bool) or bucket < 0:
+                    raise SpecError(
+                        name, f"must be a non-negative integer or 'auto', got {bucket!r}"
+                    )
         if self.overlap_comm is not None and not isinstance(self.overlap_comm, bool):
             raise SpecError("overlap_comm", f"must be true or false, got {self.overlap_comm!r}")
         group = self.shard_group_size
