@@ -257,6 +257,9 @@ def test_megatron_grad_buffer_exists_in_the_forward(llama: object) -> None:
     # megatron param_and_grad_buffer.py: grad_data = torch.zeros(...) at wrap time, fp32
     assert gradients_alive_in_forward(TrainingConfig(framework="megatron"))
     assert not gradients_alive_in_forward(TrainingConfig(framework="deepspeed"))
+    # DeepSpeed ZeRO-3: stage3.py grad_partitions_flat_buffer from init
+    assert gradients_alive_in_forward(TrainingConfig(framework="deepspeed", zero_stage=3))
+    assert not gradients_alive_in_forward(TrainingConfig(zero_stage=3))
     kw = {"seq_len": 512}
     for fw, grad_bytes in (("megatron", 0), ("deepspeed", 2 * PSI)):
         one = _candidates(llama, TrainingConfig(framework=fw, **kw))  # type: ignore[arg-type]

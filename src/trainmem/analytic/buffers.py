@@ -112,19 +112,22 @@ def gradients_alive_in_forward(training: TrainingConfig) -> bool:
     """Whether every gradient already exists during the forward pass: gradient accumulation
     over > 1 micro-batches, ``zero_grad(set_to_none=False)``, or a gradient buffer the
     framework allocates once at wrap time (``grad_buffer_from_init``: Megatron's fp32
-    ``grad_data``).
+    ``grad_data``; ``zero3_grad_partition_from_init``: DeepSpeed ZeRO-3's gradient partition).
 
     Alive: forward, backward and optimizer (the whole step).
 
     Source: Megatron-LM megatron/core/distributed/param_and_grad_buffer.py
     ``_ParamAndGradBuffer.__init__`` (``self.grad_data = torch.zeros(self.numel,
-    dtype=self.grad_dtype, ...)``; ``param.main_grad`` are views into it);
+    dtype=self.grad_dtype, ...)``; ``param.main_grad`` are views into it); DeepSpeed
+    runtime/zero/stage3.py ``grad_partitions_flat_buffer``;
     torch/optim/optimizer.py ``zero_grad``.
     """
+    conv = training.conventions
     return (
         training.gradient_accumulation_steps > 1
         or not training.zero_grad_set_to_none
-        or (training.conventions.grad_buffer_from_init and training.master_weights)
+        or (conv.grad_buffer_from_init and training.master_weights)
+        or (conv.zero3_grad_partition_from_init and training.zero_stage == 3)
     )
 
 

@@ -79,6 +79,11 @@ class FrameworkConventions:
     ``overlap_comm``) in ``backward()`` (runtime/zero/stage_1_and_2.py ``self.ipg_buffer``);
     stage 3 one at init, kept for the whole run (runtime/zero/stage3.py
     ``self.__ipg_bucket_flat_buffer``)."""
+    zero3_grad_partition_from_init: bool
+    """ZeRO-3 keeps this rank's gradient partition in one flat buffer allocated when the
+    optimizer is built, so the (sharded) gradients exist in the forward pass too (DeepSpeed
+    runtime/zero/stage3.py ``self.grad_partitions_flat_buffer = torch.zeros(sum(p.
+    partition_numel() ...), dtype=self.gradient_accumulation_dtype, ...)``)."""
     fused_multi_tensor_adam: bool
     """Adam runs as one fused multi-tensor kernel with no parameter-sized temporary (Megatron
     ``optimizer/__init__.py``: TransformerEngine / apex ``FusedAdam``; DeepSpeed
@@ -144,6 +149,7 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "fsdp_reduce_in_compute_dtype": False,
         "fused_multi_tensor_adam": False,
         "zero_ipg_buckets": False,
+        "zero3_grad_partition_from_init": False,
         "trainer_default_fused_since_torch": None,
         "adapter_dtype_follows_weights": False,
         "hf_model_code": True,
@@ -171,7 +177,13 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             fsdp_reduce_in_compute_dtype=True,
             trainer_default_fused_since_torch=(2, 8),
         ),
-        _row("deepspeed", master_weights=True, fused_multi_tensor_adam=True, zero_ipg_buckets=True),
+        _row(
+            "deepspeed",
+            master_weights=True,
+            fused_multi_tensor_adam=True,
+            zero_ipg_buckets=True,
+            zero3_grad_partition_from_init=True,
+        ),
         _row(
             "megatron",
             master_weights=True,
