@@ -447,3 +447,28 @@ def test_deepspeed_zero3_gathers_one_layer_plus_the_prefetch_bucket(llama: objec
     # a bucket larger than the layer prefetches the next whole layer, no more
     big = z3(stage3_prefetch_bucket_size=10**9)
     assert deepspeed_zero3_gather_bytes(layer, llama, big) == 4 * LAYER_NUMEL  # type: ignore[arg-type]
+
+
+def test_sdpa_expands_gqa_keys_and_values_with_a_padding_mask() -> None:
+    # transformers sdpa_attention.py use_gqa_in_sdpa: torch >= 2.5 and attention_mask is None,
+    # else repeat_kv. llama-3.1-8b: a = 32, k = 8, d = 128; bf16, t = 1024 tokens
+    model = load_model_spec("llama-3.1-8b")
+    kw = {"precision": "bf16-true", "seq_len": 1024}
+    plain = layer_activation_terms(model, TrainingConfig(**kw))  # type: ignore[arg-type]
+    padded = layer_activation_terms(model, TrainingConfig(padding_mask=True, **kw))  # type: ignore[arg-type]
+    old = layer_activation_terms(model, TrainingConfig(torch_version="2.4", **kw))  # type: ignore[arg-type]
+    assert plain["attention/v"] == 2 * 8 * 128 * 1024 == 2_097_152
+    assert padded["attention/v"] == old["attention/v"] == 2 * 32 * 128 * 1024 == 8_388_608
+    assert padded["attention/q_k"] == 2 * (32 + 32) * 128 * 1024 == 16_777_216
+    flash = layer_activation_terms(
+        model, TrainingConfig(attention="flash", padding_mask=True, **kw)
+    )  # type: ignore[arg-type]
+    assert flash["attention/v"] == 2_097_152  # flash-attn takes kv heads (varlen), no repeat
+
+
+def test_set_types_optional_framework_fields() -> None:
+    from trainmem.cli.options import parse_set
+
+    out = parse_set("reduce-bucket-size=200000000 overlap-comm=true shard-group-size=8")
+    assert out == {"reduce_bucket_size": 200_000_000, "overlap_comm": True, "shard_group_size": 8}
+    assert parse_set("reduce-bucket-size=auto") == {"reduce_bucket_size": "auto"}

@@ -60,6 +60,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trainmem.analytic.params import linear_shapes
+from trainmem.specs.frameworks import DEFAULT_TORCH_VERSION, parse_version
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
@@ -174,6 +175,24 @@ def autocast_cached_weight_bytes(model: ModelSpec, training: TrainingConfig) -> 
     return c * adapters
 
 
+def sdpa_expands_kv(training: TrainingConfig) -> bool:
+    """Keys and values reach attention expanded to all query heads (``repeat_kv``): eager
+    attention; the fp32 memory-efficient kernel; and transformers' SDPA path unless it can hand
+    GQA to the kernel, which needs torch >= 2.5 and no attention mask (a padded batch passes
+    one; transformers integrations/sdpa_attention.py ``use_gqa_in_sdpa``: "attention_mask is
+    None (otherwise it will fall back to the math kernel)").
+
+    Alive: forward to the layer's backward (SDPA saves the k and v it was given).
+    """
+    c, _ = compute_and_residual_bytes(training)
+    if training.attention == "eager" or c == 4:
+        return True
+    if training.attention != "sdpa" or not training.conventions.hf_model_code:
+        return False
+    torch = parse_version("torch_version", training.torch_version) or DEFAULT_TORCH_VERSION
+    return training.padding_mask or torch < (2, 5)
+
+
 def tokens_per_sequence(model: ModelSpec, training: TrainingConfig) -> int:
     """Sequence length the layers see: ``seq_len``, or patches + 1 (CLS) for a ViT."""
     if model.architecture == "vision-encoder":
@@ -213,7 +232,7 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
     # (HF ``repeat_kv`` + the matmul's reshape copy) and in the fp32 memory-efficient SDPA
     # kernel; flash (16-bit) takes them at kv-head size. Only the rotated q and k are saved:
     # RoPE's multiplications by cos/sin save cos/sin, not q or k.
-    kv_saved = a if (training.attention == "eager" or c == 4) else kv
+    kv_saved = a if sdpa_expands_kv(training) else kv
     terms["attention/q_k"] = c * (a * d + kv_saved * d) * t
     terms["attention/v"] = c * kv_saved * d * t
     if (

@@ -171,6 +171,9 @@ class TrainingConfig:
     attention: Attention = "sdpa"
     """``eager`` (materialised a*s*s scores), ``sdpa`` (PyTorch SDPA, flash/efficient kernels on
     CUDA), ``flash`` (flash-attn 2)."""
+    padding_mask: bool = False
+    """The batches are padded, so the model gets an attention mask tensor (False: causal
+    attention without a mask, HF's ``is_causal`` path)."""
     gradient_accumulation_steps: int = 1
     """Micro-batches per optimizer step; gradients persist across them."""
     dropout: bool = True
