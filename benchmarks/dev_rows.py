@@ -27,7 +27,9 @@ LEGACY = {"cuda_context_bytes": LEGACY_CUDA_CONTEXT_BYTES, "metric": "device_tot
 def _bert(**training: Any) -> dict[str, Any]:
     # HF Trainer 4.21 calls ``model.zero_grad()`` after each step; on torch 1.10 that zeroes
     # the gradients but keeps them allocated (set_to_none=False was the default before 2.0).
-    base = {"seq_len": 512, "attention": "eager", "optimizer_implementation": "for-loop",
+    # torch ~1.10 (the row's framework column): per-parameter loop optimizers and no
+    # torch.optim.Adafactor (transformers' runs).
+    base = {"seq_len": 512, "attention": "eager", "torch_version": "1.10",
             "zero_grad_set_to_none": False}
     return {**BERT_SEQ_CLS, **LEGACY, "training": {**base, **training}}
 

@@ -472,3 +472,32 @@ def test_set_types_optional_framework_fields() -> None:
     out = parse_set("reduce-bucket-size=200000000 overlap-comm=true shard-group-size=8")
     assert out == {"reduce_bucket_size": 200_000_000, "overlap_comm": True, "shard_group_size": 8}
     assert parse_set("reduce-bucket-size=auto") == {"reduce_bucket_size": "auto"}
+
+
+def test_torch_adafactor_versus_transformers_adafactor() -> None:
+    # torch/optim/_adafactor.py: one var_estimate (row_var @ col_var) per parameter in its dtype,
+    # all at once with foreach; transformers' Adafactor: ~3 fp32 temporaries of the largest
+    kw = {"optimizer": "adafactor", "precision": "32-true"}
+    n, big = 1000, 10
+    torch_foreach = TrainingConfig(**kw)  # type: ignore[arg-type]
+    assert torch_foreach.adafactor_implementation == "torch"
+    assert (
+        optimizer_step_temporary_bytes(
+            torch_foreach, num_trainable_parameters=n, largest_parameter=big
+        )
+        == 4 * n
+    )
+    loop = TrainingConfig(optimizer_implementation="for-loop", **kw)  # type: ignore[arg-type]
+    assert (
+        optimizer_step_temporary_bytes(loop, num_trainable_parameters=n, largest_parameter=big)
+        == 4 * big
+    )
+    for hf in (
+        TrainingConfig(framework="hf-trainer", **kw),
+        TrainingConfig(torch_version="2.4", **kw),
+    ):  # type: ignore[arg-type]
+        assert hf.adafactor_implementation == "transformers"
+        assert (
+            optimizer_step_temporary_bytes(hf, num_trainable_parameters=n, largest_parameter=big)
+            == 3 * 4 * big
+        )

@@ -92,6 +92,10 @@ class FrameworkConventions:
     """The torch release from which the framework's default optimizer is torch's fused AdamW
     (transformers ``training_args.py``: ``default_optim = "adamw_torch"``, ``"adamw_torch_fused"``
     if ``is_torch_greater_or_equal_than_2_8``); None: the framework keeps torch's default."""
+    adafactor_from_transformers: bool
+    """``adafactor`` is transformers' ``Adafactor`` (the HF Trainer's ``optim="adafactor"``,
+    transformers trainer.py ``get_optimizer_cls_and_kwargs``); False: ``torch.optim.Adafactor``
+    where torch has it (>= 2.5), transformers' before."""
     adapter_dtype_follows_weights: bool
     """LoRA A and B are kept in the model's weight dtype (lit-gpt ``lora.py``, torchtune
     ``LoRALinear``); False: peft upcasts adapters on a 16-bit base to fp32
@@ -152,6 +156,7 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "zero3_grad_partition_from_init": False,
         "trainer_default_fused_since_torch": None,
         "adapter_dtype_follows_weights": False,
+        "adafactor_from_transformers": False,
         "hf_model_code": True,
         "peft_kbit_training": False,
         "own_model_code": False,
@@ -169,12 +174,14 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             "hf-trainer",
             autocast=True,
             peft_kbit_training=True,
+            adafactor_from_transformers=True,
             trainer_default_fused_since_torch=(2, 8),
         ),
         _row(
             "accelerate-fsdp",
             fsdp_param_dtype_follows_precision=True,
             fsdp_reduce_in_compute_dtype=True,
+            adafactor_from_transformers=True,
             trainer_default_fused_since_torch=(2, 8),
         ),
         _row(

@@ -382,6 +382,16 @@ class TrainingConfig:
         return self.quantize_base != "none" and self.conventions.peft_kbit_training
 
     @property
+    def adafactor_implementation(self) -> str:
+        """``transformers`` (transformers/optimization.py ``Adafactor``) or ``torch``
+        (``torch.optim.Adafactor``, torch >= 2.5): which ``adafactor`` runs
+        (``FrameworkConventions.adafactor_from_transformers``)."""
+        torch = parse_version("torch_version", self.torch_version)
+        if self.conventions.adafactor_from_transformers or (torch or (2, 8)) < (2, 5):
+            return "transformers"
+        return "torch"
+
+    @property
     def sharding_degree(self) -> int:
         """Ranks each ZeRO / FSDP shard is spread over: ``data_parallel_size``, or the shard
         group when smaller (HYBRID_SHARD)."""
