@@ -501,3 +501,11 @@ def test_torch_adafactor_versus_transformers_adafactor() -> None:
             optimizer_step_temporary_bytes(hf, num_trainable_parameters=n, largest_parameter=big)
             == 3 * 4 * big
         )
+
+
+def test_cli_hf_trainer_with_fsdp_is_accelerate_fsdp() -> None:
+    from trainmem.cli.options import training_from_options
+
+    t = training_from_options("gpt2", {"framework": "hf-trainer", "fsdp": "shard-grad-op"})
+    assert (t.framework, t.zero_stage, t.reshard_after_forward) == ("accelerate-fsdp", 3, False)
+    assert training_from_options("gpt2", {"framework": "hf-trainer"}).framework == "hf-trainer"

@@ -155,7 +155,8 @@ TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
             _o(
                 "--fsdp",
                 help="full-shard|shard-grad-op|hybrid-shard|no-shard (sets the ZeRO stage it "
-                "shards like)",
+                "shards like; with --framework hf-trainer it is accelerate-fsdp, the Trainer's "
+                "FSDP)",
             ),
         ],
         None,
@@ -336,6 +337,9 @@ def training_from_options(model: str, values: dict[str, Any]) -> TrainingConfig:
     for key, value in fsdp_settings(given["zero_stage"], given["fsdp"]).items():
         if key == "zero_stage" or settings.get(key) is None:
             settings[key] = value
+    if given["fsdp"] is not None and settings["framework"] == "hf-trainer":
+        # the HF Trainer's --fsdp is accelerate's FSDP plugin (MixedPrecision policy)
+        settings["framework"] = "accelerate-fsdp"
     settings["lora_targets"] = parse_lora_targets(given["lora_targets"])
     defaults = {p.name: p.default for p in TRAINING_OPTIONS}
     for item in given["settings"] or []:
