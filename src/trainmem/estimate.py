@@ -83,6 +83,10 @@ def trace_unsupported_settings(training: TrainingConfig) -> list[str]:
         "pipeline_parallel_size",
         "context_parallel_size",
         "compile",
+        # issue 12: FSDP variants and inputs the trace does not build yet
+        "reshard_after_forward",
+        "shard_group_size",
+        "padding_mask",
     )
     out = [
         f"{name}={getattr(training, name)}"

@@ -64,6 +64,7 @@ def build_optimizer(params: Iterable[Any], training: TrainingConfig) -> Any:
             "your own Lion implementation, or use --engine analytic"
         )
     raise UnsupportedError(
-        f"{name} needs bitsandbytes with CUDA, which cannot run on fake CPU tensors; "
+        f"{name} needs bitsandbytes / torchao CUDA kernels, which cannot run on fake CPU "
+        "tensors; "
         "use --engine analytic"
     )
