@@ -27,10 +27,12 @@ LEGACY = {"cuda_context_bytes": LEGACY_CUDA_CONTEXT_BYTES, "metric": "device_tot
 def _bert(**training: Any) -> dict[str, Any]:
     # HF Trainer 4.21 calls ``model.zero_grad()`` after each step; on torch 1.10 that zeroes
     # the gradients but keeps them allocated (set_to_none=False was the default before 2.0).
+    # torch ~1.10 (the row's framework column): per-parameter loop optimizers and no
+    # torch.optim.Adafactor (transformers' runs).
     base = {
         "seq_len": 512,
         "attention": "eager",
-        "optimizer_implementation": "for-loop",
+        "torch_version": "1.10",
         "zero_grad_set_to_none": False,
     }
     return {**BERT_SEQ_CLS, **LEGACY, "training": {**base, **training}}
@@ -47,11 +49,13 @@ def _litgpt(preset: str, b: int, s: int, **kw: Any) -> dict[str, Any]:
     CUDA in torch 2.1; the LoRA parameters are tiny either way), max_memory_allocated.
     The row's framework column is lit-gpt: its own model code and Fabric's output cast
     (``framework="litgpt"``) and its LM head / loss in chunks of 128 tokens
-    (``lm_head_chunk_size=128``, ``chunked_cross_entropy``)."""
+    (``lm_head_chunk_size=128``, ``chunked_cross_entropy``). The rows' source names
+    bitsandbytes 0.41.1, whose ``MatMul4Bit`` still saved its input."""
     training = {
         "micro_batch_size": b,
         "seq_len": s,
         "precision": "bf16-true",
+        "bitsandbytes_version": "0.41.1",
         "attention": "sdpa",
         "lora_rank": 8,
         "lora_targets": ("q", "v"),

@@ -90,6 +90,10 @@ def trace_unsupported_settings(training: TrainingConfig) -> list[str]:
         "pipeline_parallel_size",
         "context_parallel_size",
         "compile",
+        # issue 12: FSDP variants and inputs the trace does not build yet
+        "reshard_after_forward",
+        "shard_group_size",
+        "padding_mask",
     )
     out = [
         f"{name}={getattr(training, name)}"
@@ -189,6 +193,7 @@ def finish(
         fragmentation=fragmentation,
     )
     est.details["per_rank"] = per_rank
+    est.details["phase_peaks_bytes"] = est.schedules[worst].phase_peaks()
     est.reported_rank = worst
     est.peak_phase = "backward" if peak.phase == "zero_grad" else peak.phase
     if peak.label or not est.peak_reason:

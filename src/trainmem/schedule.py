@@ -117,6 +117,7 @@ class _Summary:
     at_excursion: dict[MemoryCategory, int]
     op: Op | None
     index: dict[str, int]
+    phase_high: dict[str, int]
 
 
 def _add(
@@ -139,11 +140,14 @@ def _summarise(items: Sequence[Item], memo: dict[int, _Summary] | None = None) -
     total = best = 0
     best_pos, best_k = -1, 0
     bodies: dict[int, _Summary] = {}
+    phase_high: dict[str, int] = {}
     for pos, item in enumerate(items):
         if isinstance(item, Op):
             total += item.size_bytes if item.action == "alloc" else -item.size_bytes
             if total > best:
                 best, best_pos = total, pos
+            if total > phase_high.get(item.phase, total - 1):
+                phase_high[item.phase] = total
             continue
         body = memo.get(id(item.body))
         if body is None:
@@ -158,6 +162,10 @@ def _summarise(items: Sequence[Item], memo: dict[int, _Summary] | None = None) -
         high = total + k * body.total + body.excursion
         if high > best and body.op is not None:
             best, best_pos, best_k = high, pos, k
+        for phase, rel in body.phase_high.items():
+            value = total + k * body.total + rel
+            if value > phase_high.get(phase, value - 1):
+                phase_high[phase] = value
         total += item.count * body.total
     live: dict[MemoryCategory, int] = {}
     at: dict[MemoryCategory, int] = {}
@@ -176,7 +184,7 @@ def _summarise(items: Sequence[Item], memo: dict[int, _Summary] | None = None) -
             op, index = body.op, {"i": item.index(best_k), **body.index}
         if item.count > 0:
             live = _add(live, body.delta, item.count)
-    return _Summary(total, live, best, at, op, index)
+    return _Summary(total, live, best, at, op, index, phase_high)
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +231,14 @@ class StepSchedule:
         )
         self._cache["peak"] = result
         return result
+
+    def phase_peaks(self) -> dict[str, int]:
+        """The highest live bytes of the steady-state step within each phase (``forward``,
+        ``backward``, ``optimizer``...), the state carried in included."""
+        memo: dict[int, _Summary] = {}
+        base = _summarise(self.setup, memo).total
+        step = _summarise(self.step, memo)
+        return {phase: base + high for phase, high in step.phase_high.items()}
 
     def category_peak(self, category: MemoryCategory) -> int:
         """The most bytes of one category alive at once during the steady-state step (those

@@ -25,6 +25,7 @@ Note [Where the peak falls]
 from __future__ import annotations
 
 from trainmem.analytic.activations import activation_profile, loss_backward_transient_bytes
+from trainmem.analytic.buffers import outside_allocator_bytes
 from trainmem.analytic.schedule import PipelineRank, rank_schedule
 from trainmem.analytic.temporaries import cublas_workspace_bytes
 from trainmem.analytic.tensor_states import state_layout
@@ -87,6 +88,16 @@ def estimate_analytic(
         for rank in ranks
     ]
     ctx = DEFAULT_CUDA_CONTEXT_BYTES if cuda_context_bytes is None else cuda_context_bytes
+    # memory outside the caching allocator (paged optimizer states, NCCL communicators) joins
+    # the device total beside the CUDA context, never allocated / reserved
+    outside = outside_allocator_bytes(layout, training)
+    ctx += sum(outside.values())
+    notes = [
+        f"{kind.replace('_', ' ')}: {size:,} bytes outside the caching allocator "
+        f"({'CUDA managed memory' if kind.startswith('paged') else 'NCCL cudaMalloc'}): counted "
+        "in the device total (with the CUDA context), not in max_memory_allocated"
+        for kind, size in outside.items()
+    ]
     return MemoryEstimate(
         model_name=model.name,
         engine="analytic",
@@ -105,7 +116,9 @@ def estimate_analytic(
             "activations_per_layer_bytes": prof.per_layer,
             "loss_backward_temporary_bytes": loss_backward_transient_bytes(model, training),
             "cublas_workspace_bytes": cublas_workspace_bytes(per_handle),
+            "outside_allocator_bytes": outside,
         },
+        notes=notes,
         schedules=schedules,
         rank_labels=[
             {

@@ -59,7 +59,7 @@ from dataclasses import dataclass
 
 from trainmem.analytic.activations import (
     ActivationProfile,
-    autocast_weight_copy_bytes,
+    autocast_cached_weight_bytes,
     backward_layer_transients,
     compute_and_residual_bytes,
     layer_is_checkpointed,
@@ -67,6 +67,16 @@ from trainmem.analytic.activations import (
     loss_backward_transient_bytes,
     loss_forward_transient_bytes,
     tokens_per_sequence,
+)
+from trainmem.analytic.buffers import (
+    deepspeed_backward_bucket_bytes,
+    deepspeed_persistent_bucket_bytes,
+    deepspeed_zero3_gather_bytes,
+    gathered_layer_bytes,
+    gradient_buffer_from_init,
+    kept_gathered_layer_bytes,
+    reduce_scatter_layer_bytes,
+    root_gathered_bytes,
 )
 from trainmem.analytic.temporaries import optimizer_step_temporary_bytes
 from trainmem.analytic.tensor_states import StateLayout, TensorState
@@ -141,23 +151,31 @@ class _Builder:
             s for s in emb if tied and s.name == "embedding/tokens"
         ]
         self.emb_grad_states = [s for s in emb if s not in self.head_grad_states]
-        dp = training.shard_group_size
+        dp = training.sharding_degree
         self.stage = training.zero_stage if dp > 1 else 0
         c, _ = compute_and_residual_bytes(training)
         self.c = c
-        self.gather_layer, self.gather_root = self._gathers()
+        self.gather_a, self.gather_b, self.gather_root = self._gathers()
+        # FSDP SHARD_GRAD_OP / NO_SHARD under a mixed-precision policy: each layer's gathered
+        # weights stay from its forward to its backward (they replace the per-layer gathers)
+        self.kept = kept_gathered_layer_bytes(self.layer_states, training)
+        if self.kept and self.stage == 3:
+            self.gather_a = self.gather_b = 0
+        # DeepSpeed gradient buckets: ZeRO-1/2 in backward, ZeRO-3 for the whole run
+        self.bucket_backward = deepspeed_backward_bucket_bytes(model, training)
+        self.bucket_persistent = deepspeed_persistent_bucket_bytes(model, training)
+        offloads_grads = training.offload in ("optimizer+gradients", "optimizer+params")
+        self.reduce = (
+            reduce_scatter_layer_bytes(self.layer_states, training)
+            if self.stage >= 2 or offloads_grads
+            else 0
+        )
         # Note [FSDP under pipeline parallelism]
         self.pp_fsdp = training.pipeline_parallel_size > 1 and self.stage == 3
         self.stage_gather = 0
         if self.pp_fsdp:
-            self.stage_gather = self.L * self.gather_layer + self.gather_root
-            self.gather_layer = self.gather_root = self.reduce = 0
-        offloads_grads = training.offload in ("optimizer+gradients", "optimizer+params")
-        self.reduce = (
-            sum(s.full_grad_bytes for s in self.layer_states)
-            if self.stage >= 2 or offloads_grads
-            else 0
-        )
+            self.stage_gather = self.L * (self.gather_a + self.kept) + self.gather_root
+            self.gather_a = self.gather_b = self.gather_root = self.kept = self.reduce = 0
         self.dequant = 0
         if training.quantize_base != "none":
             self.dequant = (
@@ -175,7 +193,7 @@ class _Builder:
         self.loss_fwd = loss_forward_transient_bytes(model, training) if rank.has_head else 0
         self.head_dequant = lm_head_dequant_bytes(model, training) if rank.has_head else 0
         self.weight_copy = (
-            autocast_weight_copy_bytes(model, training) if layer_is_checkpointed(training) else 0
+            autocast_cached_weight_bytes(model, training) if layer_is_checkpointed(training) else 0
         )
         self.saved, self.dropped = self._layer_blocks()
         self._cache: dict[str, Repeat] = {}
@@ -193,33 +211,31 @@ class _Builder:
 
     # -- terms ------------------------------------------------------------------------------
 
-    def _gathers(self) -> tuple[int, int]:
-        """(one layer's gathered parameters, the root module's) under ZeRO-3 / FULL_SHARD."""
+    def _gathers(self) -> tuple[int, int, int]:
+        """(the current layer's gathered parameters, the prefetched layer's, the root module's)
+        under ZeRO-3 / FULL_SHARD. DeepSpeed gathers the layer plus a prefetch bucket
+        (:func:`~trainmem.analytic.buffers.deepspeed_zero3_gather_bytes`, counted once); FSDP
+        the current and the next layer in the gathered dtype
+        (:func:`~trainmem.analytic.buffers.gathered_layer_bytes`); torchao float8 all-gathers
+        linear weights in float8 (1 byte each)."""
         if self.stage != 3:
-            return 0, 0
+            return 0, 0, 0
         t, c = self.training, self.c
-        tp = t.tensor_parallel_size
         layer = self.layer_states
+        root = root_gathered_bytes(self.emb_states + self.head_states, t)
         if t.is_fp8:
-            # torchao float8 all-gather: linear weights travel and are gathered in float8
             per = (
                 sum(
                     (1 if s.name != "vector" and not s.name.startswith("lora_") else c) * s.numel
                     for s in layer
                 )
-                // tp
+                // t.tensor_parallel_size
             )
-        elif t.framework == "fsdp2" and t.is_mixed:
-            # MixedPrecisionPolicy(param_dtype=bf16): the all-gather output is 16-bit
-            per = c * sum(s.numel for s in layer) // tp
-        else:
-            per = sum(s.full_param_bytes for s in layer)
-        root = [s for s in self.emb_states + self.head_states if not s.name.startswith("lora_")]
-        if t.framework == "fsdp2" and t.is_mixed:
-            root_full = c * sum(s.numel for s in root) // tp
-        else:
-            root_full = sum(s.full_param_bytes for s in root)
-        return per, max(root_full - sum(s.param_bytes for s in root), 0)
+            return per, per, root
+        if t.conventions.zero_ipg_buckets:
+            return deepspeed_zero3_gather_bytes(layer, self.model, t), 0, root
+        per = gathered_layer_bytes(layer, t)
+        return per, per, root
 
     def _layer_blocks(self) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
         """(saved, dropped-and-recomputed) blocks of one layer as (term, bytes), non-MLP terms
@@ -359,7 +375,7 @@ class _Builder:
                 "the root module's gathered parameters",
             ),
             alloc(
-                self.gather_layer,
+                self.gather_a,
                 Cat.TEMPORARY,
                 f,
                 "gather/a",
@@ -367,7 +383,7 @@ class _Builder:
                 "gathered parameters of the current layer",
             ),
             alloc(
-                self.gather_layer,
+                self.gather_b,
                 Cat.TEMPORARY,
                 f,
                 "gather/b",
@@ -411,6 +427,15 @@ class _Builder:
             copies = self._weight_copy_ops(f, "wcopy/{i}", "")
             items.append(Repeat(tuple(free(op, f) for op in copies), self.L))
         # backward
+        bucket = alloc(
+            self.bucket_backward,
+            Cat.TEMPORARY,
+            b,
+            "bucket/backward",
+            "(model)",
+            "DeepSpeed's gradient bucket(s)",
+        )
+        items.append(bucket)
         g1 = alloc(
             self.loss_tmp // 2,
             Cat.TEMPORARY,
@@ -463,6 +488,7 @@ class _Builder:
             if t.optimizer_in_backward:
                 items += [free(op, b) for op in emb_grads]
         items.append(free(emb_act, b))
+        items.append(free(bucket, b))
         items += [free(op, b) for op in reversed(spans)]
         return items
 
@@ -482,7 +508,7 @@ class _Builder:
 
     def _forward_layers(self) -> list[Item]:
         f: Phase = "forward"
-        body: list[Op] = []
+        body: list[Op] = [self._kept_op(f)]
         body += self._weight_copy_ops(f, "wcopy/{i}", "autocast's cached 16-bit weight copies")
         if self.dequant:
             d = alloc(
@@ -507,6 +533,18 @@ class _Builder:
         # the previous layer's saved tensors leave for the CPU once this layer has run
         offload = [free(op, f) for op in self._saved_ops(f, "{i_prev}")]
         return [Repeat(tuple(body), 1), Repeat(tuple(body + offload), self.L - 1, start=1)]
+
+    def _kept_op(self, phase: Phase) -> Op:
+        """One layer's gathered weights kept from its forward to its backward
+        (:func:`~trainmem.analytic.buffers.kept_gathered_layer_bytes`)."""
+        return alloc(
+            self.kept,
+            Cat.TEMPORARY,
+            phase,
+            "kept/{i}",
+            "layers.{i}",
+            "the layer's gathered weights, kept from its forward to its backward",
+        )
 
     def _backward_layers(self, *, new_grads: bool) -> list[Item]:
         b: Phase = "backward"
@@ -583,6 +621,7 @@ class _Builder:
         ]
         if t.optimizer_in_backward and new_grads:
             body += [free(op, b) for op in grads]
+        body.append(free(self._kept_op("forward"), b))
         if not offloading:
             return [Repeat(tuple(body), self.L, reverse=True)]
         last = [op for op in body if op.label != "saved activations prefetched from the CPU"]
@@ -592,8 +631,12 @@ class _Builder:
         ]
 
     def optimizer(self, *, first: bool) -> list[Item]:
-        """States (first step only), then the step's temporaries."""
-        items: list[Item] = []
+        """States (first step only), then the step's temporaries (a zero-byte marker opens the
+        phase, so its peak exists even when the step allocates nothing)."""
+        marker = alloc(
+            0, Cat.TEMPORARY, "optimizer", "optimizer/step", "(optimizer)", "optimizer step"
+        )
+        items: list[Item] = [marker, free(marker, "optimizer")]
         if first:
             items.append(self._optimizer_states())
         if self.training.optimizer_in_backward:
@@ -630,7 +673,7 @@ class _Builder:
         if t.offload != "none" or not trainable:
             return []
         gb = max(dtype_bytes(t.grad_dtype), 1)
-        dp = t.shard_group_size
+        dp = t.sharding_degree
 
         def local(s: TensorState) -> int:
             n = s.full_grad_bytes // gb
@@ -685,7 +728,10 @@ class _Builder:
         """One optimizer step: the micro-batches, the optimizer, zero_grad."""
         t = self.training
         m = t.gradient_accumulation_steps
-        keep = not t.zero_grad_set_to_none
+        # gradients that are never freed: zero_grad(set_to_none=False), or a gradient buffer
+        # the framework allocates at wrap time (Megatron's grad_data, DeepSpeed ZeRO-3's
+        # partition)
+        keep = not t.zero_grad_set_to_none or gradient_buffer_from_init(t)
         items: list[Item] = []
         if first:  # the forward thread's and autograd's cuBLAS handles, created at first use
             ws = self.workspace_per_handle
@@ -693,6 +739,17 @@ class _Builder:
                 alloc(ws, Cat.TEMPORARY, "forward", "cublas/0", "cublas", "cuBLAS workspace"),
                 alloc(ws, Cat.TEMPORARY, "forward", "cublas/1", "cublas", "cuBLAS workspace"),
             ]
+        if first:  # DeepSpeed ZeRO-3's gradient bucket, allocated once at init
+            items.append(
+                alloc(
+                    self.bucket_persistent,
+                    Cat.TEMPORARY,
+                    "forward",
+                    "bucket/persistent",
+                    "(model)",
+                    "DeepSpeed's gradient bucket",
+                )
+            )
         if first and keep:
             items += self.all_gradients("forward")
         gathered = alloc(

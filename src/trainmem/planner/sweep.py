@@ -25,6 +25,7 @@ from trainmem.specs.training import TrainingConfig
 _DEFAULTS: dict[str, Any] = {
     f.name: f.default for f in fields(TrainingConfig) if f.default is not MISSING
 }
+_ANNOTATIONS: dict[str, Any] = {f.name: f.type for f in fields(TrainingConfig)}
 SWEEPABLE: tuple[str, ...] = tuple(_DEFAULTS)
 """TrainingConfig fields a sweep may vary (every field with a default)."""
 
@@ -89,6 +90,12 @@ def parse_value(name: str, text: str) -> Any:
     """
     default = _DEFAULTS[name]
     raw = text.strip()
+    if default is None:  # an optional field: type the value by the field's annotation
+        annotation = str(_ANNOTATIONS.get(name, ""))
+        if annotation.startswith("bool"):
+            default = False
+        elif annotation.startswith("int") and raw.lstrip("-").isdigit():
+            default = 0
     if isinstance(default, bool):
         folded = raw.lower()
         if folded in ("true", "1", "yes", "on"):

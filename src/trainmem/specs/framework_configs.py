@@ -20,20 +20,23 @@ from pathlib import Path
 from typing import Any
 
 from trainmem.errors import SpecError
+from trainmem.specs.training import fsdp_settings
 
 _FSDP_STRATEGIES = {
-    "FULL_SHARD": 3,
-    "1": 3,
-    "SHARD_GRAD_OP": 2,
-    "2": 2,
-    "NO_SHARD": 0,
-    "3": 0,
-    "HYBRID_SHARD": 3,
-    "4": 3,
-    "HYBRID_SHARD_ZERO2": 2,
-    "5": 2,
+    "FULL_SHARD": "full-shard",
+    "1": "full-shard",
+    "SHARD_GRAD_OP": "shard-grad-op",
+    "2": "shard-grad-op",
+    "NO_SHARD": "no-shard",
+    "3": "no-shard",
+    "HYBRID_SHARD": "hybrid-shard",
+    "4": "hybrid-shard",
+    "HYBRID_SHARD_ZERO2": "hybrid-shard-zero2",
+    "5": "hybrid-shard-zero2",
 }
-"""FSDP ``ShardingStrategy`` names (or accelerate's older 1-5 numbering) as ZeRO stages."""
+"""FSDP ``ShardingStrategy`` names (or accelerate's older 1-5 numbering) as ``--fsdp`` values
+(:func:`trainmem.specs.training.fsdp_settings`); HYBRID_SHARD_ZERO2 is SHARD_GRAD_OP within a
+node."""
 
 
 def _load(path: str, kind: str, field: str) -> dict[str, Any]:
@@ -80,6 +83,12 @@ def deepspeed_settings(ds: dict[str, Any]) -> dict[str, Any]:
     _set(out, "precision", _precision(bf16, fp16))
     zero = ds.get("zero_optimization") or {}
     _set(out, "zero_stage", zero.get("stage"))
+    for key in ("reduce_bucket_size", "stage3_prefetch_bucket_size"):
+        bucket = zero.get(key)
+        if bucket == "auto" or isinstance(bucket, (int, float)):
+            out[key] = bucket if bucket == "auto" else int(bucket)
+    if isinstance(zero.get("overlap_comm"), bool):
+        out["overlap_comm"] = zero["overlap_comm"]
     opt_dev = (zero.get("offload_optimizer") or {}).get("device", "none")
     param_dev = (zero.get("offload_param") or {}).get("device", "none")
     if param_dev in ("cpu", "nvme"):
@@ -126,7 +135,15 @@ def read_accelerate_config(path: str) -> dict[str, Any]:
                 f"fsdp_sharding_strategy {strategy!r} unknown; allowed: "
                 + ", ".join(k for k in _FSDP_STRATEGIES if not k.isdigit()),
             )
-        out["zero_stage"] = _FSDP_STRATEGIES[strategy]
+        name = _FSDP_STRATEGIES[strategy]
+        out.update(fsdp_settings(0, name.replace("-zero2", "")))
+        if name == "hybrid-shard-zero2":
+            out["reshard_after_forward"] = False
+        machines = cfg.get("num_machines")
+        if name.startswith("hybrid") and isinstance(n, int) and isinstance(machines, int):
+            out["shard_group_size"] = max(n // max(machines, 1), 1)  # GPUs of one node
+        # FSDP (v1) through accelerate: MixedPrecision(param_dtype=bf16); FSDP2 below
+        out["framework"] = "accelerate-fsdp"
         if str(fsdp.get("fsdp_offload_params", False)).lower() == "true":
             out["offload"] = "optimizer+params" if out["zero_stage"] == 3 else "optimizer"
         if str(fsdp.get("fsdp_activation_checkpointing", False)).lower() == "true":

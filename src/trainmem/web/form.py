@@ -53,6 +53,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "dropout",
         "activation_offloading",
         "compile",
+        "padding_mask",
     ),
     "Parallelism and sharding": (
         "data_parallel_size",
@@ -64,9 +65,14 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "pipeline_schedule",
         "virtual_pipeline_stages",
         "context_parallel_size",
+        "shard_group_size",
+        "reshard_after_forward",
+        "reduce_bucket_size",
+        "stage3_prefetch_bucket_size",
+        "overlap_comm",
     ),
     "LoRA / QLoRA": ("lora_rank", "lora_targets", "lora_dropout", "quantize_base"),
-    "Framework": ("framework",),
+    "Framework": ("framework", "torch_version", "bitsandbytes_version"),
 }
 """Every TrainingConfig field, grouped as the page shows them."""
 
@@ -85,7 +91,14 @@ CHOICES: dict[str, tuple[Any, ...]] = {
 }
 """Allowed values of the fields that take one of a list (``lora_targets``: several of it)."""
 
-_NO_FLAG = ("virtual_pipeline_stages",)
+_NO_FLAG = (
+    "virtual_pipeline_stages",
+    "padding_mask",
+    "reshard_after_forward",
+    "reduce_bucket_size",
+    "stage3_prefetch_bucket_size",
+    "overlap_comm",
+)
 """Fields without an option of their own in the CLI (given there as ``--set KEY=VALUE``)."""
 _NEGATIVE_FLAG = {"dropout": "--no-dropout", "zero_grad_set_to_none": "--zero-grad-keep"}
 """Booleans that default to True: the CLI flag that turns them off."""
