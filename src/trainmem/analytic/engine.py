@@ -98,6 +98,12 @@ def estimate_analytic(
         "in the device total (with the CUDA context), not in max_memory_allocated"
         for kind, size in outside.items()
     ]
+    if training.compile:
+        notes.append(
+            "--compile: the formulas keep what inductor's min-cut partition saves for RMSNorm and "
+            "gated-MLP layers (checked against a traced Llama layer); other layer kinds keep "
+            "eager's tensors; --engine trace partitions the real graph"
+        )
     return MemoryEstimate(
         model_name=model.name,
         engine="analytic",

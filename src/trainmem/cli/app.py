@@ -96,11 +96,6 @@ def estimate_cmd(
     if modules < 0:
         raise SpecError("modules", f"must be a non-negative number of rows, got {modules}")
     est = estimate(model, training, gpu=gpu, engine=engine, alloc_conf=alloc_conf)
-    if training.compile:
-        est.notes.append(
-            "--compile: only inductor's fused pointwise chains (GELU formula, RMSNorm) are "
-            "modelled; other recomputation by its partitioner is not, so this is an upper bound"
-        )
     if snapshot is not None:
         write_step_snapshot(est, gpu, alloc_conf, snapshot)
         est.notes.append(f"memory snapshot written to {snapshot}")
