@@ -98,6 +98,16 @@ CASES = [
     ("tiny-gpt2-test", dict(micro_batch_size=2, seq_len=64, precision="32-true",
                             data_parallel_size=3, zero_stage=3, lora_rank=4,
                             activation_checkpointing="full")),
+    # DTensor tensor / sequence parallelism (torchtitan's Llama plan, loss parallel), rank 0 of a
+    # fake process group; alone and on a 2-D (dp_shard x tp) mesh under FSDP2.
+    ("tiny-llama-test", dict(micro_batch_size=2, seq_len=64, precision="32-true",
+                             tensor_parallel_size=2)),
+    ("tiny-llama-test", dict(micro_batch_size=2, seq_len=96, precision="bf16-mixed",
+                             tensor_parallel_size=2, sequence_parallel=True,
+                             activation_checkpointing="full")),
+    ("tiny-llama-test", dict(micro_batch_size=2, seq_len=64, precision="bf16-mixed",
+                             tensor_parallel_size=2, sequence_parallel=True,
+                             data_parallel_size=2, zero_stage=3, framework="fsdp2")),
 ]  # fmt: skip
 
 

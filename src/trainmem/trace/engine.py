@@ -12,7 +12,9 @@ What is emulated so that the fake CPU step allocates what a CUDA step allocates
 - foreach / fused / for-loop optimizers as asked (``trainmem.trace.optimizers``); Adam's scalar
   ``step`` states stay in host memory unless fused (``torch/optim/adam.py``);
 - transformers' mask heuristics: ``trainmem.trace.hf_model.hf_mask_patches``;
-- FSDP2 over a fake process group, one rank: ``trainmem.trace.fsdp``;
+- one rank of a device mesh under a fake process group (``trainmem.trace.parallel``): FSDP2
+  (``trainmem.trace.fsdp``), DTensor tensor / sequence parallelism
+  (``trainmem.trace.tensor_parallel``);
 - scalars an optimizer reads with ``.item()`` (Adafactor): ``trainmem.trace.host_scalars``;
 - the cuBLAS workspace (allocated through the caching allocator on the first matmul, so part of
   ``max_memory_allocated``): two ``init`` blocks of ``GPUSpec.cublas_workspace_bytes``, one
@@ -81,8 +83,9 @@ def _emulation(training: TrainingConfig, emulate_cuda: bool) -> Iterator[None]:
 @contextlib.contextmanager
 def _step_context(training: TrainingConfig, emulate_cuda: bool, optimizer: Any) -> Iterator[None]:
     from trainmem.trace.host_scalars import host_scalars
+    from trainmem.trace.parallel import loss_context
 
-    with _emulation(training, emulate_cuda):
+    with _emulation(training, emulate_cuda), loss_context(training):
         with host_scalars(optimizer) if optimizer is not None else contextlib.nullcontext():
             yield
 
@@ -202,14 +205,14 @@ def run_trace(
     Raises:
         TraceError: the step failed under fake tensors (the message names the op).
     """
-    from trainmem.trace.fsdp import fake_process_group, uses_fsdp
+    from trainmem.trace.parallel import trace_mesh, uses_mesh
 
-    if not uses_fsdp(training):
+    if not uses_mesh(training):
         return _run_trace(
             build_model, make_batch, training, loss_fn=loss_fn, optimizer=optimizer, fake=fake,
             emulate_cuda=emulate_cuda, workspace_bytes=workspace_bytes, forward_loss=forward_loss,
         )  # fmt: skip
-    with fake_process_group(training.data_parallel_size) as mesh:
+    with trace_mesh(training) as mesh:
         return _run_trace(
             build_model, make_batch, training, loss_fn=loss_fn, optimizer=optimizer, fake=fake,
             emulate_cuda=emulate_cuda, workspace_bytes=workspace_bytes, forward_loss=forward_loss,
@@ -230,8 +233,8 @@ def _run_trace(
     forward_loss: Callable[[Any, Any], Any] | None,
     mesh: Any = None,
 ) -> tuple[Capture, PeakReport]:
-    from trainmem.trace.fsdp import shard_model
     from trainmem.trace.hf_model import materialize_fake
+    from trainmem.trace.parallel import parallelize
 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else None
     if fake:
@@ -246,7 +249,7 @@ def _run_trace(
     model.train()
     apply_activation_checkpointing(model, training.activation_checkpointing)
     if mesh is not None:
-        shard_model(model, mesh, training, fake_mode)
+        parallelize(model, mesh, training, fake_mode)
     takes_training = _takes_argument(make_batch)
     with fake_mode if fake_mode is not None else contextlib.nullcontext():
         k = min(training.gradient_accumulation_steps, MAX_TRACED_MICRO_BATCHES)

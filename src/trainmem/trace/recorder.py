@@ -38,6 +38,13 @@ from torch.utils._pytree import tree_flatten  # noqa: E402
 
 __all__ = ["RESIZE_OP", "Block", "RawEvent", "StorageRecorder", "plain_tensors"]
 
+_ALIASING_COLLECTIVE_OPS = frozenset(
+    {"_c10d_functional.wait_tensor.default", "_c10d_functional._wrap_tensor_autograd.default"}
+)
+"""Ops whose real output is their input (``torch/csrc/distributed/c10d/Functional.cpp``
+``wait_tensor``; ``torch/distributed/_functional_collectives.py`` ``_wrap_tensor_autograd``
+wraps it in an ``AsyncCollectiveTensor``)."""
+
 RESIZE_OP = "UntypedStorage.resize_"
 """``Block.op`` of a storage re-allocated in place (FSDP2's ``alloc_storage``)."""
 
@@ -120,6 +127,8 @@ class StorageRecorder(TorchDispatchMode):  # type: ignore[misc]
     modules: Any = None
     on_alloc: Callable[[Block], None] | None = None
     _orig_resize: Any = None
+    _orig_propagate: Any = None
+    _paused: int = 0
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -180,11 +189,37 @@ class StorageRecorder(TorchDispatchMode):  # type: ignore[misc]
             return out
 
         torch.UntypedStorage.resize_ = resize_
+        self._patch_sharding_propagation()
         return super().__enter__()  # type: ignore[no-any-return]
 
     def __exit__(self, *exc: Any) -> Any:
         torch.UntypedStorage.resize_ = self._orig_resize
+        if self._orig_propagate is not None:
+            from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+            ShardingPropagator._propagate_tensor_meta_non_cached = self._orig_propagate
+            self._orig_propagate = None
         return super().__exit__(*exc)
+
+    def _patch_sharding_propagation(self) -> None:
+        """DTensor infers output shapes by running the op on global-shape fake tensors
+        (``ShardingPropagator._propagate_tensor_meta_non_cached``, inside the ambient fake
+        mode); those tensors are never allocated on a GPU, so the recorder pauses there."""
+        try:
+            from torch.distributed.tensor._sharding_prop import ShardingPropagator
+        except ImportError:  # pragma: no cover - torch without distributed
+            return
+        orig = ShardingPropagator._propagate_tensor_meta_non_cached
+        self._orig_propagate = orig
+
+        def propagate(prop: Any, *args: Any, **kwargs: Any) -> Any:
+            self._paused += 1
+            try:
+                return orig(prop, *args, **kwargs)
+            finally:
+                self._paused -= 1
+
+        ShardingPropagator._propagate_tensor_meta_non_cached = propagate
 
     def _on_resize(self, st: Any) -> None:
         known = self._live.get(id(st))
@@ -250,6 +285,18 @@ class StorageRecorder(TorchDispatchMode):  # type: ignore[misc]
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
+        if self._paused:
+            return func(*args, **(kwargs or {}))
+        if any(is_traceable_wrapper_subclass(t) for t in tree_flatten((args, kwargs))[0]):
+            # A DTensor op: let the subclass run it; its local ops (including the temporaries
+            # of redistributions and of loss_parallel's decompositions) come back through this
+            # mode, so they are recorded one by one.
+            return NotImplemented
         out = func(*args, **(kwargs or {}))
-        self._track(out, str(func))
+        name = str(func)
+        if name in _ALIASING_COLLECTIVE_OPS:
+            # The real kernels return their argument; the fake kernels return a new tensor
+            # (``empty_like``), which would count every collective's output twice.
+            return torch.ops.aten.alias.default(args[0])
+        self._track(out, name)
         return out
