@@ -21,9 +21,9 @@ from trainmem.trace.engine import (
     apply_activation_checkpointing,
     default_forward_loss,
 )
-from trainmem.trace.parallel import loss_context, parallelize, trace_mesh, uses_mesh
 from trainmem.trace.hf_model import build_hf_training_model, make_hf_batch
 from trainmem.trace.optimizers import build_optimizer
+from trainmem.trace.parallel import loss_context, parallelize, trace_mesh, uses_mesh
 from trainmem.trace.recorder import plain_tensors
 from trainmem.trace.step import run_step
 

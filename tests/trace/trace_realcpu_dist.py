@@ -14,7 +14,6 @@ import torch.multiprocessing as mp
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace.parallel import device_mesh, mesh_dims, rank_map
 
-
 REPEATS = 2
 """Profiled steps per rank; the smallest peak is kept. gloo completes a collective on its own
 worker thread, which releases the work (and the buffers it references) when it is done, which

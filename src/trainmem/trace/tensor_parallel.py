@@ -20,8 +20,9 @@ Note [Tracing tensor parallelism]
     - without SP the norms hold replicated ``DTensor`` weights (:func:`_replicate`).
 
     With SP the residual stream between the modules stays a sequence-sharded ``DTensor``
-    (torchtitan hands local tensors between its modules; the storages are the same local shards, and transformers'
-    model-level code then reads the global sequence length for the positions and the mask).
+    (torchtitan hands local tensors between its modules; the storages are the same local
+    shards, and transformers' model-level code then reads the global sequence length for the
+    positions and the mask).
     The attention's q/k/v outputs are local tensors with ``heads / t`` heads (transformers
     reshapes with ``-1`` heads). Both ``num_attention_heads`` and ``num_key_value_heads``
     must divide by t.
