@@ -68,7 +68,9 @@ def trace_unsupported_settings(training: TrainingConfig) -> list[str]:
 
     Traced: LoRA through peft (``lora_*``), ``chunked_cross_entropy``,
     ``zero_grad_set_to_none``, and FSDP2 (``zero_stage=3`` with ``data_parallel_size > 1``,
-    framework ``pytorch-amp`` or ``fsdp2``; ``trainmem.trace.fsdp``). Other data-parallel
+    framework ``pytorch-amp`` or ``fsdp2``; ``trainmem.trace.fsdp``), DTensor tensor / sequence
+    parallelism (``trainmem.trace.tensor_parallel``), ``compile`` (``trainmem.trace.compile``).
+    Other data-parallel
     layouts, offload, quantized bases, the other frameworks, optimizer-in-backward, activation
     offloading and model parallelism are refused.
     """
@@ -78,11 +80,8 @@ def trace_unsupported_settings(training: TrainingConfig) -> list[str]:
         "quantize_base",
         "optimizer_in_backward",
         "activation_offloading",
-        "tensor_parallel_size",
-        "sequence_parallel",
         "pipeline_parallel_size",
         "context_parallel_size",
-        "compile",
     )
     out = [
         f"{name}={getattr(training, name)}"

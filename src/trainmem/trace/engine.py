@@ -248,6 +248,10 @@ def _run_trace(
         model = model.to(weight_dtype)  # (peft keeps its adapters fp32 on purpose)
     model.train()
     apply_activation_checkpointing(model, training.activation_checkpointing)
+    if training.compile:
+        from trainmem.trace.compile import compile_layers
+
+        compile_layers(model)
     if mesh is not None:
         parallelize(model, mesh, training, fake_mode)
     takes_training = _takes_argument(make_batch)
@@ -324,7 +328,19 @@ def _estimate(
     workspace_bytes: int,
 ) -> MemoryEstimate:
     from trainmem.analytic.engine import resolved_config
+    from trainmem.trace.parallel import rank_map
 
+    layout = rank_map(training)
+    per_rank = [
+        {
+            "rank": layout["traced_rank"],
+            "coordinates": layout["coordinates"],
+            "ranks_alike": layout["world_size"],
+            "allocated_bytes": report.peak_bytes,
+            "peak_phase": report.peak_phase,
+            "peak_op": report.peak_op,
+        }
+    ]
     b = report.breakdown
     breakdown = MemoryBreakdown(
         parameters=b.parameters,
@@ -353,6 +369,8 @@ def _estimate(
         gpu_capacity_bytes=gpu.memory_bytes if gpu else None,
         details={
             "peak_allocated_bytes": report.peak_bytes,
+            "per_rank": per_rank,
+            "rank_map": layout,
             "peak_op": report.peak_op,
             "peak_module": report.peak_module,
             "peak_by_category_bytes": report.by_category_bytes,

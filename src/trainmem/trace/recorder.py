@@ -19,8 +19,9 @@ bookkeeping per op and is 6-30x slower (shared/notes/tracing-without-a-gpu.md, s
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +37,7 @@ from torch.utils._python_dispatch import (  # noqa: E402
 )
 from torch.utils._pytree import tree_flatten  # noqa: E402
 
-__all__ = ["RESIZE_OP", "Block", "RawEvent", "StorageRecorder", "plain_tensors"]
+__all__ = ["RESIZE_OP", "Block", "RawEvent", "StorageRecorder", "plain_tensors", "untracked"]
 
 _ALIASING_COLLECTIVE_OPS = frozenset(
     {"_c10d_functional.wait_tensor.default", "_c10d_functional._wrap_tensor_autograd.default"}
@@ -47,6 +48,20 @@ wraps it in an ``AsyncCollectiveTensor``)."""
 
 RESIZE_OP = "UntypedStorage.resize_"
 """``Block.op`` of a storage re-allocated in place (FSDP2's ``alloc_storage``)."""
+
+
+_UNTRACKED = [0]
+
+
+@contextlib.contextmanager
+def untracked() -> Iterator[None]:
+    """Ops run inside allocate nothing a GPU would allocate; the recorder skips them (the
+    pointwise intermediates inductor fuses away, ``trainmem.trace.compile``)."""
+    _UNTRACKED[0] += 1
+    try:
+        yield
+    finally:
+        _UNTRACKED[0] -= 1
 
 
 def plain_tensors(tensor: Any) -> list[Any]:
@@ -285,7 +300,7 @@ class StorageRecorder(TorchDispatchMode):  # type: ignore[misc]
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        if self._paused:
+        if self._paused or _UNTRACKED[0]:
             return func(*args, **(kwargs or {}))
         if any(is_traceable_wrapper_subclass(t) for t in tree_flatten((args, kwargs))[0]):
             # A DTensor op: let the subclass run it; its local ops (including the temporaries
