@@ -11,7 +11,8 @@ Note [Tracing torch.compile]
     their outputs. Here each layer's ``forward`` is replaced by ``aot_function`` with that
     partitioner; the forward and backward graphs are then run op by op (no inductor codegen),
     on the fake tensors of the trace, so the recorder sees the compiled step's saved tensors and
-    the backward's recomputation.
+    the backward's recomputation. Layers with the same signature (class, parameter shapes,
+    attention kind) share one traced graph, as dynamo reuses one compiled frame.
 
     Inductor also fuses pointwise ops into one kernel, so a pointwise intermediate whose users
     are all pointwise ops of the same graph is never materialised. With ``fuse_pointwise`` the
@@ -96,14 +97,26 @@ def _allow_fake_constants() -> Iterator[None]:
         dynamo_utils.assert_no_fake_params_or_buffers = orig
 
 
-def _compile_layer(layer: Any, fuse_pointwise: bool) -> None:
+def _layer_signature(layer: Any) -> tuple[Any, ...]:
+    """What makes two layers' graphs identical: class, parameter shapes / dtypes / types, and
+    the attention kind of alternating-attention models (``attention_type``, Gemma-2/3)."""
+    params = tuple(
+        (n, tuple(p.shape), p.dtype, type(p))
+        for n, p in layer.named_parameters(remove_duplicate=False)
+    )
+    attn = getattr(layer, "attention_type", None) or getattr(
+        getattr(layer, "self_attn", None), "sliding_window", None
+    )
+    return (type(layer), params, repr(attn))
+
+
+def _compile_layer(layer: Any, fuse_pointwise: bool, compiled: dict[Any, Any]) -> None:
     import torch.utils._pytree as pytree
     from torch._functorch.aot_autograd import aot_function
     from torch._functorch.partitioners import min_cut_rematerialization_partition
     from torch.nn.utils.stateless import _reparametrize_module
 
     eager_forward = layer.forward
-    compiled: dict[Any, Any] = {}
     runner = _graph_runner(fuse_pointwise)
 
     def forward(*args: Any, **kwargs: Any) -> Any:
@@ -114,7 +127,7 @@ def _compile_layer(layer: Any, fuse_pointwise: bool) -> None:
         leaves, spec = pytree.tree_flatten((args, kwargs))
         is_tensor = tuple(isinstance(x, torch.Tensor) for x in leaves)
         consts = tuple(None if t else x for x, t in zip(leaves, is_tensor, strict=True))
-        key = (spec, is_tensor, tuple(repr(c) for c in consts))
+        key = (_layer_signature(layer), spec, is_tensor, tuple(repr(c) for c in consts))
         if key not in compiled:
 
             def functional(params: Any, buffers: Any, tensors: Any) -> Any:
@@ -152,5 +165,6 @@ def compile_layers(model: Any, *, fuse_pointwise: bool = True) -> None:
     from trainmem.trace.lora import layer_stack
 
     _, layers = layer_stack(model)
+    compiled: dict[Any, Any] = {}  # identical layers share one graph, as dynamo's cache does
     for layer in layers:
-        _compile_layer(layer, fuse_pointwise)
+        _compile_layer(layer, fuse_pointwise, compiled)
