@@ -69,8 +69,8 @@ def trace_unsupported_settings(training: TrainingConfig) -> list[str]:
     Traced: LoRA through peft (``lora_*``), ``chunked_cross_entropy``,
     ``zero_grad_set_to_none``, and FSDP2 (``zero_stage=3`` with ``data_parallel_size > 1``,
     framework ``pytorch-amp`` or ``fsdp2``; ``trainmem.trace.fsdp``), DTensor tensor / sequence
-    parallelism (``trainmem.trace.tensor_parallel``), ``compile`` (``trainmem.trace.compile``).
-    Other data-parallel
+    parallelism (``trainmem.trace.tensor_parallel``), ``compile`` (``trainmem.trace.compile``),
+    ``fp8-mixed`` (torchao, ``trainmem.trace.float8``). Other data-parallel
     layouts, offload, quantized bases, the other frameworks, optimizer-in-backward, activation
     offloading and model parallelism are refused.
     """
@@ -88,8 +88,6 @@ def trace_unsupported_settings(training: TrainingConfig) -> list[str]:
         for name in checked
         if getattr(training, name) != getattr(defaults, name)
     ]
-    if training.is_fp8:
-        out.append("precision=fp8-mixed")
     fsdp = training.zero_stage == 3 and training.data_parallel_size > 1
     if not fsdp:
         out += [

@@ -18,6 +18,7 @@ from trainmem.specs.training import TrainingConfig
 from trainmem.trace.engine import (
     _autocast_factory,
     _emulation,
+    _maybe_float8,
     apply_activation_checkpointing,
     default_forward_loss,
 )
@@ -57,6 +58,7 @@ def real_cpu_rank_peak(preset: str, training: TrainingConfig, mesh, repeats: int
     ``repeats`` profiled steps (see tests/trace/test_real_cpu_parallel.py for why)."""
     torch.manual_seed(0)
     model = build_hf_training_model(load_hf_config(preset), training, device="cpu")
+    _maybe_float8(model, training)
     apply_activation_checkpointing(model, training.activation_checkpointing)
     if mesh is not None:
         parallelize(model, mesh, training, None)

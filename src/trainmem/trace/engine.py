@@ -15,6 +15,8 @@ What is emulated so that the fake CPU step allocates what a CUDA step allocates
 - one rank of a device mesh under a fake process group (``trainmem.trace.parallel``): FSDP2
   (``trainmem.trace.fsdp``), DTensor tensor / sequence parallelism
   (``trainmem.trace.tensor_parallel``);
+- torch.compile (AOTAutograd + inductor's min-cut partitioner): ``trainmem.trace.compile``;
+- float8 training (torchao ``Float8Linear``): ``trainmem.trace.float8``;
 - scalars an optimizer reads with ``.item()`` (Adafactor): ``trainmem.trace.host_scalars``;
 - the cuBLAS workspace (allocated through the caching allocator on the first matmul, so part of
   ``max_memory_allocated``): two ``init`` blocks of ``GPUSpec.cublas_workspace_bytes``, one
@@ -70,7 +72,7 @@ def _emulation(training: TrainingConfig, emulate_cuda: bool) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         with contextlib.suppress(ImportError):
             stack.enter_context(hf_mask_patches())
-        if training.uses_autocast:
+        if _uses_autocast(training):
             stack.enter_context(cuda_autocast_policy())
         # native_dropout also runs on real CPU tensors, so the proof covers this emulation too.
         stack.enter_context(cuda_dropout())
@@ -90,8 +92,24 @@ def _step_context(training: TrainingConfig, emulate_cuda: bool, optimizer: Any) 
             yield
 
 
+def _maybe_float8(model: Any, training: TrainingConfig) -> None:
+    if training.is_fp8:
+        from trainmem.trace.float8 import apply_float8
+        from trainmem.trace.fsdp import uses_fsdp
+
+        apply_float8(model, training, fsdp=uses_fsdp(training))
+
+
+def _uses_autocast(training: TrainingConfig) -> bool:
+    """torch.autocast around forward + loss: the framework's AMP, or float8 training without
+    FSDP2 (torchtitan's ``maybe_enable_amp``; with FSDP2 its MixedPrecisionPolicy casts)."""
+    from trainmem.trace.fsdp import uses_fsdp
+
+    return training.uses_autocast or (training.is_fp8 and not uses_fsdp(training))
+
+
 def _autocast_factory(training: TrainingConfig) -> Callable[[], Any] | None:
-    if not training.uses_autocast:  # FSDP2's MixedPrecisionPolicy casts instead (trace.fsdp)
+    if not _uses_autocast(training):  # FSDP2's MixedPrecisionPolicy casts instead (trace.fsdp)
         return None
     dtype = _torch_dtype(training.compute_dtype)
     return lambda: torch.autocast("cpu", dtype=dtype)
@@ -240,9 +258,12 @@ def _run_trace(
     if fake:
         with torch.device("meta"):
             model = build_model()
-        materialize_fake(model, fake_mode)
+        materialize_fake(model, fake_mode)  # (would drop float8's weight subclass: after it)
+        with fake_mode:
+            _maybe_float8(model, training)
     else:
         model = build_model()
+        _maybe_float8(model, training)
     weight_dtype = _torch_dtype(training.weight_dtype)
     if not fake and weight_dtype != torch.float32 and not training.is_lora:
         model = model.to(weight_dtype)  # (peft keeps its adapters fp32 on purpose)

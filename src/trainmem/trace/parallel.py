@@ -222,7 +222,12 @@ def parallelize(model: Any, mesh: Any, training: TrainingConfig, fake_mode: Any)
     names = mesh.mesh_dim_names or ()
     if "tp" in names:
         with fake_mode if fake_mode is not None else contextlib.nullcontext():
-            apply_tensor_parallel(model, mesh["tp"], sequence_parallel=training.sequence_parallel)
+            apply_tensor_parallel(
+                model,
+                mesh["tp"],
+                sequence_parallel=training.sequence_parallel,
+                float8=training.is_fp8,
+            )
     if "dp_shard" in names:
         shard_model(model, mesh["dp_shard"] if len(names) > 1 else mesh, training, fake_mode)
 

@@ -17,7 +17,10 @@ Note [Tracing tensor parallelism]
       ``ColwiseParallel`` with vocabulary-sharded logits (``Shard(-1)``) and the loss under
       ``loss_parallel()`` (torchtitan's default, ``disable_loss_parallel=False``);
     - a tied ``lm_head`` / embedding (both ``Shard(0)`` on the vocabulary) is re-tied;
-    - without SP the norms hold replicated ``DTensor`` weights (:func:`_replicate`).
+    - without SP the norms hold replicated ``DTensor`` weights (:func:`_replicate`);
+    - with float8 training the layer linears take torchao's ``Float8ColwiseParallel`` /
+      ``Float8RowwiseParallel`` / ``PrepareFloat8ModuleInput`` (torchtitan, tensorwise
+      scaling); the embedding and ``lm_head`` stay in high precision.
 
     With SP the residual stream between the modules stays a sequence-sharded ``DTensor``
     (torchtitan hands local tensors between its modules; the storages are the same local
@@ -114,7 +117,29 @@ def _replicate(module: Any, mesh: Any) -> None:
     distribute_module(module, mesh, input_fn=to_dtensor, output_fn=to_local)
 
 
-def apply_tensor_parallel(model: Any, tp_mesh: Any, *, sequence_parallel: bool) -> None:
+def _styles(float8: bool) -> tuple[Any, Any, Any]:
+    """(colwise, rowwise, prepare-input) styles: torchao's float8 ones under float8 training
+    (torchtitan ``enable_float8_tensorwise_tp``: inputs cast to float8 before the all-gather)."""
+    if float8:
+        from torchao.float8.float8_tensor_parallel import (
+            Float8ColwiseParallel,
+            Float8RowwiseParallel,
+            PrepareFloat8ModuleInput,
+        )
+
+        return Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+    )
+
+    return ColwiseParallel, RowwiseParallel, PrepareModuleInput
+
+
+def apply_tensor_parallel(
+    model: Any, tp_mesh: Any, *, sequence_parallel: bool, float8: bool = False
+) -> None:
     """Parallelize ``model`` in place over ``tp_mesh``; see Note [Tracing tensor parallelism].
 
     Args:
@@ -123,6 +148,8 @@ def apply_tensor_parallel(model: Any, tp_mesh: Any, *, sequence_parallel: bool) 
         tp_mesh: 1-D ``DeviceMesh`` of the tensor-parallel ranks.
         sequence_parallel: shard the norms' activations over the sequence (Korthikanti et al.
             2022 sec. 4.2.2).
+        float8: the layer linears are torchao ``Float8Linear`` (``trainmem.trace.float8``):
+            torchao's float8 TP styles for them (float8 all-gather of their inputs).
 
     Raises:
         UnsupportedError: the model does not have the Llama module names, or the heads do not
@@ -131,11 +158,12 @@ def apply_tensor_parallel(model: Any, tp_mesh: Any, *, sequence_parallel: bool) 
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
-        PrepareModuleInput,
         RowwiseParallel,
         SequenceParallel,
         parallelize_module,
     )
+
+    colwise, rowwise, prepare = _styles(float8)
 
     if getattr(model, "peft_config", None):
         raise UnsupportedError("tensor_parallel_size: LoRA with tensor parallelism is not traced")
@@ -145,21 +173,24 @@ def apply_tensor_parallel(model: Any, tp_mesh: Any, *, sequence_parallel: bool) 
     local = not sequence_parallel  # without SP the residual stream is a plain (replicated) tensor
     for layer in layers:
         plan: dict[str, Any] = {
-            **{f"self_attn.{n}": ColwiseParallel() for n in _ATTENTION[:3]},
-            "self_attn.o_proj": RowwiseParallel(output_layouts=seq, use_local_output=local),
-            "mlp.gate_proj": ColwiseParallel(),
-            "mlp.up_proj": ColwiseParallel(),
-            "mlp.down_proj": RowwiseParallel(output_layouts=seq, use_local_output=local),
+            **{f"self_attn.{n}": colwise() for n in _ATTENTION[:3]},
+            "self_attn.o_proj": rowwise(output_layouts=seq, use_local_output=local),
+            "mlp.gate_proj": colwise(),
+            "mlp.up_proj": colwise(),
+            "mlp.down_proj": rowwise(output_layouts=seq, use_local_output=local),
         }
         if sequence_parallel:
             plan.update({n: SequenceParallel() for n in _NORMS})
-            plan["self_attn"] = PrepareModuleInput(
+            # float8: the input stays a DTensor (torchtitan's use_local_output=False default)
+            plan["self_attn"] = prepare(
                 input_kwarg_layouts={"hidden_states": seq},
                 desired_input_kwarg_layouts={"hidden_states": Replicate()},
-                use_local_output=True,
+                use_local_output=not float8,
             )
-            plan["mlp"] = PrepareModuleInput(
-                input_layouts=(seq,), desired_input_layouts=(Replicate(),), use_local_output=True
+            plan["mlp"] = prepare(
+                input_layouts=(seq,),
+                desired_input_layouts=(Replicate(),),
+                use_local_output=not float8,
             )
         parallelize_module(layer, tp_mesh, plan)
     head = model.lm_head
