@@ -68,7 +68,7 @@ def _graph_runner(fuse_pointwise: bool) -> Any:
             return make_boxed_func(gm)
         fused = _fusible_nodes(gm)
 
-        class Interpreter(torch.fx.Interpreter):  # type: ignore[misc]
+        class Interpreter(torch.fx.Interpreter):  # type: ignore[misc,name-defined]
             def run_node(self, n: Any) -> Any:
                 if n.name in fused:
                     with untracked():
@@ -90,7 +90,7 @@ def _allow_fake_constants() -> Iterator[None]:
     import torch._dynamo.utils as dynamo_utils
 
     orig = dynamo_utils.assert_no_fake_params_or_buffers
-    dynamo_utils.assert_no_fake_params_or_buffers = lambda _gm: None
+    dynamo_utils.assert_no_fake_params_or_buffers = lambda _gm: None  # type: ignore[assignment]
     try:
         yield
     finally:

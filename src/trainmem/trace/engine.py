@@ -258,6 +258,7 @@ def _run_trace(
     if fake:
         with torch.device("meta"):
             model = build_model()
+        assert fake_mode is not None
         materialize_fake(model, fake_mode)  # (would drop float8's weight subclass: after it)
         with fake_mode:
             _maybe_float8(model, training)

@@ -44,7 +44,10 @@ def apply_float8(model: Any, training: TrainingConfig, *, fsdp: bool) -> None:
         UnsupportedError: torchao is not installed.
     """
     try:
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        from torchao.float8 import (  # type: ignore[import-untyped,import-not-found]
+            Float8LinearConfig,
+            convert_to_float8_training,
+        )
     except ImportError as exc:
         raise UnsupportedError(
             "precision=fp8-mixed: tracing float8 needs torchao (pip install torchao)"

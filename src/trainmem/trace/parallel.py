@@ -133,7 +133,7 @@ def _eager_collectives() -> Iterator[None]:
 
     import torch.distributed._functional_collectives as funcol
 
-    orig = funcol._are_we_tracing
+    orig = funcol._are_we_tracing  # type: ignore[attr-defined]
 
     def are_we_tracing() -> bool:
         from torch.compiler import is_dynamo_compiling
@@ -151,12 +151,12 @@ def _eager_collectives() -> Iterator[None]:
         if name.startswith("torch.distributed") and getattr(m, "_are_we_tracing", None) is orig
     ]
     for m in patched:
-        m._are_we_tracing = are_we_tracing
+        m._are_we_tracing = are_we_tracing  # type: ignore[attr-defined]
     try:
         yield
     finally:
         for m in patched:
-            m._are_we_tracing = orig
+            m._are_we_tracing = orig  # type: ignore[attr-defined]
 
 
 @contextlib.contextmanager

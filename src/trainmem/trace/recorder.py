@@ -212,7 +212,7 @@ class StorageRecorder(TorchDispatchMode):  # type: ignore[misc]
         if self._orig_propagate is not None:
             from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
-            ShardingPropagator._propagate_tensor_meta_non_cached = self._orig_propagate
+            ShardingPropagator._propagate_tensor_meta_non_cached = self._orig_propagate  # type: ignore[method-assign]
             self._orig_propagate = None
         return super().__exit__(*exc)
 
@@ -234,7 +234,7 @@ class StorageRecorder(TorchDispatchMode):  # type: ignore[misc]
             finally:
                 self._paused -= 1
 
-        ShardingPropagator._propagate_tensor_meta_non_cached = propagate
+        ShardingPropagator._propagate_tensor_meta_non_cached = propagate  # type: ignore[method-assign,assignment]
 
     def _on_resize(self, st: Any) -> None:
         known = self._live.get(id(st))

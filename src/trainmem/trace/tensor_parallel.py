@@ -121,7 +121,7 @@ def _styles(float8: bool) -> tuple[Any, Any, Any]:
     """(colwise, rowwise, prepare-input) styles: torchao's float8 ones under float8 training
     (torchtitan ``enable_float8_tensorwise_tp``: inputs cast to float8 before the all-gather)."""
     if float8:
-        from torchao.float8.float8_tensor_parallel import (
+        from torchao.float8.float8_tensor_parallel import (  # type: ignore[import-untyped,import-not-found]
             Float8ColwiseParallel,
             Float8RowwiseParallel,
             PrepareFloat8ModuleInput,
