@@ -70,7 +70,8 @@ def trace_unsupported_settings(training: TrainingConfig) -> list[str]:
     ``zero_grad_set_to_none``, and FSDP2 (``zero_stage=3`` with ``data_parallel_size > 1``,
     framework ``pytorch-amp`` or ``fsdp2``; ``trainmem.trace.fsdp``), DTensor tensor / sequence
     parallelism (``trainmem.trace.tensor_parallel``), ``compile`` (``trainmem.trace.compile``),
-    ``fp8-mixed`` (torchao, ``trainmem.trace.float8``). Other data-parallel
+    ``fp8-mixed`` (torchao, ``trainmem.trace.float8``), context parallelism (ring attention,
+    ``trainmem.trace.parallel``). Other data-parallel
     layouts, offload, quantized bases, the other frameworks, optimizer-in-backward, activation
     offloading and model parallelism are refused.
     """
@@ -81,7 +82,6 @@ def trace_unsupported_settings(training: TrainingConfig) -> list[str]:
         "optimizer_in_backward",
         "activation_offloading",
         "pipeline_parallel_size",
-        "context_parallel_size",
     )
     out = [
         f"{name}={getattr(training, name)}"

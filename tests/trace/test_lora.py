@@ -85,6 +85,7 @@ def test_trace_refuses_only_what_it_cannot_model() -> None:
         TrainingConfig(tensor_parallel_size=2, sequence_parallel=True, compile=True),
         TrainingConfig(tensor_parallel_size=4, data_parallel_size=2, zero_stage=3),
         TrainingConfig(precision="fp8-mixed"),
+        TrainingConfig(context_parallel_size=4, tensor_parallel_size=2),
     ]
     assert all(trace_unsupported_settings(t) == [] for t in ok)
     assert trace_unsupported_settings(TrainingConfig(data_parallel_size=8, zero_stage=2)) == [

@@ -19,6 +19,10 @@ def test_mesh_follows_torchtitan_order_tp_fastest() -> None:
     assert layout["world_size"] == 8
     assert layout["coordinates"] == {"dp_shard": 1, "tp": 2}  # 6 = 1 * 4 + 2
     assert mesh_dims(TrainingConfig(data_parallel_size=2)) == {}  # DDP: not a traced mesh
+    t = TrainingConfig(tensor_parallel_size=2, context_parallel_size=4, data_parallel_size=2,
+                       zero_stage=3)  # fmt: skip
+    assert list(mesh_dims(t).items()) == [("dp_shard", 2), ("cp", 4), ("tp", 2)]
+    assert rank_map(t, rank=13)["coordinates"] == {"dp_shard": 1, "cp": 2, "tp": 1}
 
 
 def test_tensor_parallel_rank_holds_its_shards_of_every_linear() -> None:
@@ -48,3 +52,21 @@ def test_tensor_parallel_refuses_heads_that_do_not_divide() -> None:
     t = TrainingConfig(micro_batch_size=1, seq_len=32, tensor_parallel_size=4)  # 2 kv heads
     with pytest.raises(UnsupportedError, match="num_key_value_heads=2"):
         estimate("tiny-llama-test", t, engine="trace")
+
+
+def test_context_parallel_rank_holds_its_sequence_shard() -> None:
+    # cp=2, s=64: input_ids, labels and the explicit position_ids are sharded to [b, s/2] in
+    # place by context_parallel (``buffer.resize_(shard.shape)``), and resize_ never shrinks a
+    # storage, so the rank still holds the full [b, s] int64 storages: 3 * 2 * 64 * 8 B. The
+    # parameters are FSDP2-sharded over the 2 cp
+    # ranks (torchtitan's dp_shard_cp): ceil(rows / 2) rows of every fp32 parameter.
+    t = TrainingConfig(micro_batch_size=2, seq_len=64, precision="32-true",
+                       context_parallel_size=2)  # fmt: skip
+    est = estimate("tiny-llama-test", t, engine="trace")
+    cats = est.details["peak_by_category_bytes"]
+    assert cats["inputs"] == 3 * 2 * 64 * 8
+    h, kv, ffn, vocab = 64, 32, 176, 512
+    rows = (vocab * h + 2 * (h * h + 2 * kv * h + h * h + 2 * ffn * h + h * ffn + 2 * h)
+            + h + vocab * h)  # fmt: skip
+    assert cats["parameters"] == rows * 4 // 2  # every dim 0 here is even
+    assert est.details["rank_map"]["mesh"] == {"cp": 2}

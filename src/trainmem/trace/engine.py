@@ -252,7 +252,7 @@ def _run_trace(
     mesh: Any = None,
 ) -> tuple[Capture, PeakReport]:
     from trainmem.trace.hf_model import materialize_fake
-    from trainmem.trace.parallel import parallelize
+    from trainmem.trace.parallel import add_position_ids, context_parallel, parallelize
 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else None
     if fake:
@@ -280,6 +280,8 @@ def _run_trace(
     with fake_mode if fake_mode is not None else contextlib.nullcontext():
         k = min(training.gradient_accumulation_steps, MAX_TRACED_MICRO_BATCHES)
         batches = [make_batch(training) if takes_training else make_batch() for _ in range(k)]
+        for b in batches:
+            add_position_ids(b, training)
         params = [p for p in dict.fromkeys(model.parameters()) if p.requires_grad]
         opt = optimizer(params) if optimizer is not None else build_optimizer(params, training)
     fused = bool(opt.defaults.get("fused")) if hasattr(opt, "defaults") else False
@@ -294,7 +296,10 @@ def _run_trace(
             fake_mode=fake_mode,
             host_optimizer_step=emulate_cuda,
             fused=fused,
-            context=lambda: _step_context(training, emulate_cuda, opt if fake else None),
+            context=lambda: _stacked(
+                _step_context(training, emulate_cuda, opt if fake else None),
+                context_parallel(mesh, batches, training),
+            ),
             set_to_none=training.zero_grad_set_to_none,
             forward_loss=forward_loss,
         )
@@ -310,6 +315,14 @@ def _run_trace(
         extra.append(("cublas_workspace_backward", workspace_bytes, MemoryCategory.TEMPORARY))
     report = analyse(capture.recorder.events, extra)
     return capture, report
+
+
+@contextlib.contextmanager
+def _stacked(*contexts: contextlib.AbstractContextManager[Any]) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        for c in contexts:
+            stack.enter_context(c)
+        yield
 
 
 def default_forward_loss(training: TrainingConfig) -> Callable[[Any, Any], Any] | None:

@@ -1,7 +1,8 @@
 """The device mesh of a traced rank and the parallelisms applied over it, in torchtitan's order.
 
 Note [Tracing one rank of a mesh]
-    The world is ``data_parallel_size x tensor_parallel_size`` ranks laid out as torchtitan's
+    The world is ``data_parallel_size x context_parallel_size x tensor_parallel_size`` ranks
+    laid out as torchtitan's
     ``ParallelDims`` builds its mesh (``torchtitan/distributed/parallel_dims.py``: dimensions
     ``pp, dp_replicate, dp_shard, cp, tp``, the last varying fastest); size-1 dimensions are
     left out. One rank of it is run in this process under torch's ``"fake"`` process group
@@ -32,7 +33,16 @@ from trainmem.trace.fsdp import shard_model, uses_fsdp
 
 torch = require_torch()
 
-__all__ = ["loss_context", "mesh_dims", "parallelize", "rank_map", "trace_mesh", "uses_mesh"]
+__all__ = [
+    "add_position_ids",
+    "context_parallel",
+    "loss_context",
+    "mesh_dims",
+    "parallelize",
+    "rank_map",
+    "trace_mesh",
+    "uses_mesh",
+]
 
 
 def mesh_dims(training: TrainingConfig) -> dict[str, int]:
@@ -48,6 +58,8 @@ def mesh_dims(training: TrainingConfig) -> dict[str, int]:
     dims = {}
     if uses_fsdp(training):
         dims["dp_shard"] = training.data_parallel_size
+    if training.context_parallel_size > 1:
+        dims["cp"] = training.context_parallel_size
     if training.tensor_parallel_size > 1:
         dims["tp"] = training.tensor_parallel_size
     return dims
@@ -206,7 +218,8 @@ def device_mesh(dims: dict[str, int]) -> Any:
 
 
 def parallelize(model: Any, mesh: Any, training: TrainingConfig, fake_mode: Any) -> None:
-    """Apply TP / SP, then FSDP2, in place; see Note [Tracing one rank of a mesh].
+    """Apply TP / SP, then FSDP2 (over dp_shard x cp), in place; see Note [Tracing one rank of a
+    mesh]. Context parallelism itself is entered around the step (:func:`context_parallel`).
 
     Args:
         model: the model (fake or real tensors), activation checkpointing already applied.
@@ -228,8 +241,68 @@ def parallelize(model: Any, mesh: Any, training: TrainingConfig, fake_mode: Any)
                 sequence_parallel=training.sequence_parallel,
                 float8=training.is_fp8,
             )
-    if "dp_shard" in names:
-        shard_model(model, mesh["dp_shard"] if len(names) > 1 else mesh, training, fake_mode)
+    fsdp_dims = tuple(d for d in ("dp_shard", "cp") if d in names)
+    if fsdp_dims:
+        # torchtitan shards over dp_shard x cp flattened ("dp_shard_cp"), FSDP even without
+        # dp_shard when CP is on (its gradients must be reduced over the cp ranks)
+        if len(names) == 1:
+            fsdp_mesh = mesh
+        elif len(fsdp_dims) == 1:
+            fsdp_mesh = mesh[fsdp_dims[0]]
+        else:
+            fsdp_mesh = mesh[fsdp_dims]._flatten("dp_shard_cp")
+        shard_model(model, fsdp_mesh, training, fake_mode)
+
+
+def add_position_ids(batch: Any, training: TrainingConfig) -> None:
+    """Give a transformers batch explicit ``position_ids`` [b, s] under context parallelism:
+    the model would otherwise number the positions of the local sequence shard from 0.
+
+    Args:
+        batch: a micro-batch dict with ``input_ids`` (anything else is left alone).
+        training: ``context_parallel_size``.
+    """
+    if training.context_parallel_size == 1 or not isinstance(batch, dict):
+        return
+    ids = batch.get("input_ids")
+    if ids is None or "position_ids" in batch:
+        return
+    b, s = ids.shape
+    batch["position_ids"] = torch.arange(s).unsqueeze(0).expand(b, s).contiguous()
+
+
+def context_parallel(
+    mesh: Any, batches: list[Any], training: TrainingConfig
+) -> contextlib.AbstractContextManager[Any]:
+    """torch's context parallelism around the steps, or a no-op.
+
+    ``torch.distributed.tensor.experimental.context_parallel`` over the ``cp`` sub-mesh
+    (torchtitan's ``create_context_parallel_ctx``): the micro-batches' ``input_ids``,
+    ``labels`` and ``position_ids`` are sharded in place along the sequence (head-tail load
+    balanced) and SDPA becomes ring attention (its handler runs the CUDA flash / efficient
+    kernels on the local blocks and keeps the running output / logsumexp). Enter it inside
+    the SDPA routing of ``trainmem.trace.cuda_sdpa`` so that the ring calls the routed kernel.
+
+    Args:
+        mesh: the traced mesh (None: no mesh).
+        batches: the micro-batches (dicts), sharded in place.
+        training: ``context_parallel_size``.
+
+    Returns:
+        A context manager for both steps.
+    """
+    if mesh is None or training.context_parallel_size == 1:
+        return contextlib.nullcontext()
+    from torch.distributed.tensor.experimental import context_parallel as cp_context
+
+    keys = ("input_ids", "labels", "position_ids")
+    buffers = [b[k] for b in batches if isinstance(b, dict) for k in keys if k in b]
+    return cp_context(
+        mesh["cp"] if len(mesh.mesh_dim_names) > 1 else mesh,
+        buffers=buffers,
+        buffer_seq_dims=[1] * len(buffers),
+        no_restore_buffers=set(buffers),
+    )
 
 
 def loss_context(training: TrainingConfig) -> contextlib.AbstractContextManager[Any]:
