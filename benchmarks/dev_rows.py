@@ -75,6 +75,7 @@ def _litgpt_fsdp(n_gpus: int) -> dict[str, Any]:
     activation_checkpointing_policy={Block}, full shard)."""
     return {"data_parallel_size": n_gpus, "zero_stage": 3, "activation_checkpointing": "full"}
 
+
 ROWS: dict[str, dict[str, Any] | str] = {
     "GT001": _bert(micro_batch_size=4, precision="32-true", optimizer="adamw"),
     "GT002": _bert(

@@ -355,3 +355,37 @@ def test_first_divergence_and_alignment() -> None:
     assert al["differences"] == [
         {"real": [3, 3], "predicted": [3, 4], "real_bytes": 0, "predicted_bytes": 7 * MiB}
     ]
+
+
+# ------------------------------------------------------------------ found by fuzzing the replay
+
+
+def test_expandable_range_holds_a_request_beyond_the_device_once_capacity_is_lifted() -> None:
+    """A 2 MiB device: the 20 MiB virtual range (9/8 of it, in 20 MiB pages) cannot hold a
+    40 MiB request; the request fails on capacity, and after the replay lifts the capacity it
+    must be served (it used to trip an assertion)."""
+    from trainmem.allocator.caching import OutOfMemoryError
+    from trainmem.allocator.config import AllocatorConfig
+
+    sim = CachingAllocatorSim(2 * MiB, AllocatorConfig.from_string("expandable_segments:True"))
+    with pytest.raises(OutOfMemoryError):
+        sim.malloc(40 * MiB, 7)
+    sim.capacity_bytes = None
+    sim.free(sim.malloc(40 * MiB, 7))
+    sim.check_invariants()
+    assert sim.max_memory_reserved == 40 * MiB
+
+
+def test_oversize_release_never_frees_part_of_a_segment() -> None:
+    """release_available_cached_blocks frees whole oversize segments only: a split remainder of
+    an adopted segment stays (freeing it left its neighbour merging with a vanished block)."""
+    from trainmem.allocator.caching import OutOfMemoryError
+    from trainmem.allocator.config import AllocatorConfig
+
+    sim = CachingAllocatorSim(60 * MiB, AllocatorConfig.from_string("max_split_size_mb:20"))
+    (h,) = sim.adopt_segment(A, 60 * MiB, 0, small=False, live=[(A, 512, 512)])
+    with pytest.raises(OutOfMemoryError):
+        sim.malloc(30 * MiB)  # oversize; the 60 MiB - 512 B remainder is split, so kept
+    assert sim.memory_reserved == 60 * MiB
+    sim.free(h)
+    sim.check_invariants()

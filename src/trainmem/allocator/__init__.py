@@ -7,7 +7,9 @@ and memory snapshots. Spec: ../shared/specs/cuda-caching-allocator.md.
 
 Modules: ``constants`` (kMinBlockSize...), ``config`` (PYTORCH_CUDA_ALLOC_CONF), ``stats``
 (memory_stats keys), ``caching`` (CachingAllocatorSim), ``replay`` (replay_timeline), ``device``
-(CUDA context, cuBLAS workspaces), ``snapshot`` (memory snapshot export/import).
+(CUDA context, cuBLAS workspaces), ``snapshot`` (memory snapshot export/import, structure
+validation), ``snapshot_replay`` (a real snapshot replayed from its rebuilt starting state),
+``stream_compare`` (real vs predicted allocation streams).
 """
 
 from trainmem.allocator.caching import CachingAllocatorSim, OutOfMemoryError, format_size
@@ -24,8 +26,10 @@ from trainmem.allocator.snapshot import (
     read_snapshot,
     snapshot_stats,
     timeline_from_snapshot,
+    validate_snapshot,
     write_snapshot,
 )
+from trainmem.allocator.snapshot_replay import SnapshotReplay, replay_snapshot
 from trainmem.allocator.stream_compare import compare_snapshot
 from trainmem.errors import TimelineError
 
@@ -35,6 +39,7 @@ __all__ = [
     "OutOfMemoryError",
     "ReplayResult",
     "SnapshotError",
+    "SnapshotReplay",
     "TimelineError",
     "allocator_capacity_bytes",
     "compare_snapshot",
@@ -43,8 +48,10 @@ __all__ = [
     "format_size",
     "inject_cublas_workspaces",
     "read_snapshot",
+    "replay_snapshot",
     "replay_timeline",
     "snapshot_stats",
     "timeline_from_snapshot",
+    "validate_snapshot",
     "write_snapshot",
 ]

@@ -518,6 +518,8 @@ class CachingAllocatorSim:
             page = K_SMALL_BUFFER if small else self.config.large_segment_size_bytes
             es = _ExpandableSegment(address, page, size)
             mapped = sorted(expandable_mapped)
+            if size % page or any((a - address) % page or n % page for a, n in mapped):
+                raise ValueError(f"expandable ranges are not whole {page}-byte pages")
         else:
             mapped = [(address, size)]
         end = address + size
@@ -770,10 +772,12 @@ class CachingAllocatorSim:
             self._occupy(hint, size)
             return hint
         ptr = self._next_address
-        self._next_address += -(-size // _ADDRESS_GAP) * _ADDRESS_GAP + _ADDRESS_GAP
-        while not self._range_is_free(ptr, size):  # a hinted or adopted range is in the way
-            ptr = self._next_address
-            self._next_address += -(-size // _ADDRESS_GAP) * _ADDRESS_GAP + _ADDRESS_GAP
+        while not self._range_is_free(ptr, size):  # a hinted or adopted range is in the way:
+            # jump past the last range that starts before our end (finitely many ranges)
+            i = bisect_left(self._ranges, (ptr + size, ptr + size))
+            end = max(e for _, e in self._ranges[:i])
+            ptr = -(-end // _ADDRESS_GAP) * _ADDRESS_GAP + _ADDRESS_GAP
+        self._next_address = ptr + -(-size // _ADDRESS_GAP) * _ADDRESS_GAP + _ADDRESS_GAP
         self._occupy(ptr, size)
         return ptr
 
@@ -847,7 +851,7 @@ class CachingAllocatorSim:
         i = bisect_left(keys, (stream, key_size, 0))
         if i < len(keys) and keys[i][0] == stream:
             block = pool.free_at[keys[i][2]]
-            if block.expandable is None:
+            if block.expandable is None and not block.is_split():
                 self._release_block(block)
                 return True
         # No single block is large enough: free oversize blocks from the largest downward.
@@ -858,7 +862,7 @@ class CachingAllocatorSim:
             if st_ != stream or bsize < self._max_split:
                 break
             block = pool.free_at[ptr]
-            if block.expandable is None:
+            if block.expandable is None and not block.is_split():
                 released += bsize
                 self._release_block(block)
             i -= 1
@@ -882,7 +886,7 @@ class CachingAllocatorSim:
                 self._release_block(block)
         for block in to_unmap:
             self._unmap_block(block)
-            if block.prev is None and block.next is None:
+            if block.prev is None and block.next is None and not block.mapped:
                 # The whole virtual range is unmapped: drop the expandable segment.
                 pool.remove_unmapped(block)
                 assert block.expandable is not None
@@ -962,6 +966,9 @@ class CachingAllocatorSim:
         page = K_SMALL_BUFFER if pool.is_small else self.config.large_segment_size_bytes
         total = self.device_total_bytes or self.capacity_bytes or DEFAULT_VIRTUAL_DEVICE_BYTES
         num_pages = -(-(total * EXPANDABLE_VIRTUAL_NUM) // (EXPANDABLE_VIRTUAL_DEN * page))
+        # A request beyond the device fails on capacity first; if the capacity is lifted (a
+        # replay going on after an OOM), the range must still hold it.
+        num_pages = max(num_pages, -(-size // page))
         es = _ExpandableSegment(self._reserve_address(page * num_pages), page, page * num_pages)
         self._expandable_segments.append(es)
         block = Block(es.base, es.size, stream, pool, es)
