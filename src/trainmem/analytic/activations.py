@@ -611,14 +611,17 @@ def loss_backward_transient_bytes(model: ModelSpec, training: TrainingConfig) ->
     step's peak in shared/notes/tracing-without-a-gpu.md sec. 2). With a chunked loss
     (``chunked_cross_entropy`` = N; torchtune ``CEWithChunkedOutputLoss``, lit-gpt
     ``chunked_cross_entropy``) only one chunk's pair is alive at a time: 1/N of it, in the logits'
-    dtype when the loss does not upcast."""
+    dtype when the loss does not upcast. DTensor's loss parallel (torchtitan, vocabulary-sharded
+    logits) holds three: its ``_log_softmax_backward`` and the masked ``nll_loss`` gradient
+    (torch/distributed/tensor/parallel/loss.py; seen in the trace of llama-3.2-1b, TP 2)."""
     if model.head not in ("causal-lm", "masked-lm"):
         return 0
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     c, _ = compute_and_residual_bytes(training)
     per_value = 4 if training.loss_upcast else c
     chunks = max(training.chunked_cross_entropy, 1)
-    total = 2 * per_value * model.vocab_size * -(-t // chunks)
+    n = 3 if training.loss_parallel else 2
+    total = n * per_value * model.vocab_size * -(-t // chunks)
     return -(-total // parallel_divisor("logits", training))
 
 

@@ -383,14 +383,6 @@ class _Builder:
                 "gathered parameters of the current layer",
             ),
             alloc(
-                self.gather_b,
-                Cat.TEMPORARY,
-                f,
-                "gather/b",
-                "layers",
-                "gathered parameters of the prefetched layer",
-            ),
-            alloc(
                 self.in_flight_bytes,
                 Cat.ACTIVATION,
                 f,
@@ -404,7 +396,18 @@ class _Builder:
             self.emb_acts, Cat.ACTIVATION, f, "act/embedding", "embedding", "embedding activations"
         )
         items.append(emb_act)
-        items += self._forward_layers()
+        # the next layer is prefetched while one runs, in the forward and in the backward
+        # through the layers; around the head and the loss only the current one is gathered
+        # (FSDP ``forward_prefetch`` / ``BACKWARD_PRE``; seen in the trace of FSDP2)
+        prefetch_f = alloc(
+            self.gather_b,
+            Cat.TEMPORARY,
+            f,
+            "gather/b",
+            "layers",
+            "gathered parameters of the prefetched layer",
+        )
+        items += [prefetch_f, *self._forward_layers(), free(prefetch_f, f)]
         head_dequant = alloc(
             self.head_dequant,
             Cat.TEMPORARY,
@@ -478,7 +481,15 @@ class _Builder:
         items.append(residual)
         if t.optimizer_in_backward and new_grads:
             items += [free(op, b) for op in head_grads]
-        items += self._backward_layers(new_grads=new_grads)
+        prefetch_b = alloc(
+            self.gather_b,
+            Cat.TEMPORARY,
+            b,
+            "gather/b",
+            "layers",
+            "gathered parameters of the prefetched layer",
+        )
+        items += [prefetch_b, *self._backward_layers(new_grads=new_grads), free(prefetch_b, b)]
         items.append(free(residual, b))
         if new_grads:
             emb_grads = self._grad_ops(

@@ -327,6 +327,13 @@ class TrainingConfig:
             )
 
     @property
+    def loss_parallel(self) -> bool:
+        """The loss runs on vocabulary-sharded logits with DTensor's ``loss_parallel``
+        (``FrameworkConventions.dtensor_sequence_parallel`` frameworks with tensor parallelism:
+        torchtitan's ``enable_loss_parallel``, on by default)."""
+        return self.tensor_parallel_size > 1 and self.conventions.dtensor_sequence_parallel
+
+    @property
     def sequence_parallel_saves_gathered_input(self) -> bool:
         """Sequence parallelism whose column-parallel linears save their all-gathered input
         (``FrameworkConventions.dtensor_sequence_parallel``: torchtitan's DTensor plan)."""
