@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -322,6 +323,12 @@ def _estimate(
 ) -> MemoryEstimate:
     from trainmem.analytic.engine import resolved_config
 
+    logging.getLogger("trainmem").debug(
+        "traced %s in %.3f s (warm-up step %.3f s)",
+        name,
+        capture.trace_seconds,
+        capture.warmup_seconds,
+    )
     b = report.breakdown
     breakdown = MemoryBreakdown(
         parameters=b.parameters,
@@ -364,8 +371,8 @@ def _estimate(
                 training.gradient_accumulation_steps, MAX_TRACED_MICRO_BATCHES
             ),
             "num_events": len(report.timeline),
-            "trace_seconds": round(capture.trace_seconds, 3),
-            "warmup_seconds": round(capture.warmup_seconds, 3),
+            # No wall times here: the same command must give byte-identical JSON. They go to
+            # the "trainmem" logger (debug level) instead.
         },
         timeline=report.timeline,
         notes=[
