@@ -35,7 +35,10 @@ from trainmem.specs.training import (
         ({"precision": ["bf16-mixed"]}, "precision"),
         ({"lora_targets": "qv"}, "lora_targets"),  # a string would be read letter by letter
         ({"lora_rank": 8, "lora_targets": ()}, "lora_targets"),
-        ({"optimizer_in_backward": True, "gradient_accumulation_steps": 4}, "optimizer_in_backward"),
+        (
+            {"optimizer_in_backward": True, "gradient_accumulation_steps": 4},
+            "optimizer_in_backward",
+        ),
         ({"seq_len": 1024, "context_parallel_size": 4096}, "context_parallel_size"),
         ({"seq_len": 1000, "context_parallel_size": 3}, "context_parallel_size"),
     ],
