@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from trainmem.analytic.engine import estimate_analytic
+from trainmem.estimate import estimate as estimate_analytic
 from trainmem.specs.hf import load_model_spec
 from trainmem.specs.training import TrainingConfig
 
@@ -27,8 +27,10 @@ def main() -> None:
     for preset in ("gpt2", "llama-3.1-8b", "llama-3.1-405b"):
         closed = per_call_seconds(preset, False, 200)
         replay = per_call_seconds(preset, True, 3)
-        print(f"{preset:16} closed form {1e3 * closed:7.3f} ms ({1 / closed:8.0f}/s)   "
-              f"with allocator replay {1e3 * replay:8.1f} ms")
+        print(
+            f"{preset:16} closed form {1e3 * closed:7.3f} ms ({1 / closed:8.0f}/s)   "
+            f"with allocator replay {1e3 * replay:8.1f} ms"
+        )
 
 
 if __name__ == "__main__":

@@ -18,9 +18,9 @@ import re
 import time
 from collections import defaultdict
 
-from trainmem.analytic.engine import estimate_analytic
 from trainmem.breakdown import BREAKDOWN_KEYS
 from trainmem.errors import TrainmemError
+from trainmem.estimate import estimate as estimate_analytic
 from trainmem.specs.hf import load_model_spec
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace.engine import estimate_trace

@@ -27,8 +27,14 @@ LEGACY = {"cuda_context_bytes": LEGACY_CUDA_CONTEXT_BYTES, "metric": "device_tot
 def _bert(**training: Any) -> dict[str, Any]:
     # HF Trainer 4.21 calls ``model.zero_grad()`` after each step; on torch 1.10 that zeroes
     # the gradients but keeps them allocated (set_to_none=False was the default before 2.0).
-    base = {"seq_len": 512, "attention": "eager", "optimizer_implementation": "for-loop",
-            "zero_grad_set_to_none": False}
+    # torch ~1.10 (the row's framework column): per-parameter loop optimizers and no
+    # torch.optim.Adafactor (transformers' runs).
+    base = {
+        "seq_len": 512,
+        "attention": "eager",
+        "torch_version": "1.10",
+        "zero_grad_set_to_none": False,
+    }
     return {**BERT_SEQ_CLS, **LEGACY, "training": {**base, **training}}
 
 
@@ -43,11 +49,21 @@ def _litgpt(preset: str, b: int, s: int, **kw: Any) -> dict[str, Any]:
     CUDA in torch 2.1; the LoRA parameters are tiny either way), max_memory_allocated.
     The row's framework column is lit-gpt: its own model code and Fabric's output cast
     (``framework="litgpt"``) and its LM head / loss in chunks of 128 tokens
-    (``lm_head_chunk_size=128``, ``chunked_cross_entropy``)."""
-    training = {"micro_batch_size": b, "seq_len": s, "precision": "bf16-true",
-                "attention": "sdpa", "lora_rank": 8, "lora_targets": ("q", "v"),
-                "lora_dropout": 0.05, "framework": "litgpt",
-                "chunked_cross_entropy": -(-s // 128), **kw}
+    (``lm_head_chunk_size=128``, ``chunked_cross_entropy``). The rows' source names
+    bitsandbytes 0.41.1, whose ``MatMul4Bit`` still saved its input."""
+    training = {
+        "micro_batch_size": b,
+        "seq_len": s,
+        "precision": "bf16-true",
+        "bitsandbytes_version": "0.41.1",
+        "attention": "sdpa",
+        "lora_rank": 8,
+        "lora_targets": ("q", "v"),
+        "lora_dropout": 0.05,
+        "framework": "litgpt",
+        "chunked_cross_entropy": -(-s // 128),
+        **kw,
+    }
     return {"preset": preset, "metric": "allocated", "training": training}
 
 
@@ -59,19 +75,40 @@ _ADAPTER = "LLaMA-Adapter (prefix adapters) is not modelled; only LoRA / QLoRA"
 
 ROWS: dict[str, dict[str, Any] | str] = {
     "GT001": _bert(micro_batch_size=4, precision="32-true", optimizer="adamw"),
-    "GT002": _bert(micro_batch_size=1, gradient_accumulation_steps=4, precision="32-true",
-                   optimizer="adamw"),
-    "GT003": _bert(micro_batch_size=1, gradient_accumulation_steps=4, precision="32-true",
-                   optimizer="adamw", activation_checkpointing="full"),
+    "GT002": _bert(
+        micro_batch_size=1, gradient_accumulation_steps=4, precision="32-true", optimizer="adamw"
+    ),
+    "GT003": _bert(
+        micro_batch_size=1,
+        gradient_accumulation_steps=4,
+        precision="32-true",
+        optimizer="adamw",
+        activation_checkpointing="full",
+    ),
     "GT004": _bert(micro_batch_size=4, precision="16-mixed", optimizer="adamw"),
-    "GT005": _bert(micro_batch_size=1, gradient_accumulation_steps=4, precision="16-mixed",
-                   optimizer="adamw", activation_checkpointing="full"),
+    "GT005": _bert(
+        micro_batch_size=1,
+        gradient_accumulation_steps=4,
+        precision="16-mixed",
+        optimizer="adamw",
+        activation_checkpointing="full",
+    ),
     "GT006": _bert(micro_batch_size=4, precision="32-true", optimizer="adafactor"),
-    "GT007": _bert(micro_batch_size=1, gradient_accumulation_steps=4, precision="16-mixed",
-                   optimizer="adafactor", activation_checkpointing="full"),
+    "GT007": _bert(
+        micro_batch_size=1,
+        gradient_accumulation_steps=4,
+        precision="16-mixed",
+        optimizer="adafactor",
+        activation_checkpointing="full",
+    ),
     "GT008": _bert(micro_batch_size=4, precision="32-true", optimizer="adamw-8bit"),
-    "GT009": _bert(micro_batch_size=1, gradient_accumulation_steps=4, precision="16-mixed",
-                   optimizer="adamw-8bit", activation_checkpointing="full"),
+    "GT009": _bert(
+        micro_batch_size=1,
+        gradient_accumulation_steps=4,
+        precision="16-mixed",
+        optimizer="adamw-8bit",
+        activation_checkpointing="full",
+    ),
     "GT071": _gpt2("gpt2", micro_batch_size=8, precision="32-true"),
     "GT072": _gpt2("gpt2", micro_batch_size=1, precision="32-true"),
     "GT073": _gpt2("gpt2-medium", micro_batch_size=1, precision="32-true"),

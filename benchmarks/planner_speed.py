@@ -31,14 +31,18 @@ def main() -> int:
     t0 = time.perf_counter()
     rows = sweep("llama-3.1-8b", TrainingConfig(), "H100-80GB", GRID)
     sweep_s = time.perf_counter() - t0
-    print(f"sweep: {len(rows):,} analytic configs in {sweep_s:.2f} s "
-          f"({1e3 * sweep_s / len(rows):.3f} ms each; budget {BUDGET_SECONDS:.0f} s)")
+    print(
+        f"sweep: {len(rows):,} analytic configs in {sweep_s:.2f} s "
+        f"({1e3 * sweep_s / len(rows):.3f} ms each; budget {BUDGET_SECONDS:.0f} s)"
+    )
     t0 = time.perf_counter()
     training = TrainingConfig(seq_len=2048, activation_checkpointing="full")
     mb = max_micro_batch_size("llama-3.2-1b", training, "A100-80GB")
     sl = max_seq_len("llama-3.2-1b", training, "A100-80GB")
-    print(f"plan (two searches + simulated boundary): micro_batch_size={mb.value}, "
-          f"seq_len={sl.value} in {time.perf_counter() - t0:.2f} s")
+    print(
+        f"plan (two searches + simulated boundary): micro_batch_size={mb.value}, "
+        f"seq_len={sl.value} in {time.perf_counter() - t0:.2f} s"
+    )
     return 0 if sweep_s < BUDGET_SECONDS else 1
 
 

@@ -230,11 +230,6 @@ def run_trainmem(
                     tool.not_run[rid] = what
                 else:
                     tool.predicted[rid] = value
-    if engine == "trace":
-        tool.notes.append(
-            "the trace engine reports no fragmentation: its device total is allocated bytes "
-            "plus the row's CUDA context"
-        )
     return tool
 
 

@@ -40,7 +40,14 @@ def test_estimate_json_has_the_documented_keys() -> None:
     # defaults are resolved and reported: llama-3.2's 131072 context capped at 4096
     assert d["config"]["seq_len"] == 4096
     assert d["config"]["precision"] == "bf16-mixed" and d["config"]["attention"] == "sdpa"
-    assert d["schema_version"] == 2
+    assert d["schema_version"] == 3
+    states = d["model_states_bytes"]
+    assert set(states) == {"parameters", "gradients", "optimizer_states"}
+    # llama-3.2-1b, bf16-mixed AdamW: fp32 weights (4 B), fp32 gradients (4 B), two fp32 moments
+    assert states["parameters"] == 4 * 1_235_814_400
+    assert states["gradients"] == 4 * 1_235_814_400
+    assert states["optimizer_states"] == 8 * 1_235_814_400
+    assert "oom" in peak
     assert d["rank_map"]["world_size"] == 1 and len(d["per_rank"]) == 1
 
 

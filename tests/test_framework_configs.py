@@ -42,12 +42,28 @@ def test_accelerate_fsdp_config(tmp_path: Path) -> None:
         "distributed_type: FSDP\nmixed_precision: bf16\nnum_processes: 8\nfsdp_config:\n"
         "  fsdp_sharding_strategy: SHARD_GRAD_OP\n  fsdp_activation_checkpointing: true\n"
     )
+    # SHARD_GRAD_OP shards the weights outside computation (torch fsdp/api.py): stage 3 that
+    # keeps the gathered weights from forward to backward; FSDP v1 under accelerate installs
+    # MixedPrecision(param_dtype=bf16) (framework accelerate-fsdp)
     assert read_accelerate_config(str(p)) == {
         "precision": "bf16-mixed",
         "data_parallel_size": 8,
-        "zero_stage": 2,
+        "zero_stage": 3,
+        "reshard_after_forward": False,
+        "framework": "accelerate-fsdp",
         "activation_checkpointing": "full",
     }
+
+
+def test_accelerate_hybrid_shard_groups_one_node(tmp_path: Path) -> None:
+    p = tmp_path / "accelerate.yaml"
+    p.write_text(
+        "distributed_type: FSDP\nmixed_precision: bf16\nnum_processes: 32\nnum_machines: 4\n"
+        "fsdp_config:\n  fsdp_sharding_strategy: HYBRID_SHARD\n"
+    )
+    out = read_accelerate_config(str(p))
+    # 32 processes on 4 machines: shards span the 32 / 4 = 8 GPUs of a node
+    assert (out["zero_stage"], out["shard_group_size"]) == (3, 8)
 
 
 def test_explicit_flags_win_over_the_file(tmp_path: Path) -> None:

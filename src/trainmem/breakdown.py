@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Version of the JSON produced by :meth:`MemoryEstimate.to_dict`; bump on any key change."""
 
 
@@ -117,7 +117,14 @@ class MemoryEstimate:
         config: every resolved training setting (JSON-able).
         gpu_name / gpu_capacity_bytes: the GPU the verdict is for, or None.
         details: engine-specific extras (per-component bytes, per-module tables...).
-        timeline: the allocation stream, when the engine produced one.
+        timeline: the replayed allocation stream of the reported rank (the expansion of its
+            step schedule).
+        notes: sentences for the user.
+        schedules: the step schedule of every rank whose memory differs (both engines).
+        rank_labels: what identifies each of those ranks (pipeline stage, layers...).
+        oom_message: PyTorch's out-of-memory message when the simulated caching allocator
+            (free cache and retry included) cannot serve the step on the GPU; None otherwise.
+        replayed: whether the allocator simulator ran (else reserved = allocated).
     """
 
     model_name: str
@@ -131,14 +138,46 @@ class MemoryEstimate:
     gpu_name: str | None = None
     gpu_capacity_bytes: int | None = None
     details: dict[str, Any] = field(default_factory=dict)
-    timeline: Any = None
+    recorded_timeline: Any = None
     notes: list[str] = field(default_factory=list)
+    schedules: list[Any] = field(default_factory=list)
+    rank_labels: list[dict[str, Any]] = field(default_factory=list)
+    oom_message: str | None = None
+    replayed: bool = False
+    reported_rank: int = 0
+
+    @property
+    def model_states_bytes(self) -> dict[str, int]:
+        """Persistent bytes of the reported rank (``StepSchedule.model_states``): parameters and
+        optimizer states held when the step starts, the most gradient bytes held during it."""
+        if not self.schedules:
+            return {}
+        states: dict[str, int] = self.schedules[self.reported_rank].model_states()
+        return states
+
+    @property
+    def timeline(self) -> Any:
+        """The replayed events of the reported rank: the trace engine's recording, or the
+        expansion of the analytic schedule (built on first use; None without the replay)."""
+        if self.recorded_timeline is None and self.replayed and self.schedules:
+            self.recorded_timeline = self.schedules[self.reported_rank].expand()
+        return self.recorded_timeline
+
+    @timeline.setter
+    def timeline(self, value: Any) -> None:
+        self.recorded_timeline = value
+        self.replayed = self.replayed and value is not None
 
     @property
     def fits(self) -> bool | None:
-        """Whether the device total fits the GPU's usable capacity; None without a GPU."""
+        """Whether the step runs on the GPU: no out-of-memory in the simulated caching allocator
+        (which frees its cache and retries before it fails) with the CUDA context outside it;
+        without the simulation, the device total within the GPU's usable capacity. None
+        without a GPU."""
         if self.gpu_capacity_bytes is None:
             return None
+        if self.oom_message is not None:
+            return False
         return self.breakdown.device_total_bytes <= self.gpu_capacity_bytes
 
     def to_dict(self) -> dict[str, Any]:
@@ -151,12 +190,14 @@ class MemoryEstimate:
             "num_parameters": self.num_parameters,
             "num_trainable_parameters": self.num_trainable_parameters,
             "breakdown_bytes": b.as_dict(),
+            "model_states_bytes": dict(self.model_states_bytes),
             "peak": {
                 "allocated_bytes": b.allocated_bytes,
-                "reserved_bytes": b.reserved_bytes,
-                "device_total_bytes": b.device_total_bytes,
+                "reserved_bytes": None if self.oom_message else b.reserved_bytes,
+                "device_total_bytes": None if self.oom_message else b.device_total_bytes,
                 "phase": self.peak_phase,
                 "reason": self.peak_reason,
+                "oom": self.oom_message,
             },
             "fits": self.fits,
             "gpu": {"name": self.gpu_name, "capacity_bytes": self.gpu_capacity_bytes},

@@ -6,6 +6,10 @@ Tree (httpx style)::
      +-- SpecError(ValueError)            bad field in a model / training / GPU spec
      +-- UnsupportedError(NotImplementedError)  not modelled (the message names a workaround)
      +-- TraceError(RuntimeError)         the trace engine could not run the model
+     +-- ScheduleError(ValueError)        a step schedule frees what it never allocated
+     +-- TimelineError(ValueError)        an event stream the allocator cannot replay
+     +-- SnapshotError(ValueError)        an unsafe or malformed memory snapshot file
+     +-- OutOfMemoryError                 the simulated caching allocator cannot serve a request
 
 The CLI catches ``TrainmemError`` and prints one line ``error: <field>: <message>``, exit code 2.
 """
@@ -36,3 +40,39 @@ class UnsupportedError(TrainmemError, NotImplementedError):
 
 class TraceError(TrainmemError, RuntimeError):
     """The trace engine failed to run the model's training step on fake tensors."""
+
+
+class ScheduleError(TrainmemError, ValueError):
+    """A schedule cannot be expanded: a free whose key is not live, or a key allocated twice."""
+
+
+class TimelineError(TrainmemError, ValueError):
+    """A timeline cannot be replayed: a free without a live alloc, or an id allocated twice.
+
+    Attributes:
+        event_index: index of the offending event in ``Timeline.events``.
+    """
+
+    def __init__(self, message: str, *, event_index: int) -> None:
+        super().__init__(message)
+        self.event_index = event_index
+
+
+class SnapshotError(TrainmemError, ValueError):
+    """A snapshot file is unsafe (it asks to build objects) or is not a memory snapshot."""
+
+
+class OutOfMemoryError(TrainmemError):
+    """The simulated ``cudaMalloc`` failed after the cache was flushed (spec 3.5).
+
+    ``str(err)`` is the message PyTorch prints.
+
+    Attributes:
+        size_bytes: the rounded request that failed.
+        alloc_size_bytes: the segment size it tried to obtain (printed in the message).
+    """
+
+    def __init__(self, message: str, *, size_bytes: int, alloc_size_bytes: int) -> None:
+        super().__init__(message)
+        self.size_bytes = size_bytes
+        self.alloc_size_bytes = alloc_size_bytes

@@ -6,16 +6,23 @@ The analytic path imports no torch; ``engine="trace"`` imports it lazily.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from trainmem.analytic.engine import estimate_analytic
 from trainmem.breakdown import MemoryEstimate
 from trainmem.errors import SpecError, UnsupportedError
+from trainmem.schedule import StepSchedule
 from trainmem.specs.hardware import GPUSpec, check_precision_on_gpu, get_gpu
 from trainmem.specs.hf import load_model_spec
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig, check_training_for_model
 from trainmem.units import TiB
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from trainmem.allocator.replay import ReplayResult
+    from trainmem.timeline import AllocEvent, Timeline
 
 Engine = Literal["analytic", "trace"]
 ENGINES: tuple[str, ...] = ("analytic", "trace")
@@ -84,6 +91,10 @@ def trace_unsupported_settings(training: TrainingConfig) -> list[str]:
         "pipeline_parallel_size",
         "context_parallel_size",
         "compile",
+        # issue 12: FSDP variants and inputs the trace does not build yet
+        "reshard_after_forward",
+        "shard_group_size",
+        "padding_mask",
     )
     out = [
         f"{name}={getattr(training, name)}"
@@ -106,38 +117,159 @@ def trace_unsupported_settings(training: TrainingConfig) -> list[str]:
     return out
 
 
-def with_allocator_replay(
-    est: MemoryEstimate, *, gpu: GPUSpec | None, alloc_conf: str = ""
+def finish(
+    est: MemoryEstimate,
+    *,
+    gpu: GPUSpec | None,
+    alloc_conf: str = "",
+    simulate_allocator: bool = True,
 ) -> MemoryEstimate:
-    """Fill fragmentation (reserved - allocated at their peaks) and the OOM note of a traced
-    estimate by replaying its timeline through the caching allocator simulator."""
+    """The one driver (Note [One description of the step]): from an engine's step schedules to
+    the answer. For every distinct rank: ``schedule.peak()`` gives the peak allocated bytes and
+    their split; the reported rank is the most loaded. Then each schedule is replayed once
+    through the caching-allocator simulator on the GPU's capacity minus the CUDA context (free
+    cache and retry included): its ``max_memory_reserved`` is the reported reserved memory, a
+    sum of whole segments never above the capacity, and an out-of-memory there is the verdict.
+
+    Args:
+        est: an engine's draft (``schedules``, ``rank_labels``, details).
+        gpu: the GPU for capacity and verdict, or None (unlimited, no verdict).
+        alloc_conf: ``PYTORCH_CUDA_ALLOC_CONF`` for the simulator (``expandable_segments``,
+            ``garbage_collection_threshold``...).
+        simulate_allocator: False skips the replay (reserved = allocated): the planner's fast
+            path.
+
+    Returns:
+        ``est`` completed: breakdown at the peak, phase and reason, ``model_states_bytes``,
+        ``details["per_rank"]``, ``timeline`` (the replayed events), ``oom_message``.
+
+    Raises:
+        SpecError: a bad ``alloc_conf``.
+    """
     from dataclasses import replace
 
+    from trainmem.breakdown import fold_category
+
+    if not est.schedules:
+        raise UnsupportedError("the engine produced no step schedule")
+    peaks = [s.peak() for s in est.schedules]
+    worst = max(range(len(peaks)), key=lambda k: peaks[k].peak_bytes)
+    peak = peaks[worst]
+    split: dict[str, int] = {}
+    for category, size in peak.by_category.items():
+        key = fold_category(category)
+        split[key] = split.get(key, 0) + size
+    ctx = est.breakdown.cuda_context
+    labels = est.rank_labels or [{} for _ in est.schedules]
+    per_rank: list[dict[str, object]] = [
+        {**label, "allocated_bytes": p.peak_bytes, "peak_phase": p.phase}
+        for label, p in zip(labels, peaks, strict=True)
+    ]
+    fragmentation = 0
+    if simulate_allocator:
+        for k, sched in enumerate(est.schedules):
+            result = _replay(sched.events(), ctx, gpu=gpu, alloc_conf=alloc_conf)
+            per_rank[k]["reserved_bytes"] = result.max_memory_reserved
+            per_rank[k]["oom"] = result.oom
+            if result.oom and est.oom_message is None and result.oom_message:
+                est.oom_message = result.oom_message.splitlines()[0]
+            if k == worst:
+                if not result.oom:  # a failed step has no reserved figure to report
+                    fragmentation = max(result.max_memory_reserved - peak.peak_bytes, 0)
+                est.details["allocator_replay"] = {
+                    "events": result.num_events,
+                    "max_memory_allocated": result.max_memory_allocated,
+                    "max_memory_reserved": result.max_memory_reserved,
+                    "oom": result.oom,
+                    "num_alloc_retries": result.memory_stats.get("num_alloc_retries", 0),
+                }
+        est.replayed = True
+    est.breakdown = replace(
+        est.breakdown,
+        parameters=split.get("parameters", 0),
+        gradients=split.get("gradients", 0),
+        optimizer_states=split.get("optimizer_states", 0),
+        activations=split.get("activations", 0),
+        temporary=split.get("temporary", 0),
+        fragmentation=fragmentation,
+    )
+    est.details["per_rank"] = per_rank
+    est.details["phase_peaks_bytes"] = est.schedules[worst].phase_peaks()
+    est.reported_rank = worst
+    est.peak_phase = "backward" if peak.phase == "zero_grad" else peak.phase
+    if peak.label or not est.peak_reason:
+        est.peak_reason = _reason(peak.phase, peak.label, peak.module)
+    if len(peaks) > 1:
+        stage = labels[worst].get("pipeline_stage", worst)
+        est.peak_reason += f" (pipeline stage {stage}, the most loaded rank)"
+    if est.oom_message:
+        est.notes.append(
+            "the step does not fit: the simulated caching allocator runs out of memory even after "
+            "freeing its cache: " + est.oom_message
+        )
+    return est
+
+
+def _replay(
+    timeline: Timeline | Iterable[AllocEvent],
+    ctx: int,
+    *,
+    gpu: GPUSpec | None,
+    alloc_conf: str,
+    record_history: bool = False,
+) -> ReplayResult:
     from trainmem.allocator.replay import replay_timeline
 
-    if est.timeline is None or not len(est.timeline):
-        return est
-    ctx = est.breakdown.cuda_context
-    result = replay_timeline(
-        est.timeline,
+    return replay_timeline(
+        timeline,
         capacity_bytes=None if gpu is None else max(gpu.memory_bytes - ctx, 0),
         alloc_conf=alloc_conf,
         device_total_bytes=None if gpu is None else gpu.memory_bytes,
+        record_history=record_history,
+        continue_after_oom=False,
     )
-    fragmentation = max(result.max_memory_reserved - result.max_memory_allocated, 0)
-    est.breakdown = replace(est.breakdown, fragmentation=fragmentation)
-    est.details["allocator_replay"] = {
-        "max_memory_allocated": result.max_memory_allocated,
-        "max_memory_reserved": result.max_memory_reserved,
-        "oom": result.oom,
-    }
-    est.notes = [n for n in est.notes if "fragmentation" not in n]
-    if result.oom and result.oom_message:
-        est.notes.append(
-            "the simulated caching allocator runs out of memory: "
-            + result.oom_message.splitlines()[0]
-        )
-    return est
+
+
+def replay_estimate(
+    est: MemoryEstimate,
+    *,
+    gpu: GPUSpec | None,
+    alloc_conf: str = "",
+    record_history: bool = False,
+) -> ReplayResult:
+    """Replay the reported rank's step (``est.timeline``, either engine's) through the allocator
+    simulator again, e.g. with ``record_history`` for a memory snapshot; the same replay as
+    :func:`finish`, so the same peaks.
+
+    Raises:
+        SpecError: the estimate carries no replayed step.
+    """
+    if est.timeline is None:
+        raise SpecError("snapshot", "the estimate was made without the allocator replay")
+    return _replay(
+        est.timeline,
+        est.breakdown.cuda_context,
+        gpu=gpu,
+        alloc_conf=alloc_conf,
+        record_history=record_history,
+    )
+
+
+_PHASE_TEXT = {
+    "forward": "forward",
+    "backward": "backward",
+    "optimizer": "optimizer step",
+    "zero_grad": "zero_grad",
+    "init": "before the step",
+}
+
+
+def _reason(phase: str, label: str, module: str) -> str:
+    """One sentence on the operation that sets the peak."""
+    where = _PHASE_TEXT.get(phase, phase)
+    if not label:
+        return f"{where}, in {module or 'the model'}"
+    return f"{where}: {label} allocated" + (f" in {module}" if module else "")
 
 
 def _validate_arguments(
@@ -168,6 +300,7 @@ def estimate(
     engine: str = "analytic",
     cuda_context_bytes: int | None = None,
     alloc_conf: str = "",
+    simulate_allocator: bool = True,
 ) -> MemoryEstimate:
     """Peak GPU memory of one steady-state training step on one GPU.
 
@@ -182,6 +315,8 @@ def estimate(
         cuda_context_bytes: memory outside the allocator; default per
             :mod:`trainmem.specs.hardware`.
         alloc_conf: ``PYTORCH_CUDA_ALLOC_CONF`` for the caching-allocator simulator.
+        simulate_allocator: replay the step through the allocator simulator (reserved memory,
+            the out-of-memory verdict); False is the planner's fast path (reserved = allocated).
 
     Returns:
         The estimate; bytes throughout.
@@ -213,15 +348,14 @@ def estimate(
         except UnsupportedError:
             target = model
         est = estimate_trace(target, training, gpu=gpu_spec)
-        return with_allocator_replay(est, gpu=gpu_spec, alloc_conf=alloc_conf)
+        est.schedules = [StepSchedule.from_timeline(est.timeline)]
+        est.rank_labels = [{"rank": 0}]
+        return finish(
+            est, gpu=gpu_spec, alloc_conf=alloc_conf, simulate_allocator=simulate_allocator
+        )
+    if engine != "analytic":
+        raise SpecError("engine", f"unknown value {engine!r}; allowed: {', '.join(ENGINES)}")
     spec = resolve_model(model)
     check_training_for_model(spec, training)
-    if engine == "analytic":
-        return estimate_analytic(
-            spec,
-            training,
-            gpu=gpu_spec,
-            cuda_context_bytes=cuda_context_bytes,
-            alloc_conf=alloc_conf,
-        )
-    raise SpecError("engine", f"unknown value {engine!r}; allowed: {', '.join(ENGINES)}")
+    est = estimate_analytic(spec, training, gpu=gpu_spec, cuda_context_bytes=cuda_context_bytes)
+    return finish(est, gpu=gpu_spec, alloc_conf=alloc_conf, simulate_allocator=simulate_allocator)

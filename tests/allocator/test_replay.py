@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-from trainmem.allocator.replay import TimelineError, replay_timeline
+from trainmem.allocator.replay import replay_timeline
 from trainmem.breakdown import MemoryCategory
+from trainmem.errors import TimelineError
 from trainmem.timeline import AllocEvent, Timeline
 
 MiB = 1_048_576

@@ -16,7 +16,6 @@ from trainmem.allocator.config import AllocatorConfig
 from trainmem.allocator.replay import replay_timeline
 from trainmem.allocator.snapshot import (
     SnapshotError,
-    compare_snapshot,
     loads_snapshot,
     read_snapshot,
     snapshot_of,
@@ -24,6 +23,7 @@ from trainmem.allocator.snapshot import (
     timeline_from_snapshot,
     write_snapshot,
 )
+from trainmem.allocator.stream_compare import compare_snapshot
 from trainmem.breakdown import MemoryCategory
 from trainmem.timeline import AllocEvent, Timeline
 

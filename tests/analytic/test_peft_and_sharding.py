@@ -98,7 +98,7 @@ def test_tensor_parallel_layer_terms_are_korthikanti_eq_2_and_3() -> None:
 def test_first_1f1b_stage_holds_p_micro_batches() -> None:
     # Korthikanti et al. 2022 sec. 4.2.3: with 1F1B the first stage keeps the activations of p
     # micro-batches for its L/p layers, i.e. as many as one micro-batch through all L layers.
-    from trainmem.analytic.engine import estimate_analytic
+    from trainmem.estimate import estimate as estimate_analytic
 
     model = load_model_spec("llama-2-7b")
     t = TrainingConfig(
@@ -137,7 +137,7 @@ def test_fp8_keeps_bf16_activations_and_gathers_float8() -> None:
     # torchao Float8Linear saves its high-precision input, so per-layer activations equal those
     # of bf16 without autocast (FSDP2's policy); only the FSDP2 all-gather shrinks: one byte per
     # gathered linear weight instead of two.
-    from trainmem.analytic.engine import estimate_analytic
+    from trainmem.estimate import estimate as estimate_analytic
 
     model = load_model_spec("llama-3.2-1b")
     base = dict(seq_len=2048, framework="fsdp2", zero_stage=3, data_parallel_size=8)

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from trainmem.analytic.engine import estimate_analytic
 from trainmem.estimate import estimate, resolve_model
+from trainmem.estimate import estimate as estimate_analytic
 from trainmem.planner.evaluate import fits
 from trainmem.planner.search import largest_true, max_micro_batch_size, max_seq_len
 from trainmem.specs.hardware import get_gpu

@@ -81,7 +81,7 @@ def toy_estimate(gpu_capacity_bytes: int | None = None) -> MemoryEstimate:
         config={"micro_batch_size": 1},
         gpu_name="toy-GPU" if gpu_capacity_bytes else None,
         gpu_capacity_bytes=gpu_capacity_bytes,
-        timeline=Timeline(events=ev),
+        recorded_timeline=Timeline(events=ev),
     )
 
 

@@ -224,7 +224,10 @@ def test_a_few_aliases_are_fine(tmp_path: Path) -> None:
         "base: &base {fsdp_sharding_strategy: SHARD_GRAD_OP}\n"
         "distributed_type: FSDP\nfsdp_config: *base\n"
     )
-    assert read_accelerate_config(_write(tmp_path, "a.yaml", text)) == {"zero_stage": 2}
+    written_out = "distributed_type: FSDP\nfsdp_config: {fsdp_sharding_strategy: SHARD_GRAD_OP}\n"
+    expected = read_accelerate_config(_write(tmp_path, "b.yaml", written_out))
+    assert read_accelerate_config(_write(tmp_path, "a.yaml", text)) == expected
+    assert expected["reshard_after_forward"] is False  # the alias was followed
 
 
 def test_yaml_bare_no_is_no_mixed_precision(tmp_path: Path) -> None:

@@ -60,7 +60,8 @@ def test_good_combinations_still_pass() -> None:
 def test_fsdp_and_a_different_zero_stage_conflict() -> None:
     assert zero_stage_from(0, "full-shard") == 3
     assert zero_stage_from(3, "full-shard") == 3
-    assert zero_stage_from(2, "shard-grad-op") == 2
+    # SHARD_GRAD_OP, commonly called ZeRO-2, is modelled as stage 3 without resharding
+    assert zero_stage_from(2, "shard-grad-op") == 3
     with pytest.raises(SpecError, match="fsdp: full-shard shards like ZeRO stage 3 but"):
         zero_stage_from(1, "full-shard")
 

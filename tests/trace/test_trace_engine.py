@@ -85,7 +85,7 @@ def test_bf16_mixed_sdpa_uses_flash_kernel_and_cuda_autocast_lists() -> None:
 
 
 def test_model_states_equal_analytic_exactly() -> None:
-    from trainmem.analytic.engine import estimate_analytic
+    from trainmem.estimate import estimate as estimate_analytic
     from trainmem.specs.hf import load_model_spec
 
     for preset in ("tiny-gpt2-test", "tiny-llama-test"):
@@ -197,3 +197,25 @@ def test_example_script_runs() -> None:
         [sys.executable, str(example)], check=True, capture_output=True, text=True
     ).stdout
     assert "peak allocated" in out
+
+
+def test_trace_snapshot_is_the_traced_step(tmp_path) -> None:  # noqa: ANN001
+    # issue 11: --engine trace --snapshot writes the traced step, not the analytic one
+    from typer.testing import CliRunner
+
+    from trainmem.allocator.snapshot import read_snapshot
+    from trainmem.cli import app
+    from trainmem.estimate import estimate
+
+    path = tmp_path / "step.pickle"
+    args = ["estimate", "tiny-gpt2-test", "-b", "2", "-s", "32", "--engine", "trace"]
+    r = CliRunner().invoke(app, [*args, "--snapshot", str(path)])
+    assert r.exit_code == 0, r.output
+    actions = [e["action"] for e in read_snapshot(path)["device_traces"][0]]
+    traced = estimate(
+        "tiny-gpt2-test", TrainingConfig(micro_batch_size=2, seq_len=32), engine="trace"
+    )
+    analytic = estimate("tiny-gpt2-test", TrainingConfig(micro_batch_size=2, seq_len=32))
+    n_traced = sum(e.action == "alloc" and e.size_bytes > 0 for e in traced.timeline.events)
+    n_analytic = sum(e.action == "alloc" and e.size_bytes > 0 for e in analytic.timeline.events)
+    assert actions.count("alloc") == n_traced != n_analytic

@@ -18,15 +18,16 @@ from trainmem.allocator.device import (
     cuda_context_bytes,
     inject_cublas_workspaces,
 )
-from trainmem.allocator.replay import ReplayResult, TimelineError, replay_timeline
+from trainmem.allocator.replay import ReplayResult, replay_timeline
 from trainmem.allocator.snapshot import (
     SnapshotError,
-    compare_snapshot,
     read_snapshot,
     snapshot_stats,
     timeline_from_snapshot,
     write_snapshot,
 )
+from trainmem.allocator.stream_compare import compare_snapshot
+from trainmem.errors import TimelineError
 
 __all__ = [
     "AllocatorConfig",

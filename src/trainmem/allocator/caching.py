@@ -33,6 +33,7 @@ Known limitations:
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from trainmem.allocator.config import AllocatorConfig
@@ -49,28 +50,13 @@ from trainmem.allocator.constants import (
     OOM_DOCS_URL,
 )
 from trainmem.allocator.stats import LARGE_POOL, SMALL_POOL, DeviceStats, decrease, increase
-from trainmem.errors import SpecError, TrainmemError
+from trainmem.errors import OutOfMemoryError as OutOfMemoryError
+from trainmem.errors import SpecError
 
 #: First invented segment address (looks like a CUDA device pointer, fits in int64).
 _BASE_ADDRESS = 0x7F0000000000
 #: Gap between invented segments (bytes), so no two segments are adjacent.
 _ADDRESS_GAP = K_SMALL_BUFFER
-
-
-class OutOfMemoryError(TrainmemError):
-    """The simulated ``cudaMalloc`` failed after the cache was flushed (spec 3.5).
-
-    ``str(err)`` is the message PyTorch prints.
-
-    Attributes:
-        size_bytes: the rounded request that failed.
-        alloc_size_bytes: the segment size it tried to obtain (printed in the message).
-    """
-
-    def __init__(self, message: str, *, size_bytes: int, alloc_size_bytes: int) -> None:
-        super().__init__(message)
-        self.size_bytes = size_bytes
-        self.alloc_size_bytes = alloc_size_bytes
 
 
 def format_size(size_bytes: int) -> str:
@@ -279,6 +265,12 @@ class CachingAllocatorSim:
         self._reserved_total = 0  # total_allocated_memory in C++: reserved over all pools
         self._next_address = _BASE_ADDRESS
         self._expandable_segments: list[_ExpandableSegment] = []
+        #: Sorted (start, end) of the address ranges of segments and expandable ranges held.
+        self._ranges: list[tuple[int, int]] = []
+        #: Optional source of segment addresses: ``hint(size)`` returns the address the next
+        #: ``cudaMalloc`` of ``size`` bytes should get (e.g. the real one, when replaying a real
+        #: trace), or None for an invented one. Addresses only break best-fit ties (spec 2.3).
+        self.address_hint: Callable[[int], int | None] | None = None
         self.trace: list[dict[str, Any]] | None = [] if record_history else None
         self._memory_fraction: float | None = None
         if self.config.per_process_memory_fraction < 1.0:
@@ -484,6 +476,133 @@ class CachingAllocatorSim:
         """Block size (bytes) behind a live allocation handle."""
         return self._allocated[handle].size
 
+    # ------------------------------------------------------------------ seeding a known state
+
+    def adopt_segment(
+        self,
+        address: int,
+        size: int,
+        stream: int = 0,
+        *,
+        small: bool,
+        live: Sequence[tuple[int, int, int]] = (),
+        expandable_mapped: list[tuple[int, int]] | None = None,
+    ) -> list[int]:
+        """Install a segment that already exists (e.g. one read from a real memory snapshot).
+
+        The segment's free space between the ``live`` blocks becomes one free block per gap,
+        as the real allocator keeps it (free neighbours are always merged). The stats count
+        the segment as reserved and the live blocks as allocated, as if the allocator had
+        made them; ``num_device_alloc`` is not counted (the ``cudaMalloc`` happened before).
+
+        Args:
+            address: first byte of the segment (a real device pointer is fine).
+            size: bytes of the segment (of the whole virtual range for an expandable one).
+            stream: the stream that owns it.
+            small: True for the small pool (2 MiB segments of blocks <= 1 MiB).
+            live: ``(address, block_bytes, requested_bytes)`` of the allocated blocks, inside
+                the segment, not overlapping; block sizes multiples of 512.
+            expandable_mapped: for an expandable segment, the ``(address, bytes)`` ranges that
+                are mapped (each a whole number of pages); the rest of ``size`` is unmapped.
+                None for an ordinary ``cudaMalloc`` segment.
+
+        Returns:
+            The handles of the ``live`` blocks, in the order given (pass them to :meth:`free`).
+
+        Raises:
+            ValueError: live blocks overlap, leave the segment or the mapped ranges, or a size
+                is not a positive multiple of 512.
+        """
+        if size <= 0 or not self._range_is_free(address, size):
+            raise ValueError(f"segment {address:#x}+{size} is empty or overlaps one already held")
+        pool = self.small_pool if small else self.large_pool
+        st = pool.stat_type
+        s = self.stats
+        es: _ExpandableSegment | None = None
+        if expandable_mapped is not None:
+            page = K_SMALL_BUFFER if small else self.config.large_segment_size_bytes
+            es = _ExpandableSegment(address, page, size)
+            mapped = sorted(expandable_mapped)
+        else:
+            mapped = [(address, size)]
+        end = address + size
+        # Pieces: (ptr, size, kind) with kind "live", "free" or "unmapped".
+        order = sorted(range(len(live)), key=lambda k: live[k][0])
+        handles: dict[int, int] = {}
+        pieces: list[tuple[int, int, str, int]] = []
+        cursor = address
+        li = 0
+        for m_ptr, m_size in mapped:
+            if m_ptr < cursor or m_ptr + m_size > end or m_size <= 0:
+                raise ValueError(f"mapped range {m_ptr:#x}+{m_size} outside the segment")
+            if m_ptr > cursor:
+                pieces.append((cursor, m_ptr - cursor, "unmapped", -1))
+            cursor = m_ptr
+            m_end = m_ptr + m_size
+            while li < len(order) and live[order[li]][0] < m_end:
+                k = order[li]
+                b_ptr, b_size, _ = live[k]
+                if b_ptr < cursor or b_ptr + b_size > m_end or b_size <= 0:
+                    raise ValueError(f"live block {b_ptr:#x}+{b_size} overlaps or leaves its range")
+                if b_ptr > cursor:
+                    pieces.append((cursor, b_ptr - cursor, "free", -1))
+                pieces.append((b_ptr, b_size, "live", k))
+                cursor = b_ptr + b_size
+                li += 1
+            if m_end > cursor:
+                pieces.append((cursor, m_end - cursor, "free", -1))
+            cursor = m_end
+        if li < len(order):
+            raise ValueError(f"live block {live[order[li]][0]:#x} outside the mapped ranges")
+        if cursor < end:
+            if es is None:
+                raise ValueError("segment size does not match its mapped range")
+            pieces.append((cursor, end - cursor, "unmapped", -1))
+        blocks: list[Block] = []
+        for ptr, psize, _, _ in pieces:
+            if psize % K_MIN_BLOCK_SIZE:
+                raise ValueError(f"block at {ptr:#x} of {psize} bytes is not a multiple of 512")
+            b = Block(ptr, psize, stream, pool, es)
+            if blocks:
+                b.prev = blocks[-1]
+                blocks[-1].next = b
+            blocks.append(b)
+        split = len(blocks) > 1
+        reserved = 0
+        for b, (_, _, kind, k) in zip(blocks, pieces, strict=True):
+            if kind == "unmapped":
+                b.mapped = False
+                pool.insert_unmapped(b)
+                continue
+            reserved += b.size
+            if kind == "free":
+                pool.insert(b)
+                if split and es is None:
+                    increase(s.inactive_split, st, 1)
+                    increase(s.inactive_split_bytes, st, b.size)
+                continue
+            b.allocated = True
+            b.requested_size = live[k][2]
+            self._allocated[b.ptr] = b
+            handles[k] = b.ptr
+            increase(s.allocation, st, 1)
+            increase(s.allocated_bytes, st, b.size)
+            increase(s.active, st, 1)
+            increase(s.active_bytes, st, b.size)
+            increase(s.requested_bytes, st, b.requested_size)
+            if b.size >= self._max_split:
+                s.oversize_allocations.increase(1)
+        if es is None:
+            increase(s.segment, st, 1)
+            if size >= self._max_split:
+                s.oversize_segments.increase(1)
+        increase(s.reserved_bytes, st, reserved)
+        self._reserved_total += reserved
+        if es is not None:
+            self._expandable_segments.append(es)
+        self._occupy(address, size)
+        return [handles[k] for k in range(len(live))]
+
     # ------------------------------------------------------------------ internals: search
 
     def _get_free_block(self, pool: BlockPool, stream: int, size: int) -> Block | None:
@@ -651,9 +770,34 @@ class CachingAllocatorSim:
     # ------------------------------------------------------------------ internals: segments
 
     def _reserve_address(self, size: int) -> int:
+        hint = self.address_hint(size) if self.address_hint is not None else None
+        if hint is not None and self._range_is_free(hint, size):
+            self._occupy(hint, size)
+            return hint
         ptr = self._next_address
         self._next_address += -(-size // _ADDRESS_GAP) * _ADDRESS_GAP + _ADDRESS_GAP
+        while not self._range_is_free(ptr, size):  # a hinted or adopted range is in the way
+            ptr = self._next_address
+            self._next_address += -(-size // _ADDRESS_GAP) * _ADDRESS_GAP + _ADDRESS_GAP
+        self._occupy(ptr, size)
         return ptr
+
+    def _range_is_free(self, ptr: int, size: int) -> bool:
+        """True if [ptr, ptr + size) overlaps no segment or expandable range held now."""
+        ranges = self._ranges
+        i = bisect_left(ranges, (ptr, ptr))
+        if i < len(ranges) and ranges[i][0] < ptr + size:
+            return False
+        return not (i > 0 and ranges[i - 1][1] > ptr)
+
+    def _occupy(self, ptr: int, size: int) -> None:
+        insort(self._ranges, (ptr, ptr + size))
+
+    def _vacate(self, ptr: int) -> None:
+        ranges = self._ranges
+        i = bisect_left(ranges, (ptr, ptr))
+        if i < len(ranges) and ranges[i][0] == ptr:
+            del ranges[i]
 
     def _alloc_block(
         self, pool: BlockPool, stream: int, size: int, alloc_size: int, *, is_retry: bool
@@ -687,6 +831,7 @@ class CachingAllocatorSim:
         """cudaFree a whole free non-expandable segment (``release_block``)."""
         pool = block.pool
         pool.remove(block)
+        self._vacate(block.ptr)
         s = self.stats
         s.num_device_free += 1
         if self.trace is not None:
@@ -747,6 +892,7 @@ class CachingAllocatorSim:
                 pool.remove_unmapped(block)
                 assert block.expandable is not None
                 self._expandable_segments.remove(block.expandable)
+                self._vacate(block.expandable.base)
 
     def _garbage_collect(self) -> None:
         """Free old unsplit large cached blocks above the GC threshold (spec 3.3)."""

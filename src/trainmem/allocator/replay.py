@@ -25,25 +25,14 @@ Known limitations:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from trainmem.allocator.caching import CachingAllocatorSim, OutOfMemoryError
 from trainmem.allocator.config import AllocatorConfig
-from trainmem.errors import TrainmemError
-from trainmem.timeline import Timeline
-
-
-class TimelineError(TrainmemError, ValueError):
-    """A timeline cannot be replayed: a free without a live alloc, or an id allocated twice.
-
-    Attributes:
-        event_index: index of the offending event in ``Timeline.events``.
-    """
-
-    def __init__(self, message: str, *, event_index: int) -> None:
-        super().__init__(message)
-        self.event_index = event_index
+from trainmem.errors import TimelineError
+from trainmem.timeline import AllocEvent, Timeline
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +89,7 @@ class ReplayResult:
 
 
 def replay_timeline(
-    timeline: Timeline,
+    timeline: Timeline | Iterable[AllocEvent],
     *,
     capacity_bytes: int | None,
     alloc_conf: str = "",
@@ -113,7 +102,9 @@ def replay_timeline(
     """Replay ``timeline`` through a fresh simulated caching allocator.
 
     Args:
-        timeline: ordered alloc/free events; ``size_bytes`` are requested (unrounded) bytes and a
+        timeline: ordered alloc/free events (a Timeline or any iterable of them, consumed
+            lazily: a replay that stops at an out-of-memory error reads no further);
+            ``size_bytes`` are requested (unrounded) bytes and a
             free names the ``block_id`` of a live alloc.
         capacity_bytes: bytes the allocator may obtain from CUDA: the device's ``total_memory``
             minus the CUDA context and any other memory outside PyTorch
@@ -160,7 +151,8 @@ def replay_timeline(
     oom_message: str | None = None
     oom_index: int | None = None
     num_events = 0
-    for i, ev in enumerate(timeline.events):
+    events = timeline.events if isinstance(timeline, Timeline) else timeline
+    for i, ev in enumerate(events):
         if ev.action == "alloc":
             if ev.block_id in live:
                 raise TimelineError(

@@ -38,13 +38,14 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import stat
 from collections.abc import Mapping
 from typing import Any
 
 from trainmem.allocator.caching import CachingAllocatorSim, round_size_default
 from trainmem.allocator.constants import MAX_SPLIT_SIZE_UNLIMITED
 from trainmem.breakdown import MemoryCategory
-from trainmem.errors import TrainmemError
+from trainmem.errors import SnapshotError as SnapshotError
 from trainmem.timeline import AllocEvent, Timeline
 
 #: Pickle protocol of ``_dump_snapshot`` (default on Python >= 3.8); MemoryViz rejects 5.
@@ -52,10 +53,6 @@ SNAPSHOT_PICKLE_PROTOCOL = 4
 
 _SEGMENT_ACTIONS_UP = ("segment_alloc", "segment_map")
 _SEGMENT_ACTIONS_DOWN = ("segment_free", "segment_unmap")
-
-
-class SnapshotError(TrainmemError, ValueError):
-    """A snapshot file is unsafe (it asks to build objects) or is not a memory snapshot."""
 
 
 # ---------------------------------------------------------------------------------------- write
@@ -197,9 +194,149 @@ def loads_snapshot(data: bytes) -> dict[str, Any]:
             "torch.cuda.memory._dump_snapshot"
         )
     obj.setdefault("device_traces", [])
-    if not isinstance(obj["device_traces"], list):
-        raise SnapshotError("not a memory snapshot: 'device_traces' is not a list")
+    validate_snapshot(obj)
     return obj
+
+
+#: Largest snapshot file read (bytes, 2 GiB = 2^31): a guard against endless device files.
+MAX_SNAPSHOT_BYTES = 2**31
+#: Largest value an address, size or stream may take (C++ int64 / uintptr_t limits).
+_MAX_INT = 2**64 - 1
+#: Trace actions whose entries name a block or segment by ``addr`` with a byte ``size``.
+_ADDRESSED_ACTIONS = frozenset(
+    {
+        "alloc",
+        "free_requested",
+        "free_completed",
+        "segment_alloc",
+        "segment_free",
+        "segment_map",
+        "segment_unmap",
+    }
+)
+
+
+def _check_int(value: Any, field: str, *, lo: int = 0, hi: int = _MAX_INT) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        shown = repr(value) if len(repr(value)) <= 40 else type(value).__name__
+        raise SnapshotError(f"snapshot field {field}: expected an integer, got {shown}")
+    if not lo <= value <= hi:
+        raise SnapshotError(f"snapshot field {field}: {value} is outside [{lo}, {hi}]")
+
+
+def _check_unique(obj: object, seen: set[int], field: str) -> None:
+    # A pickle can reference one object many times (memo); a real snapshot never does for
+    # these containers, and walking shared ones multiplies the work (a "memo bomb").
+    if id(obj) in seen:
+        raise SnapshotError(
+            f"snapshot field {field}: the same object appears more than once (a shared "
+            "reference, not a memory snapshot)"
+        )
+    seen.add(id(obj))
+
+
+def validate_snapshot(snapshot: Mapping[str, Any]) -> None:
+    """Check the structure every reader in trainmem relies on; the one place it is checked.
+
+    Checked: ``segments`` is a list of dicts whose ``address`` and ``total_size`` are integers
+    (``device``, ``stream`` too when present) and whose ``blocks`` is a list of dicts with integer
+    ``size`` (and ``requested_size``, ``address`` when present) and a string ``state``;
+    ``device_traces`` is a list of lists of dicts with a string ``action``, integer ``addr`` and
+    ``size`` for the alloc/free/segment actions, integer ``size`` for ``oom``;
+    ``allocator_settings`` is a dict when present. Floats (inf, NaN), strings and bools are
+    refused where an integer belongs; no container may be shared between two places (a
+    memo-bomb pickle).
+
+    Args:
+        snapshot: an unpickled snapshot dict.
+
+    Raises:
+        SnapshotError: naming the first bad field, e.g. ``segments[3].total_size``.
+    """
+    seen: set[int] = set()
+    segments = snapshot.get("segments")
+    if not isinstance(segments, list):
+        raise SnapshotError("snapshot field segments: expected a list of segment dicts")
+    _check_unique(segments, seen, "segments")
+    for i, seg in enumerate(segments):
+        where = f"segments[{i}]"
+        if not isinstance(seg, dict):
+            raise SnapshotError(
+                f"snapshot field {where}: expected a dict, got {type(seg).__name__}"
+            )
+        _check_unique(seg, seen, where)
+        for key in ("address", "total_size"):
+            if key not in seg:
+                raise SnapshotError(f"snapshot field {where}.{key}: missing")
+            _check_int(seg[key], f"{where}.{key}")
+        if "device" in seg:
+            _check_int(seg["device"], f"{where}.device", hi=2**15)
+        if "stream" in seg:
+            _check_int(seg["stream"], f"{where}.stream", lo=-(2**63))
+        blocks = seg.get("blocks", [])
+        if not isinstance(blocks, list):
+            raise SnapshotError(
+                f"snapshot field {where}.blocks: expected a list, got {type(blocks).__name__}"
+            )
+        _check_unique(blocks, seen, f"{where}.blocks")
+        for j, block in enumerate(blocks):
+            bwhere = f"{where}.blocks[{j}]"
+            if not isinstance(block, dict):
+                raise SnapshotError(
+                    f"snapshot field {bwhere}: expected a dict, got {type(block).__name__}"
+                )
+            _check_unique(block, seen, bwhere)
+            if "size" not in block:
+                raise SnapshotError(f"snapshot field {bwhere}.size: missing")
+            _check_int(block["size"], f"{bwhere}.size")
+            for key in ("requested_size", "address"):
+                if key in block:
+                    _check_int(block[key], f"{bwhere}.{key}")
+            if not isinstance(block.get("state", ""), str):
+                raise SnapshotError(f"snapshot field {bwhere}.state: expected a string")
+    traces = snapshot.get("device_traces", [])
+    if not isinstance(traces, list):
+        raise SnapshotError("snapshot field device_traces: expected a list (one list per device)")
+    _check_unique(traces, seen, "device_traces")
+    for d, entries in enumerate(traces):
+        dwhere = f"device_traces[{d}]"
+        if not isinstance(entries, list):
+            raise SnapshotError(
+                f"snapshot field {dwhere}: expected a list, got {type(entries).__name__}"
+            )
+        _check_unique(entries, seen, dwhere)
+        for k, entry in enumerate(entries):
+            ewhere = f"{dwhere}[{k}]"
+            if not isinstance(entry, dict):
+                raise SnapshotError(
+                    f"snapshot field {ewhere}: expected a dict, got {type(entry).__name__}"
+                )
+            _check_unique(entry, seen, ewhere)
+            action = entry.get("action")
+            if not isinstance(action, str):
+                raise SnapshotError(f"snapshot field {ewhere}.action: expected a string")
+            if action in _ADDRESSED_ACTIONS:
+                for key in ("addr", "size"):
+                    if key not in entry:
+                        raise SnapshotError(f"snapshot field {ewhere}.{key}: missing ({action})")
+                    _check_int(entry[key], f"{ewhere}.{key}")
+            elif action == "oom":
+                _check_int(entry.get("size", 0), f"{ewhere}.size")
+                if "device_free" in entry:
+                    _check_int(entry["device_free"], f"{ewhere}.device_free")
+            if "stream" in entry:
+                _check_int(entry["stream"], f"{ewhere}.stream", lo=-(2**63))
+    settings = snapshot.get("allocator_settings")
+    if settings is not None and not isinstance(settings, dict):
+        raise SnapshotError(
+            f"snapshot field allocator_settings: expected a dict, got {type(settings).__name__}"
+        )
+    if isinstance(settings, dict):
+        conf = settings.get("PYTORCH_CUDA_ALLOC_CONF")
+        if conf is not None and not isinstance(conf, str):
+            raise SnapshotError(
+                "snapshot field allocator_settings.PYTORCH_CUDA_ALLOC_CONF: expected a string"
+            )
 
 
 def read_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -215,8 +352,13 @@ def read_snapshot(path: str | os.PathLike[str]) -> dict[str, Any]:
         SnapshotError: unsafe or not a snapshot.
         OSError: the file cannot be read.
     """
+    if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block, a device never end
+        raise SnapshotError(f"{os.fspath(path)!s}: not a regular file (a snapshot is a file)")
     with open(path, "rb") as f:
-        return loads_snapshot(f.read())
+        data = f.read(MAX_SNAPSHOT_BYTES + 1)
+    if len(data) > MAX_SNAPSHOT_BYTES:
+        raise SnapshotError(f"{os.fspath(path)!s}: larger than {MAX_SNAPSHOT_BYTES} bytes")
+    return loads_snapshot(data)
 
 
 # -------------------------------------------------------------------------------------- analyse
@@ -354,71 +496,3 @@ def timeline_from_snapshot(snapshot: Mapping[str, Any], device: int = 0) -> Time
         for _, (block_id, size, cat, stream) in sorted(pre_existing.items())
     ]
     return Timeline(events=init + body, name="snapshot trace")
-
-
-def compare_snapshot(
-    path: str | os.PathLike[str],
-    prediction: Any,
-    *,
-    device: int = 0,
-    replay: bool = True,
-) -> dict[str, Any]:
-    """Compare a real snapshot with a prediction.
-
-    Args:
-        path: snapshot file recorded with ``torch.cuda.memory._dump_snapshot``.
-        prediction: a :class:`~trainmem.allocator.replay.ReplayResult` or a mapping with
-            ``max_memory_allocated`` and ``max_memory_reserved`` (bytes).
-        device: device ordinal in the snapshot.
-        replay: also replay the snapshot's own trace through the simulator, with the snapshot's
-            ``PYTORCH_CUDA_ALLOC_CONF``, to separate allocator error from timeline error.
-
-    Returns:
-        ``{"measured": snapshot_stats(...), "predicted": {"max_memory_allocated": ...,
-        "max_memory_reserved": ...}, "reserved_error_bytes": predicted - measured peak reserved,
-        "reserved_relative_error": that / measured (None if measured is 0),
-        "allocated_error_bytes": predicted allocated - measured rounded requested peak,
-        "replayed": {"max_memory_allocated", "max_memory_reserved", "alloc_conf"} (or
-        {"error", "alloc_conf"} if the trace cannot be replayed) or None}``.
-
-    Raises:
-        SnapshotError: unsafe file or not a snapshot.
-        OSError: the file cannot be read.
-    """
-    from trainmem.allocator.replay import replay_timeline
-
-    snapshot = read_snapshot(path)
-    measured = snapshot_stats(snapshot, device)
-    if isinstance(prediction, Mapping):
-        pred_alloc = int(prediction["max_memory_allocated"])
-        pred_res = int(prediction["max_memory_reserved"])
-    else:
-        pred_alloc = int(prediction.max_memory_allocated)
-        pred_res = int(prediction.max_memory_reserved)
-    res_err = pred_res - measured["peak_reserved_bytes"]
-    replayed: dict[str, Any] | None = None
-    if replay:
-        settings = snapshot.get("allocator_settings") or {}
-        conf = str(settings.get("PYTORCH_CUDA_ALLOC_CONF", "") or "")
-        try:
-            r = replay_timeline(
-                timeline_from_snapshot(snapshot, device), capacity_bytes=None, alloc_conf=conf
-            )
-        except (TrainmemError, ValueError) as err:  # an option we do not model, a torn trace
-            replayed = {"error": f"{type(err).__name__}: {err}", "alloc_conf": conf}
-        else:
-            replayed = {
-                "max_memory_allocated": r.max_memory_allocated,
-                "max_memory_reserved": r.max_memory_reserved,
-                "alloc_conf": conf,
-            }
-    return {
-        "measured": measured,
-        "predicted": {"max_memory_allocated": pred_alloc, "max_memory_reserved": pred_res},
-        "reserved_error_bytes": res_err,
-        "reserved_relative_error": (
-            res_err / measured["peak_reserved_bytes"] if measured["peak_reserved_bytes"] else None
-        ),
-        "allocated_error_bytes": pred_alloc - measured["peak_requested_rounded_bytes"],
-        "replayed": replayed,
-    }

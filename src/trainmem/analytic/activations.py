@@ -60,6 +60,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trainmem.analytic.params import linear_shapes
+from trainmem.specs.frameworks import DEFAULT_TORCH_VERSION, parse_version
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
@@ -84,19 +85,27 @@ def compute_and_residual_bytes(training: TrainingConfig) -> tuple[int, int]:
 
     See Note [Activation terms]."""
     c = dtype_bytes(training.compute_dtype)
-    r = 4 if training.uses_autocast else c
+    # peft's prepare_model_for_kbit_training leaves an fp32 embedding and fp32 norms: the
+    # residual stream is fp32 as under autocast
+    r = 4 if training.uses_autocast or training.kbit_fp32_upcast else c
     return c, r
 
 
-def _norm_saved_bytes(model: ModelSpec, r: int, *, trainable: bool = True) -> int:
+def _norm_saved_bytes(
+    model: ModelSpec, r: int, *, trainable: bool = True, compiled: bool = False
+) -> int:
     """Bytes per token one norm saves: LayerNorm r*h + 8 (input, fp32 mean and rstd); HF RMSNorm
     4h + r*h + 4 (fp32 input or copy, normalised tensor, fp32 rstd). A frozen RMSNorm (LoRA)
     does not save the normalised tensor: ``weight * x`` saves ``x`` only for the weight's
-    gradient (found by the trace engine); under torch.compile the fused norm's normalised
-    tensor is recomputed in backward, so it is not saved either."""
+    gradient (found by the trace engine). Under torch.compile the min-cut partition keeps only
+    the norm's input in its own dtype and the fp32 rstd (r*h + 4): the fp32 upcast and the
+    normalised tensor are fused and recomputed in backward (traced: AOTAutograd with
+    ``min_cut_rematerialization_partition`` on a Llama layer, trainmem.trace.compile)."""
     h = model.hidden_size
     if model.norm_kind == "layernorm":
         return r * h + 8
+    if compiled:
+        return r * h + 4
     return 4 * h + (r * h if trainable else 0) + 4
 
 
@@ -108,7 +117,7 @@ def _activation_fn_saved_bytes(model: ModelSpec, training: TrainingConfig, width
     # model writes the tanh formula out.
     # torch.compile (inductor) fuses the formula into one kernel and its min-cut partitioner
     # saves only the input (torch/_functorch/partitioners.py ``min_cut_rematerialization``).
-    fused = training.framework == "litgpt" or training.compile
+    fused = not training.conventions.hf_model_code or training.compile
     if model.hidden_act in TANH_FORMULA_ACTIVATIONS and not fused:
         if training.uses_autocast:
             # pow's fp32 input copy, tanh out, 1+tanh (fp32), 0.5*x (c), output cast for down (c)
@@ -137,6 +146,57 @@ def autocast_weight_copy_bytes(model: ModelSpec, training: TrainingConfig) -> in
         return 0
     c, _ = compute_and_residual_bytes(training)
     return c * layer_linear_weights(model)
+
+
+def autocast_cached_weight_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes of one layer's weights held in autocast's weight cache until the forward region
+    exits: a 16-bit copy of every *trainable* linear weight (LoRA adapters included), none of
+    a frozen base and none under ZeRO-3 / FSDP, whose gathered weights are views.
+
+    Alive: forward (from the layer's forward to the end of the autocast region). This matters
+    under activation checkpointing, where the copies are not saved for backward but stay in the
+    cache; without checkpointing the matmuls save the same copies (the per-layer term
+    ``autocast_weight_copies``).
+
+    Source: aten/src/ATen/autocast_mode.cpp ``cached_cast``: ``can_try_cache = to_type ==
+    lower_precision_fp && arg.scalar_type() == kFloat && arg.requires_grad() && arg.is_leaf()
+    && !arg.is_view() && cache_enabled``; a frozen weight (requires_grad False) or an FSDP
+    view is cast on every call and the cast lives only as long as autograd saves it.
+    """
+    if not training.uses_autocast or (training.zero_stage == 3 and training.data_parallel_size > 1):
+        return 0
+    c, _ = compute_and_residual_bytes(training)
+    if not training.is_lora:
+        return c * layer_linear_weights(model)
+    r = training.lora_rank
+    adapters = 0
+    for name, (fan_in, fan_out, n) in linear_shapes(model).items():
+        targeted = (
+            any(t in training.lora_targets for t in ("q", "k", "v"))
+            if name == "qkv"
+            else name in training.lora_targets
+        )
+        if targeted and name != "router":
+            adapters += n * r * (fan_in + fan_out)
+    return c * adapters
+
+
+def sdpa_expands_kv(training: TrainingConfig) -> bool:
+    """Keys and values reach attention expanded to all query heads (``repeat_kv``): eager
+    attention; the fp32 memory-efficient kernel; and transformers' SDPA path unless it can hand
+    GQA to the kernel, which needs torch >= 2.5 and no attention mask (a padded batch passes
+    one; transformers integrations/sdpa_attention.py ``use_gqa_in_sdpa``: "attention_mask is
+    None (otherwise it will fall back to the math kernel)").
+
+    Alive: forward to the layer's backward (SDPA saves the k and v it was given).
+    """
+    c, _ = compute_and_residual_bytes(training)
+    if training.attention == "eager" or c == 4:
+        return True
+    if training.attention != "sdpa" or not training.conventions.hf_model_code:
+        return False
+    torch = parse_version("torch_version", training.torch_version) or DEFAULT_TORCH_VERSION
+    return training.padding_mask or torch < (2, 5)
 
 
 def tokens_per_sequence(model: ModelSpec, training: TrainingConfig) -> int:
@@ -171,17 +231,23 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
     fused_qkv = model.fused_qkv
     terms: dict[str, int] = {}
 
-    norm = _norm_saved_bytes(model, r, trainable=not training.is_lora and not training.compile)
+    norm = _norm_saved_bytes(
+        model, r, trainable=not training.is_lora and not training.compile, compiled=training.compile
+    )
     terms["attention/norm"] = norm * t
     terms["attention/qkv_input"] = c * h * t * (1 if (fused_qkv or not mixed) else 3)
     # Keys and values reach the kernel expanded to all query heads (GQA) in eager attention
     # (HF ``repeat_kv`` + the matmul's reshape copy) and in the fp32 memory-efficient SDPA
     # kernel; flash (16-bit) takes them at kv-head size. Only the rotated q and k are saved:
     # RoPE's multiplications by cos/sin save cos/sin, not q or k.
-    kv_saved = a if (training.attention == "eager" or c == 4) else kv
+    kv_saved = a if sdpa_expands_kv(training) else kv
     terms["attention/q_k"] = c * (a * d + kv_saved * d) * t
     terms["attention/v"] = c * kv_saved * d * t
-    if model.model_type == "gpt2" and training.activation_checkpointing == "none":
+    if (
+        model.model_type == "gpt2"
+        and training.activation_checkpointing == "none"
+        and training.conventions.hf_model_code
+    ):
         # transformers 5 GPT-2 builds a DynamicCache in training (config ``use_cache=True``,
         # disabled under gradient checkpointing); its ``torch.cat`` copies of k and v are what
         # SDPA saves (found by the trace engine, benchmarks/analytic_vs_trace.py).
@@ -215,7 +281,10 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
         terms["mlp/expert_outputs"] = c * h * t * k_top
     terms["mlp/input"] = c * h * t * k_top * (n_in if mixed else 1)
     if model.mlp_kind == "gated":
-        terms["mlp/gated"] = 4 * c * i * t * k_top
+        # gate and up outputs, the activation's output and the down projection's input; under
+        # torch.compile the activation's output is recomputed from the saved gate (traced:
+        # min-cut keeps gate, up and act(gate) * up)
+        terms["mlp/gated"] = (3 if training.compile else 4) * c * i * t * k_top
     else:
         terms["mlp/activation"] = _activation_fn_saved_bytes(model, training, i) * t * k_top
     if p_hidden:
@@ -224,7 +293,7 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
         terms["autocast_weight_copies"] = autocast_weight_copy_bytes(model, training)
     if training.is_lora:
         _apply_lora(terms, model, training, t=t, k_top=k_top)
-    if training.framework == "litgpt":
+    if training.conventions.own_model_code:
         _apply_litgpt_attention(terms, model, training, t=t)
     return split_for_parallelism(terms, training)
 
@@ -280,6 +349,12 @@ HIDDEN_REGION_TERMS = frozenset(
         "embedding_dropout_mask",
     }
 )
+GATHERED_INPUT_TERMS = frozenset({"attention/qkv_input", "mlp/input", "lm_head_input"})
+"""The normed inputs of the column-parallel linears (q/k/v, gate/up, the output layer): under
+DTensor sequence parallelism they are all-gathered to the full sequence before the linears,
+which save them whole
+(:attr:`~trainmem.specs.training.TrainingConfig.sequence_parallel_saves_gathered_input`)."""
+
 #: Inputs every tensor-parallel rank holds whole (token ids, rotary tables).
 REPLICATED_INPUT_TERMS = frozenset(
     {"inputs/token_ids_and_labels", "inputs/pixel_values", "rotary_cos_sin"}
@@ -290,9 +365,13 @@ def parallel_divisor(term: str, training: TrainingConfig) -> int:
     """Ranks one activation term is split over: tensor parallelism t for the attention / MLP
     internals and the vocabulary-parallel logits (Korthikanti et al. 2022 Eq. 2: sbh(10 + 24/t
     + 5as/ht)), also for the hidden-size region with sequence parallelism (Eq. 3: sbh(34/t +
-    5as/ht)); context parallelism splits every term by sequence."""
+    5as/ht)); context parallelism splits every term by sequence. Under DTensor sequence
+    parallelism (torchtitan) the column-parallel linears save their all-gathered input whole
+    (:data:`GATHERED_INPUT_TERMS`)."""
     tp, cp = training.tensor_parallel_size, training.context_parallel_size
     if term in REPLICATED_INPUT_TERMS or term.startswith("lora/"):
+        return cp
+    if term in GATHERED_INPUT_TERMS and training.sequence_parallel_saves_gathered_input:
         return cp
     if term in HIDDEN_REGION_TERMS and not training.sequence_parallel:
         return cp
@@ -328,12 +407,13 @@ def _apply_lora(
     shapes = linear_shapes(model)
     fused = "qkv" in shapes
     qkv_targets = len({"q", "k", "v"} & targets)
-    # bitsandbytes' quantized matmuls save their input whenever it requires grad, frozen weight
-    # or not (``MatMul4Bit`` / ``MatMul8bitLt``: ``ctx.tensors = (A, B)``), so a quantized base
-    # keeps every linear input like full fine-tuning does. torchtune quantizes with torchao's
-    # NF4Tensor, whose ``linear_nf4`` saves only the weight (torchao/dtypes/nf4tensor.py
-    # ``LinearNF4``).
-    frozen_inputs_saved = training.quantize_base != "none" and training.framework != "torchtune"
+    # bitsandbytes' int8 matmul (``MatMul8bitLt``) and its 4-bit matmul before 0.43.2
+    # (``MatMul4Bit``: ``ctx.tensors = (A, B)``) save their input whenever it requires grad,
+    # frozen weight or not, so such a base keeps every linear input like full fine-tuning does;
+    # ``MatMul4Bit`` since 0.43.2 keeps ``(None, B)``, and torchtune's torchao ``NF4Tensor``
+    # (``linear_nf4``) saves only the weight: then a quantized base is like a frozen 16-bit one.
+    # See TrainingConfig.quantized_matmul_saves_input.
+    frozen_inputs_saved = training.quantized_matmul_saves_input
     # With lora_dropout the adapters read the dropout output (counted below), not x: a frozen
     # base saves no input at all.
     via_dropout = training.lora_dropout > 0 and not frozen_inputs_saved
@@ -371,7 +451,9 @@ def _apply_lora(
         # lit-gpt's fused ``attn`` applies one dropout to x for q, k and v together
         # (lit_gpt/lora.py ``LoRAQKVLinear``: ``F.linear(self.lora_dropout(x), self.lora_A)``)
         first_qkv = next((n for n in ("q", "k", "v") if n in targets), None)
-        shared = training.framework == "litgpt" and name in ("q", "k", "v") and name != first_qkv
+        shared = (
+            training.conventions.own_model_code and name in ("q", "k", "v") and name != first_qkv
+        )
         if training.lora_dropout > 0 and not shared:
             terms[f"lora/{name}_dropout"] = (c + 1) * fan_in * t * active
         if a_bytes > c:
@@ -383,7 +465,7 @@ def lora_adapter_dtype(training: TrainingConfig) -> str:
     """Dtype of the LoRA A and B matrices: peft upcasts adapters on a 16-bit base to fp32
     (``autocast_adapter_dtype=True``, peft tuners/tuners_utils.py); lit-gpt and torchtune keep
     them in the model's dtype."""
-    if training.framework in ("litgpt", "torchtune"):
+    if training.conventions.adapter_dtype_follows_weights:
         return training.weight_dtype
     return "float32"
 
@@ -471,10 +553,9 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
         lm_head_frozen = training.is_lora and "lm_head" not in training.lora_targets
         # a frozen LM head saves no input, unless bitsandbytes quantized it (lit-gpt quantizes
         # every linear, the LM head too; HF keeps it unquantized)
-        bnb_head = training.framework == "litgpt" and training.quantize_base != "none"
-        if not lm_head_frozen or bnb_head:
+        if not lm_head_frozen or quantized_lm_head(training):
             out["lm_head_input"] = c * h * t
-        if training.framework == "litgpt":
+        if training.conventions.fp32_model_output:
             # Lightning Fabric casts the model output to fp32 (``_FabricModule.forward`` ->
             # ``precision.convert_output``) and lit-gpt's loop keeps ``logits`` until the step
             # ends (lightning/fabric/plugins/precision/half.py)
@@ -492,6 +573,25 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
     return split_for_parallelism(out, training)
 
 
+def quantized_lm_head(training: TrainingConfig) -> bool:
+    """The LM head is quantized with the rest of the base: lit-gpt's ``--quantize bnb.*``
+    replaces every ``nn.Linear``, the LM head too (lit_gpt/utils.py, Fabric's
+    ``BitsandbytesPrecision.convert_module``); HF / peft keep ``lm_head`` unquantized
+    (``llm_int8_skip_modules`` defaults to the output embedding)."""
+    return training.conventions.own_model_code and training.quantize_base != "none"
+
+
+def lm_head_dequant_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes of the LM head's weight dequantized to the compute dtype while its matmul runs
+    (forward, and again for the input gradient in backward) when the head is quantized
+    (:func:`quantized_lm_head`): bitsandbytes ``MatMul4Bit`` dequantizes the whole (V, h) weight
+    (bitsandbytes/autograd/_functions.py ``F.dequantize_4bit``), 0 otherwise."""
+    if not quantized_lm_head(training) or model.head not in ("causal-lm", "masked-lm"):
+        return 0
+    c, _ = compute_and_residual_bytes(training)
+    return c * model.vocab_size * model.hidden_size // training.tensor_parallel_size
+
+
 def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     """Bytes live only at the end of forward, when the loss runs: the logits (c per value) and,
     when the loss upcasts 16-bit logits, their fp32 copy (one chunk of it with a chunked loss).
@@ -502,7 +602,7 @@ def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
     c, _ = compute_and_residual_bytes(training)
     v = model.vocab_size
     chunk = -(-t // max(training.chunked_cross_entropy, 1))
-    if training.framework == "litgpt":
+    if training.conventions.own_model_code:
         # lit-gpt's chunked LM head: one chunk of 16-bit logits before Fabric's fp32 cast (the
         # fp32 logits themselves are a head term)
         total = c * v * chunk

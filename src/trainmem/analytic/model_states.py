@@ -56,10 +56,17 @@ def optimizer_state_bytes_per_parameter(training: TrainingConfig) -> float:
         return master + w
     if opt in ("adam", "adamw"):
         return master + 2 * w
+    if opt == "paged-adamw":
+        # bitsandbytes 32-bit optimizer: ``get_state_buffer(p, dtype=torch.float32)``
+        return master + 2 * 4
     if opt in ("adamw-8bit", "paged-adamw-8bit"):
         return master + 2 * (1 + 4 / BNB_BLOCKWISE_BLOCK_SIZE)
     if opt == "adafactor":
         return master  # factored: see optimizer_state_bytes
+    if opt == "adamw-4bit":  # torchao: packed 4-bit codes + fp32 scale per 128 (two states)
+        return master + 2 * (0.5 + 4 / 128)
+    if opt == "adamw-fp8":  # torchao: float8 codes + fp32 scale per 256 (two states)
+        return master + 2 * (1 + 4 / 256)
     raise AssertionError(opt)  # TrainingConfig validated the name
 
 
@@ -103,8 +110,50 @@ def optimizer_state_bytes(
             if r * c >= BNB_MIN_8BIT_SIZE
         )
         return master + large + small * 2 * 4
+    if training.optimizer in TORCHAO_LOW_BIT_BLOCK:
+        return master + torchao_low_bit_state_bytes(training, matrix_shapes, num_vector_parameters)
     per = optimizer_state_bytes_per_parameter(training)
     return round((num_matrix + num_vector_parameters) * per)
+
+
+TORCHAO_LOW_BIT_BLOCK: dict[str, int] = {"adamw-4bit": 128, "adamw-fp8": 256}
+"""Quantization block of torchao's low-bit AdamW states (torchao optim/adam.py: ``AdamW4bit(...,
+block_size=128)``, ``AdamWFp8(..., block_size=256)``)."""
+TORCHAO_MIN_QUANTIZED_SIZE = 4096
+"""torchao quantizes a state only for tensors of at least 4096 elements whose size the block
+divides (optim/adam.py ``_new_buffer``: ``p.numel() >= 4096 and p.numel() % block_size == 0``);
+other tensors keep ``torch.zeros_like(p)`` states."""
+
+
+def torchao_low_bit_state_bytes(
+    training: TrainingConfig, matrix_shapes: list[tuple[int, int, int]], num_vector_parameters: int
+) -> int:
+    """Bytes of torchao ``AdamW4bit`` / ``AdamWFp8`` states (exp_avg and exp_avg_sq), without a
+    master copy.
+
+    Per quantized tensor of n elements, each of the two states holds codes and one fp32 scale
+    per block: 4-bit ``OptimState4bit`` n / 2 bytes of packed codes + 4 n / 128; FP8
+    ``OptimStateFp8`` n bytes of float8_e4m3fn codes + 4 n / 256. Other tensors (under 4096
+    elements, or not a multiple of the block) keep two states in the parameter's dtype. The
+    16- / 256-entry quantization maps are shared per tensor and ignored (< 1 KiB).
+
+    Source: torchao optim/adam.py ``_AdamBase._new_buffer``, optim/subclass_4bit.py
+    ``OptimState4bit.zeros``, optim/subclass_fp8.py ``OptimStateFp8.zeros`` (README: "AdamW4bit
+    ... block_size 128", "AdamWFp8 ... block_size 256").
+    """
+    block = TORCHAO_LOW_BIT_BLOCK[training.optimizer]
+    w = dtype_bytes(training.optimizer_state_dtype)
+
+    def one(numel: int) -> int:
+        if numel < TORCHAO_MIN_QUANTIZED_SIZE or numel % block:
+            return 2 * w * numel
+        if training.optimizer == "adamw-4bit":
+            return 2 * (numel // 2 + 4 * (numel // block))
+        return 2 * (numel + 4 * (numel // block))
+
+    # the 1-D elements are one tensor (tensor_states asks per tensor)
+    total = one(num_vector_parameters) if num_vector_parameters else 0
+    return total + sum(n * one(r * c) for r, c, n in matrix_shapes)
 
 
 def zero_paper_model_state_bytes(num_parameters: int, k: int = 12) -> int:

@@ -11,8 +11,10 @@ Note [Optimizer-step temporaries]
     peak 1.85 GiB fused, 2.14 for-loop, 2.32 foreach over 1.854 GiB of model states, i.e. +0,
     +2 x 0.144 GiB (wte) and +0.4636 GiB (one copy of the parameters).
     HF Adafactor (transformers/optimization.py) works per parameter in fp32 and builds about three
-    temporaries of the largest parameter; Lion (lion-pytorch / torch) two; bitsandbytes 8-bit
-    kernels update in place.
+    temporaries of the largest parameter; ``torch.optim.Adafactor`` builds one ``var_estimate``
+    (``row_var @ col_var``) per parameter in its dtype, for all of them at once with foreach;
+    Lion (lion-pytorch / torch) two; bitsandbytes 8-bit kernels, torchao's low-bit AdamW
+    (compiled per parameter) and Megatron's / DeepSpeed's fused Adam update in place.
 """
 
 from __future__ import annotations
@@ -42,6 +44,12 @@ def optimizer_step_temporary_bytes(
         if impl == "foreach":
             return w * num_trainable_parameters
         return 2 * w * largest_parameter
+    if opt == "adafactor" and training.adafactor_implementation == "torch":
+        # torch/optim/_adafactor.py: ``var_estimates = [row_var @ col_var ...]`` (vectors:
+        # ``v.clone()``), one per parameter; foreach builds them for the whole group
+        if impl == "foreach":
+            return dtype_bytes(training.weight_dtype) * num_trainable_parameters
+        return dtype_bytes(training.weight_dtype) * largest_parameter
     if opt == "adafactor":
         return 3 * 4 * largest_parameter
     if opt == "lion":

@@ -29,14 +29,15 @@ Note [Model states with PEFT and sharding]
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from typing import Any
 
 from trainmem.analytic.activations import lora_adapter_dtype
 from trainmem.analytic.model_states import optimizer_state_bytes
 from trainmem.analytic.params import linear_shapes, parameter_counts
 from trainmem.specs.model import ModelSpec
-from trainmem.specs.training import TrainingConfig
+from trainmem.specs.training import PAGED_OPTIMIZERS, TrainingConfig
 from trainmem.units import dtype_bytes
 
 NF4_BLOCK = 64
@@ -62,6 +63,8 @@ class TensorState:
         full_param_bytes: weight bytes of this rank's tensor-parallel slice before ZeRO / FSDP
             sharding (what ZeRO-3 gathers).
         full_grad_bytes: gradient bytes of that slice before it is reduce-scattered.
+        paged_state_bytes: optimizer-state bytes in CUDA managed memory (bitsandbytes paged
+            optimizers), outside the caching allocator and not in ``state_bytes``.
     """
 
     owner: str
@@ -73,6 +76,7 @@ class TensorState:
     state_bytes: int
     full_param_bytes: int
     full_grad_bytes: int
+    paged_state_bytes: int = 0
 
 
 def _quantized_bytes(numel: int, out_features: int, quantize: str) -> int:
@@ -97,6 +101,30 @@ def _quantized_bytes(numel: int, out_features: int, quantize: str) -> int:
             + (4 * in_features)
         )
     raise AssertionError(quantize)
+
+
+BNB_PAGED_MIN_NUMEL = 100_000
+"""bitsandbytes pages an optimizer state only for tensors of at least 1e5 elements
+(bitsandbytes/optim/optimizer.py ``get_state_buffer``: ``if not self.is_paged or p.numel() <
+1e5: return torch.zeros_like(...)``, else ``F.get_paged(...)``, i.e. ``cudaMallocManaged``)."""
+
+
+def paged_state_bytes(training: TrainingConfig, numel: int, shards: int = 1) -> int:
+    """Optimizer-state bytes of one tensor that a bitsandbytes paged optimizer keeps in CUDA
+    managed memory: both fp32 states (8 B per element, ``paged-adamw``) or both uint8 states
+    (2 B per element, ``paged-adamw-8bit``; the fp32 absmax stays in the allocator), for tensors
+    of at least :data:`BNB_PAGED_MIN_NUMEL` elements; 0 otherwise.
+
+    Alive: the whole step (forward, backward and optimizer); counted in the device total, not
+    in ``max_memory_allocated`` / ``max_memory_reserved``.
+
+    Source: bitsandbytes/optim/optimizer.py ``Optimizer2State.init_state`` /
+    ``get_state_buffer``; bitsandbytes/functional.py ``get_paged`` (``cudaMallocManaged``).
+    """
+    if training.optimizer not in PAGED_OPTIMIZERS or numel < BNB_PAGED_MIN_NUMEL:
+        return 0
+    per_element = 8 if training.optimizer == "paged-adamw" else 2
+    return -(-per_element * numel // shards)
 
 
 def _lora_targeted(name: str, training: TrainingConfig) -> bool:
@@ -163,7 +191,7 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
     :func:`trainmem.analytic.model_states.optimizer_state_bytes`.
     """
     tp = training.tensor_parallel_size
-    dp = training.data_parallel_size
+    dp = training.sharding_degree  # HYBRID_SHARD: the shard group, not every rank
     stage = training.zero_stage if dp > 1 else 0
     cache: dict[tuple[str, int, int, bool], TensorState] = {}
 
@@ -177,7 +205,6 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
         if proto is None:
             # LoRA adapters may have their own dtype (peft: fp32 on a 16-bit base)
             tr = adapter_training if name.startswith("lora_") else training
-            w = dtype_bytes(tr.weight_dtype)
             is_linear = not name.startswith(
                 (
                     "lora_",
@@ -190,6 +217,9 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
                     "router",
                 )
             )
+            w = dtype_bytes(tr.weight_dtype)
+            if training.kbit_fp32_upcast and not is_linear and not name.startswith("lora_"):
+                w = 4  # peft prepare_model_for_kbit_training: non-quantized params in fp32
             # Megatron tensor parallelism splits every layer linear (column / row parallel) and
             # the vocabulary (VocabParallelEmbedding, the output layer); norms are replicated.
             tp_split = is_linear or name in ("embedding/tokens", "lm_head")
@@ -220,8 +250,12 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
                 grad = 0  # each layer's gradient leaves once reduced (the engine's reduce term)
             if training.offload == "optimizer+params":
                 param = 0
+            paged = 0
+            if trainable and state and training.optimizer in PAGED_OPTIMIZERS:
+                paged = min(paged_state_bytes(training, local, dp if stage >= 1 else 1), state)
+                state -= paged
             proto = TensorState(
-                "", name, numel, trainable, param, grad, state, full_param, full_grad
+                "", name, numel, trainable, param, grad, state, full_param, full_grad, paged
             )
             cache[key] = proto
         return replace(proto, owner=owner)
@@ -258,11 +292,14 @@ class StateLayout:
     layer: list[TensorState]
     head: list[TensorState]
     num_layers: int
+    #: schedule pieces that depend only on these states (built once per cached layout)
+    cache: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def total(self, field: str) -> int:
         """Sum of one TensorState field (``param_bytes``, ``numel``...) over the whole model."""
-        outer = sum(getattr(s, field) for s in self.embedding + self.head)
-        return outer + self.num_layers * sum(getattr(s, field) for s in self.layer)
+        outer: int = sum(getattr(s, field) for s in self.embedding + self.head)
+        layer: int = sum(getattr(s, field) for s in self.layer)
+        return outer + self.num_layers * layer
 
     def expand(self) -> list[TensorState]:
         """Every tensor, layer by layer, in module order."""

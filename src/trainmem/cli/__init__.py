@@ -5,7 +5,8 @@ stage imports the CLI (STYLE.md sec. 1: ``... -> planner -> report -> cli``).
   ``compare-snapshot``;
 - :mod:`trainmem.cli.options`: the training options every command shares;
 - :mod:`trainmem.cli.planner`: ``plan``, ``fit``, ``sweep``;
-- :mod:`trainmem.cli.compare`: ``compare``.
+- :mod:`trainmem.cli.compare`: ``compare``;
+- :mod:`trainmem.cli.serve`: ``serve``, the web calculator (:mod:`trainmem.web`).
 """
 
 from trainmem.cli.app import app, main

@@ -96,13 +96,8 @@ def estimate_cmd(
     if modules < 0:
         raise SpecError("modules", f"must be a non-negative number of rows, got {modules}")
     est = estimate(model, training, gpu=gpu, engine=engine, alloc_conf=alloc_conf)
-    if training.compile:
-        est.notes.append(
-            "--compile: only inductor's fused pointwise chains (GELU formula, RMSNorm) are "
-            "modelled; other recomputation by its partitioner is not, so this is an upper bound"
-        )
     if snapshot is not None:
-        write_step_snapshot(model, training, gpu, alloc_conf, snapshot)
+        write_step_snapshot(est, gpu, alloc_conf, snapshot)
         est.notes.append(f"memory snapshot written to {snapshot}")
     if plot is not None or html is not None:
         from trainmem.report.compare import emit_reports
@@ -145,21 +140,12 @@ def add_uncertainty(est: MemoryEstimate) -> None:
     )
 
 
-def write_step_snapshot(
-    model: str, training: TrainingConfig, gpu: str | None, alloc_conf: str, path: str
-) -> None:
-    """Replay the analytic step with history and write it as a PyTorch snapshot pickle."""
+def write_step_snapshot(est: MemoryEstimate, gpu: str | None, alloc_conf: str, path: str) -> None:
+    """Write the estimate's replayed step (whichever engine made it) as a PyTorch snapshot."""
     from trainmem.allocator.snapshot import write_snapshot
-    from trainmem.analytic.engine import replay_step
-    from trainmem.estimate import resolve_gpu
+    from trainmem.estimate import replay_estimate, resolve_gpu
 
-    result = replay_step(
-        resolve_model(model),
-        training,
-        gpu=resolve_gpu(gpu),
-        alloc_conf=alloc_conf,
-        record_history=True,
-    )
+    result = replay_estimate(est, gpu=resolve_gpu(gpu), alloc_conf=alloc_conf, record_history=True)
     assert result.snapshot is not None  # record_history=True always fills it
     try:
         write_snapshot(path, result.snapshot)
@@ -181,15 +167,13 @@ def compare_snapshot_cmd(
     """Compare a snapshot you recorded on a GPU with trainmem's prediction for the same run.
 
     The snapshot is read with a restricted unpickler (plain containers and numbers only)."""
-    from trainmem.allocator.snapshot import compare_snapshot
-    from trainmem.analytic.engine import replay_step
-    from trainmem.estimate import resolve_gpu
+    from trainmem.allocator.stream_compare import compare_snapshot
+    from trainmem.estimate import replay_estimate, resolve_gpu
 
-    prediction = replay_step(
-        resolve_model(model), training, gpu=resolve_gpu(gpu), alloc_conf=alloc_conf
-    )
+    est = estimate(model, training, gpu=gpu, alloc_conf=alloc_conf)
+    prediction = replay_estimate(est, gpu=resolve_gpu(gpu), alloc_conf=alloc_conf)
     try:
-        report = compare_snapshot(snapshot_file, prediction)
+        report = compare_snapshot(snapshot_file, prediction, timeline=est.timeline)
     except OSError as exc:
         raise SpecError(
             "snapshot_file", f"cannot read {snapshot_file}: {exc.strerror or exc}"
@@ -291,12 +275,18 @@ def gpus_cmd(as_json: JsonOpt = False) -> None:
 
 
 def _register_commands() -> None:
-    """Add ``plan``, ``fit``, ``sweep`` (:mod:`trainmem.cli.planner`) and ``compare``
-    (:mod:`trainmem.cli.compare`)."""
-    from trainmem.cli import compare, planner
+    """Add ``plan``, ``fit``, ``sweep`` (:mod:`trainmem.cli.planner`), ``compare``
+    (:mod:`trainmem.cli.compare`), ``replay-snapshot`` (:mod:`trainmem.cli.replay_snapshot`)
+    and ``serve`` (:mod:`trainmem.cli.serve`)."""
+    from trainmem.cli.compare import register as register_compare
+    from trainmem.cli.planner import register as register_planner
+    from trainmem.cli.replay_snapshot import register as register_replay_snapshot
+    from trainmem.cli.serve import register as register_serve
 
-    planner.register(app)
-    compare.register(app)
+    register_planner(app)
+    register_compare(app)
+    register_replay_snapshot(app)
+    register_serve(app)
 
 
 _register_commands()

@@ -37,7 +37,7 @@ from trainmem.specs.training import (
     QUANTIZE_BASE,
     TrainingConfig,
     check_training_for_model,
-    zero_stage_from,
+    fsdp_settings,
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -129,8 +129,34 @@ TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
     _p("optimizer", Annotated[str, _o("--optimizer", "-o", help=_choices(OPTIMIZERS))], "adamw"),
     _p(
         "optimizer_implementation",
-        Annotated[str, _o("--optimizer-implementation", help=_choices(OPTIMIZER_IMPLEMENTATIONS))],
-        "foreach",
+        Annotated[
+            str | None,
+            _o(
+                "--optimizer-implementation",
+                help=_choices(OPTIMIZER_IMPLEMENTATIONS)
+                + " [default: the framework's for --torch-version]",
+            ),
+        ],
+        None,
+    ),
+    _p(
+        "torch_version",
+        Annotated[
+            str | None,
+            _o("--torch-version", help="torch release where a default depends on it [>= 2.8]."),
+        ],
+        None,
+    ),
+    _p(
+        "bitsandbytes_version",
+        Annotated[
+            str | None,
+            _o(
+                "--bitsandbytes-version",
+                help="bitsandbytes release (4-bit matmuls save their input before 0.43.2).",
+            ),
+        ],
+        None,
     ),
     _p(
         "activation_checkpointing",
@@ -167,7 +193,19 @@ TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
             _o(
                 "--fsdp",
                 help="full-shard|shard-grad-op|hybrid-shard|no-shard (sets the ZeRO stage it "
-                "shards like)",
+                "shards like; with --framework hf-trainer it is accelerate-fsdp, the Trainer's "
+                "FSDP)",
+            ),
+        ],
+        None,
+    ),
+    _p(
+        "shard_group_size",
+        Annotated[
+            int | None,
+            _o(
+                "--shard-group-size",
+                help="Ranks a shard spans (HYBRID_SHARD: one node) [default: all data-parallel].",
             ),
         ],
         None,
@@ -344,7 +382,12 @@ def training_from_options(
     if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not math.isfinite(alpha):
         raise SpecError("lora_alpha", f"must be a finite number, got {alpha!r}")
     settings = {k: v for k, v in given.items() if k not in _NOT_FIELDS}
-    settings["zero_stage"] = zero_stage_from(given["zero_stage"], given["fsdp"])
+    for key, value in fsdp_settings(given["zero_stage"], given["fsdp"]).items():
+        if key == "zero_stage" or settings.get(key) is None:
+            settings[key] = value
+    if given["fsdp"] is not None and settings["framework"] == "hf-trainer":
+        # the HF Trainer's --fsdp is accelerate's FSDP plugin (MixedPrecision policy)
+        settings["framework"] = "accelerate-fsdp"
     settings["lora_targets"] = parse_lora_targets(given["lora_targets"])
     defaults = {p.name: p.default for p in TRAINING_OPTIONS}
     for item in given["settings"] or []:

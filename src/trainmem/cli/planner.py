@@ -70,7 +70,7 @@ def register(app: typer.Typer) -> None:
         console.print(
             f"fixed: seq_len={training.seq_len} for the micro-batch search, "
             f"micro_batch_size={training.micro_batch_size} for the seq_len search; "
-            f"{training.precision}, {training.optimizer} ({training.optimizer_implementation}), "
+            f"{training.precision}, {training.optimizer} ({training.step_implementation}), "
             f"checkpointing {training.activation_checkpointing}, attention {training.attention}",
             highlight=False,
         )

@@ -19,10 +19,9 @@ Note [Fast bound, simulated answer]
 
 from __future__ import annotations
 
-from trainmem.analytic.engine import estimate_analytic
 from trainmem.breakdown import MemoryEstimate
 from trainmem.errors import SpecError
-from trainmem.estimate import resolve_gpu, resolve_model
+from trainmem.estimate import estimate, resolve_gpu, resolve_model
 from trainmem.specs.hardware import GPUSpec
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
@@ -61,7 +60,7 @@ def fast_estimate(
     Returns:
         The estimate; bytes throughout.
     """
-    return estimate_analytic(
+    return estimate(
         model, training, gpu=gpu, cuda_context_bytes=cuda_context_bytes, simulate_allocator=False
     )
 
@@ -78,17 +77,14 @@ def simulated_estimate(
     Returns:
         The estimate; bytes throughout.
     """
-    return estimate_analytic(
+    return estimate(
         model, training, gpu=gpu, cuda_context_bytes=cuda_context_bytes, simulate_allocator=True
     )
 
 
 def fits(est: MemoryEstimate) -> bool:
-    """True when the device total fits the GPU's usable capacity and, if the allocator was
-    simulated, the simulated allocator did not run out of memory."""
-    replay = est.details.get("allocator_replay")
-    if isinstance(replay, dict) and replay.get("oom"):
-        return False
+    """The estimate's own verdict (:attr:`MemoryEstimate.fits`): no out-of-memory in the
+    simulated allocator when it ran, else the device total within the usable capacity."""
     return bool(est.fits)
 
 

@@ -147,7 +147,7 @@ def _supports_bf16(gpu: GPUSpec) -> bool:
 
 
 def _fused_optimizer(_m: ModelSpec, t: TrainingConfig, _g: GPUSpec) -> list[TrainingConfig]:
-    if t.optimizer in ("adam", "adamw") and t.optimizer_implementation != "fused":
+    if t.optimizer in ("adam", "adamw") and t.step_implementation != "fused":
         return [replace(t, optimizer_implementation="fused")]
     return []
 
@@ -197,7 +197,9 @@ def _eight_bit_optimizer(_m: ModelSpec, t: TrainingConfig, _g: GPUSpec) -> list[
 def _adafactor(_m: ModelSpec, t: TrainingConfig, _g: GPUSpec) -> list[TrainingConfig]:
     if t.optimizer in ("adafactor", "sgd"):
         return []
-    return [replace(t, optimizer="adafactor")]
+    # torch.optim.Adafactor's foreach step builds a var_estimate for every parameter at once
+    # (one copy of the parameters); its per-parameter loop holds one at a time
+    return [replace(t, optimizer="adafactor", optimizer_implementation="for-loop")]
 
 
 def _has(*names: str) -> bool:

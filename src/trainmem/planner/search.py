@@ -213,8 +213,7 @@ def _search(
 def _fragmentation(est: MemoryEstimate) -> str:
     frag = est.breakdown.fragmentation
     out = f", {format_bytes(frag)} of it fragmentation" if frag else ""
-    replay = est.details.get("allocator_replay")
-    if isinstance(replay, dict) and replay.get("oom"):
+    if est.oom_message:
         out += ", and the simulated caching allocator runs out of memory"
     return out
 
@@ -283,7 +282,7 @@ def max_micro_batch_size(
         SpecError: unknown model or GPU.
 
     Source: exponential + binary search on a monotone predicate; the predicate is
-    :func:`trainmem.analytic.engine.estimate_analytic` (Note [Where the peak falls]).
+    :func:`trainmem.estimate.estimate` (Note [One description of the step]).
     """
     spec, gpu_spec = resolve(model, gpu)
     return _search(

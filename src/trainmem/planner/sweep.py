@@ -16,9 +16,8 @@ from dataclasses import MISSING, dataclass, fields, replace
 from itertools import product
 from typing import Any
 
-from trainmem.analytic.engine import estimate_analytic
 from trainmem.errors import SpecError
-from trainmem.estimate import resolve_gpu, resolve_model
+from trainmem.estimate import estimate, resolve_gpu, resolve_model
 from trainmem.planner.evaluate import fits
 from trainmem.specs.hardware import GPUSpec
 from trainmem.specs.model import ModelSpec
@@ -27,6 +26,7 @@ from trainmem.specs.training import TrainingConfig
 _DEFAULTS: dict[str, Any] = {
     f.name: f.default for f in fields(TrainingConfig) if f.default is not MISSING
 }
+_ANNOTATIONS: dict[str, Any] = {f.name: f.type for f in fields(TrainingConfig)}
 SWEEPABLE: tuple[str, ...] = tuple(_DEFAULTS)
 """TrainingConfig fields a sweep may vary (every field with a default)."""
 
@@ -101,6 +101,12 @@ def parse_value(name: str, text: str) -> Any:
     """
     default = _DEFAULTS[name]
     raw = text.strip()
+    if default is None:  # an optional field: type the value by the field's annotation
+        annotation = str(_ANNOTATIONS.get(name, ""))
+        if annotation.startswith("bool"):
+            default = False
+        elif annotation.startswith("int") and raw.lstrip("-").isdigit():
+            default = 0
     if isinstance(default, bool):
         folded = raw.lower()
         if folded in ("true", "1", "yes", "on"):
@@ -189,7 +195,7 @@ def sweep(
     for point in product(*grids):
         settings = dict(zip(names, point, strict=True))
         training = replace(base_training, **settings)
-        est = estimate_analytic(
+        est = estimate(
             spec,
             training,
             gpu=gpu_spec,

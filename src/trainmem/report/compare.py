@@ -66,13 +66,14 @@ def compare_estimates(
         SpecError: an invalid combination (TrainingConfig validates it), an unknown GPU/engine.
     """
     from trainmem.estimate import estimate
-    from trainmem.specs.training import zero_stage_from
+    from trainmem.specs.training import fsdp_settings
 
     out = []
     for overrides in sets:
         fields = {k: v for k, v in overrides.items() if k not in _NOT_FIELDS}
         if "fsdp" in overrides:
-            fields["zero_stage"] = zero_stage_from(base.zero_stage, overrides["fsdp"])
+            fsdp = fsdp_settings(base.zero_stage, overrides["fsdp"])
+            fields.update({k: v for k, v in fsdp.items() if k == "zero_stage" or k not in fields})
         training = dataclasses.replace(base, **fields)
         out.append(
             estimate(

@@ -44,15 +44,21 @@ def estimate_table(est: MemoryEstimate) -> Table:
     table.add_section()
     b = est.breakdown
     table.add_row("peak allocated (max_memory_allocated)", gib(b.allocated_bytes), "")
-    table.add_row("peak reserved (max_memory_reserved)", gib(b.reserved_bytes), "")
-    table.add_row("device total (nvidia-smi)", gib(b.device_total_bytes), "")
+    if est.oom_message:  # a step that cannot run has no reserved figure (see the note)
+        table.add_row("peak reserved (max_memory_reserved)", "OOM", "[red]out of memory[/]")
+        table.add_row("device total (nvidia-smi)", "OOM", "")
+    else:
+        table.add_row("peak reserved (max_memory_reserved)", gib(b.reserved_bytes), "")
+        table.add_row("device total (nvidia-smi)", gib(b.device_total_bytes), "")
     if est.gpu_capacity_bytes is not None:
         verdict = "[green]fits[/]" if est.fits else "[red]does not fit[/]"
         margin = est.gpu_capacity_bytes - b.device_total_bytes
+        how = "" if est.oom_message else "margin "
         table.add_row(
             f"{est.gpu_name} usable capacity",
             gib(est.gpu_capacity_bytes),
-            f"{verdict} ({'+' if margin >= 0 else '-'}{gib(abs(margin))} GiB)",
+            f"{verdict} ({how}{'+' if margin >= 0 else '-'}{gib(abs(margin))} GiB"
+            + (" short at peak allocated)" if est.oom_message else ")"),
         )
     return table
 

@@ -15,25 +15,29 @@ config_args.py: ``distributed_type``, ``mixed_precision``, ``num_processes``, ``
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 from trainmem.errors import SpecError
 from trainmem.specs.files import parse_json, read_text_file, resolve_path
+from trainmem.specs.training import fsdp_settings
 
 _FSDP_STRATEGIES = {
-    "FULL_SHARD": 3,
-    "1": 3,
-    "SHARD_GRAD_OP": 2,
-    "2": 2,
-    "NO_SHARD": 0,
-    "3": 0,
-    "HYBRID_SHARD": 3,
-    "4": 3,
-    "HYBRID_SHARD_ZERO2": 2,
-    "5": 2,
+    "FULL_SHARD": "full-shard",
+    "1": "full-shard",
+    "SHARD_GRAD_OP": "shard-grad-op",
+    "2": "shard-grad-op",
+    "NO_SHARD": "no-shard",
+    "3": "no-shard",
+    "HYBRID_SHARD": "hybrid-shard",
+    "4": "hybrid-shard",
+    "HYBRID_SHARD_ZERO2": "hybrid-shard-zero2",
+    "5": "hybrid-shard-zero2",
 }
-"""FSDP ``ShardingStrategy`` names (or accelerate's older 1-5 numbering) as ZeRO stages."""
+"""FSDP ``ShardingStrategy`` names (or accelerate's older 1-5 numbering) as ``--fsdp`` values
+(:func:`trainmem.specs.training.fsdp_settings`); HYBRID_SHARD_ZERO2 is SHARD_GRAD_OP within a
+node."""
 
 
 MAX_YAML_NODES = 10_000
@@ -168,6 +172,20 @@ def deepspeed_settings(ds: dict[str, Any]) -> dict[str, Any]:
     _set(out, "precision", _precision(bf16, fp16))
     zero = _section(ds, "zero_optimization", f)
     _set(out, "zero_stage", _value(zero, "stage", f, int, "0, 1, 2 or 3"))
+    for key in ("reduce_bucket_size", "stage3_prefetch_bucket_size"):
+        bucket = zero.get(key)
+        if bucket is None or bucket == "auto":
+            if bucket == "auto":
+                out[key] = bucket
+            continue
+        if isinstance(bucket, bool) or not isinstance(bucket, int | float):
+            raise SpecError(f, f'{key} must be a number of elements or "auto", got {bucket!r:.80}')
+        if not math.isfinite(bucket) or not 0 <= bucket <= 2**62:
+            raise SpecError(f, f"{key} must be a non-negative number of elements, got {bucket!r}")
+        out[key] = int(bucket)
+    overlap = _value(zero, "overlap_comm", f, bool, flag)
+    if overlap is not None:
+        out["overlap_comm"] = overlap
     opt_dev = _device(zero, "offload_optimizer", f)
     param_dev = _device(zero, "offload_param", f)
     if param_dev in ("cpu", "nvme"):
@@ -225,7 +243,15 @@ def read_accelerate_config(path: str) -> dict[str, Any]:
                 f"fsdp_sharding_strategy {strategy!r} unknown; allowed: "
                 + ", ".join(k for k in _FSDP_STRATEGIES if not k.isdigit()),
             )
-        out["zero_stage"] = _FSDP_STRATEGIES[strategy]
+        name = _FSDP_STRATEGIES[strategy]
+        out.update(fsdp_settings(0, name.replace("-zero2", "")))
+        if name == "hybrid-shard-zero2":
+            out["reshard_after_forward"] = False
+        machines = _value(cfg, "num_machines", f, int, "a positive integer")
+        if name.startswith("hybrid") and n is not None and machines is not None:
+            out["shard_group_size"] = max(n // max(machines, 1), 1)  # GPUs of one node
+        # FSDP (v1) through accelerate: MixedPrecision(param_dtype=bf16); FSDP2 below
+        out["framework"] = "accelerate-fsdp"
         if _scalar_text(fsdp, "fsdp_offload_params", f, "false").lower() == "true":
             out["offload"] = "optimizer+params" if out["zero_stage"] == 3 else "optimizer"
         if _scalar_text(fsdp, "fsdp_activation_checkpointing", f, "false").lower() == "true":

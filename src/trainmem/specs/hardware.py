@@ -39,6 +39,11 @@ LEGACY_CUDA_CONTEXT_BYTES = 1343 * MiB
 ``perf_train_gpu_one.mdx`` @0016acf7, "CUDA context alone 1343 MB" where MB means MiB)."""
 
 
+HIPBLASLT_WORKSPACE_BYTES = 76 * MiB
+"""hipBLASLt workspace per (handle, stream) on ROCm, separate from rocBLAS's
+(aten/src/ATen/cuda/CublasHandlePool.cpp ``parseCUDABlasLtWorkspaceSize``: ``76*1024`` KiB)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class GPUSpec:
     """A GPU model as the memory estimate sees it."""
@@ -56,9 +61,14 @@ class GPUSpec:
     datasheet: str
     """URL of the vendor datasheet."""
     cublas_workspace_bytes: int = 8_519_680
-    """cuBLAS workspace per handle: 4096 KiB*2 + 16 KiB*8 = 8,519,680 B by default; 32 MiB on
-    compute capability >= 9.0 (PyTorch PR #89027), 32 MiB on ROCm. Source:
-    aten/src/ATen/cuda/CublasHandlePool.cpp ``getChosenWorkspaceSize``."""
+    """BLAS workspaces per (handle, stream), held through the caching allocator. NVIDIA: the
+    cuBLAS workspace, 4096 KiB*2 + 16 KiB*8 = 8,519,680 B by default, 32 MiB on compute
+    capability 9.x-12.x (PyTorch PR #89027); cuBLASLt shares it (unified workspace, the default).
+    ROCm: the rocBLAS / hipBLAS workspace, 128 MiB on gfx942 / gfx950 (MI300X, MI355X), 32 MiB
+    on other targets, plus hipBLASLt's own 76 MiB (not unified on ROCm). Source:
+    aten/src/ATen/cuda/CublasHandlePool.cpp ``parseChosenWorkspaceSize`` ("32MiB default, 128MiB
+    for gfx94x/gfx95x") and ``parseCUDABlasLtWorkspaceSize`` (``workspace_size = 76*1024`` KiB
+    "for hipBLASLt"; ``unified_cublas_and_lt_workspaces`` only ``#ifndef USE_ROCM``)."""
 
     def __post_init__(self) -> None:
         if self.memory_bytes <= 0:
@@ -69,7 +79,9 @@ def _gpu(
     name: str, total_gib: float, nominal: str, cc: str, url: str, vendor: str = "nvidia"
 ) -> GPUSpec:
     major = int(cc.split(".")[0]) if vendor == "nvidia" else 0
-    ws = 32 * MiB if (vendor == "amd" or major >= 9) else 8_519_680
+    ws = 32 * MiB if major >= 9 else 8_519_680
+    if vendor == "amd":  # rocBLAS (128 MiB on gfx942 / gfx950) + hipBLASLt's 76 MiB
+        ws = (128 * MiB if cc in ("gfx942", "gfx950") else 32 * MiB) + HIPBLASLT_WORKSPACE_BYTES
     return GPUSpec(
         name=name,
         memory_bytes=round(total_gib * GiB),

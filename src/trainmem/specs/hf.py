@@ -146,7 +146,7 @@ def _from_hub(repo_id: str) -> dict[str, Any]:
             "model", f"{repo_id!r} is not a preset or a local path and HF_HUB_OFFLINE is set; {how}"
         )
     try:
-        from huggingface_hub import hf_hub_download  # type: ignore[import-not-found]
+        from huggingface_hub import hf_hub_download  # type: ignore[import-not-found,unused-ignore]
     except ImportError as exc:
         raise SpecError(
             "model",

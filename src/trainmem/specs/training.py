@@ -22,7 +22,10 @@ Note [Framework conventions]
     ==============  =============================================================================
     pytorch-amp     fp32 weights and grads, torch.autocast (16 B/param with Adam); the default.
     hf-trainer      as pytorch-amp (``Trainer(fp16/bf16=True)`` uses torch.autocast); its default
-                    optimizer is fused AdamW (``adamw_torch_fused``, transformers >= 4.46).
+                    optimizer is torch AdamW, fused (``adamw_torch_fused``) from torch 2.8.
+    accelerate-fsdp FSDP (v1) through accelerate / the HF Trainer's ``--fsdp``: fp32 sharded
+                    weights, ``MixedPrecision(param_dtype=bf16, reduce_dtype=bf16)``: layers
+                    compute on gathered 16-bit weights, no autocast cast.
     litgpt          as the precision says; lit-gpt's own model code (fused qkv, fused GELU) and
                     Fabric's fp32 cast of the model output (logits kept in fp32).
     deepspeed       16-bit weights and grads, fp32 master weights + moments in the optimizer:
@@ -38,10 +41,17 @@ Note [Framework conventions]
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal
 
 from trainmem.errors import SpecError
+from trainmem.specs.frameworks import (
+    BNB_MATMUL4BIT_SAVES_NO_INPUT_SINCE,
+    DEFAULT_BITSANDBYTES_VERSION,
+    FRAMEWORK_CONVENTIONS,
+    FrameworkConventions,
+    parse_version,
+)
 from trainmem.specs.model import MAX_COUNT, ModelSpec, describe_int
 
 Precision = Literal["32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "fp8-mixed"]
@@ -54,6 +64,9 @@ Optimizer = Literal[
     "lion",
     "adamw-8bit",
     "paged-adamw-8bit",
+    "paged-adamw",
+    "adamw-4bit",
+    "adamw-fp8",
 ]
 ActivationCheckpointing = Literal["none", "selective", "full"]
 Attention = Literal["eager", "sdpa", "flash"]
@@ -76,7 +89,14 @@ OPTIMIZERS: tuple[str, ...] = (
     "lion",
     "adamw-8bit",
     "paged-adamw-8bit",
+    "paged-adamw",
+    "adamw-4bit",
+    "adamw-fp8",
 )
+PAGED_OPTIMIZERS: tuple[str, ...] = ("paged-adamw", "paged-adamw-8bit")
+"""bitsandbytes paged optimizers (``bnb.optim.PagedAdamW`` 32-bit, ``PagedAdamW8bit``): their
+large states live in CUDA managed memory, outside the caching allocator (see
+:func:`trainmem.analytic.buffers.paged_state_bytes`)."""
 ACTIVATION_CHECKPOINTING: tuple[str, ...] = ("none", "selective", "full")
 ATTENTIONS: tuple[str, ...] = ("eager", "sdpa", "flash")
 OPTIMIZER_IMPLEMENTATIONS: tuple[str, ...] = ("foreach", "fused", "for-loop")
@@ -88,22 +108,17 @@ LORA_TARGETS: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
 families (GPT-2 ``c_attn``, Falcon / GPT-NeoX ``query_key_value``) any of q, k, v targets the
 one fused module, as peft does."""
 PIPELINE_SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved-1f1b", "gpipe")
-FRAMEWORKS: tuple[str, ...] = (
-    "pytorch-amp",
-    "hf-trainer",
-    "deepspeed",
-    "megatron",
-    "fsdp2",
-    "torchtune",
-    "litgpt",
-)
-"""Framework conventions, see Note [Framework conventions]."""
-_AUTOCAST_FRAMEWORKS = frozenset({"pytorch-amp", "hf-trainer", "litgpt"})
-_MASTER_WEIGHT_FRAMEWORKS = frozenset({"deepspeed", "megatron"})
-FSDP_TO_ZERO: dict[str, int] = {"no-shard": 0, "shard-grad-op": 2, "full-shard": 3}
+FRAMEWORKS: tuple[str, ...] = tuple(FRAMEWORK_CONVENTIONS)
+"""Framework conventions, see Note [Framework conventions] and :mod:`trainmem.specs.frameworks`."""
+FSDP_TO_ZERO: dict[str, int] = {"no-shard": 0, "shard-grad-op": 3, "full-shard": 3}
 """FSDP sharding strategies as the ZeRO stage they shard like (torch.distributed.fsdp
-``ShardingStrategy``: SHARD_GRAD_OP shards gradients and optimizer states, FULL_SHARD also the
-parameters); ``hybrid-shard`` is ``full-shard`` within a node."""
+``ShardingStrategy``): FULL_SHARD shards parameters, gradients and optimizer states; SHARD_GRAD_OP
+too, outside computation (stage 3 with ``reshard_after_forward=False``: the weights are gathered
+from the forward to the backward, and the optimizer step sees sharded weights);
+``hybrid-shard`` is ``full-shard`` within a node (``shard_group_size``)."""
+GPUS_PER_NODE = 8
+"""Default HYBRID_SHARD shard group: the GPUs of one node (FSDP builds the intra-node group from
+``torch.cuda.device_count()``, 8 on the usual HGX / MI300X node)."""
 
 #: (weight dtype, compute dtype) per precision; torch dtype spellings.
 _PRECISION_DTYPES: dict[str, tuple[str, str]] = {
@@ -127,6 +142,8 @@ _POSITIVE_INTS = (
     "virtual_pipeline_stages",
 )
 _FLAGS = (
+    "padding_mask",
+    "reshard_after_forward",
     "dropout",
     "sequence_parallel",
     "compile",
@@ -173,24 +190,60 @@ class TrainingConfig:
     precision: Precision = "bf16-mixed"
     """Lightning precision name, see the module docstring."""
     optimizer: Optimizer = "adamw"
-    """Optimizer whose states are kept per trainable parameter."""
-    optimizer_implementation: OptimizerImplementation = "foreach"
-    """torch.optim implementation: ``foreach`` (the CUDA default), ``fused``, ``for-loop``."""
+    """Optimizer whose states are kept per trainable parameter; ``paged-adamw`` is bitsandbytes'
+    32-bit ``PagedAdamW`` (fp32 states in CUDA managed memory, as torchtune's low-memory recipes
+    use); ``adamw-4bit`` / ``adamw-fp8`` are torchao's ``AdamW4bit`` / ``AdamWFp8``. torchao's
+    ``CPUOffloadOptimizer`` is ``offload="optimizer"`` (``offload_gradients=True``:
+    ``"optimizer+gradients"``)."""
+    optimizer_implementation: OptimizerImplementation | None = None
+    """torch.optim implementation: ``foreach``, ``fused``, ``for-loop``; None: the framework's
+    default for ``torch_version`` (:attr:`step_implementation`). An explicit value always
+    wins."""
+    torch_version: str | None = None
+    """torch release (``"2.5"``) where a default depends on it (the HF Trainer's default
+    optimizer, torch's foreach default); None: a current release (>= 2.8)."""
+    bitsandbytes_version: str | None = None
+    """bitsandbytes release (``"0.41.1"``) where its memory behaviour changed (``MatMul4Bit``
+    saves its input before 0.43.2); None: a current release."""
     activation_checkpointing: ActivationCheckpointing = "none"
     """``none``; ``selective`` (recompute attention core, Korthikanti et al. 2022 sec. 5);
     ``full`` (keep only each layer's input)."""
     attention: Attention = "sdpa"
     """``eager`` (materialised a*s*s scores), ``sdpa`` (PyTorch SDPA, flash/efficient kernels on
     CUDA), ``flash`` (flash-attn 2)."""
+    padding_mask: bool = False
+    """The batches are padded, so the model gets an attention mask tensor (False: causal
+    attention without a mask, HF's ``is_causal`` path)."""
     gradient_accumulation_steps: int = 1
     """Micro-batches per optimizer step; gradients persist across them."""
     dropout: bool = True
     """Apply the model's own dropout probabilities (False: treat them as 0)."""
     data_parallel_size: int = 1
     """Data-parallel ranks the model states are sharded over (ZeRO / FSDP)."""
+    shard_group_size: int | None = None
+    """Ranks the ZeRO / FSDP shards are spread over when smaller than the data-parallel world:
+    FSDP ``HYBRID_SHARD`` shards within a node (its intra-node process group) and replicates
+    across nodes (torch distributed/fsdp/api.py ``ShardingStrategy``); None: all
+    ``data_parallel_size`` ranks."""
+    reshard_after_forward: bool = True
+    """ZeRO-3 / FULL_SHARD frees each module's gathered weights after its forward; False (FSDP
+    ``SHARD_GRAD_OP``, FSDP2 ``reshard_after_forward=False``) keeps them until the module's
+    backward, so every layer's gathered weights are alive at the end of the forward (torch
+    distributed/fsdp/api.py ``ShardingStrategy.SHARD_GRAD_OP``: "parameters are sharded
+    outside computation", resharded after backward)."""
     zero_stage: int = 0
     """ZeRO stage (Rajbhandari et al. 2020, sec. 5): 0 none, 1 optimizer states, 2 + gradients,
     3 + parameters, each sharded over ``data_parallel_size`` ranks."""
+    reduce_bucket_size: int | Literal["auto"] | None = None
+    """DeepSpeed ``zero_optimization.reduce_bucket_size`` in elements; ``"auto"``: what the HF
+    Trainer fills in, hidden_size^2 (transformers integrations/deepspeed.py
+    ``trainer_config_finalize``); None: DeepSpeed's default, 5e8 (runtime/zero/config.py)."""
+    stage3_prefetch_bucket_size: int | Literal["auto"] | None = None
+    """DeepSpeed ZeRO-3 ``stage3_prefetch_bucket_size``, elements of parameters gathered ahead
+    of use; ``"auto"``: the HF Trainer's 0.9 * hidden_size^2; None: DeepSpeed's 5e7."""
+    overlap_comm: bool | None = None
+    """DeepSpeed ``zero_optimization.overlap_comm`` (doubles the stage 1/2 gradient bucket);
+    None: DeepSpeed's default, True at stage 3 and False below (``overlap_comm_valid``)."""
     offload: str = "none"
     """``optimizer``: optimizer states (and the step) on the CPU (ZeRO-Offload, Ren et al.
     2021); ``optimizer+gradients``: the reduced gradients are moved to the CPU as well (one
@@ -255,9 +308,25 @@ class TrainingConfig:
                 raise SpecError(field, f"must be True or False, got {value!r}")
         _check_choice("precision", self.precision, PRECISIONS)
         _check_choice("optimizer", self.optimizer, OPTIMIZERS)
-        _check_choice(
-            "optimizer_implementation", self.optimizer_implementation, OPTIMIZER_IMPLEMENTATIONS
-        )
+        if self.optimizer_implementation is not None:
+            _check_choice(
+                "optimizer_implementation",
+                self.optimizer_implementation,
+                OPTIMIZER_IMPLEMENTATIONS,
+            )
+        parse_version("torch_version", self.torch_version)
+        parse_version("bitsandbytes_version", self.bitsandbytes_version)
+        for name in ("reduce_bucket_size", "stage3_prefetch_bucket_size"):
+            bucket = getattr(self, name)
+            if bucket is not None and bucket != "auto":
+                if not isinstance(bucket, int) or isinstance(bucket, bool) or bucket < 0:
+                    raise SpecError(
+                        name, f"must be a non-negative integer or 'auto', got {bucket!r}"
+                    )
+        if self.overlap_comm is not None and not isinstance(self.overlap_comm, bool):
+            raise SpecError("overlap_comm", f"must be true or false, got {self.overlap_comm!r}")
+        if self.shard_group_size is not None:
+            _check_int("shard_group_size", self.shard_group_size, minimum=1)
         _check_choice(
             "activation_checkpointing", self.activation_checkpointing, ACTIVATION_CHECKPOINTING
         )
@@ -304,10 +373,16 @@ class TrainingConfig:
             )
 
     @property
+    def sequence_parallel_saves_gathered_input(self) -> bool:
+        """Sequence parallelism whose column-parallel linears save their all-gathered input
+        (``FrameworkConventions.dtensor_sequence_parallel``: torchtitan's DTensor plan)."""
+        return self.sequence_parallel and self.conventions.dtensor_sequence_parallel
+
+    @property
     def master_weights(self) -> bool:
         """16-bit model weights with an fp32 master copy kept by the optimizer (DeepSpeed,
         Megatron mixed precision)."""
-        return self.is_mixed and self.framework in _MASTER_WEIGHT_FRAMEWORKS
+        return self.is_mixed and self.conventions.master_weights
 
     @property
     def weight_dtype(self) -> str:
@@ -320,7 +395,7 @@ class TrainingConfig:
     def grad_dtype(self) -> str:
         """Dtype of the gradients kept between backward and the step (Megatron accumulates in
         fp32)."""
-        if self.master_weights and self.framework == "megatron":
+        if self.master_weights and self.conventions.fp32_grad_buffer:
             return "float32"
         return self.weight_dtype
 
@@ -335,17 +410,70 @@ class TrainingConfig:
         return _PRECISION_DTYPES[self.precision][1]
 
     @property
+    def conventions(self) -> FrameworkConventions:
+        """The framework's row of :data:`trainmem.specs.frameworks.FRAMEWORK_CONVENTIONS`."""
+        return FRAMEWORK_CONVENTIONS[self.framework]
+
+    @property
     def step_implementation(self) -> str:
-        """The optimizer implementation that runs: as asked, except that the HF Trainer's default
-        optimizer (``adamw_torch_fused`` since transformers 4.46 with torch >= 2.5,
-        transformers/training_args.py) is fused when the default ``foreach`` was left."""
-        if (
-            self.framework == "hf-trainer"
-            and self.optimizer in ("adam", "adamw")
-            and self.optimizer_implementation == "foreach"
-        ):
-            return "fused"
-        return self.optimizer_implementation
+        """The optimizer implementation that runs: ``optimizer_implementation`` when given (an
+        explicit value always wins), else the framework's default for ``torch_version``
+        (:meth:`~trainmem.specs.frameworks.FrameworkConventions.default_optimizer_implementation`:
+        the HF Trainer's ``adamw_torch_fused`` from torch 2.8, transformers training_args.py;
+        Megatron's / DeepSpeed's fused multi-tensor Adam; torch's foreach from 2.0)."""
+        if self.optimizer_implementation is not None:
+            return self.optimizer_implementation
+        return self.conventions.default_optimizer_implementation(
+            parse_version("torch_version", self.torch_version)
+        )
+
+    @property
+    def kbit_fp32_upcast(self) -> bool:
+        """A quantized base whose other parameters peft cast to fp32
+        (``FrameworkConventions.peft_kbit_training``)."""
+        return self.quantize_base != "none" and self.conventions.peft_kbit_training
+
+    @property
+    def adafactor_implementation(self) -> str:
+        """``transformers`` (transformers/optimization.py ``Adafactor``) or ``torch``
+        (``torch.optim.Adafactor``, torch >= 2.5): which ``adafactor`` runs
+        (``FrameworkConventions.adafactor_from_transformers``)."""
+        torch = parse_version("torch_version", self.torch_version)
+        if self.conventions.adafactor_from_transformers or (torch or (2, 8)) < (2, 5):
+            return "transformers"
+        return "torch"
+
+    @property
+    def sharding_degree(self) -> int:
+        """Ranks each ZeRO / FSDP shard is spread over: ``data_parallel_size`` (times the
+        context-parallel size where the framework shards over both,
+        ``FrameworkConventions.fsdp_shards_over_context_parallel``), or the shard group when
+        smaller (HYBRID_SHARD)."""
+        dp = self.data_parallel_size
+        if self.conventions.fsdp_shards_over_context_parallel:
+            dp *= self.context_parallel_size
+        return dp if self.shard_group_size is None else min(dp, self.shard_group_size)
+
+    @property
+    def gathered_weight_dtype(self) -> str:
+        """Dtype of the weights ZeRO-3 / FSDP gathers: the compute dtype under an FSDP
+        mixed-precision policy (``fsdp_param_dtype_follows_precision``), else the weight dtype."""
+        if self.is_mixed and self.conventions.fsdp_param_dtype_follows_precision:
+            return self.compute_dtype
+        return self.weight_dtype
+
+    @property
+    def quantized_matmul_saves_input(self) -> bool:
+        """A quantized base linear saves its 16-bit input for backward: bitsandbytes int8
+        (``MatMul8bitLt``: ``ctx.tensors = (CAt, subA, A)``) always; bitsandbytes 4-bit
+        (``MatMul4Bit``) only before 0.43.2 (:data:`~trainmem.specs.frameworks.
+        BNB_MATMUL4BIT_SAVES_NO_INPUT_SINCE`); torchao NF4 (torchtune) never."""
+        if self.quantize_base == "none" or not self.conventions.quantized_base_saves_input:
+            return False
+        if self.quantize_base in ("int8", "gptq-int4"):
+            return True
+        version = parse_version("bitsandbytes_version", self.bitsandbytes_version)
+        return (version or DEFAULT_BITSANDBYTES_VERSION) < BNB_MATMUL4BIT_SAVES_NO_INPUT_SINCE
 
     @property
     def is_fp8(self) -> bool:
@@ -359,7 +487,7 @@ class TrainingConfig:
     @property
     def uses_autocast(self) -> bool:
         """Mixed precision through torch.autocast (fp32 residual stream, per-op casts)."""
-        return self.is_mixed and self.framework in _AUTOCAST_FRAMEWORKS and not self.is_fp8
+        return self.is_mixed and self.conventions.autocast and not self.is_fp8
 
     @property
     def loss_upcast(self) -> bool:
@@ -383,23 +511,53 @@ def zero_stage_from(zero_stage: int, fsdp: str | None) -> int:
     (``hybrid-shard`` shards like ``full-shard`` within its shard group).
 
     Raises:
-        SpecError: an unknown strategy, or a non-zero ``zero_stage`` that says otherwise than
-            the strategy (FSDP and DeepSpeed ZeRO are two ways to shard the same states; a
-            run uses one).
+        SpecError: see :func:`fsdp_settings`.
+    """
+    stage = fsdp_settings(zero_stage, fsdp)["zero_stage"]
+    assert isinstance(stage, int)
+    return stage
+
+
+def fsdp_settings(zero_stage: int, fsdp: str | None) -> dict[str, int | bool | None]:
+    """TrainingConfig fields an FSDP ``ShardingStrategy`` sets: ``zero_stage``,
+    ``reshard_after_forward`` (False for ``shard-grad-op``) and ``shard_group_size``
+    (:data:`GPUS_PER_NODE` for ``hybrid-shard``); ``{"zero_stage": zero_stage}`` without FSDP.
+
+    Raises:
+        SpecError: an unknown strategy (the message lists them), or a non-zero ``zero_stage``
+            that says otherwise than the strategy (FSDP and DeepSpeed ZeRO are two ways to
+            shard the same states; a run uses one).
     """
     if fsdp is None:
-        return zero_stage
+        return {"zero_stage": zero_stage}
     allowed = (*FSDP_TO_ZERO, "hybrid-shard")
     if fsdp not in allowed:
-        raise SpecError("fsdp", f"unknown value {fsdp!r}; allowed: {', '.join(allowed)}")
+        raise SpecError("fsdp", f"unknown value {fsdp!r:.80}; allowed: {', '.join(allowed)}")
     stage = 3 if fsdp == "hybrid-shard" else FSDP_TO_ZERO[fsdp]
-    if zero_stage not in (0, stage):
+    # SHARD_GRAD_OP is commonly called "ZeRO-2" (DeepSpeed's and FSDP's docs compare them so)
+    if zero_stage not in (0, stage) and not (fsdp == "shard-grad-op" and zero_stage == 2):
         raise SpecError(
             "fsdp",
-            f"{fsdp} shards like ZeRO stage {stage} but zero_stage {zero_stage!r} was also "
+            f"{fsdp} shards like ZeRO stage {stage} but zero_stage {zero_stage!r:.40} was also "
             "given; give one of --fsdp or --zero-stage",
         )
-    return stage
+    if fsdp == "hybrid-shard":
+        return {"zero_stage": 3, "shard_group_size": GPUS_PER_NODE}
+    out: dict[str, int | bool | None] = {"zero_stage": stage}
+    if fsdp == "shard-grad-op":
+        out["reshard_after_forward"] = False
+    return out
+
+
+def resolved_config(training: TrainingConfig) -> dict[str, object]:
+    """Every training setting after defaults, JSON-able, plus derived dtypes and the optimizer
+    implementation that was computed (the framework's default when none was given)."""
+    # fields hold immutable values (str, int, float, bool, tuples of str): no deep copy needed
+    out: dict[str, object] = {f.name: getattr(training, f.name) for f in fields(training)}
+    out["weight_dtype"] = training.weight_dtype
+    out["compute_dtype"] = training.compute_dtype
+    out["optimizer_implementation"] = training.step_implementation
+    return out
 
 
 def pipeline_sizes(num_layers: int) -> list[int]:

@@ -321,7 +321,7 @@ def _estimate(
     gpu: GPUSpec | None,
     workspace_bytes: int,
 ) -> MemoryEstimate:
-    from trainmem.analytic.engine import resolved_config
+    from trainmem.specs.training import resolved_config
 
     logging.getLogger("trainmem").debug(
         "traced %s in %.3f s (warm-up step %.3f s)",
@@ -374,7 +374,7 @@ def _estimate(
             # No wall times here: the same command must give byte-identical JSON. They go to
             # the "trainmem" logger (debug level) instead.
         },
-        timeline=report.timeline,
+        recorded_timeline=report.timeline,
         notes=[
             "trace engine: requested sizes, no 512 B rounding or fragmentation (allocator "
             "simulator's job); CUDA context is the default allowance",

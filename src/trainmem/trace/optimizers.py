@@ -22,7 +22,7 @@ __all__ = ["build_optimizer"]
 
 
 def _impl_kwargs(training: TrainingConfig, *, fused_ok: bool = True) -> dict[str, bool]:
-    impl = training.optimizer_implementation
+    impl = training.step_implementation
     if impl == "fused":
         if not fused_ok:
             raise UnsupportedError(
@@ -64,6 +64,7 @@ def build_optimizer(params: Iterable[Any], training: TrainingConfig) -> Any:
             "your own Lion implementation, or use --engine analytic"
         )
     raise UnsupportedError(
-        f"{name} needs bitsandbytes with CUDA, which cannot run on fake CPU tensors; "
+        f"{name} needs bitsandbytes / torchao CUDA kernels, which cannot run on fake CPU "
+        "tensors; "
         "use --engine analytic"
     )

@@ -1,0 +1,280 @@
+"""Framework buffers of one training step, in bytes: what ZeRO / FSDP gather and reduce, the
+gradient buffers a framework allocates up front, and memory held outside the caching allocator.
+
+Each function names the phases in which its bytes are alive (forward / backward / optimizer)
+and the framework source it mirrors; the conventions it reads are
+:class:`trainmem.specs.frameworks.FrameworkConventions` fields.
+
+Legend: L = layers on the rank, N = ``TrainingConfig.sharding_degree``, c = bytes of the
+compute dtype, t = tensor-parallel size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from trainmem.analytic.tensor_states import StateLayout, TensorState
+from trainmem.specs.model import ModelSpec
+from trainmem.specs.training import TrainingConfig
+from trainmem.units import MiB, dtype_bytes
+
+
+def gathered_layer_bytes(layer: Sequence[TensorState], training: TrainingConfig) -> int:
+    """Bytes of one layer's weights once ZeRO-3 / FSDP has all-gathered them: the stored bytes
+    (``full_param_bytes``), or ``c`` per element when an FSDP mixed-precision policy gathers in
+    the compute dtype (``fsdp_param_dtype_follows_precision``; LoRA adapters are cast too).
+
+    Alive: forward and backward, two layers at a time with prefetching (Rajbhandari et al.
+    2020, sec. 5.3; FSDP ``forward_prefetch`` / ``BACKWARD_PRE``).
+
+    Source: torch distributed/fsdp/_flat_param.py ``_use_unsharded_flat_param`` (the
+    ``_mp_shard`` all-gathered in ``param_dtype``); accelerate utils/dataclasses.py
+    ``FullyShardedDataParallelPlugin.set_mixed_precision`` (``param_dtype=bf16`` under
+    ``mixed_precision="bf16"``); torch FSDP2 ``MixedPrecisionPolicy``.
+    """
+    if training.gathered_weight_dtype == training.weight_dtype:
+        return sum(s.full_param_bytes for s in layer)
+    c = dtype_bytes(training.gathered_weight_dtype)
+    # a quantized frozen base travels as stored (4-bit / int8); everything else is cast to c
+    quantized = [
+        s
+        for s in layer
+        if training.quantize_base != "none" and not s.trainable and s.name != "vector"
+    ]
+    cast = sum(s.numel for s in layer if s not in quantized)
+    return c * cast // training.tensor_parallel_size + sum(s.full_param_bytes for s in quantized)
+
+
+def root_gathered_bytes(outer: Sequence[TensorState], training: TrainingConfig) -> int:
+    """Bytes of the root FSDP unit's gathered weights (embeddings, final norm, LM head; LoRA
+    adapters excluded): the stored bytes of the tensor-parallel slice, or ``c`` per element under
+    an FSDP mixed-precision policy. The all-gather writes a new buffer, so the rank's own shard
+    stays allocated beside it (nothing is subtracted).
+
+    Alive: forward and backward (the root is not resharded after forward: FSDP2 ``fully_shard``
+    on the root, FSDP (v1) ``_post_forward_reshard`` skips the root).
+
+    Source: torch distributed/fsdp/_fully_shard/_fsdp_param_group.py (``reshard_after_forward``
+    False for the root), _fsdp_collectives.py ``foreach_all_gather`` (a new output buffer);
+    checked against the trace engine on tiny-llama-test (FSDP2 bf16, 2 vs 4 ranks: the analytic
+    peak moves by the trace's 474,048 B only without the subtraction).
+    """
+    root = [s for s in outer if not s.name.startswith("lora_")]
+    if training.gathered_weight_dtype != training.weight_dtype:
+        c = dtype_bytes(training.gathered_weight_dtype)
+        return c * sum(s.numel for s in root) // training.tensor_parallel_size
+    return sum(s.full_param_bytes for s in root)
+
+
+def kept_gathered_layer_bytes(layer: Sequence[TensorState], training: TrainingConfig) -> int:
+    """Bytes of one layer's gathered weights that stay from its forward to its backward: the
+    whole :func:`gathered_layer_bytes` when the weights are not resharded after forward
+    (FSDP ``SHARD_GRAD_OP`` / ``reshard_after_forward=False`` at stage 3), or the 16-bit copy
+    FSDP (v1) ``NO_SHARD`` makes under a mixed-precision policy (accelerate-fsdp, stage 0);
+    0 otherwise.
+
+    Alive: forward (it accumulates: after layer j's forward, j + 1 layers are held) and backward
+    (freed by each layer's post-backward reshard); never at the optimizer step, which sees the
+    sharded fp32 weights.
+
+    Source: torch distributed/fsdp/api.py ``ShardingStrategy.SHARD_GRAD_OP`` ("Parameters are
+    sharded outside of computation ... not resharded after the forward"),
+    _runtime_utils.py ``_post_forward_reshard`` / ``_post_backward_reshard``.
+    """
+    dp = training.data_parallel_size
+    if training.zero_stage == 3 and dp > 1 and not training.reshard_after_forward:
+        return gathered_layer_bytes(layer, training)
+    unsharded = training.zero_stage < 3 or dp == 1
+    if unsharded and training.is_mixed and training.conventions.fsdp_param_dtype_follows_precision:
+        return gathered_layer_bytes(layer, training)
+    return 0
+
+
+def reduce_scatter_layer_bytes(layer: Sequence[TensorState], training: TrainingConfig) -> int:
+    """Bytes of one layer's unsharded gradients before ZeRO-2/3 / FSDP reduce-scatters them:
+    the stored gradient bytes (``full_grad_bytes``), or ``c`` per trainable element when FSDP
+    reduces in the compute dtype (accelerate: ``reduce_dtype=bf16``,
+    ``fsdp_reduce_in_compute_dtype``).
+
+    Alive: backward, one layer at a time (the layer being reduced).
+
+    Source: torch distributed/fsdp/_runtime_utils.py ``_post_backward_hook`` (``unsharded_grad``
+    in ``reduce_dtype``, cast to the parameter dtype after the reduce-scatter).
+    """
+    conv = training.conventions
+    if training.is_mixed and conv.fsdp_reduce_in_compute_dtype:
+        c = dtype_bytes(training.compute_dtype)
+        return c * sum(s.numel for s in layer if s.trainable) // training.tensor_parallel_size
+    return sum(s.full_grad_bytes for s in layer)
+
+
+def gradients_alive_in_forward(training: TrainingConfig) -> bool:
+    """Whether every gradient already exists during the forward pass: gradient accumulation
+    over > 1 micro-batches, ``zero_grad(set_to_none=False)``, or a gradient buffer the
+    framework allocates once at wrap time (``grad_buffer_from_init``: Megatron's fp32
+    ``grad_data``; ``zero3_grad_partition_from_init``: DeepSpeed ZeRO-3's gradient partition).
+
+    Alive: forward, backward and optimizer (the whole step).
+
+    Source: Megatron-LM megatron/core/distributed/param_and_grad_buffer.py
+    ``_ParamAndGradBuffer.__init__`` (``self.grad_data = torch.zeros(self.numel,
+    dtype=self.grad_dtype, ...)``; ``param.main_grad`` are views into it); DeepSpeed
+    runtime/zero/stage3.py ``grad_partitions_flat_buffer``;
+    torch/optim/optimizer.py ``zero_grad``.
+    """
+    return (
+        training.gradient_accumulation_steps > 1
+        or not training.zero_grad_set_to_none
+        or gradient_buffer_from_init(training)
+    )
+
+
+def gradient_buffer_from_init(training: TrainingConfig) -> bool:
+    """The framework allocates the gradients once at wrap time and never frees them: Megatron's
+    fp32 ``grad_data`` (``grad_buffer_from_init`` with master weights), DeepSpeed ZeRO-3's
+    gradient partition (``zero3_grad_partition_from_init``). Sources: see
+    :func:`gradients_alive_in_forward`."""
+    conv = training.conventions
+    return (conv.grad_buffer_from_init and training.master_weights) or (
+        conv.zero3_grad_partition_from_init and training.zero_stage == 3
+    )
+
+
+DEEPSPEED_REDUCE_BUCKET_SIZE = 500_000_000
+"""DeepSpeed's default ``reduce_bucket_size``, elements (runtime/zero/config.py
+``reduce_bucket_size: int = Field(pp_int(5e8), ge=0)``)."""
+
+
+def deepspeed_reduce_bucket_elements(model: ModelSpec, training: TrainingConfig) -> int:
+    """Elements of one DeepSpeed gradient bucket: ``reduce_bucket_size``, ``"auto"`` =
+    hidden_size^2 (the HF Trainer's fill-in, transformers integrations/deepspeed.py
+    ``trainer_config_finalize``), default :data:`DEEPSPEED_REDUCE_BUCKET_SIZE`."""
+    size = training.reduce_bucket_size
+    if size == "auto":
+        return model.hidden_size * model.hidden_size
+    return DEEPSPEED_REDUCE_BUCKET_SIZE if size is None else int(size)
+
+
+DEEPSPEED_PREFETCH_BUCKET_SIZE = 50_000_000
+"""DeepSpeed's default ``stage3_prefetch_bucket_size``, elements (runtime/zero/config.py
+``prefetch_bucket_size: int = Field(pp_int(5e7), ge=0, alias="stage3_prefetch_bucket_size")``)."""
+
+
+def deepspeed_zero3_gather_bytes(
+    layer: Sequence[TensorState], model: ModelSpec, training: TrainingConfig
+) -> int:
+    """Bytes of gathered parameters DeepSpeed ZeRO-3 holds while a layer runs: the layer's own
+    (16-bit) weights plus the prefetch bucket, at most ``stage3_prefetch_bucket_size`` elements
+    of the next layer (default 5e7; ``"auto"`` = int(0.9 h^2), the HF Trainer's fill-in).
+
+    Alive: forward and backward (one layer at a time).
+
+    Source: DeepSpeed runtime/zero/partitioned_param_coordinator.py ``fetch_sub_module``
+    (prefetches up to ``prefetch_bucket_sz`` numel of the upcoming parameters);
+    transformers integrations/deepspeed.py ``trainer_config_finalize``
+    (``stage3_prefetch_bucket_size = 0.9 * hidden_size * hidden_size``).
+    """
+    own = sum(s.full_param_bytes for s in layer)
+    numel = sum(s.numel for s in layer) // training.tensor_parallel_size
+    size = training.stage3_prefetch_bucket_size
+    if size == "auto":
+        prefetch = int(0.9 * model.hidden_size * model.hidden_size)
+    else:
+        prefetch = DEEPSPEED_PREFETCH_BUCKET_SIZE if size is None else int(size)
+    per_element = own // max(numel, 1)
+    return own + per_element * min(prefetch, numel)
+
+
+def deepspeed_backward_bucket_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """DeepSpeed ZeRO-1/2 gradient buckets: ``reduce_bucket_size`` elements of the 16-bit model
+    dtype, twice with ``overlap_comm`` (default False below stage 3); 0 for other frameworks.
+
+    Alive: backward (allocated in ``backward()`` before ``loss.backward``).
+
+    Source: DeepSpeed runtime/zero/stage_1_and_2.py ``backward``: ``buf_0 = torch.empty(int(
+    self.reduce_bucket_size), dtype=self.dtype, ...)``, ``if self.overlap_comm: buf_1 = ...``.
+    """
+    if not training.conventions.zero_ipg_buckets or training.zero_stage not in (1, 2):
+        return 0
+    c = dtype_bytes(training.weight_dtype)
+    overlap = bool(training.overlap_comm)  # None: False below stage 3
+    return c * deepspeed_reduce_bucket_elements(model, training) * (2 if overlap else 1)
+
+
+def deepspeed_persistent_bucket_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """DeepSpeed ZeRO-3's gradient bucket: ``reduce_bucket_size`` elements of the 16-bit model
+    dtype, allocated when the optimizer is built; 0 for other frameworks and stages.
+
+    Alive: the whole step (forward, backward and optimizer).
+
+    Source: DeepSpeed runtime/zero/stage3.py ``DeepSpeedZeroOptimizer_Stage3.__init__``: ``if
+    self.contiguous_gradients: self.__ipg_bucket_flat_buffer = torch.empty(self.
+    reduce_bucket_size, dtype=self.dtype, ...)``.
+    """
+    if not training.conventions.zero_ipg_buckets or training.zero_stage != 3:
+        return 0
+    return dtype_bytes(training.weight_dtype) * deepspeed_reduce_bucket_elements(model, training)
+
+
+def outside_allocator_bytes(layout: StateLayout, training: TrainingConfig) -> dict[str, int]:
+    """Device memory of the step that the caching allocator does not hold, by kind: the states
+    of a bitsandbytes paged optimizer (CUDA managed memory,
+    :func:`~trainmem.analytic.tensor_states.paged_state_bytes`) and the NCCL communicators
+    (:func:`nccl_communicator_bytes`). nvidia-smi counts them (paged states while resident);
+    ``max_memory_allocated`` / ``max_memory_reserved`` never do.
+
+    Alive: the whole step (forward, backward and optimizer).
+
+    Returns:
+        Kind -> bytes; kinds with 0 bytes are left out.
+    """
+    out = {"paged_optimizer_states": layout.total("paged_state_bytes")}
+    for group, size in nccl_communicator_bytes(training).items():
+        out[f"nccl_communicator/{group}"] = size
+    return {k: v for k, v in out.items() if v}
+
+
+NCCL_COMMUNICATOR_BYTES = 688 * MiB
+"""Device memory of one NCCL communicator of more than two ranks after its first collective,
+measured on 4 x A100 with NVLink (NVIDIA/nccl issue #964: "for group with more than 2 devices,
+it requires 688 MB", nvidia-smi MiB). NCCL's own buffers (``NCCL_BUFFSIZE`` = 4 MiB per channel
+per peer for the Simple protocol, plus LL / LL128) scale with the number of channels, which NCCL
+raises with the link bandwidth (NVIDIA/nccl issue #986, maintainer's answer), so faster
+interconnects use more (NVIDIA/nccl issue #864 reports about 1.6 GB)."""
+NCCL_PAIR_COMMUNICATOR_BYTES = 544 * MiB
+"""The same measurement for a two-rank communicator (NVIDIA/nccl issue #964: 544 MB)."""
+
+
+def nccl_communicator_bytes(training: TrainingConfig) -> dict[str, int]:
+    """Device memory of the NCCL communicators one rank holds, by process group: one per
+    parallel dimension of size > 1 (data, tensor, pipeline, context; HYBRID_SHARD's shard and
+    replicate groups are two), each :data:`NCCL_COMMUNICATOR_BYTES` (two ranks:
+    :data:`NCCL_PAIR_COMMUNICATOR_BYTES`; pipeline send / recv between neighbouring stages are
+    pairs). NCCL allocates them with ``cudaMalloc`` outside the caching allocator.
+
+    Alive: the whole step (from the first collective on the group to the end of the process).
+
+    Source: NVIDIA/nccl issues #964 (measured sizes), #986 ("more communicators = more memory
+    used"); fairscale utils/parallel.py ``get_process_group_cached`` ("the NCCL buffers are not
+    allocated through the PyTorch caching allocator").
+
+    Known limitations: one measured size per group, whatever the GPU and interconnect.
+    """
+
+    def one(ranks: int) -> int:
+        return NCCL_PAIR_COMMUNICATOR_BYTES if ranks == 2 else NCCL_COMMUNICATOR_BYTES
+
+    dp, shard = training.data_parallel_size, training.sharding_degree
+    out: dict[str, int] = {}
+    if shard < dp:  # HYBRID_SHARD: reduce-scatter within the node, all-reduce across nodes
+        out["shard"] = one(shard) if shard > 1 else 0
+        out["replicate"] = one(-(-dp // shard))
+    elif dp > 1:
+        out["data"] = one(dp)
+    if training.tensor_parallel_size > 1:
+        out["tensor"] = one(training.tensor_parallel_size)
+    if training.context_parallel_size > 1:
+        out["context"] = one(training.context_parallel_size)
+    if training.pipeline_parallel_size > 1:
+        out["pipeline"] = NCCL_PAIR_COMMUNICATOR_BYTES
+    return {k: v for k, v in out.items() if v}

@@ -1,0 +1,844 @@
+"""The analytic engine's step schedule: every tensor the cited formulas count, in the order a
+PyTorch training step allocates and frees it, for one rank.
+
+Note [Analytic step schedule]
+    One :class:`~trainmem.schedule.StepSchedule` per distinct rank (Note [One description of
+    the step]); its ``peak()`` is the analytic estimate and its expansion is what the allocator
+    simulator replays. Identical layers are one ``Repeat``; identical micro-batches another.
+
+    * setup: every parameter tensor (:mod:`~trainmem.analytic.tensor_states`), then warm-up
+      steps (the first step allocates the optimizer states lazily after its backward, torch's
+      ``_init_group``, and the cuBLAS workspaces at the first matmul of each thread; the caching
+      allocator's cache reaches its fixed point by the third step: BERT-large b=4 fp32 reserves
+      9.29, 12.81, 12.96, 12.96 GB after 1, 2, 3, 5 steps);
+    * per micro-batch, ``forward``: ZeRO-3 / FSDP gathered parameters (the current and the
+      prefetched layer, Rajbhandari et al. 2020 sec. 5.3; FSDP ``forward_prefetch``; the root
+      module's stay gathered, ``reshard_after_forward=False`` on the root), the activations of
+      the other micro-batches a pipeline stage holds (Korthikanti et al. 2022 sec. 4.2.3), the
+      embedding terms, per layer the saved terms of
+      :func:`~trainmem.analytic.activations.layer_activation_terms` (under checkpointing the
+      layer input is saved and the rest allocated and freed), autocast's cached 16-bit weight
+      copies (held until the autocast region exits), the dequantized weight of a quantized base
+      (bitsandbytes ``MatMul4Bit``, one at a time), the logits while the loss runs, the head
+      terms; with activation offloading the layer before the current one leaves for the CPU
+      (torchtune ``OffloadActivations``: the current and the prefetched layer stay);
+    * ``backward``: the two fp32 (tokens x vocab) log-softmax gradients, the residual-stream
+      gradient, then layer by layer in reverse: recomputed terms, the MLP's backward
+      transients, the MLP's saved tensors freed, eager attention's backward transients, the
+      layer's gradients (first micro-batch of the step; later ones accumulate into them), the
+      unsharded gradient bucket before its reduce-scatter (ZeRO-2/3, gradient offload), the rest
+      of the layer's saved tensors freed; with ``optimizer_in_backward`` each layer's gradients
+      are stepped and freed at once;
+    * ``optimizer``: the step's temporaries (``foreach``: one per-parameter list alive together,
+      ``torch._foreach_*``; ``for-loop``: one parameter at a time; ``fused``: none);
+    * ``zero_grad``: gradients freed (``set_to_none=True``, the default since PyTorch 2.0) or
+      kept for the next step.
+
+    Each term is split into the single tensors it is made of (the largest natural tensor size
+    that divides it), so the allocator sees realistic block sizes.
+
+Note [FSDP under pipeline parallelism]
+    With pipeline parallelism, ``torch.distributed.pipelining`` runs every micro-batch's
+    backward of an FSDP2 stage with ``set_reshard_after_backward(False)`` and
+    ``set_requires_gradient_sync(False)`` (torch/distributed/pipelining/stage.py
+    ``backward_maybe_with_nosync``), and reduces only after the last micro-batch
+    (``perform_reduce_grad``); torchtitan also sets ``reshard_after_forward=False`` under PP
+    (torchtitan/models/llama3/infra/parallelize.py ``apply_fsdp``). So the stage's parameters stay
+    gathered for the whole step, and its gradients accumulate unsharded, upcast to the reduce
+    dtype (FSDP2 ``FSDPParam.to_accumulated_grad_if_needed``: fp32 under torchtitan's
+    ``MixedPrecisionPolicy(reduce_dtype=float32)``), until the reduce-scatter leaves the shards.
+
+Source: torch/optim/optimizer.py, adam.py ``_init_group`` / ``_multi_tensor_adam``; autograd's
+reverse-order backward; ATen/cuda/CublasHandlePool.cpp (one workspace per handle); the papers
+cited per term in :mod:`trainmem.analytic.activations` and :mod:`trainmem.analytic.engine`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainmem.analytic.activations import (
+    ActivationProfile,
+    autocast_cached_weight_bytes,
+    backward_layer_transients,
+    compute_and_residual_bytes,
+    layer_is_checkpointed,
+    lm_head_dequant_bytes,
+    loss_backward_transient_bytes,
+    loss_forward_transient_bytes,
+    tokens_per_sequence,
+)
+from trainmem.analytic.buffers import (
+    deepspeed_backward_bucket_bytes,
+    deepspeed_persistent_bucket_bytes,
+    deepspeed_zero3_gather_bytes,
+    gathered_layer_bytes,
+    gradient_buffer_from_init,
+    kept_gathered_layer_bytes,
+    reduce_scatter_layer_bytes,
+    root_gathered_bytes,
+)
+from trainmem.analytic.temporaries import optimizer_step_temporary_bytes
+from trainmem.analytic.tensor_states import StateLayout, TensorState
+from trainmem.breakdown import MemoryCategory as Cat
+from trainmem.schedule import Item, Op, Repeat, StepSchedule
+from trainmem.specs.model import ModelSpec
+from trainmem.specs.training import TrainingConfig
+from trainmem.timeline import Phase
+from trainmem.units import dtype_bytes
+
+WEIGHT_COPIES = "autocast_weight_copies"
+
+WARMUP_STEPS = 1
+"""Steps replayed before the measured one (Note [Analytic step schedule])."""
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineRank:
+    """One pipeline stage as a rank sees it.
+
+    Attributes:
+        stage: stage index (0 = first).
+        num_layers: transformer layers held (all of them without pipelining).
+        in_flight: micro-batches whose activations the stage holds at once (Korthikanti et al.
+            2022 sec. 4.2.3: the first 1F1B stage holds p; interleaving adds (p - 1) / v; GPipe
+            holds all of them).
+        has_embedding: holds the input embeddings (first stage; the last stage too for tied
+            embeddings, as Megatron keeps a copy for the output layer).
+        has_head: holds the final norm, the output layer and the loss (last stage).
+    """
+
+    stage: int
+    num_layers: int
+    in_flight: float
+    has_embedding: bool
+    has_head: bool
+
+
+def alloc(size: int, cat: Cat, phase: Phase, key: str, module: str = "", label: str = "") -> Op:
+    """An allocation of ``max(size, 0)`` bytes."""
+    return Op("alloc", max(int(size), 0), cat, phase, key, module, label)
+
+
+def free(op: Op, phase: Phase) -> Op:
+    """The free of ``op``'s allocation, in ``phase``."""
+    return Op("free", op.size_bytes, op.category, phase, op.key, op.module, op.label)
+
+
+class _Builder:
+    """The terms of one rank, computed once, and the pieces of its step."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        training: TrainingConfig,
+        rank: PipelineRank,
+        layout: StateLayout,
+        prof: ActivationProfile,
+        workspace_per_handle: int,
+    ) -> None:
+        self.model, self.training, self.rank, self.prof = model, training, rank, prof
+        self.workspace_per_handle = workspace_per_handle
+        emb = layout.embedding if rank.has_embedding else []
+        if rank.has_embedding and rank.stage > 0:  # the last stage's copy of the tied embedding
+            emb = [s for s in layout.embedding if s.name == "embedding/tokens"]
+        self.emb_states = emb
+        self.head_states = layout.head if rank.has_head else []
+        self.layer_states = layout.layer
+        self.L = rank.num_layers
+        tied = model.tie_word_embeddings and rank.has_head
+        self.head_grad_states = self.head_states + [
+            s for s in emb if tied and s.name == "embedding/tokens"
+        ]
+        self.emb_grad_states = [s for s in emb if s not in self.head_grad_states]
+        dp = training.sharding_degree
+        self.stage = training.zero_stage if dp > 1 else 0
+        c, _ = compute_and_residual_bytes(training)
+        self.c = c
+        self.gather_a, self.gather_b, self.gather_root = self._gathers()
+        # FSDP SHARD_GRAD_OP / NO_SHARD under a mixed-precision policy: each layer's gathered
+        # weights stay from its forward to its backward (they replace the per-layer gathers)
+        self.kept = kept_gathered_layer_bytes(self.layer_states, training)
+        if self.kept and self.stage == 3:
+            self.gather_a = self.gather_b = 0
+        # DeepSpeed gradient buckets: ZeRO-1/2 in backward, ZeRO-3 for the whole run
+        self.bucket_backward = deepspeed_backward_bucket_bytes(model, training)
+        self.bucket_persistent = deepspeed_persistent_bucket_bytes(model, training)
+        offloads_grads = training.offload in ("optimizer+gradients", "optimizer+params")
+        self.reduce = (
+            reduce_scatter_layer_bytes(self.layer_states, training)
+            if self.stage >= 2 or offloads_grads
+            else 0
+        )
+        # Note [FSDP under pipeline parallelism]
+        self.pp_fsdp = training.pipeline_parallel_size > 1 and self.stage == 3
+        self.stage_gather = 0
+        if self.pp_fsdp:
+            self.stage_gather = self.L * (self.gather_a + self.kept) + self.gather_root
+            self.gather_a = self.gather_b = self.gather_root = self.kept = self.reduce = 0
+        self.dequant = 0
+        if training.quantize_base != "none":
+            self.dequant = (
+                c
+                * max(
+                    (s.numel for s in self.layer_states if not s.trainable and s.name != "vector"),
+                    default=0,
+                )
+                // training.tensor_parallel_size
+            )
+        self.mlp_tmp, self.attention_tmp, self.residual_tmp = backward_layer_transients(
+            model, training
+        )
+        self.loss_tmp = loss_backward_transient_bytes(model, training) if rank.has_head else 0
+        self.loss_fwd = loss_forward_transient_bytes(model, training) if rank.has_head else 0
+        self.head_dequant = lm_head_dequant_bytes(model, training) if rank.has_head else 0
+        self.weight_copy = (
+            autocast_cached_weight_bytes(model, training) if layer_is_checkpointed(training) else 0
+        )
+        self.saved, self.dropped = self._layer_blocks()
+        self._cache: dict[str, Repeat] = {}
+        # pieces that depend only on the model states and this rank's share of them
+        self._shared: dict[str, Repeat] = layout.cache.setdefault(
+            ("schedule", self.L, rank.has_embedding, rank.has_head, rank.stage > 0, self.pp_fsdp),
+            {},
+        )
+        self.emb_acts = prof.embedding if rank.stage == 0 else 0
+        self.head_acts = prof.head if rank.has_head else 0
+        on_gpu = min(self.L, 2) if training.activation_offloading else self.L
+        self.in_flight_bytes = round(
+            (rank.in_flight - 1) * (self.emb_acts + on_gpu * prof.per_layer)
+        )
+
+    # -- terms ------------------------------------------------------------------------------
+
+    def _gathers(self) -> tuple[int, int, int]:
+        """(the current layer's gathered parameters, the prefetched layer's, the root module's)
+        under ZeRO-3 / FULL_SHARD. DeepSpeed gathers the layer plus a prefetch bucket
+        (:func:`~trainmem.analytic.buffers.deepspeed_zero3_gather_bytes`, counted once); FSDP
+        the current and the next layer in the gathered dtype
+        (:func:`~trainmem.analytic.buffers.gathered_layer_bytes`); torchao float8 all-gathers
+        linear weights in float8 (1 byte each)."""
+        if self.stage != 3:
+            return 0, 0, 0
+        t, c = self.training, self.c
+        layer = self.layer_states
+        root = root_gathered_bytes(self.emb_states + self.head_states, t)
+        if t.is_fp8:
+            per = (
+                sum(
+                    (1 if s.name != "vector" and not s.name.startswith("lora_") else c) * s.numel
+                    for s in layer
+                )
+                // t.tensor_parallel_size
+            )
+            return per, per, root
+        if t.conventions.zero_ipg_buckets:
+            return deepspeed_zero3_gather_bytes(layer, self.model, t), 0, root
+        per = gathered_layer_bytes(layer, t)
+        return per, per, root
+
+    def _layer_blocks(self) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+        """(saved, dropped-and-recomputed) blocks of one layer as (term, bytes), non-MLP terms
+        first (the forward order: attention, then MLP)."""
+        prof, t = self.prof, self.training
+        mode = t.activation_checkpointing
+        if mode == "none":
+            saved = dict(prof.terms)
+        elif mode == "selective" and t.attention == "eager":
+            saved = {k: v for k, v in prof.terms.items() if not k.startswith("scores/")}
+        elif mode == "selective":  # op-level: matmul / SDPA outputs kept, the rest recomputed
+            saved = {"op_selective_saved": prof.per_layer}
+        else:
+            saved = {"layer_input": prof.per_layer}
+        if mode == "selective" and t.attention != "eager":
+            dropped = {"recomputed": prof.recompute}
+        else:
+            dropped = {k: v for k, v in prof.terms.items() if k not in saved}
+        if self.weight_copy:  # autocast's cache holds them (Note [Analytic step schedule])
+            dropped.pop(WEIGHT_COPIES, None)
+        pieces = _tensor_sizes(self.model, t)
+
+        def blocks(terms: dict[str, int]) -> list[tuple[str, int]]:
+            ordered = sorted(terms.items(), key=lambda kv: kv[0].startswith("mlp/"))
+            return [
+                (k, size)
+                for k, v in ordered
+                for size in (self._weight_blocks(v) if k == WEIGHT_COPIES else _split(v, pieces))
+                if v > 0
+            ]
+
+        return blocks(saved), blocks(dropped)
+
+    def _weight_blocks(self, total: int) -> list[int]:
+        """16-bit weight copies of one layer as the tensors they are (q, k, v, o, the MLP's
+        linears per expert, the router), or one block if their sum is not ``total``."""
+        m, c = self.model, self.c
+        h, i = m.hidden_size, m.intermediate_size
+        q, kv = h * m.num_heads * m.head_dim, h * m.num_kv_heads * m.head_dim
+        n_mlp = (3 if m.mlp_kind == "gated" else 2) * m.num_experts
+        router = [h * m.num_experts] if m.num_experts > 1 else []
+        sizes = [q, kv, kv, q] + [h * i] * n_mlp + router
+        for div in (1, self.training.tensor_parallel_size):
+            out = [c * n // div for n in sizes]
+            if sum(out) == total:
+                return out
+        return [total]
+
+    # -- pieces of the step -----------------------------------------------------------------
+
+    def parameters(self) -> list[Item]:
+        cached = self._shared.get("parameters")
+        if cached is None:
+            cached = self._shared["parameters"] = Repeat(tuple(self._parameters()), 1)
+        return [cached]
+
+    def _parameters(self) -> list[Item]:
+        items: list[Item] = [
+            alloc(s.param_bytes, Cat.PARAMETER, "init", f"param/{s.owner}/{n}", s.owner)
+            for n, s in enumerate(self.emb_states + self.head_states)
+        ]
+        layer = tuple(
+            alloc(s.param_bytes, Cat.PARAMETER, "init", f"param/{{i}}/{n}", "layers.{i}")
+            for n, s in enumerate(self.layer_states)
+        )
+        items.append(Repeat(layer, self.L))
+        return items
+
+    def _grad_ops(
+        self,
+        states: list[TensorState],
+        phase: Phase,
+        key: str,
+        module: str,
+        *,
+        unsharded: bool = False,
+    ) -> list[Op]:
+        if unsharded:  # Note [FSDP under pipeline parallelism]
+            return [
+                alloc(
+                    s.full_grad_bytes,
+                    Cat.GRADIENT,
+                    phase,
+                    f"ugrad/{key}/{n}",
+                    module,
+                    "unsharded gradients accumulated until the last micro-batch",
+                )
+                for n, s in enumerate(states)
+            ]
+        return [
+            alloc(s.grad_bytes, Cat.GRADIENT, phase, f"grad/{key}/{n}", module, "gradients")
+            for n, s in enumerate(states)
+        ]
+
+    def all_gradients(self, phase: Phase, *, unsharded: bool = False) -> list[Item]:
+        """Every gradient allocated at once (kept by ``zero_grad(set_to_none=False)``)."""
+        u = unsharded
+        layer = self._grad_ops(self.layer_states, phase, "{i}", "layers.{i}", unsharded=u)
+        return [
+            *self._grad_ops(self.head_grad_states, phase, "head", "head", unsharded=u),
+            Repeat(tuple(layer), self.L),
+            *self._grad_ops(self.emb_grad_states, phase, "embedding", "embedding", unsharded=u),
+        ]
+
+    def free_gradients(self, phase: Phase, *, unsharded: bool = False) -> list[Item]:
+        u = unsharded
+        head = self._grad_ops(self.head_grad_states, phase, "head", "head", unsharded=u)
+        layer = self._grad_ops(self.layer_states, phase, "{i}", "layers.{i}", unsharded=u)
+        emb = self._grad_ops(self.emb_grad_states, phase, "embedding", "embedding", unsharded=u)
+        return [
+            *(free(op, phase) for op in head),
+            Repeat(tuple(free(op, phase) for op in layer), self.L),
+            *(free(op, phase) for op in emb),
+        ]
+
+    def micro_batch(self, *, new_grads: bool) -> Repeat:
+        """One micro-batch (built once per kind, shared by the warm-up and measured steps)."""
+        key = f"micro/{new_grads}"
+        cached = self._cache.get(key)
+        if cached is None:
+            cached = self._cache[key] = Repeat(tuple(self._micro_batch(new_grads=new_grads)), 1)
+        return cached
+
+    def _micro_batch(self, *, new_grads: bool) -> list[Item]:
+        """One micro-batch: forward then backward (Note [Analytic step schedule])."""
+        t = self.training
+        f: Phase = "forward"
+        b: Phase = "backward"
+        items: list[Item] = []
+        spans = [
+            alloc(
+                self.gather_root,
+                Cat.TEMPORARY,
+                f,
+                "gather/root",
+                "(model)",
+                "the root module's gathered parameters",
+            ),
+            alloc(
+                self.gather_a,
+                Cat.TEMPORARY,
+                f,
+                "gather/a",
+                "layers",
+                "gathered parameters of the current layer",
+            ),
+            alloc(
+                self.gather_b,
+                Cat.TEMPORARY,
+                f,
+                "gather/b",
+                "layers",
+                "gathered parameters of the prefetched layer",
+            ),
+            alloc(
+                self.in_flight_bytes,
+                Cat.ACTIVATION,
+                f,
+                "in_flight",
+                "pipeline",
+                "activations of the other micro-batches in flight on this stage",
+            ),
+        ]
+        items += spans
+        emb_act = alloc(
+            self.emb_acts, Cat.ACTIVATION, f, "act/embedding", "embedding", "embedding activations"
+        )
+        items.append(emb_act)
+        items += self._forward_layers()
+        head_dequant = alloc(
+            self.head_dequant,
+            Cat.TEMPORARY,
+            f,
+            "dequant/head",
+            "head",
+            "the LM head's dequantized weight",
+        )
+        logits = alloc(
+            self.loss_fwd,
+            Cat.TEMPORARY,
+            f,
+            "logits",
+            "head",
+            "logits (and their fp32 copy) while the loss runs",
+        )
+        head_act = alloc(self.head_acts, Cat.ACTIVATION, f, "act/head", "head", "head activations")
+        items += [head_dequant, logits, free(head_dequant, f), head_act, free(logits, f)]
+        if self.weight_copy:
+            copies = self._weight_copy_ops(f, "wcopy/{i}", "")
+            items.append(Repeat(tuple(free(op, f) for op in copies), self.L))
+        # backward
+        bucket = alloc(
+            self.bucket_backward,
+            Cat.TEMPORARY,
+            b,
+            "bucket/backward",
+            "(model)",
+            "DeepSpeed's gradient bucket(s)",
+        )
+        items.append(bucket)
+        g1 = alloc(
+            self.loss_tmp // 2,
+            Cat.TEMPORARY,
+            b,
+            "loss/1",
+            "loss",
+            "the two (tokens x vocab) log-softmax gradients",
+        )
+        g2 = alloc(
+            self.loss_tmp - self.loss_tmp // 2,
+            Cat.TEMPORARY,
+            b,
+            "loss/2",
+            "loss",
+            "the two (tokens x vocab) log-softmax gradients",
+        )
+        head_dequant_b = alloc(
+            self.head_dequant,
+            Cat.TEMPORARY,
+            b,
+            "dequant/head",
+            "head",
+            "the LM head's dequantized weight",
+        )
+        items += [g1, g2, free(g1, b), head_dequant_b, free(head_dequant_b, b), free(head_act, b)]
+        head_grads = self._grad_ops(
+            self.head_grad_states, b, "head", "head", unsharded=self.pp_fsdp
+        )
+        if new_grads:
+            items += head_grads
+        items.append(free(g2, b))
+        residual = alloc(
+            self.residual_tmp,
+            Cat.TEMPORARY,
+            b,
+            "residual_grad",
+            "layers",
+            "the residual-stream gradient",
+        )
+        items.append(residual)
+        if t.optimizer_in_backward and new_grads:
+            items += [free(op, b) for op in head_grads]
+        items += self._backward_layers(new_grads=new_grads)
+        items.append(free(residual, b))
+        if new_grads:
+            emb_grads = self._grad_ops(
+                self.emb_grad_states, b, "embedding", "embedding", unsharded=self.pp_fsdp
+            )
+            items += emb_grads
+            if t.optimizer_in_backward:
+                items += [free(op, b) for op in emb_grads]
+        items.append(free(emb_act, b))
+        items.append(free(bucket, b))
+        items += [free(op, b) for op in reversed(spans)]
+        return items
+
+    def _weight_copy_ops(self, phase: Phase, key: str, label: str) -> list[Op]:
+        if not self.weight_copy:
+            return []
+        return [
+            alloc(size, Cat.ACTIVATION, phase, f"{key}/{n}", "layers.{i}", label)
+            for n, size in enumerate(self._weight_blocks(self.weight_copy))
+        ]
+
+    def _saved_ops(self, phase: Phase, key: str) -> list[Op]:
+        return [
+            alloc(size, Cat.ACTIVATION, phase, f"act/{key}/{n}", "layers.{i}", "saved activations")
+            for n, (_, size) in enumerate(self.saved)
+        ]
+
+    def _forward_layers(self) -> list[Item]:
+        f: Phase = "forward"
+        body: list[Op] = [self._kept_op(f)]
+        body += self._weight_copy_ops(f, "wcopy/{i}", "autocast's cached 16-bit weight copies")
+        if self.dequant:
+            d = alloc(
+                self.dequant, Cat.TEMPORARY, f, "dequant", "layers.{i}", "a dequantized base weight"
+            )
+            body += [d, free(d, f)]
+        body += self._saved_ops(f, "{i}")
+        dropped = [
+            alloc(
+                size,
+                Cat.TEMPORARY,
+                f,
+                f"drop/{n}",
+                "layers.{i}",
+                "activations dropped by checkpointing",
+            )
+            for n, (_, size) in enumerate(self.dropped)
+        ]
+        body += dropped + [free(op, f) for op in dropped]
+        if not self.training.activation_offloading or self.L < 2:
+            return [Repeat(tuple(body), self.L)]
+        # the previous layer's saved tensors leave for the CPU once this layer has run
+        offload = [free(op, f) for op in self._saved_ops(f, "{i_prev}")]
+        return [Repeat(tuple(body), 1), Repeat(tuple(body + offload), self.L - 1, start=1)]
+
+    def _kept_op(self, phase: Phase) -> Op:
+        """One layer's gathered weights kept from its forward to its backward
+        (:func:`~trainmem.analytic.buffers.kept_gathered_layer_bytes`)."""
+        return alloc(
+            self.kept,
+            Cat.TEMPORARY,
+            phase,
+            "kept/{i}",
+            "layers.{i}",
+            "the layer's gathered weights, kept from its forward to its backward",
+        )
+
+    def _backward_layers(self, *, new_grads: bool) -> list[Item]:
+        b: Phase = "backward"
+        t = self.training
+        body: list[Op] = []
+        offloading = t.activation_offloading and self.L >= 2
+        if offloading:  # prefetch the next layer backward will need
+            body += [
+                Op(
+                    "alloc",
+                    op.size_bytes,
+                    op.category,
+                    b,
+                    op.key,
+                    op.module,
+                    "saved activations prefetched from the CPU",
+                )
+                for op in self._saved_ops(b, "{i_prev}")
+            ]
+        recomputed = [
+            alloc(size, Cat.ACTIVATION, b, f"re/{n}", "layers.{i}", "recomputed activations")
+            for n, (_, size) in enumerate(self.dropped)
+        ]
+        body += recomputed
+        if self.weight_copy:
+            copy = alloc(
+                self.weight_copy,
+                Cat.ACTIVATION,
+                b,
+                "wcopy/re",
+                "layers.{i}",
+                "recomputed 16-bit weight copies",
+            )
+            recomputed.append(copy)
+            body.append(copy)
+        if self.dequant:
+            d = alloc(
+                self.dequant, Cat.TEMPORARY, b, "dequant", "layers.{i}", "a dequantized base weight"
+            )
+            body += [d, free(d, b)]
+        grads = self._grad_ops(self.layer_states, b, "{i}", "layers.{i}", unsharded=self.pp_fsdp)
+        reduce = alloc(
+            self.reduce,
+            Cat.TEMPORARY,
+            b,
+            "reduce",
+            "layers.{i}",
+            "the layer's unsharded gradients before their reduce-scatter",
+        )
+        mlp_tmp = alloc(
+            self.mlp_tmp, Cat.TEMPORARY, b, "mlp_tmp", "layers.{i}", "the MLP's backward transients"
+        )
+        saved = self._saved_ops(b, "{i}")
+        is_mlp = [term.startswith("mlp/") for term, _ in self.saved]
+        re_mlp = [term.startswith("mlp/") for term, _ in self.dropped]
+        body += [mlp_tmp]
+        if new_grads:
+            body += grads
+        body += [reduce, free(mlp_tmp, b)]
+        body += [free(op, b) for op, m in zip(saved, is_mlp, strict=True) if m]
+        body += [free(op, b) for op, m in zip(recomputed, re_mlp, strict=False) if m]
+        attention = alloc(
+            self.attention_tmp,
+            Cat.TEMPORARY,
+            b,
+            "attention_tmp",
+            "layers.{i}",
+            "eager attention's backward transients",
+        )
+        body += [attention, free(attention, b), free(reduce, b)]
+        body += [free(op, b) for op, m in zip(saved, is_mlp, strict=True) if not m]
+        body += [
+            free(op, b) for n, op in enumerate(recomputed) if n >= len(re_mlp) or not re_mlp[n]
+        ]
+        if t.optimizer_in_backward and new_grads:
+            body += [free(op, b) for op in grads]
+        body.append(free(self._kept_op("forward"), b))
+        if not offloading:
+            return [Repeat(tuple(body), self.L, reverse=True)]
+        last = [op for op in body if op.label != "saved activations prefetched from the CPU"]
+        return [
+            Repeat(tuple(body), self.L - 1, reverse=True, start=1),
+            Repeat(tuple(last), 1),
+        ]
+
+    def optimizer(self, *, first: bool) -> list[Item]:
+        """States (first step only), then the step's temporaries (a zero-byte marker opens the
+        phase, so its peak exists even when the step allocates nothing)."""
+        marker = alloc(
+            0, Cat.TEMPORARY, "optimizer", "optimizer/step", "(optimizer)", "optimizer step"
+        )
+        items: list[Item] = [marker, free(marker, "optimizer")]
+        if first:
+            items.append(self._optimizer_states())
+        if self.training.optimizer_in_backward:
+            return items
+        cached = self._shared.get("optimizer")
+        if cached is None:
+            cached = self._shared["optimizer"] = Repeat(tuple(self._optimizer_temporaries()), 1)
+        return [*items, cached]
+
+    def _optimizer_states(self) -> Repeat:
+        """Every optimizer state, allocated lazily by the first step (torch ``_init_group``)."""
+        cached = self._shared.get("states")
+        if cached is not None:
+            return cached
+        o: Phase = "optimizer"
+        outer = [
+            alloc(s.state_bytes, Cat.OPTIMIZER_STATE, o, f"state/{s.owner}/{n}", s.owner)
+            for n, s in enumerate(self.emb_states + self.head_states)
+        ]
+        layer = tuple(
+            alloc(s.state_bytes, Cat.OPTIMIZER_STATE, o, f"state/{{i}}/{n}", "layers.{i}")
+            for n, s in enumerate(self.layer_states)
+        )
+        states = Repeat((*outer, Repeat(layer, self.L)), 1)
+        self._shared["states"] = states
+        return states
+
+    def _optimizer_temporaries(self) -> list[Item]:
+        t = self.training
+        o: Phase = "optimizer"
+        trainable = [
+            s for s in self.emb_states + self.head_states + self.layer_states if s.trainable
+        ]
+        if t.offload != "none" or not trainable:
+            return []
+        gb = max(dtype_bytes(t.grad_dtype), 1)
+        dp = t.sharding_degree
+
+        def local(s: TensorState) -> int:
+            n = s.full_grad_bytes // gb
+            return -(-n // dp) if self.stage >= 1 else n
+
+        outer = [s for s in self.emb_states + self.head_states if s.trainable]
+        layer = [s for s in self.layer_states if s.trainable]
+        n_local = sum(local(s) for s in outer) + self.L * sum(local(s) for s in layer)
+        largest = max(s.full_grad_bytes for s in trainable) // gb
+        total = optimizer_step_temporary_bytes(
+            t, num_trainable_parameters=n_local, largest_parameter=largest
+        )
+        if total <= 0 or n_local == 0:
+            return []
+        label = f"the {t.step_implementation} {t.optimizer} step's temporaries"
+        if t.step_implementation == "foreach":
+            per = total / n_local
+            outer_ops = [
+                alloc(round(per * local(s)), Cat.TEMPORARY, o, f"opt/{s.owner}/{n}", s.owner, label)
+                for n, s in enumerate(outer)
+            ]
+            layer_ops = [
+                alloc(
+                    round(per * local(s)), Cat.TEMPORARY, o, f"opt/{{i}}/{n}", "layers.{i}", label
+                )
+                for n, s in enumerate(layer)
+            ]
+            return [
+                *outer_ops,
+                Repeat(tuple(layer_ops), self.L),
+                *(free(op, o) for op in outer_ops),
+                Repeat(tuple(free(op, o) for op in layer_ops), self.L),
+            ]
+        largest_local = max(local(s) for s in trainable)
+
+        def one(s: TensorState, module: str) -> list[Op]:
+            op = alloc(
+                round(total * local(s) / max(largest_local, 1)),
+                Cat.TEMPORARY,
+                o,
+                "opt/tmp",
+                module,
+                label,
+            )
+            return [op, free(op, o)]
+
+        items: list[Item] = [op for s in outer for op in one(s, s.owner)]
+        items.append(Repeat(tuple(op for s in layer for op in one(s, "layers.{i}")), self.L))
+        return items
+
+    def step(self, *, first: bool) -> list[Item]:
+        """One optimizer step: the micro-batches, the optimizer, zero_grad."""
+        t = self.training
+        m = t.gradient_accumulation_steps
+        # gradients that are never freed: zero_grad(set_to_none=False), or a gradient buffer
+        # the framework allocates at wrap time (Megatron's grad_data, DeepSpeed ZeRO-3's
+        # partition)
+        keep = not t.zero_grad_set_to_none or gradient_buffer_from_init(t)
+        items: list[Item] = []
+        if first:  # the forward thread's and autograd's cuBLAS handles, created at first use
+            ws = self.workspace_per_handle
+            items += [
+                alloc(ws, Cat.TEMPORARY, "forward", "cublas/0", "cublas", "cuBLAS workspace"),
+                alloc(ws, Cat.TEMPORARY, "forward", "cublas/1", "cublas", "cuBLAS workspace"),
+            ]
+        if first:  # DeepSpeed ZeRO-3's gradient bucket, allocated once at init
+            items.append(
+                alloc(
+                    self.bucket_persistent,
+                    Cat.TEMPORARY,
+                    "forward",
+                    "bucket/persistent",
+                    "(model)",
+                    "DeepSpeed's gradient bucket",
+                )
+            )
+        if first and keep:
+            items += self.all_gradients("forward")
+        gathered = alloc(
+            self.stage_gather,
+            Cat.TEMPORARY,
+            "forward",
+            "gather/stage",
+            "(stage)",
+            "the stage's gathered parameters, kept across micro-batches",
+        )
+        items.append(gathered)
+        items.append(self.micro_batch(new_grads=not keep))
+        if m > 1:
+            again = self.micro_batch(new_grads=False)
+            items.append(Repeat(again.body, m - 1, independent=True))
+        if self.pp_fsdp and not keep:  # the reduce-scatter after the last micro-batch
+            items += self.all_gradients("backward")
+            items += self.free_gradients("backward", unsharded=True)
+        items.append(free(gathered, "backward"))
+        items += self.optimizer(first=first)
+        if not keep and not t.optimizer_in_backward:
+            cached = self._shared.get("zero_grad")
+            if cached is None:
+                cached = self._shared["zero_grad"] = Repeat(
+                    tuple(self.free_gradients("zero_grad")), 1
+                )
+            items.append(cached)
+        return items
+
+
+def rank_schedule(
+    model: ModelSpec,
+    training: TrainingConfig,
+    rank: PipelineRank,
+    *,
+    layout: StateLayout,
+    prof: ActivationProfile,
+    workspace_per_handle: int,
+) -> StepSchedule:
+    """The step schedule of one rank (Note [Analytic step schedule]).
+
+    Args:
+        model / training: what is trained and how.
+        rank: the pipeline stage the rank holds (the whole model without pipelining).
+        layout: per-tensor model states (:func:`~trainmem.analytic.tensor_states.state_layout`).
+        prof: activation terms (:func:`~trainmem.analytic.activations.activation_profile`).
+        workspace_per_handle: cuBLAS workspace of one handle, bytes.
+
+    Returns:
+        The schedule: setup (weights, warm-up steps) and the steady-state step.
+    """
+    b = _Builder(model, training, rank, layout, prof, workspace_per_handle)
+    setup: list[Item] = b.parameters()
+    setup += b.step(first=True)
+    for _ in range(WARMUP_STEPS - 1):
+        setup += b.step(first=False)
+    suffix = f" stage {rank.stage}" if training.pipeline_parallel_size > 1 else ""
+    return StepSchedule(
+        setup=tuple(setup),
+        step=tuple(b.step(first=False)),
+        name=f"{model.name} (analytic{suffix})",
+    )
+
+
+def _tensor_sizes(model: ModelSpec, training: TrainingConfig) -> list[int]:
+    """Sizes of the single tensors a layer's terms are made of, largest first: (t, i) and
+    (t, h) activations in the compute, residual and fp32 dtypes, (b, a, s, s) scores, masks."""
+    s, b = tokens_per_sequence(model, training), training.micro_batch_size
+    t = b * s
+    c, r = compute_and_residual_bytes(training)
+    k_top = model.num_experts_per_tok if model.num_experts > 1 else 1
+    i, h = model.intermediate_size * k_top, model.hidden_size
+    kv = model.num_kv_heads * model.head_dim
+    sizes = {n * t for n in (4 * i, c * i, i, 4 * h, r * h, c * h, h, c * kv)}
+    sizes |= {n * model.num_heads * s * s * b for n in (4, c, 1)}
+    return sorted((x for x in sizes if x > 0), reverse=True)
+
+
+MAX_BLOCKS_PER_TERM = 64
+"""A term is split into at most this many tensors (tiny sequence lengths would otherwise split a
+term into millions of blocks); beyond it the term is one block."""
+
+
+def _split(term_bytes: int, sizes: list[int]) -> list[int]:
+    """A term as the tensors it is made of: the largest single-tensor size that divides it,
+    repeated; the term as one block if none does (e.g. LayerNorm input + statistics)."""
+    for size in sizes:
+        if term_bytes >= size and term_bytes % size == 0:
+            if term_bytes // size > MAX_BLOCKS_PER_TERM:
+                break
+            return [size] * (term_bytes // size)
+    return [term_bytes]

@@ -1,0 +1,392 @@
+"""StepSchedule: one training step as data, the one description both engines produce.
+
+Note [One description of the step]
+    A training step is an ordered list of allocations and frees. Both engines hand the driver
+    (:mod:`trainmem.estimate`) a :class:`StepSchedule`: the analytic engine builds it from its
+    cited formulas (:mod:`trainmem.analytic.schedule`), the trace engine records it op by op
+    (:meth:`StepSchedule.from_timeline`). Everything the user sees comes from it:
+
+    * :meth:`StepSchedule.peak` (the fast path, linear in the number of segments): the peak of
+      live requested bytes of the steady-state step, the bytes per category at that moment and
+      the operation that set it. It is the closed form: a repeated block (``Repeat``: identical
+      layers, identical micro-batches) is summarised once by its net change and its highest
+      excursion, so a 126-layer model or 1024 micro-batches cost no more than one;
+    * :meth:`StepSchedule.expand` gives the events (:class:`~trainmem.timeline.Timeline`) the
+      caching-allocator simulator replays for ``max_memory_reserved``, fragmentation and the
+      out-of-memory verdict; ``peak()`` equals the peak of the expanded live bytes
+      (a property test checks it).
+
+    A schedule has two parts: ``setup`` brings the device into the state the measured step starts
+    from (weights, a warm-up step that allocates the optimizer states lazily, as a real run
+    does), and ``step`` is the steady-state step whose peak is reported.
+
+    Frees are paired with their allocations by ``key``. Inside a :class:`Repeat`, ``{i}`` in a
+    key or module name is the iteration's index (``{i_prev}`` / ``{i_next}`` one less / more),
+    so layer ``j``'s saved activations allocated in the forward are the ones layer ``j``'s
+    backward frees. Sizes and categories of a repeated body do not depend on the index.
+
+Source: the step order of PyTorch training (forward, autograd's reverse-order backward,
+``optimizer.step()``, ``zero_grad()``), as in the seeds' four-phase picture
+(shared/seeds, "How GPU gets utilized during model training").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from trainmem.breakdown import MemoryCategory
+from trainmem.errors import ScheduleError
+from trainmem.timeline import AllocEvent, Phase, Timeline
+
+Action = Literal["alloc", "free"]
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """One allocation or free.
+
+    Attributes:
+        action: ``"alloc"`` or ``"free"``.
+        size_bytes: requested bytes (the free repeats its allocation's size).
+        category: what the storage holds.
+        phase: step phase.
+        key: pairs a free with its allocation; may hold ``{i}``, ``{i_prev}``, ``{i_next}``.
+        module: module path (``layers.{i}.mlp``), formatted like ``key``.
+        label: what the tensor is, for the peak's explanation ("log-softmax gradients").
+        stream: CUDA stream (0 = default).
+    """
+
+    action: Action
+    size_bytes: int
+    category: MemoryCategory
+    phase: Phase
+    key: str
+    module: str = ""
+    label: str = ""
+    stream: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Repeat:
+    """``body`` run ``count`` times; iteration ``k`` has index ``start + k``, or counts down
+    from ``start + count - 1`` when ``reverse`` (backward through the layers). ``independent``:
+    every iteration frees what it allocates and nothing else (Note [Balanced repeats])."""
+
+    body: tuple[Item, ...]
+    count: int
+    reverse: bool = False
+    start: int = 0
+    independent: bool = False
+    memo: dict[str, object] = field(default_factory=dict, compare=False, repr=False, hash=False)
+
+    def index(self, k: int) -> int:
+        """The index of iteration ``k`` (0-based)."""
+        return self.start + (self.count - 1 - k if self.reverse else k)
+
+
+Item = Op | Repeat
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulePeak:
+    """The peak of live requested bytes of the steady-state step.
+
+    Attributes:
+        peak_bytes: live bytes at the peak (predicted ``max_memory_allocated`` before the
+            allocator's 512-byte rounding).
+        by_category: live bytes per category at that moment.
+        phase / module / label: the operation that set the peak ("" labels: none given).
+    """
+
+    peak_bytes: int
+    by_category: dict[MemoryCategory, int]
+    phase: str
+    module: str
+    label: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Summary:
+    """Net change and highest excursion of a run of items, per category at the excursion."""
+
+    total: int
+    delta: dict[MemoryCategory, int]
+    excursion: int
+    at_excursion: dict[MemoryCategory, int]
+    op: Op | None
+    index: dict[str, int]
+    phase_high: dict[str, int]
+
+
+def _add(
+    a: dict[MemoryCategory, int], b: dict[MemoryCategory, int], k: int = 1
+) -> dict[MemoryCategory, int]:
+    out = dict(a)
+    for cat, v in b.items():
+        out[cat] = out.get(cat, 0) + k * v
+    return out
+
+
+def _summarise(items: Sequence[Item], memo: dict[int, _Summary] | None = None) -> _Summary:
+    """Walk ``items`` once for the totals and once more for the split by category at the
+    highest point; repeated bodies are summarised once (Note [One description of the step]):
+    over ``n`` iterations of a body with net change ``d`` and excursion ``m`` the highest point
+    is ``(n - 1) * d + m`` in the last iteration when ``d > 0``, else ``m`` in the first.
+    ``memo`` reuses the summary of a body object met twice (the warm-up and measured steps
+    share their micro-batches)."""
+    memo = {} if memo is None else memo
+    total = best = 0
+    best_pos, best_k = -1, 0
+    bodies: dict[int, _Summary] = {}
+    phase_high: dict[str, int] = {}
+    for pos, item in enumerate(items):
+        if isinstance(item, Op):
+            total += item.size_bytes if item.action == "alloc" else -item.size_bytes
+            if total > best:
+                best, best_pos = total, pos
+            if total > phase_high.get(item.phase, total - 1):
+                phase_high[item.phase] = total
+            continue
+        body = memo.get(id(item.body))
+        if body is None:
+            cached = item.memo.get("summary")
+            body = cached if isinstance(cached, _Summary) else _summarise(item.body, memo)
+            memo[id(item.body)] = body
+            item.memo["summary"] = body
+        bodies[pos] = body
+        if item.count <= 0:
+            continue
+        k = item.count - 1 if body.total > 0 else 0
+        high = total + k * body.total + body.excursion
+        if high > best and body.op is not None:
+            best, best_pos, best_k = high, pos, k
+        for phase, rel in body.phase_high.items():
+            value = total + k * body.total + rel
+            if value > phase_high.get(phase, value - 1):
+                phase_high[phase] = value
+        total += item.count * body.total
+    live: dict[MemoryCategory, int] = {}
+    at: dict[MemoryCategory, int] = {}
+    op: Op | None = None
+    index: dict[str, int] = {}
+    for pos, item in enumerate(items):
+        if isinstance(item, Op):
+            size = item.size_bytes if item.action == "alloc" else -item.size_bytes
+            live[item.category] = live.get(item.category, 0) + size
+            if pos == best_pos:
+                at, op = dict(live), item
+            continue
+        body = bodies[pos]
+        if pos == best_pos:
+            at = _add(_add(live, body.delta, best_k), body.at_excursion)
+            op, index = body.op, {"i": item.index(best_k), **body.index}
+        if item.count > 0:
+            live = _add(live, body.delta, item.count)
+    return _Summary(total, live, best, at, op, index, phase_high)
+
+
+@dataclass(frozen=True, slots=True)
+class StepSchedule:
+    """One training step (and the state it starts from) as ordered allocations and frees.
+
+    Attributes:
+        setup: items that bring the device to the start of the measured step.
+        step: the steady-state step.
+        name: free text for reports (model and engine).
+    """
+
+    setup: tuple[Item, ...]
+    step: tuple[Item, ...]
+    name: str = ""
+    _cache: dict[str, object] = field(default_factory=dict, compare=False, repr=False)
+
+    def live_before_step(self) -> dict[MemoryCategory, int]:
+        """Bytes per category alive when the measured step starts (weights, optimizer states,
+        gradients kept from the previous step...)."""
+        return {k: v for k, v in _summarise(self.setup).delta.items() if v}
+
+    def peak(self) -> SchedulePeak:
+        """The peak of the steady-state step (fast path; Note [One description of the step])."""
+        cached = self._cache.get("peak")
+        if isinstance(cached, SchedulePeak):
+            return cached
+        memo: dict[int, _Summary] = {}
+        before = _summarise(self.setup, memo).delta
+        step = _summarise(self.step, memo)
+        base = sum(before.values())
+        if step.op is None:  # nothing allocated in the step: the state it starts from
+            by_cat, op_phase, module, label = before, "init", "", ""
+        else:
+            by_cat = _add(before, step.at_excursion)
+            op_phase, label = step.op.phase, step.op.label
+            module = _format(step.op.module, step.index)
+        result = SchedulePeak(
+            peak_bytes=base + step.excursion,
+            by_category={k: v for k, v in by_cat.items() if v},
+            phase=op_phase,
+            module=module,
+            label=label,
+        )
+        self._cache["peak"] = result
+        return result
+
+    def phase_peaks(self) -> dict[str, int]:
+        """The highest live bytes of the steady-state step within each phase (``forward``,
+        ``backward``, ``optimizer``...), the state carried in included."""
+        memo: dict[int, _Summary] = {}
+        base = _summarise(self.setup, memo).total
+        step = _summarise(self.step, memo)
+        return {phase: base + high for phase, high in step.phase_high.items()}
+
+    def category_peak(self, category: MemoryCategory) -> int:
+        """The most bytes of one category alive at once during the steady-state step (those
+        carried in from the setup included)."""
+        before = _summarise(_only(self.setup, category)).delta.get(category, 0)
+        return before + _summarise(_only(self.step, category)).excursion
+
+    def model_states(self) -> dict[str, int]:
+        """Persistent bytes of this rank: ``parameters`` (buffers included) and
+        ``optimizer_states`` held when the step starts, ``gradients`` the most gradient bytes
+        held during it (as DeepSpeed's ``estimate_zero*_model_states_mem_needs`` report)."""
+        before = self.live_before_step()
+        return {
+            "parameters": before.get(MemoryCategory.PARAMETER, 0)
+            + before.get(MemoryCategory.BUFFER, 0),
+            "gradients": self.category_peak(MemoryCategory.GRADIENT),
+            "optimizer_states": before.get(MemoryCategory.OPTIMIZER_STATE, 0),
+        }
+
+    def expand(self) -> Timeline:
+        """The events of ``setup`` then ``step``, block ids paired by key (cached).
+
+        Raises:
+            ScheduleError: a free of a key that is not live, or an allocation of a live key.
+        """
+        cached = self._cache.get("timeline")
+        if isinstance(cached, Timeline):
+            return cached
+        events = list(self.events())
+        start = int(self._cache["steady_state_start"])  # type: ignore[call-overload]
+        timeline = Timeline(events=events, name=self.name, steady_state_start=start)
+        self._cache["timeline"] = timeline
+        return timeline
+
+    def events(self) -> Iterator[AllocEvent]:
+        """:meth:`expand`'s events one at a time, so a replay that stops at an out-of-memory
+        error does not build the rest.
+
+        Raises:
+            ScheduleError: as :meth:`expand`.
+        """
+        cached = self._cache.get("timeline")
+        if isinstance(cached, Timeline):
+            yield from cached.events
+            return
+        live: dict[str, tuple[int, int]] = {}
+        counter = [0, 0]  # next block id, events written
+        yield from _expand(self.setup, {}, live, counter)
+        self._cache["steady_state_start"] = counter[1]
+        yield from _expand(self.step, {}, live, counter)
+
+    def num_segments(self) -> int:
+        """Items in the schedule counting a repeated body once (its compact size)."""
+
+        def count(items: Iterable[Item]) -> int:
+            return sum(1 if isinstance(x, Op) else 1 + count(x.body) for x in items)
+
+        return count(self.setup) + count(self.step)
+
+    @classmethod
+    def from_timeline(cls, timeline: Timeline) -> StepSchedule:
+        """A flat schedule from a recorded event stream (the trace engine's), its steady-state
+        step starting at ``timeline.steady_state_start``."""
+        ops = [
+            Op(
+                ev.action,
+                ev.size_bytes,
+                ev.category,
+                ev.phase,
+                f"b{ev.block_id}",
+                ev.module,
+                stream=ev.stream,
+            )
+            for ev in timeline.events
+        ]
+        start = max(timeline.steady_state_start, 0)
+        return cls(setup=tuple(ops[:start]), step=tuple(ops[start:]), name=timeline.name)
+
+
+BALANCED_REPEATS = 2
+"""Iterations of a balanced repeated body that :meth:`StepSchedule.expand` writes out.
+
+Note [Balanced repeats]
+    A repeated body marked ``independent`` frees everything it allocates and nothing else (a
+    micro-batch of gradient accumulation once the gradients exist), so it leaves the caching
+    allocator where it found it after its first iterations: the same requests meet the same
+    cached blocks. ``expand()`` writes out
+    :data:`BALANCED_REPEATS` iterations of such a body, so 1024 micro-batches replay like two
+    (their live bytes are identical, so ``peak()`` is unchanged; a property test checks
+    ``peak()`` against the expansion)."""
+
+
+def _only(items: Sequence[Item], category: MemoryCategory) -> tuple[Item, ...]:
+    out: list[Item] = []
+    for x in items:
+        if isinstance(x, Op):
+            if x.category == category:
+                out.append(x)
+        else:
+            body = _only(x.body, category)
+            if body:
+                out.append(Repeat(body, x.count, x.reverse, x.start, x.independent))
+    return tuple(out)
+
+
+def _format(text: str, index: dict[str, int]) -> str:
+    if "{" not in text:
+        return text
+    i = index.get("i", 0)
+    return text.format(i=i, i_prev=i - 1, i_next=i + 1)
+
+
+def _expand(
+    items: Sequence[Item],
+    index: dict[str, int],
+    live: dict[str, tuple[int, int]],
+    counter: list[int],
+) -> Iterator[AllocEvent]:
+    for item in items:
+        if isinstance(item, Repeat):
+            count = item.count
+            if count > BALANCED_REPEATS and item.independent:
+                count = BALANCED_REPEATS  # Note [Balanced repeats]
+            for k in range(count):
+                yield from _expand(item.body, {**index, "i": item.index(k)}, live, counter)
+            continue
+        key = _format(item.key, index)
+        module = _format(item.module, index)
+        if item.action == "alloc":
+            if key in live:
+                raise ScheduleError(f"key {key!r} allocated while live")
+            if item.size_bytes <= 0:
+                live[key] = (-1, 0)
+                continue
+            block = counter[0]
+            counter[0] += 1
+            counter[1] += 1
+            live[key] = (block, item.size_bytes)
+            yield AllocEvent(
+                "alloc", block, item.size_bytes, item.category, item.phase, module, item.stream
+            )
+        else:
+            entry = live.pop(key, None)
+            if entry is None:
+                raise ScheduleError(f"free of key {key!r}, which is not live")
+            block, size = entry
+            if block >= 0:
+                counter[1] += 1
+                yield AllocEvent(
+                    "free", block, size, item.category, item.phase, module, item.stream
+                )

@@ -1,0 +1,239 @@
+"""Framework conventions as data: one row per training framework, one field per convention.
+
+The analytic formulas read these fields (``training.conventions.<field>``) instead of testing
+the framework's name, so each convention is stated once, next to the source file it mirrors.
+Library versions a default depends on (torch, bitsandbytes) are ``TrainingConfig`` fields; the
+functions here turn them into the convention that applies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainmem.errors import SpecError
+
+DEFAULT_TORCH_VERSION = (2, 8)
+"""The torch release assumed when none is given: a current one (>= 2.8)."""
+DEFAULT_BITSANDBYTES_VERSION = (0, 45, 0)
+"""The bitsandbytes release assumed when none is given: a current one (>= 0.43.2)."""
+BNB_MATMUL4BIT_SAVES_NO_INPUT_SINCE = (0, 43, 2)
+"""bitsandbytes autograd/_functions.py ``MatMul4Bit.forward``: since 0.43.2 it keeps
+``ctx.tensors = (None, B)`` (the quantized weight only; the input gradient needs only B);
+before, ``(A, B)``: the 16-bit input of every 4-bit linear stayed saved until its backward."""
+
+
+def parse_version(field: str, text: str | None) -> tuple[int, ...] | None:
+    """``"2.5"`` / ``"2.5.1+cu121"`` / ``"0.43.2"`` -> (2, 5) / (2, 5, 1) / (0, 43, 2).
+
+    Raises:
+        SpecError: not dot-separated integers (a local suffix after ``+`` is ignored).
+    """
+    if text is None:
+        return None
+    core = str(text).split("+", 1)[0].strip()
+    parts = core.split(".")
+    if not core or not all(p.isdigit() for p in parts):
+        raise SpecError(field, f"{text!r} is not a version like 2.5 or 0.43.2")
+    return tuple(int(p) for p in parts)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FrameworkConventions:
+    """What one framework does with the bytes of a training step.
+
+    Every field names the source file it mirrors; ``tests/analytic/test_frameworks.py`` derives
+    each rule's bytes by hand from that source.
+    """
+
+    name: str
+    """The ``--framework`` value."""
+    autocast: bool
+    """``*-mixed`` runs the model under ``torch.autocast`` on fp32 weights (fp32 residual stream,
+    per-op casts). pytorch-amp, hf-trainer (``Trainer(bf16=True)`` -> accelerate
+    ``native_amp``), litgpt (Lightning ``MixedPrecision``)."""
+    master_weights: bool
+    """``*-mixed`` keeps 16-bit model weights and gradients and an fp32 master copy inside the
+    optimizer (DeepSpeed ``bf16_optimizer.py`` / ``stage_1_and_2.py``; Megatron
+    ``optimizer/optimizer.py`` ``Float16OptimizerWithFloat16Params``)."""
+    fp32_grad_buffer: bool
+    """Gradients accumulate in fp32 beside 16-bit weights (Megatron
+    ``accumulate_allreduce_grads_in_fp32``, ``distributed/param_and_grad_buffer.py``)."""
+    grad_buffer_from_init: bool
+    """The gradient buffer is one contiguous tensor allocated when the model is wrapped and
+    never freed, so it is alive in the forward pass too (Megatron
+    ``distributed/param_and_grad_buffer.py``: ``self.grad_data = torch.zeros(...)`` in
+    ``_ParamAndGradBuffer.__init__``; ``zero_grad_buffer`` zeroes it in place)."""
+    fsdp_param_dtype_follows_precision: bool
+    """``*-mixed`` with FSDP gathers (and, unsharded, casts) the weights to the compute dtype
+    before each wrapped module runs, so layers compute on 16-bit weights, the residual stream is
+    16-bit and autocast has nothing to cast (accelerate ``utils/dataclasses.py``
+    ``FullyShardedDataParallelPlugin.set_mixed_precision``: ``MixedPrecision(param_dtype=dtype,
+    reduce_dtype=dtype, buffer_dtype=dtype)``; torch FSDP2 ``MixedPrecisionPolicy``)."""
+    fsdp_reduce_in_compute_dtype: bool
+    """The unsharded gradient FSDP reduce-scatters is in the compute dtype (accelerate's
+    ``reduce_dtype=dtype``); False: fp32 (torchtitan / trainmem's FSDP2 policy
+    ``reduce_dtype=float32``)."""
+    zero_ipg_buckets: bool
+    """ZeRO keeps contiguous gradient buckets of ``reduce_bucket_size`` elements (DeepSpeed
+    ``contiguous_gradients=True``, the default): stage 1/2 allocate one (two with
+    ``overlap_comm``) in ``backward()`` (runtime/zero/stage_1_and_2.py ``self.ipg_buffer``);
+    stage 3 one at init, kept for the whole run (runtime/zero/stage3.py
+    ``self.__ipg_bucket_flat_buffer``)."""
+    zero3_grad_partition_from_init: bool
+    """ZeRO-3 keeps this rank's gradient partition in one flat buffer allocated when the
+    optimizer is built, so the (sharded) gradients exist in the forward pass too (DeepSpeed
+    runtime/zero/stage3.py ``self.grad_partitions_flat_buffer = torch.zeros(sum(p.
+    partition_numel() ...), dtype=self.gradient_accumulation_dtype, ...)``)."""
+    fused_multi_tensor_adam: bool
+    """Adam runs as one fused multi-tensor kernel with no parameter-sized temporary (Megatron
+    ``optimizer/__init__.py``: TransformerEngine / apex ``FusedAdam``; DeepSpeed
+    ``ops/adam/fused_adam.py`` ``FusedAdam``, chosen for ``"type": "Adam"/"AdamW"``)."""
+    trainer_default_fused_since_torch: tuple[int, ...] | None
+    """The torch release from which the framework's default optimizer is torch's fused AdamW
+    (transformers ``training_args.py``: ``default_optim = "adamw_torch"``, ``"adamw_torch_fused"``
+    if ``is_torch_greater_or_equal_than_2_8``); None: the framework keeps torch's default."""
+    adafactor_from_transformers: bool
+    """``adafactor`` is transformers' ``Adafactor`` (the HF Trainer's ``optim="adafactor"``,
+    transformers trainer.py ``get_optimizer_cls_and_kwargs``); False: ``torch.optim.Adafactor``
+    where torch has it (>= 2.5), transformers' before."""
+    adapter_dtype_follows_weights: bool
+    """LoRA A and B are kept in the model's weight dtype (lit-gpt ``lora.py``, torchtune
+    ``LoRALinear``); False: peft upcasts adapters on a 16-bit base to fp32
+    (``autocast_adapter_dtype=True``, peft ``tuners/tuners_utils.py``)."""
+    hf_model_code: bool
+    """The model is the transformers class, with its code paths: GPT-2's training-time
+    ``DynamicCache`` (``use_cache=True``) whose ``torch.cat`` copies of k and v SDPA saves, and
+    ``gelu_new`` written as separate tanh-formula ops (transformers models/gpt2/modeling_gpt2.py,
+    activations.py ``NewGELUActivation``). False: the framework's own model code (Megatron's
+    fused bias-GELU and attention, lit-gpt, torchtune)."""
+    peft_kbit_training: bool
+    """A quantized base is prepared with peft's ``prepare_model_for_kbit_training``: every
+    parameter that is not quantized (embeddings, norms, LM head) is cast to fp32, so the
+    residual stream leaving the fp32 embedding is fp32 too (peft utils/other.py: ``param.data =
+    param.data.to(torch.float32)`` for non-``Params4bit`` 16-bit parameters)."""
+    own_model_code: bool
+    """The framework runs its own model code, not transformers': fused GELU kernel, fused qkv
+    viewed into q, k, v, chunked LM head (lit-gpt ``model.py``)."""
+    fp32_model_output: bool
+    """The model output (the logits) is cast to fp32 and kept until the step ends (Lightning
+    Fabric ``_FabricModule.forward`` -> ``precision.convert_output``)."""
+    dtensor_sequence_parallel: bool
+    """Sequence parallelism as torchtitan applies it with DTensor: ``PrepareModuleInput(
+    input_layouts=Shard(1), desired_input_layouts=Replicate())`` on the attention and
+    feed-forward modules (and the output layer's ``ColwiseParallel(input_layouts=Shard(1))``)
+    all-gathers the normed input before the column-parallel linears, whose matmuls save that
+    full-sequence tensor (torchtitan/models/llama3/infra/parallelize.py ``apply_tp``;
+    torch/distributed/tensor/parallel/style.py). False: Megatron saves the sequence shard and
+    all-gathers it again in backward (Korthikanti et al. 2022 sec. 4.2.2; megatron/core/
+    tensor_parallel/layers.py ``LinearWithGradAccumulationAndAsyncCommunication``)."""
+    fsdp_shards_over_context_parallel: bool
+    """FSDP shards over the data-parallel and the context-parallel ranks together: torchtitan's
+    ``fully_shard`` takes the flattened ``dp_shard_cp`` mesh (torchtitan/models/llama3/infra/
+    parallelize.py ``apply_fsdp``; torchtitan/distributed/parallel_dims.py)."""
+    quantized_base_saves_input: bool
+    """A quantized base linear may save its 16-bit input (bitsandbytes ``MatMul4Bit`` before
+    0.43.2, ``MatMul8bitLt`` always); False: the quantized linear saves only its weight
+    (torchtune's torchao ``NF4Tensor``, torchao ``dtypes/nf4tensor.py`` ``LinearNF4``)."""
+
+    def default_optimizer_implementation(self, torch_version: tuple[int, ...] | None) -> str:
+        """The Adam implementation that runs when none is asked for.
+
+        Args:
+            torch_version: (major, minor, ...) of torch; None: a current release.
+
+        Returns:
+            ``fused`` (fused multi-tensor Adam, or the framework's fused default from
+            ``trainer_default_fused_since_torch``), ``foreach`` (torch >= 2.0 on CUDA:
+            torch/optim/optimizer.py ``_default_to_fused_or_foreach``) or ``for-loop``
+            (torch < 2.0: ``foreach=None`` meant the per-parameter loop).
+        """
+        version = DEFAULT_TORCH_VERSION if torch_version is None else torch_version
+        if self.fused_multi_tensor_adam:
+            return "fused"
+        since = self.trainer_default_fused_since_torch
+        if since is not None and version >= since:
+            return "fused"
+        return "foreach" if version >= (2, 0) else "for-loop"
+
+
+def _row(name: str, **fields: object) -> FrameworkConventions:
+    defaults: dict[str, object] = {
+        "autocast": False,
+        "master_weights": False,
+        "fp32_grad_buffer": False,
+        "grad_buffer_from_init": False,
+        "fsdp_param_dtype_follows_precision": False,
+        "fsdp_reduce_in_compute_dtype": False,
+        "fused_multi_tensor_adam": False,
+        "zero_ipg_buckets": False,
+        "zero3_grad_partition_from_init": False,
+        "trainer_default_fused_since_torch": None,
+        "adapter_dtype_follows_weights": False,
+        "adafactor_from_transformers": False,
+        "hf_model_code": True,
+        "peft_kbit_training": False,
+        "own_model_code": False,
+        "fp32_model_output": False,
+        "quantized_base_saves_input": True,
+        "dtensor_sequence_parallel": False,
+        "fsdp_shards_over_context_parallel": False,
+    }
+    return FrameworkConventions(name=name, **{**defaults, **fields})  # type: ignore[arg-type]
+
+
+FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
+    row.name: row
+    for row in (
+        _row("pytorch-amp", autocast=True, peft_kbit_training=True),
+        _row(
+            "hf-trainer",
+            autocast=True,
+            peft_kbit_training=True,
+            adafactor_from_transformers=True,
+            trainer_default_fused_since_torch=(2, 8),
+        ),
+        _row(
+            "accelerate-fsdp",
+            fsdp_param_dtype_follows_precision=True,
+            fsdp_reduce_in_compute_dtype=True,
+            adafactor_from_transformers=True,
+            trainer_default_fused_since_torch=(2, 8),
+        ),
+        _row(
+            "deepspeed",
+            master_weights=True,
+            fused_multi_tensor_adam=True,
+            zero_ipg_buckets=True,
+            zero3_grad_partition_from_init=True,
+        ),
+        _row(
+            "megatron",
+            master_weights=True,
+            hf_model_code=False,
+            fp32_grad_buffer=True,
+            grad_buffer_from_init=True,
+            fused_multi_tensor_adam=True,
+        ),
+        _row(
+            "fsdp2",
+            fsdp_param_dtype_follows_precision=True,
+            dtensor_sequence_parallel=True,
+            fsdp_shards_over_context_parallel=True,
+        ),
+        _row(
+            "torchtune",
+            adapter_dtype_follows_weights=True,
+            quantized_base_saves_input=False,
+            hf_model_code=False,
+        ),
+        _row(
+            "litgpt",
+            autocast=True,
+            adapter_dtype_follows_weights=True,
+            own_model_code=True,
+            hf_model_code=False,
+            fp32_model_output=True,
+        ),
+    )
+}
+"""Every framework's row; see each field's docstring for the source."""

@@ -1,0 +1,303 @@
+"""The page's inputs as plain data: which widget each training setting gets, and how the page
+state becomes a :class:`~trainmem.specs.training.TrainingConfig`, a URL query string and the
+equivalent ``trainmem estimate`` command.
+
+No gradio here (``layout.py`` draws these fields), so all of it is tested without a browser.
+
+The option list is derived from :class:`TrainingConfig` itself: every field is in exactly one
+of :data:`GROUPS` (a test checks this), its default is the dataclass default, and its allowed
+values are the tuples of :mod:`trainmem.specs.training` (``PRECISIONS``, ``OPTIMIZERS``...), so
+the page offers what ``trainmem estimate`` accepts and nothing is spelled twice.
+
+A *values* dict maps ``model``, ``gpu``, ``alloc_conf`` and every TrainingConfig field name to a
+typed value (``int``, ``float``, ``bool``, ``str``, ``tuple`` for ``lora_targets``; ``seq_len``
+None means the model's own context length, at most 4096, as in the CLI).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+from trainmem.errors import SpecError
+from trainmem.specs import training as tr
+from trainmem.specs.hardware import GPUS
+from trainmem.specs.training import TrainingConfig
+
+DEFAULT_MODEL = "llama-3.1-8b"
+DEFAULT_GPU = "H100-80GB"
+NO_GPU = "(none)"
+"""The GPU choice that asks for no fit verdict (the CLI without ``--gpu``)."""
+
+GROUPS: dict[str, tuple[str, ...]] = {
+    "Batch and sequence": (
+        "micro_batch_size",
+        "seq_len",
+        "gradient_accumulation_steps",
+        "chunked_cross_entropy",
+    ),
+    "Precision and optimizer": (
+        "precision",
+        "optimizer",
+        "optimizer_implementation",
+        "zero_grad_set_to_none",
+        "optimizer_in_backward",
+    ),
+    "Checkpointing and attention": (
+        "activation_checkpointing",
+        "attention",
+        "dropout",
+        "activation_offloading",
+        "compile",
+        "padding_mask",
+    ),
+    "Parallelism and sharding": (
+        "data_parallel_size",
+        "zero_stage",
+        "offload",
+        "tensor_parallel_size",
+        "sequence_parallel",
+        "pipeline_parallel_size",
+        "pipeline_schedule",
+        "virtual_pipeline_stages",
+        "context_parallel_size",
+        "shard_group_size",
+        "reshard_after_forward",
+        "reduce_bucket_size",
+        "stage3_prefetch_bucket_size",
+        "overlap_comm",
+    ),
+    "LoRA / QLoRA": ("lora_rank", "lora_targets", "lora_dropout", "quantize_base"),
+    "Framework": ("framework", "torch_version", "bitsandbytes_version"),
+}
+"""Every TrainingConfig field, grouped as the page shows them."""
+
+CHOICES: dict[str, tuple[Any, ...]] = {
+    "precision": tr.PRECISIONS,
+    "optimizer": tr.OPTIMIZERS,
+    "optimizer_implementation": tr.OPTIMIZER_IMPLEMENTATIONS,
+    "activation_checkpointing": tr.ACTIVATION_CHECKPOINTING,
+    "attention": tr.ATTENTIONS,
+    "zero_stage": tr.ZERO_STAGES,
+    "offload": tr.OFFLOADS,
+    "pipeline_schedule": tr.PIPELINE_SCHEDULES,
+    "quantize_base": tr.QUANTIZE_BASE,
+    "framework": tr.FRAMEWORKS,
+    "lora_targets": (*tr.LORA_TARGETS, "lm_head"),
+}
+"""Allowed values of the fields that take one of a list (``lora_targets``: several of it)."""
+
+_NO_FLAG = (
+    "virtual_pipeline_stages",
+    "padding_mask",
+    "reshard_after_forward",
+    "reduce_bucket_size",
+    "stage3_prefetch_bucket_size",
+    "overlap_comm",
+)
+"""Fields without an option of their own in the CLI (given there as ``--set KEY=VALUE``)."""
+_NEGATIVE_FLAG = {"dropout": "--no-dropout", "zero_grad_set_to_none": "--zero-grad-keep"}
+"""Booleans that default to True: the CLI flag that turns them off."""
+
+_FIELD_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(TrainingConfig)}
+DEFAULTS: dict[str, Any] = {**_FIELD_DEFAULTS, "seq_len": None}
+"""Every TrainingConfig field with the page's default (the dataclass's; ``seq_len`` None)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One training setting as the page shows it.
+
+    Attributes:
+        name: the TrainingConfig field.
+        kind: ``choice``, ``multi`` (several of ``choices``), ``bool``, ``int`` or ``float``.
+        choices: allowed values for ``choice`` / ``multi``.
+        label: the CLI option it mirrors (``--micro-batch-size``), shown on the page.
+    """
+
+    name: str
+    kind: str
+    choices: tuple[Any, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """The CLI option name, e.g. ``--micro-batch-size``."""
+        return "--" + self.name.replace("_", "-")
+
+
+def field(name: str) -> Field:
+    """The :class:`Field` of a TrainingConfig field name.
+
+    Raises:
+        SpecError: ``name`` is not a TrainingConfig field.
+    """
+    if name not in DEFAULTS:
+        raise SpecError(name, "not a training setting; allowed: " + ", ".join(DEFAULTS))
+    if name == "lora_targets":
+        return Field(name, "multi", CHOICES[name])
+    if name in CHOICES:
+        return Field(name, "choice", CHOICES[name])
+    default = _FIELD_DEFAULTS[name]
+    kind = type(default).__name__ if isinstance(default, (bool, int, float)) else "str"
+    return Field(name, kind)
+
+
+def coerce(name: str, raw: Any) -> Any:
+    """The typed value of one setting from what a widget or a URL holds.
+
+    ``"4"``, ``4.0`` -> ``4`` for an int field; ``"true"`` -> True; ``"q+v"`` or ``["q", "v"]``
+    -> ``("q", "v")``; ``""`` / None -> the default. Ranges are checked by TrainingConfig.
+
+    Raises:
+        SpecError: a value of the wrong type (the message names the field).
+    """
+    f = field(name)
+    if raw is None or raw == "":
+        return DEFAULTS[name]
+    if f.kind == "multi":
+        parts = raw.split("+") if isinstance(raw, str) else list(raw)
+        return tuple(str(p) for p in parts if p)
+    if f.kind == "bool":
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in ("true", "1", "yes", "on"):
+            return True
+        if text in ("false", "0", "no", "off"):
+            return False
+        raise SpecError(name, f"must be true or false, got {raw!r}")
+    if f.kind == "int" or name == "zero_stage":
+        try:
+            number = float(raw)
+        except (TypeError, ValueError):
+            raise SpecError(name, f"must be an integer, got {raw!r}") from None
+        if not number.is_integer():
+            raise SpecError(name, f"must be an integer, got {raw!r}")
+        return int(number)
+    if f.kind == "float":
+        try:
+            return float(raw)
+        except (TypeError, ValueError):
+            raise SpecError(name, f"must be a number, got {raw!r}") from None
+    return str(raw)
+
+
+def default_values() -> dict[str, Any]:
+    """The page's starting state: the CLI's defaults, :data:`DEFAULT_MODEL` on
+    :data:`DEFAULT_GPU`."""
+    return {"model": DEFAULT_MODEL, "gpu": DEFAULT_GPU, "alloc_conf": "", **DEFAULTS}
+
+
+def training_config(values: Mapping[str, Any], default_seq_len: int) -> TrainingConfig:
+    """The validated TrainingConfig the values describe.
+
+    Args:
+        values: a values dict (missing settings take their defaults).
+        default_seq_len: tokens per sequence when ``seq_len`` is None (the model's own).
+
+    Raises:
+        SpecError: a value of the wrong type or out of range (the message names the field).
+    """
+    settings = {name: coerce(name, values.get(name)) for name in DEFAULTS}
+    if settings["seq_len"] is None:
+        settings["seq_len"] = default_seq_len
+    return TrainingConfig(**settings)
+
+
+# ---------------------------------------------------------------------------------------
+# URL query string and CLI command
+# ---------------------------------------------------------------------------------------
+
+_PAGE_KEYS = ("model", "gpu", "alloc_conf")
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return "+".join(value)
+    return str(value)
+
+
+def changed(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of ``values`` that differ from :func:`default_values`, in page order."""
+    base = default_values()
+    return {k: v for k, v in values.items() if k in base and v != base[k]}
+
+
+def to_query(values: Mapping[str, Any], pins: list[dict[str, Any]] | None = None) -> str:
+    """The URL query string of a page state: non-default settings, dashed names
+    (``model=gpt2&micro-batch-size=4``), plus one ``pin=<query>`` per pinned configuration."""
+    items = [(k.replace("_", "-"), _text(v)) for k, v in changed(values).items()]
+    items += [("pin", to_query(p)) for p in pins or []]
+    return urlencode(items)
+
+
+def from_query(
+    query: str | Mapping[str, str],
+) -> tuple[dict[str, Any], list[dict[str, Any]], list[str]]:
+    """Page state from a URL query (the inverse of :func:`to_query`).
+
+    Args:
+        query: ``"model=gpt2&micro-batch-size=4"`` or a mapping of the parameters.
+
+    Returns:
+        (values, pinned values, problems): unknown keys and bad values are left at their
+        defaults and described in ``problems``, one line each, so a broken link still opens.
+    """
+    pairs = parse_qsl(query) if isinstance(query, str) else list(query.items())
+    values = default_values()
+    pins: list[dict[str, Any]] = []
+    problems: list[str] = []
+    for key, raw in pairs:
+        name = key.replace("-", "_")
+        if name == "pin":
+            pinned, _, bad = from_query(raw)
+            pins.append(pinned)
+            problems += bad
+        elif name in _PAGE_KEYS:
+            values[name] = raw
+        elif name in DEFAULTS:
+            try:
+                values[name] = coerce(name, raw)
+            except SpecError as exc:
+                problems.append(f"link: {exc}")
+        else:
+            problems.append(f"link: unknown setting {key!r} ignored")
+    return values, pins, problems
+
+
+def cli_command(values: Mapping[str, Any], model_arg: str | None = None) -> str:
+    """The ``trainmem estimate`` command for the same configuration (shell-quoted).
+
+    Args:
+        values: a values dict.
+        model_arg: what to pass as the model (e.g. the name of an uploaded ``config.json``);
+            default ``values["model"]``.
+    """
+    words = ["trainmem", "estimate", model_arg or str(values.get("model", DEFAULT_MODEL))]
+    gpu = values.get("gpu")
+    if gpu and gpu != NO_GPU:
+        words += ["--gpu", str(gpu)]
+    for name, value in changed(values).items():
+        if name in _PAGE_KEYS and name != "alloc_conf":
+            continue
+        if name in _NO_FLAG:
+            words += ["--set", f"{name.replace('_', '-')}={_text(value)}"]
+        elif name in _NEGATIVE_FLAG and value is False:
+            words.append(_NEGATIVE_FLAG[name])
+        elif isinstance(value, bool):
+            words.append("--" + name.replace("_", "-"))
+        else:
+            text = ",".join(value) if isinstance(value, tuple) else _text(value)
+            words += ["--" + name.replace("_", "-"), text]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+def gpu_choices() -> list[str]:
+    """The GPU picker: the catalog (:data:`trainmem.specs.hardware.GPUS`) and :data:`NO_GPU`."""
+    return [*GPUS, NO_GPU]

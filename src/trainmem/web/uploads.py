@@ -1,0 +1,86 @@
+"""Uploaded files, read as data only: a model's ``config.json``, a DeepSpeed ``ds_config.json``,
+an accelerate config (YAML or JSON).
+
+Each file is size-checked (:data:`MAX_UPLOAD_BYTES`) and parsed with ``json.loads`` or
+``yaml.safe_load``: never a pickle, never code, never a path named inside the file (an
+accelerate config pointing at a ``deepspeed_config_file`` is refused: upload that file itself).
+Every failure is a :class:`~trainmem.errors.SpecError` naming the upload.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from trainmem.errors import SpecError
+from trainmem.specs.framework_configs import deepspeed_settings, read_accelerate_config
+from trainmem.specs.hf import model_spec_from_hf
+from trainmem.specs.model import ModelSpec
+
+MAX_UPLOAD_BYTES = 1 << 20
+"""1 MiB: a Hugging Face config.json or a ds_config.json is a few KiB."""
+
+
+def _read_text(path: str, field: str) -> str:
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        if size > MAX_UPLOAD_BYTES:
+            raise SpecError(field, f"{p.name} is {size:,} bytes; the limit is 1 MiB")
+        return p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(field, f"cannot read {p.name}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError:
+        raise SpecError(field, f"{p.name} is not a UTF-8 text file") from None
+
+
+def _json_object(path: str, field: str) -> dict[str, Any]:
+    name = Path(path).name
+    try:
+        data = json.loads(_read_text(path, field))
+    except json.JSONDecodeError as exc:
+        raise SpecError(
+            field, f"{name} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+        ) from None
+    if not isinstance(data, dict):
+        raise SpecError(field, f"{name} holds a JSON {type(data).__name__}, expected an object")
+    return data
+
+
+def model_from_upload(path: str) -> tuple[ModelSpec, dict[str, Any]]:
+    """The ModelSpec of an uploaded Hugging Face ``config.json``, and the parsed dict.
+
+    Raises:
+        SpecError: too large, not JSON, not an object, or a bad/missing field of the config.
+        UnsupportedError: a ``model_type`` the analytic engine does not model.
+    """
+    config = _json_object(path, "config.json")
+    return model_spec_from_hf(config, name=Path(path).name), config
+
+
+def deepspeed_from_upload(path: str) -> dict[str, Any]:
+    """TrainingConfig settings from an uploaded DeepSpeed ``ds_config.json``
+    (:func:`trainmem.specs.framework_configs.deepspeed_settings`).
+
+    Raises:
+        SpecError: too large, not JSON or not an object.
+    """
+    return deepspeed_settings(_json_object(path, "deepspeed_config"))
+
+
+def accelerate_from_upload(path: str) -> dict[str, Any]:
+    """TrainingConfig settings from an uploaded accelerate config
+    (:func:`trainmem.specs.framework_configs.read_accelerate_config`, YAML safe loader).
+
+    Raises:
+        SpecError: too large, not YAML/JSON, not a mapping, an unknown FSDP strategy, or a
+            reference to a ``deepspeed_config_file`` (upload that file as a ds_config instead).
+    """
+    text = _read_text(path, "accelerate_config")
+    if "deepspeed_config_file" in text:
+        raise SpecError(
+            "accelerate_config",
+            "it names a deepspeed_config_file; upload that ds_config.json in the DeepSpeed box",
+        )
+    return read_accelerate_config(path)

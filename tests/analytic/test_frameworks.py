@@ -1,0 +1,512 @@
+"""Framework conventions (specs/frameworks.py), each rule against a hand derivation from the
+source file it mirrors (issue 12).
+
+llama-2-7b, used throughout: h = 4096, i = 11008, L = 32, V = 32000, a = 32 heads of d = 128.
+One layer's linear weights: 4 h^2 (q, k, v, o) + 3 h i (gate, up, down)
+= 67,108,864 + 135,266,304 = 202,375,168; with its two RMSNorm vectors 202,383,360.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from trainmem.analytic.activations import (
+    autocast_cached_weight_bytes,
+    compute_and_residual_bytes,
+    layer_activation_terms,
+)
+from trainmem.analytic.buffers import (
+    gathered_layer_bytes,
+    gradients_alive_in_forward,
+    kept_gathered_layer_bytes,
+    reduce_scatter_layer_bytes,
+)
+from trainmem.analytic.temporaries import optimizer_step_temporary_bytes
+from trainmem.analytic.tensor_states import state_layout, tensor_states
+from trainmem.cli import app
+from trainmem.errors import SpecError
+from trainmem.estimate import estimate as estimate_analytic
+from trainmem.specs.frameworks import FRAMEWORK_CONVENTIONS
+from trainmem.specs.hardware import DEFAULT_CUDA_CONTEXT_BYTES
+from trainmem.specs.hf import load_model_spec
+from trainmem.specs.training import FRAMEWORKS, TrainingConfig, fsdp_settings
+
+LAYER_LINEAR = 4 * 4096 * 4096 + 3 * 4096 * 11008
+LAYER_NUMEL = LAYER_LINEAR + 2 * 4096
+PSI = 6_738_415_616  # llama-2-7b parameters
+assert LAYER_LINEAR == 202_375_168 and LAYER_NUMEL == 202_383_360
+
+
+@pytest.fixture(scope="module")
+def llama() -> object:
+    return load_model_spec("llama-2-7b")
+
+
+def _layer(model: object, training: TrainingConfig) -> list:  # type: ignore[type-arg]
+    return state_layout(model, training).layer  # type: ignore[arg-type]
+
+
+def _candidates(model: object, training: TrainingConfig) -> dict[str, int]:
+    """The peak of each phase of the step schedule (``details["phase_peaks_bytes"]``)."""
+    est = estimate_analytic(model, training, simulate_allocator=False)  # type: ignore[arg-type]
+    return dict(est.details["phase_peaks_bytes"])  # type: ignore[arg-type]
+
+
+def test_every_framework_has_one_conventions_row() -> None:
+    assert set(FRAMEWORKS) == set(FRAMEWORK_CONVENTIONS)
+    assert {"accelerate-fsdp", "hf-trainer", "megatron", "deepspeed"} <= set(FRAMEWORKS)
+    for name in FRAMEWORKS:
+        assert TrainingConfig(framework=name).conventions.name == name
+
+
+# -- item 1: accelerate / HF Trainer FSDP (v1) installs MixedPrecision(param_dtype=bf16) --------
+
+
+def test_accelerate_fsdp_gathers_and_reduces_in_bf16(llama: object) -> None:
+    # accelerate utils/dataclasses.py set_mixed_precision: MixedPrecision(param_dtype=bf16,
+    # reduce_dtype=bf16): a gathered layer is 2 bytes per element, so is its unsharded gradient
+    acc = TrainingConfig(framework="accelerate-fsdp", data_parallel_size=8, zero_stage=3)
+    assert gathered_layer_bytes(_layer(llama, acc), acc) == 2 * LAYER_NUMEL == 404_766_720
+    assert reduce_scatter_layer_bytes(_layer(llama, acc), acc) == 404_766_720
+    # FSDP without a policy (pytorch-amp: autocast on fp32 gathers) moves fp32: 4 bytes each
+    amp = TrainingConfig(framework="pytorch-amp", data_parallel_size=8, zero_stage=3)
+    assert gathered_layer_bytes(_layer(llama, amp), amp) == 4 * LAYER_NUMEL == 809_533_440
+    assert reduce_scatter_layer_bytes(_layer(llama, amp), amp) == 809_533_440
+
+
+def test_accelerate_fsdp_runs_bf16_without_autocast_casts(llama: object) -> None:
+    acc = TrainingConfig(framework="accelerate-fsdp", data_parallel_size=8, zero_stage=3)
+    # residual stream in bf16 (the gathered embedding is bf16), not autocast's fp32
+    assert compute_and_residual_bytes(acc) == (2, 2)
+    assert acc.weight_dtype == "float32" and acc.gathered_weight_dtype == "bfloat16"
+    t = 2048
+    terms = layer_activation_terms(llama, TrainingConfig(**{**_fields(acc), "seq_len": t}))  # type: ignore[arg-type]
+    # q, k, v read one bf16 norm output: one saved copy (autocast would cast it three times)
+    assert terms["attention/qkv_input"] == 2 * 4096 * t
+    assert "autocast_weight_copies" not in terms
+
+
+def _fields(training: TrainingConfig) -> dict[str, object]:
+    from dataclasses import fields
+
+    return {f.name: getattr(training, f.name) for f in fields(training)}
+
+
+# -- item 1: autocast caches only leaf, non-view tensors that require grad ---------------------
+
+
+def test_autocast_cache_holds_only_trainable_leaf_weights(llama: object) -> None:
+    # aten autocast_mode.cpp cached_cast: arg.requires_grad() && arg.is_leaf() && !arg.is_view()
+    full = TrainingConfig(activation_checkpointing="full")
+    assert autocast_cached_weight_bytes(llama, full) == 2 * LAYER_LINEAR == 404_750_336  # type: ignore[arg-type]
+    # LoRA r=8 on q, v: the frozen base is not cached; the fp32 adapters are:
+    # 2 adapters x r (in + out) = 2 x 8 x (4096 + 4096) = 131,072 elements, 2 bytes each
+    lora = TrainingConfig(activation_checkpointing="full", lora_rank=8, lora_targets=("q", "v"))
+    assert autocast_cached_weight_bytes(llama, lora) == 2 * 131_072 == 262_144  # type: ignore[arg-type]
+    # FSDP-gathered weights are views of the flat parameter: nothing cached
+    fsdp = TrainingConfig(activation_checkpointing="full", data_parallel_size=8, zero_stage=3)
+    assert autocast_cached_weight_bytes(llama, fsdp) == 0  # type: ignore[arg-type]
+
+
+# -- item 7: the HF Trainer's default optimizer by torch version; explicit always wins ---------
+
+
+def test_hf_trainer_default_optimizer_follows_torch_version() -> None:
+    # transformers training_args.py: default_optim = "adamw_torch"; "adamw_torch_fused" if
+    # is_torch_greater_or_equal_than_2_8. torch AdamW: foreach on CUDA from 2.0, loop before.
+    assert TrainingConfig(framework="hf-trainer", torch_version="2.7").step_implementation == (
+        "foreach"
+    )
+    assert TrainingConfig(framework="hf-trainer", torch_version="2.8.0").step_implementation == (
+        "fused"
+    )
+    assert TrainingConfig(framework="hf-trainer").step_implementation == "fused"
+    assert TrainingConfig(torch_version="1.10").step_implementation == "for-loop"
+    assert TrainingConfig().step_implementation == "foreach"
+    explicit = TrainingConfig(framework="hf-trainer", optimizer_implementation="foreach")
+    assert explicit.step_implementation == "foreach"
+    with pytest.raises(SpecError, match="torch_version"):
+        TrainingConfig(torch_version="two")
+
+
+def test_hf_trainer_explicit_foreach_is_computed_and_reported() -> None:
+    bert = load_model_spec("bert-base-uncased")
+    kw = {"framework": "hf-trainer", "precision": "32-true", "micro_batch_size": 2, "seq_len": 16}
+    fused = estimate_analytic(bert, TrainingConfig(**kw), simulate_allocator=False)  # type: ignore[arg-type]
+    foreach = estimate_analytic(
+        bert,
+        TrainingConfig(**kw, optimizer_implementation="foreach"),  # type: ignore[arg-type]
+        simulate_allocator=False,
+    )
+    assert fused.config["optimizer_implementation"] == "fused"
+    assert foreach.config["optimizer_implementation"] == "foreach"
+    # torch/optim/adam.py _multi_tensor_adam: torch._foreach_sqrt(exp_avg_sqs) is one fp32
+    # copy of every trainable parameter: 4 bytes x N
+    n = foreach.num_trainable_parameters
+    gap = (
+        foreach.details["phase_peaks_bytes"]["optimizer"]
+        - fused.details["phase_peaks_bytes"][  # type: ignore[index]
+            "optimizer"
+        ]
+    )
+    assert gap == 4 * n
+
+
+def test_cli_torch_version_and_explicit_implementation() -> None:
+    runner = CliRunner()
+    args = ["estimate", "bert-base-uncased", "-p", "32-true", "-s", "16", "--json"]
+    old = runner.invoke(app, [*args, "--framework", "hf-trainer", "--torch-version", "2.5"])
+    assert old.exit_code == 0, old.output
+    assert json.loads(old.stdout)["config"]["optimizer_implementation"] == "foreach"
+    new = runner.invoke(app, [*args, "--framework", "hf-trainer"])
+    assert json.loads(new.stdout)["config"]["optimizer_implementation"] == "fused"
+    bad = runner.invoke(app, [*args, "--torch-version", "latest"])
+    assert bad.exit_code == 2 and "torch_version" in bad.output
+
+
+# -- item 5: bitsandbytes --------------------------------------------------------------------
+
+
+def test_matmul4bit_saves_its_input_only_before_0_43_2() -> None:
+    # bitsandbytes autograd/_functions.py MatMul4Bit: ctx.tensors = (None, B) since 0.43.2
+    def saves(**kw: object) -> bool:
+        base = {"lora_rank": 8, "quantize_base": "nf4"}
+        return TrainingConfig(**{**base, **kw}).quantized_matmul_saves_input  # type: ignore[arg-type]
+
+    assert saves(bitsandbytes_version="0.43.1")
+    assert not saves(bitsandbytes_version="0.43.2")
+    assert not saves()
+    assert saves(quantize_base="int8")  # MatMul8bitLt still saves A
+    assert not saves(framework="torchtune", bitsandbytes_version="0.41.1")  # torchao NF4
+
+
+def test_qlora_activations_with_new_and_old_bitsandbytes(llama: object) -> None:
+    # LoRA on q, v over an nf4 base, bf16-true, b1 s1024 (t = 1024): with (A, B) saved the
+    # frozen gate/up input (c h t) and down input (c i t) stay; with (None, B) they do not.
+    # The q/v input stays either way (LoRA A reads it).
+    kw = {"lora_rank": 8, "quantize_base": "nf4", "precision": "bf16-true", "seq_len": 1024}
+    old = sum(
+        layer_activation_terms(llama, TrainingConfig(**kw, bitsandbytes_version="0.41.1")).values()
+    )  # type: ignore[arg-type]
+    new = sum(layer_activation_terms(llama, TrainingConfig(**kw)).values())  # type: ignore[arg-type]
+    assert old - new == 2 * 1024 * (4096 + 11008) == 30_932_992
+
+
+def test_paged_adamw_states_live_outside_the_allocator(llama: object) -> None:
+    # bitsandbytes optimizer.py get_state_buffer: fp32 states of tensors >= 1e5 elements come
+    # from F.get_paged (cudaMallocManaged); smaller ones from torch.zeros_like
+    paged = TrainingConfig(optimizer="paged-adamw", precision="bf16-true")
+    states = {s.name: s for s in tensor_states(llama, paged)}  # type: ignore[arg-type]
+    q, norm = states["q"], states["vector"]
+    assert (q.paged_state_bytes, q.state_bytes) == (2 * 4 * 4096 * 4096, 0) == (134_217_728, 0)
+    assert (norm.paged_state_bytes, norm.state_bytes) == (0, 2 * 4 * 4096)
+    # whole model: 65 norm vectors of 4096 stay in the allocator, everything else is paged
+    total = 8 * (PSI - 65 * 4096)
+    assert total == 53_905_195_008
+    est = estimate_analytic(llama, paged, simulate_allocator=False)  # type: ignore[arg-type]
+    assert est.details["outside_allocator_bytes"] == {"paged_optimizer_states": total}
+    b = est.breakdown
+    assert b.device_total_bytes - b.reserved_bytes == DEFAULT_CUDA_CONTEXT_BYTES + total
+    assert b.optimizer_states == 65 * 8 * 4096
+    assert any("outside the caching allocator" in n for n in est.notes)
+    # 8-bit paged: the uint8 states are paged, the fp32 absmax (2 x 4 B per 256) is not
+    q8 = next(
+        s
+        for s in tensor_states(llama, TrainingConfig(optimizer="paged-adamw-8bit"))
+        if s.name == "q"
+    )  # type: ignore[arg-type]
+    assert (q8.paged_state_bytes, q8.state_bytes) == (2 * 4096 * 4096, 2 * 4 * 4096 * 4096 // 256)
+
+
+# -- item 2: SHARD_GRAD_OP reshards after backward; HYBRID_SHARD shards within a node ---------
+
+
+def test_fsdp_strategies_as_settings() -> None:
+    assert fsdp_settings(0, "shard-grad-op") == {"zero_stage": 3, "reshard_after_forward": False}
+    assert fsdp_settings(0, "hybrid-shard") == {"zero_stage": 3, "shard_group_size": 8}
+    assert fsdp_settings(2, None) == {"zero_stage": 2}
+
+
+def test_hybrid_shard_shards_over_the_node_only(llama: object) -> None:
+    t = TrainingConfig(data_parallel_size=32, zero_stage=3, shard_group_size=8)
+    states = tensor_states(llama, t)  # type: ignore[arg-type]
+    params = sum(s.param_bytes for s in states)
+    # fp32 weights over 8 ranks (not 32): 4 PSI / 8, each tensor's shard rounded up
+    assert 4 * PSI // 8 <= params <= 4 * PSI // 8 + len(states)
+
+
+def test_shard_grad_op_keeps_gathered_layers_from_forward_to_backward(llama: object) -> None:
+    base = {"framework": "accelerate-fsdp", "data_parallel_size": 8, "seq_len": 512}
+    sgo = TrainingConfig(**base, **fsdp_settings(0, "shard-grad-op"))  # type: ignore[arg-type]
+    full = TrainingConfig(**base, **fsdp_settings(0, "full-shard"))  # type: ignore[arg-type]
+    assert kept_gathered_layer_bytes(_layer(llama, sgo), sgo) == 2 * LAYER_NUMEL
+    assert kept_gathered_layer_bytes(_layer(llama, full), full) == 0
+    a, b = _candidates(llama, sgo), _candidates(llama, full)
+    # end of forward: all 32 bf16 layers gathered, instead of FULL_SHARD's current + prefetched
+    assert a["forward"] - b["forward"] == (32 - 2) * 404_766_720 == 12_143_001_600
+    # the optimizer step sees the same sharded fp32 weights (4 PSI / 8), not full ones
+    assert a["optimizer"] == b["optimizer"]
+
+
+# -- item 3: Megatron grad buffer from init; fused multi-tensor Adam ------------------------
+
+
+def test_megatron_grad_buffer_exists_in_the_forward(llama: object) -> None:
+    # megatron param_and_grad_buffer.py: grad_data = torch.zeros(...) at wrap time, fp32
+    assert gradients_alive_in_forward(TrainingConfig(framework="megatron"))
+    assert not gradients_alive_in_forward(TrainingConfig(framework="deepspeed"))
+    # DeepSpeed ZeRO-3: stage3.py grad_partitions_flat_buffer from init
+    assert gradients_alive_in_forward(TrainingConfig(framework="deepspeed", zero_stage=3))
+    assert not gradients_alive_in_forward(TrainingConfig(zero_stage=3))
+    kw = {"seq_len": 512}
+    for fw, grad_bytes in (("megatron", 0), ("deepspeed", 2 * PSI)):
+        one = _candidates(llama, TrainingConfig(framework=fw, **kw))  # type: ignore[arg-type]
+        acc = _candidates(llama, TrainingConfig(framework=fw, gradient_accumulation_steps=2, **kw))  # type: ignore[arg-type]
+        # accumulation adds the gradients to the forward unless they were there already:
+        # DeepSpeed's bf16 gradients 2 x PSI = 13,476,831,232 B; Megatron's already counted
+        assert acc["forward"] - one["forward"] == grad_bytes
+
+
+def test_megatron_and_deepspeed_adam_is_fused() -> None:
+    for fw in ("megatron", "deepspeed"):
+        t = TrainingConfig(framework=fw)
+        assert (
+            optimizer_step_temporary_bytes(t, num_trainable_parameters=1000, largest_parameter=10)
+            == 0
+        )
+        # an explicit foreach wins: one fp32 (master-dtype) copy, 4 x 1000
+        t = TrainingConfig(framework=fw, optimizer_implementation="foreach")
+        assert (
+            optimizer_step_temporary_bytes(t, num_trainable_parameters=1000, largest_parameter=10)
+            == 4000
+        )
+
+
+# -- item 8: device total: NCCL communicators, BLAS workspaces per GPU family -----------------
+
+
+def test_blas_workspaces_per_gpu_family() -> None:
+    from trainmem.specs.hardware import get_gpu
+
+    # CublasHandlePool.cpp: ":4096:2:16:8" = 4096 KiB x 2 + 16 KiB x 8 before Hopper, 32 MiB on
+    # 9.x-12.x; ROCm rocBLAS 128 MiB on gfx942 (32 MiB elsewhere) + hipBLASLt 76 MiB
+    assert get_gpu("A100-80GB").cublas_workspace_bytes == 4096 * 1024 * 2 + 16 * 1024 * 8
+    assert get_gpu("H100-80GB").cublas_workspace_bytes == 32 * 2**20
+    assert get_gpu("MI300X").cublas_workspace_bytes == (128 + 76) * 2**20 == 213_909_504
+    assert get_gpu("MI250").cublas_workspace_bytes == (32 + 76) * 2**20
+
+
+def test_nccl_communicators_join_the_device_total(llama: object) -> None:
+    from trainmem.analytic.buffers import nccl_communicator_bytes
+
+    mib = 2**20
+    assert nccl_communicator_bytes(TrainingConfig()) == {}
+    # NVIDIA/nccl#964: 688 MB for a group of more than two ranks, 544 MB for two
+    t = TrainingConfig(data_parallel_size=8, tensor_parallel_size=2, pipeline_parallel_size=2)
+    assert nccl_communicator_bytes(t) == {
+        "data": 688 * mib,
+        "tensor": 544 * mib,
+        "pipeline": 544 * mib,
+    }
+    hybrid = TrainingConfig(data_parallel_size=32, zero_stage=3, shard_group_size=8)
+    assert nccl_communicator_bytes(hybrid) == {"shard": 688 * mib, "replicate": 688 * mib}
+    dp = TrainingConfig(data_parallel_size=8, zero_stage=3, seq_len=512)
+    est = estimate_analytic(llama, dp, simulate_allocator=False)  # type: ignore[arg-type]
+    b = est.breakdown
+    assert b.device_total_bytes - b.reserved_bytes == DEFAULT_CUDA_CONTEXT_BYTES + 688 * mib
+
+
+# -- item 4: DeepSpeed gradient buckets ------------------------------------------------------
+
+
+def test_deepspeed_gradient_buckets(llama: object) -> None:
+    from trainmem.analytic.buffers import (
+        deepspeed_backward_bucket_bytes,
+        deepspeed_persistent_bucket_bytes,
+    )
+
+    def ds(**kw: object) -> TrainingConfig:
+        return TrainingConfig(framework="deepspeed", data_parallel_size=8, seq_len=512, **kw)  # type: ignore[arg-type]
+
+    # stage_1_and_2.py backward(): torch.empty(reduce_bucket_size = 5e8, dtype=bf16), a second
+    # one with overlap_comm: 2 B x 5e8 = 1e9 B, 2e9 B
+    assert deepspeed_backward_bucket_bytes(llama, ds(zero_stage=2)) == 1_000_000_000  # type: ignore[arg-type]
+    assert deepspeed_backward_bucket_bytes(llama, ds(zero_stage=1, overlap_comm=True)) == 2 * 10**9  # type: ignore[arg-type]
+    # "auto" (HF Trainer): hidden_size^2 = 4096^2 elements, 2 bytes each
+    auto = ds(zero_stage=2, reduce_bucket_size="auto")
+    assert deepspeed_backward_bucket_bytes(llama, auto) == 2 * 4096 * 4096 == 33_554_432  # type: ignore[arg-type]
+    # stage3.py __init__: one bucket for the whole run, not a backward one
+    z3 = ds(zero_stage=3)
+    assert deepspeed_persistent_bucket_bytes(llama, z3) == 1_000_000_000  # type: ignore[arg-type]
+    assert deepspeed_backward_bucket_bytes(llama, z3) == 0  # type: ignore[arg-type]
+    assert deepspeed_backward_bucket_bytes(llama, TrainingConfig(zero_stage=2)) == 0  # type: ignore[arg-type]
+    # the closed form adds it to every candidate of stage 3, to backward ones below
+    big, small = _candidates(llama, z3), _candidates(llama, ds(zero_stage=3, reduce_bucket_size=1))
+    assert {k: big[k] - small[k] for k in big} == {k: 2 * (5 * 10**8 - 1) for k in big}
+    big, small = (
+        _candidates(llama, ds(zero_stage=2)),
+        _candidates(llama, ds(zero_stage=2, reduce_bucket_size=1)),
+    )
+    assert big["optimizer"] == small["optimizer"] and big["forward"] == small["forward"]
+    assert big["backward"] - small["backward"] == 2 * (5 * 10**8 - 1)
+
+
+def test_ds_config_buckets_are_read(tmp_path: object) -> None:
+    from trainmem.specs.framework_configs import deepspeed_settings
+
+    zero = {"stage": 2, "reduce_bucket_size": "auto", "overlap_comm": True}
+    out = deepspeed_settings({"zero_optimization": zero})
+    assert (out["reduce_bucket_size"], out["overlap_comm"]) == ("auto", True)
+    out = deepspeed_settings({"zero_optimization": {"stage": 2, "reduce_bucket_size": 2e8}})
+    assert out["reduce_bucket_size"] == 200_000_000
+
+
+# -- item 6: torchao low-bit AdamW -----------------------------------------------------------
+
+
+def test_torchao_low_bit_adamw_states(llama: object) -> None:
+    # torchao optim/adam.py: AdamW4bit block 128 (packed 4-bit codes n/2 B + fp32 scale per
+    # block), AdamWFp8 block 256 (float8 codes n B + fp32 scale per block); two states each
+    n = 4096 * 4096
+    four = {s.name: s for s in tensor_states(llama, TrainingConfig(optimizer="adamw-4bit"))}  # type: ignore[arg-type]
+    assert four["q"].state_bytes == 2 * (n // 2 + 4 * n // 128) == 17_825_792
+    # a 4096-element norm weight is quantized too (>= 4096 and a multiple of 128)
+    assert four["vector"].state_bytes == 2 * (4096 // 2 + 4 * 4096 // 128) == 4352
+    fp8 = {s.name: s for s in tensor_states(llama, TrainingConfig(optimizer="adamw-fp8"))}  # type: ignore[arg-type]
+    assert fp8["q"].state_bytes == 2 * (n + 4 * n // 256) == 34_078_720
+    # LoRA A of r=8 over 4096 inputs: 32768 elements, quantized; GPT-2's 768-wide bias is not
+    lora = TrainingConfig(optimizer="adamw-4bit", lora_rank=8)
+    a = next(s for s in tensor_states(llama, lora) if s.name == "lora_A.q")  # type: ignore[arg-type]
+    assert a.state_bytes == 2 * (32768 // 2 + 4 * 32768 // 128) == 34_816
+    gpt2 = {
+        s.name: s
+        for s in tensor_states(load_model_spec("gpt2"), TrainingConfig(optimizer="adamw-fp8"))
+    }
+    assert gpt2["vector"].state_bytes == 2 * 4 * 768  # fp32 zeros_like for 768 < 4096
+
+
+# -- item 9: the FSDP2 root gather is a new buffer beside the shard ---------------------------
+
+
+def test_fsdp2_root_gather_does_not_subtract_the_shard(llama: object) -> None:
+    from trainmem.analytic.buffers import root_gathered_bytes
+
+    layout = state_layout(
+        llama, TrainingConfig(framework="fsdp2", data_parallel_size=8, zero_stage=3)
+    )  # type: ignore[arg-type]
+    outer = layout.embedding + layout.head
+    # embeddings + LM head 2 x 32000 x 4096 + final norm 4096 = 262,148,096 elements, gathered
+    # in bf16 (MixedPrecisionPolicy); the fp32 shard (4 B / 8 ranks each) is not subtracted
+    fsdp2 = TrainingConfig(framework="fsdp2", data_parallel_size=8, zero_stage=3)
+    assert root_gathered_bytes(outer, fsdp2) == 2 * 262_148_096 == 524_296_192
+    amp = TrainingConfig(data_parallel_size=8, zero_stage=3)
+    assert root_gathered_bytes(outer, amp) == 4 * 262_148_096
+
+
+def test_gpt2_hf_only_terms_not_under_megatron() -> None:
+    # transformers GPT-2: DynamicCache k/v copies (2 c h t) and gelu_new as 5 separate tensors
+    # (5 c i t); Megatron's own GPT runs a fused bias-GELU that saves its input (+ the down
+    # projection's input: 2 c i t) and has no cache. gpt2: h = 768, i = 3072; t = 128.
+    gpt2 = load_model_spec("gpt2")
+    kw = {"precision": "bf16-mixed", "seq_len": 128, "dropout": False}
+    hf = layer_activation_terms(gpt2, TrainingConfig(framework="deepspeed", **kw))  # type: ignore[arg-type]
+    mg = layer_activation_terms(gpt2, TrainingConfig(framework="megatron", **kw))  # type: ignore[arg-type]
+    assert hf["attention/kv_cache_copy"] == 2 * 2 * 768 * 128
+    assert "attention/kv_cache_copy" not in mg
+    assert hf["mlp/activation"] == 5 * 2 * 3072 * 128 == 3_932_160
+    assert mg["mlp/activation"] == 2 * 2 * 3072 * 128 == 1_572_864
+
+
+def test_peft_kbit_training_keeps_non_quantized_weights_in_fp32(llama: object) -> None:
+    # peft prepare_model_for_kbit_training: every non-Params4bit 16-bit parameter -> fp32
+    kw = {"lora_rank": 8, "quantize_base": "nf4", "precision": "bf16-true"}
+    peft = {s.name: s for s in tensor_states(llama, TrainingConfig(**kw))}  # type: ignore[arg-type]
+    lit = {s.name: s for s in tensor_states(llama, TrainingConfig(framework="litgpt", **kw))}  # type: ignore[arg-type]
+    assert peft["embedding/tokens"].param_bytes == 4 * 32000 * 4096 == 524_288_000
+    assert lit["embedding/tokens"].param_bytes == 2 * 32000 * 4096
+    assert peft["vector"].param_bytes == 4 * 4096
+    # the fp32 embedding output makes the residual stream fp32; compute stays bf16
+    assert compute_and_residual_bytes(TrainingConfig(**kw)) == (2, 4)  # type: ignore[arg-type]
+    assert compute_and_residual_bytes(TrainingConfig(framework="litgpt", **kw)) == (2, 2)  # type: ignore[arg-type]
+
+
+def test_deepspeed_zero3_gathers_one_layer_plus_the_prefetch_bucket(llama: object) -> None:
+    from trainmem.analytic.buffers import deepspeed_zero3_gather_bytes
+
+    def z3(**kw: object) -> TrainingConfig:
+        return TrainingConfig(framework="deepspeed", data_parallel_size=8, zero_stage=3, **kw)  # type: ignore[arg-type]
+
+    # bf16 layer (2 x 202,383,360 B) + a 5e7-element prefetch bucket (2 B each)
+    layer = _layer(llama, z3())
+    assert deepspeed_zero3_gather_bytes(layer, llama, z3()) == 2 * (LAYER_NUMEL + 50_000_000)  # type: ignore[arg-type]
+    # "auto": int(0.9 x 4096^2) = 15,099,494 elements
+    auto = z3(stage3_prefetch_bucket_size="auto")
+    assert deepspeed_zero3_gather_bytes(layer, llama, auto) == 2 * (LAYER_NUMEL + 15_099_494)  # type: ignore[arg-type]
+    # a bucket larger than the layer prefetches the next whole layer, no more
+    big = z3(stage3_prefetch_bucket_size=10**9)
+    assert deepspeed_zero3_gather_bytes(layer, llama, big) == 4 * LAYER_NUMEL  # type: ignore[arg-type]
+
+
+def test_sdpa_expands_gqa_keys_and_values_with_a_padding_mask() -> None:
+    # transformers sdpa_attention.py use_gqa_in_sdpa: torch >= 2.5 and attention_mask is None,
+    # else repeat_kv. llama-3.1-8b: a = 32, k = 8, d = 128; bf16, t = 1024 tokens
+    model = load_model_spec("llama-3.1-8b")
+    kw = {"precision": "bf16-true", "seq_len": 1024}
+    plain = layer_activation_terms(model, TrainingConfig(**kw))  # type: ignore[arg-type]
+    padded = layer_activation_terms(model, TrainingConfig(padding_mask=True, **kw))  # type: ignore[arg-type]
+    old = layer_activation_terms(model, TrainingConfig(torch_version="2.4", **kw))  # type: ignore[arg-type]
+    assert plain["attention/v"] == 2 * 8 * 128 * 1024 == 2_097_152
+    assert padded["attention/v"] == old["attention/v"] == 2 * 32 * 128 * 1024 == 8_388_608
+    assert padded["attention/q_k"] == 2 * (32 + 32) * 128 * 1024 == 16_777_216
+    flash = layer_activation_terms(
+        model, TrainingConfig(attention="flash", padding_mask=True, **kw)
+    )  # type: ignore[arg-type]
+    assert flash["attention/v"] == 2_097_152  # flash-attn takes kv heads (varlen), no repeat
+
+
+def test_set_types_optional_framework_fields() -> None:
+    from trainmem.cli.options import parse_set
+
+    out = parse_set("reduce-bucket-size=200000000 overlap-comm=true shard-group-size=8")
+    assert out == {"reduce_bucket_size": 200_000_000, "overlap_comm": True, "shard_group_size": 8}
+    assert parse_set("reduce-bucket-size=auto") == {"reduce_bucket_size": "auto"}
+
+
+def test_torch_adafactor_versus_transformers_adafactor() -> None:
+    # torch/optim/_adafactor.py: one var_estimate (row_var @ col_var) per parameter in its dtype,
+    # all at once with foreach; transformers' Adafactor: ~3 fp32 temporaries of the largest
+    kw = {"optimizer": "adafactor", "precision": "32-true"}
+    n, big = 1000, 10
+    torch_foreach = TrainingConfig(**kw)  # type: ignore[arg-type]
+    assert torch_foreach.adafactor_implementation == "torch"
+    assert (
+        optimizer_step_temporary_bytes(
+            torch_foreach, num_trainable_parameters=n, largest_parameter=big
+        )
+        == 4 * n
+    )
+    loop = TrainingConfig(optimizer_implementation="for-loop", **kw)  # type: ignore[arg-type]
+    assert (
+        optimizer_step_temporary_bytes(loop, num_trainable_parameters=n, largest_parameter=big)
+        == 4 * big
+    )
+    for hf in (
+        TrainingConfig(framework="hf-trainer", **kw),
+        TrainingConfig(torch_version="2.4", **kw),
+    ):  # type: ignore[arg-type]
+        assert hf.adafactor_implementation == "transformers"
+        assert (
+            optimizer_step_temporary_bytes(hf, num_trainable_parameters=n, largest_parameter=big)
+            == 3 * 4 * big
+        )
+
+
+def test_cli_hf_trainer_with_fsdp_is_accelerate_fsdp() -> None:
+    from trainmem.cli.options import training_from_options
+
+    t = training_from_options("gpt2", {"framework": "hf-trainer", "fsdp": "shard-grad-op"})
+    assert (t.framework, t.zero_stage, t.reshard_after_forward) == ("accelerate-fsdp", 3, False)
+    assert training_from_options("gpt2", {"framework": "hf-trainer"}).framework == "hf-trainer"

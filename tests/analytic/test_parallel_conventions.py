@@ -1,0 +1,85 @@
+"""torchtitan-style parallelism conventions, derived by hand from the source they mirror."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainmem.estimate import estimate
+from trainmem.specs.training import TrainingConfig
+
+
+def test_dtensor_sequence_parallel_saves_the_gathered_inputs() -> None:
+    # torchtitan apply_tp: PrepareModuleInput(Shard(1) -> Replicate()) before wq/wk/wv and
+    # w1/w3, whose matmuls save that full-sequence input; Megatron saves the shard
+    # (Korthikanti Eq. 3 divides it by t). Per layer the difference is the two normed inputs,
+    # (1 - 1/t) of c*h*t each: llama-3.2-1b, bf16 (c = 2), h = 2048, t = b*s = 2*1024, tp = 2.
+    base = dict(
+        micro_batch_size=2,
+        seq_len=1024,
+        tensor_parallel_size=2,
+        sequence_parallel=True,
+        precision="bf16-mixed",
+    )
+    titan = estimate(
+        "llama-3.2-1b", TrainingConfig(framework="fsdp2", **base), simulate_allocator=False
+    )
+    megatron = estimate(
+        "llama-3.2-1b", TrainingConfig(framework="megatron", **base), simulate_allocator=False
+    )
+    c, h, t, tp = 2, 2048, 2 * 1024, 2
+    expected = 2 * c * h * t * (tp - 1) // tp
+    got = (
+        titan.details["activations_per_layer_bytes"]
+        - megatron.details["activations_per_layer_bytes"]
+    )
+    assert got == expected
+
+
+def test_fsdp_under_pipeline_parallel_keeps_unsharded_fp32_gradients() -> None:
+    # torch.distributed.pipelining runs each micro-batch's backward without gradient sync and
+    # reduces after the last one; FSDP2 upcasts the accumulated unsharded gradient to the
+    # reduce dtype (fp32). Stage 0 of llama-3.2-1b over 2 stages holds 8 layers and the
+    # embedding: 8 * 60,821,504 + 262,668,288 = 749,240,320 parameters, so 4 B each of
+    # unsharded gradients, plus the shards (1/4 with 4 data-parallel ranks) written by the
+    # reduce-scatter before the unsharded ones are freed.
+    training = TrainingConfig(
+        seq_len=1024,
+        pipeline_parallel_size=2,
+        data_parallel_size=4,
+        zero_stage=3,
+        framework="fsdp2",
+        gradient_accumulation_steps=4,
+    )
+    est = estimate("llama-3.2-1b", training, simulate_allocator=False)
+    stage0 = est.schedules[0].model_states()
+    n = 8 * 60_821_504 + 262_668_288
+    assert stage0["gradients"] == pytest.approx(4 * n + 4 * n / 4, rel=1e-6)
+    # and the stage's parameters stay gathered in bf16 for the whole step
+    flat = TrainingConfig(seq_len=1024, data_parallel_size=4, zero_stage=3, framework="fsdp2")
+    assert (
+        est.schedules[0].peak().peak_bytes
+        > estimate("llama-3.2-1b", flat, simulate_allocator=False).breakdown.parameters + 2 * n
+    )
+
+
+def test_torchtitan_fsdp_shards_over_data_and_context_parallel_ranks() -> None:
+    # torchtitan apply_fsdp shards over the flattened dp_shard_cp mesh: with 2 data-parallel
+    # and 4 context-parallel ranks every fp32 weight, gradient and Adam moment is split 8 ways
+    # (4 + 4 + 8 bytes per parameter / 8); llama-3.2-1b has 1,235,814,400 parameters.
+    training = TrainingConfig(
+        seq_len=8192, data_parallel_size=2, context_parallel_size=4, zero_stage=3, framework="fsdp2"
+    )
+    states = estimate("llama-3.2-1b", training, simulate_allocator=False).model_states_bytes
+    n = 1_235_814_400
+    assert states["parameters"] == pytest.approx(4 * n / 8, rel=1e-4)
+    assert states["optimizer_states"] == pytest.approx(8 * n / 8, rel=1e-4)
+    # Megatron's distributed optimizer shards over the data-parallel ranks only
+    megatron = TrainingConfig(
+        seq_len=8192,
+        data_parallel_size=2,
+        context_parallel_size=4,
+        zero_stage=1,
+        framework="megatron",
+    )
+    m_states = estimate("llama-3.2-1b", megatron, simulate_allocator=False).model_states_bytes
+    assert m_states["optimizer_states"] == pytest.approx(12 * n / 2, rel=1e-4)
