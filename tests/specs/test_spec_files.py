@@ -60,6 +60,7 @@ def test_unreadable_config_json(tmp_path: Path, data: bytes, match: str) -> None
     [
         ({"n_embd": 2**70 * 4}, "n_embd: must be at most 2,147,483,647"),  # was OverflowError
         ({"n_layer": 10**12}, "n_layer: must be at most"),  # was a hang
+        ({"n_layer": 10**7}, "num_layers: 10,000,000 layers is beyond any real model"),
         ({"n_embd": 0}, "n_embd: must be a positive integer, got 0"),
         ({"n_layer": -3}, "n_layer: must be a positive integer"),
         ({"n_embd": 66}, "4 attention heads do not divide n_embd=66"),

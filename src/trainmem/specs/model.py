@@ -29,6 +29,12 @@ MAX_COUNT = 2**31 - 1
 beyond any real model or run, and it keeps every product of sizes exact and finite in float64."""
 
 
+MAX_LAYERS = 10_000
+"""Most transformer blocks a model may have: ten times the deepest published one (DeepNet, Wang
+et al. 2022, arXiv:2203.00555: 1,000 layers). The step schedule grows with the layer count, so a
+config claiming millions would only hang."""
+
+
 def describe_int(value: int) -> str:
     """An int for an error message, without converting a huge one to float or to thousands of
     digits (``int.__str__`` refuses more than 4300)."""
@@ -160,6 +166,11 @@ class ModelSpec:
                     spec_field.name,
                     f"must be at most {MAX_COUNT:,} (2^31 - 1), got {describe_int(value)}",
                 )
+        if self.num_layers > MAX_LAYERS:
+            raise SpecError(
+                "num_layers",
+                f"{self.num_layers:,} layers is beyond any real model (at most {MAX_LAYERS:,})",
+            )
         if self.vocab_size < 0:
             raise SpecError("vocab_size", f"must be >= 0, got {self.vocab_size}")
         if self.num_heads % self.num_kv_heads != 0:
