@@ -76,7 +76,10 @@ def trace_unsupported_settings(training: TrainingConfig) -> list[str]:
 
     Traced: LoRA through peft (``lora_*``), ``chunked_cross_entropy``,
     ``zero_grad_set_to_none``, and FSDP2 (``zero_stage=3`` with ``data_parallel_size > 1``,
-    framework ``pytorch-amp`` or ``fsdp2``; ``trainmem.trace.fsdp``). Other data-parallel
+    framework ``pytorch-amp`` or ``fsdp2``; ``trainmem.trace.fsdp``), DTensor tensor / sequence
+    parallelism (``trainmem.trace.tensor_parallel``), ``compile`` (``trainmem.trace.compile``),
+    ``fp8-mixed`` (torchao, ``trainmem.trace.float8``), context parallelism (ring attention,
+    ``trainmem.trace.parallel``). Other data-parallel
     layouts, offload, quantized bases, the other frameworks, optimizer-in-backward, activation
     offloading and model parallelism are refused.
     """
@@ -86,11 +89,7 @@ def trace_unsupported_settings(training: TrainingConfig) -> list[str]:
         "quantize_base",
         "optimizer_in_backward",
         "activation_offloading",
-        "tensor_parallel_size",
-        "sequence_parallel",
         "pipeline_parallel_size",
-        "context_parallel_size",
-        "compile",
         # issue 12: FSDP variants and inputs the trace does not build yet
         "reshard_after_forward",
         "shard_group_size",
@@ -101,8 +100,6 @@ def trace_unsupported_settings(training: TrainingConfig) -> list[str]:
         for name in checked
         if getattr(training, name) != getattr(defaults, name)
     ]
-    if training.is_fp8:
-        out.append("precision=fp8-mixed")
     fsdp = training.zero_stage == 3 and training.data_parallel_size > 1
     if not fsdp:
         out += [
@@ -349,7 +346,9 @@ def estimate(
             target = model
         est = estimate_trace(target, training, gpu=gpu_spec)
         est.schedules = [StepSchedule.from_timeline(est.timeline)]
-        est.rank_labels = [{"rank": 0}]
+        traced = est.details.get("per_rank") or [{"rank": 0}]
+        keep = ("rank", "coordinates", "ranks_alike")
+        est.rank_labels = [{k: v for k, v in r.items() if k in keep} for r in traced]
         return finish(
             est, gpu=gpu_spec, alloc_conf=alloc_conf, simulate_allocator=simulate_allocator
         )

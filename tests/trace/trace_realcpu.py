@@ -18,12 +18,13 @@ from trainmem.specs.training import TrainingConfig
 from trainmem.trace.engine import (
     _autocast_factory,
     _emulation,
+    _maybe_float8,
     apply_activation_checkpointing,
     default_forward_loss,
 )
-from trainmem.trace.fsdp import fake_process_group, shard_model, uses_fsdp
 from trainmem.trace.hf_model import build_hf_training_model, make_hf_batch
 from trainmem.trace.optimizers import build_optimizer
+from trainmem.trace.parallel import loss_context, parallelize, trace_mesh, uses_mesh
 from trainmem.trace.recorder import plain_tensors
 from trainmem.trace.step import run_step
 
@@ -44,19 +45,23 @@ def _storage_bytes(tensors) -> int:
 
 def real_cpu_peak(preset: str, training: TrainingConfig) -> int:
     """Peak live tensor bytes of the second (steady-state) step, measured by the profiler; with
-    FSDP2, rank 0 of a fake process group (collectives write nothing, buffers are real)."""
-    if not uses_fsdp(training):
-        return _real_cpu_peak(preset, training, None)
-    with fake_process_group(training.data_parallel_size) as mesh:
-        return _real_cpu_peak(preset, training, mesh)
+    FSDP2 / TP, rank 0 of a fake process group (collectives write nothing, buffers are real);
+    tests/trace/trace_realcpu_dist.py runs the ranks for real over gloo."""
+    if not uses_mesh(training):
+        return real_cpu_rank_peak(preset, training, None)
+    with trace_mesh(training) as mesh:
+        return real_cpu_rank_peak(preset, training, mesh)
 
 
-def _real_cpu_peak(preset: str, training: TrainingConfig, mesh) -> int:
+def real_cpu_rank_peak(preset: str, training: TrainingConfig, mesh, repeats: int = 1) -> int:
+    """The peak of this process's rank of ``mesh`` (None: a single process); the smallest over
+    ``repeats`` profiled steps (see tests/trace/test_real_cpu_parallel.py for why)."""
     torch.manual_seed(0)
     model = build_hf_training_model(load_hf_config(preset), training, device="cpu")
+    _maybe_float8(model, training)
     apply_activation_checkpointing(model, training.activation_checkpointing)
     if mesh is not None:
-        shard_model(model, mesh, training, None)
+        parallelize(model, mesh, training, None)
     k = min(training.gradient_accumulation_steps, 2)
     batches = [make_hf_batch(model, training.micro_batch_size, training.seq_len) for _ in range(k)]
     params = [p for p in dict.fromkeys(model.parameters()) if p.requires_grad]
@@ -67,19 +72,48 @@ def _real_cpu_peak(preset: str, training: TrainingConfig, mesh) -> int:
         set_to_none=training.zero_grad_set_to_none,
         forward_loss=default_forward_loss(training),
     )
-    with _emulation(training, emulate_cuda=False):
+    with _emulation(training, emulate_cuda=False), loss_context(training):
         run_step(model, batches, opt, **kwargs)  # warm-up: creates the optimizer states
         before = [*model.parameters(), *model.buffers()]
         before += [p.grad for p in model.parameters() if p.grad is not None]  # set_to_none=False
         before += [v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
         before += [t for b in batches for t in b.values()]
         pre_bytes = _storage_bytes(before)
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            run_step(model, batches, opt, **kwargs)
+        peaks = []
+        for _ in range(repeats):
+            with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+                run_step(model, batches, opt, **kwargs)
+            peaks.append(pre_bytes + _main_thread_peak(prof))
+    return min(peaks)
+
+
+def _main_thread_peak(prof) -> int:
+    """Peak of the bytes allocated during profiling, leaving out blocks another thread
+    allocated (gloo's worker threads allocate and free their own staging buffers inside a
+    collective, concurrently with the step; NCCL has none). With one thread this is the
+    maximum of the allocator's ``total_allocated``."""
     allocs = [
         n
         for n in _walk(prof.profiler.kineto_results.experimental_event_tree())
         if n.tag == _EventType.Allocation
     ]
-    step_peak = max((n.extra_fields.total_allocated for n in allocs), default=0)
-    return pre_bytes + max(step_peak, 0)
+    allocs.sort(key=lambda n: n.start_time_ns)
+    if not allocs:
+        return 0
+    tids: dict[int, int] = {}
+    for n in allocs:
+        tids[n.start_tid] = tids.get(n.start_tid, 0) + 1
+    main = max(tids, key=lambda t: tids[t])
+    live: dict[int, int] = {}  # ptr -> bytes of blocks the main thread allocated
+    total = peak = 0
+    for n in allocs:
+        size, ptr = n.extra_fields.alloc_size, n.extra_fields.ptr
+        if size > 0 and n.start_tid == main:
+            live[ptr] = size
+            total += size
+        elif size < 0 and ptr in live:
+            total -= live.pop(ptr)
+        elif size < 0 and n.start_tid == main:
+            total += size  # a block allocated before profiling
+        peak = max(peak, total)
+    return peak

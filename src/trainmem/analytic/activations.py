@@ -72,12 +72,6 @@ FUSED_ACTIVATIONS = frozenset(
 #: HF activation names written as separate tanh-formula ops (transformers/activations.py
 #: ``NewGELUActivation``, ``FastGELUActivation``).
 TANH_FORMULA_ACTIVATIONS = frozenset({"gelu_new", "gelu_fast"})
-#: Model types whose HF eager attention computes softmax in fp32 explicitly
-#: (``softmax(..., dtype=torch.float32).to(query.dtype)``, modeling_llama.py
-#: ``eager_attention_forward``).
-FP32_SOFTMAX_MODEL_TYPES = frozenset(
-    {"llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2", "phi", "gpt_neox"}
-)
 
 
 def compute_and_residual_bytes(training: TrainingConfig) -> tuple[int, int]:
@@ -244,7 +238,7 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
     terms["attention/q_k"] = c * (a * d + kv_saved * d) * t
     terms["attention/v"] = c * kv_saved * d * t
     if (
-        model.model_type == "gpt2"
+        model.training_kv_cache
         and training.activation_checkpointing == "none"
         and training.conventions.hf_model_code
     ):
@@ -272,7 +266,7 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
     k_top = model.num_experts_per_tok if model.num_experts > 1 else 1
     if not model.parallel_attention:
         terms["mlp/norm"] = norm * t
-    elif model.model_type == "gpt_neox":
+    elif model.num_norms_per_layer >= 2:  # GPT-NeoX: both norms read the block's input
         terms["mlp/norm"] = (norm - r * h) * t  # second norm reads the same saved input
     n_in = 2 if model.mlp_kind == "gated" else 1
     if model.num_experts > 1:
@@ -522,7 +516,7 @@ def embedding_activation_bytes(model: ModelSpec, training: TrainingConfig) -> di
         out["inputs/token_ids_and_labels"] = 8 * t * 2
     if model.position_kind == "rotary":
         out["rotary_cos_sin"] = 2 * r * t * model.head_dim
-    if model.model_type == "bert":
+    if model.embedding_norm:
         out["embedding_norm"] = _norm_saved_bytes(model, r) * t
     if training.dropout and model.embedding_dropout > 0:
         out["embedding_dropout_mask"] = h * t
@@ -662,9 +656,9 @@ def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tup
 
 def _fp32_softmax(model: ModelSpec, training: TrainingConfig) -> bool:
     """Eager softmax in fp32: under autocast (``softmax`` is on CUDA autocast's fp32 list), in
-    fp32 training, or where the HF code upcasts explicitly (FP32_SOFTMAX_MODEL_TYPES)."""
+    fp32 training, or where the HF code upcasts explicitly (``ModelSpec.eager_softmax_fp32``)."""
     c, _ = compute_and_residual_bytes(training)
-    return training.uses_autocast or model.model_type in FP32_SOFTMAX_MODEL_TYPES or c == 4
+    return training.uses_autocast or model.eager_softmax_fp32 or c == 4
 
 
 def layer_is_checkpointed(training: TrainingConfig) -> bool:

@@ -51,6 +51,17 @@ _HEADS_BY_ARCHITECTURE: dict[str, tuple[str, ...]] = {
 """Heads transformers offers per trunk (``XForCausalLM``, ``BertForMaskedLM``, ...)."""
 
 
+EAGER_SOFTMAX_FP32_TYPES = frozenset(
+    {"llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2", "phi", "gpt_neox"}
+)
+"""Families whose HF eager attention upcasts the softmax to fp32
+(``ModelSpec.eager_softmax_fp32``)."""
+
+TRAINING_KV_CACHE_TYPES = frozenset({"gpt2"})
+"""Families whose transformers code builds a KV cache during training
+(``ModelSpec.training_kv_cache``)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelSpec:
     """Shape of a transformer model (decoder LM, BERT-style encoder, or ViT).
@@ -145,6 +156,21 @@ class ModelSpec:
     """Fraction of head_dim that is rotated by RoPE (Phi-2 0.4, GPT-NeoX ``rotary_pct``)."""
     pooler_output_size: int | None = None
     """Width of a ViT pooler's dense layer; None means hidden_size (always so for BERT)."""
+
+    @property
+    def eager_softmax_fp32(self) -> bool:
+        """The HF eager attention computes its softmax in fp32 and casts back
+        (``softmax(..., dtype=torch.float32).to(query.dtype)``, e.g. modeling_llama.py
+        ``eager_attention_forward``): the families of :data:`EAGER_SOFTMAX_FP32_TYPES`."""
+        return self.model_type in EAGER_SOFTMAX_FP32_TYPES
+
+    @property
+    def training_kv_cache(self) -> bool:
+        """transformers builds a ``DynamicCache`` in training when the config says
+        ``use_cache=True`` and checkpointing is off (transformers 5 GPT-2), so SDPA saves the
+        cache's ``torch.cat`` copies of k and v: the families of :data:`TRAINING_KV_CACHE_TYPES`
+        (found by the trace engine)."""
+        return self.model_type in TRAINING_KV_CACHE_TYPES
 
     def __post_init__(self) -> None:
         for field in (

@@ -6,12 +6,14 @@ Importing this package does not import torch: :func:`trace` and :func:`estimate_
 this package or the function.
 
 Modules, in data-flow order: ``hf_model`` (build a HF config on meta, fake storage, mask patches),
-``lora`` (peft LoRA, targets read off the model), ``fsdp`` (FSDP2 ``fully_shard`` on a fake
-process group, one rank's allocations), ``cuda_sdpa`` / ``cuda_autocast`` / ``optimizers`` /
-``host_scalars`` (what CUDA would run; Adafactor's ``.item()``), ``chunked_loss`` (chunked
-cross-entropy), ``step`` (the training loop), ``recorder`` (dispatch-mode storage tracker),
-``capture`` (warm-up + recorded step, categories), ``attribution`` (timeline, peak breakdown,
-per-module tables), ``engine``.
+``lora`` (peft LoRA, targets read off the model), ``float8`` (torchao float8 linears),
+``parallel`` (one rank of a dp_shard x cp x tp mesh on a fake process group; context
+parallelism), ``tensor_parallel`` (DTensor TP / SP, torchtitan's plan), ``fsdp`` (FSDP2
+``fully_shard``), ``compile`` (torch.compile: AOTAutograd + min-cut partition),
+``cuda_sdpa`` / ``cuda_autocast`` / ``optimizers`` / ``host_scalars`` (what CUDA would run;
+Adafactor's ``.item()``), ``chunked_loss`` (chunked cross-entropy), ``step`` (the training
+loop), ``recorder`` (dispatch-mode storage tracker), ``capture`` (warm-up + recorded step,
+categories), ``attribution`` (timeline, peak breakdown, per-module tables), ``engine``.
 """
 
 from __future__ import annotations

@@ -12,7 +12,11 @@ What is emulated so that the fake CPU step allocates what a CUDA step allocates
 - foreach / fused / for-loop optimizers as asked (``trainmem.trace.optimizers``); Adam's scalar
   ``step`` states stay in host memory unless fused (``torch/optim/adam.py``);
 - transformers' mask heuristics: ``trainmem.trace.hf_model.hf_mask_patches``;
-- FSDP2 over a fake process group, one rank: ``trainmem.trace.fsdp``;
+- one rank of a device mesh under a fake process group (``trainmem.trace.parallel``): FSDP2
+  (``trainmem.trace.fsdp``), DTensor tensor / sequence parallelism
+  (``trainmem.trace.tensor_parallel``);
+- torch.compile (AOTAutograd + inductor's min-cut partitioner): ``trainmem.trace.compile``;
+- float8 training (torchao ``Float8Linear``): ``trainmem.trace.float8``;
 - scalars an optimizer reads with ``.item()`` (Adafactor): ``trainmem.trace.host_scalars``;
 - the cuBLAS workspace (allocated through the caching allocator on the first matmul, so part of
   ``max_memory_allocated``): two ``init`` blocks of ``GPUSpec.cublas_workspace_bytes``, one
@@ -69,7 +73,7 @@ def _emulation(training: TrainingConfig, emulate_cuda: bool) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         with contextlib.suppress(ImportError):
             stack.enter_context(hf_mask_patches())
-        if training.uses_autocast:
+        if _uses_autocast(training):
             stack.enter_context(cuda_autocast_policy())
         # native_dropout also runs on real CPU tensors, so the proof covers this emulation too.
         stack.enter_context(cuda_dropout())
@@ -82,14 +86,31 @@ def _emulation(training: TrainingConfig, emulate_cuda: bool) -> Iterator[None]:
 @contextlib.contextmanager
 def _step_context(training: TrainingConfig, emulate_cuda: bool, optimizer: Any) -> Iterator[None]:
     from trainmem.trace.host_scalars import host_scalars
+    from trainmem.trace.parallel import loss_context
 
-    with _emulation(training, emulate_cuda):
+    with _emulation(training, emulate_cuda), loss_context(training):
         with host_scalars(optimizer) if optimizer is not None else contextlib.nullcontext():
             yield
 
 
+def _maybe_float8(model: Any, training: TrainingConfig) -> None:
+    if training.is_fp8:
+        from trainmem.trace.float8 import apply_float8
+        from trainmem.trace.fsdp import uses_fsdp
+
+        apply_float8(model, training, fsdp=uses_fsdp(training))
+
+
+def _uses_autocast(training: TrainingConfig) -> bool:
+    """torch.autocast around forward + loss: the framework's AMP, or float8 training without
+    FSDP2 (torchtitan's ``maybe_enable_amp``; with FSDP2 its MixedPrecisionPolicy casts)."""
+    from trainmem.trace.fsdp import uses_fsdp
+
+    return training.uses_autocast or (training.is_fp8 and not uses_fsdp(training))
+
+
 def _autocast_factory(training: TrainingConfig) -> Callable[[], Any] | None:
-    if not training.uses_autocast:  # FSDP2's MixedPrecisionPolicy casts instead (trace.fsdp)
+    if not _uses_autocast(training):  # FSDP2's MixedPrecisionPolicy casts instead (trace.fsdp)
         return None
     dtype = _torch_dtype(training.compute_dtype)
     return lambda: torch.autocast("cpu", dtype=dtype)
@@ -203,14 +224,14 @@ def run_trace(
     Raises:
         TraceError: the step failed under fake tensors (the message names the op).
     """
-    from trainmem.trace.fsdp import fake_process_group, uses_fsdp
+    from trainmem.trace.parallel import trace_mesh, uses_mesh
 
-    if not uses_fsdp(training):
+    if not uses_mesh(training):
         return _run_trace(
             build_model, make_batch, training, loss_fn=loss_fn, optimizer=optimizer, fake=fake,
             emulate_cuda=emulate_cuda, workspace_bytes=workspace_bytes, forward_loss=forward_loss,
         )  # fmt: skip
-    with fake_process_group(training.data_parallel_size) as mesh:
+    with trace_mesh(training) as mesh:
         return _run_trace(
             build_model, make_batch, training, loss_fn=loss_fn, optimizer=optimizer, fake=fake,
             emulate_cuda=emulate_cuda, workspace_bytes=workspace_bytes, forward_loss=forward_loss,
@@ -231,27 +252,37 @@ def _run_trace(
     forward_loss: Callable[[Any, Any], Any] | None,
     mesh: Any = None,
 ) -> tuple[Capture, PeakReport]:
-    from trainmem.trace.fsdp import shard_model
     from trainmem.trace.hf_model import materialize_fake
+    from trainmem.trace.parallel import add_position_ids, context_parallel, parallelize
 
     fake_mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else None
     if fake:
         with torch.device("meta"):
             model = build_model()
-        materialize_fake(model, fake_mode)
+        assert fake_mode is not None
+        materialize_fake(model, fake_mode)  # (would drop float8's weight subclass: after it)
+        with fake_mode:
+            _maybe_float8(model, training)
     else:
         model = build_model()
+        _maybe_float8(model, training)
     weight_dtype = _torch_dtype(training.weight_dtype)
     if not fake and weight_dtype != torch.float32 and not training.is_lora:
         model = model.to(weight_dtype)  # (peft keeps its adapters fp32 on purpose)
     model.train()
     apply_activation_checkpointing(model, training.activation_checkpointing)
+    if training.compile:
+        from trainmem.trace.compile import compile_layers
+
+        compile_layers(model)
     if mesh is not None:
-        shard_model(model, mesh, training, fake_mode)
+        parallelize(model, mesh, training, fake_mode)
     takes_training = _takes_argument(make_batch)
     with fake_mode if fake_mode is not None else contextlib.nullcontext():
         k = min(training.gradient_accumulation_steps, MAX_TRACED_MICRO_BATCHES)
         batches = [make_batch(training) if takes_training else make_batch() for _ in range(k)]
+        for b in batches:
+            add_position_ids(b, training)
         params = [p for p in dict.fromkeys(model.parameters()) if p.requires_grad]
         opt = optimizer(params) if optimizer is not None else build_optimizer(params, training)
     fused = bool(opt.defaults.get("fused")) if hasattr(opt, "defaults") else False
@@ -266,7 +297,10 @@ def _run_trace(
             fake_mode=fake_mode,
             host_optimizer_step=emulate_cuda,
             fused=fused,
-            context=lambda: _step_context(training, emulate_cuda, opt if fake else None),
+            context=lambda: _stacked(
+                _step_context(training, emulate_cuda, opt if fake else None),
+                context_parallel(mesh, batches, training),
+            ),
             set_to_none=training.zero_grad_set_to_none,
             forward_loss=forward_loss,
         )
@@ -282,6 +316,14 @@ def _run_trace(
         extra.append(("cublas_workspace_backward", workspace_bytes, MemoryCategory.TEMPORARY))
     report = analyse(capture.recorder.events, extra)
     return capture, report
+
+
+@contextlib.contextmanager
+def _stacked(*contexts: contextlib.AbstractContextManager[Any]) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        for c in contexts:
+            stack.enter_context(c)
+        yield
 
 
 def default_forward_loss(training: TrainingConfig) -> Callable[[Any, Any], Any] | None:
@@ -322,6 +364,7 @@ def _estimate(
     workspace_bytes: int,
 ) -> MemoryEstimate:
     from trainmem.specs.training import resolved_config
+    from trainmem.trace.parallel import rank_map
 
     logging.getLogger("trainmem").debug(
         "traced %s in %.3f s (warm-up step %.3f s)",
@@ -329,6 +372,17 @@ def _estimate(
         capture.trace_seconds,
         capture.warmup_seconds,
     )
+    layout = rank_map(training)
+    per_rank = [
+        {
+            "rank": layout["traced_rank"],
+            "coordinates": layout["coordinates"],
+            "ranks_alike": layout["world_size"],
+            "allocated_bytes": report.peak_bytes,
+            "peak_phase": report.peak_phase,
+            "peak_op": report.peak_op,
+        }
+    ]
     b = report.breakdown
     breakdown = MemoryBreakdown(
         parameters=b.parameters,
@@ -357,6 +411,8 @@ def _estimate(
         gpu_capacity_bytes=gpu.memory_bytes if gpu else None,
         details={
             "peak_allocated_bytes": report.peak_bytes,
+            "per_rank": per_rank,
+            "rank_map": layout,
             "peak_op": report.peak_op,
             "peak_module": report.peak_module,
             "peak_by_category_bytes": report.by_category_bytes,

@@ -11,8 +11,8 @@ Note [Tracing FSDP2]
     reduce-scatter buffers of the layer being run appear as temporaries. Activation
     checkpointing is applied before sharding, as torchtitan does. ``framework="fsdp2"`` with
     ``*-mixed`` precision uses ``MixedPrecisionPolicy(param_dtype=<16-bit>,
-    reduce_dtype=float32)`` and no autocast; any other framework keeps fp32 gathered weights
-    and runs under autocast.
+    reduce_dtype=float32)`` and no autocast, as does ``fp8-mixed`` (torchtitan); any other
+    framework keeps fp32 gathered weights and runs under autocast.
 
     Not modelled: the separate all-gather / reduce-scatter CUDA streams (the caching allocator
     keeps per-stream pools and frees them only after the consumer stream's event), so blocks
@@ -90,7 +90,7 @@ def shard_model(model: Any, mesh: Any, training: TrainingConfig, fake_mode: Any)
     from trainmem.trace.lora import layer_stack
 
     kwargs: dict[str, Any] = {"mesh": mesh}
-    if training.framework == "fsdp2" and training.is_mixed:
+    if (training.framework == "fsdp2" and training.is_mixed) or training.is_fp8:
         kwargs["mp_policy"] = MixedPrecisionPolicy(
             param_dtype=getattr(torch, training.compute_dtype), reduce_dtype=torch.float32
         )

@@ -19,8 +19,9 @@ bookkeeping per op and is 6-30x slower (shared/notes/tracing-without-a-gpu.md, s
 
 from __future__ import annotations
 
+import contextlib
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,10 +37,31 @@ from torch.utils._python_dispatch import (  # noqa: E402
 )
 from torch.utils._pytree import tree_flatten  # noqa: E402
 
-__all__ = ["RESIZE_OP", "Block", "RawEvent", "StorageRecorder", "plain_tensors"]
+__all__ = ["RESIZE_OP", "Block", "RawEvent", "StorageRecorder", "plain_tensors", "untracked"]
+
+_ALIASING_COLLECTIVE_OPS = frozenset(
+    {"_c10d_functional.wait_tensor.default", "_c10d_functional._wrap_tensor_autograd.default"}
+)
+"""Ops whose real output is their input (``torch/csrc/distributed/c10d/Functional.cpp``
+``wait_tensor``; ``torch/distributed/_functional_collectives.py`` ``_wrap_tensor_autograd``
+wraps it in an ``AsyncCollectiveTensor``)."""
 
 RESIZE_OP = "UntypedStorage.resize_"
 """``Block.op`` of a storage re-allocated in place (FSDP2's ``alloc_storage``)."""
+
+
+_UNTRACKED = [0]
+
+
+@contextlib.contextmanager
+def untracked() -> Iterator[None]:
+    """Ops run inside allocate nothing a GPU would allocate; the recorder skips them (the
+    pointwise intermediates inductor fuses away, ``trainmem.trace.compile``)."""
+    _UNTRACKED[0] += 1
+    try:
+        yield
+    finally:
+        _UNTRACKED[0] -= 1
 
 
 def plain_tensors(tensor: Any) -> list[Any]:
@@ -120,6 +142,8 @@ class StorageRecorder(TorchDispatchMode):  # type: ignore[misc]
     modules: Any = None
     on_alloc: Callable[[Block], None] | None = None
     _orig_resize: Any = None
+    _orig_propagate: Any = None
+    _paused: int = 0
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -180,11 +204,37 @@ class StorageRecorder(TorchDispatchMode):  # type: ignore[misc]
             return out
 
         torch.UntypedStorage.resize_ = resize_
+        self._patch_sharding_propagation()
         return super().__enter__()  # type: ignore[no-any-return]
 
     def __exit__(self, *exc: Any) -> Any:
         torch.UntypedStorage.resize_ = self._orig_resize
+        if self._orig_propagate is not None:
+            from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+            ShardingPropagator._propagate_tensor_meta_non_cached = self._orig_propagate  # type: ignore[method-assign]
+            self._orig_propagate = None
         return super().__exit__(*exc)
+
+    def _patch_sharding_propagation(self) -> None:
+        """DTensor infers output shapes by running the op on global-shape fake tensors
+        (``ShardingPropagator._propagate_tensor_meta_non_cached``, inside the ambient fake
+        mode); those tensors are never allocated on a GPU, so the recorder pauses there."""
+        try:
+            from torch.distributed.tensor._sharding_prop import ShardingPropagator
+        except ImportError:  # pragma: no cover - torch without distributed
+            return
+        orig = ShardingPropagator._propagate_tensor_meta_non_cached
+        self._orig_propagate = orig
+
+        def propagate(prop: Any, *args: Any, **kwargs: Any) -> Any:
+            self._paused += 1
+            try:
+                return orig(prop, *args, **kwargs)
+            finally:
+                self._paused -= 1
+
+        ShardingPropagator._propagate_tensor_meta_non_cached = propagate  # type: ignore[method-assign,assignment]
 
     def _on_resize(self, st: Any) -> None:
         known = self._live.get(id(st))
@@ -250,6 +300,18 @@ class StorageRecorder(TorchDispatchMode):  # type: ignore[misc]
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
+        if self._paused or _UNTRACKED[0]:
+            return func(*args, **(kwargs or {}))
+        if any(is_traceable_wrapper_subclass(t) for t in tree_flatten((args, kwargs))[0]):
+            # A DTensor op: let the subclass run it; its local ops (including the temporaries
+            # of redistributions and of loss_parallel's decompositions) come back through this
+            # mode, so they are recorded one by one.
+            return NotImplemented
         out = func(*args, **(kwargs or {}))
-        self._track(out, str(func))
+        name = str(func)
+        if name in _ALIASING_COLLECTIVE_OPS:
+            # The real kernels return their argument; the fake kernels return a new tensor
+            # (``empty_like``), which would count every collective's output twice.
+            return torch.ops.aten.alias.default(args[0])
+        self._track(out, name)
         return out

@@ -1,0 +1,170 @@
+"""``torch.compile`` of each transformer layer, traced: AOTAutograd with inductor's partitioner.
+
+Note [Tracing torch.compile]
+    torchtitan compiles every transformer block on its own (``apply_compile``:
+    ``torch.compile(block, fullgraph=True)``). What compiling changes in memory is decided by
+    AOTAutograd, which traces forward + backward into one joint graph and splits it with
+    inductor's partitioner, ``min_cut_rematerialization_partition``
+    (``torch/_functorch/partitioners.py``; ``torch/_inductor/compile_fx.py`` passes it as
+    ``partition_fn``): the forward graph's extra outputs are the tensors saved for backward,
+    chosen by a min-cut that recomputes cheap pointwise ops in the backward instead of saving
+    their outputs. Here each layer's ``forward`` is replaced by ``aot_function`` with that
+    partitioner; the forward and backward graphs are then run op by op (no inductor codegen),
+    on the fake tensors of the trace, so the recorder sees the compiled step's saved tensors and
+    the backward's recomputation. Layers with the same signature (class, parameter shapes,
+    attention kind) share one traced graph, as dynamo reuses one compiled frame.
+
+    Inductor also fuses pointwise ops into one kernel, so a pointwise intermediate whose users
+    are all pointwise ops of the same graph is never materialised. With ``fuse_pointwise`` the
+    graphs are run with those intermediates left out of the recording (see
+    :func:`_fusible_nodes`); the rule ignores inductor's heuristics that refuse a fusion (too
+    many inputs, reductions fused into pointwise epilogues), so it is an approximation.
+
+    The traced layer gets ``past_key_values=None`` (a KV cache is generation-only; the cache
+    object cannot enter the graph). Parameters are read when the layer is called, so FSDP2's
+    unsharded parameters and TP's DTensors are the graph inputs, as under torch.compile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from trainmem.trace._torch import require_torch
+from trainmem.trace.recorder import untracked
+
+torch = require_torch()
+
+__all__ = ["compile_layers"]
+
+_POINTWISE_TAG = "pointwise"
+
+
+def _is_pointwise(node: Any) -> bool:
+    target = node.target
+    tags = getattr(target, "tags", ())
+    return node.op == "call_function" and any(str(t).endswith(_POINTWISE_TAG) for t in tags)
+
+
+def _fusible_nodes(gm: Any) -> set[str]:
+    """Pointwise nodes whose every user is a pointwise node and which are not graph outputs:
+    inductor fuses them into their consumers' kernel, so they get no buffer."""
+    out: set[str] = set()
+    outputs = {n.name for n in gm.graph.nodes if n.op == "output" for n in n.all_input_nodes}
+    for node in gm.graph.nodes:
+        if not _is_pointwise(node) or node.name in outputs or not node.users:
+            continue
+        if all(_is_pointwise(u) for u in node.users):
+            out.add(node.name)
+    return out
+
+
+def _graph_runner(fuse_pointwise: bool) -> Any:
+    from torch._functorch.aot_autograd import make_boxed_func  # type: ignore[attr-defined]
+
+    def compiler(gm: Any, _example_inputs: Any) -> Any:
+        if not fuse_pointwise:
+            return make_boxed_func(gm)
+        fused = _fusible_nodes(gm)
+
+        class Interpreter(torch.fx.Interpreter):  # type: ignore[misc,name-defined]
+            def run_node(self, n: Any) -> Any:
+                if n.name in fused:
+                    with untracked():
+                        return super().run_node(n)
+                return super().run_node(n)
+
+        def run(*args: Any) -> Any:
+            return Interpreter(gm).run(*args)
+
+        return make_boxed_func(run)
+
+    return compiler
+
+
+@contextlib.contextmanager
+def _allow_fake_constants() -> Iterator[None]:
+    """AOTAutograd refuses fake tensors captured as graph constants (a check meant for
+    dynamo's real-tensor modules); in the trace every tensor is fake on purpose."""
+    import torch._dynamo.utils as dynamo_utils
+
+    orig = dynamo_utils.assert_no_fake_params_or_buffers
+    dynamo_utils.assert_no_fake_params_or_buffers = lambda _gm: None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        dynamo_utils.assert_no_fake_params_or_buffers = orig
+
+
+def _layer_signature(layer: Any) -> tuple[Any, ...]:
+    """What makes two layers' graphs identical: class, parameter shapes / dtypes / types, and
+    the attention kind of alternating-attention models (``attention_type``, Gemma-2/3)."""
+    params = tuple(
+        (n, tuple(p.shape), p.dtype, type(p))
+        for n, p in layer.named_parameters(remove_duplicate=False)
+    )
+    attn = getattr(layer, "attention_type", None) or getattr(
+        getattr(layer, "self_attn", None), "sliding_window", None
+    )
+    return (type(layer), params, repr(attn))
+
+
+def _compile_layer(layer: Any, fuse_pointwise: bool, compiled: dict[Any, Any]) -> None:
+    import torch.utils._pytree as pytree
+    from torch._functorch.aot_autograd import aot_function
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    eager_forward = layer.forward
+    runner = _graph_runner(fuse_pointwise)
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if "past_key_values" in kwargs:
+            kwargs["past_key_values"] = None
+        params = dict(layer.named_parameters(remove_duplicate=False))
+        buffers = dict(layer.named_buffers(remove_duplicate=False))
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        is_tensor = tuple(isinstance(x, torch.Tensor) for x in leaves)
+        consts = tuple(None if t else x for x, t in zip(leaves, is_tensor, strict=True))
+        key = (_layer_signature(layer), spec, is_tensor, tuple(repr(c) for c in consts))
+        if key not in compiled:
+
+            def functional(params: Any, buffers: Any, tensors: Any) -> Any:
+                it = iter(tensors)
+                full = [next(it) if t else c for t, c in zip(is_tensor, consts, strict=True)]
+                a, k = pytree.tree_unflatten(full, spec)
+                with _reparametrize_module(layer, {**params, **buffers}):
+                    return eager_forward(*a, **k)
+
+            compiled[key] = aot_function(
+                functional,
+                fw_compiler=runner,
+                bw_compiler=runner,
+                partition_fn=min_cut_rematerialization_partition,
+            )
+        tensors = [x for x, t in zip(leaves, is_tensor, strict=True) if t]
+        with _allow_fake_constants():
+            return compiled[key](params, buffers, tensors)
+
+    layer.forward = forward
+
+
+def compile_layers(model: Any, *, fuse_pointwise: bool = True) -> None:
+    """Replace each transformer layer's ``forward`` by its AOTAutograd-compiled version, in
+    place; see Note [Tracing torch.compile].
+
+    Args:
+        model: the model (fake or real tensors); the layers are
+            ``trainmem.trace.lora.layer_stack``'s.
+        fuse_pointwise: leave out of the recording the pointwise intermediates inductor fuses.
+
+    Raises:
+        UnsupportedError: no layer stack.
+    """
+    from trainmem.trace.lora import layer_stack
+
+    _, layers = layer_stack(model)
+    compiled: dict[Any, Any] = {}  # identical layers share one graph, as dynamo's cache does
+    for layer in layers:
+        _compile_layer(layer, fuse_pointwise, compiled)

@@ -1,0 +1,57 @@
+"""float8 training with torchao, as torchtitan applies it (``fp8-mixed``).
+
+Note [Tracing float8]
+    ``precision="fp8-mixed"`` converts the model's linears to torchao's ``Float8Linear``
+    (``torchao.float8.convert_to_float8_training``) on the ``meta`` model, before it gets fake
+    storage, with torchtitan's filter (``torchtitan/components/quantization/float8.py``): the
+    output layer (``lm_head``) stays in high precision, and so does every linear whose
+    ``in_features`` or ``out_features`` is not a multiple of 16 (``torch._scaled_mm``'s
+    alignment). Under FSDP2 the weights are all-gathered in float8
+    (``enable_fsdp_float8_all_gather=True``) with ``MixedPrecisionPolicy(param_dtype=bf16)``
+    (trainmem.trace.fsdp); without FSDP the step runs under bf16 autocast. The float8 casts,
+    amax / scale tensors and ``torch._scaled_mm`` have fake-tensor kernels, so the step traces
+    as is (torchao 0.18, torch 2.13).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainmem.errors import UnsupportedError
+from trainmem.specs.training import TrainingConfig
+from trainmem.trace._torch import require_torch
+
+torch = require_torch()
+
+__all__ = ["apply_float8"]
+
+
+def _keep(module: Any, fqn: str) -> bool:
+    if fqn.split(".")[-1] == "lm_head":
+        return False
+    return module.in_features % 16 == 0 and module.out_features % 16 == 0
+
+
+def apply_float8(model: Any, training: TrainingConfig, *, fsdp: bool) -> None:
+    """Swap the model's linears for ``Float8Linear`` in place; see Note [Tracing float8].
+
+    Args:
+        model: the model, on ``meta`` (or real tensors for a CPU run).
+        training: the settings (only called for ``fp8-mixed``).
+        fsdp: FSDP2 shards the model (float8 all-gather on).
+
+    Raises:
+        UnsupportedError: torchao is not installed.
+    """
+    try:
+        from torchao.float8 import (  # type: ignore[import-untyped,import-not-found]
+            Float8LinearConfig,
+            convert_to_float8_training,
+        )
+    except ImportError as exc:
+        raise UnsupportedError(
+            "precision=fp8-mixed: tracing float8 needs torchao (pip install torchao)"
+        ) from exc
+    del training
+    config = Float8LinearConfig(enable_fsdp_float8_all_gather=fsdp)
+    convert_to_float8_training(model, config=config, module_filter_fn=_keep)

@@ -1,0 +1,213 @@
+"""Tensor and sequence parallelism with DTensor (``parallelize_module``), as torchtitan applies it.
+
+Note [Tracing tensor parallelism]
+    ``tensor_parallel_size=t`` is traced with ``torch.distributed.tensor.parallel`` over the
+    ``tp`` dimension of the device mesh, following torchtitan's ``apply_tp``
+    (``torchtitan/models/llama3/infra/parallelize.py``) on a transformers Llama-shaped model
+    (module names ``q_proj k_proj v_proj o_proj gate_proj up_proj down_proj input_layernorm
+    post_attention_layernorm``, ``embed_tokens``, final ``norm``, ``lm_head``):
+
+    - per layer: q, k, v, gate, up ``ColwiseParallel``; o, down ``RowwiseParallel`` (output
+      all-reduced, or reduce-scattered over the sequence with sequence parallelism);
+    - with ``sequence_parallel``: both norms ``SequenceParallel`` and a ``PrepareModuleInput``
+      on the attention and the MLP that all-gathers the sequence-sharded input (torchtitan's
+      plan; torchtitan always runs SP with TP);
+    - the token embedding ``RowwiseParallel`` (vocabulary-sharded, output all-reduced or
+      reduce-scattered), the final norm ``SequenceParallel`` with SP, ``lm_head``
+      ``ColwiseParallel`` with vocabulary-sharded logits (``Shard(-1)``) and the loss under
+      ``loss_parallel()`` (torchtitan's default, ``disable_loss_parallel=False``);
+    - a tied ``lm_head`` / embedding (both ``Shard(0)`` on the vocabulary) is re-tied;
+    - without SP the norms hold replicated ``DTensor`` weights (:func:`_replicate`);
+    - with float8 training the layer linears take torchao's ``Float8ColwiseParallel`` /
+      ``Float8RowwiseParallel`` / ``PrepareFloat8ModuleInput`` (torchtitan, tensorwise
+      scaling); the embedding and ``lm_head`` stay in high precision.
+
+    With SP the residual stream between the modules stays a sequence-sharded ``DTensor``
+    (torchtitan hands local tensors between its modules; the storages are the same local
+    shards, and transformers' model-level code then reads the global sequence length for the
+    positions and the mask).
+    The attention's q/k/v outputs are local tensors with ``heads / t`` heads (transformers
+    reshapes with ``-1`` heads). Both ``num_attention_heads`` and ``num_key_value_heads``
+    must divide by t.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainmem.errors import UnsupportedError
+from trainmem.trace._torch import require_torch
+
+torch = require_torch()
+
+__all__ = ["apply_tensor_parallel"]
+
+_ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+_MLP = ("gate_proj", "up_proj", "down_proj")
+_NORMS = ("input_layernorm", "post_attention_layernorm")
+
+
+def _child(module: Any, path: str) -> Any:
+    for part in path.split("."):
+        module = getattr(module, part, None)
+        if module is None:
+            return None
+    return module
+
+
+def _unsupported(why: str) -> UnsupportedError:
+    return UnsupportedError(
+        f"tensor_parallel_size: the trace applies torchtitan's Llama TP plan, which needs {why}; "
+        "use --engine analytic for this model"
+    )
+
+
+def _find_parts(model: Any) -> tuple[str, Any, str, str]:
+    """(layer stack path, layers, embedding path, final norm path) of a Llama-shaped model."""
+    from trainmem.trace.lora import layer_stack
+
+    stack_name, layers = layer_stack(model)
+    first = layers[0]
+    for name in (*(f"self_attn.{n}" for n in _ATTENTION), *(f"mlp.{n}" for n in _MLP), *_NORMS):
+        if not isinstance(_child(first, name), torch.nn.Module):
+            raise _unsupported(f"a layer module {name!r} (Llama / Mistral / Qwen2 names)")
+    parent = stack_name.rsplit(".", 1)[0] if "." in stack_name else ""
+    prefix = f"{parent}." if parent else ""
+    emb, norm = f"{prefix}embed_tokens", f"{prefix}norm"
+    if _child(model, emb) is None or _child(model, norm) is None:
+        raise _unsupported("embed_tokens and norm next to the layers")
+    if _child(model, "lm_head") is None:
+        raise _unsupported("an lm_head")
+    return stack_name, layers, emb, norm
+
+
+def check_heads(config: Any, tp: int) -> None:
+    """Refuse head counts that do not divide by ``tp``.
+
+    Raises:
+        UnsupportedError: ``num_attention_heads`` or ``num_key_value_heads`` % tp != 0.
+    """
+    heads = getattr(config, "num_attention_heads", None)
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    for name, n in (("num_attention_heads", heads), ("num_key_value_heads", kv)):
+        if n is not None and n % tp:
+            raise UnsupportedError(
+                f"tensor_parallel_size: {tp} must divide {name}={n} (ColwiseParallel splits the "
+                "heads)"
+            )
+
+
+def _replicate(module: Any, mesh: Any) -> None:
+    """Replicated ``DTensor`` parameters for a module TP leaves whole (a norm without SP), with
+    plain tensors in and out: the optimizer's foreach kernels refuse a mix of plain tensors and
+    DTensors (Megatron keeps these weights replicated too). Allocates nothing."""
+    from torch.distributed.tensor import DTensor, Replicate, distribute_module
+
+    def to_dtensor(_mod: Any, inputs: Any, mesh: Any) -> Any:
+        return tuple(
+            DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+            if isinstance(x, torch.Tensor) and not isinstance(x, DTensor)
+            else x
+            for x in inputs
+        )
+
+    def to_local(_mod: Any, out: Any, _mesh: Any) -> Any:
+        return out.to_local() if isinstance(out, DTensor) else out
+
+    distribute_module(module, mesh, input_fn=to_dtensor, output_fn=to_local)
+
+
+def _styles(float8: bool) -> tuple[Any, Any, Any]:
+    """(colwise, rowwise, prepare-input) styles: torchao's float8 ones under float8 training
+    (torchtitan ``enable_float8_tensorwise_tp``: inputs cast to float8 before the all-gather)."""
+    if float8:
+        from torchao.float8.float8_tensor_parallel import (  # type: ignore[import-untyped,import-not-found]
+            Float8ColwiseParallel,
+            Float8RowwiseParallel,
+            PrepareFloat8ModuleInput,
+        )
+
+        return Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+    )
+
+    return ColwiseParallel, RowwiseParallel, PrepareModuleInput
+
+
+def apply_tensor_parallel(
+    model: Any, tp_mesh: Any, *, sequence_parallel: bool, float8: bool = False
+) -> None:
+    """Parallelize ``model`` in place over ``tp_mesh``; see Note [Tracing tensor parallelism].
+
+    Args:
+        model: a transformers Llama-shaped causal LM (fake or real tensors; call inside the
+            fake mode for fake tensors).
+        tp_mesh: 1-D ``DeviceMesh`` of the tensor-parallel ranks.
+        sequence_parallel: shard the norms' activations over the sequence (Korthikanti et al.
+            2022 sec. 4.2.2).
+        float8: the layer linears are torchao ``Float8Linear`` (``trainmem.trace.float8``):
+            torchao's float8 TP styles for them (float8 all-gather of their inputs).
+
+    Raises:
+        UnsupportedError: the model does not have the Llama module names, or the heads do not
+            divide.
+    """
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    colwise, rowwise, prepare = _styles(float8)
+
+    if getattr(model, "peft_config", None):
+        raise UnsupportedError("tensor_parallel_size: LoRA with tensor parallelism is not traced")
+    _, layers, emb, norm = _find_parts(model)
+    check_heads(getattr(model, "config", None), tp_mesh.size())
+    seq = Shard(1) if sequence_parallel else Replicate()
+    local = not sequence_parallel  # without SP the residual stream is a plain (replicated) tensor
+    for layer in layers:
+        plan: dict[str, Any] = {
+            **{f"self_attn.{n}": colwise() for n in _ATTENTION[:3]},
+            "self_attn.o_proj": rowwise(output_layouts=seq, use_local_output=local),
+            "mlp.gate_proj": colwise(),
+            "mlp.up_proj": colwise(),
+            "mlp.down_proj": rowwise(output_layouts=seq, use_local_output=local),
+        }
+        if sequence_parallel:
+            plan.update({n: SequenceParallel() for n in _NORMS})
+            # float8: the input stays a DTensor (torchtitan's use_local_output=False default)
+            plan["self_attn"] = prepare(
+                input_kwarg_layouts={"hidden_states": seq},
+                desired_input_kwarg_layouts={"hidden_states": Replicate()},
+                use_local_output=not float8,
+            )
+            plan["mlp"] = prepare(
+                input_layouts=(seq,),
+                desired_input_layouts=(Replicate(),),
+                use_local_output=not float8,
+            )
+        parallelize_module(layer, tp_mesh, plan)
+    head = model.lm_head
+    tied = head.weight is _child(model, emb).weight
+    top: dict[str, Any] = {
+        emb: RowwiseParallel(input_layouts=Replicate(), output_layouts=seq, use_local_output=local),
+        "lm_head": ColwiseParallel(
+            input_layouts=seq, output_layouts=Shard(-1), use_local_output=False
+        ),
+    }
+    if sequence_parallel:
+        top[norm] = SequenceParallel()
+    parallelize_module(model, tp_mesh, top)
+    if not sequence_parallel:
+        for layer in layers:
+            for name in _NORMS:
+                _replicate(_child(layer, name), tp_mesh)
+        _replicate(_child(model, norm), tp_mesh)
+    if tied:  # both vocabulary-sharded (Shard(0)): one parameter again, as before
+        head.weight = _child(model, emb).weight

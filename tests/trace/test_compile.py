@@ -1,0 +1,105 @@
+"""torch.compile traced: the activations a compiled layer keeps are the tensors torch.compile's
+own AOTAutograd + min-cut partition saves for backward.
+
+Independent reference: the same layers compiled by dynamo (``torch.compile(layer.forward,
+backend=aot_autograd(partition_fn=min_cut_rematerialization_partition), fullgraph=True)``) on
+real CPU tensors, counting the storages ``saved_tensors_hooks`` sees packed during layer 0's
+forward, minus the parameters and the layer's inputs (allocated elsewhere). The trace's layer-0
+activations add the layer's output (the fp32 residual stream, b*s*h*4 B), which layer 0 allocates
+and layer 1 saves.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.backends.common import aot_autograd
+from torch._functorch.aot_autograd import make_boxed_func
+from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+from trainmem.specs.hf import load_hf_config
+from trainmem.specs.training import TrainingConfig
+from trainmem.trace.engine import run_trace
+from trainmem.trace.hf_model import build_hf_training_model, make_hf_batch
+
+B, S, H = 2, 64, 64  # tiny-llama-test: hidden 64
+
+
+def _dynamo_saved_bytes(training: TrainingConfig) -> int:
+    torch.manual_seed(0)
+    model = build_hf_training_model(load_hf_config("tiny-llama-test"), training, device="cpu")
+    batch = make_hf_batch(model, B, S)
+    batch["use_cache"] = False
+
+    def nop(gm, _inputs):
+        return make_boxed_func(gm)
+
+    backend = aot_autograd(
+        fw_compiler=nop, bw_compiler=nop, partition_fn=min_cut_rematerialization_partition
+    )
+    for layer in model.model.layers:
+        layer.forward = torch.compile(layer.forward, backend=backend, fullgraph=True)
+    layer = model.model.layers[0]
+    outside = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+    state = {"on": False}
+
+    def pre_hook(_mod, args, kwargs):
+        state["on"] = True
+        for t in (*args, *kwargs.values(), *(kwargs.get("position_embeddings") or ())):
+            if isinstance(t, torch.Tensor):
+                outside.add(t.untyped_storage().data_ptr())
+
+    def pack(t):
+        if state["on"] and t.untyped_storage().data_ptr() not in outside:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    layer.register_forward_pre_hook(pre_hook, with_kwargs=True)
+    layer.register_forward_hook(lambda *_: state.update(on=False))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=training.uses_autocast):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(**batch)
+    return sum(saved.values())
+
+
+def _traced_layer_activations(training: TrainingConfig) -> int:
+    holder = {}
+
+    def build():
+        holder["m"] = build_hf_training_model(load_hf_config("tiny-llama-test"), training)
+        return holder["m"]
+
+    _, report = run_trace(build, lambda: make_hf_batch(holder["m"], B, S), training,
+                          emulate_cuda=False)  # fmt: skip
+    acts = report.activation_bytes_by_module
+    return sum(
+        v for k, v in acts.items() if k == "model.layers.0" or k.startswith("model.layers.0.")
+    )
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_compiled_layer_keeps_what_torch_compile_saves(precision: str) -> None:
+    compiled = TrainingConfig(micro_batch_size=B, seq_len=S, precision=precision, compile=True)
+    eager = TrainingConfig(micro_batch_size=B, seq_len=S, precision=precision)
+    reference = _dynamo_saved_bytes(compiled)
+    layer_output = B * S * H * 4  # fp32 residual stream
+    traced = _traced_layer_activations(compiled)
+    assert traced == reference + layer_output
+    # and compiling changed something: eager keeps more (measured 851,456 B vs 695,808 B saved
+    # for layer 0 in fp32 with the parameters counted)
+    assert _traced_layer_activations(eager) > traced
+
+
+def test_analytic_compile_rule_matches_the_traced_partition() -> None:
+    # the analytic engine's torch.compile rule (RMSNorm keeps input + rstd, gated MLP keeps
+    # three tensors) against the min-cut partition traced on the same Llama layers
+    from trainmem.estimate import estimate
+    from trainmem.specs.training import TrainingConfig
+
+    training = TrainingConfig(micro_batch_size=2, seq_len=256, precision="bf16-true", compile=True)
+    traced = estimate("tiny-llama-test", training, engine="trace")
+    analytic = estimate("tiny-llama-test", training, simulate_allocator=False)
+    per_layer = traced.details["activation_bytes_by_module"]["model.layers.0"]
+    # a few bytes of scalars (the dropout seed / RNG offsets) aside
+    assert abs(per_layer - analytic.details["activations_per_layer_bytes"]) <= 64

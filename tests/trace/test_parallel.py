@@ -1,0 +1,72 @@
+"""One rank of a device mesh (trainmem.trace.parallel): layout, what tensor parallelism shards,
+and the refusals. Byte-exactness against real runs: test_real_cpu.py / test_real_cpu_parallel.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from trainmem.errors import UnsupportedError
+from trainmem.estimate import estimate
+from trainmem.specs.training import TrainingConfig
+from trainmem.trace.parallel import mesh_dims, rank_map
+
+
+def test_mesh_follows_torchtitan_order_tp_fastest() -> None:
+    t = TrainingConfig(tensor_parallel_size=4, data_parallel_size=2, zero_stage=3)
+    assert mesh_dims(t) == {"dp_shard": 2, "tp": 4}
+    layout = rank_map(t, rank=6)
+    assert layout["world_size"] == 8
+    assert layout["coordinates"] == {"dp_shard": 1, "tp": 2}  # 6 = 1 * 4 + 2
+    assert mesh_dims(TrainingConfig(data_parallel_size=2)) == {}  # DDP: not a traced mesh
+    t = TrainingConfig(tensor_parallel_size=2, context_parallel_size=4, data_parallel_size=2,
+                       zero_stage=3)  # fmt: skip
+    assert list(mesh_dims(t).items()) == [("dp_shard", 2), ("cp", 4), ("tp", 2)]
+    assert rank_map(t, rank=13)["coordinates"] == {"dp_shard": 1, "cp": 2, "tp": 1}
+
+
+def test_tensor_parallel_rank_holds_its_shards_of_every_linear() -> None:
+    # tiny-llama-test: h=64, 4 heads of 16 (kv 2 heads -> 32), ffn 176, vocab 512, 2 layers.
+    # TP=2 splits embedding and lm_head rows, q/k/v/gate/up rows, o/down columns; the two
+    # norms of a layer and the final norm are replicated (sequence parallel or not).
+    h, kv, ffn, vocab = 64, 32, 176, 512
+    layer = (h * h + 2 * h * kv + h * h + 3 * h * ffn) // 2 + 2 * h
+    expected = (vocab * h // 2 + 2 * layer + h + vocab * h // 2) * 4  # fp32
+    for sp in (False, True):
+        t = TrainingConfig(micro_batch_size=1, seq_len=32, precision="32-true",
+                           tensor_parallel_size=2, sequence_parallel=sp)  # fmt: skip
+        est = estimate("tiny-llama-test", t, engine="trace")
+        assert est.details["peak_by_category_bytes"]["parameters"] == expected
+        assert est.details["per_rank"][0]["rank"] == 0
+        assert est.details["per_rank"][0]["ranks_alike"] == 2
+        assert est.details["rank_map"]["mesh"] == {"tp": 2}
+
+
+def test_tensor_parallel_refuses_models_without_the_llama_plan() -> None:
+    t = TrainingConfig(micro_batch_size=1, seq_len=32, tensor_parallel_size=2)
+    with pytest.raises(UnsupportedError, match="tensor_parallel_size"):
+        estimate("tiny-gpt2-test", t, engine="trace")  # fused c_attn Conv1D
+
+
+def test_tensor_parallel_refuses_heads_that_do_not_divide() -> None:
+    t = TrainingConfig(micro_batch_size=1, seq_len=32, tensor_parallel_size=4)  # 2 kv heads
+    with pytest.raises(UnsupportedError, match="num_key_value_heads=2"):
+        estimate("tiny-llama-test", t, engine="trace")
+
+
+def test_context_parallel_rank_holds_its_sequence_shard() -> None:
+    # cp=2, s=64: input_ids, labels and the explicit position_ids are sharded to [b, s/2] in
+    # place by context_parallel (``buffer.resize_(shard.shape)``), and resize_ never shrinks a
+    # storage, so the rank still holds the full [b, s] int64 storages: 3 * 2 * 64 * 8 B. The
+    # parameters are FSDP2-sharded over the 2 cp
+    # ranks (torchtitan's dp_shard_cp): ceil(rows / 2) rows of every fp32 parameter.
+    t = TrainingConfig(micro_batch_size=2, seq_len=64, precision="32-true",
+                       context_parallel_size=2)  # fmt: skip
+    est = estimate("tiny-llama-test", t, engine="trace")
+    cats = est.details["peak_by_category_bytes"]
+    assert cats["inputs"] == 3 * 2 * 64 * 8
+    h, kv, ffn, vocab = 64, 32, 176, 512
+    rows = (vocab * h + 2 * (h * h + 2 * kv * h + h * h + 2 * ffn * h + h * ffn + 2 * h)
+            + h + vocab * h)  # fmt: skip
+    assert cats["parameters"] == rows * 4 // 2  # every dim 0 here is even
+    assert est.details["rank_map"]["mesh"] == {"cp": 2}
