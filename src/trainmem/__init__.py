@@ -3,7 +3,8 @@
 The public entry points, none of which imports torch::
 
     from trainmem import estimate, TrainingConfig
-    est = estimate("llama-3.1-8b", TrainingConfig(micro_batch_size=2, seq_len=2048), gpu="H100")
+    training = TrainingConfig(micro_batch_size=2, seq_len=2048)
+    est = estimate("llama-3.1-8b", training, gpu="H100-80GB")
 
 ``trainmem.trace(build_model, make_batch, training=...)`` traces any ``nn.Module`` (needs the
 ``trace`` extra; torch is imported on first use).

@@ -12,10 +12,11 @@ from trainmem.analytic.engine import estimate_analytic
 from trainmem.breakdown import MemoryEstimate
 from trainmem.errors import SpecError, UnsupportedError
 from trainmem.schedule import StepSchedule
-from trainmem.specs.hardware import GPUSpec, get_gpu
+from trainmem.specs.hardware import GPUSpec, check_precision_on_gpu, get_gpu
 from trainmem.specs.hf import load_model_spec
 from trainmem.specs.model import ModelSpec
-from trainmem.specs.training import TrainingConfig
+from trainmem.specs.training import TrainingConfig, check_training_for_model
+from trainmem.units import TiB
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -268,6 +269,26 @@ def _reason(phase: str, label: str, module: str) -> str:
     return f"{where}: {label} allocated" + (f" in {module}" if module else "")
 
 
+def _validate_arguments(
+    model: object, training: object, engine: object, context: object, alloc_conf: object
+) -> None:
+    """Types and ranges of :func:`estimate`'s own arguments (the specs check their fields)."""
+    if not isinstance(model, str | ModelSpec):
+        raise SpecError("model", f"must be a preset name, a path or a ModelSpec, got {model!r:.80}")
+    if training is not None and not isinstance(training, TrainingConfig):
+        raise SpecError("training", f"must be a TrainingConfig or None, got {training!r:.80}")
+    if not isinstance(engine, str) or engine not in ENGINES:
+        raise SpecError("engine", f"unknown value {engine!r:.80}; allowed: {', '.join(ENGINES)}")
+    if context is not None and (
+        not isinstance(context, int) or isinstance(context, bool) or not 0 <= context <= TiB
+    ):
+        raise SpecError(
+            "cuda_context_bytes", f"must be an int in [0, 2^40] bytes, got {context!r:.80}"
+        )
+    if not isinstance(alloc_conf, str):
+        raise SpecError("alloc_conf", f"must be a string, got {alloc_conf!r:.80}")
+
+
 def estimate(
     model: str | ModelSpec,
     training: TrainingConfig | None = None,
@@ -301,9 +322,12 @@ def estimate(
         SpecError: bad model, settings, GPU or engine name (message names the field).
         UnsupportedError: a model family the engine does not model.
     """
+    _validate_arguments(model, training, engine, cuda_context_bytes, alloc_conf)
     if training is None:
         training = TrainingConfig(seq_len=default_seq_len_of(model))
     gpu_spec = resolve_gpu(gpu)
+    if gpu_spec is not None:
+        check_precision_on_gpu(training.precision, gpu_spec)
     if engine == "trace":
         from trainmem.trace.engine import estimate_trace
 
@@ -315,7 +339,9 @@ def estimate(
                 + " yet; use --engine analytic for this configuration"
             )
         try:  # the trace engine runs families the analytic engine does not model
-            target: str | ModelSpec = resolve_model(model)
+            spec = resolve_model(model)
+            check_training_for_model(spec, training)
+            target: str | ModelSpec = spec
         except UnsupportedError:
             target = model
         est = estimate_trace(target, training, gpu=gpu_spec)
@@ -328,7 +354,7 @@ def estimate(
         )
     if engine != "analytic":
         raise SpecError("engine", f"unknown value {engine!r}; allowed: {', '.join(ENGINES)}")
-    est = estimate_analytic(
-        resolve_model(model), training, gpu=gpu_spec, cuda_context_bytes=cuda_context_bytes
-    )
+    spec = resolve_model(model)
+    check_training_for_model(spec, training)
+    est = estimate_analytic(spec, training, gpu=gpu_spec, cuda_context_bytes=cuda_context_bytes)
     return finish(est, gpu=gpu_spec, alloc_conf=alloc_conf, simulate_allocator=simulate_allocator)

@@ -51,6 +51,7 @@ from trainmem.allocator.constants import (
 )
 from trainmem.allocator.stats import LARGE_POOL, SMALL_POOL, DeviceStats, decrease, increase
 from trainmem.errors import OutOfMemoryError as OutOfMemoryError
+from trainmem.errors import SpecError
 
 #: First invented segment address (looks like a CUDA device pointer, fits in int64).
 _BASE_ADDRESS = 0x7F0000000000
@@ -334,7 +335,11 @@ class CachingAllocatorSim:
         if not 0.0 < fraction <= 1.0:
             raise ValueError(f"fraction must be in (0, 1], got {fraction}")
         if fraction < 1.0 and self.device_total_bytes is None:
-            raise ValueError("a memory fraction needs capacity_bytes or device_total_bytes")
+            raise SpecError(  # a ValueError too
+                "alloc_conf",
+                "per_process_memory_fraction caps a fraction of the GPU's memory: name the GPU "
+                "(--gpu) so that there is a capacity to take the fraction of",
+            )
         self._memory_fraction = fraction if fraction < 1.0 else None
 
     def round_size(self, size: int) -> int:

@@ -162,7 +162,7 @@ def state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayout:
     key = replace(
         training,
         micro_batch_size=1,
-        seq_len=1,
+        seq_len=training.context_parallel_size,  # the shortest sequence TrainingConfig accepts
         gradient_accumulation_steps=1,
         activation_checkpointing="none",
         attention="sdpa",

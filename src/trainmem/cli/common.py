@@ -3,6 +3,8 @@ turns trainmem's own errors into one line on stderr with exit code 2, never a tr
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -20,16 +22,44 @@ console = _stdout_probe if _stdout_probe.is_terminal else Console(width=160)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+#: errno values of a write to stdout that cannot succeed (a full device, a closed pipe, a
+#: broken terminal); the command's result is lost, so the exit code must say so.
+_OUTPUT_ERRNOS = frozenset(
+    getattr(errno, name)
+    for name in ("ENOSPC", "EPIPE", "EIO", "EFBIG", "EDQUOT", "EBADF")
+    if hasattr(errno, name)
+)
+
+
 def clean_errors(func: F) -> F:
-    """Turn trainmem's own errors into one line on stderr and exit code 2."""
+    """Turn trainmem's own errors into one line on stderr and exit code 2; so too a failed
+    write of the result to stdout (``--json > /dev/full``), which must not pass for success."""
 
     @wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return func(*args, **kwargs)
+            result = func(*args, **kwargs)
+            sys.stdout.flush()
+            return result
         except (TrainmemError, ImportError) as exc:
             # plain print: one line whatever the terminal width (rich would wrap it)
             print(f"error: {exc}", file=sys.stderr)
             raise typer.Exit(2) from None
+        except OSError as exc:
+            if exc.errno not in _OUTPUT_ERRNOS:
+                raise
+            _drop_stdout()
+            print(f"error: output: cannot write the result: {exc.strerror}", file=sys.stderr)
+            raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null so that the interpreter's last flush at exit does not fail
+    again (the recipe of the Python docs for SIGPIPE)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real file behind stdout (tests)
+        pass

@@ -11,6 +11,7 @@ registration time.
 """
 
 import inspect
+import math
 import re
 from collections.abc import Callable
 from dataclasses import fields
@@ -19,8 +20,10 @@ from typing import Annotated, Any, TypeVar, get_type_hints
 
 import typer
 
-from trainmem.errors import SpecError
-from trainmem.estimate import ENGINES, default_seq_len_of
+from trainmem.errors import SpecError, UnsupportedError
+from trainmem.estimate import ENGINES, default_seq_len_of, resolve_model
+from trainmem.planner.sweep import STRICT_INT, parse_strict_int
+from trainmem.specs.hardware import check_precision_on_gpu, get_gpu
 from trainmem.specs.training import (
     ACTIVATION_CHECKPOINTING,
     ATTENTIONS,
@@ -33,6 +36,7 @@ from trainmem.specs.training import (
     PRECISIONS,
     QUANTIZE_BASE,
     TrainingConfig,
+    check_training_for_model,
     fsdp_settings,
 )
 
@@ -69,17 +73,49 @@ def _o(*decls: str, help: str) -> Any:  # noqa: A002 - typer's own keyword
     return typer.Option(*decls, help=help)
 
 
+def strict_int(text: Any) -> Any:
+    """A command-line integer: base-10 digits only (``1_000``, ``2.0``, ``1e12`` are refused,
+    as is a number of more than 30 digits). Anything else is handed on as text, truncated, for
+    :class:`TrainingConfig` to refuse in one line that names the field."""
+    if not isinstance(text, str):  # typer passes the (int) default through the parser too
+        return text
+    return parse_strict_int(text) if STRICT_INT.fullmatch(text.strip()) else _clip(text)
+
+
+def strict_float(text: Any) -> Any:
+    """A command-line number: a plain decimal (``0.05``, ``5e-2``); ``nan``, ``inf`` and
+    ``1_0`` are handed on as text, as :func:`strict_int` does."""
+    if not isinstance(text, str):
+        return text
+    return float(text) if _FLOAT.fullmatch(text.strip()) else _clip(text)
+
+
+_FLOAT = re.compile(r"[+-]?([0-9]{1,30}(\.[0-9]{0,30})?|\.[0-9]{1,30})([eE][+-]?[0-9]{1,3})?")
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _oi(*decls: str, help: str) -> Any:  # noqa: A002 - typer's own keyword
+    return typer.Option(*decls, help=help, parser=strict_int, metavar="INTEGER")
+
+
+def _of(*decls: str, help: str) -> Any:  # noqa: A002 - typer's own keyword
+    return typer.Option(*decls, help=help, parser=strict_float, metavar="FLOAT")
+
+
 TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
     _p(
         "micro_batch_size",
-        Annotated[int, _o("--micro-batch-size", "-b", help="Sequences per GPU per step.")],
+        Annotated[int, _oi("--micro-batch-size", "-b", help="Sequences per GPU per step.")],
         1,
     ),
     _p(
         "seq_len",
         Annotated[
             int | None,
-            _o("--seq-len", "-s", help="Tokens per sequence [default: model context, max 4096]."),
+            _oi("--seq-len", "-s", help="Tokens per sequence [default: model context, max 4096]."),
         ],
         None,
     ),
@@ -133,7 +169,7 @@ TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
     _p(
         "gradient_accumulation_steps",
         Annotated[
-            int, _o("--gradient-accumulation-steps", help="Micro-batches per optimizer step.")
+            int, _oi("--gradient-accumulation-steps", help="Micro-batches per optimizer step.")
         ],
         1,
     ),
@@ -144,10 +180,12 @@ TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
     ),
     _p(
         "data_parallel_size",
-        Annotated[int, _o("--data-parallel-size", help="Ranks the model states are sharded over.")],
+        Annotated[
+            int, _oi("--data-parallel-size", help="Ranks the model states are sharded over.")
+        ],
         1,
     ),
-    _p("zero_stage", Annotated[int, _o("--zero-stage", help="ZeRO stage 0|1|2|3.")], 0),
+    _p("zero_stage", Annotated[int, _oi("--zero-stage", help="ZeRO stage 0|1|2|3.")], 0),
     _p(
         "fsdp",
         Annotated[
@@ -174,11 +212,13 @@ TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
     ),
     _p("offload", Annotated[str, _o("--offload", help=_choices(OFFLOADS))], "none"),
     _p(
-        "lora_rank", Annotated[int, _o("--lora-rank", help="LoRA rank r (0: full fine-tuning).")], 0
+        "lora_rank",
+        Annotated[int, _oi("--lora-rank", help="LoRA rank r (0: full fine-tuning).")],
+        0,
     ),
     _p(
         "lora_alpha",
-        Annotated[float, _o("--lora-alpha", help="LoRA scaling (no effect on memory).")],
+        Annotated[float, _of("--lora-alpha", help="LoRA scaling (no effect on memory).")],
         16.0,
     ),
     _p(
@@ -188,7 +228,7 @@ TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
         ],
         "q,v",
     ),
-    _p("lora_dropout", Annotated[float, _o("--lora-dropout", help="peft lora_dropout.")], 0.0),
+    _p("lora_dropout", Annotated[float, _of("--lora-dropout", help="peft lora_dropout.")], 0.0),
     _p(
         "quantize_base",
         Annotated[str, _o("--quantize-base", help=_choices(QUANTIZE_BASE) + " (QLoRA and kin)")],
@@ -196,7 +236,7 @@ TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
     ),
     _p(
         "tensor_parallel_size",
-        Annotated[int, _o("--tensor-parallel-size", help="Megatron tensor parallelism t.")],
+        Annotated[int, _oi("--tensor-parallel-size", help="Megatron tensor parallelism t.")],
         1,
     ),
     _p(
@@ -208,7 +248,7 @@ TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
     ),
     _p(
         "pipeline_parallel_size",
-        Annotated[int, _o("--pipeline-parallel-size", help="Pipeline stages p.")],
+        Annotated[int, _oi("--pipeline-parallel-size", help="Pipeline stages p.")],
         1,
     ),
     _p(
@@ -218,7 +258,7 @@ TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
     ),
     _p(
         "context_parallel_size",
-        Annotated[int, _o("--context-parallel-size", help="Sequence split over this many ranks.")],
+        Annotated[int, _oi("--context-parallel-size", help="Sequence split over this many ranks.")],
         1,
     ),
     _p(
@@ -231,7 +271,7 @@ TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
     _p(
         "chunked_cross_entropy",
         Annotated[
-            int, _o("--chunked-cross-entropy", help="Loss in N chunks of tokens (0: whole).")
+            int, _oi("--chunked-cross-entropy", help="Loss in N chunks of tokens (0: whole).")
         ],
         0,
     ),
@@ -325,14 +365,22 @@ def with_config_files(
     return out
 
 
-def training_from_options(model: str, values: dict[str, Any]) -> TrainingConfig:
+def training_from_options(
+    model: str, values: dict[str, Any], gpu: str | None = None
+) -> TrainingConfig:
     """A validated TrainingConfig from the values of :data:`TRAINING_OPTIONS` (missing ones take
-    their defaults); ``seq_len`` defaults to the model's context length (at most 4096).
+    their defaults); ``seq_len`` defaults to the model's context length (at most 4096). The
+    settings are also checked against the model
+    (:func:`~trainmem.specs.training.check_training_for_model`) and the GPU, when named
+    (:func:`~trainmem.specs.hardware.check_precision_on_gpu`).
 
     Raises:
         SpecError: a bad value (the message names the field and the allowed values).
     """
     given = {p.name: values.get(p.name, p.default) for p in TRAINING_OPTIONS}
+    alpha = given["lora_alpha"]
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not math.isfinite(alpha):
+        raise SpecError("lora_alpha", f"must be a finite number, got {alpha!r}")
     settings = {k: v for k, v in given.items() if k not in _NOT_FIELDS}
     for key, value in fsdp_settings(given["zero_stage"], given["fsdp"]).items():
         if key == "zero_stage" or settings.get(key) is None:
@@ -351,7 +399,16 @@ def training_from_options(model: str, values: dict[str, Any]) -> TrainingConfig:
     settings = with_config_files(settings, given["deepspeed_config"], given["accelerate_config"])
     if settings["seq_len"] is None:
         settings["seq_len"] = default_seq_len_of(model)
-    return TrainingConfig(**settings)
+    training = TrainingConfig(**settings)
+    try:
+        spec = resolve_model(model)
+    except UnsupportedError:  # a family only the trace engine runs: no shape to check against
+        spec = None
+    if spec is not None:
+        check_training_for_model(spec, training)
+    if gpu is not None:
+        check_precision_on_gpu(training.precision, get_gpu(gpu))
+    return training
 
 
 def with_training_options(*, set_option: bool = True) -> Callable[[F], F]:
@@ -374,7 +431,8 @@ def with_training_options(*, set_option: bool = True) -> Callable[[F], F]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             values = {p.name: kwargs.pop(p.name) for p in options if p.name in kwargs}
             model = kwargs["model"] if "model" in kwargs else args[0]
-            return func(*args, training=training_from_options(model, values), **kwargs)
+            training = training_from_options(model, values, kwargs.get("gpu"))
+            return func(*args, training=training, **kwargs)
 
         params = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in own]
         wrapper.__signature__ = signature.replace(parameters=[*params, *options])  # type: ignore[attr-defined]

@@ -179,6 +179,8 @@ def _full(_m: ModelSpec, t: TrainingConfig, _g: GPUSpec) -> list[TrainingConfig]
 def _accumulate(_m: ModelSpec, t: TrainingConfig, _g: GPUSpec) -> list[TrainingConfig]:
     # Keep the global batch exactly: b' divides b and the accumulation grows by b / b'.
     b, gas = t.micro_batch_size, t.gradient_accumulation_steps
+    if t.optimizer_in_backward:  # no gradient is kept to accumulate into (TrainingConfig)
+        return []
     return [
         replace(t, micro_batch_size=d, gradient_accumulation_steps=gas * (b // d))
         for d in range(b - 1, 0, -1)

@@ -12,6 +12,7 @@ All sizes are bytes (``int``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -335,7 +336,8 @@ def max_seq_len(
         spec,
         training,
         gpu_spec,
-        step=multiple_of,
+        # every context-parallel rank holds seq_len / context_parallel_size tokens
+        step=math.lcm(multiple_of, training.context_parallel_size),
         max_value=spec.max_position_embeddings,
         cap_reason="context_length",
         cuda_context_bytes=cuda_context_bytes,

@@ -10,6 +10,7 @@ All sizes are bytes (``int``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields, replace
 from itertools import product
@@ -79,6 +80,16 @@ def field_name(key: str) -> str:
     return name
 
 
+STRICT_INT = re.compile(r"[+-]?[0-9]{1,30}")
+"""An integer as text: base-10 digits only, at most 30 of them (``int()`` would also take
+``1_000`` and thousands of digits)."""
+
+
+def parse_strict_int(text: str) -> int:
+    """``int(text)`` for text that matches :data:`STRICT_INT`."""
+    return int(text.strip())
+
+
 def parse_value(name: str, text: str) -> Any:
     """One value of field ``name`` from text, typed like the field's default.
 
@@ -104,15 +115,17 @@ def parse_value(name: str, text: str) -> Any:
             return False
         raise SpecError(name, f"must be true or false, got {raw!r}")
     if isinstance(default, int):
-        try:
-            return int(raw)
-        except ValueError:
-            raise SpecError(name, f"must be an integer, got {raw!r}") from None
+        if not STRICT_INT.fullmatch(raw):
+            raise SpecError(name, f"must be an integer, got {raw[:40]!r}")
+        return parse_strict_int(raw)
     if isinstance(default, float):
         try:
-            return float(raw)
+            value = float(raw)
         except ValueError:
-            raise SpecError(name, f"must be a number, got {raw!r}") from None
+            raise SpecError(name, f"must be a number, got {raw[:40]!r}") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise SpecError(name, f"must be a finite number, got {raw[:40]!r}")
+        return value
     if isinstance(default, tuple):
         return tuple(p for p in raw.split("+") if p)
     return raw

@@ -86,7 +86,12 @@ _PHASE_COLORS: dict[str, str] = {
 }
 _FORMATS = (".png", ".svg")
 # SVG text stays text (searchable, selectable); a fixed hash salt gives stable element ids.
-_RC: dict[str, Any] = {"svg.fonttype": "none", "svg.hashsalt": "trainmem"}
+_RC: dict[str, Any] = {
+    "svg.fonttype": "none",
+    "svg.hashsalt": "trainmem",
+    # every text is literal: a model path or label with "$...$" is not TeX math
+    "text.parse_math": False,
+}
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,11 +15,12 @@ config_args.py: ``distributed_type``, ``mixed_precision``, ``num_processes``, ``
 
 from __future__ import annotations
 
-import json
+import math
 from pathlib import Path
 from typing import Any
 
 from trainmem.errors import SpecError
+from trainmem.specs.files import parse_json, read_text_file, resolve_path
 from trainmem.specs.training import fsdp_settings
 
 _FSDP_STRATEGIES = {
@@ -39,25 +40,101 @@ _FSDP_STRATEGIES = {
 node."""
 
 
-def _load(path: str, kind: str, field: str) -> dict[str, Any]:
-    try:
-        text = Path(path).expanduser().read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError(field, f"cannot read {path}: {exc.strerror or exc}") from exc
-    try:
-        if kind == "json":
-            data = json.loads(text)
-        else:
-            import yaml  # type: ignore[import-untyped]
+MAX_YAML_NODES = 10_000
+"""Most YAML nodes a config may expand to once aliases are followed. An accelerate config has a
+few dozen; a "billion laughs" file (aliases of aliases) expands to billions from a few lines and
+would exhaust memory as soon as anything walked it."""
 
-            data = yaml.safe_load(text)
-    except (json.JSONDecodeError, ValueError) as exc:
-        raise SpecError(field, f"{path} is not valid {kind.upper()}: {exc}") from exc
-    except Exception as exc:  # yaml.YAMLError and kin: one clear line
-        raise SpecError(field, f"{path} is not valid {kind.upper()}: {exc}") from exc
+
+def _expanded_nodes(node: Any, sizes: dict[int, int], open_: set[int]) -> int:
+    """Nodes ``node`` stands for with every alias expanded (memoised on the shared nodes)."""
+    import yaml  # type: ignore[import-untyped]
+
+    key = id(node)
+    if key in sizes:
+        return sizes[key]
+    if key in open_:
+        raise yaml.YAMLError("a recursive alias (a node that contains itself)")
+    open_.add(key)
+    n = 1
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            n += _expanded_nodes(k, sizes, open_) + _expanded_nodes(v, sizes, open_)
+            if n > MAX_YAML_NODES:
+                break
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            n += _expanded_nodes(item, sizes, open_)
+            if n > MAX_YAML_NODES:
+                break
+    open_.discard(key)
+    if n > MAX_YAML_NODES:
+        raise yaml.YAMLError(
+            f"expands to more than {MAX_YAML_NODES:,} nodes through its aliases (&anchor / "
+            "*alias); write the values out"
+        )
+    sizes[key] = n
+    return n
+
+
+def _safe_yaml(text: str) -> Any:
+    """``yaml.safe_load`` (plain data, no Python tags) that refuses alias expansion beyond
+    :data:`MAX_YAML_NODES`."""
+    import yaml
+
+    class BoundedLoader(yaml.SafeLoader):  # type: ignore[misc]
+        def get_single_node(self) -> Any:
+            node = super().get_single_node()
+            if node is not None:
+                _expanded_nodes(node, {}, set())
+            return node
+
+    return yaml.load(text, Loader=BoundedLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def _load(path: str, kind: str, field: str) -> dict[str, Any]:
+    file = resolve_path(path, field)
+    text = read_text_file(file, field)
+    name = str(file)[:200]
+    if kind == "json":
+        data = parse_json(text, name, field)
+    else:
+        try:
+            data = _safe_yaml(text)
+        except RecursionError as exc:
+            raise SpecError(field, f"{name} is nested too deeply to be a config") from exc
+        except Exception as exc:  # yaml.YAMLError and kin: one clear line
+            reason = " ".join(str(exc).split())[:200]
+            raise SpecError(field, f"{name} is not valid YAML: {reason}") from exc
     if not isinstance(data, dict):
-        raise SpecError(field, f"{path} must hold a mapping at the top level")
+        raise SpecError(field, f"{name} must hold a mapping at the top level")
     return data
+
+
+def _section(cfg: dict[str, Any], key: str, field: str) -> dict[str, Any]:
+    """A nested mapping (``{}`` when absent or null)."""
+    value = cfg.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SpecError(field, f"{key} must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def _value(cfg: dict[str, Any], key: str, field: str, kind: type, what: str) -> Any:
+    """A scalar of type ``kind`` (None when absent, null or ``"auto"``)."""
+    value = cfg.get(key)
+    if value is None or value == "auto":
+        return None
+    if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
+        shown = repr(value) if isinstance(value, str | int | float) else type(value).__name__
+        raise SpecError(field, f"{key} must be {what}, got {shown[:80]}")
+    return value
+
+
+def _device(cfg: dict[str, Any], key: str, field: str) -> str:
+    device = _value(_section(cfg, key, field), "device", field, str, "cpu, nvme or none")
+    return "none" if device is None else device
 
 
 def _set(out: dict[str, Any], key: str, value: Any) -> None:
@@ -74,28 +151,48 @@ def _precision(bf16: bool, fp16: bool) -> str | None:
 
 
 def deepspeed_settings(ds: dict[str, Any]) -> dict[str, Any]:
-    """TrainingConfig field values from a parsed DeepSpeed config (see module docstring)."""
+    """TrainingConfig field values from a parsed DeepSpeed config (see module docstring).
+
+    Raises:
+        SpecError: a section that is not a mapping, or a value of the wrong type.
+    """
+    f = "deepspeed_config"
     out: dict[str, Any] = {"framework": "deepspeed"}
-    _set(out, "micro_batch_size", ds.get("train_micro_batch_size_per_gpu"))
-    _set(out, "gradient_accumulation_steps", ds.get("gradient_accumulation_steps"))
-    bf16 = bool((ds.get("bf16") or ds.get("bfloat16") or {}).get("enabled") is True)
-    fp16 = bool((ds.get("fp16") or {}).get("enabled") is True)
+    integer = 'an integer or "auto"'
+    _set(out, "micro_batch_size", _value(ds, "train_micro_batch_size_per_gpu", f, int, integer))
+    _set(
+        out,
+        "gradient_accumulation_steps",
+        _value(ds, "gradient_accumulation_steps", f, int, integer),
+    )
+    flag = 'true, false or "auto"'
+    bf16_key = "bf16" if ds.get("bf16") is not None else "bfloat16"
+    bf16 = _value(_section(ds, bf16_key, f), "enabled", f, bool, flag) is True
+    fp16 = _value(_section(ds, "fp16", f), "enabled", f, bool, flag) is True
     _set(out, "precision", _precision(bf16, fp16))
-    zero = ds.get("zero_optimization") or {}
-    _set(out, "zero_stage", zero.get("stage"))
+    zero = _section(ds, "zero_optimization", f)
+    _set(out, "zero_stage", _value(zero, "stage", f, int, "0, 1, 2 or 3"))
     for key in ("reduce_bucket_size", "stage3_prefetch_bucket_size"):
         bucket = zero.get(key)
-        if bucket == "auto" or isinstance(bucket, (int, float)):
-            out[key] = bucket if bucket == "auto" else int(bucket)
-    if isinstance(zero.get("overlap_comm"), bool):
-        out["overlap_comm"] = zero["overlap_comm"]
-    opt_dev = (zero.get("offload_optimizer") or {}).get("device", "none")
-    param_dev = (zero.get("offload_param") or {}).get("device", "none")
+        if bucket is None or bucket == "auto":
+            if bucket == "auto":
+                out[key] = bucket
+            continue
+        if isinstance(bucket, bool) or not isinstance(bucket, int | float):
+            raise SpecError(f, f'{key} must be a number of elements or "auto", got {bucket!r:.80}')
+        if not math.isfinite(bucket) or not 0 <= bucket <= 2**62:
+            raise SpecError(f, f"{key} must be a non-negative number of elements, got {bucket!r}")
+        out[key] = int(bucket)
+    overlap = _value(zero, "overlap_comm", f, bool, flag)
+    if overlap is not None:
+        out["overlap_comm"] = overlap
+    opt_dev = _device(zero, "offload_optimizer", f)
+    param_dev = _device(zero, "offload_param", f)
     if param_dev in ("cpu", "nvme"):
         out["offload"] = "optimizer+params"
     elif opt_dev in ("cpu", "nvme"):
         out["offload"] = "optimizer"
-    if (ds.get("activation_checkpointing") or {}).get("partition_activations"):
+    if _value(_section(ds, "activation_checkpointing", f), "partition_activations", f, bool, flag):
         out["activation_checkpointing"] = "full"
     return out
 
@@ -109,6 +206,16 @@ def read_deepspeed_config(path: str) -> dict[str, Any]:
     return deepspeed_settings(_load(path, "json", "deepspeed_config"))
 
 
+def _scalar_text(cfg: dict[str, Any], key: str, field: str, default: str) -> str:
+    """A scalar setting as text (accelerate writes ``true`` or ``"true"``, ``2`` or ``"2"``)."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, str | int | float | bool):
+        raise SpecError(field, f"{key} must be a single value, got {type(value).__name__}")
+    return str(value)
+
+
 def read_accelerate_config(path: str) -> dict[str, Any]:
     """TrainingConfig field values from an accelerate config YAML (or JSON).
 
@@ -118,17 +225,18 @@ def read_accelerate_config(path: str) -> dict[str, Any]:
     kind = "json" if path.endswith(".json") else "yaml"
     cfg = _load(path, kind, "accelerate_config")
     out: dict[str, Any] = {}
-    mp = str(cfg.get("mixed_precision", "no")).lower()
+    f = "accelerate_config"
+    mp = _scalar_text(cfg, "mixed_precision", f, "no").lower()  # YAML reads a bare no as false
     _set(out, "precision", _precision(mp == "bf16", mp == "fp16"))
     if mp == "fp8":
         raise SpecError("accelerate_config", "mixed_precision fp8 is not modelled yet")
-    n = cfg.get("num_processes")
-    if isinstance(n, int) and n > 0:
+    n = _value(cfg, "num_processes", f, int, "a positive integer")
+    if n is not None and n > 0:
         out["data_parallel_size"] = n
-    kind_ = str(cfg.get("distributed_type", "NO")).upper()
+    kind_ = _scalar_text(cfg, "distributed_type", f, "NO").upper()
     if kind_ == "FSDP":
-        fsdp = cfg.get("fsdp_config") or {}
-        strategy = str(fsdp.get("fsdp_sharding_strategy", "FULL_SHARD")).upper()
+        fsdp = _section(cfg, "fsdp_config", f)
+        strategy = _scalar_text(fsdp, "fsdp_sharding_strategy", f, "FULL_SHARD").upper()
         if strategy not in _FSDP_STRATEGIES:
             raise SpecError(
                 "accelerate_config",
@@ -139,20 +247,20 @@ def read_accelerate_config(path: str) -> dict[str, Any]:
         out.update(fsdp_settings(0, name.replace("-zero2", "")))
         if name == "hybrid-shard-zero2":
             out["reshard_after_forward"] = False
-        machines = cfg.get("num_machines")
-        if name.startswith("hybrid") and isinstance(n, int) and isinstance(machines, int):
+        machines = _value(cfg, "num_machines", f, int, "a positive integer")
+        if name.startswith("hybrid") and n is not None and machines is not None:
             out["shard_group_size"] = max(n // max(machines, 1), 1)  # GPUs of one node
         # FSDP (v1) through accelerate: MixedPrecision(param_dtype=bf16); FSDP2 below
         out["framework"] = "accelerate-fsdp"
-        if str(fsdp.get("fsdp_offload_params", False)).lower() == "true":
+        if _scalar_text(fsdp, "fsdp_offload_params", f, "false").lower() == "true":
             out["offload"] = "optimizer+params" if out["zero_stage"] == 3 else "optimizer"
-        if str(fsdp.get("fsdp_activation_checkpointing", False)).lower() == "true":
+        if _scalar_text(fsdp, "fsdp_activation_checkpointing", f, "false").lower() == "true":
             out["activation_checkpointing"] = "full"
-        if str(fsdp.get("fsdp_version", 1)) == "2":
+        if _scalar_text(fsdp, "fsdp_version", f, "1") == "2":
             out["framework"] = "fsdp2"
     elif kind_ == "DEEPSPEED":
-        ds = cfg.get("deepspeed_config") or {}
-        file = ds.get("deepspeed_config_file")
+        ds = _section(cfg, "deepspeed_config", f)
+        file = _value(ds, "deepspeed_config_file", f, str, "a path")
         if file:
             base = Path(path).expanduser().parent
             nested = file if Path(file).is_absolute() else str(base / file)
@@ -165,10 +273,16 @@ def read_accelerate_config(path: str) -> dict[str, Any]:
             )
         else:
             out["framework"] = "deepspeed"
-            _set(out, "zero_stage", ds.get("zero_stage"))
-            _set(out, "gradient_accumulation_steps", ds.get("gradient_accumulation_steps"))
-            if ds.get("offload_param_device") in ("cpu", "nvme"):
+            integer = 'an integer or "auto"'
+            _set(out, "zero_stage", _value(ds, "zero_stage", f, int, "0, 1, 2 or 3"))
+            _set(
+                out,
+                "gradient_accumulation_steps",
+                _value(ds, "gradient_accumulation_steps", f, int, integer),
+            )
+            devices = "cpu, nvme or none"
+            if _value(ds, "offload_param_device", f, str, devices) in ("cpu", "nvme"):
                 out["offload"] = "optimizer+params"
-            elif ds.get("offload_optimizer_device") in ("cpu", "nvme"):
+            elif _value(ds, "offload_optimizer_device", f, str, devices) in ("cpu", "nvme"):
                 out["offload"] = "optimizer"
     return out

@@ -146,21 +146,21 @@ GPUS: dict[str, GPUSpec] = {
     )
 }
 
-_ALIASES = {
-    "h100": "H100-80GB",
-    "a100": "A100-80GB",
-    "v100": "V100-16GB",
-    "4090": "RTX-4090",
-    "3090": "RTX-3090",
-}
+_ALIASES = {"4090": "RTX-4090", "3090": "RTX-3090", "a6000": "RTX-A6000"}
+"""Short names that name one catalog entry. ``A100``, ``H100`` and ``V100`` are not aliases:
+each names two boards of different capacity, so they are refused with the choices."""
 
 
 def get_gpu(name: str) -> GPUSpec:
-    """Look a GPU up by catalog name, case-insensitively (``"a100-80gb"``, ``"H100"``).
+    """Look a GPU up by catalog name, case-insensitively (``"a100-80gb"``, ``"h100-80gb"``), or
+    by a prefix that names one entry (``"b200"``, ``"mi300"``).
 
     Raises:
-        SpecError: unknown GPU; the message lists close names and the catalog.
+        SpecError: not a string, an unknown GPU (the message lists close names and the
+            catalog), or a name several entries share (``"A100"``: the message lists them).
     """
+    if not isinstance(name, str) or not name.strip():
+        raise SpecError("gpu", f"must be a GPU name (see `trainmem gpus`), got {name!r:.80}")
     folded = {k.lower(): k for k in GPUS}
     key = name.strip().lower().replace(" ", "-").replace("_", "-")
     key = key.removeprefix("nvidia-").removeprefix("tesla-").removeprefix("geforce-")
@@ -168,6 +168,41 @@ def get_gpu(name: str) -> GPUSpec:
         return GPUS[folded[key]]
     if key in _ALIASES:
         return GPUS[_ALIASES[key]]
-    close = difflib.get_close_matches(key, list(folded), n=3, cutoff=0.5)
+    matches = [
+        k
+        for k in folded
+        if len(key) >= 3 and (k.startswith(key) or k.removeprefix("rtx-").startswith(key))
+    ]
+    if len(matches) == 1:
+        return GPUS[folded[matches[0]]]
+    if len(matches) > 1:
+        choices = ", ".join(folded[m] for m in matches)
+        raise SpecError("gpu", f"{name!r:.80} is ambiguous: it could be {choices}; name one")
+    close = difflib.get_close_matches(key[:100], list(folded), n=3, cutoff=0.5)
     hint = f" Did you mean: {', '.join(folded[c] for c in close)}?" if close else ""
-    raise SpecError("gpu", f"unknown GPU {name!r}.{hint} Known: {', '.join(GPUS)}")
+    raise SpecError("gpu", f"unknown GPU {name!r:.80}.{hint} Known: {', '.join(GPUS)}")
+
+
+def supports_fp8(gpu: GPUSpec) -> bool:
+    """Whether the GPU has float8 tensor cores, which ``fp8-mixed`` (torchao float8 training)
+    needs: NVIDIA compute capability 8.9 or later (Ada, Hopper, Blackwell; torchao refuses
+    older devices), AMD CDNA3 (gfx942, gfx950)."""
+    if gpu.vendor == "amd":
+        return gpu.compute_capability in ("gfx942", "gfx950")
+    major, _, minor = gpu.compute_capability.partition(".")
+    return (int(major), int(minor or 0)) >= (8, 9)
+
+
+def check_precision_on_gpu(precision: str, gpu: GPUSpec) -> None:
+    """Refuse a precision the GPU cannot run.
+
+    Raises:
+        SpecError: ``fp8-mixed`` on a GPU without float8 tensor cores (V100, T4, A100, ...).
+    """
+    if precision == "fp8-mixed" and not supports_fp8(gpu):
+        able = ", ".join(g.name for g in GPUS.values() if supports_fp8(g))
+        raise SpecError(
+            "precision",
+            f"fp8-mixed needs float8 tensor cores, which {gpu.name} (compute capability "
+            f"{gpu.compute_capability}) does not have; use bf16-mixed, or one of: {able}",
+        )

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from trainmem.errors import SpecError, UnsupportedError
-from trainmem.specs.model import HeadKind, ModelSpec
+from trainmem.specs.files import parse_json, path_kind, read_text_file, resolve_path
+from trainmem.specs.model import MAX_COUNT, HeadKind, ModelSpec, describe_int
 
 __all__ = [
     "PRESETS_DIR",
@@ -70,28 +71,80 @@ def list_presets() -> list[str]:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError("model", f"cannot read {path}: {exc.strerror or exc}") from exc
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SpecError(
-            "model",
-            f"{path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
-            "expected a Hugging Face config.json",
-        ) from exc
+    data = parse_json(read_text_file(path, "model"), str(path)[:200], "model")
     if not isinstance(data, dict):
         raise SpecError(
             "model",
-            f"{path} holds a JSON {type(data).__name__}, expected an object "
+            f"{str(path)[:200]} holds a JSON {type(data).__name__}, expected an object "
             "(a Hugging Face config.json)",
         )
     return data
 
 
+def _short(value: object) -> str:
+    """A config value for an error message, at most about 80 characters."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return describe_int(value)
+    text = (
+        repr(value) if isinstance(value, str | float | bool | None) else f"a {type(value).__name__}"
+    )
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+HUB_PROBE_SECONDS = 1.5
+"""How long to wait for the Hub's address and a TCP connection before calling it offline."""
+
+
+def _hub_unreachable(endpoint: str) -> str | None:
+    """None if a TCP connection to the Hub's host opens within :data:`HUB_PROBE_SECONDS`, else
+    why not. ``huggingface_hub`` itself retries a dead network for about 25 s; this answers in
+    under 2. Name resolution runs in a daemon thread because ``getaddrinfo`` has no timeout."""
+    import socket
+    import threading
+    import time
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(endpoint)
+    host = parts.hostname or "huggingface.co"
+    port = parts.port or (80 if parts.scheme == "http" else 443)
+    found: list[Any] = []
+
+    def resolve() -> None:
+        try:
+            found.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except OSError as exc:
+            found.append(exc)
+
+    start = time.monotonic()
+    thread = threading.Thread(target=resolve, daemon=True)
+    thread.start()
+    thread.join(HUB_PROBE_SECONDS)
+    if not found:
+        return f"no answer resolving {host} within {HUB_PROBE_SECONDS} s"
+    if isinstance(found[0], OSError):
+        return f"cannot resolve {host}: {found[0]}"
+    family, kind, proto, _, address = found[0][0]
+    left = max(HUB_PROBE_SECONDS - (time.monotonic() - start), 0.1)
+    try:
+        with socket.socket(family, kind, proto) as sock:
+            sock.settimeout(left)
+            sock.connect(address)
+    except OSError as exc:
+        return f"cannot connect to {host}:{port}: {exc.strerror or exc}"
+    return None
+
+
 def _from_hub(repo_id: str) -> dict[str, Any]:
+    import os
+
+    how = (
+        "download its config.json (e.g. on a machine with network access) and pass the path, "
+        "or use a preset (`trainmem models`)"
+    )
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        raise SpecError(
+            "model", f"{repo_id!r} is not a preset or a local path and HF_HUB_OFFLINE is set; {how}"
+        )
     try:
         from huggingface_hub import hf_hub_download  # type: ignore[import-not-found,unused-ignore]
     except ImportError as exc:
@@ -101,8 +154,15 @@ def _from_hub(repo_id: str) -> dict[str, Any]:
             "Hub install the hub extra (pip install 'trainmem[hub]'), or download its "
             "config.json and pass the path. List presets with `trainmem models`.",
         ) from exc
+    reason = _hub_unreachable(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    if reason is not None:
+        raise SpecError(
+            "model",
+            f"{repo_id!r} is not a preset or a local path and the Hugging Face Hub is "
+            f"unreachable ({reason}); {how}",
+        )
     try:
-        path = hf_hub_download(repo_id=repo_id, filename="config.json")
+        path = hf_hub_download(repo_id=repo_id, filename="config.json", etag_timeout=5)
     except Exception as exc:  # any hub failure (network, 404, auth) becomes one clear line
         raise SpecError(
             "model",
@@ -130,31 +190,37 @@ def load_hf_config(name_or_path: str) -> dict[str, Any]:
         SpecError: unknown preset (with close names), unreadable or non-JSON file, folder
             without ``config.json``, or a hub id that cannot be fetched.
     """
+    if not isinstance(name_or_path, str) or not name_or_path.strip():
+        raise SpecError(
+            "model",
+            f"must be a preset name, a config.json path or a hub id, got {_short(name_or_path)}",
+        )
     index = preset_index()
     by_hub_id = {str(e["hub_id"]).lower(): name for name, e in index.items() if e["hub_id"]}
     preset = name_or_path if name_or_path in index else by_hub_id.get(name_or_path.lower())
     if preset is not None:
         return _read_json(PRESETS_DIR / str(index[preset]["file"]))
 
-    path = Path(name_or_path).expanduser()
-    if path.is_dir():
+    path = resolve_path(name_or_path, "model")
+    kind = path_kind(path)
+    if kind == "dir":
         config_file = path / "config.json"
-        if not config_file.is_file():
-            raise SpecError("model", f"folder {path} has no config.json")
+        if path_kind(config_file) is None:
+            raise SpecError("model", f"folder {str(path)[:200]} has no config.json")
         return _read_json(config_file)
-    if path.is_file():
+    if kind == "file":
         return _read_json(path)
 
     looks_like_path = name_or_path.endswith(".json") or name_or_path.startswith((".", "/", "~"))
     if not looks_like_path and name_or_path.count("/") == 1:
         return _from_hub(name_or_path)
 
-    close = difflib.get_close_matches(name_or_path.lower(), list(index), n=3, cutoff=0.5)
+    close = difflib.get_close_matches(name_or_path[:100].lower(), list(index), n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}? " if close else ""
     what = "file or folder not found" if looks_like_path else "unknown model preset"
     raise SpecError(
         "model",
-        f"{what} {name_or_path!r}; {hint}list presets with `trainmem models`, "
+        f"{what} {_short(name_or_path)}; {hint}list presets with `trainmem models`, "
         "or pass the path to a Hugging Face config.json",
     )
 
@@ -196,7 +262,11 @@ class _Fields:
                 raise self._missing(key)
             return default
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise SpecError(key, f"must be a positive integer, got {value!r}")
+            raise SpecError(key, f"must be a positive integer, got {_short(value)}")
+        if value > MAX_COUNT:
+            raise SpecError(
+                key, f"must be at most {MAX_COUNT:,} (2^31 - 1), got {describe_int(value)}"
+            )
         return value
 
     def first_int(self, keys: tuple[str, ...], default: int | None = None) -> int:
@@ -214,7 +284,7 @@ class _Fields:
         if value is None:
             return default
         if not isinstance(value, bool):
-            raise SpecError(key, f"must be true or false, got {value!r}")
+            raise SpecError(key, f"must be true or false, got {_short(value)}")
         return value
 
     def prob(self, key: str, default: float = 0.0) -> float:
@@ -223,7 +293,7 @@ class _Fields:
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
-            raise SpecError(key, f"must be a probability in [0, 1], got {value!r}")
+            raise SpecError(key, f"must be a probability in [0, 1], got {_short(value)}")
         return float(value)
 
     def fraction(self, key: str, default: float) -> float:
@@ -232,7 +302,7 @@ class _Fields:
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
-            raise SpecError(key, f"must be in (0, 1], got {value!r}")
+            raise SpecError(key, f"must be in (0, 1], got {_short(value)}")
         return float(value)
 
     def string(self, key: str, default: str) -> str:
@@ -241,7 +311,7 @@ class _Fields:
         if value is None:
             return default
         if not isinstance(value, str):
-            raise SpecError(key, f"must be a string, got {value!r}")
+            raise SpecError(key, f"must be a string, got {_short(value)}")
         return value
 
     def head_dim(self, hidden: int, heads: int, heads_key: str, hidden_key: str) -> int:
@@ -288,7 +358,7 @@ def _head(fields: _Fields, default: HeadKind) -> tuple[HeadKind, int]:
     if architectures:
         if not isinstance(architectures, list) or not isinstance(architectures[0], str):
             raise SpecError(
-                "architectures", f"must be a list of class names, got {architectures!r}"
+                "architectures", f"must be a list of class names, got {_short(architectures)}"
             )
         arch = architectures[0]
         for suffix, kind in _HEAD_SUFFIXES:
@@ -301,8 +371,8 @@ def _head(fields: _Fields, default: HeadKind) -> tuple[HeadKind, int]:
             else:
                 supported = ", ".join(s for s, _ in _HEAD_SUFFIXES)
                 raise UnsupportedError(
-                    f"architectures: head {arch!r} is not modelled (supported: classes ending "
-                    f"in {supported}, or a bare XModel); edit 'architectures' in the config "
+                    f"architectures: head {_short(arch)} is not modelled (supported: classes "
+                    f"ending in {supported}, or a bare XModel); edit 'architectures' in the config "
                     "to the closest supported class, or use --engine trace"
                 )
     if head not in ("sequence-classification", "image-classification"):
@@ -672,7 +742,7 @@ def _square(f: _Fields, key: str, default: int) -> int:
     if isinstance(value, list | tuple):
         if len(value) != 2 or value[0] != value[1]:
             raise UnsupportedError(
-                f"{key}: non-square {value!r} is not modelled; use --engine trace"
+                f"{key}: non-square {_short(value)} is not modelled; use --engine trace"
             )
         return _Fields({key: value[0]}, f.model_type).positive_int(key)
     return f.positive_int(key, default)
@@ -756,6 +826,8 @@ def model_spec_from_hf(config: Mapping[str, Any], name: str) -> ModelSpec:
             heads that do not divide the width.
         UnsupportedError: a ``model_type`` or option that is not modelled.
     """
+    if not isinstance(config, Mapping):
+        raise SpecError("model", f"a config must be a mapping, got {_short(config)}")
     model_type = config.get("model_type")
     if not model_type or not isinstance(model_type, str):
         raise SpecError(
@@ -766,7 +838,7 @@ def model_spec_from_hf(config: Mapping[str, Any], name: str) -> ModelSpec:
     translator = _TRANSLATORS.get(model_type)
     if translator is None:
         raise UnsupportedError(
-            f"model_type {model_type!r} is not supported by the analytic engine "
+            f"model_type {_short(model_type)} is not supported by the analytic engine "
             f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)}); use --engine trace, or pass "
             "the config of a supported family with the same shapes"
         )

@@ -11,7 +11,7 @@ A ModelSpec is built from a Hugging Face ``config.json`` by
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal
 
 from trainmem.errors import SpecError
@@ -23,6 +23,25 @@ PositionKind = Literal["learned", "rotary", "alibi", "none"]
 HeadKind = Literal[
     "causal-lm", "masked-lm", "sequence-classification", "image-classification", "none"
 ]
+
+MAX_COUNT = 2**31 - 1
+"""Largest integer a size or setting accepts (layers, widths, vocabulary, batch, ranks...): far
+beyond any real model or run, and it keeps every product of sizes exact and finite in float64."""
+
+
+MAX_LAYERS = 10_000
+"""Most transformer blocks a model may have: ten times the deepest published one (DeepNet, Wang
+et al. 2022, arXiv:2203.00555: 1,000 layers). The step schedule grows with the layer count, so a
+config claiming millions would only hang."""
+
+
+def describe_int(value: int) -> str:
+    """An int for an error message, without converting a huge one to float or to thousands of
+    digits (``int.__str__`` refuses more than 4300)."""
+    if value.bit_length() <= 64:
+        return str(value)
+    return f"a number of about 10^{int(value.bit_length() * 0.30103)}"
+
 
 _HEADS_BY_ARCHITECTURE: dict[str, tuple[str, ...]] = {
     "decoder": ("causal-lm", "sequence-classification", "none"),
@@ -166,6 +185,18 @@ class ModelSpec:
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise SpecError(field, f"must be a positive integer, got {value!r}")
+        for spec_field in fields(self):
+            value = getattr(self, spec_field.name)
+            if isinstance(value, int) and value > MAX_COUNT:
+                raise SpecError(
+                    spec_field.name,
+                    f"must be at most {MAX_COUNT:,} (2^31 - 1), got {describe_int(value)}",
+                )
+        if self.num_layers > MAX_LAYERS:
+            raise SpecError(
+                "num_layers",
+                f"{self.num_layers:,} layers is beyond any real model (at most {MAX_LAYERS:,})",
+            )
         if self.vocab_size < 0:
             raise SpecError("vocab_size", f"must be >= 0, got {self.vocab_size}")
         if self.num_heads % self.num_kv_heads != 0:

@@ -52,6 +52,7 @@ from trainmem.specs.frameworks import (
     FrameworkConventions,
     parse_version,
 )
+from trainmem.specs.model import MAX_COUNT, ModelSpec, describe_int
 
 Precision = Literal["32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "fp8-mixed"]
 Optimizer = Literal[
@@ -130,8 +131,47 @@ _PRECISION_DTYPES: dict[str, tuple[str, str]] = {
 }
 
 
+_POSITIVE_INTS = (
+    "micro_batch_size",
+    "seq_len",
+    "gradient_accumulation_steps",
+    "data_parallel_size",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "context_parallel_size",
+    "virtual_pipeline_stages",
+)
+_FLAGS = (
+    "padding_mask",
+    "reshard_after_forward",
+    "dropout",
+    "sequence_parallel",
+    "compile",
+    "zero_grad_set_to_none",
+    "optimizer_in_backward",
+    "activation_offloading",
+)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_int(field: str, value: object, *, minimum: int) -> None:
+    what = "a positive integer" if minimum == 1 else "a non-negative integer"
+    if not _is_int(value):
+        raise SpecError(field, f"must be {what}, got {value!r}")
+    assert isinstance(value, int)
+    if value < minimum:
+        raise SpecError(field, f"must be {what}, got {value}")
+    if value > MAX_COUNT:
+        raise SpecError(
+            field, f"must be at most {MAX_COUNT:,} (2^31 - 1), got {describe_int(value)}"
+        )
+
+
 def _check_choice(field: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
+    if not isinstance(value, str) or value not in allowed:
         raise SpecError(field, f"unknown value {value!r}; allowed: {', '.join(allowed)}")
 
 
@@ -258,10 +298,14 @@ class TrainingConfig:
     ``none``."""
 
     def __post_init__(self) -> None:
-        for field in ("micro_batch_size", "seq_len", "gradient_accumulation_steps"):
+        for field in _POSITIVE_INTS:
+            _check_int(field, getattr(self, field), minimum=1)
+        for field in ("lora_rank", "chunked_cross_entropy"):
+            _check_int(field, getattr(self, field), minimum=0)
+        for field in _FLAGS:
             value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise SpecError(field, f"must be a positive integer, got {value!r}")
+            if not isinstance(value, bool):
+                raise SpecError(field, f"must be True or False, got {value!r}")
         _check_choice("precision", self.precision, PRECISIONS)
         _check_choice("optimizer", self.optimizer, OPTIMIZERS)
         if self.optimizer_implementation is not None:
@@ -281,49 +325,51 @@ class TrainingConfig:
                     )
         if self.overlap_comm is not None and not isinstance(self.overlap_comm, bool):
             raise SpecError("overlap_comm", f"must be true or false, got {self.overlap_comm!r}")
-        group = self.shard_group_size
-        if group is not None and (
-            not isinstance(group, int) or isinstance(group, bool) or group <= 0
-        ):
-            raise SpecError("shard_group_size", f"must be a positive integer, got {group!r}")
+        if self.shard_group_size is not None:
+            _check_int("shard_group_size", self.shard_group_size, minimum=1)
         _check_choice(
             "activation_checkpointing", self.activation_checkpointing, ACTIVATION_CHECKPOINTING
         )
         _check_choice("attention", self.attention, ATTENTIONS)
-        for field in (
-            "data_parallel_size",
-            "tensor_parallel_size",
-            "pipeline_parallel_size",
-            "context_parallel_size",
-            "virtual_pipeline_stages",
-        ):
-            value = getattr(self, field)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise SpecError(field, f"must be a positive integer, got {value!r}")
-        if self.zero_stage not in ZERO_STAGES:
+        if not _is_int(self.zero_stage) or self.zero_stage not in ZERO_STAGES:
             raise SpecError("zero_stage", f"unknown value {self.zero_stage!r}; allowed: 0, 1, 2, 3")
         _check_choice("offload", self.offload, OFFLOADS)
         if self.offload == "optimizer+params" and self.zero_stage != 3:
             raise SpecError("offload", "optimizer+params needs zero_stage 3 (parameter sharding)")
-        if not isinstance(self.lora_rank, int) or self.lora_rank < 0:
-            raise SpecError("lora_rank", f"must be a non-negative integer, got {self.lora_rank!r}")
+        if not isinstance(self.lora_targets, tuple):
+            raise SpecError("lora_targets", f"must be a tuple of names, got {self.lora_targets!r}")
         for target in self.lora_targets:
             _check_choice("lora_targets", target, LORA_TARGETS + ("lm_head",))
-        if not 0.0 <= self.lora_dropout < 1.0:
-            raise SpecError("lora_dropout", f"must be in [0, 1), got {self.lora_dropout!r}")
+        if self.lora_rank > 0 and not self.lora_targets:
+            raise SpecError("lora_targets", "empty: LoRA (lora_rank > 0) needs at least one")
+        dropout = self.lora_dropout
+        if isinstance(dropout, bool) or not isinstance(dropout, int | float):
+            raise SpecError("lora_dropout", f"must be a number in [0, 1), got {dropout!r}")
+        if not 0.0 <= dropout < 1.0:  # also refuses NaN
+            raise SpecError("lora_dropout", f"must be in [0, 1), got {dropout!r}")
         _check_choice("quantize_base", self.quantize_base, QUANTIZE_BASE)
         _check_choice("framework", self.framework, FRAMEWORKS)
         _check_choice("pipeline_schedule", self.pipeline_schedule, PIPELINE_SCHEDULES)
         if self.sequence_parallel and self.tensor_parallel_size == 1:
             raise SpecError("sequence_parallel", "needs tensor_parallel_size > 1")
-        if not isinstance(self.chunked_cross_entropy, int) or self.chunked_cross_entropy < 0:
-            raise SpecError(
-                "chunked_cross_entropy",
-                f"must be a non-negative integer, got {self.chunked_cross_entropy!r}",
-            )
         if self.quantize_base != "none" and self.lora_rank == 0:
             raise SpecError(
                 "quantize_base", "a quantized base is frozen: set lora_rank > 0 (QLoRA)"
+            )
+        if self.optimizer_in_backward and self.gradient_accumulation_steps > 1:
+            # torchtune's recipes refuse the pair: the step runs inside backward, so there is
+            # no gradient left to accumulate into (recipes/full_finetune_*.py).
+            raise SpecError(
+                "optimizer_in_backward",
+                "cannot be combined with gradient_accumulation_steps "
+                f"{self.gradient_accumulation_steps}: the gradient is stepped and freed in "
+                "backward, nothing is left to accumulate (use gradient_accumulation_steps 1)",
+            )
+        if self.seq_len % self.context_parallel_size:
+            raise SpecError(
+                "context_parallel_size",
+                f"{self.context_parallel_size} does not divide seq_len={self.seq_len}: each "
+                "context-parallel rank holds seq_len / context_parallel_size tokens",
             )
 
     @property
@@ -469,7 +515,11 @@ class TrainingConfig:
 
 def zero_stage_from(zero_stage: int, fsdp: str | None) -> int:
     """The ZeRO stage, from ``--zero-stage`` or the FSDP strategy that shards like it
-    (``hybrid-shard`` shards like ``full-shard`` within its shard group)."""
+    (``hybrid-shard`` shards like ``full-shard`` within its shard group).
+
+    Raises:
+        SpecError: see :func:`fsdp_settings`.
+    """
     stage = fsdp_settings(zero_stage, fsdp)["zero_stage"]
     assert isinstance(stage, int)
     return stage
@@ -481,16 +531,26 @@ def fsdp_settings(zero_stage: int, fsdp: str | None) -> dict[str, int | bool | N
     (:data:`GPUS_PER_NODE` for ``hybrid-shard``); ``{"zero_stage": zero_stage}`` without FSDP.
 
     Raises:
-        SpecError: an unknown strategy (the message lists them).
+        SpecError: an unknown strategy (the message lists them), or a non-zero ``zero_stage``
+            that says otherwise than the strategy (FSDP and DeepSpeed ZeRO are two ways to
+            shard the same states; a run uses one).
     """
     if fsdp is None:
         return {"zero_stage": zero_stage}
+    allowed = (*FSDP_TO_ZERO, "hybrid-shard")
+    if fsdp not in allowed:
+        raise SpecError("fsdp", f"unknown value {fsdp!r:.80}; allowed: {', '.join(allowed)}")
+    stage = 3 if fsdp == "hybrid-shard" else FSDP_TO_ZERO[fsdp]
+    # SHARD_GRAD_OP is commonly called "ZeRO-2" (DeepSpeed's and FSDP's docs compare them so)
+    if zero_stage not in (0, stage) and not (fsdp == "shard-grad-op" and zero_stage == 2):
+        raise SpecError(
+            "fsdp",
+            f"{fsdp} shards like ZeRO stage {stage} but zero_stage {zero_stage!r:.40} was also "
+            "given; give one of --fsdp or --zero-stage",
+        )
     if fsdp == "hybrid-shard":
         return {"zero_stage": 3, "shard_group_size": GPUS_PER_NODE}
-    if fsdp not in FSDP_TO_ZERO:
-        allowed = ", ".join((*FSDP_TO_ZERO, "hybrid-shard"))
-        raise SpecError("fsdp", f"unknown value {fsdp!r}; allowed: {allowed}")
-    out: dict[str, int | bool | None] = {"zero_stage": FSDP_TO_ZERO[fsdp]}
+    out: dict[str, int | bool | None] = {"zero_stage": stage}
     if fsdp == "shard-grad-op":
         out["reshard_after_forward"] = False
     return out
@@ -505,3 +565,86 @@ def resolved_config(training: TrainingConfig) -> dict[str, object]:
     out["compute_dtype"] = training.compute_dtype
     out["optimizer_implementation"] = training.step_implementation
     return out
+
+
+def pipeline_sizes(num_layers: int) -> list[int]:
+    """Pipeline sizes p whose Megatron-style split leaves every stage at least one layer:
+    ``ceil(L / p)`` layers on each stage but the last, which holds the rest
+    (``L - (p - 1) * ceil(L / p) >= 1``).
+
+    Args:
+        num_layers: transformer blocks L.
+
+    Returns:
+        The allowed sizes, ascending (1 and L always among them).
+    """
+    L = num_layers
+    return [p for p in range(1, L + 1) if L - (p - 1) * -(-L // p) >= 1]
+
+
+def _ranges(values: list[int]) -> str:
+    """``[1, 2, 3, 5, 8, 9]`` -> ``"1-3, 5, 8-9"``."""
+    out: list[str] = []
+    start = prev = values[0]
+    for v in values[1:] + [0]:
+        if v != prev + 1:
+            out.append(str(start) if start == prev else f"{start}-{prev}")
+            start = v
+        prev = v
+    return ", ".join(out)
+
+
+def check_training_for_model(model: ModelSpec, training: TrainingConfig) -> None:
+    """The checks that need both the model and the settings.
+
+    - every pipeline stage holds at least one layer (:func:`pipeline_sizes`); with the
+      interleaved schedule every model chunk does (``p * v <= L``);
+    - learned absolute positions (GPT-2, BERT) cannot go past ``max_position_embeddings``
+      (the position embedding lookup fails: transformers ``GPT2Model.forward`` indexes
+      ``wpe`` with positions up to ``seq_len - 1``); rotary / ALiBi models can, as
+      long-context fine-tuning does;
+    - LoRA targets exist in the model (``gate`` only in gated MLPs, ``lm_head`` only under an
+      LM head).
+
+    Args:
+        model: the model's shape.
+        training: the settings.
+
+    Raises:
+        SpecError: the first check that fails, naming the field and the allowed values.
+    """
+    L, p = model.num_layers, training.pipeline_parallel_size
+    if p > 1 and L - (p - 1) * -(-L // p) < 1:
+        raise SpecError(
+            "pipeline_parallel_size",
+            f"{p} stages leave the last stage no layer of {model.name}'s {L} (ceil(L / p) = "
+            f"{-(-L // p)} layers per stage); allowed: {_ranges(pipeline_sizes(L))}",
+        )
+    if p > 1 and training.pipeline_schedule == "interleaved-1f1b":
+        v = training.virtual_pipeline_stages
+        if p * v > L:
+            raise SpecError(
+                "virtual_pipeline_stages",
+                f"{p} stages x {v} chunks need at least {p * v} layers, {model.name} has {L}",
+            )
+    positions = model.max_position_embeddings
+    if (
+        model.position_kind == "learned"
+        and model.architecture != "vision-encoder"
+        and training.seq_len > positions
+    ):
+        raise SpecError(
+            "seq_len",
+            f"{training.seq_len} is longer than {model.name}'s {positions} learned positions "
+            f"(max_position_embeddings); allowed: 1-{positions}",
+        )
+    if training.is_lora:
+        available = [t for t in LORA_TARGETS if t != "gate" or model.mlp_kind == "gated"]
+        if model.head in ("causal-lm", "masked-lm"):
+            available.append("lm_head")
+        for target in training.lora_targets:
+            if target not in available:
+                raise SpecError(
+                    "lora_targets",
+                    f"{model.name} has no {target!r} linear; allowed: {', '.join(available)}",
+                )

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -365,6 +366,12 @@ def _estimate(
     from trainmem.specs.training import resolved_config
     from trainmem.trace.parallel import rank_map
 
+    logging.getLogger("trainmem").debug(
+        "traced %s in %.3f s (warm-up step %.3f s)",
+        name,
+        capture.trace_seconds,
+        capture.warmup_seconds,
+    )
     layout = rank_map(training)
     per_rank = [
         {
@@ -420,8 +427,8 @@ def _estimate(
                 training.gradient_accumulation_steps, MAX_TRACED_MICRO_BATCHES
             ),
             "num_events": len(report.timeline),
-            "trace_seconds": round(capture.trace_seconds, 3),
-            "warmup_seconds": round(capture.warmup_seconds, 3),
+            # No wall times here: the same command must give byte-identical JSON. They go to
+            # the "trainmem" logger (debug level) instead.
         },
         recorded_timeline=report.timeline,
         notes=[

@@ -33,10 +33,19 @@ _DROPOUT_KEY_PARTS = ("dropout", "pdrop")
 
 def _head_class(transformers: Any, config: Any, raw: Mapping[str, Any]) -> Any:
     archs = raw.get("architectures") or []
+    if not isinstance(archs, list):
+        archs = []
     for arch in archs:
-        cls = getattr(transformers, arch, None)
-        if cls is not None:
-            return cls
+        cls = getattr(transformers, arch, None) if isinstance(arch, str) else None
+        if cls is None:
+            continue
+        if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
+            raise UnsupportedError(
+                f"architectures: {arch!r:.80} is not a transformers model class (a "
+                "PreTrainedModel); name one such as "
+                f"{type(config).__name__.removesuffix('Config')}ForCausalLM, or remove the field"
+            )
+        return cls
     if config.model_type in ("bert", "roberta"):
         return transformers.AutoModelForMaskedLM
     if config.model_type == "vit":
@@ -87,13 +96,27 @@ def build_hf_model(
         ) from exc
     config._attn_implementation = "eager" if attention == "eager" else "sdpa"
     cls = _head_class(transformers, config, raw)
-    with torch.device(device):
-        if hasattr(cls, "_from_config"):
-            model = cls._from_config(config, dtype=dtype) if dtype is not None else cls(config)
-        else:  # Auto classes
-            model = cls.from_config(config)
-            if dtype is not None:
-                model = model.to(dtype)
+    try:
+        with torch.device(device):
+            if hasattr(cls, "_from_config"):
+                model = cls._from_config(config, dtype=dtype) if dtype is not None else cls(config)
+            else:  # Auto classes
+                model = cls.from_config(config)
+                if dtype is not None:
+                    model = model.to(dtype)
+    except (ValueError, TypeError, AttributeError, KeyError, IndexError) as exc:
+        # transformers' own refusals (an attention kernel the class lacks, an inconsistent
+        # config) as one line that says what to do
+        reason = " ".join(str(exc).split())[:200]
+        hint = (
+            "try --attention eager"
+            if "attention" in reason.lower() and attention != "eager"
+            else "check the config, or use --engine analytic"
+        )
+        raise UnsupportedError(
+            f"transformers {transformers.__version__} cannot build {getattr(cls, '__name__', cls)}"
+            f" from this config ({type(exc).__name__}: {reason}); {hint}"
+        ) from exc
     model.train()
     return model
 

@@ -1,0 +1,70 @@
+"""The trace engine on configs transformers refuses: one UnsupportedError line, not
+transformers' ValueError / AttributeError; and its JSON is the same on every run (issue 17)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from trainmem.cli import app
+from trainmem.errors import UnsupportedError
+
+pytest.importorskip("transformers")
+
+runner = CliRunner()
+
+
+def _config(tmp_path: Path, **fields: object) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(fields))
+    return str(path)
+
+
+def test_gptj_with_sdpa_is_unsupported_with_a_hint(tmp_path: Path) -> None:
+    from trainmem.trace.hf_model import build_hf_model
+
+    raw = {
+        "model_type": "gptj",
+        "n_embd": 64,
+        "n_head": 4,
+        "n_layer": 2,
+        "vocab_size": 128,
+        "rotary_dim": 8,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+    }
+    # transformers raises ValueError: GPT-J has no SDPA attention implementation
+    with pytest.raises(UnsupportedError, match="try --attention eager"):
+        build_hf_model(raw, attention="sdpa")
+    build_hf_model(raw, attention="eager")  # the hint works
+    result = runner.invoke(app, ["estimate", _config(tmp_path, **raw), "--engine", "trace"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip().splitlines()[-1].startswith("error: transformers ")
+
+
+def test_architectures_naming_a_non_model_class(tmp_path: Path) -> None:
+    path = _config(
+        tmp_path,
+        model_type="gpt2",
+        architectures=["GPT2Config"],
+        n_embd=64,
+        n_head=4,
+        n_layer=2,
+        vocab_size=128,
+        bos_token_id=0,
+        eos_token_id=0,
+    )  # was AttributeError: type object 'GPT2Config' has no attribute 'from_config'
+    result = runner.invoke(app, ["estimate", path, "--engine", "trace"])
+    assert result.exit_code == 2, result.output
+    assert "'GPT2Config' is not a transformers model class" in result.stderr
+
+
+def test_trace_json_is_byte_identical_and_has_no_wall_times() -> None:
+    args = ["estimate", "tiny-gpt2-test", "--engine", "trace", "-s", "32", "--json"]
+    first, second = runner.invoke(app, args), runner.invoke(app, args)
+    assert first.exit_code == 0, first.output
+    assert "trace_seconds" not in first.stdout and "warmup_seconds" not in first.stdout
+    assert first.stdout == second.stdout
