@@ -245,8 +245,10 @@ def test_shard_grad_op_keeps_gathered_layers_from_forward_to_backward(llama: obj
     assert kept_gathered_layer_bytes(_layer(llama, sgo), sgo) == 2 * LAYER_NUMEL
     assert kept_gathered_layer_bytes(_layer(llama, full), full) == 0
     a, b = _candidates(llama, sgo), _candidates(llama, full)
-    # end of forward: all 32 bf16 layers gathered, instead of FULL_SHARD's current + prefetched
-    assert a["forward"] - b["forward"] == (32 - 2) * 404_766_720 == 12_143_001_600
+    # end of forward: all 32 bf16 layers gathered; FULL_SHARD's forward peaks with the current
+    # and the prefetched layer (2) inside the last layer, or with the current one (1) at the loss
+    layer = 404_766_720
+    assert (32 - 2) * layer <= a["forward"] - b["forward"] <= (32 - 1) * layer
     # the optimizer step sees the same sharded fp32 weights (4 PSI / 8), not full ones
     assert a["optimizer"] == b["optimizer"]
 

@@ -33,7 +33,7 @@ from trainmem.breakdown import MemoryBreakdown, MemoryEstimate
 from trainmem.errors import SpecError
 from trainmem.specs.hardware import DEFAULT_CUDA_CONTEXT_BYTES, GPUSpec
 from trainmem.specs.model import ModelSpec
-from trainmem.specs.training import TrainingConfig, resolved_config
+from trainmem.specs.training import TrainingConfig, pipeline_sizes, resolved_config
 
 DEFAULT_CUBLAS_WORKSPACE_BYTES = 8_519_680
 """cuBLAS workspace per handle when no GPU is named (pre-Hopper default ``:4096:2:16:8``)."""
@@ -205,8 +205,7 @@ def _check_parallel_shape(model: ModelSpec, training: TrainingConfig) -> None:
             f"{tp} must divide num_attention_heads={model.num_heads} (Megatron splits heads)",
         )
     p, layers = training.pipeline_parallel_size, model.num_layers
-    if p > 1 and layers - -(-layers // p) * (p - 1) < 1:
-        allowed = [q for q in range(1, layers + 1) if layers - -(-layers // q) * (q - 1) >= 1]
+    if p > 1 and p not in (allowed := pipeline_sizes(layers)):
         raise SpecError(
             "pipeline_parallel_size",
             f"{p} stages leave a stage without layers ({layers} layers split "
