@@ -659,7 +659,14 @@ def write_results_md(
         for why, ids in reasons.items():
             out.append(f"  - {', '.join(ids)}: {why}")
     out.append("")
-    path.write_text("\n".join(out))
+    # sections other benchmarks own (``<!-- name:begin ... -->`` to ``<!-- name:end -->``) stay
+    kept = ""
+    if path.exists():
+        previous = path.read_text()
+        start = previous.find("<!-- snapshot-")
+        if start >= 0:
+            kept = "\n" + previous[start:].rstrip() + "\n"
+    path.write_text("\n".join(out).rstrip() + "\n" + kept)
 
 
 # --- main ---------------------------------------------------------------------------------------
