@@ -137,7 +137,6 @@ def test_fake_trace_matches_real_cpu_step(preset: str, cfg: dict) -> None:
     )
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
     "cfg",
     [
