@@ -688,7 +688,7 @@ class _Builder:
 
         def local(s: TensorState) -> int:
             n = s.full_grad_bytes // gb
-            return -(-n // dp) if self.stage >= 1 else n
+            return -(-n // dp) if t.optimizer_states_partitioned else n
 
         outer = [s for s in self.emb_states + self.head_states if s.trainable]
         layer = [s for s in self.layer_states if s.trainable]

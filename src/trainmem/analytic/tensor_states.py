@@ -243,7 +243,8 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
 
             param = shard(full_param, 3)
             grad = shard(full_grad, 2)
-            state = shard(state, 1)
+            if training.optimizer_states_partitioned:  # ZeRO >= 1, DeepSpeed BF16_Optimizer
+                state = -(-state // dp)
             if training.offload != "none":
                 state = 0
             if training.offload in ("optimizer+gradients", "optimizer+params"):
@@ -252,7 +253,12 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
                 param = 0
             paged = 0
             if trainable and state and training.optimizer in PAGED_OPTIMIZERS:
-                paged = min(paged_state_bytes(training, local, dp if stage >= 1 else 1), state)
+                paged = min(
+                    paged_state_bytes(
+                        training, local, dp if training.optimizer_states_partitioned else 1
+                    ),
+                    state,
+                )
                 state -= paged
             proto = TensorState(
                 "", name, numel, trainable, param, grad, state, full_param, full_grad, paged

@@ -84,6 +84,20 @@ class FrameworkConventions:
     optimizer is built, so the (sharded) gradients exist in the forward pass too (DeepSpeed
     runtime/zero/stage3.py ``self.grad_partitions_flat_buffer = torch.zeros(sum(p.
     partition_numel() ...), dtype=self.gradient_accumulation_dtype, ...)``)."""
+    bf16_optimizer_without_zero: bool
+    """``bf16-mixed`` without ZeRO runs DeepSpeed's ``BF16_Optimizer``: gradients accumulate in
+    fp32 (``get_data_types``: ``grad_accum_dtype`` defaults to fp32 for bf16 when ZeRO is off;
+    bf16 with bf16 accumulation and no ZeRO raises ``NotImplementedError``), in one flat fp32
+    buffer of every trainable parameter allocated when the optimizer is built
+    (runtime/bf16_optimizer.py ``_setup_for_real_optimizer``: ``fp32_groups_gradients_flat =
+    torch.zeros_like(bf16_groups_flat[i], dtype=self.grad_acc_dtype)``), into which each bf16
+    gradient is added and then freed as soon as autograd produces it (``immediate_grad_update``,
+    default True in runtime/bf16_optimizer.py / runtime/constants.py
+    ``BFLOAT16_IMMEDIATE_GRAD_UPDATE_DEFAULT``; ``accumulate_hp_grads_and_remove_lp``); the fp32
+    master weights and the optimizer states cover only this rank's 1/N partition over the
+    data-parallel ranks (``fp32_groups_flat_partition``), as in ZeRO-1. Source:
+    deepspeed/runtime/engine.py ``_do_optimizer_sanity_check`` (``return BFLOAT16``),
+    ``_configure_bf16_optimizer``."""
     fused_multi_tensor_adam: bool
     """Adam runs as one fused multi-tensor kernel with no parameter-sized temporary (Megatron
     ``optimizer/__init__.py``: TransformerEngine / apex ``FusedAdam``; DeepSpeed
@@ -165,6 +179,7 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "fsdp_param_dtype_follows_precision": False,
         "fsdp_reduce_in_compute_dtype": False,
         "fused_multi_tensor_adam": False,
+        "bf16_optimizer_without_zero": False,
         "zero_ipg_buckets": False,
         "zero3_grad_partition_from_init": False,
         "trainer_default_fused_since_torch": None,
@@ -202,6 +217,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
         _row(
             "deepspeed",
             master_weights=True,
+            bf16_optimizer_without_zero=True,
             fused_multi_tensor_adam=True,
             zero_ipg_buckets=True,
             zero3_grad_partition_from_init=True,

@@ -399,10 +399,32 @@ class TrainingConfig:
         return _PRECISION_DTYPES[self.precision][0]
 
     @property
+    def bf16_optimizer(self) -> bool:
+        """DeepSpeed's ``BF16_Optimizer`` runs: ``bf16-mixed`` with ZeRO off
+        (``FrameworkConventions.bf16_optimizer_without_zero``): an fp32 gradient buffer from
+        init, fp32 master weights and optimizer states partitioned over the data-parallel
+        ranks."""
+        return (
+            self.master_weights
+            and self.conventions.bf16_optimizer_without_zero
+            and self.compute_dtype == "bfloat16"
+            and self.zero_stage == 0
+        )
+
+    @property
+    def optimizer_states_partitioned(self) -> bool:
+        """Optimizer states (and fp32 master weights) cover 1/N of the parameters on each of the
+        N sharding ranks: ZeRO stage >= 1 / FSDP, or DeepSpeed's ``BF16_Optimizer``
+        (:attr:`bf16_optimizer`)."""
+        return self.sharding_degree > 1 and (self.zero_stage >= 1 or self.bf16_optimizer)
+
+    @property
     def grad_dtype(self) -> str:
-        """Dtype of the gradients kept between backward and the step (Megatron accumulates in
-        fp32)."""
+        """Dtype of the gradients kept between backward and the step (Megatron, and DeepSpeed's
+        ``BF16_Optimizer``, accumulate in fp32)."""
         if self.master_weights and self.conventions.fp32_grad_buffer:
+            return "float32"
+        if self.bf16_optimizer:
             return "float32"
         return self.weight_dtype
 
