@@ -78,6 +78,7 @@ from trainmem.analytic.buffers import (
     reduce_scatter_layer_bytes,
     root_gathered_bytes,
 )
+from trainmem.analytic.pipeline import stage_buffers
 from trainmem.analytic.temporaries import optimizer_step_temporary_bytes
 from trainmem.analytic.tensor_states import StateLayout, TensorState
 from trainmem.breakdown import MemoryCategory as Cat
@@ -208,6 +209,18 @@ class _Builder:
         self.in_flight_bytes = round(
             (rank.in_flight - 1) * (self.emb_acts + on_gpu * prof.per_layer)
         )
+        # Note [Pipeline stage buffers]
+        self.pp_buffers = stage_buffers(
+            model,
+            training,
+            in_flight=rank.in_flight,
+            first=rank.stage == 0,
+            last=rank.has_head,
+        )
+        # at the last micro-batch, the logits of the earlier ones are in ``output_chunks``
+        self.earlier_outputs = (
+            training.gradient_accumulation_steps - 1
+        ) * self.pp_buffers.output_chunk
 
     # -- terms ------------------------------------------------------------------------------
 
@@ -389,6 +402,22 @@ class _Builder:
                 "in_flight",
                 "pipeline",
                 "activations of the other micro-batches in flight on this stage",
+            ),
+            alloc(
+                self.pp_buffers.in_flight_outputs,
+                Cat.ACTIVATION,
+                f,
+                "pp/outputs",
+                "pipeline",
+                "stage outputs kept for backward (pipelining fwd_cache)",
+            ),
+            alloc(
+                self.earlier_outputs,
+                Cat.ACTIVATION,
+                f,
+                "pp/output_chunks",
+                "pipeline",
+                "logits of the earlier micro-batches (pipelining output_chunks)",
             ),
         ]
         items += spans
@@ -772,10 +801,38 @@ class _Builder:
             "the stage's gathered parameters, kept across micro-batches",
         )
         items.append(gathered)
+        if first:  # Note [Pipeline stage buffers]: one receive buffer per micro-batch
+            items.append(
+                alloc(
+                    self.pp_buffers.recv_buffers,
+                    Cat.TEMPORARY,
+                    "forward",
+                    "pp/recv",
+                    "pipeline",
+                    "per-micro-batch receive buffers of the pipeline stage",
+                )
+            )
         items.append(self.micro_batch(new_grads=not keep))
         if m > 1:
             again = self.micro_batch(new_grads=False)
             items.append(Repeat(again.body, m - 1, independent=True))
+        chunks = alloc(
+            m * self.pp_buffers.output_chunk,
+            Cat.ACTIVATION,
+            "backward",
+            "pp/chunks",
+            "pipeline",
+            "every micro-batch's logits, kept until the next step (pipelining output_chunks)",
+        )
+        merged = alloc(
+            m * self.pp_buffers.output_chunk,
+            Cat.TEMPORARY,
+            "backward",
+            "pp/merged",
+            "pipeline",
+            "the merged logits step() returns (torch.cat of output_chunks)",
+        )
+        items += [chunks, merged, free(merged, "backward")]
         if self.pp_fsdp and not keep:  # the reduce-scatter after the last micro-batch
             items += self.all_gradients("backward")
             items += self.free_gradients("backward", unsharded=True)
@@ -788,6 +845,7 @@ class _Builder:
                     tuple(self.free_gradients("zero_grad")), 1
                 )
             items.append(cached)
+        items.append(free(chunks, "zero_grad"))  # cleared when the next step() starts
         return items
 
 
@@ -827,15 +885,22 @@ def rank_schedule(
 
 def _tensor_sizes(model: ModelSpec, training: TrainingConfig) -> list[int]:
     """Sizes of the single tensors a layer's terms are made of, largest first: (t, i) and
-    (t, h) activations in the compute, residual and fp32 dtypes, (b, a, s, s) scores, masks."""
+    (t, h) activations in the compute, residual and fp32 dtypes, (b, a, s, s) scores, masks,
+    for the tokens one rank holds: context parallelism splits every term by sequence
+    (:func:`~trainmem.analytic.activations.parallel_divisor`), so a rank's tensors have
+    ``b * s / cp`` tokens, and a tensor-parallel term's ``1 / t`` of the features or heads
+    (Note [Per-rank tensor sizes])."""
     s, b = tokens_per_sequence(model, training), training.micro_batch_size
-    t = b * s
+    cp, tp = training.context_parallel_size, training.tensor_parallel_size
+    t = b * s // cp if (b * s) % cp == 0 else b * s
     c, r = compute_and_residual_bytes(training)
     k_top = model.num_experts_per_tok if model.num_experts > 1 else 1
     i, h = model.intermediate_size * k_top, model.hidden_size
     kv = model.num_kv_heads * model.head_dim
     sizes = {n * t for n in (4 * i, c * i, i, 4 * h, r * h, c * h, h, c * kv)}
-    sizes |= {n * model.num_heads * s * s * b for n in (4, c, 1)}
+    sizes |= {n * model.num_heads * s * s * b // cp for n in (4, c, 1)}
+    if tp > 1:
+        sizes |= {n * t // tp for n in (4 * i, c * i, i, 4 * h, c * h, c * kv)}
     return sorted((x for x in sizes if x > 0), reverse=True)
 
 

@@ -1,0 +1,72 @@
+"""What torch.distributed.pipelining keeps on a stage (Note [Pipeline stage buffers]), and the
+per-rank tensor sizes under context parallelism; expected numbers by hand from the source."""
+
+from __future__ import annotations
+
+from trainmem.analytic.pipeline import stage_buffers
+from trainmem.analytic.schedule import _tensor_sizes
+from trainmem.specs.hf import load_model_spec as load_model
+from trainmem.specs.training import TrainingConfig
+
+MiB = 2**20
+
+
+def _405b_3d(**kw: object) -> TrainingConfig:
+    """Table 5's 1F1B setting: FSDP 8 x TP 8 + SP x PP 8, 8 micro-batches of 4 x 8192."""
+    settings: dict[str, object] = {
+        "framework": "fsdp2",
+        "zero_stage": 3,
+        "data_parallel_size": 8,
+        "tensor_parallel_size": 8,
+        "sequence_parallel": True,
+        "pipeline_parallel_size": 8,
+        "micro_batch_size": 4,
+        "gradient_accumulation_steps": 8,
+        "seq_len": 8192,
+        "activation_checkpointing": "full",
+        "precision": "fp8-mixed",
+        **kw,
+    }
+    return TrainingConfig(**settings)  # type: ignore[arg-type]
+
+
+def test_first_stage_keeps_outputs_in_flight_and_gradient_receive_buffers() -> None:
+    # boundary: bf16 residual stream of 4 x 8192 tokens x 16384, sequence-sharded over TP 8
+    # = 2 * 4 * 8192 * 16384 / 8 = 128 MiB; the first 1F1B stage of 8 holds 8 micro-batches:
+    # 8 outputs in fwd_cache, 8 gradient receive buffers, no input buffers, no logits
+    model = load_model("llama-3.1-405b")
+    buf = stage_buffers(model, _405b_3d(), in_flight=8, first=True, last=False)
+    assert buf.in_flight_outputs == 8 * 128 * MiB
+    assert buf.recv_buffers == 8 * 128 * MiB
+    assert buf.output_chunk == 0
+
+
+def test_last_stage_keeps_every_micro_batch_logits() -> None:
+    # output_chunks: bf16 logits of 4 x 8192 tokens x 128256 / 8 (vocabulary-parallel)
+    # = 1,050,673,152 bytes per micro-batch; input receive buffers of the 7 micro-batches
+    # not in flight (1F1B's last stage holds one): 7 * 128 MiB; no gradient buffers
+    model = load_model("llama-3.1-405b")
+    buf = stage_buffers(model, _405b_3d(), in_flight=1, first=False, last=True)
+    assert buf.output_chunk == 2 * 4 * 8192 * 128256 // 8 == 1_050_673_152
+    assert buf.recv_buffers == 7 * 128 * MiB
+    assert buf.in_flight_outputs == 0
+
+
+def test_no_pipeline_no_buffers() -> None:
+    model = load_model("llama-3.1-405b")
+    buf = stage_buffers(
+        model, _405b_3d(pipeline_parallel_size=1), in_flight=1, first=True, last=True
+    )
+    assert (buf.in_flight_outputs, buf.output_chunk, buf.recv_buffers) == (0, 0, 0)
+
+
+def test_context_parallel_blocks_are_the_ranks_tensors() -> None:
+    # CP 2 over 65536 tokens: a rank holds 32768 tokens, so its (tokens x hidden) bf16 tensor
+    # is 2 * 32768 * 4096 = 256 MiB, the same blocks as 32768 tokens without CP
+    model = load_model("llama-3.1-8b")
+    base = {"framework": "fsdp2", "zero_stage": 3, "data_parallel_size": 4}
+    cp2 = TrainingConfig(seq_len=65536, context_parallel_size=2, **base)  # type: ignore[arg-type]
+    cp1 = TrainingConfig(seq_len=32768, **base)  # type: ignore[arg-type]
+    assert 256 * MiB in _tensor_sizes(model, cp2)
+    # below the three (b, a, s, s) score sizes, every block size is the 32768-token one
+    assert _tensor_sizes(model, cp2)[3:] == _tensor_sizes(model, cp1)[3:]
