@@ -70,3 +70,53 @@ def test_context_parallel_blocks_are_the_ranks_tensors() -> None:
     assert 256 * MiB in _tensor_sizes(model, cp2)
     # below the three (b, a, s, s) score sizes, every block size is the 32768-token one
     assert _tensor_sizes(model, cp2)[3:] == _tensor_sizes(model, cp1)[3:]
+
+
+def test_torchtitan_split_gives_the_middle_stages_the_extra_layers() -> None:
+    # generate_split_points, 126 layers: 1F1B, 8 stages: base 15, extra 6 -> stages
+    # [15, 16 x 6, 15]; interleaved, 16 stages: base 7, extra 14 -> [7, 8 x 14, 7], rank r
+    # holds stages r and r + 8: 7 + 8 = 15 on the first and the last rank, 16 elsewhere
+    from trainmem.analytic.engine import rank_layers
+
+    model = load_model("llama-3.1-405b")
+    assert rank_layers(model, _405b_3d()) == [15] + [16] * 6 + [15]
+    interleaved = _405b_3d(pipeline_schedule="interleaved-1f1b")
+    assert rank_layers(model, interleaved) == [15] + [16] * 6 + [15]
+    # Megatron's even split (no torchtitan convention): ceil(126 / 8) = 16, the last 14
+    megatron = _405b_3d(framework="megatron", zero_stage=1)
+    assert rank_layers(model, megatron) == [16] * 7 + [14]
+
+
+def test_the_middle_rank_with_more_layers_is_evaluated() -> None:
+    from trainmem.analytic.engine import pipeline_ranks
+
+    ranks = pipeline_ranks(load_model("llama-3.1-405b"), _405b_3d())
+    assert [(r.stage, r.num_layers, r.in_flight) for r in ranks] == [
+        (0, 15, 8),
+        (1, 16, 7),
+        (7, 15, 1),
+    ]
+
+
+def test_last_stage_holds_one_logits_chunk_per_micro_batch() -> None:
+    # output_chunks: the last stage allocates one 1,050,673,152-byte logits tensor per
+    # micro-batch and frees them all only after the optimizer step; the merged copy
+    # (torch.cat) is 8 of them
+    from trainmem.estimate import estimate
+
+    est = estimate("llama-3.1-405b", _405b_3d(), simulate_allocator=False)
+    last = est.schedules[-1]
+    chunk = 2 * 4 * 8192 * 128256 // 8
+    live = peak = 0
+    merged = 0
+    for ev in last.events():
+        if ev.module != "pipeline" or ev.size_bytes not in (chunk, 8 * chunk):
+            continue
+        if ev.size_bytes == 8 * chunk:
+            merged += ev.action == "alloc"
+            continue
+        live += 1 if ev.action == "alloc" else -1
+        peak = max(peak, live)
+    assert peak == 8
+    assert live == 0
+    assert merged == 2  # the warm-up step and the measured one

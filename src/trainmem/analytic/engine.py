@@ -137,18 +137,42 @@ def estimate_analytic(
     )
 
 
+def rank_layers(model: ModelSpec, training: TrainingConfig) -> list[int]:
+    """Transformer layers held by each pipeline rank, first to last: Megatron's even split or
+    torchtitan's (:attr:`~trainmem.specs.frameworks.FrameworkConventions.
+    torchtitan_pipeline_split`)."""
+    p, L = training.pipeline_parallel_size, model.num_layers
+    if not training.conventions.torchtitan_pipeline_split:
+        per = -(-L // p)
+        return [per] * (p - 1) + [L - per * (p - 1)]
+    interleaved = training.pipeline_schedule == "interleaved-1f1b"
+    stages = p * (training.virtual_pipeline_stages if interleaved else 1)
+    base, extra = divmod(L, stages)
+    sizes = [base]
+    for _ in range(stages - 2):  # generate_split_points: middle stages take the extra layers
+        sizes.append(base + (1 if extra > 0 else 0))
+        extra -= 1
+    sizes.append(L - sum(sizes))
+    return [sum(sizes[r::p]) for r in range(p)]
+
+
 def pipeline_ranks(model: ModelSpec, training: TrainingConfig) -> list[PipelineRank]:
-    """The ranks whose memory differs: the first and the last pipeline stage (one rank without
+    """The ranks whose memory differs: the first and the last pipeline stage, and the first
+    middle rank holding the most layers when it holds more than the first (one rank without
     pipelining). Tensor, context and data-parallel ranks of a stage hold the same bytes."""
     p = training.pipeline_parallel_size
     L = model.num_layers
     m = training.gradient_accumulation_steps  # micro-batches per step
     if p == 1:
         return [PipelineRank(0, L, 1, True, True)]
-    per_stage = -(-L // p)
+    layers = rank_layers(model, training)
+    stages = [0, p - 1]
+    middle = max(range(1, p - 1), key=lambda r: (layers[r], -r), default=0)
+    if middle and layers[middle] > layers[0]:
+        stages.insert(1, middle)
     schedule = training.pipeline_schedule
     out = []
-    for stage in (0, p - 1):
+    for stage in stages:
         if schedule == "gpipe":
             in_flight: float = m
         elif schedule == "interleaved-1f1b":
@@ -159,7 +183,7 @@ def pipeline_ranks(model: ModelSpec, training: TrainingConfig) -> list[PipelineR
         out.append(
             PipelineRank(
                 stage,
-                per_stage if not last else L - per_stage * (p - 1),
+                layers[stage],
                 max(in_flight, 1),
                 stage == 0 or (last and model.tie_word_embeddings),
                 last,

@@ -217,10 +217,9 @@ class _Builder:
             first=rank.stage == 0,
             last=rank.has_head,
         )
-        # at the last micro-batch, the logits of the earlier ones are in ``output_chunks``
-        self.earlier_outputs = (
-            training.gradient_accumulation_steps - 1
-        ) * self.pp_buffers.output_chunk
+        # the last stage's logits stay in ``output_chunks``: they are the kept part of the loss's
+        # forward transients
+        self.loss_fwd = max(self.loss_fwd - self.pp_buffers.output_chunk, 0)
 
     # -- terms ------------------------------------------------------------------------------
 
@@ -411,14 +410,6 @@ class _Builder:
                 "pipeline",
                 "stage outputs kept for backward (pipelining fwd_cache)",
             ),
-            alloc(
-                self.earlier_outputs,
-                Cat.ACTIVATION,
-                f,
-                "pp/output_chunks",
-                "pipeline",
-                "logits of the earlier micro-batches (pipelining output_chunks)",
-            ),
         ]
         items += spans
         emb_act = alloc(
@@ -454,7 +445,9 @@ class _Builder:
             "logits (and their fp32 copy) while the loss runs",
         )
         head_act = alloc(self.head_acts, Cat.ACTIVATION, f, "act/head", "head", "head activations")
-        items += [head_dequant, logits, free(head_dequant, f), head_act, free(logits, f)]
+        chunk = [self._output_chunk()] if self.pp_buffers.output_chunk else []
+        items += [head_dequant, *chunk, logits, free(head_dequant, f), head_act]
+        items.append(free(logits, f))
         if self.weight_copy:
             copies = self._weight_copy_ops(f, "wcopy/{i}", "")
             items.append(Repeat(tuple(free(op, f) for op in copies), self.L))
@@ -531,6 +524,18 @@ class _Builder:
         items.append(free(bucket, b))
         items += [free(op, b) for op in reversed(spans)]
         return items
+
+    def _output_chunk(self) -> Op:
+        """The last stage's logits of micro-batch ``{i}``, kept in ``output_chunks`` until the
+        next step (Note [Pipeline stage buffers])."""
+        return alloc(
+            self.pp_buffers.output_chunk,
+            Cat.ACTIVATION,
+            "forward",
+            "pp/chunk/{i}",
+            "pipeline",
+            "the micro-batch's logits, kept until the next step (pipelining output_chunks)",
+        )
 
     def _weight_copy_ops(self, phase: Phase, key: str, label: str) -> list[Op]:
         if not self.weight_copy:
@@ -813,17 +818,10 @@ class _Builder:
                 )
             )
         items.append(self.micro_batch(new_grads=not keep))
+        kept_chunks = self.pp_buffers.output_chunk > 0  # not balanced: each keeps its logits
         if m > 1:
             again = self.micro_batch(new_grads=False)
-            items.append(Repeat(again.body, m - 1, independent=True))
-        chunks = alloc(
-            m * self.pp_buffers.output_chunk,
-            Cat.ACTIVATION,
-            "backward",
-            "pp/chunks",
-            "pipeline",
-            "every micro-batch's logits, kept until the next step (pipelining output_chunks)",
-        )
+            items.append(Repeat(again.body, m - 1, start=1, independent=not kept_chunks))
         merged = alloc(
             m * self.pp_buffers.output_chunk,
             Cat.TEMPORARY,
@@ -832,7 +830,7 @@ class _Builder:
             "pipeline",
             "the merged logits step() returns (torch.cat of output_chunks)",
         )
-        items += [chunks, merged, free(merged, "backward")]
+        items += [merged, free(merged, "backward")]
         if self.pp_fsdp and not keep:  # the reduce-scatter after the last micro-batch
             items += self.all_gradients("backward")
             items += self.free_gradients("backward", unsharded=True)
@@ -845,7 +843,9 @@ class _Builder:
                     tuple(self.free_gradients("zero_grad")), 1
                 )
             items.append(cached)
-        items.append(free(chunks, "zero_grad"))  # cleared when the next step() starts
+        # cleared when the next step() starts (``clear_runtime_states``)
+        if kept_chunks:
+            items.append(Repeat((free(self._output_chunk(), "zero_grad"),), m))
         return items
 
 

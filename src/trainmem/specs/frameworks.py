@@ -144,6 +144,14 @@ class FrameworkConventions:
     """FSDP shards over the data-parallel and the context-parallel ranks together: torchtitan's
     ``fully_shard`` takes the flattened ``dp_shard_cp`` mesh (torchtitan/models/llama3/infra/
     parallelize.py ``apply_fsdp``; torchtitan/distributed/parallel_dims.py)."""
+    torchtitan_pipeline_split: bool
+    """Pipeline stages as torchtitan splits the layers when no split points are given
+    (torchtitan/parallelisms/pipelining_utils.py ``generate_split_points``, Dec 2024): single-
+    stage schedules (1F1B, GPipe) one stage per rank, multi-stage ones (interleaved 1F1B) two
+    (``virtual_pipeline_stages``); ``L // stages`` layers each, the first stage that many, the
+    next ``L % stages`` stages one more, the last stage the rest; rank r holds stages r, r + p,
+    ... (``stage_ids_this_rank``, loop style). False: Megatron's even split, the first stages
+    ``ceil(L / p)`` layers and the last the rest."""
     quantized_base_saves_input: bool
     """A quantized base linear may save its 16-bit input (bitsandbytes ``MatMul4Bit`` before
     0.43.2, ``MatMul8bitLt`` always); False: the quantized linear saves only its weight
@@ -192,6 +200,7 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "quantized_base_saves_input": True,
         "dtensor_sequence_parallel": False,
         "fsdp_shards_over_context_parallel": False,
+        "torchtitan_pipeline_split": False,
     }
     return FrameworkConventions(name=name, **{**defaults, **fields})  # type: ignore[arg-type]
 
@@ -235,6 +244,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             fsdp_param_dtype_follows_precision=True,
             dtensor_sequence_parallel=True,
             fsdp_shards_over_context_parallel=True,
+            torchtitan_pipeline_split=True,
         ),
         _row(
             "torchtune",
