@@ -149,12 +149,14 @@ ROWS: list[tuple[str, str, dict[str, object], float, float | None]] = [
 ]
 
 
-def _reserved(model: str, training: TrainingConfig, alloc_conf: str) -> tuple[float, bool]:
-    """(max over ranks of the replayed max_memory_reserved in GiB, out of memory)."""
+def _replayed(model: str, training: TrainingConfig, alloc_conf: str) -> tuple[float, float, bool]:
+    """Max over ranks of (peak allocated GiB, replayed max_memory_reserved GiB), and whether
+    the replay ran out of memory."""
     est = estimate(model, training, gpu=GPU, alloc_conf=alloc_conf)
     ranks = est.details["per_rank"]
     oom = any(r.get("oom") for r in ranks)
-    return max(int(r.get("reserved_bytes", 0)) for r in ranks) / 2**30, oom
+    allocated = max(int(r["allocated_bytes"]) for r in ranks) / 2**30
+    return allocated, max(int(r.get("reserved_bytes", 0)) for r in ranks) / 2**30, oom
 
 
 def _cell(gib: float | None, measured: float, oom: bool = False) -> str:
@@ -166,15 +168,16 @@ def _cell(gib: float | None, measured: float, oom: bool = False) -> str:
 def rows() -> list[str]:
     """One markdown row per published measurement."""
     out = [
-        "| row | measured GiB | before (main 531d149) | after | after, expandable segments |",
-        "|---|---:|---:|---:|---:|",
+        "| row | measured GiB | before (main 531d149) | after: allocated | after: reserved "
+        "| after: reserved, expandable segments |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for name, model, settings, measured, before in ROWS:
         training = TrainingConfig(framework="fsdp2", zero_stage=3, **settings)  # type: ignore[arg-type]
-        after, oom = _reserved(model, training, "")
-        exp, exp_oom = _reserved(model, training, EXPANDABLE)
+        allocated, after, oom = _replayed(model, training, "")
+        _, exp, exp_oom = _replayed(model, training, EXPANDABLE)
         out.append(
-            f"| {name} | {measured:.1f} | {_cell(before, measured)} | "
+            f"| {name} | {measured:.1f} | {_cell(before, measured)} | {allocated:.1f} | "
             f"{_cell(after, measured, oom)} | {_cell(exp, measured, exp_oom)} |"
         )
     return out

@@ -120,3 +120,23 @@ def test_last_stage_holds_one_logits_chunk_per_micro_batch() -> None:
     assert peak == 8
     assert live == 0
     assert merged == 2  # the warm-up step and the measured one
+
+
+def test_fsdp_over_context_parallel_alone_still_shards() -> None:
+    # torchtitan's fully_shard takes the dp_shard x cp mesh: FSDP 1 x CP 8 shards over 8 ranks
+    # like FSDP 8 x CP 1, and each rank holds 262144 / 8 = 32768 tokens either way, so the
+    # per-rank peaks differ at most by ring attention's gathered K and V of one layer
+    # (2 x 262144 tokens x 8 KV heads x 128 x 2 B = 1 GiB); before, FSDP 1 counted as unsharded
+    # and kept every layer's gathered weights (+12.8 GiB)
+    from trainmem.analytic.buffers import kept_gathered_layer_bytes
+    from trainmem.analytic.tensor_states import state_layout
+    from trainmem.estimate import estimate
+
+    model = load_model("llama-3.1-8b")
+    base = {"framework": "fsdp2", "zero_stage": 3, "activation_checkpointing": "full"}
+    cp8 = TrainingConfig(data_parallel_size=1, context_parallel_size=8, seq_len=262144, **base)  # type: ignore[arg-type]
+    dp8 = TrainingConfig(data_parallel_size=8, seq_len=32768, **base)  # type: ignore[arg-type]
+    assert kept_gathered_layer_bytes(state_layout(model, cp8).layer, cp8) == 0
+    a = estimate(model, cp8, simulate_allocator=False).breakdown.allocated_bytes
+    b = estimate(model, dp8, simulate_allocator=False).breakdown.allocated_bytes
+    assert abs(a - b) <= 2 * 262144 * 8 * 128 * 2

@@ -78,7 +78,7 @@ from trainmem.analytic.buffers import (
     reduce_scatter_layer_bytes,
     root_gathered_bytes,
 )
-from trainmem.analytic.pipeline import stage_buffers
+from trainmem.analytic.pipeline import logits_bytes, stage_buffers
 from trainmem.analytic.temporaries import optimizer_step_temporary_bytes
 from trainmem.analytic.tensor_states import StateLayout, TensorState
 from trainmem.breakdown import MemoryCategory as Cat
@@ -220,6 +220,13 @@ class _Builder:
         # the last stage's logits stay in ``output_chunks``: they are the kept part of the loss's
         # forward transients
         self.loss_fwd = max(self.loss_fwd - self.pp_buffers.output_chunk, 0)
+        # the 16-bit logits and their fp32 copy are two tensors (the copy freed first)
+        self.logits16 = 0
+        if not self.pp_buffers.output_chunk and rank.has_head:
+            part = logits_bytes(model, training)
+            if 0 < part < self.loss_fwd:
+                self.logits16 = part
+                self.loss_fwd -= part
 
     # -- terms ------------------------------------------------------------------------------
 
@@ -444,10 +451,13 @@ class _Builder:
             "head",
             "logits (and their fp32 copy) while the loss runs",
         )
+        logits16 = alloc(self.logits16, Cat.TEMPORARY, f, "logits16", "head", "logits")
         head_act = alloc(self.head_acts, Cat.ACTIVATION, f, "act/head", "head", "head activations")
-        chunk = [self._output_chunk()] if self.pp_buffers.output_chunk else []
+        chunk = [self._output_chunk()] if self.pp_buffers.output_chunk else [logits16]
         items += [head_dequant, *chunk, logits, free(head_dequant, f), head_act]
         items.append(free(logits, f))
+        if not self.pp_buffers.output_chunk:
+            items.append(free(logits16, f))
         if self.weight_copy:
             copies = self._weight_copy_ops(f, "wcopy/{i}", "")
             items.append(Repeat(tuple(free(op, f) for op in copies), self.L))
