@@ -673,7 +673,13 @@ def layer_is_checkpointed(training: TrainingConfig) -> bool:
 
 
 def op_selective_saved_bytes(model: ModelSpec, training: TrainingConfig) -> int:
-    """Bytes one layer keeps under op-level selective checkpointing as torchtitan does it
+    """Bytes one layer keeps under op-level selective checkpointing: the sum of
+    :func:`op_selective_saved_terms`."""
+    return sum(op_selective_saved_terms(model, training).values())
+
+
+def op_selective_saved_terms(model: ModelSpec, training: TrainingConfig) -> dict[str, int]:
+    """Tensors one layer keeps under op-level selective checkpointing as torchtitan does it
     (``selective_ac_option="op"``): the layer input, the SDPA output + logsumexp, and the output
     of every other matmul in execution order (the 1st, 3rd, ...; torchtitan's policy saves
     ``aten.mm`` "except every second mm"); everything else is recomputed in backward.
@@ -728,7 +734,7 @@ def op_selective_saved_bytes(model: ModelSpec, training: TrainingConfig) -> int:
         "attention/logsumexp": 4 * model.num_heads * t,
         **kept,
     }
-    return sum(split_for_parallelism(split, training).values())
+    return split_for_parallelism(split, training)
 
 
 def activation_profile(model: ModelSpec, training: TrainingConfig) -> ActivationProfile:

@@ -66,6 +66,7 @@ from trainmem.analytic.activations import (
     lm_head_dequant_bytes,
     loss_backward_transient_bytes,
     loss_forward_transient_bytes,
+    op_selective_saved_terms,
     tokens_per_sequence,
 )
 from trainmem.analytic.buffers import (
@@ -267,6 +268,9 @@ class _Builder:
             saved = {k: v for k, v in prof.terms.items() if not k.startswith("scores/")}
         elif mode == "selective":  # op-level: matmul / SDPA outputs kept, the rest recomputed
             saved = {"op_selective_saved": prof.per_layer}
+            parts = op_selective_saved_terms(self.model, t)
+            if sum(parts.values()) == prof.per_layer:  # as the tensors they are
+                saved = {f"op_selective/{k}": v for k, v in parts.items()}
         else:
             saved = {"layer_input": prof.per_layer}
         if mode == "selective" and t.attention != "eager":
