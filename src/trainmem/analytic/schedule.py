@@ -475,22 +475,26 @@ class _Builder:
             "DeepSpeed's gradient bucket(s)",
         )
         items.append(bucket)
-        g1 = alloc(
-            self.loss_tmp // 2,
-            Cat.TEMPORARY,
-            b,
-            "loss/1",
-            "loss",
-            "the two (tokens x vocab) log-softmax gradients",
-        )
-        g2 = alloc(
-            self.loss_tmp - self.loss_tmp // 2,
-            Cat.TEMPORARY,
-            b,
-            "loss/2",
-            "loss",
-            "the two (tokens x vocab) log-softmax gradients",
-        )
+        # two (tokens x vocab) tensors, three under DTensor's loss parallel
+        # (:func:`~trainmem.analytic.activations.loss_backward_transient_bytes`); all but the
+        # last are freed before the head's backward
+        n = 3 if t.loss_parallel else 2
+        label = "the (tokens x vocab) log-softmax gradients"
+        g1 = alloc(self.loss_tmp * (n - 1) // n, Cat.TEMPORARY, b, "loss/1", "loss", label)
+        g2 = alloc(self.loss_tmp - g1.size_bytes, Cat.TEMPORARY, b, "loss/2", "loss", label)
+        firsts = [
+            alloc(g1.size_bytes // (n - 1), Cat.TEMPORARY, b, f"loss/1/{k}", "loss", label)
+            for k in range(n - 2)
+        ]
+        if firsts:  # g1 as the n - 1 tensors it is
+            g1 = alloc(
+                g1.size_bytes - sum(x.size_bytes for x in firsts),
+                Cat.TEMPORARY,
+                b,
+                "loss/1",
+                "loss",
+                label,
+            )
         head_dequant_b = alloc(
             self.head_dequant,
             Cat.TEMPORARY,
@@ -499,7 +503,8 @@ class _Builder:
             "head",
             "the LM head's dequantized weight",
         )
-        items += [g1, g2, free(g1, b), head_dequant_b, free(head_dequant_b, b), free(head_act, b)]
+        items += [*firsts, g1, g2, *(free(x, b) for x in firsts), free(g1, b)]
+        items += [head_dequant_b, free(head_dequant_b, b), free(head_act, b)]
         head_grads = self._grad_ops(
             self.head_grad_states, b, "head", "head", unsharded=self.pp_fsdp
         )
