@@ -140,3 +140,19 @@ def test_fsdp_over_context_parallel_alone_still_shards() -> None:
     a = estimate(model, cp8, simulate_allocator=False).breakdown.allocated_bytes
     b = estimate(model, dp8, simulate_allocator=False).breakdown.allocated_bytes
     assert abs(a - b) <= 2 * 262144 * 8 * 128 * 2
+
+
+def test_interleaved_in_flight_follows_torchs_warmup() -> None:
+    # ScheduleInterleaved1F1B, p = 8, v = 2, m = 16: 2 rounds of 8; rank 0 warms up with
+    # (2 - 1) * 8 + 2 * 7 = 22 chunk forwards, then forward-before-backward: 23 chunks of half
+    # the rank's layers = 11.5 rank units; rank 1: 21 chunks = 10.5; rank 7: 9 = 4.5
+    from trainmem.analytic.engine import _interleaved_in_flight
+
+    assert _interleaved_in_flight(0, 8, 16, 2) == 11.5
+    assert _interleaved_in_flight(1, 8, 16, 2) == 10.5
+    assert _interleaved_in_flight(7, 8, 16, 2) == 4.5
+    # v = 4 (multiply factor stays 2): rank 1 warms up 3 * 8 + 2 * 6 = 36 -> 37 / 4
+    assert _interleaved_in_flight(1, 8, 16, 4) == 37 / 4
+    # m = 4 < p: one round of 4; warmup min(4 + 14, 8) = 8 = every chunk forward, no steady
+    # state: all 4 micro-batches on both chunks = 4 rank units
+    assert _interleaved_in_flight(0, 8, 4, 2) == 4

@@ -156,6 +156,21 @@ def rank_layers(model: ModelSpec, training: TrainingConfig) -> list[int]:
     return [sum(sizes[r::p]) for r in range(p)]
 
 
+def _interleaved_in_flight(rank: int, p: int, m: int, v: int) -> float:
+    """Micro-batches (in units of the rank's whole layer set) whose activations rank ``rank``
+    holds at once under interleaved 1F1B: torch's ``ScheduleInterleaved1F1B`` runs
+    ``warmup = min((v - 1) * m_round + 2 * (p - 1 - rank), m * v)`` chunk forwards, then
+    alternates forward and backward (forward first), so ``warmup + 1`` chunk forwards are alive
+    while any steady-state op remains; ``m_round = m // max(1, m // p)`` micro-batches per
+    round (torch/distributed/pipelining/schedules.py ``_get_warmup_ops``,
+    ``_calculate_single_rank_operations``). With ``m`` a multiple of ``p`` this is Narayanan
+    et al. 2021's ``p - rank + (p - 1) / v`` for ``v = 2``."""
+    per_round = m // max(1, m // p)
+    warmup = min((v - 1) * per_round + 2 * (p - 1 - rank), m * v)
+    chunks = warmup + 1 if warmup < m * v else warmup
+    return chunks / v
+
+
 def pipeline_ranks(model: ModelSpec, training: TrainingConfig) -> list[PipelineRank]:
     """The ranks whose memory differs: the first and the last pipeline stage, and the first
     middle rank holding the most layers when it holds more than the first (one rank without
@@ -176,7 +191,7 @@ def pipeline_ranks(model: ModelSpec, training: TrainingConfig) -> list[PipelineR
         if schedule == "gpipe":
             in_flight: float = m
         elif schedule == "interleaved-1f1b":
-            in_flight = min(float(m), (p - stage) + (p - 1) / training.virtual_pipeline_stages)
+            in_flight = _interleaved_in_flight(stage, p, m, training.virtual_pipeline_stages)
         else:
             in_flight = min(m, p - stage)
         last = stage == p - 1
