@@ -156,3 +156,27 @@ def test_interleaved_in_flight_follows_torchs_warmup() -> None:
     # m = 4 < p: one round of 4; warmup min(4 + 14, 8) = 8 = every chunk forward, no steady
     # state: all 4 micro-batches on both chunks = 4 rank units
     assert _interleaved_in_flight(0, 8, 4, 2) == 4
+
+
+def test_fsdp2_collectives_allocate_on_their_streams() -> None:
+    # FSDP2 (torch _fsdp_collectives.py): sharded gradients are reduce-scatter outputs (RS
+    # stream), the prefetched layer's flat all-gather output is on the all-gather stream; one
+    # step's sharded fp32 gradients of llama-3.2-1b (1,235,814,400 parameters) over 8 ranks:
+    # 4 * 1,235,814,400 / 8 = 617,907,200 bytes (+ dim-0 padding, under 1%)
+    from trainmem.analytic.schedule import ALL_GATHER_STREAM, REDUCE_SCATTER_STREAM
+    from trainmem.breakdown import MemoryCategory
+    from trainmem.estimate import estimate
+
+    training = TrainingConfig(framework="fsdp2", zero_stage=3, data_parallel_size=8)
+    sched = estimate("llama-3.2-1b", training, simulate_allocator=False).schedules[0]
+    step = [ev for ev in sched.events() if ev.action == "alloc"]
+    rs = [ev for ev in step if ev.stream == REDUCE_SCATTER_STREAM]
+    ag = [ev for ev in step if ev.stream == ALL_GATHER_STREAM]
+    assert {ev.category for ev in rs} == {MemoryCategory.GRADIENT}
+    assert ag and {ev.category for ev in ag} == {MemoryCategory.TEMPORARY}
+    per_step = sum(ev.size_bytes for ev in rs) / 2  # the warm-up step and the measured one
+    assert 617_907_200 <= per_step < 617_907_200 * 1.01
+    # another framework's ZeRO-3 stays on the default stream
+    other = TrainingConfig(framework="pytorch-amp", zero_stage=3, data_parallel_size=8)
+    events = estimate("llama-3.2-1b", other, simulate_allocator=False).schedules[0].events()
+    assert {ev.stream for ev in events} == {0}

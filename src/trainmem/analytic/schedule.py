@@ -117,14 +117,27 @@ class PipelineRank:
     has_head: bool
 
 
-def alloc(size: int, cat: Cat, phase: Phase, key: str, module: str = "", label: str = "") -> Op:
-    """An allocation of ``max(size, 0)`` bytes."""
-    return Op("alloc", max(int(size), 0), cat, phase, key, module, label)
+def alloc(
+    size: int,
+    cat: Cat,
+    phase: Phase,
+    key: str,
+    module: str = "",
+    label: str = "",
+    stream: int = 0,
+) -> Op:
+    """An allocation of ``max(size, 0)`` bytes on CUDA stream ``stream``."""
+    return Op("alloc", max(int(size), 0), cat, phase, key, module, label, stream)
 
 
 def free(op: Op, phase: Phase) -> Op:
     """The free of ``op``'s allocation, in ``phase``."""
-    return Op("free", op.size_bytes, op.category, phase, op.key, op.module, op.label)
+    return Op("free", op.size_bytes, op.category, phase, op.key, op.module, op.label, op.stream)
+
+
+ALL_GATHER_STREAM = 1
+REDUCE_SCATTER_STREAM = 2
+"""Streams of FSDP2's collectives (``FrameworkConventions.fsdp_collective_streams``)."""
 
 
 class _Builder:
@@ -172,6 +185,10 @@ class _Builder:
             if self.stage >= 2 or offloads_grads
             else 0
         )
+        streams = training.conventions.fsdp_collective_streams and self.stage == 3
+        self.ag_stream = ALL_GATHER_STREAM if streams else 0
+        self.rs_stream = REDUCE_SCATTER_STREAM if streams else 0
+        self.flat_gather = self.gather_a if streams else 0  # one layer's flat all-gather output
         # Note [FSDP under pipeline parallelism]
         self.pp_fsdp = training.pipeline_parallel_size > 1 and self.stage == 3
         self.stage_gather = 0
@@ -349,7 +366,15 @@ class _Builder:
                 for n, s in enumerate(states)
             ]
         return [
-            alloc(s.grad_bytes, Cat.GRADIENT, phase, f"grad/{key}/{n}", module, "gradients")
+            alloc(
+                s.grad_bytes,
+                Cat.GRADIENT,
+                phase,
+                f"grad/{key}/{n}",
+                module,
+                "gradients",
+                self.rs_stream,
+            )
             for n, s in enumerate(states)
         ]
 
@@ -437,6 +462,7 @@ class _Builder:
             "gather/b",
             "layers",
             "gathered parameters of the prefetched layer",
+            self.ag_stream,
         )
         items += [prefetch_f, *self._forward_layers(), free(prefetch_f, f)]
         head_dequant = alloc(
@@ -529,6 +555,7 @@ class _Builder:
             "gather/b",
             "layers",
             "gathered parameters of the prefetched layer",
+            self.ag_stream,
         )
         items += [prefetch_b, *self._backward_layers(new_grads=new_grads), free(prefetch_b, b)]
         items.append(free(residual, b))
@@ -824,6 +851,20 @@ class _Builder:
             "(stage)",
             "the stage's gathered parameters, kept across micro-batches",
         )
+        if self.pp_fsdp and self.flat_gather:  # each layer's flat all-gather output, two in flight
+            flats = [
+                alloc(
+                    self.flat_gather,
+                    Cat.TEMPORARY,
+                    "forward",
+                    f"gather/flat/{k}",
+                    "(stage)",
+                    "a layer's flat all-gather output",
+                    self.ag_stream,
+                )
+                for k in range(2)
+            ]
+            items += [*flats, *(free(op, "forward") for op in flats)]
         items.append(gathered)
         if first:  # Note [Pipeline stage buffers]: one receive buffer per micro-batch
             items.append(

@@ -144,6 +144,13 @@ class FrameworkConventions:
     """FSDP shards over the data-parallel and the context-parallel ranks together: torchtitan's
     ``fully_shard`` takes the flattened ``dp_shard_cp`` mesh (torchtitan/models/llama3/infra/
     parallelize.py ``apply_fsdp``; torchtitan/distributed/parallel_dims.py)."""
+    fsdp_collective_streams: bool
+    """FSDP2 allocates on its own CUDA streams, whose blocks the caching allocator keeps in
+    per-stream pools (c10/cuda/CUDACachingAllocator.cpp: a free block is found only among blocks
+    of the requesting stream): each layer's flat all-gather output on the all-gather copy-in
+    stream (``foreach_all_gather``), the reduce-scatter output, which becomes the sharded
+    gradient, on the reduce-scatter stream (``foreach_reduce``; torch/distributed/fsdp/
+    _fully_shard/_fsdp_collectives.py). False: everything on the default stream."""
     torchtitan_pipeline_split: bool
     """Pipeline stages as torchtitan splits the layers when no split points are given
     (torchtitan/parallelisms/pipelining_utils.py ``generate_split_points``, Dec 2024): single-
@@ -201,6 +208,7 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "dtensor_sequence_parallel": False,
         "fsdp_shards_over_context_parallel": False,
         "torchtitan_pipeline_split": False,
+        "fsdp_collective_streams": False,
     }
     return FrameworkConventions(name=name, **{**defaults, **fields})  # type: ignore[arg-type]
 
@@ -245,6 +253,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             dtensor_sequence_parallel=True,
             fsdp_shards_over_context_parallel=True,
             torchtitan_pipeline_split=True,
+            fsdp_collective_streams=True,
         ),
         _row(
             "torchtune",
