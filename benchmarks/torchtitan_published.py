@@ -151,23 +151,29 @@ ROWS: list[tuple[str, str, dict[str, object], float, float | None]] = [
 
 NOTES = [
     "What changed (each rule cited in the source, tested by hand derivation):",
-    "- compile under op-level SAC: the trace now compiles the checkpointed layer as dynamo "
-    "does (the SAC policy as partitioner tags; before, AOTAutograd traced through the "
-    "checkpoint and dropped it: llama-3.2-1b b2 s8192 FSDP 8, 44.6 -> 33.4 GiB, eager 34.4); "
-    "the min-cut keeps no MUST_SAVE output the backward does not read (down_proj's), "
-    "4 GiB on the 8B rows: allocated 68.7 -> 64.6 GiB with compile (measured reserved: "
-    "-5.4 GiB).",
-    "- context parallelism: the replay split terms into whole-sequence tensors (fragmenting "
-    "blocks twice the rank's size), and FSDP 1 x CP 8 counted as unsharded (+12.8 GiB); "
-    "no row runs out of memory now.",
+    "- compile under op-level SAC: the trace compiles the checkpointed layer as dynamo does "
+    "(the SAC policy as partitioner tags; before, AOTAutograd traced through the checkpoint "
+    "and dropped it: llama-3.2-1b b2 s8192 FSDP 8, 44.6 -> 33.4 GiB, eager 34.4); the "
+    "min-cut keeps no MUST_SAVE output the backward does not read (down_proj's): 8B "
+    "allocated 68.7 -> 64.6 GiB with compile (measured reserved: -5.4 GiB).",
+    "- context parallelism: the replay split terms into whole-sequence tensors (blocks twice "
+    "the rank's), and FSDP 1 x CP 8 counted as unsharded (+12.8 GiB); no row runs out of "
+    "memory now.",
     "- pipeline parallelism: torch.distributed.pipelining's stage outputs (fwd_cache), the "
     "last stage's logits of every micro-batch (output_chunks, kept to the next step, plus "
     "the merged copy), per-micro-batch receive buffers; torchtitan's stage split and "
-    "micro-batch count (interleaved: 16 x b2, two stages per rank).",
-    "Open: the reserved figure depends on the allocator setting torchtitan launched with "
-    "(run_llama_train.sh sets expandable segments; both columns shown); the 1F1B rows stay "
-    "12-24% under (T6 CP8 grows by 7.8 GiB in the measurement, not in the model); T4's "
-    "reserved swings with the loss's 8 GiB fp32 blocks (allocated 57.6 GiB).",
+    "micro-batch count (interleaved: 16 x b2, two stages per rank); interleaved in-flight "
+    "from torch's warmup formula.",
+    "- replay: FSDP2's all-gather and reduce-scatter outputs on their own streams (per-stream "
+    "pools), the logits and their fp32 copy as two tensors, loss parallel's three backward "
+    "tensors, op-level SAC's saved tensors one by one.",
+    "Before, the interleaved row ran 8 x b4 (the lead's input): the engine gave both "
+    "schedules the same peak.",
+    "Open: which allocator setting the runs used (run_llama_train.sh sets expandable "
+    "segments; both columns shown); the 1F1B rows stay 11-21% under (stage 0 holds every "
+    "micro-batch: 8 x 15 checkpointed layer inputs; T5 1F1B and T6 CP 1 have the same "
+    "per-micro-batch tensors yet differ by 7 GiB in the measurements; T6 CP 8 grows by "
+    "7.8 GiB there, not in the model).",
 ]
 
 
