@@ -48,6 +48,21 @@ Note [FSDP under pipeline parallelism]
     dtype (FSDP2 ``FSDPParam.to_accumulated_grad_if_needed``: fp32 under torchtitan's
     ``MixedPrecisionPolicy(reduce_dtype=float32)``), until the reduce-scatter leaves the shards.
 
+Note [FSDP gradient accumulation under no_sync]
+    A framework that accumulates under FSDP1's ``no_sync()`` (``fsdp_no_sync_accumulation``:
+    lit-gpt's ``fabric.no_backward_sync`` -> Lightning ``module.no_sync()``) with FULL_SHARD
+    keeps each unit's gradient *unsharded* from the first micro-batch's backward to the last
+    one's: torch distributed/fsdp/_runtime_utils.py ``_post_backward_hook`` returns before the
+    reduce-scatter while ``not state._sync_gradients`` (``flat_param.grad`` keeps the padded
+    unsharded size, ``FlatParamHandle.prepare_gradient_for_backward``), and frees the gathered
+    parameters all the same (``_should_free_in_backward``: FULL_SHARD reshards after forward).
+    The last micro-batch runs with sync on: each unit's reduce-scatter leaves this rank's shard
+    and frees the unsharded gradient, layer by layer in its backward. With flat-parameter
+    gradients (:func:`~trainmem.analytic.tensor_states.flat_parameter_grads`) that unsharded
+    gradient covers every weight of a LoRA layer, not only the adapters: about one unsharded
+    copy of the layers per rank, alive from the first micro-batch's backward to the last one's.
+    Run on the CPU under the fake process group in ``tests/analytic/test_fsdp_flat_parameter.py``.
+
 Source: torch/optim/optimizer.py, adam.py ``_init_group`` / ``_multi_tensor_adam``; autograd's
 reverse-order backward; ATen/cuda/CublasHandlePool.cpp (one workspace per handle); the papers
 cited per term in :mod:`trainmem.analytic.activations` and :mod:`trainmem.analytic.engine`.
@@ -172,6 +187,18 @@ class _Builder:
         )
         # Note [FSDP under pipeline parallelism]
         self.pp_fsdp = training.pipeline_parallel_size > 1 and self.stage == 3
+        # Note [FSDP gradient accumulation under no_sync]
+        self.no_sync = (
+            not self.pp_fsdp
+            and self.stage == 3
+            and training.conventions.fsdp_no_sync_accumulation
+            and training.gradient_accumulation_steps > 1
+            and training.zero_grad_set_to_none
+            and not gradient_buffer_from_init(training)
+        )
+        if self.no_sync:  # the accumulated unsharded gradient is the reduce-scatter's input
+            self.reduce = 0
+        self.unsharded_grads = self.pp_fsdp or self.no_sync
         self.stage_gather = 0
         if self.pp_fsdp:
             self.stage_gather = self.L * (self.gather_a + self.kept) + self.gather_root
@@ -351,15 +378,28 @@ class _Builder:
             *(free(op, phase) for op in emb),
         ]
 
-    def micro_batch(self, *, new_grads: bool) -> Repeat:
-        """One micro-batch (built once per kind, shared by the warm-up and measured steps)."""
-        key = f"micro/{new_grads}"
+    def micro_batch(self, *, new_grads: bool, reduce: bool = False) -> Repeat:
+        """One micro-batch (built once per kind, shared by the warm-up and measured steps).
+        ``reduce``: the last micro-batch under ``no_sync`` accumulation, which reduce-scatters
+        each unit's accumulated unsharded gradient (Note [FSDP gradient accumulation under
+        no_sync])."""
+        key = f"micro/{new_grads}/{reduce}"
         cached = self._cache.get(key)
         if cached is None:
-            cached = self._cache[key] = Repeat(tuple(self._micro_batch(new_grads=new_grads)), 1)
+            body = self._micro_batch(new_grads=new_grads, reduce=reduce)
+            cached = self._cache[key] = Repeat(tuple(body), 1)
         return cached
 
-    def _micro_batch(self, *, new_grads: bool) -> list[Item]:
+    def _reduce_ops(self, states: list[TensorState], key: str, module: str) -> list[Op]:
+        """A unit's reduce-scatter after ``no_sync`` accumulation: this rank's gradient shard
+        allocated, then the accumulated unsharded gradient freed (torch
+        distributed/fsdp/_runtime_utils.py ``_post_backward_hook`` -> ``_reduce_grad``)."""
+        b: Phase = "backward"
+        sharded = self._grad_ops(states, b, key, module)
+        unsharded = self._grad_ops(states, b, key, module, unsharded=True)
+        return [*sharded, *(free(op, b) for op in unsharded)]
+
+    def _micro_batch(self, *, new_grads: bool, reduce: bool = False) -> list[Item]:
         """One micro-batch: forward then backward (Note [Analytic step schedule])."""
         t = self.training
         f: Phase = "forward"
@@ -465,10 +505,12 @@ class _Builder:
         )
         items += [g1, g2, free(g1, b), head_dequant_b, free(head_dequant_b, b), free(head_act, b)]
         head_grads = self._grad_ops(
-            self.head_grad_states, b, "head", "head", unsharded=self.pp_fsdp
+            self.head_grad_states, b, "head", "head", unsharded=self.unsharded_grads
         )
         if new_grads:
             items += head_grads
+        if reduce:
+            items += self._reduce_ops(self.head_grad_states, "head", "head")
         items.append(free(g2, b))
         residual = alloc(
             self.residual_tmp,
@@ -489,15 +531,18 @@ class _Builder:
             "layers",
             "gathered parameters of the prefetched layer",
         )
-        items += [prefetch_b, *self._backward_layers(new_grads=new_grads), free(prefetch_b, b)]
+        layers = self._backward_layers(new_grads=new_grads, reduce=reduce)
+        items += [prefetch_b, *layers, free(prefetch_b, b)]
         items.append(free(residual, b))
         if new_grads:
             emb_grads = self._grad_ops(
-                self.emb_grad_states, b, "embedding", "embedding", unsharded=self.pp_fsdp
+                self.emb_grad_states, b, "embedding", "embedding", unsharded=self.unsharded_grads
             )
             items += emb_grads
             if t.optimizer_in_backward:
                 items += [free(op, b) for op in emb_grads]
+        if reduce:
+            items += self._reduce_ops(self.emb_grad_states, "embedding", "embedding")
         items.append(free(emb_act, b))
         items.append(free(bucket, b))
         items += [free(op, b) for op in reversed(spans)]
@@ -557,7 +602,7 @@ class _Builder:
             "the layer's gathered weights, kept from its forward to its backward",
         )
 
-    def _backward_layers(self, *, new_grads: bool) -> list[Item]:
+    def _backward_layers(self, *, new_grads: bool, reduce: bool = False) -> list[Item]:
         b: Phase = "backward"
         t = self.training
         body: list[Op] = []
@@ -596,8 +641,11 @@ class _Builder:
                 self.dequant, Cat.TEMPORARY, b, "dequant", "layers.{i}", "a dequantized base weight"
             )
             body += [d, free(d, b)]
-        grads = self._grad_ops(self.layer_states, b, "{i}", "layers.{i}", unsharded=self.pp_fsdp)
-        reduce = alloc(
+        grads = self._grad_ops(
+            self.layer_states, b, "{i}", "layers.{i}", unsharded=self.unsharded_grads
+        )
+        reduce_accumulated = reduce
+        reduce_op = alloc(
             self.reduce,
             Cat.TEMPORARY,
             b,
@@ -614,7 +662,9 @@ class _Builder:
         body += [mlp_tmp]
         if new_grads:
             body += grads
-        body += [reduce, free(mlp_tmp, b)]
+        if reduce_accumulated:
+            body += self._reduce_ops(self.layer_states, "{i}", "layers.{i}")
+        body += [reduce_op, free(mlp_tmp, b)]
         body += [free(op, b) for op, m in zip(saved, is_mlp, strict=True) if m]
         body += [free(op, b) for op, m in zip(recomputed, re_mlp, strict=False) if m]
         attention = alloc(
@@ -625,7 +675,7 @@ class _Builder:
             "layers.{i}",
             "eager attention's backward transients",
         )
-        body += [attention, free(attention, b), free(reduce, b)]
+        body += [attention, free(attention, b), free(reduce_op, b)]
         body += [free(op, b) for op, m in zip(saved, is_mlp, strict=True) if not m]
         body += [
             free(op, b) for n, op in enumerate(recomputed) if n >= len(re_mlp) or not re_mlp[n]
@@ -773,7 +823,12 @@ class _Builder:
         )
         items.append(gathered)
         items.append(self.micro_batch(new_grads=not keep))
-        if m > 1:
+        if self.no_sync:  # Note [FSDP gradient accumulation under no_sync]
+            if m > 2:
+                again = self.micro_batch(new_grads=False)
+                items.append(Repeat(again.body, m - 2, independent=True))
+            items.append(self.micro_batch(new_grads=False, reduce=True))
+        elif m > 1:
             again = self.micro_batch(new_grads=False)
             items.append(Repeat(again.body, m - 1, independent=True))
         if self.pp_fsdp and not keep:  # the reduce-scatter after the last micro-batch
