@@ -141,12 +141,11 @@ ROWS: dict[str, dict[str, Any] | str] = {
     "GT090": _ADAPTER,
     "GT091": _ADAPTER,
     # GT092-GT095: lit-gpt LoRA with FSDP (full shard, Block wrapping and checkpointing), scored
-    # as the sharded step. An earlier reading ("the peak is set while loading the checkpoint")
-    # does not survive a second look: the measured peak grows with the micro-batch (GT092 b=1
-    # 22.18 GB -> GT093 b=4 23.39 GB), so the step sets it, and measured minus predicted is
-    # about one whole unsharded bf16 copy of the model per rank (13.4 GB for 7B over 2 ranks,
-    # 26.2 GB for 13B over 4), which trainmem does not model yet: these rows fail and stay
-    # counted until the copy lit-gpt's FSDP strategy holds is found (issue 17).
+    # as the sharded step. The measured peak grows with the micro-batch (GT092 b=1 22.18 GB ->
+    # GT093 b=4 23.39 GB), so the step sets it; the copy of the layers each rank holds is FSDP1's
+    # flat-parameter gradient (frozen base weights included, use_orig_params=True) kept
+    # unsharded under no_sync while lit-gpt accumulates 128 // b micro-batches (issue 17; Note
+    # [FSDP gradient accumulation under no_sync] in src/trainmem/analytic/schedule.py).
     "GT092": _litgpt("llama-2-7b", 1, 1304, **_litgpt_fsdp(2, 1)),
     "GT093": _litgpt("llama-2-7b", 4, 1304, **_litgpt_fsdp(2, 4)),
     "GT094": _litgpt("llama-2-13b", 1, 1304, **_litgpt_fsdp(4, 1)),
