@@ -4,9 +4,10 @@ figures they guard. A change that makes the memory model worse on these rows fai
 
 Current figures (benchmarks/RESULTS.md): 33 of 35 rows scored, median |error| 2.2%,
 p90 10.7%, worst under-estimate GT004 -13.6%. The lit-gpt FSDP + LoRA rows GT092-GT095 moved from
--60.4 / -53.7 / -73.5 / -27.0% to -1.1 / +2.6 / -1.7 / +14.1% when FSDP1's flat-parameter
-gradients under ``no_sync`` accumulation were modelled (Note [FSDP gradient accumulation under
-no_sync] in analytic/schedule.py); no other row changed. Thresholds allow rounding noise only;
+-60.4 / -53.7 / -73.5 / -27.0% to +1.7 / +5.2 / +1.4 / +14.1% when FSDP1's flat-parameter
+gradients under ``no_sync`` accumulation were modelled (Notes [FSDP gradient accumulation under
+no_sync] and [Flat-parameter gradients in backward] in analytic/schedule.py); no other row
+changed. Thresholds allow rounding noise only;
 they tighten when the model is fixed, never loosen to let a row pass.
 """
 
@@ -53,9 +54,9 @@ RECORDED = {
     "GT087": -0.0008,
     "GT088": -0.0024,
     "GT089": -0.0223,
-    "GT092": -0.0105,
-    "GT093": +0.0256,
-    "GT094": -0.0170,
+    "GT092": +0.0169,
+    "GT093": +0.0515,
+    "GT094": +0.0143,
     "GT095": +0.1411,
     "GT096": -0.1071,
 }

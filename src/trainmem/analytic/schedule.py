@@ -63,6 +63,20 @@ Note [FSDP gradient accumulation under no_sync]
     copy of the layers per rank, alive from the first micro-batch's backward to the last one's.
     Run on the CPU under the fake process group in ``tests/analytic/test_fsdp_flat_parameter.py``.
 
+Note [Flat-parameter gradients in backward]
+    FSDP1 with ``use_orig_params=True`` runs a unit's forward on views of its unsharded flat
+    parameter, made by one ``torch.split`` (torch distributed/fsdp/flat_param.py
+    ``_get_unflat_views_aligned``); in backward autograd buffers the gradient of every view (the
+    frozen base weights' too) until the split's backward concatenates them into the flat
+    gradient (``split_with_sizes_backward``: ``at::cat``), so at the end of a layer's backward
+    its per-parameter gradients and their concatenation are alive together (two unsharded
+    copies of the layer in the gradient dtype). Under ``no_sync`` accumulation the micro-batches
+    after the first add that concatenation into the kept gradient and free it (autograd
+    ``AccumulateGrad``: ``variable_grad += new_grad``). Measured on the real FSDP1 on the CPU
+    (torch.profiler allocation events, a 3-layer LoRA model, 2 fake ranks): per layer +1 unit
+    of view gradients, +1 unit concatenated, the views freed; the accumulated unit kept in the
+    first micro-batch, freed after the add in the later ones.
+
 Source: torch/optim/optimizer.py, adam.py ``_init_group`` / ``_multi_tensor_adam``; autograd's
 reverse-order backward; ATen/cuda/CublasHandlePool.cpp (one workspace per handle); the papers
 cited per term in :mod:`trainmem.analytic.activations` and :mod:`trainmem.analytic.engine`.
@@ -94,7 +108,7 @@ from trainmem.analytic.buffers import (
     root_gathered_bytes,
 )
 from trainmem.analytic.temporaries import optimizer_step_temporary_bytes
-from trainmem.analytic.tensor_states import StateLayout, TensorState
+from trainmem.analytic.tensor_states import StateLayout, TensorState, flat_parameter_grads
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
 from trainmem.specs.model import ModelSpec
@@ -199,6 +213,12 @@ class _Builder:
         if self.no_sync:  # the accumulated unsharded gradient is the reduce-scatter's input
             self.reduce = 0
         self.unsharded_grads = self.pp_fsdp or self.no_sync
+        # Note [Flat-parameter gradients in backward]
+        self.flat_views = (
+            sum(s.full_grad_bytes for s in self.layer_states)
+            if flat_parameter_grads(training) and self.stage == 3
+            else 0
+        )
         self.stage_gather = 0
         if self.pp_fsdp:
             self.stage_gather = self.L * (self.gather_a + self.kept) + self.gather_root
@@ -660,11 +680,38 @@ class _Builder:
         is_mlp = [term.startswith("mlp/") for term, _ in self.saved]
         re_mlp = [term.startswith("mlp/") for term, _ in self.dropped]
         body += [mlp_tmp]
-        if new_grads:
-            body += grads
-        if reduce_accumulated:
-            body += self._reduce_ops(self.layer_states, "{i}", "layers.{i}")
-        body += [reduce_op, free(mlp_tmp, b)]
+        if self.flat_views:  # Note [Flat-parameter gradients in backward]
+            views = alloc(
+                self.flat_views,
+                Cat.TEMPORARY,
+                b,
+                "flat_views",
+                "layers.{i}",
+                "the layer's per-parameter gradients before autograd concatenates them",
+            )
+            fresh = alloc(
+                0 if new_grads or not self.unsharded_grads else self.flat_views,
+                Cat.TEMPORARY,
+                b,
+                "flat_fresh",
+                "layers.{i}",
+                "the layer's new flat gradient before it is added to the accumulated one",
+            )
+            body += [views]
+            if new_grads and self.unsharded_grads:
+                body += grads  # the concatenated gradient becomes the accumulated one
+            body += [fresh, reduce_op, free(views, b)]
+            if new_grads and not self.unsharded_grads:
+                body += grads
+            if reduce_accumulated:
+                body += self._reduce_ops(self.layer_states, "{i}", "layers.{i}")
+            body += [free(fresh, b), free(mlp_tmp, b)]
+        else:
+            if new_grads:
+                body += grads
+            if reduce_accumulated:
+                body += self._reduce_ops(self.layer_states, "{i}", "layers.{i}")
+            body += [reduce_op, free(mlp_tmp, b)]
         body += [free(op, b) for op, m in zip(saved, is_mlp, strict=True) if m]
         body += [free(op, b) for op, m in zip(recomputed, re_mlp, strict=False) if m]
         attention = alloc(
