@@ -201,7 +201,8 @@ class _Builder:
         )
         # Note [FSDP under pipeline parallelism]
         self.pp_fsdp = training.pipeline_parallel_size > 1 and self.stage == 3
-        # Note [FSDP gradient accumulation under no_sync]
+        # Note [FSDP gradient accumulation under no_sync]; FULL_SHARD only (lit-gpt's): under
+        # SHARD_GRAD_OP no_sync also keeps the gathered parameters, not modelled here
         self.no_sync = (
             not self.pp_fsdp
             and self.stage == 3
@@ -216,7 +217,7 @@ class _Builder:
         # Note [Flat-parameter gradients in backward]
         self.flat_views = (
             sum(s.full_grad_bytes for s in self.layer_states)
-            if flat_parameter_grads(training) and self.stage == 3
+            if flat_parameter_grads(training)
             else 0
         )
         self.stage_gather = 0
