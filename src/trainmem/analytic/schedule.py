@@ -118,6 +118,28 @@ from trainmem.units import dtype_bytes
 
 WEIGHT_COPIES = "autocast_weight_copies"
 
+RELEASED_BEFORE_SOFTMAX_BACKWARD = frozenset(
+    {
+        "attention/out_proj_input",
+        "scores/probs_for_values",
+        "scores/dropout_mask",
+        "attention/v",
+    }
+)
+"""Eager attention terms whose saving op runs its backward before the softmax's.
+
+Note [Eager attention's backward order]
+    Eager attention is ``o_proj(matmul(dropout(softmax(q k^T).to(c)), v))`` (transformers
+    modeling_llama.py ``eager_attention_forward``). Backward runs o_proj's, the value matmul's,
+    dropout's and the cast's nodes before the softmax's, and autograd releases a node's saved
+    tensors as soon as it has run (torch/csrc/autograd/engine.cpp ``call_function``:
+    ``fn.release_variables()`` when the graph is not retained). So the o_proj input, the
+    probabilities fed to the value matmul, the dropout mask and v are gone when the softmax
+    backward's two score-sized transients are live; q and k (the score matmul's) and the
+    softmax output stay. Checked against the trace engine (tiny-llama-test, bf16-mixed, eager,
+    b=2, s=2048: the backward peak fell from 10.6 % over the trace to 0.0 %) and a real GPU's
+    snapshot (S003 of ../shared/validation/snapshots, benchmarks/snapshot_analytic_step.py)."""
+
 WARMUP_STEPS = 1
 """Steps replayed before the measured one (Note [Analytic step schedule])."""
 
@@ -723,10 +745,19 @@ class _Builder:
             "layers.{i}",
             "eager attention's backward transients",
         )
+        # Note [Eager attention's backward order]
+        early = self._released_before_softmax_backward(self.saved)
+        re_early = self._released_before_softmax_backward(self.dropped)
+        body += [free(op, b) for op, e in zip(saved, early, strict=True) if e]
+        body += [free(op, b) for op, e in zip(recomputed, re_early, strict=False) if e]
         body += [attention, free(attention, b), free(reduce_op, b)]
-        body += [free(op, b) for op, m in zip(saved, is_mlp, strict=True) if not m]
         body += [
-            free(op, b) for n, op in enumerate(recomputed) if n >= len(re_mlp) or not re_mlp[n]
+            free(op, b) for op, m, e in zip(saved, is_mlp, early, strict=True) if not (m or e)
+        ]
+        body += [
+            free(op, b)
+            for n, op in enumerate(recomputed)
+            if (n >= len(re_mlp) or not re_mlp[n]) and not (n < len(re_early) and re_early[n])
         ]
         if t.optimizer_in_backward and new_grads:
             body += [free(op, b) for op in grads]
@@ -738,6 +769,13 @@ class _Builder:
             Repeat(tuple(body), self.L - 1, reverse=True, start=1),
             Repeat(tuple(last), 1),
         ]
+
+    def _released_before_softmax_backward(self, blocks: list[tuple[str, int]]) -> list[bool]:
+        """Per block of ``blocks``: saved by an op whose backward runs before eager
+        attention's softmax backward (Note [Eager attention's backward order])."""
+        if self.training.attention != "eager":
+            return [False] * len(blocks)
+        return [term in RELEASED_BEFORE_SOFTMAX_BACKWARD for term, _ in blocks]
 
     def optimizer(self, *, first: bool) -> list[Item]:
         """States (first step only), then the step's temporaries (a zero-byte marker opens the
