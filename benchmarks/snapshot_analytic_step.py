@@ -55,7 +55,7 @@ from trainmem.analytic.activations import (  # noqa: E402
 )
 from trainmem.breakdown import MemoryCategory as Cat  # noqa: E402
 from trainmem.estimate import estimate, resolve_model  # noqa: E402
-from trainmem.schedule import Item, Op, Repeat, StepSchedule  # noqa: E402
+from trainmem.schedule import Action, Item, Op, Repeat, StepSchedule  # noqa: E402
 from trainmem.specs.model import ModelSpec  # noqa: E402
 from trainmem.specs.training import TrainingConfig  # noqa: E402
 from trainmem.timeline import Phase  # noqa: E402
@@ -251,8 +251,8 @@ def course_terms(case: Case, model: ModelSpec, training: TrainingConfig) -> list
 # -- the analytic schedule with the course terms added where the course allocates them --------
 
 
-def _op(action: str, size: int, phase: Phase, key: str, label: str = "") -> Op:
-    return Op(action, max(int(size), 0), Cat.TEMPORARY, phase, key, "course", label)  # type: ignore[arg-type]
+def _op(action: Action, size: int, phase: Phase, key: str, label: str = "") -> Op:
+    return Op(action, max(int(size), 0), Cat.TEMPORARY, phase, key, "course", label)
 
 
 def _resize(op: Op, size: int) -> Op:
@@ -310,7 +310,7 @@ def explained_schedule(sched: StepSchedule, terms: list[Term], edits: Edits) -> 
 
     blocks = {x.name: x.block for x in terms}
 
-    def ops(name: str, action: str, phase: Phase, key: str) -> list[Op]:
+    def ops(name: str, action: Action, phase: Phase, key: str) -> list[Op]:
         """The term as the tensors it is made of (``Term.block``), or one op."""
         size, block = by[name], blocks[name]
         if block <= 0 or size <= 0 or size % block:
