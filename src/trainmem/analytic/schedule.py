@@ -751,9 +751,7 @@ class _Builder:
         body += [free(op, b) for op, e in zip(saved, early, strict=True) if e]
         body += [free(op, b) for op, e in zip(recomputed, re_early, strict=False) if e]
         body += [attention, free(attention, b), free(reduce_op, b)]
-        body += [
-            free(op, b) for op, m, e in zip(saved, is_mlp, early, strict=True) if not (m or e)
-        ]
+        body += [free(op, b) for op, m, e in zip(saved, is_mlp, early, strict=True) if not (m or e)]
         body += [
             free(op, b)
             for n, op in enumerate(recomputed)
