@@ -421,9 +421,10 @@ def real_numbers(snapshot_id: str, corpus: Path) -> dict[str, Any]:
     }
 
 
-def run_case(case: Case, corpus: Path) -> dict[str, Any]:
-    """Real, analytic and analytic + explained numbers of one case."""
-    path = config_path(case)
+def predict(case: Case, path: Path | None = None) -> dict[str, Any]:
+    """Analytic and analytic + explained numbers of one case (``path``: its config.json,
+    default :func:`config_path`)."""
+    path = config_path(case) if path is None else path
     model = resolve_model(str(path))
     training = training_of(case)
     est = estimate(str(path), training, engine="analytic")
@@ -456,7 +457,6 @@ def run_case(case: Case, corpus: Path) -> dict[str, Any]:
     ex_replay = replay_timeline(explained.events(), capacity_bytes=None)
     return {
         "case": case,
-        "real": real_numbers(case.id, corpus),
         "analytic": {
             "allocated": est.breakdown.allocated_bytes,
             "reserved": replay["max_memory_reserved"],
@@ -470,6 +470,11 @@ def run_case(case: Case, corpus: Path) -> dict[str, Any]:
         },
         "terms": terms,
     }
+
+
+def run_case(case: Case, corpus: Path) -> dict[str, Any]:
+    """Real, analytic and analytic + explained numbers of one case."""
+    return {**predict(case), "real": real_numbers(case.id, corpus)}
 
 
 def gradient_sizes(sched: StepSchedule) -> list[int]:

@@ -84,3 +84,51 @@ def test_analytic_step_and_course_terms_against_the_real_gpu() -> None:
     for phase in ("forward", "backward"):
         value = real["phases"][phase]
         assert abs(explained["phases"][phase] - value) <= 0.02 * value
+
+
+@pytest.mark.parametrize(
+    ("precision", "optimizer", "phases"),
+    [
+        ("32-true", "course-adamw", ("forward", "backward")),
+        ("32-true", "none", ("forward", "backward")),
+        ("bf16-mixed", "course-adamw", ("forward",)),
+    ],
+)
+def test_course_terms_match_the_traced_course_model(
+    tmp_path: Path, precision: str, optimizer: str, phases: tuple[str, ...]
+) -> None:
+    """The analytic schedule plus the course terms against the course model traced on fake
+    tensors (``trainmem.trace`` runs benchmarks/cs336_lm.py's code under autograd): every term
+    at once, on a configuration small enough to trace in a second. Compared where the trace
+    harness runs the step as the scripts do (it drops the logits before the optimizer step,
+    where the scripts keep them, and its emulated autocast backward of the written-out softmax
+    holds one fp32 score tensor more than S003's real GPU trace shows)."""
+    torch = pytest.importorskip("torch")
+    from cs336_lm import BasicsLM, CourseAdamW, course_cross_entropy
+
+    import trainmem
+
+    v, h, L, a, i, b, s = 2000, 128, 2, 4, 256, 2, 256
+    config = json.loads((bench.CONFIGS / "cs336-small.json").read_text())
+    config.update(
+        hidden_size=h, intermediate_size=i, num_attention_heads=a, num_key_value_heads=a,
+        head_dim=h // a, num_hidden_layers=L, vocab_size=v,
+    )  # fmt: skip
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    kept = optimizer == "none"
+    case = bench.Case("tiny", v, h, L, a, i, b, s, optimizer, kept, precision, "tiny")
+    predicted = bench.predict(case, path)
+    traced = trainmem.trace(
+        lambda: BasicsLM(v, s, h, L, a, i),
+        lambda *_: torch.randint(0, v, (b, s)),
+        training=bench.training_of(case),
+        optimizer=CourseAdamW if optimizer == "course-adamw" else None,
+        loss_fn=course_cross_entropy,
+        name="tiny",
+    ).details["phase_peaks_bytes"]
+    for phase in phases:
+        # the analytic engine alone is short by the course terms (8 % to 21 % here) ...
+        assert traced[phase] - predicted["analytic"]["phases"][phase] > 0.05 * traced[phase]
+        # ... which account for all of it
+        assert abs(predicted["explained"]["phases"][phase] - traced[phase]) <= 0.002 * traced[phase]
