@@ -2,7 +2,8 @@
 snapshots (issue 13).
 
 For the snapshots of ../shared/validation/snapshots whose model and configuration are known
-(the CS336 course transformer; the same cases as ``snapshot_traced_step.py``), the course model
+(the CS336 course transformer: the cases of ``snapshot_traced_step.py`` and S025, S026), the
+course model
 is given to the analytic engine as a llama-shaped ``config.json`` (``benchmarks/cs336_configs``:
 no biases, untied embeddings, SiLU-gated MLP, RMSNorm, RoPE, the course's widths and 10,000-token
 vocabulary) with eager attention, no dropout and the for-loop optimizer. Its schedule, replayed
@@ -39,7 +40,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from snapshot_replay import DEFAULT_CORPUS, commit  # noqa: E402
-from snapshot_traced_step import CASES, Case  # noqa: E402
+from snapshot_traced_step import CASES as TRACED_CASES  # noqa: E402
+from snapshot_traced_step import Case  # noqa: E402
 
 from trainmem.allocator.caching import round_size_default  # noqa: E402
 from trainmem.allocator.replay import replay_timeline  # noqa: E402
@@ -74,12 +76,31 @@ ZERO_GRAD_AFTER_FORWARD = frozenset({"S009", "S013", "S014"})
 """Scripts that call ``optimizer.zero_grad()`` between the forward and the backward (index.csv
 "recorded": fwd, loss, zero_grad, bwd, step)."""
 
-_SIZES = {768: "small", 1024: "medium", 1280: "large", 2560: "2.7b"}
+CASES = [
+    *TRACED_CASES,
+    # full-confidence course runs the traced benchmark does not cover (scripts read at the
+    # commits index.csv names; frames checked: the course's nn_utils loss in S025, torch's
+    # F.cross_entropy and foreach AdamW (_multi_tensor_adam) in S026)
+    Case("S025", 10000, 2560, 32, 32, 6848, 4, 128, "none", False, "32-true",
+         "fp32 fwd + course CE + bwd, no optimizer, d_ff = 8/3 d_model (6848)"),
+    Case("S026", 10000, 2560, 32, 32, 10240, 4, 512, "torch-adamw", False, "bf16-mixed",
+         "bf16 autocast full step, F.cross_entropy, torch AdamW (foreach)", "torch-ce"),
+]  # fmt: skip
+"""The traced benchmark's cases and two more; ``Case.optimizer`` ``torch-adamw`` is
+torch.optim.AdamW (its foreach default), ``Case.loss`` ``torch-ce`` is F.cross_entropy."""
+
+_SIZES = {
+    (768, 3072): "small",
+    (1024, 4096): "medium",
+    (1280, 5120): "large",
+    (2560, 10240): "2.7b",
+    (2560, 6848): "2.7b-ff6848",
+}
 
 
 def config_path(case: Case) -> Path:
     """The llama-shaped config.json of the case's course model size."""
-    return CONFIGS / f"cs336-{_SIZES[case.d_model]}.json"
+    return CONFIGS / f"cs336-{_SIZES[case.d_model, case.d_ff]}.json"
 
 
 def training_of(case: Case) -> TrainingConfig:
@@ -91,7 +112,7 @@ def training_of(case: Case) -> TrainingConfig:
         seq_len=case.seq_len,
         precision=case.precision,
         optimizer="sgd" if case.optimizer == "none" else "adamw",
-        optimizer_implementation="for-loop",
+        optimizer_implementation="for-loop" if case.optimizer == "course-adamw" else None,
         attention="eager",
         dropout=False,
         zero_grad_set_to_none=not case.grads_kept,
@@ -196,7 +217,9 @@ def course_terms(case: Case, model: ModelSpec, training: TrainingConfig) -> list
     log_softmax = prof.head_terms.get("log_softmax", 0)
     loss_fwd = loss_forward_transient_bytes(model, training)
     loss_bwd = loss_backward_transient_bytes(model, training)
-    if case.loss == "ce":
+    if case.loss == "torch-ce":
+        pass  # F.cross_entropy: the analytic engine's own loss terms (fp32 copy, log-softmax)
+    elif case.loss == "ce":
         # nn_utils.log_softmax: x - x_max, exp(x - x_max) (saved), the difference, then the
         # negation in cross_entropy: the logits and three (t, V) tensors at once (fp32);
         # under autocast the logits, x - x_max and the second x - x_max are 16-bit and exp's
@@ -350,7 +373,12 @@ def explained_schedule(sched: StepSchedule, terms: list[Term], edits: Edits) -> 
             out.append(x)
             if n == last_saved:
                 out += [_op("alloc", by[k], f, f"course/{k}/{{i}}", k) for k in per_layer]
-            if x.key == "act/head" and x.action == "alloc" and not sum_loss:
+            if (
+                x.key == "act/head"
+                and x.action == "alloc"
+                and "loss_forward" in by
+                and not sum_loss
+            ):
                 out += ops("loss_forward", "alloc", f, "course/loss")
                 out += ops("loss_forward", "free", f, "course/loss")
             if x.key == "logits" and x.action == "free":
