@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmem.errors import SpecError, UnsupportedError
+from trainmem.specs.diffusers import is_diffusers_config
 from trainmem.specs.files import parse_json, path_kind, read_text_file, resolve_path
 from trainmem.specs.model import MAX_COUNT, HeadKind, ModelSpec, describe_int
 
@@ -824,10 +825,16 @@ def model_spec_from_hf(config: Mapping[str, Any], name: str) -> ModelSpec:
     Raises:
         SpecError: missing ``model_type`` or required shape field, a non-positive size,
             heads that do not divide the width.
-        UnsupportedError: a ``model_type`` or option that is not modelled.
+        UnsupportedError: a ``model_type`` or option that is not modelled, or a diffusers
+            config (``_class_name``: the trace engine builds those).
     """
     if not isinstance(config, Mapping):
         raise SpecError("model", f"a config must be a mapping, got {_short(config)}")
+    if is_diffusers_config(config):
+        raise UnsupportedError(
+            f"{_short(config.get('_class_name'))} is a diffusers model, not a formula family of "
+            "the analytic engine; use --engine trace (it builds the model with diffusers)"
+        )
     model_type = config.get("model_type")
     if not model_type or not isinstance(model_type, str):
         raise SpecError(

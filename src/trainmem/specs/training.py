@@ -296,10 +296,23 @@ class TrainingConfig:
     quantization, Dettmers et al. 2023; peft's ``bnb_4bit_use_double_quant=True``), ``int8``
     (LLM.int8()), ``gptq-int4`` (GPTQ, Frantar et al. 2022: 4-bit weights, group size 128), or
     ``none``."""
+    resolution: int | None = None
+    """diffusers image/video models: height = width of the training images in pixels (latents
+    are ``resolution / 8`` on a side); None: the model's default
+    (:data:`trainmem.specs.diffusers.DIFFUSERS_FAMILIES`). Refused for language models."""
+    frames: int | None = None
+    """diffusers video models: frames per clip (``1 + 4k`` for Wan's causal VAE); None: the
+    model's default. Refused for image and language models."""
+    text_seq_len: int | None = None
+    """diffusers models: text-encoder tokens of the prompt embeddings (FLUX 512, SD3 77 + 256,
+    SDXL 77); None: the model's default. Refused for language models (use ``seq_len``)."""
 
     def __post_init__(self) -> None:
         for field in _POSITIVE_INTS:
             _check_int(field, getattr(self, field), minimum=1)
+        for field in ("resolution", "frames", "text_seq_len"):
+            if getattr(self, field) is not None:
+                _check_int(field, getattr(self, field), minimum=1)
         for field in ("lora_rank", "chunked_cross_entropy"):
             _check_int(field, getattr(self, field), minimum=0)
         for field in _FLAGS:
