@@ -167,9 +167,7 @@ def image_batch(config: Mapping[str, Any], training: Any) -> ImageBatch:
                 f"{(frames - 1) // fam.temporal_factor * fam.temporal_factor + 1}",
             )
     elif training.frames is not None:
-        raise SpecError(
-            "frames", f"{name} is an image model; --frames is only for video models"
-        )
+        raise SpecError("frames", f"{name} is an image model; --frames is only for video models")
     text = fam.text_seq_len if training.text_seq_len is None else int(training.text_seq_len)
     return ImageBatch(
         height=height,

@@ -50,15 +50,17 @@ Config = Mapping[str, Any]
 # ---------------------------------------------------------------------------------------
 
 
-def preset_index() -> dict[str, dict[str, str | None]]:
-    """The preset index: preset name -> ``{"file", "hub_id", "source"}``.
+def preset_index() -> dict[str, dict[str, str | int | None]]:
+    """The preset index: preset name -> ``{"file", "hub_id", "source"}``, plus
+    ``num_parameters`` for presets no formula family counts (diffusers models; checked against
+    the meta-built model's numel in tests/specs/test_diffusers_presets.py).
 
     Returns:
         A fresh dict read from ``presets/index.json``; ``hub_id`` is None for the tiny
         test configs that exist only here.
     """
     with (PRESETS_DIR / "index.json").open(encoding="utf-8") as f:
-        index: dict[str, dict[str, str | None]] = json.load(f)
+        index: dict[str, dict[str, str | int | None]] = json.load(f)
     return index
 
 

@@ -264,7 +264,8 @@ def make_diffusers_batch(model: Any, training: TrainingConfig) -> dict[str, Any]
             "encoder_hidden_states": randn(b, t, cross),
         }
         if cfg.get("addition_embed_type") == "text_time":
-            pooled = cfg["projection_class_embeddings_input_dim"] - 6 * cfg["addition_time_embed_dim"]
+            time_dim = 6 * cfg["addition_time_embed_dim"]  # six micro-conditions
+            pooled = cfg["projection_class_embeddings_input_dim"] - time_dim
             batch["added_cond_kwargs"] = {"text_embeds": randn(b, pooled), "time_ids": randn(b, 6)}
     else:  # WanTransformer3DModel
         batch = {
