@@ -238,7 +238,8 @@ def test_yaml_bare_no_is_no_mixed_precision(tmp_path: Path) -> None:
 
 def _lay_out_hub_cache(root: Path, repo_id: str, files: dict[str, dict]) -> None:
     """The huggingface_hub cache layout, by hand: models--org--name/refs/main holds the commit,
-    snapshots/<commit>/<file> the files (huggingface_hub file_download.py, try_to_load_from_cache)."""
+    snapshots/<commit>/<file> the files (huggingface_hub file_download.py,
+    ``try_to_load_from_cache``)."""
     commit = "0123456789abcdef0123456789abcdef01234567"
     repo = root / ("models--" + repo_id.replace("/", "--"))
     (repo / "refs").mkdir(parents=True)
