@@ -95,3 +95,20 @@ def test_misuse_is_one_clear_line(args: tuple[str, ...], field: str, words: str)
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:"), r.stderr
     assert field in lines[0] and words in lines[0], lines[0]
+
+
+@pytest.mark.slow
+def test_flux_1_dev_lora_preset() -> None:
+    """The real FLUX.1-dev transformer (about 20 s): LoRA r=16 on q, k, v, o. By hand: 19
+    double-stream blocks with 8 such 3072 x 3072 linears (to_q/k/v, to_out.0, add_q/k/v_proj,
+    to_add_out) and 38 single-stream blocks with 3 (to_q/k/v; the output is proj_out, not an
+    attention linear), each 16 * (3072 + 3072) adapter parameters."""
+    r = run("estimate", "flux.1-dev-transformer", "--engine", "trace", "-p", "bf16-true",
+            "--lora-rank", "16", "--lora-targets", "q,k,v,o", "-c", "full", "--json")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    lora = (19 * 8 + 38 * 3) * 16 * (3072 + 3072)
+    assert d["num_trainable_parameters"] == lora == 26_148_864
+    assert d["num_parameters"] == 11_901_408_320 + lora  # presets/index.json, tested vs numel
+    # bf16 weights alone are 2 B per parameter
+    assert d["peak"]["allocated_bytes"] > 2 * d["num_parameters"]

@@ -71,13 +71,16 @@ def config_line(est: MemoryEstimate) -> str:
         for k in (
             "micro_batch_size",
             "seq_len",
+            "resolution",
+            "frames",
+            "text_seq_len",
             "precision",
             "optimizer",
             "activation_checkpointing",
             "attention",
             "gradient_accumulation_steps",
         )
-        if k in c
+        if c.get(k) is not None
     ]
     if c.get("data_parallel_size", 1) > 1:
         parts += [f"data_parallel_size={c['data_parallel_size']}", f"zero_stage={c['zero_stage']}"]

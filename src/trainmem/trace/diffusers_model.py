@@ -127,7 +127,9 @@ def build_diffusers_model(
                 f"({type(exc).__name__}: {reason}); check the config"
             ) from exc
     if training.weight_dtype != "float32":
-        model = model.to(getattr(torch, training.weight_dtype))
+        # every parameter, as the scripts' ``transformer.to(device, dtype=weight_dtype)`` casts
+        # (ModelMixin.to only adds a log line about ``_keep_in_fp32_modules`` before this)
+        model = torch.nn.Module.to(model, getattr(torch, training.weight_dtype))
     apply_diffusers_lora(model, training)
     model.train()
     return model
@@ -371,6 +373,13 @@ def estimate_diffusers_trace(
         if g.frames
         else [g.latent_height, g.latent_width],
     }
+    # the batch as resolved (a diffusers step has no token sequence length)
+    est.config.pop("seq_len", None)
+    est.config.update(
+        resolution=g.height if g.height == g.width else f"{g.height}x{g.width}",
+        frames=g.frames or None,
+        text_seq_len=g.text_seq_len,
+    )
     what = f"{g.height}x{g.width} px" + (f", {g.frames} frames" if g.frames else "")
     est.notes.append(
         f"diffusers {cls}: micro-batch of {what}, {g.text_seq_len} text tokens (VAE and text "
