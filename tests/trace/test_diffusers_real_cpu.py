@@ -121,6 +121,10 @@ CASES = [
     ("tiny-sdxl-unet.json", dict(micro_batch_size=1, precision="bf16-true", lora_rank=4,
                                  activation_checkpointing="full", **IMAGE)),
     ("tiny-sd3.json", dict(micro_batch_size=2, precision="32-true", **IMAGE)),
+    ("tiny-sd3.json", dict(micro_batch_size=1, precision="bf16-mixed",
+                           activation_checkpointing="full", **IMAGE)),
+    ("tiny-wan.json", dict(micro_batch_size=1, precision="bf16-mixed", frames=5, lora_rank=4,
+                           lora_targets=("q", "v", "up"), **IMAGE)),
     ("tiny-wan.json", dict(micro_batch_size=1, precision="32-true", frames=9, **IMAGE)),
 ]  # fmt: skip
 

@@ -20,8 +20,9 @@ Note [diffusers training step]
     prompt embeddings, pooled embeddings. Differences from the scripts, all a few latent-sized
     tensors: the target is drawn inside the loss (``noise - latents`` there: one tensor of the
     latent shape; SDXL's ``target = noise`` exists before the forward there), FLUX's prediction
-    is not unpacked back to [b, c, h, w] (a copy of the prediction there), and SD3's
-    ``precondition_outputs`` (two more latent-sized tensors) is not applied.
+    is not unpacked back to [b, c, h, w] (a copy of the prediction there). SD3's default
+    ``--precondition_outputs 1`` is applied (``pred * (-sigmas) + noisy_input``, target the
+    clean latents).
 
     Inputs are in the parameter dtype (the scripts cast latents and embeddings to
     ``weight_dtype``); timesteps are fp32 (FLUX / SD3 / Wan: scheduler sigmas) or int64 (SDXL:
@@ -286,8 +287,9 @@ def diffusers_loss(output: Any, batch: Mapping[str, Any]) -> Any:
     pred.float(), target.float(), reduction="mean")``. The transformers (flow matching,
     ``train_dreambooth_flux.py`` / ``train_dreambooth_sd3.py``): ``torch.mean((w.float() *
     (pred.float() - target.float()) ** 2).reshape(b, -1), 1).mean()`` with the weighting ``w``
-    of scheme ``"none"`` (ones [b, 1, ...]). The target is a tensor of the prediction's shape
-    and dtype; see Note [diffusers training step].
+    of scheme ``"none"`` (ones [b, 1, ...]); SD3 preconditions the prediction first
+    (``pred * (-sigmas) + noisy_input``, ``train_dreambooth_sd3.py``). The target is a tensor
+    of the prediction's shape and dtype; see Note [diffusers training step].
 
     Args:
         output: the model's output (a tuple with ``return_dict=False``, or an output object).
@@ -301,6 +303,12 @@ def diffusers_loss(output: Any, batch: Mapping[str, Any]) -> Any:
     if "sample" in batch:
         return torch.nn.functional.mse_loss(pred.float(), target.float(), reduction="mean")
     b = pred.shape[0]
+    if "pooled_projections" in batch and "img_ids" not in batch:
+        # SD3 (train_dreambooth_sd3.py, --precondition_outputs 1 by default, EDM sec. 5):
+        # model_pred = model_pred * (-sigmas) + noisy_model_input; target = model_input
+        noisy = batch["hidden_states"]
+        sigmas = torch.rand((b,) + (1,) * (pred.dim() - 1), dtype=noisy.dtype)
+        pred = pred * (-sigmas) + noisy
     weighting = torch.ones((b,) + (1,) * (pred.dim() - 1), dtype=pred.dtype)
     per_sample = torch.mean(
         (weighting.float() * (pred.float() - target.float()) ** 2).reshape(b, -1), 1
