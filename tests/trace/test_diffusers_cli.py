@@ -70,10 +70,12 @@ def test_lora_on_a_diffusers_model_trains_only_the_adapters() -> None:
 
 
 def test_video_frames() -> None:
-    r = run("estimate", WAN, "--engine", "trace", "--resolution", "64", "--frames", "9",
+    r = run("estimate", WAN, "--engine", "trace", "--resolution", "64x96", "--frames", "9",
             "--text-seq-len", "16", "--json")  # fmt: skip
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["details"]["diffusers"]["latent_shape"] == [3, 8, 8]  # 1 + 8/4
+    d = json.loads(r.stdout)
+    assert d["details"]["diffusers"]["latent_shape"] == [3, 8, 12]  # 1 + 8/4 frames, px / 8
+    assert d["config"]["resolution"] == "64x96" and d["config"]["frames"] == 9
 
 
 @pytest.mark.parametrize(
@@ -82,7 +84,7 @@ def test_video_frames() -> None:
         ((FLUX, "--engine", "trace", "--frames", "9"), "frames", "image model"),
         ((WAN, "--engine", "trace", "--frames", "10"), "frames", "1 + 4k"),
         ((FLUX, "--engine", "trace", "--resolution", "100"), "resolution", "multiple of 16"),
-        ((FLUX, "--engine", "trace", "--resolution", "0"), "resolution", "positive integer"),
+        ((FLUX, "--engine", "trace", "--resolution", "0"), "resolution", "HEIGHTxWIDTH"),
         (("gpt2", "--resolution", "512"), "resolution", "--seq-len"),
         (("gpt2", "--engine", "trace", "--text-seq-len", "77"), "text_seq_len", "--seq-len"),
         ((FLUX,), "", "not a formula family"),

@@ -306,10 +306,11 @@ TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
     _p(
         "resolution",
         Annotated[
-            int | None,
-            _oi(
+            str | None,
+            _o(
                 "--resolution",
-                help="diffusers models: image side in pixels [default: the model's, e.g. 1024].",
+                help="diffusers models: image side in pixels, or HEIGHTxWIDTH (480x832) "
+                "[default: the model's, e.g. 1024].",
             ),
         ],
         None,

@@ -143,8 +143,8 @@ def image_batch(config: Mapping[str, Any], training: Any) -> ImageBatch:
     """
     name = diffusers_class(config)
     fam = DIFFUSERS_FAMILIES[name]
-    if training.resolution is not None:
-        height = width = int(training.resolution)
+    if training.image_size is not None:
+        height, width = training.image_size
     elif fam.resolution is not None:
         height, width = fam.resolution
     else:
