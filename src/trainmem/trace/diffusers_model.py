@@ -165,12 +165,9 @@ def apply_diffusers_lora(model: Any, training: TrainingConfig) -> None:
     linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     names: list[str] = []
     for target in training.lora_targets:
-        suffixes = DIFFUSERS_LORA_MODULES.get(target)
-        found = [
-            n for n in linears if suffixes and any(n == s or n.endswith("." + s) for s in suffixes)
-        ]
+        found = _matching(linears, DIFFUSERS_LORA_MODULES.get(target, ()))
         if not found:
-            have = [t for t, s in DIFFUSERS_LORA_MODULES.items() if _has_any(linears, s)]
+            have = [t for t, s in DIFFUSERS_LORA_MODULES.items() if _matching(linears, s)]
             raise UnsupportedError(
                 f"lora target {target!r}: {type(model).__name__} has no such linear (it has "
                 f"{', '.join(have)}); drop it from --lora-targets"
@@ -195,8 +192,10 @@ def apply_diffusers_lora(model: Any, training: TrainingConfig) -> None:
                 p.data = p.to(torch.float32)
 
 
-def _has_any(names: list[str], suffixes: tuple[str, ...]) -> bool:
-    return any(n == s or n.endswith("." + s) for n in names for s in suffixes)
+def _matching(names: list[str], suffixes: tuple[str, ...]) -> list[str]:
+    """The module names peft's ``target_modules`` suffixes match (a name equal to a suffix or
+    ending in ``.suffix``: peft ``check_target_module_exists``)."""
+    return [n for n in names if any(n == s or n.endswith("." + s) for s in suffixes)]
 
 
 def make_diffusers_batch(model: Any, training: TrainingConfig) -> dict[str, Any]:
