@@ -159,6 +159,30 @@ class FrameworkConventions:
     next ``L % stages`` stages one more, the last stage the rest; rank r holds stages r, r + p,
     ... (``stage_ids_this_rank``, loop style). False: Megatron's even split, the first stages
     ``ceil(L / p)`` layers and the last the rest."""
+    fsdp_flat_parameter_grads: bool
+    """FSDP (``FullyShardedDataParallel``, FSDP1) flattens each wrapped module's parameters into
+    one ``FlatParameter``; with ``use_orig_params=True`` (Lightning Fabric 2.1's default,
+    lightning/fabric/strategies/fsdp.py ``self._fsdp_kwargs.setdefault("use_orig_params",
+    True)``) frozen and trainable parameters may share it, and it requires grad if any of them
+    does (torch 2.1 distributed/fsdp/flat_param.py ``_validate_tensors_to_flatten``:
+    ``flat_param_requires_grad = flat_param_requires_grad or tensor.requires_grad``). Its
+    gradient then covers the whole unit, the frozen base weights of a LoRA layer included:
+    unsharded before the reduce-scatter, a full shard after it, kept until ``zero_grad``
+    (``_use_sharded_grad_views`` gives the frozen views no ``.grad`` but the flat gradient stays;
+    ``_reset_flat_param_grad_info_if_needed`` frees it once every view's ``.grad`` is None).
+    A unit with no trainable parameter (lit-gpt's root: embedding, final norm, LM head) gets
+    no gradient."""
+    fsdp_no_sync_accumulation: bool
+    """Gradient accumulation runs the micro-batches before the last one under FSDP's
+    ``no_sync()`` (lit-gpt finetune/*.py ``fabric.no_backward_sync(model,
+    enabled=is_accumulating)`` -> Lightning fabric/strategies/fsdp.py
+    ``_FSDPBackwardSyncControl.no_backward_sync``: ``return module.no_sync()``): torch
+    distributed/fsdp/_runtime_utils.py ``_post_backward_hook`` returns before the
+    reduce-scatter when ``not state._sync_gradients``, so every unit's *unsharded* gradient
+    stays in ``flat_param.grad`` (``prepare_gradient_for_backward``: "Expects `.grad` to be the
+    unsharded gradient in `no_sync()`") until the last micro-batch reduce-scatters it layer by
+    layer. FULL_SHARD still frees the gathered parameters in backward
+    (``_should_free_in_backward``)."""
     quantized_base_saves_input: bool
     """A quantized base linear may save its 16-bit input (bitsandbytes ``MatMul4Bit`` before
     0.43.2, ``MatMul8bitLt`` always); False: the quantized linear saves only its weight
@@ -205,6 +229,8 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "own_model_code": False,
         "fp32_model_output": False,
         "quantized_base_saves_input": True,
+        "fsdp_flat_parameter_grads": False,
+        "fsdp_no_sync_accumulation": False,
         "dtensor_sequence_parallel": False,
         "fsdp_shards_over_context_parallel": False,
         "torchtitan_pipeline_split": False,
@@ -268,6 +294,8 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             own_model_code=True,
             hf_model_code=False,
             fp32_model_output=True,
+            fsdp_flat_parameter_grads=True,
+            fsdp_no_sync_accumulation=True,
         ),
     )
 }
