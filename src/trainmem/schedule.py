@@ -22,9 +22,9 @@ Note [One description of the step]
 
     Frees are paired with their allocations by ``key``. Inside a :class:`Repeat`, ``{i}`` in a
     key or module name is the iteration's index (``{i_prev}`` / ``{i_next}`` one less / more,
-    ``{i_prev2}`` / ``{i_next2}`` two: a tensor some layers free two layers later, as the
-    generic path finds in OLMo 2 or FLUX), so layer ``j``'s saved activations allocated in the forward are the ones layer ``j``'s
-    backward frees. Sizes and categories of a repeated body do not depend on the index.
+    ``{i_prev2}`` / ``{i_next2}`` two: a tensor some layers free two layers later), so layer
+    ``j``'s saved activations allocated in the forward are the ones layer ``j``'s backward
+    frees. Sizes and categories of a repeated body do not depend on the index.
 
 Source: the step order of PyTorch training (forward, autograd's reverse-order backward,
 ``optimizer.step()``, ``zero_grad()``), as in the seeds' four-phase picture

@@ -21,7 +21,7 @@ from typing import Annotated, Any, TypeVar, get_type_hints
 import typer
 
 from trainmem.errors import SpecError, UnsupportedError
-from trainmem.estimate import ENGINES, default_seq_len_of, resolve_model
+from trainmem.estimate import ENGINES, default_seq_len_of, is_diffusers_config, resolve_model
 from trainmem.planner.sweep import STRICT_INT, parse_strict_int
 from trainmem.specs.hardware import check_precision_on_gpu, get_gpu
 from trainmem.specs.training import (
@@ -402,7 +402,11 @@ def training_from_options(
     training = TrainingConfig(**settings)
     try:
         spec = resolve_model(model)
-    except UnsupportedError:  # a family only the trace engine runs: no shape to check against
+    except UnsupportedError:  # a family only the traced paths run: no shape to check against
+        spec = None
+    except SpecError:
+        if not is_diffusers_config(model):
+            raise
         spec = None
     if spec is not None:
         check_training_for_model(spec, training)

@@ -33,6 +33,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from trainmem.breakdown import MemoryCategory
 from trainmem.errors import ScheduleError, TrainmemError
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
 from trainmem.timeline import AllocEvent, Timeline
@@ -124,6 +125,10 @@ def _optimizer_labels(
 ) -> dict[int, Label | None]:
     """Labels of optimizer temporaries allocated one per trainable parameter (Note [Composing
     the full depth])."""
+    # the optimizer skips parameters without a gradient (a headless tower's unused pooler):
+    # those with optimizer states (registered under the parameter's name) had one
+    graded = {e.module for e in events if e.category is MemoryCategory.OPTIMIZER_STATE}
+    params = [p for p in params if p.name in graded] or list(params)
     groups: list[list[ParamInfo]] = [list(params)]
     for dtype in dict.fromkeys(p.dtype for p in params):
         group = [p for p in params if p.dtype == dtype]

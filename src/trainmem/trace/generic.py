@@ -19,6 +19,7 @@ Note [Generic path]
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -80,9 +81,7 @@ class Recipe:
     library: str = "transformers"
 
 
-def recipe_for_config(
-    name: str, raw: Mapping[str, Any], training: TrainingConfig
-) -> Recipe:
+def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfig) -> Recipe:
     """The recipe of a ``config.json``: transformers for a ``model_type``, diffusers for a
     ``_class_name`` without one (``trainmem.trace.diffusers_model``).
 
@@ -112,12 +111,13 @@ def recipe_for_config(
             loss_fn=dm.diffusers_loss,
             library="diffusers",
         )
-    from trainmem.trace.hf_model import build_hf_training_model, make_hf_batch
+    from trainmem.trace.hf_model import build_hf_training_model, hf_loss, make_hf_batch
 
     return Recipe(
         name,
         lambda: build_hf_training_model(raw, training),
         lambda model: make_hf_batch(model, training.micro_batch_size, training.seq_len),
+        loss_fn=hf_loss,
         forward_loss=default_forward_loss(training),
     )
 
@@ -253,4 +253,20 @@ def estimate_generic(
     from trainmem.specs.hf import load_hf_config
 
     raw = load_hf_config(name)
-    return trace_generic(recipe_for_config(name, raw, training), training, gpu=gpu, copies=copies)
+    try:
+        return trace_generic(
+            recipe_for_config(name, raw, training), training, gpu=gpu, copies=copies
+        )
+    except UnsupportedError as exc:
+        cause = str(exc.__cause__ or "")
+        if training.attention == "eager" or "scaled_dot_product_attention" not in cause:
+            raise
+    # transformers has no SDPA path for this class (BLOOM's ALiBi, Mamba has no attention):
+    # a real run of it uses eager attention, so the trace does too
+    eager = dataclasses.replace(training, attention="eager")
+    est = trace_generic(recipe_for_config(name, raw, eager), eager, gpu=gpu, copies=copies)
+    est.notes.append(
+        "transformers has no SDPA attention for this model class; eager attention traced "
+        "(--attention eager)"
+    )
+    return est
