@@ -1,0 +1,216 @@
+"""The generic path (``trainmem.trace.generic``) against the full trace and the analytic engine,
+and the engine choice (``auto``).
+
+Expected numbers come from independent executions: the full trace of the whole model (every
+block run on fake tensors) for the composed schedule, the analytic engine's cited formulas for
+the families it models, transformers' meta-built ``numel`` for parameter counts.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trainmem.breakdown import MemoryCategory
+from trainmem.estimate import estimate
+from trainmem.schedule import Op, Repeat, StepSchedule
+from trainmem.specs.training import TrainingConfig
+
+pytest.importorskip("transformers")
+
+MODELS = Path(__file__).resolve().parents[1] / "models"
+NEW_FAMILIES = sorted(p.stem for p in MODELS.glob("*.json"))
+FORMULA_FAMILIES = sorted(p.stem for p in (MODELS / "formula").glob("*.json"))
+LAYER_KEYS = (
+    "num_hidden_layers",
+    "n_layer",
+    "num_layers",
+    "num_decoder_layers",
+    "encoder_layers",
+    "decoder_layers",
+)
+NO_SDPA = {"bloom", "mamba"}  # transformers has no SDPA path for them: eager attention
+WHOLE_TRACE = {"mamba"}  # its blocks do not split into identical units yet (noted)
+
+
+def _deeper(path: Path, layers: int, tmp_path: Path) -> str:
+    """The config with every block list ``layers`` deep (a copy in ``tmp_path``)."""
+    raw: dict[str, Any] = json.loads(path.read_text())
+    for key in LAYER_KEYS:
+        if key in raw:
+            raw[key] = layers
+    if "layer_types" in raw:
+        raw["layer_types"] = (raw["layer_types"] * layers)[:layers]
+    out = tmp_path / f"{path.stem}-{layers}" / "config.json"
+    out.parent.mkdir()
+    out.write_text(json.dumps(raw))
+    return str(out)
+
+
+def _peaks(model: str, training: TrainingConfig) -> tuple[Any, int, int]:
+    generic = estimate(model, training, engine="generic", simulate_allocator=False)
+    full = estimate(model, training, engine="trace", simulate_allocator=False)
+    return generic, generic.breakdown.allocated_bytes, full.breakdown.allocated_bytes
+
+
+# --- composed step vs the full trace -------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", NEW_FAMILIES)
+def test_generic_matches_full_trace_on_families_without_formulas(
+    family: str, tmp_path: Path
+) -> None:
+    # 7 blocks per list: 5 traced, the middle one repeated 3 times
+    model = _deeper(MODELS / f"{family}.json", 7, tmp_path)
+    attention = "eager" if family in NO_SDPA else "sdpa"
+    training = TrainingConfig(micro_batch_size=2, seq_len=32, attention=attention)
+    est, generic, full = _peaks(model, training)
+    assert est.engine == "generic"
+    assert abs(generic - full) <= 0.01 * full, (family, generic, full)
+    whole = any("whole model was traced" in n for n in est.notes)
+    assert whole == (family in WHOLE_TRACE), est.notes
+    if not whole:
+        assert any(
+            isinstance(item, Repeat) and item.count == 3 for item in est.schedules[0].step
+        ), "the middle blocks are not a Repeat"
+
+
+@pytest.mark.parametrize(
+    ("preset", "layers", "settings", "phase"),
+    [
+        ("tiny-gpt2-test", 6, {}, "backward"),
+        ("tiny-llama-test", 6, {"activation_checkpointing": "full"}, None),
+        ("tiny-llama-test", 6, {"lora_rank": 4}, None),
+        ("tiny-llama-test", 6, {"gradient_accumulation_steps": 2, "precision": "32-true"}, None),
+    ],
+)
+def test_generic_matches_full_trace_with_settings(
+    preset: str, layers: int, settings: dict[str, Any], phase: str | None, tmp_path: Path
+) -> None:
+    from trainmem.specs.hf import load_hf_config
+
+    src = tmp_path / "src.json"
+    src.write_text(json.dumps(dict(load_hf_config(preset))))
+    model = _deeper(src, layers, tmp_path)
+    training = TrainingConfig(micro_batch_size=2, seq_len=64, **settings)
+    est, generic, full = _peaks(model, training)
+    assert generic == full  # the same ops, stored once: byte-exact
+    if phase is not None:
+        assert est.peak_phase == phase
+    # 6 blocks: 5 traced, the middle one stands for 2
+    assert any(isinstance(item, Repeat) and item.count == 2 for item in est.schedules[0].step)
+
+
+def test_cut_model_keeps_one_block_of_each_kind() -> None:
+    from trainmem.trace.blocks import find_runs
+
+    dense, moe, sliding, full = "d", "m", "s", "f"
+    # DeepSeek-V3: 3 dense layers then MoE layers
+    assert find_runs([dense] * 3 + [moe] * 58) == [(0, 1, 3), (3, 1, 58)]
+    # Gemma 3: five sliding + one global, 26 layers: 4 units then a partial one
+    kinds = ([sliding] * 5 + [full]) * 4 + [sliding, sliding]
+    assert find_runs(kinds) == [(0, 6, 4), (24, 1, 2)]
+    # Gemma 2: alternating
+    assert find_runs([sliding, full] * 13) == [(0, 2, 13)]
+
+
+def test_schedule_keys_two_blocks_away() -> None:
+    # layer i frees the tensor layer i-2 allocated: live = own + the two previous ones
+    body = (
+        Op("alloc", 100, MemoryCategory.ACTIVATION, "forward", "x{i}"),
+        Op("free", 100, MemoryCategory.ACTIVATION, "forward", "x{i_prev2}"),
+    )
+    head = tuple(Op("alloc", 100, MemoryCategory.ACTIVATION, "forward", f"x{k}") for k in (0, 1))
+    tail = tuple(Op("free", 100, MemoryCategory.ACTIVATION, "forward", f"x{k}") for k in (8, 9))
+    sched = StepSchedule((), head + (Repeat(body, 8, start=2),) + tail)
+    assert sched.peak().peak_bytes == 300
+    assert max(sched.expand().live_bytes()) == 300
+
+
+def test_parameter_count_is_the_full_models(tmp_path: Path) -> None:
+    import torch
+    import transformers
+
+    raw = json.loads((MODELS / "deepseek_v3.json").read_text())
+    raw["num_hidden_layers"] = 9
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    est = estimate(str(path), TrainingConfig(micro_batch_size=1, seq_len=16), engine="generic")
+    cfg = transformers.AutoConfig.for_model(
+        "deepseek_v3", **{k: v for k, v in raw.items() if k != "model_type"}
+    )
+    with torch.device("meta"):
+        model = transformers.DeepseekV3ForCausalLM(cfg)
+    assert est.num_parameters == sum(p.numel() for p in model.parameters())
+    lists = est.details["generic"]["block_lists"]
+    assert [(x["units"], x["units_traced"]) for x in lists] == [(1, 1), (8, 5)]
+
+
+# --- generic vs the analytic formulas ------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", ["tiny-llama-test", "tiny-gpt2-test", *FORMULA_FAMILIES])
+def test_generic_agrees_with_analytic_on_formula_families(model: str) -> None:
+    if model in FORMULA_FAMILIES:
+        if model == "gemma2":
+            pytest.xfail(
+                "analytic 4.7% under the trace on a 2-layer Gemma 2 (b2 s64): its attention "
+                "with logit softcapping is not modelled as traced"
+            )
+        model = str(MODELS / "formula" / f"{model}.json")
+    training = TrainingConfig(micro_batch_size=2, seq_len=64)
+    a = estimate(model, training, engine="analytic", simulate_allocator=False)
+    g = estimate(model, training, engine="generic", simulate_allocator=False)
+    assert a.num_parameters == g.num_parameters
+    x, y = a.breakdown.allocated_bytes, g.breakdown.allocated_bytes
+    assert abs(x - y) <= 0.01 * x, (x, y)
+
+
+# --- engine choice --------------------------------------------------------------------------
+
+
+def test_auto_runs_formulas_for_known_families_and_generic_otherwise() -> None:
+    training = TrainingConfig(micro_batch_size=1, seq_len=32)
+    assert estimate("tiny-llama-test", training).engine == "analytic"
+    est = estimate(str(MODELS / "starcoder2.json"), training)
+    assert est.engine == "generic"
+    assert est.notes[0].startswith("auto: model_type 'starcoder2' is not supported")
+    # an explicit engine wins
+    assert estimate("tiny-llama-test", training, engine="generic").engine == "generic"
+    assert estimate("tiny-llama-test", training, engine="trace").engine == "trace"
+
+
+@pytest.mark.parametrize("family", NEW_FAMILIES)
+def test_cli_estimates_every_family_on_the_generic_path(family: str) -> None:
+    from typer.testing import CliRunner
+
+    from trainmem.cli import app
+
+    r = CliRunner().invoke(
+        app,
+        ["estimate", str(MODELS / f"{family}.json"), "-b", "1", "-s", "32", "--json"],
+    )
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.stdout)
+    assert d["engine"] == "generic"
+    assert d["peak"]["allocated_bytes"] > d["breakdown_bytes"]["parameters"] > 0
+
+
+def test_auto_without_torch_says_what_to_install() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = None\n"
+        "from trainmem.estimate import estimate\n"
+        "from trainmem.errors import UnsupportedError\n"
+        f"try:\n    estimate({str(MODELS / 'bloom.json')!r})\n"
+        "except UnsupportedError as e:\n    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "pip install 'trainmem[trace]'" in out.stdout
+    assert "model_type 'bloom'" in out.stdout
