@@ -52,6 +52,25 @@ def resolve_model(model: str | ModelSpec) -> ModelSpec:
     return model if isinstance(model, ModelSpec) else load_model_spec(model)
 
 
+def formula_model(model: str | ModelSpec, command: str) -> ModelSpec:
+    """:func:`resolve_model` for the commands that sweep settings with the formulas only
+    (``plan``, ``fit``, ``sweep``): a family without formulas is refused with one line saying
+    so, rather than traced once per setting.
+
+    Raises:
+        UnsupportedError: a family or option the formulas do not model.
+    """
+    try:
+        return resolve_model(model)
+    except UnsupportedError as exc:
+        reason = str(exc).split("; ")[0]
+        raise UnsupportedError(
+            f"{reason}; `{command}` sweeps settings with the analytic formulas only; estimate "
+            "one setting at a time with `trainmem estimate`, which runs the generic path for "
+            "this model"
+        ) from exc
+
+
 def default_seq_len(model: ModelSpec) -> int:
     """The model's context length (``max_position_embeddings``) capped at
     :data:`DEFAULT_SEQ_LEN_CAP`; for ViT the value is unused (patches + 1)."""

@@ -165,6 +165,7 @@ def compose(
     *,
     counts: Sequence[int] | None = None,
     check: bool = True,
+    module_names: set[str] | None = None,
 ) -> StepSchedule:
     """The full-depth schedule of the traced cut model (Note [Composing the full depth]).
 
@@ -174,6 +175,9 @@ def compose(
         params: its trainable parameters in optimizer order.
         counts: repeats of each run's middle unit (default: each run's ``count``).
         check: verify the composition (count 1 gives the traced stream back; count 3 expands).
+        module_names: the cut model's module paths; a forward / backward allocation under
+            another name (a module instance shared by every layer, as transformers'
+            ``ACT2FN`` activations, is named by its class) belongs to the unit running.
 
     Returns:
         The :class:`~trainmem.schedule.StepSchedule`.
@@ -196,7 +200,9 @@ def compose(
         if e.action == "alloc":
             if e.phase == "optimizer" and not e.module:
                 lab = opt.get(e.block_id)
-            elif not e.module and e.phase in ("forward", "backward"):
+            elif e.phase in ("forward", "backward") and (
+                not e.module or (module_names is not None and e.module not in module_names)
+            ):
                 lab = ctx
             else:
                 lab = paths.label(e.module)
@@ -226,21 +232,30 @@ def compose(
             role[e.block_id] = (e.phase, len(mine))
             mine.append((e.size_bytes, e.category.value))
 
-    # direction of each repeated stretch: the unit before it in the stream is the one below
+    # direction of each repeated stretch: the nearest unit of its run before it in the stream
+    # is the one below (ascending) or above (descending)
     descending: dict[int, bool] = {}
     for sid, (_, _, seg) in enumerate(stretches):
         if seg is None or runs[seg[0]].middle != seg[1]:
             continue
-        before = stretches[sid - 1][2] if sid > 0 else None
-        after = stretches[sid + 1][2] if sid + 1 < len(stretches) else None
+        before = next(
+            (x[2] for x in reversed(stretches[:sid]) if x[2] is not None and x[2][0] == seg[0]),
+            None,
+        )
+        after = next(
+            (x[2] for x in stretches[sid + 1 :] if x[2] is not None and x[2][0] == seg[0]), None
+        )
         below, above = (seg[0], seg[1] - 1), (seg[0], seg[1] + 1)
         if before == below or after == above:
             descending[sid] = False
         elif before == above or after == below:
             descending[sid] = True
         else:
+            first = events[stretches[sid][0]]
             raise CompositionError(
-                f"a stretch of {runs[seg[0]].list_path} is not between its neighbours"
+                f"a stretch of {runs[seg[0]].list_path} is not between its neighbours "
+                f"({first.phase}, {first.action} in {first.module or 'no module'}; "
+                f"before {before}, after {after})"
             )
 
     checked: set[tuple[Label, str]] = set()

@@ -176,7 +176,8 @@ def trace_generic(
     )
     notes: list[str] = []
     try:
-        schedule = compose(report.timeline, runs, _trainable(model))
+        names = {n for n, _ in model.named_modules(remove_duplicate=False)}
+        schedule = compose(report.timeline, runs, _trainable(model), module_names=names)
     except CompositionError as exc:
         notes.append(
             f"generic path: the traced blocks did not split into identical units ({exc}); "
