@@ -69,6 +69,9 @@ def main() -> None:
         ("llama-3.1-70b", "llama-3.1-70b", TrainingConfig(micro_batch_size=1, seq_len=4096)),
         ("deepseek-v3-shaped", str(tmp), TrainingConfig(micro_batch_size=1, seq_len=4096)),
     ]
+    t0 = time.perf_counter()  # imports torch / transformers once (not per model)
+    estimate("tiny-llama-test", TrainingConfig(micro_batch_size=1, seq_len=32), engine="generic")
+    print(f"first call (imports, tiny model): {time.perf_counter() - t0:.1f} s", flush=True)
     for label, model, training in cases:
         seconds, peak, params = _time(model, training, "generic")
         line = f"{label}: generic {seconds:.1f} s, peak {peak / 2**30:.2f} GiB, {params:,} params"
