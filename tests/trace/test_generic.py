@@ -218,3 +218,108 @@ def test_auto_without_torch_says_what_to_install() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "pip install 'trainmem[trace]'" in out.stdout
     assert "model_type 'bloom'" in out.stdout
+
+
+# --- model builders that plug in (diffusers) -----------------------------------------------
+
+
+class _ToyDiT:
+    """A FLUX-shaped toy: double blocks then single blocks, each a residual MLP + attention."""
+
+    @staticmethod
+    def build(depth: int = 7) -> Any:
+        import torch
+        from torch import nn
+
+        class Block(nn.Module):
+            def __init__(self, width: int) -> None:
+                super().__init__()
+                self.norm = nn.LayerNorm(width)
+                self.qkv = nn.Linear(width, 3 * width)
+                self.mlp = nn.Sequential(
+                    nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
+                )
+
+            def forward(self, x: Any) -> Any:
+                b, s, w = x.shape
+                qkv = self.qkv(self.norm(x)).view(b, s, 3, 4, w // 4).permute(2, 0, 3, 1, 4)
+                att = torch.nn.functional.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2])
+                x = x + att.transpose(1, 2).reshape(b, s, w)
+                return x + self.mlp(x)
+
+        class DiT(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.proj_in = nn.Linear(16, 64)
+                self.transformer_blocks = nn.ModuleList(Block(64) for _ in range(depth))
+                self.single_transformer_blocks = nn.ModuleList(Block(64) for _ in range(depth))
+                self.proj_out = nn.Linear(64, 16)
+
+            def forward(self, latents: Any) -> Any:
+                x = self.proj_in(latents)
+                for block in [*self.transformer_blocks, *self.single_transformer_blocks]:
+                    x = block(x)
+                return self.proj_out(x)
+
+        return DiT()
+
+    @staticmethod
+    def batch(model: Any) -> Any:
+        import torch
+
+        return (torch.randn(2, 64, 16),)
+
+    @staticmethod
+    def loss(output: Any, batch: Any) -> Any:
+        return (output.float() - batch[0]).pow(2).mean()
+
+
+def test_a_plugged_in_builder_composes_like_its_full_trace() -> None:
+    from trainmem.trace import trace
+    from trainmem.trace.generic import Recipe, trace_generic
+
+    training = TrainingConfig(micro_batch_size=2, seq_len=64)
+    recipe = Recipe(
+        "toy-dit", _ToyDiT.build, _ToyDiT.batch, loss_fn=_ToyDiT.loss, library="diffusers"
+    )
+    est = trace_generic(recipe, training)
+    lists = [
+        (x["list"], x["units"], x["units_traced"]) for x in est.details["generic"]["block_lists"]
+    ]
+    assert lists == [("transformer_blocks", 7, 5), ("single_transformer_blocks", 7, 5)]
+    composed = est.schedules[0].peak().peak_bytes
+    full = trace(
+        _ToyDiT.build, lambda: _ToyDiT.batch(None), training=training, loss_fn=_ToyDiT.loss
+    )
+    assert composed == full.details["peak_allocated_bytes"]
+    assert est.num_parameters == full.num_parameters
+
+
+def test_a_diffusers_config_is_routed_to_the_diffusers_builder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+    import types
+
+    from trainmem.errors import UnsupportedError
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"_class_name": "FluxTransformer2DModel", "num_layers": 7}))
+    fake = types.ModuleType("trainmem.trace.diffusers_model")
+    seen: dict[str, Any] = {}
+
+    def build(raw: Any, training: Any, *, device: str = "meta") -> Any:
+        seen["class"] = raw["_class_name"]
+        return _ToyDiT.build(raw["num_layers"])
+
+    fake.build_diffusers_model = build  # type: ignore[attr-defined]
+    fake.make_diffusers_batch = lambda model, training: _ToyDiT.batch(model)  # type: ignore[attr-defined]
+    fake.diffusers_loss = _ToyDiT.loss  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "trainmem.trace.diffusers_model", fake)
+    est = estimate(str(path), TrainingConfig(micro_batch_size=2, seq_len=64))
+    assert est.engine == "generic" and seen["class"] == "FluxTransformer2DModel"
+    assert "diffusers" in est.notes[1]
+    # without the builder: one clear line
+    monkeypatch.setitem(sys.modules, "trainmem.trace.diffusers_model", None)
+    with pytest.raises(UnsupportedError, match="diffusers"):
+        estimate(str(path), TrainingConfig(micro_batch_size=2, seq_len=64), engine="generic")
