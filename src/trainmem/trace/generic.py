@@ -55,6 +55,7 @@ _TRUNCATED_DETAILS = (
     "activation_bytes_by_module",
     "peak_contributors",
     "num_events",
+    "host_optimizer_state_bytes",
 )
 """Trace details that describe the cut model, not the full one (dropped)."""
 
@@ -206,6 +207,7 @@ def trace_generic(
         "generic path for %s in %.3f s", recipe.name, time.perf_counter() - t0
     )
     est.recorded_timeline = None
+    est.peak_reason = ""  # the cut model's; finish() names the full step's peak
     est.schedules = [schedule]
     traced = est.details.get("per_rank") or [{"rank": 0}]
     keep = ("rank", "coordinates", "ranks_alike")
