@@ -89,6 +89,7 @@ def test_generic_matches_full_trace_on_families_without_formulas(
         ("tiny-llama-test", 6, {"activation_checkpointing": "full"}, None),
         ("tiny-llama-test", 6, {"lora_rank": 4}, None),
         ("tiny-llama-test", 6, {"gradient_accumulation_steps": 2, "precision": "32-true"}, None),
+        ("tiny-llama-test", 6, {"zero_stage": 3, "data_parallel_size": 2}, None),  # FSDP2
     ],
 )
 def test_generic_matches_full_trace_with_settings(
@@ -323,3 +324,15 @@ def test_a_diffusers_config_is_routed_to_the_diffusers_builder(
     monkeypatch.setitem(sys.modules, "trainmem.trace.diffusers_model", None)
     with pytest.raises(UnsupportedError, match="diffusers"):
         estimate(str(path), TrainingConfig(micro_batch_size=2, seq_len=64), engine="generic")
+
+
+def test_planner_refuses_a_family_without_formulas_in_one_line() -> None:
+    from typer.testing import CliRunner
+
+    from trainmem.cli import app
+
+    for command in ("fit", "plan"):
+        r = CliRunner().invoke(app, [command, str(MODELS / "olmo2.json"), "--gpu", "H100-80GB"])
+        assert r.exit_code == 2, r.output
+        assert "analytic formulas only" in r.output and "trainmem estimate" in r.output
+        assert "Traceback" not in r.output
