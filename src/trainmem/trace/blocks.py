@@ -1,14 +1,17 @@
 """Find a model's repeated blocks and cut each list of them to a few (the generic path's model).
 
 Note [Runs of blocks]
-    A block list is an ``nn.ModuleList`` of modules of one class holding parameters (decoder
-    layers, T5's encoder and decoder blocks, FLUX's double and single blocks), not inside
-    another such list. Blocks of one list whose structure differs are distinct *kinds*: their
-    parameters (names, shapes, dtypes), their submodules' classes, and their submodules' scalar
-    attributes other than indices (``attention_type``, ``sliding_window``, ``is_sliding``...),
-    so DeepSeek-V3's dense and MoE layers, Gemma 2's sliding and global layers, or T5's first
-    block (it owns the relative-position bias) differ. A list is split into *runs*: a unit of
-    ``unit`` consecutive blocks repeated ``reps`` times (Gemma 3: five sliding + one global).
+    A block list is an ``nn.ModuleList`` of modules holding parameters (decoder layers, T5's
+    encoder and decoder blocks, FLUX's double and single blocks, Jamba's Mamba and attention
+    layers), not inside another list that is cut (a list with nothing to cut, as a UNet's four
+    different down blocks, is looked into: its blocks' transformer blocks are cut). Blocks of
+    one list whose structure differs are distinct *kinds*: their classes, parameters (names,
+    shapes, dtypes), their submodules' classes, and their submodules' scalar attributes other
+    than indices (``attention_type``, ``sliding_window``, ``is_sliding``...), so DeepSeek-V3's
+    dense and MoE layers, Gemma 2's sliding and global layers, or T5's first block (it owns the
+    relative-position bias) differ. A list is split into *runs*: a unit of ``unit``
+    consecutive blocks repeated ``reps`` times (Gemma 3: five sliding + one global; Jamba: its
+    attention / expert period).
     A run of more than :data:`COPIES` units keeps ``COPIES`` of them in the traced model: the
     first ``middle + 1`` and the last ``COPIES - middle - 1``; the kept unit ``middle`` stands
     for the ``reps - COPIES + 1`` identical units in the middle of the full model
@@ -73,8 +76,8 @@ class Run:
 
 
 def find_block_lists(model: Any) -> list[tuple[str, Any]]:
-    """The block lists of ``model``: ``nn.ModuleList`` of >= 2 modules of one class with
-    parameters, outermost first (a list inside a found block list is part of its blocks).
+    """The candidate block lists of ``model``: every ``nn.ModuleList`` of >= 2 modules holding
+    parameters, outermost first (:func:`truncate` skips a list inside one it cut).
 
     Args:
         model: the ``nn.Module`` (meta tensors are fine).
@@ -82,18 +85,13 @@ def find_block_lists(model: Any) -> list[tuple[str, Any]]:
     Returns:
         ``(dotted path, ModuleList)`` pairs in module order.
     """
-    found: list[tuple[str, Any]] = []
-    for name, mod in model.named_modules():
-        if not isinstance(mod, torch.nn.ModuleList) or len(mod) < 2:
-            continue
-        if any(name.startswith(f + ".") for f, _ in found):
-            continue
-        if len({type(b) for b in mod}) != 1:
-            continue
-        if next(iter(mod[0].parameters()), None) is None:
-            continue
-        found.append((name, mod))
-    return found
+    return [
+        (name, mod)
+        for name, mod in model.named_modules()
+        if isinstance(mod, torch.nn.ModuleList)
+        and len(mod) >= 2
+        and all(next(iter(b.parameters()), None) is not None for b in mod)
+    ]
 
 
 def block_kind(block: Any) -> tuple[Any, ...]:
@@ -148,10 +146,18 @@ def truncate(model: Any, copies: int | None = None) -> list[Run]:
         The runs of every list, in list order.
     """
     runs: list[Run] = []
+    cut: list[str] = []
     for path, mod in find_block_lists(model):
+        if any(path.startswith(c + ".") for c in cut):
+            continue
         kinds = [block_kind(b) for b in mod]
+        found = find_runs(kinds)
+        limit = copies if copies is not None else COPIES
+        if all(reps <= (limit if unit == 1 else UNIT_COPIES) for _, unit, reps in found):
+            continue  # nothing to cut here: look for lists inside its blocks
+        cut.append(path)
         keep: list[Any] = []
-        for first, unit, reps in find_runs(kinds):
+        for first, unit, reps in found:
             c = copies if copies is not None else (COPIES if unit == 1 else UNIT_COPIES)
             middle = (c - 1) // 2
             if reps <= c:
@@ -162,8 +168,7 @@ def truncate(model: Any, copies: int | None = None) -> list[Run]:
             runs.append(Run(path, first, unit, reps, kept, middle, len(keep)))
             for u in units:
                 keep.extend(mod[first + u * unit + o] for o in range(unit))
-        if len(keep) < len(mod):
-            parent_path, _, attr = path.rpartition(".")
-            parent = model.get_submodule(parent_path) if parent_path else model
-            setattr(parent, attr, torch.nn.ModuleList(keep))
+        parent_path, _, attr = path.rpartition(".")
+        parent = model.get_submodule(parent_path) if parent_path else model
+        setattr(parent, attr, torch.nn.ModuleList(keep))
     return runs
