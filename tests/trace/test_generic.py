@@ -336,3 +336,54 @@ def test_planner_refuses_a_family_without_formulas_in_one_line() -> None:
         assert r.exit_code == 2, r.output
         assert "analytic formulas only" in r.output and "trainmem estimate" in r.output
         assert "Traceback" not in r.output
+
+
+def test_lists_inside_a_list_with_nothing_to_cut_are_cut() -> None:
+    import torch
+    from torch import nn
+
+    from trainmem.trace import trace
+    from trainmem.trace.generic import Recipe, trace_generic
+
+    def build() -> Any:
+        class Down(nn.Module):  # a UNet level: a resampler and a stack of transformer blocks
+            def __init__(self, width: int, depth: int) -> None:
+                super().__init__()
+                self.resample = nn.Linear(width, width)
+                self.transformer_blocks = nn.ModuleList(
+                    nn.Sequential(nn.LayerNorm(width), nn.Linear(width, width), nn.GELU())
+                    for _ in range(depth)
+                )
+
+            def forward(self, x: Any) -> Any:
+                x = self.resample(x)
+                for block in self.transformer_blocks:
+                    x = x + block(x)
+                return x
+
+        class UNet(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.down_blocks = nn.ModuleList([Down(32, 2), Down(32, 8)])
+
+            def forward(self, x: Any) -> Any:
+                for down in self.down_blocks:
+                    x = down(x)
+                return x
+
+        return UNet()
+
+    def batch(_model: Any) -> Any:
+        return (torch.randn(4, 16, 32),)
+
+    def loss(out: Any, _batch: Any) -> Any:
+        return out.float().pow(2).mean()
+
+    training = TrainingConfig(micro_batch_size=4, seq_len=16)
+    est = trace_generic(Recipe("unet", build, batch, loss_fn=loss), training)
+    lists = [
+        (x["list"], x["units"], x["units_traced"]) for x in est.details["generic"]["block_lists"]
+    ]
+    assert lists == [("down_blocks.1.transformer_blocks", 8, 5)]
+    full = trace(build, lambda: batch(None), training=training, loss_fn=loss)
+    assert est.schedules[0].peak().peak_bytes == full.details["peak_allocated_bytes"]
