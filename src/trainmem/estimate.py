@@ -22,7 +22,7 @@ from trainmem.breakdown import MemoryEstimate
 from trainmem.errors import SpecError, UnsupportedError
 from trainmem.schedule import StepSchedule
 from trainmem.specs.hardware import GPUSpec, check_precision_on_gpu, get_gpu
-from trainmem.specs.hf import SUPPORTED_MODEL_TYPES, load_model_spec
+from trainmem.specs.hf import load_model_spec
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig, check_training_for_model
 from trainmem.units import TiB
@@ -404,7 +404,14 @@ def _estimate_auto(
                 f"{reason}; the generic path covers any family transformers builds and needs "
                 f"torch and transformers: {TRACE_INSTALL}"
             ) from exc
-        est = _estimate_traced(model, training, gpu_spec, "generic", alloc_conf, simulate_allocator)
+        try:
+            est = _estimate_traced(
+                model, training, gpu_spec, "generic", alloc_conf, simulate_allocator
+            )
+        except UnsupportedError as generic_exc:  # neither path models it: both reasons
+            raise UnsupportedError(
+                f"the analytic formulas: {reason}; {str(generic_exc).split('; ')[0]}"
+            ) from generic_exc
         est.notes.insert(0, f"auto: {reason}; the generic path ran")
         return est
     return finish(est, gpu=gpu_spec, alloc_conf=alloc_conf, simulate_allocator=simulate_allocator)
@@ -437,9 +444,7 @@ def _estimate_traced(
         raise UnsupportedError(
             f"{what} does not model "
             + ", ".join(unsupported)
-            + " yet; use --engine analytic for this configuration (formula families: "
-            + ", ".join(SUPPORTED_MODEL_TYPES)
-            + ")"
+            + " yet; use --engine analytic for this configuration"
         )
     try:  # the traced paths run families the analytic engine does not model
         spec = resolve_model(model)
