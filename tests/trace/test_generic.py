@@ -90,6 +90,7 @@ def test_generic_matches_full_trace_on_families_without_formulas(
         ("tiny-llama-test", 6, {"lora_rank": 4}, None),
         ("tiny-llama-test", 6, {"gradient_accumulation_steps": 2, "precision": "32-true"}, None),
         ("tiny-llama-test", 6, {"zero_stage": 3, "data_parallel_size": 2}, None),  # FSDP2
+        ("tiny-llama-test", 6, {"optimizer": "adafactor"}, None),  # factored lists
     ],
 )
 def test_generic_matches_full_trace_with_settings(

@@ -54,11 +54,12 @@ class CompositionError(TrainmemError, ValueError):
 @dataclass(frozen=True, slots=True)
 class ParamInfo:
     """A trainable parameter of the cut model in optimizer order: ``name``, ``numel``,
-    ``dtype`` (as text)."""
+    ``dtype`` (as text), ``ndim``."""
 
     name: str
     numel: int
     dtype: str
+    ndim: int = 2
 
 
 class _Paths:
@@ -131,21 +132,32 @@ def _optimizer_labels(
     params = [p for p in params if p.name in graded] or list(params)
     groups: list[list[ParamInfo]] = [list(params)]
     for dtype in dict.fromkeys(p.dtype for p in params):
-        group = [p for p in params if p.dtype == dtype]
-        if len(group) != len(params):
-            groups.append(group)
+        groups.append([p for p in params if p.dtype == dtype])
+    # Adafactor factors matrices only (torch/optim/_adafactor.py): lists of the >= 2-D ones
+    groups.append([p for p in params if p.ndim >= 2])
+    groups.append([p for p in params if p.ndim < 2])
+    groups = list({tuple(p.name for p in g): g for g in groups}.values())
     out: dict[int, Label | None] = {}
     run: list[AllocEvent] = []
 
     def flush() -> None:
-        for group in groups:
-            if len(group) != len(run) or not group:
-                continue
-            s0, n0 = run[0].size_bytes, group[0].numel
-            if all(e.size_bytes * n0 == s0 * p.numel for e, p in zip(run, group, strict=True)):
-                for e, p in zip(run, group, strict=True):
-                    out[e.block_id] = paths.label(p.name)
-                break
+        fits = [g for g in groups if g and len(g) == len(run)]
+        s0 = run[0].size_bytes if run else 0
+        proportional = [
+            g
+            for g in fits
+            if all(e.size_bytes * g[0].numel == s0 * p.numel for e, p in zip(run, g, strict=True))
+        ]
+        # one allocation per parameter: sizes proportional to numel (an elementwise op), else
+        # the only list of that length (row / column factors), else the only list that
+        # several lists back to back make up (Adafactor's row and column factors)
+        chosen = proportional[0] if proportional else (fits[0] if len(fits) == 1 else None)
+        if chosen is None:
+            whole = [g for g in groups if g and len(run) % len(g) == 0 and len(g) > 1]
+            chosen = whole[0] * (len(run) // len(whole[0])) if len(whole) == 1 else None
+        if chosen is not None:
+            for e, p in zip(run, chosen, strict=True):
+                out[e.block_id] = paths.label(p.name)
         run.clear()
 
     for e in events:

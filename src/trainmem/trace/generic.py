@@ -133,7 +133,7 @@ def _trainable(model: Any) -> list[ParamInfo]:
     for n, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), n)
     return [
-        ParamInfo(names.get(id(p), ""), p.numel(), str(p.dtype))
+        ParamInfo(names.get(id(p), ""), p.numel(), str(p.dtype), p.dim())
         for p in dict.fromkeys(model.parameters())
         if p.requires_grad
     ]
