@@ -403,3 +403,37 @@ def test_lists_inside_a_list_with_nothing_to_cut_are_cut() -> None:
     assert lists == [("down_blocks.1.transformer_blocks", 8, 5)]
     full = trace(build, lambda: batch(None), training=training, loss_fn=loss)
     assert est.schedules[0].peak().peak_bytes == full.details["peak_allocated_bytes"]
+
+
+def test_a_forward_that_needs_every_block_falls_back_to_the_whole_trace() -> None:
+    import torch
+    from torch import nn
+
+    from trainmem.trace import trace
+    from trainmem.trace.generic import Recipe, trace_generic
+
+    def build() -> Any:
+        class Net(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.depth = 8
+                self.layers = nn.ModuleList(nn.Linear(32, 32) for _ in range(self.depth))
+
+            def forward(self, x: Any) -> Any:
+                for k in range(self.depth):  # indexes the list by its own count
+                    x = torch.relu(self.layers[k](x))
+                return x
+
+        return Net()
+
+    def batch(_model: Any) -> Any:
+        return (torch.randn(8, 32),)
+
+    def loss(out: Any, _batch: Any) -> Any:
+        return out.float().pow(2).mean()
+
+    training = TrainingConfig(micro_batch_size=8, seq_len=1)
+    est = trace_generic(Recipe("net", build, batch, loss_fn=loss), training)
+    assert any("whole model was traced" in n and "IndexError" in n for n in est.notes)
+    full = trace(build, lambda: batch(None), training=training, loss_fn=loss)
+    assert est.schedules[0].peak().peak_bytes == full.details["peak_allocated_bytes"]

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainmem.breakdown import MemoryEstimate
-from trainmem.errors import UnsupportedError
+from trainmem.errors import TraceError, UnsupportedError
 from trainmem.schedule import StepSchedule
 from trainmem.specs.hardware import GPUSpec
 from trainmem.specs.training import TrainingConfig
@@ -167,33 +167,35 @@ def trace_generic(
     n_all, n_train = _count(model)
     runs = truncate(model, copies)
     ws = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
-    capture, report = run_trace(
-        lambda: model,
-        lambda: recipe.make_batch(model),
-        training,
-        loss_fn=recipe.loss_fn,
-        workspace_bytes=ws,
-        forward_loss=recipe.forward_loss,
-    )
-    notes: list[str] = []
-    try:
-        names = {n for n, _ in model.named_modules(remove_duplicate=False)}
-        schedule = compose(report.timeline, runs, _trainable(model), module_names=names)
-    except CompositionError as exc:
-        notes.append(
-            f"generic path: the traced blocks did not split into identical units ({exc}); "
-            "the whole model was traced instead"
-        )
-        with torch.device("meta"):
-            full = recipe.build()
-        capture, report = run_trace(
-            lambda: full,
-            lambda: recipe.make_batch(full),
+
+    def traced(m: Any) -> tuple[Any, Any]:
+        return run_trace(
+            lambda: m,
+            lambda: recipe.make_batch(m),
             training,
             loss_fn=recipe.loss_fn,
             workspace_bytes=ws,
             forward_loss=recipe.forward_loss,
         )
+
+    notes: list[str] = []
+    try:
+        capture, report = traced(model)
+        names = {n for n, _ in model.named_modules(remove_duplicate=False)}
+        schedule = compose(report.timeline, runs, _trainable(model), module_names=names)
+    except (CompositionError, TraceError, IndexError, KeyError) as exc:
+        if not runs:  # nothing was cut: the whole model's own failure
+            raise
+        # a forward that indexes its block list by the config's count, or a stream that does
+        # not split into identical units: trace every block instead
+        reason = " ".join(str(exc).split())[:160]
+        notes.append(
+            f"generic path: the cut model could not stand for the whole ({type(exc).__name__}: "
+            f"{reason}); the whole model was traced instead"
+        )
+        with torch.device("meta"):
+            full = recipe.build()
+        capture, report = traced(full)
         schedule = StepSchedule.from_timeline(report.timeline)
         runs = []
     est = _estimate(recipe.name, capture, report, training, gpu, ws)
