@@ -259,9 +259,15 @@ def estimate_generic(
 
     raw = load_hf_config(name)
     try:
-        return trace_generic(
+        est = trace_generic(
             recipe_for_config(name, raw, training), training, gpu=gpu, copies=copies
         )
+        if "vision_config" in raw and "text_config" in raw:
+            est.notes.append(
+                "vision-language model: the batch is text only (input_ids), no image tokens; "
+                "the vision tower gets no gradient"
+            )
+        return est
     except UnsupportedError as exc:
         cause = str(exc.__cause__ or "")
         if training.attention == "eager" or "scaled_dot_product_attention" not in cause:
