@@ -81,21 +81,38 @@ def default_seq_len_of(model: str | ModelSpec) -> int:
     """:func:`default_seq_len` of a preset, config or spec; for a family the analytic engine does
     not model (the trace engine still runs it), the config's own context length
     (``max_position_embeddings`` / ``n_positions``), capped the same way, else 1024."""
-    from trainmem.specs.hf import load_hf_config
-
     try:
         return default_seq_len(resolve_model(model))
     except UnsupportedError:
-        pass
-    except SpecError:
-        if not (isinstance(model, str) and is_diffusers_config(model)):
-            raise
-    config = load_hf_config(str(model))
-    for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
-        value = config.get(key)
-        if isinstance(value, int) and value > 0:
-            return min(value, DEFAULT_SEQ_LEN_CAP)
-    return 1024
+        from trainmem.specs.hf import load_hf_config
+
+        config = load_hf_config(str(model))
+        for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
+            value = config.get(key)
+            if isinstance(value, int) and value > 0:
+                return min(value, DEFAULT_SEQ_LEN_CAP)
+        return 1024
+
+
+def route_diffusers(model: str | ModelSpec, training: TrainingConfig) -> bool:
+    """True when ``model`` is a diffusers config (``_class_name``, no ``model_type``): only the
+    trace engine builds it (``trainmem.trace.diffusers_model``). Checks ``resolution`` /
+    ``frames`` / ``text_seq_len`` against it either way (refused for a language model).
+
+    Raises:
+        SpecError: a diffusers option on a language model, or a value the model cannot take.
+    """
+    from trainmem.specs.diffusers import check_image_options, is_diffusers_config
+    from trainmem.specs.hf import load_hf_config
+
+    config: dict[str, object] = {}
+    if isinstance(model, str):
+        try:
+            config = load_hf_config(model)
+        except SpecError:
+            config = {}  # the engine's own loading reports it
+    check_image_options(config, training)
+    return is_diffusers_config(config)
 
 
 def resolve_gpu(gpu: str | GPUSpec | None) -> GPUSpec | None:
@@ -364,12 +381,15 @@ def estimate(
     gpu_spec = resolve_gpu(gpu)
     if gpu_spec is not None:
         check_precision_on_gpu(training.precision, gpu_spec)
+    diffusers = route_diffusers(model, training)
     if engine == "auto":
         return _estimate_auto(
-            model, training, gpu_spec, cuda_context_bytes, alloc_conf, simulate_allocator
+            model, training, gpu_spec, cuda_context_bytes, alloc_conf, simulate_allocator, diffusers
         )
     if engine in ("trace", "generic"):
-        return _estimate_traced(model, training, gpu_spec, engine, alloc_conf, simulate_allocator)
+        return _estimate_traced(
+            model, training, gpu_spec, engine, alloc_conf, simulate_allocator, diffusers
+        )
     if engine != "analytic":
         raise SpecError("engine", f"unknown value {engine!r}; allowed: {', '.join(ENGINES)}")
     spec = resolve_model(model)
@@ -385,11 +405,10 @@ def _estimate_auto(
     cuda_context_bytes: int | None,
     alloc_conf: str,
     simulate_allocator: bool,
+    diffusers: bool,
 ) -> MemoryEstimate:
     """Note [Which path runs]."""
     try:
-        if isinstance(model, str) and is_diffusers_config(model):
-            raise UnsupportedError("a diffusers model has no analytic formulas")
         spec = resolve_model(model)
         check_training_for_model(spec, training)
         est = estimate_analytic(spec, training, gpu=gpu_spec, cuda_context_bytes=cuda_context_bytes)
@@ -406,7 +425,7 @@ def _estimate_auto(
             ) from exc
         try:
             est = _estimate_traced(
-                model, training, gpu_spec, "generic", alloc_conf, simulate_allocator
+                model, training, gpu_spec, "generic", alloc_conf, simulate_allocator, diffusers
             )
         except UnsupportedError as generic_exc:  # neither path models it: both reasons
             raise UnsupportedError(
@@ -417,17 +436,6 @@ def _estimate_auto(
     return finish(est, gpu=gpu_spec, alloc_conf=alloc_conf, simulate_allocator=simulate_allocator)
 
 
-def is_diffusers_config(model: str) -> bool:
-    """A ``config.json`` with diffusers' ``_class_name`` and no ``model_type``."""
-    from trainmem.specs.hf import load_hf_config
-
-    try:
-        raw = load_hf_config(model)
-    except (SpecError, UnsupportedError):
-        return False
-    return "_class_name" in raw and "model_type" not in raw
-
-
 def _estimate_traced(
     model: str | ModelSpec,
     training: TrainingConfig,
@@ -435,9 +443,11 @@ def _estimate_traced(
     engine: str,
     alloc_conf: str,
     simulate_allocator: bool,
+    diffusers: bool = False,
 ) -> MemoryEstimate:
     """The ``trace`` engine (the whole model) or the ``generic`` path (a few blocks per list,
-    ``trainmem.trace.generic``), each finished by :func:`finish`."""
+    ``trainmem.trace.generic``), each finished by :func:`finish`; a diffusers config is built
+    by ``trainmem.trace.diffusers_model`` on either."""
     unsupported = trace_unsupported_settings(training)
     if unsupported:
         what = "the trace engine" if engine == "trace" else "the generic path (a trace)"
@@ -446,25 +456,29 @@ def _estimate_traced(
             + ", ".join(unsupported)
             + " yet; use --engine analytic for this configuration"
         )
-    try:  # the traced paths run families the analytic engine does not model
-        spec = resolve_model(model)
-        check_training_for_model(spec, training)
-        target: str | ModelSpec = spec
-    except UnsupportedError:
-        target = model
-    except SpecError:
-        if not (isinstance(model, str) and is_diffusers_config(model)):
-            raise
-        target = model
+    target: str | ModelSpec = model
+    if not diffusers:
+        try:  # the traced paths run families the analytic engine does not model
+            spec = resolve_model(model)
+            check_training_for_model(spec, training)
+            target = spec
+        except UnsupportedError:
+            target = model
     if engine == "generic":
         from trainmem.trace.generic import estimate_generic
 
         name = target if isinstance(target, str) else target.name
         est = estimate_generic(name, training, gpu=gpu_spec)
+    elif diffusers:
+        from trainmem.trace.diffusers_model import estimate_diffusers_trace
+
+        assert isinstance(model, str)
+        est = estimate_diffusers_trace(model, training, gpu=gpu_spec)
     else:
         from trainmem.trace.engine import estimate_trace
 
         est = estimate_trace(target, training, gpu=gpu_spec)
+    if not est.schedules:  # the whole trace: its recorded stream as a flat schedule
         est.schedules = [StepSchedule.from_timeline(est.timeline)]
         traced = est.details.get("per_rank") or [{"rank": 0}]
         keep = ("rank", "coordinates", "ranks_alike")

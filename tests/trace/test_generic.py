@@ -312,46 +312,30 @@ def test_a_plugged_in_builder_composes_like_its_full_trace() -> None:
     assert est.num_parameters == full.num_parameters
 
 
-def test_a_diffusers_config_is_routed_to_the_diffusers_builder(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import sys
-    import types
+DIFFUSERS = Path(__file__).resolve().parent / "diffusers_configs"
 
-    from trainmem.errors import UnsupportedError
 
+@pytest.mark.parametrize("name", ["tiny-flux", "tiny-sdxl-unet"])
+def test_a_diffusers_config_runs_the_generic_path_by_default(name: str, tmp_path: Path) -> None:
+    pytest.importorskip("diffusers")
+    raw = json.loads((DIFFUSERS / f"{name}.json").read_text())
+    if name == "tiny-flux":  # 7 double and 7 single blocks: 5 of each traced
+        raw["num_layers"] = raw["num_single_layers"] = 7
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"_class_name": "FluxTransformer2DModel", "num_layers": 7}))
-    fake = types.ModuleType("trainmem.trace.diffusers_model")
-    seen: dict[str, Any] = {}
-
-    def build(raw: Any, training: Any, *, device: str = "meta") -> Any:
-        seen["class"] = raw["_class_name"]
-        return _ToyDiT.build(raw["num_layers"])
-
-    fake.build_diffusers_model = build  # type: ignore[attr-defined]
-    fake.make_diffusers_batch = lambda model, training: _ToyDiT.batch(model)  # type: ignore[attr-defined]
-    fake.diffusers_loss = _ToyDiT.loss  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "trainmem.trace.diffusers_model", fake)
-    est = estimate(str(path), TrainingConfig(micro_batch_size=2, seq_len=64))
-    assert est.engine == "generic" and seen["class"] == "FluxTransformer2DModel"
-    assert "diffusers" in est.notes[1]
-    # without the builder: one clear line
-    monkeypatch.setitem(sys.modules, "trainmem.trace.diffusers_model", None)
-    with pytest.raises(UnsupportedError, match="diffusers"):
-        estimate(str(path), TrainingConfig(micro_batch_size=2, seq_len=64), engine="generic")
-
-
-def test_planner_refuses_a_family_without_formulas_in_one_line() -> None:
-    from typer.testing import CliRunner
-
-    from trainmem.cli import app
-
-    for command in ("fit", "plan"):
-        r = CliRunner().invoke(app, [command, str(MODELS / "olmo2.json"), "--gpu", "H100-80GB"])
-        assert r.exit_code == 2, r.output
-        assert "analytic formulas only" in r.output and "trainmem estimate" in r.output
-        assert "Traceback" not in r.output
+    path.write_text(json.dumps(raw))
+    training = TrainingConfig(micro_batch_size=1, resolution=64, text_seq_len=16)
+    est = estimate(str(path), training, simulate_allocator=False)
+    assert est.engine == "generic"
+    assert est.details["diffusers"]["height"] == 64
+    full = estimate(str(path), training, engine="trace", simulate_allocator=False)
+    x, y = est.breakdown.allocated_bytes, full.breakdown.allocated_bytes
+    assert abs(x - y) <= 0.01 * y, (x, y)
+    if name == "tiny-flux":
+        lists = [
+            (x["list"], x["units"], x["units_traced"])
+            for x in est.details["generic"]["block_lists"]
+        ]
+        assert lists == [("transformer_blocks", 7, 5), ("single_transformer_blocks", 7, 5)]
 
 
 def test_lists_inside_a_list_with_nothing_to_cut_are_cut() -> None:

@@ -21,7 +21,7 @@ from typing import Annotated, Any, TypeVar, get_type_hints
 import typer
 
 from trainmem.errors import SpecError, UnsupportedError
-from trainmem.estimate import ENGINES, default_seq_len_of, is_diffusers_config, resolve_model
+from trainmem.estimate import ENGINES, default_seq_len_of, resolve_model
 from trainmem.planner.sweep import STRICT_INT, parse_strict_int
 from trainmem.specs.hardware import check_precision_on_gpu, get_gpu
 from trainmem.specs.training import (
@@ -304,6 +304,37 @@ TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
         False,
     ),
     _p(
+        "resolution",
+        Annotated[
+            str | None,
+            _o(
+                "--resolution",
+                help="diffusers models: image side in pixels, or HEIGHTxWIDTH (480x832) "
+                "[default: the model's, e.g. 1024].",
+            ),
+        ],
+        None,
+    ),
+    _p(
+        "frames",
+        Annotated[
+            int | None,
+            _oi("--frames", help="diffusers video models: frames per clip [default: the model's]."),
+        ],
+        None,
+    ),
+    _p(
+        "text_seq_len",
+        Annotated[
+            int | None,
+            _oi(
+                "--text-seq-len",
+                help="diffusers models: prompt tokens [default: FLUX 512, SD3 333, SDXL 77].",
+            ),
+        ],
+        None,
+    ),
+    _p(
         "deepspeed_config",
         Annotated[
             str | None, _o("--deepspeed-config", help="Read settings from a ds_config.json.")
@@ -403,10 +434,6 @@ def training_from_options(
     try:
         spec = resolve_model(model)
     except UnsupportedError:  # a family only the traced paths run: no shape to check against
-        spec = None
-    except SpecError:
-        if not is_diffusers_config(model):
-            raise
         spec = None
     if spec is not None:
         check_training_for_model(spec, training)

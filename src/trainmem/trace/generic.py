@@ -97,14 +97,18 @@ def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfi
     Raises:
         UnsupportedError: a diffusers config while the diffusers builder is not available.
     """
-    if "_class_name" in raw and "model_type" not in raw:
+    from trainmem.specs.diffusers import is_diffusers_config
+
+    if is_diffusers_config(raw):
         try:
-            from trainmem.trace import diffusers_model as dm  # type: ignore[attr-defined]
+            from trainmem.trace import diffusers_model as dm
         except ImportError as exc:
             raise UnsupportedError(
                 f"{raw.get('_class_name')!s:.80} is a diffusers model; this version of trainmem "
                 "has no diffusers builder (trainmem.trace.diffusers_model)"
             ) from exc
+        dm.check_diffusers_settings(training)
+        dm.diffusers_class(raw)  # a class without a batch recipe is refused before the build
         return Recipe(
             name,
             lambda: dm.build_diffusers_model(raw, training, device="meta"),
@@ -255,6 +259,7 @@ def estimate_generic(
     Returns:
         The draft estimate (see :func:`trace_generic`).
     """
+    from trainmem.specs.diffusers import is_diffusers_config
     from trainmem.specs.hf import load_hf_config
 
     raw = load_hf_config(name)
@@ -262,6 +267,10 @@ def estimate_generic(
         est = trace_generic(
             recipe_for_config(name, raw, training), training, gpu=gpu, copies=copies
         )
+        if is_diffusers_config(raw):
+            from trainmem.trace.diffusers_model import describe_diffusers_batch
+
+            describe_diffusers_batch(est, raw, training)
         if "vision_config" in raw and "text_config" in raw:
             est.notes.append(
                 "vision-language model: the batch is text only (input_ids), no image tokens; "
