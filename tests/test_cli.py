@@ -193,8 +193,10 @@ def test_trace_engine_runs_a_family_the_analytic_engine_does_not_model(tmp_path:
     }
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
-    analytic = run("estimate", str(path), "-s", "32")
+    analytic = run("estimate", str(path), "-s", "32", "--engine", "analytic")
     assert analytic.exit_code == 2 and "--engine trace" in analytic.stderr
+    auto = run("estimate", str(path), "-s", "32", "--json")  # the default: the generic path
+    assert auto.exit_code == 0 and json.loads(auto.stdout)["engine"] == "generic", auto.output
     traced = run("estimate", str(path), "-s", "32", "--engine", "trace", "--json")
     assert traced.exit_code == 0, traced.output
     d = json.loads(traced.stdout)

@@ -1,7 +1,16 @@
 """One entry point for every engine: resolve the model and settings, run an engine, return a
 :class:`~trainmem.breakdown.MemoryEstimate`. The CLI, the planner and Python users call this.
 
-The analytic path imports no torch; ``engine="trace"`` imports it lazily.
+Engines (Note [Which path runs]): ``auto`` (the default), ``analytic``, ``generic``, ``trace``.
+The analytic path imports no torch; ``generic`` and ``trace`` import it lazily.
+
+Note [Which path runs]
+    ``auto`` runs the analytic formulas when they model the family and the settings (no
+    :class:`~trainmem.errors.UnsupportedError` from the spec, the settings check or the
+    engine), else the generic path (``trainmem.trace.generic``: the model built by transformers
+    or diffusers, a few blocks traced and repeated to full depth) when torch and transformers
+    import, else one line saying what to install. An explicit engine always wins. The
+    estimate's ``engine`` field says which path ran.
 """
 
 from __future__ import annotations
@@ -24,8 +33,10 @@ if TYPE_CHECKING:
     from trainmem.allocator.replay import ReplayResult
     from trainmem.timeline import AllocEvent, Timeline
 
-Engine = Literal["analytic", "trace"]
-ENGINES: tuple[str, ...] = ("analytic", "trace")
+Engine = Literal["auto", "analytic", "generic", "trace"]
+ENGINES: tuple[str, ...] = ("auto", "analytic", "generic", "trace")
+TRACE_INSTALL = "pip install 'trainmem[trace]'"
+"""What installs the generic path and the trace engine (torch + transformers)."""
 
 DEFAULT_SEQ_LEN_CAP = 4096
 """Default sequence length is the model's own context length, capped here (a Llama-3.1 user
@@ -39,6 +50,25 @@ def resolve_model(model: str | ModelSpec) -> ModelSpec:
         SpecError / UnsupportedError: see :func:`trainmem.specs.hf.load_model_spec`.
     """
     return model if isinstance(model, ModelSpec) else load_model_spec(model)
+
+
+def formula_model(model: str | ModelSpec, command: str) -> ModelSpec:
+    """:func:`resolve_model` for the commands that sweep settings with the formulas only
+    (``plan``, ``fit``, ``sweep``): a family without formulas is refused with one line saying
+    so, rather than traced once per setting.
+
+    Raises:
+        UnsupportedError: a family or option the formulas do not model.
+    """
+    try:
+        return resolve_model(model)
+    except UnsupportedError as exc:
+        reason = str(exc).split("; ")[0]
+        raise UnsupportedError(
+            f"{reason}; `{command}` sweeps settings with the analytic formulas only; estimate "
+            "one setting at a time with `trainmem estimate`, which runs the generic path for "
+            "this model"
+        ) from exc
 
 
 def default_seq_len(model: ModelSpec) -> int:
@@ -315,7 +345,7 @@ def estimate(
     training: TrainingConfig | None = None,
     *,
     gpu: str | GPUSpec | None = None,
-    engine: str = "analytic",
+    engine: str = "auto",
     cuda_context_bytes: int | None = None,
     alloc_conf: str = "",
     simulate_allocator: bool = True,
@@ -328,8 +358,10 @@ def estimate(
         training: micro-batch size, sequence length, precision, optimizer...; None for the
             defaults (sequence length :func:`default_seq_len`).
         gpu: catalog GPU for the fit verdict, or None.
-        engine: ``analytic`` (closed form, instant) or ``trace`` (runs the real model on fake
-            tensors; needs the ``trace`` extra).
+        engine: ``auto`` (Note [Which path runs]), ``analytic`` (closed form, instant),
+            ``generic`` (a few blocks of the real model traced on fake tensors and repeated to
+            full depth) or ``trace`` (the whole model traced); the last two need the ``trace``
+            extra.
         cuda_context_bytes: memory outside the allocator; default per
             :mod:`trainmem.specs.hardware`.
         alloc_conf: ``PYTORCH_CUDA_ALLOC_CONF`` for the caching-allocator simulator.
@@ -350,39 +382,105 @@ def estimate(
     if gpu_spec is not None:
         check_precision_on_gpu(training.precision, gpu_spec)
     diffusers = route_diffusers(model, training)
-    if engine == "trace":
-        from trainmem.trace.engine import estimate_trace
-
-        unsupported = trace_unsupported_settings(training)
-        if unsupported:
-            raise UnsupportedError(
-                "the trace engine does not model "
-                + ", ".join(unsupported)
-                + " yet; use --engine analytic for this configuration"
-            )
-        if diffusers:
-            from trainmem.trace.diffusers_model import estimate_diffusers_trace
-
-            assert isinstance(model, str)
-            est = estimate_diffusers_trace(model, training, gpu=gpu_spec)
-        else:
-            try:  # the trace engine runs families the analytic engine does not model
-                spec = resolve_model(model)
-                check_training_for_model(spec, training)
-                target: str | ModelSpec = spec
-            except UnsupportedError:
-                target = model
-            est = estimate_trace(target, training, gpu=gpu_spec)
-        est.schedules = [StepSchedule.from_timeline(est.timeline)]
-        traced = est.details.get("per_rank") or [{"rank": 0}]
-        keep = ("rank", "coordinates", "ranks_alike")
-        est.rank_labels = [{k: v for k, v in r.items() if k in keep} for r in traced]
-        return finish(
-            est, gpu=gpu_spec, alloc_conf=alloc_conf, simulate_allocator=simulate_allocator
+    if engine == "auto":
+        return _estimate_auto(
+            model, training, gpu_spec, cuda_context_bytes, alloc_conf, simulate_allocator, diffusers
+        )
+    if engine in ("trace", "generic"):
+        return _estimate_traced(
+            model, training, gpu_spec, engine, alloc_conf, simulate_allocator, diffusers
         )
     if engine != "analytic":
         raise SpecError("engine", f"unknown value {engine!r}; allowed: {', '.join(ENGINES)}")
     spec = resolve_model(model)
     check_training_for_model(spec, training)
     est = estimate_analytic(spec, training, gpu=gpu_spec, cuda_context_bytes=cuda_context_bytes)
+    return finish(est, gpu=gpu_spec, alloc_conf=alloc_conf, simulate_allocator=simulate_allocator)
+
+
+def _estimate_auto(
+    model: str | ModelSpec,
+    training: TrainingConfig,
+    gpu_spec: GPUSpec | None,
+    cuda_context_bytes: int | None,
+    alloc_conf: str,
+    simulate_allocator: bool,
+    diffusers: bool,
+) -> MemoryEstimate:
+    """Note [Which path runs]."""
+    try:
+        spec = resolve_model(model)
+        check_training_for_model(spec, training)
+        est = estimate_analytic(spec, training, gpu=gpu_spec, cuda_context_bytes=cuda_context_bytes)
+    except UnsupportedError as exc:
+        reason = str(exc).split("; ")[0]
+        try:
+            from trainmem.trace._torch import require_transformers
+
+            require_transformers()
+        except ImportError:
+            raise UnsupportedError(
+                f"{reason}; the generic path covers any family transformers builds and needs "
+                f"torch and transformers: {TRACE_INSTALL}"
+            ) from exc
+        try:
+            est = _estimate_traced(
+                model, training, gpu_spec, "generic", alloc_conf, simulate_allocator, diffusers
+            )
+        except UnsupportedError as generic_exc:  # neither path models it: both reasons
+            raise UnsupportedError(
+                f"the analytic formulas: {reason}; {str(generic_exc).split('; ')[0]}"
+            ) from generic_exc
+        est.notes.insert(0, f"auto: {reason}; the generic path ran")
+        return est
+    return finish(est, gpu=gpu_spec, alloc_conf=alloc_conf, simulate_allocator=simulate_allocator)
+
+
+def _estimate_traced(
+    model: str | ModelSpec,
+    training: TrainingConfig,
+    gpu_spec: GPUSpec | None,
+    engine: str,
+    alloc_conf: str,
+    simulate_allocator: bool,
+    diffusers: bool = False,
+) -> MemoryEstimate:
+    """The ``trace`` engine (the whole model) or the ``generic`` path (a few blocks per list,
+    ``trainmem.trace.generic``), each finished by :func:`finish`; a diffusers config is built
+    by ``trainmem.trace.diffusers_model`` on either."""
+    unsupported = trace_unsupported_settings(training)
+    if unsupported:
+        what = "the trace engine" if engine == "trace" else "the generic path (a trace)"
+        raise UnsupportedError(
+            f"{what} does not model "
+            + ", ".join(unsupported)
+            + " yet; use --engine analytic for this configuration"
+        )
+    target: str | ModelSpec = model
+    if not diffusers:
+        try:  # the traced paths run families the analytic engine does not model
+            spec = resolve_model(model)
+            check_training_for_model(spec, training)
+            target = spec
+        except UnsupportedError:
+            target = model
+    if engine == "generic":
+        from trainmem.trace.generic import estimate_generic
+
+        name = target if isinstance(target, str) else target.name
+        est = estimate_generic(name, training, gpu=gpu_spec)
+    elif diffusers:
+        from trainmem.trace.diffusers_model import estimate_diffusers_trace
+
+        assert isinstance(model, str)
+        est = estimate_diffusers_trace(model, training, gpu=gpu_spec)
+    else:
+        from trainmem.trace.engine import estimate_trace
+
+        est = estimate_trace(target, training, gpu=gpu_spec)
+    if not est.schedules:  # the whole trace: its recorded stream as a flat schedule
+        est.schedules = [StepSchedule.from_timeline(est.timeline)]
+        traced = est.details.get("per_rank") or [{"rank": 0}]
+        keep = ("rank", "coordinates", "ranks_alike")
+        est.rank_labels = [{k: v for k, v in r.items() if k in keep} for r in traced]
     return finish(est, gpu=gpu_spec, alloc_conf=alloc_conf, simulate_allocator=simulate_allocator)

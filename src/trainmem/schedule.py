@@ -21,9 +21,10 @@ Note [One description of the step]
     does), and ``step`` is the steady-state step whose peak is reported.
 
     Frees are paired with their allocations by ``key``. Inside a :class:`Repeat`, ``{i}`` in a
-    key or module name is the iteration's index (``{i_prev}`` / ``{i_next}`` one less / more),
-    so layer ``j``'s saved activations allocated in the forward are the ones layer ``j``'s
-    backward frees. Sizes and categories of a repeated body do not depend on the index.
+    key or module name is the iteration's index (``{i_prev}`` / ``{i_next}`` one less / more,
+    ``{i_prev2}`` / ``{i_next2}`` two: a tensor some layers free two layers later), so layer
+    ``j``'s saved activations allocated in the forward are the ones layer ``j``'s backward
+    frees. Sizes and categories of a repeated body do not depend on the index.
 
 Source: the step order of PyTorch training (forward, autograd's reverse-order backward,
 ``optimizer.step()``, ``zero_grad()``), as in the seeds' four-phase picture
@@ -52,7 +53,8 @@ class Op:
         size_bytes: requested bytes (the free repeats its allocation's size).
         category: what the storage holds.
         phase: step phase.
-        key: pairs a free with its allocation; may hold ``{i}``, ``{i_prev}``, ``{i_next}``.
+        key: pairs a free with its allocation; may hold ``{i}``, ``{i_prev}``, ``{i_next}``,
+            ``{i_prev2}``, ``{i_next2}``.
         module: module path (``layers.{i}.mlp``), formatted like ``key``.
         label: what the tensor is, for the peak's explanation ("log-softmax gradients").
         stream: CUDA stream (0 = default).
@@ -348,7 +350,7 @@ def _format(text: str, index: dict[str, int]) -> str:
     if "{" not in text:
         return text
     i = index.get("i", 0)
-    return text.format(i=i, i_prev=i - 1, i_next=i + 1)
+    return text.format(i=i, i_prev=i - 1, i_next=i + 1, i_prev2=i - 2, i_next2=i + 2)
 
 
 def _expand(

@@ -87,7 +87,7 @@ def test_video_frames() -> None:
         ((FLUX, "--engine", "trace", "--resolution", "0"), "resolution", "HEIGHTxWIDTH"),
         (("gpt2", "--resolution", "512"), "resolution", "--seq-len"),
         (("gpt2", "--engine", "trace", "--text-seq-len", "77"), "text_seq_len", "--seq-len"),
-        ((FLUX,), "", "not a formula family"),
+        ((FLUX, "--engine", "analytic"), "", "not a formula family"),  # auto: generic path
         ((FLUX, "--engine", "trace", "--lora-rank", "4", "--lora-targets", "gate"), "", "gate"),
     ],
 )

@@ -81,7 +81,7 @@ def print_estimate(est: MemoryEstimate, as_json: bool) -> None:
 def estimate_cmd(
     model: ModelArg,
     gpu: GpuOpt = None,
-    engine: EngineOpt = "analytic",
+    engine: EngineOpt = "auto",
     alloc_conf: AllocConfOpt = "",
     snapshot: SnapshotOpt = None,
     plot: PlotOpt = None,

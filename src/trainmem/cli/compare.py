@@ -51,7 +51,7 @@ def register(app: typer.Typer) -> None:
         model: ModelArg,
         set_: SetOpt,
         gpu: GpuOpt = None,
-        engine: EngineOpt = "analytic",
+        engine: EngineOpt = "auto",
         alloc_conf: AllocConfOpt = "",
         plot: PlotOpt = None,
         html: HtmlOpt = None,

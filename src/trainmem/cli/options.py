@@ -433,7 +433,7 @@ def training_from_options(
     training = TrainingConfig(**settings)
     try:
         spec = resolve_model(model)
-    except UnsupportedError:  # a family only the trace engine runs: no shape to check against
+    except UnsupportedError:  # a family only the traced paths run: no shape to check against
         spec = None
     if spec is not None:
         check_training_for_model(spec, training)

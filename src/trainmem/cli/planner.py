@@ -15,7 +15,7 @@ def register(app: typer.Typer) -> None:
     from trainmem.cli.common import clean_errors, console
     from trainmem.cli.options import GpuOpt, JsonOpt, ModelArg, with_training_options
     from trainmem.errors import SpecError
-    from trainmem.estimate import resolve_model
+    from trainmem.estimate import formula_model
     from trainmem.planner.evaluate import fits, require_gpu, simulated_estimate
     from trainmem.planner.fixes import fixes
     from trainmem.planner.search import max_micro_batch_size, max_seq_len
@@ -59,7 +59,7 @@ def register(app: typer.Typer) -> None:
         """The largest micro-batch size (at --seq-len) and the longest sequence length (at
         --micro-batch-size) that fit --gpu, with the margin left."""
         gpu_spec = require_gpu(gpu)
-        spec = resolve_model(model)
+        spec = formula_model(model, "plan")
         results = [max_micro_batch_size(spec, training, gpu_spec)]
         if spec.architecture != "vision-encoder":
             results.append(max_seq_len(spec, training, gpu_spec, multiple_of=seq_len_multiple_of))
@@ -91,7 +91,7 @@ def register(app: typer.Typer) -> None:
         """Whether the run fits --gpu and, if not, ranked changes that make it fit, each with
         the memory it saves and what it costs."""
         gpu_spec = require_gpu(gpu)
-        spec = resolve_model(model)
+        spec = formula_model(model, "fit")
         base = simulated_estimate(spec, training, gpu_spec)
         found = [] if fits(base) else fixes(spec, training, gpu_spec, limit=limit)
         if as_json:
@@ -134,7 +134,7 @@ def register(app: typer.Typer) -> None:
         if output_format not in ("table", "csv", "json"):
             raise SpecError("format", f"unknown value {output_format!r}; allowed: table, csv, json")
         grid = parse_over(over)
-        spec = resolve_model(model)
+        spec = formula_model(model, "sweep")
         rows = sweep(spec, training, gpu, grid, simulate_allocator=simulate_allocator)
         if output_format == "csv":
             print(render.sweep_csv(rows), end="")

@@ -17,7 +17,7 @@ from itertools import product
 from typing import Any
 
 from trainmem.errors import SpecError
-from trainmem.estimate import estimate, resolve_gpu, resolve_model
+from trainmem.estimate import estimate, formula_model, resolve_gpu
 from trainmem.planner.evaluate import fits
 from trainmem.specs.hardware import GPUSpec
 from trainmem.specs.model import ModelSpec
@@ -182,7 +182,7 @@ def sweep(
         SpecError: unknown model, GPU or field, or a value a field does not accept (the message
             names the field).
     """
-    spec = resolve_model(model)
+    spec = formula_model(model, "sweep")
     gpu_spec = resolve_gpu(gpu)
     names = [field_name(k) for k in over]
     if len(set(names)) != len(names):

@@ -13,7 +13,9 @@ parallelism), ``tensor_parallel`` (DTensor TP / SP, torchtitan's plan), ``fsdp``
 ``cuda_sdpa`` / ``cuda_autocast`` / ``optimizers`` / ``host_scalars`` (what CUDA would run;
 Adafactor's ``.item()``), ``chunked_loss`` (chunked cross-entropy), ``step`` (the training
 loop), ``recorder`` (dispatch-mode storage tracker), ``capture`` (warm-up + recorded step,
-categories), ``attribution`` (timeline, peak breakdown, per-module tables), ``engine``.
+categories), ``attribution`` (timeline, peak breakdown, per-module tables), ``engine``; the
+generic path on top: ``blocks`` (find and cut the repeated block lists), ``compose`` (the
+full-depth step schedule from the cut model's trace), ``generic`` (build, cut, trace, compose).
 """
 
 from __future__ import annotations

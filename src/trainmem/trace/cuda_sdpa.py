@@ -96,7 +96,10 @@ def make_cuda_sdpa(force: str | None = None) -> Callable[..., Any]:
         ):
             d = query.shape[-1]
             kernel = force or choose_kernel(query.dtype, d, attn_mask is not None)
-            if kernel == "flash" and attn_mask is not None:
+            if kernel == "flash" and (attn_mask is not None or value.shape[-1] != d):
+                # flash needs equal q/k/v head dims (aten/src/ATen/native/transformers/cuda/
+                # sdp_utils.cpp, check_head_dim_size_flash): DeepSeek's MLA (v 128, qk 192)
+                # takes the memory-efficient kernel
                 kernel = "efficient"
             if kernel == "flash":
                 out = torch.ops.aten._scaled_dot_product_flash_attention(

@@ -48,6 +48,8 @@ __all__ = [
     "DIFFUSERS_LORA_MODULES",
     "apply_diffusers_lora",
     "build_diffusers_model",
+    "check_diffusers_settings",
+    "describe_diffusers_batch",
     "diffusers_loss",
     "estimate_diffusers_trace",
     "make_diffusers_batch",
@@ -315,28 +317,12 @@ def diffusers_loss(output: Any, batch: Mapping[str, Any]) -> Any:
     return per_sample.mean()
 
 
-def estimate_diffusers_trace(
-    name: str, training: TrainingConfig, *, gpu: GPUSpec | None = None
-) -> MemoryEstimate:
-    """Trace one training step of a diffusers model (whole model, fake tensors).
-
-    Args:
-        name: a preset name, ``config.json`` path or hub id of a diffusers config.
-        training: micro-batch, precision, optimizer, checkpointing, LoRA, ``resolution``,
-            ``frames``, ``text_seq_len``.
-        gpu: the GPU for the verdict and the cuBLAS workspace size.
-
-    Returns:
-        The :class:`~trainmem.breakdown.MemoryEstimate` (``engine="trace"``), with the batch
-        geometry in ``details["diffusers"]``.
+def check_diffusers_settings(training: TrainingConfig) -> None:
+    """Refuse the settings a diffusers trace does not run (whole model or generic path).
 
     Raises:
-        UnsupportedError: settings the diffusers trace does not run (parallelism, compile,
-            chunked cross-entropy).
-        TraceError: the step failed under fake tensors.
+        UnsupportedError: parallelism, compile or a chunked loss, named.
     """
-    from trainmem.specs.hf import load_hf_config
-    from trainmem.trace.engine import DEFAULT_CUBLAS_WORKSPACE_BYTES, _estimate, run_trace
     from trainmem.trace.parallel import uses_mesh
 
     refused = [
@@ -355,21 +341,15 @@ def estimate_diffusers_trace(
             "the trace of a diffusers model runs one GPU without compile or a chunked loss; "
             f"not modelled: {', '.join(refused)}"
         )
-    raw = load_hf_config(name)
+
+
+def describe_diffusers_batch(
+    est: MemoryEstimate, raw: Mapping[str, Any], training: TrainingConfig
+) -> None:
+    """The resolved image batch in ``est``: ``details["diffusers"]``, the config line (no token
+    ``seq_len``) and a note (whole model or generic path)."""
     cls = diffusers_class(raw)
     g = image_batch(raw, training)
-    holder: dict[str, Any] = {}
-
-    def build() -> Any:
-        holder["model"] = build_diffusers_model(raw, training)
-        return holder["model"]
-
-    def batch() -> Any:
-        return make_diffusers_batch(holder["model"], training)
-
-    ws = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
-    capture, report = run_trace(build, batch, training, loss_fn=diffusers_loss, workspace_bytes=ws)
-    est = _estimate(name, capture, report, training, gpu, ws)
     est.details["diffusers"] = {
         "class": cls,
         "height": g.height,
@@ -392,4 +372,46 @@ def estimate_diffusers_trace(
         f"diffusers {cls}: micro-batch of {what}, {g.text_seq_len} text tokens (VAE and text "
         "encoders frozen, outside the step)"
     )
+
+
+def estimate_diffusers_trace(
+    name: str, training: TrainingConfig, *, gpu: GPUSpec | None = None
+) -> MemoryEstimate:
+    """Trace one training step of a diffusers model (whole model, fake tensors).
+
+    Args:
+        name: a preset name, ``config.json`` path or hub id of a diffusers config.
+        training: micro-batch, precision, optimizer, checkpointing, LoRA, ``resolution``,
+            ``frames``, ``text_seq_len``.
+        gpu: the GPU for the verdict and the cuBLAS workspace size.
+
+    Returns:
+        The :class:`~trainmem.breakdown.MemoryEstimate` (``engine="trace"``), with the batch
+        geometry in ``details["diffusers"]``.
+
+    Raises:
+        UnsupportedError: settings the diffusers trace does not run (parallelism, compile,
+            chunked cross-entropy).
+        TraceError: the step failed under fake tensors.
+    """
+    from trainmem.specs.hf import load_hf_config
+    from trainmem.trace.engine import DEFAULT_CUBLAS_WORKSPACE_BYTES, _estimate, run_trace
+
+    check_diffusers_settings(training)
+    raw = load_hf_config(name)
+    diffusers_class(raw)  # a class without a batch recipe is refused before the build
+    image_batch(raw, training)
+    holder: dict[str, Any] = {}
+
+    def build() -> Any:
+        holder["model"] = build_diffusers_model(raw, training)
+        return holder["model"]
+
+    def batch() -> Any:
+        return make_diffusers_batch(holder["model"], training)
+
+    ws = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
+    capture, report = run_trace(build, batch, training, loss_fn=diffusers_loss, workspace_bytes=ws)
+    est = _estimate(name, capture, report, training, gpu, ws)
+    describe_diffusers_batch(est, raw, training)
     return est

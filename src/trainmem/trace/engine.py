@@ -456,7 +456,7 @@ def estimate_trace(
     optimizers unsupported.
     """
     from trainmem.specs.hf import load_hf_config
-    from trainmem.trace.hf_model import build_hf_training_model, make_hf_batch
+    from trainmem.trace.hf_model import build_hf_training_model, hf_loss, make_hf_batch
 
     name = model_spec_or_name if isinstance(model_spec_or_name, str) else model_spec_or_name.name
     raw = load_hf_config(name)
@@ -472,7 +472,12 @@ def estimate_trace(
 
     ws = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
     capture, report = run_trace(
-        build, batch, training, workspace_bytes=ws, forward_loss=default_forward_loss(training)
+        build,
+        batch,
+        training,
+        loss_fn=hf_loss,
+        workspace_bytes=ws,
+        forward_loss=default_forward_loss(training),
     )
     return _estimate(name, capture, report, training, gpu, ws)
 

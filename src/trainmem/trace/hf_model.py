@@ -10,6 +10,7 @@ shape/stride/dtype inside ``FakeTensorMode``, keeping tied weights tied (one mem
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -22,6 +23,7 @@ torch = require_torch()
 __all__ = [
     "build_hf_model",
     "build_hf_training_model",
+    "hf_loss",
     "hf_mask_patches",
     "make_hf_batch",
     "materialize_fake",
@@ -179,28 +181,63 @@ def materialize_fake(model: Any, fake_mode: Any) -> None:
 def make_hf_batch(model: Any, micro_batch_size: int, seq_len: int) -> dict[str, Any]:
     """One unpadded training batch for a HF model (call inside the fake mode for fake tensors).
 
-    Shapes: ``input_ids``/``labels`` [b, s] int64 (causal and masked LM), ViT ``pixel_values``
-    [b, c, image, image] in the parameter dtype with ``labels`` [b].
+    The input follows the model's ``main_input_name`` (``transformers/modeling_utils.py``):
+    ``input_ids`` [b, s] int64 with ``labels`` = the same ids (causal and masked LM, T5/BART:
+    the decoder reads the labels shifted right, so both sides have s tokens; Mamba);
+    ``pixel_values`` [b, c, image, image] in the parameter dtype (ViT, DINOv2, CLIP / SigLIP
+    vision towers) with class ``labels`` [b] when the model takes labels; ``input_features``
+    [b, mel bins, 2 * max_source_positions] (Whisper's 30 s log-mel window: two frames per
+    encoder position after its stride-2 convolution, ``modeling_whisper.py``) with decoder
+    ``labels`` [b, min(s, max_target_positions)].
 
     Args:
         model: the HF model (its ``config`` decides the inputs).
         micro_batch_size: b.
-        seq_len: s.
+        seq_len: s (tokens; the decoder's for Whisper).
 
     Returns:
-        Keyword arguments of ``model(**batch)``, including ``labels`` so the model returns a loss.
+        Keyword arguments of ``model(**batch)``, with ``labels`` when the model takes them (a
+        headless model's loss is :func:`hf_loss`'s stand-in).
     """
     cfg = model.config
     b, s = micro_batch_size, seq_len
-    if cfg.model_type == "vit":
-        dtype = next(model.parameters()).dtype
+    main = getattr(model, "main_input_name", "input_ids")
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
+    takes_labels = "labels" in inspect.signature(base.forward).parameters
+    dtype = next(model.parameters()).dtype
+    batch: dict[str, Any]
+    if main == "pixel_values":
         size = cfg.image_size
-        return {
-            "pixel_values": torch.randn(b, cfg.num_channels, size, size, dtype=dtype),
-            "labels": torch.randint(0, max(cfg.num_labels, 1), (b,)),
-        }
+        size = size[0] if isinstance(size, (list, tuple)) else size
+        batch = {"pixel_values": torch.randn(b, cfg.num_channels, size, size, dtype=dtype)}
+        if takes_labels:
+            batch["labels"] = torch.randint(0, max(getattr(cfg, "num_labels", 1), 1), (b,))
+        return batch
+    if main == "input_features":
+        frames = 2 * cfg.max_source_positions
+        batch = {"input_features": torch.randn(b, cfg.num_mel_bins, frames, dtype=dtype)}
+        s = min(s, getattr(cfg, "max_target_positions", s))
+    else:
+        batch = {}
     ids = torch.randint(0, cfg.vocab_size, (b, s))
-    return {"input_ids": ids, "labels": ids.clone()}
+    if main != "input_features":
+        batch["input_ids"] = ids
+    if takes_labels:
+        batch["labels"] = ids.clone()
+    return batch
+
+
+def hf_loss(output: Any, batch: Any) -> Any:
+    """The model's own loss (``output.loss``), or for a headless model (``CLIPVisionModel``,
+    ``SiglipVisionModel``, a bare ``XModel``) a stand-in: the mean of its last hidden state,
+    whose backward allocates one gradient of that shape, as a head's first matmul would."""
+    loss = getattr(output, "loss", None)
+    if loss is not None:
+        return loss
+    hidden = getattr(output, "last_hidden_state", None)
+    if hidden is None:
+        hidden = output[0]
+    return hidden.mean()
 
 
 @contextlib.contextmanager

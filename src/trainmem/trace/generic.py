@@ -1,0 +1,292 @@
+"""The generic path: any model transformers (or diffusers) can build, traced with a few blocks per
+list and composed to full depth.
+
+Note [Generic path]
+    1. Build the whole model on ``meta`` from its config (exact parameter count, tied weights,
+       buffers): ``trainmem.trace.hf_model.build_hf_training_model``, or a diffusers builder.
+    2. Find its block lists and cut each to a few units per run of identical blocks, keeping one
+       unit of each distinct kind (Note [Runs of blocks], ``trainmem.trace.blocks``).
+    3. Trace the cut model's steady-state step with the trace engine
+       (``trainmem.trace.engine.run_trace``: fake tensors, CUDA emulation, LoRA, checkpointing,
+       FSDP2...).
+    4. Compose the full-depth :class:`~trainmem.schedule.StepSchedule`, the middle identical
+       units as one :class:`~trainmem.schedule.Repeat` (Note [Composing the full depth],
+       ``trainmem.trace.compose``), so an 80-layer model traces like a 5-layer one. The driver
+       (``trainmem.estimate.finish``) takes it from there, like the other engines' schedules.
+    Where the stream does not split into identical units, the whole model is traced instead and
+    the estimate's notes say so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from trainmem.breakdown import MemoryEstimate
+from trainmem.errors import TraceError, UnsupportedError
+from trainmem.schedule import StepSchedule
+from trainmem.specs.hardware import GPUSpec
+from trainmem.specs.training import TrainingConfig
+from trainmem.trace._torch import require_torch
+
+torch = require_torch()
+
+from trainmem.trace.blocks import Run, truncate  # noqa: E402
+from trainmem.trace.compose import CompositionError, ParamInfo, compose  # noqa: E402
+from trainmem.trace.engine import (  # noqa: E402
+    DEFAULT_CUBLAS_WORKSPACE_BYTES,
+    _estimate,
+    default_forward_loss,
+    run_trace,
+)
+
+__all__ = ["Recipe", "estimate_generic", "recipe_for_config", "trace_generic"]
+
+_TRUNCATED_DETAILS = (
+    "peak_allocated_bytes",
+    "peak_op",
+    "peak_module",
+    "peak_by_category_bytes",
+    "phase_peaks_bytes",
+    "activation_bytes_by_module",
+    "peak_contributors",
+    "num_events",
+    "host_optimizer_state_bytes",
+)
+"""Trace details that describe the cut model, not the full one (dropped)."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How to build and feed a model for the generic path.
+
+    Attributes:
+        name: label of the result.
+        build: returns the full model (called under ``torch.device("meta")``), LoRA applied.
+        make_batch: ``make_batch(model) -> batch`` (dict of kwargs, tuple or tensor), called
+            inside the fake mode.
+        loss_fn: ``loss_fn(output, batch) -> scalar``; None reads ``output.loss``.
+        forward_loss: ``forward_loss(model, batch) -> loss`` replacing forward + loss, or None.
+        library: what builds it, for the notes.
+    """
+
+    name: str
+    build: Callable[[], Any]
+    make_batch: Callable[[Any], Any]
+    loss_fn: Callable[[Any, Any], Any] | None = None
+    forward_loss: Callable[[Any, Any], Any] | None = None
+    library: str = "transformers"
+
+
+def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfig) -> Recipe:
+    """The recipe of a ``config.json``: transformers for a ``model_type``, diffusers for a
+    ``_class_name`` without one (``trainmem.trace.diffusers_model``).
+
+    Args:
+        name: the model's name for reports.
+        raw: the parsed config.
+        training: the settings (dropout, attention, dtype, LoRA, sequence length...).
+
+    Returns:
+        The :class:`Recipe`.
+
+    Raises:
+        UnsupportedError: a diffusers config while the diffusers builder is not available.
+    """
+    from trainmem.specs.diffusers import is_diffusers_config
+
+    if is_diffusers_config(raw):
+        try:
+            from trainmem.trace import diffusers_model as dm
+        except ImportError as exc:
+            raise UnsupportedError(
+                f"{raw.get('_class_name')!s:.80} is a diffusers model; this version of trainmem "
+                "has no diffusers builder (trainmem.trace.diffusers_model)"
+            ) from exc
+        dm.check_diffusers_settings(training)
+        dm.diffusers_class(raw)  # a class without a batch recipe is refused before the build
+        return Recipe(
+            name,
+            lambda: dm.build_diffusers_model(raw, training, device="meta"),
+            lambda model: dm.make_diffusers_batch(model, training),
+            loss_fn=dm.diffusers_loss,
+            library="diffusers",
+        )
+    from trainmem.trace.hf_model import build_hf_training_model, hf_loss, make_hf_batch
+
+    return Recipe(
+        name,
+        lambda: build_hf_training_model(raw, training),
+        lambda model: make_hf_batch(model, training.micro_batch_size, training.seq_len),
+        loss_fn=hf_loss,
+        forward_loss=default_forward_loss(training),
+    )
+
+
+def _count(model: Any) -> tuple[int, int]:
+    params = list(dict.fromkeys(model.parameters()))
+    return sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
+
+
+def _trainable(model: Any) -> list[ParamInfo]:
+    names: dict[int, str] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), n)
+    return [
+        ParamInfo(names.get(id(p), ""), p.numel(), str(p.dtype), p.dim())
+        for p in dict.fromkeys(model.parameters())
+        if p.requires_grad
+    ]
+
+
+def trace_generic(
+    recipe: Recipe,
+    training: TrainingConfig,
+    *,
+    gpu: GPUSpec | None = None,
+    copies: int | None = None,
+) -> MemoryEstimate:
+    """Trace a cut copy of the model and compose its full-depth step (Note [Generic path]).
+
+    Args:
+        recipe: how to build and feed the model.
+        training: the step's settings.
+        gpu: the GPU for the cuBLAS workspace size and the verdict.
+        copies: units kept per run (default ``trainmem.trace.blocks.COPIES``).
+
+    Returns:
+        A draft :class:`~trainmem.breakdown.MemoryEstimate` (``engine="generic"``) whose
+        ``schedules`` hold the composed step; :func:`trainmem.estimate.finish` completes it.
+
+    Raises:
+        UnsupportedError / TraceError: the model cannot be built or traced.
+    """
+    t0 = time.perf_counter()
+    with torch.device("meta"):
+        model = recipe.build()
+    n_all, n_train = _count(model)
+    runs = truncate(model, copies)
+    ws = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
+
+    def traced(m: Any) -> tuple[Any, Any]:
+        return run_trace(
+            lambda: m,
+            lambda: recipe.make_batch(m),
+            training,
+            loss_fn=recipe.loss_fn,
+            workspace_bytes=ws,
+            forward_loss=recipe.forward_loss,
+        )
+
+    notes: list[str] = []
+    try:
+        capture, report = traced(model)
+        names = {n for n, _ in model.named_modules(remove_duplicate=False)}
+        schedule = compose(report.timeline, runs, _trainable(model), module_names=names)
+    except (CompositionError, TraceError, IndexError, KeyError) as exc:
+        if not runs:  # nothing was cut: the whole model's own failure
+            raise
+        # a forward that indexes its block list by the config's count, or a stream that does
+        # not split into identical units: trace every block instead
+        reason = " ".join(str(exc).split())[:160]
+        notes.append(
+            f"generic path: the cut model could not stand for the whole ({type(exc).__name__}: "
+            f"{reason}); the whole model was traced instead"
+        )
+        with torch.device("meta"):
+            full = recipe.build()
+        capture, report = traced(full)
+        schedule = StepSchedule.from_timeline(report.timeline)
+        runs = []
+    est = _estimate(recipe.name, capture, report, training, gpu, ws)
+    est.engine = "generic"
+    est.num_parameters, est.num_trainable_parameters = n_all, n_train
+    for k in _TRUNCATED_DETAILS:
+        est.details.pop(k, None)
+    # no wall time in the details: the same command gives byte-identical JSON
+    est.details["generic"] = {"block_lists": _describe(runs)}
+    logging.getLogger("trainmem").debug(
+        "generic path for %s in %.3f s", recipe.name, time.perf_counter() - t0
+    )
+    est.recorded_timeline = None
+    est.peak_reason = ""  # the cut model's; finish() names the full step's peak
+    est.schedules = [schedule]
+    ranks = est.details.get("per_rank") or [{"rank": 0}]
+    keep = ("rank", "coordinates", "ranks_alike")
+    est.rank_labels = [{k: v for k, v in r.items() if k in keep} for r in ranks]
+    est.notes = [
+        "generic path: the model built by "
+        + recipe.library
+        + " on fake tensors, a few blocks per list traced and repeated to full depth; "
+        "requested sizes, the CUDA context is the default allowance",
+        *notes,
+    ]
+    return est
+
+
+def _describe(runs: list[Run]) -> list[dict[str, Any]]:
+    return [
+        {
+            "list": r.list_path,
+            "first_block": r.first,
+            "blocks_per_unit": r.unit,
+            "units": r.reps,
+            "units_traced": r.kept,
+        }
+        for r in runs
+    ]
+
+
+def estimate_generic(
+    name: str,
+    training: TrainingConfig,
+    *,
+    gpu: GPUSpec | None = None,
+    copies: int | None = None,
+) -> MemoryEstimate:
+    """The generic path for a preset name, ``config.json`` path or folder.
+
+    Args:
+        name: what :func:`trainmem.specs.hf.load_hf_config` reads.
+        training: the step's settings.
+        gpu: the GPU for the verdict and the cuBLAS workspace size.
+        copies: units kept per run (tests force fewer to exercise the repeat on short models).
+
+    Returns:
+        The draft estimate (see :func:`trace_generic`).
+    """
+    from trainmem.specs.diffusers import is_diffusers_config
+    from trainmem.specs.hf import load_hf_config
+
+    raw = load_hf_config(name)
+    try:
+        est = trace_generic(
+            recipe_for_config(name, raw, training), training, gpu=gpu, copies=copies
+        )
+        if is_diffusers_config(raw):
+            from trainmem.trace.diffusers_model import describe_diffusers_batch
+
+            describe_diffusers_batch(est, raw, training)
+        if "vision_config" in raw and "text_config" in raw:
+            est.notes.append(
+                "vision-language model: the batch is text only (input_ids), no image tokens; "
+                "the vision tower gets no gradient"
+            )
+        return est
+    except UnsupportedError as exc:
+        cause = str(exc.__cause__ or "")
+        if training.attention == "eager" or "scaled_dot_product_attention" not in cause:
+            raise
+    # transformers has no SDPA path for this class (BLOOM's ALiBi, Mamba has no attention):
+    # a real run of it uses eager attention, so the trace does too
+    eager = dataclasses.replace(training, attention="eager")
+    est = trace_generic(recipe_for_config(name, raw, eager), eager, gpu=gpu, copies=copies)
+    est.notes.append(
+        "transformers has no SDPA attention for this model class; eager attention traced "
+        "(--attention eager)"
+    )
+    return est
