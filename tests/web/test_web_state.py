@@ -155,6 +155,18 @@ def test_uploaded_config_is_the_same_model_as_the_preset(tmp_path: Path) -> None
     assert estimate(spec, training).breakdown == estimate("gpt2", training).breakdown
 
 
+def test_uploaded_config_without_formulas_runs_the_generic_path(tmp_path: Path) -> None:
+    # Mamba has no formula family: the upload is kept as a path and the page's estimate (the
+    # default engine, auto) runs it through the generic path instead of refusing it
+    path = tmp_path / "config.json"
+    path.write_text((Path(__file__).parents[1] / "models" / "mamba.json").read_text(), "utf-8")
+    model, config = model_from_upload(str(path))
+    assert model == str(path) and config["model_type"] == "mamba"
+    req = resolve_request({**default_values(), "seq_len": 64, "micro_batch_size": 1}, model)
+    assert req.model_arg == "config.json"
+    assert estimate(req.model, req.training).engine == "generic"
+
+
 def test_uploads_are_size_limited_and_data_only(tmp_path: Path) -> None:
     big = tmp_path / "config.json"
     big.write_text(" " * (MAX_UPLOAD_BYTES + 1) + "{}", encoding="utf-8")

@@ -106,12 +106,13 @@ class Request:
     alloc_conf: str
 
 
-def resolve_request(values: Mapping[str, Any], uploaded: ModelSpec | None = None) -> Request:
+def resolve_request(values: Mapping[str, Any], uploaded: ModelSpec | str | None = None) -> Request:
     """The :class:`Request` of a values dict (``trainmem.web.form``).
 
     Args:
         values: the page state.
-        uploaded: the spec of an uploaded config.json; it replaces ``values["model"]``.
+        uploaded: the spec of an uploaded config.json, or its path for a family without
+            formulas (the generic path runs it); it replaces ``values["model"]``.
 
     Raises:
         SpecError: an unknown model or GPU, or a bad setting (the message names the field).
@@ -119,7 +120,7 @@ def resolve_request(values: Mapping[str, Any], uploaded: ModelSpec | None = None
     """
     if uploaded is not None:
         model: str | ModelSpec = uploaded
-        model_arg = Path(uploaded.name).name
+        model_arg = Path(uploaded if isinstance(uploaded, str) else uploaded.name).name
     else:
         name = str(values.get("model") or "").strip()
         if name not in list_presets() and not _HUB_ID.match(name):

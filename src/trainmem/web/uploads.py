@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from trainmem.errors import SpecError
+from trainmem.errors import SpecError, UnsupportedError
 from trainmem.specs.framework_configs import deepspeed_settings, read_accelerate_config
 from trainmem.specs.hf import model_spec_from_hf
 from trainmem.specs.model import ModelSpec
@@ -48,15 +48,19 @@ def _json_object(path: str, field: str) -> dict[str, Any]:
     return data
 
 
-def model_from_upload(path: str) -> tuple[ModelSpec, dict[str, Any]]:
-    """The ModelSpec of an uploaded Hugging Face ``config.json``, and the parsed dict.
+def model_from_upload(path: str) -> tuple[ModelSpec | str, dict[str, Any]]:
+    """The model of an uploaded Hugging Face (or diffusers) ``config.json``, and the parsed
+    dict: its ModelSpec for a family the formulas cover, else the file's path, which the
+    default ``auto`` engine runs through the generic path (:func:`trainmem.estimate.estimate`).
 
     Raises:
         SpecError: too large, not JSON, not an object, or a bad/missing field of the config.
-        UnsupportedError: a ``model_type`` the analytic engine does not model.
     """
     config = _json_object(path, "config.json")
-    return model_spec_from_hf(config, name=Path(path).name), config
+    try:
+        return model_spec_from_hf(config, name=Path(path).name), config
+    except UnsupportedError:
+        return path, config
 
 
 def deepspeed_from_upload(path: str) -> dict[str, Any]:
