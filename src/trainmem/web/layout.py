@@ -92,8 +92,8 @@ def build_app() -> Any:
             "## trainmem: will this training run fit my GPU?\n"
             "Peak GPU memory of one training step, per category, from the analytic formulas "
             "(or, for a family they do not cover, the generic path: the real model traced on "
-            "fake tensors; no GPU, no download). Every option is a `trainmem estimate` option; the link in "
-            "the address bar reproduces this page."
+            "fake tensors; no GPU, no download). Every option is a `trainmem estimate` option; "
+            "the link in the address bar reproduces this page."
         )
         notice = gr.HTML(elem_id="notice", elem_classes=SLOT)
         message = gr.HTML(elem_id="message", elem_classes=SLOT)
