@@ -290,6 +290,9 @@ def _read(row: Family, f: Fields, spec: dict[str, Any]) -> None:
     for canonical, targets, kind in _READS:
         if all(t in row.traits for t in targets):
             continue
+        if canonical in row.derived:
+            spec[targets[0]] = row.derived[canonical](spec)
+            continue
         listed = canonical in row.defaults
         if not listed and canonical not in _REQUIRED and kind not in ("kv", "head_dim"):
             continue

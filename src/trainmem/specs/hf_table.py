@@ -16,6 +16,7 @@ where a family's config stores each quantity and what its modeling code fixes:
   read. A callable default is computed from the spec read so far (GPT-2's ``4 * hidden_size``).
 - ``traits``: ModelSpec fields the modeling code fixes (MLP kind, norm, positions, biases,
   parallel attention, fused q/k/v...), from ``modeling_<family>.py``.
+- ``derived``: a quantity the modeling code computes and never reads (BLOOM's 4h MLP).
 - ``adjust``: the rare rule a table cannot state (Falcon's three attention layouts).
 
 The shape fields (``num_hidden_layers``, ``hidden_size``, ``num_attention_heads``,
@@ -51,6 +52,8 @@ class Family:
     aliases: Mapping[str, str] = field(default_factory=dict)
     legacy: Mapping[str, str] = field(default_factory=dict)
     renames: Mapping[str, str] = field(default_factory=dict)
+    derived: Mapping[str, Callable[[SpecDict], Any]] = field(default_factory=dict)
+    """Quantities the modeling code computes instead of reading (BLOOM's MLP width 4h)."""
     adjust: Callable[[Fields, SpecDict], None] | None = None
 
 
@@ -194,6 +197,43 @@ def _vit_image(f: Fields, spec: SpecDict) -> None:
         # ViTEmbeddings.position_embeddings: [1, num_patches + 1, h] (the +1 is [CLS]).
         max_position_embeddings=(image // patch) ** 2 + 1,
         pooler_output_size=None if pooler is None else f.positive_int("pooler_output_size"),
+    )
+
+
+def _multi_query(f: Fields, spec: SpecDict) -> None:
+    # GPTBigCodeConfig.__post_init__: num_key_value_heads = 1 if multi_query else n_head
+    if f.flag("multi_query", True):
+        spec["num_kv_heads"] = 1
+
+
+def _bloom(f: Fields, spec: SpecDict) -> None:
+    if f.flag("apply_residual_connection_post_layernorm", False):
+        raise UnsupportedError(
+            "apply_residual_connection_post_layernorm: true is not modelled; use --engine trace"
+        )
+
+
+def _sparse_layers(f: Fields, spec: SpecDict) -> None:
+    """Qwen2/3-MoE: layer i is sparse unless ``i in mlp_only_layers`` or ``(i + 1) %
+    decoder_sparse_step != 0`` (Qwen2MoeDecoderLayer.__init__); a mix of dense and sparse
+    layers is not modelled by the formulas."""
+    step = f.positive_int("decoder_sparse_step", 1)
+    only = f.config.get("mlp_only_layers") or []
+    if not isinstance(only, list) or not all(isinstance(n, int) for n in only):
+        raise SpecError("mlp_only_layers", f"must be a list of layer indices, got {short(only)}")
+    layers = spec["num_layers"]
+    dense = [n for n in range(layers) if n in only or (n + 1) % step != 0]
+    if dense:
+        raise UnsupportedError(
+            f"mlp_only_layers / decoder_sparse_step: {len(dense)} of {layers} layers are dense "
+            "MLPs, the rest MoE; the formulas model all-MoE layers only; use --engine trace"
+        )
+
+
+def _qwen2_moe(f: Fields, spec: SpecDict) -> None:
+    _sparse_layers(f, spec)
+    spec["shared_expert_intermediate_size"] = f.positive_int(
+        "shared_expert_intermediate_size", 5632
     )
 
 
@@ -436,5 +476,172 @@ _ROWS: tuple[Family, ...] = (
     ),
 )
 
-FAMILIES: Mapping[str, Family] = {row.model_type: row for row in _ROWS}
+_NEW_ROWS: tuple[Family, ...] = (
+    Family(
+        "phi3",
+        "models/phi3/modeling_phi3.py (Phi3Attention: fused qkv_proj of width (a + 2k) * d and "
+        "o_proj, no biases; Phi3MLP: fused gate_up_proj chunked into gate and up; RMSNorms; "
+        "resid_pdrop on both branches, embd_pdrop unused)",
+        {**LLAMA_TRAITS, "fused_qkv": True, "fused_gate_up": True, **_NO_MLP_BIAS}
+        | dict(attention_bias=False, attention_out_bias=False),
+        defaults=_llama_defaults(
+            max_position_embeddings=4096,
+            attention_bias=None,
+            mlp_bias=None,
+            partial_rotary_factor=1.0,
+            hidden_dropout=0.0,
+        ),
+        renames=dict(hidden_dropout="resid_pdrop"),
+    ),
+    Family(
+        "olmo2",
+        "models/olmo2/modeling_olmo2.py (Olmo2Attention: q_norm RMSNorm(a * d), k_norm "
+        "RMSNorm(k * d); Olmo2DecoderLayer: no pre-norms, post_attention_layernorm and "
+        "post_feedforward_layernorm on the branch outputs)",
+        {
+            **LLAMA_TRAITS,
+            "qk_norm": True,
+            "qk_norm_full_width": True,
+            "pre_norms": False,
+            "output_norms": True,
+            **_NO_MLP_BIAS,
+        },
+        defaults=_llama_defaults(mlp_bias=None),
+    ),
+    Family(
+        "starcoder2",
+        "models/starcoder2/modeling_starcoder2.py (GQA q/k/v/o and c_fc/c_proj biased by "
+        "use_bias; LayerNorm with bias; non-gated gelu MLP; residual and embedding dropout)",
+        dict(
+            architecture="decoder",
+            mlp_kind="gelu",
+            norm_kind="layernorm",
+            position_kind="rotary",
+        ),
+        defaults=dict(
+            num_key_value_heads=2,
+            hidden_act="gelu_pytorch_tanh",
+            max_position_embeddings=4096,
+            tie_word_embeddings=True,
+            attention_bias=True,
+            mlp_bias=True,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            embedding_dropout=0.0,
+        ),
+        renames=dict(
+            attention_bias="use_bias",
+            mlp_bias="use_bias",
+            hidden_dropout="residual_dropout",
+        ),
+    ),
+    Family(
+        "gpt_bigcode",
+        "models/gpt_bigcode/modeling_gpt_bigcode.py (GPTBigCodeAttention: c_attn Linear(h, h + "
+        "2 * kv_dim), one kv head if multi_query; otherwise GPT-2's block)",
+        GPT2_TRAITS,
+        defaults=dict(
+            intermediate_size=_four_h,
+            hidden_act="gelu_pytorch_tanh",
+            max_position_embeddings=1024,
+            tie_word_embeddings=True,
+            hidden_dropout=0.1,
+            attention_dropout=0.1,
+            embedding_dropout=0.1,
+        ),
+        aliases=_GPT2_NAMES,
+        renames=dict(
+            intermediate_size="n_inner",
+            hidden_act="activation_function",
+            hidden_dropout="resid_pdrop",
+            attention_dropout="attn_pdrop",
+            embedding_dropout="embd_pdrop",
+        ),
+        adjust=_multi_query,
+    ),
+    Family(
+        "bloom",
+        "models/bloom/modeling_bloom.py (word_embeddings_layernorm, fused query_key_value, "
+        "dense_h_to_4h / dense_4h_to_h of 4h, biases everywhere, ALiBi, eager attention)",
+        dict(
+            architecture="decoder",
+            mlp_kind="gelu",
+            norm_kind="layernorm",
+            position_kind="alibi",
+            fused_qkv=True,
+            embedding_norm=True,
+            hidden_act="bloom_gelu",
+            max_position_embeddings=2048,
+            **_BIASED,
+        ),
+        defaults=dict(tie_word_embeddings=True, hidden_dropout=0.0, attention_dropout=0.0),
+        aliases=dict(num_hidden_layers="n_layer", num_attention_heads="n_head"),
+        legacy=dict(hidden_size="n_embed"),
+        # BloomMLP: dense_h_to_4h = Linear(hidden_size, 4 * hidden_size)
+        derived=dict(intermediate_size=_four_h),
+        adjust=_bloom,
+    ),
+    Family(
+        "gemma3_text",
+        "models/gemma3/modeling_gemma3.py (Gemma3Attention: q_norm / k_norm RMSNorm(head_dim); "
+        "Gemma3DecoderLayer: 4 RMSNorms computing x * (1 + w) in fp32; sliding and global "
+        "layers share one shape; Gemma3TextScaledWordEmbedding)",
+        {
+            **LLAMA_TRAITS,
+            "qk_norm": True,
+            "num_norms_per_layer": 4,
+            "output_norms": True,
+            "gemma_norm": True,
+            **_NO_MLP_BIAS,
+        },
+        defaults=_llama_defaults(
+            num_key_value_heads=4,
+            hidden_act="gelu_pytorch_tanh",
+            max_position_embeddings=131_072,
+            tie_word_embeddings=True,
+            head_dim=256,
+            mlp_bias=None,
+        ),
+        renames=dict(hidden_act="hidden_activation"),
+    ),
+    Family(
+        "qwen2_moe",
+        "models/qwen2_moe/modeling_qwen2_moe.py (Qwen2MoeAttention: q/k/v bias qkv_bias, o_proj "
+        "none; Qwen2MoeSparseMoeBlock: router Linear(h, E), experts of moe_intermediate_size, "
+        "a shared expert of shared_expert_intermediate_size with a sigmoid gate Linear(h, 1))",
+        {**LLAMA_TRAITS, "attention_out_bias": False, "shared_expert_gate": True, **_NO_MLP_BIAS},
+        defaults=_llama_defaults(
+            num_key_value_heads=16,
+            max_position_embeddings=32768,
+            attention_bias=None,
+            mlp_bias=None,
+            qkv_bias=True,
+            num_experts=60,
+            num_experts_per_tok=4,
+            intermediate_size=1408,
+        ),
+        renames=dict(intermediate_size="moe_intermediate_size"),
+        adjust=_qwen2_moe,
+    ),
+    Family(
+        "qwen3_moe",
+        "models/qwen3_moe/modeling_qwen3_moe.py (Qwen3MoeAttention: q_norm / k_norm "
+        "RMSNorm(head_dim); Qwen3MoeSparseMoeBlock: router Linear(h, E), experts of "
+        "moe_intermediate_size, no shared expert)",
+        {**LLAMA_TRAITS, "qk_norm": True, **_NO_MLP_BIAS},
+        defaults=_llama_defaults(
+            num_key_value_heads=4,
+            max_position_embeddings=32768,
+            mlp_bias=None,
+            num_experts=128,
+            num_experts_per_tok=8,
+            intermediate_size=768,
+        ),
+        aliases=dict(num_experts="num_local_experts"),
+        renames=dict(intermediate_size="moe_intermediate_size"),
+        adjust=_sparse_layers,
+    ),
+)
+
+FAMILIES: Mapping[str, Family] = {row.model_type: row for row in _ROWS + _NEW_ROWS}
 """``model_type`` -> its row."""

@@ -156,6 +156,24 @@ class ModelSpec:
     """Fraction of head_dim that is rotated by RoPE (Phi-2 0.4, GPT-NeoX ``rotary_pct``)."""
     pooler_output_size: int | None = None
     """Width of a ViT pooler's dense layer; None means hidden_size (always so for BERT)."""
+    fused_gate_up: bool = False
+    """Gate and up projections are one HF module (Phi-3 ``gate_up_proj``, output chunked)."""
+    qk_norm_full_width: bool = False
+    """The q/k norms span the whole projection (OLMo-2 ``q_norm`` = RMSNorm(a * d), ``k_norm`` =
+    RMSNorm(k * d)) instead of one head (Qwen3, Gemma-3: RMSNorm(head_dim))."""
+    pre_norms: bool = True
+    """Norms on the inputs of attention and MLP (pre-LN); OLMo-2 has none."""
+    output_norms: bool = False
+    """Norms on the outputs of attention and MLP before the residual add (Gemma-2/3
+    ``post_attention_layernorm`` / ``post_feedforward_layernorm``, OLMo-2)."""
+    shared_expert_intermediate_size: int = 0
+    """Width of an always-on gated shared expert next to the routed ones (Qwen2-MoE
+    ``shared_expert``); 0 for none."""
+    shared_expert_gate: bool = False
+    """A sigmoid gate Linear(h, 1) scales the shared expert's output (Qwen2-MoE)."""
+    gemma_norm: bool = False
+    """RMSNorm computes ``x * (1 + w)`` in fp32 and casts at the end (Gemma ``GemmaRMSNorm``),
+    so it saves its fp32 normalised tensor rather than one in the input dtype."""
 
     @property
     def eager_softmax_fp32(self) -> bool:
