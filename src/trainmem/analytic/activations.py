@@ -337,7 +337,8 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
         # transformers 5 GPT-2 builds a DynamicCache in training (config ``use_cache=True``,
         # disabled under gradient checkpointing); its ``torch.cat`` copies of k and v are what
         # SDPA saves (found by the trace engine, benchmarks/analytic_vs_trace.py).
-        terms["attention/kv_cache_copy"] = 2 * c * h * t
+        # (GPT-BigCode likewise, at its kv_heads * head_dim width)
+        terms["attention/kv_cache_copy"] = 2 * c * kv * d * t
     if model.qk_norm:
         terms["attention/qk_norm"] = _qk_norm_saved_bytes(model, c, **norm_kwargs) * t
     sliding = sliding_mask_bias_bytes(model, training)

@@ -57,9 +57,14 @@ EAGER_SOFTMAX_FP32_TYPES = frozenset(
 """Families whose HF eager attention upcasts the softmax to fp32
 (``ModelSpec.eager_softmax_fp32``)."""
 
-TRAINING_KV_CACHE_TYPES = frozenset({"gpt2"})
+TRAINING_KV_CACHE_TYPES = frozenset({"gpt2", "gpt_bigcode"})
 """Families whose transformers code builds a KV cache during training
 (``ModelSpec.training_kv_cache``)."""
+
+EAGER_ONLY_TYPES = frozenset({"bloom"})
+"""Families whose transformers code has eager attention only (``BloomForCausalLM`` refuses
+SDPA and flash attention: modeling_bloom.py ``BloomAttention`` computes ALiBi scores with
+``baddbmm``)."""
 
 FORWARD_KV_CACHE_TYPES = frozenset({"phi3", "starcoder2", "gemma3_text", "qwen2_moe", "qwen3_moe"})
 """Rotary families whose transformers code builds a KV cache during training that holds fp32
