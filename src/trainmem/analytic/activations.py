@@ -636,6 +636,11 @@ def embedding_activation_bytes(model: ModelSpec, training: TrainingConfig) -> di
         out["rotary_cos_sin"] = 2 * r * rows * model.head_dim * tables
     if model.embedding_norm:
         out["embedding_norm"] = _norm_saved_bytes(model, r) * t
+    if sliding_mask_bias_bytes(model, training) and training.activation_checkpointing != "none":
+        # the sliding layers' (b, 1, s, s) boolean mask is an input of every checkpointed
+        # layer, kept by the checkpoint until their backward (without checkpointing it dies
+        # with the forward; SDPA saves its own float bias)
+        out["sliding_mask"] = b * s * s
     if training.dropout and model.embedding_dropout > 0:
         out["embedding_dropout_mask"] = h * t
     return split_for_parallelism(out, training)
@@ -787,9 +792,10 @@ def backward_layer_transient_bytes(model: ModelSpec, training: TrainingConfig) -
 def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tuple[int, int, int]:
     """(MLP part, attention part, residual gradient) of what one layer's backward holds besides
     what it saved. MLP: the gradients of its intermediate (2 i-sized tensors, 3 for gated
-    MLPs) and under autocast the 16-bit weight gradient of its largest linear before it is cast
-    into the fp32 ``.grad``. Attention (eager only): two score-sized gradients. The MLP's
-    backward runs first, and by the attention's backward the MLP's saved tensors are freed."""
+    MLPs; transformers' MoE experts: see the code) and under autocast the 16-bit weight
+    gradient of its largest linear before it is cast into the fp32 ``.grad``. Attention (eager
+    only): two score-sized gradients. The MLP's backward runs first, and by the attention's
+    backward the MLP's saved tensors are freed."""
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     c, r = compute_and_residual_bytes(training)
     i, h = model.intermediate_size, model.hidden_size
@@ -798,6 +804,13 @@ def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tup
     mlp = n * c * i * t * k_top // parallel_divisor("mlp/gated", training)
     if training.uses_autocast:
         mlp += c * h * i // training.tensor_parallel_size
+    if model.num_experts > 1 and training.conventions.hf_model_code:
+        # transformers' grouped_mm experts run in the weights' dtype w (:func:`moe_terms`); at
+        # the gate/up grouped matmul's backward the gradients of its output (2i), of the
+        # activation and product path (i), of the gathered inputs and of the un-permuted
+        # outputs (h each) are alive, per routed token (found by the trace engine)
+        w = dtype_bytes(training.weight_dtype)
+        mlp = w * k_top * (2 * h + 3 * i) * t // parallel_divisor("mlp/gated", training)
     attention = 0
     if training.attention == "eager":
         # eager attention's backward holds two (b, a, s, s) tensors in the softmax dtype at its
