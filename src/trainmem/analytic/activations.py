@@ -439,6 +439,9 @@ HIDDEN_REGION_TERMS = frozenset(
     {
         "attention/norm",
         "mlp/norm",
+        "attention/output_norm",
+        "mlp/output_norm",
+        "mlp/shared_expert_gate",
         "attention/qkv_input",
         "mlp/input",
         "attention/dropout_mask",
@@ -463,7 +466,7 @@ which save them whole
 
 #: Inputs every tensor-parallel rank holds whole (token ids, rotary tables).
 REPLICATED_INPUT_TERMS = frozenset(
-    {"inputs/token_ids_and_labels", "inputs/pixel_values", "rotary_cos_sin"}
+    {"inputs/token_ids_and_labels", "inputs/pixel_values", "rotary_cos_sin", "sliding_mask"}
 )
 
 
