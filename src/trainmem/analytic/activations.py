@@ -466,7 +466,13 @@ which save them whole
 
 #: Inputs every tensor-parallel rank holds whole (token ids, rotary tables).
 REPLICATED_INPUT_TERMS = frozenset(
-    {"inputs/token_ids_and_labels", "inputs/pixel_values", "rotary_cos_sin", "sliding_mask"}
+    {
+        "inputs/token_ids_and_labels",
+        "inputs/pixel_values",
+        "rotary_cos_sin",
+        "sliding_mask",
+        "attention/sliding_mask_bias",
+    }
 )
 
 
