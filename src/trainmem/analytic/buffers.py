@@ -132,11 +132,14 @@ def gradients_alive_in_forward(training: TrainingConfig) -> bool:
 def gradient_buffer_from_init(training: TrainingConfig) -> bool:
     """The framework allocates the gradients once at wrap time and never frees them: Megatron's
     fp32 ``grad_data`` (``grad_buffer_from_init`` with master weights), DeepSpeed ZeRO-3's
-    gradient partition (``zero3_grad_partition_from_init``). Sources: see
-    :func:`gradients_alive_in_forward`."""
+    gradient partition (``zero3_grad_partition_from_init``), DeepSpeed ``BF16_Optimizer``'s
+    fp32 ``fp32_groups_gradients_flat`` (``TrainingConfig.bf16_optimizer``). Sources: see
+    :func:`gradients_alive_in_forward` and ``FrameworkConventions.bf16_optimizer_without_zero``."""
     conv = training.conventions
-    return (conv.grad_buffer_from_init and training.master_weights) or (
-        conv.zero3_grad_partition_from_init and training.zero_stage == 3
+    return (
+        (conv.grad_buffer_from_init and training.master_weights)
+        or (conv.zero3_grad_partition_from_init and training.zero_stage == 3)
+        or training.bf16_optimizer
     )
 
 

@@ -48,6 +48,35 @@ Note [FSDP under pipeline parallelism]
     dtype (FSDP2 ``FSDPParam.to_accumulated_grad_if_needed``: fp32 under torchtitan's
     ``MixedPrecisionPolicy(reduce_dtype=float32)``), until the reduce-scatter leaves the shards.
 
+Note [FSDP gradient accumulation under no_sync]
+    A framework that accumulates under FSDP1's ``no_sync()`` (``fsdp_no_sync_accumulation``:
+    lit-gpt's ``fabric.no_backward_sync`` -> Lightning ``module.no_sync()``) with FULL_SHARD
+    keeps each unit's gradient *unsharded* from the first micro-batch's backward to the last
+    one's: torch distributed/fsdp/_runtime_utils.py ``_post_backward_hook`` returns before the
+    reduce-scatter while ``not state._sync_gradients`` (``flat_param.grad`` keeps the padded
+    unsharded size, ``FlatParamHandle.prepare_gradient_for_backward``), and frees the gathered
+    parameters all the same (``_should_free_in_backward``: FULL_SHARD reshards after forward).
+    The last micro-batch runs with sync on: each unit's reduce-scatter leaves this rank's shard
+    and frees the unsharded gradient, layer by layer in its backward. With flat-parameter
+    gradients (:func:`~trainmem.analytic.tensor_states.flat_parameter_grads`) that unsharded
+    gradient covers every weight of a LoRA layer, not only the adapters: about one unsharded
+    copy of the layers per rank, alive from the first micro-batch's backward to the last one's.
+    Run on the CPU under the fake process group in ``tests/analytic/test_fsdp_flat_parameter.py``.
+
+Note [Flat-parameter gradients in backward]
+    FSDP1 with ``use_orig_params=True`` runs a unit's forward on views of its unsharded flat
+    parameter, made by one ``torch.split`` (torch distributed/fsdp/flat_param.py
+    ``_get_unflat_views_aligned``); in backward autograd buffers the gradient of every view (the
+    frozen base weights' too) until the split's backward concatenates them into the flat
+    gradient (``split_with_sizes_backward``: ``at::cat``), so at the end of a layer's backward
+    its per-parameter gradients and their concatenation are alive together (two unsharded
+    copies of the layer in the gradient dtype). Under ``no_sync`` accumulation the micro-batches
+    after the first add that concatenation into the kept gradient and free it (autograd
+    ``AccumulateGrad``: ``variable_grad += new_grad``). Measured on the real FSDP1 on the CPU
+    (torch.profiler allocation events, a 3-layer LoRA model, 2 fake ranks): per layer +1 unit
+    of view gradients, +1 unit concatenated, the views freed; the accumulated unit kept in the
+    first micro-batch, freed after the add in the later ones.
+
 Source: torch/optim/optimizer.py, adam.py ``_init_group`` / ``_multi_tensor_adam``; autograd's
 reverse-order backward; ATen/cuda/CublasHandlePool.cpp (one workspace per handle); the papers
 cited per term in :mod:`trainmem.analytic.activations` and :mod:`trainmem.analytic.engine`.
@@ -82,7 +111,7 @@ from trainmem.analytic.buffers import (
     root_gathered_bytes,
 )
 from trainmem.analytic.temporaries import optimizer_step_temporary_bytes
-from trainmem.analytic.tensor_states import StateLayout, TensorState
+from trainmem.analytic.tensor_states import StateLayout, TensorState, flat_parameter_grads
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
 from trainmem.specs.model import ModelSpec
@@ -91,6 +120,28 @@ from trainmem.timeline import Phase
 from trainmem.units import dtype_bytes
 
 WEIGHT_COPIES = "autocast_weight_copies"
+
+RELEASED_BEFORE_SOFTMAX_BACKWARD = frozenset(
+    {
+        "attention/out_proj_input",
+        "scores/probs_for_values",
+        "scores/dropout_mask",
+        "attention/v",
+    }
+)
+"""Eager attention terms whose saving op runs its backward before the softmax's.
+
+Note [Eager attention's backward order]
+    Eager attention is ``o_proj(matmul(dropout(softmax(q k^T).to(c)), v))`` (transformers
+    modeling_llama.py ``eager_attention_forward``). Backward runs o_proj's, the value matmul's,
+    dropout's and the cast's nodes before the softmax's, and autograd releases a node's saved
+    tensors as soon as it has run (torch/csrc/autograd/engine.cpp ``call_function``:
+    ``fn.release_variables()`` when the graph is not retained). So the o_proj input, the
+    probabilities fed to the value matmul, the dropout mask and v are gone when the softmax
+    backward's two score-sized transients are live; q and k (the score matmul's) and the
+    softmax output stay. Checked against the trace engine (tiny-llama-test, bf16-mixed, eager,
+    b=2, s=2048: the backward peak fell from 10.6 % over the trace to 0.0 %) and a real GPU's
+    snapshot (S003 of ../shared/validation/snapshots, benchmarks/snapshot_analytic_step.py)."""
 
 WARMUP_STEPS = 1
 """Steps replayed before the measured one (Note [Analytic step schedule])."""
@@ -175,6 +226,25 @@ class _Builder:
         )
         # Note [FSDP under pipeline parallelism]
         self.pp_fsdp = training.pipeline_parallel_size > 1 and self.stage == 3
+        # Note [FSDP gradient accumulation under no_sync]; FULL_SHARD only (lit-gpt's): under
+        # SHARD_GRAD_OP no_sync also keeps the gathered parameters, not modelled here
+        self.no_sync = (
+            not self.pp_fsdp
+            and self.stage == 3
+            and training.conventions.fsdp_no_sync_accumulation
+            and training.gradient_accumulation_steps > 1
+            and training.zero_grad_set_to_none
+            and not gradient_buffer_from_init(training)
+        )
+        if self.no_sync:  # the accumulated unsharded gradient is the reduce-scatter's input
+            self.reduce = 0
+        self.unsharded_grads = self.pp_fsdp or self.no_sync
+        # Note [Flat-parameter gradients in backward]
+        self.flat_views = (
+            sum(s.full_grad_bytes for s in self.layer_states)
+            if flat_parameter_grads(training)
+            else 0
+        )
         self.stage_gather = 0
         if self.pp_fsdp:
             self.stage_gather = self.L * (self.gather_a + self.kept) + self.gather_root
@@ -360,15 +430,28 @@ class _Builder:
             *(free(op, phase) for op in emb),
         ]
 
-    def micro_batch(self, *, new_grads: bool) -> Repeat:
-        """One micro-batch (built once per kind, shared by the warm-up and measured steps)."""
-        key = f"micro/{new_grads}"
+    def micro_batch(self, *, new_grads: bool, reduce: bool = False) -> Repeat:
+        """One micro-batch (built once per kind, shared by the warm-up and measured steps).
+        ``reduce``: the last micro-batch under ``no_sync`` accumulation, which reduce-scatters
+        each unit's accumulated unsharded gradient (Note [FSDP gradient accumulation under
+        no_sync])."""
+        key = f"micro/{new_grads}/{reduce}"
         cached = self._cache.get(key)
         if cached is None:
-            cached = self._cache[key] = Repeat(tuple(self._micro_batch(new_grads=new_grads)), 1)
+            body = self._micro_batch(new_grads=new_grads, reduce=reduce)
+            cached = self._cache[key] = Repeat(tuple(body), 1)
         return cached
 
-    def _micro_batch(self, *, new_grads: bool) -> list[Item]:
+    def _reduce_ops(self, states: list[TensorState], key: str, module: str) -> list[Op]:
+        """A unit's reduce-scatter after ``no_sync`` accumulation: this rank's gradient shard
+        allocated, then the accumulated unsharded gradient freed (torch
+        distributed/fsdp/_runtime_utils.py ``_post_backward_hook`` -> ``_reduce_grad``)."""
+        b: Phase = "backward"
+        sharded = self._grad_ops(states, b, key, module)
+        unsharded = self._grad_ops(states, b, key, module, unsharded=True)
+        return [*sharded, *(free(op, b) for op in unsharded)]
+
+    def _micro_batch(self, *, new_grads: bool, reduce: bool = False) -> list[Item]:
         """One micro-batch: forward then backward (Note [Analytic step schedule])."""
         t = self.training
         f: Phase = "forward"
@@ -491,10 +574,12 @@ class _Builder:
         )
         items += [g1, g2, free(g1, b), head_dequant_b, free(head_dequant_b, b), free(head_act, b)]
         head_grads = self._grad_ops(
-            self.head_grad_states, b, "head", "head", unsharded=self.pp_fsdp
+            self.head_grad_states, b, "head", "head", unsharded=self.unsharded_grads
         )
         if new_grads:
             items += head_grads
+        if reduce:
+            items += self._reduce_ops(self.head_grad_states, "head", "head")
         items.append(free(g2, b))
         residual = alloc(
             self.residual_tmp,
@@ -515,15 +600,18 @@ class _Builder:
             "layers",
             "gathered parameters of the prefetched layer",
         )
-        items += [prefetch_b, *self._backward_layers(new_grads=new_grads), free(prefetch_b, b)]
+        layers = self._backward_layers(new_grads=new_grads, reduce=reduce)
+        items += [prefetch_b, *layers, free(prefetch_b, b)]
         items.append(free(residual, b))
         if new_grads:
             emb_grads = self._grad_ops(
-                self.emb_grad_states, b, "embedding", "embedding", unsharded=self.pp_fsdp
+                self.emb_grad_states, b, "embedding", "embedding", unsharded=self.unsharded_grads
             )
             items += emb_grads
             if t.optimizer_in_backward:
                 items += [free(op, b) for op in emb_grads]
+        if reduce:
+            items += self._reduce_ops(self.emb_grad_states, "embedding", "embedding")
         items.append(free(emb_act, b))
         items.append(free(bucket, b))
         items += [free(op, b) for op in reversed(spans)]
@@ -583,7 +671,7 @@ class _Builder:
             "the layer's gathered weights, kept from its forward to its backward",
         )
 
-    def _backward_layers(self, *, new_grads: bool) -> list[Item]:
+    def _backward_layers(self, *, new_grads: bool, reduce: bool = False) -> list[Item]:
         b: Phase = "backward"
         t = self.training
         body: list[Op] = []
@@ -622,8 +710,11 @@ class _Builder:
                 self.dequant, Cat.TEMPORARY, b, "dequant", "layers.{i}", "a dequantized base weight"
             )
             body += [d, free(d, b)]
-        grads = self._grad_ops(self.layer_states, b, "{i}", "layers.{i}", unsharded=self.pp_fsdp)
-        reduce = alloc(
+        grads = self._grad_ops(
+            self.layer_states, b, "{i}", "layers.{i}", unsharded=self.unsharded_grads
+        )
+        reduce_accumulated = reduce
+        reduce_op = alloc(
             self.reduce,
             Cat.TEMPORARY,
             b,
@@ -642,9 +733,38 @@ class _Builder:
         body += [free(op, b) for op, m in zip(saved, down, strict=True) if m]
         body += [free(op, b) for op, m in zip(recomputed, re_down, strict=False) if m]
         body += [mlp_tmp]
-        if new_grads:
-            body += grads
-        body += [reduce, free(mlp_tmp, b)]
+        if self.flat_views:  # Note [Flat-parameter gradients in backward]
+            views = alloc(
+                self.flat_views,
+                Cat.TEMPORARY,
+                b,
+                "flat_views",
+                "layers.{i}",
+                "the layer's per-parameter gradients before autograd concatenates them",
+            )
+            fresh = alloc(
+                0 if new_grads or not self.unsharded_grads else self.flat_views,
+                Cat.TEMPORARY,
+                b,
+                "flat_fresh",
+                "layers.{i}",
+                "the layer's new flat gradient before it is added to the accumulated one",
+            )
+            body += [views]
+            if new_grads and self.unsharded_grads:
+                body += grads  # the concatenated gradient becomes the accumulated one
+            body += [fresh, reduce_op, free(views, b)]
+            if new_grads and not self.unsharded_grads:
+                body += grads
+            if reduce_accumulated:
+                body += self._reduce_ops(self.layer_states, "{i}", "layers.{i}")
+            body += [free(fresh, b), free(mlp_tmp, b)]
+        else:
+            if new_grads:
+                body += grads
+            if reduce_accumulated:
+                body += self._reduce_ops(self.layer_states, "{i}", "layers.{i}")
+            body += [reduce_op, free(mlp_tmp, b)]
         body += [free(op, b) for op, m, d in zip(saved, is_mlp, down, strict=True) if m and not d]
         body += [
             free(op, b)
@@ -659,10 +779,17 @@ class _Builder:
             "layers.{i}",
             "eager attention's backward transients",
         )
-        body += [attention, free(attention, b), free(reduce, b)]
-        body += [free(op, b) for op, m in zip(saved, is_mlp, strict=True) if not m]
+        # Note [Eager attention's backward order]
+        early = self._released_before_softmax_backward(self.saved)
+        re_early = self._released_before_softmax_backward(self.dropped)
+        body += [free(op, b) for op, e in zip(saved, early, strict=True) if e]
+        body += [free(op, b) for op, e in zip(recomputed, re_early, strict=False) if e]
+        body += [attention, free(attention, b), free(reduce_op, b)]
+        body += [free(op, b) for op, m, e in zip(saved, is_mlp, early, strict=True) if not (m or e)]
         body += [
-            free(op, b) for n, op in enumerate(recomputed) if n >= len(re_mlp) or not re_mlp[n]
+            free(op, b)
+            for n, op in enumerate(recomputed)
+            if (n >= len(re_mlp) or not re_mlp[n]) and not (n < len(re_early) and re_early[n])
         ]
         if t.optimizer_in_backward and new_grads:
             body += [free(op, b) for op in grads]
@@ -674,6 +801,13 @@ class _Builder:
             Repeat(tuple(body), self.L - 1, reverse=True, start=1),
             Repeat(tuple(last), 1),
         ]
+
+    def _released_before_softmax_backward(self, blocks: list[tuple[str, int]]) -> list[bool]:
+        """Per block of ``blocks``: saved by an op whose backward runs before eager
+        attention's softmax backward (Note [Eager attention's backward order])."""
+        if self.training.attention != "eager":
+            return [False] * len(blocks)
+        return [term in RELEASED_BEFORE_SOFTMAX_BACKWARD for term, _ in blocks]
 
     def optimizer(self, *, first: bool) -> list[Item]:
         """States (first step only), then the step's temporaries (a zero-byte marker opens the
@@ -722,7 +856,7 @@ class _Builder:
 
         def local(s: TensorState) -> int:
             n = s.full_grad_bytes // gb
-            return -(-n // dp) if self.stage >= 1 else n
+            return -(-n // dp) if t.optimizer_states_partitioned else n
 
         outer = [s for s in self.emb_states + self.head_states if s.trainable]
         layer = [s for s in self.layer_states if s.trainable]
@@ -807,7 +941,12 @@ class _Builder:
         )
         items.append(gathered)
         items.append(self.micro_batch(new_grads=not keep))
-        if m > 1:
+        if self.no_sync:  # Note [FSDP gradient accumulation under no_sync]
+            if m > 2:
+                again = self.micro_batch(new_grads=False)
+                items.append(Repeat(again.body, m - 2, independent=True))
+            items.append(self.micro_batch(new_grads=False, reduce=True))
+        elif m > 1:
             again = self.micro_batch(new_grads=False)
             items.append(Repeat(again.body, m - 1, independent=True))
         if self.pp_fsdp and not keep:  # the reduce-scatter after the last micro-batch

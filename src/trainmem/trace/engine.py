@@ -120,7 +120,9 @@ def apply_activation_checkpointing(model: Any, mode: str) -> None:
     """Checkpoint each transformer layer (``full``) or only its non-matmul ops (``selective``).
 
     HF models: ``model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=
-    {"use_reentrant": False})`` (``transformers/modeling_utils.py``). Other models: every element
+    {"use_reentrant": False})`` (``transformers/modeling_utils.py``); diffusers models:
+    ``model.enable_gradient_checkpointing(func)`` (``diffusers/models/modeling_utils.py``, the
+    blocks its forward checkpoints). Other models: every element
     of every ``nn.ModuleList`` is wrapped in ``torch.utils.checkpoint.checkpoint``.
     ``selective`` is op-level selective checkpointing as in torchtitan: attention outputs and
     every other matmul output are saved, everything else is recomputed
@@ -173,6 +175,13 @@ def apply_activation_checkpointing(model: Any, mode: str) -> None:
         model, "supports_gradient_checkpointing", False
     ):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        return
+    if getattr(model, "_supports_gradient_checkpointing", False) and hasattr(
+        model, "enable_gradient_checkpointing"
+    ):  # diffusers ModelMixin: each block through its _gradient_checkpointing_func
+        model.enable_gradient_checkpointing(
+            lambda module, *args: checkpoint(module.__call__, *args, **kwargs)
+        )
         return
     wrapped = 0
     for module in model.modules():
