@@ -211,7 +211,7 @@ def moe_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dict[str
         "mlp/gated": 4 * w * i * k * t,
         "mlp/expert_outputs": (w * h * k + c * k + 8 * k) * t,
     }
-    if gated_pre_norm_block(model):  # Note [Backward of a gated pre-norm block]
+    if sequential_pre_norm_block(model):  # Note [Backward of a pre-norm block]
         terms["mlp/gated"] -= w * i * k * t
         terms["mlp/down_input"] = w * i * k * t
     si = model.shared_expert_intermediate_size
@@ -396,10 +396,12 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
             terms["mlp/gated"] = (3 if training.compile else 4) * c * i * t * k_top
         else:
             terms["mlp/activation"] = _activation_fn_saved_bytes(model, training, i) * t * k_top
-        if gated_pre_norm_block(model):
-            # the down projection's input (act(gate) * up), the last tensor the MLP saves and
-            # the first its backward frees (Note [Backward of a gated pre-norm block])
-            terms["mlp/gated"] -= c * i * t * k_top
+        if sequential_pre_norm_block(model):
+            # the down projection's input (act(gate) * up or the activation's output), the last
+            # tensor the MLP saves and the first its backward frees (Note [Backward of a pre-norm
+            # block])
+            key = "mlp/gated" if model.mlp_kind == "gated" else "mlp/activation"
+            terms[key] -= c * i * t * k_top
             terms["mlp/down_input"] = c * i * t * k_top
     if p_hidden:
         terms["mlp/dropout_mask"] = h * t
@@ -749,10 +751,16 @@ def final_hidden_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
     """Bytes of the final norm's output, held by the causal-LM forward
     (``hidden_states = outputs.last_hidden_state``) while its loss runs, where nothing saves it:
     under autocast it is in the residual dtype r and the LM head saves its 16-bit cast (r*h per
-    token); when r = c the LM head saves this very tensor (``lm_head_input``). Source:
-    modeling_llama.py ``LlamaForCausalLM.forward``; found by the trace engine."""
+    token); when r = c the LM head saves this very tensor (``lm_head_input``). For the
+    families of ``ModelSpec.loss_holds_hidden``. Source: modeling_llama.py
+    ``LlamaForCausalLM.forward``; found by the trace engine."""
     c, r = compute_and_residual_bytes(training)
-    if model.head != "causal-lm" or r == c or not training.conventions.hf_model_code:
+    if (
+        model.head != "causal-lm"
+        or not model.loss_holds_hidden
+        or r == c
+        or not training.conventions.hf_model_code
+    ):
         return 0
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     return -(-r * model.hidden_size * t // parallel_divisor("lm_head_input", training))
@@ -837,30 +845,33 @@ def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tup
         sm = 4 if _fp32_softmax(model, training) else c
         attention = 2 * sm * model.num_heads * s * s * b // parallel_divisor("scores/x", training)
     # the residual-stream gradient: the incoming one, and the one the layer's input gradient
-    # accumulates into; only the incoming one at the MLP's peak in a gated pre-norm block
-    # (Note [Backward of a gated pre-norm block])
-    residual = (1 if gated_pre_norm_block(model) else 2) * r * h * t
+    # accumulates into; only the incoming one at the MLP's peak in a sequential pre-norm block
+    # (Note [Backward of a pre-norm block])
+    residual = (1 if sequential_pre_norm_block(model) else 2) * r * h * t
     return mlp, attention, residual // parallel_divisor("mlp/input", training)
 
 
-def gated_pre_norm_block(model: ModelSpec) -> bool:
-    """A decoder block x + attn(norm(x)), then x + gated_mlp(norm(x)) (Llama, Mistral, Qwen,
-    Phi-3 and the MoE families), where Note [Backward of a gated pre-norm block] holds.
+def sequential_pre_norm_block(model: ModelSpec) -> bool:
+    """A decoder block x + attn(norm(x)), then x + mlp(norm(x)), with a gated MLP or one
+    fused activation (Llama, Mistral, Qwen, Phi-3, the MoE families, StarCoder2, GPT-BigCode),
+    where Note [Backward of a pre-norm block] holds.
 
-    Note [Backward of a gated pre-norm block]
-        Traced on Llama, Phi-3, Qwen2-MoE and Qwen3-MoE (2-layer configs, bf16 autocast, full
-        activation checkpointing, tests/analytic/test_formula_families.py): the layer's
-        backward peaks in its MLP, after the down projection's backward has released its
-        saved input (``act(gate) * up``), with one residual-stream gradient alive (the one the
-        layer's input gradient accumulates into comes later); the recomputation does not make
-        the layer input again (the checkpoint keeps it). Blocks with output norms (Gemma-3,
-        OLMo-2) or a non-gated MLP keep the general schedule.
+    Note [Backward of a pre-norm block]
+        Traced on Llama, Phi-3, Qwen2-MoE, Qwen3-MoE and GPT-BigCode (2-layer configs, bf16
+        autocast, full activation checkpointing, tests/analytic/test_formula_families.py): the
+        layer's backward peaks in its MLP, after the down projection's backward has released
+        its saved input (``act(gate) * up``, or the activation's output), with one
+        residual-stream gradient alive (the one the layer's input gradient accumulates into
+        comes later); the recomputation does not make the layer input again (the checkpoint
+        keeps it). Blocks with output norms (Gemma-3, OLMo-2), parallel attention and MLP
+        (Falcon, Phi, GPT-NeoX), or GPT-2's tanh-formula GELU keep the general schedule.
     """
     return (
         model.architecture == "decoder"
         and model.pre_norms
         and not model.output_norms
-        and model.mlp_kind == "gated"
+        and not model.parallel_attention
+        and (model.mlp_kind == "gated" or model.hidden_act in FUSED_ACTIVATIONS)
     )
 
 

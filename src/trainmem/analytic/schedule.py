@@ -93,11 +93,11 @@ from trainmem.analytic.activations import (
     compute_and_residual_bytes,
     final_hidden_transient_bytes,
     forward_kv_cache_bytes,
-    gated_pre_norm_block,
     layer_is_checkpointed,
     lm_head_dequant_bytes,
     loss_backward_transient_bytes,
     loss_forward_transient_bytes,
+    sequential_pre_norm_block,
     tokens_per_sequence,
 )
 from trainmem.analytic.buffers import (
@@ -329,9 +329,9 @@ class _Builder:
             dropped = {"recomputed": prof.recompute}
         else:
             dropped = {k: v for k, v in prof.terms.items() if k not in saved}
-        if mode == "full" and "attention/norm" in dropped and gated_pre_norm_block(self.model):
+        if mode == "full" and "attention/norm" in dropped and sequential_pre_norm_block(self.model):
             # the layer input the checkpoint keeps is not made again by the recomputation
-            # (Note [Backward of a gated pre-norm block])
+            # (Note [Backward of a pre-norm block])
             dropped["attention/norm"] -= min(prof.per_layer, dropped["attention/norm"])
         if self.weight_copy:  # autocast's cache holds them (Note [Analytic step schedule])
             dropped.pop(WEIGHT_COPIES, None)
