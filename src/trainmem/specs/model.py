@@ -62,7 +62,16 @@ TRAINING_KV_CACHE_TYPES = frozenset({"gpt2", "gpt_bigcode"})
 (``ModelSpec.training_kv_cache``)."""
 
 LOSS_HOLDS_HIDDEN_TYPES = frozenset(
-    {"phi3", "olmo2", "starcoder2", "gpt_bigcode", "gemma3_text", "qwen2_moe", "qwen3_moe"}
+    {
+        "phi3",
+        "olmo2",
+        "starcoder2",
+        "gpt_bigcode",
+        "gemma3_text",
+        "qwen2_moe",
+        "qwen3_moe",
+        "mixtral",
+    }
 )
 """Families whose final hidden states stay alive while the loss runs (transformers'
 ``XForCausalLM.forward`` computes the loss with ``hidden_states`` in scope), checked against the
@@ -75,7 +84,9 @@ EAGER_ONLY_TYPES = frozenset({"bloom"})
 SDPA and flash attention: modeling_bloom.py ``BloomAttention`` computes ALiBi scores with
 ``baddbmm``)."""
 
-FORWARD_KV_CACHE_TYPES = frozenset({"phi3", "starcoder2", "gemma3_text", "qwen2_moe", "qwen3_moe"})
+FORWARD_KV_CACHE_TYPES = frozenset(
+    {"phi3", "starcoder2", "gemma3_text", "qwen2_moe", "qwen3_moe", "mixtral"}
+)
 """Rotary families whose transformers code builds a KV cache during training that holds fp32
 copies of k and v until the forward ends (``ModelSpec.forward_kv_cache``); checked against the
 trace engine for these families (Llama-style code does the same; not yet switched on there).
