@@ -482,6 +482,7 @@ REPLICATED_INPUT_TERMS = frozenset(
         "rotary_cos_sin",
         "sliding_mask",
         "attention/sliding_mask_bias",
+        "attention_mask",
     }
 )
 
@@ -655,6 +656,9 @@ def embedding_activation_bytes(model: ModelSpec, training: TrainingConfig) -> di
         out["rotary_cos_sin"] = 2 * r * rows * model.head_dim * tables
     if model.embedding_norm:
         out["embedding_norm"] = _norm_saved_bytes(model, r) * t
+    _, eager_mask = eager_scores_forward_bytes(model, training)
+    if eager_mask and training.activation_checkpointing != "none":
+        out["attention_mask"] = eager_mask  # an input of every checkpointed layer
     if sliding_mask_bias_bytes(model, training) and training.activation_checkpointing != "none":
         # the sliding layers' (b, 1, s, s) boolean mask is an input of every checkpointed
         # layer, kept by the checkpoint until their backward (without checkpointing it dies
@@ -745,6 +749,33 @@ def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
     else:
         total = c * v * t + (4 * v * chunk if training.loss_upcast and c != 4 else 0)
     return -(-total // parallel_divisor("logits", training))
+
+
+def eager_scores_forward_bytes(model: ModelSpec, training: TrainingConfig) -> tuple[int, int]:
+    """(per layer, per model) bytes BLOOM's eager attention holds in the forward beyond what it
+    saves (``ModelSpec.eager_scores_kept``), 0 for other families or attention kernels.
+
+    Per layer, alive at the end of its attention (modeling_bloom.py ``BloomAttention.forward``
+    keeps its locals until it returns): the raw ``baddbmm`` scores (c*a*s*s*b), the scores
+    plus the additive causal mask in the mask's dtype (r*a*s*s*b), the fused
+    ``query_key_value`` output (3c*h per token), the block's LayerNorm output (r*h) and the
+    ``dense`` output (c*h); under checkpointing also the previous block's returned attention
+    probabilities (c*a*s*s*b, modeling_bloom.py ``BloomBlock.forward`` returns ``output,
+    attn_weights``). Per model, the additive (b, 1, s, s) causal mask in the model's
+    dtype r, alive through the forward (and kept by the checkpoint under activation
+    checkpointing: :func:`embedding_activation_bytes`). Found by the trace engine."""
+    if not model.eager_scores_kept or training.attention != "eager":
+        return 0, 0
+    c, r = compute_and_residual_bytes(training)
+    b, s, h = training.micro_batch_size, tokens_per_sequence(model, training), model.hidden_size
+    t = b * s
+    # under checkpointing the previous block's attention probabilities (c), returned by every
+    # BloomBlock and held in BloomModel's ``outputs`` until the next block returns, are not
+    # saved activations any more but still alive
+    kept = c if training.activation_checkpointing != "none" else 0
+    scores = (c + r + kept) * model.num_heads * s * s * b // parallel_divisor("scores/x", training)
+    hidden = (3 * c + r + c) * h * t // parallel_divisor("attention/qkv_input", training)
+    return scores + hidden, r * b * s * s
 
 
 def final_hidden_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:

@@ -91,6 +91,7 @@ from trainmem.analytic.activations import (
     autocast_cached_weight_bytes,
     backward_layer_transients,
     compute_and_residual_bytes,
+    eager_scores_forward_bytes,
     final_hidden_transient_bytes,
     forward_kv_cache_bytes,
     layer_is_checkpointed,
@@ -266,6 +267,7 @@ class _Builder:
         self.loss_fwd = loss_forward_transient_bytes(model, training) if rank.has_head else 0
         self.kv_cache = forward_kv_cache_bytes(model, training, self.L)
         self.final_hidden = final_hidden_transient_bytes(model, training) if rank.has_head else 0
+        self.scores_tmp, self.mask_tmp = eager_scores_forward_bytes(model, training)
         self.head_dequant = lm_head_dequant_bytes(model, training) if rank.has_head else 0
         self.weight_copy = (
             autocast_cached_weight_bytes(model, training) if layer_is_checkpointed(training) else 0
@@ -499,7 +501,15 @@ class _Builder:
             "layers",
             "gathered parameters of the prefetched layer",
         )
-        items += [prefetch_f, *self._forward_layers(), free(prefetch_f, f)]
+        mask = alloc(
+            self.mask_tmp if t.activation_checkpointing == "none" else 0,
+            Cat.TEMPORARY,
+            f,
+            "attention_mask",
+            "(model)",
+            "the additive causal mask of the eager attention",
+        )
+        items += [mask, prefetch_f, *self._forward_layers(), free(prefetch_f, f), free(mask, f)]
         head_dequant = alloc(
             self.head_dequant,
             Cat.TEMPORARY,
@@ -640,7 +650,7 @@ class _Builder:
                 self.dequant, Cat.TEMPORARY, f, "dequant", "layers.{i}", "a dequantized base weight"
             )
             body += [d, free(d, f)]
-        body += self._saved_ops(f, "{i}")
+        saved = self._saved_ops(f, "{i}")
         dropped = [
             alloc(
                 size,
@@ -652,7 +662,19 @@ class _Builder:
             )
             for n, (_, size) in enumerate(self.dropped)
         ]
-        body += dropped + [free(op, f) for op in dropped]
+        # what the attention holds at its end beyond what it saves, before the MLP's terms
+        scores = alloc(
+            self.scores_tmp,
+            Cat.TEMPORARY,
+            f,
+            "scores_tmp",
+            "layers.{i}",
+            "the eager attention's scores and locals",
+        )
+        n_saved = sum(not term.startswith("mlp/") for term, _ in self.saved)
+        n_dropped = sum(not term.startswith("mlp/") for term, _ in self.dropped)
+        body += saved[:n_saved] + dropped[:n_dropped] + [scores, free(scores, f)]
+        body += saved[n_saved:] + dropped[n_dropped:] + [free(op, f) for op in dropped]
         if not self.training.activation_offloading or self.L < 2:
             return [Repeat(tuple(body), self.L)]
         # the previous layer's saved tensors leave for the CPU once this layer has run

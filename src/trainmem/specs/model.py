@@ -229,6 +229,12 @@ class ModelSpec:
         return self.model_type in TRAINING_KV_CACHE_TYPES
 
     @property
+    def eager_scores_kept(self) -> bool:
+        """The eager attention keeps its raw and masked scores until it returns (BLOOM:
+        :data:`EAGER_ONLY_TYPES`)."""
+        return self.model_type in EAGER_ONLY_TYPES
+
+    @property
     def loss_holds_hidden(self) -> bool:
         """The final hidden states live until the loss has run: the families of
         :data:`LOSS_HOLDS_HIDDEN_TYPES`."""
