@@ -922,10 +922,24 @@ def layer_is_checkpointed(training: TrainingConfig) -> bool:
 
 
 def op_selective_saved_bytes(model: ModelSpec, training: TrainingConfig) -> int:
-    """Bytes one layer keeps under op-level selective checkpointing as torchtitan does it
+    """Bytes one layer keeps under op-level selective checkpointing: the sum of
+    :func:`op_selective_saved_terms`."""
+    return sum(op_selective_saved_terms(model, training).values())
+
+
+def op_selective_saved_terms(model: ModelSpec, training: TrainingConfig) -> dict[str, int]:
+    """Tensors one layer keeps under op-level selective checkpointing as torchtitan does it
     (``selective_ac_option="op"``): the layer input, the SDPA output + logsumexp, and the output
     of every other matmul in execution order (the 1st, 3rd, ...; torchtitan's policy saves
     ``aten.mm`` "except every second mm"); everything else is recomputed in backward.
+
+    Under ``torch.compile`` the checkpoint is a tagged region of the compiled graph and the
+    min-cut partitioner keeps a ``MUST_SAVE`` output only if the backward reads it
+    (``torch/_functorch/partitioners.py``: tags ban recomputation, they do not add outputs); the
+    outputs of the attention and MLP output projections (``o``, ``down``) only enter the
+    residual add, whose backward reads no input, so they are not kept (eager SAC's cache keeps
+    every ``MUST_SAVE`` output for the replay). Seen in the trace of llama-3.2-1b (one
+    ``(tokens, h)`` tensor per layer less with compile, Note [Tracing torch.compile]).
 
     Source: torchtitan ``apply_ac`` / ``_get_custom_policy`` (``_save_list`` and the mm counter),
     ``torch.utils.checkpoint.create_selective_checkpoint_contexts``. See Note [Activation
@@ -960,13 +974,16 @@ def op_selective_saved_bytes(model: ModelSpec, training: TrainingConfig) -> int:
         mm_count += 1
         if mm_count % 2 == 1:
             kept[f"mm/{name}"] = size
+    if training.compile:  # read by no backward op: the min-cut does not keep them
+        kept.pop("mm/o", None)
+        kept.pop("mm/down", None)
     split = {
         "layer_input": r * model.hidden_size * t,
         "attention/sdpa_output": c * model.num_heads * model.head_dim * t,
         "attention/logsumexp": 4 * model.num_heads * t,
         **kept,
     }
-    return sum(split_for_parallelism(split, training).values())
+    return split_for_parallelism(split, training)
 
 
 def activation_profile(model: ModelSpec, training: TrainingConfig) -> ActivationProfile:

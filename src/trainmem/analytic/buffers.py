@@ -81,7 +81,7 @@ def kept_gathered_layer_bytes(layer: Sequence[TensorState], training: TrainingCo
     sharded outside of computation ... not resharded after the forward"),
     _runtime_utils.py ``_post_forward_reshard`` / ``_post_backward_reshard``.
     """
-    dp = training.data_parallel_size
+    dp = training.sharding_degree  # torchtitan shards over dp x cp: FSDP 1 x CP 8 shards
     if training.zero_stage == 3 and dp > 1 and not training.reshard_after_forward:
         return gathered_layer_bytes(layer, training)
     unsharded = training.zero_stage < 3 or dp == 1

@@ -98,6 +98,7 @@ from trainmem.analytic.activations import (
     lm_head_dequant_bytes,
     loss_backward_transient_bytes,
     loss_forward_transient_bytes,
+    op_selective_saved_terms,
     sequential_pre_norm_block,
     tokens_per_sequence,
 )
@@ -111,6 +112,7 @@ from trainmem.analytic.buffers import (
     reduce_scatter_layer_bytes,
     root_gathered_bytes,
 )
+from trainmem.analytic.pipeline import logits_bytes, stage_buffers
 from trainmem.analytic.temporaries import optimizer_step_temporary_bytes
 from trainmem.analytic.tensor_states import StateLayout, TensorState, flat_parameter_grads
 from trainmem.breakdown import MemoryCategory as Cat
@@ -170,14 +172,27 @@ class PipelineRank:
     has_head: bool
 
 
-def alloc(size: int, cat: Cat, phase: Phase, key: str, module: str = "", label: str = "") -> Op:
-    """An allocation of ``max(size, 0)`` bytes."""
-    return Op("alloc", max(int(size), 0), cat, phase, key, module, label)
+def alloc(
+    size: int,
+    cat: Cat,
+    phase: Phase,
+    key: str,
+    module: str = "",
+    label: str = "",
+    stream: int = 0,
+) -> Op:
+    """An allocation of ``max(size, 0)`` bytes on CUDA stream ``stream``."""
+    return Op("alloc", max(int(size), 0), cat, phase, key, module, label, stream)
 
 
 def free(op: Op, phase: Phase) -> Op:
     """The free of ``op``'s allocation, in ``phase``."""
-    return Op("free", op.size_bytes, op.category, phase, op.key, op.module, op.label)
+    return Op("free", op.size_bytes, op.category, phase, op.key, op.module, op.label, op.stream)
+
+
+ALL_GATHER_STREAM = 1
+REDUCE_SCATTER_STREAM = 2
+"""Streams of FSDP2's collectives (``FrameworkConventions.fsdp_collective_streams``)."""
 
 
 class _Builder:
@@ -225,6 +240,10 @@ class _Builder:
             if self.stage >= 2 or offloads_grads
             else 0
         )
+        streams = training.conventions.fsdp_collective_streams and self.stage == 3
+        self.ag_stream = ALL_GATHER_STREAM if streams else 0
+        self.rs_stream = REDUCE_SCATTER_STREAM if streams else 0
+        self.flat_gather = self.gather_a if streams else 0  # one layer's flat all-gather output
         # Note [FSDP under pipeline parallelism]
         self.pp_fsdp = training.pipeline_parallel_size > 1 and self.stage == 3
         # Note [FSDP gradient accumulation under no_sync]; FULL_SHARD only (lit-gpt's): under
@@ -285,6 +304,24 @@ class _Builder:
         self.in_flight_bytes = round(
             (rank.in_flight - 1) * (self.emb_acts + on_gpu * prof.per_layer)
         )
+        # Note [Pipeline stage buffers]
+        self.pp_buffers = stage_buffers(
+            model,
+            training,
+            in_flight=rank.in_flight,
+            first=rank.stage == 0,
+            last=rank.has_head,
+        )
+        # the last stage's logits stay in ``output_chunks``: they are the kept part of the loss's
+        # forward transients
+        self.loss_fwd = max(self.loss_fwd - self.pp_buffers.output_chunk, 0)
+        # the 16-bit logits and their fp32 copy are two tensors (the copy freed first)
+        self.logits16 = 0
+        if not self.pp_buffers.output_chunk and rank.has_head:
+            part = logits_bytes(model, training)
+            if 0 < part < self.loss_fwd:
+                self.logits16 = part
+                self.loss_fwd -= part
 
     # -- terms ------------------------------------------------------------------------------
 
@@ -325,6 +362,9 @@ class _Builder:
             saved = {k: v for k, v in prof.terms.items() if not k.startswith("scores/")}
         elif mode == "selective":  # op-level: matmul / SDPA outputs kept, the rest recomputed
             saved = {"op_selective_saved": prof.per_layer}
+            parts = op_selective_saved_terms(self.model, t)
+            if sum(parts.values()) == prof.per_layer:  # as the tensors they are
+                saved = {f"op_selective/{k}": v for k, v in parts.items()}
         else:
             saved = {"layer_input": prof.per_layer}
         if mode == "selective" and t.attention != "eager":
@@ -407,7 +447,15 @@ class _Builder:
                 for n, s in enumerate(states)
             ]
         return [
-            alloc(s.grad_bytes, Cat.GRADIENT, phase, f"grad/{key}/{n}", module, "gradients")
+            alloc(
+                s.grad_bytes,
+                Cat.GRADIENT,
+                phase,
+                f"grad/{key}/{n}",
+                module,
+                "gradients",
+                self.rs_stream,
+            )
             for n, s in enumerate(states)
         ]
 
@@ -484,6 +532,14 @@ class _Builder:
                 "pipeline",
                 "activations of the other micro-batches in flight on this stage",
             ),
+            alloc(
+                self.pp_buffers.in_flight_outputs,
+                Cat.ACTIVATION,
+                f,
+                "pp/outputs",
+                "pipeline",
+                "stage outputs kept for backward (pipelining fwd_cache)",
+            ),
         ]
         items += spans
         emb_act = alloc(
@@ -500,6 +556,7 @@ class _Builder:
             "gather/b",
             "layers",
             "gathered parameters of the prefetched layer",
+            self.ag_stream,
         )
         mask = alloc(
             self.mask_tmp if t.activation_checkpointing == "none" else 0,
@@ -526,6 +583,7 @@ class _Builder:
             "head",
             "logits (and their fp32 copy) while the loss runs",
         )
+        logits16 = alloc(self.logits16, Cat.TEMPORARY, f, "logits16", "head", "logits")
         head_act = alloc(self.head_acts, Cat.ACTIVATION, f, "act/head", "head", "head activations")
         cache = alloc(
             self.kv_cache,
@@ -543,8 +601,12 @@ class _Builder:
             "head",
             "the final hidden states, held by the model output until the loss",
         )
-        items += [cache, hidden, head_dequant, logits, free(head_dequant, f), head_act]
-        items += [free(logits, f), free(hidden, f), free(cache, f)]
+        chunk = [self._output_chunk()] if self.pp_buffers.output_chunk else [logits16]
+        items += [cache, hidden, head_dequant, *chunk, logits, free(head_dequant, f), head_act]
+        items.append(free(logits, f))
+        if not self.pp_buffers.output_chunk:
+            items.append(free(logits16, f))
+        items += [free(hidden, f), free(cache, f)]
         if self.weight_copy:
             copies = self._weight_copy_ops(f, "wcopy/{i}", "")
             items.append(Repeat(tuple(free(op, f) for op in copies), self.L))
@@ -558,22 +620,26 @@ class _Builder:
             "DeepSpeed's gradient bucket(s)",
         )
         items.append(bucket)
-        g1 = alloc(
-            self.loss_tmp // 2,
-            Cat.TEMPORARY,
-            b,
-            "loss/1",
-            "loss",
-            "the two (tokens x vocab) log-softmax gradients",
-        )
-        g2 = alloc(
-            self.loss_tmp - self.loss_tmp // 2,
-            Cat.TEMPORARY,
-            b,
-            "loss/2",
-            "loss",
-            "the two (tokens x vocab) log-softmax gradients",
-        )
+        # two (tokens x vocab) tensors, three under DTensor's loss parallel
+        # (:func:`~trainmem.analytic.activations.loss_backward_transient_bytes`); all but the
+        # last are freed before the head's backward
+        n = 3 if t.loss_parallel else 2
+        label = "the (tokens x vocab) log-softmax gradients"
+        g1 = alloc(self.loss_tmp * (n - 1) // n, Cat.TEMPORARY, b, "loss/1", "loss", label)
+        g2 = alloc(self.loss_tmp - g1.size_bytes, Cat.TEMPORARY, b, "loss/2", "loss", label)
+        firsts = [
+            alloc(g1.size_bytes // (n - 1), Cat.TEMPORARY, b, f"loss/1/{k}", "loss", label)
+            for k in range(n - 2)
+        ]
+        if firsts:  # g1 as the n - 1 tensors it is
+            g1 = alloc(
+                g1.size_bytes - sum(x.size_bytes for x in firsts),
+                Cat.TEMPORARY,
+                b,
+                "loss/1",
+                "loss",
+                label,
+            )
         head_dequant_b = alloc(
             self.head_dequant,
             Cat.TEMPORARY,
@@ -582,7 +648,8 @@ class _Builder:
             "head",
             "the LM head's dequantized weight",
         )
-        items += [g1, g2, free(g1, b), head_dequant_b, free(head_dequant_b, b), free(head_act, b)]
+        items += [*firsts, g1, g2, *(free(x, b) for x in firsts), free(g1, b)]
+        items += [head_dequant_b, free(head_dequant_b, b), free(head_act, b)]
         head_grads = self._grad_ops(
             self.head_grad_states, b, "head", "head", unsharded=self.unsharded_grads
         )
@@ -609,6 +676,7 @@ class _Builder:
             "gather/b",
             "layers",
             "gathered parameters of the prefetched layer",
+            self.ag_stream,
         )
         layers = self._backward_layers(new_grads=new_grads, reduce=reduce)
         items += [prefetch_b, *layers, free(prefetch_b, b)]
@@ -626,6 +694,18 @@ class _Builder:
         items.append(free(bucket, b))
         items += [free(op, b) for op in reversed(spans)]
         return items
+
+    def _output_chunk(self) -> Op:
+        """The last stage's logits of micro-batch ``{i}``, kept in ``output_chunks`` until the
+        next step (Note [Pipeline stage buffers])."""
+        return alloc(
+            self.pp_buffers.output_chunk,
+            Cat.ACTIVATION,
+            "forward",
+            "pp/chunk/{i}",
+            "pipeline",
+            "the micro-batch's logits, kept until the next step (pipelining output_chunks)",
+        )
 
     def _weight_copy_ops(self, phase: Phase, key: str, label: str) -> list[Op]:
         if not self.weight_copy:
@@ -961,8 +1041,34 @@ class _Builder:
             "(stage)",
             "the stage's gathered parameters, kept across micro-batches",
         )
+        if self.pp_fsdp and self.flat_gather:  # each layer's flat all-gather output, two in flight
+            flats = [
+                alloc(
+                    self.flat_gather,
+                    Cat.TEMPORARY,
+                    "forward",
+                    f"gather/flat/{k}",
+                    "(stage)",
+                    "a layer's flat all-gather output",
+                    self.ag_stream,
+                )
+                for k in range(2)
+            ]
+            items += [*flats, *(free(op, "forward") for op in flats)]
         items.append(gathered)
+        if first:  # Note [Pipeline stage buffers]: one receive buffer per micro-batch
+            items.append(
+                alloc(
+                    self.pp_buffers.recv_buffers,
+                    Cat.TEMPORARY,
+                    "forward",
+                    "pp/recv",
+                    "pipeline",
+                    "per-micro-batch receive buffers of the pipeline stage",
+                )
+            )
         items.append(self.micro_batch(new_grads=not keep))
+        kept_chunks = self.pp_buffers.output_chunk > 0  # not balanced: each keeps its logits
         if self.no_sync:  # Note [FSDP gradient accumulation under no_sync]
             if m > 2:
                 again = self.micro_batch(new_grads=False)
@@ -970,7 +1076,16 @@ class _Builder:
             items.append(self.micro_batch(new_grads=False, reduce=True))
         elif m > 1:
             again = self.micro_batch(new_grads=False)
-            items.append(Repeat(again.body, m - 1, independent=True))
+            items.append(Repeat(again.body, m - 1, start=1, independent=not kept_chunks))
+        merged = alloc(
+            m * self.pp_buffers.output_chunk,
+            Cat.TEMPORARY,
+            "backward",
+            "pp/merged",
+            "pipeline",
+            "the merged logits step() returns (torch.cat of output_chunks)",
+        )
+        items += [merged, free(merged, "backward")]
         if self.pp_fsdp and not keep:  # the reduce-scatter after the last micro-batch
             items += self.all_gradients("backward")
             items += self.free_gradients("backward", unsharded=True)
@@ -983,6 +1098,9 @@ class _Builder:
                     tuple(self.free_gradients("zero_grad")), 1
                 )
             items.append(cached)
+        # cleared when the next step() starts (``clear_runtime_states``)
+        if kept_chunks:
+            items.append(Repeat((free(self._output_chunk(), "zero_grad"),), m))
         return items
 
 
@@ -1022,15 +1140,22 @@ def rank_schedule(
 
 def _tensor_sizes(model: ModelSpec, training: TrainingConfig) -> list[int]:
     """Sizes of the single tensors a layer's terms are made of, largest first: (t, i) and
-    (t, h) activations in the compute, residual and fp32 dtypes, (b, a, s, s) scores, masks."""
+    (t, h) activations in the compute, residual and fp32 dtypes, (b, a, s, s) scores, masks,
+    for the tokens one rank holds: context parallelism splits every term by sequence
+    (:func:`~trainmem.analytic.activations.parallel_divisor`), so a rank's tensors have
+    ``b * s / cp`` tokens, and a tensor-parallel term's ``1 / t`` of the features or heads
+    (Note [Per-rank tensor sizes])."""
     s, b = tokens_per_sequence(model, training), training.micro_batch_size
-    t = b * s
+    cp, tp = training.context_parallel_size, training.tensor_parallel_size
+    t = b * s // cp if (b * s) % cp == 0 else b * s
     c, r = compute_and_residual_bytes(training)
     k_top = model.num_experts_per_tok if model.num_experts > 1 else 1
     i, h = model.intermediate_size * k_top, model.hidden_size
     kv = model.num_kv_heads * model.head_dim
     sizes = {n * t for n in (4 * i, c * i, i, 4 * h, r * h, c * h, h, c * kv)}
-    sizes |= {n * model.num_heads * s * s * b for n in (4, c, 1)}
+    sizes |= {n * model.num_heads * s * s * b // cp for n in (4, c, 1)}
+    if tp > 1:
+        sizes |= {n * t // tp for n in (4 * i, c * i, i, 4 * h, c * h, c * kv)}
     return sorted((x for x in sizes if x > 0), reverse=True)
 
 

@@ -144,6 +144,21 @@ class FrameworkConventions:
     """FSDP shards over the data-parallel and the context-parallel ranks together: torchtitan's
     ``fully_shard`` takes the flattened ``dp_shard_cp`` mesh (torchtitan/models/llama3/infra/
     parallelize.py ``apply_fsdp``; torchtitan/distributed/parallel_dims.py)."""
+    fsdp_collective_streams: bool
+    """FSDP2 allocates on its own CUDA streams, whose blocks the caching allocator keeps in
+    per-stream pools (c10/cuda/CUDACachingAllocator.cpp: a free block is found only among blocks
+    of the requesting stream): each layer's flat all-gather output on the all-gather copy-in
+    stream (``foreach_all_gather``), the reduce-scatter output, which becomes the sharded
+    gradient, on the reduce-scatter stream (``foreach_reduce``; torch/distributed/fsdp/
+    _fully_shard/_fsdp_collectives.py). False: everything on the default stream."""
+    torchtitan_pipeline_split: bool
+    """Pipeline stages as torchtitan splits the layers when no split points are given
+    (torchtitan/parallelisms/pipelining_utils.py ``generate_split_points``, Dec 2024): single-
+    stage schedules (1F1B, GPipe) one stage per rank, multi-stage ones (interleaved 1F1B) two
+    (``virtual_pipeline_stages``); ``L // stages`` layers each, the first stage that many, the
+    next ``L % stages`` stages one more, the last stage the rest; rank r holds stages r, r + p,
+    ... (``stage_ids_this_rank``, loop style). False: Megatron's even split, the first stages
+    ``ceil(L / p)`` layers and the last the rest."""
     fsdp_flat_parameter_grads: bool
     """FSDP (``FullyShardedDataParallel``, FSDP1) flattens each wrapped module's parameters into
     one ``FlatParameter``; with ``use_orig_params=True`` (Lightning Fabric 2.1's default,
@@ -218,6 +233,8 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "fsdp_no_sync_accumulation": False,
         "dtensor_sequence_parallel": False,
         "fsdp_shards_over_context_parallel": False,
+        "torchtitan_pipeline_split": False,
+        "fsdp_collective_streams": False,
     }
     return FrameworkConventions(name=name, **{**defaults, **fields})  # type: ignore[arg-type]
 
@@ -261,6 +278,8 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             fsdp_param_dtype_follows_precision=True,
             dtensor_sequence_parallel=True,
             fsdp_shards_over_context_parallel=True,
+            torchtitan_pipeline_split=True,
+            fsdp_collective_streams=True,
         ),
         _row(
             "torchtune",
