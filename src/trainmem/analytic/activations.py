@@ -86,21 +86,67 @@ def compute_and_residual_bytes(training: TrainingConfig) -> tuple[int, int]:
 
 
 def _norm_saved_bytes(
-    model: ModelSpec, r: int, *, trainable: bool = True, compiled: bool = False
+    model: ModelSpec,
+    r: int,
+    *,
+    trainable: bool = True,
+    compiled: bool = False,
+    width: int = 0,
+    groups: int = 1,
 ) -> int:
-    """Bytes per token one norm saves: LayerNorm r*h + 8 (input, fp32 mean and rstd); HF RMSNorm
-    4h + r*h + 4 (fp32 input or copy, normalised tensor, fp32 rstd). A frozen RMSNorm (LoRA)
-    does not save the normalised tensor: ``weight * x`` saves ``x`` only for the weight's
-    gradient (found by the trace engine). Under torch.compile the min-cut partition keeps only
-    the norm's input in its own dtype and the fp32 rstd (r*h + 4): the fp32 upcast and the
-    normalised tensor are fused and recomputed in backward (traced: AOTAutograd with
-    ``min_cut_rematerialization_partition`` on a Llama layer, trainmem.trace.compile)."""
-    h = model.hidden_size
+    """Bytes per token one norm saves, for an input of ``r`` bytes per value (the residual
+    stream for a pre-norm, the compute dtype for a norm on a projection's output) over
+    ``width`` values (default h) normalised in ``groups`` (per-head q/k norms: one per head).
+
+    LayerNorm r*w + 8 (input, fp32 mean and rstd); HF RMSNorm 4w + r*w + 4 (fp32 input or copy,
+    normalised tensor in the input dtype, fp32 rstd: modeling_llama.py ``LlamaRMSNorm``), or
+    4w + 4w + 4 where the weight multiplies in fp32 before the cast
+    (``ModelSpec.norm_weight_in_fp32``: modeling_gemma3.py ``Gemma3RMSNorm``, modeling_olmo2.py
+    ``Olmo2RMSNorm``). A frozen RMSNorm (LoRA) does not save the normalised tensor: ``weight *
+    x`` saves ``x`` only for the weight's gradient (found by the trace engine). Under
+    torch.compile the min-cut partition keeps only the norm's input in its own dtype and the
+    fp32 rstd (r*w + 4): the fp32 upcast and the normalised tensor are fused and recomputed in
+    backward (traced: AOTAutograd with ``min_cut_rematerialization_partition`` on a Llama
+    layer, trainmem.trace.compile)."""
+    w = width or model.hidden_size
     if model.norm_kind == "layernorm":
-        return r * h + 8
+        return r * w + 8 * groups
     if compiled:
-        return r * h + 4
-    return 4 * h + (r * h if trainable else 0) + 4
+        return r * w + 4 * groups
+    normalised = 4 if model.norm_weight_in_fp32 else r
+    return 4 * w + (normalised * w if trainable else 0) + 4 * groups
+
+
+def _qk_norm_saved_bytes(model: ModelSpec, c: int, **kwargs: bool) -> int:
+    """Bytes per token the q and k norms save: norms of the projections' outputs (compute
+    dtype), per head (modeling_qwen3.py / modeling_gemma3.py ``q_norm = RMSNorm(head_dim)``) or
+    over the whole projection (modeling_olmo2.py ``q_norm = RMSNorm(a * d)``)."""
+    d = model.head_dim
+    total = 0
+    for heads in (model.num_heads, model.num_kv_heads):
+        groups = 1 if model.qk_norm_full_width else heads
+        total += _norm_saved_bytes(model, c, width=heads * d, groups=groups, **kwargs)
+    return total
+
+
+def sliding_mask_bias_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes the sliding-window layers' SDPA calls save beyond a full-attention layer's, summed
+    over those layers: once ``seq_len`` reaches ``sliding_window``, transformers passes them an
+    explicit (b, 1, s, s) boolean mask (masking_utils.py ``_ignore_causal_mask_sdpa``: "if
+    local_attention_size is not None and kv_length >= local_attention_size: return False"),
+    which SDPA converts to an additive bias in the compute dtype and saves (the
+    memory-efficient kernel's ``attn_bias``), and k and v reach it expanded to all query heads
+    (``repeat_kv``, as with any mask: :func:`sdpa_expands_kv`). Found by the trace engine on a
+    Gemma-3 layer. Eager attention adds the mask to the scores and saves none of it."""
+    s = tokens_per_sequence(model, training)
+    if not model.num_sliding_layers or s < model.sliding_window or training.attention == "eager":
+        return 0
+    c, _ = compute_and_residual_bytes(training)
+    b = training.micro_batch_size
+    per_layer = c * b * s * s
+    if not sdpa_expands_kv(training):
+        per_layer += 2 * c * (model.num_heads - model.num_kv_heads) * model.head_dim * b * s
+    return model.num_sliding_layers * per_layer
 
 
 def _activation_fn_saved_bytes(model: ModelSpec, training: TrainingConfig, width: int) -> int:
@@ -121,13 +167,59 @@ def _activation_fn_saved_bytes(model: ModelSpec, training: TrainingConfig, width
     return 2 * c * width  # input saved by the kernel, output saved by the down projection
 
 
-def layer_linear_weights(model: ModelSpec) -> int:
-    """Weight elements of the linears of one layer (all experts for MoE), no biases."""
-    h, i = model.hidden_size, model.intermediate_size
-    attn = h * model.num_heads * model.head_dim * 2 + h * model.num_kv_heads * model.head_dim * 2
-    mlp = (3 if model.mlp_kind == "gated" else 2) * h * i * model.num_experts
-    router = h * model.num_experts if model.num_experts > 1 else 0
-    return attn + mlp + router
+def layer_linear_weights(model: ModelSpec, *, autocast_only: bool = False) -> int:
+    """Weight elements of the linears of one layer (all experts for MoE), no biases.
+
+    ``autocast_only`` leaves out the routed experts of a transformers MoE layer, whose grouped
+    matmul is not autocast-enabled and runs in the weights' own dtype (transformers
+    integrations/moe.py ``_grouped_mm``: "torch.nn.functional.grouped_mm and torch._grouped_mm
+    are not autocast-enabled")."""
+    experts = model.num_experts > 1 and autocast_only
+    return sum(
+        fan_in * fan_out * n
+        for name, (fan_in, fan_out, n) in linear_shapes(model).items()
+        if not (experts and name in ("gate", "up", "down"))
+    )
+
+
+def moe_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dict[str, int]:
+    """Bytes a transformers 5 MoE block saves for backward, by term (the default
+    ``experts_implementation="grouped_mm"``: transformers integrations/moe.py
+    ``grouped_mm_experts_forward``; router: modeling_qwen3_moe.py ``Qwen3MoeTopKRouter``; shared
+    expert: modeling_qwen2_moe.py ``Qwen2MoeSparseMoeBlock``). Per token, k = top-k, w = bytes
+    of the weights' dtype (the experts' grouped matmul runs in it, fp32 under autocast):
+
+    * router: its autocast input copy (c*h), the fp32 softmax (4E), top-k values and indices
+      (12k);
+    * expert inputs: the tokens gathered per expert and cast to w (w*h*k), the gather's and the
+      sort's int64 indices (16k);
+    * gated experts: the gate/up output (2 w*i*k), the activation's output and the product fed
+      to the down projection (w*i*k each);
+    * expert outputs: the down projection's output saved by the routing-weight product
+      (w*h*k), the routing weights (c*k) and the un-permuting index (8k);
+    * shared expert (Qwen2-MoE): a gated MLP (4 c*i_s; its autocast input copies are in
+      ``mlp/input``) and the sigmoid gate's output with the expert output it scales (c*h + c).
+    """
+    c, _ = compute_and_residual_bytes(training)
+    w = dtype_bytes(training.weight_dtype)
+    h, i, e = model.hidden_size, model.intermediate_size, model.num_experts
+    k = model.num_experts_per_tok
+    mixed = training.uses_autocast
+    terms = {
+        "mlp/router": (c * h * mixed + 4 * e + 12 * k) * t,
+        "mlp/expert_inputs": (w * h * k + 16 * k) * t,
+        "mlp/gated": 4 * w * i * k * t,
+        "mlp/expert_outputs": (w * h * k + c * k + 8 * k) * t,
+    }
+    if sequential_pre_norm_block(model):  # Note [Backward of a pre-norm block]
+        terms["mlp/gated"] -= w * i * k * t
+        terms["mlp/down_input"] = w * i * k * t
+    si = model.shared_expert_intermediate_size
+    if si:
+        terms["mlp/shared_expert"] = 4 * c * si * t
+        if model.shared_expert_gate:
+            terms["mlp/shared_expert_gate"] = (c * h + c) * t
+    return terms
 
 
 def autocast_weight_copy_bytes(model: ModelSpec, training: TrainingConfig) -> int:
@@ -139,7 +231,7 @@ def autocast_weight_copy_bytes(model: ModelSpec, training: TrainingConfig) -> in
     if not training.uses_autocast or training.quantize_base != "none":
         return 0
     c, _ = compute_and_residual_bytes(training)
-    return c * layer_linear_weights(model)
+    return c * layer_linear_weights(model, autocast_only=True)
 
 
 def autocast_cached_weight_bytes(model: ModelSpec, training: TrainingConfig) -> int:
@@ -161,7 +253,7 @@ def autocast_cached_weight_bytes(model: ModelSpec, training: TrainingConfig) -> 
         return 0
     c, _ = compute_and_residual_bytes(training)
     if not training.is_lora:
-        return c * layer_linear_weights(model)
+        return c * layer_linear_weights(model, autocast_only=True)
     r = training.lora_rank
     adapters = 0
     for name, (fan_in, fan_out, n) in linear_shapes(model).items():
@@ -225,10 +317,13 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
     fused_qkv = model.fused_qkv
     terms: dict[str, int] = {}
 
-    norm = _norm_saved_bytes(
-        model, r, trainable=not training.is_lora and not training.compile, compiled=training.compile
+    norm_kwargs = dict(
+        trainable=not training.is_lora and not training.compile, compiled=training.compile
     )
-    terms["attention/norm"] = norm * t
+    norm = _norm_saved_bytes(model, r, **norm_kwargs)
+    output_norm = _norm_saved_bytes(model, c, **norm_kwargs) if model.output_norms else 0
+    if model.pre_norms:
+        terms["attention/norm"] = norm * t
     terms["attention/qkv_input"] = c * h * t * (1 if (fused_qkv or not mixed) else 3)
     # Keys and values reach the kernel expanded to all query heads (GQA) in eager attention
     # (HF ``repeat_kv`` + the matmul's reshape copy) and in the fp32 memory-efficient SDPA
@@ -245,7 +340,16 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
         # transformers 5 GPT-2 builds a DynamicCache in training (config ``use_cache=True``,
         # disabled under gradient checkpointing); its ``torch.cat`` copies of k and v are what
         # SDPA saves (found by the trace engine, benchmarks/analytic_vs_trace.py).
-        terms["attention/kv_cache_copy"] = 2 * c * h * t
+        # (GPT-BigCode likewise, at its kv_heads * head_dim width)
+        terms["attention/kv_cache_copy"] = 2 * c * kv * d * t
+    if model.qk_norm:
+        terms["attention/qk_norm"] = _qk_norm_saved_bytes(model, c, **norm_kwargs) * t
+    sliding = sliding_mask_bias_bytes(model, training)
+    if sliding:
+        # spread over the layers (the schedule repeats one layer): exact in the total
+        terms["attention/sliding_mask_bias"] = -(-sliding // model.num_layers)
+    if output_norm:
+        terms["attention/output_norm"] = output_norm * t
     if training.attention == "eager":
         sm = 4 if _fp32_softmax(model, training) else c
         terms["scores/softmax"] = sm * a * s * s * b
@@ -264,23 +368,41 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
         terms["attention/dropout_mask"] = h * t
 
     k_top = model.num_experts_per_tok if model.num_experts > 1 else 1
-    if not model.parallel_attention:
+    if output_norm:
+        terms["mlp/output_norm"] = output_norm * t
+    if not model.pre_norms:
+        pass
+    elif not model.parallel_attention:
         terms["mlp/norm"] = norm * t
     elif model.num_norms_per_layer >= 2:  # GPT-NeoX: both norms read the block's input
         terms["mlp/norm"] = (norm - r * h) * t  # second norm reads the same saved input
     n_in = 2 if model.mlp_kind == "gated" else 1
-    if model.num_experts > 1:
-        terms["mlp/router"] = (4 * model.num_experts + c * model.num_experts) * t
-        terms["mlp/expert_inputs"] = r * h * t * k_top
-        terms["mlp/expert_outputs"] = c * h * t * k_top
-    terms["mlp/input"] = c * h * t * k_top * (n_in if mixed else 1)
-    if model.mlp_kind == "gated":
-        # gate and up outputs, the activation's output and the down projection's input; under
-        # torch.compile the activation's output is recomputed from the saved gate (traced:
-        # min-cut keeps gate, up and act(gate) * up)
-        terms["mlp/gated"] = (3 if training.compile else 4) * c * i * t * k_top
+    if model.num_experts > 1 and training.conventions.hf_model_code:
+        terms.update(moe_terms(model, training, t=t))
+        # autocast copies of the block's input for the shared expert's gate and up
+        # projections and its sigmoid gate; in true precisions the router saves the input
+        copies = (2 if model.shared_expert_intermediate_size else 0) + model.shared_expert_gate
+        terms["mlp/input"] = c * h * t * (copies if mixed else 1)
     else:
-        terms["mlp/activation"] = _activation_fn_saved_bytes(model, training, i) * t * k_top
+        if model.num_experts > 1:
+            terms["mlp/router"] = (4 * model.num_experts + c * model.num_experts) * t
+            terms["mlp/expert_inputs"] = r * h * t * k_top
+            terms["mlp/expert_outputs"] = c * h * t * k_top
+        terms["mlp/input"] = c * h * t * k_top * (n_in if mixed else 1)
+        if model.mlp_kind == "gated":
+            # gate and up outputs, the activation's output and the down projection's input;
+            # under torch.compile the activation's output is recomputed from the saved gate
+            # (traced: min-cut keeps gate, up and act(gate) * up)
+            terms["mlp/gated"] = (3 if training.compile else 4) * c * i * t * k_top
+        else:
+            terms["mlp/activation"] = _activation_fn_saved_bytes(model, training, i) * t * k_top
+        if sequential_pre_norm_block(model):
+            # the down projection's input (act(gate) * up or the activation's output), the last
+            # tensor the MLP saves and the first its backward frees (Note [Backward of a pre-norm
+            # block])
+            key = "mlp/gated" if model.mlp_kind == "gated" else "mlp/activation"
+            terms[key] -= c * i * t * k_top
+            terms["mlp/down_input"] = c * i * t * k_top
     if p_hidden:
         terms["mlp/dropout_mask"] = h * t
     if mixed:
@@ -327,6 +449,9 @@ HIDDEN_REGION_TERMS = frozenset(
     {
         "attention/norm",
         "mlp/norm",
+        "attention/output_norm",
+        "mlp/output_norm",
+        "mlp/shared_expert_gate",
         "attention/qkv_input",
         "mlp/input",
         "attention/dropout_mask",
@@ -351,7 +476,14 @@ which save them whole
 
 #: Inputs every tensor-parallel rank holds whole (token ids, rotary tables).
 REPLICATED_INPUT_TERMS = frozenset(
-    {"inputs/token_ids_and_labels", "inputs/pixel_values", "rotary_cos_sin"}
+    {
+        "inputs/token_ids_and_labels",
+        "inputs/pixel_values",
+        "rotary_cos_sin",
+        "sliding_mask",
+        "attention/sliding_mask_bias",
+        "attention_mask",
+    }
 )
 
 
@@ -515,9 +647,23 @@ def embedding_activation_bytes(model: ModelSpec, training: TrainingConfig) -> di
     else:
         out["inputs/token_ids_and_labels"] = 8 * t * 2
     if model.position_kind == "rotary":
-        out["rotary_cos_sin"] = 2 * r * t * model.head_dim
+        # transformers builds position_ids = cache_position.unsqueeze(0) when none are passed,
+        # so its cos/sin tables are (1, s, d), shared by the batch (modeling_llama.py
+        # ``LlamaModel.forward``; found by the trace engine); Gemma-3 has a second pair for its
+        # sliding-window layers (``rope_local_base_freq``)
+        rows = s if training.conventions.hf_model_code else t
+        tables = 2 if model.num_sliding_layers else 1
+        out["rotary_cos_sin"] = 2 * r * rows * model.head_dim * tables
     if model.embedding_norm:
         out["embedding_norm"] = _norm_saved_bytes(model, r) * t
+    _, eager_mask = eager_scores_forward_bytes(model, training)
+    if eager_mask and training.activation_checkpointing != "none":
+        out["attention_mask"] = eager_mask  # an input of every checkpointed layer
+    if sliding_mask_bias_bytes(model, training) and training.activation_checkpointing != "none":
+        # the sliding layers' (b, 1, s, s) boolean mask is an input of every checkpointed
+        # layer, kept by the checkpoint until their backward (without checkpointing it dies
+        # with the forward; SDPA saves its own float bias)
+        out["sliding_mask"] = b * s * s
     if training.dropout and model.embedding_dropout > 0:
         out["embedding_dropout_mask"] = h * t
     return split_for_parallelism(out, training)
@@ -605,6 +751,73 @@ def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
     return -(-total // parallel_divisor("logits", training))
 
 
+def eager_scores_forward_bytes(model: ModelSpec, training: TrainingConfig) -> tuple[int, int]:
+    """(per layer, per model) bytes BLOOM's eager attention holds in the forward beyond what it
+    saves (``ModelSpec.eager_scores_kept``), 0 for other families or attention kernels.
+
+    Per layer, alive at the end of its attention (modeling_bloom.py ``BloomAttention.forward``
+    keeps its locals until it returns): the raw ``baddbmm`` scores (c*a*s*s*b), the scores
+    plus the additive causal mask in the mask's dtype (r*a*s*s*b), the fused
+    ``query_key_value`` output (3c*h per token), the block's LayerNorm output (r*h) and the
+    ``dense`` output (c*h); under checkpointing also the previous block's returned attention
+    probabilities (c*a*s*s*b, modeling_bloom.py ``BloomBlock.forward`` returns ``output,
+    attn_weights``). Per model, the additive (b, 1, s, s) causal mask in the model's
+    dtype r, alive through the forward (and kept by the checkpoint under activation
+    checkpointing: :func:`embedding_activation_bytes`). Found by the trace engine."""
+    if not model.eager_scores_kept or training.attention != "eager":
+        return 0, 0
+    c, r = compute_and_residual_bytes(training)
+    b, s, h = training.micro_batch_size, tokens_per_sequence(model, training), model.hidden_size
+    t = b * s
+    # under checkpointing the previous block's attention probabilities (c), returned by every
+    # BloomBlock and held in BloomModel's ``outputs`` until the next block returns, are not
+    # saved activations any more but still alive
+    kept = c if training.activation_checkpointing != "none" else 0
+    scores = (c + r + kept) * model.num_heads * s * s * b // parallel_divisor("scores/x", training)
+    hidden = (3 * c + r + c) * h * t // parallel_divisor("attention/qkv_input", training)
+    return scores + hidden, r * b * s * s
+
+
+def final_hidden_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes of the final norm's output, held by the causal-LM forward
+    (``hidden_states = outputs.last_hidden_state``) while its loss runs, where nothing saves it:
+    under autocast it is in the residual dtype r and the LM head saves its 16-bit cast (r*h per
+    token); when r = c the LM head saves this very tensor (``lm_head_input``). For the
+    families of ``ModelSpec.loss_holds_hidden``. Source: modeling_llama.py
+    ``LlamaForCausalLM.forward``; found by the trace engine."""
+    c, r = compute_and_residual_bytes(training)
+    if (
+        model.head != "causal-lm"
+        or not model.loss_holds_hidden
+        or r == c
+        or not training.conventions.hf_model_code
+    ):
+        return 0
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    return -(-r * model.hidden_size * t // parallel_divisor("lm_head_input", training))
+
+
+def forward_kv_cache_bytes(model: ModelSpec, training: TrainingConfig, num_layers: int) -> int:
+    """Bytes of the KV cache transformers builds in training (``ModelSpec.forward_kv_cache``),
+    alive from each layer's attention to the end of forward (the loss): per layer the cache's
+    copies of k and v in the rotated keys' dtype, the residual dtype r. Under autocast SDPA
+    saves its own 16-bit casts of them, so they are extra; when r = c they are the tensors
+    SDPA saves (counted in ``attention/q_k`` and ``attention/v``), and nothing is extra.
+    Source: transformers cache_utils.py ``DynamicLayer.update`` (``torch.cat``);
+    modeling_llama.py ``LlamaModel.forward`` (``DynamicCache`` when ``use_cache``)."""
+    c, r = compute_and_residual_bytes(training)
+    if (
+        not model.forward_kv_cache
+        or r == c
+        or training.activation_checkpointing != "none"
+        or not training.conventions.hf_model_code
+    ):
+        return 0
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    per_layer = 2 * r * model.num_kv_heads * model.head_dim * t
+    return num_layers * -(-per_layer // parallel_divisor("attention/v", training))
+
+
 def loss_backward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     """Bytes live only at the start of backward: the gradient of the log-softmax output and the
     gradient it produces, two fp32 (T, V) tensors (``_log_softmax_backward_data``; measured as the
@@ -635,9 +848,10 @@ def backward_layer_transient_bytes(model: ModelSpec, training: TrainingConfig) -
 def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tuple[int, int, int]:
     """(MLP part, attention part, residual gradient) of what one layer's backward holds besides
     what it saved. MLP: the gradients of its intermediate (2 i-sized tensors, 3 for gated
-    MLPs) and under autocast the 16-bit weight gradient of its largest linear before it is cast
-    into the fp32 ``.grad``. Attention (eager only): two score-sized gradients. The MLP's
-    backward runs first, and by the attention's backward the MLP's saved tensors are freed."""
+    MLPs; transformers' MoE experts: see the code) and under autocast the 16-bit weight
+    gradient of its largest linear before it is cast into the fp32 ``.grad``. Attention (eager
+    only): two score-sized gradients. The MLP's backward runs first, and by the attention's
+    backward the MLP's saved tensors are freed."""
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     c, r = compute_and_residual_bytes(training)
     i, h = model.intermediate_size, model.hidden_size
@@ -646,6 +860,13 @@ def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tup
     mlp = n * c * i * t * k_top // parallel_divisor("mlp/gated", training)
     if training.uses_autocast:
         mlp += c * h * i // training.tensor_parallel_size
+    if model.num_experts > 1 and training.conventions.hf_model_code:
+        # transformers' grouped_mm experts run in the weights' dtype w (:func:`moe_terms`); at
+        # the gate/up grouped matmul's backward the gradients of its output (2i), of the
+        # activation and product path (i), of the gathered inputs and of the un-permuted
+        # outputs (h each) are alive, per routed token (found by the trace engine)
+        w = dtype_bytes(training.weight_dtype)
+        mlp = w * k_top * (2 * h + 3 * i) * t // parallel_divisor("mlp/gated", training)
     attention = 0
     if training.attention == "eager":
         # eager attention's backward holds two (b, a, s, s) tensors in the softmax dtype at its
@@ -654,7 +875,35 @@ def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tup
         s, b = tokens_per_sequence(model, training), training.micro_batch_size
         sm = 4 if _fp32_softmax(model, training) else c
         attention = 2 * sm * model.num_heads * s * s * b // parallel_divisor("scores/x", training)
-    return mlp, attention, 2 * r * h * t // parallel_divisor("mlp/input", training)
+    # the residual-stream gradient: the incoming one, and the one the layer's input gradient
+    # accumulates into; only the incoming one at the MLP's peak in a sequential pre-norm block
+    # (Note [Backward of a pre-norm block])
+    residual = (1 if sequential_pre_norm_block(model) else 2) * r * h * t
+    return mlp, attention, residual // parallel_divisor("mlp/input", training)
+
+
+def sequential_pre_norm_block(model: ModelSpec) -> bool:
+    """A decoder block x + attn(norm(x)), then x + mlp(norm(x)), with a gated MLP or one
+    fused activation (Llama, Mistral, Qwen, Phi-3, the MoE families, StarCoder2, GPT-BigCode),
+    where Note [Backward of a pre-norm block] holds.
+
+    Note [Backward of a pre-norm block]
+        Traced on Llama, Phi-3, Qwen2-MoE, Qwen3-MoE and GPT-BigCode (2-layer configs, bf16
+        autocast, full activation checkpointing, tests/analytic/test_formula_families.py): the
+        layer's backward peaks in its MLP, after the down projection's backward has released
+        its saved input (``act(gate) * up``, or the activation's output), with one
+        residual-stream gradient alive (the one the layer's input gradient accumulates into
+        comes later); the recomputation does not make the layer input again (the checkpoint
+        keeps it). Blocks with output norms (Gemma-3, OLMo-2), parallel attention and MLP
+        (Falcon, Phi, GPT-NeoX), or GPT-2's tanh-formula GELU keep the general schedule.
+    """
+    return (
+        model.architecture == "decoder"
+        and model.pre_norms
+        and not model.output_norms
+        and not model.parallel_attention
+        and (model.mlp_kind == "gated" or model.hidden_act in FUSED_ACTIVATIONS)
+    )
 
 
 def _fp32_softmax(model: ModelSpec, training: TrainingConfig) -> bool:

@@ -26,7 +26,9 @@ def linear_shapes(model: ModelSpec) -> LinearShapes:
         ``{name: (in_features, out_features, count_per_layer)}``; ``qkv`` when the HF module is
         fused (GPT-2 ``c_attn``, Falcon / GPT-NeoX ``query_key_value``), else ``q``, ``k``,
         ``v``; ``o``; ``up`` / ``down`` (and ``gate`` for gated MLPs), counted once per expert
-        for MoE; ``router`` for MoE.
+        for MoE; ``router`` for MoE; ``shared_gate`` / ``shared_up`` / ``shared_down`` and
+        ``shared_expert_gate`` for a shared expert (Qwen2-MoE). A fused module (Phi-3
+        ``gate_up_proj``, GPT-2 ``c_attn``) has the parameters of its parts.
 
     Source: the attention and MLP modules of each family (e.g. transformers
     ``models/llama/modeling_llama.py`` ``LlamaAttention``, ``LlamaMLP``).
@@ -53,7 +55,21 @@ def linear_shapes(model: ModelSpec) -> LinearShapes:
     shapes["down"] = (i, h, e)
     if e > 1:
         shapes["router"] = (h, e, 1)
+    si = model.shared_expert_intermediate_size
+    if si:
+        # Qwen2MoeSparseMoeBlock.shared_expert (a gated MLP) and shared_expert_gate
+        shapes["shared_gate"] = (h, si, 1)
+        shapes["shared_up"] = (h, si, 1)
+        shapes["shared_down"] = (si, h, 1)
+        if model.shared_expert_gate:
+            shapes["shared_expert_gate"] = (h, 1, 1)
     return shapes
+
+
+MLP_LINEARS = frozenset(
+    {"gate", "up", "down", "shared_gate", "shared_up", "shared_down", "shared_expert_gate"}
+)
+"""The linears of :func:`linear_shapes` that belong to the MLP (``layers/mlp``)."""
 
 
 def _norm_params(model: ModelSpec, width: int) -> int:
@@ -96,7 +112,8 @@ def parameter_counts(model: ModelSpec) -> dict[str, int]:
 
     Source: per family, ``XEmbeddings`` / ``XModel.__init__`` / ``XFor...`` heads in
     transformers (gpt2, bert, vit, llama, mistral, mixtral, qwen2, gemma, phi, falcon,
-    gpt_neox modeling files).
+    gpt_neox, phi3, olmo2, starcoder2, gpt_bigcode, bloom, gemma3, qwen2_moe, qwen3_moe
+    modeling files).
     """
     h, L, V = model.hidden_size, model.num_layers, model.vocab_size
     out: dict[str, int] = {}
@@ -120,8 +137,15 @@ def parameter_counts(model: ModelSpec) -> dict[str, int]:
     attn_w = sum(
         i * o * n for name, (i, o, n) in shapes.items() if name in ("qkv", "q", "k", "v", "o")
     )
-    mlp_w = sum(i * o * n for name, (i, o, n) in shapes.items() if name in ("gate", "up", "down"))
-    qk_norm = 2 * _norm_params(model, model.head_dim) if model.qk_norm else 0
+    mlp_w = sum(i * o * n for name, (i, o, n) in shapes.items() if name in MLP_LINEARS)
+    qk_norm = 0
+    if model.qk_norm and model.qk_norm_full_width:
+        # Olmo2Attention: q_norm = RMSNorm(a * d), k_norm = RMSNorm(k * d)
+        qk_norm = _norm_params(model, model.num_heads * model.head_dim) + _norm_params(
+            model, model.num_kv_heads * model.head_dim
+        )
+    elif model.qk_norm:
+        qk_norm = 2 * _norm_params(model, model.head_dim)
     out["layers/attention"] = L * (attn_w + attn_bias + qk_norm)
     out["layers/mlp"] = L * (mlp_w + mlp_bias)
     if "router" in shapes:

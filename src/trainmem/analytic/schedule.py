@@ -91,11 +91,15 @@ from trainmem.analytic.activations import (
     autocast_cached_weight_bytes,
     backward_layer_transients,
     compute_and_residual_bytes,
+    eager_scores_forward_bytes,
+    final_hidden_transient_bytes,
+    forward_kv_cache_bytes,
     layer_is_checkpointed,
     lm_head_dequant_bytes,
     loss_backward_transient_bytes,
     loss_forward_transient_bytes,
     op_selective_saved_terms,
+    sequential_pre_norm_block,
     tokens_per_sequence,
 )
 from trainmem.analytic.buffers import (
@@ -280,6 +284,9 @@ class _Builder:
         )
         self.loss_tmp = loss_backward_transient_bytes(model, training) if rank.has_head else 0
         self.loss_fwd = loss_forward_transient_bytes(model, training) if rank.has_head else 0
+        self.kv_cache = forward_kv_cache_bytes(model, training, self.L)
+        self.final_hidden = final_hidden_transient_bytes(model, training) if rank.has_head else 0
+        self.scores_tmp, self.mask_tmp = eager_scores_forward_bytes(model, training)
         self.head_dequant = lm_head_dequant_bytes(model, training) if rank.has_head else 0
         self.weight_copy = (
             autocast_cached_weight_bytes(model, training) if layer_is_checkpointed(training) else 0
@@ -364,6 +371,10 @@ class _Builder:
             dropped = {"recomputed": prof.recompute}
         else:
             dropped = {k: v for k, v in prof.terms.items() if k not in saved}
+        if mode == "full" and "attention/norm" in dropped and sequential_pre_norm_block(self.model):
+            # the layer input the checkpoint keeps is not made again by the recomputation
+            # (Note [Backward of a pre-norm block])
+            dropped["attention/norm"] -= min(prof.per_layer, dropped["attention/norm"])
         if self.weight_copy:  # autocast's cache holds them (Note [Analytic step schedule])
             dropped.pop(WEIGHT_COPIES, None)
         pieces = _tensor_sizes(self.model, t)
@@ -547,7 +558,15 @@ class _Builder:
             "gathered parameters of the prefetched layer",
             self.ag_stream,
         )
-        items += [prefetch_f, *self._forward_layers(), free(prefetch_f, f)]
+        mask = alloc(
+            self.mask_tmp if t.activation_checkpointing == "none" else 0,
+            Cat.TEMPORARY,
+            f,
+            "attention_mask",
+            "(model)",
+            "the additive causal mask of the eager attention",
+        )
+        items += [mask, prefetch_f, *self._forward_layers(), free(prefetch_f, f), free(mask, f)]
         head_dequant = alloc(
             self.head_dequant,
             Cat.TEMPORARY,
@@ -566,11 +585,28 @@ class _Builder:
         )
         logits16 = alloc(self.logits16, Cat.TEMPORARY, f, "logits16", "head", "logits")
         head_act = alloc(self.head_acts, Cat.ACTIVATION, f, "act/head", "head", "head activations")
+        cache = alloc(
+            self.kv_cache,
+            Cat.TEMPORARY,
+            f,
+            "kv_cache",
+            "layers",
+            "the KV cache transformers builds in training, until the loss",
+        )
+        hidden = alloc(
+            self.final_hidden,
+            Cat.TEMPORARY,
+            f,
+            "final_hidden",
+            "head",
+            "the final hidden states, held by the model output until the loss",
+        )
         chunk = [self._output_chunk()] if self.pp_buffers.output_chunk else [logits16]
-        items += [head_dequant, *chunk, logits, free(head_dequant, f), head_act]
+        items += [cache, hidden, head_dequant, *chunk, logits, free(head_dequant, f), head_act]
         items.append(free(logits, f))
         if not self.pp_buffers.output_chunk:
             items.append(free(logits16, f))
+        items += [free(hidden, f), free(cache, f)]
         if self.weight_copy:
             copies = self._weight_copy_ops(f, "wcopy/{i}", "")
             items.append(Repeat(tuple(free(op, f) for op in copies), self.L))
@@ -694,7 +730,7 @@ class _Builder:
                 self.dequant, Cat.TEMPORARY, f, "dequant", "layers.{i}", "a dequantized base weight"
             )
             body += [d, free(d, f)]
-        body += self._saved_ops(f, "{i}")
+        saved = self._saved_ops(f, "{i}")
         dropped = [
             alloc(
                 size,
@@ -706,7 +742,19 @@ class _Builder:
             )
             for n, (_, size) in enumerate(self.dropped)
         ]
-        body += dropped + [free(op, f) for op in dropped]
+        # what the attention holds at its end beyond what it saves, before the MLP's terms
+        scores = alloc(
+            self.scores_tmp,
+            Cat.TEMPORARY,
+            f,
+            "scores_tmp",
+            "layers.{i}",
+            "the eager attention's scores and locals",
+        )
+        n_saved = sum(not term.startswith("mlp/") for term, _ in self.saved)
+        n_dropped = sum(not term.startswith("mlp/") for term, _ in self.dropped)
+        body += saved[:n_saved] + dropped[:n_dropped] + [scores, free(scores, f)]
+        body += saved[n_saved:] + dropped[n_dropped:] + [free(op, f) for op in dropped]
         if not self.training.activation_offloading or self.L < 2:
             return [Repeat(tuple(body), self.L)]
         # the previous layer's saved tensors leave for the CPU once this layer has run
@@ -782,6 +830,10 @@ class _Builder:
         saved = self._saved_ops(b, "{i}")
         is_mlp = [term.startswith("mlp/") for term, _ in self.saved]
         re_mlp = [term.startswith("mlp/") for term, _ in self.dropped]
+        down = [term == "mlp/down_input" for term, _ in self.saved]
+        re_down = [term == "mlp/down_input" for term, _ in self.dropped]
+        body += [free(op, b) for op, m in zip(saved, down, strict=True) if m]
+        body += [free(op, b) for op, m in zip(recomputed, re_down, strict=False) if m]
         body += [mlp_tmp]
         if self.flat_views:  # Note [Flat-parameter gradients in backward]
             views = alloc(
@@ -815,8 +867,12 @@ class _Builder:
             if reduce_accumulated:
                 body += self._reduce_ops(self.layer_states, "{i}", "layers.{i}")
             body += [reduce_op, free(mlp_tmp, b)]
-        body += [free(op, b) for op, m in zip(saved, is_mlp, strict=True) if m]
-        body += [free(op, b) for op, m in zip(recomputed, re_mlp, strict=False) if m]
+        body += [free(op, b) for op, m, d in zip(saved, is_mlp, down, strict=True) if m and not d]
+        body += [
+            free(op, b)
+            for op, m, d in zip(recomputed, re_mlp, re_down, strict=False)
+            if m and not d
+        ]
         attention = alloc(
             self.attention_tmp,
             Cat.TEMPORARY,

@@ -57,9 +57,41 @@ EAGER_SOFTMAX_FP32_TYPES = frozenset(
 """Families whose HF eager attention upcasts the softmax to fp32
 (``ModelSpec.eager_softmax_fp32``)."""
 
-TRAINING_KV_CACHE_TYPES = frozenset({"gpt2"})
+TRAINING_KV_CACHE_TYPES = frozenset({"gpt2", "gpt_bigcode"})
 """Families whose transformers code builds a KV cache during training
 (``ModelSpec.training_kv_cache``)."""
+
+LOSS_HOLDS_HIDDEN_TYPES = frozenset(
+    {
+        "phi3",
+        "olmo2",
+        "starcoder2",
+        "gpt_bigcode",
+        "gemma3_text",
+        "qwen2_moe",
+        "qwen3_moe",
+        "mixtral",
+    }
+)
+"""Families whose final hidden states stay alive while the loss runs (transformers'
+``XForCausalLM.forward`` computes the loss with ``hidden_states`` in scope), checked against the
+trace engine (``ModelSpec.loss_holds_hidden``). Llama-style HF code does the same; not switched
+on for the older families, whose presets also stand for models with their own code (the
+cs336 course model of benchmarks/snapshot_analytic_step.py returns only its logits)."""
+
+EAGER_ONLY_TYPES = frozenset({"bloom"})
+"""Families whose transformers code has eager attention only (``BloomForCausalLM`` refuses
+SDPA and flash attention: modeling_bloom.py ``BloomAttention`` computes ALiBi scores with
+``baddbmm``)."""
+
+FORWARD_KV_CACHE_TYPES = frozenset(
+    {"phi3", "starcoder2", "gemma3_text", "qwen2_moe", "qwen3_moe", "mixtral"}
+)
+"""Rotary families whose transformers code builds a KV cache during training that holds fp32
+copies of k and v until the forward ends (``ModelSpec.forward_kv_cache``); checked against the
+trace engine for these families (Llama-style code does the same; not yet switched on there).
+OLMo-2 casts its rotated q and k back to their dtype (modeling_olmo2.py
+``apply_rotary_pos_emb``), so its cache copies are the 16-bit tensors SDPA saves anyway."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -156,6 +188,30 @@ class ModelSpec:
     """Fraction of head_dim that is rotated by RoPE (Phi-2 0.4, GPT-NeoX ``rotary_pct``)."""
     pooler_output_size: int | None = None
     """Width of a ViT pooler's dense layer; None means hidden_size (always so for BERT)."""
+    fused_gate_up: bool = False
+    """Gate and up projections are one HF module (Phi-3 ``gate_up_proj``, output chunked)."""
+    qk_norm_full_width: bool = False
+    """The q/k norms span the whole projection (OLMo-2 ``q_norm`` = RMSNorm(a * d), ``k_norm`` =
+    RMSNorm(k * d)) instead of one head (Qwen3, Gemma-3: RMSNorm(head_dim))."""
+    pre_norms: bool = True
+    """Norms on the inputs of attention and MLP (pre-LN); OLMo-2 has none."""
+    output_norms: bool = False
+    """Norms on the outputs of attention and MLP before the residual add (Gemma-2/3
+    ``post_attention_layernorm`` / ``post_feedforward_layernorm``, OLMo-2)."""
+    shared_expert_intermediate_size: int = 0
+    """Width of an always-on gated shared expert next to the routed ones (Qwen2-MoE
+    ``shared_expert``); 0 for none."""
+    shared_expert_gate: bool = False
+    """A sigmoid gate Linear(h, 1) scales the shared expert's output (Qwen2-MoE)."""
+    norm_weight_in_fp32: bool = False
+    """RMSNorm multiplies by its weight in fp32 and casts at the end (Gemma-3 ``x * (1 + w)``,
+    OLMo-2's T5-style ``(w * x).to(input_dtype)``), so it saves its fp32 normalised tensor
+    rather than one in the input dtype (Llama ``w * x.to(input_dtype)``)."""
+    sliding_window: int = 0
+    """Keys a sliding-window layer attends to (Gemma-3 ``sliding_window``); 0 for none."""
+    num_sliding_layers: int = 0
+    """Layers with sliding-window attention (Gemma-3 ``layer_types``); the rest attend to the
+    whole causal prefix."""
 
     @property
     def eager_softmax_fp32(self) -> bool:
@@ -171,6 +227,28 @@ class ModelSpec:
         cache's ``torch.cat`` copies of k and v: the families of :data:`TRAINING_KV_CACHE_TYPES`
         (found by the trace engine)."""
         return self.model_type in TRAINING_KV_CACHE_TYPES
+
+    @property
+    def eager_scores_kept(self) -> bool:
+        """The eager attention keeps its raw and masked scores until it returns (BLOOM:
+        :data:`EAGER_ONLY_TYPES`)."""
+        return self.model_type in EAGER_ONLY_TYPES
+
+    @property
+    def loss_holds_hidden(self) -> bool:
+        """The final hidden states live until the loss has run: the families of
+        :data:`LOSS_HOLDS_HIDDEN_TYPES`."""
+        return self.model_type in LOSS_HOLDS_HIDDEN_TYPES
+
+    @property
+    def forward_kv_cache(self) -> bool:
+        """transformers 5 builds a ``DynamicCache`` in training when the config says
+        ``use_cache=True`` and checkpointing is off (``merge_with_config_defaults``); its
+        ``torch.cat`` copies of the rotated keys and the values take the keys' dtype
+        (cache_utils.py ``DynamicLayer.lazy_initialization``: fp32 under autocast, where the
+        rotary tables are fp32) and live until the model output is dropped after the loss:
+        the families of :data:`FORWARD_KV_CACHE_TYPES` (found by the trace engine)."""
+        return self.model_type in FORWARD_KV_CACHE_TYPES
 
     def __post_init__(self) -> None:
         for field in (
