@@ -790,8 +790,269 @@ def _vit(f: _Fields) -> dict[str, Any]:
     )
 
 
+# ---------------------------------------------------------------------------------------
+# Issue 15 families (helper "hardfamilies"): DeepSeek-V3, T5, CLIP / SigLIP / DINOv2 vision
+# towers. Kept in one block so they can become rows of the attribute_map table.
+# ---------------------------------------------------------------------------------------
+
+
+def _bare_vision_tower(f: _Fields, model_class: str) -> None:
+    """Vision towers are modelled as the bare ``XVisionModel`` / ``Dinov2Model`` (head
+    ``none``); other classes (with a projection or a classifier) are refused by name."""
+    architectures = f.config.get("architectures")
+    if not architectures:
+        return
+    if not isinstance(architectures, list) or not isinstance(architectures[0], str):
+        raise SpecError(
+            "architectures", f"must be a list of class names, got {_short(architectures)}"
+        )
+    if architectures[0] != model_class:
+        raise UnsupportedError(
+            f"architectures: {_short(architectures[0])} is not modelled for model_type "
+            f"{f.model_type!r}, only the bare {model_class}; use --engine trace"
+        )
+
+
+def _vision_tower(f: _Fields, *, default_patch: int, default_act: str) -> dict[str, Any]:
+    """Fields CLIP, SigLIP and DINOv2 vision configs share (``hidden_size``, heads, image and
+    patch sides, ``attention_dropout``)."""
+    h = f.positive_int("hidden_size")
+    a = f.positive_int("num_attention_heads")
+    image = _square(f, "image_size", 224)
+    patch = _square(f, "patch_size", default_patch)
+    if patch > image:
+        raise SpecError("patch_size", f"{patch} is larger than image_size={image}")
+    return dict(
+        architecture="vision-encoder",
+        num_layers=f.positive_int("num_hidden_layers"),
+        hidden_size=h,
+        num_heads=a,
+        num_kv_heads=a,
+        head_dim=f.head_dim(h, a, "num_attention_heads", "hidden_size"),
+        mlp_kind="gelu",
+        hidden_act=f.string("hidden_act", default_act),
+        norm_kind="layernorm",
+        vocab_size=0,
+        position_kind="learned",
+        tie_word_embeddings=False,
+        attention_bias=True,
+        attention_out_bias=True,
+        mlp_bias=True,
+        head="none",
+        image_size=image,
+        patch_size=patch,
+        num_channels=f.positive_int("num_channels", 3),
+    )
+
+
+def _clip_vision_model(f: _Fields) -> dict[str, Any]:
+    """CLIP vision tower: transformers/models/clip/modeling_clip.py ``CLIPVisionModel``
+    (``CLIPVisionEmbeddings``: bias-free patch conv, ``class_embedding``, positions for
+    patches + 1; ``pre_layrnorm``; ``CLIPEncoderLayer``; ``post_layernorm`` on [CLS] only)."""
+    _bare_vision_tower(f, "CLIPVisionModel")
+    out = _vision_tower(f, default_patch=32, default_act="quick_gelu")
+    out.update(
+        intermediate_size=f.positive_int("intermediate_size"),
+        max_position_embeddings=(out["image_size"] // out["patch_size"]) ** 2 + 1,
+        patch_bias=False,
+        embedding_norm=True,
+        final_norm=False,
+        vision_pooler="cls-norm",
+        attention_dropout=f.prob("attention_dropout", 0.0),
+    )
+    return out
+
+
+def _siglip_vision_model(f: _Fields) -> dict[str, Any]:
+    """SigLIP vision tower: transformers/models/siglip/modeling_siglip.py
+    ``SiglipVisionModel`` (no class token, ``post_layernorm`` on every patch, the
+    ``SiglipMultiheadAttentionPoolingHead`` when ``vision_use_head``)."""
+    _bare_vision_tower(f, "SiglipVisionModel")
+    out = _vision_tower(f, default_patch=16, default_act="gelu_pytorch_tanh")
+    out.update(
+        intermediate_size=f.positive_int("intermediate_size"),
+        max_position_embeddings=(out["image_size"] // out["patch_size"]) ** 2,
+        class_token=False,
+        vision_pooler="attention-probe" if f.flag("vision_use_head", True) else "cls",
+        attention_dropout=f.prob("attention_dropout", 0.0),
+    )
+    if out["vision_pooler"] == "cls":
+        raise UnsupportedError(
+            "vision_use_head: false (a SigLIP tower without its pooling head) is not "
+            "modelled; use --engine trace"
+        )
+    return out
+
+
+def _dinov2(f: _Fields) -> dict[str, Any]:
+    """DINOv2: transformers/models/dinov2/modeling_dinov2.py ``Dinov2Model`` (``cls_token``,
+    ``mask_token``, positions for patches + 1; ``Dinov2Layer`` with ``Dinov2LayerScale`` on
+    both branches; ``Dinov2MLP`` of ``int(hidden_size * mlp_ratio)`` or, with
+    ``use_swiglu_ffn``, ``Dinov2SwiGLUFFN`` of ``(int(int(h * mlp_ratio) * 2 / 3) + 7) // 8 *
+    8``; final ``layernorm``, pooled output = its [CLS] row)."""
+    _bare_vision_tower(f, "Dinov2Model")
+    out = _vision_tower(f, default_patch=14, default_act="gelu")
+    ratio = f.config.get("mlp_ratio", 4)
+    if isinstance(ratio, bool) or not isinstance(ratio, int | float) or ratio <= 0:
+        raise SpecError("mlp_ratio", f"must be a positive number, got {_short(ratio)}")
+    hidden = int(out["hidden_size"] * ratio)
+    swiglu = f.flag("use_swiglu_ffn", False)
+    if swiglu:
+        hidden = (int(hidden * 2 / 3) + 7) // 8 * 8
+    if f.prob("drop_path_rate", 0.0) > 0:
+        raise UnsupportedError(
+            "drop_path_rate > 0 (stochastic depth) is not modelled; set it to 0 or use "
+            "--engine trace"
+        )
+    dropout = f.prob("hidden_dropout_prob", 0.0)
+    out.update(
+        intermediate_size=hidden,
+        mlp_kind="gated" if swiglu else "gelu",
+        hidden_act="silu" if swiglu else out["hidden_act"],
+        max_position_embeddings=(out["image_size"] // out["patch_size"]) ** 2 + 1,
+        attention_bias=f.flag("qkv_bias", True),
+        mask_token=f.flag("use_mask_token", True),
+        layer_scale=True,
+        vision_pooler="cls",
+        hidden_dropout=dropout,
+        attention_dropout=f.prob("attention_probs_dropout_prob", 0.0),
+        embedding_dropout=dropout,
+    )
+    return out
+
+
+def _deepseek_v3(f: _Fields) -> dict[str, Any]:
+    """DeepSeek-V3: transformers/models/deepseek_v3/modeling_deepseek_v3.py
+    (``DeepseekV3Attention``: multi-head latent attention; ``DeepseekV3MoE``: routed experts of
+    ``moe_intermediate_size`` plus ``n_shared_experts`` shared ones; the first
+    ``first_k_dense_replace`` blocks use ``DeepseekV3MLP`` of ``intermediate_size``). The
+    multi-token-prediction module (``num_nextn_predict_layers``) is not part of transformers'
+    model and is not counted."""
+    h = f.positive_int("hidden_size")
+    a = f.positive_int("num_attention_heads")
+    layers = f.positive_int("num_hidden_layers")
+    rope = f.positive_int("qk_rope_head_dim", 64)
+    nope = f.positive_int("qk_nope_head_dim", 128)
+    experts = f.positive_int("n_routed_experts", 256)
+    first_dense = f.config.get("first_k_dense_replace", 3)
+    if isinstance(first_dense, bool) or not isinstance(first_dense, int) or first_dense < 0:
+        raise SpecError(
+            "first_k_dense_replace", f"must be a non-negative integer, got {_short(first_dense)}"
+        )
+    if first_dense > layers:
+        raise SpecError(
+            "first_k_dense_replace",
+            f"{first_dense} is more than num_hidden_layers={layers}",
+        )
+    q_rank = f.config.get("q_lora_rank", 1536)
+    head, num_labels = _head(f, "causal-lm")
+    return dict(
+        architecture="decoder",
+        num_layers=layers,
+        hidden_size=h,
+        num_heads=a,
+        # MLA expands the latent to per-head keys and values (kv_b_proj): all a heads
+        num_kv_heads=a,
+        head_dim=nope + rope,
+        intermediate_size=f.positive_int("moe_intermediate_size", 2048),
+        mlp_kind="gated",
+        hidden_act=f.string("hidden_act", "silu"),
+        norm_kind="rmsnorm",
+        vocab_size=f.positive_int("vocab_size"),
+        max_position_embeddings=f.positive_int("max_position_embeddings", 4096),
+        position_kind="rotary",
+        partial_rotary_factor=rope / (nope + rope),
+        tie_word_embeddings=f.flag("tie_word_embeddings", False),
+        attention_bias=f.flag("attention_bias", False),
+        attention_out_bias=f.flag("attention_bias", False),
+        num_experts=experts,
+        num_experts_per_tok=f.positive_int("num_experts_per_tok", 8),
+        q_lora_rank=0 if q_rank is None else f.positive_int("q_lora_rank"),
+        kv_lora_rank=f.positive_int("kv_lora_rank", 512),
+        qk_rope_head_dim=rope,
+        v_head_dim=f.positive_int("v_head_dim", 128),
+        shared_expert_intermediate_size=(
+            f.positive_int("moe_intermediate_size", 2048) * f.positive_int("n_shared_experts")
+            if f.config.get("n_shared_experts", 1) not in (None, 0)
+            else 0
+        ),
+        dense_layers=first_dense,
+        dense_intermediate_size=f.positive_int("intermediate_size", 18432),
+        head=head,
+        num_labels=num_labels,
+        attention_dropout=f.prob("attention_dropout", 0.0),
+    )
+
+
+def _t5(f: _Fields) -> dict[str, Any]:
+    """T5 / Flan-T5: transformers/models/t5/modeling_t5.py ``T5ForConditionalGeneration``
+    (shared embedding tied to both stacks' ``embed_tokens``; ``T5Block``: self-attention,
+    cross-attention in the decoder, ``T5DenseActDense`` (``relu``) or
+    ``T5DenseGatedActDense`` (``gated-gelu``, Flan-T5 / T5 v1.1); RMS-style ``T5LayerNorm``
+    without bias; ``relative_attention_bias`` in the first block of each stack)."""
+    architectures = f.config.get("architectures")
+    if architectures and (
+        not isinstance(architectures, list) or architectures[0] != "T5ForConditionalGeneration"
+    ):
+        raise UnsupportedError(
+            f"architectures: {_short(architectures)} is not modelled for model_type 't5', only "
+            "T5ForConditionalGeneration; use --engine trace"
+        )
+    d = f.positive_int("d_model")
+    a = f.positive_int("num_heads", 8)
+    projection = f.string("feed_forward_proj", "relu")
+    parts = projection.split("-")
+    if len(parts) > 2 or (len(parts) == 2 and parts[0] != "gated"):
+        raise SpecError(
+            "feed_forward_proj",
+            f"must be 'gated-{{ACT_FN}}' or '{{ACT_FN}}' (e.g. 'gated-gelu', 'relu'), got "
+            f"{_short(projection)}",
+        )
+    gated = parts[0] == "gated"
+    # T5Config.__post_init__: "gated-gelu" runs gelu_new (the tanh formula)
+    act = "gelu_new" if projection == "gated-gelu" else parts[-1]
+    encoder_layers = f.positive_int("num_layers", 6)
+    dropout = f.prob("dropout_rate", 0.1)
+    # transformers 5 T5Config.__post_init__: "we tie weights always and force it to be True";
+    # the config's tie_word_embeddings only decides whether the decoder output is scaled by
+    # d_model**-0.5 (``scale_decoder_outputs``; false for T5 v1.1 / Flan-T5). So Flan-T5's
+    # separate lm_head of the checkpoint (published 2.85B for flan-t5-xl) is not a parameter
+    # of the transformers 5 model (2.78B).
+    scale = f.flag("tie_word_embeddings", True)
+    return dict(
+        architecture="encoder-decoder",
+        num_layers=encoder_layers,
+        num_decoder_layers=f.positive_int("num_decoder_layers", encoder_layers),
+        hidden_size=d,
+        num_heads=a,
+        num_kv_heads=a,
+        head_dim=f.positive_int("d_kv", 64),
+        intermediate_size=f.positive_int("d_ff", 2048),
+        mlp_kind="gated" if gated else "gelu",
+        hidden_act=act,
+        norm_kind="rmsnorm",
+        vocab_size=f.positive_int("vocab_size", 32128),
+        # relative position buckets set no hard limit; n_positions is the trained length
+        # (512) and the default --seq-len
+        max_position_embeddings=f.positive_int("n_positions", 512),
+        position_kind="none",
+        relative_attention_buckets=f.positive_int("relative_attention_num_buckets", 32),
+        tie_word_embeddings=True,
+        scale_tied_output=scale,
+        head="seq2seq-lm",
+        hidden_dropout=dropout,
+        attention_dropout=dropout,
+        embedding_dropout=dropout,
+    )
+
+
 _TRANSLATORS: dict[str, Callable[[_Fields], dict[str, Any]]] = {
     "bert": _bert,
+    "clip_vision_model": _clip_vision_model,
+    "deepseek_v3": _deepseek_v3,
+    "dinov2": _dinov2,
+    "siglip_vision_model": _siglip_vision_model,
+    "t5": _t5,
     "falcon": _falcon,
     "gemma": _gemma,
     "gemma2": _gemma2,
