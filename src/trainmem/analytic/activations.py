@@ -67,8 +67,12 @@ from trainmem.units import dtype_bytes
 
 #: HF activation names implemented as one fused kernel that saves only its input.
 FUSED_ACTIVATIONS = frozenset(
-    {"gelu", "gelu_pytorch_tanh", "relu", "silu", "swish", "gelu_python", "quick_gelu", "tanh"}
+    {"gelu", "gelu_pytorch_tanh", "relu", "silu", "swish", "gelu_python", "tanh"}
 )
+#: HF activation names written as ``x * sigmoid(1.702 * x)`` (transformers/activations.py
+#: ``QuickGELUActivation``, CLIP's ``quick_gelu``): the multiplication saves x and the sigmoid's
+#: output, the sigmoid its output, so three i-sized tensors with the down projection's input.
+SIGMOID_FORMULA_ACTIVATIONS = frozenset({"quick_gelu"})
 #: HF activation names written as separate tanh-formula ops (transformers/activations.py
 #: ``NewGELUActivation``, ``FastGELUActivation``).
 TANH_FORMULA_ACTIVATIONS = frozenset({"gelu_new", "gelu_fast"})
@@ -118,6 +122,8 @@ def _activation_fn_saved_bytes(model: ModelSpec, training: TrainingConfig, width
             return (4 + 4 + 4 + c + c) * width
         # x, tanh out, 0.5*x, 1+tanh, output (saved by down): five tensors of the compute dtype
         return 5 * c * width
+    if model.hidden_act in SIGMOID_FORMULA_ACTIVATIONS and not fused:
+        return 3 * c * width  # x, sigmoid(1.702 x), and the product saved by down
     return 2 * c * width  # input saved by the kernel, output saved by the down projection
 
 

@@ -50,7 +50,34 @@ def _head_class(transformers: Any, config: Any, raw: Mapping[str, Any]) -> Any:
         return transformers.AutoModelForMaskedLM
     if config.model_type == "vit":
         return transformers.AutoModelForImageClassification
+    if config.model_type in VISION_TOWER_TYPES:
+        return transformers.AutoModel
+    if config.model_type == "t5":
+        return transformers.T5ForConditionalGeneration
     return transformers.AutoModelForCausalLM
+
+
+VISION_TOWER_TYPES = frozenset({"clip_vision_model", "siglip_vision_model", "dinov2"})
+"""Bare vision towers (``CLIPVisionModel``, ``SiglipVisionModel``, ``Dinov2Model``): they take
+``pixel_values`` and return no loss (:func:`attach_pooled_loss`)."""
+
+
+def attach_pooled_loss(model: Any) -> None:
+    """Give a bare vision tower a training loss, in place: ``output.loss =
+    output.pooler_output.float().mean()``, the mean of the pooled output in fp32 (CLIP: the
+    [CLS] row after ``post_layernorm``; SigLIP: the attention-pooling head's output; DINOv2: the
+    [CLS] row of the final ``layernorm``; the modeling files' ``pooler_output``). A tower has no
+    loss of its own; what a real recipe puts on top (a contrastive or distillation loss on the
+    pooled embedding) holds a few (b, h) tensors, as this one does.
+    """
+    forward = model.forward
+
+    def forward_with_loss(*args: Any, **kwargs: Any) -> Any:
+        out = forward(*args, **kwargs)
+        out.loss = out.pooler_output.float().mean()
+        return out
+
+    model.forward = forward_with_loss
 
 
 def build_hf_model(
@@ -144,6 +171,8 @@ def build_hf_training_model(
         dtype=dtype,
         device=device,
     )
+    if raw_config.get("model_type") in VISION_TOWER_TYPES:
+        attach_pooled_loss(model)
     model = apply_lora(model, training)
     model.train()
     return model
@@ -176,16 +205,22 @@ def materialize_fake(model: Any, fake_mode: Any) -> None:
                 m._buffers[n] = conv(b)
 
 
-def make_hf_batch(model: Any, micro_batch_size: int, seq_len: int) -> dict[str, Any]:
+def make_hf_batch(
+    model: Any, micro_batch_size: int, seq_len: int, target_seq_len: int = 0
+) -> dict[str, Any]:
     """One unpadded training batch for a HF model (call inside the fake mode for fake tensors).
 
     Shapes: ``input_ids``/``labels`` [b, s] int64 (causal and masked LM), ViT ``pixel_values``
-    [b, c, image, image] in the parameter dtype with ``labels`` [b].
+    [b, c, image, image] in the parameter dtype with ``labels`` [b]; a bare vision tower
+    (:data:`VISION_TOWER_TYPES`) ``pixel_values`` only; T5 ``input_ids`` [b, s] and ``labels``
+    [b, target] (``T5ForConditionalGeneration`` shifts them into ``decoder_input_ids``,
+    modeling_t5.py ``_shift_right``).
 
     Args:
         model: the HF model (its ``config`` decides the inputs).
         micro_batch_size: b.
-        seq_len: s.
+        seq_len: s (the encoder's for T5).
+        target_seq_len: the decoder's length for T5; 0 means ``seq_len``.
 
     Returns:
         Keyword arguments of ``model(**batch)``, including ``labels`` so the model returns a loss.
@@ -198,6 +233,15 @@ def make_hf_batch(model: Any, micro_batch_size: int, seq_len: int) -> dict[str, 
         return {
             "pixel_values": torch.randn(b, cfg.num_channels, size, size, dtype=dtype),
             "labels": torch.randint(0, max(cfg.num_labels, 1), (b,)),
+        }
+    if cfg.model_type in VISION_TOWER_TYPES:
+        dtype = next(model.parameters()).dtype
+        size = cfg.image_size
+        return {"pixel_values": torch.randn(b, cfg.num_channels, size, size, dtype=dtype)}
+    if cfg.model_type == "t5":
+        return {
+            "input_ids": torch.randint(0, cfg.vocab_size, (b, s)),
+            "labels": torch.randint(0, cfg.vocab_size, (b, target_seq_len or s)),
         }
     ids = torch.randint(0, cfg.vocab_size, (b, s))
     return {"input_ids": ids, "labels": ids.clone()}
