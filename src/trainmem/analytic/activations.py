@@ -129,11 +129,7 @@ def _activation_fn_saved_bytes(model: ModelSpec, training: TrainingConfig, width
 
 def layer_linear_weights(model: ModelSpec) -> int:
     """Weight elements of the linears of one layer (all experts for MoE), no biases."""
-    h, i = model.hidden_size, model.intermediate_size
-    attn = h * model.num_heads * model.head_dim * 2 + h * model.num_kv_heads * model.head_dim * 2
-    mlp = (3 if model.mlp_kind == "gated" else 2) * h * i * model.num_experts
-    router = h * model.num_experts if model.num_experts > 1 else 0
-    return attn + mlp + router
+    return sum(fan_in * fan_out * n for fan_in, fan_out, n in linear_shapes(model).values())
 
 
 def autocast_weight_copy_bytes(model: ModelSpec, training: TrainingConfig) -> int:

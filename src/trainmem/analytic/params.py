@@ -27,8 +27,10 @@ def linear_shapes(model: ModelSpec) -> LinearShapes:
         fused (GPT-2 ``c_attn``, Falcon / GPT-NeoX ``query_key_value``), else ``q``, ``k``,
         ``v``; ``o``; ``up`` / ``down`` (and ``gate`` for gated MLPs), counted once per expert
         for MoE; ``router`` for MoE; MLA's ``q_a`` / ``q_b`` / ``kv_a`` / ``kv_b``; T5 decoder
-        blocks' ``cross_q`` ... ``cross_o``; a shared expert's ``shared_gate`` / ``shared_up`` /
-        ``shared_down``. One block of one kind (:meth:`ModelSpec.layer_kinds`).
+        blocks' ``cross_q`` ... ``cross_o``; ``shared_gate`` / ``shared_up`` / ``shared_down``
+        and ``shared_expert_gate`` for a shared expert (Qwen2-MoE, DeepSeek-V3). A fused module
+        (Phi-3 ``gate_up_proj``, GPT-2 ``c_attn``) has the parameters of its parts. One block of
+        one kind (:meth:`ModelSpec.layer_kinds`).
 
     Source: the attention and MLP modules of each family (e.g. transformers
     ``models/llama/modeling_llama.py`` ``LlamaAttention``, ``LlamaMLP``).
@@ -77,10 +79,13 @@ def linear_shapes(model: ModelSpec) -> LinearShapes:
         shapes["router"] = (h, e, 1)
     si = model.shared_expert_intermediate_size
     if si:
-        # DeepseekV3MoE.shared_experts: a DeepseekV3MLP of n_shared_experts * moe_intermediate
+        # Qwen2MoeSparseMoeBlock.shared_expert (a gated MLP) and shared_expert_gate;
+        # DeepseekV3MoE.shared_experts, a DeepseekV3MLP of n_shared_experts * moe_intermediate
         shapes["shared_gate"] = (h, si, 1)
         shapes["shared_up"] = (h, si, 1)
         shapes["shared_down"] = (si, h, 1)
+        if model.shared_expert_gate:
+            shapes["shared_expert_gate"] = (h, 1, 1)
     return shapes
 
 
@@ -88,9 +93,11 @@ ATTENTION_LINEARS = frozenset(
     {"qkv", "q", "k", "v", "o", "q_a", "q_b", "kv_a", "kv_b"}
     | {"cross_q", "cross_k", "cross_v", "cross_o"}
 )
-"""Names :func:`linear_shapes` gives the attention's weight matrices."""
-MLP_LINEARS = frozenset({"gate", "up", "down", "shared_gate", "shared_up", "shared_down"})
-"""Names :func:`linear_shapes` gives the MLP's weight matrices (experts included)."""
+"""The linears of :func:`linear_shapes` that belong to the attention (``layers/attention``)."""
+MLP_LINEARS = frozenset(
+    {"gate", "up", "down", "shared_gate", "shared_up", "shared_down", "shared_expert_gate"}
+)
+"""The linears of :func:`linear_shapes` that belong to the MLP (``layers/mlp``)."""
 
 
 def _norm_params(model: ModelSpec, width: int) -> int:
@@ -143,7 +150,8 @@ def parameter_counts(model: ModelSpec) -> dict[str, int]:
 
     Source: per family, ``XEmbeddings`` / ``XModel.__init__`` / ``XFor...`` heads in
     transformers (gpt2, bert, vit, llama, mistral, mixtral, qwen2, gemma, phi, falcon,
-    gpt_neox modeling files).
+    gpt_neox, phi3, olmo2, starcoder2, gpt_bigcode, bloom, gemma3, qwen2_moe, qwen3_moe
+    modeling files).
     """
     h, V = model.hidden_size, model.vocab_size
     out: dict[str, int] = {}
@@ -208,7 +216,14 @@ def _block_counts(block: ModelSpec) -> dict[str, int]:
     shapes = linear_shapes(block)
     attn_w = sum(i * o * n for name, (i, o, n) in shapes.items() if name in ATTENTION_LINEARS)
     mlp_w = sum(i * o * n for name, (i, o, n) in shapes.items() if name in MLP_LINEARS)
-    qk_norm = 2 * _norm_params(block, block.head_dim) if block.qk_norm else 0
+    qk_norm = 0
+    if block.qk_norm and block.qk_norm_full_width:
+        # Olmo2Attention: q_norm = RMSNorm(a * d), k_norm = RMSNorm(k * d)
+        qk_norm = _norm_params(block, block.num_heads * block.head_dim) + _norm_params(
+            block, block.num_kv_heads * block.head_dim
+        )
+    elif block.qk_norm:
+        qk_norm = 2 * _norm_params(block, block.head_dim)
     # MLA: q_a_layernorm and kv_a_layernorm (DeepseekV3RMSNorm) on the latents
     latent_norms = (
         _norm_params(block, block.q_lora_rank) + _norm_params(block, block.kv_lora_rank)

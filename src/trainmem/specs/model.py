@@ -163,6 +163,25 @@ class ModelSpec:
     """Fraction of head_dim that is rotated by RoPE (Phi-2 0.4, GPT-NeoX ``rotary_pct``)."""
     pooler_output_size: int | None = None
     """Width of a ViT pooler's dense layer; None means hidden_size (always so for BERT)."""
+    fused_gate_up: bool = False
+    """Gate and up projections are one HF module (Phi-3 ``gate_up_proj``, output chunked)."""
+    qk_norm_full_width: bool = False
+    """The q/k norms span the whole projection (OLMo-2 ``q_norm`` = RMSNorm(a * d), ``k_norm`` =
+    RMSNorm(k * d)) instead of one head (Qwen3, Gemma-3: RMSNorm(head_dim))."""
+    pre_norms: bool = True
+    """Norms on the inputs of attention and MLP (pre-LN); OLMo-2 has none."""
+    output_norms: bool = False
+    """Norms on the outputs of attention and MLP before the residual add (Gemma-2/3
+    ``post_attention_layernorm`` / ``post_feedforward_layernorm``, OLMo-2)."""
+    shared_expert_intermediate_size: int = 0
+    """Width of an always-on gated shared expert next to the routed ones (Qwen2-MoE
+    ``shared_expert``; DeepSeek-V3 ``shared_experts``, ``n_shared_experts *
+    moe_intermediate_size``); 0 for none."""
+    shared_expert_gate: bool = False
+    """A sigmoid gate Linear(h, 1) scales the shared expert's output (Qwen2-MoE)."""
+    gemma_norm: bool = False
+    """RMSNorm computes ``x * (1 + w)`` in fp32 and casts at the end (Gemma ``GemmaRMSNorm``),
+    so it saves its fp32 normalised tensor rather than one in the input dtype."""
 
     # -- vision towers (CLIP / SigLIP / DINOv2) -------------------------------------------
     class_token: bool = True
@@ -194,9 +213,6 @@ class ModelSpec:
     """MLA: the rotary part of each query/key head (the key's is shared by all heads)."""
     v_head_dim: int = 0
     """MLA: value head width (``o_proj`` reads a * v_head_dim)."""
-    shared_expert_intermediate_size: int = 0
-    """Inner width of the always-active shared expert MLP (DeepSeek ``n_shared_experts *
-    moe_intermediate_size``); 0 = none."""
     dense_layers: int = 0
     """Leading blocks with a dense MLP instead of MoE (DeepSeek ``first_k_dense_replace``)."""
     dense_intermediate_size: int = 0
@@ -365,6 +381,7 @@ class ModelSpec:
                 num_experts=1,
                 num_experts_per_tok=1,
                 shared_expert_intermediate_size=0,
+                shared_expert_gate=False,
                 intermediate_size=self.dense_intermediate_size or self.intermediate_size,
             )
             kinds.append((self.dense_layers, dense))
