@@ -57,6 +57,7 @@ Note [Activation checkpointing]
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from trainmem.analytic.params import linear_shapes
@@ -128,7 +129,11 @@ def _activation_fn_saved_bytes(model: ModelSpec, training: TrainingConfig, width
 
 
 def layer_linear_weights(model: ModelSpec) -> int:
-    """Weight elements of the linears of one layer (all experts for MoE), no biases."""
+    """Weight elements of the linears of one layer (all experts for MoE), no biases; the mean
+    block of a model with blocks of several kinds (``_mean_terms``)."""
+    mean = _mean_terms(model, lambda block: {"": layer_linear_weights(block)})
+    if mean is not None:
+        return mean[""]
     return sum(fan_in * fan_out * n for fan_in, fan_out, n in linear_shapes(model).values())
 
 
@@ -196,10 +201,42 @@ def sdpa_expands_kv(training: TrainingConfig) -> bool:
 
 
 def tokens_per_sequence(model: ModelSpec, training: TrainingConfig) -> int:
-    """Sequence length the layers see: ``seq_len``, or patches + 1 (CLS) for a ViT."""
+    """Sequence length the layers see: ``seq_len``; patches (+ 1 for [CLS], none in SigLIP) for a
+    vision encoder; the target length for a T5 decoder block (``cross_attention``) and for the
+    LM head of an encoder-decoder (:attr:`TrainingConfig.decoder_seq_len`)."""
     if model.architecture == "vision-encoder":
-        return model.num_patches + 1
+        return model.num_patches + int(model.class_token)
+    if model.cross_attention or (
+        model.architecture == "encoder-decoder" and not model.num_decoder_layers
+    ):
+        return training.decoder_seq_len
     return training.seq_len
+
+
+def _output_tokens(model: ModelSpec, training: TrainingConfig) -> int:
+    """Tokens per sequence the head and the loss see: the decoder's for an encoder-decoder."""
+    if model.architecture == "encoder-decoder":
+        return training.decoder_seq_len
+    return tokens_per_sequence(model, training)
+
+
+def _mean_terms(
+    model: ModelSpec, fn: Callable[[ModelSpec], dict[str, int]]
+) -> dict[str, int] | None:
+    """``fn`` of a mean block when the model has blocks of several kinds
+    (:meth:`ModelSpec.layer_kinds`): every term weighted by the share of blocks of each kind,
+    so the sum over all blocks is exact to a byte per term and block; None for a
+    homogeneous model. The schedule holds identical layers, so DeepSeek-V3's dense and MoE
+    blocks and T5's encoder and decoder blocks are each held as that mean."""
+    kinds = model.layer_kinds()
+    if len(kinds) == 1:
+        return None
+    total = model.num_blocks
+    out: dict[str, int] = {}
+    for count, block in kinds:
+        for key, value in fn(block).items():
+            out[key] = out.get(key, 0) + value * count
+    return {k: -(-v // total) for k, v in out.items()}
 
 
 def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[str, int]:
@@ -207,8 +244,12 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
 
     Returns:
         Term name -> bytes for the whole micro-batch (b sequences). Terms of size a*s*s are
-        prefixed ``scores/``. See Note [Activation terms] for every term's source.
+        prefixed ``scores/``. See Note [Activation terms] for every term's source; a model
+        with blocks of several kinds gives its mean block (``_mean_terms``).
     """
+    mean = _mean_terms(model, lambda block: layer_activation_terms(block, training))
+    if mean is not None:
+        return mean
     b = training.micro_batch_size
     s = tokens_per_sequence(model, training)
     t = b * s
@@ -285,6 +326,15 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
         terms["mlp/activation"] = _activation_fn_saved_bytes(model, training, i) * t * k_top
     if p_hidden:
         terms["mlp/dropout_mask"] = h * t
+    if model.shared_expert_intermediate_size:
+        _add_shared_expert(terms, model, training, t=t)
+    if model.layer_scale:
+        # Dinov2LayerScale: ``hidden_state * self.lambda1`` saves its input (the attention's /
+        # MLP's output, compute dtype) for lambda1's gradient (modeling_dinov2.py)
+        terms["attention/layer_scale_input"] = c * h * t
+        terms["mlp/layer_scale_input"] = c * h * t
+    if model.mla:
+        _apply_mla(terms, model, training, t=t)
     if mixed:
         terms["autocast_weight_copies"] = autocast_weight_copy_bytes(model, training)
     if training.is_lora:
@@ -292,6 +342,57 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
     if training.conventions.own_model_code:
         _apply_litgpt_attention(terms, model, training, t=t)
     return split_for_parallelism(terms, training)
+
+
+def _add_shared_expert(
+    terms: dict[str, int], model: ModelSpec, training: TrainingConfig, *, t: int
+) -> None:
+    """An always-active gated MLP next to the routed experts, on every token (DeepSeek-V3
+    ``DeepseekV3MoE.shared_experts``, Qwen2-MoE ``shared_expert``): its input copies under
+    autocast (gate, up) and gate, act(gate), up and their product, as a dense gated MLP
+    (Note [Activation terms])."""
+    c, _ = compute_and_residual_bytes(training)
+    si = model.shared_expert_intermediate_size
+    terms["mlp/shared_input"] = c * model.hidden_size * t * (2 if training.uses_autocast else 1)
+    terms["mlp/shared_gated"] = 4 * c * si * t
+
+
+def _apply_mla(
+    terms: dict[str, int], model: ModelSpec, training: TrainingConfig, *, t: int
+) -> None:
+    """Multi-head latent attention's saved tensors, in place of the q/k/v terms
+    (modeling_deepseek_v3.py ``DeepseekV3Attention.forward``, SDPA path).
+
+    * The normed input is read by two linears (``q_a_proj`` or ``q_proj``, and
+      ``kv_a_proj_with_mqa``): two 16-bit copies under autocast.
+    * ``q_a_layernorm`` / ``kv_a_layernorm`` are HF RMSNorms on 16-bit latents: the fp32 upcast,
+      the rstd and the normalised 16-bit tensor (the ``kv_nope`` slice is strided, so its upcast
+      is a copy either way); their fp32 outputs (fp32 weight times 16-bit tensor) are cast again
+      for ``q_b_proj`` / ``kv_b_proj``.
+    * The rotary halves are multiplied by the fp32 cos / sin, so ``torch.cat((q_pass, q_rot))``
+      is fp32; SDPA (on autocast's lower-precision list) saves its 16-bit cast. The keys are a
+      new (b, a, s, qk_nope + qk_rope) tensor (``expand_kv``: ``new_empty`` + two ``copy_``).
+      The values are a slice of ``kv_b_proj``'s output, so SDPA's saved value keeps all of it
+      (a * (qk_nope + v_head_dim) per token).
+    * Queries/keys (qk_nope + qk_rope) and values (v_head_dim) differ in width, which FlashAttention
+      refuses (``check_head_dim_size_flash``); the memory-efficient kernel runs and saves its
+      output (a * v_head_dim) and a fp32 logsumexp.
+    """
+    c, _ = compute_and_residual_bytes(training)
+    h, a, d, v = model.hidden_size, model.num_heads, model.head_dim, model.v_head_dim
+    nope = d - model.qk_rope_head_dim
+    mixed = training.uses_autocast
+    terms["attention/qkv_input"] = c * h * t * (2 if mixed else 1)
+    for rank, name in ((model.q_lora_rank, "q"), (model.kv_lora_rank, "kv")):
+        if rank:
+            terms[f"attention/{name}_latent_norm"] = (4 * rank + c * rank + 4) * t
+            terms[f"attention/{name}_latent_input"] = c * rank * t
+    terms["attention/q_k"] = 2 * c * a * d * t
+    terms["attention/v"] = c * a * (nope + v) * t
+    if "attention/sdpa_output" in terms:
+        terms["attention/sdpa_output"] = c * a * v * t
+    if "attention/out_proj_input" in terms:
+        terms["attention/out_proj_input"] = c * a * v * t
 
 
 def _apply_litgpt_attention(
@@ -514,10 +615,15 @@ def embedding_activation_bytes(model: ModelSpec, training: TrainingConfig) -> di
     out: dict[str, int] = {}
     if model.architecture == "vision-encoder":
         out["inputs/pixel_values"] = b * model.num_channels * model.image_size**2 * (c + 4)
+    elif model.architecture == "encoder-decoder":
+        # input_ids (source), labels and the decoder_input_ids shifted from them (target)
+        out["inputs/token_ids_and_labels"] = 8 * t + 2 * 8 * b * training.decoder_seq_len
     else:
         out["inputs/token_ids_and_labels"] = 8 * t * 2
     if model.position_kind == "rotary":
-        out["rotary_cos_sin"] = 2 * r * t * model.head_dim
+        # DeepSeek's rotary tables span the rotary part only (config.head_dim = qk_rope_head_dim)
+        width = model.qk_rope_head_dim if model.mla else model.head_dim
+        out["rotary_cos_sin"] = 2 * r * t * width
     if model.embedding_norm:
         out["embedding_norm"] = _norm_saved_bytes(model, r) * t
     if training.dropout and model.embedding_dropout > 0:
@@ -534,16 +640,22 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
     (transformers/loss/loss_utils.py). Classification heads keep only the pooled vector.
     """
     b = training.micro_batch_size
-    s = tokens_per_sequence(model, training)
+    s = _output_tokens(model, training)
     t = b * s
     c, r = compute_and_residual_bytes(training)
     h, v = model.hidden_size, model.vocab_size
     out: dict[str, int] = {}
+    if model.architecture == "vision-encoder" and model.vision_pooler != "dense":
+        return split_for_parallelism(_vision_pooler_bytes(model, training, t=t), training)
+    if model.architecture == "encoder-decoder":
+        # the encoder stack's final_layer_norm, on the source tokens
+        t_source = b * training.seq_len
+        out["encoder_final_norm"] = _norm_saved_bytes(model, r) * t_source
     if model.architecture != "encoder" or model.head == "masked-lm":
         out["final_norm"] = (
             _norm_saved_bytes(model, r, trainable=not training.is_lora and not training.compile) * t
         )
-    if model.head in ("causal-lm", "masked-lm"):
+    if model.head in ("causal-lm", "masked-lm", "seq2seq-lm"):
         if model.head == "masked-lm":
             out["mlm_transform"] = (2 * c * h + _norm_saved_bytes(model, r)) * t
         lm_head_frozen = training.is_lora and "lm_head" not in training.lora_targets
@@ -569,6 +681,37 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
     return split_for_parallelism(out, training)
 
 
+def _vision_pooler_bytes(model: ModelSpec, training: TrainingConfig, *, t: int) -> dict[str, int]:
+    """Bytes a bare vision tower's pooling keeps for backward (``ModelSpec.vision_pooler``),
+    with the loss trainmem's trace puts on it (the fp32 mean of ``pooler_output``, which saves
+    nothing).
+
+    * ``cls-norm`` (CLIP ``post_layernorm(last_hidden_state[:, 0, :])``): LayerNorm saves its
+      input, a view of the last block's output, so all of it (r*h per token) stays alive.
+    * ``cls`` (DINOv2 ``layernorm(sequence)[:, 0, :]``): the final LayerNorm saves its input.
+    * ``attention-probe`` (SigLIP ``post_layernorm`` then ``SiglipMultiheadAttentionPoolingHead``):
+      the LayerNorm's input; ``nn.MultiheadAttention`` projects keys and values of every patch
+      with one packed linear (``F._in_projection_packed``, k is v), which saves its 16-bit input
+      copy, and makes the (2, b, s, h) projection contiguous, which the attention's ``bmm``
+      calls save (``need_weights=True`` takes the explicit path); the probe's query, scores
+      and MLP are one token per image.
+    Source: modeling_clip.py ``CLIPVisionModel.forward``, modeling_dinov2.py ``Dinov2Model``,
+    modeling_siglip.py; torch/nn/functional.py ``multi_head_attention_forward``.
+    """
+    c, r = compute_and_residual_bytes(training)
+    h, b = model.hidden_size, training.micro_batch_size
+    out: dict[str, int] = {}
+    if model.vision_pooler == "cls-norm":
+        out["final_norm"] = r * h * t + 8 * b
+    else:
+        out["final_norm"] = _norm_saved_bytes(model, r) * t
+    if model.vision_pooler == "attention-probe":
+        out["pooler/kv_input"] = c * h * t
+        out["pooler/kv"] = 2 * c * h * t
+    out["pooled"] = 4 * h * b
+    return out
+
+
 def quantized_lm_head(training: TrainingConfig) -> bool:
     """The LM head is quantized with the rest of the base: lit-gpt's ``--quantize bnb.*``
     replaces every ``nn.Linear``, the LM head too (lit_gpt/utils.py, Fabric's
@@ -582,7 +725,11 @@ def lm_head_dequant_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     (forward, and again for the input gradient in backward) when the head is quantized
     (:func:`quantized_lm_head`): bitsandbytes ``MatMul4Bit`` dequantizes the whole (V, h) weight
     (bitsandbytes/autograd/_functions.py ``F.dequantize_4bit``), 0 otherwise."""
-    if not quantized_lm_head(training) or model.head not in ("causal-lm", "masked-lm"):
+    if not quantized_lm_head(training) or model.head not in (
+        "causal-lm",
+        "masked-lm",
+        "seq2seq-lm",
+    ):
         return 0
     c, _ = compute_and_residual_bytes(training)
     return c * model.vocab_size * model.hidden_size // training.tensor_parallel_size
@@ -592,9 +739,9 @@ def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
     """Bytes live only at the end of forward, when the loss runs: the logits (c per value) and,
     when the loss upcasts 16-bit logits, their fp32 copy (one chunk of it with a chunked loss).
     Source: transformers/loss/loss_utils.py ``ForCausalLMLoss`` (``logits.float()``)."""
-    if model.head not in ("causal-lm", "masked-lm"):
+    if model.head not in ("causal-lm", "masked-lm", "seq2seq-lm"):
         return 0
-    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    t = training.micro_batch_size * _output_tokens(model, training)
     c, _ = compute_and_residual_bytes(training)
     v = model.vocab_size
     chunk = -(-t // max(training.chunked_cross_entropy, 1))
@@ -616,9 +763,9 @@ def loss_backward_transient_bytes(model: ModelSpec, training: TrainingConfig) ->
     dtype when the loss does not upcast. DTensor's loss parallel (torchtitan, vocabulary-sharded
     logits) holds three: its ``_log_softmax_backward`` and the masked ``nll_loss`` gradient
     (torch/distributed/tensor/parallel/loss.py; seen in the trace of llama-3.2-1b, TP 2)."""
-    if model.head not in ("causal-lm", "masked-lm"):
+    if model.head not in ("causal-lm", "masked-lm", "seq2seq-lm"):
         return 0
-    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    t = training.micro_batch_size * _output_tokens(model, training)
     c, _ = compute_and_residual_bytes(training)
     per_value = 4 if training.loss_upcast else c
     chunks = max(training.chunked_cross_entropy, 1)
@@ -639,7 +786,16 @@ def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tup
     what it saved. MLP: the gradients of its intermediate (2 i-sized tensors, 3 for gated
     MLPs) and under autocast the 16-bit weight gradient of its largest linear before it is cast
     into the fp32 ``.grad``. Attention (eager only): two score-sized gradients. The MLP's
-    backward runs first, and by the attention's backward the MLP's saved tensors are freed."""
+    backward runs first, and by the attention's backward the MLP's saved tensors are freed. A
+    model with blocks of several kinds takes the largest of each part over its kinds."""
+    kinds = model.layer_kinds()
+    if len(kinds) > 1:
+        parts = [backward_layer_transients(block, training) for _, block in kinds]
+        return (
+            max(p[0] for p in parts),
+            max(p[1] for p in parts),
+            max(p[2] for p in parts),
+        )
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     c, r = compute_and_residual_bytes(training)
     i, h = model.intermediate_size, model.hidden_size
@@ -684,6 +840,9 @@ def op_selective_saved_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     ``torch.utils.checkpoint.create_selective_checkpoint_contexts``. See Note [Activation
     checkpointing].
     """
+    mean = _mean_terms(model, lambda block: {"": op_selective_saved_bytes(block, training)})
+    if mean is not None:
+        return mean[""]
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     c, r = compute_and_residual_bytes(training)
     k_top = model.num_experts_per_tok if model.num_experts > 1 else 1
@@ -733,6 +892,20 @@ def activation_profile(model: ModelSpec, training: TrainingConfig) -> Activation
     if mode == "full":
         per_layer = r * model.hidden_size * t // parallel_divisor("layer_input", training)
         recompute = full_layer
+        kinds = model.layer_kinds()
+        if len(kinds) > 1:  # the mean block's input; the largest kind is recomputed
+            mean = _mean_terms(
+                model,
+                lambda block: {
+                    "": r
+                    * model.hidden_size
+                    * training.micro_batch_size
+                    * tokens_per_sequence(block, training)
+                },
+            )
+            assert mean is not None
+            per_layer = mean[""] // parallel_divisor("layer_input", training)
+            recompute = max(sum(layer_activation_terms(b, training).values()) for _, b in kinds)
     elif mode == "selective" and training.attention == "eager":
         per_layer = sum(v for k, v in terms.items() if not k.startswith("scores/"))
         recompute = full_layer - per_layer
@@ -748,7 +921,7 @@ def activation_profile(model: ModelSpec, training: TrainingConfig) -> Activation
         recompute=recompute,
         embedding=sum(emb.values()),
         head=sum(head.values()),
-        num_layers=model.num_layers,
+        num_layers=model.num_blocks,
         terms=terms,
         head_terms={**emb, **head},
     )

@@ -96,7 +96,9 @@ def make_cuda_sdpa(force: str | None = None) -> Callable[..., Any]:
         ):
             d = query.shape[-1]
             kernel = force or choose_kernel(query.dtype, d, attn_mask is not None)
-            if kernel == "flash" and attn_mask is not None:
+            if kernel == "flash" and (attn_mask is not None or value.shape[-1] != d):
+                # flash needs one head dim for q, k and v (sdp_utils.cpp
+                # check_head_dim_size_flash); DeepSeek's MLA has 192 for q/k, 128 for v
                 kernel = "efficient"
             if kernel == "flash":
                 out = torch.ops.aten._scaled_dot_product_flash_attention(
