@@ -326,6 +326,8 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
         terms["mlp/activation"] = _activation_fn_saved_bytes(model, training, i) * t * k_top
     if p_hidden:
         terms["mlp/dropout_mask"] = h * t
+    if model.grouped_experts and model.num_experts > 1 and training.conventions.hf_model_code:
+        _apply_grouped_experts(terms, model, training, t=t, k_top=k_top)
     if model.shared_expert_intermediate_size:
         _add_shared_expert(terms, model, training, t=t)
     if model.layer_scale:
@@ -342,6 +344,39 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
     if training.conventions.own_model_code:
         _apply_litgpt_attention(terms, model, training, t=t)
     return split_for_parallelism(terms, training)
+
+
+def _apply_grouped_experts(
+    terms: dict[str, int], model: ModelSpec, training: TrainingConfig, *, t: int, k_top: int
+) -> None:
+    """Routed experts as transformers 5 runs 3D expert weights (``@use_experts_implementation``,
+    transformers/integrations/moe.py ``grouped_mm_experts_forward``), in place of the per-expert
+    terms; S = t * top-k routed token slots, w = bytes of the weight dtype.
+
+    * The grouped matmul is not autocast-enabled: it runs in the weights' dtype
+      (``input.to(weight.dtype)``; fp32 master weights under AMP). It saves the gathered
+      tokens ``hidden_states[perm // top_k]`` (the residual dtype r; a w copy when r != w),
+      the gate/up output (2i, which the gate's activation keeps through its ``chunk`` view),
+      the activation's output and the product (i each), the down output (saved by the routing
+      weights' multiplication), and the int64 sort indices (``perm // top_k``, ``perm``,
+      ``inv_perm``) and the gathered routing weights.
+    * DeepSeek's router (``DeepseekV3TopkRouter``: ``F.linear(x.float(), w.float())``, autocast
+      casts both back to 16-bit) saves the 16-bit input copy, the sigmoid's output (E per
+      token), the top-k indices (int64) and the normalisation's operands.
+    Source: modeling_deepseek_v3.py ``DeepseekV3Experts`` / ``DeepseekV3TopkRouter``;
+    transformers/integrations/moe.py (traced: ``trainmem.trace`` on a 2-layer DeepSeek-V3).
+    """
+    c, r = compute_and_residual_bytes(training)
+    w = dtype_bytes(training.weight_dtype)
+    h, i, e = model.hidden_size, model.intermediate_size, model.num_experts
+    slots = t * k_top
+    terms["mlp/expert_inputs"] = r * h * slots + (w * h * slots if w != r else 0)
+    terms["mlp/input"] = 0
+    terms["mlp/gated"] = 4 * w * i * slots
+    terms["mlp/expert_outputs"] = w * h * slots
+    terms["mlp/expert_index"] = (3 * 8 + c) * slots
+    if model.sigmoid_router:
+        terms["mlp/router"] = (c * h + c * e + 8 * k_top + 2 * 4) * t
 
 
 def _add_shared_expert(

@@ -848,7 +848,7 @@ _HARD_ROWS: tuple[Family, ...] = (
         "models/deepseek_v3/modeling_deepseek_v3.py (DeepseekV3Attention: MLA; DeepseekV3MoE: "
         "DeepseekV3TopkRouter Linear(h, E), DeepseekV3Experts of moe_intermediate_size, "
         "shared_experts; DeepseekV3MLP in the first first_k_dense_replace layers)",
-        {**LLAMA_TRAITS, **_NO_MLP_BIAS},
+        {**LLAMA_TRAITS, **_NO_MLP_BIAS, "grouped_experts": True, "sigmoid_router": True},
         defaults=_llama_defaults(
             num_key_value_heads=None,
             max_position_embeddings=4096,

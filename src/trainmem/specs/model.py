@@ -213,6 +213,13 @@ class ModelSpec:
     """MLA: the rotary part of each query/key head (the key's is shared by all heads)."""
     v_head_dim: int = 0
     """MLA: value head width (``o_proj`` reads a * v_head_dim)."""
+    grouped_experts: bool = False
+    """Routed experts are 3D parameters that transformers 5 runs with its grouped matmul
+    (``@use_experts_implementation``, DeepSeek-V3 ``DeepseekV3Experts``), in the weights'
+    dtype."""
+    sigmoid_router: bool = False
+    """DeepSeek-V3's ``DeepseekV3TopkRouter``: sigmoid scores, group-limited top-k, normalised
+    weights scaled by ``routed_scaling_factor``."""
     dense_layers: int = 0
     """Leading blocks with a dense MLP instead of MoE (DeepSeek ``first_k_dense_replace``)."""
     dense_intermediate_size: int = 0
