@@ -337,6 +337,8 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
         terms["mlp/layer_scale_input"] = c * h * t
     if model.mla:
         _apply_mla(terms, model, training, t=t)
+    if model.architecture == "encoder-decoder":
+        _apply_t5(terms, model, training, t=t, norm=norm)
     if mixed:
         terms["autocast_weight_copies"] = autocast_weight_copy_bytes(model, training)
     if training.is_lora:
@@ -377,6 +379,53 @@ def _apply_grouped_experts(
     terms["mlp/expert_index"] = (3 * 8 + c) * slots
     if model.sigmoid_router:
         terms["mlp/router"] = (c * h + c * e + 8 * k_top + 2 * 4) * t
+
+
+def _apply_t5(
+    terms: dict[str, int], model: ModelSpec, training: TrainingConfig, *, t: int, norm: int
+) -> None:
+    """T5 blocks beyond the generic terms, in place (modeling_t5.py, SDPA path; traced with
+    ``trainmem.trace`` on 2-layer T5 and Flan-T5 configs).
+
+    * Relative position bias: the stack's fp32 bias (1, a, s, s) goes to SDPA as a float mask
+      (integrations/sdpa_attention.py ``create_position_bias_mask``), so the memory-efficient
+      kernel runs and saves autocast's 16-bit copy of it, one per block (a*s*s values, not per
+      sequence). A decoder block's self-attention adds the causal ``torch.where`` (its bool
+      condition, s*s bytes, is saved).
+    * Decoder blocks attend to the encoder output (``T5LayerCrossAttention``): a third norm,
+      q from the decoder (input copy and output), k and v from the encoder output (two input
+      copies and the cache's copies of k and v, source length), the kernel's output and
+      logsumexp, and a dropout mask on the residual branch.
+    * ``T5DenseActDense`` / ``T5DenseGatedActDense`` apply dropout between the activation and
+      ``wo`` (a mask of i bytes) and cast to ``wo``'s fp32 weight dtype, which autocast casts
+      back (``wo`` saves that 16-bit copy). Flan-T5's gated MLP multiplies the tanh-formula
+      GELU output (fp32 under autocast) by ``wi_1``'s output; the product saves both.
+    """
+    c, _ = compute_and_residual_bytes(training)
+    b = training.micro_batch_size
+    h, a, d, i = model.hidden_size, model.num_heads, model.head_dim, model.intermediate_size
+    s = tokens_per_sequence(model, training)
+    p_hidden = training.dropout and model.hidden_dropout > 0
+    terms["scores/position_bias"] = c * a * s * s
+    if model.cross_attention:
+        t_source = b * training.seq_len
+        terms["scores/causal_mask"] = s * s
+        terms["cross/norm"] = norm * t
+        terms["cross/q_input"] = c * h * t * (1 if training.uses_autocast else 0)
+        terms["cross/q"] = c * a * d * t
+        terms["cross/kv_input"] = 2 * c * h * t_source * (1 if training.uses_autocast else 0)
+        terms["cross/kv"] = 2 * c * a * d * t_source
+        terms["cross/sdpa_output"] = c * a * d * t
+        terms["cross/logsumexp"] = 4 * a * t
+        if p_hidden:
+            terms["cross/dropout_mask"] = h * t
+    if p_hidden:
+        terms["mlp/inner_dropout_mask"] = i * t
+    if model.mlp_kind == "gated" and training.uses_autocast:
+        act = _activation_fn_saved_bytes(model, training, i) - c * i  # without down's input
+        out = 4 if model.hidden_act in TANH_FORMULA_ACTIVATIONS else c
+        # act's saved tensors, its output and wi_1's (saved by the product), wo's input copy
+        terms["mlp/gated"] = (act + out * i + c * i + c * i) * t
 
 
 def _add_shared_expert(
