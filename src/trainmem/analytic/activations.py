@@ -712,7 +712,32 @@ def embedding_activation_bytes(model: ModelSpec, training: TrainingConfig) -> di
         out["embedding_norm"] = _norm_saved_bytes(model, r) * t
     if training.dropout and model.embedding_dropout > 0:
         out["embedding_dropout_mask"] = h * t
+    if model.architecture == "encoder-decoder":
+        out.update(_t5_stack_bytes(model, training))
     return split_for_parallelism(out, training)
+
+
+def _t5_stack_bytes(model: ModelSpec, training: TrainingConfig) -> dict[str, int]:
+    """What T5's two stacks keep besides their blocks (modeling_t5.py ``T5Stack.forward``,
+    ``T5Attention.compute_bias``): the int64 relative-position buckets (s*s, saved by the
+    bias embedding), the decoder's all-zero cross-attention bias (1, a, s_target, s_source)
+    made once in 16-bit by its first block and saved by every block's SDPA, the dropout masks
+    of the decoder's embeddings and of both stacks' output, and under full checkpointing the
+    checkpointed blocks' tensor inputs: each stack's fp32 position bias (1, a, s, s) and the
+    encoder output every decoder block reads."""
+    _, r = compute_and_residual_bytes(training)
+    b, a, h = training.micro_batch_size, model.num_heads, model.hidden_size
+    s_e, s_d = training.seq_len, training.decoder_seq_len
+    c, _ = compute_and_residual_bytes(training)
+    # the decoder's first block makes the zero bias and every block's SDPA saves it
+    out = {"position_buckets": 8 * (s_e * s_e + s_d * s_d), "cross_bias": c * a * s_d * s_e}
+    if training.dropout and model.embedding_dropout > 0:
+        # the decoder's embedding dropout and both stacks' dropout after final_layer_norm
+        out["stack_dropout_masks"] = h * b * (s_d + s_e + s_d)
+    if training.activation_checkpointing == "full":
+        out["checkpoint_inputs/position_bias"] = 4 * a * (s_e * s_e + s_d * s_d)
+        out["checkpoint_inputs/encoder_output"] = r * h * b * s_e
+    return out
 
 
 def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[str, int]:
@@ -758,6 +783,11 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
         # saved by cross_entropy for its backward: fp32 after HF's / torchtune's upcast,
         # the logits' dtype in lit-gpt's chunked cross-entropy
         out["log_softmax"] = (4 if training.loss_upcast else c) * v * t
+        if model.head == "seq2seq-lm" and c != 4:
+            # T5ForConditionalGeneration calls CrossEntropyLoss on the 16-bit logits (no
+            # ``.float()``; autocast runs it in fp32): the trace holds those logits with the
+            # fp32 log-softmax output until the loss backward
+            out["logits_for_loss"] = c * v * t
         if training.uses_autocast:
             out["autocast_weight_copies"] = c * v * h
     else:
@@ -833,6 +863,8 @@ def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
         # lit-gpt's chunked LM head: one chunk of 16-bit logits before Fabric's fp32 cast (the
         # fp32 logits themselves are a head term)
         total = c * v * chunk
+    elif model.head == "seq2seq-lm" and c != 4:
+        total = 4 * v * chunk  # the logits are a head term (``logits_for_loss``)
     else:
         total = c * v * t + (4 * v * chunk if training.loss_upcast and c != 4 else 0)
     return -(-total // parallel_divisor("logits", training))
@@ -854,6 +886,10 @@ def loss_backward_transient_bytes(model: ModelSpec, training: TrainingConfig) ->
     per_value = 4 if training.loss_upcast else c
     chunks = max(training.chunked_cross_entropy, 1)
     n = 3 if training.loss_parallel else 2
+    if model.head == "seq2seq-lm":
+        # T5's CrossEntropyLoss: the step's peak is at ``nll_loss_backward``, with its one
+        # fp32 (tokens x V) gradient (traced on 2-layer T5 / Flan-T5)
+        n = 1
     total = n * per_value * model.vocab_size * -(-t // chunks)
     return -(-total // parallel_divisor("logits", training))
 
