@@ -932,7 +932,19 @@ def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tup
         s, b = tokens_per_sequence(model, training), training.micro_batch_size
         sm = 4 if _fp32_softmax(model, training) else c
         attention = 2 * sm * model.num_heads * s * s * b // parallel_divisor("scores/x", training)
-    return mlp, attention, 2 * r * h * t // parallel_divisor("mlp/input", training)
+    residual = 2 * r * h * t
+    if model.cross_attention:
+        # a T5 decoder block's backward also holds the gradients its stack accumulates over
+        # all its blocks: the encoder output's (fp32 under autocast, from every
+        # cross-attention's k and v), the fp32 relative position bias's, and under
+        # checkpointing the cross-attention bias's, which then requires grad
+        # (modeling_t5.py ``T5Attention.forward``; traced on a 2-layer Flan-T5)
+        b, s = training.micro_batch_size, tokens_per_sequence(model, training)
+        a, s_source = model.num_heads, training.seq_len
+        residual += r * h * b * s_source + 4 * a * s * s
+        if training.activation_checkpointing == "full":
+            residual += c * a * s * s_source
+    return mlp, attention, residual // parallel_divisor("mlp/input", training)
 
 
 def _fp32_softmax(model: ModelSpec, training: TrainingConfig) -> bool:
