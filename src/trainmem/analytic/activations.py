@@ -852,7 +852,15 @@ def lm_head_dequant_bytes(model: ModelSpec, training: TrainingConfig) -> int:
 def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     """Bytes live only at the end of forward, when the loss runs: the logits (c per value) and,
     when the loss upcasts 16-bit logits, their fp32 copy (one chunk of it with a chunked loss).
-    Source: transformers/loss/loss_utils.py ``ForCausalLMLoss`` (``logits.float()``)."""
+    Source: transformers/loss/loss_utils.py ``ForCausalLMLoss`` (``logits.float()``).
+
+    SigLIP's attention-pooling head: the fp32 ``last_hidden_state`` the model output holds and
+    the packed key/value projection before its ``.contiguous()`` copy (torch/nn/functional.py
+    ``_in_projection_packed``) are both alive while the head runs."""
+    if model.architecture == "vision-encoder" and model.vision_pooler == "attention-probe":
+        c, r = compute_and_residual_bytes(training)
+        t = training.micro_batch_size * tokens_per_sequence(model, training)
+        return (r + 2 * c) * model.hidden_size * t
     if model.head not in ("causal-lm", "masked-lm", "seq2seq-lm"):
         return 0
     t = training.micro_batch_size * _output_tokens(model, training)
@@ -921,6 +929,12 @@ def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tup
     i, h = model.intermediate_size, model.hidden_size
     k_top = model.num_experts_per_tok if model.num_experts > 1 else 1
     n = 3 if model.mlp_kind == "gated" else 2
+    if model.architecture == "vision-encoder":
+        # A vision encoder's step peaks inside its last block's backward (no vocabulary-sized
+        # loss), where the trace shows the down projection's saved input already freed when
+        # the activation's backward runs: net of it, a fused GELU holds one more i-sized
+        # tensor, CLIP's quick_gelu (three saved) and a gated MLP two.
+        n = 2 if model.mlp_kind == "gated" or model.hidden_act in SIGMOID_FORMULA_ACTIVATIONS else 1
     mlp = n * c * i * t * k_top // parallel_divisor("mlp/gated", training)
     if training.uses_autocast:
         mlp += c * h * i // training.tensor_parallel_size
@@ -933,6 +947,10 @@ def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tup
         sm = 4 if _fp32_softmax(model, training) else c
         attention = 2 * sm * model.num_heads * s * s * b // parallel_divisor("scores/x", training)
     residual = 2 * r * h * t
+    if model.architecture == "vision-encoder":
+        # one (b, s, h) gradient reaches the block (LayerNorm's fused backward; the select of
+        # the pooled [CLS] row): traced on CLIP, SigLIP, DINOv2 and ViT towers
+        residual = r * h * t
     if model.cross_attention:
         # a T5 decoder block's backward also holds the gradients its stack accumulates over
         # all its blocks: the encoder output's (fp32 under autocast, from every

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from trainmem.analytic.activations import activation_profile, loss_backward_transient_bytes
 from trainmem.analytic.buffers import outside_allocator_bytes
+from trainmem.analytic.params import num_parameters
 from trainmem.analytic.schedule import PipelineRank, rank_schedule
 from trainmem.analytic.temporaries import cublas_workspace_bytes
 from trainmem.analytic.tensor_states import state_layout
@@ -78,6 +79,12 @@ def estimate_analytic(
     n_params = layout.total("numel")
     n_trainable = sum(s.numel for s in layout.embedding + layout.head if s.trainable)
     n_trainable += model.num_blocks * sum(s.numel for s in layout.layer if s.trainable)
+    # blocks of several kinds are held as identical mean blocks (tensor_states._layer_tensors),
+    # whose rounding loses a few elements: report the exact count
+    rounding = num_parameters(model) - n_params
+    n_params += rounding
+    if not training.is_lora:
+        n_trainable += rounding
     prof = activation_profile(model, training)
     per_handle = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
     ranks = pipeline_ranks(model, training)
