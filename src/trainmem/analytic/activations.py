@@ -91,21 +91,67 @@ def compute_and_residual_bytes(training: TrainingConfig) -> tuple[int, int]:
 
 
 def _norm_saved_bytes(
-    model: ModelSpec, r: int, *, trainable: bool = True, compiled: bool = False
+    model: ModelSpec,
+    r: int,
+    *,
+    trainable: bool = True,
+    compiled: bool = False,
+    width: int = 0,
+    groups: int = 1,
 ) -> int:
-    """Bytes per token one norm saves: LayerNorm r*h + 8 (input, fp32 mean and rstd); HF RMSNorm
-    4h + r*h + 4 (fp32 input or copy, normalised tensor, fp32 rstd). A frozen RMSNorm (LoRA)
-    does not save the normalised tensor: ``weight * x`` saves ``x`` only for the weight's
-    gradient (found by the trace engine). Under torch.compile the min-cut partition keeps only
-    the norm's input in its own dtype and the fp32 rstd (r*h + 4): the fp32 upcast and the
-    normalised tensor are fused and recomputed in backward (traced: AOTAutograd with
-    ``min_cut_rematerialization_partition`` on a Llama layer, trainmem.trace.compile)."""
-    h = model.hidden_size
+    """Bytes per token one norm saves, for an input of ``r`` bytes per value (the residual
+    stream for a pre-norm, the compute dtype for a norm on a projection's output) over
+    ``width`` values (default h) normalised in ``groups`` (per-head q/k norms: one per head).
+
+    LayerNorm r*w + 8 (input, fp32 mean and rstd); HF RMSNorm 4w + r*w + 4 (fp32 input or copy,
+    normalised tensor in the input dtype, fp32 rstd: modeling_llama.py ``LlamaRMSNorm``), or
+    4w + 4w + 4 where the weight multiplies in fp32 before the cast
+    (``ModelSpec.norm_weight_in_fp32``: modeling_gemma3.py ``Gemma3RMSNorm``, modeling_olmo2.py
+    ``Olmo2RMSNorm``). A frozen RMSNorm (LoRA) does not save the normalised tensor: ``weight *
+    x`` saves ``x`` only for the weight's gradient (found by the trace engine). Under
+    torch.compile the min-cut partition keeps only the norm's input in its own dtype and the
+    fp32 rstd (r*w + 4): the fp32 upcast and the normalised tensor are fused and recomputed in
+    backward (traced: AOTAutograd with ``min_cut_rematerialization_partition`` on a Llama
+    layer, trainmem.trace.compile)."""
+    w = width or model.hidden_size
     if model.norm_kind == "layernorm":
-        return r * h + 8
+        return r * w + 8 * groups
     if compiled:
-        return r * h + 4
-    return 4 * h + (r * h if trainable else 0) + 4
+        return r * w + 4 * groups
+    normalised = 4 if model.norm_weight_in_fp32 else r
+    return 4 * w + (normalised * w if trainable else 0) + 4 * groups
+
+
+def _qk_norm_saved_bytes(model: ModelSpec, c: int, **kwargs: bool) -> int:
+    """Bytes per token the q and k norms save: norms of the projections' outputs (compute
+    dtype), per head (modeling_qwen3.py / modeling_gemma3.py ``q_norm = RMSNorm(head_dim)``) or
+    over the whole projection (modeling_olmo2.py ``q_norm = RMSNorm(a * d)``)."""
+    d = model.head_dim
+    total = 0
+    for heads in (model.num_heads, model.num_kv_heads):
+        groups = 1 if model.qk_norm_full_width else heads
+        total += _norm_saved_bytes(model, c, width=heads * d, groups=groups, **kwargs)
+    return total
+
+
+def sliding_mask_bias_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes the sliding-window layers' SDPA calls save beyond a full-attention layer's, summed
+    over those layers: once ``seq_len`` reaches ``sliding_window``, transformers passes them an
+    explicit (b, 1, s, s) boolean mask (masking_utils.py ``_ignore_causal_mask_sdpa``: "if
+    local_attention_size is not None and kv_length >= local_attention_size: return False"),
+    which SDPA converts to an additive bias in the compute dtype and saves (the
+    memory-efficient kernel's ``attn_bias``), and k and v reach it expanded to all query heads
+    (``repeat_kv``, as with any mask: :func:`sdpa_expands_kv`). Found by the trace engine on a
+    Gemma-3 layer. Eager attention adds the mask to the scores and saves none of it."""
+    s = tokens_per_sequence(model, training)
+    if not model.num_sliding_layers or s < model.sliding_window or training.attention == "eager":
+        return 0
+    c, _ = compute_and_residual_bytes(training)
+    b = training.micro_batch_size
+    per_layer = c * b * s * s
+    if not sdpa_expands_kv(training):
+        per_layer += 2 * c * (model.num_heads - model.num_kv_heads) * model.head_dim * b * s
+    return model.num_sliding_layers * per_layer
 
 
 def _activation_fn_saved_bytes(model: ModelSpec, training: TrainingConfig, width: int) -> int:
@@ -128,13 +174,68 @@ def _activation_fn_saved_bytes(model: ModelSpec, training: TrainingConfig, width
     return 2 * c * width  # input saved by the kernel, output saved by the down projection
 
 
-def layer_linear_weights(model: ModelSpec) -> int:
-    """Weight elements of the linears of one layer (all experts for MoE), no biases; the mean
-    block of a model with blocks of several kinds (``_mean_terms``)."""
-    mean = _mean_terms(model, lambda block: {"": layer_linear_weights(block)})
+def layer_linear_weights(model: ModelSpec, *, autocast_only: bool = False) -> int:
+    """Weight elements of the linears of one layer (all experts for MoE), no biases.
+
+    ``autocast_only`` leaves out the routed experts of a transformers MoE layer, whose grouped
+    matmul is not autocast-enabled and runs in the weights' own dtype (transformers
+    integrations/moe.py ``_grouped_mm``: "torch.nn.functional.grouped_mm and torch._grouped_mm
+    are not autocast-enabled"). The mean block of a model with blocks of several kinds
+    (``_mean_terms``)."""
+    mean = _mean_terms(
+        model, lambda block: {"": layer_linear_weights(block, autocast_only=autocast_only)}
+    )
     if mean is not None:
         return mean[""]
-    return sum(fan_in * fan_out * n for fan_in, fan_out, n in linear_shapes(model).values())
+    experts = model.num_experts > 1 and autocast_only
+    return sum(
+        fan_in * fan_out * n
+        for name, (fan_in, fan_out, n) in linear_shapes(model).items()
+        if not (experts and name in ("gate", "up", "down"))
+    )
+
+
+def moe_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dict[str, int]:
+    """Bytes a transformers 5 MoE block saves for backward, by term (the default
+    ``experts_implementation="grouped_mm"``: transformers integrations/moe.py
+    ``grouped_mm_experts_forward``; router: modeling_qwen3_moe.py ``Qwen3MoeTopKRouter``; shared
+    expert: modeling_qwen2_moe.py ``Qwen2MoeSparseMoeBlock``). Per token, k = top-k, w = bytes
+    of the weights' dtype (the experts' grouped matmul runs in it, fp32 under autocast):
+
+    * router: its autocast input copy (c*h), the fp32 softmax (4E), top-k values and indices
+      (12k);
+    * expert inputs: the tokens gathered per expert and cast to w (w*h*k), the gather's and the
+      sort's int64 indices (16k);
+    * gated experts: the gate/up output (2 w*i*k), the activation's output and the product fed
+      to the down projection (w*i*k each);
+    * expert outputs: the down projection's output saved by the routing-weight product
+      (w*h*k), the routing weights (c*k) and the un-permuting index (8k);
+    * shared expert (Qwen2-MoE): a gated MLP (4 c*i_s; its autocast input copies are in
+      ``mlp/input``) and the sigmoid gate's output with the expert output it scales (c*h + c).
+    """
+    c, _ = compute_and_residual_bytes(training)
+    w = dtype_bytes(training.weight_dtype)
+    h, i, e = model.hidden_size, model.intermediate_size, model.num_experts
+    k = model.num_experts_per_tok
+    mixed = training.uses_autocast
+    router = (c * h * mixed + 4 * e + 12 * k) * t
+    if model.sigmoid_router:
+        # DeepseekV3TopkRouter: ``F.linear(x.float(), w.float())`` (autocast casts both back),
+        # the sigmoid's output (E, compute dtype), the top-k indices (int64) and the
+        # normalisation's operands (traced on a 2-layer DeepSeek-V3)
+        router = (c * h * mixed + c * e + 8 * k + 8) * t
+    terms = {
+        "mlp/router": router,
+        "mlp/expert_inputs": (w * h * k + 16 * k) * t,
+        "mlp/gated": 4 * w * i * k * t,
+        "mlp/expert_outputs": (w * h * k + c * k + 8 * k) * t,
+    }
+    si = model.shared_expert_intermediate_size
+    if si:
+        terms["mlp/shared_expert"] = 4 * c * si * t
+        if model.shared_expert_gate:
+            terms["mlp/shared_expert_gate"] = (c * h + c) * t
+    return terms
 
 
 def autocast_weight_copy_bytes(model: ModelSpec, training: TrainingConfig) -> int:
@@ -146,7 +247,7 @@ def autocast_weight_copy_bytes(model: ModelSpec, training: TrainingConfig) -> in
     if not training.uses_autocast or training.quantize_base != "none":
         return 0
     c, _ = compute_and_residual_bytes(training)
-    return c * layer_linear_weights(model)
+    return c * layer_linear_weights(model, autocast_only=True)
 
 
 def autocast_cached_weight_bytes(model: ModelSpec, training: TrainingConfig) -> int:
@@ -168,7 +269,7 @@ def autocast_cached_weight_bytes(model: ModelSpec, training: TrainingConfig) -> 
         return 0
     c, _ = compute_and_residual_bytes(training)
     if not training.is_lora:
-        return c * layer_linear_weights(model)
+        return c * layer_linear_weights(model, autocast_only=True)
     r = training.lora_rank
     adapters = 0
     for name, (fan_in, fan_out, n) in linear_shapes(model).items():
@@ -268,10 +369,13 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
     fused_qkv = model.fused_qkv
     terms: dict[str, int] = {}
 
-    norm = _norm_saved_bytes(
-        model, r, trainable=not training.is_lora and not training.compile, compiled=training.compile
+    norm_kwargs = dict(
+        trainable=not training.is_lora and not training.compile, compiled=training.compile
     )
-    terms["attention/norm"] = norm * t
+    norm = _norm_saved_bytes(model, r, **norm_kwargs)
+    output_norm = _norm_saved_bytes(model, c, **norm_kwargs) if model.output_norms else 0
+    if model.pre_norms:
+        terms["attention/norm"] = norm * t
     terms["attention/qkv_input"] = c * h * t * (1 if (fused_qkv or not mixed) else 3)
     # Keys and values reach the kernel expanded to all query heads (GQA) in eager attention
     # (HF ``repeat_kv`` + the matmul's reshape copy) and in the fp32 memory-efficient SDPA
@@ -288,7 +392,16 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
         # transformers 5 GPT-2 builds a DynamicCache in training (config ``use_cache=True``,
         # disabled under gradient checkpointing); its ``torch.cat`` copies of k and v are what
         # SDPA saves (found by the trace engine, benchmarks/analytic_vs_trace.py).
-        terms["attention/kv_cache_copy"] = 2 * c * h * t
+        # (GPT-BigCode likewise, at its kv_heads * head_dim width)
+        terms["attention/kv_cache_copy"] = 2 * c * kv * d * t
+    if model.qk_norm:
+        terms["attention/qk_norm"] = _qk_norm_saved_bytes(model, c, **norm_kwargs) * t
+    sliding = sliding_mask_bias_bytes(model, training)
+    if sliding:
+        # spread over the layers (the schedule repeats one layer): exact in the total
+        terms["attention/sliding_mask_bias"] = -(-sliding // model.num_layers)
+    if output_norm:
+        terms["attention/output_norm"] = output_norm * t
     if training.attention == "eager":
         sm = 4 if _fp32_softmax(model, training) else c
         terms["scores/softmax"] = sm * a * s * s * b
@@ -307,29 +420,36 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
         terms["attention/dropout_mask"] = h * t
 
     k_top = model.num_experts_per_tok if model.num_experts > 1 else 1
-    if not model.parallel_attention:
+    if output_norm:
+        terms["mlp/output_norm"] = output_norm * t
+    if not model.pre_norms:
+        pass
+    elif not model.parallel_attention:
         terms["mlp/norm"] = norm * t
     elif model.num_norms_per_layer >= 2:  # GPT-NeoX: both norms read the block's input
         terms["mlp/norm"] = (norm - r * h) * t  # second norm reads the same saved input
     n_in = 2 if model.mlp_kind == "gated" else 1
-    if model.num_experts > 1:
-        terms["mlp/router"] = (4 * model.num_experts + c * model.num_experts) * t
-        terms["mlp/expert_inputs"] = r * h * t * k_top
-        terms["mlp/expert_outputs"] = c * h * t * k_top
-    terms["mlp/input"] = c * h * t * k_top * (n_in if mixed else 1)
-    if model.mlp_kind == "gated":
-        # gate and up outputs, the activation's output and the down projection's input; under
-        # torch.compile the activation's output is recomputed from the saved gate (traced:
-        # min-cut keeps gate, up and act(gate) * up)
-        terms["mlp/gated"] = (3 if training.compile else 4) * c * i * t * k_top
+    if model.num_experts > 1 and training.conventions.hf_model_code:
+        terms.update(moe_terms(model, training, t=t))
+        # autocast copies of the block's input for the shared expert's gate and up
+        # projections and its sigmoid gate; in true precisions the router saves the input
+        copies = (2 if model.shared_expert_intermediate_size else 0) + model.shared_expert_gate
+        terms["mlp/input"] = c * h * t * (copies if mixed else 1)
     else:
-        terms["mlp/activation"] = _activation_fn_saved_bytes(model, training, i) * t * k_top
+        if model.num_experts > 1:
+            terms["mlp/router"] = (4 * model.num_experts + c * model.num_experts) * t
+            terms["mlp/expert_inputs"] = r * h * t * k_top
+            terms["mlp/expert_outputs"] = c * h * t * k_top
+        terms["mlp/input"] = c * h * t * k_top * (n_in if mixed else 1)
+        if model.mlp_kind == "gated":
+            # gate and up outputs, the activation's output and the down projection's input;
+            # under torch.compile the activation's output is recomputed from the saved gate
+            # (traced: min-cut keeps gate, up and act(gate) * up)
+            terms["mlp/gated"] = (3 if training.compile else 4) * c * i * t * k_top
+        else:
+            terms["mlp/activation"] = _activation_fn_saved_bytes(model, training, i) * t * k_top
     if p_hidden:
         terms["mlp/dropout_mask"] = h * t
-    if model.grouped_experts and model.num_experts > 1 and training.conventions.hf_model_code:
-        _apply_grouped_experts(terms, model, training, t=t, k_top=k_top)
-    if model.shared_expert_intermediate_size:
-        _add_shared_expert(terms, model, training, t=t)
     if model.layer_scale:
         # Dinov2LayerScale: ``hidden_state * self.lambda1`` saves its input (the attention's /
         # MLP's output, compute dtype) for lambda1's gradient (modeling_dinov2.py)
@@ -346,39 +466,6 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
     if training.conventions.own_model_code:
         _apply_litgpt_attention(terms, model, training, t=t)
     return split_for_parallelism(terms, training)
-
-
-def _apply_grouped_experts(
-    terms: dict[str, int], model: ModelSpec, training: TrainingConfig, *, t: int, k_top: int
-) -> None:
-    """Routed experts as transformers 5 runs 3D expert weights (``@use_experts_implementation``,
-    transformers/integrations/moe.py ``grouped_mm_experts_forward``), in place of the per-expert
-    terms; S = t * top-k routed token slots, w = bytes of the weight dtype.
-
-    * The grouped matmul is not autocast-enabled: it runs in the weights' dtype
-      (``input.to(weight.dtype)``; fp32 master weights under AMP). It saves the gathered
-      tokens ``hidden_states[perm // top_k]`` (the residual dtype r; a w copy when r != w),
-      the gate/up output (2i, which the gate's activation keeps through its ``chunk`` view),
-      the activation's output and the product (i each), the down output (saved by the routing
-      weights' multiplication), and the int64 sort indices (``perm // top_k``, ``perm``,
-      ``inv_perm``) and the gathered routing weights.
-    * DeepSeek's router (``DeepseekV3TopkRouter``: ``F.linear(x.float(), w.float())``, autocast
-      casts both back to 16-bit) saves the 16-bit input copy, the sigmoid's output (E per
-      token), the top-k indices (int64) and the normalisation's operands.
-    Source: modeling_deepseek_v3.py ``DeepseekV3Experts`` / ``DeepseekV3TopkRouter``;
-    transformers/integrations/moe.py (traced: ``trainmem.trace`` on a 2-layer DeepSeek-V3).
-    """
-    c, r = compute_and_residual_bytes(training)
-    w = dtype_bytes(training.weight_dtype)
-    h, i, e = model.hidden_size, model.intermediate_size, model.num_experts
-    slots = t * k_top
-    terms["mlp/expert_inputs"] = r * h * slots + (w * h * slots if w != r else 0)
-    terms["mlp/input"] = 0
-    terms["mlp/gated"] = 4 * w * i * slots
-    terms["mlp/expert_outputs"] = w * h * slots
-    terms["mlp/expert_index"] = (3 * 8 + c) * slots
-    if model.sigmoid_router:
-        terms["mlp/router"] = (c * h + c * e + 8 * k_top + 2 * 4) * t
 
 
 def _apply_t5(
@@ -426,19 +513,6 @@ def _apply_t5(
         out = 4 if model.hidden_act in TANH_FORMULA_ACTIVATIONS else c
         # act's saved tensors, its output and wi_1's (saved by the product), wo's input copy
         terms["mlp/gated"] = (act + out * i + c * i + c * i) * t
-
-
-def _add_shared_expert(
-    terms: dict[str, int], model: ModelSpec, training: TrainingConfig, *, t: int
-) -> None:
-    """An always-active gated MLP next to the routed experts, on every token (DeepSeek-V3
-    ``DeepseekV3MoE.shared_experts``, Qwen2-MoE ``shared_expert``): its input copies under
-    autocast (gate, up) and gate, act(gate), up and their product, as a dense gated MLP
-    (Note [Activation terms])."""
-    c, _ = compute_and_residual_bytes(training)
-    si = model.shared_expert_intermediate_size
-    terms["mlp/shared_input"] = c * model.hidden_size * t * (2 if training.uses_autocast else 1)
-    terms["mlp/shared_gated"] = 4 * c * si * t
 
 
 def _apply_mla(
@@ -705,9 +779,15 @@ def embedding_activation_bytes(model: ModelSpec, training: TrainingConfig) -> di
     else:
         out["inputs/token_ids_and_labels"] = 8 * t * 2
     if model.position_kind == "rotary":
-        # DeepSeek's rotary tables span the rotary part only (config.head_dim = qk_rope_head_dim)
+        # transformers builds position_ids = cache_position.unsqueeze(0) when none are passed,
+        # so its cos/sin tables are (1, s, d), shared by the batch (modeling_llama.py
+        # ``LlamaModel.forward``; found by the trace engine); Gemma-3 has a second pair for its
+        # sliding-window layers (``rope_local_base_freq``); DeepSeek's span the rotary part
+        # only (DeepseekV3Config: head_dim = qk_rope_head_dim)
+        rows = s if training.conventions.hf_model_code else t
+        tables = 2 if model.num_sliding_layers else 1
         width = model.qk_rope_head_dim if model.mla else model.head_dim
-        out["rotary_cos_sin"] = 2 * r * t * width
+        out["rotary_cos_sin"] = 2 * r * rows * width * tables
     if model.embedding_norm:
         out["embedding_norm"] = _norm_saved_bytes(model, r) * t
     if training.dropout and model.embedding_dropout > 0:
@@ -876,6 +956,40 @@ def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
     else:
         total = c * v * t + (4 * v * chunk if training.loss_upcast and c != 4 else 0)
     return -(-total // parallel_divisor("logits", training))
+
+
+def final_hidden_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes of the final norm's output, held by the causal-LM forward
+    (``hidden_states = outputs.last_hidden_state``) while its loss runs, where nothing saves it:
+    under autocast it is in the residual dtype r and the LM head saves its 16-bit cast (r*h per
+    token); when r = c the LM head saves this very tensor (``lm_head_input``). Source:
+    modeling_llama.py ``LlamaForCausalLM.forward``; found by the trace engine."""
+    c, r = compute_and_residual_bytes(training)
+    if model.head != "causal-lm" or r == c or not training.conventions.hf_model_code:
+        return 0
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    return -(-r * model.hidden_size * t // parallel_divisor("lm_head_input", training))
+
+
+def forward_kv_cache_bytes(model: ModelSpec, training: TrainingConfig, num_layers: int) -> int:
+    """Bytes of the KV cache transformers builds in training (``ModelSpec.forward_kv_cache``),
+    alive from each layer's attention to the end of forward (the loss): per layer the cache's
+    copies of k and v in the rotated keys' dtype, the residual dtype r. Under autocast SDPA
+    saves its own 16-bit casts of them, so they are extra; when r = c they are the tensors
+    SDPA saves (counted in ``attention/q_k`` and ``attention/v``), and nothing is extra.
+    Source: transformers cache_utils.py ``DynamicLayer.update`` (``torch.cat``);
+    modeling_llama.py ``LlamaModel.forward`` (``DynamicCache`` when ``use_cache``)."""
+    c, r = compute_and_residual_bytes(training)
+    if (
+        not model.forward_kv_cache
+        or r == c
+        or training.activation_checkpointing != "none"
+        or not training.conventions.hf_model_code
+    ):
+        return 0
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    per_layer = 2 * r * model.num_kv_heads * model.head_dim * t
+    return num_layers * -(-per_layer // parallel_divisor("attention/v", training))
 
 
 def loss_backward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:

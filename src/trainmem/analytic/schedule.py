@@ -62,6 +62,8 @@ from trainmem.analytic.activations import (
     autocast_cached_weight_bytes,
     backward_layer_transients,
     compute_and_residual_bytes,
+    final_hidden_transient_bytes,
+    forward_kv_cache_bytes,
     layer_is_checkpointed,
     lm_head_dequant_bytes,
     loss_backward_transient_bytes,
@@ -191,6 +193,8 @@ class _Builder:
         )
         self.loss_tmp = loss_backward_transient_bytes(model, training) if rank.has_head else 0
         self.loss_fwd = loss_forward_transient_bytes(model, training) if rank.has_head else 0
+        self.kv_cache = forward_kv_cache_bytes(model, training, self.L)
+        self.final_hidden = final_hidden_transient_bytes(model, training) if rank.has_head else 0
         self.head_dequant = lm_head_dequant_bytes(model, training) if rank.has_head else 0
         self.weight_copy = (
             autocast_cached_weight_bytes(model, training) if layer_is_checkpointed(training) else 0
@@ -425,7 +429,24 @@ class _Builder:
             "logits (and their fp32 copy) while the loss runs",
         )
         head_act = alloc(self.head_acts, Cat.ACTIVATION, f, "act/head", "head", "head activations")
-        items += [head_dequant, logits, free(head_dequant, f), head_act, free(logits, f)]
+        cache = alloc(
+            self.kv_cache,
+            Cat.TEMPORARY,
+            f,
+            "kv_cache",
+            "layers",
+            "the KV cache transformers builds in training, until the loss",
+        )
+        hidden = alloc(
+            self.final_hidden,
+            Cat.TEMPORARY,
+            f,
+            "final_hidden",
+            "head",
+            "the final hidden states, held by the model output until the loss",
+        )
+        items += [cache, hidden, head_dequant, logits, free(head_dequant, f), head_act]
+        items += [free(logits, f), free(hidden, f), free(cache, f)]
         if self.weight_copy:
             copies = self._weight_copy_ops(f, "wcopy/{i}", "")
             items.append(Repeat(tuple(free(op, f) for op in copies), self.L))

@@ -237,6 +237,23 @@ def _qwen2_moe(f: Fields, spec: SpecDict) -> None:
     )
 
 
+def _gemma3_layers(f: Fields, spec: SpecDict) -> None:
+    """Gemma3TextConfig: ``layer_types`` lists each layer's attention, by default every
+    ``sliding_window_pattern``-th layer (6) full and the others sliding, of ``sliding_window``
+    keys (4096)."""
+    layers = spec["num_layers"]
+    types = f.config.get("layer_types")
+    if types is None:
+        pattern = f.positive_int("sliding_window_pattern", 6)
+        types = ["sliding" if (n + 1) % pattern else "full" for n in range(layers)]
+    elif not isinstance(types, list) or len(types) != layers:
+        raise SpecError(
+            "layer_types", f"must list one attention type per layer ({layers}), got {short(types)}"
+        )
+    spec["num_sliding_layers"] = sum(1 for kind in types if str(kind).startswith("sliding"))
+    spec["sliding_window"] = f.positive_int("sliding_window", 4096)
+
+
 # ---------------------------------------------------------------------------------------
 # The rows
 # ---------------------------------------------------------------------------------------
@@ -504,6 +521,7 @@ _NEW_ROWS: tuple[Family, ...] = (
             "qk_norm_full_width": True,
             "pre_norms": False,
             "output_norms": True,
+            "norm_weight_in_fp32": True,
             **_NO_MLP_BIAS,
         },
         defaults=_llama_defaults(mlp_bias=None),
@@ -591,7 +609,7 @@ _NEW_ROWS: tuple[Family, ...] = (
             "qk_norm": True,
             "num_norms_per_layer": 4,
             "output_norms": True,
-            "gemma_norm": True,
+            "norm_weight_in_fp32": True,
             **_NO_MLP_BIAS,
         },
         defaults=_llama_defaults(
@@ -603,6 +621,7 @@ _NEW_ROWS: tuple[Family, ...] = (
             mlp_bias=None,
         ),
         renames=dict(hidden_act="hidden_activation"),
+        adjust=_gemma3_layers,
     ),
     Family(
         "qwen2_moe",
@@ -848,7 +867,7 @@ _HARD_ROWS: tuple[Family, ...] = (
         "models/deepseek_v3/modeling_deepseek_v3.py (DeepseekV3Attention: MLA; DeepseekV3MoE: "
         "DeepseekV3TopkRouter Linear(h, E), DeepseekV3Experts of moe_intermediate_size, "
         "shared_experts; DeepseekV3MLP in the first first_k_dense_replace layers)",
-        {**LLAMA_TRAITS, **_NO_MLP_BIAS, "grouped_experts": True, "sigmoid_router": True},
+        {**LLAMA_TRAITS, **_NO_MLP_BIAS, "sigmoid_router": True},
         defaults=_llama_defaults(
             num_key_value_heads=None,
             max_position_embeddings=4096,

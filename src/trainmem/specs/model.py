@@ -64,9 +64,21 @@ EAGER_SOFTMAX_FP32_TYPES = frozenset(
 """Families whose HF eager attention upcasts the softmax to fp32
 (``ModelSpec.eager_softmax_fp32``)."""
 
-TRAINING_KV_CACHE_TYPES = frozenset({"gpt2"})
+TRAINING_KV_CACHE_TYPES = frozenset({"gpt2", "gpt_bigcode"})
 """Families whose transformers code builds a KV cache during training
 (``ModelSpec.training_kv_cache``)."""
+
+EAGER_ONLY_TYPES = frozenset({"bloom"})
+"""Families whose transformers code has eager attention only (``BloomForCausalLM`` refuses
+SDPA and flash attention: modeling_bloom.py ``BloomAttention`` computes ALiBi scores with
+``baddbmm``)."""
+
+FORWARD_KV_CACHE_TYPES = frozenset({"phi3", "starcoder2", "gemma3_text", "qwen2_moe", "qwen3_moe"})
+"""Rotary families whose transformers code builds a KV cache during training that holds fp32
+copies of k and v until the forward ends (``ModelSpec.forward_kv_cache``); checked against the
+trace engine for these families (Llama-style code does the same; not yet switched on there).
+OLMo-2 casts its rotated q and k back to their dtype (modeling_olmo2.py
+``apply_rotary_pos_emb``), so its cache copies are the 16-bit tensors SDPA saves anyway."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -179,9 +191,15 @@ class ModelSpec:
     moe_intermediate_size``); 0 for none."""
     shared_expert_gate: bool = False
     """A sigmoid gate Linear(h, 1) scales the shared expert's output (Qwen2-MoE)."""
-    gemma_norm: bool = False
-    """RMSNorm computes ``x * (1 + w)`` in fp32 and casts at the end (Gemma ``GemmaRMSNorm``),
-    so it saves its fp32 normalised tensor rather than one in the input dtype."""
+    norm_weight_in_fp32: bool = False
+    """RMSNorm multiplies by its weight in fp32 and casts at the end (Gemma-3 ``x * (1 + w)``,
+    OLMo-2's T5-style ``(w * x).to(input_dtype)``), so it saves its fp32 normalised tensor
+    rather than one in the input dtype (Llama ``w * x.to(input_dtype)``)."""
+    sliding_window: int = 0
+    """Keys a sliding-window layer attends to (Gemma-3 ``sliding_window``); 0 for none."""
+    num_sliding_layers: int = 0
+    """Layers with sliding-window attention (Gemma-3 ``layer_types``); the rest attend to the
+    whole causal prefix."""
 
     # -- vision towers (CLIP / SigLIP / DINOv2) -------------------------------------------
     class_token: bool = True
@@ -213,10 +231,6 @@ class ModelSpec:
     """MLA: the rotary part of each query/key head (the key's is shared by all heads)."""
     v_head_dim: int = 0
     """MLA: value head width (``o_proj`` reads a * v_head_dim)."""
-    grouped_experts: bool = False
-    """Routed experts are 3D parameters that transformers 5 runs with its grouped matmul
-    (``@use_experts_implementation``, DeepSeek-V3 ``DeepseekV3Experts``), in the weights'
-    dtype."""
     sigmoid_router: bool = False
     """DeepSeek-V3's ``DeepseekV3TopkRouter``: sigmoid scores, group-limited top-k, normalised
     weights scaled by ``routed_scaling_factor``."""
@@ -254,6 +268,16 @@ class ModelSpec:
         cache's ``torch.cat`` copies of k and v: the families of :data:`TRAINING_KV_CACHE_TYPES`
         (found by the trace engine)."""
         return self.model_type in TRAINING_KV_CACHE_TYPES
+
+    @property
+    def forward_kv_cache(self) -> bool:
+        """transformers 5 builds a ``DynamicCache`` in training when the config says
+        ``use_cache=True`` and checkpointing is off (``merge_with_config_defaults``); its
+        ``torch.cat`` copies of the rotated keys and the values take the keys' dtype
+        (cache_utils.py ``DynamicLayer.lazy_initialization``: fp32 under autocast, where the
+        rotary tables are fp32) and live until the model output is dropped after the loss:
+        the families of :data:`FORWARD_KV_CACHE_TYPES` (found by the trace engine)."""
+        return self.model_type in FORWARD_KV_CACHE_TYPES
 
     def __post_init__(self) -> None:
         for field in (

@@ -52,7 +52,7 @@ from trainmem.specs.frameworks import (
     FrameworkConventions,
     parse_version,
 )
-from trainmem.specs.model import MAX_COUNT, ModelSpec, describe_int
+from trainmem.specs.model import EAGER_ONLY_TYPES, MAX_COUNT, ModelSpec, describe_int
 
 Precision = Literal["32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "fp8-mixed"]
 Optimizer = Literal[
@@ -614,6 +614,7 @@ def check_training_for_model(model: ModelSpec, training: TrainingConfig) -> None
       (the position embedding lookup fails: transformers ``GPT2Model.forward`` indexes
       ``wpe`` with positions up to ``seq_len - 1``); rotary / ALiBi models can, as
       long-context fine-tuning does;
+    - eager-only families (BLOOM) run with ``attention="eager"``;
     - LoRA targets exist in the model (``gate`` only in gated MLPs, ``lm_head`` only under an
       LM head).
 
@@ -638,6 +639,12 @@ def check_training_for_model(model: ModelSpec, training: TrainingConfig) -> None
                 "virtual_pipeline_stages",
                 f"{p} stages x {v} chunks need at least {p * v} layers, {model.name} has {L}",
             )
+    if model.model_type in EAGER_ONLY_TYPES and training.attention != "eager":
+        raise SpecError(
+            "attention",
+            f"{training.attention!r} is not available for {model.model_type} in transformers "
+            "(its attention is eager only); allowed: eager (--attention eager)",
+        )
     positions = model.max_position_embeddings
     if (
         model.position_kind == "learned"

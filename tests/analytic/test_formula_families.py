@@ -1,0 +1,166 @@
+"""The formula families added for issue 15 (phi3, olmo2, starcoder2, gpt_bigcode, bloom,
+gemma3_text, qwen2_moe, qwen3_moe): parameter counts and peak memory against independent
+executions.
+
+Expected values:
+- parameter counts: transformers builds each config's class on the meta device and we sum
+  ``p.numel()`` (:func:`tests.analytic.test_params.meta_numel`); for the shipped presets also the
+  count each model's card publishes;
+- peak allocated bytes: the trace engine, which runs the real transformers model of the same
+  2-layer config on fake tensors (``--engine trace``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainmem.analytic.params import num_parameters
+from trainmem.errors import SpecError, UnsupportedError
+from trainmem.specs.hf import load_hf_config, load_model_spec, model_spec_from_hf
+from trainmem.specs.training import TrainingConfig
+
+CONFIGS = Path(__file__).parent / "configs"
+TINY = sorted(p.name for p in CONFIGS.glob("tiny-*.json"))
+
+PUBLISHED = {
+    # the parameter counts on each model card (Hugging Face's safetensors metadata)
+    "phi-3-mini-4k": 3_821_079_552,
+    "phi-4": 14_659_507_200,
+    "olmo-2-7b": 7_298_617_344,
+    "starcoder2-7b": 7_173_923_840,
+    "santacoder": 1_124_886_528,
+    "bloomz-7b1": 7_069_016_064,
+    "gemma-3-1b": 999_885_952,
+    "qwen3-30b-a3b": 30_532_122_624,
+    "qwen1.5-moe-a2.7b": 14_315_784_192,
+}
+
+
+def test_tiny_configs_cover_every_new_family() -> None:
+    families = {load_hf_config(str(CONFIGS / name))["model_type"] for name in TINY}
+    assert families == {
+        "phi3",
+        "olmo2",
+        "starcoder2",
+        "gpt_bigcode",
+        "bloom",
+        "gemma3_text",
+        "qwen2_moe",
+        "qwen3_moe",
+    }
+
+
+@pytest.mark.parametrize("preset", sorted(PUBLISHED))
+def test_preset_parameter_count_is_the_published_one(preset: str) -> None:
+    assert num_parameters(load_model_spec(preset)) == PUBLISHED[preset]
+
+
+def meta_numel(config_dict: dict[str, object]) -> int:
+    """``sum(p.numel())`` of the config's ``architectures[0]`` class built on the meta device."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cfg = dict(config_dict)
+    config = transformers.AutoConfig.for_model(cfg.pop("model_type"), **cfg)
+    cls = getattr(transformers, str(cfg["architectures"][0]))  # type: ignore[index]
+    with torch.device("meta"):
+        model = cls._from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_tiny_parameter_count_equals_transformers_meta_model(name: str) -> None:
+    path = str(CONFIGS / name)
+    assert num_parameters(load_model_spec(path)) == meta_numel(load_hf_config(path))
+
+
+def test_olmo2_qk_norms_span_the_projections() -> None:
+    # Olmo2Attention: q_norm = RMSNorm(a * d), k_norm = RMSNorm(k * d); hand count per layer
+    # (h 128, a 4, k 2, d 32, i 256): q, k, v, o + q/k norms + gate/up/down + 2 output norms
+    layer = 128 * 128 + 2 * 128 * 64 + 128 * 128 + (128 + 64) + 3 * 128 * 256 + 2 * 128
+    expected = 512 * 128 * 2 + 2 * layer + 128  # untied embedding and LM head, final norm
+    assert num_parameters(load_model_spec(str(CONFIGS / "tiny-olmo2.json"))) == expected
+
+
+def test_qwen2_moe_shared_expert_and_gate() -> None:
+    # Qwen2MoeSparseMoeBlock per layer: router E*h, experts E * 3 * h * i_moe, shared expert
+    # 3 * h * i_s, shared_expert_gate h; attention q/k/v biased, o not; 2 RMSNorms
+    h, e, i_moe, i_s = 128, 8, 64, 128
+    attention = 128 * 128 + 2 * 128 * 64 + 128 * 128 + (128 + 2 * 64)
+    mlp = e * h + e * 3 * h * i_moe + 3 * h * i_s + h
+    expected = 512 * 128 * 2 + 2 * (attention + mlp + 2 * h) + h
+    assert num_parameters(load_model_spec(str(CONFIGS / "tiny-qwen2-moe.json"))) == expected
+
+
+def test_mixed_dense_and_moe_layers_are_refused_with_the_field() -> None:
+    config = load_hf_config(str(CONFIGS / "tiny-qwen3-moe.json"))
+    with pytest.raises(UnsupportedError, match="mlp_only_layers"):
+        model_spec_from_hf({**config, "mlp_only_layers": [0]}, name="x")
+    with pytest.raises(UnsupportedError, match="decoder_sparse_step"):
+        model_spec_from_hf({**config, "decoder_sparse_step": 2}, name="x")
+    with pytest.raises(SpecError, match="mlp_only_layers"):
+        model_spec_from_hf({**config, "mlp_only_layers": "0"}, name="x")
+
+
+def test_gpt_bigcode_multi_query_has_one_kv_head() -> None:
+    config = load_hf_config(str(CONFIGS / "tiny-gpt-bigcode.json"))
+    assert model_spec_from_hf(config, name="x").num_kv_heads == 1
+    assert model_spec_from_hf({**config, "multi_query": False}, name="x").num_kv_heads == 4
+
+
+def test_bloom_needs_eager_attention() -> None:
+    from trainmem.estimate import estimate
+
+    with pytest.raises(SpecError, match="attention"):
+        estimate(str(CONFIGS / "tiny-bloom.json"), TrainingConfig(seq_len=64))
+
+
+SETTINGS = {
+    "bf16-mixed": dict(micro_batch_size=8, seq_len=1024, precision="bf16-mixed"),
+    "bf16-mixed full-AC": dict(
+        micro_batch_size=8,
+        seq_len=1024,
+        precision="bf16-mixed",
+        activation_checkpointing="full",
+    ),
+}
+
+#: (config, setting) pairs where the formulas are not yet within 1% of the trace engine.
+NOT_YET: dict[tuple[str, str], str] = {
+    ("tiny-bloom.json", "bf16-mixed"): "eager ALiBi attention's forward temporaries not modelled",
+    ("tiny-bloom.json", "bf16-mixed full-AC"): "eager ALiBi attention's forward temporaries",
+    ("tiny-gemma3-text.json", "bf16-mixed full-AC"): "recompute order under full AC (-1.2%)",
+    ("tiny-gpt-bigcode.json", "bf16-mixed full-AC"): "recompute order under full AC (+6%)",
+    ("tiny-phi3.json", "bf16-mixed full-AC"): "recompute order under full AC (+8%)",
+    ("tiny-qwen2-moe.json", "bf16-mixed full-AC"): "MoE recompute under full AC (-8%)",
+    ("tiny-qwen3-moe.json", "bf16-mixed full-AC"): "MoE recompute under full AC (-7%)",
+}
+
+
+def _cases() -> list[object]:
+    out: list[object] = []
+    for name in TINY:
+        for setting in SETTINGS:
+            reason = NOT_YET.get((name, setting))
+            marks = [pytest.mark.slow]
+            if reason:
+                marks.append(pytest.mark.xfail(reason=reason, strict=True))
+            out.append(pytest.param(name, setting, marks=marks, id=f"{name}-{setting}"))
+    return out
+
+
+@pytest.mark.parametrize(("name", "setting"), _cases())
+def test_analytic_peak_within_1_percent_of_the_trace(name: str, setting: str) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from trainmem.estimate import estimate
+
+    path = str(CONFIGS / name)
+    extra = {"attention": "eager"} if name == "tiny-bloom.json" else {}
+    training = TrainingConfig(**SETTINGS[setting], **extra)  # type: ignore[arg-type]
+    analytic = estimate(path, training, engine="analytic", simulate_allocator=False)
+    traced = estimate(path, training, engine="trace", simulate_allocator=False)
+    got = analytic.details["per_rank"][0]["allocated_bytes"]
+    want = traced.details["per_rank"][0]["allocated_bytes"]
+    assert abs(got - want) <= 0.01 * want, (got, want, (got - want) / want)
