@@ -307,9 +307,7 @@ def tokens_per_sequence(model: ModelSpec, training: TrainingConfig) -> int:
     LM head of an encoder-decoder (:attr:`TrainingConfig.decoder_seq_len`)."""
     if model.architecture == "vision-encoder":
         return model.num_patches + int(model.class_token)
-    if model.cross_attention or (
-        model.architecture == "encoder-decoder" and not model.num_decoder_layers
-    ):
+    if model.cross_attention:
         return training.decoder_seq_len
     return training.seq_len
 

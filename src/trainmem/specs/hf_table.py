@@ -668,12 +668,17 @@ _NEW_ROWS: tuple[Family, ...] = (
 # ---------------------------------------------------------------------------------------
 
 
+def _first_architecture(f: Fields) -> object:
+    archs = f.config.get("architectures")
+    return archs[0] if isinstance(archs, list) and archs else archs
+
+
 def _vision_tower_image(f: Fields, spec: SpecDict, *, patch: int, class_token: bool) -> None:
     """Image and patch sides of a CLIP / SigLIP / DINOv2 tower; positions for the patches
     (+ 1 for [CLS]); only the bare tower (head ``none``) is modelled."""
     if spec["head"] != "none":
         raise UnsupportedError(
-            f"architectures: {short(f.config.get('architectures'))} is not modelled for "
+            f"architectures: {short(_first_architecture(f))} is not modelled for "
             f"model_type {f.model_type!r}, only the bare vision model; use --engine trace"
         )
     image = _square(f, "image_size", 224)
