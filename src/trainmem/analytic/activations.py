@@ -1154,6 +1154,11 @@ def activation_profile(model: ModelSpec, training: TrainingConfig) -> Activation
     if mode == "full":
         per_layer = r * model.hidden_size * t // parallel_divisor("layer_input", training)
         recompute = full_layer
+        if model.architecture == "vision-encoder":
+            # the first norm's saved input is the checkpointed block input itself, already
+            # held (per_layer): the recompute does not make it again (traced on CLIP, SigLIP,
+            # DINOv2 and ViT towers; the formula families' decoders keep the earlier rule)
+            recompute -= per_layer
         kinds = model.layer_kinds()
         if len(kinds) > 1:  # the mean block's input; the largest kind is recomputed
             mean = _mean_terms(

@@ -258,6 +258,11 @@ class _Builder:
             dropped = {"recomputed": prof.recompute}
         else:
             dropped = {k: v for k, v in prof.terms.items() if k not in saved}
+            # full checkpointing where the recompute is smaller than the layer's terms (vision
+            # encoders: the first norm's input is the held block input): that norm's share
+            excess = sum(prof.terms.values()) - prof.recompute
+            if mode == "full" and excess > 0 and "attention/norm" in dropped:
+                dropped["attention/norm"] = max(dropped["attention/norm"] - excess, 0)
         if self.weight_copy:  # autocast's cache holds them (Note [Analytic step schedule])
             dropped.pop(WEIGHT_COPIES, None)
         pieces = _tensor_sizes(self.model, t)
