@@ -586,6 +586,9 @@ HIDDEN_REGION_TERMS = frozenset(
     {
         "attention/norm",
         "mlp/norm",
+        "attention/output_norm",
+        "mlp/output_norm",
+        "mlp/shared_expert_gate",
         "attention/qkv_input",
         "mlp/input",
         "attention/dropout_mask",
@@ -610,7 +613,13 @@ which save them whole
 
 #: Inputs every tensor-parallel rank holds whole (token ids, rotary tables).
 REPLICATED_INPUT_TERMS = frozenset(
-    {"inputs/token_ids_and_labels", "inputs/pixel_values", "rotary_cos_sin"}
+    {
+        "inputs/token_ids_and_labels",
+        "inputs/pixel_values",
+        "rotary_cos_sin",
+        "sliding_mask",
+        "attention/sliding_mask_bias",
+    }
 )
 
 
@@ -788,6 +797,11 @@ def embedding_activation_bytes(model: ModelSpec, training: TrainingConfig) -> di
         out["rotary_cos_sin"] = 2 * r * rows * width * tables
     if model.embedding_norm:
         out["embedding_norm"] = _norm_saved_bytes(model, r) * t
+    if sliding_mask_bias_bytes(model, training) and training.activation_checkpointing != "none":
+        # the sliding layers' (b, 1, s, s) boolean mask is an input of every checkpointed
+        # layer, kept by the checkpoint until their backward (without checkpointing it dies
+        # with the forward; SDPA saves its own float bias)
+        out["sliding_mask"] = b * s * s
     if training.dropout and model.embedding_dropout > 0:
         out["embedding_dropout_mask"] = h * t
     if model.architecture == "encoder-decoder":
@@ -1024,10 +1038,11 @@ def backward_layer_transient_bytes(model: ModelSpec, training: TrainingConfig) -
 def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tuple[int, int, int]:
     """(MLP part, attention part, residual gradient) of what one layer's backward holds besides
     what it saved. MLP: the gradients of its intermediate (2 i-sized tensors, 3 for gated
-    MLPs) and under autocast the 16-bit weight gradient of its largest linear before it is cast
-    into the fp32 ``.grad``. Attention (eager only): two score-sized gradients. The MLP's
-    backward runs first, and by the attention's backward the MLP's saved tensors are freed. A
-    model with blocks of several kinds takes the largest of each part over its kinds."""
+    MLPs; transformers' MoE experts: see the code) and under autocast the 16-bit weight
+    gradient of its largest linear before it is cast into the fp32 ``.grad``. Attention (eager
+    only): two score-sized gradients. The MLP's backward runs first, and by the attention's
+    backward the MLP's saved tensors are freed. A model with blocks of several kinds takes the
+    largest of each part over its kinds."""
     kinds = model.layer_kinds()
     if len(kinds) > 1:
         parts = [backward_layer_transients(block, training) for _, block in kinds]
@@ -1050,6 +1065,13 @@ def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tup
     mlp = n * c * i * t * k_top // parallel_divisor("mlp/gated", training)
     if training.uses_autocast:
         mlp += c * h * i // training.tensor_parallel_size
+    if model.num_experts > 1 and training.conventions.hf_model_code:
+        # transformers' grouped_mm experts run in the weights' dtype w (:func:`moe_terms`); at
+        # the gate/up grouped matmul's backward the gradients of its output (2i), of the
+        # activation and product path (i), of the gathered inputs and of the un-permuted
+        # outputs (h each) are alive, per routed token (found by the trace engine)
+        w = dtype_bytes(training.weight_dtype)
+        mlp = w * k_top * (2 * h + 3 * i) * t // parallel_divisor("mlp/gated", training)
     attention = 0
     if training.attention == "eager":
         # eager attention's backward holds two (b, a, s, s) tensors in the softmax dtype at its
