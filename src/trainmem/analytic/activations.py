@@ -230,6 +230,9 @@ def moe_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dict[str
         "mlp/gated": 4 * w * i * k * t,
         "mlp/expert_outputs": (w * h * k + c * k + 8 * k) * t,
     }
+    if gated_pre_norm_block(model):  # Note [Backward of a gated pre-norm block]
+        terms["mlp/gated"] -= w * i * k * t
+        terms["mlp/down_input"] = w * i * k * t
     si = model.shared_expert_intermediate_size
     if si:
         terms["mlp/shared_expert"] = 4 * c * si * t
@@ -446,6 +449,11 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
             terms["mlp/gated"] = (3 if training.compile else 4) * c * i * t * k_top
         else:
             terms["mlp/activation"] = _activation_fn_saved_bytes(model, training, i) * t * k_top
+        if gated_pre_norm_block(model):
+            # the down projection's input (act(gate) * up), the last tensor the MLP saves and
+            # the first its backward frees (Note [Backward of a gated pre-norm block])
+            terms["mlp/gated"] -= c * i * t * k_top
+            terms["mlp/down_input"] = c * i * t * k_top
     if p_hidden:
         terms["mlp/dropout_mask"] = h * t
     if model.layer_scale:
@@ -1080,7 +1088,10 @@ def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tup
         s, b = tokens_per_sequence(model, training), training.micro_batch_size
         sm = 4 if _fp32_softmax(model, training) else c
         attention = 2 * sm * model.num_heads * s * s * b // parallel_divisor("scores/x", training)
-    residual = 2 * r * h * t
+    # the residual-stream gradient: the incoming one, and the one the layer's input gradient
+    # accumulates into; only the incoming one at the MLP's peak in a gated pre-norm block
+    # (Note [Backward of a gated pre-norm block])
+    residual = (1 if gated_pre_norm_block(model) else 2) * r * h * t
     if model.architecture == "vision-encoder":
         # one (b, s, h) gradient reaches the block (LayerNorm's fused backward; the select of
         # the pooled [CLS] row): traced on CLIP, SigLIP, DINOv2 and ViT towers
@@ -1097,6 +1108,27 @@ def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tup
         if training.activation_checkpointing == "full":
             residual += c * a * s * s_source
     return mlp, attention, residual // parallel_divisor("mlp/input", training)
+
+
+def gated_pre_norm_block(model: ModelSpec) -> bool:
+    """A decoder block x + attn(norm(x)), then x + gated_mlp(norm(x)) (Llama, Mistral, Qwen,
+    Phi-3 and the MoE families), where Note [Backward of a gated pre-norm block] holds.
+
+    Note [Backward of a gated pre-norm block]
+        Traced on Llama, Phi-3, Qwen2-MoE and Qwen3-MoE (2-layer configs, bf16 autocast, full
+        activation checkpointing, tests/analytic/test_formula_families.py): the layer's
+        backward peaks in its MLP, after the down projection's backward has released its
+        saved input (``act(gate) * up``), with one residual-stream gradient alive (the one the
+        layer's input gradient accumulates into comes later); the recomputation does not make
+        the layer input again (the checkpoint keeps it). Blocks with output norms (Gemma-3,
+        OLMo-2) or a non-gated MLP keep the general schedule.
+    """
+    return (
+        model.architecture == "decoder"
+        and model.pre_norms
+        and not model.output_norms
+        and model.mlp_kind == "gated"
+    )
 
 
 def _fp32_softmax(model: ModelSpec, training: TrainingConfig) -> bool:

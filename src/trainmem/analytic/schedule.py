@@ -64,6 +64,7 @@ from trainmem.analytic.activations import (
     compute_and_residual_bytes,
     final_hidden_transient_bytes,
     forward_kv_cache_bytes,
+    gated_pre_norm_block,
     layer_is_checkpointed,
     lm_head_dequant_bytes,
     loss_backward_transient_bytes,
@@ -258,10 +259,15 @@ class _Builder:
             dropped = {"recomputed": prof.recompute}
         else:
             dropped = {k: v for k, v in prof.terms.items() if k not in saved}
-            # full checkpointing where the recompute is smaller than the layer's terms (vision
-            # encoders: the first norm's input is the held block input): that norm's share
+        if mode == "full" and "attention/norm" in dropped and gated_pre_norm_block(self.model):
+            # the layer input the checkpoint keeps is not made again by the recomputation
+            # (Note [Backward of a gated pre-norm block])
+            dropped["attention/norm"] -= min(prof.per_layer, dropped["attention/norm"])
+        elif mode == "full" and "attention/norm" in dropped:
+            # a recompute smaller than the layer's terms (vision encoders: the first norm's
+            # input is the held block input, :func:`activation_profile`): that norm's share
             excess = sum(prof.terms.values()) - prof.recompute
-            if mode == "full" and excess > 0 and "attention/norm" in dropped:
+            if excess > 0:
                 dropped["attention/norm"] = max(dropped["attention/norm"] - excess, 0)
         if self.weight_copy:  # autocast's cache holds them (Note [Analytic step schedule])
             dropped.pop(WEIGHT_COPIES, None)
@@ -637,12 +643,20 @@ class _Builder:
         saved = self._saved_ops(b, "{i}")
         is_mlp = [term.startswith("mlp/") for term, _ in self.saved]
         re_mlp = [term.startswith("mlp/") for term, _ in self.dropped]
+        down = [term == "mlp/down_input" for term, _ in self.saved]
+        re_down = [term == "mlp/down_input" for term, _ in self.dropped]
+        body += [free(op, b) for op, m in zip(saved, down, strict=True) if m]
+        body += [free(op, b) for op, m in zip(recomputed, re_down, strict=False) if m]
         body += [mlp_tmp]
         if new_grads:
             body += grads
         body += [reduce, free(mlp_tmp, b)]
-        body += [free(op, b) for op, m in zip(saved, is_mlp, strict=True) if m]
-        body += [free(op, b) for op, m in zip(recomputed, re_mlp, strict=False) if m]
+        body += [free(op, b) for op, m, d in zip(saved, is_mlp, down, strict=True) if m and not d]
+        body += [
+            free(op, b)
+            for op, m, d in zip(recomputed, re_mlp, re_down, strict=False)
+            if m and not d
+        ]
         attention = alloc(
             self.attention_tmp,
             Cat.TEMPORARY,
