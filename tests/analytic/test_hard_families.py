@@ -196,7 +196,6 @@ SETTINGS = {
 
 #: (config, setting) pairs where the formulas are not yet within 1% of the trace engine.
 NOT_YET: dict[tuple[str, str], str] = {
-    ("tiny-deepseek-v3.json", "bf16-mixed full-AC"): "MoE block's backward transients (+3.1%)",
     ("tiny-t5.json", "bf16-mixed full-AC"): "decoder recompute under full AC (-4.4%)",
     ("tiny-flan-t5.json", "bf16-mixed full-AC"): "decoder recompute under full AC (-8.7%)",
     ("tiny-siglip-vision.json", "bf16-mixed"): "pooling head's forward temporaries (-1.8%)",
