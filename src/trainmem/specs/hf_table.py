@@ -789,6 +789,9 @@ def _t5(f: Fields, spec: SpecDict) -> None:
             f"{short(projection)}",
         )
     spec.update(
+        # the published configs' n_positions (512, the trained length; not a T5Config
+        # attribute, relative buckets set no limit): the default --seq-len
+        max_position_embeddings=f.positive_int("n_positions", 512),
         head_dim=f.positive_int("d_kv", 64),
         mlp_kind="gated" if parts[0] == "gated" else "gelu",
         hidden_act="gelu_new" if projection == "gated-gelu" else parts[-1],
@@ -900,7 +903,6 @@ _HARD_ROWS: tuple[Family, ...] = (
         ),
         defaults=dict(
             vocab_size=32128,
-            max_position_embeddings=512,
             hidden_dropout=0.1,
             attention_dropout=0.1,
             embedding_dropout=0.1,
@@ -914,7 +916,6 @@ _HARD_ROWS: tuple[Family, ...] = (
         ),
         renames=dict(
             intermediate_size="d_ff",
-            max_position_embeddings="n_positions",
             hidden_dropout="dropout_rate",
             attention_dropout="dropout_rate",
             embedding_dropout="dropout_rate",
