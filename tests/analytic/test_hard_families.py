@@ -200,7 +200,6 @@ NOT_YET: dict[tuple[str, str], str] = {
     ("tiny-flan-t5.json", "bf16-mixed full-AC"): "decoder recompute under full AC (-8.7%)",
     ("tiny-siglip-vision.json", "bf16-mixed"): "pooling head's forward temporaries (-1.8%)",
     ("tiny-siglip-vision.json", "bf16-mixed full-AC"): "last block's recompute (-2.5%)",
-    ("tiny-dinov2.json", "bf16-mixed"): "layer-scale backward ordering (-1.3%)",
     ("tiny-dinov2-swiglu.json", "bf16-mixed full-AC"): "last block's recompute (+2.3%)",
 }
 

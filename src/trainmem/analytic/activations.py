@@ -1073,6 +1073,13 @@ def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tup
     mlp = n * c * i * t * k_top // parallel_divisor("mlp/gated", training)
     if training.uses_autocast:
         mlp += c * h * i // training.tensor_parallel_size
+    if model.layer_scale and training.activation_checkpointing == "none":
+        # DINOv2's ``hidden * lambda1`` backward opens the block's backward, with all it saved
+        # still alive: the gradient times lambda1 (fp32: lambda1 is an fp32 weight under AMP),
+        # its cast to the MLP output's dtype, and the gradient times the input for lambda1's
+        # own gradient (traced on a 2-layer DINOv2; under full checkpointing the trace's peak
+        # is later, in the recomputed MLP's backward)
+        mlp = max(mlp, (2 * r + c) * h * t // parallel_divisor("mlp/input", training))
     if model.num_experts > 1 and training.conventions.hf_model_code:
         # transformers' grouped_mm experts run in the weights' dtype w (:func:`moe_terms`); at
         # the gate/up grouped matmul's backward the gradients of its output (2i), of the
