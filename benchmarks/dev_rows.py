@@ -70,10 +70,17 @@ def _litgpt(preset: str, b: int, s: int, **kw: Any) -> dict[str, Any]:
 _ADAPTER = "LLaMA-Adapter (prefix adapters) is not modelled; only LoRA / QLoRA"
 
 
-def _litgpt_fsdp(n_gpus: int) -> dict[str, Any]:
+def _litgpt_fsdp(n_gpus: int, b: int) -> dict[str, Any]:
     """lit-gpt finetune/lora.py on n GPUs: FSDPStrategy(auto_wrap_policy={Block},
-    activation_checkpointing_policy={Block}, full shard)."""
-    return {"data_parallel_size": n_gpus, "zero_stage": 3, "activation_checkpointing": "full"}
+    activation_checkpointing_policy={Block}, full shard), ``batch_size = 128``,
+    ``gradient_accumulation_iters = batch_size // micro_batch_size``, the accumulating
+    micro-batches under ``fabric.no_backward_sync`` (FSDP ``no_sync()``)."""
+    return {
+        "data_parallel_size": n_gpus,
+        "zero_stage": 3,
+        "activation_checkpointing": "full",
+        "gradient_accumulation_steps": 128 // b,
+    }
 
 
 ROWS: dict[str, dict[str, Any] | str] = {
@@ -134,15 +141,14 @@ ROWS: dict[str, dict[str, Any] | str] = {
     "GT090": _ADAPTER,
     "GT091": _ADAPTER,
     # GT092-GT095: lit-gpt LoRA with FSDP (full shard, Block wrapping and checkpointing), scored
-    # as the sharded step. An earlier reading ("the peak is set while loading the checkpoint")
-    # does not survive a second look: the measured peak grows with the micro-batch (GT092 b=1
-    # 22.18 GB -> GT093 b=4 23.39 GB), so the step sets it, and measured minus predicted is
-    # about one whole unsharded bf16 copy of the model per rank (13.4 GB for 7B over 2 ranks,
-    # 26.2 GB for 13B over 4), which trainmem does not model yet: these rows fail and stay
-    # counted until the copy lit-gpt's FSDP strategy holds is found (issue 17).
-    "GT092": _litgpt("llama-2-7b", 1, 1304, **_litgpt_fsdp(2)),
-    "GT093": _litgpt("llama-2-7b", 4, 1304, **_litgpt_fsdp(2)),
-    "GT094": _litgpt("llama-2-13b", 1, 1304, **_litgpt_fsdp(4)),
-    "GT095": _litgpt("phi-1.5", 4, 1044, **_litgpt_fsdp(2)),
+    # as the sharded step. The measured peak grows with the micro-batch (GT092 b=1 22.18 GB ->
+    # GT093 b=4 23.39 GB), so the step sets it; the copy of the layers each rank holds is FSDP1's
+    # flat-parameter gradient (frozen base weights included, use_orig_params=True) kept
+    # unsharded under no_sync while lit-gpt accumulates 128 // b micro-batches (issue 17; Note
+    # [FSDP gradient accumulation under no_sync] in src/trainmem/analytic/schedule.py).
+    "GT092": _litgpt("llama-2-7b", 1, 1304, **_litgpt_fsdp(2, 1)),
+    "GT093": _litgpt("llama-2-7b", 4, 1304, **_litgpt_fsdp(2, 4)),
+    "GT094": _litgpt("llama-2-13b", 1, 1304, **_litgpt_fsdp(4, 1)),
+    "GT095": _litgpt("phi-1.5", 4, 1044, **_litgpt_fsdp(2, 4)),
     "GT096": _litgpt("stablelm-base-alpha-3b", 1, 1034, precision="bf16-mixed"),
 }

@@ -38,6 +38,11 @@ CELLS: list[tuple[str, dict[str, object]]] = [
     ),
     ("FSDP 2 x CP 2", {**FSDP, "context_parallel_size": 2}),
     ("FSDP 2, compile", {**FSDP, "compile": True}),
+    (
+        "FSDP 2, op-level SAC + compile",
+        {**FSDP, "compile": True, "activation_checkpointing": "selective"},
+    ),
+    ("FSDP 2, full AC + compile", {**FSDP, "compile": True, "activation_checkpointing": "full"}),
     ("FSDP 2, float8", {**FSDP, "precision": "fp8-mixed"}),
     ("FSDP 2 x PP 2", {**FSDP, "pipeline_parallel_size": 2, "gradient_accumulation_steps": 4}),
 ]

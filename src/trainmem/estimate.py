@@ -64,6 +64,27 @@ def default_seq_len_of(model: str | ModelSpec) -> int:
         return 1024
 
 
+def route_diffusers(model: str | ModelSpec, training: TrainingConfig) -> bool:
+    """True when ``model`` is a diffusers config (``_class_name``, no ``model_type``): only the
+    trace engine builds it (``trainmem.trace.diffusers_model``). Checks ``resolution`` /
+    ``frames`` / ``text_seq_len`` against it either way (refused for a language model).
+
+    Raises:
+        SpecError: a diffusers option on a language model, or a value the model cannot take.
+    """
+    from trainmem.specs.diffusers import check_image_options, is_diffusers_config
+    from trainmem.specs.hf import load_hf_config
+
+    config: dict[str, object] = {}
+    if isinstance(model, str):
+        try:
+            config = load_hf_config(model)
+        except SpecError:
+            config = {}  # the engine's own loading reports it
+    check_image_options(config, training)
+    return is_diffusers_config(config)
+
+
 def resolve_gpu(gpu: str | GPUSpec | None) -> GPUSpec | None:
     """A catalog GPU from its name (``"A100-80GB"``, ``"h100"``), a GPUSpec, or None."""
     if gpu is None or isinstance(gpu, GPUSpec):
@@ -328,6 +349,7 @@ def estimate(
     gpu_spec = resolve_gpu(gpu)
     if gpu_spec is not None:
         check_precision_on_gpu(training.precision, gpu_spec)
+    diffusers = route_diffusers(model, training)
     if engine == "trace":
         from trainmem.trace.engine import estimate_trace
 
@@ -338,13 +360,19 @@ def estimate(
                 + ", ".join(unsupported)
                 + " yet; use --engine analytic for this configuration"
             )
-        try:  # the trace engine runs families the analytic engine does not model
-            spec = resolve_model(model)
-            check_training_for_model(spec, training)
-            target: str | ModelSpec = spec
-        except UnsupportedError:
-            target = model
-        est = estimate_trace(target, training, gpu=gpu_spec)
+        if diffusers:
+            from trainmem.trace.diffusers_model import estimate_diffusers_trace
+
+            assert isinstance(model, str)
+            est = estimate_diffusers_trace(model, training, gpu=gpu_spec)
+        else:
+            try:  # the trace engine runs families the analytic engine does not model
+                spec = resolve_model(model)
+                check_training_for_model(spec, training)
+                target: str | ModelSpec = spec
+            except UnsupportedError:
+                target = model
+            est = estimate_trace(target, training, gpu=gpu_spec)
         est.schedules = [StepSchedule.from_timeline(est.timeline)]
         traced = est.details.get("per_rank") or [{"rank": 0}]
         keep = ("rank", "coordinates", "ranks_alike")

@@ -259,17 +259,41 @@ def test_shard_grad_op_keeps_gathered_layers_from_forward_to_backward(llama: obj
 def test_megatron_grad_buffer_exists_in_the_forward(llama: object) -> None:
     # megatron param_and_grad_buffer.py: grad_data = torch.zeros(...) at wrap time, fp32
     assert gradients_alive_in_forward(TrainingConfig(framework="megatron"))
-    assert not gradients_alive_in_forward(TrainingConfig(framework="deepspeed"))
+    assert not gradients_alive_in_forward(TrainingConfig(framework="deepspeed", zero_stage=1))
     # DeepSpeed ZeRO-3: stage3.py grad_partitions_flat_buffer from init
     assert gradients_alive_in_forward(TrainingConfig(framework="deepspeed", zero_stage=3))
     assert not gradients_alive_in_forward(TrainingConfig(zero_stage=3))
     kw = {"seq_len": 512}
-    for fw, grad_bytes in (("megatron", 0), ("deepspeed", 2 * PSI)):
+    for fw, stage, grad_bytes in (("megatron", 0, 0), ("deepspeed", 1, 2 * PSI)):
+        kw["zero_stage"] = stage
         one = _candidates(llama, TrainingConfig(framework=fw, **kw))  # type: ignore[arg-type]
         acc = _candidates(llama, TrainingConfig(framework=fw, gradient_accumulation_steps=2, **kw))  # type: ignore[arg-type]
         # accumulation adds the gradients to the forward unless they were there already:
         # DeepSpeed's bf16 gradients 2 x PSI = 13,476,831,232 B; Megatron's already counted
         assert acc["forward"] - one["forward"] == grad_bytes
+
+
+def test_deepspeed_bf16_without_zero_runs_the_bf16_optimizer(llama: object) -> None:
+    # deepspeed/runtime/engine.py _do_optimizer_sanity_check: bf16 with ZeRO off accumulates
+    # gradients in fp32 -> BF16_Optimizer; bf16_optimizer.py: bf16 weights (2 B), one flat fp32
+    # gradient buffer of every parameter from init (4 B, never partitioned), fp32 master + Adam
+    # moments on this rank's 1/N partition ((4 + 8) B / N)
+    t = TrainingConfig(framework="deepspeed", precision="bf16-mixed", data_parallel_size=4)
+    est = estimate_analytic(llama, t, simulate_allocator=False)  # type: ignore[arg-type]
+    assert est.model_states_bytes == {
+        "parameters": 2 * PSI,
+        "gradients": 4 * PSI,
+        "optimizer_states": 12 * PSI // 4,
+    }
+    assert gradients_alive_in_forward(t)
+    # ZeRO-1 keeps bf16 gradients (grad_accum_dtype = model dtype with ZeRO on), none in forward
+    z1 = TrainingConfig(framework="deepspeed", zero_stage=1, data_parallel_size=4)
+    assert z1.grad_dtype == "bfloat16" and not gradients_alive_in_forward(z1)
+    # fp16 runs FP16_Optimizer, not BF16_Optimizer: 16-bit gradients, unpartitioned states
+    fp16 = TrainingConfig(framework="deepspeed", precision="16-mixed", data_parallel_size=4)
+    assert not fp16.bf16_optimizer and fp16.grad_dtype == "float16"
+    # Megatron and the other frameworks are untouched
+    assert not TrainingConfig(framework="pytorch-amp", data_parallel_size=4).bf16_optimizer
 
 
 def test_megatron_and_deepspeed_adam_is_fused() -> None:

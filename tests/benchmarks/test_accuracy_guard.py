@@ -3,9 +3,12 @@ measurements in ../shared/validation/dev_measurements.csv, with thresholds writt
 figures they guard. A change that makes the memory model worse on these rows fails here.
 
 Current figures (benchmarks/RESULTS.md): 33 of 35 rows scored, median |error| 2.2%,
-p90 27.0%, worst under-estimate GT094 -73.5% (the lit-gpt FSDP + LoRA rows GT092-GT095 miss a
-whole-model copy per rank that is not modelled yet; see benchmarks/dev_rows.py). Thresholds allow
-rounding noise only; they tighten when the model is fixed, never loosen to let a row pass.
+p90 10.7%, worst under-estimate GT004 -13.6%. The lit-gpt FSDP + LoRA rows GT092-GT095 moved from
+-60.4 / -53.7 / -73.5 / -27.0% to +1.7 / +5.2 / +1.4 / +14.1% when FSDP1's flat-parameter
+gradients under ``no_sync`` accumulation were modelled (Notes [FSDP gradient accumulation under
+no_sync] and [Flat-parameter gradients in backward] in analytic/schedule.py); no other row
+changed. Thresholds allow rounding noise only;
+they tighten when the model is fixed, never loosen to let a row pass.
 """
 
 from __future__ import annotations
@@ -51,17 +54,17 @@ RECORDED = {
     "GT087": -0.0008,
     "GT088": -0.0024,
     "GT089": -0.0223,
-    "GT092": -0.6040,
-    "GT093": -0.5372,
-    "GT094": -0.7351,
-    "GT095": -0.2705,
+    "GT092": +0.0169,
+    "GT093": +0.0515,
+    "GT094": +0.0143,
+    "GT095": +0.1411,
     "GT096": -0.1071,
 }
 ROW_SLACK = 0.01
 MIN_ROWS_SCORED = 33
 MAX_MEDIAN_ABS = 0.024
-MAX_P90_ABS = 0.275
-MIN_WORST_SIGNED = -0.74
+MAX_P90_ABS = 0.11
+MIN_WORST_SIGNED = -0.14
 
 
 @pytest.mark.skipif(not validate.DEFAULT_CSV.exists(), reason="../shared is not beside the repo")

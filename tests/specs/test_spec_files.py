@@ -234,3 +234,41 @@ def test_a_few_aliases_are_fine(tmp_path: Path) -> None:
 def test_yaml_bare_no_is_no_mixed_precision(tmp_path: Path) -> None:
     # YAML 1.1 reads an unquoted `no` as false; accelerate means "no mixed precision"
     assert read_accelerate_config(_write(tmp_path, "a.yaml", "mixed_precision: no\n")) == {}
+
+
+def _lay_out_hub_cache(root: Path, repo_id: str, files: dict[str, dict]) -> None:
+    """The huggingface_hub cache layout, by hand: models--org--name/refs/main holds the commit,
+    snapshots/<commit>/<file> the files (huggingface_hub file_download.py,
+    ``try_to_load_from_cache``)."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = root / ("models--" + repo_id.replace("/", "--"))
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    for name, content in files.items():
+        path = repo / "snapshots" / commit / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(content))
+
+
+def test_hub_id_read_from_the_cache_offline(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    pytest.importorskip("huggingface_hub")
+
+    def no_network(*args: object, **kwargs: object) -> object:
+        raise AssertionError("a cached config must not touch the network")
+
+    gpt2 = load_hf_config("gpt2")
+    flux = load_hf_config("flux.1-dev-transformer")
+    _lay_out_hub_cache(tmp_path, "some-org/some-lm", {"config.json": gpt2})
+    _lay_out_hub_cache(tmp_path, "some-org/some-pipeline", {"transformer/config.json": flux})
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(socket, "getaddrinfo", no_network)
+    assert load_hf_config("some-org/some-lm") == gpt2
+    assert load_hf_config("some-org/some-pipeline") == flux  # diffusers: transformer/ subfolder
+    start = time.monotonic()
+    with pytest.raises(SpecError, match="HF_HUB_OFFLINE is set") as info:
+        load_hf_config("some-org/not-cached")
+    assert time.monotonic() - start < 2
+    assert "pass the path" in _one_line(info.value)

@@ -7,6 +7,10 @@ real CPU tensors, counting the storages ``saved_tensors_hooks`` sees packed duri
 forward, minus the parameters and the layer's inputs (allocated elsewhere). The trace's layer-0
 activations add the layer's output (the fp32 residual stream, b*s*h*4 B), which layer 0 allocates
 and layer 1 saves.
+
+With op-level selective checkpointing the reference wraps each layer in
+``torch.utils.checkpoint.checkpoint(..., context_fn=...)`` before ``torch.compile``, as torchtitan
+does; dynamo turns it into a tagged region the partitioner honours.
 """
 
 from __future__ import annotations
@@ -16,13 +20,19 @@ import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 from torch._functorch.partitioners import min_cut_rematerialization_partition
+from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
 from trainmem.specs.hf import load_hf_config
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace.engine import run_trace
 from trainmem.trace.hf_model import build_hf_training_model, make_hf_batch
+from trainmem.trace.sac import selective_policy
 
 B, S, H = 2, 64, 64  # tiny-llama-test: hidden 64
+
+
+def _sac_context():  # module level: dynamo refuses a nested context_fn
+    return create_selective_checkpoint_contexts(selective_policy())
 
 
 def _dynamo_saved_bytes(training: TrainingConfig) -> int:
@@ -38,7 +48,13 @@ def _dynamo_saved_bytes(training: TrainingConfig) -> int:
         fw_compiler=nop, bw_compiler=nop, partition_fn=min_cut_rematerialization_partition
     )
     for layer in model.model.layers:
-        layer.forward = torch.compile(layer.forward, backend=backend, fullgraph=True)
+        forward = layer.forward
+        if training.activation_checkpointing == "selective":
+
+            def forward(*a, _f=layer.forward, **k):
+                return checkpoint(_f, *a, use_reentrant=False, context_fn=_sac_context, **k)
+
+        layer.forward = torch.compile(forward, backend=backend, fullgraph=True)
     layer = model.model.layers[0]
     outside = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved: dict[int, int] = {}
@@ -89,6 +105,19 @@ def test_compiled_layer_keeps_what_torch_compile_saves(precision: str) -> None:
     # and compiling changed something: eager keeps more (measured 851,456 B vs 695,808 B saved
     # for layer 0 in fp32 with the parameters counted)
     assert _traced_layer_activations(eager) > traced
+
+
+def test_compiled_selective_checkpointing_keeps_what_torch_compile_saves() -> None:
+    # the checkpoint region's tags reach the partitioner: the trace keeps what dynamo's
+    # compiled SAC region keeps, and less than eager SAC, whose cache also holds the output of
+    # the last saved matmul (down_proj: b*s*h*4 B in fp32) that no backward op reads
+    settings = {"micro_batch_size": B, "seq_len": S, "precision": "32-true"}
+    compiled = TrainingConfig(compile=True, activation_checkpointing="selective", **settings)
+    eager = TrainingConfig(activation_checkpointing="selective", **settings)
+    layer_output = B * S * H * 4
+    traced = _traced_layer_activations(compiled)
+    assert traced == _dynamo_saved_bytes(compiled) + layer_output
+    assert _traced_layer_activations(eager) - traced == B * S * H * 4
 
 
 def test_analytic_compile_rule_matches_the_traced_partition() -> None:

@@ -230,7 +230,7 @@ def moe_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dict[str
         "mlp/gated": 4 * w * i * k * t,
         "mlp/expert_outputs": (w * h * k + c * k + 8 * k) * t,
     }
-    if gated_pre_norm_block(model):  # Note [Backward of a gated pre-norm block]
+    if sequential_pre_norm_block(model):  # Note [Backward of a pre-norm block]
         terms["mlp/gated"] -= w * i * k * t
         terms["mlp/down_input"] = w * i * k * t
     si = model.shared_expert_intermediate_size
@@ -449,10 +449,12 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
             terms["mlp/gated"] = (3 if training.compile else 4) * c * i * t * k_top
         else:
             terms["mlp/activation"] = _activation_fn_saved_bytes(model, training, i) * t * k_top
-        if gated_pre_norm_block(model):
-            # the down projection's input (act(gate) * up), the last tensor the MLP saves and
-            # the first its backward frees (Note [Backward of a gated pre-norm block])
-            terms["mlp/gated"] -= c * i * t * k_top
+        if sequential_pre_norm_block(model):
+            # the down projection's input (act(gate) * up or the activation's output), the last
+            # tensor the MLP saves and the first its backward frees (Note [Backward of a pre-norm
+            # block])
+            key = "mlp/gated" if model.mlp_kind == "gated" else "mlp/activation"
+            terms[key] -= c * i * t * k_top
             terms["mlp/down_input"] = c * i * t * k_top
     if p_hidden:
         terms["mlp/dropout_mask"] = h * t
@@ -627,6 +629,7 @@ REPLICATED_INPUT_TERMS = frozenset(
         "rotary_cos_sin",
         "sliding_mask",
         "attention/sliding_mask_bias",
+        "attention_mask",
     }
 )
 
@@ -805,6 +808,9 @@ def embedding_activation_bytes(model: ModelSpec, training: TrainingConfig) -> di
         out["rotary_cos_sin"] = 2 * r * rows * width * tables
     if model.embedding_norm:
         out["embedding_norm"] = _norm_saved_bytes(model, r) * t
+    _, eager_mask = eager_scores_forward_bytes(model, training)
+    if eager_mask and training.activation_checkpointing != "none":
+        out["attention_mask"] = eager_mask  # an input of every checkpointed layer
     if sliding_mask_bias_bytes(model, training) and training.activation_checkpointing != "none":
         # the sliding layers' (b, 1, s, s) boolean mask is an input of every checkpointed
         # layer, kept by the checkpoint until their backward (without checkpointing it dies
@@ -978,14 +984,47 @@ def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
     return -(-total // parallel_divisor("logits", training))
 
 
+def eager_scores_forward_bytes(model: ModelSpec, training: TrainingConfig) -> tuple[int, int]:
+    """(per layer, per model) bytes BLOOM's eager attention holds in the forward beyond what it
+    saves (``ModelSpec.eager_scores_kept``), 0 for other families or attention kernels.
+
+    Per layer, alive at the end of its attention (modeling_bloom.py ``BloomAttention.forward``
+    keeps its locals until it returns): the raw ``baddbmm`` scores (c*a*s*s*b), the scores
+    plus the additive causal mask in the mask's dtype (r*a*s*s*b), the fused
+    ``query_key_value`` output (3c*h per token), the block's LayerNorm output (r*h) and the
+    ``dense`` output (c*h); under checkpointing also the previous block's returned attention
+    probabilities (c*a*s*s*b, modeling_bloom.py ``BloomBlock.forward`` returns ``output,
+    attn_weights``). Per model, the additive (b, 1, s, s) causal mask in the model's
+    dtype r, alive through the forward (and kept by the checkpoint under activation
+    checkpointing: :func:`embedding_activation_bytes`). Found by the trace engine."""
+    if not model.eager_scores_kept or training.attention != "eager":
+        return 0, 0
+    c, r = compute_and_residual_bytes(training)
+    b, s, h = training.micro_batch_size, tokens_per_sequence(model, training), model.hidden_size
+    t = b * s
+    # under checkpointing the previous block's attention probabilities (c), returned by every
+    # BloomBlock and held in BloomModel's ``outputs`` until the next block returns, are not
+    # saved activations any more but still alive
+    kept = c if training.activation_checkpointing != "none" else 0
+    scores = (c + r + kept) * model.num_heads * s * s * b // parallel_divisor("scores/x", training)
+    hidden = (3 * c + r + c) * h * t // parallel_divisor("attention/qkv_input", training)
+    return scores + hidden, r * b * s * s
+
+
 def final_hidden_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     """Bytes of the final norm's output, held by the causal-LM forward
     (``hidden_states = outputs.last_hidden_state``) while its loss runs, where nothing saves it:
     under autocast it is in the residual dtype r and the LM head saves its 16-bit cast (r*h per
-    token); when r = c the LM head saves this very tensor (``lm_head_input``). Source:
-    modeling_llama.py ``LlamaForCausalLM.forward``; found by the trace engine."""
+    token); when r = c the LM head saves this very tensor (``lm_head_input``). For the
+    families of ``ModelSpec.loss_holds_hidden``. Source: modeling_llama.py
+    ``LlamaForCausalLM.forward``; found by the trace engine."""
     c, r = compute_and_residual_bytes(training)
-    if model.head != "causal-lm" or r == c or not training.conventions.hf_model_code:
+    if (
+        model.head != "causal-lm"
+        or not model.loss_holds_hidden
+        or r == c
+        or not training.conventions.hf_model_code
+    ):
         return 0
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     return -(-r * model.hidden_size * t // parallel_divisor("lm_head_input", training))
@@ -1096,9 +1135,9 @@ def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tup
         sm = 4 if _fp32_softmax(model, training) else c
         attention = 2 * sm * model.num_heads * s * s * b // parallel_divisor("scores/x", training)
     # the residual-stream gradient: the incoming one, and the one the layer's input gradient
-    # accumulates into; only the incoming one at the MLP's peak in a gated pre-norm block
-    # (Note [Backward of a gated pre-norm block])
-    residual = (1 if gated_pre_norm_block(model) else 2) * r * h * t
+    # accumulates into; only the incoming one at the MLP's peak in a sequential pre-norm block
+    # (Note [Backward of a pre-norm block])
+    residual = (1 if sequential_pre_norm_block(model) else 2) * r * h * t
     if model.architecture == "vision-encoder":
         # one (b, s, h) gradient reaches the block (LayerNorm's fused backward; the select of
         # the pooled [CLS] row): traced on CLIP, SigLIP, DINOv2 and ViT towers
@@ -1117,24 +1156,27 @@ def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tup
     return mlp, attention, residual // parallel_divisor("mlp/input", training)
 
 
-def gated_pre_norm_block(model: ModelSpec) -> bool:
-    """A decoder block x + attn(norm(x)), then x + gated_mlp(norm(x)) (Llama, Mistral, Qwen,
-    Phi-3 and the MoE families), where Note [Backward of a gated pre-norm block] holds.
+def sequential_pre_norm_block(model: ModelSpec) -> bool:
+    """A decoder block x + attn(norm(x)), then x + mlp(norm(x)), with a gated MLP or one
+    fused activation (Llama, Mistral, Qwen, Phi-3, the MoE families, StarCoder2, GPT-BigCode),
+    where Note [Backward of a pre-norm block] holds.
 
-    Note [Backward of a gated pre-norm block]
-        Traced on Llama, Phi-3, Qwen2-MoE and Qwen3-MoE (2-layer configs, bf16 autocast, full
-        activation checkpointing, tests/analytic/test_formula_families.py): the layer's
-        backward peaks in its MLP, after the down projection's backward has released its
-        saved input (``act(gate) * up``), with one residual-stream gradient alive (the one the
-        layer's input gradient accumulates into comes later); the recomputation does not make
-        the layer input again (the checkpoint keeps it). Blocks with output norms (Gemma-3,
-        OLMo-2) or a non-gated MLP keep the general schedule.
+    Note [Backward of a pre-norm block]
+        Traced on Llama, Phi-3, Qwen2-MoE, Qwen3-MoE and GPT-BigCode (2-layer configs, bf16
+        autocast, full activation checkpointing, tests/analytic/test_formula_families.py): the
+        layer's backward peaks in its MLP, after the down projection's backward has released
+        its saved input (``act(gate) * up``, or the activation's output), with one
+        residual-stream gradient alive (the one the layer's input gradient accumulates into
+        comes later); the recomputation does not make the layer input again (the checkpoint
+        keeps it). Blocks with output norms (Gemma-3, OLMo-2), parallel attention and MLP
+        (Falcon, Phi, GPT-NeoX), or GPT-2's tanh-formula GELU keep the general schedule.
     """
     return (
         model.architecture == "decoder"
         and model.pre_norms
         and not model.output_norms
-        and model.mlp_kind == "gated"
+        and not model.parallel_attention
+        and (model.mlp_kind == "gated" or model.hidden_act in FUSED_ACTIVATIONS)
     )
 
 
@@ -1154,18 +1196,32 @@ def layer_is_checkpointed(training: TrainingConfig) -> bool:
 
 
 def op_selective_saved_bytes(model: ModelSpec, training: TrainingConfig) -> int:
-    """Bytes one layer keeps under op-level selective checkpointing as torchtitan does it
+    """Bytes one layer keeps under op-level selective checkpointing: the sum of
+    :func:`op_selective_saved_terms`."""
+    return sum(op_selective_saved_terms(model, training).values())
+
+
+def op_selective_saved_terms(model: ModelSpec, training: TrainingConfig) -> dict[str, int]:
+    """Tensors one layer keeps under op-level selective checkpointing as torchtitan does it
     (``selective_ac_option="op"``): the layer input, the SDPA output + logsumexp, and the output
     of every other matmul in execution order (the 1st, 3rd, ...; torchtitan's policy saves
     ``aten.mm`` "except every second mm"); everything else is recomputed in backward.
+
+    Under ``torch.compile`` the checkpoint is a tagged region of the compiled graph and the
+    min-cut partitioner keeps a ``MUST_SAVE`` output only if the backward reads it
+    (``torch/_functorch/partitioners.py``: tags ban recomputation, they do not add outputs); the
+    outputs of the attention and MLP output projections (``o``, ``down``) only enter the
+    residual add, whose backward reads no input, so they are not kept (eager SAC's cache keeps
+    every ``MUST_SAVE`` output for the replay). Seen in the trace of llama-3.2-1b (one
+    ``(tokens, h)`` tensor per layer less with compile, Note [Tracing torch.compile]).
 
     Source: torchtitan ``apply_ac`` / ``_get_custom_policy`` (``_save_list`` and the mm counter),
     ``torch.utils.checkpoint.create_selective_checkpoint_contexts``. See Note [Activation
     checkpointing].
     """
-    mean = _mean_terms(model, lambda block: {"": op_selective_saved_bytes(block, training)})
+    mean = _mean_terms(model, lambda block: op_selective_saved_terms(block, training))
     if mean is not None:
-        return mean[""]
+        return mean
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     c, r = compute_and_residual_bytes(training)
     k_top = model.num_experts_per_tok if model.num_experts > 1 else 1
@@ -1195,13 +1251,16 @@ def op_selective_saved_bytes(model: ModelSpec, training: TrainingConfig) -> int:
         mm_count += 1
         if mm_count % 2 == 1:
             kept[f"mm/{name}"] = size
+    if training.compile:  # read by no backward op: the min-cut does not keep them
+        kept.pop("mm/o", None)
+        kept.pop("mm/down", None)
     split = {
         "layer_input": r * model.hidden_size * t,
         "attention/sdpa_output": c * model.num_heads * model.head_dim * t,
         "attention/logsumexp": 4 * model.num_heads * t,
         **kept,
     }
-    return sum(split_for_parallelism(split, training).values())
+    return split_for_parallelism(split, training)
 
 
 def activation_profile(model: ModelSpec, training: TrainingConfig) -> ActivationProfile:

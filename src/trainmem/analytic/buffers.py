@@ -81,7 +81,7 @@ def kept_gathered_layer_bytes(layer: Sequence[TensorState], training: TrainingCo
     sharded outside of computation ... not resharded after the forward"),
     _runtime_utils.py ``_post_forward_reshard`` / ``_post_backward_reshard``.
     """
-    dp = training.data_parallel_size
+    dp = training.sharding_degree  # torchtitan shards over dp x cp: FSDP 1 x CP 8 shards
     if training.zero_stage == 3 and dp > 1 and not training.reshard_after_forward:
         return gathered_layer_bytes(layer, training)
     unsharded = training.zero_stage < 3 or dp == 1
@@ -132,11 +132,14 @@ def gradients_alive_in_forward(training: TrainingConfig) -> bool:
 def gradient_buffer_from_init(training: TrainingConfig) -> bool:
     """The framework allocates the gradients once at wrap time and never frees them: Megatron's
     fp32 ``grad_data`` (``grad_buffer_from_init`` with master weights), DeepSpeed ZeRO-3's
-    gradient partition (``zero3_grad_partition_from_init``). Sources: see
-    :func:`gradients_alive_in_forward`."""
+    gradient partition (``zero3_grad_partition_from_init``), DeepSpeed ``BF16_Optimizer``'s
+    fp32 ``fp32_groups_gradients_flat`` (``TrainingConfig.bf16_optimizer``). Sources: see
+    :func:`gradients_alive_in_forward` and ``FrameworkConventions.bf16_optimizer_without_zero``."""
     conv = training.conventions
-    return (conv.grad_buffer_from_init and training.master_weights) or (
-        conv.zero3_grad_partition_from_init and training.zero_stage == 3
+    return (
+        (conv.grad_buffer_from_init and training.master_weights)
+        or (conv.zero3_grad_partition_from_init and training.zero_stage == 3)
+        or training.bf16_optimizer
     )
 
 

@@ -144,29 +144,68 @@ def estimate_analytic(
     )
 
 
+def rank_layers(model: ModelSpec, training: TrainingConfig) -> list[int]:
+    """Transformer layers held by each pipeline rank, first to last: Megatron's even split or
+    torchtitan's (:attr:`~trainmem.specs.frameworks.FrameworkConventions.
+    torchtitan_pipeline_split`)."""
+    p, L = training.pipeline_parallel_size, model.num_layers
+    if not training.conventions.torchtitan_pipeline_split:
+        per = -(-L // p)
+        return [per] * (p - 1) + [L - per * (p - 1)]
+    interleaved = training.pipeline_schedule == "interleaved-1f1b"
+    stages = p * (training.virtual_pipeline_stages if interleaved else 1)
+    base, extra = divmod(L, stages)
+    sizes = [base]
+    for _ in range(stages - 2):  # generate_split_points: middle stages take the extra layers
+        sizes.append(base + (1 if extra > 0 else 0))
+        extra -= 1
+    sizes.append(L - sum(sizes))
+    return [sum(sizes[r::p]) for r in range(p)]
+
+
+def _interleaved_in_flight(rank: int, p: int, m: int, v: int) -> float:
+    """Micro-batches (in units of the rank's whole layer set) whose activations rank ``rank``
+    holds at once under interleaved 1F1B: torch's ``ScheduleInterleaved1F1B`` runs
+    ``warmup = min((v - 1) * m_round + 2 * (p - 1 - rank), m * v)`` chunk forwards, then
+    alternates forward and backward (forward first), so ``warmup + 1`` chunk forwards are alive
+    while any steady-state op remains; ``m_round = m // max(1, m // p)`` micro-batches per
+    round (torch/distributed/pipelining/schedules.py ``_get_warmup_ops``,
+    ``_calculate_single_rank_operations``). With ``m`` a multiple of ``p`` this is Narayanan
+    et al. 2021's ``p - rank + (p - 1) / v`` for ``v = 2``."""
+    per_round = m // max(1, m // p)
+    warmup = min((v - 1) * per_round + 2 * (p - 1 - rank), m * v)
+    chunks = warmup + 1 if warmup < m * v else warmup
+    return chunks / v
+
+
 def pipeline_ranks(model: ModelSpec, training: TrainingConfig) -> list[PipelineRank]:
-    """The ranks whose memory differs: the first and the last pipeline stage (one rank without
+    """The ranks whose memory differs: the first and the last pipeline stage, and the first
+    middle rank holding the most layers when it holds more than the first (one rank without
     pipelining). Tensor, context and data-parallel ranks of a stage hold the same bytes."""
     p = training.pipeline_parallel_size
     L = model.num_blocks  # encoder + decoder blocks of an encoder-decoder
     m = training.gradient_accumulation_steps  # micro-batches per step
     if p == 1:
         return [PipelineRank(0, L, 1, True, True)]
-    per_stage = -(-L // p)
+    layers = rank_layers(model, training)
+    stages = [0, p - 1]
+    middle = max(range(1, p - 1), key=lambda r: (layers[r], -r), default=0)
+    if middle and layers[middle] > layers[0]:
+        stages.insert(1, middle)
     schedule = training.pipeline_schedule
     out = []
-    for stage in (0, p - 1):
+    for stage in stages:
         if schedule == "gpipe":
             in_flight: float = m
         elif schedule == "interleaved-1f1b":
-            in_flight = min(float(m), (p - stage) + (p - 1) / training.virtual_pipeline_stages)
+            in_flight = _interleaved_in_flight(stage, p, m, training.virtual_pipeline_stages)
         else:
             in_flight = min(m, p - stage)
         last = stage == p - 1
         out.append(
             PipelineRank(
                 stage,
-                per_stage if not last else L - per_stage * (p - 1),
+                layers[stage],
                 max(in_flight, 1),
                 stage == 0 or (last and model.tie_word_embeddings),
                 last,

@@ -48,6 +48,35 @@ Note [FSDP under pipeline parallelism]
     dtype (FSDP2 ``FSDPParam.to_accumulated_grad_if_needed``: fp32 under torchtitan's
     ``MixedPrecisionPolicy(reduce_dtype=float32)``), until the reduce-scatter leaves the shards.
 
+Note [FSDP gradient accumulation under no_sync]
+    A framework that accumulates under FSDP1's ``no_sync()`` (``fsdp_no_sync_accumulation``:
+    lit-gpt's ``fabric.no_backward_sync`` -> Lightning ``module.no_sync()``) with FULL_SHARD
+    keeps each unit's gradient *unsharded* from the first micro-batch's backward to the last
+    one's: torch distributed/fsdp/_runtime_utils.py ``_post_backward_hook`` returns before the
+    reduce-scatter while ``not state._sync_gradients`` (``flat_param.grad`` keeps the padded
+    unsharded size, ``FlatParamHandle.prepare_gradient_for_backward``), and frees the gathered
+    parameters all the same (``_should_free_in_backward``: FULL_SHARD reshards after forward).
+    The last micro-batch runs with sync on: each unit's reduce-scatter leaves this rank's shard
+    and frees the unsharded gradient, layer by layer in its backward. With flat-parameter
+    gradients (:func:`~trainmem.analytic.tensor_states.flat_parameter_grads`) that unsharded
+    gradient covers every weight of a LoRA layer, not only the adapters: about one unsharded
+    copy of the layers per rank, alive from the first micro-batch's backward to the last one's.
+    Run on the CPU under the fake process group in ``tests/analytic/test_fsdp_flat_parameter.py``.
+
+Note [Flat-parameter gradients in backward]
+    FSDP1 with ``use_orig_params=True`` runs a unit's forward on views of its unsharded flat
+    parameter, made by one ``torch.split`` (torch distributed/fsdp/flat_param.py
+    ``_get_unflat_views_aligned``); in backward autograd buffers the gradient of every view (the
+    frozen base weights' too) until the split's backward concatenates them into the flat
+    gradient (``split_with_sizes_backward``: ``at::cat``), so at the end of a layer's backward
+    its per-parameter gradients and their concatenation are alive together (two unsharded
+    copies of the layer in the gradient dtype). Under ``no_sync`` accumulation the micro-batches
+    after the first add that concatenation into the kept gradient and free it (autograd
+    ``AccumulateGrad``: ``variable_grad += new_grad``). Measured on the real FSDP1 on the CPU
+    (torch.profiler allocation events, a 3-layer LoRA model, 2 fake ranks): per layer +1 unit
+    of view gradients, +1 unit concatenated, the views freed; the accumulated unit kept in the
+    first micro-batch, freed after the add in the later ones.
+
 Source: torch/optim/optimizer.py, adam.py ``_init_group`` / ``_multi_tensor_adam``; autograd's
 reverse-order backward; ATen/cuda/CublasHandlePool.cpp (one workspace per handle); the papers
 cited per term in :mod:`trainmem.analytic.activations` and :mod:`trainmem.analytic.engine`.
@@ -62,13 +91,15 @@ from trainmem.analytic.activations import (
     autocast_cached_weight_bytes,
     backward_layer_transients,
     compute_and_residual_bytes,
+    eager_scores_forward_bytes,
     final_hidden_transient_bytes,
     forward_kv_cache_bytes,
-    gated_pre_norm_block,
     layer_is_checkpointed,
     lm_head_dequant_bytes,
     loss_backward_transient_bytes,
     loss_forward_transient_bytes,
+    op_selective_saved_terms,
+    sequential_pre_norm_block,
     tokens_per_sequence,
 )
 from trainmem.analytic.buffers import (
@@ -81,8 +112,9 @@ from trainmem.analytic.buffers import (
     reduce_scatter_layer_bytes,
     root_gathered_bytes,
 )
+from trainmem.analytic.pipeline import logits_bytes, stage_buffers
 from trainmem.analytic.temporaries import optimizer_step_temporary_bytes
-from trainmem.analytic.tensor_states import StateLayout, TensorState
+from trainmem.analytic.tensor_states import StateLayout, TensorState, flat_parameter_grads
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
 from trainmem.specs.model import ModelSpec
@@ -91,6 +123,28 @@ from trainmem.timeline import Phase
 from trainmem.units import dtype_bytes
 
 WEIGHT_COPIES = "autocast_weight_copies"
+
+RELEASED_BEFORE_SOFTMAX_BACKWARD = frozenset(
+    {
+        "attention/out_proj_input",
+        "scores/probs_for_values",
+        "scores/dropout_mask",
+        "attention/v",
+    }
+)
+"""Eager attention terms whose saving op runs its backward before the softmax's.
+
+Note [Eager attention's backward order]
+    Eager attention is ``o_proj(matmul(dropout(softmax(q k^T).to(c)), v))`` (transformers
+    modeling_llama.py ``eager_attention_forward``). Backward runs o_proj's, the value matmul's,
+    dropout's and the cast's nodes before the softmax's, and autograd releases a node's saved
+    tensors as soon as it has run (torch/csrc/autograd/engine.cpp ``call_function``:
+    ``fn.release_variables()`` when the graph is not retained). So the o_proj input, the
+    probabilities fed to the value matmul, the dropout mask and v are gone when the softmax
+    backward's two score-sized transients are live; q and k (the score matmul's) and the
+    softmax output stay. Checked against the trace engine (tiny-llama-test, bf16-mixed, eager,
+    b=2, s=2048: the backward peak fell from 10.6 % over the trace to 0.0 %) and a real GPU's
+    snapshot (S003 of ../shared/validation/snapshots, benchmarks/snapshot_analytic_step.py)."""
 
 WARMUP_STEPS = 1
 """Steps replayed before the measured one (Note [Analytic step schedule])."""
@@ -118,14 +172,27 @@ class PipelineRank:
     has_head: bool
 
 
-def alloc(size: int, cat: Cat, phase: Phase, key: str, module: str = "", label: str = "") -> Op:
-    """An allocation of ``max(size, 0)`` bytes."""
-    return Op("alloc", max(int(size), 0), cat, phase, key, module, label)
+def alloc(
+    size: int,
+    cat: Cat,
+    phase: Phase,
+    key: str,
+    module: str = "",
+    label: str = "",
+    stream: int = 0,
+) -> Op:
+    """An allocation of ``max(size, 0)`` bytes on CUDA stream ``stream``."""
+    return Op("alloc", max(int(size), 0), cat, phase, key, module, label, stream)
 
 
 def free(op: Op, phase: Phase) -> Op:
     """The free of ``op``'s allocation, in ``phase``."""
-    return Op("free", op.size_bytes, op.category, phase, op.key, op.module, op.label)
+    return Op("free", op.size_bytes, op.category, phase, op.key, op.module, op.label, op.stream)
+
+
+ALL_GATHER_STREAM = 1
+REDUCE_SCATTER_STREAM = 2
+"""Streams of FSDP2's collectives (``FrameworkConventions.fsdp_collective_streams``)."""
 
 
 class _Builder:
@@ -173,8 +240,31 @@ class _Builder:
             if self.stage >= 2 or offloads_grads
             else 0
         )
+        streams = training.conventions.fsdp_collective_streams and self.stage == 3
+        self.ag_stream = ALL_GATHER_STREAM if streams else 0
+        self.rs_stream = REDUCE_SCATTER_STREAM if streams else 0
+        self.flat_gather = self.gather_a if streams else 0  # one layer's flat all-gather output
         # Note [FSDP under pipeline parallelism]
         self.pp_fsdp = training.pipeline_parallel_size > 1 and self.stage == 3
+        # Note [FSDP gradient accumulation under no_sync]; FULL_SHARD only (lit-gpt's): under
+        # SHARD_GRAD_OP no_sync also keeps the gathered parameters, not modelled here
+        self.no_sync = (
+            not self.pp_fsdp
+            and self.stage == 3
+            and training.conventions.fsdp_no_sync_accumulation
+            and training.gradient_accumulation_steps > 1
+            and training.zero_grad_set_to_none
+            and not gradient_buffer_from_init(training)
+        )
+        if self.no_sync:  # the accumulated unsharded gradient is the reduce-scatter's input
+            self.reduce = 0
+        self.unsharded_grads = self.pp_fsdp or self.no_sync
+        # Note [Flat-parameter gradients in backward]
+        self.flat_views = (
+            sum(s.full_grad_bytes for s in self.layer_states)
+            if flat_parameter_grads(training)
+            else 0
+        )
         self.stage_gather = 0
         if self.pp_fsdp:
             self.stage_gather = self.L * (self.gather_a + self.kept) + self.gather_root
@@ -196,6 +286,7 @@ class _Builder:
         self.loss_fwd = loss_forward_transient_bytes(model, training) if rank.has_head else 0
         self.kv_cache = forward_kv_cache_bytes(model, training, self.L)
         self.final_hidden = final_hidden_transient_bytes(model, training) if rank.has_head else 0
+        self.scores_tmp, self.mask_tmp = eager_scores_forward_bytes(model, training)
         self.head_dequant = lm_head_dequant_bytes(model, training) if rank.has_head else 0
         self.weight_copy = (
             autocast_cached_weight_bytes(model, training) if layer_is_checkpointed(training) else 0
@@ -213,6 +304,24 @@ class _Builder:
         self.in_flight_bytes = round(
             (rank.in_flight - 1) * (self.emb_acts + on_gpu * prof.per_layer)
         )
+        # Note [Pipeline stage buffers]
+        self.pp_buffers = stage_buffers(
+            model,
+            training,
+            in_flight=rank.in_flight,
+            first=rank.stage == 0,
+            last=rank.has_head,
+        )
+        # the last stage's logits stay in ``output_chunks``: they are the kept part of the loss's
+        # forward transients
+        self.loss_fwd = max(self.loss_fwd - self.pp_buffers.output_chunk, 0)
+        # the 16-bit logits and their fp32 copy are two tensors (the copy freed first)
+        self.logits16 = 0
+        if not self.pp_buffers.output_chunk and rank.has_head:
+            part = logits_bytes(model, training)
+            if 0 < part < self.loss_fwd:
+                self.logits16 = part
+                self.loss_fwd -= part
 
     # -- terms ------------------------------------------------------------------------------
 
@@ -253,15 +362,18 @@ class _Builder:
             saved = {k: v for k, v in prof.terms.items() if not k.startswith("scores/")}
         elif mode == "selective":  # op-level: matmul / SDPA outputs kept, the rest recomputed
             saved = {"op_selective_saved": prof.per_layer}
+            parts = op_selective_saved_terms(self.model, t)
+            if sum(parts.values()) == prof.per_layer:  # as the tensors they are
+                saved = {f"op_selective/{k}": v for k, v in parts.items()}
         else:
             saved = {"layer_input": prof.per_layer}
         if mode == "selective" and t.attention != "eager":
             dropped = {"recomputed": prof.recompute}
         else:
             dropped = {k: v for k, v in prof.terms.items() if k not in saved}
-        if mode == "full" and "attention/norm" in dropped and gated_pre_norm_block(self.model):
+        if mode == "full" and "attention/norm" in dropped and sequential_pre_norm_block(self.model):
             # the layer input the checkpoint keeps is not made again by the recomputation
-            # (Note [Backward of a gated pre-norm block])
+            # (Note [Backward of a pre-norm block])
             dropped["attention/norm"] -= min(prof.per_layer, dropped["attention/norm"])
         elif mode == "full" and "attention/norm" in dropped:
             # a recompute smaller than the layer's terms (vision encoders: the first norm's
@@ -351,7 +463,15 @@ class _Builder:
                 for n, s in enumerate(states)
             ]
         return [
-            alloc(s.grad_bytes, Cat.GRADIENT, phase, f"grad/{key}/{n}", module, "gradients")
+            alloc(
+                s.grad_bytes,
+                Cat.GRADIENT,
+                phase,
+                f"grad/{key}/{n}",
+                module,
+                "gradients",
+                self.rs_stream,
+            )
             for n, s in enumerate(states)
         ]
 
@@ -376,15 +496,28 @@ class _Builder:
             *(free(op, phase) for op in emb),
         ]
 
-    def micro_batch(self, *, new_grads: bool) -> Repeat:
-        """One micro-batch (built once per kind, shared by the warm-up and measured steps)."""
-        key = f"micro/{new_grads}"
+    def micro_batch(self, *, new_grads: bool, reduce: bool = False) -> Repeat:
+        """One micro-batch (built once per kind, shared by the warm-up and measured steps).
+        ``reduce``: the last micro-batch under ``no_sync`` accumulation, which reduce-scatters
+        each unit's accumulated unsharded gradient (Note [FSDP gradient accumulation under
+        no_sync])."""
+        key = f"micro/{new_grads}/{reduce}"
         cached = self._cache.get(key)
         if cached is None:
-            cached = self._cache[key] = Repeat(tuple(self._micro_batch(new_grads=new_grads)), 1)
+            body = self._micro_batch(new_grads=new_grads, reduce=reduce)
+            cached = self._cache[key] = Repeat(tuple(body), 1)
         return cached
 
-    def _micro_batch(self, *, new_grads: bool) -> list[Item]:
+    def _reduce_ops(self, states: list[TensorState], key: str, module: str) -> list[Op]:
+        """A unit's reduce-scatter after ``no_sync`` accumulation: this rank's gradient shard
+        allocated, then the accumulated unsharded gradient freed (torch
+        distributed/fsdp/_runtime_utils.py ``_post_backward_hook`` -> ``_reduce_grad``)."""
+        b: Phase = "backward"
+        sharded = self._grad_ops(states, b, key, module)
+        unsharded = self._grad_ops(states, b, key, module, unsharded=True)
+        return [*sharded, *(free(op, b) for op in unsharded)]
+
+    def _micro_batch(self, *, new_grads: bool, reduce: bool = False) -> list[Item]:
         """One micro-batch: forward then backward (Note [Analytic step schedule])."""
         t = self.training
         f: Phase = "forward"
@@ -415,6 +548,14 @@ class _Builder:
                 "pipeline",
                 "activations of the other micro-batches in flight on this stage",
             ),
+            alloc(
+                self.pp_buffers.in_flight_outputs,
+                Cat.ACTIVATION,
+                f,
+                "pp/outputs",
+                "pipeline",
+                "stage outputs kept for backward (pipelining fwd_cache)",
+            ),
         ]
         items += spans
         emb_act = alloc(
@@ -431,8 +572,17 @@ class _Builder:
             "gather/b",
             "layers",
             "gathered parameters of the prefetched layer",
+            self.ag_stream,
         )
-        items += [prefetch_f, *self._forward_layers(), free(prefetch_f, f)]
+        mask = alloc(
+            self.mask_tmp if t.activation_checkpointing == "none" else 0,
+            Cat.TEMPORARY,
+            f,
+            "attention_mask",
+            "(model)",
+            "the additive causal mask of the eager attention",
+        )
+        items += [mask, prefetch_f, *self._forward_layers(), free(prefetch_f, f), free(mask, f)]
         head_dequant = alloc(
             self.head_dequant,
             Cat.TEMPORARY,
@@ -449,6 +599,7 @@ class _Builder:
             "head",
             "logits (and their fp32 copy) while the loss runs",
         )
+        logits16 = alloc(self.logits16, Cat.TEMPORARY, f, "logits16", "head", "logits")
         head_act = alloc(self.head_acts, Cat.ACTIVATION, f, "act/head", "head", "head activations")
         cache = alloc(
             self.kv_cache,
@@ -466,8 +617,12 @@ class _Builder:
             "head",
             "the final hidden states, held by the model output until the loss",
         )
-        items += [cache, hidden, head_dequant, logits, free(head_dequant, f), head_act]
-        items += [free(logits, f), free(hidden, f), free(cache, f)]
+        chunk = [self._output_chunk()] if self.pp_buffers.output_chunk else [logits16]
+        items += [cache, hidden, head_dequant, *chunk, logits, free(head_dequant, f), head_act]
+        items.append(free(logits, f))
+        if not self.pp_buffers.output_chunk:
+            items.append(free(logits16, f))
+        items += [free(hidden, f), free(cache, f)]
         if self.weight_copy:
             copies = self._weight_copy_ops(f, "wcopy/{i}", "")
             items.append(Repeat(tuple(free(op, f) for op in copies), self.L))
@@ -481,22 +636,26 @@ class _Builder:
             "DeepSpeed's gradient bucket(s)",
         )
         items.append(bucket)
-        g1 = alloc(
-            self.loss_tmp // 2,
-            Cat.TEMPORARY,
-            b,
-            "loss/1",
-            "loss",
-            "the two (tokens x vocab) log-softmax gradients",
-        )
-        g2 = alloc(
-            self.loss_tmp - self.loss_tmp // 2,
-            Cat.TEMPORARY,
-            b,
-            "loss/2",
-            "loss",
-            "the two (tokens x vocab) log-softmax gradients",
-        )
+        # two (tokens x vocab) tensors, three under DTensor's loss parallel
+        # (:func:`~trainmem.analytic.activations.loss_backward_transient_bytes`); all but the
+        # last are freed before the head's backward
+        n = 3 if t.loss_parallel else 2
+        label = "the (tokens x vocab) log-softmax gradients"
+        g1 = alloc(self.loss_tmp * (n - 1) // n, Cat.TEMPORARY, b, "loss/1", "loss", label)
+        g2 = alloc(self.loss_tmp - g1.size_bytes, Cat.TEMPORARY, b, "loss/2", "loss", label)
+        firsts = [
+            alloc(g1.size_bytes // (n - 1), Cat.TEMPORARY, b, f"loss/1/{k}", "loss", label)
+            for k in range(n - 2)
+        ]
+        if firsts:  # g1 as the n - 1 tensors it is
+            g1 = alloc(
+                g1.size_bytes - sum(x.size_bytes for x in firsts),
+                Cat.TEMPORARY,
+                b,
+                "loss/1",
+                "loss",
+                label,
+            )
         head_dequant_b = alloc(
             self.head_dequant,
             Cat.TEMPORARY,
@@ -505,12 +664,15 @@ class _Builder:
             "head",
             "the LM head's dequantized weight",
         )
-        items += [g1, g2, free(g1, b), head_dequant_b, free(head_dequant_b, b), free(head_act, b)]
+        items += [*firsts, g1, g2, *(free(x, b) for x in firsts), free(g1, b)]
+        items += [head_dequant_b, free(head_dequant_b, b), free(head_act, b)]
         head_grads = self._grad_ops(
-            self.head_grad_states, b, "head", "head", unsharded=self.pp_fsdp
+            self.head_grad_states, b, "head", "head", unsharded=self.unsharded_grads
         )
         if new_grads:
             items += head_grads
+        if reduce:
+            items += self._reduce_ops(self.head_grad_states, "head", "head")
         items.append(free(g2, b))
         residual = alloc(
             self.residual_tmp,
@@ -530,20 +692,36 @@ class _Builder:
             "gather/b",
             "layers",
             "gathered parameters of the prefetched layer",
+            self.ag_stream,
         )
-        items += [prefetch_b, *self._backward_layers(new_grads=new_grads), free(prefetch_b, b)]
+        layers = self._backward_layers(new_grads=new_grads, reduce=reduce)
+        items += [prefetch_b, *layers, free(prefetch_b, b)]
         items.append(free(residual, b))
         if new_grads:
             emb_grads = self._grad_ops(
-                self.emb_grad_states, b, "embedding", "embedding", unsharded=self.pp_fsdp
+                self.emb_grad_states, b, "embedding", "embedding", unsharded=self.unsharded_grads
             )
             items += emb_grads
             if t.optimizer_in_backward:
                 items += [free(op, b) for op in emb_grads]
+        if reduce:
+            items += self._reduce_ops(self.emb_grad_states, "embedding", "embedding")
         items.append(free(emb_act, b))
         items.append(free(bucket, b))
         items += [free(op, b) for op in reversed(spans)]
         return items
+
+    def _output_chunk(self) -> Op:
+        """The last stage's logits of micro-batch ``{i}``, kept in ``output_chunks`` until the
+        next step (Note [Pipeline stage buffers])."""
+        return alloc(
+            self.pp_buffers.output_chunk,
+            Cat.ACTIVATION,
+            "forward",
+            "pp/chunk/{i}",
+            "pipeline",
+            "the micro-batch's logits, kept until the next step (pipelining output_chunks)",
+        )
 
     def _weight_copy_ops(self, phase: Phase, key: str, label: str) -> list[Op]:
         if not self.weight_copy:
@@ -568,7 +746,7 @@ class _Builder:
                 self.dequant, Cat.TEMPORARY, f, "dequant", "layers.{i}", "a dequantized base weight"
             )
             body += [d, free(d, f)]
-        body += self._saved_ops(f, "{i}")
+        saved = self._saved_ops(f, "{i}")
         dropped = [
             alloc(
                 size,
@@ -580,7 +758,19 @@ class _Builder:
             )
             for n, (_, size) in enumerate(self.dropped)
         ]
-        body += dropped + [free(op, f) for op in dropped]
+        # what the attention holds at its end beyond what it saves, before the MLP's terms
+        scores = alloc(
+            self.scores_tmp,
+            Cat.TEMPORARY,
+            f,
+            "scores_tmp",
+            "layers.{i}",
+            "the eager attention's scores and locals",
+        )
+        n_saved = sum(not term.startswith("mlp/") for term, _ in self.saved)
+        n_dropped = sum(not term.startswith("mlp/") for term, _ in self.dropped)
+        body += saved[:n_saved] + dropped[:n_dropped] + [scores, free(scores, f)]
+        body += saved[n_saved:] + dropped[n_dropped:] + [free(op, f) for op in dropped]
         if not self.training.activation_offloading or self.L < 2:
             return [Repeat(tuple(body), self.L)]
         # the previous layer's saved tensors leave for the CPU once this layer has run
@@ -599,7 +789,7 @@ class _Builder:
             "the layer's gathered weights, kept from its forward to its backward",
         )
 
-    def _backward_layers(self, *, new_grads: bool) -> list[Item]:
+    def _backward_layers(self, *, new_grads: bool, reduce: bool = False) -> list[Item]:
         b: Phase = "backward"
         t = self.training
         body: list[Op] = []
@@ -638,8 +828,11 @@ class _Builder:
                 self.dequant, Cat.TEMPORARY, b, "dequant", "layers.{i}", "a dequantized base weight"
             )
             body += [d, free(d, b)]
-        grads = self._grad_ops(self.layer_states, b, "{i}", "layers.{i}", unsharded=self.pp_fsdp)
-        reduce = alloc(
+        grads = self._grad_ops(
+            self.layer_states, b, "{i}", "layers.{i}", unsharded=self.unsharded_grads
+        )
+        reduce_accumulated = reduce
+        reduce_op = alloc(
             self.reduce,
             Cat.TEMPORARY,
             b,
@@ -658,9 +851,38 @@ class _Builder:
         body += [free(op, b) for op, m in zip(saved, down, strict=True) if m]
         body += [free(op, b) for op, m in zip(recomputed, re_down, strict=False) if m]
         body += [mlp_tmp]
-        if new_grads:
-            body += grads
-        body += [reduce, free(mlp_tmp, b)]
+        if self.flat_views:  # Note [Flat-parameter gradients in backward]
+            views = alloc(
+                self.flat_views,
+                Cat.TEMPORARY,
+                b,
+                "flat_views",
+                "layers.{i}",
+                "the layer's per-parameter gradients before autograd concatenates them",
+            )
+            fresh = alloc(
+                0 if new_grads or not self.unsharded_grads else self.flat_views,
+                Cat.TEMPORARY,
+                b,
+                "flat_fresh",
+                "layers.{i}",
+                "the layer's new flat gradient before it is added to the accumulated one",
+            )
+            body += [views]
+            if new_grads and self.unsharded_grads:
+                body += grads  # the concatenated gradient becomes the accumulated one
+            body += [fresh, reduce_op, free(views, b)]
+            if new_grads and not self.unsharded_grads:
+                body += grads
+            if reduce_accumulated:
+                body += self._reduce_ops(self.layer_states, "{i}", "layers.{i}")
+            body += [free(fresh, b), free(mlp_tmp, b)]
+        else:
+            if new_grads:
+                body += grads
+            if reduce_accumulated:
+                body += self._reduce_ops(self.layer_states, "{i}", "layers.{i}")
+            body += [reduce_op, free(mlp_tmp, b)]
         body += [free(op, b) for op, m, d in zip(saved, is_mlp, down, strict=True) if m and not d]
         body += [
             free(op, b)
@@ -675,10 +897,17 @@ class _Builder:
             "layers.{i}",
             "eager attention's backward transients",
         )
-        body += [attention, free(attention, b), free(reduce, b)]
-        body += [free(op, b) for op, m in zip(saved, is_mlp, strict=True) if not m]
+        # Note [Eager attention's backward order]
+        early = self._released_before_softmax_backward(self.saved)
+        re_early = self._released_before_softmax_backward(self.dropped)
+        body += [free(op, b) for op, e in zip(saved, early, strict=True) if e]
+        body += [free(op, b) for op, e in zip(recomputed, re_early, strict=False) if e]
+        body += [attention, free(attention, b), free(reduce_op, b)]
+        body += [free(op, b) for op, m, e in zip(saved, is_mlp, early, strict=True) if not (m or e)]
         body += [
-            free(op, b) for n, op in enumerate(recomputed) if n >= len(re_mlp) or not re_mlp[n]
+            free(op, b)
+            for n, op in enumerate(recomputed)
+            if (n >= len(re_mlp) or not re_mlp[n]) and not (n < len(re_early) and re_early[n])
         ]
         if t.optimizer_in_backward and new_grads:
             body += [free(op, b) for op in grads]
@@ -690,6 +919,13 @@ class _Builder:
             Repeat(tuple(body), self.L - 1, reverse=True, start=1),
             Repeat(tuple(last), 1),
         ]
+
+    def _released_before_softmax_backward(self, blocks: list[tuple[str, int]]) -> list[bool]:
+        """Per block of ``blocks``: saved by an op whose backward runs before eager
+        attention's softmax backward (Note [Eager attention's backward order])."""
+        if self.training.attention != "eager":
+            return [False] * len(blocks)
+        return [term in RELEASED_BEFORE_SOFTMAX_BACKWARD for term, _ in blocks]
 
     def optimizer(self, *, first: bool) -> list[Item]:
         """States (first step only), then the step's temporaries (a zero-byte marker opens the
@@ -738,7 +974,7 @@ class _Builder:
 
         def local(s: TensorState) -> int:
             n = s.full_grad_bytes // gb
-            return -(-n // dp) if self.stage >= 1 else n
+            return -(-n // dp) if t.optimizer_states_partitioned else n
 
         outer = [s for s in self.emb_states + self.head_states if s.trainable]
         layer = [s for s in self.layer_states if s.trainable]
@@ -821,11 +1057,51 @@ class _Builder:
             "(stage)",
             "the stage's gathered parameters, kept across micro-batches",
         )
+        if self.pp_fsdp and self.flat_gather:  # each layer's flat all-gather output, two in flight
+            flats = [
+                alloc(
+                    self.flat_gather,
+                    Cat.TEMPORARY,
+                    "forward",
+                    f"gather/flat/{k}",
+                    "(stage)",
+                    "a layer's flat all-gather output",
+                    self.ag_stream,
+                )
+                for k in range(2)
+            ]
+            items += [*flats, *(free(op, "forward") for op in flats)]
         items.append(gathered)
+        if first:  # Note [Pipeline stage buffers]: one receive buffer per micro-batch
+            items.append(
+                alloc(
+                    self.pp_buffers.recv_buffers,
+                    Cat.TEMPORARY,
+                    "forward",
+                    "pp/recv",
+                    "pipeline",
+                    "per-micro-batch receive buffers of the pipeline stage",
+                )
+            )
         items.append(self.micro_batch(new_grads=not keep))
-        if m > 1:
+        kept_chunks = self.pp_buffers.output_chunk > 0  # not balanced: each keeps its logits
+        if self.no_sync:  # Note [FSDP gradient accumulation under no_sync]
+            if m > 2:
+                again = self.micro_batch(new_grads=False)
+                items.append(Repeat(again.body, m - 2, independent=True))
+            items.append(self.micro_batch(new_grads=False, reduce=True))
+        elif m > 1:
             again = self.micro_batch(new_grads=False)
-            items.append(Repeat(again.body, m - 1, independent=True))
+            items.append(Repeat(again.body, m - 1, start=1, independent=not kept_chunks))
+        merged = alloc(
+            m * self.pp_buffers.output_chunk,
+            Cat.TEMPORARY,
+            "backward",
+            "pp/merged",
+            "pipeline",
+            "the merged logits step() returns (torch.cat of output_chunks)",
+        )
+        items += [merged, free(merged, "backward")]
         if self.pp_fsdp and not keep:  # the reduce-scatter after the last micro-batch
             items += self.all_gradients("backward")
             items += self.free_gradients("backward", unsharded=True)
@@ -838,6 +1114,9 @@ class _Builder:
                     tuple(self.free_gradients("zero_grad")), 1
                 )
             items.append(cached)
+        # cleared when the next step() starts (``clear_runtime_states``)
+        if kept_chunks:
+            items.append(Repeat((free(self._output_chunk(), "zero_grad"),), m))
         return items
 
 
@@ -877,15 +1156,22 @@ def rank_schedule(
 
 def _tensor_sizes(model: ModelSpec, training: TrainingConfig) -> list[int]:
     """Sizes of the single tensors a layer's terms are made of, largest first: (t, i) and
-    (t, h) activations in the compute, residual and fp32 dtypes, (b, a, s, s) scores, masks."""
+    (t, h) activations in the compute, residual and fp32 dtypes, (b, a, s, s) scores, masks,
+    for the tokens one rank holds: context parallelism splits every term by sequence
+    (:func:`~trainmem.analytic.activations.parallel_divisor`), so a rank's tensors have
+    ``b * s / cp`` tokens, and a tensor-parallel term's ``1 / t`` of the features or heads
+    (Note [Per-rank tensor sizes])."""
     s, b = tokens_per_sequence(model, training), training.micro_batch_size
-    t = b * s
+    cp, tp = training.context_parallel_size, training.tensor_parallel_size
+    t = b * s // cp if (b * s) % cp == 0 else b * s
     c, r = compute_and_residual_bytes(training)
     k_top = model.num_experts_per_tok if model.num_experts > 1 else 1
     i, h = model.intermediate_size * k_top, model.hidden_size
     kv = model.num_kv_heads * model.head_dim
     sizes = {n * t for n in (4 * i, c * i, i, 4 * h, r * h, c * h, h, c * kv)}
-    sizes |= {n * model.num_heads * s * s * b for n in (4, c, 1)}
+    sizes |= {n * model.num_heads * s * s * b // cp for n in (4, c, 1)}
+    if tp > 1:
+        sizes |= {n * t // tp for n in (4 * i, c * i, i, 4 * h, c * h, c * kv)}
     return sorted((x for x in sizes if x > 0), reverse=True)
 
 

@@ -25,6 +25,10 @@ Note [Model states with PEFT and sharding]
     * Offload (ZeRO-Offload, Ren et al. 2021, arXiv:2101.06840): ``optimizer`` keeps the optimizer
       states (and runs the step) on the CPU; ``optimizer+params`` also keeps the parameter shards
       there (ZeRO-Infinity).
+    * FSDP1 flat parameters (:func:`flat_parameter_grads`): under a framework whose FSDP puts
+      frozen and trainable parameters into one ``FlatParameter`` (``use_orig_params=True``), every
+      tensor of a wrapped unit that holds a trainable tensor gets a gradient (not an optimizer
+      state): the frozen base weights of a LoRA layer included.
 """
 
 from __future__ import annotations
@@ -127,6 +131,36 @@ def paged_state_bytes(training: TrainingConfig, numel: int, shards: int = 1) -> 
     return -(-per_element * numel // shards)
 
 
+def flat_parameter_grads(training: TrainingConfig) -> bool:
+    """Whether the frozen tensors of a wrapped unit holding a trainable tensor get a gradient.
+
+    FSDP1 with ``use_orig_params=True`` flattens a unit's frozen and trainable parameters into
+    one ``FlatParameter`` that requires grad if any of them does (torch 2.1
+    distributed/fsdp/flat_param.py ``FlatParamHandle._validate_tensors_to_flatten``:
+    ``flat_param_requires_grad = flat_param_requires_grad or tensor.requires_grad``); autograd
+    then computes the gradient of the whole flat parameter, one flat tensor per unit
+    (``FlatParameter.grad``: unsharded before the reduce-scatter, this rank's padded shard
+    after it). Checked by running FSDP1 on the CPU under the fake process group
+    (``tests/analytic/test_fsdp_flat_parameter.py``).
+
+    Args:
+        training: framework conventions (``fsdp_flat_parameter_grads``), sharding, LoRA,
+            quantized base.
+
+    Returns:
+        True for FSDP (``zero_stage`` 2 / 3 over more than one rank) with LoRA on an unquantized
+        base (a flat parameter holds one dtype: a 4-bit base cannot share it) under such a
+        framework.
+    """
+    return (
+        training.conventions.fsdp_flat_parameter_grads
+        and training.sharding_degree > 1
+        and training.zero_stage >= 2
+        and training.is_lora
+        and training.quantize_base == "none"
+    )
+
+
 def _lora_targeted(name: str, training: TrainingConfig) -> bool:
     if name == "qkv":
         return any(t in training.lora_targets for t in ("q", "k", "v"))
@@ -208,14 +242,20 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
     tp = training.tensor_parallel_size
     dp = training.sharding_degree  # HYBRID_SHARD: the shard group, not every rank
     stage = training.zero_stage if dp > 1 else 0
-    cache: dict[tuple[str, int, int, bool], TensorState] = {}
+    cache: dict[tuple[str, int, int, bool, bool], TensorState] = {}
 
     adapter_training = replace(training, precision="32-true", framework="pytorch-amp")
     if lora_adapter_dtype(training) != "float32":
         adapter_training = training
 
-    def make(owner: str, name: str, numel: int, out_features: int, trainable: bool) -> TensorState:
-        key = (name, numel, out_features, trainable)
+    flat = flat_parameter_grads(training)
+
+    def make(
+        owner: str, name: str, numel: int, out_features: int, trainable: bool, unit: bool = False
+    ) -> TensorState:
+        """``unit``: the tensor's wrapped unit holds a trainable tensor (flat-parameter grads)."""
+        with_grad = trainable or (flat and unit)
+        key = (name, numel, out_features, trainable, with_grad)
         proto = cache.get(key)
         if proto is None:
             # LoRA adapters may have their own dtype (peft: fp32 on a 16-bit base)
@@ -244,7 +284,7 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
                 full_param = _quantized_bytes(local, local_out, training.quantize_base)
             else:
                 full_param = w * local
-            full_grad = dtype_bytes(tr.grad_dtype) * local if trainable else 0
+            full_grad = dtype_bytes(tr.grad_dtype) * local if with_grad else 0
             state = 0
             if trainable:
                 if local_out > 1 and local % local_out == 0 and local > local_out:
@@ -258,7 +298,8 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
 
             param = shard(full_param, 3)
             grad = shard(full_grad, 2)
-            state = shard(state, 1)
+            if training.optimizer_states_partitioned:  # ZeRO >= 1, DeepSpeed BF16_Optimizer
+                state = -(-state // dp)
             if training.offload != "none":
                 state = 0
             if training.offload in ("optimizer+gradients", "optimizer+params"):
@@ -267,7 +308,12 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
                 param = 0
             paged = 0
             if trainable and state and training.optimizer in PAGED_OPTIMIZERS:
-                paged = min(paged_state_bytes(training, local, dp if stage >= 1 else 1), state)
+                paged = min(
+                    paged_state_bytes(
+                        training, local, dp if training.optimizer_states_partitioned else 1
+                    ),
+                    state,
+                )
                 state -= paged
             proto = TensorState(
                 "", name, numel, trainable, param, grad, state, full_param, full_grad, paged
@@ -278,19 +324,24 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
     lora = training.is_lora
     counts = parameter_counts(model)
     h = model.hidden_size
+    # FSDP units: one per layer, the root holds the embedding and the head (auto-wrapping the
+    # layer class, as lit-gpt / accelerate / torchtitan do)
+    layer_tensors = _layer_tensors(model, training)
+    layer_unit = any(trainable for *_, trainable in layer_tensors)
+    root_unit = not lora or "lm_head" in training.lora_targets
     out: list[TensorState] = []
     for key, n in counts.items():
         if key.startswith("embedding/"):
-            out.append(make("embedding", key, n, h, not lora))
+            out.append(make("embedding", key, n, h, not lora, root_unit))
     layer = [
-        make("layers.0", name, n, o, trainable)
-        for name, n, o, trainable in _layer_tensors(model, training)
+        make("layers.0", name, n, o, trainable, layer_unit)
+        for name, n, o, trainable in layer_tensors
     ]
     head: list[TensorState] = []
     for key, n in counts.items():
         if not key.startswith(("embedding/", "layers/")):
             trainable = not lora or (key == "lm_head" and "lm_head" in training.lora_targets)
-            head.append(make("head", key, n, h, trainable and not lora))
+            head.append(make("head", key, n, h, trainable and not lora, root_unit))
             if lora and key == "lm_head" and "lm_head" in training.lora_targets:
                 r = training.lora_rank
                 head.append(make("head", "lora_A.lm_head", r * h, r, True))

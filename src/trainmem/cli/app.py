@@ -222,30 +222,58 @@ def formulas_cmd(
 @app.command(name="models")
 @clean_errors
 def models_cmd(as_json: JsonOpt = False) -> None:
-    """The shipped model presets (real HF config files, no download) with parameter counts."""
-    from trainmem.analytic.params import num_parameters
+    """The shipped model presets (real HF / diffusers config files, no download): family,
+    parameter count and the path that serves them (``analytic`` formulas or the ``generic``
+    traced path)."""
     from trainmem.report.table import models_table
-    from trainmem.specs.hf import list_presets, load_model_spec
+    from trainmem.specs.hf import list_presets, preset_index
 
-    rows = []
-    for name in list_presets():
-        spec = load_model_spec(name)
-        rows.append(
-            {
-                "preset": name,
-                "model_type": spec.model_type,
-                "layers": spec.num_layers,
-                "hidden": spec.hidden_size,
-                "heads": f"{spec.num_heads}/{spec.num_kv_heads}",
-                "context": spec.max_position_embeddings,
-                "parameters": f"{num_parameters(spec):,}",
-                "num_parameters": num_parameters(spec),
-            }
-        )
+    index = preset_index()
+    rows = [_preset_row(name, index[name]) for name in list_presets()]
     if as_json:
         print(json.dumps(rows, indent=2))
         return
     console.print(models_table(rows))
+
+
+def _preset_row(name: str, entry: dict[str, str | int | None]) -> dict[str, object]:
+    """One row of ``trainmem models``: a formula family's shape and count from its ModelSpec;
+    any other preset's family (``model_type`` or diffusers ``_class_name``) and the count
+    recorded in the index (``num_parameters``, tested against the meta-built model)."""
+    from trainmem.analytic.params import num_parameters
+    from trainmem.specs.hf import SUPPORTED_MODEL_TYPES, load_hf_config, load_model_spec
+
+    config = load_hf_config(name)
+    model_type = config.get("model_type")
+    if model_type in SUPPORTED_MODEL_TYPES:
+        spec = load_model_spec(name)
+        count = num_parameters(spec)
+        return {
+            "preset": name,
+            "family": spec.model_type,
+            "model_type": spec.model_type,
+            "path": "analytic",
+            "layers": spec.num_layers,
+            "hidden": spec.hidden_size,
+            "heads": f"{spec.num_heads}/{spec.num_kv_heads}",
+            "context": spec.max_position_embeddings,
+            "parameters": f"{count:,}",
+            "num_parameters": count,
+        }
+    recorded = entry.get("num_parameters")
+    count_or_none = recorded if isinstance(recorded, int) else None
+    return {
+        "preset": name,
+        "family": str(model_type or config.get("_class_name") or "?"),
+        "model_type": model_type if isinstance(model_type, str) else None,
+        "path": "generic",
+        "layers": "-",
+        "hidden": "-",
+        "heads": "-",
+        "context": "-",
+        "parameters": "-" if count_or_none is None else f"{count_or_none:,}",
+        "num_parameters": count_or_none,
+    }
 
 
 @app.command(name="gpus")

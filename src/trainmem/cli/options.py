@@ -316,6 +316,37 @@ TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
         False,
     ),
     _p(
+        "resolution",
+        Annotated[
+            str | None,
+            _o(
+                "--resolution",
+                help="diffusers models: image side in pixels, or HEIGHTxWIDTH (480x832) "
+                "[default: the model's, e.g. 1024].",
+            ),
+        ],
+        None,
+    ),
+    _p(
+        "frames",
+        Annotated[
+            int | None,
+            _oi("--frames", help="diffusers video models: frames per clip [default: the model's]."),
+        ],
+        None,
+    ),
+    _p(
+        "text_seq_len",
+        Annotated[
+            int | None,
+            _oi(
+                "--text-seq-len",
+                help="diffusers models: prompt tokens [default: FLUX 512, SD3 333, SDXL 77].",
+            ),
+        ],
+        None,
+    ),
+    _p(
         "deepspeed_config",
         Annotated[
             str | None, _o("--deepspeed-config", help="Read settings from a ds_config.json.")

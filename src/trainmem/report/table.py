@@ -71,13 +71,16 @@ def config_line(est: MemoryEstimate) -> str:
         for k in (
             "micro_batch_size",
             "seq_len",
+            "resolution",
+            "frames",
+            "text_seq_len",
             "precision",
             "optimizer",
             "activation_checkpointing",
             "attention",
             "gradient_accumulation_steps",
         )
-        if k in c
+        if c.get(k) is not None
     ]
     if c.get("data_parallel_size", 1) > 1:
         parts += [f"data_parallel_size={c['data_parallel_size']}", f"zero_stage={c['zero_stage']}"]
@@ -110,11 +113,13 @@ def config_line(est: MemoryEstimate) -> str:
 
 
 def models_table(rows: Iterable[Mapping[str, object]]) -> Table:
-    """Presets with family, layers, width and parameter count."""
+    """Presets with family, the path that serves them, shape and parameter count."""
     table = Table(title="Shipped model presets (config files, no download)")
+    keys = ("preset", "family", "path", "layers", "hidden", "heads", "context", "parameters")
     for col, justify in (
         ("preset", "left"),
-        ("model_type", "left"),
+        ("family", "left"),
+        ("path", "left"),
         ("layers", "right"),
         ("hidden", "right"),
         ("heads (q/kv)", "right"),
@@ -123,20 +128,7 @@ def models_table(rows: Iterable[Mapping[str, object]]) -> Table:
     ):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for r in rows:
-        table.add_row(
-            *(
-                str(r[k])
-                for k in (
-                    "preset",
-                    "model_type",
-                    "layers",
-                    "hidden",
-                    "heads",
-                    "context",
-                    "parameters",
-                )
-            )
-        )
+        table.add_row(*(str(r[k]) for k in keys))
     return table
 
 

@@ -84,6 +84,20 @@ class FrameworkConventions:
     optimizer is built, so the (sharded) gradients exist in the forward pass too (DeepSpeed
     runtime/zero/stage3.py ``self.grad_partitions_flat_buffer = torch.zeros(sum(p.
     partition_numel() ...), dtype=self.gradient_accumulation_dtype, ...)``)."""
+    bf16_optimizer_without_zero: bool
+    """``bf16-mixed`` without ZeRO runs DeepSpeed's ``BF16_Optimizer``: gradients accumulate in
+    fp32 (``get_data_types``: ``grad_accum_dtype`` defaults to fp32 for bf16 when ZeRO is off;
+    bf16 with bf16 accumulation and no ZeRO raises ``NotImplementedError``), in one flat fp32
+    buffer of every trainable parameter allocated when the optimizer is built
+    (runtime/bf16_optimizer.py ``_setup_for_real_optimizer``: ``fp32_groups_gradients_flat =
+    torch.zeros_like(bf16_groups_flat[i], dtype=self.grad_acc_dtype)``), into which each bf16
+    gradient is added and then freed as soon as autograd produces it (``immediate_grad_update``,
+    default True in runtime/bf16_optimizer.py / runtime/constants.py
+    ``BFLOAT16_IMMEDIATE_GRAD_UPDATE_DEFAULT``; ``accumulate_hp_grads_and_remove_lp``); the fp32
+    master weights and the optimizer states cover only this rank's 1/N partition over the
+    data-parallel ranks (``fp32_groups_flat_partition``), as in ZeRO-1. Source:
+    deepspeed/runtime/engine.py ``_do_optimizer_sanity_check`` (``return BFLOAT16``),
+    ``_configure_bf16_optimizer``."""
     fused_multi_tensor_adam: bool
     """Adam runs as one fused multi-tensor kernel with no parameter-sized temporary (Megatron
     ``optimizer/__init__.py``: TransformerEngine / apex ``FusedAdam``; DeepSpeed
@@ -130,6 +144,45 @@ class FrameworkConventions:
     """FSDP shards over the data-parallel and the context-parallel ranks together: torchtitan's
     ``fully_shard`` takes the flattened ``dp_shard_cp`` mesh (torchtitan/models/llama3/infra/
     parallelize.py ``apply_fsdp``; torchtitan/distributed/parallel_dims.py)."""
+    fsdp_collective_streams: bool
+    """FSDP2 allocates on its own CUDA streams, whose blocks the caching allocator keeps in
+    per-stream pools (c10/cuda/CUDACachingAllocator.cpp: a free block is found only among blocks
+    of the requesting stream): each layer's flat all-gather output on the all-gather copy-in
+    stream (``foreach_all_gather``), the reduce-scatter output, which becomes the sharded
+    gradient, on the reduce-scatter stream (``foreach_reduce``; torch/distributed/fsdp/
+    _fully_shard/_fsdp_collectives.py). False: everything on the default stream."""
+    torchtitan_pipeline_split: bool
+    """Pipeline stages as torchtitan splits the layers when no split points are given
+    (torchtitan/parallelisms/pipelining_utils.py ``generate_split_points``, Dec 2024): single-
+    stage schedules (1F1B, GPipe) one stage per rank, multi-stage ones (interleaved 1F1B) two
+    (``virtual_pipeline_stages``); ``L // stages`` layers each, the first stage that many, the
+    next ``L % stages`` stages one more, the last stage the rest; rank r holds stages r, r + p,
+    ... (``stage_ids_this_rank``, loop style). False: Megatron's even split, the first stages
+    ``ceil(L / p)`` layers and the last the rest."""
+    fsdp_flat_parameter_grads: bool
+    """FSDP (``FullyShardedDataParallel``, FSDP1) flattens each wrapped module's parameters into
+    one ``FlatParameter``; with ``use_orig_params=True`` (Lightning Fabric 2.1's default,
+    lightning/fabric/strategies/fsdp.py ``self._fsdp_kwargs.setdefault("use_orig_params",
+    True)``) frozen and trainable parameters may share it, and it requires grad if any of them
+    does (torch 2.1 distributed/fsdp/flat_param.py ``_validate_tensors_to_flatten``:
+    ``flat_param_requires_grad = flat_param_requires_grad or tensor.requires_grad``). Its
+    gradient then covers the whole unit, the frozen base weights of a LoRA layer included:
+    unsharded before the reduce-scatter, a full shard after it, kept until ``zero_grad``
+    (``_use_sharded_grad_views`` gives the frozen views no ``.grad`` but the flat gradient stays;
+    ``_reset_flat_param_grad_info_if_needed`` frees it once every view's ``.grad`` is None).
+    A unit with no trainable parameter (lit-gpt's root: embedding, final norm, LM head) gets
+    no gradient."""
+    fsdp_no_sync_accumulation: bool
+    """Gradient accumulation runs the micro-batches before the last one under FSDP's
+    ``no_sync()`` (lit-gpt finetune/*.py ``fabric.no_backward_sync(model,
+    enabled=is_accumulating)`` -> Lightning fabric/strategies/fsdp.py
+    ``_FSDPBackwardSyncControl.no_backward_sync``: ``return module.no_sync()``): torch
+    distributed/fsdp/_runtime_utils.py ``_post_backward_hook`` returns before the
+    reduce-scatter when ``not state._sync_gradients``, so every unit's *unsharded* gradient
+    stays in ``flat_param.grad`` (``prepare_gradient_for_backward``: "Expects `.grad` to be the
+    unsharded gradient in `no_sync()`") until the last micro-batch reduce-scatters it layer by
+    layer. FULL_SHARD still frees the gathered parameters in backward
+    (``_should_free_in_backward``)."""
     quantized_base_saves_input: bool
     """A quantized base linear may save its 16-bit input (bitsandbytes ``MatMul4Bit`` before
     0.43.2, ``MatMul8bitLt`` always); False: the quantized linear saves only its weight
@@ -165,6 +218,7 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "fsdp_param_dtype_follows_precision": False,
         "fsdp_reduce_in_compute_dtype": False,
         "fused_multi_tensor_adam": False,
+        "bf16_optimizer_without_zero": False,
         "zero_ipg_buckets": False,
         "zero3_grad_partition_from_init": False,
         "trainer_default_fused_since_torch": None,
@@ -175,8 +229,12 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "own_model_code": False,
         "fp32_model_output": False,
         "quantized_base_saves_input": True,
+        "fsdp_flat_parameter_grads": False,
+        "fsdp_no_sync_accumulation": False,
         "dtensor_sequence_parallel": False,
         "fsdp_shards_over_context_parallel": False,
+        "torchtitan_pipeline_split": False,
+        "fsdp_collective_streams": False,
     }
     return FrameworkConventions(name=name, **{**defaults, **fields})  # type: ignore[arg-type]
 
@@ -202,6 +260,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
         _row(
             "deepspeed",
             master_weights=True,
+            bf16_optimizer_without_zero=True,
             fused_multi_tensor_adam=True,
             zero_ipg_buckets=True,
             zero3_grad_partition_from_init=True,
@@ -219,6 +278,8 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             fsdp_param_dtype_follows_precision=True,
             dtensor_sequence_parallel=True,
             fsdp_shards_over_context_parallel=True,
+            torchtitan_pipeline_split=True,
+            fsdp_collective_streams=True,
         ),
         _row(
             "torchtune",
@@ -233,6 +294,8 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             own_model_code=True,
             hf_model_code=False,
             fp32_model_output=True,
+            fsdp_flat_parameter_grads=True,
+            fsdp_no_sync_accumulation=True,
         ),
     )
 }

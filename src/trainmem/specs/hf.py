@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmem.errors import SpecError, UnsupportedError
+from trainmem.specs.diffusers import is_diffusers_config
 from trainmem.specs.files import parse_json, path_kind, read_text_file, resolve_path
 from trainmem.specs.hf_fields import Config, Fields, read_head, short
 from trainmem.specs.hf_table import FAMILIES, Family
@@ -50,15 +51,17 @@ PRESETS_DIR = Path(__file__).parent / "presets"
 # ---------------------------------------------------------------------------------------
 
 
-def preset_index() -> dict[str, dict[str, str | None]]:
-    """The preset index: preset name -> ``{"file", "hub_id", "source"}``.
+def preset_index() -> dict[str, dict[str, str | int | None]]:
+    """The preset index: preset name -> ``{"file", "hub_id", "source"}``, plus
+    ``num_parameters`` for presets no formula family counts (diffusers models; checked against
+    the meta-built model's numel in tests/specs/test_diffusers_presets.py).
 
     Returns:
         A fresh dict read from ``presets/index.json``; ``hub_id`` is None for the tiny
         test configs that exist only here.
     """
     with (PRESETS_DIR / "index.json").open(encoding="utf-8") as f:
-        index: dict[str, dict[str, str | None]] = json.load(f)
+        index: dict[str, dict[str, str | int | None]] = json.load(f)
     return index
 
 
@@ -125,26 +128,62 @@ def _hub_unreachable(endpoint: str) -> str | None:
     return None
 
 
+HUB_CONFIG_FILES: tuple[str, ...] = ("config.json", "transformer/config.json", "unet/config.json")
+"""Where a Hub repository keeps the model's config: transformers at the root, diffusers
+pipelines in the ``transformer`` (DiT) or ``unet`` subfolder (``model_index.json`` names them)."""
+
+
+def _hub_cache_dir() -> str | None:
+    """``HF_HUB_CACHE`` as set now (huggingface_hub reads it once, at import)."""
+    import os
+
+    return os.environ.get("HF_HUB_CACHE") or None
+
+
+def _from_hub_cache(hub: Any, repo_id: str) -> dict[str, Any] | None:
+    """The config of ``repo_id`` if an earlier run cached it (no network):
+    ``huggingface_hub.try_to_load_from_cache`` for each of :data:`HUB_CONFIG_FILES`."""
+    for filename in HUB_CONFIG_FILES:
+        try:
+            path = hub.try_to_load_from_cache(repo_id, filename, cache_dir=_hub_cache_dir())
+        except ValueError:  # not a valid repo id for the hub library
+            return None
+        if isinstance(path, str):
+            return _read_json(Path(path))
+    return None
+
+
 def _from_hub(repo_id: str) -> dict[str, Any]:
+    """Fetch ``config.json`` of a Hub repository once; later runs read huggingface_hub's cache
+    first (so they work offline). Offline and not cached: one line, in under 2 s."""
     import os
 
     how = (
         "download its config.json (e.g. on a machine with network access) and pass the path, "
         "or use a preset (`trainmem models`)"
     )
+    hub: Any
+    try:
+        import huggingface_hub as hub  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        hub = None
+    if hub is not None:
+        cached = _from_hub_cache(hub, repo_id)
+        if cached is not None:
+            return cached
     if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
         raise SpecError(
-            "model", f"{repo_id!r} is not a preset or a local path and HF_HUB_OFFLINE is set; {how}"
+            "model",
+            f"{repo_id!r} is not a preset, a local path or in the Hugging Face cache and "
+            f"HF_HUB_OFFLINE is set; {how}",
         )
-    try:
-        from huggingface_hub import hf_hub_download  # type: ignore[import-not-found,unused-ignore]
-    except ImportError as exc:
+    if hub is None:
         raise SpecError(
             "model",
             f"{repo_id!r} is not a preset or a local path; to read it from the Hugging Face "
             "Hub install the hub extra (pip install 'trainmem[hub]'), or download its "
             "config.json and pass the path. List presets with `trainmem models`.",
-        ) from exc
+        )
     reason = _hub_unreachable(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
     if reason is not None:
         raise SpecError(
@@ -152,15 +191,29 @@ def _from_hub(repo_id: str) -> dict[str, Any]:
             f"{repo_id!r} is not a preset or a local path and the Hugging Face Hub is "
             f"unreachable ({reason}); {how}",
         )
-    try:
-        path = hf_hub_download(repo_id=repo_id, filename="config.json", etag_timeout=5)
-    except Exception as exc:  # any hub failure (network, 404, auth) becomes one clear line
-        raise SpecError(
-            "model",
-            f"could not fetch config.json of {repo_id!r} from the Hugging Face Hub "
-            f"({type(exc).__name__}); pass a local path to its config.json instead",
-        ) from exc
-    return _read_json(Path(path))
+    from huggingface_hub.errors import (  # type: ignore[import-not-found,unused-ignore]
+        EntryNotFoundError,
+    )
+
+    for filename in HUB_CONFIG_FILES:
+        try:
+            path = hub.hf_hub_download(
+                repo_id=repo_id, filename=filename, cache_dir=_hub_cache_dir(), etag_timeout=5
+            )
+        except EntryNotFoundError:
+            continue  # a diffusers pipeline: its model config is in a subfolder
+        except Exception as exc:  # any hub failure (network, 404, auth) becomes one clear line
+            raise SpecError(
+                "model",
+                f"could not fetch config.json of {repo_id!r} from the Hugging Face Hub "
+                f"({type(exc).__name__}); pass a local path to its config.json instead",
+            ) from exc
+        return _read_json(Path(path))
+    raise SpecError(
+        "model",
+        f"{repo_id!r} on the Hugging Face Hub has none of {', '.join(HUB_CONFIG_FILES)}; pass "
+        "a local path to the model's config.json instead",
+    )
 
 
 def load_hf_config(name_or_path: str) -> dict[str, Any]:
@@ -350,10 +403,16 @@ def model_spec_from_hf(config: Mapping[str, Any], name: str) -> ModelSpec:
     Raises:
         SpecError: missing ``model_type`` or required shape field, a non-positive size,
             heads that do not divide the width.
-        UnsupportedError: a ``model_type`` or option that is not modelled.
+        UnsupportedError: a ``model_type`` or option that is not modelled, or a diffusers
+            config (``_class_name``: the trace engine builds those).
     """
     if not isinstance(config, Mapping):
         raise SpecError("model", f"a config must be a mapping, got {short(config)}")
+    if is_diffusers_config(config):
+        raise UnsupportedError(
+            f"{short(config.get('_class_name'))} is a diffusers model, not a formula family of "
+            "the analytic engine; use --engine trace (it builds the model with diffusers)"
+        )
     model_type = config.get("model_type")
     if not model_type or not isinstance(model_type, str):
         raise SpecError(

@@ -68,12 +68,32 @@ TRAINING_KV_CACHE_TYPES = frozenset({"gpt2", "gpt_bigcode"})
 """Families whose transformers code builds a KV cache during training
 (``ModelSpec.training_kv_cache``)."""
 
+LOSS_HOLDS_HIDDEN_TYPES = frozenset(
+    {
+        "phi3",
+        "olmo2",
+        "starcoder2",
+        "gpt_bigcode",
+        "gemma3_text",
+        "qwen2_moe",
+        "qwen3_moe",
+        "mixtral",
+    }
+)
+"""Families whose final hidden states stay alive while the loss runs (transformers'
+``XForCausalLM.forward`` computes the loss with ``hidden_states`` in scope), checked against the
+trace engine (``ModelSpec.loss_holds_hidden``). Llama-style HF code does the same; not switched
+on for the older families, whose presets also stand for models with their own code (the
+cs336 course model of benchmarks/snapshot_analytic_step.py returns only its logits)."""
+
 EAGER_ONLY_TYPES = frozenset({"bloom"})
 """Families whose transformers code has eager attention only (``BloomForCausalLM`` refuses
 SDPA and flash attention: modeling_bloom.py ``BloomAttention`` computes ALiBi scores with
 ``baddbmm``)."""
 
-FORWARD_KV_CACHE_TYPES = frozenset({"phi3", "starcoder2", "gemma3_text", "qwen2_moe", "qwen3_moe"})
+FORWARD_KV_CACHE_TYPES = frozenset(
+    {"phi3", "starcoder2", "gemma3_text", "qwen2_moe", "qwen3_moe", "mixtral"}
+)
 """Rotary families whose transformers code builds a KV cache during training that holds fp32
 copies of k and v until the forward ends (``ModelSpec.forward_kv_cache``); checked against the
 trace engine for these families (Llama-style code does the same; not yet switched on there).
@@ -268,6 +288,18 @@ class ModelSpec:
         cache's ``torch.cat`` copies of k and v: the families of :data:`TRAINING_KV_CACHE_TYPES`
         (found by the trace engine)."""
         return self.model_type in TRAINING_KV_CACHE_TYPES
+
+    @property
+    def eager_scores_kept(self) -> bool:
+        """The eager attention keeps its raw and masked scores until it returns (BLOOM:
+        :data:`EAGER_ONLY_TYPES`)."""
+        return self.model_type in EAGER_ONLY_TYPES
+
+    @property
+    def loss_holds_hidden(self) -> bool:
+        """The final hidden states live until the loss has run: the families of
+        :data:`LOSS_HOLDS_HIDDEN_TYPES`."""
+        return self.model_type in LOSS_HOLDS_HIDDEN_TYPES
 
     @property
     def forward_kv_cache(self) -> bool:

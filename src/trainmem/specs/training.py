@@ -41,6 +41,7 @@ Note [Framework conventions]
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields
 from typing import Literal
 
@@ -168,6 +169,26 @@ def _check_int(field: str, value: object, *, minimum: int) -> None:
         raise SpecError(
             field, f"must be at most {MAX_COUNT:,} (2^31 - 1), got {describe_int(value)}"
         )
+
+
+_RESOLUTION = re.compile(r"\s*([0-9]{1,9})\s*(?:[xX]\s*([0-9]{1,9})\s*)?")
+
+
+def _parse_resolution(text: str) -> int | str:
+    """``"1024"`` -> 1024, ``"480x832"`` -> ``"480x832"``, ``"512x512"`` -> 512.
+
+    Raises:
+        SpecError: anything else, or a zero side.
+    """
+    match = _RESOLUTION.fullmatch(text)
+    if match is None or int(match[1]) == 0 or (match[2] is not None and int(match[2]) == 0):
+        raise SpecError(
+            "resolution",
+            f"must be pixels (1024) or HEIGHTxWIDTH (480x832), positive, got {text[:40]!r}",
+        )
+    height = int(match[1])
+    width = height if match[2] is None else int(match[2])
+    return height if height == width else f"{height}x{width}"
 
 
 def _check_choice(field: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -301,6 +322,17 @@ class TrainingConfig:
     quantization, Dettmers et al. 2023; peft's ``bnb_4bit_use_double_quant=True``), ``int8``
     (LLM.int8()), ``gptq-int4`` (GPTQ, Frantar et al. 2022: 4-bit weights, group size 128), or
     ``none``."""
+    resolution: int | str | None = None
+    """diffusers image/video models: the training images' side in pixels (``1024``) or
+    ``"HEIGHTxWIDTH"`` (``"480x832"``); latents are 1/8 of it on a side; None: the model's
+    default (:data:`trainmem.specs.diffusers.DIFFUSERS_FAMILIES`). Refused for language
+    models. A square ``"NxN"`` or a digit string is stored as the int N."""
+    frames: int | None = None
+    """diffusers video models: frames per clip (``1 + 4k`` for Wan's causal VAE); None: the
+    model's default. Refused for image and language models."""
+    text_seq_len: int | None = None
+    """diffusers models: text-encoder tokens of the prompt embeddings (FLUX 512, SD3 77 + 256,
+    SDXL 77); None: the model's default. Refused for language models (use ``seq_len``)."""
 
     @property
     def decoder_seq_len(self) -> int:
@@ -311,6 +343,11 @@ class TrainingConfig:
     def __post_init__(self) -> None:
         for field in _POSITIVE_INTS:
             _check_int(field, getattr(self, field), minimum=1)
+        if isinstance(self.resolution, str):
+            object.__setattr__(self, "resolution", _parse_resolution(self.resolution))
+        for field in ("resolution", "frames", "text_seq_len"):
+            if getattr(self, field) is not None and not isinstance(getattr(self, field), str):
+                _check_int(field, getattr(self, field), minimum=1)
         for field in ("lora_rank", "chunked_cross_entropy", "target_seq_len"):
             _check_int(field, getattr(self, field), minimum=0)
         for field in _FLAGS:
@@ -384,6 +421,16 @@ class TrainingConfig:
             )
 
     @property
+    def image_size(self) -> tuple[int, int] | None:
+        """``resolution`` as (height, width) pixels, or None (the model's default)."""
+        if self.resolution is None:
+            return None
+        if isinstance(self.resolution, str):
+            height, width = self.resolution.split("x")
+            return int(height), int(width)
+        return self.resolution, self.resolution
+
+    @property
     def loss_parallel(self) -> bool:
         """The loss runs on vocabulary-sharded logits with DTensor's ``loss_parallel``
         (``FrameworkConventions.dtensor_sequence_parallel`` frameworks with tensor parallelism:
@@ -410,10 +457,32 @@ class TrainingConfig:
         return _PRECISION_DTYPES[self.precision][0]
 
     @property
+    def bf16_optimizer(self) -> bool:
+        """DeepSpeed's ``BF16_Optimizer`` runs: ``bf16-mixed`` with ZeRO off
+        (``FrameworkConventions.bf16_optimizer_without_zero``): an fp32 gradient buffer from
+        init, fp32 master weights and optimizer states partitioned over the data-parallel
+        ranks."""
+        return (
+            self.master_weights
+            and self.conventions.bf16_optimizer_without_zero
+            and self.compute_dtype == "bfloat16"
+            and self.zero_stage == 0
+        )
+
+    @property
+    def optimizer_states_partitioned(self) -> bool:
+        """Optimizer states (and fp32 master weights) cover 1/N of the parameters on each of the
+        N sharding ranks: ZeRO stage >= 1 / FSDP, or DeepSpeed's ``BF16_Optimizer``
+        (:attr:`bf16_optimizer`)."""
+        return self.sharding_degree > 1 and (self.zero_stage >= 1 or self.bf16_optimizer)
+
+    @property
     def grad_dtype(self) -> str:
-        """Dtype of the gradients kept between backward and the step (Megatron accumulates in
-        fp32)."""
+        """Dtype of the gradients kept between backward and the step (Megatron, and DeepSpeed's
+        ``BF16_Optimizer``, accumulate in fp32)."""
         if self.master_weights and self.conventions.fp32_grad_buffer:
+            return "float32"
+        if self.bf16_optimizer:
             return "float32"
         return self.weight_dtype
 

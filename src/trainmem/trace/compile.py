@@ -20,6 +20,23 @@ Note [Tracing torch.compile]
     :func:`_fusible_nodes`); the rule ignores inductor's heuristics that refuse a fusion (too
     many inputs, reductions fused into pointwise epilogues), so it is an approximation.
 
+    Activation checkpointing is inside the compiled region, as torchtitan applies it (the
+    checkpoint wrapper first, then ``torch.compile`` of the wrapped block): dynamo turns the
+    checkpoint into a ``tag_activation_checkpoint`` region whose forward ops carry a
+    ``recompute`` tag (``PREFER_RECOMPUTE`` for full checkpointing; the selective policy's
+    ``MUST_SAVE`` / ``PREFER_RECOMPUTE`` per op) and an ``ac_graph_id``, and the min-cut
+    partitioner honours the tags (``torch/_functorch/partitioners.py``: ``must_recompute``
+    nodes get an infinite edge to the sink, ``MUST_SAVE`` ones are banned from recomputation).
+    Here the layer's checkpoint wrapper is switched off and the eager layer is traced; for
+    op-level selective checkpointing the joint graph's forward ops are tagged with the same
+    policy before the partition (:func:`_tag_checkpoint_region`). Full checkpointing becomes an
+    eager checkpoint around the compiled layer: it saves the same thing (the layer input), and
+    tagging every op as recomputed makes AOTAutograd functionalize the RNG of recomputed
+    dropout (``run_and_save_rng_state``), which the fake-tensor trace cannot run. (Tracing
+    through the checkpoint wrapper, as before, dropped it: AOTAutograd inlines the checkpointed
+    function and keeps none of its saved-tensor hooks, so the partitioner chose on its own and
+    saved what op-level SAC recomputes, and full checkpointing vanished.)
+
     The traced layer gets ``past_key_values=None`` (a KV cache is generation-only; the cache
     object cannot enter the graph). Parameters are read when the layer is called, so FSDP2's
     unsharded parameters and TP's DTensors are the graph inputs, as under torch.compile.
@@ -28,6 +45,8 @@ Note [Tracing torch.compile]
 from __future__ import annotations
 
 import contextlib
+import functools
+import operator
 from collections.abc import Iterator
 from typing import Any
 
@@ -110,13 +129,80 @@ def _layer_signature(layer: Any) -> tuple[Any, ...]:
     return (type(layer), params, repr(attn))
 
 
-def _compile_layer(layer: Any, fuse_pointwise: bool, compiled: dict[Any, Any]) -> None:
+def _forward_nodes(gm: Any, num_fwd_outputs: int) -> list[Any]:
+    """The joint graph's call_function nodes the forward outputs depend on, in graph order."""
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    todo = [a for a in output.args[0][:num_fwd_outputs] if hasattr(a, "all_input_nodes")]
+    seen: set[Any] = set()
+    while todo:
+        node = todo.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        todo.extend(node.all_input_nodes)
+    return [n for n in gm.graph.nodes if n in seen and n.op == "call_function"]
+
+
+def _tag_checkpoint_region(gm: Any, num_fwd_outputs: int, checkpointing: str) -> None:
+    """Tag the forward ops as dynamo tags a ``torch.utils.checkpoint`` region
+    (``node.meta["recompute"]``, ``node.meta["ac_graph_id"]``): every op ``PREFER_RECOMPUTE``
+    under full checkpointing, the selective policy's choice per op under ``selective``
+    (:func:`trainmem.trace.sac.selective_policy`, called in forward order as at run time)."""
+    from types import SimpleNamespace
+
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    from trainmem.trace.sac import selective_policy
+
+    policy = selective_policy() if checkpointing == "selective" else None
+    ctx = SimpleNamespace(is_recompute=False)
+    for node in _forward_nodes(gm, num_fwd_outputs):
+        tag = CheckpointPolicy.PREFER_RECOMPUTE
+        if node.target is operator.getitem:  # an output of a multi-output op: the op's tag
+            tag = node.args[0].meta.get("recompute", tag)
+        elif policy is not None and isinstance(node.target, torch._ops.OpOverload):
+            tag = policy(ctx, node.target)
+        node.meta["recompute"] = tag
+        node.meta["ac_graph_id"] = 1
+
+
+def _partitioner(checkpointing: str) -> Any:
+    """Inductor's partitioner, after tagging the checkpoint region (Note [Tracing
+    torch.compile])."""
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    if checkpointing != "selective":
+        return min_cut_rematerialization_partition
+
+    def partition(joint: Any, joint_inputs: Any, **kwargs: Any) -> Any:
+        _tag_checkpoint_region(joint, kwargs["num_fwd_outputs"], checkpointing)
+        return min_cut_rematerialization_partition(joint, joint_inputs, **kwargs)
+
+    return partition
+
+
+def _uncheckpointed(layer: Any) -> Any:
+    """The layer's forward without its checkpoint wrapper (transformers'
+    ``GradientCheckpointingLayer`` flag, or the ``functools.partial(checkpoint, forward)`` of
+    :func:`trainmem.trace.engine.apply_activation_checkpointing`)."""
+    from torch.utils.checkpoint import checkpoint
+
+    if getattr(layer, "gradient_checkpointing", False):
+        layer.gradient_checkpointing = False
+    forward = layer.forward
+    if isinstance(forward, functools.partial) and forward.func is checkpoint:
+        return forward.args[0]
+    return forward
+
+
+def _compile_layer(
+    layer: Any, fuse_pointwise: bool, compiled: dict[Any, Any], checkpointing: str
+) -> None:
     import torch.utils._pytree as pytree
     from torch._functorch.aot_autograd import aot_function
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
     from torch.nn.utils.stateless import _reparametrize_module
 
-    eager_forward = layer.forward
+    eager_forward = _uncheckpointed(layer) if checkpointing != "none" else layer.forward
     runner = _graph_runner(fuse_pointwise)
 
     def forward(*args: Any, **kwargs: Any) -> Any:
@@ -127,7 +213,13 @@ def _compile_layer(layer: Any, fuse_pointwise: bool, compiled: dict[Any, Any]) -
         leaves, spec = pytree.tree_flatten((args, kwargs))
         is_tensor = tuple(isinstance(x, torch.Tensor) for x in leaves)
         consts = tuple(None if t else x for x, t in zip(leaves, is_tensor, strict=True))
-        key = (_layer_signature(layer), spec, is_tensor, tuple(repr(c) for c in consts))
+        key = (
+            _layer_signature(layer),
+            spec,
+            is_tensor,
+            tuple(repr(c) for c in consts),
+            checkpointing,
+        )
         if key not in compiled:
 
             def functional(params: Any, buffers: Any, tensors: Any) -> Any:
@@ -141,16 +233,21 @@ def _compile_layer(layer: Any, fuse_pointwise: bool, compiled: dict[Any, Any]) -
                 functional,
                 fw_compiler=runner,
                 bw_compiler=runner,
-                partition_fn=min_cut_rematerialization_partition,
+                partition_fn=_partitioner(checkpointing),
             )
         tensors = [x for x, t in zip(leaves, is_tensor, strict=True) if t]
         with _allow_fake_constants():
             return compiled[key](params, buffers, tensors)
 
-    layer.forward = forward
+    if checkpointing == "full":
+        from torch.utils.checkpoint import checkpoint
+
+        layer.forward = functools.partial(checkpoint, forward, use_reentrant=False)
+    else:
+        layer.forward = forward
 
 
-def compile_layers(model: Any, *, fuse_pointwise: bool = True) -> None:
+def compile_layers(model: Any, *, fuse_pointwise: bool = True, checkpointing: str = "none") -> None:
     """Replace each transformer layer's ``forward`` by its AOTAutograd-compiled version, in
     place; see Note [Tracing torch.compile].
 
@@ -158,6 +255,8 @@ def compile_layers(model: Any, *, fuse_pointwise: bool = True) -> None:
         model: the model (fake or real tensors); the layers are
             ``trainmem.trace.lora.layer_stack``'s.
         fuse_pointwise: leave out of the recording the pointwise intermediates inductor fuses.
+        checkpointing: the layers' activation checkpointing (``none``, ``full``,
+            ``selective``), applied inside the compiled region as dynamo does.
 
     Raises:
         UnsupportedError: no layer stack.
@@ -167,4 +266,4 @@ def compile_layers(model: Any, *, fuse_pointwise: bool = True) -> None:
     _, layers = layer_stack(model)
     compiled: dict[Any, Any] = {}  # identical layers share one graph, as dynamo's cache does
     for layer in layers:
-        _compile_layer(layer, fuse_pointwise, compiled)
+        _compile_layer(layer, fuse_pointwise, compiled, checkpointing)

@@ -120,7 +120,9 @@ def apply_activation_checkpointing(model: Any, mode: str) -> None:
     """Checkpoint each transformer layer (``full``) or only its non-matmul ops (``selective``).
 
     HF models: ``model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=
-    {"use_reentrant": False})`` (``transformers/modeling_utils.py``). Other models: every element
+    {"use_reentrant": False})`` (``transformers/modeling_utils.py``); diffusers models:
+    ``model.enable_gradient_checkpointing(func)`` (``diffusers/models/modeling_utils.py``, the
+    blocks its forward checkpoints). Other models: every element
     of every ``nn.ModuleList`` is wrapped in ``torch.utils.checkpoint.checkpoint``.
     ``selective`` is op-level selective checkpointing as in torchtitan: attention outputs and
     every other matmul output are saved, everything else is recomputed
@@ -133,46 +135,27 @@ def apply_activation_checkpointing(model: Any, mode: str) -> None:
     """
     if mode == "none":
         return
-    from torch.utils.checkpoint import (
-        CheckpointPolicy,
-        checkpoint,
-        create_selective_checkpoint_contexts,
-    )
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
     kwargs: dict[str, Any] = {"use_reentrant": False}
     if mode == "selective":
-        aten = torch.ops.aten
-        save = {
-            aten.mm.default,
-            aten.addmm.default,
-            aten.bmm.default,
-            aten._scaled_dot_product_flash_attention.default,
-            aten._scaled_dot_product_efficient_attention.default,
-            aten._scaled_dot_product_flash_attention_for_cpu.default,
-        }
+        from trainmem.trace.sac import selective_policy
 
         def make_contexts() -> Any:
-            # torchtitan's policy (``_get_custom_policy``): save the ops of the list, except
-            # every second ``aten.mm``; one counter per layer pass, forward and recompute apart
-            counts = {"forward": 0, "recompute": 0}
-
-            def policy(ctx: Any, op: Any, *_a: Any, **_k: Any) -> Any:
-                if op == aten.mm.default:
-                    mode = "recompute" if ctx.is_recompute else "forward"
-                    counts[mode] += 1
-                    if counts[mode] % 2 == 0:
-                        return CheckpointPolicy.PREFER_RECOMPUTE
-                return (
-                    CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
-                )
-
-            return create_selective_checkpoint_contexts(policy)
+            return create_selective_checkpoint_contexts(selective_policy())
 
         kwargs["context_fn"] = make_contexts
     if hasattr(model, "gradient_checkpointing_enable") and getattr(
         model, "supports_gradient_checkpointing", False
     ):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        return
+    if getattr(model, "_supports_gradient_checkpointing", False) and hasattr(
+        model, "enable_gradient_checkpointing"
+    ):  # diffusers ModelMixin: each block through its _gradient_checkpointing_func
+        model.enable_gradient_checkpointing(
+            lambda module, *args: checkpoint(module.__call__, *args, **kwargs)
+        )
         return
     wrapped = 0
     for module in model.modules():
@@ -274,7 +257,7 @@ def _run_trace(
     if training.compile:
         from trainmem.trace.compile import compile_layers
 
-        compile_layers(model)
+        compile_layers(model, checkpointing=training.activation_checkpointing)
     if mesh is not None:
         parallelize(model, mesh, training, fake_mode)
     takes_training = _takes_argument(make_batch)

@@ -23,7 +23,7 @@ Note [Tracing FSDP2]
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from trainmem.errors import UnsupportedError
@@ -95,7 +95,56 @@ def shard_model(model: Any, mesh: Any, training: TrainingConfig, fake_mode: Any)
             param_dtype=getattr(torch, training.compute_dtype), reduce_dtype=torch.float32
         )
     _, layers = layer_stack(model)
-    with fake_mode if fake_mode is not None else contextlib.nullcontext():
+    with (
+        fake_mode if fake_mode is not None else contextlib.nullcontext(),
+        _lazy_rank_chunks(),
+    ):
         for layer in layers:
             fully_shard(layer, **kwargs)
         fully_shard(model, **kwargs)
+
+
+class _LazyChunks(Sequence[Any]):
+    """``torch.chunk(tensor, n, dim)`` padded with empty tensors to ``n`` entries, as
+    ``_chunk_with_empty`` returns (torch/distributed/fsdp/_fully_shard/_fsdp_common.py), but
+    each chunk made only when indexed: ``FSDPParam`` reads chunk 0 (the padded size) and its
+    own rank's chunk. Same views, same sizes (``torch.chunk`` splits into ``ceil(d / n)``-row
+    pieces); building all ``n`` fake views eagerly cost about 0.3 ms per rank per parameter,
+    minutes for thousands of ranks."""
+
+    def __init__(self, tensor: Any, num_chunks: int, dim: int) -> None:
+        self.tensor, self.n, self.dim = tensor, num_chunks, dim
+        size = tensor.size(dim)
+        self.step = -(-size // num_chunks) if size else 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self.n))]
+        if index < 0:
+            index += self.n
+        if not 0 <= index < self.n:
+            raise IndexError(index)
+        size = self.tensor.size(self.dim)
+        start = index * self.step
+        if size == 0:  # torch.chunk gives n empty views of the tensor's shape
+            return self.tensor.narrow(self.dim, 0, 0)
+        if start >= size:
+            return self.tensor.new_empty(0)
+        return self.tensor.narrow(self.dim, start, min(self.step, size - start))
+
+
+@contextlib.contextmanager
+def _lazy_rank_chunks() -> Iterator[None]:
+    """Patch FSDP2's ``_chunk_with_empty`` with :class:`_LazyChunks` while sharding."""
+    import importlib
+
+    module: Any = importlib.import_module("torch.distributed.fsdp._fully_shard._fsdp_param")
+    original = module._chunk_with_empty
+    module._chunk_with_empty = _LazyChunks
+    try:
+        yield
+    finally:
+        module._chunk_with_empty = original

@@ -74,6 +74,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "LoRA / QLoRA": ("lora_rank", "lora_targets", "lora_dropout", "quantize_base"),
     "Framework": ("framework", "torch_version", "bitsandbytes_version"),
+    "Diffusion models (diffusers configs)": ("resolution", "frames", "text_seq_len"),
 }
 """Every TrainingConfig field, grouped as the page shows them."""
 
@@ -105,6 +106,7 @@ _NEGATIVE_FLAG = {"dropout": "--no-dropout", "zero_grad_set_to_none": "--zero-gr
 """Booleans that default to True: the CLI flag that turns them off."""
 
 _FIELD_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(TrainingConfig)}
+_ANNOTATIONS: dict[str, Any] = {f.name: f.type for f in dataclasses.fields(TrainingConfig)}
 DEFAULTS: dict[str, Any] = {**_FIELD_DEFAULTS, "seq_len": None}
 """Every TrainingConfig field with the page's default (the dataclass's; ``seq_len`` None)."""
 
@@ -144,6 +146,8 @@ def field(name: str) -> Field:
         return Field(name, "choice", CHOICES[name])
     default = _FIELD_DEFAULTS[name]
     kind = type(default).__name__ if isinstance(default, (bool, int, float)) else "str"
+    if default is None and str(_ANNOTATIONS[name]) == "int | None":  # optional counts
+        kind = "int"
     return Field(name, kind)
 
 

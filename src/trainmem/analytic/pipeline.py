@@ -1,0 +1,109 @@
+"""What ``torch.distributed.pipelining`` itself keeps on a pipeline stage, beyond the layers'
+saved activations: the stage outputs held for backward, the last stage's outputs held for the
+step's return value, and the per-micro-batch receive buffers.
+
+Note [Pipeline stage buffers]
+    ``torch.distributed.pipelining`` (torch/distributed/pipelining/stage.py, the same since
+    torch 2.4; torchtitan runs it for ``--pipeline-parallel-size``):
+
+    * ``forward_one_chunk`` stores every micro-batch's stage output in ``fwd_cache`` until that
+      micro-batch's ``backward_one_chunk`` (``stage_backward`` differentiates it). Under
+      activation checkpointing the last layer's output is not among the layer's saved tensors,
+      so a non-last stage holds one output tensor (the residual stream at the stage boundary)
+      per micro-batch in flight (the one in backward included), on top of the saved layer
+      inputs.
+    * On the last stage ``forward_one_chunk`` also appends the output (the logits) to
+      ``output_chunks``, which is cleared only by ``clear_runtime_states`` at the start of the
+      next ``step()``; ``step()`` returns ``_merge_outputs(output_chunks)``, a ``torch.cat`` of
+      them (torchtitan discards it). So the last stage holds the logits of every micro-batch
+      of the step, and a copy of all of them at its end.
+    * ``_prepare_forward_infra`` / ``_prepare_backward_infra`` allocate, at the first step, one
+      receive buffer per micro-batch (``args_recv_info[chunk]``: the stage input on every stage
+      but the first; ``grad_recv_info[chunk]``: the gradient of the stage output on every stage
+      but the last); they live as long as the schedule. The input buffers of micro-batches in
+      flight are the first layer's saved input (already counted with the activations); the
+      others are extra.
+
+    The boundary tensor is the residual stream of one micro-batch on one rank: sequence-sharded
+    under sequence parallelism (torchtitan's TP plan: the block outputs are ``Shard(1)`` local
+    tensors) and context parallelism; the logits are vocabulary-sharded under TP (loss
+    parallel).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainmem.analytic.activations import (
+    compute_and_residual_bytes,
+    parallel_divisor,
+    tokens_per_sequence,
+)
+from trainmem.specs.model import ModelSpec
+from trainmem.specs.training import TrainingConfig
+
+__all__ = ["StageBuffers", "stage_buffers"]
+
+
+@dataclass(frozen=True, slots=True)
+class StageBuffers:
+    """Bytes ``torch.distributed.pipelining`` keeps on one stage (Note [Pipeline stage
+    buffers]).
+
+    Attributes:
+        in_flight_outputs: stage outputs of the micro-batches in flight, the current one
+            included (non-last stage).
+        output_chunk: one micro-batch's logits kept in ``output_chunks`` (last stage; 0
+            elsewhere).
+        recv_buffers: the persistent receive buffers not already counted as saved inputs.
+    """
+
+    in_flight_outputs: int
+    output_chunk: int
+    recv_buffers: int
+
+
+def boundary_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """One micro-batch's residual stream at a stage boundary, on one rank: ``b * s * h`` values
+    of the residual dtype, split like the layer input (``layer_input``: by context parallelism,
+    and by tensor parallelism under sequence parallelism)."""
+    _, r = compute_and_residual_bytes(training)
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    return -(-r * t * model.hidden_size // parallel_divisor("layer_input", training))
+
+
+def logits_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """One micro-batch's logits on one rank: ``b * s * V`` values of the compute dtype (the
+    output projection's result before the loss upcasts it), vocabulary-parallel under TP."""
+    if model.head not in ("causal-lm", "masked-lm"):
+        return 0
+    c, _ = compute_and_residual_bytes(training)
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    return -(-c * t * model.vocab_size // parallel_divisor("logits", training))
+
+
+def stage_buffers(
+    model: ModelSpec, training: TrainingConfig, *, in_flight: float, first: bool, last: bool
+) -> StageBuffers:
+    """What the pipeline runtime keeps on one stage; see Note [Pipeline stage buffers].
+
+    Args:
+        model / training: what is trained and how (``gradient_accumulation_steps`` is the
+            number of micro-batches of the step).
+        in_flight: micro-batches whose activations the stage holds at once.
+        first / last: the stage is the first / the last one.
+
+    Returns:
+        The buffers; all zero without pipeline parallelism.
+    """
+    if training.pipeline_parallel_size == 1:
+        return StageBuffers(0, 0, 0)
+    m = training.gradient_accumulation_steps
+    edge = boundary_bytes(model, training)
+    outputs = 0 if last else round(in_flight * edge)
+    recv = 0
+    if not first:  # input buffers of the micro-batches not in flight
+        recv += max(m - round(in_flight), 0) * edge
+    if not last:  # gradient buffers of every micro-batch
+        recv += m * edge
+    return StageBuffers(outputs, logits_bytes(model, training) if last else 0, recv)

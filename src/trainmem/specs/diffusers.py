@@ -1,0 +1,210 @@
+"""diffusers models: which ``config.json`` is one, and the batch a training step feeds it.
+
+A diffusers model config names its class in ``_class_name`` (``FluxTransformer2DModel``,
+``SD3Transformer2DModel``, ``UNet2DConditionModel``, ``WanTransformer3DModel``) and has no
+``model_type``. Such a model is not a formula family of the analytic engine; the trace engine
+builds it with diffusers (``trainmem.trace.diffusers_model``). This module holds what needs no
+torch: recognising the config, each class's batch geometry (VAE factors, packing, default
+resolution / frames / text length) and the checks of ``--resolution``, ``--frames`` and
+``--text-seq-len`` against the model.
+
+Batch geometry, from the diffusers pipelines and training scripts (diffusers v0.42):
+
+=========================  ==========  =======  ===========  ==========================
+class                      VAE factor  packing  text tokens  default
+=========================  ==========  =======  ===========  ==========================
+FluxTransformer2DModel     8           2x2      512 (T5)     1024 px
+SD3Transformer2DModel      8           patch 2  77+256       ``sample_size`` * 8 px
+UNet2DConditionModel       8           none     77           ``sample_size`` * 8 px
+WanTransformer3DModel      8, time 4   1x2x2    512 (umT5)   480x832 px, 81 frames
+=========================  ==========  =======  ===========  ==========================
+
+Sources: ``pipelines/flux/pipeline_flux.py`` (``vae_scale_factor`` 8, ``_pack_latents`` 2x2,
+``max_sequence_length=512``), ``pipelines/stable_diffusion_3/pipeline_stable_diffusion_3.py``
+(77 CLIP tokens + ``max_sequence_length=256`` T5 tokens; ``default_sample_size``),
+``pipelines/stable_diffusion_xl/pipeline_stable_diffusion_xl.py`` (77 tokens, ``sample_size *
+vae_scale_factor``), ``pipelines/wan/pipeline_wan.py`` (height 480, width 832, 81 frames,
+``vae_scale_factor_temporal`` 4, ``(num_frames - 1) // 4 + 1`` latent frames,
+``max_sequence_length=512``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from trainmem.errors import SpecError, UnsupportedError
+
+__all__ = [
+    "DIFFUSERS_FAMILIES",
+    "DiffusersFamily",
+    "ImageBatch",
+    "check_image_options",
+    "diffusers_class",
+    "image_batch",
+    "is_diffusers_config",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class DiffusersFamily:
+    """Batch geometry of one diffusers model class."""
+
+    vae_factor: int
+    """Pixels per latent pixel (the VAE's spatial downsampling)."""
+    pixel_multiple: int
+    """Height and width must be multiples of this (VAE factor x patch / packing)."""
+    text_seq_len: int
+    """Text tokens the pipeline feeds by default."""
+    resolution: tuple[int, int] | None
+    """Default (height, width) in pixels; None: ``sample_size`` * ``vae_factor``."""
+    temporal_factor: int = 0
+    """Frames per latent frame (causal video VAE, first frame alone); 0 for image models."""
+    frames: int = 0
+    """Default frame count (video)."""
+
+
+DIFFUSERS_FAMILIES: dict[str, DiffusersFamily] = {
+    "FluxTransformer2DModel": DiffusersFamily(8, 16, 512, (1024, 1024)),
+    "SD3Transformer2DModel": DiffusersFamily(8, 16, 77 + 256, None),
+    "UNet2DConditionModel": DiffusersFamily(8, 8, 77, None),
+    "WanTransformer3DModel": DiffusersFamily(8, 16, 512, (480, 832), temporal_factor=4, frames=81),
+}
+"""The diffusers classes whose training batch trainmem builds; see the module docstring."""
+
+
+def is_diffusers_config(config: Mapping[str, Any]) -> bool:
+    """A diffusers model config: a ``_class_name`` and no transformers ``model_type``."""
+    return isinstance(config.get("_class_name"), str) and not config.get("model_type")
+
+
+def diffusers_class(config: Mapping[str, Any]) -> str:
+    """The config's ``_class_name``, if trainmem builds its batch.
+
+    Raises:
+        UnsupportedError: a diffusers class without a batch recipe here (names the supported).
+    """
+    name = str(config.get("_class_name"))
+    if name not in DIFFUSERS_FAMILIES:
+        raise UnsupportedError(
+            f"_class_name: diffusers model {name[:80]!r} has no training batch in trainmem yet "
+            f"(supported: {', '.join(DIFFUSERS_FAMILIES)}); trace it with trainmem.trace("
+            "build_model, make_batch, loss_fn=...) from Python"
+        )
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class ImageBatch:
+    """The geometry of one diffusers micro-batch, settings resolved against the model."""
+
+    height: int
+    """Pixels."""
+    width: int
+    """Pixels."""
+    frames: int
+    """Video frames (0 for an image model)."""
+    text_seq_len: int
+    """Text-encoder tokens (the cross / joint attention context)."""
+    latent_height: int
+    """``height / vae_factor``."""
+    latent_width: int
+    """``width / vae_factor``."""
+    latent_frames: int
+    """``(frames - 1) / temporal_factor + 1`` (0 for an image model)."""
+
+
+def _sample_size(config: Mapping[str, Any]) -> int:
+    value = config.get("sample_size")
+    if isinstance(value, list | tuple) and value:
+        value = value[0]
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise SpecError("sample_size", f"must be a positive integer, got {value!r:.80}")
+    return value
+
+
+def image_batch(config: Mapping[str, Any], training: Any) -> ImageBatch:
+    """Resolve ``resolution`` / ``frames`` / ``text_seq_len`` against a diffusers config.
+
+    Explicit settings win; otherwise the defaults of :data:`DIFFUSERS_FAMILIES`.
+
+    Args:
+        config: the diffusers ``config.json``.
+        training: a :class:`~trainmem.specs.training.TrainingConfig`.
+
+    Returns:
+        The batch geometry.
+
+    Raises:
+        SpecError: a resolution that is not a multiple of the model's pixel multiple, frames
+            for an image model, a frame count the video VAE cannot encode.
+        UnsupportedError: an unsupported diffusers class.
+    """
+    name = diffusers_class(config)
+    fam = DIFFUSERS_FAMILIES[name]
+    if training.image_size is not None:
+        height, width = training.image_size
+    elif fam.resolution is not None:
+        height, width = fam.resolution
+    else:
+        height = width = _sample_size(config) * fam.vae_factor
+    if height % fam.pixel_multiple or width % fam.pixel_multiple:
+        raise SpecError(
+            "resolution",
+            f"{height}x{width} px is not a multiple of {fam.pixel_multiple} for {name} "
+            f"(VAE factor {fam.vae_factor} x patch size); e.g. "
+            f"{max(height // fam.pixel_multiple, 1) * fam.pixel_multiple}",
+        )
+    frames = 0
+    if fam.temporal_factor:
+        frames = fam.frames if training.frames is None else int(training.frames)
+        if (frames - 1) % fam.temporal_factor:
+            raise SpecError(
+                "frames",
+                f"{frames} frames: {name}'s video VAE encodes 1 + {fam.temporal_factor}k frames "
+                f"(1, {1 + fam.temporal_factor}, ..., {fam.frames}); e.g. "
+                f"{(frames - 1) // fam.temporal_factor * fam.temporal_factor + 1}",
+            )
+    elif training.frames is not None:
+        raise SpecError("frames", f"{name} is an image model; --frames is only for video models")
+    text = fam.text_seq_len if training.text_seq_len is None else int(training.text_seq_len)
+    return ImageBatch(
+        height=height,
+        width=width,
+        frames=frames,
+        text_seq_len=text,
+        latent_height=height // fam.vae_factor,
+        latent_width=width // fam.vae_factor,
+        latent_frames=(frames - 1) // fam.temporal_factor + 1 if fam.temporal_factor else 0,
+    )
+
+
+IMAGE_OPTIONS: tuple[str, ...] = ("resolution", "frames", "text_seq_len")
+"""TrainingConfig fields that describe a diffusers batch (``--resolution``, ``--frames``,
+``--text-seq-len``)."""
+
+
+def check_image_options(config: Mapping[str, Any], training: Any) -> None:
+    """Refuse the diffusers batch options for a model that is not a diffusers model, and check
+    them against a diffusers one.
+
+    Args:
+        config: the model's ``config.json``.
+        training: a :class:`~trainmem.specs.training.TrainingConfig`.
+
+    Raises:
+        SpecError: an image option on a language model (names the option), or a bad value.
+    """
+    if is_diffusers_config(config):
+        image_batch(config, training)
+        return
+    for name in IMAGE_OPTIONS:
+        if getattr(training, name) is not None:
+            flag = "--" + name.replace("_", "-")
+            raise SpecError(
+                name,
+                f"{flag} describes the batch of a diffusers image/video model (a config.json "
+                "with _class_name); this model takes tokens: use --seq-len and "
+                "--micro-batch-size",
+            )

@@ -1,0 +1,395 @@
+"""diffusers models in the trace engine: build from ``config.json``, feed the real inputs,
+take the training loss of diffusers' own example scripts.
+
+Entry points (the per-block generic path calls them too):
+
+- :func:`build_diffusers_model`: ``diffusers.<_class_name>.from_config`` on ``meta``, cast to
+  the weight dtype, LoRA adapters as diffusers' LoRA scripts add them;
+- :func:`make_diffusers_batch`: one micro-batch of the model's forward arguments for a
+  resolution, frame count and text length (:func:`trainmem.specs.diffusers.image_batch`);
+- :func:`diffusers_loss`: MSE between the prediction and a target of its shape.
+
+Note [diffusers training step]
+    What the step runs mirrors diffusers' examples (v0.42): ``examples/dreambooth/
+    train_dreambooth_flux.py`` and ``train_dreambooth_sd3.py`` (flow matching: the transformer
+    predicts ``noise - latents``; loss ``mean((w.float() * (pred.float() - target.float()) ** 2)
+    .reshape(b, -1), 1).mean()`` with ``w = compute_loss_weighting_for_sd3("none") = 1``), and
+    ``examples/text_to_image/train_text_to_image_sdxl.py`` (epsilon prediction:
+    ``F.mse_loss(pred.float(), target.float())``). The VAE and text encoders are frozen and
+    run before the step (or their outputs are cached), so the batch is their outputs: latents,
+    prompt embeddings, pooled embeddings. Differences from the scripts, all a few latent-sized
+    tensors: the target is drawn inside the loss (``noise - latents`` there: one tensor of the
+    latent shape; SDXL's ``target = noise`` exists before the forward there), FLUX's prediction
+    is not unpacked back to [b, c, h, w] (a copy of the prediction there). SD3's default
+    ``--precondition_outputs 1`` is applied (``pred * (-sigmas) + noisy_input``, target the
+    clean latents).
+
+    Inputs are in the parameter dtype (the scripts cast latents and embeddings to
+    ``weight_dtype``); timesteps are fp32 (FLUX / SD3 / Wan: scheduler sigmas) or int64 (SDXL:
+    ``torch.randint``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+from trainmem.breakdown import MemoryEstimate
+from trainmem.errors import UnsupportedError
+from trainmem.specs.diffusers import diffusers_class, image_batch
+from trainmem.specs.hardware import GPUSpec
+from trainmem.specs.training import TrainingConfig
+from trainmem.trace._torch import require_torch
+
+torch = require_torch()
+
+__all__ = [
+    "DIFFUSERS_LORA_MODULES",
+    "apply_diffusers_lora",
+    "build_diffusers_model",
+    "diffusers_loss",
+    "estimate_diffusers_trace",
+    "make_diffusers_batch",
+]
+
+DIFFUSERS_LORA_MODULES: dict[str, tuple[str, ...]] = {
+    "q": ("to_q", "add_q_proj"),
+    "k": ("to_k", "add_k_proj"),
+    "v": ("to_v", "add_v_proj"),
+    "o": ("to_out.0", "to_add_out"),
+    "up": ("net.0.proj",),
+    "down": ("net.2",),
+}
+"""trainmem LoRA target -> diffusers module-name suffixes. diffusers' attention names its
+projections ``to_q`` / ``to_k`` / ``to_v`` / ``to_out.0`` and, in joint (MMDiT) attention, the
+text stream's ``add_q_proj`` / ``add_k_proj`` / ``add_v_proj`` / ``to_add_out``; its
+``FeedForward`` is ``net.0.proj`` (GELU / GEGLU input projection) and ``net.2``. The default
+target lists of ``train_dreambooth_lora_flux.py`` / ``_sd3.py`` (attention and, for FLUX, the
+feed-forwards) and ``train_dreambooth_lora_sdxl.py`` (``to_q``, ``to_k``, ``to_v``,
+``to_out.0``) are combinations of these rows."""
+
+_DROPOUT_KEYS = ("dropout", "attention_dropout")
+
+
+def _require_diffusers() -> Any:
+    try:
+        import diffusers
+    except ImportError as exc:  # pragma: no cover - diffusers is optional
+        raise UnsupportedError(
+            "tracing a diffusers model needs diffusers: pip install diffusers"
+        ) from exc
+    return diffusers
+
+
+def build_diffusers_model(
+    raw_config: Mapping[str, Any], training: TrainingConfig, *, device: str = "meta"
+) -> Any:
+    """The diffusers model a ``config.json`` describes, as ``training`` trains it.
+
+    Built with ``diffusers.<_class_name>.from_config`` under ``torch.device(device)`` (on
+    ``meta`` no weight is initialised), cast to ``training.weight_dtype``, dropout zeroed when
+    ``training.dropout`` is off, LoRA adapters added (:func:`apply_diffusers_lora`).
+
+    Args:
+        raw_config: the parsed ``config.json`` (with ``_class_name``).
+        training: weight dtype, dropout, attention, LoRA settings.
+        device: ``meta`` for the trace, ``cpu`` for the real-run proof.
+
+    Returns:
+        The ``nn.Module`` in train mode.
+
+    Raises:
+        UnsupportedError: diffusers missing, an unknown class, or settings diffusers models do
+            not take (``--attention eager``).
+    """
+    diffusers = _require_diffusers()
+    name = diffusers_class(raw_config)
+    cls = getattr(diffusers, name)
+    if training.attention == "eager":
+        raise UnsupportedError(
+            f"attention: {name} computes attention with SDPA (diffusers' attention dispatch); "
+            "use --attention sdpa or flash"
+        )
+    raw = dict(raw_config)
+    if not training.dropout:
+        for key in _DROPOUT_KEYS:
+            if isinstance(raw.get(key), float):
+                raw[key] = 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        try:
+            with torch.device(device):
+                model = cls.from_config(raw)
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+            reason = " ".join(str(exc).split())[:200]
+            raise UnsupportedError(
+                f"diffusers {diffusers.__version__} cannot build {name} from this config "
+                f"({type(exc).__name__}: {reason}); check the config"
+            ) from exc
+    if training.weight_dtype != "float32":
+        # every parameter, as the scripts' ``transformer.to(device, dtype=weight_dtype)`` casts
+        # (ModelMixin.to only adds a log line about ``_keep_in_fp32_modules`` before this)
+        model = torch.nn.Module.to(model, getattr(torch, training.weight_dtype))
+    apply_diffusers_lora(model, training)
+    model.train()
+    return model
+
+
+def apply_diffusers_lora(model: Any, training: TrainingConfig) -> None:
+    """Add LoRA adapters in place as diffusers' LoRA scripts do (no-op without LoRA).
+
+    ``train_dreambooth_lora_flux.py``: ``transformer.requires_grad_(False)``, then
+    ``transformer.add_adapter(LoraConfig(r, lora_alpha, lora_dropout, init_lora_weights=
+    "gaussian", target_modules=...))`` (peft ``inject_adapter_in_model``: the adapters take the
+    base layer's dtype), then ``cast_training_params(transformer, torch.float32)`` for fp16
+    weights only. Targets: :data:`DIFFUSERS_LORA_MODULES`.
+
+    Args:
+        model: the diffusers model (a ``PeftAdapterMixin``).
+        training: ``lora_rank``, ``lora_targets``, ``lora_dropout``.
+
+    Raises:
+        UnsupportedError: a target the model has no linear for, a quantized base, or a model
+            class without ``add_adapter``.
+    """
+    if not training.is_lora:
+        return
+    if training.quantize_base != "none":
+        raise UnsupportedError(
+            f"quantize_base={training.quantize_base}: bitsandbytes' layers need CUDA and cannot "
+            "run on fake CPU tensors"
+        )
+    import peft
+
+    linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    names: list[str] = []
+    for target in training.lora_targets:
+        found = _matching(linears, DIFFUSERS_LORA_MODULES.get(target, ()))
+        if not found:
+            have = [t for t, s in DIFFUSERS_LORA_MODULES.items() if _matching(linears, s)]
+            raise UnsupportedError(
+                f"lora target {target!r}: {type(model).__name__} has no such linear (it has "
+                f"{', '.join(have)}); drop it from --lora-targets"
+            )
+        names.extend(n for n in found if n not in names)
+    if not hasattr(model, "add_adapter"):
+        raise UnsupportedError(f"{type(model).__name__} takes no LoRA adapter (no add_adapter)")
+    model.requires_grad_(False)
+    config = peft.LoraConfig(
+        r=training.lora_rank,
+        lora_alpha=training.lora_rank,  # alpha only scales values, never memory
+        lora_dropout=training.lora_dropout,
+        init_lora_weights="gaussian",
+        target_modules=names,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        model.add_adapter(config)
+    if training.weight_dtype == "float16":  # diffusers.training_utils.cast_training_params
+        for p in model.parameters():
+            if p.requires_grad:
+                p.data = p.to(torch.float32)
+
+
+def _matching(names: list[str], suffixes: tuple[str, ...]) -> list[str]:
+    """The module names peft's ``target_modules`` suffixes match (a name equal to a suffix or
+    ending in ``.suffix``: peft ``check_target_module_exists``)."""
+    return [n for n in names if any(n == s or n.endswith("." + s) for s in suffixes)]
+
+
+def make_diffusers_batch(model: Any, training: TrainingConfig) -> dict[str, Any]:
+    """One micro-batch of the model's forward arguments (call inside the fake mode).
+
+    Shapes (b = micro-batch, h, w = latent height / width = pixels / 8, t = text tokens):
+
+    - FLUX (``pipeline_flux.py``): ``hidden_states`` [b, (h/2)(w/2), in_channels] (16 latent
+      channels packed 2x2 into 64), ``encoder_hidden_states`` [b, t, joint_attention_dim],
+      ``pooled_projections`` [b, pooled_projection_dim], ``timestep`` [b], ``guidance`` [b] when
+      ``guidance_embeds``, ``img_ids`` [(h/2)(w/2), 3], ``txt_ids`` [t, 3];
+    - SD3: ``hidden_states`` [b, in_channels, h, w], ``encoder_hidden_states`` [b, t,
+      joint_attention_dim], ``pooled_projections`` [b, pooled_projection_dim], ``timestep`` [b];
+    - UNet2DCondition (SDXL): ``sample`` [b, in_channels, h, w], ``timestep`` [b] int64,
+      ``encoder_hidden_states`` [b, t, cross_attention_dim]; with ``addition_embed_type
+      "text_time"`` ``added_cond_kwargs`` ``text_embeds`` [b, projection_class_embeddings_
+      input_dim - 6 * addition_time_embed_dim] and ``time_ids`` [b, 6]
+      (``train_text_to_image_sdxl.py``);
+    - Wan: ``hidden_states`` [b, in_channels, f, h, w] with f = (frames - 1) / 4 + 1,
+      ``encoder_hidden_states`` [b, t, text_dim], ``timestep`` [b].
+
+    Args:
+        model: the diffusers model (its ``config`` decides the inputs).
+        training: ``micro_batch_size``, ``resolution``, ``frames``, ``text_seq_len``.
+
+    Returns:
+        Keyword arguments of ``model(**batch)`` (``return_dict=False``).
+    """
+    cfg = dict(model.config)
+    name = diffusers_class(cfg)
+    g = image_batch(cfg, training)
+    b, t, h, w = training.micro_batch_size, g.text_seq_len, g.latent_height, g.latent_width
+    dtype = next(model.parameters()).dtype
+
+    def randn(*shape: int) -> Any:
+        return torch.randn(*shape, dtype=dtype)
+
+    batch: dict[str, Any]
+    if name == "FluxTransformer2DModel":
+        tokens = (h // 2) * (w // 2)
+        batch = {
+            "hidden_states": randn(b, tokens, cfg["in_channels"]),
+            "encoder_hidden_states": randn(b, t, cfg["joint_attention_dim"]),
+            "pooled_projections": randn(b, cfg["pooled_projection_dim"]),
+            "timestep": torch.rand(b),
+            "img_ids": torch.zeros(tokens, 3, dtype=dtype),
+            "txt_ids": torch.zeros(t, 3, dtype=dtype),
+        }
+        if cfg.get("guidance_embeds"):
+            batch["guidance"] = torch.full((b,), 3.5)
+    elif name == "SD3Transformer2DModel":
+        batch = {
+            "hidden_states": randn(b, cfg["in_channels"], h, w),
+            "encoder_hidden_states": randn(b, t, cfg["joint_attention_dim"]),
+            "pooled_projections": randn(b, cfg["pooled_projection_dim"]),
+            "timestep": torch.rand(b) * 1000,
+        }
+    elif name == "UNet2DConditionModel":
+        cross = cfg["cross_attention_dim"]
+        if not isinstance(cross, int):
+            raise UnsupportedError(
+                f"cross_attention_dim: per-block widths {cross!r:.80} are not supported; "
+                "give one integer"
+            )
+        batch = {
+            "sample": randn(b, cfg["in_channels"], h, w),
+            "timestep": torch.randint(0, 1000, (b,)),
+            "encoder_hidden_states": randn(b, t, cross),
+        }
+        if cfg.get("addition_embed_type") == "text_time":
+            time_dim = 6 * cfg["addition_time_embed_dim"]  # six micro-conditions
+            pooled = cfg["projection_class_embeddings_input_dim"] - time_dim
+            batch["added_cond_kwargs"] = {"text_embeds": randn(b, pooled), "time_ids": randn(b, 6)}
+    else:  # WanTransformer3DModel
+        batch = {
+            "hidden_states": randn(b, cfg["in_channels"], g.latent_frames, h, w),
+            "encoder_hidden_states": randn(b, t, cfg["text_dim"]),
+            "timestep": torch.rand(b) * 1000,
+        }
+    batch["return_dict"] = False
+    return batch
+
+
+def diffusers_loss(output: Any, batch: Mapping[str, Any]) -> Any:
+    """The training loss of diffusers' example scripts on the model's prediction.
+
+    UNet2DCondition (``train_text_to_image_sdxl.py``, epsilon prediction): ``F.mse_loss(
+    pred.float(), target.float(), reduction="mean")``. The transformers (flow matching,
+    ``train_dreambooth_flux.py`` / ``train_dreambooth_sd3.py``): ``torch.mean((w.float() *
+    (pred.float() - target.float()) ** 2).reshape(b, -1), 1).mean()`` with the weighting ``w``
+    of scheme ``"none"`` (ones [b, 1, ...]); SD3 preconditions the prediction first
+    (``pred * (-sigmas) + noisy_input``, ``train_dreambooth_sd3.py``). The target is a tensor
+    of the prediction's shape and dtype; see Note [diffusers training step].
+
+    Args:
+        output: the model's output (a tuple with ``return_dict=False``, or an output object).
+        batch: the micro-batch (``sample`` in it marks a UNet).
+
+    Returns:
+        The scalar loss.
+    """
+    pred = output[0] if isinstance(output, tuple | list) else output.sample
+    target = torch.randn_like(pred)
+    if "sample" in batch:
+        return torch.nn.functional.mse_loss(pred.float(), target.float(), reduction="mean")
+    b = pred.shape[0]
+    if "pooled_projections" in batch and "img_ids" not in batch:
+        # SD3 (train_dreambooth_sd3.py, --precondition_outputs 1 by default, EDM sec. 5):
+        # model_pred = model_pred * (-sigmas) + noisy_model_input; target = model_input
+        noisy = batch["hidden_states"]
+        sigmas = torch.rand((b,) + (1,) * (pred.dim() - 1), dtype=noisy.dtype)
+        pred = pred * (-sigmas) + noisy
+    weighting = torch.ones((b,) + (1,) * (pred.dim() - 1), dtype=pred.dtype)
+    per_sample = torch.mean(
+        (weighting.float() * (pred.float() - target.float()) ** 2).reshape(b, -1), 1
+    )
+    return per_sample.mean()
+
+
+def estimate_diffusers_trace(
+    name: str, training: TrainingConfig, *, gpu: GPUSpec | None = None
+) -> MemoryEstimate:
+    """Trace one training step of a diffusers model (whole model, fake tensors).
+
+    Args:
+        name: a preset name, ``config.json`` path or hub id of a diffusers config.
+        training: micro-batch, precision, optimizer, checkpointing, LoRA, ``resolution``,
+            ``frames``, ``text_seq_len``.
+        gpu: the GPU for the verdict and the cuBLAS workspace size.
+
+    Returns:
+        The :class:`~trainmem.breakdown.MemoryEstimate` (``engine="trace"``), with the batch
+        geometry in ``details["diffusers"]``.
+
+    Raises:
+        UnsupportedError: settings the diffusers trace does not run (parallelism, compile,
+            chunked cross-entropy).
+        TraceError: the step failed under fake tensors.
+    """
+    from trainmem.specs.hf import load_hf_config
+    from trainmem.trace.engine import DEFAULT_CUBLAS_WORKSPACE_BYTES, _estimate, run_trace
+    from trainmem.trace.parallel import uses_mesh
+
+    refused = [
+        f"{field}={getattr(training, field)}"
+        for field, on in (
+            ("compile", training.compile),
+            ("chunked_cross_entropy", training.chunked_cross_entropy > 0),
+            ("tensor_parallel_size", training.tensor_parallel_size > 1),
+            ("context_parallel_size", training.context_parallel_size > 1),
+            ("data_parallel_size", uses_mesh(training)),
+        )
+        if on
+    ]
+    if refused:
+        raise UnsupportedError(
+            "the trace of a diffusers model runs one GPU without compile or a chunked loss; "
+            f"not modelled: {', '.join(refused)}"
+        )
+    raw = load_hf_config(name)
+    cls = diffusers_class(raw)
+    g = image_batch(raw, training)
+    holder: dict[str, Any] = {}
+
+    def build() -> Any:
+        holder["model"] = build_diffusers_model(raw, training)
+        return holder["model"]
+
+    def batch() -> Any:
+        return make_diffusers_batch(holder["model"], training)
+
+    ws = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
+    capture, report = run_trace(build, batch, training, loss_fn=diffusers_loss, workspace_bytes=ws)
+    est = _estimate(name, capture, report, training, gpu, ws)
+    est.details["diffusers"] = {
+        "class": cls,
+        "height": g.height,
+        "width": g.width,
+        "frames": g.frames,
+        "text_seq_len": g.text_seq_len,
+        "latent_shape": [g.latent_frames, g.latent_height, g.latent_width]
+        if g.frames
+        else [g.latent_height, g.latent_width],
+    }
+    # the batch as resolved (a diffusers step has no token sequence length)
+    est.config.pop("seq_len", None)
+    est.config.update(
+        resolution=g.height if g.height == g.width else f"{g.height}x{g.width}",
+        frames=g.frames or None,
+        text_seq_len=g.text_seq_len,
+    )
+    what = f"{g.height}x{g.width} px" + (f", {g.frames} frames" if g.frames else "")
+    est.notes.append(
+        f"diffusers {cls}: micro-batch of {what}, {g.text_seq_len} text tokens (VAE and text "
+        "encoders frozen, outside the step)"
+    )
+    return est

@@ -1,0 +1,182 @@
+"""What torch.distributed.pipelining keeps on a stage (Note [Pipeline stage buffers]), and the
+per-rank tensor sizes under context parallelism; expected numbers by hand from the source."""
+
+from __future__ import annotations
+
+from trainmem.analytic.pipeline import stage_buffers
+from trainmem.analytic.schedule import _tensor_sizes
+from trainmem.specs.hf import load_model_spec as load_model
+from trainmem.specs.training import TrainingConfig
+
+MiB = 2**20
+
+
+def _405b_3d(**kw: object) -> TrainingConfig:
+    """Table 5's 1F1B setting: FSDP 8 x TP 8 + SP x PP 8, 8 micro-batches of 4 x 8192."""
+    settings: dict[str, object] = {
+        "framework": "fsdp2",
+        "zero_stage": 3,
+        "data_parallel_size": 8,
+        "tensor_parallel_size": 8,
+        "sequence_parallel": True,
+        "pipeline_parallel_size": 8,
+        "micro_batch_size": 4,
+        "gradient_accumulation_steps": 8,
+        "seq_len": 8192,
+        "activation_checkpointing": "full",
+        "precision": "fp8-mixed",
+        **kw,
+    }
+    return TrainingConfig(**settings)  # type: ignore[arg-type]
+
+
+def test_first_stage_keeps_outputs_in_flight_and_gradient_receive_buffers() -> None:
+    # boundary: bf16 residual stream of 4 x 8192 tokens x 16384, sequence-sharded over TP 8
+    # = 2 * 4 * 8192 * 16384 / 8 = 128 MiB; the first 1F1B stage of 8 holds 8 micro-batches:
+    # 8 outputs in fwd_cache, 8 gradient receive buffers, no input buffers, no logits
+    model = load_model("llama-3.1-405b")
+    buf = stage_buffers(model, _405b_3d(), in_flight=8, first=True, last=False)
+    assert buf.in_flight_outputs == 8 * 128 * MiB
+    assert buf.recv_buffers == 8 * 128 * MiB
+    assert buf.output_chunk == 0
+
+
+def test_last_stage_keeps_every_micro_batch_logits() -> None:
+    # output_chunks: bf16 logits of 4 x 8192 tokens x 128256 / 8 (vocabulary-parallel)
+    # = 1,050,673,152 bytes per micro-batch; input receive buffers of the 7 micro-batches
+    # not in flight (1F1B's last stage holds one): 7 * 128 MiB; no gradient buffers
+    model = load_model("llama-3.1-405b")
+    buf = stage_buffers(model, _405b_3d(), in_flight=1, first=False, last=True)
+    assert buf.output_chunk == 2 * 4 * 8192 * 128256 // 8 == 1_050_673_152
+    assert buf.recv_buffers == 7 * 128 * MiB
+    assert buf.in_flight_outputs == 0
+
+
+def test_no_pipeline_no_buffers() -> None:
+    model = load_model("llama-3.1-405b")
+    buf = stage_buffers(
+        model, _405b_3d(pipeline_parallel_size=1), in_flight=1, first=True, last=True
+    )
+    assert (buf.in_flight_outputs, buf.output_chunk, buf.recv_buffers) == (0, 0, 0)
+
+
+def test_context_parallel_blocks_are_the_ranks_tensors() -> None:
+    # CP 2 over 65536 tokens: a rank holds 32768 tokens, so its (tokens x hidden) bf16 tensor
+    # is 2 * 32768 * 4096 = 256 MiB, the same blocks as 32768 tokens without CP
+    model = load_model("llama-3.1-8b")
+    base = {"framework": "fsdp2", "zero_stage": 3, "data_parallel_size": 4}
+    cp2 = TrainingConfig(seq_len=65536, context_parallel_size=2, **base)  # type: ignore[arg-type]
+    cp1 = TrainingConfig(seq_len=32768, **base)  # type: ignore[arg-type]
+    assert 256 * MiB in _tensor_sizes(model, cp2)
+    # below the three (b, a, s, s) score sizes, every block size is the 32768-token one
+    assert _tensor_sizes(model, cp2)[3:] == _tensor_sizes(model, cp1)[3:]
+
+
+def test_torchtitan_split_gives_the_middle_stages_the_extra_layers() -> None:
+    # generate_split_points, 126 layers: 1F1B, 8 stages: base 15, extra 6 -> stages
+    # [15, 16 x 6, 15]; interleaved, 16 stages: base 7, extra 14 -> [7, 8 x 14, 7], rank r
+    # holds stages r and r + 8: 7 + 8 = 15 on the first and the last rank, 16 elsewhere
+    from trainmem.analytic.engine import rank_layers
+
+    model = load_model("llama-3.1-405b")
+    assert rank_layers(model, _405b_3d()) == [15] + [16] * 6 + [15]
+    interleaved = _405b_3d(pipeline_schedule="interleaved-1f1b")
+    assert rank_layers(model, interleaved) == [15] + [16] * 6 + [15]
+    # Megatron's even split (no torchtitan convention): ceil(126 / 8) = 16, the last 14
+    megatron = _405b_3d(framework="megatron", zero_stage=1)
+    assert rank_layers(model, megatron) == [16] * 7 + [14]
+
+
+def test_the_middle_rank_with_more_layers_is_evaluated() -> None:
+    from trainmem.analytic.engine import pipeline_ranks
+
+    ranks = pipeline_ranks(load_model("llama-3.1-405b"), _405b_3d())
+    assert [(r.stage, r.num_layers, r.in_flight) for r in ranks] == [
+        (0, 15, 8),
+        (1, 16, 7),
+        (7, 15, 1),
+    ]
+
+
+def test_last_stage_holds_one_logits_chunk_per_micro_batch() -> None:
+    # output_chunks: the last stage allocates one 1,050,673,152-byte logits tensor per
+    # micro-batch and frees them all only after the optimizer step; the merged copy
+    # (torch.cat) is 8 of them
+    from trainmem.estimate import estimate
+
+    est = estimate("llama-3.1-405b", _405b_3d(), simulate_allocator=False)
+    last = est.schedules[-1]
+    chunk = 2 * 4 * 8192 * 128256 // 8
+    live = peak = 0
+    merged = 0
+    for ev in last.events():
+        if ev.module != "pipeline" or ev.size_bytes not in (chunk, 8 * chunk):
+            continue
+        if ev.size_bytes == 8 * chunk:
+            merged += ev.action == "alloc"
+            continue
+        live += 1 if ev.action == "alloc" else -1
+        peak = max(peak, live)
+    assert peak == 8
+    assert live == 0
+    assert merged == 2  # the warm-up step and the measured one
+
+
+def test_fsdp_over_context_parallel_alone_still_shards() -> None:
+    # torchtitan's fully_shard takes the dp_shard x cp mesh: FSDP 1 x CP 8 shards over 8 ranks
+    # like FSDP 8 x CP 1, and each rank holds 262144 / 8 = 32768 tokens either way, so the
+    # per-rank peaks differ at most by ring attention's gathered K and V of one layer
+    # (2 x 262144 tokens x 8 KV heads x 128 x 2 B = 1 GiB); before, FSDP 1 counted as unsharded
+    # and kept every layer's gathered weights (+12.8 GiB)
+    from trainmem.analytic.buffers import kept_gathered_layer_bytes
+    from trainmem.analytic.tensor_states import state_layout
+    from trainmem.estimate import estimate
+
+    model = load_model("llama-3.1-8b")
+    base = {"framework": "fsdp2", "zero_stage": 3, "activation_checkpointing": "full"}
+    cp8 = TrainingConfig(data_parallel_size=1, context_parallel_size=8, seq_len=262144, **base)  # type: ignore[arg-type]
+    dp8 = TrainingConfig(data_parallel_size=8, seq_len=32768, **base)  # type: ignore[arg-type]
+    assert kept_gathered_layer_bytes(state_layout(model, cp8).layer, cp8) == 0
+    a = estimate(model, cp8, simulate_allocator=False).breakdown.allocated_bytes
+    b = estimate(model, dp8, simulate_allocator=False).breakdown.allocated_bytes
+    assert abs(a - b) <= 2 * 262144 * 8 * 128 * 2
+
+
+def test_interleaved_in_flight_follows_torchs_warmup() -> None:
+    # ScheduleInterleaved1F1B, p = 8, v = 2, m = 16: 2 rounds of 8; rank 0 warms up with
+    # (2 - 1) * 8 + 2 * 7 = 22 chunk forwards, then forward-before-backward: 23 chunks of half
+    # the rank's layers = 11.5 rank units; rank 1: 21 chunks = 10.5; rank 7: 9 = 4.5
+    from trainmem.analytic.engine import _interleaved_in_flight
+
+    assert _interleaved_in_flight(0, 8, 16, 2) == 11.5
+    assert _interleaved_in_flight(1, 8, 16, 2) == 10.5
+    assert _interleaved_in_flight(7, 8, 16, 2) == 4.5
+    # v = 4 (multiply factor stays 2): rank 1 warms up 3 * 8 + 2 * 6 = 36 -> 37 / 4
+    assert _interleaved_in_flight(1, 8, 16, 4) == 37 / 4
+    # m = 4 < p: one round of 4; warmup min(4 + 14, 8) = 8 = every chunk forward, no steady
+    # state: all 4 micro-batches on both chunks = 4 rank units
+    assert _interleaved_in_flight(0, 8, 4, 2) == 4
+
+
+def test_fsdp2_collectives_allocate_on_their_streams() -> None:
+    # FSDP2 (torch _fsdp_collectives.py): sharded gradients are reduce-scatter outputs (RS
+    # stream), the prefetched layer's flat all-gather output is on the all-gather stream; one
+    # step's sharded fp32 gradients of llama-3.2-1b (1,235,814,400 parameters) over 8 ranks:
+    # 4 * 1,235,814,400 / 8 = 617,907,200 bytes (+ dim-0 padding, under 1%)
+    from trainmem.analytic.schedule import ALL_GATHER_STREAM, REDUCE_SCATTER_STREAM
+    from trainmem.breakdown import MemoryCategory
+    from trainmem.estimate import estimate
+
+    training = TrainingConfig(framework="fsdp2", zero_stage=3, data_parallel_size=8)
+    sched = estimate("llama-3.2-1b", training, simulate_allocator=False).schedules[0]
+    step = [ev for ev in sched.events() if ev.action == "alloc"]
+    rs = [ev for ev in step if ev.stream == REDUCE_SCATTER_STREAM]
+    ag = [ev for ev in step if ev.stream == ALL_GATHER_STREAM]
+    assert {ev.category for ev in rs} == {MemoryCategory.GRADIENT}
+    assert ag and {ev.category for ev in ag} == {MemoryCategory.TEMPORARY}
+    per_step = sum(ev.size_bytes for ev in rs) / 2  # the warm-up step and the measured one
+    assert 617_907_200 <= per_step < 617_907_200 * 1.01
+    # another framework's ZeRO-3 stays on the default stream
+    other = TrainingConfig(framework="pytorch-amp", zero_stage=3, data_parallel_size=8)
+    events = estimate("llama-3.2-1b", other, simulate_allocator=False).schedules[0].events()
+    assert {ev.stream for ev in events} == {0}
