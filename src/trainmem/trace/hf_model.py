@@ -76,8 +76,10 @@ def attach_pooled_loss(model: Any) -> None:
 
     def forward_with_loss(*args: Any, **kwargs: Any) -> Any:
         out = forward(*args, **kwargs)
-        out.loss = out.pooler_output.float().mean()
-        return out
+        pooled = getattr(out, "pooler_output", None)
+        if getattr(out, "loss", None) is None and pooled is not None:
+            out.loss = pooled.float().mean()  # a task head (``...ForImageClassification``)
+        return out  # keeps its own loss
 
     model.forward = forward_with_loss
 
