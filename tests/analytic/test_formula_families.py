@@ -122,6 +122,40 @@ def test_bloom_needs_eager_attention() -> None:
         estimate(str(CONFIGS / "tiny-bloom.json"), TrainingConfig(seq_len=64))
 
 
+GEMMA2 = Path(__file__).parents[1] / "models" / "formula" / "gemma2.json"
+
+
+def test_gemma2_needs_eager_attention() -> None:
+    # Gemma2PreTrainedModel._supports_sdpa = False ("sdpa does not support softcapping")
+    from trainmem.estimate import estimate
+
+    for attention in ("sdpa", "flash"):
+        with pytest.raises(SpecError, match="attention"):
+            estimate(str(GEMMA2), TrainingConfig(seq_len=64, attention=attention))  # type: ignore[arg-type]
+
+
+def test_gemma2_soft_capping_saves_the_tanh_outputs() -> None:
+    from trainmem.analytic.activations import head_activation_bytes, layer_activation_terms
+
+    config = load_hf_config(str(GEMMA2))
+    capped = model_spec_from_hf(config, name="x")  # both caps on by default (50.0, 30.0)
+    plain = model_spec_from_hf(
+        {**config, "attn_logit_softcapping": None, "final_logit_softcapping": None}, name="x"
+    )
+    assert capped.attention_softcap and capped.final_logit_softcap
+    assert not plain.attention_softcap and not plain.final_logit_softcap
+    b, s = 2, 64
+    training = TrainingConfig(micro_batch_size=b, seq_len=s, attention="eager")
+    # tanh saves its bf16 output: 2 bytes x heads (4) x s x s x b per layer, and
+    # 2 bytes x vocab (512) x tokens on the logits (modeling_gemma2.py)
+    layer = sum(layer_activation_terms(capped, training).values())
+    assert layer - sum(layer_activation_terms(plain, training).values()) == 2 * 4 * s * s * b
+    head = sum(head_activation_bytes(capped, training).values())
+    assert head - sum(head_activation_bytes(plain, training).values()) == 2 * 512 * b * s
+    with pytest.raises(SpecError, match="final_logit_softcapping"):
+        model_spec_from_hf({**config, "final_logit_softcapping": "30"}, name="x")
+
+
 SETTINGS = {
     "bf16-mixed": dict(micro_batch_size=8, seq_len=1024, precision="bf16-mixed"),
     "bf16-mixed full-AC": dict(

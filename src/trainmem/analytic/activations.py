@@ -352,6 +352,12 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
         terms["attention/output_norm"] = output_norm * t
     if training.attention == "eager":
         sm = 4 if _fp32_softmax(model, training) else c
+        if model.attention_softcap:
+            # softcap * tanh(scores / softcap): tanh saves its output for backward (1 - y^2), in
+            # the scores' dtype (tanh is on none of autocast's lists); the divisions and
+            # products by a Python scalar save nothing (modeling_gemma2.py
+            # ``eager_attention_forward``; tools/autograd/derivatives.yaml ``tanh``)
+            terms["scores/softcap_tanh"] = c * a * s * s * b
         terms["scores/softmax"] = sm * a * s * s * b
         if p_attn:
             terms["scores/dropout_mask"] = a * s * s * b
@@ -706,6 +712,10 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
         # saved by cross_entropy for its backward: fp32 after HF's / torchtune's upcast,
         # the logits' dtype in lit-gpt's chunked cross-entropy
         out["log_softmax"] = (4 if training.loss_upcast else c) * v * t
+        if model.final_logit_softcap and model.head == "causal-lm":
+            # softcap * tanh(logits / softcap) before the loss: tanh saves its output, in the
+            # LM head's dtype (modeling_gemma2.py ``Gemma2ForCausalLM.forward``)
+            out["final_logit_softcap_tanh"] = c * v * t
         if training.uses_autocast:
             out["autocast_weight_copies"] = c * v * h
     else:

@@ -79,10 +79,16 @@ trace engine (``ModelSpec.loss_holds_hidden``). Llama-style HF code does the sam
 on for the older families, whose presets also stand for models with their own code (the
 cs336 course model of benchmarks/snapshot_analytic_step.py returns only its logits)."""
 
-EAGER_ONLY_TYPES = frozenset({"bloom"})
-"""Families whose transformers code has eager attention only (``BloomForCausalLM`` refuses
-SDPA and flash attention: modeling_bloom.py ``BloomAttention`` computes ALiBi scores with
-``baddbmm``)."""
+EAGER_ONLY_TYPES = frozenset({"bloom", "gemma2"})
+"""Families whose transformers code has no SDPA attention, so none of the SDPA kernels
+(``--attention sdpa`` / ``flash``): ``BloomForCausalLM`` computes ALiBi scores with
+``baddbmm`` (modeling_bloom.py ``BloomAttention``); ``Gemma2PreTrainedModel`` sets
+``_supports_sdpa = False`` ("sdpa does not support softcapping", modeling_gemma2.py; its
+``_supports_flash_attn`` is the flash-attn package's kernel, not SDPA's)."""
+
+EAGER_SCORES_KEPT_TYPES = frozenset({"bloom"})
+"""Families whose eager attention keeps its raw and masked scores until it returns
+(``ModelSpec.eager_scores_kept``)."""
 
 FORWARD_KV_CACHE_TYPES = frozenset(
     {"phi3", "starcoder2", "gemma3_text", "qwen2_moe", "qwen3_moe", "mixtral"}
@@ -212,6 +218,12 @@ class ModelSpec:
     num_sliding_layers: int = 0
     """Layers with sliding-window attention (Gemma-3 ``layer_types``); the rest attend to the
     whole causal prefix."""
+    attention_softcap: bool = False
+    """Eager attention caps its scores with ``tanh`` (Gemma-2 ``attn_logit_softcapping``:
+    ``softcap * tanh(scores / softcap)``, modeling_gemma2.py ``eager_attention_forward``)."""
+    final_logit_softcap: bool = False
+    """The causal-LM head caps its logits with ``tanh`` (Gemma-2 ``final_logit_softcapping``,
+    modeling_gemma2.py ``Gemma2ForCausalLM.forward``)."""
 
     @property
     def eager_softmax_fp32(self) -> bool:
@@ -231,8 +243,8 @@ class ModelSpec:
     @property
     def eager_scores_kept(self) -> bool:
         """The eager attention keeps its raw and masked scores until it returns (BLOOM:
-        :data:`EAGER_ONLY_TYPES`)."""
-        return self.model_type in EAGER_ONLY_TYPES
+        :data:`EAGER_SCORES_KEPT_TYPES`)."""
+        return self.model_type in EAGER_SCORES_KEPT_TYPES
 
     @property
     def loss_holds_hidden(self) -> bool:
