@@ -149,6 +149,25 @@ def sliding_mask_bias_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     return model.num_sliding_layers * per_layer
 
 
+def materialised_mask_bias_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes one layer's SDPA call saves for the explicit causal mask of a family that always
+    builds it (``ModelSpec.sdpa_mask_materialised``: Falcon): SDPA converts the (b, 1, s, s)
+    boolean mask to an additive bias in the compute dtype and saves it (the memory-efficient
+    kernel's ``attn_bias``), c*b*s*s, as for Gemma-3's sliding layers
+    (:func:`sliding_mask_bias_bytes`). Falcon calls SDPA itself, without ``repeat_kv``, so its
+    k and v stay at their own heads. Found by the trace engine (tests/models/formula/falcon.json).
+    Eager attention adds the mask to the scores and saves none of it."""
+    if (
+        not model.sdpa_mask_materialised
+        or training.attention == "eager"
+        or not training.conventions.hf_model_code
+    ):
+        return 0
+    c, _ = compute_and_residual_bytes(training)
+    s = tokens_per_sequence(model, training)
+    return c * training.micro_batch_size * s * s
+
+
 def _activation_fn_saved_bytes(model: ModelSpec, training: TrainingConfig, width: int) -> int:
     """Bytes per token saved by the non-gated MLP activation and the down projection's input."""
     c, _ = compute_and_residual_bytes(training)
@@ -348,6 +367,9 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
     if sliding:
         # spread over the layers (the schedule repeats one layer): exact in the total
         terms["attention/sliding_mask_bias"] = -(-sliding // model.num_layers)
+    mask_bias = materialised_mask_bias_bytes(model, training)
+    if mask_bias:
+        terms["attention/mask_bias"] = mask_bias
     if output_norm:
         terms["attention/output_norm"] = output_norm * t
     if training.attention == "eager":
@@ -488,6 +510,8 @@ REPLICATED_INPUT_TERMS = frozenset(
         "rotary_cos_sin",
         "sliding_mask",
         "attention/sliding_mask_bias",
+        "attention/mask_bias",
+        "causal_mask",
         "attention_mask",
     }
 )
@@ -670,6 +694,12 @@ def embedding_activation_bytes(model: ModelSpec, training: TrainingConfig) -> di
         # layer, kept by the checkpoint until their backward (without checkpointing it dies
         # with the forward; SDPA saves its own float bias)
         out["sliding_mask"] = b * s * s
+    if (
+        materialised_mask_bias_bytes(model, training)
+        and training.activation_checkpointing != "none"
+    ):
+        # likewise the boolean causal mask Falcon builds for every layer
+        out["causal_mask"] = b * s * s
     if training.dropout and model.embedding_dropout > 0:
         out["embedding_dropout_mask"] = h * t
     return split_for_parallelism(out, training)
@@ -689,7 +719,7 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
     c, r = compute_and_residual_bytes(training)
     h, v = model.hidden_size, model.vocab_size
     out: dict[str, int] = {}
-    if model.architecture != "encoder" or model.head == "masked-lm":
+    if model.final_norm:  # BERT (post-LN) has none
         out["final_norm"] = (
             _norm_saved_bytes(model, r, trainable=not training.is_lora and not training.compile) * t
         )
@@ -711,7 +741,12 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
         # engine); they exist only at the end of forward (loss_forward_transient_bytes).
         # saved by cross_entropy for its backward: fp32 after HF's / torchtune's upcast,
         # the logits' dtype in lit-gpt's chunked cross-entropy
-        out["log_softmax"] = (4 if training.loss_upcast else c) * v * t
+        if loss_in_logits_dtype(model, training):
+            # the 16-bit log-softmax output and nll_loss's fp32 copy of it
+            # (Note [Cross-entropy on 16-bit logits])
+            out["log_softmax"] = (c + 4) * v * t
+        else:
+            out["log_softmax"] = (4 if training.loss_upcast else c) * v * t
         if model.final_logit_softcap and model.head == "causal-lm":
             # softcap * tanh(logits / softcap) before the loss: tanh saves its output, in the
             # LM head's dtype (modeling_gemma2.py ``Gemma2ForCausalLM.forward``)
@@ -757,7 +792,8 @@ def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
         # fp32 logits themselves are a head term)
         total = c * v * chunk
     else:
-        total = c * v * t + (4 * v * chunk if training.loss_upcast and c != 4 else 0)
+        upcast = training.loss_upcast and c != 4 and not loss_in_logits_dtype(model, training)
+        total = c * v * t + (4 * v * chunk if upcast else 0)
     return -(-total // parallel_divisor("logits", training))
 
 
@@ -828,6 +864,29 @@ def forward_kv_cache_bytes(model: ModelSpec, training: TrainingConfig, num_layer
     return num_layers * -(-per_layer // parallel_divisor("attention/v", training))
 
 
+def loss_in_logits_dtype(model: ModelSpec, training: TrainingConfig) -> bool:
+    """The model's own loss takes its 16-bit logits as they are
+    (``ModelSpec.mlm_loss_in_logits_dtype``: BERT's ``CrossEntropyLoss()``), under autocast,
+    HF model code and no chunked loss (which replaces the model's).
+
+    Note [Cross-entropy on 16-bit logits]
+        ``cross_entropy`` calls ``log_softmax(input, dim, input.scalar_type())``
+        (aten/src/ATen/native/LossNLL.cpp ``cross_entropy``); autocast's
+        ``AT_FORALL_FP32_SET_OPT_DTYPE`` policy leaves an op with an explicit dtype alone, so
+        the log-softmax runs and saves its output in 16 bits (c*V per token); ``nll_loss``, on
+        the fp32 list, casts it to fp32 and saves that copy too (4V). In backward only
+        ``nll_loss``'s fp32 gradient (4V) is alive on top of them: by the log-softmax's
+        backward the fp32 copy and that gradient are freed and two 16-bit tensors (2cV) take
+        their place. Checked with ``saved_tensors_hooks`` under trainmem's CUDA autocast
+        policy and against the trace engine (tests/models/formula/bert.json)."""
+    return (
+        model.mlm_loss_in_logits_dtype
+        and training.uses_autocast
+        and training.chunked_cross_entropy == 0
+        and training.conventions.hf_model_code
+    )
+
+
 def loss_backward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     """Bytes live only at the start of backward: the gradient of the log-softmax output and the
     gradient it produces, two fp32 (T, V) tensors (``_log_softmax_backward_data``; measured as the
@@ -844,6 +903,8 @@ def loss_backward_transient_bytes(model: ModelSpec, training: TrainingConfig) ->
     per_value = 4 if training.loss_upcast else c
     chunks = max(training.chunked_cross_entropy, 1)
     n = 3 if training.loss_parallel else 2
+    if loss_in_logits_dtype(model, training):
+        n = 1  # nll_loss's fp32 gradient (Note [Cross-entropy on 16-bit logits])
     total = n * per_value * model.vocab_size * -(-t // chunks)
     return -(-total // parallel_divisor("logits", training))
 

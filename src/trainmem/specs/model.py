@@ -90,6 +90,18 @@ EAGER_SCORES_KEPT_TYPES = frozenset({"bloom"})
 """Families whose eager attention keeps its raw and masked scores until it returns
 (``ModelSpec.eager_scores_kept``)."""
 
+MODEL_DTYPE_MLM_LOSS_TYPES = frozenset({"bert"})
+"""Families whose masked-LM head calls ``CrossEntropyLoss`` on its 16-bit logits itself
+(modeling_bert.py ``BertForMaskedLM.forward``: ``loss_fct = CrossEntropyLoss()``) instead of
+transformers' ``ForMaskedLMLoss``, which upcasts with ``logits.float()``
+(``ModelSpec.mlm_loss_in_logits_dtype``)."""
+
+MATERIALISED_MASK_TYPES = frozenset({"falcon"})
+"""Families whose model always builds the (b, 1, s, s) boolean causal mask and hands it to
+SDPA, even without padding (modeling_falcon.py ``FalconModel.forward``:
+``create_causal_mask(..., allow_is_causal_skip=False)``, "Always materialize the mask so alibi
+can be added onto it below"; ``ModelSpec.sdpa_mask_materialised``)."""
+
 FORWARD_KV_CACHE_TYPES = frozenset(
     {"phi3", "starcoder2", "gemma3_text", "qwen2_moe", "qwen3_moe", "mixtral"}
 )
@@ -245,6 +257,18 @@ class ModelSpec:
         """The eager attention keeps its raw and masked scores until it returns (BLOOM:
         :data:`EAGER_SCORES_KEPT_TYPES`)."""
         return self.model_type in EAGER_SCORES_KEPT_TYPES
+
+    @property
+    def mlm_loss_in_logits_dtype(self) -> bool:
+        """The masked-LM loss runs on the logits' own dtype: the masked-LM heads of
+        :data:`MODEL_DTYPE_MLM_LOSS_TYPES`."""
+        return self.head == "masked-lm" and self.model_type in MODEL_DTYPE_MLM_LOSS_TYPES
+
+    @property
+    def sdpa_mask_materialised(self) -> bool:
+        """SDPA gets an explicit causal mask in every layer: the families of
+        :data:`MATERIALISED_MASK_TYPES`."""
+        return self.model_type in MATERIALISED_MASK_TYPES
 
     @property
     def loss_holds_hidden(self) -> bool:
