@@ -304,6 +304,24 @@ def sdpa_expands_kv(training: TrainingConfig) -> bool:
     return training.padding_mask or torch < (2, 5)
 
 
+def sdpa_output_copied(model: ModelSpec, training: TrainingConfig) -> bool:
+    """The output projection saves a copy of the SDPA output, not a view of it: the flash
+    kernel allocates its output like the (b, s, a, d) transpose of q (``empty_like``:
+    aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp ``mha_fwd``; mirrored by
+    torch/_meta_registrations.py ``meta__scaled_dot_product_flash_attention``), so where q is a
+    (b, a, s, d)-contiguous tensor (``ModelSpec.rotary_cat``) the output is too and
+    transformers' ``attn_output.transpose(1, 2).contiguous()`` (integrations/sdpa_attention.py)
+    copies it. The memory-efficient kernel (fp32, an explicit mask, head_dim > 256) always
+    allocates (b, s, a, d), and then the transpose is a view. Found by the trace engine
+    (tests/models/formula/gpt_neox.json, phi.json)."""
+    c, _ = compute_and_residual_bytes(training)
+    flash = (
+        training.attention == "flash"
+        or (training.attention == "sdpa" and c == 2 and not training.padding_mask)
+    ) and model.head_dim <= 256
+    return model.rotary_cat and flash and training.conventions.hf_model_code
+
+
 def tokens_per_sequence(model: ModelSpec, training: TrainingConfig) -> int:
     """Sequence length the layers see: ``seq_len``, or patches + 1 (CLS) for a ViT."""
     if model.architecture == "vision-encoder":
@@ -392,6 +410,8 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
         # is a view and that projection saves the same storage.
         terms["attention/sdpa_output"] = c * a * d * t
         terms["attention/logsumexp"] = 4 * a * t
+        if sdpa_output_copied(model, training):
+            terms["attention/out_proj_input"] = c * a * d * t
     if p_hidden:
         terms["attention/dropout_mask"] = h * t
 
@@ -404,7 +424,9 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
         terms["mlp/norm"] = norm * t
     elif model.num_norms_per_layer >= 2:  # GPT-NeoX: both norms read the block's input
         terms["mlp/norm"] = (norm - r * h) * t  # second norm reads the same saved input
-    n_in = 2 if model.mlp_kind == "gated" else 1
+    # autocast copies of the MLP input: one per projection reading it (gate and up), one for a
+    # fused gate_up (modeling_phi3.py ``Phi3MLP.gate_up_proj``)
+    n_in = 2 if model.mlp_kind == "gated" and not model.fused_gate_up else 1
     if model.num_experts > 1 and training.conventions.hf_model_code:
         terms.update(moe_terms(model, training, t=t))
         # autocast copies of the block's input for the shared expert's gate and up
@@ -683,7 +705,10 @@ def embedding_activation_bytes(model: ModelSpec, training: TrainingConfig) -> di
         # sliding-window layers (``rope_local_base_freq``)
         rows = s if training.conventions.hf_model_code else t
         tables = 2 if model.num_sliding_layers else 1
-        out["rotary_cos_sin"] = 2 * r * rows * model.head_dim * tables
+        # over the rotated dims only (``int(head_dim * partial_rotary_factor)``,
+        # modeling_rope_utils.py ``_compute_default_rope_parameters``)
+        rotary_dim = int(model.head_dim * model.partial_rotary_factor)
+        out["rotary_cos_sin"] = 2 * r * rows * rotary_dim * tables
     if model.embedding_norm:
         out["embedding_norm"] = _norm_saved_bytes(model, r) * t
     _, eager_mask = eager_scores_forward_bytes(model, training)

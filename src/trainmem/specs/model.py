@@ -71,6 +71,8 @@ LOSS_HOLDS_HIDDEN_TYPES = frozenset(
         "qwen2_moe",
         "qwen3_moe",
         "mixtral",
+        "gpt_neox",
+        "phi",
     }
 )
 """Families whose final hidden states stay alive while the loss runs (transformers'
@@ -102,8 +104,15 @@ SDPA, even without padding (modeling_falcon.py ``FalconModel.forward``:
 ``create_causal_mask(..., allow_is_causal_skip=False)``, "Always materialize the mask so alibi
 can be added onto it below"; ``ModelSpec.sdpa_mask_materialised``)."""
 
+ROTARY_CAT_TYPES = frozenset({"gpt_neox", "phi", "phi3"})
+"""Families whose rotary embedding concatenates the rotated and the passed-through part of q
+and k (``torch.cat([q_rot_embed, q_pass], dim=-1)``: modeling_gpt_neox.py / modeling_phi3.py
+``apply_rotary_pos_emb``, modeling_phi.py ``PhiAttention.forward``), so q reaches SDPA as a new
+(b, a, s, d)-contiguous tensor rather than a transposed view of the projection
+(``ModelSpec.rotary_cat``)."""
+
 FORWARD_KV_CACHE_TYPES = frozenset(
-    {"phi3", "starcoder2", "gemma3_text", "qwen2_moe", "qwen3_moe", "mixtral"}
+    {"phi3", "starcoder2", "gemma3_text", "qwen2_moe", "qwen3_moe", "mixtral", "gpt_neox", "phi"}
 )
 """Rotary families whose transformers code builds a KV cache during training that holds fp32
 copies of k and v until the forward ends (``ModelSpec.forward_kv_cache``); checked against the
@@ -269,6 +278,12 @@ class ModelSpec:
         """SDPA gets an explicit causal mask in every layer: the families of
         :data:`MATERIALISED_MASK_TYPES`."""
         return self.model_type in MATERIALISED_MASK_TYPES
+
+    @property
+    def rotary_cat(self) -> bool:
+        """q is a fresh (b, a, s, d)-contiguous tensor: the families of
+        :data:`ROTARY_CAT_TYPES`."""
+        return self.model_type in ROTARY_CAT_TYPES
 
     @property
     def loss_holds_hidden(self) -> bool:
