@@ -201,3 +201,52 @@ def test_analytic_peak_within_1_percent_of_the_trace(name: str, setting: str) ->
     got = analytic.details["per_rank"][0]["allocated_bytes"]
     want = traced.details["per_rank"][0]["allocated_bytes"]
     assert abs(got - want) <= 0.01 * want, (got, want, (got - want) / want)
+
+
+FORMULA = Path(__file__).parents[1] / "models" / "formula"
+
+
+def test_falcon_sdpa_saves_its_materialised_causal_mask() -> None:
+    # FalconModel always builds the (b, 1, s, s) boolean mask (allow_is_causal_skip=False);
+    # SDPA saves it as a bf16 additive bias: 2 bytes x b x s x s per layer
+    from trainmem.analytic.activations import layer_activation_terms
+
+    spec = load_model_spec(str(FORMULA / "falcon.json"))
+    b, s = 2, 64
+    terms = layer_activation_terms(spec, TrainingConfig(micro_batch_size=b, seq_len=s))
+    assert terms["attention/mask_bias"] == 2 * b * s * s
+    eager = TrainingConfig(micro_batch_size=b, seq_len=s, attention="eager")
+    assert "attention/mask_bias" not in layer_activation_terms(spec, eager)
+
+
+def test_bert_masked_lm_loss_runs_on_the_16_bit_logits() -> None:
+    # BertForMaskedLM: CrossEntropyLoss()(bf16 logits): log_softmax keeps bf16 (its dtype
+    # argument beats autocast), nll_loss saves an fp32 copy; one fp32 gradient in backward;
+    # no final norm (post-LN)
+    from trainmem.analytic.activations import (
+        head_activation_bytes,
+        loss_backward_transient_bytes,
+    )
+
+    spec = load_model_spec(str(FORMULA / "bert.json"))
+    b, s, v = 2, 64, 512
+    training = TrainingConfig(micro_batch_size=b, seq_len=s)
+    head = head_activation_bytes(spec, training)
+    assert head["log_softmax"] == (2 + 4) * v * b * s
+    assert "final_norm" not in head
+    assert loss_backward_transient_bytes(spec, training) == 4 * v * b * s
+
+
+def test_rotary_cat_families_copy_the_flash_output() -> None:
+    # GPT-NeoX: q = cat(rotated, passed) is (b, a, s, d)-contiguous, the flash output too, and
+    # transpose(1, 2).contiguous() copies it for the output projection: 2 x a x d per token;
+    # cos/sin over int(16 * 0.25) = 4 rotated dims, fp32, (1, s, 4) each
+    from trainmem.analytic.activations import embedding_activation_bytes, layer_activation_terms
+
+    spec = load_model_spec(str(FORMULA / "gpt_neox.json"))
+    b, s = 2, 64
+    training = TrainingConfig(micro_batch_size=b, seq_len=s)
+    assert layer_activation_terms(spec, training)["attention/out_proj_input"] == 2 * 64 * b * s
+    assert embedding_activation_bytes(spec, training)["rotary_cos_sin"] == 2 * 4 * s * 4
+    fp32 = TrainingConfig(micro_batch_size=b, seq_len=s, precision="32-true")  # efficient kernel
+    assert "attention/out_proj_input" not in layer_activation_terms(spec, fp32)
