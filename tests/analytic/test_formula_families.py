@@ -169,8 +169,8 @@ SETTINGS = {
 #: (config, setting) pairs where the formulas are not yet within 1% of the trace engine.
 NOT_YET: dict[tuple[str, str], str] = {
     ("tiny-bloom.json", "bf16-mixed full-AC"): "BLOOM's attention locals in the recomputed "
-    "forward (+1.9%)",
-    ("tiny-gemma3-text.json", "bf16-mixed full-AC"): "output-norm block backward (+4.6%)",
+    "forward (+1.2%)",
+    ("tiny-gemma3-text.json", "bf16-mixed full-AC"): "output-norm block backward (+1.7%)",
     ("tiny-gpt-bigcode.json", "bf16-mixed full-AC"): "layer backward under full AC (-1.2%)",
 }
 
@@ -250,3 +250,20 @@ def test_rotary_cat_families_copy_the_flash_output() -> None:
     assert embedding_activation_bytes(spec, training)["rotary_cos_sin"] == 2 * 4 * s * 4
     fp32 = TrainingConfig(micro_batch_size=b, seq_len=s, precision="32-true")  # efficient kernel
     assert "attention/out_proj_input" not in layer_activation_terms(spec, fp32)
+
+
+def test_eager_masks_are_kept_by_the_checkpoints() -> None:
+    # an eager decoder's additive (b, 1, s, s) mask, fp32 under autocast, is an input of every
+    # checkpointed layer: Llama has one, Gemma-2 one per attention kind (full, sliding)
+    from trainmem.analytic.activations import embedding_activation_bytes
+
+    b, s = 2, 64
+    ac = TrainingConfig(
+        micro_batch_size=b, seq_len=s, attention="eager", activation_checkpointing="full"
+    )
+    llama = load_model_spec("tiny-llama-test")
+    assert embedding_activation_bytes(llama, ac)["attention_mask"] == 4 * b * s * s
+    gemma2 = load_model_spec(str(GEMMA2))
+    assert embedding_activation_bytes(gemma2, ac)["attention_mask"] == 2 * 4 * b * s * s
+    no_ac = TrainingConfig(micro_batch_size=b, seq_len=s, attention="eager")
+    assert "attention_mask" not in embedding_activation_bytes(llama, no_ac)

@@ -704,14 +704,14 @@ def embedding_activation_bytes(model: ModelSpec, training: TrainingConfig) -> di
         # ``LlamaModel.forward``; found by the trace engine); Gemma-3 has a second pair for its
         # sliding-window layers (``rope_local_base_freq``)
         rows = s if training.conventions.hf_model_code else t
-        tables = 2 if model.num_sliding_layers else 1
+        tables = 2 if model.local_rope else 1
         # over the rotated dims only (``int(head_dim * partial_rotary_factor)``,
         # modeling_rope_utils.py ``_compute_default_rope_parameters``)
         rotary_dim = int(model.head_dim * model.partial_rotary_factor)
         out["rotary_cos_sin"] = 2 * r * rows * rotary_dim * tables
     if model.embedding_norm:
         out["embedding_norm"] = _norm_saved_bytes(model, r) * t
-    _, eager_mask = eager_scores_forward_bytes(model, training)
+    eager_mask = eager_mask_bytes(model, training)
     if eager_mask and training.activation_checkpointing != "none":
         out["attention_mask"] = eager_mask  # an input of every checkpointed layer
     if sliding_mask_bias_bytes(model, training) and training.activation_checkpointing != "none":
@@ -822,6 +822,27 @@ def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
     return -(-total // parallel_divisor("logits", training))
 
 
+def eager_mask_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes of the additive (b, 1, s, s) causal masks a transformers decoder builds for eager
+    attention, in the model's dtype r (fp32 under autocast): one per attention kind, full and
+    sliding-window (modeling_gemma2.py ``causal_mask_mapping``), alive through the forward and
+    kept by the checkpoint of every layer that takes one under activation checkpointing.
+    Source: masking_utils.py ``create_causal_mask`` / ``eager_mask`` (an eager mask is always
+    materialised, ``torch.where(mask, 0, min_dtype)``); BLOOM adds ALiBi to it
+    (:func:`eager_scores_forward_bytes`). Found by the trace engine (tiny-llama-test and
+    tests/models/formula/gemma2.json, eager, full checkpointing)."""
+    if (
+        training.attention != "eager"
+        or model.architecture != "decoder"
+        or not training.conventions.hf_model_code
+    ):
+        return 0
+    _, r = compute_and_residual_bytes(training)
+    s = tokens_per_sequence(model, training)
+    kinds = 2 if model.num_sliding_layers else 1
+    return kinds * r * training.micro_batch_size * s * s
+
+
 def eager_scores_forward_bytes(model: ModelSpec, training: TrainingConfig) -> tuple[int, int]:
     """(per layer, per model) bytes BLOOM's eager attention holds in the forward beyond what it
     saves (``ModelSpec.eager_scores_kept``), 0 for other families or attention kernels.
@@ -846,7 +867,7 @@ def eager_scores_forward_bytes(model: ModelSpec, training: TrainingConfig) -> tu
     kept = c if training.activation_checkpointing != "none" else 0
     scores = (c + r + kept) * model.num_heads * s * s * b // parallel_divisor("scores/x", training)
     hidden = (3 * c + r + c) * h * t // parallel_divisor("attention/qkv_input", training)
-    return scores + hidden, r * b * s * s
+    return scores + hidden, eager_mask_bytes(model, training)
 
 
 def final_hidden_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:
@@ -991,7 +1012,11 @@ def sequential_pre_norm_block(model: ModelSpec) -> bool:
         residual-stream gradient alive (the one the layer's input gradient accumulates into
         comes later); the recomputation does not make the layer input again (the checkpoint
         keeps it). Blocks with output norms (Gemma-3, OLMo-2), parallel attention and MLP
-        (Falcon, Phi, GPT-NeoX), or GPT-2's tanh-formula GELU keep the general schedule.
+        (Falcon, Phi, GPT-NeoX), or GPT-2's tanh-formula GELU keep the general schedule,
+        except for the layer input: in every pre-norm decoder the first norm saves the very
+        tensor the checkpoint keeps (LayerNorm its input; RMSNorm ``x.to(float32)``, a no-op
+        on the fp32 residual stream), so it is not counted twice under full checkpointing
+        (Gemma-2 / Gemma-3 against the generic path).
     """
     return (
         model.architecture == "decoder"

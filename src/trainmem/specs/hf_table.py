@@ -253,14 +253,25 @@ def _gemma2_softcaps(f: Fields, spec: SpecDict) -> None:
         spec[target] = value is not None
 
 
+def _gemma2(f: Fields, spec: SpecDict) -> None:
+    """Gemma2Config: soft-capping, and ``layer_types`` alternating sliding and full
+    attention by default (``"sliding_attention" if bool((i + 1) % 2)``)."""
+    _gemma2_softcaps(f, spec)
+    _sliding_layers(f, spec, default_pattern=2)
+
+
 def _gemma3_layers(f: Fields, spec: SpecDict) -> None:
     """Gemma3TextConfig: ``layer_types`` lists each layer's attention, by default every
     ``sliding_window_pattern``-th layer (6) full and the others sliding, of ``sliding_window``
     keys (4096)."""
+    _sliding_layers(f, spec, default_pattern=6)
+
+
+def _sliding_layers(f: Fields, spec: SpecDict, *, default_pattern: int) -> None:
     layers = spec["num_layers"]
     types = f.config.get("layer_types")
     if types is None:
-        pattern = f.positive_int("sliding_window_pattern", 6)
+        pattern = f.positive_int("sliding_window_pattern", default_pattern)
         types = ["sliding" if (n + 1) % pattern else "full" for n in range(layers)]
     elif not isinstance(types, list) or len(types) != layers:
         raise SpecError(
@@ -442,7 +453,7 @@ _ROWS: tuple[Family, ...] = (
             mlp_bias=None,
         ),
         renames=dict(hidden_act="hidden_activation"),
-        adjust=_gemma2_softcaps,
+        adjust=_gemma2,
     ),
     Family(
         "phi",
@@ -635,6 +646,7 @@ _NEW_ROWS: tuple[Family, ...] = (
             "num_norms_per_layer": 4,
             "output_norms": True,
             "norm_weight_in_fp32": True,
+            "local_rope": True,
             **_NO_MLP_BIAS,
         },
         defaults=_llama_defaults(

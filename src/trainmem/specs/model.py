@@ -239,6 +239,9 @@ class ModelSpec:
     num_sliding_layers: int = 0
     """Layers with sliding-window attention (Gemma-3 ``layer_types``); the rest attend to the
     whole causal prefix."""
+    local_rope: bool = False
+    """The sliding-window layers have their own rotary tables (Gemma-3
+    ``rope_local_base_freq``)."""
     attention_softcap: bool = False
     """Eager attention caps its scores with ``tanh`` (Gemma-2 ``attn_logit_softcapping``:
     ``softcap * tanh(scores / softcap)``, modeling_gemma2.py ``eager_attention_forward``)."""
