@@ -57,6 +57,7 @@ Note [Activation checkpointing]
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from trainmem.analytic.params import linear_shapes
@@ -67,8 +68,12 @@ from trainmem.units import dtype_bytes
 
 #: HF activation names implemented as one fused kernel that saves only its input.
 FUSED_ACTIVATIONS = frozenset(
-    {"gelu", "gelu_pytorch_tanh", "relu", "silu", "swish", "gelu_python", "quick_gelu", "tanh"}
+    {"gelu", "gelu_pytorch_tanh", "relu", "silu", "swish", "gelu_python", "tanh"}
 )
+#: HF activation names written as ``x * sigmoid(1.702 * x)`` (transformers/activations.py
+#: ``QuickGELUActivation``, CLIP's ``quick_gelu``): the multiplication saves x and the sigmoid's
+#: output, the sigmoid its output, so three i-sized tensors with the down projection's input.
+SIGMOID_FORMULA_ACTIVATIONS = frozenset({"quick_gelu"})
 #: HF activation names written as separate tanh-formula ops (transformers/activations.py
 #: ``NewGELUActivation``, ``FastGELUActivation``).
 TANH_FORMULA_ACTIVATIONS = frozenset({"gelu_new", "gelu_fast"})
@@ -183,6 +188,8 @@ def _activation_fn_saved_bytes(model: ModelSpec, training: TrainingConfig, width
             return (4 + 4 + 4 + c + c) * width
         # x, tanh out, 0.5*x, 1+tanh, output (saved by down): five tensors of the compute dtype
         return 5 * c * width
+    if model.hidden_act in SIGMOID_FORMULA_ACTIVATIONS and not fused:
+        return 3 * c * width  # x, sigmoid(1.702 x), and the product saved by down
     return 2 * c * width  # input saved by the kernel, output saved by the down projection
 
 
@@ -192,7 +199,13 @@ def layer_linear_weights(model: ModelSpec, *, autocast_only: bool = False) -> in
     ``autocast_only`` leaves out the routed experts of a transformers MoE layer, whose grouped
     matmul is not autocast-enabled and runs in the weights' own dtype (transformers
     integrations/moe.py ``_grouped_mm``: "torch.nn.functional.grouped_mm and torch._grouped_mm
-    are not autocast-enabled")."""
+    are not autocast-enabled"). The mean block of a model with blocks of several kinds
+    (``_mean_terms``)."""
+    mean = _mean_terms(
+        model, lambda block: {"": layer_linear_weights(block, autocast_only=autocast_only)}
+    )
+    if mean is not None:
+        return mean[""]
     experts = model.num_experts > 1 and autocast_only
     return sum(
         fan_in * fan_out * n
@@ -224,8 +237,14 @@ def moe_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dict[str
     h, i, e = model.hidden_size, model.intermediate_size, model.num_experts
     k = model.num_experts_per_tok
     mixed = training.uses_autocast
+    router = (c * h * mixed + 4 * e + 12 * k) * t
+    if model.sigmoid_router:
+        # DeepseekV3TopkRouter: ``F.linear(x.float(), w.float())`` (autocast casts both back),
+        # the sigmoid's output (E, compute dtype), the top-k indices (int64) and the
+        # normalisation's operands (traced on a 2-layer DeepSeek-V3)
+        router = (c * h * mixed + c * e + 8 * k + 8) * t
     terms = {
-        "mlp/router": (c * h * mixed + 4 * e + 12 * k) * t,
+        "mlp/router": router,
         "mlp/expert_inputs": (w * h * k + 16 * k) * t,
         "mlp/gated": 4 * w * i * k * t,
         "mlp/expert_outputs": (w * h * k + c * k + 8 * k) * t,
@@ -323,10 +342,40 @@ def sdpa_output_copied(model: ModelSpec, training: TrainingConfig) -> bool:
 
 
 def tokens_per_sequence(model: ModelSpec, training: TrainingConfig) -> int:
-    """Sequence length the layers see: ``seq_len``, or patches + 1 (CLS) for a ViT."""
+    """Sequence length the layers see: ``seq_len``; patches (+ 1 for [CLS], none in SigLIP) for a
+    vision encoder; the target length for a T5 decoder block (``cross_attention``) and for the
+    LM head of an encoder-decoder (:attr:`TrainingConfig.decoder_seq_len`)."""
     if model.architecture == "vision-encoder":
-        return model.num_patches + 1
+        return model.num_patches + int(model.class_token)
+    if model.cross_attention:
+        return training.decoder_seq_len
     return training.seq_len
+
+
+def _output_tokens(model: ModelSpec, training: TrainingConfig) -> int:
+    """Tokens per sequence the head and the loss see: the decoder's for an encoder-decoder."""
+    if model.architecture == "encoder-decoder":
+        return training.decoder_seq_len
+    return tokens_per_sequence(model, training)
+
+
+def _mean_terms(
+    model: ModelSpec, fn: Callable[[ModelSpec], dict[str, int]]
+) -> dict[str, int] | None:
+    """``fn`` of a mean block when the model has blocks of several kinds
+    (:meth:`ModelSpec.layer_kinds`): every term weighted by the share of blocks of each kind,
+    so the sum over all blocks is exact to a byte per term and block; None for a
+    homogeneous model. The schedule holds identical layers, so DeepSeek-V3's dense and MoE
+    blocks and T5's encoder and decoder blocks are each held as that mean."""
+    kinds = model.layer_kinds()
+    if len(kinds) == 1:
+        return None
+    total = model.num_blocks
+    out: dict[str, int] = {}
+    for count, block in kinds:
+        for key, value in fn(block).items():
+            out[key] = out.get(key, 0) + value * count
+    return {k: -(-v // total) for k, v in out.items()}
 
 
 def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[str, int]:
@@ -334,8 +383,12 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
 
     Returns:
         Term name -> bytes for the whole micro-batch (b sequences). Terms of size a*s*s are
-        prefixed ``scores/``. See Note [Activation terms] for every term's source.
+        prefixed ``scores/``. See Note [Activation terms] for every term's source; a model
+        with blocks of several kinds gives its mean block (``_mean_terms``).
     """
+    mean = _mean_terms(model, lambda block: layer_activation_terms(block, training))
+    if mean is not None:
+        return mean
     b = training.micro_batch_size
     s = tokens_per_sequence(model, training)
     t = b * s
@@ -455,6 +508,15 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
             terms["mlp/down_input"] = c * i * t * k_top
     if p_hidden:
         terms["mlp/dropout_mask"] = h * t
+    if model.layer_scale:
+        # Dinov2LayerScale: ``hidden_state * self.lambda1`` saves its input (the attention's /
+        # MLP's output, compute dtype) for lambda1's gradient (modeling_dinov2.py)
+        terms["attention/layer_scale_input"] = c * h * t
+        terms["mlp/layer_scale_input"] = c * h * t
+    if model.mla:
+        _apply_mla(terms, model, training, t=t)
+    if model.architecture == "encoder-decoder":
+        _apply_t5(terms, model, training, t=t, norm=norm)
     if mixed:
         terms["autocast_weight_copies"] = autocast_weight_copy_bytes(model, training)
     if training.is_lora:
@@ -462,6 +524,91 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
     if training.conventions.own_model_code:
         _apply_litgpt_attention(terms, model, training, t=t)
     return split_for_parallelism(terms, training)
+
+
+def _apply_t5(
+    terms: dict[str, int], model: ModelSpec, training: TrainingConfig, *, t: int, norm: int
+) -> None:
+    """T5 blocks beyond the generic terms, in place (modeling_t5.py, SDPA path; traced with
+    ``trainmem.trace`` on 2-layer T5 and Flan-T5 configs).
+
+    * Relative position bias: the stack's fp32 bias (1, a, s, s) goes to SDPA as a float mask
+      (integrations/sdpa_attention.py ``create_position_bias_mask``), so the memory-efficient
+      kernel runs and saves autocast's 16-bit copy of it, one per block (a*s*s values, not per
+      sequence). A decoder block's self-attention adds the causal ``torch.where`` (its bool
+      condition, s*s bytes, is saved).
+    * Decoder blocks attend to the encoder output (``T5LayerCrossAttention``): a third norm,
+      q from the decoder (input copy and output), k and v from the encoder output (two input
+      copies and the cache's copies of k and v, source length), the kernel's output and
+      logsumexp, and a dropout mask on the residual branch.
+    * ``T5DenseActDense`` / ``T5DenseGatedActDense`` apply dropout between the activation and
+      ``wo`` (a mask of i bytes) and cast to ``wo``'s fp32 weight dtype, which autocast casts
+      back (``wo`` saves that 16-bit copy). Flan-T5's gated MLP multiplies the tanh-formula
+      GELU output (fp32 under autocast) by ``wi_1``'s output; the product saves both.
+    """
+    c, _ = compute_and_residual_bytes(training)
+    b = training.micro_batch_size
+    h, a, d, i = model.hidden_size, model.num_heads, model.head_dim, model.intermediate_size
+    s = tokens_per_sequence(model, training)
+    p_hidden = training.dropout and model.hidden_dropout > 0
+    terms["scores/position_bias"] = c * a * s * s
+    if model.cross_attention:
+        t_source = b * training.seq_len
+        terms["scores/causal_mask"] = s * s
+        terms["cross/norm"] = norm * t
+        terms["cross/q_input"] = c * h * t * (1 if training.uses_autocast else 0)
+        terms["cross/q"] = c * a * d * t
+        terms["cross/kv_input"] = 2 * c * h * t_source * (1 if training.uses_autocast else 0)
+        terms["cross/kv"] = 2 * c * a * d * t_source
+        terms["cross/sdpa_output"] = c * a * d * t
+        terms["cross/logsumexp"] = 4 * a * t
+        if p_hidden:
+            terms["cross/dropout_mask"] = h * t
+    if p_hidden:
+        terms["mlp/inner_dropout_mask"] = i * t
+    if model.mlp_kind == "gated" and training.uses_autocast:
+        act = _activation_fn_saved_bytes(model, training, i) - c * i  # without down's input
+        out = 4 if model.hidden_act in TANH_FORMULA_ACTIVATIONS else c
+        # act's saved tensors, its output and wi_1's (saved by the product), wo's input copy
+        terms["mlp/gated"] = (act + out * i + c * i + c * i) * t
+
+
+def _apply_mla(
+    terms: dict[str, int], model: ModelSpec, training: TrainingConfig, *, t: int
+) -> None:
+    """Multi-head latent attention's saved tensors, in place of the q/k/v terms
+    (modeling_deepseek_v3.py ``DeepseekV3Attention.forward``, SDPA path).
+
+    * The normed input is read by two linears (``q_a_proj`` or ``q_proj``, and
+      ``kv_a_proj_with_mqa``): two 16-bit copies under autocast.
+    * ``q_a_layernorm`` / ``kv_a_layernorm`` are HF RMSNorms on 16-bit latents: the fp32 upcast,
+      the rstd and the normalised 16-bit tensor (the ``kv_nope`` slice is strided, so its upcast
+      is a copy either way); their fp32 outputs (fp32 weight times 16-bit tensor) are cast again
+      for ``q_b_proj`` / ``kv_b_proj``.
+    * The rotary halves are multiplied by the fp32 cos / sin, so ``torch.cat((q_pass, q_rot))``
+      is fp32; SDPA (on autocast's lower-precision list) saves its 16-bit cast. The keys are a
+      new (b, a, s, qk_nope + qk_rope) tensor (``expand_kv``: ``new_empty`` + two ``copy_``).
+      The values are a slice of ``kv_b_proj``'s output, so SDPA's saved value keeps all of it
+      (a * (qk_nope + v_head_dim) per token).
+    * Queries/keys (qk_nope + qk_rope) and values (v_head_dim) differ in width, which FlashAttention
+      refuses (``check_head_dim_size_flash``); the memory-efficient kernel runs and saves its
+      output (a * v_head_dim) and a fp32 logsumexp.
+    """
+    c, _ = compute_and_residual_bytes(training)
+    h, a, d, v = model.hidden_size, model.num_heads, model.head_dim, model.v_head_dim
+    nope = d - model.qk_rope_head_dim
+    mixed = training.uses_autocast
+    terms["attention/qkv_input"] = c * h * t * (2 if mixed else 1)
+    for rank, name in ((model.q_lora_rank, "q"), (model.kv_lora_rank, "kv")):
+        if rank:
+            terms[f"attention/{name}_latent_norm"] = (4 * rank + c * rank + 4) * t
+            terms[f"attention/{name}_latent_input"] = c * rank * t
+    terms["attention/q_k"] = 2 * c * a * d * t
+    terms["attention/v"] = c * a * (nope + v) * t
+    if "attention/sdpa_output" in terms:
+        terms["attention/sdpa_output"] = c * a * v * t
+    if "attention/out_proj_input" in terms:
+        terms["attention/out_proj_input"] = c * a * v * t
 
 
 def _apply_litgpt_attention(
@@ -696,19 +843,26 @@ def embedding_activation_bytes(model: ModelSpec, training: TrainingConfig) -> di
     out: dict[str, int] = {}
     if model.architecture == "vision-encoder":
         out["inputs/pixel_values"] = b * model.num_channels * model.image_size**2 * (c + 4)
+    elif model.architecture == "encoder-decoder":
+        # input_ids (source), labels and the decoder_input_ids shifted from them (target)
+        out["inputs/token_ids_and_labels"] = 8 * t + 2 * 8 * b * training.decoder_seq_len
     else:
         out["inputs/token_ids_and_labels"] = 8 * t * 2
     if model.position_kind == "rotary":
         # transformers builds position_ids = cache_position.unsqueeze(0) when none are passed,
         # so its cos/sin tables are (1, s, d), shared by the batch (modeling_llama.py
         # ``LlamaModel.forward``; found by the trace engine); Gemma-3 has a second pair for its
-        # sliding-window layers (``rope_local_base_freq``)
+        # sliding-window layers (``rope_local_base_freq``); DeepSeek's span the rotary part
+        # only (DeepseekV3Config: head_dim = qk_rope_head_dim)
         rows = s if training.conventions.hf_model_code else t
         tables = 2 if model.local_rope else 1
         # over the rotated dims only (``int(head_dim * partial_rotary_factor)``,
         # modeling_rope_utils.py ``_compute_default_rope_parameters``)
-        rotary_dim = int(model.head_dim * model.partial_rotary_factor)
-        out["rotary_cos_sin"] = 2 * r * rows * rotary_dim * tables
+        if model.mla:
+            width = model.qk_rope_head_dim
+        else:
+            width = int(model.head_dim * model.partial_rotary_factor)
+        out["rotary_cos_sin"] = 2 * r * rows * width * tables
     if model.embedding_norm:
         out["embedding_norm"] = _norm_saved_bytes(model, r) * t
     eager_mask = eager_mask_bytes(model, training)
@@ -727,7 +881,32 @@ def embedding_activation_bytes(model: ModelSpec, training: TrainingConfig) -> di
         out["causal_mask"] = b * s * s
     if training.dropout and model.embedding_dropout > 0:
         out["embedding_dropout_mask"] = h * t
+    if model.architecture == "encoder-decoder":
+        out.update(_t5_stack_bytes(model, training))
     return split_for_parallelism(out, training)
+
+
+def _t5_stack_bytes(model: ModelSpec, training: TrainingConfig) -> dict[str, int]:
+    """What T5's two stacks keep besides their blocks (modeling_t5.py ``T5Stack.forward``,
+    ``T5Attention.compute_bias``): the int64 relative-position buckets (s*s, saved by the
+    bias embedding), the decoder's all-zero cross-attention bias (1, a, s_target, s_source)
+    made once in 16-bit by its first block and saved by every block's SDPA, the dropout masks
+    of the decoder's embeddings and of both stacks' output, and under full checkpointing the
+    checkpointed blocks' tensor inputs: each stack's fp32 position bias (1, a, s, s) and the
+    encoder output every decoder block reads."""
+    _, r = compute_and_residual_bytes(training)
+    b, a, h = training.micro_batch_size, model.num_heads, model.hidden_size
+    s_e, s_d = training.seq_len, training.decoder_seq_len
+    c, _ = compute_and_residual_bytes(training)
+    # the decoder's first block makes the zero bias and every block's SDPA saves it
+    out = {"position_buckets": 8 * (s_e * s_e + s_d * s_d), "cross_bias": c * a * s_d * s_e}
+    if training.dropout and model.embedding_dropout > 0:
+        # the decoder's embedding dropout and both stacks' dropout after final_layer_norm
+        out["stack_dropout_masks"] = h * b * (s_d + s_e + s_d)
+    if training.activation_checkpointing == "full":
+        out["checkpoint_inputs/position_bias"] = 4 * a * (s_e * s_e + s_d * s_d)
+        out["checkpoint_inputs/encoder_output"] = r * h * b * s_e
+    return out
 
 
 def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[str, int]:
@@ -739,16 +918,22 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
     (transformers/loss/loss_utils.py). Classification heads keep only the pooled vector.
     """
     b = training.micro_batch_size
-    s = tokens_per_sequence(model, training)
+    s = _output_tokens(model, training)
     t = b * s
     c, r = compute_and_residual_bytes(training)
     h, v = model.hidden_size, model.vocab_size
     out: dict[str, int] = {}
+    if model.architecture == "vision-encoder" and model.vision_pooler != "dense":
+        return split_for_parallelism(_vision_pooler_bytes(model, training, t=t), training)
+    if model.architecture == "encoder-decoder":
+        # the encoder stack's final_layer_norm, on the source tokens
+        t_source = b * training.seq_len
+        out["encoder_final_norm"] = _norm_saved_bytes(model, r) * t_source
     if model.final_norm:  # BERT (post-LN) has none
         out["final_norm"] = (
             _norm_saved_bytes(model, r, trainable=not training.is_lora and not training.compile) * t
         )
-    if model.head in ("causal-lm", "masked-lm"):
+    if model.head in ("causal-lm", "masked-lm", "seq2seq-lm"):
         if model.head == "masked-lm":
             out["mlm_transform"] = (2 * c * h + _norm_saved_bytes(model, r)) * t
         lm_head_frozen = training.is_lora and "lm_head" not in training.lora_targets
@@ -776,11 +961,47 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
             # softcap * tanh(logits / softcap) before the loss: tanh saves its output, in the
             # LM head's dtype (modeling_gemma2.py ``Gemma2ForCausalLM.forward``)
             out["final_logit_softcap_tanh"] = c * v * t
+        if model.head == "seq2seq-lm" and c != 4:
+            # T5ForConditionalGeneration calls CrossEntropyLoss on the 16-bit logits (no
+            # ``.float()``; autocast runs it in fp32): the trace holds those logits with the
+            # fp32 log-softmax output until the loss backward
+            out["logits_for_loss"] = c * v * t
         if training.uses_autocast:
             out["autocast_weight_copies"] = c * v * h
     else:
         out["pooled"] = 4 * h * b * 4
     return split_for_parallelism(out, training)
+
+
+def _vision_pooler_bytes(model: ModelSpec, training: TrainingConfig, *, t: int) -> dict[str, int]:
+    """Bytes a bare vision tower's pooling keeps for backward (``ModelSpec.vision_pooler``),
+    with the loss trainmem's trace puts on it (the fp32 mean of ``pooler_output``, which saves
+    nothing).
+
+    * ``cls-norm`` (CLIP ``post_layernorm(last_hidden_state[:, 0, :])``): LayerNorm saves its
+      input, a view of the last block's output, so all of it (r*h per token) stays alive.
+    * ``cls`` (DINOv2 ``layernorm(sequence)[:, 0, :]``): the final LayerNorm saves its input.
+    * ``attention-probe`` (SigLIP ``post_layernorm`` then ``SiglipMultiheadAttentionPoolingHead``):
+      the LayerNorm's input; ``nn.MultiheadAttention`` projects keys and values of every patch
+      with one packed linear (``F._in_projection_packed``, k is v), which saves its 16-bit input
+      copy, and makes the (2, b, s, h) projection contiguous, which the attention's ``bmm``
+      calls save (``need_weights=True`` takes the explicit path); the probe's query, scores
+      and MLP are one token per image.
+    Source: modeling_clip.py ``CLIPVisionModel.forward``, modeling_dinov2.py ``Dinov2Model``,
+    modeling_siglip.py; torch/nn/functional.py ``multi_head_attention_forward``.
+    """
+    c, r = compute_and_residual_bytes(training)
+    h, b = model.hidden_size, training.micro_batch_size
+    out: dict[str, int] = {}
+    if model.vision_pooler == "cls-norm":
+        out["final_norm"] = r * h * t + 8 * b
+    else:
+        out["final_norm"] = _norm_saved_bytes(model, r) * t
+    if model.vision_pooler == "attention-probe":
+        out["pooler/kv_input"] = c * h * t
+        out["pooler/kv"] = 2 * c * h * t
+    out["pooled"] = 4 * h * b
+    return out
 
 
 def quantized_lm_head(training: TrainingConfig) -> bool:
@@ -796,7 +1017,11 @@ def lm_head_dequant_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     (forward, and again for the input gradient in backward) when the head is quantized
     (:func:`quantized_lm_head`): bitsandbytes ``MatMul4Bit`` dequantizes the whole (V, h) weight
     (bitsandbytes/autograd/_functions.py ``F.dequantize_4bit``), 0 otherwise."""
-    if not quantized_lm_head(training) or model.head not in ("causal-lm", "masked-lm"):
+    if not quantized_lm_head(training) or model.head not in (
+        "causal-lm",
+        "masked-lm",
+        "seq2seq-lm",
+    ):
         return 0
     c, _ = compute_and_residual_bytes(training)
     return c * model.vocab_size * model.hidden_size // training.tensor_parallel_size
@@ -805,10 +1030,18 @@ def lm_head_dequant_bytes(model: ModelSpec, training: TrainingConfig) -> int:
 def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     """Bytes live only at the end of forward, when the loss runs: the logits (c per value) and,
     when the loss upcasts 16-bit logits, their fp32 copy (one chunk of it with a chunked loss).
-    Source: transformers/loss/loss_utils.py ``ForCausalLMLoss`` (``logits.float()``)."""
-    if model.head not in ("causal-lm", "masked-lm"):
+    Source: transformers/loss/loss_utils.py ``ForCausalLMLoss`` (``logits.float()``).
+
+    SigLIP's attention-pooling head: the fp32 ``last_hidden_state`` the model output holds and
+    the packed key/value projection before its ``.contiguous()`` copy (torch/nn/functional.py
+    ``_in_projection_packed``) are both alive while the head runs."""
+    if model.architecture == "vision-encoder" and model.vision_pooler == "attention-probe":
+        c, r = compute_and_residual_bytes(training)
+        t = training.micro_batch_size * tokens_per_sequence(model, training)
+        return (r + 2 * c) * model.hidden_size * t
+    if model.head not in ("causal-lm", "masked-lm", "seq2seq-lm"):
         return 0
-    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    t = training.micro_batch_size * _output_tokens(model, training)
     c, _ = compute_and_residual_bytes(training)
     v = model.vocab_size
     chunk = -(-t // max(training.chunked_cross_entropy, 1))
@@ -816,6 +1049,8 @@ def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
         # lit-gpt's chunked LM head: one chunk of 16-bit logits before Fabric's fp32 cast (the
         # fp32 logits themselves are a head term)
         total = c * v * chunk
+    elif model.head == "seq2seq-lm" and c != 4:
+        total = 4 * v * chunk  # the logits are a head term (``logits_for_loss``)
     else:
         upcast = training.loss_upcast and c != 4 and not loss_in_logits_dtype(model, training)
         total = c * v * t + (4 * v * chunk if upcast else 0)
@@ -942,15 +1177,19 @@ def loss_backward_transient_bytes(model: ModelSpec, training: TrainingConfig) ->
     dtype when the loss does not upcast. DTensor's loss parallel (torchtitan, vocabulary-sharded
     logits) holds three: its ``_log_softmax_backward`` and the masked ``nll_loss`` gradient
     (torch/distributed/tensor/parallel/loss.py; seen in the trace of llama-3.2-1b, TP 2)."""
-    if model.head not in ("causal-lm", "masked-lm"):
+    if model.head not in ("causal-lm", "masked-lm", "seq2seq-lm"):
         return 0
-    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    t = training.micro_batch_size * _output_tokens(model, training)
     c, _ = compute_and_residual_bytes(training)
     per_value = 4 if training.loss_upcast else c
     chunks = max(training.chunked_cross_entropy, 1)
     n = 3 if training.loss_parallel else 2
     if loss_in_logits_dtype(model, training):
         n = 1  # nll_loss's fp32 gradient (Note [Cross-entropy on 16-bit logits])
+    if model.head == "seq2seq-lm":
+        # T5's CrossEntropyLoss: the step's peak is at ``nll_loss_backward``, with its one
+        # fp32 (tokens x V) gradient (traced on 2-layer T5 / Flan-T5)
+        n = 1
     total = n * per_value * model.vocab_size * -(-t // chunks)
     return -(-total // parallel_divisor("logits", training))
 
@@ -968,15 +1207,37 @@ def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tup
     MLPs; transformers' MoE experts: see the code) and under autocast the 16-bit weight
     gradient of its largest linear before it is cast into the fp32 ``.grad``. Attention (eager
     only): two score-sized gradients. The MLP's backward runs first, and by the attention's
-    backward the MLP's saved tensors are freed."""
+    backward the MLP's saved tensors are freed. A model with blocks of several kinds takes the
+    largest of each part over its kinds."""
+    kinds = model.layer_kinds()
+    if len(kinds) > 1:
+        parts = [backward_layer_transients(block, training) for _, block in kinds]
+        return (
+            max(p[0] for p in parts),
+            max(p[1] for p in parts),
+            max(p[2] for p in parts),
+        )
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     c, r = compute_and_residual_bytes(training)
     i, h = model.intermediate_size, model.hidden_size
     k_top = model.num_experts_per_tok if model.num_experts > 1 else 1
     n = 3 if model.mlp_kind == "gated" else 2
+    if model.architecture == "vision-encoder":
+        # A vision encoder's step peaks inside its last block's backward (no vocabulary-sized
+        # loss), where the trace shows the down projection's saved input already freed when
+        # the activation's backward runs: net of it, a fused GELU holds one more i-sized
+        # tensor, CLIP's quick_gelu (three saved) and a gated MLP two.
+        n = 2 if model.mlp_kind == "gated" or model.hidden_act in SIGMOID_FORMULA_ACTIVATIONS else 1
     mlp = n * c * i * t * k_top // parallel_divisor("mlp/gated", training)
     if training.uses_autocast:
         mlp += c * h * i // training.tensor_parallel_size
+    if model.layer_scale and training.activation_checkpointing == "none":
+        # DINOv2's ``hidden * lambda1`` backward opens the block's backward, with all it saved
+        # still alive: the gradient times lambda1 (fp32: lambda1 is an fp32 weight under AMP),
+        # its cast to the MLP output's dtype, and the gradient times the input for lambda1's
+        # own gradient (traced on a 2-layer DINOv2; under full checkpointing the trace's peak
+        # is later, in the recomputed MLP's backward)
+        mlp = max(mlp, (2 * r + c) * h * t // parallel_divisor("mlp/input", training))
     if model.num_experts > 1 and training.conventions.hf_model_code:
         # transformers' grouped_mm experts run in the weights' dtype w (:func:`moe_terms`); at
         # the gate/up grouped matmul's backward the gradients of its output (2i), of the
@@ -996,6 +1257,21 @@ def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tup
     # accumulates into; only the incoming one at the MLP's peak in a sequential pre-norm block
     # (Note [Backward of a pre-norm block])
     residual = (1 if sequential_pre_norm_block(model) else 2) * r * h * t
+    if model.architecture == "vision-encoder":
+        # one (b, s, h) gradient reaches the block (LayerNorm's fused backward; the select of
+        # the pooled [CLS] row): traced on CLIP, SigLIP, DINOv2 and ViT towers
+        residual = r * h * t
+    if model.cross_attention:
+        # a T5 decoder block's backward also holds the gradients its stack accumulates over
+        # all its blocks: the encoder output's (fp32 under autocast, from every
+        # cross-attention's k and v), the fp32 relative position bias's, and under
+        # checkpointing the cross-attention bias's, which then requires grad
+        # (modeling_t5.py ``T5Attention.forward``; traced on a 2-layer Flan-T5)
+        b, s = training.micro_batch_size, tokens_per_sequence(model, training)
+        a, s_source = model.num_heads, training.seq_len
+        residual += r * h * b * s_source + 4 * a * s * s
+        if training.activation_checkpointing == "full":
+            residual += c * a * s * s_source
     return mlp, attention, residual // parallel_divisor("mlp/input", training)
 
 
@@ -1066,6 +1342,9 @@ def op_selective_saved_terms(model: ModelSpec, training: TrainingConfig) -> dict
     ``torch.utils.checkpoint.create_selective_checkpoint_contexts``. See Note [Activation
     checkpointing].
     """
+    mean = _mean_terms(model, lambda block: op_selective_saved_terms(block, training))
+    if mean is not None:
+        return mean
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     c, r = compute_and_residual_bytes(training)
     k_top = model.num_experts_per_tok if model.num_experts > 1 else 1
@@ -1118,6 +1397,25 @@ def activation_profile(model: ModelSpec, training: TrainingConfig) -> Activation
     if mode == "full":
         per_layer = r * model.hidden_size * t // parallel_divisor("layer_input", training)
         recompute = full_layer
+        if model.architecture == "vision-encoder":
+            # the first norm's saved input is the checkpointed block input itself, already
+            # held (per_layer): the recompute does not make it again (traced on CLIP, SigLIP,
+            # DINOv2 and ViT towers; the formula families' decoders keep the earlier rule)
+            recompute -= per_layer
+        kinds = model.layer_kinds()
+        if len(kinds) > 1:  # the mean block's input; the largest kind is recomputed
+            mean = _mean_terms(
+                model,
+                lambda block: {
+                    "": r
+                    * model.hidden_size
+                    * training.micro_batch_size
+                    * tokens_per_sequence(block, training)
+                },
+            )
+            assert mean is not None
+            per_layer = mean[""] // parallel_divisor("layer_input", training)
+            recompute = max(sum(layer_activation_terms(b, training).values()) for _, b in kinds)
     elif mode == "selective" and training.attention == "eager":
         per_layer = sum(v for k, v in terms.items() if not k.startswith("scores/"))
         recompute = full_layer - per_layer
@@ -1133,7 +1431,7 @@ def activation_profile(model: ModelSpec, training: TrainingConfig) -> Activation
         recompute=recompute,
         embedding=sum(emb.values()),
         head=sum(head.values()),
-        num_layers=model.num_layers,
+        num_layers=model.num_blocks,
         terms=terms,
         head_terms={**emb, **head},
     )

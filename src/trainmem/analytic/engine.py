@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from trainmem.analytic.activations import activation_profile, loss_backward_transient_bytes
 from trainmem.analytic.buffers import outside_allocator_bytes
+from trainmem.analytic.params import num_parameters
 from trainmem.analytic.schedule import PipelineRank, rank_schedule
 from trainmem.analytic.temporaries import cublas_workspace_bytes
 from trainmem.analytic.tensor_states import state_layout
@@ -77,7 +78,13 @@ def estimate_analytic(
     layout = state_layout(model, training)
     n_params = layout.total("numel")
     n_trainable = sum(s.numel for s in layout.embedding + layout.head if s.trainable)
-    n_trainable += model.num_layers * sum(s.numel for s in layout.layer if s.trainable)
+    n_trainable += model.num_blocks * sum(s.numel for s in layout.layer if s.trainable)
+    # blocks of several kinds are held as identical mean blocks (tensor_states._layer_tensors),
+    # whose rounding loses a few elements: report the exact count
+    rounding = num_parameters(model) - n_params
+    n_params += rounding
+    if not training.is_lora:
+        n_trainable += rounding
     prof = activation_profile(model, training)
     per_handle = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
     ranks = pipeline_ranks(model, training)
@@ -176,7 +183,7 @@ def pipeline_ranks(model: ModelSpec, training: TrainingConfig) -> list[PipelineR
     middle rank holding the most layers when it holds more than the first (one rank without
     pipelining). Tensor, context and data-parallel ranks of a stage hold the same bytes."""
     p = training.pipeline_parallel_size
-    L = model.num_layers
+    L = model.num_blocks  # encoder + decoder blocks of an encoder-decoder
     m = training.gradient_accumulation_steps  # micro-batches per step
     if p == 1:
         return [PipelineRank(0, L, 1, True, True)]
@@ -213,11 +220,11 @@ def rank_map(model: ModelSpec, training: TrainingConfig) -> dict[str, object]:
     layers of every pipeline stage."""
     tp, cp = training.tensor_parallel_size, training.context_parallel_size
     dp, p = training.data_parallel_size, training.pipeline_parallel_size
-    per_stage = -(-model.num_layers // p)
+    per_stage = -(-model.num_blocks // p)
     stages = []
     for stage in range(p):
         first = stage * per_stage
-        last = min(model.num_layers, first + per_stage) - 1
+        last = min(model.num_blocks, first + per_stage) - 1
         stages.append(
             {
                 "stage": stage,
@@ -243,7 +250,7 @@ def _check_parallel_shape(model: ModelSpec, training: TrainingConfig) -> None:
             "tensor_parallel_size",
             f"{tp} must divide num_attention_heads={model.num_heads} (Megatron splits heads)",
         )
-    p, layers = training.pipeline_parallel_size, model.num_layers
+    p, layers = training.pipeline_parallel_size, model.num_blocks
     if p > 1 and p not in (allowed := pipeline_sizes(layers)):
         raise SpecError(
             "pipeline_parallel_size",

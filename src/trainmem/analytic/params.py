@@ -26,9 +26,11 @@ def linear_shapes(model: ModelSpec) -> LinearShapes:
         ``{name: (in_features, out_features, count_per_layer)}``; ``qkv`` when the HF module is
         fused (GPT-2 ``c_attn``, Falcon / GPT-NeoX ``query_key_value``), else ``q``, ``k``,
         ``v``; ``o``; ``up`` / ``down`` (and ``gate`` for gated MLPs), counted once per expert
-        for MoE; ``router`` for MoE; ``shared_gate`` / ``shared_up`` / ``shared_down`` and
-        ``shared_expert_gate`` for a shared expert (Qwen2-MoE). A fused module (Phi-3
-        ``gate_up_proj``, GPT-2 ``c_attn``) has the parameters of its parts.
+        for MoE; ``router`` for MoE; MLA's ``q_a`` / ``q_b`` / ``kv_a`` / ``kv_b``; T5 decoder
+        blocks' ``cross_q`` ... ``cross_o``; ``shared_gate`` / ``shared_up`` / ``shared_down``
+        and ``shared_expert_gate`` for a shared expert (Qwen2-MoE, DeepSeek-V3). A fused module
+        (Phi-3 ``gate_up_proj``, GPT-2 ``c_attn``) has the parameters of its parts. One block of
+        one kind (:meth:`ModelSpec.layer_kinds`).
 
     Source: the attention and MLP modules of each family (e.g. transformers
     ``models/llama/modeling_llama.py`` ``LlamaAttention``, ``LlamaMLP``).
@@ -41,13 +43,33 @@ def linear_shapes(model: ModelSpec) -> LinearShapes:
         model.intermediate_size,
     )
     shapes: LinearShapes = {}
-    if model.fused_qkv:
+    if model.mla:
+        # modeling_deepseek_v3.py DeepseekV3Attention: q_a_proj / q_b_proj (or q_proj),
+        # kv_a_proj_with_mqa (latent + the shared rotary key), kv_b_proj (per-head no-rope key
+        # and value), o_proj
+        nope = d - model.qk_rope_head_dim
+        if model.q_lora_rank:
+            shapes["q_a"] = (h, model.q_lora_rank, 1)
+            shapes["q_b"] = (model.q_lora_rank, a * d, 1)
+        else:
+            shapes["q"] = (h, a * d, 1)
+        shapes["kv_a"] = (h, model.kv_lora_rank + model.qk_rope_head_dim, 1)
+        shapes["kv_b"] = (model.kv_lora_rank, a * (nope + model.v_head_dim), 1)
+        shapes["o"] = (a * model.v_head_dim, h, 1)
+    elif model.fused_qkv:
         shapes["qkv"] = (h, (a + 2 * k) * d, 1)
+        shapes["o"] = (a * d, h, 1)
     else:
         shapes["q"] = (h, a * d, 1)
         shapes["k"] = (h, k * d, 1)
         shapes["v"] = (h, k * d, 1)
-    shapes["o"] = (a * d, h, 1)
+        shapes["o"] = (a * d, h, 1)
+    if model.cross_attention:
+        # modeling_t5.py T5LayerCrossAttention: q from the decoder, k and v from the encoder
+        shapes["cross_q"] = (h, a * d, 1)
+        shapes["cross_k"] = (h, k * d, 1)
+        shapes["cross_v"] = (h, k * d, 1)
+        shapes["cross_o"] = (a * d, h, 1)
     e = model.num_experts
     if model.mlp_kind == "gated":
         shapes["gate"] = (h, i, e)
@@ -57,7 +79,8 @@ def linear_shapes(model: ModelSpec) -> LinearShapes:
         shapes["router"] = (h, e, 1)
     si = model.shared_expert_intermediate_size
     if si:
-        # Qwen2MoeSparseMoeBlock.shared_expert (a gated MLP) and shared_expert_gate
+        # Qwen2MoeSparseMoeBlock.shared_expert (a gated MLP) and shared_expert_gate;
+        # DeepseekV3MoE.shared_experts, a DeepseekV3MLP of n_shared_experts * moe_intermediate
         shapes["shared_gate"] = (h, si, 1)
         shapes["shared_up"] = (h, si, 1)
         shapes["shared_down"] = (si, h, 1)
@@ -66,6 +89,11 @@ def linear_shapes(model: ModelSpec) -> LinearShapes:
     return shapes
 
 
+ATTENTION_LINEARS = frozenset(
+    {"qkv", "q", "k", "v", "o", "q_a", "q_b", "kv_a", "kv_b"}
+    | {"cross_q", "cross_k", "cross_v", "cross_o"}
+)
+"""The linears of :func:`linear_shapes` that belong to the attention (``layers/attention``)."""
 MLP_LINEARS = frozenset(
     {"gate", "up", "down", "shared_gate", "shared_up", "shared_down", "shared_expert_gate"}
 )
@@ -88,7 +116,17 @@ def _layer_bias_params(model: ModelSpec) -> tuple[int, int]:
         model.head_dim,
         model.intermediate_size,
     )
-    attn = ((a + 2 * k) * d if model.attention_bias else 0) + (h if model.attention_out_bias else 0)
+    if model.mla:
+        # DeepseekV3Attention: bias=config.attention_bias on q_a_proj, kv_a_proj_with_mqa, o_proj
+        attn = (
+            model.q_lora_rank + model.kv_lora_rank + model.qk_rope_head_dim + h
+            if model.attention_bias
+            else 0
+        )
+    else:
+        attn = ((a + 2 * k) * d if model.attention_bias else 0) + (
+            h if model.attention_out_bias else 0
+        )
     mlp = 0
     if model.mlp_bias:
         ups = 2 if model.mlp_kind == "gated" else 1
@@ -115,53 +153,45 @@ def parameter_counts(model: ModelSpec) -> dict[str, int]:
     gpt_neox, phi3, olmo2, starcoder2, gpt_bigcode, bloom, gemma3, qwen2_moe, qwen3_moe
     modeling files).
     """
-    h, L, V = model.hidden_size, model.num_layers, model.vocab_size
+    h, V = model.hidden_size, model.vocab_size
     out: dict[str, int] = {}
     if model.architecture == "vision-encoder":
         p, ch = model.patch_size, model.num_channels
-        # ViTPatchEmbeddings.projection: Conv2d(C, h, kernel=p, stride=p) with bias.
-        out["embedding/patches"] = ch * p * p * h + h
-        out["embedding/cls"] = h
-        out["embedding/positions"] = (model.num_patches + 1) * h
+        # ViTPatchEmbeddings.projection / CLIP, SigLIP patch_embedding / Dinov2PatchEmbeddings:
+        # Conv2d(C, h, kernel=p, stride=p), with a bias except CLIP's
+        out["embedding/patches"] = ch * p * p * h + (h if model.patch_bias else 0)
+        if model.class_token:
+            out["embedding/cls"] = h
+        out["embedding/positions"] = (model.num_patches + int(model.class_token)) * h
+        if model.mask_token:
+            out["embedding/mask_token"] = h  # Dinov2Embeddings.mask_token
     else:
         out["embedding/tokens"] = V * h
         if model.position_kind == "learned":
             out["embedding/positions"] = model.max_position_embeddings * h
         if model.type_vocab_size:
             out["embedding/token_types"] = model.type_vocab_size * h
-        if model.embedding_norm:
-            out["embedding/norm"] = _norm_params(model, h)
+    if model.embedding_norm:  # BERT embeddings.LayerNorm, CLIP pre_layrnorm
+        out["embedding/norm"] = _norm_params(model, h)
+    if model.relative_attention_buckets:
+        # T5Attention.relative_attention_bias: Embedding(buckets, heads) in block 0 of each stack
+        stacks = 2 if model.num_decoder_layers else 1
+        out["embedding/relative_bias"] = stacks * model.relative_attention_buckets * model.num_heads
 
-    attn_bias, mlp_bias = _layer_bias_params(model)
-    shapes = linear_shapes(model)
-    attn_w = sum(
-        i * o * n for name, (i, o, n) in shapes.items() if name in ("qkv", "q", "k", "v", "o")
-    )
-    mlp_w = sum(i * o * n for name, (i, o, n) in shapes.items() if name in MLP_LINEARS)
-    qk_norm = 0
-    if model.qk_norm and model.qk_norm_full_width:
-        # Olmo2Attention: q_norm = RMSNorm(a * d), k_norm = RMSNorm(k * d)
-        qk_norm = _norm_params(model, model.num_heads * model.head_dim) + _norm_params(
-            model, model.num_kv_heads * model.head_dim
-        )
-    elif model.qk_norm:
-        qk_norm = 2 * _norm_params(model, model.head_dim)
-    out["layers/attention"] = L * (attn_w + attn_bias + qk_norm)
-    out["layers/mlp"] = L * (mlp_w + mlp_bias)
-    if "router" in shapes:
-        i, o, n = shapes["router"]
-        out["layers/router"] = L * i * o * n
-    out["layers/norms"] = L * model.num_norms_per_layer * _norm_params(model, h)
+    for count, block in model.layer_kinds():
+        for key, n in _block_counts(block).items():
+            out[key] = out.get(key, 0) + count * n
     if model.final_norm:
-        out["final_norm"] = _norm_params(model, h)
+        # an encoder-decoder has one per stack (T5Stack.final_layer_norm)
+        stacks = 2 if model.num_decoder_layers else 1
+        out["final_norm"] = stacks * _norm_params(model, h)
 
     head = model.head
     if model.architecture == "encoder" and head in ("none", "sequence-classification"):
         out["pooler"] = h * h + h  # BertPooler.dense
     if model.architecture == "vision-encoder" and head == "none":
-        width = model.pooler_output_size or h
-        out["pooler"] = h * width + width  # ViTPooler.dense
-    if head == "causal-lm":
+        out.update(_vision_pooler_counts(model))
+    if head in ("causal-lm", "seq2seq-lm"):
         if not model.tie_word_embeddings:
             out["lm_head"] = V * h
         if model.lm_head_bias:
@@ -178,6 +208,57 @@ def parameter_counts(model: ModelSpec) -> dict[str, int]:
         bias = model.num_labels if model.architecture != "decoder" else 0
         out["head"] = h * model.num_labels + bias
     return {k: v for k, v in out.items() if v}
+
+
+def _block_counts(block: ModelSpec) -> dict[str, int]:
+    """Parameter elements of one block of one kind, by component."""
+    attn_bias, mlp_bias = _layer_bias_params(block)
+    shapes = linear_shapes(block)
+    attn_w = sum(i * o * n for name, (i, o, n) in shapes.items() if name in ATTENTION_LINEARS)
+    mlp_w = sum(i * o * n for name, (i, o, n) in shapes.items() if name in MLP_LINEARS)
+    qk_norm = 0
+    if block.qk_norm and block.qk_norm_full_width:
+        # Olmo2Attention: q_norm = RMSNorm(a * d), k_norm = RMSNorm(k * d)
+        qk_norm = _norm_params(block, block.num_heads * block.head_dim) + _norm_params(
+            block, block.num_kv_heads * block.head_dim
+        )
+    elif block.qk_norm:
+        qk_norm = 2 * _norm_params(block, block.head_dim)
+    # MLA: q_a_layernorm and kv_a_layernorm (DeepseekV3RMSNorm) on the latents
+    latent_norms = (
+        _norm_params(block, block.q_lora_rank) + _norm_params(block, block.kv_lora_rank)
+        if block.mla
+        else 0
+    )
+    out = {
+        "layers/attention": attn_w + attn_bias + qk_norm + latent_norms,
+        "layers/mlp": mlp_w + mlp_bias,
+        # T5LayerCrossAttention brings its own layer_norm
+        "layers/norms": (block.num_norms_per_layer + int(block.cross_attention))
+        * _norm_params(block, block.hidden_size),
+    }
+    if "router" in shapes:
+        i, o, n = shapes["router"]
+        out["layers/router"] = i * o * n
+    if block.layer_scale:
+        out["layers/layer_scale"] = 2 * block.hidden_size  # Dinov2LayerScale.lambda1, twice
+    return out
+
+
+def _vision_pooler_counts(model: ModelSpec) -> dict[str, int]:
+    """The pooler of a bare vision tower (head ``none``), see ``ModelSpec.vision_pooler``."""
+    h, i = model.hidden_size, model.intermediate_size
+    if model.vision_pooler == "dense":
+        width = model.pooler_output_size or h
+        return {"pooler": h * width + width}  # ViTPooler.dense
+    if model.vision_pooler == "cls-norm":
+        return {"pooler": _norm_params(model, h)}  # CLIPVisionModel.post_layernorm
+    if model.vision_pooler == "attention-probe":
+        # SiglipMultiheadAttentionPoolingHead: probe (1, 1, h); nn.MultiheadAttention
+        # in_proj (3h, h) + bias, out_proj (h, h) + bias; layernorm; SiglipMLP fc1, fc2
+        mha = 3 * h * h + 3 * h + h * h + h
+        return {"pooler": h + mha + _norm_params(model, h) + (h * i + i) + (i * h + h)}
+    return {}  # Dinov2Model: pooler_output is the [CLS] row of the final norm
 
 
 def num_parameters(model: ModelSpec) -> int:

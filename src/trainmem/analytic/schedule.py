@@ -383,6 +383,22 @@ class _Builder:
             # first norm saves that very tensor (Note [Backward of a pre-norm block]; seen in
             # the generic path for the output-norm blocks of Gemma-2 and Gemma-3 too)
             dropped["attention/norm"] -= min(prof.per_layer, dropped["attention/norm"])
+        elif mode == "full" and "attention/norm" in dropped:
+            # a recompute smaller than the layer's terms (vision encoders: the first norm's
+            # input is the held block input, :func:`activation_profile`): that norm's share
+            excess = sum(prof.terms.values()) - prof.recompute
+            if excess > 0:
+                dropped["attention/norm"] = max(dropped["attention/norm"] - excess, 0)
+        if (
+            mode == "full"
+            and self.model.architecture == "encoder-decoder"
+            and sum(prof.terms.values()) < prof.recompute
+        ):
+            # T5's blocks are held as their mean (encoder blocks at the source length, decoder
+            # blocks at the target length); the largest kind is recomputed whole (traced on
+            # 2-layer T5 / Flan-T5). DeepSeek's MoE block peaks mid-recompute, where its mean
+            # block already agrees with the trace.
+            dropped["recompute/largest_block"] = prof.recompute - sum(prof.terms.values())
         if self.weight_copy:  # autocast's cache holds them (Note [Analytic step schedule])
             dropped.pop(WEIGHT_COPIES, None)
         pieces = _tensor_sizes(self.model, t)

@@ -168,7 +168,22 @@ def _lora_targeted(name: str, training: TrainingConfig) -> bool:
 
 
 def _layer_tensors(model: ModelSpec, training: TrainingConfig) -> list[tuple[str, int, int, bool]]:
-    """(name, numel, out_features, trainable) of one layer's tensors, LoRA adapters included."""
+    """(name, numel, out_features, trainable) of one layer's tensors, LoRA adapters included.
+
+    A model with blocks of several kinds (:meth:`ModelSpec.layer_kinds`: DeepSeek-V3's dense
+    and MoE blocks, T5's encoder and decoder blocks) is held as identical *mean* blocks: every
+    kind's tensors, each scaled by (blocks of that kind) / (all blocks). Totals over the model
+    are exact to within one element per tensor and block; single tensor sizes are not.
+    """
+    kinds = model.layer_kinds()
+    if len(kinds) > 1:
+        total = model.num_blocks
+        return [
+            (name, numel * count // total, out_features, trainable)
+            for count, block in kinds
+            for name, numel, out_features, trainable in _layer_tensors(block, training)
+            if numel * count // total
+        ]
     counts = parameter_counts(model)
     layer_total = sum(n for k, n in counts.items() if k.startswith("layers/")) // model.num_layers
     out: list[tuple[str, int, int, bool]] = []
@@ -331,7 +346,7 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
                 r = training.lora_rank
                 head.append(make("head", "lora_A.lm_head", r * h, r, True))
                 head.append(make("head", "lora_B.lm_head", n // h * r, n // h, True))
-    return StateLayout(embedding=out, layer=layer, head=head, num_layers=model.num_layers)
+    return StateLayout(embedding=out, layer=layer, head=head, num_layers=model.num_blocks)
 
 
 @dataclass(frozen=True, slots=True)

@@ -120,6 +120,18 @@ TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
         None,
     ),
     _p(
+        "target_seq_len",
+        Annotated[
+            int,
+            _oi(
+                "--target-seq-len",
+                help="Decoder (target) tokens per sequence of an encoder-decoder such as T5 "
+                "[default: 0, the same as --seq-len].",
+            ),
+        ],
+        0,
+    ),
+    _p(
         "precision",
         Annotated[
             str, _o("--precision", "-p", help=f"Lightning precision: {_choices(PRECISIONS)}.")

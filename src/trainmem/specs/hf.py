@@ -322,6 +322,7 @@ _HEAD_BY_ARCHITECTURE: dict[str, HeadKind] = {
     "decoder": "causal-lm",
     "encoder": "masked-lm",
     "vision-encoder": "none",
+    "encoder-decoder": "seq2seq-lm",
 }
 
 

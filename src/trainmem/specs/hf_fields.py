@@ -132,6 +132,7 @@ _HEAD_SUFFIXES: tuple[tuple[str, HeadKind], ...] = (
     ("ForMaskedLM", "masked-lm"),
     ("ForSequenceClassification", "sequence-classification"),
     ("ForImageClassification", "image-classification"),
+    ("ForConditionalGeneration", "seq2seq-lm"),
 )
 
 

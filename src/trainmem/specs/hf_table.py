@@ -699,5 +699,268 @@ _NEW_ROWS: tuple[Family, ...] = (
     ),
 )
 
-FAMILIES: Mapping[str, Family] = {row.model_type: row for row in _ROWS + _NEW_ROWS}
+# ---------------------------------------------------------------------------------------
+# Issue 15 rows of helper "hardfamilies": DeepSeek-V3 (MLA, shared + routed experts, first
+# dense layers), T5 (encoder-decoder), CLIP / SigLIP / DINOv2 vision towers
+# ---------------------------------------------------------------------------------------
+
+
+def _first_architecture(f: Fields) -> object:
+    archs = f.config.get("architectures")
+    return archs[0] if isinstance(archs, list) and archs else archs
+
+
+def _vision_tower_image(f: Fields, spec: SpecDict, *, patch: int, class_token: bool) -> None:
+    """Image and patch sides of a CLIP / SigLIP / DINOv2 tower; positions for the patches
+    (+ 1 for [CLS]); only the bare tower (head ``none``) is modelled."""
+    if spec["head"] != "none":
+        raise UnsupportedError(
+            f"architectures: {short(_first_architecture(f))} is not modelled for "
+            f"model_type {f.model_type!r}, only the bare vision model; use --engine trace"
+        )
+    image = _square(f, "image_size", 224)
+    side = _square(f, "patch_size", patch)
+    if side > image:
+        raise SpecError("patch_size", f"{side} is larger than image_size={image}")
+    spec.update(
+        image_size=image,
+        patch_size=side,
+        num_channels=f.positive_int("num_channels", 3),
+        max_position_embeddings=(image // side) ** 2 + int(class_token),
+    )
+
+
+def _clip_vision(f: Fields, spec: SpecDict) -> None:
+    """CLIPVisionConfig: patch_size 32 by default."""
+    _vision_tower_image(f, spec, patch=32, class_token=True)
+
+
+def _siglip_vision(f: Fields, spec: SpecDict) -> None:
+    """SiglipVisionConfig: patch_size 16; the pooling head unless ``vision_use_head`` is
+    false."""
+    _vision_tower_image(f, spec, patch=16, class_token=False)
+    if not f.flag("vision_use_head", True):
+        raise UnsupportedError(
+            "vision_use_head: false (a SigLIP tower without its pooling head) is not "
+            "modelled; use --engine trace"
+        )
+
+
+def _dinov2(f: Fields, spec: SpecDict) -> None:
+    """Dinov2Config: the MLP width is ``int(hidden_size * mlp_ratio)`` (``Dinov2MLP``), or with
+    ``use_swiglu_ffn`` ``(int(int(h * mlp_ratio) * 2 / 3) + 7) // 8 * 8`` in a biased SiLU-gated
+    MLP (``Dinov2SwiGLUFFN``); ``mask_token`` exists when ``use_mask_token``."""
+    _vision_tower_image(f, spec, patch=14, class_token=True)
+    ratio = f.config.get("mlp_ratio", 4)
+    if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 < ratio < 2**20:
+        raise SpecError("mlp_ratio", f"must be a positive number, got {short(ratio)}")
+    width = int(spec["hidden_size"] * ratio)
+    if f.flag("use_swiglu_ffn", False):
+        width = (int(width * 2 / 3) + 7) // 8 * 8
+        spec.update(mlp_kind="gated", hidden_act="silu")
+    if width <= 0:
+        raise SpecError("mlp_ratio", f"{ratio} gives an MLP of width {width}")
+    if f.prob("drop_path_rate", 0.0) > 0:
+        raise UnsupportedError(
+            "drop_path_rate > 0 (stochastic depth) is not modelled; set it to 0 or use "
+            "--engine trace"
+        )
+    spec.update(intermediate_size=width, mask_token=f.flag("use_mask_token", True))
+
+
+def _deepseek_v3(f: Fields, spec: SpecDict) -> None:
+    """DeepseekV3Attention (multi-head latent attention): q_a_proj / q_a_layernorm / q_b_proj
+    (q_proj when ``q_lora_rank`` is null), kv_a_proj_with_mqa / kv_a_layernorm / kv_b_proj;
+    the query/key head is qk_nope + qk_rope wide, the value head v_head_dim; keys and values
+    are expanded to every head. DeepseekV3MoE: ``n_shared_experts * moe_intermediate_size``
+    shared MLP; the first ``first_k_dense_replace`` layers a DeepseekV3MLP of
+    ``intermediate_size``. The MTP module (``num_nextn_predict_layers``) is not in
+    transformers' model."""
+    rope = f.positive_int("qk_rope_head_dim", 64)
+    nope = f.positive_int("qk_nope_head_dim", 128)
+    layers = spec["num_layers"]
+    first_dense = f.config.get("first_k_dense_replace", 3)
+    if isinstance(first_dense, bool) or not isinstance(first_dense, int) or first_dense < 0:
+        raise SpecError(
+            "first_k_dense_replace", f"must be a non-negative integer, got {short(first_dense)}"
+        )
+    if first_dense > layers:
+        raise SpecError(
+            "first_k_dense_replace", f"{first_dense} is more than num_hidden_layers={layers}"
+        )
+    q_rank = f.config.get("q_lora_rank", 1536)
+    shared = f.config.get("n_shared_experts", 1)
+    spec.update(
+        num_kv_heads=spec["num_heads"],
+        head_dim=nope + rope,
+        partial_rotary_factor=rope / (nope + rope),
+        attention_out_bias=spec["attention_bias"],
+        q_lora_rank=0 if q_rank is None else f.positive_int("q_lora_rank"),
+        kv_lora_rank=f.positive_int("kv_lora_rank", 512),
+        qk_rope_head_dim=rope,
+        v_head_dim=f.positive_int("v_head_dim", 128),
+        shared_expert_intermediate_size=(
+            0
+            if shared in (None, 0)
+            else spec["intermediate_size"] * f.positive_int("n_shared_experts")
+        ),
+        dense_layers=first_dense,
+        dense_intermediate_size=f.positive_int("intermediate_size", 18432),
+    )
+
+
+def _t5(f: Fields, spec: SpecDict) -> None:
+    """T5Config: ``feed_forward_proj`` ``relu`` (T5DenseActDense) or ``gated-{act}``
+    (T5DenseGatedActDense; ``gated-gelu`` runs ``gelu_new``); ``num_decoder_layers`` defaults
+    to ``num_layers``; transformers 5 always ties the LM head to the shared embedding
+    (``T5Config.__post_init__``: "we tie weights always and force it to be True"), and the
+    config's ``tie_word_embeddings`` only says whether the decoder output is scaled by
+    d_model**-0.5 (``scale_decoder_outputs``). So flan-t5-xl has 2.78B parameters in
+    transformers 5, not the checkpoint's 2.85B with its separate lm_head."""
+    projection = f.string("feed_forward_proj", "relu")
+    parts = projection.split("-")
+    if len(parts) > 2 or (len(parts) == 2 and parts[0] != "gated"):
+        raise SpecError(
+            "feed_forward_proj",
+            f"must be 'gated-{{ACT_FN}}' or '{{ACT_FN}}' (e.g. 'gated-gelu', 'relu'), got "
+            f"{short(projection)}",
+        )
+    spec.update(
+        # the published configs' n_positions (512, the trained length; not a T5Config
+        # attribute, relative buckets set no limit): the default --seq-len
+        max_position_embeddings=f.positive_int("n_positions", 512),
+        head_dim=f.positive_int("d_kv", 64),
+        mlp_kind="gated" if parts[0] == "gated" else "gelu",
+        hidden_act="gelu_new" if projection == "gated-gelu" else parts[-1],
+        num_decoder_layers=f.positive_int("num_decoder_layers", spec["num_layers"]),
+        relative_attention_buckets=f.positive_int("relative_attention_num_buckets", 32),
+        tie_word_embeddings=True,
+        scale_tied_output=f.flag("tie_word_embeddings", True),
+    )
+
+
+def _placeholder(spec: SpecDict) -> int:
+    """A value the row's ``adjust`` replaces (it needs config fields a table cannot read)."""
+    return 1
+
+
+_VISION_TOWER_TRAITS: Mapping[str, Any] = dict(
+    architecture="vision-encoder",
+    mlp_kind="gelu",
+    norm_kind="layernorm",
+    position_kind="learned",
+    vocab_size=0,
+    tie_word_embeddings=False,
+    attention_out_bias=True,
+    mlp_bias=True,
+)
+"""CLIP / SigLIP / DINOv2 towers: pre-LN blocks with biased q/k/v/o and fc1/fc2, learned
+positions, a patch convolution."""
+
+_HARD_ROWS: tuple[Family, ...] = (
+    Family(
+        "clip_vision_model",
+        "models/clip/modeling_clip.py (CLIPVisionEmbeddings: bias-free patch_embedding, "
+        "class_embedding; pre_layrnorm; CLIPEncoderLayer; post_layernorm on [CLS] only)",
+        {
+            **_VISION_TOWER_TRAITS,
+            "attention_bias": True,
+            "patch_bias": False,
+            "embedding_norm": True,
+            "final_norm": False,
+            "vision_pooler": "cls-norm",
+        },
+        defaults=dict(hidden_act="quick_gelu", attention_dropout=0.0),
+        adjust=_clip_vision,
+    ),
+    Family(
+        "siglip_vision_model",
+        "models/siglip/modeling_siglip.py (SiglipVisionEmbeddings: no class token; "
+        "post_layernorm on every patch; SiglipMultiheadAttentionPoolingHead)",
+        {
+            **_VISION_TOWER_TRAITS,
+            "attention_bias": True,
+            "class_token": False,
+            "vision_pooler": "attention-probe",
+        },
+        defaults=dict(hidden_act="gelu_pytorch_tanh", attention_dropout=0.0),
+        adjust=_siglip_vision,
+    ),
+    Family(
+        "dinov2",
+        "models/dinov2/modeling_dinov2.py (Dinov2Embeddings: cls_token, mask_token; "
+        "Dinov2Layer with Dinov2LayerScale twice; Dinov2MLP or Dinov2SwiGLUFFN; final layernorm, "
+        "pooler_output = its [CLS] row)",
+        {**_VISION_TOWER_TRAITS, "layer_scale": True, "vision_pooler": "cls"},
+        defaults=dict(
+            hidden_act="gelu",
+            qkv_bias=True,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            embedding_dropout=0.0,
+        ),
+        renames=dict(
+            hidden_dropout="hidden_dropout_prob",
+            attention_dropout="attention_probs_dropout_prob",
+            embedding_dropout="hidden_dropout_prob",
+        ),
+        derived=dict(intermediate_size=_placeholder),
+        adjust=_dinov2,
+    ),
+    Family(
+        "deepseek_v3",
+        "models/deepseek_v3/modeling_deepseek_v3.py (DeepseekV3Attention: MLA; DeepseekV3MoE: "
+        "DeepseekV3TopkRouter Linear(h, E), DeepseekV3Experts of moe_intermediate_size, "
+        "shared_experts; DeepseekV3MLP in the first first_k_dense_replace layers)",
+        {**LLAMA_TRAITS, **_NO_MLP_BIAS, "sigmoid_router": True},
+        defaults=_llama_defaults(
+            num_key_value_heads=None,
+            max_position_embeddings=4096,
+            mlp_bias=None,
+            num_experts=256,
+            num_experts_per_tok=8,
+            intermediate_size=2048,
+        ),
+        renames=dict(num_experts="n_routed_experts", intermediate_size="moe_intermediate_size"),
+        derived=dict(head_dim=_placeholder),
+        adjust=_deepseek_v3,
+    ),
+    Family(
+        "t5",
+        "models/t5/modeling_t5.py (T5ForConditionalGeneration: shared embedding, T5Stack "
+        "encoder and decoder, T5Block self-attention + cross-attention in the decoder + "
+        "T5LayerFF, T5LayerNorm without bias, relative_attention_bias in block 0 of each stack)",
+        dict(
+            architecture="encoder-decoder",
+            norm_kind="rmsnorm",
+            norm_bias=False,
+            position_kind="none",
+            mlp_kind="gelu",
+            hidden_act="relu",
+        ),
+        defaults=dict(
+            vocab_size=32128,
+            hidden_dropout=0.1,
+            attention_dropout=0.1,
+            embedding_dropout=0.1,
+        ),
+        # T5Config.attribute_map
+        aliases=dict(
+            hidden_size="d_model",
+            num_attention_heads="num_heads",
+            num_hidden_layers="num_layers",
+            head_dim="d_kv",
+        ),
+        renames=dict(
+            intermediate_size="d_ff",
+            hidden_dropout="dropout_rate",
+            attention_dropout="dropout_rate",
+            embedding_dropout="dropout_rate",
+        ),
+        adjust=_t5,
+    ),
+)
+
+
+FAMILIES: Mapping[str, Family] = {row.model_type: row for row in _ROWS + _NEW_ROWS + _HARD_ROWS}
 """``model_type`` -> its row."""

@@ -16,13 +16,19 @@ from typing import Literal
 
 from trainmem.errors import SpecError
 
-Architecture = Literal["decoder", "encoder", "vision-encoder"]
+Architecture = Literal["decoder", "encoder", "vision-encoder", "encoder-decoder"]
 MLPKind = Literal["gelu", "gated"]
 NormKind = Literal["layernorm", "rmsnorm"]
 PositionKind = Literal["learned", "rotary", "alibi", "none"]
 HeadKind = Literal[
-    "causal-lm", "masked-lm", "sequence-classification", "image-classification", "none"
+    "causal-lm",
+    "masked-lm",
+    "seq2seq-lm",
+    "sequence-classification",
+    "image-classification",
+    "none",
 ]
+VisionPooler = Literal["dense", "cls-norm", "attention-probe", "cls"]
 
 MAX_COUNT = 2**31 - 1
 """Largest integer a size or setting accepts (layers, widths, vocabulary, batch, ranks...): far
@@ -47,6 +53,7 @@ _HEADS_BY_ARCHITECTURE: dict[str, tuple[str, ...]] = {
     "decoder": ("causal-lm", "sequence-classification", "none"),
     "encoder": ("masked-lm", "sequence-classification", "none"),
     "vision-encoder": ("image-classification", "none"),
+    "encoder-decoder": ("seq2seq-lm",),
 }
 """Heads transformers offers per trunk (``XForCausalLM``, ``BertForMaskedLM``, ...)."""
 
@@ -227,7 +234,8 @@ class ModelSpec:
     ``post_attention_layernorm`` / ``post_feedforward_layernorm``, OLMo-2)."""
     shared_expert_intermediate_size: int = 0
     """Width of an always-on gated shared expert next to the routed ones (Qwen2-MoE
-    ``shared_expert``); 0 for none."""
+    ``shared_expert``; DeepSeek-V3 ``shared_experts``, ``n_shared_experts *
+    moe_intermediate_size``); 0 for none."""
     shared_expert_gate: bool = False
     """A sigmoid gate Linear(h, 1) scales the shared expert's output (Qwen2-MoE)."""
     norm_weight_in_fp32: bool = False
@@ -248,6 +256,59 @@ class ModelSpec:
     final_logit_softcap: bool = False
     """The causal-LM head caps its logits with ``tanh`` (Gemma-2 ``final_logit_softcapping``,
     modeling_gemma2.py ``Gemma2ForCausalLM.forward``)."""
+
+    # -- vision towers (CLIP / SigLIP / DINOv2) -------------------------------------------
+    class_token: bool = True
+    """A learned [CLS] token is prepended to the patches (ViT, CLIP ``class_embedding``,
+    DINOv2 ``cls_token``); SigLIP has none (modeling_siglip.py ``SiglipVisionEmbeddings``:
+    ``num_positions = num_patches``)."""
+    patch_bias: bool = True
+    """The patch convolution has a bias (CLIP's ``patch_embedding`` has ``bias=False``)."""
+    mask_token: bool = False
+    """DINOv2's learned ``mask_token`` (1, h) parameter (``use_mask_token``, unused in training
+    without ``bool_masked_pos`` but counted by ``numel``)."""
+    layer_scale: bool = False
+    """DINOv2 ``Dinov2LayerScale``: each residual branch is multiplied by a learned vector of
+    width h (``layer_scale1`` / ``layer_scale2``, Touvron et al. 2021 CaiT, arXiv:2103.17239)."""
+    vision_pooler: VisionPooler = "dense"
+    """What a bare vision tower (head ``none``) returns as ``pooler_output``: ``dense`` (ViTPooler
+    tanh(Linear) on [CLS]), ``cls-norm`` (CLIP ``post_layernorm`` on [CLS] only), ``cls`` (DINOv2:
+    the [CLS] row of the final norm's output), ``attention-probe`` (SigLIP
+    ``SiglipMultiheadAttentionPoolingHead``: a learned probe attends over all patches)."""
+
+    # -- DeepSeek-V3 (multi-head latent attention, shared experts, first dense layers) -----
+    q_lora_rank: int = 0
+    """MLA query compression rank (``q_a_proj`` h -> q_lora_rank, ``q_a_layernorm``,
+    ``q_b_proj``); 0 = a plain ``q_proj`` (DeepSeek-V2-Lite)."""
+    kv_lora_rank: int = 0
+    """MLA key/value latent rank (``kv_a_proj_with_mqa``, ``kv_a_layernorm``, ``kv_b_proj``);
+    0 = no MLA. With MLA, ``head_dim`` is the query/key head width qk_nope + qk_rope."""
+    qk_rope_head_dim: int = 0
+    """MLA: the rotary part of each query/key head (the key's is shared by all heads)."""
+    v_head_dim: int = 0
+    """MLA: value head width (``o_proj`` reads a * v_head_dim)."""
+    sigmoid_router: bool = False
+    """DeepSeek-V3's ``DeepseekV3TopkRouter``: sigmoid scores, group-limited top-k, normalised
+    weights scaled by ``routed_scaling_factor``."""
+    dense_layers: int = 0
+    """Leading blocks with a dense MLP instead of MoE (DeepSeek ``first_k_dense_replace``)."""
+    dense_intermediate_size: int = 0
+    """Inner width of those dense MLPs (DeepSeek ``intermediate_size``)."""
+
+    # -- T5 (encoder-decoder) ---------------------------------------------------------------
+    num_decoder_layers: int = 0
+    """Decoder blocks of an encoder-decoder (T5 ``num_decoder_layers``); ``num_layers`` counts
+    the encoder's."""
+    relative_attention_buckets: int = 0
+    """T5 relative position bias: an Embedding(buckets, heads) in the first block of each stack
+    (modeling_t5.py ``T5Attention.relative_attention_bias``)."""
+    cross_attention: bool = False
+    """The block attends to the encoder output (a T5 decoder block, ``T5LayerCrossAttention``);
+    set on the per-kind variants of :meth:`layer_kinds`, not on a whole model."""
+    scale_tied_output: bool = False
+    """T5 multiplies the decoder output by d_model**-0.5 before the LM head
+    (``T5ForConditionalGeneration.forward``, ``config.scale_decoder_outputs``: original T5, not
+    T5 v1.1 / Flan-T5)."""
 
     @property
     def eager_softmax_fp32(self) -> bool:
@@ -369,6 +430,32 @@ class ModelSpec:
                 )
         elif self.vocab_size <= 0:
             raise SpecError("vocab_size", f"must be a positive integer, got {self.vocab_size}")
+        for field in (
+            "q_lora_rank",
+            "kv_lora_rank",
+            "qk_rope_head_dim",
+            "v_head_dim",
+            "shared_expert_intermediate_size",
+            "dense_layers",
+            "dense_intermediate_size",
+            "num_decoder_layers",
+            "relative_attention_buckets",
+        ):
+            if getattr(self, field) < 0:
+                raise SpecError(field, f"must be >= 0, got {getattr(self, field)}")
+        if self.dense_layers > self.num_layers:
+            raise SpecError(
+                "first_k_dense_replace",
+                f"{self.dense_layers} is more than num_hidden_layers={self.num_layers}",
+            )
+        if self.mla and not 0 < self.qk_rope_head_dim < self.head_dim:
+            raise SpecError(
+                "qk_rope_head_dim",
+                f"must be between 1 and the query/key head width {self.head_dim - 1}, "
+                f"got {self.qk_rope_head_dim}",
+            )
+        if self.mla and self.v_head_dim <= 0:
+            raise SpecError("v_head_dim", f"must be a positive integer, got {self.v_head_dim}")
         if self.pooler_output_size is not None and self.pooler_output_size <= 0:
             raise SpecError(
                 "pooler_output_size", f"must be a positive integer, got {self.pooler_output_size}"
@@ -379,6 +466,53 @@ class ModelSpec:
                 f"must be between 1 and num_experts={self.num_experts}, "
                 f"got {self.num_experts_per_tok}",
             )
+
+    @property
+    def mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2/V3)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def num_blocks(self) -> int:
+        """All transformer blocks: encoder + decoder blocks of an encoder-decoder, else L."""
+        return self.num_layers + self.num_decoder_layers
+
+    def layer_kinds(self) -> list[tuple[int, ModelSpec]]:
+        """The distinct blocks of the model as (how many, a spec of that block alone).
+
+        A homogeneous model is ``[(L, self)]``. DeepSeek-V3: ``first_k_dense_replace`` dense
+        blocks (modeling_deepseek_v3.py ``DeepseekV3DecoderLayer``: ``DeepseekV3MLP`` of
+        ``intermediate_size`` when ``layer_idx < first_k_dense_replace``) and the MoE blocks.
+        T5: the encoder blocks and the decoder blocks, which add cross-attention
+        (modeling_t5.py ``T5Block``, ``is_decoder``). The variants keep every other field, so
+        per-block formulas read them unchanged.
+        """
+        from dataclasses import replace
+
+        kinds: list[tuple[int, ModelSpec]] = []
+        if self.dense_layers:
+            dense = replace(
+                self,
+                num_layers=self.dense_layers,
+                dense_layers=0,
+                num_experts=1,
+                num_experts_per_tok=1,
+                shared_expert_intermediate_size=0,
+                shared_expert_gate=False,
+                intermediate_size=self.dense_intermediate_size or self.intermediate_size,
+            )
+            kinds.append((self.dense_layers, dense))
+            rest = self.num_layers - self.dense_layers
+            if rest:
+                kinds.append((rest, replace(self, num_layers=rest, dense_layers=0)))
+            return kinds
+        if self.num_decoder_layers:
+            encoder = replace(self, num_decoder_layers=0)
+            decoder = replace(
+                self, num_layers=self.num_decoder_layers, num_decoder_layers=0, cross_attention=True
+            )
+            return [(self.num_layers, encoder), (self.num_decoder_layers, decoder)]
+        return [(self.num_layers, self)]
 
     @property
     def num_patches(self) -> int:

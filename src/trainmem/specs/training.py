@@ -207,7 +207,12 @@ class TrainingConfig:
     micro_batch_size: int = 1
     """Sequences per forward pass on one GPU (b)."""
     seq_len: int = 1024
-    """Tokens per sequence (s). For ViT this is ignored: the sequence is patches + 1."""
+    """Tokens per sequence (s). For ViT this is ignored: the sequence is patches + 1. For an
+    encoder-decoder (T5) it is the encoder's (source) length."""
+    target_seq_len: int = 0
+    """Decoder (target) tokens per sequence of an encoder-decoder (T5 ``labels``, from which
+    ``decoder_input_ids`` are shifted); 0, the default, means the same as ``seq_len``. Ignored
+    by decoder-only and encoder models. See :attr:`decoder_seq_len`."""
     precision: Precision = "bf16-mixed"
     """Lightning precision name, see the module docstring."""
     optimizer: Optimizer = "adamw"
@@ -329,6 +334,12 @@ class TrainingConfig:
     """diffusers models: text-encoder tokens of the prompt embeddings (FLUX 512, SD3 77 + 256,
     SDXL 77); None: the model's default. Refused for language models (use ``seq_len``)."""
 
+    @property
+    def decoder_seq_len(self) -> int:
+        """Target (decoder) length of an encoder-decoder: ``target_seq_len``, or ``seq_len``
+        when it is 0."""
+        return self.target_seq_len or self.seq_len
+
     def __post_init__(self) -> None:
         for field in _POSITIVE_INTS:
             _check_int(field, getattr(self, field), minimum=1)
@@ -337,7 +348,7 @@ class TrainingConfig:
         for field in ("resolution", "frames", "text_seq_len"):
             if getattr(self, field) is not None and not isinstance(getattr(self, field), str):
                 _check_int(field, getattr(self, field), minimum=1)
-        for field in ("lora_rank", "chunked_cross_entropy"):
+        for field in ("lora_rank", "chunked_cross_entropy", "target_seq_len"):
             _check_int(field, getattr(self, field), minimum=0)
         for field in _FLAGS:
             value = getattr(self, field)

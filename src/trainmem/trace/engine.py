@@ -468,7 +468,9 @@ def estimate_trace(
         return model
 
     def batch() -> Any:
-        return make_hf_batch(holder["model"], training.micro_batch_size, training.seq_len)
+        return make_hf_batch(
+            holder["model"], training.micro_batch_size, training.seq_len, training.target_seq_len
+        )
 
     ws = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
     capture, report = run_trace(

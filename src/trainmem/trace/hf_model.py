@@ -52,7 +52,36 @@ def _head_class(transformers: Any, config: Any, raw: Mapping[str, Any]) -> Any:
         return transformers.AutoModelForMaskedLM
     if config.model_type == "vit":
         return transformers.AutoModelForImageClassification
+    if config.model_type in VISION_TOWER_TYPES:
+        return transformers.AutoModel
+    if config.model_type == "t5":
+        return transformers.T5ForConditionalGeneration
     return transformers.AutoModelForCausalLM
+
+
+VISION_TOWER_TYPES = frozenset({"clip_vision_model", "siglip_vision_model", "dinov2"})
+"""Bare vision towers (``CLIPVisionModel``, ``SiglipVisionModel``, ``Dinov2Model``): they take
+``pixel_values`` and return no loss (:func:`attach_pooled_loss`)."""
+
+
+def attach_pooled_loss(model: Any) -> None:
+    """Give a bare vision tower a training loss, in place: ``output.loss =
+    output.pooler_output.float().mean()``, the mean of the pooled output in fp32 (CLIP: the
+    [CLS] row after ``post_layernorm``; SigLIP: the attention-pooling head's output; DINOv2: the
+    [CLS] row of the final ``layernorm``; the modeling files' ``pooler_output``). A tower has no
+    loss of its own; what a real recipe puts on top (a contrastive or distillation loss on the
+    pooled embedding) holds a few (b, h) tensors, as this one does.
+    """
+    forward = model.forward
+
+    def forward_with_loss(*args: Any, **kwargs: Any) -> Any:
+        out = forward(*args, **kwargs)
+        pooled = getattr(out, "pooler_output", None)
+        if getattr(out, "loss", None) is None and pooled is not None:
+            out.loss = pooled.float().mean()  # a task head (``...ForImageClassification``)
+        return out  # keeps its own loss
+
+    model.forward = forward_with_loss
 
 
 def build_hf_model(
@@ -146,6 +175,8 @@ def build_hf_training_model(
         dtype=dtype,
         device=device,
     )
+    if raw_config.get("model_type") in VISION_TOWER_TYPES:
+        attach_pooled_loss(model)
     model = apply_lora(model, training)
     model.train()
     return model
@@ -178,12 +209,15 @@ def materialize_fake(model: Any, fake_mode: Any) -> None:
                 m._buffers[n] = conv(b)
 
 
-def make_hf_batch(model: Any, micro_batch_size: int, seq_len: int) -> dict[str, Any]:
+def make_hf_batch(
+    model: Any, micro_batch_size: int, seq_len: int, target_seq_len: int = 0
+) -> dict[str, Any]:
     """One unpadded training batch for a HF model (call inside the fake mode for fake tensors).
 
     The input follows the model's ``main_input_name`` (``transformers/modeling_utils.py``):
     ``input_ids`` [b, s] int64 with ``labels`` = the same ids (causal and masked LM, T5/BART:
-    the decoder reads the labels shifted right, so both sides have s tokens; Mamba);
+    the decoder reads the labels shifted right; T5's ``labels`` are [b, target] with
+    ``target_seq_len``; Mamba);
     ``pixel_values`` [b, c, image, image] in the parameter dtype (ViT, DINOv2, CLIP / SigLIP
     vision towers) with class ``labels`` [b] when the model takes labels; ``input_features``
     [b, mel bins, 2 * max_source_positions] (Whisper's 30 s log-mel window: two frames per
@@ -194,6 +228,7 @@ def make_hf_batch(model: Any, micro_batch_size: int, seq_len: int) -> dict[str, 
         model: the HF model (its ``config`` decides the inputs).
         micro_batch_size: b.
         seq_len: s (tokens; the decoder's for Whisper).
+        target_seq_len: the decoder's length for T5; 0 means ``seq_len``.
 
     Returns:
         Keyword arguments of ``model(**batch)``, with ``labels`` when the model takes them (a
@@ -223,7 +258,9 @@ def make_hf_batch(model: Any, micro_batch_size: int, seq_len: int) -> dict[str, 
     if main != "input_features":
         batch["input_ids"] = ids
     if takes_labels:
-        batch["labels"] = ids.clone()
+        target = target_seq_len or s
+        same = target == s or cfg.model_type != "t5"
+        batch["labels"] = ids.clone() if same else torch.randint(0, cfg.vocab_size, (b, target))
     return batch
 
 

@@ -37,6 +37,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "Batch and sequence": (
         "micro_batch_size",
         "seq_len",
+        "target_seq_len",
         "gradient_accumulation_steps",
         "chunked_cross_entropy",
     ),
