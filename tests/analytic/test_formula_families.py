@@ -171,7 +171,6 @@ NOT_YET: dict[tuple[str, str], str] = {
     ("tiny-bloom.json", "bf16-mixed full-AC"): "BLOOM's attention locals in the recomputed "
     "forward (+1.2%)",
     ("tiny-gemma3-text.json", "bf16-mixed full-AC"): "output-norm block backward (+1.7%)",
-    ("tiny-gpt-bigcode.json", "bf16-mixed full-AC"): "layer backward under full AC (-1.2%)",
 }
 
 

@@ -442,6 +442,19 @@ class _Builder:
             alloc(s.param_bytes, Cat.PARAMETER, "init", f"param/{s.owner}/{n}", s.owner)
             for n, s in enumerate(self.emb_states + self.head_states)
         ]
+        if self.emb_states and self.model.module_buffer_bytes:
+            # the model's buffers, with the embeddings (counted with the parameters, as
+            # ``torch.cuda.memory_allocated`` does)
+            items.append(
+                alloc(
+                    self.model.module_buffer_bytes,
+                    Cat.PARAMETER,
+                    "init",
+                    "buffers",
+                    "(model)",
+                    "the model's buffers",
+                )
+            )
         layer = tuple(
             alloc(s.param_bytes, Cat.PARAMETER, "init", f"param/{{i}}/{n}", "layers.{i}")
             for n, s in enumerate(self.layer_states)

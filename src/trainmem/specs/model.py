@@ -350,6 +350,17 @@ class ModelSpec:
         return self.model_type in ROTARY_CAT_TYPES
 
     @property
+    def module_buffer_bytes(self) -> int:
+        """Bytes of the model's non-parameter buffers that matter: GPT-BigCode's boolean causal
+        mask ``bias``, (max_position_embeddings, max_position_embeddings) (modeling_gpt_bigcode.py
+        ``GPTBigCodeModel.__init__``: ``register_buffer("bias", torch.tril(torch.ones(...,
+        dtype=torch.bool)), persistent=False)``); 0 elsewhere (rotary ``inv_freq`` is d / 2
+        values). Found by the trace engine (tiny-gpt-bigcode, 1 MiB of buffers)."""
+        if self.model_type == "gpt_bigcode":
+            return self.max_position_embeddings**2
+        return 0
+
+    @property
     def loss_holds_hidden(self) -> bool:
         """The final hidden states live until the loss has run: the families of
         :data:`LOSS_HOLDS_HIDDEN_TYPES`."""
