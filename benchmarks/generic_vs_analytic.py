@@ -28,7 +28,9 @@ def main() -> None:
     for model in models:
         cells = []
         for b, s in ((2, 64), (4, 256)):
-            training = TrainingConfig(micro_batch_size=b, seq_len=s)
+            # Gemma-2 has no SDPA attention in transformers (``_supports_sdpa = False``)
+            attention = "eager" if Path(model).stem == "gemma2" else "sdpa"
+            training = TrainingConfig(micro_batch_size=b, seq_len=s, attention=attention)
             try:
                 a = estimate(model, training, engine="analytic", simulate_allocator=False)
                 g = estimate(model, training, engine="generic", simulate_allocator=False)

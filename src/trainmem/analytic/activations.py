@@ -154,6 +154,25 @@ def sliding_mask_bias_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     return model.num_sliding_layers * per_layer
 
 
+def materialised_mask_bias_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes one layer's SDPA call saves for the explicit causal mask of a family that always
+    builds it (``ModelSpec.sdpa_mask_materialised``: Falcon): SDPA converts the (b, 1, s, s)
+    boolean mask to an additive bias in the compute dtype and saves it (the memory-efficient
+    kernel's ``attn_bias``), c*b*s*s, as for Gemma-3's sliding layers
+    (:func:`sliding_mask_bias_bytes`). Falcon calls SDPA itself, without ``repeat_kv``, so its
+    k and v stay at their own heads. Found by the trace engine (tests/models/formula/falcon.json).
+    Eager attention adds the mask to the scores and saves none of it."""
+    if (
+        not model.sdpa_mask_materialised
+        or training.attention == "eager"
+        or not training.conventions.hf_model_code
+    ):
+        return 0
+    c, _ = compute_and_residual_bytes(training)
+    s = tokens_per_sequence(model, training)
+    return c * training.micro_batch_size * s * s
+
+
 def _activation_fn_saved_bytes(model: ModelSpec, training: TrainingConfig, width: int) -> int:
     """Bytes per token saved by the non-gated MLP activation and the down projection's input."""
     c, _ = compute_and_residual_bytes(training)
@@ -304,6 +323,24 @@ def sdpa_expands_kv(training: TrainingConfig) -> bool:
     return training.padding_mask or torch < (2, 5)
 
 
+def sdpa_output_copied(model: ModelSpec, training: TrainingConfig) -> bool:
+    """The output projection saves a copy of the SDPA output, not a view of it: the flash
+    kernel allocates its output like the (b, s, a, d) transpose of q (``empty_like``:
+    aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp ``mha_fwd``; mirrored by
+    torch/_meta_registrations.py ``meta__scaled_dot_product_flash_attention``), so where q is a
+    (b, a, s, d)-contiguous tensor (``ModelSpec.rotary_cat``) the output is too and
+    transformers' ``attn_output.transpose(1, 2).contiguous()`` (integrations/sdpa_attention.py)
+    copies it. The memory-efficient kernel (fp32, an explicit mask, head_dim > 256) always
+    allocates (b, s, a, d), and then the transpose is a view. Found by the trace engine
+    (tests/models/formula/gpt_neox.json, phi.json)."""
+    c, _ = compute_and_residual_bytes(training)
+    flash = (
+        training.attention == "flash"
+        or (training.attention == "sdpa" and c == 2 and not training.padding_mask)
+    ) and model.head_dim <= 256
+    return model.rotary_cat and flash and training.conventions.hf_model_code
+
+
 def tokens_per_sequence(model: ModelSpec, training: TrainingConfig) -> int:
     """Sequence length the layers see: ``seq_len``; patches (+ 1 for [CLS], none in SigLIP) for a
     vision encoder; the target length for a T5 decoder block (``cross_attention``) and for the
@@ -401,10 +438,19 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
     if sliding:
         # spread over the layers (the schedule repeats one layer): exact in the total
         terms["attention/sliding_mask_bias"] = -(-sliding // model.num_layers)
+    mask_bias = materialised_mask_bias_bytes(model, training)
+    if mask_bias:
+        terms["attention/mask_bias"] = mask_bias
     if output_norm:
         terms["attention/output_norm"] = output_norm * t
     if training.attention == "eager":
         sm = 4 if _fp32_softmax(model, training) else c
+        if model.attention_softcap:
+            # softcap * tanh(scores / softcap): tanh saves its output for backward (1 - y^2), in
+            # the scores' dtype (tanh is on none of autocast's lists); the divisions and
+            # products by a Python scalar save nothing (modeling_gemma2.py
+            # ``eager_attention_forward``; tools/autograd/derivatives.yaml ``tanh``)
+            terms["scores/softcap_tanh"] = c * a * s * s * b
         terms["scores/softmax"] = sm * a * s * s * b
         if p_attn:
             terms["scores/dropout_mask"] = a * s * s * b
@@ -417,6 +463,8 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
         # is a view and that projection saves the same storage.
         terms["attention/sdpa_output"] = c * a * d * t
         terms["attention/logsumexp"] = 4 * a * t
+        if sdpa_output_copied(model, training):
+            terms["attention/out_proj_input"] = c * a * d * t
     if p_hidden:
         terms["attention/dropout_mask"] = h * t
 
@@ -429,7 +477,9 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
         terms["mlp/norm"] = norm * t
     elif model.num_norms_per_layer >= 2:  # GPT-NeoX: both norms read the block's input
         terms["mlp/norm"] = (norm - r * h) * t  # second norm reads the same saved input
-    n_in = 2 if model.mlp_kind == "gated" else 1
+    # autocast copies of the MLP input: one per projection reading it (gate and up), one for a
+    # fused gate_up (modeling_phi3.py ``Phi3MLP.gate_up_proj``)
+    n_in = 2 if model.mlp_kind == "gated" and not model.fused_gate_up else 1
     if model.num_experts > 1 and training.conventions.hf_model_code:
         terms.update(moe_terms(model, training, t=t))
         # autocast copies of the block's input for the shared expert's gate and up
@@ -629,6 +679,8 @@ REPLICATED_INPUT_TERMS = frozenset(
         "rotary_cos_sin",
         "sliding_mask",
         "attention/sliding_mask_bias",
+        "attention/mask_bias",
+        "causal_mask",
         "attention_mask",
     }
 )
@@ -803,12 +855,17 @@ def embedding_activation_bytes(model: ModelSpec, training: TrainingConfig) -> di
         # sliding-window layers (``rope_local_base_freq``); DeepSeek's span the rotary part
         # only (DeepseekV3Config: head_dim = qk_rope_head_dim)
         rows = s if training.conventions.hf_model_code else t
-        tables = 2 if model.num_sliding_layers else 1
-        width = model.qk_rope_head_dim if model.mla else model.head_dim
+        tables = 2 if model.local_rope else 1
+        # over the rotated dims only (``int(head_dim * partial_rotary_factor)``,
+        # modeling_rope_utils.py ``_compute_default_rope_parameters``)
+        if model.mla:
+            width = model.qk_rope_head_dim
+        else:
+            width = int(model.head_dim * model.partial_rotary_factor)
         out["rotary_cos_sin"] = 2 * r * rows * width * tables
     if model.embedding_norm:
         out["embedding_norm"] = _norm_saved_bytes(model, r) * t
-    _, eager_mask = eager_scores_forward_bytes(model, training)
+    eager_mask = eager_mask_bytes(model, training)
     if eager_mask and training.activation_checkpointing != "none":
         out["attention_mask"] = eager_mask  # an input of every checkpointed layer
     if sliding_mask_bias_bytes(model, training) and training.activation_checkpointing != "none":
@@ -816,6 +873,12 @@ def embedding_activation_bytes(model: ModelSpec, training: TrainingConfig) -> di
         # layer, kept by the checkpoint until their backward (without checkpointing it dies
         # with the forward; SDPA saves its own float bias)
         out["sliding_mask"] = b * s * s
+    if (
+        materialised_mask_bias_bytes(model, training)
+        and training.activation_checkpointing != "none"
+    ):
+        # likewise the boolean causal mask Falcon builds for every layer
+        out["causal_mask"] = b * s * s
     if training.dropout and model.embedding_dropout > 0:
         out["embedding_dropout_mask"] = h * t
     if model.architecture == "encoder-decoder":
@@ -866,7 +929,7 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
         # the encoder stack's final_layer_norm, on the source tokens
         t_source = b * training.seq_len
         out["encoder_final_norm"] = _norm_saved_bytes(model, r) * t_source
-    if model.architecture != "encoder" or model.head == "masked-lm":
+    if model.final_norm:  # BERT (post-LN) has none
         out["final_norm"] = (
             _norm_saved_bytes(model, r, trainable=not training.is_lora and not training.compile) * t
         )
@@ -888,7 +951,16 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
         # engine); they exist only at the end of forward (loss_forward_transient_bytes).
         # saved by cross_entropy for its backward: fp32 after HF's / torchtune's upcast,
         # the logits' dtype in lit-gpt's chunked cross-entropy
-        out["log_softmax"] = (4 if training.loss_upcast else c) * v * t
+        if loss_in_logits_dtype(model, training):
+            # the 16-bit log-softmax output and nll_loss's fp32 copy of it
+            # (Note [Cross-entropy on 16-bit logits])
+            out["log_softmax"] = (c + 4) * v * t
+        else:
+            out["log_softmax"] = (4 if training.loss_upcast else c) * v * t
+        if model.final_logit_softcap and model.head == "causal-lm":
+            # softcap * tanh(logits / softcap) before the loss: tanh saves its output, in the
+            # LM head's dtype (modeling_gemma2.py ``Gemma2ForCausalLM.forward``)
+            out["final_logit_softcap_tanh"] = c * v * t
         if model.head == "seq2seq-lm" and c != 4:
             # T5ForConditionalGeneration calls CrossEntropyLoss on the 16-bit logits (no
             # ``.float()``; autocast runs it in fp32): the trace holds those logits with the
@@ -980,8 +1052,30 @@ def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
     elif model.head == "seq2seq-lm" and c != 4:
         total = 4 * v * chunk  # the logits are a head term (``logits_for_loss``)
     else:
-        total = c * v * t + (4 * v * chunk if training.loss_upcast and c != 4 else 0)
+        upcast = training.loss_upcast and c != 4 and not loss_in_logits_dtype(model, training)
+        total = c * v * t + (4 * v * chunk if upcast else 0)
     return -(-total // parallel_divisor("logits", training))
+
+
+def eager_mask_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes of the additive (b, 1, s, s) causal masks a transformers decoder builds for eager
+    attention, in the model's dtype r (fp32 under autocast): one per attention kind, full and
+    sliding-window (modeling_gemma2.py ``causal_mask_mapping``), alive through the forward and
+    kept by the checkpoint of every layer that takes one under activation checkpointing.
+    Source: masking_utils.py ``create_causal_mask`` / ``eager_mask`` (an eager mask is always
+    materialised, ``torch.where(mask, 0, min_dtype)``); BLOOM adds ALiBi to it
+    (:func:`eager_scores_forward_bytes`). Found by the trace engine (tiny-llama-test and
+    tests/models/formula/gemma2.json, eager, full checkpointing)."""
+    if (
+        training.attention != "eager"
+        or model.architecture != "decoder"
+        or not training.conventions.hf_model_code
+    ):
+        return 0
+    _, r = compute_and_residual_bytes(training)
+    s = tokens_per_sequence(model, training)
+    kinds = 2 if model.num_sliding_layers else 1
+    return kinds * r * training.micro_batch_size * s * s
 
 
 def eager_scores_forward_bytes(model: ModelSpec, training: TrainingConfig) -> tuple[int, int]:
@@ -1008,7 +1102,7 @@ def eager_scores_forward_bytes(model: ModelSpec, training: TrainingConfig) -> tu
     kept = c if training.activation_checkpointing != "none" else 0
     scores = (c + r + kept) * model.num_heads * s * s * b // parallel_divisor("scores/x", training)
     hidden = (3 * c + r + c) * h * t // parallel_divisor("attention/qkv_input", training)
-    return scores + hidden, r * b * s * s
+    return scores + hidden, eager_mask_bytes(model, training)
 
 
 def final_hidden_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:
@@ -1051,6 +1145,29 @@ def forward_kv_cache_bytes(model: ModelSpec, training: TrainingConfig, num_layer
     return num_layers * -(-per_layer // parallel_divisor("attention/v", training))
 
 
+def loss_in_logits_dtype(model: ModelSpec, training: TrainingConfig) -> bool:
+    """The model's own loss takes its 16-bit logits as they are
+    (``ModelSpec.mlm_loss_in_logits_dtype``: BERT's ``CrossEntropyLoss()``), under autocast,
+    HF model code and no chunked loss (which replaces the model's).
+
+    Note [Cross-entropy on 16-bit logits]
+        ``cross_entropy`` calls ``log_softmax(input, dim, input.scalar_type())``
+        (aten/src/ATen/native/LossNLL.cpp ``cross_entropy``); autocast's
+        ``AT_FORALL_FP32_SET_OPT_DTYPE`` policy leaves an op with an explicit dtype alone, so
+        the log-softmax runs and saves its output in 16 bits (c*V per token); ``nll_loss``, on
+        the fp32 list, casts it to fp32 and saves that copy too (4V). In backward only
+        ``nll_loss``'s fp32 gradient (4V) is alive on top of them: by the log-softmax's
+        backward the fp32 copy and that gradient are freed and two 16-bit tensors (2cV) take
+        their place. Checked with ``saved_tensors_hooks`` under trainmem's CUDA autocast
+        policy and against the trace engine (tests/models/formula/bert.json)."""
+    return (
+        model.mlm_loss_in_logits_dtype
+        and training.uses_autocast
+        and training.chunked_cross_entropy == 0
+        and training.conventions.hf_model_code
+    )
+
+
 def loss_backward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     """Bytes live only at the start of backward: the gradient of the log-softmax output and the
     gradient it produces, two fp32 (T, V) tensors (``_log_softmax_backward_data``; measured as the
@@ -1067,6 +1184,8 @@ def loss_backward_transient_bytes(model: ModelSpec, training: TrainingConfig) ->
     per_value = 4 if training.loss_upcast else c
     chunks = max(training.chunked_cross_entropy, 1)
     n = 3 if training.loss_parallel else 2
+    if loss_in_logits_dtype(model, training):
+        n = 1  # nll_loss's fp32 gradient (Note [Cross-entropy on 16-bit logits])
     if model.head == "seq2seq-lm":
         # T5's CrossEntropyLoss: the step's peak is at ``nll_loss_backward``, with its one
         # fp32 (tokens x V) gradient (traced on 2-layer T5 / Flan-T5)
@@ -1169,7 +1288,11 @@ def sequential_pre_norm_block(model: ModelSpec) -> bool:
         residual-stream gradient alive (the one the layer's input gradient accumulates into
         comes later); the recomputation does not make the layer input again (the checkpoint
         keeps it). Blocks with output norms (Gemma-3, OLMo-2), parallel attention and MLP
-        (Falcon, Phi, GPT-NeoX), or GPT-2's tanh-formula GELU keep the general schedule.
+        (Falcon, Phi, GPT-NeoX), or GPT-2's tanh-formula GELU keep the general schedule,
+        except for the layer input: in every pre-norm decoder the first norm saves the very
+        tensor the checkpoint keeps (LayerNorm its input; RMSNorm ``x.to(float32)``, a no-op
+        on the fp32 residual stream), so it is not counted twice under full checkpointing
+        (Gemma-2 / Gemma-3 against the generic path).
     """
     return (
         model.architecture == "decoder"

@@ -99,7 +99,6 @@ from trainmem.analytic.activations import (
     loss_backward_transient_bytes,
     loss_forward_transient_bytes,
     op_selective_saved_terms,
-    sequential_pre_norm_block,
     tokens_per_sequence,
 )
 from trainmem.analytic.buffers import (
@@ -130,6 +129,7 @@ RELEASED_BEFORE_SOFTMAX_BACKWARD = frozenset(
         "scores/probs_for_values",
         "scores/dropout_mask",
         "attention/v",
+        "attention/output_norm",
     }
 )
 """Eager attention terms whose saving op runs its backward before the softmax's.
@@ -142,9 +142,11 @@ Note [Eager attention's backward order]
     ``fn.release_variables()`` when the graph is not retained). So the o_proj input, the
     probabilities fed to the value matmul, the dropout mask and v are gone when the softmax
     backward's two score-sized transients are live; q and k (the score matmul's) and the
-    softmax output stay. Checked against the trace engine (tiny-llama-test, bf16-mixed, eager,
-    b=2, s=2048: the backward peak fell from 10.6 % over the trace to 0.0 %) and a real GPU's
-    snapshot (S003 of ../shared/validation/snapshots, benchmarks/snapshot_analytic_step.py)."""
+    softmax output stay. A norm on the attention's output (Gemma-2/3
+    ``post_attention_layernorm``) runs its backward before all of them. Checked against the
+    trace engine (tiny-llama-test, bf16-mixed, eager, b=2, s=2048: the backward peak fell from
+    10.6 % over the trace to 0.0 %) and a real GPU's snapshot (S003 of
+    ../shared/validation/snapshots, benchmarks/snapshot_analytic_step.py)."""
 
 WARMUP_STEPS = 1
 """Steps replayed before the measured one (Note [Analytic step schedule])."""
@@ -371,9 +373,15 @@ class _Builder:
             dropped = {"recomputed": prof.recompute}
         else:
             dropped = {k: v for k, v in prof.terms.items() if k not in saved}
-        if mode == "full" and "attention/norm" in dropped and sequential_pre_norm_block(self.model):
-            # the layer input the checkpoint keeps is not made again by the recomputation
-            # (Note [Backward of a pre-norm block])
+        if (
+            mode == "full"
+            and "attention/norm" in dropped
+            and self.model.pre_norms
+            and self.model.architecture == "decoder"
+        ):
+            # the layer input the checkpoint keeps is not made again by the recomputation: the
+            # first norm saves that very tensor (Note [Backward of a pre-norm block]; seen in
+            # the generic path for the output-norm blocks of Gemma-2 and Gemma-3 too)
             dropped["attention/norm"] -= min(prof.per_layer, dropped["attention/norm"])
         elif mode == "full" and "attention/norm" in dropped:
             # a recompute smaller than the layer's terms (vision encoders: the first norm's
@@ -434,6 +442,19 @@ class _Builder:
             alloc(s.param_bytes, Cat.PARAMETER, "init", f"param/{s.owner}/{n}", s.owner)
             for n, s in enumerate(self.emb_states + self.head_states)
         ]
+        if self.emb_states and self.model.module_buffer_bytes:
+            # the model's buffers, with the embeddings (counted with the parameters, as
+            # ``torch.cuda.memory_allocated`` does)
+            items.append(
+                alloc(
+                    self.model.module_buffer_bytes,
+                    Cat.PARAMETER,
+                    "init",
+                    "buffers",
+                    "(model)",
+                    "the model's buffers",
+                )
+            )
         layer = tuple(
             alloc(s.param_bytes, Cat.PARAMETER, "init", f"param/{{i}}/{n}", "layers.{i}")
             for n, s in enumerate(self.layer_states)

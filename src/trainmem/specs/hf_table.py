@@ -237,14 +237,41 @@ def _qwen2_moe(f: Fields, spec: SpecDict) -> None:
     )
 
 
+def _gemma2_softcaps(f: Fields, spec: SpecDict) -> None:
+    """Gemma2Config: ``attn_logit_softcapping`` (default 50.0) and ``final_logit_softcapping``
+    (default 30.0); an explicit null switches the cap off (modeling_gemma2.py: ``if softcap is
+    not None``)."""
+    for key, target, default in (
+        ("attn_logit_softcapping", "attention_softcap", 50.0),
+        ("final_logit_softcapping", "final_logit_softcap", 30.0),
+    ):
+        value = f.config.get(key, default)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
+        ):
+            raise SpecError(key, f"must be a positive number or null, got {short(value)}")
+        spec[target] = value is not None
+
+
+def _gemma2(f: Fields, spec: SpecDict) -> None:
+    """Gemma2Config: soft-capping, and ``layer_types`` alternating sliding and full
+    attention by default (``"sliding_attention" if bool((i + 1) % 2)``)."""
+    _gemma2_softcaps(f, spec)
+    _sliding_layers(f, spec, default_pattern=2)
+
+
 def _gemma3_layers(f: Fields, spec: SpecDict) -> None:
     """Gemma3TextConfig: ``layer_types`` lists each layer's attention, by default every
     ``sliding_window_pattern``-th layer (6) full and the others sliding, of ``sliding_window``
     keys (4096)."""
+    _sliding_layers(f, spec, default_pattern=6)
+
+
+def _sliding_layers(f: Fields, spec: SpecDict, *, default_pattern: int) -> None:
     layers = spec["num_layers"]
     types = f.config.get("layer_types")
     if types is None:
-        pattern = f.positive_int("sliding_window_pattern", 6)
+        pattern = f.positive_int("sliding_window_pattern", default_pattern)
         types = ["sliding" if (n + 1) % pattern else "full" for n in range(layers)]
     elif not isinstance(types, list) or len(types) != layers:
         raise SpecError(
@@ -407,8 +434,16 @@ _ROWS: tuple[Family, ...] = (
     ),
     Family(
         "gemma2",
-        "models/gemma2/modeling_gemma2.py (4 RMSNorms per layer)",
-        {**LLAMA_TRAITS, "num_norms_per_layer": 4, **_NO_MLP_BIAS},
+        "models/gemma2/modeling_gemma2.py (Gemma2DecoderLayer: 4 RMSNorms computing x * (1 + w) "
+        "in fp32, post norms on the attention and MLP outputs; tanh logit soft-capping in the "
+        "eager attention and on the logits)",
+        {
+            **LLAMA_TRAITS,
+            "num_norms_per_layer": 4,
+            "output_norms": True,
+            "norm_weight_in_fp32": True,
+            **_NO_MLP_BIAS,
+        },
         defaults=_llama_defaults(
             num_key_value_heads=4,
             hidden_act="gelu_pytorch_tanh",
@@ -418,6 +453,7 @@ _ROWS: tuple[Family, ...] = (
             mlp_bias=None,
         ),
         renames=dict(hidden_act="hidden_activation"),
+        adjust=_gemma2,
     ),
     Family(
         "phi",
@@ -610,6 +646,7 @@ _NEW_ROWS: tuple[Family, ...] = (
             "num_norms_per_layer": 4,
             "output_norms": True,
             "norm_weight_in_fp32": True,
+            "local_rope": True,
             **_NO_MLP_BIAS,
         },
         defaults=_llama_defaults(

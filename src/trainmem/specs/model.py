@@ -78,6 +78,8 @@ LOSS_HOLDS_HIDDEN_TYPES = frozenset(
         "qwen2_moe",
         "qwen3_moe",
         "mixtral",
+        "gpt_neox",
+        "phi",
     }
 )
 """Families whose final hidden states stay alive while the loss runs (transformers'
@@ -86,13 +88,38 @@ trace engine (``ModelSpec.loss_holds_hidden``). Llama-style HF code does the sam
 on for the older families, whose presets also stand for models with their own code (the
 cs336 course model of benchmarks/snapshot_analytic_step.py returns only its logits)."""
 
-EAGER_ONLY_TYPES = frozenset({"bloom"})
-"""Families whose transformers code has eager attention only (``BloomForCausalLM`` refuses
-SDPA and flash attention: modeling_bloom.py ``BloomAttention`` computes ALiBi scores with
-``baddbmm``)."""
+EAGER_ONLY_TYPES = frozenset({"bloom", "gemma2"})
+"""Families whose transformers code has no SDPA attention, so none of the SDPA kernels
+(``--attention sdpa`` / ``flash``): ``BloomForCausalLM`` computes ALiBi scores with
+``baddbmm`` (modeling_bloom.py ``BloomAttention``); ``Gemma2PreTrainedModel`` sets
+``_supports_sdpa = False`` ("sdpa does not support softcapping", modeling_gemma2.py; its
+``_supports_flash_attn`` is the flash-attn package's kernel, not SDPA's)."""
+
+EAGER_SCORES_KEPT_TYPES = frozenset({"bloom"})
+"""Families whose eager attention keeps its raw and masked scores until it returns
+(``ModelSpec.eager_scores_kept``)."""
+
+MODEL_DTYPE_MLM_LOSS_TYPES = frozenset({"bert"})
+"""Families whose masked-LM head calls ``CrossEntropyLoss`` on its 16-bit logits itself
+(modeling_bert.py ``BertForMaskedLM.forward``: ``loss_fct = CrossEntropyLoss()``) instead of
+transformers' ``ForMaskedLMLoss``, which upcasts with ``logits.float()``
+(``ModelSpec.mlm_loss_in_logits_dtype``)."""
+
+MATERIALISED_MASK_TYPES = frozenset({"falcon"})
+"""Families whose model always builds the (b, 1, s, s) boolean causal mask and hands it to
+SDPA, even without padding (modeling_falcon.py ``FalconModel.forward``:
+``create_causal_mask(..., allow_is_causal_skip=False)``, "Always materialize the mask so alibi
+can be added onto it below"; ``ModelSpec.sdpa_mask_materialised``)."""
+
+ROTARY_CAT_TYPES = frozenset({"gpt_neox", "phi", "phi3"})
+"""Families whose rotary embedding concatenates the rotated and the passed-through part of q
+and k (``torch.cat([q_rot_embed, q_pass], dim=-1)``: modeling_gpt_neox.py / modeling_phi3.py
+``apply_rotary_pos_emb``, modeling_phi.py ``PhiAttention.forward``), so q reaches SDPA as a new
+(b, a, s, d)-contiguous tensor rather than a transposed view of the projection
+(``ModelSpec.rotary_cat``)."""
 
 FORWARD_KV_CACHE_TYPES = frozenset(
-    {"phi3", "starcoder2", "gemma3_text", "qwen2_moe", "qwen3_moe", "mixtral"}
+    {"phi3", "starcoder2", "gemma3_text", "qwen2_moe", "qwen3_moe", "mixtral", "gpt_neox", "phi"}
 )
 """Rotary families whose transformers code builds a KV cache during training that holds fp32
 copies of k and v until the forward ends (``ModelSpec.forward_kv_cache``); checked against the
@@ -220,6 +247,15 @@ class ModelSpec:
     num_sliding_layers: int = 0
     """Layers with sliding-window attention (Gemma-3 ``layer_types``); the rest attend to the
     whole causal prefix."""
+    local_rope: bool = False
+    """The sliding-window layers have their own rotary tables (Gemma-3
+    ``rope_local_base_freq``)."""
+    attention_softcap: bool = False
+    """Eager attention caps its scores with ``tanh`` (Gemma-2 ``attn_logit_softcapping``:
+    ``softcap * tanh(scores / softcap)``, modeling_gemma2.py ``eager_attention_forward``)."""
+    final_logit_softcap: bool = False
+    """The causal-LM head caps its logits with ``tanh`` (Gemma-2 ``final_logit_softcapping``,
+    modeling_gemma2.py ``Gemma2ForCausalLM.forward``)."""
 
     # -- vision towers (CLIP / SigLIP / DINOv2) -------------------------------------------
     class_token: bool = True
@@ -292,8 +328,37 @@ class ModelSpec:
     @property
     def eager_scores_kept(self) -> bool:
         """The eager attention keeps its raw and masked scores until it returns (BLOOM:
-        :data:`EAGER_ONLY_TYPES`)."""
-        return self.model_type in EAGER_ONLY_TYPES
+        :data:`EAGER_SCORES_KEPT_TYPES`)."""
+        return self.model_type in EAGER_SCORES_KEPT_TYPES
+
+    @property
+    def mlm_loss_in_logits_dtype(self) -> bool:
+        """The masked-LM loss runs on the logits' own dtype: the masked-LM heads of
+        :data:`MODEL_DTYPE_MLM_LOSS_TYPES`."""
+        return self.head == "masked-lm" and self.model_type in MODEL_DTYPE_MLM_LOSS_TYPES
+
+    @property
+    def sdpa_mask_materialised(self) -> bool:
+        """SDPA gets an explicit causal mask in every layer: the families of
+        :data:`MATERIALISED_MASK_TYPES`."""
+        return self.model_type in MATERIALISED_MASK_TYPES
+
+    @property
+    def rotary_cat(self) -> bool:
+        """q is a fresh (b, a, s, d)-contiguous tensor: the families of
+        :data:`ROTARY_CAT_TYPES`."""
+        return self.model_type in ROTARY_CAT_TYPES
+
+    @property
+    def module_buffer_bytes(self) -> int:
+        """Bytes of the model's non-parameter buffers that matter: GPT-BigCode's boolean causal
+        mask ``bias``, (max_position_embeddings, max_position_embeddings) (modeling_gpt_bigcode.py
+        ``GPTBigCodeModel.__init__``: ``register_buffer("bias", torch.tril(torch.ones(...,
+        dtype=torch.bool)), persistent=False)``); 0 elsewhere (rotary ``inv_freq`` is d / 2
+        values). Found by the trace engine (tiny-gpt-bigcode, 1 MiB of buffers)."""
+        if self.model_type == "gpt_bigcode":
+            return self.max_position_embeddings**2
+        return 0
 
     @property
     def loss_holds_hidden(self) -> bool:

@@ -683,7 +683,8 @@ def check_training_for_model(model: ModelSpec, training: TrainingConfig) -> None
       (the position embedding lookup fails: transformers ``GPT2Model.forward`` indexes
       ``wpe`` with positions up to ``seq_len - 1``); rotary / ALiBi models can, as
       long-context fine-tuning does;
-    - eager-only families (BLOOM) run with ``attention="eager"``;
+    - families without SDPA attention in transformers (BLOOM, Gemma-2) run with
+      ``attention="eager"``;
     - LoRA targets exist in the model (``gate`` only in gated MLPs, ``lm_head`` only under an
       LM head).
 
@@ -712,7 +713,7 @@ def check_training_for_model(model: ModelSpec, training: TrainingConfig) -> None
         raise SpecError(
             "attention",
             f"{training.attention!r} is not available for {model.model_type} in transformers "
-            "(its attention is eager only); allowed: eager (--attention eager)",
+            "(no SDPA attention there, so none of its kernels); allowed: eager (--attention eager)",
         )
     positions = model.max_position_embeddings
     if (
