@@ -1034,11 +1034,18 @@ def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
 
     SigLIP's attention-pooling head: the fp32 ``last_hidden_state`` the model output holds and
     the packed key/value projection before its ``.contiguous()`` copy (torch/nn/functional.py
-    ``_in_projection_packed``) are both alive while the head runs."""
+    ``_in_projection_packed``) are both alive while the head runs. Under autocast, the 16-bit
+    copy of the (transposed) keys that autocast makes for ``linear`` is held until the call
+    returns, while ``at::linear`` on that non-contiguous 3-D input runs ``matmul`` (which saves
+    its own contiguous copy: ``pooler/kv_input``) and adds the bias out of place, so at that add
+    the matmul output (counted as ``pooler/kv``, which takes its size once it is freed) and the
+    sum are both alive (aten/src/ATen/native/Linear.cpp ``linear``; the trace engine's peak op,
+    ``aten.add.Tensor`` in ``head.attention``)."""
     if model.architecture == "vision-encoder" and model.vision_pooler == "attention-probe":
         c, r = compute_and_residual_bytes(training)
         t = training.micro_batch_size * tokens_per_sequence(model, training)
-        return (r + 2 * c) * model.hidden_size * t
+        autocast_copy = c if training.uses_autocast else 0
+        return (r + 2 * c + autocast_copy) * model.hidden_size * t
     if model.head not in ("causal-lm", "masked-lm", "seq2seq-lm"):
         return 0
     t = training.micro_batch_size * _output_tokens(model, training)
