@@ -1238,6 +1238,16 @@ def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tup
     mlp = n * c * i * t * k_top // parallel_divisor("mlp/gated", training)
     if training.uses_autocast:
         mlp += c * h * i // training.tensor_parallel_size
+        if model.architecture == "vision-encoder" and n == 1 and not model.layer_scale:
+            # a fused GELU's block peaks at the down projection's input gradient, while the
+            # incoming fp32 residual gradient's cast to the 16-bit fc2 output (the residual
+            # add's backward, ``residual + hidden_states`` in modeling_siglip.py
+            # ``SiglipEncoderLayer.forward``) is still alive (traced on a 2-layer SigLIP tower,
+            # full checkpointing: aten.mm in ``mlp.fc2`` with that cast alive). DINOv2's layer
+            # scale makes the same cast, in place of the MLP output its ``hidden * lambda1``
+            # saved and its backward has freed by then (traced on a 2-layer DINOv2), which
+            # the saved terms already count
+            mlp += c * h * t // parallel_divisor("mlp/input", training)
     if model.layer_scale and training.activation_checkpointing == "none":
         # DINOv2's ``hidden * lambda1`` backward opens the block's backward, with all it saved
         # still alive: the gradient times lambda1 (fp32: lambda1 is an fp32 weight under AMP),
