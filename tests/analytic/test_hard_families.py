@@ -197,7 +197,6 @@ SETTINGS = {
 #: (config, setting) pairs where the formulas are not yet within 1% of the trace engine.
 NOT_YET: dict[tuple[str, str], str] = {
     ("tiny-flan-t5.json", "bf16-mixed full-AC"): "encoder block's recompute under full AC (+1.05%)",
-    ("tiny-dinov2-swiglu.json", "bf16-mixed full-AC"): "last block's recompute (+2.3%)",
 }
 
 

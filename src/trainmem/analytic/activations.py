@@ -1248,6 +1248,13 @@ def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tup
             # saved and its backward has freed by then (traced on a 2-layer DINOv2), which
             # the saved terms already count
             mlp += c * h * t // parallel_divisor("mlp/input", training)
+    if model.layer_scale and model.mlp_kind == "gated":
+        # a gated MLP's block peaks later, at the gate * up product's backward: by then the
+        # layer scale's backward (modeling_dinov2.py ``Dinov2LayerScale``, ``hidden * lambda1``)
+        # has freed the MLP output it saved (a saved term here), and the down projection's
+        # backward the 16-bit gradient cast that took its place (traced on a 2-layer
+        # DINOv2-SwiGLU, full checkpointing: peak in ``mlp.down_proj``'s backward)
+        mlp -= c * h * t // parallel_divisor("mlp/input", training)
     if model.layer_scale and training.activation_checkpointing == "none":
         # DINOv2's ``hidden * lambda1`` backward opens the block's backward, with all it saved
         # still alive: the gradient times lambda1 (fp32: lambda1 is an fp32 weight under AMP),
