@@ -168,8 +168,6 @@ SETTINGS = {
 
 #: (config, setting) pairs where the formulas are not yet within 1% of the trace engine.
 NOT_YET: dict[tuple[str, str], str] = {
-    ("tiny-bloom.json", "bf16-mixed full-AC"): "BLOOM's attention locals in the recomputed "
-    "forward (+1.2%)",
     ("tiny-gemma3-text.json", "bf16-mixed full-AC"): "output-norm block backward (+1.7%)",
 }
 

@@ -1108,7 +1108,16 @@ def eager_scores_forward_bytes(model: ModelSpec, training: TrainingConfig) -> tu
     # saved activations any more but still alive
     kept = c if training.activation_checkpointing != "none" else 0
     scores = (c + r + kept) * model.num_heads * s * s * b // parallel_divisor("scores/x", training)
-    hidden = (3 * c + r + c) * h * t // parallel_divisor("attention/qkv_input", training)
+    hidden = (3 * c + r + c) * h * t
+    if training.activation_checkpointing == "full":
+        # the checkpointed forward runs without autograd: its peak is the probabilities' cast,
+        # the fp32 softmax output (freed right after, nothing saves it) still alive; the qkv
+        # linear's 16-bit input is freed by then and the context (``dense``'s input) and the
+        # ``dense`` output are not made yet, three c*h tensors the dropped terms and this count
+        # (traced on a 2-layer BLOOM, eager, full checkpointing: peak at the cast in
+        # ``self_attention``)
+        hidden -= 3 * c * h * t
+    hidden //= parallel_divisor("attention/qkv_input", training)
     return scores + hidden, eager_mask_bytes(model, training)
 
 
