@@ -220,3 +220,21 @@ def test_negative_module_rows_are_refused() -> None:
 def test_fit_refuses_a_non_positive_limit() -> None:
     r = run("fit", "gpt2", "--gpu", "T4", "-b", "64", "--limit", "-1")
     assert r.exit_code == 2 and r.stderr.startswith("error: limit:")
+
+
+def test_eager_only_family_takes_eager_attention_unless_asked_otherwise() -> None:
+    # transformers' BloomForCausalLM has no SDPA path: without --attention the estimate runs the
+    # attention transformers would run (eager); an explicit --attention sdpa is refused, naming
+    # the field
+    from typer.testing import CliRunner
+
+    from trainmem.cli import app
+
+    runner = CliRunner()
+    r = runner.invoke(app, ["estimate", "bloomz-7b1", "-b", "1", "-s", "256", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["config"]["attention"] == "eager"
+    r = runner.invoke(
+        app, ["estimate", "bloomz-7b1", "-b", "1", "-s", "256", "--attention", "sdpa"]
+    )
+    assert r.exit_code == 2 and "attention" in r.output

@@ -24,6 +24,7 @@ from trainmem.errors import SpecError, UnsupportedError
 from trainmem.estimate import ENGINES, default_seq_len_of, resolve_model
 from trainmem.planner.sweep import STRICT_INT, parse_strict_int
 from trainmem.specs.hardware import check_precision_on_gpu, get_gpu
+from trainmem.specs.model import EAGER_ONLY_TYPES
 from trainmem.specs.training import (
     ACTIVATION_CHECKPOINTING,
     ATTENTIONS,
@@ -177,7 +178,18 @@ TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
         ],
         "none",
     ),
-    _p("attention", Annotated[str, _o("--attention", help=_choices(ATTENTIONS))], "sdpa"),
+    _p(
+        "attention",
+        Annotated[
+            str | None,
+            _o(
+                "--attention",
+                help=_choices(ATTENTIONS)
+                + " [sdpa; eager for families transformers runs eager only]",
+            ),
+        ],
+        None,
+    ),
     _p(
         "gradient_accumulation_steps",
         Annotated[
@@ -442,11 +454,14 @@ def training_from_options(
     settings = with_config_files(settings, given["deepspeed_config"], given["accelerate_config"])
     if settings["seq_len"] is None:
         settings["seq_len"] = default_seq_len_of(model)
-    training = TrainingConfig(**settings)
     try:
         spec = resolve_model(model)
     except UnsupportedError:  # a family only the traced paths run: no shape to check against
         spec = None
+    if settings["attention"] is None:  # not given: the model's own (BLOOM, Gemma-2: eager only)
+        eager_only = spec is not None and spec.model_type in EAGER_ONLY_TYPES
+        settings["attention"] = "eager" if eager_only else "sdpa"
+    training = TrainingConfig(**settings)
     if spec is not None:
         check_training_for_model(spec, training)
     if gpu is not None:
