@@ -962,5 +962,43 @@ _HARD_ROWS: tuple[Family, ...] = (
 )
 
 
-FAMILIES: Mapping[str, Family] = {row.model_type: row for row in _ROWS + _NEW_ROWS + _HARD_ROWS}
+_COURSE_ROWS: tuple[Family, ...] = (
+    Family(
+        "cs336_basics",
+        "stanford-cs336 cs336_basics/model.py (BasicsTransformerLM: Embedding, pre-norm "
+        "TransformerBlock of RMSNorm, CausalMultiHeadSelfAttention with RotaryEmbedding and "
+        "bias-free q/k/v/output_proj, SwiGLU w1/w2/w3 with silu = x * sigmoid(x); ln_final; "
+        "untied lm_head); nn_utils.py softmax / log_softmax / cross_entropy",
+        {
+            **LLAMA_TRAITS,
+            "attention_bias": False,
+            "attention_out_bias": False,
+            "mlp_bias": False,
+            "hidden_act": "silu",
+            "tie_word_embeddings": False,
+            "attention_written_out": True,
+            "activation_written_out": True,
+            "rotary_buffer": True,
+            "loss_written_out": True,
+        },
+        # BasicsTransformerLM(vocab_size, context_length, d_model, num_layers, num_heads, d_ff,
+        # rope_theta): every size is required (no defaults in the course code); context_length
+        # sizes the RoPE buffer
+        defaults=dict(max_position_embeddings=None),
+        renames=dict(
+            num_hidden_layers="num_layers",
+            hidden_size="d_model",
+            num_attention_heads="num_heads",
+            intermediate_size="d_ff",
+            max_position_embeddings="context_length",
+        ),
+    ),
+)
+"""The CS336 course's reference transformer (Stanford CS336, assignments 1-2), a config.json
+with ``"model_type": "cs336_basics"`` and the constructor's arguments as fields."""
+
+
+FAMILIES: Mapping[str, Family] = {
+    row.model_type: row for row in _ROWS + _NEW_ROWS + _HARD_ROWS + _COURSE_ROWS
+}
 """``model_type`` -> its row."""
