@@ -23,7 +23,7 @@ from trainmem.errors import SpecError, UnsupportedError
 from trainmem.schedule import StepSchedule
 from trainmem.specs.hardware import GPUSpec, check_precision_on_gpu, get_gpu
 from trainmem.specs.hf import load_model_spec
-from trainmem.specs.model import ModelSpec
+from trainmem.specs.model import NOT_TRANSFORMERS_TYPES, ModelSpec
 from trainmem.specs.training import TrainingConfig, check_training_for_model
 from trainmem.units import TiB
 
@@ -162,6 +162,15 @@ def trace_unsupported_settings(training: TrainingConfig) -> list[str]:
         training.framework == "fsdp2" and not fsdp
     ):
         out.append(f"framework={training.framework}")
+    # the traced paths run the transformers model with its own loss, torch's optimizers and
+    # zero_grad after the step
+    out += [
+        f"{name}={getattr(training, name)}"
+        for name in ("loss", "keep_logits", "zero_grad_before_backward")
+        if getattr(training, name) != getattr(defaults, name)
+    ]
+    if training.optimizer_implementation == "cs336":
+        out.append("optimizer_implementation=cs336")
     return out
 
 
@@ -464,6 +473,13 @@ def _estimate_traced(
             target = spec
         except UnsupportedError:
             target = model
+        if isinstance(target, ModelSpec) and target.model_type in NOT_TRANSFORMERS_TYPES:
+            what = "the trace engine" if engine == "trace" else "the generic path"
+            raise UnsupportedError(
+                f"{what} builds the model with transformers, and {target.model_type} is not a "
+                "transformers model (the CS336 course's own code); use --engine analytic (or "
+                "auto), which models its code, or trace your own module with trainmem.trace()"
+            )
     if engine == "generic":
         from trainmem.trace.generic import estimate_generic
 

@@ -25,7 +25,6 @@ Note [Optimizer-step temporaries]
     against the torch for-loop's two.
 """
 
-
 from __future__ import annotations
 
 from trainmem.specs.training import TrainingConfig

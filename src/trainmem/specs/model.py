@@ -269,7 +269,8 @@ class ModelSpec:
     """Eager attention written as separate ops: einsum scores, a (s, s) boolean causal mask
     applied with ``torch.where`` in every layer, and a max-shifted softmax spelled out (max,
     subtract, exp, sum, divide), cs336_basics/model.py ``scaled_dot_product_attention`` and
-    nn_utils.py ``softmax``; False: ``torch.softmax`` (transformers' ``eager_attention_forward``)."""
+    nn_utils.py ``softmax``; False: ``torch.softmax`` (transformers'
+    ``eager_attention_forward``)."""
     activation_written_out: bool = False
     """The gated MLP's SiLU is ``x * torch.sigmoid(x)`` (cs336_basics/model.py ``silu``), which
     saves sigmoid's output as well; False: ``F.silu``, one kernel that saves its input."""

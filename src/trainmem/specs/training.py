@@ -787,6 +787,13 @@ def check_training_for_model(model: ModelSpec, training: TrainingConfig) -> None
             f"{training.seq_len} is longer than {model.name}'s {positions} learned positions "
             f"(max_position_embeddings); allowed: 1-{positions}",
         )
+    if model.rotary_buffer and training.seq_len > positions:
+        raise SpecError(
+            "seq_len",
+            f"{training.seq_len} is longer than {model.name}'s RoPE buffer of {positions} "
+            "positions (context_length: the course's RotaryEmbedding precomputes cos/sin for "
+            f"that many); allowed: 1-{positions}, or a config with a larger context_length",
+        )
     if training.is_lora:
         available = [t for t in LORA_TARGETS if t != "gate" or model.mlp_kind == "gated"]
         if model.head in ("causal-lm", "masked-lm"):
