@@ -20,9 +20,11 @@ from typer.testing import CliRunner
 from trainmem.analytic.activations import (
     activation_profile,
     backward_layer_transients,
+    eager_scores_forward_bytes,
     head_activation_bytes,
     loss_backward_transient_bytes,
     loss_forward_transient_bytes,
+    written_out_scores_forward_tensors,
 )
 from trainmem.analytic.params import num_parameters
 from trainmem.analytic.temporaries import optimizer_step_temporary_bytes
@@ -100,6 +102,16 @@ def test_written_out_softmax_backward_holds_five_fp32_score_tensors() -> None:
             load_model_spec(TINY), _training(precision=precision)
         )
         assert attention == 5 * 4 * n
+
+
+def test_written_out_softmax_forward_transients_by_hand() -> None:
+    m = load_model_spec(TINY)
+    # at exp: the masked scores and x - x_max (c * n each) beside exp's saved output; under
+    # autocast also exp's fp32 copy of its bf16 input
+    assert written_out_scores_forward_tensors(m, _training()) == [4 * n, 4 * n]
+    bf16 = _training(precision="bf16-mixed")
+    assert written_out_scores_forward_tensors(m, bf16) == [2 * n, 2 * n, 4 * n]
+    assert eager_scores_forward_bytes(m, bf16) == (8 * n, 0)
 
 
 def test_rope_is_a_buffer_not_per_step_tables() -> None:

@@ -677,6 +677,20 @@ def written_out_attention_terms(model: ModelSpec, training: TrainingConfig) -> d
     }
 
 
+def written_out_scores_forward_tensors(model: ModelSpec, training: TrainingConfig) -> list[int]:
+    """The tensors a written-out attention (``ModelSpec.attention_written_out``) holds in its
+    forward beyond what it saves, at their peak, exp's: the masked scores (``torch.where``'s
+    output, the ``attention_scores`` local of ``scaled_dot_product_attention``, c*n), the
+    max-shifted scores (``rescaled_input`` in nn_utils.py ``softmax``, c*n) and, under
+    autocast, exp's fp32 copy of its 16-bit input (4n); the scores einsum's output and its
+    division by sqrt(d_k) are freed before (each is the next op's only reference). Read in
+    this order off S002's and S026's recorded stacks (../shared/validation/snapshots)."""
+    c, _ = compute_and_residual_bytes(training)
+    b, s, a = training.micro_batch_size, tokens_per_sequence(model, training), model.num_heads
+    n = a * s * s * b // parallel_divisor("scores/x", training)
+    return [c * n, c * n] + ([4 * n] if training.uses_autocast and c != 4 else [])
+
+
 WRITTEN_OUT_SOFTMAX_BACKWARD_TENSORS = 5
 """fp32 score-sized tensors alive at once in the backward of a written-out softmax's division
 (Note [Backward of a written-out softmax])."""
@@ -1205,6 +1219,8 @@ def eager_scores_forward_bytes(model: ModelSpec, training: TrainingConfig) -> tu
     attn_weights``). Per model, the additive (b, 1, s, s) causal mask in the model's
     dtype r, alive through the forward (and kept by the checkpoint under activation
     checkpointing: :func:`embedding_activation_bytes`). Found by the trace engine."""
+    if model.attention_written_out and training.attention == "eager":
+        return sum(written_out_scores_forward_tensors(model, training)), 0
     if not model.eager_scores_kept or training.attention != "eager":
         return 0, 0
     c, r = compute_and_residual_bytes(training)

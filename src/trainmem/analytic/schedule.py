@@ -102,6 +102,7 @@ from trainmem.analytic.activations import (
     loss_forward_transient_bytes,
     op_selective_saved_terms,
     tokens_per_sequence,
+    written_out_scores_forward_tensors,
 )
 from trainmem.analytic.buffers import (
     deepspeed_backward_bucket_bytes,
@@ -811,17 +812,21 @@ class _Builder:
             for n, (_, size) in enumerate(self.dropped)
         ]
         # what the attention holds at its end beyond what it saves, before the MLP's terms
-        scores = alloc(
-            self.scores_tmp,
-            Cat.TEMPORARY,
-            f,
-            "scores_tmp",
-            "layers.{i}",
-            "the eager attention's scores and locals",
-        )
+        scores = [
+            alloc(
+                size,
+                Cat.TEMPORARY,
+                f,
+                f"scores_tmp/{k}",
+                "layers.{i}",
+                "the eager attention's scores and locals",
+            )
+            for k, size in enumerate(self._scores_tmp_tensors())
+        ]
         n_saved = sum(not term.startswith("mlp/") for term, _ in self.saved)
         n_dropped = sum(not term.startswith("mlp/") for term, _ in self.dropped)
-        body += saved[:n_saved] + dropped[:n_dropped] + [scores, free(scores, f)]
+        body += saved[:n_saved] + dropped[:n_dropped] + scores
+        body += [free(op, f) for op in scores]
         body += saved[n_saved:] + dropped[n_dropped:] + [free(op, f) for op in dropped]
         if not self.training.activation_offloading or self.L < 2:
             return [Repeat(tuple(body), self.L)]
@@ -974,6 +979,14 @@ class _Builder:
             Repeat(tuple(body), self.L - 1, reverse=True, start=1),
             Repeat(tuple(last), 1),
         ]
+
+    def _scores_tmp_tensors(self) -> list[int]:
+        """What the eager attention holds in the forward beyond what it saves, as the tensors
+        it is made of where they are known (a written-out softmax:
+        :func:`~trainmem.analytic.activations.written_out_scores_forward_tensors`)."""
+        if self.model.attention_written_out and self.training.attention == "eager":
+            return written_out_scores_forward_tensors(self.model, self.training)
+        return [self.scores_tmp]
 
     def _attention_tmp_tensors(self) -> list[int]:
         """Eager attention's backward transients as the tensors they are: the five fp32
