@@ -122,7 +122,7 @@ def resolve_gpu(gpu: str | GPUSpec | None) -> GPUSpec | None:
     return get_gpu(gpu)
 
 
-def trace_unsupported_settings(training: TrainingConfig) -> list[str]:
+def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") -> list[str]:
     """Settings the trace engine would silently ignore, as ``field=value`` (empty if none).
 
     Traced: LoRA through peft (``lora_*``), ``chunked_cross_entropy``,
@@ -130,9 +130,12 @@ def trace_unsupported_settings(training: TrainingConfig) -> list[str]:
     framework ``pytorch-amp`` or ``fsdp2``; ``trainmem.trace.fsdp``), DTensor tensor / sequence
     parallelism (``trainmem.trace.tensor_parallel``), ``compile`` (``trainmem.trace.compile``),
     ``fp8-mixed`` (torchao, ``trainmem.trace.float8``), context parallelism (ring attention,
-    ``trainmem.trace.parallel``). Other data-parallel
-    layouts, offload, quantized bases, the other frameworks, optimizer-in-backward, activation
-    offloading and model parallelism are refused.
+    ``trainmem.trace.parallel``), the loop settings ``keep_logits`` and
+    ``zero_grad_before_backward``, the course's AdamW (``optimizer_implementation="cs336"``)
+    and, for the CS336 course model, ``loss`` (``trainmem.trace.course_model``). Other
+    data-parallel layouts, offload, quantized bases, the other frameworks, optimizer-in-backward,
+    activation offloading and model parallelism are refused, and on the ``generic`` path
+    (``engine``) also the loop settings and ``loss``.
     """
     defaults = TrainingConfig()
     checked = (
@@ -162,15 +165,12 @@ def trace_unsupported_settings(training: TrainingConfig) -> list[str]:
         training.framework == "fsdp2" and not fsdp
     ):
         out.append(f"framework={training.framework}")
-    # the traced paths run the transformers model with its own loss, torch's optimizers and
-    # zero_grad after the step
-    out += [
-        f"{name}={getattr(training, name)}"
-        for name in ("loss", "keep_logits", "zero_grad_before_backward")
-        if getattr(training, name) != getattr(defaults, name)
-    ]
-    if training.optimizer_implementation == "cs336":
-        out.append("optimizer_implementation=cs336")
+    if engine == "generic":  # the composed blocks assume the standard loop and loss
+        out += [
+            f"{name}={getattr(training, name)}"
+            for name in ("loss", "keep_logits", "zero_grad_before_backward")
+            if getattr(training, name) != getattr(defaults, name)
+        ]
     return out
 
 
@@ -457,7 +457,7 @@ def _estimate_traced(
     """The ``trace`` engine (the whole model) or the ``generic`` path (a few blocks per list,
     ``trainmem.trace.generic``), each finished by :func:`finish`; a diffusers config is built
     by ``trainmem.trace.diffusers_model`` on either."""
-    unsupported = trace_unsupported_settings(training)
+    unsupported = trace_unsupported_settings(training, engine)
     if unsupported:
         what = "the trace engine" if engine == "trace" else "the generic path (a trace)"
         raise UnsupportedError(
@@ -473,12 +473,12 @@ def _estimate_traced(
             target = spec
         except UnsupportedError:
             target = model
-        if isinstance(target, ModelSpec) and target.model_type in NOT_TRANSFORMERS_TYPES:
-            what = "the trace engine" if engine == "trace" else "the generic path"
+        course = isinstance(target, ModelSpec) and target.model_type in NOT_TRANSFORMERS_TYPES
+        if course and engine == "generic":
             raise UnsupportedError(
-                f"{what} builds the model with transformers, and {target.model_type} is not a "
-                "transformers model (the CS336 course's own code); use --engine analytic (or "
-                "auto), which models its code, or trace your own module with trainmem.trace()"
+                "the generic path builds the model with transformers, and cs336_basics is not a "
+                "transformers model (the CS336 course's own code); use --engine trace (the "
+                "course model traced whole) or --engine analytic"
             )
     if engine == "generic":
         from trainmem.trace.generic import estimate_generic

@@ -124,13 +124,15 @@ def test_rope_is_a_buffer_not_per_step_tables() -> None:
 def test_course_cross_entropy_by_hand() -> None:
     m = load_model_spec(TINY)
     fp32, bf16 = _training(), _training(precision="bf16-mixed")
-    # saved: exp's output (4 per logit), max's int64 indices and log's fp32 input per token
-    assert head_activation_bytes(m, fp32)["log_softmax"] == 4 * V * t + (8 + 4) * t
-    # fp32: logits, x - x_max twice and exp's output at once: 16 bytes per logit, less the
-    # saved exp output; bf16 autocast: at the negation 2 (logits) + 3 * 4 = 14, less 4
-    assert loss_forward_transient_bytes(m, fp32) == (16 - 4) * V * t
-    assert loss_forward_transient_bytes(m, bf16) == (14 - 4) * V * t
-    assert loss_backward_transient_bytes(m, bf16) == 2 * 4 * V * t
+    # saved: exp's output and the negated log-softmax gather saves (4 per logit each), max's
+    # int64 indices and log's fp32 input per token
+    assert head_activation_bytes(m, fp32)["log_softmax"] == 2 * 4 * V * t + (8 + 4) * t
+    # fp32: logits, x - x_max twice and exp's output at once: 16 bytes per logit, less the two
+    # saved tensors; bf16 autocast: at the negation 2 (logits) + 3 * 4 = 14, less 8
+    assert loss_forward_transient_bytes(m, fp32) == (16 - 8) * V * t
+    assert loss_forward_transient_bytes(m, bf16) == (14 - 8) * V * t
+    # one fp32 (t, V) gradient at a time (gather's in-place scatter_add_, then each op's)
+    assert loss_backward_transient_bytes(m, bf16) == 4 * V * t
     # F.cross_entropy on the same model (S026's script): torch's log-softmax rules
     torch_ce = _training(loss="cross-entropy")
     assert head_activation_bytes(m, torch_ce)["log_softmax"] == 4 * V * t
@@ -201,10 +203,15 @@ def test_engines_refuse_what_they_cannot_run() -> None:
         estimate(TINY, _training(attention="sdpa"), engine="analytic")
     with pytest.raises(SpecError, match="seq_len"):  # beyond the RoPE buffer's 8 positions
         estimate(TINY, _training(seq_len=16), engine="analytic")
+    # the generic path builds transformers models; the trace engine builds the course model
     with pytest.raises(UnsupportedError, match="not a transformers model"):
-        estimate(TINY, _training(), engine="trace")
+        estimate(TINY, _training(), engine="generic")
     with pytest.raises(UnsupportedError, match="keep_logits"):
-        estimate("gpt2", TrainingConfig(seq_len=8, keep_logits=True), engine="trace")
+        estimate("gpt2", TrainingConfig(seq_len=8, keep_logits=True), engine="generic")
+    # a transformers model computes its own cross-entropy from the labels
+    pytest.importorskip("torch")
+    with pytest.raises(UnsupportedError, match="loss=logits-sum"):
+        estimate("gpt2", TrainingConfig(seq_len=8, loss="logits-sum"), engine="trace")
 
 
 runner = CliRunner()
@@ -224,6 +231,16 @@ def test_cli_estimate_on_a_cs336_config() -> None:
     assert out["peak"]["allocated_bytes"] == api.breakdown.allocated_bytes
 
 
+def test_cli_trace_engine_builds_the_course_model() -> None:
+    pytest.importorskip("torch")
+    args = ["estimate", TINY, "-b", "2", "-s", "8", "-p", "32-true", "--json"]
+    r = runner.invoke(app, [*args, "--engine", "trace", "--loss", "logits-mean"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["engine"] == "trace" and out["num_parameters"] == 1832
+    assert out["config"]["loss"] == "logits-mean"
+
+
 def test_cli_loop_flags() -> None:
     args = ["estimate", "cs336-small", "-b", "4", "-s", "128", "-p", "32-true", "--json"]
     flags = [
@@ -241,5 +258,5 @@ def test_cli_loop_flags() -> None:
     assert config["keep_logits"] and config["zero_grad_before_backward"]
     bad = runner.invoke(app, [*args, "--attention", "sdpa"])
     assert bad.exit_code != 0 and "allowed: eager" in bad.output
-    trace = runner.invoke(app, [*args, "--engine", "trace"])
-    assert trace.exit_code != 0 and "--engine analytic" in trace.output
+    generic = runner.invoke(app, [*args, "--engine", "generic"])
+    assert generic.exit_code != 0 and "--engine trace" in generic.output

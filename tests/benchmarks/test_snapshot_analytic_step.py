@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -91,35 +90,32 @@ def test_analytic_step_against_the_real_gpu() -> None:
 def test_family_matches_the_traced_course_model(
     precision: str, optimizer: str, phases: tuple[str, ...]
 ) -> None:
-    """The ``cs336_basics`` family against the course model traced on fake tensors
-    (``trainmem.trace`` runs benchmarks/cs336_lm.py's code under autograd), on a configuration
-    small enough to trace in a second. The trace harness holds the model output through the
-    backward and drops it before the optimizer step, so the forward and the backward are
-    compared with ``keep_logits`` and the optimizer step without; under autocast only the
-    forward is compared (the emulated autocast backward of the written-out softmax holds one
-    fp32 score tensor more than S003's real GPU trace shows)."""
-    torch = pytest.importorskip("torch")
-    from cs336_lm import BasicsLM, CourseAdamW, course_cross_entropy
-
-    import trainmem
-
+    """The ``cs336_basics`` family against the course model traced on fake tensors (the trace
+    engine builds it from the same config, trainmem.trace.course_model, and runs the course
+    code under autograd), on a configuration small enough to trace in a second, with the
+    scripts' loop settings. Two known differences of the trace, not of the course code: under
+    fake tensors ``gather_backward`` runs out of place (FunctionsManual.cpp,
+    ``areAnyTensorSubclassLike``), one fp32 (t, V) tensor more at the loss's backward than a
+    GPU holds (Note [The course's cross-entropy]); under autocast only the forward is compared
+    (the emulated autocast backward of the written-out softmax holds one fp32 score tensor
+    more than S003's real GPU trace shows)."""
+    pytest.importorskip("torch")
     v, h, L, a, i, b, s = 2000, 128, 2, 4, 256, 2, 256
     kept = optimizer == "none"
     case = bench.Case("tiny", v, h, L, a, i, b, s, optimizer, kept, precision, "tiny")
     training = bench.training_of(case)
-    model = bench.course_model(case)
-    analytic = estimate(model, training, engine="analytic").schedules[0].phase_peaks()
-    dropped = replace(training, keep_logits=False)
-    analytic["optimizer"] = (
-        estimate(model, dropped, engine="analytic").schedules[0].phase_peaks()["optimizer"]
-    )
-    traced = trainmem.trace(
-        lambda: BasicsLM(v, s, h, L, a, i),
-        lambda *_: torch.randint(0, v, (b, s)),
-        training=dropped,
-        optimizer=CourseAdamW if optimizer == "course-adamw" else None,
-        loss_fn=course_cross_entropy,
-        name="tiny",
-    ).details["phase_peaks_bytes"]
+    path = tmp_config(bench.course_config(case))
+    analytic = estimate(path, training, engine="analytic").schedules[0].phase_peaks()
+    traced = estimate(path, training, engine="trace").details["phase_peaks_bytes"]
+    out_of_place_scatter = 4 * v * b * s
     for phase in phases:
-        assert abs(analytic[phase] - traced[phase]) <= 0.002 * traced[phase], phase
+        expected = traced[phase] - (out_of_place_scatter if phase == "backward" else 0)
+        assert abs(analytic[phase] - expected) <= 0.002 * expected, phase
+
+
+def tmp_config(config: dict[str, object]) -> str:
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(config, f)
+    return f.name

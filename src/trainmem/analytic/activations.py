@@ -1012,9 +1012,10 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
         if kind in ("logits-sum", "logits-mean"):
             pass  # sum / mean save nothing (derivatives.yaml ``sum``, ``mean``)
         elif kind == "cs336-cross-entropy":
-            # Note [The course's cross-entropy]: exp's output, max's int64 indices and log's input
+            # Note [The course's cross-entropy]: exp's output, the negated log-softmax gather
+            # saves, max's int64 indices and log's input
             e = written_out_exp_bytes(training)
-            out["log_softmax"] = e * v * t + (8 + e) * t
+            out["log_softmax"] = 2 * e * v * t + (8 + e) * t
         elif loss_in_logits_dtype(model, training):
             # the 16-bit log-softmax output and nll_loss's fp32 copy of it
             # (Note [Cross-entropy on 16-bit logits])
@@ -1120,24 +1121,32 @@ def written_out_loss_forward_bytes(training: TrainingConfig, *, t: int, v: int) 
         each), exp's fp32 input cast under autocast (4) and its output (e) are alive; at the
         negation the logits, the exp output, the difference (promoted to e) and its negation:
         max(3c + cast + e, c + 3e), i.e. 16 bytes in fp32 and 14 under bf16 autocast. Saved
-        for backward: the exp output (e per value), max's int64 indices and log's input (the
-        row sums, e) per token. The backward is taken as two e-byte (t, V) tensors at a time,
-        as for ``F.cross_entropy``: gather's scattered gradient, then at each subtraction the
-        passed-through gradient and one negated temporary summed to (t, 1)
-        (derivatives.yaml ``gather``, ``sub.Tensor``, ``exp``, ``neg``)."""
+        for backward: the exp output and the negated log-softmax, which ``gather`` saves whole
+        (derivatives.yaml ``gather``: ``gather_backward(grad, self, dim, index, ...)``), e
+        bytes per value each, max's int64 indices and log's input (the row sums, e) per token.
+        The backward holds one e-byte (t, V) tensor at a time beside them: gather's gradient,
+        ``grad.new_zeros(...).scatter_add_(...)`` in place (FunctionsManual.cpp
+        ``gather_backward``), after which gather's saved input goes, then the negation's, the
+        subtractions' and exp's gradients, each freeing the one before (read off S001's
+        recorded stacks: nn_utils.py lines 12-17 and the backward's allocations, never two
+        (t, V) gradients alive at once). Under fake tensors ``gather_backward`` takes its
+        out-of-place branch (``areAnyTensorSubclassLike``), so the trace engine holds one
+        (t, V) tensor more there than a GPU does."""
     c, _ = compute_and_residual_bytes(training)
     e = written_out_exp_bytes(training)
     cast = 4 if training.uses_autocast and c != 4 else 0
     peak = max(3 * c + cast + e, c + 3 * e)
-    return (peak - e) * v * t
+    return (peak - 2 * e) * v * t
 
 
 def loss_backward_tensors(model: ModelSpec, training: TrainingConfig) -> int:
-    """(tokens x vocabulary) tensors the loss's backward holds at once: one for ``logits-sum``
-    / ``logits-mean`` (the expanded gradient, materialised for the LM head's matmul), three
-    under DTensor's loss parallel, two otherwise
+    """(tokens x vocabulary) tensors the loss's backward holds at once besides what the loss
+    saved: one for ``logits-sum`` / ``logits-mean`` (the expanded gradient, materialised for
+    the LM head's matmul) and for the course's cross-entropy (Note [The course's
+    cross-entropy]), three under DTensor's loss parallel, two otherwise
     (:func:`loss_backward_transient_bytes`)."""
-    if model.head == "causal-lm" and loss_kind(model, training) in ("logits-sum", "logits-mean"):
+    kind = loss_kind(model, training) if model.head == "causal-lm" else "cross-entropy"
+    if kind != "cross-entropy":  # Note [The course's cross-entropy]
         return 1
     return 3 if training.loss_parallel else 2
 

@@ -86,6 +86,8 @@ def capture_step(
     context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
     set_to_none: bool = True,
     forward_loss: Any = None,
+    keep_output: bool = False,
+    zero_grad_before_backward: bool = False,
 ) -> Capture:
     """Warm up, then record one optimizer step over ``batches``.
 
@@ -103,7 +105,8 @@ def capture_step(
         context: extra context (SDPA routing, autocast policy, mask patches) around both steps.
         set_to_none: ``zero_grad(set_to_none=...)``; False keeps the warm-up's gradients, which
             are registered as live gradients before the recorded step.
-        forward_loss: see :func:`trainmem.trace.step.run_step`.
+        forward_loss, keep_output, zero_grad_before_backward: see
+            :func:`trainmem.trace.step.run_step`.
 
     Returns:
         The :class:`Capture`.
@@ -121,6 +124,8 @@ def capture_step(
             accumulation_divisor=accumulation_divisor,
             set_to_none=set_to_none,
             forward_loss=forward_loss,
+            keep_output=keep_output,
+            zero_grad_before_backward=zero_grad_before_backward,
         )
         warmup = time.perf_counter() - t0
 
@@ -213,6 +218,8 @@ def capture_step(
                     on_phase=on_phase,
                     set_to_none=set_to_none,
                     forward_loss=forward_loss,
+                    keep_output=keep_output,
+                    zero_grad_before_backward=zero_grad_before_backward,
                 )
                 # First-step optimizer states (e.g. a trace without warm-up) become states.
                 for state_dict in optimizer.state.values():

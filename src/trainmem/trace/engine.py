@@ -35,7 +35,7 @@ from typing import Any
 from trainmem.breakdown import MemoryBreakdown, MemoryCategory, MemoryEstimate
 from trainmem.errors import TraceError, UnsupportedError
 from trainmem.specs.hardware import DEFAULT_CUDA_CONTEXT_BYTES, GPUSpec
-from trainmem.specs.model import ModelSpec
+from trainmem.specs.model import NOT_TRANSFORMERS_TYPES, ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
 
@@ -286,6 +286,8 @@ def _run_trace(
             ),
             set_to_none=training.zero_grad_set_to_none,
             forward_loss=forward_loss,
+            keep_output=training.keep_logits,
+            zero_grad_before_backward=training.zero_grad_before_backward,
         )
     except (RuntimeError, TypeError, NotImplementedError) as exc:
         if isinstance(exc, UnsupportedError):
@@ -460,6 +462,14 @@ def estimate_trace(
 
     name = model_spec_or_name if isinstance(model_spec_or_name, str) else model_spec_or_name.name
     raw = load_hf_config(name)
+    ws = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
+    if raw.get("model_type") in NOT_TRANSFORMERS_TYPES:
+        return _estimate_course(name, raw, training, gpu, ws)
+    if training.loss not in (None, "cross-entropy"):
+        raise UnsupportedError(
+            f"loss={training.loss} is traced for the CS336 course model only (a transformers "
+            "model computes its own cross-entropy from the labels); use --engine analytic"
+        )
     holder: dict[str, Any] = {}
 
     def build() -> Any:
@@ -472,7 +482,6 @@ def estimate_trace(
             holder["model"], training.micro_batch_size, training.seq_len, training.target_seq_len
         )
 
-    ws = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
     capture, report = run_trace(
         build,
         batch,
@@ -482,6 +491,33 @@ def estimate_trace(
         forward_loss=default_forward_loss(training),
     )
     return _estimate(name, capture, report, training, gpu, ws)
+
+
+def _estimate_course(
+    name: str, raw: dict[str, Any], training: TrainingConfig, gpu: GPUSpec | None, ws: int
+) -> MemoryEstimate:
+    """The CS336 course model (``model_type: "cs336_basics"``) traced: built from its config by
+    :mod:`trainmem.trace.course_model`, fed (b, s) token ids that are also its targets, with the
+    loss ``training.loss`` names (the course's cross-entropy when None, the family's own)."""
+    from trainmem.trace.course_model import build_course_model, course_loss
+
+    if training.chunked_cross_entropy:
+        raise UnsupportedError(
+            "chunked_cross_entropy is not traced for the CS336 course model (its loss is "
+            "computed on the whole logits); use --engine analytic"
+        )
+    vocab = int(raw["vocab_size"])
+    b, s = training.micro_batch_size, training.seq_len
+    capture, report = run_trace(
+        lambda: build_course_model(raw),
+        lambda: torch.randint(0, vocab, (b, s)),
+        training,
+        loss_fn=course_loss(training.loss or "cs336-cross-entropy"),
+        workspace_bytes=ws,
+    )
+    est = _estimate(name, capture, report, training, gpu, ws)
+    est.config["loss"] = training.loss or "cs336-cross-entropy"
+    return est
 
 
 def trace(
