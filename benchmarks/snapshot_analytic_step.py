@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from snapshot_replay import DEFAULT_CORPUS, commit  # noqa: E402
 from snapshot_traced_step import CASES as TRACED_CASES  # noqa: E402
-from snapshot_traced_step import Case  # noqa: E402
+from snapshot_traced_step import Case, course_config, training_of  # noqa: E402
 
 from trainmem.allocator.caching import round_size_default  # noqa: E402
 from trainmem.allocator.replay import replay_timeline  # noqa: E402
@@ -62,18 +62,8 @@ GiB = 2**30
 ALLOCATED_TOLERANCE = 0.02  # issue 13's bar
 RESERVED_TOLERANCE = 0.03
 
-CASES = [
-    *TRACED_CASES,
-    # full-confidence course runs the traced benchmark does not cover (scripts read at the
-    # commits index.csv names; frames checked: the course's nn_utils loss in S025, torch's
-    # F.cross_entropy and foreach AdamW (_multi_tensor_adam) in S026)
-    Case("S025", 10000, 2560, 32, 32, 6848, 4, 128, "none", False, "32-true",
-         "fp32 fwd + course CE + bwd, no optimizer, d_ff = 8/3 d_model (6848)"),
-    Case("S026", 10000, 2560, 32, 32, 10240, 4, 512, "torch-adamw", False, "bf16-mixed",
-         "bf16 autocast full step, F.cross_entropy, torch AdamW (foreach)", "torch-ce"),
-]  # fmt: skip
-"""The traced benchmark's cases and two more; ``Case.optimizer`` ``torch-adamw`` is
-torch.optim.AdamW (its foreach default), ``Case.loss`` ``torch-ce`` is F.cross_entropy."""
+CASES = TRACED_CASES
+"""The cases of ``snapshot_traced_step.py``."""
 
 _SIZES = {
     (768, 3072): "small",
@@ -89,22 +79,6 @@ def config_path(case: Case) -> Path:
     return CONFIGS / f"cs336-{_SIZES[case.d_model, case.d_ff]}.json"
 
 
-def course_config(case: Case) -> dict[str, Any]:
-    """The case's model as a ``cs336_basics`` config.json: ``BasicsTransformerLM(vocab_size,
-    context_length, d_model, num_layers, num_heads, d_ff, rope_theta)``; the scripts build the
-    model with ``context_length`` = their sequence length."""
-    return {
-        "model_type": "cs336_basics",
-        "vocab_size": case.vocab,
-        "context_length": case.seq_len,
-        "d_model": case.d_model,
-        "num_layers": case.layers,
-        "num_heads": case.heads,
-        "d_ff": case.d_ff,
-        "rope_theta": 10000.0,
-    }
-
-
 def resolve_llama(case: Case) -> ModelSpec:
     """The case's model as the Llama-shaped config it was given before the family existed."""
     return resolve_model(str(config_path(case)))
@@ -113,40 +87,6 @@ def resolve_llama(case: Case) -> ModelSpec:
 def course_model(case: Case) -> ModelSpec:
     """:func:`course_config` read by the family table."""
     return model_spec_from_hf(course_config(case), name=f"cs336_basics {case.id}")
-
-
-ZERO_GRAD_BEFORE_BACKWARD = frozenset({"S009", "S013", "S014"})
-"""Scripts that call ``optimizer.zero_grad()`` between the forward and the backward (index.csv
-"recorded": fwd, loss, zero_grad, bwd, step)."""
-
-_LOSSES = {
-    "ce": None,  # the family's own: the course's nn_utils.cross_entropy
-    "torch-ce": "cross-entropy",
-    "sum": "logits-sum",
-    "mean": "logits-mean",
-}
-
-
-def training_of(case: Case) -> TrainingConfig:
-    """The case's script as the analytic engine's settings: the course's attention is eager
-    (written out), no dropout layers; the course AdamW (``cs336``) or torch's AdamW (its
-    foreach default); S001 has no optimizer (``sgd``: no states, no temporaries) and never
-    zeroes its gradients (``zero_grad_set_to_none=False`` holds the same memory); every script
-    keeps ``logits = model(x)`` until its step function returns."""
-    before = case.id in ZERO_GRAD_BEFORE_BACKWARD
-    return TrainingConfig(
-        micro_batch_size=case.batch,
-        seq_len=case.seq_len,
-        precision=case.precision,
-        optimizer="sgd" if case.optimizer == "none" else "adamw",
-        optimizer_implementation="cs336" if case.optimizer == "course-adamw" else None,
-        attention="eager",
-        dropout=False,
-        zero_grad_set_to_none=not case.grads_kept or before,
-        zero_grad_before_backward=before,
-        loss=_LOSSES[case.loss],
-        keep_logits=True,
-    )
 
 
 def llama_training_of(case: Case) -> TrainingConfig:

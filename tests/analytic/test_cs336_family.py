@@ -131,8 +131,11 @@ def test_course_cross_entropy_by_hand() -> None:
     # saved tensors; bf16 autocast: at the negation 2 (logits) + 3 * 4 = 14, less 8
     assert loss_forward_transient_bytes(m, fp32) == (16 - 8) * V * t
     assert loss_forward_transient_bytes(m, bf16) == (14 - 8) * V * t
-    # one fp32 (t, V) gradient at a time (gather's in-place scatter_add_, then each op's)
-    assert loss_backward_transient_bytes(m, bf16) == 4 * V * t
+    # one fp32 (t, V) gradient beside the saved tensors (gather's in-place scatter_add_, then
+    # each op's); under autocast at x - log(S) two fp32 ones and the cast to bf16 x, with
+    # gather's input gone: 4 + 2 beside the saved 8
+    assert loss_backward_transient_bytes(m, fp32) == 4 * V * t
+    assert loss_backward_transient_bytes(m, bf16) == (4 + 2) * V * t
     # F.cross_entropy on the same model (S026's script): torch's log-softmax rules
     torch_ce = _training(loss="cross-entropy")
     assert head_activation_bytes(m, torch_ce)["log_softmax"] == 4 * V * t

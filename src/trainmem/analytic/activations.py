@@ -1124,14 +1124,18 @@ def written_out_loss_forward_bytes(training: TrainingConfig, *, t: int, v: int) 
         for backward: the exp output and the negated log-softmax, which ``gather`` saves whole
         (derivatives.yaml ``gather``: ``gather_backward(grad, self, dim, index, ...)``), e
         bytes per value each, max's int64 indices and log's input (the row sums, e) per token.
-        The backward holds one e-byte (t, V) tensor at a time beside them: gather's gradient,
-        ``grad.new_zeros(...).scatter_add_(...)`` in place (FunctionsManual.cpp
-        ``gather_backward``), after which gather's saved input goes, then the negation's, the
-        subtractions' and exp's gradients, each freeing the one before (read off S001's
-        recorded stacks: nn_utils.py lines 12-17 and the backward's allocations, never two
-        (t, V) gradients alive at once). Under fake tensors ``gather_backward`` takes its
-        out-of-place branch (``areAnyTensorSubclassLike``), so the trace engine holds one
-        (t, V) tensor more there than a GPU does."""
+        The backward starts with gather's gradient, ``grad.new_zeros(...).scatter_add_(...)``
+        in place (FunctionsManual.cpp ``gather_backward``), one e-byte (t, V) tensor beside
+        the saved ones, after which gather's saved input goes; the negation's gradient
+        replaces it; at ``x - log(S)`` the passed-through gradient, its negation for log's
+        side (summed to (t, 1)) and, under autocast, its cast to the 16-bit ``x`` (autograd
+        casts a gradient to its input's dtype) are alive: e + e + c with the exp output, the
+        same e + 2e as at gather's in fp32 (no cast). So beside what the loss saved: e per
+        value, e + c under autocast. Read off S001's recorded stacks (nn_utils.py lines 12-17,
+        fp32: never two (t, V) gradients with gather's saved input) and the trace of the
+        course model (bf16 autocast: the peak at that ``sum``). Under fake tensors
+        ``gather_backward`` takes its out-of-place branch (``areAnyTensorSubclassLike``); the
+        trace engine makes it in place as on a GPU (trainmem.trace.cuda_gather)."""
     c, _ = compute_and_residual_bytes(training)
     e = written_out_exp_bytes(training)
     cast = 4 if training.uses_autocast and c != 4 else 0
@@ -1142,11 +1146,14 @@ def written_out_loss_forward_bytes(training: TrainingConfig, *, t: int, v: int) 
 def loss_backward_tensors(model: ModelSpec, training: TrainingConfig) -> int:
     """(tokens x vocabulary) tensors the loss's backward holds at once besides what the loss
     saved: one for ``logits-sum`` / ``logits-mean`` (the expanded gradient, materialised for
-    the LM head's matmul) and for the course's cross-entropy (Note [The course's
-    cross-entropy]), three under DTensor's loss parallel, two otherwise
+    the LM head's matmul) and for the course's cross-entropy, two under autocast (Note [The
+    course's cross-entropy]), three under DTensor's loss parallel, two otherwise
     (:func:`loss_backward_transient_bytes`)."""
     kind = loss_kind(model, training) if model.head == "causal-lm" else "cross-entropy"
-    if kind != "cross-entropy":  # Note [The course's cross-entropy]
+    if kind == "cs336-cross-entropy":  # Note [The course's cross-entropy]
+        c, _ = compute_and_residual_bytes(training)
+        return 1 if written_out_exp_bytes(training) == c else 2
+    if kind != "cross-entropy":
         return 1
     return 3 if training.loss_parallel else 2
 
@@ -1339,7 +1346,10 @@ def loss_backward_transient_bytes(model: ModelSpec, training: TrainingConfig) ->
         # logits' dtype (derivatives.yaml ``sum``, ``mean``)
         per_value = c
     elif kind == "cs336-cross-entropy":
-        per_value = written_out_exp_bytes(training)  # Note [The course's cross-entropy]
+        # Note [The course's cross-entropy]: e, and under autocast c more at a subtraction
+        e = written_out_exp_bytes(training)
+        total = (e + (c if c != e else 0)) * model.vocab_size * t
+        return -(-total // parallel_divisor("logits", training))
     if loss_in_logits_dtype(model, training):
         n = 1  # nll_loss's fp32 gradient (Note [Cross-entropy on 16-bit logits])
     if model.head == "seq2seq-lm":
