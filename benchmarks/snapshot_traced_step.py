@@ -179,6 +179,15 @@ def pct(a: int, b: int) -> str:
     return f"{100 * (a - b) / b:+.2f} %"
 
 
+MISS_CAUSES = {
+    "S026": "the replay's reserved peak is in the optimizer step (torch's foreach AdamW over "
+    "the 2.7B model's parameter lists), with 13.0 GiB cached but unused there against the real "
+    "run's 9.3 GiB between its peaks; allocated is within 0.6 %. Not investigated further (the "
+    "analytic schedule of the same step replays to +2.4 %).",
+}
+"""Why a row misses, where looked at (the replay's reserved peak, by hand)."""
+
+
 def render(rows: list[dict[str, Any]]) -> str:
     lines = [
         "## Traced step against the real step (course transformer snapshots)",
@@ -227,6 +236,12 @@ def render(rows: list[dict[str, Any]]) -> str:
         "(`zero_grad_before_backward`).",
         "- Reserved is replayed from an empty cache; the real runs are warm (several steps), "
         "which accounts for small reserved differences.",
+        *(
+            f"- {r['case'].id} misses the reserved bar: {MISS_CAUSES[r['case'].id]}"
+            for r in rows
+            if r["case"].id in MISS_CAUSES
+            and abs(r["traced_res"] - r["real_res"]) > 0.03 * r["real_res"]
+        ),
         "- Not compared: snapshots compiled with `torch.compile` (S005, S006), inference-only "
         "recordings (the trace engine traces training steps), students' own models (S007, "
         "S030, S031, S044) and those whose batch or sequence length the script leaves open.",
