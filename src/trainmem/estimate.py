@@ -165,6 +165,8 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
         training.framework == "fsdp2" and not fsdp
     ):
         out.append(f"framework={training.framework}")
+    if training.keep_logits and training.chunked_cross_entropy:  # no logits tensor to keep
+        out.append("keep_logits=True with chunked_cross_entropy")
     if engine == "generic":  # the composed blocks assume the standard loop and loss
         out += [
             f"{name}={getattr(training, name)}"

@@ -194,6 +194,7 @@ def test_keep_logits_holds_the_logits_to_the_end_of_the_step() -> None:
         (dict(zero_grad_before_backward=True, gradient_accumulation_steps=4), "zero_grad_"),
         (dict(loss="logits-sum", chunked_cross_entropy=8), "loss"),
         (dict(loss="softmax"), "loss"),
+        (dict(keep_logits=True, pipeline_parallel_size=2), "keep_logits"),
     ],
 )
 def test_bad_settings_name_the_field(changes: dict[str, object], field: str) -> None:

@@ -453,6 +453,13 @@ class TrainingConfig:
                 f"{self.chunked_cross_entropy} is a cross-entropy (use loss cross-entropy, or "
                 "chunked_cross_entropy 0)",
             )
+        if self.keep_logits and self.pipeline_parallel_size > 1:
+            raise SpecError(
+                "keep_logits",
+                "cannot be combined with pipeline_parallel_size "
+                f"{self.pipeline_parallel_size}: the last stage keeps every micro-batch's "
+                "logits itself (pipelining's output_chunks, modelled already)",
+            )
         if self.zero_grad_before_backward and self.optimizer_in_backward:
             raise SpecError(
                 "zero_grad_before_backward",
