@@ -274,18 +274,21 @@ def test_megatron_grad_buffer_exists_in_the_forward(llama: object) -> None:
 
 
 def test_deepspeed_bf16_without_zero_runs_the_bf16_optimizer(llama: object) -> None:
-    # deepspeed/runtime/engine.py _do_optimizer_sanity_check: bf16 with ZeRO off accumulates
-    # gradients in fp32 -> BF16_Optimizer; bf16_optimizer.py: bf16 weights (2 B), one flat fp32
-    # gradient buffer of every parameter from init (4 B, never partitioned), fp32 master + Adam
-    # moments on this rank's 1/N partition ((4 + 8) B / N)
-    t = TrainingConfig(framework="deepspeed", precision="bf16-mixed", data_parallel_size=4)
-    est = estimate_analytic(llama, t, simulate_allocator=False)  # type: ignore[arg-type]
-    assert est.model_states_bytes == {
-        "parameters": 2 * PSI,
-        "gradients": 4 * PSI,
-        "optimizer_states": 12 * PSI // 4,
-    }
-    assert gradients_alive_in_forward(t)
+    # deepspeed/runtime/engine.py _do_optimizer_sanity_check: bf16 weights with fp32 gradient
+    # accumulation -> BF16_Optimizer (before 0.17.6 get_data_types made fp32 the default for
+    # bf16 without ZeRO; since then it must be asked for); bf16_optimizer.py: bf16 weights
+    # (2 B), one flat fp32 gradient buffer of every parameter from init (4 B, never
+    # partitioned), fp32 master + Adam moments on this rank's 1/N partition ((4 + 8) B / N)
+    for kw in ({"deepspeed_version": "0.17.5"}, {"grad_accum_dtype": "float32"}):
+        t = TrainingConfig(framework="deepspeed", data_parallel_size=4, **kw)  # type: ignore[arg-type]
+        assert t.deepspeed_optimizer == "bf16"
+        est = estimate_analytic(llama, t, simulate_allocator=False)  # type: ignore[arg-type]
+        assert est.model_states_bytes == {
+            "parameters": 2 * PSI,
+            "gradients": 4 * PSI,
+            "optimizer_states": 12 * PSI // 4,
+        }
+        assert gradients_alive_in_forward(t)
     # ZeRO-1 keeps bf16 gradients (grad_accum_dtype = model dtype with ZeRO on), none in forward
     z1 = TrainingConfig(framework="deepspeed", zero_stage=1, data_parallel_size=4)
     assert z1.grad_dtype == "bfloat16" and not gradients_alive_in_forward(z1)
@@ -294,6 +297,109 @@ def test_deepspeed_bf16_without_zero_runs_the_bf16_optimizer(llama: object) -> N
     assert not fp16.bf16_optimizer and fp16.grad_dtype == "float16"
     # Megatron and the other frameworks are untouched
     assert not TrainingConfig(framework="pytorch-amp", data_parallel_size=4).bf16_optimizer
+
+
+def test_deepspeed_optimizer_wrapper_follows_the_engine() -> None:
+    # engine.py get_data_types / _do_optimizer_sanity_check (0.17.5 and 0.19.8 sdists):
+    # (precision, zero stage, data_types.grad_accum_dtype, version) -> wrapper, gradient dtype
+    cases = [
+        ("bf16-mixed", 0, None, "0.17.5", "bf16", "float32"),  # fp32 default without ZeRO
+        ("bf16-mixed", 0, None, None, "fp16", "bfloat16"),  # DDP_BFLOAT16 since 0.17.6
+        ("bf16-mixed", 0, "float32", None, "bf16", "float32"),
+        ("16-mixed", 0, None, "0.14.4", "fp16", "float16"),
+        ("32-true", 0, None, None, "none", "float32"),
+        ("bf16-mixed", 1, "float32", None, "bf16", "float32"),  # ZeRO-1 + fp32 -> BF16_Optimizer
+        ("bf16-mixed", 1, None, None, "zero", "bfloat16"),
+        ("16-mixed", 1, "float32", None, "zero", "float32"),  # grad_accum attribute, fp32
+        ("bf16-mixed", 2, "float32", None, "zero", "bfloat16"),  # grads_in_partition: self.dtype
+        ("bf16-mixed", 3, "float32", None, "zero", "float32"),  # grad_partitions_flat_buffer
+        ("bf16-mixed", 3, None, None, "zero", "bfloat16"),
+    ]
+    for precision, stage, accum, version, wrapper, grad in cases:
+        t = TrainingConfig(
+            framework="deepspeed",
+            precision=precision,  # type: ignore[arg-type]
+            zero_stage=stage,
+            grad_accum_dtype=accum,
+            deepspeed_version=version,
+            data_parallel_size=4,
+        )
+        assert (t.deepspeed_optimizer, t.grad_dtype) == (wrapper, grad), (precision, stage, accum)
+    # ZeRO-1 + fp32 accumulation with the optimizer offloaded stays the ZeRO optimizer
+    off = TrainingConfig(
+        framework="deepspeed", zero_stage=1, grad_accum_dtype="float32", offload="optimizer"
+    )
+    assert off.deepspeed_optimizer == "zero"
+    # what DeepSpeed refuses (NotImplementedError) is refused, naming the field
+    for kw in (
+        {"grad_accum_dtype": "bfloat16", "deepspeed_version": "0.16.9"},
+        {"precision": "16-mixed", "grad_accum_dtype": "float32"},
+    ):
+        with pytest.raises(SpecError, match="grad_accum_dtype"):
+            TrainingConfig(framework="deepspeed", **kw)  # type: ignore[arg-type]
+    with pytest.raises(SpecError, match="allowed with: deepspeed"):
+        TrainingConfig(framework="megatron", grad_accum_dtype="float32")
+    with pytest.raises(SpecError, match="float32, bfloat16, float16"):
+        TrainingConfig(framework="deepspeed", grad_accum_dtype="fp8")
+
+
+def test_deepspeed_gradient_copies_at_the_step(llama: object) -> None:
+    from trainmem.analytic.buffers import deepspeed_step_gradient_copies
+
+    # stage_1_and_2.py step: flatten(averaged_gradients).to(fp32): a bf16 flat copy of this
+    # rank's partition (freed once .to returns) + its fp32 copy (kept through optimizer.step).
+    # Partition: PSI padded to a multiple of 2 x 8 (PSI = 16 x 421,150,976 already is), / 8
+    part = PSI // 8
+    assert part == 842_301_952
+    z2 = TrainingConfig(framework="deepspeed", zero_stage=2, data_parallel_size=8, seq_len=512)
+    assert deepspeed_step_gradient_copies(PSI, z2) == (2 * part, 4 * part)
+    # the optimizer phase peaks at the model states + both cuBLAS workspaces + 2 + 4 B / element
+    est = estimate_analytic(llama, z2, simulate_allocator=False)  # type: ignore[arg-type]
+    states = sum(est.model_states_bytes.values())
+    assert states == 2 * PSI + 2 * part + 12 * part  # 2 + (2 + 12) / 8 B per parameter
+    workspaces = 2 * 8_519_680
+    assert est.details["phase_peaks_bytes"]["optimizer"] == states + workspaces + 6 * part  # type: ignore[index]
+    # padding: 10 elements over 4 ranks pad to 16 (multiple of 2 x 4): partitions of 4
+    small = TrainingConfig(framework="deepspeed", zero_stage=2, data_parallel_size=4)
+    assert deepspeed_step_gradient_copies(10, small) == (2 * 4, 4 * 4)
+    # fp32 gradients (ZeRO-1, fp16 weights, fp32 grad_accum attribute): .to(fp32) is the flat
+    # copy itself, nothing transient
+    z1 = TrainingConfig(
+        framework="deepspeed",
+        precision="16-mixed",
+        zero_stage=1,
+        grad_accum_dtype="float32",
+        data_parallel_size=4,
+    )
+    assert deepspeed_step_gradient_copies(16, z1) == (0, 4 * 4)
+    # FP16_Optimizer (fused_optimizer.py step): every p.grad.to(fp32), then their torch.cat
+    fp16 = TrainingConfig(framework="deepspeed", precision="16-mixed", data_parallel_size=8)
+    assert deepspeed_step_gradient_copies(PSI, fp16) == (4 * PSI, 4 * PSI)
+    # BF16_Optimizer with fp32 accumulation steps on its fp32 buffer: no copy; offload: none
+    bf16 = TrainingConfig(framework="deepspeed", grad_accum_dtype="float32")
+    assert deepspeed_step_gradient_copies(PSI, bf16) == (0, 0)
+    off = TrainingConfig(framework="deepspeed", zero_stage=2, offload="optimizer")
+    assert deepspeed_step_gradient_copies(PSI, off) == (0, 0)
+    assert deepspeed_step_gradient_copies(PSI, TrainingConfig(zero_stage=2)) == (0, 0)
+
+
+def test_deepspeed_zero1_reduces_into_the_partition_before_the_step(llama: object) -> None:
+    # ZeRO-1 (stage_1_and_2.py reduce_gradients -> copy_grads_in_partition): the flat partition
+    # buffer (2 B x PSI / 8) is allocated while the full bf16 gradients (2 B x PSI) are alive;
+    # then only the partition is left, and the step's copies (6 B x PSI / 8) come on it
+    z1 = TrainingConfig(framework="deepspeed", zero_stage=1, data_parallel_size=8, seq_len=512)
+    est = estimate_analytic(llama, z1, simulate_allocator=False)  # type: ignore[arg-type]
+    part = PSI // 8
+    workspaces = 2 * 8_519_680
+    weights_and_states = 2 * PSI + 12 * part
+    peak = weights_and_states + 2 * PSI + 2 * part + workspaces
+    assert est.details["phase_peaks_bytes"]["optimizer"] == peak  # type: ignore[index]
+    # with two ranks the step's copies are the higher point: 2 + 2 + 4 B x PSI / 2
+    two = TrainingConfig(framework="deepspeed", zero_stage=1, data_parallel_size=2, seq_len=512)
+    est = estimate_analytic(llama, two, simulate_allocator=False)  # type: ignore[arg-type]
+    half = PSI // 2
+    peak = 2 * PSI + 12 * half + max(2 * PSI + 2 * half, 8 * half) + workspaces
+    assert est.details["phase_peaks_bytes"]["optimizer"] == peak  # type: ignore[index]
 
 
 def test_megatron_and_deepspeed_adam_is_fused() -> None:

@@ -134,7 +134,7 @@ def gradient_buffer_from_init(training: TrainingConfig) -> bool:
     fp32 ``grad_data`` (``grad_buffer_from_init`` with master weights), DeepSpeed ZeRO-3's
     gradient partition (``zero3_grad_partition_from_init``), DeepSpeed ``BF16_Optimizer``'s
     fp32 ``fp32_groups_gradients_flat`` (``TrainingConfig.bf16_optimizer``). Sources: see
-    :func:`gradients_alive_in_forward` and ``FrameworkConventions.bf16_optimizer_without_zero``."""
+    :func:`gradients_alive_in_forward` and ``FrameworkConventions.deepspeed_optimizer_wrappers``."""
     conv = training.conventions
     return (
         (conv.grad_buffer_from_init and training.master_weights)
@@ -198,6 +198,8 @@ def deepspeed_backward_bucket_bytes(model: ModelSpec, training: TrainingConfig) 
     self.reduce_bucket_size), dtype=self.dtype, ...)``, ``if self.overlap_comm: buf_1 = ...``.
     """
     if not training.conventions.zero_ipg_buckets or training.zero_stage not in (1, 2):
+        return 0
+    if training.deepspeed_optimizer not in (None, "zero"):  # BF16_Optimizer has no IPG bucket
         return 0
     c = dtype_bytes(training.weight_dtype)
     overlap = bool(training.overlap_comm)  # None: False below stage 3
@@ -281,3 +283,60 @@ def nccl_communicator_bytes(training: TrainingConfig) -> dict[str, int]:
     if training.pipeline_parallel_size > 1:
         out["pipeline"] = NCCL_PAIR_COMMUNICATOR_BYTES
     return {k: v for k, v in out.items() if v}
+
+
+def deepspeed_partition_elements(trainable_elements: int, training: TrainingConfig) -> int:
+    """Elements of this rank's partition of DeepSpeed's flat parameter group: the group
+    flattened and padded to a multiple of 2 x N (``nccl_start_alignment_factor`` x the
+    data-parallel size), split in N equal parts (N = 1 without sharding).
+
+    Source: DeepSpeed runtime/zero/stage_1_and_2.py ``__init__``
+    (``flatten_dense_tensors_aligned(..., self.nccl_start_alignment_factor * dp)``,
+    ``partition_size = len(self.bit16_groups_flat[i]) / dp``).
+    """
+    dp = training.sharding_degree if training.zero_stage > 0 or training.bf16_optimizer else 1
+    align = 2 * dp
+    return -(-trainable_elements // align) * align // dp
+
+
+def deepspeed_step_gradient_copies(
+    trainable_elements: int, training: TrainingConfig
+) -> tuple[int, int]:
+    """Bytes of the gradient copies DeepSpeed's optimizer wrapper builds when it steps, as
+    (transient, kept): the transient is freed as soon as the kept copy exists; the kept one is
+    the fp32 partition's ``.grad`` through ``optimizer.step()``. One parameter group assumed
+    (the HF Trainer's second, no-decay group of norms and biases is small).
+
+    * ZeRO-1/2 (``stage_1_and_2.py`` ``step``, no CPU offload): ``single_grad_partition =
+      self.flatten(self.averaged_gradients[i]).to(fp32)`` (``flatten_dense_tensors_aligned``
+      on the last rank): a flat copy of this rank's gradient partition in the gradient dtype
+      (transient), then its fp32 copy (kept); with fp32 gradients ``.to`` returns the flat
+      copy itself, which is then the kept one.
+    * ``FP16_Optimizer`` (``fp16/fused_optimizer.py`` ``step``):
+      ``_flatten_dense_tensors([p.grad.to(fp32) for p in group])``: an fp32 copy of every
+      gradient, all alive until ``torch.cat`` has built the flat fp32 gradient (kept).
+    * ``BF16_Optimizer`` (``bf16_optimizer.py`` ``step``): ``grad_partition.to(fp32)`` only
+      when it accumulates in another dtype than fp32 (kept); none otherwise.
+    * ZeRO-3 and CPU offload: none here (not modelled; offload copies to host buffers).
+
+    Alive: the optimizer step.
+
+    Args:
+        trainable_elements: trainable elements on this rank (its tensor-parallel slice).
+        training: framework, precision, ZeRO stage, sharding, offload.
+
+    Returns:
+        (transient bytes, kept bytes); (0, 0) for other frameworks.
+    """
+    wrapper = training.deepspeed_optimizer
+    if wrapper is None or training.offload != "none":
+        return 0, 0
+    g = dtype_bytes(training.grad_dtype)
+    if wrapper == "zero" and training.zero_stage in (1, 2):
+        n = deepspeed_partition_elements(trainable_elements, training)
+        return (g * n, 4 * n) if g != 4 else (0, 4 * n)
+    if wrapper == "fp16":
+        return 4 * trainable_elements, 4 * trainable_elements
+    if wrapper == "bf16" and g != 4:
+        return 0, 4 * deepspeed_partition_elements(trainable_elements, training)
+    return 0, 0

@@ -77,6 +77,24 @@ Note [Flat-parameter gradients in backward]
     of view gradients, +1 unit concatenated, the views freed; the accumulated unit kept in the
     first micro-batch, freed after the add in the later ones.
 
+Note [DeepSpeed gradient copies at the step]
+    DeepSpeed's optimizer wrappers step on an fp32 flat gradient they build from the model's
+    16-bit gradients (:func:`~trainmem.analytic.buffers.deepspeed_step_gradient_copies`). ZeRO-1/2
+    (runtime/zero/stage_1_and_2.py ``step``): per parameter group, ``single_grad_partition =
+    self.flatten(self.averaged_gradients[i]).to(fp32)``: a 16-bit flat copy of this rank's
+    gradient partition, then its fp32 copy, set as the fp32 partition's ``.grad``; the 16-bit
+    copy has no reference once ``.to`` returns, the gradients are freed
+    (``free_grad_in_param_list``, ``averaged_gradients[i] = None``) before
+    ``self._optimizer_step(i)``, and the fp32 copy after it (``.grad = None``). So the step holds
+    the partition's gradients + 2 + 4 bytes per partition element at its highest. ZeRO-1 (no
+    gradient partitioning) first reduces the full gradients into one flat partition buffer
+    after the backward (``reduce_gradients`` -> ``copy_grads_in_partition``: ``torch.empty(
+    total_size, dtype=self.dtype)`` while the full gradients are alive, then each ``param.grad``
+    a view of it or of the reduce bucket, all cleared by ``_clear_param_grad_only``), so by the
+    step only the partition is left. ``FP16_Optimizer`` (ZeRO off, 16-bit gradients;
+    fp16/fused_optimizer.py ``step``): ``_flatten_dense_tensors([p.grad.to(fp32) for p in
+    group])``, every gradient's fp32 copy alive until the concatenation exists.
+
 Source: torch/optim/optimizer.py, adam.py ``_init_group`` / ``_multi_tensor_adam``; autograd's
 reverse-order backward; ATen/cuda/CublasHandlePool.cpp (one workspace per handle); the papers
 cited per term in :mod:`trainmem.analytic.activations` and :mod:`trainmem.analytic.engine`.
@@ -103,7 +121,9 @@ from trainmem.analytic.activations import (
 )
 from trainmem.analytic.buffers import (
     deepspeed_backward_bucket_bytes,
+    deepspeed_partition_elements,
     deepspeed_persistent_bucket_bytes,
+    deepspeed_step_gradient_copies,
     deepspeed_zero3_gather_bytes,
     gathered_layer_bytes,
     gradient_buffer_from_init,
@@ -236,6 +256,15 @@ class _Builder:
         # DeepSpeed gradient buckets: ZeRO-1/2 in backward, ZeRO-3 for the whole run
         self.bucket_backward = deepspeed_backward_bucket_bytes(model, training)
         self.bucket_persistent = deepspeed_persistent_bucket_bytes(model, training)
+        # Note [DeepSpeed gradient copies at the step]: ZeRO-1 reduces the full gradients into
+        # this rank's partition after the backward
+        self.zero1_reduce = (
+            training.deepspeed_optimizer == "zero"
+            and self.stage == 1
+            and training.offload == "none"
+            and training.zero_grad_set_to_none
+            and not gradient_buffer_from_init(training)
+        )
         offloads_grads = training.offload in ("optimizer+gradients", "optimizer+params")
         self.reduce = (
             reduce_scatter_layer_bytes(self.layer_states, training)
@@ -961,8 +990,56 @@ class _Builder:
             return items
         cached = self._shared.get("optimizer")
         if cached is None:
-            cached = self._shared["optimizer"] = Repeat(tuple(self._optimizer_temporaries()), 1)
+            before, after = self._step_gradient_copies()
+            body = (*before, *self._optimizer_temporaries(), *after)
+            cached = self._shared["optimizer"] = Repeat(body, 1)
         return [*items, cached]
+
+    def _trainable_elements(self) -> int:
+        """Trainable elements on this rank before data-parallel sharding (its tensor-parallel
+        slice of the embedding, head and ``L`` layers)."""
+        gb = max(dtype_bytes(self.training.grad_dtype), 1)
+        outer = sum(s.full_grad_bytes for s in self.emb_states + self.head_states if s.trainable)
+        layer = sum(s.full_grad_bytes for s in self.layer_states if s.trainable)
+        return (outer + self.L * layer) // gb
+
+    def _step_gradient_copies(self) -> tuple[list[Item], list[Item]]:
+        """DeepSpeed's gradient copies at the step (Note [DeepSpeed gradient copies at the
+        step]): the ops before the optimizer's own temporaries and the frees after them."""
+        t = self.training
+        o: Phase = "optimizer"
+        n = self._trainable_elements()
+        transient, kept = deepspeed_step_gradient_copies(n, t)
+        before: list[Item] = []
+        if self.zero1_reduce:
+            # a temporary: ``model_states_bytes`` keeps ZeRO-1's 2 B of gradients per parameter
+            # (ZeRO paper Fig. 1), this buffer replaces them for the step
+            grads = alloc(
+                dtype_bytes(t.grad_dtype) * deepspeed_partition_elements(n, t),
+                Cat.TEMPORARY,
+                o,
+                "grad/partition",
+                "(optimizer)",
+                "this rank's gradient partition (ZeRO-1 grads_in_partition)",
+            )
+            before += [grads, *self.free_gradients(o)]
+        after: list[Item] = []
+        copy = alloc(
+            transient, Cat.TEMPORARY, o, "grad/step_copy", "(optimizer)", "flat gradient copy"
+        )
+        fp32 = alloc(
+            kept, Cat.TEMPORARY, o, "grad/step_fp32", "(optimizer)", "fp32 gradient at the step"
+        )
+        if transient:
+            before.append(copy)
+        if kept:
+            before.append(fp32)
+            after.append(free(fp32, o))
+        if transient:
+            before.append(free(copy, o))
+        if self.zero1_reduce:
+            before.append(free(grads, o))
+        return before, after
 
     def _optimizer_states(self) -> Repeat:
         """Every optimizer state, allocated lazily by the first step (torch ``_init_group``)."""
@@ -1128,7 +1205,7 @@ class _Builder:
             items += self.free_gradients("backward", unsharded=True)
         items.append(free(gathered, "backward"))
         items += self.optimizer(first=first)
-        if not keep and not t.optimizer_in_backward:
+        if not keep and not t.optimizer_in_backward and not self.zero1_reduce:
             cached = self._shared.get("zero_grad")
             if cached is None:
                 cached = self._shared["zero_grad"] = Repeat(

@@ -244,7 +244,9 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
     stage = training.zero_stage if dp > 1 else 0
     cache: dict[tuple[str, int, int, bool, bool], TensorState] = {}
 
-    adapter_training = replace(training, precision="32-true", framework="pytorch-amp")
+    adapter_training = replace(
+        training, precision="32-true", framework="pytorch-amp", grad_accum_dtype=None
+    )
     if lora_adapter_dtype(training) != "float32":
         adapter_training = training
 

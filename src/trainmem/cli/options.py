@@ -172,6 +172,17 @@ TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
         None,
     ),
     _p(
+        "deepspeed_version",
+        Annotated[
+            str | None,
+            _o(
+                "--deepspeed-version",
+                help="DeepSpeed release (bf16 accumulates in fp32 without ZeRO before 0.17.6).",
+            ),
+        ],
+        None,
+    ),
+    _p(
         "activation_checkpointing",
         Annotated[
             str, _o("--activation-checkpointing", "-c", help=_choices(ACTIVATION_CHECKPOINTING))

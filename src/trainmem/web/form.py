@@ -25,6 +25,7 @@ from urllib.parse import parse_qsl, urlencode
 
 from trainmem.errors import SpecError
 from trainmem.specs import training as tr
+from trainmem.specs.frameworks import GRAD_ACCUM_DTYPES
 from trainmem.specs.hardware import GPUS
 from trainmem.specs.training import TrainingConfig
 
@@ -73,7 +74,13 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "overlap_comm",
     ),
     "LoRA / QLoRA": ("lora_rank", "lora_targets", "lora_dropout", "quantize_base"),
-    "Framework": ("framework", "torch_version", "bitsandbytes_version"),
+    "Framework": (
+        "framework",
+        "torch_version",
+        "bitsandbytes_version",
+        "deepspeed_version",
+        "grad_accum_dtype",
+    ),
     "Diffusion models (diffusers configs)": ("resolution", "frames", "text_seq_len"),
 }
 """Every TrainingConfig field, grouped as the page shows them."""
@@ -89,6 +96,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "pipeline_schedule": tr.PIPELINE_SCHEDULES,
     "quantize_base": tr.QUANTIZE_BASE,
     "framework": tr.FRAMEWORKS,
+    "grad_accum_dtype": GRAD_ACCUM_DTYPES,
     "lora_targets": (*tr.LORA_TARGETS, "lm_head"),
 }
 """Allowed values of the fields that take one of a list (``lora_targets``: several of it)."""
@@ -100,6 +108,7 @@ _NO_FLAG = (
     "reduce_bucket_size",
     "stage3_prefetch_bucket_size",
     "overlap_comm",
+    "grad_accum_dtype",
 )
 """Fields without an option of their own in the CLI (given there as ``--set KEY=VALUE``)."""
 _NEGATIVE_FLAG = {"dropout": "--no-dropout", "zero_grad_set_to_none": "--zero-grad-keep"}
