@@ -112,6 +112,7 @@ from trainmem.analytic.activations import (
     eager_scores_forward_bytes,
     final_hidden_transient_bytes,
     forward_kv_cache_bytes,
+    input_grad_hook_bytes,
     layer_is_checkpointed,
     lm_head_dequant_bytes,
     loss_backward_transient_bytes,
@@ -317,6 +318,7 @@ class _Builder:
         self.loss_fwd = loss_forward_transient_bytes(model, training) if rank.has_head else 0
         self.kv_cache = forward_kv_cache_bytes(model, training, self.L)
         self.final_hidden = final_hidden_transient_bytes(model, training) if rank.has_head else 0
+        self.input_grad_hook = input_grad_hook_bytes(model, training)
         self.scores_tmp, self.mask_tmp = eager_scores_forward_bytes(model, training)
         self.head_dequant = lm_head_dequant_bytes(model, training) if rank.has_head else 0
         self.weight_copy = (
@@ -747,6 +749,16 @@ class _Builder:
         layers = self._backward_layers(new_grads=new_grads, reduce=reduce)
         items += [prefetch_b, *layers, free(prefetch_b, b)]
         items.append(free(residual, b))
+        hook = alloc(
+            self.input_grad_hook if self.rank.stage == 0 else 0,
+            Cat.ACTIVATION,
+            b,
+            "input_grad_hook",
+            "embedding",
+            "the embedding output (a leaf that requires grad) and its .grad",
+        )
+        if hook.size_bytes:
+            items.append(hook)
         if new_grads:
             emb_grads = self._grad_ops(
                 self.emb_grad_states, b, "embedding", "embedding", unsharded=self.unsharded_grads
@@ -757,6 +769,8 @@ class _Builder:
         if reduce:
             items += self._reduce_ops(self.emb_grad_states, "embedding", "embedding")
         items.append(free(emb_act, b))
+        if hook.size_bytes:
+            items.append(free(hook, b))
         items.append(free(bucket, b))
         items += [free(op, b) for op in reversed(spans)]
         return items

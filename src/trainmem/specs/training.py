@@ -583,6 +583,15 @@ class TrainingConfig:
         return self.quantize_base != "none" and self.conventions.peft_kbit_training
 
     @property
+    def input_embeddings_require_grad(self) -> bool:
+        """The input embeddings' output is made to require grad by a forward hook
+        (transformers ``enable_input_require_grads``): transformers models
+        (``FrameworkConventions.hf_model_code``) with activation checkpointing, which
+        transformers 5's ``_activation_checkpointing_enable`` registers for ``input_ids`` models
+        and peft's ``prepare_model_for_kbit_training`` with its (reentrant) checkpointing."""
+        return self.conventions.hf_model_code and self.activation_checkpointing != "none"
+
+    @property
     def adafactor_implementation(self) -> str:
         """``transformers`` (transformers/optimization.py ``Adafactor``) or ``torch``
         (``torch.optim.Adafactor``, torch >= 2.5): which ``adafactor`` runs
