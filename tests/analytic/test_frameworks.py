@@ -520,6 +520,35 @@ def test_torchao_low_bit_adamw_states(llama: object) -> None:
     assert gpt2["vector"].state_bytes == 2 * 4 * 768  # fp32 zeros_like for 768 < 4096
 
 
+def test_torchao_cpu_offload_keeps_small_tensors_on_the_gpu() -> None:
+    # torchao optim/cpu_offload.py: CPUOffloadOptimizer(minimal_size=4096) keeps parameters of
+    # fewer than 4096 elements in a GPU optimizer (fused AdamW, two bf16 states under bf16-true)
+    # and, with offload_gradients=True, frees only the larger ones' gradients. GPT-2 small:
+    # per block ln_1 / ln_2 weight and bias (4 x 768), c_attn bias 2304, attn c_proj bias 768,
+    # c_fc bias 3072, mlp c_proj bias 768; ln_f weight and bias; every matrix and wpe is larger
+    small = 12 * (4 * 768 + 2304 + 768 + 3072 + 768) + 2 * 768
+    assert small == 121_344
+    gpt2 = load_model_spec("gpt2")
+
+    def states(**kw: object) -> dict[str, int]:
+        t = TrainingConfig(precision="bf16-true", seq_len=128, **kw)  # type: ignore[arg-type]
+        return estimate_analytic(gpt2, t, simulate_allocator=False).model_states_bytes
+
+    n = states()["parameters"] // 2  # every parameter, bf16
+    assert states(framework="torchtune")["optimizer_states"] == 2 * 2 * n
+    ao = states(framework="torchtune", offload="optimizer")
+    assert ao["optimizer_states"] == 2 * 2 * small and ao["gradients"] == 2 * n
+    ao_grads = states(framework="torchtune", offload="optimizer+gradients")
+    assert ao_grads["optimizer_states"] == 2 * 2 * small and ao_grads["gradients"] == 2 * small
+    # DeepSpeed's ZeRO-Offload moves every state (its own rule), and so does FSDP's CPU offload
+    assert states(framework="deepspeed", offload="optimizer")["optimizer_states"] == 0
+    # offload_gradients=True "is not compatible with gradient accumulation" (optim/README.md)
+    with pytest.raises(SpecError, match="offload"):
+        TrainingConfig(
+            framework="torchtune", offload="optimizer+gradients", gradient_accumulation_steps=2
+        )
+
+
 # -- item 9: the FSDP2 root gather is a new buffer beside the shard ---------------------------
 
 

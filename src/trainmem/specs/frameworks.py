@@ -20,6 +20,10 @@ BNB_MATMUL4BIT_SAVES_NO_INPUT_SINCE = (0, 43, 2)
 """bitsandbytes autograd/_functions.py ``MatMul4Bit.forward``: since 0.43.2 it keeps
 ``ctx.tensors = (None, B)`` (the quantized weight only; the input gradient needs only B);
 before, ``(A, B)``: the 16-bit input of every 4-bit linear stayed saved until its backward."""
+TORCHAO_OFFLOAD_MINIMAL_SIZE = 4096
+"""torchao ``CPUOffloadOptimizer(minimal_size=4096)``: parameters with fewer elements are kept
+in an optimizer on the GPU ("to avoid excessively many small transfers",
+optim/cpu_offload.py)."""
 DEFAULT_DEEPSPEED_VERSION = (0, 19, 8)
 """The DeepSpeed release assumed when none is given: a current one (>= 0.17.6)."""
 DEEPSPEED_ACCUMULATES_IN_MODEL_DTYPE_SINCE = (0, 17, 6)
@@ -200,6 +204,15 @@ class FrameworkConventions:
     ``accumulate_hp_grads_and_remove_lp``); its fp32 master weights and optimizer states cover
     only this rank's 1/N partition over the data-parallel ranks (``fp32_groups_flat_partition``),
     as in ZeRO-1."""
+    optimizer_offload_torchao: bool
+    """Without ZeRO / FSDP, ``offload="optimizer"`` is torchao's ``CPUOffloadOptimizer`` (and
+    ``"optimizer+gradients"`` the same with ``offload_gradients=True``), as torchtune's
+    low-memory recipes configure it: parameters of fewer than ``minimal_size`` =
+    :data:`TORCHAO_OFFLOAD_MINIMAL_SIZE` elements stay in an optimizer on the GPU, with their
+    states and gradients; each larger parameter's gradient is copied to pinned CPU memory by a
+    post-accumulate-grad hook and, with ``offload_gradients``, freed on the GPU at once
+    (torchao optim/cpu_offload.py ``CPUOffloadOptimizer.__init__``, ``backward_hook``; "not
+    compatible with gradient accumulation", torchao optim/README.md)."""
     fused_multi_tensor_adam: bool
     """Adam runs as one fused multi-tensor kernel with no parameter-sized temporary (Megatron
     ``optimizer/__init__.py``: TransformerEngine / apex ``FusedAdam``; DeepSpeed
@@ -320,6 +333,7 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "fsdp_param_dtype_follows_precision": False,
         "fsdp_reduce_in_compute_dtype": False,
         "fused_multi_tensor_adam": False,
+        "optimizer_offload_torchao": False,
         "deepspeed_optimizer_wrappers": False,
         "zero_ipg_buckets": False,
         "zero3_grad_partition_from_init": False,
@@ -344,7 +358,7 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
 FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
     row.name: row
     for row in (
-        _row("pytorch-amp", autocast=True, peft_kbit_training=True),
+        _row("pytorch-amp", autocast=True, peft_kbit_training=True, optimizer_offload_torchao=True),
         _row(
             "hf-trainer",
             autocast=True,
@@ -385,6 +399,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
         ),
         _row(
             "torchtune",
+            optimizer_offload_torchao=True,
             adapter_dtype_follows_weights=True,
             quantized_base_saves_input=False,
             hf_model_code=False,

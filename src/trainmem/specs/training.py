@@ -428,6 +428,18 @@ class TrainingConfig:
             raise SpecError(
                 "quantize_base", "a quantized base is frozen: set lora_rank > 0 (QLoRA)"
             )
+        if (
+            self.torchao_cpu_offload
+            and self.offload == "optimizer+gradients"
+            and self.gradient_accumulation_steps > 1
+        ):
+            raise SpecError(
+                "offload",
+                "optimizer+gradients is torchao's CPUOffloadOptimizer(offload_gradients=True) "
+                f"under {self.framework}, which frees each gradient once copied to the CPU, so "
+                "it cannot accumulate (torchao optim/README.md); allowed with "
+                f"gradient_accumulation_steps {self.gradient_accumulation_steps}: none, optimizer",
+            )
         if self.optimizer_in_backward and self.gradient_accumulation_steps > 1:
             # torchtune's recipes refuse the pair: the step runs inside backward, so there is
             # no gradient left to accumulate into (recipes/full_finetune_*.py).
@@ -581,6 +593,18 @@ class TrainingConfig:
         """A quantized base whose other parameters peft cast to fp32
         (``FrameworkConventions.peft_kbit_training``)."""
         return self.quantize_base != "none" and self.conventions.peft_kbit_training
+
+    @property
+    def torchao_cpu_offload(self) -> bool:
+        """The optimizer offload is torchao's ``CPUOffloadOptimizer`` (single GPU, no ZeRO /
+        FSDP; ``FrameworkConventions.optimizer_offload_torchao``): tensors under
+        :data:`~trainmem.specs.frameworks.TORCHAO_OFFLOAD_MINIMAL_SIZE` elements keep their
+        optimizer states and gradients on the GPU."""
+        return (
+            self.conventions.optimizer_offload_torchao
+            and self.offload in ("optimizer", "optimizer+gradients")
+            and self.zero_stage == 0
+        )
 
     @property
     def input_embeddings_require_grad(self) -> bool:
