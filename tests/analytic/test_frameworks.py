@@ -195,6 +195,19 @@ def test_qlora_activations_with_new_and_old_bitsandbytes(llama: object) -> None:
     assert old - new == 2 * 1024 * (4096 + 11008) == 30_932_992
 
 
+def test_quantized_base_dequantizes_its_largest_linear(llama: object) -> None:
+    from trainmem.analytic.buffers import dequantized_weight_bytes
+
+    # bitsandbytes MatMul4Bit: dequantize_4bit(B).to(A.dtype) per matmul, one at a time; the
+    # largest of llama-2-7b's base linears is gate / up / down, 4096 x 11008, in bf16
+    qlora = TrainingConfig(lora_rank=8, quantize_base="nf4")
+    assert dequantized_weight_bytes(_layer(llama, qlora), qlora) == 2 * 4096 * 11008
+    tp2 = TrainingConfig(lora_rank=8, quantize_base="nf4", tensor_parallel_size=2)
+    assert dequantized_weight_bytes(_layer(llama, tp2), tp2) == 4096 * 11008
+    plain = TrainingConfig(lora_rank=8)
+    assert dequantized_weight_bytes(_layer(llama, plain), plain) == 0
+
+
 def test_paged_adamw_states_live_outside_the_allocator(llama: object) -> None:
     # bitsandbytes optimizer.py get_state_buffer: fp32 states of tensors >= 1e5 elements come
     # from F.get_paged (cudaMallocManaged); smaller ones from torch.zeros_like
@@ -494,6 +507,8 @@ def test_ds_config_buckets_are_read(tmp_path: object) -> None:
     assert (out["reduce_bucket_size"], out["overlap_comm"]) == ("auto", True)
     out = deepspeed_settings({"zero_optimization": {"stage": 2, "reduce_bucket_size": 2e8}})
     assert out["reduce_bucket_size"] == 200_000_000
+    out = deepspeed_settings({"zero_optimization": {"stage": 3, "stage3_max_live_parameters": 1e9}})
+    assert out["stage3_max_live_parameters"] == 1_000_000_000
 
 
 # -- item 6: torchao low-bit AdamW -----------------------------------------------------------
@@ -609,6 +624,14 @@ def test_deepspeed_zero3_gathers_one_layer_plus_the_prefetch_bucket(llama: objec
     # a bucket larger than the layer prefetches the next whole layer, no more
     big = z3(stage3_prefetch_bucket_size=10**9)
     assert deepspeed_zero3_gather_bytes(layer, llama, big) == 4 * LAYER_NUMEL  # type: ignore[arg-type]
+    # fetch_sub_module: max_params_to_prefetch = min(max_live - n_available, bucket): with
+    # stage3_max_live_parameters 2.2e8 and the layer's 202,383,360 elements live, 17,616,640 more
+    live = z3(stage3_max_live_parameters=220_000_000)
+    assert 220_000_000 - LAYER_NUMEL == 17_616_640
+    assert deepspeed_zero3_gather_bytes(layer, llama, live) == 2 * (LAYER_NUMEL + 17_616_640)  # type: ignore[arg-type]
+    # below the layer itself: no prefetch, the layer is still fetched
+    tight = z3(stage3_max_live_parameters=10**8)
+    assert deepspeed_zero3_gather_bytes(layer, llama, tight) == 2 * LAYER_NUMEL  # type: ignore[arg-type]
 
 
 def test_sdpa_expands_gqa_keys_and_values_with_a_padding_mask() -> None:

@@ -45,6 +45,26 @@ def gathered_layer_bytes(layer: Sequence[TensorState], training: TrainingConfig)
     return c * cast // training.tensor_parallel_size + sum(s.full_param_bytes for s in quantized)
 
 
+def dequantized_weight_bytes(layer: Sequence[TensorState], training: TrainingConfig) -> int:
+    """Bytes of the dequantized weight a quantized base linear builds for its matmul: the
+    layer's largest frozen linear (its tensor-parallel slice) in the compute dtype ``c``;
+    0 without a quantized base.
+
+    Alive: one at a time, for each base matmul in the forward and again for its input gradient
+    in the backward.
+
+    Source: bitsandbytes autograd/_functions.py ``MatMul4Bit.forward`` (``F.dequantize_4bit(B,
+    quant_state).to(A.dtype).t()`` into ``torch.nn.functional.linear``) and ``backward``
+    (``torch.matmul(grad_output, F.dequantize_4bit(B, ctx.state).to(grad_output.dtype).t())``);
+    ``MatMul8bitLt`` likewise dequantizes for the input gradient.
+    """
+    if training.quantize_base == "none":
+        return 0
+    c = dtype_bytes(training.compute_dtype)
+    base = [s.numel for s in layer if not s.trainable and s.name != "vector"]
+    return c * max(base, default=0) // training.tensor_parallel_size
+
+
 def root_gathered_bytes(outer: Sequence[TensorState], training: TrainingConfig) -> int:
     """Bytes of the root FSDP unit's gathered weights (embeddings, final norm, LM head; LoRA
     adapters excluded): the stored bytes of the tensor-parallel slice, or ``c`` per element under
@@ -163,17 +183,24 @@ DEEPSPEED_PREFETCH_BUCKET_SIZE = 50_000_000
 ``prefetch_bucket_size: int = Field(pp_int(5e7), ge=0, alias="stage3_prefetch_bucket_size")``)."""
 
 
+DEEPSPEED_MAX_LIVE_PARAMETERS = 1_000_000_000
+"""DeepSpeed's default ``stage3_max_live_parameters``, elements (runtime/zero/config.py
+``max_live_parameters: int = Field(pp_int(1e9), ge=0, alias="stage3_max_live_parameters")``)."""
+
+
 def deepspeed_zero3_gather_bytes(
     layer: Sequence[TensorState], model: ModelSpec, training: TrainingConfig
 ) -> int:
     """Bytes of gathered parameters DeepSpeed ZeRO-3 holds while a layer runs: the layer's own
     (16-bit) weights plus the prefetch bucket, at most ``stage3_prefetch_bucket_size`` elements
-    of the next layer (default 5e7; ``"auto"`` = int(0.9 h^2), the HF Trainer's fill-in).
+    of the next layer (default 5e7; ``"auto"`` = int(0.9 h^2), the HF Trainer's fill-in) and
+    at most ``stage3_max_live_parameters`` minus the layer's own elements (default 1e9).
 
     Alive: forward and backward (one layer at a time).
 
     Source: DeepSpeed runtime/zero/partitioned_param_coordinator.py ``fetch_sub_module``
-    (prefetches up to ``prefetch_bucket_sz`` numel of the upcoming parameters);
+    (prefetches up to ``min(self.__max_n_available_params - self.__n_available_params,
+    self.__prefetch_bucket_sz)`` numel of the upcoming parameters);
     transformers integrations/deepspeed.py ``trainer_config_finalize``
     (``stage3_prefetch_bucket_size = 0.9 * hidden_size * hidden_size``).
     """
@@ -184,6 +211,10 @@ def deepspeed_zero3_gather_bytes(
         prefetch = int(0.9 * model.hidden_size * model.hidden_size)
     else:
         prefetch = DEEPSPEED_PREFETCH_BUCKET_SIZE if size is None else int(size)
+    live = training.stage3_max_live_parameters
+    max_live = DEEPSPEED_MAX_LIVE_PARAMETERS if live is None or live == "auto" else live
+    # fetch_sub_module: max_params_to_prefetch = min(max_n_available - n_available, bucket)
+    prefetch = min(prefetch, max(max_live - numel, 0))
     per_element = own // max(numel, 1)
     return own + per_element * min(prefetch, numel)
 

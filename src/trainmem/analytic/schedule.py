@@ -126,6 +126,7 @@ from trainmem.analytic.buffers import (
     deepspeed_persistent_bucket_bytes,
     deepspeed_step_gradient_copies,
     deepspeed_zero3_gather_bytes,
+    dequantized_weight_bytes,
     gathered_layer_bytes,
     gradient_buffer_from_init,
     kept_gathered_layer_bytes,
@@ -301,16 +302,7 @@ class _Builder:
         if self.pp_fsdp:
             self.stage_gather = self.L * (self.gather_a + self.kept) + self.gather_root
             self.gather_a = self.gather_b = self.gather_root = self.kept = self.reduce = 0
-        self.dequant = 0
-        if training.quantize_base != "none":
-            self.dequant = (
-                c
-                * max(
-                    (s.numel for s in self.layer_states if not s.trainable and s.name != "vector"),
-                    default=0,
-                )
-                // training.tensor_parallel_size
-            )
+        self.dequant = dequantized_weight_bytes(self.layer_states, training)
         self.mlp_tmp, self.attention_tmp, self.residual_tmp = backward_layer_transients(
             model, training
         )

@@ -181,7 +181,7 @@ def deepspeed_settings(ds: dict[str, Any]) -> dict[str, Any]:
     _set(out, "precision", _precision(bf16, fp16))
     zero = _section(ds, "zero_optimization", f)
     _set(out, "zero_stage", _value(zero, "stage", f, int, "0, 1, 2 or 3"))
-    for key in ("reduce_bucket_size", "stage3_prefetch_bucket_size"):
+    for key in ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_max_live_parameters"):
         bucket = zero.get(key)
         if bucket is None or bucket == "auto":
             if bucket == "auto":

@@ -278,6 +278,10 @@ class TrainingConfig:
     stage3_prefetch_bucket_size: int | Literal["auto"] | None = None
     """DeepSpeed ZeRO-3 ``stage3_prefetch_bucket_size``, elements of parameters gathered ahead
     of use; ``"auto"``: the HF Trainer's 0.9 * hidden_size^2; None: DeepSpeed's 5e7."""
+    stage3_max_live_parameters: int | Literal["auto"] | None = None
+    """DeepSpeed ZeRO-3 ``stage3_max_live_parameters``: most gathered parameter elements the
+    prefetcher lets be alive; None (and ``"auto"``, which the HF Trainer does not fill in):
+    DeepSpeed's default, 1e9 (runtime/zero/config.py ``max_live_parameters``)."""
     overlap_comm: bool | None = None
     """DeepSpeed ``zero_optimization.overlap_comm`` (doubles the stage 1/2 gradient bucket);
     None: DeepSpeed's default, True at stage 3 and False below (``overlap_comm_valid``)."""
@@ -378,7 +382,11 @@ class TrainingConfig:
         parse_version("deepspeed_version", self.deepspeed_version)
         if self.grad_accum_dtype is not None:
             _check_choice("grad_accum_dtype", self.grad_accum_dtype, GRAD_ACCUM_DTYPES)
-        for name in ("reduce_bucket_size", "stage3_prefetch_bucket_size"):
+        for name in (
+            "reduce_bucket_size",
+            "stage3_prefetch_bucket_size",
+            "stage3_max_live_parameters",
+        ):
             bucket = getattr(self, name)
             if bucket is not None and bucket != "auto":
                 if not isinstance(bucket, int) or isinstance(bucket, bool) or bucket < 0:

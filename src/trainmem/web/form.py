@@ -71,6 +71,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "reshard_after_forward",
         "reduce_bucket_size",
         "stage3_prefetch_bucket_size",
+        "stage3_max_live_parameters",
         "overlap_comm",
     ),
     "LoRA / QLoRA": ("lora_rank", "lora_targets", "lora_dropout", "quantize_base"),
@@ -107,6 +108,7 @@ _NO_FLAG = (
     "reshard_after_forward",
     "reduce_bucket_size",
     "stage3_prefetch_bucket_size",
+    "stage3_max_live_parameters",
     "overlap_comm",
     "grad_accum_dtype",
 )
