@@ -356,6 +356,23 @@ def test_deepspeed_optimizer_wrapper_follows_the_engine() -> None:
         TrainingConfig(framework="deepspeed", grad_accum_dtype="fp8")
 
 
+def test_cli_deepspeed_version_and_grad_accum_dtype_are_reported() -> None:
+    runner = CliRunner()
+    args = ["estimate", "gpt2", "-s", "128", "--framework", "deepspeed", "--json"]
+    new = json.loads(runner.invoke(app, args).stdout)["config"]
+    assert (new["grad_accum_dtype"], new["deepspeed_optimizer"]) == ("bfloat16", "fp16")
+    old = runner.invoke(app, [*args, "--deepspeed-version", "0.16.9"])
+    assert old.exit_code == 0, old.output
+    config = json.loads(old.stdout)["config"]
+    assert (config["grad_accum_dtype"], config["deepspeed_optimizer"]) == ("float32", "bf16")
+    fp32 = json.loads(runner.invoke(app, [*args, "--set", "grad-accum-dtype=float32"]).stdout)
+    assert fp32["config"]["deepspeed_optimizer"] == "bf16"
+    refused = runner.invoke(
+        app, [*args, "--deepspeed-version", "0.16.9", "--set", "grad-accum-dtype=bfloat16"]
+    )
+    assert refused.exit_code != 0 and "grad_accum_dtype" in refused.output
+
+
 def test_deepspeed_gradient_copies_at_the_step(llama: object) -> None:
     from trainmem.analytic.buffers import deepspeed_step_gradient_copies
 
