@@ -432,6 +432,19 @@ def test_deepspeed_zero1_reduces_into_the_partition_before_the_step(llama: objec
     assert est.details["phase_peaks_bytes"]["optimizer"] == peak  # type: ignore[index]
 
 
+def test_deepspeed_casts_peft_adapters_to_bf16(llama: object) -> None:
+    # engine.py _configure_distributed_model: every parameter of the wrapped module in bf16,
+    # peft's fp32 adapters included; ZeRO-2 over 4 ranks: bf16 gradient 2 / 4 B, fp32 master +
+    # Adam moments 12 / 4 B per element. LoRA A of q at r = 8: 8 x 4096 = 32,768 elements
+    t = TrainingConfig(framework="deepspeed", lora_rank=8, zero_stage=2, data_parallel_size=4)
+    a = next(s for s in tensor_states(llama, t) if s.name == "lora_A.q")  # type: ignore[arg-type]
+    assert (a.param_bytes, a.grad_bytes, a.state_bytes) == (2 * 32768, 2 * 32768 // 4, 98_304)
+    # peft alone (pytorch-amp) keeps them fp32
+    amp = TrainingConfig(lora_rank=8)
+    a = next(s for s in tensor_states(llama, amp) if s.name == "lora_A.q")  # type: ignore[arg-type]
+    assert a.param_bytes == 4 * 32768
+
+
 def test_megatron_and_deepspeed_adam_is_fused() -> None:
     for fw in ("megatron", "deepspeed"):
         t = TrainingConfig(framework=fw)

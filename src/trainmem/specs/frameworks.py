@@ -227,8 +227,11 @@ class FrameworkConventions:
     where torch has it (>= 2.5), transformers' before."""
     adapter_dtype_follows_weights: bool
     """LoRA A and B are kept in the model's weight dtype (lit-gpt ``lora.py``, torchtune
-    ``LoRALinear``); False: peft upcasts adapters on a 16-bit base to fp32
-    (``autocast_adapter_dtype=True``, peft ``tuners/tuners_utils.py``)."""
+    ``LoRALinear``; DeepSpeed casts every parameter of the wrapped module, peft's fp32 adapters
+    included, to the 16-bit dtype: runtime/engine.py ``_configure_distributed_model``,
+    ``self.module.bfloat16()`` in 0.16.9, ``_cast_module_mixed_precision`` in 0.19.8); False:
+    peft upcasts adapters on a 16-bit base to fp32 (``autocast_adapter_dtype=True``, peft
+    ``tuners/tuners_utils.py``)."""
     hf_model_code: bool
     """The model is the transformers class, with its code paths: GPT-2's training-time
     ``DynamicCache`` (``use_cache=True``) whose ``torch.cat`` copies of k and v SDPA saves, and
@@ -376,6 +379,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
         _row(
             "deepspeed",
             master_weights=True,
+            adapter_dtype_follows_weights=True,
             deepspeed_optimizer_wrappers=True,
             fused_multi_tensor_adam=True,
             zero_ipg_buckets=True,
