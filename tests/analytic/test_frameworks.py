@@ -413,6 +413,25 @@ def test_deepspeed_gradient_copies_at_the_step(llama: object) -> None:
     assert deepspeed_step_gradient_copies(PSI, TrainingConfig(zero_stage=2)) == (0, 0)
 
 
+def test_deepspeed_zero3_steps_one_sub_group_at_a_time(llama: object) -> None:
+    from trainmem.analytic.buffers import deepspeed_zero3_sub_group_elements
+
+    # stage3.py _create_fp16_sub_groups: partitions gathered until a group reaches 1e9
+    assert deepspeed_zero3_sub_group_elements([6 * 10**8] * 3) == 12 * 10**8  # [1.2e9], [6e8]
+    assert deepspeed_zero3_sub_group_elements([3 * 10**8] * 3) == 9 * 10**8  # one group
+    assert deepspeed_zero3_sub_group_elements([4, 4, 4], sub_group_size=5) == 8  # [8], [4]
+    # llama-2-7b over 8 ranks: a 842,301,952-element partition, one sub-group; the step holds
+    # its bf16 flat copy and fp32 copy (_prepare_fp32_grad_for_sub_group) over the model
+    # states, ZeRO-3's persistent IPG bucket (5e8 bf16) and both cuBLAS workspaces
+    z3 = TrainingConfig(framework="deepspeed", zero_stage=3, data_parallel_size=8, seq_len=512)
+    est = estimate_analytic(llama, z3, simulate_allocator=False)  # type: ignore[arg-type]
+    part = PSI // 8
+    states = sum(est.model_states_bytes.values())
+    assert states == 16 * part
+    peak = states + 2 * 500_000_000 + 2 * 8_519_680 + (2 + 4) * part
+    assert est.details["phase_peaks_bytes"]["optimizer"] == peak  # type: ignore[index]
+
+
 def test_deepspeed_zero1_reduces_into_the_partition_before_the_step(llama: object) -> None:
     # ZeRO-1 (stage_1_and_2.py reduce_gradients -> copy_grads_in_partition): the flat partition
     # buffer (2 B x PSI / 8) is allocated while the full bf16 gradients (2 B x PSI) are alive;

@@ -330,8 +330,41 @@ def deepspeed_partition_elements(trainable_elements: int, training: TrainingConf
     return -(-trainable_elements // align) * align // dp
 
 
+DEEPSPEED_SUB_GROUP_SIZE = 1_000_000_000
+"""DeepSpeed ZeRO-3's default ``sub_group_size``, elements of this rank's partition stepped at
+once (runtime/zero/config.py ``sub_group_size: int = Field(pp_int(1e9), ge=0)``)."""
+
+
+def deepspeed_zero3_sub_group_elements(
+    partitions: Sequence[int], sub_group_size: int = DEEPSPEED_SUB_GROUP_SIZE
+) -> int:
+    """Elements of ZeRO-3's largest optimizer sub-group: this rank's parameter partitions, in
+    order, gathered until a group reaches ``sub_group_size``.
+
+    Source: DeepSpeed runtime/zero/stage3.py ``_create_fp16_sub_groups`` (``if
+    local_sub_group_size >= sub_group_size or id(param) == id(params_group[-1])``: close the
+    group).
+
+    Args:
+        partitions: per trainable parameter, its partition's elements on this rank.
+        sub_group_size: DeepSpeed's ``sub_group_size``.
+
+    Returns:
+        Elements of the largest sub-group.
+    """
+    total = sum(partitions)
+    if sub_group_size >= total:
+        return total
+    largest = current = 0
+    for n in partitions:
+        current += n
+        if current >= sub_group_size:
+            largest, current = max(largest, current), 0
+    return max(largest, current)
+
+
 def deepspeed_step_gradient_copies(
-    trainable_elements: int, training: TrainingConfig
+    trainable_elements: int, training: TrainingConfig, *, largest_sub_group: int | None = None
 ) -> tuple[int, int]:
     """Bytes of the gradient copies DeepSpeed's optimizer wrapper builds when it steps, as
     (transient, kept): the transient is freed as soon as the kept copy exists; the kept one is
@@ -343,18 +376,24 @@ def deepspeed_step_gradient_copies(
       on the last rank): a flat copy of this rank's gradient partition in the gradient dtype
       (transient), then its fp32 copy (kept); with fp32 gradients ``.to`` returns the flat
       copy itself, which is then the kept one.
+    * ZeRO-3 (``stage3.py`` ``_prepare_fp32_grad_for_sub_group``, no optimizer offload): the
+      same per optimizer sub-group (``largest_sub_group`` elements,
+      :func:`deepspeed_zero3_sub_group_elements`), the fp32 copy freed by
+      ``_release_sub_group`` before the next one.
     * ``FP16_Optimizer`` (``fp16/fused_optimizer.py`` ``step``):
       ``_flatten_dense_tensors([p.grad.to(fp32) for p in group])``: an fp32 copy of every
       gradient, all alive until ``torch.cat`` has built the flat fp32 gradient (kept).
     * ``BF16_Optimizer`` (``bf16_optimizer.py`` ``step``): ``grad_partition.to(fp32)`` only
       when it accumulates in another dtype than fp32 (kept); none otherwise.
-    * ZeRO-3 and CPU offload: none here (not modelled; offload copies to host buffers).
+    * CPU offload: none here (the gradients go to host buffers).
 
     Alive: the optimizer step.
 
     Args:
         trainable_elements: trainable elements on this rank (its tensor-parallel slice).
         training: framework, precision, ZeRO stage, sharding, offload.
+        largest_sub_group: ZeRO-3's largest sub-group, elements; None: this rank's whole
+            partition.
 
     Returns:
         (transient bytes, kept bytes); (0, 0) for other frameworks.
@@ -363,8 +402,10 @@ def deepspeed_step_gradient_copies(
     if wrapper is None or training.offload != "none":
         return 0, 0
     g = dtype_bytes(training.grad_dtype)
-    if wrapper == "zero" and training.zero_stage in (1, 2):
+    if wrapper == "zero":
         n = deepspeed_partition_elements(trainable_elements, training)
+        if training.zero_stage == 3 and largest_sub_group is not None:
+            n = largest_sub_group
         return (g * n, 4 * n) if g != 4 else (0, 4 * n)
     if wrapper == "fp16":
         return 4 * trainable_elements, 4 * trainable_elements

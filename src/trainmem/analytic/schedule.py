@@ -91,7 +91,10 @@ Note [DeepSpeed gradient copies at the step]
     after the backward (``reduce_gradients`` -> ``copy_grads_in_partition``: ``torch.empty(
     total_size, dtype=self.dtype)`` while the full gradients are alive, then each ``param.grad``
     a view of it or of the reduce bucket, all cleared by ``_clear_param_grad_only``), so by the
-    step only the partition is left. ``FP16_Optimizer`` (ZeRO off, 16-bit gradients;
+    step only the partition is left. ZeRO-3 (runtime/zero/stage3.py ``step``) does the same
+    per optimizer sub-group (``_prepare_fp32_grad_for_sub_group``; ``sub_group_size`` 1e9
+    partition elements), freeing each fp32 copy before the next (``_release_sub_group``); its
+    gradient partition stays (a buffer from init). ``FP16_Optimizer`` (ZeRO off, 16-bit gradients;
     fp16/fused_optimizer.py ``step``): ``_flatten_dense_tensors([p.grad.to(fp32) for p in
     group])``, every gradient's fp32 copy alive until the concatenation exists.
 
@@ -126,6 +129,7 @@ from trainmem.analytic.buffers import (
     deepspeed_persistent_bucket_bytes,
     deepspeed_step_gradient_copies,
     deepspeed_zero3_gather_bytes,
+    deepspeed_zero3_sub_group_elements,
     dequantized_weight_bytes,
     gathered_layer_bytes,
     gradient_buffer_from_init,
@@ -1015,7 +1019,17 @@ class _Builder:
         t = self.training
         o: Phase = "optimizer"
         n = self._trainable_elements()
-        transient, kept = deepspeed_step_gradient_copies(n, t)
+        sub_group = None
+        if t.deepspeed_optimizer == "zero" and t.zero_stage == 3:
+            gb = max(dtype_bytes(t.grad_dtype), 1)
+            dp = t.sharding_degree
+
+            def parts(states: list[TensorState]) -> list[int]:
+                return [-(-(s.full_grad_bytes // gb) // dp) for s in states if s.trainable]
+
+            order = parts(self.emb_states) + self.L * parts(self.layer_states)
+            sub_group = deepspeed_zero3_sub_group_elements(order + parts(self.head_states))
+        transient, kept = deepspeed_step_gradient_copies(n, t, largest_sub_group=sub_group)
         before: list[Item] = []
         if self.zero1_reduce:
             # a temporary: ``model_states_bytes`` keeps ZeRO-1's 2 B of gradients per parameter
