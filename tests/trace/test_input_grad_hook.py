@@ -10,6 +10,7 @@ import gc
 import weakref
 
 import peft
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -93,3 +94,52 @@ def test_trainable_embeddings_consume_the_gradient() -> None:
     model = load_model_spec("tiny-llama-test")
     training = TrainingConfig(activation_checkpointing="full", micro_batch_size=B, seq_len=S)
     assert input_grad_hook_bytes(model, training) == 0
+
+
+def _embedding_output_outlives_backward(
+    monkeypatch: pytest.MonkeyPatch, hook: bool
+) -> tuple[int, bool]:
+    """Trace tiny-llama-test (LoRA q, v; full checkpointing); (size of the embedding output,
+    whether it is freed after the backward's last allocation) in the measured step."""
+    import transformers.modeling_utils as mu
+
+    from trainmem.estimate import estimate
+
+    if not hook:
+        monkeypatch.setattr(mu.PreTrainedModel, "enable_input_require_grads", lambda self: None)
+    training = TrainingConfig(
+        micro_batch_size=B, seq_len=S, lora_rank=8, activation_checkpointing="full"
+    )
+    est = estimate("tiny-llama-test", training, engine="trace", simulate_allocator=False)
+    timeline = est.schedules[0].expand()
+    events = timeline.events[timeline.steady_state_start :]
+    (x0,) = [
+        e
+        for e in events
+        if e.action == "alloc" and e.phase == "forward" and e.module.endswith("embed_tokens")
+    ]
+    freed_at = next(
+        i for i, e in enumerate(events) if e.action == "free" and e.block_id == x0.block_id
+    )
+    last_backward_alloc = max(
+        i for i, e in enumerate(events) if e.action == "alloc" and e.phase == "backward"
+    )
+    return x0.size_bytes, freed_at > last_backward_alloc
+
+
+def test_trace_keeps_the_embedding_output_to_the_end_of_backward(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the trace engine runs transformers' own hook (gradient_checkpointing_enable); with it the
+    # embedding output outlives every allocation of the backward, without it (patched out) the
+    # first layer's backward frees it
+    size, outlives = _embedding_output_outlives_backward(monkeypatch, hook=True)
+    assert outlives
+    assert size == 4 * B * S * 64  # fp32 residual stream under autocast, h = 64
+    model = load_model_spec("tiny-llama-test")
+    training = TrainingConfig(
+        micro_batch_size=B, seq_len=S, lora_rank=8, activation_checkpointing="full"
+    )
+    assert input_grad_hook_bytes(model, training) == 2 * size  # the output and its .grad
+    _, outlives = _embedding_output_outlives_backward(monkeypatch, hook=False)
+    assert not outlives
