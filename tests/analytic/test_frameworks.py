@@ -413,6 +413,39 @@ def test_deepspeed_gradient_copies_at_the_step(llama: object) -> None:
     assert deepspeed_step_gradient_copies(PSI, TrainingConfig(zero_stage=2)) == (0, 0)
 
 
+def test_deepspeed_zero2_accumulation_reduces_into_a_fresh_partition(llama: object) -> None:
+    from trainmem.schedule import Op, Repeat
+
+    # stage_1_and_2.py: the kept averaged_gradients / all_grad_tensors hold the first
+    # micro-batch's grads_in_partition; _release_ipg_buffers drops the attribute, so each later
+    # micro-batch's backward allocates a fresh partition (2 B x PSI / 8) and adds it in
+    def fresh(m: int) -> list[Op]:
+        t = TrainingConfig(
+            framework="deepspeed",
+            zero_stage=2,
+            data_parallel_size=8,
+            seq_len=512,
+            gradient_accumulation_steps=m,
+        )
+        est = estimate_analytic(llama, t, simulate_allocator=False)  # type: ignore[arg-type]
+        found: list[Op] = []
+
+        def walk(items: tuple[object, ...], times: int) -> None:
+            for item in items:
+                if isinstance(item, Repeat):
+                    walk(item.body, times * item.count)
+                elif isinstance(item, Op) and item.key == "grad/fresh_partition":
+                    found.extend([item] * times)
+
+        walk(est.schedules[0].step, 1)
+        return found
+
+    assert fresh(1) == []
+    ops = fresh(3)  # micro-batches 2 and 3: an alloc and a free each
+    assert sorted(op.action for op in ops) == ["alloc", "alloc", "free", "free"]
+    assert {op.size_bytes for op in ops} == {2 * PSI // 8}
+
+
 def test_deepspeed_zero3_steps_one_sub_group_at_a_time(llama: object) -> None:
     from trainmem.analytic.buffers import deepspeed_zero3_sub_group_elements
 

@@ -91,8 +91,16 @@ Note [DeepSpeed gradient copies at the step]
     after the backward (``reduce_gradients`` -> ``copy_grads_in_partition``: ``torch.empty(
     total_size, dtype=self.dtype)`` while the full gradients are alive, then each ``param.grad``
     a view of it or of the reduce bucket, all cleared by ``_clear_param_grad_only``), so by the
-    step only the partition is left. ZeRO-3 (runtime/zero/stage3.py ``step``) does the same
-    per optimizer sub-group (``_prepare_fp32_grad_for_sub_group``; ``sub_group_size`` 1e9
+    step only the partition is left. With gradient accumulation ZeRO-2 keeps the first
+    micro-batch's partition buffer through ``averaged_gradients`` (0.16.9) /
+    ``all_grad_tensors`` (0.19.8) while ``_release_ipg_buffers`` drops ``grads_in_partition``,
+    so every later micro-batch's backward allocates a fresh one (``copy_grads_in_partition``:
+    ``if self.grads_in_partition is None: ... torch.empty(...)``), adds it into the kept one
+    in ``independent_gradient_partition_epilogue`` (``accumulated_grad.add_(new_avg_grad)``) and
+    frees it: one more partition of gradients through that backward (allocated with the first
+    reduced bucket; at the start of the backward for the rank holding the last layers).
+    ZeRO-3 (runtime/zero/stage3.py ``step``) builds the step's two copies per optimizer
+    sub-group (``_prepare_fp32_grad_for_sub_group``; ``sub_group_size`` 1e9
     partition elements), freeing each fp32 copy before the next (``_release_sub_group``); its
     gradient partition stays (a buffer from init). ``FP16_Optimizer`` (ZeRO off, 16-bit gradients;
     fp16/fused_optimizer.py ``step``): ``_flatten_dense_tensors([p.grad.to(fp32) for p in
@@ -314,6 +322,16 @@ class _Builder:
         self.loss_fwd = loss_forward_transient_bytes(model, training) if rank.has_head else 0
         self.kv_cache = forward_kv_cache_bytes(model, training, self.L)
         self.final_hidden = final_hidden_transient_bytes(model, training) if rank.has_head else 0
+        self.zero2_fresh_partition = 0
+        if (
+            training.deepspeed_optimizer == "zero"
+            and training.zero_stage == 2
+            and training.offload == "none"
+            and training.gradient_accumulation_steps > 1
+        ):
+            self.zero2_fresh_partition = dtype_bytes(training.grad_dtype) * (
+                deepspeed_partition_elements(self._trainable_elements(), training)
+            )
         self.input_grad_hook = input_grad_hook_bytes(model, training)
         self.scores_tmp, self.mask_tmp = eager_scores_forward_bytes(model, training)
         self.head_dequant = lm_head_dequant_bytes(model, training) if rank.has_head else 0
@@ -742,6 +760,18 @@ class _Builder:
             "gathered parameters of the prefetched layer",
             self.ag_stream,
         )
+        # Note [DeepSpeed gradient copies at the step]: ZeRO-2 reduces a later micro-batch's
+        # gradients into a fresh partition buffer, added into the accumulated one at the end
+        fresh = alloc(
+            0 if new_grads else self.zero2_fresh_partition,
+            Cat.GRADIENT,
+            b,
+            "grad/fresh_partition",
+            "(optimizer)",
+            "this micro-batch's gradient partition (ZeRO-2 grads_in_partition)",
+        )
+        if fresh.size_bytes:
+            items.append(fresh)
         layers = self._backward_layers(new_grads=new_grads, reduce=reduce)
         items += [prefetch_b, *layers, free(prefetch_b, b)]
         items.append(free(residual, b))
@@ -767,6 +797,8 @@ class _Builder:
         items.append(free(emb_act, b))
         if hook.size_bytes:
             items.append(free(hook, b))
+        if fresh.size_bytes:
+            items.append(free(fresh, b))
         items.append(free(bucket, b))
         items += [free(op, b) for op in reversed(spans)]
         return items
