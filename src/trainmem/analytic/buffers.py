@@ -380,9 +380,13 @@ def deepspeed_step_gradient_copies(
       same per optimizer sub-group (``largest_sub_group`` elements,
       :func:`deepspeed_zero3_sub_group_elements`), the fp32 copy freed by
       ``_release_sub_group`` before the next one.
-    * ``FP16_Optimizer`` (``fp16/fused_optimizer.py`` ``step``):
-      ``_flatten_dense_tensors([p.grad.to(fp32) for p in group])``: an fp32 copy of every
-      gradient, all alive until ``torch.cat`` has built the flat fp32 gradient (kept).
+    * ``FP16_Optimizer`` (``fp16/fused_optimizer.py`` ``step``, DeepSpeed's ``FusedAdam`` from
+      the config's ``optimizer`` section): ``_flatten_dense_tensors([p.grad.to(fp32) for p in
+      group])``: an fp32 copy of every gradient, all alive until ``torch.cat`` has built the
+      flat fp32 gradient (kept). Known limitation: a client optimizer that is not
+      ``FusedAdam`` (the HF Trainer's own AdamW without an ``optimizer`` section) runs
+      ``FP16_UnfusedOptimizer`` instead (``fp16/unfused_optimizer.py``: ``fp32_param.grad =
+      fp16_param.grad.to(fp32)`` per parameter, 4 B kept, nothing transient); not modelled.
     * ``BF16_Optimizer`` (``bf16_optimizer.py`` ``step``): ``grad_partition.to(fp32)`` only
       when it accumulates in another dtype than fp32 (kept); none otherwise.
     * CPU offload: none here (the gradients go to host buffers).
