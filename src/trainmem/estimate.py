@@ -94,6 +94,21 @@ def default_seq_len_of(model: str | ModelSpec) -> int:
         return 1024
 
 
+def default_attention_of(model: str | ModelSpec) -> str:
+    """The attention a run of ``model`` uses when none is given: ``eager`` for the families
+    transformers runs eager only (:data:`~trainmem.specs.model.EAGER_ONLY_TYPES`: BLOOM,
+    Gemma-2, whose ``_supports_sdpa`` is False), ``sdpa`` otherwise (transformers'
+    ``PreTrainedModel._check_and_adjust_attn_implementation`` default when torch has SDPA);
+    ``sdpa`` for a family only the traced paths run."""
+    from trainmem.specs.model import EAGER_ONLY_TYPES
+
+    try:
+        spec = resolve_model(model)
+    except UnsupportedError:
+        return "sdpa"
+    return "eager" if spec.model_type in EAGER_ONLY_TYPES else "sdpa"
+
+
 def route_diffusers(model: str | ModelSpec, training: TrainingConfig) -> bool:
     """True when ``model`` is a diffusers config (``_class_name``, no ``model_type``): only the
     trace engine builds it (``trainmem.trace.diffusers_model``). Checks ``resolution`` /
