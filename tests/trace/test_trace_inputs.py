@@ -23,20 +23,22 @@ def _config(tmp_path: Path, **fields: object) -> str:
     return str(path)
 
 
-def test_gptj_with_sdpa_is_unsupported_with_a_hint(tmp_path: Path) -> None:
+def test_family_without_sdpa_is_unsupported_with_a_hint(tmp_path: Path) -> None:
     from trainmem.trace.hf_model import build_hf_model
 
     raw = {
-        "model_type": "gptj",
-        "n_embd": 64,
-        "n_head": 4,
-        "n_layer": 2,
+        "model_type": "gpt_neo",
+        "hidden_size": 64,
+        "num_heads": 4,
+        "num_layers": 2,
+        "attention_types": [[["global", "local"], 1]],
         "vocab_size": 128,
-        "rotary_dim": 8,
+        "max_position_embeddings": 128,
         "bos_token_id": 0,
         "eos_token_id": 0,
     }
-    # transformers raises ValueError: GPT-J has no SDPA attention implementation
+    # transformers raises ValueError: GPT-Neo has no SDPA attention implementation
+    # (GPTNeoPreTrainedModel._supports_sdpa is False; GPT-J, used here before, gained SDPA in 5.24)
     with pytest.raises(UnsupportedError, match="try --attention eager"):
         build_hf_model(raw, attention="sdpa")
     build_hf_model(raw, attention="eager")  # the hint works
