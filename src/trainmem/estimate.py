@@ -451,6 +451,14 @@ def _estimate_auto(
     return finish(est, gpu=gpu_spec, alloc_conf=alloc_conf, simulate_allocator=simulate_allocator)
 
 
+def _loaded_spec(name: str) -> ModelSpec | None:
+    """The spec the config ``name`` gives, or None when it cannot be read or modelled."""
+    try:
+        return resolve_model(name)
+    except (SpecError, UnsupportedError):
+        return None
+
+
 def _estimate_traced(
     model: str | ModelSpec,
     training: TrainingConfig,
@@ -470,6 +478,12 @@ def _estimate_traced(
             f"{what} does not model "
             + ", ".join(unsupported)
             + " yet; use --engine analytic for this configuration"
+        )
+    if isinstance(model, ModelSpec) and _loaded_spec(model.name) != model:
+        raise UnsupportedError(
+            f"the traced paths build the model from its config, and this ModelSpec differs from "
+            f"the config {model.name!r} names (changed after loading); pass the path of a "
+            "config.json with the changes instead"
         )
     target: str | ModelSpec = model
     if not diffusers:
