@@ -515,7 +515,7 @@ class TrainingConfig:
         if not self.conventions.deepspeed_optimizer_wrappers:
             return None
         return deepspeed_optimizer_wrapper(
-            self.compute_dtype if self.master_weights else self.weight_dtype,
+            self._deepspeed_model_dtype,
             self.deepspeed_grad_accum_dtype,
             self.zero_stage,
             cpu_offload=self.offload != "none",
@@ -530,11 +530,17 @@ class TrainingConfig:
         deepspeed_grad_accum_dtype`: the model dtype; fp32 for bf16 without ZeRO before
         0.17.6)."""
         return deepspeed_grad_accum_dtype(
-            self.compute_dtype if self.master_weights else self.weight_dtype,
+            self._deepspeed_model_dtype,
             self.zero_stage,
             self.grad_accum_dtype,
             parse_version("deepspeed_version", self.deepspeed_version),
         )
+
+    @property
+    def _deepspeed_model_dtype(self) -> str:
+        """The model dtype DeepSpeed's engine sees (engine.py ``get_data_types``): the 16-bit
+        dtype of an ``fp16`` / ``bf16`` section (the ``*-mixed`` precisions), else fp32."""
+        return self.compute_dtype if self.master_weights else "float32"
 
     @property
     def bf16_optimizer(self) -> bool:
@@ -564,7 +570,7 @@ class TrainingConfig:
         # keeps each gradient as ``param.grad_accum`` in it (stage_1_and_2.py
         # ``use_grad_accum_attribute``, ``_fill_param_grad_accum_attribute``); ZeRO-2 keeps the
         # model dtype (``grads_in_partition``, ``dtype=self.dtype``)
-        if wrapper == "zero" and self.zero_stage in (1, 3):
+        if wrapper == "zero" and self.master_weights and self.zero_stage in (1, 3):
             return self.deepspeed_grad_accum_dtype
         return self.weight_dtype
 
