@@ -1095,7 +1095,10 @@ def lm_head_dequant_bytes(model: ModelSpec, training: TrainingConfig) -> int:
 def loss_kind(model: ModelSpec, training: TrainingConfig) -> str:
     """The loss the step runs on the logits: ``TrainingConfig.loss`` when given (an explicit
     value always wins), else the model's own: the course's written-out cross-entropy for a
-    family with ``ModelSpec.loss_written_out``, ``cross-entropy`` otherwise."""
+    family with ``ModelSpec.loss_written_out``, ``cross-entropy`` otherwise (and for every
+    head but a causal LM's, where ``loss`` is refused)."""
+    if model.head != "causal-lm":
+        return "cross-entropy"
     if training.loss is not None:
         return training.loss
     return "cs336-cross-entropy" if model.loss_written_out else "cross-entropy"
@@ -1110,7 +1113,7 @@ def written_out_exp_bytes(training: TrainingConfig) -> int:
 
 
 def written_out_loss_forward_bytes(training: TrainingConfig, *, t: int, v: int) -> int:
-    """Bytes the course's cross-entropy holds at its peak besides the exp output it saves.
+    """Bytes the course's cross-entropy holds at its peak besides the two tensors it saves.
 
     Note [The course's cross-entropy]
         cs336_basics/nn_utils.py: ``log_softmax(x) = x - x_max - torch.log(torch.sum(
@@ -1149,7 +1152,7 @@ def loss_backward_tensors(model: ModelSpec, training: TrainingConfig) -> int:
     the LM head's matmul) and for the course's cross-entropy, two under autocast (Note [The
     course's cross-entropy]), three under DTensor's loss parallel, two otherwise
     (:func:`loss_backward_transient_bytes`)."""
-    kind = loss_kind(model, training) if model.head == "causal-lm" else "cross-entropy"
+    kind = loss_kind(model, training)
     if kind == "cs336-cross-entropy":  # Note [The course's cross-entropy]
         c, _ = compute_and_residual_bytes(training)
         return 1 if written_out_exp_bytes(training) == c else 2
@@ -1183,7 +1186,7 @@ def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
     c, _ = compute_and_residual_bytes(training)
     v = model.vocab_size
     chunk = -(-t // max(training.chunked_cross_entropy, 1))
-    kind = loss_kind(model, training) if model.head == "causal-lm" else "cross-entropy"
+    kind = loss_kind(model, training)
     if kind in ("logits-sum", "logits-mean"):
         total = c * v * t  # the logits; the sum / mean is one value
     elif kind == "cs336-cross-entropy":
@@ -1375,7 +1378,7 @@ def loss_backward_transient_bytes(model: ModelSpec, training: TrainingConfig) ->
     per_value = 4 if training.loss_upcast else c
     chunks = max(training.chunked_cross_entropy, 1)
     n = loss_backward_tensors(model, training)
-    kind = loss_kind(model, training) if model.head == "causal-lm" else "cross-entropy"
+    kind = loss_kind(model, training)
     if kind in ("logits-sum", "logits-mean"):
         # ``sum`` backward expands the incoming scalar (a view), ``mean``'s divides it (one
         # tensor): the LM head's matmul backward makes it one contiguous (t, V) tensor of the

@@ -157,7 +157,7 @@ def _config(model: ModelSpec, training: TrainingConfig) -> dict[str, object]:
     """:func:`~trainmem.specs.training.resolved_config` with the loss that runs (the model's
     own when none was given: :func:`~trainmem.analytic.activations.loss_kind`)."""
     out = resolved_config(training)
-    if model.head == "causal-lm":
+    if model.head == "causal-lm":  # the only head with a loss setting
         out["loss"] = loss_kind(model, training)
     return out
 

@@ -722,9 +722,9 @@ class _Builder:
             "DeepSpeed's gradient bucket(s)",
         )
         items.append(bucket)
-        # two (tokens x vocab) tensors, three under DTensor's loss parallel
-        # (:func:`~trainmem.analytic.activations.loss_backward_transient_bytes`); all but the
-        # last are freed before the head's backward
+        # the loss's (tokens x vocab) gradients, two for a cross-entropy, three under DTensor's
+        # loss parallel (:func:`~trainmem.analytic.activations.loss_backward_tensors`); all but
+        # the last are freed before the head's backward
         n = loss_backward_tensors(self.model, t)
         label = "the (tokens x vocab) loss gradients"
         g1 = alloc(self.loss_tmp * (n - 1) // n, Cat.TEMPORARY, b, "loss/1", "loss", label)
