@@ -134,6 +134,16 @@ def _qk_norm_saved_bytes(model: ModelSpec, c: int, **kwargs: bool) -> int:
     return total
 
 
+def sliding_mask_applies(model: ModelSpec, training: TrainingConfig) -> bool:
+    """The sliding-window layers get an explicit mask at SDPA: the model has sliding layers,
+    ``seq_len`` reaches ``sliding_window`` (masking_utils.py ``_ignore_causal_mask_sdpa``) and
+    attention is not eager (which always adds a mask, :func:`eager_mask_bytes`)."""
+    s = tokens_per_sequence(model, training)
+    return (
+        model.num_sliding_layers > 0 and s >= model.sliding_window and training.attention != "eager"
+    )
+
+
 def sliding_mask_bias_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     """Bytes the sliding-window layers' SDPA calls save beyond a full-attention layer's, summed
     over those layers: once ``seq_len`` reaches ``sliding_window``, transformers passes them an
@@ -143,9 +153,9 @@ def sliding_mask_bias_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     memory-efficient kernel's ``attn_bias``), and k and v reach it expanded to all query heads
     (``repeat_kv``, as with any mask: :func:`sdpa_expands_kv`). Found by the trace engine on a
     Gemma-3 layer. Eager attention adds the mask to the scores and saves none of it."""
-    s = tokens_per_sequence(model, training)
-    if not model.num_sliding_layers or s < model.sliding_window or training.attention == "eager":
+    if not sliding_mask_applies(model, training):
         return 0
+    s = tokens_per_sequence(model, training)
     c, _ = compute_and_residual_bytes(training)
     b = training.micro_batch_size
     per_layer = c * b * s * s
@@ -332,11 +342,20 @@ def sdpa_output_copied(model: ModelSpec, training: TrainingConfig) -> bool:
     transformers' ``attn_output.transpose(1, 2).contiguous()`` (integrations/sdpa_attention.py)
     copies it. The memory-efficient kernel (fp32, an explicit mask, head_dim > 256) always
     allocates (b, s, a, d), and then the transpose is a view. Found by the trace engine
-    (tests/models/formula/gpt_neox.json, phi.json)."""
+    (tests/models/formula/gpt_neox.json, phi.json; Phi-3 with a sliding-window mask:
+    tests/analytic/test_sliding_window.py)."""
     c, _ = compute_and_residual_bytes(training)
+    every_layer_masked = (
+        sliding_mask_applies(model, training) and model.num_sliding_layers == model.num_layers
+    )  # Phi-3 with s >= sliding_window: every layer takes the memory-efficient kernel
     flash = (
         training.attention == "flash"
-        or (training.attention == "sdpa" and c == 2 and not training.padding_mask)
+        or (
+            training.attention == "sdpa"
+            and c == 2
+            and not training.padding_mask
+            and not every_layer_masked
+        )
     ) and model.head_dim <= 256
     return model.rotary_cat and flash and training.conventions.hf_model_code
 
