@@ -150,3 +150,37 @@ def test_fp8_keeps_bf16_activations_and_gathers_float8() -> None:
     assert fp8.details["activations_per_layer_bytes"] == bf16.details["activations_per_layer_bytes"]
     assert fp8.breakdown.parameters == bf16.breakdown.parameters
     assert fp8.breakdown.allocated_bytes < bf16.breakdown.allocated_bytes
+
+
+@pytest.mark.parametrize("targets", [("q", "v"), ("q", "k", "v", "o", "gate", "up", "down")])
+def test_bf16_true_lora_layer_saves_the_fp32_input_casts_not_the_inputs(
+    targets: tuple[str, ...],
+) -> None:
+    """bf16-true with peft LoRA, no autocast: peft's adapters are fp32
+    (``autocast_adapter_dtype=True``) and each targeted linear's forward casts its input to
+    them (tuners/lora/layer.py ``Linear.forward``: ``x = self._cast_input_dtype(x,
+    lora_A.weight.dtype)``); ``lora_A`` saves that fp32 copy, and the frozen base linear saves
+    no input (derivatives.yaml ``mm``: ``self`` only when ``mat2`` requires grad). So the
+    16-bit inputs of the targeted linears are not kept. Expected: the real peft model traced on
+    fake tensors, the middle layer's saved bytes (layer 1 of 3: layer 0's pre-norm saves
+    nothing when the frozen embedding's output needs no gradient)."""
+    pytest.importorskip("peft")
+    from trainmem.analytic.activations import layer_activation_terms
+    from trainmem.specs.hf import model_spec_from_hf
+    from trainmem.trace.engine import run_trace
+    from trainmem.trace.hf_model import build_hf_training_model, make_hf_batch
+
+    raw = {**load_hf_config("tiny-llama-test"), "num_hidden_layers": 3}
+    training = TrainingConfig(
+        micro_batch_size=2, seq_len=64, precision="bf16-true", lora_rank=8, lora_targets=targets
+    )
+    analytic = sum(layer_activation_terms(model_spec_from_hf(raw, name="x"), training).values())
+    holder = {}
+
+    def build():
+        holder["m"] = build_hf_training_model(raw, training)
+        return holder["m"]
+
+    _, report = run_trace(build, lambda: make_hf_batch(holder["m"], 2, 64), training)
+    traced = sum(v for k, v in report.activation_bytes_by_module.items() if ".layers.1." in f"{k}.")
+    assert 0 <= traced - analytic <= 512  # the trace's few host-scalar bytes per layer

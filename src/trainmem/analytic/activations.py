@@ -817,24 +817,32 @@ def _apply_lora(
     # With lora_dropout the adapters read the dropout output (counted below), not x: a frozen
     # base saves no input at all.
     via_dropout = training.lora_dropout > 0 and not frozen_inputs_saved
+    # Without autocast, peft casts a 16-bit input to its fp32 adapters (``_cast_input_dtype``:
+    # ``x.to(lora_A.weight.dtype)``) and A saves that copy (``lora/*_input_cast``), not x.
+    via_cast = (
+        not training.uses_autocast
+        and dtype_bytes(lora_adapter_dtype(training)) > c
+        and not frozen_inputs_saved
+    )
+    skip_inputs = via_dropout or via_cast
     if frozen_inputs_saved:
         pass
-    elif via_dropout:
+    elif skip_inputs:
         terms["attention/qkv_input"] = 0
     elif qkv_targets == 0:
         terms["attention/qkv_input"] = 0
     elif training.uses_autocast and not fused:
         terms["attention/qkv_input"] = c * h * t * qkv_targets
-    if ("o" not in targets or via_dropout) and not frozen_inputs_saved:
+    if ("o" not in targets or skip_inputs) and not frozen_inputs_saved:
         terms["attention/out_proj_input"] = 0
     n_up = len({"gate", "up"} & targets) if model.mlp_kind == "gated" else int("up" in targets)
     if frozen_inputs_saved:
         pass
-    elif n_up == 0 or via_dropout:
+    elif n_up == 0 or skip_inputs:
         terms["mlp/input"] = 0
     elif training.uses_autocast:
         terms["mlp/input"] = c * h * t * k_top * n_up
-    if ("down" not in targets or via_dropout) and not frozen_inputs_saved:
+    if ("down" not in targets or skip_inputs) and not frozen_inputs_saved:
         key = "mlp/gated" if model.mlp_kind == "gated" else "mlp/activation"
         terms[key] -= c * model.intermediate_size * t * k_top
     for name, (fan_in, _out, _n) in shapes.items():
