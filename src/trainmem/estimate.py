@@ -130,9 +130,10 @@ def trace_unsupported_settings(training: TrainingConfig) -> list[str]:
     framework ``pytorch-amp`` or ``fsdp2``; ``trainmem.trace.fsdp``), DTensor tensor / sequence
     parallelism (``trainmem.trace.tensor_parallel``), ``compile`` (``trainmem.trace.compile``),
     ``fp8-mixed`` (torchao, ``trainmem.trace.float8``), context parallelism (ring attention,
-    ``trainmem.trace.parallel``). Other data-parallel
+    ``trainmem.trace.parallel``), pipeline parallelism (``torch.distributed.pipelining``,
+    ``trainmem.trace.pipeline``; its own refusals there). Other data-parallel
     layouts, offload, quantized bases, the other frameworks, optimizer-in-backward, activation
-    offloading and model parallelism are refused.
+    offloading are refused.
     """
     defaults = TrainingConfig()
     checked = (
@@ -140,7 +141,6 @@ def trace_unsupported_settings(training: TrainingConfig) -> list[str]:
         "quantize_base",
         "optimizer_in_backward",
         "activation_offloading",
-        "pipeline_parallel_size",
         # issue 12: FSDP variants and inputs the trace does not build yet
         "reshard_after_forward",
         "shard_group_size",

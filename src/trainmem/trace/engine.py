@@ -291,14 +291,27 @@ def _run_trace(
         if isinstance(exc, UnsupportedError):
             raise
         raise TraceError(f"the traced step failed: {type(exc).__name__}: {exc}") from exc
+    return capture, peak_report(capture, emulate_cuda, workspace_bytes)
+
+
+def peak_report(capture: Capture, emulate_cuda: bool, workspace_bytes: int) -> PeakReport:
+    """The recorded step's timeline and peak, with the cuBLAS workspaces when ``emulate_cuda``.
+
+    Args:
+        capture: the recorded step.
+        emulate_cuda: add the workspaces a CUDA run allocates.
+        workspace_bytes: one workspace.
+
+    Returns:
+        The :class:`~trainmem.trace.attribution.PeakReport`.
+    """
     extra = []
     if emulate_cuda:
         # two cuBLAS handles, so two workspaces: the forward thread's and the autograd device
         # thread's (shared/specs/cuda-caching-allocator.md, "cuBLAS workspace")
         extra.append(("cublas_workspace", workspace_bytes, MemoryCategory.TEMPORARY))
         extra.append(("cublas_workspace_backward", workspace_bytes, MemoryCategory.TEMPORARY))
-    report = analyse(capture.recorder.events, extra)
-    return capture, report
+    return analyse(capture.recorder.events, extra)
 
 
 @contextlib.contextmanager
@@ -460,6 +473,12 @@ def estimate_trace(
 
     name = model_spec_or_name if isinstance(model_spec_or_name, str) else model_spec_or_name.name
     raw = load_hf_config(name)
+    if training.pipeline_parallel_size > 1:
+        from trainmem.trace.pipeline import estimate_pipeline
+
+        return estimate_pipeline(
+            name, lambda: build_hf_training_model(raw, training), training, gpu=gpu
+        )
     holder: dict[str, Any] = {}
 
     def build() -> Any:

@@ -166,6 +166,18 @@ def trace_generic(
         UnsupportedError / TraceError: the model cannot be built or traced.
     """
     t0 = time.perf_counter()
+    if training.pipeline_parallel_size > 1 and recipe.library == "transformers":
+        from trainmem.trace.pipeline import estimate_pipeline
+
+        est = estimate_pipeline(
+            recipe.name, recipe.build, training, gpu=gpu, generic=True, copies=copies
+        )
+        est.notes[0] = (
+            "generic path: each pipeline rank's stages built by transformers on fake tensors, a "
+            "few layers per stage traced under torch.distributed.pipelining and repeated to "
+            "full depth; requested sizes, the CUDA context is the default allowance"
+        )
+        return est
     with torch.device("meta"):
         model = recipe.build()
     n_all, n_train = _count(model)
