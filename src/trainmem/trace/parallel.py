@@ -2,11 +2,11 @@
 
 Note [Tracing one rank of a mesh]
     The world is ``pipeline_parallel_size x data_parallel_size x context_parallel_size x
-    tensor_parallel_size`` ranks
-    laid out as torchtitan's
-    ``ParallelDims`` builds its mesh (``torchtitan/distributed/parallel_dims.py``: dimensions
-    ``pp, dp_replicate, dp_shard, cp, tp``, the last varying fastest); size-1 dimensions are
-    left out (pipeline parallelism: ``trainmem.trace.pipeline``). One rank of it is run in this process under torch's ``"fake"`` process group
+    tensor_parallel_size`` ranks laid out as torchtitan's ``ParallelDims`` builds its mesh
+    (``torchtitan/distributed/parallel_dims.py``: dimensions ``pp, dp_replicate, dp_shard, cp,
+    tp``, the last varying fastest); size-1 dimensions are left out (pipeline parallelism:
+    ``trainmem.trace.pipeline``). One rank of it is run in this process under torch's
+    ``"fake"`` process group
     (``torch.testing._internal.distributed.fake_pg.FakeStore``): collectives allocate their
     output buffers and return at once, so every storage the rank allocates is recorded and no
     other rank exists. The model is parallelized in torchtitan's order (``parallelize_llama``):
