@@ -52,7 +52,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -401,6 +401,31 @@ def build_schedule(
     return run
 
 
+@contextlib.contextmanager
+def _named_post_backward() -> Iterator[None]:
+    """Name the module of each FSDP2 group while pipelining's ``perform_reduce_grad`` runs its
+    post-backward (reduce-scatter of the gradients accumulated over the micro-batches): it runs
+    outside any forward and autograd node, so the recorder would see no module."""
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+    from trainmem.trace.module_paths import ModulePathTracker
+
+    original = FSDPParamGroup.post_backward
+
+    def post_backward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        tracker = ModulePathTracker.active
+        if tracker is None or not self.modules:
+            return original(self, *args, **kwargs)
+        with tracker.inside(self.modules[0]):
+            return original(self, *args, **kwargs)
+
+    FSDPParamGroup.post_backward = post_backward  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        FSDPParamGroup.post_backward = original  # type: ignore[method-assign]
+
+
 def pipeline_step(
     run: PipelineRun, optimizer: Any, *, set_to_none: bool = True
 ) -> Callable[[Callable[[str], None] | None], None]:
@@ -425,7 +450,8 @@ def pipeline_step(
         args = (run.batch["input_ids"],) if first else ()
         target = run.batch["labels"] if last else None
         losses: list[Any] | None = [] if last else None
-        run.schedule.step(*args, target=target, losses=losses)
+        with _named_post_backward():
+            run.schedule.step(*args, target=target, losses=losses)
         del losses
         signal("optimizer")
         optimizer.step()
