@@ -52,6 +52,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -350,17 +351,19 @@ def build_schedule(
             outputs = torch.empty(b, s, vocab, dtype=compute, requires_grad=True)
         else:
             outputs = boundary
-        stages.append(
-            PipelineStage(
-                module,
-                index,
-                rank.num_stages,
-                torch.device("cpu"),
-                input_args=inputs,
-                output_args=outputs,
-                group=pp_group,
-            )
+        stage = PipelineStage(
+            module,
+            index,
+            rank.num_stages,
+            torch.device("cpu"),
+            input_args=inputs,
+            output_args=outputs,
+            group=pp_group,
         )
+        # the process runs as pp rank 0 for every traced rank (one fake group, one mesh: DTensor
+        # caches compare meshes without their groups); the schedule reads the rank from here
+        stage.group_rank = rank.rank
+        stages.append(stage)
     vocab_size = next(iter(stage_modules.values())).config.vocab_size
 
     def loss_fn(logits: Any, labels: Any) -> Any:
@@ -383,7 +386,11 @@ def build_schedule(
         @functools.wraps(fn)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
             run.signal[0](start)
-            with amp() if cast else contextlib.nullcontext():
+            with amp() if cast else contextlib.nullcontext(), warnings.catch_warnings():
+                # under SP a non-last stage returns DTensor.to_local() of its last layer's
+                # output, a view; torchtitan's layers hand local tensors around, and its stage
+                # returns the residual addition itself: same storage, no warning there
+                warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* view tensor")
                 out = fn(*args, **kwargs)
             run.signal[0](end)
             return out
@@ -496,6 +503,7 @@ def trace_pipeline_rank(
     emulate_cuda: bool = True,
     workspace_bytes: int,
     cut: Callable[[Any], list[Any]] | None = None,
+    mesh: Any,
 ) -> RankTrace:
     """Build one pipeline rank's stages and record its steady-state step (Note [Tracing
     pipeline parallelism]).
@@ -509,6 +517,8 @@ def trace_pipeline_rank(
         emulate_cuda: CUDA kernels' allocations and the cuBLAS workspaces.
         workspace_bytes: one cuBLAS workspace.
         cut: ``cut(stage_modules) -> runs`` cuts the stages' layer lists (generic path).
+        mesh: the device mesh of :func:`trainmem.trace.parallel.trace_mesh` as rank 0, shared
+            by every pipeline rank traced (see :func:`build_schedule`).
 
     Returns:
         The :class:`RankTrace`.
@@ -531,68 +541,65 @@ def trace_pipeline_rank(
     )
     from trainmem.trace.hf_model import materialize_fake
     from trainmem.trace.optimizers import build_optimizer
-    from trainmem.trace.parallel import parallelize, rank_map, trace_mesh
+    from trainmem.trace.parallel import parallelize, rank_map
 
     check_pipeline_settings(training)
     world = rank_map(training)["world_size"]
     global_rank = rank.rank * (world // training.pipeline_parallel_size)
-    with trace_mesh(training, global_rank) as mesh:
-        fake_mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else None
-        with torch.device("meta") if fake else contextlib.nullcontext():
-            full = build_model()
-        loss_function = full.loss_function
-        full.train()
-        apply_activation_checkpointing(full, training.activation_checkpointing)
-        stages = split_stages(full, training, rank)
-        runs = cut(stages) if cut is not None else []
-        if fake_mode is not None:
-            materialize_fake(stages, fake_mode)
-        ctx = fake_mode if fake_mode is not None else contextlib.nullcontext()
-        with ctx:
-            _maybe_float8(stages, training)
-        if not fake and training.weight_dtype != "float32":
-            stages.to(_torch_dtype(training.weight_dtype))
-        stages.train()
-        names = mesh.mesh_dim_names or ()
-        for module in stages.values():
-            if training.compile:
-                compile_layers(module, checkpointing=training.activation_checkpointing)
-            parallelize(module, mesh, training, fake_mode)
-            if training.sequence_parallel:
-                module.sequence_mesh = mesh["tp"]
-        pp_mesh = mesh["pp"] if len(names) > 1 else mesh
-        module_names = {n for n, _ in stages.named_modules(remove_duplicate=False)}
-        with ctx:
-            run = build_schedule(
-                stages,
-                rank,
-                training,
-                pp_mesh.get_group(),
-                loss_function,
-                _autocast_factory(training),
-            )
-            params = [p for p in dict.fromkeys(stages.parameters()) if p.requires_grad]
-            opt = build_optimizer(params, training)
-        infos = _param_infos(stages)
-        fused = bool(opt.defaults.get("fused")) if hasattr(opt, "defaults") else False
-        try:
-            capture = capture_step(
-                stages,
-                [run.batch],
-                opt,
-                fake_mode=fake_mode,
-                host_optimizer_step=emulate_cuda,
-                fused=fused,
-                context=lambda: _step_context(training, emulate_cuda, opt if fake else None),
-                step=pipeline_step(run, opt, set_to_none=training.zero_grad_set_to_none),
-                runtime_state=run.runtime_state,
-            )
-        except (RuntimeError, TypeError, NotImplementedError, ValueError) as exc:
-            if isinstance(exc, (UnsupportedError, SpecError)):
-                raise
-            raise TraceError(
-                f"the traced pipeline step failed: {type(exc).__name__}: {exc}"
-            ) from exc
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else None
+    with torch.device("meta") if fake else contextlib.nullcontext():
+        full = build_model()
+    loss_function = full.loss_function
+    full.train()
+    apply_activation_checkpointing(full, training.activation_checkpointing)
+    stages = split_stages(full, training, rank)
+    runs = cut(stages) if cut is not None else []
+    if fake_mode is not None:
+        materialize_fake(stages, fake_mode)
+    ctx = fake_mode if fake_mode is not None else contextlib.nullcontext()
+    with ctx:
+        _maybe_float8(stages, training)
+    if not fake and training.weight_dtype != "float32":
+        stages.to(_torch_dtype(training.weight_dtype))
+    stages.train()
+    names = mesh.mesh_dim_names or ()
+    for module in stages.values():
+        if training.compile:
+            compile_layers(module, checkpointing=training.activation_checkpointing)
+        parallelize(module, mesh, training, fake_mode)
+        if training.sequence_parallel:
+            module.sequence_mesh = mesh["tp"]
+    pp_mesh = mesh["pp"] if len(names) > 1 else mesh
+    module_names = {n for n, _ in stages.named_modules(remove_duplicate=False)}
+    with ctx:
+        run = build_schedule(
+            stages,
+            rank,
+            training,
+            pp_mesh.get_group(),
+            loss_function,
+            _autocast_factory(training),
+        )
+        params = [p for p in dict.fromkeys(stages.parameters()) if p.requires_grad]
+        opt = build_optimizer(params, training)
+    infos = _param_infos(stages)
+    fused = bool(opt.defaults.get("fused")) if hasattr(opt, "defaults") else False
+    try:
+        capture = capture_step(
+            stages,
+            [run.batch],
+            opt,
+            fake_mode=fake_mode,
+            host_optimizer_step=emulate_cuda,
+            fused=fused,
+            context=lambda: _step_context(training, emulate_cuda, opt if fake else None),
+            step=pipeline_step(run, opt, set_to_none=training.zero_grad_set_to_none),
+            runtime_state=run.runtime_state,
+        )
+    except (RuntimeError, TypeError, NotImplementedError, ValueError) as exc:
+        if isinstance(exc, (UnsupportedError, SpecError)):
+            raise
+        raise TraceError(f"the traced pipeline step failed: {type(exc).__name__}: {exc}") from exc
     report = peak_report(capture, emulate_cuda, workspace_bytes)
     return RankTrace(rank, global_rank, capture, report, runs, infos, module_names)
 
@@ -623,6 +630,55 @@ _RANK_DETAILS = (
 """Trace details of one traced rank (dropped: the driver reports the most loaded one)."""
 
 
+def _trace_rank(
+    build_model: Callable[[], Any],
+    training: TrainingConfig,
+    rank: PipelineRank,
+    workspace_bytes: int,
+    mesh: Any,
+    generic: bool,
+    copies: int | None,
+    notes: list[str],
+) -> tuple[RankTrace, Any]:
+    """One rank's trace and step schedule: composed to full depth from a few layers per stage
+    (``generic``), or the whole stages' recorded stream; a composition that fails falls back
+    to the whole stages, with a note."""
+    from trainmem.schedule import StepSchedule
+    from trainmem.trace.blocks import truncate
+    from trainmem.trace.compose import CompositionError, compose
+
+    def cut(stages: Any) -> list[Any]:
+        return truncate(stages, copies)
+
+    traced = trace_pipeline_rank(
+        build_model,
+        training,
+        rank,
+        workspace_bytes=workspace_bytes,
+        cut=cut if generic else None,
+        mesh=mesh,
+    )
+    if traced.runs:
+        try:
+            schedule = compose(
+                traced.report.timeline,
+                traced.runs,
+                traced.params,
+                module_names=traced.module_names,
+            )
+            return traced, schedule
+        except CompositionError as exc:
+            reason = " ".join(str(exc).split())[:160]
+            notes.append(
+                f"generic path: pipeline rank {rank.rank}'s cut stages could not stand for the "
+                f"whole ({reason}); every layer of the stage was traced instead"
+            )
+            traced = trace_pipeline_rank(
+                build_model, training, rank, workspace_bytes=workspace_bytes, mesh=mesh
+            )
+    return traced, StepSchedule.from_timeline(traced.report.timeline)
+
+
 def estimate_pipeline(
     name: str,
     build_model: Callable[[], Any],
@@ -648,11 +704,8 @@ def estimate_pipeline(
         A draft :class:`~trainmem.breakdown.MemoryEstimate` with one schedule per traced rank;
         :func:`trainmem.estimate.finish` completes it.
     """
-    from trainmem.schedule import StepSchedule
-    from trainmem.trace.blocks import truncate
-    from trainmem.trace.compose import CompositionError, compose
     from trainmem.trace.engine import DEFAULT_CUBLAS_WORKSPACE_BYTES, _estimate
-    from trainmem.trace.parallel import rank_map
+    from trainmem.trace.parallel import rank_map, trace_mesh
 
     check_pipeline_settings(training)
     with torch.device("meta"):
@@ -670,33 +723,13 @@ def estimate_pipeline(
     traces: list[RankTrace] = []
     schedules = []
 
-    def cut_stages(stages: Any) -> list[Any]:
-        return truncate(stages, copies)
-
-    for rank in pipeline_ranks(num_layers, training):
-        traced = trace_pipeline_rank(
-            build_model, training, rank, workspace_bytes=ws, cut=cut_stages if generic else None
-        )
-        schedule = None
-        if traced.runs:
-            try:
-                schedule = compose(
-                    traced.report.timeline,
-                    traced.runs,
-                    traced.params,
-                    module_names=traced.module_names,
-                )
-            except CompositionError as exc:
-                reason = " ".join(str(exc).split())[:160]
-                notes.append(
-                    f"generic path: pipeline rank {rank.rank}'s cut stages could not stand for "
-                    f"the whole ({reason}); every layer of the stage was traced instead"
-                )
-                traced = trace_pipeline_rank(build_model, training, rank, workspace_bytes=ws)
-        if schedule is None:
-            schedule = StepSchedule.from_timeline(traced.report.timeline)
-        traces.append(traced)
-        schedules.append(schedule)
+    with trace_mesh(training) as mesh:
+        for rank in pipeline_ranks(num_layers, training):
+            traced, schedule = _trace_rank(
+                build_model, training, rank, ws, mesh, generic, copies, notes
+            )
+            traces.append(traced)
+            schedules.append(schedule)
     est = _estimate(name, traces[0].capture, traces[0].report, training, gpu, ws)
     if generic:
         est.engine = "generic"
