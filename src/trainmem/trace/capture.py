@@ -72,6 +72,13 @@ def _host_resident(name: str, value: Any, fused: bool) -> bool:
     return name == "step" and not fused and value.numel() == 1
 
 
+def _register_all(
+    rec: StorageRecorder, tensors: Iterable[tuple[Any, MemoryCategory, str]]
+) -> None:
+    for tensor, category, module in tensors:
+        rec.register(tensor, category, module=module)
+
+
 def capture_step(
     model: Any,
     batches: Sequence[Any],
@@ -166,8 +173,8 @@ def capture_step(
             for t in flat:
                 if isinstance(t, torch.Tensor):
                     rec.register(t, MemoryCategory.INPUT)
-        for tensor, category, module in runtime_state() if runtime_state is not None else ():
-            rec.register(tensor, category, module=module)
+        if runtime_state is not None:
+            _register_all(rec, runtime_state())  # (a loop here would keep its last tensor)
 
         region_blocks: list[Block] = []
         state = {"in_region": False, "phase": "init"}
