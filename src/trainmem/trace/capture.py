@@ -72,9 +72,7 @@ def _host_resident(name: str, value: Any, fused: bool) -> bool:
     return name == "step" and not fused and value.numel() == 1
 
 
-def _register_all(
-    rec: StorageRecorder, tensors: Iterable[tuple[Any, MemoryCategory, str]]
-) -> None:
+def _register_all(rec: StorageRecorder, tensors: Iterable[tuple[Any, MemoryCategory, str]]) -> None:
     for tensor, category, module in tensors:
         rec.register(tensor, category, module=module)
 

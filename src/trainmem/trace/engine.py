@@ -476,8 +476,10 @@ def estimate_trace(
     if training.pipeline_parallel_size > 1:
         from trainmem.trace.pipeline import estimate_pipeline
 
+        # a few layers per stage traced and repeated to full depth, checked against the traced
+        # stream (trainmem.trace.compose), else every layer of the stage
         return estimate_pipeline(
-            name, lambda: build_hf_training_model(raw, training), training, gpu=gpu
+            name, lambda: build_hf_training_model(raw, training), training, gpu=gpu, compose=True
         )
     holder: dict[str, Any] = {}
 

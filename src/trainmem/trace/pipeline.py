@@ -176,7 +176,7 @@ def pipeline_ranks(num_layers: int, training: TrainingConfig) -> list[PipelineRa
     return ranks
 
 
-class StageModule(torch.nn.Module):  # type: ignore[misc]
+class StageModule(torch.nn.Module):  # type: ignore[misc,name-defined]
     """One pipeline stage of a transformers causal LM (Note [Tracing pipeline parallelism]).
 
     ``model`` is a shallow copy of the base model (``LlamaModel``-like) holding only the
@@ -332,7 +332,7 @@ def build_schedule(
         The :class:`PipelineRun`.
     """
     from torch.distributed.pipelining import PipelineStage, schedules
-    from torch.distributed.pipelining.stage import InferenceMode
+    from torch.distributed.pipelining.stage import InferenceMode  # type: ignore[attr-defined]
 
     b, s, m = training.micro_batch_size, training.seq_len, training.gradient_accumulation_steps
     tp = training.tensor_parallel_size
@@ -398,8 +398,12 @@ def build_schedule(
         return wrapped
 
     for st in stages:
-        st.forward_one_chunk = region(st.forward_one_chunk, "forward", "forward_end", True)
-        st.backward_one_chunk = region(st.backward_one_chunk, "backward", "backward_end", False)
+        st.forward_one_chunk = region(  # type: ignore[method-assign]
+            st.forward_one_chunk, "forward", "forward_end", True
+        )
+        st.backward_one_chunk = region(  # type: ignore[method-assign]
+            st.backward_one_chunk, "backward", "backward_end", False
+        )
     schedule._maybe_compute_loss = region(
         schedule._maybe_compute_loss, "forward", "forward_end", True
     )
@@ -636,12 +640,12 @@ def _trace_rank(
     rank: PipelineRank,
     workspace_bytes: int,
     mesh: Any,
-    generic: bool,
+    cut_layers: bool,
     copies: int | None,
     notes: list[str],
 ) -> tuple[RankTrace, Any]:
     """One rank's trace and step schedule: composed to full depth from a few layers per stage
-    (``generic``), or the whole stages' recorded stream; a composition that fails falls back
+    (``cut_layers``), or the whole stages' recorded stream; a composition that fails falls back
     to the whole stages, with a note."""
     from trainmem.schedule import StepSchedule
     from trainmem.trace.blocks import truncate
@@ -655,7 +659,7 @@ def _trace_rank(
         training,
         rank,
         workspace_bytes=workspace_bytes,
-        cut=cut if generic else None,
+        cut=cut if cut_layers else None,
         mesh=mesh,
     )
     if traced.runs:
@@ -670,7 +674,7 @@ def _trace_rank(
         except CompositionError as exc:
             reason = " ".join(str(exc).split())[:160]
             notes.append(
-                f"generic path: pipeline rank {rank.rank}'s cut stages could not stand for the "
+                f"pipeline rank {rank.rank}: its cut stages could not stand for the "
                 f"whole ({reason}); every layer of the stage was traced instead"
             )
             traced = trace_pipeline_rank(
@@ -687,6 +691,7 @@ def estimate_pipeline(
     gpu: Any = None,
     generic: bool = False,
     copies: int | None = None,
+    compose: bool | None = None,
 ) -> Any:
     """Trace every pipeline rank whose memory differs and hand the driver one schedule each
     (Note [Tracing pipeline parallelism]).
@@ -696,9 +701,11 @@ def estimate_pipeline(
         build_model: returns the whole transformers causal LM.
         training: the settings (``pipeline_parallel_size > 1``).
         gpu: the GPU (cuBLAS workspace size, verdict).
-        generic: cut each stage's layers to a few and compose the full depth (the generic
-            path, ``trainmem.trace.compose``); False traces every layer of the stage.
-        copies: units kept per run on the generic path.
+        generic: the generic path (``engine="generic"``).
+        copies: units kept per run when composing.
+        compose: cut each stage's layers to a few and compose the full depth
+            (``trainmem.trace.compose``, which checks itself and falls back to every layer of
+            the stage); default: ``generic``.
 
     Returns:
         A draft :class:`~trainmem.breakdown.MemoryEstimate` with one schedule per traced rank;
@@ -716,17 +723,25 @@ def estimate_pipeline(
     layers = getattr(getattr(full, "model", None), "layers", None)
     if not isinstance(layers, torch.nn.ModuleList):
         split_stages(full, training, PipelineRank(0, (0,), (range(0),), 1))  # raises
-    num_layers = len(layers)
+    num_layers = len(layers) if layers is not None else 0
     del full, params, layers
     ws = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
     notes: list[str] = []
     traces: list[RankTrace] = []
     schedules = []
 
+    cut_layers = generic if compose is None else compose
     with trace_mesh(training) as mesh:
         for rank in pipeline_ranks(num_layers, training):
             traced, schedule = _trace_rank(
-                build_model, training, rank, ws, mesh, generic, copies, notes
+                build_model,
+                training,
+                rank,
+                ws,
+                mesh,
+                cut_layers,
+                copies,
+                notes,
             )
             traces.append(traced)
             schedules.append(schedule)
@@ -763,10 +778,11 @@ def estimate_pipeline(
     est.peak_reason = ""
     est.schedules = schedules
     est.rank_labels = labels
+    few = " (a few layers per stage, repeated to full depth)" if cut_layers else ""
     est.notes = [
         "trace engine: torch.distributed.pipelining's schedule run over every micro-batch of "
-        "the step on the first, the last and the most loaded pipeline rank; requested sizes, "
-        "the CUDA context is the default allowance",
+        f"the step on the first, the last and the most loaded pipeline rank{few}; requested "
+        "sizes, the CUDA context is the default allowance",
         *notes,
     ]
     return est

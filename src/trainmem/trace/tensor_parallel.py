@@ -222,4 +222,5 @@ def apply_tensor_parallel(
         if _has_weights(_child(model, norm)):
             _replicate(_child(model, norm), tp_mesh)
     if tied:  # both vocabulary-sharded (Shard(0)): one parameter again, as before
+        assert head is not None and embedding is not None
         head.weight = embedding.weight
