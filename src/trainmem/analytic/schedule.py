@@ -223,6 +223,14 @@ class _Builder:
             s for s in emb if tied and s.name == "embedding/tokens"
         ]
         self.emb_grad_states = [s for s in emb if s not in self.head_grad_states]
+        # FrameworkConventions.dtensor_vocab_parallel_embedding: the token embedding's weight
+        # gradient is a [V, h] partial one on each tensor-parallel rank
+        tp = training.tensor_parallel_size
+        vocab_parallel = tp > 1 and training.conventions.dtensor_vocab_parallel_embedding
+        tokens = [s for s in self.emb_grad_states if s.name == "embedding/tokens" and s.trainable]
+        self.vocab_grad_factor = tp if vocab_parallel else 1
+        c_bytes, _ = compute_and_residual_bytes(training)
+        self.vocab_grad = c_bytes * tokens[0].numel if vocab_parallel and tokens else 0
         dp = training.sharding_degree
         self.stage = training.zero_stage if dp > 1 else 0
         c, _ = compute_and_residual_bytes(training)
@@ -474,7 +482,7 @@ class _Builder:
         if unsharded:  # Note [FSDP under pipeline parallelism]
             return [
                 alloc(
-                    s.full_grad_bytes,
+                    s.full_grad_bytes * self._partial_factor(s),
                     Cat.GRADIENT,
                     phase,
                     f"ugrad/{key}/{n}",
@@ -495,6 +503,14 @@ class _Builder:
             )
             for n, s in enumerate(states)
         ]
+
+    def _partial_factor(self, state: TensorState) -> int:
+        """How many times its tensor-parallel slice a state's accumulated gradient is: the
+        token embedding's partial gradient covers the whole vocabulary (FrameworkConventions.
+        dtensor_vocab_parallel_embedding)."""
+        if state.name == "embedding/tokens" and state in self.emb_grad_states:
+            return self.vocab_grad_factor
+        return 1
 
     def all_gradients(self, phase: Phase, *, unsharded: bool = False) -> list[Item]:
         """Every gradient allocated at once (kept by ``zero_grad(set_to_none=False)``)."""
@@ -718,6 +734,15 @@ class _Builder:
         layers = self._backward_layers(new_grads=new_grads, reduce=reduce)
         items += [prefetch_b, *layers, free(prefetch_b, b)]
         items.append(free(residual, b))
+        vocab_grad = alloc(
+            self.vocab_grad,
+            Cat.TEMPORARY,
+            b,
+            "grad/embedding/vocab",
+            "embedding",
+            "the token embedding's full-vocabulary partial gradient (DTensor)",
+        )
+        items.append(vocab_grad)
         if new_grads:
             emb_grads = self._grad_ops(
                 self.emb_grad_states, b, "embedding", "embedding", unsharded=self.unsharded_grads
@@ -725,6 +750,7 @@ class _Builder:
             items += emb_grads
             if t.optimizer_in_backward:
                 items += [free(op, b) for op in emb_grads]
+        items.append(free(vocab_grad, b))
         if reduce:
             items += self._reduce_ops(self.emb_grad_states, "embedding", "embedding")
         items.append(free(emb_act, b))
