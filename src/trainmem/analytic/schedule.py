@@ -533,6 +533,18 @@ class _Builder:
             *(free(op, phase) for op in emb),
         ]
 
+    def reduce_after_pipeline(self) -> list[Item]:
+        """Pipelining's ``perform_reduce_grad`` after the last micro-batch: FSDP2's
+        post-backward of each parameter group in turn, the root's (embedding, head) first,
+        then the layers', each leaving its gradient shard and freeing the unsharded gradient
+        accumulated over the micro-batches (torch/distributed/pipelining/stage.py
+        ``perform_reduce_grad``; Note [FSDP under pipeline parallelism])."""
+        return [
+            *self._reduce_ops(self.head_grad_states, "head", "head"),
+            *self._reduce_ops(self.emb_grad_states, "embedding", "embedding"),
+            Repeat(tuple(self._reduce_ops(self.layer_states, "{i}", "layers.{i}")), self.L),
+        ]
+
     def micro_batch(self, *, new_grads: bool, reduce: bool = False) -> Repeat:
         """One micro-batch (built once per kind, shared by the warm-up and measured steps).
         ``reduce``: the last micro-batch under ``no_sync`` accumulation, which reduce-scatters
@@ -1150,8 +1162,7 @@ class _Builder:
         )
         items += [merged, free(merged, "backward")]
         if self.pp_fsdp and not keep:  # the reduce-scatter after the last micro-batch
-            items += self.all_gradients("backward")
-            items += self.free_gradients("backward", unsharded=True)
+            items += self.reduce_after_pipeline()
         items.append(free(gathered, "backward"))
         items += self.optimizer(first=first)
         if not keep and not t.optimizer_in_backward:
