@@ -275,9 +275,10 @@ class _Builder:
             if flat_parameter_grads(training)
             else 0
         )
-        self.stage_gather = 0
-        if self.pp_fsdp:
-            self.stage_gather = self.L * (self.gather_a + self.kept) + self.gather_root
+        self.stage_gather = self.stage_gather_root = 0
+        if self.pp_fsdp:  # the layers' and the root's (embedding, norm, head) FSDP2 groups
+            self.stage_gather = self.L * (self.gather_a + self.kept)
+            self.stage_gather_root = self.gather_root
             self.gather_a = self.gather_b = self.gather_root = self.kept = self.reduce = 0
         self.dequant = 0
         if training.quantize_base != "none":
@@ -533,17 +534,62 @@ class _Builder:
             *(free(op, phase) for op in emb),
         ]
 
-    def reduce_after_pipeline(self) -> list[Item]:
+    def reduce_after_pipeline(self, gathered_root: Op, gathered: Op) -> list[Item]:
         """Pipelining's ``perform_reduce_grad`` after the last micro-batch: FSDP2's
         post-backward of each parameter group in turn, the root's (embedding, head) first,
-        then the layers', each leaving its gradient shard and freeing the unsharded gradient
-        accumulated over the micro-batches (torch/distributed/pipelining/stage.py
-        ``perform_reduce_grad``; Note [FSDP under pipeline parallelism])."""
+        then the layers', each resharding its parameters (``FSDPParamGroup.post_backward``:
+        ``reshard`` before ``foreach_reduce``), then leaving its gradient shard and freeing the
+        unsharded gradient accumulated over the micro-batches (torch/distributed/pipelining/
+        stage.py ``perform_reduce_grad``; Note [FSDP under pipeline parallelism])."""
+        b: Phase = "backward"
         return [
-            *self._reduce_ops(self.head_grad_states, "head", "head"),
-            *self._reduce_ops(self.emb_grad_states, "embedding", "embedding"),
-            Repeat(tuple(self._reduce_ops(self.layer_states, "{i}", "layers.{i}")), self.L),
+            free(gathered_root, b),
+            *self._pipeline_reduce_ops(self.head_grad_states, "head", "head"),
+            *self._pipeline_reduce_ops(self.emb_grad_states, "embedding", "embedding"),
+            free(gathered, b),
+            Repeat(
+                tuple(self._pipeline_reduce_ops(self.layer_states, "{i}", "layers.{i}")), self.L
+            ),
         ]
+
+    def _pipeline_reduce_ops(self, states: list[TensorState], key: str, module: str) -> list[Op]:
+        """One FSDP2 group's post-backward after pipelining's micro-batches: a partial
+        (whole-vocabulary) embedding gradient is first redistributed to its tensor-parallel
+        shard, which frees the accumulated one (DTensor ``redistribute``); ``foreach_reduce``
+        copies the unsharded gradients into one reduce-scatter input, allocates the output (the
+        shard), and frees its input (torch/distributed/fsdp/_fully_shard/
+        _fsdp_collectives.py ``foreach_reduce``). Order as traced on llama-3.2-1b."""
+        b: Phase = "backward"
+        unsharded = self._grad_ops(states, b, key, module, unsharded=True)
+        items: list[Op] = []
+        partial = [
+            (op, s) for op, s in zip(unsharded, states, strict=True) if self._partial_factor(s) > 1
+        ]
+        for op, s in partial:
+            local = alloc(
+                s.full_grad_bytes,
+                Cat.TEMPORARY,
+                b,
+                f"redistributed/{key}",
+                module,
+                "the partial gradient reduce-scattered to this rank's vocabulary shard",
+            )
+            items += [local, free(op, b)]
+        rs_input = alloc(
+            sum(s.full_grad_bytes for s in states),
+            Cat.TEMPORARY,
+            b,
+            f"rs_input/{key}",
+            module,
+            "FSDP2's reduce-scatter input (a copy of the unsharded gradients)",
+            self.rs_stream,
+        )
+        items.append(rs_input)
+        items += self._grad_ops(states, b, key, module)
+        items += [free(op, b) for op in unsharded if all(op is not p for p, _ in partial)]
+        items += [free(op, b) for op in items[: 2 * len(partial) : 2]]
+        items.append(free(rs_input, b))
+        return items
 
     def micro_batch(self, *, new_grads: bool, reduce: bool = False) -> Repeat:
         """One micro-batch (built once per kind, shared by the warm-up and measured steps).
@@ -1116,6 +1162,15 @@ class _Builder:
             "(stage)",
             "the stage's gathered parameters, kept across micro-batches",
         )
+        gathered_root = alloc(
+            self.stage_gather_root,
+            Cat.TEMPORARY,
+            "forward",
+            "gather/stage/root",
+            "(stage)",
+            "the stage's gathered embedding / head, kept across micro-batches",
+        )
+        items.append(gathered_root)
         if self.pp_fsdp and self.flat_gather:  # each layer's flat all-gather output, two in flight
             flats = [
                 alloc(
@@ -1162,8 +1217,9 @@ class _Builder:
         )
         items += [merged, free(merged, "backward")]
         if self.pp_fsdp and not keep:  # the reduce-scatter after the last micro-batch
-            items += self.reduce_after_pipeline()
-        items.append(free(gathered, "backward"))
+            items += self.reduce_after_pipeline(gathered_root, gathered)
+        else:
+            items += [free(gathered_root, "backward"), free(gathered, "backward")]
         items += self.optimizer(first=first)
         if not keep and not t.optimizer_in_backward:
             cached = self._shared.get("zero_grad")
