@@ -171,3 +171,13 @@ def test_embedding_gradient_under_tensor_parallelism_covers_the_whole_vocabulary
     ]
     # the formulas: the fp32 accumulated gradient and the bf16 partial one, whole vocabulary
     assert V * H * 4 in kept and V * H * 2 in kept
+
+
+def test_a_custom_module_is_not_split_into_stages() -> None:
+    import torch
+
+    from trainmem.errors import UnsupportedError
+    from trainmem.trace import trace
+
+    with pytest.raises(UnsupportedError, match="pipeline_parallel_size"):
+        trace(lambda: torch.nn.Linear(4, 4), lambda: torch.randn(2, 4), training=_pp())

@@ -209,6 +209,12 @@ def run_trace(
     """
     from trainmem.trace.parallel import trace_mesh, uses_mesh
 
+    if training.pipeline_parallel_size > 1:  # the stages are split by trainmem.trace.pipeline
+        raise UnsupportedError(
+            "pipeline_parallel_size: the trace splits transformers causal LMs into pipeline "
+            "stages (estimate(..., engine='trace')), not a model built here; trace one stage's "
+            "module with pipeline_parallel_size=1, or use --engine analytic"
+        )
     if not uses_mesh(training):
         return _run_trace(
             build_model, make_batch, training, loss_fn=loss_fn, optimizer=optimizer, fake=fake,
