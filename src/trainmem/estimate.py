@@ -474,6 +474,10 @@ def _estimate_traced(
 
         assert isinstance(model, str)
         est = estimate_diffusers_trace(model, training, gpu=gpu_spec)
+    elif training.pipeline_parallel_size > 1:
+        from trainmem.trace.pipeline import estimate_pipeline_trace
+
+        est = estimate_pipeline_trace(target, training, gpu=gpu_spec)
     else:
         from trainmem.trace.engine import estimate_trace
 

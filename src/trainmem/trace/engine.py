@@ -480,12 +480,10 @@ def estimate_trace(
     name = model_spec_or_name if isinstance(model_spec_or_name, str) else model_spec_or_name.name
     raw = load_hf_config(name)
     if training.pipeline_parallel_size > 1:
-        from trainmem.trace.pipeline import estimate_pipeline
-
-        # a few layers per stage traced and repeated to full depth, checked against the traced
-        # stream (trainmem.trace.compose), else every layer of the stage
-        return estimate_pipeline(
-            name, lambda: build_hf_training_model(raw, training), training, gpu=gpu, compose=True
+        raise UnsupportedError(
+            "pipeline_parallel_size: pipeline stages are traced by "
+            "trainmem.trace.pipeline.estimate_pipeline_trace (trainmem.trace.estimate_trace "
+            "and estimate(..., engine='trace') route there)"
         )
     holder: dict[str, Any] = {}
 

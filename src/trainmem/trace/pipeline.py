@@ -69,6 +69,7 @@ __all__ = [
     "RankTrace",
     "StageModule",
     "estimate_pipeline",
+    "estimate_pipeline_trace",
     "check_pipeline_settings",
     "pipeline_ranks",
     "split_stages",
@@ -786,3 +787,29 @@ def estimate_pipeline(
         *notes,
     ]
     return est
+
+
+def estimate_pipeline_trace(
+    model_spec_or_name: Any, training: TrainingConfig, *, gpu: Any = None
+) -> Any:
+    """The trace engine for ``pipeline_parallel_size > 1``: a preset / HF config split into
+    stages and traced under ``torch.distributed.pipelining`` (Note [Tracing pipeline
+    parallelism]); a few layers per stage traced and repeated to full depth, checked against
+    the traced stream (``trainmem.trace.compose``), else every layer of the stage.
+
+    Args:
+        model_spec_or_name: a preset name, config path or hub id, or a ``ModelSpec``.
+        training: the settings.
+        gpu: the GPU (cuBLAS workspace size, verdict).
+
+    Returns:
+        The draft :class:`~trainmem.breakdown.MemoryEstimate` (``engine="trace"``).
+    """
+    from trainmem.specs.hf import load_hf_config
+    from trainmem.trace.hf_model import build_hf_training_model
+
+    name = model_spec_or_name if isinstance(model_spec_or_name, str) else model_spec_or_name.name
+    raw = load_hf_config(name)
+    return estimate_pipeline(
+        name, lambda: build_hf_training_model(raw, training), training, gpu=gpu, compose=True
+    )
