@@ -231,6 +231,10 @@ class _Builder:
         self.vocab_grad_factor = tp if vocab_parallel else 1
         c_bytes, _ = compute_and_residual_bytes(training)
         self.vocab_grad = c_bytes * tokens[0].numel if vocab_parallel and tokens else 0
+        if tokens and tp == 1 and training.pipeline_parallel_size > 1 and training.zero_stage == 3:
+            # FSDP2 under PP: the embedding's compute-dtype gradient exists before it is added
+            # into the fp32 one accumulated over the micro-batches (to_accumulated_grad_if_needed)
+            self.vocab_grad = c_bytes * tokens[0].numel
         dp = training.sharding_degree
         self.stage = training.zero_stage if dp > 1 else 0
         c, _ = compute_and_residual_bytes(training)
@@ -323,6 +327,21 @@ class _Builder:
             first=rank.stage == 0,
             last=rank.has_head,
         )
+        # GPipe runs every forward (and, on the last stage, every loss), then the backwards in
+        # micro-batch order (torch/distributed/pipelining/schedules.py ``ScheduleGPipe.
+        # _step_microbatches``): the other micro-batches in flight hold their loss's saved
+        # tensors too, and micro-batch k's backward finds only k + 1 .. m - 1 still held, so
+        # after the first at most m - 2 others
+        gpipe = training.pipeline_schedule == "gpipe" and training.pipeline_parallel_size > 1
+        per_micro_batch = self.emb_acts + on_gpu * prof.per_layer
+        if gpipe:
+            per_micro_batch += self.head_acts
+            self.in_flight_bytes = round((rank.in_flight - 1) * per_micro_batch)
+        later = max(rank.in_flight - 1, 1) if gpipe else rank.in_flight
+        self.in_flight_later_bytes = round((later - 1) * per_micro_batch)
+        self.in_flight_outputs_later = stage_buffers(
+            model, training, in_flight=later, first=rank.stage == 0, last=rank.has_head
+        ).in_flight_outputs
         # the last stage's logits stay in ``output_chunks``: they are the kept part of the loss's
         # forward transients
         self.loss_fwd = max(self.loss_fwd - self.pp_buffers.output_chunk, 0)
@@ -636,7 +655,7 @@ class _Builder:
                 "gathered parameters of the current layer",
             ),
             alloc(
-                self.in_flight_bytes,
+                self.in_flight_bytes if new_grads else self.in_flight_later_bytes,
                 Cat.ACTIVATION,
                 f,
                 "in_flight",
@@ -644,7 +663,7 @@ class _Builder:
                 "activations of the other micro-batches in flight on this stage",
             ),
             alloc(
-                self.pp_buffers.in_flight_outputs,
+                self.pp_buffers.in_flight_outputs if new_grads else self.in_flight_outputs_later,
                 Cat.ACTIVATION,
                 f,
                 "pp/outputs",
