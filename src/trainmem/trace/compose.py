@@ -292,9 +292,14 @@ def compose(
                     raise CompositionError(f"units of {run.list_path} allocate differently")
                 checked.add((lab, phase))
             return base + "{" + _REL[rel] + "}"
-        if seg is not None and seg[0] == rid:
+        if seg is not None and seg[0] == rid and u == run.middle:
+            # a repeated block used next to the repeat: its first or last iteration's
             t = seg[1]
             index = run.full_unit(t, count_of[rid]) + (u - t)
+        elif seg is not None and seg[0] == rid:
+            # a kept unit's block, wherever in its run it is used (a pipeline stage's input
+            # gradient is freed when the next micro-batch's forward is past the repeat)
+            index = run.full_unit(u, count_of[rid])
         elif u == run.middle:
             raise CompositionError(
                 f"a repeated block of {run.list_path} is freed outside its list's blocks"
