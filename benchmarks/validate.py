@@ -31,6 +31,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -156,12 +157,19 @@ def pick_metric(breakdown: Any, metric: str, cuda_context_bytes: int | None = No
 
 
 def predict(entry: dict[str, Any], engine: str) -> int:
-    """Predicted bytes for one expressible row, on the row's own metric."""
-    spec = model_spec_from_hf(hf_config(entry), name=entry["preset"])
-    est = estimate(
-        spec, training_of(entry), engine=engine, cuda_context_bytes=entry.get("cuda_context_bytes")
-    )
-    return pick_metric(est.breakdown, entry["metric"], entry.get("cuda_context_bytes"))
+    """Predicted bytes for one expressible row, on the row's own metric. The traced engines
+    build the model from a config file, so they get the row's config (preset plus overrides,
+    e.g. BERT's sequence-classification head) written to a temporary config.json."""
+    context = entry.get("cuda_context_bytes")
+    if engine == "analytic":
+        spec = model_spec_from_hf(hf_config(entry), name=entry["preset"])
+        est = estimate(spec, training_of(entry), engine=engine, cuda_context_bytes=context)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "config.json"
+            path.write_text(json.dumps(hf_config(entry)))
+            est = estimate(str(path), training_of(entry), engine=engine, cuda_context_bytes=context)
+    return pick_metric(est.breakdown, entry["metric"], context)
 
 
 def trace_limits(training: TrainingConfig) -> str | None:

@@ -107,3 +107,25 @@ def test_megatron_accumulates_gradients_in_fp32() -> None:
     states = tensor_states(load_model_spec("gpt2"), training)
     n = sum(s.numel for s in states)
     assert sum(s.grad_bytes for s in states) == 4 * n
+
+
+def test_deepspeed_grad_accum_dtype_is_read(tmp_path: Path) -> None:
+    # runtime/config.py get_data_types_params: "data_types": {"grad_accum_dtype": ...}, any
+    # DtypeEnum spelling; with bf16 and ZeRO-1, fp32 selects BF16_Optimizer (engine.py
+    # _do_optimizer_sanity_check)
+    import pytest
+
+    from trainmem.errors import SpecError
+    from trainmem.specs.framework_configs import deepspeed_settings
+
+    base = {"bf16": {"enabled": True}, "zero_optimization": {"stage": 1}}
+    for name, dtype in (("fp32", "float32"), ("torch.bfloat16", "bfloat16"), ("half", "float16")):
+        out = deepspeed_settings({**base, "data_types": {"grad_accum_dtype": name}})
+        assert out["grad_accum_dtype"] == dtype
+    p = tmp_path / "ds.json"
+    p.write_text(json.dumps({**base, "data_types": {"grad_accum_dtype": "fp32"}}))
+    training = TrainingConfig(**read_deepspeed_config(str(p)))
+    assert training.deepspeed_optimizer == "bf16" and training.grad_dtype == "float32"
+    assert "grad_accum_dtype" not in deepspeed_settings(base)
+    with pytest.raises(SpecError, match="grad_accum_dtype 'int8' unknown; allowed: fp32"):
+        deepspeed_settings({"data_types": {"grad_accum_dtype": "int8"}})

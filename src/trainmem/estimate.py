@@ -94,6 +94,21 @@ def default_seq_len_of(model: str | ModelSpec) -> int:
         return 1024
 
 
+def default_attention_of(model: str | ModelSpec) -> str:
+    """The attention a run of ``model`` uses when none is given: ``eager`` for the families
+    transformers runs eager only (:data:`~trainmem.specs.model.EAGER_ONLY_TYPES`: BLOOM,
+    Gemma-2, whose ``_supports_sdpa`` is False), ``sdpa`` otherwise (transformers'
+    ``PreTrainedModel._check_and_adjust_attn_implementation`` default when torch has SDPA);
+    ``sdpa`` for a family only the traced paths run."""
+    from trainmem.specs.model import EAGER_ONLY_TYPES
+
+    try:
+        spec = resolve_model(model)
+    except UnsupportedError:
+        return "sdpa"
+    return "eager" if spec.model_type in EAGER_ONLY_TYPES else "sdpa"
+
+
 def route_diffusers(model: str | ModelSpec, training: TrainingConfig) -> bool:
     """True when ``model`` is a diffusers config (``_class_name``, no ``model_type``): only the
     trace engine builds it (``trainmem.trace.diffusers_model``). Checks ``resolution`` /
@@ -436,6 +451,14 @@ def _estimate_auto(
     return finish(est, gpu=gpu_spec, alloc_conf=alloc_conf, simulate_allocator=simulate_allocator)
 
 
+def _loaded_spec(name: str) -> ModelSpec | None:
+    """The spec the config ``name`` gives, or None when it cannot be read or modelled."""
+    try:
+        return resolve_model(name)
+    except (SpecError, UnsupportedError):
+        return None
+
+
 def _estimate_traced(
     model: str | ModelSpec,
     training: TrainingConfig,
@@ -455,6 +478,12 @@ def _estimate_traced(
             f"{what} does not model "
             + ", ".join(unsupported)
             + " yet; use --engine analytic for this configuration"
+        )
+    if isinstance(model, ModelSpec) and _loaded_spec(model.name) != model:
+        raise UnsupportedError(
+            f"the traced paths build the model from its config, and this ModelSpec differs from "
+            f"the config {model.name!r} names (changed after loading); pass the path of a "
+            "config.json with the changes instead"
         )
     target: str | ModelSpec = model
     if not diffusers:

@@ -195,6 +195,19 @@ def test_qlora_activations_with_new_and_old_bitsandbytes(llama: object) -> None:
     assert old - new == 2 * 1024 * (4096 + 11008) == 30_932_992
 
 
+def test_quantized_base_dequantizes_its_largest_linear(llama: object) -> None:
+    from trainmem.analytic.buffers import dequantized_weight_bytes
+
+    # bitsandbytes MatMul4Bit: dequantize_4bit(B).to(A.dtype) per matmul, one at a time; the
+    # largest of llama-2-7b's base linears is gate / up / down, 4096 x 11008, in bf16
+    qlora = TrainingConfig(lora_rank=8, quantize_base="nf4")
+    assert dequantized_weight_bytes(_layer(llama, qlora), qlora) == 2 * 4096 * 11008
+    tp2 = TrainingConfig(lora_rank=8, quantize_base="nf4", tensor_parallel_size=2)
+    assert dequantized_weight_bytes(_layer(llama, tp2), tp2) == 4096 * 11008
+    plain = TrainingConfig(lora_rank=8)
+    assert dequantized_weight_bytes(_layer(llama, plain), plain) == 0
+
+
 def test_paged_adamw_states_live_outside_the_allocator(llama: object) -> None:
     # bitsandbytes optimizer.py get_state_buffer: fp32 states of tensors >= 1e5 elements come
     # from F.get_paged (cudaMallocManaged); smaller ones from torch.zeros_like
@@ -274,18 +287,21 @@ def test_megatron_grad_buffer_exists_in_the_forward(llama: object) -> None:
 
 
 def test_deepspeed_bf16_without_zero_runs_the_bf16_optimizer(llama: object) -> None:
-    # deepspeed/runtime/engine.py _do_optimizer_sanity_check: bf16 with ZeRO off accumulates
-    # gradients in fp32 -> BF16_Optimizer; bf16_optimizer.py: bf16 weights (2 B), one flat fp32
-    # gradient buffer of every parameter from init (4 B, never partitioned), fp32 master + Adam
-    # moments on this rank's 1/N partition ((4 + 8) B / N)
-    t = TrainingConfig(framework="deepspeed", precision="bf16-mixed", data_parallel_size=4)
-    est = estimate_analytic(llama, t, simulate_allocator=False)  # type: ignore[arg-type]
-    assert est.model_states_bytes == {
-        "parameters": 2 * PSI,
-        "gradients": 4 * PSI,
-        "optimizer_states": 12 * PSI // 4,
-    }
-    assert gradients_alive_in_forward(t)
+    # deepspeed/runtime/engine.py _do_optimizer_sanity_check: bf16 weights with fp32 gradient
+    # accumulation -> BF16_Optimizer (before 0.17.6 get_data_types made fp32 the default for
+    # bf16 without ZeRO; since then it must be asked for); bf16_optimizer.py: bf16 weights
+    # (2 B), one flat fp32 gradient buffer of every parameter from init (4 B, never
+    # partitioned), fp32 master + Adam moments on this rank's 1/N partition ((4 + 8) B / N)
+    for kw in ({"deepspeed_version": "0.17.5"}, {"grad_accum_dtype": "float32"}):
+        t = TrainingConfig(framework="deepspeed", data_parallel_size=4, **kw)  # type: ignore[arg-type]
+        assert t.deepspeed_optimizer == "bf16"
+        est = estimate_analytic(llama, t, simulate_allocator=False)  # type: ignore[arg-type]
+        assert est.model_states_bytes == {
+            "parameters": 2 * PSI,
+            "gradients": 4 * PSI,
+            "optimizer_states": 12 * PSI // 4,
+        }
+        assert gradients_alive_in_forward(t)
     # ZeRO-1 keeps bf16 gradients (grad_accum_dtype = model dtype with ZeRO on), none in forward
     z1 = TrainingConfig(framework="deepspeed", zero_stage=1, data_parallel_size=4)
     assert z1.grad_dtype == "bfloat16" and not gradients_alive_in_forward(z1)
@@ -294,6 +310,191 @@ def test_deepspeed_bf16_without_zero_runs_the_bf16_optimizer(llama: object) -> N
     assert not fp16.bf16_optimizer and fp16.grad_dtype == "float16"
     # Megatron and the other frameworks are untouched
     assert not TrainingConfig(framework="pytorch-amp", data_parallel_size=4).bf16_optimizer
+
+
+def test_deepspeed_optimizer_wrapper_follows_the_engine() -> None:
+    # engine.py get_data_types / _do_optimizer_sanity_check (0.17.5 and 0.19.8 sdists):
+    # (precision, zero stage, data_types.grad_accum_dtype, version) -> wrapper, gradient dtype
+    cases = [
+        ("bf16-mixed", 0, None, "0.17.5", "bf16", "float32"),  # fp32 default without ZeRO
+        ("bf16-mixed", 0, None, None, "fp16", "bfloat16"),  # DDP_BFLOAT16 since 0.17.6
+        ("bf16-mixed", 0, "float32", None, "bf16", "float32"),
+        ("16-mixed", 0, None, "0.14.4", "fp16", "float16"),
+        ("32-true", 0, None, None, "none", "float32"),
+        ("bf16-mixed", 1, "float32", None, "bf16", "float32"),  # ZeRO-1 + fp32 -> BF16_Optimizer
+        ("bf16-mixed", 1, None, None, "zero", "bfloat16"),
+        ("16-mixed", 1, "float32", None, "zero", "float32"),  # grad_accum attribute, fp32
+        ("bf16-mixed", 2, "float32", None, "zero", "bfloat16"),  # grads_in_partition: self.dtype
+        ("bf16-mixed", 3, "float32", None, "zero", "float32"),  # grad_partitions_flat_buffer
+        ("bf16-mixed", 3, None, None, "zero", "bfloat16"),
+    ]
+    for precision, stage, accum, version, wrapper, grad in cases:
+        t = TrainingConfig(
+            framework="deepspeed",
+            precision=precision,  # type: ignore[arg-type]
+            zero_stage=stage,
+            grad_accum_dtype=accum,
+            deepspeed_version=version,
+            data_parallel_size=4,
+        )
+        assert (t.deepspeed_optimizer, t.grad_dtype) == (wrapper, grad), (precision, stage, accum)
+    # ZeRO-1 + fp32 accumulation with the optimizer offloaded stays the ZeRO optimizer
+    off = TrainingConfig(
+        framework="deepspeed", zero_stage=1, grad_accum_dtype="float32", offload="optimizer"
+    )
+    assert off.deepspeed_optimizer == "zero"
+    # what DeepSpeed refuses (NotImplementedError) is refused, naming the field
+    for kw in (
+        {"grad_accum_dtype": "bfloat16", "deepspeed_version": "0.16.9"},
+        {"precision": "16-mixed", "grad_accum_dtype": "float32"},
+    ):
+        with pytest.raises(SpecError, match="grad_accum_dtype"):
+            TrainingConfig(framework="deepspeed", **kw)  # type: ignore[arg-type]
+    with pytest.raises(SpecError, match="allowed with: deepspeed"):
+        TrainingConfig(framework="megatron", grad_accum_dtype="float32")
+    with pytest.raises(SpecError, match="float32, bfloat16, float16"):
+        TrainingConfig(framework="deepspeed", grad_accum_dtype="fp8")
+
+
+def test_cli_deepspeed_version_and_grad_accum_dtype_are_reported() -> None:
+    runner = CliRunner()
+    args = ["estimate", "gpt2", "-s", "128", "--framework", "deepspeed", "--json"]
+    new = json.loads(runner.invoke(app, args).stdout)["config"]
+    assert (new["grad_accum_dtype"], new["deepspeed_optimizer"]) == ("bfloat16", "fp16")
+    old = runner.invoke(app, [*args, "--deepspeed-version", "0.16.9"])
+    assert old.exit_code == 0, old.output
+    config = json.loads(old.stdout)["config"]
+    assert (config["grad_accum_dtype"], config["deepspeed_optimizer"]) == ("float32", "bf16")
+    fp32 = json.loads(runner.invoke(app, [*args, "--set", "grad-accum-dtype=float32"]).stdout)
+    assert fp32["config"]["deepspeed_optimizer"] == "bf16"
+    refused = runner.invoke(
+        app, [*args, "--deepspeed-version", "0.16.9", "--set", "grad-accum-dtype=bfloat16"]
+    )
+    assert refused.exit_code != 0 and "grad_accum_dtype" in refused.output
+
+
+def test_deepspeed_gradient_copies_at_the_step(llama: object) -> None:
+    from trainmem.analytic.buffers import deepspeed_step_gradient_copies
+
+    # stage_1_and_2.py step: flatten(averaged_gradients).to(fp32): a bf16 flat copy of this
+    # rank's partition (freed once .to returns) + its fp32 copy (kept through optimizer.step).
+    # Partition: PSI padded to a multiple of 2 x 8 (PSI = 16 x 421,150,976 already is), / 8
+    part = PSI // 8
+    assert part == 842_301_952
+    z2 = TrainingConfig(framework="deepspeed", zero_stage=2, data_parallel_size=8, seq_len=512)
+    assert deepspeed_step_gradient_copies(PSI, z2) == (2 * part, 4 * part)
+    # the optimizer phase peaks at the model states + both cuBLAS workspaces + 2 + 4 B / element
+    est = estimate_analytic(llama, z2, simulate_allocator=False)  # type: ignore[arg-type]
+    states = sum(est.model_states_bytes.values())
+    assert states == 2 * PSI + 2 * part + 12 * part  # 2 + (2 + 12) / 8 B per parameter
+    workspaces = 2 * 8_519_680
+    assert est.details["phase_peaks_bytes"]["optimizer"] == states + workspaces + 6 * part  # type: ignore[index]
+    # padding: 10 elements over 4 ranks pad to 16 (multiple of 2 x 4): partitions of 4
+    small = TrainingConfig(framework="deepspeed", zero_stage=2, data_parallel_size=4)
+    assert deepspeed_step_gradient_copies(10, small) == (2 * 4, 4 * 4)
+    # fp32 gradients (ZeRO-1, fp16 weights, fp32 grad_accum attribute): .to(fp32) is the flat
+    # copy itself, nothing transient
+    z1 = TrainingConfig(
+        framework="deepspeed",
+        precision="16-mixed",
+        zero_stage=1,
+        grad_accum_dtype="float32",
+        data_parallel_size=4,
+    )
+    assert deepspeed_step_gradient_copies(16, z1) == (0, 4 * 4)
+    # FP16_Optimizer (fused_optimizer.py step): every p.grad.to(fp32), then their torch.cat
+    fp16 = TrainingConfig(framework="deepspeed", precision="16-mixed", data_parallel_size=8)
+    assert deepspeed_step_gradient_copies(PSI, fp16) == (4 * PSI, 4 * PSI)
+    # BF16_Optimizer with fp32 accumulation steps on its fp32 buffer: no copy; offload: none
+    bf16 = TrainingConfig(framework="deepspeed", grad_accum_dtype="float32")
+    assert deepspeed_step_gradient_copies(PSI, bf16) == (0, 0)
+    off = TrainingConfig(framework="deepspeed", zero_stage=2, offload="optimizer")
+    assert deepspeed_step_gradient_copies(PSI, off) == (0, 0)
+    assert deepspeed_step_gradient_copies(PSI, TrainingConfig(zero_stage=2)) == (0, 0)
+
+
+def test_deepspeed_zero2_accumulation_reduces_into_a_fresh_partition(llama: object) -> None:
+    from trainmem.schedule import Op, Repeat
+
+    # stage_1_and_2.py: the kept averaged_gradients / all_grad_tensors hold the first
+    # micro-batch's grads_in_partition; _release_ipg_buffers drops the attribute, so each later
+    # micro-batch's backward allocates a fresh partition (2 B x PSI / 8) and adds it in
+    def fresh(m: int) -> list[Op]:
+        t = TrainingConfig(
+            framework="deepspeed",
+            zero_stage=2,
+            data_parallel_size=8,
+            seq_len=512,
+            gradient_accumulation_steps=m,
+        )
+        est = estimate_analytic(llama, t, simulate_allocator=False)  # type: ignore[arg-type]
+        found: list[Op] = []
+
+        def walk(items: tuple[object, ...], times: int) -> None:
+            for item in items:
+                if isinstance(item, Repeat):
+                    walk(item.body, times * item.count)
+                elif isinstance(item, Op) and item.key == "grad/fresh_partition":
+                    found.extend([item] * times)
+
+        walk(est.schedules[0].step, 1)
+        return found
+
+    assert fresh(1) == []
+    ops = fresh(3)  # micro-batches 2 and 3: an alloc and a free each
+    assert sorted(op.action for op in ops) == ["alloc", "alloc", "free", "free"]
+    assert {op.size_bytes for op in ops} == {2 * PSI // 8}
+
+
+def test_deepspeed_zero3_steps_one_sub_group_at_a_time(llama: object) -> None:
+    from trainmem.analytic.buffers import deepspeed_zero3_sub_group_elements
+
+    # stage3.py _create_fp16_sub_groups: partitions gathered until a group reaches 1e9
+    assert deepspeed_zero3_sub_group_elements([6 * 10**8] * 3) == 12 * 10**8  # [1.2e9], [6e8]
+    assert deepspeed_zero3_sub_group_elements([3 * 10**8] * 3) == 9 * 10**8  # one group
+    assert deepspeed_zero3_sub_group_elements([4, 4, 4], sub_group_size=5) == 8  # [8], [4]
+    # llama-2-7b over 8 ranks: a 842,301,952-element partition, one sub-group; the step holds
+    # its bf16 flat copy and fp32 copy (_prepare_fp32_grad_for_sub_group) over the model
+    # states, ZeRO-3's persistent IPG bucket (5e8 bf16) and both cuBLAS workspaces
+    z3 = TrainingConfig(framework="deepspeed", zero_stage=3, data_parallel_size=8, seq_len=512)
+    est = estimate_analytic(llama, z3, simulate_allocator=False)  # type: ignore[arg-type]
+    part = PSI // 8
+    states = sum(est.model_states_bytes.values())
+    assert states == 16 * part
+    peak = states + 2 * 500_000_000 + 2 * 8_519_680 + (2 + 4) * part
+    assert est.details["phase_peaks_bytes"]["optimizer"] == peak  # type: ignore[index]
+
+
+def test_deepspeed_zero1_reduces_into_the_partition_before_the_step(llama: object) -> None:
+    # ZeRO-1 (stage_1_and_2.py reduce_gradients -> copy_grads_in_partition): the flat partition
+    # buffer (2 B x PSI / 8) is allocated while the full bf16 gradients (2 B x PSI) are alive;
+    # then only the partition is left, and the step's copies (6 B x PSI / 8) come on it
+    z1 = TrainingConfig(framework="deepspeed", zero_stage=1, data_parallel_size=8, seq_len=512)
+    est = estimate_analytic(llama, z1, simulate_allocator=False)  # type: ignore[arg-type]
+    part = PSI // 8
+    workspaces = 2 * 8_519_680
+    weights_and_states = 2 * PSI + 12 * part
+    peak = weights_and_states + 2 * PSI + 2 * part + workspaces
+    assert est.details["phase_peaks_bytes"]["optimizer"] == peak  # type: ignore[index]
+    # with two ranks the step's copies are the higher point: 2 + 2 + 4 B x PSI / 2
+    two = TrainingConfig(framework="deepspeed", zero_stage=1, data_parallel_size=2, seq_len=512)
+    est = estimate_analytic(llama, two, simulate_allocator=False)  # type: ignore[arg-type]
+    half = PSI // 2
+    peak = 2 * PSI + 12 * half + max(2 * PSI + 2 * half, 8 * half) + workspaces
+    assert est.details["phase_peaks_bytes"]["optimizer"] == peak  # type: ignore[index]
+
+
+def test_deepspeed_casts_peft_adapters_to_bf16(llama: object) -> None:
+    # engine.py _configure_distributed_model: every parameter of the wrapped module in bf16,
+    # peft's fp32 adapters included; ZeRO-2 over 4 ranks: bf16 gradient 2 / 4 B, fp32 master +
+    # Adam moments 12 / 4 B per element. LoRA A of q at r = 8: 8 x 4096 = 32,768 elements
+    t = TrainingConfig(framework="deepspeed", lora_rank=8, zero_stage=2, data_parallel_size=4)
+    a = next(s for s in tensor_states(llama, t) if s.name == "lora_A.q")  # type: ignore[arg-type]
+    assert (a.param_bytes, a.grad_bytes, a.state_bytes) == (2 * 32768, 2 * 32768 // 4, 98_304)
+    # peft alone (pytorch-amp) keeps them fp32
+    amp = TrainingConfig(lora_rank=8)
+    a = next(s for s in tensor_states(llama, amp) if s.name == "lora_A.q")  # type: ignore[arg-type]
+    assert a.param_bytes == 4 * 32768
 
 
 def test_megatron_and_deepspeed_adam_is_fused() -> None:
@@ -388,6 +589,8 @@ def test_ds_config_buckets_are_read(tmp_path: object) -> None:
     assert (out["reduce_bucket_size"], out["overlap_comm"]) == ("auto", True)
     out = deepspeed_settings({"zero_optimization": {"stage": 2, "reduce_bucket_size": 2e8}})
     assert out["reduce_bucket_size"] == 200_000_000
+    out = deepspeed_settings({"zero_optimization": {"stage": 3, "stage3_max_live_parameters": 1e9}})
+    assert out["stage3_max_live_parameters"] == 1_000_000_000
 
 
 # -- item 6: torchao low-bit AdamW -----------------------------------------------------------
@@ -412,6 +615,35 @@ def test_torchao_low_bit_adamw_states(llama: object) -> None:
         for s in tensor_states(load_model_spec("gpt2"), TrainingConfig(optimizer="adamw-fp8"))
     }
     assert gpt2["vector"].state_bytes == 2 * 4 * 768  # fp32 zeros_like for 768 < 4096
+
+
+def test_torchao_cpu_offload_keeps_small_tensors_on_the_gpu() -> None:
+    # torchao optim/cpu_offload.py: CPUOffloadOptimizer(minimal_size=4096) keeps parameters of
+    # fewer than 4096 elements in a GPU optimizer (fused AdamW, two bf16 states under bf16-true)
+    # and, with offload_gradients=True, frees only the larger ones' gradients. GPT-2 small:
+    # per block ln_1 / ln_2 weight and bias (4 x 768), c_attn bias 2304, attn c_proj bias 768,
+    # c_fc bias 3072, mlp c_proj bias 768; ln_f weight and bias; every matrix and wpe is larger
+    small = 12 * (4 * 768 + 2304 + 768 + 3072 + 768) + 2 * 768
+    assert small == 121_344
+    gpt2 = load_model_spec("gpt2")
+
+    def states(**kw: object) -> dict[str, int]:
+        t = TrainingConfig(precision="bf16-true", seq_len=128, **kw)  # type: ignore[arg-type]
+        return estimate_analytic(gpt2, t, simulate_allocator=False).model_states_bytes
+
+    n = states()["parameters"] // 2  # every parameter, bf16
+    assert states(framework="torchtune")["optimizer_states"] == 2 * 2 * n
+    ao = states(framework="torchtune", offload="optimizer")
+    assert ao["optimizer_states"] == 2 * 2 * small and ao["gradients"] == 2 * n
+    ao_grads = states(framework="torchtune", offload="optimizer+gradients")
+    assert ao_grads["optimizer_states"] == 2 * 2 * small and ao_grads["gradients"] == 2 * small
+    # DeepSpeed's ZeRO-Offload moves every state (its own rule), and so does FSDP's CPU offload
+    assert states(framework="deepspeed", offload="optimizer")["optimizer_states"] == 0
+    # offload_gradients=True "is not compatible with gradient accumulation" (optim/README.md)
+    with pytest.raises(SpecError, match="offload"):
+        TrainingConfig(
+            framework="torchtune", offload="optimizer+gradients", gradient_accumulation_steps=2
+        )
 
 
 # -- item 9: the FSDP2 root gather is a new buffer beside the shard ---------------------------
@@ -474,6 +706,14 @@ def test_deepspeed_zero3_gathers_one_layer_plus_the_prefetch_bucket(llama: objec
     # a bucket larger than the layer prefetches the next whole layer, no more
     big = z3(stage3_prefetch_bucket_size=10**9)
     assert deepspeed_zero3_gather_bytes(layer, llama, big) == 4 * LAYER_NUMEL  # type: ignore[arg-type]
+    # fetch_sub_module: max_params_to_prefetch = min(max_live - n_available, bucket): with
+    # stage3_max_live_parameters 2.2e8 and the layer's 202,383,360 elements live, 17,616,640 more
+    live = z3(stage3_max_live_parameters=220_000_000)
+    assert 220_000_000 - LAYER_NUMEL == 17_616_640
+    assert deepspeed_zero3_gather_bytes(layer, llama, live) == 2 * (LAYER_NUMEL + 17_616_640)  # type: ignore[arg-type]
+    # below the layer itself: no prefetch, the layer is still fetched
+    tight = z3(stage3_max_live_parameters=10**8)
+    assert deepspeed_zero3_gather_bytes(layer, llama, tight) == 2 * LAYER_NUMEL  # type: ignore[arg-type]
 
 
 def test_sdpa_expands_gqa_keys_and_values_with_a_padding_mask() -> None:

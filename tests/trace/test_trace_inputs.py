@@ -23,20 +23,22 @@ def _config(tmp_path: Path, **fields: object) -> str:
     return str(path)
 
 
-def test_gptj_with_sdpa_is_unsupported_with_a_hint(tmp_path: Path) -> None:
+def test_family_without_sdpa_is_unsupported_with_a_hint(tmp_path: Path) -> None:
     from trainmem.trace.hf_model import build_hf_model
 
     raw = {
-        "model_type": "gptj",
-        "n_embd": 64,
-        "n_head": 4,
-        "n_layer": 2,
+        "model_type": "gpt_neo",
+        "hidden_size": 64,
+        "num_heads": 4,
+        "num_layers": 2,
+        "attention_types": [[["global", "local"], 1]],
         "vocab_size": 128,
-        "rotary_dim": 8,
+        "max_position_embeddings": 128,
         "bos_token_id": 0,
         "eos_token_id": 0,
     }
-    # transformers raises ValueError: GPT-J has no SDPA attention implementation
+    # transformers raises ValueError: GPT-Neo has no SDPA attention implementation
+    # (GPTNeoPreTrainedModel._supports_sdpa is False; GPT-J, used here before, gained SDPA in 5.24)
     with pytest.raises(UnsupportedError, match="try --attention eager"):
         build_hf_model(raw, attention="sdpa")
     build_hf_model(raw, attention="eager")  # the hint works
@@ -68,3 +70,50 @@ def test_trace_json_is_byte_identical_and_has_no_wall_times() -> None:
     assert first.exit_code == 0, first.output
     assert "trace_seconds" not in first.stdout and "warmup_seconds" not in first.stdout
     assert first.stdout == second.stdout
+
+
+TINY_BERT = {
+    "model_type": "bert",
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_hidden_layers": 2,
+    "intermediate_size": 128,
+    "vocab_size": 512,
+    "max_position_embeddings": 128,
+}
+
+
+@pytest.mark.parametrize(
+    ("architecture", "label_shape"),
+    [("BertForSequenceClassification", (3,)), ("BertForTokenClassification", (3, 16))],
+)
+def test_classification_heads_get_class_labels(
+    tmp_path: Path, architecture: str, label_shape: tuple[int, ...]
+) -> None:
+    """BertForSequenceClassification.forward computes ``CrossEntropyLoss()(logits.view(-1,
+    num_labels), labels.view(-1))`` (modeling_bert.py): one class id in range(num_labels) per
+    sequence ([b]); the token-classification head one per token ([b, s]). Token ids as labels
+    (the language-model batch) made transformers raise a batch-size mismatch, a traceback."""
+    from trainmem.trace.hf_model import build_hf_model, make_hf_batch
+
+    raw = {**TINY_BERT, "architectures": [architecture], "num_labels": 5}
+    model = build_hf_model(raw, attention="eager")
+    batch = make_hf_batch(model, 3, 16)
+    assert tuple(batch["labels"].shape) == label_shape
+    assert int(batch["labels"].max()) < 5
+    path = _config(tmp_path, **raw)
+    result = runner.invoke(app, ["estimate", path, "-e", "trace", "-b", "3", "-s", "16"])
+    assert result.exit_code == 0, result.output
+
+
+def test_a_changed_model_spec_is_not_traced_as_its_preset() -> None:
+    """The traced paths build the model from the config a ModelSpec names; a spec changed after
+    loading would be traced as the unchanged config (a silently different model)."""
+    import dataclasses
+
+    from trainmem.estimate import estimate, resolve_model
+    from trainmem.specs.training import TrainingConfig
+
+    spec = dataclasses.replace(resolve_model("tiny-gpt2-test"), num_layers=7)
+    with pytest.raises(UnsupportedError, match="config.json"):
+        estimate(spec, TrainingConfig(seq_len=16), engine="trace")

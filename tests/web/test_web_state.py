@@ -21,6 +21,7 @@ from trainmem.web import handlers as h
 from trainmem.web.compute import numbers, resolve_request, run
 from trainmem.web.form import (
     GROUPS,
+    MODEL_DEFAULT,
     cli_command,
     default_values,
     field,
@@ -87,6 +88,8 @@ SETTINGS: list[dict[str, Any]] = [
         "virtual_pipeline_stages": 4,
         "framework": "megatron",
     },
+    # attention left to the model: transformers runs BLOOM eager only (no SDPA class)
+    {"model": "bloomz-7b1", "seq_len": 512},
 ]
 
 
@@ -96,6 +99,20 @@ def test_link_reproduces_the_state(changes: dict[str, Any]) -> None:
     pinned = {**default_values(), "model": "gpt2", "attention": "eager"}
     query = to_query(values, [pinned])
     assert from_query(query) == (values, [pinned], [])
+
+
+def test_attention_defaults_to_the_models_own() -> None:
+    """BLOOM has no SDPA attention in transformers (modeling_bloom.py has only the eager
+    BloomAttention): left to the model the page runs eager, as the CLI does; an explicit
+    sdpa is refused with the field named, not silently replaced."""
+    values = {**default_values(), "model": "bloomz-7b1", "seq_len": 512}
+    assert resolve_request(values).training.attention == "eager"
+    assert resolve_request({**values, "model": "gpt2"}).training.attention == "sdpa"
+    widgets = h.widget_values(values)
+    assert widgets[h.INPUT_NAMES.index("attention")] == MODEL_DEFAULT
+    assert h.collect(widgets) == values
+    with pytest.raises(SpecError, match="attention"):
+        run(resolve_request({**values, "attention": "sdpa"}))
 
 
 def test_a_broken_link_opens_with_a_message() -> None:

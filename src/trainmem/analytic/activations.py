@@ -1121,6 +1121,42 @@ def eager_scores_forward_bytes(model: ModelSpec, training: TrainingConfig) -> tu
     return scores + hidden, eager_mask_bytes(model, training)
 
 
+def input_grad_hook_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes the input-embedding hook keeps after the first layer's backward: the embedding
+    output, which the hook made a leaf that requires grad, and its ``.grad`` (r each per
+    token and hidden unit); 0 when no hook runs.
+
+    transformers' ``enable_input_require_grads`` registers ``output.requires_grad_(True)`` on
+    the input embeddings; transformers 5 calls it from ``_activation_checkpointing_enable``
+    for every ``input_ids`` model (modeling_utils.py ``needs_embedding_grads``), and peft's
+    ``prepare_model_for_kbit_training`` (``use_gradient_checkpointing=True``, reentrant)
+    calls it too. With the embeddings frozen (LoRA), that output has no ``grad_fn``, so it
+    becomes a leaf: autograd's ``AccumulateGrad`` node holds it and stores the gradient
+    reaching it as its ``.grad``, where a trainable embedding's backward would consume and free
+    it; both stay until the graph is dropped with the loss (the HF Trainer's
+    ``training_step`` returns before ``optimizer.step``). Checked on the real model on the CPU
+    (tests/trace/test_input_grad_hook.py). The first layer's input gradient itself is computed
+    as every other layer's (:func:`backward_layer_transients`), as the hook makes it needed.
+
+    Alive: from the end of the first layer's backward to the end of the micro-batch's
+    backward.
+
+    Source: transformers modeling_utils.py ``enable_input_require_grads``,
+    ``_activation_checkpointing_enable``; peft utils/other.py
+    ``prepare_model_for_kbit_training``; torch/csrc/autograd/functions/accumulate_grad.h.
+    """
+    frozen_embeddings = training.is_lora
+    if not (
+        training.input_embeddings_require_grad
+        and frozen_embeddings
+        and model.architecture != "vision-encoder"
+    ):
+        return 0
+    _, r = compute_and_residual_bytes(training)
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    return 2 * r * model.hidden_size * t // parallel_divisor("mlp/input", training)
+
+
 def final_hidden_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     """Bytes of the final norm's output, held by the causal-LM forward
     (``hidden_states = outputs.last_hidden_state``) while its loss runs, where nothing saves it:

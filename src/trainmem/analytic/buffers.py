@@ -45,6 +45,26 @@ def gathered_layer_bytes(layer: Sequence[TensorState], training: TrainingConfig)
     return c * cast // training.tensor_parallel_size + sum(s.full_param_bytes for s in quantized)
 
 
+def dequantized_weight_bytes(layer: Sequence[TensorState], training: TrainingConfig) -> int:
+    """Bytes of the dequantized weight a quantized base linear builds for its matmul: the
+    layer's largest frozen linear (its tensor-parallel slice) in the compute dtype ``c``;
+    0 without a quantized base.
+
+    Alive: one at a time, for each base matmul in the forward and again for its input gradient
+    in the backward.
+
+    Source: bitsandbytes autograd/_functions.py ``MatMul4Bit.forward`` (``F.dequantize_4bit(B,
+    quant_state).to(A.dtype).t()`` into ``torch.nn.functional.linear``) and ``backward``
+    (``torch.matmul(grad_output, F.dequantize_4bit(B, ctx.state).to(grad_output.dtype).t())``);
+    ``MatMul8bitLt`` likewise dequantizes for the input gradient.
+    """
+    if training.quantize_base == "none":
+        return 0
+    c = dtype_bytes(training.compute_dtype)
+    base = [s.numel for s in layer if not s.trainable and s.name != "vector"]
+    return c * max(base, default=0) // training.tensor_parallel_size
+
+
 def root_gathered_bytes(outer: Sequence[TensorState], training: TrainingConfig) -> int:
     """Bytes of the root FSDP unit's gathered weights (embeddings, final norm, LM head; LoRA
     adapters excluded): the stored bytes of the tensor-parallel slice, or ``c`` per element under
@@ -134,7 +154,7 @@ def gradient_buffer_from_init(training: TrainingConfig) -> bool:
     fp32 ``grad_data`` (``grad_buffer_from_init`` with master weights), DeepSpeed ZeRO-3's
     gradient partition (``zero3_grad_partition_from_init``), DeepSpeed ``BF16_Optimizer``'s
     fp32 ``fp32_groups_gradients_flat`` (``TrainingConfig.bf16_optimizer``). Sources: see
-    :func:`gradients_alive_in_forward` and ``FrameworkConventions.bf16_optimizer_without_zero``."""
+    :func:`gradients_alive_in_forward` and ``FrameworkConventions.deepspeed_optimizer_wrappers``."""
     conv = training.conventions
     return (
         (conv.grad_buffer_from_init and training.master_weights)
@@ -163,17 +183,24 @@ DEEPSPEED_PREFETCH_BUCKET_SIZE = 50_000_000
 ``prefetch_bucket_size: int = Field(pp_int(5e7), ge=0, alias="stage3_prefetch_bucket_size")``)."""
 
 
+DEEPSPEED_MAX_LIVE_PARAMETERS = 1_000_000_000
+"""DeepSpeed's default ``stage3_max_live_parameters``, elements (runtime/zero/config.py
+``max_live_parameters: int = Field(pp_int(1e9), ge=0, alias="stage3_max_live_parameters")``)."""
+
+
 def deepspeed_zero3_gather_bytes(
     layer: Sequence[TensorState], model: ModelSpec, training: TrainingConfig
 ) -> int:
     """Bytes of gathered parameters DeepSpeed ZeRO-3 holds while a layer runs: the layer's own
     (16-bit) weights plus the prefetch bucket, at most ``stage3_prefetch_bucket_size`` elements
-    of the next layer (default 5e7; ``"auto"`` = int(0.9 h^2), the HF Trainer's fill-in).
+    of the next layer (default 5e7; ``"auto"`` = int(0.9 h^2), the HF Trainer's fill-in) and
+    at most ``stage3_max_live_parameters`` minus the layer's own elements (default 1e9).
 
     Alive: forward and backward (one layer at a time).
 
     Source: DeepSpeed runtime/zero/partitioned_param_coordinator.py ``fetch_sub_module``
-    (prefetches up to ``prefetch_bucket_sz`` numel of the upcoming parameters);
+    (prefetches up to ``min(self.__max_n_available_params - self.__n_available_params,
+    self.__prefetch_bucket_sz)`` numel of the upcoming parameters);
     transformers integrations/deepspeed.py ``trainer_config_finalize``
     (``stage3_prefetch_bucket_size = 0.9 * hidden_size * hidden_size``).
     """
@@ -184,6 +211,10 @@ def deepspeed_zero3_gather_bytes(
         prefetch = int(0.9 * model.hidden_size * model.hidden_size)
     else:
         prefetch = DEEPSPEED_PREFETCH_BUCKET_SIZE if size is None else int(size)
+    live = training.stage3_max_live_parameters
+    max_live = DEEPSPEED_MAX_LIVE_PARAMETERS if live is None or live == "auto" else live
+    # fetch_sub_module: max_params_to_prefetch = min(max_n_available - n_available, bucket)
+    prefetch = min(prefetch, max(max_live - numel, 0))
     per_element = own // max(numel, 1)
     return own + per_element * min(prefetch, numel)
 
@@ -198,6 +229,8 @@ def deepspeed_backward_bucket_bytes(model: ModelSpec, training: TrainingConfig) 
     self.reduce_bucket_size), dtype=self.dtype, ...)``, ``if self.overlap_comm: buf_1 = ...``.
     """
     if not training.conventions.zero_ipg_buckets or training.zero_stage not in (1, 2):
+        return 0
+    if training.deepspeed_optimizer not in (None, "zero"):  # BF16_Optimizer has no IPG bucket
         return 0
     c = dtype_bytes(training.weight_dtype)
     overlap = bool(training.overlap_comm)  # None: False below stage 3
@@ -281,3 +314,105 @@ def nccl_communicator_bytes(training: TrainingConfig) -> dict[str, int]:
     if training.pipeline_parallel_size > 1:
         out["pipeline"] = NCCL_PAIR_COMMUNICATOR_BYTES
     return {k: v for k, v in out.items() if v}
+
+
+def deepspeed_partition_elements(trainable_elements: int, training: TrainingConfig) -> int:
+    """Elements of this rank's partition of DeepSpeed's flat parameter group: the group
+    flattened and padded to a multiple of 2 x N (``nccl_start_alignment_factor`` x the
+    data-parallel size), split in N equal parts (N = 1 without sharding).
+
+    Source: DeepSpeed runtime/zero/stage_1_and_2.py ``__init__``
+    (``flatten_dense_tensors_aligned(..., self.nccl_start_alignment_factor * dp)``,
+    ``partition_size = len(self.bit16_groups_flat[i]) / dp``).
+    """
+    dp = training.sharding_degree if training.zero_stage > 0 or training.bf16_optimizer else 1
+    align = 2 * dp
+    return -(-trainable_elements // align) * align // dp
+
+
+DEEPSPEED_SUB_GROUP_SIZE = 1_000_000_000
+"""DeepSpeed ZeRO-3's default ``sub_group_size``, elements of this rank's partition stepped at
+once (runtime/zero/config.py ``sub_group_size: int = Field(pp_int(1e9), ge=0)``)."""
+
+
+def deepspeed_zero3_sub_group_elements(
+    partitions: Sequence[int], sub_group_size: int = DEEPSPEED_SUB_GROUP_SIZE
+) -> int:
+    """Elements of ZeRO-3's largest optimizer sub-group: this rank's parameter partitions, in
+    order, gathered until a group reaches ``sub_group_size``.
+
+    Source: DeepSpeed runtime/zero/stage3.py ``_create_fp16_sub_groups`` (``if
+    local_sub_group_size >= sub_group_size or id(param) == id(params_group[-1])``: close the
+    group).
+
+    Args:
+        partitions: per trainable parameter, its partition's elements on this rank.
+        sub_group_size: DeepSpeed's ``sub_group_size``.
+
+    Returns:
+        Elements of the largest sub-group.
+    """
+    total = sum(partitions)
+    if sub_group_size >= total:
+        return total
+    largest = current = 0
+    for n in partitions:
+        current += n
+        if current >= sub_group_size:
+            largest, current = max(largest, current), 0
+    return max(largest, current)
+
+
+def deepspeed_step_gradient_copies(
+    trainable_elements: int, training: TrainingConfig, *, largest_sub_group: int | None = None
+) -> tuple[int, int]:
+    """Bytes of the gradient copies DeepSpeed's optimizer wrapper builds when it steps, as
+    (transient, kept): the transient is freed as soon as the kept copy exists; the kept one is
+    the fp32 partition's ``.grad`` through ``optimizer.step()``. One parameter group assumed
+    (the HF Trainer's second, no-decay group of norms and biases is small).
+
+    * ZeRO-1/2 (``stage_1_and_2.py`` ``step``, no CPU offload): ``single_grad_partition =
+      self.flatten(self.averaged_gradients[i]).to(fp32)`` (``flatten_dense_tensors_aligned``
+      on the last rank): a flat copy of this rank's gradient partition in the gradient dtype
+      (transient), then its fp32 copy (kept); with fp32 gradients ``.to`` returns the flat
+      copy itself, which is then the kept one.
+    * ZeRO-3 (``stage3.py`` ``_prepare_fp32_grad_for_sub_group``, no optimizer offload): the
+      same per optimizer sub-group (``largest_sub_group`` elements,
+      :func:`deepspeed_zero3_sub_group_elements`), the fp32 copy freed by
+      ``_release_sub_group`` before the next one.
+    * ``FP16_Optimizer`` (``fp16/fused_optimizer.py`` ``step``, DeepSpeed's ``FusedAdam`` from
+      the config's ``optimizer`` section): ``_flatten_dense_tensors([p.grad.to(fp32) for p in
+      group])``: an fp32 copy of every gradient, all alive until ``torch.cat`` has built the
+      flat fp32 gradient (kept). Known limitation: a client optimizer that is not
+      ``FusedAdam`` (the HF Trainer's own AdamW without an ``optimizer`` section) runs
+      ``FP16_UnfusedOptimizer`` instead (``fp16/unfused_optimizer.py``: ``fp32_param.grad =
+      fp16_param.grad.to(fp32)`` per parameter, 4 B kept, nothing transient); not modelled.
+    * ``BF16_Optimizer`` (``bf16_optimizer.py`` ``step``): ``grad_partition.to(fp32)`` only
+      when it accumulates in another dtype than fp32 (kept); none otherwise.
+    * CPU offload: none here (the gradients go to host buffers).
+
+    Alive: the optimizer step.
+
+    Args:
+        trainable_elements: trainable elements on this rank (its tensor-parallel slice).
+        training: framework, precision, ZeRO stage, sharding, offload.
+        largest_sub_group: ZeRO-3's largest sub-group, elements; None: this rank's whole
+            partition.
+
+    Returns:
+        (transient bytes, kept bytes); (0, 0) for other frameworks.
+    """
+    wrapper = training.deepspeed_optimizer
+    if wrapper is None or training.offload != "none":
+        return 0, 0
+    g = dtype_bytes(training.grad_dtype)
+    if wrapper == "zero":
+        n = deepspeed_partition_elements(trainable_elements, training)
+        if training.zero_stage == 3 and largest_sub_group is not None:
+            n = largest_sub_group
+        return (g * n, 4 * n) if g != 4 else (0, 4 * n)
+    if wrapper == "fp16":
+        return 4 * trainable_elements, 4 * trainable_elements
+    if wrapper == "bf16" and g != 4:
+        return 0, 4 * deepspeed_partition_elements(trainable_elements, training)
+    return 0, 0

@@ -46,6 +46,11 @@ DEFAULT_CUBLAS_WORKSPACE_BYTES = 8_519_680
 """cuBLAS workspace per handle when no GPU is named (pre-Hopper default ``:4096:2:16:8``)."""
 
 
+_NCCL_SOURCE = "NCCL cudaMalloc; the size measured on 4 x A100 in NVIDIA/nccl #964, not a default"
+"""How the notes name a communicator's size: a measurement, which NCCL's channel count (link
+bandwidth) moves (see :data:`trainmem.analytic.buffers.NCCL_COMMUNICATOR_BYTES`)."""
+
+
 def estimate_analytic(
     model: ModelSpec,
     training: TrainingConfig,
@@ -107,7 +112,7 @@ def estimate_analytic(
     ctx += sum(outside.values())
     notes = [
         f"{kind.replace('_', ' ')}: {size:,} bytes outside the caching allocator "
-        f"({'CUDA managed memory' if kind.startswith('paged') else 'NCCL cudaMalloc'}): counted "
+        f"({'CUDA managed memory' if kind.startswith('paged') else _NCCL_SOURCE}): counted "
         "in the device total (with the CUDA context), not in max_memory_allocated"
         for kind, size in outside.items()
     ]

@@ -77,6 +77,35 @@ Note [Flat-parameter gradients in backward]
     of view gradients, +1 unit concatenated, the views freed; the accumulated unit kept in the
     first micro-batch, freed after the add in the later ones.
 
+Note [DeepSpeed gradient copies at the step]
+    DeepSpeed's optimizer wrappers step on an fp32 flat gradient they build from the model's
+    16-bit gradients (:func:`~trainmem.analytic.buffers.deepspeed_step_gradient_copies`). ZeRO-1/2
+    (runtime/zero/stage_1_and_2.py ``step``): per parameter group, ``single_grad_partition =
+    self.flatten(self.averaged_gradients[i]).to(fp32)``: a 16-bit flat copy of this rank's
+    gradient partition, then its fp32 copy, set as the fp32 partition's ``.grad``; the 16-bit
+    copy has no reference once ``.to`` returns, the gradients are freed
+    (``free_grad_in_param_list``, ``averaged_gradients[i] = None``) before
+    ``self._optimizer_step(i)``, and the fp32 copy after it (``.grad = None``). So the step holds
+    the partition's gradients + 2 + 4 bytes per partition element at its highest. ZeRO-1 (no
+    gradient partitioning) first reduces the full gradients into one flat partition buffer
+    after the backward (``reduce_gradients`` -> ``copy_grads_in_partition``: ``torch.empty(
+    total_size, dtype=self.dtype)`` while the full gradients are alive, then each ``param.grad``
+    a view of it or of the reduce bucket, all cleared by ``_clear_param_grad_only``), so by the
+    step only the partition is left. With gradient accumulation ZeRO-2 keeps the first
+    micro-batch's partition buffer through ``averaged_gradients`` (0.16.9) /
+    ``all_grad_tensors`` (0.19.8) while ``_release_ipg_buffers`` drops ``grads_in_partition``,
+    so every later micro-batch's backward allocates a fresh one (``copy_grads_in_partition``:
+    ``if self.grads_in_partition is None: ... torch.empty(...)``), adds it into the kept one
+    in ``independent_gradient_partition_epilogue`` (``accumulated_grad.add_(new_avg_grad)``) and
+    frees it: one more partition of gradients through that backward (allocated with the first
+    reduced bucket; at the start of the backward for the rank holding the last layers).
+    ZeRO-3 (runtime/zero/stage3.py ``step``) builds the step's two copies per optimizer
+    sub-group (``_prepare_fp32_grad_for_sub_group``; ``sub_group_size`` 1e9
+    partition elements), freeing each fp32 copy before the next (``_release_sub_group``); its
+    gradient partition stays (a buffer from init). ``FP16_Optimizer`` (ZeRO off, 16-bit gradients;
+    fp16/fused_optimizer.py ``step``): ``_flatten_dense_tensors([p.grad.to(fp32) for p in
+    group])``, every gradient's fp32 copy alive until the concatenation exists.
+
 Source: torch/optim/optimizer.py, adam.py ``_init_group`` / ``_multi_tensor_adam``; autograd's
 reverse-order backward; ATen/cuda/CublasHandlePool.cpp (one workspace per handle); the papers
 cited per term in :mod:`trainmem.analytic.activations` and :mod:`trainmem.analytic.engine`.
@@ -94,6 +123,7 @@ from trainmem.analytic.activations import (
     eager_scores_forward_bytes,
     final_hidden_transient_bytes,
     forward_kv_cache_bytes,
+    input_grad_hook_bytes,
     layer_is_checkpointed,
     lm_head_dequant_bytes,
     loss_backward_transient_bytes,
@@ -103,8 +133,12 @@ from trainmem.analytic.activations import (
 )
 from trainmem.analytic.buffers import (
     deepspeed_backward_bucket_bytes,
+    deepspeed_partition_elements,
     deepspeed_persistent_bucket_bytes,
+    deepspeed_step_gradient_copies,
     deepspeed_zero3_gather_bytes,
+    deepspeed_zero3_sub_group_elements,
+    dequantized_weight_bytes,
     gathered_layer_bytes,
     gradient_buffer_from_init,
     kept_gathered_layer_bytes,
@@ -248,6 +282,15 @@ class _Builder:
         # DeepSpeed gradient buckets: ZeRO-1/2 in backward, ZeRO-3 for the whole run
         self.bucket_backward = deepspeed_backward_bucket_bytes(model, training)
         self.bucket_persistent = deepspeed_persistent_bucket_bytes(model, training)
+        # Note [DeepSpeed gradient copies at the step]: ZeRO-1 reduces the full gradients into
+        # this rank's partition after the backward
+        self.zero1_reduce = (
+            training.deepspeed_optimizer == "zero"
+            and self.stage == 1
+            and training.offload == "none"
+            and training.zero_grad_set_to_none
+            and not gradient_buffer_from_init(training)
+        )
         offloads_grads = training.offload in ("optimizer+gradients", "optimizer+params")
         self.reduce = (
             reduce_scatter_layer_bytes(self.layer_states, training)
@@ -284,16 +327,7 @@ class _Builder:
             self.stage_gather = self.L * (self.gather_a + self.kept)
             self.stage_gather_root = self.gather_root
             self.gather_a = self.gather_b = self.gather_root = self.kept = self.reduce = 0
-        self.dequant = 0
-        if training.quantize_base != "none":
-            self.dequant = (
-                c
-                * max(
-                    (s.numel for s in self.layer_states if not s.trainable and s.name != "vector"),
-                    default=0,
-                )
-                // training.tensor_parallel_size
-            )
+        self.dequant = dequantized_weight_bytes(self.layer_states, training)
         self.mlp_tmp, self.attention_tmp, self.residual_tmp = backward_layer_transients(
             model, training
         )
@@ -301,6 +335,17 @@ class _Builder:
         self.loss_fwd = loss_forward_transient_bytes(model, training) if rank.has_head else 0
         self.kv_cache = forward_kv_cache_bytes(model, training, self.L)
         self.final_hidden = final_hidden_transient_bytes(model, training) if rank.has_head else 0
+        self.zero2_fresh_partition = 0
+        if (
+            training.deepspeed_optimizer == "zero"
+            and training.zero_stage == 2
+            and training.offload == "none"
+            and training.gradient_accumulation_steps > 1
+        ):
+            self.zero2_fresh_partition = dtype_bytes(training.grad_dtype) * (
+                deepspeed_partition_elements(self._trainable_elements(), training)
+            )
+        self.input_grad_hook = input_grad_hook_bytes(model, training)
         self.scores_tmp, self.mask_tmp = eager_scores_forward_bytes(model, training)
         self.head_dequant = lm_head_dequant_bytes(model, training) if rank.has_head else 0
         self.weight_copy = (
@@ -808,6 +853,18 @@ class _Builder:
             "gathered parameters of the prefetched layer",
             self.ag_stream,
         )
+        # Note [DeepSpeed gradient copies at the step]: ZeRO-2 reduces a later micro-batch's
+        # gradients into a fresh partition buffer, added into the accumulated one at the end
+        fresh = alloc(
+            0 if new_grads else self.zero2_fresh_partition,
+            Cat.GRADIENT,
+            b,
+            "grad/fresh_partition",
+            "(optimizer)",
+            "this micro-batch's gradient partition (ZeRO-2 grads_in_partition)",
+        )
+        if fresh.size_bytes:
+            items.append(fresh)
         layers = self._backward_layers(new_grads=new_grads, reduce=reduce)
         items += [prefetch_b, *layers, free(prefetch_b, b)]
         items.append(free(residual, b))
@@ -820,6 +877,16 @@ class _Builder:
             "the token embedding's full-vocabulary partial gradient (DTensor)",
         )
         items.append(vocab_grad)
+        hook = alloc(
+            self.input_grad_hook if self.rank.stage == 0 else 0,
+            Cat.ACTIVATION,
+            b,
+            "input_grad_hook",
+            "embedding",
+            "the embedding output (a leaf that requires grad) and its .grad",
+        )
+        if hook.size_bytes:
+            items.append(hook)
         if new_grads:
             emb_grads = self._grad_ops(
                 self.emb_grad_states, b, "embedding", "embedding", unsharded=self.unsharded_grads
@@ -831,6 +898,10 @@ class _Builder:
         if reduce:
             items += self._reduce_ops(self.emb_grad_states, "embedding", "embedding")
         items.append(free(emb_act, b))
+        if hook.size_bytes:
+            items.append(free(hook, b))
+        if fresh.size_bytes:
+            items.append(free(fresh, b))
         items.append(free(bucket, b))
         items += [free(op, b) for op in reversed(spans)]
         return items
@@ -1064,8 +1135,66 @@ class _Builder:
             return items
         cached = self._shared.get("optimizer")
         if cached is None:
-            cached = self._shared["optimizer"] = Repeat(tuple(self._optimizer_temporaries()), 1)
+            before, after = self._step_gradient_copies()
+            body = (*before, *self._optimizer_temporaries(), *after)
+            cached = self._shared["optimizer"] = Repeat(body, 1)
         return [*items, cached]
+
+    def _trainable_elements(self) -> int:
+        """Trainable elements on this rank before data-parallel sharding (its tensor-parallel
+        slice of the embedding, head and ``L`` layers)."""
+        gb = max(dtype_bytes(self.training.grad_dtype), 1)
+        outer = sum(s.full_grad_bytes for s in self.emb_states + self.head_states if s.trainable)
+        layer = sum(s.full_grad_bytes for s in self.layer_states if s.trainable)
+        return (outer + self.L * layer) // gb
+
+    def _step_gradient_copies(self) -> tuple[list[Item], list[Item]]:
+        """DeepSpeed's gradient copies at the step (Note [DeepSpeed gradient copies at the
+        step]): the ops before the optimizer's own temporaries and the frees after them."""
+        t = self.training
+        o: Phase = "optimizer"
+        n = self._trainable_elements()
+        sub_group = None
+        if t.deepspeed_optimizer == "zero" and t.zero_stage == 3:
+            gb = max(dtype_bytes(t.grad_dtype), 1)
+            dp = t.sharding_degree
+
+            def parts(states: list[TensorState]) -> list[int]:
+                return [-(-(s.full_grad_bytes // gb) // dp) for s in states if s.trainable]
+
+            order = parts(self.emb_states) + self.L * parts(self.layer_states)
+            sub_group = deepspeed_zero3_sub_group_elements(order + parts(self.head_states))
+        transient, kept = deepspeed_step_gradient_copies(n, t, largest_sub_group=sub_group)
+        before: list[Item] = []
+        if self.zero1_reduce:
+            # a temporary: ``model_states_bytes`` keeps ZeRO-1's 2 B of gradients per parameter
+            # (ZeRO paper Fig. 1), this buffer replaces them for the step
+            grads = alloc(
+                dtype_bytes(t.grad_dtype) * deepspeed_partition_elements(n, t),
+                Cat.TEMPORARY,
+                o,
+                "grad/partition",
+                "(optimizer)",
+                "this rank's gradient partition (ZeRO-1 grads_in_partition)",
+            )
+            before += [grads, *self.free_gradients(o)]
+        after: list[Item] = []
+        copy = alloc(
+            transient, Cat.TEMPORARY, o, "grad/step_copy", "(optimizer)", "flat gradient copy"
+        )
+        fp32 = alloc(
+            kept, Cat.TEMPORARY, o, "grad/step_fp32", "(optimizer)", "fp32 gradient at the step"
+        )
+        if transient:
+            before.append(copy)
+        if kept:
+            before.append(fp32)
+            after.append(free(fp32, o))
+        if transient:
+            before.append(free(copy, o))
+        if self.zero1_reduce:
+            before.append(free(grads, o))
+        return before, after
 
     def _optimizer_states(self) -> Repeat:
         """Every optimizer state, allocated lazily by the first step (torch ``_init_group``)."""
@@ -1240,7 +1369,7 @@ class _Builder:
         else:
             items += [free(gathered_root, "backward"), free(gathered, "backward")]
         items += self.optimizer(first=first)
-        if not keep and not t.optimizer_in_backward:
+        if not keep and not t.optimizer_in_backward and not self.zero1_reduce:
             cached = self._shared.get("zero_grad")
             if cached is None:
                 cached = self._shared["zero_grad"] = Repeat(

@@ -40,6 +40,7 @@ from typing import Any
 from trainmem.analytic.activations import lora_adapter_dtype
 from trainmem.analytic.model_states import optimizer_state_bytes
 from trainmem.analytic.params import linear_shapes, parameter_counts
+from trainmem.specs.frameworks import TORCHAO_OFFLOAD_MINIMAL_SIZE
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import PAGED_OPTIMIZERS, TrainingConfig
 from trainmem.units import dtype_bytes
@@ -244,7 +245,9 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
     stage = training.zero_stage if dp > 1 else 0
     cache: dict[tuple[str, int, int, bool, bool], TensorState] = {}
 
-    adapter_training = replace(training, precision="32-true", framework="pytorch-amp")
+    adapter_training = replace(
+        training, precision="32-true", framework="pytorch-amp", grad_accum_dtype=None
+    )
     if lora_adapter_dtype(training) != "float32":
         adapter_training = training
 
@@ -300,9 +303,11 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
             grad = shard(full_grad, 2)
             if training.optimizer_states_partitioned:  # ZeRO >= 1, DeepSpeed BF16_Optimizer
                 state = -(-state // dp)
-            if training.offload != "none":
+            # torchao CPUOffloadOptimizer keeps tensors under minimal_size on the GPU
+            on_gpu = training.torchao_cpu_offload and local < TORCHAO_OFFLOAD_MINIMAL_SIZE
+            if training.offload != "none" and not on_gpu:
                 state = 0
-            if training.offload in ("optimizer+gradients", "optimizer+params"):
+            if training.offload in ("optimizer+gradients", "optimizer+params") and not on_gpu:
                 grad = 0  # each layer's gradient leaves once reduced (the engine's reduce term)
             if training.offload == "optimizer+params":
                 param = 0

@@ -21,10 +21,9 @@ from typing import Annotated, Any, TypeVar, get_type_hints
 import typer
 
 from trainmem.errors import SpecError, UnsupportedError
-from trainmem.estimate import ENGINES, default_seq_len_of, resolve_model
+from trainmem.estimate import ENGINES, default_attention_of, default_seq_len_of, resolve_model
 from trainmem.planner.sweep import STRICT_INT, parse_strict_int
 from trainmem.specs.hardware import check_precision_on_gpu, get_gpu
-from trainmem.specs.model import EAGER_ONLY_TYPES
 from trainmem.specs.training import (
     ACTIVATION_CHECKPOINTING,
     ATTENTIONS,
@@ -167,6 +166,17 @@ TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
             _o(
                 "--bitsandbytes-version",
                 help="bitsandbytes release (4-bit matmuls save their input before 0.43.2).",
+            ),
+        ],
+        None,
+    ),
+    _p(
+        "deepspeed_version",
+        Annotated[
+            str | None,
+            _o(
+                "--deepspeed-version",
+                help="DeepSpeed release (bf16 accumulates in fp32 without ZeRO before 0.17.6).",
             ),
         ],
         None,
@@ -459,8 +469,7 @@ def training_from_options(
     except UnsupportedError:  # a family only the traced paths run: no shape to check against
         spec = None
     if settings["attention"] is None:  # not given: the model's own (BLOOM, Gemma-2: eager only)
-        eager_only = spec is not None and spec.model_type in EAGER_ONLY_TYPES
-        settings["attention"] = "eager" if eager_only else "sdpa"
+        settings["attention"] = "sdpa" if spec is None else default_attention_of(spec)
     training = TrainingConfig(**settings)
     if spec is not None:
         check_training_for_model(spec, training)

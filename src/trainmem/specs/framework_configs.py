@@ -8,9 +8,9 @@ they do not use.
 Sources: DeepSpeed config JSON reference (https://www.deepspeed.ai/docs/config-json/:
 ``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps``, ``bf16.enabled``,
 ``fp16.enabled``, ``zero_optimization.stage``, ``offload_optimizer.device``,
-``offload_param.device``); accelerate ``ClusterConfig`` fields (accelerate/commands/config/
-config_args.py: ``distributed_type``, ``mixed_precision``, ``num_processes``, ``fsdp_config``,
-``deepspeed_config``).
+``offload_param.device``, ``data_types.grad_accum_dtype``); accelerate ``ClusterConfig`` fields
+(accelerate/commands/config/config_args.py: ``distributed_type``, ``mixed_precision``,
+``num_processes``, ``fsdp_config``, ``deepspeed_config``).
 """
 
 from __future__ import annotations
@@ -38,6 +38,15 @@ _FSDP_STRATEGIES = {
 """FSDP ``ShardingStrategy`` names (or accelerate's older 1-5 numbering) as ``--fsdp`` values
 (:func:`trainmem.specs.training.fsdp_settings`); HYBRID_SHARD_ZERO2 is SHARD_GRAD_OP within a
 node."""
+
+
+_DS_DTYPES = {
+    **dict.fromkeys(("fp32", "float32", "float", "torch.float32"), "float32"),
+    **dict.fromkeys(("bf16", "bfloat16", "torch.bfloat16"), "bfloat16"),
+    **dict.fromkeys(("fp16", "float16", "half", "torch.float16"), "float16"),
+}
+"""DeepSpeed ``data_types.grad_accum_dtype`` spellings (runtime/config.py ``DtypeEnum``; its
+``int8`` is not a gradient accumulation dtype) as torch spellings."""
 
 
 MAX_YAML_NODES = 10_000
@@ -172,7 +181,7 @@ def deepspeed_settings(ds: dict[str, Any]) -> dict[str, Any]:
     _set(out, "precision", _precision(bf16, fp16))
     zero = _section(ds, "zero_optimization", f)
     _set(out, "zero_stage", _value(zero, "stage", f, int, "0, 1, 2 or 3"))
-    for key in ("reduce_bucket_size", "stage3_prefetch_bucket_size"):
+    for key in ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_max_live_parameters"):
         bucket = zero.get(key)
         if bucket is None or bucket == "auto":
             if bucket == "auto":
@@ -194,6 +203,15 @@ def deepspeed_settings(ds: dict[str, Any]) -> dict[str, Any]:
         out["offload"] = "optimizer"
     if _value(_section(ds, "activation_checkpointing", f), "partition_activations", f, bool, flag):
         out["activation_checkpointing"] = "full"
+    accum = _value(_section(ds, "data_types", f), "grad_accum_dtype", f, str, "a dtype name")
+    if accum is not None:
+        if accum not in _DS_DTYPES:
+            raise SpecError(
+                f,
+                f"data_types.grad_accum_dtype {accum!r:.40} unknown; allowed: "
+                + ", ".join(_DS_DTYPES),
+            )
+        out["grad_accum_dtype"] = _DS_DTYPES[accum]
     return out
 
 

@@ -20,6 +20,111 @@ BNB_MATMUL4BIT_SAVES_NO_INPUT_SINCE = (0, 43, 2)
 """bitsandbytes autograd/_functions.py ``MatMul4Bit.forward``: since 0.43.2 it keeps
 ``ctx.tensors = (None, B)`` (the quantized weight only; the input gradient needs only B);
 before, ``(A, B)``: the 16-bit input of every 4-bit linear stayed saved until its backward."""
+TORCHAO_OFFLOAD_MINIMAL_SIZE = 4096
+"""torchao ``CPUOffloadOptimizer(minimal_size=4096)``: parameters with fewer elements are kept
+in an optimizer on the GPU ("to avoid excessively many small transfers",
+optim/cpu_offload.py)."""
+DEFAULT_DEEPSPEED_VERSION = (0, 19, 8)
+"""The DeepSpeed release assumed when none is given: a current one (>= 0.17.6)."""
+DEEPSPEED_ACCUMULATES_IN_MODEL_DTYPE_SINCE = (0, 17, 6)
+"""deepspeed/runtime/engine.py ``get_data_types``: without ``data_types.grad_accum_dtype``,
+DeepSpeed before 0.17.6 accumulated bf16 gradients in fp32 when ZeRO is off (so
+``_do_optimizer_sanity_check`` chose ``BF16_Optimizer``; bf16 accumulation without ZeRO raised
+``NotImplementedError``); since 0.17.6 the default is the model dtype and bf16 without ZeRO runs
+``FP16_Optimizer`` (``DDP_BFLOAT16``). Checked on the 0.17.5 and 0.17.6 sdists."""
+GRAD_ACCUM_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+"""``data_types.grad_accum_dtype`` values, torch spellings (DeepSpeed runtime/config.py
+``DtypeEnum`` also takes fp32 / bf16 / fp16 / float / half ..., read in
+:mod:`trainmem.specs.framework_configs`)."""
+DEEPSPEED_OPTIMIZERS: tuple[str, ...] = ("zero", "bf16", "fp16", "none")
+"""What :func:`deepspeed_optimizer_wrapper` returns: the ZeRO optimizer, ``BF16_Optimizer``,
+``FP16_Optimizer`` (also for bf16 as ``DDP_BFLOAT16``), the bare optimizer (fp32)."""
+
+
+def deepspeed_grad_accum_dtype(
+    model_dtype: str,
+    zero_stage: int,
+    grad_accum_dtype: str | None,
+    version: tuple[int, ...] | None,
+) -> str:
+    """The dtype DeepSpeed accumulates gradients in (deepspeed/runtime/engine.py
+    ``get_data_types``).
+
+    Args:
+        model_dtype: the 16-bit (or fp32) model dtype, torch spelling.
+        zero_stage: the ZeRO stage in the DeepSpeed config (0: ZeRO off).
+        grad_accum_dtype: ``data_types.grad_accum_dtype`` when given (it always wins).
+        version: the DeepSpeed release; None: a current one.
+
+    Returns:
+        A torch dtype spelling.
+    """
+    if grad_accum_dtype is not None:
+        return grad_accum_dtype
+    old = (version or DEFAULT_DEEPSPEED_VERSION) < DEEPSPEED_ACCUMULATES_IN_MODEL_DTYPE_SINCE
+    if old and model_dtype == "bfloat16" and zero_stage == 0:
+        return "float32"
+    return model_dtype
+
+
+def deepspeed_optimizer_wrapper(
+    model_dtype: str,
+    grad_accum_dtype: str,
+    zero_stage: int,
+    *,
+    cpu_offload: bool,
+    pipeline: bool,
+    version: tuple[int, ...] | None,
+) -> str:
+    """Which optimizer wrapper DeepSpeed builds (deepspeed/runtime/engine.py
+    ``_do_optimizer_sanity_check``, the same in 0.14.4 and 0.19.8 but for the bf16 case marked
+    below).
+
+    Args:
+        model_dtype: the model dtype, torch spelling.
+        grad_accum_dtype: :func:`deepspeed_grad_accum_dtype`.
+        zero_stage: the ZeRO stage in the DeepSpeed config.
+        cpu_offload: ``offload_optimizer`` to the CPU (ZeRO-Offload).
+        pipeline: DeepSpeed pipeline parallelism (a ``PipelineModule``).
+        version: the DeepSpeed release; None: a current one.
+
+    Returns:
+        One of :data:`DEEPSPEED_OPTIMIZERS`: ``zero`` (ZeRO on, except bf16 weights with fp32
+        accumulation at stage 1 without offload, which is ``bf16``), ``bf16``
+        (``BF16_Optimizer``: bf16 weights with fp32 accumulation, or bf16 accumulation under
+        pipeline parallelism), ``fp16`` (``FP16_Optimizer``: fp16 weights, and since 0.17.6 bf16
+        weights with bf16 accumulation, ``DDP_BFLOAT16``), ``none`` (fp32).
+
+    Raises:
+        SpecError: a mix DeepSpeed refuses (``NotImplementedError``): bf16 accumulation of bf16
+            weights without ZeRO before 0.17.6, or any other mix of model and accumulation
+            dtypes without ZeRO.
+    """
+    if zero_stage > 0:
+        bf16_fp32 = model_dtype == "bfloat16" and grad_accum_dtype == "float32"
+        return "bf16" if bf16_fp32 and zero_stage == 1 and not cpu_offload else "zero"
+    if model_dtype == grad_accum_dtype:
+        if model_dtype == "float32":
+            return "none"
+        if model_dtype == "bfloat16" and pipeline:
+            return "bf16"
+        old = (version or DEFAULT_DEEPSPEED_VERSION) < DEEPSPEED_ACCUMULATES_IN_MODEL_DTYPE_SINCE
+        if model_dtype == "bfloat16" and old:
+            raise SpecError(
+                "grad_accum_dtype",
+                "DeepSpeed before 0.17.6 refuses bf16 gradient accumulation without ZeRO "
+                "(engine.py: 'Bfloat16 wrapper must use a gradient accumulation type of fp32'); "
+                "allowed: float32, or a ZeRO stage",
+            )
+        return "fp16"
+    if model_dtype == "bfloat16" and grad_accum_dtype == "float32":
+        return "bf16"
+    raise SpecError(
+        "grad_accum_dtype",
+        f"DeepSpeed has no optimizer for {model_dtype} weights with {grad_accum_dtype} gradient "
+        f"accumulation without ZeRO (engine.py: 'unsupported mix'); allowed: {model_dtype}"
+        + (", float32" if model_dtype == "bfloat16" else ""),
+    )
 
 
 def parse_version(field: str, text: str | None) -> tuple[int, ...] | None:
@@ -84,20 +189,30 @@ class FrameworkConventions:
     optimizer is built, so the (sharded) gradients exist in the forward pass too (DeepSpeed
     runtime/zero/stage3.py ``self.grad_partitions_flat_buffer = torch.zeros(sum(p.
     partition_numel() ...), dtype=self.gradient_accumulation_dtype, ...)``)."""
-    bf16_optimizer_without_zero: bool
-    """``bf16-mixed`` without ZeRO runs DeepSpeed's ``BF16_Optimizer``: gradients accumulate in
-    fp32 (``get_data_types``: ``grad_accum_dtype`` defaults to fp32 for bf16 when ZeRO is off;
-    bf16 with bf16 accumulation and no ZeRO raises ``NotImplementedError``), in one flat fp32
-    buffer of every trainable parameter allocated when the optimizer is built
-    (runtime/bf16_optimizer.py ``_setup_for_real_optimizer``: ``fp32_groups_gradients_flat =
-    torch.zeros_like(bf16_groups_flat[i], dtype=self.grad_acc_dtype)``), into which each bf16
-    gradient is added and then freed as soon as autograd produces it (``immediate_grad_update``,
-    default True in runtime/bf16_optimizer.py / runtime/constants.py
-    ``BFLOAT16_IMMEDIATE_GRAD_UPDATE_DEFAULT``; ``accumulate_hp_grads_and_remove_lp``); the fp32
-    master weights and the optimizer states cover only this rank's 1/N partition over the
-    data-parallel ranks (``fp32_groups_flat_partition``), as in ZeRO-1. Source:
-    deepspeed/runtime/engine.py ``_do_optimizer_sanity_check`` (``return BFLOAT16``),
-    ``_configure_bf16_optimizer``."""
+    deepspeed_optimizer_wrappers: bool
+    """The optimizer is wrapped as DeepSpeed's engine chooses (deepspeed/runtime/engine.py
+    ``_do_optimizer_sanity_check``, :func:`deepspeed_optimizer_wrapper`): the ZeRO optimizer
+    with ZeRO on, ``BF16_Optimizer`` for bf16 weights with fp32 gradient accumulation (ZeRO off,
+    or ZeRO-1 without CPU offload), ``FP16_Optimizer`` for 16-bit weights and gradients without
+    ZeRO; the gradient accumulation dtype is DeepSpeed's ``data_types.grad_accum_dtype``
+    (:func:`deepspeed_grad_accum_dtype`). ``BF16_Optimizer`` keeps one flat fp32 gradient buffer
+    of every trainable parameter from when the optimizer is built (runtime/bf16_optimizer.py
+    ``_setup_for_real_optimizer``: ``fp32_groups_gradients_flat = torch.zeros_like(
+    bf16_groups_flat[i], dtype=self.grad_acc_dtype)``), into which each bf16 gradient is added
+    and then freed as soon as autograd produces it (``immediate_grad_update``, default True,
+    runtime/constants.py ``BFLOAT16_IMMEDIATE_GRAD_UPDATE_DEFAULT``;
+    ``accumulate_hp_grads_and_remove_lp``); its fp32 master weights and optimizer states cover
+    only this rank's 1/N partition over the data-parallel ranks (``fp32_groups_flat_partition``),
+    as in ZeRO-1."""
+    optimizer_offload_torchao: bool
+    """Without ZeRO / FSDP, ``offload="optimizer"`` is torchao's ``CPUOffloadOptimizer`` (and
+    ``"optimizer+gradients"`` the same with ``offload_gradients=True``), as torchtune's
+    low-memory recipes configure it: parameters of fewer than ``minimal_size`` =
+    :data:`TORCHAO_OFFLOAD_MINIMAL_SIZE` elements stay in an optimizer on the GPU, with their
+    states and gradients; each larger parameter's gradient is copied to pinned CPU memory by a
+    post-accumulate-grad hook and, with ``offload_gradients``, freed on the GPU at once
+    (torchao optim/cpu_offload.py ``CPUOffloadOptimizer.__init__``, ``backward_hook``; "not
+    compatible with gradient accumulation", torchao optim/README.md)."""
     fused_multi_tensor_adam: bool
     """Adam runs as one fused multi-tensor kernel with no parameter-sized temporary (Megatron
     ``optimizer/__init__.py``: TransformerEngine / apex ``FusedAdam``; DeepSpeed
@@ -112,8 +227,11 @@ class FrameworkConventions:
     where torch has it (>= 2.5), transformers' before."""
     adapter_dtype_follows_weights: bool
     """LoRA A and B are kept in the model's weight dtype (lit-gpt ``lora.py``, torchtune
-    ``LoRALinear``); False: peft upcasts adapters on a 16-bit base to fp32
-    (``autocast_adapter_dtype=True``, peft ``tuners/tuners_utils.py``)."""
+    ``LoRALinear``; DeepSpeed casts every parameter of the wrapped module, peft's fp32 adapters
+    included, to the 16-bit dtype: runtime/engine.py ``_configure_distributed_model``,
+    ``self.module.bfloat16()`` in 0.16.9, ``_cast_module_mixed_precision`` in 0.19.8); False:
+    peft upcasts adapters on a 16-bit base to fp32 (``autocast_adapter_dtype=True``, peft
+    ``tuners/tuners_utils.py``)."""
     hf_model_code: bool
     """The model is the transformers class, with its code paths: GPT-2's training-time
     ``DynamicCache`` (``use_cache=True``) whose ``torch.cat`` copies of k and v SDPA saves, and
@@ -229,7 +347,8 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "fsdp_param_dtype_follows_precision": False,
         "fsdp_reduce_in_compute_dtype": False,
         "fused_multi_tensor_adam": False,
-        "bf16_optimizer_without_zero": False,
+        "optimizer_offload_torchao": False,
+        "deepspeed_optimizer_wrappers": False,
         "zero_ipg_buckets": False,
         "zero3_grad_partition_from_init": False,
         "trainer_default_fused_since_torch": None,
@@ -254,7 +373,7 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
 FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
     row.name: row
     for row in (
-        _row("pytorch-amp", autocast=True, peft_kbit_training=True),
+        _row("pytorch-amp", autocast=True, peft_kbit_training=True, optimizer_offload_torchao=True),
         _row(
             "hf-trainer",
             autocast=True,
@@ -272,7 +391,8 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
         _row(
             "deepspeed",
             master_weights=True,
-            bf16_optimizer_without_zero=True,
+            adapter_dtype_follows_weights=True,
+            deepspeed_optimizer_wrappers=True,
             fused_multi_tensor_adam=True,
             zero_ipg_buckets=True,
             zero3_grad_partition_from_init=True,
@@ -296,6 +416,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
         ),
         _row(
             "torchtune",
+            optimizer_offload_torchao=True,
             adapter_dtype_follows_weights=True,
             quantized_base_saves_input=False,
             hf_model_code=False,

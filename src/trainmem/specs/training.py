@@ -50,7 +50,10 @@ from trainmem.specs.frameworks import (
     BNB_MATMUL4BIT_SAVES_NO_INPUT_SINCE,
     DEFAULT_BITSANDBYTES_VERSION,
     FRAMEWORK_CONVENTIONS,
+    GRAD_ACCUM_DTYPES,
     FrameworkConventions,
+    deepspeed_grad_accum_dtype,
+    deepspeed_optimizer_wrapper,
     parse_version,
 )
 from trainmem.specs.model import EAGER_ONLY_TYPES, MAX_COUNT, ModelSpec, describe_int
@@ -231,6 +234,14 @@ class TrainingConfig:
     bitsandbytes_version: str | None = None
     """bitsandbytes release (``"0.41.1"``) where its memory behaviour changed (``MatMul4Bit``
     saves its input before 0.43.2); None: a current release."""
+    deepspeed_version: str | None = None
+    """DeepSpeed release (``"0.16.9"``) where a default depends on it (bf16 gradients accumulate
+    in fp32 without ZeRO before 0.17.6); None: a current release."""
+    grad_accum_dtype: str | None = None
+    """DeepSpeed ``data_types.grad_accum_dtype`` (``float32``, ``bfloat16``, ``float16``): the
+    dtype gradients accumulate in, which picks DeepSpeed's optimizer wrapper
+    (:attr:`deepspeed_optimizer`); None: DeepSpeed's default for ``deepspeed_version``. Only
+    with ``framework="deepspeed"``."""
     activation_checkpointing: ActivationCheckpointing = "none"
     """``none``; ``selective`` (recompute attention core, Korthikanti et al. 2022 sec. 5);
     ``full`` (keep only each layer's input)."""
@@ -267,6 +278,10 @@ class TrainingConfig:
     stage3_prefetch_bucket_size: int | Literal["auto"] | None = None
     """DeepSpeed ZeRO-3 ``stage3_prefetch_bucket_size``, elements of parameters gathered ahead
     of use; ``"auto"``: the HF Trainer's 0.9 * hidden_size^2; None: DeepSpeed's 5e7."""
+    stage3_max_live_parameters: int | Literal["auto"] | None = None
+    """DeepSpeed ZeRO-3 ``stage3_max_live_parameters``: most gathered parameter elements the
+    prefetcher lets be alive; None (and ``"auto"``, which the HF Trainer does not fill in):
+    DeepSpeed's default, 1e9 (runtime/zero/config.py ``max_live_parameters``)."""
     overlap_comm: bool | None = None
     """DeepSpeed ``zero_optimization.overlap_comm`` (doubles the stage 1/2 gradient bucket);
     None: DeepSpeed's default, True at stage 3 and False below (``overlap_comm_valid``)."""
@@ -364,7 +379,14 @@ class TrainingConfig:
             )
         parse_version("torch_version", self.torch_version)
         parse_version("bitsandbytes_version", self.bitsandbytes_version)
-        for name in ("reduce_bucket_size", "stage3_prefetch_bucket_size"):
+        parse_version("deepspeed_version", self.deepspeed_version)
+        if self.grad_accum_dtype is not None:
+            _check_choice("grad_accum_dtype", self.grad_accum_dtype, GRAD_ACCUM_DTYPES)
+        for name in (
+            "reduce_bucket_size",
+            "stage3_prefetch_bucket_size",
+            "stage3_max_live_parameters",
+        ):
             bucket = getattr(self, name)
             if bucket is not None and bucket != "auto":
                 if not isinstance(bucket, int) or isinstance(bucket, bool) or bucket < 0:
@@ -397,12 +419,34 @@ class TrainingConfig:
             raise SpecError("lora_dropout", f"must be in [0, 1), got {dropout!r}")
         _check_choice("quantize_base", self.quantize_base, QUANTIZE_BASE)
         _check_choice("framework", self.framework, FRAMEWORKS)
+        if self.grad_accum_dtype is not None and not self.conventions.deepspeed_optimizer_wrappers:
+            deepspeed = [
+                n for n, c in FRAMEWORK_CONVENTIONS.items() if c.deepspeed_optimizer_wrappers
+            ]
+            raise SpecError(
+                "grad_accum_dtype",
+                f"is DeepSpeed's data_types.grad_accum_dtype; framework {self.framework!r} does "
+                f"not read it (allowed with: {', '.join(deepspeed)})",
+            )
+        _ = self.deepspeed_optimizer  # refuses the dtype mixes DeepSpeed refuses
         _check_choice("pipeline_schedule", self.pipeline_schedule, PIPELINE_SCHEDULES)
         if self.sequence_parallel and self.tensor_parallel_size == 1:
             raise SpecError("sequence_parallel", "needs tensor_parallel_size > 1")
         if self.quantize_base != "none" and self.lora_rank == 0:
             raise SpecError(
                 "quantize_base", "a quantized base is frozen: set lora_rank > 0 (QLoRA)"
+            )
+        if (
+            self.torchao_cpu_offload
+            and self.offload == "optimizer+gradients"
+            and self.gradient_accumulation_steps > 1
+        ):
+            raise SpecError(
+                "offload",
+                "optimizer+gradients is torchao's CPUOffloadOptimizer(offload_gradients=True) "
+                f"under {self.framework}, which frees each gradient once copied to the CPU, so "
+                "it cannot accumulate (torchao optim/README.md); allowed with "
+                f"gradient_accumulation_steps {self.gradient_accumulation_steps}: none, optimizer",
             )
         if self.optimizer_in_backward and self.gradient_accumulation_steps > 1:
             # torchtune's recipes refuse the pair: the step runs inside backward, so there is
@@ -457,17 +501,53 @@ class TrainingConfig:
         return _PRECISION_DTYPES[self.precision][0]
 
     @property
-    def bf16_optimizer(self) -> bool:
-        """DeepSpeed's ``BF16_Optimizer`` runs: ``bf16-mixed`` with ZeRO off
-        (``FrameworkConventions.bf16_optimizer_without_zero``): an fp32 gradient buffer from
-        init, fp32 master weights and optimizer states partitioned over the data-parallel
-        ranks."""
-        return (
-            self.master_weights
-            and self.conventions.bf16_optimizer_without_zero
-            and self.compute_dtype == "bfloat16"
-            and self.zero_stage == 0
+    def deepspeed_optimizer(self) -> str | None:
+        """DeepSpeed's optimizer wrapper (``FrameworkConventions.deepspeed_optimizer_wrappers``):
+        ``zero``, ``bf16`` (``BF16_Optimizer``), ``fp16``
+        (``FP16_Optimizer``) or ``none``, as deepspeed/runtime/engine.py
+        ``_do_optimizer_sanity_check`` chooses from the model dtype and
+        :attr:`deepspeed_grad_accum_dtype` (:func:`~trainmem.specs.frameworks.
+        deepspeed_optimizer_wrapper`); None for other frameworks.
+
+        Raises:
+            SpecError: a dtype mix DeepSpeed refuses.
+        """
+        if not self.conventions.deepspeed_optimizer_wrappers:
+            return None
+        return deepspeed_optimizer_wrapper(
+            self._deepspeed_model_dtype,
+            self.deepspeed_grad_accum_dtype,
+            self.zero_stage,
+            cpu_offload=self.offload != "none",
+            pipeline=self.pipeline_parallel_size > 1,
+            version=parse_version("deepspeed_version", self.deepspeed_version),
         )
+
+    @property
+    def deepspeed_grad_accum_dtype(self) -> str:
+        """The dtype DeepSpeed accumulates gradients in: ``grad_accum_dtype`` when given, else
+        DeepSpeed's default for ``deepspeed_version`` (:func:`~trainmem.specs.frameworks.
+        deepspeed_grad_accum_dtype`: the model dtype; fp32 for bf16 without ZeRO before
+        0.17.6)."""
+        return deepspeed_grad_accum_dtype(
+            self._deepspeed_model_dtype,
+            self.zero_stage,
+            self.grad_accum_dtype,
+            parse_version("deepspeed_version", self.deepspeed_version),
+        )
+
+    @property
+    def _deepspeed_model_dtype(self) -> str:
+        """The model dtype DeepSpeed's engine sees (engine.py ``get_data_types``): the 16-bit
+        dtype of an ``fp16`` / ``bf16`` section (the ``*-mixed`` precisions), else fp32."""
+        return self.compute_dtype if self.master_weights else "float32"
+
+    @property
+    def bf16_optimizer(self) -> bool:
+        """DeepSpeed's ``BF16_Optimizer`` runs (:attr:`deepspeed_optimizer` ``bf16``): an fp32
+        gradient buffer from init, fp32 master weights and optimizer states partitioned over the
+        data-parallel ranks (``FrameworkConventions.deepspeed_optimizer_wrappers``)."""
+        return self.deepspeed_optimizer == "bf16"
 
     @property
     def optimizer_states_partitioned(self) -> bool:
@@ -482,8 +562,16 @@ class TrainingConfig:
         ``BF16_Optimizer``, accumulate in fp32)."""
         if self.master_weights and self.conventions.fp32_grad_buffer:
             return "float32"
-        if self.bf16_optimizer:
-            return "float32"
+        wrapper = self.deepspeed_optimizer
+        if wrapper == "bf16":  # its flat gradient buffer (bf16_optimizer.py grad_acc_dtype)
+            return self.deepspeed_grad_accum_dtype
+        # ZeRO-3's gradient partition (stage3.py ``grad_partitions_flat_buffer``,
+        # ``dtype=self.gradient_accumulation_dtype``); ZeRO-1 with a separate accumulation dtype
+        # keeps each gradient as ``param.grad_accum`` in it (stage_1_and_2.py
+        # ``use_grad_accum_attribute``, ``_fill_param_grad_accum_attribute``); ZeRO-2 keeps the
+        # model dtype (``grads_in_partition``, ``dtype=self.dtype``)
+        if wrapper == "zero" and self.master_weights and self.zero_stage in (1, 3):
+            return self.deepspeed_grad_accum_dtype
         return self.weight_dtype
 
     @property
@@ -519,6 +607,27 @@ class TrainingConfig:
         """A quantized base whose other parameters peft cast to fp32
         (``FrameworkConventions.peft_kbit_training``)."""
         return self.quantize_base != "none" and self.conventions.peft_kbit_training
+
+    @property
+    def torchao_cpu_offload(self) -> bool:
+        """The optimizer offload is torchao's ``CPUOffloadOptimizer`` (single GPU, no ZeRO /
+        FSDP; ``FrameworkConventions.optimizer_offload_torchao``): tensors under
+        :data:`~trainmem.specs.frameworks.TORCHAO_OFFLOAD_MINIMAL_SIZE` elements keep their
+        optimizer states and gradients on the GPU."""
+        return (
+            self.conventions.optimizer_offload_torchao
+            and self.offload in ("optimizer", "optimizer+gradients")
+            and self.zero_stage == 0
+        )
+
+    @property
+    def input_embeddings_require_grad(self) -> bool:
+        """The input embeddings' output is made to require grad by a forward hook
+        (transformers ``enable_input_require_grads``): transformers models
+        (``FrameworkConventions.hf_model_code``) with activation checkpointing, which
+        transformers 5's ``_activation_checkpointing_enable`` registers for ``input_ids`` models
+        and peft's ``prepare_model_for_kbit_training`` with its (reentrant) checkpointing."""
+        return self.conventions.hf_model_code and self.activation_checkpointing != "none"
 
     @property
     def adafactor_implementation(self) -> str:
@@ -638,12 +747,16 @@ def fsdp_settings(zero_stage: int, fsdp: str | None) -> dict[str, int | bool | N
 
 def resolved_config(training: TrainingConfig) -> dict[str, object]:
     """Every training setting after defaults, JSON-able, plus derived dtypes and the optimizer
-    implementation that was computed (the framework's default when none was given)."""
+    implementation that was computed (the framework's default when none was given); under
+    DeepSpeed the gradient accumulation dtype and the optimizer wrapper that were computed."""
     # fields hold immutable values (str, int, float, bool, tuples of str): no deep copy needed
     out: dict[str, object] = {f.name: getattr(training, f.name) for f in fields(training)}
     out["weight_dtype"] = training.weight_dtype
     out["compute_dtype"] = training.compute_dtype
     out["optimizer_implementation"] = training.step_implementation
+    if training.deepspeed_optimizer is not None:  # DeepSpeed's defaults, resolved
+        out["grad_accum_dtype"] = training.deepspeed_grad_accum_dtype
+        out["deepspeed_optimizer"] = training.deepspeed_optimizer
     return out
 
 

@@ -37,9 +37,10 @@ Note [Tracing torch.compile]
     function and keeps none of its saved-tensor hooks, so the partitioner chose on its own and
     saved what op-level SAC recomputes, and full checkpointing vanished.)
 
-    The traced layer gets ``past_key_values=None`` (a KV cache is generation-only; the cache
-    object cannot enter the graph). Parameters are read when the layer is called, so FSDP2's
-    unsharded parameters and TP's DTensors are the graph inputs, as under torch.compile.
+    The traced layer gets ``past_key_values=None`` (``cache=None`` from transformers 5.24, which
+    renamed the layers' keyword behind ``@deprecate_kwarg``): a KV cache is generation-only and
+    the cache object cannot enter the graph. Parameters are read when the layer is called, so
+    FSDP2's unsharded parameters and TP's DTensors are the graph inputs, as under torch.compile.
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ torch = require_torch()
 __all__ = ["compile_layers"]
 
 _POINTWISE_TAG = "pointwise"
+_CACHE_KWARGS = ("past_key_values", "cache")
+"""The decoder layers' KV-cache keyword: ``past_key_values`` up to transformers 5.23, ``cache``
+from 5.24 (``modeling_llama.py`` ``LlamaDecoderLayer.forward``)."""
 
 
 def _is_pointwise(node: Any) -> bool:
@@ -206,8 +210,9 @@ def _compile_layer(
     runner = _graph_runner(fuse_pointwise)
 
     def forward(*args: Any, **kwargs: Any) -> Any:
-        if "past_key_values" in kwargs:
-            kwargs["past_key_values"] = None
+        for name in _CACHE_KWARGS:
+            if name in kwargs:
+                kwargs[name] = None
         params = dict(layer.named_parameters(remove_duplicate=False))
         buffers = dict(layer.named_buffers(remove_duplicate=False))
         leaves, spec = pytree.tree_flatten((args, kwargs))

@@ -222,7 +222,10 @@ def make_hf_batch(
     vision towers) with class ``labels`` [b] when the model takes labels; ``input_features``
     [b, mel bins, 2 * max_source_positions] (Whisper's 30 s log-mel window: two frames per
     encoder position after its stride-2 convolution, ``modeling_whisper.py``) with decoder
-    ``labels`` [b, min(s, max_target_positions)].
+    ``labels`` [b, min(s, max_target_positions)]. A ``*ForSequenceClassification`` head takes
+    class ``labels`` [b], a ``*ForTokenClassification`` head [b, s], in ``range(num_labels)``
+    (``modeling_bert.py`` ``BertForSequenceClassification.forward``: ``labels.view(-1)``
+    against ``logits.view(-1, num_labels)``).
 
     Args:
         model: the HF model (its ``config`` decides the inputs).
@@ -261,6 +264,12 @@ def make_hf_batch(
         target = target_seq_len or s
         same = target == s or cfg.model_type != "t5"
         batch["labels"] = ids.clone() if same else torch.randint(0, cfg.vocab_size, (b, target))
+        classes = max(getattr(cfg, "num_labels", 1), 1)
+        head = type(base).__name__
+        if head.endswith("ForSequenceClassification"):  # one class per sequence
+            batch["labels"] = torch.randint(0, classes, (b,))
+        elif head.endswith("ForTokenClassification"):  # one class per token
+            batch["labels"] = torch.randint(0, classes, (b, s))
     return batch
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from trainmem.breakdown import MemoryEstimate
 from trainmem.errors import SpecError
-from trainmem.estimate import default_seq_len_of, estimate
+from trainmem.estimate import default_attention_of, default_seq_len_of, estimate
 from trainmem.specs.hf import list_presets
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
@@ -131,7 +131,11 @@ def resolve_request(values: Mapping[str, Any], uploaded: ModelSpec | str | None 
             )
         model = model_arg = name
     gpu = str(values.get("gpu") or NO_GPU)
-    training = training_config(values, default_seq_len=default_seq_len_of(model))
+    training = training_config(
+        values,
+        default_seq_len=default_seq_len_of(model),
+        default_attention=default_attention_of(model),
+    )
     return Request(
         model=model,
         model_arg=model_arg,

@@ -11,7 +11,8 @@ the page offers what ``trainmem estimate`` accepts and nothing is spelled twice.
 
 A *values* dict maps ``model``, ``gpu``, ``alloc_conf`` and every TrainingConfig field name to a
 typed value (``int``, ``float``, ``bool``, ``str``, ``tuple`` for ``lora_targets``; ``seq_len``
-None means the model's own context length, at most 4096, as in the CLI).
+None means the model's own context length, at most 4096, and ``attention`` None the model's own
+attention, eager for BLOOM / Gemma-2 and sdpa otherwise, as in the CLI).
 """
 
 from __future__ import annotations
@@ -25,12 +26,16 @@ from urllib.parse import parse_qsl, urlencode
 
 from trainmem.errors import SpecError
 from trainmem.specs import training as tr
+from trainmem.specs.frameworks import GRAD_ACCUM_DTYPES
 from trainmem.specs.hardware import GPUS
 from trainmem.specs.training import TrainingConfig
 
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_GPU = "H100-80GB"
 NO_GPU = "(none)"
+MODEL_DEFAULT = "model default"
+"""The choice that leaves a setting to the model (``attention``: eager for BLOOM / Gemma-2,
+sdpa otherwise), the CLI without the option."""
 """The GPU choice that asks for no fit verdict (the CLI without ``--gpu``)."""
 
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -70,10 +75,17 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "reshard_after_forward",
         "reduce_bucket_size",
         "stage3_prefetch_bucket_size",
+        "stage3_max_live_parameters",
         "overlap_comm",
     ),
     "LoRA / QLoRA": ("lora_rank", "lora_targets", "lora_dropout", "quantize_base"),
-    "Framework": ("framework", "torch_version", "bitsandbytes_version"),
+    "Framework": (
+        "framework",
+        "torch_version",
+        "bitsandbytes_version",
+        "deepspeed_version",
+        "grad_accum_dtype",
+    ),
     "Diffusion models (diffusers configs)": ("resolution", "frames", "text_seq_len"),
 }
 """Every TrainingConfig field, grouped as the page shows them."""
@@ -83,12 +95,13 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "optimizer": tr.OPTIMIZERS,
     "optimizer_implementation": tr.OPTIMIZER_IMPLEMENTATIONS,
     "activation_checkpointing": tr.ACTIVATION_CHECKPOINTING,
-    "attention": tr.ATTENTIONS,
+    "attention": (MODEL_DEFAULT, *tr.ATTENTIONS),
     "zero_stage": tr.ZERO_STAGES,
     "offload": tr.OFFLOADS,
     "pipeline_schedule": tr.PIPELINE_SCHEDULES,
     "quantize_base": tr.QUANTIZE_BASE,
     "framework": tr.FRAMEWORKS,
+    "grad_accum_dtype": GRAD_ACCUM_DTYPES,
     "lora_targets": (*tr.LORA_TARGETS, "lm_head"),
 }
 """Allowed values of the fields that take one of a list (``lora_targets``: several of it)."""
@@ -99,7 +112,9 @@ _NO_FLAG = (
     "reshard_after_forward",
     "reduce_bucket_size",
     "stage3_prefetch_bucket_size",
+    "stage3_max_live_parameters",
     "overlap_comm",
+    "grad_accum_dtype",
 )
 """Fields without an option of their own in the CLI (given there as ``--set KEY=VALUE``)."""
 _NEGATIVE_FLAG = {"dropout": "--no-dropout", "zero_grad_set_to_none": "--zero-grad-keep"}
@@ -107,8 +122,9 @@ _NEGATIVE_FLAG = {"dropout": "--no-dropout", "zero_grad_set_to_none": "--zero-gr
 
 _FIELD_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(TrainingConfig)}
 _ANNOTATIONS: dict[str, Any] = {f.name: f.type for f in dataclasses.fields(TrainingConfig)}
-DEFAULTS: dict[str, Any] = {**_FIELD_DEFAULTS, "seq_len": None}
-"""Every TrainingConfig field with the page's default (the dataclass's; ``seq_len`` None)."""
+DEFAULTS: dict[str, Any] = {**_FIELD_DEFAULTS, "seq_len": None, "attention": None}
+"""Every TrainingConfig field with the page's default (the dataclass's; ``seq_len`` and
+``attention`` None: the model's own, filled in by :func:`training_config`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +177,7 @@ def coerce(name: str, raw: Any) -> Any:
         SpecError: a value of the wrong type (the message names the field).
     """
     f = field(name)
-    if raw is None or raw == "":
+    if raw is None or raw == "" or raw == MODEL_DEFAULT:
         return DEFAULTS[name]
     if f.kind == "multi":
         parts = raw.split("+") if isinstance(raw, str) else list(raw)
@@ -197,12 +213,16 @@ def default_values() -> dict[str, Any]:
     return {"model": DEFAULT_MODEL, "gpu": DEFAULT_GPU, "alloc_conf": "", **DEFAULTS}
 
 
-def training_config(values: Mapping[str, Any], default_seq_len: int) -> TrainingConfig:
+def training_config(
+    values: Mapping[str, Any], default_seq_len: int, default_attention: str = "sdpa"
+) -> TrainingConfig:
     """The validated TrainingConfig the values describe.
 
     Args:
         values: a values dict (missing settings take their defaults).
         default_seq_len: tokens per sequence when ``seq_len`` is None (the model's own).
+        default_attention: the attention when ``attention`` is None (the model's own,
+            :func:`trainmem.estimate.default_attention_of`).
 
     Raises:
         SpecError: a value of the wrong type or out of range (the message names the field).
@@ -210,6 +230,8 @@ def training_config(values: Mapping[str, Any], default_seq_len: int) -> Training
     settings = {name: coerce(name, values.get(name)) for name in DEFAULTS}
     if settings["seq_len"] is None:
         settings["seq_len"] = default_seq_len
+    if settings["attention"] is None:
+        settings["attention"] = default_attention
     return TrainingConfig(**settings)
 
 

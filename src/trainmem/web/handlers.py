@@ -29,7 +29,15 @@ from trainmem.web.compute import (
     run,
     timeline_points,
 )
-from trainmem.web.form import GROUPS, cli_command, coerce, default_values, from_query, to_query
+from trainmem.web.form import (
+    GROUPS,
+    MODEL_DEFAULT,
+    cli_command,
+    coerce,
+    default_values,
+    from_query,
+    to_query,
+)
 from trainmem.web.uploads import accelerate_from_upload, deepspeed_from_upload, model_from_upload
 
 log = logging.getLogger("trainmem.web")
@@ -60,16 +68,21 @@ def _guard(compute: Callable[[], T], fallback: Callable[[str], T]) -> T:
 
 def collect(raw: Sequence[Any]) -> dict[str, Any]:
     """A values dict from widget values in :data:`INPUT_NAMES` order (checkbox-group lists
-    as tuples; the rest is typed by :func:`trainmem.web.form.coerce` when it is used)."""
+    as tuples, :data:`~trainmem.web.form.MODEL_DEFAULT` as None; the rest is typed by
+    :func:`trainmem.web.form.coerce` when it is used)."""
     return {
-        name: tuple(v) if isinstance(v, list) else v
+        name: tuple(v) if isinstance(v, list) else None if v == MODEL_DEFAULT else v
         for name, v in zip(INPUT_NAMES, raw, strict=True)
     }
 
 
 def widget_values(values: Mapping[str, Any]) -> list[Any]:
-    """Widget values in :data:`INPUT_NAMES` order (tuples as lists for checkbox groups)."""
-    return [list(v) if isinstance(v, tuple) else v for v in (values[n] for n in INPUT_NAMES)]
+    """Widget values in :data:`INPUT_NAMES` order (tuples as lists for checkbox groups, an
+    ``attention`` left to the model as :data:`~trainmem.web.form.MODEL_DEFAULT`)."""
+    return [
+        list(v) if isinstance(v, tuple) else MODEL_DEFAULT if v is None and n == "attention" else v
+        for n, v in ((n, values[n]) for n in INPUT_NAMES)
+    ]
 
 
 def request_of(config_path: str | None, values: Mapping[str, Any]) -> Request:

@@ -19,7 +19,15 @@ except ImportError as exc:  # pragma: no cover - the web extra is missing
 from trainmem.report.plots import CATEGORY_COLORS
 from trainmem.specs.hf import list_presets
 from trainmem.web import handlers as h
-from trainmem.web.form import DEFAULT_GPU, DEFAULT_MODEL, GROUPS, default_values, field, gpu_choices
+from trainmem.web.form import (
+    DEFAULT_GPU,
+    DEFAULT_MODEL,
+    GROUPS,
+    MODEL_DEFAULT,
+    default_values,
+    field,
+    gpu_choices,
+)
 
 CSS = """
 .tm-slot:has(.prose:empty) {display: none}
@@ -63,7 +71,8 @@ def _widget(name: str) -> Any:
             list(f.choices), value=list(default), label=f.label, elem_id=elem_id
         )
     if f.kind == "choice":
-        return gr.Dropdown(list(f.choices), value=default, label=f.label, elem_id=elem_id)
+        value = MODEL_DEFAULT if default is None else default
+        return gr.Dropdown(list(f.choices), value=value, label=f.label, elem_id=elem_id)
     if f.kind == "bool":
         return gr.Checkbox(value=default, label=f.label, elem_id=elem_id)
     if name == "seq_len":
