@@ -173,12 +173,13 @@ NOTES = [
     "trainmem.trace.pipeline): the token embedding's gradient is a whole-vocabulary partial "
     "DTensor on each TP rank (embedding_dense_backward has no vocabulary-sharded strategy), "
     "which FSDP2 accumulates in fp32 across the micro-batches: [V, h] fp32 = 7.8 GiB on "
-    "stage 0 instead of its [V / 8, h] shard. The 1F1B rows went from -19% / -11..-21% to "
-    "-8% / +0..-11% (reserved); the traced T5 1F1B step (b4 s8192, 8 micro-batches) peaks "
-    "at 66.4 GiB allocated on stage 0 (the formulas 67.4), 61.3 on stage 1 (60.1), 58.0 "
-    "on stage 7 (57.7).",
+    "stage 0 instead of its [V / 8, h] shard; perform_reduce_grad reduces FSDP2's groups "
+    "one at a time. The 1F1B rows went from -19% / -11..-21% to -7% / +2..-9% (reserved). "
+    "The traced T5 1F1B step (b4 s8192, 8 micro-batches, 55 s) peaks at 66.4 GiB allocated "
+    "on stage 0 (the formulas 67.4), 61.3 on stage 1 (60.1), 58.0 on stage 7 (57.7); its "
+    "replayed reserved, 71.2 GiB, is further from the measured 82.5 than the formulas' 77.0.",
     "Open: which allocator setting the runs used (run_llama_train.sh sets expandable "
-    "segments; both columns shown); T5 1F1B is still 8% under and T6 CP 8 11% under (CP "
+    "segments; both columns shown); T5 1F1B is still 7% under and T6 CP 8 9% under (CP "
     "with PP is not traced; T6 CP 8 grows by 7.8 GiB in the measurements, not in the model).",
 ]
 
