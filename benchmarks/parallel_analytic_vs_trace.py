@@ -49,6 +49,11 @@ CELLS: list[tuple[str, dict[str, object]]] = [
     ),
     ("FSDP 2, full AC + compile", {**FSDP, "compile": True, "activation_checkpointing": "full"}),
     ("FSDP 2, float8", {**FSDP, "precision": "fp8-mixed"}),
+    (
+        "FSDP 2 x TP 2 + SP, compile + float8",
+        {**FSDP, "tensor_parallel_size": 2, "sequence_parallel": True, "compile": True,
+         "precision": "fp8-mixed"},
+    ),
     ("FSDP 2 x PP 2, 1F1B", {**FSDP, **PP}),
     (
         "FSDP 2 x PP 4, 1F1B",
@@ -60,6 +65,11 @@ CELLS: list[tuple[str, dict[str, object]]] = [
         "FSDP 2 x TP 2 + SP x PP 2, full AC",
         {**FSDP, **PP, "tensor_parallel_size": 2, "sequence_parallel": True,
          "activation_checkpointing": "full"},
+    ),
+    (
+        "FSDP 2 x TP 2 + SP x PP 2, compile + float8",
+        {**FSDP, **PP, "tensor_parallel_size": 2, "sequence_parallel": True, "compile": True,
+         "precision": "fp8-mixed"},
     ),
     (
         "FSDP 2 x PP 2, full AC + compile + float8",
