@@ -536,6 +536,7 @@ def trace_pipeline_rank(
     from trainmem.errors import TraceError
     from trainmem.trace.capture import capture_step
     from trainmem.trace.compile import compile_layers
+    from trainmem.trace.compose import trainable_params
     from trainmem.trace.engine import (
         _autocast_factory,
         _maybe_float8,
@@ -587,7 +588,7 @@ def trace_pipeline_rank(
         )
         params = [p for p in dict.fromkeys(stages.parameters()) if p.requires_grad]
         opt = build_optimizer(params, training)
-    infos = _param_infos(stages)
+    infos = trainable_params(stages)
     fused = bool(opt.defaults.get("fused")) if hasattr(opt, "defaults") else False
     try:
         capture = capture_step(
@@ -607,19 +608,6 @@ def trace_pipeline_rank(
         raise TraceError(f"the traced pipeline step failed: {type(exc).__name__}: {exc}") from exc
     report = peak_report(capture, emulate_cuda, workspace_bytes)
     return RankTrace(rank, global_rank, capture, report, runs, infos, module_names)
-
-
-def _param_infos(model: Any) -> list[Any]:
-    from trainmem.trace.compose import ParamInfo
-
-    names: dict[int, str] = {}
-    for n, p in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(p), n)
-    return [
-        ParamInfo(names.get(id(p), ""), p.numel(), str(p.dtype), p.dim())
-        for p in dict.fromkeys(model.parameters())
-        if p.requires_grad
-    ]
 
 
 _RANK_DETAILS = (
@@ -712,20 +700,19 @@ def estimate_pipeline(
         A draft :class:`~trainmem.breakdown.MemoryEstimate` with one schedule per traced rank;
         :func:`trainmem.estimate.finish` completes it.
     """
+    from trainmem.trace.compose import count_parameters
     from trainmem.trace.engine import DEFAULT_CUBLAS_WORKSPACE_BYTES, _estimate
     from trainmem.trace.parallel import rank_map, trace_mesh
 
     check_pipeline_settings(training)
     with torch.device("meta"):
         full = build_model()
-    params = list(dict.fromkeys(full.parameters()))
-    n_all = sum(p.numel() for p in params)
-    n_train = sum(p.numel() for p in params if p.requires_grad)
+    n_all, n_train = count_parameters(full)
     layers = getattr(getattr(full, "model", None), "layers", None)
     if not isinstance(layers, torch.nn.ModuleList):
         split_stages(full, training, PipelineRank(0, (0,), (range(0),), 1))  # raises
     num_layers = len(layers) if layers is not None else 0
-    del full, params, layers
+    del full, layers
     ws = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
     notes: list[str] = []
     traces: list[RankTrace] = []
