@@ -185,6 +185,8 @@ class StageModule(torch.nn.Module):  # type: ignore[misc,name-defined]
     ``input_ids`` [b, s] on the first stage, the residual stream [b, s, h] elsewhere (the
     local sequence shard [b, s / t, h] under sequence parallelism, made a ``DTensor`` again
     for the layers), and returns the residual stream, or the logits on the last stage.
+    ``use_cache=False``: no transformers key/value cache in the stages (torchtitan's model
+    keeps none; a pipelined training step never decodes).
     """
 
     pipeline_stage = True
