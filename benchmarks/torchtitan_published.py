@@ -177,7 +177,10 @@ NOTES = [
     "one at a time. The 1F1B rows went from -19% / -11..-21% to -7% / +2..-9% (reserved). "
     "The traced T5 1F1B step (b4 s8192, 8 micro-batches, 55 s) peaks at 66.4 GiB allocated "
     "on stage 0 (the formulas 67.4), 61.3 on stage 1 (60.1), 58.0 on stage 7 (57.7); its "
-    "replayed reserved, 71.2 GiB, is further from the measured 82.5 than the formulas' 77.0.",
+    "replayed reserved, 71.2 GiB, is further from the measured 82.5 than the formulas' 77.0. "
+    "The traced T5 interleaved step (16 x b2, 113 s): 61.6 / 54.7 / 56.1 GiB allocated on "
+    "pipeline ranks 0 / 1 / 7 (the formulas 60.5 / 53.9 / 55.4), reserved at most 70.5 "
+    "(measured 72.7).",
     "Open: which allocator setting the runs used (run_llama_train.sh sets expandable "
     "segments; both columns shown); T5 1F1B is still 7% under and T6 CP 8 9% under (CP "
     "with PP is not traced; T6 CP 8 grows by 7.8 GiB in the measurements, not in the model).",
