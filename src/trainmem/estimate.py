@@ -23,7 +23,7 @@ from trainmem.errors import SpecError, UnsupportedError
 from trainmem.schedule import StepSchedule
 from trainmem.specs.hardware import GPUSpec, check_precision_on_gpu, get_gpu
 from trainmem.specs.hf import load_model_spec
-from trainmem.specs.model import ModelSpec
+from trainmem.specs.model import NOT_TRANSFORMERS_TYPES, ModelSpec
 from trainmem.specs.training import TrainingConfig, check_training_for_model
 from trainmem.units import TiB
 
@@ -137,7 +137,7 @@ def resolve_gpu(gpu: str | GPUSpec | None) -> GPUSpec | None:
     return get_gpu(gpu)
 
 
-def trace_unsupported_settings(training: TrainingConfig) -> list[str]:
+def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") -> list[str]:
     """Settings the trace engine would silently ignore, as ``field=value`` (empty if none).
 
     Traced: LoRA through peft (``lora_*``), ``chunked_cross_entropy``,
@@ -146,9 +146,12 @@ def trace_unsupported_settings(training: TrainingConfig) -> list[str]:
     parallelism (``trainmem.trace.tensor_parallel``), ``compile`` (``trainmem.trace.compile``),
     ``fp8-mixed`` (torchao, ``trainmem.trace.float8``), context parallelism (ring attention,
     ``trainmem.trace.parallel``), pipeline parallelism (``torch.distributed.pipelining``,
-    ``trainmem.trace.pipeline``; its own refusals there). Other data-parallel
-    layouts, offload, quantized bases, the other frameworks, optimizer-in-backward, activation
-    offloading are refused.
+    ``trainmem.trace.pipeline``; its own refusals there), the loop settings ``keep_logits`` and
+    ``zero_grad_before_backward``, the course's AdamW (``optimizer_implementation="cs336"``)
+    and, for the CS336 course model, ``loss`` (``trainmem.trace.course_model``). Other
+    data-parallel layouts, offload, quantized bases, the other frameworks, optimizer-in-backward
+    and activation offloading are refused, and on the ``generic`` path (``engine``) also the
+    loop settings and ``loss``.
     """
     defaults = TrainingConfig()
     checked = (
@@ -177,6 +180,14 @@ def trace_unsupported_settings(training: TrainingConfig) -> list[str]:
         training.framework == "fsdp2" and not fsdp
     ):
         out.append(f"framework={training.framework}")
+    if training.keep_logits and training.chunked_cross_entropy:  # no logits tensor to keep
+        out.append("keep_logits=True with chunked_cross_entropy")
+    if engine == "generic":  # the composed blocks assume the standard loop and loss
+        out += [
+            f"{name}={getattr(training, name)}"
+            for name in ("loss", "keep_logits", "zero_grad_before_backward")
+            if getattr(training, name) != getattr(defaults, name)
+        ]
     return out
 
 
@@ -471,7 +482,7 @@ def _estimate_traced(
     """The ``trace`` engine (the whole model) or the ``generic`` path (a few blocks per list,
     ``trainmem.trace.generic``), each finished by :func:`finish`; a diffusers config is built
     by ``trainmem.trace.diffusers_model`` on either."""
-    unsupported = trace_unsupported_settings(training)
+    unsupported = trace_unsupported_settings(training, engine)
     if unsupported:
         what = "the trace engine" if engine == "trace" else "the generic path (a trace)"
         raise UnsupportedError(
@@ -493,6 +504,13 @@ def _estimate_traced(
             target = spec
         except UnsupportedError:
             target = model
+        course = isinstance(target, ModelSpec) and target.model_type in NOT_TRANSFORMERS_TYPES
+        if course and engine == "generic":
+            raise UnsupportedError(
+                "the generic path builds the model with transformers, and cs336_basics is not a "
+                "transformers model (the CS336 course's own code); use --engine trace (the "
+                "course model traced whole) or --engine analytic"
+            )
     if engine == "generic":
         from trainmem.trace.generic import estimate_generic
 

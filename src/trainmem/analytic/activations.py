@@ -443,7 +443,10 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
         terms["attention/mask_bias"] = mask_bias
     if output_norm:
         terms["attention/output_norm"] = output_norm * t
-    if training.attention == "eager":
+    if training.attention == "eager" and model.attention_written_out:
+        terms.update(written_out_attention_terms(model, training))
+        terms["attention/out_proj_input"] = c * a * d * t
+    elif training.attention == "eager":
         sm = 4 if _fp32_softmax(model, training) else c
         if model.attention_softcap:
             # softcap * tanh(scores / softcap): tanh saves its output for backward (1 - y^2), in
@@ -497,6 +500,11 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
             # under torch.compile the activation's output is recomputed from the saved gate
             # (traced: min-cut keeps gate, up and act(gate) * up)
             terms["mlp/gated"] = (3 if training.compile else 4) * c * i * t * k_top
+            if model.activation_written_out and not training.compile:
+                # silu(x) = x * torch.sigmoid(x) (cs336_basics/model.py ``silu``): sigmoid
+                # saves its output and the product saves it too, one i-sized tensor beyond
+                # F.silu's (derivatives.yaml ``sigmoid``: result; ``mul.Tensor``: self, other)
+                terms["mlp/gated"] += c * i * t * k_top
         else:
             terms["mlp/activation"] = _activation_fn_saved_bytes(model, training, i) * t * k_top
         if sequential_pre_norm_block(model):
@@ -638,6 +646,54 @@ def _apply_litgpt_attention(
         chosen = [w for name, w in widths.items() if name in training.lora_targets]
         if chosen and len(chosen) < 3:
             terms["lora/zero_pad_source"] = c * sum(chosen) * t
+
+
+def written_out_attention_terms(model: ModelSpec, training: TrainingConfig) -> dict[str, int]:
+    """The (b, a, s, s)-sized and softmax tensors one layer of a written-out attention
+    (``ModelSpec.attention_written_out``) saves for backward, by term.
+
+    cs336_basics/model.py ``scaled_dot_product_attention``: ``einsum(Q, K) / sqrt(d_k)`` (the
+    einsum saves Q and K, counted in ``attention/q_k``; the division by a Python number saves
+    nothing), ``torch.where(mask, scores, -inf)`` (saves its (s, s) boolean condition, built
+    by ``qi >= kj`` in every layer's ``CausalMultiHeadSelfAttention.forward``), then
+    nn_utils.py ``softmax``: ``x - torch.max(x, dim, keepdim=True)[0]`` (max saves its int64
+    indices, a*s*b of them; the subtraction nothing), ``torch.exp`` (saves its output; fp32
+    under autocast, where exp is on the fp32 list), ``/ torch.sum(...)`` (the division saves
+    both operands: the exp output again and the fp32 row sums), and ``einsum(weights, V)``
+    saves the quotient (its c-byte cast under autocast). With n = a*s*s*b: 4n + c*n +
+    (8 + 4)*a*s*b + s*s bytes, against torch.softmax's one output. Sources: PyTorch
+    tools/autograd/derivatives.yaml (``exp``: result; ``div.Tensor``: self, other;
+    ``max.dim``: indices; ``where.self``: condition; ``mul``/``div`` by a scalar: nothing).
+    """
+    c, _ = compute_and_residual_bytes(training)
+    b, s, a = training.micro_batch_size, tokens_per_sequence(model, training), model.num_heads
+    n = a * s * s * b
+    return {
+        "scores/softmax_exp": 4 * n,
+        "scores/probs_for_values": c * n,
+        "scores/softmax_max_indices": 8 * a * s * b,
+        "scores/softmax_row_sums": 4 * a * s * b,
+        "scores/causal_mask": s * s,
+    }
+
+
+def written_out_scores_forward_tensors(model: ModelSpec, training: TrainingConfig) -> list[int]:
+    """The tensors a written-out attention (``ModelSpec.attention_written_out``) holds in its
+    forward beyond what it saves, at their peak, exp's: the masked scores (``torch.where``'s
+    output, the ``attention_scores`` local of ``scaled_dot_product_attention``, c*n), the
+    max-shifted scores (``rescaled_input`` in nn_utils.py ``softmax``, c*n) and, under
+    autocast, exp's fp32 copy of its 16-bit input (4n); the scores einsum's output and its
+    division by sqrt(d_k) are freed before (each is the next op's only reference). Read in
+    this order off S002's and S026's recorded stacks (../shared/validation/snapshots)."""
+    c, _ = compute_and_residual_bytes(training)
+    b, s, a = training.micro_batch_size, tokens_per_sequence(model, training), model.num_heads
+    n = a * s * s * b // parallel_divisor("scores/x", training)
+    return [c * n, c * n] + ([4 * n] if training.uses_autocast and c != 4 else [])
+
+
+WRITTEN_OUT_SOFTMAX_BACKWARD_TENSORS = 5
+"""fp32 score-sized tensors alive at once in the backward of a written-out softmax's division
+(Note [Backward of a written-out softmax])."""
 
 
 #: Terms of width h (the norm / residual / dropout region): replicated over tensor-parallel ranks
@@ -848,7 +904,8 @@ def embedding_activation_bytes(model: ModelSpec, training: TrainingConfig) -> di
         out["inputs/token_ids_and_labels"] = 8 * t + 2 * 8 * b * training.decoder_seq_len
     else:
         out["inputs/token_ids_and_labels"] = 8 * t * 2
-    if model.position_kind == "rotary":
+    if model.position_kind == "rotary" and not model.rotary_buffer:
+        # (a model's own cos/sin buffer is counted with its buffers: ModelSpec.module_buffer_bytes)
         # transformers builds position_ids = cache_position.unsqueeze(0) when none are passed,
         # so its cos/sin tables are (1, s, d), shared by the batch (modeling_llama.py
         # ``LlamaModel.forward``; found by the trace engine); Gemma-3 has a second pair for its
@@ -951,7 +1008,15 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
         # engine); they exist only at the end of forward (loss_forward_transient_bytes).
         # saved by cross_entropy for its backward: fp32 after HF's / torchtune's upcast,
         # the logits' dtype in lit-gpt's chunked cross-entropy
-        if loss_in_logits_dtype(model, training):
+        kind = loss_kind(model, training)
+        if kind in ("logits-sum", "logits-mean"):
+            pass  # sum / mean save nothing (derivatives.yaml ``sum``, ``mean``)
+        elif kind == "cs336-cross-entropy":
+            # Note [The course's cross-entropy]: exp's output, the negated log-softmax gather
+            # saves, max's int64 indices and log's input
+            e = written_out_exp_bytes(training)
+            out["log_softmax"] = 2 * e * v * t + (8 + e) * t
+        elif loss_in_logits_dtype(model, training):
             # the 16-bit log-softmax output and nll_loss's fp32 copy of it
             # (Note [Cross-entropy on 16-bit logits])
             out["log_softmax"] = (c + 4) * v * t
@@ -1027,6 +1092,75 @@ def lm_head_dequant_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     return c * model.vocab_size * model.hidden_size // training.tensor_parallel_size
 
 
+def loss_kind(model: ModelSpec, training: TrainingConfig) -> str:
+    """The loss the step runs on the logits: ``TrainingConfig.loss`` when given (an explicit
+    value always wins), else the model's own: the course's written-out cross-entropy for a
+    family with ``ModelSpec.loss_written_out``, ``cross-entropy`` otherwise (and for every
+    head but a causal LM's, where ``loss`` is refused)."""
+    if model.head != "causal-lm":
+        return "cross-entropy"
+    if training.loss is not None:
+        return training.loss
+    return "cs336-cross-entropy" if model.loss_written_out else "cross-entropy"
+
+
+def written_out_exp_bytes(training: TrainingConfig) -> int:
+    """Bytes per value of ``torch.exp``'s output in written-out (log-)softmax code: fp32 under
+    autocast (``exp`` is on CUDA autocast's fp32 list, aten/src/ATen/autocast_mode.cpp) and in
+    fp32 training, the compute dtype otherwise."""
+    c, _ = compute_and_residual_bytes(training)
+    return 4 if training.uses_autocast else c
+
+
+def written_out_loss_forward_bytes(training: TrainingConfig, *, t: int, v: int) -> int:
+    """Bytes the course's cross-entropy holds at its peak besides the two tensors it saves.
+
+    Note [The course's cross-entropy]
+        cs336_basics/nn_utils.py: ``log_softmax(x) = x - x_max - torch.log(torch.sum(
+        torch.exp(x - x_max)))`` (spring 2024; the 2025 copy binds ``x = x - x_max`` first and
+        holds the same) and ``cross_entropy = torch.mean(torch.gather(-log_softmax(inputs),
+        ...))``. With e the bytes of exp's output (:func:`written_out_exp_bytes`), c the
+        logits', per (token, vocabulary) value: at the exp the logits, ``x - x_max`` twice (c
+        each), exp's fp32 input cast under autocast (4) and its output (e) are alive; at the
+        negation the logits, the exp output, the difference (promoted to e) and its negation:
+        max(3c + cast + e, c + 3e), i.e. 16 bytes in fp32 and 14 under bf16 autocast. Saved
+        for backward: the exp output and the negated log-softmax, which ``gather`` saves whole
+        (derivatives.yaml ``gather``: ``gather_backward(grad, self, dim, index, ...)``), e
+        bytes per value each, max's int64 indices and log's input (the row sums, e) per token.
+        The backward starts with gather's gradient, ``grad.new_zeros(...).scatter_add_(...)``
+        in place (FunctionsManual.cpp ``gather_backward``), one e-byte (t, V) tensor beside
+        the saved ones, after which gather's saved input goes; the negation's gradient
+        replaces it; at ``x - log(S)`` the passed-through gradient, its negation for log's
+        side (summed to (t, 1)) and, under autocast, its cast to the 16-bit ``x`` (autograd
+        casts a gradient to its input's dtype) are alive: e + e + c with the exp output, the
+        same e + 2e as at gather's in fp32 (no cast). So beside what the loss saved: e per
+        value, e + c under autocast. Read off S001's recorded stacks (nn_utils.py lines 12-17,
+        fp32: never two (t, V) gradients with gather's saved input) and the trace of the
+        course model (bf16 autocast: the peak at that ``sum``). Under fake tensors
+        ``gather_backward`` takes its out-of-place branch (``areAnyTensorSubclassLike``); the
+        trace engine makes it in place as on a GPU (trainmem.trace.cuda_gather)."""
+    c, _ = compute_and_residual_bytes(training)
+    e = written_out_exp_bytes(training)
+    cast = 4 if training.uses_autocast and c != 4 else 0
+    peak = max(3 * c + cast + e, c + 3 * e)
+    return (peak - 2 * e) * v * t
+
+
+def loss_backward_tensors(model: ModelSpec, training: TrainingConfig) -> int:
+    """(tokens x vocabulary) tensors the loss's backward holds at once besides what the loss
+    saved: one for ``logits-sum`` / ``logits-mean`` (the expanded gradient, materialised for
+    the LM head's matmul) and for the course's cross-entropy, two under autocast (Note [The
+    course's cross-entropy]), three under DTensor's loss parallel, two otherwise
+    (:func:`loss_backward_transient_bytes`)."""
+    kind = loss_kind(model, training)
+    if kind == "cs336-cross-entropy":  # Note [The course's cross-entropy]
+        c, _ = compute_and_residual_bytes(training)
+        return 1 if written_out_exp_bytes(training) == c else 2
+    if kind != "cross-entropy":
+        return 1
+    return 3 if training.loss_parallel else 2
+
+
 def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     """Bytes live only at the end of forward, when the loss runs: the logits (c per value) and,
     when the loss upcasts 16-bit logits, their fp32 copy (one chunk of it with a chunked loss).
@@ -1052,7 +1186,12 @@ def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
     c, _ = compute_and_residual_bytes(training)
     v = model.vocab_size
     chunk = -(-t // max(training.chunked_cross_entropy, 1))
-    if training.conventions.own_model_code:
+    kind = loss_kind(model, training)
+    if kind in ("logits-sum", "logits-mean"):
+        total = c * v * t  # the logits; the sum / mean is one value
+    elif kind == "cs336-cross-entropy":
+        total = written_out_loss_forward_bytes(training, t=t, v=v)
+    elif training.conventions.own_model_code:
         # lit-gpt's chunked LM head: one chunk of 16-bit logits before Fabric's fp32 cast (the
         # fp32 logits themselves are a head term)
         total = c * v * chunk
@@ -1077,6 +1216,7 @@ def eager_mask_bytes(model: ModelSpec, training: TrainingConfig) -> int:
         training.attention != "eager"
         or model.architecture != "decoder"
         or not training.conventions.hf_model_code
+        or model.attention_written_out  # a boolean (s, s) mask per layer, a saved term there
     ):
         return 0
     _, r = compute_and_residual_bytes(training)
@@ -1098,6 +1238,8 @@ def eager_scores_forward_bytes(model: ModelSpec, training: TrainingConfig) -> tu
     attn_weights``). Per model, the additive (b, 1, s, s) causal mask in the model's
     dtype r, alive through the forward (and kept by the checkpoint under activation
     checkpointing: :func:`embedding_activation_bytes`). Found by the trace engine."""
+    if model.attention_written_out and training.attention == "eager":
+        return sum(written_out_scores_forward_tensors(model, training)), 0
     if not model.eager_scores_kept or training.attention != "eager":
         return 0, 0
     c, r = compute_and_residual_bytes(training)
@@ -1235,7 +1377,18 @@ def loss_backward_transient_bytes(model: ModelSpec, training: TrainingConfig) ->
     c, _ = compute_and_residual_bytes(training)
     per_value = 4 if training.loss_upcast else c
     chunks = max(training.chunked_cross_entropy, 1)
-    n = 3 if training.loss_parallel else 2
+    n = loss_backward_tensors(model, training)
+    kind = loss_kind(model, training)
+    if kind in ("logits-sum", "logits-mean"):
+        # ``sum`` backward expands the incoming scalar (a view), ``mean``'s divides it (one
+        # tensor): the LM head's matmul backward makes it one contiguous (t, V) tensor of the
+        # logits' dtype (derivatives.yaml ``sum``, ``mean``)
+        per_value = c
+    elif kind == "cs336-cross-entropy":
+        # Note [The course's cross-entropy]: e, and under autocast c more at a subtraction
+        e = written_out_exp_bytes(training)
+        total = (e + (c if c != e else 0)) * model.vocab_size * t
+        return -(-total // parallel_divisor("logits", training))
     if loss_in_logits_dtype(model, training):
         n = 1  # nll_loss's fp32 gradient (Note [Cross-entropy on 16-bit logits])
     if model.head == "seq2seq-lm":
@@ -1258,9 +1411,21 @@ def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tup
     what it saved. MLP: the gradients of its intermediate (2 i-sized tensors, 3 for gated
     MLPs; transformers' MoE experts: see the code) and under autocast the 16-bit weight
     gradient of its largest linear before it is cast into the fp32 ``.grad``. Attention (eager
-    only): two score-sized gradients. The MLP's backward runs first, and by the attention's
+    only): two score-sized gradients, five fp32 ones for a written-out softmax (Note [Backward
+    of a written-out softmax]). The MLP's backward runs first, and by the attention's
     backward the MLP's saved tensors are freed. A model with blocks of several kinds takes the
-    largest of each part over its kinds."""
+    largest of each part over its kinds.
+
+    Note [Backward of a written-out softmax]
+        cs336_basics/nn_utils.py ``softmax`` ends in ``e / torch.sum(e, ...)``. Its backward
+        node (PyTorch's generated ``DivBackward0::apply``) computes the divisor's gradient
+        first, ``div_tensor_other_backward``: ``-grad * ((self / other) / other)``
+        (FunctionsManual.cpp), whose three temporaries live to the end of that expression, so
+        the incoming fp32 gradient, ``-grad``, ``e / S``, ``(e / S) / S`` and their product are
+        alive together: five fp32 (b, a, s, s) tensors (the product is then summed to S's
+        shape and the temporaries freed before ``grad / S``, the dividend's gradient). Under
+        autocast the incoming gradient is fp32 too (the backward of the value einsum's cast).
+    """
     kinds = model.layer_kinds()
     if len(kinds) > 1:
         parts = [backward_layer_transients(block, training) for _, block in kinds]
@@ -1315,7 +1480,12 @@ def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tup
         w = dtype_bytes(training.weight_dtype)
         mlp = w * k_top * (2 * h + 3 * i) * t // parallel_divisor("mlp/gated", training)
     attention = 0
-    if training.attention == "eager":
+    if training.attention == "eager" and model.attention_written_out:
+        # Note [Backward of a written-out softmax]
+        s, b = tokens_per_sequence(model, training), training.micro_batch_size
+        attention = WRITTEN_OUT_SOFTMAX_BACKWARD_TENSORS * 4 * model.num_heads * s * s * b
+        attention //= parallel_divisor("scores/x", training)
+    elif training.attention == "eager":
         # eager attention's backward holds two (b, a, s, s) tensors in the softmax dtype at its
         # peak: the probabilities' gradient (upcast when the softmax runs in fp32) and the
         # softmax input's gradient (``_softmax_backward_data``; found by the trace engine)

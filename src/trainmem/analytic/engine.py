@@ -24,7 +24,11 @@ Note [Where the peak falls]
 
 from __future__ import annotations
 
-from trainmem.analytic.activations import activation_profile, loss_backward_transient_bytes
+from trainmem.analytic.activations import (
+    activation_profile,
+    loss_backward_transient_bytes,
+    loss_kind,
+)
 from trainmem.analytic.buffers import outside_allocator_bytes
 from trainmem.analytic.params import num_parameters
 from trainmem.analytic.schedule import PipelineRank, rank_schedule
@@ -130,7 +134,7 @@ def estimate_analytic(
         breakdown=MemoryBreakdown(0, 0, 0, 0, 0, cuda_context=ctx),
         peak_phase="",
         peak_reason="",
-        config=resolved_config(training),
+        config=_config(model, training),
         gpu_name=gpu.name if gpu else None,
         gpu_capacity_bytes=gpu.memory_bytes if gpu else None,
         details={
@@ -153,6 +157,15 @@ def estimate_analytic(
             for r in ranks
         ],
     )
+
+
+def _config(model: ModelSpec, training: TrainingConfig) -> dict[str, object]:
+    """:func:`~trainmem.specs.training.resolved_config` with the loss that runs (the model's
+    own when none was given: :func:`~trainmem.analytic.activations.loss_kind`)."""
+    out = resolved_config(training)
+    if model.head == "causal-lm":  # the only head with a loss setting
+        out["loss"] = loss_kind(model, training)
+    return out
 
 
 def rank_layers(model: ModelSpec, training: TrainingConfig) -> list[int]:

@@ -116,6 +116,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainmem.analytic.activations import (
+    WRITTEN_OUT_SOFTMAX_BACKWARD_TENSORS,
     ActivationProfile,
     autocast_cached_weight_bytes,
     backward_layer_transients,
@@ -126,10 +127,12 @@ from trainmem.analytic.activations import (
     input_grad_hook_bytes,
     layer_is_checkpointed,
     lm_head_dequant_bytes,
+    loss_backward_tensors,
     loss_backward_transient_bytes,
     loss_forward_transient_bytes,
     op_selective_saved_terms,
     tokens_per_sequence,
+    written_out_scores_forward_tensors,
 )
 from trainmem.analytic.buffers import (
     deepspeed_backward_bucket_bytes,
@@ -146,7 +149,10 @@ from trainmem.analytic.buffers import (
     root_gathered_bytes,
 )
 from trainmem.analytic.pipeline import logits_bytes, stage_buffers
-from trainmem.analytic.temporaries import optimizer_step_temporary_bytes
+from trainmem.analytic.temporaries import (
+    CS336_ADAMW_TEMPORARIES,
+    optimizer_step_temporary_bytes,
+)
 from trainmem.analytic.tensor_states import StateLayout, TensorState, flat_parameter_grads
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
@@ -392,9 +398,14 @@ class _Builder:
         self.loss_fwd = max(self.loss_fwd - self.pp_buffers.output_chunk, 0)
         # the 16-bit logits and their fp32 copy are two tensors (the copy freed first)
         self.logits16 = 0
+        # ``TrainingConfig.keep_logits``: the loop holds the logits until the step ends
+        self.logits_kept = 0
         if not self.pp_buffers.output_chunk and rank.has_head:
             part = logits_bytes(model, training)
-            if 0 < part < self.loss_fwd:
+            if training.keep_logits and 0 < part <= self.loss_fwd:
+                self.logits_kept = part
+                self.loss_fwd -= part
+            elif 0 < part < self.loss_fwd:
                 self.logits16 = part
                 self.loss_fwd -= part
 
@@ -655,15 +666,18 @@ class _Builder:
         items.append(free(rs_input, b))
         return items
 
-    def micro_batch(self, *, new_grads: bool, reduce: bool = False) -> Repeat:
+    def micro_batch(
+        self, *, new_grads: bool, reduce: bool = False, zero_grad: bool = False
+    ) -> Repeat:
         """One micro-batch (built once per kind, shared by the warm-up and measured steps).
         ``reduce``: the last micro-batch under ``no_sync`` accumulation, which reduce-scatters
         each unit's accumulated unsharded gradient (Note [FSDP gradient accumulation under
-        no_sync])."""
-        key = f"micro/{new_grads}/{reduce}"
+        no_sync]). ``zero_grad``: the previous step's gradients are freed between the forward
+        and the backward (``TrainingConfig.zero_grad_before_backward``)."""
+        key = f"micro/{new_grads}/{reduce}/{zero_grad}"
         cached = self._cache.get(key)
         if cached is None:
-            body = self._micro_batch(new_grads=new_grads, reduce=reduce)
+            body = self._micro_batch(new_grads=new_grads, reduce=reduce, zero_grad=zero_grad)
             cached = self._cache[key] = Repeat(tuple(body), 1)
         return cached
 
@@ -676,7 +690,9 @@ class _Builder:
         unsharded = self._grad_ops(states, b, key, module, unsharded=True)
         return [*sharded, *(free(op, b) for op in unsharded)]
 
-    def _micro_batch(self, *, new_grads: bool, reduce: bool = False) -> list[Item]:
+    def _micro_batch(
+        self, *, new_grads: bool, reduce: bool = False, zero_grad: bool = False
+    ) -> list[Item]:
         """One micro-batch: forward then backward (Note [Analytic step schedule])."""
         t = self.training
         f: Phase = "forward"
@@ -777,6 +793,8 @@ class _Builder:
             "the final hidden states, held by the model output until the loss",
         )
         chunk = [self._output_chunk()] if self.pp_buffers.output_chunk else [logits16]
+        if self.logits_kept:
+            chunk.append(self._kept_logits_op())
         items += [cache, hidden, head_dequant, *chunk, logits, free(head_dequant, f), head_act]
         items.append(free(logits, f))
         if not self.pp_buffers.output_chunk:
@@ -786,6 +804,8 @@ class _Builder:
             copies = self._weight_copy_ops(f, "wcopy/{i}", "")
             items.append(Repeat(tuple(free(op, f) for op in copies), self.L))
         # backward
+        if zero_grad:  # optimizer.zero_grad() between the loss and loss.backward()
+            items += self.free_gradients("zero_grad")
         bucket = alloc(
             self.bucket_backward,
             Cat.TEMPORARY,
@@ -795,11 +815,11 @@ class _Builder:
             "DeepSpeed's gradient bucket(s)",
         )
         items.append(bucket)
-        # two (tokens x vocab) tensors, three under DTensor's loss parallel
-        # (:func:`~trainmem.analytic.activations.loss_backward_transient_bytes`); all but the
-        # last are freed before the head's backward
-        n = 3 if t.loss_parallel else 2
-        label = "the (tokens x vocab) log-softmax gradients"
+        # the loss's (tokens x vocab) gradients, two for a cross-entropy, three under DTensor's
+        # loss parallel (:func:`~trainmem.analytic.activations.loss_backward_tensors`); all but
+        # the last are freed before the head's backward
+        n = loss_backward_tensors(self.model, t)
+        label = "the (tokens x vocab) loss gradients"
         g1 = alloc(self.loss_tmp * (n - 1) // n, Cat.TEMPORARY, b, "loss/1", "loss", label)
         g2 = alloc(self.loss_tmp - g1.size_bytes, Cat.TEMPORARY, b, "loss/2", "loss", label)
         firsts = [
@@ -906,6 +926,18 @@ class _Builder:
         items += [free(op, b) for op in reversed(spans)]
         return items
 
+    def _kept_logits_op(self) -> Op:
+        """The logits the loop holds from the forward to the end of the step
+        (``TrainingConfig.keep_logits``; 0 bytes otherwise)."""
+        return alloc(
+            self.logits_kept,
+            Cat.TEMPORARY,
+            "forward",
+            "logits_kept",
+            "head",
+            "the logits, held by the training loop until the step ends",
+        )
+
     def _output_chunk(self) -> Op:
         """The last stage's logits of micro-batch ``{i}``, kept in ``output_chunks`` until the
         next step (Note [Pipeline stage buffers])."""
@@ -954,17 +986,21 @@ class _Builder:
             for n, (_, size) in enumerate(self.dropped)
         ]
         # what the attention holds at its end beyond what it saves, before the MLP's terms
-        scores = alloc(
-            self.scores_tmp,
-            Cat.TEMPORARY,
-            f,
-            "scores_tmp",
-            "layers.{i}",
-            "the eager attention's scores and locals",
-        )
+        scores = [
+            alloc(
+                size,
+                Cat.TEMPORARY,
+                f,
+                f"scores_tmp/{k}",
+                "layers.{i}",
+                "the eager attention's scores and locals",
+            )
+            for k, size in enumerate(self._scores_tmp_tensors())
+        ]
         n_saved = sum(not term.startswith("mlp/") for term, _ in self.saved)
         n_dropped = sum(not term.startswith("mlp/") for term, _ in self.dropped)
-        body += saved[:n_saved] + dropped[:n_dropped] + [scores, free(scores, f)]
+        body += saved[:n_saved] + dropped[:n_dropped] + scores
+        body += [free(op, f) for op in scores]
         body += saved[n_saved:] + dropped[n_dropped:] + [free(op, f) for op in dropped]
         if not self.training.activation_offloading or self.L < 2:
             return [Repeat(tuple(body), self.L)]
@@ -1084,20 +1120,23 @@ class _Builder:
             for op, m, d in zip(recomputed, re_mlp, re_down, strict=False)
             if m and not d
         ]
-        attention = alloc(
-            self.attention_tmp,
-            Cat.TEMPORARY,
-            b,
-            "attention_tmp",
-            "layers.{i}",
-            "eager attention's backward transients",
-        )
+        attention = [
+            alloc(
+                size,
+                Cat.TEMPORARY,
+                b,
+                f"attention_tmp/{k}",
+                "layers.{i}",
+                "eager attention's backward transients",
+            )
+            for k, size in enumerate(self._attention_tmp_tensors())
+        ]
         # Note [Eager attention's backward order]
         early = self._released_before_softmax_backward(self.saved)
         re_early = self._released_before_softmax_backward(self.dropped)
         body += [free(op, b) for op, e in zip(saved, early, strict=True) if e]
         body += [free(op, b) for op, e in zip(recomputed, re_early, strict=False) if e]
-        body += [attention, free(attention, b), free(reduce_op, b)]
+        body += [*attention, *(free(op, b) for op in attention), free(reduce_op, b)]
         body += [free(op, b) for op, m, e in zip(saved, is_mlp, early, strict=True) if not (m or e)]
         body += [
             free(op, b)
@@ -1114,6 +1153,23 @@ class _Builder:
             Repeat(tuple(body), self.L - 1, reverse=True, start=1),
             Repeat(tuple(last), 1),
         ]
+
+    def _scores_tmp_tensors(self) -> list[int]:
+        """What the eager attention holds in the forward beyond what it saves, as the tensors
+        it is made of where they are known (a written-out softmax:
+        :func:`~trainmem.analytic.activations.written_out_scores_forward_tensors`)."""
+        if self.model.attention_written_out and self.training.attention == "eager":
+            return written_out_scores_forward_tensors(self.model, self.training)
+        return [self.scores_tmp]
+
+    def _attention_tmp_tensors(self) -> list[int]:
+        """Eager attention's backward transients as the tensors they are: the five fp32
+        score-sized tensors of a written-out softmax (Note [Backward of a written-out
+        softmax]); one block otherwise."""
+        n = WRITTEN_OUT_SOFTMAX_BACKWARD_TENSORS
+        if self.model.attention_written_out and self.attention_tmp % n == 0:
+            return [self.attention_tmp // n] * n
+        return [self.attention_tmp]
 
     def _released_before_softmax_backward(self, blocks: list[tuple[str, int]]) -> list[bool]:
         """Per block of ``blocks``: saved by an op whose backward runs before eager
@@ -1259,16 +1315,16 @@ class _Builder:
             ]
         largest_local = max(local(s) for s in trainable)
 
+        # the course's AdamW makes its temporaries as separate parameter-sized tensors
+        pieces = CS336_ADAMW_TEMPORARIES if t.step_implementation == "cs336" else 1
+
         def one(s: TensorState, module: str) -> list[Op]:
-            op = alloc(
-                round(total * local(s) / max(largest_local, 1)),
-                Cat.TEMPORARY,
-                o,
-                "opt/tmp",
-                module,
-                label,
-            )
-            return [op, free(op, o)]
+            size = round(total * local(s) / max(largest_local, 1))
+            ops = [
+                alloc(size // pieces, Cat.TEMPORARY, o, f"opt/tmp/{k}", module, label)
+                for k in range(pieces)
+            ]
+            return [*ops, *(free(op, o) for op in ops)]
 
         items: list[Item] = [op for s in outer for op in one(s, s.owner)]
         items.append(Repeat(tuple(op for s in layer for op in one(s, "layers.{i}")), self.L))
@@ -1282,6 +1338,15 @@ class _Builder:
         # the framework allocates at wrap time (Megatron's grad_data, DeepSpeed ZeRO-3's
         # partition)
         keep = not t.zero_grad_set_to_none or gradient_buffer_from_init(t)
+        # zero_grad() between the forward and the backward: the previous step's gradients are
+        # alive through the forward (the warm-up step is given them too, as after an earlier
+        # step) and freed before the backward rebuilds them
+        before = (
+            t.zero_grad_before_backward
+            and not keep
+            and not t.optimizer_in_backward
+            and not self.zero1_reduce  # DeepSpeed ZeRO-1 frees them into its partition
+        )
         items: list[Item] = []
         if first:  # the forward thread's and autograd's cuBLAS handles, created at first use
             ws = self.workspace_per_handle
@@ -1300,7 +1365,7 @@ class _Builder:
                     "DeepSpeed's gradient bucket",
                 )
             )
-        if first and keep:
+        if first and (keep or before):
             items += self.all_gradients("forward")
         gathered = alloc(
             self.stage_gather,
@@ -1345,7 +1410,7 @@ class _Builder:
                     "per-micro-batch receive buffers of the pipeline stage",
                 )
             )
-        items.append(self.micro_batch(new_grads=not keep))
+        items.append(self.micro_batch(new_grads=not keep, zero_grad=before))
         kept_chunks = self.pp_buffers.output_chunk > 0  # not balanced: each keeps its logits
         if self.no_sync:  # Note [FSDP gradient accumulation under no_sync]
             if m > 2:
@@ -1369,7 +1434,9 @@ class _Builder:
         else:
             items += [free(gathered_root, "backward"), free(gathered, "backward")]
         items += self.optimizer(first=first)
-        if not keep and not t.optimizer_in_backward and not self.zero1_reduce:
+        if self.logits_kept:  # the step function returns: its logits go
+            items.append(free(self._kept_logits_op(), "optimizer"))
+        if not keep and not before and not t.optimizer_in_backward and not self.zero1_reduce:
             cached = self._shared.get("zero_grad")
             if cached is None:
                 cached = self._shared["zero_grad"] = Repeat(

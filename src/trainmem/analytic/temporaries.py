@@ -15,12 +15,24 @@ Note [Optimizer-step temporaries]
     (``row_var @ col_var``) per parameter in its dtype, for all of them at once with foreach;
     Lion (lion-pytorch / torch) two; bitsandbytes 8-bit kernels, torchao's low-bit AdamW
     (compiled per parameter) and Megatron's / DeepSpeed's fused Adam update in place.
+    The CS336 course's AdamW (``cs336``: cs336_basics/optimizer.py ``AdamW.step``) loops over
+    the parameters and writes every update out of place: ``m_t = beta_1 * prev_m_t + ((1 -
+    beta_1) * grad)``, ``v_t = beta_2 * prev_v_t + ((1 - beta_2) * torch.square(grad))`` are new
+    tensors (the old moments stay referenced by ``prev_m_t`` / ``prev_v_t`` and by the state
+    until ``state["m"] = m_t``), then ``p.data -= alpha_t * m_t / (torch.sqrt(v_t) + eps)``
+    holds ``alpha_t * m_t``, the denominator (``sqrt`` freed once ``+ eps`` has run) and the
+    quotient: five tensors of the parameter at once beside its states (m_t, v_t and three),
+    against the torch for-loop's two.
 """
 
 from __future__ import annotations
 
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
+
+CS336_ADAMW_TEMPORARIES = 5
+"""Parameter-sized temporaries of the course's AdamW at its peak (Note [Optimizer-step
+temporaries])."""
 
 
 def optimizer_step_temporary_bytes(
@@ -43,6 +55,8 @@ def optimizer_step_temporary_bytes(
             return 0
         if impl == "foreach":
             return w * num_trainable_parameters
+        if impl == "cs336":
+            return CS336_ADAMW_TEMPORARIES * w * largest_parameter
         return 2 * w * largest_parameter
     if opt == "adafactor" and training.adafactor_implementation == "torch":
         # torch/optim/_adafactor.py: ``var_estimates = [row_var @ col_var ...]`` (vectors:

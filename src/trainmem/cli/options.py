@@ -29,6 +29,7 @@ from trainmem.specs.training import (
     ATTENTIONS,
     FRAMEWORKS,
     LORA_TARGETS,
+    LOSSES,
     OFFLOADS,
     OPTIMIZER_IMPLEMENTATIONS,
     OPTIMIZERS,
@@ -327,10 +328,47 @@ TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
             bool,
             _o(
                 "--zero-grad-set-to-none/--zero-grad-keep",
-                help="zero_grad(set_to_none=...); keep = torch < 2.0 behaviour.",
+                help="zero_grad(set_to_none=...); keep = torch < 2.0 behaviour, or a loop "
+                "that never zeroes its gradients.",
             ),
         ],
         True,
+    ),
+    _p(
+        "zero_grad_before_backward",
+        Annotated[
+            bool,
+            _o(
+                "--zero-grad-before-backward",
+                help="zero_grad() between the loss and backward(): last step's gradients "
+                "live through the forward.",
+            ),
+        ],
+        False,
+    ),
+    _p(
+        "loss",
+        Annotated[
+            str | None,
+            _o(
+                "--loss",
+                help=_choices(LOSSES) + " [default: the model's own; cs336_basics: the "
+                "course's cs336-cross-entropy]",
+            ),
+        ],
+        None,
+    ),
+    _p(
+        "keep_logits",
+        Annotated[
+            bool,
+            _o(
+                "--keep-logits",
+                help="The loop holds `logits = model(x)` until the step ends (through "
+                "backward and the optimizer step).",
+            ),
+        ],
+        False,
     ),
     _p(
         "compile",

@@ -281,6 +281,68 @@ def _sliding_layers(f: Fields, spec: SpecDict, *, default_pattern: int) -> None:
     spec["sliding_window"] = f.positive_int("sliding_window", 4096)
 
 
+def _window(f: Fields, default: int | None) -> int | None:
+    """``sliding_window`` of the config (``default``: the config class's), None for none."""
+    if "sliding_window" not in f.config:
+        return default
+    if f.config["sliding_window"] is None:
+        return None
+    return f.positive_int("sliding_window", default or 4096)
+
+
+def _every_layer_sliding(default: int | None) -> Callable[[Fields, SpecDict], None]:
+    """Mistral / Mixtral / Phi-3 / Starcoder2: every layer attends within ``sliding_window``
+    keys when the config sets one (``mask_function = create_causal_mask if
+    self.config.sliding_window is None else create_sliding_window_causal_mask``,
+    modeling_mistral.py ``MistralModel.forward``; the same line in modeling_mixtral.py,
+    modeling_phi3.py, modeling_starcoder2.py); ``default`` is the config class's
+    (``MistralConfig.sliding_window = 4096``, the others None)."""
+
+    def adjust(f: Fields, spec: SpecDict) -> None:
+        window = _window(f, default)
+        if window is not None:
+            spec["num_sliding_layers"] = spec["num_layers"]
+            spec["sliding_window"] = window
+
+    return adjust
+
+
+def _qwen_sliding(f: Fields, spec: SpecDict, *, every_layer: bool = False) -> None:
+    """Qwen2 / Qwen3 (and Qwen3-MoE, every layer): ``sliding_window`` applies only with
+    ``use_sliding_window`` (default False; configuration_qwen2.py ``self.sliding_window =
+    self.sliding_window if self.use_sliding_window else None``), then to the layers from
+    ``max_window_layers`` (28) on (``layer_types``: ``"sliding_attention" if
+    self.sliding_window is not None and i >= self.max_window_layers``), or as ``layer_types``
+    lists them."""
+    if not f.config.get("use_sliding_window", False):
+        return
+    window = _window(f, 4096)
+    if window is None:
+        return
+    layers = spec["num_layers"]
+    types = f.config.get("layer_types")
+    if isinstance(types, list) and len(types) == layers:
+        sliding = sum(1 for kind in types if str(kind).startswith("sliding"))
+    elif every_layer:
+        sliding = layers
+    else:
+        first = f.config.get("max_window_layers", 28)
+        if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+            raise SpecError("max_window_layers", f"must be an integer >= 0, got {short(first)}")
+        sliding = max(0, layers - first)
+    if sliding:
+        spec["num_sliding_layers"] = sliding
+        spec["sliding_window"] = window
+
+
+def _qwen3_moe(f: Fields, spec: SpecDict) -> None:
+    """Qwen3-MoE: sparse layers, and every layer sliding when the config enables it
+    (modeling_qwen3_moe.py: ``mask_function = create_causal_mask if self.config.sliding_window
+    is None else create_sliding_window_causal_mask``)."""
+    _sparse_layers(f, spec)
+    _qwen_sliding(f, spec, every_layer=True)
+
+
 # ---------------------------------------------------------------------------------------
 # The rows
 # ---------------------------------------------------------------------------------------
@@ -383,6 +445,7 @@ _ROWS: tuple[Family, ...] = (
             attention_bias=None,
             mlp_bias=None,
         ),
+        adjust=_every_layer_sliding(4096),
     ),
     Family(
         "mixtral",
@@ -398,6 +461,7 @@ _ROWS: tuple[Family, ...] = (
             num_experts_per_tok=2,
         ),
         aliases=dict(num_experts="num_local_experts"),
+        adjust=_every_layer_sliding(None),
     ),
     Family(
         "qwen2",
@@ -409,6 +473,7 @@ _ROWS: tuple[Family, ...] = (
             attention_bias=None,
             mlp_bias=None,
         ),
+        adjust=_qwen_sliding,
     ),
     Family(
         "qwen3",
@@ -417,6 +482,7 @@ _ROWS: tuple[Family, ...] = (
         defaults=_llama_defaults(
             num_key_value_heads=32, max_position_embeddings=32768, head_dim=128, mlp_bias=None
         ),
+        adjust=_qwen_sliding,
     ),
     Family(
         "gemma",
@@ -545,6 +611,7 @@ _NEW_ROWS: tuple[Family, ...] = (
             hidden_dropout=0.0,
         ),
         renames=dict(hidden_dropout="resid_pdrop"),
+        adjust=_every_layer_sliding(None),
     ),
     Family(
         "olmo2",
@@ -588,6 +655,7 @@ _NEW_ROWS: tuple[Family, ...] = (
             mlp_bias="use_bias",
             hidden_dropout="residual_dropout",
         ),
+        adjust=_every_layer_sliding(None),
     ),
     Family(
         "gpt_bigcode",
@@ -695,7 +763,7 @@ _NEW_ROWS: tuple[Family, ...] = (
         ),
         aliases=dict(num_experts="num_local_experts"),
         renames=dict(intermediate_size="moe_intermediate_size"),
-        adjust=_sparse_layers,
+        adjust=_qwen3_moe,
     ),
 )
 
@@ -962,5 +1030,43 @@ _HARD_ROWS: tuple[Family, ...] = (
 )
 
 
-FAMILIES: Mapping[str, Family] = {row.model_type: row for row in _ROWS + _NEW_ROWS + _HARD_ROWS}
+_COURSE_ROWS: tuple[Family, ...] = (
+    Family(
+        "cs336_basics",
+        "stanford-cs336 cs336_basics/model.py (BasicsTransformerLM: Embedding, pre-norm "
+        "TransformerBlock of RMSNorm, CausalMultiHeadSelfAttention with RotaryEmbedding and "
+        "bias-free q/k/v/output_proj, SwiGLU w1/w2/w3 with silu = x * sigmoid(x); ln_final; "
+        "untied lm_head); nn_utils.py softmax / log_softmax / cross_entropy",
+        {
+            **LLAMA_TRAITS,
+            "attention_bias": False,
+            "attention_out_bias": False,
+            "mlp_bias": False,
+            "hidden_act": "silu",
+            "tie_word_embeddings": False,
+            "attention_written_out": True,
+            "activation_written_out": True,
+            "rotary_buffer": True,
+            "loss_written_out": True,
+        },
+        # BasicsTransformerLM(vocab_size, context_length, d_model, num_layers, num_heads, d_ff,
+        # rope_theta): every size is required (no defaults in the course code); context_length
+        # sizes the RoPE buffer
+        defaults=dict(max_position_embeddings=None),
+        renames=dict(
+            num_hidden_layers="num_layers",
+            hidden_size="d_model",
+            num_attention_heads="num_heads",
+            intermediate_size="d_ff",
+            max_position_embeddings="context_length",
+        ),
+    ),
+)
+"""The CS336 course's reference transformer (Stanford CS336, assignments 1-2), a config.json
+with ``"model_type": "cs336_basics"`` and the constructor's arguments as fields."""
+
+
+FAMILIES: Mapping[str, Family] = {
+    row.model_type: row for row in _ROWS + _NEW_ROWS + _HARD_ROWS + _COURSE_ROWS
+}
 """``model_type`` -> its row."""

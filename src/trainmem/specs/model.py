@@ -88,12 +88,19 @@ trace engine (``ModelSpec.loss_holds_hidden``). Llama-style HF code does the sam
 on for the older families, whose presets also stand for models with their own code (the
 cs336 course model of benchmarks/snapshot_analytic_step.py returns only its logits)."""
 
-EAGER_ONLY_TYPES = frozenset({"bloom", "gemma2"})
-"""Families whose transformers code has no SDPA attention, so none of the SDPA kernels
+EAGER_ONLY_TYPES = frozenset({"bloom", "gemma2", "cs336_basics"})
+"""Families whose code has no SDPA attention, so none of the SDPA kernels
 (``--attention sdpa`` / ``flash``): ``BloomForCausalLM`` computes ALiBi scores with
 ``baddbmm`` (modeling_bloom.py ``BloomAttention``); ``Gemma2PreTrainedModel`` sets
 ``_supports_sdpa = False`` ("sdpa does not support softcapping", modeling_gemma2.py; its
-``_supports_flash_attn`` is the flash-attn package's kernel, not SDPA's)."""
+``_supports_flash_attn`` is the flash-attn package's kernel, not SDPA's); the CS336 course
+model writes its attention out (cs336_basics/model.py ``scaled_dot_product_attention``: einsum
+scores, ``torch.where`` mask, ``nn_utils.softmax``)."""
+
+NOT_TRANSFORMERS_TYPES = frozenset({"cs336_basics"})
+"""Families that are not transformers models, so the traced paths (which build the model with
+transformers) cannot run them: the CS336 course's ``BasicsTransformerLM``
+(stanford-cs336 ``cs336_basics/model.py``); the analytic engine models its code."""
 
 EAGER_SCORES_KEPT_TYPES = frozenset({"bloom"})
 """Families whose eager attention keeps its raw and masked scores until it returns
@@ -257,6 +264,26 @@ class ModelSpec:
     """The causal-LM head caps its logits with ``tanh`` (Gemma-2 ``final_logit_softcapping``,
     modeling_gemma2.py ``Gemma2ForCausalLM.forward``)."""
 
+    # -- implementations written out op by op (the CS336 course model) -------------------
+    attention_written_out: bool = False
+    """Eager attention written as separate ops: einsum scores, a (s, s) boolean causal mask
+    applied with ``torch.where`` in every layer, and a max-shifted softmax spelled out (max,
+    subtract, exp, sum, divide), cs336_basics/model.py ``scaled_dot_product_attention`` and
+    nn_utils.py ``softmax``; False: ``torch.softmax`` (transformers'
+    ``eager_attention_forward``)."""
+    activation_written_out: bool = False
+    """The gated MLP's SiLU is ``x * torch.sigmoid(x)`` (cs336_basics/model.py ``silu``), which
+    saves sigmoid's output as well; False: ``F.silu``, one kernel that saves its input."""
+    rotary_buffer: bool = False
+    """RoPE's cos/sin are a fp32 (2, context_length, head_dim / 2) buffer built with the model
+    (cs336_basics/model.py ``RotaryEmbedding._init_cache``, ``register_buffer(...,
+    persistent=False)``), not per-step tables (transformers' ``LlamaRotaryEmbedding``)."""
+    loss_written_out: bool = False
+    """The family's own loss is a cross-entropy written out op by op (cs336_basics/nn_utils.py
+    ``log_softmax`` and ``cross_entropy``: max, subtract, exp, sum, log, subtract, negate,
+    gather, mean); the default of ``TrainingConfig.loss``. False: transformers'
+    ``ForCausalLMLoss`` (``F.cross_entropy``)."""
+
     # -- vision towers (CLIP / SigLIP / DINOv2) -------------------------------------------
     class_token: bool = True
     """A learned [CLS] token is prepended to the patches (ViT, CLIP ``class_embedding``,
@@ -355,9 +382,14 @@ class ModelSpec:
         mask ``bias``, (max_position_embeddings, max_position_embeddings) (modeling_gpt_bigcode.py
         ``GPTBigCodeModel.__init__``: ``register_buffer("bias", torch.tril(torch.ones(...,
         dtype=torch.bool)), persistent=False)``); 0 elsewhere (rotary ``inv_freq`` is d / 2
-        values). Found by the trace engine (tiny-gpt-bigcode, 1 MiB of buffers)."""
+        values). Found by the trace engine (tiny-gpt-bigcode, 1 MiB of buffers). With
+        :attr:`rotary_buffer`, RoPE's fp32 cos/sin table: 2 x context_length x head_dim / 2
+        values of 4 bytes (cs336_basics/model.py ``RotaryEmbedding._init_cache``: ``torch.stack((
+        cos, sin))`` of a (context_length, dim / 2) ``einsum``)."""
         if self.model_type == "gpt_bigcode":
             return self.max_position_embeddings**2
+        if self.rotary_buffer:
+            return 4 * 2 * self.max_position_embeddings * (self.head_dim // 2)
         return 0
 
     @property

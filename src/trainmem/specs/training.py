@@ -74,7 +74,8 @@ Optimizer = Literal[
 ]
 ActivationCheckpointing = Literal["none", "selective", "full"]
 Attention = Literal["eager", "sdpa", "flash"]
-OptimizerImplementation = Literal["foreach", "fused", "for-loop"]
+OptimizerImplementation = Literal["foreach", "fused", "for-loop", "cs336"]
+Loss = Literal["cross-entropy", "cs336-cross-entropy", "logits-sum", "logits-mean"]
 
 PRECISIONS: tuple[str, ...] = (
     "32-true",
@@ -103,7 +104,15 @@ large states live in CUDA managed memory, outside the caching allocator (see
 :func:`trainmem.analytic.buffers.paged_state_bytes`)."""
 ACTIVATION_CHECKPOINTING: tuple[str, ...] = ("none", "selective", "full")
 ATTENTIONS: tuple[str, ...] = ("eager", "sdpa", "flash")
-OPTIMIZER_IMPLEMENTATIONS: tuple[str, ...] = ("foreach", "fused", "for-loop")
+OPTIMIZER_IMPLEMENTATIONS: tuple[str, ...] = ("foreach", "fused", "for-loop", "cs336")
+"""torch.optim's three (``foreach``, ``fused``, ``for-loop``) and ``cs336``, the CS336 course's
+hand-written AdamW (cs336_basics/optimizer.py ``AdamW.step``: a Python loop over the
+parameters building new moments and the update out of place; Adam / AdamW only)."""
+LOSSES: tuple[str, ...] = ("cross-entropy", "cs336-cross-entropy", "logits-sum", "logits-mean")
+"""``TrainingConfig.loss`` values: ``cross-entropy`` (``F.cross_entropy``, transformers'
+``ForCausalLMLoss``), ``cs336-cross-entropy`` (the course's written-out
+cs336_basics/nn_utils.py ``cross_entropy``), ``logits-sum`` / ``logits-mean`` (``loss =
+logits.sum()`` / ``.mean()``, a profiling script's stand-in loss)."""
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 OFFLOADS: tuple[str, ...] = ("none", "optimizer", "optimizer+gradients", "optimizer+params")
 QUANTIZE_BASE: tuple[str, ...] = ("none", "nf4", "nf4-dq", "fp4", "fp4-dq", "int8", "gptq-int4")
@@ -152,6 +161,8 @@ _FLAGS = (
     "sequence_parallel",
     "compile",
     "zero_grad_set_to_none",
+    "zero_grad_before_backward",
+    "keep_logits",
     "optimizer_in_backward",
     "activation_offloading",
 )
@@ -319,7 +330,23 @@ class TrainingConfig:
     """``optimizer.zero_grad(set_to_none=...)``: True (the default since PyTorch 2.0) frees the
     gradients after the step; False (the default before 2.0, and HF Trainer's
     ``model.zero_grad()`` on torch 1.x) keeps them allocated, zeroed, through the next forward
-    (PyTorch 2.0 release notes, torch/optim/optimizer.py ``zero_grad``)."""
+    (PyTorch 2.0 release notes, torch/optim/optimizer.py ``zero_grad``). A loop that never
+    zeroes its gradients (they accumulate across steps) holds the same memory as False."""
+    zero_grad_before_backward: bool = False
+    """The loop calls ``optimizer.zero_grad()`` between the forward (and the loss) and
+    ``loss.backward()`` instead of after the step: the previous step's gradients are alive
+    through the forward, freed before the backward, and rebuilt layer by layer in it (with
+    ``zero_grad_set_to_none=False`` they are always alive, so this changes nothing). Needs
+    ``gradient_accumulation_steps`` 1 (zeroing before each backward would accumulate nothing)."""
+    loss: Loss | None = None
+    """The loss the step computes on the logits (:data:`LOSSES`); None: the model's own
+    (``ModelSpec.loss_written_out``: the course's cross-entropy for ``cs336_basics``,
+    ``F.cross_entropy`` for the transformers families). An explicit value always wins."""
+    keep_logits: bool = False
+    """The loop holds the model output until the step ends (``logits = model(x)``, then the
+    loss, ``backward`` and ``optimizer.step()`` in one function): the logits live through the
+    backward and the optimizer step. False: they are dropped after the loss (HF Trainer's
+    ``compute_loss``). Needs ``gradient_accumulation_steps`` 1."""
     framework: str = "pytorch-amp"
     """Whose conventions set the bytes per parameter and the loss; Note [Framework conventions]."""
     chunked_cross_entropy: int = 0
@@ -370,6 +397,8 @@ class TrainingConfig:
             if not isinstance(value, bool):
                 raise SpecError(field, f"must be True or False, got {value!r}")
         _check_choice("precision", self.precision, PRECISIONS)
+        if self.loss is not None:
+            _check_choice("loss", self.loss, LOSSES)
         _check_choice("optimizer", self.optimizer, OPTIMIZERS)
         if self.optimizer_implementation is not None:
             _check_choice(
@@ -435,6 +464,39 @@ class TrainingConfig:
         if self.quantize_base != "none" and self.lora_rank == 0:
             raise SpecError(
                 "quantize_base", "a quantized base is frozen: set lora_rank > 0 (QLoRA)"
+            )
+        if self.optimizer_implementation == "cs336" and self.optimizer not in ("adam", "adamw"):
+            raise SpecError(
+                "optimizer_implementation",
+                f"cs336 is the CS336 course's AdamW; it cannot run optimizer {self.optimizer!r} "
+                "(use --optimizer adamw, or foreach / fused / for-loop)",
+            )
+        for flag in ("zero_grad_before_backward", "keep_logits"):
+            if getattr(self, flag) and self.gradient_accumulation_steps > 1:
+                raise SpecError(
+                    flag,
+                    "is modelled for one micro-batch per step; got gradient_accumulation_steps "
+                    f"{self.gradient_accumulation_steps} (use 1, or leave {flag} off)",
+                )
+        if self.chunked_cross_entropy and self.loss not in (None, "cross-entropy"):
+            raise SpecError(
+                "loss",
+                f"{self.loss!r} cannot be chunked; chunked_cross_entropy "
+                f"{self.chunked_cross_entropy} is a cross-entropy (use loss cross-entropy, or "
+                "chunked_cross_entropy 0)",
+            )
+        if self.keep_logits and self.pipeline_parallel_size > 1:
+            raise SpecError(
+                "keep_logits",
+                "cannot be combined with pipeline_parallel_size "
+                f"{self.pipeline_parallel_size}: the last stage keeps every micro-batch's "
+                "logits itself (pipelining's output_chunks, modelled already)",
+            )
+        if self.zero_grad_before_backward and self.optimizer_in_backward:
+            raise SpecError(
+                "zero_grad_before_backward",
+                "cannot be combined with optimizer_in_backward: the gradients are stepped and "
+                "freed in backward, there is nothing to zero",
             )
         if (
             self.torchao_cpu_offload
@@ -884,8 +946,14 @@ def check_training_for_model(model: ModelSpec, training: TrainingConfig) -> None
     if model.model_type in EAGER_ONLY_TYPES and training.attention != "eager":
         raise SpecError(
             "attention",
-            f"{training.attention!r} is not available for {model.model_type} in transformers "
-            "(no SDPA attention there, so none of its kernels); allowed: eager (--attention eager)",
+            f"{training.attention!r} is not available for {model.model_type} (its attention "
+            "code has no SDPA path, so none of its kernels); allowed: eager (--attention eager)",
+        )
+    if (training.loss is not None or training.keep_logits) and model.head != "causal-lm":
+        field = "loss" if training.loss is not None else "keep_logits"
+        raise SpecError(
+            field,
+            f"is a causal-LM setting (a loss on the logits); {model.name} has head {model.head!r}",
         )
     positions = model.max_position_embeddings
     if (
@@ -897,6 +965,13 @@ def check_training_for_model(model: ModelSpec, training: TrainingConfig) -> None
             "seq_len",
             f"{training.seq_len} is longer than {model.name}'s {positions} learned positions "
             f"(max_position_embeddings); allowed: 1-{positions}",
+        )
+    if model.rotary_buffer and training.seq_len > positions:
+        raise SpecError(
+            "seq_len",
+            f"{training.seq_len} is longer than {model.name}'s RoPE buffer of {positions} "
+            "positions (context_length: the course's RotaryEmbedding precomputes cos/sin for "
+            f"that many); allowed: 1-{positions}, or a config with a larger context_length",
         )
     if training.is_lora:
         available = [t for t in LORA_TARGETS if t != "gate" or model.mlp_kind == "gated"]

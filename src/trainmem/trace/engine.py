@@ -35,7 +35,7 @@ from typing import Any
 from trainmem.breakdown import MemoryBreakdown, MemoryCategory, MemoryEstimate
 from trainmem.errors import TraceError, UnsupportedError
 from trainmem.specs.hardware import DEFAULT_CUDA_CONTEXT_BYTES, GPUSpec
-from trainmem.specs.model import ModelSpec
+from trainmem.specs.model import NOT_TRANSFORMERS_TYPES, ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
 
@@ -47,6 +47,7 @@ from trainmem.trace.attribution import PeakReport, analyse  # noqa: E402
 from trainmem.trace.capture import Capture, capture_step  # noqa: E402
 from trainmem.trace.cuda_autocast import cuda_autocast_policy  # noqa: E402
 from trainmem.trace.cuda_dropout import cuda_dropout  # noqa: E402
+from trainmem.trace.cuda_gather import cuda_gather_backward  # noqa: E402
 from trainmem.trace.cuda_sdpa import cuda_sdpa  # noqa: E402
 from trainmem.trace.optimizers import build_optimizer  # noqa: E402
 
@@ -80,6 +81,8 @@ def _emulation(training: TrainingConfig, emulate_cuda: bool) -> Iterator[None]:
         if emulate_cuda and training.attention != "eager":
             force = "flash" if training.attention == "flash" else None
             stack.enter_context(cuda_sdpa(force))
+        if emulate_cuda:
+            stack.enter_context(cuda_gather_backward())
         yield
 
 
@@ -292,6 +295,8 @@ def _run_trace(
             ),
             set_to_none=training.zero_grad_set_to_none,
             forward_loss=forward_loss,
+            keep_output=training.keep_logits,
+            zero_grad_before_backward=training.zero_grad_before_backward,
         )
     except (RuntimeError, TypeError, NotImplementedError) as exc:
         if isinstance(exc, UnsupportedError):
@@ -485,6 +490,14 @@ def estimate_trace(
             "trainmem.trace.pipeline.estimate_pipeline_trace (trainmem.trace.estimate_trace "
             "and estimate(..., engine='trace') route there)"
         )
+    ws = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
+    if raw.get("model_type") in NOT_TRANSFORMERS_TYPES:
+        return _estimate_course(name, raw, training, gpu, ws)
+    if training.loss not in (None, "cross-entropy"):
+        raise UnsupportedError(
+            f"loss={training.loss} is traced for the CS336 course model only (a transformers "
+            "model computes its own cross-entropy from the labels); use --engine analytic"
+        )
     holder: dict[str, Any] = {}
 
     def build() -> Any:
@@ -497,7 +510,6 @@ def estimate_trace(
             holder["model"], training.micro_batch_size, training.seq_len, training.target_seq_len
         )
 
-    ws = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
     capture, report = run_trace(
         build,
         batch,
@@ -507,6 +519,33 @@ def estimate_trace(
         forward_loss=default_forward_loss(training),
     )
     return _estimate(name, capture, report, training, gpu, ws)
+
+
+def _estimate_course(
+    name: str, raw: dict[str, Any], training: TrainingConfig, gpu: GPUSpec | None, ws: int
+) -> MemoryEstimate:
+    """The CS336 course model (``model_type: "cs336_basics"``) traced: built from its config by
+    :mod:`trainmem.trace.course_model`, fed (b, s) token ids that are also its targets, with the
+    loss ``training.loss`` names (the course's cross-entropy when None, the family's own)."""
+    from trainmem.trace.course_model import build_course_model, course_loss
+
+    if training.chunked_cross_entropy:
+        raise UnsupportedError(
+            "chunked_cross_entropy is not traced for the CS336 course model (its loss is "
+            "computed on the whole logits); use --engine analytic"
+        )
+    vocab = int(raw["vocab_size"])
+    b, s = training.micro_batch_size, training.seq_len
+    capture, report = run_trace(
+        lambda: build_course_model(raw),
+        lambda: torch.randint(0, vocab, (b, s)),
+        training,
+        loss_fn=course_loss(training.loss or "cs336-cross-entropy"),
+        workspace_bytes=ws,
+    )
+    est = _estimate(name, capture, report, training, gpu, ws)
+    est.config["loss"] = training.loss or "cs336-cross-entropy"
+    return est
 
 
 def trace(

@@ -49,6 +49,10 @@ def build_optimizer(params: Iterable[Any], training: TrainingConfig) -> Any:
     """
     params = list(params)
     name = training.optimizer
+    if name in ("adamw", "adam") and training.step_implementation == "cs336":
+        from trainmem.trace.course_model import CourseAdamW
+
+        return CourseAdamW(params, lr=1e-4)
     if name in ("adamw", "adam"):
         cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
         return cls(params, lr=1e-4, **_impl_kwargs(training))

@@ -30,7 +30,15 @@ chunked cross-entropy of ``trainmem.trace.chunked_loss``)."""
 
 
 def compute_loss(model: Any, batch: Any, loss_fn: Callable[[Any, Any], Any] | None) -> Any:
-    """Run the forward pass on ``batch`` and return the scalar loss.
+    """Run the forward pass on ``batch`` and return the scalar loss (:func:`forward_and_loss`
+    without the output)."""
+    return forward_and_loss(model, batch, loss_fn)[0]
+
+
+def forward_and_loss(
+    model: Any, batch: Any, loss_fn: Callable[[Any, Any], Any] | None
+) -> tuple[Any, Any]:
+    """Run the forward pass on ``batch`` and return the scalar loss and the model output.
 
     Args:
         model: the ``nn.Module``.
@@ -39,7 +47,7 @@ def compute_loss(model: Any, batch: Any, loss_fn: Callable[[Any, Any], Any] | No
             ``output["loss"]`` or takes a scalar output as the loss.
 
     Returns:
-        The scalar loss tensor.
+        (the scalar loss tensor, the model output).
 
     Raises:
         TraceError: no loss_fn and the output carries no loss.
@@ -51,7 +59,7 @@ def compute_loss(model: Any, batch: Any, loss_fn: Callable[[Any, Any], Any] | No
     else:
         out = model(batch)
     if loss_fn is not None:
-        return loss_fn(out, batch)
+        return loss_fn(out, batch), out
     loss = getattr(out, "loss", None)
     if loss is None and isinstance(out, dict):
         loss = out.get("loss")
@@ -62,7 +70,7 @@ def compute_loss(model: Any, batch: Any, loss_fn: Callable[[Any, Any], Any] | No
             f"the model returned {type(out).__name__} without a loss; pass loss_fn=lambda out, "
             "batch: ... to trainmem.trace"
         )
-    return loss
+    return loss, out
 
 
 def run_step(
@@ -76,6 +84,8 @@ def run_step(
     on_phase: PhaseCallback | None = None,
     set_to_none: bool = True,
     forward_loss: ForwardLoss | None = None,
+    keep_output: bool = False,
+    zero_grad_before_backward: bool = False,
 ) -> None:
     """Run one optimizer step over ``batches`` (one micro-batch each).
 
@@ -90,24 +100,37 @@ def run_step(
             ``optimizer``, ``zero_grad``, ``end`` at each boundary.
         set_to_none: ``optimizer.zero_grad(set_to_none=...)``.
         forward_loss: computes the loss from ``(model, batch)`` instead of :func:`compute_loss`.
+        keep_output: hold the model output until the step ends (``logits = model(x)`` in the
+            step function; ``TrainingConfig.keep_logits``) instead of dropping it after the loss.
+        zero_grad_before_backward: call ``zero_grad`` between the loss and ``backward()``
+            (``TrainingConfig.zero_grad_before_backward``) instead of after the step.
     """
     signal = on_phase or (lambda _phase: None)
+    kept: list[Any] = []
     for batch in batches:
         signal("forward")
         with autocast() if autocast is not None else contextlib.nullcontext():
             if forward_loss is not None:
                 loss = forward_loss(model, batch)
             else:
-                loss = compute_loss(model, batch, loss_fn)
+                loss, out = forward_and_loss(model, batch, loss_fn)
+                if keep_output:
+                    kept.append(out)
+                del out
             if accumulation_divisor > 1:
                 loss = loss / accumulation_divisor
         signal("forward_end")
+        if zero_grad_before_backward:
+            signal("zero_grad")
+            optimizer.zero_grad(set_to_none=set_to_none)
         signal("backward")
         loss.backward()
         del loss
         signal("backward_end")
     signal("optimizer")
     optimizer.step()
-    signal("zero_grad")
-    optimizer.zero_grad(set_to_none=set_to_none)
+    kept.clear()  # the step function returns
+    if not zero_grad_before_backward:
+        signal("zero_grad")
+        optimizer.zero_grad(set_to_none=set_to_none)
     signal("end")

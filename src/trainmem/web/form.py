@@ -45,12 +45,15 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "target_seq_len",
         "gradient_accumulation_steps",
         "chunked_cross_entropy",
+        "loss",
+        "keep_logits",
     ),
     "Precision and optimizer": (
         "precision",
         "optimizer",
         "optimizer_implementation",
         "zero_grad_set_to_none",
+        "zero_grad_before_backward",
         "optimizer_in_backward",
     ),
     "Checkpointing and attention": (
@@ -94,6 +97,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "precision": tr.PRECISIONS,
     "optimizer": tr.OPTIMIZERS,
     "optimizer_implementation": tr.OPTIMIZER_IMPLEMENTATIONS,
+    "loss": tr.LOSSES,
     "activation_checkpointing": tr.ACTIVATION_CHECKPOINTING,
     "attention": (MODEL_DEFAULT, *tr.ATTENTIONS),
     "zero_stage": tr.ZERO_STAGES,

@@ -1,0 +1,86 @@
+"""Sliding-window attention in the Mistral-style families: which layers slide (read from the
+config as transformers does), and what a sliding layer's SDPA call keeps once the sequence
+reaches the window.
+
+Hand derivation (transformers modeling_mistral.py ``MistralModel.forward``: ``mask_function =
+create_causal_mask if self.config.sliding_window is None else
+create_sliding_window_causal_mask``; masking_utils.py ``_ignore_causal_mask_sdpa`` keeps the
+mask once ``kv_length >= local_attention_size``): every layer then gets an explicit (b, 1, s, s)
+boolean mask. SDPA turns it into an additive bias in the compute dtype c and the
+memory-efficient kernel saves it (c * b * s * s per layer; aten ``convert_boolean_attn_mask``,
+derivatives.yaml ``_scaled_dot_product_efficient_attention`` saves ``attn_bias``), and with a
+mask transformers repeats k and v to every query head before SDPA (integrations/
+sdpa_attention.py ``use_gqa_in_sdpa``): 2 * c * (a - k) * d * b * s more per layer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainmem.estimate import estimate
+from trainmem.specs.hf import model_spec_from_hf
+from trainmem.specs.training import TrainingConfig
+
+A, K, D, L = 4, 2, 32, 3  # query heads, kv heads, head dim, layers
+MISTRAL = {
+    "model_type": "mistral",
+    "architectures": ["MistralForCausalLM"],
+    "hidden_size": A * D,
+    "intermediate_size": 256,
+    "num_hidden_layers": L,
+    "num_attention_heads": A,
+    "num_key_value_heads": K,
+    "vocab_size": 128,
+    "max_position_embeddings": 1024,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+
+def _sliding(config: dict) -> tuple[int, int]:
+    spec = model_spec_from_hf(config, name="x")
+    return spec.num_sliding_layers, spec.sliding_window
+
+
+def test_which_layers_slide() -> None:
+    # MistralConfig.sliding_window defaults to 4096; an explicit null turns it off
+    assert _sliding(MISTRAL) == (L, 4096)
+    assert _sliding({**MISTRAL, "sliding_window": None}) == (0, 0)
+    assert _sliding({**MISTRAL, "sliding_window": 64}) == (L, 64)
+    # Mixtral / Phi-3 / Starcoder2 configs default to no window
+    for family in ("mixtral", "phi3", "starcoder2"):
+        assert _sliding({**MISTRAL, "model_type": family})[0] == 0
+        assert _sliding({**MISTRAL, "model_type": family, "sliding_window": 64}) == (L, 64)
+    # Qwen2: only with use_sliding_window, from layer max_window_layers on
+    qwen = {**MISTRAL, "model_type": "qwen2", "sliding_window": 64}
+    assert _sliding(qwen)[0] == 0
+    assert _sliding({**qwen, "use_sliding_window": True, "max_window_layers": 1}) == (L - 1, 64)
+    assert _sliding({**qwen, "use_sliding_window": True})[0] == 0  # default 28 >= L
+
+
+def _peak(config: dict, tmp_path: Path, engine: str, s: int) -> int:
+    path = tmp_path / f"{engine}-{config.get('sliding_window')}.json"
+    path.write_text(json.dumps(config))
+    training = TrainingConfig(
+        micro_batch_size=2, seq_len=s, precision="bf16-mixed", optimizer="sgd"
+    )
+    est = estimate(str(path), training, engine=engine, simulate_allocator=False)
+    return est.breakdown.activations
+
+
+@pytest.mark.parametrize("engine", ["analytic", "trace"])
+def test_sliding_layers_keep_the_bias_and_expanded_kv(engine: str, tmp_path: Path) -> None:
+    if engine == "trace":
+        pytest.importorskip("transformers")
+    b, s, c = 2, 256, 2
+    full = _peak({**MISTRAL, "sliding_window": None}, tmp_path, engine, s)
+    sliding = _peak({**MISTRAL, "sliding_window": 128}, tmp_path, engine, s)
+    per_layer = c * b * s * s + 2 * c * (A - K) * D * b * s
+    # the trace's peak may hold a few more host-scalar bytes (tests/trace/test_real_cpu.py)
+    assert 0 <= L * per_layer - (sliding - full) <= 512
+    # below the window transformers drops the mask: nothing changes
+    assert _peak({**MISTRAL, "sliding_window": 512}, tmp_path, engine, s) == full
