@@ -1,10 +1,11 @@
 """The analytic engine against the trace engine, per rank, on the large-scale stack (issue 14):
 FSDP2 x TP x SP x CP, torch.compile and float8 on llama-3.2-1b (16 layers, tied embeddings),
-micro-batch 1, sequence 2048, torchtitan's conventions (``framework="fsdp2"``).
+micro-batch 1, sequence 2048, torchtitan's conventions (``framework="fsdp2"``); pipeline
+parallelism (1F1B, interleaved 1F1B, GPipe) per pipeline rank.
 
-Run: ``python benchmarks/parallel_analytic_vs_trace.py [--write-results]`` (about a minute);
+Run: ``python benchmarks/parallel_analytic_vs_trace.py [--write-results]`` (a few minutes);
 ``--write-results`` replaces its marked section of benchmarks/RESULTS.md. Cells the trace
-engine cannot run (pipeline parallelism) say why.
+engine cannot run say why.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from trainmem.breakdown import MemoryEstimate
 from trainmem.errors import TrainmemError
 from trainmem.estimate import estimate
 from trainmem.specs.training import TrainingConfig
@@ -23,6 +25,9 @@ BEGIN = "<!-- parallel-analytic-vs-trace:begin (benchmarks/parallel_analytic_vs_
 END = "<!-- parallel-analytic-vs-trace:end -->"
 MODEL = "llama-3.2-1b"
 FSDP = {"data_parallel_size": 2, "zero_stage": 3, "framework": "fsdp2"}
+PP = {"pipeline_parallel_size": 2, "gradient_accumulation_steps": 4}
+"""Pipeline cells: torch.distributed.pipelining traced on every pipeline rank whose memory
+differs (the first, the last, the most loaded); one row per rank."""
 CELLS: list[tuple[str, dict[str, object]]] = [
     ("single GPU", {}),
     ("FSDP 2", FSDP),
@@ -44,24 +49,62 @@ CELLS: list[tuple[str, dict[str, object]]] = [
     ),
     ("FSDP 2, full AC + compile", {**FSDP, "compile": True, "activation_checkpointing": "full"}),
     ("FSDP 2, float8", {**FSDP, "precision": "fp8-mixed"}),
-    ("FSDP 2 x PP 2", {**FSDP, "pipeline_parallel_size": 2, "gradient_accumulation_steps": 4}),
-]
+    (
+        "FSDP 2 x TP 2 + SP, compile + float8",
+        {**FSDP, "tensor_parallel_size": 2, "sequence_parallel": True, "compile": True,
+         "precision": "fp8-mixed"},
+    ),
+    ("FSDP 2 x PP 2, 1F1B", {**FSDP, **PP}),
+    (
+        "FSDP 2 x PP 4, 1F1B",
+        {**FSDP, **PP, "pipeline_parallel_size": 4, "gradient_accumulation_steps": 8},
+    ),
+    ("FSDP 2 x PP 2, interleaved 1F1B", {**FSDP, **PP, "pipeline_schedule": "interleaved-1f1b"}),
+    ("FSDP 2 x PP 2, GPipe", {**FSDP, **PP, "pipeline_schedule": "gpipe"}),
+    (
+        "FSDP 2 x TP 2 + SP x PP 2, full AC",
+        {**FSDP, **PP, "tensor_parallel_size": 2, "sequence_parallel": True,
+         "activation_checkpointing": "full"},
+    ),
+    (
+        "FSDP 2 x TP 2 + SP x PP 2, compile + float8",
+        {**FSDP, **PP, "tensor_parallel_size": 2, "sequence_parallel": True, "compile": True,
+         "precision": "fp8-mixed"},
+    ),
+    (
+        "FSDP 2 x PP 2, full AC + compile + float8",
+        {**FSDP, **PP, "activation_checkpointing": "full", "compile": True,
+         "precision": "fp8-mixed"},
+    ),
+]  # fmt: skip
+
+
+def _stages(est: MemoryEstimate) -> dict[int, int]:
+    """Pipeline stage -> peak allocated bytes of its rank (stage 0 without pipelining)."""
+    return {
+        int(r.get("pipeline_stage", 0)): int(r["allocated_bytes"]) for r in est.details["per_rank"]
+    }
 
 
 def rows() -> list[str]:
-    """One markdown row per cell: analytic and traced peak allocated of rank 0, the error."""
+    """One markdown row per cell (per pipeline rank for the pipeline cells): analytic and traced
+    peak allocated, the error."""
     out = ["| cell | analytic GiB | trace GiB | error |", "|---|---:|---:|---:|"]
     for name, settings in CELLS:
         training = TrainingConfig(micro_batch_size=1, seq_len=2048, **settings)  # type: ignore[arg-type]
-        analytic = estimate(MODEL, training, simulate_allocator=False)
-        a = analytic.breakdown.allocated_bytes
+        analytic = _stages(estimate(MODEL, training, simulate_allocator=False))
         try:
-            traced = estimate(MODEL, training, engine="trace", simulate_allocator=False)
+            traced = _stages(estimate(MODEL, training, engine="trace", simulate_allocator=False))
         except TrainmemError as err:
+            a = max(analytic.values())
             out.append(f"| {name} | {a / 2**30:.2f} | not traced: {err} | - |")
             continue
-        b = traced.breakdown.allocated_bytes
-        out.append(f"| {name} | {a / 2**30:.2f} | {b / 2**30:.2f} | {100 * (a - b) / b:+.1f}% |")
+        for stage, b in traced.items():
+            a = analytic[stage]
+            label = f"{name}, stage {stage}" if len(traced) > 1 else name
+            out.append(
+                f"| {label} | {a / 2**30:.2f} | {b / 2**30:.2f} | {100 * (a - b) / b:+.1f}% |"
+            )
     return out
 
 
@@ -76,11 +119,12 @@ def main(argv: list[str] | None = None) -> int:
         section = "\n".join(
             [
                 BEGIN,
-                "## Analytic vs trace on the large-scale stack (llama-3.2-1b, rank 0)",
+                "## Analytic vs trace on the large-scale stack (llama-3.2-1b, per rank)",
                 "",
-                "Peak allocated of one rank, b=1, s=2048, `framework=fsdp2` (torchtitan's "
-                "conventions). Generated by `python benchmarks/parallel_analytic_vs_trace.py "
-                "--write-results`.",
+                "Peak allocated of one rank (the most loaded; every traced pipeline rank in the "
+                "PP cells: 4 micro-batches on PP 2, 8 on PP 4), b=1, s=2048, `framework=fsdp2` "
+                "(torchtitan's conventions). Generated by "
+                "`python benchmarks/parallel_analytic_vs_trace.py --write-results`.",
                 "",
                 *table,
                 END,

@@ -169,11 +169,21 @@ NOTES = [
     "tensors, op-level SAC's saved tensors one by one.",
     "Before, the interleaved row ran 8 x b4 (the lead's input): the engine gave both "
     "schedules the same peak.",
+    "- pipeline x tensor parallelism (found by tracing torch.distributed.pipelining, "
+    "trainmem.trace.pipeline): the token embedding's gradient is a whole-vocabulary partial "
+    "DTensor on each TP rank (embedding_dense_backward has no vocabulary-sharded strategy), "
+    "which FSDP2 accumulates in fp32 across the micro-batches: [V, h] fp32 = 7.8 GiB on "
+    "stage 0 instead of its [V / 8, h] shard; perform_reduce_grad reduces FSDP2's groups "
+    "one at a time. The 1F1B rows went from -19% / -11..-21% to -7% / +2..-9% (reserved). "
+    "The traced T5 1F1B step (b4 s8192, 8 micro-batches, 55 s) peaks at 66.4 GiB allocated "
+    "on stage 0 (the formulas 67.4), 61.3 on stage 1 (60.1), 58.0 on stage 7 (57.7); its "
+    "replayed reserved, 71.2 GiB, is further from the measured 82.5 than the formulas' 77.0. "
+    "The traced T5 interleaved step (16 x b2, 113 s): 61.6 / 54.7 / 56.1 GiB allocated on "
+    "pipeline ranks 0 / 1 / 7 (the formulas 60.5 / 53.9 / 55.4), reserved at most 70.5 "
+    "(measured 72.7).",
     "Open: which allocator setting the runs used (run_llama_train.sh sets expandable "
-    "segments; both columns shown); the 1F1B rows stay 11-21% under (stage 0 holds every "
-    "micro-batch: 8 x 15 checkpointed layer inputs; T5 1F1B and T6 CP 1 have the same "
-    "per-micro-batch tensors yet differ by 7 GiB in the measurements; T6 CP 8 grows by "
-    "7.8 GiB there, not in the model).",
+    "segments; both columns shown); T5 1F1B is still 7% under and T6 CP 8 9% under (CP "
+    "with PP is not traced; T6 CP 8 grows by 7.8 GiB in the measurements, not in the model).",
 ]
 
 

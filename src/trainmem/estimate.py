@@ -145,12 +145,13 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
     framework ``pytorch-amp`` or ``fsdp2``; ``trainmem.trace.fsdp``), DTensor tensor / sequence
     parallelism (``trainmem.trace.tensor_parallel``), ``compile`` (``trainmem.trace.compile``),
     ``fp8-mixed`` (torchao, ``trainmem.trace.float8``), context parallelism (ring attention,
-    ``trainmem.trace.parallel``), the loop settings ``keep_logits`` and
+    ``trainmem.trace.parallel``), pipeline parallelism (``torch.distributed.pipelining``,
+    ``trainmem.trace.pipeline``; its own refusals there), the loop settings ``keep_logits`` and
     ``zero_grad_before_backward``, the course's AdamW (``optimizer_implementation="cs336"``)
     and, for the CS336 course model, ``loss`` (``trainmem.trace.course_model``). Other
-    data-parallel layouts, offload, quantized bases, the other frameworks, optimizer-in-backward,
-    activation offloading and model parallelism are refused, and on the ``generic`` path
-    (``engine``) also the loop settings and ``loss``.
+    data-parallel layouts, offload, quantized bases, the other frameworks, optimizer-in-backward
+    and activation offloading are refused, and on the ``generic`` path (``engine``) also the
+    loop settings and ``loss``.
     """
     defaults = TrainingConfig()
     checked = (
@@ -158,7 +159,6 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
         "quantize_base",
         "optimizer_in_backward",
         "activation_offloading",
-        "pipeline_parallel_size",
         # issue 12: FSDP variants and inputs the trace does not build yet
         "reshard_after_forward",
         "shard_group_size",
@@ -521,6 +521,10 @@ def _estimate_traced(
 
         assert isinstance(model, str)
         est = estimate_diffusers_trace(model, training, gpu=gpu_spec)
+    elif training.pipeline_parallel_size > 1:
+        from trainmem.trace.pipeline import estimate_pipeline_trace
+
+        est = estimate_pipeline_trace(target, training, gpu=gpu_spec)
     else:
         from trainmem.trace.engine import estimate_trace
 

@@ -180,3 +180,38 @@ def test_fsdp2_collectives_allocate_on_their_streams() -> None:
     other = TrainingConfig(framework="pytorch-amp", zero_stage=3, data_parallel_size=8)
     events = estimate("llama-3.2-1b", other, simulate_allocator=False).schedules[0].events()
     assert {ev.stream for ev in events} == {0}
+
+
+def _in_flight_sizes(schedule: object) -> list[int]:
+    from trainmem.schedule import Op, Repeat
+
+    out: list[int] = []
+
+    def walk(items: object) -> None:
+        for item in items:  # type: ignore[attr-defined]
+            if isinstance(item, Repeat):
+                walk(item.body)
+            elif isinstance(item, Op) and item.action == "alloc" and item.key == "in_flight":
+                out.append(item.size_bytes)
+
+    walk(schedule.step)  # type: ignore[attr-defined]
+    return out
+
+
+def test_gpipe_backwards_free_the_micro_batches_in_order() -> None:
+    # torch's ScheduleGPipe runs all m forwards, then the backwards in micro-batch order: the
+    # first backward finds the m - 1 others in flight, every later one at most m - 2
+    # (schedules.py ScheduleGPipe._step_microbatches); 1F1B's stage 0 holds p - 1 others in
+    # every micro-batch (min(m, p - stage) forwards in flight)
+    from trainmem.estimate import estimate
+
+    m = 4
+    base = {"seq_len": 512, "pipeline_parallel_size": 2, "gradient_accumulation_steps": m,
+            "data_parallel_size": 2, "zero_stage": 3, "framework": "fsdp2"}  # fmt: skip
+    gpipe = estimate("llama-3.2-1b", TrainingConfig(**base, pipeline_schedule="gpipe"),
+                     simulate_allocator=False)  # fmt: skip
+    first, later = _in_flight_sizes(gpipe.schedules[0])[:2]
+    assert first * (m - 2) == later * (m - 1)
+    f1b = estimate("llama-3.2-1b", TrainingConfig(**base), simulate_allocator=False)
+    one, again = _in_flight_sizes(f1b.schedules[0])[:2]
+    assert one == again == first // (m - 1)

@@ -38,7 +38,13 @@ from trainmem.breakdown import MemoryBreakdown, MemoryEstimate
 from trainmem.errors import SpecError
 from trainmem.specs.hardware import DEFAULT_CUDA_CONTEXT_BYTES, GPUSpec
 from trainmem.specs.model import ModelSpec
-from trainmem.specs.training import TrainingConfig, pipeline_sizes, resolved_config
+from trainmem.specs.training import (
+    TrainingConfig,
+    pipeline_sizes,
+    pipeline_stage_ids,
+    pipeline_stage_layers,
+    resolved_config,
+)
 
 DEFAULT_CUBLAS_WORKSPACE_BYTES = 8_519_680
 """cuBLAS workspace per handle when no GPU is named (pre-Hopper default ``:4096:2:16:8``)."""
@@ -170,15 +176,8 @@ def rank_layers(model: ModelSpec, training: TrainingConfig) -> list[int]:
     if not training.conventions.torchtitan_pipeline_split:
         per = -(-L // p)
         return [per] * (p - 1) + [L - per * (p - 1)]
-    interleaved = training.pipeline_schedule == "interleaved-1f1b"
-    stages = p * (training.virtual_pipeline_stages if interleaved else 1)
-    base, extra = divmod(L, stages)
-    sizes = [base]
-    for _ in range(stages - 2):  # generate_split_points: middle stages take the extra layers
-        sizes.append(base + (1 if extra > 0 else 0))
-        extra -= 1
-    sizes.append(L - sum(sizes))
-    return [sum(sizes[r::p]) for r in range(p)]
+    stages = pipeline_stage_layers(L, training)
+    return [sum(len(stages[s]) for s in pipeline_stage_ids(r, training)) for r in range(p)]
 
 
 def _interleaved_in_flight(rank: int, p: int, m: int, v: int) -> float:

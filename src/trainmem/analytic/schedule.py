@@ -263,6 +263,18 @@ class _Builder:
             s for s in emb if tied and s.name == "embedding/tokens"
         ]
         self.emb_grad_states = [s for s in emb if s not in self.head_grad_states]
+        # FrameworkConventions.dtensor_vocab_parallel_embedding: the token embedding's weight
+        # gradient is a [V, h] partial one on each tensor-parallel rank
+        tp = training.tensor_parallel_size
+        vocab_parallel = tp > 1 and training.conventions.dtensor_vocab_parallel_embedding
+        tokens = [s for s in self.emb_grad_states if s.name == "embedding/tokens" and s.trainable]
+        self.vocab_grad_factor = tp if vocab_parallel else 1
+        c_bytes, _ = compute_and_residual_bytes(training)
+        self.vocab_grad = c_bytes * tokens[0].numel if vocab_parallel and tokens else 0
+        if tokens and tp == 1 and training.pipeline_parallel_size > 1 and training.zero_stage == 3:
+            # FSDP2 under PP: the embedding's compute-dtype gradient exists before it is added
+            # into the fp32 one accumulated over the micro-batches (to_accumulated_grad_if_needed)
+            self.vocab_grad = c_bytes * tokens[0].numel
         dp = training.sharding_degree
         self.stage = training.zero_stage if dp > 1 else 0
         c, _ = compute_and_residual_bytes(training)
@@ -316,9 +328,10 @@ class _Builder:
             if flat_parameter_grads(training)
             else 0
         )
-        self.stage_gather = 0
-        if self.pp_fsdp:
-            self.stage_gather = self.L * (self.gather_a + self.kept) + self.gather_root
+        self.stage_gather = self.stage_gather_root = 0
+        if self.pp_fsdp:  # the layers' and the root's (embedding, norm, head) FSDP2 groups
+            self.stage_gather = self.L * (self.gather_a + self.kept)
+            self.stage_gather_root = self.gather_root
             self.gather_a = self.gather_b = self.gather_root = self.kept = self.reduce = 0
         self.dequant = dequantized_weight_bytes(self.layer_states, training)
         self.mlp_tmp, self.attention_tmp, self.residual_tmp = backward_layer_transients(
@@ -365,6 +378,21 @@ class _Builder:
             first=rank.stage == 0,
             last=rank.has_head,
         )
+        # GPipe runs every forward (and, on the last stage, every loss), then the backwards in
+        # micro-batch order (torch/distributed/pipelining/schedules.py ``ScheduleGPipe.
+        # _step_microbatches``): the other micro-batches in flight hold their loss's saved
+        # tensors too, and micro-batch k's backward finds only k + 1 .. m - 1 still held, so
+        # after the first at most m - 2 others
+        gpipe = training.pipeline_schedule == "gpipe" and training.pipeline_parallel_size > 1
+        per_micro_batch = self.emb_acts + on_gpu * prof.per_layer
+        if gpipe:
+            per_micro_batch += self.head_acts
+            self.in_flight_bytes = round((rank.in_flight - 1) * per_micro_batch)
+        later = max(rank.in_flight - 1, 1) if gpipe else rank.in_flight
+        self.in_flight_later_bytes = round((later - 1) * per_micro_batch)
+        self.in_flight_outputs_later = stage_buffers(
+            model, training, in_flight=later, first=rank.stage == 0, last=rank.has_head
+        ).in_flight_outputs
         # the last stage's logits stay in ``output_chunks``: they are the kept part of the loss's
         # forward transients
         self.loss_fwd = max(self.loss_fwd - self.pp_buffers.output_chunk, 0)
@@ -530,7 +558,7 @@ class _Builder:
         if unsharded:  # Note [FSDP under pipeline parallelism]
             return [
                 alloc(
-                    s.full_grad_bytes,
+                    s.full_grad_bytes * self._partial_factor(s),
                     Cat.GRADIENT,
                     phase,
                     f"ugrad/{key}/{n}",
@@ -552,6 +580,14 @@ class _Builder:
             for n, s in enumerate(states)
         ]
 
+    def _partial_factor(self, state: TensorState) -> int:
+        """How many times its tensor-parallel slice a state's accumulated gradient is: the
+        token embedding's partial gradient covers the whole vocabulary (FrameworkConventions.
+        dtensor_vocab_parallel_embedding)."""
+        if state.name == "embedding/tokens" and state in self.emb_grad_states:
+            return self.vocab_grad_factor
+        return 1
+
     def all_gradients(self, phase: Phase, *, unsharded: bool = False) -> list[Item]:
         """Every gradient allocated at once (kept by ``zero_grad(set_to_none=False)``)."""
         u = unsharded
@@ -572,6 +608,63 @@ class _Builder:
             Repeat(tuple(free(op, phase) for op in layer), self.L),
             *(free(op, phase) for op in emb),
         ]
+
+    def reduce_after_pipeline(self, gathered_root: Op, gathered: Op) -> list[Item]:
+        """Pipelining's ``perform_reduce_grad`` after the last micro-batch: FSDP2's
+        post-backward of each parameter group in turn, the root's (embedding, head) first,
+        then the layers', each resharding its parameters (``FSDPParamGroup.post_backward``:
+        ``reshard`` before ``foreach_reduce``), then leaving its gradient shard and freeing the
+        unsharded gradient accumulated over the micro-batches (torch/distributed/pipelining/
+        stage.py ``perform_reduce_grad``; Note [FSDP under pipeline parallelism])."""
+        b: Phase = "backward"
+        return [
+            free(gathered_root, b),
+            *self._pipeline_reduce_ops(self.head_grad_states, "head", "head"),
+            *self._pipeline_reduce_ops(self.emb_grad_states, "embedding", "embedding"),
+            free(gathered, b),
+            Repeat(
+                tuple(self._pipeline_reduce_ops(self.layer_states, "{i}", "layers.{i}")), self.L
+            ),
+        ]
+
+    def _pipeline_reduce_ops(self, states: list[TensorState], key: str, module: str) -> list[Op]:
+        """One FSDP2 group's post-backward after pipelining's micro-batches: a partial
+        (whole-vocabulary) embedding gradient is first redistributed to its tensor-parallel
+        shard, which frees the accumulated one (DTensor ``redistribute``); ``foreach_reduce``
+        copies the unsharded gradients into one reduce-scatter input, allocates the output (the
+        shard), and frees its input (torch/distributed/fsdp/_fully_shard/
+        _fsdp_collectives.py ``foreach_reduce``). Order as traced on llama-3.2-1b."""
+        b: Phase = "backward"
+        unsharded = self._grad_ops(states, b, key, module, unsharded=True)
+        items: list[Op] = []
+        partial = [
+            (op, s) for op, s in zip(unsharded, states, strict=True) if self._partial_factor(s) > 1
+        ]
+        for op, s in partial:
+            local = alloc(
+                s.full_grad_bytes,
+                Cat.TEMPORARY,
+                b,
+                f"redistributed/{key}",
+                module,
+                "the partial gradient reduce-scattered to this rank's vocabulary shard",
+            )
+            items += [local, free(op, b)]
+        rs_input = alloc(
+            sum(s.full_grad_bytes for s in states),
+            Cat.TEMPORARY,
+            b,
+            f"rs_input/{key}",
+            module,
+            "FSDP2's reduce-scatter input (a copy of the unsharded gradients)",
+            self.rs_stream,
+        )
+        items.append(rs_input)
+        items += self._grad_ops(states, b, key, module)
+        items += [free(op, b) for op in unsharded if all(op is not p for p, _ in partial)]
+        items += [free(op, b) for op in items[: 2 * len(partial) : 2]]
+        items.append(free(rs_input, b))
+        return items
 
     def micro_batch(
         self, *, new_grads: bool, reduce: bool = False, zero_grad: bool = False
@@ -623,7 +716,7 @@ class _Builder:
                 "gathered parameters of the current layer",
             ),
             alloc(
-                self.in_flight_bytes,
+                self.in_flight_bytes if new_grads else self.in_flight_later_bytes,
                 Cat.ACTIVATION,
                 f,
                 "in_flight",
@@ -631,7 +724,7 @@ class _Builder:
                 "activations of the other micro-batches in flight on this stage",
             ),
             alloc(
-                self.pp_buffers.in_flight_outputs,
+                self.pp_buffers.in_flight_outputs if new_grads else self.in_flight_outputs_later,
                 Cat.ACTIVATION,
                 f,
                 "pp/outputs",
@@ -795,6 +888,15 @@ class _Builder:
         layers = self._backward_layers(new_grads=new_grads, reduce=reduce)
         items += [prefetch_b, *layers, free(prefetch_b, b)]
         items.append(free(residual, b))
+        vocab_grad = alloc(
+            self.vocab_grad,
+            Cat.TEMPORARY,
+            b,
+            "grad/embedding/vocab",
+            "embedding",
+            "the token embedding's full-vocabulary partial gradient (DTensor)",
+        )
+        items.append(vocab_grad)
         hook = alloc(
             self.input_grad_hook if self.rank.stage == 0 else 0,
             Cat.ACTIVATION,
@@ -812,6 +914,7 @@ class _Builder:
             items += emb_grads
             if t.optimizer_in_backward:
                 items += [free(op, b) for op in emb_grads]
+        items.append(free(vocab_grad, b))
         if reduce:
             items += self._reduce_ops(self.emb_grad_states, "embedding", "embedding")
         items.append(free(emb_act, b))
@@ -1272,6 +1375,15 @@ class _Builder:
             "(stage)",
             "the stage's gathered parameters, kept across micro-batches",
         )
+        gathered_root = alloc(
+            self.stage_gather_root,
+            Cat.TEMPORARY,
+            "forward",
+            "gather/stage/root",
+            "(stage)",
+            "the stage's gathered embedding / head, kept across micro-batches",
+        )
+        items.append(gathered_root)
         if self.pp_fsdp and self.flat_gather:  # each layer's flat all-gather output, two in flight
             flats = [
                 alloc(
@@ -1318,9 +1430,9 @@ class _Builder:
         )
         items += [merged, free(merged, "backward")]
         if self.pp_fsdp and not keep:  # the reduce-scatter after the last micro-batch
-            items += self.all_gradients("backward")
-            items += self.free_gradients("backward", unsharded=True)
-        items.append(free(gathered, "backward"))
+            items += self.reduce_after_pipeline(gathered_root, gathered)
+        else:
+            items += [free(gathered_root, "backward"), free(gathered, "backward")]
         items += self.optimizer(first=first)
         if self.logits_kept:  # the step function returns: its logits go
             items.append(free(self._kept_logits_op(), "optimizer"))

@@ -258,6 +258,17 @@ class FrameworkConventions:
     torch/distributed/tensor/parallel/style.py). False: Megatron saves the sequence shard and
     all-gathers it again in backward (Korthikanti et al. 2022 sec. 4.2.2; megatron/core/
     tensor_parallel/layers.py ``LinearWithGradAccumulationAndAsyncCommunication``)."""
+    dtensor_vocab_parallel_embedding: bool
+    """Tensor parallelism shards the token embedding over the vocabulary with DTensor
+    (torchtitan's ``RowwiseParallel`` on ``tok_embeddings``), whose weight gradient DTensor
+    computes for the whole vocabulary: ``embedding_dense_backward`` has no strategy with a
+    vocabulary-sharded (``Shard(0)``) output, only ``Shard(1)`` or ``Partial``
+    (torch/distributed/tensor/_ops/_embedding_ops.py ``embedding_dense_backward_strategy``),
+    so each tensor-parallel rank holds a [V, h] partial gradient until it is reduce-scattered
+    to its [V / t, h] shard; FSDP2 accumulating it across pipeline micro-batches keeps it
+    whole, upcast to the reduce dtype (``FSDPParam.to_accumulated_grad_if_needed``). Seen in
+    the trace (tests/trace/test_pipeline.py, llama-3.2-1b PP x TP 2 x FSDP 2 stage 0). False:
+    Megatron's ``VocabParallelEmbedding`` computes its shard's gradient only."""
     fsdp_shards_over_context_parallel: bool
     """FSDP shards over the data-parallel and the context-parallel ranks together: torchtitan's
     ``fully_shard`` takes the flattened ``dp_shard_cp`` mesh (torchtitan/models/llama3/infra/
@@ -351,6 +362,7 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "fsdp_flat_parameter_grads": False,
         "fsdp_no_sync_accumulation": False,
         "dtensor_sequence_parallel": False,
+        "dtensor_vocab_parallel_embedding": False,
         "fsdp_shards_over_context_parallel": False,
         "torchtitan_pipeline_split": False,
         "fsdp_collective_streams": False,
@@ -397,6 +409,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             "fsdp2",
             fsdp_param_dtype_follows_precision=True,
             dtensor_sequence_parallel=True,
+            dtensor_vocab_parallel_embedding=True,
             fsdp_shards_over_context_parallel=True,
             torchtitan_pipeline_split=True,
             fsdp_collective_streams=True,

@@ -837,6 +837,65 @@ def pipeline_sizes(num_layers: int) -> list[int]:
     return [p for p in range(1, L + 1) if L - (p - 1) * -(-L // p) >= 1]
 
 
+def pipeline_stage_layers(num_layers: int, training: TrainingConfig) -> list[range]:
+    """The transformer layers of every pipeline stage, first to last (the model chunks of an
+    interleaved schedule are stages: ``p * virtual_pipeline_stages`` of them).
+
+    Megatron's split: ``ceil(L / stages)`` layers on each stage but the last, which holds the
+    rest. torchtitan's (:attr:`~trainmem.specs.frameworks.FrameworkConventions.
+    torchtitan_pipeline_split`; torchtitan/parallelisms/pipelining_utils.py
+    ``generate_split_points``, Dec 2024): ``L // stages`` layers on the first stage, one more
+    on each of the next ``L % stages`` middle stages, the last stage the rest. Stage ``s`` runs
+    on pipeline rank ``s % p`` (torchtitan ``stage_ids_this_rank``, loop style;
+    :func:`pipeline_stage_ids`).
+
+    Args:
+        num_layers: transformer blocks L.
+        training: ``pipeline_parallel_size``, ``pipeline_schedule``,
+            ``virtual_pipeline_stages`` and the framework's conventions.
+
+    Returns:
+        One ``range`` of layer indices per stage.
+    """
+    L, p = num_layers, training.pipeline_parallel_size
+    interleaved = training.pipeline_schedule == "interleaved-1f1b" and p > 1
+    stages = p * (training.virtual_pipeline_stages if interleaved else 1)
+    if not training.conventions.torchtitan_pipeline_split:
+        per = -(-L // stages)
+        sizes = [per] * (stages - 1) + [L - per * (stages - 1)]
+    elif stages == 1:
+        sizes = [L]
+    else:
+        base, extra = divmod(L, stages)
+        sizes = [base]
+        for _ in range(stages - 2):  # generate_split_points: middle stages take the extra layers
+            sizes.append(base + (1 if extra > 0 else 0))
+            extra -= 1
+        sizes.append(L - sum(sizes))
+    out, start = [], 0
+    for n in sizes:
+        out.append(range(start, start + n))
+        start += n
+    return out
+
+
+def pipeline_stage_ids(rank: int, training: TrainingConfig) -> list[int]:
+    """The stages pipeline rank ``rank`` runs: itself, or ``rank, rank + p, ...`` for the
+    interleaved schedule's ``virtual_pipeline_stages`` model chunks (torchtitan
+    ``stage_ids_this_rank``, loop style; Narayanan et al. 2021, sec. 2.2).
+
+    Args:
+        rank: the pipeline rank, 0 to ``pipeline_parallel_size - 1``.
+        training: ``pipeline_parallel_size``, ``pipeline_schedule``, ``virtual_pipeline_stages``.
+
+    Returns:
+        Stage indices, ascending.
+    """
+    p = training.pipeline_parallel_size
+    v = training.virtual_pipeline_stages if training.pipeline_schedule == "interleaved-1f1b" else 1
+    return [rank + k * p for k in range(v if p > 1 else 1)]
+
+
 def _ranges(values: list[int]) -> str:
     """``[1, 2, 3, 5, 8, 9]`` -> ``"1-3, 5, 8-9"``."""
     out: list[str] = []

@@ -58,6 +58,10 @@ def estimate_trace(model_spec_or_name: Any, training: Any, **kwargs: Any) -> Mem
     Returns:
         The :class:`~trainmem.breakdown.MemoryEstimate` with ``engine="trace"``.
     """
+    if getattr(training, "pipeline_parallel_size", 1) > 1:
+        from trainmem.trace.pipeline import estimate_pipeline_trace
+
+        return estimate_pipeline_trace(model_spec_or_name, training, **kwargs)  # type: ignore[no-any-return]
     from trainmem.trace.engine import estimate_trace as _estimate_trace
 
     return _estimate_trace(model_spec_or_name, training, **kwargs)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +72,11 @@ def _host_resident(name: str, value: Any, fused: bool) -> bool:
     return name == "step" and not fused and value.numel() == 1
 
 
+def _register_all(rec: StorageRecorder, tensors: Iterable[tuple[Any, MemoryCategory, str]]) -> None:
+    for tensor, category, module in tensors:
+        rec.register(tensor, category, module=module)
+
+
 def capture_step(
     model: Any,
     batches: Sequence[Any],
@@ -86,6 +91,8 @@ def capture_step(
     context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
     set_to_none: bool = True,
     forward_loss: Any = None,
+    step: Callable[[Callable[[str], None] | None], None] | None = None,
+    runtime_state: Callable[[], Iterable[tuple[Any, MemoryCategory, str]]] | None = None,
     keep_output: bool = False,
     zero_grad_before_backward: bool = False,
 ) -> Capture:
@@ -107,14 +114,23 @@ def capture_step(
             are registered as live gradients before the recorded step.
         forward_loss, keep_output, zero_grad_before_backward: see
             :func:`trainmem.trace.step.run_step`.
+        step: ``step(on_phase)`` runs one whole optimizer step instead of
+            :func:`~trainmem.trace.step.run_step` (a pipeline schedule,
+            ``trainmem.trace.pipeline``); the other step arguments are then unused.
+        runtime_state: ``(tensor, category, module)`` of what a training runtime keeps from one
+            step to the next besides the model and optimizer (pipelining's receive buffers and
+            output chunks), registered as live after the warm-up.
 
     Returns:
         The :class:`Capture`.
     """
     ctx = context or contextlib.nullcontext
     outer = fake_mode if fake_mode is not None else contextlib.nullcontext()
-    with outer, ctx():
-        t0 = time.perf_counter()
+
+    def one_step(on_phase: Callable[[str], None] | None) -> None:
+        if step is not None:
+            step(on_phase)
+            return
         run_step(
             model,
             batches,
@@ -122,11 +138,16 @@ def capture_step(
             loss_fn=loss_fn,
             autocast=autocast,
             accumulation_divisor=accumulation_divisor,
+            on_phase=on_phase,
             set_to_none=set_to_none,
             forward_loss=forward_loss,
             keep_output=keep_output,
             zero_grad_before_backward=zero_grad_before_backward,
         )
+
+    with outer, ctx():
+        t0 = time.perf_counter()
+        one_step(None)
         warmup = time.perf_counter() - t0
 
         rec = StorageRecorder()
@@ -155,6 +176,8 @@ def capture_step(
             for t in flat:
                 if isinstance(t, torch.Tensor):
                     rec.register(t, MemoryCategory.INPUT)
+        if runtime_state is not None:
+            _register_all(rec, runtime_state())  # (a loop here would keep its last tensor)
 
         region_blocks: list[Block] = []
         state = {"in_region": False, "phase": "init"}
@@ -208,19 +231,7 @@ def capture_step(
         t0 = time.perf_counter()
         try:
             with rec, rec.modules:
-                run_step(
-                    model,
-                    batches,
-                    optimizer,
-                    loss_fn=loss_fn,
-                    autocast=autocast,
-                    accumulation_divisor=accumulation_divisor,
-                    on_phase=on_phase,
-                    set_to_none=set_to_none,
-                    forward_loss=forward_loss,
-                    keep_output=keep_output,
-                    zero_grad_before_backward=zero_grad_before_backward,
-                )
+                one_step(on_phase)
                 # First-step optimizer states (e.g. a trace without warm-up) become states.
                 for state_dict in optimizer.state.values():
                     for key, value in state_dict.items():

@@ -32,6 +32,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from trainmem.breakdown import MemoryCategory
 from trainmem.errors import ScheduleError, TrainmemError
@@ -39,7 +40,7 @@ from trainmem.schedule import Item, Op, Repeat, StepSchedule
 from trainmem.timeline import AllocEvent, Timeline
 from trainmem.trace.blocks import Run
 
-__all__ = ["CompositionError", "ParamInfo", "compose"]
+__all__ = ["CompositionError", "ParamInfo", "compose", "count_parameters", "trainable_params"]
 
 _REL = {0: "i", -1: "i_prev", -2: "i_prev2", 1: "i_next", 2: "i_next2"}
 
@@ -119,6 +120,25 @@ class _Paths:
 
     def _patterns_for(self, list_path: str) -> re.Pattern[str]:
         return next(p for lp, p in self._patterns if lp == list_path)
+
+
+def count_parameters(model: Any) -> tuple[int, int]:
+    """(all, trainable) elements of ``model``'s unique parameters."""
+    params = list(dict.fromkeys(model.parameters()))
+    return sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
+
+
+def trainable_params(model: Any) -> list[ParamInfo]:
+    """``model``'s trainable parameters in optimizer order (``model.parameters()``, ties once),
+    named by their first path."""
+    names: dict[int, str] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), n)
+    return [
+        ParamInfo(names.get(id(p), ""), p.numel(), str(p.dtype), p.dim())
+        for p in dict.fromkeys(model.parameters())
+        if p.requires_grad
+    ]
 
 
 def _optimizer_labels(
@@ -292,9 +312,14 @@ def compose(
                     raise CompositionError(f"units of {run.list_path} allocate differently")
                 checked.add((lab, phase))
             return base + "{" + _REL[rel] + "}"
-        if seg is not None and seg[0] == rid:
+        if seg is not None and seg[0] == rid and u == run.middle:
+            # a repeated block used next to the repeat: its first or last iteration's
             t = seg[1]
             index = run.full_unit(t, count_of[rid]) + (u - t)
+        elif seg is not None and seg[0] == rid:
+            # a kept unit's block, wherever in its run it is used (a pipeline stage's input
+            # gradient is freed when the next micro-batch's forward is past the repeat)
+            index = run.full_unit(u, count_of[rid])
         elif u == run.middle:
             raise CompositionError(
                 f"a repeated block of {run.list_path} is freed outside its list's blocks"

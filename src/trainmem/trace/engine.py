@@ -212,6 +212,12 @@ def run_trace(
     """
     from trainmem.trace.parallel import trace_mesh, uses_mesh
 
+    if training.pipeline_parallel_size > 1:  # the stages are split by trainmem.trace.pipeline
+        raise UnsupportedError(
+            "pipeline_parallel_size: the trace splits transformers causal LMs into pipeline "
+            "stages (estimate(..., engine='trace')), not a model built here; trace one stage's "
+            "module with pipeline_parallel_size=1, or use --engine analytic"
+        )
     if not uses_mesh(training):
         return _run_trace(
             build_model, make_batch, training, loss_fn=loss_fn, optimizer=optimizer, fake=fake,
@@ -296,14 +302,27 @@ def _run_trace(
         if isinstance(exc, UnsupportedError):
             raise
         raise TraceError(f"the traced step failed: {type(exc).__name__}: {exc}") from exc
+    return capture, peak_report(capture, emulate_cuda, workspace_bytes)
+
+
+def peak_report(capture: Capture, emulate_cuda: bool, workspace_bytes: int) -> PeakReport:
+    """The recorded step's timeline and peak, with the cuBLAS workspaces when ``emulate_cuda``.
+
+    Args:
+        capture: the recorded step.
+        emulate_cuda: add the workspaces a CUDA run allocates.
+        workspace_bytes: one workspace.
+
+    Returns:
+        The :class:`~trainmem.trace.attribution.PeakReport`.
+    """
     extra = []
     if emulate_cuda:
         # two cuBLAS handles, so two workspaces: the forward thread's and the autograd device
         # thread's (shared/specs/cuda-caching-allocator.md, "cuBLAS workspace")
         extra.append(("cublas_workspace", workspace_bytes, MemoryCategory.TEMPORARY))
         extra.append(("cublas_workspace_backward", workspace_bytes, MemoryCategory.TEMPORARY))
-    report = analyse(capture.recorder.events, extra)
-    return capture, report
+    return analyse(capture.recorder.events, extra)
 
 
 @contextlib.contextmanager
@@ -465,6 +484,12 @@ def estimate_trace(
 
     name = model_spec_or_name if isinstance(model_spec_or_name, str) else model_spec_or_name.name
     raw = load_hf_config(name)
+    if training.pipeline_parallel_size > 1:
+        raise UnsupportedError(
+            "pipeline_parallel_size: pipeline stages are traced by "
+            "trainmem.trace.pipeline.estimate_pipeline_trace (trainmem.trace.estimate_trace "
+            "and estimate(..., engine='trace') route there)"
+        )
     ws = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
     if raw.get("model_type") in NOT_TRANSFORMERS_TYPES:
         return _estimate_course(name, raw, training, gpu, ws)

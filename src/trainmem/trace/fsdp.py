@@ -76,7 +76,14 @@ def fake_process_group(world_size: int) -> Iterator[Any]:
         dist.destroy_process_group()
 
 
-def shard_model(model: Any, mesh: Any, training: TrainingConfig, fake_mode: Any) -> None:
+def shard_model(
+    model: Any,
+    mesh: Any,
+    training: TrainingConfig,
+    fake_mode: Any,
+    *,
+    reshard_after_forward: bool = True,
+) -> None:
     """``fully_shard`` every layer, then the root, in place; see Note [Tracing FSDP2].
 
     Args:
@@ -84,6 +91,8 @@ def shard_model(model: Any, mesh: Any, training: TrainingConfig, fake_mode: Any)
         mesh: the device mesh of :func:`fake_process_group`.
         training: precision and framework (mixed-precision policy).
         fake_mode: the ``FakeTensorMode`` the tensors live in, or None for real tensors.
+        reshard_after_forward: the layers' ``fully_shard(reshard_after_forward=...)`` (False:
+            gathered from their forward to their backward, torchtitan under PP).
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -100,7 +109,7 @@ def shard_model(model: Any, mesh: Any, training: TrainingConfig, fake_mode: Any)
         _lazy_rank_chunks(),
     ):
         for layer in layers:
-            fully_shard(layer, **kwargs)
+            fully_shard(layer, reshard_after_forward=reshard_after_forward, **kwargs)
         fully_shard(model, **kwargs)
 
 

@@ -36,7 +36,12 @@ from trainmem.trace._torch import require_torch
 torch = require_torch()
 
 from trainmem.trace.blocks import Run, truncate  # noqa: E402
-from trainmem.trace.compose import CompositionError, ParamInfo, compose  # noqa: E402
+from trainmem.trace.compose import (  # noqa: E402
+    CompositionError,
+    compose,
+    count_parameters,
+    trainable_params,
+)
 from trainmem.trace.engine import (  # noqa: E402
     DEFAULT_CUBLAS_WORKSPACE_BYTES,
     _estimate,
@@ -127,22 +132,6 @@ def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfi
     )
 
 
-def _count(model: Any) -> tuple[int, int]:
-    params = list(dict.fromkeys(model.parameters()))
-    return sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
-
-
-def _trainable(model: Any) -> list[ParamInfo]:
-    names: dict[int, str] = {}
-    for n, p in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(p), n)
-    return [
-        ParamInfo(names.get(id(p), ""), p.numel(), str(p.dtype), p.dim())
-        for p in dict.fromkeys(model.parameters())
-        if p.requires_grad
-    ]
-
-
 def trace_generic(
     recipe: Recipe,
     training: TrainingConfig,
@@ -166,9 +155,21 @@ def trace_generic(
         UnsupportedError / TraceError: the model cannot be built or traced.
     """
     t0 = time.perf_counter()
+    if training.pipeline_parallel_size > 1 and recipe.library == "transformers":
+        from trainmem.trace.pipeline import estimate_pipeline
+
+        est = estimate_pipeline(
+            recipe.name, recipe.build, training, gpu=gpu, generic=True, copies=copies
+        )
+        est.notes[0] = (
+            "generic path: each pipeline rank's stages built by transformers on fake tensors, a "
+            "few layers per stage traced under torch.distributed.pipelining and repeated to "
+            "full depth; requested sizes, the CUDA context is the default allowance"
+        )
+        return est
     with torch.device("meta"):
         model = recipe.build()
-    n_all, n_train = _count(model)
+    n_all, n_train = count_parameters(model)
     runs = truncate(model, copies)
     ws = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
 
@@ -186,7 +187,7 @@ def trace_generic(
     try:
         capture, report = traced(model)
         names = {n for n, _ in model.named_modules(remove_duplicate=False)}
-        schedule = compose(report.timeline, runs, _trainable(model), module_names=names)
+        schedule = compose(report.timeline, runs, trainable_params(model), module_names=names)
     except (CompositionError, TraceError, IndexError, KeyError) as exc:
         if not runs:  # nothing was cut: the whole model's own failure
             raise

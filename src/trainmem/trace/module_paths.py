@@ -16,7 +16,9 @@ tiny-gpt2-test, b2 s128: +4.26 MB). This tracker holds no tensors and no graph n
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from collections.abc import Iterator
+from typing import Any, ClassVar
 
 from trainmem.trace._torch import require_torch
 
@@ -34,6 +36,9 @@ class ModulePathTracker:
         root: the model; paths are ``root.named_modules()`` names (``""`` for the root).
     """
 
+    active: ClassVar[ModulePathTracker | None] = None
+    """The tracker inside its ``with`` block, if any (for :meth:`inside`'s callers)."""
+
     def __init__(self, root: Any) -> None:
         self._names = {id(m): n for n, m in root.named_modules(remove_duplicate=False)}
         self._stack: list[str] = []
@@ -49,6 +54,24 @@ class ModulePathTracker:
         if node is None:
             return ""
         return self._owner.get(node._sequence_nr(), "")
+
+    @contextlib.contextmanager
+    def inside(self, module: Any) -> Iterator[None]:
+        """Name ``module`` the running module for work done on its behalf outside its forward
+        and its autograd nodes (FSDP2's post-backward reduce-scatter that pipelining calls
+        after the last micro-batch); not a forward region, so no depth callback.
+
+        Args:
+            module: the module.
+
+        Yields:
+            None.
+        """
+        self._stack.append(self._names.get(id(module), type(module).__name__))
+        try:
+            yield
+        finally:
+            self._stack.pop()
 
     def _pre(self, module: Any, _args: Any) -> None:
         self._stack.append(self._names.get(id(module), type(module).__name__))
@@ -76,9 +99,11 @@ class ModulePathTracker:
             mod.register_module_forward_pre_hook(self._pre),
             mod.register_module_forward_hook(self._post, always_call=True),
         ]
+        ModulePathTracker.active = self
         return self
 
     def __exit__(self, *exc: object) -> None:
         for h in self._handles:
             h.remove()
         self._handles = []
+        ModulePathTracker.active = None

@@ -1,11 +1,12 @@
 """The device mesh of a traced rank and the parallelisms applied over it, in torchtitan's order.
 
 Note [Tracing one rank of a mesh]
-    The world is ``data_parallel_size x context_parallel_size x tensor_parallel_size`` ranks
-    laid out as torchtitan's
-    ``ParallelDims`` builds its mesh (``torchtitan/distributed/parallel_dims.py``: dimensions
-    ``pp, dp_replicate, dp_shard, cp, tp``, the last varying fastest); size-1 dimensions are
-    left out. One rank of it is run in this process under torch's ``"fake"`` process group
+    The world is ``pipeline_parallel_size x data_parallel_size x context_parallel_size x
+    tensor_parallel_size`` ranks laid out as torchtitan's ``ParallelDims`` builds its mesh
+    (``torchtitan/distributed/parallel_dims.py``: dimensions ``pp, dp_replicate, dp_shard, cp,
+    tp``, the last varying fastest); size-1 dimensions are left out (pipeline parallelism:
+    ``trainmem.trace.pipeline``). One rank of it is run in this process under torch's
+    ``"fake"`` process group
     (``torch.testing._internal.distributed.fake_pg.FakeStore``): collectives allocate their
     output buffers and return at once, so every storage the rank allocates is recorded and no
     other rank exists. The model is parallelized in torchtitan's order (``parallelize_llama``):
@@ -49,13 +50,15 @@ def mesh_dims(training: TrainingConfig) -> dict[str, int]:
     """Mesh dimension name -> size, outermost first; see Note [Tracing one rank of a mesh].
 
     Args:
-        training: ``data_parallel_size`` (a ``dp_shard`` dimension under FSDP2) and
-            ``tensor_parallel_size``.
+        training: ``pipeline_parallel_size``, ``data_parallel_size`` (a ``dp_shard``
+            dimension under FSDP2), ``context_parallel_size`` and ``tensor_parallel_size``.
 
     Returns:
         The dimensions of size > 1 (empty: a single rank).
     """
     dims = {}
+    if training.pipeline_parallel_size > 1:  # outermost (torchtitan's ParallelDims)
+        dims["pp"] = training.pipeline_parallel_size
     if uses_fsdp(training):
         dims["dp_shard"] = training.data_parallel_size
     if training.context_parallel_size > 1:
@@ -66,7 +69,8 @@ def mesh_dims(training: TrainingConfig) -> dict[str, int]:
 
 
 def uses_mesh(training: TrainingConfig) -> bool:
-    """True when the step runs over a device mesh (FSDP2 and/or tensor parallelism)."""
+    """True when the step runs over a device mesh (FSDP2, tensor, context or pipeline
+    parallelism)."""
     return bool(mesh_dims(training))
 
 
@@ -251,7 +255,15 @@ def parallelize(model: Any, mesh: Any, training: TrainingConfig, fake_mode: Any)
             fsdp_mesh = mesh[fsdp_dims[0]]
         else:
             fsdp_mesh = mesh[fsdp_dims]._flatten("dp_shard_cp")
-        shard_model(model, fsdp_mesh, training, fake_mode)
+        # under PP torchtitan keeps the layers gathered from forward to backward
+        # (apply_fsdp: reshard_after_forward = not pp_enabled)
+        shard_model(
+            model,
+            fsdp_mesh,
+            training,
+            fake_mode,
+            reshard_after_forward=training.pipeline_parallel_size == 1,
+        )
 
 
 def add_position_ids(batch: Any, training: TrainingConfig) -> None:

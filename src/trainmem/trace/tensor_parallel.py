@@ -74,11 +74,17 @@ def _find_parts(model: Any) -> tuple[str, Any, str, str]:
     parent = stack_name.rsplit(".", 1)[0] if "." in stack_name else ""
     prefix = f"{parent}." if parent else ""
     emb, norm = f"{prefix}embed_tokens", f"{prefix}norm"
+    if getattr(model, "pipeline_stage", False):  # a stage holds them or not (trace.pipeline)
+        return stack_name, layers, emb, norm
     if _child(model, emb) is None or _child(model, norm) is None:
         raise _unsupported("embed_tokens and norm next to the layers")
     if _child(model, "lm_head") is None:
         raise _unsupported("an lm_head")
     return stack_name, layers, emb, norm
+
+
+def _has_weights(module: Any) -> bool:
+    return module is not None and next(iter(module.parameters()), None) is not None
 
 
 def check_heads(config: Any, tp: int) -> None:
@@ -193,21 +199,28 @@ def apply_tensor_parallel(
                 use_local_output=not float8,
             )
         parallelize_module(layer, tp_mesh, plan)
-    head = model.lm_head
-    tied = head.weight is _child(model, emb).weight
-    top: dict[str, Any] = {
-        emb: RowwiseParallel(input_layouts=Replicate(), output_layouts=seq, use_local_output=local),
-        "lm_head": ColwiseParallel(
+    # a pipeline stage may lack the embedding, the final norm (an Identity) or the head
+    head = getattr(model, "lm_head", None)
+    embedding = _child(model, emb)
+    tied = head is not None and embedding is not None and head.weight is embedding.weight
+    top: dict[str, Any] = {}
+    if _has_weights(embedding):
+        top[emb] = RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=seq, use_local_output=local
+        )
+    if head is not None:
+        top["lm_head"] = ColwiseParallel(
             input_layouts=seq, output_layouts=Shard(-1), use_local_output=False
-        ),
-    }
-    if sequence_parallel:
+        )
+    if sequence_parallel and _has_weights(_child(model, norm)):
         top[norm] = SequenceParallel()
     parallelize_module(model, tp_mesh, top)
     if not sequence_parallel:
         for layer in layers:
             for name in _NORMS:
                 _replicate(_child(layer, name), tp_mesh)
-        _replicate(_child(model, norm), tp_mesh)
+        if _has_weights(_child(model, norm)):
+            _replicate(_child(model, norm), tp_mesh)
     if tied:  # both vocabulary-sharded (Shard(0)): one parameter again, as before
-        head.weight = _child(model, emb).weight
+        assert head is not None and embedding is not None
+        head.weight = embedding.weight

@@ -1,0 +1,190 @@
+"""Pipeline parallelism traced with torch.distributed.pipelining (trainmem.trace.pipeline).
+
+Expected bytes are derived by hand from torch's pipelining source (torch 2.13,
+torch/distributed/pipelining/stage.py and schedules.py) on tiny-llama-test (h=64, vocab 512,
+2 layers), fp32 weights and activations ("32-true"):
+
+- every stage but the first allocates one input receive buffer [b, s, h] per micro-batch at its
+  first step (``_setup_forward_recv_info``), every stage but the last one gradient receive
+  buffer of the same shape per micro-batch (``_setup_backward_recv_info``); they live as long
+  as the schedule;
+- the last stage keeps each micro-batch's output (the logits [b, s, V]) in ``output_chunks``
+  until the next ``step()`` clears them (``clear_runtime_states``), so the previous step's m
+  logits are alive when the recorded step starts;
+- ``Schedule1F1B`` runs ``min(m, num_stages - stage_index)`` forwards before the first
+  backward, so stage 0 of a 2-stage pipeline holds 2 micro-batches' activations at once,
+  ``ScheduleGPipe`` all m.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from trainmem.breakdown import MemoryCategory
+from trainmem.errors import SpecError
+from trainmem.estimate import estimate
+from trainmem.specs.training import TrainingConfig, pipeline_stage_ids, pipeline_stage_layers
+
+B, S, H, V = 2, 32, 64, 512
+FP32 = 4
+
+
+def _pp(**kw: object) -> TrainingConfig:
+    settings: dict[str, object] = {
+        "micro_batch_size": B,
+        "seq_len": S,
+        "precision": "32-true",
+        "pipeline_parallel_size": 2,
+        "gradient_accumulation_steps": 4,
+        "dropout": False,
+    }
+    settings.update(kw)
+    return TrainingConfig(**settings)  # type: ignore[arg-type]
+
+
+def _init_bytes(schedule: object, category: MemoryCategory, module: str) -> int:
+    """Bytes alive when the recorded step starts, of ``category`` owned by ``module``."""
+    return sum(
+        e.size_bytes
+        for e in schedule.events()  # type: ignore[attr-defined]
+        if e.phase == "init" and e.action == "alloc" and e.category is category
+        and e.module == module
+    )  # fmt: skip
+
+
+def _max_live(schedule: object, category: MemoryCategory) -> int:
+    live, cur, best = {}, 0, 0
+    for e in schedule.events():  # type: ignore[attr-defined]
+        if e.category is not category:
+            continue
+        if e.action == "alloc":
+            live[e.block_id] = e.size_bytes
+            cur += e.size_bytes
+        elif e.block_id in live:
+            cur -= live.pop(e.block_id)
+        best = max(best, cur)
+    return best
+
+
+def test_stage_split_and_rank_stages_follow_torchtitan() -> None:
+    # generate_split_points (torchtitan, Dec 2024): L // stages on the first stage, one more
+    # on the next L % stages middle stages, the rest on the last: 126 = 15 + 6 * 16 + 15
+    t = TrainingConfig(pipeline_parallel_size=8, framework="fsdp2")
+    sizes = [len(r) for r in pipeline_stage_layers(126, t)]
+    assert sizes == [15] + [16] * 6 + [15]
+    # interleaved: p * v stages, rank r runs stages r, r + p (loop style)
+    t = TrainingConfig(pipeline_parallel_size=2, pipeline_schedule="interleaved-1f1b",
+                       virtual_pipeline_stages=2, framework="fsdp2")  # fmt: skip
+    assert [list(r) for r in pipeline_stage_layers(16, t)] == [
+        list(range(0, 4)), list(range(4, 8)), list(range(8, 12)), list(range(12, 16)),
+    ]  # fmt: skip
+    assert pipeline_stage_ids(0, t) == [0, 2] and pipeline_stage_ids(1, t) == [1, 3]
+    # Megatron's split (no torchtitan convention): ceil(L / p) per stage, the last the rest
+    assert [
+        len(r) for r in pipeline_stage_layers(126, TrainingConfig(pipeline_parallel_size=8))
+    ] == [16] * 7 + [14]
+
+
+def test_receive_buffers_and_output_chunks_are_the_runtime_s() -> None:
+    est = estimate("tiny-llama-test", _pp(), engine="trace", simulate_allocator=False)
+    first, last = est.schedules
+    m = 4
+    boundary = B * S * H * FP32  # one micro-batch's residual stream [b, s, h]
+    # stage 0: a gradient receive buffer per micro-batch; no input buffers, no output chunks
+    assert _init_bytes(first, MemoryCategory.TEMPORARY, "pipeline") == m * boundary
+    assert _init_bytes(first, MemoryCategory.ACTIVATION, "pipeline") == 0
+    # last stage: an input receive buffer per micro-batch, the previous step's m logits
+    assert _init_bytes(last, MemoryCategory.TEMPORARY, "pipeline") == m * boundary
+    assert _init_bytes(last, MemoryCategory.ACTIVATION, "pipeline") == m * B * S * V * FP32
+    labels = est.details["per_rank"]
+    assert [r["pipeline_stage"] for r in labels] == [0, 1]
+    assert [r["rank"] for r in labels] == [0, 1]
+    assert [r["layers"] for r in labels] == [[[0, 0]], [[1, 1]]]
+    assert est.details["rank_map"]["mesh"] == {"pp": 2}
+
+
+def test_micro_batches_in_flight_on_stage_0_follow_the_schedule() -> None:
+    # one micro-batch's saved activations on stage 0, from a GPipe step of one micro-batch
+    one = estimate("tiny-llama-test", _pp(pipeline_schedule="gpipe", gradient_accumulation_steps=1),
+                   engine="trace", simulate_allocator=False)  # fmt: skip
+    unit = _max_live(one.schedules[0], MemoryCategory.ACTIVATION)
+    assert unit > 0
+    m, p = 4, 2
+    f1b = estimate("tiny-llama-test", _pp(), engine="trace", simulate_allocator=False)
+    gpipe = estimate("tiny-llama-test", _pp(pipeline_schedule="gpipe"), engine="trace",
+                     simulate_allocator=False)  # fmt: skip
+    # Schedule1F1B: min(m, p - 0) = 2 forwards in flight on stage 0; GPipe: all m
+    assert _max_live(f1b.schedules[0], MemoryCategory.ACTIVATION) == min(m, p) * unit
+    assert _max_live(gpipe.schedules[0], MemoryCategory.ACTIVATION) == m * unit
+
+
+def test_composed_stages_equal_the_whole_stages(tmp_path: Path) -> None:
+    from trainmem.specs.hf import load_hf_config
+    from trainmem.trace.hf_model import build_hf_training_model
+    from trainmem.trace.pipeline import estimate_pipeline
+
+    raw = dict(load_hf_config("tiny-llama-test"), num_hidden_layers=12)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    # FSDP2 as torchtitan runs it: the last stage's input gradient (layer 0's) is freed after
+    # the next micro-batch's forward went past the repeated layers (composed before as if it
+    # were a repeated layer's block)
+    t = _pp(precision="bf16-mixed", framework="fsdp2", data_parallel_size=2, zero_stage=3)
+
+    def build() -> object:
+        return build_hf_training_model(raw, t)
+
+    whole = estimate_pipeline(str(path), build, t, compose=False)
+    composed = estimate_pipeline(str(path), build, t, compose=True)
+    assert "could not stand" not in " ".join(composed.notes)
+    for a, b in zip(whole.schedules, composed.schedules, strict=True):
+        assert [(e.action, e.size_bytes) for e in a.events()] == [
+            (e.action, e.size_bytes) for e in b.events()
+        ]
+
+
+def test_1f1b_needs_as_many_micro_batches_as_stages() -> None:
+    with pytest.raises(SpecError, match="gradient_accumulation_steps"):
+        estimate("tiny-llama-test", _pp(gradient_accumulation_steps=1), engine="trace")
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_embedding_gradient_under_tensor_parallelism_covers_the_whole_vocabulary(tp: int) -> None:
+    # DTensor's embedding_dense_backward has no vocabulary-sharded output strategy
+    # (torch/distributed/tensor/_ops/_embedding_ops.py): the token embedding's gradient is a
+    # [V, h] partial tensor on each TP rank, not its [V / t, h] shard; bf16 from the backward,
+    # FSDP2 accumulates it upcast to fp32 across the micro-batches (to_accumulated_grad_if_needed);
+    # without TP the gradient is whole anyway, the bf16 one alive while it is added
+    t = _pp(precision="bf16-mixed", framework="fsdp2", data_parallel_size=4, zero_stage=3,
+            tensor_parallel_size=tp, sequence_parallel=tp > 1)  # fmt: skip
+    traced = estimate("tiny-llama-test", t, engine="trace", simulate_allocator=False)
+    sizes = {
+        (e.module, e.size_bytes)
+        for e in traced.schedules[0].events()
+        if e.action == "alloc" and e.phase == "backward"
+    }
+    assert ("stage0.model.embed_tokens", V * H * 2) in sizes  # the bf16 partial gradient
+    assert ("stage0", V * H * 4) in sizes  # accumulated in fp32, whole vocabulary
+    analytic = estimate("tiny-llama-test", t, engine="analytic", simulate_allocator=False)
+    kept = [
+        e.size_bytes
+        for e in analytic.schedules[0].events()
+        if e.action == "alloc" and e.module == "embedding" and e.phase == "backward"
+    ]
+    # the formulas: the fp32 accumulated gradient, and the bf16 one in each of the 4
+    # micro-batches' backward, whole vocabulary (the shards are V * h * 4 / (t * 4) bytes)
+    assert V * H * 4 in kept
+    assert kept.count(V * H * 2) >= 4
+
+
+def test_a_custom_module_is_not_split_into_stages() -> None:
+    import torch
+
+    from trainmem.errors import UnsupportedError
+    from trainmem.trace import trace
+
+    with pytest.raises(UnsupportedError, match="pipeline_parallel_size"):
+        trace(lambda: torch.nn.Linear(4, 4), lambda: torch.randn(2, 4), training=_pp())
