@@ -271,14 +271,18 @@ TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
     ),
     _p(
         "tensor_parallel_size",
-        Annotated[int, _oi("--tensor-parallel-size", help="Megatron tensor parallelism t.")],
+        Annotated[
+            int,
+            _oi(
+                "--tensor-parallel-size",
+                help="Tensor parallelism t (torch DTensor; Megatron's with --framework megatron).",
+            ),
+        ],
         1,
     ),
     _p(
         "sequence_parallel",
-        Annotated[
-            bool, _o("--sequence-parallel", help="Megatron sequence parallelism (needs t > 1).")
-        ],
+        Annotated[bool, _o("--sequence-parallel", help="Sequence parallelism (needs t > 1).")],
         False,
     ),
     _p(

@@ -373,7 +373,14 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
 FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
     row.name: row
     for row in (
-        _row("pytorch-amp", autocast=True, peft_kbit_training=True, optimizer_offload_torchao=True),
+        _row(
+            "pytorch-amp",
+            autocast=True,
+            peft_kbit_training=True,
+            optimizer_offload_torchao=True,
+            dtensor_sequence_parallel=True,
+            dtensor_vocab_parallel_embedding=True,
+        ),
         _row(
             "hf-trainer",
             autocast=True,

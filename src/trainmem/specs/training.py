@@ -308,11 +308,15 @@ class TrainingConfig:
     lora_dropout: float = 0.0
     """Dropout on the LoRA input (peft ``lora_dropout``); > 0 keeps a copy of the input."""
     tensor_parallel_size: int = 1
-    """Megatron tensor parallelism t: linear weights, the vocabulary and attention heads split
-    over t ranks (Shoeybi et al. 2019)."""
+    """Tensor parallelism t: linear weights, the vocabulary and attention heads split over t
+    ranks (Shoeybi et al. 2019). As torch's DTensor applies it (torchtitan's plan,
+    ``FrameworkConventions.dtensor_sequence_parallel``) for ``pytorch-amp`` / ``fsdp2``;
+    Megatron's own with ``framework="megatron"``."""
     sequence_parallel: bool = False
-    """Megatron sequence parallelism: the norm / dropout regions split over the t ranks too
-    (Korthikanti et al. 2022, sec. 4.2.2)."""
+    """Sequence parallelism: the norm / dropout regions split over the t ranks too
+    (Korthikanti et al. 2022, sec. 4.2.2); torch's ``SequenceParallel`` style saves the
+    all-gathered inputs of the column-parallel linears, Megatron (``framework="megatron"``)
+    saves the shard and gathers it again in backward."""
     pipeline_parallel_size: int = 1
     """Pipeline stages p; each holds about L / p layers."""
     pipeline_schedule: str = "1f1b"
