@@ -229,7 +229,8 @@ def moe_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dict[str
     ``experts_implementation="grouped_mm"``: transformers integrations/moe.py
     ``grouped_mm_experts_forward``; router: modeling_qwen3_moe.py ``Qwen3MoeTopKRouter``; shared
     expert: modeling_qwen2_moe.py ``Qwen2MoeSparseMoeBlock``). Per token, k = top-k, w = bytes
-    of the weights' dtype (the experts' grouped matmul runs in it, fp32 under autocast):
+    of the weights' dtype as computed with (the experts' grouped matmul runs in it: fp32 under
+    plain autocast, the compute dtype under an FSDP mixed-precision policy):
 
     * router: its autocast input copy (c*h), the fp32 softmax (4E), top-k values and indices
       (12k);
@@ -243,7 +244,9 @@ def moe_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dict[str
       ``mlp/input``) and the sigmoid gate's output with the expert output it scales (c*h + c).
     """
     c, _ = compute_and_residual_bytes(training)
-    w = dtype_bytes(training.weight_dtype)
+    # the weights as the layer computes with them: an FSDP mixed-precision policy gathers them
+    # in the compute dtype (TrainingConfig.gathered_weight_dtype)
+    w = dtype_bytes(training.gathered_weight_dtype)
     h, i, e = model.hidden_size, model.intermediate_size, model.num_experts
     k = model.num_experts_per_tok
     mixed = training.uses_autocast

@@ -190,14 +190,28 @@ def _layer_tensors(model: ModelSpec, training: TrainingConfig) -> list[tuple[str
     out: list[tuple[str, int, int, bool]] = []
     lora = training.is_lora
     weights = 0
+    # transformers 5 holds a MoE layer's routed experts as two 3-D parameters, gate_up_proj
+    # [E, 2i, h] and down_proj [E, h, i] (modeling_qwen3_moe.py ``Qwen3MoeExperts``; Mixtral,
+    # Qwen2-MoE, DeepSeek-V3 alike), not one linear per expert: per-tensor optimizer temporaries,
+    # FSDP's per-parameter shards and the allocator see two large tensors
+    fused_experts = model.num_experts > 1 and training.conventions.hf_model_code
+    experts: dict[str, tuple[int, int]] = {}
     for name, (i, o, n) in linear_shapes(model).items():
-        for _ in range(n):
-            out.append((name, i * o, o, not lora))
-            weights += i * o
-            if lora and name != "router" and _lora_targeted(name, training):
-                r = training.lora_rank
+        expert = fused_experts and name in ("gate", "up", "down") and n == model.num_experts
+        for _ in range(1 if expert else n):
+            if expert:
+                key = "experts_down" if name == "down" else "experts_gate_up"
+                numel, width = experts.get(key, (0, 0))
+                experts[key] = (numel + n * i * o, width + o)
+            else:
+                out.append((name, i * o, o, not lora))
+            weights += i * o * (n if expert else 1)
+        if lora and name != "router" and _lora_targeted(name, training):
+            r = training.lora_rank
+            for _ in range(n):
                 out.append((f"lora_A.{name}", r * i, r, True))
                 out.append((f"lora_B.{name}", o * r, o, True))
+    out.extend((key, numel, width, not lora) for key, (numel, width) in experts.items())
     vectors = layer_total - weights
     h = model.hidden_size
     out.extend(("vector", h, h, not lora) for _ in range(vectors // h))
