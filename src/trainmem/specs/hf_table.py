@@ -486,8 +486,9 @@ _ROWS: tuple[Family, ...] = (
     ),
     Family(
         "gemma",
-        "models/gemma/modeling_gemma.py (GeGLU, tied, head_dim 256)",
-        {**LLAMA_TRAITS, **_NO_MLP_BIAS},
+        "models/gemma/modeling_gemma.py (GeGLU, tied, head_dim 256; GemmaRMSNorm computes "
+        "x * (1 + w) in fp32 and casts at the end)",
+        {**LLAMA_TRAITS, "norm_weight_in_fp32": True, **_NO_MLP_BIAS},
         defaults=_llama_defaults(
             num_key_value_heads=16,
             hidden_act="gelu_pytorch_tanh",
