@@ -517,6 +517,10 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
             terms["mlp/expert_inputs"] = r * h * t * k_top
             terms["mlp/expert_outputs"] = c * h * t * k_top
         terms["mlp/input"] = c * h * t * k_top * (n_in if mixed else 1)
+        if model.parallel_attention and model.num_norms_per_layer == 1 and not mixed:
+            # Falcon / Phi: one norm feeds attention and MLP; without autocast's casts the MLP
+            # saves the very tensor q/k/v saved (``attention/qkv_input``)
+            terms["mlp/input"] = 0
         if model.mlp_kind == "gated":
             # gate and up outputs, the activation's output and the down projection's input;
             # under torch.compile the activation's output is recomputed from the saved gate
