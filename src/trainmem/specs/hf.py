@@ -431,6 +431,10 @@ def model_spec_from_hf(config: Mapping[str, Any], name: str) -> ModelSpec:
     spec: dict[str, Any] = dict(row.traits)
     _read(row, f, spec)
     spec["head"], spec["num_labels"] = read_head(f, _HEAD_BY_ARCHITECTURE[spec["architecture"]])
+    use_cache = config.get("use_cache", True)  # PretrainedConfig / the family configs: True
+    if not isinstance(use_cache, bool):
+        raise SpecError("use_cache", f"must be true or false, got {short(use_cache)}")
+    spec["use_cache"] = use_cache
     if row.adjust is not None:
         row.adjust(f, spec)
     return ModelSpec(name=name, model_type=model_type, **spec)

@@ -80,13 +80,18 @@ LOSS_HOLDS_HIDDEN_TYPES = frozenset(
         "mixtral",
         "gpt_neox",
         "phi",
+        "llama",
+        "mistral",
+        "qwen2",
+        "qwen3",
+        "gemma",
     }
 )
 """Families whose final hidden states stay alive while the loss runs (transformers'
 ``XForCausalLM.forward`` computes the loss with ``hidden_states`` in scope), checked against the
-trace engine (``ModelSpec.loss_holds_hidden``). Llama-style HF code does the same; not switched
-on for the older families, whose presets also stand for models with their own code (the
-cs336 course model of benchmarks/snapshot_analytic_step.py returns only its logits)."""
+trace engine (``ModelSpec.loss_holds_hidden``; Llama / Mistral: tests/analytic/
+test_forward_kv_cache.py). Only with HF model code: frameworks with their own (Megatron,
+lit-gpt, torchtune) and the course model (``cs336_basics``) are not affected."""
 
 EAGER_ONLY_TYPES = frozenset({"bloom", "gemma2", "cs336_basics"})
 """Families whose code has no SDPA attention, so none of the SDPA kernels
@@ -126,11 +131,25 @@ and k (``torch.cat([q_rot_embed, q_pass], dim=-1)``: modeling_gpt_neox.py / mode
 (``ModelSpec.rotary_cat``)."""
 
 FORWARD_KV_CACHE_TYPES = frozenset(
-    {"phi3", "starcoder2", "gemma3_text", "qwen2_moe", "qwen3_moe", "mixtral", "gpt_neox", "phi"}
+    {
+        "phi3",
+        "starcoder2",
+        "gemma3_text",
+        "qwen2_moe",
+        "qwen3_moe",
+        "mixtral",
+        "gpt_neox",
+        "phi",
+        "llama",
+        "mistral",
+        "qwen2",
+        "qwen3",
+        "gemma",
+    }
 )
 """Rotary families whose transformers code builds a KV cache during training that holds fp32
 copies of k and v until the forward ends (``ModelSpec.forward_kv_cache``); checked against the
-trace engine for these families (Llama-style code does the same; not yet switched on there).
+trace engine for these families (Llama / Mistral: tests/analytic/test_forward_kv_cache.py).
 OLMo-2 casts its rotated q and k back to their dtype (modeling_olmo2.py
 ``apply_rotary_pos_emb``), so its cache copies are the 16-bit tensors SDPA saves anyway."""
 
@@ -175,6 +194,9 @@ class ModelSpec:
     """Learned absolute positions (GPT-2, BERT, ViT), rotary (Llama), alibi, none."""
     tie_word_embeddings: bool
     """Output projection shares the input embedding matrix."""
+    use_cache: bool = True
+    """The config's ``use_cache`` (transformers' default True): a decoder then builds a KV cache
+    in training too, when checkpointing is off (``training_kv_cache``, ``forward_kv_cache``)."""
     attention_bias: bool = False
     """Biases on the q/k/v projections."""
     attention_out_bias: bool = False
@@ -350,7 +372,7 @@ class ModelSpec:
         ``use_cache=True`` and checkpointing is off (transformers 5 GPT-2), so SDPA saves the
         cache's ``torch.cat`` copies of k and v: the families of :data:`TRAINING_KV_CACHE_TYPES`
         (found by the trace engine)."""
-        return self.model_type in TRAINING_KV_CACHE_TYPES
+        return self.model_type in TRAINING_KV_CACHE_TYPES and self.use_cache
 
     @property
     def eager_scores_kept(self) -> bool:
@@ -405,8 +427,9 @@ class ModelSpec:
         ``torch.cat`` copies of the rotated keys and the values take the keys' dtype
         (cache_utils.py ``DynamicLayer.lazy_initialization``: fp32 under autocast, where the
         rotary tables are fp32) and live until the model output is dropped after the loss:
-        the families of :data:`FORWARD_KV_CACHE_TYPES` (found by the trace engine)."""
-        return self.model_type in FORWARD_KV_CACHE_TYPES
+        the families of :data:`FORWARD_KV_CACHE_TYPES` (found by the trace engine), unless
+        the config says ``use_cache: false``."""
+        return self.model_type in FORWARD_KV_CACHE_TYPES and self.use_cache
 
     def __post_init__(self) -> None:
         for field in (
