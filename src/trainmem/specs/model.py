@@ -140,16 +140,14 @@ FORWARD_KV_CACHE_TYPES = frozenset(
         "mixtral",
         "gpt_neox",
         "phi",
-        "llama",
-        "mistral",
-        "qwen2",
-        "qwen3",
-        "gemma",
     }
 )
 """Rotary families whose transformers code builds a KV cache during training that holds fp32
 copies of k and v until the forward ends (``ModelSpec.forward_kv_cache``); checked against the
-trace engine for these families (Llama / Mistral: tests/analytic/test_forward_kv_cache.py).
+trace engine for these families with transformers 5.23. Llama-style code does the same in 5.23
+(its cache's ``torch.cat`` onto an empty fp32 tensor: cache_utils.py
+``DynamicLayer.lazy_initialization``), but 5.24 creates that tensor in the keys' dtype, so the
+size depends on the installed transformers; not switched on for those families.
 OLMo-2 casts its rotated q and k back to their dtype (modeling_olmo2.py
 ``apply_rotary_pos_emb``), so its cache copies are the 16-bit tensors SDPA saves anyway."""
 
