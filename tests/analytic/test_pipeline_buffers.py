@@ -3,6 +3,8 @@ per-rank tensor sizes under context parallelism; expected numbers by hand from t
 
 from __future__ import annotations
 
+import pytest
+
 from trainmem.analytic.pipeline import stage_buffers
 from trainmem.analytic.schedule import _tensor_sizes
 from trainmem.specs.hf import load_model_spec as load_model
@@ -215,3 +217,19 @@ def test_gpipe_backwards_free_the_micro_batches_in_order() -> None:
     f1b = estimate("llama-3.2-1b", TrainingConfig(**base), simulate_allocator=False)
     one, again = _in_flight_sizes(f1b.schedules[0])[:2]
     assert one == again == first // (m - 1)
+
+
+def test_torch_pipelining_refuses_fewer_micro_batches_than_stages() -> None:
+    """torch's Schedule1F1B raises "Number of microbatches (1) must be greater than or equal to
+    the number of stages (4)" (torch/distributed/pipelining/schedules.py), so a torchtitan-style
+    run (fsdp2) with one micro-batch over 4 stages does not exist; Megatron's 1F1B takes it
+    (its warm-up is min(p - rank - 1, m) micro-batches)."""
+    from trainmem.errors import SpecError
+    from trainmem.estimate import estimate
+
+    one = dict(pipeline_parallel_size=4, data_parallel_size=2, zero_stage=3, seq_len=512)
+    with pytest.raises(SpecError, match="gradient_accumulation_steps"):
+        estimate("llama-3.2-1b", TrainingConfig(**one, framework="fsdp2"))
+    estimate("llama-3.2-1b", TrainingConfig(**one, framework="megatron"))
+    ok = TrainingConfig(**one, framework="fsdp2", gradient_accumulation_steps=4)
+    estimate("llama-3.2-1b", ok, simulate_allocator=False)

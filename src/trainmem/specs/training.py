@@ -912,11 +912,43 @@ def _ranges(values: list[int]) -> str:
     return ", ".join(out)
 
 
+def check_torch_pipeline_microbatches(training: TrainingConfig) -> None:
+    """The micro-batch counts ``torch.distributed.pipelining`` accepts (what the frameworks with
+    ``FrameworkConventions.torchtitan_pipeline_split`` run, and the trace engine): 1F1B needs at
+    least as many micro-batches as stages (``Schedule1F1B.__init__``: "Number of microbatches
+    must be greater than or equal to the number of stages"); interleaved 1F1B a multiple of its
+    rounds ``max(1, m // p)`` (``ScheduleInterleaved1F1B``). Source:
+    torch/distributed/pipelining/schedules.py. Megatron's and DeepSpeed's schedules take fewer.
+
+    Raises:
+        SpecError: naming ``gradient_accumulation_steps`` (the micro-batch count m).
+    """
+    p, m = training.pipeline_parallel_size, training.gradient_accumulation_steps
+    if p == 1:
+        return
+    if training.pipeline_schedule == "1f1b" and m < p:
+        raise SpecError(
+            "gradient_accumulation_steps",
+            f"{m} micro-batches per step; torch's Schedule1F1B needs at least "
+            f"pipeline_parallel_size={p} (torch/distributed/pipelining/schedules.py); allowed: "
+            f">= {p} (--gradient-accumulation-steps {p})",
+        )
+    if training.pipeline_schedule == "interleaved-1f1b":
+        rounds = max(1, m // p)
+        if m % rounds:
+            raise SpecError(
+                "gradient_accumulation_steps",
+                f"{m} micro-batches: torch's ScheduleInterleaved1F1B needs a multiple of the "
+                f"number of rounds max(1, m // p) = {rounds}",
+            )
+
+
 def check_training_for_model(model: ModelSpec, training: TrainingConfig) -> None:
     """The checks that need both the model and the settings.
 
     - every pipeline stage holds at least one layer (:func:`pipeline_sizes`); with the
-      interleaved schedule every model chunk does (``p * v <= L``);
+      interleaved schedule every model chunk does (``p * v <= L``); torch's pipelining
+      schedules get the micro-batch counts they accept (:func:`check_torch_pipeline_microbatches`);
     - learned absolute positions (GPT-2, BERT) cannot go past ``max_position_embeddings``
       (the position embedding lookup fails: transformers ``GPT2Model.forward`` indexes
       ``wpe`` with positions up to ``seq_len - 1``); rotary / ALiBi models can, as
@@ -934,6 +966,8 @@ def check_training_for_model(model: ModelSpec, training: TrainingConfig) -> None
         SpecError: the first check that fails, naming the field and the allowed values.
     """
     L, p = model.num_layers, training.pipeline_parallel_size
+    if training.conventions.torchtitan_pipeline_split:  # torch.distributed.pipelining's schedules
+        check_torch_pipeline_microbatches(training)
     if p > 1 and L - (p - 1) * -(-L // p) < 1:
         raise SpecError(
             "pipeline_parallel_size",

@@ -59,7 +59,12 @@ from typing import Any
 
 from trainmem.breakdown import MemoryCategory
 from trainmem.errors import SpecError, UnsupportedError
-from trainmem.specs.training import TrainingConfig, pipeline_stage_ids, pipeline_stage_layers
+from trainmem.specs.training import (
+    TrainingConfig,
+    check_torch_pipeline_microbatches,
+    pipeline_stage_ids,
+    pipeline_stage_layers,
+)
 from trainmem.trace._torch import require_torch
 
 torch = require_torch()
@@ -100,22 +105,7 @@ def check_pipeline_settings(training: TrainingConfig) -> None:
         SpecError: fewer micro-batches than ``Schedule1F1B`` accepts.
         UnsupportedError: a setting not traced together with pipeline parallelism.
     """
-    p, m = training.pipeline_parallel_size, training.gradient_accumulation_steps
-    if training.pipeline_schedule == "1f1b" and m < p:
-        raise SpecError(
-            "gradient_accumulation_steps",
-            f"{m} micro-batches per step; torch's Schedule1F1B needs at least "
-            f"pipeline_parallel_size={p} (torch/distributed/pipelining/schedules.py); allowed: "
-            f">= {p} (--gradient-accumulation-steps {p})",
-        )
-    if training.pipeline_schedule == "interleaved-1f1b":
-        rounds = max(1, m // p)
-        if m % rounds:
-            raise SpecError(
-                "gradient_accumulation_steps",
-                f"{m} micro-batches: torch's ScheduleInterleaved1F1B needs a multiple of the "
-                f"number of rounds max(1, m // p) = {rounds}",
-            )
+    check_torch_pipeline_microbatches(training)
     for name, refused in (
         ("context_parallel_size", training.context_parallel_size > 1),
         ("lora_rank", training.is_lora),
