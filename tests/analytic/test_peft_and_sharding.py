@@ -185,3 +185,35 @@ def test_bf16_true_lora_layer_saves_the_fp32_input_casts_not_the_inputs(
     _, report = run_trace(build, lambda: make_hf_batch(holder["m"], 2, 64), training)
     traced = sum(v for k, v in report.activation_bytes_by_module.items() if ".layers.1." in f"{k}.")
     assert 0 <= traced - analytic <= 512  # the trace's few host-scalar bytes per layer
+
+
+def test_bf16_mixed_lora_layer_saves_the_adapter_casts() -> None:
+    """bf16-mixed (autocast) with peft LoRA on every linear: each adapter's fp32 A and B are
+    cast to bf16 for their matmuls and saved (derivatives.yaml ``mm`` saves ``mat2``), c r
+    (fan_in + fan_out) per adapter; and the 16-bit attention output reaching o_proj goes through
+    peft's fp32 cast and back through autocast's, a copy of its own that A saves. Expected: the
+    real peft model traced on fake tensors, the middle layer's saved bytes."""
+    pytest.importorskip("peft")
+    from trainmem.analytic.activations import layer_activation_terms
+    from trainmem.specs.hf import model_spec_from_hf
+    from trainmem.trace.engine import run_trace
+    from trainmem.trace.hf_model import build_hf_training_model, make_hf_batch
+
+    raw = {**load_hf_config("tiny-llama-test"), "num_hidden_layers": 3}
+    training = TrainingConfig(
+        micro_batch_size=2,
+        seq_len=64,
+        precision="bf16-mixed",
+        lora_rank=8,
+        lora_targets=("q", "k", "v", "o", "gate", "up", "down"),
+    )
+    analytic = sum(layer_activation_terms(model_spec_from_hf(raw, name="x"), training).values())
+    holder = {}
+
+    def build():
+        holder["m"] = build_hf_training_model(raw, training)
+        return holder["m"]
+
+    _, report = run_trace(build, lambda: make_hf_batch(holder["m"], 2, 64), training)
+    traced = sum(v for k, v in report.activation_bytes_by_module.items() if ".layers.1." in f"{k}.")
+    assert 0 <= traced - analytic <= 512  # the trace's few host-scalar bytes per layer

@@ -279,10 +279,32 @@ def autocast_weight_copy_bytes(model: ModelSpec, training: TrainingConfig) -> in
     for a quantized base, whose bitsandbytes matmul dequantizes inside and saves only the
     quantized weight (``MatMul4Bit``). Source: aten/src/ATen/autocast_mode.cpp ``cached_cast``;
     tools/autograd/derivatives.yaml (mm)."""
-    if not training.uses_autocast or training.quantize_base != "none":
+    if not training.uses_autocast:
         return 0
     c, _ = compute_and_residual_bytes(training)
-    return c * layer_linear_weights(model, autocast_only=True)
+    # LoRA adapters (fp32 under autocast) are cast and saved by their own matmuls too
+    adapters = c * lora_adapter_elements(model, training)
+    if training.quantize_base != "none":
+        return adapters
+    return c * layer_linear_weights(model, autocast_only=True) + adapters
+
+
+def lora_adapter_elements(model: ModelSpec, training: TrainingConfig) -> int:
+    """Elements of one layer's LoRA adapters: r * (fan_in + fan_out) per targeted linear (A is
+    r x fan_in, B fan_out x r; Hu et al. 2021), 0 without LoRA."""
+    if not training.is_lora:
+        return 0
+    r = training.lora_rank
+    adapters = 0
+    for name, (fan_in, fan_out, n) in linear_shapes(model).items():
+        targeted = (
+            any(t in training.lora_targets for t in ("q", "k", "v"))
+            if name == "qkv"
+            else name in training.lora_targets
+        )
+        if targeted and name != "router":
+            adapters += n * r * (fan_in + fan_out)
+    return adapters
 
 
 def autocast_cached_weight_bytes(model: ModelSpec, training: TrainingConfig) -> int:
@@ -305,17 +327,7 @@ def autocast_cached_weight_bytes(model: ModelSpec, training: TrainingConfig) -> 
     c, _ = compute_and_residual_bytes(training)
     if not training.is_lora:
         return c * layer_linear_weights(model, autocast_only=True)
-    r = training.lora_rank
-    adapters = 0
-    for name, (fan_in, fan_out, n) in linear_shapes(model).items():
-        targeted = (
-            any(t in training.lora_targets for t in ("q", "k", "v"))
-            if name == "qkv"
-            else name in training.lora_targets
-        )
-        if targeted and name != "router":
-            adapters += n * r * (fan_in + fan_out)
-    return c * adapters
+    return c * lora_adapter_elements(model, training)
 
 
 def sdpa_expands_kv(training: TrainingConfig) -> bool:
@@ -842,6 +854,16 @@ def _apply_lora(
         terms["attention/qkv_input"] = c * h * t * qkv_targets
     if ("o" not in targets or skip_inputs) and not frozen_inputs_saved:
         terms["attention/out_proj_input"] = 0
+    elif (
+        "o" in targets
+        and training.uses_autocast
+        and dtype_bytes(lora_adapter_dtype(training)) > c
+        and not frozen_inputs_saved
+    ):
+        # the 16-bit attention output goes to peft's fp32 cast, then autocast's 16-bit cast
+        # for A's matmul: a copy of its own, which A saves (tuners/lora/layer.py
+        # ``Linear.forward``: ``x = self._cast_input_dtype(x, lora_A.weight.dtype)``)
+        terms["attention/out_proj_input"] = c * model.num_heads * model.head_dim * t
     n_up = len({"gate", "up"} & targets) if model.mlp_kind == "gated" else int("up" in targets)
     if frozen_inputs_saved:
         pass
