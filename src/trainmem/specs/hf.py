@@ -431,10 +431,12 @@ def model_spec_from_hf(config: Mapping[str, Any], name: str) -> ModelSpec:
     spec: dict[str, Any] = dict(row.traits)
     _read(row, f, spec)
     spec["head"], spec["num_labels"] = read_head(f, _HEAD_BY_ARCHITECTURE[spec["architecture"]])
-    use_cache = config.get("use_cache", True)  # PretrainedConfig / the family configs: True
-    if not isinstance(use_cache, bool):
-        raise SpecError("use_cache", f"must be true or false, got {short(use_cache)}")
-    spec["use_cache"] = use_cache
+    # the family configs default to True; a null reaches the model as None, which builds no
+    # cache (modeling_llama.py ``if use_cache and past_key_values is None``)
+    use_cache = config.get("use_cache", True)
+    if use_cache is not None and not isinstance(use_cache, bool):
+        raise SpecError("use_cache", f"must be true, false or null, got {short(use_cache)}")
+    spec["use_cache"] = bool(use_cache)
     if row.adjust is not None:
         row.adjust(f, spec)
     return ModelSpec(name=name, model_type=model_type, **spec)
