@@ -230,3 +230,57 @@ def test_gradient_accumulation_is_one_segment() -> None:
     assert many.schedules[0].num_segments() == few.schedules[0].num_segments()
     assert many.breakdown.allocated_bytes == few.breakdown.allocated_bytes
     assert len(many.timeline) <= 2 * len(few.timeline)
+
+
+def _op(action: str, size: int, cat: Cat, phase: str, key: str) -> Op:
+    return Op(action, size, cat, phase, key)  # type: ignore[arg-type]
+
+
+def _recorded_step(*, free_init: bool = False) -> StepSchedule:
+    """A recorded step as the trace engine hands it over: weights and two optimizer states in
+    "init", then a 128 MiB activation, a 64 MiB gradient, a 64 MiB optimizer temporary."""
+    init = (
+        _op("alloc", 64 * MiB, Cat.PARAMETER, "init", "w"),
+        _op("alloc", 64 * MiB, Cat.OPTIMIZER_STATE, "init", "m"),
+        _op("alloc", 64 * MiB, Cat.OPTIMIZER_STATE, "init", "v"),
+    )
+    body = (
+        _op("alloc", 128 * MiB, Cat.ACTIVATION, "forward", "a"),
+        _op("alloc", 64 * MiB, Cat.GRADIENT, "backward", "g"),
+        _op("free", 128 * MiB, Cat.ACTIVATION, "backward", "a"),
+        _op("alloc", 64 * MiB, Cat.TEMPORARY, "optimizer", "t"),
+        _op("free", 64 * MiB, Cat.TEMPORARY, "optimizer", "t"),
+        _op("free", 64 * MiB, Cat.GRADIENT, "zero_grad", "g"),
+    )
+    if free_init:  # the step frees a block of the state it started from
+        body += (_op("free", 64 * MiB, Cat.OPTIMIZER_STATE, "zero_grad", "v"),)
+    return StepSchedule(setup=(), step=(*init, *body))
+
+
+def test_lazy_optimizer_states_by_hand() -> None:
+    # Note [Lazy optimizer states]. By the caching allocator's rules (best fit, a free block
+    # split for a smaller request, a new segment of the request's size when nothing fits;
+    # ../shared/specs/cuda-caching-allocator.md sections 2-3), sizes in MiB:
+    # states first: w, m, v (192 reserved), a (+128 = 320), g (+64 = 384), a freed, t takes
+    # half of a's block: 384.
+    # lazily: w (64), a (+128 = 192), g (+64 = 256), a freed, m and v split a's block, t
+    # (+64 = 320), t and g freed; the measured step: a finds no 128 block (two separate 64
+    # ones) (+128 = 448), g and t reuse the 64 blocks: 448.
+    from trainmem.allocator.replay import replay_timeline
+
+    recorded = _recorded_step()
+    lazy = recorded.with_lazy_optimizer_states()
+    assert lazy.step == recorded.step[3:]
+    assert lazy.peak() == recorded.peak()  # the measured step's peak does not move
+    assert recorded.peak().peak_bytes == 384 * MiB
+    assert replay_timeline(recorded.expand(), capacity_bytes=None).max_memory_reserved == 384 * MiB
+    assert replay_timeline(lazy.expand(), capacity_bytes=None).max_memory_reserved == 448 * MiB
+
+
+def test_lazy_optimizer_states_left_alone() -> None:
+    # a step that frees part of the state it starts from cannot run twice: unchanged
+    recorded = _recorded_step(free_init=True)
+    assert recorded.with_lazy_optimizer_states() is recorded
+    # an analytic schedule (it has its own warm-up in its setup): unchanged
+    analytic = StepSchedule(setup=(_a(1, "w", Cat.PARAMETER),), step=(_a(1, "x"), _f(1, "x")))
+    assert analytic.with_lazy_optimizer_states() is analytic

@@ -530,7 +530,7 @@ def _estimate_traced(
 
         est = estimate_trace(target, training, gpu=gpu_spec)
     if not est.schedules:  # the whole trace: its recorded stream as a flat schedule
-        est.schedules = [StepSchedule.from_timeline(est.timeline)]
+        est.schedules = [StepSchedule.from_timeline(est.timeline).with_lazy_optimizer_states()]
         traced = est.details.get("per_rank") or [{"rank": 0}]
         keep = ("rank", "coordinates", "ranks_alike")
         est.rank_labels = [{k: v for k, v in r.items() if k in keep} for r in traced]

@@ -319,6 +319,63 @@ class StepSchedule:
         start = max(timeline.steady_state_start, 0)
         return cls(setup=tuple(ops[:start]), step=tuple(ops[start:]), name=timeline.name)
 
+    def with_lazy_optimizer_states(self) -> StepSchedule:
+        """This recorded step (the trace engine's: its leading ``"init"`` items hold the state it
+        starts from, weights and optimizer states) with a setup as a real run reaches it: the
+        state without the optimizer states, then one warm-up step that allocates them lazily
+        where the first ``optimizer.step()`` does (Note [Lazy optimizer states]). ``peak()`` is
+        unchanged; the replay (``max_memory_reserved``) starts from the warm-up's layout.
+
+        Returns ``self`` when there is nothing to move or the step cannot be run twice: a
+        schedule with a setup already, no optimizer states or optimizer phase, or a step that
+        frees part of the state it starts from or keeps a block it allocates.
+
+        Note [Lazy optimizer states]
+            torch optimizers create their states in the first ``step()``
+            (torch/optim/adam.py ``_init_group``: ``state["exp_avg"] =
+            torch.zeros_like(p, memory_format=torch.preserve_format)`` per parameter, before
+            the update), after the first backward has freed the activations: they take cached
+            blocks the activations left, and the steps after it start from that layout.
+            ``max_memory_reserved`` is the peak over the run, so a replay that allocates the
+            states with the weights misses it: real GPU snapshot S026 (the course's 2.7B
+            model, bf16 autocast, torch's foreach AdamW) reserves 72.79 GiB; its traced step
+            replays to 76.91 GiB with the states allocated first and to 72.81 GiB with them
+            created by a first step (benchmarks/snapshot_traced_step.py). The analytic
+            engine's schedule has the same warm-up (trainmem.analytic.schedule, ``first``).
+        """
+        if self.setup:
+            return self
+        items = self.step
+        n = 0
+        while n < len(items) and _phases(items[n]) == {"init"}:
+            n += 1
+        init, body = items[:n], items[n:]
+        first = next((k for k, x in enumerate(body) if "optimizer" in _phases(x)), None)
+        states = _only(init, MemoryCategory.OPTIMIZER_STATE)
+        if first is None or not states or not _runs_twice(body):
+            return self
+        weights = _only(init, MemoryCategory.OPTIMIZER_STATE, keep=False)
+        warm = (*body[:first], *states, *body[first:])
+        return StepSchedule(setup=(*weights, *warm), step=body, name=self.name)
+
+
+def _phases(item: Item) -> set[str]:
+    if isinstance(item, Op):
+        return {item.phase}
+    return set().union(*(_phases(x) for x in item.body))
+
+
+def _runs_twice(items: Sequence[Item]) -> bool:
+    """The items free only what they allocate and leave nothing allocated (so the same items
+    can run again, as the next step)."""
+    live: dict[str, tuple[int, int]] = {}
+    try:
+        for _ in _expand(items, {}, live, [0, 0]):
+            pass
+    except ScheduleError:
+        return False
+    return not live
+
 
 BALANCED_REPEATS = 2
 """Iterations of a balanced repeated body that :meth:`StepSchedule.expand` writes out.
@@ -333,14 +390,17 @@ Note [Balanced repeats]
     ``peak()`` against the expansion)."""
 
 
-def _only(items: Sequence[Item], category: MemoryCategory) -> tuple[Item, ...]:
+def _only(
+    items: Sequence[Item], category: MemoryCategory, *, keep: bool = True
+) -> tuple[Item, ...]:
+    """The items of ``category`` (``keep=False``: of every other category), Repeats kept."""
     out: list[Item] = []
     for x in items:
         if isinstance(x, Op):
-            if x.category == category:
+            if (x.category == category) == keep:
                 out.append(x)
         else:
-            body = _only(x.body, category)
+            body = _only(x.body, category, keep=keep)
             if body:
                 out.append(Repeat(body, x.count, x.reverse, x.start, x.independent))
     return tuple(out)

@@ -1194,7 +1194,7 @@ def written_out_loss_forward_bytes(training: TrainingConfig, *, t: int, v: int) 
         fp32: never two (t, V) gradients with gather's saved input) and the trace of the
         course model (bf16 autocast: the peak at that ``sum``). Under fake tensors
         ``gather_backward`` takes its out-of-place branch (``areAnyTensorSubclassLike``); the
-        trace engine makes it in place as on a GPU (trainmem.trace.cuda_gather)."""
+        trace engine makes it in place as on a GPU (trainmem.trace.cuda_scatter)."""
     c, _ = compute_and_residual_bytes(training)
     e = written_out_exp_bytes(training)
     cast = 4 if training.uses_autocast and c != 4 else 0

@@ -45,9 +45,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 from trainmem.trace.attribution import PeakReport, analyse  # noqa: E402
 from trainmem.trace.capture import Capture, capture_step  # noqa: E402
+from trainmem.trace.cuda_accumulate import cuda_grad_accumulation  # noqa: E402
 from trainmem.trace.cuda_autocast import cuda_autocast_policy  # noqa: E402
 from trainmem.trace.cuda_dropout import cuda_dropout  # noqa: E402
-from trainmem.trace.cuda_gather import cuda_gather_backward  # noqa: E402
+from trainmem.trace.cuda_scatter import cuda_scatter_backward  # noqa: E402
 from trainmem.trace.cuda_sdpa import cuda_sdpa  # noqa: E402
 from trainmem.trace.optimizers import build_optimizer  # noqa: E402
 
@@ -82,7 +83,8 @@ def _emulation(training: TrainingConfig, emulate_cuda: bool) -> Iterator[None]:
             force = "flash" if training.attention == "flash" else None
             stack.enter_context(cuda_sdpa(force))
         if emulate_cuda:
-            stack.enter_context(cuda_gather_backward())
+            stack.enter_context(cuda_scatter_backward())
+            stack.enter_context(cuda_grad_accumulation())
         yield
 
 

@@ -215,7 +215,7 @@ def trace_generic(
     )
     est.recorded_timeline = None
     est.peak_reason = ""  # the cut model's; finish() names the full step's peak
-    est.schedules = [schedule]
+    est.schedules = [schedule.with_lazy_optimizer_states()]
     ranks = est.details.get("per_rank") or [{"rank": 0}]
     keep = ("rank", "coordinates", "ranks_alike")
     est.rank_labels = [{k: v for k, v in r.items() if k in keep} for r in ranks]

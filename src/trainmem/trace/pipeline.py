@@ -651,7 +651,7 @@ def _trace_rank(
                 traced.params,
                 module_names=traced.module_names,
             )
-            return traced, schedule
+            return traced, schedule.with_lazy_optimizer_states()
         except CompositionError as exc:
             reason = " ".join(str(exc).split())[:160]
             notes.append(
@@ -661,7 +661,7 @@ def _trace_rank(
             traced = trace_pipeline_rank(
                 build_model, training, rank, workspace_bytes=workspace_bytes, mesh=mesh
             )
-    return traced, StepSchedule.from_timeline(traced.report.timeline)
+    return traced, StepSchedule.from_timeline(traced.report.timeline).with_lazy_optimizer_states()
 
 
 def estimate_pipeline(
