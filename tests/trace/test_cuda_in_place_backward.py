@@ -133,3 +133,23 @@ def test_gather_backward_scatters_in_place_as_the_engine_does() -> None:
         torch.gather(y, 1, torch.zeros(4, 1, dtype=torch.long)).sum().backward()
 
     assert _scatter_ops(run) == ["aten.scatter_add_.default"]
+
+
+def test_tensor_subclasses_sum_out_of_place_as_on_a_gpu() -> None:
+    # a subclass gradient (DTensor under tensor parallelism, float8...) is isTensorSubclassLike
+    # on a GPU too: the engine sums it out of place, and so does the emulation
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    def graph(x: Any) -> Any:
+        h = x * 1.0
+        return (h * 2).sum() + (h * 3).sum()
+
+    x = TwoTensor(torch.randn(4, 8), torch.randn(4, 8)).requires_grad_()
+    with profile() as prof:
+        graph(x).backward()
+    assert "aten::add_" not in {e.name for e in prof.events()}
+    y = TwoTensor(torch.randn(4, 8), torch.randn(4, 8)).requires_grad_()
+    loss = graph(y)
+    with cuda_grad_accumulation() as mode:
+        loss.backward()
+    assert mode.decisions == [False]

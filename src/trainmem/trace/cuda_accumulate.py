@@ -54,12 +54,26 @@ def _dense(t: Any) -> bool:
     return bool(is_non_overlapping_and_dense_or_false(t))
 
 
+def _plain(t: Any) -> bool:
+    """A tensor a GPU run would hold as a plain tensor: a fake tensor (the trace's stand-in for
+    one) or no Python dispatch key; a tensor subclass (DTensor, float8, NF4...) is
+    ``isTensorSubclassLike`` on a GPU too."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if isinstance(t, FakeTensor):
+        return True
+    return not torch._C._dispatch_keys(t).has(torch._C.DispatchKey.Python)
+
+
 def _in_place_on_gpu(old: Any, var: Any) -> bool:
     """``can_accumulate_inplace(old_var)`` of input_buffer.cpp, read through the dispatch path:
     same shape and dtype (``add_`` keeps ``old``'s), non-overlapping and dense, its storage
     held by no other tensor (storage ``use_count`` 2: its one tensor and the Python storage
     object asked here) and not ``var``'s, and no more tensor references than ``var``, which the
-    engine has just moved in (the dispatch path adds the same count to both arguments)."""
+    engine has just moved in (the dispatch path adds the same count to both arguments); neither
+    a tensor subclass."""
+    if not (_plain(old) and _plain(var)):
+        return False
     if old.shape != var.shape or old.dtype != var.dtype or not _dense(old):
         return False
     if old.untyped_storage()._cdata == var.untyped_storage()._cdata:
