@@ -76,6 +76,16 @@ CELLS: list[tuple[str, dict[str, object]]] = [
         {**FSDP, **PP, "activation_checkpointing": "full", "compile": True,
          "precision": "fp8-mixed"},
     ),
+    ("FSDP 2 x CP 2 x PP 2, 1F1B", {**FSDP, **PP, "context_parallel_size": 2}),
+    (
+        "FSDP 2 x CP 2 x PP 2, interleaved 1F1B",
+        {**FSDP, **PP, "context_parallel_size": 2, "pipeline_schedule": "interleaved-1f1b"},
+    ),
+    (
+        "FSDP 2 x TP 2 + SP x CP 2 x PP 2",
+        {**FSDP, **PP, "context_parallel_size": 2, "tensor_parallel_size": 2,
+         "sequence_parallel": True},
+    ),
 ]  # fmt: skip
 
 

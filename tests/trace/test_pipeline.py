@@ -188,3 +188,18 @@ def test_a_custom_module_is_not_split_into_stages() -> None:
 
     with pytest.raises(UnsupportedError, match="pipeline_parallel_size"):
         trace(lambda: torch.nn.Linear(4, 4), lambda: torch.randn(2, 4), training=_pp())
+
+
+def test_context_parallel_shards_every_pipeline_buffer_by_the_sequence() -> None:
+    # torchtitan runs CP under PP inside context_parallel: the step's input ids and labels
+    # are sharded along the sequence in place, so each rank's boundary tensors, receive buffers
+    # and logits cover s / cp tokens: [b, s/2, h] per micro-batch, [b, s/2, V] output chunks
+    t = _pp(context_parallel_size=2)
+    est = estimate("tiny-llama-test", t, engine="trace", simulate_allocator=False)
+    first, last = est.schedules
+    m = 4
+    boundary = B * (S // 2) * H * FP32
+    assert _init_bytes(first, MemoryCategory.TEMPORARY, "pipeline") == m * boundary
+    assert _init_bytes(last, MemoryCategory.TEMPORARY, "pipeline") == m * boundary
+    assert _init_bytes(last, MemoryCategory.ACTIVATION, "pipeline") == m * B * (S // 2) * V * FP32
+    assert est.details["rank_map"]["mesh"] == {"pp": 2, "cp": 2}

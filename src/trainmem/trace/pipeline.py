@@ -42,7 +42,11 @@ Note [Tracing pipeline parallelism]
     layers when it holds more than the first (ranks of other mesh dimensions of one stage hold
     the same shapes; Note [Tracing one rank of a mesh]).
 
-    Not traced: context parallelism with PP, LoRA with PP, the chunked loss, models that are
+    Context parallelism runs as torchtitan runs it under PP: ``context_parallel`` around the
+    step shards the step's input ids and labels along the sequence in place, so every stage's
+    static shapes, receive buffers and output chunks cover ``s / cp`` tokens.
+
+    Not traced: LoRA with PP, the chunked loss, models that are
     not transformers causal LMs with ``model.embed_tokens`` / ``model.layers`` / ``model.norm``
     / ``lm_head``.
 """
@@ -107,7 +111,6 @@ def check_pipeline_settings(training: TrainingConfig) -> None:
     """
     check_torch_pipeline_microbatches(training)
     for name, refused in (
-        ("context_parallel_size", training.context_parallel_size > 1),
         ("lora_rank", training.is_lora),
         ("chunked_cross_entropy", training.chunked_cross_entropy > 0),
     ):
@@ -327,7 +330,8 @@ def build_schedule(
     from torch.distributed.pipelining import PipelineStage, schedules
     from torch.distributed.pipelining.stage import InferenceMode  # type: ignore[attr-defined]
 
-    b, s, m = training.micro_batch_size, training.seq_len, training.gradient_accumulation_steps
+    b, m = training.micro_batch_size, training.gradient_accumulation_steps
+    s = training.seq_len // training.context_parallel_size  # the rank's sequence shard
     tp = training.tensor_parallel_size
     local_s = s // tp if training.sequence_parallel else s
     stages = []
@@ -400,7 +404,8 @@ def build_schedule(
     schedule._maybe_compute_loss = region(
         schedule._maybe_compute_loss, "forward", "forward_end", True
     )
-    ids = torch.randint(0, vocab_size, (m * b, s))
+    # the whole sequence: context parallelism shards the batch in place (context_parallel)
+    ids = torch.randint(0, vocab_size, (m * b, training.seq_len))
     run.batch = {"input_ids": ids, "labels": ids.clone()}
     return run
 
@@ -532,6 +537,7 @@ def trace_pipeline_rank(
     from trainmem.trace.engine import (
         _autocast_factory,
         _maybe_float8,
+        _stacked,
         _step_context,
         _torch_dtype,
         apply_activation_checkpointing,
@@ -539,7 +545,7 @@ def trace_pipeline_rank(
     )
     from trainmem.trace.hf_model import materialize_fake
     from trainmem.trace.optimizers import build_optimizer
-    from trainmem.trace.parallel import parallelize, rank_map
+    from trainmem.trace.parallel import context_parallel, parallelize, rank_map
 
     check_pipeline_settings(training)
     world = rank_map(training)["world_size"]
@@ -590,7 +596,10 @@ def trace_pipeline_rank(
             fake_mode=fake_mode,
             host_optimizer_step=emulate_cuda,
             fused=fused,
-            context=lambda: _step_context(training, emulate_cuda, opt if fake else None),
+            context=lambda: _stacked(
+                _step_context(training, emulate_cuda, opt if fake else None),
+                context_parallel(mesh, [run.batch], training),
+            ),
             step=pipeline_step(run, opt, set_to_none=training.zero_grad_set_to_none),
             runtime_state=run.runtime_state,
         )
