@@ -173,20 +173,13 @@ def predict(entry: dict[str, Any], engine: str) -> int:
 
 
 def trace_limits(training: TrainingConfig) -> str | None:
-    """Why the trace engine cannot run a row's settings, or None.
+    """Why the trace engine cannot run a row's settings, or None: the engine's own refusals
+    (:func:`trainmem.estimate.trace_unsupported_settings`: quantized bases, offload, DeepSpeed
+    and FSDP1 layouts...), so a setting the trace has learned (LoRA through peft, FSDP2) is
+    traced here too."""
+    from trainmem.estimate import trace_unsupported_settings
 
-    The trace engine builds the plain transformers model on one GPU: it has no LoRA adapters,
-    quantized bases, ZeRO/FSDP sharding or offload, and would silently trace full fine-tuning.
-    """
-    missing = []
-    if training.lora_rank:
-        missing.append("LoRA")
-    if training.quantize_base != "none":
-        missing.append(f"{training.quantize_base} base weights")
-    if training.data_parallel_size > 1 or training.zero_stage:
-        missing.append("ZeRO/FSDP sharding")
-    if training.offload != "none":
-        missing.append("offload")
+    missing = trace_unsupported_settings(training)
     if missing:
         return "trace engine does not model " + ", ".join(missing)
     return None
