@@ -48,6 +48,36 @@ Note [FSDP under pipeline parallelism]
     dtype (FSDP2 ``FSDPParam.to_accumulated_grad_if_needed``: fp32 under torchtitan's
     ``MixedPrecisionPolicy(reduce_dtype=float32)``), until the reduce-scatter leaves the shards.
 
+Note [FSDP2 post-backward]
+    FSDP2 (``FrameworkConventions.fsdp2_post_backward``) reduces a layer's gradients in its
+    post-backward, after the whole layer's backward: it reshards the layer's parameters, releases
+    the previous group's reduce-scatter input, then ``foreach_reduce`` allocates this layer's
+    (the unsharded gradients copied in the reduce dtype) on the default stream and keeps it
+    until the next group's post-backward (torch/distributed/fsdp/_fully_shard/
+    _fsdp_param_group.py ``post_backward``: ``reduce_scatter_max_input_buffers`` = 1;
+    _fsdp_collectives.py ``foreach_reduce``). So layer ``i + 1``'s input lives through layer
+    ``i``'s whole backward, the recomputation of a checkpointed layer included, and the first
+    layer's lives through the token embedding's backward until the root's final callback
+    (_fsdp_state.py ``_root_post_backward_final_callback``), while that layer's gathered
+    parameters are already resharded. Seen in the trace of llama-3.2-1b FSDP 2 x TP 2 + SP.
+
+Note [Tied embedding gradient under DTensor]
+    With the token embedding vocabulary-sharded by DTensor and tied to the LM head
+    (``dtensor_vocab_parallel_embedding``; torchtitan's ``RowwiseParallel`` on the embedding,
+    ``ColwiseParallel`` on the head), the lookup's weight gradient is computed for the whole
+    vocabulary ([V, h] in the compute dtype, as untied); to add it to the head's gradient,
+    sharded ``Shard(0)`` over the vocabulary, DTensor redistributes it to that placement, a local
+    chunk cloned (torch/distributed/tensor/placement_types.py ``Shard._replicate_to_shard``:
+    ``clone=True``), and autograd adds the two out of place, since a tensor subclass is never
+    accumulated in place (torch/csrc/autograd/input_buffer.cpp ``accumulate``:
+    ``can_accumulate_inplace`` is false for ``isTensorSubclassLike``). At that moment the whole-
+    vocabulary gradient, the clone and the sum, each [V / t, h], and the head's gradient are
+    alive. The head's pending gradient is not a term of its own: the head's sharded gradient,
+    allocated at the head's backward, stands for it (equal bytes for a 16-bit compute dtype, an
+    fp32 gradient and 2-way FSDP; with d-way FSDP the head's unsharded [V / t, h] gradient is
+    2 / (4 / d) times the sharded one). Seen in the trace of llama-3.2-1b (tied) FSDP 2 x TP 2 + SP
+    with full activation checkpointing, whose peak it is.
+
 Note [FSDP gradient accumulation under no_sync]
     A framework that accumulates under FSDP1's ``no_sync()`` (``fsdp_no_sync_accumulation``:
     lit-gpt's ``fabric.no_backward_sync`` -> Lightning ``module.no_sync()``) with FULL_SHARD
@@ -270,7 +300,16 @@ class _Builder:
         tokens = [s for s in self.emb_grad_states if s.name == "embedding/tokens" and s.trainable]
         self.vocab_grad_factor = tp if vocab_parallel else 1
         c_bytes, _ = compute_and_residual_bytes(training)
-        self.vocab_grad = c_bytes * tokens[0].numel if vocab_parallel and tokens else 0
+        # Note [Tied embedding gradient under DTensor]: the lookup's gradient is whole-vocabulary
+        # on the rank that runs the lookup, tied to the head or not
+        looked_up = [
+            s
+            for s in (self.emb_states if rank.stage == 0 else [])
+            if s.name == "embedding/tokens" and s.trainable
+        ]
+        self.vocab_grad = c_bytes * looked_up[0].numel if vocab_parallel and looked_up else 0
+        tied_here = bool(looked_up) and looked_up[0] in self.head_grad_states
+        self.tied_vocab_sum = self.vocab_grad // tp if tied_here else 0
         if tokens and tp == 1 and training.pipeline_parallel_size > 1 and training.zero_stage == 3:
             # FSDP2 under PP: the embedding's compute-dtype gradient exists before it is added
             # into the fp32 one accumulated over the micro-batches (to_accumulated_grad_if_needed)
@@ -333,6 +372,16 @@ class _Builder:
             self.stage_gather = self.L * (self.gather_a + self.kept)
             self.stage_gather_root = self.gather_root
             self.gather_a = self.gather_b = self.gather_root = self.kept = self.reduce = 0
+        # Note [FSDP2 post-backward]: each layer's reduce-scatter input is kept until the next
+        # group's post-backward (the loop split by activation offloading keeps the old order)
+        self.post_backward = (
+            training.conventions.fsdp2_post_backward
+            and self.stage == 3
+            and not self.pp_fsdp
+            and not self.flat_views
+            and not self.no_sync
+            and not (training.activation_offloading and self.L >= 2)
+        )
         self.dequant = dequantized_weight_bytes(self.layer_states, training)
         self.mlp_tmp, self.attention_tmp, self.residual_tmp = backward_layer_transients(
             model, training
@@ -888,6 +937,9 @@ class _Builder:
         layers = self._backward_layers(new_grads=new_grads, reduce=reduce)
         items += [prefetch_b, *layers, free(prefetch_b, b)]
         items.append(free(residual, b))
+        gathered_layer = spans[1]
+        if self.post_backward:  # Note [FSDP2 post-backward]: the first layer resharded
+            items.append(free(gathered_layer, b))
         vocab_grad = alloc(
             self.vocab_grad,
             Cat.TEMPORARY,
@@ -897,6 +949,24 @@ class _Builder:
             "the token embedding's full-vocabulary partial gradient (DTensor)",
         )
         items.append(vocab_grad)
+        # Note [Tied embedding gradient under DTensor]
+        tied_shard = alloc(
+            self.tied_vocab_sum,
+            Cat.TEMPORARY,
+            b,
+            "grad/embedding/tied_shard",
+            "embedding",
+            "the lookup's gradient redistributed to the head gradient's vocabulary shard",
+        )
+        tied_sum = alloc(
+            self.tied_vocab_sum,
+            Cat.TEMPORARY,
+            b,
+            "grad/embedding/tied_sum",
+            "embedding",
+            "the tied weight's gradient: the head's plus the lookup's, added out of place",
+        )
+        items += [tied_shard, tied_sum, free(tied_shard, b)]
         hook = alloc(
             self.input_grad_hook if self.rank.stage == 0 else 0,
             Cat.ACTIVATION,
@@ -915,6 +985,9 @@ class _Builder:
             if t.optimizer_in_backward:
                 items += [free(op, b) for op in emb_grads]
         items.append(free(vocab_grad, b))
+        items.append(free(tied_sum, b))
+        if self.post_backward and self.L:  # the root's final callback: the last one released
+            items.append(free(self._reduce_scatter_input("0"), b))
         if reduce:
             items += self._reduce_ops(self.emb_grad_states, "embedding", "embedding")
         items.append(free(emb_act, b))
@@ -923,8 +996,24 @@ class _Builder:
         if fresh.size_bytes:
             items.append(free(fresh, b))
         items.append(free(bucket, b))
-        items += [free(op, b) for op in reversed(spans)]
+        items += [
+            free(op, b) for op in reversed(spans) if not (self.post_backward and op is gathered_layer)
+        ]
         return items
+
+    def _reduce_scatter_input(self, index: str) -> Op:
+        """Layer ``index``'s reduce-scatter input under FSDP2's post-backward order, allocated on
+        the default stream before ``foreach_reduce`` enters the reduce-scatter stream
+        (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py ``foreach_reduce``;
+        Note [FSDP2 post-backward])."""
+        return alloc(
+            self.reduce,
+            Cat.TEMPORARY,
+            "backward",
+            f"reduce/{index}",
+            f"layers.{index}",
+            "the layer's reduce-scatter input, kept until the next group's post-backward",
+        )
 
     def _kept_logits_op(self) -> Op:
         """The logits the loop holds from the forward to the end of the step
@@ -1113,7 +1202,9 @@ class _Builder:
                 body += grads
             if reduce_accumulated:
                 body += self._reduce_ops(self.layer_states, "{i}", "layers.{i}")
-            body += [reduce_op, free(mlp_tmp, b)]
+            if not self.post_backward:
+                body.append(reduce_op)
+            body.append(free(mlp_tmp, b))
         body += [free(op, b) for op, m, d in zip(saved, is_mlp, down, strict=True) if m and not d]
         body += [
             free(op, b)
@@ -1136,7 +1227,9 @@ class _Builder:
         re_early = self._released_before_softmax_backward(self.dropped)
         body += [free(op, b) for op, e in zip(saved, early, strict=True) if e]
         body += [free(op, b) for op, e in zip(recomputed, re_early, strict=False) if e]
-        body += [*attention, *(free(op, b) for op in attention), free(reduce_op, b)]
+        body += [*attention, *(free(op, b) for op in attention)]
+        if not self.post_backward:
+            body.append(free(reduce_op, b))
         body += [free(op, b) for op, m, e in zip(saved, is_mlp, early, strict=True) if not (m or e)]
         body += [
             free(op, b)
@@ -1146,6 +1239,13 @@ class _Builder:
         if t.optimizer_in_backward and new_grads:
             body += [free(op, b) for op in grads]
         body.append(free(self._kept_op("forward"), b))
+        if self.post_backward:  # Note [FSDP2 post-backward]: the previous layer's input goes
+            first = (*body, self._reduce_scatter_input("{i}"))
+            later = (*body, free(self._reduce_scatter_input("{i_next}"), b), first[-1])
+            loop: list[Item] = [Repeat(first, 1, start=self.L - 1)] if self.L else []
+            if self.L > 1:
+                loop.append(Repeat(later, self.L - 1, reverse=True))
+            return loop
         if not offloading:
             return [Repeat(tuple(body), self.L, reverse=True)]
         last = [op for op in body if op.label != "saved activations prefetched from the CPU"]
