@@ -765,6 +765,18 @@ DTensor sequence parallelism they are all-gathered to the full sequence before t
 which save them whole
 (:attr:`~trainmem.specs.training.TrainingConfig.sequence_parallel_saves_gathered_input`)."""
 
+ROW_PARALLEL_OUTPUT_TERMS = frozenset({"mm/o", "mm/down"})
+"""The matmul outputs of the row-parallel linears (the attention's and the MLP's output
+projections) that op-level selective checkpointing saves: each tensor-parallel rank multiplies
+its [t, i / t_p] input slice by its [h, i / t_p] weight slice, so its output is a partial sum of
+the whole [t, h], summed across the ranks only after the matmul (an all-reduce, or a
+reduce-scatter over the sequence with sequence parallelism): the saved ``aten.mm`` output is
+the full hidden size and the full sequence on every tensor-parallel rank (torch/distributed/
+tensor/parallel/style.py ``RowwiseParallel``: ``Shard(1)`` weight, ``Partial`` output
+redistributed to ``output_layouts``; Megatron megatron/core/tensor_parallel/layers.py
+``RowParallelLinear.forward``: the matmul, then ``reduce_from`` / ``reduce_scatter_to``). Seen in
+the trace of llama-3.1-8b FSDP 4 x TP 2 + SP, op-level SAC: down_proj's saved output 2 h t B."""
+
 #: Inputs every tensor-parallel rank holds whole (token ids, rotary tables).
 REPLICATED_INPUT_TERMS = frozenset(
     {
@@ -788,7 +800,9 @@ def parallel_divisor(term: str, training: TrainingConfig) -> int:
     parallelism (torchtitan) the column-parallel linears save their all-gathered input whole
     (:data:`GATHERED_INPUT_TERMS`)."""
     tp, cp = training.tensor_parallel_size, training.context_parallel_size
-    if term in REPLICATED_INPUT_TERMS or term.startswith("lora/"):
+    if term in REPLICATED_INPUT_TERMS or term in ROW_PARALLEL_OUTPUT_TERMS:
+        return cp
+    if term.startswith("lora/"):
         return cp
     if term in GATHERED_INPUT_TERMS and training.sequence_parallel_saves_gathered_input:
         return cp
