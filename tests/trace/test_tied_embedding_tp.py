@@ -2,7 +2,7 @@
 
 Expected bytes derived by hand from torch's source (torch 2.13) on tiny-llama-test made tied
 (h = 64, vocab 512, 2 layers, intermediate 176, 4 heads of 16, 2 KV heads), bf16-mixed (c = 2),
-2-way FSDP2 x 2-way TP + SP, full activation checkpointing, b = 2, s = 32
+2-way FSDP2 x 2-way TP + SP, full activation checkpointing, b = 2, s = 48
 (Note [Tied embedding gradient under DTensor], Note [FSDP2 post-backward] in
 trainmem/analytic/schedule.py):
 
@@ -44,7 +44,7 @@ def tied_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _training() -> TrainingConfig:
     return TrainingConfig(
         micro_batch_size=2,
-        seq_len=32,
+        seq_len=48,
         precision="bf16-mixed",
         framework="fsdp2",
         data_parallel_size=2,
@@ -106,8 +106,39 @@ def test_llama_1b_tied_fsdp_tp_full_ac_matches_the_trace() -> None:
         activation_checkpointing="full",
     )
     peaks = [
-        estimate("llama-3.2-1b", training, engine=engine, simulate_allocator=False)
-        .details["per_rank"][0]["allocated_bytes"]
+        estimate("llama-3.2-1b", training, engine=engine, simulate_allocator=False).details[
+            "per_rank"
+        ][0]["allocated_bytes"]
         for engine in ("analytic", "trace")
     ]
     assert peaks[0] == pytest.approx(peaks[1], rel=1e-3)
+
+
+def test_fsdp2_root_group_reduces_after_the_whole_backward() -> None:
+    # untied tiny-llama-test, same setting: the root group (embedding, final norm, head) keeps
+    # its unsharded bf16 gradients, each [V / 2, h] (V * h B), until the root's final callback
+    # copies them into one reduce-scatter input in fp32: 4 * (2 * V * h / 2 + h) B, allocated
+    # after the embedding's backward, when layer 0's input (LAYER_RS_INPUT) is released
+    # (torch/distributed/fsdp/_fully_shard/_fsdp_state.py _root_post_backward_final_callback)
+    root_rs_input = 4 * (2 * V * H // 2 + H)
+    for engine in ("trace", "analytic"):
+        est = estimate("tiny-llama-test", _training(), engine=engine, simulate_allocator=False)
+        timeline = est.schedules[0].expand()
+        events = timeline.events[timeline.steady_state_start :]  # the measured step
+        live: dict[int, int] = {}
+        at_input: list[int] = []
+        released_before = False
+        for e in events:
+            if e.action == "free":
+                live.pop(e.block_id, None)
+                released_before |= e.size_bytes == LAYER_RS_INPUT and not at_input
+                continue
+            if e.size_bytes == root_rs_input:
+                at_input = sorted(live.values())
+            if e.phase != "init":  # not the weights and states the step starts with
+                live[e.block_id] = e.size_bytes
+        # the head's and the embedding's unsharded gradients, nothing else of that size (the
+        # gathered root weights are resharded first); layer 0's input released before
+        assert at_input.count(V * H) == 2
+        assert released_before
+        assert V * H not in live.values()  # all gone once the backward ends

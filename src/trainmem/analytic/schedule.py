@@ -61,6 +61,24 @@ Note [FSDP2 post-backward]
     (_fsdp_state.py ``_root_post_backward_final_callback``), while that layer's gathered
     parameters are already resharded. Seen in the trace of llama-3.2-1b FSDP 2 x TP 2 + SP.
 
+Note [FSDP2 root group]
+    Under FSDP2's post-backward order the root group (token embedding, final norm, LM head:
+    torchtitan's root ``fully_shard(model)``, the trace's root module) is reduced only in the
+    root's final callback, after the whole backward. Until then its gradients are the unsharded
+    parameters' ``.grad``: this rank's tensor-parallel slice in the compute dtype (the head's
+    [V / t, h] from the head's backward on; the embedding's from its backward, the whole-
+    vocabulary DTensor gradient redistributed to the weight's vocabulary shard and that freed).
+    The final callback then reshards the root, releases the first layer's reduce-scatter input,
+    copies the unsharded gradients into one reduce-scatter input in the reduce dtype, frees
+    them and leaves the shards (torch/distributed/fsdp/_fully_shard/_fsdp_state.py
+    ``_root_post_backward_final_callback`` -> ``FSDPParamGroup.post_backward`` ->
+    _fsdp_collectives.py ``foreach_reduce``). A tied lookup's gradient without DTensor is added
+    in place into the head's (a plain tensor holding its last reference: torch/csrc/autograd/
+    input_buffer.cpp ``accumulate``), so only while the add runs does it exist. Seen in the
+    trace of llama-3.1-70b FSDP 8 x TP 4 + SP x CP 2, full AC, whose peak is the embedding's
+    backward (-2.3% before the rule: the head's sharded fp32 gradient stood for its 4x larger
+    unsharded bf16 one).
+
 Note [Tied embedding gradient under DTensor]
     With the token embedding vocabulary-sharded by DTensor and tied to the LM head
     (``dtensor_vocab_parallel_embedding``; torchtitan's ``RowwiseParallel`` on the embedding,
@@ -72,11 +90,9 @@ Note [Tied embedding gradient under DTensor]
     accumulated in place (torch/csrc/autograd/input_buffer.cpp ``accumulate``:
     ``can_accumulate_inplace`` is false for ``isTensorSubclassLike``). At that moment the whole-
     vocabulary gradient, the clone and the sum, each [V / t, h], and the head's gradient are
-    alive. The head's pending gradient is not a term of its own: the head's sharded gradient,
-    allocated at the head's backward, stands for it (equal bytes for a 16-bit compute dtype, an
-    fp32 gradient and 2-way FSDP; with d-way FSDP the head's unsharded [V / t, h] gradient is
-    2 / (4 / d) times the sharded one). Seen in the trace of llama-3.2-1b (tied) FSDP 2 x TP 2 + SP
-    with full activation checkpointing, whose peak it is.
+    alive; the sum then replaces the head's gradient (Note [FSDP2 root group]). Seen in the
+    trace of llama-3.2-1b (tied) FSDP 2 x TP 2 + SP with full activation checkpointing, whose
+    peak it is.
 
 Note [FSDP gradient accumulation under no_sync]
     A framework that accumulates under FSDP1's ``no_sync()`` (``fsdp_no_sync_accumulation``:
@@ -307,8 +323,9 @@ class _Builder:
             for s in (self.emb_states if rank.stage == 0 else [])
             if s.name == "embedding/tokens" and s.trainable
         ]
-        self.vocab_grad = c_bytes * looked_up[0].numel if vocab_parallel and looked_up else 0
         tied_here = bool(looked_up) and looked_up[0] in self.head_grad_states
+        self.tied_lookup = c_bytes * looked_up[0].numel if tied_here else 0
+        self.vocab_grad = c_bytes * looked_up[0].numel if vocab_parallel and looked_up else 0
         self.tied_vocab_sum = self.vocab_grad // tp if tied_here else 0
         if tokens and tp == 1 and training.pipeline_parallel_size > 1 and training.zero_stage == 3:
             # FSDP2 under PP: the embedding's compute-dtype gradient exists before it is added
@@ -381,7 +398,11 @@ class _Builder:
             and not self.flat_views
             and not self.no_sync
             and not (training.activation_offloading and self.L >= 2)
+            and not training.optimizer_in_backward
         )
+        if self.post_backward and not self.vocab_grad:
+            # Note [FSDP2 root group]: a tied lookup's gradient, added in place into the head's
+            self.vocab_grad = self.tied_lookup
         self.dequant = dequantized_weight_bytes(self.layer_states, training)
         self.mlp_tmp, self.attention_tmp, self.residual_tmp = backward_layer_transients(
             model, training
@@ -897,7 +918,10 @@ class _Builder:
         head_grads = self._grad_ops(
             self.head_grad_states, b, "head", "head", unsharded=self.unsharded_grads
         )
-        if new_grads:
+        root_grads = self._root_unsharded_grads("head", self.head_grad_states)
+        if self.post_backward:  # Note [FSDP2 root group]
+            items += root_grads
+        elif new_grads:
             items += head_grads
         if reduce:
             items += self._reduce_ops(self.head_grad_states, "head", "head")
@@ -967,6 +991,15 @@ class _Builder:
             "the tied weight's gradient: the head's plus the lookup's, added out of place",
         )
         items += [tied_shard, tied_sum, free(tied_shard, b)]
+        if self.post_backward:  # Note [FSDP2 root group]: the sum replaces the head's gradient
+            tied_head = [op for op, st in zip(root_grads, self.head_grad_states, strict=True)
+                         if self.tied_vocab_sum and st.name == "embedding/tokens"]  # fmt: skip
+            items += [free(op, b) for op in tied_head]
+            root_grads = [op for op in root_grads if op not in tied_head]
+            root_grads.append(tied_sum)
+            emb_root = self._root_unsharded_grads("embedding", self.emb_grad_states)
+            items += emb_root
+            root_grads += emb_root
         hook = alloc(
             self.input_grad_hook if self.rank.stage == 0 else 0,
             Cat.ACTIVATION,
@@ -977,7 +1010,7 @@ class _Builder:
         )
         if hook.size_bytes:
             items.append(hook)
-        if new_grads:
+        if new_grads and not self.post_backward:
             emb_grads = self._grad_ops(
                 self.emb_grad_states, b, "embedding", "embedding", unsharded=self.unsharded_grads
             )
@@ -985,9 +1018,10 @@ class _Builder:
             if t.optimizer_in_backward:
                 items += [free(op, b) for op in emb_grads]
         items.append(free(vocab_grad, b))
-        items.append(free(tied_sum, b))
-        if self.post_backward and self.L:  # the root's final callback: the last one released
-            items.append(free(self._reduce_scatter_input("0"), b))
+        if self.post_backward:
+            items += self._root_post_backward(root_grads, spans[0], new_grads=new_grads)
+        else:
+            items.append(free(tied_sum, b))
         if reduce:
             items += self._reduce_ops(self.emb_grad_states, "embedding", "embedding")
         items.append(free(emb_act, b))
@@ -996,9 +1030,53 @@ class _Builder:
         if fresh.size_bytes:
             items.append(free(fresh, b))
         items.append(free(bucket, b))
-        items += [
-            free(op, b) for op in reversed(spans) if not (self.post_backward and op is gathered_layer)
+        done = (gathered_layer, spans[0]) if self.post_backward else ()
+        items += [free(op, b) for op in reversed(spans) if op not in done]
+        return items
+
+    def _root_unsharded_grads(self, key: str, states: list[TensorState]) -> list[Op]:
+        """The root group's unsharded gradients (this rank's tensor-parallel slice in the
+        compute dtype), kept until the root's post-backward (Note [FSDP2 root group]); none
+        without FSDP2's post-backward order."""
+        if not self.post_backward:
+            return []
+        g = dtype_bytes(self.training.grad_dtype)
+        return [
+            alloc(
+                self.c * (s.full_grad_bytes // g),
+                Cat.TEMPORARY,
+                "backward",
+                f"root_grad/{key}/{n}",
+                key,
+                "the root group's unsharded gradients, kept until its post-backward (FSDP2)",
+            )
+            for n, s in enumerate(states)
         ]
+
+    def _root_post_backward(
+        self, unsharded: list[Op], gathered: Op, *, new_grads: bool
+    ) -> list[Item]:
+        """The root group's post-backward in the final callback (Note [FSDP2 root group]):
+        reshard, release the first layer's reduce-scatter input, copy the unsharded gradients
+        into the group's reduce-scatter input and free them, leave the shards."""
+        b: Phase = "backward"
+        states = self.head_grad_states + self.emb_grad_states
+        rs_input = alloc(
+            reduce_scatter_layer_bytes(states, self.training),
+            Cat.TEMPORARY,
+            b,
+            "rs_input/root",
+            "(model)",
+            "FSDP2's reduce-scatter input of the root group (embedding, final norm, head)",
+        )
+        items: list[Item] = [free(gathered, b)]
+        if self.L:
+            items.append(free(self._reduce_scatter_input("0"), b))
+        items += [rs_input, *(free(op, b) for op in unsharded)]
+        if new_grads:
+            items += self._grad_ops(self.head_grad_states, b, "head", "head")
+            items += self._grad_ops(self.emb_grad_states, b, "embedding", "embedding")
+        items.append(free(rs_input, b))
         return items
 
     def _reduce_scatter_input(self, index: str) -> Op:
