@@ -233,3 +233,26 @@ def test_torch_pipelining_refuses_fewer_micro_batches_than_stages() -> None:
     estimate("llama-3.2-1b", TrainingConfig(**one, framework="megatron"))
     ok = TrainingConfig(**one, framework="fsdp2", gradient_accumulation_steps=4)
     estimate("llama-3.2-1b", ok, simulate_allocator=False)
+
+
+def test_interleaved_ranks_hold_the_buffers_of_each_of_their_stages() -> None:
+    # ScheduleInterleaved1F1B, p = 4, v = 2, m = 8: rank 3 holds stages 3 and 7, each with its
+    # own receive buffers (_prepare_forward_infra / _prepare_backward_infra per stage): inputs
+    # for both (stage 7 is not the first), gradients for stage 3 only (stage 7 is the last):
+    # 8 + 8 + 8 = 24 buffers, as the trace of llama-3.1-70b shows; 2.5 rank-units in flight
+    # are 5 chunks, whose first-layer inputs are 5 of the input buffers (counted as saved).
+    # The boundary: b * s * h / t bf16 = 8192 * 8192 * 2 / 8 B (SP shards the sequence).
+    model = load_model("llama-3.1-70b")
+    t = TrainingConfig(seq_len=8192, framework="fsdp2", data_parallel_size=8, zero_stage=3,
+                       tensor_parallel_size=8, sequence_parallel=True,
+                       pipeline_parallel_size=4, gradient_accumulation_steps=8,
+                       pipeline_schedule="interleaved-1f1b")  # fmt: skip
+    edge = 8192 * 8192 * 2 // 8
+    last = stage_buffers(model, t, in_flight=2.5, first=False, last=True)
+    assert last.recv_buffers == (8 + 8 + 8 - 5) * edge
+    assert last.in_flight_outputs == round(2.5 * edge)  # stage 3's outputs of its chunks
+    # rank 0 (stages 0 and 4): stage 4's inputs, both stages' gradients; 5.5 units = 11 chunks
+    # in flight, half of them on stage 4 (their inputs counted as saved), every chunk's output
+    first = stage_buffers(model, t, in_flight=5.5, first=True, last=False)
+    assert first.recv_buffers == (8 - 6 + 8 + 8) * edge
+    assert first.in_flight_outputs == 11 * edge
