@@ -256,3 +256,28 @@ def test_interleaved_ranks_hold_the_buffers_of_each_of_their_stages() -> None:
     first = stage_buffers(model, t, in_flight=5.5, first=True, last=False)
     assert first.recv_buffers == (8 - 6 + 8 + 8) * edge
     assert first.in_flight_outputs == 11 * edge
+
+
+def test_step_merges_the_logits_after_the_pipeline_reduce_scatter() -> None:
+    # PipelineScheduleSingle.step: _step_microbatches (whose end runs perform_reduce_grad, the
+    # FSDP2 reduce-scatter of the accumulated unsharded gradients) then _merge_outputs (a
+    # torch.cat of the m logits chunks): when the merged logits are allocated only the
+    # gradient shards are left. llama-3.2-1b PP 2, m = 4, b = 1, s = 1024: the last stage's
+    # merged logits are 4 * 1024 * 128256 * 2 B (bf16).
+    from trainmem.breakdown import MemoryCategory
+    from trainmem.estimate import estimate
+
+    t = TrainingConfig(seq_len=1024, framework="fsdp2", data_parallel_size=2, zero_stage=3,
+                       pipeline_parallel_size=2, gradient_accumulation_steps=4)  # fmt: skip
+    last = estimate("llama-3.2-1b", t, simulate_allocator=False).schedules[-1].expand()
+    merged = 4 * 1024 * 128256 * 2
+    grads, at_merge, at_step = 0, -1, -1
+    for k, e in enumerate(last.events):
+        if e.category is MemoryCategory.GRADIENT:
+            grads += e.size_bytes if e.action == "alloc" else -e.size_bytes
+        if k >= last.steady_state_start and e.action == "alloc":
+            if e.size_bytes == merged and e.phase == "backward":
+                at_merge = grads
+            if e.phase == "optimizer" and at_step < 0:
+                at_step = grads
+    assert at_merge == at_step > 0

@@ -1606,10 +1606,13 @@ class _Builder:
             "pipeline",
             "the merged logits step() returns (torch.cat of output_chunks)",
         )
-        items += [merged, free(merged, "backward")]
+        # step() merges the outputs after the schedule's perform_reduce_grad (torch/distributed/
+        # pipelining/schedules.py: ``_step_microbatches`` then ``_merge_outputs``)
         if self.pp_fsdp and not keep:  # the reduce-scatter after the last micro-batch
             items += self.reduce_after_pipeline(gathered_root, gathered)
+            items += [merged, free(merged, "backward")]
         else:
+            items += [merged, free(merged, "backward")]
             items += [free(gathered_root, "backward"), free(gathered, "backward")]
         items += self.optimizer(first=first)
         if self.logits_kept:  # the step function returns: its logits go
