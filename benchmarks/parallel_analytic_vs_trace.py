@@ -125,6 +125,8 @@ LARGE_CELLS: list[tuple[str, str, dict[str, object]]] = [
      {**F8, **TP8, **AC, "context_parallel_size": 2}),
     ("llama-3.1-405b", "FSDP 8 x TP 8 + SP x PP 8, 1F1B, full AC",
      {**F8, **TP8, **AC, "pipeline_parallel_size": 8, "gradient_accumulation_steps": 16}),
+    ("llama-3.1-405b", "FSDP 8 x TP 8 + SP x PP 8, interleaved 1F1B, full AC",
+     {**F8, **TP8, **AC, **IL, "pipeline_parallel_size": 8, "gradient_accumulation_steps": 16}),
 ]  # fmt: skip
 """Large-model cells: (preset, cell, settings) at b=1, s=:data:`LARGE_SEQ_LEN`."""
 
