@@ -41,12 +41,12 @@ def tied_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _training() -> TrainingConfig:
+def _training(framework: str = "fsdp2") -> TrainingConfig:
     return TrainingConfig(
         micro_batch_size=2,
         seq_len=48,
         precision="bf16-mixed",
-        framework="fsdp2",
+        framework=framework,
         data_parallel_size=2,
         zero_stage=3,
         tensor_parallel_size=2,
@@ -56,10 +56,12 @@ def _training() -> TrainingConfig:
     )
 
 
-def _embedding_backward(engine: str, config: Path) -> tuple[list[int], int, list[str]]:
+def _embedding_backward(
+    engine: str, config: Path, framework: str = "fsdp2"
+) -> tuple[list[int], int, list[str]]:
     """The bytes the embedding's backward allocates, in order; the most of them alive at once;
     the modules of the blocks freed after them."""
-    est = estimate(str(config), _training(), engine=engine, simulate_allocator=False)
+    est = estimate(str(config), _training(framework), engine=engine, simulate_allocator=False)
     events = list(est.schedules[0].events())
     module = "model.embed_tokens" if engine == "trace" else "embedding"
     start = max(i for i, e in enumerate(events) if e.phase == "forward")
@@ -84,10 +86,16 @@ def _embedding_backward(engine: str, config: Path) -> tuple[list[int], int, list
 
 
 @pytest.mark.parametrize("engine", ["trace", "analytic"])
-def test_tied_embedding_backward_under_dtensor(engine: str, tied_config: Path) -> None:
-    sizes, rise, freed_after = _embedding_backward(engine, tied_config)
-    assert sizes == [V * H * 2, V * H, V * H]  # whole-vocabulary, its shard cloned, the sum
-    assert rise == 2 * V * H * 2
+@pytest.mark.parametrize(("framework", "w"), [("fsdp2", 2), ("pytorch-amp", 4)])
+def test_tied_embedding_backward_under_dtensor(
+    engine: str, framework: str, w: int, tied_config: Path
+) -> None:
+    # w: bytes of the gathered weight the lookup reads: bf16 under torchtitan's FSDP2 policy,
+    # the fp32 weight under autocast (the embedding is not on autocast's cast lists)
+    sizes, rise, freed_after = _embedding_backward(engine, tied_config, framework)
+    # whole-vocabulary, its shard cloned, the sum
+    assert sizes == [V * H * w, V * H * w // 2, V * H * w // 2]
+    assert rise == 2 * V * H * w
     # layer 0's reduce-scatter input is released only after the embedding's backward
     assert any(m.endswith("layers.0") or ".layers.0." in m for m in freed_after)
 

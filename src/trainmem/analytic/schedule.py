@@ -324,8 +324,11 @@ class _Builder:
             if s.name == "embedding/tokens" and s.trainable
         ]
         tied_here = bool(looked_up) and looked_up[0] in self.head_grad_states
-        self.tied_lookup = c_bytes * looked_up[0].numel if tied_here else 0
-        self.vocab_grad = c_bytes * looked_up[0].numel if vocab_parallel and looked_up else 0
+        # the lookup reads the weight as gathered (bf16 under FSDP2's policy, the fp32 weight
+        # under autocast, whose embedding is not cast), and its gradient has that dtype
+        w_bytes = dtype_bytes(training.gathered_weight_dtype)
+        self.tied_lookup = w_bytes * looked_up[0].numel if tied_here else 0
+        self.vocab_grad = w_bytes * looked_up[0].numel if vocab_parallel and looked_up else 0
         self.tied_vocab_sum = self.vocab_grad // tp if tied_here else 0
         if tokens and tp == 1 and training.pipeline_parallel_size > 1 and training.zero_stage == 3:
             # FSDP2 under PP: the embedding's compute-dtype gradient exists before it is added
@@ -1036,14 +1039,15 @@ class _Builder:
 
     def _root_unsharded_grads(self, key: str, states: list[TensorState]) -> list[Op]:
         """The root group's unsharded gradients (this rank's tensor-parallel slice in the
-        compute dtype), kept until the root's post-backward (Note [FSDP2 root group]); none
+        unsharded parameters' dtype), kept until the root's post-backward (Note [FSDP2 root group]); none
         without FSDP2's post-backward order."""
         if not self.post_backward:
             return []
         g = dtype_bytes(self.training.grad_dtype)
+        w = dtype_bytes(self.training.gathered_weight_dtype)  # the unsharded parameters'
         return [
             alloc(
-                self.c * (s.full_grad_bytes // g),
+                w * (s.full_grad_bytes // g),
                 Cat.TEMPORARY,
                 "backward",
                 f"root_grad/{key}/{n}",

@@ -290,8 +290,9 @@ class FrameworkConventions:
     ``_root_post_backward_final_callback``). So each layer's reduce-scatter input lives
     through the next layer's backward, and after the first layer's post-backward its
     parameters are resharded while its reduce-scatter input stays. Seen in the trace
-    (llama-3.2-1b FSDP 2 x TP 2 + SP, full AC). False: the layer's reduction within its own
-    backward (FSDP1's ``_post_backward_hook``)."""
+    (llama-3.2-1b FSDP 2 x TP 2 + SP, full AC). True for ``fsdp2`` and for ``pytorch-amp``,
+    whose ZeRO-3 is FSDP2's ``fully_shard`` on the fp32 weights (``trainmem.trace.fsdp``).
+    False: the layer's reduction within its own backward (FSDP1's ``_post_backward_hook``)."""
     torchtitan_pipeline_split: bool
     """Pipeline stages as torchtitan splits the layers when no split points are given
     (torchtitan/parallelisms/pipelining_utils.py ``generate_split_points``, Dec 2024): single-
@@ -393,6 +394,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             optimizer_offload_torchao=True,
             dtensor_sequence_parallel=True,
             dtensor_vocab_parallel_embedding=True,
+            fsdp2_post_backward=True,
         ),
         _row(
             "hf-trainer",
