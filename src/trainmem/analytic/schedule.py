@@ -1039,8 +1039,8 @@ class _Builder:
 
     def _root_unsharded_grads(self, key: str, states: list[TensorState]) -> list[Op]:
         """The root group's unsharded gradients (this rank's tensor-parallel slice in the
-        unsharded parameters' dtype), kept until the root's post-backward (Note [FSDP2 root group]); none
-        without FSDP2's post-backward order."""
+        unsharded parameters' dtype), kept until the root's post-backward (Note [FSDP2 root
+        group]); none without FSDP2's post-backward order."""
         if not self.post_backward:
             return []
         g = dtype_bytes(self.training.grad_dtype)
