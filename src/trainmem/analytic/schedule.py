@@ -65,7 +65,8 @@ Note [FSDP2 root group]
     Under FSDP2's post-backward order the root group (token embedding, final norm, LM head:
     torchtitan's root ``fully_shard(model)``, the trace's root module) is reduced only in the
     root's final callback, after the whole backward. Until then its gradients are the unsharded
-    parameters' ``.grad``: this rank's tensor-parallel slice in the compute dtype (the head's
+    parameters' ``.grad``: this rank's tensor-parallel slice in the unsharded parameters'
+    dtype, bf16 under torchtitan's policy, fp32 under autocast (the head's
     [V / t, h] from the head's backward on; the embedding's from its backward, the whole-
     vocabulary DTensor gradient redistributed to the weight's vocabulary shard and that freed).
     The final callback then reshards the root, releases the first layer's reduce-scatter input,
@@ -83,16 +84,17 @@ Note [Tied embedding gradient under DTensor]
     With the token embedding vocabulary-sharded by DTensor and tied to the LM head
     (``dtensor_vocab_parallel_embedding``; torchtitan's ``RowwiseParallel`` on the embedding,
     ``ColwiseParallel`` on the head), the lookup's weight gradient is computed for the whole
-    vocabulary ([V, h] in the compute dtype, as untied); to add it to the head's gradient,
-    sharded ``Shard(0)`` over the vocabulary, DTensor redistributes it to that placement, a local
-    chunk cloned (torch/distributed/tensor/placement_types.py ``Shard._replicate_to_shard``:
-    ``clone=True``), and autograd adds the two out of place, since a tensor subclass is never
-    accumulated in place (torch/csrc/autograd/input_buffer.cpp ``accumulate``:
-    ``can_accumulate_inplace`` is false for ``isTensorSubclassLike``). At that moment the whole-
-    vocabulary gradient, the clone and the sum, each [V / t, h], and the head's gradient are
-    alive; the sum then replaces the head's gradient (Note [FSDP2 root group]). Seen in the
-    trace of llama-3.2-1b (tied) FSDP 2 x TP 2 + SP with full activation checkpointing, whose
-    peak it is.
+    vocabulary ([V, h] in the dtype of the weight it reads, as untied: bf16 gathered under
+    torchtitan's policy, the fp32 weight under autocast, which does not cast embeddings); to add
+    it to the head's gradient, sharded ``Shard(0)`` over the vocabulary, DTensor redistributes
+    it to that placement, a local chunk cloned (torch/distributed/tensor/placement_types.py
+    ``Shard._replicate_to_shard``: ``clone=True``), and autograd adds the two out of place,
+    since a tensor subclass is never accumulated in place (torch/csrc/autograd/input_buffer.cpp
+    ``accumulate``: ``can_accumulate_inplace`` is false for ``isTensorSubclassLike``). At that
+    moment the whole- vocabulary gradient, the clone and the sum, each [V / t, h], and the
+    head's gradient are alive; the sum then replaces the head's gradient (Note [FSDP2 root
+    group]). Seen in the trace of llama-3.2-1b (tied) FSDP 2 x TP 2 + SP with full activation
+    checkpointing, whose peak it is.
 
 Note [FSDP gradient accumulation under no_sync]
     A framework that accumulates under FSDP1's ``no_sync()`` (``fsdp_no_sync_accumulation``:
