@@ -91,7 +91,7 @@ Note [Tied embedding gradient under DTensor]
     ``Shard._replicate_to_shard``: ``clone=True``), and autograd adds the two out of place,
     since a tensor subclass is never accumulated in place (torch/csrc/autograd/input_buffer.cpp
     ``accumulate``: ``can_accumulate_inplace`` is false for ``isTensorSubclassLike``). At that
-    moment the whole- vocabulary gradient, the clone and the sum, each [V / t, h], and the
+    moment the whole-vocabulary gradient, the clone and the sum, each [V / t, h], and the
     head's gradient are alive; the sum then replaces the head's gradient (Note [FSDP2 root
     group]). Seen in the trace of llama-3.2-1b (tied) FSDP 2 x TP 2 + SP with full activation
     checkpointing, whose peak it is.
