@@ -119,3 +119,25 @@ def test_op_level_sac_saves_row_parallel_outputs_whole_under_tp() -> None:
         + c * 14336 * t // tp  # gate
         + c * 4096 * t  # down: whole
     )  # 294,125,568 B: the generic path's traced layer on the same setting
+
+
+def test_autocast_caches_fsdp2_unsharded_weights_but_not_dtensor_ones() -> None:
+    # FSDP2's unsharded parameters are nn.Parameter leaves over the all-gather output
+    # (FSDPParam.init_unsharded_param), so autocast's cached_cast keeps one bf16 copy of each
+    # linear weight until the forward ends; llama-3.2-1b: q, o 2048 x 2048, k, v 512 x 2048,
+    # gate, up, down 8192 x 2048 -> 2 * 60,817,408 B per layer. Under TP the parameter is a
+    # DTensor, cast on its local tensor (no leaf): nothing cached (traced: equal both ways).
+    from trainmem.analytic.activations import autocast_cached_weight_bytes
+    from trainmem.specs.hf import load_model_spec
+
+    model = load_model_spec("llama-3.2-1b")
+    fsdp = dict(framework="pytorch-amp", data_parallel_size=2, zero_stage=3,
+                activation_checkpointing="full")  # fmt: skip
+    per_layer = 2 * (2 * 2048 * 2048 + 2 * 512 * 2048 + 3 * 8192 * 2048)
+    assert autocast_cached_weight_bytes(model, TrainingConfig(**fsdp)) == per_layer
+    tp = TrainingConfig(**fsdp, tensor_parallel_size=2, sequence_parallel=True)
+    assert autocast_cached_weight_bytes(model, tp) == 0
+    # FSDP1's gathered weights are views of the flat parameter (accelerate-fsdp's policy
+    # gathers bf16 anyway): no cache
+    hf = TrainingConfig(**{**fsdp, "framework": "hf-trainer"})
+    assert autocast_cached_weight_bytes(model, hf) == 0

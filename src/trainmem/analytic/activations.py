@@ -310,7 +310,8 @@ def lora_adapter_elements(model: ModelSpec, training: TrainingConfig) -> int:
 def autocast_cached_weight_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     """Bytes of one layer's weights held in autocast's weight cache until the forward region
     exits: a 16-bit copy of every *trainable* linear weight (LoRA adapters included), none of
-    a frozen base and none under ZeRO-3 / FSDP, whose gathered weights are views.
+    a frozen base and none under ZeRO-3 / FSDP1, whose gathered weights are views (FSDP2's
+    unsharded parameters are leaves: ``fsdp_unsharded_leaf_parameters``).
 
     Alive: forward (from the layer's forward to the end of the autocast region). This matters
     under activation checkpointing, where the copies are not saved for backward but stay in the
@@ -322,7 +323,12 @@ def autocast_cached_weight_bytes(model: ModelSpec, training: TrainingConfig) -> 
     && !arg.is_view() && cache_enabled``; a frozen weight (requires_grad False) or an FSDP
     view is cast on every call and the cast lives only as long as autograd saves it.
     """
-    if not training.uses_autocast or (training.zero_stage == 3 and training.data_parallel_size > 1):
+    sharded = training.zero_stage == 3 and training.data_parallel_size > 1
+    leaves = (  # FSDP2's unsharded parameters, plain tensors without tensor parallelism
+        training.conventions.fsdp_unsharded_leaf_parameters
+        and training.tensor_parallel_size == 1
+    )
+    if not training.uses_autocast or (sharded and not leaves):
         return 0
     c, _ = compute_and_residual_bytes(training)
     if not training.is_lora:

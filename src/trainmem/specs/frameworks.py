@@ -293,6 +293,15 @@ class FrameworkConventions:
     (llama-3.2-1b FSDP 2 x TP 2 + SP, full AC). True for ``fsdp2`` and for ``pytorch-amp``,
     whose ZeRO-3 is FSDP2's ``fully_shard`` on the fp32 weights (``trainmem.trace.fsdp``).
     False: the layer's reduction within its own backward (FSDP1's ``_post_backward_hook``)."""
+    fsdp_unsharded_leaf_parameters: bool
+    """ZeRO-3 is FSDP2, whose unsharded parameters are ``nn.Parameter`` leaves (requiring grad,
+    not views) over the all-gather output (torch/distributed/fsdp/_fully_shard/_fsdp_param.py
+    ``FSDPParam.init_unsharded_param``), so autocast caches their 16-bit casts until the
+    autocast region exits, as for unsharded weights (aten/src/ATen/autocast_mode.cpp
+    ``cached_cast``); a DTensor parameter (tensor parallelism) is cast on its local tensor,
+    which is no leaf, so nothing is cached. Seen in the trace of llama-3.2-1b ``pytorch-amp``
+    FSDP 2, full AC (TP 2: no cache). False: FSDP1's gathered weights are views of the flat
+    parameter, never cached."""
     torchtitan_pipeline_split: bool
     """Pipeline stages as torchtitan splits the layers when no split points are given
     (torchtitan/parallelisms/pipelining_utils.py ``generate_split_points``, Dec 2024): single-
@@ -380,6 +389,7 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "torchtitan_pipeline_split": False,
         "fsdp_collective_streams": False,
         "fsdp2_post_backward": False,
+        "fsdp_unsharded_leaf_parameters": False,
     }
     return FrameworkConventions(name=name, **{**defaults, **fields})  # type: ignore[arg-type]
 
@@ -395,6 +405,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             dtensor_sequence_parallel=True,
             dtensor_vocab_parallel_embedding=True,
             fsdp2_post_backward=True,
+            fsdp_unsharded_leaf_parameters=True,
         ),
         _row(
             "hf-trainer",
@@ -436,6 +447,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             torchtitan_pipeline_split=True,
             fsdp_collective_streams=True,
             fsdp2_post_backward=True,
+            fsdp_unsharded_leaf_parameters=True,
         ),
         _row(
             "torchtune",
