@@ -325,8 +325,7 @@ def autocast_cached_weight_bytes(model: ModelSpec, training: TrainingConfig) -> 
     """
     sharded = training.zero_stage == 3 and training.data_parallel_size > 1
     leaves = (  # FSDP2's unsharded parameters, plain tensors without tensor parallelism
-        training.conventions.fsdp_unsharded_leaf_parameters
-        and training.tensor_parallel_size == 1
+        training.conventions.fsdp_unsharded_leaf_parameters and training.tensor_parallel_size == 1
     )
     if not training.uses_autocast or (sharded and not leaves):
         return 0
