@@ -3,7 +3,10 @@ FSDP2 x TP x SP x CP, torch.compile and float8 on llama-3.2-1b (16 layers, tied 
 micro-batch 1, sequence 2048, torchtitan's conventions (``framework="fsdp2"``); pipeline
 parallelism (1F1B, interleaved 1F1B, GPipe) per pipeline rank.
 
-Run: ``python benchmarks/parallel_analytic_vs_trace.py [--write-results]`` (a few minutes);
+Then llama-3.1-8b / 70b / 405b at b=1, s=8192 (:data:`LARGE_CELLS`), a few layers traced and
+repeated to full depth.
+
+Run: ``python benchmarks/parallel_analytic_vs_trace.py [--write-results]`` (about ten minutes);
 ``--write-results`` replaces its marked section of benchmarks/RESULTS.md. Cells the trace
 engine cannot run say why.
 """
@@ -89,6 +92,86 @@ CELLS: list[tuple[str, dict[str, object]]] = [
 ]  # fmt: skip
 
 
+# -- llama-3.1-8b / 70b / 405b at realistic sizes (issue 14) -------------------------------
+# A few layers of each run traced and repeated to full depth: the generic path
+# (trainmem.trace.generic) without pipelining, a few layers per stage with it
+# (trainmem.trace.pipeline); each cell in seconds to a minute.
+LARGE_SEQ_LEN = 8192
+F8 = {"data_parallel_size": 8, "zero_stage": 3, "framework": "fsdp2"}
+F4 = {"data_parallel_size": 4, "zero_stage": 3, "framework": "fsdp2"}
+TP2 = {"tensor_parallel_size": 2, "sequence_parallel": True}
+TP8 = {"tensor_parallel_size": 8, "sequence_parallel": True}
+AC = {"activation_checkpointing": "full"}
+SAC = {"activation_checkpointing": "selective"}
+IL = {"pipeline_schedule": "interleaved-1f1b"}
+LARGE_CELLS: list[tuple[str, str, dict[str, object]]] = [
+    ("llama-3.1-8b", "FSDP 8", F8),
+    ("llama-3.1-8b", "FSDP 8, full AC", {**F8, **AC}),
+    ("llama-3.1-8b", "FSDP 8, op-level SAC", {**F8, **SAC}),
+    ("llama-3.1-8b", "FSDP 8, compile", {**F8, "compile": True}),
+    ("llama-3.1-8b", "FSDP 8, full AC + compile", {**F8, **AC, "compile": True}),
+    ("llama-3.1-8b", "FSDP 8, float8", {**F8, "precision": "fp8-mixed"}),
+    ("llama-3.1-8b", "FSDP 4 x TP 2 + SP", {**F4, **TP2}),
+    ("llama-3.1-8b", "FSDP 4 x TP 2 + SP, full AC", {**F4, **TP2, **AC}),
+    ("llama-3.1-8b", "FSDP 4 x TP 2 + SP, op-level SAC", {**F4, **TP2, **SAC}),
+    ("llama-3.1-8b", "FSDP 4 x CP 2", {**F4, "context_parallel_size": 2}),
+    ("llama-3.1-8b", "FSDP 4 x PP 2, 1F1B", {**F4, "pipeline_parallel_size": 2,
+                                              "gradient_accumulation_steps": 8}),
+    ("llama-3.1-8b", "FSDP 4 x PP 2, interleaved 1F1B", {**F4, **IL, "pipeline_parallel_size": 2,
+                                                          "gradient_accumulation_steps": 8}),
+    ("llama-3.1-70b", "FSDP 8 x TP 8 + SP", {**F8, **TP8}),
+    ("llama-3.1-70b", "FSDP 8 x TP 8 + SP, full AC", {**F8, **TP8, **AC}),
+    ("llama-3.1-70b", "FSDP 8 x TP 8 + SP, op-level SAC", {**F8, **TP8, **SAC}),
+    ("llama-3.1-70b", "FSDP 8 x TP 4 + SP x CP 2, full AC",
+     {**F8, "tensor_parallel_size": 4, "sequence_parallel": True, "context_parallel_size": 2,
+      **AC}),
+    ("llama-3.1-70b", "FSDP 8 x TP 8 + SP x PP 4, 1F1B, full AC",
+     {**F8, **TP8, **AC, "pipeline_parallel_size": 4, "gradient_accumulation_steps": 8}),
+    ("llama-3.1-70b", "FSDP 8 x TP 8 + SP x PP 4, interleaved 1F1B, full AC",
+     {**F8, **TP8, **AC, **IL, "pipeline_parallel_size": 4, "gradient_accumulation_steps": 8}),
+    ("llama-3.1-405b", "FSDP 8 x TP 8 + SP, full AC", {**F8, **TP8, **AC}),
+    ("llama-3.1-405b", "FSDP 8 x TP 8 + SP, op-level SAC", {**F8, **TP8, **SAC}),
+    ("llama-3.1-405b", "FSDP 8 x TP 8 + SP x CP 2, full AC",
+     {**F8, **TP8, **AC, "context_parallel_size": 2}),
+    ("llama-3.1-405b", "FSDP 8 x TP 8 + SP x PP 8, 1F1B, full AC",
+     {**F8, **TP8, **AC, "pipeline_parallel_size": 8, "gradient_accumulation_steps": 16}),
+    ("llama-3.1-405b", "FSDP 8 x TP 8 + SP x PP 8, interleaved 1F1B, full AC",
+     {**F8, **TP8, **AC, **IL, "pipeline_parallel_size": 8, "gradient_accumulation_steps": 16}),
+]  # fmt: skip
+"""Large-model cells: (preset, cell, settings) at b=1, s=:data:`LARGE_SEQ_LEN`."""
+
+
+def large_rows() -> list[str]:
+    """One markdown row per large-model cell (per traced pipeline rank): analytic and traced
+    peak allocated, the error, the seconds the trace took."""
+    import time
+
+    out = [
+        "| model | cell | analytic GiB | trace GiB | error | trace s |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for model, name, settings in LARGE_CELLS:
+        training = TrainingConfig(micro_batch_size=1, seq_len=LARGE_SEQ_LEN, **settings)  # type: ignore[arg-type]
+        analytic = _stages(estimate(model, training, simulate_allocator=False))
+        engine = "trace" if training.pipeline_parallel_size > 1 else "generic"
+        start = time.monotonic()
+        try:
+            traced = _stages(estimate(model, training, engine=engine, simulate_allocator=False))
+        except TrainmemError as err:
+            a = max(analytic.values())
+            out.append(f"| {model} | {name} | {a / 2**30:.2f} | not traced: {err} | - | - |")
+            continue
+        seconds = time.monotonic() - start
+        for stage, b in traced.items():
+            a = analytic[stage]
+            label = f"{name}, stage {stage}" if len(traced) > 1 else name
+            out.append(
+                f"| {model} | {label} | {a / 2**30:.2f} | {b / 2**30:.2f} | "
+                f"{100 * (a - b) / b:+.1f}% | {seconds:.0f} |"
+            )
+    return out
+
+
 def _stages(est: MemoryEstimate) -> dict[int, int]:
     """Pipeline stage -> peak allocated bytes of its rank (stage 0 without pipelining)."""
     return {
@@ -125,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore")
     table = rows()
     print("\n".join(table))
+    large = large_rows()
+    print("\n".join(large))
     if args.write_results:
         section = "\n".join(
             [
@@ -137,6 +222,14 @@ def main(argv: list[str] | None = None) -> int:
                 "`python benchmarks/parallel_analytic_vs_trace.py --write-results`.",
                 "",
                 *table,
+                "",
+                "### llama-3.1-8b / 70b / 405b (per rank, b=1, s=8192)",
+                "",
+                "A few layers of each run traced and repeated to full depth (the generic path; "
+                "with pipelining a few layers per stage, every micro-batch of the step: 8 on "
+                "PP 2 and PP 4, 16 on PP 8), `framework=fsdp2`.",
+                "",
+                *large,
                 END,
             ]
         )

@@ -106,9 +106,14 @@ def test_autocast_cache_holds_only_trainable_leaf_weights(llama: object) -> None
     # 2 adapters x r (in + out) = 2 x 8 x (4096 + 4096) = 131,072 elements, 2 bytes each
     lora = TrainingConfig(activation_checkpointing="full", lora_rank=8, lora_targets=("q", "v"))
     assert autocast_cached_weight_bytes(llama, lora) == 2 * 131_072 == 262_144  # type: ignore[arg-type]
-    # FSDP-gathered weights are views of the flat parameter: nothing cached
-    fsdp = TrainingConfig(activation_checkpointing="full", data_parallel_size=8, zero_stage=3)
-    assert autocast_cached_weight_bytes(llama, fsdp) == 0  # type: ignore[arg-type]
+    # FSDP1-gathered weights (the HF Trainer's accelerate FSDP) are views of the flat
+    # parameter: nothing cached; FSDP2's unsharded parameters (pytorch-amp's ZeRO-3, as traced)
+    # are leaves: cached like unsharded weights (FSDPParam.init_unsharded_param: nn.Parameter)
+    fsdp = dict(activation_checkpointing="full", data_parallel_size=8, zero_stage=3)
+    hf = TrainingConfig(framework="hf-trainer", **fsdp)  # type: ignore[arg-type]
+    assert autocast_cached_weight_bytes(llama, hf) == 0  # type: ignore[arg-type]
+    fsdp2 = TrainingConfig(**fsdp)  # type: ignore[arg-type]
+    assert autocast_cached_weight_bytes(llama, fsdp2) == 2 * LAYER_LINEAR  # type: ignore[arg-type]
 
 
 # -- item 7: the HF Trainer's default optimizer by torch version; explicit always wins ---------

@@ -86,3 +86,58 @@ def test_torchtitan_fsdp_shards_over_data_and_context_parallel_ranks() -> None:
     )
     m_states = estimate("llama-3.2-1b", megatron, simulate_allocator=False).model_states_bytes
     assert m_states["optimizer_states"] == pytest.approx(12 * n / 2, rel=1e-4)
+
+
+def test_op_level_sac_saves_row_parallel_outputs_whole_under_tp() -> None:
+    # torchtitan's op-level SAC saves every other aten.mm output (q, v, gate, down for Llama:
+    # q k v o gate up down in order). A row-parallel linear (o, down) multiplies its input slice
+    # by its weight slice: the local output is the partial sum of the whole [t, h], reduce-
+    # scattered over the sequence only after the matmul, so down's saved output is c*h*t on
+    # each TP rank, not /t (RowwiseParallel: Partial output). llama-3.1-8b, b=1, s=8192,
+    # TP 2 + SP, bf16 (c = 2): h = 4096, 32 heads, 8 KV heads of 128, MLP 14336.
+    from trainmem.analytic.activations import op_selective_saved_terms
+    from trainmem.specs.hf import load_model_spec
+
+    training = TrainingConfig(
+        seq_len=8192,
+        framework="fsdp2",
+        data_parallel_size=4,
+        zero_stage=3,
+        tensor_parallel_size=2,
+        sequence_parallel=True,
+        activation_checkpointing="selective",
+    )
+    terms = op_selective_saved_terms(load_model_spec("llama-3.1-8b"), training)
+    c, t, tp = 2, 8192, 2
+    assert terms["mm/down"] == c * 4096 * t
+    assert sum(terms.values()) == (
+        c * 4096 * t // tp  # the layer input, sequence-sharded
+        + c * 4096 * t // tp  # SDPA output, heads sharded
+        + 4 * 32 * t // tp  # logsumexp
+        + c * 4096 * t // tp  # q
+        + c * 1024 * t // tp  # v
+        + c * 14336 * t // tp  # gate
+        + c * 4096 * t  # down: whole
+    )  # 294,125,568 B: the generic path's traced layer on the same setting
+
+
+def test_autocast_caches_fsdp2_unsharded_weights_but_not_dtensor_ones() -> None:
+    # FSDP2's unsharded parameters are nn.Parameter leaves over the all-gather output
+    # (FSDPParam.init_unsharded_param), so autocast's cached_cast keeps one bf16 copy of each
+    # linear weight until the forward ends; llama-3.2-1b: q, o 2048 x 2048, k, v 512 x 2048,
+    # gate, up, down 8192 x 2048 -> 2 * 60,817,408 B per layer. Under TP the parameter is a
+    # DTensor, cast on its local tensor (no leaf): nothing cached (traced: equal both ways).
+    from trainmem.analytic.activations import autocast_cached_weight_bytes
+    from trainmem.specs.hf import load_model_spec
+
+    model = load_model_spec("llama-3.2-1b")
+    fsdp = dict(framework="pytorch-amp", data_parallel_size=2, zero_stage=3,
+                activation_checkpointing="full")  # fmt: skip
+    per_layer = 2 * (2 * 2048 * 2048 + 2 * 512 * 2048 + 3 * 8192 * 2048)
+    assert autocast_cached_weight_bytes(model, TrainingConfig(**fsdp)) == per_layer
+    tp = TrainingConfig(**fsdp, tensor_parallel_size=2, sequence_parallel=True)
+    assert autocast_cached_weight_bytes(model, tp) == 0
+    # FSDP1's gathered weights are views of the flat parameter (accelerate-fsdp's policy
+    # gathers bf16 anyway): no cache
+    hf = TrainingConfig(**{**fsdp, "framework": "hf-trainer"})
+    assert autocast_cached_weight_bytes(model, hf) == 0

@@ -233,3 +233,51 @@ def test_torch_pipelining_refuses_fewer_micro_batches_than_stages() -> None:
     estimate("llama-3.2-1b", TrainingConfig(**one, framework="megatron"))
     ok = TrainingConfig(**one, framework="fsdp2", gradient_accumulation_steps=4)
     estimate("llama-3.2-1b", ok, simulate_allocator=False)
+
+
+def test_interleaved_ranks_hold_the_buffers_of_each_of_their_stages() -> None:
+    # ScheduleInterleaved1F1B, p = 4, v = 2, m = 8: rank 3 holds stages 3 and 7, each with its
+    # own receive buffers (_prepare_forward_infra / _prepare_backward_infra per stage): inputs
+    # for both (stage 7 is not the first), gradients for stage 3 only (stage 7 is the last):
+    # 8 + 8 + 8 = 24 buffers, as the trace of llama-3.1-70b shows; 2.5 rank-units in flight
+    # are 5 chunks, whose first-layer inputs are 5 of the input buffers (counted as saved).
+    # The boundary: b * s * h / t bf16 = 8192 * 8192 * 2 / 8 B (SP shards the sequence).
+    model = load_model("llama-3.1-70b")
+    t = TrainingConfig(seq_len=8192, framework="fsdp2", data_parallel_size=8, zero_stage=3,
+                       tensor_parallel_size=8, sequence_parallel=True,
+                       pipeline_parallel_size=4, gradient_accumulation_steps=8,
+                       pipeline_schedule="interleaved-1f1b")  # fmt: skip
+    edge = 8192 * 8192 * 2 // 8
+    last = stage_buffers(model, t, in_flight=2.5, first=False, last=True)
+    assert last.recv_buffers == (8 + 8 + 8 - 5) * edge
+    assert last.in_flight_outputs == round(2.5 * edge)  # stage 3's outputs of its chunks
+    # rank 0 (stages 0 and 4): stage 4's inputs, both stages' gradients; 5.5 units = 11 chunks
+    # in flight, half of them on stage 4 (their inputs counted as saved), every chunk's output
+    first = stage_buffers(model, t, in_flight=5.5, first=True, last=False)
+    assert first.recv_buffers == (8 - 6 + 8 + 8) * edge
+    assert first.in_flight_outputs == 11 * edge
+
+
+def test_step_merges_the_logits_after_the_pipeline_reduce_scatter() -> None:
+    # PipelineScheduleSingle.step: _step_microbatches (whose end runs perform_reduce_grad, the
+    # FSDP2 reduce-scatter of the accumulated unsharded gradients) then _merge_outputs (a
+    # torch.cat of the m logits chunks): when the merged logits are allocated only the
+    # gradient shards are left. llama-3.2-1b PP 2, m = 4, b = 1, s = 1024: the last stage's
+    # merged logits are 4 * 1024 * 128256 * 2 B (bf16).
+    from trainmem.breakdown import MemoryCategory
+    from trainmem.estimate import estimate
+
+    t = TrainingConfig(seq_len=1024, framework="fsdp2", data_parallel_size=2, zero_stage=3,
+                       pipeline_parallel_size=2, gradient_accumulation_steps=4)  # fmt: skip
+    last = estimate("llama-3.2-1b", t, simulate_allocator=False).schedules[-1].expand()
+    merged = 4 * 1024 * 128256 * 2
+    grads, at_merge, at_step = 0, -1, -1
+    for k, e in enumerate(last.events):
+        if e.category is MemoryCategory.GRADIENT:
+            grads += e.size_bytes if e.action == "alloc" else -e.size_bytes
+        if k >= last.steady_state_start and e.action == "alloc":
+            if e.size_bytes == merged and e.phase == "backward":
+                at_merge = grads
+            if e.phase == "optimizer" and at_step < 0:
+                at_step = grads
+    assert at_merge == at_step > 0

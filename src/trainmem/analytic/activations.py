@@ -310,7 +310,8 @@ def lora_adapter_elements(model: ModelSpec, training: TrainingConfig) -> int:
 def autocast_cached_weight_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     """Bytes of one layer's weights held in autocast's weight cache until the forward region
     exits: a 16-bit copy of every *trainable* linear weight (LoRA adapters included), none of
-    a frozen base and none under ZeRO-3 / FSDP, whose gathered weights are views.
+    a frozen base and none under ZeRO-3 / FSDP1, whose gathered weights are views (FSDP2's
+    unsharded parameters are leaves: ``fsdp_unsharded_leaf_parameters``).
 
     Alive: forward (from the layer's forward to the end of the autocast region). This matters
     under activation checkpointing, where the copies are not saved for backward but stay in the
@@ -322,7 +323,11 @@ def autocast_cached_weight_bytes(model: ModelSpec, training: TrainingConfig) -> 
     && !arg.is_view() && cache_enabled``; a frozen weight (requires_grad False) or an FSDP
     view is cast on every call and the cast lives only as long as autograd saves it.
     """
-    if not training.uses_autocast or (training.zero_stage == 3 and training.data_parallel_size > 1):
+    sharded = training.zero_stage == 3 and training.data_parallel_size > 1
+    leaves = (  # FSDP2's unsharded parameters, plain tensors without tensor parallelism
+        training.conventions.fsdp_unsharded_leaf_parameters and training.tensor_parallel_size == 1
+    )
+    if not training.uses_autocast or (sharded and not leaves):
         return 0
     c, _ = compute_and_residual_bytes(training)
     if not training.is_lora:
@@ -765,6 +770,18 @@ DTensor sequence parallelism they are all-gathered to the full sequence before t
 which save them whole
 (:attr:`~trainmem.specs.training.TrainingConfig.sequence_parallel_saves_gathered_input`)."""
 
+ROW_PARALLEL_OUTPUT_TERMS = frozenset({"mm/o", "mm/down"})
+"""The matmul outputs of the row-parallel linears (the attention's and the MLP's output
+projections) that op-level selective checkpointing saves: each tensor-parallel rank multiplies
+its [t, i / t_p] input slice by its [h, i / t_p] weight slice, so its output is a partial sum of
+the whole [t, h], summed across the ranks only after the matmul (an all-reduce, or a
+reduce-scatter over the sequence with sequence parallelism): the saved ``aten.mm`` output is
+the full hidden size and the full sequence on every tensor-parallel rank (torch/distributed/
+tensor/parallel/style.py ``RowwiseParallel``: ``Shard(1)`` weight, ``Partial`` output
+redistributed to ``output_layouts``; Megatron megatron/core/tensor_parallel/layers.py
+``RowParallelLinear.forward``: the matmul, then ``reduce_from`` / ``reduce_scatter_to``). Seen in
+the trace of llama-3.1-8b FSDP 4 x TP 2 + SP, op-level SAC: down_proj's saved output 2 h t B."""
+
 #: Inputs every tensor-parallel rank holds whole (token ids, rotary tables).
 REPLICATED_INPUT_TERMS = frozenset(
     {
@@ -788,7 +805,9 @@ def parallel_divisor(term: str, training: TrainingConfig) -> int:
     parallelism (torchtitan) the column-parallel linears save their all-gathered input whole
     (:data:`GATHERED_INPUT_TERMS`)."""
     tp, cp = training.tensor_parallel_size, training.context_parallel_size
-    if term in REPLICATED_INPUT_TERMS or term.startswith("lora/"):
+    if term in REPLICATED_INPUT_TERMS or term in ROW_PARALLEL_OUTPUT_TERMS:
+        return cp
+    if term.startswith("lora/"):
         return cp
     if term in GATHERED_INPUT_TERMS and training.sequence_parallel_saves_gathered_input:
         return cp

@@ -24,6 +24,13 @@ Note [Pipeline stage buffers]
       flight are the first layer's saved input (already counted with the activations); the
       others are extra.
 
+    Under interleaving (``ScheduleInterleaved1F1B``) a rank holds v stages, each with its own
+    ``fwd_cache`` and receive buffers (``_prepare_forward_infra`` per stage): the first rank's
+    first stage and the last rank's last one are the only first and last stages, so the
+    buffers are summed over the rank's v stages, the chunks in flight spread over them. Seen in
+    the trace of llama-3.1-70b FSDP 8 x TP 8 + SP x PP 4 (rank 3: stages 3 and 7, 24 receive
+    buffers: 8 inputs and 8 gradients for stage 3, 8 inputs for stage 7).
+
     The boundary tensor is the residual stream of one micro-batch on one rank: sequence-sharded
     under sequence parallelism (torchtitan's TP plan: the block outputs are ``Shard(1)`` local
     tensors) and context parallelism; the logits are vocabulary-sharded under TP (loss
@@ -100,10 +107,13 @@ def stage_buffers(
         return StageBuffers(0, 0, 0)
     m = training.gradient_accumulation_steps
     edge = boundary_bytes(model, training)
-    outputs = 0 if last else round(in_flight * edge)
-    recv = 0
-    if not first:  # input buffers of the micro-batches not in flight
-        recv += max(m - round(in_flight), 0) * edge
-    if not last:  # gradient buffers of every micro-batch
-        recv += m * edge
+    # the rank's stages (Note [Pipeline stage buffers]): v under interleaving, of which only
+    # the first rank's first is the first stage and the last rank's last the last one
+    v = training.virtual_pipeline_stages if training.pipeline_schedule == "interleaved-1f1b" else 1
+    non_first, non_last = v - int(first), v - int(last)
+    # ``in_flight`` counts the rank's whole layer set: in_flight * v chunks, spread over its
+    # stages
+    outputs = round(in_flight * non_last * edge)
+    # input buffers of the micro-batches not in flight, gradient buffers of every micro-batch
+    recv = max(m * non_first - round(in_flight * non_first), 0) * edge + m * non_last * edge
     return StageBuffers(outputs, logits_bytes(model, training) if last else 0, recv)

@@ -48,6 +48,54 @@ Note [FSDP under pipeline parallelism]
     dtype (FSDP2 ``FSDPParam.to_accumulated_grad_if_needed``: fp32 under torchtitan's
     ``MixedPrecisionPolicy(reduce_dtype=float32)``), until the reduce-scatter leaves the shards.
 
+Note [FSDP2 post-backward]
+    FSDP2 (``FrameworkConventions.fsdp2_post_backward``) reduces a layer's gradients in its
+    post-backward, after the whole layer's backward: it reshards the layer's parameters, releases
+    the previous group's reduce-scatter input, then ``foreach_reduce`` allocates this layer's
+    (the unsharded gradients copied in the reduce dtype) on the default stream and keeps it
+    until the next group's post-backward (torch/distributed/fsdp/_fully_shard/
+    _fsdp_param_group.py ``post_backward``: ``reduce_scatter_max_input_buffers`` = 1;
+    _fsdp_collectives.py ``foreach_reduce``). So layer ``i + 1``'s input lives through layer
+    ``i``'s whole backward, the recomputation of a checkpointed layer included, and the first
+    layer's lives through the token embedding's backward until the root's final callback
+    (_fsdp_state.py ``_root_post_backward_final_callback``), while that layer's gathered
+    parameters are already resharded. Seen in the trace of llama-3.2-1b FSDP 2 x TP 2 + SP.
+
+Note [FSDP2 root group]
+    Under FSDP2's post-backward order the root group (token embedding, final norm, LM head:
+    torchtitan's root ``fully_shard(model)``, the trace's root module) is reduced only in the
+    root's final callback, after the whole backward. Until then its gradients are the unsharded
+    parameters' ``.grad``: this rank's tensor-parallel slice in the unsharded parameters'
+    dtype, bf16 under torchtitan's policy, fp32 under autocast (the head's
+    [V / t, h] from the head's backward on; the embedding's from its backward, the whole-
+    vocabulary DTensor gradient redistributed to the weight's vocabulary shard and that freed).
+    The final callback then reshards the root, releases the first layer's reduce-scatter input,
+    copies the unsharded gradients into one reduce-scatter input in the reduce dtype, frees
+    them and leaves the shards (torch/distributed/fsdp/_fully_shard/_fsdp_state.py
+    ``_root_post_backward_final_callback`` -> ``FSDPParamGroup.post_backward`` ->
+    _fsdp_collectives.py ``foreach_reduce``). A tied lookup's gradient without DTensor is added
+    in place into the head's (a plain tensor holding its last reference: torch/csrc/autograd/
+    input_buffer.cpp ``accumulate``), so only while the add runs does it exist. Seen in the
+    trace of llama-3.1-70b FSDP 8 x TP 4 + SP x CP 2, full AC, whose peak is the embedding's
+    backward (-2.3% before the rule: the head's sharded fp32 gradient stood for its 4x larger
+    unsharded bf16 one).
+
+Note [Tied embedding gradient under DTensor]
+    With the token embedding vocabulary-sharded by DTensor and tied to the LM head
+    (``dtensor_vocab_parallel_embedding``; torchtitan's ``RowwiseParallel`` on the embedding,
+    ``ColwiseParallel`` on the head), the lookup's weight gradient is computed for the whole
+    vocabulary ([V, h] in the dtype of the weight it reads, as untied: bf16 gathered under
+    torchtitan's policy, the fp32 weight under autocast, which does not cast embeddings); to add
+    it to the head's gradient, sharded ``Shard(0)`` over the vocabulary, DTensor redistributes
+    it to that placement, a local chunk cloned (torch/distributed/tensor/placement_types.py
+    ``Shard._replicate_to_shard``: ``clone=True``), and autograd adds the two out of place,
+    since a tensor subclass is never accumulated in place (torch/csrc/autograd/input_buffer.cpp
+    ``accumulate``: ``can_accumulate_inplace`` is false for ``isTensorSubclassLike``). At that
+    moment the whole-vocabulary gradient, the clone and the sum, each [V / t, h], and the
+    head's gradient are alive; the sum then replaces the head's gradient (Note [FSDP2 root
+    group]). Seen in the trace of llama-3.2-1b (tied) FSDP 2 x TP 2 + SP with full activation
+    checkpointing, whose peak it is.
+
 Note [FSDP gradient accumulation under no_sync]
     A framework that accumulates under FSDP1's ``no_sync()`` (``fsdp_no_sync_accumulation``:
     lit-gpt's ``fabric.no_backward_sync`` -> Lightning ``module.no_sync()``) with FULL_SHARD
@@ -270,7 +318,20 @@ class _Builder:
         tokens = [s for s in self.emb_grad_states if s.name == "embedding/tokens" and s.trainable]
         self.vocab_grad_factor = tp if vocab_parallel else 1
         c_bytes, _ = compute_and_residual_bytes(training)
-        self.vocab_grad = c_bytes * tokens[0].numel if vocab_parallel and tokens else 0
+        # Note [Tied embedding gradient under DTensor]: the lookup's gradient is whole-vocabulary
+        # on the rank that runs the lookup, tied to the head or not
+        looked_up = [
+            s
+            for s in (self.emb_states if rank.stage == 0 else [])
+            if s.name == "embedding/tokens" and s.trainable
+        ]
+        tied_here = bool(looked_up) and looked_up[0] in self.head_grad_states
+        # the lookup reads the weight as gathered (bf16 under FSDP2's policy, the fp32 weight
+        # under autocast, whose embedding is not cast), and its gradient has that dtype
+        w_bytes = dtype_bytes(training.gathered_weight_dtype)
+        self.tied_lookup = w_bytes * looked_up[0].numel if tied_here else 0
+        self.vocab_grad = w_bytes * looked_up[0].numel if vocab_parallel and looked_up else 0
+        self.tied_vocab_sum = self.vocab_grad // tp if tied_here else 0
         if tokens and tp == 1 and training.pipeline_parallel_size > 1 and training.zero_stage == 3:
             # FSDP2 under PP: the embedding's compute-dtype gradient exists before it is added
             # into the fp32 one accumulated over the micro-batches (to_accumulated_grad_if_needed)
@@ -333,6 +394,20 @@ class _Builder:
             self.stage_gather = self.L * (self.gather_a + self.kept)
             self.stage_gather_root = self.gather_root
             self.gather_a = self.gather_b = self.gather_root = self.kept = self.reduce = 0
+        # Note [FSDP2 post-backward]: each layer's reduce-scatter input is kept until the next
+        # group's post-backward (the loop split by activation offloading keeps the old order)
+        self.post_backward = (
+            training.conventions.fsdp2_post_backward
+            and self.stage == 3
+            and not self.pp_fsdp
+            and not self.flat_views
+            and not self.no_sync
+            and not (training.activation_offloading and self.L >= 2)
+            and not training.optimizer_in_backward
+        )
+        if self.post_backward and not self.vocab_grad:
+            # Note [FSDP2 root group]: a tied lookup's gradient, added in place into the head's
+            self.vocab_grad = self.tied_lookup
         self.dequant = dequantized_weight_bytes(self.layer_states, training)
         self.mlp_tmp, self.attention_tmp, self.residual_tmp = backward_layer_transients(
             model, training
@@ -848,7 +923,10 @@ class _Builder:
         head_grads = self._grad_ops(
             self.head_grad_states, b, "head", "head", unsharded=self.unsharded_grads
         )
-        if new_grads:
+        root_grads = self._root_unsharded_grads("head", self.head_grad_states)
+        if self.post_backward:  # Note [FSDP2 root group]
+            items += root_grads
+        elif new_grads:
             items += head_grads
         if reduce:
             items += self._reduce_ops(self.head_grad_states, "head", "head")
@@ -888,6 +966,9 @@ class _Builder:
         layers = self._backward_layers(new_grads=new_grads, reduce=reduce)
         items += [prefetch_b, *layers, free(prefetch_b, b)]
         items.append(free(residual, b))
+        gathered_layer = spans[1]
+        if self.post_backward:  # Note [FSDP2 post-backward]: the first layer resharded
+            items.append(free(gathered_layer, b))
         vocab_grad = alloc(
             self.vocab_grad,
             Cat.TEMPORARY,
@@ -897,6 +978,33 @@ class _Builder:
             "the token embedding's full-vocabulary partial gradient (DTensor)",
         )
         items.append(vocab_grad)
+        # Note [Tied embedding gradient under DTensor]
+        tied_shard = alloc(
+            self.tied_vocab_sum,
+            Cat.TEMPORARY,
+            b,
+            "grad/embedding/tied_shard",
+            "embedding",
+            "the lookup's gradient redistributed to the head gradient's vocabulary shard",
+        )
+        tied_sum = alloc(
+            self.tied_vocab_sum,
+            Cat.TEMPORARY,
+            b,
+            "grad/embedding/tied_sum",
+            "embedding",
+            "the tied weight's gradient: the head's plus the lookup's, added out of place",
+        )
+        items += [tied_shard, tied_sum, free(tied_shard, b)]
+        if self.post_backward:  # Note [FSDP2 root group]: the sum replaces the head's gradient
+            tied_head = [op for op, st in zip(root_grads, self.head_grad_states, strict=True)
+                         if self.tied_vocab_sum and st.name == "embedding/tokens"]  # fmt: skip
+            items += [free(op, b) for op in tied_head]
+            root_grads = [op for op in root_grads if op not in tied_head]
+            root_grads.append(tied_sum)
+            emb_root = self._root_unsharded_grads("embedding", self.emb_grad_states)
+            items += emb_root
+            root_grads += emb_root
         hook = alloc(
             self.input_grad_hook if self.rank.stage == 0 else 0,
             Cat.ACTIVATION,
@@ -907,7 +1015,7 @@ class _Builder:
         )
         if hook.size_bytes:
             items.append(hook)
-        if new_grads:
+        if new_grads and not self.post_backward:
             emb_grads = self._grad_ops(
                 self.emb_grad_states, b, "embedding", "embedding", unsharded=self.unsharded_grads
             )
@@ -915,6 +1023,10 @@ class _Builder:
             if t.optimizer_in_backward:
                 items += [free(op, b) for op in emb_grads]
         items.append(free(vocab_grad, b))
+        if self.post_backward:
+            items += self._root_post_backward(root_grads, spans[0], new_grads=new_grads)
+        else:
+            items.append(free(tied_sum, b))
         if reduce:
             items += self._reduce_ops(self.emb_grad_states, "embedding", "embedding")
         items.append(free(emb_act, b))
@@ -923,8 +1035,69 @@ class _Builder:
         if fresh.size_bytes:
             items.append(free(fresh, b))
         items.append(free(bucket, b))
-        items += [free(op, b) for op in reversed(spans)]
+        done = (gathered_layer, spans[0]) if self.post_backward else ()
+        items += [free(op, b) for op in reversed(spans) if op not in done]
         return items
+
+    def _root_unsharded_grads(self, key: str, states: list[TensorState]) -> list[Op]:
+        """The root group's unsharded gradients (this rank's tensor-parallel slice in the
+        unsharded parameters' dtype), kept until the root's post-backward (Note [FSDP2 root
+        group]); none without FSDP2's post-backward order."""
+        if not self.post_backward:
+            return []
+        g = dtype_bytes(self.training.grad_dtype)
+        w = dtype_bytes(self.training.gathered_weight_dtype)  # the unsharded parameters'
+        return [
+            alloc(
+                w * (s.full_grad_bytes // g),
+                Cat.TEMPORARY,
+                "backward",
+                f"root_grad/{key}/{n}",
+                key,
+                "the root group's unsharded gradients, kept until its post-backward (FSDP2)",
+            )
+            for n, s in enumerate(states)
+        ]
+
+    def _root_post_backward(
+        self, unsharded: list[Op], gathered: Op, *, new_grads: bool
+    ) -> list[Item]:
+        """The root group's post-backward in the final callback (Note [FSDP2 root group]):
+        reshard, release the first layer's reduce-scatter input, copy the unsharded gradients
+        into the group's reduce-scatter input and free them, leave the shards."""
+        b: Phase = "backward"
+        states = self.head_grad_states + self.emb_grad_states
+        rs_input = alloc(
+            reduce_scatter_layer_bytes(states, self.training),
+            Cat.TEMPORARY,
+            b,
+            "rs_input/root",
+            "(model)",
+            "FSDP2's reduce-scatter input of the root group (embedding, final norm, head)",
+        )
+        items: list[Item] = [free(gathered, b)]
+        if self.L:
+            items.append(free(self._reduce_scatter_input("0"), b))
+        items += [rs_input, *(free(op, b) for op in unsharded)]
+        if new_grads:
+            items += self._grad_ops(self.head_grad_states, b, "head", "head")
+            items += self._grad_ops(self.emb_grad_states, b, "embedding", "embedding")
+        items.append(free(rs_input, b))
+        return items
+
+    def _reduce_scatter_input(self, index: str) -> Op:
+        """Layer ``index``'s reduce-scatter input under FSDP2's post-backward order, allocated on
+        the default stream before ``foreach_reduce`` enters the reduce-scatter stream
+        (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py ``foreach_reduce``;
+        Note [FSDP2 post-backward])."""
+        return alloc(
+            self.reduce,
+            Cat.TEMPORARY,
+            "backward",
+            f"reduce/{index}",
+            f"layers.{index}",
+            "the layer's reduce-scatter input, kept until the next group's post-backward",
+        )
 
     def _kept_logits_op(self) -> Op:
         """The logits the loop holds from the forward to the end of the step
@@ -1113,7 +1286,9 @@ class _Builder:
                 body += grads
             if reduce_accumulated:
                 body += self._reduce_ops(self.layer_states, "{i}", "layers.{i}")
-            body += [reduce_op, free(mlp_tmp, b)]
+            if not self.post_backward:
+                body.append(reduce_op)
+            body.append(free(mlp_tmp, b))
         body += [free(op, b) for op, m, d in zip(saved, is_mlp, down, strict=True) if m and not d]
         body += [
             free(op, b)
@@ -1136,7 +1311,9 @@ class _Builder:
         re_early = self._released_before_softmax_backward(self.dropped)
         body += [free(op, b) for op, e in zip(saved, early, strict=True) if e]
         body += [free(op, b) for op, e in zip(recomputed, re_early, strict=False) if e]
-        body += [*attention, *(free(op, b) for op in attention), free(reduce_op, b)]
+        body += [*attention, *(free(op, b) for op in attention)]
+        if not self.post_backward:
+            body.append(free(reduce_op, b))
         body += [free(op, b) for op, m, e in zip(saved, is_mlp, early, strict=True) if not (m or e)]
         body += [
             free(op, b)
@@ -1146,6 +1323,13 @@ class _Builder:
         if t.optimizer_in_backward and new_grads:
             body += [free(op, b) for op in grads]
         body.append(free(self._kept_op("forward"), b))
+        if self.post_backward:  # Note [FSDP2 post-backward]: the previous layer's input goes
+            first = (*body, self._reduce_scatter_input("{i}"))
+            later = (*body, free(self._reduce_scatter_input("{i_next}"), b), first[-1])
+            loop: list[Item] = [Repeat(first, 1, start=self.L - 1)] if self.L else []
+            if self.L > 1:
+                loop.append(Repeat(later, self.L - 1, reverse=True))
+            return loop
         if not offloading:
             return [Repeat(tuple(body), self.L, reverse=True)]
         last = [op for op in body if op.label != "saved activations prefetched from the CPU"]
@@ -1428,10 +1612,13 @@ class _Builder:
             "pipeline",
             "the merged logits step() returns (torch.cat of output_chunks)",
         )
-        items += [merged, free(merged, "backward")]
+        # step() merges the outputs after the schedule's perform_reduce_grad (torch/distributed/
+        # pipelining/schedules.py: ``_step_microbatches`` then ``_merge_outputs``)
         if self.pp_fsdp and not keep:  # the reduce-scatter after the last micro-batch
             items += self.reduce_after_pipeline(gathered_root, gathered)
+            items += [merged, free(merged, "backward")]
         else:
+            items += [merged, free(merged, "backward")]
             items += [free(gathered_root, "backward"), free(gathered, "backward")]
         items += self.optimizer(first=first)
         if self.logits_kept:  # the step function returns: its logits go

@@ -280,6 +280,28 @@ class FrameworkConventions:
     stream (``foreach_all_gather``), the reduce-scatter output, which becomes the sharded
     gradient, on the reduce-scatter stream (``foreach_reduce``; torch/distributed/fsdp/
     _fully_shard/_fsdp_collectives.py). False: everything on the default stream."""
+    fsdp2_post_backward: bool
+    """FSDP2's post-backward order (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py
+    ``FSDPParamGroup.post_backward``): a group reshards its parameters, then releases the
+    previous group's reduce-scatter input (at most ``reduce_scatter_max_input_buffers`` = 1
+    kept in flight) before ``foreach_reduce`` allocates its own, which stays until the next
+    group's post-backward; the last layer's is released only by the root's final callback
+    after the whole backward, the token embedding's included (_fsdp_state.py
+    ``_root_post_backward_final_callback``). So each layer's reduce-scatter input lives
+    through the next layer's backward, and after the first layer's post-backward its
+    parameters are resharded while its reduce-scatter input stays. Seen in the trace
+    (llama-3.2-1b FSDP 2 x TP 2 + SP, full AC). True for ``fsdp2`` and for ``pytorch-amp``,
+    whose ZeRO-3 is FSDP2's ``fully_shard`` on the fp32 weights (``trainmem.trace.fsdp``).
+    False: the layer's reduction within its own backward (FSDP1's ``_post_backward_hook``)."""
+    fsdp_unsharded_leaf_parameters: bool
+    """ZeRO-3 is FSDP2, whose unsharded parameters are ``nn.Parameter`` leaves (requiring grad,
+    not views) over the all-gather output (torch/distributed/fsdp/_fully_shard/_fsdp_param.py
+    ``FSDPParam.init_unsharded_param``), so autocast caches their 16-bit casts until the
+    autocast region exits, as for unsharded weights (aten/src/ATen/autocast_mode.cpp
+    ``cached_cast``); a DTensor parameter (tensor parallelism) is cast on its local tensor,
+    which is no leaf, so nothing is cached. Seen in the trace of llama-3.2-1b ``pytorch-amp``
+    FSDP 2, full AC (TP 2: no cache). False: FSDP1's gathered weights are views of the flat
+    parameter, never cached."""
     torchtitan_pipeline_split: bool
     """Pipeline stages as torchtitan splits the layers when no split points are given
     (torchtitan/parallelisms/pipelining_utils.py ``generate_split_points``, Dec 2024): single-
@@ -366,6 +388,8 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "fsdp_shards_over_context_parallel": False,
         "torchtitan_pipeline_split": False,
         "fsdp_collective_streams": False,
+        "fsdp2_post_backward": False,
+        "fsdp_unsharded_leaf_parameters": False,
     }
     return FrameworkConventions(name=name, **{**defaults, **fields})  # type: ignore[arg-type]
 
@@ -380,6 +404,8 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             optimizer_offload_torchao=True,
             dtensor_sequence_parallel=True,
             dtensor_vocab_parallel_embedding=True,
+            fsdp2_post_backward=True,
+            fsdp_unsharded_leaf_parameters=True,
         ),
         _row(
             "hf-trainer",
@@ -420,6 +446,8 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             fsdp_shards_over_context_parallel=True,
             torchtitan_pipeline_split=True,
             fsdp_collective_streams=True,
+            fsdp2_post_backward=True,
+            fsdp_unsharded_leaf_parameters=True,
         ),
         _row(
             "torchtune",

@@ -411,28 +411,41 @@ def build_schedule(
 
 
 @contextlib.contextmanager
-def _named_post_backward() -> Iterator[None]:
-    """Name the module of each FSDP2 group while pipelining's ``perform_reduce_grad`` runs its
-    post-backward (reduce-scatter of the gradients accumulated over the micro-batches): it runs
-    outside any forward and autograd node, so the recorder would see no module."""
+def _named_fsdp_groups() -> Iterator[None]:
+    """Name the module of each FSDP2 group while pipelining runs its collectives outside any
+    forward and autograd node, so the recorder would see no module: ``perform_reduce_grad``'s
+    post-backward (reduce-scatter of the gradients accumulated over the micro-batches), and
+    the ``UNSHARD`` actions of the runtime schedules (interleaved 1F1B: ``submodule.unshard(
+    async_op=True)`` per FSDP module of a stage, waited on before the stage computes,
+    torch/distributed/pipelining/schedules.py ``_PipelineScheduleRuntime._step_microbatches``),
+    whose all-gathered parameters must belong to their layer for the few-layer composition to
+    repeat them (Note [Composing the full depth])."""
     from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 
     from trainmem.trace.module_paths import ModulePathTracker
 
-    original = FSDPParamGroup.post_backward
+    originals = {
+        name: getattr(FSDPParamGroup, name)
+        for name in ("post_backward", "unshard", "wait_for_unshard")
+    }
 
-    def post_backward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        tracker = ModulePathTracker.active
-        if tracker is None or not self.modules:
-            return original(self, *args, **kwargs)
-        with tracker.inside(self.modules[0]):
-            return original(self, *args, **kwargs)
+    def named(original: Callable[..., Any]) -> Callable[..., Any]:
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            tracker = ModulePathTracker.active
+            if tracker is None or not self.modules:
+                return original(self, *args, **kwargs)
+            with tracker.inside(self.modules[0]):
+                return original(self, *args, **kwargs)
 
-    FSDPParamGroup.post_backward = post_backward  # type: ignore[method-assign]
+        return method
+
+    for name, original in originals.items():
+        setattr(FSDPParamGroup, name, named(original))
     try:
         yield
     finally:
-        FSDPParamGroup.post_backward = original  # type: ignore[method-assign]
+        for name, original in originals.items():
+            setattr(FSDPParamGroup, name, original)
 
 
 def pipeline_step(
@@ -459,7 +472,7 @@ def pipeline_step(
         args = (run.batch["input_ids"],) if first else ()
         target = run.batch["labels"] if last else None
         losses: list[Any] | None = [] if last else None
-        with _named_post_backward():
+        with _named_fsdp_groups():
             run.schedule.step(*args, target=target, losses=losses)
         del losses
         signal("optimizer")
