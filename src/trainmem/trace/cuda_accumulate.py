@@ -32,6 +32,7 @@ fake tensors; the allocations become the GPU's.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -65,14 +66,36 @@ def _plain(t: Any) -> bool:
     return not torch._C._dispatch_keys(t).has(torch._C.DispatchKey.Python)
 
 
+_SUBCLASS_DISPATCH_FILES = ("torch/distributed/tensor/_dispatch.py",)
+
+
+def _inside_subclass_dispatch() -> bool:
+    """Whether this op is a tensor subclass's own local computation: DTensor's op dispatcher
+    (torch/distributed/tensor/_dispatch.py) or a subclass's ``__torch_dispatch__`` (torchao's
+    float8 tensors) is on the Python stack. The trace's recorder lets subclass ops through
+    (``NotImplemented``) and sees their local ops, so a DTensor gradient sum -- out of place on a
+    GPU, ``isTensorSubclassLike`` -- reaches this mode only as its local ``add``."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename.endswith(_SUBCLASS_DISPATCH_FILES):
+            return True
+        if code.co_name == "__torch_dispatch__":
+            owner = frame.f_locals.get("cls", frame.f_locals.get("self"))
+            if isinstance(owner, type) and issubclass(owner, torch.Tensor):
+                return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
 def _in_place_on_gpu(old: Any, var: Any) -> bool:
     """``can_accumulate_inplace(old_var)`` of input_buffer.cpp, read through the dispatch path:
     same shape and dtype (``add_`` keeps ``old``'s), non-overlapping and dense, its storage
     held by no other tensor (storage ``use_count`` 2: its one tensor and the Python storage
     object asked here) and not ``var``'s, and no more tensor references than ``var``, which the
     engine has just moved in (the dispatch path adds the same count to both arguments); neither
-    a tensor subclass."""
-    if not (_plain(old) and _plain(var)):
+    a tensor subclass, and not a subclass's own local sum (:func:`_inside_subclass_dispatch`)."""
+    if not (_plain(old) and _plain(var)) or _inside_subclass_dispatch():
         return False
     if old.shape != var.shape or old.dtype != var.dtype or not _dense(old):
         return False
