@@ -238,3 +238,39 @@ def test_eager_only_family_takes_eager_attention_unless_asked_otherwise() -> Non
         app, ["estimate", "bloomz-7b1", "-b", "1", "-s", "256", "--attention", "sdpa"]
     )
     assert r.exit_code == 2 and "attention" in r.output
+
+
+def test_pipeline_parallel_defaults_to_one_micro_batch_per_stage() -> None:
+    """torch's Schedule1F1B refuses fewer micro-batches than stages (schedules.py: "Number of
+    microbatches must be greater than or equal to the number of stages"); without
+    --gradient-accumulation-steps the CLI runs the fewest it accepts; an explicit count wins."""
+
+    def micro_batches(*extra: str) -> int:
+        args = ["estimate", "llama-3.2-1b", "--seq-len", "512", *extra, "--json"]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+        return int(json.loads(result.stdout)["config"]["gradient_accumulation_steps"])
+
+    assert micro_batches("--pipeline-parallel-size", "4") == 4
+    assert micro_batches("--pipeline-parallel-size", "4", "--gradient-accumulation-steps", "8") == 8
+    explicit_one = ["--gradient-accumulation-steps", "1", "--pipeline-schedule", "gpipe"]
+    assert micro_batches("--pipeline-parallel-size", "4", *explicit_one) == 1
+    assert micro_batches() == 1
+    refused = runner.invoke(
+        app, ["estimate", "llama-3.2-1b", "--pipeline-parallel-size", "4",
+              "--gradient-accumulation-steps", "2", "--framework", "fsdp2",
+              "--data-parallel-size", "2", "--fsdp", "full-shard"],
+    )  # fmt: skip
+    assert refused.exit_code == 2 and "gradient_accumulation_steps" in refused.output
+
+
+def test_the_table_shows_every_rank_that_differs() -> None:
+    """Pipeline stages differ (stage 0 holds more micro-batches in flight, the last one the
+    logits): the text output lists each with the JSON's bytes."""
+    args = ["estimate", "llama-3.2-1b", "--seq-len", "512", "--pipeline-parallel-size", "2"]
+    ranks = json.loads(runner.invoke(app, [*args, "--json"]).stdout)["per_rank"]
+    assert [r["pipeline_stage"] for r in ranks] == [0, 1]
+    text = runner.invoke(app, args).output
+    assert "per rank" in text
+    for r in ranks:
+        assert f"{r['allocated_bytes'] / 2**30:,.2f}" in text

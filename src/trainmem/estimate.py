@@ -470,6 +470,23 @@ def _loaded_spec(name: str) -> ModelSpec | None:
         return None
 
 
+#: Above this many layers the trace engine traces a few and composes the rest (issue 14: a 70B
+#: rank in seconds); at or below it the whole model is traced, every op's event kept.
+COMPOSE_ABOVE_LAYERS = 16
+
+
+def _composes_layers(target: ModelSpec, training: TrainingConfig) -> bool:
+    """Whether the trace engine takes the composed path (``trainmem.trace.generic``): a
+    transformers decoder deeper than :data:`COMPOSE_ABOVE_LAYERS`, no pipeline (the pipeline
+    trace composes per stage itself), and settings the composition supports."""
+    return (
+        target.model_type not in NOT_TRANSFORMERS_TYPES
+        and target.num_layers > COMPOSE_ABOVE_LAYERS
+        and training.pipeline_parallel_size == 1
+        and not trace_unsupported_settings(training, "generic")
+    )
+
+
 def _estimate_traced(
     model: str | ModelSpec,
     training: TrainingConfig,
@@ -521,6 +538,20 @@ def _estimate_traced(
 
         assert isinstance(model, str)
         est = estimate_diffusers_trace(model, training, gpu=gpu_spec)
+    elif isinstance(target, ModelSpec) and _composes_layers(target, training):
+        from trainmem.trace.generic import estimate_generic
+
+        est = estimate_generic(
+            model if isinstance(model, str) else target.name, training, gpu=gpu_spec
+        )
+        est.engine = "trace"
+        est.notes[0] = (
+            f"trace engine: the model built by transformers on fake tensors; of its "
+            f"{target.num_layers} identical layers a few are traced and the middle one repeated "
+            "to full depth (every layer's events repeat, Note [Composing the full depth] in "
+            "trainmem/trace/compose.py); requested sizes, the CUDA context is the default "
+            "allowance"
+        )
     elif training.pipeline_parallel_size > 1:
         from trainmem.trace.pipeline import estimate_pipeline_trace
 

@@ -61,12 +61,15 @@ HtmlOpt = Annotated[
 
 def print_estimate(est: MemoryEstimate, as_json: bool) -> None:
     """Table (with the resolved settings and where the peak falls) or JSON on stdout."""
-    from trainmem.report.table import config_line, estimate_table
+    from trainmem.report.table import config_line, estimate_table, per_rank_table
 
     if as_json:
         print(json.dumps(est.to_dict(), indent=2, default=str))
         return
     console.print(estimate_table(est))
+    ranks = per_rank_table(est)
+    if ranks is not None:
+        console.print(ranks)
     console.print(config_line(est), highlight=False)
     console.print(
         f"peak falls in the {est.peak_phase}: {est.peak_reason}", highlight=False, markup=False

@@ -204,9 +204,14 @@ TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
     _p(
         "gradient_accumulation_steps",
         Annotated[
-            int, _oi("--gradient-accumulation-steps", help="Micro-batches per optimizer step.")
+            int | None,
+            _oi(
+                "--gradient-accumulation-steps",
+                help="Micro-batches per optimizer step [1; with pipeline parallelism the "
+                "pipeline-parallel size, the fewest torch's Schedule1F1B runs].",
+            ),
         ],
-        1,
+        None,
     ),
     _p(
         "dropout",
@@ -503,7 +508,17 @@ def training_from_options(
                 raise SpecError("set", f"{key} cannot be set here; use its own option")
             if settings.get(key, defaults.get(key)) == defaults.get(key):  # explicit flags win
                 settings[key] = value
+    micro_batches_given = settings["gradient_accumulation_steps"] is not None
+    if not micro_batches_given:
+        settings["gradient_accumulation_steps"] = 1
     settings = with_config_files(settings, given["deepspeed_config"], given["accelerate_config"])
+    pp = settings.get("pipeline_parallel_size")
+    pipelined = isinstance(pp, int) and not isinstance(pp, bool) and pp > 1  # else refused below
+    if not micro_batches_given and settings["gradient_accumulation_steps"] == 1 and pipelined:
+        # one micro-batch per step leaves a pipeline idle and torch's Schedule1F1B refuses it
+        # ("Number of microbatches must be greater than or equal to the number of stages",
+        # torch/distributed/pipelining/schedules.py): the fewest it runs
+        settings["gradient_accumulation_steps"] = pp
     if settings["seq_len"] is None:
         settings["seq_len"] = default_seq_len_of(model)
     try:

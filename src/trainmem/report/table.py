@@ -63,6 +63,41 @@ def estimate_table(est: MemoryEstimate) -> Table:
     return table
 
 
+_RANK_LABELS = (
+    ("pipeline_stage", "stage"),
+    ("stages", "stages"),
+    ("num_layers", "layers"),
+    ("micro_batches_in_flight", "in flight"),
+    ("coordinates", "mesh coordinates"),
+    ("rank", "rank"),
+)
+
+
+def per_rank_table(est: MemoryEstimate) -> Table | None:
+    """One row per distinct rank the engine reported (``details["per_rank"]``: first, last and
+    most loaded pipeline stages, embedding / LM-head ranks): its labels, peak allocated and
+    reserved (GiB) and the phase of its peak. ``None`` when there is a single such rank."""
+    ranks = est.details.get("per_rank") or []
+    if len(ranks) < 2:
+        return None
+    labels = [(k, title) for k, title in _RANK_LABELS if any(k in r for r in ranks)]
+    table = Table(title="per rank (ranks that differ)", caption="GiB = 2^30 bytes")
+    for _, title in labels:
+        table.add_column(title)
+    table.add_column("allocated GiB", justify="right")
+    table.add_column("reserved GiB", justify="right")
+    table.add_column("peak in")
+    for r in ranks:
+        reserved = r.get("reserved_bytes")
+        table.add_row(
+            *(str(r.get(k, "")) for k, _ in labels),
+            gib(int(r.get("allocated_bytes", 0))),
+            "OOM" if r.get("oom") else ("-" if reserved is None else gib(int(reserved))),
+            str(r.get("peak_phase", "")),
+        )
+    return table
+
+
 def config_line(est: MemoryEstimate) -> str:
     """The resolved settings on one line, so the user sees every default that was applied."""
     c = est.config

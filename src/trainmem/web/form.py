@@ -314,7 +314,14 @@ def cli_command(values: Mapping[str, Any], model_arg: str | None = None) -> str:
     gpu = values.get("gpu")
     if gpu and gpu != NO_GPU:
         words += ["--gpu", str(gpu)]
-    for name, value in changed(values).items():
+    flags = dict(changed(values))
+    pp = values.get("pipeline_parallel_size")
+    if isinstance(pp, int) and pp > 1:
+        # the CLI's own default under pipelining is pipeline_parallel_size micro-batches
+        flags.setdefault(
+            "gradient_accumulation_steps", values.get("gradient_accumulation_steps", 1)
+        )
+    for name, value in flags.items():
         if name in _PAGE_KEYS and name != "alloc_conf":
             continue
         if name in _NO_FLAG:
