@@ -142,8 +142,10 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
 
     Traced: LoRA through peft (``lora_*``), ``chunked_cross_entropy``,
     ``zero_grad_set_to_none``, and FSDP2 (``zero_stage=3`` with ``data_parallel_size > 1``,
-    framework ``pytorch-amp`` or ``fsdp2``; ``trainmem.trace.fsdp``), DTensor tensor / sequence
-    parallelism (``trainmem.trace.tensor_parallel``), ``compile`` (``trainmem.trace.compile``),
+    framework ``pytorch-amp`` or ``fsdp2``; ``trainmem.trace.fsdp``; ``reshard_after_forward``
+    and HSDP's ``shard_group_size`` dividing ``data_parallel_size``, without CP), DTensor
+    tensor / sequence parallelism (``trainmem.trace.tensor_parallel``), ``compile``
+    (``trainmem.trace.compile``),
     ``fp8-mixed`` (torchao, ``trainmem.trace.float8``), context parallelism (ring attention,
     ``trainmem.trace.parallel``), pipeline parallelism (``torch.distributed.pipelining``,
     ``trainmem.trace.pipeline``; its own refusals there), the loop settings ``keep_logits`` and
@@ -159,10 +161,7 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
         "quantize_base",
         "optimizer_in_backward",
         "activation_offloading",
-        # issue 12: FSDP variants and inputs the trace does not build yet
-        "reshard_after_forward",
-        "shard_group_size",
-        "padding_mask",
+        "padding_mask",  # inputs the trace does not build yet
     )
     out = [
         f"{name}={getattr(training, name)}"
@@ -170,6 +169,19 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
         if getattr(training, name) != getattr(defaults, name)
     ]
     fsdp = training.zero_stage == 3 and training.data_parallel_size > 1
+    group = training.shard_group_size
+    if not fsdp:  # FSDP2's own settings mean nothing without it
+        out += [
+            f"{name}={getattr(training, name)}"
+            for name in ("reshard_after_forward", "shard_group_size")
+            if getattr(training, name) != getattr(defaults, name)
+        ]
+    elif group is not None and group < training.data_parallel_size:
+        # HSDP is traced on a (dp_replicate, dp_shard) mesh (trainmem.trace.parallel)
+        if training.data_parallel_size % group:
+            out.append(f"shard_group_size={group} not dividing data_parallel_size")
+        if training.context_parallel_size > 1:
+            out.append(f"shard_group_size={group} with context parallelism")
     if not fsdp:
         out += [
             f"{name}={getattr(training, name)}"

@@ -4,7 +4,8 @@ Note [Tracing one rank of a mesh]
     The world is ``pipeline_parallel_size x data_parallel_size x context_parallel_size x
     tensor_parallel_size`` ranks laid out as torchtitan's ``ParallelDims`` builds its mesh
     (``torchtitan/distributed/parallel_dims.py``: dimensions ``pp, dp_replicate, dp_shard, cp,
-    tp``, the last varying fastest); size-1 dimensions are left out (pipeline parallelism:
+    tp``, the last varying fastest; ``dp_replicate`` under HSDP, ``shard_group_size`` smaller
+    than ``data_parallel_size``); size-1 dimensions are left out (pipeline parallelism:
     ``trainmem.trace.pipeline``). One rank of it is run in this process under torch's
     ``"fake"`` process group
     (``torch.testing._internal.distributed.fake_pg.FakeStore``): collectives allocate their
@@ -51,7 +52,8 @@ def mesh_dims(training: TrainingConfig) -> dict[str, int]:
 
     Args:
         training: ``pipeline_parallel_size``, ``data_parallel_size`` (a ``dp_shard``
-            dimension under FSDP2), ``context_parallel_size`` and ``tensor_parallel_size``.
+            dimension under FSDP2; ``dp_replicate x dp_shard`` when ``shard_group_size`` is
+            smaller, HSDP), ``context_parallel_size`` and ``tensor_parallel_size``.
 
     Returns:
         The dimensions of size > 1 (empty: a single rank).
@@ -60,7 +62,12 @@ def mesh_dims(training: TrainingConfig) -> dict[str, int]:
     if training.pipeline_parallel_size > 1:  # outermost (torchtitan's ParallelDims)
         dims["pp"] = training.pipeline_parallel_size
     if uses_fsdp(training):
-        dims["dp_shard"] = training.data_parallel_size
+        dp, group = training.data_parallel_size, training.shard_group_size
+        if group is not None and group < dp:  # HSDP: replicas of a shard group
+            dims["dp_replicate"] = dp // group
+            dims["dp_shard"] = group
+        else:
+            dims["dp_shard"] = dp
     if training.context_parallel_size > 1:
         dims["cp"] = training.context_parallel_size
     if training.tensor_parallel_size > 1:
@@ -255,14 +262,22 @@ def parallelize(model: Any, mesh: Any, training: TrainingConfig, fake_mode: Any)
             fsdp_mesh = mesh[fsdp_dims[0]]
         else:
             fsdp_mesh = mesh[fsdp_dims]._flatten("dp_shard_cp")
+        if "dp_replicate" in names:
+            # HSDP: a 2-D mesh (replicate, shard), as torchtitan's parallelize_llama passes
+            # ("dp_replicate", "dp_shard_cp"): shards within a group, the reduce-scattered
+            # gradient all-reduced across the replicas (_fsdp_collectives.foreach_reduce)
+            shard = fsdp_dims[0] if len(fsdp_dims) == 1 else "dp_shard_cp"
+            fsdp_mesh = mesh[("dp_replicate", shard)]
         # under PP torchtitan keeps the layers gathered from forward to backward
-        # (apply_fsdp: reshard_after_forward = not pp_enabled)
+        # (apply_fsdp: reshard_after_forward = not pp_enabled); otherwise the user's setting
         shard_model(
             model,
             fsdp_mesh,
             training,
             fake_mode,
-            reshard_after_forward=training.pipeline_parallel_size == 1,
+            reshard_after_forward=(
+                training.pipeline_parallel_size == 1 and training.reshard_after_forward
+            ),
         )
 
 
