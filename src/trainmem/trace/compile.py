@@ -59,8 +59,8 @@ Note [Static-lifetime parameters under compile]
     trace's partitioner marks the primal inputs whose descriptor (``node.meta["desc"]``) goes
     back to a parameter or buffer, as dynamo would (:func:`_static_lifetime_indices`). Without
     it the trace kept each float8 linear's transposed float8 weight (llama-3.2-1b FSDP 2 x
-    TP 2 + SP, compile + float8: 29 MiB per layer, +3.4%); tensors computed from activations
-    are unaffected.
+    TP 2 + SP, compile + float8: 29 MiB per layer, 7.24 -> 6.78 GiB); tensors computed from
+    activations are unaffected.
 """
 
 from __future__ import annotations
