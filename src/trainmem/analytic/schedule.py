@@ -1687,7 +1687,7 @@ def _tensor_sizes(model: ModelSpec, training: TrainingConfig) -> list[int]:
     sizes = {n * t for n in (4 * i, c * i, i, 4 * h, r * h, c * h, h, c * kv)}
     sizes |= {n * model.num_heads * s * s * b // cp for n in (4, c, 1)}
     if tp > 1:
-        sizes |= {n * t // tp for n in (4 * i, c * i, i, 4 * h, c * h, c * kv)}
+        sizes |= {n * t // tp for n in (4 * i, c * i, i, 4 * h, c * h, h, c * kv)}
     return sorted((x for x in sizes if x > 0), reverse=True)
 
 

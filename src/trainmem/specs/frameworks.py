@@ -269,6 +269,15 @@ class FrameworkConventions:
     whole, upcast to the reduce dtype (``FSDPParam.to_accumulated_grad_if_needed``). Seen in
     the trace (tests/trace/test_pipeline.py, llama-3.2-1b PP x TP 2 x FSDP 2 stage 0). False:
     Megatron's ``VocabParallelEmbedding`` computes its shard's gradient only."""
+    float8_tensor_parallel: bool
+    """With float8 training and tensor parallelism the layer linears take torchao's float8 TP
+    styles, as torchtitan applies them (``enable_float8_tensorwise_tp``:
+    ``Float8ColwiseParallel`` / ``Float8RowwiseParallel`` / ``PrepareFloat8ModuleInput``,
+    torchao/float8/float8_tensor_parallel.py; torchtitan/models/llama3/infra/parallelize.py
+    ``apply_tp``): every linear's input is cast to float8 before its matmul (before the
+    sequence all-gather with sequence parallelism), so the matmul saves a float8 input. See
+    Note [Float8 tensor-parallel inputs] (trainmem/analytic/activations.py). False: no float8
+    TP plan (Megatron's TE float8 is not modelled)."""
     fsdp_shards_over_context_parallel: bool
     """FSDP shards over the data-parallel and the context-parallel ranks together: torchtitan's
     ``fully_shard`` takes the flattened ``dp_shard_cp`` mesh (torchtitan/models/llama3/infra/
@@ -385,6 +394,7 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "fsdp_no_sync_accumulation": False,
         "dtensor_sequence_parallel": False,
         "dtensor_vocab_parallel_embedding": False,
+        "float8_tensor_parallel": False,
         "fsdp_shards_over_context_parallel": False,
         "torchtitan_pipeline_split": False,
         "fsdp_collective_streams": False,
@@ -404,6 +414,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             optimizer_offload_torchao=True,
             dtensor_sequence_parallel=True,
             dtensor_vocab_parallel_embedding=True,
+            float8_tensor_parallel=True,
             fsdp2_post_backward=True,
             fsdp_unsharded_leaf_parameters=True,
         ),
@@ -443,6 +454,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             fsdp_param_dtype_follows_precision=True,
             dtensor_sequence_parallel=True,
             dtensor_vocab_parallel_embedding=True,
+            float8_tensor_parallel=True,
             fsdp_shards_over_context_parallel=True,
             torchtitan_pipeline_split=True,
             fsdp_collective_streams=True,
