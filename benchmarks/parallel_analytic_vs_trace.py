@@ -104,6 +104,7 @@ TP8 = {"tensor_parallel_size": 8, "sequence_parallel": True}
 AC = {"activation_checkpointing": "full"}
 SAC = {"activation_checkpointing": "selective"}
 IL = {"pipeline_schedule": "interleaved-1f1b"}
+F8C = {"compile": True, "precision": "fp8-mixed"}
 LARGE_CELLS: list[tuple[str, str, dict[str, object]]] = [
     ("llama-3.1-8b", "FSDP 8", F8),
     ("llama-3.1-8b", "FSDP 8, full AC", {**F8, **AC}),
@@ -114,6 +115,7 @@ LARGE_CELLS: list[tuple[str, str, dict[str, object]]] = [
     ("llama-3.1-8b", "FSDP 4 x TP 2 + SP", {**F4, **TP2}),
     ("llama-3.1-8b", "FSDP 4 x TP 2 + SP, full AC", {**F4, **TP2, **AC}),
     ("llama-3.1-8b", "FSDP 4 x TP 2 + SP, op-level SAC", {**F4, **TP2, **SAC}),
+    ("llama-3.1-8b", "FSDP 4 x TP 2 + SP, compile + float8", {**F4, **TP2, **F8C}),
     ("llama-3.1-8b", "FSDP 4 x CP 2", {**F4, "context_parallel_size": 2}),
     ("llama-3.1-8b", "FSDP 4 x PP 2, 1F1B", {**F4, "pipeline_parallel_size": 2,
                                               "gradient_accumulation_steps": 8}),
@@ -122,6 +124,7 @@ LARGE_CELLS: list[tuple[str, str, dict[str, object]]] = [
     ("llama-3.1-70b", "FSDP 8 x TP 8 + SP", {**F8, **TP8}),
     ("llama-3.1-70b", "FSDP 8 x TP 8 + SP, full AC", {**F8, **TP8, **AC}),
     ("llama-3.1-70b", "FSDP 8 x TP 8 + SP, op-level SAC", {**F8, **TP8, **SAC}),
+    ("llama-3.1-70b", "FSDP 8 x TP 8 + SP, full AC + compile + float8", {**F8, **TP8, **AC, **F8C}),
     ("llama-3.1-70b", "FSDP 8 x TP 4 + SP x CP 2, full AC",
      {**F8, "tensor_parallel_size": 4, "sequence_parallel": True, "context_parallel_size": 2,
       **AC}),
@@ -135,6 +138,8 @@ LARGE_CELLS: list[tuple[str, str, dict[str, object]]] = [
      {**F8, **TP8, **AC, "context_parallel_size": 2}),
     ("llama-3.1-405b", "FSDP 8 x TP 8 + SP x PP 8, 1F1B, full AC",
      {**F8, **TP8, **AC, "pipeline_parallel_size": 8, "gradient_accumulation_steps": 16}),
+    ("llama-3.1-405b", "FSDP 8 x TP 8 + SP x PP 8, 1F1B, full AC + compile + float8",
+     {**F8, **TP8, **AC, **F8C, "pipeline_parallel_size": 8, "gradient_accumulation_steps": 16}),
     ("llama-3.1-405b", "FSDP 8 x TP 8 + SP x PP 8, interleaved 1F1B, full AC",
      {**F8, **TP8, **AC, **IL, "pipeline_parallel_size": 8, "gradient_accumulation_steps": 16}),
 ]  # fmt: skip

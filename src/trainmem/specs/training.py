@@ -742,7 +742,10 @@ class TrainingConfig:
         """``fp8-mixed``: torchao float8 linears as torchtitan trains (fp32 weights, layers in
         bf16 without autocast, linears in float8). Memory: ``Float8Linear`` saves its
         high-precision input and weight for backward (torchao float8 ``matmul_with_hp_or_
-        float8_args``), so activations are those of bf16; with FSDP2 the all-gather is float8
+        float8_args``), so activations are those of bf16, except under tensor parallelism
+        (torchao's float8 TP styles cast the inputs first) and torch.compile (the partition
+        recasts in backward): Note [Float8 tensor-parallel inputs], Note [Compiled float8
+        linears] in trainmem/analytic/activations.py. With FSDP2 the all-gather is float8
         (``enable_fsdp_float8_all_gather``), one byte per gathered weight."""
         return self.precision == "fp8-mixed"
 
