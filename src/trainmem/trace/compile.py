@@ -207,7 +207,7 @@ def _static_lifetime_indices(joint: Any, num_params_buffers: int) -> list[int]:
         PlainAOTInput,
         SubclassGetAttrAOTInput,
     )
-    from torch._functorch.partitioners import _is_primal
+    from torch._functorch._aot_autograd.utils import _is_primal
 
     out: list[int] = []
     for i, node in enumerate(n for n in joint.graph.nodes if _is_primal(n)):
