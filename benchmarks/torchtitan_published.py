@@ -184,6 +184,15 @@ NOTES = [
     "Open: which allocator setting the runs used (run_llama_train.sh sets expandable "
     "segments; both columns shown); T5 1F1B is still 7% under and T6 CP 8 9% under (CP "
     "with PP is not traced; T6 CP 8 grows by 7.8 GiB in the measurements, not in the model).",
+    "- T4's reserved moved from 72.3 (+1%) to 81.0 GiB (+13%) when the float8 tensor-parallel "
+    "rule (Note [Float8 tensor-parallel inputs]) halved its all-gathered inputs: allocated did "
+    "not move (57.6 GiB), the replay's fragmentation did. The trace engine on the same row "
+    "(composed, 14 s) peaks at 57.8 GiB allocated and replays to 72.2 GiB reserved (67.2 with "
+    "expandable segments): the analytic schedule's blocks, not its bytes, are off. Its layer "
+    "terms are split into tensors by size alone (the MLP backward transient is one 2688 MiB "
+    "block where the trace has three bf16 [t, i / 8] tensors of 896 MiB; a 1792 MiB term "
+    "taken as one fp32 [t, i / 8] tensor is two bf16 ones; the loss parallel head is one "
+    "10.3 GiB block). Open: give every term its tensors' shapes instead of splitting by size.",
 ]
 
 
