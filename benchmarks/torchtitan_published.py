@@ -189,10 +189,12 @@ NOTES = [
     "not move (57.6 GiB), the replay's fragmentation did. The trace engine on the same row "
     "(composed, 14 s) peaks at 57.8 GiB allocated and replays to 72.2 GiB reserved (67.2 with "
     "expandable segments): the analytic schedule's blocks, not its bytes, are off. Its layer "
-    "terms are split into tensors by size alone (the MLP backward transient is one 2688 MiB "
-    "block where the trace has three bf16 [t, i / 8] tensors of 896 MiB; a 1792 MiB term "
-    "taken as one fp32 [t, i / 8] tensor is two bf16 ones; the loss parallel head is one "
-    "10.3 GiB block). Open: give every term its tensors' shapes instead of splitting by size.",
+    "terms are split into tensors by size alone and differ from the trace's tensors (the MLP "
+    "backward transient is one 2688 MiB block where the trace has three bf16 [t, i / 8] "
+    "tensors of 896 MiB; a 1792 MiB term is taken as one fp32 [t, i / 8] tensor; the loss "
+    "parallel head is one 10.3 GiB block); splitting the MLP transient alone leaves the "
+    "reserved peak where it is. Open: give every term its tensors' shapes, then compare the "
+    "two replays' segments.",
 ]
 
 
