@@ -73,6 +73,15 @@ _RANK_LABELS = (
 )
 
 
+def _cell(value: object) -> str:
+    """A rank label as text: mesh coordinates as ``pp=0 tp=1``, lists joined by commas."""
+    if isinstance(value, dict):
+        return " ".join(f"{k}={v}" for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return ", ".join(str(v) for v in value)
+    return str(value)
+
+
 def per_rank_table(est: MemoryEstimate) -> Table | None:
     """One row per distinct rank the engine reported (``details["per_rank"]``: first, last and
     most loaded pipeline stages, embedding / LM-head ranks): its labels, peak allocated and
@@ -90,7 +99,7 @@ def per_rank_table(est: MemoryEstimate) -> Table | None:
     for r in ranks:
         reserved = r.get("reserved_bytes")
         table.add_row(
-            *(str(r.get(k, "")) for k, _ in labels),
+            *(_cell(r.get(k, "")) for k, _ in labels),
             gib(int(r.get("allocated_bytes", 0))),
             "OOM" if r.get("oom") else ("-" if reserved is None else gib(int(reserved))),
             str(r.get("peak_phase", "")),
