@@ -195,6 +195,10 @@ NOTES = [
     "parallel head is one 10.3 GiB block); splitting the MLP transient alone leaves the "
     "reserved peak where it is. Open: give every term its tensors' shapes, then compare the "
     "two replays' segments.",
+    "- The same float8 x compile rules moved other rows (all run compile + fp8): T5 "
+    "interleaved allocated 60.5 -> 62.4 GiB (reserved -2% -> +3%; the traced figures quoted "
+    "above predate these rules), T5 1F1B and T6 allocated 67.4 -> 66.5, and T2 reserved "
+    "79.4 -> 77.3 GiB (-5% -> -8%) with its allocated unchanged, again the replay's blocks.",
 ]
 
 

@@ -170,24 +170,20 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
     ]
     fsdp = training.zero_stage == 3 and training.data_parallel_size > 1
     group = training.shard_group_size
-    if not fsdp:  # FSDP2's own settings mean nothing without it
+    if not fsdp:  # other data-parallel layouts; FSDP2's own settings mean nothing without it
         out += [
             f"{name}={getattr(training, name)}"
-            for name in ("reshard_after_forward", "shard_group_size")
+            for name in (
+                "data_parallel_size", "zero_stage", "reshard_after_forward", "shard_group_size"
+            )
             if getattr(training, name) != getattr(defaults, name)
-        ]
+        ]  # fmt: skip
     elif group is not None and group < training.data_parallel_size:
         # HSDP is traced on a (dp_replicate, dp_shard) mesh (trainmem.trace.parallel)
         if training.data_parallel_size % group:
             out.append(f"shard_group_size={group} not dividing data_parallel_size")
         if training.context_parallel_size > 1:
             out.append(f"shard_group_size={group} with context parallelism")
-    if not fsdp:
-        out += [
-            f"{name}={getattr(training, name)}"
-            for name in ("data_parallel_size", "zero_stage")
-            if getattr(training, name) != getattr(defaults, name)
-        ]
     if training.framework not in ("pytorch-amp", "fsdp2") or (
         training.framework == "fsdp2" and not fsdp
     ):
@@ -557,12 +553,17 @@ def _estimate_traced(
             model if isinstance(model, str) else target.name, training, gpu=gpu_spec
         )
         est.engine = "trace"
+        composed = bool(est.details.get("generic", {}).get("block_lists"))
+        how = (
+            f"of its {target.num_layers} identical layers a few are traced and the middle one "
+            "repeated to full depth (every layer's events repeat, Note [Composing the full "
+            "depth] in trainmem/trace/compose.py)"
+            if composed
+            else "every layer traced (the next note says why the composition was not used)"
+        )
         est.notes[0] = (
-            f"trace engine: the model built by transformers on fake tensors; of its "
-            f"{target.num_layers} identical layers a few are traced and the middle one repeated "
-            "to full depth (every layer's events repeat, Note [Composing the full depth] in "
-            "trainmem/trace/compose.py); requested sizes, the CUDA context is the default "
-            "allowance"
+            f"trace engine: the model built by transformers on fake tensors; {how}; requested "
+            "sizes, the CUDA context is the default allowance"
         )
     elif training.pipeline_parallel_size > 1:
         from trainmem.trace.pipeline import estimate_pipeline_trace

@@ -13,6 +13,8 @@ FSDP 2's and exceeds FSDP 4's (whose shards are half as large).
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from trainmem.errors import UnsupportedError
@@ -20,10 +22,10 @@ from trainmem.estimate import estimate
 from trainmem.specs.training import TrainingConfig
 
 
-def _peak(engine: str = "trace", **kw: object) -> tuple[int, dict]:  # type: ignore[type-arg]
+def _peak(engine: str = "trace", **kw: Any) -> tuple[int, dict[str, Any]]:
     training = TrainingConfig(
         micro_batch_size=2, seq_len=64, dropout=False, framework="fsdp2", zero_stage=3, **kw
-    )  # type: ignore[arg-type]
+    )
     est = estimate("tiny-llama-test", training, engine=engine, simulate_allocator=False)
     return est.breakdown.allocated_bytes, est.details.get("rank_map") or {}
 

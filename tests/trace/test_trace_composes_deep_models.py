@@ -51,7 +51,7 @@ def test_composed_trace_equals_the_whole_trace(deep_config: Path, training: Trai
     assert composed.peak_phase == whole.peak_phase
 
 
-def test_shallow_models_are_traced_whole(deep_config: Path) -> None:
+def test_shallow_models_are_traced_whole() -> None:
     training = TrainingConfig(micro_batch_size=2, seq_len=64, dropout=False)
     est = estimate("tiny-llama-test", training, engine="trace", simulate_allocator=False)
     assert "identical layers" not in est.notes[0]
