@@ -147,3 +147,39 @@ def test_analytic_compile_rule_matches_the_traced_partition() -> None:
     per_layer = traced.details["activation_bytes_by_module"]["model.layers.0"]
     # a few bytes of scalars (the dropout seed / RNG offsets) aside
     assert abs(per_layer - analytic.details["activations_per_layer_bytes"]) <= 64
+
+
+def test_compiled_backward_frees_each_saved_tensor_after_its_last_use() -> None:
+    """AOTAutograd hands the compiled backward its saved tensors and lets go of them
+    (``ctx.maybe_clear_saved_tensors()``, ``call_func_at_runtime_with_args(...,
+    steal_args=True)`` in ``torch/_functorch/_aot_autograd/runtime_wrappers.py``); inductor's
+    generated ``call(args)`` clears the list and ``del``s each buffer after its last reader. So in
+    ``(x @ w1) @ w2`` the saved ``h = x @ w1``, last read by the second backward mm (``grad_w2 =
+    h.t() @ g``, after ``grad_h = g @ w2.t()``: ``mm``'s derivative in derivatives.yaml computes
+    ``self``'s gradient first), is freed before ``grad_x`` and ``grad_w1`` are allocated; a
+    runner that keeps its argument list holds it to the end of the graph."""
+    from torch._functorch.aot_autograd import aot_function
+    from torch._functorch.partitioners import default_partition
+
+    from trainmem.trace.compile import _graph_runner
+    from trainmem.trace.recorder import StorageRecorder
+
+    runner = _graph_runner(fuse_pointwise=False)
+    f = aot_function(lambda x, w1, w2: (x @ w1) @ w2, fw_compiler=runner, bw_compiler=runner,
+                     partition_fn=default_partition)  # fmt: skip
+    x, w1, w2 = (torch.randn(*s, requires_grad=True) for s in ((64, 32), (32, 96), (96, 16)))
+    rec = StorageRecorder()
+    with rec:
+        rec.phase = "forward"
+        out = f(x, w1, w2)
+        rec.phase = "backward"
+        out.sum().backward()
+    # the last forward mm of h's size (the first call also traces the graphs under the recorder)
+    h = [e.block for e in rec.events if e.action == "alloc" and e.phase == "forward"
+         and e.block.op == "aten.mm.default" and e.block.size_bytes == 64 * 96 * 4][-1]  # fmt: skip
+    backward = [(k, e) for k, e in enumerate(rec.events) if e.phase == "backward"]
+    h_freed = next(k for k, e in backward if e.action == "free" and e.block is h)
+    grad_x = next(
+        k for k, e in backward if e.action == "alloc" and e.block.size_bytes == 64 * 32 * 4
+    )
+    assert h_freed < grad_x
