@@ -2,12 +2,15 @@
 measurements in ../shared/validation/dev_measurements.csv, with thresholds written next to the
 figures they guard. A change that makes the memory model worse on these rows fails here.
 
-Current figures (benchmarks/RESULTS.md): 33 of 35 rows scored, median |error| 2.2%,
+Current figures (benchmarks/RESULTS.md): 33 of 35 rows scored, median |error| 1.8%,
 p90 10.7%, worst under-estimate GT004 -13.6%. The lit-gpt FSDP + LoRA rows GT092-GT095 moved from
 -60.4 / -53.7 / -73.5 / -27.0% to +1.7 / +5.2 / +1.4 / +14.1% when FSDP1's flat-parameter
 gradients under ``no_sync`` accumulation were modelled (Notes [FSDP gradient accumulation under
 no_sync] and [Flat-parameter gradients in backward] in analytic/schedule.py); no other row
-changed. Thresholds allow rounding noise only;
+changed. Re-recorded at main c21fc20 (session 8): GT077 +3.3 -> +0.6% and GT092-GT094 under
+1 point better, moved by earlier sessions' rules (not re-recorded then); median |error|
+2.2 -> 1.8%; the training KV cache rule of that session moves no dev row. Thresholds allow
+rounding noise only;
 they tighten when the model is fixed, never loosen to let a row pass.
 """
 
@@ -41,7 +44,7 @@ RECORDED = {
     "GT074": +0.0278,
     "GT075": +0.1447,
     "GT076": +0.0031,
-    "GT077": +0.0330,
+    "GT077": +0.0058,
     "GT078": +0.0070,
     "GT079": +0.0067,
     "GT080": +0.0059,
@@ -54,15 +57,15 @@ RECORDED = {
     "GT087": -0.0008,
     "GT088": -0.0024,
     "GT089": -0.0223,
-    "GT092": +0.0169,
-    "GT093": +0.0515,
-    "GT094": +0.0143,
+    "GT092": +0.0146,
+    "GT093": +0.0430,
+    "GT094": +0.0125,
     "GT095": +0.1411,
     "GT096": -0.1071,
 }
 ROW_SLACK = 0.01
 MIN_ROWS_SCORED = 33
-MAX_MEDIAN_ABS = 0.024
+MAX_MEDIAN_ABS = 0.019
 MAX_P90_ABS = 0.11
 MIN_WORST_SIGNED = -0.14
 

@@ -1489,11 +1489,16 @@ def final_hidden_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
 def forward_kv_cache_bytes(model: ModelSpec, training: TrainingConfig, num_layers: int) -> int:
     """Bytes of the KV cache transformers builds in training (``ModelSpec.forward_kv_cache``),
     alive from each layer's attention to the end of forward (the loss): per layer the cache's
-    copies of k and v in the rotated keys' dtype, the residual dtype r. Under autocast SDPA
-    saves its own 16-bit casts of them, so they are extra; when r = c they are the tensors
-    SDPA saves (counted in ``attention/q_k`` and ``attention/v``), and nothing is extra.
-    Source: transformers cache_utils.py ``DynamicLayer.update`` (``torch.cat``);
-    modeling_llama.py ``LlamaModel.forward`` (``DynamicCache`` when ``use_cache``)."""
+    copy of the rotated keys, r * kv_heads * head_dim bytes per token (fp32 under autocast: the
+    rotary tables are fp32), which SDPA does not save (it saves its own 16-bit cast). The
+    values' copy is in the values' own dtype, the compute dtype c, and is the very tensor SDPA
+    saves (counted in ``attention/v``), so nothing extra. When r = c the keys' copy is the saved
+    key too, and nothing is extra. Source: transformers 5.24 cache_utils.py
+    ``DynamicLayer.lazy_initialization`` (an empty tensor in the keys' / values' dtype) and
+    ``update`` (``torch.cat``); modeling_llama.py ``LlamaModel.forward`` (``DynamicCache``
+    when ``use_cache``). transformers 4.x appends the tensors themselves, which keeps the same
+    fp32 keys alive; 5.23 created the empty tensor in fp32, so its values' copy was fp32 too
+    (r * kv_heads * head_dim more per token and layer, not modelled)."""
     c, r = compute_and_residual_bytes(training)
     if (
         not model.forward_kv_cache
@@ -1503,7 +1508,7 @@ def forward_kv_cache_bytes(model: ModelSpec, training: TrainingConfig, num_layer
     ):
         return 0
     t = training.micro_batch_size * tokens_per_sequence(model, training)
-    per_layer = 2 * r * model.num_kv_heads * model.head_dim * t
+    per_layer = r * model.num_kv_heads * model.head_dim * t
     return num_layers * -(-per_layer // parallel_divisor("attention/v", training))
 
 

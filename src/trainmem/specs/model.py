@@ -132,6 +132,9 @@ and k (``torch.cat([q_rot_embed, q_pass], dim=-1)``: modeling_gpt_neox.py / mode
 
 FORWARD_KV_CACHE_TYPES = frozenset(
     {
+        "llama",
+        "mistral",
+        "qwen2",
         "phi3",
         "starcoder2",
         "gemma3_text",
@@ -142,14 +145,13 @@ FORWARD_KV_CACHE_TYPES = frozenset(
         "phi",
     }
 )
-"""Rotary families whose transformers code builds a KV cache during training that holds fp32
-copies of k and v until the forward ends (``ModelSpec.forward_kv_cache``); checked against the
-trace engine for these families with transformers 5.23. Llama-style code does the same in 5.23
-(its cache's ``torch.cat`` onto an empty fp32 tensor: cache_utils.py
-``DynamicLayer.lazy_initialization``), but 5.24 creates that tensor in the keys' dtype, so the
-size depends on the installed transformers; not switched on for those families.
-OLMo-2 casts its rotated q and k back to their dtype (modeling_olmo2.py
-``apply_rotary_pos_emb``), so its cache copies are the 16-bit tensors SDPA saves anyway."""
+"""Rotary families whose transformers code builds a KV cache during training that keeps an
+fp32 copy of the rotated keys until the forward ends (``ModelSpec.forward_kv_cache``; the rotary
+tables are fp32 under autocast, so the rotated keys are); checked against the trace engine with
+transformers 5.24 (tests/analytic/test_forward_kv_cache.py, tests/analytic/
+test_formula_families.py). OLMo-2 casts the rotated q and k back to their dtype
+(modeling_olmo2.py ``apply_rotary_pos_emb``: ``q_embed.to(q_type)``), so its cache's copy is
+the 16-bit key SDPA saves; not in the set."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -420,13 +422,13 @@ class ModelSpec:
 
     @property
     def forward_kv_cache(self) -> bool:
-        """transformers 5 builds a ``DynamicCache`` in training when the config says
+        """transformers builds a ``DynamicCache`` in training when the config says
         ``use_cache=True`` and checkpointing is off (``merge_with_config_defaults``); its
-        ``torch.cat`` copies of the rotated keys and the values take the keys' dtype
-        (cache_utils.py ``DynamicLayer.lazy_initialization``: fp32 under autocast, where the
-        rotary tables are fp32) and live until the model output is dropped after the loss:
-        the families of :data:`FORWARD_KV_CACHE_TYPES` (found by the trace engine), unless
-        the config says ``use_cache: false``."""
+        ``torch.cat`` copy of the rotated keys is fp32 under autocast (cache_utils.py
+        ``DynamicLayer.lazy_initialization`` creates the cache in the keys' own dtype) and lives
+        until the model output is dropped after the loss: the families of
+        :data:`FORWARD_KV_CACHE_TYPES` (found by the trace engine), unless the config says
+        ``use_cache: false``."""
         return self.model_type in FORWARD_KV_CACHE_TYPES and self.use_cache
 
     def __post_init__(self) -> None:
