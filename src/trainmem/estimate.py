@@ -15,8 +15,10 @@ Note [Which path runs]
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Literal
 
+from trainmem.analytic.buffers import device_context
 from trainmem.analytic.engine import estimate_analytic
 from trainmem.breakdown import MemoryEstimate
 from trainmem.errors import SpecError, UnsupportedError
@@ -228,8 +230,6 @@ def finish(
     Raises:
         SpecError: a bad ``alloc_conf``.
     """
-    from dataclasses import replace
-
     from trainmem.breakdown import fold_category
 
     if not est.schedules:
@@ -422,7 +422,14 @@ def estimate(
         )
     if engine in ("trace", "generic"):
         return _estimate_traced(
-            model, training, gpu_spec, engine, alloc_conf, simulate_allocator, diffusers
+            model,
+            training,
+            gpu_spec,
+            engine,
+            alloc_conf,
+            simulate_allocator,
+            diffusers,
+            cuda_context_bytes,
         )
     if engine != "analytic":
         raise SpecError("engine", f"unknown value {engine!r}; allowed: {', '.join(ENGINES)}")
@@ -459,7 +466,14 @@ def _estimate_auto(
             ) from exc
         try:
             est = _estimate_traced(
-                model, training, gpu_spec, "generic", alloc_conf, simulate_allocator, diffusers
+                model,
+                training,
+                gpu_spec,
+                "generic",
+                alloc_conf,
+                simulate_allocator,
+                diffusers,
+                cuda_context_bytes,
             )
         except UnsupportedError as generic_exc:  # neither path models it: both reasons
             raise UnsupportedError(
@@ -503,6 +517,7 @@ def _estimate_traced(
     alloc_conf: str,
     simulate_allocator: bool,
     diffusers: bool = False,
+    cuda_context_bytes: int | None = None,
 ) -> MemoryEstimate:
     """The ``trace`` engine (the whole model) or the ``generic`` path (a few blocks per list,
     ``trainmem.trace.generic``), each finished by :func:`finish`; a diffusers config is built
@@ -563,7 +578,7 @@ def _estimate_traced(
         )
         est.notes[0] = (
             f"trace engine: the model built by transformers on fake tensors; {how}; requested "
-            "sizes, the CUDA context is the default allowance"
+            "sizes, the CUDA context and the NCCL communicators are added, not traced"
         )
     elif training.pipeline_parallel_size > 1:
         from trainmem.trace.pipeline import estimate_pipeline_trace
@@ -578,4 +593,10 @@ def _estimate_traced(
         traced = est.details.get("per_rank") or [{"rank": 0}]
         keep = ("rank", "coordinates", "ranks_alike")
         est.rank_labels = [{k: v for k, v in r.items() if k in keep} for r in traced]
+    # what no fake tensor shows, as the analytic engine counts it: the user's CUDA context (or
+    # the default) and the NCCL communicators beside the allocator
+    ctx, outside, notes = device_context(training, cuda_context_bytes)
+    est.breakdown = replace(est.breakdown, cuda_context=ctx)
+    est.details["outside_allocator_bytes"] = outside
+    est.notes.extend(notes)
     return finish(est, gpu=gpu_spec, alloc_conf=alloc_conf, simulate_allocator=simulate_allocator)

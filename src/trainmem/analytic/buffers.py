@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from trainmem.analytic.tensor_states import StateLayout, TensorState
+from trainmem.analytic.tensor_states import TensorState
+from trainmem.specs.hardware import DEFAULT_CUDA_CONTEXT_BYTES
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import MiB, dtype_bytes
@@ -252,22 +253,49 @@ def deepspeed_persistent_bucket_bytes(model: ModelSpec, training: TrainingConfig
     return dtype_bytes(training.weight_dtype) * deepspeed_reduce_bucket_elements(model, training)
 
 
-def outside_allocator_bytes(layout: StateLayout, training: TrainingConfig) -> dict[str, int]:
+def outside_allocator_bytes(training: TrainingConfig, paged_state_bytes: int = 0) -> dict[str, int]:
     """Device memory of the step that the caching allocator does not hold, by kind: the states
-    of a bitsandbytes paged optimizer (CUDA managed memory,
-    :func:`~trainmem.analytic.tensor_states.paged_state_bytes`) and the NCCL communicators
-    (:func:`nccl_communicator_bytes`). nvidia-smi counts them (paged states while resident);
-    ``max_memory_allocated`` / ``max_memory_reserved`` never do.
+    of a bitsandbytes paged optimizer (CUDA managed memory, ``paged_state_bytes``: the
+    analytic engine's :func:`~trainmem.analytic.tensor_states.paged_state_bytes`) and the NCCL
+    communicators (:func:`nccl_communicator_bytes`). nvidia-smi counts them (paged states while
+    resident); ``max_memory_allocated`` / ``max_memory_reserved`` never do.
 
     Alive: the whole step (forward, backward and optimizer).
 
     Returns:
         Kind -> bytes; kinds with 0 bytes are left out.
     """
-    out = {"paged_optimizer_states": layout.total("paged_state_bytes")}
+    out = {"paged_optimizer_states": paged_state_bytes}
     for group, size in nccl_communicator_bytes(training).items():
         out[f"nccl_communicator/{group}"] = size
     return {k: v for k, v in out.items() if v}
+
+
+NCCL_SOURCE = "NCCL cudaMalloc; the size measured on 4 x A100 in NVIDIA/nccl #964, not a default"
+"""How the notes name a communicator's size: a measurement, which NCCL's channel count (link
+bandwidth) moves (see :data:`NCCL_COMMUNICATOR_BYTES`)."""
+
+
+def device_context(
+    training: TrainingConfig, cuda_context_bytes: int | None, paged_state_bytes: int = 0
+) -> tuple[int, dict[str, int], list[str]]:
+    """The device memory beside the caching allocator's, for every engine: the CUDA context
+    (``cuda_context_bytes``, the user's figure, else ``DEFAULT_CUDA_CONTEXT_BYTES``) plus
+    :func:`outside_allocator_bytes`. The driver replays the step on the GPU's capacity minus
+    it and counts it in the device total (nvidia-smi), never in ``max_memory_allocated``.
+
+    Returns:
+        (bytes, :func:`outside_allocator_bytes`, one note per outside kind).
+    """
+    outside = outside_allocator_bytes(training, paged_state_bytes)
+    base = DEFAULT_CUDA_CONTEXT_BYTES if cuda_context_bytes is None else cuda_context_bytes
+    notes = [
+        f"{kind.replace('_', ' ')}: {size:,} bytes outside the caching allocator "
+        f"({'CUDA managed memory' if kind.startswith('paged') else NCCL_SOURCE}): counted "
+        "in the device total (with the CUDA context), not in max_memory_allocated"
+        for kind, size in outside.items()
+    ]
+    return base + sum(outside.values()), outside, notes
 
 
 NCCL_COMMUNICATOR_BYTES = 688 * MiB

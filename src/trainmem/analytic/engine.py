@@ -29,14 +29,14 @@ from trainmem.analytic.activations import (
     loss_backward_transient_bytes,
     loss_kind,
 )
-from trainmem.analytic.buffers import outside_allocator_bytes
+from trainmem.analytic.buffers import device_context
 from trainmem.analytic.params import num_parameters
 from trainmem.analytic.schedule import PipelineRank, rank_schedule
 from trainmem.analytic.temporaries import cublas_workspace_bytes
 from trainmem.analytic.tensor_states import state_layout
 from trainmem.breakdown import MemoryBreakdown, MemoryEstimate
 from trainmem.errors import SpecError
-from trainmem.specs.hardware import DEFAULT_CUDA_CONTEXT_BYTES, GPUSpec
+from trainmem.specs.hardware import GPUSpec
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import (
     TrainingConfig,
@@ -48,11 +48,6 @@ from trainmem.specs.training import (
 
 DEFAULT_CUBLAS_WORKSPACE_BYTES = 8_519_680
 """cuBLAS workspace per handle when no GPU is named (pre-Hopper default ``:4096:2:16:8``)."""
-
-
-_NCCL_SOURCE = "NCCL cudaMalloc; the size measured on 4 x A100 in NVIDIA/nccl #964, not a default"
-"""How the notes name a communicator's size: a measurement, which NCCL's channel count (link
-bandwidth) moves (see :data:`trainmem.analytic.buffers.NCCL_COMMUNICATOR_BYTES`)."""
 
 
 def estimate_analytic(
@@ -109,17 +104,11 @@ def estimate_analytic(
         )
         for rank in ranks
     ]
-    ctx = DEFAULT_CUDA_CONTEXT_BYTES if cuda_context_bytes is None else cuda_context_bytes
     # memory outside the caching allocator (paged optimizer states, NCCL communicators) joins
     # the device total beside the CUDA context, never allocated / reserved
-    outside = outside_allocator_bytes(layout, training)
-    ctx += sum(outside.values())
-    notes = [
-        f"{kind.replace('_', ' ')}: {size:,} bytes outside the caching allocator "
-        f"({'CUDA managed memory' if kind.startswith('paged') else _NCCL_SOURCE}): counted "
-        "in the device total (with the CUDA context), not in max_memory_allocated"
-        for kind, size in outside.items()
-    ]
+    ctx, outside, notes = device_context(
+        training, cuda_context_bytes, layout.total("paged_state_bytes")
+    )
     if training.compile:
         notes.append(
             "--compile: the formulas keep what inductor's min-cut partition saves for RMSNorm and "

@@ -442,7 +442,7 @@ def _estimate(
         recorded_timeline=report.timeline,
         notes=[
             "trace engine: requested sizes, no 512 B rounding or fragmentation (allocator "
-            "simulator's job); CUDA context is the default allowance",
+            "simulator's job); the CUDA context and the NCCL communicators are added, not traced",
         ],
     )
 

@@ -164,7 +164,8 @@ def trace_generic(
         est.notes[0] = (
             "generic path: each pipeline rank's stages built by transformers on fake tensors, a "
             "few layers per stage traced under torch.distributed.pipelining and repeated to "
-            "full depth; requested sizes, the CUDA context is the default allowance"
+            "full depth; requested sizes, the CUDA context and the NCCL communicators are "
+            "added, not traced"
         )
         return est
     with torch.device("meta"):
@@ -223,7 +224,7 @@ def trace_generic(
         "generic path: the model built by "
         + recipe.library
         + " on fake tensors, a few blocks per list traced and repeated to full depth; "
-        "requested sizes, the CUDA context is the default allowance",
+        "requested sizes, the CUDA context and the NCCL communicators are added, not traced",
         *notes,
     ]
     return est

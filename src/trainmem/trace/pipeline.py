@@ -784,7 +784,7 @@ def estimate_pipeline(
     est.notes = [
         "trace engine: torch.distributed.pipelining's schedule run over every micro-batch of "
         f"the step on the first, the last and the most loaded pipeline rank{few}; requested "
-        "sizes, the CUDA context is the default allowance",
+        "sizes, the CUDA context and the NCCL communicators are added, not traced",
         *notes,
     ]
     return est
