@@ -48,6 +48,20 @@ Note [FSDP under pipeline parallelism]
     dtype (FSDP2 ``FSDPParam.to_accumulated_grad_if_needed``: fp32 under torchtitan's
     ``MixedPrecisionPolicy(reduce_dtype=float32)``), until the reduce-scatter leaves the shards.
 
+Note [New gradients under pipeline parallelism]
+    Under pipeline parallelism FSDP2 skips the reduce-scatter and accumulates (Note [FSDP under
+    pipeline parallelism]); each micro-batch's backward still gives every unsharded parameter a
+    new gradient in the parameter's dtype (the compute dtype under ``MixedPrecisionPolicy(
+    param_dtype=bf16)``), which lives until the layer's post-backward adds it into the fp32
+    accumulated gradient (``FSDPParam.accumulate_unsharded_grad_if_needed``) or, on the first
+    micro-batch, becomes it (``to_accumulated_grad_if_needed``: ``grad.to(reduce_dtype)``,
+    then the 16-bit gradient dropped), parameter by parameter
+    (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py ``post_backward``). The MLP's
+    weight gradients are made in the MLP's backward, so its three [i / t, h] gradients are alive
+    at the MLP's backward transients; the attention's come after. Seen in the trace of
+    llama-3.1-405b shapes (4 layers, FSDP 8 x TP 8 + SP x PP 2): three bf16 [i / 8, h]
+    gradients alive at gate_proj's input-gradient allocation.
+
 Note [FSDP2 post-backward]
     FSDP2 (``FrameworkConventions.fsdp2_post_backward``) reduces a layer's gradients in its
     post-backward, after the whole layer's backward: it reshards the layer's parameters, releases
@@ -196,6 +210,7 @@ from trainmem.analytic.buffers import (
     reduce_scatter_layer_bytes,
     root_gathered_bytes,
 )
+from trainmem.analytic.params import MLP_LINEARS
 from trainmem.analytic.pipeline import logits_bytes, stage_buffers
 from trainmem.analytic.temporaries import (
     CS336_ADAMW_TEMPORARIES,
@@ -463,7 +478,16 @@ class _Builder:
         if gpipe:
             per_micro_batch += self.head_acts
             self.in_flight_bytes = round((rank.in_flight - 1) * per_micro_batch)
-        later = max(rank.in_flight - 1, 1) if gpipe else rank.in_flight
+        # 1F1B: the warmup runs min(m, p - stage) forwards, then each backward is followed by
+        # the next forward while one is left (schedules.py ``Schedule1F1B._step_microbatches``:
+        # ``if fwd_mb_index == self._n_microbatches: break``, then the cooldown's backwards);
+        # when the warmup already ran every micro-batch (m <= p - stage, as with torchtitan's
+        # m = p on the first stage) the second backward finds one micro-batch fewer, as GPipe's
+        one_fewer = gpipe or (
+            training.pipeline_schedule == "1f1b"
+            and training.gradient_accumulation_steps <= rank.in_flight
+        )
+        later = max(rank.in_flight - 1, 1) if one_fewer else rank.in_flight
         self.in_flight_later_bytes = round((later - 1) * per_micro_batch)
         self.in_flight_outputs_later = stage_buffers(
             model, training, in_flight=later, first=rank.stage == 0, last=rank.has_head
@@ -1193,6 +1217,23 @@ class _Builder:
             "the layer's gathered weights, kept from its forward to its backward",
         )
 
+    def _pp_new_grad_ops(self, phase: Phase) -> list[Op]:
+        """The layer's new unsharded gradients of one micro-batch under pipeline parallelism,
+        one per parameter in the compute dtype (Note [New gradients under pipeline
+        parallelism])."""
+        c, tp = dtype_bytes(self.training.compute_dtype), self.training.tensor_parallel_size
+        return [
+            alloc(
+                c * s.numel // tp if s.trainable else 0,
+                Cat.TEMPORARY,
+                phase,
+                f"pp_new_grad/{n}",
+                "layers.{i}",
+                "the layer's new unsharded gradients, until FSDP2's post-backward",
+            )
+            for n, s in enumerate(self.layer_states)
+        ]
+
     def _backward_layers(self, *, new_grads: bool, reduce: bool = False) -> list[Item]:
         b: Phase = "backward"
         t = self.training
@@ -1247,6 +1288,10 @@ class _Builder:
         mlp_tmp = alloc(
             self.mlp_tmp, Cat.TEMPORARY, b, "mlp_tmp", "layers.{i}", "the MLP's backward transients"
         )
+        # Note [New gradients under pipeline parallelism]
+        pp_new = self._pp_new_grad_ops(b) if self.pp_fsdp and not self.flat_views else []
+        new_mlp = [op for op, st in zip(pp_new, self.layer_states, strict=False) if _is_mlp(st)]
+        new_rest = [op for op in pp_new if op not in new_mlp]
         saved = self._saved_ops(b, "{i}")
         is_mlp = [term.startswith("mlp/") for term, _ in self.saved]
         re_mlp = [term.startswith("mlp/") for term, _ in self.dropped]
@@ -1254,7 +1299,7 @@ class _Builder:
         re_down = [term == "mlp/down_input" for term, _ in self.dropped]
         body += [free(op, b) for op, m in zip(saved, down, strict=True) if m]
         body += [free(op, b) for op, m in zip(recomputed, re_down, strict=False) if m]
-        body += [mlp_tmp]
+        body += [*new_mlp, mlp_tmp]
         if self.flat_views:  # Note [Flat-parameter gradients in backward]
             views = alloc(
                 self.flat_views,
@@ -1282,7 +1327,7 @@ class _Builder:
                 body += self._reduce_ops(self.layer_states, "{i}", "layers.{i}")
             body += [free(fresh, b), free(mlp_tmp, b)]
         else:
-            if new_grads:
+            if new_grads and not pp_new:
                 body += grads
             if reduce_accumulated:
                 body += self._reduce_ops(self.layer_states, "{i}", "layers.{i}")
@@ -1311,7 +1356,7 @@ class _Builder:
         re_early = self._released_before_softmax_backward(self.dropped)
         body += [free(op, b) for op, e in zip(saved, early, strict=True) if e]
         body += [free(op, b) for op, e in zip(recomputed, re_early, strict=False) if e]
-        body += [*attention, *(free(op, b) for op in attention)]
+        body += [*new_rest, *attention, *(free(op, b) for op in attention)]
         if not self.post_backward:
             body.append(free(reduce_op, b))
         body += [free(op, b) for op, m, e in zip(saved, is_mlp, early, strict=True) if not (m or e)]
@@ -1322,6 +1367,8 @@ class _Builder:
         ]
         if t.optimizer_in_backward and new_grads:
             body += [free(op, b) for op in grads]
+        for new_op, acc in zip(pp_new, grads, strict=False):  # FSDP2's post-backward, per param
+            body += [acc, free(new_op, b)] if new_grads else [free(new_op, b)]
         body.append(free(self._kept_op("forward"), b))
         if self.post_backward:  # Note [FSDP2 post-backward]: the previous layer's input goes
             first = (*body, self._reduce_scatter_input("{i}"))
@@ -1668,6 +1715,12 @@ def rank_schedule(
         step=tuple(b.step(first=False)),
         name=f"{model.name} (analytic{suffix})",
     )
+
+
+def _is_mlp(state: TensorState) -> bool:
+    """A parameter of the layer's MLP (its LoRA adapters and fused experts included)."""
+    name = state.name.split(".")[-1]
+    return name in MLP_LINEARS or name.startswith("experts_")
 
 
 def _tensor_sizes(model: ModelSpec, training: TrainingConfig) -> list[int]:
