@@ -719,8 +719,14 @@ class TrainingConfig:
     @property
     def gathered_weight_dtype(self) -> str:
         """Dtype of the weights ZeRO-3 / FSDP gathers: the compute dtype under an FSDP
-        mixed-precision policy (``fsdp_param_dtype_follows_precision``), else the weight dtype."""
-        if self.is_mixed and self.conventions.fsdp_param_dtype_follows_precision:
+        mixed-precision policy (``fsdp_param_dtype_follows_precision``), else the weight dtype.
+        ``fp8-mixed`` under FSDP is torchao's float8 recipe as torchtitan runs it, with
+        ``MixedPrecisionPolicy(param_dtype=bf16)`` whatever the framework (the trace engine's
+        ``trainmem.trace.fsdp``): the weights that are not float8-gathered (embedding, norms,
+        head) are gathered in bf16, and the token embedding's gradient is bf16."""
+        fsdp = self.zero_stage == 3 and self.data_parallel_size > 1
+        policy = self.conventions.fsdp_param_dtype_follows_precision or (self.is_fp8 and fsdp)
+        if self.is_mixed and policy:
             return self.compute_dtype
         return self.weight_dtype
 
