@@ -182,8 +182,8 @@ NOTES = [
     "pipeline ranks 0 / 1 / 7 (the formulas 60.5 / 53.9 / 55.4), reserved at most 70.5 "
     "(measured 72.7).",
     "Open: which allocator setting the runs used (run_llama_train.sh sets expandable "
-    "segments; both columns shown); T5 1F1B is still 7% under and T6 CP 8 9% under (CP "
-    "with PP is not traced; T6 CP 8 grows by 7.8 GiB in the measurements, not in the model).",
+    "segments; both columns shown); T5 1F1B is still 5% under and T6 CP 8 8% under (T6 CP 8 "
+    "grows by 7.8 GiB in the measurements, not in the model).",
     "- T4's reserved moved from 72.3 (+1%) to 81.0 GiB (+13%) when the float8 tensor-parallel "
     "rule (Note [Float8 tensor-parallel inputs]) halved its all-gathered inputs: allocated did "
     "not move (57.6 GiB), the replay's fragmentation did. The trace engine on the same row "
@@ -199,6 +199,12 @@ NOTES = [
     "interleaved allocated 60.5 -> 62.4 GiB (reserved -2% -> +3%; the traced figures quoted "
     "above predate these rules), T5 1F1B and T6 allocated 67.4 -> 66.5, and T2 reserved "
     "79.4 -> 77.3 GiB (-5% -> -8%) with its allocated unchanged, again the replay's blocks.",
+    "- Session 8, pipeline rules checked against the trace (Note [New gradients under pipeline "
+    "parallelism]: each micro-batch's new bf16 gradients of a layer until FSDP2's post-backward; "
+    "Schedule1F1B's second backward finds one micro-batch fewer when the warmup ran them all, "
+    "m <= p - stage, as T5 1F1B's 8 micro-batches on PP 8 do on stage 0): T5 1F1B allocated "
+    "66.5 -> 65.1 GiB, reserved -7% -> -5%; T5 interleaved reserved +3% -> +4%; T6 allocated "
+    "66.5 -> 65.1, reserved +2..-9% -> +4..-8%. The trace figures quoted above predate them.",
 ]
 
 
