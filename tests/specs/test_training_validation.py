@@ -39,6 +39,14 @@ from trainmem.specs.training import (
             {"optimizer_in_backward": True, "gradient_accumulation_steps": 4},
             "optimizer_in_backward",
         ),
+        (  # was an internal ScheduleError from the formulas' step schedule
+            {
+                "optimizer_in_backward": True,
+                "pipeline_parallel_size": 2,
+                "pipeline_schedule": "gpipe",
+            },
+            "optimizer_in_backward",
+        ),
         ({"seq_len": 1024, "context_parallel_size": 4096}, "context_parallel_size"),
         ({"seq_len": 1000, "context_parallel_size": 3}, "context_parallel_size"),
     ],

@@ -482,7 +482,8 @@ class _Builder:
         # the next forward while one is left (schedules.py ``Schedule1F1B._step_microbatches``:
         # ``if fwd_mb_index == self._n_microbatches: break``, then the cooldown's backwards);
         # when the warmup already ran every micro-batch (m <= p - stage, as with torchtitan's
-        # m = p on the first stage) the second backward finds one micro-batch fewer, as GPipe's
+        # m = p on the first stage) the second backward finds one micro-batch fewer, as under
+        # GPipe
         one_fewer = gpipe or (
             training.pipeline_schedule == "1f1b"
             and training.gradient_accumulation_steps <= rank.in_flight
@@ -1365,10 +1366,10 @@ class _Builder:
             for n, op in enumerate(recomputed)
             if (n >= len(re_mlp) or not re_mlp[n]) and not (n < len(re_early) and re_early[n])
         ]
-        if t.optimizer_in_backward and new_grads:
-            body += [free(op, b) for op in grads]
         for new_op, acc in zip(pp_new, grads, strict=False):  # FSDP2's post-backward, per param
             body += [acc, free(new_op, b)] if new_grads else [free(new_op, b)]
+        if t.optimizer_in_backward and new_grads:
+            body += [free(op, b) for op in grads]
         body.append(free(self._kept_op("forward"), b))
         if self.post_backward:  # Note [FSDP2 post-backward]: the previous layer's input goes
             first = (*body, self._reduce_scatter_input("{i}"))

@@ -523,6 +523,17 @@ class TrainingConfig:
                 f"{self.gradient_accumulation_steps}: the gradient is stepped and freed in "
                 "backward, nothing is left to accumulate (use gradient_accumulation_steps 1)",
             )
+        if self.optimizer_in_backward and self.pipeline_parallel_size > 1:
+            # torchtitan refuses the pair (components/optimizer.py: "Optimizers in backward is
+            # not supported with Pipeline Parallel."): a pipeline stage's gradients are stepped
+            # only after every micro-batch's backward (torch/distributed/pipelining/stage.py)
+            raise SpecError(
+                "optimizer_in_backward",
+                "cannot be combined with pipeline_parallel_size "
+                f"{self.pipeline_parallel_size}: a pipeline stage steps its gradients after "
+                "every micro-batch's backward (use pipeline_parallel_size 1, or no "
+                "optimizer_in_backward)",
+            )
         if self.seq_len % self.context_parallel_size:
             raise SpecError(
                 "context_parallel_size",
