@@ -8,8 +8,12 @@ order of :data:`INPUT_NAMES`.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
+import os
+import shutil
+import stat
 import tempfile
 import time
 import uuid
@@ -195,18 +199,31 @@ def fit_and_plan(tab: str, config_path: str | None, *raw: Any) -> tuple[str, str
 # ---------------------------------------------------------------------------------------
 
 
+_OUT_DIR: Path | None = None
+
+
 def _out_dir() -> Path:
-    """A private folder for generated files; files older than an hour are removed."""
-    folder = Path(tempfile.gettempdir()) / "trainmem-web"
-    folder.mkdir(exist_ok=True)
+    """This server's private folder for generated files (``tempfile.mkdtemp``: a new name,
+    mode 0700, made by this process, removed at exit); files in it older than an hour are
+    removed.
+
+    The folder is never a fixed name in the shared temp directory, so nobody can plant it or a
+    link in its place, and the cleanup removes only regular files this folder holds itself: a
+    symbolic link is unlinked, never followed (``lstat``)."""
+    global _OUT_DIR
+    if _OUT_DIR is None or not _OUT_DIR.is_dir():
+        _OUT_DIR = Path(tempfile.mkdtemp(prefix="trainmem-web-"))
+        atexit.register(shutil.rmtree, _OUT_DIR, True)
     cutoff = time.time() - _FILE_MAX_AGE_SECONDS
-    for old in folder.iterdir():
-        try:
-            if old.stat().st_mtime < cutoff:
-                old.unlink()
-        except OSError:
-            pass
-    return folder
+    with os.scandir(_OUT_DIR) as entries:
+        for entry in entries:
+            try:
+                info = entry.stat(follow_symlinks=False)
+                if info.st_mtime < cutoff and not stat.S_ISDIR(info.st_mode):
+                    os.unlink(entry.path)  # a link itself, never its target
+            except OSError:
+                pass
+    return _OUT_DIR
 
 
 def _new_file(stem: str, suffix: str) -> Path:
