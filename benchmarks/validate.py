@@ -28,6 +28,7 @@ import csv
 import datetime
 import json
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -52,6 +53,8 @@ from trainmem.uncertainty import configuration_kinds  # noqa: E402
 
 REPO = HERE.parent
 DEFAULT_CSV = REPO.parent / "shared/validation/dev_measurements.csv"
+DEV2_CSV = REPO.parent / "shared/validation/dev_measurements_2.csv"
+DEV2_ARGS = REPO.parent / "shared/validation/dev_measurements_2_args.jsonl"
 PEERS_DIR = HERE / "peers"
 PEERS_VENV = HERE / ".peers-venv"
 RESULTS_MD = HERE / "RESULTS.md"
@@ -417,6 +420,369 @@ def uncertainty_table(
     }
 
 
+# --- dev set 2: the published stacks, through the real command line ----------------------------
+
+DEV2_BEGIN = "<!-- dev-set-2:begin (benchmarks/validate.py --dev2 --write-results) -->"
+DEV2_END = "<!-- dev-set-2:end -->"
+
+CAUSE_THRESHOLD = 0.05
+"""Rows whose |error| is above this share get a named cause (or "unexplained") in the table."""
+
+SLOW_ROW_S = 10.0
+"""A dev-2 row slower than this is named in the summary (the trace / generic paths)."""
+
+DEV2_PATH_ARGS = {"configs/": "configs/{}/config.json"}
+"""``configs/NAME`` in an args list is ``configs/NAME/config.json`` beside the jsonl."""
+
+
+@dataclass
+class Dev2Row:
+    """One line of ``dev_measurements_2_args.jsonl`` joined with its CSV row.
+
+    Attributes:
+        id: row id (``GT011``...).
+        model: the model argument (preset or ``configs/NAME``), else the CSV's model.
+        framework: the CSV's framework, shortened to its name.
+        metric: ``allocated``, ``reserved`` or ``device_total`` (``-`` when refused).
+        measured: measured bytes.
+        args: ``trainmem estimate`` arguments, None when the source cannot be rebuilt.
+        reason: why the row cannot be rebuilt (the jsonl's ``reason``), else None.
+        rank: ``last_stage`` when only the last pipeline stage was logged, else None.
+    """
+
+    id: str
+    model: str
+    framework: str
+    metric: str
+    measured: int
+    args: list[str] | None
+    reason: str | None = None
+    rank: str | None = None
+
+
+@dataclass
+class Dev2Result:
+    """trainmem's answer for one dev-2 row.
+
+    Attributes:
+        predicted: bytes on the row's metric (and rank), None when trainmem refused the row.
+        refused: trainmem's one-line error, when it refused.
+        engine: the engine ``--engine auto`` chose.
+        oom: the predicted verdict for a run that completed: the simulated allocator ran out of
+            memory on the row's ``--gpu`` (the figure is then the replay without a capacity).
+        seconds: wall time of the row.
+    """
+
+    predicted: int | None = None
+    refused: str | None = None
+    engine: str = ""
+    oom: bool = False
+    seconds: float = 0.0
+
+
+def _framework_name(text: str) -> str:
+    """The CSV's framework column up to its first parenthesis or comma."""
+    for sep in (" (", ", ", " @"):
+        text = text.split(sep)[0]
+    return text.strip()
+
+
+def load_dev2(args_path: Path = DEV2_ARGS, csv_path: Path = DEV2_CSV) -> list[Dev2Row]:
+    """The dev-2 rows in file order: the jsonl's reading of each source joined with the CSV."""
+    with csv_path.open(newline="") as fh:
+        by_id = {r["id"]: r for r in csv.DictReader(fh)}
+    rows = []
+    for line in args_path.read_text().splitlines():
+        if not line.strip():
+            continue
+        item = json.loads(line)
+        csv_row = by_id.get(item["id"], {})
+        args = item.get("args")
+        rows.append(
+            Dev2Row(
+                id=item["id"],
+                model=args[0] if args else csv_row.get("model", "-").split(" ")[0],
+                framework=_framework_name(csv_row.get("framework", "-")),
+                metric=item.get("metric", "-"),
+                measured=int(item["measured_bytes"]),
+                args=list(args) if args else None,
+                reason=item.get("reason"),
+                rank=item.get("rank"),
+            )
+        )
+    return rows
+
+
+def cli_args(row: Dev2Row, base: Path = DEV2_ARGS.parent) -> list[str]:
+    """The row's ``trainmem estimate`` arguments, ``configs/NAME`` made a config.json path."""
+    assert row.args is not None
+    return [str(base / a / "config.json") if a.startswith("configs/") else a for a in row.args]
+
+
+def _without_gpu(args: list[str]) -> list[str]:
+    out: list[str] = []
+    skip = False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in ("--gpu", "-g"):
+            skip = True
+        elif not a.startswith("--gpu="):
+            out.append(a)
+    return out
+
+
+def metric_of(answer: dict[str, Any], metric: str, rank: str | None = None) -> int | None:
+    """The figure ``trainmem estimate --json`` gives on a row's metric.
+
+    Args:
+        answer: the parsed ``--json`` output.
+        metric: ``allocated``, ``reserved`` or ``device_total``.
+        rank: ``last_stage``: the last pipeline stage's figure (``per_rank``), not the worst
+            rank's.
+
+    Returns:
+        Bytes, or None when the answer has no such figure (an out-of-memory verdict).
+    """
+    peak = answer["peak"]
+    per_rank = answer.get("per_rank") or []
+    if rank == "last_stage" and per_rank:
+        last = max(per_rank, key=lambda r: r.get("pipeline_stage", 0))
+        if metric == "allocated":
+            return int(last["allocated_bytes"])
+        reserved = last.get("reserved_bytes")
+        if reserved is None or last.get("oom"):
+            return None
+        context = answer["breakdown_bytes"].get("cuda_context", 0)
+        return int(reserved) + (int(context) if metric == "device_total" else 0)
+    value = peak.get(f"{metric}_bytes")
+    return None if value is None else int(value)
+
+
+def _invoke_estimate(args: list[str]) -> tuple[dict[str, Any] | None, str]:
+    """``trainmem estimate ARGS --json`` in this process (the CLI's own option parsing):
+    the parsed answer, or None and the command's error line."""
+    from typer.testing import CliRunner
+
+    from trainmem.cli.app import app
+
+    result = CliRunner().invoke(app, ["estimate", *args, "--json"])
+    if result.exit_code == 0:
+        return json.loads(result.stdout), ""
+    text = (result.stderr if result.stderr_bytes is not None else "") or result.output or ""
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    if lines:
+        return None, lines[-1].removeprefix("error: ")
+    return None, f"{type(result.exception).__name__}: {result.exception}"
+
+
+def run_dev2_row(row: Dev2Row) -> Dev2Result:
+    """One dev-2 row through ``trainmem estimate`` as its user would run it (``--engine auto``).
+    A completed run the simulated allocator puts out of memory on the row's GPU counts as a
+    predicted OOM; its figure is then the same run replayed without a capacity."""
+    start = time.monotonic()
+    args = cli_args(row)
+    answer, error = _invoke_estimate(args)
+    if answer is None:
+        return Dev2Result(refused=error, seconds=time.monotonic() - start)
+    oom = answer["peak"].get("oom") is not None or answer.get("fits") is False
+    value = metric_of(answer, row.metric, row.rank)
+    if value is None:
+        unlimited, error = _invoke_estimate(_without_gpu(args))
+        if unlimited is not None:
+            value = metric_of(unlimited, row.metric, row.rank)
+    return Dev2Result(
+        predicted=value,
+        refused=None if value is not None else (error or "no figure on the row's metric"),
+        engine=str(answer.get("engine", "")),
+        oom=oom,
+        seconds=time.monotonic() - start,
+    )
+
+
+def run_dev2(rows: list[Dev2Row]) -> dict[str, Dev2Result]:
+    """Every rebuildable dev-2 row (rows with a ``reason`` are not run)."""
+    return {row.id: run_dev2_row(row) for row in rows if row.args is not None}
+
+
+def dev2_errors(rows: list[Dev2Row], results: dict[str, Dev2Result]) -> dict[str, float]:
+    """Signed error per dev-2 row trainmem predicted."""
+    out = {}
+    for row in rows:
+        res = results.get(row.id)
+        if res is not None and res.predicted is not None:
+            out[row.id] = (res.predicted - row.measured) / row.measured
+    return out
+
+
+def cause_of(row_id: str, error: float, oom: bool) -> str:
+    """The row's named cause (``dev2_causes.CAUSES``) when it needs one, else ``""``."""
+    from dev2_causes import CAUSES
+
+    if abs(error) <= CAUSE_THRESHOLD and not oom:
+        return ""
+    return CAUSES.get(row_id, "unexplained")
+
+
+def dev2_summary(
+    rows: list[Dev2Row], results: dict[str, Dev2Result], errors: dict[str, float]
+) -> dict[str, Any]:
+    """The issue's figures on dev set 2: rows run and refused (reasons grouped), median and p90
+    |error|, under-estimates by >10%, completed runs predicted OOM, wall time."""
+    refused: dict[str, list[str]] = {}
+    for row in rows:
+        res = results.get(row.id)
+        if row.reason is not None:
+            refused.setdefault(f"not rebuildable from the source: {row.reason}", []).append(row.id)
+        elif res is not None and res.predicted is None:
+            refused.setdefault(f"trainmem refused: {res.refused}", []).append(row.id)
+    timed = sorted(results.items(), key=lambda kv: -kv[1].seconds)
+    return {
+        **summarize(errors),
+        "rows": len(rows),
+        "refused": refused,
+        "oom": sorted(rid for rid, r in results.items() if r.oom),
+        "seconds": sum(r.seconds for r in results.values()),
+        "slow": [(rid, r.seconds, r.engine) for rid, r in timed if r.seconds > SLOW_ROW_S],
+        "engines": {e: sum(r.engine == e for r in results.values()) for e in _engines(results)},
+    }
+
+
+def _engines(results: dict[str, Dev2Result]) -> list[str]:
+    return sorted({r.engine for r in results.values() if r.engine})
+
+
+def _bars(s: dict[str, Any], oom: int) -> list[str]:
+    """Issue 24's bars against a summary."""
+
+    def met(ok: bool) -> str:
+        return "met" if ok else "not met"
+
+    return [
+        f"median |error| <= 4%: **{met(s['median_abs'] <= 0.04)}** ({100 * s['median_abs']:.1f}%)",
+        f"p90 |error| <= 12%: **{met(s['p90_abs'] <= 0.12)}** ({100 * s['p90_abs']:.1f}%)",
+        f"none under-estimated by > 10%: **{met(s['under'] == 0)}** ({s['under']})",
+        f"no completed run predicted OOM: **{met(oom == 0)}** ({oom})",
+    ]
+
+
+def dev2_lines(
+    rows: list[Dev2Row],
+    results: dict[str, Dev2Result],
+    dev1_errors: dict[str, float],
+    dev1_rows: int,
+) -> list[str]:
+    """The dev-2 section of RESULTS.md (markdown lines, without its markers)."""
+    errors = dev2_errors(rows, results)
+    s = dev2_summary(rows, results, errors)
+    out = [
+        "## Dev set 2: the published stacks, as their users run them (issue 24)",
+        "",
+        "Rows: `shared/validation/dev_measurements_2.csv` with `dev_measurements_2_args.jsonl` "
+        "(one reading of each source as `trainmem estimate` arguments). Each row runs "
+        "`trainmem estimate ARGS --json` in-process (the CLI's own option parsing, "
+        "`--engine auto`) and is compared on the row's metric. Error = (predicted - measured) / "
+        "measured; negative is an under-estimate. `OOM`: the simulated allocator runs out of "
+        "memory on the row's `--gpu` for a run that completed (the figure is the replay "
+        "without a capacity). Cause: for |error| > 5% or a predicted OOM, the mechanism named "
+        "from the row's notes and source (`benchmarks/dev2_causes.py`), else `unexplained`.",
+        "",
+        "| id | model | framework | metric | measured GB | predicted GB | error | cause |",
+        "|---|---|---|---|---:|---:|---:|---|",
+    ]
+    for row in rows:
+        res = results.get(row.id)
+        metric = row.metric + (f" ({row.rank})" if row.rank else "")
+        if res is None or res.predicted is None:
+            why = "not rebuildable" if row.reason else f"refused: {res.refused if res else '-'}"
+            out.append(
+                f"| {row.id} | {row.model} | {row.framework} | {metric} | "
+                f"{row.measured / 1e9:.2f} | - | - | {why} |"
+            )
+            continue
+        err = errors[row.id]
+        pred = f"{res.predicted / 1e9:.2f}" + (" OOM" if res.oom else "")
+        out.append(
+            f"| {row.id} | {row.model} | {row.framework} | {metric} | {row.measured / 1e9:.2f} "
+            f"| {pred} | {_pct(err)} | {cause_of(row.id, err, res.oom)} |"
+        )
+    combined = {**dev1_errors, **errors}
+    c = summarize(combined)
+    out += ["", "### Summary", ""]
+    out += _summary_lines("dev set 2", s, len(rows))
+    out += [""]
+    n_refused_1 = dev1_rows - len(dev1_errors)
+    out.append(
+        f"- combined with dev set 1 (analytic engine, `benchmarks/dev_rows.py`): "
+        f"{c['n']}/{dev1_rows + len(rows)} rows run ({n_refused_1} of dev set 1 refused), "
+        f"median |error| {100 * c['median_abs']:.1f}%, p90 {100 * c['p90_abs']:.1f}%, "
+        f"under-estimated by >10%: {c['under']}, completed runs predicted OOM: {len(s['oom'])} "
+        "(dev set 1 gives no GPU to its runs)."
+    )
+    out += ["", "Issue 24's bars (dev set 2; not expected to be met yet):", ""]
+    out += [f"- {b}" for b in _bars(s, len(s["oom"]))]
+    out += ["", "Combined 189 rows:", ""]
+    out += [f"- {b}" for b in _bars(c, len(s["oom"]))]
+    return out
+
+
+def _summary_lines(name: str, s: dict[str, Any], total: int) -> list[str]:
+    engines = ", ".join(f"{k} {v}" for k, v in s["engines"].items())
+    lines = [
+        f"- {name}: rows run {s['n']}/{total} ({engines}); refused {total - s['n']}:",
+    ]
+    for why, ids in s["refused"].items():
+        lines.append(f"  - {', '.join(ids)}: {why}")
+    slow = ", ".join(f"{rid} {sec:.0f} s ({eng})" for rid, sec, eng in s["slow"]) or "none"
+    lines += [
+        f"- median |error| {100 * s['median_abs']:.1f}%, p90 |error| {100 * s['p90_abs']:.1f}%",
+        f"- under-estimated by >10%: {s['under']}/{s['n']}",
+        f"- completed runs predicted OOM: {len(s['oom'])}"
+        + (f" ({', '.join(s['oom'])})" if s["oom"] else ""),
+        f"- wall time {s['seconds']:.0f} s on this machine's CPU; rows over {SLOW_ROW_S:.0f} s: "
+        f"{slow}",
+    ]
+    return lines
+
+
+def write_dev2_section(lines: list[str], path: Path = RESULTS_MD) -> None:
+    """Replace the dev-2 section of RESULTS.md (between its markers), or insert it before the
+    first section another benchmark owns."""
+    block = "\n".join([DEV2_BEGIN, *lines, DEV2_END]) + "\n"
+    text = path.read_text() if path.exists() else ""
+    start, end = text.find(DEV2_BEGIN), text.find(DEV2_END)
+    if start >= 0 and end > start:
+        text = text[:start] + block + text[end + len(DEV2_END) :].lstrip("\n")
+    else:
+        match = re.search(r"^<!-- [\w-]+:begin", text, flags=re.MULTILINE)
+        at = match.start() if match else len(text)
+        text = text[:at].rstrip("\n") + "\n\n" + block + text[at:]
+    path.write_text(text)
+
+
+def print_dev2(rows: list[Dev2Row], results: dict[str, Dev2Result]) -> None:
+    """Dev-2 per-row table and summary on stdout."""
+    errors = dev2_errors(rows, results)
+    print(f"{'id':6} {'model':24} {'metric':12} {'measured GB':>11} {'predicted':>12} {'error':>8}")
+    for row in rows:
+        res = results.get(row.id)
+        if res is None or res.predicted is None:
+            why = row.reason or (res.refused if res else "")
+            print(
+                f"{row.id:6} {row.model[:24]:24} {row.metric:12} {row.measured / 1e9:11.2f} "
+                f"{'not run':>12} {why[:60]}"
+            )
+            continue
+        pred = f"{res.predicted / 1e9:.2f}" + (" OOM" if res.oom else "")
+        err = errors[row.id]
+        print(
+            f"{row.id:6} {row.model[:24]:24} {row.metric:12} {row.measured / 1e9:11.2f} "
+            f"{pred:>12} {_pct(err):>8} {cause_of(row.id, err, res.oom)}"
+        )
+    print()
+    print("\n".join(_summary_lines("dev set 2", dev2_summary(rows, results, errors), len(rows))))
+
+
 # --- output -------------------------------------------------------------------------------------
 
 
@@ -660,13 +1026,14 @@ def write_results_md(
         for why, ids in reasons.items():
             out.append(f"  - {', '.join(ids)}: {why}")
     out.append("")
-    # sections other benchmarks own (``<!-- name:begin ... -->`` to ``<!-- name:end -->``) stay
+    # marked sections (``<!-- name:begin ... -->`` to ``<!-- name:end -->``: dev set 2, the
+    # snapshot and torchtitan benchmarks) stay
     kept = ""
     if path.exists():
         previous = path.read_text()
-        start = previous.find("<!-- snapshot-")
-        if start >= 0:
-            kept = "\n" + previous[start:].rstrip() + "\n"
+        match = re.search(r"^<!-- [\w-]+:begin", previous, flags=re.MULTILINE)
+        if match:
+            kept = "\n" + previous[match.start() :].rstrip() + "\n"
     path.write_text("\n".join(out).rstrip() + "\n" + kept)
 
 
@@ -702,6 +1069,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="run everything; write RESULTS.md, the plot, uncertainty.json",
     )
+    parser.add_argument(
+        "--dev2",
+        action="store_true",
+        help="dev set 2 only (trainmem estimate per row; with --write-results, its section)",
+    )
     parser.add_argument("--trace-timeout", type=float, default=TRACE_TIMEOUT_S)
     parser.add_argument("--trace-row", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -710,6 +1082,17 @@ def main(argv: list[str] | None = None) -> int:
     rows = load_rows(args.csv)
     measured = {row["id"]: float(row["measured_gb"]) * 1e9 for row in rows}
     tools = [run_trainmem(rows, "analytic", args.csv)]
+    if args.dev2 or args.write_results:
+        dev2_rows = load_dev2()
+        dev2_results = run_dev2(dev2_rows)
+        print_dev2(dev2_rows, dev2_results)
+        if args.write_results:
+            dev1 = signed_errors(tools[0], measured)
+            write_dev2_section(dev2_lines(dev2_rows, dev2_results, dev1, len(rows)))
+            print(f"\nwrote the dev set 2 section of {RESULTS_MD}")
+        if args.dev2:
+            return 0
+        print()
     if args.write_results or not args.no_trace:
         tools.append(run_trainmem(rows, "trace", args.csv, args.trace_timeout))
     if args.write_results or args.peers or args.upgrade_peers:

@@ -141,3 +141,78 @@ def test_uncertainty_table_groups_errors_by_kind() -> None:
         "max": -0.1,
     }
     assert analytic["method=lora"]["max"] == pytest.approx(0.2)
+
+
+needs_dev2 = pytest.mark.skipif(
+    not validate.DEV2_ARGS.exists(), reason="shared/validation/dev_measurements_2* not beside"
+)
+
+
+@needs_dev2
+def test_dev2_rows_join_the_args_with_the_csv() -> None:
+    rows = validate.load_dev2()
+    assert len(rows) == 154
+    assert len({r.id for r in rows}) == 154
+    for row in rows:
+        # every row is either rebuildable (args, a metric) or carries the reason it is not
+        assert (row.args is None) == (row.reason is not None), row.id
+        if row.args is not None:
+            assert row.metric in ("allocated", "reserved", "device_total"), row.id
+            assert all(Path(a).exists() for a in validate.cli_args(row) if a.endswith(".json"))
+        assert row.measured > 0 and row.framework
+
+
+def test_dev2_metric_of_reads_the_cli_json() -> None:
+    answer = {
+        "peak": {"allocated_bytes": 10, "reserved_bytes": 12, "device_total_bytes": 15},
+        "breakdown_bytes": {"cuda_context": 3},
+        "per_rank": [
+            {"pipeline_stage": 0, "allocated_bytes": 10, "reserved_bytes": 12, "oom": False},
+            {"pipeline_stage": 1, "allocated_bytes": 7, "reserved_bytes": 8, "oom": False},
+        ],
+    }
+    assert validate.metric_of(answer, "allocated") == 10
+    assert validate.metric_of(answer, "device_total") == 15
+    # only the last pipeline stage was logged: its figure, not the worst rank's
+    assert validate.metric_of(answer, "allocated", "last_stage") == 7
+    assert validate.metric_of(answer, "device_total", "last_stage") == 11
+    # an out-of-memory verdict has no reserved figure
+    oom = {**answer, "peak": {**answer["peak"], "reserved_bytes": None}}
+    assert validate.metric_of(oom, "reserved") is None
+    assert validate._without_gpu(["m", "--gpu", "A100", "--json"]) == ["m", "--json"]
+
+
+def test_dev2_row_runs_through_the_cli_and_refusals_are_named() -> None:
+    row = validate.Dev2Row(
+        id="X1",
+        model="gpt2",
+        framework="plain",
+        metric="allocated",
+        measured=10**9,
+        args=["gpt2", "--micro-batch-size", "1", "--seq-len", "128"],
+    )
+    res = validate.run_dev2_row(row)
+    assert res.refused is None and res.predicted and res.engine == "analytic"
+    bad = validate.Dev2Row(
+        **{**row.__dict__, "args": ["gpt2", "--lora-rank", "8", "--lora-targets", "gate"]}
+    )
+    refused = validate.run_dev2_row(bad)
+    assert refused.predicted is None and refused.refused and "lora" in refused.refused
+    results = {"X1": res, "X2": refused}
+    rows = [row, validate.Dev2Row(**{**bad.__dict__, "id": "X2"})]
+    errors = validate.dev2_errors(rows, results)
+    summary = validate.dev2_summary(rows, results, errors)
+    assert summary["n"] == 1 and len(summary["refused"]) == 1 and summary["oom"] == []
+    lines = validate.dev2_lines(rows, results, {"GT001": 0.01}, 1)
+    assert any(line.startswith("| X1 | gpt2 |") for line in lines)
+    assert any("refused" in line for line in lines if line.startswith("| X2"))
+
+
+def test_dev2_section_replaces_itself_before_other_sections(tmp_path: Path) -> None:
+    path = tmp_path / "RESULTS.md"
+    path.write_text("# top\n\n<!-- other:begin (x) -->\nother\n<!-- other:end -->\n")
+    validate.write_dev2_section(["## dev 2", "one"], path)
+    validate.write_dev2_section(["## dev 2", "two"], path)
+    text = path.read_text()
+    assert text.count(validate.DEV2_BEGIN) == 1 and "two" in text and "one" not in text
+    assert text.index(validate.DEV2_END) < text.index("<!-- other:begin")
