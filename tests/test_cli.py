@@ -40,7 +40,7 @@ def test_estimate_json_has_the_documented_keys() -> None:
     # defaults are resolved and reported: llama-3.2's 131072 context capped at 4096
     assert d["config"]["seq_len"] == 4096
     assert d["config"]["precision"] == "bf16-mixed" and d["config"]["attention"] == "sdpa"
-    assert d["schema_version"] == 3
+    assert d["schema_version"] == 4
     states = d["model_states_bytes"]
     assert set(states) == {"parameters", "gradients", "optimizer_states"}
     # llama-3.2-1b, bf16-mixed AdamW: fp32 weights (4 B), fp32 gradients (4 B), two fp32 moments

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """Version of the JSON produced by :meth:`MemoryEstimate.to_dict`; bump on any key change."""
 
 
@@ -125,6 +125,9 @@ class MemoryEstimate:
         oom_message: PyTorch's out-of-memory message when the simulated caching allocator
             (free cache and retry included) cannot serve the step on the GPU; None otherwise.
         replayed: whether the allocator simulator ran (else reserved = allocated).
+        verdict: ``"fits"``, ``"tight"`` (fits, but the uncertainty band's high end of the
+            device total crosses the capacity) or ``"does not fit"``; None without a GPU. Set
+            by the driver (``trainmem.uncertainty.verdict_of``).
     """
 
     model_name: str
@@ -145,6 +148,7 @@ class MemoryEstimate:
     oom_message: str | None = None
     replayed: bool = False
     reported_rank: int = 0
+    verdict: str | None = None
 
     @property
     def model_states_bytes(self) -> dict[str, int]:
@@ -180,6 +184,15 @@ class MemoryEstimate:
             return False
         return self.breakdown.device_total_bytes <= self.gpu_capacity_bytes
 
+    @property
+    def margin_bytes(self) -> int | None:
+        """Usable capacity minus the device total, bytes (negative: short by that much); None
+        without a GPU, and None when the simulated allocator runs out of memory (a step that
+        cannot run has no device total)."""
+        if self.gpu_capacity_bytes is None or self.oom_message is not None:
+            return None
+        return self.gpu_capacity_bytes - self.breakdown.device_total_bytes
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict (schema :data:`SCHEMA_VERSION`); all sizes integers in bytes."""
         b = self.breakdown
@@ -200,6 +213,8 @@ class MemoryEstimate:
                 "oom": self.oom_message,
             },
             "fits": self.fits,
+            "verdict": self.verdict,
+            "margin_bytes": self.margin_bytes,
             "gpu": {"name": self.gpu_name, "capacity_bytes": self.gpu_capacity_bytes},
             "config": dict(self.config),
             "per_rank": self.details.get("per_rank", []),

@@ -27,6 +27,7 @@ from trainmem.specs.hardware import GPUSpec, check_precision_on_gpu, get_gpu
 from trainmem.specs.hf import load_model_spec
 from trainmem.specs.model import NOT_TRANSFORMERS_TYPES, ModelSpec
 from trainmem.specs.training import TrainingConfig, check_training_for_model
+from trainmem.uncertainty import verdict_of
 from trainmem.units import TiB
 
 if TYPE_CHECKING:
@@ -288,6 +289,13 @@ def finish(
         est.notes.append(
             "the step does not fit: the simulated caching allocator runs out of memory even after "
             "freeing its cache: " + est.oom_message
+        )
+    est.verdict = verdict_of(est)
+    if est.verdict == "tight":
+        est.notes.append(
+            "tight: it fits as predicted, but the high end of the uncertainty band (the "
+            "benchmark's error spread for this kind of configuration) is above the GPU's usable "
+            "capacity; leave headroom (a smaller micro-batch, activation checkpointing)"
         )
     return est
 

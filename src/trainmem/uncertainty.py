@@ -26,6 +26,7 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+from trainmem.breakdown import MemoryEstimate
 from trainmem.specs.training import TrainingConfig
 
 MIN_ROWS = 3
@@ -148,11 +149,38 @@ def uncertainty_band(
             if expected_bytes is not None
             else int(getattr(est_or_training.breakdown, _METRICS[metric]))
         )
-    table = table if table is not None else load_table()
+    kinds = configuration_kinds(training)
+    e_min, e_max, least_sure = (
+        _spread(engine, tuple(kinds))
+        if table is None
+        else _spread_in(table, engine, tuple(kinds))
+    )
+    # measured = predicted / (1 + e); e > -1 always (a prediction is never 0 bytes).
+    low = int(expected / (1.0 + e_max))
+    high = int(expected / (1.0 + e_min))
+    return {
+        "low": min(low, expected),
+        "expected": expected,
+        "high": max(high, expected),
+        "least_sure_of": list(least_sure),
+        "kinds": kinds,
+        "engine": engine,
+        "metric": metric,
+    }
+
+
+@lru_cache(maxsize=256)
+def _spread(engine: str, kinds: tuple[str, ...]) -> tuple[float, float, tuple[str, ...]]:
+    return _spread_in(load_table(), engine, kinds)
+
+
+def _spread_in(
+    table: dict[str, Any], engine: str, kinds: tuple[str, ...]
+) -> tuple[float, float, tuple[str, ...]]:
+    """(e_min, e_max, least sure of) over the kinds' error spreads in ``table``."""
     engines: dict[str, Any] = table["engines"]
     per_kind: dict[str, Any] = engines.get(engine) or engines["analytic"]
     overall = per_kind["all"]
-    kinds = configuration_kinds(training)
     e_min = e_max = 0.0
     ranked: list[tuple[float, str]] = []
     for kind in kinds:
@@ -173,16 +201,27 @@ def uncertainty_band(
         e_min = min(e_min, stats["min"])
         e_max = max(e_max, stats["max"])
     ranked.sort(key=lambda item: -item[0])
-    least_sure = [why for _width, why in ranked[:3]]
-    # measured = predicted / (1 + e); e > -1 always (a prediction is never 0 bytes).
-    low = int(expected / (1.0 + e_max))
-    high = int(expected / (1.0 + e_min))
-    return {
-        "low": min(low, expected),
-        "expected": expected,
-        "high": max(high, expected),
-        "least_sure_of": least_sure,
-        "kinds": kinds,
-        "engine": engine,
-        "metric": metric,
-    }
+    return e_min, e_max, tuple(why for _width, why in ranked[:3])
+
+
+VERDICTS = ("fits", "tight", "does not fit")
+"""The one verdict every command, the JSON and the web page show."""
+
+
+def verdict_of(est: MemoryEstimate) -> str | None:
+    """``"fits"``, ``"tight"`` or ``"does not fit"`` for an estimate with a GPU; None without.
+
+    - ``does not fit``: the simulated caching allocator runs out of memory (after freeing its
+      cache and retrying), or without the simulation the device total exceeds the capacity
+      (:attr:`MemoryEstimate.fits` is False);
+    - ``tight``: it fits, but the high end of the device total's uncertainty band
+      (:func:`uncertainty_band`, ``metric="device_total"``) is above the usable capacity, so
+      the benchmark's error spread allows an out-of-memory;
+    - ``fits``: the band's high end is within the capacity.
+    """
+    if est.gpu_capacity_bytes is None:
+        return None
+    if not est.fits:
+        return "does not fit"
+    high = uncertainty_band(est, metric="device_total")["high"]
+    return "tight" if high > est.gpu_capacity_bytes else "fits"

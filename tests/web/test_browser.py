@@ -256,3 +256,69 @@ def test_page_matches_cli_and_survives_bad_input(server: str, browser: Any, tmp_
     assert "broken.json is not valid JSON" in page.inner_text("#error")
     assert "Traceback" not in page.content()
     page.close()
+
+
+#: Every verdict path, opened from a link as a user would: (query, the same run as CLI args).
+VERDICT_PATHS = {
+    "default page: does not fit (OOM)": ("", ["llama-3.1-8b", "--gpu", "H100-80GB"]),
+    "fits": ("?model=gpt2&seq-len=512", ["gpt2", "--gpu", "H100-80GB", "-s", "512"]),
+    "tight": (
+        "?gpu=RTX-4090&seq-len=2048&lora-rank=16&quantize-base=nf4",
+        ["llama-3.1-8b", "--gpu", "RTX-4090", "-s", "2048", "--lora-rank", "16"]
+        + ["--quantize-base", "nf4"],
+    ),
+    "no GPU": ("?model=gpt2&gpu=%28none%29", ["gpt2"]),
+}
+
+
+def _no_unexpected_error(page: Page) -> None:
+    text = page.inner_text("body")
+    assert "unexpected error" not in text and "Traceback" not in text, text[:2000]
+
+
+@pytest.mark.parametrize("path", list(VERDICT_PATHS))
+def test_every_verdict_path_renders_in_the_browser(server: str, browser: Any, path: str) -> None:
+    query, args = VERDICT_PATHS[path]
+    expected = cli_json(*args)
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(server + query)
+    page.wait_for_selector("#verdict[data-verdict]")
+    _no_unexpected_error(page)
+    verdict = page.locator("#verdict").get_attribute("data-verdict")
+    assert verdict == str(expected["verdict"])
+    head = page.locator("#verdict .head").inner_text()
+    gpu = expected["gpu"]["name"]
+    if expected["verdict"] is None:
+        assert "no GPU chosen: no verdict" in head
+    elif expected["peak"]["oom"]:
+        assert head == f"Does not fit on {gpu}: out of memory in the caching allocator"
+    else:
+        word = {"fits": "Fits", "tight": "Tight"}[expected["verdict"]]
+        assert head.startswith(f"{word} on {gpu}: {expected['margin_bytes'] / GiB:,.2f} GiB")
+    # the slow tabs render on this path too
+    page.get_by_role("tab", name="Timeline picture", exact=True).click()
+    page.wait_for_selector("#timeline img")
+    page.get_by_role("tab", name="Fit and plan", exact=True).click()
+    if expected["verdict"] is None:
+        page.wait_for_selector("#plan-box :text('Choose a GPU to plan.')")
+    else:
+        page.wait_for_selector("#plan-box #plan")
+    if expected["fits"] is False:
+        page.wait_for_selector("#fixes-box #fixes")
+    page.get_by_role("tab", name="Per module", exact=True).click()
+    page.wait_for_selector("#modules-box table, #modules-box p")
+    _no_unexpected_error(page)
+    page.close()
+
+
+def test_a_refusal_is_one_line_in_the_browser(server: str, browser: Any) -> None:
+    page = browser.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(server + "?model=bloomz-7b1&attention=sdpa")
+    page.wait_for_selector("#error")
+    message = page.inner_text("#error")
+    assert message.startswith("error:") and "attention" in message
+    assert "\n" not in message.strip()
+    _no_unexpected_error(page)
+    page.close()

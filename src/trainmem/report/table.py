@@ -27,6 +27,28 @@ def gib(n_bytes: int | float) -> str:
     return f"{n_bytes / GiB:,.2f}"
 
 
+VERDICT_STYLE = {"fits": "green", "tight": "yellow", "does not fit": "red"}
+"""Rich colour of each verdict (``trainmem.uncertainty.VERDICTS``)."""
+
+
+def verdict_text(est: MemoryEstimate) -> str:
+    """The verdict with its margin, as rich markup: ``fits (+3.21 GiB)``, ``tight (+0.88 GiB;
+    the band's high end is above the capacity)``, ``does not fit (-4.10 GiB)`` or, when the
+    simulated allocator runs out of memory, ``does not fit (out of memory in the caching
+    allocator)``; "-" without a GPU."""
+    if est.verdict is None:
+        return "-"
+    style = VERDICT_STYLE.get(est.verdict, "bold")
+    margin = est.margin_bytes
+    if margin is None:
+        why = "out of memory in the caching allocator"
+    else:
+        why = f"{'+' if margin >= 0 else '-'}{gib(abs(margin))} GiB"
+        if est.verdict == "tight":
+            why += "; the uncertainty band's high end is above the capacity"
+    return f"[{style}]{est.verdict}[/] ({why})"
+
+
 def estimate_table(est: MemoryEstimate) -> Table:
     """Breakdown at the peak, then the three peak figures and the verdict."""
     total = est.breakdown.device_total_bytes
@@ -51,15 +73,8 @@ def estimate_table(est: MemoryEstimate) -> Table:
         table.add_row("peak reserved (max_memory_reserved)", gib(b.reserved_bytes), "")
         table.add_row("device total (nvidia-smi)", gib(b.device_total_bytes), "")
     if est.gpu_capacity_bytes is not None:
-        verdict = "[green]fits[/]" if est.fits else "[red]does not fit[/]"
-        margin = est.gpu_capacity_bytes - b.device_total_bytes
-        how = "" if est.oom_message else "margin "
-        table.add_row(
-            f"{est.gpu_name} usable capacity",
-            gib(est.gpu_capacity_bytes),
-            f"{verdict} ({how}{'+' if margin >= 0 else '-'}{gib(abs(margin))} GiB"
-            + (" short at peak allocated)" if est.oom_message else ")"),
-        )
+        table.add_row(f"{est.gpu_name} usable capacity", gib(est.gpu_capacity_bytes), "")
+        table.add_row("verdict", "", verdict_text(est))
     return table
 
 

@@ -34,9 +34,15 @@ class Numbers:
     Attributes:
         model: the model's name.
         breakdown_bytes: category -> bytes at the peak (``BREAKDOWN_KEYS`` order).
-        allocated_bytes / reserved_bytes / device_total_bytes: the three peaks.
+        allocated_bytes / reserved_bytes / device_total_bytes: the three peaks; reserved and
+            device total are None when the simulated allocator runs out of memory.
         phase / reason: where the peak falls and why.
-        fits: the verdict, None without a GPU.
+        fits: whether the step runs, None without a GPU.
+        verdict: ``fits`` / ``tight`` / ``does not fit`` (``trainmem.uncertainty.VERDICTS``),
+            None without a GPU.
+        margin_bytes: usable capacity minus the device total (None without a GPU or on OOM).
+        oom: PyTorch's out-of-memory message of the simulated allocator, or None.
+        cuda_context_bytes: memory outside the allocator (CUDA context, NCCL).
         gpu_name / capacity_bytes: the GPU and its usable capacity (None without a GPU).
         per_rank: one dict per pipeline stage (``allocated_bytes``, ``num_layers``...).
         notes: the estimate's notes.
@@ -47,22 +53,19 @@ class Numbers:
     num_trainable_parameters: int
     breakdown_bytes: dict[str, int]
     allocated_bytes: int
-    reserved_bytes: int
-    device_total_bytes: int
+    reserved_bytes: int | None
+    device_total_bytes: int | None
     phase: str
     reason: str
     fits: bool | None
+    verdict: str | None
+    margin_bytes: int | None
+    oom: str | None
+    cuda_context_bytes: int
     gpu_name: str | None
     capacity_bytes: int | None
     per_rank: list[dict[str, Any]]
     notes: list[str]
-
-    @property
-    def margin_bytes(self) -> int | None:
-        """Usable capacity minus the device total (negative: short by that much)."""
-        if self.capacity_bytes is None:
-            return None
-        return self.capacity_bytes - self.device_total_bytes
 
 
 def numbers(est: MemoryEstimate) -> Numbers:
@@ -80,6 +83,10 @@ def numbers(est: MemoryEstimate) -> Numbers:
         phase=peak["phase"],
         reason=peak["reason"],
         fits=d["fits"],
+        verdict=d["verdict"],
+        margin_bytes=d["margin_bytes"],
+        oom=peak["oom"],
+        cuda_context_bytes=d["breakdown_bytes"]["cuda_context"],
         gpu_name=gpu["name"],
         capacity_bytes=gpu["capacity_bytes"],
         per_rank=list(d.get("per_rank") or []),

@@ -243,7 +243,7 @@ def downloads(config_path: str | None, *raw: Any) -> tuple[list[str] | None, str
 
         req = request_of(config_path, values)
         est = run(req)
-        stem = Path(req.model_arg).stem.replace("/", "-")
+        stem = Path(req.model_arg).name.removesuffix(".json").replace("/", "-")
         as_json = _new_file(f"{stem}-estimate", ".json")
         as_json.write_text(json.dumps(est.to_dict(), indent=2, default=str), encoding="utf-8")
         report = _new_file(f"{stem}-report", ".html")

@@ -37,6 +37,7 @@ CSS = """
 .verdict .head {font-size: 1.4em; font-weight: 700; margin-bottom: 4px}
 .verdict.fits {background: #e6f4ea; border-color: #34a853}
 .verdict.nofit {background: #fce8e6; border-color: #d93025}
+.verdict.tight {background: #fef7e0; border-color: #f9ab00}
 .tm-error {padding: 8px 12px; border-radius: 6px; background: #fce8e6; color: #a50e0e;
   border: 1px solid #d93025; font-weight: 600}
 .tm-info {padding: 6px 12px; border-radius: 6px; background: #e8f0fe; border: 1px solid #4285f4}

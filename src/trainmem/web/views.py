@@ -41,18 +41,37 @@ def _table(table_id: str, header: Sequence[str], rows: Sequence[str], caption: s
 
 
 def verdict_html(n: Numbers) -> str:
-    """The fit verdict with its margin, the device total and where the peak falls."""
-    total = f"{gib(n.device_total_bytes)} GiB"
-    if n.fits is None or n.capacity_bytes is None or n.margin_bytes is None:
-        head = f"Needs {total} per GPU (no GPU chosen: no verdict)"
-        cls = "none"
-    elif n.fits:
-        head = f"Fits on {n.gpu_name}: {gib(n.margin_bytes)} GiB to spare"
-        cls = "fits"
+    """The verdict (fits / tight / does not fit) with its margin, the device total and where
+    the peak falls; an out-of-memory in the simulated allocator is said as such (a step that
+    cannot run has no device total)."""
+    gpu = n.gpu_name
+    needs = n.allocated_bytes + n.cuda_context_bytes
+    if n.device_total_bytes is not None:
+        detail = f"device total {gib(n.device_total_bytes)} GiB"
     else:
-        head = f"Does not fit on {n.gpu_name}: {gib(-n.margin_bytes)} GiB short"
+        detail = (
+            f"peak allocated + CUDA context {gib(needs)} GiB; the caching allocator runs out "
+            "of memory, so there is no reserved figure"
+        )
+    if n.verdict is None or n.capacity_bytes is None:
+        total = n.device_total_bytes if n.device_total_bytes is not None else needs
+        head = f"Needs {gib(total)} GiB per GPU (no GPU chosen: no verdict)"
+        cls = "none"
+    elif n.verdict == "fits" and n.margin_bytes is not None:
+        head = f"Fits on {gpu}: {gib(n.margin_bytes)} GiB to spare"
+        cls = "fits"
+    elif n.verdict == "tight" and n.margin_bytes is not None:
+        head = (
+            f"Tight on {gpu}: {gib(n.margin_bytes)} GiB to spare, but the uncertainty band's "
+            "high end is above the capacity"
+        )
+        cls = "tight"
+    elif n.margin_bytes is None:
+        head = f"Does not fit on {gpu}: out of memory in the caching allocator"
         cls = "nofit"
-    detail = f"device total {total}"
+    else:
+        head = f"Does not fit on {gpu}: {gib(-n.margin_bytes)} GiB short"
+        cls = "nofit"
     if n.capacity_bytes is not None:
         detail += f" of {gib(n.capacity_bytes)} GiB usable"
     trainable = (
@@ -62,7 +81,7 @@ def verdict_html(n: Numbers) -> str:
     )
     return (
         f'<div class="verdict {cls}" id="verdict" data-fits="{_e(n.fits)}" '
-        f'data-device-total-bytes="{n.device_total_bytes}">'
+        f'data-verdict="{_e(n.verdict)}" data-device-total-bytes="{_e(n.device_total_bytes)}">'
         f'<div class="head">{_e(head)}</div>'
         f"<div>{_e(n.model)}: {n.num_parameters:,} parameters ({_e(trainable)}); "
         f"{_e(detail)}. The peak falls in the <b>{_e(n.phase)}</b>: {_e(n.reason)}.</div></div>"
@@ -71,11 +90,13 @@ def verdict_html(n: Numbers) -> str:
 
 def breakdown_html(n: Numbers) -> str:
     """Bytes per category at the peak, then the three peaks and the GPU's capacity."""
+    # Out of memory: no device total; shares are of peak allocated + the CUDA context.
     total = n.device_total_bytes
+    whole = total if total is not None else n.allocated_bytes + n.cuda_context_bytes
     rows = []
     for key in BREAKDOWN_KEYS:
         value = n.breakdown_bytes[key]
-        share = f"{100 * value / total:.1f}%" if total else "-"
+        share = f"{100 * value / whole:.1f}%" if whole else "-"
         rows.append(
             f'<tr data-key="{key}"><td>{_e(BREAKDOWN_LABELS[key])}</td>'
             f'{size_cell(value)}<td class="num">{share}</td></tr>'
@@ -90,6 +111,11 @@ def breakdown_html(n: Numbers) -> str:
             rows.append(
                 f'<tr class="sum" data-key="{key}"><td>{_e(label)}</td>{size_cell(peak)}'
                 "<td></td></tr>"
+            )
+        elif n.oom is not None and key in ("reserved", "device_total"):
+            rows.append(
+                f'<tr class="sum" data-key="{key}"><td>{_e(label)}</td><td>OOM</td>'
+                "<td>out of memory</td></tr>"
             )
     return _table(
         "breakdown",
@@ -226,10 +252,8 @@ def compare_html(labels: Sequence[str], columns: Sequence[Numbers]) -> str:
         + "</tr>"
     )
     rows.append("<tr><td>peak in</td>" + "".join(f"<td>{_e(c.phase)}</td>" for c in columns))
-    fits = "".join(
-        f"<td>{'-' if c.fits is None else ('yes' if c.fits else 'no')}</td>" for c in columns
-    )
-    rows.append(f"<tr><td>fits</td>{fits}</tr>")
+    verdicts = "".join(f"<td>{_e(c.verdict or '-')}</td>" for c in columns)
+    rows.append(f"<tr><td>verdict</td>{verdicts}</tr>")
     return _table("compare", head, rows, "GiB = 2^30 bytes; hover for exact bytes")
 
 
