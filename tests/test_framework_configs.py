@@ -129,3 +129,90 @@ def test_deepspeed_grad_accum_dtype_is_read(tmp_path: Path) -> None:
     assert "grad_accum_dtype" not in deepspeed_settings(base)
     with pytest.raises(SpecError, match="grad_accum_dtype 'int8' unknown; allowed: fp32"):
         deepspeed_settings({"data_types": {"grad_accum_dtype": "int8"}})
+
+
+def test_deepspeed_without_a_precision_section_trains_in_fp32() -> None:
+    # deepspeed/runtime/precision_config.py: DeepSpeedBF16Config.enabled and
+    # DeepSpeedFP16Config.enabled default to False, and nothing autocasts: the model is fp32
+    import pytest
+
+    from trainmem.errors import SpecError
+    from trainmem.specs.framework_configs import deepspeed_settings
+
+    for ds in (
+        {},
+        {"bf16": {}},
+        {"bf16": {"enabled": False}, "fp16": {"enabled": False}},
+        {"bf16": None, "bfloat16": {"enabled": False}},
+    ):
+        assert deepspeed_settings(ds)["precision"] == "32-true", ds
+    assert deepspeed_settings({"bfloat16": {"enabled": True}})["precision"] == "bf16-mixed"
+    assert deepspeed_settings({"fp16": {"enabled": True}})["precision"] == "16-mixed"
+    # runtime/config.py: 'bfloat16 and fp16 modes cannot be simultaneously enabled'
+    with pytest.raises(SpecError, match="bf16 and fp16 are both enabled; DeepSpeed refuses"):
+        deepspeed_settings({"bf16": {"enabled": True}, "fp16": {"enabled": True}})
+
+
+def test_deepspeed_auto_precision_is_left_to_the_trainer() -> None:
+    # transformers integrations/deepspeed.py trainer_config_process: fill_match("bf16.enabled",
+    # args.bf16 ...): an "auto" takes the Trainer's value, for trainmem the option's own
+    from trainmem.specs.framework_configs import deepspeed_settings
+
+    auto: dict[str, str] = {}
+    out = deepspeed_settings(
+        {"bf16": {"enabled": "auto"}, "fp16": {"enabled": False}, "gradient_accumulation_steps": 2},
+        auto,
+    )
+    assert "precision" not in out and out["gradient_accumulation_steps"] == 2
+    assert auto == {"precision": "bf16.enabled"}
+    auto = {}
+    out = deepspeed_settings({"fp16": {"enabled": "auto"}, "bf16": {"enabled": True}}, auto)
+    assert out["precision"] == "bf16-mixed" and auto == {}  # an enabled section decides
+
+
+GPT2_PARAMETERS = 124_439_808
+"""GPT-2 small with its tied embedding: 12 layers x 7,087,872 + 50,257 x 768 + 1,024 x 768 +
+2 x 768 (Radford et al. 2019; sum(p.numel()) of transformers' GPT2LMHeadModel)."""
+
+
+def _estimate_json(args: list[str]) -> dict[str, object]:
+    r = CliRunner().invoke(app, ["estimate", "gpt2", "-s", "128", *args, "--json"])
+    assert r.exit_code == 0, r.output
+    out: dict[str, object] = json.loads(r.stdout)
+    return out
+
+
+def test_a_ds_config_without_bf16_is_estimated_in_fp32(tmp_path: Path) -> None:
+    p = tmp_path / "ds.json"
+    p.write_text(json.dumps({"zero_optimization": {"stage": 0}}))
+    out = _estimate_json(["--deepspeed-config", str(p)])
+    config, states = out["config"], out["model_states_bytes"]
+    assert isinstance(config, dict) and isinstance(states, dict)
+    assert (config["precision"], config["weight_dtype"]) == ("32-true", "float32")
+    # fp32 weights: 4 bytes per parameter (before, read as bf16: 2 bytes)
+    assert states["parameters"] == 4 * GPT2_PARAMETERS
+    # an explicit --precision is the Trainer's --bf16: accelerate adds the section
+    # (utils/dataclasses.py DeepSpeedPlugin.set_mixed_precision); 16-bit weights, 2 bytes each
+    out = _estimate_json(["--deepspeed-config", str(p), "-p", "bf16-mixed"])
+    assert out["model_states_bytes"]["parameters"] == 2 * GPT2_PARAMETERS  # type: ignore[index]
+
+
+def test_ds_config_auto_values_take_the_options_and_say_so(tmp_path: Path) -> None:
+    p = tmp_path / "ds.json"
+    p.write_text(
+        json.dumps({"train_micro_batch_size_per_gpu": "auto", "bf16": {"enabled": "auto"}})
+    )
+    out = _estimate_json(["--deepspeed-config", str(p)])
+    config, notes = out["config"], out["notes"]
+    assert isinstance(config, dict) and isinstance(notes, list)
+    assert (config["precision"], config["micro_batch_size"]) == ("bf16-mixed", 1)
+    assert (
+        'ds_config bf16.enabled "auto": precision bf16-mixed (trainmem\'s default), as the HF '
+        "Trainer fills it from its own arguments" in notes[-1]
+    )
+    assert 'train_micro_batch_size_per_gpu "auto": micro_batch_size 1' in notes[-2]
+    out = _estimate_json(["--deepspeed-config", str(p), "-p", "32-true", "-b", "2"])
+    config, notes = out["config"], out["notes"]
+    assert isinstance(config, dict) and isinstance(notes, list)
+    assert (config["precision"], config["micro_batch_size"]) == ("32-true", 2)
+    assert 'bf16.enabled "auto": precision 32-true (--precision)' in notes[-1]

@@ -94,11 +94,13 @@ def estimate_cmd(
     as_json: JsonOpt = False,
     *,
     training: TrainingConfig,
+    config_notes: list[str],
 ) -> None:
     """Peak GPU memory of one training step per GPU, broken down, with a verdict for --gpu."""
     if modules < 0:
         raise SpecError("modules", f"must be a non-negative number of rows, got {modules}")
     est = estimate(model, training, gpu=gpu, engine=engine, alloc_conf=alloc_conf)
+    est.notes.extend(config_notes)
     if snapshot is not None:
         write_step_snapshot(est, gpu, alloc_conf, snapshot)
         est.notes.append(f"memory snapshot written to {snapshot}")

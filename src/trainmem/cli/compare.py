@@ -58,6 +58,7 @@ def register(app: typer.Typer) -> None:
         as_json: JsonOpt = False,
         *,
         training: TrainingConfig,
+        config_notes: list[str],
     ) -> None:
         """Estimates for several option sets side by side: a table and a stacked bar chart."""
         base = training
@@ -66,7 +67,7 @@ def register(app: typer.Typer) -> None:
         estimates = compare_estimates(
             model, base, sets, gpu=gpu, engine=engine, alloc_conf=alloc_conf
         )
-        notes: list[str] = []
+        notes = list(config_notes)
         if plot is not None:
             from trainmem.report.plots import plot_breakdown
 

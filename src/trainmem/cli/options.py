@@ -4,7 +4,10 @@
 :class:`~trainmem.specs.training.TrainingConfig` (``training=``), so ``estimate``, ``formulas``,
 ``plan``, ``fit``, ``sweep``, ``compare`` and ``compare-snapshot`` accept the same flags, spelled
 once. Values come from, in order of precedence: an explicit flag, ``--set KEY=VALUE``, a
-``--deepspeed-config`` / ``--accelerate-config`` file, the TrainingConfig default.
+``--deepspeed-config`` / ``--accelerate-config`` file, the TrainingConfig default. Whether a flag
+was given is click's parameter source (:func:`explicit_options`), never a comparison with its
+default, so ``-b 1`` wins over a file's 4 although 1 is the default; a flag and a ``--set`` of
+the same field with different values are refused, naming both.
 
 This module has no ``from __future__ import annotations``: typer reads the annotations below at
 registration time.
@@ -14,7 +17,6 @@ import inspect
 import math
 import re
 from collections.abc import Callable
-from dataclasses import fields
 from functools import wraps
 from typing import Annotated, Any, TypeVar, get_type_hints
 
@@ -457,68 +459,106 @@ def parse_lora_targets(text: str) -> tuple[str, ...]:
     return targets
 
 
-def with_config_files(
-    settings: dict[str, Any], deepspeed_config: str | None, accelerate_config: str | None
+def config_file_settings(
+    deepspeed_config: str | None, accelerate_config: str | None, auto: dict[str, str]
 ) -> dict[str, Any]:
-    """Fill TrainingConfig settings from a DeepSpeed / accelerate config file where the command
-    line left them at their defaults (an explicit flag wins over the file)."""
+    """TrainingConfig settings from a DeepSpeed / accelerate config file (the DeepSpeed file wins
+    where both say something); ``auto`` receives the fields a file leaves to the Trainer
+    (:func:`~trainmem.specs.framework_configs.deepspeed_settings`)."""
     from trainmem.specs.framework_configs import read_accelerate_config, read_deepspeed_config
 
     from_files: dict[str, Any] = {}
     if accelerate_config:
-        from_files.update(read_accelerate_config(accelerate_config))
+        from_files.update(read_accelerate_config(accelerate_config, auto))
     if deepspeed_config:
-        from_files.update(read_deepspeed_config(deepspeed_config))
-    defaults = {f.name: f.default for f in fields(TrainingConfig)}
-    out = dict(settings)
-    for key, value in from_files.items():
-        if key not in out or out[key] == defaults.get(key):
-            out[key] = value
-    return out
+        from_files.update(read_deepspeed_config(deepspeed_config, auto))
+    for key in from_files:
+        auto.pop(key, None)
+    return from_files
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _shown(value: Any) -> str:
+    """A setting as the command line spells it (``q,v``, ``true``)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    return ",".join(value) if isinstance(value, tuple) else str(value)
 
 
 def training_from_options(
-    model: str, values: dict[str, Any], gpu: str | None = None
+    model: str, values: dict[str, Any], gpu: str | None = None, notes: list[str] | None = None
 ) -> TrainingConfig:
-    """A validated TrainingConfig from the values of :data:`TRAINING_OPTIONS` (missing ones take
-    their defaults); ``seq_len`` defaults to the model's context length (at most 4096). The
-    settings are also checked against the model
-    (:func:`~trainmem.specs.training.check_training_for_model`) and the GPU, when named
+    """A validated TrainingConfig from the values of :data:`TRAINING_OPTIONS` the user gave
+    (missing ones take their defaults); ``seq_len`` defaults to the model's context length (at
+    most 4096). A given value wins over ``--set`` and the config files, whatever it is (the
+    default included); ``--set`` wins over the files. The settings are also checked against the
+    model (:func:`~trainmem.specs.training.check_training_for_model`) and the GPU, when named
     (:func:`~trainmem.specs.hardware.check_precision_on_gpu`).
 
+    Args:
+        model: preset name or config path.
+        values: the options given, by parameter name (:func:`explicit_options`).
+        gpu: the GPU, to check the precision on.
+        notes: if given, receives a sentence for each file setting a flag overrode and each
+            ``"auto"`` the Trainer would fill in.
+
+    Returns:
+        The validated TrainingConfig.
+
     Raises:
-        SpecError: a bad value (the message names the field and the allowed values).
+        SpecError: a bad value (the message names the field and the allowed values), or a
+            flag and a ``--set`` that give one field two values.
     """
     given = {p.name: values.get(p.name, p.default) for p in TRAINING_OPTIONS}
     alpha = given["lora_alpha"]
     if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not math.isfinite(alpha):
         raise SpecError("lora_alpha", f"must be a finite number, got {alpha!r}")
     settings = {k: v for k, v in given.items() if k not in _NOT_FIELDS}
+    explicit = {k for k in values if k in settings}
+    flags = {k: _flag(k) for k in explicit}  # the flag that gave each explicit field
     for key, value in fsdp_settings(given["zero_stage"], given["fsdp"]).items():
         if key == "zero_stage" or settings.get(key) is None:
             settings[key] = value
+        if given["fsdp"] is not None:
+            explicit.add(key)
+            flags.setdefault(key, "--fsdp")
     if given["fsdp"] is not None and settings["framework"] == "hf-trainer":
         # the HF Trainer's --fsdp is accelerate's FSDP plugin (MixedPrecision policy)
         settings["framework"] = "accelerate-fsdp"
     settings["lora_targets"] = parse_lora_targets(given["lora_targets"])
-    defaults = {p.name: p.default for p in TRAINING_OPTIONS}
+    from_set: dict[str, Any] = {}
     for item in given["settings"] or []:
         for key, value in parse_set(item).items():
             if key in ESTIMATE_KEYS:
                 raise SpecError("set", f"{key} cannot be set here; use its own option")
-            if settings.get(key, defaults.get(key)) == defaults.get(key):  # explicit flags win
-                settings[key] = value
-    micro_batches_given = settings["gradient_accumulation_steps"] is not None
-    if not micro_batches_given:
-        settings["gradient_accumulation_steps"] = 1
-    settings = with_config_files(settings, given["deepspeed_config"], given["accelerate_config"])
-    pp = settings.get("pipeline_parallel_size")
-    pipelined = isinstance(pp, int) and not isinstance(pp, bool) and pp > 1  # else refused below
-    if not micro_batches_given and settings["gradient_accumulation_steps"] == 1 and pipelined:
+            if key in explicit and value != settings[key]:
+                raise SpecError(
+                    "set",
+                    f"{key} is given twice: {flags[key]} {_shown(settings[key])} and --set "
+                    f"{key.replace('_', '-')}={_shown(value)}; give one",
+                )
+            from_set[key] = value
+    auto: dict[str, str] = {}
+    from_files = config_file_settings(given["deepspeed_config"], given["accelerate_config"], auto)
+    for key, value in from_files.items():
+        if key in explicit and value != settings[key] and notes is not None:
+            notes.append(
+                f"{flags[key]} {_shown(settings[key])} wins over the config file's "
+                f"{key}={_shown(value)}"
+            )
+        elif key not in explicit and key not in from_set:
+            settings[key] = value
+    settings.update(from_set)
+    if settings["gradient_accumulation_steps"] is None:  # given nowhere
+        pp = settings.get("pipeline_parallel_size")
+        pipelined = isinstance(pp, int) and not isinstance(pp, bool) and pp > 1  # else refused
         # one micro-batch per step leaves a pipeline idle and torch's Schedule1F1B refuses it
         # ("Number of microbatches must be greater than or equal to the number of stages",
         # torch/distributed/pipelining/schedules.py): the fewest it runs
-        settings["gradient_accumulation_steps"] = pp
+        settings["gradient_accumulation_steps"] = pp if pipelined else 1
     if settings["seq_len"] is None:
         settings["seq_len"] = default_seq_len_of(model)
     try:
@@ -532,12 +572,55 @@ def training_from_options(
         check_training_for_model(spec, training)
     if gpu is not None:
         check_precision_on_gpu(training.precision, get_gpu(gpu))
+    if notes is not None:
+        notes.extend(_auto_notes(auto, training, flags, from_set))
     return training
+
+
+def _auto_notes(
+    auto: dict[str, str], training: TrainingConfig, flags: dict[str, str], from_set: dict[str, Any]
+) -> list[str]:
+    """One sentence per ``"auto"`` in a DeepSpeed config: the value it resolved to and whence."""
+    out = []
+    for field, key in auto.items():
+        whence = flags.get(field, "--set" if field in from_set else "trainmem's default")
+        out.append(
+            f'ds_config {key} "auto": {field} {getattr(training, field)} ({whence}), as the HF '
+            "Trainer fills it from its own arguments (transformers integrations/deepspeed.py "
+            "trainer_config_process)"
+        )
+    return out
+
+
+_EXPLICIT_SOURCES = ("COMMANDLINE", "ENVIRONMENT")
+"""click ``ParameterSource`` names of a value the user gave (typer vendors its own click, so
+the enum is compared by name)."""
+
+
+def explicit_options(values: dict[str, Any], ctx: typer.Context | None) -> dict[str, Any]:
+    """The options of ``values`` the user gave, as click records their source
+    (``Context.get_parameter_source``: the command line or an environment variable), whatever
+    their value; all of them without a context (a call from Python)."""
+    if ctx is None:
+        return dict(values)
+    out = {}
+    for name, value in values.items():
+        source = ctx.get_parameter_source(name)
+        if source is not None and source.name in _EXPLICIT_SOURCES:
+            out[name] = value
+    return out
+
+
+_CONTEXT = _p("typer_context", typer.Context, None)
+"""The click context typer hands a command that asks for one (by this annotation), for the
+parameter sources."""
+_INJECTED = ("training", "config_notes")
 
 
 def with_training_options(*, set_option: bool = True) -> Callable[[F], F]:
     """Decorator: add :data:`TRAINING_OPTIONS` to a typer command whose function takes ``model``
-    and a keyword ``training``, and call it with the TrainingConfig they describe.
+    and a keyword ``training``, and call it with the TrainingConfig they describe (and, if it
+    takes a keyword ``config_notes``, with the notes of :func:`training_from_options`).
 
     Args:
         set_option: also offer ``--set KEY=VALUE`` (off for commands that give ``--set`` a
@@ -547,20 +630,32 @@ def with_training_options(*, set_option: bool = True) -> Callable[[F], F]:
 
     def decorate(func: F) -> F:
         signature = inspect.signature(func)
-        own = [p for p in signature.parameters.values() if p.name != "training"]
+        own = [p for p in signature.parameters.values() if p.name not in _INJECTED]
+        wants_notes = "config_notes" in signature.parameters
         hints = get_type_hints(func, include_extras=True)
-        hints.pop("training", None)
+        for name in _INJECTED:
+            hints.pop(name, None)
 
         @wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            ctx = kwargs.pop(_CONTEXT.name, None)
             values = {p.name: kwargs.pop(p.name) for p in options if p.name in kwargs}
             model = kwargs["model"] if "model" in kwargs else args[0]
-            training = training_from_options(model, values, kwargs.get("gpu"))
+            notes: list[str] = []
+            given = explicit_options(values, ctx)
+            training = training_from_options(model, given, kwargs.get("gpu"), notes)
+            if wants_notes:
+                kwargs["config_notes"] = notes
             return func(*args, training=training, **kwargs)
 
         params = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in own]
-        wrapper.__signature__ = signature.replace(parameters=[*params, *options])  # type: ignore[attr-defined]
-        wrapper.__annotations__ = {**hints, **{p.name: p.annotation for p in options}}
+        wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
+            parameters=[*params, *options, _CONTEXT]
+        )
+        wrapper.__annotations__ = {
+            **hints,
+            **{p.name: p.annotation for p in (*options, _CONTEXT)},
+        }
         return wrapper  # type: ignore[return-value]
 
     return decorate

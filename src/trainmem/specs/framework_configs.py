@@ -1,9 +1,15 @@
 """Read the config files people already have: a DeepSpeed ``ds_config.json`` and an accelerate
 config (YAML written by ``accelerate config``), into TrainingConfig field values.
 
-Only settings that change memory are read; ``"auto"`` values (filled in by the HF Trainer at run
-time) are skipped. Unknown keys are ignored, as DeepSpeed and accelerate themselves ignore keys
-they do not use.
+Only settings that change memory are read. A DeepSpeed config is read as DeepSpeed reads it: a
+run with no ``bf16`` / ``fp16`` section, or with both disabled, is fp32 (``32-true``; runtime/
+precision_config.py ``DeepSpeedBF16Config.enabled`` / ``DeepSpeedFP16Config.enabled`` default to
+False, and nothing autocasts). An ``"auto"`` value is what the HF Trainer fills in from its own
+arguments (transformers integrations/deepspeed.py ``HfTrainerDeepSpeedConfig.
+trainer_config_process``: ``train_micro_batch_size_per_gpu`` <- ``per_device_train_batch_size``,
+``bf16.enabled`` <- ``bf16`` ...), for trainmem the option's own value (an explicit flag or the
+default): it is left out of the settings read and reported through ``auto``. Unknown keys are
+ignored, as DeepSpeed and accelerate themselves ignore keys they do not use.
 
 Sources: DeepSpeed config JSON reference (https://www.deepspeed.ai/docs/config-json/:
 ``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps``, ``bf16.enabled``,
@@ -159,26 +165,66 @@ def _precision(bf16: bool, fp16: bool) -> str | None:
     return None
 
 
-def deepspeed_settings(ds: dict[str, Any]) -> dict[str, Any]:
+def _deepspeed_precision(ds: dict[str, Any], auto: dict[str, str]) -> str | None:
+    """The precision a DeepSpeed config trains in: ``bf16-mixed`` / ``16-mixed`` for an enabled
+    ``bf16`` (or its old name ``bfloat16``) / ``fp16`` section, ``32-true`` when neither is
+    enabled, None when an ``"auto"`` leaves it to the Trainer's precision (recorded in ``auto``).
+
+    Source: deepspeed/runtime/precision_config.py ``get_bfloat16_config`` /
+    ``get_float16_config`` (``enabled: bool = False``); runtime/config.py (``'bfloat16 and fp16
+    modes cannot be simultaneously enabled'``).
+
+    Raises:
+        SpecError: a section that is not a mapping, an ``enabled`` that is not a flag, or both
+            sections enabled (DeepSpeed refuses it).
+    """
+    f = "deepspeed_config"
+    flag = 'true, false or "auto"'
+    bf16_key = "bf16" if ds.get("bf16") is not None else "bfloat16"
+    sections = {bf16_key: _section(ds, bf16_key, f), "fp16": _section(ds, "fp16", f)}
+    enabled = {k: _value(v, "enabled", f, bool, flag) for k, v in sections.items()}
+    bf16, fp16 = enabled[bf16_key] is True, enabled["fp16"] is True
+    if bf16 and fp16:
+        raise SpecError(
+            f,
+            f"{bf16_key} and fp16 are both enabled; DeepSpeed refuses it (runtime/config.py: "
+            "'bfloat16 and fp16 modes cannot be simultaneously enabled'); enable one",
+        )
+    if bf16 or fp16:
+        return _precision(bf16, fp16)
+    autos = [k for k, v in sections.items() if v.get("enabled") == "auto"]
+    if autos:
+        auto["precision"] = " / ".join(f"{k}.enabled" for k in autos)
+        return None
+    return "32-true"
+
+
+def deepspeed_settings(ds: dict[str, Any], auto: dict[str, str] | None = None) -> dict[str, Any]:
     """TrainingConfig field values from a parsed DeepSpeed config (see module docstring).
+
+    Args:
+        ds: the parsed ``ds_config.json``.
+        auto: if given, receives ``{field: DeepSpeed key}`` for every ``"auto"`` value that
+            leaves a field to the Trainer (the field is then not in the result).
+
+    Returns:
+        TrainingConfig field values.
 
     Raises:
         SpecError: a section that is not a mapping, or a value of the wrong type.
     """
     f = "deepspeed_config"
+    auto = {} if auto is None else auto
     out: dict[str, Any] = {"framework": "deepspeed"}
     integer = 'an integer or "auto"'
-    _set(out, "micro_batch_size", _value(ds, "train_micro_batch_size_per_gpu", f, int, integer))
-    _set(
-        out,
-        "gradient_accumulation_steps",
-        _value(ds, "gradient_accumulation_steps", f, int, integer),
-    )
-    flag = 'true, false or "auto"'
-    bf16_key = "bf16" if ds.get("bf16") is not None else "bfloat16"
-    bf16 = _value(_section(ds, bf16_key, f), "enabled", f, bool, flag) is True
-    fp16 = _value(_section(ds, "fp16", f), "enabled", f, bool, flag) is True
-    _set(out, "precision", _precision(bf16, fp16))
+    for field, key in (
+        ("micro_batch_size", "train_micro_batch_size_per_gpu"),
+        ("gradient_accumulation_steps", "gradient_accumulation_steps"),
+    ):
+        _set(out, field, _value(ds, key, f, int, integer))
+        if ds.get(key) == "auto":
+            auto[field] = key
+    _set(out, "precision", _deepspeed_precision(ds, auto))
     zero = _section(ds, "zero_optimization", f)
     _set(out, "zero_stage", _value(zero, "stage", f, int, "0, 1, 2 or 3"))
     for key in ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_max_live_parameters"):
@@ -192,6 +238,7 @@ def deepspeed_settings(ds: dict[str, Any]) -> dict[str, Any]:
         if not math.isfinite(bucket) or not 0 <= bucket <= 2**62:
             raise SpecError(f, f"{key} must be a non-negative number of elements, got {bucket!r}")
         out[key] = int(bucket)
+    flag = 'true, false or "auto"'
     overlap = _value(zero, "overlap_comm", f, bool, flag)
     if overlap is not None:
         out["overlap_comm"] = overlap
@@ -215,13 +262,20 @@ def deepspeed_settings(ds: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def read_deepspeed_config(path: str) -> dict[str, Any]:
+def read_deepspeed_config(path: str, auto: dict[str, str] | None = None) -> dict[str, Any]:
     """TrainingConfig field values from a DeepSpeed ``ds_config.json``.
+
+    Args:
+        path: the file.
+        auto: as :func:`deepspeed_settings`.
+
+    Returns:
+        TrainingConfig field values.
 
     Raises:
         SpecError: the file cannot be read or is not a JSON object.
     """
-    return deepspeed_settings(_load(path, "json", "deepspeed_config"))
+    return deepspeed_settings(_load(path, "json", "deepspeed_config"), auto)
 
 
 def _scalar_text(cfg: dict[str, Any], key: str, field: str, default: str) -> str:
@@ -234,8 +288,15 @@ def _scalar_text(cfg: dict[str, Any], key: str, field: str, default: str) -> str
     return str(value)
 
 
-def read_accelerate_config(path: str) -> dict[str, Any]:
+def read_accelerate_config(path: str, auto: dict[str, str] | None = None) -> dict[str, Any]:
     """TrainingConfig field values from an accelerate config YAML (or JSON).
+
+    Args:
+        path: the file.
+        auto: as :func:`deepspeed_settings`, for the ``deepspeed_config_file`` it names.
+
+    Returns:
+        TrainingConfig field values.
 
     Raises:
         SpecError: unreadable file, not a mapping, or an FSDP sharding strategy not known.
@@ -285,7 +346,7 @@ def read_accelerate_config(path: str) -> dict[str, Any]:
             out.update(
                 {
                     k: v
-                    for k, v in read_deepspeed_config(nested).items()
+                    for k, v in read_deepspeed_config(nested, auto).items()
                     if k not in out or k == "framework"
                 }
             )
