@@ -58,15 +58,33 @@ def test_csv_and_json_parse_back() -> None:
         "device_total_bytes",
         "peak_phase",
         "fits",
+        "verdict",
         "margin_bytes",
     ]
     for p, r in zip(parsed, rows, strict=True):
         assert int(p["device_total_bytes"]) == r.device_total_bytes
         assert int(p["micro_batch_size"]) == r.settings["micro_batch_size"]
         assert p["fits"] == ("true" if r.fits else "false")
+        assert p["verdict"] in ("fits", "tight", "does not fit")
+        assert (p["verdict"] == "does not fit") == (not r.fits)
     data = json.loads(sweep_json(rows))
     assert data == [r.to_dict() for r in rows]
     assert isinstance(data[0]["fits"], bool) and isinstance(data[0]["margin_bytes"], int)
+
+
+def test_an_oom_row_has_no_margin_and_says_does_not_fit() -> None:
+    # gpt2 (124M) full fine-tune, fp32, eager attention, 32 x 1024 tokens on a T4 (16 GB): the
+    # attention probabilities saved for backward alone are 32 x 12 heads x 1024^2 x 4 B =
+    # 1.6 GB per layer, x 12 layers = 19.3 GB (Korthikanti et al. 2022, eq. 1, 5as^2b term).
+    assert 32 * 12 * 1024**2 * 4 * 12 > 16 * 10**9
+    training = TrainingConfig(attention="eager", precision="32-true")
+    over = {"micro_batch_size": [1, 32]}
+    rows = sweep("gpt2", training, "T4", over, simulate_allocator=True)
+    fits, oom = rows
+    assert fits.verdict in ("fits", "tight") and fits.margin_bytes is not None
+    assert oom.fits is False and oom.verdict == "does not fit"
+    assert oom.margin_bytes is None and oom.device_total_bytes is None
+    assert sweep_table("t", rows).row_count == 2
 
 
 def test_table_has_one_row_per_point() -> None:

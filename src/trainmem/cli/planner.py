@@ -129,8 +129,8 @@ def register(app: typer.Typer) -> None:
         *,
         training: TrainingConfig,
     ) -> None:
-        """Estimates over a grid (--over FIELD=V1,V2,... repeated), with fit / no fit for
-        --gpu, as a table, CSV or JSON (exact bytes)."""
+        """Estimates over a grid (--over FIELD=V1,V2,... repeated), with the verdict (fits /
+        tight / does not fit) for --gpu, as a table, CSV or JSON (exact bytes)."""
         if output_format not in ("table", "csv", "json"):
             raise SpecError("format", f"unknown value {output_format!r}; allowed: table, csv, json")
         grid = parse_over(over)
@@ -142,4 +142,4 @@ def register(app: typer.Typer) -> None:
             print(render.sweep_json(rows))
         else:
             title = f"{spec.name}" + (f" on {gpu}" if gpu else "") + ": sweep"
-            console.print(render.sweep_table(title, rows))
+            console.print(render.sweep_table(title, rows, simulated=simulate_allocator))

@@ -18,7 +18,6 @@ from typing import Any
 
 from trainmem.errors import SpecError
 from trainmem.estimate import estimate, formula_model, resolve_gpu
-from trainmem.planner.evaluate import fits
 from trainmem.specs.hardware import GPUSpec
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
@@ -39,19 +38,24 @@ class SweepRow:
         settings: the swept fields and their values at this point.
         allocated_bytes: predicted ``max_memory_allocated``.
         reserved_bytes: predicted ``max_memory_reserved`` (equal to allocated without the
-            simulator).
-        device_total_bytes: reserved plus the CUDA context (what nvidia-smi shows).
+            simulator; None when the simulated allocator runs out of memory).
+        device_total_bytes: reserved plus the CUDA context (what nvidia-smi shows; None on
+            an out-of-memory).
         peak_phase: ``forward``, ``backward`` or ``optimizer``.
-        fits: whether the device total fits the GPU (None without a GPU).
-        margin_bytes: usable capacity minus the device total (None without a GPU).
+        fits: whether the step runs on the GPU (None without a GPU).
+        verdict: ``fits`` / ``tight`` / ``does not fit`` (:attr:`MemoryEstimate.verdict`),
+            None without a GPU.
+        margin_bytes: usable capacity minus the device total (None without a GPU, or when the
+            simulated allocator runs out of memory: no device total).
     """
 
     settings: dict[str, Any]
     allocated_bytes: int
-    reserved_bytes: int
-    device_total_bytes: int
+    reserved_bytes: int | None
+    device_total_bytes: int | None
     peak_phase: str
     fits: bool | None
+    verdict: str | None
     margin_bytes: int | None
 
     def to_dict(self) -> dict[str, Any]:
@@ -63,6 +67,7 @@ class SweepRow:
             "device_total_bytes": self.device_total_bytes,
             "peak_phase": self.peak_phase,
             "fits": self.fits,
+            "verdict": self.verdict,
             "margin_bytes": self.margin_bytes,
         }
 
@@ -203,16 +208,16 @@ def sweep(
             simulate_allocator=simulate_allocator,
         )
         b = est.breakdown
-        cap = est.gpu_capacity_bytes
         rows.append(
             SweepRow(
                 settings=settings,
                 allocated_bytes=b.allocated_bytes,
-                reserved_bytes=b.reserved_bytes,
-                device_total_bytes=b.device_total_bytes,
+                reserved_bytes=None if est.oom_message else b.reserved_bytes,
+                device_total_bytes=None if est.oom_message else b.device_total_bytes,
                 peak_phase=est.peak_phase,
-                fits=None if cap is None else fits(est),
-                margin_bytes=None if cap is None else cap - b.device_total_bytes,
+                fits=est.fits,
+                verdict=est.verdict,
+                margin_bytes=est.margin_bytes,
             )
         )
     return rows

@@ -20,6 +20,7 @@ from trainmem.planner.evaluate import margin_bytes
 from trainmem.planner.fixes import Fix
 from trainmem.planner.search import PlanResult
 from trainmem.planner.sweep import SweepRow
+from trainmem.report.table import VERDICT_STYLE
 from trainmem.units import GiB
 
 SCHEMA_VERSION = 1
@@ -134,24 +135,35 @@ def fixes_json(base: MemoryEstimate, found: Sequence[Fix]) -> str:
     )
 
 
-def sweep_table(title: str, rows: Sequence[SweepRow]) -> Table:
-    """One row per grid point: the swept settings, peak figures in GiB, margin and verdict."""
-    table = Table(title=title, caption="GiB = 2^30 bytes; '--format csv|json' gives exact bytes")
+def sweep_table(title: str, rows: Sequence[SweepRow], *, simulated: bool = True) -> Table:
+    """One row per grid point: the swept settings, peak figures in GiB, margin and verdict;
+    ``simulated=False`` says in the caption that reserved = allocated (no allocator replay)."""
+    caption = "GiB = 2^30 bytes; '--format csv|json' gives exact bytes"
+    if not simulated:
+        caption += (
+            "; closed form: reserved = allocated, no fragmentation "
+            "(--simulate-allocator replays each row, as estimate does)"
+        )
+    table = Table(title=title, caption=caption)
     keys = list(rows[0].settings) if rows else []
     for k in keys:
         table.add_column(k, justify="right")
     for col in ("allocated GiB", "reserved GiB", "device total GiB", "margin GiB"):
         table.add_column(col, justify="right")
     table.add_column("peak")
-    table.add_column("fits")
+    table.add_column("verdict")
     for r in rows:
-        verdict = "-" if r.fits is None else ("[green]yes[/]" if r.fits else "[red]no[/]")
+        verdict = (
+            "-" if r.verdict is None else f"[{VERDICT_STYLE.get(r.verdict, 'bold')}]{r.verdict}[/]"
+        )
         table.add_row(
             *(_show(r.settings[k]) for k in keys),
             gib(r.allocated_bytes),
-            gib(r.reserved_bytes),
-            gib(r.device_total_bytes),
-            "-" if r.margin_bytes is None else _signed_gib(r.margin_bytes),
+            "OOM" if r.reserved_bytes is None else gib(r.reserved_bytes),
+            "OOM" if r.device_total_bytes is None else gib(r.device_total_bytes),
+            ("OOM" if r.fits is False else "-")
+            if r.margin_bytes is None
+            else _signed_gib(r.margin_bytes),
             r.peak_phase,
             verdict,
         )
