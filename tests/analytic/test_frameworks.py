@@ -782,3 +782,59 @@ def test_cli_hf_trainer_with_fsdp_is_accelerate_fsdp() -> None:
     t = training_from_options("gpt2", {"framework": "hf-trainer", "fsdp": "shard-grad-op"})
     assert (t.framework, t.zero_stage, t.reshard_after_forward) == ("accelerate-fsdp", 3, False)
     assert training_from_options("gpt2", {"framework": "hf-trainer"}).framework == "hf-trainer"
+
+
+@pytest.mark.parametrize(
+    ("stage", "version", "params", "grads", "states"),
+    [
+        # ZeRO-1: fp32 weights and gradients whole; fp32 copy 4 + exp_avg 4 + exp_avg_sq 4,
+        # sharded: 12 / 4 = 3 bytes per parameter of optimizer state on each of 4 ranks
+        (1, None, 4, 4, 3),
+        # ZeRO-2: gradients sharded too, 4 / 4 = 1 byte per parameter
+        (2, None, 4, 1, 3),
+        # ZeRO-3 since 0.18.2 reuses the fp32 partition: states 8 / 4 = 2 bytes per parameter
+        (3, None, 1, 1, 2),
+        # ZeRO-3 before 0.18.2 cloned it (stage3.py .clone().float().detach()): 12 / 4 = 3
+        (3, "0.18.1", 1, 1, 3),
+    ],
+)
+def test_deepspeed_zero_keeps_an_fp32_copy_of_fp32_weights(
+    stage: int, version: str | None, params: int, grads: int, states: int
+) -> None:
+    # deepspeed/runtime/zero/stage_1_and_2.py: single_partition_of_fp32_groups is
+    # parallel_partitioned_bit16_groups[i][partition_id].detach().clone().to(fp32), a second
+    # tensor even when the model is fp32; AdamW's exp_avg and exp_avg_sq are fp32 beside it.
+    # GPT-2 small, 124,439,808 parameters; every tensor's bytes divide by the 4 ranks.
+    n = 124_439_808
+    training = TrainingConfig(
+        framework="deepspeed",
+        precision="32-true",
+        zero_stage=stage,
+        data_parallel_size=4,
+        deepspeed_version=version,
+    )
+    assert training.deepspeed_optimizer == "zero"
+    got = tensor_states(load_model_spec("gpt2"), training)
+    assert sum(s.param_bytes for s in got) == params * n
+    assert sum(s.grad_bytes for s in got) == grads * n
+    assert sum(s.state_bytes for s in got) == states * n
+
+
+def test_deepspeed_zero2_fp32_copy_on_llama_2_7b_from_the_cli() -> None:
+    # 6,738,415,616 parameters over 8 ranks: fp32 copy 4 + moments 8 = 12 bytes / 8 each
+    n = 6_738_415_616
+    args = ["estimate", "llama-2-7b", "--framework", "deepspeed", "-p", "32-true"]
+    args += ["--zero-stage", "2", "--data-parallel-size", "8", "-s", "128", "-c", "full", "--json"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    states = json.loads(r.stdout)["model_states_bytes"]
+    assert states["optimizer_states"] == 12 * n // 8
+    assert (states["parameters"], states["gradients"]) == (4 * n, 4 * n // 8)
+
+
+def test_deepspeed_mixed_precision_master_copy_is_unchanged() -> None:
+    # 16-bit weights: the fp32 master copy was already counted (ZeRO paper 2 + 2 + 12)
+    t = TrainingConfig(framework="deepspeed", zero_stage=2, data_parallel_size=4)
+    assert t.fp32_master_copy and t.master_weights
+    plain = TrainingConfig(precision="32-true", zero_stage=2, data_parallel_size=4)
+    assert not plain.fp32_master_copy  # torch's ZeRO (FSDP) steps the weights themselves

@@ -14,7 +14,11 @@ Note [Model states per precision]
     torchtune/litgpt ``bf16-true``): 2 + 2 + 4 = 8 bytes per parameter for AdamW. With
     ``framework="deepspeed"`` / ``"megatron"`` the ZeRO paper's split is modelled: 16-bit weights
     and gradients (fp32 gradients for Megatron), the fp32 master copy counted as optimizer state
-    (Note [Framework conventions] in ``specs/training.py``).
+    (Note [Framework conventions] in ``specs/training.py``). DeepSpeed's ZeRO-1/2 optimizer
+    keeps an fp32 copy of its partition of fp32 (``32-true``) weights too: 4 + 4 + (4 + 8) / N
+    bytes per parameter for AdamW over N ranks at stage 1, 4 + (4 + 4 + 8) / N at stage 2
+    (``TrainingConfig.fp32_master_copy``, deepspeed/runtime/zero/stage_1_and_2.py
+    ``single_partition_of_fp32_groups``).
 
     The 16-bit weight copies that autocast makes for the forward pass are per-step tensors, not
     model states; they are counted with the activations (see ``activations.py``).
@@ -48,7 +52,7 @@ def optimizer_state_bytes_per_parameter(training: TrainingConfig) -> float:
     :func:`optimizer_state_bytes`.
     """
     w = dtype_bytes(training.optimizer_state_dtype)
-    master = 4.0 if training.master_weights else 0.0
+    master = 4.0 if training.fp32_master_copy else 0.0
     opt = training.optimizer
     if opt == "sgd":
         return master
@@ -95,8 +99,8 @@ def optimizer_state_bytes(
     w = dtype_bytes(training.optimizer_state_dtype)
     num_matrix = sum(r * c * n for r, c, n in matrix_shapes)
     # DeepSpeed / Megatron: an fp32 master copy of every trainable parameter (Note [Model
-    # states per precision])
-    master = 4 * (num_matrix + num_vector_parameters) if training.master_weights else 0
+    # states per precision]); DeepSpeed's ZeRO-1/2 keep one of fp32 weights too
+    master = 4 * (num_matrix + num_vector_parameters) if training.fp32_master_copy else 0
     if training.optimizer == "adafactor":
         return master + w * (sum((r + c) * n for r, c, n in matrix_shapes) + num_vector_parameters)
     if training.optimizer in ("adamw-8bit", "paged-adamw-8bit"):

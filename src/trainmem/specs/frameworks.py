@@ -41,6 +41,38 @@ DEEPSPEED_OPTIMIZERS: tuple[str, ...] = ("zero", "bf16", "fp16", "none")
 ``FP16_Optimizer`` (also for bf16 as ``DDP_BFLOAT16``), the bare optimizer (fp32)."""
 
 
+DEEPSPEED_ZERO3_REUSES_FP32_PARTITION_SINCE = (0, 18, 2)
+"""deepspeed/runtime/zero/stage3.py ``_create_fp32_partitions``: since 0.18.2 a partition that
+already holds the master dtype on the device is itself the optimizer's fp32 partition ("we don't
+need another copy of the weights"); before, ``.clone().float().detach()`` always copied it.
+Checked on the 0.18.1 and 0.18.2 sdists."""
+
+
+def deepspeed_copies_fp32_weights(zero_stage: int, version: tuple[int, ...] | None) -> bool:
+    """Whether DeepSpeed's ZeRO optimizer keeps its own fp32 copy of this rank's partition of
+    *fp32* weights (16-bit weights always get one: the master weights).
+
+    ZeRO-1/2 clone the partition whatever its dtype (deepspeed/runtime/zero/stage_1_and_2.py
+    ``DeepSpeedZeroOptimizer.__init__``: ``weights_partition = self.
+    parallel_partitioned_bit16_groups[i][partition_id].detach().clone().to(device=self.device,
+    dtype=self.master_weights_and_grads_dtype)``, appended to ``single_partition_of_fp32_groups``
+    and stepped by the optimizer; ``.to(self.device).clone().float()`` in 0.16.4, the same in
+    0.18.9 and 0.19.8). ZeRO-3 does only before
+    :data:`DEEPSPEED_ZERO3_REUSES_FP32_PARTITION_SINCE`.
+
+    Args:
+        zero_stage: the ZeRO stage (0: no ZeRO optimizer, no copy).
+        version: the DeepSpeed release; None: a current one.
+
+    Returns:
+        True when the fp32 partition is a second tensor beside the model's weights.
+    """
+    if zero_stage in (1, 2):
+        return True
+    old = (version or DEFAULT_DEEPSPEED_VERSION) < DEEPSPEED_ZERO3_REUSES_FP32_PARTITION_SINCE
+    return zero_stage == 3 and old
+
+
 def deepspeed_grad_accum_dtype(
     model_dtype: str,
     zero_stage: int,

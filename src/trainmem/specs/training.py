@@ -52,6 +52,7 @@ from trainmem.specs.frameworks import (
     FRAMEWORK_CONVENTIONS,
     GRAD_ACCUM_DTYPES,
     FrameworkConventions,
+    deepspeed_copies_fp32_weights,
     deepspeed_grad_accum_dtype,
     deepspeed_optimizer_wrapper,
     parse_version,
@@ -569,6 +570,20 @@ class TrainingConfig:
         """16-bit model weights with an fp32 master copy kept by the optimizer (DeepSpeed,
         Megatron mixed precision)."""
         return self.is_mixed and self.conventions.master_weights
+
+    @property
+    def fp32_master_copy(self) -> bool:
+        """The optimizer keeps an fp32 copy of the weights it steps, counted with its states:
+        the :attr:`master_weights` of 16-bit weights, or DeepSpeed's ZeRO optimizer on fp32
+        weights, which clones this rank's partition all the same
+        (:func:`~trainmem.specs.frameworks.deepspeed_copies_fp32_weights`: ZeRO-1/2, and ZeRO-3
+        before 0.18.2; deepspeed/runtime/zero/stage_1_and_2.py
+        ``single_partition_of_fp32_groups``)."""
+        if self.master_weights:
+            return True
+        return self.deepspeed_optimizer == "zero" and deepspeed_copies_fp32_weights(
+            self.zero_stage, parse_version("deepspeed_version", self.deepspeed_version)
+        )
 
     @property
     def weight_dtype(self) -> str:
