@@ -51,3 +51,44 @@ def test_fp8_on_a_v100_is_refused() -> None:
     with pytest.raises(SpecError, match="fp8-mixed"):  # was 'fits'
         estimate("gpt2", TrainingConfig(precision="fp8-mixed"), gpu="V100-16GB")
     check_precision_on_gpu("fp8-mixed", get_gpu("H100-80GB"))
+
+
+@pytest.mark.parametrize(
+    ("typed", "name"),
+    [
+        ("RTX4090", "RTX-4090"),
+        ("rtx 4090", "RTX-4090"),
+        ("NVIDIA GeForce RTX 4090", "RTX-4090"),
+        ("rtx_5090", "RTX-5090"),
+        ("RTX 6000 Ada", "RTX-6000-Ada"),
+        ("l40", "L40"),
+        ("h20", "H20"),
+        ("AMD Instinct MI325X", "MI325X"),
+    ],
+)
+def test_names_users_type(typed: str, name: str) -> None:
+    assert get_gpu(typed).name == name
+
+
+def test_any_capacity_in_gb_or_gib() -> None:
+    # GB is 10^9 bytes, GiB 2^30 (IEC 80000-13); the figure is the usable capacity.
+    assert get_gpu("32GB").memory_bytes == 32_000_000_000
+    assert get_gpu("24GiB").memory_bytes == 24 * 1024**3
+    assert get_gpu("23.65 GiB").memory_bytes == round(23.65 * 1024**3)
+    for bad in ("0GB", "5000GiB"):
+        with pytest.raises(SpecError, match="gpu: capacity"):
+            get_gpu(bad)
+
+
+def test_new_cards_carry_their_source() -> None:
+    # RTX 5090: "GPU 0 has a total capacity of 31.37 GiB" (Wan-Video/Wan2.1 issue 465)
+    assert get_gpu("RTX-5090").memory_bytes == round(31.37 * 1024**3)
+    # H20: "has a total capacity of 95.00 GiB" (modelscope/DiffSynth-Studio issue 1238)
+    assert get_gpu("H20").memory_bytes == 95 * 1024**3
+    for name in ("RTX-5090", "RTX-6000-Ada", "L40", "H20", "GH200", "MI325X"):
+        assert get_gpu(name).datasheet.startswith("https://")
+
+
+def test_an_unknown_gpu_says_a_capacity_works() -> None:
+    with pytest.raises(SpecError, match="--gpu 32GB"):
+        get_gpu("my-lab-card")

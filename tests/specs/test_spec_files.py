@@ -272,3 +272,11 @@ def test_hub_id_read_from_the_cache_offline(
         load_hf_config("some-org/not-cached")
     assert time.monotonic() - start < 2
     assert "pass the path" in _one_line(info.value)
+
+
+def test_presets_ignore_case() -> None:
+    from trainmem.specs.hf import load_model_spec
+
+    typed = load_model_spec("Llama-3.1-8B")
+    assert typed.num_layers == 32 and typed.hidden_size == 4096  # Llama 3.1 8B's config.json
+    assert typed == load_model_spec("llama-3.1-8b")

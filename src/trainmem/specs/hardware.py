@@ -25,6 +25,7 @@ Note [CUDA context]
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass
 
 from trainmem.errors import SpecError
@@ -124,6 +125,34 @@ GPUS: dict[str, GPUSpec] = {
         _gpu(
             "RTX-A6000", 47.54, "48 GB GDDR6", "8.6", _NV + "en-us/design-visualization/rtx-a6000/"
         ),
+        # total_memory 31.37 GiB: the OOM message in Wan-Video/Wan2.1 issue 465 (2025-07)
+        _gpu(
+            "RTX-5090",
+            31.37,
+            "32 GB GDDR7",
+            "12.0",
+            _NV + "en-us/geforce/graphics-cards/50-series/rtx-5090/",
+        ),
+        # 44.43 GiB with ECC on (as shipped): DINGYANB/MTVCrafter issue 21 (2025-07)
+        _gpu(
+            "RTX-6000-Ada",
+            44.43,
+            "48 GB GDDR6 ECC",
+            "8.9",
+            _NV + "en-us/design-visualization/rtx-6000/",
+        ),
+        # the L40S's board memory (48 GB GDDR6 with ECC): the L40S figure
+        _gpu("L40", 44.39, "48 GB GDDR6 ECC", "8.9", _NV + "en-us/data-center/l40/"),
+        # 95.00 GiB: modelscope/DiffSynth-Studio issue 1238 (2026-01)
+        _gpu("H20", 95.00, "96 GB HBM3", "9.0", _NV + "en-us/data-center/h20/"),
+        # no public OOM message found: inferred from the H20's same 96 GB HBM3 stacks
+        _gpu(
+            "GH200",
+            95.00,
+            "96 GB HBM3 (inferred total_memory; pass --gpu <GiB>GiB for yours)",
+            "9.0",
+            _NV + "en-us/data-center/grace-hopper-superchip/",
+        ),
         _gpu("V100-16GB", 15.77, "16 GB HBM2", "7.0", _NV + "en-us/data-center/v100/"),
         _gpu("V100-32GB", 31.74, "32 GB HBM2", "7.0", _NV + "en-us/data-center/v100/"),
         _gpu("T4", 14.75, "16 GB GDDR6", "7.5", _NV + "en-us/data-center/tesla-t4/"),
@@ -143,17 +172,77 @@ GPUS: dict[str, GPUSpec] = {
             "https://www.amd.com/en/products/accelerators/instinct/mi300/mi300x.html",
             vendor="amd",
         ),
+        # no public OOM message found: 256 GiB less the MI300X's 20 MiB, inferred
+        _gpu(
+            "MI325X",
+            255.98,
+            "256 GB HBM3E (inferred total_memory; pass --gpu <GiB>GiB for yours)",
+            "gfx942",
+            "https://www.amd.com/en/products/accelerators/instinct/mi300/mi325x.html",
+            vendor="amd",
+        ),
     )
 }
 
-_ALIASES = {"4090": "RTX-4090", "3090": "RTX-3090", "a6000": "RTX-A6000"}
+_ALIASES = {
+    "4090": "RTX-4090",
+    "3090": "RTX-3090",
+    "5090": "RTX-5090",
+    "a6000": "RTX-A6000",
+    "6000ada": "RTX-6000-Ada",
+    "rtx6000ada": "RTX-6000-Ada",
+}
 """Short names that name one catalog entry. ``A100``, ``H100`` and ``V100`` are not aliases:
 each names two boards of different capacity, so they are refused with the choices."""
 
 
+_CAPACITY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gib|gb)\s*$", re.IGNORECASE)
+MAX_CUSTOM_CAPACITY_BYTES = 4 * 2**40
+"""The largest capacity ``--gpu <N>GiB`` accepts (4 TiB: no single device comes close)."""
+
+
+def _fold(name: str) -> str:
+    """Case, spaces, hyphens, underscores and vendor prefixes ignored (``RTX4090`` ==
+    ``rtx-4090`` == ``NVIDIA GeForce RTX 4090``)."""
+    key = re.sub(r"[\s_-]+", "", name.strip().lower())
+    for prefix in ("nvidia", "tesla", "geforce", "amd", "instinct"):
+        key = key.removeprefix(prefix)
+    return key
+
+
+def custom_gpu(text: str) -> GPUSpec | None:
+    """A GPU of any capacity: ``"32GB"`` (10^9 bytes) or ``"24GiB"`` / ``"23.65 GiB"`` (2^30)
+    is the usable capacity, as ``torch.cuda.get_device_properties(0).total_memory`` reports it
+    (give what your card reports: it is below the datasheet's figure). The cuBLAS workspace of
+    an Ampere-class card is assumed (``8_519_680`` bytes, see ``_gpu``). None if ``text`` is not
+    a capacity.
+
+    Raises:
+        SpecError: a capacity of 0 or above :data:`MAX_CUSTOM_CAPACITY_BYTES`.
+    """
+    m = _CAPACITY.match(text)
+    if m is None:
+        return None
+    value, unit = float(m.group(1)), m.group(2).lower()
+    n_bytes = round(value * (GiB if unit == "gib" else 10**9))
+    if not 0 < n_bytes <= MAX_CUSTOM_CAPACITY_BYTES:
+        raise SpecError("gpu", f"capacity {text.strip()!r} must be above 0 and at most 4096GiB")
+    shown = f"{m.group(1)}{'GiB' if unit == 'gib' else 'GB'}"
+    return GPUSpec(
+        name=shown,
+        memory_bytes=n_bytes,
+        nominal=f"{shown} usable (given by the user)",
+        compute_capability="8.0",
+        vendor="nvidia",
+        datasheet="",
+    )
+
+
 def get_gpu(name: str) -> GPUSpec:
-    """Look a GPU up by catalog name, case-insensitively (``"a100-80gb"``, ``"h100-80gb"``), or
-    by a prefix that names one entry (``"b200"``, ``"mi300"``).
+    """Look a GPU up by catalog name, ignoring case, spaces and hyphens (``"a100-80gb"``,
+    ``"RTX4090"``, ``"NVIDIA GeForce RTX 4090"``), by a prefix that names one entry
+    (``"b200"``, ``"mi300"``), or give any usable capacity (``"32GB"``, ``"24GiB"``: see
+    :func:`custom_gpu`).
 
     Raises:
         SpecError: not a string, an unknown GPU (the message lists close names and the
@@ -161,9 +250,11 @@ def get_gpu(name: str) -> GPUSpec:
     """
     if not isinstance(name, str) or not name.strip():
         raise SpecError("gpu", f"must be a GPU name (see `trainmem gpus`), got {name!r:.80}")
-    folded = {k.lower(): k for k in GPUS}
-    key = name.strip().lower().replace(" ", "-").replace("_", "-")
-    key = key.removeprefix("nvidia-").removeprefix("tesla-").removeprefix("geforce-")
+    custom = custom_gpu(name[:100])
+    if custom is not None:
+        return custom
+    folded = {_fold(k): k for k in GPUS}
+    key = _fold(name)
     if key in folded:
         return GPUS[folded[key]]
     if key in _ALIASES:
@@ -171,7 +262,7 @@ def get_gpu(name: str) -> GPUSpec:
     matches = [
         k
         for k in folded
-        if len(key) >= 3 and (k.startswith(key) or k.removeprefix("rtx-").startswith(key))
+        if len(key) >= 3 and (k.startswith(key) or k.removeprefix("rtx").startswith(key))
     ]
     if len(matches) == 1:
         return GPUS[folded[matches[0]]]
@@ -180,7 +271,11 @@ def get_gpu(name: str) -> GPUSpec:
         raise SpecError("gpu", f"{name!r:.80} is ambiguous: it could be {choices}; name one")
     close = difflib.get_close_matches(key[:100], list(folded), n=3, cutoff=0.5)
     hint = f" Did you mean: {', '.join(folded[c] for c in close)}?" if close else ""
-    raise SpecError("gpu", f"unknown GPU {name!r:.80}.{hint} Known: {', '.join(GPUS)}")
+    raise SpecError(
+        "gpu",
+        f"unknown GPU {name!r:.80}.{hint} Known: {', '.join(GPUS)}; or give the usable "
+        "capacity, e.g. --gpu 32GB or --gpu 23.65GiB",
+    )
 
 
 def supports_fp8(gpu: GPUSpec) -> bool:

@@ -241,7 +241,9 @@ def load_hf_config(name_or_path: str) -> dict[str, Any]:
         )
     index = preset_index()
     by_hub_id = {str(e["hub_id"]).lower(): name for name, e in index.items() if e["hub_id"]}
-    preset = name_or_path if name_or_path in index else by_hub_id.get(name_or_path.lower())
+    by_name = {name.lower(): name for name in index}  # presets ignore case: llama-3.1-8B
+    folded = name_or_path.strip().lower()
+    preset = by_name.get(folded) or by_hub_id.get(folded)
     if preset is not None:
         return _read_json(PRESETS_DIR / str(index[preset]["file"]))
 
@@ -276,9 +278,11 @@ def load_model_spec(name_or_path: str) -> ModelSpec:
         name_or_path: anything :func:`load_hf_config` accepts.
 
     Returns:
-        The spec, named after ``name_or_path``.
+        The spec, named after ``name_or_path`` (a preset by its own spelling).
     """
-    return model_spec_from_hf(load_hf_config(name_or_path), name=name_or_path)
+    presets = {p.lower(): p for p in list_presets()} if isinstance(name_or_path, str) else {}
+    name = presets.get(name_or_path.strip().lower(), name_or_path) if presets else name_or_path
+    return model_spec_from_hf(load_hf_config(name_or_path), name=name)
 
 
 # ---------------------------------------------------------------------------------------

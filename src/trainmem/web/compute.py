@@ -130,7 +130,9 @@ def resolve_request(values: Mapping[str, Any], uploaded: ModelSpec | str | None 
         model_arg = Path(uploaded if isinstance(uploaded, str) else uploaded.name).name
     else:
         name = str(values.get("model") or "").strip()
-        if name not in list_presets() and not _HUB_ID.match(name):
+        presets = {p.lower(): p for p in list_presets()}
+        name = presets.get(name.lower(), name)  # presets ignore case, as on the CLI
+        if name not in presets.values() and not _HUB_ID.match(name):
             raise SpecError(
                 "model",
                 f"{name!r} is not a preset; pick one from the list, give a Hugging Face hub "
