@@ -133,13 +133,6 @@ def route_diffusers(model: str | ModelSpec, training: TrainingConfig) -> bool:
     return is_diffusers_config(config)
 
 
-def resolve_gpu(gpu: str | GPUSpec | None) -> GPUSpec | None:
-    """A catalog GPU from its name (``"A100-80GB"``, ``"h100"``), a GPUSpec, or None."""
-    if gpu is None or isinstance(gpu, GPUSpec):
-        return gpu
-    return get_gpu(gpu)
-
-
 def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") -> list[str]:
     """Settings the trace engine would silently ignore, as ``field=value`` (empty if none).
 
@@ -420,6 +413,46 @@ def estimate(
     _validate_arguments(model, training, engine, cuda_context_bytes, alloc_conf)
     if training is None:
         training = TrainingConfig(seq_len=default_seq_len_of(model))
+    est = _dispatch(
+        model, training, gpu, engine, cuda_context_bytes, alloc_conf, simulate_allocator
+    )
+    est.notes[:0] = setting_warnings(model, training)
+    return est
+
+
+def setting_warnings(model: str | ModelSpec, training: TrainingConfig) -> list[str]:
+    """One line for each setting that is accepted but ignored or out of range for the model,
+    so that nothing is dropped silently: a ZeRO stage without data parallelism (ZeRO
+    partitions across the data-parallel group: one rank holds everything, Rajbhandari et al.
+    2020, sec. 5), a sequence longer than the model's context (``max_position_embeddings``).
+    """
+    out = []
+    if training.zero_stage > 0 and training.data_parallel_size == 1:
+        out.append(
+            f"warning: zero_stage={training.zero_stage} with data_parallel_size=1 shards "
+            "nothing (ZeRO partitions across the data-parallel ranks): the answer is one GPU "
+            "holding everything; pass --data-parallel-size N for the per-GPU share of N GPUs"
+        )
+    spec = model if isinstance(model, ModelSpec) else _loaded_spec(model)
+    context = getattr(spec, "max_position_embeddings", 0) if spec is not None else 0
+    if context and training.seq_len > context:
+        out.append(
+            f"warning: seq_len={training.seq_len:,} is beyond the model's context "
+            f"({context:,} tokens, max_position_embeddings): the estimate is for the length "
+            "given, which the model was not built for"
+        )
+    return out
+
+
+def _dispatch(
+    model: str | ModelSpec,
+    training: TrainingConfig,
+    gpu: str | GPUSpec | None,
+    engine: str,
+    cuda_context_bytes: int | None,
+    alloc_conf: str,
+    simulate_allocator: bool,
+) -> MemoryEstimate:
     gpu_spec = resolve_gpu(gpu)
     if gpu_spec is not None:
         check_precision_on_gpu(training.precision, gpu_spec)

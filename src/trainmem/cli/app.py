@@ -74,8 +74,9 @@ def print_estimate(est: MemoryEstimate, as_json: bool) -> None:
     console.print(
         f"peak falls in the {est.peak_phase}: {est.peak_reason}", highlight=False, markup=False
     )
-    for note in est.notes:
-        console.print(f"note: {note}", highlight=False, markup=False)
+    for note in est.notes:  # a warning says so itself ("warning: ...")
+        line = note if note.startswith("warning: ") else f"note: {note}"
+        console.print(line, highlight=False, markup=False)
 
 
 @app.command(name="estimate")

@@ -1,0 +1,39 @@
+"""Nothing a user sets is dropped silently: a setting that is ignored or out of range for the
+model gets a one-line warning in the notes (issue 27)."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from trainmem.cli import app
+
+
+def _notes(*args: str) -> list[str]:
+    result = CliRunner().invoke(app, ["estimate", *args, "--json"])
+    assert result.exit_code == 0, result.output
+    notes: list[str] = json.loads(result.stdout)["notes"]
+    return notes
+
+
+def test_zero_stage_without_data_parallelism_is_a_warning() -> None:
+    notes = _notes("llama-3.2-1b", "--zero-stage", "3", "-s", "512")
+    assert any(n.startswith("warning: zero_stage=3 with data_parallel_size=1") for n in notes)
+    sharded = _notes("llama-3.2-1b", "--zero-stage", "3", "--data-parallel-size", "8", "-s", "512")
+    assert not any(n.startswith("warning: zero_stage") for n in sharded)
+
+
+def test_a_sequence_beyond_the_context_is_a_warning() -> None:
+    # llama-3.2-1b's config.json: "max_position_embeddings": 131072
+    notes = _notes("llama-3.2-1b", "-s", "200000", "--activation-checkpointing", "full")
+    assert any("seq_len=200,000 is beyond the model's context (131,072 tokens" in n for n in notes)
+    inside = _notes("llama-3.2-1b", "-s", "131072", "--activation-checkpointing", "full")
+    assert not any("beyond the model's context" in n for n in inside)
+
+
+def test_the_text_output_prints_a_warning_as_one() -> None:
+    args = ["estimate", "llama-3.2-1b", "-s", "200000", "--activation-checkpointing", "full"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "\nwarning: seq_len=200,000 is beyond" in result.output
