@@ -37,3 +37,18 @@ def test_the_text_output_prints_a_warning_as_one() -> None:
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "\nwarning: seq_len=200,000 is beyond" in result.output
+
+
+def test_estimate_never_suggests_a_command_that_refuses() -> None:
+    # Whisper has no formulas: `fit` refuses it, so `estimate` must not send the user there.
+    from pathlib import Path
+
+    whisper = Path(__file__).parent / "models" / "whisper.json"
+    result = CliRunner().invoke(app, ["estimate", str(whisper), "--gpu", "0.5GB", "--json"])
+    assert result.exit_code == 0, result.output
+    d = json.loads(result.stdout)
+    assert d["engine"] == "generic" and d["verdict"] == "does not fit"
+    assert not any("`trainmem fit " in n for n in d["notes"])
+    fit = CliRunner().invoke(app, ["fit", str(whisper), "--gpu", "0.5GB"])
+    assert fit.exit_code != 0 and "formulas only" in fit.output
+    assert any("re-run `trainmem estimate` with" in n for n in d["notes"])

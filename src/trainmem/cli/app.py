@@ -111,10 +111,17 @@ def estimate_cmd(
         est.notes.extend(emit_reports(est, plot=plot, html=html, alloc_conf=alloc_conf))
     if uncertainty:
         add_uncertainty(est)
-    if est.fits is False:
+    if est.fits is False and est.engine == "analytic":  # `fit` runs the formulas only
         est.notes.append(
             f"does not fit {est.gpu_name}: `trainmem fit {model} --gpu {gpu} [same options]` "
             "ranks the changes that make it fit"
+        )
+    elif est.fits is False:
+        est.notes.append(
+            f"does not fit {est.gpu_name}: `trainmem fit` searches with the formulas, which do "
+            f"not model this family ({est.engine} path); re-run `trainmem estimate` with "
+            "--activation-checkpointing full, a smaller --micro-batch-size, --lora-rank 16 or "
+            "more GPUs (--data-parallel-size N --zero-stage 3)"
         )
     if modules and as_json:
         from trainmem.report.modules import activation_rows, peak_rows
