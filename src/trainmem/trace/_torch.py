@@ -7,9 +7,22 @@ that called :func:`require_torch` first.
 
 from __future__ import annotations
 
+import logging
 from types import ModuleType
 
 INSTALL_HINT = "pip install 'trainmem[trace]'"
+
+QUIET_LOGGERS = ("torchao", "torch.utils._pytree")
+"""Third-party loggers whose import-time chatter (torchao's "Failed to load <CUDA kernel
+library>" on a CPU build, torch's pytree deprecation notes about torchao's enums) says nothing
+about the user's run; their warnings are dropped so that trainmem's own one-line errors lead.
+Errors still show."""
+
+
+def quiet_third_party_logs() -> None:
+    """Raise :data:`QUIET_LOGGERS` to ERROR (called before torch and its extensions load)."""
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def require_torch() -> ModuleType:
@@ -21,6 +34,7 @@ def require_torch() -> ModuleType:
     Raises:
         ImportError: torch is not installed; the message names the install command.
     """
+    quiet_third_party_logs()
     try:
         import torch
     except ImportError as exc:  # pragma: no cover - depends on the environment
