@@ -238,6 +238,18 @@ def custom_gpu(text: str) -> GPUSpec | None:
     )
 
 
+def resolve_gpu(gpu: str | GPUSpec | None) -> GPUSpec | None:
+    """A GPU from its name (:func:`get_gpu`: ``"A100-80GB"``, ``"rtx-4090"``, ``"24GB"``), a
+    GPUSpec, or None.
+
+    Raises:
+        SpecError: an unknown name, or neither a name nor a GPUSpec.
+    """
+    if gpu is None or isinstance(gpu, GPUSpec):
+        return gpu
+    return get_gpu(gpu)
+
+
 def get_gpu(name: str) -> GPUSpec:
     """Look a GPU up by catalog name, ignoring case, spaces and hyphens (``"a100-80gb"``,
     ``"RTX4090"``, ``"NVIDIA GeForce RTX 4090"``), by a prefix that names one entry
@@ -249,7 +261,9 @@ def get_gpu(name: str) -> GPUSpec:
             catalog), or a name several entries share (``"A100"``: the message lists them).
     """
     if not isinstance(name, str) or not name.strip():
-        raise SpecError("gpu", f"must be a GPU name (see `trainmem gpus`), got {name!r:.80}")
+        raise SpecError(
+            "gpu", f"must be a GPU name (see `trainmem gpus`) or a GPUSpec, got {name!r:.80}"
+        )
     custom = custom_gpu(name[:100])
     if custom is not None:
         return custom
