@@ -4,7 +4,9 @@ model gets a one-line warning in the notes (issue 27)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from trainmem.cli import app
@@ -43,7 +45,6 @@ def test_estimate_never_suggests_a_command_that_refuses() -> None:
     # Whisper has no formulas: `fit` refuses it, so `estimate` must not send the user there.
     import subprocess
     import sys
-    from pathlib import Path
 
     whisper = Path(__file__).parent / "models" / "whisper.json"
     args = ["estimate", str(whisper), "--gpu", "0.5GB", "--json"]
@@ -60,3 +61,12 @@ def test_estimate_never_suggests_a_command_that_refuses() -> None:
     fit = CliRunner().invoke(app, ["fit", str(whisper), "--gpu", "0.5GB"])
     assert fit.exit_code != 0 and "formulas only" in fit.output
     assert any("re-run `trainmem estimate` with" in n for n in d["notes"])
+
+
+def test_version_is_the_packages() -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    declared = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["version"]
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.stdout.strip() == f"trainmem {declared}"

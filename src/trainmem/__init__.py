@@ -16,7 +16,7 @@ from trainmem.breakdown import MemoryBreakdown, MemoryEstimate
 from trainmem.estimate import estimate
 from trainmem.specs.training import TrainingConfig
 
-__version__ = "0.1.0"
+__version__ = "0.3.0"
 __all__ = ["MemoryBreakdown", "MemoryEstimate", "TrainingConfig", "estimate", "trace"]
 
 

@@ -34,6 +34,31 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from trainmem import __version__
+
+        print(f"trainmem {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            help="Print trainmem's version and exit.",
+            callback=_print_version,
+            is_eager=True,
+        ),
+    ] = False,
+) -> None:
+    """How much GPU memory does training this model need, where does it go, and what fits?"""
+
+
 SnapshotOpt = Annotated[
     str | None,
     typer.Option(
