@@ -23,7 +23,8 @@ from trainmem.analytic.engine import estimate_analytic
 from trainmem.breakdown import MemoryEstimate
 from trainmem.errors import SpecError, UnsupportedError
 from trainmem.schedule import StepSchedule
-from trainmem.specs.hardware import GPUSpec, check_precision_on_gpu, resolve_gpu
+from trainmem.specs.hardware import GPUSpec, check_precision_on_gpu
+from trainmem.specs.hardware import resolve_gpu as resolve_gpu  # re-exported for the callers
 from trainmem.specs.hf import load_model_spec
 from trainmem.specs.model import NOT_TRANSFORMERS_TYPES, ModelSpec
 from trainmem.specs.training import TrainingConfig, check_training_for_model
