@@ -121,3 +121,83 @@ def test_lora_targets_must_exist_in_the_model() -> None:
 def test_replace_revalidates() -> None:
     with pytest.raises(SpecError, match="micro_batch_size"):
         dataclasses.replace(TrainingConfig(), micro_batch_size=0)
+
+
+def _wrong_type(field: dataclasses.Field[object]) -> object:
+    """A value of a type the field's annotation does not allow."""
+    import typing
+
+    hint = typing.get_type_hints(TrainingConfig)[field.name]
+    allowed = set(typing.get_args(hint)) | {hint}
+    if bool in allowed or hint == (bool | None):
+        return "yes"  # a string is no flag
+    if int in allowed or float in allowed:
+        return 2.5 if int in allowed else "0.1"  # 2.5 is no count, "0.1" is no number
+    if any(typing.get_origin(a) is tuple for a in allowed):
+        return "q,v"  # a string would be read letter by letter
+    return 2.10  # a float is no name nor version: "2.10" would be read as 2.1
+
+
+@pytest.mark.parametrize("field", dataclasses.fields(TrainingConfig), ids=lambda f: f.name)
+def test_every_field_refuses_a_wrong_type_naming_itself(field: dataclasses.Field[object]) -> None:
+    # frames / text_seq_len took any string, the versions any number (issue 29)
+    with pytest.raises(SpecError) as info:
+        TrainingConfig(**{field.name: _wrong_type(field)})  # type: ignore[arg-type]
+    assert info.value.field == field.name
+    message = str(info.value)
+    assert "\n" not in message and ("allowed" in message or "must be" in message), message
+
+
+@pytest.mark.parametrize("field", dataclasses.fields(TrainingConfig), ids=lambda f: f.name)
+def test_none_is_taken_only_where_the_field_means_a_default_by_it(
+    field: dataclasses.Field[object],
+) -> None:
+    # None is a value only where the annotation has it (optimizer_implementation=None: the
+    # framework's default for the torch version; STYLE.md "absence is None in the type")
+    import types
+    import typing
+
+    hint = typing.get_type_hints(TrainingConfig)[field.name]
+    if type(None) in typing.get_args(hint) or (
+        isinstance(hint, types.UnionType) and type(None) in hint.__args__
+    ):
+        assert getattr(TrainingConfig(**{field.name: None}), field.name) is None
+        return
+    with pytest.raises(SpecError) as info:
+        TrainingConfig(**{field.name: None})  # type: ignore[arg-type]
+    assert info.value.field == field.name and "\n" not in str(info.value)
+
+
+def test_versions_must_be_text() -> None:
+    with pytest.raises(SpecError, match="torch_version: must be a version string like '2.5'"):
+        TrainingConfig(torch_version=2.10)  # type: ignore[arg-type]
+    assert TrainingConfig(torch_version="2.10").torch_version == "2.10"
+
+
+def test_all_linear_is_the_models_own_linears() -> None:
+    # peft's all-linear (tuners_utils.py INCLUDE_LINEAR_LAYERS_SHORTHAND): every nn.Linear but
+    # the output head. phi-2 (modeling_phi.py): q_proj, k_proj, v_proj, dense, fc1, fc2 -- no
+    # gate; Llama: q, k, v, o, gate_proj, up_proj, down_proj.
+    import json
+
+    from typer.testing import CliRunner
+
+    from trainmem.cli import app
+
+    args = ["estimate", "phi-2", "--lora-rank", "8", "--lora-targets", "all-linear"]
+    r = CliRunner().invoke(app, [*args, "-s", "128", "--json"])
+    assert r.exit_code == 0, r.output  # was: "phi-2 has no 'gate' linear"
+    out = json.loads(r.stdout)
+    assert out["config"]["lora_targets"] == ["q", "k", "v", "o", "up", "down"]
+    # r (in + out) per adapted linear, h = 2560, i = 10240, 32 layers:
+    # 4 x 8 (2560 + 2560) + 2 x 8 (2560 + 10240) = 368,640 per layer
+    assert out["num_trainable_parameters"] == 32 * (4 * 8 * 5120 + 2 * 8 * 12800)
+    r = CliRunner().invoke(app, [*args[:4], "--set", "lora-targets=all-linear", "--json"])
+    assert json.loads(r.stdout)["config"]["lora_targets"][-2:] == ["up", "down"]
+    from trainmem.cli.options import parse_lora_targets
+
+    llama = load_model_spec("llama-2-7b")
+    assert parse_lora_targets("all-linear", llama) == ("q", "k", "v", "o", "gate", "up", "down")
+    # an explicit gate on phi-2 is still refused: the model has none
+    r = CliRunner().invoke(app, [*args[:4], "--lora-targets", "q,gate"])
+    assert r.exit_code == 2 and "phi-2 has no 'gate' linear" in r.stderr

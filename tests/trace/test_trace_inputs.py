@@ -117,3 +117,53 @@ def test_a_changed_model_spec_is_not_traced_as_its_preset() -> None:
     spec = dataclasses.replace(resolve_model("tiny-gpt2-test"), num_layers=7)
     with pytest.raises(UnsupportedError, match="config.json"):
         estimate(spec, TrainingConfig(seq_len=16), engine="trace")
+
+
+def _linear_sum() -> tuple[object, object]:
+    import torch
+
+    def build() -> torch.nn.Module:
+        return torch.nn.Linear(16, 16)
+
+    def batch() -> torch.Tensor:
+        return torch.randn(4, 16)
+
+    return build, batch
+
+
+def test_trace_takes_a_gpu_name_as_estimate_does() -> None:
+    # trainmem.trace(..., gpu="RTX-4090") raised AttributeError ('str' object has no attribute
+    # 'cublas_workspace_bytes'): the name is looked up in the catalog, as estimate does
+    import trainmem
+    from trainmem.specs.hardware import get_gpu
+
+    build, batch = _linear_sum()
+    est = trainmem.trace(build, batch, gpu="RTX-4090", loss_fn=lambda out, _: out.sum())
+    assert est.gpu_name == "RTX-4090"
+    assert est.gpu_capacity_bytes == get_gpu("RTX-4090").memory_bytes
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field", "match"),
+    [
+        ({"gpu": "RTX-9999"}, "gpu", "unknown GPU"),
+        ({"gpu": 80}, "gpu", "must be a GPU name .* or a GPUSpec, got 80"),
+        ({"training": {"micro_batch_size": 2}}, "training", "must be a trainmem.TrainingConfig"),
+    ],
+)
+def test_trace_refuses_a_bad_gpu_or_training_in_one_line(
+    kwargs: dict[str, object], field: str, match: str
+) -> None:
+    import trainmem
+    from trainmem.errors import SpecError
+
+    build, batch = _linear_sum()
+    with pytest.raises(SpecError, match=match) as info:
+        trainmem.trace(build, batch, loss_fn=lambda out, _: out.sum(), **kwargs)
+    assert info.value.field == field and "\n" not in str(info.value)
+    with pytest.raises(SpecError, match=match):
+        trainmem.trace.estimate_trace(
+            "tiny-gpt2-test",
+            kwargs.get("training"),
+            **{k: v for k, v in kwargs.items() if k == "gpu"},
+        )

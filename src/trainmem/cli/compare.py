@@ -6,7 +6,7 @@ registration time, and the aliases are local names of :func:`register`.
 
 import typer
 
-from trainmem.cli.options import parse_set
+from trainmem.cli.options import model_spec_or_none, parse_set
 from trainmem.report.compare import compare_estimates, compare_table
 
 
@@ -62,7 +62,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Estimates for several option sets side by side: a table and a stacked bar chart."""
         base = training
-        sets = [parse_set(text) for text in set_]
+        spec = model_spec_or_none(model)
+        sets = [parse_set(text, spec) for text in set_]
         labels = [" ".join(text.split()) for text in set_]
         estimates = compare_estimates(
             model, base, sets, gpu=gpu, engine=engine, alloc_conf=alloc_conf

@@ -26,6 +26,7 @@ from trainmem.errors import SpecError, UnsupportedError
 from trainmem.estimate import ENGINES, default_attention_of, default_seq_len_of, resolve_model
 from trainmem.planner.sweep import STRICT_INT, parse_strict_int
 from trainmem.specs.hardware import check_precision_on_gpu, get_gpu
+from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import (
     ACTIVATION_CHECKPOINTING,
     ATTENTIONS,
@@ -41,6 +42,7 @@ from trainmem.specs.training import (
     TrainingConfig,
     check_training_for_model,
     fsdp_settings,
+    model_lora_linears,
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -447,16 +449,31 @@ stage by another name), ``lora_alpha`` (no memory effect), the two config files 
 _NOT_FIELDS = ("fsdp", "lora_alpha", "deepspeed_config", "accelerate_config", "settings")
 
 
-def parse_lora_targets(text: str) -> tuple[str, ...]:
-    """``"q,v"`` -> ("q", "v"); ``all-linear`` -> every layer linear (peft's ``all-linear``)."""
+def parse_lora_targets(text: str, model: ModelSpec | None = None) -> tuple[str, ...]:
+    """``"q,v"`` -> ("q", "v"); ``all-linear`` -> every layer linear of ``model`` (peft's
+    ``all-linear``, :func:`~trainmem.specs.training.model_lora_linears`), or every name of
+    :data:`~trainmem.specs.training.LORA_TARGETS` without a model."""
     if text.strip() == "all-linear":
-        return LORA_TARGETS
+        return LORA_TARGETS if model is None else model_lora_linears(model)
     targets = tuple(part.strip() for part in text.replace("+", ",").split(",") if part.strip())
     if not targets:
         raise SpecError(
             "lora_targets", "empty; allowed: " + ",".join(LORA_TARGETS) + ",lm_head or all-linear"
         )
     return targets
+
+
+def model_spec_or_none(model: str) -> ModelSpec | None:
+    """The model's shape, or None for a family only the traced paths run (nothing to check
+    settings against).
+
+    Raises:
+        SpecError: an unknown preset or an unreadable config.
+    """
+    try:
+        return resolve_model(model)
+    except UnsupportedError:
+        return None
 
 
 def config_file_settings(
@@ -513,6 +530,7 @@ def training_from_options(
             flag and a ``--set`` that give one field two values.
     """
     given = {p.name: values.get(p.name, p.default) for p in TRAINING_OPTIONS}
+    spec = model_spec_or_none(model)
     alpha = given["lora_alpha"]
     if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not math.isfinite(alpha):
         raise SpecError("lora_alpha", f"must be a finite number, got {alpha!r}")
@@ -528,10 +546,10 @@ def training_from_options(
     if given["fsdp"] is not None and settings["framework"] == "hf-trainer":
         # the HF Trainer's --fsdp is accelerate's FSDP plugin (MixedPrecision policy)
         settings["framework"] = "accelerate-fsdp"
-    settings["lora_targets"] = parse_lora_targets(given["lora_targets"])
+    settings["lora_targets"] = parse_lora_targets(given["lora_targets"], spec)
     from_set: dict[str, Any] = {}
     for item in given["settings"] or []:
-        for key, value in parse_set(item).items():
+        for key, value in parse_set(item, spec).items():
             if key in ESTIMATE_KEYS:
                 raise SpecError("set", f"{key} cannot be set here; use its own option")
             if key in explicit and value != settings[key]:
@@ -561,10 +579,6 @@ def training_from_options(
         settings["gradient_accumulation_steps"] = pp if pipelined else 1
     if settings["seq_len"] is None:
         settings["seq_len"] = default_seq_len_of(model)
-    try:
-        spec = resolve_model(model)
-    except UnsupportedError:  # a family only the traced paths run: no shape to check against
-        spec = None
     if settings["attention"] is None:  # not given: the model's own (BLOOM, Gemma-2: eager only)
         settings["attention"] = "sdpa" if spec is None else default_attention_of(spec)
     training = TrainingConfig(**settings)
@@ -668,13 +682,14 @@ ESTIMATE_KEYS = ("engine", "gpu", "alloc_conf", "fsdp")
 _SPLIT = re.compile(r"[;\s]+|,(?=\s*[A-Za-z][\w-]*\s*=)")
 
 
-def parse_set(text: str) -> dict[str, Any]:
+def parse_set(text: str, model: ModelSpec | None = None) -> dict[str, Any]:
     """One ``--set`` option: ``"activation-checkpointing=full micro-batch-size=4"`` ->
     ``{"activation_checkpointing": "full", "micro_batch_size": 4}``.
 
     Keys are TrainingConfig fields (dashes or underscores) or :data:`ESTIMATE_KEYS`; values are
     typed like the field's default (:func:`trainmem.planner.sweep.parse_value`);
-    ``lora-targets`` takes ``q,v`` or ``q+v`` or ``all-linear``.
+    ``lora-targets`` takes ``q,v`` or ``q+v`` or ``all-linear`` (``model``'s linears,
+    :func:`parse_lora_targets`).
 
     Raises:
         SpecError: an empty set, an item without ``=``, an unknown key or a mistyped value.
@@ -690,7 +705,7 @@ def parse_set(text: str) -> dict[str, Any]:
         if name in ESTIMATE_KEYS:
             out[name] = value.strip()
         elif name == "lora_targets":
-            out[name] = parse_lora_targets(value.replace("+", ","))
+            out[name] = parse_lora_targets(value.replace("+", ","), model)
         else:
             try:
                 name = field_name(key)

@@ -163,11 +163,16 @@ def parse_version(field: str, text: str | None) -> tuple[int, ...] | None:
     """``"2.5"`` / ``"2.5.1+cu121"`` / ``"0.43.2"`` -> (2, 5) / (2, 5, 1) / (0, 43, 2).
 
     Raises:
-        SpecError: not dot-separated integers (a local suffix after ``+`` is ignored).
+        SpecError: not text, or not dot-separated integers (a local suffix after ``+`` is
+            ignored); a number is refused, as ``2.10`` would be read as 2.1.
     """
     if text is None:
         return None
-    core = str(text).split("+", 1)[0].strip()
+    if not isinstance(text, str):
+        raise SpecError(
+            field, f"must be a version string like '2.5' or '0.43.2' (or None), got {text!r:.40}"
+        )
+    core = text.split("+", 1)[0].strip()
     parts = core.split(".")
     if not core or not all(p.isdigit() for p in parts):
         raise SpecError(field, f"{text!r} is not a version like 2.5 or 0.43.2")

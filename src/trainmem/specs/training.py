@@ -393,8 +393,9 @@ class TrainingConfig:
         if isinstance(self.resolution, str):
             object.__setattr__(self, "resolution", _parse_resolution(self.resolution))
         for field in ("resolution", "frames", "text_seq_len"):
-            if getattr(self, field) is not None and not isinstance(getattr(self, field), str):
-                _check_int(field, getattr(self, field), minimum=1)
+            value = getattr(self, field)  # only a resolution may be text ("480x832")
+            if value is not None and not (field == "resolution" and isinstance(value, str)):
+                _check_int(field, value, minimum=1)
         for field in ("lora_rank", "chunked_cross_entropy", "target_seq_len"):
             _check_int(field, getattr(self, field), minimum=0)
         for field in _FLAGS:
@@ -978,6 +979,15 @@ def check_torch_pipeline_microbatches(training: TrainingConfig) -> None:
             )
 
 
+def model_lora_linears(model: ModelSpec) -> tuple[str, ...]:
+    """The layer linears of ``model`` by their :data:`LORA_TARGETS` names: peft's
+    ``all-linear``, every ``nn.Linear`` (and GPT-2 ``Conv1D``) but the output head (peft
+    tuners/tuners_utils.py ``_maybe_include_all_linear_layers``,
+    ``INCLUDE_LINEAR_LAYERS_SHORTHAND``). ``gate`` only for a gated MLP (phi-2's ``fc1`` /
+    ``fc2`` are ``up`` / ``down``); a MoE router is not modelled as a target."""
+    return tuple(t for t in LORA_TARGETS if t != "gate" or model.mlp_kind == "gated")
+
+
 def check_training_for_model(model: ModelSpec, training: TrainingConfig) -> None:
     """The checks that need both the model and the settings.
 
@@ -1047,7 +1057,7 @@ def check_training_for_model(model: ModelSpec, training: TrainingConfig) -> None
             f"that many); allowed: 1-{positions}, or a config with a larger context_length",
         )
     if training.is_lora:
-        available = [t for t in LORA_TARGETS if t != "gate" or model.mlp_kind == "gated"]
+        available = list(model_lora_linears(model))
         if model.head in ("causal-lm", "masked-lm"):
             available.append("lm_head")
         for target in training.lora_targets:

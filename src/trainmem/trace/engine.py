@@ -33,8 +33,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from trainmem.breakdown import MemoryBreakdown, MemoryCategory, MemoryEstimate
-from trainmem.errors import TraceError, UnsupportedError
-from trainmem.specs.hardware import DEFAULT_CUDA_CONTEXT_BYTES, GPUSpec
+from trainmem.errors import SpecError, TraceError, UnsupportedError
+from trainmem.specs.hardware import DEFAULT_CUDA_CONTEXT_BYTES, GPUSpec, resolve_gpu
 from trainmem.specs.model import NOT_TRANSFORMERS_TYPES, ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
@@ -447,11 +447,28 @@ def _estimate(
     )
 
 
+def _training(training: object) -> TrainingConfig:
+    """``training`` itself, ``TrainingConfig()`` for None.
+
+    Raises:
+        SpecError: anything else (a dict of settings, a name).
+    """
+    if training is None:
+        return TrainingConfig()
+    if not isinstance(training, TrainingConfig):
+        raise SpecError(
+            "training",
+            f"must be a trainmem.TrainingConfig (or None for the defaults), got "
+            f"{type(training).__name__}",
+        )
+    return training
+
+
 def estimate_trace(
     model_spec_or_name: ModelSpec | str,
     training: TrainingConfig,
     *,
-    gpu: GPUSpec | None = None,
+    gpu: GPUSpec | str | None = None,
 ) -> MemoryEstimate:
     """Peak GPU memory of one steady-state training step of a preset / HF config, traced.
 
@@ -463,13 +480,14 @@ def estimate_trace(
             :class:`~trainmem.specs.model.ModelSpec` (its ``name`` is loaded).
         training: micro-batch, sequence length, precision, optimizer, checkpointing, attention,
             gradient accumulation, dropout.
-        gpu: the GPU for the verdict and the cuBLAS workspace size.
+        gpu: the GPU for the verdict and the cuBLAS workspace size (a name or a GPUSpec).
 
     Returns:
         A :class:`~trainmem.breakdown.MemoryEstimate` with ``engine="trace"``, the breakdown at
         the traced peak, ``details`` (per-module tables, phase peaks, timings) and ``timeline``.
 
     Raises:
+        SpecError: an unknown GPU, or a ``training`` that is not a TrainingConfig.
         UnsupportedError: model type or optimizer the trace cannot run.
         TraceError: the step failed under fake tensors.
 
@@ -484,6 +502,8 @@ def estimate_trace(
     from trainmem.specs.hf import load_hf_config
     from trainmem.trace.hf_model import build_hf_training_model, hf_loss, make_hf_batch
 
+    training = _training(training)
+    gpu = resolve_gpu(gpu)
     name = model_spec_or_name if isinstance(model_spec_or_name, str) else model_spec_or_name.name
     raw = load_hf_config(name)
     if training.pipeline_parallel_size > 1:
@@ -557,7 +577,7 @@ def trace(
     training: TrainingConfig | None = None,
     loss_fn: Callable[[Any, Any], Any] | None = None,
     optimizer: Callable[[Any], Any] | None = None,
-    gpu: GPUSpec | None = None,
+    gpu: GPUSpec | str | None = None,
     name: str = "custom",
 ) -> MemoryEstimate:
     """Trace one steady-state training step of any ``nn.Module``.
@@ -571,16 +591,19 @@ def trace(
         training: defaults to ``TrainingConfig()`` (bf16-mixed AdamW foreach).
         loss_fn: ``loss_fn(output, batch) -> scalar``; default ``output.loss`` or a scalar output.
         optimizer: ``optimizer(params) -> torch.optim.Optimizer``; default from ``training``.
-        gpu: the GPU for the verdict and the cuBLAS workspace size.
+        gpu: the GPU for the verdict and the cuBLAS workspace size: a name as ``estimate``
+            takes it (``"RTX-4090"``, ``"24GB"``) or a GPUSpec.
         name: label of the result.
 
     Returns:
         The :class:`~trainmem.breakdown.MemoryEstimate` (``engine="trace"``, ``timeline``).
 
     Raises:
+        SpecError: an unknown GPU, or a ``training`` that is not a TrainingConfig.
         TraceError: the step failed on fake tensors, or no loss could be found.
     """
-    training = training or TrainingConfig()
+    training = _training(training)
+    gpu = resolve_gpu(gpu)
     ws = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
     capture, report = run_trace(
         build_model, make_batch, training, loss_fn=loss_fn, optimizer=optimizer, workspace_bytes=ws
