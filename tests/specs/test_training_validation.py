@@ -168,6 +168,15 @@ def test_none_is_taken_only_where_the_field_means_a_default_by_it(
     assert info.value.field == field.name and "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("field", ["frames", "text_seq_len"])
+def test_only_a_resolution_may_be_text(field: str) -> None:
+    # frames="zzz" and text_seq_len="" were accepted: the text branch was meant for resolution
+    for text in ("zzz", "", "81"):
+        with pytest.raises(SpecError, match=f"{field}: must be a positive integer"):
+            TrainingConfig(**{field: text})  # type: ignore[arg-type]
+    assert TrainingConfig(resolution="480x832").resolution == "480x832"
+
+
 def test_versions_must_be_text() -> None:
     with pytest.raises(SpecError, match="torch_version: must be a version string like '2.5'"):
         TrainingConfig(torch_version=2.10)  # type: ignore[arg-type]
