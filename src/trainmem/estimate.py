@@ -23,6 +23,7 @@ from trainmem.analytic.engine import estimate_analytic
 from trainmem.breakdown import MemoryEstimate
 from trainmem.errors import SpecError, UnsupportedError
 from trainmem.schedule import StepSchedule
+from trainmem.specs.assumptions import assumptions
 from trainmem.specs.hardware import GPUSpec, check_precision_on_gpu
 from trainmem.specs.hardware import resolve_gpu as resolve_gpu  # re-exported for the callers
 from trainmem.specs.hf import load_model_spec
@@ -285,6 +286,7 @@ def finish(
             "freeing its cache: " + est.oom_message
         )
     est.verdict = verdict_of(est)
+    est.details["assumed"] = assumptions(est.config)
     if est.verdict == "tight":
         est.notes.append(
             "tight: it fits as predicted, but the high end of the uncertainty band (the "

@@ -23,7 +23,8 @@ from trainmem.cli.options import (
 )
 from trainmem.errors import SpecError
 from trainmem.estimate import estimate, resolve_model
-from trainmem.specs.hardware import GPUS
+from trainmem.specs.assumptions import assumptions_line
+from trainmem.specs.hardware import GPUS, resolve_gpu
 from trainmem.specs.training import TrainingConfig
 
 __all__ = ["app", "main"]
@@ -96,6 +97,7 @@ def print_estimate(est: MemoryEstimate, as_json: bool) -> None:
     if ranks is not None:
         console.print(ranks)
     console.print(config_line(est), highlight=False)
+    console.print(assumptions_line(est.config), highlight=False, markup=False)
     console.print(
         f"peak falls in the {est.peak_phase}: {est.peak_reason}", highlight=False, markup=False
     )
@@ -136,6 +138,12 @@ def estimate_cmd(
         est.notes.extend(emit_reports(est, plot=plot, html=html, alloc_conf=alloc_conf))
     if uncertainty:
         add_uncertainty(est)
+    if est.engine == "analytic":  # the formulas run each framework's conventions at once
+        from trainmem.planner.sensitivity import framework_note
+
+        note = framework_note(resolve_model(model), training, resolve_gpu(gpu))
+        if note:
+            est.notes.append(note)
     if est.fits is False and est.engine == "analytic":  # `fit` runs the formulas only
         est.notes.append(
             f"does not fit {est.gpu_name}: `trainmem fit {model} --gpu {gpu} [same options]` "

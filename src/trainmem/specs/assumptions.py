@@ -1,0 +1,69 @@
+"""What an estimate assumed that the user may not have said: the framework's conventions and
+the library versions whose defaults changed between releases.
+
+The JSON carries it as ``details["assumed"]`` and the CLI prints it on one line, so a user can
+see which training stack the number is for (issue: "one flag halves the answer silently").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from trainmem.specs.frameworks import (
+    DEFAULT_BITSANDBYTES_VERSION,
+    DEFAULT_DEEPSPEED_VERSION,
+    DEFAULT_TORCH_VERSION,
+)
+
+FRAMEWORK_SUMMARY: dict[str, str] = {
+    "pytorch-amp": "a plain PyTorch loop: autocast on fp32 weights, fp32 gradients, torch.optim",
+    "hf-trainer": "the transformers Trainer: accelerate's native AMP, its optimizer defaults",
+    "accelerate-fsdp": "accelerate's FSDP: MixedPrecision(param_dtype=the 16-bit dtype)",
+    "deepspeed": "the DeepSpeed engine: 16-bit weights and gradients, fp32 master in the optimizer",
+    "megatron": "Megatron-LM: fp32 gradient buffer from init, 16-bit weights, fp32 master",
+    "fsdp2": "torchtitan: FSDP2 with bf16 all-gathers, DTensor tensor/sequence parallelism",
+    "torchtune": "torchtune recipes: torchtune's model code, weights in the training dtype",
+    "litgpt": "lit-gpt with Lightning Fabric: its own model code, fp32 model outputs",
+    "fsdp-qlora": "Answer.AI fsdp_qlora: bitsandbytes 4-bit linears under FSDP1, peft adapters",
+}
+"""One line per ``--framework`` on what its conventions mean for memory (the rows and their
+sources are in :mod:`trainmem.specs.frameworks`)."""
+
+
+def _version(value: Any, default: tuple[int, ...]) -> str:
+    return str(value) if value else ".".join(map(str, default)) + " (default)"
+
+
+def assumptions(config: Mapping[str, Any]) -> dict[str, str]:
+    """The framework and library versions an estimate's resolved ``config`` stands for.
+
+    Args:
+        config: ``MemoryEstimate.config`` (every resolved setting).
+
+    Returns:
+        ``{"framework", "framework_means", "torch", "bitsandbytes", "deepspeed"}`` as text; a
+        version the user did not give reads ``"2.8 (default)"``.
+    """
+    framework = str(config.get("framework") or "pytorch-amp")
+    out = {
+        "framework": framework,
+        "framework_means": FRAMEWORK_SUMMARY.get(framework, ""),
+        "torch": _version(config.get("torch_version"), DEFAULT_TORCH_VERSION),
+    }
+    if config.get("quantize_base", "none") != "none" or "8bit" in str(config.get("optimizer")):
+        out["bitsandbytes"] = _version(
+            config.get("bitsandbytes_version"), DEFAULT_BITSANDBYTES_VERSION
+        )
+    if framework == "deepspeed":
+        out["deepspeed"] = _version(config.get("deepspeed_version"), DEFAULT_DEEPSPEED_VERSION)
+    return out
+
+
+def assumptions_line(config: Mapping[str, Any]) -> str:
+    """:func:`assumptions` on one line, for the CLI."""
+    a = assumptions(config)
+    versions = ", ".join(
+        f"{k} {v}" for k, v in a.items() if k not in ("framework", "framework_means")
+    )
+    return f"assumed: --framework {a['framework']} ({a['framework_means']}); {versions}"
