@@ -98,7 +98,9 @@ def _traced_layer_activations(training: TrainingConfig) -> int:
     )
 
 
-@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+@pytest.mark.parametrize(
+    "precision", [pytest.param("32-true", marks=pytest.mark.slow), "bf16-mixed"]
+)  # ~5 s each (two torch.compile runs): one precision in the fast set
 def test_compiled_layer_keeps_what_torch_compile_saves(precision: str) -> None:
     compiled = TrainingConfig(micro_batch_size=B, seq_len=S, precision=precision, compile=True)
     eager = TrainingConfig(micro_batch_size=B, seq_len=S, precision=precision)
@@ -111,6 +113,8 @@ def test_compiled_layer_keeps_what_torch_compile_saves(precision: str) -> None:
     assert _traced_layer_activations(eager) > traced
 
 
+@pytest.mark.slow  # ~8 s (dynamo + the trace, float8); test_float8_linears.py's trace-compiled
+# cases keep compiled float8 in the fast set
 def test_compiled_float8_layer_keeps_what_torch_compile_saves() -> None:
     # Float8Linear casts its fp32 weight to float8 inside the compiled graph; dynamo lifts the
     # weight as a static-lifetime input, so the partition saves the weight itself (free: it

@@ -49,6 +49,9 @@ def test_tiny_flux_estimates_end_to_end() -> None:
     assert json.loads(small.stdout)["peak"]["allocated_bytes"] < d["peak"]["allocated_bytes"]
 
 
+@pytest.mark.slow  # ~9 s (the UNet traced at 128 px, 77 tokens); the defaults are checked
+# torch-free in tests/specs/test_diffusers_settings.py, the UNet's trace in the fast set by
+# test_diffusers_real_cpu.py and test_generic.py
 def test_tiny_sdxl_unet_estimates_end_to_end_with_its_defaults() -> None:
     r = run("estimate", UNET, "--engine", "trace", "--json")
     assert r.exit_code == 0, r.output

@@ -137,6 +137,8 @@ def test_fake_trace_matches_real_cpu_step(preset: str, cfg: dict) -> None:
     )
 
 
+@pytest.mark.slow  # GPT-2 small (124M) run for real on the CPU and traced: ~25 s each; the
+# 27 tiny-model cases above check the same equality in the fast set
 @pytest.mark.parametrize(
     "cfg",
     [

@@ -31,13 +31,16 @@ def deep_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize(
     "training",
     [
-        TrainingConfig(micro_batch_size=2, seq_len=64, dropout=False),
-        TrainingConfig(
-            micro_batch_size=2, seq_len=64, dropout=False, activation_checkpointing="full",
-            framework="fsdp2", data_parallel_size=2, zero_stage=3,
+        pytest.param(TrainingConfig(micro_batch_size=2, seq_len=64, dropout=False), id="single"),
+        pytest.param(
+            TrainingConfig(
+                micro_batch_size=2, seq_len=64, dropout=False, activation_checkpointing="full",
+                framework="fsdp2", data_parallel_size=2, zero_stage=3,
+            ),
+            id="fsdp2-full-ac",
+            marks=pytest.mark.slow,  # ~9 s; "single" keeps the composition in the fast set
         ),
     ],
-    ids=["single", "fsdp2-full-ac"],
 )  # fmt: skip
 def test_composed_trace_equals_the_whole_trace(deep_config: Path, training: TrainingConfig) -> None:
     composed = estimate(str(deep_config), training, engine="trace", simulate_allocator=False)
