@@ -66,22 +66,38 @@ SnapshotOpt = Annotated[
         "--snapshot",
         help="Write the simulated step as a PyTorch memory snapshot "
         "(open it at https://pytorch.org/memory_viz).",
+        rich_help_panel="Reports",
     ),
 ]
 ModulesOpt = Annotated[
     int,
-    typer.Option("--modules", help="Also print the top N modules by activations and at the peak."),
+    typer.Option(
+        "--modules",
+        help="Also print the top N modules by activations and at the peak.",
+        rich_help_panel="Reports",
+    ),
 ]
 UncertaintyOpt = Annotated[
     bool,
-    typer.Option("--uncertainty", help="Low / expected / high from the benchmark's error spread."),
+    typer.Option(
+        "--uncertainty",
+        help="Low / expected / high from the benchmark's error spread.",
+        rich_help_panel="Reports",
+    ),
 ]
 PlotOpt = Annotated[
     str | None,
-    typer.Option("--plot", help="Write the timeline of the step as a picture (.png or .svg)."),
+    typer.Option(
+        "--plot",
+        help="Write the timeline of the step as a picture (.png or .svg).",
+        rich_help_panel="Reports",
+    ),
 ]
 HtmlOpt = Annotated[
-    str | None, typer.Option("--html", help="Write a self-contained HTML report (offline).")
+    str | None,
+    typer.Option(
+        "--html", help="Write a self-contained HTML report (offline).", rich_help_panel="Reports"
+    ),
 ]
 
 

@@ -18,13 +18,16 @@ import math
 import re
 from collections.abc import Callable
 from functools import wraps
-from typing import Annotated, Any, TypeVar, get_type_hints
+from typing import Annotated, Any, TypeVar, get_args, get_type_hints
 
 import typer
+from rich.markup import escape
+from typer.models import OptionInfo
 
 from trainmem.errors import SpecError, UnsupportedError
 from trainmem.estimate import ENGINES, default_attention_of, default_seq_len_of, resolve_model
 from trainmem.planner.sweep import STRICT_INT, parse_strict_int
+from trainmem.specs.groups import FIELD_GROUPS
 from trainmem.specs.hardware import check_precision_on_gpu, get_gpu
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import (
@@ -49,22 +52,44 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _choices(values: tuple[str, ...]) -> str:
-    return "|".join(values)
+    """Allowed values for a help text, separated so that rich can wrap them (a ``a|b|c`` run
+    is one word and is cut with an ellipsis at the terminal's width)."""
+    return " | ".join(values)
 
 
 ModelArg = Annotated[
     str, typer.Argument(help="Preset name (see `trainmem models`), or a HF config.json / folder.")
 ]
+OUTPUT_PANEL = "Model, GPU and output"
+"""The ``--help`` panel of the options that are not training settings (GPU, engine, output)."""
 GpuOpt = Annotated[
-    str | None, typer.Option("--gpu", "-g", help="GPU for the verdict (see `trainmem gpus`).")
+    str | None,
+    typer.Option(
+        "--gpu",
+        "-g",
+        help="GPU for the verdict (see `trainmem gpus`), or a capacity: 32GB, 24GiB.",
+        rich_help_panel=OUTPUT_PANEL,
+    ),
 ]
-EngineOpt = Annotated[str, typer.Option("--engine", "-e", help=_choices(ENGINES))]
+EngineOpt = Annotated[
+    str,
+    typer.Option("--engine", "-e", help=_choices(ENGINES), rich_help_panel=OUTPUT_PANEL),
+]
 JsonOpt = Annotated[
-    bool, typer.Option("--json", help="Print JSON (exact bytes) instead of a table.")
+    bool,
+    typer.Option(
+        "--json",
+        help="Print JSON (exact bytes) instead of a table.",
+        rich_help_panel=OUTPUT_PANEL,
+    ),
 ]
 AllocConfOpt = Annotated[
     str,
-    typer.Option("--alloc-conf", help="PYTORCH_CUDA_ALLOC_CONF for the allocator simulator."),
+    typer.Option(
+        "--alloc-conf",
+        help="PYTORCH_CUDA_ALLOC_CONF for the allocator simulator.",
+        rich_help_panel=OUTPUT_PANEL,
+    ),
 ]
 
 
@@ -75,7 +100,7 @@ def _p(name: str, annotation: Any, default: Any) -> inspect.Parameter:
 
 
 def _o(*decls: str, help: str) -> Any:  # noqa: A002 - typer's own keyword
-    return typer.Option(*decls, help=help)
+    return typer.Option(*decls, help=escape(help))
 
 
 def strict_int(text: Any) -> Any:
@@ -103,11 +128,11 @@ def _clip(text: str) -> str:
 
 
 def _oi(*decls: str, help: str) -> Any:  # noqa: A002 - typer's own keyword
-    return typer.Option(*decls, help=help, parser=strict_int, metavar="INTEGER")
+    return typer.Option(*decls, help=escape(help), parser=strict_int, metavar="INTEGER")
 
 
 def _of(*decls: str, help: str) -> Any:  # noqa: A002 - typer's own keyword
-    return typer.Option(*decls, help=help, parser=strict_float, metavar="FLOAT")
+    return typer.Option(*decls, help=escape(help), parser=strict_float, metavar="FLOAT")
 
 
 TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
@@ -236,7 +261,7 @@ TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
             str | None,
             _o(
                 "--fsdp",
-                help="full-shard|shard-grad-op|hybrid-shard|no-shard (sets the ZeRO stage it "
+                help="full-shard | shard-grad-op | hybrid-shard | no-shard (sets the ZeRO stage it "
                 "shards like; with --framework hf-trainer it is accelerate-fsdp, the Trainer's "
                 "FSDP)",
             ),
@@ -442,11 +467,35 @@ TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
         None,
     ),
 )
+
 """Every option that describes the run; names are TrainingConfig fields except ``fsdp`` (a ZeRO
 stage by another name), ``lora_alpha`` (no memory effect), the two config files and ``settings``
 (``--set``)."""
 
 _NOT_FIELDS = ("fsdp", "lora_alpha", "deepspeed_config", "accelerate_config", "settings")
+
+
+PANELS: dict[str, str] = {
+    **{name: panel for panel, names in FIELD_GROUPS.items() for name in names},
+    "fsdp": "Parallelism and sharding",
+    "lora_alpha": "LoRA / QLoRA",
+    "deepspeed_config": "Config files and --set",
+    "accelerate_config": "Config files and --set",
+    "settings": "Config files and --set",
+}
+"""The ``--help`` panel of each training option: the concerns of
+:data:`trainmem.specs.groups.FIELD_GROUPS` (the web page's groups), so ``estimate --help`` is
+a few panels instead of one flat list."""
+
+
+def _set_panels(params: tuple[inspect.Parameter, ...]) -> None:
+    for param in params:
+        for meta in get_args(param.annotation)[1:]:
+            if isinstance(meta, OptionInfo):
+                meta.rich_help_panel = PANELS.get(param.name, OUTPUT_PANEL)
+
+
+_set_panels(TRAINING_OPTIONS)
 
 
 def parse_lora_targets(text: str, model: ModelSpec | None = None) -> tuple[str, ...]:

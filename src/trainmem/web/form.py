@@ -27,6 +27,7 @@ from urllib.parse import parse_qsl, urlencode
 from trainmem.errors import SpecError
 from trainmem.specs import training as tr
 from trainmem.specs.frameworks import GRAD_ACCUM_DTYPES
+from trainmem.specs.groups import FIELD_GROUPS
 from trainmem.specs.hardware import GPUS
 from trainmem.specs.training import TrainingConfig
 
@@ -38,60 +39,8 @@ MODEL_DEFAULT = "model default"
 sdpa otherwise), the CLI without the option."""
 """The GPU choice that asks for no fit verdict (the CLI without ``--gpu``)."""
 
-GROUPS: dict[str, tuple[str, ...]] = {
-    "Batch and sequence": (
-        "micro_batch_size",
-        "seq_len",
-        "target_seq_len",
-        "gradient_accumulation_steps",
-        "chunked_cross_entropy",
-        "loss",
-        "keep_logits",
-    ),
-    "Precision and optimizer": (
-        "precision",
-        "optimizer",
-        "optimizer_implementation",
-        "zero_grad_set_to_none",
-        "zero_grad_before_backward",
-        "optimizer_in_backward",
-    ),
-    "Checkpointing and attention": (
-        "activation_checkpointing",
-        "attention",
-        "dropout",
-        "activation_offloading",
-        "compile",
-        "padding_mask",
-    ),
-    "Parallelism and sharding": (
-        "data_parallel_size",
-        "zero_stage",
-        "offload",
-        "tensor_parallel_size",
-        "sequence_parallel",
-        "pipeline_parallel_size",
-        "pipeline_schedule",
-        "virtual_pipeline_stages",
-        "context_parallel_size",
-        "shard_group_size",
-        "reshard_after_forward",
-        "reduce_bucket_size",
-        "stage3_prefetch_bucket_size",
-        "stage3_max_live_parameters",
-        "overlap_comm",
-    ),
-    "LoRA / QLoRA": ("lora_rank", "lora_targets", "lora_dropout", "quantize_base"),
-    "Framework": (
-        "framework",
-        "torch_version",
-        "bitsandbytes_version",
-        "deepspeed_version",
-        "grad_accum_dtype",
-    ),
-    "Diffusion models (diffusers configs)": ("resolution", "frames", "text_seq_len"),
-}
-"""Every TrainingConfig field, grouped as the page shows them."""
+GROUPS = FIELD_GROUPS
+"""Every TrainingConfig field, grouped as the page shows them (and the CLI help)."""
 
 CHOICES: dict[str, tuple[Any, ...]] = {
     "precision": tr.PRECISIONS,
