@@ -216,3 +216,18 @@ def test_dev2_section_replaces_itself_before_other_sections(tmp_path: Path) -> N
     text = path.read_text()
     assert text.count(validate.DEV2_BEGIN) == 1 and "two" in text and "one" not in text
     assert text.index(validate.DEV2_END) < text.index("<!-- other:begin")
+
+
+@needs_dev2
+def test_dev2_amendments_name_their_source_and_run_through_the_cli() -> None:
+    from dev2_causes import AMENDMENTS, CAUSES
+
+    rows = {r.id: r for r in validate.load_dev2()}
+    assert set(AMENDMENTS) <= set(rows) and set(CAUSES) <= set(rows)
+    for rid, (flags, why) in AMENDMENTS.items():
+        assert rows[rid].amend == flags and rows[rid].args is not None
+        assert flags[0].startswith("--") and len(why) > 40, rid
+    # an amended row is run twice: as the jsonl reads it, and with the source's flags
+    res = validate.run_dev2_row(rows["GT115"])
+    assert res.as_read is not None and res.as_read.predicted and res.predicted
+    assert res.predicted != res.as_read.predicted

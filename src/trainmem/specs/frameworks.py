@@ -515,6 +515,23 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             fsdp_flat_parameter_grads=True,
             fsdp_no_sync_accumulation=True,
         ),
+        # Answer.AI fsdp_qlora train.py (Mar 2024, e4968fd): a transformers model whose linears
+        # are replaced by bitsandbytes Linear4bit (quant_storage = the model dtype) and loaded
+        # by its own code, then peft's get_peft_model; no prepare_model_for_kbit_training
+        # anywhere, so embeddings, norms and LM head stay in the model dtype (peft_kbit_training
+        # False). peft 0.10 LoraLayer.update_layer casts the adapters to the base weight's
+        # float dtype (tuners/lora/layer.py: ``self.to(weight.device, dtype=weight.dtype)``),
+        # the bf16 quant_storage included. FSDP1 (FullyShardedDataParallel,
+        # use_orig_params=False; LoRA leaves wrapped as their own units, so no flat gradient
+        # covers a frozen weight); ``*_autocast`` precisions run torch.cuda.amp.autocast on fp32
+        # weights (MixedPrecision(param_dtype=float32)); gradient accumulation under
+        # ``model.no_sync()``.
+        _row(
+            "fsdp-qlora",
+            autocast=True,
+            adapter_dtype_follows_weights=True,
+            fsdp_no_sync_accumulation=True,
+        ),
     )
 }
 """Every framework's row; see each field's docstring for the source."""

@@ -1,0 +1,40 @@
+"""``--framework fsdp-qlora``: Answer.AI's fsdp_qlora train.py (Mar 2024, e4968fd), the stack of
+the dev-2 rows GT115-GT131 (benchmarks/dev2_causes.py). Bytes derived by hand from its source:
+no ``prepare_model_for_kbit_training`` (16-bit embeddings, norms and residual stream under a
+quantized base) and adapters in the base weight's dtype (peft 0.10 ``update_layer``)."""
+
+from __future__ import annotations
+
+from trainmem.analytic.activations import compute_and_residual_bytes, layer_activation_terms
+from trainmem.analytic.tensor_states import tensor_states
+from trainmem.specs.hf import load_model_spec
+from trainmem.specs.training import TrainingConfig
+
+QLORA = {"lora_rank": 64, "quantize_base": "nf4", "precision": "bf16-true", "seq_len": 512}
+
+
+def test_no_kbit_preparation_keeps_the_base_in_its_dtype() -> None:
+    llama = load_model_spec("llama-2-7b")
+    answer = TrainingConfig(framework="fsdp-qlora", **QLORA)  # type: ignore[arg-type]
+    peft = TrainingConfig(**QLORA)  # type: ignore[arg-type]
+    assert not answer.kbit_fp32_upcast and peft.kbit_fp32_upcast
+    ours = {s.name: s for s in tensor_states(llama, answer)}
+    assert ours["embedding/tokens"].param_bytes == 2 * 32000 * 4096
+    assert compute_and_residual_bytes(answer) == (2, 2)
+    assert compute_and_residual_bytes(peft) == (2, 4)
+
+
+def test_adapters_take_the_base_dtype_so_lora_inputs_are_not_cast() -> None:
+    llama = load_model_spec("llama-2-7b")
+    answer = TrainingConfig(framework="fsdp-qlora", lora_targets=("q",), **QLORA)  # type: ignore[arg-type]
+    peft = TrainingConfig(lora_targets=("q",), **QLORA)  # type: ignore[arg-type]
+    assert answer.conventions.adapter_dtype_follows_weights
+    ours = layer_activation_terms(llama, answer)
+    theirs = layer_activation_terms(llama, peft)
+    # peft's fp32 adapters save an fp32 copy of q's [b, s, h] input (x.to(lora_A.weight.dtype))
+    assert theirs["lora/q_input_cast"] == 4 * 4096 * 512
+    assert ours.get("lora/q_input_cast", 0) == 0
+    # FSDP1: neither FSDP2's post-backward order nor its leaf unsharded parameters
+    assert not answer.conventions.fsdp2_post_backward
+    assert not answer.conventions.fsdp_unsharded_leaf_parameters
+    assert not answer.conventions.fsdp_flat_parameter_grads
