@@ -210,3 +210,18 @@ def test_all_linear_is_the_models_own_linears() -> None:
     # an explicit gate on phi-2 is still refused: the model has none
     r = CliRunner().invoke(app, [*args[:4], "--lora-targets", "q,gate"])
     assert r.exit_code == 2 and "phi-2 has no 'gate' linear" in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("typed", "precision"),
+    [("bf16", "bf16-mixed"), ("16", "16-mixed"), ("fp16", "16-mixed"), ("32", "32-true")],
+)
+def test_short_precision_names_are_lightnings(typed: str, precision: str) -> None:
+    # lightning/fabric/connector.py _convert_precision_to_unified_args maps these
+    assert TrainingConfig(precision=typed).precision == precision
+
+
+def test_peft_module_names_are_accepted() -> None:
+    # peft LoraConfig(target_modules=["q_proj", "v_proj"]) on a Llama model
+    t = TrainingConfig(lora_rank=16, lora_targets=("q_proj", "v_proj", "q"))
+    assert t.lora_targets == ("q", "v")

@@ -122,6 +122,32 @@ LORA_TARGETS: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
 families (GPT-2 ``c_attn``, Falcon / GPT-NeoX ``query_key_value``) any of q, k, v targets the
 one fused module, as peft does."""
 PIPELINE_SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved-1f1b", "gpipe")
+PRECISION_ALIASES: dict[str, str] = {
+    "bf16": "bf16-mixed",
+    "16": "16-mixed",
+    "fp16": "16-mixed",
+    "32": "32-true",
+    "fp32": "32-true",
+    "float32": "32-true",
+    "fp8": "fp8-mixed",
+}
+"""Short precision names users type, as Lightning maps them (lightning/fabric/connector.py
+``_convert_precision_to_unified_args``: ``"bf16"`` -> ``"bf16-mixed"``, ``16`` -> ``"16-mixed"``,
+``32`` -> ``"32-true"``); ``fp16`` / ``fp32`` / ``fp8`` are the HF Trainer's and torchtitan's
+words for the same runs."""
+
+LORA_TARGET_ALIASES: dict[str, str] = {
+    "q_proj": "q",
+    "k_proj": "k",
+    "v_proj": "v",
+    "o_proj": "o",
+    "gate_proj": "gate",
+    "up_proj": "up",
+    "down_proj": "down",
+}
+"""peft's ``target_modules`` names of the Llama-style modeling code (transformers
+``modeling_llama.py``: ``q_proj`` ... ``down_proj``) -> trainmem's linear names."""
+
 FRAMEWORKS: tuple[str, ...] = tuple(FRAMEWORK_CONVENTIONS)
 """Framework conventions, see Note [Framework conventions] and :mod:`trainmem.specs.frameworks`."""
 FSDP_TO_ZERO: dict[str, int] = {"no-shard": 0, "shard-grad-op": 3, "full-shard": 3}
@@ -402,6 +428,8 @@ class TrainingConfig:
             value = getattr(self, field)
             if not isinstance(value, bool):
                 raise SpecError(field, f"must be True or False, got {value!r}")
+        if isinstance(self.precision, str) and self.precision.lower() in PRECISION_ALIASES:
+            object.__setattr__(self, "precision", PRECISION_ALIASES[self.precision.lower()])
         _check_choice("precision", self.precision, PRECISIONS)
         if self.loss is not None:
             _check_choice("loss", self.loss, LOSSES)
@@ -443,6 +471,10 @@ class TrainingConfig:
             raise SpecError("offload", "optimizer+params needs zero_stage 3 (parameter sharding)")
         if not isinstance(self.lora_targets, tuple):
             raise SpecError("lora_targets", f"must be a tuple of names, got {self.lora_targets!r}")
+        targets = tuple(
+            LORA_TARGET_ALIASES.get(t, t) if isinstance(t, str) else t for t in self.lora_targets
+        )
+        object.__setattr__(self, "lora_targets", tuple(dict.fromkeys(targets)))
         for target in self.lora_targets:
             _check_choice("lora_targets", target, LORA_TARGETS + ("lm_head",))
         if self.lora_rank > 0 and not self.lora_targets:
