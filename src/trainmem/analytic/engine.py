@@ -30,6 +30,7 @@ from trainmem.analytic.activations import (
     loss_kind,
 )
 from trainmem.analytic.buffers import device_context
+from trainmem.analytic.host_memory import host_memory
 from trainmem.analytic.params import num_parameters
 from trainmem.analytic.schedule import PipelineRank, rank_schedule
 from trainmem.analytic.temporaries import cublas_workspace_bytes
@@ -115,6 +116,19 @@ def estimate_analytic(
             "gated-MLP layers (checked against a traced Llama layer); other layer kinds keep "
             "eager's tensors; --engine trace partitions the real graph"
         )
+    details: dict[str, object] = {
+        "rank_map": rank_map(model, training),
+        "activation_terms_per_layer_bytes": prof.terms,
+        "activation_terms_outside_layers_bytes": prof.head_terms,
+        "activations_per_layer_bytes": prof.per_layer,
+        "loss_backward_temporary_bytes": loss_backward_transient_bytes(model, training),
+        "cublas_workspace_bytes": cublas_workspace_bytes(per_handle),
+        "outside_allocator_bytes": outside,
+    }
+    if training.offload != "none":  # Note [Host memory of offloaded states]
+        host = host_memory(model, training)
+        details["host_memory"] = host.as_details()
+        notes.append(f"host RAM of the offload: {host.source}")
     return MemoryEstimate(
         model_name=model.name,
         engine="analytic",
@@ -126,15 +140,7 @@ def estimate_analytic(
         config=_config(model, training),
         gpu_name=gpu.name if gpu else None,
         gpu_capacity_bytes=gpu.memory_bytes if gpu else None,
-        details={
-            "rank_map": rank_map(model, training),
-            "activation_terms_per_layer_bytes": prof.terms,
-            "activation_terms_outside_layers_bytes": prof.head_terms,
-            "activations_per_layer_bytes": prof.per_layer,
-            "loss_backward_temporary_bytes": loss_backward_transient_bytes(model, training),
-            "cublas_workspace_bytes": cublas_workspace_bytes(per_handle),
-            "outside_allocator_bytes": outside,
-        },
+        details=details,
         notes=notes,
         schedules=schedules,
         rank_labels=[

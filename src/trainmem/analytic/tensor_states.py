@@ -70,6 +70,8 @@ class TensorState:
         full_grad_bytes: gradient bytes of that slice before it is reduce-scattered.
         paged_state_bytes: optimizer-state bytes in CUDA managed memory (bitsandbytes paged
             optimizers), outside the caching allocator and not in ``state_bytes``.
+        local_numel: elements of this rank's tensor-parallel slice before ZeRO / FSDP sharding
+            (what torchao's ``minimal_size`` and DeepSpeed's partitions count).
     """
 
     owner: str
@@ -82,6 +84,7 @@ class TensorState:
     full_param_bytes: int
     full_grad_bytes: int
     paged_state_bytes: int = 0
+    local_numel: int = 0
 
 
 def _quantized_bytes(numel: int, out_features: int, quantize: str) -> int:
@@ -335,7 +338,7 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
                 )
                 state -= paged
             proto = TensorState(
-                "", name, numel, trainable, param, grad, state, full_param, full_grad, paged
+                "", name, numel, trainable, param, grad, state, full_param, full_grad, paged, local
             )
             cache[key] = proto
         return replace(proto, owner=owner)

@@ -100,6 +100,16 @@ HtmlOpt = Annotated[
     ),
 ]
 
+GpusPerNodeOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--gpus-per-node",
+        help="GPU processes per node, for the host RAM of an offloaded run "
+        "(default: min(GPUs of the run, 8)).",
+        rich_help_panel="Reports",
+    ),
+]
+
 
 def print_estimate(est: MemoryEstimate, as_json: bool) -> None:
     """Table (with the resolved settings and where the peak falls) or JSON on stdout."""
@@ -135,6 +145,7 @@ def estimate_cmd(
     html: HtmlOpt = None,
     uncertainty: UncertaintyOpt = False,
     modules: ModulesOpt = 0,
+    gpus_per_node: GpusPerNodeOpt = None,
     as_json: JsonOpt = False,
     *,
     training: TrainingConfig,
@@ -145,6 +156,8 @@ def estimate_cmd(
         raise SpecError("modules", f"must be a non-negative number of rows, got {modules}")
     est = estimate(model, training, gpu=gpu, engine=engine, alloc_conf=alloc_conf)
     est.notes.extend(config_notes)
+    if gpus_per_node is not None:
+        set_gpus_per_node(est, gpus_per_node)
     if snapshot is not None:
         write_step_snapshot(est, gpu, alloc_conf, snapshot)
         est.notes.append(f"memory snapshot written to {snapshot}")
@@ -185,6 +198,22 @@ def estimate_cmd(
 
         for table in module_tables(est, top=modules):
             console.print(table)
+
+
+def set_gpus_per_node(est: MemoryEstimate, gpus_per_node: int) -> None:
+    """Recount the node's host RAM (``details["host_memory"]``) for ``gpus_per_node`` GPU
+    processes per node, or note that the option has no effect (no offload)."""
+    from trainmem.analytic.host_memory import HostMemory
+
+    host = est.details.get("host_memory")
+    if host is None:
+        HostMemory().on_node(gpus_per_node)  # still refuse a bad value
+        est.notes.append(
+            "warning: --gpus-per-node only counts the host RAM of an offloaded run "
+            "(--offload); it has no effect here"
+        )
+        return
+    est.details["host_memory"] = HostMemory.from_details(host).on_node(gpus_per_node).as_details()
 
 
 def add_uncertainty(est: MemoryEstimate) -> None:

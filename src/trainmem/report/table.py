@@ -75,7 +75,24 @@ def estimate_table(est: MemoryEstimate) -> Table:
     if est.gpu_capacity_bytes is not None:
         table.add_row(f"{est.gpu_name} usable capacity", gib(est.gpu_capacity_bytes), "")
         table.add_row("verdict", "", verdict_text(est))
+    host = est.details.get("host_memory")
+    if host and est.config.get("offload", "none") != "none":
+        table.add_section()
+        table.add_row("host RAM (pinned / pageable), per node", *host_memory_cells(host))
     return table
+
+
+def host_memory_cells(host: Mapping[str, object]) -> tuple[str, str]:
+    """The host-RAM row's two cells from ``details["host_memory"]`` (bytes): the node total
+    in GiB, and ``pinned / pageable GiB (per process x processes per node)``."""
+    n = int(str(host["processes_per_node"]))
+    pinned, pageable = int(str(host["pinned_bytes"])), int(str(host["pageable_bytes"]))
+    per_process = int(str(host["per_process_bytes"]))
+    plural = "es" if n != 1 else ""
+    return (
+        gib(int(str(host["per_node_bytes"]))),
+        f"{gib(pinned * n)} / {gib(pageable * n)} ({gib(per_process)} x {n} process{plural})",
+    )
 
 
 _RANK_LABELS = (
