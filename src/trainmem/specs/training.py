@@ -129,12 +129,10 @@ PRECISION_ALIASES: dict[str, str] = {
     "32": "32-true",
     "fp32": "32-true",
     "float32": "32-true",
-    "fp8": "fp8-mixed",
 }
 """Short precision names users type, as Lightning maps them (lightning/fabric/connector.py
 ``_convert_precision_to_unified_args``: ``"bf16"`` -> ``"bf16-mixed"``, ``16`` -> ``"16-mixed"``,
-``32`` -> ``"32-true"``); ``fp16`` / ``fp32`` / ``fp8`` are the HF Trainer's and torchtitan's
-words for the same runs."""
+``32`` -> ``"32-true"``); ``fp16`` / ``fp32`` are the HF Trainer's words for the same runs."""
 
 LORA_TARGET_ALIASES: dict[str, str] = {
     "q_proj": "q",
