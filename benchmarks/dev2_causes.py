@@ -6,6 +6,8 @@ source says so (the validation README: "the arguments are a reading, not the tru
 source says something else, the source wins"). Each names the source it follows; a row is never
 amended to move its error, and ``benchmarks/validate.py`` reports the as-read figures beside.
 
+``CONFIG_AMENDMENTS``: likewise, config.json keys (a derived config is written for the run).
+
 ``CAUSES``: for rows with |error| > 5% or a predicted OOM for a run that completed, the
 mechanism read from the row's notes and source ("likely" where it is inferred, not traced);
 ``validate.py`` prints "unexplained" for a row not named here. A cause names a mechanism, never
@@ -22,7 +24,28 @@ _FSDP_QLORA = (
     "use_orig_params=False; the reading had no --framework value for it",
 )
 
-AMENDMENTS: dict[str, tuple[list[str], str]] = {f"GT{n}": _FSDP_QLORA for n in range(115, 132)}
+_TORCHAO_FUSED = (
+    ["--optimizer-implementation", "fused"],
+    "torchao benchmarks/benchmark_low_bit_adam.py, the rows' source: OPTIM_MAP "
+    "AdamW=partial(torch.optim.AdamW, fused=True)",
+)
+
+AMENDMENTS: dict[str, tuple[list[str], str]] = {
+    **{f"GT{n}": _FSDP_QLORA for n in range(115, 132)},
+    **{f"GT{n}": _TORCHAO_FUSED for n in range(167, 170)},
+}
+
+_TORCHAO_224 = (
+    {"image_size": 224},
+    "torchao benchmark_low_bit_adam.py trains on RandomResizedCrop(224) images (257 tokens); "
+    "configs/dinov2-giant is the HF twin at 518 px, and --seq-len does not set a vision "
+    "encoder's size",
+)
+
+CONFIG_AMENDMENTS: dict[str, tuple[dict[str, object], str]] = {
+    f"GT{n}": _TORCHAO_224 for n in range(167, 171)
+}
+"""config.json keys the source sets otherwise than the published config the row names."""
 
 CAUSES: dict[str, str] = {}
 
@@ -182,7 +205,10 @@ CAUSES.update(
         "GT167": _VISION_TOKENS,
         "GT168": _VISION_TOKENS,
         "GT169": _VISION_TOKENS,
-        "GT170": _VISION_TOKENS,
+        "GT170": (
+            "unexplained: DeepSpeed ZeRO-Offload (CPU Adam); the row reads ZeRO stage 1, the "
+            "benchmark script at HEAD says stage 2 with overlap_comm"
+        ),
         "GT173": "approximate source value ('~9GB')",
         "GT175": "allocator near capacity: reported as '72-80 GB (90-98%)', upper end taken",
         "GT176": "unexplained: DeepSpeed ZeRO-3 QLoRA, NF4 double-quant in bf16 quant_storage",

@@ -450,6 +450,8 @@ class Dev2Row:
         rank: ``last_stage`` when only the last pipeline stage was logged, else None.
         amend: arguments added where the source says more than the jsonl's reading
             (``dev2_causes.AMENDMENTS``: "the source wins"), else empty.
+        config: config.json keys the source sets differently from the model's published
+            config (``dev2_causes.CONFIG_AMENDMENTS``), else empty.
     """
 
     id: str
@@ -461,6 +463,12 @@ class Dev2Row:
     reason: str | None = None
     rank: str | None = None
     amend: list[str] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def amended(self) -> bool:
+        """Whether the source amends the jsonl's reading of this row."""
+        return bool(self.amend or self.config)
 
 
 @dataclass
@@ -495,7 +503,7 @@ def _framework_name(text: str) -> str:
 def load_dev2(args_path: Path = DEV2_ARGS, csv_path: Path = DEV2_CSV) -> list[Dev2Row]:
     """The dev-2 rows in file order: the jsonl's reading of each source joined with the CSV,
     and the amendments ``dev2_causes.AMENDMENTS`` makes where the source says more."""
-    from dev2_causes import AMENDMENTS
+    from dev2_causes import AMENDMENTS, CONFIG_AMENDMENTS
 
     with csv_path.open(newline="") as fh:
         by_id = {r["id"]: r for r in csv.DictReader(fh)}
@@ -517,6 +525,7 @@ def load_dev2(args_path: Path = DEV2_ARGS, csv_path: Path = DEV2_CSV) -> list[De
                 reason=item.get("reason"),
                 rank=item.get("rank"),
                 amend=list(AMENDMENTS[item["id"]][0]) if item["id"] in AMENDMENTS else [],
+                config=dict(CONFIG_AMENDMENTS.get(item["id"], ({}, ""))[0]),
             )
         )
     return rows
@@ -524,10 +533,20 @@ def load_dev2(args_path: Path = DEV2_ARGS, csv_path: Path = DEV2_CSV) -> list[De
 
 def cli_args(row: Dev2Row, base: Path = DEV2_ARGS.parent, *, amended: bool = True) -> list[str]:
     """The row's ``trainmem estimate`` arguments, ``configs/NAME`` made a config.json path, with
-    the row's amendments (a later flag wins over the jsonl's) unless ``amended=False``."""
+    the row's amendments (a later flag wins over the jsonl's; a config amendment is the model's
+    config.json with the source's keys, written to a temporary folder) unless
+    ``amended=False``."""
     assert row.args is not None
     args = [str(base / a / "config.json") if a.startswith("configs/") else a for a in row.args]
-    return args + (row.amend if amended else [])
+    if not amended:
+        return args
+    if row.config:
+        config = {**json.loads(Path(args[0]).read_text()), **row.config}
+        path = Path(tempfile.gettempdir()) / "trainmem-dev2-configs" / row.id / "config.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(config, indent=1))
+        args[0] = str(path)
+    return args + row.amend
 
 
 def _without_gpu(args: list[str]) -> list[str]:
@@ -593,7 +612,7 @@ def run_dev2_row(row: Dev2Row, *, amended: bool = True, with_as_read: bool = Tru
     predicted OOM; its figure is then the same run replayed without a capacity. An amended row
     is run on the jsonl's arguments alone too (``as_read``) unless ``with_as_read=False``."""
     as_read = None
-    if amended and row.amend and with_as_read:
+    if amended and row.amended and with_as_read:
         as_read = run_dev2_row(row, amended=False)
     start = time.monotonic()
     args = cli_args(row, amended=amended)
@@ -689,14 +708,20 @@ def as_read_results(results: dict[str, Dev2Result]) -> dict[str, Dev2Result]:
     return {rid: r.as_read or r for rid, r in results.items()}
 
 
+def _amendment(row: Dev2Row) -> str:
+    parts = [" ".join(row.amend)] if row.amend else []
+    parts += [f"config {k}={v}" for k, v in row.config.items()]
+    return "; ".join(parts)
+
+
 def _as_read_note(row: Dev2Row, res: Dev2Result) -> str:
-    if not row.amend or res.as_read is None:
+    if not row.amended or res.as_read is None:
         return ""
     before = res.as_read
     if before.predicted is None:
-        return f"amended `{' '.join(row.amend)}` (as read: refused)"
+        return f"amended `{_amendment(row)}` (as read: refused)"
     err = (before.predicted - row.measured) / row.measured
-    return f"amended `{' '.join(row.amend)}` (as read: {_pct(err)}{' OOM' if before.oom else ''})"
+    return f"amended `{_amendment(row)}` (as read: {_pct(err)}{' OOM' if before.oom else ''})"
 
 
 def dev2_lines(
@@ -706,8 +731,6 @@ def dev2_lines(
     dev1_rows: int,
 ) -> list[str]:
     """The dev-2 section of RESULTS.md (markdown lines, without its markers)."""
-    from dev2_causes import AMENDMENTS
-
     errors = dev2_errors(rows, results)
     s = dev2_summary(rows, results, errors)
     read = as_read_results(results)
@@ -754,7 +777,8 @@ def dev2_lines(
     c = summarize(combined)
     out += ["", "### Summary", ""]
     out += _summary_lines("dev set 2", s, len(rows))
-    amended = sorted(rid for rid in results if rid in AMENDMENTS)
+    by_id = {row.id: row for row in rows}
+    amended = sorted(rid for rid in results if by_id[rid].amended)
     if amended:
         out.append(
             f"- as read (the jsonl's arguments alone, without the amendments of "
@@ -762,7 +786,7 @@ def dev2_lines(
             f"{100 * s_read['p90_abs']:.1f}%, under-estimated by >10%: {s_read['under']}, "
             f"completed runs predicted OOM: {len(s_read['oom'])}"
         )
-        for why, ids in _grouped_amendments(amended).items():
+        for why, ids in _grouped_amendments([by_id[rid] for rid in amended]).items():
             out.append(f"  - amended {_id_ranges(ids)}: {why}")
     n_refused_1 = dev1_rows - len(dev1_errors)
     out += [
@@ -780,13 +804,14 @@ def dev2_lines(
     return out
 
 
-def _grouped_amendments(ids: list[str]) -> dict[str, list[str]]:
-    from dev2_causes import AMENDMENTS
+def _grouped_amendments(rows: list[Dev2Row]) -> dict[str, list[str]]:
+    from dev2_causes import AMENDMENTS, CONFIG_AMENDMENTS
 
     grouped: dict[str, list[str]] = {}
-    for rid in ids:
-        flags, why = AMENDMENTS[rid]
-        grouped.setdefault(f"`{' '.join(flags)}`: {why}", []).append(rid)
+    for row in rows:
+        whys = [AMENDMENTS[row.id][1]] if row.id in AMENDMENTS else []
+        whys += [CONFIG_AMENDMENTS[row.id][1]] if row.id in CONFIG_AMENDMENTS else []
+        grouped.setdefault(f"`{_amendment(row)}`: {'; '.join(whys)}", []).append(row.id)
     return grouped
 
 

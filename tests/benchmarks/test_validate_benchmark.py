@@ -5,6 +5,7 @@ No network and no peers: the peers run only from the benchmark script, in their 
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -227,6 +228,12 @@ def test_dev2_amendments_name_their_source_and_run_through_the_cli() -> None:
     for rid, (flags, why) in AMENDMENTS.items():
         assert rows[rid].amend == flags and rows[rid].args is not None
         assert flags[0].startswith("--") and len(why) > 40, rid
+    # a config amendment runs a derived config.json; the as-read arguments keep the original
+    dino = rows["GT167"]
+    assert dino.config == {"image_size": 224}
+    derived = json.loads(Path(validate.cli_args(dino)[0]).read_text())
+    assert derived["image_size"] == 224 and derived["model_type"] == "dinov2"
+    assert validate.cli_args(dino, amended=False)[0].endswith("dinov2-giant/config.json")
     # an amended row is run twice: as the jsonl reads it, and with the source's flags
     res = validate.run_dev2_row(rows["GT115"])
     assert res.as_read is not None and res.as_read.predicted and res.predicted
