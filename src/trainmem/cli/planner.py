@@ -7,6 +7,8 @@ annotations at registration time, and the aliases are local names of :func:`regi
 
 import typer
 
+from trainmem.specs.training import TrainingConfig
+
 
 def register(app: typer.Typer) -> None:
     """Add ``plan``, ``fit`` and ``sweep`` to ``app`` (trainmem's CLI app)."""
@@ -21,7 +23,6 @@ def register(app: typer.Typer) -> None:
     from trainmem.planner.search import max_micro_batch_size, max_seq_len
     from trainmem.planner.sweep import SWEEPABLE, parse_over, sweep
     from trainmem.report import render
-    from trainmem.specs.training import TrainingConfig
 
     MultipleOf = Annotated[
         int, typer.Option("--seq-len-multiple-of", help="Granularity of the planned seq_len.")
@@ -103,10 +104,13 @@ def register(app: typer.Typer) -> None:
             f"on {gpu_spec.name} ({render.gib(cap)} GiB usable): "
         )
         if fits(base):
-            console.print(
-                head + f"fits with {render.gib(cap - total)} GiB to spare; nothing to change.",
-                highlight=False,
+            spare = f"{render.gib(cap - total)} GiB to spare"
+            tail = (
+                "tight: the uncertainty band's high end is above the capacity; leave headroom"
+                if base.verdict == "tight"
+                else "nothing to change"
             )
+            console.print(head + f"fits with {spare}; {tail}.", highlight=False)
             return
         console.print(head + "does not fit.", highlight=False)
         if not found:
@@ -116,6 +120,10 @@ def register(app: typer.Typer) -> None:
             )
             return
         console.print(render.fixes_table(base, found))
+        console.print("to check one, paste its command:", highlight=False)
+        for i, fix in enumerate(found, 1):
+            line = f"{i}. {estimate_command(model, gpu_spec.name, fix.training)}"
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
 
     @app.command(name="sweep")
     @clean_errors
@@ -143,3 +151,14 @@ def register(app: typer.Typer) -> None:
         else:
             title = f"{spec.name}" + (f" on {gpu}" if gpu else "") + ": sweep"
             console.print(render.sweep_table(title, rows, simulated=simulate_allocator))
+
+
+def estimate_command(model_arg: str, gpu: str, training: TrainingConfig) -> str:
+    """The ``trainmem estimate`` command of a configuration, every setting that differs from
+    the default spelled out (the web page's own :func:`trainmem.web.form.cli_command`)."""
+    from dataclasses import asdict
+
+    from trainmem.web.form import cli_command, default_values
+
+    values = {**default_values(), **asdict(training), "model": model_arg, "gpu": gpu}
+    return cli_command(values)

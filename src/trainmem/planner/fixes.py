@@ -23,12 +23,13 @@ Note [Cost ranks]
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from itertools import combinations, islice
 from typing import Any, TypeVar
 
 from trainmem.breakdown import MemoryEstimate
 from trainmem.errors import SpecError
+from trainmem.planner.costs import CostFigures, cost_figures
 from trainmem.planner.evaluate import (
     fast_estimate,
     fits,
@@ -87,6 +88,13 @@ class Fix:
     saved_bytes: int
     cost_rank: float
     base: TrainingConfig
+    model: ModelSpec | None = None
+
+    @property
+    def figures(self) -> CostFigures | None:
+        """Recomputed FLOPs, compute ratio, communication and PCIe bytes of the change
+        (:func:`~trainmem.planner.costs.cost_figures`); None without the model."""
+        return None if self.model is None else cost_figures(self.model, self.base, self.training)
 
     @property
     def name(self) -> str:
@@ -121,6 +129,7 @@ class Fix:
             "margin_bytes": self.margin_bytes,
             "cost_rank": self.cost_rank,
             "cost": self.cost,
+            "cost_figures": None if self.figures is None else asdict(self.figures),
             "sources": [c.source for c in self.changes],
         }
 
@@ -473,7 +482,7 @@ def _confirm(
             est = simulated_estimate(model, proposed, gpu, cuda_context_bytes=ctx)
             if fits(est):
                 saved = base_allocated_bytes - fast.breakdown.allocated_bytes
-                out.append(Fix(rows, proposed, est, saved, rank, training))
+                out.append(Fix(rows, proposed, est, saved, rank, training, model))
                 break
     out.sort(key=lambda f: (f.cost_rank, -f.saved_bytes))
     return out

@@ -84,7 +84,8 @@ def plan_json(model_name: str, results: Sequence[PlanResult]) -> str:
 
 
 def fixes_table(base: MemoryEstimate, found: Sequence[Fix]) -> Table:
-    """Ranked fixes: what changes, memory saved, device total and margin after, cost."""
+    """Ranked fixes: what changes, memory saved, device total and margin after, and the cost
+    in numbers (:class:`~trainmem.planner.costs.CostFigures`; the words are in the JSON)."""
     table = Table(
         title=f"{base.model_name} on {base.gpu_name}: changes that make it fit, cheapest first",
         caption=_CAPTION + "; saved = drop of the closed-form peak allocated",
@@ -107,7 +108,7 @@ def fixes_table(base: MemoryEstimate, found: Sequence[Fix]) -> Table:
             gib(fix.saved_bytes),
             gib(fix.estimate.breakdown.device_total_bytes),
             _signed_gib(fix.margin_bytes),
-            fix.cost,
+            fix.cost if fix.figures is None else fix.figures.text(),
         )
     return table
 

@@ -1,0 +1,71 @@
+"""The commands agree with each other (issue 27): every fix `fit` prints is a command that
+`estimate` answers "fits" for; `plan`'s largest micro-batch fits and one more does not; a
+`sweep` row has the verdict `estimate` gives for the same point."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from trainmem.cli import app
+
+RUN = CliRunner()
+
+
+def _estimate(args: list[str]) -> dict[str, Any]:
+    r = RUN.invoke(app, ["estimate", *args, "--json"])
+    assert r.exit_code == 0, r.output
+    out: dict[str, Any] = json.loads(r.stdout)
+    return out
+
+
+def test_every_fix_command_fits_when_estimated() -> None:
+    r = RUN.invoke(
+        app,
+        ["fit", "llama-3.1-8b", "--gpu", "RTX-4090", "-b", "2", "-s", "2048"],
+        env={"COLUMNS": "400"},
+    )
+    assert r.exit_code == 0, r.output
+    commands = [
+        line.split(". ", 1)[1]
+        for line in r.output.splitlines()
+        if line[:1].isdigit() and ". trainmem estimate" in line
+    ]
+    assert commands
+    for command in commands:
+        words = shlex.split(command)
+        assert words[:2] == ["trainmem", "estimate"]
+        assert _estimate(words[2:])["fits"] is True, command
+
+
+def test_plan_agrees_with_estimate() -> None:
+    args = ["llama-3.2-1b", "--gpu", "RTX-4090", "-s", "512", "-c", "full"]
+    r = RUN.invoke(app, ["plan", *args, "--json"])
+    assert r.exit_code == 0, r.output
+    best = {x["dimension"]: x for x in json.loads(r.stdout)["results"]}["micro_batch_size"]["value"]
+    assert _estimate([*args, "-b", str(best)])["fits"] is True
+    assert _estimate([*args, "-b", str(best + 1)])["fits"] is False
+
+
+@pytest.mark.parametrize("b", [1, 4])
+def test_sweep_verdict_is_estimates(b: int) -> None:
+    args = ["llama-3.2-1b", "--gpu", "RTX-4090", "-s", "2048"]
+    r = RUN.invoke(
+        app,
+        [
+            "sweep",
+            *args,
+            "--over",
+            f"micro-batch-size={b}",
+            "--simulate-allocator",
+            "--format",
+            "json",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    row = json.loads(r.stdout)[0]
+    assert row["verdict"] == _estimate([*args, "-b", str(b)])["verdict"]
