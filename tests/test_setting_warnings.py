@@ -70,3 +70,20 @@ def test_version_is_the_packages() -> None:
     declared = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["version"]
     result = CliRunner().invoke(app, ["--version"])
     assert result.exit_code == 0 and result.stdout.strip() == f"trainmem {declared}"
+
+
+def test_a_long_run_says_it_is_working(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import time
+
+    from trainmem.cli import common
+
+    monkeypatch.setattr(common, "PROGRESS_AFTER_SECONDS", 0.05)
+    with common.progress("tracing a model"):
+        time.sleep(0.3)
+    with common.progress("a quick one"):
+        pass
+    err = capsys.readouterr().err
+    assert "trainmem: tracing a model (" in err
+    assert "a quick one" not in err

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from trainmem.breakdown import MemoryEstimate
-from trainmem.cli.common import clean_errors, console
+from trainmem.cli.common import clean_errors, console, progress
 from trainmem.cli.options import (
     AllocConfOpt,
     EngineOpt,
@@ -154,7 +154,8 @@ def estimate_cmd(
     """Peak GPU memory of one training step per GPU, broken down, with a verdict for --gpu."""
     if modules < 0:
         raise SpecError("modules", f"must be a non-negative number of rows, got {modules}")
-    est = estimate(model, training, gpu=gpu, engine=engine, alloc_conf=alloc_conf)
+    with progress(f"estimating {model} (a traced model takes a while)"):
+        est = estimate(model, training, gpu=gpu, engine=engine, alloc_conf=alloc_conf)
     est.notes.extend(config_notes)
     if gpus_per_node is not None:
         set_gpus_per_node(est, gpus_per_node)

@@ -6,7 +6,10 @@ from __future__ import annotations
 import errno
 import os
 import sys
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import wraps
 from typing import Any, TypeVar
 
@@ -63,3 +66,33 @@ def _drop_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
     except (OSError, ValueError, AttributeError):  # no real file behind stdout (tests)
         pass
+
+
+PROGRESS_AFTER_SECONDS = 2.0
+"""A command still working after this long says so on stderr (then every
+:data:`PROGRESS_EVERY_SECONDS`), so a trace of minutes is never silent."""
+PROGRESS_EVERY_SECONDS = 10.0
+
+
+@contextmanager
+def progress(what: str) -> Iterator[None]:
+    """Lines on stderr while the block runs longer than :data:`PROGRESS_AFTER_SECONDS`:
+    ``trainmem: tracing ... (12 s)``; nothing for a quick block. stdout (the result, the JSON)
+    is untouched."""
+    done = threading.Event()
+    start = time.monotonic()
+
+    def report() -> None:
+        wait = PROGRESS_AFTER_SECONDS
+        while not done.wait(wait):
+            elapsed = time.monotonic() - start
+            print(f"trainmem: {what} ({elapsed:.0f} s)", file=sys.stderr, flush=True)
+            wait = PROGRESS_EVERY_SECONDS
+
+    thread = threading.Thread(target=report, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
