@@ -4,7 +4,8 @@
 :class:`~trainmem.specs.training.TrainingConfig` (``training=``), so ``estimate``, ``formulas``,
 ``plan``, ``fit``, ``sweep``, ``compare`` and ``compare-snapshot`` accept the same flags, spelled
 once. Values come from, in order of precedence: an explicit flag, ``--set KEY=VALUE``, a
-``--deepspeed-config`` / ``--accelerate-config`` file, the TrainingConfig default. Whether a flag
+config file (``--deepspeed-config``, ``--accelerate-config``, ``--axolotl-config``,
+``--torchtune-config``, ``--training-args``), the TrainingConfig default. Whether a flag
 was given is click's parameter source (:func:`explicit_options`), never a comparison with its
 default, so ``-b 1`` wins over a file's 4 although 1 is the default; a flag and a ``--set`` of
 the same field with different values are refused, naming both.
@@ -459,6 +460,37 @@ TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
         None,
     ),
     _p(
+        "axolotl_config",
+        Annotated[
+            str | None,
+            _o("--axolotl-config", help="Read settings from an axolotl config.yml."),
+        ],
+        None,
+    ),
+    _p(
+        "torchtune_config",
+        Annotated[
+            str | None,
+            _o(
+                "--torchtune-config",
+                help="Read settings from a torchtune recipe YAML (implies --framework torchtune).",
+            ),
+        ],
+        None,
+    ),
+    _p(
+        "training_args",
+        Annotated[
+            str | None,
+            _o(
+                "--training-args",
+                help="Read settings from a HF TrainingArguments / TRL SFTConfig JSON "
+                "(implies --framework hf-trainer).",
+            ),
+        ],
+        None,
+    ),
+    _p(
         "settings",
         Annotated[
             list[str] | None,
@@ -469,18 +501,25 @@ TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
 )
 
 """Every option that describes the run; names are TrainingConfig fields except ``fsdp`` (a ZeRO
-stage by another name), ``lora_alpha`` (no memory effect), the two config files and ``settings``
+stage by another name), ``lora_alpha`` (no memory effect), the config files and ``settings``
 (``--set``)."""
 
-_NOT_FIELDS = ("fsdp", "lora_alpha", "deepspeed_config", "accelerate_config", "settings")
+CONFIG_FILE_OPTIONS = (
+    "deepspeed_config",
+    "accelerate_config",
+    "axolotl_config",
+    "torchtune_config",
+    "training_args",
+)
+"""The options that name a config file to read settings from."""
+_NOT_FIELDS = ("fsdp", "lora_alpha", *CONFIG_FILE_OPTIONS, "settings")
 
 
 PANELS: dict[str, str] = {
     **{name: panel for panel, names in FIELD_GROUPS.items() for name in names},
     "fsdp": "Parallelism and sharding",
     "lora_alpha": "LoRA / QLoRA",
-    "deepspeed_config": "Config files and --set",
-    "accelerate_config": "Config files and --set",
+    **dict.fromkeys(CONFIG_FILE_OPTIONS, "Config files and --set"),
     "settings": "Config files and --set",
 }
 """The ``--help`` panel of each training option: the concerns of
@@ -526,16 +565,40 @@ def model_spec_or_none(model: str) -> ModelSpec | None:
 
 
 def config_file_settings(
-    deepspeed_config: str | None, accelerate_config: str | None, auto: dict[str, str]
+    deepspeed_config: str | None,
+    accelerate_config: str | None,
+    auto: dict[str, str],
+    *,
+    axolotl_config: str | None = None,
+    torchtune_config: str | None = None,
+    training_args: str | None = None,
+    notes: list[str] | None = None,
+    model: str | None = None,
+    spec: ModelSpec | None = None,
 ) -> dict[str, Any]:
-    """TrainingConfig settings from a DeepSpeed / accelerate config file (the DeepSpeed file wins
-    where both say something); ``auto`` receives the fields a file leaves to the Trainer
-    (:func:`~trainmem.specs.framework_configs.deepspeed_settings`)."""
+    """TrainingConfig settings from the config files given: accelerate, then a trainer's own
+    file (HF TrainingArguments, axolotl, torchtune), then DeepSpeed, a later file winning where
+    two say something; ``auto`` receives the fields a DeepSpeed file leaves to the Trainer
+    (:func:`~trainmem.specs.framework_configs.deepspeed_settings`), ``notes`` what the trainer
+    files read and ignored (:mod:`trainmem.specs.trainer_configs`); ``model`` / ``spec`` are
+    the MODEL, for axolotl's ``base_model`` and ``lora_target_linear``."""
     from trainmem.specs.framework_configs import read_accelerate_config, read_deepspeed_config
+    from trainmem.specs.trainer_configs import (
+        read_axolotl_config,
+        read_torchtune_config,
+        read_training_args,
+    )
 
     from_files: dict[str, Any] = {}
     if accelerate_config:
         from_files.update(read_accelerate_config(accelerate_config, auto))
+    if training_args:
+        from_files.update(read_training_args(training_args, notes))
+    if axolotl_config:
+        linears = None if spec is None else model_lora_linears(spec)
+        from_files.update(read_axolotl_config(axolotl_config, notes, model, linears))
+    if torchtune_config:
+        from_files.update(read_torchtune_config(torchtune_config, notes))
     if deepspeed_config:
         from_files.update(read_deepspeed_config(deepspeed_config, auto))
     for key in from_files:
@@ -609,7 +672,20 @@ def training_from_options(
                 )
             from_set[key] = value
     auto: dict[str, str] = {}
-    from_files = config_file_settings(given["deepspeed_config"], given["accelerate_config"], auto)
+    file_notes: list[str] = []
+    from_files = config_file_settings(
+        given["deepspeed_config"],
+        given["accelerate_config"],
+        auto,
+        axolotl_config=given["axolotl_config"],
+        torchtune_config=given["torchtune_config"],
+        training_args=given["training_args"],
+        notes=file_notes,
+        model=model,
+        spec=spec,
+    )
+    if notes is not None:
+        notes.extend(file_notes)
     for key, value in from_files.items():
         if key in explicit and value != settings[key] and notes is not None:
             notes.append(
