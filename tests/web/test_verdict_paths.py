@@ -114,3 +114,16 @@ def test_compare_shows_the_verdict_of_each_column() -> None:
     columns = [numbers(run(resolve_request(v))) for v in (values, small)]
     html = compare_html(["8b", "gpt2"], columns)
     assert "<td>does not fit</td>" in html and "<td>fits</td>" in html
+
+
+def test_the_page_says_what_it_assumed_and_when_the_framework_matters() -> None:
+    out = _update(
+        model="mistral-7b-v0.1",
+        zero_stage=3,
+        data_parallel_size=8,
+        micro_batch_size=4,
+        seq_len=2048,
+    )
+    assert 'id="assumed"' in out["result"]
+    assert "--framework pytorch-amp" in out["result"]
+    assert "the framework matters here" in out["result"]

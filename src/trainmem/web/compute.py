@@ -42,6 +42,8 @@ class Numbers:
             None without a GPU.
         margin_bytes: usable capacity minus the device total (None without a GPU or on OOM).
         oom: PyTorch's out-of-memory message of the simulated allocator, or None.
+        assumed: the framework and library versions the estimate stands for
+            (``details["assumed"]``, :func:`trainmem.specs.assumptions.assumptions`).
         cuda_context_bytes: memory outside the allocator (CUDA context, NCCL).
         gpu_name / capacity_bytes: the GPU and its usable capacity (None without a GPU).
         per_rank: one dict per pipeline stage (``allocated_bytes``, ``num_layers``...).
@@ -66,6 +68,7 @@ class Numbers:
     capacity_bytes: int | None
     per_rank: list[dict[str, Any]]
     notes: list[str]
+    assumed: dict[str, str]
 
 
 def numbers(est: MemoryEstimate) -> Numbers:
@@ -91,6 +94,7 @@ def numbers(est: MemoryEstimate) -> Numbers:
         capacity_bytes=gpu["capacity_bytes"],
         per_rank=list(d.get("per_rank") or []),
         notes=list(d["notes"]),
+        assumed=dict(d["details"].get("assumed") or {}),
     )
 
 

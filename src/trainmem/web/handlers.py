@@ -122,7 +122,7 @@ def update(
         est = run(req)
         n = numbers(est)
         return (
-            views.result_html(n, band(est)),
+            views.result_html(n, band(est), framework_notes(req, est)),
             cli_command(values, req.model_arg),
             _query(values, config_path, pins),
             "",
@@ -138,6 +138,20 @@ def update(
         return (blank, cli, query, views.message_html([message]))
 
     return _guard(compute, failed)
+
+
+def framework_notes(req: Request, est: Any) -> list[str]:
+    """That another common framework moves the peak by more than 10%
+    (:func:`trainmem.planner.sensitivity.framework_note`), for the formula families."""
+    if est.engine != "analytic":
+        return []
+    from trainmem.estimate import resolve_model
+    from trainmem.planner.sensitivity import framework_note
+    from trainmem.specs.hardware import resolve_gpu
+
+    gpu = None if req.gpu is None else resolve_gpu(req.gpu)
+    note = framework_note(resolve_model(req.model), req.training, gpu)
+    return [note] if note else []
 
 
 DETAIL_OUTPUTS = ("interactive", "plot", "modules")

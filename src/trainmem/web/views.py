@@ -257,18 +257,34 @@ def compare_html(labels: Sequence[str], columns: Sequence[Numbers]) -> str:
     return _table("compare", head, rows, "GiB = 2^30 bytes; hover for exact bytes")
 
 
-def result_html(n: Numbers, band: dict[str, Any] | None) -> str:
+def assumed_html(n: Numbers) -> str:
+    """What the estimate assumed: the framework's conventions and the library versions."""
+    a = n.assumed
+    if not a:
+        return ""
+    versions = ", ".join(
+        f"{k} {v}" for k, v in a.items() if k not in ("framework", "framework_means")
+    )
+    return (
+        f'<div class="tm-info" id="assumed">Assumed: <b>--framework {_e(a["framework"])}</b> '
+        f"({_e(a.get('framework_means', ''))}); {_e(versions)}. Change it under "
+        "<i>Framework</i> if you train with another stack.</div>"
+    )
+
+
+def result_html(n: Numbers, band: dict[str, Any] | None, extra_notes: Sequence[str] = ()) -> str:
     """The verdict above the breakdown, the band and the per-stage table side by side, then the
-    notes."""
+    notes (``extra_notes`` first: e.g. that the framework matters)."""
     return (
         verdict_html(n)
+        + assumed_html(n)
         + '<div class="tm-grid"><div>'
         + breakdown_html(n)
         + "</div><div>"
         + band_html(band)
         + per_rank_html(n)
         + "</div></div>"
-        + notes_html(n.notes)
+        + notes_html([*extra_notes, *n.notes])
     )
 
 
