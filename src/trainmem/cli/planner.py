@@ -20,7 +20,7 @@ def register(app: typer.Typer) -> None:
     from trainmem.estimate import formula_model
     from trainmem.planner.evaluate import fits, require_gpu, simulated_estimate
     from trainmem.planner.fixes import fixes
-    from trainmem.planner.search import max_micro_batch_size, max_seq_len
+    from trainmem.planner.search import max_micro_batch_size, max_seq_len, plan_gpus
     from trainmem.planner.sweep import SWEEPABLE, parse_over, sweep
     from trainmem.report import render
 
@@ -35,6 +35,14 @@ def register(app: typer.Typer) -> None:
             help="FIELD=V1,V2,... (repeatable; tuple values joined by +, e.g. "
             "lora-targets=q+v,q+k+v+o); fields: "
             + ", ".join(n.replace("_", "-") for n in SWEEPABLE),
+        ),
+    ]
+    AllGpus = Annotated[
+        bool,
+        typer.Option(
+            "--gpus",
+            help="Every catalog GPU: the largest micro-batch size and, for a sharded run, the "
+            "fewest GPUs of each kind that fit.",
         ),
     ]
     FormatOpt = Annotated[str, typer.Option("--format", "-f", help="table|csv|json")]
@@ -53,12 +61,37 @@ def register(app: typer.Typer) -> None:
         model: ModelArg,
         gpu: GpuOpt = None,
         seq_len_multiple_of: MultipleOf = 1,
+        all_gpus: AllGpus = False,
         as_json: JsonOpt = False,
         *,
         training: TrainingConfig,
     ) -> None:
         """The largest micro-batch size (at --seq-len) and the longest sequence length (at
-        --micro-batch-size) that fit --gpu, with the margin left."""
+        --micro-batch-size) that fit --gpu, with the margin left; with --gpus, every catalog
+        GPU (and the fewest of each that fit a sharded run)."""
+        if all_gpus:
+            if gpu is not None:
+                raise SpecError("gpus", "--gpus lists every catalog GPU; drop --gpu")
+            gpu_plan = plan_gpus(formula_model(model, "plan"), training)
+            if as_json:
+                print(render.gpus_json(gpu_plan))
+                return
+            console.print(render.gpus_table(gpu_plan))
+            console.print(
+                f"at: micro-batch search at seq_len={training.seq_len}"
+                + (
+                    f"; fewest GPUs = data_parallel_size in 1, 2, 4, ..., 1024 at "
+                    f"micro_batch_size={training.micro_batch_size}"
+                    if gpu_plan.sharded
+                    else ""
+                )
+                + f"; {training.precision}, {training.optimizer}, checkpointing "
+                f"{training.activation_checkpointing}, framework {training.framework}",
+                highlight=False,
+            )
+            if gpu_plan.assumption:
+                console.print(f"assumed: {gpu_plan.assumption}", highlight=False)
+            return
         gpu_spec = require_gpu(gpu)
         spec = formula_model(model, "plan")
         results = [max_micro_batch_size(spec, training, gpu_spec)]

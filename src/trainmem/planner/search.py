@@ -342,3 +342,261 @@ def max_seq_len(
         cap_reason="context_length",
         cuda_context_bytes=cuda_context_bytes,
     )
+
+
+DATA_PARALLEL_SIZES: tuple[int, ...] = tuple(2**k for k in range(11))
+"""GPU counts the sharded search tries, fewest first: 1, 2, 4, ..., 1024."""
+
+DEFAULT_SHARDED_STAGE = 3
+"""The sharding assumed when the user chose none: ZeRO-3 / FSDP full-shard (parameters,
+gradients and optimizer states over the data-parallel GPUs; Rajbhandari et al. 2020, sec. 5.3)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShardResult:
+    """The fewest GPUs of one kind that hold a sharded run.
+
+    Attributes:
+        data_parallel_size: the fewest GPUs that fit, or None when none of the sizes tried do.
+        training: the configuration at that size (None when none fits).
+        estimate: the simulated estimate there; when none fits, the fast estimate at the
+            largest size tried.
+        gpu: the GPU.
+    """
+
+    data_parallel_size: int | None
+    training: TrainingConfig | None
+    estimate: MemoryEstimate
+    gpu: GPUSpec
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able summary; sizes in bytes."""
+        est = self.estimate
+        return {
+            "data_parallel_size": self.data_parallel_size,
+            "zero_stage": est.config.get("zero_stage"),
+            "verdict": est.verdict,
+            "margin_bytes": margin_bytes(est),
+            "peak": _peak(est),
+            "at_data_parallel_size": est.config.get("data_parallel_size"),
+        }
+
+
+def fewest_gpus(
+    model: ModelSpec,
+    training: TrainingConfig,
+    gpu: GPUSpec,
+    *,
+    sizes: tuple[int, ...] = DATA_PARALLEL_SIZES,
+    cuda_context_bytes: int | None = None,
+) -> ShardResult:
+    """The smallest ``data_parallel_size`` in ``sizes`` at which the sharded run fits ``gpu``.
+
+    Every size is tried with the fast estimate, fewest first; the first that fits is confirmed
+    with the allocator replay, and if fragmentation pushes it over the scan goes on. A size that
+    does not fit by the fast estimate does not fit by the simulated one either (Note [Fast
+    bound, simulated answer]), so the answer is the fewest by the simulator too.
+
+    Args:
+        model: the model.
+        training: the settings, ZeRO stage / FSDP included (its ``data_parallel_size`` is
+            ignored).
+        gpu: the GPU.
+        sizes: GPU counts to try, ascending.
+        cuda_context_bytes: memory outside the allocator, bytes; default per GPU catalog.
+
+    Returns:
+        The answer with its simulated estimate.
+
+    Raises:
+        SpecError: ``sizes`` is empty, or the settings are refused at every size.
+    """
+    if not sizes:
+        raise SpecError("sizes", "no data_parallel_size to try")
+    last: MemoryEstimate | None = None
+    error: SpecError | None = None
+    for n in sizes:
+        try:
+            t = replace(training, data_parallel_size=n)
+            fast = fast_estimate(model, t, gpu, cuda_context_bytes=cuda_context_bytes)
+        except SpecError as exc:  # e.g. a shard group larger than the size tried
+            error = exc
+            continue
+        last = fast
+        if not fits(fast):
+            continue
+        sim = simulated_estimate(model, t, gpu, cuda_context_bytes=cuda_context_bytes)
+        if fits(sim):
+            return ShardResult(n, t, sim, gpu)
+        last = sim
+    if last is None:
+        assert error is not None
+        raise error
+    return ShardResult(None, None, last, gpu)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPlanRow:
+    """One catalog GPU in :func:`plan_gpus`.
+
+    Attributes:
+        gpu: the GPU.
+        micro_batch: the largest micro-batch size at the given settings (None: refused).
+        sharded: the fewest GPUs of this kind for the sharded run (None: no sharded search).
+        error: why the GPU cannot run the settings at all (e.g. no bf16), else None.
+    """
+
+    gpu: GPUSpec
+    micro_batch: PlanResult | None
+    sharded: ShardResult | None = None
+    error: str | None = None
+
+    @property
+    def verdict(self) -> str | None:
+        """The verdict of the estimate at the largest micro-batch size (at micro-batch 1 when
+        none fits): :attr:`MemoryEstimate.verdict`."""
+        mb = self.micro_batch
+        if mb is None:
+            return None
+        est = mb.estimate if mb.estimate is not None else mb.next_estimate
+        return None if est is None else est.verdict
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able summary; sizes in bytes."""
+        mb = self.micro_batch
+        return {
+            "gpu": {"name": self.gpu.name, "capacity_bytes": self.gpu.memory_bytes},
+            "error": self.error,
+            "micro_batch_size": None if mb is None else mb.value,
+            "verdict": self.verdict,
+            "device_total_bytes": None
+            if mb is None or mb.estimate is None
+            else mb.estimate.breakdown.device_total_bytes,
+            "fewest_gpus": None if self.sharded is None else self.sharded.to_dict(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPlan:
+    """:func:`plan_gpus`'s answer.
+
+    Attributes:
+        model_name: the model.
+        training: the settings as given.
+        rows: one per GPU, in catalog order.
+        sharded: whether the fewest-GPU search ran.
+        zero_stage: the ZeRO stage of the sharded search (the user's, or
+            :data:`DEFAULT_SHARDED_STAGE`).
+        model_states_bytes: parameters + gradients + optimizer states of the whole model on one
+            GPU (the given settings at ``data_parallel_size=1``).
+        assumption: the sentence stating the sharding assumed, or None when the user chose it.
+    """
+
+    model_name: str
+    training: TrainingConfig
+    rows: list[GpuPlanRow]
+    sharded: bool
+    zero_stage: int
+    model_states_bytes: int
+    assumption: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able summary; sizes in bytes."""
+        return {
+            "model": self.model_name,
+            "sharded": self.sharded,
+            "zero_stage": self.zero_stage if self.sharded else None,
+            "data_parallel_sizes": list(DATA_PARALLEL_SIZES) if self.sharded else None,
+            "model_states_bytes": self.model_states_bytes,
+            "assumption": self.assumption,
+            "gpus": [r.to_dict() for r in self.rows],
+        }
+
+
+def plan_gpus(
+    model: str | ModelSpec,
+    training: TrainingConfig,
+    *,
+    gpus: list[GPUSpec] | None = None,
+    shard: bool | None = None,
+    cuda_context_bytes: int | None = None,
+) -> GpuPlan:
+    """Every catalog GPU with the largest micro-batch size that fits at the given settings and,
+    for a sharded run, the fewest GPUs of that kind that fit.
+
+    The sharded search (:func:`fewest_gpus` over :data:`DATA_PARALLEL_SIZES`) runs when the
+    user chose a ZeRO stage / FSDP (``training.zero_stage > 0``) or when the model states alone
+    (parameters + gradients + optimizer states, unsharded) exceed some GPU's usable memory; it
+    keeps the user's stage, else assumes ZeRO-3 / FSDP full-shard and says so.
+
+    Args:
+        model: preset name, HF ``config.json`` path, or a ModelSpec.
+        training: the settings.
+        gpus: the GPUs to list; None for the whole catalog
+            (:data:`~trainmem.specs.hardware.GPUS`).
+        shard: force (True) or skip (False) the sharded search; None decides as above.
+        cuda_context_bytes: memory outside the allocator, bytes; default per GPU catalog.
+
+    Returns:
+        One row per GPU; sizes in bytes.
+
+    Raises:
+        SpecError: unknown model, or settings refused whatever the GPU.
+    """
+    from trainmem.estimate import resolve_model
+    from trainmem.specs.hardware import GPUS
+
+    spec = resolve_model(model)
+    catalog = list(GPUS.values()) if gpus is None else list(gpus)
+    if not catalog:
+        raise SpecError("gpus", "no GPU to plan for")
+    one = replace(training, data_parallel_size=1, shard_group_size=None)
+    states = sum(
+        _first_estimate(spec, one, catalog, cuda_context_bytes).model_states_bytes.values()
+    )
+    chosen = training.zero_stage > 0
+    if shard is None:
+        shard = chosen or any(states > g.memory_bytes for g in catalog)
+    stage = training.zero_stage if chosen else DEFAULT_SHARDED_STAGE
+    assumption = None
+    if shard and not chosen:
+        assumption = (
+            f"sharded as ZeRO-3 / FSDP full-shard (zero_stage={stage}), the default: the model "
+            f"states alone ({format_bytes(states)}: weights, gradients, optimizer states) exceed "
+            "one GPU; pass --zero-stage or --fsdp to choose"
+        )
+    sharded_training = replace(training, zero_stage=stage)
+    rows = []
+    for gpu in catalog:
+        try:
+            mb = max_micro_batch_size(spec, training, gpu, cuda_context_bytes=cuda_context_bytes)
+        except SpecError as exc:  # the GPU cannot run the settings (e.g. no bf16)
+            rows.append(GpuPlanRow(gpu, None, error=str(exc)))
+            continue
+        sharded = None
+        if shard:
+            sharded = fewest_gpus(
+                spec, sharded_training, gpu, cuda_context_bytes=cuda_context_bytes
+            )
+        rows.append(GpuPlanRow(gpu, mb, sharded))
+    if all(r.error is not None for r in rows):  # refused whatever the GPU: say why once
+        raise SpecError("gpus", f"no GPU runs these settings: {rows[0].error}")
+    return GpuPlan(spec.name, training, rows, shard, stage, states, assumption)
+
+
+def _first_estimate(
+    model: ModelSpec,
+    training: TrainingConfig,
+    gpus: list[GPUSpec],
+    cuda_context_bytes: int | None,
+) -> MemoryEstimate:
+    """The fast estimate on the first GPU that accepts the settings (the model states do not
+    depend on the GPU)."""
+    error: SpecError | None = None
+    for gpu in gpus:
+        try:
+            return fast_estimate(model, training, gpu, cuda_context_bytes=cuda_context_bytes)
+        except SpecError as exc:
+            error = exc
+    assert error is not None
+    raise error

@@ -18,7 +18,7 @@ from rich.table import Table
 from trainmem.breakdown import MemoryEstimate
 from trainmem.planner.evaluate import margin_bytes
 from trainmem.planner.fixes import Fix
-from trainmem.planner.search import PlanResult
+from trainmem.planner.search import GpuPlan, PlanResult
 from trainmem.planner.sweep import SweepRow
 from trainmem.report.table import VERDICT_STYLE
 from trainmem.units import GiB
@@ -81,6 +81,54 @@ def plan_json(model_name: str, results: Sequence[PlanResult]) -> str:
         indent=2,
         default=str,
     )
+
+
+def _verdict_cell(verdict: str | None) -> str:
+    if verdict is None:
+        return "-"
+    return f"[{VERDICT_STYLE.get(verdict, 'bold')}]{verdict}[/]"
+
+
+def gpus_table(plan: GpuPlan) -> Table:
+    """One row per catalog GPU: usable memory, the largest micro-batch size at the given
+    settings with its device total and verdict (the estimate's ``verdict``) and, for a sharded
+    run, the fewest GPUs of that kind that fit, with the device total and verdict there."""
+    table = Table(title=f"{plan.model_name}: what fits each GPU", caption=_CAPTION)
+    table.add_column("GPU", style="bold")
+    table.add_column("usable GiB", justify="right")
+    table.add_column("largest micro-batch", justify="right")
+    table.add_column("device total GiB", justify="right")
+    table.add_column("verdict")
+    if plan.sharded:
+        table.add_column(f"fewest GPUs (ZeRO-{plan.zero_stage})", justify="right")
+        table.add_column("device total GiB", justify="right")
+        table.add_column("verdict")
+    for r in plan.rows:
+        cells = [r.gpu.name, gib(r.gpu.memory_bytes)]
+        mb = r.micro_batch
+        if mb is None:
+            cells += ["-", "-", f"[red]{r.error or 'refused'}[/]"]
+        elif mb.value is None or mb.estimate is None:
+            cells += ["[red]none[/]", "-", _verdict_cell(r.verdict)]
+        else:
+            total = mb.estimate.breakdown.device_total_bytes
+            cells += [str(mb.value), gib(total), _verdict_cell(r.verdict)]
+        if plan.sharded:
+            sh = r.sharded
+            if sh is None:
+                cells += ["-", "-", "-"]
+            else:
+                largest = sh.estimate.config.get("data_parallel_size")
+                count = str(sh.data_parallel_size or f"[red]> {largest}[/]")
+                total_cell = gib(sh.estimate.breakdown.device_total_bytes)
+                cells += [count, total_cell, _verdict_cell(sh.estimate.verdict)]
+        table.add_row(*cells)
+    return table
+
+
+def gpus_json(plan: GpuPlan) -> str:
+    """``{"schema_version", **GpuPlan.to_dict()}``; bytes throughout."""
+    return json.dumps({"schema_version": SCHEMA_VERSION, **plan.to_dict()}, indent=2, default=str)
 
 
 def fixes_table(base: MemoryEstimate, found: Sequence[Fix]) -> Table:
