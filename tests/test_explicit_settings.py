@@ -1,5 +1,6 @@
 """Every explicit setting wins (issue 29): a flag given on the command line wins over a
-``--deepspeed-config`` / ``--accelerate-config`` file whatever its value, its default included,
+config file (``--deepspeed-config``, ``--accelerate-config``, ``--axolotl-config``,
+``--torchtune-config``, ``--training-args``) whatever its value, its default included,
 and a flag and a ``--set`` of the same field with different values are refused, naming both.
 
 Whether a flag was given is click's parameter source, never a comparison with its default.
@@ -156,6 +157,76 @@ def test_an_explicit_flag_wins_over_the_config_file(tmp_path: Path, field: str) 
     assert read(str(path))[field] != shown  # the file alone says otherwise
     option = "--deepspeed-config" if name == "ds.json" else "--accelerate-config"
     seq = [] if field == "seq_len" else ["-s", "128"]
+    r = _invoke(["estimate", "gpt2", *seq, *flag_args, option, str(path), "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["config"][field] == shown
+    flag = "--" + field.replace("_", "-")
+    assert any(note.startswith(f"{flag} ") for note in out["notes"]), out["notes"]
+
+
+# (option, field, file name, its text): a trainer's own config (axolotl, torchtune, HF
+# TrainingArguments) setting the field to something other than the flag's value in FLAG_CASES
+TRAINER_FILE_CASES: list[tuple[str, str, str, str]] = [
+    ("--axolotl-config", "micro_batch_size", "ax.yml", "micro_batch_size: 4\n"),
+    ("--axolotl-config", "seq_len", "ax.yml", "sequence_len: 256\n"),
+    ("--axolotl-config", "precision", "ax.yml", "bf16: false\nfp16: true\n"),
+    ("--axolotl-config", "optimizer", "ax.yml", "optimizer: sgd\n"),
+    ("--axolotl-config", "lora_rank", "ax.yml", "adapter: lora\nlora_r: 8\n"),
+    ("--axolotl-config", "framework", "ax.yml", "{}\n"),
+    ("--torchtune-config", "framework", "tt.yaml", "batch_size: 2\n"),
+    (
+        "--torchtune-config",
+        "gradient_accumulation_steps",
+        "tt.yaml",
+        "gradient_accumulation_steps: 4\n",
+    ),
+    (
+        "--torchtune-config",
+        "chunked_cross_entropy",
+        "tt.yaml",
+        "loss:\n  _component_: torchtune.modules.loss.CEWithChunkedOutputLoss\n",
+    ),
+    ("--torchtune-config", "precision", "tt.yaml", "dtype: fp32\n"),
+    ("--training-args", "framework", "args.json", "{}"),
+    ("--training-args", "micro_batch_size", "args.json", '{"per_device_train_batch_size": 4}'),
+    (
+        "--training-args",
+        "activation_checkpointing",
+        "args.json",
+        '{"gradient_checkpointing": true}',
+    ),
+    ("--training-args", "optimizer", "args.json", '{"optim": "adafactor"}'),
+]
+
+
+@pytest.mark.parametrize(
+    ("option", "field", "name", "text"),
+    TRAINER_FILE_CASES,
+    ids=[f"{c[0][2:]}-{c[1]}" for c in TRAINER_FILE_CASES],
+)
+def test_an_explicit_flag_wins_over_a_trainer_config(
+    tmp_path: Path, option: str, field: str, name: str, text: str
+) -> None:
+    from trainmem.specs.trainer_configs import (
+        read_axolotl_config,
+        read_torchtune_config,
+        read_training_args,
+    )
+
+    path = tmp_path / name
+    path.write_text(text)
+    flag_args, shown, _ = FLAG_CASES[field]
+    read = {
+        "--axolotl-config": read_axolotl_config,
+        "--torchtune-config": read_torchtune_config,
+        "--training-args": read_training_args,
+    }[option]
+    assert read(str(path))[field] != shown  # the file alone says otherwise
+    seq = [] if field == "seq_len" else ["-s", "128"]
+    r = _invoke(["estimate", "gpt2", *seq, option, str(path), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["config"][field] != shown  # and the estimate reads it
     r = _invoke(["estimate", "gpt2", *seq, *flag_args, option, str(path), "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
