@@ -348,3 +348,27 @@ def test_slow_details_only_on_their_tab() -> None:
     assert h.fit_and_plan("", None, *raw) == ("", "")
     fixes, plan = h.fit_and_plan(h.FIT_TAB, None, *raw)
     assert "It fits" in fixes and 'data-dimension="micro_batch_size"' in plan
+
+
+def test_a_trainer_config_upload_sets_the_widgets(tmp_path: Path) -> None:
+    from trainmem.web.uploads import trainer_config_from_upload
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    raw = h.widget_values(default_values())
+    *widgets, note = h.apply_framework_file("trainer", str(examples / "axolotl-qlora.yml"), *raw)
+    values = h.collect(widgets)
+    # examples/axolotl-qlora.yml: micro_batch_size 2, lora_r 32, qlora -> nf4 double-quantized
+    assert (values["micro_batch_size"], values["lora_rank"]) == (2, 32)
+    assert (values["quantize_base"], values["framework"]) == ("nf4-dq", "hf-trainer")
+    assert "axolotl-qlora.yml: set" in note and "lora_targets=q+k+v+o+gate+up+down" in note
+    # a torchtune recipe is told apart by its _component_ entries, a .json is TrainingArguments
+    settings, _ = trainer_config_from_upload(str(examples / "torchtune-lora-single-device.yaml"))
+    assert settings["framework"] == "torchtune"
+    settings, _ = trainer_config_from_upload(str(examples / "sft-config.json"))
+    assert settings["micro_batch_size"] == 4
+    named = tmp_path / "axolotl.yml"
+    named.write_text("deepspeed: deepspeed_configs/zero3.json\n", encoding="utf-8")
+    with pytest.raises(SpecError, match="upload that ds_config.json in the DeepSpeed box"):
+        trainer_config_from_upload(str(named))
+    *_, note = h.apply_framework_file("trainer", str(named), *raw)
+    assert "upload that ds_config.json" in note

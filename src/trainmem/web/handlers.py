@@ -42,7 +42,12 @@ from trainmem.web.form import (
     from_query,
     to_query,
 )
-from trainmem.web.uploads import accelerate_from_upload, deepspeed_from_upload, model_from_upload
+from trainmem.web.uploads import (
+    accelerate_from_upload,
+    deepspeed_from_upload,
+    model_from_upload,
+    trainer_config_from_upload,
+)
 
 log = logging.getLogger("trainmem.web")
 
@@ -280,21 +285,32 @@ def downloads(config_path: str | None, *raw: Any) -> tuple[list[str] | None, str
 
 
 def apply_framework_file(kind: str, path: str | None, *raw: Any) -> list[Any]:
-    """Set the widgets from an uploaded ``ds_config.json`` (``kind="deepspeed"``) or accelerate
-    config (``kind="accelerate"``); returns the widget values, then the message."""
+    """Set the widgets from an uploaded ``ds_config.json`` (``kind="deepspeed"``), accelerate
+    config (``kind="accelerate"``) or trainer config (``kind="trainer"``: axolotl, torchtune,
+    TrainingArguments); returns the widget values, then the message."""
     values = collect(raw)
     if not path:
         return [*widget_values(values), ""]
 
     def compute() -> list[Any]:
-        read = deepspeed_from_upload if kind == "deepspeed" else accelerate_from_upload
-        settings = read(path)
+        ignored: list[str] = []
+        if kind == "trainer":
+            settings, notes = trainer_config_from_upload(path)
+            ignored = [n for n in notes if " ignored (" in n]
+        else:
+            read = deepspeed_from_upload if kind == "deepspeed" else accelerate_from_upload
+            settings = read(path)
         for name, value in settings.items():
             values[name] = coerce(name, value)
-        applied = ", ".join(f"{k}={v}" for k, v in settings.items()) or "nothing"
-        return [*widget_values(values), views.info_html(f"{Path(path).name}: set {applied}")]
+        applied = ", ".join(f"{k}={_shown(v)}" for k, v in settings.items()) or "nothing"
+        message = " ".join([f"{Path(path).name}: set {applied}.", *ignored])
+        return [*widget_values(values), views.info_html(message)]
 
     return _guard(compute, lambda m: [*widget_values(values), views.message_html([m])])
+
+
+def _shown(value: Any) -> str:
+    return "+".join(value) if isinstance(value, tuple) else str(value)
 
 
 def load_query(query: Mapping[str, str]) -> list[Any]:
