@@ -296,6 +296,8 @@ def test_every_verdict_path_renders_in_the_browser(server: str, browser: Any, pa
     else:
         word = {"fits": "Fits", "tight": "Tight"}[expected["verdict"]]
         assert head.startswith(f"{word} on {gpu}: {expected['margin_bytes'] / GiB:,.2f} GiB")
+    # the timeline has its legend
+    assert "activations" in page.inner_text("#timeline-legend")
     # the slow tabs render on this path too
     page.get_by_role("tab", name="Timeline picture", exact=True).click()
     page.wait_for_selector("#timeline img")

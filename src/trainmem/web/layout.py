@@ -19,6 +19,7 @@ except ImportError as exc:  # pragma: no cover - the web extra is missing
 from trainmem.report.plots import CATEGORY_COLORS
 from trainmem.specs.hf import list_presets
 from trainmem.web import handlers as h
+from trainmem.web import views
 from trainmem.web.form import (
     DEFAULT_GPU,
     DEFAULT_MODEL,
@@ -37,6 +38,9 @@ CSS = """
 .verdict .head {font-size: 1.4em; font-weight: 700; margin-bottom: 4px}
 .verdict.fits {background: #e6f4ea; border-color: #34a853}
 .verdict.nofit {background: #fce8e6; border-color: #d93025}
+.tm-legend {display: flex; flex-wrap: wrap; gap: 4px 14px; font-size: 0.9em; margin: 4px 0}
+.tm-key {display: inline-flex; align-items: center; gap: 5px}
+.tm-swatch {display: inline-block; width: 14px; height: 4px; border-radius: 2px}
 .verdict.tight {background: #fef7e0; border-color: #f9ab00}
 .tm-error {padding: 8px 12px; border-radius: 6px; background: #fce8e6; color: #a50e0e;
   border: 1px solid #d93025; font-weight: 600}
@@ -170,6 +174,7 @@ def build_app() -> Any:
                             height=360,
                             elem_id="timeline-interactive",
                         )
+                        gr.HTML(views.legend_html())
                     with gr.Tab("Timeline picture") as picture_tab:
                         plot = gr.Image(
                             type="filepath",

@@ -12,6 +12,7 @@ from html import escape
 from typing import Any
 
 from trainmem.breakdown import BREAKDOWN_KEYS
+from trainmem.report.plots import CATEGORY_COLORS
 from trainmem.report.table import BREAKDOWN_LABELS, gib
 from trainmem.web.compute import Numbers
 
@@ -270,6 +271,19 @@ def assumed_html(n: Numbers) -> str:
         f"({_e(a.get('framework_means', ''))}); {_e(versions)}. Change it under "
         "<i>Framework</i> if you train with another stack.</div>"
     )
+
+
+def legend_html() -> str:
+    """The timeline's legend: one swatch per memory category (the colours of
+    :data:`trainmem.report.plots.CATEGORY_COLORS`) and the black total line."""
+    items = [(BREAKDOWN_LABELS.get(k, k), c) for k, c in CATEGORY_COLORS.items()]
+    items.append(("total (peak allocated at its top)", "#000000"))
+    spans = "".join(
+        f'<span class="tm-key"><span class="tm-swatch" style="background:{c}"></span>'
+        f"{_e(label)}</span>"
+        for label, c in items
+    )
+    return f'<div class="tm-legend" id="timeline-legend">{spans}</div>'
 
 
 def result_html(n: Numbers, band: dict[str, Any] | None, extra_notes: Sequence[str] = ()) -> str:
