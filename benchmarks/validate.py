@@ -541,7 +541,11 @@ def cli_args(row: Dev2Row, base: Path = DEV2_ARGS.parent, *, amended: bool = Tru
     if not amended:
         return args
     if row.config:
-        config = {**json.loads(Path(args[0]).read_text()), **row.config}
+        published = Path(args[0])
+        base_config = (
+            json.loads(published.read_text()) if published.is_file() else load_hf_config(args[0])
+        )
+        config = {**base_config, **row.config}
         path = Path(tempfile.gettempdir()) / "trainmem-dev2-configs" / row.id / "config.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(config, indent=1))

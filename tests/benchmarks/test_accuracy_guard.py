@@ -92,9 +92,10 @@ def test_analytic_accuracy_does_not_regress() -> None:
 #: Dev set 2 (issue 24; ../shared/validation/dev_measurements_2*), as benchmarks/validate.py --dev2
 #: runs it: each row's jsonl arguments through ``trainmem estimate --json`` with the amendments of
 #: benchmarks/dev2_causes.py (the fsdp_qlora rows take ``--framework fsdp-qlora``; the torchao
-#: DINOv2 rows their 224 px config and fused AdamW), compared on the row's metric. Recorded when
-#: the set was first scored: 139 of 154 rows, median |error| 7.1%, p90 25.0%, 24 under-estimated
-#: by >10%, no completed run predicted OOM (as read, without the amendments: 9.0%, 50.7%, 21, 8).
+#: DINOv2 rows their 224 px config and fused AdamW; the Mistral-7B-v0.2 rows no sliding window),
+#: compared on the row's metric. Recorded when the set was first scored: 139 of 154 rows, median
+#: |error| 6.7%, p90 25.0%, 24 under-estimated by >10%, no completed run predicted OOM (as read,
+#: without the amendments: 9.0%, 50.7%, 21, 8).
 #: Far from issue 24's bars (4%, 12%, 0, 0); the guard keeps what is there from getting worse
 #: while the causes named in dev2_causes.py are fixed. About 20 s on two busy CPU cores.
 RECORDED_DEV2 = {
@@ -185,7 +186,7 @@ RECORDED_DEV2 = {
     "GT128": -0.0481,
     "GT129": -0.2070,
     "GT130": -0.0136,
-    "GT131": -0.0723,
+    "GT131": -0.0129,
     "GT132": +0.1097,
     "GT133": +0.1473,
     "GT134": +0.2004,
@@ -239,7 +240,7 @@ RECORDED_DEV2 = {
     "GT189": -0.0005,
 }
 MIN_DEV2_ROWS_SCORED = 139
-MAX_DEV2_MEDIAN_ABS = 0.072
+MAX_DEV2_MEDIAN_ABS = 0.068
 MAX_DEV2_P90_ABS = 0.251
 MAX_DEV2_UNDER = 24
 MAX_DEV2_OOM = 0
