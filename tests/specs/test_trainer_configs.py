@@ -8,10 +8,13 @@ here), with the framework's own default where the file says nothing (the sources
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from trainmem.cli import app
@@ -403,3 +406,86 @@ def test_training_arguments_ignored_and_bad(tmp_path: Path) -> None:
         read_training_args(_write(tmp_path, "bad.json", '{"optim": "galore_adamw"}'))
     with pytest.raises(SpecError, match="must hold a mapping"):
         read_training_args(_write(tmp_path, "list.json", "[]"))
+
+
+# --- garbage in: a one-line SpecError, never a crash ----------------------------------------
+
+_ODD = [0, -1, 1, 3, 2**70, 1.5, math.nan, True, False, None, "12", "auto", [], ["x"], {}, {"a": 1}]
+_WORDS = ["lora", "qlora", "bf16", "fp16", "full_shard", "offload", "adamw_torch", "q_proj"]
+_VALUES = st.recursive(
+    st.sampled_from(_ODD + _WORDS),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(
+            st.sampled_from(["_component_", "lora_rank", "max_seq_len", "stage", "fused"]), inner
+        ),
+    ),
+    max_leaves=5,
+)
+_KEYS = {
+    "axolotl": [
+        "micro_batch_size",
+        "batch_size",
+        "sequence_len",
+        "bf16",
+        "fp16",
+        "adapter",
+        "load_in_4bit",
+        "lora_r",
+        "lora_target_modules",
+        "optimizer",
+        "gradient_checkpointing",
+        "deepspeed",
+        "fsdp",
+        "fsdp_config",
+        "attn_implementation",
+        "plugins",
+    ],
+    "torchtune": [
+        "batch_size",
+        "dtype",
+        "model",
+        "optimizer",
+        "loss",
+        "tokenizer",
+        "compile",
+        "fsdp_cpu_offload",
+    ],
+    "args": [
+        "per_device_train_batch_size",
+        "bf16",
+        "optim",
+        "max_length",
+        "deepspeed",
+        "fsdp",
+        "fsdp_config",
+        "model_init_kwargs",
+        "gradient_checkpointing",
+    ],
+}
+
+
+@settings(
+    derandomize=True,
+    deadline=None,
+    database=None,
+    max_examples=150,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(
+    kind=st.sampled_from(sorted(_KEYS)),
+    data=st.data(),
+)
+def test_fuzz_trainer_configs(tmp_path: Path, kind: str, data: st.DataObject) -> None:
+    cfg = data.draw(st.dictionaries(st.sampled_from(_KEYS[kind]), _VALUES, max_size=5))
+    read = {
+        "axolotl": read_axolotl_config,
+        "torchtune": read_torchtune_config,
+        "args": read_training_args,
+    }[kind]
+    path = tmp_path / ("f.json" if kind == "args" else "f.yaml")
+    path.write_text(json.dumps(cfg))  # JSON is YAML
+    try:
+        TrainingConfig(**read(str(path), []))
+    except SpecError as exc:
+        assert "\n" not in str(exc) and len(str(exc)) < 600, exc

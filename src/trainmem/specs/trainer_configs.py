@@ -158,6 +158,11 @@ _AXOLOTL_ATTN_FLAGS = {
 ``LEGACY_ATTN_FLAG_TO_IMPL``, in its priority order: specific before generic)."""
 
 
+def _known(value: Any, table: Any) -> bool:
+    """``value`` is a name in ``table`` (a list or a mapping from a file is not)."""
+    return isinstance(value, str) and value in table
+
+
 class _Reading:
     """What one file said: the settings, and a record of each key read and each key ignored."""
 
@@ -440,7 +445,7 @@ def _axolotl_attention(r: _Reading, cfg: dict[str, Any]) -> None:
                 break
     if impl is None:
         return  # transformers' default (sdpa), trainmem's too
-    if impl not in AXOLOTL_ATTENTION:
+    if not _known(impl, AXOLOTL_ATTENTION):
         raise r.fail(key, impl, AXOLOTL_ATTENTION)
     r.set("attention", AXOLOTL_ATTENTION[impl], key)
 
@@ -505,7 +510,7 @@ def read_axolotl_config(
         r.set("activation_offloading", True, "activation_offloading")
     _axolotl_attention(r, cfg)
     name = cfg.get("optimizer", "adamw_torch_fused")
-    if name not in AXOLOTL_OPTIMIZERS:
+    if not _known(name, AXOLOTL_OPTIMIZERS):
         raise r.fail("optimizer", name, AXOLOTL_OPTIMIZERS)
     optimizer, impl = AXOLOTL_OPTIMIZERS[name]
     why = "optimizer" if "optimizer" in cfg else "optimizer default adamw_torch_fused"
@@ -607,7 +612,7 @@ def _torchtune_optimizer(r: _Reading, cfg: dict[str, Any]) -> None:
             opt.get("optimizer_class", "torch.optim.AdamW"),
             "optimizer.optimizer_class",
         )
-    if component not in TORCHTUNE_OPTIMIZERS:
+    if not _known(component, TORCHTUNE_OPTIMIZERS):
         raise r.fail(key, component, TORCHTUNE_OPTIMIZERS)
     name = TORCHTUNE_OPTIMIZERS[component]
     momentum = r.get(opt, "momentum", float, "a number", "optimizer.")
@@ -687,7 +692,7 @@ def read_torchtune_config(path: str, notes: list[str] | None = None) -> dict[str
     if gas is not None:
         r.set("gradient_accumulation_steps", gas, "gradient_accumulation_steps")
     dtype = cfg.get("dtype")
-    if dtype is not None and dtype not in _TORCHTUNE_DTYPES:
+    if dtype is not None and not _known(dtype, _TORCHTUNE_DTYPES):
         raise r.fail("dtype", dtype, _TORCHTUNE_DTYPES)
     r.set("precision", _TORCHTUNE_DTYPES[dtype or "fp32"], "dtype" if dtype else "no dtype: fp32")
     flag = "true or false"
@@ -709,7 +714,7 @@ def read_torchtune_config(path: str, notes: list[str] | None = None) -> dict[str
     loss = r.section(cfg, "loss")
     component = loss.get("_component_")
     if component is not None:
-        if component not in _TORCHTUNE_LOSSES:
+        if not _known(component, _TORCHTUNE_LOSSES):
             raise r.fail("loss._component_", component, _TORCHTUNE_LOSSES)
         if _TORCHTUNE_LOSSES[component]:
             chunks = r.positive(loss, "num_output_chunks", "loss.") or 8
@@ -762,7 +767,7 @@ def _hf_precision(r: _Reading, args: dict[str, Any], sft: bool, deepspeed: bool)
     if deepspeed:
         precision = "bf16-mixed" if bf16 else "16-mixed" if fp16 else "32-true"
         r.set("precision", precision, "bf16 / fp16 under DeepSpeed")
-    elif dtype in loaded and (bf16 or fp16):
+    elif _known(dtype, loaded) and (bf16 or fp16):
         r.set("precision", f"{loaded[dtype]}-true", f"model_init_kwargs dtype {dtype}")
     elif bf16:
         r.set("precision", "bf16-mixed", "bf16: autocast on fp32 weights")
@@ -853,7 +858,7 @@ def read_training_args(path: str, notes: list[str] | None = None) -> dict[str, A
         r.set("compile", True, "torch_compile")
     optim = args.get("optim")
     if optim is not None:
-        if optim not in HF_OPTIMIZERS:
+        if not _known(optim, HF_OPTIMIZERS):
             raise r.fail("optim", optim, HF_OPTIMIZERS)
         optimizer, impl = HF_OPTIMIZERS[optim]
         r.set("optimizer", optimizer, "optim")
