@@ -44,3 +44,12 @@ def test_the_cli_prints_the_assumption_and_the_framework_note() -> None:
     text = " ".join(result.output.split())
     assert "assumed: --framework pytorch-amp" in text
     assert "the framework matters here" in text and "--framework accelerate-fsdp" in text
+
+
+def test_no_framework_note_when_the_user_chose_the_framework() -> None:
+    args = ["estimate", "mistral-7b-v0.1", "--fsdp", "full-shard", "--data-parallel-size", "8"]
+    for chosen in (["--framework", "pytorch-amp"], ["--set", "framework=pytorch-amp"]):
+        result = CliRunner().invoke(app, [*args, *chosen, "-b", "4", "-s", "2048", "--json"])
+        assert result.exit_code == 0, result.output
+        notes = json.loads(result.stdout)["notes"]
+        assert not any("the framework matters here" in n for n in notes), chosen

@@ -150,6 +150,7 @@ def estimate_cmd(
     *,
     training: TrainingConfig,
     config_notes: list[str],
+    framework_chosen: bool,
 ) -> None:
     """Peak GPU memory of one training step per GPU, broken down, with a verdict for --gpu."""
     if modules < 0:
@@ -168,7 +169,7 @@ def estimate_cmd(
         est.notes.extend(emit_reports(est, plot=plot, html=html, alloc_conf=alloc_conf))
     if uncertainty:
         add_uncertainty(est)
-    if est.engine == "analytic":  # the formulas run each framework's conventions at once
+    if est.engine == "analytic" and not framework_chosen:  # only for an assumed framework
         from trainmem.planner.sensitivity import framework_note
 
         note = framework_note(resolve_model(model), training, resolve_gpu(gpu))

@@ -753,7 +753,7 @@ def explicit_options(values: dict[str, Any], ctx: typer.Context | None) -> dict[
 _CONTEXT = _p("typer_context", typer.Context, None)
 """The click context typer hands a command that asks for one (by this annotation), for the
 parameter sources."""
-_INJECTED = ("training", "config_notes")
+_INJECTED = ("training", "config_notes", "framework_chosen")
 
 
 def with_training_options(*, set_option: bool = True) -> Callable[[F], F]:
@@ -771,6 +771,7 @@ def with_training_options(*, set_option: bool = True) -> Callable[[F], F]:
         signature = inspect.signature(func)
         own = [p for p in signature.parameters.values() if p.name not in _INJECTED]
         wants_notes = "config_notes" in signature.parameters
+        wants_chosen = "framework_chosen" in signature.parameters
         hints = get_type_hints(func, include_extras=True)
         for name in _INJECTED:
             hints.pop(name, None)
@@ -785,6 +786,8 @@ def with_training_options(*, set_option: bool = True) -> Callable[[F], F]:
             training = training_from_options(model, given, kwargs.get("gpu"), notes)
             if wants_notes:
                 kwargs["config_notes"] = notes
+            if wants_chosen:
+                kwargs["framework_chosen"] = framework_chosen(given)
             return func(*args, training=training, **kwargs)
 
         params = [p.replace(annotation=hints.get(p.name, p.annotation)) for p in own]
@@ -798,6 +801,14 @@ def with_training_options(*, set_option: bool = True) -> Callable[[F], F]:
         return wrapper  # type: ignore[return-value]
 
     return decorate
+
+
+def framework_chosen(given: dict[str, Any]) -> bool:
+    """Whether the user chose the framework: ``--framework``, ``--set framework=...``, or a
+    framework's own config file (a ds_config is DeepSpeed, an accelerate config accelerate)."""
+    if "framework" in given or "framework" in " ".join(given.get("settings") or ()):
+        return True
+    return any(name.endswith("_config") or name == "training_args" for name in given)
 
 
 #: ``--set`` keys that are not TrainingConfig fields: they choose how the estimate is made.
