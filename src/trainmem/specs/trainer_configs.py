@@ -767,13 +767,14 @@ def _hf_precision(r: _Reading, args: dict[str, Any], sft: bool, deepspeed: bool)
     if deepspeed:
         precision = "bf16-mixed" if bf16 else "16-mixed" if fp16 else "32-true"
         r.set("precision", precision, "bf16 / fp16 under DeepSpeed")
-    elif _known(dtype, loaded) and (bf16 or fp16):
+    elif isinstance(dtype, str) and dtype in loaded and (bf16 or fp16):
         r.set("precision", f"{loaded[dtype]}-true", f"model_init_kwargs dtype {dtype}")
     elif bf16:
         r.set("precision", "bf16-mixed", "bf16: autocast on fp32 weights")
-        if dtype is None:
+        if dtype is None or dtype == "auto":
             r.extra.append(
-                "the model's dtype is not in the file: bf16-mixed assumes fp32 weights; a model "
+                "the model's dtype is not in the file (none, or auto: the checkpoint's): "
+                "bf16-mixed assumes fp32 weights; a model "
                 "loaded in bfloat16 is -p bf16-true"
             )
     elif fp16:
