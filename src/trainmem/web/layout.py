@@ -152,6 +152,14 @@ def build_app() -> Any:
                                 elem_id="accelerate-file",
                                 height=110,
                             )
+                            trainer_file = gr.File(
+                                label="Read settings from an axolotl config, a torchtune recipe "
+                                "(.yaml) or TrainingArguments / SFTConfig (.json)",
+                                file_types=[".yaml", ".yml", ".json"],
+                                type="filepath",
+                                elem_id="trainer-file",
+                                height=110,
+                            )
             with gr.Column(scale=2):
                 result = gr.HTML(elem_id="result", elem_classes=SLOT)
                 cli = gr.Textbox(
@@ -241,7 +249,8 @@ def build_app() -> Any:
 
         refresh(demo.load(on_load, None, [*inputs, pins, comparison, notice]))
 
-        for upload, kind in ((ds_file, "deepspeed"), (acc_file, "accelerate")):
+        uploads = ((ds_file, "deepspeed"), (acc_file, "accelerate"), (trainer_file, "trainer"))
+        for upload, kind in uploads:
 
             def apply(path: str | None, *raw: Any, kind: str = kind) -> list[Any]:
                 return h.apply_framework_file(kind, path, *raw)
