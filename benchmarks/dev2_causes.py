@@ -98,9 +98,9 @@ _FSDP_QLORA_CACHE = (
     "8.28 GiB: predicted allocated +0.2%), predicted 0.45 GB; FSDP1 init / loading not modelled"
 )
 _FMS_FLAT_GRADS = (
-    "likely FSDP1 flat-parameter gradients over the frozen weights (accelerate FSDP, "
-    "TRANSFORMER_BASED_WRAP with LoRA inside the layer units needs use_orig_params): "
-    "end-of-train alloc 7.37 GB = 2 x the 3.6 GB parameter shard; not modelled for hf-trainer"
+    "unexplained: accelerate FSDP + LoRA under; end-of-train alloc 7.37 GB = 2 x the 3.6 GB "
+    "parameter shard points at whole-unit FSDP1 flat gradients (use_orig_params), but with "
+    "trainmem's flat-gradient rule switched on the predicted peak (the loss backward) is unchanged"
 )
 _FMS_FSDP_4BIT = "unexplained: fms-acceleration FSDP with a 4-bit base (bnb / GPTQ), under"
 _FMS_1GPU_4BIT = "unexplained: fms-acceleration 4-bit base (bnb / GPTQ triton) on 1 GPU, over"
