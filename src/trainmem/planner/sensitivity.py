@@ -19,17 +19,18 @@ from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import GiB
 
-COMMON_FRAMEWORKS: tuple[str, ...] = (
-    "pytorch-amp",
-    "hf-trainer",
-    "accelerate-fsdp",
-    "deepspeed",
-    "torchtune",
-    "litgpt",
-    "fsdp2",
-)
-"""The frameworks a run is compared under (Megatron and fsdp_qlora bring their own model code
-or quantized layers, so they are not the same run)."""
+SINGLE_GPU_FRAMEWORKS: tuple[str, ...] = ("pytorch-amp", "hf-trainer", "torchtune", "litgpt")
+"""The frameworks a run on one GPU (or unsharded data parallelism) is compared under."""
+SHARDED_FRAMEWORKS: tuple[str, ...] = ("accelerate-fsdp", "deepspeed", "fsdp2")
+"""Added for a sharded run (ZeRO / FSDP over several GPUs), where their conventions differ
+most. Megatron and fsdp_qlora bring their own model code or quantized layers: not the same
+run."""
+
+
+def common_frameworks(training: TrainingConfig) -> tuple[str, ...]:
+    """The frameworks that would run these settings as the same run."""
+    sharded = training.data_parallel_size > 1 and training.zero_stage > 0
+    return SINGLE_GPU_FRAMEWORKS + (SHARDED_FRAMEWORKS if sharded else ())
 
 THRESHOLD = 0.10
 """Relative change of peak allocated bytes above which the framework is said to matter."""
@@ -52,7 +53,7 @@ def framework_sensitivity(
 
     base = allocated(training)
     rows: list[dict[str, Any]] = []
-    for framework in COMMON_FRAMEWORKS:
+    for framework in common_frameworks(training):
         if framework == training.framework:
             continue
         try:
