@@ -489,3 +489,22 @@ def test_fuzz_trainer_configs(tmp_path: Path, kind: str, data: st.DataObject) ->
         TrainingConfig(**read(str(path), []))
     except SpecError as exc:
         assert "\n" not in str(exc) and len(str(exc)) < 600, exc
+
+
+@pytest.mark.parametrize("option", ["--axolotl-config", "--torchtune-config", "--training-args"])
+def test_an_unreadable_file_is_one_line(option: str, tmp_path: Path) -> None:
+    for path, message in (
+        ("/dev/zero", "not a regular file"),
+        (tmp_path / "no.yml", "cannot read"),
+    ):
+        r = CliRunner().invoke(app, ["estimate", "gpt2", option, str(path)])
+        assert r.exit_code == 2, r.output
+        field = option[2:].replace("-", "_")
+        assert r.stderr.startswith(f"error: {field}: ") and message in r.stderr
+        assert r.stderr.count("\n") == 1
+
+
+def test_a_missing_deepspeed_file_named_inside_is_one_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, "a.yml", "deepspeed: nowhere/zero3.json\n")
+    with pytest.raises(SpecError, match=r"^deepspeed_config: cannot read nowhere/zero3.json"):
+        read_axolotl_config(path)
