@@ -87,3 +87,13 @@ def test_a_long_run_says_it_is_working(
     err = capsys.readouterr().err
     assert "trainmem: tracing a model (" in err
     assert "a quick one" not in err
+
+
+def test_suggestions_leave_out_what_the_run_already_does() -> None:
+    from trainmem.cli.app import untried_fixes
+    from trainmem.specs.training import TrainingConfig
+
+    done = TrainingConfig(activation_checkpointing="full", lora_rank=16)
+    tips = " ".join(untried_fixes(done))
+    assert "--quantize-base nf4" in tips
+    assert "--activation-checkpointing" not in tips and "--lora-rank" not in tips

@@ -37,6 +37,24 @@ app = typer.Typer(
 )
 
 
+def untried_fixes(t: TrainingConfig) -> list[str]:
+    """The flags that usually make a run fit, leaving out what the run already does."""
+    out = []
+    if t.activation_checkpointing != "full":
+        out.append("--activation-checkpointing full")
+    if t.micro_batch_size > 1:
+        out.append("a smaller --micro-batch-size")
+    if t.lora_rank == 0:
+        out.append("--lora-rank 16")
+    elif t.quantize_base == "none":
+        out.append("--quantize-base nf4")
+    if t.optimizer in ("adam", "adamw") and t.lora_rank == 0:
+        out.append("--optimizer adamw-8bit")
+    if t.data_parallel_size == 1 or t.zero_stage < 3:
+        out.append("more GPUs (--data-parallel-size N --zero-stage 3)")
+    return out
+
+
 def _print_version(value: bool) -> None:
     if value:
         from trainmem import __version__
@@ -184,8 +202,7 @@ def estimate_cmd(
         est.notes.append(
             f"does not fit {est.gpu_name}: `trainmem fit` searches with the formulas, which do "
             f"not model this family ({est.engine} path); re-run `trainmem estimate` with "
-            "--activation-checkpointing full, a smaller --micro-batch-size, --lora-rank 16 or "
-            "more GPUs (--data-parallel-size N --zero-stage 3)"
+            + ", or ".join(untried_fixes(training))
         )
     if modules and as_json:
         from trainmem.report.modules import activation_rows, peak_rows
