@@ -63,9 +63,9 @@ _TT_HEAD = (
     "room for it (torchtune compiles the chunked loss)"
 )
 _TT_NF4_INIT = (
-    "torchao 0.1 NF4 quantization at load (nf4tensor.py quantize_tensor_nearest: "
-    "(value - nf4).abs() over (numel, 16) bf16, ~2.9 GB for a 4096 x 11008 weight) sets "
-    "max_memory_reserved before training; the step is not the peak"
+    "likely the load, not the step: torchao 0.1 to_nf4 (nf4tensor.py quantize_tensor_nearest: "
+    "(value - nf4).abs() over (numel, 16) in bf16) holds ~3 GB of temporaries for a 4096 x "
+    "11008 weight, which max_memory_reserved keeps; the gap is 3.8 GB"
 )
 _TT_2024 = (
     "unexplained: torchtune Apr 2024 recipes, reserved under by 6-17% (allocated -9%); the "
