@@ -508,3 +508,12 @@ def test_a_missing_deepspeed_file_named_inside_is_one_line(tmp_path: Path) -> No
     path = _write(tmp_path, "a.yml", "deepspeed: nowhere/zero3.json\n")
     with pytest.raises(SpecError, match=r"^deepspeed_config: cannot read nowhere/zero3.json"):
         read_axolotl_config(path)
+
+
+def test_fsdp_flag_with_a_trainer_file_is_the_trainers_fsdp(tmp_path: Path) -> None:
+    # --fsdp under the HF Trainer is accelerate's FSDP plugin, also when hf-trainer comes from
+    # a TrainingArguments file rather than --framework
+    path = _write(tmp_path, "args.json", '{"per_device_train_batch_size": 1}')
+    args = ["-s", "128", "--training-args", path, "--fsdp", "full-shard"]
+    config = _estimate([*args, "--data-parallel-size", "2"], "gpt2")["config"]
+    assert (config["framework"], config["zero_stage"]) == ("accelerate-fsdp", 3)

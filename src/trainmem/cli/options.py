@@ -655,9 +655,6 @@ def training_from_options(
         if given["fsdp"] is not None:
             explicit.add(key)
             flags.setdefault(key, "--fsdp")
-    if given["fsdp"] is not None and settings["framework"] == "hf-trainer":
-        # the HF Trainer's --fsdp is accelerate's FSDP plugin (MixedPrecision policy)
-        settings["framework"] = "accelerate-fsdp"
     settings["lora_targets"] = parse_lora_targets(given["lora_targets"], spec)
     from_set: dict[str, Any] = {}
     for item in given["settings"] or []:
@@ -695,6 +692,10 @@ def training_from_options(
         elif key not in explicit and key not in from_set:
             settings[key] = value
     settings.update(from_set)
+    if given["fsdp"] is not None and settings["framework"] == "hf-trainer":
+        # the HF Trainer's --fsdp is accelerate's FSDP plugin (MixedPrecision policy), whether
+        # hf-trainer came from --framework or from a TrainingArguments / axolotl file
+        settings["framework"] = "accelerate-fsdp"
     if settings["gradient_accumulation_steps"] is None:  # given nowhere
         pp = settings.get("pipeline_parallel_size")
         pipelined = isinstance(pp, int) and not isinstance(pp, bool) and pp > 1  # else refused
