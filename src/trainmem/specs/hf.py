@@ -31,6 +31,7 @@ from trainmem.specs.diffusers import is_diffusers_config
 from trainmem.specs.files import parse_json, path_kind, read_text_file, resolve_path
 from trainmem.specs.hf_fields import Config, Fields, read_head, short
 from trainmem.specs.hf_table import FAMILIES, Family
+from trainmem.specs.hub import hub_config_path
 from trainmem.specs.model import HeadKind, ModelSpec
 
 __all__ = [
@@ -85,137 +86,6 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-HUB_PROBE_SECONDS = 1.5
-"""How long to wait for the Hub's address and a TCP connection before calling it offline."""
-
-
-def _hub_unreachable(endpoint: str) -> str | None:
-    """None if a TCP connection to the Hub's host opens within :data:`HUB_PROBE_SECONDS`, else
-    why not. ``huggingface_hub`` itself retries a dead network for about 25 s; this answers in
-    under 2. Name resolution runs in a daemon thread because ``getaddrinfo`` has no timeout."""
-    import socket
-    import threading
-    import time
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(endpoint)
-    host = parts.hostname or "huggingface.co"
-    port = parts.port or (80 if parts.scheme == "http" else 443)
-    found: list[Any] = []
-
-    def resolve() -> None:
-        try:
-            found.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
-        except OSError as exc:
-            found.append(exc)
-
-    start = time.monotonic()
-    thread = threading.Thread(target=resolve, daemon=True)
-    thread.start()
-    thread.join(HUB_PROBE_SECONDS)
-    if not found:
-        return f"no answer resolving {host} within {HUB_PROBE_SECONDS} s"
-    if isinstance(found[0], OSError):
-        return f"cannot resolve {host}: {found[0]}"
-    family, kind, proto, _, address = found[0][0]
-    left = max(HUB_PROBE_SECONDS - (time.monotonic() - start), 0.1)
-    try:
-        with socket.socket(family, kind, proto) as sock:
-            sock.settimeout(left)
-            sock.connect(address)
-    except OSError as exc:
-        return f"cannot connect to {host}:{port}: {exc.strerror or exc}"
-    return None
-
-
-HUB_CONFIG_FILES: tuple[str, ...] = ("config.json", "transformer/config.json", "unet/config.json")
-"""Where a Hub repository keeps the model's config: transformers at the root, diffusers
-pipelines in the ``transformer`` (DiT) or ``unet`` subfolder (``model_index.json`` names them)."""
-
-
-def _hub_cache_dir() -> str | None:
-    """``HF_HUB_CACHE`` as set now (huggingface_hub reads it once, at import)."""
-    import os
-
-    return os.environ.get("HF_HUB_CACHE") or None
-
-
-def _from_hub_cache(hub: Any, repo_id: str) -> dict[str, Any] | None:
-    """The config of ``repo_id`` if an earlier run cached it (no network):
-    ``huggingface_hub.try_to_load_from_cache`` for each of :data:`HUB_CONFIG_FILES`."""
-    for filename in HUB_CONFIG_FILES:
-        try:
-            path = hub.try_to_load_from_cache(repo_id, filename, cache_dir=_hub_cache_dir())
-        except ValueError:  # not a valid repo id for the hub library
-            return None
-        if isinstance(path, str):
-            return _read_json(Path(path))
-    return None
-
-
-def _from_hub(repo_id: str) -> dict[str, Any]:
-    """Fetch ``config.json`` of a Hub repository once; later runs read huggingface_hub's cache
-    first (so they work offline). Offline and not cached: one line, in under 2 s."""
-    import os
-
-    how = (
-        "download its config.json (e.g. on a machine with network access) and pass the path, "
-        "or use a preset (`trainmem models`)"
-    )
-    hub: Any
-    try:
-        import huggingface_hub as hub  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        hub = None
-    if hub is not None:
-        cached = _from_hub_cache(hub, repo_id)
-        if cached is not None:
-            return cached
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
-        raise SpecError(
-            "model",
-            f"{repo_id!r} is not a preset, a local path or in the Hugging Face cache and "
-            f"HF_HUB_OFFLINE is set; {how}",
-        )
-    if hub is None:
-        raise SpecError(
-            "model",
-            f"{repo_id!r} is not a preset or a local path; to read it from the Hugging Face "
-            "Hub install the hub extra (pip install 'trainmem[hub]'), or download its "
-            "config.json and pass the path. List presets with `trainmem models`.",
-        )
-    reason = _hub_unreachable(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
-    if reason is not None:
-        raise SpecError(
-            "model",
-            f"{repo_id!r} is not a preset or a local path and the Hugging Face Hub is "
-            f"unreachable ({reason}); {how}",
-        )
-    from huggingface_hub.errors import (  # type: ignore[import-not-found,unused-ignore]
-        EntryNotFoundError,
-    )
-
-    for filename in HUB_CONFIG_FILES:
-        try:
-            path = hub.hf_hub_download(
-                repo_id=repo_id, filename=filename, cache_dir=_hub_cache_dir(), etag_timeout=5
-            )
-        except EntryNotFoundError:
-            continue  # a diffusers pipeline: its model config is in a subfolder
-        except Exception as exc:  # any hub failure (network, 404, auth) becomes one clear line
-            raise SpecError(
-                "model",
-                f"could not fetch config.json of {repo_id!r} from the Hugging Face Hub "
-                f"({type(exc).__name__}); pass a local path to its config.json instead",
-            ) from exc
-        return _read_json(Path(path))
-    raise SpecError(
-        "model",
-        f"{repo_id!r} on the Hugging Face Hub has none of {', '.join(HUB_CONFIG_FILES)}; pass "
-        "a local path to the model's config.json instead",
-    )
-
-
 def load_hf_config(name_or_path: str) -> dict[str, Any]:
     """Load a Hugging Face config dict by preset name, path, or hub id.
 
@@ -259,7 +129,7 @@ def load_hf_config(name_or_path: str) -> dict[str, Any]:
 
     looks_like_path = name_or_path.endswith(".json") or name_or_path.startswith((".", "/", "~"))
     if not looks_like_path and name_or_path.count("/") == 1:
-        return _from_hub(name_or_path)
+        return _read_json(hub_config_path(name_or_path))
 
     close = difflib.get_close_matches(name_or_path[:100].lower(), list(index), n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}? " if close else ""
