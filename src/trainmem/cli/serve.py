@@ -22,6 +22,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Start the web calculator in a browser page and print its URL (needs gradio: the
         web extra of trainmem)."""
+        if not 1 <= port <= 65535:  # before the URL is printed and gradio tracebacks on it
+            raise SpecError("port", f"{port} is not a TCP port; allowed: 1..65535")
         from trainmem.web import launch
 
         try:
