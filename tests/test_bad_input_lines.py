@@ -4,6 +4,8 @@ exit code 2, quickly."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
@@ -28,3 +30,32 @@ def test_serve_refuses_a_port_before_printing_a_url(port: str) -> None:
     err = one_line_error(["serve", "--port", port], "port")
     assert "allowed: 1..65535" in err
     assert "http://" not in runner.invoke(app, ["serve", "--port", port]).stdout
+
+
+@pytest.mark.parametrize(
+    ("outputs", "field"),
+    [
+        (["--plot", "bad.bmp"], "plot"),
+        (["--html", "no-such-folder/report.html"], "html"),
+        (["--html", "."], "html"),
+    ],
+)
+def test_every_output_path_is_checked_before_any_is_written(
+    outputs: list[str], field: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    one_line_error(["estimate", "gpt2", "--snapshot", "out.pickle", *outputs], field)
+    assert not (tmp_path / "out.pickle").exists()  # was written before the plot was refused
+
+
+def test_compare_checks_the_html_path_before_the_plot_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    args = ["compare", "gpt2", "--set", "micro_batch_size=1", "--plot", "a.png"]
+    one_line_error([*args, "--html", "missing/b.html"], "html")
+    assert not (tmp_path / "a.png").exists()
+
+
+def test_an_output_name_too_long_is_one_line() -> None:
+    one_line_error(["estimate", "gpt2", "--html", "x" * 5000 + ".html"], "html")

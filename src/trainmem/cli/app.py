@@ -173,6 +173,9 @@ def estimate_cmd(
     """Peak GPU memory of one training step per GPU, broken down, with a verdict for --gpu."""
     if modules < 0:
         raise SpecError("modules", f"must be a non-negative number of rows, got {modules}")
+    from trainmem.report.compare import check_output_paths
+
+    check_output_paths(snapshot=snapshot, plot=plot, html=html)
     with progress(f"estimating {model} (a traced model takes a while)"):
         est = estimate(model, training, gpu=gpu, engine=engine, alloc_conf=alloc_conf)
     est.notes.extend(config_notes)

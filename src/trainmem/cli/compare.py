@@ -7,7 +7,7 @@ registration time, and the aliases are local names of :func:`register`.
 import typer
 
 from trainmem.cli.options import model_spec_or_none, parse_set
-from trainmem.report.compare import compare_estimates, compare_table
+from trainmem.report.compare import check_output_paths, compare_estimates, compare_table
 
 
 def register(app: typer.Typer) -> None:
@@ -61,6 +61,7 @@ def register(app: typer.Typer) -> None:
         config_notes: list[str],
     ) -> None:
         """Estimates for several option sets side by side: a table and a stacked bar chart."""
+        check_output_paths(plot=plot, html=html)
         base = training
         spec = model_spec_or_none(model)
         sets = [parse_set(text, spec) for text in set_]

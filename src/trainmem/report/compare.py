@@ -10,9 +10,43 @@ reads the option annotations at registration time, and the aliases are local nam
 """
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 from trainmem.breakdown import MemoryEstimate
+from trainmem.errors import SpecError
+
+
+def check_output_paths(**paths: str | None) -> None:
+    """Refuse every output path that cannot be written before any file is (``--snapshot
+    out.pickle --plot bad.bmp`` wrote the pickle, then refused the plot): a ``plot`` suffix
+    other than .png / .svg, a folder given as a file, a parent folder that does not exist.
+
+    Args:
+        paths: option name (the error's field: ``plot``, ``html``, ``snapshot``) -> path or
+            None (not asked for).
+
+    Raises:
+        SpecError: the first unusable path, named by its option.
+    """
+    from trainmem.report.plots import check_format
+
+    for field, path in paths.items():
+        if path is None:
+            continue
+        if field == "plot":
+            check_format(path)
+        target = Path(path)
+        try:
+            is_dir, parent_is_dir = target.is_dir(), target.parent.is_dir()
+        except OSError as exc:  # a name too long for the file system
+            raise SpecError(field, f"{path[:200]!r}: {exc.strerror or exc}") from None
+        if is_dir:
+            raise SpecError(field, f"{path[:200]!r} is a folder; allowed: a file name")
+        if not parent_is_dir:
+            raise SpecError(
+                field, f"{path[:200]!r}: folder {str(target.parent)[:200]!r} is missing"
+            )
 
 
 def emit_reports(

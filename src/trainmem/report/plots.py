@@ -40,6 +40,7 @@ __all__ = [
     "CATEGORY_LABELS",
     "STACK_ORDER",
     "TimelineSeries",
+    "check_format",
     "plot_breakdown",
     "plot_timeline",
     "timeline_series",
@@ -220,7 +221,8 @@ def _matplotlib() -> Any:
     return matplotlib
 
 
-def _check_format(path: str | Path) -> str:
+def check_format(path: str | Path) -> str:
+    """``"png"`` or ``"svg"`` from the file's suffix; anything else is a SpecError."""
     suffix = Path(path).suffix.lower()
     if suffix not in _FORMATS:
         raise SpecError("plot", f"{str(path)!r}: use a .png or .svg file name")
@@ -317,7 +319,7 @@ def plot_timeline(
         SpecError: no timeline on ``est``, an empty one, or a suffix other than png/svg.
         ImportError: matplotlib is not installed.
     """
-    fmt = _check_format(path)
+    fmt = check_format(path)
     timeline = est.timeline
     if not isinstance(timeline, Timeline) or not timeline.events:
         raise SpecError(
@@ -473,7 +475,7 @@ def plot_breakdown(
         SpecError: no estimates, a label count that does not match, or a bad suffix.
         ImportError: matplotlib is not installed.
     """
-    fmt = _check_format(path)
+    fmt = check_format(path)
     if not estimates or len(labels) != len(estimates):
         raise SpecError(
             "plot", f"{len(estimates)} estimates need as many labels, got {len(labels)}"
