@@ -151,9 +151,7 @@ def uncertainty_band(
         )
     kinds = configuration_kinds(training)
     e_min, e_max, least_sure = (
-        _spread(engine, tuple(kinds))
-        if table is None
-        else _spread_in(table, engine, tuple(kinds))
+        _spread(engine, tuple(kinds)) if table is None else _spread_in(table, engine, tuple(kinds))
     )
     # measured = predicted / (1 + e); e > -1 always (a prediction is never 0 bytes).
     low = int(expected / (1.0 + e_max))

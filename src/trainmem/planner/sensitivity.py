@@ -32,6 +32,7 @@ def common_frameworks(training: TrainingConfig) -> tuple[str, ...]:
     sharded = training.data_parallel_size > 1 and training.zero_stage > 0
     return SINGLE_GPU_FRAMEWORKS + (SHARDED_FRAMEWORKS if sharded else ())
 
+
 THRESHOLD = 0.10
 """Relative change of peak allocated bytes above which the framework is said to matter."""
 
