@@ -247,12 +247,18 @@ def why_nothing_fits(dimension: str, first: MemoryEstimate, gpu: GPUSpec) -> str
             f"{format_bytes(b.optimizer_states)}) plus the CUDA context exceed the "
             f"{format_bytes(usable)} usable on {gpu.name}{fix_hint}"
         )
+    over = (
+        f"> {format_bytes(usable)} usable on {gpu.name}"
+        if b.device_total_bytes > usable
+        else f"and the simulated caching allocator runs out of memory within the "
+        f"{format_bytes(usable)} usable on {gpu.name} (fragmentation)"
+    )
     return (
         f"even {dimension}={value} needs {format_bytes(b.device_total_bytes)} at the peak "
         f"({first.peak_phase}: {first.peak_reason}; weights {format_bytes(b.parameters)}, "
         f"gradients {format_bytes(b.gradients)}, optimizer states "
         f"{format_bytes(b.optimizer_states)}, activations {format_bytes(b.activations)}) "
-        f"> {format_bytes(usable)} usable on {gpu.name}{fix_hint}"
+        f"{over}{fix_hint}"
     )
 
 
