@@ -35,11 +35,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainmem.errors import SpecError, UnsupportedError
+from trainmem.specs.model import MAX_COUNT, describe_int
 
 __all__ = [
     "DIFFUSERS_FAMILIES",
     "DiffusersFamily",
     "ImageBatch",
+    "MAX_DIFFUSERS_BLOCKS",
+    "check_diffusers_config",
     "check_image_options",
     "diffusers_class",
     "image_batch",
@@ -93,6 +96,34 @@ def diffusers_class(config: Mapping[str, Any]) -> str:
             "build_model, make_batch, loss_fn=...) from Python"
         )
     return name
+
+
+MAX_DIFFUSERS_BLOCKS = 1_000
+"""Blocks per list a diffusers config may ask for (``num_layers``, ``num_single_layers``,
+``layers_per_block``...): about 20x the deepest released model (FLUX.1 has 19 + 38, Wan 2.1
+14B 40). diffusers builds every block, about 50 ms each, so ten million hung the build."""
+
+
+def _counts_blocks(key: str) -> bool:
+    return (key.startswith("num_") and key.endswith("layers")) or key.endswith("layers_per_block")
+
+
+def check_diffusers_config(config: Mapping[str, Any]) -> None:
+    """Range-check the integers of a diffusers config before diffusers builds it: no size,
+    count or index is negative or above 2^31 - 1, and no block list is deeper than
+    :data:`MAX_DIFFUSERS_BLOCKS` (``num_layers: -2`` was accepted, ``10000000`` hung).
+
+    Raises:
+        SpecError: the first offending field, with the allowed range.
+    """
+    for key, value in config.items():
+        items = value if isinstance(value, list | tuple) else [value]
+        top = MAX_DIFFUSERS_BLOCKS if _counts_blocks(key) else MAX_COUNT
+        for item in items:
+            if isinstance(item, bool) or not isinstance(item, int):
+                continue  # floats, names and flags are diffusers' to check
+            if not 0 <= item <= top:
+                raise SpecError(str(key)[:80], f"got {describe_int(item)}; allowed: 0..{top:,}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +228,7 @@ def check_image_options(config: Mapping[str, Any], training: Any) -> None:
         SpecError: an image option on a language model (names the option), or a bad value.
     """
     if is_diffusers_config(config):
+        check_diffusers_config(config)
         image_batch(config, training)
         return
     for name in IMAGE_OPTIONS:

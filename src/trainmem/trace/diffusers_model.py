@@ -37,7 +37,7 @@ from typing import Any
 
 from trainmem.breakdown import MemoryEstimate
 from trainmem.errors import UnsupportedError
-from trainmem.specs.diffusers import diffusers_class, image_batch
+from trainmem.specs.diffusers import check_diffusers_config, diffusers_class, image_batch
 from trainmem.specs.hardware import GPUSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
@@ -107,6 +107,7 @@ def build_diffusers_model(
     """
     diffusers = _require_diffusers()
     name = diffusers_class(raw_config)
+    check_diffusers_config(raw_config)
     cls = getattr(diffusers, name)
     if training.attention == "eager":
         raise UnsupportedError(
