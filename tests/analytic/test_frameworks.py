@@ -298,7 +298,11 @@ def test_deepspeed_bf16_without_zero_runs_the_bf16_optimizer(llama: object) -> N
     # bf16 without ZeRO; since then it must be asked for); bf16_optimizer.py: bf16 weights
     # (2 B), one flat fp32 gradient buffer of every parameter from init (4 B, never
     # partitioned), fp32 master + Adam moments on this rank's 1/N partition ((4 + 8) B / N)
-    for kw in ({"deepspeed_version": "0.17.5"}, {"grad_accum_dtype": "float32"}):
+    # (from 0.18.5 that explicit fp32 mix is refused: see the test below)
+    for kw in (
+        {"deepspeed_version": "0.17.5"},
+        {"grad_accum_dtype": "float32", "deepspeed_version": "0.18.4"},
+    ):
         t = TrainingConfig(framework="deepspeed", data_parallel_size=4, **kw)  # type: ignore[arg-type]
         assert t.deepspeed_optimizer == "bf16"
         est = estimate_analytic(llama, t, simulate_allocator=False)  # type: ignore[arg-type]
@@ -324,7 +328,7 @@ def test_deepspeed_optimizer_wrapper_follows_the_engine() -> None:
     cases = [
         ("bf16-mixed", 0, None, "0.17.5", "bf16", "float32"),  # fp32 default without ZeRO
         ("bf16-mixed", 0, None, None, "fp16", "bfloat16"),  # DDP_BFLOAT16 since 0.17.6
-        ("bf16-mixed", 0, "float32", None, "bf16", "float32"),
+        ("bf16-mixed", 0, "float32", "0.18.4", "bf16", "float32"),  # refused from 0.18.5
         ("16-mixed", 0, None, "0.14.4", "fp16", "float16"),
         ("32-true", 0, None, None, "none", "float32"),
         ("bf16-mixed", 1, "float32", None, "bf16", "float32"),  # ZeRO-1 + fp32 -> BF16_Optimizer
@@ -371,8 +375,12 @@ def test_cli_deepspeed_version_and_grad_accum_dtype_are_reported() -> None:
     assert old.exit_code == 0, old.output
     config = json.loads(old.stdout)["config"]
     assert (config["grad_accum_dtype"], config["deepspeed_optimizer"]) == ("float32", "bf16")
-    fp32 = json.loads(runner.invoke(app, [*args, "--set", "grad-accum-dtype=float32"]).stdout)
+    fp32_args = [*args, "--set", "grad-accum-dtype=float32", "--deepspeed-version", "0.18.4"]
+    fp32 = json.loads(runner.invoke(app, fp32_args).stdout)
     assert fp32["config"]["deepspeed_optimizer"] == "bf16"
+    # DeepSpeed 0.18.5+ (the default 0.19.8): engine.py raises NotImplementedError for it
+    now = runner.invoke(app, [*args, "--set", "grad-accum-dtype=float32"])
+    assert now.exit_code == 2 and "0.18.5 and later refuse" in now.output
     refused = runner.invoke(
         app, [*args, "--deepspeed-version", "0.16.9", "--set", "grad-accum-dtype=bfloat16"]
     )
@@ -412,7 +420,9 @@ def test_deepspeed_gradient_copies_at_the_step(llama: object) -> None:
     fp16 = TrainingConfig(framework="deepspeed", precision="16-mixed", data_parallel_size=8)
     assert deepspeed_step_gradient_copies(PSI, fp16) == (4 * PSI, 4 * PSI)
     # BF16_Optimizer with fp32 accumulation steps on its fp32 buffer: no copy; offload: none
-    bf16 = TrainingConfig(framework="deepspeed", grad_accum_dtype="float32")
+    bf16 = TrainingConfig(
+        framework="deepspeed", grad_accum_dtype="float32", deepspeed_version="0.18.4"
+    )
     assert deepspeed_step_gradient_copies(PSI, bf16) == (0, 0)
     off = TrainingConfig(framework="deepspeed", zero_stage=2, offload="optimizer")
     assert deepspeed_step_gradient_copies(PSI, off) == (0, 0)

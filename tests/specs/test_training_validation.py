@@ -225,3 +225,24 @@ def test_peft_module_names_are_accepted() -> None:
     # peft LoraConfig(target_modules=["q_proj", "v_proj"]) on a Llama model
     t = TrainingConfig(lora_rank=16, lora_targets=("q_proj", "v_proj", "q"))
     assert t.lora_targets == ("q", "v")
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_deepspeed_pipeline_refuses_zero_2_and_3(stage: int) -> None:
+    # deepspeed/runtime/pipe/engine.py: "ZeRO-2 and ZeRO-3 are incompatible with pipeline
+    # parallelism" (an assert in PipelineEngine.__init__, 0.16.4 to 0.19.8)
+    with pytest.raises(SpecError, match="zero_stage: .* incompatible with pipeline"):
+        TrainingConfig(
+            framework="deepspeed",
+            pipeline_parallel_size=2,
+            zero_stage=stage,
+            data_parallel_size=2,
+            gradient_accumulation_steps=2,
+        )
+    TrainingConfig(
+        framework="deepspeed",
+        pipeline_parallel_size=2,
+        zero_stage=1,
+        data_parallel_size=2,
+        gradient_accumulation_steps=2,
+    )

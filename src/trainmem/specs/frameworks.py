@@ -32,6 +32,13 @@ DeepSpeed before 0.17.6 accumulated bf16 gradients in fp32 when ZeRO is off (so
 ``_do_optimizer_sanity_check`` chose ``BF16_Optimizer``; bf16 accumulation without ZeRO raised
 ``NotImplementedError``); since 0.17.6 the default is the model dtype and bf16 without ZeRO runs
 ``FP16_Optimizer`` (``DDP_BFLOAT16``). Checked on the 0.17.5 and 0.17.6 sdists."""
+DEEPSPEED_REFUSES_BF16_FP32_WITHOUT_ZERO_SINCE = (0, 18, 5)
+"""deepspeed/runtime/engine.py ``_do_optimizer_sanity_check``: up to 0.18.4 bf16 weights with
+fp32 gradient accumulation and ZeRO off ran ``BF16_Optimizer`` (``elif model_dtype ==
+torch.bfloat16 and grad_accum_dtype == torch.float32: return BFLOAT16``); from 0.18.5 that
+branch is gone and the mix falls through to ``raise NotImplementedError(f"unsupported mix of
+{model_dtype=} and {grad_accum_dtype=}")``. Checked on the 0.18.4 and 0.18.5 sdists (and
+0.19.8)."""
 GRAD_ACCUM_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 """``data_types.grad_accum_dtype`` values, torch spellings (DeepSpeed runtime/config.py
 ``DtypeEnum`` also takes fp32 / bf16 / fp16 / float / half ..., read in
@@ -129,8 +136,8 @@ def deepspeed_optimizer_wrapper(
 
     Raises:
         SpecError: a mix DeepSpeed refuses (``NotImplementedError``): bf16 accumulation of bf16
-            weights without ZeRO before 0.17.6, or any other mix of model and accumulation
-            dtypes without ZeRO.
+            weights without ZeRO before 0.17.6, fp32 accumulation of bf16 weights without ZeRO
+            from 0.18.5, or any other mix of model and accumulation dtypes without ZeRO.
     """
     if zero_stage > 0:
         bf16_fp32 = model_dtype == "bfloat16" and grad_accum_dtype == "float32"
@@ -149,8 +156,20 @@ def deepspeed_optimizer_wrapper(
                 "allowed: float32, or a ZeRO stage",
             )
         return "fp16"
-    if model_dtype == "bfloat16" and grad_accum_dtype == "float32":
+    refused = (
+        version or DEFAULT_DEEPSPEED_VERSION
+    ) >= DEEPSPEED_REFUSES_BF16_FP32_WITHOUT_ZERO_SINCE
+    if model_dtype == "bfloat16" and grad_accum_dtype == "float32" and not refused:
         return "bf16"
+    if model_dtype == "bfloat16" and grad_accum_dtype == "float32":
+        raise SpecError(
+            "grad_accum_dtype",
+            "DeepSpeed 0.18.5 and later refuse bf16 weights with float32 gradient accumulation "
+            "without ZeRO (runtime/engine.py _do_optimizer_sanity_check: NotImplementedError "
+            "'unsupported mix of model_dtype=torch.bfloat16 and "
+            "grad_accum_dtype=torch.float32'); allowed: bfloat16, a ZeRO stage, or "
+            "--deepspeed-version 0.18.4 or older",
+        )
     raise SpecError(
         "grad_accum_dtype",
         f"DeepSpeed has no optimizer for {model_dtype} weights with {grad_accum_dtype} gradient "

@@ -566,6 +566,19 @@ class TrainingConfig:
                 "every micro-batch's backward (use pipeline_parallel_size 1, or no "
                 "optimizer_in_backward)",
             )
+        if (
+            self.framework == "deepspeed"
+            and self.pipeline_parallel_size > 1
+            and self.zero_stage > 1
+        ):
+            # deepspeed/runtime/pipe/engine.py PipelineEngine.__init__ (0.16.4 to 0.19.8):
+            # assert zero_optimization_stage() < ZeroStageEnum.gradients
+            raise SpecError(
+                "zero_stage",
+                f"{self.zero_stage} with DeepSpeed pipeline parallelism: DeepSpeed refuses it "
+                "(runtime/pipe/engine.py: 'ZeRO-2 and ZeRO-3 are incompatible with pipeline "
+                "parallelism'); allowed: 0 or 1",
+            )
         if self.seq_len % self.context_parallel_size:
             raise SpecError(
                 "context_parallel_size",
