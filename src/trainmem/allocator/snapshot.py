@@ -46,6 +46,7 @@ from trainmem.allocator.caching import CachingAllocatorSim, round_size_default
 from trainmem.allocator.constants import MAX_SPLIT_SIZE_UNLIMITED
 from trainmem.breakdown import MemoryCategory
 from trainmem.errors import SnapshotError as SnapshotError
+from trainmem.specs.model import describe_int
 from trainmem.timeline import AllocEvent, Timeline
 
 #: Pickle protocol of ``_dump_snapshot`` (default on Python >= 3.8); MemoryViz rejects 5.
@@ -218,10 +219,15 @@ _ADDRESSED_ACTIONS = frozenset(
 
 def _check_int(value: Any, field: str, *, lo: int = 0, hi: int = _MAX_INT) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        shown = repr(value) if len(repr(value)) <= 40 else type(value).__name__
-        raise SnapshotError(f"snapshot field {field}: expected an integer, got {shown}")
+        # no repr of a container: one nested 200,000 deep overflows repr's recursion
+        shown = repr(value)[:40] if isinstance(value, str | float | bool | None) else None
+        raise SnapshotError(
+            f"snapshot field {field}: expected an integer, got {shown or type(value).__name__}"
+        )
     if not lo <= value <= hi:
-        raise SnapshotError(f"snapshot field {field}: {value} is outside [{lo}, {hi}]")
+        raise SnapshotError(
+            f"snapshot field {field}: {describe_int(value)} is outside [{lo}, {hi}]"
+        )
 
 
 def _check_unique(obj: object, seen: set[int], field: str) -> None:
@@ -320,8 +326,9 @@ def validate_snapshot(snapshot: Mapping[str, Any]) -> None:
                     if key not in entry:
                         raise SnapshotError(f"snapshot field {ewhere}.{key}: missing ({action})")
                     _check_int(entry[key], f"{ewhere}.{key}")
-            elif action == "oom":
-                _check_int(entry.get("size", 0), f"{ewhere}.size")
+            elif "size" in entry:  # oom, snapshot, user_defined and actions to come
+                _check_int(entry["size"], f"{ewhere}.size")
+            if action == "oom":
                 if "device_free" in entry:
                     _check_int(entry["device_free"], f"{ewhere}.device_free")
             if "stream" in entry:
