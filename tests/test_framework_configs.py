@@ -52,7 +52,19 @@ def test_accelerate_fsdp_config(tmp_path: Path) -> None:
         "reshard_after_forward": False,
         "framework": "accelerate-fsdp",
         "activation_checkpointing": "full",
+        # a plain accelerate script's torch.optim.AdamW: foreach on CUDA (torch/optim/
+        # optimizer.py _default_to_fused_or_foreach), not the HF Trainer's fused default
+        "optimizer_implementation": "foreach",
     }
+
+
+def test_accelerate_without_mixed_precision_trains_in_fp32(tmp_path: Path) -> None:
+    # accelerate config default_config.yaml `mixed_precision: no` (or absent): Accelerator runs
+    # no autocast, the model trains in fp32
+    for text in ("distributed_type: MULTI_GPU\nmixed_precision: no\n", "num_processes: 2\n"):
+        p = tmp_path / "accelerate.yaml"
+        p.write_text(text)
+        assert read_accelerate_config(str(p))["precision"] == "32-true", text
 
 
 def test_accelerate_hybrid_shard_groups_one_node(tmp_path: Path) -> None:

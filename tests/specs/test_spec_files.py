@@ -232,8 +232,9 @@ def test_a_few_aliases_are_fine(tmp_path: Path) -> None:
 
 
 def test_yaml_bare_no_is_no_mixed_precision(tmp_path: Path) -> None:
-    # YAML 1.1 reads an unquoted `no` as false; accelerate means "no mixed precision"
-    assert read_accelerate_config(_write(tmp_path, "a.yaml", "mixed_precision: no\n")) == {}
+    # YAML 1.1 reads an unquoted `no` as false; accelerate means "no mixed precision": fp32
+    out = read_accelerate_config(_write(tmp_path, "a.yaml", "mixed_precision: no\n"))
+    assert out["precision"] == "32-true"
 
 
 def _lay_out_hub_cache(root: Path, repo_id: str, files: dict[str, dict]) -> None:

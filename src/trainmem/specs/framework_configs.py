@@ -309,10 +309,19 @@ def read_accelerate_config(path: str, auto: dict[str, str] | None = None) -> dic
     _set(out, "precision", _precision(mp == "bf16", mp == "fp16"))
     if mp == "fp8":
         raise SpecError("accelerate_config", "mixed_precision fp8 is not modelled yet")
+    kind_ = _scalar_text(cfg, "distributed_type", f, "NO").upper()
+    if mp in ("no", "false") and kind_ != "DEEPSPEED":
+        # accelerate/accelerator.py: mixed_precision "no" runs no autocast: fp32 training
+        # (under DeepSpeed the ds_config's own bf16 / fp16 section decides, read below)
+        out["precision"] = "32-true"
+    # A plain `accelerate launch` script builds its own torch.optim.AdamW, whose default on
+    # CUDA is the foreach implementation (torch/optim/optimizer.py
+    # _default_to_fused_or_foreach); the HF Trainer's fused default (training_args.py,
+    # torch >= 2.8) applies only under the Trainer (--framework hf-trainer).
+    out["optimizer_implementation"] = "foreach"
     n = _value(cfg, "num_processes", f, int, "a positive integer")
     if n is not None and n > 0:
         out["data_parallel_size"] = n
-    kind_ = _scalar_text(cfg, "distributed_type", f, "NO").upper()
     if kind_ == "FSDP":
         fsdp = _section(cfg, "fsdp_config", f)
         strategy = _scalar_text(fsdp, "fsdp_sharding_strategy", f, "FULL_SHARD").upper()
