@@ -59,3 +59,11 @@ def test_compare_checks_the_html_path_before_the_plot_is_written(
 
 def test_an_output_name_too_long_is_one_line() -> None:
     one_line_error(["estimate", "gpt2", "--html", "x" * 5000 + ".html"], "html")
+
+
+@pytest.mark.parametrize("m", ["4097", "10000", "2147483647"])
+def test_pipeline_micro_batches_are_capped_with_a_reason(m: str) -> None:
+    """10,000 micro-batches took 113 s, 2^31 - 1 hung (issue 29, item 2)."""
+    args = ["estimate", "gpt2", "--pipeline-parallel-size", "2"]
+    err = one_line_error([*args, "--gradient-accumulation-steps", m], "gradient_accumulation_steps")
+    assert "allowed: 1..4,096" in err

@@ -169,6 +169,11 @@ _PRECISION_DTYPES: dict[str, tuple[str, str]] = {
 }
 
 
+MAX_PIPELINE_MICRO_BATCHES = 4096
+"""Most micro-batches per step (``gradient_accumulation_steps``) under pipeline parallelism:
+the analytic engine replays each one (10,000 took 113 s, 2^31 - 1 never ended), and a
+stage's memory is linear in them, so the count cannot be capped silently."""
+
 _POSITIVE_INTS = (
     "micro_batch_size",
     "seq_len",
@@ -520,6 +525,17 @@ class TrainingConfig:
                 f"{self.loss!r} cannot be chunked; chunked_cross_entropy "
                 f"{self.chunked_cross_entropy} is a cross-entropy (use loss cross-entropy, or "
                 "chunked_cross_entropy 0)",
+            )
+        if (
+            self.pipeline_parallel_size > 1
+            and self.gradient_accumulation_steps > MAX_PIPELINE_MICRO_BATCHES
+        ):
+            raise SpecError(
+                "gradient_accumulation_steps",
+                f"{self.gradient_accumulation_steps:,} micro-batches under pipeline parallelism; "
+                f"allowed: 1..{MAX_PIPELINE_MICRO_BATCHES:,} (a stage's step is replayed micro-"
+                "batch by micro-batch, and its memory grows with each: a receive buffer per "
+                "micro-batch, the last stage's kept output chunks)",
             )
         if self.keep_logits and self.pipeline_parallel_size > 1:
             raise SpecError(
