@@ -67,3 +67,11 @@ def test_pipeline_micro_batches_are_capped_with_a_reason(m: str) -> None:
     args = ["estimate", "gpt2", "--pipeline-parallel-size", "2"]
     err = one_line_error([*args, "--gradient-accumulation-steps", m], "gradient_accumulation_steps")
     assert "allowed: 1..4,096" in err
+
+
+@pytest.mark.parametrize("engine", ["trace", "generic"])
+def test_a_micro_batch_no_device_holds_is_refused_before_tracing(engine: str) -> None:
+    """torch's "Storage size calculation overflowed" traceback before (issue 29, item 6)."""
+    big = ["-b", "2147483647", "-s", "2147483647"]
+    err = one_line_error(["estimate", "tiny-llama-test", "--engine", engine, *big], "seq_len")
+    assert "allowed: at most 2^50 bytes" in err

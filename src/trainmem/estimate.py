@@ -553,6 +553,32 @@ def _composes_layers(target: ModelSpec, training: TrainingConfig) -> bool:
     )
 
 
+MAX_TRACED_TENSOR_BYTES = 2**50
+"""The largest activation a traced path builds (1 PiB, thousands of GPUs' memory): beyond it
+the fake tensors overflow torch's storage size or describe no run that can exist."""
+
+
+def check_traceable_size(target: str | ModelSpec, training: TrainingConfig) -> None:
+    """Refuse a micro-batch whose hidden states alone (tokens x hidden x 2 bytes) exceed
+    :data:`MAX_TRACED_TENSOR_BYTES` before the traced paths build it (``-b 2147483647 -s
+    2147483647`` was torch's "Storage size calculation overflowed" traceback).
+
+    Raises:
+        SpecError: naming the larger of ``micro_batch_size`` and ``seq_len``.
+    """
+    b, s = training.micro_batch_size, training.seq_len
+    hidden = target.hidden_size if isinstance(target, ModelSpec) else 1
+    size = b * s * hidden * 2
+    if size > MAX_TRACED_TENSOR_BYTES:
+        field = "seq_len" if s >= b else "micro_batch_size"
+        raise SpecError(
+            field,
+            f"micro_batch_size {b:,} x seq_len {s:,} x hidden {hidden:,} x 2 bytes is "
+            f"2^{size.bit_length() - 1} bytes in one activation, a tensor no device holds; "
+            "allowed: at most 2^50 bytes (1 PiB) per tensor",
+        )
+
+
 def _estimate_traced(
     model: str | ModelSpec,
     training: TrainingConfig,
@@ -588,6 +614,7 @@ def _estimate_traced(
             target = spec
         except UnsupportedError:
             target = model
+        check_traceable_size(target, training)
         course = isinstance(target, ModelSpec) and target.model_type in NOT_TRANSFORMERS_TYPES
         if course and engine == "generic":
             raise UnsupportedError(
