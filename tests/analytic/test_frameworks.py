@@ -759,7 +759,10 @@ def test_set_types_optional_framework_fields() -> None:
 
 def test_torch_adafactor_versus_transformers_adafactor() -> None:
     # torch/optim/_adafactor.py: one var_estimate (row_var @ col_var) per parameter in its dtype,
-    # all at once with foreach; transformers' Adafactor: ~3 fp32 temporaries of the largest
+    # all at once with foreach; transformers' Adafactor.step on fp32 weights and gradients:
+    # `update = (grad**2) + eps` (two fp32 tensors while the sum is built), the factored
+    # `update = _approx_sq_grad(...)` (new product beside the old update), `p.add_(-update)`
+    # (-update beside update): two fp32 temporaries of the largest parameter
     kw = {"optimizer": "adafactor", "precision": "32-true"}
     n, big = 1000, 10
     torch_foreach = TrainingConfig(**kw)  # type: ignore[arg-type]
@@ -782,8 +785,15 @@ def test_torch_adafactor_versus_transformers_adafactor() -> None:
         assert hf.adafactor_implementation == "transformers"
         assert (
             optimizer_step_temporary_bytes(hf, num_trainable_parameters=n, largest_parameter=big)
-            == 3 * 4 * big
+            == 2 * 4 * big
         )
+    # bf16 weights and gradients (bf16-true): grad.float() and p.float() add two fp32 copies
+    # kept through the parameter's step: 4 x 4 B per element of the largest parameter
+    true16 = TrainingConfig(framework="hf-trainer", optimizer="adafactor", precision="bf16-true")
+    assert (
+        optimizer_step_temporary_bytes(true16, num_trainable_parameters=n, largest_parameter=big)
+        == 4 * 4 * big
+    )
 
 
 def test_cli_hf_trainer_with_fsdp_is_accelerate_fsdp() -> None:

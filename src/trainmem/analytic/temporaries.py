@@ -10,9 +10,14 @@ Note [Optimizer-step temporaries]
     Measured on GPT-2 small fp32 (shared/notes/tracing-without-a-gpu.md sec. 4): optimizer-phase
     peak 1.85 GiB fused, 2.14 for-loop, 2.32 foreach over 1.854 GiB of model states, i.e. +0,
     +2 x 0.144 GiB (wte) and +0.4636 GiB (one copy of the parameters).
-    HF Adafactor (transformers/optimization.py) works per parameter in fp32 and builds about three
-    temporaries of the largest parameter; ``torch.optim.Adafactor`` builds one ``var_estimate``
-    (``row_var @ col_var``) per parameter in its dtype, for all of them at once with foreach;
+    HF Adafactor (transformers/optimization.py ``Adafactor.step``, 4.4x to 5.x) works one
+    parameter at a time in fp32: ``grad.float()`` and ``p.float()`` copy a 16-bit gradient and
+    weight (kept to the end of the parameter's step), ``update = (grad**2) + eps`` holds two
+    fp32 tensors while the sum is built, the factored ``update = _approx_sq_grad(...)`` again two
+    (the new product beside the old ``update``), and ``p_data_fp32.add_(-update)`` two
+    (``-update`` beside ``update``): 2 fp32 temporaries of the largest trainable parameter, plus
+    one for each of its gradient and weight stored in 16 bits; ``torch.optim.Adafactor`` builds
+    one ``var_estimate`` (``row_var @ col_var``) per parameter in its dtype, for all of them at once with foreach;
     Lion (lion-pytorch / torch) two; bitsandbytes 8-bit kernels, torchao's low-bit AdamW
     (compiled per parameter) and Megatron's / DeepSpeed's fused Adam update in place.
     The CS336 course's AdamW (``cs336``: cs336_basics/optimizer.py ``AdamW.step``) loops over
@@ -27,6 +32,7 @@ Note [Optimizer-step temporaries]
 
 from __future__ import annotations
 
+from trainmem.analytic.activations import lora_adapter_dtype
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
 
@@ -64,8 +70,11 @@ def optimizer_step_temporary_bytes(
         if impl == "foreach":
             return dtype_bytes(training.weight_dtype) * num_trainable_parameters
         return dtype_bytes(training.weight_dtype) * largest_parameter
-    if opt == "adafactor":
-        return 3 * 4 * largest_parameter
+    if opt == "adafactor":  # transformers' Adafactor.step, Note [Optimizer-step temporaries]
+        weight = lora_adapter_dtype(training) if training.is_lora else training.weight_dtype
+        grad = weight if training.is_lora else training.grad_dtype
+        copies = 2 + (dtype_bytes(grad) < 4) + (dtype_bytes(weight) < 4)
+        return copies * 4 * largest_parameter
     if opt == "lion":
         return 2 * w * largest_parameter
     return 0  # sgd, sgd-momentum (in place), bitsandbytes 8-bit (in-place kernels)
