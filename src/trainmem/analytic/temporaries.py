@@ -17,9 +17,10 @@ Note [Optimizer-step temporaries]
     (the new product beside the old ``update``), and ``p_data_fp32.add_(-update)`` two
     (``-update`` beside ``update``): 2 fp32 temporaries of the largest trainable parameter, plus
     one for each of its gradient and weight stored in 16 bits; ``torch.optim.Adafactor`` builds
-    one ``var_estimate`` (``row_var @ col_var``) per parameter in its dtype, for all of them at once with foreach;
-    Lion (lion-pytorch / torch) two; bitsandbytes 8-bit kernels, torchao's low-bit AdamW
-    (compiled per parameter) and Megatron's / DeepSpeed's fused Adam update in place.
+    one ``var_estimate`` (``row_var @ col_var``) per parameter in its dtype, for all of them at
+    once with foreach; Lion (lion-pytorch / torch) two; bitsandbytes 8-bit kernels, torchao's
+    low-bit AdamW (compiled per parameter) and Megatron's / DeepSpeed's fused Adam update in
+    place.
     The CS336 course's AdamW (``cs336``: cs336_basics/optimizer.py ``AdamW.step``) loops over
     the parameters and writes every update out of place: ``m_t = beta_1 * prev_m_t + ((1 -
     beta_1) * grad)``, ``v_t = beta_2 * prev_v_t + ((1 - beta_2) * torch.square(grad))`` are new
