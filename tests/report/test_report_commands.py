@@ -104,3 +104,24 @@ def test_emit_reports(tmp_path: Path) -> None:
     assert emit_reports(est, plot=None, html=None) == []
     with pytest.raises(SpecError, match="png or .svg"):
         emit_reports(est, plot=str(tmp_path / "t.gif"), html=None)
+
+
+def test_compare_keeps_every_number_whole_at_80_columns() -> None:
+    # (issue 27: one row per configuration cut every number to "7..." in a narrow terminal)
+    from rich.console import Console
+
+    from trainmem.estimate import estimate
+    from trainmem.report.compare import compare_table
+    from trainmem.specs.training import TrainingConfig
+
+    runs = [
+        estimate("llama-3.2-1b", TrainingConfig(seq_len=512, micro_batch_size=b), gpu="RTX-4090")
+        for b in (1, 8)
+    ]
+    labels = ["micro-batch-size=1", "micro-batch-size=8 activation-checkpointing=full"]
+    console = Console(width=80, record=True)
+    console.print(compare_table(runs, labels))
+    text = console.export_text()
+    assert "…" not in text
+    for e in runs:
+        assert f"{e.breakdown.allocated_bytes / 2**30:,.2f}" in text
