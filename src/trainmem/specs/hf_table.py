@@ -175,11 +175,15 @@ def _neox_rotary(f: Fields, spec: SpecDict) -> None:
 def _square(f: Fields, key: str, default: int) -> int:
     value = f.config.get(key)
     if isinstance(value, list | tuple):
-        if len(value) != 2 or value[0] != value[1]:
+        if len(value) != 2:
+            raise SpecError(key, f"got {short(value)}; allowed: an int or [height, width]")
+        side = Fields({key: value[0]}, f.model_type).positive_int(key)
+        if Fields({key: value[1]}, f.model_type).positive_int(key) != side:
             raise UnsupportedError(
-                f"{key}: non-square {short(value)} is not modelled; use --engine trace"
+                f"{key}: non-square {value[0]}x{value[1]} is not in the formulas; use --engine "
+                "generic (it traces the model with that input)"
             )
-        return Fields({key: value[0]}, f.model_type).positive_int(key)
+        return side
     return f.positive_int(key, default)
 
 

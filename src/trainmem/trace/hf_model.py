@@ -218,7 +218,7 @@ def make_hf_batch(
     ``input_ids`` [b, s] int64 with ``labels`` = the same ids (causal and masked LM, T5/BART:
     the decoder reads the labels shifted right; T5's ``labels`` are [b, target] with
     ``target_seq_len``; Mamba);
-    ``pixel_values`` [b, c, image, image] in the parameter dtype (ViT, DINOv2, CLIP / SigLIP
+    ``pixel_values`` [b, c, height, width] in the parameter dtype (ViT, DINOv2, CLIP / SigLIP
     vision towers) with class ``labels`` [b] when the model takes labels; ``input_features``
     [b, mel bins, 2 * max_source_positions] (Whisper's 30 s log-mel window: two frames per
     encoder position after its stride-2 convolution, ``modeling_whisper.py``) with decoder
@@ -245,9 +245,9 @@ def make_hf_batch(
     dtype = next(model.parameters()).dtype
     batch: dict[str, Any]
     if main == "pixel_values":
-        size = cfg.image_size
-        size = size[0] if isinstance(size, (list, tuple)) else size
-        batch = {"pixel_values": torch.randn(b, cfg.num_channels, size, size, dtype=dtype)}
+        size = cfg.image_size  # an int, or [height, width] (ViT's non-square images)
+        height, width = size if isinstance(size, (list, tuple)) else (size, size)
+        batch = {"pixel_values": torch.randn(b, cfg.num_channels, height, width, dtype=dtype)}
         if takes_labels:
             batch["labels"] = torch.randint(0, max(getattr(cfg, "num_labels", 1), 1), (b,))
         return batch
