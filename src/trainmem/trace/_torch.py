@@ -19,10 +19,20 @@ about the user's run; their warnings are dropped so that trainmem's own one-line
 Errors still show."""
 
 
+SILENT_LOGGERS = ("torch._subclasses.fake_tensor",)
+"""Loggers whose errors trainmem reports itself: the fake-tensor mode logs the traceback of an
+op that fails on fake tensors ("failed while attempting to run meta for aten.mul.Tensor", 50
+lines for a GPT-J config whose ``rotary_dim`` does not fit its heads) and then raises it, and
+the trace engine turns that into one ``error: the traced step failed: ...`` line."""
+
+
 def quiet_third_party_logs() -> None:
-    """Raise :data:`QUIET_LOGGERS` to ERROR (called before torch and its extensions load)."""
+    """Raise :data:`QUIET_LOGGERS` to ERROR and :data:`SILENT_LOGGERS` above CRITICAL (called
+    before torch and its extensions load)."""
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
+    for name in SILENT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
 
 
 def require_torch() -> ModuleType:
