@@ -68,19 +68,30 @@ class Stat:
 
 def increase(stat_array: list[Stat], pool_type: int, amount: int) -> None:
     """Increase the ``all`` entry and the ``pool_type`` entry of a stat array."""
-    for s in (stat_array[ALL], stat_array[pool_type]):
-        s.current += amount
-        if s.current > s.peak:
-            s.peak = s.current
-        s.allocated += amount
+    # NB: unrolled (no loop over a tuple): called several times per simulated malloc
+    s = stat_array[ALL]
+    current = s.current = s.current + amount
+    if current > s.peak:
+        s.peak = current
+    s.allocated += amount
+    s = stat_array[pool_type]
+    current = s.current = s.current + amount
+    if current > s.peak:
+        s.peak = current
+    s.allocated += amount
 
 
 def decrease(stat_array: list[Stat], pool_type: int, amount: int) -> None:
     """Decrease the ``all`` entry and the ``pool_type`` entry of a stat array."""
-    for s in (stat_array[ALL], stat_array[pool_type]):
-        s.current -= amount
-        assert s.current >= 0, "negative allocator stat (logic error)"
-        s.freed += amount
+    # NB: unrolled, as :func:`increase`
+    s = stat_array[ALL]
+    s.current -= amount
+    assert s.current >= 0, "negative allocator stat (logic error)"
+    s.freed += amount
+    s = stat_array[pool_type]
+    s.current -= amount
+    assert s.current >= 0, "negative allocator stat (logic error)"
+    s.freed += amount
 
 
 class DeviceStats:

@@ -10,6 +10,8 @@ No torch is imported here.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from trainmem.specs.model import ModelSpec
 
 LinearShapes = dict[str, tuple[int, int, int]]
@@ -261,6 +263,8 @@ def _vision_pooler_counts(model: ModelSpec) -> dict[str, int]:
     return {}  # Dinov2Model: pooler_output is the [CLS] row of the final norm
 
 
+@lru_cache(maxsize=64)
 def num_parameters(model: ModelSpec) -> int:
-    """All parameter elements of the model (tied weights once); see :func:`parameter_counts`."""
+    """All parameter elements of the model (tied weights once); see :func:`parameter_counts`.
+    Cached per model: the planner asks once per configuration it evaluates."""
     return sum(parameter_counts(model).values())

@@ -33,8 +33,8 @@ Note [Model states with PEFT and sharding]
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from functools import lru_cache
+from dataclasses import dataclass, field, fields, replace
+from operator import attrgetter
 from typing import Any
 
 from trainmem.analytic.activations import lora_adapter_dtype
@@ -223,24 +223,46 @@ def _layer_tensors(model: ModelSpec, training: TrainingConfig) -> list[tuple[str
     return out
 
 
+LAYOUT_INDEPENDENT_FIELDS: tuple[str, ...] = (
+    "micro_batch_size",
+    "seq_len",
+    "gradient_accumulation_steps",
+    "activation_checkpointing",
+    "attention",
+    "dropout",
+)
+"""TrainingConfig fields the state layout does not depend on (a sweep over them reuses it)."""
+
+_layout_key = attrgetter(
+    *(f.name for f in fields(TrainingConfig) if f.name not in LAYOUT_INDEPENDENT_FIELDS)
+)
+_LAYOUTS: dict[tuple[ModelSpec, object], StateLayout] = {}
+_MAX_LAYOUTS = 256
+
+
 def state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayout:
     """Cached :func:`build_state_layout`: the layout does not depend on the micro-batch, the
-    sequence length or the activation settings, so sweeps over those reuse it."""
-    key = replace(
-        training,
-        micro_batch_size=1,
-        seq_len=training.context_parallel_size,  # the shortest sequence TrainingConfig accepts
-        gradient_accumulation_steps=1,
-        activation_checkpointing="none",
-        attention="sdpa",
-        dropout=True,
-    )
-    return _cached_layout(model, key)
-
-
-@lru_cache(maxsize=256)
-def _cached_layout(model: ModelSpec, training: TrainingConfig) -> StateLayout:
-    return build_state_layout(model, training)
+    sequence length or the activation settings (:data:`LAYOUT_INDEPENDENT_FIELDS`), so sweeps
+    over those reuse it. The key is the other fields' values, read without building (and
+    validating) a TrainingConfig: this runs once per configuration the planner evaluates."""
+    key = (model, _layout_key(training))
+    layout = _LAYOUTS.get(key)
+    if layout is None:
+        if len(_LAYOUTS) >= _MAX_LAYOUTS:
+            del _LAYOUTS[next(iter(_LAYOUTS))]  # the oldest
+        layout = _LAYOUTS[key] = build_state_layout(
+            model,
+            replace(
+                training,
+                micro_batch_size=1,
+                seq_len=training.context_parallel_size,  # the shortest sequence accepted
+                gradient_accumulation_steps=1,
+                activation_checkpointing="none",
+                attention="sdpa",
+                dropout=True,
+            ),
+        )
+    return layout
 
 
 def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayout:

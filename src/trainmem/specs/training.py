@@ -409,6 +409,10 @@ class TrainingConfig:
     text_seq_len: int | None = None
     """diffusers models: text-encoder tokens of the prompt embeddings (FLUX 512, SD3 77 + 256,
     SDXL 77); None: the model's default. Refused for language models (use ``seq_len``)."""
+    nccl_buffer_bytes: int | None = None
+    """Device memory of one NCCL communicator (its buffers, ``cudaMalloc``-ed outside the
+    caching allocator), as measured on the user's cluster; None: the figure measured for the
+    GPU's generation (:func:`trainmem.analytic.buffers.nccl_communicator_bytes`)."""
 
     @property
     def decoder_seq_len(self) -> int:
@@ -427,6 +431,12 @@ class TrainingConfig:
                 _check_int(field, value, minimum=1)
         for field in ("lora_rank", "chunked_cross_entropy", "target_seq_len"):
             _check_int(field, getattr(self, field), minimum=0)
+        nccl = self.nccl_buffer_bytes
+        if nccl is not None and (not _is_int(nccl) or not 0 <= nccl <= 2**40):
+            shown = describe_int(nccl) if _is_int(nccl) else f"{nccl!r:.40}"
+            raise SpecError(
+                "nccl_buffer_bytes", f"got {shown}; allowed: bytes per communicator, 0..2^40"
+            )
         for field in _FLAGS:
             value = getattr(self, field)
             if not isinstance(value, bool):
@@ -906,12 +916,17 @@ def fsdp_settings(zero_stage: int, fsdp: str | None) -> dict[str, int | bool | N
     return out
 
 
+_FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in fields(TrainingConfig))
+"""TrainingConfig's fields in order (``dataclasses.fields`` rebuilds the tuple on every call;
+:func:`resolved_config` runs once per configuration the planner evaluates)."""
+
+
 def resolved_config(training: TrainingConfig) -> dict[str, object]:
     """Every training setting after defaults, JSON-able, plus derived dtypes and the optimizer
     implementation that was computed (the framework's default when none was given); under
     DeepSpeed the gradient accumulation dtype and the optimizer wrapper that were computed."""
     # fields hold immutable values (str, int, float, bool, tuples of str): no deep copy needed
-    out: dict[str, object] = {f.name: getattr(training, f.name) for f in fields(training)}
+    out: dict[str, object] = {name: getattr(training, name) for name in _FIELD_NAMES}
     out["weight_dtype"] = training.weight_dtype
     out["compute_dtype"] = training.compute_dtype
     out["optimizer_implementation"] = training.step_implementation
