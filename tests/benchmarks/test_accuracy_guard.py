@@ -98,21 +98,27 @@ def test_analytic_accuracy_does_not_regress() -> None:
 #: without the amendments: 9.0%, 50.7%, 21, 8).
 #: Far from issue 24's bars (4%, 12%, 0, 0); the guard keeps what is there from getting worse
 #: while the causes named in dev2_causes.py are fixed. About 20 s on two busy CPU cores.
+#: Re-recorded for torchtune's chunked loss (Note [Compiled chunked cross-entropy]: compiled,
+#: the chunks keep their 16-bit logits, not an fp32 log-softmax; every chunk's logits gradient
+#: reaches the head's backward, whose weight gradients are summed out of place): GT013-GT026
+#: (GT015 +11.6 -> +0.4%, GT019 +98 -> +7.7%; GT013 +2.0 -> -4.1%, GT017 +5.9 -> -8.8% and
+#: GT020 +6.7 -> +10.6%, GT025 +28.4 -> +29.6% grew, by the same mechanism); median 6.6%, p90
+#: 20.7%, 24 under.
 RECORDED_DEV2 = {
     "GT011": -0.0346,
     "GT012": -0.0367,
-    "GT013": +0.0197,
+    "GT013": -0.0406,
     "GT014": +0.2023,
-    "GT015": +0.1163,
-    "GT016": +0.1248,
-    "GT017": +0.0586,
-    "GT018": +0.5303,
-    "GT019": +0.9809,
-    "GT020": +0.0672,
-    "GT022": +0.2338,
-    "GT024": +0.4273,
-    "GT025": +0.2839,
-    "GT026": +0.1734,
+    "GT015": +0.0043,
+    "GT016": +0.0061,
+    "GT017": -0.0884,
+    "GT018": +0.0410,
+    "GT019": +0.0768,
+    "GT020": +0.1059,
+    "GT022": +0.0978,
+    "GT024": +0.1296,
+    "GT025": +0.2962,
+    "GT026": +0.1217,
     "GT027": +0.3800,
     "GT028": -0.4110,
     "GT029": -0.3639,
@@ -241,7 +247,7 @@ RECORDED_DEV2 = {
 }
 MIN_DEV2_ROWS_SCORED = 139
 MAX_DEV2_MEDIAN_ABS = 0.068
-MAX_DEV2_P90_ABS = 0.251
+MAX_DEV2_P90_ABS = 0.21
 MAX_DEV2_UNDER = 24
 MAX_DEV2_OOM = 0
 

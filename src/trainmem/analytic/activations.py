@@ -1188,6 +1188,11 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
             # the 16-bit log-softmax output and nll_loss's fp32 copy of it
             # (Note [Cross-entropy on 16-bit logits])
             out["log_softmax"] = (c + 4) * v * t
+        elif compiled_chunked_loss(model, training):
+            # Note [Compiled chunked cross-entropy]: every chunk's logits in their own dtype and
+            # two fp32 values per token (row max, log-sum-exp), no fp32 log-softmax
+            out["chunk_logits"] = c * v * t
+            out["chunk_row_stats"] = 8 * t
         else:
             out["log_softmax"] = (4 if training.loss_upcast else c) * v * t
         if model.final_logit_softcap and model.head == "causal-lm":
@@ -1365,6 +1370,10 @@ def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
         total = c * v * chunk
     elif model.head == "seq2seq-lm" and c != 4:
         total = 4 * v * chunk  # the logits are a head term (``logits_for_loss``)
+    elif compiled_chunked_loss(model, training):
+        # Note [Compiled chunked cross-entropy]: the logits are the saved ``chunk_logits``
+        # themselves and the compiled upcast never writes an fp32 copy
+        total = 0
     else:
         upcast = training.loss_upcast and c != 4 and not loss_in_logits_dtype(model, training)
         total = c * v * t + (4 * v * chunk if upcast else 0)
@@ -1535,6 +1544,85 @@ def loss_in_logits_dtype(model: ModelSpec, training: TrainingConfig) -> bool:
     )
 
 
+def compiled_chunked_loss(model: ModelSpec, training: TrainingConfig) -> bool:
+    """The chunked cross-entropy's per-chunk upcast and loss run compiled: torchtune's recipes
+    compile ``CEWithChunkedOutputLoss.compute_cross_entropy`` when ``compile`` is on
+    (``training.compile_loss``); lit-gpt's chunked loss is never compiled.
+
+    Note [Compiled chunked cross-entropy]
+        torchtune 0.4.0: the model returns the list of N chunks of logits in the compute dtype
+        (``TransformerDecoder.chunked_output``: ``[self.output(chunk) for chunk in
+        last_hidden_state.chunk(N, dim=1)]``, modules/transformer.py); ``CEWithChunkedOutputLoss
+        .forward`` runs ``compute_cross_entropy`` = ``F.cross_entropy(logits.float(), labels,
+        reduction="sum")`` on each (modules/loss/ce_chunked_output_loss.py) and the recipe
+        drops the list after the loss (``del logits``, recipes/full_finetune_single_device.py
+        ``_loss_step``); with ``compile`` on, ``training.compile_loss`` replaces
+        ``compute_cross_entropy`` by ``torch.compile`` of it (training/_compile.py).
+
+        Eager, each chunk's ``log_softmax`` saves its fp32 output (4V per token, the tensor
+        ``nll_loss`` saves too), so the loss keeps 4V per token of every chunk, and one chunk's
+        fp32 copy is alive while it runs. Compiled, AOTAutograd traces the chunk's loss on
+        inductor's decompositions (``log_softmax`` -> ``amax``, ``sub``, ``exp``, ``sum``,
+        ``log``, ``sub``) and the min-cut partition saves the 16-bit input chunk itself, the
+        row max and the log-sum-exp (4 B per token each): c*V + 8 per token, and inductor's
+        kernels never write the fp32 upcast (it is read inside the reductions). In backward
+        the compiled graph recomputes ``exp(x - max - lse)`` and writes the chunk's gradient in
+        the logits' dtype (c*V per token of one chunk; ``full`` + ``scatter`` is a pointwise
+        ``where`` in inductor, ``scatter_upon_const_tensor``). Autograd runs the N chunks'
+        loss backwards before any chunk's output projection (the projections were recorded
+        first, in the model's forward, and autograd's ready queue takes the highest sequence
+        number first), so when the head's backward starts every chunk's logits gradient is
+        alive: c*V per token, N - 1 chunks beside the one
+        :func:`loss_backward_transient_bytes` counts (:func:`chunked_loss_gradient_bytes`).
+        Checked against the trace engine, which compiles the chunks' loss the same way
+        (trainmem.trace.compile ``compile_loss``; tests/trace/test_chunked_loss_compiled.py;
+        the bytes by hand in tests/analytic/test_chunked_loss.py).
+    """
+    return (
+        training.compile
+        and training.chunked_cross_entropy > 0
+        and not training.conventions.own_model_code
+        and model.head == "causal-lm"
+        and loss_kind(model, training) == "cross-entropy"
+    )
+
+
+def chunked_loss_gradient_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes of the logits gradients of the other N - 1 chunks of a chunked cross-entropy,
+    alive beside the last one (:func:`loss_backward_transient_bytes`) through the head's
+    backward: every chunk's loss backward runs before the chunks' output projections (Note
+    [Compiled chunked cross-entropy]); c*V per token. 0 without a chunked loss."""
+    n = training.chunked_cross_entropy
+    if n <= 1 or model.head != "causal-lm" or training.conventions.own_model_code:
+        return 0
+    c, _ = compute_and_residual_bytes(training)
+    t = training.micro_batch_size * _output_tokens(model, training)
+    chunk = -(-t // n)
+    total = c * model.vocab_size * (t - chunk)
+    return -(-total // parallel_divisor("logits", training))
+
+
+def chunked_head_weight_grad_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes alive beside the sum so far of the head weight's gradient while the next chunk's
+    is added, under a chunked loss with a trained head: the N output projections share one
+    weight, and autograd sums the gradients flowing into its ``AccumulateGrad`` node in that
+    node's input buffer (torch/csrc/autograd/input_buffer.cpp ``InputBuffer::add`` /
+    ``accumulate``: ``old_var + var``, out of place for two dense gradients), so at each sum
+    from the second chunk on the new (V, h) gradient and the sum are alive beside the old
+    one: 2*c*V*h (the head's tensor-parallel shard); 0 for a frozen head or an unchunked loss.
+    Seen in the trace (the peak at ``aten.add.Tensor`` in ``lm_head``).
+    """
+    if (
+        training.chunked_cross_entropy <= 1
+        or model.head != "causal-lm"
+        or training.conventions.own_model_code
+        or training.is_lora
+    ):
+        return 0
+    c, _ = compute_and_residual_bytes(training)
+    return 2 * c * model.vocab_size * model.hidden_size // training.tensor_parallel_size
+
+
 def loss_backward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     """Bytes live only at the start of backward: the gradient of the log-softmax output and the
     gradient it produces, two fp32 (T, V) tensors (``_log_softmax_backward_data``; measured as the
@@ -1564,6 +1652,9 @@ def loss_backward_transient_bytes(model: ModelSpec, training: TrainingConfig) ->
         return -(-total // parallel_divisor("logits", training))
     if loss_in_logits_dtype(model, training):
         n = 1  # nll_loss's fp32 gradient (Note [Cross-entropy on 16-bit logits])
+    if compiled_chunked_loss(model, training):
+        # Note [Compiled chunked cross-entropy]: one chunk's gradient, in the logits' dtype
+        n, per_value = 1, c
     if model.head == "seq2seq-lm":
         # T5's CrossEntropyLoss: the step's peak is at ``nll_loss_backward``, with its one
         # fp32 (tokens x V) gradient (traced on 2-layer T5 / Flan-T5)

@@ -182,6 +182,8 @@ from trainmem.analytic.activations import (
     ActivationProfile,
     autocast_cached_weight_bytes,
     backward_layer_transients,
+    chunked_head_weight_grad_bytes,
+    chunked_loss_gradient_bytes,
     compute_and_residual_bytes,
     eager_scores_forward_bytes,
     final_hidden_transient_bytes,
@@ -428,6 +430,8 @@ class _Builder:
             model, training
         )
         self.loss_tmp = loss_backward_transient_bytes(model, training) if rank.has_head else 0
+        self.chunk_grads = chunked_loss_gradient_bytes(model, training) if rank.has_head else 0
+        self.chunk_wgrad = chunked_head_weight_grad_bytes(model, training) if rank.has_head else 0
         self.loss_fwd = loss_forward_transient_bytes(model, training) if rank.has_head else 0
         self.kv_cache = forward_kv_cache_bytes(model, training, self.L)
         self.final_hidden = final_hidden_transient_bytes(model, training) if rank.has_head else 0
@@ -945,6 +949,17 @@ class _Builder:
         )
         items += [*firsts, g1, g2, *(free(x, b) for x in firsts), free(g1, b)]
         items += [head_dequant_b, free(head_dequant_b, b), free(head_act, b)]
+        # a chunked loss: the other chunks' logits gradients, alive through the head's
+        # backward (Note [Compiled chunked cross-entropy])
+        chunk_grads = alloc(
+            self.chunk_grads,
+            Cat.TEMPORARY,
+            b,
+            "loss/chunks",
+            "loss",
+            "the other chunks' logits gradients",
+        )
+        items.append(chunk_grads)
         head_grads = self._grad_ops(
             self.head_grad_states, b, "head", "head", unsharded=self.unsharded_grads
         )
@@ -953,9 +968,24 @@ class _Builder:
             items += root_grads
         elif new_grads:
             items += head_grads
+        if self.chunk_wgrad:
+            # the next chunk's head weight gradient and the out-of-place sum, beside the sum so
+            # far, after the first chunk's logits gradient is freed
+            # (:func:`~trainmem.analytic.activations.chunked_head_weight_grad_bytes`)
+            wgrad = alloc(
+                self.chunk_wgrad,
+                Cat.TEMPORARY,
+                b,
+                "loss/chunk_wgrad",
+                "head",
+                "the next chunk's head weight gradient and its sum with the others",
+            )
+            items += [free(g2, b), wgrad, free(wgrad, b)]
         if reduce:
             items += self._reduce_ops(self.head_grad_states, "head", "head")
-        items.append(free(g2, b))
+        items.append(free(chunk_grads, b))
+        if not self.chunk_wgrad:
+            items.append(free(g2, b))
         residual = alloc(
             self.residual_tmp,
             Cat.TEMPORARY,

@@ -5,11 +5,16 @@ Shapes: b = micro_batch_size, s = seq_len, h = hidden_size, V = vocab_size.
 The model runs with its output head made the identity, so ``output.logits`` is the final hidden
 state [b, s, h] (a view; transformers v5 computes ``lm_head(hidden_states[:, slice_indices])``).
 Then, as torchtune's ``CEWithChunkedOutputLoss`` (``torchtune/modules/loss/ce_chunked_output_
-loss.py``) with the model's chunked output (``TransformerDecoder.chunked_output``), for each of N
-chunks along the sequence: ``head(hidden_chunk)`` [b, s/N, V] in the compute dtype, upcast to
-fp32 (unless ``TrainingConfig.loss_upcast`` is False, lit-gpt), ``cross_entropy(...,
+loss.py``) with the model's chunked output (``TransformerDecoder.chunked_output``; torchtune 0.4.0):
+the head runs on each of N chunks along the sequence, ``head(hidden_chunk)`` [b, s/N, V] in
+the compute dtype, and the list of all N is the model's output; then, chunk by chunk, upcast
+to fp32 (unless ``TrainingConfig.loss_upcast`` is False, lit-gpt), ``cross_entropy(...,
 reduction="sum")``; the sum is divided by the number of labelled tokens. Labels are shifted as
-HF's ``ForCausalLMLoss`` shifts them (pad one ``-100`` at the end, drop the first).
+HF's ``ForCausalLMLoss`` shifts them (pad one ``-100`` at the end, drop the first). Under
+``compile`` the upcast and the cross-entropy of each chunk are compiled together, as torchtune's
+recipes do when ``compile`` is on (``training.compile_loss``: ``torch.compile(loss.compute_cross_
+entropy)``, torchtune 0.4.0 ``torchtune/training/_compile.py``); see Note [Compiled
+cross-entropy] in ``trainmem.trace.compile``.
 
 Known limitations: models that post-process their logits (Gemma-2 ``final_logit_softcapping``)
 are refused; only causal LMs.
@@ -41,18 +46,36 @@ def _identity_head(head: Any) -> Iterator[None]:
         del head.forward
 
 
-def chunked_cross_entropy_forward(chunks: int, *, upcast: bool = True) -> Any:
+def chunked_cross_entropy_forward(
+    chunks: int, *, upcast: bool = True, compiled: bool = False
+) -> Any:
     """A ``forward_loss(model, batch)`` computing the causal-LM loss in ``chunks`` pieces.
 
     Args:
         chunks: N, the number of token chunks (``torch.chunk`` along the sequence).
         upcast: cast each chunk's logits to fp32 before the loss (torchtune); False keeps the
             compute dtype (lit-gpt).
+        compiled: compile each chunk's upcast + cross-entropy (torchtune's ``compile_loss``).
 
     Returns:
         ``forward_loss(model, batch) -> scalar``, for :func:`trainmem.trace.step.run_step`.
     """
     nn_f = torch.nn.functional
+
+    def compute_cross_entropy(logits: Any, labels: Any) -> Any:
+        # torchtune ``CEWithChunkedOutputLoss.compute_cross_entropy``
+        return nn_f.cross_entropy(
+            logits.float() if upcast else logits,
+            labels,
+            ignore_index=IGNORE_INDEX,
+            reduction="sum",
+        )
+
+    loss_of_chunk = compute_cross_entropy
+    if compiled:
+        from trainmem.trace.compile import compile_loss
+
+        loss_of_chunk = compile_loss(compute_cross_entropy)
 
     def forward_loss(model: Any, batch: Any) -> Any:
         config = getattr(model, "config", None)
@@ -71,18 +94,14 @@ def chunked_cross_entropy_forward(chunks: int, *, upcast: bool = True) -> Any:
         with _identity_head(head):
             hidden = model(**inputs).logits  # [b, s, h]
         shifted = nn_f.pad(batch["labels"], (0, 1), value=IGNORE_INDEX)[:, 1:]  # [b, s]
+        # the model's output: every chunk's logits, [b, s/N, V] each, before the loss runs
+        # (torchtune ``TransformerDecoder.chunked_output``)
+        logits = [head(hc) for hc in hidden.chunk(chunks, dim=1)]
         total = None
-        for hc, lc in zip(hidden.chunk(chunks, dim=1), shifted.chunk(chunks, dim=1), strict=True):
-            logits = head(hc)  # [b, s/N, V]
-            if upcast:
-                logits = logits.float()
-            part = nn_f.cross_entropy(
-                logits.reshape(-1, logits.size(-1)),
-                lc.reshape(-1),
-                ignore_index=IGNORE_INDEX,
-                reduction="sum",
-            )
+        for lg, lc in zip(logits, shifted.chunk(chunks, dim=1), strict=True):
+            part = loss_of_chunk(lg.reshape(-1, lg.size(-1)), lc.reshape(-1))
             total = part if total is None else total + part
+        del logits  # the recipe's ``del logits`` after the loss (``_loss_step``)
         return total / (shifted != IGNORE_INDEX).sum()
 
     return forward_loss

@@ -62,6 +62,23 @@ Note [Static-lifetime parameters under compile]
     TP 2 + SP, compile + float8: 29 MiB per layer, 7.24 -> 6.78 GiB); tensors computed from
     activations are unaffected.
 
+Note [Compiled cross-entropy]
+    torchtune compiles its chunked loss's per-chunk ``F.cross_entropy(logits.float(), ...)``
+    on its own (``training.compile_loss``, torchtune 0.4.0 training/_compile.py);
+    :func:`compile_loss` traces it as inductor would: AOTAutograd on inductor's decompositions
+    (``torch/_inductor/decomposition.py`` ``select_decomp_table``, which ``compile_fx`` passes
+    to AOTAutograd; without them ``_log_softmax`` stays one op whose fp32 output the partition
+    saves), split by the min-cut partitioner, which saves the 16-bit input chunk, the row max
+    and the log-sum-exp. Inductor then writes only its kernels' outputs: the reductions
+    (``amax``, ``sum``) read the upcast and the subtractions inside their own loops, the
+    backward's ``full`` + ``scatter`` is one pointwise ``where`` (``fx_passes/post_grad.py``
+    ``scatter_upon_const_tensor``) and the rest fuses into the kernel that writes the 16-bit
+    gradient. So in these graphs every node but the graph outputs and the reductions runs
+    untracked (:func:`_kernel_internal_nodes`); checked on real CPU tensors with dynamo's
+    ``aot_autograd`` backend on the same decompositions, whose forward saves exactly those
+    tensors. A rule for loss graphs only: in a layer, inductor also writes the inputs of its
+    extern kernels (``mm``, SDPA), which :func:`_fusible_nodes` keeps.
+
 Note [Compiled graphs own their inputs]
     AOTAutograd gives the compiled backward sole ownership of its inputs: it clears the
     autograd context's saved tensors before the call (``ctx.maybe_clear_saved_tensors()``) and
@@ -92,7 +109,7 @@ from trainmem.trace.recorder import untracked
 
 torch = require_torch()
 
-__all__ = ["compile_layers"]
+__all__ = ["compile_layers", "compile_loss"]
 
 _POINTWISE_TAG = "pointwise"
 _CACHE_KWARGS = ("past_key_values", "cache")
@@ -119,13 +136,31 @@ def _fusible_nodes(gm: Any) -> set[str]:
     return out
 
 
-def _graph_runner(fuse_pointwise: bool) -> Any:
+def _kernel_internal_nodes(gm: Any) -> set[str]:
+    """Every node of a loss graph but its outputs and its reductions' outputs; see Note
+    [Compiled cross-entropy]."""
+    outputs = {n.name for n in gm.graph.nodes if n.op == "output" for n in n.all_input_nodes}
+    return {
+        n.name
+        for n in gm.graph.nodes
+        if n.op == "call_function"
+        and n.name not in outputs
+        and torch.Tag.reduction not in getattr(n.target, "tags", ())
+    }
+
+
+def _graph_runner(fuse_pointwise: bool, *, loss_kernels: bool = False) -> Any:
     """The compiler handed to AOTAutograd: runs each graph op by op on the trace's tensors,
     owning its inputs as inductor's generated code does (Note [Compiled graphs own their
-    inputs]); with ``fuse_pointwise`` the fusible pointwise intermediates are run untracked."""
+    inputs]); with ``fuse_pointwise`` the fusible pointwise intermediates are run untracked,
+    with ``loss_kernels`` every node but the outputs and the reductions (Note [Compiled
+    cross-entropy])."""
 
     def compiler(gm: Any, _example_inputs: Any) -> Any:
-        fused = _fusible_nodes(gm) if fuse_pointwise else set()
+        if loss_kernels:
+            fused = _kernel_internal_nodes(gm)
+        else:
+            fused = _fusible_nodes(gm) if fuse_pointwise else set()
 
         class Interpreter(torch.fx.Interpreter):  # type: ignore[misc,name-defined]
             def __init__(self, inputs: collections.deque[Any]) -> None:
@@ -353,3 +388,40 @@ def compile_layers(model: Any, *, fuse_pointwise: bool = True, checkpointing: st
     compiled: dict[Any, Any] = {}  # identical layers share one graph, as dynamo's cache does
     for layer in layers:
         _compile_layer(layer, fuse_pointwise, compiled, checkpointing)
+
+
+def compile_loss(fn: Any) -> Any:
+    """``fn`` (a loss on tensors) as ``torch.compile`` with inductor runs it: AOTAutograd on
+    inductor's decompositions, split by the min-cut partitioner, each graph run op by op on the
+    trace's tensors keeping only the buffers inductor's kernels write (Note [Compiled
+    cross-entropy]). One graph per input signature, as dynamo guards on static shapes.
+
+    Args:
+        fn: ``fn(*tensors) -> tensor``.
+
+    Returns:
+        The compiled ``fn``.
+    """
+    from torch._functorch.aot_autograd import aot_function
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._inductor.decomposition import select_decomp_table
+
+    runner = _graph_runner(True, loss_kernels=True)
+    compiled: dict[Any, Any] = {}
+
+    def forward(*tensors: Any) -> Any:
+        key = tuple((tuple(x.shape), x.dtype, x.requires_grad) for x in tensors)
+        if key not in compiled:
+            compiled[key] = aot_function(
+                fn,
+                fw_compiler=runner,
+                bw_compiler=runner,
+                partition_fn=functools.partial(
+                    min_cut_rematerialization_partition, compiler="inductor"
+                ),
+                decompositions=select_decomp_table(),
+            )
+        with _allow_fake_constants():
+            return compiled[key](*tensors)
+
+    return forward

@@ -339,7 +339,8 @@ def default_forward_loss(training: TrainingConfig) -> Callable[[Any, Any], Any] 
     """The forward + loss ``training`` asks for beyond ``model(**batch).loss``, or None.
 
     Args:
-        training: ``chunked_cross_entropy`` and the framework's ``loss_upcast``.
+        training: ``chunked_cross_entropy``, the framework's ``loss_upcast`` and ``compile``
+            (the chunks' loss compiled, as torchtune's recipes compile it).
 
     Returns:
         The chunked cross-entropy (``trainmem.trace.chunked_loss``) or None.
@@ -349,7 +350,7 @@ def default_forward_loss(training: TrainingConfig) -> Callable[[Any, Any], Any] 
     from trainmem.trace.chunked_loss import chunked_cross_entropy_forward
 
     return chunked_cross_entropy_forward(
-        training.chunked_cross_entropy, upcast=training.loss_upcast
+        training.chunked_cross_entropy, upcast=training.loss_upcast, compiled=training.compile
     )
 
 
