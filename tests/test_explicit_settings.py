@@ -88,6 +88,11 @@ FLAG_CASES: dict[str, tuple[list[str], Any, str]] = {
     "resolution": (["--resolution", "1024"], 1024, "resolution=512"),
     "frames": (["--frames", "81"], 81, "frames=33"),
     "text_seq_len": (["--text-seq-len", "512"], 512, "text-seq-len=77"),
+    "nccl_buffer_bytes": (
+        ["--nccl-buffer-bytes", "600000000"],
+        600000000,
+        "nccl-buffer-bytes=700000000",
+    ),
 }
 
 

@@ -666,7 +666,7 @@ def _estimate_traced(
         est.rank_labels = [{k: v for k, v in r.items() if k in keep} for r in traced]
     # what no fake tensor shows, as the analytic engine counts it: the user's CUDA context (or
     # the default) and the NCCL communicators beside the allocator
-    ctx, outside, notes = device_context(training, cuda_context_bytes)
+    ctx, outside, notes = device_context(training, cuda_context_bytes, gpu=gpu_spec)
     est.breakdown = replace(est.breakdown, cuda_context=ctx)
     est.details["outside_allocator_bytes"] = outside
     est.notes.extend(notes)

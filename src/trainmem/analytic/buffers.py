@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from trainmem.analytic.tensor_states import TensorState
-from trainmem.specs.hardware import DEFAULT_CUDA_CONTEXT_BYTES
+from trainmem.specs.hardware import DEFAULT_CUDA_CONTEXT_BYTES, GPUSpec
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import MiB, dtype_bytes
@@ -253,7 +253,9 @@ def deepspeed_persistent_bucket_bytes(model: ModelSpec, training: TrainingConfig
     return dtype_bytes(training.weight_dtype) * deepspeed_reduce_bucket_elements(model, training)
 
 
-def outside_allocator_bytes(training: TrainingConfig, paged_state_bytes: int = 0) -> dict[str, int]:
+def outside_allocator_bytes(
+    training: TrainingConfig, paged_state_bytes: int = 0, gpu: GPUSpec | None = None
+) -> dict[str, int]:
     """Device memory of the step that the caching allocator does not hold, by kind: the states
     of a bitsandbytes paged optimizer (CUDA managed memory, ``paged_state_bytes``: the
     analytic engine's :func:`~trainmem.analytic.tensor_states.paged_state_bytes`) and the NCCL
@@ -266,7 +268,7 @@ def outside_allocator_bytes(training: TrainingConfig, paged_state_bytes: int = 0
         Kind -> bytes; kinds with 0 bytes are left out.
     """
     out = {"paged_optimizer_states": paged_state_bytes}
-    for group, size in nccl_communicator_bytes(training).items():
+    for group, size in nccl_communicator_bytes(training, gpu).items():
         out[f"nccl_communicator/{group}"] = size
     return {k: v for k, v in out.items() if v}
 
@@ -274,10 +276,22 @@ def outside_allocator_bytes(training: TrainingConfig, paged_state_bytes: int = 0
 NCCL_SOURCE = "NCCL cudaMalloc; the size measured on 4 x A100 in NVIDIA/nccl #964, not a default"
 """How the notes name a communicator's size: a measurement, which NCCL's channel count (link
 bandwidth) moves (see :data:`NCCL_COMMUNICATOR_BYTES`)."""
+NCCL_HOPPER_SOURCE = "NCCL cudaMalloc; the size measured on 8 x H100 in NVIDIA/nccl #1685"
+NCCL_GIVEN_SOURCE = "NCCL cudaMalloc; the size given by --nccl-buffer-bytes"
+
+
+def nccl_source(training: TrainingConfig, gpu: GPUSpec | None) -> str:
+    """Where the communicator size of :func:`nccl_communicator_bytes` comes from, for a note."""
+    if training.nccl_buffer_bytes is not None:
+        return NCCL_GIVEN_SOURCE
+    return NCCL_HOPPER_SOURCE if _is_hopper(gpu) else NCCL_SOURCE
 
 
 def device_context(
-    training: TrainingConfig, cuda_context_bytes: int | None, paged_state_bytes: int = 0
+    training: TrainingConfig,
+    cuda_context_bytes: int | None,
+    paged_state_bytes: int = 0,
+    gpu: GPUSpec | None = None,
 ) -> tuple[int, dict[str, int], list[str]]:
     """The device memory beside the caching allocator's, for every engine: the CUDA context
     (``cuda_context_bytes``, the user's figure, else ``DEFAULT_CUDA_CONTEXT_BYTES``) plus
@@ -287,11 +301,12 @@ def device_context(
     Returns:
         (bytes, :func:`outside_allocator_bytes`, one note per outside kind).
     """
-    outside = outside_allocator_bytes(training, paged_state_bytes)
+    outside = outside_allocator_bytes(training, paged_state_bytes, gpu)
     base = DEFAULT_CUDA_CONTEXT_BYTES if cuda_context_bytes is None else cuda_context_bytes
+    source = nccl_source(training, gpu)
     notes = [
         f"{kind.replace('_', ' ')}: {size:,} bytes outside the caching allocator "
-        f"({'CUDA managed memory' if kind.startswith('paged') else NCCL_SOURCE}): counted "
+        f"({'CUDA managed memory' if kind.startswith('paged') else source}): counted "
         "in the device total (with the CUDA context), not in max_memory_allocated"
         for kind, size in outside.items()
     ]
@@ -307,9 +322,21 @@ raises with the link bandwidth (NVIDIA/nccl issue #986, maintainer's answer), so
 interconnects use more (NVIDIA/nccl issue #864 reports about 1.6 GB)."""
 NCCL_PAIR_COMMUNICATOR_BYTES = 544 * MiB
 """The same measurement for a two-rank communicator (NVIDIA/nccl issue #964: 544 MB)."""
+NCCL_HOPPER_COMMUNICATOR_BYTES = 1_060_000_000
+"""Device memory of one NCCL communicator on Hopper (compute capability 9.x: H100, H200,
+H800, GH200): 1.06 GB per GPU on 8 x H100 after the communicator's first collective, PyTorch's
+own memory excluded (NVIDIA/nccl issue #1685, "[0] before 1st all_to_all_single / NV 1.06
+GB"); NVLink 4 gets more channels, so more buffers, than A100's 688 MiB (issue #986). No
+two-rank figure is published for Hopper: pairs take the same size (an upper side; issue #864's
+1.6 GB is higher still). Other generations keep the A100 measurement; a measured figure of
+one's own goes in ``nccl_buffer_bytes`` (``--nccl-buffer-bytes``)."""
 
 
-def nccl_communicator_bytes(training: TrainingConfig) -> dict[str, int]:
+def _is_hopper(gpu: GPUSpec | None) -> bool:
+    return gpu is not None and gpu.vendor == "nvidia" and gpu.compute_capability.startswith("9.")
+
+
+def nccl_communicator_bytes(training: TrainingConfig, gpu: GPUSpec | None = None) -> dict[str, int]:
     """Device memory of the NCCL communicators one rank holds, by process group: one per
     parallel dimension of size > 1 (data, tensor, pipeline, context; HYBRID_SHARD's shard and
     replicate groups are two), each :data:`NCCL_COMMUNICATOR_BYTES` (two ranks:
@@ -322,10 +349,20 @@ def nccl_communicator_bytes(training: TrainingConfig) -> dict[str, int]:
     used"); fairscale utils/parallel.py ``get_process_group_cached`` ("the NCCL buffers are not
     allocated through the PyTorch caching allocator").
 
-    Known limitations: one measured size per group, whatever the GPU and interconnect.
+    The size of one: ``training.nccl_buffer_bytes`` when given (explicit wins), else
+    :data:`NCCL_HOPPER_COMMUNICATOR_BYTES` on a Hopper GPU, else the A100 measurements.
+
+    Known limitations: one measured size per GPU generation (A100, H100), whatever the
+    interconnect and NCCL version.
     """
+    given = training.nccl_buffer_bytes
+    hopper = _is_hopper(gpu)
 
     def one(ranks: int) -> int:
+        if given is not None:
+            return given
+        if hopper:
+            return NCCL_HOPPER_COMMUNICATOR_BYTES
         return NCCL_PAIR_COMMUNICATOR_BYTES if ranks == 2 else NCCL_COMMUNICATOR_BYTES
 
     dp, shard = training.data_parallel_size, training.sharding_degree
@@ -340,7 +377,7 @@ def nccl_communicator_bytes(training: TrainingConfig) -> dict[str, int]:
     if training.context_parallel_size > 1:
         out["context"] = one(training.context_parallel_size)
     if training.pipeline_parallel_size > 1:
-        out["pipeline"] = NCCL_PAIR_COMMUNICATOR_BYTES
+        out["pipeline"] = one(2)
     return {k: v for k, v in out.items() if v}
 
 

@@ -108,7 +108,7 @@ def estimate_analytic(
     # memory outside the caching allocator (paged optimizer states, NCCL communicators) joins
     # the device total beside the CUDA context, never allocated / reserved
     ctx, outside, notes = device_context(
-        training, cuda_context_bytes, layout.total("paged_state_bytes")
+        training, cuda_context_bytes, layout.total("paged_state_bytes"), gpu
     )
     if training.compile:
         notes.append(

@@ -446,6 +446,18 @@ TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
         None,
     ),
     _p(
+        "nccl_buffer_bytes",
+        Annotated[
+            int | None,
+            _oi(
+                "--nccl-buffer-bytes",
+                help="Device memory of one NCCL communicator, measured on your cluster "
+                "[default: 688 MiB on A100, 1.06 GB on H100 (NCCL issues #964, #1685)].",
+            ),
+        ],
+        None,
+    ),
+    _p(
         "deepspeed_config",
         Annotated[
             str | None, _o("--deepspeed-config", help="Read settings from a ds_config.json.")

@@ -44,6 +44,7 @@ FIELD_GROUPS: dict[str, tuple[str, ...]] = {
         "stage3_prefetch_bucket_size",
         "stage3_max_live_parameters",
         "overlap_comm",
+        "nccl_buffer_bytes",
     ),
     "LoRA / QLoRA": ("lora_rank", "lora_targets", "lora_dropout", "quantize_base"),
     "Framework": (

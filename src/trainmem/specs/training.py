@@ -409,6 +409,10 @@ class TrainingConfig:
     text_seq_len: int | None = None
     """diffusers models: text-encoder tokens of the prompt embeddings (FLUX 512, SD3 77 + 256,
     SDXL 77); None: the model's default. Refused for language models (use ``seq_len``)."""
+    nccl_buffer_bytes: int | None = None
+    """Device memory of one NCCL communicator (its buffers, ``cudaMalloc``-ed outside the
+    caching allocator), as measured on the user's cluster; None: the figure measured for the
+    GPU's generation (:func:`trainmem.analytic.buffers.nccl_communicator_bytes`)."""
 
     @property
     def decoder_seq_len(self) -> int:
@@ -427,6 +431,12 @@ class TrainingConfig:
                 _check_int(field, value, minimum=1)
         for field in ("lora_rank", "chunked_cross_entropy", "target_seq_len"):
             _check_int(field, getattr(self, field), minimum=0)
+        nccl = self.nccl_buffer_bytes
+        if nccl is not None and (not _is_int(nccl) or not 0 <= nccl <= 2**40):
+            shown = describe_int(nccl) if _is_int(nccl) else f"{nccl!r:.40}"
+            raise SpecError(
+                "nccl_buffer_bytes", f"got {shown}; allowed: bytes per communicator, 0..2^40"
+            )
         for field in _FLAGS:
             value = getattr(self, field)
             if not isinstance(value, bool):
