@@ -1,37 +1,80 @@
-"""Analytic estimates per second, closed form and with the allocator replay.
+"""Analytic estimates per CPU second on distinct configurations: the closed form (the
+planner's inner loop, ``simulate_allocator=False``) and the estimate with the allocator replay
+(the default of ``trainmem estimate``).
 
-Usage: ``python benchmarks/analytic_speed.py``. The issue's bar: llama-3.1-405b well under 10 ms
-in-process for the closed form (the replay, default for ``trainmem estimate``, is reported too).
+Run: ``python benchmarks/analytic_speed.py [RUNS]``. Every configuration is timed once in the
+process (each run has its own micro-batch sizes and sequence lengths), so no cache answers for
+it; the median over the runs of the CPU time per configuration is checked against the budget
+and the exit status is 1 when one is over. Budget (issue 28): the closed form at 5,000
+configurations per CPU second (0.2 ms each) whatever the depth (identical layers are one
+repeated block). The estimate with the replay is reported only (``step_speed.py`` checks
+llama-3.1-405b's against issue 11's budget).
 """
 
 from __future__ import annotations
 
-import time
+import sys
+from functools import partial
 
-from trainmem.estimate import estimate as estimate_analytic
+from speed_common import Check, cpu_seconds, report
+
+from trainmem.estimate import estimate
 from trainmem.specs.hf import load_model_spec
+from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 
-
-def per_call_seconds(preset: str, simulate_allocator: bool, repeats: int) -> float:
-    model = load_model_spec(preset)
-    training = TrainingConfig(seq_len=4096)
-    estimate_analytic(model, training, simulate_allocator=simulate_allocator)  # warm caches
-    start = time.perf_counter()
-    for _ in range(repeats):
-        estimate_analytic(model, training, simulate_allocator=simulate_allocator)
-    return (time.perf_counter() - start) / repeats
+CLOSED_FORM_BUDGET_SECONDS = 0.0002
+"""Per configuration: 5,000 per CPU second (issue 28)."""
+CLOSED_FORM_CONFIGS = 400
+REPLAY_CONFIGS = 3
 
 
-def main() -> None:
+def configs(model: ModelSpec, run: int, n: int) -> list[TrainingConfig]:
+    """``n`` configurations no other run uses: micro-batch sizes 1..n with sequence lengths
+    that differ per run (below the model's context length)."""
+    top = min(model.max_position_embeddings, 4096)
+    span = top // 2
+    return [
+        TrainingConfig(micro_batch_size=1 + index // span, seq_len=top - index % span)
+        for index in range(run * n, (run + 1) * n)
+    ]
+
+
+def estimate_all(model: ModelSpec, trainings: list[TrainingConfig], simulate: bool) -> None:
+    """One estimate per configuration."""
+    for training in trainings:
+        estimate(model, training, engine="analytic", simulate_allocator=simulate)
+
+
+def main(runs: int = 3) -> int:
+    """Time the closed form and the replay on three presets; print and check."""
+    checks = []
     for preset in ("gpt2", "llama-3.1-8b", "llama-3.1-405b"):
-        closed = per_call_seconds(preset, False, 200)
-        replay = per_call_seconds(preset, True, 3)
-        print(
-            f"{preset:16} closed form {1e3 * closed:7.3f} ms ({1 / closed:8.0f}/s)   "
-            f"with allocator replay {1e3 * replay:8.1f} ms"
-        )
+        model = load_model_spec(preset)
+        estimate(model, TrainingConfig(seq_len=64), engine="analytic")  # imports, layout
+        for simulate, n, budget in (
+            (False, CLOSED_FORM_CONFIGS, CLOSED_FORM_BUDGET_SECONDS),
+            (True, REPLAY_CONFIGS, None),
+        ):
+            cpu, wall = [], []
+            for run in range(runs):
+                trainings = configs(model, run + (runs if simulate else 0), n)
+                c, w = cpu_seconds(partial(estimate_all, model, trainings, simulate))
+                cpu.append(c / n)
+                wall.append(w / n)
+            what = "with the allocator replay" if simulate else "closed form"
+            checks.append(
+                Check(
+                    f"{preset} {what}, per configuration ({n} distinct a run)",
+                    cpu,
+                    wall,
+                    budget,
+                    f", {1 / sorted(cpu)[len(cpu) // 2]:,.0f} per CPU second",
+                    unit="ms",
+                )
+            )
+    return report(checks)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main(int(sys.argv[1]) if len(sys.argv) > 1 else 3))
