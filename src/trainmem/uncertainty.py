@@ -21,7 +21,7 @@ not a confidence interval. Rows measured as allocated, reserved and device total
 from __future__ import annotations
 
 import json
-from dataclasses import fields
+from collections.abc import Mapping
 from functools import lru_cache
 from importlib import resources
 from typing import Any
@@ -43,26 +43,37 @@ _METRICS = {
 }
 
 
-def configuration_kinds(training: TrainingConfig) -> list[str]:
+_DEFAULT_TRAINING = TrainingConfig()
+
+
+def configuration_kinds(training: TrainingConfig | Mapping[str, Any]) -> list[str]:
     """The kinds of configuration a training setup belongs to, as ``key=value`` labels.
 
     One label per axis along which the benchmark's errors are grouped: fine-tuning method,
     sharding, attention kernel, activation checkpointing, precision, optimizer family.
 
     Args:
-        training: the training settings.
+        training: the training settings, or an estimate's resolved ``config`` dict (the same
+            field names and values; read as it is, not rebuilt into a TrainingConfig, which
+            validated every field again for every row of a sweep).
 
     Returns:
         Labels such as ``["method=lora", "sharded=no", "attention=sdpa", ...]``.
     """
-    if training.quantize_base != "none":
+
+    def get(name: str) -> Any:
+        if isinstance(training, Mapping):  # a field left out has its default
+            return training.get(name, getattr(_DEFAULT_TRAINING, name))
+        return getattr(training, name)
+
+    if get("quantize_base") != "none":
         method = "qlora"
-    elif training.lora_rank > 0:
+    elif get("lora_rank") > 0:
         method = "lora"
     else:
         method = "full"
-    sharded = training.data_parallel_size > 1 and training.zero_stage > 0
-    optimizer = training.optimizer
+    sharded = get("data_parallel_size") > 1 and get("zero_stage") > 0
+    optimizer = get("optimizer")
     if optimizer.endswith("8bit"):
         family = "8-bit"
     elif optimizer in ("adam", "adamw"):
@@ -72,10 +83,10 @@ def configuration_kinds(training: TrainingConfig) -> list[str]:
     return [
         f"method={method}",
         f"sharded={'yes' if sharded else 'no'}",
-        f"offload={training.offload}",
-        f"attention={training.attention}",
-        f"checkpointing={training.activation_checkpointing}",
-        f"precision={training.precision}",
+        f"offload={get('offload')}",
+        f"attention={get('attention')}",
+        f"checkpointing={get('activation_checkpointing')}",
+        f"precision={get('precision')}",
         f"optimizer={family}",
     ]
 
@@ -91,14 +102,6 @@ def load_table() -> dict[str, Any]:
     text = resources.files(package).joinpath(name).read_text(encoding="utf-8")
     table: dict[str, Any] = json.loads(text)
     return table
-
-
-def _training_from(config: dict[str, Any]) -> TrainingConfig:
-    names = {f.name for f in fields(TrainingConfig)}
-    kwargs = {k: v for k, v in config.items() if k in names}
-    if isinstance(kwargs.get("lora_targets"), list):
-        kwargs["lora_targets"] = tuple(kwargs["lora_targets"])
-    return TrainingConfig(**kwargs)
 
 
 def uncertainty_band(
@@ -135,6 +138,7 @@ def uncertainty_band(
     """
     if metric not in _METRICS:
         raise ValueError(f"metric: unknown value {metric!r}; allowed: {', '.join(_METRICS)}")
+    training: TrainingConfig | Mapping[str, Any]
     if isinstance(est_or_training, TrainingConfig):
         if expected_bytes is None:
             raise TypeError("uncertainty_band(TrainingConfig, ...) needs expected_bytes")
@@ -142,7 +146,7 @@ def uncertainty_band(
         engine = engine or "analytic"
         expected = int(expected_bytes)
     else:
-        training = _training_from(est_or_training.config)
+        training = est_or_training.config
         engine = engine or est_or_training.engine
         expected = (
             int(expected_bytes)
