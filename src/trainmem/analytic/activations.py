@@ -1193,6 +1193,10 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
             # two fp32 values per token (row max, log-sum-exp), no fp32 log-softmax
             out["chunk_logits"] = c * v * t
             out["chunk_row_stats"] = 8 * t
+        elif megatron_cross_entropy(model, training):
+            # Note [Megatron's vocabulary-parallel cross-entropy]: the fp32 copy of the logits,
+            # turned into the softmax in place and saved (``exp_logits``)
+            out["vocab_parallel_softmax"] = 4 * v * t
         else:
             out["log_softmax"] = (4 if training.loss_upcast else c) * v * t
         if model.final_logit_softcap and model.head == "causal-lm":
@@ -1322,15 +1326,16 @@ def written_out_loss_forward_bytes(training: TrainingConfig, *, t: int, v: int) 
 def loss_backward_tensors(model: ModelSpec, training: TrainingConfig) -> int:
     """(tokens x vocabulary) tensors the loss's backward holds at once besides what the loss
     saved: one for ``logits-sum`` / ``logits-mean`` (the expanded gradient, materialised for
-    the LM head's matmul) and for the course's cross-entropy, two under autocast (Note [The
-    course's cross-entropy]), three under DTensor's loss parallel, two otherwise
+    the LM head's matmul), for Megatron's vocabulary-parallel cross-entropy (Note [Megatron's
+    vocabulary-parallel cross-entropy]) and for the course's cross-entropy, two under autocast
+    (Note [The course's cross-entropy]), three under DTensor's loss parallel, two otherwise
     (:func:`loss_backward_transient_bytes`)."""
     kind = loss_kind(model, training)
     if kind == "cs336-cross-entropy":  # Note [The course's cross-entropy]
         c, _ = compute_and_residual_bytes(training)
         return 1 if written_out_exp_bytes(training) == c else 2
-    if kind != "cross-entropy":
-        return 1
+    if kind != "cross-entropy" or megatron_cross_entropy(model, training):
+        return 1  # Megatron's: the gradient's 16-bit cast (Note [Megatron's ...])
     return 3 if training.loss_parallel else 2
 
 
@@ -1374,6 +1379,10 @@ def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
         # Note [Compiled chunked cross-entropy]: the logits are the saved ``chunk_logits``
         # themselves and the compiled upcast never writes an fp32 copy
         total = 0
+    elif megatron_cross_entropy(model, training):
+        # Note [Megatron's vocabulary-parallel cross-entropy]: the 16-bit logits beside their
+        # fp32 copy, which is the saved softmax (a head term); fp32 logits are that copy
+        total = c * v * t if c != 4 else 0
     else:
         upcast = training.loss_upcast and c != 4 and not loss_in_logits_dtype(model, training)
         total = c * v * t + (4 * v * chunk if upcast else 0)
@@ -1587,6 +1596,55 @@ def compiled_chunked_loss(model: ModelSpec, training: TrainingConfig) -> bool:
     )
 
 
+def megatron_cross_entropy(model: ModelSpec, training: TrainingConfig) -> bool:
+    """A causal LM's cross-entropy is Megatron's vocabulary-parallel one
+    (``FrameworkConventions.vocab_parallel_cross_entropy``), unchunked and not replaced by
+    ``TrainingConfig.loss``.
+
+    Note [Megatron's vocabulary-parallel cross-entropy]
+        megatron-core 0.9.0, megatron/core/tensor_parallel/cross_entropy.py
+        ``_VocabParallelCrossEntropy`` (``GPTModel.forward`` -> ``LanguageModule.
+        compute_language_model_loss`` -> ``vocab_parallel_cross_entropy(logits, labels)``; the
+        fused variant, ``cross_entropy_loss_fusion``, off by default, runs the same steps).
+        Per (token, vocabulary-shard) value, c the logits' bytes, T = b*s tokens, V/t the
+        shard:
+
+        * forward: ``calculate_logits_max`` makes the one fp32 copy (``.float()``) while the
+          output layer's 16-bit logits are alive (c + 4); ``calculate_predicted_logits``
+          subtracts the row max in place ("In-place subtraction reduces memory pressure"),
+          then ``torch.exp(vocab_parallel_logits, out=exp_logits)``;
+          ``calculate_cross_entropy_loss`` divides by the row sums in place
+          (``exp_logits.div_``), and ``ctx.save_for_backward(exp_logits, target_mask,
+          masked_target_1d)`` keeps that fp32 softmax (4). The function runs inside an
+          ``autograd.Function``, so none of its ops saves anything of its own; the 16-bit
+          logits go when ``GPTModel.forward`` returns the loss (the output layer's backward
+          needs its input, not its output). With fp32 logits ``.float()`` returns the logits
+          themselves: one tensor (4).
+        * backward: ``prepare_gradient_calculation_operands`` takes the saved softmax as the
+          gradient (``grad_input = softmax``), ``calculate_gradients`` subtracts at the targets
+          and multiplies by the incoming gradient in place, and returns it: still the one fp32
+          tensor. Autograd casts a gradient to its input's dtype (torch/csrc/autograd/
+          engine.cpp ``validate_outputs``) before the node's saved tensors are released
+          (``evaluate_function``: ``call_function``, then ``release_variables``), so the 16-bit
+          logits gradient (c) is made beside it; the fp32 one goes, and the 16-bit one lives
+          through the output layer's backward. fp32 logits need no cast: the saved buffer is
+          the gradient (# NB: the schedule frees it with the head's activations, before the
+          output layer's backward; Megatron runs 16-bit).
+
+        Against the generic rule (``F.cross_entropy(logits.float())``: the fp32 copy, a
+        separate fp32 log-softmax output, two fp32 gradients in backward), the forward peak is
+        (c + 4) V/t per token instead of c + 4 + 4 and the backward peak 4 + c instead of
+        4 + 4 + 4. # NB: the per-token tensors (the row max and sums, fp32; ``target_mask``,
+        bool, and ``masked_target_1d``, int64, saved: 9 B per token) are left out.
+    """
+    return (
+        training.conventions.vocab_parallel_cross_entropy
+        and model.head == "causal-lm"
+        and training.chunked_cross_entropy == 0
+        and loss_kind(model, training) == "cross-entropy"
+    )
+
+
 def chunked_loss_gradient_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     """Bytes of the logits gradients of the other N - 1 chunks of a chunked cross-entropy,
     alive beside the last one (:func:`loss_backward_transient_bytes`) through the head's
@@ -1655,6 +1713,10 @@ def loss_backward_transient_bytes(model: ModelSpec, training: TrainingConfig) ->
     if compiled_chunked_loss(model, training):
         # Note [Compiled chunked cross-entropy]: one chunk's gradient, in the logits' dtype
         n, per_value = 1, c
+    if megatron_cross_entropy(model, training):
+        # Note [Megatron's vocabulary-parallel cross-entropy]: the saved softmax is the fp32
+        # gradient; autograd's cast of it to the logits' dtype is the one new tensor
+        n, per_value = 1, (c if c != 4 else 0)
     if model.head == "seq2seq-lm":
         # T5's CrossEntropyLoss: the step's peak is at ``nll_loss_backward``, with its one
         # fp32 (tokens x V) gradient (traced on 2-layer T5 / Flan-T5)

@@ -17,6 +17,11 @@ Note [Pipeline stage buffers]
       next ``step()``; ``step()`` returns ``_merge_outputs(output_chunks)``, a ``torch.cat`` of
       them (torchtitan discards it). So the last stage holds the logits of every micro-batch
       of the step, and a copy of all of them at its end.
+      Megatron's schedules do not (megatron-core 0.9.0 megatron/core/pipeline_parallel/
+      schedules.py ``forward_step``: the last stage's output tensor is ``loss_func``'s reduced
+      loss, and only ``loss_reduced`` goes to ``forward_data_store``), so its last stage keeps
+      no logits past each micro-batch's loss
+      (``FrameworkConventions.pipeline_last_stage_output_is_loss``).
     * ``_prepare_forward_infra`` / ``_prepare_backward_infra`` allocate, at the first step, one
       receive buffer per micro-batch (``args_recv_info[chunk]``: the stage input on every stage
       but the first; ``grad_recv_info[chunk]``: the gradient of the stage output on every stage
@@ -61,7 +66,7 @@ class StageBuffers:
         in_flight_outputs: stage outputs of the micro-batches in flight, the current one
             included (non-last stage).
         output_chunk: one micro-batch's logits kept in ``output_chunks`` (last stage; 0
-            elsewhere).
+            elsewhere, and under Megatron's schedules).
         recv_buffers: the persistent receive buffers not already counted as saved inputs.
     """
 
@@ -116,4 +121,7 @@ def stage_buffers(
     outputs = round(in_flight * non_last * edge)
     # input buffers of the micro-batches not in flight, gradient buffers of every micro-batch
     recv = max(m * non_first - round(in_flight * non_first), 0) * edge + m * non_last * edge
-    return StageBuffers(outputs, logits_bytes(model, training) if last else 0, recv)
+    # Megatron's last stage hands its schedule the loss, not the logits
+    # (``FrameworkConventions.pipeline_last_stage_output_is_loss``)
+    keeps_logits = last and not training.conventions.pipeline_last_stage_output_is_loss
+    return StageBuffers(outputs, logits_bytes(model, training) if keeps_logits else 0, recv)

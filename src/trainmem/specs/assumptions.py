@@ -21,7 +21,7 @@ FRAMEWORK_SUMMARY: dict[str, str] = {
     "hf-trainer": "the transformers Trainer: accelerate's native AMP, its optimizer defaults",
     "accelerate-fsdp": "accelerate's FSDP: MixedPrecision(param_dtype=the 16-bit dtype)",
     "deepspeed": "the DeepSpeed engine: 16-bit weights and gradients, fp32 master in the optimizer",
-    "megatron": "Megatron-LM: fp32 gradient buffer from init, 16-bit weights, fp32 master",
+    "megatron": "Megatron-LM: fp32 grad buffer from init, fp32 master, vocab-parallel loss",
     "fsdp2": "torchtitan: FSDP2 with bf16 all-gathers, DTensor tensor/sequence parallelism",
     "torchtune": "torchtune recipes: torchtune's model code, weights in the training dtype",
     "litgpt": "lit-gpt with Lightning Fabric: its own model code, fp32 model outputs",

@@ -403,6 +403,24 @@ class FrameworkConventions:
     """A quantized base linear may save its 16-bit input (bitsandbytes ``MatMul4Bit`` before
     0.43.2, ``MatMul8bitLt`` always); False: the quantized linear saves only its weight
     (torchtune's torchao ``NF4Tensor``, torchao ``dtypes/nf4tensor.py`` ``LinearNF4``)."""
+    vocab_parallel_cross_entropy: bool
+    """A causal LM's loss is Megatron's vocabulary-parallel cross-entropy (megatron-core 0.9.0
+    megatron/core/tensor_parallel/cross_entropy.py ``_VocabParallelCrossEntropy``, called by
+    ``LanguageModule.compute_language_model_loss``): the forward upcasts the [s, b, V / t]
+    logits once (``.float()``), subtracts the row max, exponentiates and normalises that fp32
+    copy in place and saves it (``exp_logits``) as the softmax; the backward turns the saved
+    softmax into the logits gradient in place (``grad_2d[arange_1d, masked_target_1d] -=
+    softmax_update``, ``grad_input.mul_``). See Note [Megatron's vocabulary-parallel
+    cross-entropy] (trainmem/analytic/activations.py). False: ``F.cross_entropy`` on the
+    upcast logits (a separate fp32 log-softmax output and two fp32 gradients)."""
+    pipeline_last_stage_output_is_loss: bool
+    """The last pipeline stage hands the schedule the reduced loss of each micro-batch, not its
+    logits (megatron-core 0.9.0 megatron/core/pipeline_parallel/schedules.py ``forward_step``:
+    on ``is_pipeline_last_stage()`` ``output_tensor = loss_func(output_tensor)``, divided by the
+    number of micro-batches, and only ``loss_reduced`` is appended to ``forward_data_store``;
+    ``GPTModel.forward`` returns the loss when labels are given, models/gpt/gpt_model.py), so no
+    micro-batch's logits outlive its loss. False: torch.distributed.pipelining appends each
+    micro-batch's output to ``output_chunks`` (Note [Pipeline stage buffers])."""
 
     def default_optimizer_implementation(self, torch_version: tuple[int, ...] | None) -> str:
         """The Adam implementation that runs when none is asked for.
@@ -456,6 +474,8 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "fsdp_collective_streams": False,
         "fsdp2_post_backward": False,
         "fsdp_unsharded_leaf_parameters": False,
+        "vocab_parallel_cross_entropy": False,
+        "pipeline_last_stage_output_is_loss": False,
     }
     return FrameworkConventions(name=name, **{**defaults, **fields})  # type: ignore[arg-type]
 
@@ -504,6 +524,8 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             fp32_grad_buffer=True,
             grad_buffer_from_init=True,
             fused_multi_tensor_adam=True,
+            vocab_parallel_cross_entropy=True,
+            pipeline_last_stage_output_is_loss=True,
         ),
         _row(
             "fsdp2",
