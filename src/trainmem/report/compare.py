@@ -40,12 +40,14 @@ def check_output_paths(**paths: str | None) -> None:
         try:
             is_dir, parent_is_dir = target.is_dir(), target.parent.is_dir()
         except OSError as exc:  # a name too long for the file system
-            raise SpecError(field, f"{path[:200]!r}: {exc.strerror or exc}") from None
+            raise SpecError(field, f"cannot write {path[:200]!r}: {exc.strerror or exc}") from None
         if is_dir:
-            raise SpecError(field, f"{path[:200]!r} is a folder; allowed: a file name")
+            raise SpecError(field, f"cannot write {path[:200]!r}: it is a folder; give a file name")
         if not parent_is_dir:
             raise SpecError(
-                field, f"{path[:200]!r}: folder {str(target.parent)[:200]!r} is missing"
+                field,
+                f"cannot write {path[:200]!r}: {str(target.parent)[:200]!r} is not an existing "
+                "folder",
             )
 
 
