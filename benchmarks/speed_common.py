@@ -42,7 +42,9 @@ def cpu_seconds(fn: Callable[[], object]) -> tuple[float, float]:
     return time.process_time() - cpu, time.perf_counter() - wall
 
 
-def child_cpu_seconds(argv: Sequence[str]) -> tuple[float, float]:
+def child_cpu_seconds(
+    argv: Sequence[str], env: dict[str, str] | None = None
+) -> tuple[float, float]:
     """(CPU seconds, user + system, of the child process; wall seconds) of running ``argv``
     to completion (``resource.getrusage(RUSAGE_CHILDREN)`` before and after).
 
@@ -51,7 +53,7 @@ def child_cpu_seconds(argv: Sequence[str]) -> tuple[float, float]:
     """
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     wall = time.perf_counter()
-    done = subprocess.run(list(argv), capture_output=True, text=True, check=False)
+    done = subprocess.run(list(argv), capture_output=True, text=True, check=False, env=env)
     wall = time.perf_counter() - wall
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode not in (0,):

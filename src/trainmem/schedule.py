@@ -134,7 +134,7 @@ def _add(
 
 
 def _summarise(items: Sequence[Item], memo: dict[int, _Summary] | None = None) -> _Summary:
-    """Walk ``items`` once for the totals and once more for the split by category at the
+    """Walk ``items`` once for the totals, the split by category and its value at the
     highest point; repeated bodies are summarised once (Note [One description of the step]):
     over ``n`` iterations of a body with net change ``d`` and excursion ``m`` the highest point
     is ``(n - 1) * d + m`` in the last iteration when ``d > 0``, else ``m`` in the first.
@@ -142,21 +142,27 @@ def _summarise(items: Sequence[Item], memo: dict[int, _Summary] | None = None) -
     share their micro-batches)."""
     memo = {} if memo is None else memo
     total = best = 0
-    best_pos, best_k = -1, 0
-    bodies: dict[int, _Summary] = {}
     phase_high: dict[str, int] = {}
     high_get = phase_high.get
+    live: dict[MemoryCategory, int] = {}
+    live_get = live.get
+    at: dict[MemoryCategory, int] = {}
+    op: Op | None = None
+    index: dict[str, int] = {}
     # NB: the hot loop of the planner's fast path (every configuration it evaluates walks its
-    # freshly built micro-batch here), so attribute reads are hoisted and a free, which can
+    # freshly built micro-batch here): one pass, attribute reads hoisted, and a free, which can
     # never set a new high, skips the comparison with ``best``.
-    for pos, item in enumerate(items):
+    for item in items:
         if type(item) is Op:
+            cat = item.category
             if item.action == "alloc":
                 total += item.size_bytes
+                live[cat] = live_get(cat, 0) + item.size_bytes
                 if total > best:
-                    best, best_pos = total, pos
+                    best, at, op, index = total, dict(live), item, {}
             else:
                 total -= item.size_bytes
+                live[cat] = live_get(cat, 0) - item.size_bytes
             phase = item.phase
             if total > high_get(phase, total - 1):
                 phase_high[phase] = total
@@ -168,41 +174,21 @@ def _summarise(items: Sequence[Item], memo: dict[int, _Summary] | None = None) -
             body = cached if isinstance(cached, _Summary) else _summarise(item.body, memo)
             memo[id(item.body)] = body
             item.memo["summary"] = body
-        bodies[pos] = body
         if item.count <= 0:
             continue
         k = item.count - 1 if body.total > 0 else 0
         high = total + k * body.total + body.excursion
         if high > best and body.op is not None:
-            best, best_pos, best_k = high, pos, k
+            best = high
+            at = _add(_add(live, body.delta, k), body.at_excursion)
+            op, index = body.op, {"i": item.index(k), **body.index}
         for name, rel in body.phase_high.items():
             value = total + k * body.total + rel
             if value > high_get(name, value - 1):
                 phase_high[name] = value
         total += item.count * body.total
-    live: dict[MemoryCategory, int] = {}
-    live_get = live.get
-    at: dict[MemoryCategory, int] = {}
-    op: Op | None = None
-    index: dict[str, int] = {}
-    for pos, item in enumerate(items):
-        if type(item) is Op:
-            cat = item.category
-            if item.action == "alloc":
-                live[cat] = live_get(cat, 0) + item.size_bytes
-            else:
-                live[cat] = live_get(cat, 0) - item.size_bytes
-            if pos == best_pos:
-                at, op = dict(live), item
-            continue
-        assert isinstance(item, Repeat)
-        body = bodies[pos]
-        if pos == best_pos:
-            at = _add(_add(live, body.delta, best_k), body.at_excursion)
-            op, index = body.op, {"i": item.index(best_k), **body.index}
-        if item.count > 0:
-            for cat, v in body.delta.items():
-                live[cat] = live_get(cat, 0) + item.count * v
+        for cat, v in body.delta.items():
+            live[cat] = live_get(cat, 0) + item.count * v
     return _Summary(total, live, best, at, op, index, phase_high)
 
 

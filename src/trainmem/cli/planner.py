@@ -127,7 +127,7 @@ def register(app: typer.Typer) -> None:
         gpu_spec = require_gpu(gpu)
         spec = formula_model(model, "fit")
         base = simulated_estimate(spec, training, gpu_spec)
-        found = [] if fits(base) else fixes(spec, training, gpu_spec, limit=limit)
+        found = [] if fits(base) else fixes(spec, training, gpu_spec, limit=limit, simulated=base)
         if as_json:
             print(render.fixes_json(base, found))
             return

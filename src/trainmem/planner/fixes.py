@@ -394,6 +394,7 @@ def fixes(
     changes: tuple[Change, ...] = CHANGES,
     limit: int = 10,
     cuda_context_bytes: int | None = None,
+    simulated: MemoryEstimate | None = None,
 ) -> list[Fix]:
     """Ranked changes after which a run that does not fit ``gpu`` fits.
 
@@ -410,6 +411,8 @@ def fixes(
         changes: the table of candidate changes (default :data:`CHANGES`).
         limit: at most this many fixes are returned.
         cuda_context_bytes: memory outside the allocator, bytes; default per GPU catalog.
+        simulated: the run's simulated estimate when the caller has it (``trainmem fit``
+            shows it), so that its allocator replay is not run twice.
 
     Returns:
         Fixes sorted by cost rank, then by memory saved (largest first); [] when the run already
@@ -425,7 +428,9 @@ def fixes(
         raise SpecError("limit", f"must be a positive number of fixes, got {limit}")
     spec, gpu_spec = resolve(model, gpu)
     ctx = cuda_context_bytes
-    if fits(simulated_estimate(spec, training, gpu_spec, cuda_context_bytes=ctx)):
+    if simulated is None:
+        simulated = simulated_estimate(spec, training, gpu_spec, cuda_context_bytes=ctx)
+    if fits(simulated):
         return []
     base_allocated = fast_estimate(spec, training, gpu_spec, cuda_context_bytes=ctx).breakdown
     singles = _screen_fast(spec, training, gpu_spec, [(c,) for c in changes], ctx)
