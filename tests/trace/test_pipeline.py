@@ -205,9 +205,12 @@ def test_context_parallel_shards_every_pipeline_buffer_by_the_sequence() -> None
     assert est.details["rank_map"]["mesh"] == {"pp": 2, "cp": 2}
 
 
-@pytest.mark.slow  # 24 layers traced whole and composed (~35 s); the 1F1B composition above
-# stays in the fast set
-def test_interleaved_composed_stages_equal_the_whole_stages(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "micro_batches", [2, pytest.param(4, marks=pytest.mark.slow)]
+)  # 24 layers traced whole and composed: ~35 s with 4 micro-batches, about half with 2
+def test_interleaved_composed_stages_equal_the_whole_stages(
+    tmp_path: Path, micro_batches: int
+) -> None:
     # interleaved 1F1B under FSDP2 all-gathers each stage's layers from the schedule's UNSHARD
     # actions, outside any forward (torch/distributed/pipelining/schedules.py
     # _PipelineScheduleRuntime): their gathered weights belong to their layer, or the few-layer
@@ -220,7 +223,8 @@ def test_interleaved_composed_stages_equal_the_whole_stages(tmp_path: Path) -> N
     path = tmp_path / "config.json"
     path.write_text(json.dumps(raw))
     t = _pp(precision="bf16-mixed", framework="fsdp2", data_parallel_size=2, zero_stage=3,
-            pipeline_schedule="interleaved-1f1b")  # fmt: skip
+            pipeline_schedule="interleaved-1f1b",
+            gradient_accumulation_steps=micro_batches)  # fmt: skip
 
     def build() -> object:
         return build_hf_training_model(raw, t)
