@@ -1,8 +1,8 @@
 """The two ways the planner evaluates one configuration, and the fit predicate they share.
 
 * :func:`fast_estimate`: the analytic closed form alone (``simulate_allocator=False``, about
-  0.1 ms). Fragmentation is 0, so its device total is a lower bound of the simulated one. Used
-  inside searches, fix generation and sweeps.
+  0.3 ms on a 2-core Xeon, ``benchmarks/analytic_speed.py``). Fragmentation is 0, so its device
+  total is a lower bound of the simulated one. Used inside searches, fix generation and sweeps.
 * :func:`simulated_estimate`: the closed form plus a replay of the step through the CUDA
   caching-allocator simulator (tens of ms): reserved memory, fragmentation and an OOM verdict.
   Used for the final answer at a search boundary and for every fix that is reported.
@@ -55,7 +55,7 @@ def fast_estimate(
     *,
     cuda_context_bytes: int | None = None,
 ) -> MemoryEstimate:
-    """Closed-form estimate without the allocator replay (fragmentation 0), about 0.1 ms.
+    """Closed-form estimate without the allocator replay (fragmentation 0), about 0.3 ms.
 
     Returns:
         The estimate; bytes throughout.

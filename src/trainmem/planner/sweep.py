@@ -2,8 +2,8 @@
 
 A sweep is the cartesian product of ``over`` (field -> values) applied to a base
 :class:`~trainmem.specs.training.TrainingConfig` with ``dataclasses.replace``. By default each
-row is the closed form alone (``simulate_allocator=False``, about 0.1 ms, fragmentation 0), so a
-10,000-row sweep takes about a second (``benchmarks/planner_speed.py``).
+row is the closed form alone (``simulate_allocator=False``, about 0.3 ms, fragmentation 0), so a
+10,000-row sweep takes about 3.5 CPU seconds on a 2-core Xeon (``benchmarks/planner_speed.py``).
 
 All sizes are bytes (``int``).
 """
