@@ -33,6 +33,11 @@ FLAG_CASES: dict[str, tuple[list[str], Any, str]] = {
         "optimizer-implementation=fused",
     ),
     "torch_version": (["--torch-version", "2.8"], "2.8", "torch-version=2.5"),
+    "transformers_version": (
+        ["--transformers-version", "5.24"],
+        "5.24",
+        "transformers-version=4.48",
+    ),
     "bitsandbytes_version": (
         ["--bitsandbytes-version", "0.45.0"],
         "0.45.0",

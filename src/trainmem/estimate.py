@@ -24,6 +24,7 @@ from trainmem.breakdown import MemoryEstimate
 from trainmem.errors import SpecError, UnsupportedError
 from trainmem.schedule import StepSchedule
 from trainmem.specs.assumptions import assumptions
+from trainmem.specs.frameworks import installed_transformers_version
 from trainmem.specs.hardware import GPUSpec, check_precision_on_gpu
 from trainmem.specs.hardware import resolve_gpu as resolve_gpu  # re-exported for the callers
 from trainmem.specs.hf import load_model_spec
@@ -186,6 +187,11 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
         training.framework == "fsdp2" and not fsdp
     ):
         out.append(f"framework={training.framework}")
+    if training.transformers_version is not None:
+        # the trace runs the installed transformers' model code, not the release asked for
+        installed = installed_transformers_version()
+        if installed is None or training.transformers_release[:2] != installed[:2]:
+            out.append(f"transformers_version={training.transformers_version} (not installed)")
     if training.keep_logits and training.chunked_cross_entropy:  # no logits tensor to keep
         out.append("keep_logits=True with chunked_cross_entropy")
     if engine == "generic":  # the composed blocks assume the standard loop and loss

@@ -104,6 +104,13 @@ def test_analytic_accuracy_does_not_regress() -> None:
 #: (GT015 +11.6 -> +0.4%, GT019 +98 -> +7.7%; GT013 +2.0 -> -4.1%, GT017 +5.9 -> -8.8% and
 #: GT020 +6.7 -> +10.6%, GT025 +28.4 -> +29.6% grew, by the same mechanism); median 6.6%, p90
 #: 20.7%, 24 under.
+#: Re-recorded for the loss upcast as a property of the model code and the transformers release
+#: (GPTBigCode's loss on 16-bit logits before transformers 4.49; the fms-acceleration rows
+#: GT132-GT160 amended with their source's transformers 4.48.1): GT132 +11.0 -> +0.0%, GT133
+#: +14.7 -> -1.2%, GT134 +20.0 -> -11.8%, GT135 +20.5 -> -10.4% (every |error| smaller; the
+#: last two now under by > 10%: the over-count of the fp32 upcast hid about one bf16 logits
+#: tensor the measured peak holds, unexplained, dev2_causes.py); median 6.5%, p90 20.7%,
+#: 26 under.
 RECORDED_DEV2 = {
     "GT011": -0.0346,
     "GT012": -0.0367,
@@ -193,10 +200,10 @@ RECORDED_DEV2 = {
     "GT129": -0.2070,
     "GT130": -0.0136,
     "GT131": -0.0129,
-    "GT132": +0.1097,
-    "GT133": +0.1473,
-    "GT134": +0.2004,
-    "GT135": +0.2054,
+    "GT132": +0.0002,
+    "GT133": -0.0123,
+    "GT134": -0.1184,
+    "GT135": -0.1044,
     "GT136": -0.0000,
     "GT137": -0.0000,
     "GT138": -0.0000,
@@ -246,9 +253,9 @@ RECORDED_DEV2 = {
     "GT189": -0.0005,
 }
 MIN_DEV2_ROWS_SCORED = 139
-MAX_DEV2_MEDIAN_ABS = 0.068
+MAX_DEV2_MEDIAN_ABS = 0.066
 MAX_DEV2_P90_ABS = 0.21
-MAX_DEV2_UNDER = 24
+MAX_DEV2_UNDER = 26  # 24 before GT134 / GT135 moved from +20% over to -11% under
 MAX_DEV2_OOM = 0
 
 

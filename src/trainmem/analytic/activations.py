@@ -1198,7 +1198,7 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
             # turned into the softmax in place and saved (``exp_logits``)
             out["vocab_parallel_softmax"] = 4 * v * t
         else:
-            out["log_softmax"] = (4 if training.loss_upcast else c) * v * t
+            out["log_softmax"] = (4 if loss_upcast(model, training) else c) * v * t
         if model.final_logit_softcap and model.head == "causal-lm":
             # softcap * tanh(logits / softcap) before the loss: tanh saves its output, in the
             # LM head's dtype (modeling_gemma2.py ``Gemma2ForCausalLM.forward``)
@@ -1384,7 +1384,7 @@ def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
         # fp32 copy, which is the saved softmax (a head term); fp32 logits are that copy
         total = c * v * t if c != 4 else 0
     else:
-        upcast = training.loss_upcast and c != 4 and not loss_in_logits_dtype(model, training)
+        upcast = loss_upcast(model, training) and c != 4
         total = c * v * t + (4 * v * chunk if upcast else 0)
     return -(-total // parallel_divisor("logits", training))
 
@@ -1532,8 +1532,7 @@ def forward_kv_cache_bytes(model: ModelSpec, training: TrainingConfig, num_layer
 
 def loss_in_logits_dtype(model: ModelSpec, training: TrainingConfig) -> bool:
     """The model's own loss takes its 16-bit logits as they are
-    (``ModelSpec.mlm_loss_in_logits_dtype``: BERT's ``CrossEntropyLoss()``), under autocast,
-    HF model code and no chunked loss (which replaces the model's).
+    (:func:`model_loss_in_logits_dtype`), under autocast.
 
     Note [Cross-entropy on 16-bit logits]
         ``cross_entropy`` calls ``log_softmax(input, dim, input.scalar_type())``
@@ -1545,12 +1544,35 @@ def loss_in_logits_dtype(model: ModelSpec, training: TrainingConfig) -> bool:
         backward the fp32 copy and that gradient are freed and two 16-bit tensors (2cV) take
         their place. Checked with ``saved_tensors_hooks`` under trainmem's CUDA autocast
         policy and against the trace engine (tests/models/formula/bert.json)."""
-    return (
-        model.mlm_loss_in_logits_dtype
-        and training.uses_autocast
-        and training.chunked_cross_entropy == 0
-        and training.conventions.hf_model_code
+    return model_loss_in_logits_dtype(model, training) and training.uses_autocast
+
+
+def model_loss_in_logits_dtype(model: ModelSpec, training: TrainingConfig) -> bool:
+    """The model code's own loss calls ``cross_entropy`` on the 16-bit logits, without
+    ``.float()``: BERT's masked-LM head (``ModelSpec.mlm_loss_in_logits_dtype``), GPTBigCode's
+    causal-LM head before transformers 4.49 (``ModelSpec.causal_lm_loss_in_logits_dtype`` at
+    ``TrainingConfig.transformers_release``); with HF model code, no chunked loss (which
+    replaces the model's) and no explicit ``TrainingConfig.loss``. Under autocast see Note
+    [Cross-entropy on 16-bit logits]; without it the log-softmax saves its 16-bit output and
+    its backward holds two 16-bit gradients (:func:`loss_upcast` False)."""
+    if (
+        training.chunked_cross_entropy
+        or not training.conventions.hf_model_code
+        or loss_kind(model, training) != "cross-entropy"
+    ):
+        return False
+    return model.mlm_loss_in_logits_dtype or model.causal_lm_loss_in_logits_dtype(
+        training.transformers_release
     )
+
+
+def loss_upcast(model: ModelSpec, training: TrainingConfig) -> bool:
+    """The cross-entropy works on fp32 logits: transformers' ``ForCausalLMLoss`` /
+    ``ForMaskedLMLoss`` (``logits.float()``, transformers/loss/loss_utils.py since 4.46; the
+    model code's own ``.float()`` before), torchtune's and lit-gpt's losses
+    (``TrainingConfig.loss_upcast``), unless the model's own loss takes its 16-bit logits
+    (:func:`model_loss_in_logits_dtype`)."""
+    return training.loss_upcast and not model_loss_in_logits_dtype(model, training)
 
 
 def compiled_chunked_loss(model: ModelSpec, training: TrainingConfig) -> bool:
@@ -1694,7 +1716,7 @@ def loss_backward_transient_bytes(model: ModelSpec, training: TrainingConfig) ->
         return 0
     t = training.micro_batch_size * _output_tokens(model, training)
     c, _ = compute_and_residual_bytes(training)
-    per_value = 4 if training.loss_upcast else c
+    per_value = 4 if loss_upcast(model, training) else c
     chunks = max(training.chunked_cross_entropy, 1)
     n = loss_backward_tensors(model, training)
     kind = loss_kind(model, training)
@@ -1709,7 +1731,8 @@ def loss_backward_transient_bytes(model: ModelSpec, training: TrainingConfig) ->
         total = (e + (c if c != e else 0)) * model.vocab_size * t
         return -(-total // parallel_divisor("logits", training))
     if loss_in_logits_dtype(model, training):
-        n = 1  # nll_loss's fp32 gradient (Note [Cross-entropy on 16-bit logits])
+        # nll_loss's fp32 gradient (Note [Cross-entropy on 16-bit logits])
+        n, per_value = 1, 4
     if compiled_chunked_loss(model, training):
         # Note [Compiled chunked cross-entropy]: one chunk's gradient, in the logits' dtype
         n, per_value = 1, c

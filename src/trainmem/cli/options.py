@@ -191,6 +191,18 @@ TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
         None,
     ),
     _p(
+        "transformers_version",
+        Annotated[
+            str | None,
+            _o(
+                "--transformers-version",
+                help="transformers release whose model code runs (GPTBigCode's loss on 16-bit "
+                "logits before 4.49) [default: the installed one].",
+            ),
+        ],
+        None,
+    ),
+    _p(
         "bitsandbytes_version",
         Annotated[
             str | None,

@@ -14,6 +14,8 @@ from trainmem.specs.frameworks import (
     DEFAULT_BITSANDBYTES_VERSION,
     DEFAULT_DEEPSPEED_VERSION,
     DEFAULT_TORCH_VERSION,
+    DEFAULT_TRANSFORMERS_VERSION,
+    installed_transformers_version,
 )
 
 FRAMEWORK_SUMMARY: dict[str, str] = {
@@ -35,6 +37,17 @@ def _version(value: Any, default: tuple[int, ...]) -> str:
     return str(value) if value else ".".join(map(str, default)) + " (default)"
 
 
+def _transformers(value: Any) -> str:
+    """The transformers release: as given, else the installed one, else the pinned default
+    (``TrainingConfig.transformers_release``)."""
+    if value:
+        return str(value)
+    installed = installed_transformers_version()
+    if installed is not None:
+        return ".".join(map(str, installed)) + " (installed)"
+    return ".".join(map(str, DEFAULT_TRANSFORMERS_VERSION)) + " (default)"
+
+
 def assumptions(config: Mapping[str, Any]) -> dict[str, str]:
     """The framework and library versions an estimate's resolved ``config`` stands for.
 
@@ -42,14 +55,16 @@ def assumptions(config: Mapping[str, Any]) -> dict[str, str]:
         config: ``MemoryEstimate.config`` (every resolved setting).
 
     Returns:
-        ``{"framework", "framework_means", "torch", "bitsandbytes", "deepspeed"}`` as text; a
-        version the user did not give reads ``"2.8 (default)"``.
+        ``{"framework", "framework_means", "torch", "transformers", "bitsandbytes",
+        "deepspeed"}`` as text; a version the user did not give reads ``"2.8 (default)"``
+        (transformers: ``"5.24.0 (installed)"`` when it is installed).
     """
     framework = str(config.get("framework") or "pytorch-amp")
     out = {
         "framework": framework,
         "framework_means": FRAMEWORK_SUMMARY.get(framework, ""),
         "torch": _version(config.get("torch_version"), DEFAULT_TORCH_VERSION),
+        "transformers": _transformers(config.get("transformers_version")),
     }
     if config.get("quantize_base", "none") != "none" or "8bit" in str(config.get("optimizer")):
         out["bitsandbytes"] = _version(

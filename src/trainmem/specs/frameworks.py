@@ -8,12 +8,18 @@ functions here turn them into the convention that applies.
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 from dataclasses import dataclass
 
 from trainmem.errors import SpecError
 
 DEFAULT_TORCH_VERSION = (2, 8)
 """The torch release assumed when none is given: a current one (>= 2.8)."""
+DEFAULT_TRANSFORMERS_VERSION = (5, 24)
+"""The transformers release assumed when none is given and none is installed: the newest the
+``trace`` extra allows (pyproject.toml ``transformers>=4.45,<5.25``), whose model code the trace
+engine runs."""
 DEFAULT_BITSANDBYTES_VERSION = (0, 45, 0)
 """The bitsandbytes release assumed when none is given: a current one (>= 0.43.2)."""
 BNB_MATMUL4BIT_SAVES_NO_INPUT_SINCE = (0, 43, 2)
@@ -176,6 +182,22 @@ def deepspeed_optimizer_wrapper(
         f"accumulation without ZeRO (engine.py: 'unsupported mix'); allowed: {model_dtype}"
         + (", float32" if model_dtype == "bfloat16" else ""),
     )
+
+
+@functools.cache
+def installed_transformers_version() -> tuple[int, ...] | None:
+    """(major, minor, ...) of the installed transformers, read from its package metadata
+    without importing it (``"5.0.0.dev0"`` -> (5, 0, 0)); None when it is not installed."""
+    try:
+        text = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    parts: list[int] = []
+    for part in text.split("+", 1)[0].split("."):
+        if not part.isdigit():
+            break
+        parts.append(int(part))
+    return tuple(parts) or None
 
 
 def parse_version(field: str, text: str | None) -> tuple[int, ...] | None:

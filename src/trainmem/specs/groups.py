@@ -50,6 +50,7 @@ FIELD_GROUPS: dict[str, tuple[str, ...]] = {
     "Framework": (
         "framework",
         "torch_version",
+        "transformers_version",
         "bitsandbytes_version",
         "deepspeed_version",
         "grad_accum_dtype",

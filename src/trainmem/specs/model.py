@@ -117,6 +117,16 @@ MODEL_DTYPE_MLM_LOSS_TYPES = frozenset({"bert"})
 transformers' ``ForMaskedLMLoss``, which upcasts with ``logits.float()``
 (``ModelSpec.mlm_loss_in_logits_dtype``)."""
 
+CAUSAL_LM_LOSS_UPCAST_SINCE: dict[str, tuple[int, ...]] = {"gpt_bigcode": (4, 49)}
+"""Families whose causal-LM head computed its loss on the 16-bit logits until a transformers
+release, from which it calls ``self.loss_function`` (``ForCausalLMLoss``, which upcasts with
+``logits.float()``, transformers/loss/loss_utils.py since 4.46). GPTBigCode: 4.48.0
+modeling_gpt_bigcode.py ``GPTBigCodeForCausalLM.forward``: ``shift_logits =
+lm_logits[..., :-1, :].contiguous()``, ``loss_fct = CrossEntropyLoss()`` on them, no
+``.float()`` (the same in 4.45.2); 4.49.0: ``loss = self.loss_function(lm_logits, labels,
+...)`` (checked on the 4.45.2, 4.48.0 and 4.49.0 wheels;
+``ModelSpec.causal_lm_loss_in_logits_dtype``)."""
+
 MATERIALISED_MASK_TYPES = frozenset({"falcon"})
 """Families whose model always builds the (b, 1, s, s) boolean causal mask and hands it to
 SDPA, even without padding (modeling_falcon.py ``FalconModel.forward``:
@@ -379,6 +389,19 @@ class ModelSpec:
         """The eager attention keeps its raw and masked scores until it returns (BLOOM:
         :data:`EAGER_SCORES_KEPT_TYPES`)."""
         return self.model_type in EAGER_SCORES_KEPT_TYPES
+
+    def causal_lm_loss_in_logits_dtype(self, transformers_version: tuple[int, ...]) -> bool:
+        """The causal-LM head computes its loss on its 16-bit logits in this transformers
+        release: the families of :data:`CAUSAL_LM_LOSS_UPCAST_SINCE` before their release.
+
+        Args:
+            transformers_version: (major, minor, ...) of transformers.
+
+        Returns:
+            True when the model's own loss takes the logits as they are.
+        """
+        since = CAUSAL_LM_LOSS_UPCAST_SINCE.get(self.model_type)
+        return self.head == "causal-lm" and since is not None and transformers_version < since
 
     @property
     def mlm_loss_in_logits_dtype(self) -> bool:

@@ -49,12 +49,14 @@ from trainmem.errors import SpecError
 from trainmem.specs.frameworks import (
     BNB_MATMUL4BIT_SAVES_NO_INPUT_SINCE,
     DEFAULT_BITSANDBYTES_VERSION,
+    DEFAULT_TRANSFORMERS_VERSION,
     FRAMEWORK_CONVENTIONS,
     GRAD_ACCUM_DTYPES,
     FrameworkConventions,
     deepspeed_copies_fp32_weights,
     deepspeed_grad_accum_dtype,
     deepspeed_optimizer_wrapper,
+    installed_transformers_version,
     parse_version,
 )
 from trainmem.specs.model import EAGER_ONLY_TYPES, MAX_COUNT, ModelSpec, describe_int
@@ -272,6 +274,11 @@ class TrainingConfig:
     torch_version: str | None = None
     """torch release (``"2.5"``) where a default depends on it (the HF Trainer's default
     optimizer, torch's foreach default); None: a current release (>= 2.8)."""
+    transformers_version: str | None = None
+    """transformers release (``"4.48"``) whose model code runs, where a family's memory depends
+    on it (GPTBigCode's loss on 16-bit logits before 4.49,
+    ``ModelSpec.causal_lm_loss_in_logits_dtype``); None: the installed transformers, else the
+    newest the ``trace`` extra allows (:attr:`transformers_release`)."""
     bitsandbytes_version: str | None = None
     """bitsandbytes release (``"0.41.1"``) where its memory behaviour changed (``MatMul4Bit``
     saves its input before 0.43.2); None: a current release."""
@@ -454,6 +461,7 @@ class TrainingConfig:
                 OPTIMIZER_IMPLEMENTATIONS,
             )
         parse_version("torch_version", self.torch_version)
+        parse_version("transformers_version", self.transformers_version)
         parse_version("bitsandbytes_version", self.bitsandbytes_version)
         parse_version("deepspeed_version", self.deepspeed_version)
         if self.grad_accum_dtype is not None:
@@ -858,9 +866,20 @@ class TrainingConfig:
 
     @property
     def loss_upcast(self) -> bool:
-        """The loss works on fp32 logits: HF ``ForCausalLMLoss`` and torchtune upcast; under
-        lit-gpt, Lightning Fabric has already cast the model output to fp32."""
+        """A framework's own loss works on fp32 logits: torchtune's chunked cross-entropy
+        upcasts each chunk; under lit-gpt, Lightning Fabric has already cast the model output to
+        fp32. The model code's own loss is the model's and the transformers release's
+        (``ModelSpec.causal_lm_loss_in_logits_dtype``, ``mlm_loss_in_logits_dtype``; see
+        trainmem.analytic.activations ``loss_upcast``)."""
         return True
+
+    @property
+    def transformers_release(self) -> tuple[int, ...]:
+        """(major, minor, ...) of the transformers whose model code runs:
+        ``transformers_version`` when given (it always wins), else the installed one, else
+        :data:`~trainmem.specs.frameworks.DEFAULT_TRANSFORMERS_VERSION`."""
+        given = parse_version("transformers_version", self.transformers_version)
+        return given or installed_transformers_version() or DEFAULT_TRANSFORMERS_VERSION
 
     @property
     def is_lora(self) -> bool:
