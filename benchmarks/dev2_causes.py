@@ -113,7 +113,8 @@ _FSDP_QLORA_CACHE = (
 _FMS_FLAT_GRADS = (
     "unexplained: accelerate FSDP + LoRA under; end-of-train alloc 7.37 GB = 2 x the 3.6 GB "
     "parameter shard points at whole-unit FSDP1 flat gradients (use_orig_params), but with "
-    "trainmem's flat-gradient rule switched on the predicted peak (the loss backward) is unchanged"
+    "trainmem's flat-gradient rule switched on did not move the predicted peak (then the loss "
+    "backward; since the pre-4.49 shifted logits, the loss forward)"
 )
 _FMS_FSDP_4BIT = "unexplained: fms-acceleration FSDP with a 4-bit base (bnb / GPTQ), under"
 _FMS_1GPU_4BIT = "unexplained: fms-acceleration 4-bit base (bnb / GPTQ triton) on 1 GPU, over"
@@ -211,6 +212,7 @@ CAUSES.update(
         "GT141": _FMS_FLAT_GRADS,
         "GT142": "unexplained: fms-hf-tuning LoRA on 1 GPU",
         "GT143": _FMS_FLAT_GRADS,
+        "GT146": _FMS_1GPU_4BIT,
         "GT147": _FMS_FSDP_4BIT,
         "GT149": _FMS_FSDP_4BIT,
         "GT150": _FMS_1GPU_4BIT,

@@ -20,6 +20,7 @@ from trainmem.analytic.activations import (
     loss_forward_transient_bytes,
     loss_in_logits_dtype,
     loss_upcast,
+    shifted_logits_bytes,
 )
 from trainmem.errors import SpecError
 from trainmem.estimate import estimate, trace_unsupported_settings
@@ -50,8 +51,8 @@ def test_gpt_bigcode_before_4_49_takes_its_bf16_logits_as_they_are() -> None:
     assert not loss_upcast(BIGCODE, training)
     # log_softmax (and nll_loss) save its bf16 output: c V per token, not 4 V
     assert head_activation_bytes(BIGCODE, training)["log_softmax"] == 2 * V * T
-    # at the loss: the bf16 logits only, no fp32 copy
-    assert loss_forward_transient_bytes(BIGCODE, training) == 2 * V * T
+    # at the loss: the bf16 logits and their shifted bf16 copy (b (s - 1) positions), no fp32
+    assert loss_forward_transient_bytes(BIGCODE, training) == 2 * V * T + 2 * V * 4 * 2047
     # nll_loss's and log_softmax's gradients, bf16
     assert loss_backward_transient_bytes(BIGCODE, training) == 2 * 2 * V * T
 
@@ -101,3 +102,19 @@ def test_the_trace_refuses_a_release_it_does_not_run() -> None:
         s.startswith("transformers_version=4.48.1")
         for s in trace_unsupported_settings(_training("4.48.1", framework="pytorch-amp"))
     )
+
+
+def test_before_4_49_the_loss_shifts_a_copy_of_the_logits() -> None:
+    # ForCausalLMLoss 4.46-4.48: logits.float(), then logits[..., :-1, :].contiguous(): an fp32
+    # copy of b (s - 1) positions beside the bf16 logits and their fp32 upcast; 4.49 pads the
+    # labels instead (llama-3.2-1b, V = 128256, b = 4, s = 2048)
+    llama = load_model_spec("llama-3.2-1b")
+    v, b, s = 128256, 4, 2048
+    old, new = _training("4.48.1"), _training("4.49.0")
+    assert shifted_logits_bytes(llama, old) == 4 * v * b * (s - 1)
+    assert loss_forward_transient_bytes(llama, old) == (2 + 4) * v * b * s + 4 * v * b * (s - 1)
+    assert shifted_logits_bytes(llama, new) == 0
+    assert loss_forward_transient_bytes(llama, new) == (2 + 4) * v * b * s
+    # a framework's own loss shifts nothing of the kind
+    assert shifted_logits_bytes(llama, _training("4.48.1", framework="torchtune")) == 0
+    assert shifted_logits_bytes(llama, _training("4.48.1", chunked_cross_entropy=8)) == 0

@@ -111,6 +111,14 @@ def test_analytic_accuracy_does_not_regress() -> None:
 #: last two now under by > 10%: the over-count of the fp32 upcast hid about one bf16 logits
 #: tensor the measured peak holds, unexplained, dev2_causes.py); median 6.5%, p90 20.7%,
 #: 26 under.
+#: Re-recorded for the shifted copy of the logits before transformers 4.49 (``ForCausalLMLoss``
+#: 4.46-4.48 and the models' own losses before: ``logits[..., :-1, :].contiguous()`` beside the
+#: logits and their fp32 upcast; activations.py ``shifted_logits_bytes``) on the fms rows'
+#: transformers 4.48.1: GT140 -4.2 -> -0.3%, GT141 -9.1 -> -5.6%, GT142 -5.8 -> -0.4%, GT143
+#: -12.4 -> -7.7%, GT147 -7.7 -> -2.2%, GT149 -11.3 -> -4.8%, GT156 -9.5 -> -4.0%, GT158
+#: -12.4 -> -5.9%; grew, by the same copy: GT146 -0.1 -> +6.4%, GT148 -3.1 -> +4.1%, and the
+#: 1-GPU GPTQ / bnb rows already over, GT155 +24.0 -> +32.2%, GT157 +25.0 -> +34.4%; median
+#: 5.6%, p90 20.7%, 23 under.
 RECORDED_DEV2 = {
     "GT011": -0.0346,
     "GT012": -0.0367,
@@ -208,25 +216,25 @@ RECORDED_DEV2 = {
     "GT137": -0.0000,
     "GT138": -0.0000,
     "GT139": -0.0000,
-    "GT140": -0.0418,
-    "GT141": -0.0911,
-    "GT142": -0.0576,
-    "GT143": -0.1244,
+    "GT140": -0.0026,
+    "GT141": -0.0565,
+    "GT142": -0.0035,
+    "GT143": -0.0767,
     "GT144": +0.0277,
     "GT145": +0.0047,
-    "GT146": -0.0014,
-    "GT147": -0.0772,
-    "GT148": -0.0310,
-    "GT149": -0.1134,
+    "GT146": +0.0636,
+    "GT147": -0.0216,
+    "GT148": +0.0409,
+    "GT149": -0.0478,
     "GT150": +0.1680,
     "GT151": +0.1139,
     "GT152": +0.1992,
     "GT153": +0.1094,
     "GT154": -0.1917,
-    "GT155": +0.2402,
-    "GT156": -0.0954,
-    "GT157": +0.2503,
-    "GT158": -0.1242,
+    "GT155": +0.3222,
+    "GT156": -0.0399,
+    "GT157": +0.3439,
+    "GT158": -0.0587,
     "GT159": +0.3506,
     "GT160": -0.1905,
     "GT161": +0.0356,
@@ -253,9 +261,9 @@ RECORDED_DEV2 = {
     "GT189": -0.0005,
 }
 MIN_DEV2_ROWS_SCORED = 139
-MAX_DEV2_MEDIAN_ABS = 0.066
+MAX_DEV2_MEDIAN_ABS = 0.057
 MAX_DEV2_P90_ABS = 0.21
-MAX_DEV2_UNDER = 26  # 24 before GT134 / GT135 moved from +20% over to -11% under
+MAX_DEV2_UNDER = 23
 MAX_DEV2_OOM = 0
 
 

@@ -1385,8 +1385,41 @@ def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
         total = c * v * t if c != 4 else 0
     else:
         upcast = loss_upcast(model, training) and c != 4
-        total = c * v * t + (4 * v * chunk if upcast else 0)
+        total = c * v * t + (4 * v * chunk if upcast else 0) + shifted_logits_bytes(model, training)
     return -(-total // parallel_divisor("logits", training))
+
+
+SHIFTED_LABELS_SINCE = (4, 49)
+"""transformers release from which ``ForCausalLMLoss`` shifts the labels (``nn.functional.pad(
+labels, (0, 1), value=ignore_index)``, then ``labels[..., 1:]``) instead of the logits
+(loss/loss_utils.py, 4.49.0); see :func:`shifted_logits_bytes`."""
+
+
+def shifted_logits_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes of the shifted copy of the logits a transformers causal LM makes for its loss before
+    transformers 4.49 (:data:`SHIFTED_LABELS_SINCE`): ``shift_logits = logits[..., :-1, :].
+    contiguous()``, b*(s - 1) positions in the loss's dtype (fp32 after the upcast, the logits'
+    own under :func:`model_loss_in_logits_dtype`), alive beside the logits (and their fp32
+    copy, which ``ForCausalLMLoss``'s ``logits`` local holds until it returns) while
+    ``cross_entropy`` runs; freed with the forward (``clone`` saves nothing). Its backward,
+    ``slice_backward`` (a zero-padded (b, s, V) gradient beside the shifted one), holds no more
+    than the log-softmax's backward before it.
+    Source: transformers 4.46.0 / 4.48.0 loss/loss_utils.py ``ForCausalLMLoss`` (``logits =
+    logits.float()``, then the shift); 4.45.2 modeling_mistral.py / modeling_llama.py
+    ``*ForCausalLM.forward`` (the same, in the model); 4.48.0 modeling_gpt_bigcode.py (the
+    shift of the 16-bit logits). 0 from 4.49, for other model code, other losses and a chunked
+    loss."""
+    if (
+        model.head != "causal-lm"
+        or not training.conventions.hf_model_code
+        or training.chunked_cross_entropy
+        or loss_kind(model, training) != "cross-entropy"
+        or training.transformers_release >= SHIFTED_LABELS_SINCE
+    ):
+        return 0
+    c, _ = compute_and_residual_bytes(training)
+    b, s = training.micro_batch_size, _output_tokens(model, training)
+    return (4 if loss_upcast(model, training) else c) * model.vocab_size * b * (s - 1)
 
 
 def eager_mask_bytes(model: ModelSpec, training: TrainingConfig) -> int:
