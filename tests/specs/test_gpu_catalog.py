@@ -64,6 +64,7 @@ def test_fp8_on_a_v100_is_refused() -> None:
         ("l40", "L40"),
         ("h20", "H20"),
         ("AMD Instinct MI325X", "MI325X"),
+        ("b100", "B100"),
     ],
 )
 def test_names_users_type(typed: str, name: str) -> None:
@@ -85,7 +86,7 @@ def test_new_cards_carry_their_source() -> None:
     assert get_gpu("RTX-5090").memory_bytes == round(31.37 * 1024**3)
     # H20: "has a total capacity of 95.00 GiB" (modelscope/DiffSynth-Studio issue 1238)
     assert get_gpu("H20").memory_bytes == 95 * 1024**3
-    for name in ("RTX-5090", "RTX-6000-Ada", "L40", "H20", "GH200", "MI325X"):
+    for name in ("RTX-5090", "RTX-6000-Ada", "L40", "H20", "GH200", "B100", "MI325X"):
         assert get_gpu(name).datasheet.startswith("https://")
 
 

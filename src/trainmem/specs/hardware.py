@@ -102,6 +102,14 @@ GPUS: dict[str, GPUSpec] = {
         _gpu("H100-94GB", 93.10, "94 GB HBM3 (H100 NVL)", "9.0", _NV + "en-us/data-center/h100/"),
         _gpu("H200", 139.72, "141 GB HBM3e", "9.0", _NV + "en-us/data-center/h200/"),
         _gpu("B200", 178.35, "180 GB HBM3e", "10.0", _NV + "en-us/data-center/dgx-b200/"),
+        # no public OOM message found: HGX B100 boards carry the B200's 180 GB HBM3e
+        _gpu(
+            "B100",
+            178.35,
+            "180 GB HBM3e (inferred total_memory; pass --gpu <GiB>GiB for yours)",
+            "10.0",
+            _NV + "en-us/data-center/hgx/",
+        ),
         _gpu("A100-80GB", 79.15, "80 GB HBM2e", "8.0", _NV + "en-us/data-center/a100/"),
         _gpu("A100-40GB", 39.39, "40 GB HBM2", "8.0", _NV + "en-us/data-center/a100/"),
         _gpu("A10G", 22.19, "24 GB GDDR6", "8.6", "https://aws.amazon.com/ec2/instance-types/g5/"),
