@@ -69,3 +69,23 @@ def test_sweep_verdict_is_estimates(b: int) -> None:
     assert r.exit_code == 0, r.output
     row = json.loads(r.stdout)[0]
     assert row["verdict"] == _estimate([*args, "-b", str(b)])["verdict"]
+
+
+def test_compare_and_formulas_agree_with_estimate() -> None:
+    args = ["llama-3.2-1b", "-s", "512", "--gpu", "RTX-4090"]
+    r = RUN.invoke(
+        app,
+        ["compare", *args, "--set", "micro-batch-size=1", "--set", "micro-batch-size=8", "--json"],
+    )
+    assert r.exit_code == 0, r.output
+    for config, b in zip(json.loads(r.stdout)["configurations"], (1, 8), strict=True):
+        alone = _estimate([*args, "-b", str(b)])
+        assert config["verdict"] == alone["verdict"]
+        assert config["peak"]["allocated_bytes"] == alone["peak"]["allocated_bytes"]
+    f = RUN.invoke(app, ["formulas", "llama-3.2-1b", "-s", "512", "--json"])
+    assert f.exit_code == 0, f.output
+    ours = [row for row in json.loads(f.stdout) if row["formula"].startswith("trainmem")]
+    assert (
+        ours[0]["total_bytes"]
+        == _estimate(["llama-3.2-1b", "-s", "512"])["peak"]["allocated_bytes"]
+    )
