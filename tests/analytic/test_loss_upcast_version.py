@@ -74,6 +74,14 @@ def test_under_autocast_the_old_bigcode_loss_is_cross_entropy_on_16_bit_logits()
     assert not loss_in_logits_dtype(BIGCODE, _training("4.49", precision="bf16-mixed"))
 
 
+def test_gpt2_and_its_generation_before_4_49_too() -> None:
+    # modeling_gpt2.py 4.48.0 GPT2LMHeadModel: CrossEntropyLoss on lm_logits[..., :-1, :], no
+    # .float(); 4.49.0: self.loss_function
+    gpt2 = load_model_spec("gpt2")
+    assert not loss_upcast(gpt2, _training("4.48.0"))
+    assert loss_upcast(gpt2, _training("4.49.0"))
+
+
 def test_the_release_does_not_matter_to_families_that_always_upcast() -> None:
     llama = load_model_spec("llama-3.2-1b")
     assert loss_upcast(llama, _training("4.48.1"))

@@ -1582,10 +1582,11 @@ def loss_in_logits_dtype(model: ModelSpec, training: TrainingConfig) -> bool:
 
 def model_loss_in_logits_dtype(model: ModelSpec, training: TrainingConfig) -> bool:
     """The model code's own loss calls ``cross_entropy`` on the 16-bit logits, without
-    ``.float()``: BERT's masked-LM head (``ModelSpec.mlm_loss_in_logits_dtype``), GPTBigCode's
-    causal-LM head before transformers 4.49 (``ModelSpec.causal_lm_loss_in_logits_dtype`` at
-    ``TrainingConfig.transformers_release``); with HF model code, no chunked loss (which
-    replaces the model's) and no explicit ``TrainingConfig.loss``. Under autocast see Note
+    ``.float()``: BERT's masked-LM head (``ModelSpec.mlm_loss_in_logits_dtype``), the causal-LM
+    heads of GPT-2, GPTBigCode, Falcon, BLOOM, ... before transformers 4.49
+    (``ModelSpec.causal_lm_loss_in_logits_dtype`` at ``TrainingConfig.transformers_release``);
+    with HF model code, no chunked loss (which replaces the model's) and no explicit
+    ``TrainingConfig.loss``. Under autocast see Note
     [Cross-entropy on 16-bit logits]; without it the log-softmax saves its 16-bit output and
     its backward holds two 16-bit gradients (:func:`loss_upcast` False)."""
     if (

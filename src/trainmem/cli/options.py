@@ -196,8 +196,8 @@ TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
             str | None,
             _o(
                 "--transformers-version",
-                help="transformers release whose model code runs (GPTBigCode's loss on 16-bit "
-                "logits before 4.49) [default: the installed one].",
+                help="transformers release whose model code runs (before 4.49: GPT-2-era "
+                "losses on 16-bit logits, a shifted copy of the logits) [default: installed].",
             ),
         ],
         None,

@@ -117,15 +117,33 @@ MODEL_DTYPE_MLM_LOSS_TYPES = frozenset({"bert"})
 transformers' ``ForMaskedLMLoss``, which upcasts with ``logits.float()``
 (``ModelSpec.mlm_loss_in_logits_dtype``)."""
 
-CAUSAL_LM_LOSS_UPCAST_SINCE: dict[str, tuple[int, ...]] = {"gpt_bigcode": (4, 49)}
+_TRANSFORMERS_LOSS_FUNCTION_SINCE = (4, 49)
+CAUSAL_LM_LOSS_UPCAST_SINCE: dict[str, tuple[int, ...]] = {
+    family: _TRANSFORMERS_LOSS_FUNCTION_SINCE
+    for family in (
+        "bloom",
+        "falcon",
+        "gpt2",
+        "gpt_bigcode",
+        "gpt_neox",
+        "mpt",
+        "opt",
+        "persimmon",
+        "stablelm",
+    )
+}
 """Families whose causal-LM head computed its loss on the 16-bit logits until a transformers
 release, from which it calls ``self.loss_function`` (``ForCausalLMLoss``, which upcasts with
-``logits.float()``, transformers/loss/loss_utils.py since 4.46). GPTBigCode: 4.48.0
-modeling_gpt_bigcode.py ``GPTBigCodeForCausalLM.forward``: ``shift_logits =
-lm_logits[..., :-1, :].contiguous()``, ``loss_fct = CrossEntropyLoss()`` on them, no
-``.float()`` (the same in 4.45.2); 4.49.0: ``loss = self.loss_function(lm_logits, labels,
-...)`` (checked on the 4.45.2, 4.48.0 and 4.49.0 wheels;
-``ModelSpec.causal_lm_loss_in_logits_dtype``)."""
+``logits.float()``, transformers/loss/loss_utils.py since 4.46). Before 4.49 each of these
+forwards ran ``shift_logits = lm_logits[..., :-1, :].contiguous()`` and ``CrossEntropyLoss()``
+on them, with no ``.float()`` (modeling_gpt_bigcode.py ``GPTBigCodeForCausalLM``,
+modeling_gpt2.py ``GPT2LMHeadModel``, modeling_falcon.py, modeling_bloom.py,
+modeling_gpt_neox.py, modeling_stablelm.py, modeling_opt.py, modeling_mpt.py,
+modeling_persimmon.py; checked on the 4.45.2, 4.46.0, 4.47.0 and 4.48.0 wheels); 4.49.0 calls
+``self.loss_function`` in all of them. GPT-J, GPT-Neo and CodeGen cast their logits with
+``.to(torch.float32)`` themselves, and the Llama-style families upcast in the model before 4.46
+(``logits = logits.float()``) and through ``ForCausalLMLoss`` after
+(``ModelSpec.causal_lm_loss_in_logits_dtype``)."""
 
 MATERIALISED_MASK_TYPES = frozenset({"falcon"})
 """Families whose model always builds the (b, 1, s, s) boolean causal mask and hands it to

@@ -276,9 +276,10 @@ class TrainingConfig:
     optimizer, torch's foreach default); None: a current release (>= 2.8)."""
     transformers_version: str | None = None
     """transformers release (``"4.48"``) whose model code runs, where a family's memory depends
-    on it (GPTBigCode's loss on 16-bit logits before 4.49,
-    ``ModelSpec.causal_lm_loss_in_logits_dtype``); None: the installed transformers, else the
-    newest the ``trace`` extra allows (:attr:`transformers_release`)."""
+    on it (before 4.49: the loss on 16-bit logits of GPT-2, GPTBigCode, Falcon, BLOOM, ...,
+    ``ModelSpec.causal_lm_loss_in_logits_dtype``, and a shifted copy of the logits,
+    trainmem.analytic.activations ``shifted_logits_bytes``); None: the installed transformers,
+    else the newest the ``trace`` extra allows (:attr:`transformers_release`)."""
     bitsandbytes_version: str | None = None
     """bitsandbytes release (``"0.41.1"``) where its memory behaviour changed (``MatMul4Bit``
     saves its input before 0.43.2); None: a current release."""
