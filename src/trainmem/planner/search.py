@@ -80,6 +80,7 @@ class PlanResult:
             "value": self.value,
             "limited_by": self.limited_by,
             "reason": self.reason,
+            "verdict": "does not fit" if est is None else est.verdict,
             "margin_bytes": self.margin_bytes,
             "gpu": {"name": self.gpu.name, "capacity_bytes": self.gpu.memory_bytes},
             "peak": None if est is None else _peak(est),

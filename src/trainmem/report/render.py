@@ -55,16 +55,21 @@ def plan_table(model_name: str, results: Sequence[PlanResult]) -> Table:
     table.add_column("value", justify="right")
     table.add_column("device total GiB", justify="right")
     table.add_column("margin GiB", justify="right")
+    table.add_column("verdict")
     table.add_column("limited by")
     for r in results:
         if r.value is None or r.estimate is None:
-            table.add_row(r.dimension, "[red]none fits[/]", "-", "-", "nothing fits")
+            table.add_row(
+                r.dimension, "[red]none fits[/]", "-", "-", "[red]does not fit[/]", "nothing fits"
+            )
             continue
+        v = r.estimate.verdict or "-"
         table.add_row(
             r.dimension,
             str(r.value),
             gib(r.estimate.breakdown.device_total_bytes),
             _signed_gib(margin_bytes(r.estimate)),
+            f"[{VERDICT_STYLE.get(v, 'bold')}]{v}[/]",
             r.limited_by.replace("_", " "),
         )
     return table
