@@ -34,7 +34,7 @@ from typing import Any
 from trainmem.errors import SpecError, UnsupportedError
 from trainmem.specs.hf_fields import Fields, short
 
-__all__ = ["FAMILIES", "Family"]
+__all__ = ["FAMILIES", "REMOTE_CODE_TYPES", "Family"]
 
 SpecDict = dict[str, Any]
 Default = Any | Callable[[SpecDict], Any]
@@ -1071,7 +1071,175 @@ _COURSE_ROWS: tuple[Family, ...] = (
 with ``"model_type": "cs336_basics"`` and the constructor's arguments as fields."""
 
 
+# ---------------------------------------------------------------------------------------
+# Remote-code families (issue 26): ``trust_remote_code`` models whose layers are Llama /
+# Qwen2 shapes under their own field names. The rows read the published config.json only;
+# no remote code runs. The modeling files are the ones on the Hub next to each config.
+# ---------------------------------------------------------------------------------------
+
+
+def _qwen1(f: Fields, spec: SpecDict) -> None:
+    """Qwen (1): modeling_qwen.py (Qwen/Qwen-7B). ``QWenAttention`` splits ``c_attn``'s
+    3 * kv_channels * a outputs into heads of hidden_size / a, so kv_channels must be that
+    width; ``QWenMLP`` has ``w1`` / ``w2`` = Linear(h, intermediate_size // 2), so the config's
+    ``intermediate_size`` is twice the gated MLP's width; ``c_attn`` is always biased, ``c_proj``
+    and the MLP only when ``no_bias`` is false. ``seq_length`` is the trained context (Qwen-7B:
+    8192, beside ``max_position_embeddings`` 32768)."""
+    h, a = spec["hidden_size"], spec["num_heads"]
+    d = f.positive_int("kv_channels", 128)
+    if d * a != h:
+        raise SpecError(
+            "kv_channels",
+            f"{d} x num_attention_heads={a} must equal hidden_size={h} (QWenAttention splits "
+            "c_attn into heads of hidden_size / num_attention_heads)",
+        )
+    width = spec["intermediate_size"] // 2
+    if width == 0:
+        raise SpecError(
+            "intermediate_size", "must be at least 2 (QWenMLP's w1 / w2 are intermediate_size // 2)"
+        )
+    bias = not f.flag("no_bias", True)
+    spec.update(
+        head_dim=d,
+        intermediate_size=width,
+        attention_out_bias=bias,
+        mlp_bias=bias,
+        max_position_embeddings=f.positive_int("seq_length", spec["max_position_embeddings"]),
+    )
+
+
+def _chatglm(f: Fields, spec: SpecDict) -> None:
+    """ChatGLM2 / ChatGLM3 / GLM-4: modeling_chatglm.py (THUDM/chatglm3-6b). Heads of
+    ``kv_channels``; ``multi_query_group_num`` key/value groups when ``multi_query_attention``;
+    ``query_key_value`` biased by ``add_bias_linear or add_qkv_bias``, ``dense`` and the MLP by
+    ``add_bias_linear``; RMSNorm if ``rmsnorm`` else LayerNorm; ``final_layernorm`` if
+    ``post_layer_norm``. ``ChatGLMModel`` itself holds ``output_layer``, and the published
+    ``architectures`` name it (or ``ChatGLMForConditionalGeneration``, a causal LM)."""
+    a = spec["num_heads"]
+    if f.flag("multi_query_attention", False):
+        spec["num_kv_heads"] = f.kv_heads("multi_query_group_num", a, 1)
+    linear_bias = f.flag("add_bias_linear", False)
+    rmsnorm = f.flag("rmsnorm", True)
+    spec.update(
+        head_dim=f.positive_int("kv_channels", 128),
+        attention_bias=linear_bias or f.flag("add_qkv_bias", False),
+        attention_out_bias=linear_bias,
+        mlp_bias=linear_bias,
+        norm_kind="rmsnorm" if rmsnorm else "layernorm",
+        norm_bias=not rmsnorm,
+        final_norm=f.flag("post_layer_norm", True),
+    )
+    if spec["head"] in ("none", "seq2seq-lm"):
+        spec["head"], spec["num_labels"] = "causal-lm", 0
+    elif spec["head"] != "causal-lm":
+        raise UnsupportedError(
+            f"architectures: {short(_first_architecture(f))} is not modelled for chatglm, only "
+            "the causal LM (ChatGLMModel / ChatGLMForConditionalGeneration)"
+        )
+    if f.flag("apply_residual_connection_post_layernorm", False):
+        raise UnsupportedError(
+            "apply_residual_connection_post_layernorm: true is not modelled; set it to false"
+        )
+    if f.config.get("pre_seq_len") is not None:
+        raise UnsupportedError(
+            "pre_seq_len: the P-tuning v2 prefix encoder is not modelled; remove pre_seq_len to "
+            "estimate the model without it"
+        )
+
+
+_BAICHUAN_ROPE_WIDTH = 4096
+"""Baichuan's two modeling files share ``model_type`` and ``architectures``: the 4096-wide
+models (Baichuan-7B, Baichuan2-7B) use RoPE, the 5120-wide ones (Baichuan-13B, Baichuan2-13B)
+ALiBi. The width is the only config field that tells them apart (vLLM
+model_executor/models/baichuan.py ``BaichuanForCausalLM``: ``if config.hidden_size == 4096:
+# baichuan2 7b`` ROPE, else ALIBI)."""
+
+
+def _baichuan(f: Fields, spec: SpecDict) -> None:
+    """Baichuan: the RoPE models only (:data:`_BAICHUAN_ROPE_WIDTH`)."""
+    if spec["hidden_size"] != _BAICHUAN_ROPE_WIDTH:
+        raise UnsupportedError(
+            f"hidden_size: {spec['hidden_size']} is a Baichuan-13B-style model whose ALiBi "
+            "attention (its own alibi mask in modeling_baichuan.py) the formulas do not model, "
+            "only the RoPE models of hidden_size 4096 (Baichuan-7B, Baichuan2-7B) are; "
+            "transformers ships no Baichuan class to trace either"
+        )
+
+
+_REMOTE_CODE_ROWS: tuple[Family, ...] = (
+    Family(
+        "qwen",
+        "Qwen/Qwen-7B modeling_qwen.py (remote code; QWenAttention: fused c_attn Linear(h, 3h) "
+        "with bias, c_proj; QWenMLP: w1, w2 Linear(h, intermediate_size // 2), c_proj, "
+        "a1 * silu(a2); RMSNorm ln_1 / ln_2 / ln_f; untied lm_head)",
+        {**LLAMA_TRAITS, "fused_qkv": True, "attention_bias": True, "hidden_act": "silu"},
+        # QWenConfig defaults (configuration_qwen.py)
+        defaults=dict(
+            max_position_embeddings=8192,
+            tie_word_embeddings=False,
+            partial_rotary_factor=1.0,
+            attention_dropout=0.0,
+            embedding_dropout=0.0,
+        ),
+        renames=dict(
+            partial_rotary_factor="rotary_pct",
+            attention_dropout="attn_dropout_prob",
+            embedding_dropout="emb_dropout_prob",
+        ),
+        derived=dict(head_dim=_placeholder),
+        adjust=_qwen1,
+    ),
+    Family(
+        "chatglm",
+        "THUDM/chatglm3-6b modeling_chatglm.py (remote code; SelfAttention: fused "
+        "query_key_value Linear(h, (a + 2g) * kv_channels), dense; MLP: dense_h_to_4h "
+        "Linear(h, 2 * ffn_hidden_size) chunked into silu(x1) * x2, dense_4h_to_h; rotary on "
+        "half of each head; untied output_layer)",
+        {
+            **LLAMA_TRAITS,
+            "fused_qkv": True,
+            "fused_gate_up": True,
+            "hidden_act": "silu",
+            # RotaryEmbedding(rotary_dim // 2) with rotary_dim = kv_channels: half the head
+            "partial_rotary_factor": 0.5,
+            "tie_word_embeddings": False,
+        },
+        # ChatGLMConfig defaults (configuration_chatglm.py)
+        defaults=dict(max_position_embeddings=2048, hidden_dropout=0.0, attention_dropout=0.0),
+        renames=dict(
+            num_hidden_layers="num_layers",
+            intermediate_size="ffn_hidden_size",
+            vocab_size="padded_vocab_size",
+            max_position_embeddings="seq_length",
+        ),
+        derived=dict(head_dim=_placeholder),
+        adjust=_chatglm,
+    ),
+    Family(
+        "baichuan",
+        "baichuan-inc/Baichuan2-7B-Base modeling_baichuan.py (remote code; Attention: fused "
+        "W_pack Linear(h, 3h, bias=False), o_proj; Llama's gate/up/down MLP and RMSNorms; "
+        "NormHead lm_head (V, h), untied)",
+        {
+            **LLAMA_TRAITS,
+            "fused_qkv": True,
+            "attention_bias": False,
+            "attention_out_bias": False,
+            "mlp_bias": False,
+        },
+        # BaichuanConfig defaults (configuration_baichuan.py)
+        defaults=dict(hidden_act="silu", max_position_embeddings=4096, tie_word_embeddings=False),
+        adjust=_baichuan,
+    ),
+)
+"""Families whose modeling code is on the Hub, not in transformers (``trust_remote_code``):
+the traced paths cannot build them (transformers knows no such ``model_type``)."""
+
+REMOTE_CODE_TYPES = frozenset(row.model_type for row in _REMOTE_CODE_ROWS)
+"""The ``model_type`` of :data:`_REMOTE_CODE_ROWS`: no transformers configuration class."""
+
+
 FAMILIES: Mapping[str, Family] = {
-    row.model_type: row for row in _ROWS + _NEW_ROWS + _HARD_ROWS + _COURSE_ROWS
+    row.model_type: row for row in _ROWS + _NEW_ROWS + _HARD_ROWS + _COURSE_ROWS + _REMOTE_CODE_ROWS
 }
 """``model_type`` -> its row."""
