@@ -150,23 +150,39 @@ def _summarise(items: Sequence[Item], memo: dict[int, _Summary] | None = None) -
     op: Op | None = None
     index: dict[str, int] = {}
     # NB: the hot loop of the planner's fast path (every configuration it evaluates walks its
-    # freshly built micro-batch here): one pass, attribute reads hoisted, and a free, which can
-    # never set a new high, skips the comparison with ``best``.
+    # freshly built micro-batch here): one pass, the op unpacked at once, and a free, which can
+    # never set a new high, skips the comparison with ``best``. The split by category at the
+    # high is copied once per climb (at the first free or repeat after it), not at every
+    # allocation that raises it; the high of the phase being walked is kept in a local and
+    # written back when the phase changes (ops come in runs of one phase).
+    rising = False
+    run_phase: str | None = None
+    run_high = 0
     for item in items:
         if type(item) is Op:
-            cat = item.category
-            if item.action == "alloc":
-                total += item.size_bytes
-                live[cat] = live_get(cat, 0) + item.size_bytes
+            action, size, cat, phase, _, _, _, _ = item
+            if action == "alloc":
+                total += size
+                live[cat] = live_get(cat, 0) + size
                 if total > best:
-                    best, at, op, index = total, dict(live), item, {}
+                    best, op, rising = total, item, True
             else:
-                total -= item.size_bytes
-                live[cat] = live_get(cat, 0) - item.size_bytes
-            phase = item.phase
-            if total > high_get(phase, total - 1):
-                phase_high[phase] = total
+                if rising:
+                    at, index, rising = dict(live), {}, False
+                total -= size
+                live[cat] = live_get(cat, 0) - size
+            if phase != run_phase:
+                if run_phase is not None:
+                    phase_high[run_phase] = run_high
+                run_phase, run_high = phase, high_get(phase, total - 1)
+            if total > run_high:
+                run_high = total
             continue
+        if rising:
+            at, index, rising = dict(live), {}, False
+        if run_phase is not None:
+            phase_high[run_phase] = run_high
+            run_phase = None
         assert isinstance(item, Repeat)
         body = memo.get(id(item.body))
         if body is None:
@@ -189,6 +205,10 @@ def _summarise(items: Sequence[Item], memo: dict[int, _Summary] | None = None) -
         total += item.count * body.total
         for cat, v in body.delta.items():
             live[cat] = live_get(cat, 0) + item.count * v
+    if rising:
+        at, index = dict(live), {}
+    if run_phase is not None:
+        phase_high[run_phase] = run_high
     return _Summary(total, live, best, at, op, index, phase_high)
 
 
@@ -300,9 +320,9 @@ class StepSchedule:
             return
         live: dict[str, tuple[int, int]] = {}
         counter = [0, 0]  # next block id, events written
-        yield from _expand(self.setup, {}, live, counter)
+        yield from _expand(self.setup, 0, live, counter)
         self._cache["steady_state_start"] = counter[1]
-        yield from _expand(self.step, {}, live, counter)
+        yield from _expand(self.step, 0, live, counter)
 
     def num_segments(self) -> int:
         """Items in the schedule counting a repeated body once (its compact size)."""
@@ -382,7 +402,7 @@ def _runs_twice(items: Sequence[Item]) -> bool:
     can run again, as the next step)."""
     live: dict[str, tuple[int, int]] = {}
     try:
-        for _ in _expand(items, {}, live, [0, 0]):
+        for _ in _expand(items, 0, live, [0, 0]):
             pass
     except ScheduleError:
         return False
@@ -434,33 +454,39 @@ def _format_index(text: str, i: int) -> str:
 
 def _expand(
     items: Sequence[Item],
-    index: dict[str, int],
+    i: int,
     live: dict[str, tuple[int, int]],
     counter: list[int],
 ) -> Iterator[AllocEvent]:
+    """The events of ``items`` with ``{i}`` (the innermost repeat's index, 0 outside any) filled
+    in. NB: a replay's hot path (every event of every replay the planner runs passes here): the
+    op is unpacked at once and a key or module without ``{`` is not formatted."""
+    fmt = _format_index
     for item in items:
-        if isinstance(item, Repeat):
+        if type(item) is not Op:
+            assert isinstance(item, Repeat)
             count = item.count
             if count > BALANCED_REPEATS and item.independent:
                 count = BALANCED_REPEATS  # Note [Balanced repeats]
             for k in range(count):
-                yield from _expand(item.body, {**index, "i": item.index(k)}, live, counter)
+                yield from _expand(item.body, item.index(k), live, counter)
             continue
-        key = _format(item.key, index)
-        module = _format(item.module, index)
-        if item.action == "alloc":
+        action, size_bytes, category, phase, key, module, _, stream = item
+        if "{" in key:
+            key = fmt(key, i)
+        if "{" in module:
+            module = fmt(module, i)
+        if action == "alloc":
             if key in live:
                 raise ScheduleError(f"key {key!r} allocated while live")
-            if item.size_bytes <= 0:
+            if size_bytes <= 0:
                 live[key] = (-1, 0)
                 continue
             block = counter[0]
             counter[0] += 1
             counter[1] += 1
-            live[key] = (block, item.size_bytes)
-            yield AllocEvent(
-                "alloc", block, item.size_bytes, item.category, item.phase, module, item.stream
-            )
+            live[key] = (block, size_bytes)
+            yield AllocEvent("alloc", block, size_bytes, category, phase, module, stream)
         else:
             entry = live.pop(key, None)
             if entry is None:
@@ -468,6 +494,4 @@ def _expand(
             block, size = entry
             if block >= 0:
                 counter[1] += 1
-                yield AllocEvent(
-                    "free", block, size, item.category, item.phase, module, item.stream
-                )
+                yield AllocEvent("free", block, size, category, phase, module, stream)
