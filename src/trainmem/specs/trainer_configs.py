@@ -57,7 +57,7 @@ from trainmem.specs.framework_configs import (
     _load,
     deepspeed_settings,
 )
-from trainmem.specs.training import LORA_TARGETS, fsdp_settings
+from trainmem.specs.training import LORA_TARGET_ALIASES, LORA_TARGETS, fsdp_settings
 
 HF_OPTIMIZERS: dict[str, tuple[str, str | None]] = {
     "adamw_torch": ("adamw", "foreach"),
@@ -112,16 +112,7 @@ TORCHTUNE_CPU_OFFLOAD = (
 """torchao's ``CPUOffloadOptimizer`` (its ``optimizer_class`` names the optimizer it runs on the
 CPU; ``offload_gradients`` frees the GPU gradients)."""
 
-PEFT_TARGETS: dict[str, str] = {
-    "q_proj": "q",
-    "k_proj": "k",
-    "v_proj": "v",
-    "o_proj": "o",
-    "gate_proj": "gate",
-    "up_proj": "up",
-    "down_proj": "down",
-    "lm_head": "lm_head",
-}
+PEFT_TARGETS: dict[str, str] = {**LORA_TARGET_ALIASES, "lm_head": "lm_head"}
 """peft ``target_modules`` names of the Llama-style modeling code (transformers
 ``modeling_llama.py``) -> trainmem's linear names."""
 
