@@ -6,6 +6,7 @@ Tree (httpx style)::
      +-- SpecError(ValueError)            bad field in a model / training / GPU spec
      +-- UnsupportedError(NotImplementedError)  not modelled (the message names a workaround)
      +-- TraceError(RuntimeError)         the trace engine could not run the model
+     +-- CompositionError(ValueError)     a traced stream does not split into identical units
      +-- ScheduleError(ValueError)        a step schedule frees what it never allocated
      +-- TimelineError(ValueError)        an event stream the allocator cannot replay
      +-- SnapshotError(ValueError)        an unsafe or malformed memory snapshot file
@@ -76,3 +77,8 @@ class OutOfMemoryError(TrainmemError):
         super().__init__(message)
         self.size_bytes = size_bytes
         self.alloc_size_bytes = alloc_size_bytes
+
+
+class CompositionError(TrainmemError, ValueError):
+    """The traced stream does not split into identical units (the caller traces the whole
+    model instead; :mod:`trainmem.trace.compose`)."""

@@ -44,3 +44,9 @@ def format_bytes(n_bytes: int | float, unit: str = "GiB", digits: int = 2) -> st
         unit
     ]
     return f"{n_bytes / factor:.{digits}f} {unit}"
+
+
+def gib_text(n_bytes: int | float) -> str:
+    """Bytes as GiB (2^30) with two decimals and thousands separators (``"12.34"``): the one
+    formatter every table, the page and the notes use."""
+    return f"{n_bytes / GiB:,.2f}"

@@ -37,7 +37,7 @@ from trainmem.analytic.temporaries import cublas_workspace_bytes
 from trainmem.analytic.tensor_states import state_layout
 from trainmem.breakdown import MemoryBreakdown, MemoryEstimate
 from trainmem.errors import SpecError
-from trainmem.specs.hardware import GPUSpec
+from trainmem.specs.hardware import DEFAULT_CUBLAS_WORKSPACE_BYTES, GPUSpec
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import (
     TrainingConfig,
@@ -46,9 +46,6 @@ from trainmem.specs.training import (
     pipeline_stage_layers,
     resolved_config,
 )
-
-DEFAULT_CUBLAS_WORKSPACE_BYTES = 8_519_680
-"""cuBLAS workspace per handle when no GPU is named (pre-Hopper default ``:4096:2:16:8``)."""
 
 
 def estimate_analytic(

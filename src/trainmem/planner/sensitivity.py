@@ -17,7 +17,7 @@ from trainmem.estimate import estimate
 from trainmem.specs.hardware import GPUSpec
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
-from trainmem.units import GiB
+from trainmem.units import gib_text
 
 SINGLE_GPU_FRAMEWORKS: tuple[str, ...] = ("pytorch-amp", "hf-trainer", "torchtune", "litgpt")
 """The frameworks a run on one GPU (or unsharded data parallelism) is compared under."""
@@ -74,7 +74,7 @@ def framework_note(model: ModelSpec, training: TrainingConfig, gpu: GPUSpec | No
     if not rows:
         return ""
     shown = ", ".join(
-        f"--framework {r['framework']} {r['allocated_bytes'] / GiB:,.2f} GiB "
+        f"--framework {r['framework']} {gib_text(r['allocated_bytes'])} GiB "
         f"({100 * r['change']:+.0f}%)"
         for r in rows[:3]
     )

@@ -21,7 +21,7 @@ from trainmem.planner.fixes import Fix
 from trainmem.planner.search import GpuPlan, PlanResult
 from trainmem.planner.sweep import SweepRow
 from trainmem.report.table import VERDICT_STYLE
-from trainmem.units import GiB
+from trainmem.units import gib_text
 
 SCHEMA_VERSION = 1
 """Version of the plan / fit JSON; bump on any key change."""
@@ -30,8 +30,8 @@ _CAPTION = "GiB = 2^30 bytes; '--json' gives exact bytes"
 
 
 def gib(n_bytes: int | float) -> str:
-    """Bytes as GiB with two decimals (``"12.34"``)."""
-    return f"{n_bytes / GiB:,.2f}"
+    """Bytes as GiB with two decimals (``"12.34"``; :func:`trainmem.units.gib_text`)."""
+    return gib_text(n_bytes)
 
 
 def _signed_gib(n_bytes: int) -> str:

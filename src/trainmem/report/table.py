@@ -9,7 +9,7 @@ from rich.table import Table
 
 from trainmem.breakdown import BREAKDOWN_KEYS, MemoryEstimate
 from trainmem.specs.hardware import GPUSpec
-from trainmem.units import GB, GiB
+from trainmem.units import GB, gib_text
 
 BREAKDOWN_LABELS: dict[str, str] = {
     "parameters": "parameters",
@@ -23,8 +23,8 @@ BREAKDOWN_LABELS: dict[str, str] = {
 
 
 def gib(n_bytes: int | float) -> str:
-    """Bytes as GiB with two decimals (``"12.34"``)."""
-    return f"{n_bytes / GiB:,.2f}"
+    """Bytes as GiB with two decimals (``"12.34"``; :func:`trainmem.units.gib_text`)."""
+    return gib_text(n_bytes)
 
 
 VERDICT_STYLE = {"fits": "green", "tight": "yellow", "does not fit": "red"}

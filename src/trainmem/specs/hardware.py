@@ -40,6 +40,11 @@ LEGACY_CUDA_CONTEXT_BYTES = 1343 * MiB
 ``perf_train_gpu_one.mdx`` @0016acf7, "CUDA context alone 1343 MB" where MB means MiB)."""
 
 
+DEFAULT_CUBLAS_WORKSPACE_BYTES = 8_519_680
+"""cuBLAS workspace per (handle, stream) below compute capability 9.0: ``:4096:2:16:8`` =
+4096 KiB x 2 + 16 KiB x 8 (aten/src/ATen/cuda/CublasHandlePool.cpp ``getChosenWorkspaceSize``);
+32 MiB from 9.0 (PyTorch PR #89027)."""
+
 HIPBLASLT_WORKSPACE_BYTES = 76 * MiB
 """hipBLASLt workspace per (handle, stream) on ROCm, separate from rocBLAS's
 (aten/src/ATen/cuda/CublasHandlePool.cpp ``parseCUDABlasLtWorkspaceSize``: ``76*1024`` KiB)."""
@@ -61,7 +66,7 @@ class GPUSpec:
     """``nvidia`` or ``amd``."""
     datasheet: str
     """URL of the vendor datasheet."""
-    cublas_workspace_bytes: int = 8_519_680
+    cublas_workspace_bytes: int = DEFAULT_CUBLAS_WORKSPACE_BYTES
     """BLAS workspaces per (handle, stream), held through the caching allocator. NVIDIA: the
     cuBLAS workspace, 4096 KiB*2 + 16 KiB*8 = 8,519,680 B by default, 32 MiB on compute
     capability 9.x-12.x (PyTorch PR #89027); cuBLASLt shares it (unified workspace, the default).
@@ -80,7 +85,7 @@ def _gpu(
     name: str, total_gib: float, nominal: str, cc: str, url: str, vendor: str = "nvidia"
 ) -> GPUSpec:
     major = int(cc.split(".")[0]) if vendor == "nvidia" else 0
-    ws = 32 * MiB if major >= 9 else 8_519_680
+    ws = 32 * MiB if major >= 9 else DEFAULT_CUBLAS_WORKSPACE_BYTES
     if vendor == "amd":  # rocBLAS (128 MiB on gfx942 / gfx950) + hipBLASLt's 76 MiB
         ws = (128 * MiB if cc in ("gfx942", "gfx950") else 32 * MiB) + HIPBLASLT_WORKSPACE_BYTES
     return GPUSpec(
@@ -222,8 +227,8 @@ def custom_gpu(text: str) -> GPUSpec | None:
     """A GPU of any capacity: ``"32GB"`` (10^9 bytes) or ``"24GiB"`` / ``"23.65 GiB"`` (2^30)
     is the usable capacity, as ``torch.cuda.get_device_properties(0).total_memory`` reports it
     (give what your card reports: it is below the datasheet's figure). The cuBLAS workspace of
-    an Ampere-class card is assumed (``8_519_680`` bytes, see ``_gpu``). None if ``text`` is not
-    a capacity.
+    an Ampere-class card is assumed (:data:`DEFAULT_CUBLAS_WORKSPACE_BYTES`). None if ``text``
+    is not a capacity.
 
     Raises:
         SpecError: a capacity of 0 or above :data:`MAX_CUSTOM_CAPACITY_BYTES`.

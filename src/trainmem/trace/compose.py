@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainmem.breakdown import MemoryCategory
-from trainmem.errors import ScheduleError, TrainmemError
+from trainmem.errors import CompositionError, ScheduleError
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
 from trainmem.timeline import AllocEvent, Timeline
 from trainmem.trace.blocks import Run
@@ -45,11 +45,6 @@ __all__ = ["CompositionError", "ParamInfo", "compose", "count_parameters", "trai
 _REL = {0: "i", -1: "i_prev", -2: "i_prev2", 1: "i_next", 2: "i_next2"}
 
 Label = tuple[int, int]  # (run id, kept unit)
-
-
-class CompositionError(TrainmemError, ValueError):
-    """The traced stream does not split into identical units (the caller traces the whole
-    model instead)."""
 
 
 @dataclass(frozen=True, slots=True)

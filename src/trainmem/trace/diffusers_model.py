@@ -395,8 +395,9 @@ def estimate_diffusers_trace(
             chunked cross-entropy).
         TraceError: the step failed under fake tensors.
     """
+    from trainmem.specs.hardware import DEFAULT_CUBLAS_WORKSPACE_BYTES
     from trainmem.specs.hf import load_hf_config
-    from trainmem.trace.engine import DEFAULT_CUBLAS_WORKSPACE_BYTES, _estimate, run_trace
+    from trainmem.trace.engine import _estimate, run_trace
 
     check_diffusers_settings(training)
     raw = load_hf_config(name)

@@ -34,7 +34,12 @@ from typing import Any
 
 from trainmem.breakdown import MemoryBreakdown, MemoryCategory, MemoryEstimate
 from trainmem.errors import SpecError, TraceError, UnsupportedError
-from trainmem.specs.hardware import DEFAULT_CUDA_CONTEXT_BYTES, GPUSpec, resolve_gpu
+from trainmem.specs.hardware import (
+    DEFAULT_CUBLAS_WORKSPACE_BYTES,
+    DEFAULT_CUDA_CONTEXT_BYTES,
+    GPUSpec,
+    resolve_gpu,
+)
 from trainmem.specs.model import NOT_TRANSFORMERS_TYPES, ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
@@ -54,10 +59,6 @@ from trainmem.trace.optimizers import build_optimizer  # noqa: E402
 
 __all__ = ["default_forward_loss", "estimate_trace", "run_trace", "trace"]
 
-DEFAULT_CUBLAS_WORKSPACE_BYTES = 8_519_680
-"""cuBLAS workspace when no GPU is named (pre-Hopper ``:4096:2:16:8`` = 4 MiB*2 + 16 KiB*8;
-``aten/src/ATen/cuda/CublasHandlePool.cpp``, ``getChosenWorkspaceSize``), as the analytic
-engine uses."""
 
 MAX_TRACED_MICRO_BATCHES = 2
 """With gradient accumulation, micro-batches 2..k allocate identically (gradients exist from

@@ -35,6 +35,7 @@ from trainmem.trace._torch import require_torch
 
 torch = require_torch()
 
+from trainmem.specs.hardware import DEFAULT_CUBLAS_WORKSPACE_BYTES  # noqa: E402
 from trainmem.trace.blocks import Run, truncate  # noqa: E402
 from trainmem.trace.compose import (  # noqa: E402
     CompositionError,
@@ -43,7 +44,6 @@ from trainmem.trace.compose import (  # noqa: E402
     trainable_params,
 )
 from trainmem.trace.engine import (  # noqa: E402
-    DEFAULT_CUBLAS_WORKSPACE_BYTES,
     _estimate,
     default_forward_loss,
     run_trace,
