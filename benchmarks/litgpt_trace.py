@@ -68,8 +68,9 @@ import torch
 from torch import nn
 
 from trainmem.estimate import estimate
+from trainmem.specs.hardware import DEFAULT_CUBLAS_WORKSPACE_BYTES
 from trainmem.specs.training import TrainingConfig
-from trainmem.trace.engine import DEFAULT_CUBLAS_WORKSPACE_BYTES, run_trace
+from trainmem.trace.engine import run_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 DEV_CSV = ROOT.parent / "shared" / "validation" / "dev_measurements.csv"
