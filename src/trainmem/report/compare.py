@@ -131,7 +131,7 @@ def compare_table(estimates: list[MemoryEstimate], labels: list[str]) -> Any:
     from rich.table import Table
 
     from trainmem.breakdown import BREAKDOWN_KEYS
-    from trainmem.report.modules import gib_text
+    from trainmem.report.modules import gib_fine
     from trainmem.report.table import BREAKDOWN_LABELS, VERDICT_STYLE
 
     names = ", ".join(sorted({e.model_name for e in estimates}))
@@ -144,14 +144,14 @@ def compare_table(estimates: list[MemoryEstimate], labels: list[str]) -> Any:
         table.add_column(f"#{i}: {label}", justify="right", overflow="fold")
 
     def oom_or(e: MemoryEstimate, n_bytes: int) -> str:
-        return "OOM" if e.oom_message else gib_text(n_bytes)
+        return "OOM" if e.oom_message else gib_fine(n_bytes)
 
     for key in BREAKDOWN_KEYS:
         table.add_row(
-            BREAKDOWN_LABELS[key], *(gib_text(getattr(e.breakdown, key)) for e in estimates)
+            BREAKDOWN_LABELS[key], *(gib_fine(getattr(e.breakdown, key)) for e in estimates)
         )
     table.add_section()
-    table.add_row("peak allocated", *(gib_text(e.breakdown.allocated_bytes) for e in estimates))
+    table.add_row("peak allocated", *(gib_fine(e.breakdown.allocated_bytes) for e in estimates))
     table.add_row("peak reserved", *(oom_or(e, e.breakdown.reserved_bytes) for e in estimates))
     table.add_row("device total", *(oom_or(e, e.breakdown.device_total_bytes) for e in estimates))
     table.add_row("peak in", *(e.peak_phase for e in estimates))

@@ -18,7 +18,7 @@ from typing import Any
 
 from trainmem.breakdown import BREAKDOWN_KEYS, MemoryEstimate
 from trainmem.errors import SpecError
-from trainmem.report.modules import activation_rows, gib_text, peak_rows
+from trainmem.report.modules import activation_rows, gib_fine, peak_rows
 from trainmem.report.table import BREAKDOWN_LABELS
 
 __all__ = ["comparison_labels", "render_html", "write_html"]
@@ -86,27 +86,27 @@ def _breakdown_section(est: MemoryEstimate) -> str:
     for key in BREAKDOWN_KEYS:
         value = getattr(b, key)
         share = f"{100 * value / total:.1f}%" if total else "-"
-        rows.append([BREAKDOWN_LABELS[key], gib_text(value), share, f"{value:,}"])
+        rows.append([BREAKDOWN_LABELS[key], gib_fine(value), share, f"{value:,}"])
     rows += [
         [
             "peak allocated (max_memory_allocated)",
-            gib_text(b.allocated_bytes),
+            gib_fine(b.allocated_bytes),
             "",
             f"{b.allocated_bytes:,}",
         ],
         [
             "peak reserved (max_memory_reserved)",
-            gib_text(b.reserved_bytes),
+            gib_fine(b.reserved_bytes),
             "",
             f"{b.reserved_bytes:,}",
         ],
-        ["device total (nvidia-smi)", gib_text(total), "", f"{total:,}"],
+        ["device total (nvidia-smi)", gib_fine(total), "", f"{total:,}"],
     ]
     if est.gpu_capacity_bytes is not None:
         rows.append(
             [
                 f"{est.gpu_name} usable capacity",
-                gib_text(est.gpu_capacity_bytes),
+                gib_fine(est.gpu_capacity_bytes),
                 "",
                 f"{est.gpu_capacity_bytes:,}",
             ]
@@ -121,7 +121,7 @@ def _verdict(est: MemoryEstimate) -> str:
     cls, word = ("fits", "fits") if est.fits else ("nofit", "does not fit")
     return (
         f'<p class="{cls}"><b>{_e(word)}</b> on {_e(est.gpu_name)} '
-        f"({'+' if margin >= 0 else '-'}{_e(gib_text(abs(margin)))} GiB margin).</p>"
+        f"({'+' if margin >= 0 else '-'}{_e(gib_fine(abs(margin)))} GiB margin).</p>"
     )
 
 
@@ -137,7 +137,7 @@ def _modules_section(est: MemoryEstimate, top: int) -> str:
             [
                 [
                     r["module"],
-                    gib_text(r["activation_bytes"]),
+                    gib_fine(r["activation_bytes"]),
                     f"{100 * r['share']:.1f}%",
                     f"{r['activation_bytes']:,}",
                 ]
@@ -154,7 +154,7 @@ def _modules_section(est: MemoryEstimate, top: int) -> str:
                 [
                     r["module"],
                     r["category"],
-                    gib_text(r["bytes"]),
+                    gib_fine(r["bytes"]),
                     f"{100 * r['share']:.1f}%",
                     f"{r['bytes']:,}",
                 ]
@@ -190,10 +190,10 @@ def _comparison_section(
         rows.append(
             [
                 label,
-                *(gib_text(getattr(b, k)) for k in BREAKDOWN_KEYS),
-                gib_text(b.allocated_bytes),
-                gib_text(b.reserved_bytes),
-                gib_text(b.device_total_bytes),
+                *(gib_fine(getattr(b, k)) for k in BREAKDOWN_KEYS),
+                gib_fine(b.allocated_bytes),
+                gib_fine(b.reserved_bytes),
+                gib_fine(b.device_total_bytes),
                 e.peak_phase,
                 "-" if e.fits is None else ("yes" if e.fits else "no"),
             ]
@@ -239,9 +239,9 @@ def render_html(
     b = est.breakdown
     body = [f"<h1>{_e(title)}</h1>"]
     body.append(
-        f"<p>Peak allocated <b>{_e(gib_text(b.allocated_bytes))} GiB</b>, reserved "
-        f"<b>{_e(gib_text(b.reserved_bytes))} GiB</b>, device total "
-        f"<b>{_e(gib_text(b.device_total_bytes))} GiB</b> (GiB = 2^30 bytes). "
+        f"<p>Peak allocated <b>{_e(gib_fine(b.allocated_bytes))} GiB</b>, reserved "
+        f"<b>{_e(gib_fine(b.reserved_bytes))} GiB</b>, device total "
+        f"<b>{_e(gib_fine(b.device_total_bytes))} GiB</b> (GiB = 2^30 bytes). "
         f"The peak falls in the <b>{_e(est.peak_phase)}</b>: {_e(est.peak_reason)}.</p>"
     )
     body.append(_verdict(est))

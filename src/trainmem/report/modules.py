@@ -28,7 +28,7 @@ from trainmem.units import GiB
 
 __all__ = [
     "activation_rows",
-    "gib_text",
+    "gib_fine",
     "module_group",
     "module_tables",
     "peak_rows",
@@ -156,7 +156,7 @@ def module_tables(est: MemoryEstimate, *, top: int = 10) -> tuple[Table, Table]:
     acts.add_column("GiB", justify="right")
     acts.add_column("share", justify="right")
     for r in activation_rows(est, top=top):
-        acts.add_row(r["module"], gib_text(r["activation_bytes"]), f"{100 * r['share']:.1f}%")
+        acts.add_row(r["module"], gib_fine(r["activation_bytes"]), f"{100 * r['share']:.1f}%")
     peak = Table(
         title="live at the peak, by module and category",
         caption="GiB = 2^30 bytes",
@@ -166,11 +166,11 @@ def module_tables(est: MemoryEstimate, *, top: int = 10) -> tuple[Table, Table]:
     peak.add_column("GiB", justify="right")
     peak.add_column("share", justify="right")
     for r in peak_rows(est, top=top):
-        peak.add_row(r["module"], r["category"], gib_text(r["bytes"]), f"{100 * r['share']:.1f}%")
+        peak.add_row(r["module"], r["category"], gib_fine(r["bytes"]), f"{100 * r['share']:.1f}%")
     return acts, peak
 
 
-def gib_text(n_bytes: int) -> str:
+def gib_fine(n_bytes: int) -> str:
     """GiB with enough digits for small models (``"12.34"``, ``"0.00123"``, ``"<0.0001"``)."""
     value = n_bytes / GiB
     if value >= 1 or value == 0:
