@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from trainmem.allocator.replay import ReplayResult
-    from trainmem.timeline import AllocEvent, Timeline
+    from trainmem.timeline import AllocEvent, EventRecord, Timeline
 
 Engine = Literal["auto", "analytic", "generic", "trace"]
 ENGINES: tuple[str, ...] = ("auto", "analytic", "generic", "trace")
@@ -252,7 +252,7 @@ def finish(
     fragmentation = 0
     if simulate_allocator:
         for k, sched in enumerate(est.schedules):
-            result = _replay(sched.events(), ctx, gpu=gpu, alloc_conf=alloc_conf)
+            result = _replay(sched.replay_events(), ctx, gpu=gpu, alloc_conf=alloc_conf)
             per_rank[k]["reserved_bytes"] = result.max_memory_reserved
             per_rank[k]["oom"] = result.oom
             if result.oom and est.oom_message is None and result.oom_message:
@@ -303,7 +303,7 @@ def finish(
 
 
 def _replay(
-    timeline: Timeline | Iterable[AllocEvent],
+    timeline: Timeline | Iterable[AllocEvent | EventRecord],
     ctx: int,
     *,
     gpu: GPUSpec | None,

@@ -36,11 +36,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, cast
 
 from trainmem.breakdown import MemoryCategory
 from trainmem.errors import ScheduleError
-from trainmem.timeline import AllocEvent, Phase, Timeline
+from trainmem.timeline import AllocEvent, EventRecord, Phase, Timeline
 
 Action = Literal["alloc", "free"]
 
@@ -318,11 +318,27 @@ class StepSchedule:
         if isinstance(cached, Timeline):
             yield from cached.events
             return
+        yield from cast("Iterator[AllocEvent]", self._events(records=False))
+
+    def replay_events(self) -> Iterator[AllocEvent | EventRecord]:
+        """:meth:`events` for a replay that keeps none of them (the driver's): the same events
+        as :class:`~trainmem.timeline.EventRecord` named tuples, unless the timeline is built.
+
+        Raises:
+            ScheduleError: as :meth:`expand`.
+        """
+        cached = self._cache.get("timeline")
+        if isinstance(cached, Timeline):
+            yield from cached.events
+            return
+        yield from self._events(records=True)
+
+    def _events(self, *, records: bool) -> Iterator[AllocEvent | EventRecord]:
         live: dict[str, tuple[int, int]] = {}
         counter = [0, 0]  # next block id, events written
-        yield from _expand(self.setup, 0, live, counter)
+        yield from _expand(self.setup, 0, live, counter, records)
         self._cache["steady_state_start"] = counter[1]
-        yield from _expand(self.step, 0, live, counter)
+        yield from _expand(self.step, 0, live, counter, records)
 
     def num_segments(self) -> int:
         """Items in the schedule counting a repeated body once (its compact size)."""
@@ -402,7 +418,7 @@ def _runs_twice(items: Sequence[Item]) -> bool:
     can run again, as the next step)."""
     live: dict[str, tuple[int, int]] = {}
     try:
-        for _ in _expand(items, 0, live, [0, 0]):
+        for _ in _expand(items, 0, live, [0, 0], True):
             pass
     except ScheduleError:
         return False
@@ -452,16 +468,24 @@ def _format_index(text: str, i: int) -> str:
     return text.format(i=i, i_prev=i - 1, i_next=i + 1, i_prev2=i - 2, i_next2=i + 2)
 
 
+def _new_record(*fields: object) -> EventRecord:
+    """An :class:`~trainmem.timeline.EventRecord` without its Python-level ``__new__``."""
+    return tuple.__new__(EventRecord, fields)
+
+
 def _expand(
     items: Sequence[Item],
     i: int,
     live: dict[str, tuple[int, int]],
     counter: list[int],
-) -> Iterator[AllocEvent]:
+    records: bool,
+) -> Iterator[AllocEvent | EventRecord]:
     """The events of ``items`` with ``{i}`` (the innermost repeat's index, 0 outside any) filled
-    in. NB: a replay's hot path (every event of every replay the planner runs passes here): the
-    op is unpacked at once and a key or module without ``{`` is not formatted."""
+    in, as :class:`~trainmem.timeline.EventRecord` tuples when ``records``. NB: a replay's hot
+    path (every event of every replay the planner runs passes here): the op is unpacked at once
+    and a key or module without ``{`` is not formatted."""
     fmt = _format_index
+    make = _new_record if records else AllocEvent
     for item in items:
         if type(item) is not Op:
             assert isinstance(item, Repeat)
@@ -469,7 +493,7 @@ def _expand(
             if count > BALANCED_REPEATS and item.independent:
                 count = BALANCED_REPEATS  # Note [Balanced repeats]
             for k in range(count):
-                yield from _expand(item.body, item.index(k), live, counter)
+                yield from _expand(item.body, item.index(k), live, counter, records)
             continue
         action, size_bytes, category, phase, key, module, _, stream = item
         if "{" in key:
@@ -486,7 +510,7 @@ def _expand(
             counter[0] += 1
             counter[1] += 1
             live[key] = (block, size_bytes)
-            yield AllocEvent("alloc", block, size_bytes, category, phase, module, stream)
+            yield make("alloc", block, size_bytes, category, phase, module, stream)
         else:
             entry = live.pop(key, None)
             if entry is None:
@@ -494,4 +518,4 @@ def _expand(
             block, size = entry
             if block >= 0:
                 counter[1] += 1
-                yield AllocEvent("free", block, size, category, phase, module, stream)
+                yield make("free", block, size, category, phase, module, stream)

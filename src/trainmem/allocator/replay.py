@@ -32,7 +32,7 @@ from typing import Any
 from trainmem.allocator.caching import CachingAllocatorSim, OutOfMemoryError
 from trainmem.allocator.config import AllocatorConfig
 from trainmem.errors import TimelineError
-from trainmem.timeline import AllocEvent, Timeline
+from trainmem.timeline import AllocEvent, EventRecord, Timeline
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +89,7 @@ class ReplayResult:
 
 
 def replay_timeline(
-    timeline: Timeline | Iterable[AllocEvent],
+    timeline: Timeline | Iterable[AllocEvent | EventRecord],
     *,
     capacity_bytes: int | None,
     alloc_conf: str = "",
