@@ -93,6 +93,9 @@ FLAG_CASES: dict[str, tuple[list[str], Any, str]] = {
     "resolution": (["--resolution", "1024"], 1024, "resolution=512"),
     "frames": (["--frames", "81"], 81, "frames=33"),
     "text_seq_len": (["--text-seq-len", "512"], 512, "text-seq-len=77"),
+    "ema": (["--ema"], True, "ema=false"),
+    "ema_dtype": (["--ema", "--ema-dtype", "float32"], "float32", "ema-dtype=bfloat16"),
+    "ema_device": (["--ema", "--ema-device", "cuda"], "cuda", "ema-device=cpu"),
     "nccl_buffer_bytes": (
         ["--nccl-buffer-bytes", "600000000"],
         600000000,

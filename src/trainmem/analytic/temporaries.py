@@ -29,6 +29,15 @@ Note [Optimizer-step temporaries]
     holds ``alpha_t * m_t``, the denominator (``sqrt`` freed once ``+ eps`` has run) and the
     quotient: five tensors of the parameter at once beside its states (m_t, v_t and three),
     against the torch for-loop's two.
+    An EMA of the weights (``TrainingConfig.ema``, Note [EMA weights] in ``tensor_states.py``)
+    is stepped after the optimizer: diffusers' ``EMAModel.step`` (diffusers 0.42.1
+    src/diffusers/training_utils.py, default ``foreach=False``) runs ``s_param.sub_(
+    one_minus_decay * (s_param - param))`` one parameter at a time: ``s_param - param`` and its
+    product with the scalar are two tensors of the parameter, in the wider of the EMA's and the
+    weight's dtypes (type promotion). With ``ema_device="cpu"`` the whole copy is first moved
+    to the GPU (``ema_unet.to(device="cuda")``), so it is a temporary of the step too. The
+    optimizer's temporaries are freed when ``optimizer.step()`` returns, so the step's peak
+    temporary is the larger of the two.
 """
 
 from __future__ import annotations
@@ -45,7 +54,8 @@ temporaries])."""
 def optimizer_step_temporary_bytes(
     training: TrainingConfig, *, num_trainable_parameters: int, largest_parameter: int
 ) -> int:
-    """Peak temporary bytes of ``optimizer.step()``. See Note [Optimizer-step temporaries].
+    """Peak temporary bytes of ``optimizer.step()`` and, with ``ema``, the EMA update after it.
+    See Note [Optimizer-step temporaries].
 
     Args:
         training: optimizer, implementation and precision.
@@ -55,6 +65,49 @@ def optimizer_step_temporary_bytes(
     Returns:
         Bytes.
     """
+    step = _optimizer_only_temporary_bytes(
+        training,
+        num_trainable_parameters=num_trainable_parameters,
+        largest_parameter=largest_parameter,
+    )
+    if not training.ema:
+        return step
+    return max(
+        step, ema_step_temporary_bytes(training, num_trainable_parameters, largest_parameter)
+    )
+
+
+EMA_STEP_TEMPORARIES = 2
+"""Parameter-sized temporaries of diffusers' per-parameter ``EMAModel.step``: ``s_param - param``
+and ``one_minus_decay * (...)`` (Note [Optimizer-step temporaries])."""
+
+
+def ema_step_temporary_bytes(
+    training: TrainingConfig, num_trainable_parameters: int, largest_parameter: int
+) -> int:
+    """Peak temporary bytes of diffusers' ``EMAModel.step`` (``foreach=False``, its default),
+    with the copy moved to the GPU for it when ``ema_device="cpu"``.
+
+    Args:
+        training: ``ema_dtype``, ``ema_device`` and the weights' dtype.
+        num_trainable_parameters: elements of the EMA copy.
+        largest_parameter: elements of the largest trainable tensor.
+
+    Returns:
+        Bytes.
+
+    Source: diffusers 0.42.1 src/diffusers/training_utils.py ``EMAModel.step``.
+    """
+    weight = lora_adapter_dtype(training) if training.is_lora else training.weight_dtype
+    ema = dtype_bytes(training.ema_dtype or weight)
+    wide = max(ema, dtype_bytes(weight))  # s_param - param promotes to the wider dtype
+    moved = ema * num_trainable_parameters if training.ema_device == "cpu" else 0
+    return moved + EMA_STEP_TEMPORARIES * wide * largest_parameter
+
+
+def _optimizer_only_temporary_bytes(
+    training: TrainingConfig, *, num_trainable_parameters: int, largest_parameter: int
+) -> int:
     w = dtype_bytes(training.optimizer_state_dtype)
     opt, impl = training.optimizer, training.step_implementation
     if opt in ("adam", "adamw"):

@@ -29,6 +29,22 @@ Note [Model states with PEFT and sharding]
       frozen and trainable parameters into one ``FlatParameter`` (``use_orig_params=True``), every
       tensor of a wrapped unit that holds a trainable tensor gets a gradient (not an optimizer
       state): the frozen base weights of a LoRA layer included.
+
+Note [EMA weights]
+    diffusers' training scripts keep an exponential moving average of the trained weights
+    (diffusers 0.42.1 src/diffusers/training_utils.py ``EMAModel.__init__``: ``self.shadow_params
+    = [p.clone().detach() for p in parameters]``, in each parameter's dtype unless the script
+    calls ``ema.to(dtype=...)``). The copy is made before training and lives the whole run, so it
+    is counted as a persistent PARAMETER (a copy of the weights, allocated at setup with them;
+    not an optimizer state, which torch allocates lazily at the first step): ``param_bytes``
+    holds ``ema_dtype`` bytes x the elements of every trainable tensor on top of the weight
+    (``TrainingConfig.ema_device="cuda"``). With ``ema_device="cpu"`` (the examples'
+    ``--offload_ema``: ``ema_unet.to(device="cuda")`` before ``ema_unet.step`` and back to the
+    CPU after it, examples/text_to_image/train_text_to_image.py) it is not held on the GPU; its
+    transient copy at the step is a temporary (``analytic/temporaries.py``, Note
+    [Optimizer-step temporaries]). The copy is of the whole unsharded module (the scripts build
+    it from their own ``from_pretrained``), so ZeRO-3 / FSDP parameter sharding, tensor and
+    pipeline parallelism and offload are refused with it (``TrainingConfig``).
 """
 
 from __future__ import annotations
@@ -133,6 +149,16 @@ def paged_state_bytes(training: TrainingConfig, numel: int, shards: int = 1) -> 
         return 0
     per_element = 8 if training.optimizer == "paged-adamw" else 2
     return -(-per_element * numel // shards)
+
+
+def ema_bytes_per_element(training: TrainingConfig, weight_bytes: int) -> int:
+    """Bytes per element of the EMA copy of a trainable tensor stored in ``weight_bytes`` bytes
+    per element: ``ema_dtype``'s, or the tensor's own (``p.clone()``); see Note [EMA weights].
+
+    Source: diffusers 0.42.1 src/diffusers/training_utils.py ``EMAModel.__init__``
+    (``shadow_params = [p.clone().detach() for p in parameters]``) and ``EMAModel.to(dtype=...)``.
+    """
+    return dtype_bytes(training.ema_dtype) if training.ema_dtype else weight_bytes
 
 
 def flat_parameter_grads(training: TrainingConfig) -> bool:
@@ -350,6 +376,8 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
                 grad = 0  # each layer's gradient leaves once reduced (the engine's reduce term)
             if training.offload == "optimizer+params":
                 param = 0
+            if trainable and training.ema and training.ema_device == "cuda":
+                param += ema_bytes_per_element(training, w) * local  # Note [EMA weights]
             paged = 0
             if trainable and state and training.optimizer in PAGED_OPTIMIZERS:
                 paged = min(

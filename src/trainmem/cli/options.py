@@ -34,6 +34,8 @@ from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import (
     ACTIVATION_CHECKPOINTING,
     ATTENTIONS,
+    EMA_DEVICES,
+    EMA_DTYPES,
     FRAMEWORKS,
     LORA_TARGETS,
     LOSSES,
@@ -456,6 +458,41 @@ TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
             ),
         ],
         None,
+    ),
+    _p(
+        "ema",
+        Annotated[
+            bool,
+            _o(
+                "--ema",
+                help="An EMA copy of the trainable weights (diffusers EMAModel), stepped after "
+                "the optimizer.",
+            ),
+        ],
+        False,
+    ),
+    _p(
+        "ema_dtype",
+        Annotated[
+            str | None,
+            _o(
+                "--ema-dtype",
+                help=_choices(EMA_DTYPES) + " [default: the trainable parameters' dtype]",
+            ),
+        ],
+        None,
+    ),
+    _p(
+        "ema_device",
+        Annotated[
+            str,
+            _o(
+                "--ema-device",
+                help=_choices(EMA_DEVICES) + " (cpu: diffusers' --offload_ema, on the GPU "
+                "only for its step)",
+            ),
+        ],
+        "cuda",
     ),
     _p(
         "nccl_buffer_bytes",

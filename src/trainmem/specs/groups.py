@@ -19,6 +19,9 @@ FIELD_GROUPS: dict[str, tuple[str, ...]] = {
         "zero_grad_set_to_none",
         "zero_grad_before_backward",
         "optimizer_in_backward",
+        "ema",
+        "ema_dtype",
+        "ema_device",
     ),
     "Checkpointing and attention": (
         "activation_checkpointing",

@@ -124,6 +124,12 @@ LORA_TARGETS: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
 families (GPT-2 ``c_attn``, Falcon / GPT-NeoX ``query_key_value``) any of q, k, v targets the
 one fused module, as peft does."""
 PIPELINE_SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved-1f1b", "gpipe")
+EMA_DTYPES: tuple[str, ...] = ("float32", "bfloat16")
+"""``TrainingConfig.ema_dtype`` values: diffusers' ``EMAModel`` shadow copy as its training
+scripts keep it (``.to(dtype=...)``), fp32 or bf16."""
+EMA_DEVICES: tuple[str, ...] = ("cuda", "cpu")
+"""``TrainingConfig.ema_device`` values: ``cuda`` (``ema_unet.to(accelerator.device)``) or ``cpu``
+(diffusers examples' ``--offload_ema``: on the GPU only for ``ema_unet.step``)."""
 PRECISION_ALIASES: dict[str, str] = {
     "bf16": "bf16-mixed",
     "16": "16-mixed",
@@ -197,6 +203,7 @@ _FLAGS = (
     "keep_logits",
     "optimizer_in_backward",
     "activation_offloading",
+    "ema",
 )
 
 
@@ -417,6 +424,16 @@ class TrainingConfig:
     text_seq_len: int | None = None
     """diffusers models: text-encoder tokens of the prompt embeddings (FLUX 512, SD3 77 + 256,
     SDXL 77); None: the model's default. Refused for language models (use ``seq_len``)."""
+    ema: bool = False
+    """Keep an exponential moving average of the trainable weights (diffusers
+    ``training_utils.EMAModel``: ``shadow_params = [p.clone().detach() ...]``, updated after each
+    optimizer step); see Note [EMA weights] in ``analytic/tensor_states.py``."""
+    ema_dtype: str | None = None
+    """Dtype of the EMA copy: ``float32`` or ``bfloat16``; None: each trainable parameter's own
+    dtype (``p.clone()``). Needs ``ema``."""
+    ema_device: str = "cuda"
+    """Where the EMA copy lives: ``cuda`` (the whole run) or ``cpu`` (diffusers examples'
+    ``--offload_ema``: moved to the GPU for ``ema.step`` and back). ``cpu`` needs ``ema``."""
     nccl_buffer_bytes: int | None = None
     """Device memory of one NCCL communicator (its buffers, ``cudaMalloc``-ed outside the
     caching allocator), as measured on the user's cluster; None: the figure measured for the
@@ -614,12 +631,41 @@ class TrainingConfig:
                 "(runtime/pipe/engine.py: 'ZeRO-2 and ZeRO-3 are incompatible with pipeline "
                 "parallelism'); allowed: 0 or 1",
             )
+        self._check_ema()
         if self.seq_len % self.context_parallel_size:
             raise SpecError(
                 "context_parallel_size",
                 f"{self.context_parallel_size} does not divide seq_len={self.seq_len}: each "
                 "context-parallel rank holds seq_len / context_parallel_size tokens",
             )
+
+    def _check_ema(self) -> None:
+        if self.ema_dtype is not None:
+            _check_choice("ema_dtype", self.ema_dtype, EMA_DTYPES)
+        _check_choice("ema_device", self.ema_device, EMA_DEVICES)
+        if not self.ema:
+            for name, value in (("ema_dtype", None), ("ema_device", "cuda")):
+                if getattr(self, name) != value:
+                    raise SpecError(name, f"{getattr(self, name)!r} needs ema (set ema true)")
+            return
+        refusals = (
+            (self.offload != "none", "offload", f"{self.offload} (model states on the CPU)"),
+            (self.optimizer_in_backward, "optimizer_in_backward", "True (no optimizer step)"),
+            (self.tensor_parallel_size > 1, "tensor_parallel_size", "> 1"),
+            (self.pipeline_parallel_size > 1, "pipeline_parallel_size", "> 1"),
+            (
+                self.zero_stage == 3 and self.data_parallel_size > 1,
+                "zero_stage",
+                "3 (sharded parameters)",
+            ),
+        )
+        for refused, name, what in refusals:
+            if refused:
+                raise SpecError(
+                    "ema",
+                    f"is modelled for unsharded weights on one GPU, not with {name} {what}; "
+                    f"leave ema off or change {name}",
+                )
 
     @property
     def image_size(self) -> tuple[int, int] | None:

@@ -55,7 +55,7 @@ from trainmem.trace.cuda_autocast import cuda_autocast_policy  # noqa: E402
 from trainmem.trace.cuda_dropout import cuda_dropout  # noqa: E402
 from trainmem.trace.cuda_scatter import cuda_scatter_backward  # noqa: E402
 from trainmem.trace.cuda_sdpa import cuda_sdpa  # noqa: E402
-from trainmem.trace.optimizers import build_optimizer  # noqa: E402
+from trainmem.trace.optimizers import EMAStep, build_optimizer  # noqa: E402
 
 __all__ = ["default_forward_loss", "estimate_trace", "run_trace", "trace"]
 
@@ -280,6 +280,11 @@ def _run_trace(
             add_position_ids(b, training)
         params = [p for p in dict.fromkeys(model.parameters()) if p.requires_grad]
         opt = optimizer(params) if optimizer is not None else build_optimizer(params, training)
+        if training.ema:  # Note [EMA weights]: EMAModel copies the weights before training
+            names = {id(p): n for n, p in model.named_parameters()}
+            modules = dict(model.named_modules())
+            owners = [modules.get(names.get(id(p), "").rpartition(".")[0]) for p in params]
+            opt = EMAStep(opt, [(names.get(id(p), ""), p) for p in params], training, owners)
     fused = bool(opt.defaults.get("fused")) if hasattr(opt, "defaults") else False
     try:
         capture = capture_step(
@@ -300,6 +305,7 @@ def _run_trace(
             forward_loss=forward_loss,
             keep_output=training.keep_logits,
             zero_grad_before_backward=training.zero_grad_before_backward,
+            runtime_state=opt.runtime_state if isinstance(opt, EMAStep) else None,
         )
     except (RuntimeError, TypeError, NotImplementedError) as exc:
         if isinstance(exc, UnsupportedError):

@@ -55,6 +55,8 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "quantize_base": tr.QUANTIZE_BASE,
     "framework": tr.FRAMEWORKS,
     "grad_accum_dtype": GRAD_ACCUM_DTYPES,
+    "ema_dtype": tr.EMA_DTYPES,
+    "ema_device": tr.EMA_DEVICES,
     "lora_targets": (*tr.LORA_TARGETS, "lm_head"),
 }
 """Allowed values of the fields that take one of a list (``lora_targets``: several of it)."""
