@@ -8,6 +8,7 @@ that called :func:`require_torch` first.
 from __future__ import annotations
 
 import logging
+import os
 from types import ModuleType
 
 INSTALL_HINT = "pip install 'trainmem[trace]'"
@@ -26,13 +27,23 @@ lines for a GPT-J config whose ``rotary_dim`` does not fit its heads) and then r
 the trace engine turns that into one ``error: the traced step failed: ...`` line."""
 
 
+QUIET_LIBRARIES = ("TRANSFORMERS_VERBOSITY", "DIFFUSERS_VERBOSITY")
+"""transformers' and diffusers' own verbosity variables (``utils/logging.py`` of each reads its
+variable when the library first configures its logger): their import-time and fallback-kernel
+warnings (``causal_conv1d_fn`` "falling back to its reference PyTorch implementation", which is
+about speed on a GPU, not memory) are raised to errors, unless the user set the variable."""
+
+
 def quiet_third_party_logs() -> None:
-    """Raise :data:`QUIET_LOGGERS` to ERROR and :data:`SILENT_LOGGERS` above CRITICAL (called
-    before torch and its extensions load)."""
+    """Raise :data:`QUIET_LOGGERS` to ERROR, :data:`SILENT_LOGGERS` above CRITICAL and
+    :data:`QUIET_LIBRARIES` to ``error`` unless already set (called before torch and its
+    extensions load)."""
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
     for name in SILENT_LOGGERS:
         logging.getLogger(name).setLevel(logging.CRITICAL + 1)
+    for variable in QUIET_LIBRARIES:
+        os.environ.setdefault(variable, "error")
 
 
 def require_torch() -> ModuleType:
