@@ -96,6 +96,7 @@ FLAG_CASES: dict[str, tuple[list[str], Any, str]] = {
     "ema": (["--ema"], True, "ema=false"),
     "ema_dtype": (["--ema", "--ema-dtype", "float32"], "float32", "ema-dtype=bfloat16"),
     "ema_device": (["--ema", "--ema-device", "cuda"], "cuda", "ema-device=cpu"),
+    "frozen_on_gpu": (["--frozen-on-gpu", "none"], "none", "frozen-on-gpu=vae"),
     "nccl_buffer_bytes": (
         ["--nccl-buffer-bytes", "600000000"],
         600000000,

@@ -37,6 +37,7 @@ from trainmem.specs.training import (
     EMA_DEVICES,
     EMA_DTYPES,
     FRAMEWORKS,
+    FROZEN_ON_GPU,
     LORA_TARGETS,
     LOSSES,
     OFFLOADS,
@@ -493,6 +494,18 @@ TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
             ),
         ],
         "cuda",
+    ),
+    _p(
+        "frozen_on_gpu",
+        Annotated[
+            str,
+            _o(
+                "--frozen-on-gpu",
+                help=_choices(FROZEN_ON_GPU) + " diffusers models: the pipeline's VAE / text "
+                "encoders kept on the GPU [none: latents and embeddings precomputed]",
+            ),
+        ],
+        "none",
     ),
     _p(
         "nccl_buffer_bytes",

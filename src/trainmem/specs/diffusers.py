@@ -40,11 +40,14 @@ from trainmem.specs.model import MAX_COUNT, describe_int
 __all__ = [
     "DIFFUSERS_FAMILIES",
     "DiffusersFamily",
+    "FROZEN_COMPONENTS",
+    "FrozenComponent",
     "ImageBatch",
     "MAX_DIFFUSERS_BLOCKS",
     "check_diffusers_config",
     "check_image_options",
     "diffusers_class",
+    "frozen_components",
     "image_batch",
     "is_diffusers_config",
 ]
@@ -227,6 +230,7 @@ def check_image_options(config: Mapping[str, Any], training: Any) -> None:
     Raises:
         SpecError: an image option on a language model (names the option), or a bad value.
     """
+    frozen_components(config, training)
     if is_diffusers_config(config):
         check_diffusers_config(config)
         image_batch(config, training)
@@ -240,3 +244,139 @@ def check_image_options(config: Mapping[str, Any], training: Any) -> None:
                 "with _class_name); this model takes tokens: use --seq-len and "
                 "--micro-batch-size",
             )
+
+
+@dataclass(frozen=True, slots=True)
+class FrozenComponent:
+    """One frozen model of a diffusers pipeline besides the trained one (a VAE or a text
+    encoder), as its training scripts keep it on the GPU."""
+
+    attribute: str
+    """The pipeline's attribute (``vae``, ``text_encoder``, ``text_encoder_2``...)."""
+    kind: str
+    """``vae`` or ``text-encoder`` (``TrainingConfig.frozen_on_gpu``)."""
+    source: str
+    """The model class and the Hub config it was counted from."""
+    num_params: int
+    """``sum(p.numel())`` of the class built from that config on ``meta``
+    (tests/specs/test_frozen_components.py rebuilds each)."""
+    dtype: str | None = None
+    """The dtype the scripts move it in; None: their ``weight_dtype`` (the run's 16-bit
+    compute dtype, fp32 for ``32-true``)."""
+
+
+_CLIP_L = FrozenComponent(
+    "text_encoder",
+    "text-encoder",
+    "CLIPTextModel, openai/clip-vit-large-patch14 text_config",
+    123_060_480,
+)
+_CLIP_L_PROJ = FrozenComponent(
+    "text_encoder",
+    "text-encoder",
+    "CLIPTextModelWithProjection, openai/clip-vit-large-patch14 text_config",
+    123_650_304,
+)
+_CLIP_G_PROJ = FrozenComponent(
+    "text_encoder_2",
+    "text-encoder",
+    "CLIPTextModelWithProjection, laion/CLIP-ViT-bigG-14-laion2B-39B-b160k text_config",
+    694_659_840,
+)
+_T5_XXL = FrozenComponent(
+    "text_encoder_2", "text-encoder", "T5EncoderModel, google/t5-v1_1-xxl", 4_762_310_656
+)
+_VAE_16 = FrozenComponent(
+    "vae",
+    "vae",
+    "AutoencoderKL, 16 latent channels, no quant convs (FLUX.1-dev / SD3 vae/config.json)",
+    83_819_683,
+)
+
+FROZEN_COMPONENTS: dict[str, tuple[FrozenComponent, ...]] = {
+    "FluxTransformer2DModel": (_CLIP_L, _T5_XXL, _VAE_16),
+    "SD3Transformer2DModel": (
+        _CLIP_L_PROJ,
+        _CLIP_G_PROJ,
+        FrozenComponent(
+            "text_encoder_3", "text-encoder", "T5EncoderModel, google/t5-v1_1-xxl", 4_762_310_656
+        ),
+        _VAE_16,
+    ),
+    "UNet2DConditionModel": (
+        _CLIP_L,
+        _CLIP_G_PROJ,
+        FrozenComponent(
+            "vae",
+            "vae",
+            "AutoencoderKL, 4 latent channels (stabilityai/stable-diffusion-xl-base-1.0 "
+            "vae/config.json)",
+            83_653_863,
+            dtype="float32",
+        ),
+    ),
+    "WanTransformer3DModel": (
+        FrozenComponent(
+            "text_encoder",
+            "text-encoder",
+            "UMT5EncoderModel, google/umt5-xxl (Wan-AI/Wan2.1-T2V-1.3B-Diffusers)",
+            5_680_910_336,
+        ),
+        FrozenComponent(
+            "vae",
+            "vae",
+            "AutoencoderKLWan, its defaults (Wan-AI/Wan2.1-T2V-1.3B-Diffusers vae/config.json)",
+            126_892_531,
+        ),
+    ),
+}
+"""The frozen models of each trained class's pipeline: FLUX.1 (CLIP-L, T5-XXL encoder, the
+16-channel VAE), SD3 / SD3.5 (CLIP-L and OpenCLIP bigG with projections, T5-XXL, the 16-channel
+VAE), SDXL (CLIP-L, bigG with projection, the 4-channel VAE; a UNet with
+``addition_embed_type: text_time``), Wan 2.1 (umT5-XXL encoder, the Wan VAE). Counted by
+building each class from its Hub config on ``meta`` with transformers 5 / diffusers 0.42.
+
+The scripts move them with ``.to(accelerator.device, dtype=weight_dtype)`` (diffusers
+examples/dreambooth/train_dreambooth_lora_flux.py, train_dreambooth_lora_sd3.py), except
+SDXL's VAE: ``vae.to(accelerator.device, dtype=torch.float32)`` ("The VAE is always in float32
+to avoid NaN losses", examples/text_to_image/train_text_to_image_lora_sdxl.py). Wan has no
+diffusers training example; the same convention is assumed."""
+
+
+def frozen_components(config: Mapping[str, Any], training: Any) -> list[tuple[str, int, str]]:
+    """The frozen pipeline models ``training.frozen_on_gpu`` keeps on the GPU beside the trained
+    diffusers model, as ``(pipeline attribute, elements, dtype)``.
+
+    Args:
+        config: the trained model's diffusers ``config.json``.
+        training: a :class:`~trainmem.specs.training.TrainingConfig`.
+
+    Returns:
+        One triple per component kept (none for ``frozen_on_gpu="none"``).
+
+    Raises:
+        SpecError: ``frozen_on_gpu`` for a model that is not a diffusers model, or for a UNet
+            that is not SDXL's.
+    """
+    which = training.frozen_on_gpu
+    if which == "none":
+        return []
+    if not is_diffusers_config(config):
+        raise SpecError(
+            "frozen_on_gpu",
+            f"{which}: the VAE and text encoders of a diffusers pipeline (a config.json with "
+            "_class_name); this model has none (use none)",
+        )
+    name = diffusers_class(config)
+    if name == "UNet2DConditionModel" and config.get("addition_embed_type") != "text_time":
+        raise SpecError(
+            "frozen_on_gpu",
+            f"{which}: the pipeline's components are known for SDXL's UNet "
+            "(addition_embed_type text_time) only; use none",
+        )
+    kinds = ("vae", "text-encoder") if which == "all" else (which.removesuffix("s"),)
+    return [
+        (c.attribute, c.num_params, c.dtype or training.compute_dtype)
+        for c in FROZEN_COMPONENTS[name]
+        if c.kind in kinds
+    ]

@@ -58,7 +58,12 @@ FIELD_GROUPS: dict[str, tuple[str, ...]] = {
         "deepspeed_version",
         "grad_accum_dtype",
     ),
-    "Diffusion models (diffusers configs)": ("resolution", "frames", "text_seq_len"),
+    "Diffusion models (diffusers configs)": (
+        "resolution",
+        "frames",
+        "text_seq_len",
+        "frozen_on_gpu",
+    ),
 }
 """Every TrainingConfig field by concern: the web page's option groups and the panels of the
 CLI's ``--help`` (one source of both)."""

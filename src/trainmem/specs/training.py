@@ -127,6 +127,8 @@ PIPELINE_SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved-1f1b", "gpipe")
 EMA_DTYPES: tuple[str, ...] = ("float32", "bfloat16")
 """``TrainingConfig.ema_dtype`` values: diffusers' ``EMAModel`` shadow copy as its training
 scripts keep it (``.to(dtype=...)``), fp32 or bf16."""
+FROZEN_ON_GPU: tuple[str, ...] = ("none", "vae", "text-encoders", "all")
+"""``TrainingConfig.frozen_on_gpu`` values (:data:`trainmem.specs.diffusers.FROZEN_COMPONENTS`)."""
 EMA_DEVICES: tuple[str, ...] = ("cuda", "cpu")
 """``TrainingConfig.ema_device`` values: ``cuda`` (``ema_unet.to(accelerator.device)``) or ``cpu``
 (diffusers examples' ``--offload_ema``: on the GPU only for ``ema_unet.step``)."""
@@ -434,6 +436,12 @@ class TrainingConfig:
     ema_device: str = "cuda"
     """Where the EMA copy lives: ``cuda`` (the whole run) or ``cpu`` (diffusers examples'
     ``--offload_ema``: moved to the GPU for ``ema.step`` and back). ``cpu`` needs ``ema``."""
+    frozen_on_gpu: str = "none"
+    """diffusers models: the pipeline's frozen models kept on the GPU through training, as
+    parameters from setup: ``vae``, ``text-encoders``, ``all``, or ``none`` (latents and prompt
+    embeddings precomputed, the models freed or never moved: the scripts' ``--cache_latents``
+    and precomputed embeddings). Their sizes: :data:`trainmem.specs.diffusers.FROZEN_COMPONENTS`.
+    Refused for language models."""
     nccl_buffer_bytes: int | None = None
     """Device memory of one NCCL communicator (its buffers, ``cudaMalloc``-ed outside the
     caching allocator), as measured on the user's cluster; None: the figure measured for the
@@ -632,6 +640,7 @@ class TrainingConfig:
                 "parallelism'); allowed: 0 or 1",
             )
         self._check_ema()
+        _check_choice("frozen_on_gpu", self.frozen_on_gpu, FROZEN_ON_GPU)
         if self.seq_len % self.context_parallel_size:
             raise SpecError(
                 "context_parallel_size",

@@ -17,12 +17,15 @@ Note [diffusers training step]
     ``examples/text_to_image/train_text_to_image_sdxl.py`` (epsilon prediction:
     ``F.mse_loss(pred.float(), target.float())``). The VAE and text encoders are frozen and
     run before the step (or their outputs are cached), so the batch is their outputs: latents,
-    prompt embeddings, pooled embeddings. Differences from the scripts, all a few latent-sized
-    tensors: the target is drawn inside the loss (``noise - latents`` there: one tensor of the
-    latent shape; SDXL's ``target = noise`` exists before the forward there), FLUX's prediction
-    is not unpacked back to [b, c, h, w] (a copy of the prediction there). SD3's default
-    ``--precondition_outputs 1`` is applied (``pred * (-sigmas) + noisy_input``, target the
-    clean latents).
+    prompt embeddings, pooled embeddings. By default (``frozen_on_gpu="none"``) they hold no
+    GPU memory; ``vae`` / ``text-encoders`` / ``all`` keep them there as the scripts do without
+    cached latents / precomputed embeddings (their weights only, as parameters from setup;
+    :data:`trainmem.specs.diffusers.FROZEN_COMPONENTS`; their forwards are not traced).
+    Differences from the scripts, all a few latent-sized tensors: the target is drawn inside
+    the loss (``noise - latents`` there: one tensor of the latent shape; SDXL's ``target =
+    noise`` exists before the forward there), FLUX's prediction is not unpacked back to
+    [b, c, h, w] (a copy of the prediction there). SD3's default ``--precondition_outputs 1``
+    is applied (``pred * (-sigmas) + noisy_input``, target the clean latents).
 
     Inputs are in the parameter dtype (the scripts cast latents and embeddings to
     ``weight_dtype``); timesteps are fp32 (FLUX / SD3 / Wan: scheduler sigmas) or int64 (SDXL:
@@ -37,10 +40,16 @@ from typing import Any
 
 from trainmem.breakdown import MemoryEstimate
 from trainmem.errors import UnsupportedError
-from trainmem.specs.diffusers import check_diffusers_config, diffusers_class, image_batch
+from trainmem.specs.diffusers import (
+    check_diffusers_config,
+    diffusers_class,
+    frozen_components,
+    image_batch,
+)
 from trainmem.specs.hardware import GPUSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
+from trainmem.units import dtype_bytes
 
 torch = require_torch()
 
@@ -369,9 +378,16 @@ def describe_diffusers_batch(
         text_seq_len=g.text_seq_len,
     )
     what = f"{g.height}x{g.width} px" + (f", {g.frames} frames" if g.frames else "")
+    kept = frozen_components(raw, training)
+    if kept:
+        held = ", ".join(f"{name} {n:,} x {dtype_bytes(dtype)} B" for name, n, dtype in kept)
+        frozen = f"frozen on the GPU as parameters, --frozen-on-gpu {training.frozen_on_gpu}: "
+        frozen += held
+    else:
+        frozen = "VAE and text encoders frozen, outside the step; latents and prompt embeddings "
+        frozen += "precomputed: --frozen-on-gpu none"
     est.notes.append(
-        f"diffusers {cls}: micro-batch of {what}, {g.text_seq_len} text tokens (VAE and text "
-        "encoders frozen, outside the step)"
+        f"diffusers {cls}: micro-batch of {what}, {g.text_seq_len} text tokens ({frozen})"
     )
 
 
@@ -413,7 +429,10 @@ def estimate_diffusers_trace(
         return make_diffusers_batch(holder["model"], training)
 
     ws = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
-    capture, report = run_trace(build, batch, training, loss_fn=diffusers_loss, workspace_bytes=ws)
+    resident = frozen_components(raw, training)
+    capture, report = run_trace(
+        build, batch, training, loss_fn=diffusers_loss, workspace_bytes=ws, resident=resident
+    )
     est = _estimate(name, capture, report, training, gpu, ws)
     describe_diffusers_batch(est, raw, training)
     return est

@@ -29,7 +29,7 @@ import contextlib
 import functools
 import inspect
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from trainmem.breakdown import MemoryBreakdown, MemoryCategory, MemoryEstimate
@@ -188,6 +188,7 @@ def run_trace(
     emulate_cuda: bool = True,
     workspace_bytes: int = DEFAULT_CUBLAS_WORKSPACE_BYTES,
     forward_loss: Callable[[Any, Any], Any] | None = None,
+    resident: Sequence[tuple[str, int, str]] = (),
 ) -> tuple[Capture, PeakReport]:
     """Build, warm up and record one steady-state step; the engine's core.
 
@@ -206,14 +207,22 @@ def run_trace(
         workspace_bytes: cuBLAS workspace added when ``emulate_cuda``.
         forward_loss: ``forward_loss(model, batch) -> loss`` replacing the forward + loss
             (default: :func:`default_forward_loss` of ``training``).
+        resident: ``(name, elements, dtype)`` of frozen models held on the GPU beside the
+            traced one (a diffusers pipeline's VAE and text encoders,
+            :func:`trainmem.specs.diffusers.frozen_components`): one fake tensor each,
+            registered as a parameter from setup (``fake`` only).
 
     Returns:
         ``(capture, report)``.
 
     Raises:
         TraceError: the step failed under fake tensors (the message names the op).
+        UnsupportedError: ``resident`` tensors on a real (not fake) run.
     """
     from trainmem.trace.parallel import trace_mesh, uses_mesh
+
+    if resident and not fake:
+        raise UnsupportedError("resident: frozen models are only held as fake tensors")
 
     if training.pipeline_parallel_size > 1:  # the stages are split by trainmem.trace.pipeline
         raise UnsupportedError(
@@ -225,12 +234,13 @@ def run_trace(
         return _run_trace(
             build_model, make_batch, training, loss_fn=loss_fn, optimizer=optimizer, fake=fake,
             emulate_cuda=emulate_cuda, workspace_bytes=workspace_bytes, forward_loss=forward_loss,
+            resident=resident,
         )  # fmt: skip
     with trace_mesh(training) as mesh:
         return _run_trace(
             build_model, make_batch, training, loss_fn=loss_fn, optimizer=optimizer, fake=fake,
             emulate_cuda=emulate_cuda, workspace_bytes=workspace_bytes, forward_loss=forward_loss,
-            mesh=mesh,
+            mesh=mesh, resident=resident,
         )  # fmt: skip
 
 
@@ -246,6 +256,7 @@ def _run_trace(
     workspace_bytes: int,
     forward_loss: Callable[[Any, Any], Any] | None,
     mesh: Any = None,
+    resident: Sequence[tuple[str, int, str]] = (),
 ) -> tuple[Capture, PeakReport]:
     from trainmem.trace.hf_model import materialize_fake
     from trainmem.trace.parallel import add_position_ids, context_parallel, parallelize
@@ -285,6 +296,16 @@ def _run_trace(
             modules = dict(model.named_modules())
             owners = [modules.get(names.get(id(p), "").rpartition(".")[0]) for p in params]
             opt = EMAStep(opt, [(names.get(id(p), ""), p) for p in params], training, owners)
+        held = [  # a pipeline's frozen models (TrainingConfig.frozen_on_gpu)
+            (torch.empty(n, dtype=_torch_dtype(dtype)), MemoryCategory.PARAMETER, f"({name})")
+            for name, n, dtype in resident
+        ]
+
+    def runtime_state() -> Iterator[tuple[Any, MemoryCategory, str]]:
+        yield from held
+        if isinstance(opt, EMAStep):
+            yield from opt.runtime_state()
+
     fused = bool(opt.defaults.get("fused")) if hasattr(opt, "defaults") else False
     try:
         capture = capture_step(
@@ -305,7 +326,7 @@ def _run_trace(
             forward_loss=forward_loss,
             keep_output=training.keep_logits,
             zero_grad_before_backward=training.zero_grad_before_backward,
-            runtime_state=opt.runtime_state if isinstance(opt, EMAStep) else None,
+            runtime_state=runtime_state if held or isinstance(opt, EMAStep) else None,
         )
     except (RuntimeError, TypeError, NotImplementedError) as exc:
         if isinstance(exc, UnsupportedError):

@@ -77,6 +77,7 @@ class Recipe:
         loss_fn: ``loss_fn(output, batch) -> scalar``; None reads ``output.loss``.
         forward_loss: ``forward_loss(model, batch) -> loss`` replacing forward + loss, or None.
         library: what builds it, for the notes.
+        resident: frozen models held on the GPU beside it (``run_trace``'s ``resident``).
     """
 
     name: str
@@ -85,6 +86,7 @@ class Recipe:
     loss_fn: Callable[[Any, Any], Any] | None = None
     forward_loss: Callable[[Any, Any], Any] | None = None
     library: str = "transformers"
+    resident: tuple[tuple[str, int, str], ...] = ()
 
 
 def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfig) -> Recipe:
@@ -102,7 +104,7 @@ def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfi
     Raises:
         UnsupportedError: a diffusers config while the diffusers builder is not available.
     """
-    from trainmem.specs.diffusers import is_diffusers_config
+    from trainmem.specs.diffusers import frozen_components, is_diffusers_config
 
     if is_diffusers_config(raw):
         try:
@@ -120,6 +122,7 @@ def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfi
             lambda model: dm.make_diffusers_batch(model, training),
             loss_fn=dm.diffusers_loss,
             library="diffusers",
+            resident=tuple(frozen_components(raw, training)),
         )
     from trainmem.trace.hf_model import build_hf_training_model, hf_loss, make_hf_batch
 
@@ -182,6 +185,7 @@ def trace_generic(
             loss_fn=recipe.loss_fn,
             workspace_bytes=ws,
             forward_loss=recipe.forward_loss,
+            resident=recipe.resident,
         )
 
     notes: list[str] = []

@@ -57,6 +57,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "grad_accum_dtype": GRAD_ACCUM_DTYPES,
     "ema_dtype": tr.EMA_DTYPES,
     "ema_device": tr.EMA_DEVICES,
+    "frozen_on_gpu": tr.FROZEN_ON_GPU,
     "lora_targets": (*tr.LORA_TARGETS, "lm_head"),
 }
 """Allowed values of the fields that take one of a list (``lora_targets``: several of it)."""
