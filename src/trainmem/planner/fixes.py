@@ -22,7 +22,7 @@ Note [Cost ranks]
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, fields, replace
 from itertools import combinations, islice
 from typing import Any, TypeVar
@@ -443,8 +443,25 @@ def fixes(
         for a, b in combinations(changes, 2)
         if a.group != b.group and a.name not in fitting_alone and b.name not in fitting_alone
     ]
-    screened = singles + _screen_fast(spec, training, gpu_spec, pairs, ctx)
-    return _confirm(spec, training, gpu_spec, screened, base_allocated.allocated_bytes, limit, ctx)
+    # Cheapest first; a pair is screened only when the confirmation reaches it, so the search
+    # stops at ``limit`` fixes instead of screening every pair (the order is the one a full
+    # screen then a stable sort by cost would give: singles before pairs of the same cost).
+    ordered = sorted(
+        [*singles, *((sum(c.cost_rank for c in rows), rows, None) for rows in pairs)],
+        key=lambda entry: entry[0],
+    )
+
+    def in_cost_order() -> Iterator[_Screened]:
+        for rank, rows, fitting in ordered:
+            if fitting is None:
+                found = _screen_fast(spec, training, gpu_spec, [rows], ctx)
+                if not found:
+                    continue
+                fitting = found[0][2]
+            yield rank, rows, fitting
+
+    base_bytes = base_allocated.allocated_bytes
+    return _confirm(spec, training, gpu_spec, in_cost_order(), base_bytes, limit, ctx)
 
 
 _Screened = tuple[float, tuple[Change, ...], Iterator[tuple[TrainingConfig, MemoryEstimate]]]
@@ -472,14 +489,15 @@ def _confirm(
     model: ModelSpec,
     training: TrainingConfig,
     gpu: GPUSpec,
-    screened: list[_Screened],
+    screened: Iterable[_Screened],
     base_allocated_bytes: int,
     limit: int,
     ctx: int | None,
 ) -> list[Fix]:
-    """The simulator in cost order until ``limit`` fixes are confirmed; ties by bytes saved."""
+    """The simulator in the order given (cheapest first) until ``limit`` fixes are confirmed;
+    ties by bytes saved."""
     out: list[Fix] = []
-    for rank, rows, fitting in sorted(screened, key=lambda x: x[0]):
+    for rank, rows, fitting in screened:
         if len(out) >= limit:
             break
         # The first closed-form fit may not survive fragmentation; try the next few proposals.
