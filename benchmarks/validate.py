@@ -391,6 +391,46 @@ def spread(values: list[float]) -> dict[str, Any]:
     }
 
 
+def with_dev2_errors(
+    table: dict[str, Any],
+    dev1_tool: Tool,
+    rows: list[dict[str, str]],
+    measured: dict[str, float],
+    dev2_rows: list[Dev2Row],
+    dev2_results: dict[str, Dev2Result],
+) -> dict[str, Any]:
+    """``table`` with its ``analytic`` engine's spreads recomputed over both development sets:
+    dev set 1's analytic errors and every dev-2 row the analytic engine answered, each grouped by
+    the kinds of configuration of its resolved settings. The other engines' entries are kept."""
+    by_kind: dict[str, list[float]] = {}
+    errors = signed_errors(dev1_tool, measured)
+    for row in rows:
+        if row["id"] in errors:
+            entry = resolve_entry(row)
+            assert isinstance(entry, dict)
+            kinds = configuration_kinds(training_of(entry))
+            for kind in ("all", *kinds):
+                by_kind.setdefault(kind, []).append(errors[row["id"]])
+    dev2 = dev2_errors(dev2_rows, dev2_results)
+    for row_id, error in dev2.items():
+        res = dev2_results[row_id]
+        if res.engine != "analytic" or not res.config:
+            continue
+        for kind in ("all", *configuration_kinds(res.config)):
+            by_kind.setdefault(kind, []).append(error)
+    out = dict(table)
+    out["engines"] = {
+        **table["engines"],
+        "analytic": {k: spread(v) for k, v in sorted(by_kind.items())},
+    }
+    out["dataset"] = (
+        "shared/validation/dev_measurements.csv + dev_measurements_2.csv (analytic engine); "
+        + str(table.get("dataset", ""))
+    )
+    out["date"] = datetime.date.today().isoformat()
+    return out
+
+
 def uncertainty_table(
     tools: list[Tool], rows: list[dict[str, str]], measured: dict[str, float]
 ) -> dict[str, Any]:
@@ -483,11 +523,14 @@ class Dev2Result:
             memory on the row's ``--gpu`` (the figure is then the replay without a capacity).
         seconds: wall time of the row.
         as_read: for an amended row, the same answer on the jsonl's arguments alone.
+        config: the estimate's resolved settings (``config`` of the JSON), for the kinds of
+            configuration the uncertainty band groups errors by.
     """
 
     predicted: int | None = None
     refused: str | None = None
     engine: str = ""
+    config: dict[str, Any] | None = None
     oom: bool = False
     seconds: float = 0.0
     as_read: Dev2Result | None = None
@@ -633,6 +676,7 @@ def run_dev2_row(row: Dev2Row, *, amended: bool = True, with_as_read: bool = Tru
         predicted=value,
         refused=None if value is not None else (error or "no figure on the row's metric"),
         engine=str(answer.get("engine", "")),
+        config=dict(answer.get("config") or {}),
         oom=oom,
         seconds=time.monotonic() - start,
         as_read=as_read,
@@ -1190,6 +1234,10 @@ def main(argv: list[str] | None = None) -> int:
             dev1 = signed_errors(tools[0], measured)
             write_dev2_section(dev2_lines(dev2_rows, dev2_results, dev1, len(rows)))
             print(f"\nwrote the dev set 2 section of {RESULTS_MD}")
+            stored = json.loads(UNCERTAINTY_JSON.read_text())
+            merged = with_dev2_errors(stored, tools[0], rows, measured, dev2_rows, dev2_results)
+            UNCERTAINTY_JSON.write_text(json.dumps(merged, indent=1, sort_keys=True) + "\n")
+            print(f"wrote the analytic engine's error spreads of both sets to {UNCERTAINTY_JSON}")
         if args.dev2:
             return 0
         print()
@@ -1206,6 +1254,7 @@ def main(argv: list[str] | None = None) -> int:
         write_results_md(tools, rows, measured)
         UNCERTAINTY_JSON.parent.mkdir(parents=True, exist_ok=True)
         table = uncertainty_table(tools, rows, measured)
+        table = with_dev2_errors(table, tools[0], rows, measured, dev2_rows, dev2_results)
         UNCERTAINTY_JSON.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
         print(f"\nwrote {RESULTS_MD}, {PLOT_PNG}, {UNCERTAINTY_JSON}")
     return 0
