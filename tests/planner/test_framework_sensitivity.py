@@ -53,3 +53,20 @@ def test_no_framework_note_when_the_user_chose_the_framework() -> None:
         assert result.exit_code == 0, result.output
         notes = json.loads(result.stdout)["notes"]
         assert not any("the framework matters here" in n for n in notes), chosen
+
+
+def test_the_assumed_loop_is_reported() -> None:
+    # what the loop does with the step's tensors, from the loop settings the estimate used
+    plain = CliRunner().invoke(app, ["estimate", "llama-3.2-1b", "-s", "512", "--json"])
+    loop = json.loads(plain.stdout)["details"]["assumed"]["loop"]
+    assert loop == (
+        "one micro-batch per step, the step's outputs dropped after the loss, "
+        "zero_grad(set_to_none=True) after the step"
+    )
+    kept = CliRunner().invoke(
+        app,
+        ["estimate", "llama-3.2-1b", "-s", "512", "--keep-logits", "--zero-grad-keep", "--json"],
+    )
+    loop = json.loads(kept.stdout)["details"]["assumed"]["loop"]
+    assert "logits held to the end of the step" in loop
+    assert "zero_grad() keeps the gradients allocated" in loop

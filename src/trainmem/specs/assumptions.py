@@ -48,6 +48,28 @@ def _transformers(value: Any) -> str:
     return ".".join(map(str, DEFAULT_TRANSFORMERS_VERSION)) + " (default)"
 
 
+def loop_of(config: Mapping[str, Any]) -> str:
+    """The training loop the estimate assumes, in words, from the loop settings in ``config``
+    (``keep_logits``, ``zero_grad_set_to_none``, ``zero_grad_before_backward``,
+    ``gradient_accumulation_steps``, ``optimizer_in_backward``)."""
+    steps = int(config.get("gradient_accumulation_steps") or 1)
+    parts = [
+        f"{steps} micro-batches per step" if steps > 1 else "one micro-batch per step",
+        "logits held to the end of the step"
+        if config.get("keep_logits")
+        else "the step's outputs dropped after the loss",
+    ]
+    if config.get("optimizer_in_backward"):
+        parts.append("optimizer stepped in backward")
+    elif config.get("zero_grad_set_to_none", True) is False:
+        parts.append("zero_grad() keeps the gradients allocated")
+    elif config.get("zero_grad_before_backward"):
+        parts.append("zero_grad() between the loss and backward()")
+    else:
+        parts.append("zero_grad(set_to_none=True) after the step")
+    return ", ".join(parts)
+
+
 def assumptions(config: Mapping[str, Any]) -> dict[str, str]:
     """The framework and library versions an estimate's resolved ``config`` stands for.
 
@@ -55,14 +77,15 @@ def assumptions(config: Mapping[str, Any]) -> dict[str, str]:
         config: ``MemoryEstimate.config`` (every resolved setting).
 
     Returns:
-        ``{"framework", "framework_means", "torch", "transformers", "bitsandbytes",
-        "deepspeed"}`` as text; a version the user did not give reads ``"2.8 (default)"``
-        (transformers: ``"5.24.0 (installed)"`` when it is installed).
+        ``{"framework", "framework_means", "loop", "torch", "transformers", "bitsandbytes",
+        "deepspeed"}`` as text (``loop``: :func:`loop_of`); a version the user did not give
+        reads ``"2.8 (default)"`` (transformers: ``"5.24.0 (installed)"`` when installed).
     """
     framework = str(config.get("framework") or "pytorch-amp")
     out = {
         "framework": framework,
         "framework_means": FRAMEWORK_SUMMARY.get(framework, ""),
+        "loop": loop_of(config),
         "torch": _version(config.get("torch_version"), DEFAULT_TORCH_VERSION),
         "transformers": _transformers(config.get("transformers_version")),
     }
@@ -75,10 +98,17 @@ def assumptions(config: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+def versions_text(assumed: Mapping[str, str]) -> str:
+    """The library versions of :func:`assumptions`' result: ``"torch 2.8 (default), ..."``."""
+    return ", ".join(
+        f"{k} {v}" for k, v in assumed.items() if k not in ("framework", "framework_means", "loop")
+    )
+
+
 def assumptions_line(config: Mapping[str, Any]) -> str:
     """:func:`assumptions` on one line, for the CLI."""
     a = assumptions(config)
-    versions = ", ".join(
-        f"{k} {v}" for k, v in a.items() if k not in ("framework", "framework_means")
+    return (
+        f"assumed: --framework {a['framework']} ({a['framework_means']}); loop: {a['loop']}; "
+        f"{versions_text(a)}"
     )
-    return f"assumed: --framework {a['framework']} ({a['framework_means']}); {versions}"
