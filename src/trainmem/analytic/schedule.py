@@ -139,43 +139,12 @@ Note [Flat-parameter gradients in backward]
     of view gradients, +1 unit concatenated, the views freed; the accumulated unit kept in the
     first micro-batch, freed after the add in the later ones.
 
-Note [DeepSpeed gradient copies at the step]
-    DeepSpeed's optimizer wrappers step on an fp32 flat gradient they build from the model's
-    16-bit gradients (:func:`~trainmem.analytic.buffers.deepspeed_step_gradient_copies`). ZeRO-1/2
-    (runtime/zero/stage_1_and_2.py ``step``): per parameter group, ``single_grad_partition =
-    self.flatten(self.averaged_gradients[i]).to(fp32)``: a 16-bit flat copy of this rank's
-    gradient partition, then its fp32 copy, set as the fp32 partition's ``.grad``; the 16-bit
-    copy has no reference once ``.to`` returns, the gradients are freed
-    (``free_grad_in_param_list``, ``averaged_gradients[i] = None``) before
-    ``self._optimizer_step(i)``, and the fp32 copy after it (``.grad = None``). So the step holds
-    the partition's gradients + 2 + 4 bytes per partition element at its highest. ZeRO-1 (no
-    gradient partitioning) first reduces the full gradients into one flat partition buffer
-    after the backward (``reduce_gradients`` -> ``copy_grads_in_partition``: ``torch.empty(
-    total_size, dtype=self.dtype)`` while the full gradients are alive, then each ``param.grad``
-    a view of it or of the reduce bucket, all cleared by ``_clear_param_grad_only``), so by the
-    step only the partition is left. With gradient accumulation ZeRO-2 keeps the first
-    micro-batch's partition buffer through ``averaged_gradients`` (0.16.9) /
-    ``all_grad_tensors`` (0.19.8) while ``_release_ipg_buffers`` drops ``grads_in_partition``,
-    so every later micro-batch's backward allocates a fresh one (``copy_grads_in_partition``:
-    ``if self.grads_in_partition is None: ... torch.empty(...)``), adds it into the kept one
-    in ``independent_gradient_partition_epilogue`` (``accumulated_grad.add_(new_avg_grad)``) and
-    frees it: one more partition of gradients through that backward (allocated with the first
-    reduced bucket; at the start of the backward for the rank holding the last layers).
-    ZeRO-3 (runtime/zero/stage3.py ``step``) builds the step's two copies per optimizer
-    sub-group (``_prepare_fp32_grad_for_sub_group``; ``sub_group_size`` 1e9
-    partition elements), freeing each fp32 copy before the next (``_release_sub_group``); its
-    gradient partition stays (a buffer from init). ``FP16_Optimizer`` (ZeRO off, 16-bit gradients;
-    fp16/fused_optimizer.py ``step``): ``_flatten_dense_tensors([p.grad.to(fp32) for p in
-    group])``, every gradient's fp32 copy alive until the concatenation exists.
-
 Source: torch/optim/optimizer.py, adam.py ``_init_group`` / ``_multi_tensor_adam``; autograd's
 reverse-order backward; ATen/cuda/CublasHandlePool.cpp (one workspace per handle); the papers
 cited per term in :mod:`trainmem.analytic.activations` and :mod:`trainmem.analytic.engine`.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 from trainmem.analytic.activations import (
     WRITTEN_OUT_SOFTMAX_BACKWARD_TENSORS,
@@ -199,12 +168,7 @@ from trainmem.analytic.activations import (
     written_out_scores_forward_tensors,
 )
 from trainmem.analytic.buffers import (
-    deepspeed_backward_bucket_bytes,
-    deepspeed_partition_elements,
-    deepspeed_persistent_bucket_bytes,
-    deepspeed_step_gradient_copies,
     deepspeed_zero3_gather_bytes,
-    deepspeed_zero3_sub_group_elements,
     dequantized_weight_bytes,
     gathered_layer_bytes,
     gradient_buffer_from_init,
@@ -219,6 +183,19 @@ from trainmem.analytic.temporaries import (
     optimizer_step_temporary_bytes,
 )
 from trainmem.analytic.tensor_states import StateLayout, TensorState, flat_parameter_grads
+from trainmem.analytic.transforms import active
+from trainmem.analytic.transforms.base import (
+    ALL_GATHER_STREAM,
+    REDUCE_SCATTER_STREAM,
+    Emitter,
+    PipelineRank,
+    RankContext,
+    Where,
+    all_gradients,
+    alloc,
+    free,
+    free_gradients,
+)
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
 from trainmem.specs.model import ModelSpec
@@ -257,56 +234,7 @@ WARMUP_STEPS = 1
 """Steps replayed before the measured one (Note [Analytic step schedule])."""
 
 
-@dataclass(frozen=True, slots=True)
-class PipelineRank:
-    """One pipeline stage as a rank sees it.
-
-    Attributes:
-        stage: stage index (0 = first).
-        num_layers: transformer layers held (all of them without pipelining).
-        in_flight: micro-batches whose activations the stage holds at once (Korthikanti et al.
-            2022 sec. 4.2.3: the first 1F1B stage holds p; interleaving adds (p - 1) / v; GPipe
-            holds all of them).
-        has_embedding: holds the input embeddings (first stage; the last stage too for tied
-            embeddings, as Megatron keeps a copy for the output layer).
-        has_head: holds the final norm, the output layer and the loss (last stage).
-    """
-
-    stage: int
-    num_layers: int
-    in_flight: float
-    has_embedding: bool
-    has_head: bool
-
-
-def alloc(
-    size: int,
-    cat: Cat,
-    phase: Phase,
-    key: str,
-    module: str = "",
-    label: str = "",
-    stream: int = 0,
-) -> Op:
-    """An allocation of ``max(size, 0)`` bytes on CUDA stream ``stream``."""
-    size = int(size)
-    # NB: tuple.__new__ skips the named tuple's Python-level __new__ (the builder makes about
-    # 140 ops per configuration the planner evaluates)
-    return _new_op(Op, ("alloc", size if size > 0 else 0, cat, phase, key, module, label, stream))
-
-
-def free(op: Op, phase: Phase) -> Op:
-    """The free of ``op``'s allocation, in ``phase``."""
-    _, size, cat, _, key, module, label, stream = op
-    return _new_op(Op, ("free", size, cat, phase, key, module, label, stream))
-
-
-_new_op = tuple.__new__
-
-
-ALL_GATHER_STREAM = 1
-REDUCE_SCATTER_STREAM = 2
-"""Streams of FSDP2's collectives (``FrameworkConventions.fsdp_collective_streams``)."""
+__all__ = ["ALL_GATHER_STREAM", "REDUCE_SCATTER_STREAM", "PipelineRank", "rank_schedule"]
 
 
 class _Builder:
@@ -322,6 +250,10 @@ class _Builder:
         workspace_per_handle: int,
     ) -> None:
         self.model, self.training, self.rank, self.prof = model, training, rank, prof
+        self.ctx = ctx = RankContext.build(model, training, rank, layout, prof)
+        self.transforms = active(ctx)
+        # DeepSpeed ZeRO-1 frees the gradients into its partition at the step
+        self.frees_grads = any(tr.frees_gradients_at_step for tr in self.transforms)
         self.workspace_per_handle = workspace_per_handle
         emb = layout.embedding if rank.has_embedding else []
         if rank.has_embedding and rank.stage > 0:  # the last stage's copy of the tied embedding
@@ -370,18 +302,6 @@ class _Builder:
         self.kept = kept_gathered_layer_bytes(self.layer_states, training)
         if self.kept and self.stage == 3:
             self.gather_a = self.gather_b = 0
-        # DeepSpeed gradient buckets: ZeRO-1/2 in backward, ZeRO-3 for the whole run
-        self.bucket_backward = deepspeed_backward_bucket_bytes(model, training)
-        self.bucket_persistent = deepspeed_persistent_bucket_bytes(model, training)
-        # Note [DeepSpeed gradient copies at the step]: ZeRO-1 reduces the full gradients into
-        # this rank's partition after the backward
-        self.zero1_reduce = (
-            training.deepspeed_optimizer == "zero"
-            and self.stage == 1
-            and training.offload == "none"
-            and training.zero_grad_set_to_none
-            and not gradient_buffer_from_init(training)
-        )
         offloads_grads = training.offload in ("optimizer+gradients", "optimizer+params")
         self.reduce = (
             reduce_scatter_layer_bytes(self.layer_states, training)
@@ -442,16 +362,6 @@ class _Builder:
         self.loss_fwd = loss_forward_transient_bytes(model, training) if rank.has_head else 0
         self.kv_cache = forward_kv_cache_bytes(model, training, self.L)
         self.final_hidden = final_hidden_transient_bytes(model, training) if rank.has_head else 0
-        self.zero2_fresh_partition = 0
-        if (
-            training.deepspeed_optimizer == "zero"
-            and training.zero_stage == 2
-            and training.offload == "none"
-            and training.gradient_accumulation_steps > 1
-        ):
-            self.zero2_fresh_partition = dtype_bytes(training.grad_dtype) * (
-                deepspeed_partition_elements(self._trainable_elements(), training)
-            )
         self.input_grad_hook = input_grad_hook_bytes(model, training)
         self.scores_tmp, self.mask_tmp = eager_scores_forward_bytes(model, training)
         self.head_dequant = lm_head_dequant_bytes(model, training) if rank.has_head else 0
@@ -699,27 +609,6 @@ class _Builder:
             return self.vocab_grad_factor
         return 1
 
-    def all_gradients(self, phase: Phase, *, unsharded: bool = False) -> list[Item]:
-        """Every gradient allocated at once (kept by ``zero_grad(set_to_none=False)``)."""
-        u = unsharded
-        layer = self._grad_ops(self.layer_states, phase, "{i}", "layers.{i}", unsharded=u)
-        return [
-            *self._grad_ops(self.head_grad_states, phase, "head", "head", unsharded=u),
-            Repeat(tuple(layer), self.L),
-            *self._grad_ops(self.emb_grad_states, phase, "embedding", "embedding", unsharded=u),
-        ]
-
-    def free_gradients(self, phase: Phase, *, unsharded: bool = False) -> list[Item]:
-        u = unsharded
-        head = self._grad_ops(self.head_grad_states, phase, "head", "head", unsharded=u)
-        layer = self._grad_ops(self.layer_states, phase, "{i}", "layers.{i}", unsharded=u)
-        emb = self._grad_ops(self.emb_grad_states, phase, "embedding", "embedding", unsharded=u)
-        return [
-            *(free(op, phase) for op in head),
-            Repeat(tuple(free(op, phase) for op in layer), self.L),
-            *(free(op, phase) for op in emb),
-        ]
-
     def reduce_after_pipeline(self, gathered_root: Op, gathered: Op) -> list[Item]:
         """Pipelining's ``perform_reduce_grad`` after the last micro-batch: FSDP2's
         post-backward of each parameter group in turn, the root's (embedding, head) first,
@@ -808,6 +697,8 @@ class _Builder:
         t = self.training
         f: Phase = "forward"
         b: Phase = "backward"
+        em = Emitter(self.transforms)
+        where = Where(new_grads=new_grads, reduce=reduce, zero_grad=zero_grad)
         items: list[Item] = []
         spans = [
             alloc(
@@ -916,16 +807,8 @@ class _Builder:
             items.append(Repeat(tuple(free(op, f) for op in copies), self.L))
         # backward
         if zero_grad:  # optimizer.zero_grad() between the loss and loss.backward()
-            items += self.free_gradients("zero_grad")
-        bucket = alloc(
-            self.bucket_backward,
-            Cat.TEMPORARY,
-            b,
-            "bucket/backward",
-            "(model)",
-            "DeepSpeed's gradient bucket(s)",
-        )
-        items.append(bucket)
+            items += free_gradients(self.ctx, "zero_grad")
+        items += em.at("backward.begin", where)
         # the loss's (tokens x vocab) gradients, two for a cross-entropy, three under DTensor's
         # loss parallel (:func:`~trainmem.analytic.activations.loss_backward_tensors`); all but
         # the last are freed before the head's backward
@@ -1013,18 +896,7 @@ class _Builder:
             "gathered parameters of the prefetched layer",
             self.ag_stream,
         )
-        # Note [DeepSpeed gradient copies at the step]: ZeRO-2 reduces a later micro-batch's
-        # gradients into a fresh partition buffer, added into the accumulated one at the end
-        fresh = alloc(
-            0 if new_grads else self.zero2_fresh_partition,
-            Cat.GRADIENT,
-            b,
-            "grad/fresh_partition",
-            "(optimizer)",
-            "this micro-batch's gradient partition (ZeRO-2 grads_in_partition)",
-        )
-        if fresh.size_bytes:
-            items.append(fresh)
+        items += em.at("stack.pre_backward", where)
         layers = self._backward_layers(new_grads=new_grads, reduce=reduce)
         items += [prefetch_b, *layers, free(prefetch_b, b)]
         items.append(free(residual, b))
@@ -1094,11 +966,10 @@ class _Builder:
         items.append(free(emb_act, b))
         if hook.size_bytes:
             items.append(free(hook, b))
-        if fresh.size_bytes:
-            items.append(free(fresh, b))
-        items.append(free(bucket, b))
+        items += em.at("micro_batch.end", where)
         done = (gathered_layer, spans[0]) if self.post_backward else ()
         items += [free(op, b) for op in reversed(spans) if op not in done]
+        em.check()
         return items
 
     def _root_unsharded_grads(self, key: str, states: list[TensorState]) -> list[Op]:
@@ -1460,66 +1331,12 @@ class _Builder:
             return items
         cached = self._shared.get("optimizer")
         if cached is None:
-            before, after = self._step_gradient_copies()
-            body = (*before, *self._optimizer_temporaries(), *after)
+            em, where = Emitter(self.transforms), Where(first_step=first)
+            before = em.at("optimizer.begin", where)
+            body = (*before, *self._optimizer_temporaries(), *em.at("optimizer.end", where))
+            em.check()
             cached = self._shared["optimizer"] = Repeat(body, 1)
         return [*items, cached]
-
-    def _trainable_elements(self) -> int:
-        """Trainable elements on this rank before data-parallel sharding (its tensor-parallel
-        slice of the embedding, head and ``L`` layers)."""
-        gb = max(dtype_bytes(self.training.grad_dtype), 1)
-        outer = sum(s.full_grad_bytes for s in self.emb_states + self.head_states if s.trainable)
-        layer = sum(s.full_grad_bytes for s in self.layer_states if s.trainable)
-        return (outer + self.L * layer) // gb
-
-    def _step_gradient_copies(self) -> tuple[list[Item], list[Item]]:
-        """DeepSpeed's gradient copies at the step (Note [DeepSpeed gradient copies at the
-        step]): the ops before the optimizer's own temporaries and the frees after them."""
-        t = self.training
-        o: Phase = "optimizer"
-        n = self._trainable_elements()
-        sub_group = None
-        if t.deepspeed_optimizer == "zero" and t.zero_stage == 3:
-            gb = max(dtype_bytes(t.grad_dtype), 1)
-            dp = t.sharding_degree
-
-            def parts(states: list[TensorState]) -> list[int]:
-                return [-(-(s.full_grad_bytes // gb) // dp) for s in states if s.trainable]
-
-            order = parts(self.emb_states) + self.L * parts(self.layer_states)
-            sub_group = deepspeed_zero3_sub_group_elements(order + parts(self.head_states))
-        transient, kept = deepspeed_step_gradient_copies(n, t, largest_sub_group=sub_group)
-        before: list[Item] = []
-        if self.zero1_reduce:
-            # a temporary: ``model_states_bytes`` keeps ZeRO-1's 2 B of gradients per parameter
-            # (ZeRO paper Fig. 1), this buffer replaces them for the step
-            grads = alloc(
-                dtype_bytes(t.grad_dtype) * deepspeed_partition_elements(n, t),
-                Cat.TEMPORARY,
-                o,
-                "grad/partition",
-                "(optimizer)",
-                "this rank's gradient partition (ZeRO-1 grads_in_partition)",
-            )
-            before += [grads, *self.free_gradients(o)]
-        after: list[Item] = []
-        copy = alloc(
-            transient, Cat.TEMPORARY, o, "grad/step_copy", "(optimizer)", "flat gradient copy"
-        )
-        fp32 = alloc(
-            kept, Cat.TEMPORARY, o, "grad/step_fp32", "(optimizer)", "fp32 gradient at the step"
-        )
-        if transient:
-            before.append(copy)
-        if kept:
-            before.append(fp32)
-            after.append(free(fp32, o))
-        if transient:
-            before.append(free(copy, o))
-        if self.zero1_reduce:
-            before.append(free(grads, o))
-        return before, after
 
     def _optimizer_states(self) -> Repeat:
         """Every optimizer state, allocated lazily by the first step (torch ``_init_group``)."""
@@ -1614,8 +1431,10 @@ class _Builder:
             t.zero_grad_before_backward
             and not keep
             and not t.optimizer_in_backward
-            and not self.zero1_reduce  # DeepSpeed ZeRO-1 frees them into its partition
+            and not self.frees_grads  # DeepSpeed ZeRO-1 frees them into its partition
         )
+        em = Emitter(self.transforms)
+        where = Where(first_step=first)
         items: list[Item] = []
         if first:  # the forward thread's and autograd's cuBLAS handles, created at first use
             ws = self.workspace_per_handle
@@ -1623,19 +1442,9 @@ class _Builder:
                 alloc(ws, Cat.TEMPORARY, "forward", "cublas/0", "cublas", "cuBLAS workspace"),
                 alloc(ws, Cat.TEMPORARY, "forward", "cublas/1", "cublas", "cuBLAS workspace"),
             ]
-        if first:  # DeepSpeed ZeRO-3's gradient bucket, allocated once at init
-            items.append(
-                alloc(
-                    self.bucket_persistent,
-                    Cat.TEMPORARY,
-                    "forward",
-                    "bucket/persistent",
-                    "(model)",
-                    "DeepSpeed's gradient bucket",
-                )
-            )
+        items += em.at("step.begin", where)
         if first and (keep or before):
-            items += self.all_gradients("forward")
+            items += all_gradients(self.ctx, "forward")
         gathered = alloc(
             self.stage_gather,
             Cat.TEMPORARY,
@@ -1708,16 +1517,17 @@ class _Builder:
         items += self.optimizer(first=first)
         if self.logits_kept:  # the step function returns: its logits go
             items.append(free(self._kept_logits_op(), "optimizer"))
-        if not keep and not before and not t.optimizer_in_backward and not self.zero1_reduce:
+        if not keep and not before and not t.optimizer_in_backward and not self.frees_grads:
             cached = self._shared.get("zero_grad")
             if cached is None:
                 cached = self._shared["zero_grad"] = Repeat(
-                    tuple(self.free_gradients("zero_grad")), 1
+                    tuple(free_gradients(self.ctx, "zero_grad")), 1
                 )
             items.append(cached)
         # cleared when the next step() starts (``clear_runtime_states``)
         if kept_chunks:
             items.append(Repeat((free(self._output_chunk(), "zero_grad"),), m))
+        em.check()
         return items
 
 

@@ -1,0 +1,21 @@
+"""The analytic step's mechanisms as transforms of a base autograd order (issue 25).
+
+:mod:`~trainmem.analytic.transforms.base` holds the contract (:class:`~.base.Transform`,
+:class:`~.base.RankContext`, :class:`~.base.Lifetime`, :class:`~.base.Emitter`),
+:mod:`~trainmem.analytic.transforms.points` the named points; one module per mechanism holds
+its transform and its Notes. :func:`active` picks the transforms of one rank in
+:data:`ORDER`, the order in which their ops are emitted at a shared point.
+"""
+
+from __future__ import annotations
+
+from trainmem.analytic.transforms.base import RankContext, Transform
+from trainmem.analytic.transforms.deepspeed import DeepSpeedZero
+
+ORDER: tuple[type[Transform], ...] = (DeepSpeedZero,)
+"""Every transform, in emission order at a point they share."""
+
+
+def active(ctx: RankContext) -> list[Transform]:
+    """The transforms that apply to the rank of ``ctx``, in :data:`ORDER`."""
+    return [kind(ctx) for kind in ORDER if kind.applies(ctx)]

@@ -1,0 +1,190 @@
+"""DeepSpeed ZeRO-1/2/3 as a transform: the gradient buckets, ZeRO-1's reduce into the
+partition, ZeRO-2's fresh partition under accumulation, the gradient copies at the step.
+
+Note [DeepSpeed gradient copies at the step]
+    DeepSpeed's optimizer wrappers step on an fp32 flat gradient they build from the model's
+    16-bit gradients (:func:`~trainmem.analytic.buffers.deepspeed_step_gradient_copies`). ZeRO-1/2
+    (runtime/zero/stage_1_and_2.py ``step``): per parameter group, ``single_grad_partition =
+    self.flatten(self.averaged_gradients[i]).to(fp32)``: a 16-bit flat copy of this rank's
+    gradient partition, then its fp32 copy, set as the fp32 partition's ``.grad``; the 16-bit
+    copy has no reference once ``.to`` returns, the gradients are freed
+    (``free_grad_in_param_list``, ``averaged_gradients[i] = None``) before
+    ``self._optimizer_step(i)``, and the fp32 copy after it (``.grad = None``). So the step holds
+    the partition's gradients + 2 + 4 bytes per partition element at its highest. ZeRO-1 (no
+    gradient partitioning) first reduces the full gradients into one flat partition buffer
+    after the backward (``reduce_gradients`` -> ``copy_grads_in_partition``: ``torch.empty(
+    total_size, dtype=self.dtype)`` while the full gradients are alive, then each ``param.grad``
+    a view of it or of the reduce bucket, all cleared by ``_clear_param_grad_only``), so by the
+    step only the partition is left. With gradient accumulation ZeRO-2 keeps the first
+    micro-batch's partition buffer through ``averaged_gradients`` (0.16.9) /
+    ``all_grad_tensors`` (0.19.8) while ``_release_ipg_buffers`` drops ``grads_in_partition``,
+    so every later micro-batch's backward allocates a fresh one (``copy_grads_in_partition``:
+    ``if self.grads_in_partition is None: ... torch.empty(...)``), adds it into the kept one
+    in ``independent_gradient_partition_epilogue`` (``accumulated_grad.add_(new_avg_grad)``) and
+    frees it: one more partition of gradients through that backward (allocated with the first
+    reduced bucket; at the start of the backward for the rank holding the last layers).
+    ZeRO-3 (runtime/zero/stage3.py ``step``) builds the step's two copies per optimizer
+    sub-group (``_prepare_fp32_grad_for_sub_group``; ``sub_group_size`` 1e9
+    partition elements), freeing each fp32 copy before the next (``_release_sub_group``); its
+    gradient partition stays (a buffer from init). ``FP16_Optimizer`` (ZeRO off, 16-bit gradients;
+    fp16/fused_optimizer.py ``step``): ``_flatten_dense_tensors([p.grad.to(fp32) for p in
+    group])``, every gradient's fp32 copy alive until the concatenation exists.
+
+Source: DeepSpeed runtime/zero/stage_1_and_2.py, runtime/zero/stage3.py,
+runtime/fp16/fused_optimizer.py (cited per rule in :mod:`trainmem.analytic.buffers`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from trainmem.analytic.buffers import (
+    deepspeed_backward_bucket_bytes,
+    deepspeed_partition_elements,
+    deepspeed_persistent_bucket_bytes,
+    deepspeed_step_gradient_copies,
+    deepspeed_zero3_sub_group_elements,
+    gradient_buffer_from_init,
+)
+from trainmem.analytic.tensor_states import TensorState
+from trainmem.analytic.transforms.base import (
+    Emitted,
+    Lifetime,
+    RankContext,
+    Transform,
+    Where,
+    alloc,
+    free,
+    free_gradients,
+)
+from trainmem.breakdown import MemoryCategory as Cat
+from trainmem.timeline import Phase
+from trainmem.units import dtype_bytes
+
+
+class DeepSpeedZero(Transform):
+    """DeepSpeed's ZeRO optimizer wrappers on one rank (Note [DeepSpeed gradient copies at the
+    step]); sizes from the rank's trainable model states (:meth:`RankContext.
+    trainable_elements`) and the DeepSpeed config fields of ``TrainingConfig``.
+
+    Inserts: ``step.begin`` ZeRO-3's bucket (warm-up step, kept); ``backward.begin`` ZeRO-1/2's
+    bucket(s) until ``micro_batch.end``; ``stack.pre_backward`` ZeRO-2's fresh partition of a
+    later micro-batch until ``micro_batch.end``; ``optimizer.begin`` ZeRO-1's partition and
+    the step's flat gradient copies, the fp32 one until ``optimizer.end``.
+    """
+
+    name = "deepspeed"
+
+    def __init__(self, ctx: RankContext) -> None:
+        super().__init__(ctx)
+        t = ctx.training
+        self.bucket_backward = deepspeed_backward_bucket_bytes(ctx.model, t)
+        self.bucket_persistent = deepspeed_persistent_bucket_bytes(ctx.model, t)
+        # ZeRO-1 reduces the full gradients into this rank's partition after the backward
+        self.zero1_reduce = (
+            t.deepspeed_optimizer == "zero"
+            and ctx.zero_stage == 1
+            and t.offload == "none"
+            and t.zero_grad_set_to_none
+            and not gradient_buffer_from_init(t)
+        )
+        self.frees_gradients_at_step = self.zero1_reduce
+        self.fresh_partition = 0
+        if (
+            t.deepspeed_optimizer == "zero"
+            and t.zero_stage == 2
+            and t.offload == "none"
+            and t.gradient_accumulation_steps > 1
+        ):
+            self.fresh_partition = dtype_bytes(t.grad_dtype) * deepspeed_partition_elements(
+                ctx.trainable_elements(), t
+            )
+
+    @staticmethod
+    def applies(ctx: RankContext) -> bool:
+        t = ctx.training
+        return t.conventions.zero_ipg_buckets or t.deepspeed_optimizer is not None
+
+    def step_begin(self, where: Where) -> Sequence[Emitted]:
+        if not (where.first_step and self.bucket_persistent):
+            return ()
+        # ZeRO-3's gradient bucket, allocated once at init
+        label = "DeepSpeed's gradient bucket"
+        bucket = alloc(
+            self.bucket_persistent, Cat.TEMPORARY, "forward", "bucket/persistent", "(model)", label
+        )
+        return (bucket,)
+
+    def backward_begin(self, where: Where) -> Sequence[Emitted]:
+        if not self.bucket_backward:
+            return ()
+        label = "DeepSpeed's gradient bucket(s)"
+        bucket = alloc(
+            self.bucket_backward, Cat.TEMPORARY, "backward", "bucket/backward", "(model)", label
+        )
+        return (Lifetime(bucket, "micro_batch.end"),)
+
+    def stack_pre_backward(self, where: Where) -> Sequence[Emitted]:
+        # ZeRO-2 reduces a later micro-batch's gradients into a fresh partition buffer, added
+        # into the accumulated one at the end
+        if where.new_grads or not self.fresh_partition:
+            return ()
+        fresh = alloc(
+            self.fresh_partition,
+            Cat.GRADIENT,
+            "backward",
+            "grad/fresh_partition",
+            "(optimizer)",
+            "this micro-batch's gradient partition (ZeRO-2 grads_in_partition)",
+        )
+        return (Lifetime(fresh, "micro_batch.end"),)
+
+    def _largest_sub_group(self) -> int | None:
+        """ZeRO-3's largest optimizer sub-group, elements (None below ZeRO-3)."""
+        ctx, t = self.ctx, self.ctx.training
+        if t.deepspeed_optimizer != "zero" or t.zero_stage != 3:
+            return None
+        gb = max(dtype_bytes(t.grad_dtype), 1)
+        dp = t.sharding_degree
+
+        def parts(states: list[TensorState]) -> list[int]:
+            return [-(-(s.full_grad_bytes // gb) // dp) for s in states if s.trainable]
+
+        order = parts(ctx.emb_states) + ctx.num_layers * parts(ctx.layer_states)
+        return deepspeed_zero3_sub_group_elements(order + parts(ctx.head_states))
+
+    def optimizer_begin(self, where: Where) -> Sequence[Emitted]:
+        ctx, t = self.ctx, self.ctx.training
+        o: Phase = "optimizer"
+        n = ctx.trainable_elements()
+        transient, kept = deepspeed_step_gradient_copies(
+            n, t, largest_sub_group=self._largest_sub_group()
+        )
+        out: list[Emitted] = []
+        if self.zero1_reduce:
+            # a temporary: ``model_states_bytes`` keeps ZeRO-1's 2 B of gradients per parameter
+            # (ZeRO paper Fig. 1), this buffer replaces them for the step
+            grads = alloc(
+                dtype_bytes(t.grad_dtype) * deepspeed_partition_elements(n, t),
+                Cat.TEMPORARY,
+                o,
+                "grad/partition",
+                "(optimizer)",
+                "this rank's gradient partition (ZeRO-1 grads_in_partition)",
+            )
+            out += [grads, *free_gradients(ctx, o)]
+        copy = alloc(
+            transient, Cat.TEMPORARY, o, "grad/step_copy", "(optimizer)", "flat gradient copy"
+        )
+        fp32 = alloc(
+            kept, Cat.TEMPORARY, o, "grad/step_fp32", "(optimizer)", "fp32 gradient at the step"
+        )
+        if transient:
+            out.append(copy)
+        if kept:
+            out.append(Lifetime(fp32, "optimizer.end"))
+        if transient:
+            out.append(free(copy, o))
+        if self.zero1_reduce:
+            out.append(free(grads, o))
+        return out
