@@ -17,7 +17,7 @@ the point that releases it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
@@ -362,3 +362,44 @@ def free_gradients(ctx: RankContext, phase: Phase) -> list[Item]:
         Repeat(tuple(free(op, phase) for op in layer), ctx.num_layers),
         *(free(op, phase) for op in emb),
     ]
+
+
+def splice(
+    ops: Sequence[Item],
+    positions: Mapping[Point, int],
+    transforms: Sequence[Transform],
+    where: Where | None = None,
+) -> list[Item]:
+    """``ops`` (a recorded step, e.g. :meth:`~trainmem.schedule.StepSchedule.from_timeline`'s
+    ``step``) with the transforms' ops inserted: the ops of point ``p`` go before
+    ``ops[positions[p]]`` (``len(ops)``: at the end), points met in step order
+    (:data:`~trainmem.analytic.transforms.points.POINTS`) at one position, points not in
+    ``positions`` are skipped. The trace engine's steps are one flat run of ops, so the layer
+    points (whose ops a ``Repeat`` body would carry) are for the analytic builder.
+
+    Raises:
+        ScheduleError: a position outside ``ops`` or before an earlier point's, or a lifetime
+            whose release point is not in ``positions``.
+    """
+    where = Where() if where is None else where
+    em = Emitter(transforms)
+    at: dict[int, list[Item]] = {}
+    last = 0
+    for point in POINTS:
+        if point not in positions:
+            continue
+        index = positions[point]
+        if not last <= index <= len(ops):
+            raise ScheduleError(
+                f"point {point}: position {index} outside {last}..{len(ops)} (points go in "
+                "step order)"
+            )
+        last = index
+        at.setdefault(index, []).extend(em.at(point, where))
+    em.check()
+    out: list[Item] = []
+    for index, item in enumerate(ops):
+        out += at.get(index, [])
+        out.append(item)
+    out += at.get(len(ops), [])
+    return out
