@@ -268,11 +268,8 @@ def print_detail(res: dict[str, Any]) -> None:
     print("  activations by module at end of forward (top 12):")
     for mod, n in sorted(by_mod.items(), key=lambda kv: -kv[1])[:12]:
         print(f"    {mod:44} {n:>14,} B  {n / t:10.1f} B/token")
-    from trainmem.analytic.activations import (
-        embedding_activation_bytes,
-        head_activation_bytes,
-        layer_activation_terms,
-    )
+    from trainmem.analytic.activations import embedding_activation_bytes, layer_activation_terms
+    from trainmem.analytic.head import head_activation_bytes
     from trainmem.estimate import resolve_model
 
     spec = resolve_model(res["preset"])

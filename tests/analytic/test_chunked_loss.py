@@ -13,11 +13,11 @@ bf16-true (c = 2 B).
 
 from __future__ import annotations
 
-from trainmem.analytic.activations import (
+from trainmem.analytic.head import head_activation_bytes
+from trainmem.analytic.loss import (
     chunked_head_weight_grad_bytes,
     chunked_loss_gradient_bytes,
     compiled_chunked_loss,
-    head_activation_bytes,
     loss_backward_transient_bytes,
     loss_forward_transient_bytes,
 )

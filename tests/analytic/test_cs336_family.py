@@ -17,15 +17,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from trainmem.analytic.activations import (
-    activation_profile,
-    backward_layer_transients,
+from trainmem.analytic.activations import activation_profile
+from trainmem.analytic.attention import (
     eager_scores_forward_bytes,
-    head_activation_bytes,
-    loss_backward_transient_bytes,
-    loss_forward_transient_bytes,
     written_out_scores_forward_tensors,
 )
+from trainmem.analytic.backward_transients import backward_layer_transients
+from trainmem.analytic.head import head_activation_bytes
+from trainmem.analytic.loss import loss_backward_transient_bytes, loss_forward_transient_bytes
 from trainmem.analytic.params import num_parameters
 from trainmem.analytic.temporaries import optimizer_step_temporary_bytes
 from trainmem.cli import app

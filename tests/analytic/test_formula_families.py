@@ -135,7 +135,8 @@ def test_gemma2_needs_eager_attention() -> None:
 
 
 def test_gemma2_soft_capping_saves_the_tanh_outputs() -> None:
-    from trainmem.analytic.activations import head_activation_bytes, layer_activation_terms
+    from trainmem.analytic.activations import layer_activation_terms
+    from trainmem.analytic.head import head_activation_bytes
 
     config = load_hf_config(str(GEMMA2))
     capped = model_spec_from_hf(config, name="x")  # both caps on by default (50.0, 30.0)
@@ -220,10 +221,8 @@ def test_bert_masked_lm_loss_runs_on_the_16_bit_logits() -> None:
     # BertForMaskedLM: CrossEntropyLoss()(bf16 logits): log_softmax keeps bf16 (its dtype
     # argument beats autocast), nll_loss saves an fp32 copy; one fp32 gradient in backward;
     # no final norm (post-LN)
-    from trainmem.analytic.activations import (
-        head_activation_bytes,
-        loss_backward_transient_bytes,
-    )
+    from trainmem.analytic.head import head_activation_bytes
+    from trainmem.analytic.loss import loss_backward_transient_bytes
 
     spec = load_model_spec(str(FORMULA / "bert.json"))
     b, s, v = 2, 64, 512

@@ -13,11 +13,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from trainmem.analytic.activations import (
-    autocast_cached_weight_bytes,
-    compute_and_residual_bytes,
-    layer_activation_terms,
-)
+from trainmem.analytic.activation_shapes import compute_and_residual_bytes
+from trainmem.analytic.activations import layer_activation_terms
+from trainmem.analytic.autocast import autocast_cached_weight_bytes
 from trainmem.analytic.buffers import (
     gathered_layer_bytes,
     gradients_alive_in_forward,

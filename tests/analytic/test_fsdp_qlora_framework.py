@@ -5,7 +5,8 @@ quantized base) and adapters in the base weight's dtype (peft 0.10 ``update_laye
 
 from __future__ import annotations
 
-from trainmem.analytic.activations import compute_and_residual_bytes, layer_activation_terms
+from trainmem.analytic.activation_shapes import compute_and_residual_bytes
+from trainmem.analytic.activations import layer_activation_terms
 from trainmem.analytic.tensor_states import tensor_states
 from trainmem.specs.hf import load_model_spec
 from trainmem.specs.training import TrainingConfig

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from trainmem.analytic.activations import layer_activation_terms, tokens_per_sequence
+from trainmem.analytic.activation_shapes import tokens_per_sequence
+from trainmem.analytic.activations import layer_activation_terms
 from trainmem.analytic.params import num_parameters, parameter_counts
 from trainmem.errors import SpecError, UnsupportedError
 from trainmem.specs.hf import load_hf_config, load_model_spec, model_spec_from_hf

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainmem.analytic.activations import (
-    head_activation_bytes,
+from trainmem.analytic.head import head_activation_bytes
+from trainmem.analytic.loss import (
     loss_backward_transient_bytes,
     loss_forward_transient_bytes,
     loss_in_logits_dtype,

@@ -13,8 +13,8 @@ llama-3.2-1b (V = 128256), b = 2, s = 1024: T = 2048 tokens; bf16 (c = 2 B).
 
 from __future__ import annotations
 
-from trainmem.analytic.activations import (
-    head_activation_bytes,
+from trainmem.analytic.head import head_activation_bytes
+from trainmem.analytic.loss import (
     loss_backward_tensors,
     loss_backward_transient_bytes,
     loss_forward_transient_bytes,

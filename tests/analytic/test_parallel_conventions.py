@@ -95,7 +95,7 @@ def test_op_level_sac_saves_row_parallel_outputs_whole_under_tp() -> None:
     # scattered over the sequence only after the matmul, so down's saved output is c*h*t on
     # each TP rank, not /t (RowwiseParallel: Partial output). llama-3.1-8b, b=1, s=8192,
     # TP 2 + SP, bf16 (c = 2): h = 4096, 32 heads, 8 KV heads of 128, MLP 14336.
-    from trainmem.analytic.activations import op_selective_saved_terms
+    from trainmem.analytic.checkpointing import op_selective_saved_terms
     from trainmem.specs.hf import load_model_spec
 
     training = TrainingConfig(
@@ -127,7 +127,7 @@ def test_autocast_caches_fsdp2_unsharded_weights_but_not_dtensor_ones() -> None:
     # linear weight until the forward ends; llama-3.2-1b: q, o 2048 x 2048, k, v 512 x 2048,
     # gate, up, down 8192 x 2048 -> 2 * 60,817,408 B per layer. Under TP the parameter is a
     # DTensor, cast on its local tensor (no leaf): nothing cached (traced: equal both ways).
-    from trainmem.analytic.activations import autocast_cached_weight_bytes
+    from trainmem.analytic.autocast import autocast_cached_weight_bytes
     from trainmem.specs.hf import load_model_spec
 
     model = load_model_spec("llama-3.2-1b")

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from trainmem.analytic.activations import input_grad_hook_bytes
+from trainmem.analytic.checkpointing import input_grad_hook_bytes
 from trainmem.specs.hf import load_hf_config, load_model_spec
 from trainmem.specs.training import TrainingConfig
 

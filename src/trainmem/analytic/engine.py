@@ -24,13 +24,10 @@ Note [Where the peak falls]
 
 from __future__ import annotations
 
-from trainmem.analytic.activations import (
-    activation_profile,
-    loss_backward_transient_bytes,
-    loss_kind,
-)
+from trainmem.analytic.activations import activation_profile
 from trainmem.analytic.buffers import device_context
 from trainmem.analytic.host_memory import host_memory
+from trainmem.analytic.loss import loss_backward_transient_bytes, loss_kind
 from trainmem.analytic.params import num_parameters
 from trainmem.analytic.schedule import PipelineRank, rank_schedule
 from trainmem.analytic.temporaries import cublas_workspace_bytes

@@ -46,11 +46,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainmem.analytic.activations import (
-    compute_and_residual_bytes,
-    parallel_divisor,
-    tokens_per_sequence,
-)
+from trainmem.analytic.activation_parallelism import parallel_divisor
+from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 

@@ -146,26 +146,17 @@ cited per term in :mod:`trainmem.analytic.activations` and :mod:`trainmem.analyt
 
 from __future__ import annotations
 
-from trainmem.analytic.activations import (
-    WRITTEN_OUT_SOFTMAX_BACKWARD_TENSORS,
-    ActivationProfile,
-    autocast_cached_weight_bytes,
-    backward_layer_transients,
-    chunked_head_weight_grad_bytes,
-    chunked_loss_gradient_bytes,
-    compute_and_residual_bytes,
+from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
+from trainmem.analytic.activations import ActivationProfile
+from trainmem.analytic.attention import (
     eager_scores_forward_bytes,
-    final_hidden_transient_bytes,
     forward_kv_cache_bytes,
-    input_grad_hook_bytes,
-    layer_is_checkpointed,
-    lm_head_dequant_bytes,
-    loss_backward_tensors,
-    loss_backward_transient_bytes,
-    loss_forward_transient_bytes,
-    op_selective_saved_terms,
-    tokens_per_sequence,
     written_out_scores_forward_tensors,
+)
+from trainmem.analytic.autocast import autocast_cached_weight_bytes
+from trainmem.analytic.backward_transients import (
+    WRITTEN_OUT_SOFTMAX_BACKWARD_TENSORS,
+    backward_layer_transients,
 )
 from trainmem.analytic.buffers import (
     deepspeed_zero3_gather_bytes,
@@ -175,6 +166,19 @@ from trainmem.analytic.buffers import (
     kept_gathered_layer_bytes,
     reduce_scatter_layer_bytes,
     root_gathered_bytes,
+)
+from trainmem.analytic.checkpointing import (
+    input_grad_hook_bytes,
+    layer_is_checkpointed,
+    op_selective_saved_terms,
+)
+from trainmem.analytic.head import final_hidden_transient_bytes, lm_head_dequant_bytes
+from trainmem.analytic.loss import (
+    chunked_head_weight_grad_bytes,
+    chunked_loss_gradient_bytes,
+    loss_backward_tensors,
+    loss_backward_transient_bytes,
+    loss_forward_transient_bytes,
 )
 from trainmem.analytic.params import MLP_LINEARS
 from trainmem.analytic.pipeline import logits_bytes, stage_buffers

@@ -42,7 +42,7 @@ Note [Optimizer-step temporaries]
 
 from __future__ import annotations
 
-from trainmem.analytic.activations import lora_adapter_dtype
+from trainmem.analytic.lora import lora_adapter_dtype
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
 

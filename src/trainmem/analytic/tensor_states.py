@@ -53,7 +53,7 @@ from dataclasses import dataclass, field, fields, replace
 from operator import attrgetter
 from typing import Any
 
-from trainmem.analytic.activations import lora_adapter_dtype
+from trainmem.analytic.lora import lora_adapter_dtype
 from trainmem.analytic.model_states import optimizer_state_bytes
 from trainmem.analytic.params import linear_shapes, parameter_counts
 from trainmem.specs.frameworks import TORCHAO_OFFLOAD_MINIMAL_SIZE

@@ -1,0 +1,59 @@
+"""The sizes every activation rule starts from: the bytes of the compute dtype and of the
+residual stream (c, r), the tokens per sequence the layers and the head see, and the mean block
+of a model with blocks of several kinds. Symbols as in :mod:`trainmem.analytic.activations`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from trainmem.specs.model import ModelSpec
+from trainmem.specs.training import TrainingConfig
+from trainmem.units import dtype_bytes
+
+
+def compute_and_residual_bytes(training: TrainingConfig) -> tuple[int, int]:
+    """(c, r): bytes of the compute dtype and of the residual stream.
+
+    See Note [Activation terms] (trainmem/analytic/activations.py)."""
+    c = dtype_bytes(training.compute_dtype)
+    # peft's prepare_model_for_kbit_training leaves an fp32 embedding and fp32 norms: the
+    # residual stream is fp32 as under autocast
+    r = 4 if training.uses_autocast or training.kbit_fp32_upcast else c
+    return c, r
+
+
+def tokens_per_sequence(model: ModelSpec, training: TrainingConfig) -> int:
+    """Sequence length the layers see: ``seq_len``; patches (+ 1 for [CLS], none in SigLIP) for a
+    vision encoder; the target length for a T5 decoder block (``cross_attention``) and for the
+    LM head of an encoder-decoder (:attr:`TrainingConfig.decoder_seq_len`)."""
+    if model.architecture == "vision-encoder":
+        return model.num_patches + int(model.class_token)
+    if model.cross_attention:
+        return training.decoder_seq_len
+    return training.seq_len
+
+
+def output_tokens(model: ModelSpec, training: TrainingConfig) -> int:
+    """Tokens per sequence the head and the loss see: the decoder's for an encoder-decoder."""
+    if model.architecture == "encoder-decoder":
+        return training.decoder_seq_len
+    return tokens_per_sequence(model, training)
+
+
+def mean_terms(
+    model: ModelSpec, fn: Callable[[ModelSpec], dict[str, int]]
+) -> dict[str, int] | None:
+    """``fn`` of a mean block when the model has blocks of several kinds
+    (:meth:`ModelSpec.layer_kinds`): every term weighted by the share of blocks of each kind,
+    so the sum over all blocks is exact to a byte per term and block; None for a
+    homogeneous model. The schedule holds identical layers, so DeepSeek-V3's dense and MoE
+    blocks and T5's encoder and decoder blocks are each held as that mean."""
+    kinds = model.layer_kinds()
+    if len(kinds) == 1:
+        return None
+    total = model.num_blocks
+    out: dict[str, int] = {}
+    for count, block in kinds:
+        for key, value in fn(block).items():
+            out[key] = out.get(key, 0) + value * count
+    return {k: -(-v // total) for k, v in out.items()}

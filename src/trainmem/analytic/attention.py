@@ -1,0 +1,310 @@
+"""Attention's activations: what the kernels save (SDPA / flash / memory-efficient, eager
+softmax, a written-out softmax), the masks and biases they are given (sliding-window, a
+materialised causal mask, eager additive masks), the tensors held in the forward beyond the
+saved ones (BLOOM's eager scores, the training KV cache), and the variants of multi-head latent
+attention (DeepSeek-V3) and lit-gpt's own attention. Symbols as in
+:mod:`trainmem.analytic.activations`."""
+
+from __future__ import annotations
+
+from trainmem.analytic.activation_parallelism import parallel_divisor
+from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
+from trainmem.specs.frameworks import DEFAULT_TORCH_VERSION, parse_version
+from trainmem.specs.model import ModelSpec
+from trainmem.specs.training import TrainingConfig
+
+
+def sdpa_expands_kv(training: TrainingConfig) -> bool:
+    """Keys and values reach attention expanded to all query heads (``repeat_kv``): eager
+    attention; the fp32 memory-efficient kernel; and transformers' SDPA path unless it can hand
+    GQA to the kernel, which needs torch >= 2.5 and no attention mask (a padded batch passes
+    one; transformers integrations/sdpa_attention.py ``use_gqa_in_sdpa``: "attention_mask is
+    None (otherwise it will fall back to the math kernel)").
+
+    Alive: forward to the layer's backward (SDPA saves the k and v it was given).
+    """
+    c, _ = compute_and_residual_bytes(training)
+    if training.attention == "eager" or c == 4:
+        return True
+    if training.attention != "sdpa" or not training.conventions.hf_model_code:
+        return False
+    torch = parse_version("torch_version", training.torch_version) or DEFAULT_TORCH_VERSION
+    return training.padding_mask or torch < (2, 5)
+
+
+def sdpa_output_copied(model: ModelSpec, training: TrainingConfig) -> bool:
+    """The output projection saves a copy of the SDPA output, not a view of it: the flash
+    kernel allocates its output like the (b, s, a, d) transpose of q (``empty_like``:
+    aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp ``mha_fwd``; mirrored by
+    torch/_meta_registrations.py ``meta__scaled_dot_product_flash_attention``), so where q is a
+    (b, a, s, d)-contiguous tensor (``ModelSpec.rotary_cat``) the output is too and
+    transformers' ``attn_output.transpose(1, 2).contiguous()`` (integrations/sdpa_attention.py)
+    copies it. The memory-efficient kernel (fp32, an explicit mask, head_dim > 256) always
+    allocates (b, s, a, d), and then the transpose is a view. Found by the trace engine
+    (tests/models/formula/gpt_neox.json, phi.json; Phi-3 with a sliding-window mask:
+    tests/analytic/test_sliding_window.py)."""
+    c, _ = compute_and_residual_bytes(training)
+    every_layer_masked = (
+        sliding_mask_applies(model, training) and model.num_sliding_layers == model.num_layers
+    )  # Phi-3 with s >= sliding_window: every layer takes the memory-efficient kernel
+    flash = (
+        training.attention == "flash"
+        or (
+            training.attention == "sdpa"
+            and c == 2
+            and not training.padding_mask
+            and not every_layer_masked
+        )
+    ) and model.head_dim <= 256
+    return model.rotary_cat and flash and training.conventions.hf_model_code
+
+
+def sliding_mask_applies(model: ModelSpec, training: TrainingConfig) -> bool:
+    """The sliding-window layers get an explicit mask at SDPA: the model has sliding layers,
+    ``seq_len`` reaches ``sliding_window`` (masking_utils.py ``_ignore_causal_mask_sdpa``) and
+    attention is not eager (which always adds a mask, :func:`eager_mask_bytes`)."""
+    s = tokens_per_sequence(model, training)
+    return (
+        model.num_sliding_layers > 0 and s >= model.sliding_window and training.attention != "eager"
+    )
+
+
+def sliding_mask_bias_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes the sliding-window layers' SDPA calls save beyond a full-attention layer's, summed
+    over those layers: once ``seq_len`` reaches ``sliding_window``, transformers passes them an
+    explicit (b, 1, s, s) boolean mask (masking_utils.py ``_ignore_causal_mask_sdpa``: "if
+    local_attention_size is not None and kv_length >= local_attention_size: return False"),
+    which SDPA converts to an additive bias in the compute dtype and saves (the
+    memory-efficient kernel's ``attn_bias``), and k and v reach it expanded to all query heads
+    (``repeat_kv``, as with any mask: :func:`sdpa_expands_kv`). Found by the trace engine on a
+    Gemma-3 layer. Eager attention adds the mask to the scores and saves none of it."""
+    if not sliding_mask_applies(model, training):
+        return 0
+    s = tokens_per_sequence(model, training)
+    c, _ = compute_and_residual_bytes(training)
+    b = training.micro_batch_size
+    per_layer = c * b * s * s
+    if not sdpa_expands_kv(training):
+        per_layer += 2 * c * (model.num_heads - model.num_kv_heads) * model.head_dim * b * s
+    return model.num_sliding_layers * per_layer
+
+
+def materialised_mask_bias_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes one layer's SDPA call saves for the explicit causal mask of a family that always
+    builds it (``ModelSpec.sdpa_mask_materialised``: Falcon): SDPA converts the (b, 1, s, s)
+    boolean mask to an additive bias in the compute dtype and saves it (the memory-efficient
+    kernel's ``attn_bias``), c*b*s*s, as for Gemma-3's sliding layers
+    (:func:`sliding_mask_bias_bytes`). Falcon calls SDPA itself, without ``repeat_kv``, so its
+    k and v stay at their own heads. Found by the trace engine (tests/models/formula/falcon.json).
+    Eager attention adds the mask to the scores and saves none of it."""
+    if (
+        not model.sdpa_mask_materialised
+        or training.attention == "eager"
+        or not training.conventions.hf_model_code
+    ):
+        return 0
+    c, _ = compute_and_residual_bytes(training)
+    s = tokens_per_sequence(model, training)
+    return c * training.micro_batch_size * s * s
+
+
+def eager_mask_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes of the additive (b, 1, s, s) causal masks a transformers decoder builds for eager
+    attention, in the model's dtype r (fp32 under autocast): one per attention kind, full and
+    sliding-window (modeling_gemma2.py ``causal_mask_mapping``), alive through the forward and
+    kept by the checkpoint of every layer that takes one under activation checkpointing.
+    Source: masking_utils.py ``create_causal_mask`` / ``eager_mask`` (an eager mask is always
+    materialised, ``torch.where(mask, 0, min_dtype)``); BLOOM adds ALiBi to it
+    (:func:`eager_scores_forward_bytes`). Found by the trace engine (tiny-llama-test and
+    tests/models/formula/gemma2.json, eager, full checkpointing)."""
+    if (
+        training.attention != "eager"
+        or model.architecture != "decoder"
+        or not training.conventions.hf_model_code
+        or model.attention_written_out  # a boolean (s, s) mask per layer, a saved term there
+    ):
+        return 0
+    _, r = compute_and_residual_bytes(training)
+    s = tokens_per_sequence(model, training)
+    kinds = 2 if model.num_sliding_layers else 1
+    return kinds * r * training.micro_batch_size * s * s
+
+
+def fp32_softmax(model: ModelSpec, training: TrainingConfig) -> bool:
+    """Eager softmax in fp32: under autocast (``softmax`` is on CUDA autocast's fp32 list), in
+    fp32 training, or where the HF code upcasts explicitly (``ModelSpec.eager_softmax_fp32``)."""
+    c, _ = compute_and_residual_bytes(training)
+    return training.uses_autocast or model.eager_softmax_fp32 or c == 4
+
+
+def written_out_attention_terms(model: ModelSpec, training: TrainingConfig) -> dict[str, int]:
+    """The (b, a, s, s)-sized and softmax tensors one layer of a written-out attention
+    (``ModelSpec.attention_written_out``) saves for backward, by term.
+
+    cs336_basics/model.py ``scaled_dot_product_attention``: ``einsum(Q, K) / sqrt(d_k)`` (the
+    einsum saves Q and K, counted in ``attention/q_k``; the division by a Python number saves
+    nothing), ``torch.where(mask, scores, -inf)`` (saves its (s, s) boolean condition, built
+    by ``qi >= kj`` in every layer's ``CausalMultiHeadSelfAttention.forward``), then
+    nn_utils.py ``softmax``: ``x - torch.max(x, dim, keepdim=True)[0]`` (max saves its int64
+    indices, a*s*b of them; the subtraction nothing), ``torch.exp`` (saves its output; fp32
+    under autocast, where exp is on the fp32 list), ``/ torch.sum(...)`` (the division saves
+    both operands: the exp output again and the fp32 row sums), and ``einsum(weights, V)``
+    saves the quotient (its c-byte cast under autocast). With n = a*s*s*b: 4n + c*n +
+    (8 + 4)*a*s*b + s*s bytes, against torch.softmax's one output. Sources: PyTorch
+    tools/autograd/derivatives.yaml (``exp``: result; ``div.Tensor``: self, other;
+    ``max.dim``: indices; ``where.self``: condition; ``mul``/``div`` by a scalar: nothing).
+    """
+    c, _ = compute_and_residual_bytes(training)
+    b, s, a = training.micro_batch_size, tokens_per_sequence(model, training), model.num_heads
+    n = a * s * s * b
+    return {
+        "scores/softmax_exp": 4 * n,
+        "scores/probs_for_values": c * n,
+        "scores/softmax_max_indices": 8 * a * s * b,
+        "scores/softmax_row_sums": 4 * a * s * b,
+        "scores/causal_mask": s * s,
+    }
+
+
+def written_out_scores_forward_tensors(model: ModelSpec, training: TrainingConfig) -> list[int]:
+    """The tensors a written-out attention (``ModelSpec.attention_written_out``) holds in its
+    forward beyond what it saves, at their peak, exp's: the masked scores (``torch.where``'s
+    output, the ``attention_scores`` local of ``scaled_dot_product_attention``, c*n), the
+    max-shifted scores (``rescaled_input`` in nn_utils.py ``softmax``, c*n) and, under
+    autocast, exp's fp32 copy of its 16-bit input (4n); the scores einsum's output and its
+    division by sqrt(d_k) are freed before (each is the next op's only reference). Read in
+    this order off S002's and S026's recorded stacks (../shared/validation/snapshots)."""
+    c, _ = compute_and_residual_bytes(training)
+    b, s, a = training.micro_batch_size, tokens_per_sequence(model, training), model.num_heads
+    n = a * s * s * b // parallel_divisor("scores/x", training)
+    return [c * n, c * n] + ([4 * n] if training.uses_autocast and c != 4 else [])
+
+
+def eager_scores_forward_bytes(model: ModelSpec, training: TrainingConfig) -> tuple[int, int]:
+    """(per layer, per model) bytes BLOOM's eager attention holds in the forward beyond what it
+    saves (``ModelSpec.eager_scores_kept``), 0 for other families or attention kernels.
+
+    Per layer, alive at the end of its attention (modeling_bloom.py ``BloomAttention.forward``
+    keeps its locals until it returns): the raw ``baddbmm`` scores (c*a*s*s*b), the scores
+    plus the additive causal mask in the mask's dtype (r*a*s*s*b), the fused
+    ``query_key_value`` output (3c*h per token), the block's LayerNorm output (r*h) and the
+    ``dense`` output (c*h); under checkpointing also the previous block's returned attention
+    probabilities (c*a*s*s*b, modeling_bloom.py ``BloomBlock.forward`` returns ``output,
+    attn_weights``). Per model, the additive (b, 1, s, s) causal mask in the model's
+    dtype r, alive through the forward (and kept by the checkpoint under activation
+    checkpointing: :func:`~trainmem.analytic.activations.embedding_activation_bytes`). Found
+    by the trace engine."""
+    if model.attention_written_out and training.attention == "eager":
+        return sum(written_out_scores_forward_tensors(model, training)), 0
+    if not model.eager_scores_kept or training.attention != "eager":
+        return 0, 0
+    c, r = compute_and_residual_bytes(training)
+    b, s, h = training.micro_batch_size, tokens_per_sequence(model, training), model.hidden_size
+    t = b * s
+    # under checkpointing the previous block's attention probabilities (c), returned by every
+    # BloomBlock and held in BloomModel's ``outputs`` until the next block returns, are not
+    # saved activations any more but still alive
+    kept = c if training.activation_checkpointing != "none" else 0
+    scores = (c + r + kept) * model.num_heads * s * s * b // parallel_divisor("scores/x", training)
+    hidden = (3 * c + r + c) * h * t
+    if training.activation_checkpointing == "full":
+        # the checkpointed forward runs without autograd: its peak is the probabilities' cast,
+        # the fp32 softmax output (freed right after, nothing saves it) still alive; the qkv
+        # linear's 16-bit input is freed by then and the context (``dense``'s input) and the
+        # ``dense`` output are not made yet, three c*h tensors the dropped terms and this count
+        # (traced on a 2-layer BLOOM, eager, full checkpointing: peak at the cast in
+        # ``self_attention``)
+        hidden -= 3 * c * h * t
+    hidden //= parallel_divisor("attention/qkv_input", training)
+    return scores + hidden, eager_mask_bytes(model, training)
+
+
+def forward_kv_cache_bytes(model: ModelSpec, training: TrainingConfig, num_layers: int) -> int:
+    """Bytes of the KV cache transformers builds in training (``ModelSpec.forward_kv_cache``),
+    alive from each layer's attention to the end of forward (the loss): per layer the cache's
+    copy of the rotated keys, r * kv_heads * head_dim bytes per token (fp32 under autocast: the
+    rotary tables are fp32), which SDPA does not save (it saves its own 16-bit cast). The
+    values' copy is in the values' own dtype, the compute dtype c, and is the very tensor SDPA
+    saves (counted in ``attention/v``), so nothing extra. When r = c the keys' copy is the saved
+    key too, and nothing is extra. Source: transformers 5.24 cache_utils.py
+    ``DynamicLayer.lazy_initialization`` (an empty tensor in the keys' / values' dtype) and
+    ``update`` (``torch.cat``); modeling_llama.py ``LlamaModel.forward`` (``DynamicCache``
+    when ``use_cache``). transformers 4.x appends the tensors themselves, which keeps the same
+    fp32 keys alive; 5.23 created the empty tensor in fp32, so its values' copy was fp32 too
+    (r * kv_heads * head_dim more per token and layer, not modelled)."""
+    c, r = compute_and_residual_bytes(training)
+    if (
+        not model.forward_kv_cache
+        or r == c
+        or training.activation_checkpointing != "none"
+        or not training.conventions.hf_model_code
+    ):
+        return 0
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    per_layer = r * model.num_kv_heads * model.head_dim * t
+    return num_layers * -(-per_layer // parallel_divisor("attention/v", training))
+
+
+def apply_mla(terms: dict[str, int], model: ModelSpec, training: TrainingConfig, *, t: int) -> None:
+    """Multi-head latent attention's saved tensors, in place of the q/k/v terms
+    (modeling_deepseek_v3.py ``DeepseekV3Attention.forward``, SDPA path).
+
+    * The normed input is read by two linears (``q_a_proj`` or ``q_proj``, and
+      ``kv_a_proj_with_mqa``): two 16-bit copies under autocast.
+    * ``q_a_layernorm`` / ``kv_a_layernorm`` are HF RMSNorms on 16-bit latents: the fp32 upcast,
+      the rstd and the normalised 16-bit tensor (the ``kv_nope`` slice is strided, so its upcast
+      is a copy either way); their fp32 outputs (fp32 weight times 16-bit tensor) are cast again
+      for ``q_b_proj`` / ``kv_b_proj``.
+    * The rotary halves are multiplied by the fp32 cos / sin, so ``torch.cat((q_pass, q_rot))``
+      is fp32; SDPA (on autocast's lower-precision list) saves its 16-bit cast. The keys are a
+      new (b, a, s, qk_nope + qk_rope) tensor (``expand_kv``: ``new_empty`` + two ``copy_``).
+      The values are a slice of ``kv_b_proj``'s output, so SDPA's saved value keeps all of it
+      (a * (qk_nope + v_head_dim) per token).
+    * Queries/keys (qk_nope + qk_rope) and values (v_head_dim) differ in width, which FlashAttention
+      refuses (``check_head_dim_size_flash``); the memory-efficient kernel runs and saves its
+      output (a * v_head_dim) and a fp32 logsumexp.
+    """
+    c, _ = compute_and_residual_bytes(training)
+    h, a, d, v = model.hidden_size, model.num_heads, model.head_dim, model.v_head_dim
+    nope = d - model.qk_rope_head_dim
+    mixed = training.uses_autocast
+    terms["attention/qkv_input"] = c * h * t * (2 if mixed else 1)
+    for rank, name in ((model.q_lora_rank, "q"), (model.kv_lora_rank, "kv")):
+        if rank:
+            terms[f"attention/{name}_latent_norm"] = (4 * rank + c * rank + 4) * t
+            terms[f"attention/{name}_latent_input"] = c * rank * t
+    terms["attention/q_k"] = 2 * c * a * d * t
+    terms["attention/v"] = c * a * (nope + v) * t
+    if "attention/sdpa_output" in terms:
+        terms["attention/sdpa_output"] = c * a * v * t
+    if "attention/out_proj_input" in terms:
+        terms["attention/out_proj_input"] = c * a * v * t
+
+
+def apply_litgpt_attention(
+    terms: dict[str, int], model: ModelSpec, training: TrainingConfig, *, t: int
+) -> None:
+    """lit-gpt's own attention code, in place (found by tracing lit-gpt's ``GPT``,
+    benchmarks/litgpt_trace.py).
+
+    * The fused qkv output is viewed into q, k, v (``qkv.view(...).permute(...).split(...)``);
+      without GQA ``v.reshape`` stays a view, so the tensor SDPA saves as v keeps the whole
+      (a + 2k) * d qkv output alive: + c * (a + k) * d over our v term. With GQA, k and v are
+      expanded to all heads and copied (``expand`` + ``reshape``): k and v at a heads.
+    * With LoRA on some but not all of q, k, v, ``LoRAQKVLinear.zero_pad`` scatters the adapter
+      output with ``index_copy``, whose backward saves its source: c * (targeted widths).
+
+    Source: lit_gpt/model.py ``CausalSelfAttention.forward``, lit_gpt/lora.py ``zero_pad``.
+    """
+    c, _ = compute_and_residual_bytes(training)
+    a, k, d = model.num_heads, model.num_kv_heads, model.head_dim
+    if k == a:
+        terms["attention/qkv_view_kept"] = c * (a + k) * d * t
+    else:
+        terms["attention/q_k"] = 2 * c * a * d * t
+        terms["attention/v"] = c * a * d * t
+    if training.is_lora:
+        widths = {"q": a * d, "k": k * d, "v": k * d}
+        chosen = [w for name, w in widths.items() if name in training.lora_targets]
+        if chosen and len(chosen) < 3:
+            terms["lora/zero_pad_source"] = c * sum(chosen) * t

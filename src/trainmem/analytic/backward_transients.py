@@ -1,0 +1,133 @@
+"""What one layer's backward holds at once besides what the layer saved: the MLP's and the
+attention's gradients and the residual-stream gradient. Symbols as in
+:mod:`trainmem.analytic.activations`."""
+
+from __future__ import annotations
+
+from trainmem.analytic.activation_parallelism import parallel_divisor
+from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
+from trainmem.analytic.attention import fp32_softmax
+from trainmem.analytic.mlp import SIGMOID_FORMULA_ACTIVATIONS, sequential_pre_norm_block
+from trainmem.specs.model import ModelSpec
+from trainmem.specs.training import TrainingConfig
+from trainmem.units import dtype_bytes
+
+WRITTEN_OUT_SOFTMAX_BACKWARD_TENSORS = 5
+"""fp32 score-sized tensors alive at once in the backward of a written-out softmax's division
+(Note [Backward of a written-out softmax])."""
+
+
+def backward_layer_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """The larger of :func:`backward_layer_transients`' MLP and attention parts, plus the
+    residual gradient: the most one layer's backward holds at once besides what it saved."""
+    mlp, attention, residual = backward_layer_transients(model, training)
+    return max(mlp, attention) + residual
+
+
+def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tuple[int, int, int]:
+    """(MLP part, attention part, residual gradient) of what one layer's backward holds besides
+    what it saved. MLP: the gradients of its intermediate (2 i-sized tensors, 3 for gated
+    MLPs; transformers' MoE experts: see the code) and under autocast the 16-bit weight
+    gradient of its largest linear before it is cast into the fp32 ``.grad``. Attention (eager
+    only): two score-sized gradients, five fp32 ones for a written-out softmax (Note [Backward
+    of a written-out softmax]). The MLP's backward runs first, and by the attention's
+    backward the MLP's saved tensors are freed. A model with blocks of several kinds takes the
+    largest of each part over its kinds.
+
+    Note [Backward of a written-out softmax]
+        cs336_basics/nn_utils.py ``softmax`` ends in ``e / torch.sum(e, ...)``. Its backward
+        node (PyTorch's generated ``DivBackward0::apply``) computes the divisor's gradient
+        first, ``div_tensor_other_backward``: ``-grad * ((self / other) / other)``
+        (FunctionsManual.cpp), whose three temporaries live to the end of that expression, so
+        the incoming fp32 gradient, ``-grad``, ``e / S``, ``(e / S) / S`` and their product are
+        alive together: five fp32 (b, a, s, s) tensors (the product is then summed to S's
+        shape and the temporaries freed before ``grad / S``, the dividend's gradient). Under
+        autocast the incoming gradient is fp32 too (the backward of the value einsum's cast).
+    """
+    kinds = model.layer_kinds()
+    if len(kinds) > 1:
+        parts = [backward_layer_transients(block, training) for _, block in kinds]
+        return (
+            max(p[0] for p in parts),
+            max(p[1] for p in parts),
+            max(p[2] for p in parts),
+        )
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    c, r = compute_and_residual_bytes(training)
+    i, h = model.intermediate_size, model.hidden_size
+    k_top = model.num_experts_per_tok if model.num_experts > 1 else 1
+    n = 3 if model.mlp_kind == "gated" else 2
+    if model.architecture == "vision-encoder":
+        # A vision encoder's step peaks inside its last block's backward (no vocabulary-sized
+        # loss), where the trace shows the down projection's saved input already freed when
+        # the activation's backward runs: net of it, a fused GELU holds one more i-sized
+        # tensor, CLIP's quick_gelu (three saved) and a gated MLP two.
+        n = 2 if model.mlp_kind == "gated" or model.hidden_act in SIGMOID_FORMULA_ACTIVATIONS else 1
+    mlp = n * c * i * t * k_top // parallel_divisor("mlp/gated", training)
+    if training.uses_autocast:
+        mlp += c * h * i // training.tensor_parallel_size
+        if model.architecture == "vision-encoder" and n == 1 and not model.layer_scale:
+            # a fused GELU's block peaks at the down projection's input gradient, while the
+            # incoming fp32 residual gradient's cast to the 16-bit fc2 output (the residual
+            # add's backward, ``residual + hidden_states`` in modeling_siglip.py
+            # ``SiglipEncoderLayer.forward``) is still alive (traced on a 2-layer SigLIP tower,
+            # full checkpointing: aten.mm in ``mlp.fc2`` with that cast alive). DINOv2's layer
+            # scale makes the same cast, in place of the MLP output its ``hidden * lambda1``
+            # saved and its backward has freed by then (traced on a 2-layer DINOv2), which
+            # the saved terms already count
+            mlp += c * h * t // parallel_divisor("mlp/input", training)
+    if model.layer_scale and model.mlp_kind == "gated":
+        # a gated MLP's block peaks later, at the gate * up product's backward: by then the
+        # layer scale's backward (modeling_dinov2.py ``Dinov2LayerScale``, ``hidden * lambda1``)
+        # has freed the MLP output it saved (a saved term here), and the down projection's
+        # backward the 16-bit gradient cast that took its place (traced on a 2-layer
+        # DINOv2-SwiGLU, full checkpointing: peak in ``mlp.down_proj``'s backward)
+        mlp -= c * h * t // parallel_divisor("mlp/input", training)
+    if model.layer_scale and training.activation_checkpointing == "none":
+        # DINOv2's ``hidden * lambda1`` backward opens the block's backward, with all it saved
+        # still alive: the gradient times lambda1 (fp32: lambda1 is an fp32 weight under AMP),
+        # its cast to the MLP output's dtype, and the gradient times the input for lambda1's
+        # own gradient (traced on a 2-layer DINOv2; under full checkpointing the trace's peak
+        # is later, in the recomputed MLP's backward)
+        mlp = max(mlp, (2 * r + c) * h * t // parallel_divisor("mlp/input", training))
+    if model.num_experts > 1 and training.conventions.hf_model_code:
+        # transformers' grouped_mm experts run in the weights' dtype w
+        # (:func:`~trainmem.analytic.mlp.moe_terms`); at
+        # the gate/up grouped matmul's backward the gradients of its output (2i), of the
+        # activation and product path (i), of the gathered inputs and of the un-permuted
+        # outputs (h each) are alive, per routed token (found by the trace engine)
+        w = dtype_bytes(training.weight_dtype)
+        mlp = w * k_top * (2 * h + 3 * i) * t // parallel_divisor("mlp/gated", training)
+    attention = 0
+    if training.attention == "eager" and model.attention_written_out:
+        # Note [Backward of a written-out softmax]
+        s, b = tokens_per_sequence(model, training), training.micro_batch_size
+        attention = WRITTEN_OUT_SOFTMAX_BACKWARD_TENSORS * 4 * model.num_heads * s * s * b
+        attention //= parallel_divisor("scores/x", training)
+    elif training.attention == "eager":
+        # eager attention's backward holds two (b, a, s, s) tensors in the softmax dtype at its
+        # peak: the probabilities' gradient (upcast when the softmax runs in fp32) and the
+        # softmax input's gradient (``_softmax_backward_data``; found by the trace engine)
+        s, b = tokens_per_sequence(model, training), training.micro_batch_size
+        sm = 4 if fp32_softmax(model, training) else c
+        attention = 2 * sm * model.num_heads * s * s * b // parallel_divisor("scores/x", training)
+    # the residual-stream gradient: the incoming one, and the one the layer's input gradient
+    # accumulates into; only the incoming one at the MLP's peak in a sequential pre-norm block
+    # (Note [Backward of a pre-norm block], trainmem/analytic/mlp.py)
+    residual = (1 if sequential_pre_norm_block(model) else 2) * r * h * t
+    if model.architecture == "vision-encoder":
+        # one (b, s, h) gradient reaches the block (LayerNorm's fused backward; the select of
+        # the pooled [CLS] row): traced on CLIP, SigLIP, DINOv2 and ViT towers
+        residual = r * h * t
+    if model.cross_attention:
+        # a T5 decoder block's backward also holds the gradients its stack accumulates over
+        # all its blocks: the encoder output's (fp32 under autocast, from every
+        # cross-attention's k and v), the fp32 relative position bias's, and under
+        # checkpointing the cross-attention bias's, which then requires grad
+        # (modeling_t5.py ``T5Attention.forward``; traced on a 2-layer Flan-T5)
+        b, s = training.micro_batch_size, tokens_per_sequence(model, training)
+        a, s_source = model.num_heads, training.seq_len
+        residual += r * h * b * s_source + 4 * a * s * s
+        if training.activation_checkpointing == "full":
+            residual += c * a * s * s_source
+    return mlp, attention, residual // parallel_divisor("mlp/input", training)

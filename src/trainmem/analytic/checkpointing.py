@@ -1,0 +1,133 @@
+"""Activation checkpointing beyond the whole-layer rule of
+:func:`~trainmem.analytic.activations.activation_profile` (Note [Activation checkpointing] in
+trainmem/analytic/activations.py): op-level selective checkpointing as torchtitan does it,
+which layers run inside a checkpoint region, and the input-embedding hook transformers
+registers when it enables checkpointing. Symbols as in
+:mod:`trainmem.analytic.activations`."""
+
+from __future__ import annotations
+
+from trainmem.analytic.activation_parallelism import parallel_divisor, split_for_parallelism
+from trainmem.analytic.activation_shapes import (
+    compute_and_residual_bytes,
+    mean_terms,
+    tokens_per_sequence,
+)
+from trainmem.analytic.params import linear_shapes
+from trainmem.specs.model import ModelSpec
+from trainmem.specs.training import TrainingConfig
+
+
+def layer_is_checkpointed(training: TrainingConfig) -> bool:
+    """The whole layer runs inside a checkpoint region (full, or op-level selective with SDPA):
+    its autocast weight casts are not saved but stay in autocast's cache until the forward ends
+    (``cached_cast``; cleared on exiting the autocast region)."""
+    mode = training.activation_checkpointing
+    return mode == "full" or (mode == "selective" and training.attention != "eager")
+
+
+def op_selective_saved_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes one layer keeps under op-level selective checkpointing: the sum of
+    :func:`op_selective_saved_terms`."""
+    return sum(op_selective_saved_terms(model, training).values())
+
+
+def op_selective_saved_terms(model: ModelSpec, training: TrainingConfig) -> dict[str, int]:
+    """Tensors one layer keeps under op-level selective checkpointing as torchtitan does it
+    (``selective_ac_option="op"``): the layer input, the SDPA output + logsumexp, and the output
+    of every other matmul in execution order (the 1st, 3rd, ...; torchtitan's policy saves
+    ``aten.mm`` "except every second mm"); everything else is recomputed in backward.
+
+    Under ``torch.compile`` the checkpoint is a tagged region of the compiled graph and the
+    min-cut partitioner keeps a ``MUST_SAVE`` output only if the backward reads it
+    (``torch/_functorch/partitioners.py``: tags ban recomputation, they do not add outputs); the
+    outputs of the attention and MLP output projections (``o``, ``down``) only enter the
+    residual add, whose backward reads no input, so they are not kept (eager SAC's cache keeps
+    every ``MUST_SAVE`` output for the replay). Seen in the trace of llama-3.2-1b (one
+    ``(tokens, h)`` tensor per layer less with compile, Note [Tracing torch.compile] in
+    trainmem/trace/compile.py).
+
+    Source: torchtitan ``apply_ac`` / ``_get_custom_policy`` (``_save_list`` and the mm counter),
+    ``torch.utils.checkpoint.create_selective_checkpoint_contexts``. See Note [Activation
+    checkpointing] (trainmem/analytic/activations.py).
+    """
+    mean = mean_terms(model, lambda block: op_selective_saved_terms(block, training))
+    if mean is not None:
+        return mean
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    c, r = compute_and_residual_bytes(training)
+    k_top = model.num_experts_per_tok if model.num_experts > 1 else 1
+    # matmul outputs in execution order (experts: k_top of each)
+    outputs = [
+        (name, c * fan_out * t * (k_top if name in ("gate", "up", "down") else 1))
+        for name, (_fan_in, fan_out, _n) in linear_shapes(model).items()
+        if name != "router"
+    ]
+    # a linear with a bias runs as ``addmm`` (always saved); without one as ``mm`` (counted)
+    biased = {
+        "qkv": model.attention_bias,
+        "q": model.attention_bias,
+        "k": model.attention_bias,
+        "v": model.attention_bias,
+        "o": model.attention_out_bias,
+        "gate": model.mlp_bias,
+        "up": model.mlp_bias,
+        "down": model.mlp_bias,
+    }
+    kept: dict[str, int] = {}
+    mm_count = 0
+    for name, size in outputs:
+        if biased.get(name, False):
+            kept[f"mm/{name}"] = size
+            continue
+        mm_count += 1
+        if mm_count % 2 == 1:
+            kept[f"mm/{name}"] = size
+    if training.compile:  # read by no backward op: the min-cut does not keep them
+        kept.pop("mm/o", None)
+        kept.pop("mm/down", None)
+    split = {
+        "layer_input": r * model.hidden_size * t,
+        "attention/sdpa_output": c * model.num_heads * model.head_dim * t,
+        "attention/logsumexp": 4 * model.num_heads * t,
+        **kept,
+    }
+    return split_for_parallelism(split, training)
+
+
+def input_grad_hook_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes the input-embedding hook keeps after the first layer's backward: the embedding
+    output, which the hook made a leaf that requires grad, and its ``.grad`` (r each per
+    token and hidden unit); 0 when no hook runs.
+
+    transformers' ``enable_input_require_grads`` registers ``output.requires_grad_(True)`` on
+    the input embeddings; transformers 5 calls it from ``_activation_checkpointing_enable``
+    for every ``input_ids`` model (modeling_utils.py ``needs_embedding_grads``), and peft's
+    ``prepare_model_for_kbit_training`` (``use_gradient_checkpointing=True``, reentrant)
+    calls it too. With the embeddings frozen (LoRA), that output has no ``grad_fn``, so it
+    becomes a leaf: autograd's ``AccumulateGrad`` node holds it and stores the gradient
+    reaching it as its ``.grad``, where a trainable embedding's backward would consume and free
+    it; both stay until the graph is dropped with the loss (the HF Trainer's
+    ``training_step`` returns before ``optimizer.step``). Checked on the real model on the CPU
+    (tests/trace/test_input_grad_hook.py). The first layer's input gradient itself is computed
+    as every other layer's
+    (:func:`~trainmem.analytic.backward_transients.backward_layer_transients`), as the hook makes
+    it needed.
+
+    Alive: from the end of the first layer's backward to the end of the micro-batch's
+    backward.
+
+    Source: transformers modeling_utils.py ``enable_input_require_grads``,
+    ``_activation_checkpointing_enable``; peft utils/other.py
+    ``prepare_model_for_kbit_training``; torch/csrc/autograd/functions/accumulate_grad.h.
+    """
+    frozen_embeddings = training.is_lora
+    if not (
+        training.input_embeddings_require_grad
+        and frozen_embeddings
+        and model.architecture != "vision-encoder"
+    ):
+        return 0
+    _, r = compute_and_residual_bytes(training)
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    return 2 * r * model.hidden_size * t // parallel_divisor("mlp/input", training)

@@ -1,0 +1,98 @@
+"""torchao float8 linears: what they save in eager tensor parallelism and under torch.compile in
+place of the 16-bit inputs (torchao/float8). Symbols as in :mod:`trainmem.analytic.activations`."""
+
+from __future__ import annotations
+
+from trainmem.specs.model import ModelSpec
+from trainmem.specs.training import TrainingConfig
+
+
+def float8_tensor_parallel(training: TrainingConfig) -> bool:
+    """The layer linears take torchao's float8 tensor-parallel styles: float8 training with
+    tensor parallelism under a framework whose TP plan has them
+    (``FrameworkConventions.float8_tensor_parallel``); see Note [Float8 tensor-parallel
+    inputs]."""
+    return (
+        training.is_fp8
+        and training.tensor_parallel_size > 1
+        and training.conventions.float8_tensor_parallel
+    )
+
+
+def apply_float8(
+    terms: dict[str, int], model: ModelSpec, training: TrainingConfig, *, t: int, k_top: int
+) -> None:
+    """What torchao float8 linears save instead of the 16-bit inputs, in place (float8 values
+    are 1 byte). Without tensor parallelism and without compile nothing changes:
+    ``Float8Linear`` saves its high-precision input (torchao/float8/float8_linear.py
+    ``matmul_with_hp_or_float8_args.forward``: ``ctx.save_for_backward(input_hp,
+    weight_hp_t)``) and casts it again in backward.
+
+    Note [Float8 tensor-parallel inputs]
+        torchtitan parallelizes float8 linears with torchao's float8 styles
+        (torchtitan/models/llama3/infra/parallelize.py ``apply_tp`` with
+        ``enable_float8_tensorwise_tp``: ``Float8ColwiseParallel``, ``Float8RowwiseParallel``,
+        ``PrepareFloat8ModuleInput``; torchao/float8/float8_tensor_parallel.py). Each style's
+        ``_prepare_input_fn`` casts the linear's input to float8
+        (``hp_tensor_to_float8_dynamic``, a ``DTensor`` of a ``Float8TrainingTensor``) before
+        the matmul, which uses it as is (``tensor_already_casted_to_fp8``) and saves it, so
+        the saved input is float8, 1 byte a value:
+
+        - q, k, v and gate, up: with sequence parallelism ``PrepareFloat8ModuleInput`` on the
+          attention and the MLP casts the sequence shard once, before the all-gather (its
+          docstring: "if there are multiple float8 users of the input activation, we perform
+          fp8 allgather only once"): one full-sequence float8 [t, h] per module, h t B (not
+          c h t). Without it every ``Float8ColwiseParallel`` casts the replicated input on its
+          own: one h t B copy per linear (3 for q, k, v; 2 for gate, up).
+        - o and down (``Float8RowwiseParallel``): their local input slice is cast, [t, a d / tp]
+          and [t, i / tp]; the o projection's float8 copy is saved beside the attention
+          output the kernel saves (a d t / tp B more), and the gated product act(gate) * up is
+          read only by that cast, so the down projection keeps i t / tp B instead of c i t / tp.
+
+        Traced (trainmem.trace.tensor_parallel applies the same styles): llama-3.2-1b FSDP 2 x
+        TP 2 + SP float8, per layer 4 + 2 + 4 + 8 MiB for these four inputs where bf16 kept
+        8 + 0 + 8 + 16 MiB.
+
+    Note [Compiled float8 linears]
+        Under torch.compile the min-cut partition chooses what a float8 linear keeps (Note
+        [Tracing torch.compile], Note [Static-lifetime parameters under compile] in
+        trainmem/trace/compile.py). The float8 weights are static-lifetime inputs, so the
+        partition saves the weight (free) and recasts it in backward: nothing per layer.
+        Without tensor parallelism an input's cast is pointwise (x * scale, clamp, to float8)
+        on a tensor the partition keeps or recomputes anyway (the normed input from the norm's
+        saved input and rstd; act(gate) * up from the saved gate and up outputs), with the
+        scale a saved fp32 scalar: the q/k/v, gate/up and down inputs are recomputed and
+        nothing is saved for them (the bf16 input eager keeps is gone too). The o projection's
+        float8 input is saved (a d t B): its source is the attention kernel's output, which
+        the partition sees apart from the detached output the kernel's backward saves, so
+        keeping the 1-byte copy is cheaper than the 2-byte source. With tensor parallelism
+        (Note [Float8 tensor-parallel inputs]) a cast that follows a collective is saved: the
+        partitioner never recomputes a collective (``force_save_collectives``), so the
+        sequence-parallel all-gather's float8 output is kept (q/k/v and gate/up, one h t B
+        each module), and a row-parallel input's cast follows the all-reduce of its amax over
+        the TP ranks, after which ``ban_if_used_far_apart`` bans recomputing it
+        (torch/_functorch/partitioners.py ``solve_min_cut``): down keeps i t / tp B. Without
+        sequence parallelism the column-parallel casts have a local amax and are recomputed
+        as without TP. Traced on llama-3.2-1b FSDP 2, compile + float8, per layer beyond the
+        bf16 compile rule's terms: 8 MiB (o) and no q/k/v, gate/up, down inputs; x TP 2 + SP
+        4 + 2 + 4 + 8 MiB (q/k/v, o, gate/up, down); x TP 2 without SP 2 + 8 MiB (o, down).
+    """
+    if not (training.compile or float8_tensor_parallel(training)):
+        return
+    h, i = model.hidden_size, model.intermediate_size
+    a_d = model.num_heads * model.head_dim
+    f8 = 1  # bytes of float8_e4m3fn
+    tp = float8_tensor_parallel(training)
+    sp = tp and training.sequence_parallel
+    # colwise inputs: kept in float8 in eager TP; under compile only an all-gathered one
+    if sp or (tp and not training.compile):
+        n_qkv = 1 if sp or model.fused_qkv else 3
+        n_up = 1 if sp or model.fused_gate_up or model.mlp_kind != "gated" else 2
+        terms["attention/qkv_input"] = f8 * h * t * n_qkv
+        terms["mlp/input"] = f8 * h * t * k_top * n_up
+    else:  # compiled: recast in backward from the norm's saved input
+        terms["attention/qkv_input"] = terms["mlp/input"] = 0
+    # rowwise inputs: o's float8 copy always; down's under TP (amax all-reduced), else recast
+    terms["attention/out_proj_input_float8"] = f8 * a_d * t
+    if "mlp/down_input" in terms:
+        terms["mlp/down_input"] = f8 * i * t * k_top if tp else 0

@@ -1,0 +1,178 @@
+"""What the model keeps after its last layer: the final norm, the LM head's input, the loss's
+saved tensors, classification and vision pooling heads, a quantized LM head's dequantized
+weight and the final hidden states held while the loss runs. Symbols as in
+:mod:`trainmem.analytic.activations`."""
+
+from __future__ import annotations
+
+from trainmem.analytic.activation_parallelism import parallel_divisor, split_for_parallelism
+from trainmem.analytic.activation_shapes import (
+    compute_and_residual_bytes,
+    output_tokens,
+    tokens_per_sequence,
+)
+from trainmem.analytic.loss import (
+    compiled_chunked_loss,
+    loss_in_logits_dtype,
+    loss_kind,
+    loss_upcast,
+    megatron_cross_entropy,
+    written_out_exp_bytes,
+)
+from trainmem.analytic.norms import norm_saved_bytes
+from trainmem.specs.model import ModelSpec
+from trainmem.specs.training import TrainingConfig
+
+
+def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[str, int]:
+    """Bytes saved after the last layer, by term.
+
+    Causal/masked LM: final norm, LM-head input, logits (c*V, kept alive by the model output
+    until the step ends), and the fp32 log-softmax output saved by ``cross_entropy``; HF
+    transformers' ``ForCausalLMLoss`` upcasts logits with ``logits.float()`` before the loss
+    (transformers/loss/loss_utils.py). Classification heads keep only the pooled vector.
+    """
+    b = training.micro_batch_size
+    s = output_tokens(model, training)
+    t = b * s
+    c, r = compute_and_residual_bytes(training)
+    h, v = model.hidden_size, model.vocab_size
+    out: dict[str, int] = {}
+    if model.architecture == "vision-encoder" and model.vision_pooler != "dense":
+        return split_for_parallelism(_vision_pooler_bytes(model, training, t=t), training)
+    if model.architecture == "encoder-decoder":
+        # the encoder stack's final_layer_norm, on the source tokens
+        t_source = b * training.seq_len
+        out["encoder_final_norm"] = norm_saved_bytes(model, r) * t_source
+    if model.final_norm:  # BERT (post-LN) has none
+        out["final_norm"] = (
+            norm_saved_bytes(model, r, trainable=not training.is_lora and not training.compile) * t
+        )
+    if model.head in ("causal-lm", "masked-lm", "seq2seq-lm"):
+        if model.head == "masked-lm":
+            out["mlm_transform"] = (2 * c * h + norm_saved_bytes(model, r)) * t
+        lm_head_frozen = training.is_lora and "lm_head" not in training.lora_targets
+        # a frozen LM head saves no input, unless bitsandbytes quantized it (lit-gpt quantizes
+        # every linear, the LM head too; HF keeps it unquantized)
+        if not lm_head_frozen or quantized_lm_head(training):
+            out["lm_head_input"] = c * h * t
+        if training.conventions.fp32_model_output:
+            # Lightning Fabric casts the model output to fp32 (``_FabricModule.forward`` ->
+            # ``precision.convert_output``) and lit-gpt's loop keeps ``logits`` until the step
+            # ends (lightning/fabric/plugins/precision/half.py)
+            out["logits_fp32_output"] = 4 * v * t
+        # The logits are not saved: the training loop drops the model output after the loss,
+        # log-softmax keeps only its output and the LM head its input (found by the trace
+        # engine); they exist only at the end of forward (loss_forward_transient_bytes).
+        # saved by cross_entropy for its backward: fp32 after HF's / torchtune's upcast,
+        # the logits' dtype in lit-gpt's chunked cross-entropy
+        kind = loss_kind(model, training)
+        if kind in ("logits-sum", "logits-mean"):
+            pass  # sum / mean save nothing (derivatives.yaml ``sum``, ``mean``)
+        elif kind == "cs336-cross-entropy":
+            # Note [The course's cross-entropy]: exp's output, the negated log-softmax gather
+            # saves, max's int64 indices and log's input
+            e = written_out_exp_bytes(training)
+            out["log_softmax"] = 2 * e * v * t + (8 + e) * t
+        elif loss_in_logits_dtype(model, training):
+            # the 16-bit log-softmax output and nll_loss's fp32 copy of it
+            # (Note [Cross-entropy on 16-bit logits])
+            out["log_softmax"] = (c + 4) * v * t
+        elif compiled_chunked_loss(model, training):
+            # Note [Compiled chunked cross-entropy]: every chunk's logits in their own dtype and
+            # two fp32 values per token (row max, log-sum-exp), no fp32 log-softmax
+            out["chunk_logits"] = c * v * t
+            out["chunk_row_stats"] = 8 * t
+        elif megatron_cross_entropy(model, training):
+            # Note [Megatron's vocabulary-parallel cross-entropy]: the fp32 copy of the logits,
+            # turned into the softmax in place and saved (``exp_logits``)
+            out["vocab_parallel_softmax"] = 4 * v * t
+        else:
+            out["log_softmax"] = (4 if loss_upcast(model, training) else c) * v * t
+        if model.final_logit_softcap and model.head == "causal-lm":
+            # softcap * tanh(logits / softcap) before the loss: tanh saves its output, in the
+            # LM head's dtype (modeling_gemma2.py ``Gemma2ForCausalLM.forward``)
+            out["final_logit_softcap_tanh"] = c * v * t
+        if model.head == "seq2seq-lm" and c != 4:
+            # T5ForConditionalGeneration calls CrossEntropyLoss on the 16-bit logits (no
+            # ``.float()``; autocast runs it in fp32): the trace holds those logits with the
+            # fp32 log-softmax output until the loss backward
+            out["logits_for_loss"] = c * v * t
+        if training.uses_autocast:
+            out["autocast_weight_copies"] = c * v * h
+    else:
+        out["pooled"] = 4 * h * b * 4
+    return split_for_parallelism(out, training)
+
+
+def _vision_pooler_bytes(model: ModelSpec, training: TrainingConfig, *, t: int) -> dict[str, int]:
+    """Bytes a bare vision tower's pooling keeps for backward (``ModelSpec.vision_pooler``),
+    with the loss trainmem's trace puts on it (the fp32 mean of ``pooler_output``, which saves
+    nothing).
+
+    * ``cls-norm`` (CLIP ``post_layernorm(last_hidden_state[:, 0, :])``): LayerNorm saves its
+      input, a view of the last block's output, so all of it (r*h per token) stays alive.
+    * ``cls`` (DINOv2 ``layernorm(sequence)[:, 0, :]``): the final LayerNorm saves its input.
+    * ``attention-probe`` (SigLIP ``post_layernorm`` then ``SiglipMultiheadAttentionPoolingHead``):
+      the LayerNorm's input; ``nn.MultiheadAttention`` projects keys and values of every patch
+      with one packed linear (``F._in_projection_packed``, k is v), which saves its 16-bit input
+      copy, and makes the (2, b, s, h) projection contiguous, which the attention's ``bmm``
+      calls save (``need_weights=True`` takes the explicit path); the probe's query, scores
+      and MLP are one token per image.
+    Source: modeling_clip.py ``CLIPVisionModel.forward``, modeling_dinov2.py ``Dinov2Model``,
+    modeling_siglip.py; torch/nn/functional.py ``multi_head_attention_forward``.
+    """
+    c, r = compute_and_residual_bytes(training)
+    h, b = model.hidden_size, training.micro_batch_size
+    out: dict[str, int] = {}
+    if model.vision_pooler == "cls-norm":
+        out["final_norm"] = r * h * t + 8 * b
+    else:
+        out["final_norm"] = norm_saved_bytes(model, r) * t
+    if model.vision_pooler == "attention-probe":
+        out["pooler/kv_input"] = c * h * t
+        out["pooler/kv"] = 2 * c * h * t
+    out["pooled"] = 4 * h * b
+    return out
+
+
+def quantized_lm_head(training: TrainingConfig) -> bool:
+    """The LM head is quantized with the rest of the base: lit-gpt's ``--quantize bnb.*``
+    replaces every ``nn.Linear``, the LM head too (lit_gpt/utils.py, Fabric's
+    ``BitsandbytesPrecision.convert_module``); HF / peft keep ``lm_head`` unquantized
+    (``llm_int8_skip_modules`` defaults to the output embedding)."""
+    return training.conventions.own_model_code and training.quantize_base != "none"
+
+
+def lm_head_dequant_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes of the LM head's weight dequantized to the compute dtype while its matmul runs
+    (forward, and again for the input gradient in backward) when the head is quantized
+    (:func:`quantized_lm_head`): bitsandbytes ``MatMul4Bit`` dequantizes the whole (V, h) weight
+    (bitsandbytes/autograd/_functions.py ``F.dequantize_4bit``), 0 otherwise."""
+    if not quantized_lm_head(training) or model.head not in (
+        "causal-lm",
+        "masked-lm",
+        "seq2seq-lm",
+    ):
+        return 0
+    c, _ = compute_and_residual_bytes(training)
+    return c * model.vocab_size * model.hidden_size // training.tensor_parallel_size
+
+
+def final_hidden_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes of the final norm's output, held by the causal-LM forward
+    (``hidden_states = outputs.last_hidden_state``) while its loss runs, where nothing saves it:
+    under autocast it is in the residual dtype r and the LM head saves its 16-bit cast (r*h per
+    token); when r = c the LM head saves this very tensor (``lm_head_input``). For the
+    families of ``ModelSpec.loss_holds_hidden``. Source: modeling_llama.py
+    ``LlamaForCausalLM.forward``; found by the trace engine."""
+    c, r = compute_and_residual_bytes(training)
+    if (
+        model.head != "causal-lm"
+        or not model.loss_holds_hidden
+        or r == c
+        or not training.conventions.hf_model_code
+    ):
+        return 0
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    return -(-r * model.hidden_size * t // parallel_divisor("lm_head_input", training))

@@ -1,0 +1,387 @@
+"""The loss on the logits: which loss runs (HF's upcast cross-entropy, the model's own on 16-bit
+logits, torchtune's compiled chunks, Megatron's vocabulary-parallel one, the course's written-out
+one, a plain sum or mean), what it saves, and the tensors alive only while it runs forward and
+at the start of backward. Symbols as in :mod:`trainmem.analytic.activations`."""
+
+from __future__ import annotations
+
+from trainmem.analytic.activation_parallelism import parallel_divisor
+from trainmem.analytic.activation_shapes import (
+    compute_and_residual_bytes,
+    output_tokens,
+    tokens_per_sequence,
+)
+from trainmem.specs.model import ModelSpec
+from trainmem.specs.training import TrainingConfig
+
+
+def loss_kind(model: ModelSpec, training: TrainingConfig) -> str:
+    """The loss the step runs on the logits: ``TrainingConfig.loss`` when given (an explicit
+    value always wins), else the model's own: the course's written-out cross-entropy for a
+    family with ``ModelSpec.loss_written_out``, ``cross-entropy`` otherwise (and for every
+    head but a causal LM's, where ``loss`` is refused)."""
+    if model.head != "causal-lm":
+        return "cross-entropy"
+    if training.loss is not None:
+        return training.loss
+    return "cs336-cross-entropy" if model.loss_written_out else "cross-entropy"
+
+
+def loss_in_logits_dtype(model: ModelSpec, training: TrainingConfig) -> bool:
+    """The model's own loss takes its 16-bit logits as they are
+    (:func:`model_loss_in_logits_dtype`), under autocast.
+
+    Note [Cross-entropy on 16-bit logits]
+        ``cross_entropy`` calls ``log_softmax(input, dim, input.scalar_type())``
+        (aten/src/ATen/native/LossNLL.cpp ``cross_entropy``); autocast's
+        ``AT_FORALL_FP32_SET_OPT_DTYPE`` policy leaves an op with an explicit dtype alone, so
+        the log-softmax runs and saves its output in 16 bits (c*V per token); ``nll_loss``, on
+        the fp32 list, casts it to fp32 and saves that copy too (4V). In backward only
+        ``nll_loss``'s fp32 gradient (4V) is alive on top of them: by the log-softmax's
+        backward the fp32 copy and that gradient are freed and two 16-bit tensors (2cV) take
+        their place. Checked with ``saved_tensors_hooks`` under trainmem's CUDA autocast
+        policy and against the trace engine (tests/models/formula/bert.json)."""
+    return model_loss_in_logits_dtype(model, training) and training.uses_autocast
+
+
+def model_loss_in_logits_dtype(model: ModelSpec, training: TrainingConfig) -> bool:
+    """The model code's own loss calls ``cross_entropy`` on the 16-bit logits, without
+    ``.float()``: BERT's masked-LM head (``ModelSpec.mlm_loss_in_logits_dtype``), the causal-LM
+    heads of GPT-2, GPTBigCode, Falcon, BLOOM, ... before transformers 4.49
+    (``ModelSpec.causal_lm_loss_in_logits_dtype`` at ``TrainingConfig.transformers_release``);
+    with HF model code, no chunked loss (which replaces the model's) and no explicit
+    ``TrainingConfig.loss``. Under autocast see Note
+    [Cross-entropy on 16-bit logits]; without it the log-softmax saves its 16-bit output and
+    its backward holds two 16-bit gradients (:func:`loss_upcast` False)."""
+    if (
+        training.chunked_cross_entropy
+        or not training.conventions.hf_model_code
+        or loss_kind(model, training) != "cross-entropy"
+    ):
+        return False
+    return model.mlm_loss_in_logits_dtype or model.causal_lm_loss_in_logits_dtype(
+        training.transformers_release
+    )
+
+
+def loss_upcast(model: ModelSpec, training: TrainingConfig) -> bool:
+    """The cross-entropy works on fp32 logits: transformers' ``ForCausalLMLoss`` /
+    ``ForMaskedLMLoss`` (``logits.float()``, transformers/loss/loss_utils.py since 4.46; the
+    model code's own ``.float()`` before), torchtune's and lit-gpt's losses
+    (``TrainingConfig.loss_upcast``), unless the model's own loss takes its 16-bit logits
+    (:func:`model_loss_in_logits_dtype`)."""
+    return training.loss_upcast and not model_loss_in_logits_dtype(model, training)
+
+
+def compiled_chunked_loss(model: ModelSpec, training: TrainingConfig) -> bool:
+    """The chunked cross-entropy's per-chunk upcast and loss run compiled: torchtune's recipes
+    compile ``CEWithChunkedOutputLoss.compute_cross_entropy`` when ``compile`` is on
+    (``training.compile_loss``); lit-gpt's chunked loss is never compiled.
+
+    Note [Compiled chunked cross-entropy]
+        torchtune 0.4.0: the model returns the list of N chunks of logits in the compute dtype
+        (``TransformerDecoder.chunked_output``: ``[self.output(chunk) for chunk in
+        last_hidden_state.chunk(N, dim=1)]``, modules/transformer.py); ``CEWithChunkedOutputLoss
+        .forward`` runs ``compute_cross_entropy`` = ``F.cross_entropy(logits.float(), labels,
+        reduction="sum")`` on each (modules/loss/ce_chunked_output_loss.py) and the recipe
+        drops the list after the loss (``del logits``, recipes/full_finetune_single_device.py
+        ``_loss_step``); with ``compile`` on, ``training.compile_loss`` replaces
+        ``compute_cross_entropy`` by ``torch.compile`` of it (training/_compile.py).
+
+        Eager, each chunk's ``log_softmax`` saves its fp32 output (4V per token, the tensor
+        ``nll_loss`` saves too), so the loss keeps 4V per token of every chunk, and one chunk's
+        fp32 copy is alive while it runs. Compiled, AOTAutograd traces the chunk's loss on
+        inductor's decompositions (``log_softmax`` -> ``amax``, ``sub``, ``exp``, ``sum``,
+        ``log``, ``sub``) and the min-cut partition saves the 16-bit input chunk itself, the
+        row max and the log-sum-exp (4 B per token each): c*V + 8 per token, and inductor's
+        kernels never write the fp32 upcast (it is read inside the reductions). In backward
+        the compiled graph recomputes ``exp(x - max - lse)`` and writes the chunk's gradient in
+        the logits' dtype (c*V per token of one chunk; ``full`` + ``scatter`` is a pointwise
+        ``where`` in inductor, ``scatter_upon_const_tensor``). Autograd runs the N chunks'
+        loss backwards before any chunk's output projection (the projections were recorded
+        first, in the model's forward, and autograd's ready queue takes the highest sequence
+        number first), so when the head's backward starts every chunk's logits gradient is
+        alive: c*V per token, N - 1 chunks beside the one
+        :func:`loss_backward_transient_bytes` counts (:func:`chunked_loss_gradient_bytes`).
+        Checked against the trace engine, which compiles the chunks' loss the same way
+        (trainmem.trace.compile ``compile_loss``; tests/trace/test_chunked_loss_compiled.py;
+        the bytes by hand in tests/analytic/test_chunked_loss.py).
+    """
+    return (
+        training.compile
+        and training.chunked_cross_entropy > 0
+        and not training.conventions.own_model_code
+        and model.head == "causal-lm"
+        and loss_kind(model, training) == "cross-entropy"
+    )
+
+
+def megatron_cross_entropy(model: ModelSpec, training: TrainingConfig) -> bool:
+    """A causal LM's cross-entropy is Megatron's vocabulary-parallel one
+    (``FrameworkConventions.vocab_parallel_cross_entropy``), unchunked and not replaced by
+    ``TrainingConfig.loss``.
+
+    Note [Megatron's vocabulary-parallel cross-entropy]
+        megatron-core 0.9.0, megatron/core/tensor_parallel/cross_entropy.py
+        ``_VocabParallelCrossEntropy`` (``GPTModel.forward`` -> ``LanguageModule.
+        compute_language_model_loss`` -> ``vocab_parallel_cross_entropy(logits, labels)``; the
+        fused variant, ``cross_entropy_loss_fusion``, off by default, runs the same steps).
+        Per (token, vocabulary-shard) value, c the logits' bytes, T = b*s tokens, V/t the
+        shard:
+
+        * forward: ``calculate_logits_max`` makes the one fp32 copy (``.float()``) while the
+          output layer's 16-bit logits are alive (c + 4); ``calculate_predicted_logits``
+          subtracts the row max in place ("In-place subtraction reduces memory pressure"),
+          then ``torch.exp(vocab_parallel_logits, out=exp_logits)``;
+          ``calculate_cross_entropy_loss`` divides by the row sums in place
+          (``exp_logits.div_``), and ``ctx.save_for_backward(exp_logits, target_mask,
+          masked_target_1d)`` keeps that fp32 softmax (4). The function runs inside an
+          ``autograd.Function``, so none of its ops saves anything of its own; the 16-bit
+          logits go when ``GPTModel.forward`` returns the loss (the output layer's backward
+          needs its input, not its output). With fp32 logits ``.float()`` returns the logits
+          themselves: one tensor (4).
+        * backward: ``prepare_gradient_calculation_operands`` takes the saved softmax as the
+          gradient (``grad_input = softmax``), ``calculate_gradients`` subtracts at the targets
+          and multiplies by the incoming gradient in place, and returns it: still the one fp32
+          tensor. Autograd casts a gradient to its input's dtype (torch/csrc/autograd/
+          engine.cpp ``validate_outputs``) before the node's saved tensors are released
+          (``evaluate_function``: ``call_function``, then ``release_variables``), so the 16-bit
+          logits gradient (c) is made beside it; the fp32 one goes, and the 16-bit one lives
+          through the output layer's backward. fp32 logits need no cast: the saved buffer is
+          the gradient (# NB: the schedule frees it with the head's activations, before the
+          output layer's backward; Megatron runs 16-bit).
+
+        Against the generic rule (``F.cross_entropy(logits.float())``: the fp32 copy, a
+        separate fp32 log-softmax output, two fp32 gradients in backward), the forward peak is
+        (c + 4) V/t per token instead of c + 4 + 4 and the backward peak 4 + c instead of
+        4 + 4 + 4. # NB: the per-token tensors (the row max and sums, fp32; ``target_mask``,
+        bool, and ``masked_target_1d``, int64, saved: 9 B per token) are left out.
+    """
+    return (
+        training.conventions.vocab_parallel_cross_entropy
+        and model.head == "causal-lm"
+        and training.chunked_cross_entropy == 0
+        and loss_kind(model, training) == "cross-entropy"
+    )
+
+
+def written_out_exp_bytes(training: TrainingConfig) -> int:
+    """Bytes per value of ``torch.exp``'s output in written-out (log-)softmax code: fp32 under
+    autocast (``exp`` is on CUDA autocast's fp32 list, aten/src/ATen/autocast_mode.cpp) and in
+    fp32 training, the compute dtype otherwise."""
+    c, _ = compute_and_residual_bytes(training)
+    return 4 if training.uses_autocast else c
+
+
+def written_out_loss_forward_bytes(training: TrainingConfig, *, t: int, v: int) -> int:
+    """Bytes the course's cross-entropy holds at its peak besides the two tensors it saves.
+
+    Note [The course's cross-entropy]
+        cs336_basics/nn_utils.py: ``log_softmax(x) = x - x_max - torch.log(torch.sum(
+        torch.exp(x - x_max)))`` (spring 2024; the 2025 copy binds ``x = x - x_max`` first and
+        holds the same) and ``cross_entropy = torch.mean(torch.gather(-log_softmax(inputs),
+        ...))``. With e the bytes of exp's output (:func:`written_out_exp_bytes`), c the
+        logits', per (token, vocabulary) value: at the exp the logits, ``x - x_max`` twice (c
+        each), exp's fp32 input cast under autocast (4) and its output (e) are alive; at the
+        negation the logits, the exp output, the difference (promoted to e) and its negation:
+        max(3c + cast + e, c + 3e), i.e. 16 bytes in fp32 and 14 under bf16 autocast. Saved
+        for backward: the exp output and the negated log-softmax, which ``gather`` saves whole
+        (derivatives.yaml ``gather``: ``gather_backward(grad, self, dim, index, ...)``), e
+        bytes per value each, max's int64 indices and log's input (the row sums, e) per token.
+        The backward starts with gather's gradient, ``grad.new_zeros(...).scatter_add_(...)``
+        in place (FunctionsManual.cpp ``gather_backward``), one e-byte (t, V) tensor beside
+        the saved ones, after which gather's saved input goes; the negation's gradient
+        replaces it; at ``x - log(S)`` the passed-through gradient, its negation for log's
+        side (summed to (t, 1)) and, under autocast, its cast to the 16-bit ``x`` (autograd
+        casts a gradient to its input's dtype) are alive: e + e + c with the exp output, the
+        same e + 2e as at gather's in fp32 (no cast). So beside what the loss saved: e per
+        value, e + c under autocast. Read off S001's recorded stacks (nn_utils.py lines 12-17,
+        fp32: never two (t, V) gradients with gather's saved input) and the trace of the
+        course model (bf16 autocast: the peak at that ``sum``). Under fake tensors
+        ``gather_backward`` takes its out-of-place branch (``areAnyTensorSubclassLike``); the
+        trace engine makes it in place as on a GPU (trainmem.trace.cuda_scatter)."""
+    c, _ = compute_and_residual_bytes(training)
+    e = written_out_exp_bytes(training)
+    cast = 4 if training.uses_autocast and c != 4 else 0
+    peak = max(3 * c + cast + e, c + 3 * e)
+    return (peak - 2 * e) * v * t
+
+
+SHIFTED_LABELS_SINCE = (4, 49)
+"""transformers release from which ``ForCausalLMLoss`` shifts the labels (``nn.functional.pad(
+labels, (0, 1), value=ignore_index)``, then ``labels[..., 1:]``) instead of the logits
+(loss/loss_utils.py, 4.49.0); see :func:`shifted_logits_bytes`."""
+
+
+def shifted_logits_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes of the shifted copy of the logits a transformers causal LM makes for its loss before
+    transformers 4.49 (:data:`SHIFTED_LABELS_SINCE`): ``shift_logits = logits[..., :-1, :].
+    contiguous()``, b*(s - 1) positions in the loss's dtype (fp32 after the upcast, the logits'
+    own under :func:`model_loss_in_logits_dtype`), alive beside the logits (and their fp32
+    copy, which ``ForCausalLMLoss``'s ``logits`` local holds until it returns) while
+    ``cross_entropy`` runs; freed with the forward (``clone`` saves nothing). Its backward,
+    ``slice_backward`` (a zero-padded (b, s, V) gradient beside the shifted one), holds no more
+    than the log-softmax's backward before it.
+    Source: transformers 4.46.0 / 4.48.0 loss/loss_utils.py ``ForCausalLMLoss`` (``logits =
+    logits.float()``, then the shift); 4.45.2 modeling_mistral.py / modeling_llama.py
+    ``*ForCausalLM.forward`` (the same, in the model); 4.48.0 modeling_gpt_bigcode.py (the
+    shift of the 16-bit logits). 0 from 4.49, for other model code, other losses and a chunked
+    loss."""
+    if (
+        model.head != "causal-lm"
+        or not training.conventions.hf_model_code
+        or training.chunked_cross_entropy
+        or loss_kind(model, training) != "cross-entropy"
+        or training.transformers_release >= SHIFTED_LABELS_SINCE
+    ):
+        return 0
+    c, _ = compute_and_residual_bytes(training)
+    b, s = training.micro_batch_size, output_tokens(model, training)
+    return (4 if loss_upcast(model, training) else c) * model.vocab_size * b * (s - 1)
+
+
+def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes live only at the end of forward, when the loss runs: the logits (c per value) and,
+    when the loss upcasts 16-bit logits, their fp32 copy (one chunk of it with a chunked loss).
+    Source: transformers/loss/loss_utils.py ``ForCausalLMLoss`` (``logits.float()``).
+
+    SigLIP's attention-pooling head: the fp32 ``last_hidden_state`` the model output holds and
+    the packed key/value projection before its ``.contiguous()`` copy (torch/nn/functional.py
+    ``_in_projection_packed``) are both alive while the head runs. Under autocast, the 16-bit
+    copy of the (transposed) keys that autocast makes for ``linear`` is held until the call
+    returns, while ``at::linear`` on that non-contiguous 3-D input runs ``matmul`` (which saves
+    its own contiguous copy: ``pooler/kv_input``) and adds the bias out of place, so at that add
+    the matmul output (counted as ``pooler/kv``, which takes its size once it is freed) and the
+    sum are both alive (aten/src/ATen/native/Linear.cpp ``linear``; the trace engine's peak op,
+    ``aten.add.Tensor`` in ``head.attention``)."""
+    if model.architecture == "vision-encoder" and model.vision_pooler == "attention-probe":
+        c, r = compute_and_residual_bytes(training)
+        t = training.micro_batch_size * tokens_per_sequence(model, training)
+        autocast_copy = c if training.uses_autocast else 0
+        return (r + 2 * c + autocast_copy) * model.hidden_size * t
+    if model.head not in ("causal-lm", "masked-lm", "seq2seq-lm"):
+        return 0
+    t = training.micro_batch_size * output_tokens(model, training)
+    c, _ = compute_and_residual_bytes(training)
+    v = model.vocab_size
+    chunk = -(-t // max(training.chunked_cross_entropy, 1))
+    kind = loss_kind(model, training)
+    if kind in ("logits-sum", "logits-mean"):
+        total = c * v * t  # the logits; the sum / mean is one value
+    elif kind == "cs336-cross-entropy":
+        total = written_out_loss_forward_bytes(training, t=t, v=v)
+    elif training.conventions.own_model_code:
+        # lit-gpt's chunked LM head: one chunk of 16-bit logits before Fabric's fp32 cast (the
+        # fp32 logits themselves are a head term)
+        total = c * v * chunk
+    elif model.head == "seq2seq-lm" and c != 4:
+        total = 4 * v * chunk  # the logits are a head term (``logits_for_loss``)
+    elif compiled_chunked_loss(model, training):
+        # Note [Compiled chunked cross-entropy]: the logits are the saved ``chunk_logits``
+        # themselves and the compiled upcast never writes an fp32 copy
+        total = 0
+    elif megatron_cross_entropy(model, training):
+        # Note [Megatron's vocabulary-parallel cross-entropy]: the 16-bit logits beside their
+        # fp32 copy, which is the saved softmax (a head term); fp32 logits are that copy
+        total = c * v * t if c != 4 else 0
+    else:
+        upcast = loss_upcast(model, training) and c != 4
+        total = c * v * t + (4 * v * chunk if upcast else 0) + shifted_logits_bytes(model, training)
+    return -(-total // parallel_divisor("logits", training))
+
+
+def loss_backward_tensors(model: ModelSpec, training: TrainingConfig) -> int:
+    """(tokens x vocabulary) tensors the loss's backward holds at once besides what the loss
+    saved: one for ``logits-sum`` / ``logits-mean`` (the expanded gradient, materialised for
+    the LM head's matmul), for Megatron's vocabulary-parallel cross-entropy (Note [Megatron's
+    vocabulary-parallel cross-entropy]) and for the course's cross-entropy, two under autocast
+    (Note [The course's cross-entropy]), three under DTensor's loss parallel, two otherwise
+    (:func:`loss_backward_transient_bytes`)."""
+    kind = loss_kind(model, training)
+    if kind == "cs336-cross-entropy":  # Note [The course's cross-entropy]
+        c, _ = compute_and_residual_bytes(training)
+        return 1 if written_out_exp_bytes(training) == c else 2
+    if kind != "cross-entropy" or megatron_cross_entropy(model, training):
+        return 1  # Megatron's: the gradient's 16-bit cast (Note [Megatron's ...])
+    return 3 if training.loss_parallel else 2
+
+
+def loss_backward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes live only at the start of backward: the gradient of the log-softmax output and the
+    gradient it produces, two fp32 (T, V) tensors (``_log_softmax_backward_data``; measured as the
+    step's peak in shared/notes/tracing-without-a-gpu.md sec. 2). With a chunked loss
+    (``chunked_cross_entropy`` = N; torchtune ``CEWithChunkedOutputLoss``, lit-gpt
+    ``chunked_cross_entropy``) only one chunk's pair is alive at a time: 1/N of it, in the logits'
+    dtype when the loss does not upcast. DTensor's loss parallel (torchtitan, vocabulary-sharded
+    logits) holds three: its ``_log_softmax_backward`` and the masked ``nll_loss`` gradient
+    (torch/distributed/tensor/parallel/loss.py; seen in the trace of llama-3.2-1b, TP 2)."""
+    if model.head not in ("causal-lm", "masked-lm", "seq2seq-lm"):
+        return 0
+    t = training.micro_batch_size * output_tokens(model, training)
+    c, _ = compute_and_residual_bytes(training)
+    per_value = 4 if loss_upcast(model, training) else c
+    chunks = max(training.chunked_cross_entropy, 1)
+    n = loss_backward_tensors(model, training)
+    kind = loss_kind(model, training)
+    if kind in ("logits-sum", "logits-mean"):
+        # ``sum`` backward expands the incoming scalar (a view), ``mean``'s divides it (one
+        # tensor): the LM head's matmul backward makes it one contiguous (t, V) tensor of the
+        # logits' dtype (derivatives.yaml ``sum``, ``mean``)
+        per_value = c
+    elif kind == "cs336-cross-entropy":
+        # Note [The course's cross-entropy]: e, and under autocast c more at a subtraction
+        e = written_out_exp_bytes(training)
+        total = (e + (c if c != e else 0)) * model.vocab_size * t
+        return -(-total // parallel_divisor("logits", training))
+    if loss_in_logits_dtype(model, training):
+        # nll_loss's fp32 gradient (Note [Cross-entropy on 16-bit logits])
+        n, per_value = 1, 4
+    if compiled_chunked_loss(model, training):
+        # Note [Compiled chunked cross-entropy]: one chunk's gradient, in the logits' dtype
+        n, per_value = 1, c
+    if megatron_cross_entropy(model, training):
+        # Note [Megatron's vocabulary-parallel cross-entropy]: the saved softmax is the fp32
+        # gradient; autograd's cast of it to the logits' dtype is the one new tensor
+        n, per_value = 1, (c if c != 4 else 0)
+    if model.head == "seq2seq-lm":
+        # T5's CrossEntropyLoss: the step's peak is at ``nll_loss_backward``, with its one
+        # fp32 (tokens x V) gradient (traced on 2-layer T5 / Flan-T5)
+        n = 1
+    total = n * per_value * model.vocab_size * -(-t // chunks)
+    return -(-total // parallel_divisor("logits", training))
+
+
+def chunked_loss_gradient_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes of the logits gradients of the other N - 1 chunks of a chunked cross-entropy,
+    alive beside the last one (:func:`loss_backward_transient_bytes`) through the head's
+    backward: every chunk's loss backward runs before the chunks' output projections (Note
+    [Compiled chunked cross-entropy]); c*V per token. 0 without a chunked loss."""
+    n = training.chunked_cross_entropy
+    if n <= 1 or model.head != "causal-lm" or training.conventions.own_model_code:
+        return 0
+    c, _ = compute_and_residual_bytes(training)
+    t = training.micro_batch_size * output_tokens(model, training)
+    chunk = -(-t // n)
+    total = c * model.vocab_size * (t - chunk)
+    return -(-total // parallel_divisor("logits", training))
+
+
+def chunked_head_weight_grad_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes alive beside the sum so far of the head weight's gradient while the next chunk's
+    is added, under a chunked loss with a trained head: the N output projections share one
+    weight, and autograd sums the gradients flowing into its ``AccumulateGrad`` node in that
+    node's input buffer (torch/csrc/autograd/input_buffer.cpp ``InputBuffer::add`` /
+    ``accumulate``: ``old_var + var``, out of place for two dense gradients), so at each sum
+    from the second chunk on the new (V, h) gradient and the sum are alive beside the old
+    one: 2*c*V*h (the head's tensor-parallel shard); 0 for a frozen head or an unchunked loss.
+    Seen in the trace (the peak at ``aten.add.Tensor`` in ``lm_head``).
+    """
+    if (
+        training.chunked_cross_entropy <= 1
+        or model.head != "causal-lm"
+        or training.conventions.own_model_code
+        or training.is_lora
+    ):
+        return 0
+    c, _ = compute_and_residual_bytes(training)
+    return 2 * c * model.vocab_size * model.hidden_size // training.tensor_parallel_size

@@ -1,0 +1,124 @@
+"""The MLP's activations: the activation functions (fused kernels, the tanh and sigmoid formulas
+written out as separate ops), gated MLPs, transformers' mixture-of-experts blocks, and the
+sequential pre-norm block whose MLP input is freed first in backward. Symbols as in
+:mod:`trainmem.analytic.activations`."""
+
+from __future__ import annotations
+
+from trainmem.analytic.activation_shapes import compute_and_residual_bytes
+from trainmem.specs.model import ModelSpec
+from trainmem.specs.training import TrainingConfig
+from trainmem.units import dtype_bytes
+
+#: HF activation names implemented as one fused kernel that saves only its input.
+FUSED_ACTIVATIONS = frozenset(
+    {"gelu", "gelu_pytorch_tanh", "relu", "silu", "swish", "gelu_python", "tanh"}
+)
+
+
+#: HF activation names written as ``x * sigmoid(1.702 * x)`` (transformers/activations.py
+#: ``QuickGELUActivation``, CLIP's ``quick_gelu``): the multiplication saves x and the sigmoid's
+#: output, the sigmoid its output, so three i-sized tensors with the down projection's input.
+SIGMOID_FORMULA_ACTIVATIONS = frozenset({"quick_gelu"})
+
+
+#: HF activation names written as separate tanh-formula ops (transformers/activations.py
+#: ``NewGELUActivation``, ``FastGELUActivation``).
+TANH_FORMULA_ACTIVATIONS = frozenset({"gelu_new", "gelu_fast"})
+
+
+def activation_fn_saved_bytes(model: ModelSpec, training: TrainingConfig, width: int) -> int:
+    """Bytes per token saved by the non-gated MLP activation and the down projection's input."""
+    c, _ = compute_and_residual_bytes(training)
+    # lit-gpt's own model code runs GELU as one kernel (``torch.nn.functional.gelu(x,
+    # approximate=config.gelu_approximate)``, litgpt/model.py ``GptNeoxMLP``) even where the HF
+    # model writes the tanh formula out.
+    # torch.compile (inductor) fuses the formula into one kernel and its min-cut partitioner
+    # saves only the input (torch/_functorch/partitioners.py ``min_cut_rematerialization``).
+    fused = not training.conventions.hf_model_code or training.compile
+    if model.hidden_act in TANH_FORMULA_ACTIVATIONS and not fused:
+        if training.uses_autocast:
+            # pow's fp32 input copy, tanh out, 1+tanh (fp32), 0.5*x (c), output cast for down (c)
+            return (4 + 4 + 4 + c + c) * width
+        # x, tanh out, 0.5*x, 1+tanh, output (saved by down): five tensors of the compute dtype
+        return 5 * c * width
+    if model.hidden_act in SIGMOID_FORMULA_ACTIVATIONS and not fused:
+        return 3 * c * width  # x, sigmoid(1.702 x), and the product saved by down
+    return 2 * c * width  # input saved by the kernel, output saved by the down projection
+
+
+def moe_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dict[str, int]:
+    """Bytes a transformers 5 MoE block saves for backward, by term (the default
+    ``experts_implementation="grouped_mm"``: transformers integrations/moe.py
+    ``grouped_mm_experts_forward``; router: modeling_qwen3_moe.py ``Qwen3MoeTopKRouter``; shared
+    expert: modeling_qwen2_moe.py ``Qwen2MoeSparseMoeBlock``). Per token, k = top-k, w = bytes
+    of the weights' dtype as computed with (the experts' grouped matmul runs in it: fp32 under
+    plain autocast, the compute dtype under an FSDP mixed-precision policy):
+
+    * router: its autocast input copy (c*h), the fp32 softmax (4E), top-k values and indices
+      (12k);
+    * expert inputs: the tokens gathered per expert and cast to w (w*h*k), the gather's and the
+      sort's int64 indices (16k);
+    * gated experts: the gate/up output (2 w*i*k), the activation's output and the product fed
+      to the down projection (w*i*k each);
+    * expert outputs: the down projection's output saved by the routing-weight product
+      (w*h*k), the routing weights (c*k) and the un-permuting index (8k);
+    * shared expert (Qwen2-MoE): a gated MLP (4 c*i_s; its autocast input copies are in
+      ``mlp/input``) and the sigmoid gate's output with the expert output it scales (c*h + c).
+    """
+    c, _ = compute_and_residual_bytes(training)
+    # the weights as the layer computes with them: an FSDP mixed-precision policy gathers them
+    # in the compute dtype (TrainingConfig.gathered_weight_dtype)
+    w = dtype_bytes(training.gathered_weight_dtype)
+    h, i, e = model.hidden_size, model.intermediate_size, model.num_experts
+    k = model.num_experts_per_tok
+    mixed = training.uses_autocast
+    router = (c * h * mixed + 4 * e + 12 * k) * t
+    if model.sigmoid_router:
+        # DeepseekV3TopkRouter: ``F.linear(x.float(), w.float())`` (autocast casts both back),
+        # the sigmoid's output (E, compute dtype), the top-k indices (int64) and the
+        # normalisation's operands (traced on a 2-layer DeepSeek-V3)
+        router = (c * h * mixed + c * e + 8 * k + 8) * t
+    terms = {
+        "mlp/router": router,
+        "mlp/expert_inputs": (w * h * k + 16 * k) * t,
+        "mlp/gated": 4 * w * i * k * t,
+        "mlp/expert_outputs": (w * h * k + c * k + 8 * k) * t,
+    }
+    if sequential_pre_norm_block(model):  # Note [Backward of a pre-norm block]
+        terms["mlp/gated"] -= w * i * k * t
+        terms["mlp/down_input"] = w * i * k * t
+    si = model.shared_expert_intermediate_size
+    if si:
+        terms["mlp/shared_expert"] = 4 * c * si * t
+        if model.shared_expert_gate:
+            terms["mlp/shared_expert_gate"] = (c * h + c) * t
+    return terms
+
+
+def sequential_pre_norm_block(model: ModelSpec) -> bool:
+    """A decoder block x + attn(norm(x)), then x + mlp(norm(x)), with a gated MLP or one
+    fused activation (Llama, Mistral, Qwen, Phi-3, the MoE families, StarCoder2, GPT-BigCode),
+    where Note [Backward of a pre-norm block] holds.
+
+    Note [Backward of a pre-norm block]
+        Traced on Llama, Phi-3, Qwen2-MoE, Qwen3-MoE and GPT-BigCode (2-layer configs, bf16
+        autocast, full activation checkpointing, tests/analytic/test_formula_families.py): the
+        layer's backward peaks in its MLP, after the down projection's backward has released
+        its saved input (``act(gate) * up``, or the activation's output), with one
+        residual-stream gradient alive (the one the layer's input gradient accumulates into
+        comes later); the recomputation does not make the layer input again (the checkpoint
+        keeps it). Blocks with output norms (Gemma-3, OLMo-2), parallel attention and MLP
+        (Falcon, Phi, GPT-NeoX), or GPT-2's tanh-formula GELU keep the general schedule,
+        except for the layer input: in every pre-norm decoder the first norm saves the very
+        tensor the checkpoint keeps (LayerNorm its input; RMSNorm ``x.to(float32)``, a no-op
+        on the fp32 residual stream), so it is not counted twice under full checkpointing
+        (Gemma-2 / Gemma-3 against the generic path).
+    """
+    return (
+        model.architecture == "decoder"
+        and model.pre_norms
+        and not model.output_norms
+        and not model.parallel_attention
+        and (model.mlp_kind == "gated" or model.hidden_act in FUSED_ACTIVATIONS)
+    )

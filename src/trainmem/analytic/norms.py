@@ -1,0 +1,51 @@
+"""Bytes the normalisation layers save for backward: LayerNorm, HF RMSNorm (weight in the input
+dtype or in fp32), frozen (LoRA) and compiled norms, and the q/k norms of the attention
+projections. Symbols as in :mod:`trainmem.analytic.activations`."""
+
+from __future__ import annotations
+
+from trainmem.specs.model import ModelSpec
+
+
+def norm_saved_bytes(
+    model: ModelSpec,
+    r: int,
+    *,
+    trainable: bool = True,
+    compiled: bool = False,
+    width: int = 0,
+    groups: int = 1,
+) -> int:
+    """Bytes per token one norm saves, for an input of ``r`` bytes per value (the residual
+    stream for a pre-norm, the compute dtype for a norm on a projection's output) over
+    ``width`` values (default h) normalised in ``groups`` (per-head q/k norms: one per head).
+
+    LayerNorm r*w + 8 (input, fp32 mean and rstd); HF RMSNorm 4w + r*w + 4 (fp32 input or copy,
+    normalised tensor in the input dtype, fp32 rstd: modeling_llama.py ``LlamaRMSNorm``), or
+    4w + 4w + 4 where the weight multiplies in fp32 before the cast
+    (``ModelSpec.norm_weight_in_fp32``: modeling_gemma3.py ``Gemma3RMSNorm``, modeling_olmo2.py
+    ``Olmo2RMSNorm``). A frozen RMSNorm (LoRA) does not save the normalised tensor: ``weight *
+    x`` saves ``x`` only for the weight's gradient (found by the trace engine). Under
+    torch.compile the min-cut partition keeps only the norm's input in its own dtype and the
+    fp32 rstd (r*w + 4): the fp32 upcast and the normalised tensor are fused and recomputed in
+    backward (traced: AOTAutograd with ``min_cut_rematerialization_partition`` on a Llama
+    layer, trainmem.trace.compile)."""
+    w = width or model.hidden_size
+    if model.norm_kind == "layernorm":
+        return r * w + 8 * groups
+    if compiled:
+        return r * w + 4 * groups
+    normalised = 4 if model.norm_weight_in_fp32 else r
+    return 4 * w + (normalised * w if trainable else 0) + 4 * groups
+
+
+def qk_norm_saved_bytes(model: ModelSpec, c: int, **kwargs: bool) -> int:
+    """Bytes per token the q and k norms save: norms of the projections' outputs (compute
+    dtype), per head (modeling_qwen3.py / modeling_gemma3.py ``q_norm = RMSNorm(head_dim)``) or
+    over the whole projection (modeling_olmo2.py ``q_norm = RMSNorm(a * d)``)."""
+    d = model.head_dim
+    total = 0
+    for heads in (model.num_heads, model.num_kv_heads):
+        groups = 1 if model.qk_norm_full_width else heads
+        total += norm_saved_bytes(model, c, width=heads * d, groups=groups, **kwargs)
+    return total
