@@ -1,5 +1,26 @@
 """TrainingConfig: how a model is trained (one data-parallel rank's view).
 
+Note [Config by concern]
+    The settings are defined in small frozen dataclasses, one per concern (:data:`CONCERNS`:
+    :class:`BatchConfig`, :class:`PrecisionConfig`, :class:`OptimizerConfig`,
+    :class:`LoopConfig`, :class:`EmaConfig`, :class:`CheckpointingConfig`,
+    :class:`ForwardConfig`, :class:`ParallelismConfig`, :class:`ShardingConfig`,
+    :class:`PeftConfig`, :class:`FrameworkConfig`, :class:`DiffusionConfig`). Each field carries
+    an attribute docstring (meaning, unit, allowed values, default and whence) and a
+    :class:`~trainmem.specs.settings.Setting` (the help, allowed values and flags the CLI
+    options and the web form are generated from); each concern checks its own fields in its
+    ``__post_init__`` and holds the properties that read only them.
+
+    :class:`TrainingConfig` *inherits* from all of them rather than holding one instance of
+    each: the hundreds of ``training.<field>`` reads, ``TrainingConfig(**fields)``,
+    ``dataclasses.replace``, equality, hashing (one flat tuple, as fast as before: the planner
+    caches on it, benchmarks/analytic_speed.py) and pickling stay what they were; nested
+    instances would make every read two attribute lookups and every replace a rebuild of the
+    concern. TrainingConfig keeps ``slots=True`` (the concerns cannot have slots of their own:
+    several bases with slots cannot be combined), runs every concern's check, then the checks
+    that span concerns (:func:`_check_combinations`), and holds the properties that read
+    several concerns.
+
 Precision names follow PyTorch Lightning (``Trainer(precision=...)``):
 
 ==============  ===============  ==============  =====================================
@@ -42,8 +63,9 @@ Note [Framework conventions]
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Literal
+from typing import Any, Literal
 
 from trainmem.errors import SpecError
 from trainmem.specs.frameworks import (
@@ -60,6 +82,7 @@ from trainmem.specs.frameworks import (
     parse_version,
 )
 from trainmem.specs.model import EAGER_ONLY_TYPES, MAX_COUNT, ModelSpec, describe_int
+from trainmem.specs.settings import kind_of, setting, settings_of
 
 Precision = Literal["32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "fp8-mixed"]
 Optimizer = Literal[
@@ -184,30 +207,6 @@ MAX_PIPELINE_MICRO_BATCHES = 4096
 the analytic engine replays each one (10,000 took 113 s, 2^31 - 1 never ended), and a
 stage's memory is linear in them, so the count cannot be capped silently."""
 
-_POSITIVE_INTS = (
-    "micro_batch_size",
-    "seq_len",
-    "gradient_accumulation_steps",
-    "data_parallel_size",
-    "tensor_parallel_size",
-    "pipeline_parallel_size",
-    "context_parallel_size",
-    "virtual_pipeline_stages",
-)
-_FLAGS = (
-    "padding_mask",
-    "reshard_after_forward",
-    "dropout",
-    "sequence_parallel",
-    "compile",
-    "zero_grad_set_to_none",
-    "zero_grad_before_backward",
-    "keep_logits",
-    "optimizer_in_backward",
-    "activation_offloading",
-    "ema",
-)
-
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
@@ -251,201 +250,77 @@ def _check_choice(field: str, value: str, allowed: tuple[str, ...]) -> None:
         raise SpecError(field, f"unknown value {value!r}; allowed: {', '.join(allowed)}")
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class TrainingConfig:
-    """One training step on one GPU: the settings that change its memory.
+def _check_ints(config: object, names: tuple[str, ...], *, minimum: int) -> None:
+    """:func:`_check_int` on each field of ``names`` (the common case without a call)."""
+    for name in names:
+        value = getattr(config, name)
+        if type(value) is not int or not minimum <= value <= MAX_COUNT:
+            _check_int(name, value, minimum=minimum)
+
+
+def _check_flags(config: object, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(config, name)
+        if not isinstance(value, bool):
+            raise SpecError(name, f"must be True or False, got {value!r}")
+
+
+_CHOICE_FIELDS: dict[type, tuple[tuple[str, tuple[str, ...], bool], ...]] = {}
+"""Per concern: (field, allowed names, None allowed) of each field that takes one of a list of
+names (:attr:`~trainmem.specs.settings.Setting.choices`, the allowed values the CLI and the page
+offer), filled in below the concern dataclasses."""
+
+
+def _check_choices(config: object, concern: type) -> None:
+    """Each field of ``concern`` with named choices holds one of them (or None where that is its
+    default), checked in field order."""
+    for name, allowed, optional in _CHOICE_FIELDS[concern]:
+        value = getattr(config, name)
+        if value not in allowed and (value is not None or not optional):
+            _check_choice(name, value, allowed)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchConfig:
+    """The tokens one step sees on one GPU: micro-batch, sequence lengths, accumulation.
 
     Raises:
-        SpecError: a field outside its allowed values (the message lists them).
+        SpecError: a count that is not a positive integer (``target_seq_len``: not negative).
     """
 
-    micro_batch_size: int = 1
-    """Sequences per forward pass on one GPU (b)."""
-    seq_len: int = 1024
-    """Tokens per sequence (s). For ViT this is ignored: the sequence is patches + 1. For an
-    encoder-decoder (T5) it is the encoder's (source) length."""
-    target_seq_len: int = 0
+    micro_batch_size: int = setting(1, "Sequences per GPU per step.", short="-b")
+    """Sequences per forward pass on one GPU (b), 1 to 2^31 - 1. Default 1, the smallest
+    step (what fits when anything does)."""
+    seq_len: int = setting(
+        1024,
+        "Tokens per sequence.",
+        short="-s",
+        default_text="model context, max 4096",
+        defer="model",
+    )
+    """Tokens per sequence (s), 1 to 2^31 - 1. For ViT this is ignored: the sequence is
+    patches + 1. For an encoder-decoder (T5) it is the encoder's (source) length. Default 1024
+    here (GPT-2's context); the CLI and the page leave it to the model: its context length, at
+    most 4096 (:func:`trainmem.estimate.default_seq_len_of`)."""
+    target_seq_len: int = setting(
+        0,
+        "Decoder (target) tokens per sequence of an encoder-decoder such as T5.",
+        default_text="0, the same as --seq-len",
+    )
     """Decoder (target) tokens per sequence of an encoder-decoder (T5 ``labels``, from which
-    ``decoder_input_ids`` are shifted); 0, the default, means the same as ``seq_len``. Ignored
-    by decoder-only and encoder models. See :attr:`decoder_seq_len`."""
-    precision: Precision = "bf16-mixed"
-    """Lightning precision name, see the module docstring."""
-    optimizer: Optimizer = "adamw"
-    """Optimizer whose states are kept per trainable parameter; ``paged-adamw`` is bitsandbytes'
-    32-bit ``PagedAdamW`` (fp32 states in CUDA managed memory, as torchtune's low-memory recipes
-    use); ``adamw-4bit`` / ``adamw-fp8`` are torchao's ``AdamW4bit`` / ``AdamWFp8``. torchao's
-    ``CPUOffloadOptimizer`` is ``offload="optimizer"`` (``offload_gradients=True``:
-    ``"optimizer+gradients"``)."""
-    optimizer_implementation: OptimizerImplementation | None = None
-    """torch.optim implementation: ``foreach``, ``fused``, ``for-loop``; None: the framework's
-    default for ``torch_version`` (:attr:`step_implementation`). An explicit value always
-    wins."""
-    torch_version: str | None = None
-    """torch release (``"2.5"``) where a default depends on it (the HF Trainer's default
-    optimizer, torch's foreach default); None: a current release (>= 2.8)."""
-    transformers_version: str | None = None
-    """transformers release (``"4.48"``) whose model code runs, where a family's memory depends
-    on it (before 4.49: the loss on 16-bit logits of GPT-2, GPTBigCode, Falcon, BLOOM, ...,
-    ``ModelSpec.causal_lm_loss_in_logits_dtype``, and a shifted copy of the logits,
-    trainmem.analytic.activations ``shifted_logits_bytes``); None: the installed transformers,
-    else the newest the ``trace`` extra allows (:attr:`transformers_release`)."""
-    bitsandbytes_version: str | None = None
-    """bitsandbytes release (``"0.41.1"``) where its memory behaviour changed (``MatMul4Bit``
-    saves its input before 0.43.2); None: a current release."""
-    deepspeed_version: str | None = None
-    """DeepSpeed release (``"0.16.9"``) where a default depends on it (bf16 gradients accumulate
-    in fp32 without ZeRO before 0.17.6); None: a current release."""
-    grad_accum_dtype: str | None = None
-    """DeepSpeed ``data_types.grad_accum_dtype`` (``float32``, ``bfloat16``, ``float16``): the
-    dtype gradients accumulate in, which picks DeepSpeed's optimizer wrapper
-    (:attr:`deepspeed_optimizer`); None: DeepSpeed's default for ``deepspeed_version``. Only
-    with ``framework="deepspeed"``."""
-    activation_checkpointing: ActivationCheckpointing = "none"
-    """``none``; ``selective`` (recompute attention core, Korthikanti et al. 2022 sec. 5);
-    ``full`` (keep only each layer's input)."""
-    attention: Attention = "sdpa"
-    """``eager`` (materialised a*s*s scores), ``sdpa`` (PyTorch SDPA, flash/efficient kernels on
-    CUDA), ``flash`` (flash-attn 2)."""
-    padding_mask: bool = False
-    """The batches are padded, so the model gets an attention mask tensor (False: causal
-    attention without a mask, HF's ``is_causal`` path)."""
-    gradient_accumulation_steps: int = 1
-    """Micro-batches per optimizer step; gradients persist across them."""
-    dropout: bool = True
-    """Apply the model's own dropout probabilities (False: treat them as 0)."""
-    data_parallel_size: int = 1
-    """Data-parallel ranks the model states are sharded over (ZeRO / FSDP)."""
-    shard_group_size: int | None = None
-    """Ranks the ZeRO / FSDP shards are spread over when smaller than the data-parallel world:
-    FSDP ``HYBRID_SHARD`` shards within a node (its intra-node process group) and replicates
-    across nodes (torch distributed/fsdp/api.py ``ShardingStrategy``); None: all
-    ``data_parallel_size`` ranks."""
-    reshard_after_forward: bool = True
-    """ZeRO-3 / FULL_SHARD frees each module's gathered weights after its forward; False (FSDP
-    ``SHARD_GRAD_OP``, FSDP2 ``reshard_after_forward=False``) keeps them until the module's
-    backward, so every layer's gathered weights are alive at the end of the forward (torch
-    distributed/fsdp/api.py ``ShardingStrategy.SHARD_GRAD_OP``: "parameters are sharded
-    outside computation", resharded after backward)."""
-    zero_stage: int = 0
-    """ZeRO stage (Rajbhandari et al. 2020, sec. 5): 0 none, 1 optimizer states, 2 + gradients,
-    3 + parameters, each sharded over ``data_parallel_size`` ranks."""
-    reduce_bucket_size: int | Literal["auto"] | None = None
-    """DeepSpeed ``zero_optimization.reduce_bucket_size`` in elements; ``"auto"``: what the HF
-    Trainer fills in, hidden_size^2 (transformers integrations/deepspeed.py
-    ``trainer_config_finalize``); None: DeepSpeed's default, 5e8 (runtime/zero/config.py)."""
-    stage3_prefetch_bucket_size: int | Literal["auto"] | None = None
-    """DeepSpeed ZeRO-3 ``stage3_prefetch_bucket_size``, elements of parameters gathered ahead
-    of use; ``"auto"``: the HF Trainer's 0.9 * hidden_size^2; None: DeepSpeed's 5e7."""
-    stage3_max_live_parameters: int | Literal["auto"] | None = None
-    """DeepSpeed ZeRO-3 ``stage3_max_live_parameters``: most gathered parameter elements the
-    prefetcher lets be alive; None (and ``"auto"``, which the HF Trainer does not fill in):
-    DeepSpeed's default, 1e9 (runtime/zero/config.py ``max_live_parameters``)."""
-    overlap_comm: bool | None = None
-    """DeepSpeed ``zero_optimization.overlap_comm`` (doubles the stage 1/2 gradient bucket);
-    None: DeepSpeed's default, True at stage 3 and False below (``overlap_comm_valid``)."""
-    offload: str = "none"
-    """``optimizer``: optimizer states (and the step) on the CPU (ZeRO-Offload, Ren et al.
-    2021); ``optimizer+gradients``: the reduced gradients are moved to the CPU as well (one
-    layer's stay on the GPU until they are reduced); ``optimizer+params``: parameters, gradients
-    and states (ZeRO-Infinity style, stage 3 only)."""
-    lora_rank: int = 0
-    """LoRA rank r (Hu et al. 2021); 0 = full fine-tuning."""
-    lora_targets: tuple[str, ...] = ("q", "v")
-    """Linears that get LoRA adapters (peft's default for Llama: q_proj, v_proj)."""
-    lora_dropout: float = 0.0
-    """Dropout on the LoRA input (peft ``lora_dropout``); > 0 keeps a copy of the input."""
-    tensor_parallel_size: int = 1
-    """Tensor parallelism t: linear weights, the vocabulary and attention heads split over t
-    ranks (Shoeybi et al. 2019). As torch's DTensor applies it (torchtitan's plan,
-    ``FrameworkConventions.dtensor_sequence_parallel``) for ``pytorch-amp`` / ``fsdp2``;
-    Megatron's own with ``framework="megatron"``."""
-    sequence_parallel: bool = False
-    """Sequence parallelism: the norm / dropout regions split over the t ranks too
-    (Korthikanti et al. 2022, sec. 4.2.2); torch's ``SequenceParallel`` style saves the
-    all-gathered inputs of the column-parallel linears, Megatron (``framework="megatron"``)
-    saves the shard and gathers it again in backward."""
-    pipeline_parallel_size: int = 1
-    """Pipeline stages p; each holds about L / p layers."""
-    pipeline_schedule: str = "1f1b"
-    """``1f1b`` (PipeDream-flush), ``interleaved-1f1b`` (Narayanan et al. 2021), ``gpipe``."""
-    virtual_pipeline_stages: int = 2
-    """Model chunks per rank for ``interleaved-1f1b`` (Megatron ``virtual_pipeline_model_
-    parallel_size``)."""
-    context_parallel_size: int = 1
-    """Context parallelism: the sequence split over this many ranks (ring attention)."""
-    compile: bool = False
-    """``torch.compile`` (inductor). Modelled: pointwise chains (tanh GELU, RMSNorm) fused and
-    recomputed by the min-cut partitioner, saving only their inputs. Not modelled: anything
-    else the partitioner recomputes or saves differently (estimates stay an upper bound)."""
-    zero_grad_set_to_none: bool = True
-    """``optimizer.zero_grad(set_to_none=...)``: True (the default since PyTorch 2.0) frees the
-    gradients after the step; False (the default before 2.0, and HF Trainer's
-    ``model.zero_grad()`` on torch 1.x) keeps them allocated, zeroed, through the next forward
-    (PyTorch 2.0 release notes, torch/optim/optimizer.py ``zero_grad``). A loop that never
-    zeroes its gradients (they accumulate across steps) holds the same memory as False."""
-    zero_grad_before_backward: bool = False
-    """The loop calls ``optimizer.zero_grad()`` between the forward (and the loss) and
-    ``loss.backward()`` instead of after the step: the previous step's gradients are alive
-    through the forward, freed before the backward, and rebuilt layer by layer in it (with
-    ``zero_grad_set_to_none=False`` they are always alive, so this changes nothing). Needs
-    ``gradient_accumulation_steps`` 1 (zeroing before each backward would accumulate nothing)."""
-    loss: Loss | None = None
-    """The loss the step computes on the logits (:data:`LOSSES`); None: the model's own
-    (``ModelSpec.loss_written_out``: the course's cross-entropy for ``cs336_basics``,
-    ``F.cross_entropy`` for the transformers families). An explicit value always wins."""
-    keep_logits: bool = False
-    """The loop holds the model output until the step ends (``logits = model(x)``, then the
-    loss, ``backward`` and ``optimizer.step()`` in one function): the logits live through the
-    backward and the optimizer step. False: they are dropped after the loss (HF Trainer's
-    ``compute_loss``). Needs ``gradient_accumulation_steps`` 1."""
-    framework: str = "pytorch-amp"
-    """Whose conventions set the bytes per parameter and the loss; Note [Framework conventions]."""
-    chunked_cross_entropy: int = 0
-    """Compute the loss in this many chunks of tokens (0: in one piece); see
-    :func:`trainmem.analytic.activations.loss_backward_transient_bytes`."""
-    optimizer_in_backward: bool = False
-    """Step each parameter as soon as its gradient is ready and free the gradient (torchtune
-    ``optimizer_in_bwd``, ``register_post_accumulate_grad_hook``)."""
-    activation_offloading: bool = False
-    """Move saved activations to CPU after each layer's forward (torchtune
-    ``OffloadActivations``): about two layers' activations stay on the GPU."""
-    quantize_base: str = "none"
-    """Frozen base linear weights, bitsandbytes names as lit-gpt spells them: ``nf4`` / ``fp4``
-    (4-bit, blocksize 64, fp32 absmax), ``nf4-dq`` / ``fp4-dq`` (with QLoRA's double
-    quantization, Dettmers et al. 2023; peft's ``bnb_4bit_use_double_quant=True``), ``int8``
-    (LLM.int8()), ``gptq-int4`` (GPTQ, Frantar et al. 2022: 4-bit weights, group size 128), or
-    ``none``."""
-    resolution: int | str | None = None
-    """diffusers image/video models: the training images' side in pixels (``1024``) or
-    ``"HEIGHTxWIDTH"`` (``"480x832"``); latents are 1/8 of it on a side; None: the model's
-    default (:data:`trainmem.specs.diffusers.DIFFUSERS_FAMILIES`). Refused for language
-    models. A square ``"NxN"`` or a digit string is stored as the int N."""
-    frames: int | None = None
-    """diffusers video models: frames per clip (``1 + 4k`` for Wan's causal VAE); None: the
-    model's default. Refused for image and language models."""
-    text_seq_len: int | None = None
-    """diffusers models: text-encoder tokens of the prompt embeddings (FLUX 512, SD3 77 + 256,
-    SDXL 77); None: the model's default. Refused for language models (use ``seq_len``)."""
-    ema: bool = False
-    """Keep an exponential moving average of the trainable weights (diffusers
-    ``training_utils.EMAModel``: ``shadow_params = [p.clone().detach() ...]``, updated after each
-    optimizer step); see Note [EMA weights] in ``analytic/tensor_states.py``."""
-    ema_dtype: str | None = None
-    """Dtype of the EMA copy: ``float32`` or ``bfloat16``; None: each trainable parameter's own
-    dtype (``p.clone()``). Needs ``ema``."""
-    ema_device: str = "cuda"
-    """Where the EMA copy lives: ``cuda`` (the whole run) or ``cpu`` (diffusers examples'
-    ``--offload_ema``: moved to the GPU for ``ema.step`` and back). ``cpu`` needs ``ema``."""
-    frozen_on_gpu: str = "none"
-    """diffusers models: the pipeline's frozen models kept on the GPU through training, as
-    parameters from setup: ``vae``, ``text-encoders``, ``all``, or ``none`` (latents and prompt
-    embeddings precomputed, the models freed or never moved: the scripts' ``--cache_latents``
-    and precomputed embeddings). Their sizes: :data:`trainmem.specs.diffusers.FROZEN_COMPONENTS`.
-    Refused for language models."""
-    nccl_buffer_bytes: int | None = None
-    """Device memory of one NCCL communicator (its buffers, ``cudaMalloc``-ed outside the
-    caching allocator), as measured on the user's cluster; None: the figure measured for the
-    GPU's generation (:func:`trainmem.analytic.buffers.nccl_communicator_bytes`)."""
+    ``decoder_input_ids`` are shifted), 0 to 2^31 - 1; 0, the default, means the same as
+    ``seq_len``. Ignored by decoder-only and encoder models. See :attr:`decoder_seq_len`."""
+    gradient_accumulation_steps: int = setting(
+        1,
+        "Micro-batches per optimizer step.",
+        default_text="1; with pipeline parallelism the pipeline-parallel size, the fewest "
+        "torch's Schedule1F1B runs",
+        defer="cli",
+    )
+    """Micro-batches per optimizer step (m), 1 to 2^31 - 1 (at most
+    :data:`MAX_PIPELINE_MICRO_BATCHES` under pipeline parallelism); gradients persist across
+    them. Default 1; the CLI's default under pipeline parallelism is ``pipeline_parallel_size``
+    (torch's ``Schedule1F1B`` needs as many, torch/distributed/pipelining/schedules.py)."""
 
     @property
     def decoder_seq_len(self) -> int:
@@ -454,44 +329,447 @@ class TrainingConfig:
         return self.target_seq_len or self.seq_len
 
     def __post_init__(self) -> None:
-        for field in _POSITIVE_INTS:
-            _check_int(field, getattr(self, field), minimum=1)
-        if isinstance(self.resolution, str):
-            object.__setattr__(self, "resolution", _parse_resolution(self.resolution))
-        for field in ("resolution", "frames", "text_seq_len"):
-            value = getattr(self, field)  # only a resolution may be text ("480x832")
-            if value is not None and not (field == "resolution" and isinstance(value, str)):
-                _check_int(field, value, minimum=1)
-        for field in ("lora_rank", "chunked_cross_entropy", "target_seq_len"):
-            _check_int(field, getattr(self, field), minimum=0)
+        _check_ints(self, ("micro_batch_size", "seq_len", "gradient_accumulation_steps"), minimum=1)
+        _check_ints(self, ("target_seq_len",), minimum=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrecisionConfig:
+    """The dtypes: Lightning's precision name, and the dtype DeepSpeed accumulates gradients
+    in. Dtypes per precision: the module docstring; per framework: Note [Framework
+    conventions].
+
+    Raises:
+        SpecError: a name outside :data:`PRECISIONS` (or :data:`PRECISION_ALIASES`), a dtype
+            outside :data:`~trainmem.specs.frameworks.GRAD_ACCUM_DTYPES`.
+    """
+
+    precision: Precision = setting(
+        "bf16-mixed", "Lightning precision:", choices=PRECISIONS, short="-p"
+    )
+    """Lightning precision name (:data:`PRECISIONS`; the short names of
+    :data:`PRECISION_ALIASES` are read as theirs), see the module docstring. Default
+    ``bf16-mixed``, what current GPUs train in (torch.autocast to bf16)."""
+    grad_accum_dtype: str | None = setting(
+        None,
+        "DeepSpeed data_types.grad_accum_dtype, the dtype gradients accumulate in:",
+        choices=GRAD_ACCUM_DTYPES,
+        default_text="DeepSpeed's for --deepspeed-version",
+        no_option="a ds_config setting: read from --deepspeed-config, or --set KEY=VALUE",
+    )
+    """DeepSpeed ``data_types.grad_accum_dtype`` (``float32``, ``bfloat16``, ``float16``): the
+    dtype gradients accumulate in, which picks DeepSpeed's optimizer wrapper
+    (:attr:`TrainingConfig.deepspeed_optimizer`); None, the default: DeepSpeed's default for
+    ``deepspeed_version`` (:func:`~trainmem.specs.frameworks.deepspeed_grad_accum_dtype`). Only
+    with ``framework="deepspeed"``."""
+
+    @property
+    def is_mixed(self) -> bool:
+        """True for the ``*-mixed`` precisions (16-bit compute, an fp32 copy of the weights)."""
+        return self.precision.endswith("-mixed")
+
+    @property
+    def is_fp8(self) -> bool:
+        """``fp8-mixed``: torchao float8 linears as torchtitan trains (fp32 weights, layers in
+        bf16 without autocast, linears in float8). Memory: ``Float8Linear`` saves its
+        high-precision input and weight for backward (torchao float8 ``matmul_with_hp_or_
+        float8_args``), so activations are those of bf16, except under tensor parallelism
+        (torchao's float8 TP styles cast the inputs first) and torch.compile (the partition
+        recasts in backward): Note [Float8 tensor-parallel inputs], Note [Compiled float8
+        linears] in trainmem/analytic/activations.py. With FSDP2 the all-gather is float8
+        (``enable_fsdp_float8_all_gather``), one byte per gathered weight."""
+        return self.precision == "fp8-mixed"
+
+    @property
+    def compute_dtype(self) -> str:
+        """Dtype of matmul inputs/outputs and most activations (torch spelling)."""
+        return _PRECISION_DTYPES[self.precision][1]
+
+    def __post_init__(self) -> None:
+        if isinstance(self.precision, str) and self.precision.lower() in PRECISION_ALIASES:
+            object.__setattr__(self, "precision", PRECISION_ALIASES[self.precision.lower()])
+        _check_choices(self, PrecisionConfig)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerConfig:
+    """The optimizer: which one, its torch.optim implementation, and whether it steps inside
+    backward.
+
+    Raises:
+        SpecError: a name outside the lists, or ``cs336`` with another optimizer than Adam(W).
+    """
+
+    optimizer: Optimizer = setting("adamw", "Optimizer:", choices=OPTIMIZERS, short="-o")
+    """Optimizer whose states are kept per trainable parameter (:data:`OPTIMIZERS`);
+    ``paged-adamw`` is bitsandbytes' 32-bit ``PagedAdamW`` (fp32 states in CUDA managed memory,
+    as torchtune's low-memory recipes use); ``adamw-4bit`` / ``adamw-fp8`` are torchao's
+    ``AdamW4bit`` / ``AdamWFp8``. torchao's ``CPUOffloadOptimizer`` is ``offload="optimizer"``
+    (``offload_gradients=True``: ``"optimizer+gradients"``). Default ``adamw``, the
+    transformers Trainer's and most recipes' choice."""
+    optimizer_implementation: OptimizerImplementation | None = setting(
+        None,
+        "torch.optim implementation:",
+        choices=OPTIMIZER_IMPLEMENTATIONS,
+        default_text="the framework's for --torch-version",
+    )
+    """torch.optim implementation (:data:`OPTIMIZER_IMPLEMENTATIONS`): ``foreach``, ``fused``,
+    ``for-loop``, ``cs336``; None, the default: the framework's default for ``torch_version``
+    (:attr:`TrainingConfig.step_implementation`). An explicit value always wins."""
+    optimizer_in_backward: bool = setting(False, "Step and free each gradient in backward.")
+    """Step each parameter as soon as its gradient is ready and free the gradient (torchtune
+    ``optimizer_in_bwd``, ``register_post_accumulate_grad_hook``). Default False, as torch.optim
+    steps after the backward."""
+
+    def __post_init__(self) -> None:
+        _check_choices(self, OptimizerConfig)
+        _check_flags(self, ("optimizer_in_backward",))
+        if self.optimizer_implementation == "cs336" and self.optimizer not in ("adam", "adamw"):
+            raise SpecError(
+                "optimizer_implementation",
+                f"cs336 is the CS336 course's AdamW; it cannot run optimizer {self.optimizer!r} "
+                "(use --optimizer adamw, or foreach / fused / for-loop)",
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoopConfig:
+    """The training loop around the model: the loss it computes, what it holds, when it zeroes
+    the gradients.
+
+    Raises:
+        SpecError: an unknown loss, a negative chunk count, or a loss that cannot be chunked.
+    """
+
+    loss: Loss | None = setting(
+        None,
+        "The loss on the logits:",
+        choices=LOSSES,
+        default_text="the model's own; cs336_basics: the course's cs336-cross-entropy",
+    )
+    """The loss the step computes on the logits (:data:`LOSSES`); None, the default: the
+    model's own (``ModelSpec.loss_written_out``: the course's cross-entropy for
+    ``cs336_basics``, ``F.cross_entropy`` for the transformers families). An explicit value
+    always wins."""
+    chunked_cross_entropy: int = setting(0, "Loss in N chunks of tokens (0: whole).")
+    """Compute the loss in this many chunks of tokens, 0 to 2^31 - 1 (0, the default: in one
+    piece, as ``F.cross_entropy``; torchtune's ``CEWithChunkedOutputLoss`` uses 8); see
+    :func:`trainmem.analytic.activations.loss_backward_transient_bytes`."""
+    keep_logits: bool = setting(
+        False,
+        "The loop holds `logits = model(x)` until the step ends (through backward and the "
+        "optimizer step).",
+    )
+    """The loop holds the model output until the step ends (``logits = model(x)``, then the
+    loss, ``backward`` and ``optimizer.step()`` in one function): the logits live through the
+    backward and the optimizer step. False, the default: they are dropped after the loss (HF
+    Trainer's ``compute_loss``). Needs ``gradient_accumulation_steps`` 1."""
+    zero_grad_set_to_none: bool = setting(
+        True,
+        "zero_grad(set_to_none=...); keep = torch < 2.0 behaviour, or a loop that never zeroes "
+        "its gradients.",
+        off_flag="--zero-grad-keep",
+    )
+    """``optimizer.zero_grad(set_to_none=...)``: True (the default since PyTorch 2.0) frees the
+    gradients after the step; False (the default before 2.0, and HF Trainer's
+    ``model.zero_grad()`` on torch 1.x) keeps them allocated, zeroed, through the next forward
+    (PyTorch 2.0 release notes, torch/optim/optimizer.py ``zero_grad``). A loop that never
+    zeroes its gradients (they accumulate across steps) holds the same memory as False."""
+    zero_grad_before_backward: bool = setting(
+        False,
+        "zero_grad() between the loss and backward(): last step's gradients live through the "
+        "forward.",
+    )
+    """The loop calls ``optimizer.zero_grad()`` between the forward (and the loss) and
+    ``loss.backward()`` instead of after the step: the previous step's gradients are alive
+    through the forward, freed before the backward, and rebuilt layer by layer in it (with
+    ``zero_grad_set_to_none=False`` they are always alive, so this changes nothing). Default
+    False (zeroed after the step, as the HF Trainer and the PyTorch examples do). Needs
+    ``gradient_accumulation_steps`` 1 (zeroing before each backward would accumulate
+    nothing)."""
+
+    def __post_init__(self) -> None:
+        _check_ints(self, ("chunked_cross_entropy",), minimum=0)
+        _check_flags(self, ("zero_grad_set_to_none", "zero_grad_before_backward", "keep_logits"))
+        _check_choices(self, LoopConfig)
+        if self.chunked_cross_entropy and self.loss not in (None, "cross-entropy"):
+            raise SpecError(
+                "loss",
+                f"{self.loss!r} cannot be chunked; chunked_cross_entropy "
+                f"{self.chunked_cross_entropy} is a cross-entropy (use loss cross-entropy, or "
+                "chunked_cross_entropy 0)",
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmaConfig:
+    """An exponential moving average of the trainable weights (diffusers' ``EMAModel``).
+
+    Raises:
+        SpecError: an unknown dtype or device, or either without ``ema``.
+    """
+
+    ema: bool = setting(
+        False,
+        "An EMA copy of the trainable weights (diffusers EMAModel), stepped after the optimizer.",
+    )
+    """Keep an exponential moving average of the trainable weights (diffusers
+    ``training_utils.EMAModel``: ``shadow_params = [p.clone().detach() ...]``, updated after
+    each optimizer step); see Note [EMA weights] in ``analytic/tensor_states.py``. Default
+    False (the diffusers scripts' ``--use_ema`` is off by default)."""
+    ema_dtype: str | None = setting(
+        None,
+        "Dtype of the EMA copy:",
+        choices=EMA_DTYPES,
+        default_text="the trainable parameters' dtype",
+    )
+    """Dtype of the EMA copy: ``float32`` or ``bfloat16`` (:data:`EMA_DTYPES`); None, the
+    default: each trainable parameter's own dtype (``p.clone()``). Needs ``ema``."""
+    ema_device: str = setting(
+        "cuda",
+        "Where the EMA copy lives (cpu: diffusers' --offload_ema, on the GPU only for its step):",
+        choices=EMA_DEVICES,
+    )
+    """Where the EMA copy lives (:data:`EMA_DEVICES`): ``cuda``, the default (the whole run,
+    ``ema_unet.to(accelerator.device)``), or ``cpu`` (diffusers examples' ``--offload_ema``:
+    moved to the GPU for ``ema.step`` and back). ``cpu`` needs ``ema``."""
+
+    def __post_init__(self) -> None:
+        _check_flags(self, ("ema",))
+        _check_choices(self, EmaConfig)
+        if not self.ema:
+            for name, value in (("ema_dtype", None), ("ema_device", "cuda")):
+                if getattr(self, name) != value:
+                    raise SpecError(name, f"{getattr(self, name)!r} needs ema (set ema true)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointingConfig:
+    """What the forward keeps for the backward: activation checkpointing and offloading.
+
+    Raises:
+        SpecError: an unknown checkpointing mode, a flag that is not a bool.
+    """
+
+    activation_checkpointing: ActivationCheckpointing = setting(
+        "none", "Activation checkpointing:", choices=ACTIVATION_CHECKPOINTING, short="-c"
+    )
+    """:data:`ACTIVATION_CHECKPOINTING`: ``none``, the default (autograd keeps every saved
+    tensor); ``selective`` (recompute attention core, Korthikanti et al. 2022 sec. 5); ``full``
+    (keep only each layer's input)."""
+    activation_offloading: bool = setting(False, "Saved activations offloaded to CPU.")
+    """Move saved activations to CPU after each layer's forward (torchtune
+    ``OffloadActivations``): about two layers' activations stay on the GPU. Default False."""
+
+    def __post_init__(self) -> None:
+        _check_flags(self, ("activation_offloading",))
+        _check_choices(self, CheckpointingConfig)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ForwardConfig:
+    """How the model's forward runs: the attention kernel, dropout, an attention mask,
+    torch.compile.
+
+    Raises:
+        SpecError: an unknown attention, a flag that is not a bool.
+    """
+
+    attention: Attention = setting(
+        "sdpa",
+        "Attention kernel:",
+        choices=ATTENTIONS,
+        default_text="sdpa; eager for families transformers runs eager only",
+        defer="model",
+    )
+    """:data:`ATTENTIONS`: ``eager`` (materialised a*s*s scores), ``sdpa`` (PyTorch SDPA,
+    flash/efficient kernels on CUDA), ``flash`` (flash-attn 2). Default ``sdpa``,
+    transformers' default where the family has it; the CLI and the page leave it to the model
+    (eager for BLOOM / Gemma-2, :func:`trainmem.estimate.default_attention_of`)."""
+    dropout: bool = setting(True, "Apply the model's dropout.", off_flag="--no-dropout")
+    """Apply the model's own dropout probabilities (False: treat them as 0). Default True, as
+    ``model.train()`` does."""
+    padding_mask: bool = setting(
+        False,
+        "Padded batches: the model gets an attention mask tensor.",
+        no_option="one mask tensor, rarely the peak: given as --set padding-mask=true",
+    )
+    """The batches are padded, so the model gets an attention mask tensor. False, the default:
+    causal attention without a mask (HF's ``is_causal`` path, packed or equal-length
+    sequences)."""
+    compile: bool = setting(False, "torch.compile: fused pointwise chains (see docs).")
+    """``torch.compile`` (inductor). Modelled: pointwise chains (tanh GELU, RMSNorm) fused and
+    recomputed by the min-cut partitioner, saving only their inputs. Not modelled: anything
+    else the partitioner recomputes or saves differently (estimates stay an upper bound).
+    Default False (eager)."""
+
+    def __post_init__(self) -> None:
+        _check_flags(self, ("dropout", "padding_mask", "compile"))
+        _check_choices(self, ForwardConfig)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelismConfig:
+    """How the step is split over GPUs: data, tensor, sequence, pipeline and context
+    parallelism, and the communicators' buffers.
+
+    Raises:
+        SpecError: a size that is not a positive integer, an unknown schedule, sequence
+            parallelism without tensor parallelism, a buffer size outside 0..2^40.
+    """
+
+    data_parallel_size: int = setting(1, "Ranks the model states are sharded over.")
+    """Data-parallel ranks the model states are sharded over (ZeRO / FSDP), 1 to 2^31 - 1.
+    Default 1 (one GPU)."""
+    tensor_parallel_size: int = setting(
+        1, "Tensor parallelism t (torch DTensor; Megatron's with --framework megatron)."
+    )
+    """Tensor parallelism t: linear weights, the vocabulary and attention heads split over t
+    ranks (Shoeybi et al. 2019). As torch's DTensor applies it (torchtitan's plan,
+    ``FrameworkConventions.dtensor_sequence_parallel``) for ``pytorch-amp`` / ``fsdp2``;
+    Megatron's own with ``framework="megatron"``. Default 1 (none)."""
+    sequence_parallel: bool = setting(False, "Sequence parallelism (needs t > 1).")
+    """Sequence parallelism: the norm / dropout regions split over the t ranks too
+    (Korthikanti et al. 2022, sec. 4.2.2); torch's ``SequenceParallel`` style saves the
+    all-gathered inputs of the column-parallel linears, Megatron (``framework="megatron"``)
+    saves the shard and gathers it again in backward. Default False; needs
+    ``tensor_parallel_size`` > 1."""
+    pipeline_parallel_size: int = setting(1, "Pipeline stages p.")
+    """Pipeline stages p, 1 to 2^31 - 1; each holds about L / p layers
+    (:func:`pipeline_stage_layers`). Default 1 (none)."""
+    pipeline_schedule: str = setting("1f1b", "Pipeline schedule:", choices=PIPELINE_SCHEDULES)
+    """:data:`PIPELINE_SCHEDULES`: ``1f1b`` (PipeDream-flush), the default as in Megatron and
+    torchtitan; ``interleaved-1f1b`` (Narayanan et al. 2021), ``gpipe``."""
+    virtual_pipeline_stages: int = setting(
+        2,
+        "Model chunks per rank of the interleaved-1f1b schedule.",
+        no_option="read by one schedule only: --set virtual-pipeline-stages=N with "
+        "--pipeline-schedule interleaved-1f1b",
+    )
+    """Model chunks per rank for ``interleaved-1f1b`` (Megatron ``virtual_pipeline_model_
+    parallel_size``), 1 to 2^31 - 1. Default 2, the fewest that interleave."""
+    context_parallel_size: int = setting(1, "Sequence split over this many ranks.")
+    """Context parallelism: the sequence split over this many ranks (ring attention), 1 to
+    2^31 - 1, a divisor of ``seq_len``. Default 1 (none)."""
+    nccl_buffer_bytes: int | None = setting(
+        None,
+        "Device memory of one NCCL communicator, measured on your cluster.",
+        default_text="688 MiB on A100, 1.06 GB on H100 (NCCL issues #964, #1685)",
+    )
+    """Device memory of one NCCL communicator in bytes, 0 to 2^40 (its buffers,
+    ``cudaMalloc``-ed outside the caching allocator), as measured on the user's cluster; None,
+    the default: the figure measured for the GPU's generation
+    (:func:`trainmem.analytic.buffers.nccl_communicator_bytes`)."""
+
+    def __post_init__(self) -> None:
+        _check_ints(
+            self,
+            (
+                "data_parallel_size",
+                "tensor_parallel_size",
+                "pipeline_parallel_size",
+                "context_parallel_size",
+                "virtual_pipeline_stages",
+            ),
+            minimum=1,
+        )
         nccl = self.nccl_buffer_bytes
         if nccl is not None and (not _is_int(nccl) or not 0 <= nccl <= 2**40):
             shown = describe_int(nccl) if _is_int(nccl) else f"{nccl!r:.40}"
             raise SpecError(
                 "nccl_buffer_bytes", f"got {shown}; allowed: bytes per communicator, 0..2^40"
             )
-        for field in _FLAGS:
-            value = getattr(self, field)
-            if not isinstance(value, bool):
-                raise SpecError(field, f"must be True or False, got {value!r}")
-        if isinstance(self.precision, str) and self.precision.lower() in PRECISION_ALIASES:
-            object.__setattr__(self, "precision", PRECISION_ALIASES[self.precision.lower()])
-        _check_choice("precision", self.precision, PRECISIONS)
-        if self.loss is not None:
-            _check_choice("loss", self.loss, LOSSES)
-        _check_choice("optimizer", self.optimizer, OPTIMIZERS)
-        if self.optimizer_implementation is not None:
-            _check_choice(
-                "optimizer_implementation",
-                self.optimizer_implementation,
-                OPTIMIZER_IMPLEMENTATIONS,
-            )
-        parse_version("torch_version", self.torch_version)
-        parse_version("transformers_version", self.transformers_version)
-        parse_version("bitsandbytes_version", self.bitsandbytes_version)
-        parse_version("deepspeed_version", self.deepspeed_version)
-        if self.grad_accum_dtype is not None:
-            _check_choice("grad_accum_dtype", self.grad_accum_dtype, GRAD_ACCUM_DTYPES)
+        _check_flags(self, ("sequence_parallel",))
+        _check_choices(self, ParallelismConfig)
+        if self.sequence_parallel and self.tensor_parallel_size == 1:
+            raise SpecError("sequence_parallel", "needs tensor_parallel_size > 1")
+
+
+_DEEPSPEED_ONLY = "a ds_config setting: read from --deepspeed-config, or --set KEY=VALUE"
+"""Why the DeepSpeed ``zero_optimization`` settings have no option of their own."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardingConfig:
+    """How the model states are sharded and offloaded: ZeRO stage / FSDP strategy, shard
+    group, CPU offload, DeepSpeed's buckets.
+
+    Raises:
+        SpecError: an unknown stage or offload, ``optimizer+params`` below stage 3, a bucket
+            that is neither a non-negative integer nor ``"auto"``.
+    """
+
+    zero_stage: int = setting(0, "ZeRO stage:", choices=ZERO_STAGES)
+    """ZeRO stage (Rajbhandari et al. 2020, sec. 5), :data:`ZERO_STAGES`: 0 none, the default;
+    1 optimizer states, 2 + gradients, 3 + parameters, each sharded over ``data_parallel_size``
+    ranks. FSDP's strategies set it (:func:`fsdp_settings`)."""
+    offload: str = setting("none", "Offload to the CPU:", choices=OFFLOADS)
+    """:data:`OFFLOADS`: ``none``, the default; ``optimizer``: optimizer states (and the step)
+    on the CPU (ZeRO-Offload, Ren et al. 2021); ``optimizer+gradients``: the reduced gradients
+    are moved to the CPU as well (one layer's stay on the GPU until they are reduced);
+    ``optimizer+params``: parameters, gradients and states (ZeRO-Infinity style, stage 3
+    only)."""
+    shard_group_size: int | None = setting(
+        None,
+        "Ranks a shard spans (HYBRID_SHARD: one node).",
+        default_text="all data-parallel",
+    )
+    """Ranks the ZeRO / FSDP shards are spread over when smaller than the data-parallel world,
+    1 to 2^31 - 1: FSDP ``HYBRID_SHARD`` shards within a node (its intra-node process group)
+    and replicates across nodes (torch distributed/fsdp/api.py ``ShardingStrategy``); None, the
+    default: all ``data_parallel_size`` ranks."""
+    reshard_after_forward: bool = setting(
+        True,
+        "ZeRO-3 / FSDP frees each module's gathered weights after its forward (false: FSDP "
+        "SHARD_GRAD_OP).",
+        no_option="set by --fsdp shard-grad-op, or --set reshard-after-forward=false",
+    )
+    """ZeRO-3 / FULL_SHARD frees each module's gathered weights after its forward (True, the
+    default of both); False (FSDP ``SHARD_GRAD_OP``, FSDP2 ``reshard_after_forward=False``)
+    keeps them until the module's backward, so every layer's gathered weights are alive at the
+    end of the forward (torch distributed/fsdp/api.py ``ShardingStrategy.SHARD_GRAD_OP``:
+    "parameters are sharded outside computation", resharded after backward)."""
+    reduce_bucket_size: int | Literal["auto"] | None = setting(
+        None,
+        "DeepSpeed zero_optimization.reduce_bucket_size, in elements, or auto.",
+        default_text="DeepSpeed's 5e8",
+        no_option=_DEEPSPEED_ONLY,
+    )
+    """DeepSpeed ``zero_optimization.reduce_bucket_size`` in elements (>= 0); ``"auto"``: what
+    the HF Trainer fills in, hidden_size^2 (transformers integrations/deepspeed.py
+    ``trainer_config_finalize``); None, the default: DeepSpeed's default, 5e8
+    (runtime/zero/config.py)."""
+    stage3_prefetch_bucket_size: int | Literal["auto"] | None = setting(
+        None,
+        "DeepSpeed ZeRO-3 stage3_prefetch_bucket_size, in elements, or auto.",
+        default_text="DeepSpeed's 5e7",
+        no_option=_DEEPSPEED_ONLY,
+    )
+    """DeepSpeed ZeRO-3 ``stage3_prefetch_bucket_size``, elements of parameters gathered ahead
+    of use (>= 0); ``"auto"``: the HF Trainer's 0.9 * hidden_size^2; None, the default:
+    DeepSpeed's 5e7."""
+    stage3_max_live_parameters: int | Literal["auto"] | None = setting(
+        None,
+        "DeepSpeed ZeRO-3 stage3_max_live_parameters, in elements.",
+        default_text="DeepSpeed's 1e9",
+        no_option=_DEEPSPEED_ONLY,
+    )
+    """DeepSpeed ZeRO-3 ``stage3_max_live_parameters``: most gathered parameter elements the
+    prefetcher lets be alive (>= 0); None, the default (and ``"auto"``, which the HF Trainer
+    does not fill in): DeepSpeed's default, 1e9 (runtime/zero/config.py
+    ``max_live_parameters``)."""
+    overlap_comm: bool | None = setting(
+        None,
+        "DeepSpeed zero_optimization.overlap_comm (doubles the stage 1/2 gradient bucket).",
+        default_text="DeepSpeed's: true at stage 3, false below",
+        no_option=_DEEPSPEED_ONLY,
+    )
+    """DeepSpeed ``zero_optimization.overlap_comm`` (doubles the stage 1/2 gradient bucket);
+    None, the default: DeepSpeed's default, True at stage 3 and False below
+    (``overlap_comm_valid``)."""
+
+    def __post_init__(self) -> None:
+        _check_flags(self, ("reshard_after_forward",))
         for name in (
             "reduce_bucket_size",
             "stage3_prefetch_bucket_size",
@@ -507,15 +785,52 @@ class TrainingConfig:
             raise SpecError("overlap_comm", f"must be true or false, got {self.overlap_comm!r}")
         if self.shard_group_size is not None:
             _check_int("shard_group_size", self.shard_group_size, minimum=1)
-        _check_choice(
-            "activation_checkpointing", self.activation_checkpointing, ACTIVATION_CHECKPOINTING
-        )
-        _check_choice("attention", self.attention, ATTENTIONS)
         if not _is_int(self.zero_stage) or self.zero_stage not in ZERO_STAGES:
             raise SpecError("zero_stage", f"unknown value {self.zero_stage!r}; allowed: 0, 1, 2, 3")
-        _check_choice("offload", self.offload, OFFLOADS)
+        _check_choices(self, ShardingConfig)
         if self.offload == "optimizer+params" and self.zero_stage != 3:
             raise SpecError("offload", "optimizer+params needs zero_stage 3 (parameter sharding)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PeftConfig:
+    """Parameter-efficient fine-tuning: LoRA adapters and a quantized frozen base (QLoRA).
+
+    Raises:
+        SpecError: a negative rank, an unknown target, a dropout outside [0, 1), an unknown
+            quantization, or a quantized base without LoRA.
+    """
+
+    lora_rank: int = setting(0, "LoRA rank r (0: full fine-tuning).")
+    """LoRA rank r (Hu et al. 2021), 0 to 2^31 - 1; 0, the default: full fine-tuning."""
+    lora_targets: tuple[str, ...] = setting(
+        ("q", "v"),
+        "Linears that get LoRA adapters, comma-separated, or all-linear:",
+        choices=(*LORA_TARGETS, "lm_head"),
+    )
+    """Linears that get LoRA adapters: names of :data:`LORA_TARGETS` or ``lm_head`` (peft's
+    Llama module names of :data:`LORA_TARGET_ALIASES` are read as theirs). Default ``("q",
+    "v")``, peft's default for Llama: q_proj, v_proj."""
+    lora_dropout: float = setting(0.0, "Dropout on the LoRA input (peft lora_dropout).")
+    """Dropout probability on the LoRA input (peft ``lora_dropout``), in [0, 1); > 0 keeps a
+    copy of the input. Default 0.0, peft's."""
+    quantize_base: str = setting(
+        "none", "Frozen base weights quantized (QLoRA and kin):", choices=QUANTIZE_BASE
+    )
+    """Frozen base linear weights (:data:`QUANTIZE_BASE`), bitsandbytes names as lit-gpt spells
+    them: ``nf4`` / ``fp4`` (4-bit, blocksize 64, fp32 absmax), ``nf4-dq`` / ``fp4-dq`` (with
+    QLoRA's double quantization, Dettmers et al. 2023; peft's
+    ``bnb_4bit_use_double_quant=True``), ``int8`` (LLM.int8()), ``gptq-int4`` (GPTQ, Frantar et
+    al. 2022: 4-bit weights, group size 128), or ``none``, the default (the base in its
+    precision's dtype)."""
+
+    @property
+    def is_lora(self) -> bool:
+        """True when only LoRA adapters are trained."""
+        return self.lora_rank > 0
+
+    def __post_init__(self) -> None:
+        _check_ints(self, ("lora_rank",), minimum=0)
         if not isinstance(self.lora_targets, tuple):
             raise SpecError("lora_targets", f"must be a tuple of names, got {self.lora_targets!r}")
         targets = tuple(
@@ -531,150 +846,126 @@ class TrainingConfig:
             raise SpecError("lora_dropout", f"must be a number in [0, 1), got {dropout!r}")
         if not 0.0 <= dropout < 1.0:  # also refuses NaN
             raise SpecError("lora_dropout", f"must be in [0, 1), got {dropout!r}")
-        _check_choice("quantize_base", self.quantize_base, QUANTIZE_BASE)
-        _check_choice("framework", self.framework, FRAMEWORKS)
-        if self.grad_accum_dtype is not None and not self.conventions.deepspeed_optimizer_wrappers:
-            deepspeed = [
-                n for n, c in FRAMEWORK_CONVENTIONS.items() if c.deepspeed_optimizer_wrappers
-            ]
-            raise SpecError(
-                "grad_accum_dtype",
-                f"is DeepSpeed's data_types.grad_accum_dtype; framework {self.framework!r} does "
-                f"not read it (allowed with: {', '.join(deepspeed)})",
-            )
-        _ = self.deepspeed_optimizer  # refuses the dtype mixes DeepSpeed refuses
-        _check_choice("pipeline_schedule", self.pipeline_schedule, PIPELINE_SCHEDULES)
-        if self.sequence_parallel and self.tensor_parallel_size == 1:
-            raise SpecError("sequence_parallel", "needs tensor_parallel_size > 1")
+        _check_choices(self, PeftConfig)
         if self.quantize_base != "none" and self.lora_rank == 0:
             raise SpecError(
                 "quantize_base", "a quantized base is frozen: set lora_rank > 0 (QLoRA)"
             )
-        if self.optimizer_implementation == "cs336" and self.optimizer not in ("adam", "adamw"):
-            raise SpecError(
-                "optimizer_implementation",
-                f"cs336 is the CS336 course's AdamW; it cannot run optimizer {self.optimizer!r} "
-                "(use --optimizer adamw, or foreach / fused / for-loop)",
-            )
-        for flag in ("zero_grad_before_backward", "keep_logits"):
-            if getattr(self, flag) and self.gradient_accumulation_steps > 1:
-                raise SpecError(
-                    flag,
-                    "is modelled for one micro-batch per step; got gradient_accumulation_steps "
-                    f"{self.gradient_accumulation_steps} (use 1, or leave {flag} off)",
-                )
-        if self.chunked_cross_entropy and self.loss not in (None, "cross-entropy"):
-            raise SpecError(
-                "loss",
-                f"{self.loss!r} cannot be chunked; chunked_cross_entropy "
-                f"{self.chunked_cross_entropy} is a cross-entropy (use loss cross-entropy, or "
-                "chunked_cross_entropy 0)",
-            )
-        if (
-            self.pipeline_parallel_size > 1
-            and self.gradient_accumulation_steps > MAX_PIPELINE_MICRO_BATCHES
-        ):
-            raise SpecError(
-                "gradient_accumulation_steps",
-                f"{self.gradient_accumulation_steps:,} micro-batches under pipeline parallelism; "
-                f"allowed: 1..{MAX_PIPELINE_MICRO_BATCHES:,} (a stage's step is replayed micro-"
-                "batch by micro-batch, and its memory grows with each: a receive buffer per "
-                "micro-batch, the last stage's kept output chunks)",
-            )
-        if self.keep_logits and self.pipeline_parallel_size > 1:
-            raise SpecError(
-                "keep_logits",
-                "cannot be combined with pipeline_parallel_size "
-                f"{self.pipeline_parallel_size}: the last stage keeps every micro-batch's "
-                "logits itself (pipelining's output_chunks, modelled already)",
-            )
-        if self.zero_grad_before_backward and self.optimizer_in_backward:
-            raise SpecError(
-                "zero_grad_before_backward",
-                "cannot be combined with optimizer_in_backward: the gradients are stepped and "
-                "freed in backward, there is nothing to zero",
-            )
-        if (
-            self.torchao_cpu_offload
-            and self.offload == "optimizer+gradients"
-            and self.gradient_accumulation_steps > 1
-        ):
-            raise SpecError(
-                "offload",
-                "optimizer+gradients is torchao's CPUOffloadOptimizer(offload_gradients=True) "
-                f"under {self.framework}, which frees each gradient once copied to the CPU, so "
-                "it cannot accumulate (torchao optim/README.md); allowed with "
-                f"gradient_accumulation_steps {self.gradient_accumulation_steps}: none, optimizer",
-            )
-        if self.optimizer_in_backward and self.gradient_accumulation_steps > 1:
-            # torchtune's recipes refuse the pair: the step runs inside backward, so there is
-            # no gradient left to accumulate into (recipes/full_finetune_*.py).
-            raise SpecError(
-                "optimizer_in_backward",
-                "cannot be combined with gradient_accumulation_steps "
-                f"{self.gradient_accumulation_steps}: the gradient is stepped and freed in "
-                "backward, nothing is left to accumulate (use gradient_accumulation_steps 1)",
-            )
-        if self.optimizer_in_backward and self.pipeline_parallel_size > 1:
-            # torchtitan refuses the pair (components/optimizer.py: "Optimizers in backward is
-            # not supported with Pipeline Parallel."): a pipeline stage's gradients are stepped
-            # only after every micro-batch's backward (torch/distributed/pipelining/stage.py)
-            raise SpecError(
-                "optimizer_in_backward",
-                "cannot be combined with pipeline_parallel_size "
-                f"{self.pipeline_parallel_size}: a pipeline stage steps its gradients after "
-                "every micro-batch's backward (use pipeline_parallel_size 1, or no "
-                "optimizer_in_backward)",
-            )
-        if (
-            self.framework == "deepspeed"
-            and self.pipeline_parallel_size > 1
-            and self.zero_stage > 1
-        ):
-            # deepspeed/runtime/pipe/engine.py PipelineEngine.__init__ (0.16.4 to 0.19.8):
-            # assert zero_optimization_stage() < ZeroStageEnum.gradients
-            raise SpecError(
-                "zero_stage",
-                f"{self.zero_stage} with DeepSpeed pipeline parallelism: DeepSpeed refuses it "
-                "(runtime/pipe/engine.py: 'ZeRO-2 and ZeRO-3 are incompatible with pipeline "
-                "parallelism'); allowed: 0 or 1",
-            )
-        self._check_ema()
-        _check_choice("frozen_on_gpu", self.frozen_on_gpu, FROZEN_ON_GPU)
-        if self.seq_len % self.context_parallel_size:
-            raise SpecError(
-                "context_parallel_size",
-                f"{self.context_parallel_size} does not divide seq_len={self.seq_len}: each "
-                "context-parallel rank holds seq_len / context_parallel_size tokens",
-            )
 
-    def _check_ema(self) -> None:
-        if self.ema_dtype is not None:
-            _check_choice("ema_dtype", self.ema_dtype, EMA_DTYPES)
-        _check_choice("ema_device", self.ema_device, EMA_DEVICES)
-        if not self.ema:
-            for name, value in (("ema_dtype", None), ("ema_device", "cuda")):
-                if getattr(self, name) != value:
-                    raise SpecError(name, f"{getattr(self, name)!r} needs ema (set ema true)")
-            return
-        refusals = (
-            (self.offload != "none", "offload", f"{self.offload} (model states on the CPU)"),
-            (self.optimizer_in_backward, "optimizer_in_backward", "True (no optimizer step)"),
-            (self.tensor_parallel_size > 1, "tensor_parallel_size", "> 1"),
-            (self.pipeline_parallel_size > 1, "pipeline_parallel_size", "> 1"),
-            (
-                self.zero_stage == 3 and self.data_parallel_size > 1,
-                "zero_stage",
-                "3 (sharded parameters)",
-            ),
-        )
-        for refused, name, what in refusals:
-            if refused:
-                raise SpecError(
-                    "ema",
-                    f"is modelled for unsharded weights on one GPU, not with {name} {what}; "
-                    f"leave ema off or change {name}",
-                )
+
+@dataclass(frozen=True, kw_only=True)
+class FrameworkConfig:
+    """Whose code runs: the framework's conventions and the library releases whose memory
+    behaviour differs.
+
+    Raises:
+        SpecError: an unknown framework, a version that is not a version string.
+    """
+
+    framework: str = setting(
+        "pytorch-amp",
+        "Whose conventions set the bytes per parameter and the loss:",
+        choices=FRAMEWORKS,
+    )
+    """Whose conventions set the bytes per parameter and the loss (:data:`FRAMEWORKS`); Note
+    [Framework conventions]. Default ``pytorch-amp``, a plain PyTorch loop with
+    torch.autocast."""
+    torch_version: str | None = setting(
+        None, "torch release where a default depends on it.", default_text=">= 2.8"
+    )
+    """torch release (``"2.5"``) where a default depends on it (the HF Trainer's default
+    optimizer, torch's foreach default); None, the default: a current release (>= 2.8)."""
+    transformers_version: str | None = setting(
+        None,
+        "transformers release whose model code runs (before 4.49: GPT-2-era losses on 16-bit "
+        "logits, a shifted copy of the logits).",
+        default_text="installed",
+    )
+    """transformers release (``"4.48"``) whose model code runs, where a family's memory depends
+    on it (before 4.49: the loss on 16-bit logits of GPT-2, GPTBigCode, Falcon, BLOOM, ...,
+    ``ModelSpec.causal_lm_loss_in_logits_dtype``, and a shifted copy of the logits,
+    trainmem.analytic.activations ``shifted_logits_bytes``); None, the default: the installed
+    transformers, else the newest the ``trace`` extra allows (:attr:`transformers_release`)."""
+    bitsandbytes_version: str | None = setting(
+        None,
+        "bitsandbytes release (4-bit matmuls save their input before 0.43.2).",
+        default_text="a current release",
+    )
+    """bitsandbytes release (``"0.41.1"``) where its memory behaviour changed (``MatMul4Bit``
+    saves its input before 0.43.2); None, the default: a current release
+    (:data:`~trainmem.specs.frameworks.DEFAULT_BITSANDBYTES_VERSION`)."""
+    deepspeed_version: str | None = setting(
+        None,
+        "DeepSpeed release (bf16 accumulates in fp32 without ZeRO before 0.17.6).",
+        default_text="a current release",
+    )
+    """DeepSpeed release (``"0.16.9"``) where a default depends on it (bf16 gradients
+    accumulate in fp32 without ZeRO before 0.17.6); None, the default: a current release."""
+
+    @property
+    def conventions(self) -> FrameworkConventions:
+        """The framework's row of :data:`trainmem.specs.frameworks.FRAMEWORK_CONVENTIONS`."""
+        return FRAMEWORK_CONVENTIONS[self.framework]
+
+    @property
+    def transformers_release(self) -> tuple[int, ...]:
+        """(major, minor, ...) of the transformers whose model code runs:
+        ``transformers_version`` when given (it always wins), else the installed one, else
+        :data:`~trainmem.specs.frameworks.DEFAULT_TRANSFORMERS_VERSION`."""
+        given = parse_version("transformers_version", self.transformers_version)
+        return given or installed_transformers_version() or DEFAULT_TRANSFORMERS_VERSION
+
+    def __post_init__(self) -> None:
+        for name in (
+            "torch_version",
+            "transformers_version",
+            "bitsandbytes_version",
+            "deepspeed_version",
+        ):
+            parse_version(name, getattr(self, name))
+        _check_choices(self, FrameworkConfig)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiffusionConfig:
+    """diffusers image and video models: the image size, frames, prompt tokens and the frozen
+    models kept on the GPU. Refused for language models (:mod:`trainmem.specs.diffusers`).
+
+    Raises:
+        SpecError: a size that is not a positive integer (or ``HEIGHTxWIDTH``), an unknown
+            ``frozen_on_gpu``.
+    """
+
+    resolution: int | str | None = setting(
+        None,
+        "diffusers models: image side in pixels, or HEIGHTxWIDTH (480x832).",
+        default_text="the model's, e.g. 1024",
+    )
+    """The training images' side in pixels (``1024``) or ``"HEIGHTxWIDTH"`` (``"480x832"``);
+    latents are 1/8 of it on a side; None, the default: the model's
+    (:data:`trainmem.specs.diffusers.DIFFUSERS_FAMILIES`). A square ``"NxN"`` or a digit string
+    is stored as the int N."""
+    frames: int | None = setting(
+        None, "diffusers video models: frames per clip.", default_text="the model's"
+    )
+    """Video models: frames per clip (``1 + 4k`` for Wan's causal VAE), 1 to 2^31 - 1; None,
+    the default: the model's. Refused for image models."""
+    text_seq_len: int | None = setting(
+        None, "diffusers models: prompt tokens.", default_text="FLUX 512, SD3 333, SDXL 77"
+    )
+    """Text-encoder tokens of the prompt embeddings, 1 to 2^31 - 1 (FLUX 512, SD3 77 + 256,
+    SDXL 77); None, the default: the model's. (Language models use ``seq_len``.)"""
+    frozen_on_gpu: str = setting(
+        "none",
+        "diffusers models: the pipeline's frozen models kept on the GPU (none: latents and "
+        "embeddings precomputed):",
+        choices=FROZEN_ON_GPU,
+    )
+    """The pipeline's frozen models kept on the GPU through training, as parameters from setup
+    (:data:`FROZEN_ON_GPU`): ``vae``, ``text-encoders``, ``all``, or ``none``, the default
+    (latents and prompt embeddings precomputed, the models freed or never moved: the scripts'
+    ``--cache_latents`` and precomputed embeddings). Their sizes:
+    :data:`trainmem.specs.diffusers.FROZEN_COMPONENTS`."""
 
     @property
     def image_size(self) -> tuple[int, int] | None:
@@ -685,6 +976,70 @@ class TrainingConfig:
             height, width = self.resolution.split("x")
             return int(height), int(width)
         return self.resolution, self.resolution
+
+    def __post_init__(self) -> None:
+        if isinstance(self.resolution, str):
+            object.__setattr__(self, "resolution", _parse_resolution(self.resolution))
+        for field in ("resolution", "frames", "text_seq_len"):
+            value = getattr(self, field)  # only a resolution may be text ("480x832")
+            if value is not None and not (field == "resolution" and isinstance(value, str)):
+                _check_int(field, value, minimum=1)
+        _check_choices(self, DiffusionConfig)
+
+
+CONCERNS: tuple[type[Any], ...] = (
+    BatchConfig,
+    PrecisionConfig,
+    OptimizerConfig,
+    LoopConfig,
+    EmaConfig,
+    CheckpointingConfig,
+    ForwardConfig,
+    ParallelismConfig,
+    ShardingConfig,
+    PeftConfig,
+    FrameworkConfig,
+    DiffusionConfig,
+)
+"""The concern dataclasses :class:`TrainingConfig` is composed of, in field order (each checks
+its own fields; TrainingConfig checks the combinations)."""
+
+for _concern in CONCERNS:
+    _CHOICE_FIELDS[_concern] = tuple(
+        (f.name, s.choices, f.default is None)
+        for f, s in settings_of(_concern).values()
+        if s.choices and kind_of(f) == "choice" and isinstance(s.choices[0], str)
+    )
+_CONCERN_CHECKS: tuple[Callable[[Any], None], ...] = tuple(c.__post_init__ for c in CONCERNS)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainingConfig(  # bases listed last concern first: a dataclass's fields are its bases'
+    DiffusionConfig,  # in reverse MRO order, so the fields read batch, precision, ... diffusion
+    FrameworkConfig,
+    PeftConfig,
+    ShardingConfig,
+    ParallelismConfig,
+    ForwardConfig,
+    CheckpointingConfig,
+    EmaConfig,
+    LoopConfig,
+    OptimizerConfig,
+    PrecisionConfig,
+    BatchConfig,
+):
+    """One training step on one GPU: the settings that change its memory, every field of the
+    concern dataclasses (:data:`CONCERNS`) flat, and what follows from them.
+
+    Raises:
+        SpecError: a field outside its allowed values (the message lists them), or settings
+            that cannot be combined (the message names one of them).
+    """
+
+    def __post_init__(self) -> None:
+        for check in _CONCERN_CHECKS:
+            check(self)
+        _check_combinations(self)
 
     @property
     def loss_parallel(self) -> bool:
@@ -806,16 +1161,6 @@ class TrainingConfig:
         return "float32" if self.master_weights else self.weight_dtype
 
     @property
-    def compute_dtype(self) -> str:
-        """Dtype of matmul inputs/outputs and most activations (torch spelling)."""
-        return _PRECISION_DTYPES[self.precision][1]
-
-    @property
-    def conventions(self) -> FrameworkConventions:
-        """The framework's row of :data:`trainmem.specs.frameworks.FRAMEWORK_CONVENTIONS`."""
-        return FRAMEWORK_CONVENTIONS[self.framework]
-
-    @property
     def step_implementation(self) -> str:
         """The optimizer implementation that runs: ``optimizer_implementation`` when given (an
         explicit value always wins), else the framework's default for ``torch_version``
@@ -904,18 +1249,6 @@ class TrainingConfig:
         return (version or DEFAULT_BITSANDBYTES_VERSION) < BNB_MATMUL4BIT_SAVES_NO_INPUT_SINCE
 
     @property
-    def is_fp8(self) -> bool:
-        """``fp8-mixed``: torchao float8 linears as torchtitan trains (fp32 weights, layers in
-        bf16 without autocast, linears in float8). Memory: ``Float8Linear`` saves its
-        high-precision input and weight for backward (torchao float8 ``matmul_with_hp_or_
-        float8_args``), so activations are those of bf16, except under tensor parallelism
-        (torchao's float8 TP styles cast the inputs first) and torch.compile (the partition
-        recasts in backward): Note [Float8 tensor-parallel inputs], Note [Compiled float8
-        linears] in trainmem/analytic/activations.py. With FSDP2 the all-gather is float8
-        (``enable_fsdp_float8_all_gather``), one byte per gathered weight."""
-        return self.precision == "fp8-mixed"
-
-    @property
     def uses_autocast(self) -> bool:
         """Mixed precision through torch.autocast (fp32 residual stream, per-op casts)."""
         return self.is_mixed and self.conventions.autocast and not self.is_fp8
@@ -929,23 +1262,131 @@ class TrainingConfig:
         trainmem.analytic.activations ``loss_upcast``)."""
         return True
 
-    @property
-    def transformers_release(self) -> tuple[int, ...]:
-        """(major, minor, ...) of the transformers whose model code runs:
-        ``transformers_version`` when given (it always wins), else the installed one, else
-        :data:`~trainmem.specs.frameworks.DEFAULT_TRANSFORMERS_VERSION`."""
-        given = parse_version("transformers_version", self.transformers_version)
-        return given or installed_transformers_version() or DEFAULT_TRANSFORMERS_VERSION
 
-    @property
-    def is_lora(self) -> bool:
-        """True when only LoRA adapters are trained."""
-        return self.lora_rank > 0
+def _check_combinations(t: TrainingConfig) -> None:
+    """The checks that span concerns, after each concern has checked its own fields.
 
-    @property
-    def is_mixed(self) -> bool:
-        """True for the ``*-mixed`` precisions (16-bit compute, an fp32 copy of the weights)."""
-        return self.precision.endswith("-mixed")
+    Raises:
+        SpecError: naming one field of the pair (the message says which other it meets).
+    """
+    _check_deepspeed_dtypes(t)
+    _check_micro_batches(t)
+    _check_step_in_backward(t)
+    _check_ema_combinations(t)
+    if t.seq_len % t.context_parallel_size:
+        raise SpecError(
+            "context_parallel_size",
+            f"{t.context_parallel_size} does not divide seq_len={t.seq_len}: each "
+            "context-parallel rank holds seq_len / context_parallel_size tokens",
+        )
+
+
+def _check_deepspeed_dtypes(t: TrainingConfig) -> None:
+    if t.grad_accum_dtype is not None and not t.conventions.deepspeed_optimizer_wrappers:
+        deepspeed = [n for n, c in FRAMEWORK_CONVENTIONS.items() if c.deepspeed_optimizer_wrappers]
+        raise SpecError(
+            "grad_accum_dtype",
+            f"is DeepSpeed's data_types.grad_accum_dtype; framework {t.framework!r} does "
+            f"not read it (allowed with: {', '.join(deepspeed)})",
+        )
+    _ = t.deepspeed_optimizer  # refuses the dtype mixes DeepSpeed refuses
+
+
+def _check_micro_batches(t: TrainingConfig) -> None:
+    """What one micro-batch per step (or a bounded number of them) is modelled for."""
+    for flag in ("zero_grad_before_backward", "keep_logits"):
+        if getattr(t, flag) and t.gradient_accumulation_steps > 1:
+            raise SpecError(
+                flag,
+                "is modelled for one micro-batch per step; got gradient_accumulation_steps "
+                f"{t.gradient_accumulation_steps} (use 1, or leave {flag} off)",
+            )
+    if t.pipeline_parallel_size > 1 and t.gradient_accumulation_steps > MAX_PIPELINE_MICRO_BATCHES:
+        raise SpecError(
+            "gradient_accumulation_steps",
+            f"{t.gradient_accumulation_steps:,} micro-batches under pipeline parallelism; "
+            f"allowed: 1..{MAX_PIPELINE_MICRO_BATCHES:,} (a stage's step is replayed micro-"
+            "batch by micro-batch, and its memory grows with each: a receive buffer per "
+            "micro-batch, the last stage's kept output chunks)",
+        )
+    if t.keep_logits and t.pipeline_parallel_size > 1:
+        raise SpecError(
+            "keep_logits",
+            "cannot be combined with pipeline_parallel_size "
+            f"{t.pipeline_parallel_size}: the last stage keeps every micro-batch's "
+            "logits itself (pipelining's output_chunks, modelled already)",
+        )
+
+
+def _check_step_in_backward(t: TrainingConfig) -> None:
+    """Where the optimizer step (and so the gradients' release) meets the loop, the offload
+    and the pipeline."""
+    if t.zero_grad_before_backward and t.optimizer_in_backward:
+        raise SpecError(
+            "zero_grad_before_backward",
+            "cannot be combined with optimizer_in_backward: the gradients are stepped and "
+            "freed in backward, there is nothing to zero",
+        )
+    if (
+        t.torchao_cpu_offload
+        and t.offload == "optimizer+gradients"
+        and t.gradient_accumulation_steps > 1
+    ):
+        raise SpecError(
+            "offload",
+            "optimizer+gradients is torchao's CPUOffloadOptimizer(offload_gradients=True) "
+            f"under {t.framework}, which frees each gradient once copied to the CPU, so "
+            "it cannot accumulate (torchao optim/README.md); allowed with "
+            f"gradient_accumulation_steps {t.gradient_accumulation_steps}: none, optimizer",
+        )
+    if t.optimizer_in_backward and t.gradient_accumulation_steps > 1:
+        # torchtune's recipes refuse the pair: the step runs inside backward, so there is
+        # no gradient left to accumulate into (recipes/full_finetune_*.py).
+        raise SpecError(
+            "optimizer_in_backward",
+            "cannot be combined with gradient_accumulation_steps "
+            f"{t.gradient_accumulation_steps}: the gradient is stepped and freed in "
+            "backward, nothing is left to accumulate (use gradient_accumulation_steps 1)",
+        )
+    if t.optimizer_in_backward and t.pipeline_parallel_size > 1:
+        # torchtitan refuses the pair (components/optimizer.py: "Optimizers in backward is
+        # not supported with Pipeline Parallel."): a pipeline stage's gradients are stepped
+        # only after every micro-batch's backward (torch/distributed/pipelining/stage.py)
+        raise SpecError(
+            "optimizer_in_backward",
+            "cannot be combined with pipeline_parallel_size "
+            f"{t.pipeline_parallel_size}: a pipeline stage steps its gradients after "
+            "every micro-batch's backward (use pipeline_parallel_size 1, or no "
+            "optimizer_in_backward)",
+        )
+    if t.framework == "deepspeed" and t.pipeline_parallel_size > 1 and t.zero_stage > 1:
+        # deepspeed/runtime/pipe/engine.py PipelineEngine.__init__ (0.16.4 to 0.19.8):
+        # assert zero_optimization_stage() < ZeroStageEnum.gradients
+        raise SpecError(
+            "zero_stage",
+            f"{t.zero_stage} with DeepSpeed pipeline parallelism: DeepSpeed refuses it "
+            "(runtime/pipe/engine.py: 'ZeRO-2 and ZeRO-3 are incompatible with pipeline "
+            "parallelism'); allowed: 0 or 1",
+        )
+
+
+def _check_ema_combinations(t: TrainingConfig) -> None:
+    if not t.ema:
+        return
+    refusals = (
+        (t.offload != "none", "offload", f"{t.offload} (model states on the CPU)"),
+        (t.optimizer_in_backward, "optimizer_in_backward", "True (no optimizer step)"),
+        (t.tensor_parallel_size > 1, "tensor_parallel_size", "> 1"),
+        (t.pipeline_parallel_size > 1, "pipeline_parallel_size", "> 1"),
+        (t.zero_stage == 3 and t.data_parallel_size > 1, "zero_stage", "3 (sharded parameters)"),
+    )
+    for refused, name, what in refusals:
+        if refused:
+            raise SpecError(
+                "ema",
+                f"is modelled for unsharded weights on one GPU, not with {name} {what}; "
+                f"leave ema off or change {name}",
+            )
 
 
 def zero_stage_from(zero_stage: int, fsdp: str | None) -> int:
