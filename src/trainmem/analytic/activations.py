@@ -58,6 +58,7 @@ Note [Activation checkpointing]
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from trainmem.analytic.activation_parallelism import parallel_divisor, split_for_parallelism
@@ -69,21 +70,18 @@ from trainmem.analytic.activation_shapes import (
 from trainmem.analytic.attention import (
     apply_litgpt_attention,
     apply_mla,
+    attention_terms,
     eager_mask_bytes,
-    fp32_softmax,
     materialised_mask_bias_bytes,
-    sdpa_expands_kv,
-    sdpa_output_copied,
     sliding_mask_bias_bytes,
-    written_out_attention_terms,
 )
 from trainmem.analytic.autocast import autocast_weight_copy_bytes
 from trainmem.analytic.checkpointing import op_selective_saved_bytes
 from trainmem.analytic.float8 import apply_float8
 from trainmem.analytic.head import head_activation_bytes
 from trainmem.analytic.lora import apply_lora
-from trainmem.analytic.mlp import activation_fn_saved_bytes, moe_terms, sequential_pre_norm_block
-from trainmem.analytic.norms import norm_saved_bytes, qk_norm_saved_bytes
+from trainmem.analytic.mlp import experts_per_token, mlp_terms
+from trainmem.analytic.norms import block_norm_bytes, norm_saved_bytes
 from trainmem.analytic.t5 import apply_t5, t5_stack_bytes
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
@@ -128,6 +126,10 @@ class ActivationProfile:
 def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[str, int]:
     """Bytes one transformer layer saves for backward, without checkpointing, by term.
 
+    The attention block's terms (:func:`~trainmem.analytic.attention.attention_terms`), the
+    MLP block's (:func:`~trainmem.analytic.mlp.mlp_terms`), then, in this order, what the
+    family, the precision and the fine-tuning change (:func:`_layer_adjustments`).
+
     Returns:
         Term name -> bytes for the whole micro-batch (b sequences). Terms of size a*s*s are
         prefixed ``scores/``. See Note [Activation terms] for every term's source; a model
@@ -136,155 +138,53 @@ def layer_activation_terms(model: ModelSpec, training: TrainingConfig) -> dict[s
     mean = mean_terms(model, lambda block: layer_activation_terms(block, training))
     if mean is not None:
         return mean
-    b = training.micro_batch_size
-    s = tokens_per_sequence(model, training)
-    t = b * s
-    h, a, kv, d, i = (
-        model.hidden_size,
-        model.num_heads,
-        model.num_kv_heads,
-        model.head_dim,
-        model.intermediate_size,
-    )
-    c, r = compute_and_residual_bytes(training)
-    mixed = training.uses_autocast
-    dropout = training.dropout
-    p_hidden = dropout and model.hidden_dropout > 0
-    p_attn = dropout and model.attention_dropout > 0
-    fused_qkv = model.fused_qkv
-    terms: dict[str, int] = {}
-
-    norm_kwargs = dict(
-        trainable=not training.is_lora and not training.compile, compiled=training.compile
-    )
-    norm = norm_saved_bytes(model, r, **norm_kwargs)
-    output_norm = norm_saved_bytes(model, c, **norm_kwargs) if model.output_norms else 0
-    if model.pre_norms:
-        terms["attention/norm"] = norm * t
-    terms["attention/qkv_input"] = c * h * t * (1 if (fused_qkv or not mixed) else 3)
-    # Keys and values reach the kernel expanded to all query heads (GQA) in eager attention
-    # (HF ``repeat_kv`` + the matmul's reshape copy) and in the fp32 memory-efficient SDPA
-    # kernel; flash (16-bit) takes them at kv-head size. Only the rotated q and k are saved:
-    # RoPE's multiplications by cos/sin save cos/sin, not q or k.
-    kv_saved = a if sdpa_expands_kv(training) else kv
-    terms["attention/q_k"] = c * (a * d + kv_saved * d) * t
-    terms["attention/v"] = c * kv_saved * d * t
-    if (
-        model.training_kv_cache
-        and training.activation_checkpointing == "none"
-        and training.conventions.hf_model_code
-    ):
-        # transformers 5 GPT-2 builds a DynamicCache in training (config ``use_cache=True``,
-        # disabled under gradient checkpointing); its ``torch.cat`` copies of k and v are what
-        # SDPA saves (found by the trace engine, benchmarks/analytic_vs_trace.py).
-        # (GPT-BigCode likewise, at its kv_heads * head_dim width)
-        terms["attention/kv_cache_copy"] = 2 * c * kv * d * t
-    if model.qk_norm:
-        terms["attention/qk_norm"] = qk_norm_saved_bytes(model, c, **norm_kwargs) * t
-    sliding = sliding_mask_bias_bytes(model, training)
-    if sliding:
-        # spread over the layers (the schedule repeats one layer): exact in the total
-        terms["attention/sliding_mask_bias"] = -(-sliding // model.num_layers)
-    mask_bias = materialised_mask_bias_bytes(model, training)
-    if mask_bias:
-        terms["attention/mask_bias"] = mask_bias
-    if output_norm:
-        terms["attention/output_norm"] = output_norm * t
-    if training.attention == "eager" and model.attention_written_out:
-        terms.update(written_out_attention_terms(model, training))
-        terms["attention/out_proj_input"] = c * a * d * t
-    elif training.attention == "eager":
-        sm = 4 if fp32_softmax(model, training) else c
-        if model.attention_softcap:
-            # softcap * tanh(scores / softcap): tanh saves its output for backward (1 - y^2), in
-            # the scores' dtype (tanh is on none of autocast's lists); the divisions and
-            # products by a Python scalar save nothing (modeling_gemma2.py
-            # ``eager_attention_forward``; tools/autograd/derivatives.yaml ``tanh``)
-            terms["scores/softcap_tanh"] = c * a * s * s * b
-        terms["scores/softmax"] = sm * a * s * s * b
-        if p_attn:
-            terms["scores/dropout_mask"] = a * s * s * b
-        if p_attn or sm != c:
-            terms["scores/probs_for_values"] = c * a * s * s * b
-        terms["attention/out_proj_input"] = c * a * d * t
-    else:
-        # SDPA output + logsumexp saved by the kernel; the flash / efficient output is already
-        # (b, s, a, d)-contiguous, so ``transpose(1, 2).reshape`` before the output projection
-        # is a view and that projection saves the same storage.
-        terms["attention/sdpa_output"] = c * a * d * t
-        terms["attention/logsumexp"] = 4 * a * t
-        if sdpa_output_copied(model, training):
-            terms["attention/out_proj_input"] = c * a * d * t
-    if p_hidden:
-        terms["attention/dropout_mask"] = h * t
-
-    k_top = model.num_experts_per_tok if model.num_experts > 1 else 1
-    if output_norm:
-        terms["mlp/output_norm"] = output_norm * t
-    if not model.pre_norms:
-        pass
-    elif not model.parallel_attention:
-        terms["mlp/norm"] = norm * t
-    elif model.num_norms_per_layer >= 2:  # GPT-NeoX: both norms read the block's input
-        terms["mlp/norm"] = (norm - r * h) * t  # second norm reads the same saved input
-    # autocast copies of the MLP input: one per projection reading it (gate and up), one for a
-    # fused gate_up (modeling_phi3.py ``Phi3MLP.gate_up_proj``)
-    n_in = 2 if model.mlp_kind == "gated" and not model.fused_gate_up else 1
-    if model.num_experts > 1 and training.conventions.hf_model_code:
-        terms.update(moe_terms(model, training, t=t))
-        # autocast copies of the block's input for the shared expert's gate and up
-        # projections and its sigmoid gate; in true precisions the router saves the input
-        copies = (2 if model.shared_expert_intermediate_size else 0) + model.shared_expert_gate
-        terms["mlp/input"] = c * h * t * (copies if mixed else 1)
-    else:
-        if model.num_experts > 1:
-            terms["mlp/router"] = (4 * model.num_experts + c * model.num_experts) * t
-            terms["mlp/expert_inputs"] = r * h * t * k_top
-            terms["mlp/expert_outputs"] = c * h * t * k_top
-        terms["mlp/input"] = c * h * t * k_top * (n_in if mixed else 1)
-        if model.parallel_attention and model.num_norms_per_layer == 1 and not mixed:
-            # Falcon / Phi: one norm feeds attention and MLP; without autocast's casts the MLP
-            # saves the very tensor q/k/v saved (``attention/qkv_input``)
-            terms["mlp/input"] = 0
-        if model.mlp_kind == "gated":
-            # gate and up outputs, the activation's output and the down projection's input;
-            # under torch.compile the activation's output is recomputed from the saved gate
-            # (traced: min-cut keeps gate, up and act(gate) * up)
-            terms["mlp/gated"] = (3 if training.compile else 4) * c * i * t * k_top
-            if model.activation_written_out and not training.compile:
-                # silu(x) = x * torch.sigmoid(x) (cs336_basics/model.py ``silu``): sigmoid
-                # saves its output and the product saves it too, one i-sized tensor beyond
-                # F.silu's (derivatives.yaml ``sigmoid``: result; ``mul.Tensor``: self, other)
-                terms["mlp/gated"] += c * i * t * k_top
-        else:
-            terms["mlp/activation"] = activation_fn_saved_bytes(model, training, i) * t * k_top
-        if sequential_pre_norm_block(model):
-            # the down projection's input (act(gate) * up or the activation's output), the last
-            # tensor the MLP saves and the first its backward frees (Note [Backward of a pre-norm
-            # block])
-            key = "mlp/gated" if model.mlp_kind == "gated" else "mlp/activation"
-            terms[key] -= c * i * t * k_top
-            terms["mlp/down_input"] = c * i * t * k_top
-    if p_hidden:
-        terms["mlp/dropout_mask"] = h * t
-    if model.layer_scale:
-        # Dinov2LayerScale: ``hidden_state * self.lambda1`` saves its input (the attention's /
-        # MLP's output, compute dtype) for lambda1's gradient (modeling_dinov2.py)
-        terms["attention/layer_scale_input"] = c * h * t
-        terms["mlp/layer_scale_input"] = c * h * t
-    if model.mla:
-        apply_mla(terms, model, training, t=t)
-    if model.architecture == "encoder-decoder":
-        apply_t5(terms, model, training, t=t, norm=norm)
-    if training.is_fp8:
-        apply_float8(terms, model, training, t=t, k_top=k_top)
-    if mixed:
-        terms["autocast_weight_copies"] = autocast_weight_copy_bytes(model, training)
-    if training.is_lora:
-        apply_lora(terms, model, training, t=t, k_top=k_top)
-    if training.conventions.own_model_code:
-        apply_litgpt_attention(terms, model, training, t=t)
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    norm, output_norm = block_norm_bytes(model, training)
+    terms = attention_terms(model, training, t=t, norm=norm, output_norm=output_norm)
+    terms.update(mlp_terms(model, training, t=t, norm=norm, output_norm=output_norm))
+    for applies, adjust in _layer_adjustments(model, training, t=t, norm=norm):
+        if applies:
+            adjust(terms)
     return split_for_parallelism(terms, training)
+
+
+def _layer_adjustments(
+    model: ModelSpec, training: TrainingConfig, *, t: int, norm: int
+) -> tuple[tuple[bool, Callable[[dict[str, int]], None]], ...]:
+    """(applies, adjust in place) for each change to the generic block's terms, in the order
+    they apply: DINOv2's layer scale, multi-head latent attention, T5's blocks, float8 linears,
+    autocast's weight copies, LoRA, lit-gpt's attention."""
+    k_top = experts_per_token(model)
+    return (
+        (model.layer_scale, lambda terms: _add_layer_scale(terms, model, training, t=t)),
+        (model.mla, lambda terms: apply_mla(terms, model, training, t=t)),
+        (
+            model.architecture == "encoder-decoder",
+            lambda terms: apply_t5(terms, model, training, t=t, norm=norm),
+        ),
+        (training.is_fp8, lambda terms: apply_float8(terms, model, training, t=t, k_top=k_top)),
+        (
+            training.uses_autocast,
+            lambda terms: terms.update(
+                autocast_weight_copies=autocast_weight_copy_bytes(model, training)
+            ),
+        ),
+        (training.is_lora, lambda terms: apply_lora(terms, model, training, t=t, k_top=k_top)),
+        (
+            training.conventions.own_model_code,
+            lambda terms: apply_litgpt_attention(terms, model, training, t=t),
+        ),
+    )
+
+
+def _add_layer_scale(
+    terms: dict[str, int], model: ModelSpec, training: TrainingConfig, *, t: int
+) -> None:
+    """Dinov2LayerScale: ``hidden_state * self.lambda1`` saves its input (the attention's /
+    MLP's output, compute dtype) for lambda1's gradient (modeling_dinov2.py), in place."""
+    c, _ = compute_and_residual_bytes(training)
+    terms["attention/layer_scale_input"] = c * model.hidden_size * t
+    terms["mlp/layer_scale_input"] = c * model.hidden_size * t
 
 
 def embedding_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[str, int]:

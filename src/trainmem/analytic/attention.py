@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from trainmem.analytic.activation_parallelism import parallel_divisor
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
+from trainmem.analytic.norms import norm_options, qk_norm_saved_bytes
 from trainmem.specs.frameworks import DEFAULT_TORCH_VERSION, parse_version
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
@@ -308,3 +309,89 @@ def apply_litgpt_attention(
         chosen = [w for name, w in widths.items() if name in training.lora_targets]
         if chosen and len(chosen) < 3:
             terms["lora/zero_pad_source"] = c * sum(chosen) * t
+
+
+def attention_terms(
+    model: ModelSpec, training: TrainingConfig, *, t: int, norm: int, output_norm: int
+) -> dict[str, int]:
+    """Bytes one layer's attention block saves for backward, by term (``attention/...``; the
+    a*s*s-sized ones ``scores/...``), for t tokens, with ``norm`` / ``output_norm`` the bytes per
+    token of the block's pre-norm and output norm
+    (:func:`~trainmem.analytic.norms.block_norm_bytes`). See Note [Activation terms]
+    (trainmem/analytic/activations.py)."""
+    c, _ = compute_and_residual_bytes(training)
+    h, a, kv, d = model.hidden_size, model.num_heads, model.num_kv_heads, model.head_dim
+    terms: dict[str, int] = {}
+    if model.pre_norms:
+        terms["attention/norm"] = norm * t
+    terms["attention/qkv_input"] = (
+        c * h * t * (1 if model.fused_qkv or not training.uses_autocast else 3)
+    )
+    # Keys and values reach the kernel expanded to all query heads (GQA) in eager attention
+    # (HF ``repeat_kv`` + the matmul's reshape copy) and in the fp32 memory-efficient SDPA
+    # kernel; flash (16-bit) takes them at kv-head size. Only the rotated q and k are saved:
+    # RoPE's multiplications by cos/sin save cos/sin, not q or k.
+    kv_saved = a if sdpa_expands_kv(training) else kv
+    terms["attention/q_k"] = c * (a * d + kv_saved * d) * t
+    terms["attention/v"] = c * kv_saved * d * t
+    if (
+        model.training_kv_cache
+        and training.activation_checkpointing == "none"
+        and training.conventions.hf_model_code
+    ):
+        # transformers 5 GPT-2 builds a DynamicCache in training (config ``use_cache=True``,
+        # disabled under gradient checkpointing); its ``torch.cat`` copies of k and v are what
+        # SDPA saves (found by the trace engine, benchmarks/analytic_vs_trace.py).
+        # (GPT-BigCode likewise, at its kv_heads * head_dim width)
+        terms["attention/kv_cache_copy"] = 2 * c * kv * d * t
+    if model.qk_norm:
+        terms["attention/qk_norm"] = qk_norm_saved_bytes(model, c, **norm_options(training)) * t
+    sliding = sliding_mask_bias_bytes(model, training)
+    if sliding:
+        # spread over the layers (the schedule repeats one layer): exact in the total
+        terms["attention/sliding_mask_bias"] = -(-sliding // model.num_layers)
+    mask_bias = materialised_mask_bias_bytes(model, training)
+    if mask_bias:
+        terms["attention/mask_bias"] = mask_bias
+    if output_norm:
+        terms["attention/output_norm"] = output_norm * t
+    terms.update(_kernel_terms(model, training, t=t))
+    if training.dropout and model.hidden_dropout > 0:
+        terms["attention/dropout_mask"] = h * t
+    return terms
+
+
+def _kernel_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dict[str, int]:
+    """What the attention kernel and the output projection save: a written-out softmax's
+    tensors, eager attention's scores, or SDPA's output and logsumexp."""
+    c, _ = compute_and_residual_bytes(training)
+    a, d = model.num_heads, model.head_dim
+    b, s = training.micro_batch_size, tokens_per_sequence(model, training)
+    terms: dict[str, int] = {}
+    if training.attention == "eager" and model.attention_written_out:
+        terms.update(written_out_attention_terms(model, training))
+        terms["attention/out_proj_input"] = c * a * d * t
+    elif training.attention == "eager":
+        p_attn = training.dropout and model.attention_dropout > 0
+        sm = 4 if fp32_softmax(model, training) else c
+        if model.attention_softcap:
+            # softcap * tanh(scores / softcap): tanh saves its output for backward (1 - y^2), in
+            # the scores' dtype (tanh is on none of autocast's lists); the divisions and
+            # products by a Python scalar save nothing (modeling_gemma2.py
+            # ``eager_attention_forward``; tools/autograd/derivatives.yaml ``tanh``)
+            terms["scores/softcap_tanh"] = c * a * s * s * b
+        terms["scores/softmax"] = sm * a * s * s * b
+        if p_attn:
+            terms["scores/dropout_mask"] = a * s * s * b
+        if p_attn or sm != c:
+            terms["scores/probs_for_values"] = c * a * s * s * b
+        terms["attention/out_proj_input"] = c * a * d * t
+    else:
+        # SDPA output + logsumexp saved by the kernel; the flash / efficient output is already
+        # (b, s, a, d)-contiguous, so ``transpose(1, 2).reshape`` before the output projection
+        # is a view and that projection saves the same storage.
+        terms["attention/sdpa_output"] = c * a * d * t
+        terms["attention/logsumexp"] = 4 * a * t
+        if sdpa_output_copied(model, training):
+            terms["attention/out_proj_input"] = c * a * d * t
+    return terms

@@ -12,12 +12,7 @@ from trainmem.analytic.activation_shapes import (
     tokens_per_sequence,
 )
 from trainmem.analytic.loss import (
-    compiled_chunked_loss,
-    loss_in_logits_dtype,
-    loss_kind,
-    loss_upcast,
-    megatron_cross_entropy,
-    written_out_exp_bytes,
+    loss_saved_terms,
 )
 from trainmem.analytic.norms import norm_saved_bytes
 from trainmem.specs.model import ModelSpec
@@ -33,10 +28,8 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
     (transformers/loss/loss_utils.py). Classification heads keep only the pooled vector.
     """
     b = training.micro_batch_size
-    s = output_tokens(model, training)
-    t = b * s
-    c, r = compute_and_residual_bytes(training)
-    h, v = model.hidden_size, model.vocab_size
+    t = b * output_tokens(model, training)
+    _, r = compute_and_residual_bytes(training)
     out: dict[str, int] = {}
     if model.architecture == "vision-encoder" and model.vision_pooler != "dense":
         return split_for_parallelism(_vision_pooler_bytes(model, training, t=t), training)
@@ -49,60 +42,48 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
             norm_saved_bytes(model, r, trainable=not training.is_lora and not training.compile) * t
         )
     if model.head in ("causal-lm", "masked-lm", "seq2seq-lm"):
-        if model.head == "masked-lm":
-            out["mlm_transform"] = (2 * c * h + norm_saved_bytes(model, r)) * t
-        lm_head_frozen = training.is_lora and "lm_head" not in training.lora_targets
-        # a frozen LM head saves no input, unless bitsandbytes quantized it (lit-gpt quantizes
-        # every linear, the LM head too; HF keeps it unquantized)
-        if not lm_head_frozen or quantized_lm_head(training):
-            out["lm_head_input"] = c * h * t
-        if training.conventions.fp32_model_output:
-            # Lightning Fabric casts the model output to fp32 (``_FabricModule.forward`` ->
-            # ``precision.convert_output``) and lit-gpt's loop keeps ``logits`` until the step
-            # ends (lightning/fabric/plugins/precision/half.py)
-            out["logits_fp32_output"] = 4 * v * t
-        # The logits are not saved: the training loop drops the model output after the loss,
-        # log-softmax keeps only its output and the LM head its input (found by the trace
-        # engine); they exist only at the end of forward (loss_forward_transient_bytes).
-        # saved by cross_entropy for its backward: fp32 after HF's / torchtune's upcast,
-        # the logits' dtype in lit-gpt's chunked cross-entropy
-        kind = loss_kind(model, training)
-        if kind in ("logits-sum", "logits-mean"):
-            pass  # sum / mean save nothing (derivatives.yaml ``sum``, ``mean``)
-        elif kind == "cs336-cross-entropy":
-            # Note [The course's cross-entropy]: exp's output, the negated log-softmax gather
-            # saves, max's int64 indices and log's input
-            e = written_out_exp_bytes(training)
-            out["log_softmax"] = 2 * e * v * t + (8 + e) * t
-        elif loss_in_logits_dtype(model, training):
-            # the 16-bit log-softmax output and nll_loss's fp32 copy of it
-            # (Note [Cross-entropy on 16-bit logits])
-            out["log_softmax"] = (c + 4) * v * t
-        elif compiled_chunked_loss(model, training):
-            # Note [Compiled chunked cross-entropy]: every chunk's logits in their own dtype and
-            # two fp32 values per token (row max, log-sum-exp), no fp32 log-softmax
-            out["chunk_logits"] = c * v * t
-            out["chunk_row_stats"] = 8 * t
-        elif megatron_cross_entropy(model, training):
-            # Note [Megatron's vocabulary-parallel cross-entropy]: the fp32 copy of the logits,
-            # turned into the softmax in place and saved (``exp_logits``)
-            out["vocab_parallel_softmax"] = 4 * v * t
-        else:
-            out["log_softmax"] = (4 if loss_upcast(model, training) else c) * v * t
-        if model.final_logit_softcap and model.head == "causal-lm":
-            # softcap * tanh(logits / softcap) before the loss: tanh saves its output, in the
-            # LM head's dtype (modeling_gemma2.py ``Gemma2ForCausalLM.forward``)
-            out["final_logit_softcap_tanh"] = c * v * t
-        if model.head == "seq2seq-lm" and c != 4:
-            # T5ForConditionalGeneration calls CrossEntropyLoss on the 16-bit logits (no
-            # ``.float()``; autocast runs it in fp32): the trace holds those logits with the
-            # fp32 log-softmax output until the loss backward
-            out["logits_for_loss"] = c * v * t
-        if training.uses_autocast:
-            out["autocast_weight_copies"] = c * v * h
+        out.update(_lm_head_terms(model, training, t=t))
     else:
-        out["pooled"] = 4 * h * b * 4
+        out["pooled"] = 4 * model.hidden_size * b * 4
     return split_for_parallelism(out, training)
+
+
+def _lm_head_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dict[str, int]:
+    """A language-model head's saved tensors: BERT's masked-LM transform, the LM head's input,
+    a fp32 model output, what the loss saves
+    (:func:`~trainmem.analytic.loss.loss_saved_terms`), a final logit soft-cap, T5's 16-bit
+    logits and autocast's copy of the head weight."""
+    c, r = compute_and_residual_bytes(training)
+    h, v = model.hidden_size, model.vocab_size
+    out: dict[str, int] = {}
+    if model.head == "masked-lm":
+        out["mlm_transform"] = (2 * c * h + norm_saved_bytes(model, r)) * t
+    lm_head_frozen = training.is_lora and "lm_head" not in training.lora_targets
+    # a frozen LM head saves no input, unless bitsandbytes quantized it (lit-gpt quantizes
+    # every linear, the LM head too; HF keeps it unquantized)
+    if not lm_head_frozen or quantized_lm_head(training):
+        out["lm_head_input"] = c * h * t
+    if training.conventions.fp32_model_output:
+        # Lightning Fabric casts the model output to fp32 (``_FabricModule.forward`` ->
+        # ``precision.convert_output``) and lit-gpt's loop keeps ``logits`` until the step
+        # ends (lightning/fabric/plugins/precision/half.py)
+        out["logits_fp32_output"] = 4 * v * t
+    # The logits are not saved: the training loop drops the model output after the loss,
+    # log-softmax keeps only its output and the LM head its input (found by the trace
+    # engine); they exist only at the end of forward (loss_forward_transient_bytes).
+    out.update(loss_saved_terms(model, training, t=t))
+    if model.final_logit_softcap and model.head == "causal-lm":
+        # softcap * tanh(logits / softcap) before the loss: tanh saves its output, in the
+        # LM head's dtype (modeling_gemma2.py ``Gemma2ForCausalLM.forward``)
+        out["final_logit_softcap_tanh"] = c * v * t
+    if model.head == "seq2seq-lm" and c != 4:
+        # T5ForConditionalGeneration calls CrossEntropyLoss on the 16-bit logits (no
+        # ``.float()``; autocast runs it in fp32): the trace holds those logits with the
+        # fp32 log-softmax output until the loss backward
+        out["logits_for_loss"] = c * v * t
+    if training.uses_autocast:
+        out["autocast_weight_copies"] = c * v * h
+    return out
 
 
 def _vision_pooler_bytes(model: ModelSpec, training: TrainingConfig, *, t: int) -> dict[str, int]:

@@ -28,74 +28,74 @@ def apply_lora(
         targeted linears reading it. Source: Hu et al. 2021 (arXiv:2106.09685); peft
         ``tuners/lora/layer.py``.
     """
-    c, _ = compute_and_residual_bytes(training)
-    targets = set(training.lora_targets)
-    r, h = training.lora_rank, model.hidden_size
-    shapes = linear_shapes(model)
-    fused = "qkv" in shapes
-    qkv_targets = len({"q", "k", "v"} & targets)
     # bitsandbytes' int8 matmul (``MatMul8bitLt``) and its 4-bit matmul before 0.43.2
     # (``MatMul4Bit``: ``ctx.tensors = (A, B)``) save their input whenever it requires grad,
     # frozen weight or not, so such a base keeps every linear input like full fine-tuning does;
     # ``MatMul4Bit`` since 0.43.2 keeps ``(None, B)``, and torchtune's torchao ``NF4Tensor``
     # (``linear_nf4``) saves only the weight: then a quantized base is like a frozen 16-bit one.
     # See TrainingConfig.quantized_matmul_saves_input.
-    frozen_inputs_saved = training.quantized_matmul_saves_input
+    if not training.quantized_matmul_saves_input:
+        _frozen_base_inputs(terms, model, training, t=t, k_top=k_top)
+    terms.update(_adapter_terms(model, training, t=t, k_top=k_top))
+
+
+def _frozen_base_inputs(
+    terms: dict[str, int], model: ModelSpec, training: TrainingConfig, *, t: int, k_top: int
+) -> None:
+    """The inputs a frozen base's linears still save, in place: only the copies the targeted
+    linears' adapters read (Note [LoRA activations])."""
+    c, _ = compute_and_residual_bytes(training)
+    targets = set(training.lora_targets)
+    h = model.hidden_size
+    qkv_targets = len({"q", "k", "v"} & targets)
+    adapter_bytes = dtype_bytes(lora_adapter_dtype(training))
     # With lora_dropout the adapters read the dropout output (counted below), not x: a frozen
     # base saves no input at all.
-    via_dropout = training.lora_dropout > 0 and not frozen_inputs_saved
+    via_dropout = training.lora_dropout > 0
     # Without autocast, peft casts a 16-bit input to its fp32 adapters (``_cast_input_dtype``:
     # ``x.to(lora_A.weight.dtype)``) and A saves that copy (``lora/*_input_cast``), not x.
-    via_cast = (
-        not training.uses_autocast
-        and dtype_bytes(lora_adapter_dtype(training)) > c
-        and not frozen_inputs_saved
-    )
+    via_cast = not training.uses_autocast and adapter_bytes > c
     skip_inputs = via_dropout or via_cast
-    if frozen_inputs_saved:
-        pass
-    elif skip_inputs:
+    if skip_inputs or qkv_targets == 0:
         terms["attention/qkv_input"] = 0
-    elif qkv_targets == 0:
-        terms["attention/qkv_input"] = 0
-    elif training.uses_autocast and not fused:
+    elif training.uses_autocast and "qkv" not in linear_shapes(model):
         terms["attention/qkv_input"] = c * h * t * qkv_targets
-    if ("o" not in targets or skip_inputs) and not frozen_inputs_saved:
+    if "o" not in targets or skip_inputs:
         terms["attention/out_proj_input"] = 0
-    elif (
-        "o" in targets
-        and training.uses_autocast
-        and dtype_bytes(lora_adapter_dtype(training)) > c
-        and not frozen_inputs_saved
-    ):
+    elif training.uses_autocast and adapter_bytes > c:
         # the 16-bit attention output goes to peft's fp32 cast, then autocast's 16-bit cast
         # for A's matmul: a copy of its own, which A saves (tuners/lora/layer.py
         # ``Linear.forward``: ``x = self._cast_input_dtype(x, lora_A.weight.dtype)``)
         terms["attention/out_proj_input"] = c * model.num_heads * model.head_dim * t
     n_up = len({"gate", "up"} & targets) if model.mlp_kind == "gated" else int("up" in targets)
-    if frozen_inputs_saved:
-        pass
-    elif n_up == 0 or skip_inputs:
+    if n_up == 0 or skip_inputs:
         terms["mlp/input"] = 0
     elif training.uses_autocast:
         terms["mlp/input"] = c * h * t * k_top * n_up
-    if ("down" not in targets or skip_inputs) and not frozen_inputs_saved:
+    if "down" not in targets or skip_inputs:
         key = "mlp/gated" if model.mlp_kind == "gated" else "mlp/activation"
         terms[key] -= c * model.intermediate_size * t * k_top
-    for name, (fan_in, _out, _n) in shapes.items():
-        if name == "router":
-            continue
-        targeted = bool(qkv_targets) if name == "qkv" else name in targets
-        if not targeted:
+
+
+def _adapter_terms(
+    model: ModelSpec, training: TrainingConfig, *, t: int, k_top: int
+) -> dict[str, int]:
+    """What each targeted linear's adapters save: A's output (saved by B), peft's dropout
+    output and mask, and the input's cast to the fp32 adapters (Note [LoRA activations])."""
+    c, _ = compute_and_residual_bytes(training)
+    targets = set(training.lora_targets)
+    # autocast runs the adapters' matmuls in 16-bit
+    a_bytes = c if training.uses_autocast else dtype_bytes(lora_adapter_dtype(training))
+    # lit-gpt's fused ``attn`` applies one dropout to x for q, k and v together
+    # (lit_gpt/lora.py ``LoRAQKVLinear``: ``F.linear(self.lora_dropout(x), self.lora_A)``)
+    first_qkv = next((n for n in ("q", "k", "v") if n in targets), None)
+    terms: dict[str, int] = {}
+    for name, (fan_in, _out, _n) in linear_shapes(model).items():
+        targeted = bool({"q", "k", "v"} & targets) if name == "qkv" else name in targets
+        if name == "router" or not targeted:
             continue
         active = k_top if name in ("gate", "up", "down") else 1
-        a_bytes = dtype_bytes(lora_adapter_dtype(training))
-        if training.uses_autocast:
-            a_bytes = c  # autocast runs the adapters' matmuls in 16-bit
-        terms[f"lora/{name}"] = a_bytes * r * t * active
-        # lit-gpt's fused ``attn`` applies one dropout to x for q, k and v together
-        # (lit_gpt/lora.py ``LoRAQKVLinear``: ``F.linear(self.lora_dropout(x), self.lora_A)``)
-        first_qkv = next((n for n in ("q", "k", "v") if n in targets), None)
+        terms[f"lora/{name}"] = a_bytes * training.lora_rank * t * active
         shared = (
             training.conventions.own_model_code and name in ("q", "k", "v") and name != first_qkv
         )
@@ -104,6 +104,7 @@ def apply_lora(
         if a_bytes > c:
             # peft casts the input to the fp32 adapter's dtype; A saves that copy
             terms[f"lora/{name}_input_cast"] = a_bytes * fan_in * t * active
+    return terms
 
 
 def lora_adapter_dtype(training: TrainingConfig) -> str:

@@ -165,6 +165,37 @@ def megatron_cross_entropy(model: ModelSpec, training: TrainingConfig) -> bool:
     )
 
 
+def loss_saved_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dict[str, int]:
+    """What the loss on t tokens of logits saves for its backward, by term: the log-softmax
+    output ``cross_entropy`` saves, fp32 after HF's / torchtune's upcast (:func:`loss_upcast`),
+    the logits' dtype otherwise; nothing for a sum or a mean (derivatives.yaml ``sum``,
+    ``mean``); the course's, the 16-bit, the compiled chunked and Megatron's cross-entropy as
+    their Notes say."""
+    c, _ = compute_and_residual_bytes(training)
+    v = model.vocab_size
+    kind = loss_kind(model, training)
+    if kind in ("logits-sum", "logits-mean"):
+        return {}
+    if kind == "cs336-cross-entropy":
+        # Note [The course's cross-entropy]: exp's output, the negated log-softmax gather
+        # saves, max's int64 indices and log's input
+        e = written_out_exp_bytes(training)
+        return {"log_softmax": 2 * e * v * t + (8 + e) * t}
+    if loss_in_logits_dtype(model, training):
+        # the 16-bit log-softmax output and nll_loss's fp32 copy of it
+        # (Note [Cross-entropy on 16-bit logits])
+        return {"log_softmax": (c + 4) * v * t}
+    if compiled_chunked_loss(model, training):
+        # Note [Compiled chunked cross-entropy]: every chunk's logits in their own dtype and
+        # two fp32 values per token (row max, log-sum-exp), no fp32 log-softmax
+        return {"chunk_logits": c * v * t, "chunk_row_stats": 8 * t}
+    if megatron_cross_entropy(model, training):
+        # Note [Megatron's vocabulary-parallel cross-entropy]: the fp32 copy of the logits,
+        # turned into the softmax in place and saved (``exp_logits``)
+        return {"vocab_parallel_softmax": 4 * v * t}
+    return {"log_softmax": (4 if loss_upcast(model, training) else c) * v * t}
+
+
 def written_out_exp_bytes(training: TrainingConfig) -> int:
     """Bytes per value of ``torch.exp``'s output in written-out (log-)softmax code: fp32 under
     autocast (``exp`` is on CUDA autocast's fp32 list, aten/src/ATen/autocast_mode.cpp) and in

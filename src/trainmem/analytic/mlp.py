@@ -122,3 +122,81 @@ def sequential_pre_norm_block(model: ModelSpec) -> bool:
         and not model.parallel_attention
         and (model.mlp_kind == "gated" or model.hidden_act in FUSED_ACTIVATIONS)
     )
+
+
+def experts_per_token(model: ModelSpec) -> int:
+    """Experts each token runs through: the top-k of a MoE layer, 1 for a dense MLP."""
+    return model.num_experts_per_tok if model.num_experts > 1 else 1
+
+
+def mlp_terms(
+    model: ModelSpec, training: TrainingConfig, *, t: int, norm: int, output_norm: int
+) -> dict[str, int]:
+    """Bytes one layer's MLP block saves for backward, by term (``mlp/...``), for t tokens, with
+    ``norm`` / ``output_norm`` the bytes per token of the block's pre-norm and output norm
+    (:func:`~trainmem.analytic.norms.block_norm_bytes`): transformers' MoE experts
+    (:func:`moe_terms`) or a dense (or lit-gpt / Megatron MoE) MLP. See Note [Activation terms]
+    (trainmem/analytic/activations.py)."""
+    c, r = compute_and_residual_bytes(training)
+    h = model.hidden_size
+    terms: dict[str, int] = {}
+    if output_norm:
+        terms["mlp/output_norm"] = output_norm * t
+    if model.pre_norms and not model.parallel_attention:
+        terms["mlp/norm"] = norm * t
+    elif model.pre_norms and model.num_norms_per_layer >= 2:
+        # GPT-NeoX: both norms read the block's input; the second reads the same saved input
+        terms["mlp/norm"] = (norm - r * h) * t
+    if model.num_experts > 1 and training.conventions.hf_model_code:
+        terms.update(moe_terms(model, training, t=t))
+        # autocast copies of the block's input for the shared expert's gate and up
+        # projections and its sigmoid gate; in true precisions the router saves the input
+        copies = (2 if model.shared_expert_intermediate_size else 0) + model.shared_expert_gate
+        terms["mlp/input"] = c * h * t * (copies if training.uses_autocast else 1)
+    else:
+        terms.update(_dense_mlp_terms(model, training, t=t))
+    if training.dropout and model.hidden_dropout > 0:
+        terms["mlp/dropout_mask"] = h * t
+    return terms
+
+
+def _dense_mlp_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dict[str, int]:
+    """A dense MLP's saved tensors (or each of the top-k experts' outside transformers'
+    grouped matmul), from its input copies to the down projection's input."""
+    c, r = compute_and_residual_bytes(training)
+    h, i = model.hidden_size, model.intermediate_size
+    k_top = experts_per_token(model)
+    mixed = training.uses_autocast
+    terms: dict[str, int] = {}
+    if model.num_experts > 1:
+        terms["mlp/router"] = (4 * model.num_experts + c * model.num_experts) * t
+        terms["mlp/expert_inputs"] = r * h * t * k_top
+        terms["mlp/expert_outputs"] = c * h * t * k_top
+    # autocast copies of the MLP input: one per projection reading it (gate and up), one for a
+    # fused gate_up (modeling_phi3.py ``Phi3MLP.gate_up_proj``)
+    n_in = 2 if model.mlp_kind == "gated" and not model.fused_gate_up else 1
+    terms["mlp/input"] = c * h * t * k_top * (n_in if mixed else 1)
+    if model.parallel_attention and model.num_norms_per_layer == 1 and not mixed:
+        # Falcon / Phi: one norm feeds attention and MLP; without autocast's casts the MLP
+        # saves the very tensor q/k/v saved (``attention/qkv_input``)
+        terms["mlp/input"] = 0
+    if model.mlp_kind == "gated":
+        # gate and up outputs, the activation's output and the down projection's input;
+        # under torch.compile the activation's output is recomputed from the saved gate
+        # (traced: min-cut keeps gate, up and act(gate) * up)
+        terms["mlp/gated"] = (3 if training.compile else 4) * c * i * t * k_top
+        if model.activation_written_out and not training.compile:
+            # silu(x) = x * torch.sigmoid(x) (cs336_basics/model.py ``silu``): sigmoid
+            # saves its output and the product saves it too, one i-sized tensor beyond
+            # F.silu's (derivatives.yaml ``sigmoid``: result; ``mul.Tensor``: self, other)
+            terms["mlp/gated"] += c * i * t * k_top
+    else:
+        terms["mlp/activation"] = activation_fn_saved_bytes(model, training, i) * t * k_top
+    if sequential_pre_norm_block(model):
+        # the down projection's input (act(gate) * up or the activation's output), the last
+        # tensor the MLP saves and the first its backward frees (Note [Backward of a pre-norm
+        # block])
+        key = "mlp/gated" if model.mlp_kind == "gated" else "mlp/activation"
+        terms[key] -= c * i * t * k_top
+        terms["mlp/down_input"] = c * i * t * k_top
+    return terms

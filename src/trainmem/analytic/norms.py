@@ -4,7 +4,9 @@ projections. Symbols as in :mod:`trainmem.analytic.activations`."""
 
 from __future__ import annotations
 
+from trainmem.analytic.activation_shapes import compute_and_residual_bytes
 from trainmem.specs.model import ModelSpec
+from trainmem.specs.training import TrainingConfig
 
 
 def norm_saved_bytes(
@@ -49,3 +51,24 @@ def qk_norm_saved_bytes(model: ModelSpec, c: int, **kwargs: bool) -> int:
         groups = 1 if model.qk_norm_full_width else heads
         total += norm_saved_bytes(model, c, width=heads * d, groups=groups, **kwargs)
     return total
+
+
+def norm_options(training: TrainingConfig) -> dict[str, bool]:
+    """How the layer norms run: frozen (no normalised tensor saved for the weight's gradient)
+    under LoRA and under torch.compile, compiled under torch.compile
+    (:func:`norm_saved_bytes`)."""
+    return {
+        "trainable": not training.is_lora and not training.compile,
+        "compiled": training.compile,
+    }
+
+
+def block_norm_bytes(model: ModelSpec, training: TrainingConfig) -> tuple[int, int]:
+    """(pre-norm, output norm) bytes per token one layer's norms save: a pre-norm on the
+    residual stream (r bytes per value) and, for a model with output norms (Gemma-3, OLMo-2),
+    one on a projection's output (c bytes per value), else 0."""
+    c, r = compute_and_residual_bytes(training)
+    options = norm_options(training)
+    norm = norm_saved_bytes(model, r, **options)
+    output_norm = norm_saved_bytes(model, c, **options) if model.output_norms else 0
+    return norm, output_norm
