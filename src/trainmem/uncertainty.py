@@ -31,6 +31,7 @@ from importlib import resources
 from typing import Any
 
 from trainmem.breakdown import MemoryEstimate
+from trainmem.specs.optimizers import OPTIMIZER_TABLE
 from trainmem.specs.training import TrainingConfig
 
 MIN_ROWS = 3
@@ -78,12 +79,8 @@ def configuration_kinds(training: TrainingConfig | Mapping[str, Any]) -> list[st
         method = "full"
     sharded = get("data_parallel_size") > 1 and get("zero_stage") > 0
     optimizer = get("optimizer")
-    if optimizer.endswith("8bit"):
-        family = "8-bit"
-    elif optimizer in ("adam", "adamw"):
-        family = "adam"
-    else:
-        family = optimizer
+    row = OPTIMIZER_TABLE.get(optimizer)
+    family = optimizer if row is None else row.uncertainty_family
     return [
         f"method={method}",
         f"sharded={'yes' if sharded else 'no'}",

@@ -70,16 +70,13 @@ from trainmem.analytic.tensor_states import StateLayout, TensorState, state_layo
 from trainmem.errors import SpecError
 from trainmem.specs.frameworks import TORCHAO_OFFLOAD_MINIMAL_SIZE
 from trainmem.specs.model import ModelSpec
+from trainmem.specs.optimizers import OPTIMIZER_TABLE
 from trainmem.specs.training import GPUS_PER_NODE, TrainingConfig
 from trainmem.units import dtype_bytes
 
 DEEPSPEED_PIN_MEMORY_DEFAULT = False
 """deepspeed/runtime/zero/offload_config.py: ``DeepSpeedZeroOffloadOptimizerConfig.pin_memory``
 and ``DeepSpeedZeroOffloadParamConfig.pin_memory`` default to False."""
-
-_DEEPSPEED_CPU_STATES = {"sgd": 0, "sgd-momentum": 1, "lion": 1, "adam": 2, "adamw": 2}
-"""fp32 states per element of DeepSpeed's CPU optimizers (ops/adam/cpu_adam.py ``exp_avg``,
-``exp_avg_sq``; ops/lion/cpu_lion.py ``exp_avg``); SGD runs as torch.optim on the CPU."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,12 +268,12 @@ def _deepspeed(
     part = -(-P // N)
     largest = max((s.local_numel for _, s in _tensors(layout) if s.trainable), default=0)
     d16 = dtype_bytes(training.compute_dtype if training.master_weights else "float32")
-    states = _DEEPSPEED_CPU_STATES.get(training.optimizer)
-    if states is None:  # no DeepSpeed CPU optimizer: the optimizer's own per-element bytes
+    row = OPTIMIZER_TABLE[training.optimizer]
+    if not row.deepspeed_cpu:  # no DeepSpeed CPU optimizer: the optimizer's own per-element bytes
         per = optimizer_state_bytes_per_parameter(training)
         moments = int(-(-(per - (4.0 if training.fp32_master_copy else 0.0)) * part // 1))
-    else:
-        moments = 4 * states * part
+    else:  # fp32 states per element (ops/adam/cpu_adam.py, ops/lion/cpu_lion.py; SGD: torch.optim)
+        moments = 4 * row.num_states * part
     pinned: dict[str, int] = {}
     pageable: dict[str, int] = {"optimizer states (fp32)": moments}
     follows = pinned if pin else pageable

@@ -26,52 +26,32 @@ Note [Model states per precision]
 
 from __future__ import annotations
 
+from trainmem.specs.optimizers import OPTIMIZER_TABLE
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
 
-BNB_BLOCKWISE_BLOCK_SIZE = 256
-"""Block size of bitsandbytes' block-wise quantized optimizer states (one fp32 absmax per 256
-values). Source: bitsandbytes/functional.py ``create_dynamic_map`` /
-``optimizer_update_8bit_blockwise``
-(blocksize 256 for 8-bit optimizer states)."""
-
-BNB_MIN_8BIT_SIZE = 4096
-"""bitsandbytes keeps 32-bit states for tensors with fewer elements than this
-(``Optimizer8bit`` ``min_8bit_size=4096``, bitsandbytes/optim/optimizer.py)."""
-
 
 def optimizer_state_bytes_per_parameter(training: TrainingConfig) -> float:
-    """Optimizer-state bytes per trainable parameter of a large (>= 4096 elements) tensor.
+    """Optimizer-state bytes per trainable parameter of a large (>= 4096 elements) tensor: the
+    optimizer's row of :data:`~trainmem.specs.optimizers.OPTIMIZER_TABLE` (its states, their
+    dtype, or its block-wise codes and one fp32 scale per block), plus an fp32 master copy.
 
     Source: torch/optim/{sgd,adam,adamw,adafactor}.py state dicts (``momentum_buffer``;
     ``exp_avg``, ``exp_avg_sq``), lucidrains/lion-pytorch and torch ``Lion`` semantics (one
     ``exp_avg``), bitsandbytes ``AdamW8bit`` (``state1``/``state2`` uint8 + ``absmax1``/``absmax2``
-    fp32 per 256-value block).
+    fp32 per 256-value block), torchao ``AdamW4bit`` / ``AdamWFp8`` (each row's ``source``).
 
     Adafactor's factored second moment (row + column vectors) is not per parameter; see
     :func:`optimizer_state_bytes`.
     """
-    w = dtype_bytes(training.optimizer_state_dtype)
+    row = OPTIMIZER_TABLE[training.optimizer]
     master = 4.0 if training.fp32_master_copy else 0.0
-    opt = training.optimizer
-    if opt == "sgd":
-        return master
-    if opt in ("sgd-momentum", "lion"):
-        return master + w
-    if opt in ("adam", "adamw"):
-        return master + 2 * w
-    if opt == "paged-adamw":
-        # bitsandbytes 32-bit optimizer: ``get_state_buffer(p, dtype=torch.float32)``
-        return master + 2 * 4
-    if opt in ("adamw-8bit", "paged-adamw-8bit"):
-        return master + 2 * (1 + 4 / BNB_BLOCKWISE_BLOCK_SIZE)
-    if opt == "adafactor":
+    if row.factored:
         return master  # factored: see optimizer_state_bytes
-    if opt == "adamw-4bit":  # torchao: packed 4-bit codes + fp32 scale per 128 (two states)
-        return master + 2 * (0.5 + 4 / 128)
-    if opt == "adamw-fp8":  # torchao: float8 codes + fp32 scale per 256 (two states)
-        return master + 2 * (1 + 4 / 256)
-    raise AssertionError(opt)  # TrainingConfig validated the name
+    q = row.blockwise
+    if q is not None:
+        return master + row.num_states * (q.code_bits / 8 + q.scale_bytes / q.block_size)
+    return master + row.num_states * row.wide_state_bytes(training.optimizer_state_dtype)
 
 
 def optimizer_state_bytes(
@@ -96,67 +76,53 @@ def optimizer_state_bytes(
     bitsandbytes 8-bit optimizers keep 32-bit states for tensors under 4096 elements
     (``BNB_MIN_8BIT_SIZE``); we treat every 1-D tensor as such.
     """
+    row = OPTIMIZER_TABLE[training.optimizer]
     w = dtype_bytes(training.optimizer_state_dtype)
     num_matrix = sum(r * c * n for r, c, n in matrix_shapes)
     # DeepSpeed / Megatron: an fp32 master copy of every trainable parameter (Note [Model
     # states per precision]); DeepSpeed's ZeRO-1/2 keep one of fp32 weights too
     master = 4 * (num_matrix + num_vector_parameters) if training.fp32_master_copy else 0
-    if training.optimizer == "adafactor":
+    if row.factored:
         return master + w * (sum((r + c) * n for r, c, n in matrix_shapes) + num_vector_parameters)
-    if training.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
-        # Per large tensor: two uint8 states + two fp32 absmax per started block of 256
-        # (bitsandbytes ``blocks = ceil(n / blocksize)``); small tensors: two fp32 states.
-        small = sum(r * c * n for r, c, n in matrix_shapes if r * c < BNB_MIN_8BIT_SIZE)
-        small += num_vector_parameters
-        large = sum(
-            n * (2 * r * c + 2 * 4 * -(-(r * c) // BNB_BLOCKWISE_BLOCK_SIZE))
-            for r, c, n in matrix_shapes
-            if r * c >= BNB_MIN_8BIT_SIZE
-        )
-        return master + large + small * 2 * 4
-    if training.optimizer in TORCHAO_LOW_BIT_BLOCK:
-        return master + torchao_low_bit_state_bytes(training, matrix_shapes, num_vector_parameters)
+    if row.blockwise is not None:
+        return master + blockwise_state_bytes(training, matrix_shapes, num_vector_parameters)
     per = optimizer_state_bytes_per_parameter(training)
     return round((num_matrix + num_vector_parameters) * per)
 
 
-TORCHAO_LOW_BIT_BLOCK: dict[str, int] = {"adamw-4bit": 128, "adamw-fp8": 256}
-"""Quantization block of torchao's low-bit AdamW states (torchao optim/adam.py: ``AdamW4bit(...,
-block_size=128)``, ``AdamWFp8(..., block_size=256)``)."""
-TORCHAO_MIN_QUANTIZED_SIZE = 4096
-"""torchao quantizes a state only for tensors of at least 4096 elements whose size the block
-divides (optim/adam.py ``_new_buffer``: ``p.numel() >= 4096 and p.numel() % block_size == 0``);
-other tensors keep ``torch.zeros_like(p)`` states."""
-
-
-def torchao_low_bit_state_bytes(
+def blockwise_state_bytes(
     training: TrainingConfig, matrix_shapes: list[tuple[int, int, int]], num_vector_parameters: int
 ) -> int:
-    """Bytes of torchao ``AdamW4bit`` / ``AdamWFp8`` states (exp_avg and exp_avg_sq), without a
-    master copy.
+    """Bytes of block-wise quantized states (bitsandbytes 8-bit, torchao ``AdamW4bit`` /
+    ``AdamWFp8``), without a master copy.
 
-    Per quantized tensor of n elements, each of the two states holds codes and one fp32 scale
-    per block: 4-bit ``OptimState4bit`` n / 2 bytes of packed codes + 4 n / 128; FP8
-    ``OptimStateFp8`` n bytes of float8_e4m3fn codes + 4 n / 256. Other tensors (under 4096
-    elements, or not a multiple of the block) keep two states in the parameter's dtype. The
-    16- / 256-entry quantization maps are shared per tensor and ignored (< 1 KiB).
+    Per quantized tensor of n elements, each state holds codes and one fp32 scale per started
+    block: bitsandbytes 8-bit n bytes of uint8 codes + 4 ceil(n / 256) (blocks = ceil(n /
+    blocksize)); torchao 4-bit ``OptimState4bit`` n / 2 bytes of packed codes + 4 n / 128, FP8
+    ``OptimStateFp8`` n bytes of float8_e4m3fn codes + 4 n / 256. Other tensors keep full
+    states: bitsandbytes fp32 under 4096 elements (and, as modelled, every 1-D tensor); torchao
+    the parameter's dtype under 4096 elements or when the block does not divide n. The 16- /
+    256-entry quantization maps are shared per tensor and ignored (< 1 KiB).
 
-    Source: torchao optim/adam.py ``_AdamBase._new_buffer``, optim/subclass_4bit.py
-    ``OptimState4bit.zeros``, optim/subclass_fp8.py ``OptimStateFp8.zeros`` (README: "AdamW4bit
-    ... block_size 128", "AdamWFp8 ... block_size 256").
+    Source: bitsandbytes/optim/optimizer.py ``Optimizer2State.init_state``; torchao
+    optim/adam.py ``_AdamBase._new_buffer``, optim/subclass_4bit.py ``OptimState4bit.zeros``,
+    optim/subclass_fp8.py ``OptimStateFp8.zeros`` (README: "AdamW4bit ... block_size 128",
+    "AdamWFp8 ... block_size 256"); the parameters of each are its row's ``blockwise``.
     """
-    block = TORCHAO_LOW_BIT_BLOCK[training.optimizer]
-    w = dtype_bytes(training.optimizer_state_dtype)
+    row = OPTIMIZER_TABLE[training.optimizer]
+    q = row.blockwise
+    assert q is not None, row.name
+    wide = dtype_bytes(q.small_dtype or training.optimizer_state_dtype)
+    states = row.num_states
 
     def one(numel: int) -> int:
-        if numel < TORCHAO_MIN_QUANTIZED_SIZE or numel % block:
-            return 2 * w * numel
-        if training.optimizer == "adamw-4bit":
-            return 2 * (numel // 2 + 4 * (numel // block))
-        return 2 * (numel + 4 * (numel // block))
+        return q.tensor_bytes(numel, states, wide)
 
     # the 1-D elements are one tensor (tensor_states asks per tensor)
-    total = one(num_vector_parameters) if num_vector_parameters else 0
+    if q.vectors_quantized:
+        total = one(num_vector_parameters) if num_vector_parameters else 0
+    else:
+        total = states * wide * num_vector_parameters
     return total + sum(n * one(r * c) for r, c, n in matrix_shapes)
 
 

@@ -43,12 +43,10 @@ Note [Optimizer-step temporaries]
 from __future__ import annotations
 
 from trainmem.analytic.lora import lora_adapter_dtype
+from trainmem.specs.optimizers import CS336_ADAMW_TEMPORARIES as CS336_ADAMW_TEMPORARIES
+from trainmem.specs.optimizers import OPTIMIZER_TABLE, StepTemporaries
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
-
-CS336_ADAMW_TEMPORARIES = 5
-"""Parameter-sized temporaries of the course's AdamW at its peak (Note [Optimizer-step
-temporaries])."""
 
 
 def optimizer_step_temporary_bytes(
@@ -108,30 +106,28 @@ def ema_step_temporary_bytes(
 def _optimizer_only_temporary_bytes(
     training: TrainingConfig, *, num_trainable_parameters: int, largest_parameter: int
 ) -> int:
-    w = dtype_bytes(training.optimizer_state_dtype)
-    opt, impl = training.optimizer, training.step_implementation
-    if opt in ("adam", "adamw"):
-        if impl == "fused":
-            return 0
-        if impl == "foreach":
-            return w * num_trainable_parameters
-        if impl == "cs336":
-            return CS336_ADAMW_TEMPORARIES * w * largest_parameter
-        return 2 * w * largest_parameter
-    if opt == "adafactor" and training.adafactor_implementation == "torch":
-        # torch/optim/_adafactor.py: ``var_estimates = [row_var @ col_var ...]`` (vectors:
-        # ``v.clone()``), one per parameter; foreach builds them for the whole group
-        if impl == "foreach":
-            return dtype_bytes(training.weight_dtype) * num_trainable_parameters
-        return dtype_bytes(training.weight_dtype) * largest_parameter
-    if opt == "adafactor":  # transformers' Adafactor.step, Note [Optimizer-step temporaries]
+    """The step temporaries of the optimizer's row (:data:`~trainmem.specs.optimizers.
+    OPTIMIZER_TABLE`) for the implementation that runs, in the dtype the row names."""
+    row = OPTIMIZER_TABLE[training.optimizer]
+    tmp = row.step_temporaries(
+        training.step_implementation,
+        transformers_class=training.adafactor_implementation == "transformers",
+    )
+    copies = tmp.group_copies * num_trainable_parameters + tmp.largest_copies * largest_parameter
+    if tmp.upcasts_16bit:  # transformers' Adafactor.step, Note [Optimizer-step temporaries]
         weight = lora_adapter_dtype(training) if training.is_lora else training.weight_dtype
         grad = weight if training.is_lora else training.grad_dtype
-        copies = 2 + (dtype_bytes(grad) < 4) + (dtype_bytes(weight) < 4)
-        return copies * 4 * largest_parameter
-    if opt == "lion":
-        return 2 * w * largest_parameter
-    return 0  # sgd, sgd-momentum (in place), bitsandbytes 8-bit (in-place kernels)
+        upcasts = (dtype_bytes(grad) < 4) + (dtype_bytes(weight) < 4)
+        copies += upcasts * largest_parameter
+    return _temporary_dtype_bytes(training, tmp) * copies
+
+
+def _temporary_dtype_bytes(training: TrainingConfig, tmp: StepTemporaries) -> int:
+    if tmp.dtype == "float32":
+        return 4
+    if tmp.dtype == "weight":
+        return dtype_bytes(training.weight_dtype)
+    return dtype_bytes(training.optimizer_state_dtype)
 
 
 def cublas_workspace_bytes(per_handle_bytes: int, num_handles: int = 2) -> int:

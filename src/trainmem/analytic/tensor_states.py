@@ -58,7 +58,8 @@ from trainmem.analytic.model_states import optimizer_state_bytes
 from trainmem.analytic.params import linear_shapes, parameter_counts
 from trainmem.specs.frameworks import TORCHAO_OFFLOAD_MINIMAL_SIZE
 from trainmem.specs.model import ModelSpec
-from trainmem.specs.training import PAGED_OPTIMIZERS, TrainingConfig
+from trainmem.specs.optimizers import OPTIMIZER_TABLE
+from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
 
 NF4_BLOCK = 64
@@ -145,9 +146,9 @@ def paged_state_bytes(training: TrainingConfig, numel: int, shards: int = 1) -> 
     Source: bitsandbytes/optim/optimizer.py ``Optimizer2State.init_state`` /
     ``get_state_buffer``; bitsandbytes/functional.py ``get_paged`` (``cudaMallocManaged``).
     """
-    if training.optimizer not in PAGED_OPTIMIZERS or numel < BNB_PAGED_MIN_NUMEL:
+    per_element = OPTIMIZER_TABLE[training.optimizer].paged_bytes_per_element()
+    if not per_element or numel < BNB_PAGED_MIN_NUMEL:
         return 0
-    per_element = 8 if training.optimizer == "paged-adamw" else 2
     return -(-per_element * numel // shards)
 
 
@@ -379,7 +380,7 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
             if trainable and training.ema and training.ema_device == "cuda":
                 param += ema_bytes_per_element(training, w) * local  # Note [EMA weights]
             paged = 0
-            if trainable and state and training.optimizer in PAGED_OPTIMIZERS:
+            if trainable and state and OPTIMIZER_TABLE[training.optimizer].paged:
                 paged = min(
                     paged_state_bytes(
                         training, local, dp if training.optimizer_states_partitioned else 1

@@ -25,6 +25,7 @@ from trainmem.errors import SpecError
 from trainmem.estimate import estimate, resolve_model
 from trainmem.specs.assumptions import assumptions_line
 from trainmem.specs.hardware import GPUS, resolve_gpu
+from trainmem.specs.optimizers import OPTIMIZER_TABLE
 from trainmem.specs.training import TrainingConfig
 
 __all__ = ["app", "main"]
@@ -48,8 +49,9 @@ def untried_fixes(t: TrainingConfig) -> list[str]:
         out.append("--lora-rank 16")
     elif t.quantize_base == "none":
         out.append("--quantize-base nf4")
-    if t.optimizer in ("adam", "adamw") and t.lora_rank == 0:
-        out.append("--optimizer adamw-8bit")
+    eight_bit = OPTIMIZER_TABLE[t.optimizer].eight_bit
+    if eight_bit is not None and t.lora_rank == 0:
+        out.append(f"--optimizer {eight_bit}")
     if t.data_parallel_size == 1 or t.zero_stage < 3:
         out.append("more GPUs (--data-parallel-size N --zero-stage 3)")
     return out

@@ -39,6 +39,7 @@ from trainmem.planner.evaluate import (
 )
 from trainmem.specs.hardware import GPUSpec
 from trainmem.specs.model import ModelSpec
+from trainmem.specs.optimizers import OPTIMIZER_TABLE
 from trainmem.specs.training import TrainingConfig
 
 _T = TypeVar("_T")
@@ -156,7 +157,10 @@ def _supports_bf16(gpu: GPUSpec) -> bool:
 
 
 def _fused_optimizer(_m: ModelSpec, t: TrainingConfig, _g: GPUSpec) -> list[TrainingConfig]:
-    if t.optimizer in ("adam", "adamw") and t.step_implementation != "fused":
+    # torch.optim's fused kernel, where it makes fewer step temporaries (Adam / AdamW)
+    row = OPTIMIZER_TABLE[t.optimizer]
+    fused = row.step_temporaries("fused")
+    if row.torch_fused and row.step_temporaries(t.step_implementation) != fused:
         return [replace(t, optimizer_implementation="fused")]
     return []
 
@@ -198,13 +202,15 @@ def _accumulate(_m: ModelSpec, t: TrainingConfig, _g: GPUSpec) -> list[TrainingC
 
 
 def _eight_bit_optimizer(_m: ModelSpec, t: TrainingConfig, _g: GPUSpec) -> list[TrainingConfig]:
-    if t.optimizer not in ("adam", "adamw"):
+    eight_bit = OPTIMIZER_TABLE[t.optimizer].eight_bit
+    if eight_bit is None:
         return []
-    return [replace(t, optimizer="adamw-8bit")]
+    return [replace(t, optimizer=eight_bit)]
 
 
 def _adafactor(_m: ModelSpec, t: TrainingConfig, _g: GPUSpec) -> list[TrainingConfig]:
-    if t.optimizer in ("adafactor", "sgd"):
+    row = OPTIMIZER_TABLE[t.optimizer]
+    if row.factored or not row.states:  # already factored, or nothing to factor (plain SGD)
         return []
     # torch.optim.Adafactor's foreach step builds a var_estimate for every parameter at once
     # (one copy of the parameters); its per-parameter loop holds one at a time

@@ -82,22 +82,10 @@ from trainmem.specs.frameworks import (
     parse_version,
 )
 from trainmem.specs.model import EAGER_ONLY_TYPES, MAX_COUNT, ModelSpec, describe_int
+from trainmem.specs.optimizers import OPTIMIZER_TABLE, Optimizer
 from trainmem.specs.settings import kind_of, setting, settings_of
 
 Precision = Literal["32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "fp8-mixed"]
-Optimizer = Literal[
-    "sgd",
-    "sgd-momentum",
-    "adam",
-    "adamw",
-    "adafactor",
-    "lion",
-    "adamw-8bit",
-    "paged-adamw-8bit",
-    "paged-adamw",
-    "adamw-4bit",
-    "adamw-fp8",
-]
 ActivationCheckpointing = Literal["none", "selective", "full"]
 Attention = Literal["eager", "sdpa", "flash"]
 OptimizerImplementation = Literal["foreach", "fused", "for-loop", "cs336"]
@@ -111,20 +99,8 @@ PRECISIONS: tuple[str, ...] = (
     "bf16-true",
     "fp8-mixed",
 )
-OPTIMIZERS: tuple[str, ...] = (
-    "sgd",
-    "sgd-momentum",
-    "adam",
-    "adamw",
-    "adafactor",
-    "lion",
-    "adamw-8bit",
-    "paged-adamw-8bit",
-    "paged-adamw",
-    "adamw-4bit",
-    "adamw-fp8",
-)
-PAGED_OPTIMIZERS: tuple[str, ...] = ("paged-adamw", "paged-adamw-8bit")
+OPTIMIZERS: tuple[str, ...] = tuple(OPTIMIZER_TABLE)
+PAGED_OPTIMIZERS: tuple[str, ...] = tuple(n for n, row in OPTIMIZER_TABLE.items() if row.paged)
 """bitsandbytes paged optimizers (``bnb.optim.PagedAdamW`` 32-bit, ``PagedAdamW8bit``): their
 large states live in CUDA managed memory, outside the caching allocator (see
 :func:`trainmem.analytic.buffers.paged_state_bytes`)."""
@@ -424,7 +400,8 @@ class OptimizerConfig:
     def __post_init__(self) -> None:
         _check_choices(self, OptimizerConfig)
         _check_flags(self, ("optimizer_in_backward",))
-        if self.optimizer_implementation == "cs336" and self.optimizer not in ("adam", "adamw"):
+        accepted = OPTIMIZER_TABLE[self.optimizer].temporaries  # torch's three; cs336: Adam(W)
+        if self.optimizer_implementation not in (None, *accepted):
             raise SpecError(
                 "optimizer_implementation",
                 f"cs336 is the CS336 course's AdamW; it cannot run optimizer {self.optimizer!r} "

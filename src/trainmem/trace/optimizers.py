@@ -15,6 +15,7 @@ from typing import Any
 
 from trainmem.breakdown import MemoryCategory
 from trainmem.errors import UnsupportedError
+from trainmem.specs.optimizers import OPTIMIZER_TABLE
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
 from trainmem.trace.module_paths import ModulePathTracker
@@ -47,34 +48,21 @@ def build_optimizer(params: Iterable[Any], training: TrainingConfig) -> Any:
         A ``torch.optim.Optimizer``.
 
     Raises:
-        UnsupportedError: 8-bit optimizers (bitsandbytes needs CUDA) or an implementation torch
-            lacks for that optimizer (fused Adafactor/Lion).
+        UnsupportedError: an optimizer whose row of
+            :data:`~trainmem.specs.optimizers.OPTIMIZER_TABLE` has no ``torch_optim`` (Lion,
+            the bitsandbytes / torchao ones: CUDA kernels), or an implementation torch lacks for
+            that optimizer (fused Adafactor).
     """
     params = list(params)
-    name = training.optimizer
-    if name in ("adamw", "adam") and training.step_implementation == "cs336":
+    row = OPTIMIZER_TABLE[training.optimizer]
+    if training.step_implementation == "cs336":  # TrainingConfig: Adam / AdamW only
         from trainmem.trace.course_model import CourseAdamW
 
         return CourseAdamW(params, lr=1e-4)
-    if name in ("adamw", "adam"):
-        cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
-        return cls(params, lr=1e-4, **_impl_kwargs(training))
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=1e-3, **_impl_kwargs(training))
-    if name == "sgd-momentum":
-        return torch.optim.SGD(params, lr=1e-3, momentum=0.9, **_impl_kwargs(training))
-    if name == "adafactor":
-        return torch.optim.Adafactor(params, lr=1e-2, **_impl_kwargs(training, fused_ok=False))
-    if name == "lion":
-        raise UnsupportedError(
-            "Lion is not in torch.optim; trace it with trainmem.trace(..., optimizer=...) and "
-            "your own Lion implementation, or use --engine analytic"
-        )
-    raise UnsupportedError(
-        f"{name} needs bitsandbytes / torchao CUDA kernels, which cannot run on fake CPU "
-        "tensors; "
-        "use --engine analytic"
-    )
+    if row.torch_optim is None:
+        raise UnsupportedError(row.untraceable)
+    cls = getattr(torch.optim, row.torch_optim)
+    return cls(params, **row.torch_kwargs, **_impl_kwargs(training, fused_ok=row.torch_fused))
 
 
 EMA_DECAY = 0.9999
