@@ -155,7 +155,22 @@ def parameter_counts(model: ModelSpec) -> dict[str, int]:
     gpt_neox, phi3, olmo2, starcoder2, gpt_bigcode, bloom, gemma3, qwen2_moe, qwen3_moe
     modeling files).
     """
-    h, V = model.hidden_size, model.vocab_size
+    out = _embedding_counts(model)
+    for count, block in model.layer_kinds():
+        for key, n in _block_counts(block).items():
+            out[key] = out.get(key, 0) + count * n
+    if model.final_norm:
+        # an encoder-decoder has one per stack (T5Stack.final_layer_norm)
+        stacks = 2 if model.num_decoder_layers else 1
+        out["final_norm"] = stacks * _norm_params(model, model.hidden_size)
+    out.update(_head_counts(model))
+    return {k: v for k, v in out.items() if v}
+
+
+def _embedding_counts(model: ModelSpec) -> dict[str, int]:
+    """Parameter elements before the first block, by component: token (or patch) embeddings,
+    learned positions, token types, the embedding norm, T5's relative position biases."""
+    h = model.hidden_size
     out: dict[str, int] = {}
     if model.architecture == "vision-encoder":
         p, ch = model.patch_size, model.num_channels
@@ -168,7 +183,7 @@ def parameter_counts(model: ModelSpec) -> dict[str, int]:
         if model.mask_token:
             out["embedding/mask_token"] = h  # Dinov2Embeddings.mask_token
     else:
-        out["embedding/tokens"] = V * h
+        out["embedding/tokens"] = model.vocab_size * h
         if model.position_kind == "learned":
             out["embedding/positions"] = model.max_position_embeddings * h
         if model.type_vocab_size:
@@ -179,16 +194,15 @@ def parameter_counts(model: ModelSpec) -> dict[str, int]:
         # T5Attention.relative_attention_bias: Embedding(buckets, heads) in block 0 of each stack
         stacks = 2 if model.num_decoder_layers else 1
         out["embedding/relative_bias"] = stacks * model.relative_attention_buckets * model.num_heads
+    return out
 
-    for count, block in model.layer_kinds():
-        for key, n in _block_counts(block).items():
-            out[key] = out.get(key, 0) + count * n
-    if model.final_norm:
-        # an encoder-decoder has one per stack (T5Stack.final_layer_norm)
-        stacks = 2 if model.num_decoder_layers else 1
-        out["final_norm"] = stacks * _norm_params(model, h)
 
+def _head_counts(model: ModelSpec) -> dict[str, int]:
+    """Parameter elements after the final norm, by component: BERT's pooler, a vision tower's
+    pooler, an untied LM head and its bias, BERT's MLM transform, a classifier."""
+    h, V = model.hidden_size, model.vocab_size
     head = model.head
+    out: dict[str, int] = {}
     if model.architecture == "encoder" and head in ("none", "sequence-classification"):
         out["pooler"] = h * h + h  # BertPooler.dense
     if model.architecture == "vision-encoder" and head == "none":
@@ -209,7 +223,7 @@ def parameter_counts(model: ModelSpec) -> dict[str, int]:
         # score does not.
         bias = model.num_labels if model.architecture != "decoder" else 0
         out["head"] = h * model.num_labels + bias
-    return {k: v for k, v in out.items() if v}
+    return out
 
 
 def _block_counts(block: ModelSpec) -> dict[str, int]:
