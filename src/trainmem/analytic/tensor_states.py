@@ -306,94 +306,7 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
     Source: Note [Model states with PEFT and sharding]; optimizer states per tensor from
     :func:`trainmem.analytic.model_states.optimizer_state_bytes`.
     """
-    tp = training.tensor_parallel_size
-    dp = training.sharding_degree  # HYBRID_SHARD: the shard group, not every rank
-    stage = training.zero_stage if dp > 1 else 0
-    cache: dict[tuple[str, int, int, bool, bool], TensorState] = {}
-
-    adapter_training = replace(
-        training, precision="32-true", framework="pytorch-amp", grad_accum_dtype=None
-    )
-    if lora_adapter_dtype(training) != "float32":
-        adapter_training = training
-
-    flat = flat_parameter_grads(training)
-
-    def make(
-        owner: str, name: str, numel: int, out_features: int, trainable: bool, unit: bool = False
-    ) -> TensorState:
-        """``unit``: the tensor's wrapped unit holds a trainable tensor (flat-parameter grads)."""
-        with_grad = trainable or (flat and unit)
-        key = (name, numel, out_features, trainable, with_grad)
-        proto = cache.get(key)
-        if proto is None:
-            # LoRA adapters may have their own dtype (peft: fp32 on a 16-bit base)
-            tr = adapter_training if name.startswith("lora_") else training
-            is_linear = not name.startswith(
-                (
-                    "lora_",
-                    "vector",
-                    "embedding",
-                    "head",
-                    "lm_head",
-                    "final_norm",
-                    "pooler",
-                    "router",
-                )
-            )
-            w = dtype_bytes(tr.weight_dtype)
-            if training.kbit_fp32_upcast and not is_linear and not name.startswith("lora_"):
-                w = 4  # peft prepare_model_for_kbit_training: non-quantized params in fp32
-            # Megatron tensor parallelism splits every layer linear (column / row parallel) and
-            # the vocabulary (VocabParallelEmbedding, the output layer); norms are replicated.
-            tp_split = is_linear or name in ("embedding/tokens", "lm_head")
-            local = -(-numel // tp) if tp_split else numel
-            local_out = -(-out_features // tp) if tp_split and out_features > 1 else out_features
-            if not trainable and is_linear and training.quantize_base != "none":
-                full_param = _quantized_bytes(local, local_out, training.quantize_base)
-            else:
-                full_param = w * local
-            full_grad = dtype_bytes(tr.grad_dtype) * local if with_grad else 0
-            state = 0
-            if trainable:
-                if local_out > 1 and local % local_out == 0 and local > local_out:
-                    shape = [(local // local_out, local_out, 1)]
-                    state = optimizer_state_bytes(tr, shape, 0)
-                else:
-                    state = optimizer_state_bytes(tr, [], local)
-
-            def shard(x: int, from_stage: int) -> int:
-                return -(-x // dp) if stage >= from_stage else x
-
-            param = shard(full_param, 3)
-            grad = shard(full_grad, 2)
-            if training.optimizer_states_partitioned:  # ZeRO >= 1, DeepSpeed BF16_Optimizer
-                state = -(-state // dp)
-            # torchao CPUOffloadOptimizer keeps tensors under minimal_size on the GPU
-            on_gpu = training.torchao_cpu_offload and local < TORCHAO_OFFLOAD_MINIMAL_SIZE
-            if training.offload != "none" and not on_gpu:
-                state = 0
-            if training.offload in ("optimizer+gradients", "optimizer+params") and not on_gpu:
-                grad = 0  # each layer's gradient leaves once reduced (the engine's reduce term)
-            if training.offload == "optimizer+params":
-                param = 0
-            if trainable and training.ema and training.ema_device == "cuda":
-                param += ema_bytes_per_element(training, w) * local  # Note [EMA weights]
-            paged = 0
-            if trainable and state and OPTIMIZER_TABLE[training.optimizer].paged:
-                paged = min(
-                    paged_state_bytes(
-                        training, local, dp if training.optimizer_states_partitioned else 1
-                    ),
-                    state,
-                )
-                state -= paged
-            proto = TensorState(
-                "", name, numel, trainable, param, grad, state, full_param, full_grad, paged, local
-            )
-            cache[key] = proto
-        return replace(proto, owner=owner)
-
+    make = _TensorMaker(training)
     lora = training.is_lora
     counts = parameter_counts(model)
     h = model.hidden_size
@@ -413,13 +326,123 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
     head: list[TensorState] = []
     for key, n in counts.items():
         if not key.startswith(("embedding/", "layers/")):
-            trainable = not lora or (key == "lm_head" and "lm_head" in training.lora_targets)
-            head.append(make("head", key, n, h, trainable and not lora, root_unit))
-            if lora and key == "lm_head" and "lm_head" in training.lora_targets:
-                r = training.lora_rank
-                head.append(make("head", "lora_A.lm_head", r * h, r, True))
-                head.append(make("head", "lora_B.lm_head", n // h * r, n // h, True))
+            head.extend(_head_tensor(make, key, n, h, root_unit))
     return StateLayout(embedding=out, layer=layer, head=head, num_layers=model.num_blocks)
+
+
+def _head_tensor(
+    make: _TensorMaker, key: str, n: int, h: int, root_unit: bool
+) -> list[TensorState]:
+    """A tensor after the layers (final norm, LM head, pooler...), with its LoRA adapters when
+    ``lm_head`` is a LoRA target."""
+    training = make.training
+    lora = training.is_lora
+    trainable = not lora or (key == "lm_head" and "lm_head" in training.lora_targets)
+    out = [make("head", key, n, h, trainable and not lora, root_unit)]
+    if lora and key == "lm_head" and "lm_head" in training.lora_targets:
+        r = training.lora_rank
+        out.append(make("head", "lora_A.lm_head", r * h, r, True))
+        out.append(make("head", "lora_B.lm_head", n // h * r, n // h, True))
+    return out
+
+
+_NOT_LINEAR = ("lora_", "vector", "embedding", "head", "lm_head", "final_norm", "pooler", "router")
+"""Name prefixes of the tensors that are not layer linears (not quantized, not split by tensor
+parallelism, upcast by peft's k-bit preparation)."""
+
+
+class _TensorMaker:
+    """Builds :class:`TensorState` rows for one training configuration, one per distinct
+    (name, size, trainable, gradient) and copied per owner."""
+
+    def __init__(self, training: TrainingConfig) -> None:
+        self.training = training
+        self.tp = training.tensor_parallel_size
+        self.dp = training.sharding_degree  # HYBRID_SHARD: the shard group, not every rank
+        self.stage = training.zero_stage if self.dp > 1 else 0
+        self.cache: dict[tuple[str, int, int, bool, bool], TensorState] = {}
+        # LoRA adapters may have their own dtype (peft: fp32 on a 16-bit base)
+        self.adapter_training = replace(
+            training, precision="32-true", framework="pytorch-amp", grad_accum_dtype=None
+        )
+        if lora_adapter_dtype(training) != "float32":
+            self.adapter_training = training
+        self.flat = flat_parameter_grads(training)
+
+    def __call__(
+        self,
+        owner: str,
+        name: str,
+        numel: int,
+        out_features: int,
+        trainable: bool,
+        unit: bool = False,
+    ) -> TensorState:
+        """``unit``: the tensor's wrapped unit holds a trainable tensor (flat-parameter grads)."""
+        with_grad = trainable or (self.flat and unit)
+        key = (name, numel, out_features, trainable, with_grad)
+        proto = self.cache.get(key)
+        if proto is None:
+            proto = self.cache[key] = self._build(name, numel, out_features, trainable, with_grad)
+        return replace(proto, owner=owner)
+
+    def _build(
+        self, name: str, numel: int, out_features: int, trainable: bool, with_grad: bool
+    ) -> TensorState:
+        training = self.training
+        tr = self.adapter_training if name.startswith("lora_") else training
+        is_linear = not name.startswith(_NOT_LINEAR)
+        w = dtype_bytes(tr.weight_dtype)
+        if training.kbit_fp32_upcast and not is_linear and not name.startswith("lora_"):
+            w = 4  # peft prepare_model_for_kbit_training: non-quantized params in fp32
+        # Megatron tensor parallelism splits every layer linear (column / row parallel) and
+        # the vocabulary (VocabParallelEmbedding, the output layer); norms are replicated.
+        tp_split = is_linear or name in ("embedding/tokens", "lm_head")
+        tp = self.tp
+        local = -(-numel // tp) if tp_split else numel
+        local_out = -(-out_features // tp) if tp_split and out_features > 1 else out_features
+        if not trainable and is_linear and training.quantize_base != "none":
+            full_param = _quantized_bytes(local, local_out, training.quantize_base)
+        else:
+            full_param = w * local
+        full_grad = dtype_bytes(tr.grad_dtype) * local if with_grad else 0
+        state = 0
+        if trainable:
+            if local_out > 1 and local % local_out == 0 and local > local_out:
+                shape = [(local // local_out, local_out, 1)]
+                state = optimizer_state_bytes(tr, shape, 0)
+            else:
+                state = optimizer_state_bytes(tr, [], local)
+        param, grad, state = self._place(full_param, full_grad, state, local)
+        if trainable and training.ema and training.ema_device == "cuda":
+            param += ema_bytes_per_element(training, w) * local  # Note [EMA weights]
+        paged = 0
+        if trainable and state and OPTIMIZER_TABLE[training.optimizer].paged:
+            shards = self.dp if training.optimizer_states_partitioned else 1
+            paged = min(paged_state_bytes(training, local, shards), state)
+            state -= paged
+        return TensorState(
+            "", name, numel, trainable, param, grad, state, full_param, full_grad, paged, local
+        )
+
+    def _place(
+        self, full_param: int, full_grad: int, state: int, local: int
+    ) -> tuple[int, int, int]:
+        """(param, grad, state) bytes left on this GPU after ZeRO / FSDP sharding and offload."""
+        training, dp, stage = self.training, self.dp, self.stage
+        param = -(-full_param // dp) if stage >= 3 else full_param
+        grad = -(-full_grad // dp) if stage >= 2 else full_grad
+        if training.optimizer_states_partitioned:  # ZeRO >= 1, DeepSpeed BF16_Optimizer
+            state = -(-state // dp)
+        # torchao CPUOffloadOptimizer keeps tensors under minimal_size on the GPU
+        on_gpu = training.torchao_cpu_offload and local < TORCHAO_OFFLOAD_MINIMAL_SIZE
+        if training.offload != "none" and not on_gpu:
+            state = 0
+        if training.offload in ("optimizer+gradients", "optimizer+params") and not on_gpu:
+            grad = 0  # each layer's gradient leaves once reduced (the engine's reduce term)
+        if training.offload == "optimizer+params":
+            param = 0
+        return param, grad, state
 
 
 @dataclass(frozen=True, slots=True)
