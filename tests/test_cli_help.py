@@ -34,6 +34,6 @@ def test_no_value_is_cut_or_swallowed_at_80_columns(help_text: str) -> None:
     # (typer's option-name column still shortens the longest flag names at 80 columns)
     # "[default: ...]" inside a help text is rich markup unless escaped; it must show
     flat = " ".join(help_text.replace("│", " ").split())
-    assert "Tokens per sequence [default: model context, max 4096]" in flat
+    assert "Tokens per sequence. [default: model context, max 4096]" in flat
     for value in ("fp8-mixed", "paged-adamw-8bit", "hybrid-shard", "no-shard", "gptq-int4"):
         assert value in flat, value

@@ -3,7 +3,10 @@
 :func:`with_training_options` adds them to a typer command and hands the command one validated
 :class:`~trainmem.specs.training.TrainingConfig` (``training=``), so ``estimate``, ``formulas``,
 ``plan``, ``fit``, ``sweep``, ``compare`` and ``compare-snapshot`` accept the same flags, spelled
-once. Values come from, in order of precedence: an explicit flag, ``--set KEY=VALUE``, a
+once. The options of TrainingConfig fields are generated from the fields themselves (name,
+default, :class:`~trainmem.specs.settings.Setting`: help, allowed values, flags; the panel from
+:data:`~trainmem.specs.groups.FIELD_GROUPS`), as the web form is. Values come from, in order of
+precedence: an explicit flag, ``--set KEY=VALUE``, a
 config file (``--deepspeed-config``, ``--accelerate-config``, ``--axolotl-config``,
 ``--torchtune-config``, ``--training-args``), the TrainingConfig default. Whether a flag
 was given is click's parameter source (:func:`explicit_options`), never a comparison with its
@@ -14,6 +17,7 @@ This module has no ``from __future__ import annotations``: typer reads the annot
 registration time.
 """
 
+import dataclasses
 import inspect
 import math
 import re
@@ -31,21 +35,9 @@ from trainmem.planner.sweep import STRICT_INT, parse_strict_int
 from trainmem.specs.groups import FIELD_GROUPS
 from trainmem.specs.hardware import check_precision_on_gpu, get_gpu
 from trainmem.specs.model import ModelSpec
+from trainmem.specs.settings import Setting, help_text, kind_of, settings_of
 from trainmem.specs.training import (
-    ACTIVATION_CHECKPOINTING,
-    ATTENTIONS,
-    EMA_DEVICES,
-    EMA_DTYPES,
-    FRAMEWORKS,
-    FROZEN_ON_GPU,
     LORA_TARGETS,
-    LOSSES,
-    OFFLOADS,
-    OPTIMIZER_IMPLEMENTATIONS,
-    OPTIMIZERS,
-    PIPELINE_SCHEDULES,
-    PRECISIONS,
-    QUANTIZE_BASE,
     TrainingConfig,
     check_training_for_model,
     fsdp_settings,
@@ -131,394 +123,105 @@ def _clip(text: str) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _oi(*decls: str, help: str) -> Any:  # noqa: A002 - typer's own keyword
-    return typer.Option(*decls, help=escape(help), parser=strict_int, metavar="INTEGER")
-
-
 def _of(*decls: str, help: str) -> Any:  # noqa: A002 - typer's own keyword
     return typer.Option(*decls, help=escape(help), parser=strict_float, metavar="FLOAT")
 
 
-TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
-    _p(
-        "micro_batch_size",
-        Annotated[int, _oi("--micro-batch-size", "-b", help="Sequences per GPU per step.")],
-        1,
+def _field_option(field: dataclasses.Field[Any], s: Setting) -> inspect.Parameter:
+    """The CLI option of one TrainingConfig field, from the field and its
+    :class:`~trainmem.specs.settings.Setting`: ``--`` and the name with dashes (``/`` the
+    :attr:`~trainmem.specs.settings.Setting.off_flag` of a boolean), the short flag, the help
+    (:func:`~trainmem.specs.settings.help_text`), the default (None where the model or
+    :func:`training_from_options` fills it in); its panel is set by :func:`_set_panels`."""
+    kind = kind_of(field)
+    flag = "--" + field.name.replace("_", "-")
+    decls = [f"{flag}/{s.off_flag}" if s.off_flag else flag, *([s.short] if s.short else [])]
+    extra: dict[str, Any] = {"show_default": not s.default_text}
+    default: Any = None if s.defer else field.default
+    if kind == "bool":
+        annotation: Any = bool
+    elif kind == "int" or (kind == "choice" and isinstance(s.choices[0], int)):
+        annotation, extra["parser"], extra["metavar"] = int, strict_int, "INTEGER"
+    elif kind == "float":
+        annotation, extra["parser"], extra["metavar"] = float, strict_float, "FLOAT"
+    else:  # a name, free text, or a comma-separated list (lora_targets)
+        annotation = str
+        if isinstance(default, tuple):
+            default = ",".join(default)
+    option = typer.Option(*decls, help=escape(help_text(field)), **extra)
+    return _p(
+        field.name,
+        Annotated[annotation if default is not None else annotation | None, option],
+        default,
+    )
+
+
+_FIELD_SETTINGS = settings_of(TrainingConfig)
+_CLI_ONLY: dict[str, tuple[str, inspect.Parameter]] = {
+    "fsdp": (
+        "zero_stage",
+        _p(
+            "fsdp",
+            Annotated[
+                str | None,
+                _o(
+                    "--fsdp",
+                    help="full-shard | shard-grad-op | hybrid-shard | no-shard (sets the ZeRO "
+                    "stage it shards like; with --framework hf-trainer it is accelerate-fsdp, "
+                    "the Trainer's FSDP)",
+                ),
+            ],
+            None,
+        ),
     ),
-    _p(
-        "seq_len",
-        Annotated[
-            int | None,
-            _oi("--seq-len", "-s", help="Tokens per sequence [default: model context, max 4096]."),
-        ],
-        None,
-    ),
-    _p(
-        "target_seq_len",
-        Annotated[
-            int,
-            _oi(
-                "--target-seq-len",
-                help="Decoder (target) tokens per sequence of an encoder-decoder such as T5 "
-                "[default: 0, the same as --seq-len].",
-            ),
-        ],
-        0,
-    ),
-    _p(
-        "precision",
-        Annotated[
-            str, _o("--precision", "-p", help=f"Lightning precision: {_choices(PRECISIONS)}.")
-        ],
-        "bf16-mixed",
-    ),
-    _p("optimizer", Annotated[str, _o("--optimizer", "-o", help=_choices(OPTIMIZERS))], "adamw"),
-    _p(
-        "optimizer_implementation",
-        Annotated[
-            str | None,
-            _o(
-                "--optimizer-implementation",
-                help=_choices(OPTIMIZER_IMPLEMENTATIONS)
-                + " [default: the framework's for --torch-version]",
-            ),
-        ],
-        None,
-    ),
-    _p(
-        "torch_version",
-        Annotated[
-            str | None,
-            _o("--torch-version", help="torch release where a default depends on it [>= 2.8]."),
-        ],
-        None,
-    ),
-    _p(
-        "transformers_version",
-        Annotated[
-            str | None,
-            _o(
-                "--transformers-version",
-                help="transformers release whose model code runs (before 4.49: GPT-2-era "
-                "losses on 16-bit logits, a shifted copy of the logits) [default: installed].",
-            ),
-        ],
-        None,
-    ),
-    _p(
-        "bitsandbytes_version",
-        Annotated[
-            str | None,
-            _o(
-                "--bitsandbytes-version",
-                help="bitsandbytes release (4-bit matmuls save their input before 0.43.2).",
-            ),
-        ],
-        None,
-    ),
-    _p(
-        "deepspeed_version",
-        Annotated[
-            str | None,
-            _o(
-                "--deepspeed-version",
-                help="DeepSpeed release (bf16 accumulates in fp32 without ZeRO before 0.17.6).",
-            ),
-        ],
-        None,
-    ),
-    _p(
-        "activation_checkpointing",
-        Annotated[
-            str, _o("--activation-checkpointing", "-c", help=_choices(ACTIVATION_CHECKPOINTING))
-        ],
-        "none",
-    ),
-    _p(
-        "attention",
-        Annotated[
-            str | None,
-            _o(
-                "--attention",
-                help=_choices(ATTENTIONS)
-                + " [sdpa; eager for families transformers runs eager only]",
-            ),
-        ],
-        None,
-    ),
-    _p(
-        "gradient_accumulation_steps",
-        Annotated[
-            int | None,
-            _oi(
-                "--gradient-accumulation-steps",
-                help="Micro-batches per optimizer step [1; with pipeline parallelism the "
-                "pipeline-parallel size, the fewest torch's Schedule1F1B runs].",
-            ),
-        ],
-        None,
-    ),
-    _p(
-        "dropout",
-        Annotated[bool, _o("--dropout/--no-dropout", help="Apply the model's dropout.")],
-        True,
-    ),
-    _p(
-        "data_parallel_size",
-        Annotated[
-            int, _oi("--data-parallel-size", help="Ranks the model states are sharded over.")
-        ],
-        1,
-    ),
-    _p("zero_stage", Annotated[int, _oi("--zero-stage", help="ZeRO stage 0|1|2|3.")], 0),
-    _p(
-        "fsdp",
-        Annotated[
-            str | None,
-            _o(
-                "--fsdp",
-                help="full-shard | shard-grad-op | hybrid-shard | no-shard (sets the ZeRO stage it "
-                "shards like; with --framework hf-trainer it is accelerate-fsdp, the Trainer's "
-                "FSDP)",
-            ),
-        ],
-        None,
-    ),
-    _p(
-        "shard_group_size",
-        Annotated[
-            int | None,
-            _o(
-                "--shard-group-size",
-                help="Ranks a shard spans (HYBRID_SHARD: one node) [default: all data-parallel].",
-            ),
-        ],
-        None,
-    ),
-    _p("offload", Annotated[str, _o("--offload", help=_choices(OFFLOADS))], "none"),
-    _p(
+    "lora_alpha": (
         "lora_rank",
-        Annotated[int, _oi("--lora-rank", help="LoRA rank r (0: full fine-tuning).")],
-        0,
+        _p(
+            "lora_alpha",
+            Annotated[float, _of("--lora-alpha", help="LoRA scaling (no effect on memory).")],
+            16.0,
+        ),
     ),
-    _p(
-        "lora_alpha",
-        Annotated[float, _of("--lora-alpha", help="LoRA scaling (no effect on memory).")],
-        16.0,
-    ),
-    _p(
-        "lora_targets",
-        Annotated[
-            str, _o("--lora-targets", help=",".join(LORA_TARGETS) + ",lm_head or all-linear")
-        ],
-        "q,v",
-    ),
-    _p("lora_dropout", Annotated[float, _of("--lora-dropout", help="peft lora_dropout.")], 0.0),
-    _p(
-        "quantize_base",
-        Annotated[str, _o("--quantize-base", help=_choices(QUANTIZE_BASE) + " (QLoRA and kin)")],
-        "none",
-    ),
-    _p(
-        "tensor_parallel_size",
-        Annotated[
-            int,
-            _oi(
-                "--tensor-parallel-size",
-                help="Tensor parallelism t (torch DTensor; Megatron's with --framework megatron).",
-            ),
-        ],
-        1,
-    ),
-    _p(
-        "sequence_parallel",
-        Annotated[bool, _o("--sequence-parallel", help="Sequence parallelism (needs t > 1).")],
-        False,
-    ),
-    _p(
-        "pipeline_parallel_size",
-        Annotated[int, _oi("--pipeline-parallel-size", help="Pipeline stages p.")],
-        1,
-    ),
-    _p(
-        "pipeline_schedule",
-        Annotated[str, _o("--pipeline-schedule", help=_choices(PIPELINE_SCHEDULES))],
-        "1f1b",
-    ),
-    _p(
-        "context_parallel_size",
-        Annotated[int, _oi("--context-parallel-size", help="Sequence split over this many ranks.")],
-        1,
-    ),
-    _p(
-        "framework",
-        Annotated[
-            str, _o("--framework", help=_choices(FRAMEWORKS) + " (bytes per parameter, loss)")
-        ],
-        "pytorch-amp",
-    ),
-    _p(
-        "chunked_cross_entropy",
-        Annotated[
-            int, _oi("--chunked-cross-entropy", help="Loss in N chunks of tokens (0: whole).")
-        ],
-        0,
-    ),
-    _p(
-        "optimizer_in_backward",
-        Annotated[
-            bool, _o("--optimizer-in-backward", help="Step and free each gradient in backward.")
-        ],
-        False,
-    ),
-    _p(
-        "activation_offloading",
-        Annotated[bool, _o("--activation-offloading", help="Saved activations offloaded to CPU.")],
-        False,
-    ),
-    _p(
-        "zero_grad_set_to_none",
-        Annotated[
-            bool,
-            _o(
-                "--zero-grad-set-to-none/--zero-grad-keep",
-                help="zero_grad(set_to_none=...); keep = torch < 2.0 behaviour, or a loop "
-                "that never zeroes its gradients.",
-            ),
-        ],
-        True,
-    ),
-    _p(
-        "zero_grad_before_backward",
-        Annotated[
-            bool,
-            _o(
-                "--zero-grad-before-backward",
-                help="zero_grad() between the loss and backward(): last step's gradients "
-                "live through the forward.",
-            ),
-        ],
-        False,
-    ),
-    _p(
-        "loss",
-        Annotated[
-            str | None,
-            _o(
-                "--loss",
-                help=_choices(LOSSES) + " [default: the model's own; cs336_basics: the "
-                "course's cs336-cross-entropy]",
-            ),
-        ],
-        None,
-    ),
-    _p(
-        "keep_logits",
-        Annotated[
-            bool,
-            _o(
-                "--keep-logits",
-                help="The loop holds `logits = model(x)` until the step ends (through "
-                "backward and the optimizer step).",
-            ),
-        ],
-        False,
-    ),
-    _p(
-        "compile",
-        Annotated[bool, _o("--compile", help="torch.compile: fused pointwise chains (see docs).")],
-        False,
-    ),
-    _p(
-        "resolution",
-        Annotated[
-            str | None,
-            _o(
-                "--resolution",
-                help="diffusers models: image side in pixels, or HEIGHTxWIDTH (480x832) "
-                "[default: the model's, e.g. 1024].",
-            ),
-        ],
-        None,
-    ),
-    _p(
-        "frames",
-        Annotated[
-            int | None,
-            _oi("--frames", help="diffusers video models: frames per clip [default: the model's]."),
-        ],
-        None,
-    ),
-    _p(
-        "text_seq_len",
-        Annotated[
-            int | None,
-            _oi(
-                "--text-seq-len",
-                help="diffusers models: prompt tokens [default: FLUX 512, SD3 333, SDXL 77].",
-            ),
-        ],
-        None,
-    ),
-    _p(
-        "ema",
-        Annotated[
-            bool,
-            _o(
-                "--ema",
-                help="An EMA copy of the trainable weights (diffusers EMAModel), stepped after "
-                "the optimizer.",
-            ),
-        ],
-        False,
-    ),
-    _p(
-        "ema_dtype",
-        Annotated[
-            str | None,
-            _o(
-                "--ema-dtype",
-                help=_choices(EMA_DTYPES) + " [default: the trainable parameters' dtype]",
-            ),
-        ],
-        None,
-    ),
-    _p(
-        "ema_device",
-        Annotated[
-            str,
-            _o(
-                "--ema-device",
-                help=_choices(EMA_DEVICES) + " (cpu: diffusers' --offload_ema, on the GPU "
-                "only for its step)",
-            ),
-        ],
-        "cuda",
-    ),
-    _p(
-        "frozen_on_gpu",
-        Annotated[
-            str,
-            _o(
-                "--frozen-on-gpu",
-                help=_choices(FROZEN_ON_GPU) + " diffusers models: the pipeline's VAE / text "
-                "encoders kept on the GPU [none: latents and embeddings precomputed]",
-            ),
-        ],
-        "none",
-    ),
-    _p(
-        "nccl_buffer_bytes",
-        Annotated[
-            int | None,
-            _oi(
-                "--nccl-buffer-bytes",
-                help="Device memory of one NCCL communicator, measured on your cluster "
-                "[default: 688 MiB on A100, 1.06 GB on H100 (NCCL issues #964, #1685)].",
-            ),
-        ],
-        None,
-    ),
+}
+"""The options that set no field of their own, each after the field option it goes with."""
+
+CONFIG_FILE_OPTIONS = (
+    "deepspeed_config",
+    "accelerate_config",
+    "axolotl_config",
+    "torchtune_config",
+    "training_args",
+)
+"""The options that name a config file to read settings from."""
+_NOT_FIELDS = ("fsdp", "lora_alpha", *CONFIG_FILE_OPTIONS, "settings")
+
+PANELS: dict[str, str] = {
+    **{name: panel for panel, names in FIELD_GROUPS.items() for name in names},
+    "fsdp": "Parallelism and sharding",
+    "lora_alpha": "LoRA / QLoRA",
+    **dict.fromkeys(CONFIG_FILE_OPTIONS, "Config files and --set"),
+    "settings": "Config files and --set",
+}
+"""The ``--help`` panel of each training option: the concerns of
+:data:`trainmem.specs.groups.FIELD_GROUPS` (the web page's groups), so ``estimate --help`` is
+a few panels instead of one flat list."""
+
+
+def _field_options() -> list[inspect.Parameter]:
+    """The field options in the page's order (:data:`~trainmem.specs.groups.FIELD_GROUPS`),
+    leaving out the settings given only by ``--set`` or a config file
+    (:attr:`~trainmem.specs.settings.Setting.no_option`), with :data:`_CLI_ONLY` after theirs."""
+    out = []
+    for name in (name for names in FIELD_GROUPS.values() for name in names):
+        field, s = _FIELD_SETTINGS[name]
+        if not s.no_option:
+            out.append(_field_option(field, s))
+        out += [param for after, param in _CLI_ONLY.values() if after == name]
+    return out
+
+
+TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
+    *_field_options(),
     _p(
         "deepspeed_config",
         Annotated[
@@ -573,32 +276,9 @@ TRAINING_OPTIONS: tuple[inspect.Parameter, ...] = (
         None,
     ),
 )
-
-"""Every option that describes the run; names are TrainingConfig fields except ``fsdp`` (a ZeRO
-stage by another name), ``lora_alpha`` (no memory effect), the config files and ``settings``
-(``--set``)."""
-
-CONFIG_FILE_OPTIONS = (
-    "deepspeed_config",
-    "accelerate_config",
-    "axolotl_config",
-    "torchtune_config",
-    "training_args",
-)
-"""The options that name a config file to read settings from."""
-_NOT_FIELDS = ("fsdp", "lora_alpha", *CONFIG_FILE_OPTIONS, "settings")
-
-
-PANELS: dict[str, str] = {
-    **{name: panel for panel, names in FIELD_GROUPS.items() for name in names},
-    "fsdp": "Parallelism and sharding",
-    "lora_alpha": "LoRA / QLoRA",
-    **dict.fromkeys(CONFIG_FILE_OPTIONS, "Config files and --set"),
-    "settings": "Config files and --set",
-}
-"""The ``--help`` panel of each training option: the concerns of
-:data:`trainmem.specs.groups.FIELD_GROUPS` (the web page's groups), so ``estimate --help`` is
-a few panels instead of one flat list."""
+"""Every option that describes the run: one per TrainingConfig field that has one (generated
+from the field's :class:`~trainmem.specs.settings.Setting`), ``fsdp`` (a ZeRO stage by another
+name), ``lora_alpha`` (no memory effect), the config files and ``settings`` (``--set``)."""
 
 
 def _set_panels(params: tuple[inspect.Parameter, ...]) -> None:
@@ -730,18 +410,7 @@ def training_from_options(
             explicit.add(key)
             flags.setdefault(key, "--fsdp")
     settings["lora_targets"] = parse_lora_targets(given["lora_targets"], spec)
-    from_set: dict[str, Any] = {}
-    for item in given["settings"] or []:
-        for key, value in parse_set(item, spec).items():
-            if key in ESTIMATE_KEYS:
-                raise SpecError("set", f"{key} cannot be set here; use its own option")
-            if key in explicit and value != settings[key]:
-                raise SpecError(
-                    "set",
-                    f"{key} is given twice: {flags[key]} {_shown(settings[key])} and --set "
-                    f"{key.replace('_', '-')}={_shown(value)}; give one",
-                )
-            from_set[key] = value
+    from_set = _from_set(given["settings"] or [], spec, settings, flags)
     auto: dict[str, str] = {}
     file_notes: list[str] = []
     from_files = config_file_settings(
@@ -770,6 +439,45 @@ def training_from_options(
         # the HF Trainer's --fsdp is accelerate's FSDP plugin (MixedPrecision policy), whether
         # hf-trainer came from --framework or from a TrainingArguments / axolotl file
         settings["framework"] = "accelerate-fsdp"
+    _fill_deferred(settings, model, spec)
+    training = TrainingConfig(**settings)
+    if spec is not None:
+        check_training_for_model(spec, training)
+    if gpu is not None:
+        check_precision_on_gpu(training.precision, get_gpu(gpu))
+    if notes is not None:
+        notes.extend(_auto_notes(auto, training, flags, from_set))
+    return training
+
+
+def _from_set(
+    items: list[str], spec: ModelSpec | None, settings: dict[str, Any], flags: dict[str, str]
+) -> dict[str, Any]:
+    """The settings of the ``--set`` options, each checked against the flag that gave the same
+    field (``flags``: the explicit ones, with their values in ``settings``).
+
+    Raises:
+        SpecError: a key of :data:`ESTIMATE_KEYS`, or a field a flag gave another value.
+    """
+    from_set: dict[str, Any] = {}
+    for item in items:
+        for key, value in parse_set(item, spec).items():
+            if key in ESTIMATE_KEYS:
+                raise SpecError("set", f"{key} cannot be set here; use its own option")
+            if key in flags and value != settings[key]:
+                raise SpecError(
+                    "set",
+                    f"{key} is given twice: {flags[key]} {_shown(settings[key])} and --set "
+                    f"{key.replace('_', '-')}={_shown(value)}; give one",
+                )
+            from_set[key] = value
+    return from_set
+
+
+def _fill_deferred(settings: dict[str, Any], model: str, spec: ModelSpec | None) -> None:
+    """Fill in the settings given nowhere whose default is not the dataclass's
+    (:attr:`~trainmem.specs.settings.Setting.defer`): the model's sequence length and attention,
+    the micro-batches a pipeline needs."""
     if settings["gradient_accumulation_steps"] is None:  # given nowhere
         pp = settings.get("pipeline_parallel_size")
         pipelined = isinstance(pp, int) and not isinstance(pp, bool) and pp > 1  # else refused
@@ -781,14 +489,6 @@ def training_from_options(
         settings["seq_len"] = default_seq_len_of(model)
     if settings["attention"] is None:  # not given: the model's own (BLOOM, Gemma-2: eager only)
         settings["attention"] = "sdpa" if spec is None else default_attention_of(spec)
-    training = TrainingConfig(**settings)
-    if spec is not None:
-        check_training_for_model(spec, training)
-    if gpu is not None:
-        check_precision_on_gpu(training.precision, get_gpu(gpu))
-    if notes is not None:
-        notes.extend(_auto_notes(auto, training, flags, from_set))
-    return training
 
 
 def _auto_notes(

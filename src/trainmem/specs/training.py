@@ -352,7 +352,7 @@ class PrecisionConfig:
         float8_args``), so activations are those of bf16, except under tensor parallelism
         (torchao's float8 TP styles cast the inputs first) and torch.compile (the partition
         recasts in backward): Note [Float8 tensor-parallel inputs], Note [Compiled float8
-        linears] in trainmem/analytic/activations.py. With FSDP2 the all-gather is float8
+        linears] in trainmem/analytic/float8.py. With FSDP2 the all-gather is float8
         (``enable_fsdp_float8_all_gather``), one byte per gathered weight."""
         return self.precision == "fp8-mixed"
 
@@ -848,7 +848,9 @@ class FrameworkConfig:
     [Framework conventions]. Default ``pytorch-amp``, a plain PyTorch loop with
     torch.autocast."""
     torch_version: str | None = setting(
-        None, "torch release where a default depends on it.", default_text=">= 2.8"
+        None,
+        "torch release where a default depends on it.",
+        default_text="a current release, >= 2.8",
     )
     """torch release (``"2.5"``) where a default depends on it (the HF Trainer's default
     optimizer, torch's foreach default); None, the default: a current release (>= 2.8)."""

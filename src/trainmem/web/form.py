@@ -5,9 +5,10 @@ equivalent ``trainmem estimate`` command.
 No gradio here (``layout.py`` draws these fields), so all of it is tested without a browser.
 
 The option list is derived from :class:`TrainingConfig` itself: every field is in exactly one
-of :data:`GROUPS` (a test checks this), its default is the dataclass default, and its allowed
-values are the tuples of :mod:`trainmem.specs.training` (``PRECISIONS``, ``OPTIMIZERS``...), so
-the page offers what ``trainmem estimate`` accepts and nothing is spelled twice.
+of :data:`GROUPS` (a test checks this), its default is the dataclass default, and its kind,
+allowed values and help are the field's :class:`~trainmem.specs.settings.Setting`, the record
+the CLI options are generated from (``tests/test_settings_source.py``), so the page offers what
+``trainmem estimate`` accepts and nothing is spelled twice.
 
 A *values* dict maps ``model``, ``gpu``, ``alloc_conf`` and every TrainingConfig field name to a
 typed value (``int``, ``float``, ``bool``, ``str``, ``tuple`` for ``lora_targets``; ``seq_len``
@@ -17,7 +18,6 @@ attention, eager for BLOOM / Gemma-2 and sdpa otherwise, as in the CLI).
 
 from __future__ import annotations
 
-import dataclasses
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,62 +25,44 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 from trainmem.errors import SpecError
-from trainmem.specs import training as tr
-from trainmem.specs.frameworks import GRAD_ACCUM_DTYPES
 from trainmem.specs.groups import FIELD_GROUPS
 from trainmem.specs.hardware import GPUS
+from trainmem.specs.settings import help_text, kind_of, settings_of
 from trainmem.specs.training import TrainingConfig
 
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_GPU = "H100-80GB"
 NO_GPU = "(none)"
+"""The GPU choice that asks for no fit verdict (the CLI without ``--gpu``)."""
 MODEL_DEFAULT = "model default"
 """The choice that leaves a setting to the model (``attention``: eager for BLOOM / Gemma-2,
 sdpa otherwise), the CLI without the option."""
-"""The GPU choice that asks for no fit verdict (the CLI without ``--gpu``)."""
 
 GROUPS = FIELD_GROUPS
 """Every TrainingConfig field, grouped as the page shows them (and the CLI help)."""
 
-CHOICES: dict[str, tuple[Any, ...]] = {
-    "precision": tr.PRECISIONS,
-    "optimizer": tr.OPTIMIZERS,
-    "optimizer_implementation": tr.OPTIMIZER_IMPLEMENTATIONS,
-    "loss": tr.LOSSES,
-    "activation_checkpointing": tr.ACTIVATION_CHECKPOINTING,
-    "attention": (MODEL_DEFAULT, *tr.ATTENTIONS),
-    "zero_stage": tr.ZERO_STAGES,
-    "offload": tr.OFFLOADS,
-    "pipeline_schedule": tr.PIPELINE_SCHEDULES,
-    "quantize_base": tr.QUANTIZE_BASE,
-    "framework": tr.FRAMEWORKS,
-    "grad_accum_dtype": GRAD_ACCUM_DTYPES,
-    "ema_dtype": tr.EMA_DTYPES,
-    "ema_device": tr.EMA_DEVICES,
-    "frozen_on_gpu": tr.FROZEN_ON_GPU,
-    "lora_targets": (*tr.LORA_TARGETS, "lm_head"),
-}
-"""Allowed values of the fields that take one of a list (``lora_targets``: several of it)."""
+_SETTINGS = settings_of(TrainingConfig)
 
-_NO_FLAG = (
-    "virtual_pipeline_stages",
-    "padding_mask",
-    "reshard_after_forward",
-    "reduce_bucket_size",
-    "stage3_prefetch_bucket_size",
-    "stage3_max_live_parameters",
-    "overlap_comm",
-    "grad_accum_dtype",
-)
-"""Fields without an option of their own in the CLI (given there as ``--set KEY=VALUE``)."""
-_NEGATIVE_FLAG = {"dropout": "--no-dropout", "zero_grad_set_to_none": "--zero-grad-keep"}
+CHOICES: dict[str, tuple[Any, ...]] = {
+    name: (MODEL_DEFAULT, *s.choices) if s.defer == "model" else s.choices
+    for name, (_, s) in _SETTINGS.items()
+    if s.choices
+}
+"""Allowed values of the fields that take one of a list (``lora_targets``: several of it), the
+:attr:`~trainmem.specs.settings.Setting.choices` the CLI offers and TrainingConfig accepts
+(``attention``: :data:`MODEL_DEFAULT` first, the CLI without the option)."""
+
+_NO_FLAG = tuple(name for name, (_, s) in _SETTINGS.items() if s.no_option)
+"""Fields without an option of their own in the CLI (given there as ``--set KEY=VALUE``;
+:attr:`~trainmem.specs.settings.Setting.no_option` says why)."""
+_NEGATIVE_FLAG = {name: s.off_flag for name, (_, s) in _SETTINGS.items() if s.off_flag}
 """Booleans that default to True: the CLI flag that turns them off."""
 
-_FIELD_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(TrainingConfig)}
-_ANNOTATIONS: dict[str, Any] = {f.name: f.type for f in dataclasses.fields(TrainingConfig)}
-DEFAULTS: dict[str, Any] = {**_FIELD_DEFAULTS, "seq_len": None, "attention": None}
-"""Every TrainingConfig field with the page's default (the dataclass's; ``seq_len`` and
-``attention`` None: the model's own, filled in by :func:`training_config`)."""
+DEFAULTS: dict[str, Any] = {
+    name: None if s.defer == "model" else f.default for name, (f, s) in _SETTINGS.items()
+}
+"""Every TrainingConfig field with the page's default (the dataclass's; None where the model's
+own is meant, ``seq_len`` and ``attention``, filled in by :func:`training_config`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,14 +71,18 @@ class Field:
 
     Attributes:
         name: the TrainingConfig field.
-        kind: ``choice``, ``multi`` (several of ``choices``), ``bool``, ``int`` or ``float``.
+        kind: ``choice``, ``multi`` (several of ``choices``), ``bool``, ``int``, ``float`` or
+            ``str`` (:func:`~trainmem.specs.settings.kind_of`).
         choices: allowed values for ``choice`` / ``multi``.
+        help: what the setting is, its allowed values and default, as ``--help`` says it
+            (:func:`~trainmem.specs.settings.help_text`).
         label: the CLI option it mirrors (``--micro-batch-size``), shown on the page.
     """
 
     name: str
     kind: str
     choices: tuple[Any, ...] = ()
+    help: str = ""
 
     @property
     def label(self) -> str:
@@ -112,15 +98,8 @@ def field(name: str) -> Field:
     """
     if name not in DEFAULTS:
         raise SpecError(name, "not a training setting; allowed: " + ", ".join(DEFAULTS))
-    if name == "lora_targets":
-        return Field(name, "multi", CHOICES[name])
-    if name in CHOICES:
-        return Field(name, "choice", CHOICES[name])
-    default = _FIELD_DEFAULTS[name]
-    kind = type(default).__name__ if isinstance(default, (bool, int, float)) else "str"
-    if default is None and str(_ANNOTATIONS[name]) == "int | None":  # optional counts
-        kind = "int"
-    return Field(name, kind)
+    f, _ = _SETTINGS[name]
+    return Field(name, kind_of(f), CHOICES.get(name, ()), help_text(f))
 
 
 def coerce(name: str, raw: Any) -> Any:
@@ -147,7 +126,7 @@ def coerce(name: str, raw: Any) -> Any:
         if text in ("false", "0", "no", "off"):
             return False
         raise SpecError(name, f"must be true or false, got {raw!r}")
-    if f.kind == "int" or name == "zero_stage":
+    if f.kind == "int" or (f.kind == "choice" and isinstance(DEFAULTS[name], int)):
         try:
             number = float(raw)
         except (TypeError, ValueError):

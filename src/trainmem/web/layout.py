@@ -67,28 +67,29 @@ _OPEN_GROUPS = ("Batch and sequence", "Precision and optimizer")
 
 
 def _widget(name: str) -> Any:
-    """The input widget of one TrainingConfig field, labelled with its CLI option."""
+    """The input widget of one TrainingConfig field, labelled with its CLI option and its
+    ``--help`` text under it (:attr:`trainmem.web.form.Field.help`)."""
     f = field(name)
-    elem_id = "opt-" + name.replace("_", "-")
+    label, info, elem_id = f.label, f.help, "opt-" + name.replace("_", "-")
     default = default_values()[name]
     if f.kind == "multi":
         return gr.CheckboxGroup(
-            list(f.choices), value=list(default), label=f.label, elem_id=elem_id
+            list(f.choices), value=list(default), label=label, info=info, elem_id=elem_id
         )
     if f.kind == "choice":
         value = MODEL_DEFAULT if default is None else default
-        return gr.Dropdown(list(f.choices), value=value, label=f.label, elem_id=elem_id)
+        return gr.Dropdown(list(f.choices), value=value, label=label, info=info, elem_id=elem_id)
     if f.kind == "bool":
-        return gr.Checkbox(value=default, label=f.label, elem_id=elem_id)
+        return gr.Checkbox(value=default, label=label, info=info, elem_id=elem_id)
     if name == "seq_len":
-        return gr.Number(
-            value=None,
-            precision=0,
-            label=f.label + " (empty: the model's context, at most 4096)",
-            elem_id=elem_id,
-        )
+        label += " (empty: the model's context, at most 4096)"
+        default = None
     return gr.Number(
-        value=default, precision=0 if f.kind == "int" else None, label=f.label, elem_id=elem_id
+        value=default,
+        precision=0 if f.kind == "int" else None,
+        label=label,
+        info=info,
+        elem_id=elem_id,
     )
 
 

@@ -1,0 +1,126 @@
+"""One source of the training settings (issue 25, "config by concern"): every TrainingConfig
+field has one CLI option and one web input with the same name, default, allowed values and help,
+all read from the field and its ``Setting``, or is deliberately left to ``--set`` with a reason;
+the allowed values are the ones TrainingConfig itself accepts."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+
+import pytest
+import typer
+from rich.markup import escape
+
+from trainmem.cli import app
+from trainmem.cli.options import parse_set
+from trainmem.errors import SpecError
+from trainmem.specs.groups import FIELD_GROUPS
+from trainmem.specs.settings import Setting, help_text, setting_of
+from trainmem.specs.training import CONCERNS, TrainingConfig
+from trainmem.web import form
+
+FIELDS = dataclasses.fields(TrainingConfig)
+NAMES = [f.name for f in FIELDS]
+
+
+@pytest.fixture(scope="module")
+def estimate_options() -> dict[str, Any]:
+    """``trainmem estimate``'s options as click holds them (typer vendors its own click)."""
+    command: Any = typer.main.get_command(app)
+    params = command.commands["estimate"].params
+    return {p.name: p for p in params if p.param_type_name == "option"}
+
+
+def test_training_config_is_its_concerns() -> None:
+    by_concern = [f.name for concern in CONCERNS for f in dataclasses.fields(concern)]
+    assert by_concern == NAMES  # each field in exactly one concern, in concern order
+    assert all(issubclass(TrainingConfig, concern) for concern in CONCERNS)
+
+
+@pytest.mark.parametrize("field", FIELDS, ids=NAMES)
+def test_every_field_has_one_option_or_a_reason(
+    field: dataclasses.Field[Any], estimate_options: dict[str, Any]
+) -> None:
+    s = setting_of(field)
+    assert s.help.strip() and "\n" not in s.help
+    if s.no_option:  # given by --set (or a config file) only
+        assert field.name not in estimate_options
+        assert "--set" in s.no_option or "--deepspeed-config" in s.no_option
+        shown = "+".join(field.default) if isinstance(field.default, tuple) else field.default
+        key = field.name.replace("_", "-")
+        value = "true" if isinstance(field.default, bool) or field.default is None else shown
+        assert field.name in parse_set(f"{key}={value}")
+        return
+    option = estimate_options[field.name]
+    flag = "--" + field.name.replace("_", "-")
+    assert option.opts[0] == flag
+    assert [o for o in option.opts[1:] if not o.startswith("--")] == ([s.short] if s.short else [])
+    assert option.secondary_opts == ([s.off_flag] if s.off_flag else [])
+    default = None if s.defer else field.default
+    if isinstance(default, tuple):
+        default = ",".join(default)  # --lora-targets q,v
+    assert option.default == default
+    assert option.help == escape(help_text(field))
+    for choice in s.choices:
+        assert str(choice) in help_text(field)
+    panel = next(p for p, names in FIELD_GROUPS.items() if field.name in names)
+    assert getattr(option, "rich_help_panel", None) == panel
+
+
+@pytest.mark.parametrize("field", FIELDS, ids=NAMES)
+def test_every_field_has_one_web_input_of_the_same_source(field: dataclasses.Field[Any]) -> None:
+    s = setting_of(field)
+    listed = [name for names in form.GROUPS.values() for name in names]
+    assert listed.count(field.name) == 1
+    widget = form.field(field.name)
+    assert widget.help == help_text(field)
+    model_choice = s.choices and s.defer == "model"  # attention: "model default" first
+    expected = (form.MODEL_DEFAULT, *s.choices) if model_choice else s.choices
+    assert widget.choices == expected
+    assert form.DEFAULTS[field.name] == (None if s.defer == "model" else field.default)
+    # the page's command spells a setting without an option as --set
+    if s.no_option:
+        assert field.name in form._NO_FLAG
+    assert form._NEGATIVE_FLAG.get(field.name, "") == s.off_flag
+
+
+def _refusal(name: str, value: object) -> SpecError:
+    with pytest.raises(SpecError) as info:
+        TrainingConfig(**{name: value})
+    return info.value
+
+
+@pytest.mark.parametrize("field", [f for f in FIELDS if setting_of(f).choices], ids=str)
+def test_the_allowed_values_offered_are_the_ones_training_config_takes(
+    field: dataclasses.Field[Any],
+) -> None:
+    s: Setting = setting_of(field)
+    wrong: object = ("no-such-value",) if isinstance(field.default, tuple) else "no-such-value"
+    error = _refusal(field.name, wrong)
+    assert error.field == field.name
+    allowed = re.search(r"allowed: (.*)$", str(error))
+    assert allowed is not None, str(error)
+    assert allowed.group(1).split(", ") == [str(c) for c in s.choices]
+
+
+def test_an_option_for_a_field_without_one_would_be_caught(
+    estimate_options: dict[str, Any],
+) -> None:
+    # the deliberate exceptions: DeepSpeed's ds_config settings, FSDP's resharding, the
+    # interleaved schedule's chunks and the attention mask (see each Setting.no_option)
+    without = {f.name for f in FIELDS if setting_of(f).no_option}
+    assert without == {
+        "grad_accum_dtype",
+        "padding_mask",
+        "virtual_pipeline_stages",
+        "reshard_after_forward",
+        "reduce_bucket_size",
+        "stage3_prefetch_bucket_size",
+        "stage3_max_live_parameters",
+        "overlap_comm",
+    }
+    assert not without & estimate_options.keys()
+    others = set(estimate_options) - set(NAMES)  # options that set no field of their own
+    assert others >= {"fsdp", "lora_alpha", "settings", "deepspeed_config"}
