@@ -113,7 +113,7 @@ def test_analytic_accuracy_does_not_regress() -> None:
 #: 26 under.
 #: Re-recorded for the shifted copy of the logits before transformers 4.49 (``ForCausalLMLoss``
 #: 4.46-4.48 and the models' own losses before: ``logits[..., :-1, :].contiguous()`` beside the
-#: logits and their fp32 upcast; activations.py ``shifted_logits_bytes``) on the fms rows'
+#: logits and their fp32 upcast; loss.py ``shifted_logits_bytes``) on the fms rows'
 #: transformers 4.48.1: GT140 -4.2 -> -0.3%, GT141 -9.1 -> -5.6%, GT142 -5.8 -> -0.4%, GT143
 #: -12.4 -> -7.7%, GT147 -7.7 -> -2.2%, GT149 -11.3 -> -4.8%, GT156 -9.5 -> -4.0%, GT158
 #: -12.4 -> -5.9%; grew, by the same copy: GT146 -0.1 -> +6.4%, GT148 -3.1 -> +4.1%, and the

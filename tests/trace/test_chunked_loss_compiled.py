@@ -1,5 +1,5 @@
 """The chunked cross-entropy, eager and compiled, traced against the analytic rule (Note
-[Compiled chunked cross-entropy] in trainmem/analytic/activations.py).
+[Compiled chunked cross-entropy] in trainmem/analytic/loss.py).
 
 A one-layer Llama whose logits dominate the step (V = 8192, h = 256, b = 2, s = 256: the 16-bit
 logits are 8 MiB, the head weight 4 MiB), bf16-true, full checkpointing, SGD, 8 chunks. The trace

@@ -6,7 +6,7 @@ b = 2, s = 48 (t = 96 tokens), ``framework="fsdp2"`` on 2 FSDP ranks (bf16 compu
 autocast), no dropout. Every linear is a ``Float8Linear`` (all dimensions are multiples of 16).
 The figure is one layer's activations under ``fp8-mixed`` minus the same under ``bf16-mixed``
 (everything else in the layer is the same tensors), from Note [Float8 tensor-parallel inputs]
-and Note [Compiled float8 linears] (trainmem/analytic/activations.py):
+and Note [Compiled float8 linears] (trainmem/analytic/float8.py):
 
 - eager, no TP: ``Float8Linear`` saves its bf16 input (``matmul_with_hp_or_float8_args``):
   0 B;

@@ -1,7 +1,7 @@
 """transformers' ``enable_input_require_grads`` hook, run for real on the CPU (issue 12, item 5):
 with frozen embeddings (LoRA) and activation checkpointing, the embedding output becomes a leaf
 that requires grad, and it and its ``.grad`` stay alive after the backward until the loss is
-dropped; the analytic term :func:`trainmem.analytic.activations.input_grad_hook_bytes` is their
+dropped; the analytic term :func:`trainmem.analytic.checkpointing.input_grad_hook_bytes` is their
 size."""
 
 from __future__ import annotations

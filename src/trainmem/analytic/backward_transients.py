@@ -7,7 +7,11 @@ from __future__ import annotations
 from trainmem.analytic.activation_parallelism import parallel_divisor
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
 from trainmem.analytic.attention import fp32_softmax
-from trainmem.analytic.mlp import SIGMOID_FORMULA_ACTIVATIONS, sequential_pre_norm_block
+from trainmem.analytic.mlp import (
+    SIGMOID_FORMULA_ACTIVATIONS,
+    experts_per_token,
+    sequential_pre_norm_block,
+)
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
@@ -55,7 +59,7 @@ def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tup
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     c, r = compute_and_residual_bytes(training)
     i, h = model.intermediate_size, model.hidden_size
-    k_top = model.num_experts_per_tok if model.num_experts > 1 else 1
+    k_top = experts_per_token(model)
     n = 3 if model.mlp_kind == "gated" else 2
     if model.architecture == "vision-encoder":
         # A vision encoder's step peaks inside its last block's backward (no vocabulary-sized

@@ -13,6 +13,7 @@ from trainmem.analytic.activation_shapes import (
     mean_terms,
     tokens_per_sequence,
 )
+from trainmem.analytic.mlp import experts_per_token
 from trainmem.analytic.params import linear_shapes
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
@@ -56,7 +57,7 @@ def op_selective_saved_terms(model: ModelSpec, training: TrainingConfig) -> dict
         return mean
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     c, r = compute_and_residual_bytes(training)
-    k_top = model.num_experts_per_tok if model.num_experts > 1 else 1
+    k_top = experts_per_token(model)
     # matmul outputs in execution order (experts: k_top of each)
     outputs = [
         (name, c * fan_out * t * (k_top if name in ("gate", "up", "down") else 1))

@@ -76,8 +76,8 @@ def estimate_analytic(
     model states per tensor (LoRA, quantized bases, ZeRO / FSDP sharding, offload): Note [Model
     states with PEFT and sharding] in :mod:`trainmem.analytic.tensor_states`. Tensor / sequence
     / context parallelism divide the activation terms
-    (:func:`trainmem.analytic.activations.parallel_divisor`) and the layer linears and the
-    vocabulary; pipeline parallelism is evaluated per stage (:func:`pipeline_ranks`).
+    (:func:`trainmem.analytic.activation_parallelism.parallel_divisor`) and the layer linears and
+    the vocabulary; pipeline parallelism is evaluated per stage (:func:`pipeline_ranks`).
     """
     _check_parallel_shape(model, training)
     layout = state_layout(model, training)
@@ -150,7 +150,7 @@ def estimate_analytic(
 
 def _config(model: ModelSpec, training: TrainingConfig) -> dict[str, object]:
     """:func:`~trainmem.specs.training.resolved_config` with the loss that runs (the model's
-    own when none was given: :func:`~trainmem.analytic.activations.loss_kind`)."""
+    own when none was given: :func:`~trainmem.analytic.loss.loss_kind`)."""
     out = resolved_config(training)
     if model.head == "causal-lm":  # the only head with a loss setting
         out["loss"] = loss_kind(model, training)
