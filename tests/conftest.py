@@ -1,0 +1,108 @@
+"""Fixtures shared by the test files: the command-line runner and the folders tests read.
+
+``trainmem`` is imported inside the fixtures only, so collecting the tests loads nothing of it
+(tests/test_no_torch.py checks in fresh interpreters what the package imports by itself).
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+import pytest
+from click.testing import Result
+from typer.testing import CliRunner
+
+TESTS_DIR = Path(__file__).resolve().parent
+REPO_DIR = TESTS_DIR.parent
+SHARED_DIR = REPO_DIR.parent / "shared"
+"""The project's shared data (``../shared``), never copied into the repository."""
+
+
+class Invoke(Protocol):
+    """The :func:`invoke` fixture's call."""
+
+    def __call__(
+        self,
+        *args: str | Path,
+        exit_code: int | None = 0,
+        env: Mapping[str, str] | None = None,
+        input: str | None = None,  # noqa: A002 (CliRunner's name)
+    ) -> Result: ...
+
+
+@pytest.fixture
+def cli_runner() -> CliRunner:
+    """typer's ``CliRunner`` (stdout and stderr kept apart, as click 8.2+ does)."""
+    return CliRunner()
+
+
+@pytest.fixture
+def invoke(cli_runner: CliRunner) -> Invoke:
+    """Run ``trainmem ARGS...`` in-process and return the click ``Result``.
+
+    ``exit_code`` (default 0) is checked, failing with the command, both streams and the
+    traceback of an unexpected exception; None checks nothing.
+    """
+    from trainmem.cli import app
+
+    def run(
+        *args: str | Path,
+        exit_code: int | None = 0,
+        env: Mapping[str, str] | None = None,
+        input: str | None = None,  # noqa: A002
+    ) -> Result:
+        words = [str(a) for a in args]
+        result = cli_runner.invoke(app, words, env=env, input=input)
+        if exit_code is not None and result.exit_code != exit_code:
+            pytest.fail(_failure(words, result, exit_code), pytrace=False)
+        return result
+
+    return run
+
+
+@pytest.fixture
+def invoke_json(invoke: Invoke) -> Callable[..., Any]:
+    """``invoke(*args, "--json")`` (exit code 0) and its stdout parsed."""
+
+    def run(*args: str | Path, env: Mapping[str, str] | None = None) -> Any:
+        return json.loads(invoke(*args, "--json", env=env).stdout)
+
+    return run
+
+
+def _failure(words: list[str], result: Result, expected: int) -> str:
+    lines = [
+        f"trainmem {' '.join(words)}",
+        f"exited {result.exit_code}, expected {expected}",
+        "--- stdout ---",
+        result.stdout,
+        "--- stderr ---",
+        result.stderr,
+    ]
+    if result.exc_info is not None and not isinstance(result.exception, SystemExit):
+        lines += ["--- exception ---", "".join(traceback.format_exception(*result.exc_info))]
+    return "\n".join(lines)
+
+
+@pytest.fixture
+def models_dir() -> Path:
+    """``tests/models``: the small ``config.json`` files the tests load."""
+    return TESTS_DIR / "models"
+
+
+@pytest.fixture
+def examples_dir() -> Path:
+    """``examples/`` of the repository."""
+    return REPO_DIR / "examples"
+
+
+@pytest.fixture
+def shared_dir() -> Path:
+    """``../shared`` (the project's data beside the repository); skips the test when absent."""
+    if not SHARED_DIR.is_dir():
+        pytest.skip(f"{SHARED_DIR} is not here (the project's shared data)")
+    return SHARED_DIR
