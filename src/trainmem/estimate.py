@@ -29,6 +29,7 @@ from trainmem.specs.hardware import GPUSpec, check_precision_on_gpu
 from trainmem.specs.hardware import resolve_gpu as resolve_gpu  # re-exported for the callers
 from trainmem.specs.hf import load_model_spec
 from trainmem.specs.model import NOT_TRANSFORMERS_TYPES, ModelSpec
+from trainmem.specs.ranks import model_rank_map
 from trainmem.specs.training import TrainingConfig, check_training_for_model
 from trainmem.uncertainty import verdict_of
 from trainmem.units import TiB
@@ -642,7 +643,10 @@ def _estimate_traced(
         from trainmem.trace.generic import estimate_generic
 
         est = estimate_generic(
-            model if isinstance(model, str) else target.name, training, gpu=gpu_spec
+            model if isinstance(model, str) else target.name,
+            training,
+            gpu=gpu_spec,
+            layout=model_rank_map(target, training),
         )
         est.engine = "trace"
         composed = bool(est.details.get("generic", {}).get("block_lists"))
@@ -667,9 +671,6 @@ def _estimate_traced(
         est = estimate_trace(target, training, gpu=gpu_spec)
     if not est.schedules:  # the whole trace: its recorded stream as a flat schedule
         est.schedules = [StepSchedule.from_timeline(est.timeline).with_lazy_optimizer_states()]
-        traced = est.details.get("per_rank") or [{"rank": 0}]
-        keep = ("rank", "coordinates", "ranks_alike")
-        est.rank_labels = [{k: v for k, v in r.items() if k in keep} for r in traced]
     # what no fake tensor shows, as the analytic engine counts it: the user's CUDA context (or
     # the default) and the NCCL communicators beside the allocator
     ctx, outside, notes = device_context(training, cuda_context_bytes, gpu=gpu_spec)

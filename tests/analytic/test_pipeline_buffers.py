@@ -78,15 +78,19 @@ def test_torchtitan_split_gives_the_middle_stages_the_extra_layers() -> None:
     # generate_split_points, 126 layers: 1F1B, 8 stages: base 15, extra 6 -> stages
     # [15, 16 x 6, 15]; interleaved, 16 stages: base 7, extra 14 -> [7, 8 x 14, 7], rank r
     # holds stages r and r + 8: 7 + 8 = 15 on the first and the last rank, 16 elsewhere
-    from trainmem.analytic.engine import rank_layers
+    from trainmem.specs.ranks import model_rank_map
 
     model = load_model("llama-3.1-405b")
-    assert rank_layers(model, _405b_3d()) == [15] + [16] * 6 + [15]
+
+    def rank_layers(training: TrainingConfig) -> list[int | None]:
+        return model_rank_map(model, training).layers_per_pipeline_rank()
+
+    assert rank_layers(_405b_3d()) == [15] + [16] * 6 + [15]
     interleaved = _405b_3d(pipeline_schedule="interleaved-1f1b")
-    assert rank_layers(model, interleaved) == [15] + [16] * 6 + [15]
+    assert rank_layers(interleaved) == [15] + [16] * 6 + [15]
     # Megatron's even split (no torchtitan convention): ceil(126 / 8) = 16, the last 14
     megatron = _405b_3d(framework="megatron", zero_stage=1)
-    assert rank_layers(model, megatron) == [16] * 7 + [14]
+    assert rank_layers(megatron) == [16] * 7 + [14]
 
 
 def test_the_middle_rank_with_more_layers_is_evaluated() -> None:

@@ -27,12 +27,12 @@ def _peak(engine: str = "trace", **kw: Any) -> tuple[int, dict[str, Any]]:
         micro_batch_size=2, seq_len=64, dropout=False, framework="fsdp2", zero_stage=3, **kw
     )
     est = estimate("tiny-llama-test", training, engine=engine, simulate_allocator=False)
-    return est.breakdown.allocated_bytes, est.details.get("rank_map") or {}
+    return est.breakdown.allocated_bytes, est.details.get("traced_mesh") or {}
 
 
 def test_an_hsdp_rank_holds_what_a_rank_of_its_shard_group_holds() -> None:
     hsdp, mesh = _peak(data_parallel_size=4, shard_group_size=2)
-    assert mesh["mesh"] == {"dp_replicate": 2, "dp_shard": 2}
+    assert mesh == {"dp_replicate": 2, "dp_shard": 2}
     fsdp2, _ = _peak(data_parallel_size=2)
     fsdp4, _ = _peak(data_parallel_size=4)
     assert hsdp == fsdp2 > fsdp4

@@ -9,20 +9,19 @@ import pytest
 from trainmem.errors import UnsupportedError
 from trainmem.estimate import estimate
 from trainmem.specs.training import TrainingConfig
-from trainmem.trace.parallel import mesh_dims, rank_map
+from trainmem.trace.parallel import mesh_coordinates, mesh_dims, mesh_size
 
 
 def test_mesh_follows_torchtitan_order_tp_fastest() -> None:
     t = TrainingConfig(tensor_parallel_size=4, data_parallel_size=2, zero_stage=3)
     assert mesh_dims(t) == {"dp_shard": 2, "tp": 4}
-    layout = rank_map(t, rank=6)
-    assert layout["world_size"] == 8
-    assert layout["coordinates"] == {"dp_shard": 1, "tp": 2}  # 6 = 1 * 4 + 2
+    assert mesh_size(t) == 8
+    assert mesh_coordinates(t, rank=6) == {"dp_shard": 1, "tp": 2}  # 6 = 1 * 4 + 2
     assert mesh_dims(TrainingConfig(data_parallel_size=2)) == {}  # DDP: not a traced mesh
     t = TrainingConfig(tensor_parallel_size=2, context_parallel_size=4, data_parallel_size=2,
                        zero_stage=3)  # fmt: skip
     assert list(mesh_dims(t).items()) == [("dp_shard", 2), ("cp", 4), ("tp", 2)]
-    assert rank_map(t, rank=13)["coordinates"] == {"dp_shard": 1, "cp": 2, "tp": 1}
+    assert mesh_coordinates(t, rank=13) == {"dp_shard": 1, "cp": 2, "tp": 1}
 
 
 def test_tensor_parallel_rank_holds_its_shards_of_every_linear() -> None:
@@ -39,7 +38,7 @@ def test_tensor_parallel_rank_holds_its_shards_of_every_linear() -> None:
         assert est.details["peak_by_category_bytes"]["parameters"] == expected
         assert est.details["per_rank"][0]["rank"] == 0
         assert est.details["per_rank"][0]["ranks_alike"] == 2
-        assert est.details["rank_map"]["mesh"] == {"tp": 2}
+        assert est.details["traced_mesh"] == {"tp": 2}
 
 
 def test_tensor_parallel_refuses_models_without_the_llama_plan() -> None:
@@ -69,4 +68,4 @@ def test_context_parallel_rank_holds_its_sequence_shard() -> None:
     rows = (vocab * h + 2 * (h * h + 2 * kv * h + h * h + 2 * ffn * h + h * ffn + 2 * h)
             + h + vocab * h)  # fmt: skip
     assert cats["parameters"] == rows * 4 // 2  # every dim 0 here is even
-    assert est.details["rank_map"]["mesh"] == {"cp": 2}
+    assert est.details["traced_mesh"] == {"cp": 2}

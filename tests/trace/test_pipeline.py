@@ -103,7 +103,7 @@ def test_receive_buffers_and_output_chunks_are_the_runtime_s() -> None:
     assert [r["pipeline_stage"] for r in labels] == [0, 1]
     assert [r["rank"] for r in labels] == [0, 1]
     assert [r["layers"] for r in labels] == [[[0, 0]], [[1, 1]]]
-    assert est.details["rank_map"]["mesh"] == {"pp": 2}
+    assert est.details["traced_mesh"] == {"pp": 2}
 
 
 def test_micro_batches_in_flight_on_stage_0_follow_the_schedule() -> None:
@@ -202,7 +202,7 @@ def test_context_parallel_shards_every_pipeline_buffer_by_the_sequence() -> None
     assert _init_bytes(first, MemoryCategory.TEMPORARY, "pipeline") == m * boundary
     assert _init_bytes(last, MemoryCategory.TEMPORARY, "pipeline") == m * boundary
     assert _init_bytes(last, MemoryCategory.ACTIVATION, "pipeline") == m * B * (S // 2) * V * FP32
-    assert est.details["rank_map"]["mesh"] == {"pp": 2, "cp": 2}
+    assert est.details["traced_mesh"] == {"pp": 2, "cp": 2}
 
 
 @pytest.mark.parametrize(

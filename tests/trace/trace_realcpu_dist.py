@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from trainmem.specs.training import TrainingConfig
-from trainmem.trace.parallel import device_mesh, mesh_dims, rank_map
+from trainmem.trace.parallel import device_mesh, mesh_dims, mesh_size
 
 REPEATS = 2
 """Profiled steps per rank; the smallest peak is kept. gloo completes a collective on its own
@@ -39,7 +39,7 @@ def _rank_main(rank: int, world: int, init_file: str, cases: list, out) -> None:
 def real_cpu_rank_peaks(cases: list[tuple[str, TrainingConfig]]) -> list[dict[int, int]]:
     """Per case, ``{rank: peak live tensor bytes}`` of the steady-state step, every rank a gloo
     process. All cases must have the same world size."""
-    worlds = {rank_map(t)["world_size"] for _, t in cases}
+    worlds = {mesh_size(t) for _, t in cases}
     if len(worlds) != 1:
         raise ValueError(f"cases of different world sizes: {sorted(worlds)}")
     world = worlds.pop()

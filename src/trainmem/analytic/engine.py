@@ -36,11 +36,10 @@ from trainmem.breakdown import MemoryBreakdown, MemoryEstimate
 from trainmem.errors import SpecError
 from trainmem.specs.hardware import DEFAULT_CUBLAS_WORKSPACE_BYTES, GPUSpec
 from trainmem.specs.model import ModelSpec
+from trainmem.specs.ranks import model_rank_map
 from trainmem.specs.training import (
     TrainingConfig,
     pipeline_sizes,
-    pipeline_stage_ids,
-    pipeline_stage_layers,
     resolved_config,
 )
 
@@ -92,6 +91,7 @@ def estimate_analytic(
         n_trainable += rounding
     prof = activation_profile(model, training)
     per_handle = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
+    world = model_rank_map(model, training)
     ranks = pipeline_ranks(model, training)
     schedules = [
         rank_schedule(
@@ -111,7 +111,7 @@ def estimate_analytic(
             "eager's tensors; --engine trace partitions the real graph"
         )
     details: dict[str, object] = {
-        "rank_map": rank_map(model, training),
+        "rank_map": world.to_json(),
         "activation_terms_per_layer_bytes": prof.terms,
         "activation_terms_outside_layers_bytes": prof.head_terms,
         "activations_per_layer_bytes": prof.per_layer,
@@ -138,12 +138,8 @@ def estimate_analytic(
         notes=notes,
         schedules=schedules,
         rank_labels=[
-            {
-                "pipeline_stage": r.stage,
-                "num_layers": r.num_layers,
-                "micro_batches_in_flight": r.in_flight,
-            }
-            for r in ranks
+            {**place.to_json(), "micro_batches_in_flight": r.in_flight}
+            for place, r in zip(world.ranks, ranks, strict=True)
         ],
     )
 
@@ -155,18 +151,6 @@ def _config(model: ModelSpec, training: TrainingConfig) -> dict[str, object]:
     if model.head == "causal-lm":  # the only head with a loss setting
         out["loss"] = loss_kind(model, training)
     return out
-
-
-def rank_layers(model: ModelSpec, training: TrainingConfig) -> list[int]:
-    """Transformer layers held by each pipeline rank, first to last: Megatron's even split or
-    torchtitan's (:attr:`~trainmem.specs.frameworks.FrameworkConventions.
-    torchtitan_pipeline_split`)."""
-    p, L = training.pipeline_parallel_size, model.num_layers
-    if not training.conventions.torchtitan_pipeline_split:
-        per = -(-L // p)
-        return [per] * (p - 1) + [L - per * (p - 1)]
-    stages = pipeline_stage_layers(L, training)
-    return [sum(len(stages[s]) for s in pipeline_stage_ids(r, training)) for r in range(p)]
 
 
 def _interleaved_in_flight(rank: int, p: int, m: int, v: int) -> float:
@@ -185,68 +169,31 @@ def _interleaved_in_flight(rank: int, p: int, m: int, v: int) -> float:
 
 
 def pipeline_ranks(model: ModelSpec, training: TrainingConfig) -> list[PipelineRank]:
-    """The ranks whose memory differs: the first and the last pipeline stage, and the first
-    middle rank holding the most layers when it holds more than the first (one rank without
-    pipelining). Tensor, context and data-parallel ranks of a stage hold the same bytes."""
+    """The ranks whose memory differs (Note [One rank map] in :mod:`trainmem.specs.ranks`: the
+    first and the last pipeline stage, and the first middle rank holding the most layers when
+    it holds more than the first; one rank without pipelining), each with the micro-batches
+    whose activations it holds at once. Tensor, context and data-parallel ranks of a stage hold
+    the same bytes."""
     p = training.pipeline_parallel_size
-    L = model.num_blocks  # encoder + decoder blocks of an encoder-decoder
     m = training.gradient_accumulation_steps  # micro-batches per step
-    if p == 1:
-        return [PipelineRank(0, L, 1, True, True)]
-    layers = rank_layers(model, training)
-    stages = [0, p - 1]
-    middle = max(range(1, p - 1), key=lambda r: (layers[r], -r), default=0)
-    if middle and layers[middle] > layers[0]:
-        stages.insert(1, middle)
     schedule = training.pipeline_schedule
     out = []
-    for stage in stages:
-        if schedule == "gpipe":
-            in_flight: float = m
+    for place in model_rank_map(model, training).ranks:
+        stage = place.pipeline_rank
+        if p == 1:
+            in_flight: float = 1
+        elif schedule == "gpipe":
+            in_flight = m
         elif schedule == "interleaved-1f1b":
             in_flight = _interleaved_in_flight(stage, p, m, training.virtual_pipeline_stages)
         else:
             in_flight = min(m, p - stage)
-        last = stage == p - 1
+        layers = place.num_layers
+        assert layers is not None  # the layer count is known here
         out.append(
-            PipelineRank(
-                stage,
-                layers[stage],
-                max(in_flight, 1),
-                stage == 0 or (last and model.tie_word_embeddings),
-                last,
-            )
+            PipelineRank(stage, layers, max(in_flight, 1), place.has_embedding, place.has_head)
         )
     return out
-
-
-def rank_map(model: ModelSpec, training: TrainingConfig) -> dict[str, object]:
-    """How the world is laid out: sizes per dimension, Megatron's rank order (tensor fastest,
-    then context, data, pipeline: megatron/core/parallel_state.py ``RankGenerator``), and the
-    layers of every pipeline stage."""
-    tp, cp = training.tensor_parallel_size, training.context_parallel_size
-    dp, p = training.data_parallel_size, training.pipeline_parallel_size
-    per_stage = -(-model.num_blocks // p)
-    stages = []
-    for stage in range(p):
-        first = stage * per_stage
-        last = min(model.num_blocks, first + per_stage) - 1
-        stages.append(
-            {
-                "stage": stage,
-                "layers": [first, last],
-                "global_ranks": [stage * tp * cp * dp, (stage + 1) * tp * cp * dp - 1],
-            }
-        )
-    return {
-        "world_size": tp * cp * dp * p,
-        "tensor_parallel_size": tp,
-        "context_parallel_size": cp,
-        "data_parallel_size": dp,
-        "pipeline_parallel_size": p,
-        "order": "tp-cp-dp-pp",
-        "stages": stages,
-    }
 
 
 def _check_parallel_shape(model: ModelSpec, training: TrainingConfig) -> None:

@@ -100,13 +100,13 @@ _RANK_LABELS = (
     ("stages", "stages"),
     ("num_layers", "layers"),
     ("micro_batches_in_flight", "in flight"),
-    ("coordinates", "mesh coordinates"),
+    ("coordinates", "coordinates"),
     ("rank", "rank"),
 )
 
 
 def _cell(value: object) -> str:
-    """A rank label as text: mesh coordinates as ``pp=0 tp=1``, lists joined by commas."""
+    """A rank label as text: coordinates as ``pp=0 dp=0 cp=0 tp=1``, lists joined by commas."""
     if isinstance(value, dict):
         return " ".join(f"{k}={v}" for k, v in value.items())
     if isinstance(value, list | tuple):

@@ -41,6 +41,7 @@ from trainmem.specs.hardware import (
     resolve_gpu,
 )
 from trainmem.specs.model import NOT_TRANSFORMERS_TYPES, ModelSpec
+from trainmem.specs.ranks import RankMap
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
 
@@ -400,9 +401,13 @@ def _estimate(
     training: TrainingConfig,
     gpu: GPUSpec | None,
     workspace_bytes: int,
+    layout: RankMap | None = None,
 ) -> MemoryEstimate:
+    """The trace's draft estimate of its first rank; ``layout``: the world's rank map (default:
+    one without the model's layer count, :func:`trainmem.specs.ranks.rank_map`)."""
+    from trainmem.specs.ranks import rank_map
     from trainmem.specs.training import resolved_config
-    from trainmem.trace.parallel import rank_map
+    from trainmem.trace.parallel import mesh_dims
 
     logging.getLogger("trainmem").debug(
         "traced %s in %.3f s (warm-up step %.3f s)",
@@ -410,12 +415,12 @@ def _estimate(
         capture.trace_seconds,
         capture.warmup_seconds,
     )
-    layout = rank_map(training)
+    if layout is None:
+        layout = rank_map(training, None)
+    label = layout.ranks[0].to_json()
     per_rank = [
         {
-            "rank": layout["traced_rank"],
-            "coordinates": layout["coordinates"],
-            "ranks_alike": layout["world_size"],
+            **label,
             "allocated_bytes": report.peak_bytes,
             "peak_phase": report.peak_phase,
             "peak_op": report.peak_op,
@@ -450,7 +455,8 @@ def _estimate(
         details={
             "peak_allocated_bytes": report.peak_bytes,
             "per_rank": per_rank,
-            "rank_map": layout,
+            "rank_map": layout.to_json(),
+            "traced_mesh": mesh_dims(training),
             "peak_op": report.peak_op,
             "peak_module": report.peak_module,
             "peak_by_category_bytes": report.by_category_bytes,
@@ -469,6 +475,7 @@ def _estimate(
             # the "trainmem" logger (debug level) instead.
         },
         recorded_timeline=report.timeline,
+        rank_labels=[label],
         notes=[
             "trace engine: requested sizes, no 512 B rounding or fragmentation (allocator "
             "simulator's job); the CUDA context and the NCCL communicators are added, not traced",
@@ -543,7 +550,7 @@ def estimate_trace(
         )
     ws = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
     if raw.get("model_type") in NOT_TRANSFORMERS_TYPES:
-        return _estimate_course(name, raw, training, gpu, ws)
+        return _estimate_course(name, raw, training, gpu, ws, _layout(model_spec_or_name, training))
     if training.loss not in (None, "cross-entropy"):
         raise UnsupportedError(
             f"loss={training.loss} is traced for the CS336 course model only (a transformers "
@@ -569,11 +576,25 @@ def estimate_trace(
         workspace_bytes=ws,
         forward_loss=default_forward_loss(training),
     )
-    return _estimate(name, capture, report, training, gpu, ws)
+    layout = _layout(model_spec_or_name, training)
+    return _estimate(name, capture, report, training, gpu, ws, layout)
+
+
+def _layout(model: ModelSpec | str, training: TrainingConfig) -> RankMap:
+    """The rank map of a traced model: with its blocks and tied embeddings when a
+    :class:`~trainmem.specs.model.ModelSpec` describes it, else without the layer count."""
+    from trainmem.specs.ranks import model_rank_map, rank_map
+
+    return rank_map(training, None) if isinstance(model, str) else model_rank_map(model, training)
 
 
 def _estimate_course(
-    name: str, raw: dict[str, Any], training: TrainingConfig, gpu: GPUSpec | None, ws: int
+    name: str,
+    raw: dict[str, Any],
+    training: TrainingConfig,
+    gpu: GPUSpec | None,
+    ws: int,
+    layout: RankMap,
 ) -> MemoryEstimate:
     """The CS336 course model (``model_type: "cs336_basics"``) traced: built from its config by
     :mod:`trainmem.trace.course_model`, fed (b, s) token ids that are also its targets, with the
@@ -594,7 +615,7 @@ def _estimate_course(
         loss_fn=course_loss(training.loss or "cs336-cross-entropy"),
         workspace_bytes=ws,
     )
-    est = _estimate(name, capture, report, training, gpu, ws)
+    est = _estimate(name, capture, report, training, gpu, ws, layout)
     est.config["loss"] = training.loss or "cs336-cross-entropy"
     return est
 

@@ -30,6 +30,7 @@ from trainmem.breakdown import MemoryEstimate
 from trainmem.errors import TraceError, UnsupportedError
 from trainmem.schedule import StepSchedule
 from trainmem.specs.hardware import GPUSpec
+from trainmem.specs.ranks import RankMap
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
 
@@ -141,6 +142,7 @@ def trace_generic(
     *,
     gpu: GPUSpec | None = None,
     copies: int | None = None,
+    layout: RankMap | None = None,
 ) -> MemoryEstimate:
     """Trace a cut copy of the model and compose its full-depth step (Note [Generic path]).
 
@@ -149,6 +151,8 @@ def trace_generic(
         training: the step's settings.
         gpu: the GPU for the cuBLAS workspace size and the verdict.
         copies: units kept per run (default ``trainmem.trace.blocks.COPIES``).
+        layout: the world's rank map (:func:`trainmem.specs.ranks.model_rank_map`); default
+            one without the model's layer count.
 
     Returns:
         A draft :class:`~trainmem.breakdown.MemoryEstimate` (``engine="generic"``) whose
@@ -208,7 +212,7 @@ def trace_generic(
         capture, report = traced(full)
         schedule = StepSchedule.from_timeline(report.timeline)
         runs = []
-    est = _estimate(recipe.name, capture, report, training, gpu, ws)
+    est = _estimate(recipe.name, capture, report, training, gpu, ws, layout)
     est.engine = "generic"
     est.num_parameters, est.num_trainable_parameters = n_all, n_train
     for k in _TRUNCATED_DETAILS:
@@ -221,9 +225,6 @@ def trace_generic(
     est.recorded_timeline = None
     est.peak_reason = ""  # the cut model's; finish() names the full step's peak
     est.schedules = [schedule.with_lazy_optimizer_states()]
-    ranks = est.details.get("per_rank") or [{"rank": 0}]
-    keep = ("rank", "coordinates", "ranks_alike")
-    est.rank_labels = [{k: v for k, v in r.items() if k in keep} for r in ranks]
     est.notes = [
         "generic path: the model built by "
         + recipe.library
@@ -253,6 +254,7 @@ def estimate_generic(
     *,
     gpu: GPUSpec | None = None,
     copies: int | None = None,
+    layout: RankMap | None = None,
 ) -> MemoryEstimate:
     """The generic path for a preset name, ``config.json`` path or folder.
 
@@ -261,6 +263,8 @@ def estimate_generic(
         training: the step's settings.
         gpu: the GPU for the verdict and the cuBLAS workspace size.
         copies: units kept per run (tests force fewer to exercise the repeat on short models).
+        layout: the world's rank map (:func:`trainmem.specs.ranks.model_rank_map`); default
+            one without the model's layer count.
 
     Returns:
         The draft estimate (see :func:`trace_generic`).
@@ -271,7 +275,7 @@ def estimate_generic(
     raw = load_hf_config(name)
     try:
         est = trace_generic(
-            recipe_for_config(name, raw, training), training, gpu=gpu, copies=copies
+            recipe_for_config(name, raw, training), training, gpu=gpu, copies=copies, layout=layout
         )
         if is_diffusers_config(raw):
             from trainmem.trace.diffusers_model import describe_diffusers_batch
@@ -290,7 +294,9 @@ def estimate_generic(
     # transformers has no SDPA path for this class (BLOOM's ALiBi, Mamba has no attention):
     # a real run of it uses eager attention, so the trace does too
     eager = dataclasses.replace(training, attention="eager")
-    est = trace_generic(recipe_for_config(name, raw, eager), eager, gpu=gpu, copies=copies)
+    est = trace_generic(
+        recipe_for_config(name, raw, eager), eager, gpu=gpu, copies=copies, layout=layout
+    )
     est.notes.append(
         "transformers has no SDPA attention for this model class; eager attention traced "
         "(--attention eager)"

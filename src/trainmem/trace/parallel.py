@@ -39,9 +39,10 @@ __all__ = [
     "add_position_ids",
     "context_parallel",
     "loss_context",
+    "mesh_coordinates",
     "mesh_dims",
+    "mesh_size",
     "parallelize",
-    "rank_map",
     "trace_mesh",
     "uses_mesh",
 ]
@@ -81,32 +82,31 @@ def uses_mesh(training: TrainingConfig) -> bool:
     return bool(mesh_dims(training))
 
 
-def rank_map(training: TrainingConfig, rank: int = 0) -> dict[str, Any]:
-    """The mesh laid out for the JSON: sizes, order (fastest last) and the traced rank's
-    coordinates.
+def mesh_coordinates(training: TrainingConfig, rank: int = 0) -> dict[str, int]:
+    """Global rank ``rank``'s index along every dimension of the traced mesh.
 
     Args:
-        training: the parallel sizes.
-        rank: the traced global rank.
+        training: the parallel sizes (:func:`mesh_dims`).
+        rank: a global rank of the mesh.
 
     Returns:
-        ``{"world_size", "mesh", "order", "traced_rank", "coordinates"}``.
+        Dimension name -> index, outermost first (``{}``: a single rank).
     """
     dims = mesh_dims(training)
     coords, rest = {}, rank
     for name in reversed(dims):
         coords[name] = rest % dims[name]
         rest //= dims[name]
+    return {k: coords[k] for k in dims}
+
+
+def mesh_size(training: TrainingConfig) -> int:
+    """Ranks of the traced mesh: the product of :func:`mesh_dims` (1 without a mesh; a data-
+    parallel dimension without sharding is no mesh dimension, so not counted)."""
     world = 1
-    for n in dims.values():
+    for n in mesh_dims(training).values():
         world *= n
-    return {
-        "world_size": world,
-        "mesh": dict(dims),
-        "order": "-".join(dims) or "single",
-        "traced_rank": rank,
-        "coordinates": {k: coords[k] for k in dims},
-    }
+    return world
 
 
 @contextlib.contextmanager
@@ -127,7 +127,7 @@ def trace_mesh(training: TrainingConfig, rank: int = 0) -> Iterator[Any]:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     dims = mesh_dims(training)
-    world = rank_map(training)["world_size"]
+    world = mesh_size(training)
     if dist.is_initialized():
         raise UnsupportedError(
             "a torch.distributed process group is already initialised in this process; trace "

@@ -5,14 +5,15 @@ Note [Tracing pipeline parallelism]
     ``pipeline_parallel_size=p`` is traced as torchtitan runs it (``pipeline_llm``,
     torchtitan/distributed/pipeline_parallel.py; ``pipeline_module_split``):
 
-    - Split: the model's layers go to stages as :func:`~trainmem.specs.training.
-      pipeline_stage_layers` says (torchtitan's or Megatron's split, the framework's
-      convention; ``p * virtual_pipeline_stages`` stages for interleaved 1F1B, rank ``r``
-      running stages ``r, r + p, ...``). A stage module keeps the transformers model with only
-      its layers: the first stage keeps the token embedding, the last the final norm and
-      ``lm_head`` (:class:`StageModule`; torchtitan sets the others to None, here the norm of a
-      non-last stage is an ``nn.Identity`` and the embedding of a non-first one is skipped by
-      passing ``inputs_embeds``, so transformers' own ``LlamaModel.forward`` runs the layers).
+    - Split: the model's layers go to stages as :func:`~trainmem.specs.ranks.stage_layers`
+      says (torchtitan's or Megatron's split, the framework's convention;
+      ``p * virtual_pipeline_stages`` stages for interleaved 1F1B, rank ``r`` running stages
+      ``r, r + p, ...``; Note [One rank map] in :mod:`trainmem.specs.ranks`). A stage module
+      keeps the transformers model with only its layers: the first stage keeps the token
+      embedding, the last the final norm and ``lm_head`` (:class:`StageModule`; torchtitan sets
+      the others to None, here the norm of a non-last stage is an ``nn.Identity`` and the
+      embedding of a non-first one is skipped by passing ``inputs_embeds``, so transformers'
+      own ``LlamaModel.forward`` runs the layers).
     - Each stage module is parallelized as a whole model (TP / SP, then FSDP2 with
       ``reshard_after_forward=False`` on the layers: torchtitan's ``apply_fsdp`` default under
       PP), after activation checkpointing and compile (applied to the whole model first).
@@ -63,12 +64,8 @@ from typing import Any
 
 from trainmem.breakdown import MemoryCategory
 from trainmem.errors import SpecError, UnsupportedError
-from trainmem.specs.training import (
-    TrainingConfig,
-    check_torch_pipeline_microbatches,
-    pipeline_stage_ids,
-    pipeline_stage_layers,
-)
+from trainmem.specs.ranks import RankMap, rank_map
+from trainmem.specs.training import TrainingConfig, check_torch_pipeline_microbatches
 from trainmem.trace._torch import require_torch
 
 torch = require_torch()
@@ -143,31 +140,26 @@ class PipelineRank:
         return sum(len(r) for r in self.layers)
 
 
-def pipeline_ranks(num_layers: int, training: TrainingConfig) -> list[PipelineRank]:
-    """The pipeline ranks traced: first, last, and the first middle rank holding the most
-    layers when it holds more than the first (Note [Tracing pipeline parallelism]).
+def pipeline_ranks(layout: RankMap) -> list[PipelineRank]:
+    """The pipeline ranks traced: the ranks whose memory differs (Note [One rank map] in
+    :mod:`trainmem.specs.ranks`: first, last, and the first middle rank holding the most layers
+    when it holds more than the first).
 
     Args:
-        num_layers: the model's layers.
-        training: the pipeline settings.
+        layout: the world's rank map, with the model's layer count.
 
     Returns:
         The ranks, ascending.
     """
-    p = training.pipeline_parallel_size
-    split = pipeline_stage_layers(num_layers, training)
-
-    def rank(r: int) -> PipelineRank:
-        ids = tuple(pipeline_stage_ids(r, training))
-        return PipelineRank(r, ids, tuple(split[s] for s in ids), len(split))
-
-    ranks = [rank(0), rank(p - 1)]
-    middle = [rank(r) for r in range(1, p - 1)]
-    if middle:
-        most = max(middle, key=lambda x: (x.num_layers, -x.rank))
-        if most.num_layers > ranks[0].num_layers:
-            ranks.insert(1, most)
-    return ranks
+    return [
+        PipelineRank(
+            r.pipeline_rank,
+            r.stages,
+            tuple(layers for layers in r.layers if layers is not None),
+            len(layout.stages),
+        )
+        for r in layout.ranks
+    ]
 
 
 class StageModule(torch.nn.Module):  # type: ignore[misc,name-defined]
@@ -491,7 +483,7 @@ class RankTrace:
 
     Attributes:
         rank: the pipeline rank.
-        global_rank: its global rank (other mesh coordinates 0).
+        global_rank: the rank it plays in the traced mesh (other mesh coordinates 0).
         capture: the recorded step.
         report: its timeline and peak.
         runs: the block runs cut in its stage modules (generic path), else empty.
@@ -558,11 +550,11 @@ def trace_pipeline_rank(
     )
     from trainmem.trace.hf_model import materialize_fake
     from trainmem.trace.optimizers import build_optimizer
-    from trainmem.trace.parallel import context_parallel, parallelize, rank_map
+    from trainmem.trace.parallel import context_parallel, mesh_size, parallelize
 
     check_pipeline_settings(training)
-    world = rank_map(training)["world_size"]
-    global_rank = rank.rank * (world // training.pipeline_parallel_size)
+    # the rank this process plays in the traced mesh (pp outermost)
+    global_rank = rank.rank * (mesh_size(training) // training.pipeline_parallel_size)
     fake_mode = FakeTensorMode(allow_non_fake_inputs=False) if fake else None
     with torch.device("meta") if fake else contextlib.nullcontext():
         full = build_model()
@@ -716,7 +708,7 @@ def estimate_pipeline(
     """
     from trainmem.trace.compose import count_parameters
     from trainmem.trace.engine import DEFAULT_CUBLAS_WORKSPACE_BYTES, _estimate
-    from trainmem.trace.parallel import rank_map, trace_mesh
+    from trainmem.trace.parallel import trace_mesh
 
     check_pipeline_settings(training)
     with torch.device("meta"):
@@ -725,7 +717,11 @@ def estimate_pipeline(
     layers = getattr(getattr(full, "model", None), "layers", None)
     if not isinstance(layers, torch.nn.ModuleList):
         split_stages(full, training, PipelineRank(0, (0,), (range(0),), 1))  # raises
-    num_layers = len(layers) if layers is not None else 0
+    layout = rank_map(
+        training,
+        len(layers or ()),
+        tied_embeddings=bool(getattr(full.config, "tie_word_embeddings", False)),
+    )
     del full, layers
     ws = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
     notes: list[str] = []
@@ -734,7 +730,7 @@ def estimate_pipeline(
 
     cut_layers = generic if compose is None else compose
     with trace_mesh(training) as mesh:
-        for rank in pipeline_ranks(num_layers, training):
+        for rank in pipeline_ranks(layout):
             traced, schedule = _trace_rank(
                 build_model,
                 training,
@@ -747,34 +743,20 @@ def estimate_pipeline(
             )
             traces.append(traced)
             schedules.append(schedule)
-    est = _estimate(name, traces[0].capture, traces[0].report, training, gpu, ws)
+    est = _estimate(name, traces[0].capture, traces[0].report, training, gpu, ws, layout)
     if generic:
         est.engine = "generic"
     est.num_parameters, est.num_trainable_parameters = n_all, n_train
     for k in _RANK_DETAILS:
         est.details.pop(k, None)
-    world = rank_map(training)["world_size"]
     m = training.gradient_accumulation_steps
-    labels = [
-        {
-            "rank": t.global_rank,
-            "coordinates": rank_map(training, t.global_rank)["coordinates"],
-            "ranks_alike": world // training.pipeline_parallel_size,
-            "pipeline_stage": t.rank.rank,
-            "stages": list(t.rank.stages),
-            "layers": [[r.start, r.stop - 1] for r in t.rank.layers],
-            "num_layers": t.rank.num_layers,
-        }
-        for t in traces
-    ]
+    labels = [place.to_json() for place in layout.ranks]
     est.details["per_rank"] = labels
     est.details["traced_micro_batches"] = m
     est.details["pipeline"] = {
         "schedule": training.pipeline_schedule,
         "micro_batches": m,
-        "stage_layers": [
-            [r.start, r.stop - 1] for r in pipeline_stage_layers(num_layers, training)
-        ],
+        "stage_layers": [s.to_json()["layers"] for s in layout.stages],
     }
     est.recorded_timeline = None
     est.peak_reason = ""
