@@ -124,3 +124,21 @@ def test_an_option_for_a_field_without_one_would_be_caught(
     assert not without & estimate_options.keys()
     others = set(estimate_options) - set(NAMES)  # options that set no field of their own
     assert others >= {"fsdp", "lora_alpha", "settings", "deepspeed_config"}
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "value"),
+    [
+        ("torch_version", "2.10", "2.10"),  # a number box made it 2.1
+        ("reduce_bucket_size", "500000000", 500_000_000),  # was refused as text
+        ("reduce_bucket_size", "auto", "auto"),
+        ("overlap_comm", "false", False),
+        ("resolution", "480x832", "480x832"),
+        ("resolution", "1024", 1024),
+    ],
+)
+def test_the_page_reads_a_text_setting_as_set_does(name: str, text: str, value: object) -> None:
+    assert form.field(name).kind == "str"
+    assert form.coerce(name, text) == value
+    assert parse_set(f"{name.replace('_', '-')}={text}")[name] == value
+    TrainingConfig(**{name: form.coerce(name, text)})  # and TrainingConfig takes it

@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 from trainmem.errors import SpecError
+from trainmem.planner.sweep import parse_value
 from trainmem.specs.groups import FIELD_GROUPS
 from trainmem.specs.hardware import GPUS
 from trainmem.specs.settings import help_text, kind_of, settings_of
@@ -106,7 +107,10 @@ def coerce(name: str, raw: Any) -> Any:
     """The typed value of one setting from what a widget or a URL holds.
 
     ``"4"``, ``4.0`` -> ``4`` for an int field; ``"true"`` -> True; ``"q+v"`` or ``["q", "v"]``
-    -> ``("q", "v")``; ``""`` / None -> the default. Ranges are checked by TrainingConfig.
+    -> ``("q", "v")``; ``""`` / None -> the default; the text of a ``str`` field as ``--set``
+    reads it (:func:`trainmem.planner.sweep.parse_value`: ``"2.10"`` stays a version,
+    ``"500000000"`` is a bucket size, ``"auto"`` stays text). Ranges are checked by
+    TrainingConfig.
 
     Raises:
         SpecError: a value of the wrong type (the message names the field).
@@ -139,6 +143,8 @@ def coerce(name: str, raw: Any) -> Any:
             return float(raw)
         except (TypeError, ValueError):
             raise SpecError(name, f"must be a number, got {raw!r}") from None
+    if f.kind == "str":  # free text or a mixed type: read as --set reads it
+        return parse_value(name, str(raw))
     return str(raw)
 
 

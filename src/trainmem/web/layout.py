@@ -81,6 +81,9 @@ def _widget(name: str) -> Any:
         return gr.Dropdown(list(f.choices), value=value, label=label, info=info, elem_id=elem_id)
     if f.kind == "bool":
         return gr.Checkbox(value=default, label=label, info=info, elem_id=elem_id)
+    if f.kind == "str":  # a version, a resolution, a bucket size or "auto": typed as text
+        value = "" if default is None else str(default)
+        return gr.Textbox(value=value, label=label, info=info, elem_id=elem_id)
     if name == "seq_len":
         label += " (empty: the model's context, at most 4096)"
         default = None
