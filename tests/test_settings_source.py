@@ -18,7 +18,16 @@ from trainmem.cli.options import parse_set
 from trainmem.errors import SpecError
 from trainmem.specs.groups import FIELD_GROUPS
 from trainmem.specs.settings import Setting, help_text, setting_of
-from trainmem.specs.training import CONCERNS, TrainingConfig
+from trainmem.specs.training import (
+    CONCERNS,
+    EmaConfig,
+    OptimizerConfig,
+    ParallelismConfig,
+    PeftConfig,
+    PrecisionConfig,
+    ShardingConfig,
+    TrainingConfig,
+)
 from trainmem.web import form
 
 FIELDS = dataclasses.fields(TrainingConfig)
@@ -37,6 +46,28 @@ def test_training_config_is_its_concerns() -> None:
     by_concern = [f.name for concern in CONCERNS for f in dataclasses.fields(concern)]
     assert by_concern == NAMES  # each field in exactly one concern, in concern order
     assert all(issubclass(TrainingConfig, concern) for concern in CONCERNS)
+
+
+def test_each_concern_checks_its_own_fields_and_training_config_the_combinations() -> None:
+    # a concern alone refuses what its own fields cannot be (the messages TrainingConfig gives)
+    cases: list[tuple[Any, dict[str, Any], str]] = [
+        (PeftConfig, {"quantize_base": "nf4"}, "quantize_base: a quantized base is frozen"),
+        (ShardingConfig, {"offload": "optimizer+params"}, "offload: optimizer+params needs"),
+        (ParallelismConfig, {"sequence_parallel": True}, "sequence_parallel: needs tensor"),
+        (EmaConfig, {"ema_device": "cpu"}, "ema_device: 'cpu' needs ema"),
+        (OptimizerConfig, {"optimizer": "sgd", "optimizer_implementation": "cs336"}, "cs336"),
+    ]
+    for concern, kwargs, message in cases:
+        with pytest.raises(SpecError, match=re.escape(message)):
+            concern(**kwargs)
+        with pytest.raises(SpecError, match=re.escape(message)):
+            TrainingConfig(**kwargs)
+    assert PrecisionConfig(precision="bf16").precision == "bf16-mixed"  # aliases, as a whole
+    # a pair of concerns is TrainingConfig's to refuse: each side alone is fine
+    EmaConfig(ema=True)
+    ShardingConfig(offload="optimizer")
+    with pytest.raises(SpecError, match="ema: is modelled for unsharded weights"):
+        TrainingConfig(ema=True, offload="optimizer")
 
 
 @pytest.mark.parametrize("field", FIELDS, ids=NAMES)
