@@ -63,7 +63,7 @@ def _recorded_step() -> list[Op]:
 def test_deepspeed_zero2_on_a_recorded_step() -> None:
     ctx = _context(zero_stage=2)
     assert DeepSpeedZero.applies(ctx)
-    positions = {"backward.begin": 1, "micro_batch.end": 2, "optimizer.begin": 3,
+    positions = {"backward.begin": 1, "micro_batch.end": 2, "optimizer.step": 3,
                  "optimizer.end": 3}  # fmt: skip
     out = splice(_recorded_step(), positions, [DeepSpeedZero(ctx)])
     added = [(op.action, op.size_bytes) for op in out if op not in _recorded_step()]

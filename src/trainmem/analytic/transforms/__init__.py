@@ -10,10 +10,29 @@ its transform and its Notes. :func:`active` picks the transforms of one rank in
 from __future__ import annotations
 
 from trainmem.analytic.transforms.base import RankContext, Transform
+from trainmem.analytic.transforms.checkpointing import ActivationOffloading
 from trainmem.analytic.transforms.deepspeed import DeepSpeedZero
+from trainmem.analytic.transforms.fsdp import FullyShardedDataParallel
+from trainmem.analytic.transforms.fsdp2 import Fsdp2PostBackward
+from trainmem.analytic.transforms.fsdp_pipeline import FsdpUnderPipeline
+from trainmem.analytic.transforms.loop import TrainingLoop
+from trainmem.analytic.transforms.optimizer import Optimizer
+from trainmem.analytic.transforms.pipelining import Pipeline
+from trainmem.analytic.transforms.quantized import QuantizedBase
 
-ORDER: tuple[type[Transform], ...] = (DeepSpeedZero,)
-"""Every transform, in emission order at a point they share."""
+ORDER: tuple[type[Transform], ...] = (
+    DeepSpeedZero,
+    Optimizer,
+    FullyShardedDataParallel,
+    Fsdp2PostBackward,
+    FsdpUnderPipeline,
+    ActivationOffloading,
+    QuantizedBase,
+    Pipeline,
+    TrainingLoop,
+)
+"""Every transform, in emission order at a point they share (the order that reproduces the
+recorded schedules, tests/golden)."""
 
 
 def active(ctx: RankContext) -> list[Transform]:

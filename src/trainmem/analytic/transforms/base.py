@@ -19,9 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, NamedTuple
+from functools import cache
+from typing import Any, ClassVar, Literal, NamedTuple
 
+from trainmem.analytic.activation_shapes import compute_and_residual_bytes
 from trainmem.analytic.activations import ActivationProfile
+from trainmem.analytic.buffers import gradient_buffer_from_init
 from trainmem.analytic.tensor_states import StateLayout, TensorState
 from trainmem.analytic.transforms.points import PHASE, POINTS, Point
 from trainmem.breakdown import MemoryCategory as Cat
@@ -102,6 +105,7 @@ class RankContext:
             stream with ``fsdp_collective_streams``; 0 otherwise).
         prof: the activation profile (None for a step whose activations were recorded).
         shared: schedule pieces that depend only on the model states (cached per layout).
+        memo: terms derived from this context, computed once for the transforms that share them.
     """
 
     model: ModelSpec
@@ -117,6 +121,7 @@ class RankContext:
     grad_stream: int
     prof: ActivationProfile | None = None
     shared: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+    memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def build(
@@ -126,6 +131,7 @@ class RankContext:
         rank: PipelineRank,
         layout: StateLayout,
         prof: ActivationProfile | None = None,
+        shared: dict[Any, Any] | None = None,
     ) -> RankContext:
         """The context of ``rank`` from the per-tensor layout (the analytic one, or one whose
         sizes a trace measured): a later stage holding a tied embedding keeps only the token
@@ -151,6 +157,7 @@ class RankContext:
             zero_stage=stage,
             grad_stream=REDUCE_SCATTER_STREAM if streams else 0,
             prof=prof,
+            shared={} if shared is None else shared,
         )
 
     @property
@@ -171,6 +178,66 @@ class RankContext:
         outer = sum(s.full_grad_bytes for s in self.emb_states + self.head_states if s.trainable)
         layer = sum(s.full_grad_bytes for s in self.layer_states if s.trainable)
         return (outer + self.num_layers * layer) // gb
+
+
+def keeps_gradients(training: TrainingConfig) -> bool:
+    """The gradients are never freed: ``zero_grad(set_to_none=False)``, or a gradient buffer
+    the framework allocates at wrap time (Megatron's ``grad_data``, DeepSpeed ZeRO-3's
+    partition: :func:`~trainmem.analytic.buffers.gradient_buffer_from_init`)."""
+    return not training.zero_grad_set_to_none or gradient_buffer_from_init(training)
+
+
+class EmbeddingGradients(NamedTuple):
+    """The token embedding's gradient transients on one rank, bytes.
+
+    Attributes:
+        vocab: the lookup's whole-vocabulary weight gradient (DTensor's partial one under a
+            vocabulary-parallel embedding; the compute-dtype one before FSDP2 accumulates
+            under pipelining).
+        tied_lookup: the lookup's gradient of a tied weight (added into the head's).
+        tied_sum: each of the redistributed shard and the out-of-place sum of a tied,
+            vocabulary-parallel weight (Note [Tied embedding gradient under DTensor]).
+        vocab_factor: how many times its tensor-parallel slice the token embedding's
+            accumulated gradient is (the vocabulary-parallel degree, else 1).
+    """
+
+    vocab: int
+    tied_lookup: int
+    tied_sum: int
+    vocab_factor: int
+
+
+def embedding_gradients(ctx: RankContext) -> EmbeddingGradients:
+    """The token embedding's gradient transients (``FrameworkConventions.
+    dtensor_vocab_parallel_embedding``: a [V, h] partial gradient on each tensor-parallel
+    rank; Note [Tied embedding gradient under DTensor]: whole-vocabulary on the rank that runs
+    the lookup, tied to the head or not). The lookup reads the weight as gathered (bf16 under
+    FSDP2's policy, the fp32 weight under autocast, whose embedding is not cast), and its
+    gradient has that dtype."""
+    cached = ctx.memo.get("embedding_gradients")
+    if isinstance(cached, EmbeddingGradients):
+        return cached
+    t = ctx.training
+    tp = t.tensor_parallel_size
+    vocab_parallel = tp > 1 and t.conventions.dtensor_vocab_parallel_embedding
+
+    def tokens(states: list[TensorState]) -> list[TensorState]:
+        return [s for s in states if s.name == "embedding/tokens" and s.trainable]
+
+    looked_up = tokens(ctx.emb_states) if ctx.rank.stage == 0 else []
+    tied_here = bool(looked_up) and looked_up[0] in ctx.head_grad_states
+    w_bytes = dtype_bytes(t.gathered_weight_dtype)
+    tied_lookup = w_bytes * looked_up[0].numel if tied_here else 0
+    vocab = w_bytes * looked_up[0].numel if vocab_parallel and looked_up else 0
+    tied_sum = vocab // tp if tied_here else 0
+    own = tokens(ctx.emb_grad_states)
+    if own and tp == 1 and t.pipeline_parallel_size > 1 and t.zero_stage == 3:
+        # FSDP2 under PP: the embedding's compute-dtype gradient exists before it is added
+        # into the fp32 one accumulated over the micro-batches (to_accumulated_grad_if_needed)
+        vocab = compute_and_residual_bytes(t)[0] * own[0].numel
+    out = EmbeddingGradients(vocab, tied_lookup, tied_sum, tp if vocab_parallel else 1)
+    ctx.memo["embedding_gradients"] = out
+    return out
 
 
 class Where(NamedTuple):
@@ -206,18 +273,40 @@ class Lifetime:
 
 Emitted = Op | Repeat | Lifetime
 
+Group = Literal["head", "layer", "embedding"]
+"""A parameter group whose gradients the base order makes."""
+
 
 class Transform:
     """One mechanism as insertions into the base step order.
 
     Subclasses set :attr:`name`, override :meth:`applies` and the methods of the points they
-    insert at (``step_begin`` for ``step.begin`` ...), each returning the ops in insertion
-    order. The traits below are the few questions the base order asks of a mechanism.
+    insert at (``step_begin`` for ``step.begin``, ``layer_mlp_post_backward`` for
+    ``layer.mlp.post_backward`` ...), each returning the ops in insertion order. At a point the
+    transforms emit in :data:`~trainmem.analytic.transforms.ORDER`, those that list the point in
+    :attr:`late` after the others. The traits and the two hooks below (:meth:`gradients`,
+    :meth:`vocab_gradient_bytes`) are the questions the base order asks of a mechanism.
     """
 
     name: ClassVar[str] = "transform"
+    #: points where this transform's ops follow the other transforms'
+    late: ClassVar[frozenset[Point]] = frozenset()
     #: frees the gradients into its own buffer at the step (DeepSpeed ZeRO-1)
     frees_gradients_at_step: bool = False
+    #: steps each gradient in the backward: no optimizer phase of its own
+    steps_in_backward: bool = False
+    #: bytes of the logits it holds past the loss (taken from the loss's forward transients)
+    held_logits: int = 0
+    #: every micro-batch frees what it allocates (Note [Balanced repeats])
+    balanced_micro_batches: bool = True
+    #: the last micro-batch of an accumulation reduces the gradients (``Where.reduce``)
+    reduces_last_micro_batch: bool = False
+    #: the root group's gradients (a tied weight's sum included) are released by this
+    #: transform, not freed by the base order once made
+    keeps_root_gradients: bool = False
+    #: its layer ops differ at the first or the last layer run (``Where.first_layer`` /
+    #: ``last_layer``)
+    layer_position: ClassVar[bool] = False
 
     def __init__(self, ctx: RankContext) -> None:
         self.ctx = ctx
@@ -232,10 +321,25 @@ class Transform:
         method: Callable[[Where], Sequence[Emitted]] = getattr(self, _METHOD[point])
         return method(where)
 
+    def gradients(self, group: Group, where: Where) -> Sequence[Op] | None:
+        """The ops that make ``group``'s gradients where the base order makes them (the head's
+        in its backward, the layer's in its MLP's backward, the embedding's in its backward),
+        replacing the base's; None: the base's (:func:`gradient_ops` when
+        ``where.new_grads``). The first transform in order that answers decides."""
+        return None
+
+    def vocab_gradient_bytes(self, base: int) -> int:
+        """Bytes of the token embedding's whole-vocabulary weight gradient, a transient of the
+        embedding's backward, given the base order's (``base``)."""
+        return base
+
     def setup(self, where: Where) -> Sequence[Emitted]:
         return ()
 
     def step_begin(self, where: Where) -> Sequence[Emitted]:
+        return ()
+
+    def micro_batches_begin(self, where: Where) -> Sequence[Emitted]:
         return ()
 
     def micro_batch_begin(self, where: Where) -> Sequence[Emitted]:
@@ -247,6 +351,9 @@ class Transform:
     def layer_pre_forward(self, where: Where) -> Sequence[Emitted]:
         return ()
 
+    def layer_forward(self, where: Where) -> Sequence[Emitted]:
+        return ()
+
     def layer_post_forward(self, where: Where) -> Sequence[Emitted]:
         return ()
 
@@ -256,7 +363,19 @@ class Transform:
     def head_forward(self, where: Where) -> Sequence[Emitted]:
         return ()
 
+    def head_post_forward(self, where: Where) -> Sequence[Emitted]:
+        return ()
+
+    def forward_end(self, where: Where) -> Sequence[Emitted]:
+        return ()
+
     def backward_begin(self, where: Where) -> Sequence[Emitted]:
+        return ()
+
+    def head_backward(self, where: Where) -> Sequence[Emitted]:
+        return ()
+
+    def head_post_backward(self, where: Where) -> Sequence[Emitted]:
         return ()
 
     def stack_pre_backward(self, where: Where) -> Sequence[Emitted]:
@@ -265,10 +384,34 @@ class Transform:
     def layer_pre_backward(self, where: Where) -> Sequence[Emitted]:
         return ()
 
+    def layer_backward(self, where: Where) -> Sequence[Emitted]:
+        return ()
+
+    def layer_mlp_pre_backward(self, where: Where) -> Sequence[Emitted]:
+        return ()
+
+    def layer_mlp_post_backward(self, where: Where) -> Sequence[Emitted]:
+        return ()
+
+    def layer_attention_pre_backward(self, where: Where) -> Sequence[Emitted]:
+        return ()
+
+    def layer_attention_post_backward(self, where: Where) -> Sequence[Emitted]:
+        return ()
+
     def layer_post_backward(self, where: Where) -> Sequence[Emitted]:
         return ()
 
     def stack_post_backward(self, where: Where) -> Sequence[Emitted]:
+        return ()
+
+    def embedding_pre_backward(self, where: Where) -> Sequence[Emitted]:
+        return ()
+
+    def embedding_backward(self, where: Where) -> Sequence[Emitted]:
+        return ()
+
+    def embedding_post_backward(self, where: Where) -> Sequence[Emitted]:
         return ()
 
     def root_post_backward(self, where: Where) -> Sequence[Emitted]:
@@ -277,13 +420,22 @@ class Transform:
     def micro_batch_end(self, where: Where) -> Sequence[Emitted]:
         return ()
 
+    def micro_batches_end(self, where: Where) -> Sequence[Emitted]:
+        return ()
+
     def step_post_backward(self, where: Where) -> Sequence[Emitted]:
         return ()
 
     def optimizer_begin(self, where: Where) -> Sequence[Emitted]:
         return ()
 
+    def optimizer_step(self, where: Where) -> Sequence[Emitted]:
+        return ()
+
     def optimizer_end(self, where: Where) -> Sequence[Emitted]:
+        return ()
+
+    def step_post_optimizer(self, where: Where) -> Sequence[Emitted]:
         return ()
 
     def step_end(self, where: Where) -> Sequence[Emitted]:
@@ -302,13 +454,14 @@ class Emitter:
     def __init__(self, transforms: Sequence[Transform]) -> None:
         self.transforms = transforms
         self._pending: dict[Point, list[Op]] = {}
+        self._at = _point_table(tuple(type(t) for t in transforms))
 
     def at(self, point: Point, where: Where) -> list[Item]:
         """The transforms' ops at ``point`` in order, then the frees of the lifetimes that end
         there (last allocated first)."""
         out: list[Item] = []
-        for transform in self.transforms:
-            for item in transform.ops(point, where):
+        for k in self._at.get(point, ()):
+            for item in self.transforms[k].ops(point, where):
                 if isinstance(item, Lifetime):
                     out.append(item.op)
                     self._pending.setdefault(item.release, []).append(item.op)
@@ -328,6 +481,23 @@ class Emitter:
         """
         if self._pending:
             raise ScheduleError(f"lifetimes never released: {sorted(self._pending)}")
+
+
+@cache
+def _point_table(kinds: tuple[type[Transform], ...]) -> dict[Point, tuple[int, ...]]:
+    """Per point, the indices of the transforms that insert there (override its method), the
+    late ones last (NB: the builder asks about forty points per layer body)."""
+    table: dict[Point, tuple[int, ...]] = {}
+    for point in POINTS:
+        method = _METHOD[point]
+        here = [
+            k
+            for k, kind in enumerate(kinds)
+            if getattr(kind, method) is not getattr(Transform, method)
+        ]
+        early = [k for k in here if point not in kinds[k].late]
+        table[point] = tuple(early + [k for k in here if point in kinds[k].late])
+    return table
 
 
 def gradient_ops(
@@ -403,3 +573,16 @@ def splice(
         out.append(item)
     out += at.get(len(ops), [])
     return out
+
+
+def tied_sum_op(size: int) -> Op:
+    """The tied weight's gradient: the head's plus the lookup's, added out of place (Note
+    [Tied embedding gradient under DTensor])."""
+    return alloc(
+        size,
+        Cat.TEMPORARY,
+        "backward",
+        "grad/embedding/tied_sum",
+        "embedding",
+        "the tied weight's gradient: the head's plus the lookup's, added out of place",
+    )

@@ -69,7 +69,7 @@ class DeepSpeedZero(Transform):
 
     Inserts: ``step.begin`` ZeRO-3's bucket (warm-up step, kept); ``backward.begin`` ZeRO-1/2's
     bucket(s) until ``micro_batch.end``; ``stack.pre_backward`` ZeRO-2's fresh partition of a
-    later micro-batch until ``micro_batch.end``; ``optimizer.begin`` ZeRO-1's partition and
+    later micro-batch until ``micro_batch.end``; ``optimizer.step`` ZeRO-1's partition and
     the step's flat gradient copies, the fp32 one until ``optimizer.end``.
     """
 
@@ -153,7 +153,7 @@ class DeepSpeedZero(Transform):
         order = parts(ctx.emb_states) + ctx.num_layers * parts(ctx.layer_states)
         return deepspeed_zero3_sub_group_elements(order + parts(ctx.head_states))
 
-    def optimizer_begin(self, where: Where) -> Sequence[Emitted]:
+    def optimizer_step(self, where: Where) -> Sequence[Emitted]:
         ctx, t = self.ctx, self.ctx.training
         o: Phase = "optimizer"
         n = ctx.trainable_elements()

@@ -1,0 +1,208 @@
+"""Activation checkpointing and offloading: which of a layer's activation terms are saved and
+which dropped and recomputed (:func:`layer_plan`, the base order's layer body reads it), and
+activation offloading as a transform (torchtune ``OffloadActivations``: the layer before the
+current one leaves for the CPU once this one has run; backward prefetches the next one it
+needs, so the current and the prefetched layer stay).
+
+Source: torch/utils/checkpoint.py (full), torch/utils/checkpoint.py
+``create_selective_checkpoint_contexts`` (selective), torchtune/training/
+_activation_offloading.py ``OffloadActivations``; the terms are
+:func:`~trainmem.analytic.activations.layer_activation_terms`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
+from trainmem.analytic.autocast import autocast_cached_weight_bytes
+from trainmem.analytic.checkpointing import layer_is_checkpointed, op_selective_saved_terms
+from trainmem.analytic.transforms.base import Emitted, RankContext, Transform, Where, alloc, free
+from trainmem.breakdown import MemoryCategory as Cat
+from trainmem.schedule import Op
+from trainmem.specs.model import ModelSpec
+from trainmem.specs.training import TrainingConfig
+from trainmem.timeline import Phase
+
+WEIGHT_COPIES = "autocast_weight_copies"
+
+MAX_BLOCKS_PER_TERM = 64
+"""A term is split into at most this many tensors (tiny sequence lengths would otherwise split a
+term into millions of blocks); beyond it the term is one block."""
+
+Blocks = list[tuple[str, int]]
+
+
+class LayerPlan(NamedTuple):
+    """One layer's activations as blocks (term, bytes), non-MLP terms first (the forward
+    order: attention, then MLP).
+
+    Attributes:
+        saved: kept from the forward to the backward.
+        dropped: allocated and freed in the forward, recomputed in the backward.
+        weight_copy: autocast's cached 16-bit weight copies held until the autocast region
+            exits (under checkpointing), bytes; 0 otherwise.
+    """
+
+    saved: Blocks
+    dropped: Blocks
+    weight_copy: int
+
+
+def _saved_and_dropped(ctx: RankContext) -> tuple[dict[str, int], dict[str, int]]:
+    """The layer's terms kept and dropped by the checkpointing mode."""
+    prof, t, model = ctx.profile, ctx.training, ctx.model
+    mode = t.activation_checkpointing
+    if mode == "none":
+        saved = dict(prof.terms)
+    elif mode == "selective" and t.attention == "eager":
+        saved = {k: v for k, v in prof.terms.items() if not k.startswith("scores/")}
+    elif mode == "selective":  # op-level: matmul / SDPA outputs kept, the rest recomputed
+        saved = {"op_selective_saved": prof.per_layer}
+        parts = op_selective_saved_terms(model, t)
+        if sum(parts.values()) == prof.per_layer:  # as the tensors they are
+            saved = {f"op_selective/{k}": v for k, v in parts.items()}
+    else:
+        saved = {"layer_input": prof.per_layer}
+    if mode == "selective" and t.attention != "eager":
+        dropped = {"recomputed": prof.recompute}
+    else:
+        dropped = {k: v for k, v in prof.terms.items() if k not in saved}
+    return saved, dropped
+
+
+def _full_recompute(ctx: RankContext, dropped: dict[str, int]) -> None:
+    """Full checkpointing's corrections of the dropped terms (in place)."""
+    prof, model = ctx.profile, ctx.model
+    if "attention/norm" in dropped and model.pre_norms and model.architecture == "decoder":
+        # the layer input the checkpoint keeps is not made again by the recomputation: the
+        # first norm saves that very tensor (Note [Backward of a pre-norm block]; seen in
+        # the generic path for the output-norm blocks of Gemma-2 and Gemma-3 too)
+        dropped["attention/norm"] -= min(prof.per_layer, dropped["attention/norm"])
+    elif "attention/norm" in dropped:
+        # a recompute smaller than the layer's terms (vision encoders: the first norm's
+        # input is the held block input, :func:`activation_profile`): that norm's share
+        excess = sum(prof.terms.values()) - prof.recompute
+        if excess > 0:
+            dropped["attention/norm"] = max(dropped["attention/norm"] - excess, 0)
+    if model.architecture == "encoder-decoder" and sum(prof.terms.values()) < prof.recompute:
+        # T5's blocks are held as their mean (encoder blocks at the source length, decoder
+        # blocks at the target length); the largest kind is recomputed whole (traced on
+        # 2-layer T5 / Flan-T5). DeepSeek's MoE block peaks mid-recompute, where its mean
+        # block already agrees with the trace.
+        dropped["recompute/largest_block"] = prof.recompute - sum(prof.terms.values())
+
+
+def layer_plan(ctx: RankContext) -> LayerPlan:
+    """The layer's saved and dropped blocks (computed once per context)."""
+    cached = ctx.memo.get("layer_plan")
+    if isinstance(cached, LayerPlan):
+        return cached
+    t = ctx.training
+    saved, dropped = _saved_and_dropped(ctx)
+    if t.activation_checkpointing == "full":
+        _full_recompute(ctx, dropped)
+    copy = autocast_cached_weight_bytes(ctx.model, t) if layer_is_checkpointed(t) else 0
+    if copy:  # autocast's cache holds them (Note [Analytic step schedule])
+        dropped.pop(WEIGHT_COPIES, None)
+    pieces = tensor_sizes(ctx.model, t)
+
+    def blocks(terms: dict[str, int]) -> Blocks:
+        ordered = sorted(terms.items(), key=lambda kv: kv[0].startswith("mlp/"))
+        return [
+            (k, size)
+            for k, v in ordered
+            for size in (weight_blocks(ctx, v) if k == WEIGHT_COPIES else split(v, pieces))
+            if v > 0
+        ]
+
+    out = LayerPlan(blocks(saved), blocks(dropped), copy)
+    ctx.memo["layer_plan"] = out
+    return out
+
+
+def weight_blocks(ctx: RankContext, total: int) -> list[int]:
+    """16-bit weight copies of one layer as the tensors they are (q, k, v, o, the MLP's
+    linears per expert, the router), or one block if their sum is not ``total``."""
+    m, t = ctx.model, ctx.training
+    c, _ = compute_and_residual_bytes(t)
+    h, i = m.hidden_size, m.intermediate_size
+    q, kv = h * m.num_heads * m.head_dim, h * m.num_kv_heads * m.head_dim
+    n_mlp = (3 if m.mlp_kind == "gated" else 2) * m.num_experts
+    router = [h * m.num_experts] if m.num_experts > 1 else []
+    sizes = [q, kv, kv, q] + [h * i] * n_mlp + router
+    for div in (1, t.tensor_parallel_size):
+        out = [c * n // div for n in sizes]
+        if sum(out) == total:
+            return out
+    return [total]
+
+
+def tensor_sizes(model: ModelSpec, training: TrainingConfig) -> list[int]:
+    """Sizes of the single tensors a layer's terms are made of, largest first: (t, i) and
+    (t, h) activations in the compute, residual and fp32 dtypes, (b, a, s, s) scores, masks,
+    for the tokens one rank holds: context parallelism splits every term by sequence
+    (:func:`~trainmem.analytic.activations.parallel_divisor`), so a rank's tensors have
+    ``b * s / cp`` tokens, and a tensor-parallel term's ``1 / t`` of the features or heads
+    (Note [Per-rank tensor sizes])."""
+    s, b = tokens_per_sequence(model, training), training.micro_batch_size
+    cp, tp = training.context_parallel_size, training.tensor_parallel_size
+    t = b * s // cp if (b * s) % cp == 0 else b * s
+    c, r = compute_and_residual_bytes(training)
+    k_top = model.num_experts_per_tok if model.num_experts > 1 else 1
+    i, h = model.intermediate_size * k_top, model.hidden_size
+    kv = model.num_kv_heads * model.head_dim
+    sizes = {n * t for n in (4 * i, c * i, i, 4 * h, r * h, c * h, h, c * kv)}
+    sizes |= {n * model.num_heads * s * s * b // cp for n in (4, c, 1)}
+    if tp > 1:
+        sizes |= {n * t // tp for n in (4 * i, c * i, i, 4 * h, c * h, h, c * kv)}
+    return sorted((x for x in sizes if x > 0), reverse=True)
+
+
+def split(term_bytes: int, sizes: list[int]) -> list[int]:
+    """A term as the tensors it is made of: the largest single-tensor size that divides it,
+    repeated; the term as one block if none does (e.g. LayerNorm input + statistics)."""
+    for size in sizes:
+        if term_bytes >= size and term_bytes % size == 0:
+            if term_bytes // size > MAX_BLOCKS_PER_TERM:
+                break
+            return [size] * (term_bytes // size)
+    return [term_bytes]
+
+
+def saved_ops(
+    plan: LayerPlan, phase: Phase, key: str, label: str = "saved activations"
+) -> list[Op]:
+    """The layer's saved blocks (key ``act/<key>/<n>``, module ``layers.{i}``)."""
+    return [
+        alloc(size, Cat.ACTIVATION, phase, f"act/{key}/{n}", "layers.{i}", label)
+        for n, (_, size) in enumerate(plan.saved)
+    ]
+
+
+class ActivationOffloading(Transform):
+    """torchtune's ``OffloadActivations`` on a stack of two or more layers: at
+    ``layer.post_forward`` (every layer but the first) the previous layer's saved blocks are
+    freed (they left for the CPU); at ``layer.pre_backward`` (every layer but the last run)
+    the next layer backward needs is prefetched."""
+
+    name = "offloading"
+    layer_position = True
+
+    @staticmethod
+    def applies(ctx: RankContext) -> bool:
+        return ctx.training.activation_offloading and ctx.num_layers >= 2
+
+    def layer_post_forward(self, where: Where) -> Sequence[Emitted]:
+        if where.first_layer:
+            return ()
+        return [
+            free(op, "forward") for op in saved_ops(layer_plan(self.ctx), "forward", "{i_prev}")
+        ]
+
+    def layer_pre_backward(self, where: Where) -> Sequence[Emitted]:
+        if where.last_layer:
+            return ()
+        label = "saved activations prefetched from the CPU"
+        return saved_ops(layer_plan(self.ctx), "backward", "{i_prev}", label)

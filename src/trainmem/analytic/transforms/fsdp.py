@@ -1,0 +1,220 @@
+"""ZeRO-2/3 and FSDP1 / FSDP2 / HSDP sharding as a transform: the gathered parameters (the
+current, the prefetched and the root module's), the gathered weights kept from forward to
+backward, each layer's gradients before their reduce-scatter, FSDP1's ``no_sync``
+accumulation and flat-parameter gradients. FSDP2's gradient release is :mod:`.fsdp2`, FSDP
+under pipelining :mod:`.fsdp_pipeline`.
+
+Note [FSDP gradient accumulation under no_sync]
+    A framework that accumulates under FSDP1's ``no_sync()`` (``fsdp_no_sync_accumulation``:
+    lit-gpt's ``fabric.no_backward_sync`` -> Lightning ``module.no_sync()``) with FULL_SHARD
+    keeps each unit's gradient *unsharded* from the first micro-batch's backward to the last
+    one's: torch distributed/fsdp/_runtime_utils.py ``_post_backward_hook`` returns before the
+    reduce-scatter while ``not state._sync_gradients`` (``flat_param.grad`` keeps the padded
+    unsharded size, ``FlatParamHandle.prepare_gradient_for_backward``), and frees the gathered
+    parameters all the same (``_should_free_in_backward``: FULL_SHARD reshards after forward).
+    The last micro-batch runs with sync on: each unit's reduce-scatter leaves this rank's shard
+    and frees the unsharded gradient, layer by layer in its backward. With flat-parameter
+    gradients (:func:`~trainmem.analytic.tensor_states.flat_parameter_grads`) that unsharded
+    gradient covers every weight of a LoRA layer, not only the adapters: about one unsharded
+    copy of the layers per rank, alive from the first micro-batch's backward to the last one's.
+    Run on the CPU under the fake process group in ``tests/analytic/test_fsdp_flat_parameter.py``.
+
+Note [Flat-parameter gradients in backward]
+    FSDP1 with ``use_orig_params=True`` runs a unit's forward on views of its unsharded flat
+    parameter, made by one ``torch.split`` (torch distributed/fsdp/flat_param.py
+    ``_get_unflat_views_aligned``); in backward autograd buffers the gradient of every view (the
+    frozen base weights' too) until the split's backward concatenates them into the flat
+    gradient (``split_with_sizes_backward``: ``at::cat``), so at the end of a layer's backward
+    its per-parameter gradients and their concatenation are alive together (two unsharded
+    copies of the layer in the gradient dtype). Under ``no_sync`` accumulation the micro-batches
+    after the first add that concatenation into the kept gradient and free it (autograd
+    ``AccumulateGrad``: ``variable_grad += new_grad``). Measured on the real FSDP1 on the CPU
+    (torch.profiler allocation events, a 3-layer LoRA model, 2 fake ranks): per layer +1 unit
+    of view gradients, +1 unit concatenated, the views freed; the accumulated unit kept in the
+    first micro-batch, freed after the add in the later ones.
+
+Source: torch/distributed/fsdp/_runtime_utils.py, flat_param.py (cited per rule above);
+ZeRO-3 gathers (Rajbhandari et al. 2020 sec. 5.3) through :mod:`.sharding`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from trainmem.analytic.transforms.base import (
+    Emitted,
+    Group,
+    Lifetime,
+    RankContext,
+    Transform,
+    Where,
+    alloc,
+    free,
+    gradient_ops,
+)
+from trainmem.analytic.transforms.fsdp2 import post_backward_active
+from trainmem.analytic.transforms.sharding import (
+    gather_ops,
+    group_states,
+    kept_op,
+    sharding,
+    unsharded_gradient_ops,
+)
+from trainmem.breakdown import MemoryCategory as Cat
+from trainmem.schedule import Op
+from trainmem.timeline import Phase
+
+
+class FullyShardedDataParallel(Transform):
+    """ZeRO-2/3 / FSDP buffers of one rank (sizes: :func:`.sharding.sharding`, from the rank's
+    model states).
+
+    Inserts: ``micro_batch.begin`` the root's and the current layer's gathered parameters
+    (until ``micro_batch.end``; FSDP2's post-backward reshards them itself);
+    ``stack.pre_forward`` / ``stack.pre_backward`` the prefetched layer's (until the stack's
+    end); ``layer.pre_forward`` the kept gathered weights (freed at ``layer.post_backward``);
+    ``layer.mlp.post_backward`` the layer's reduce bucket (until
+    ``layer.attention.post_backward``), flat-parameter gradients, ``no_sync``'s reduce;
+    ``head.post_backward`` / ``root.post_backward`` ``no_sync``'s reduce of the head's and the
+    embedding's gradients. Makes the gradients unsharded under ``no_sync`` accumulation.
+    """
+
+    name = "fsdp"
+
+    def __init__(self, ctx: RankContext) -> None:
+        super().__init__(ctx)
+        self.sharding = s = sharding(ctx)
+        self.post_backward = post_backward_active(ctx)
+        self.reduces_last_micro_batch = s.no_sync
+
+    @staticmethod
+    def applies(ctx: RankContext) -> bool:
+        s = sharding(ctx)
+        return s.stage >= 2 or s.reduce > 0 or s.flat_views > 0 or s.kept > 0
+
+    def _grads(self, group: str, phase: Phase) -> list[Op]:
+        """A group's gradients as this micro-batch makes them (unsharded while accumulating)."""
+        states, key, module = group_states(self.ctx, group)
+        if self.sharding.unsharded_grads:
+            return unsharded_gradient_ops(self.ctx, states, phase, key, module)
+        return gradient_ops(self.ctx, states, phase, key, module)
+
+    def gradients(self, group: Group, where: Where) -> Sequence[Op] | None:
+        s = self.sharding
+        if group == "layer" and s.flat_views:  # made in layer.mlp.post_backward
+            return []
+        if group == "layer" and s.pp_fsdp:  # :mod:`.fsdp_pipeline`
+            return None
+        if not s.unsharded_grads:
+            return None
+        return self._grads(group, "backward") if where.new_grads else []
+
+    def _reduce_ops(self, group: str) -> list[Op]:
+        """A unit's reduce-scatter after ``no_sync`` accumulation: this rank's gradient shard
+        allocated, then the accumulated unsharded gradient freed (torch
+        distributed/fsdp/_runtime_utils.py ``_post_backward_hook`` -> ``_reduce_grad``)."""
+        b: Phase = "backward"
+        states, key, module = group_states(self.ctx, group)
+        sharded = gradient_ops(self.ctx, states, b, key, module)
+        unsharded = unsharded_gradient_ops(self.ctx, states, b, key, module)
+        return [*sharded, *(free(op, b) for op in unsharded)]
+
+    def micro_batch_begin(self, where: Where) -> Sequence[Emitted]:
+        ops = [op for op in gather_ops(self.sharding) if op.size_bytes]
+        if self.post_backward:  # Note [FSDP2 post-backward]: resharded by .fsdp2
+            return ops
+        return [Lifetime(op, "micro_batch.end") for op in ops]
+
+    def _prefetch(self, phase: Phase) -> Op:
+        """The next layer's gathered parameters, prefetched while one runs, in the forward and
+        in the backward through the layers; around the head and the loss only the current one
+        is gathered (FSDP ``forward_prefetch`` / ``BACKWARD_PRE``; seen in the trace of
+        FSDP2)."""
+        s = self.sharding
+        label = "gathered parameters of the prefetched layer"
+        return alloc(s.gather_b, Cat.TEMPORARY, phase, "gather/b", "layers", label, s.ag_stream)
+
+    def stack_pre_forward(self, where: Where) -> Sequence[Emitted]:
+        if not self.sharding.gather_b:
+            return ()
+        return (Lifetime(self._prefetch("forward"), "stack.post_forward"),)
+
+    def stack_pre_backward(self, where: Where) -> Sequence[Emitted]:
+        if not self.sharding.gather_b:
+            return ()
+        return (Lifetime(self._prefetch("backward"), "stack.post_backward"),)
+
+    def layer_pre_forward(self, where: Where) -> Sequence[Emitted]:
+        return (kept_op(self.sharding, "forward"),) if self.sharding.kept else ()
+
+    def layer_post_backward(self, where: Where) -> Sequence[Emitted]:
+        if not self.sharding.kept:
+            return ()
+        return (free(kept_op(self.sharding, "forward"), "backward"),)
+
+    def head_post_backward(self, where: Where) -> Sequence[Emitted]:
+        return self._reduce_ops("head") if where.reduce else ()
+
+    def root_post_backward(self, where: Where) -> Sequence[Emitted]:
+        return self._reduce_ops("embedding") if where.reduce else ()
+
+    def _reduce_bucket(self) -> Lifetime:
+        """The layer's unsharded gradients before their reduce-scatter (ZeRO-2/3, gradient
+        offload), until the attention's backward is done."""
+        reduce = alloc(
+            self.sharding.reduce,
+            Cat.TEMPORARY,
+            "backward",
+            "reduce",
+            "layers.{i}",
+            "the layer's unsharded gradients before their reduce-scatter",
+        )
+        return Lifetime(reduce, "layer.attention.post_backward")
+
+    def layer_mlp_post_backward(self, where: Where) -> Sequence[Emitted]:
+        s = self.sharding
+        if s.flat_views:
+            return self._flat_views(where)
+        out: list[Emitted] = []
+        if where.reduce:
+            out += self._reduce_ops("layer")
+        if not self.post_backward and s.reduce:
+            out.append(self._reduce_bucket())
+        return out
+
+    def _flat_views(self, where: Where) -> list[Emitted]:
+        """Note [Flat-parameter gradients in backward]: the per-parameter gradients and their
+        concatenation, which becomes the accumulated gradient (first micro-batch) or is added
+        into it."""
+        s = self.sharding
+        bp: Phase = "backward"
+        views = alloc(
+            s.flat_views,
+            Cat.TEMPORARY,
+            bp,
+            "flat_views",
+            "layers.{i}",
+            "the layer's per-parameter gradients before autograd concatenates them",
+        )
+        fresh = alloc(
+            0 if where.new_grads or not s.unsharded_grads else s.flat_views,
+            Cat.TEMPORARY,
+            bp,
+            "flat_fresh",
+            "layers.{i}",
+            "the layer's new flat gradient before it is added to the accumulated one",
+        )
+        grads = self._grads("layer", bp) if where.new_grads else []
+        out: list[Emitted] = [views]
+        if s.unsharded_grads:
+            out += grads  # the concatenated gradient becomes the accumulated one
+        out.append(fresh)
+        if s.reduce:
+            out.append(self._reduce_bucket())
+        out.append(free(views, bp))
+        if not s.unsharded_grads:
+            out += grads
+        if where.reduce:
+            out += self._reduce_ops("layer")
+        out.append(free(fresh, bp))
+        return out

@@ -1,0 +1,203 @@
+"""FSDP2's gradient release as a transform: each layer's reduce-scatter input kept until the
+next group's post-backward, and the root group reduced in the root's final callback.
+
+Note [FSDP2 post-backward]
+    FSDP2 (``FrameworkConventions.fsdp2_post_backward``) reduces a layer's gradients in its
+    post-backward, after the whole layer's backward: it reshards the layer's parameters, releases
+    the previous group's reduce-scatter input, then ``foreach_reduce`` allocates this layer's
+    (the unsharded gradients copied in the reduce dtype) on the default stream and keeps it
+    until the next group's post-backward (torch/distributed/fsdp/_fully_shard/
+    _fsdp_param_group.py ``post_backward``: ``reduce_scatter_max_input_buffers`` = 1;
+    _fsdp_collectives.py ``foreach_reduce``). So layer ``i + 1``'s input lives through layer
+    ``i``'s whole backward, the recomputation of a checkpointed layer included, and the first
+    layer's lives through the token embedding's backward until the root's final callback
+    (_fsdp_state.py ``_root_post_backward_final_callback``), while that layer's gathered
+    parameters are already resharded. Seen in the trace of llama-3.2-1b FSDP 2 x TP 2 + SP.
+
+Note [FSDP2 root group]
+    Under FSDP2's post-backward order the root group (token embedding, final norm, LM head:
+    torchtitan's root ``fully_shard(model)``, the trace's root module) is reduced only in the
+    root's final callback, after the whole backward. Until then its gradients are the unsharded
+    parameters' ``.grad``: this rank's tensor-parallel slice in the unsharded parameters'
+    dtype, bf16 under torchtitan's policy, fp32 under autocast (the head's
+    [V / t, h] from the head's backward on; the embedding's from its backward, the whole-
+    vocabulary DTensor gradient redistributed to the weight's vocabulary shard and that freed).
+    The final callback then reshards the root, releases the first layer's reduce-scatter input,
+    copies the unsharded gradients into one reduce-scatter input in the reduce dtype, frees
+    them and leaves the shards (torch/distributed/fsdp/_fully_shard/_fsdp_state.py
+    ``_root_post_backward_final_callback`` -> ``FSDPParamGroup.post_backward`` ->
+    _fsdp_collectives.py ``foreach_reduce``). A tied lookup's gradient without DTensor is added
+    in place into the head's (a plain tensor holding its last reference: torch/csrc/autograd/
+    input_buffer.cpp ``accumulate``), so only while the add runs does it exist. Seen in the
+    trace of llama-3.1-70b FSDP 8 x TP 4 + SP x CP 2, full AC, whose peak is the embedding's
+    backward (-2.3% before the rule: the head's sharded fp32 gradient stood for its 4x larger
+    unsharded bf16 one).
+
+Source: torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py, _fsdp_collectives.py,
+_fsdp_state.py (cited per rule above).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from trainmem.analytic.buffers import reduce_scatter_layer_bytes
+from trainmem.analytic.tensor_states import TensorState
+from trainmem.analytic.transforms.base import (
+    Emitted,
+    Group,
+    RankContext,
+    Transform,
+    Where,
+    alloc,
+    embedding_gradients,
+    free,
+    gradient_ops,
+    tied_sum_op,
+)
+from trainmem.analytic.transforms.sharding import gather_ops, sharding
+from trainmem.breakdown import MemoryCategory as Cat
+from trainmem.schedule import Op
+from trainmem.timeline import Phase
+from trainmem.units import dtype_bytes
+
+
+def post_backward_active(ctx: RankContext) -> bool:
+    """FSDP2's post-backward order applies (``FrameworkConventions.fsdp2_post_backward``
+    under FULL_SHARD; the loop split by activation offloading keeps the old order)."""
+    s, t = sharding(ctx), ctx.training
+    return (
+        t.conventions.fsdp2_post_backward
+        and s.stage == 3
+        and not s.pp_fsdp
+        and not s.flat_views
+        and not s.no_sync
+        and not (t.activation_offloading and ctx.num_layers >= 2)
+        and not t.optimizer_in_backward
+    )
+
+
+class Fsdp2PostBackward(Transform):
+    """FSDP2's gradient release (Note [FSDP2 post-backward], Note [FSDP2 root group]).
+
+    Inserts: ``layer.post_backward`` the layer's reduce-scatter input (and the previous
+    layer's freed); ``embedding.pre_backward`` the first layer resharded;
+    ``embedding.backward`` the tied head gradient replaced by the sum, the embedding's
+    unsharded gradients; ``root.post_backward`` the root group's post-backward. Makes the
+    head's gradients as the root group's unsharded ones and the embedding's in its own
+    ``embedding.backward``.
+    """
+
+    name = "fsdp2"
+    keeps_root_gradients = True
+    layer_position = True
+
+    def __init__(self, ctx: RankContext) -> None:
+        super().__init__(ctx)
+        self.sharding = sharding(ctx)
+        self.emb = embedding_gradients(ctx)
+
+    @staticmethod
+    def applies(ctx: RankContext) -> bool:
+        return post_backward_active(ctx)
+
+    def gradients(self, group: Group, where: Where) -> Sequence[Op] | None:
+        if group == "head":
+            return self._root_unsharded_grads("head", self.ctx.head_grad_states)
+        if group == "embedding":
+            return []
+        return None
+
+    def vocab_gradient_bytes(self, base: int) -> int:
+        # a tied lookup's gradient, added in place into the head's
+        return base or self.emb.tied_lookup
+
+    def _root_unsharded_grads(self, key: str, states: list[TensorState]) -> list[Op]:
+        """The root group's unsharded gradients (this rank's tensor-parallel slice in the
+        unsharded parameters' dtype), kept until the root's post-backward."""
+        g = dtype_bytes(self.ctx.training.grad_dtype)
+        w = dtype_bytes(self.ctx.training.gathered_weight_dtype)  # the unsharded parameters'
+        return [
+            alloc(
+                w * (s.full_grad_bytes // g),
+                Cat.TEMPORARY,
+                "backward",
+                f"root_grad/{key}/{n}",
+                key,
+                "the root group's unsharded gradients, kept until its post-backward (FSDP2)",
+            )
+            for n, s in enumerate(states)
+        ]
+
+    def _reduce_scatter_input(self, index: str) -> Op:
+        """Layer ``index``'s reduce-scatter input, allocated on the default stream before
+        ``foreach_reduce`` enters the reduce-scatter stream
+        (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py ``foreach_reduce``)."""
+        return alloc(
+            self.sharding.reduce,
+            Cat.TEMPORARY,
+            "backward",
+            f"reduce/{index}",
+            f"layers.{index}",
+            "the layer's reduce-scatter input, kept until the next group's post-backward",
+        )
+
+    def layer_post_backward(self, where: Where) -> Sequence[Emitted]:
+        # the previous layer's input goes
+        own = self._reduce_scatter_input("{i}")
+        if where.first_layer:
+            return (own,)
+        return (free(self._reduce_scatter_input("{i_next}"), "backward"), own)
+
+    def embedding_pre_backward(self, where: Where) -> Sequence[Emitted]:
+        _, layer = gather_ops(self.sharding)  # the first layer resharded
+        return (free(layer, "backward"),) if layer.size_bytes else ()
+
+    def _tied_head_grads(self) -> list[Op]:
+        """The head's unsharded gradients of a tied, vocabulary-parallel weight, replaced by
+        the sum (Note [Tied embedding gradient under DTensor])."""
+        ctx = self.ctx
+        root = self._root_unsharded_grads("head", ctx.head_grad_states)
+        return [
+            op
+            for op, st in zip(root, ctx.head_grad_states, strict=True)
+            if self.emb.tied_sum and st.name == "embedding/tokens"
+        ]
+
+    def embedding_backward(self, where: Where) -> Sequence[Emitted]:
+        # the sum replaces the head's gradient
+        tied = [free(op, "backward") for op in self._tied_head_grads()]
+        return [*tied, *self._root_unsharded_grads("embedding", self.ctx.emb_grad_states)]
+
+    def root_post_backward(self, where: Where) -> Sequence[Emitted]:
+        """The root group's post-backward in the final callback: reshard, release the first
+        layer's reduce-scatter input, copy the unsharded gradients into the group's
+        reduce-scatter input and free them, leave the shards."""
+        ctx = self.ctx
+        bp: Phase = "backward"
+        root_gather, _ = gather_ops(self.sharding)
+        tied = self._tied_head_grads()
+        unsharded = [
+            op for op in self._root_unsharded_grads("head", ctx.head_grad_states) if op not in tied
+        ]
+        if self.emb.tied_sum:
+            unsharded.append(tied_sum_op(self.emb.tied_sum))
+        unsharded += self._root_unsharded_grads("embedding", ctx.emb_grad_states)
+        states = ctx.head_grad_states + ctx.emb_grad_states
+        rs_input = alloc(
+            reduce_scatter_layer_bytes(states, ctx.training),
+            Cat.TEMPORARY,
+            bp,
+            "rs_input/root",
+            "(model)",
+            "FSDP2's reduce-scatter input of the root group (embedding, final norm, head)",
+        )
+        items: list[Emitted] = [free(root_gather, bp)] if root_gather.size_bytes else []
+        if ctx.num_layers:
+            items.append(free(self._reduce_scatter_input("0"), bp))
+        items += [rs_input, *(free(op, bp) for op in unsharded)]
+        if where.new_grads:
+            items += gradient_ops(ctx, ctx.head_grad_states, bp, "head", "head")
+            items += gradient_ops(ctx, ctx.emb_grad_states, bp, "embedding", "embedding")
+        items.append(free(rs_input, bp))
+        return items

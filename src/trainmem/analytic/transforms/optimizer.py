@@ -1,0 +1,160 @@
+"""The optimizer as a transform: its states, made lazily by the first step, the step's own
+temporaries, and optimizer-in-backward (each gradient stepped and freed as soon as it is made).
+
+Source: torch/optim/optimizer.py, adam.py ``_init_group`` (lazy states) /
+``_multi_tensor_adam`` (foreach temporaries); torchtune's ``optimizer_in_bwd``
+(``register_optim_in_bwd_hooks``: the step in each parameter's post-accumulate-grad hook);
+sizes :func:`~trainmem.analytic.temporaries.optimizer_step_temporary_bytes`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from trainmem.analytic.temporaries import CS336_ADAMW_TEMPORARIES, optimizer_step_temporary_bytes
+from trainmem.analytic.tensor_states import TensorState
+from trainmem.analytic.transforms.base import (
+    Emitted,
+    RankContext,
+    Transform,
+    Where,
+    alloc,
+    free,
+    gradient_ops,
+)
+from trainmem.breakdown import MemoryCategory as Cat
+from trainmem.schedule import Item, Op, Repeat
+from trainmem.timeline import Phase
+from trainmem.units import dtype_bytes
+
+
+class Optimizer(Transform):
+    """The optimizer of one rank (states per tensor from the model states).
+
+    Inserts: ``optimizer.begin`` every state (warm-up step, kept); ``optimizer.step`` the
+    step's temporaries; with ``optimizer_in_backward`` the frees of each group's gradients
+    once made (``stack.pre_backward`` the head's, ``layer.post_backward`` the layer's,
+    ``embedding.post_backward`` the embedding's), and no step of its own.
+    """
+
+    name = "optimizer"
+
+    def __init__(self, ctx: RankContext) -> None:
+        super().__init__(ctx)
+        self.steps_in_backward = ctx.training.optimizer_in_backward
+
+    @staticmethod
+    def applies(ctx: RankContext) -> bool:
+        return True
+
+    def optimizer_begin(self, where: Where) -> Sequence[Emitted]:
+        """Every optimizer state, allocated lazily by the first step (torch ``_init_group``)."""
+        if not where.first_step:
+            return ()
+        ctx = self.ctx
+        cached = ctx.shared.get("states")
+        if isinstance(cached, Repeat):
+            return (cached,)
+        o: Phase = "optimizer"
+        outer = [
+            alloc(s.state_bytes, Cat.OPTIMIZER_STATE, o, f"state/{s.owner}/{n}", s.owner)
+            for n, s in enumerate(ctx.emb_states + ctx.head_states)
+        ]
+        layer = tuple(
+            alloc(s.state_bytes, Cat.OPTIMIZER_STATE, o, f"state/{{i}}/{n}", "layers.{i}")
+            for n, s in enumerate(ctx.layer_states)
+        )
+        states = Repeat((*outer, Repeat(layer, ctx.num_layers)), 1)
+        ctx.shared["states"] = states
+        return (states,)
+
+    def _freed_in_backward(self, where: Where, group: str) -> Sequence[Emitted]:
+        """A group's gradients stepped and freed as soon as they exist."""
+        if not (self.steps_in_backward and where.new_grads):
+            return ()
+        ctx = self.ctx
+        b: Phase = "backward"
+        if group == "head":
+            grads = gradient_ops(ctx, ctx.head_grad_states, b, "head", "head")
+        elif group == "embedding":
+            grads = gradient_ops(ctx, ctx.emb_grad_states, b, "embedding", "embedding")
+        else:
+            grads = gradient_ops(ctx, ctx.layer_states, b, "{i}", "layers.{i}")
+        return [free(op, b) for op in grads]
+
+    def stack_pre_backward(self, where: Where) -> Sequence[Emitted]:
+        return self._freed_in_backward(where, "head")
+
+    def layer_post_backward(self, where: Where) -> Sequence[Emitted]:
+        return self._freed_in_backward(where, "layer")
+
+    def embedding_post_backward(self, where: Where) -> Sequence[Emitted]:
+        return self._freed_in_backward(where, "embedding")
+
+    def optimizer_step(self, where: Where) -> Sequence[Emitted]:
+        """The step's temporaries: ``foreach``, one per-parameter list alive together
+        (``torch._foreach_*``); ``for-loop`` (and the course's AdamW), one parameter at a
+        time; ``fused``, none."""
+        ctx, t = self.ctx, self.ctx.training
+        outer = [s for s in ctx.emb_states + ctx.head_states if s.trainable]
+        layer = [s for s in ctx.layer_states if s.trainable]
+        if t.offload != "none" or not (outer or layer):
+            return []
+        gb = max(dtype_bytes(t.grad_dtype), 1)
+        dp = t.sharding_degree
+
+        def local(s: TensorState) -> int:
+            n = s.full_grad_bytes // gb
+            return -(-n // dp) if t.optimizer_states_partitioned else n
+
+        n_local = sum(local(s) for s in outer) + ctx.num_layers * sum(local(s) for s in layer)
+        largest = max(s.full_grad_bytes for s in outer + layer) // gb
+        total = optimizer_step_temporary_bytes(
+            t, num_trainable_parameters=n_local, largest_parameter=largest
+        )
+        if total <= 0 or n_local == 0:
+            return []
+        label = f"the {t.step_implementation} {t.optimizer} step's temporaries"
+        if t.step_implementation == "foreach":
+            return self._foreach(total / n_local, local, label)
+        largest_local = max(local(s) for s in outer + layer)
+        # the course's AdamW makes its temporaries as separate parameter-sized tensors
+        pieces = CS336_ADAMW_TEMPORARIES if t.step_implementation == "cs336" else 1
+
+        def one(s: TensorState, module: str) -> list[Op]:
+            size = round(total * local(s) / max(largest_local, 1))
+            o: Phase = "optimizer"
+            ops = [
+                alloc(size // pieces, Cat.TEMPORARY, o, f"opt/tmp/{k}", module, label)
+                for k in range(pieces)
+            ]
+            return [*ops, *(free(op, o) for op in ops)]
+
+        items: list[Item] = [op for s in outer for op in one(s, s.owner)]
+        items.append(
+            Repeat(tuple(op for s in layer for op in one(s, "layers.{i}")), ctx.num_layers)
+        )
+        return items
+
+    def _foreach(
+        self, per: float, local: Callable[[TensorState], int], label: str
+    ) -> list[Emitted]:
+        """``foreach``: every parameter's temporaries alive together."""
+        ctx = self.ctx
+        o: Phase = "optimizer"
+        outer = [s for s in ctx.emb_states + ctx.head_states if s.trainable]
+        layer = [s for s in ctx.layer_states if s.trainable]
+        outer_ops = [
+            alloc(round(per * local(s)), Cat.TEMPORARY, o, f"opt/{s.owner}/{n}", s.owner, label)
+            for n, s in enumerate(outer)
+        ]
+        layer_ops = [
+            alloc(round(per * local(s)), Cat.TEMPORARY, o, f"opt/{{i}}/{n}", "layers.{i}", label)
+            for n, s in enumerate(layer)
+        ]
+        return [
+            *outer_ops,
+            Repeat(tuple(layer_ops), ctx.num_layers),
+            *(free(op, o) for op in outer_ops),
+            Repeat(tuple(free(op, o) for op in layer_ops), ctx.num_layers),
+        ]

@@ -1,0 +1,215 @@
+"""Sizes and modes shared by the ZeRO-2/3 / FSDP transforms (:mod:`.fsdp`, :mod:`.fsdp2`,
+:mod:`.fsdp_pipeline`): what one rank gathers, keeps and reduce-scatters, computed once per
+rank from its model states.
+
+Source: the gathered and reduced sizes are :mod:`trainmem.analytic.buffers`' (FSDP
+``forward_prefetch`` / ``BACKWARD_PRE``, DeepSpeed ZeRO-3's prefetch bucket).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainmem.analytic.activation_shapes import compute_and_residual_bytes
+from trainmem.analytic.buffers import (
+    deepspeed_zero3_gather_bytes,
+    gathered_layer_bytes,
+    gradient_buffer_from_init,
+    kept_gathered_layer_bytes,
+    reduce_scatter_layer_bytes,
+    root_gathered_bytes,
+)
+from trainmem.analytic.tensor_states import TensorState, flat_parameter_grads
+from trainmem.analytic.transforms.base import (
+    ALL_GATHER_STREAM,
+    REDUCE_SCATTER_STREAM,
+    RankContext,
+    alloc,
+    embedding_gradients,
+)
+from trainmem.breakdown import MemoryCategory as Cat
+from trainmem.schedule import Op
+from trainmem.timeline import Phase
+
+
+@dataclass(frozen=True, slots=True)
+class Sharding:
+    """One rank's ZeRO / FSDP buffers, bytes.
+
+    Attributes:
+        stage: ZeRO / FSDP stage in effect (0 without sharding).
+        gather_a / gather_b: the current / prefetched layer's gathered parameters.
+        gather_root: the root module's (embedding, final norm, head) gathered parameters.
+        kept: one layer's gathered weights kept from its forward to its backward.
+        reduce: one layer's unsharded gradients before their reduce-scatter.
+        ag_stream / rs_stream: streams of the all-gather / reduce-scatter (FSDP2).
+        flat_gather: one layer's flat all-gather output (FSDP2's, under pipelining).
+        pp_fsdp: FSDP under pipeline parallelism (Note [FSDP under pipeline parallelism]).
+        no_sync: FSDP1 accumulation under ``no_sync`` (Note [FSDP gradient accumulation
+            under no_sync]).
+        flat_views: one layer's per-parameter gradients before autograd concatenates them
+            (Note [Flat-parameter gradients in backward]); 0 without flat-parameter gradients.
+        stage_gather / stage_gather_root: the stage's gathered layers / root under pipelining.
+    """
+
+    stage: int
+    gather_a: int
+    gather_b: int
+    gather_root: int
+    kept: int
+    reduce: int
+    ag_stream: int
+    rs_stream: int
+    flat_gather: int
+    pp_fsdp: bool
+    no_sync: bool
+    flat_views: int
+    stage_gather: int
+    stage_gather_root: int
+
+    @property
+    def unsharded_grads(self) -> bool:
+        """The gradients accumulate unsharded over the micro-batches."""
+        return self.pp_fsdp or self.no_sync
+
+
+def _gathers(ctx: RankContext) -> tuple[int, int, int]:
+    """(the current layer's gathered parameters, the prefetched layer's, the root module's)
+    under ZeRO-3 / FULL_SHARD. DeepSpeed gathers the layer plus a prefetch bucket
+    (:func:`~trainmem.analytic.buffers.deepspeed_zero3_gather_bytes`, counted once); FSDP
+    the current and the next layer in the gathered dtype
+    (:func:`~trainmem.analytic.buffers.gathered_layer_bytes`); torchao float8 all-gathers
+    linear weights in float8 (1 byte each)."""
+    if ctx.zero_stage != 3:
+        return 0, 0, 0
+    t = ctx.training
+    c, _ = compute_and_residual_bytes(t)
+    layer = ctx.layer_states
+    root = root_gathered_bytes(ctx.emb_states + ctx.head_states, t)
+    if t.is_fp8:
+        per = (
+            sum(
+                (1 if s.name != "vector" and not s.name.startswith("lora_") else c) * s.numel
+                for s in layer
+            )
+            // t.tensor_parallel_size
+        )
+        return per, per, root
+    if t.conventions.zero_ipg_buckets:
+        return deepspeed_zero3_gather_bytes(layer, ctx.model, t), 0, root
+    per = gathered_layer_bytes(layer, t)
+    return per, per, root
+
+
+def sharding(ctx: RankContext) -> Sharding:
+    """The rank's :class:`Sharding` (computed once per context)."""
+    cached = ctx.memo.get("sharding")
+    if isinstance(cached, Sharding):
+        return cached
+    t, stage = ctx.training, ctx.zero_stage
+    gather_a, gather_b, gather_root = _gathers(ctx)
+    # FSDP SHARD_GRAD_OP / NO_SHARD under a mixed-precision policy: each layer's gathered
+    # weights stay from its forward to its backward (they replace the per-layer gathers)
+    kept = kept_gathered_layer_bytes(ctx.layer_states, t)
+    if kept and stage == 3:
+        gather_a = gather_b = 0
+    offloads_grads = t.offload in ("optimizer+gradients", "optimizer+params")
+    reduce = reduce_scatter_layer_bytes(ctx.layer_states, t) if stage >= 2 or offloads_grads else 0
+    streams = t.conventions.fsdp_collective_streams and stage == 3
+    pp_fsdp = t.pipeline_parallel_size > 1 and stage == 3
+    # FULL_SHARD only (lit-gpt's): under SHARD_GRAD_OP no_sync also keeps the gathered
+    # parameters, not modelled here
+    no_sync = (
+        not pp_fsdp
+        and stage == 3
+        and t.conventions.fsdp_no_sync_accumulation
+        and t.gradient_accumulation_steps > 1
+        and t.zero_grad_set_to_none
+        and not gradient_buffer_from_init(t)
+    )
+    if no_sync:  # the accumulated unsharded gradient is the reduce-scatter's input
+        reduce = 0
+    flat_views = sum(s.full_grad_bytes for s in ctx.layer_states) if flat_parameter_grads(t) else 0
+    flat = gather_a if streams else 0  # one layer's flat all-gather output
+    stage_gather = stage_gather_root = 0
+    if pp_fsdp:  # the layers' and the root's (embedding, norm, head) FSDP2 groups
+        stage_gather, stage_gather_root = ctx.num_layers * (gather_a + kept), gather_root
+        gather_a = gather_b = gather_root = kept = reduce = 0
+    out = Sharding(
+        stage=stage,
+        gather_a=gather_a,
+        gather_b=gather_b,
+        gather_root=gather_root,
+        kept=kept,
+        reduce=reduce,
+        ag_stream=ALL_GATHER_STREAM if streams else 0,
+        rs_stream=REDUCE_SCATTER_STREAM if streams else 0,
+        flat_gather=flat,
+        pp_fsdp=pp_fsdp,
+        no_sync=no_sync,
+        flat_views=flat_views,
+        stage_gather=stage_gather,
+        stage_gather_root=stage_gather_root,
+    )
+    ctx.memo["sharding"] = out
+    return out
+
+
+def gather_ops(s: Sharding) -> tuple[Op, Op]:
+    """The root module's and the current layer's gathered parameters, allocated when the
+    micro-batch's forward starts."""
+    f: Phase = "forward"
+    root_label = "the root module's gathered parameters"
+    root = alloc(s.gather_root, Cat.TEMPORARY, f, "gather/root", "(model)", root_label)
+    layer_label = "gathered parameters of the current layer"
+    layer = alloc(s.gather_a, Cat.TEMPORARY, f, "gather/a", "layers", layer_label)
+    return root, layer
+
+
+def kept_op(s: Sharding, phase: Phase) -> Op:
+    """One layer's gathered weights kept from its forward to its backward
+    (:func:`~trainmem.analytic.buffers.kept_gathered_layer_bytes`)."""
+    return alloc(
+        s.kept,
+        Cat.TEMPORARY,
+        phase,
+        "kept/{i}",
+        "layers.{i}",
+        "the layer's gathered weights, kept from its forward to its backward",
+    )
+
+
+def partial_factor(ctx: RankContext, state: TensorState) -> int:
+    """How many times its tensor-parallel slice a state's accumulated gradient is: the
+    token embedding's partial gradient covers the whole vocabulary (FrameworkConventions.
+    dtensor_vocab_parallel_embedding)."""
+    if state.name == "embedding/tokens" and state in ctx.emb_grad_states:
+        return embedding_gradients(ctx).vocab_factor
+    return 1
+
+
+def unsharded_gradient_ops(
+    ctx: RankContext, states: list[TensorState], phase: Phase, key: str, module: str
+) -> list[Op]:
+    """Gradients accumulated unsharded until the last micro-batch (Note [FSDP under pipeline
+    parallelism], Note [FSDP gradient accumulation under no_sync]); key ``ugrad/<key>/<n>``."""
+    return [
+        alloc(
+            s.full_grad_bytes * partial_factor(ctx, s),
+            Cat.GRADIENT,
+            phase,
+            f"ugrad/{key}/{n}",
+            module,
+            "unsharded gradients accumulated until the last micro-batch",
+        )
+        for n, s in enumerate(states)
+    ]
+
+
+def group_states(ctx: RankContext, group: str) -> tuple[list[TensorState], str, str]:
+    """(states, key, module) of the head's, the layer's or the embedding's gradients."""
+    if group == "head":
+        return ctx.head_grad_states, "head", "head"
+    if group == "embedding":
+        return ctx.emb_grad_states, "embedding", "embedding"
+    return ctx.layer_states, "{i}", "layers.{i}"
