@@ -28,7 +28,7 @@ from trainmem.specs.frameworks import installed_transformers_version
 from trainmem.specs.hardware import GPUSpec, check_precision_on_gpu
 from trainmem.specs.hardware import resolve_gpu as resolve_gpu  # re-exported for the callers
 from trainmem.specs.hf import load_model_spec
-from trainmem.specs.model import NOT_TRANSFORMERS_TYPES, ModelSpec
+from trainmem.specs.model import ModelSpec
 from trainmem.specs.ranks import model_rank_map
 from trainmem.specs.training import TrainingConfig, check_training_for_model
 from trainmem.uncertainty import verdict_of
@@ -103,17 +103,15 @@ def default_seq_len_of(model: str | ModelSpec) -> int:
 
 def default_attention_of(model: str | ModelSpec) -> str:
     """The attention a run of ``model`` uses when none is given: ``eager`` for the families
-    transformers runs eager only (:data:`~trainmem.specs.model.EAGER_ONLY_TYPES`: BLOOM,
+    transformers runs eager only (``ModelSpec.eager_only``, its family row's trait: BLOOM,
     Gemma-2, whose ``_supports_sdpa`` is False), ``sdpa`` otherwise (transformers'
     ``PreTrainedModel._check_and_adjust_attn_implementation`` default when torch has SDPA);
     ``sdpa`` for a family only the traced paths run."""
-    from trainmem.specs.model import EAGER_ONLY_TYPES
-
     try:
         spec = resolve_model(model)
     except UnsupportedError:
         return "sdpa"
-    return "eager" if spec.model_type in EAGER_ONLY_TYPES else "sdpa"
+    return "eager" if spec.eager_only else "sdpa"
 
 
 def route_diffusers(model: str | ModelSpec, training: TrainingConfig) -> bool:
@@ -553,7 +551,7 @@ def _composes_layers(target: ModelSpec, training: TrainingConfig) -> bool:
     transformers decoder deeper than :data:`COMPOSE_ABOVE_LAYERS`, no pipeline (the pipeline
     trace composes per stage itself), and settings the composition supports."""
     return (
-        target.model_type not in NOT_TRANSFORMERS_TYPES
+        not target.not_transformers
         and target.num_layers > COMPOSE_ABOVE_LAYERS
         and training.pipeline_parallel_size == 1
         and not trace_unsupported_settings(training, "generic")
@@ -622,7 +620,7 @@ def _estimate_traced(
         except UnsupportedError:
             target = model
         check_traceable_size(target, training)
-        course = isinstance(target, ModelSpec) and target.model_type in NOT_TRANSFORMERS_TYPES
+        course = isinstance(target, ModelSpec) and target.not_transformers
         if course and engine == "generic":
             raise UnsupportedError(
                 "the generic path builds the model with transformers, and cs336_basics is not a "

@@ -10,7 +10,7 @@ import pytest
 
 from trainmem.analytic.params import num_parameters
 from trainmem.specs.hf import SUPPORTED_MODEL_TYPES, list_presets, load_hf_config, load_model_spec
-from trainmem.specs.model import NOT_TRANSFORMERS_TYPES
+from trainmem.specs.hf_table import family_row
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -31,7 +31,7 @@ FORMULA_PRESETS = [
     p
     for p in list_presets()
     if load_hf_config(p).get("model_type") in SUPPORTED_MODEL_TYPES
-    and load_hf_config(p).get("model_type") not in NOT_TRANSFORMERS_TYPES
+    and not family_row(load_hf_config(p).get("model_type")).not_transformers
 ]  # the others: diffusers models in tests/specs/test_diffusers_presets.py, the CS336 course
 # model (not a transformers model) in tests/analytic/test_cs336_family.py
 

@@ -11,7 +11,6 @@ import pytest
 from trainmem.errors import SpecError
 from trainmem.specs.hf import SUPPORTED_MODEL_TYPES, load_hf_config, model_spec_from_hf
 from trainmem.specs.hf_table import FAMILIES, REMOTE_CODE_TYPES
-from trainmem.specs.model import NOT_TRANSFORMERS_TYPES
 
 transformers = pytest.importorskip("transformers")
 CONFIG_MAPPING = pytest.importorskip("transformers.models.auto.configuration_auto").CONFIG_MAPPING
@@ -20,7 +19,9 @@ CONFIG_MAPPING = pytest.importorskip("transformers.models.auto.configuration_aut
 #: ``rope_parameters``, so the config object has no such attribute.
 NOT_A_CONFIG_ATTRIBUTE = {("phi", "partial_rotary_factor"), ("phi3", "partial_rotary_factor")}
 
-TRANSFORMERS_FAMILIES = sorted(set(FAMILIES) - NOT_TRANSFORMERS_TYPES - REMOTE_CODE_TYPES)
+TRANSFORMERS_FAMILIES = sorted(
+    t for t, row in FAMILIES.items() if not row.not_transformers and t not in REMOTE_CODE_TYPES
+)
 """Rows with a transformers configuration class (the CS336 course model has none; its fields
 are its constructor's, tests/analytic/test_cs336_family.py; the remote-code families' classes
 are on the Hub, tests/specs/test_remote_code_families.py)."""

@@ -46,7 +46,7 @@ from trainmem.allocator.caching import CachingAllocatorSim, round_size_default
 from trainmem.allocator.constants import MAX_SPLIT_SIZE_UNLIMITED
 from trainmem.breakdown import MemoryCategory
 from trainmem.errors import SnapshotError as SnapshotError
-from trainmem.specs.model import describe_int
+from trainmem.specs.bounds import describe_int
 from trainmem.timeline import AllocEvent, Timeline
 
 #: Pickle protocol of ``_dump_snapshot`` (default on Python >= 3.8); MemoryViz rejects 5.

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainmem.errors import SpecError, UnsupportedError
-from trainmem.specs.model import MAX_COUNT, describe_int
+from trainmem.specs.bounds import MAX_COUNT, describe_int
 
 __all__ = [
     "DIFFUSERS_FAMILIES",

@@ -29,7 +29,7 @@ from typing import Any
 from trainmem.errors import SpecError, UnsupportedError
 from trainmem.specs.diffusers import is_diffusers_config
 from trainmem.specs.files import parse_json, path_kind, read_text_file, resolve_path
-from trainmem.specs.hf_fields import Config, Fields, read_head, short
+from trainmem.specs.hf_fields import Config, Fields, short
 from trainmem.specs.hf_table import FAMILIES, Family
 from trainmem.specs.hub import hub_config_path
 from trainmem.specs.model import HeadKind, ModelSpec
@@ -198,6 +198,56 @@ _HEAD_BY_ARCHITECTURE: dict[str, HeadKind] = {
     "vision-encoder": "none",
     "encoder-decoder": "seq2seq-lm",
 }
+
+
+# ---------------------------------------------------------------------------------------
+# Head (task) from `architectures`
+# ---------------------------------------------------------------------------------------
+
+_HEAD_SUFFIXES: tuple[tuple[str, HeadKind], ...] = (
+    ("ForCausalLM", "causal-lm"),
+    ("LMHeadModel", "causal-lm"),
+    ("ForMaskedLM", "masked-lm"),
+    ("ForSequenceClassification", "sequence-classification"),
+    ("ForImageClassification", "image-classification"),
+    ("ForConditionalGeneration", "seq2seq-lm"),
+)
+
+
+def read_head(fields: Fields, default: HeadKind) -> tuple[HeadKind, int]:
+    """Head kind from ``architectures[0]`` and its label count.
+
+    ``FooModel`` (no ``For``) is the bare trunk, head ``none``. Labels come from
+    ``id2label`` if present, else ``num_labels``, else transformers' default of 2.
+    """
+    architectures = fields.config.get("architectures")
+    head: HeadKind = default
+    if architectures:
+        if not isinstance(architectures, list) or not isinstance(architectures[0], str):
+            raise SpecError(
+                "architectures", f"must be a list of class names, got {short(architectures)}"
+            )
+        arch = architectures[0]
+        for suffix, kind in _HEAD_SUFFIXES:
+            if arch.endswith(suffix):
+                head = kind
+                break
+        else:
+            if arch.endswith("Model") and "For" not in arch:
+                head = "none"
+            else:
+                supported = ", ".join(s for s, _ in _HEAD_SUFFIXES)
+                raise UnsupportedError(
+                    f"architectures: head {short(arch)} is not modelled (supported: classes "
+                    f"ending in {supported}, or a bare XModel); edit 'architectures' in the config "
+                    "to the closest supported class, or use --engine trace"
+                )
+    if head not in ("sequence-classification", "image-classification"):
+        return head, 0
+    id2label = fields.config.get("id2label")
+    if isinstance(id2label, dict) and id2label:
+        return head, len(id2label)
+    return head, fields.positive_int("num_labels", 2)
 
 
 def _key(row: Family, config: Config, canonical: str) -> str:

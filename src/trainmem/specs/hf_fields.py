@@ -1,7 +1,7 @@
 """Typed, validating reads of one Hugging Face ``config.json`` dict.
 
 Part of :mod:`trainmem.specs.hf` (split out to keep modules small): errors name the HF field
-a user would edit, and :func:`read_head` reads the task head from ``architectures``.
+a user would edit.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from trainmem.errors import SpecError, UnsupportedError
-from trainmem.specs.model import MAX_COUNT, HeadKind, describe_int
+from trainmem.errors import SpecError
+from trainmem.specs.bounds import MAX_COUNT, describe_int
 
 Config = Mapping[str, Any]
 
@@ -120,53 +120,3 @@ class Fields:
         if heads % kv != 0:
             raise SpecError(key, f"{kv} must divide num_attention_heads={heads}")
         return kv
-
-
-# ---------------------------------------------------------------------------------------
-# Head (task) from `architectures`
-# ---------------------------------------------------------------------------------------
-
-_HEAD_SUFFIXES: tuple[tuple[str, HeadKind], ...] = (
-    ("ForCausalLM", "causal-lm"),
-    ("LMHeadModel", "causal-lm"),
-    ("ForMaskedLM", "masked-lm"),
-    ("ForSequenceClassification", "sequence-classification"),
-    ("ForImageClassification", "image-classification"),
-    ("ForConditionalGeneration", "seq2seq-lm"),
-)
-
-
-def read_head(fields: Fields, default: HeadKind) -> tuple[HeadKind, int]:
-    """Head kind from ``architectures[0]`` and its label count.
-
-    ``FooModel`` (no ``For``) is the bare trunk, head ``none``. Labels come from
-    ``id2label`` if present, else ``num_labels``, else transformers' default of 2.
-    """
-    architectures = fields.config.get("architectures")
-    head: HeadKind = default
-    if architectures:
-        if not isinstance(architectures, list) or not isinstance(architectures[0], str):
-            raise SpecError(
-                "architectures", f"must be a list of class names, got {short(architectures)}"
-            )
-        arch = architectures[0]
-        for suffix, kind in _HEAD_SUFFIXES:
-            if arch.endswith(suffix):
-                head = kind
-                break
-        else:
-            if arch.endswith("Model") and "For" not in arch:
-                head = "none"
-            else:
-                supported = ", ".join(s for s, _ in _HEAD_SUFFIXES)
-                raise UnsupportedError(
-                    f"architectures: head {short(arch)} is not modelled (supported: classes "
-                    f"ending in {supported}, or a bare XModel); edit 'architectures' in the config "
-                    "to the closest supported class, or use --engine trace"
-                )
-    if head not in ("sequence-classification", "image-classification"):
-        return head, 0
-    id2label = fields.config.get("id2label")
-    if isinstance(id2label, dict) and id2label:
-        return head, len(id2label)
-    return head, fields.positive_int("num_labels", 2)

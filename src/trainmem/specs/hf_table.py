@@ -34,7 +34,7 @@ from typing import Any
 from trainmem.errors import SpecError, UnsupportedError
 from trainmem.specs.hf_fields import Fields, short
 
-__all__ = ["FAMILIES", "REMOTE_CODE_TYPES", "Family"]
+__all__ = ["FAMILIES", "NO_FAMILY", "REMOTE_CODE_TYPES", "Family", "family_row"]
 
 SpecDict = dict[str, Any]
 Default = Any | Callable[[SpecDict], Any]
@@ -55,6 +55,66 @@ class Family:
     derived: Mapping[str, Callable[[SpecDict], Any]] = field(default_factory=dict)
     """Quantities the modeling code computes instead of reading (BLOOM's MLP width 4h)."""
     adjust: Callable[[Fields, SpecDict], None] | None = None
+
+    # Behaviour traits: what the family's modeling code does at run time (read by ModelSpec's
+    # properties of the same names); each found by the trace engine or read in the source cited.
+    eager_softmax_fp32: bool = False
+    """Its HF eager attention upcasts the softmax to fp32 and casts back
+    (``softmax(..., dtype=torch.float32).to(query.dtype)``, e.g. modeling_llama.py
+    ``eager_attention_forward``; ``ModelSpec.eager_softmax_fp32``)."""
+    training_kv_cache: bool = False
+    """Its transformers code builds a KV cache during training (``ModelSpec.training_kv_cache``;
+    transformers 5 GPT-2 with ``use_cache=True``, found by the trace engine)."""
+    loss_holds_hidden: bool = False
+    """Its final hidden states stay alive while the loss runs (transformers'
+    ``XForCausalLM.forward`` computes the loss with ``hidden_states`` in scope), checked against
+    the trace engine (``ModelSpec.loss_holds_hidden``; Llama / Mistral: tests/analytic/
+    test_forward_kv_cache.py). Only with HF model code: frameworks with their own (Megatron,
+    lit-gpt, torchtune) and the course model (``cs336_basics``) are not affected."""
+    eager_only: bool = False
+    """Its code has no SDPA attention, so none of the SDPA kernels (``--attention sdpa`` /
+    ``flash``): ``BloomForCausalLM`` computes ALiBi scores with ``baddbmm`` (modeling_bloom.py
+    ``BloomAttention``); ``Gemma2PreTrainedModel`` sets ``_supports_sdpa = False`` ("sdpa does
+    not support softcapping", modeling_gemma2.py; its ``_supports_flash_attn`` is the flash-attn
+    package's kernel, not SDPA's); the CS336 course model writes its attention out
+    (cs336_basics/model.py ``scaled_dot_product_attention``: einsum scores, ``torch.where``
+    mask, ``nn_utils.softmax``)."""
+    not_transformers: bool = False
+    """Not a transformers model, so the traced paths (which build the model with transformers)
+    cannot run it: the CS336 course's ``BasicsTransformerLM`` (stanford-cs336
+    ``cs336_basics/model.py``); the analytic engine models its code."""
+    eager_scores_kept: bool = False
+    """Its eager attention keeps its raw and masked scores until it returns (BLOOM;
+    ``ModelSpec.eager_scores_kept``)."""
+    mlm_loss_in_model_dtype: bool = False
+    """Its masked-LM head calls ``CrossEntropyLoss`` on its 16-bit logits itself
+    (modeling_bert.py ``BertForMaskedLM.forward``: ``loss_fct = CrossEntropyLoss()``) instead of
+    transformers' ``ForMaskedLMLoss``, which upcasts with ``logits.float()``
+    (``ModelSpec.mlm_loss_in_logits_dtype``)."""
+    materialised_mask: bool = False
+    """Its model always builds the (b, 1, s, s) boolean causal mask and hands it to SDPA, even
+    without padding (modeling_falcon.py ``FalconModel.forward``: ``create_causal_mask(...,
+    allow_is_causal_skip=False)``, "Always materialize the mask so alibi can be added onto it
+    below"; ``ModelSpec.sdpa_mask_materialised``)."""
+    rotary_cat: bool = False
+    """Its rotary embedding concatenates the rotated and the passed-through part of q and k
+    (``torch.cat([q_rot_embed, q_pass], dim=-1)``: modeling_gpt_neox.py / modeling_phi3.py
+    ``apply_rotary_pos_emb``, modeling_phi.py ``PhiAttention.forward``), so q reaches SDPA as a
+    new (b, a, s, d)-contiguous tensor rather than a transposed view of the projection
+    (``ModelSpec.rotary_cat``)."""
+    forward_kv_cache: bool = False
+    """A rotary family whose transformers code builds a KV cache during training that keeps an
+    fp32 copy of the rotated keys until the forward ends (``ModelSpec.forward_kv_cache``; the
+    rotary tables are fp32 under autocast, so the rotated keys are); checked against the trace
+    engine with transformers 5.24 (tests/analytic/test_forward_kv_cache.py, tests/analytic/
+    test_formula_families.py). OLMo-2 casts the rotated q and k back to their dtype
+    (modeling_olmo2.py ``apply_rotary_pos_emb``: ``q_embed.to(q_type)``), so its cache's copy
+    is the 16-bit key SDPA saves; not set there."""
+    causal_mask_buffer: bool = False
+    """Its model registers a boolean causal-mask buffer of (max_position_embeddings,
+    max_position_embeddings) (modeling_gpt_bigcode.py ``GPTBigCodeModel.__init__``:
+    ``register_buffer("bias", torch.tril(torch.ones(..., dtype=torch.bool)),
+    persistent=False)``; ``ModelSpec.module_buffer_bytes``)."""
 
 
 def _four_h(spec: SpecDict) -> int:
@@ -382,6 +442,7 @@ _ROWS: tuple[Family, ...] = (
             attention_dropout="attn_pdrop",
             embedding_dropout="embd_pdrop",
         ),
+        training_kv_cache=True,
     ),
     Family(
         "bert",
@@ -410,6 +471,7 @@ _ROWS: tuple[Family, ...] = (
             embedding_dropout="hidden_dropout_prob",
         ),
         adjust=_bert_positions,
+        mlm_loss_in_model_dtype=True,
     ),
     Family(
         "vit",
@@ -438,7 +500,15 @@ _ROWS: tuple[Family, ...] = (
         ),
         adjust=_vit_image,
     ),
-    Family("llama", "models/llama/modeling_llama.py", LLAMA_TRAITS, defaults=LLAMA_DEFAULTS),
+    Family(
+        "llama",
+        "models/llama/modeling_llama.py",
+        LLAMA_TRAITS,
+        defaults=LLAMA_DEFAULTS,
+        eager_softmax_fp32=True,
+        loss_holds_hidden=True,
+        forward_kv_cache=True,
+    ),
     Family(
         "mistral",
         "models/mistral/modeling_mistral.py (no biases)",
@@ -450,6 +520,9 @@ _ROWS: tuple[Family, ...] = (
             mlp_bias=None,
         ),
         adjust=_every_layer_sliding(4096),
+        eager_softmax_fp32=True,
+        loss_holds_hidden=True,
+        forward_kv_cache=True,
     ),
     Family(
         "mixtral",
@@ -466,6 +539,9 @@ _ROWS: tuple[Family, ...] = (
         ),
         aliases=dict(num_experts="num_local_experts"),
         adjust=_every_layer_sliding(None),
+        eager_softmax_fp32=True,
+        loss_holds_hidden=True,
+        forward_kv_cache=True,
     ),
     Family(
         "qwen2",
@@ -478,6 +554,9 @@ _ROWS: tuple[Family, ...] = (
             mlp_bias=None,
         ),
         adjust=_qwen_sliding,
+        eager_softmax_fp32=True,
+        loss_holds_hidden=True,
+        forward_kv_cache=True,
     ),
     Family(
         "qwen3",
@@ -487,6 +566,7 @@ _ROWS: tuple[Family, ...] = (
             num_key_value_heads=32, max_position_embeddings=32768, head_dim=128, mlp_bias=None
         ),
         adjust=_qwen_sliding,
+        loss_holds_hidden=True,
     ),
     Family(
         "gemma",
@@ -502,6 +582,8 @@ _ROWS: tuple[Family, ...] = (
             mlp_bias=None,
         ),
         adjust=_gemma_act,
+        eager_softmax_fp32=True,
+        loss_holds_hidden=True,
     ),
     Family(
         "gemma2",
@@ -525,6 +607,8 @@ _ROWS: tuple[Family, ...] = (
         ),
         renames=dict(hidden_act="hidden_activation"),
         adjust=_gemma2,
+        eager_softmax_fp32=True,
+        eager_only=True,
     ),
     Family(
         "phi",
@@ -555,6 +639,10 @@ _ROWS: tuple[Family, ...] = (
         renames=dict(
             qk_norm="qk_layernorm", hidden_dropout="resid_pdrop", embedding_dropout="embd_pdrop"
         ),
+        eager_softmax_fp32=True,
+        loss_holds_hidden=True,
+        rotary_cat=True,
+        forward_kv_cache=True,
     ),
     Family(
         "falcon",
@@ -573,6 +661,7 @@ _ROWS: tuple[Family, ...] = (
         ),
         renames=dict(intermediate_size="ffn_hidden_size", hidden_act="activation"),
         adjust=_falcon,
+        materialised_mask=True,
     ),
     Family(
         "gpt_neox",
@@ -597,6 +686,10 @@ _ROWS: tuple[Family, ...] = (
         ),
         renames=dict(parallel_attention="use_parallel_residual"),
         adjust=_neox_rotary,
+        eager_softmax_fp32=True,
+        loss_holds_hidden=True,
+        rotary_cat=True,
+        forward_kv_cache=True,
     ),
 )
 
@@ -617,6 +710,9 @@ _NEW_ROWS: tuple[Family, ...] = (
         ),
         renames=dict(hidden_dropout="resid_pdrop"),
         adjust=_every_layer_sliding(None),
+        loss_holds_hidden=True,
+        rotary_cat=True,
+        forward_kv_cache=True,
     ),
     Family(
         "olmo2",
@@ -633,6 +729,7 @@ _NEW_ROWS: tuple[Family, ...] = (
             **_NO_MLP_BIAS,
         },
         defaults=_llama_defaults(mlp_bias=None),
+        loss_holds_hidden=True,
     ),
     Family(
         "starcoder2",
@@ -661,6 +758,8 @@ _NEW_ROWS: tuple[Family, ...] = (
             hidden_dropout="residual_dropout",
         ),
         adjust=_every_layer_sliding(None),
+        loss_holds_hidden=True,
+        forward_kv_cache=True,
     ),
     Family(
         "gpt_bigcode",
@@ -685,6 +784,9 @@ _NEW_ROWS: tuple[Family, ...] = (
             embedding_dropout="embd_pdrop",
         ),
         adjust=_multi_query,
+        training_kv_cache=True,
+        loss_holds_hidden=True,
+        causal_mask_buffer=True,
     ),
     Family(
         "bloom",
@@ -707,6 +809,8 @@ _NEW_ROWS: tuple[Family, ...] = (
         # BloomMLP: dense_h_to_4h = Linear(hidden_size, 4 * hidden_size)
         derived=dict(intermediate_size=_four_h),
         adjust=_bloom,
+        eager_only=True,
+        eager_scores_kept=True,
     ),
     Family(
         "gemma3_text",
@@ -732,6 +836,8 @@ _NEW_ROWS: tuple[Family, ...] = (
         ),
         renames=dict(hidden_act="hidden_activation"),
         adjust=_gemma3_layers,
+        loss_holds_hidden=True,
+        forward_kv_cache=True,
     ),
     Family(
         "qwen2_moe",
@@ -751,6 +857,8 @@ _NEW_ROWS: tuple[Family, ...] = (
         ),
         renames=dict(intermediate_size="moe_intermediate_size"),
         adjust=_qwen2_moe,
+        loss_holds_hidden=True,
+        forward_kv_cache=True,
     ),
     Family(
         "qwen3_moe",
@@ -769,6 +877,8 @@ _NEW_ROWS: tuple[Family, ...] = (
         aliases=dict(num_experts="num_local_experts"),
         renames=dict(intermediate_size="moe_intermediate_size"),
         adjust=_qwen3_moe,
+        loss_holds_hidden=True,
+        forward_kv_cache=True,
     ),
 )
 
@@ -1065,6 +1175,8 @@ _COURSE_ROWS: tuple[Family, ...] = (
             intermediate_size="d_ff",
             max_position_embeddings="context_length",
         ),
+        eager_only=True,
+        not_transformers=True,
     ),
 )
 """The CS336 course's reference transformer (Stanford CS336, assignments 1-2), a config.json
@@ -1243,3 +1355,20 @@ FAMILIES: Mapping[str, Family] = {
     row.model_type: row for row in _ROWS + _NEW_ROWS + _HARD_ROWS + _COURSE_ROWS + _REMOTE_CODE_ROWS
 }
 """``model_type`` -> its row."""
+
+
+NO_FAMILY = Family("", "", {})
+"""The row of a ``model_type`` without one (every behaviour trait off)."""
+
+
+def family_row(model_type: str | None) -> Family:
+    """The row of ``model_type`` in :data:`FAMILIES`, or :data:`NO_FAMILY`.
+
+    Args:
+        model_type: a config's ``model_type`` (None: none given).
+
+    Returns:
+        Its row; its behaviour traits (``eager_only``, ``forward_kv_cache``...) are what the
+        family's modeling code does.
+    """
+    return FAMILIES.get(model_type or "", NO_FAMILY)

@@ -15,6 +15,8 @@ from dataclasses import dataclass, fields
 from typing import Literal
 
 from trainmem.errors import SpecError
+from trainmem.specs.bounds import MAX_COUNT, describe_int
+from trainmem.specs.hf_table import Family, family_row
 
 Architecture = Literal["decoder", "encoder", "vision-encoder", "encoder-decoder"]
 MLPKind = Literal["gelu", "gated"]
@@ -30,23 +32,10 @@ HeadKind = Literal[
 ]
 VisionPooler = Literal["dense", "cls-norm", "attention-probe", "cls"]
 
-MAX_COUNT = 2**31 - 1
-"""Largest integer a size or setting accepts (layers, widths, vocabulary, batch, ranks...): far
-beyond any real model or run, and it keeps every product of sizes exact and finite in float64."""
-
-
 MAX_LAYERS = 10_000
 """Most transformer blocks a model may have: ten times the deepest published one (DeepNet, Wang
 et al. 2022, arXiv:2203.00555: 1,000 layers). The step schedule grows with the layer count, so a
 config claiming millions would only hang."""
-
-
-def describe_int(value: int) -> str:
-    """An int for an error message, without converting a huge one to float or to thousands of
-    digits (``int.__str__`` refuses more than 4300)."""
-    if value.bit_length() <= 64:
-        return str(value)
-    return f"a number of about 10^{int(value.bit_length() * 0.30103)}"
 
 
 _HEADS_BY_ARCHITECTURE: dict[str, tuple[str, ...]] = {
@@ -57,65 +46,6 @@ _HEADS_BY_ARCHITECTURE: dict[str, tuple[str, ...]] = {
 }
 """Heads transformers offers per trunk (``XForCausalLM``, ``BertForMaskedLM``, ...)."""
 
-
-EAGER_SOFTMAX_FP32_TYPES = frozenset(
-    {"llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2", "phi", "gpt_neox"}
-)
-"""Families whose HF eager attention upcasts the softmax to fp32
-(``ModelSpec.eager_softmax_fp32``)."""
-
-TRAINING_KV_CACHE_TYPES = frozenset({"gpt2", "gpt_bigcode"})
-"""Families whose transformers code builds a KV cache during training
-(``ModelSpec.training_kv_cache``)."""
-
-LOSS_HOLDS_HIDDEN_TYPES = frozenset(
-    {
-        "phi3",
-        "olmo2",
-        "starcoder2",
-        "gpt_bigcode",
-        "gemma3_text",
-        "qwen2_moe",
-        "qwen3_moe",
-        "mixtral",
-        "gpt_neox",
-        "phi",
-        "llama",
-        "mistral",
-        "qwen2",
-        "qwen3",
-        "gemma",
-    }
-)
-"""Families whose final hidden states stay alive while the loss runs (transformers'
-``XForCausalLM.forward`` computes the loss with ``hidden_states`` in scope), checked against the
-trace engine (``ModelSpec.loss_holds_hidden``; Llama / Mistral: tests/analytic/
-test_forward_kv_cache.py). Only with HF model code: frameworks with their own (Megatron,
-lit-gpt, torchtune) and the course model (``cs336_basics``) are not affected."""
-
-EAGER_ONLY_TYPES = frozenset({"bloom", "gemma2", "cs336_basics"})
-"""Families whose code has no SDPA attention, so none of the SDPA kernels
-(``--attention sdpa`` / ``flash``): ``BloomForCausalLM`` computes ALiBi scores with
-``baddbmm`` (modeling_bloom.py ``BloomAttention``); ``Gemma2PreTrainedModel`` sets
-``_supports_sdpa = False`` ("sdpa does not support softcapping", modeling_gemma2.py; its
-``_supports_flash_attn`` is the flash-attn package's kernel, not SDPA's); the CS336 course
-model writes its attention out (cs336_basics/model.py ``scaled_dot_product_attention``: einsum
-scores, ``torch.where`` mask, ``nn_utils.softmax``)."""
-
-NOT_TRANSFORMERS_TYPES = frozenset({"cs336_basics"})
-"""Families that are not transformers models, so the traced paths (which build the model with
-transformers) cannot run them: the CS336 course's ``BasicsTransformerLM``
-(stanford-cs336 ``cs336_basics/model.py``); the analytic engine models its code."""
-
-EAGER_SCORES_KEPT_TYPES = frozenset({"bloom"})
-"""Families whose eager attention keeps its raw and masked scores until it returns
-(``ModelSpec.eager_scores_kept``)."""
-
-MODEL_DTYPE_MLM_LOSS_TYPES = frozenset({"bert"})
-"""Families whose masked-LM head calls ``CrossEntropyLoss`` on its 16-bit logits itself
-(modeling_bert.py ``BertForMaskedLM.forward``: ``loss_fct = CrossEntropyLoss()``) instead of
-transformers' ``ForMaskedLMLoss``, which upcasts with ``logits.float()``
-(``ModelSpec.mlm_loss_in_logits_dtype``)."""
 
 _TRANSFORMERS_LOSS_FUNCTION_SINCE = (4, 49)
 CAUSAL_LM_LOSS_UPCAST_SINCE: dict[str, tuple[int, ...]] = {
@@ -144,42 +74,6 @@ modeling_persimmon.py; checked on the 4.45.2, 4.46.0, 4.47.0 and 4.48.0 wheels);
 ``.to(torch.float32)`` themselves, and the Llama-style families upcast in the model before 4.46
 (``logits = logits.float()``) and through ``ForCausalLMLoss`` after
 (``ModelSpec.causal_lm_loss_in_logits_dtype``)."""
-
-MATERIALISED_MASK_TYPES = frozenset({"falcon"})
-"""Families whose model always builds the (b, 1, s, s) boolean causal mask and hands it to
-SDPA, even without padding (modeling_falcon.py ``FalconModel.forward``:
-``create_causal_mask(..., allow_is_causal_skip=False)``, "Always materialize the mask so alibi
-can be added onto it below"; ``ModelSpec.sdpa_mask_materialised``)."""
-
-ROTARY_CAT_TYPES = frozenset({"gpt_neox", "phi", "phi3"})
-"""Families whose rotary embedding concatenates the rotated and the passed-through part of q
-and k (``torch.cat([q_rot_embed, q_pass], dim=-1)``: modeling_gpt_neox.py / modeling_phi3.py
-``apply_rotary_pos_emb``, modeling_phi.py ``PhiAttention.forward``), so q reaches SDPA as a new
-(b, a, s, d)-contiguous tensor rather than a transposed view of the projection
-(``ModelSpec.rotary_cat``)."""
-
-FORWARD_KV_CACHE_TYPES = frozenset(
-    {
-        "llama",
-        "mistral",
-        "qwen2",
-        "phi3",
-        "starcoder2",
-        "gemma3_text",
-        "qwen2_moe",
-        "qwen3_moe",
-        "mixtral",
-        "gpt_neox",
-        "phi",
-    }
-)
-"""Rotary families whose transformers code builds a KV cache during training that keeps an
-fp32 copy of the rotated keys until the forward ends (``ModelSpec.forward_kv_cache``; the rotary
-tables are fp32 under autocast, so the rotated keys are); checked against the trace engine with
-transformers 5.24 (tests/analytic/test_forward_kv_cache.py, tests/analytic/
-test_formula_families.py). OLMo-2 casts the rotated q and k back to their dtype
-(modeling_olmo2.py ``apply_rotary_pos_emb``: ``q_embed.to(q_type)``), so its cache's copy is
-the 16-bit key SDPA saves; not in the set."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -388,25 +282,44 @@ class ModelSpec:
     T5 v1.1 / Flan-T5)."""
 
     @property
+    def family_row(self) -> Family:
+        """Its ``model_type``'s row of the family table (:data:`~trainmem.specs.hf_table.
+        FAMILIES`), whose behaviour traits the properties below read; every trait off for a
+        type without a row."""
+        return family_row(self.model_type)
+
+    @property
+    def eager_only(self) -> bool:
+        """Its family's code has no SDPA attention (``Family.eager_only``: BLOOM, Gemma-2, the
+        CS336 course model)."""
+        return self.family_row.eager_only
+
+    @property
+    def not_transformers(self) -> bool:
+        """Not a transformers model, so the traced paths cannot build it
+        (``Family.not_transformers``: the CS336 course model)."""
+        return self.family_row.not_transformers
+
+    @property
     def eager_softmax_fp32(self) -> bool:
         """The HF eager attention computes its softmax in fp32 and casts back
         (``softmax(..., dtype=torch.float32).to(query.dtype)``, e.g. modeling_llama.py
-        ``eager_attention_forward``): the families of :data:`EAGER_SOFTMAX_FP32_TYPES`."""
-        return self.model_type in EAGER_SOFTMAX_FP32_TYPES
+        ``eager_attention_forward``): its family's trait (``Family.eager_softmax_fp32``)."""
+        return self.family_row.eager_softmax_fp32
 
     @property
     def training_kv_cache(self) -> bool:
         """transformers builds a ``DynamicCache`` in training when the config says
         ``use_cache=True`` and checkpointing is off (transformers 5 GPT-2), so SDPA saves the
-        cache's ``torch.cat`` copies of k and v: the families of :data:`TRAINING_KV_CACHE_TYPES`
-        (found by the trace engine)."""
-        return self.model_type in TRAINING_KV_CACHE_TYPES and self.use_cache
+        cache's ``torch.cat`` copies of k and v: its family's trait
+        (``Family.training_kv_cache``, found by the trace engine)."""
+        return self.family_row.training_kv_cache and self.use_cache
 
     @property
     def eager_scores_kept(self) -> bool:
         """The eager attention keeps its raw and masked scores until it returns (BLOOM:
-        :data:`EAGER_SCORES_KEPT_TYPES`)."""
-        return self.model_type in EAGER_SCORES_KEPT_TYPES
+        ``Family.eager_scores_kept``)."""
+        return self.family_row.eager_scores_kept
 
     def causal_lm_loss_in_logits_dtype(self, transformers_version: tuple[int, ...]) -> bool:
         """The causal-LM head computes its loss on its 16-bit logits in this transformers
@@ -424,20 +337,20 @@ class ModelSpec:
     @property
     def mlm_loss_in_logits_dtype(self) -> bool:
         """The masked-LM loss runs on the logits' own dtype: the masked-LM heads of
-        :data:`MODEL_DTYPE_MLM_LOSS_TYPES`."""
-        return self.head == "masked-lm" and self.model_type in MODEL_DTYPE_MLM_LOSS_TYPES
+        ``Family.mlm_loss_in_model_dtype``."""
+        return self.head == "masked-lm" and self.family_row.mlm_loss_in_model_dtype
 
     @property
     def sdpa_mask_materialised(self) -> bool:
         """SDPA gets an explicit causal mask in every layer: the families of
-        :data:`MATERIALISED_MASK_TYPES`."""
-        return self.model_type in MATERIALISED_MASK_TYPES
+        ``Family.materialised_mask``."""
+        return self.family_row.materialised_mask
 
     @property
     def rotary_cat(self) -> bool:
         """q is a fresh (b, a, s, d)-contiguous tensor: the families of
-        :data:`ROTARY_CAT_TYPES`."""
-        return self.model_type in ROTARY_CAT_TYPES
+        ``Family.rotary_cat``."""
+        return self.family_row.rotary_cat
 
     @property
     def module_buffer_bytes(self) -> int:
@@ -449,7 +362,7 @@ class ModelSpec:
         :attr:`rotary_buffer`, RoPE's fp32 cos/sin table: 2 x context_length x head_dim / 2
         values of 4 bytes (cs336_basics/model.py ``RotaryEmbedding._init_cache``: ``torch.stack((
         cos, sin))`` of a (context_length, dim / 2) ``einsum``)."""
-        if self.model_type == "gpt_bigcode":
+        if self.family_row.causal_mask_buffer:
             return self.max_position_embeddings**2
         if self.rotary_buffer:
             return 4 * 2 * self.max_position_embeddings * (self.head_dim // 2)
@@ -458,8 +371,8 @@ class ModelSpec:
     @property
     def loss_holds_hidden(self) -> bool:
         """The final hidden states live until the loss has run: the families of
-        :data:`LOSS_HOLDS_HIDDEN_TYPES`."""
-        return self.model_type in LOSS_HOLDS_HIDDEN_TYPES
+        ``Family.loss_holds_hidden``."""
+        return self.family_row.loss_holds_hidden
 
     @property
     def forward_kv_cache(self) -> bool:
@@ -468,9 +381,9 @@ class ModelSpec:
         ``torch.cat`` copy of the rotated keys is fp32 under autocast (cache_utils.py
         ``DynamicLayer.lazy_initialization`` creates the cache in the keys' own dtype) and lives
         until the model output is dropped after the loss: the families of
-        :data:`FORWARD_KV_CACHE_TYPES` (found by the trace engine), unless the config says
+        ``Family.forward_kv_cache`` (found by the trace engine), unless the config says
         ``use_cache: false``."""
-        return self.model_type in FORWARD_KV_CACHE_TYPES and self.use_cache
+        return self.family_row.forward_kv_cache and self.use_cache
 
     def __post_init__(self) -> None:
         for field in (

@@ -68,6 +68,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from trainmem.errors import SpecError
+from trainmem.specs.bounds import MAX_COUNT, describe_int
 from trainmem.specs.frameworks import (
     BNB_MATMUL4BIT_SAVES_NO_INPUT_SINCE,
     DEFAULT_BITSANDBYTES_VERSION,
@@ -81,7 +82,7 @@ from trainmem.specs.frameworks import (
     installed_transformers_version,
     parse_version,
 )
-from trainmem.specs.model import EAGER_ONLY_TYPES, MAX_COUNT, ModelSpec, describe_int
+from trainmem.specs.model import ModelSpec
 from trainmem.specs.optimizers import OPTIMIZER_TABLE, Optimizer
 from trainmem.specs.settings import kind_of, setting, settings_of
 
@@ -1595,7 +1596,7 @@ def check_training_for_model(model: ModelSpec, training: TrainingConfig) -> None
                 "virtual_pipeline_stages",
                 f"{p} stages x {v} chunks need at least {p * v} layers, {model.name} has {L}",
             )
-    if model.model_type in EAGER_ONLY_TYPES and training.attention != "eager":
+    if model.eager_only and training.attention != "eager":
         raise SpecError(
             "attention",
             f"{training.attention!r} is not available for {model.model_type} (its attention "

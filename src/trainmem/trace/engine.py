@@ -40,7 +40,8 @@ from trainmem.specs.hardware import (
     GPUSpec,
     resolve_gpu,
 )
-from trainmem.specs.model import NOT_TRANSFORMERS_TYPES, ModelSpec
+from trainmem.specs.hf_table import family_row
+from trainmem.specs.model import ModelSpec
 from trainmem.specs.ranks import RankMap
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
@@ -549,7 +550,7 @@ def estimate_trace(
             "and estimate(..., engine='trace') route there)"
         )
     ws = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
-    if raw.get("model_type") in NOT_TRANSFORMERS_TYPES:
+    if family_row(raw.get("model_type")).not_transformers:
         return _estimate_course(name, raw, training, gpu, ws, _layout(model_spec_or_name, training))
     if training.loss not in (None, "cross-entropy"):
         raise UnsupportedError(
