@@ -95,14 +95,17 @@ def kind_of(field: dataclasses.Field[Any]) -> str:
     return "str"
 
 
-def help_text(field: dataclasses.Field[Any]) -> str:
+def help_text(field: dataclasses.Field[Any], *, choices: bool = True) -> str:
     """The help of a setting as ``--help`` and the page show it: :attr:`Setting.help`, its
-    allowed values (``a | b | c``) and :attr:`Setting.default_text` as ``[default: ...]`` (a
-    plain default is the CLI's to print, as typer does, and the page's input shows it)."""
+    allowed values (``a | b | c``; left out with ``choices=False``, for an input that lists
+    them itself) and :attr:`Setting.default_text` as ``[default: ...]`` (a plain default is the
+    CLI's to print, as typer does, and the page's input shows it)."""
     s = setting_of(field)
     parts = [s.help]
-    if s.choices:
+    if s.choices and choices:
         parts.append(" | ".join(str(c) for c in s.choices) + ".")
+    elif s.help.endswith(":"):  # "Lightning precision:" introduces the values
+        parts = [s.help[:-1] + "."]
     if s.default_text:
         parts.append(f"[default: {s.default_text}]")
     return " ".join(parts)

@@ -783,7 +783,7 @@ class PeftConfig:
     """LoRA rank r (Hu et al. 2021), 0 to 2^31 - 1; 0, the default: full fine-tuning."""
     lora_targets: tuple[str, ...] = setting(
         ("q", "v"),
-        "Linears that get LoRA adapters, comma-separated, or all-linear:",
+        "Linears that get LoRA adapters (on the command line: comma-separated, or all-linear):",
         choices=(*LORA_TARGETS, "lm_head"),
     )
     """Linears that get LoRA adapters: names of :data:`LORA_TARGETS` or ``lm_head`` (peft's

@@ -75,8 +75,8 @@ class Field:
         kind: ``choice``, ``multi`` (several of ``choices``), ``bool``, ``int``, ``float`` or
             ``str`` (:func:`~trainmem.specs.settings.kind_of`).
         choices: allowed values for ``choice`` / ``multi``.
-        help: what the setting is, its allowed values and default, as ``--help`` says it
-            (:func:`~trainmem.specs.settings.help_text`).
+        help: what the setting is and its default, as ``--help`` says it
+            (:func:`~trainmem.specs.settings.help_text`; the allowed values are the input's).
         label: the CLI option it mirrors (``--micro-batch-size``), shown on the page.
     """
 
@@ -100,7 +100,8 @@ def field(name: str) -> Field:
     if name not in DEFAULTS:
         raise SpecError(name, "not a training setting; allowed: " + ", ".join(DEFAULTS))
     f, _ = _SETTINGS[name]
-    return Field(name, kind_of(f), CHOICES.get(name, ()), help_text(f))
+    kind = kind_of(f)  # a dropdown or a checkbox group shows its values itself
+    return Field(name, kind, CHOICES.get(name, ()), help_text(f, choices=kind == "str"))
 
 
 def coerce(name: str, raw: Any) -> Any:
