@@ -16,6 +16,7 @@ import pytest
 from trainmem.analytic.model_states import optimizer_state_bytes
 from trainmem.analytic.temporaries import optimizer_step_temporary_bytes
 from trainmem.analytic.tensor_states import paged_state_bytes
+from trainmem.errors import SpecError
 from trainmem.specs.optimizers import OPTIMIZER_TABLE, Optimizer
 from trainmem.specs.training import OPTIMIZERS, PAGED_OPTIMIZERS, TrainingConfig
 
@@ -120,5 +121,5 @@ def test_implementations_outside_the_row_are_refused(name: str) -> None:
     for implementation in ("foreach", "fused", "for-loop", "cs336"):
         if implementation in accepted:
             continue
-        with pytest.raises(Exception, match="optimizer_implementation"):
+        with pytest.raises(SpecError, match="optimizer_implementation"):
             TrainingConfig(optimizer=name, optimizer_implementation=implementation)  # type: ignore[arg-type]
