@@ -170,7 +170,7 @@ class _Transforms:
         self.balanced = all(t.balanced_micro_batches for t in self.all)
         self.reduces_last = any(t.reduces_last_micro_batch for t in self.all)
         self.keeps_root = any(t.keeps_root_gradients for t in self.all)
-        self.layer_position = any(t.layer_position for t in self.all)
+        self.layer_position = frozenset().union(*(t.layer_position for t in self.all))
         vocab = embedding_gradients(ctx).vocab
         for t in self.all:
             vocab = t.vocab_gradient_bytes(vocab)
@@ -193,32 +193,44 @@ class _Transforms:
 
 
 def _layer_loop(
-    body: Callable[[Where], tuple[Op, ...]], n: int, *, reverse: bool, positional: bool
+    body: Callable[[Where], tuple[Item, ...]],
+    n: int,
+    *,
+    reverse: bool,
+    position: frozenset[str],
 ) -> list[Item]:
     """``n`` layers in execution order (down from ``n - 1`` when ``reverse``), the layers whose
     bodies are the same as one ``Repeat``: a body differs only at the first and the last layer
-    run (``Where.first_layer`` / ``last_layer``), and only when ``positional``."""
+    run (``Where.first_layer`` / ``last_layer``), and only where a transform's ``position``
+    says so."""
     if n <= 0:
         return []
-    if not positional:
+    if not position:
         return [Repeat(body(Where()), n, reverse=reverse)]
-    kinds = [body(Where(first_layer=True, last_layer=n == 1))]
+    made: dict[tuple[bool, bool], tuple[Item, ...]] = {}
+
+    def kind(k: int) -> tuple[Item, ...]:
+        at = ("first" in position and k == 0, "last" in position and k == n - 1)
+        if at not in made:
+            made[at] = body(Where(first_layer=at[0], last_layer=at[1]))
+        return made[at]
+
+    segments = [(kind(0), 1)]
     if n > 2:
-        kinds.append(body(Where()))
+        segments.append((kind(1), n - 2))
     if n > 1:
-        kinds.append(body(Where(last_layer=True)))
-    counts = [1, n - 2, 1][: len(kinds)] if n > 2 else [1] * len(kinds)
-    runs: list[tuple[tuple[Op, ...], int]] = []
-    for kind, count in zip(kinds, counts, strict=True):
-        if runs and runs[-1][0] == kind:
-            runs[-1] = (kind, runs[-1][1] + count)
+        segments.append((kind(n - 1), 1))
+    runs: list[tuple[tuple[Item, ...], int]] = []
+    for same, count in segments:
+        if runs and runs[-1][0] == same:
+            runs[-1] = (same, runs[-1][1] + count)
         else:
-            runs.append((kind, count))
+            runs.append((same, count))
     out: list[Item] = []
     done = 0
-    for kind, count in runs:
+    for same, count in runs:
         start = n - done - count if reverse else done
-        out.append(Repeat(kind, count, reverse=reverse and count > 1, start=start))
+        out.append(Repeat(same, count, reverse=reverse and count > 1, start=start))
         done += count
     return out
 
@@ -244,18 +256,18 @@ class _Layers:
         ]
 
     def forward(self) -> list[Item]:
-        n, positional = self.ctx.num_layers, self.tr.layer_position
-        return _layer_loop(self._forward_body, n, reverse=False, positional=positional)
+        n, position = self.ctx.num_layers, self.tr.layer_position
+        return _layer_loop(self._forward_body, n, reverse=False, position=position)
 
     def backward(self, where: Where) -> list[Item]:
-        def body(at: Where) -> tuple[Op, ...]:
+        def body(at: Where) -> tuple[Item, ...]:
             return self._backward_body(where._replace(first_layer=at.first_layer,
                                                       last_layer=at.last_layer))  # fmt: skip
 
-        n, positional = self.ctx.num_layers, self.tr.layer_position
-        return _layer_loop(body, n, reverse=True, positional=positional)
+        n, position = self.ctx.num_layers, self.tr.layer_position
+        return _layer_loop(body, n, reverse=True, position=position)
 
-    def _forward_body(self, where: Where) -> tuple[Op, ...]:
+    def _forward_body(self, where: Where) -> tuple[Item, ...]:
         f: Phase = "forward"
         em = self.tr.emitter()
         body = em.at("layer.pre_forward", where)
@@ -292,7 +304,7 @@ class _Layers:
         body += saved[n_saved:] + dropped[n_dropped:] + [free(op, f) for op in dropped]
         body += em.at("layer.post_forward", where)
         em.check()
-        return _ops(body)
+        return tuple(body)
 
     def _recomputed(self, b: Phase) -> list[Op]:
         """The dropped blocks made again (and autocast's weight copies with them)."""
@@ -307,7 +319,7 @@ class _Layers:
             )
         return ops
 
-    def _backward_body(self, where: Where) -> tuple[Op, ...]:
+    def _backward_body(self, where: Where) -> tuple[Item, ...]:
         b: Phase = "backward"
         em = self.tr.emitter()
         saved_terms, dropped_terms = self.plan.saved, self.plan.dropped
@@ -363,7 +375,7 @@ class _Layers:
         ]
         body += em.at("layer.post_backward", where)
         em.check()
-        return _ops(body)
+        return tuple(body)
 
     def _scores_tmp_tensors(self) -> list[int]:
         """What the eager attention holds in the forward beyond what it saves, as the tensors
@@ -388,14 +400,6 @@ class _Layers:
         if self.training.attention != "eager":
             return [False] * len(blocks)
         return [term in RELEASED_BEFORE_SOFTMAX_BACKWARD for term, _ in blocks]
-
-
-def _ops(items: list[Item]) -> tuple[Op, ...]:
-    """A layer body's items, which are single ops."""
-    out = tuple(x for x in items if isinstance(x, Op))
-    if len(out) != len(items):
-        raise TypeError("a layer body holds single ops only")
-    return out
 
 
 class _Ends:

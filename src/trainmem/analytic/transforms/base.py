@@ -304,9 +304,9 @@ class Transform:
     #: the root group's gradients (a tied weight's sum included) are released by this
     #: transform, not freed by the base order once made
     keeps_root_gradients: bool = False
-    #: its layer ops differ at the first or the last layer run (``Where.first_layer`` /
+    #: its layer ops differ at the ``"first"`` / ``"last"`` layer run (``Where.first_layer`` /
     #: ``last_layer``)
-    layer_position: ClassVar[bool] = False
+    layer_position: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, ctx: RankContext) -> None:
         self.ctx = ctx
@@ -460,7 +460,10 @@ class Emitter:
         """The transforms' ops at ``point`` in order, then the frees of the lifetimes that end
         there (last allocated first)."""
         out: list[Item] = []
-        for k in self._at.get(point, ()):
+        here = self._at[point]
+        if not here and point not in self._pending:  # NB: most points of most ranks
+            return out
+        for k in here:
             for item in self.transforms[k].ops(point, where):
                 if isinstance(item, Lifetime):
                     out.append(item.op)

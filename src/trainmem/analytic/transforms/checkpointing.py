@@ -188,7 +188,7 @@ class ActivationOffloading(Transform):
     the next layer backward needs is prefetched."""
 
     name = "offloading"
-    layer_position = True
+    layer_position = frozenset({"first", "last"})
 
     @staticmethod
     def applies(ctx: RankContext) -> bool:

@@ -90,7 +90,7 @@ class Fsdp2PostBackward(Transform):
 
     name = "fsdp2"
     keeps_root_gradients = True
-    layer_position = True
+    layer_position = frozenset({"first"})
 
     def __init__(self, ctx: RankContext) -> None:
         super().__init__(ctx)
