@@ -34,13 +34,17 @@ class Invoke(Protocol):
     ) -> Result: ...
 
 
-@pytest.fixture
+InvokeJson = Callable[..., Any]
+"""The :func:`invoke_json` fixture's call: ``(*args, env=None) -> the parsed JSON``."""
+
+
+@pytest.fixture(scope="session")
 def cli_runner() -> CliRunner:
     """typer's ``CliRunner`` (stdout and stderr kept apart, as click 8.2+ does)."""
     return CliRunner()
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def invoke(cli_runner: CliRunner) -> Invoke:
     """Run ``trainmem ARGS...`` in-process and return the click ``Result``.
 
@@ -64,8 +68,8 @@ def invoke(cli_runner: CliRunner) -> Invoke:
     return run
 
 
-@pytest.fixture
-def invoke_json(invoke: Invoke) -> Callable[..., Any]:
+@pytest.fixture(scope="session")
+def invoke_json(invoke: Invoke) -> InvokeJson:
     """``invoke(*args, "--json")`` (exit code 0) and its stdout parsed."""
 
     def run(*args: str | Path, env: Mapping[str, str] | None = None) -> Any:

@@ -7,18 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from trainmem.cli import app
-
-runner = CliRunner()
+from conftest import Invoke
 
 
-def one_line_error(args: list[str], field: str) -> str:
-    result = runner.invoke(app, args)
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise AssertionError(f"uncaught {type(result.exception).__name__}: {result.exception}")
-    assert result.exit_code == 2, (result.exit_code, result.output)
+def one_line_error(invoke: Invoke, args: list[str], field: str) -> str:
+    # an uncaught exception exits 1: invoke fails with its traceback
+    result = invoke(*args, exit_code=2)
     err = result.stderr.strip()
     assert "\n" not in err and "Traceback" not in result.output, err
     assert err.startswith(f"error: {field}: "), err
@@ -26,10 +21,10 @@ def one_line_error(args: list[str], field: str) -> str:
 
 
 @pytest.mark.parametrize("port", ["70000", "-1", "0"])
-def test_serve_refuses_a_port_before_printing_a_url(port: str) -> None:
-    err = one_line_error(["serve", "--port", port], "port")
+def test_serve_refuses_a_port_before_printing_a_url(invoke: Invoke, port: str) -> None:
+    err = one_line_error(invoke, ["serve", "--port", port], "port")
     assert "allowed: 1..65535" in err
-    assert "http://" not in runner.invoke(app, ["serve", "--port", port]).stdout
+    assert "http://" not in invoke("serve", "--port", port, exit_code=2).stdout
 
 
 @pytest.mark.parametrize(
@@ -41,37 +36,43 @@ def test_serve_refuses_a_port_before_printing_a_url(port: str) -> None:
     ],
 )
 def test_every_output_path_is_checked_before_any_is_written(
-    outputs: list[str], field: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    invoke: Invoke, outputs: list[str], field: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
-    one_line_error(["estimate", "gpt2", "--snapshot", "out.pickle", *outputs], field)
+    one_line_error(invoke, ["estimate", "gpt2", "--snapshot", "out.pickle", *outputs], field)
     assert not (tmp_path / "out.pickle").exists()  # was written before the plot was refused
 
 
 def test_compare_checks_the_html_path_before_the_plot_is_written(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    invoke: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
     args = ["compare", "gpt2", "--set", "micro_batch_size=1", "--plot", "a.png"]
-    one_line_error([*args, "--html", "missing/b.html"], "html")
+    one_line_error(invoke, [*args, "--html", "missing/b.html"], "html")
     assert not (tmp_path / "a.png").exists()
 
 
-def test_an_output_name_too_long_is_one_line() -> None:
-    one_line_error(["estimate", "gpt2", "--html", "x" * 5000 + ".html"], "html")
+def test_an_output_name_too_long_is_one_line(invoke: Invoke) -> None:
+    one_line_error(invoke, ["estimate", "gpt2", "--html", "x" * 5000 + ".html"], "html")
 
 
 @pytest.mark.parametrize("m", ["4097", "10000", "2147483647"])
-def test_pipeline_micro_batches_are_capped_with_a_reason(m: str) -> None:
+def test_pipeline_micro_batches_are_capped_with_a_reason(invoke: Invoke, m: str) -> None:
     """10,000 micro-batches took 113 s, 2^31 - 1 hung (issue 29, item 2)."""
     args = ["estimate", "gpt2", "--pipeline-parallel-size", "2"]
-    err = one_line_error([*args, "--gradient-accumulation-steps", m], "gradient_accumulation_steps")
+    err = one_line_error(
+        invoke, [*args, "--gradient-accumulation-steps", m], "gradient_accumulation_steps"
+    )
     assert "allowed: 1..4,096" in err
 
 
 @pytest.mark.parametrize("engine", ["trace", "generic"])
-def test_a_micro_batch_no_device_holds_is_refused_before_tracing(engine: str) -> None:
+def test_a_micro_batch_no_device_holds_is_refused_before_tracing(
+    invoke: Invoke, engine: str
+) -> None:
     """torch's "Storage size calculation overflowed" traceback before (issue 29, item 6)."""
     big = ["-b", "2147483647", "-s", "2147483647"]
-    err = one_line_error(["estimate", "tiny-llama-test", "--engine", engine, *big], "seq_len")
+    err = one_line_error(
+        invoke, ["estimate", "tiny-llama-test", "--engine", engine, *big], "seq_len"
+    )
     assert "allowed: at most 2^50 bytes" in err

@@ -4,21 +4,18 @@ cut or swallowed at 80 columns (issue 27)."""
 from __future__ import annotations
 
 import pytest
-from typer.testing import CliRunner
 
-from trainmem.cli import app
+from conftest import Invoke
 from trainmem.specs.groups import FIELD_GROUPS
 
 
-def _help(columns: int) -> str:
-    result = CliRunner().invoke(app, ["estimate", "--help"], env={"COLUMNS": str(columns)})
-    assert result.exit_code == 0, result.output
-    return result.output
+def _help(invoke: Invoke, columns: int) -> str:
+    return invoke("estimate", "--help", env={"COLUMNS": str(columns)}).output
 
 
 @pytest.fixture(scope="module")
-def help_text() -> str:
-    return _help(80)
+def help_text(invoke: Invoke) -> str:
+    return _help(invoke, 80)
 
 
 def test_options_are_grouped_by_concern(help_text: str) -> None:
@@ -26,8 +23,8 @@ def test_options_are_grouped_by_concern(help_text: str) -> None:
         assert f"─ {panel} ─" in help_text, panel
 
 
-def test_nothing_is_cut_at_100_columns() -> None:
-    assert "…" not in _help(100)
+def test_nothing_is_cut_at_100_columns(invoke: Invoke) -> None:
+    assert "…" not in _help(invoke, 100)
 
 
 def test_no_value_is_cut_or_swallowed_at_80_columns(help_text: str) -> None:

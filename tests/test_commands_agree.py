@@ -6,30 +6,16 @@ from __future__ import annotations
 
 import json
 import shlex
-from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
-from trainmem.cli import app
-
-RUN = CliRunner()
+from conftest import Invoke, InvokeJson
 
 
-def _estimate(args: list[str]) -> dict[str, Any]:
-    r = RUN.invoke(app, ["estimate", *args, "--json"])
-    assert r.exit_code == 0, r.output
-    out: dict[str, Any] = json.loads(r.stdout)
-    return out
-
-
-def test_every_fix_command_fits_when_estimated() -> None:
-    r = RUN.invoke(
-        app,
-        ["fit", "llama-3.1-8b", "--gpu", "RTX-4090", "-b", "2", "-s", "2048"],
-        env={"COLUMNS": "400"},
+def test_every_fix_command_fits_when_estimated(invoke: Invoke, invoke_json: InvokeJson) -> None:
+    r = invoke(
+        "fit", "llama-3.1-8b", "--gpu", "RTX-4090", "-b", "2", "-s", "2048", env={"COLUMNS": "400"}
     )
-    assert r.exit_code == 0, r.output
     commands = [
         line.split(". ", 1)[1]
         for line in r.output.splitlines()
@@ -39,53 +25,45 @@ def test_every_fix_command_fits_when_estimated() -> None:
     for command in commands:
         words = shlex.split(command)
         assert words[:2] == ["trainmem", "estimate"]
-        assert _estimate(words[2:])["fits"] is True, command
+        assert invoke_json("estimate", *words[2:])["fits"] is True, command
 
 
-def test_plan_agrees_with_estimate() -> None:
+def test_plan_agrees_with_estimate(invoke: Invoke, invoke_json: InvokeJson) -> None:
     args = ["llama-3.2-1b", "--gpu", "RTX-4090", "-s", "512", "-c", "full"]
-    r = RUN.invoke(app, ["plan", *args, "--json"])
-    assert r.exit_code == 0, r.output
+    r = invoke("plan", *args, "--json")
     best = {x["dimension"]: x for x in json.loads(r.stdout)["results"]}["micro_batch_size"]["value"]
-    assert _estimate([*args, "-b", str(best)])["fits"] is True
-    assert _estimate([*args, "-b", str(best + 1)])["fits"] is False
+    assert invoke_json("estimate", *args, "-b", str(best))["fits"] is True
+    assert invoke_json("estimate", *args, "-b", str(best + 1))["fits"] is False
 
 
 @pytest.mark.parametrize("b", [1, 4])
-def test_sweep_verdict_is_estimates(b: int) -> None:
+def test_sweep_verdict_is_estimates(invoke: Invoke, invoke_json: InvokeJson, b: int) -> None:
     args = ["llama-3.2-1b", "--gpu", "RTX-4090", "-s", "2048"]
-    r = RUN.invoke(
-        app,
-        [
-            "sweep",
-            *args,
-            "--over",
-            f"micro-batch-size={b}",
-            "--simulate-allocator",
-            "--format",
-            "json",
-        ],
+    r = invoke(
+        "sweep",
+        *args,
+        "--over",
+        f"micro-batch-size={b}",
+        "--simulate-allocator",
+        "--format",
+        "json",
     )
-    assert r.exit_code == 0, r.output
     row = json.loads(r.stdout)[0]
-    assert row["verdict"] == _estimate([*args, "-b", str(b)])["verdict"]
+    assert row["verdict"] == invoke_json("estimate", *args, "-b", str(b))["verdict"]
 
 
-def test_compare_and_formulas_agree_with_estimate() -> None:
+def test_compare_and_formulas_agree_with_estimate(invoke: Invoke, invoke_json: InvokeJson) -> None:
     args = ["llama-3.2-1b", "-s", "512", "--gpu", "RTX-4090"]
-    r = RUN.invoke(
-        app,
-        ["compare", *args, "--set", "micro-batch-size=1", "--set", "micro-batch-size=8", "--json"],
+    r = invoke(
+        "compare", *args, "--set", "micro-batch-size=1", "--set", "micro-batch-size=8", "--json"
     )
-    assert r.exit_code == 0, r.output
     for config, b in zip(json.loads(r.stdout)["configurations"], (1, 8), strict=True):
-        alone = _estimate([*args, "-b", str(b)])
+        alone = invoke_json("estimate", *args, "-b", str(b))
         assert config["verdict"] == alone["verdict"]
         assert config["peak"]["allocated_bytes"] == alone["peak"]["allocated_bytes"]
-    f = RUN.invoke(app, ["formulas", "llama-3.2-1b", "-s", "512", "--json"])
-    assert f.exit_code == 0, f.output
+    f = invoke("formulas", "llama-3.2-1b", "-s", "512", "--json")
     ours = [row for row in json.loads(f.stdout) if row["formula"].startswith("trainmem")]
     assert (
         ours[0]["total_bytes"]
-        == _estimate(["llama-3.2-1b", "-s", "512"])["peak"]["allocated_bytes"]
+        == invoke_json("estimate", "llama-3.2-1b", "-s", "512")["peak"]["allocated_bytes"]
     )

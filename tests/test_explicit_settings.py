@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
-from trainmem.cli import app
+from conftest import Invoke
 from trainmem.cli.options import _NOT_FIELDS, TRAINING_OPTIONS
 from trainmem.errors import SpecError
 
@@ -105,20 +104,17 @@ FLAG_CASES: dict[str, tuple[list[str], Any, str]] = {
 }
 
 
-def _invoke(args: list[str]) -> Any:
-    return CliRunner().invoke(app, args)
-
-
 def test_the_cases_cover_every_option_that_sets_a_field() -> None:
     fields = {p.name for p in TRAINING_OPTIONS if p.name not in _NOT_FIELDS}
     assert set(FLAG_CASES) == fields
 
 
 @pytest.mark.parametrize("field", sorted(FLAG_CASES))
-def test_a_flag_and_a_set_of_the_same_field_are_refused_naming_both(field: str) -> None:
+def test_a_flag_and_a_set_of_the_same_field_are_refused_naming_both(
+    invoke: Invoke, field: str
+) -> None:
     flag_args, shown, other = FLAG_CASES[field]
-    r = _invoke(["estimate", "gpt2", *flag_args, "--set", other, "--json"])
-    assert r.exit_code == 2, r.output
+    r = invoke("estimate", "gpt2", *flag_args, "--set", other, "--json", exit_code=2)
     key = other.split("=")[0]
     message = r.stderr.strip()
     assert message.count("\n") == 0  # one line
@@ -127,10 +123,9 @@ def test_a_flag_and_a_set_of_the_same_field_are_refused_naming_both(field: str) 
     assert f"--set {key}={other.split('=')[1].replace('+', ',')}; give one" in message
 
 
-def test_a_flag_and_a_set_that_agree_are_one_setting() -> None:
-    r = _invoke(["estimate", "gpt2", "-s", "128", "-b", "1", "--set", "micro-batch-size=1"])
-    assert r.exit_code == 0, r.output
-    r = _invoke(["estimate", "gpt2", "-s", "128", "--set", "micro-batch-size=3", "--json"])
+def test_a_flag_and_a_set_that_agree_are_one_setting(invoke: Invoke) -> None:
+    invoke("estimate", "gpt2", "-s", "128", "-b", "1", "--set", "micro-batch-size=1")
+    r = invoke("estimate", "gpt2", "-s", "128", "--set", "micro-batch-size=3", "--json")
     assert json.loads(r.stdout)["config"]["micro_batch_size"] == 3  # --set alone applies
 
 
@@ -160,7 +155,9 @@ FILE_CASES: dict[str, tuple[str, str]] = {
 
 
 @pytest.mark.parametrize("field", sorted(FILE_CASES))
-def test_an_explicit_flag_wins_over_the_config_file(tmp_path: Path, field: str) -> None:
+def test_an_explicit_flag_wins_over_the_config_file(
+    invoke: Invoke, tmp_path: Path, field: str
+) -> None:
     from trainmem.specs.framework_configs import read_accelerate_config, read_deepspeed_config
 
     name, text = FILE_CASES[field]
@@ -171,8 +168,7 @@ def test_an_explicit_flag_wins_over_the_config_file(tmp_path: Path, field: str) 
     assert read(str(path))[field] != shown  # the file alone says otherwise
     option = "--deepspeed-config" if name == "ds.json" else "--accelerate-config"
     seq = [] if field == "seq_len" else ["-s", "128"]
-    r = _invoke(["estimate", "gpt2", *seq, *flag_args, option, str(path), "--json"])
-    assert r.exit_code == 0, r.output
+    r = invoke("estimate", "gpt2", *seq, *flag_args, option, str(path), "--json")
     out = json.loads(r.stdout)
     assert out["config"][field] == shown
     flag = "--" + field.replace("_", "-")
@@ -220,7 +216,7 @@ TRAINER_FILE_CASES: list[tuple[str, str, str, str]] = [
     ids=[f"{c[0][2:]}-{c[1]}" for c in TRAINER_FILE_CASES],
 )
 def test_an_explicit_flag_wins_over_a_trainer_config(
-    tmp_path: Path, option: str, field: str, name: str, text: str
+    invoke: Invoke, tmp_path: Path, option: str, field: str, name: str, text: str
 ) -> None:
     from trainmem.specs.trainer_configs import (
         read_axolotl_config,
@@ -238,28 +234,27 @@ def test_an_explicit_flag_wins_over_a_trainer_config(
     }[option]
     assert read(str(path))[field] != shown  # the file alone says otherwise
     seq = [] if field == "seq_len" else ["-s", "128"]
-    r = _invoke(["estimate", "gpt2", *seq, option, str(path), "--json"])
-    assert r.exit_code == 0, r.output
+    r = invoke("estimate", "gpt2", *seq, option, str(path), "--json")
     assert json.loads(r.stdout)["config"][field] != shown  # and the estimate reads it
-    r = _invoke(["estimate", "gpt2", *seq, *flag_args, option, str(path), "--json"])
-    assert r.exit_code == 0, r.output
+    r = invoke("estimate", "gpt2", *seq, *flag_args, option, str(path), "--json")
     out = json.loads(r.stdout)
     assert out["config"][field] == shown
     flag = "--" + field.replace("_", "-")
     assert any(note.startswith(f"{flag} ") for note in out["notes"]), out["notes"]
 
 
-def test_the_issue_example_micro_batch_one_over_the_files_four(tmp_path: Path) -> None:
+def test_the_issue_example_micro_batch_one_over_the_files_four(
+    invoke: Invoke, tmp_path: Path
+) -> None:
     # `-b 1` with "train_micro_batch_size_per_gpu": 4 used 4 (issue 29): 1 is the default, so
     # a comparison with the default could not tell that it was given
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({"train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": True}}))
-    r = _invoke(["estimate", "gpt2", "-s", "128", "--deepspeed-config", str(path), "--json"])
+    r = invoke("estimate", "gpt2", "-s", "128", "--deepspeed-config", str(path), "--json")
     assert json.loads(r.stdout)["config"]["micro_batch_size"] == 4
-    r = _invoke(["estimate", "gpt2", "-s", "128", "--deepspeed-config", str(path), "-b", "1"])
-    assert r.exit_code == 0, r.output
-    r = _invoke(
-        ["estimate", "gpt2", "-s", "128", "--deepspeed-config", str(path), "-b", "1", "--json"]
+    invoke("estimate", "gpt2", "-s", "128", "--deepspeed-config", str(path), "-b", "1")
+    r = invoke(
+        "estimate", "gpt2", "-s", "128", "--deepspeed-config", str(path), "-b", "1", "--json"
     )
     assert json.loads(r.stdout)["config"]["micro_batch_size"] == 1
 
@@ -277,7 +272,7 @@ COMMANDS: dict[str, list[str]] = {
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_every_command_takes_the_explicit_flag(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+    invoke: Invoke, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
 ) -> None:
     import trainmem.cli.options as options
 
@@ -292,6 +287,6 @@ def test_every_command_takes_the_explicit_flag(
 
     monkeypatch.setattr(options, "training_from_options", spy)
     args = [*COMMANDS[command], "--deepspeed-config", str(path), "-p", "bf16-mixed", "-b", "1"]
-    r = _invoke(args)
+    r = invoke(*args, exit_code=2)
     assert "error: stop:" in r.stderr, r.output
     assert (seen[0].micro_batch_size, seen[0].precision) == (1, "bf16-mixed")

@@ -5,10 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from typer.testing import CliRunner
-
+from conftest import Invoke
 from trainmem.analytic.tensor_states import tensor_states
-from trainmem.cli import app
 from trainmem.specs.framework_configs import read_accelerate_config, read_deepspeed_config
 from trainmem.specs.hf import load_model_spec
 from trainmem.specs.training import TrainingConfig
@@ -78,26 +76,22 @@ def test_accelerate_hybrid_shard_groups_one_node(tmp_path: Path) -> None:
     assert (out["zero_stage"], out["shard_group_size"]) == (3, 8)
 
 
-def test_explicit_flags_win_over_the_file(tmp_path: Path) -> None:
+def test_explicit_flags_win_over_the_file(invoke: Invoke, tmp_path: Path) -> None:
     p = tmp_path / "ds.json"
     p.write_text(
         json.dumps({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 2}})
     )
-    r = CliRunner().invoke(
-        app,
-        [
-            "estimate",
-            "gpt2",
-            "--deepspeed-config",
-            str(p),
-            "--micro-batch-size",
-            "2",
-            "--data-parallel-size",
-            "4",
-            "--json",
-        ],
+    r = invoke(
+        "estimate",
+        "gpt2",
+        "--deepspeed-config",
+        str(p),
+        "--micro-batch-size",
+        "2",
+        "--data-parallel-size",
+        "4",
+        "--json",
     )
-    assert r.exit_code == 0, r.output
     config = json.loads(r.stdout)["config"]
     assert config["micro_batch_size"] == 2 and config["zero_stage"] == 2
     assert config["framework"] == "deepspeed"
@@ -187,17 +181,16 @@ GPT2_PARAMETERS = 124_439_808
 2 x 768 (Radford et al. 2019; sum(p.numel()) of transformers' GPT2LMHeadModel)."""
 
 
-def _estimate_json(args: list[str]) -> dict[str, object]:
-    r = CliRunner().invoke(app, ["estimate", "gpt2", "-s", "128", *args, "--json"])
-    assert r.exit_code == 0, r.output
+def _estimate_json(invoke: Invoke, args: list[str]) -> dict[str, object]:
+    r = invoke("estimate", "gpt2", "-s", "128", *args, "--json")
     out: dict[str, object] = json.loads(r.stdout)
     return out
 
 
-def test_a_ds_config_without_bf16_is_estimated_in_fp32(tmp_path: Path) -> None:
+def test_a_ds_config_without_bf16_is_estimated_in_fp32(invoke: Invoke, tmp_path: Path) -> None:
     p = tmp_path / "ds.json"
     p.write_text(json.dumps({"zero_optimization": {"stage": 0}}))
-    out = _estimate_json(["--deepspeed-config", str(p)])
+    out = _estimate_json(invoke, ["--deepspeed-config", str(p)])
     config, states = out["config"], out["model_states_bytes"]
     assert isinstance(config, dict) and isinstance(states, dict)
     assert (config["precision"], config["weight_dtype"]) == ("32-true", "float32")
@@ -205,16 +198,16 @@ def test_a_ds_config_without_bf16_is_estimated_in_fp32(tmp_path: Path) -> None:
     assert states["parameters"] == 4 * GPT2_PARAMETERS
     # an explicit --precision is the Trainer's --bf16: accelerate adds the section
     # (utils/dataclasses.py DeepSpeedPlugin.set_mixed_precision); 16-bit weights, 2 bytes each
-    out = _estimate_json(["--deepspeed-config", str(p), "-p", "bf16-mixed"])
+    out = _estimate_json(invoke, ["--deepspeed-config", str(p), "-p", "bf16-mixed"])
     assert out["model_states_bytes"]["parameters"] == 2 * GPT2_PARAMETERS  # type: ignore[index]
 
 
-def test_ds_config_auto_values_take_the_options_and_say_so(tmp_path: Path) -> None:
+def test_ds_config_auto_values_take_the_options_and_say_so(invoke: Invoke, tmp_path: Path) -> None:
     p = tmp_path / "ds.json"
     p.write_text(
         json.dumps({"train_micro_batch_size_per_gpu": "auto", "bf16": {"enabled": "auto"}})
     )
-    out = _estimate_json(["--deepspeed-config", str(p)])
+    out = _estimate_json(invoke, ["--deepspeed-config", str(p)])
     config, notes = out["config"], out["notes"]
     assert isinstance(config, dict) and isinstance(notes, list)
     assert (config["precision"], config["micro_batch_size"]) == ("bf16-mixed", 1)
@@ -223,7 +216,7 @@ def test_ds_config_auto_values_take_the_options_and_say_so(tmp_path: Path) -> No
         "Trainer fills it from its own arguments" in notes[-1]
     )
     assert 'train_micro_batch_size_per_gpu "auto": micro_batch_size 1' in notes[-2]
-    out = _estimate_json(["--deepspeed-config", str(p), "-p", "32-true", "-b", "2"])
+    out = _estimate_json(invoke, ["--deepspeed-config", str(p), "-p", "32-true", "-b", "2"])
     config, notes = out["config"], out["notes"]
     assert isinstance(config, dict) and isinstance(notes, list)
     assert (config["precision"], config["micro_batch_size"]) == ("32-true", 2)

@@ -26,16 +26,13 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from typer.testing import CliRunner
 
+from conftest import Invoke
 from trainmem import TrainingConfig, estimate
-from trainmem.cli import app
 from trainmem.errors import TrainmemError
 from trainmem.specs.framework_configs import read_accelerate_config, read_deepspeed_config
 from trainmem.specs.hardware import GPUS, get_gpu
 from trainmem.specs.hf import model_spec_from_hf
-
-runner = CliRunner()
 
 FUZZ = settings(
     derandomize=True,
@@ -116,34 +113,34 @@ REPORTED: list[tuple[list[str], str]] = [
 
 
 @pytest.mark.parametrize(("args", "message"), REPORTED, ids=lambda v: str(v)[:60])
-def test_reported_inputs_end_in_one_line(args: list[str], message: str) -> None:
-    result = runner.invoke(app, args)
+def test_reported_inputs_end_in_one_line(invoke: Invoke, args: list[str], message: str) -> None:
+    result = invoke(*args, exit_code=None)
     check_result(result)
     assert result.exit_code == 2, result.output
     assert message in result.stderr, result.stderr
 
 
-def test_pipeline_stages_that_hold_layers_still_work() -> None:
+def test_pipeline_stages_that_hold_layers_still_work(invoke: Invoke) -> None:
     # llama-3.2-1b has 16 layers: p = 16 gives one layer per stage (ceil(16 / 16) = 1)
-    result = runner.invoke(
-        app, ["estimate", "llama-3.2-1b", "--pipeline-parallel-size", "16", "--json"]
+    result = invoke(
+        "estimate", "llama-3.2-1b", "--pipeline-parallel-size", "16", "--json", exit_code=None
     )
     check_result(result)
     assert result.exit_code == 0, result.output
     assert [r["num_layers"] for r in json.loads(result.stdout)["per_rank"]] == [1, 1]
 
 
-def test_output_paths_that_cannot_be_written(tmp_path: Path) -> None:
+def test_output_paths_that_cannot_be_written(invoke: Invoke, tmp_path: Path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     for option, name in (("--plot", "x.png"), ("--html", "x.html"), ("--snapshot", "x.pickle")):
-        result = runner.invoke(app, ["estimate", "tiny-gpt2-test", option, str(blocker / name)])
+        result = invoke("estimate", "tiny-gpt2-test", option, str(blocker / name), exit_code=None)
         check_result(result)
         assert result.exit_code == 2 and "cannot write" in result.stderr, result.output
         assert not (tmp_path / name).exists()
 
 
-def test_model_path_with_tex_markup_plots(tmp_path: Path) -> None:
+def test_model_path_with_tex_markup_plots(invoke: Invoke, tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     config = tmp_path / "a$^$b.json"  # "$^$" is invalid TeX: matplotlib raised ValueError
     config.write_text(
@@ -152,7 +149,7 @@ def test_model_path_with_tex_markup_plots(tmp_path: Path) -> None:
         )
     )
     out = tmp_path / "t.png"
-    result = runner.invoke(app, ["estimate", str(config), "--plot", str(out)])
+    result = invoke("estimate", str(config), "--plot", str(out), exit_code=None)
     check_result(result)
     assert result.exit_code == 0 and out.stat().st_size > 0, result.output
 
@@ -172,10 +169,9 @@ def test_json_to_a_full_device_is_an_error() -> None:
     assert proc.stderr.strip() == "error: output: cannot write the result: No space left on device"
 
 
-def test_same_command_gives_byte_identical_json() -> None:
+def test_same_command_gives_byte_identical_json(invoke: Invoke) -> None:
     args = ["estimate", "gpt2", "-b", "2", "--gpu", "T4", "--json"]
-    first, second = runner.invoke(app, args), runner.invoke(app, args)
-    assert first.exit_code == 0, first.output
+    first, second = invoke(*args), invoke(*args)
     assert first.stdout == second.stdout
 
 
@@ -264,8 +260,8 @@ _INT_OPTIONS = {option for option, values in _OPTIONS if values is _INT_TEXT} | 
 
 @settings(FUZZ, max_examples=250)
 @given(args=cli_args())
-def test_fuzz_cli_options(args: list[str]) -> None:
-    result = runner.invoke(app, args)
+def test_fuzz_cli_options(invoke: Invoke, args: list[str]) -> None:
+    result = invoke(*args, exit_code=None)
     check_result(result)
     malformed = [
         (option, value)
@@ -284,21 +280,21 @@ def test_fuzz_cli_options(args: list[str]) -> None:
         st.integers(min_value=31, max_value=5000).map(lambda n: "1" + "0" * n),
     ),
 )
-def test_fuzz_malformed_numbers(option: str, value: str) -> None:
+def test_fuzz_malformed_numbers(invoke: Invoke, option: str, value: str) -> None:
     # int() reads "1_000" and the Arabic-Indic digit three (U+0663); 31 digits are beyond any
     # size
-    result = runner.invoke(app, ["estimate", "tiny-gpt2-test", option, value])
+    result = invoke("estimate", "tiny-gpt2-test", option, value, exit_code=None)
     check_result(result)
     assert result.exit_code == 2, result.output
 
 
 @settings(FUZZ, max_examples=60)
 @given(model=st.sampled_from(["gpt2", "llama-3.2-1b", "bert-base-uncased"]), p=st.integers(1, 40))
-def test_fuzz_pipeline_sizes(model: str, p: int) -> None:
+def test_fuzz_pipeline_sizes(invoke: Invoke, model: str, p: int) -> None:
     # the fuzzer's 135 configurations with a stage of negative layers: every accepted size
     # leaves each stage at least one layer, and the refused ones name the allowed sizes
-    result = runner.invoke(
-        app, ["estimate", model, "--pipeline-parallel-size", str(p), "-s", "128", "--json"]
+    result = invoke(
+        "estimate", model, "--pipeline-parallel-size", str(p), "-s", "128", "--json", exit_code=None
     )
     check_result(result)
     if result.exit_code == 2:

@@ -7,46 +7,45 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from trainmem.cli import app
+from conftest import Invoke
 
 
-def _notes(*args: str) -> list[str]:
-    result = CliRunner().invoke(app, ["estimate", *args, "--json"])
-    assert result.exit_code == 0, result.output
+def _notes(invoke: Invoke, *args: str) -> list[str]:
+    result = invoke("estimate", *args, "--json")
     notes: list[str] = json.loads(result.stdout)["notes"]
     return notes
 
 
-def test_zero_stage_without_data_parallelism_is_a_warning() -> None:
-    notes = _notes("llama-3.2-1b", "--zero-stage", "3", "-s", "512")
+def test_zero_stage_without_data_parallelism_is_a_warning(invoke: Invoke) -> None:
+    notes = _notes(invoke, "llama-3.2-1b", "--zero-stage", "3", "-s", "512")
     assert any(n.startswith("warning: zero_stage=3 with data_parallel_size=1") for n in notes)
-    sharded = _notes("llama-3.2-1b", "--zero-stage", "3", "--data-parallel-size", "8", "-s", "512")
+    sharded = _notes(
+        invoke, "llama-3.2-1b", "--zero-stage", "3", "--data-parallel-size", "8", "-s", "512"
+    )
     assert not any(n.startswith("warning: zero_stage") for n in sharded)
 
 
-def test_a_sequence_beyond_the_context_is_a_warning() -> None:
+def test_a_sequence_beyond_the_context_is_a_warning(invoke: Invoke) -> None:
     # llama-3.2-1b's config.json: "max_position_embeddings": 131072
-    notes = _notes("llama-3.2-1b", "-s", "200000", "--activation-checkpointing", "full")
+    notes = _notes(invoke, "llama-3.2-1b", "-s", "200000", "--activation-checkpointing", "full")
     assert any("seq_len=200,000 is beyond the model's context (131,072 tokens" in n for n in notes)
-    inside = _notes("llama-3.2-1b", "-s", "131072", "--activation-checkpointing", "full")
+    inside = _notes(invoke, "llama-3.2-1b", "-s", "131072", "--activation-checkpointing", "full")
     assert not any("beyond the model's context" in n for n in inside)
 
 
-def test_the_text_output_prints_a_warning_as_one() -> None:
+def test_the_text_output_prints_a_warning_as_one(invoke: Invoke) -> None:
     args = ["estimate", "llama-3.2-1b", "-s", "200000", "--activation-checkpointing", "full"]
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
+    result = invoke(*args)
     assert "\nwarning: seq_len=200,000 is beyond" in result.output
 
 
-def test_estimate_never_suggests_a_command_that_refuses() -> None:
+def test_estimate_never_suggests_a_command_that_refuses(invoke: Invoke, models_dir: Path) -> None:
     # Whisper has no formulas: `fit` refuses it, so `estimate` must not send the user there.
     import subprocess
     import sys
 
-    whisper = Path(__file__).parent / "models" / "whisper.json"
+    whisper = models_dir / "whisper.json"
     args = ["estimate", str(whisper), "--gpu", "0.5GB", "--json"]
     run = subprocess.run(
         [sys.executable, "-m", "trainmem", *args], capture_output=True, text=True, timeout=300
@@ -58,18 +57,18 @@ def test_estimate_never_suggests_a_command_that_refuses() -> None:
     d = json.loads(run.stdout)
     assert d["engine"] == "generic" and d["verdict"] == "does not fit"
     assert not any("`trainmem fit " in n for n in d["notes"])
-    fit = CliRunner().invoke(app, ["fit", str(whisper), "--gpu", "0.5GB"])
+    fit = invoke("fit", str(whisper), "--gpu", "0.5GB", exit_code=None)
     assert fit.exit_code != 0 and "formulas only" in fit.output
     assert any("re-run `trainmem estimate` with" in n for n in d["notes"])
 
 
-def test_version_is_the_packages() -> None:
+def test_version_is_the_packages(invoke: Invoke) -> None:
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
     pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
     declared = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["version"]
-    result = CliRunner().invoke(app, ["--version"])
-    assert result.exit_code == 0 and result.stdout.strip() == f"trainmem {declared}"
+    result = invoke("--version")
+    assert result.stdout.strip() == f"trainmem {declared}"
 
 
 def test_a_long_run_says_it_is_working(

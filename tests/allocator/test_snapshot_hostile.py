@@ -9,10 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
+from conftest import Invoke
 from trainmem.allocator.snapshot import loads_snapshot
-from trainmem.cli import app
 from trainmem.errors import SnapshotError
 
 _PLACEHOLDER = b"X" + (11).to_bytes(4, "little") + b"PLACEHOLDER"  # BINUNICODE "PLACEHOLDER"
@@ -53,11 +52,12 @@ def test_hostile_snapshot_is_a_snapshot_error(case: str) -> None:
 
 @pytest.mark.parametrize("command", ["replay-snapshot", "compare-snapshot"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_hostile_snapshot_is_one_line_from_the_cli(case: str, command: str, tmp_path: Path) -> None:
+def test_hostile_snapshot_is_one_line_from_the_cli(
+    invoke: Invoke, case: str, command: str, tmp_path: Path
+) -> None:
     path = tmp_path / "hostile.pickle"
     path.write_bytes(CASES[case])
     args = [command, str(path)] + (["tiny-gpt2-test"] if command == "compare-snapshot" else [])
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 2, result.output
+    result = invoke(*args, exit_code=2)
     err = result.stderr.strip()
     assert "\n" not in err and err.startswith("error: snapshot field "), err

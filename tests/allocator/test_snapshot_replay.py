@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
+from conftest import Invoke
 from trainmem.allocator.caching import CachingAllocatorSim
 from trainmem.allocator.snapshot import (
     SnapshotError,
@@ -24,7 +24,6 @@ from trainmem.allocator.snapshot import (
     snapshot_stats,
 )
 from trainmem.allocator.snapshot_replay import replay_snapshot, start_segments
-from trainmem.cli import app
 
 MiB = 1_048_576
 CORPUS = Path(__file__).resolve().parents[2] / ".." / "shared" / "validation" / "snapshots"
@@ -255,13 +254,10 @@ def test_memo_bomb_pickle_is_small() -> None:
 
 # ------------------------------------------------------------------ CLI
 
-runner = CliRunner()
 
-
-def test_cli_json_keys() -> None:
+def test_cli_json_keys(invoke: Invoke) -> None:
     path = corpus_file("S012")
-    res = runner.invoke(app, ["replay-snapshot", str(path), "--json"])
-    assert res.exit_code == 0, res.output
+    res = invoke("replay-snapshot", str(path), "--json")
     out = json.loads(res.stdout)
     keys = {"peak_allocated_bytes", "peak_reserved_bytes", "num_segments"}
     assert set(out["real"]) == keys and set(out["simulated"]) == keys
@@ -270,9 +266,8 @@ def test_cli_json_keys() -> None:
     assert out["simulated"]["peak_reserved_bytes"] == out["real"]["peak_reserved_bytes"]
 
 
-def test_cli_table_runs_with_a_gpu() -> None:
-    res = runner.invoke(app, ["replay-snapshot", str(corpus_file("S059")), "--gpu", "A100-80GB"])
-    assert res.exit_code == 0, res.output
+def test_cli_table_runs_with_a_gpu(invoke: Invoke) -> None:
+    res = invoke("replay-snapshot", str(corpus_file("S059")), "--gpu", "A100-80GB")
     assert "peak reserved" in res.stdout
 
 
@@ -287,21 +282,20 @@ def test_cli_table_runs_with_a_gpu() -> None:
     ],
     ids=["empty", "truncated", "string-size", "no-addr", "memo-bomb"],
 )
-def test_cli_bad_file_exits_2_with_one_line(tmp_path: Path, payload: bytes) -> None:
+def test_cli_bad_file_exits_2_with_one_line(invoke: Invoke, tmp_path: Path, payload: bytes) -> None:
     path = tmp_path / "bad.pickle"
     path.write_bytes(payload)
-    res = runner.invoke(app, ["replay-snapshot", str(path)])
-    assert res.exit_code == 2
+    res = invoke("replay-snapshot", str(path), exit_code=2)
     assert res.stderr.count("\n") == 1 and res.stderr.startswith("error: ")
 
 
-def test_cli_refuses_a_fifo(tmp_path: Path) -> None:
+def test_cli_refuses_a_fifo(invoke: Invoke, tmp_path: Path) -> None:
     import os
 
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
-    res = runner.invoke(app, ["replay-snapshot", str(fifo)])
-    assert res.exit_code == 2 and "not a regular file" in res.stderr
+    res = invoke("replay-snapshot", str(fifo), exit_code=2)
+    assert "not a regular file" in res.stderr
 
 
 # ------------------------------------------------------------------ stream comparison helpers

@@ -15,8 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
+from conftest import Invoke
 from trainmem.analytic.activations import activation_profile
 from trainmem.analytic.attention import (
     eager_scores_forward_bytes,
@@ -27,7 +27,6 @@ from trainmem.analytic.head import head_activation_bytes
 from trainmem.analytic.loss import loss_backward_transient_bytes, loss_forward_transient_bytes
 from trainmem.analytic.params import num_parameters
 from trainmem.analytic.temporaries import optimizer_step_temporary_bytes
-from trainmem.cli import app
 from trainmem.errors import SpecError, UnsupportedError
 from trainmem.estimate import estimate
 from trainmem.specs.hf import load_model_spec
@@ -217,12 +216,8 @@ def test_engines_refuse_what_they_cannot_run() -> None:
         estimate("gpt2", TrainingConfig(seq_len=8, loss="logits-sum"), engine="trace")
 
 
-runner = CliRunner()
-
-
-def test_cli_estimate_on_a_cs336_config() -> None:
-    r = runner.invoke(app, ["estimate", TINY, "-b", "2", "-s", "8", "-p", "32-true", "--json"])
-    assert r.exit_code == 0, r.output
+def test_cli_estimate_on_a_cs336_config(invoke: Invoke) -> None:
+    r = invoke("estimate", TINY, "-b", "2", "-s", "8", "-p", "32-true", "--json")
     out = json.loads(r.stdout)
     assert out["engine"] == "analytic" and out["num_parameters"] == 1832
     # the model's own attention (written out, eager) and loss (the course's cross-entropy)
@@ -234,17 +229,16 @@ def test_cli_estimate_on_a_cs336_config() -> None:
     assert out["peak"]["allocated_bytes"] == api.breakdown.allocated_bytes
 
 
-def test_cli_trace_engine_builds_the_course_model() -> None:
+def test_cli_trace_engine_builds_the_course_model(invoke: Invoke) -> None:
     pytest.importorskip("torch")
     args = ["estimate", TINY, "-b", "2", "-s", "8", "-p", "32-true", "--json"]
-    r = runner.invoke(app, [*args, "--engine", "trace", "--loss", "logits-mean"])
-    assert r.exit_code == 0, r.output
+    r = invoke(*args, "--engine", "trace", "--loss", "logits-mean")
     out = json.loads(r.stdout)
     assert out["engine"] == "trace" and out["num_parameters"] == 1832
     assert out["config"]["loss"] == "logits-mean"
 
 
-def test_cli_loop_flags() -> None:
+def test_cli_loop_flags(invoke: Invoke) -> None:
     args = ["estimate", "cs336-small", "-b", "4", "-s", "128", "-p", "32-true", "--json"]
     flags = [
         "--optimizer-implementation",
@@ -254,12 +248,11 @@ def test_cli_loop_flags() -> None:
         "--keep-logits",
         "--zero-grad-before-backward",
     ]
-    r = runner.invoke(app, [*args, *flags])
-    assert r.exit_code == 0, r.output
+    r = invoke(*args, *flags)
     config = json.loads(r.stdout)["config"]
     assert config["optimizer_implementation"] == "cs336" and config["loss"] == "logits-sum"
     assert config["keep_logits"] and config["zero_grad_before_backward"]
-    bad = runner.invoke(app, [*args, "--attention", "sdpa"])
+    bad = invoke(*args, "--attention", "sdpa", exit_code=None)
     assert bad.exit_code != 0 and "allowed: eager" in bad.output
-    generic = runner.invoke(app, [*args, "--engine", "generic"])
+    generic = invoke(*args, "--engine", "generic", exit_code=None)
     assert generic.exit_code != 0 and "--engine trace" in generic.output

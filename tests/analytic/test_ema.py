@@ -7,10 +7,9 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from typer.testing import CliRunner
 
+from conftest import Invoke
 from trainmem.analytic.temporaries import ema_step_temporary_bytes
-from trainmem.cli import app
 from trainmem.errors import SpecError
 from trainmem.estimate import estimate
 from trainmem.specs.training import TrainingConfig
@@ -79,10 +78,7 @@ def test_ema_settings_are_validated(settings: dict[str, object], field: str) -> 
         TrainingConfig(**settings)  # type: ignore[arg-type]
 
 
-def test_a_refusal_is_one_line() -> None:
-    r = CliRunner().invoke(
-        app,
-        ["estimate", "gpt2", "-s", "128", "--ema", "--offload", "optimizer", "--zero-stage", "2"],
-    )
-    assert r.exit_code == 2, r.output  # a usage error
+def test_a_refusal_is_one_line(invoke: Invoke) -> None:
+    args = ["estimate", "gpt2", "-s", "128", "--ema", "--offload", "optimizer", "--zero-stage", "2"]
+    r = invoke(*args, exit_code=2)  # a usage error
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: ema: "), r.stderr

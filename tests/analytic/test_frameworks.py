@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
 
+from conftest import Invoke
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes
 from trainmem.analytic.activations import layer_activation_terms
 from trainmem.analytic.autocast import autocast_cached_weight_bytes
@@ -24,7 +24,6 @@ from trainmem.analytic.buffers import (
 )
 from trainmem.analytic.temporaries import optimizer_step_temporary_bytes
 from trainmem.analytic.tensor_states import state_layout, tensor_states
-from trainmem.cli import app
 from trainmem.errors import SpecError
 from trainmem.estimate import estimate as estimate_analytic
 from trainmem.specs.frameworks import FRAMEWORK_CONVENTIONS
@@ -158,16 +157,14 @@ def test_hf_trainer_explicit_foreach_is_computed_and_reported() -> None:
     assert gap == 4 * n
 
 
-def test_cli_torch_version_and_explicit_implementation() -> None:
-    runner = CliRunner()
+def test_cli_torch_version_and_explicit_implementation(invoke: Invoke) -> None:
     args = ["estimate", "bert-base-uncased", "-p", "32-true", "-s", "16", "--json"]
-    old = runner.invoke(app, [*args, "--framework", "hf-trainer", "--torch-version", "2.5"])
-    assert old.exit_code == 0, old.output
+    old = invoke(*args, "--framework", "hf-trainer", "--torch-version", "2.5")
     assert json.loads(old.stdout)["config"]["optimizer_implementation"] == "foreach"
-    new = runner.invoke(app, [*args, "--framework", "hf-trainer"])
+    new = invoke(*args, "--framework", "hf-trainer")
     assert json.loads(new.stdout)["config"]["optimizer_implementation"] == "fused"
-    bad = runner.invoke(app, [*args, "--torch-version", "latest"])
-    assert bad.exit_code == 2 and "torch_version" in bad.output
+    bad = invoke(*args, "--torch-version", "latest", exit_code=2)
+    assert "torch_version" in bad.output
 
 
 # -- item 5: bitsandbytes --------------------------------------------------------------------
@@ -364,23 +361,21 @@ def test_deepspeed_optimizer_wrapper_follows_the_engine() -> None:
         TrainingConfig(framework="deepspeed", grad_accum_dtype="fp8")
 
 
-def test_cli_deepspeed_version_and_grad_accum_dtype_are_reported() -> None:
-    runner = CliRunner()
+def test_cli_deepspeed_version_and_grad_accum_dtype_are_reported(invoke: Invoke) -> None:
     args = ["estimate", "gpt2", "-s", "128", "--framework", "deepspeed", "--json"]
-    new = json.loads(runner.invoke(app, args).stdout)["config"]
+    new = json.loads(invoke(*args).stdout)["config"]
     assert (new["grad_accum_dtype"], new["deepspeed_optimizer"]) == ("bfloat16", "fp16")
-    old = runner.invoke(app, [*args, "--deepspeed-version", "0.16.9"])
-    assert old.exit_code == 0, old.output
+    old = invoke(*args, "--deepspeed-version", "0.16.9")
     config = json.loads(old.stdout)["config"]
     assert (config["grad_accum_dtype"], config["deepspeed_optimizer"]) == ("float32", "bf16")
     fp32_args = [*args, "--set", "grad-accum-dtype=float32", "--deepspeed-version", "0.18.4"]
-    fp32 = json.loads(runner.invoke(app, fp32_args).stdout)
+    fp32 = json.loads(invoke(*fp32_args).stdout)
     assert fp32["config"]["deepspeed_optimizer"] == "bf16"
     # DeepSpeed 0.18.5+ (the default 0.19.8): engine.py raises NotImplementedError for it
-    now = runner.invoke(app, [*args, "--set", "grad-accum-dtype=float32"])
-    assert now.exit_code == 2 and "0.18.5 and later refuse" in now.output
-    refused = runner.invoke(
-        app, [*args, "--deepspeed-version", "0.16.9", "--set", "grad-accum-dtype=bfloat16"]
+    now = invoke(*args, "--set", "grad-accum-dtype=float32", exit_code=2)
+    assert "0.18.5 and later refuse" in now.output
+    refused = invoke(
+        *args, "--deepspeed-version", "0.16.9", "--set", "grad-accum-dtype=bfloat16", exit_code=None
     )
     assert refused.exit_code != 0 and "grad_accum_dtype" in refused.output
 
@@ -838,13 +833,12 @@ def test_deepspeed_zero_keeps_an_fp32_copy_of_fp32_weights(
     assert sum(s.state_bytes for s in got) == states * n
 
 
-def test_deepspeed_zero2_fp32_copy_on_llama_2_7b_from_the_cli() -> None:
+def test_deepspeed_zero2_fp32_copy_on_llama_2_7b_from_the_cli(invoke: Invoke) -> None:
     # 6,738,415,616 parameters over 8 ranks: fp32 copy 4 + moments 8 = 12 bytes / 8 each
     n = 6_738_415_616
     args = ["estimate", "llama-2-7b", "--framework", "deepspeed", "-p", "32-true"]
     args += ["--zero-stage", "2", "--data-parallel-size", "8", "-s", "128", "-c", "full", "--json"]
-    r = CliRunner().invoke(app, args)
-    assert r.exit_code == 0, r.output
+    r = invoke(*args)
     states = json.loads(r.stdout)["model_states_bytes"]
     assert states["optimizer_states"] == 12 * n // 8
     assert (states["parameters"], states["gradients"]) == (4 * n, 4 * n // 8)

@@ -9,10 +9,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
 
+from conftest import Invoke
 from trainmem.analytic.host_memory import host_memory
-from trainmem.cli import app
 from trainmem.errors import SpecError
 from trainmem.estimate import estimate
 from trainmem.specs.hf import load_model_spec
@@ -185,7 +184,7 @@ def test_processes_per_node() -> None:
     assert host_memory(gpt2, TrainingConfig()).per_node_bytes == 0
 
 
-def test_estimate_details_table_and_cli() -> None:
+def test_estimate_details_table_and_cli(invoke: Invoke) -> None:
     t = TrainingConfig(
         framework="deepspeed", zero_stage=2, data_parallel_size=4, offload="optimizer", seq_len=128
     )
@@ -208,7 +207,6 @@ def test_estimate_details_table_and_cli() -> None:
         "host_memory"
         not in estimate("gpt2", TrainingConfig(seq_len=128), engine="analytic").details
     )
-    runner = CliRunner()
     args = [
         "estimate",
         "gpt2",
@@ -223,12 +221,10 @@ def test_estimate_details_table_and_cli() -> None:
         "--seq-len",
         "128",
     ]
-    r = runner.invoke(app, args)
-    assert r.exit_code == 0, r.output
+    r = invoke(*args)
     assert "host RAM (pinned / pageable), per node" in r.output
-    r = runner.invoke(app, [*args, "--gpus-per-node", "2", "--json"])
-    assert r.exit_code == 0, r.output
+    r = invoke(*args, "--gpus-per-node", "2", "--json")
     host = json.loads(r.stdout)["details"]["host_memory"]
     assert host["processes_per_node"] == 2 and host["per_node_bytes"] == 2 * d["per_process_bytes"]
-    r = runner.invoke(app, ["estimate", "gpt2", "--seq-len", "128"])
+    r = invoke("estimate", "gpt2", "--seq-len", "128")
     assert "host RAM" not in r.output

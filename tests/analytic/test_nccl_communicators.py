@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from typer.testing import CliRunner
 
+from conftest import Invoke
 from trainmem import TrainingConfig
 from trainmem.analytic.buffers import (
     NCCL_COMMUNICATOR_BYTES,
@@ -17,7 +17,6 @@ from trainmem.analytic.buffers import (
     NCCL_PAIR_COMMUNICATOR_BYTES,
     nccl_communicator_bytes,
 )
-from trainmem.cli import app
 from trainmem.errors import SpecError
 from trainmem.specs.hardware import get_gpu
 
@@ -47,11 +46,10 @@ def test_an_explicit_size_wins_on_every_gpu(gpu: str) -> None:
     assert sizes == {"data": 123, "pipeline": 123}
 
 
-def test_the_cli_flag_reaches_the_device_total() -> None:
+def test_the_cli_flag_reaches_the_device_total(invoke: Invoke) -> None:
     args = ["estimate", "gpt2", "--data-parallel-size", "8", "--gpu", "H100-80GB", "--json"]
-    runner = CliRunner()
-    default = json.loads(runner.invoke(app, args).stdout)
-    given = json.loads(runner.invoke(app, [*args, "--nccl-buffer-bytes", "1000"]).stdout)
+    default = json.loads(invoke(*args).stdout)
+    given = json.loads(invoke(*args, "--nccl-buffer-bytes", "1000").stdout)
     context = default["breakdown_bytes"]["cuda_context"] - given["breakdown_bytes"]["cuda_context"]
     assert context == NCCL_HOPPER_COMMUNICATOR_BYTES - 1000
     assert any("--nccl-buffer-bytes" in note for note in given["notes"])

@@ -7,9 +7,8 @@ import json
 from dataclasses import replace
 
 import pytest
-from typer.testing import CliRunner
 
-from trainmem.cli import app
+from conftest import Invoke
 from trainmem.planner.evaluate import fast_estimate, fits
 from trainmem.planner.search import DATA_PARALLEL_SIZES, fewest_gpus, plan_gpus
 from trainmem.specs.hardware import GPUS
@@ -94,16 +93,13 @@ def test_fewest_gpus_reports_none_past_the_largest_size() -> None:
     assert DATA_PARALLEL_SIZES[0] == 1 and DATA_PARALLEL_SIZES[-1] == 1024
 
 
-def test_cli_table_and_json() -> None:
-    runner = CliRunner()
-    r = runner.invoke(app, ["plan", "gpt2", "--gpus", "--seq-len", "128", "--json"])
-    assert r.exit_code == 0, r.output
+def test_cli_table_and_json(invoke: Invoke) -> None:
+    r = invoke("plan", "gpt2", "--gpus", "--seq-len", "128", "--json")
     d = json.loads(r.stdout)
     assert d["schema_version"] == 1 and not d["sharded"]
     assert [g["gpu"]["name"] for g in d["gpus"]] == [g.name for g in GPUS.values()]
     assert all(g["verdict"] in ("fits", "tight", "does not fit", None) for g in d["gpus"])
-    r = runner.invoke(app, ["plan", "gpt2", "--gpus", "--seq-len", "128", "--zero-stage", "3"])
-    assert r.exit_code == 0, r.output
+    r = invoke("plan", "gpt2", "--gpus", "--seq-len", "128", "--zero-stage", "3")
     assert "fewest GPUs (ZeRO-3)" in r.output and "largest micro-batch" in r.output
-    r = runner.invoke(app, ["plan", "gpt2", "--gpus", "--gpu", "T4"])
+    r = invoke("plan", "gpt2", "--gpus", "--gpu", "T4", exit_code=None)
     assert r.exit_code != 0 and "drop --gpu" in r.output

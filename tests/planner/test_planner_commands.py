@@ -8,24 +8,17 @@ import io
 import json
 
 import pytest
-from typer.testing import CliRunner
 
+from conftest import Invoke
 from trainmem.cli import app
 from trainmem.cli.planner import register
 
 if not {c.name for c in app.registered_commands} & {"plan", "fit", "sweep"}:
     register(app)
 
-runner = CliRunner()
 
-
-def run(*args: str):  # noqa: ANN201
-    return runner.invoke(app, list(args))
-
-
-def test_plan_json() -> None:
-    r = run("plan", "gpt2", "--gpu", "T4", "-s", "1024", "--json")
-    assert r.exit_code == 0, r.output
+def test_plan_json(invoke: Invoke) -> None:
+    r = invoke("plan", "gpt2", "--gpu", "T4", "-s", "1024", "--json")
     d = json.loads(r.stdout)
     assert d["schema_version"] == 1 and d["model"] == "gpt2"
     mb, sl = d["results"]
@@ -36,46 +29,41 @@ def test_plan_json() -> None:
     assert sl["limited_by"] == "context_length"
 
 
-def test_plan_table_and_reasons() -> None:
-    r = run("plan", "gpt2", "--gpu", "T4", "-s", "1024")
-    assert r.exit_code == 0, r.output
+def test_plan_table_and_reasons(invoke: Invoke) -> None:
+    r = invoke("plan", "gpt2", "--gpu", "T4", "-s", "1024")
     assert "the most that fits" in r.stdout and "GiB = 2^30 bytes" in r.stdout
     assert "micro_batch_size: micro_batch_size=" in r.stdout
 
 
-def test_plan_when_nothing_fits() -> None:
-    r = run("plan", "llama-3.1-405b", "--gpu", "T4")
-    assert r.exit_code == 0, r.output
+def test_plan_when_nothing_fits(invoke: Invoke) -> None:
+    r = invoke("plan", "llama-3.1-405b", "--gpu", "T4")
     assert "none fits" in r.stdout and "weights alone" in r.stdout
 
 
-def test_fit_lists_fixes() -> None:
-    r = run("fit", "gpt2", "--gpu", "T4", "-b", "16", "-s", "1024")
-    assert r.exit_code == 0, r.output
+def test_fit_lists_fixes(invoke: Invoke) -> None:
+    r = invoke("fit", "gpt2", "--gpu", "T4", "-b", "16", "-s", "1024")
     assert "does not fit" in r.stdout and "cheapest first" in r.stdout
-    d = json.loads(run("fit", "gpt2", "--gpu", "T4", "-b", "16", "-s", "1024", "--json").stdout)
+    d = json.loads(invoke("fit", "gpt2", "--gpu", "T4", "-b", "16", "-s", "1024", "--json").stdout)
     assert d["fits"] is False and d["fixes"]
     assert all(f["margin_bytes"] >= 0 and f["saved_bytes"] > 0 for f in d["fixes"])
 
 
-def test_fit_when_it_already_fits() -> None:
-    r = run("fit", "gpt2", "--gpu", "A100-80GB", "-b", "1", "-s", "1024")
-    assert r.exit_code == 0, r.output
+def test_fit_when_it_already_fits(invoke: Invoke) -> None:
+    r = invoke("fit", "gpt2", "--gpu", "A100-80GB", "-b", "1", "-s", "1024")
     assert "nothing to change" in r.stdout
 
 
-def test_sweep_csv_and_json() -> None:
+def test_sweep_csv_and_json(invoke: Invoke) -> None:
     args = ["sweep", "gpt2", "--gpu", "T4", "--over", "micro-batch-size=1,2,4,8"]
     args += ["--over", "seq-len=512,1024"]
-    r = run(*args, "--format", "csv")
-    assert r.exit_code == 0, r.output
+    r = invoke(*args, "--format", "csv")
     rows = list(csv.DictReader(io.StringIO(r.stdout)))
     assert len(rows) == 8 and rows[0]["micro_batch_size"] == "1"
-    r = run(*args, "--format", "json")
+    r = invoke(*args, "--format", "json")
     data = json.loads(r.stdout)
     assert len(data) == 8 and {d["seq_len"] for d in data} == {512, 1024}
-    r = run(*args)
-    assert r.exit_code == 0 and "sweep" in r.stdout
+    r = invoke(*args)
+    assert "sweep" in r.stdout
 
 
 @pytest.mark.parametrize(
@@ -89,18 +77,16 @@ def test_sweep_csv_and_json() -> None:
         (["fit", "gpt2", "--gpu", "A9000"], "error: gpu: unknown GPU"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
-    r = run(*args)
-    assert r.exit_code == 2
+def test_bad_input_is_one_line_and_exit_2(invoke: Invoke, args: list[str], message: str) -> None:
+    r = invoke(*args, exit_code=2)
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(message), r.stderr
 
 
-def test_plan_and_fit_take_the_sharding_and_lora_options() -> None:
+def test_plan_and_fit_take_the_sharding_and_lora_options(invoke: Invoke) -> None:
     args = ["llama-3.1-8b", "--gpu", "A100-80GB", "-s", "2048", "--fsdp", "full-shard"]
     args += ["--data-parallel-size", "8", "--json"]
-    r = run("plan", *args)
-    assert r.exit_code == 0, r.output
+    r = invoke("plan", *args)
     d = json.loads(r.stdout)
     best = d["results"][0]
     assert best["config"]["zero_stage"] == 3 and best["limited_by"] == "memory"
@@ -116,6 +102,5 @@ def test_plan_and_fit_take_the_sharding_and_lora_options() -> None:
         "llama-3.1-8b", TrainingConfig(micro_batch_size=best["value"] + 1, **base), gpu="A100-80GB"
     ).fits
     assert (fits, over) == (True, False)
-    r = run("fit", "llama-3.2-1b", "--gpu", "T4", "-s", "2048", "--lora-rank", "8", "--json")
-    assert r.exit_code == 0, r.output
+    r = invoke("fit", "llama-3.2-1b", "--gpu", "T4", "-s", "2048", "--lora-rank", "8", "--json")
     assert json.loads(r.stdout)["config"]["lora_rank"] == 8

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import typer
-from typer.testing import CliRunner
 
+from conftest import Invoke
 from trainmem.cli.compare import register
 from trainmem.cli.options import parse_set
 from trainmem.errors import SpecError
@@ -26,7 +26,6 @@ def _root() -> None:
 
 
 register(app)
-runner = CliRunner()
 
 
 def test_parse_set() -> None:
@@ -50,7 +49,7 @@ def test_parse_set() -> None:
             parse_set(bad)
 
 
-def test_compare_table_json_and_plot(tmp_path: Path) -> None:
+def test_compare_table_json_and_plot(invoke: Invoke, tmp_path: Path) -> None:
     plot = tmp_path / "cmp.png"
     args = [
         "compare",
@@ -68,14 +67,12 @@ def test_compare_table_json_and_plot(tmp_path: Path) -> None:
         "--plot",
         str(plot),
     ]
-    r = runner.invoke(app, args)
-    assert r.exit_code == 0, r.output
+    r = invoke(*args)
     assert (
         "activation-checkpointing=none" in r.stdout and "activation-checkpointing=full" in r.stdout
     )
     assert f"note: comparison plot written to {plot}" in r.stdout and plot.stat().st_size > 0
-    r = runner.invoke(app, [*args, "--json"])
-    assert r.exit_code == 0, r.output
+    r = invoke(*args, "--json")
     rows = json.loads(r.stdout)["configurations"]
     assert [row["config"]["activation_checkpointing"] for row in rows] == ["none", "full"]
     assert rows[1]["settings"] == {"activation_checkpointing": "full"}
@@ -87,11 +84,11 @@ def test_compare_table_json_and_plot(tmp_path: Path) -> None:
     assert rows[1]["breakdown_bytes"] == expected.breakdown.as_dict()
 
 
-def test_compare_errors_are_one_line() -> None:
-    r = runner.invoke(app, ["compare", "gpt2", "--set", "bogus=1"])
-    assert r.exit_code == 2 and r.stderr.startswith("error: set: unknown key 'bogus'")
-    r = runner.invoke(app, ["compare", "gpt2", "--set", "precision=64-true"])
-    assert r.exit_code == 2 and "precision" in r.stderr
+def test_compare_errors_are_one_line(invoke: Invoke) -> None:
+    r = invoke("compare", "gpt2", "--set", "bogus=1", exit_code=2)
+    assert r.stderr.startswith("error: set: unknown key 'bogus'")
+    r = invoke("compare", "gpt2", "--set", "precision=64-true", exit_code=2)
+    assert "precision" in r.stderr
 
 
 def test_emit_reports(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ import json
 
 import pytest
 
+from conftest import Invoke
 from trainmem.specs.diffusers import is_diffusers_config
 from trainmem.specs.hf import list_presets, load_hf_config, preset_index
 
@@ -46,13 +47,9 @@ def test_recorded_count_equals_diffusers_meta_model(preset: str) -> None:
     assert abs(recorded - published) <= tolerance * published, (recorded, published)
 
 
-def test_models_command_shows_family_count_and_path() -> None:
-    from typer.testing import CliRunner
+def test_models_command_shows_family_count_and_path(invoke: Invoke) -> None:
 
-    from trainmem.cli import app
-
-    r = CliRunner().invoke(app, ["models", "--json"])
-    assert r.exit_code == 0, r.output
+    r = invoke("models", "--json")
     rows = {row["preset"]: row for row in json.loads(r.stdout)}
     flux = rows["flux.1-dev-transformer"]
     assert (flux["family"], flux["path"]) == ("FluxTransformer2DModel", "generic")

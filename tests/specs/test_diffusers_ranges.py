@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
-from trainmem.cli import app
+from conftest import Invoke
 from trainmem.errors import SpecError
 from trainmem.specs.diffusers import MAX_DIFFUSERS_BLOCKS, check_diffusers_config
 from trainmem.specs.hf import load_hf_config
@@ -41,7 +40,7 @@ def test_the_shipped_diffusers_configs_pass(preset: str) -> None:
     ],
 )
 def test_out_of_range_config_fields_are_one_line(
-    file: str, key: str, value: Any, tmp_path: Path
+    invoke: Invoke, file: str, key: str, value: Any, tmp_path: Path
 ) -> None:
     config = json.loads((CONFIGS / file).read_text())
     config[key] = value
@@ -50,8 +49,7 @@ def test_out_of_range_config_fields_are_one_line(
     assert info.value.field == key and "allowed: 0.." in str(info.value)
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
-    result = CliRunner().invoke(app, ["estimate", str(path)])
-    assert result.exit_code == 2, result.output
+    result = invoke("estimate", str(path), exit_code=2)
     err = result.stderr.strip()
     assert "\n" not in err and err.startswith(f"error: {key}: "), err
 
@@ -68,12 +66,11 @@ def test_out_of_range_config_fields_are_one_line(
         ["--set", "frames=nan"],
     ],
 )
-def test_non_numbers_for_the_batch_options_are_one_line(option: list[str]) -> None:
+def test_non_numbers_for_the_batch_options_are_one_line(invoke: Invoke, option: list[str]) -> None:
     """Already one line on HEAD when issue 29 was filed (TrainingConfig's int checks)."""
     args = ["estimate", str(CONFIGS / "tiny-wan.json"), *option]
     if option[0] == "--set":
         args = ["compare", str(CONFIGS / "tiny-wan.json"), *option]
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 2, result.output
+    result = invoke(*args, exit_code=2)
     err = result.stderr.strip()
     assert "\n" not in err and err.startswith("error: "), err

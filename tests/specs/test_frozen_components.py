@@ -8,9 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
-from trainmem.cli import app
+from conftest import Invoke
 from trainmem.errors import SpecError
 from trainmem.specs.diffusers import FROZEN_COMPONENTS, frozen_components
 from trainmem.specs.hf import load_hf_config
@@ -104,13 +103,12 @@ def test_the_option_picks_the_components_and_their_dtypes() -> None:
     assert len(frozen_components(sd3, TrainingConfig(frozen_on_gpu="text-encoders"))) == 3
 
 
-def test_refused_where_there_is_no_pipeline() -> None:
+def test_refused_where_there_is_no_pipeline(invoke: Invoke) -> None:
     with pytest.raises(SpecError, match="^frozen_on_gpu"):
         TrainingConfig(frozen_on_gpu="unet")
     sd15 = {**load_hf_config("sdxl-base-1.0-unet"), "addition_embed_type": None}
     with pytest.raises(SpecError, match="SDXL"):
         frozen_components(sd15, TrainingConfig(frozen_on_gpu="vae"))
-    r = CliRunner().invoke(app, ["estimate", "gpt2", "-s", "128", "--frozen-on-gpu", "vae"])
-    assert r.exit_code == 2, r.output
+    r = invoke("estimate", "gpt2", "-s", "128", "--frozen-on-gpu", "vae", exit_code=2)
     assert r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith("error: frozen_on_gpu: vae: the VAE and text encoders"), r.stderr

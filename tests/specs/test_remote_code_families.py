@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from conftest import Invoke
 from trainmem.analytic.params import num_parameters
 from trainmem.errors import SpecError, UnsupportedError
 from trainmem.specs.hf import model_spec_from_hf
@@ -185,14 +186,10 @@ def test_baichuan_13b_alibi_is_refused_naming_the_rope_models() -> None:
 # --- the CLI --------------------------------------------------------------------------------
 
 
-def test_cli_estimates_qwen_7b_on_the_analytic_engine() -> None:
-    from typer.testing import CliRunner
-
-    from trainmem.cli import app
+def test_cli_estimates_qwen_7b_on_the_analytic_engine(invoke: Invoke) -> None:
 
     path = str(MODELS / "qwen-7b.json")
-    r = CliRunner().invoke(app, ["estimate", path, "-s", "2048", "-c", "full", "--json"])
-    assert r.exit_code == 0, r.output
+    r = invoke("estimate", path, "-s", "2048", "-c", "full", "--json")
     d = json.loads(r.stdout)
     assert d["engine"] == "analytic"
     assert d["num_parameters"] == 7_721_324_544

@@ -15,9 +15,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from typer.testing import CliRunner
 
-from trainmem.cli import app
+from conftest import Invoke
 from trainmem.errors import SpecError
 from trainmem.specs.trainer_configs import (
     read_axolotl_config,
@@ -36,9 +35,8 @@ def _write(tmp_path: Path, name: str, text: str) -> str:
     return str(path)
 
 
-def _estimate(args: list[str], model: str = "llama-3.1-8b") -> dict[str, Any]:
-    r = CliRunner().invoke(app, ["estimate", model, *args, "--json"])
-    assert r.exit_code == 0, r.output
+def _estimate(invoke: Invoke, args: list[str], model: str = "llama-3.1-8b") -> dict[str, Any]:
+    r = invoke("estimate", model, *args, "--json")
     out: dict[str, Any] = json.loads(r.stdout)
     return out
 
@@ -123,8 +121,10 @@ def test_the_sft_config_example() -> None:
         ("--training-args", "sft-config.json", SFT_EXAMPLE),
     ],
 )
-def test_the_cli_reads_each_example(option: str, example: str, expected: dict[str, Any]) -> None:
-    out = _estimate([option, str(EXAMPLES / example)])
+def test_the_cli_reads_each_example(
+    invoke: Invoke, option: str, example: str, expected: dict[str, Any]
+) -> None:
+    out = _estimate(invoke, [option, str(EXAMPLES / example)])
     config = out["config"]
     for field, value in expected.items():
         assert config[field] == (list(value) if isinstance(value, tuple) else value), field
@@ -175,12 +175,14 @@ def test_axolotl_lora_8bit_and_attention_and_offload(tmp_path: Path) -> None:
     )
 
 
-def test_axolotl_lora_target_linear_takes_the_models_linears(tmp_path: Path) -> None:
+def test_axolotl_lora_target_linear_takes_the_models_linears(
+    invoke: Invoke, tmp_path: Path
+) -> None:
     path = _write(tmp_path, "a.yml", "adapter: lora\nlora_r: 8\nlora_target_linear: true\n")
     out = read_axolotl_config(path, linears=("q", "k", "v", "o", "up", "down"))
     assert out["lora_targets"] == ("q", "k", "v", "o", "up", "down")
     # through the CLI, for GPT-2 (no gated MLP): peft's all-linear, no gate
-    config = _estimate(["-s", "128", "--axolotl-config", path], "gpt2")["config"]
+    config = _estimate(invoke, ["-s", "128", "--axolotl-config", path], "gpt2")["config"]
     assert config["lora_targets"] == ["q", "k", "v", "o", "up", "down"]
 
 
@@ -337,11 +339,13 @@ def test_torchtune_bad_values_are_one_line(tmp_path: Path, text: str, message: s
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
-def test_a_torchtune_recipe_implies_the_framework_unless_given(tmp_path: Path) -> None:
+def test_a_torchtune_recipe_implies_the_framework_unless_given(
+    invoke: Invoke, tmp_path: Path
+) -> None:
     path = _write(tmp_path, "t.yaml", "dtype: bf16\nbatch_size: 1\n")
     args = ["-s", "128", "--torchtune-config", path]
-    assert _estimate(args, "gpt2")["config"]["framework"] == "torchtune"
-    out = _estimate([*args, "--framework", "pytorch-amp"], "gpt2")
+    assert _estimate(invoke, args, "gpt2")["config"]["framework"] == "torchtune"
+    out = _estimate(invoke, [*args, "--framework", "pytorch-amp"], "gpt2")
     assert out["config"]["framework"] == "pytorch-amp"
     assert any(n.startswith("--framework pytorch-amp wins") for n in out["notes"])
 
@@ -492,13 +496,12 @@ def test_fuzz_trainer_configs(tmp_path: Path, kind: str, data: st.DataObject) ->
 
 
 @pytest.mark.parametrize("option", ["--axolotl-config", "--torchtune-config", "--training-args"])
-def test_an_unreadable_file_is_one_line(option: str, tmp_path: Path) -> None:
+def test_an_unreadable_file_is_one_line(invoke: Invoke, option: str, tmp_path: Path) -> None:
     for path, message in (
         ("/dev/zero", "not a regular file"),
         (tmp_path / "no.yml", "cannot read"),
     ):
-        r = CliRunner().invoke(app, ["estimate", "gpt2", option, str(path)])
-        assert r.exit_code == 2, r.output
+        r = invoke("estimate", "gpt2", option, str(path), exit_code=2)
         field = option[2:].replace("-", "_")
         assert r.stderr.startswith(f"error: {field}: ") and message in r.stderr
         assert r.stderr.count("\n") == 1
@@ -510,10 +513,10 @@ def test_a_missing_deepspeed_file_named_inside_is_one_line(tmp_path: Path) -> No
         read_axolotl_config(path)
 
 
-def test_fsdp_flag_with_a_trainer_file_is_the_trainers_fsdp(tmp_path: Path) -> None:
+def test_fsdp_flag_with_a_trainer_file_is_the_trainers_fsdp(invoke: Invoke, tmp_path: Path) -> None:
     # --fsdp under the HF Trainer is accelerate's FSDP plugin, also when hf-trainer comes from
     # a TrainingArguments file rather than --framework
     path = _write(tmp_path, "args.json", '{"per_device_train_batch_size": 1}')
     args = ["-s", "128", "--training-args", path, "--fsdp", "full-shard"]
-    config = _estimate([*args, "--data-parallel-size", "2"], "gpt2")["config"]
+    config = _estimate(invoke, [*args, "--data-parallel-size", "2"], "gpt2")["config"]
     assert (config["framework"], config["zero_stage"]) == ("accelerate-fsdp", 3)

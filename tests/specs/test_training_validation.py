@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from conftest import Invoke
 from trainmem.errors import SpecError
 from trainmem.specs.hf import load_model_spec
 from trainmem.specs.training import (
@@ -183,33 +184,28 @@ def test_versions_must_be_text() -> None:
     assert TrainingConfig(torch_version="2.10").torch_version == "2.10"
 
 
-def test_all_linear_is_the_models_own_linears() -> None:
+def test_all_linear_is_the_models_own_linears(invoke: Invoke) -> None:
     # peft's all-linear (tuners_utils.py INCLUDE_LINEAR_LAYERS_SHORTHAND): every nn.Linear but
     # the output head. phi-2 (modeling_phi.py): q_proj, k_proj, v_proj, dense, fc1, fc2 -- no
     # gate; Llama: q, k, v, o, gate_proj, up_proj, down_proj.
     import json
 
-    from typer.testing import CliRunner
-
-    from trainmem.cli import app
-
     args = ["estimate", "phi-2", "--lora-rank", "8", "--lora-targets", "all-linear"]
-    r = CliRunner().invoke(app, [*args, "-s", "128", "--json"])
-    assert r.exit_code == 0, r.output  # was: "phi-2 has no 'gate' linear"
+    r = invoke(*args, "-s", "128", "--json")
     out = json.loads(r.stdout)
     assert out["config"]["lora_targets"] == ["q", "k", "v", "o", "up", "down"]
     # r (in + out) per adapted linear, h = 2560, i = 10240, 32 layers:
     # 4 x 8 (2560 + 2560) + 2 x 8 (2560 + 10240) = 368,640 per layer
     assert out["num_trainable_parameters"] == 32 * (4 * 8 * 5120 + 2 * 8 * 12800)
-    r = CliRunner().invoke(app, [*args[:4], "--set", "lora-targets=all-linear", "--json"])
+    r = invoke(*args[:4], "--set", "lora-targets=all-linear", "--json")
     assert json.loads(r.stdout)["config"]["lora_targets"][-2:] == ["up", "down"]
     from trainmem.cli.options import parse_lora_targets
 
     llama = load_model_spec("llama-2-7b")
     assert parse_lora_targets("all-linear", llama) == ("q", "k", "v", "o", "gate", "up", "down")
     # an explicit gate on phi-2 is still refused: the model has none
-    r = CliRunner().invoke(app, [*args[:4], "--lora-targets", "q,gate"])
-    assert r.exit_code == 2 and "phi-2 has no 'gate' linear" in r.stderr
+    r = invoke(*args[:4], "--lora-targets", "q,gate", exit_code=2)
+    assert "phi-2 has no 'gate' linear" in r.stderr
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from conftest import Invoke
 from trainmem.breakdown import MemoryCategory
 from trainmem.estimate import estimate
 from trainmem.schedule import Op, Repeat, StepSchedule
@@ -200,20 +201,14 @@ def test_auto_runs_formulas_for_known_families_and_generic_otherwise() -> None:
 
 
 @pytest.mark.parametrize("family", NEW_FAMILIES)
-def test_cli_estimates_every_family_without_an_engine_flag(family: str) -> None:
+def test_cli_estimates_every_family_without_an_engine_flag(invoke: Invoke, family: str) -> None:
     # the default engine (auto) takes the formulas where the family has them, else the
     # generic path; BLOOM's transformers attention is eager only
-    from typer.testing import CliRunner
 
-    from trainmem.cli import app
     from trainmem.specs.hf import SUPPORTED_MODEL_TYPES
 
     extra = ["--attention", "eager"] if family == "bloom" else []
-    r = CliRunner().invoke(
-        app,
-        ["estimate", str(MODELS / f"{family}.json"), "-b", "1", "-s", "32", "--json", *extra],
-    )
-    assert r.exit_code == 0, r.output
+    r = invoke("estimate", str(MODELS / f"{family}.json"), "-b", "1", "-s", "32", "--json", *extra)
     d = json.loads(r.stdout)
     # tests/models/dinov2.json is Dinov2ForImageClassification: the formulas model the bare
     # tower only, so auto falls back to the generic path

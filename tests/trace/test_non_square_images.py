@@ -8,9 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from trainmem.cli import app
+from conftest import Invoke
 
 TINY_VIT = {
     "architectures": ["ViTForImageClassification"],
@@ -32,19 +31,15 @@ def _config(tmp_path: Path, image_size: object) -> str:
     return str(path)
 
 
-def test_the_formulas_refuse_in_one_line(tmp_path: Path) -> None:
-    result = CliRunner().invoke(
-        app, ["estimate", _config(tmp_path, [32, 64]), "--engine", "analytic"]
-    )
-    assert result.exit_code == 2, result.output
+def test_the_formulas_refuse_in_one_line(invoke: Invoke, tmp_path: Path) -> None:
+    result = invoke("estimate", _config(tmp_path, [32, 64]), "--engine", "analytic", exit_code=2)
     err = result.stderr.strip()
     assert "\n" not in err and err.startswith("error: image_size: non-square 32x64"), err
     assert "--engine generic" in err
 
 
-def test_a_malformed_image_size_is_a_spec_error(tmp_path: Path) -> None:
-    result = CliRunner().invoke(app, ["estimate", _config(tmp_path, [32, 64, 3])])
-    assert result.exit_code == 2, result.output
+def test_a_malformed_image_size_is_a_spec_error(invoke: Invoke, tmp_path: Path) -> None:
+    result = invoke("estimate", _config(tmp_path, [32, 64, 3]), exit_code=2)
     assert result.stderr.strip().startswith("error: image_size: "), result.stderr
 
 

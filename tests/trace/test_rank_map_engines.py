@@ -4,8 +4,7 @@ analytic engine and the traced pipeline give the JSON ``rank_map`` and the layou
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from conftest import InvokeJson
 
 # tiny-llama-test: 2 layers, untied embeddings; 2 pipeline stages x 2 data-parallel ranks
 ARGS = (
@@ -74,7 +73,7 @@ EXPECTED = {
 }
 
 
-def test_analytic_and_trace_give_one_rank_map(invoke_json: Callable[..., Any]) -> None:
+def test_analytic_and_trace_give_one_rank_map(invoke_json: InvokeJson) -> None:
     analytic = invoke_json(*ARGS, "--engine", "analytic")
     traced = invoke_json(*ARGS, "--engine", "trace")
     assert (analytic["engine"], traced["engine"]) == ("analytic", "trace")

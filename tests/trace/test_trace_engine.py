@@ -8,11 +8,13 @@ from __future__ import annotations
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from conftest import Invoke
 from trainmem.breakdown import MemoryCategory
 from trainmem.errors import TraceError
 from trainmem.specs.training import TrainingConfig
@@ -189,28 +191,22 @@ def test_trace_api_without_a_loss_raises() -> None:
         trainmem.trace(_MLP, lambda: torch.randn(2, 16), training=TrainingConfig())
 
 
-def test_example_script_runs() -> None:
-    from pathlib import Path
-
-    example = Path(__file__).parents[2] / "examples" / "trace_custom_module.py"
+def test_example_script_runs(examples_dir: Path) -> None:
+    example = examples_dir / "trace_custom_module.py"
     out = subprocess.run(
         [sys.executable, str(example)], check=True, capture_output=True, text=True
     ).stdout
     assert "peak allocated" in out
 
 
-def test_trace_snapshot_is_the_traced_step(tmp_path) -> None:  # noqa: ANN001
+def test_trace_snapshot_is_the_traced_step(invoke: Invoke, tmp_path: Path) -> None:
     # issue 11: --engine trace --snapshot writes the traced step, not the analytic one
-    from typer.testing import CliRunner
-
     from trainmem.allocator.snapshot import read_snapshot
-    from trainmem.cli import app
     from trainmem.estimate import estimate
 
     path = tmp_path / "step.pickle"
     args = ["estimate", "tiny-gpt2-test", "-b", "2", "-s", "32", "--engine", "trace"]
-    r = CliRunner().invoke(app, [*args, "--snapshot", str(path)])
-    assert r.exit_code == 0, r.output
+    invoke(*args, "--snapshot", str(path))
     actions = [e["action"] for e in read_snapshot(path)["device_traces"][0]]
     traced = estimate(
         "tiny-gpt2-test", TrainingConfig(micro_batch_size=2, seq_len=32), engine="trace"

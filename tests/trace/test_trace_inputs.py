@@ -7,14 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from trainmem.cli import app
+from conftest import Invoke
 from trainmem.errors import UnsupportedError
 
 pytest.importorskip("transformers")
-
-runner = CliRunner()
 
 
 def _config(tmp_path: Path, **fields: object) -> str:
@@ -23,7 +20,7 @@ def _config(tmp_path: Path, **fields: object) -> str:
     return str(path)
 
 
-def test_family_without_sdpa_is_unsupported_with_a_hint(tmp_path: Path) -> None:
+def test_family_without_sdpa_is_unsupported_with_a_hint(invoke: Invoke, tmp_path: Path) -> None:
     from trainmem.trace.hf_model import build_hf_model
 
     raw = {
@@ -42,12 +39,11 @@ def test_family_without_sdpa_is_unsupported_with_a_hint(tmp_path: Path) -> None:
     with pytest.raises(UnsupportedError, match="try --attention eager"):
         build_hf_model(raw, attention="sdpa")
     build_hf_model(raw, attention="eager")  # the hint works
-    result = runner.invoke(app, ["estimate", _config(tmp_path, **raw), "--engine", "trace"])
-    assert result.exit_code == 2, result.output
+    result = invoke("estimate", _config(tmp_path, **raw), "--engine", "trace", exit_code=2)
     assert result.stderr.strip().splitlines()[-1].startswith("error: transformers ")
 
 
-def test_architectures_naming_a_non_model_class(tmp_path: Path) -> None:
+def test_architectures_naming_a_non_model_class(invoke: Invoke, tmp_path: Path) -> None:
     path = _config(
         tmp_path,
         model_type="gpt2",
@@ -59,15 +55,13 @@ def test_architectures_naming_a_non_model_class(tmp_path: Path) -> None:
         bos_token_id=0,
         eos_token_id=0,
     )  # was AttributeError: type object 'GPT2Config' has no attribute 'from_config'
-    result = runner.invoke(app, ["estimate", path, "--engine", "trace"])
-    assert result.exit_code == 2, result.output
+    result = invoke("estimate", path, "--engine", "trace", exit_code=2)
     assert "'GPT2Config' is not a transformers model class" in result.stderr
 
 
-def test_trace_json_is_byte_identical_and_has_no_wall_times() -> None:
+def test_trace_json_is_byte_identical_and_has_no_wall_times(invoke: Invoke) -> None:
     args = ["estimate", "tiny-gpt2-test", "--engine", "trace", "-s", "32", "--json"]
-    first, second = runner.invoke(app, args), runner.invoke(app, args)
-    assert first.exit_code == 0, first.output
+    first, second = invoke(*args), invoke(*args)
     assert "trace_seconds" not in first.stdout and "warmup_seconds" not in first.stdout
     assert first.stdout == second.stdout
 
@@ -88,7 +82,7 @@ TINY_BERT = {
     [("BertForSequenceClassification", (3,)), ("BertForTokenClassification", (3, 16))],
 )
 def test_classification_heads_get_class_labels(
-    tmp_path: Path, architecture: str, label_shape: tuple[int, ...]
+    invoke: Invoke, tmp_path: Path, architecture: str, label_shape: tuple[int, ...]
 ) -> None:
     """BertForSequenceClassification.forward computes ``CrossEntropyLoss()(logits.view(-1,
     num_labels), labels.view(-1))`` (modeling_bert.py): one class id in range(num_labels) per
@@ -102,8 +96,7 @@ def test_classification_heads_get_class_labels(
     assert tuple(batch["labels"].shape) == label_shape
     assert int(batch["labels"].max()) < 5
     path = _config(tmp_path, **raw)
-    result = runner.invoke(app, ["estimate", path, "-e", "trace", "-b", "3", "-s", "16"])
-    assert result.exit_code == 0, result.output
+    invoke("estimate", path, "-e", "trace", "-b", "3", "-s", "16")
 
 
 def test_a_changed_model_spec_is_not_traced_as_its_preset() -> None:

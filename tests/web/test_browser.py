@@ -9,7 +9,6 @@ the verdict must agree with the JSON's ``fits`` and margin.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -22,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from conftest import InvokeJson
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 try:
@@ -107,17 +108,6 @@ def browser() -> Iterator[Any]:
         b.close()
 
 
-def cli_json(*args: str) -> dict[str, Any]:
-    """``trainmem estimate ... --json``, in-process."""
-    from typer.testing import CliRunner
-
-    from trainmem.cli import app
-
-    result = CliRunner().invoke(app, ["estimate", *args, "--json"])
-    assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)
-
-
 def pick(page: Page, elem_id: str, text: str) -> None:
     """Choose ``text`` in a gradio dropdown, typing into its search box first."""
     box = page.locator(f"#{elem_id} input")
@@ -184,7 +174,9 @@ def check_against_cli(page: Page, expected: dict[str, Any]) -> None:
         assert verdict == f"Does not fit on H100-80GB: {-margin / GiB:,.2f} GiB short"
 
 
-def test_page_matches_cli_and_survives_bad_input(server: str, browser: Any, tmp_path: Path) -> None:
+def test_page_matches_cli_and_survives_bad_input(
+    invoke_json: InvokeJson, server: str, browser: Any, tmp_path: Path
+) -> None:
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.set_default_timeout(TIMEOUT_MS)
     page.goto(server + "?model=gpt2")  # a small model: the first details are quick
@@ -199,7 +191,7 @@ def test_page_matches_cli_and_survives_bad_input(server: str, browser: Any, tmp_
     assert cli == (
         "trainmem estimate llama-3.2-1b --gpu H100-80GB --micro-batch-size 4 --precision bf16-true"
     )
-    expected = cli_json(*cli.split()[2:])
+    expected = invoke_json("estimate", *cli.split()[2:])
     check_against_cli(page, expected)
 
     # the link reproduces the configuration
@@ -232,8 +224,15 @@ def test_page_matches_cli_and_survives_bad_input(server: str, browser: Any, tmp_
     )
     check_against_cli(
         page,
-        cli_json(
-            str(config), "--gpu", "H100-80GB", "--micro-batch-size", "4", "--precision", "bf16-true"
+        invoke_json(
+            "estimate",
+            str(config),
+            "--gpu",
+            "H100-80GB",
+            "--micro-batch-size",
+            "4",
+            "--precision",
+            "bf16-true",
         ),
     )
     page.screenshot(path=str(tmp_path / "web.png"), full_page=True)
@@ -277,9 +276,11 @@ def _no_unexpected_error(page: Page) -> None:
 
 
 @pytest.mark.parametrize("path", list(VERDICT_PATHS))
-def test_every_verdict_path_renders_in_the_browser(server: str, browser: Any, path: str) -> None:
+def test_every_verdict_path_renders_in_the_browser(
+    invoke_json: InvokeJson, server: str, browser: Any, path: str
+) -> None:
     query, args = VERDICT_PATHS[path]
-    expected = cli_json(*args)
+    expected = invoke_json("estimate", *args)
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.set_default_timeout(TIMEOUT_MS)
     page.goto(server + query)

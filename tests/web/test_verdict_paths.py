@@ -5,13 +5,11 @@ the same settings, never against the page's own arithmetic."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
-from trainmem.cli import app
+from conftest import InvokeJson
 from trainmem.web import handlers as h
 from trainmem.web.compute import numbers, resolve_request, run
 from trainmem.web.form import default_values
@@ -42,13 +40,6 @@ PATHS: dict[str, tuple[dict[str, Any], list[str], str | None]] = {
 }
 
 
-def _cli(args: list[str]) -> dict[str, Any]:
-    result = CliRunner().invoke(app, ["estimate", *args, "--json"])
-    assert result.exit_code == 0, result.output
-    out: dict[str, Any] = json.loads(result.stdout)
-    return out
-
-
 def _update(**changes: Any) -> dict[str, Any]:
     values = default_values()
     values.update(changes)
@@ -57,9 +48,9 @@ def _update(**changes: Any) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("path", list(PATHS))
-def test_every_verdict_path_renders(path: str) -> None:
+def test_every_verdict_path_renders(invoke_json: InvokeJson, path: str) -> None:
     changes, args, expected_verdict = PATHS[path]
-    cli = _cli(args)
+    cli = invoke_json("estimate", *args)
     if expected_verdict is not None:
         assert cli["verdict"] == expected_verdict
     out = _update(**changes)
@@ -81,13 +72,13 @@ def test_every_verdict_path_renders(path: str) -> None:
         assert f"{word} on {gpu}: {margin / GiB:,.2f} GiB to spare" in result
 
 
-def test_the_default_page_is_an_oom_and_says_so() -> None:
+def test_the_default_page_is_an_oom_and_says_so(invoke_json: InvokeJson) -> None:
     # The page's own default (llama-3.1-8b full fine-tune, AdamW, bf16-mixed, H100-80GB) needs
     # 16 bytes per parameter for weights, gradients and AdamW states alone (Rajbhandari et al.
     # 2020, sec. 3.1: 2 + 2 + 12 for mixed precision; PyTorch AMP keeps fp32 weights and
     # gradients, 4 + 4 + 8): 16 * 8.03e9 = 128.5 GB > 80 GB, so it cannot fit.
     assert 16 * 8_030_261_248 > 80 * 10**9
-    cli = _cli(["llama-3.1-8b", "--gpu", "H100-80GB"])
+    cli = invoke_json("estimate", "llama-3.1-8b", "--gpu", "H100-80GB")
     assert cli["fits"] is False and cli["verdict"] == "does not fit"
     out = _update()
     assert 'data-verdict="does not fit"' in out["result"]

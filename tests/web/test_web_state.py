@@ -10,9 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
-from trainmem.cli import app
+from conftest import Invoke, InvokeJson
 from trainmem.errors import SpecError
 from trainmem.estimate import estimate
 from trainmem.specs.hf import PRESETS_DIR
@@ -126,15 +125,13 @@ def test_a_broken_link_opens_with_a_message() -> None:
 
 
 @pytest.mark.parametrize("changes", SETTINGS, ids=lambda c: c["model"])
-def test_cli_box_runs_the_same_estimate(changes: dict[str, Any]) -> None:
+def test_cli_box_runs_the_same_estimate(invoke_json: InvokeJson, changes: dict[str, Any]) -> None:
     """The command in the CLI box, run by the CLI, gives the page's numbers exactly."""
     values = {**default_values(), **changes}
     command = cli_command(values)
     words = shlex.split(command)
     assert words[:2] == ["trainmem", "estimate"]
-    result = CliRunner().invoke(app, [*words[1:], "--json"])
-    assert result.exit_code == 0, result.output
-    cli = json.loads(result.stdout)
+    cli = invoke_json(*words[1:])
     est = run(resolve_request(values))
     # every setting, not only those that cost memory (through JSON: tuples become lists)
     assert json.loads(json.dumps(est.to_dict()["config"], default=str)) == cli["config"]
@@ -318,12 +315,13 @@ def test_handlers_need_neither_gradio_nor_torch_nor_the_cli() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_serve_without_gradio_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_serve_without_gradio_names_the_extra(
+    invoke: Invoke, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import sys
 
     monkeypatch.setitem(sys.modules, "gradio", None)  # import gradio -> ImportError
-    result = CliRunner().invoke(app, ["serve", "--port", "7"])
-    assert result.exit_code == 2
+    result = invoke("serve", "--port", "7", exit_code=2)
     assert "pip install 'trainmem[web]'" in result.output
 
 
