@@ -56,7 +56,32 @@ def _head_class(transformers: Any, config: Any, raw: Mapping[str, Any]) -> Any:
         return transformers.AutoModel
     if config.model_type == "t5":
         return transformers.T5ForConditionalGeneration
-    return transformers.AutoModelForCausalLM
+    from transformers.models.auto import modeling_auto
+
+    for mapping, auto in TRAINING_HEADS:
+        if config.model_type in getattr(modeling_auto, mapping, {}):
+            return getattr(transformers, auto)
+    return transformers.AutoModel
+
+
+TRAINING_HEADS: tuple[tuple[str, str], ...] = (
+    ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "AutoModelForCausalLM"),
+    ("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "AutoModelForSeq2SeqLM"),
+    ("MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES", "AutoModelForSpeechSeq2Seq"),
+    ("MODEL_FOR_MASKED_LM_MAPPING_NAMES", "AutoModelForMaskedLM"),
+    ("MODEL_FOR_CTC_MAPPING_NAMES", "AutoModelForCTC"),
+    ("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", "AutoModelForImageTextToText"),
+    ("MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES", "AutoModelForImageClassification"),
+    ("MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES", "AutoModelForSemanticSegmentation"),
+    ("MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES", "AutoModelForAudioClassification"),
+    ("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "AutoModelForSequenceClassification"),
+)
+"""The training head of a config without ``architectures``: the first of transformers' own
+task mappings (``transformers/models/auto/modeling_auto.py``, ``MODEL_FOR_*_MAPPING_NAMES``)
+that has the ``model_type``, in the order a training run most often uses it (language
+modelling first, then encoder-decoder, speech, masked LM, CTC, vision-language, vision and
+audio classification, segmentation, sequence classification); a type in none of them is built
+bare (``AutoModel``) and trained on :func:`hf_loss`'s stand-in."""
 
 
 VISION_TOWER_TYPES = frozenset({"clip_vision_model", "siglip_vision_model", "dinov2"})
@@ -115,6 +140,19 @@ def build_hf_model(
         for k, v in list(raw.items()):
             if isinstance(v, float) and any(p in k for p in _DROPOUT_KEY_PARTS):
                 raw[k] = 0.0
+    for k, v in list(raw.items()):
+        # LayerDrop (Fan et al. 2019) skips each layer with probability ``layerdrop`` per step
+        # (modeling_wav2vec2.py: ``if self.training and dropout_probability < self.config.
+        # layerdrop``); the run's max_memory_allocated is a step that keeps every layer, and
+        # the draw is data the fake tensors do not have
+        if k.endswith("layerdrop") and isinstance(v, (int, float)) and v:
+            raw[k] = 0.0
+    if raw.get("apply_spec_augment"):
+        # SpecAugment (wav2vec2, HuBERT, WavLM...: ``_mask_hidden_states``) fills positions
+        # drawn with numpy, in place (``hidden_states[mask_time_indices] = masked_spec_embed``):
+        # a [b, frames] bool mask beside the hidden states, and a data-dependent index that fake
+        # tensors cannot run
+        raw["apply_spec_augment"] = False
     model_type = raw.get("model_type")
     try:
         config = transformers.AutoConfig.for_model(
@@ -243,29 +281,23 @@ def make_hf_batch(
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
     takes_labels = "labels" in inspect.signature(base.forward).parameters
     dtype = next(model.parameters()).dtype
-    batch: dict[str, Any]
+    head = type(base).__name__
     if main == "pixel_values":
-        size = cfg.image_size  # an int, or [height, width] (ViT's non-square images)
-        height, width = size if isinstance(size, (list, tuple)) else (size, size)
-        batch = {"pixel_values": torch.randn(b, cfg.num_channels, height, width, dtype=dtype)}
-        if takes_labels:
-            batch["labels"] = torch.randint(0, max(getattr(cfg, "num_labels", 1), 1), (b,))
-        return batch
+        return _image_batch(cfg, b, dtype, head if takes_labels else "")
+    if main == "input_values":
+        return _waveform_batch(cfg, b, s, dtype, head if takes_labels else "")
+    batch: dict[str, Any] = {}
     if main == "input_features":
-        frames = 2 * cfg.max_source_positions
-        batch = {"input_features": torch.randn(b, cfg.num_mel_bins, frames, dtype=dtype)}
-        s = min(s, getattr(cfg, "max_target_positions", s))
-    else:
-        batch = {}
-    ids = torch.randint(0, cfg.vocab_size, (b, s))
+        batch, s = _feature_batch(cfg, b, s, dtype)
+    vocab = _vocab_size(cfg)
+    ids = torch.randint(0, vocab, (b, s))
     if main != "input_features":
         batch["input_ids"] = ids
     if takes_labels:
         target = target_seq_len or s
         same = target == s or cfg.model_type != "t5"
-        batch["labels"] = ids.clone() if same else torch.randint(0, cfg.vocab_size, (b, target))
+        batch["labels"] = ids.clone() if same else torch.randint(0, vocab, (b, target))
         classes = max(getattr(cfg, "num_labels", 1), 1)
-        head = type(base).__name__
         if head.endswith("ForSequenceClassification"):  # one class per sequence
             batch["labels"] = torch.randint(0, classes, (b,))
         elif head.endswith("ForTokenClassification"):  # one class per token
@@ -273,13 +305,90 @@ def make_hf_batch(
     return batch
 
 
+def _vocab_size(cfg: Any) -> int:
+    """The token vocabulary of a config, or of its text config (vision-language models keep it
+    in ``text_config``: ``PretrainedConfig.get_text_config``)."""
+    vocab = getattr(cfg, "vocab_size", None)
+    if not vocab and hasattr(cfg, "get_text_config"):
+        vocab = getattr(cfg.get_text_config(), "vocab_size", None)
+    if not vocab:
+        raise UnsupportedError(
+            f"model_type={cfg.model_type!r} takes input_ids but its config names no vocab_size; "
+            "add vocab_size to the config, or use --engine analytic"
+        )
+    return int(vocab)
+
+
+def _image_batch(cfg: Any, b: int, dtype: Any, head: str) -> dict[str, Any]:
+    """``pixel_values`` [b, num_channels, height, width] in the parameter dtype; ``image_size``
+    an int or [height, width] (ViT's non-square images), 224 where the config has none (the
+    ImageNet crop of the image processors); class ``labels`` [b] for a classification head,
+    per-pixel ``labels`` [b, height, width] for a ``*ForSemanticSegmentation`` head (SegFormer,
+    UperNet, DPT: ``modeling_segformer.py`` upsamples its logits to the labels' size)."""
+    size = getattr(cfg, "image_size", None) or 224
+    height, width = size if isinstance(size, (list, tuple)) else (size, size)
+    channels = getattr(cfg, "num_channels", None) or 3
+    batch = {"pixel_values": torch.randn(b, channels, height, width, dtype=dtype)}
+    classes = max(getattr(cfg, "num_labels", 1), 1)
+    if head.endswith("ForSemanticSegmentation"):
+        batch["labels"] = torch.randint(0, classes, (b, height, width))
+    elif head:
+        batch["labels"] = torch.randint(0, classes, (b,))
+    return batch
+
+
+def _waveform_batch(cfg: Any, b: int, s: int, dtype: Any, head: str) -> dict[str, Any]:
+    """``input_values`` [b, samples], a raw waveform (wav2vec2, HuBERT, WavLM), with ``s`` its
+    length in encoder frames: samples = s x the feature encoder's total stride (the product of
+    ``conv_stride``, 320 for wav2vec2-base's 5,2,2,2,2,2,2: 20 ms per frame at 16 kHz,
+    ``modeling_wav2vec2.py`` ``_get_feat_extract_output_lengths``). An audio-classification
+    head takes class ``labels`` [b]; a CTC head none (:func:`hf_loss` stands in: its
+    ``labels.max()`` check and label masking depend on the labels' values, which fake tensors
+    do not have)."""
+    stride = 1
+    for k in getattr(cfg, "conv_stride", None) or (320,):
+        stride *= int(k)
+    batch = {"input_values": torch.randn(b, s * stride, dtype=dtype)}
+    if head and not head.endswith("ForCTC"):
+        batch["labels"] = torch.randint(0, max(getattr(cfg, "num_labels", 1), 1), (b,))
+    return batch
+
+
+def _feature_batch(cfg: Any, b: int, s: int, dtype: Any) -> tuple[dict[str, Any], int]:
+    """``input_features`` and the decoder's length. Whisper-like configs (``num_mel_bins``,
+    ``max_source_positions``): [b, mel bins, 2 * max_source_positions], the 30 s log-mel window
+    (two frames per encoder position after the stride-2 convolution, ``modeling_whisper.py``),
+    the decoder [b, min(s, max_target_positions)]; Speech2Text-like (``input_feat_per_channel``):
+    [b, s, features x channels] filterbank frames (``modeling_speech_to_text.py``), the decoder
+    s // 4 tokens (its two stride-2 convolutions)."""
+    if hasattr(cfg, "num_mel_bins") and hasattr(cfg, "max_source_positions"):
+        frames = 2 * cfg.max_source_positions
+        features = torch.randn(b, cfg.num_mel_bins, frames, dtype=dtype)
+        return {"input_features": features}, min(s, getattr(cfg, "max_target_positions", s))
+    if hasattr(cfg, "input_feat_per_channel"):
+        width = cfg.input_feat_per_channel * getattr(cfg, "input_channels", 1)
+        return {"input_features": torch.randn(b, s, width, dtype=dtype)}, max(s // 4, 1)
+    raise UnsupportedError(
+        f"model_type={cfg.model_type!r} takes input_features of a layout trainmem does not build "
+        "(known: Whisper's num_mel_bins x 2 * max_source_positions, Speech2Text's "
+        "input_feat_per_channel); use --engine analytic"
+    )
+
+
 def hf_loss(output: Any, batch: Any) -> Any:
-    """The model's own loss (``output.loss``), or for a headless model (``CLIPVisionModel``,
-    ``SiglipVisionModel``, a bare ``XModel``) a stand-in: the mean of its last hidden state,
-    whose backward allocates one gradient of that shape, as a head's first matmul would."""
+    """The model's own loss (``output.loss``); for a CTC head run without labels the mean of its
+    fp32 log-softmax, the tensor its ``ctc_loss`` reads; for a headless model
+    (``CLIPVisionModel``, ``SiglipVisionModel``, a bare ``XModel``) a stand-in: the mean of its
+    last hidden state, whose backward allocates one gradient of that shape, as a head's first
+    matmul would."""
     loss = getattr(output, "loss", None)
     if loss is not None:
         return loss
+    logits = getattr(output, "logits", None)
+    if logits is not None:  # a CTC head (``*ForCTC``) run without labels
+        # modeling_wav2vec2.py: ``log_softmax(logits, dim=-1, dtype=torch.float32)`` feeds
+        # ``ctc_loss``; its alignment (b x frames x (2 x target + 1) fp32) is not traced
+        return torch.log_softmax(logits, dim=-1, dtype=torch.float32).mean()
     hidden = getattr(output, "last_hidden_state", None)
     if hidden is None:
         hidden = output[0]
@@ -329,8 +438,19 @@ def hf_mask_patches() -> Iterator[None]:
             return True
         return orig_fast_all(tensor)  # type: ignore[misc]
 
+    orig_ignore_bidirectional = getattr(mu, "_ignore_bidirectional_mask_sdpa", None)
+
+    def ignore_bidirectional(padding_mask: Any, *args: Any, **kwargs: Any) -> bool:
+        # the model's own all-ones mask of an unpadded batch (BigBird, RoFormer...): no token
+        # is masked, the answer a real run gets from ``padding_mask.all()``
+        if isinstance(padding_mask, FakeTensor):
+            padding_mask = None
+        return bool(orig_ignore_bidirectional(padding_mask, *args, **kwargs))  # type: ignore[misc]
+
     mu.is_tracing = is_tracing
     mu.find_packed_sequence_indices = find_packed_sequence_indices
+    if orig_ignore_bidirectional is not None:
+        mu._ignore_bidirectional_mask_sdpa = ignore_bidirectional
     if orig_fast_all is not None:
         mu.fast_all = fast_all
     # MoE experts (transformers/integrations/moe.py): the fake CPU device would pick
@@ -353,6 +473,8 @@ def hf_mask_patches() -> Iterator[None]:
     finally:
         mu.is_tracing = orig_is_tracing
         mu.find_packed_sequence_indices = orig_find_packed
+        if orig_ignore_bidirectional is not None:
+            mu._ignore_bidirectional_mask_sdpa = orig_ignore_bidirectional
         if orig_fast_all is not None:
             mu.fast_all = orig_fast_all
         if moe is not None and orig_can_use is not None:
