@@ -1,0 +1,219 @@
+"""Model coverage of the generic path (issue 26): how many of the models a user can name are
+built, traced and estimated end to end, with the reason for each one that is not.
+
+Groups:
+
+* ``transformers``: every ``model_type`` in one of transformers' training-head task mappings
+  (``trainmem.trace.hf_model.TRAINING_HEADS``), its default config (``AutoConfig.for_model``)
+  shrunk to 2 layers (a hybrid's layer pattern keeps one layer of each kind, at most 4). A
+  type whose default config transformers itself cannot build into that head (on ``meta``, no
+  trainmem involved) is listed apart, with transformers' error, and is not counted;
+* ``diffusers``: every diffusers ``ModelMixin`` transformer and UNet class
+  (:func:`diffusers_group`);
+* ``timm``: the most used timm models (:func:`timm_group`; needs the optional ``timm``).
+
+Each model runs ``trainmem.estimate(..., engine="generic")`` at micro-batch 1, sequence
+length 64 (images at the config's size), bf16-mixed AdamW, allocator replay off.
+
+    PYTHONPATH=src python benchmarks/coverage.py                 # every group
+    PYTHONPATH=src python benchmarks/coverage.py transformers --limit 40
+    PYTHONPATH=src python benchmarks/coverage.py --json coverage.json
+
+It prints one line per model and a summary per group: built and estimated / counted, and the
+refusals grouped by reason. README's coverage table is its output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+import time
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from trainmem.estimate import estimate
+from trainmem.specs.training import TrainingConfig
+
+LAYER_KEYS = (
+    "num_hidden_layers",
+    "num_layers",
+    "n_layer",
+    "n_layers",
+    "encoder_layers",
+    "decoder_layers",
+    "num_encoder_layers",
+    "num_decoder_layers",
+)
+"""Config fields that count a model's layers (transformers' and diffusers' spellings)."""
+
+TRAINING = TrainingConfig(micro_batch_size=1, seq_len=64)
+
+
+def shrink(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` cut to 2 layers, in place and in every sub-config: each layer-count field
+    set to 2 and each per-layer list cut to match. A list whose entries differ (a hybrid's
+    ``layer_types``: attention and linear-attention or Mamba layers) keeps the first layer of
+    each kind, up to 4 layers, so the cut model still has every kind of layer."""
+    counts = {v for k in LAYER_KEYS if isinstance(v := config.get(k), int) and v > 2}
+    keep = 2
+    per_layer = [
+        k
+        for k, v in config.items()
+        if isinstance(v, list) and len(v) in counts and k != "architectures"
+    ]
+    for k in per_layer:
+        keep = max(keep, min(len(dict.fromkeys(map(str, config[k]))), 4))
+    for k in LAYER_KEYS:
+        if isinstance(config.get(k), int) and config[k] > keep:
+            config[k] = keep
+    for k in per_layer:
+        firsts = list({str(x): x for x in reversed(config[k])}.values())[::-1]
+        config[k] = (firsts + config[k])[:keep] if len(firsts) < keep else firsts[:keep]
+    for v in config.values():
+        if isinstance(v, dict):
+            shrink(v)
+    return config
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
+
+
+def _estimate(config: dict[str, Any]) -> int:
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "config.json"
+        path.write_text(json.dumps(config, default=str))
+        est = estimate(str(path), TRAINING, engine="generic", simulate_allocator=False)
+    return est.breakdown.allocated_bytes
+
+
+def transformers_group(limit: int | None = None) -> Iterator[tuple[str, str, str]]:
+    """(model type, outcome, detail) per transformers ``model_type``; outcome ``ok``,
+    ``refused`` (trainmem's reason) or ``excluded`` (transformers cannot build its own default
+    config into the head)."""
+    import torch
+    import transformers
+    from transformers.models.auto import modeling_auto
+
+    from trainmem.trace.hf_model import TRAINING_HEADS, _head_class
+
+    types: dict[str, None] = {}
+    for mapping, _ in TRAINING_HEADS:
+        types.update(dict.fromkeys(getattr(modeling_auto, mapping, {})))
+    for model_type in sorted(types)[:limit]:
+        try:
+            config = transformers.AutoConfig.for_model(model_type)
+            raw = shrink(config.to_dict())
+            raw["model_type"] = model_type
+            config = transformers.AutoConfig.for_model(
+                model_type, **{k: v for k, v in raw.items() if k != "model_type"}
+            )
+            cls = _head_class(transformers, config, raw)
+            with torch.device("meta"):
+                cls.from_config(config) if hasattr(cls, "from_config") else cls(config)
+        except Exception as exc:  # noqa: BLE001 - transformers' own failure, reported
+            yield model_type, "excluded", _one_line(exc)
+            continue
+        try:
+            yield model_type, "ok", f"{_estimate(raw):,} B"
+        except Exception as exc:  # noqa: BLE001 - the refusal is the result
+            yield model_type, "refused", _one_line(exc)
+
+
+def diffusers_group(limit: int | None = None) -> Iterator[tuple[str, str, str]]:
+    """(class name, outcome, detail) per diffusers transformer / UNet class: its default
+    ``register_to_config`` arguments as the config, shrunk to 2 layers."""
+    import inspect
+
+    import diffusers
+
+    names = sorted(
+        n
+        for n in dir(diffusers)
+        if (n.endswith("Model") or "Transformer" in n or "UNet" in n)
+        and ("Transformer" in n or "UNet" in n)
+    )
+    for name in names[:limit]:
+        try:
+            cls = getattr(diffusers, name)
+            if not (isinstance(cls, type) and issubclass(cls, diffusers.ModelMixin)):
+                continue
+            params = inspect.signature(cls.__init__).parameters
+            raw: dict[str, Any] = {
+                k: p.default
+                for k, p in params.items()
+                if k != "self" and p.default is not inspect.Parameter.empty
+            }
+            raw = shrink(json.loads(json.dumps(raw, default=list)))
+            raw["_class_name"] = name
+        except Exception as exc:  # noqa: BLE001
+            yield name, "excluded", _one_line(exc)
+            continue
+        try:
+            yield name, "ok", f"{_estimate(raw):,} B"
+        except Exception as exc:  # noqa: BLE001
+            yield name, "refused", _one_line(exc)
+
+
+TIMM_MODELS: tuple[str, ...] = ()
+"""The most used timm models (filled with the timm group)."""
+
+
+def timm_group(limit: int | None = None) -> Iterator[tuple[str, str, str]]:
+    """(model name, outcome, detail) per timm model of :data:`TIMM_MODELS`."""
+    try:
+        import timm  # noqa: F401
+    except ImportError:
+        yield "timm", "refused", "timm is not installed (pip install 'trainmem[timm]')"
+        return
+    for name in TIMM_MODELS[:limit]:
+        yield name, "refused", "timm models have no recipe in trainmem yet"
+
+
+GROUPS: dict[str, Callable[[int | None], Iterator[tuple[str, str, str]]]] = {
+    "transformers": transformers_group,
+    "diffusers": diffusers_group,
+    "timm": timm_group,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("groups", nargs="*", default=list(GROUPS), choices=list(GROUPS))
+    parser.add_argument("--limit", type=int, default=None, help="first N models per group")
+    parser.add_argument("--json", type=Path, default=None, help="write every outcome here")
+    args = parser.parse_args(argv)
+    logging.disable(logging.WARNING)
+    warnings.simplefilter("ignore")
+    results: dict[str, list[dict[str, str]]] = {}
+    for group in args.groups:
+        rows = results.setdefault(group, [])
+        for name, outcome, detail in GROUPS[group](args.limit):
+            t0 = time.perf_counter()
+            rows.append({"model": name, "outcome": outcome, "detail": detail})
+            print(f"{group:12} {name:40} {outcome:8} {detail}", flush=True)
+            del t0
+        counted = [r for r in rows if r["outcome"] != "excluded"]
+        ok = sum(r["outcome"] == "ok" for r in counted)
+        share = 100 * ok / len(counted) if counted else 0.0
+        print(
+            f"== {group}: {ok} / {len(counted)} built, traced and estimated ({share:.0f}%); "
+            f"{len(rows) - len(counted)} excluded (transformers / diffusers cannot build "
+            "their own default config)"
+        )
+        reasons = Counter(r["detail"][:70] for r in counted if r["outcome"] == "refused")
+        for reason, n in reasons.most_common(12):
+            print(f"   {n:3}  {reason}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
