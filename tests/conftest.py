@@ -1,4 +1,5 @@
-"""Fixtures shared by the test files: the command-line runner and the folders tests read.
+"""Fixtures shared by the test files: the command-line runner and the folders tests read
+(as fixtures in a test's body, as the constants below where a module needs them at collection).
 
 ``trainmem`` is imported inside the fixtures only, so collecting the tests loads nothing of it
 (tests/test_no_torch.py checks in fresh interpreters what the package imports by itself).
@@ -18,6 +19,9 @@ from typer.testing import CliRunner
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_DIR = TESTS_DIR.parent
+MODELS_DIR = TESTS_DIR / "models"
+"""``tests/models``: the small ``config.json`` files the tests load."""
+EXAMPLES_DIR = REPO_DIR / "examples"
 SHARED_DIR = REPO_DIR.parent / "shared"
 """The project's shared data (``../shared``), never copied into the repository."""
 
@@ -95,13 +99,13 @@ def _failure(words: list[str], result: Result, expected: int) -> str:
 @pytest.fixture
 def models_dir() -> Path:
     """``tests/models``: the small ``config.json`` files the tests load."""
-    return TESTS_DIR / "models"
+    return MODELS_DIR
 
 
 @pytest.fixture
 def examples_dir() -> Path:
     """``examples/`` of the repository."""
-    return REPO_DIR / "examples"
+    return EXAMPLES_DIR
 
 
 @pytest.fixture

@@ -4,9 +4,10 @@ module imports itself back through a cycle (function-level imports included)."""
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1] / "src" / "trainmem"
+from conftest import REPO_DIR
+
+ROOT = REPO_DIR / "src" / "trainmem"
 
 #: pipeline stage of each top-level module or package; a module may import only its own stage
 #: or an earlier one, and the three engines never import each other

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Invoke
+from conftest import REPO_DIR, Invoke
 
 
 def _notes(invoke: Invoke, *args: str) -> list[str]:
@@ -65,7 +65,7 @@ def test_estimate_never_suggests_a_command_that_refuses(invoke: Invoke, models_d
 def test_version_is_the_packages(invoke: Invoke) -> None:
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
-    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    pyproject = REPO_DIR / "pyproject.toml"
     declared = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]["version"]
     result = invoke("--version")
     assert result.stdout.strip() == f"trainmem {declared}"

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from conftest import Invoke
+from conftest import SHARED_DIR, Invoke
 from trainmem.allocator.caching import CachingAllocatorSim
 from trainmem.allocator.snapshot import (
     SnapshotError,
@@ -26,7 +26,7 @@ from trainmem.allocator.snapshot import (
 from trainmem.allocator.snapshot_replay import replay_snapshot, start_segments
 
 MiB = 1_048_576
-CORPUS = Path(__file__).resolve().parents[2] / ".." / "shared" / "validation" / "snapshots"
+CORPUS = SHARED_DIR / "validation" / "snapshots"
 #: The smallest files of the corpus (each under 700 KB, together about 1 s): a cold linear layer,
 #: naive attention, compiled attention after warm-up, a final state only, a warm fwd+bwd, and
 #: two inference runs that hit the free-and-retry path near a 24 GB card's capacity.

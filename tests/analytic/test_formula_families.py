@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import MODELS_DIR
 from trainmem.analytic.params import num_parameters
 from trainmem.errors import SpecError, UnsupportedError
 from trainmem.specs.hf import load_hf_config, load_model_spec, model_spec_from_hf
@@ -122,7 +123,7 @@ def test_bloom_needs_eager_attention() -> None:
         estimate(str(CONFIGS / "tiny-bloom.json"), TrainingConfig(seq_len=64))
 
 
-GEMMA2 = Path(__file__).parents[1] / "models" / "formula" / "gemma2.json"
+GEMMA2 = MODELS_DIR / "formula" / "gemma2.json"
 
 
 def test_gemma2_needs_eager_attention() -> None:
@@ -201,7 +202,7 @@ def test_analytic_peak_within_1_percent_of_the_trace(name: str, setting: str) ->
     assert abs(got - want) <= 0.01 * want, (got, want, (got - want) / want)
 
 
-FORMULA = Path(__file__).parents[1] / "models" / "formula"
+FORMULA = MODELS_DIR / "formula"
 
 
 def test_falcon_sdpa_saves_its_materialised_causal_mask() -> None:

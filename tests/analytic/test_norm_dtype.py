@@ -12,15 +12,15 @@ MLP's first projection save the same tensor (under autocast each casts its own c
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
+from conftest import MODELS_DIR
 from trainmem.analytic.activations import layer_activation_terms
 from trainmem.specs.hf import load_hf_config, model_spec_from_hf
 from trainmem.specs.training import TrainingConfig
 
-CONFIGS = Path(__file__).resolve().parents[1] / "models" / "formula"
+CONFIGS = MODELS_DIR / "formula"
 
 
 @pytest.mark.parametrize("name", ["gemma.json", "qwen2.json", "falcon.json", "phi.json"])

@@ -17,11 +17,12 @@ they tighten when the model is fixed, never loosen to let a row pass.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from conftest import REPO_DIR
+
+BENCH = REPO_DIR / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 import validate  # noqa: E402

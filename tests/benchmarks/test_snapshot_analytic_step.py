@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from conftest import REPO_DIR
+
+BENCH = REPO_DIR / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 import snapshot_analytic_step as bench  # noqa: E402

@@ -8,11 +8,12 @@ full step with torch's AdamW). Each trace takes about 10 s: both run in the slow
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from conftest import REPO_DIR
+
+BENCH = REPO_DIR / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 import snapshot_traced_step as bench  # noqa: E402

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from conftest import REPO_DIR
+
+BENCH = REPO_DIR / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
 import validate  # noqa: E402

@@ -11,17 +11,16 @@ baichuan-inc/Baichuan2-7B-Base.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import Invoke
+from conftest import MODELS_DIR, Invoke
 from trainmem.analytic.params import num_parameters
 from trainmem.errors import SpecError, UnsupportedError
 from trainmem.specs.hf import model_spec_from_hf
 
-MODELS = Path(__file__).parents[1] / "models" / "remote_code"
+MODELS = MODELS_DIR / "remote_code"
 
 
 def _config(name: str) -> dict[str, Any]:

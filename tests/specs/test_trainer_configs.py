@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import Invoke
+from conftest import EXAMPLES_DIR, Invoke
 from trainmem.errors import SpecError
 from trainmem.specs.trainer_configs import (
     read_axolotl_config,
@@ -25,8 +25,6 @@ from trainmem.specs.trainer_configs import (
     same_model,
 )
 from trainmem.specs.training import TrainingConfig
-
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _write(tmp_path: Path, name: str, text: str) -> str:
@@ -88,7 +86,7 @@ SFT_EXAMPLE = {
 
 def test_the_axolotl_example() -> None:
     notes: list[str] = []
-    out = read_axolotl_config(str(EXAMPLES / "axolotl-qlora.yml"), notes)
+    out = read_axolotl_config(str(EXAMPLES_DIR / "axolotl-qlora.yml"), notes)
     assert out == AXOLOTL_EXAMPLE
     TrainingConfig(**out)
     assert notes[0].startswith("axolotl axolotl-qlora.yml: ")
@@ -98,7 +96,7 @@ def test_the_axolotl_example() -> None:
 
 def test_the_torchtune_example() -> None:
     notes: list[str] = []
-    out = read_torchtune_config(str(EXAMPLES / "torchtune-lora-single-device.yaml"), notes)
+    out = read_torchtune_config(str(EXAMPLES_DIR / "torchtune-lora-single-device.yaml"), notes)
     assert out == TORCHTUNE_EXAMPLE
     TrainingConfig(**out)
     assert "loss CEWithChunkedOutputLoss -> chunked_cross_entropy 8" in notes[0]
@@ -106,7 +104,7 @@ def test_the_torchtune_example() -> None:
 
 def test_the_sft_config_example() -> None:
     notes: list[str] = []
-    out = read_training_args(str(EXAMPLES / "sft-config.json"), notes)
+    out = read_training_args(str(EXAMPLES_DIR / "sft-config.json"), notes)
     assert out == SFT_EXAMPLE
     TrainingConfig(**out)
     assert notes[0].startswith("SFTConfig sft-config.json: ")
@@ -124,7 +122,7 @@ def test_the_sft_config_example() -> None:
 def test_the_cli_reads_each_example(
     invoke: Invoke, option: str, example: str, expected: dict[str, Any]
 ) -> None:
-    out = _estimate(invoke, [option, str(EXAMPLES / example)])
+    out = _estimate(invoke, [option, str(EXAMPLES_DIR / example)])
     config = out["config"]
     for field, value in expected.items():
         assert config[field] == (list(value) if isinstance(value, tuple) else value), field

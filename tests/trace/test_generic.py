@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from conftest import Invoke
+from conftest import MODELS_DIR, Invoke
 from trainmem.breakdown import MemoryCategory
 from trainmem.estimate import estimate
 from trainmem.schedule import Op, Repeat, StepSchedule
@@ -22,9 +22,8 @@ from trainmem.specs.training import TrainingConfig
 
 pytest.importorskip("transformers")
 
-MODELS = Path(__file__).resolve().parents[1] / "models"
-NEW_FAMILIES = sorted(p.stem for p in MODELS.glob("*.json"))
-FORMULA_FAMILIES = sorted(p.stem for p in (MODELS / "formula").glob("*.json"))
+NEW_FAMILIES = sorted(p.stem for p in MODELS_DIR.glob("*.json"))
+FORMULA_FAMILIES = sorted(p.stem for p in (MODELS_DIR / "formula").glob("*.json"))
 LAYER_KEYS = (
     "num_hidden_layers",
     "n_layer",
@@ -74,7 +73,7 @@ def test_generic_matches_full_trace_on_families_without_formulas(
     # 7 blocks per list: 5 traced, the middle one repeated 3 times (2 after T5's first block
     # and DeepSeek's dense one; Gemma 3's sliding + global pairs: 3 traced, the middle 4 times)
     layers = 12 if family == "gemma3_text" else 7
-    model = _deeper(MODELS / f"{family}.json", layers, tmp_path)
+    model = _deeper(MODELS_DIR / f"{family}.json", layers, tmp_path)
     attention = "eager" if family in NO_SDPA else "sdpa"
     training = TrainingConfig(micro_batch_size=2, seq_len=32, attention=attention)
     est, generic, full = _peaks(model, training)
@@ -148,7 +147,7 @@ def test_parameter_count_is_the_full_models(tmp_path: Path) -> None:
     import torch
     import transformers
 
-    raw = json.loads((MODELS / "deepseek_v3.json").read_text())
+    raw = json.loads((MODELS_DIR / "deepseek_v3.json").read_text())
     raw["num_hidden_layers"] = 9
     path = tmp_path / "config.json"
     path.write_text(json.dumps(raw))
@@ -174,7 +173,7 @@ def test_generic_agrees_with_analytic_on_formula_families(model: str, batch: int
     if model in FORMULA_FAMILIES:
         # Gemma-2 has no SDPA attention in transformers (``_supports_sdpa = False``)
         attention = "eager" if model == "gemma2" else "sdpa"
-        model = str(MODELS / "formula" / f"{model}.json")
+        model = str(MODELS_DIR / "formula" / f"{model}.json")
     else:
         attention = "sdpa"
     training = TrainingConfig(micro_batch_size=batch, seq_len=seq, attention=attention)
@@ -192,7 +191,7 @@ def test_auto_runs_formulas_for_known_families_and_generic_otherwise() -> None:
     training = TrainingConfig(micro_batch_size=1, seq_len=32)
     assert estimate("tiny-llama-test", training).engine == "analytic"
     # mamba's eager scan runs one step per token: 8 tokens are enough to see the engine
-    est = estimate(str(MODELS / "mamba.json"), TrainingConfig(micro_batch_size=1, seq_len=8))
+    est = estimate(str(MODELS_DIR / "mamba.json"), TrainingConfig(micro_batch_size=1, seq_len=8))
     assert est.engine == "generic"
     assert est.notes[0].startswith("auto: model_type 'mamba' is not supported")
     # an explicit engine wins
@@ -208,7 +207,9 @@ def test_cli_estimates_every_family_without_an_engine_flag(invoke: Invoke, famil
     from trainmem.specs.hf import SUPPORTED_MODEL_TYPES
 
     extra = ["--attention", "eager"] if family == "bloom" else []
-    r = invoke("estimate", str(MODELS / f"{family}.json"), "-b", "1", "-s", "32", "--json", *extra)
+    r = invoke(
+        "estimate", str(MODELS_DIR / f"{family}.json"), "-b", "1", "-s", "32", "--json", *extra
+    )
     d = json.loads(r.stdout)
     # tests/models/dinov2.json is Dinov2ForImageClassification: the formulas model the bare
     # tower only, so auto falls back to the generic path
@@ -226,7 +227,7 @@ def test_auto_without_torch_says_what_to_install() -> None:
         "sys.modules['torch'] = None\n"
         "from trainmem.estimate import estimate\n"
         "from trainmem.errors import UnsupportedError\n"
-        f"try:\n    estimate({str(MODELS / 'mamba.json')!r})\n"
+        f"try:\n    estimate({str(MODELS_DIR / 'mamba.json')!r})\n"
         "except UnsupportedError as e:\n    print(e)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

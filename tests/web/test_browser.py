@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from conftest import InvokeJson
+from conftest import REPO_DIR, InvokeJson
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 try:
@@ -49,7 +49,7 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 GiB = 2**30
-SRC = Path(__file__).resolve().parents[2] / "src"
+SRC = REPO_DIR / "src"
 TIMEOUT_MS = 30_000
 
 

@@ -169,11 +169,13 @@ def test_uploaded_config_is_the_same_model_as_the_preset(tmp_path: Path) -> None
     assert estimate(spec, training).breakdown == estimate("gpt2", training).breakdown
 
 
-def test_uploaded_config_without_formulas_runs_the_generic_path(tmp_path: Path) -> None:
+def test_uploaded_config_without_formulas_runs_the_generic_path(
+    tmp_path: Path, models_dir: Path
+) -> None:
     # Mamba has no formula family: the upload is kept as a path and the page's estimate (the
     # default engine, auto) runs it through the generic path instead of refusing it
     path = tmp_path / "config.json"
-    path.write_text((Path(__file__).parents[1] / "models" / "mamba.json").read_text(), "utf-8")
+    path.write_text((models_dir / "mamba.json").read_text(), "utf-8")
     model, config = model_from_upload(str(path))
     assert model == str(path) and config["model_type"] == "mamba"
     req = resolve_request({**default_values(), "seq_len": 64, "micro_batch_size": 1}, model)
@@ -348,21 +350,24 @@ def test_slow_details_only_on_their_tab() -> None:
     assert "It fits" in fixes and 'data-dimension="micro_batch_size"' in plan
 
 
-def test_a_trainer_config_upload_sets_the_widgets(tmp_path: Path) -> None:
+def test_a_trainer_config_upload_sets_the_widgets(tmp_path: Path, examples_dir: Path) -> None:
     from trainmem.web.uploads import trainer_config_from_upload
 
-    examples = Path(__file__).resolve().parents[2] / "examples"
     raw = h.widget_values(default_values())
-    *widgets, note = h.apply_framework_file("trainer", str(examples / "axolotl-qlora.yml"), *raw)
+    *widgets, note = h.apply_framework_file(
+        "trainer", str(examples_dir / "axolotl-qlora.yml"), *raw
+    )
     values = h.collect(widgets)
     # examples/axolotl-qlora.yml: micro_batch_size 2, lora_r 32, qlora -> nf4 double-quantized
     assert (values["micro_batch_size"], values["lora_rank"]) == (2, 32)
     assert (values["quantize_base"], values["framework"]) == ("nf4-dq", "hf-trainer")
     assert "axolotl-qlora.yml: set" in note and "lora_targets=q+k+v+o+gate+up+down" in note
     # a torchtune recipe is told apart by its _component_ entries, a .json is TrainingArguments
-    settings, _ = trainer_config_from_upload(str(examples / "torchtune-lora-single-device.yaml"))
+    settings, _ = trainer_config_from_upload(
+        str(examples_dir / "torchtune-lora-single-device.yaml")
+    )
     assert settings["framework"] == "torchtune"
-    settings, _ = trainer_config_from_upload(str(examples / "sft-config.json"))
+    settings, _ = trainer_config_from_upload(str(examples_dir / "sft-config.json"))
     assert settings["micro_batch_size"] == 4
     named = tmp_path / "axolotl.yml"
     named.write_text("deepspeed: deepspeed_configs/zero3.json\n", encoding="utf-8")
