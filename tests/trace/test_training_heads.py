@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import MODELS_DIR
+
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-HEADS = Path(__file__).resolve().parents[1] / "models" / "heads"
+HEADS = MODELS_DIR / "heads"
 
 
 def _transformers_count(name: str, auto: str) -> tuple[int, int]:
