@@ -11,11 +11,14 @@ import json
 import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 from click.testing import Result
 from typer.testing import CliRunner
+
+if TYPE_CHECKING:
+    from trainmem.specs.model import ModelSpec
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_DIR = TESTS_DIR.parent
@@ -94,6 +97,15 @@ def _failure(words: list[str], result: Result, expected: int) -> str:
     if result.exc_info is not None and not isinstance(result.exception, SystemExit):
         lines += ["--- exception ---", "".join(traceback.format_exception(*result.exc_info))]
     return "\n".join(lines)
+
+
+@pytest.fixture(scope="session")
+def llama_2_7b() -> ModelSpec:
+    """The ``llama-2-7b`` preset's :class:`~trainmem.specs.model.ModelSpec` (6,738,415,616
+    parameters)."""
+    from trainmem.specs.hf import load_model_spec
+
+    return load_model_spec("llama-2-7b")
 
 
 @pytest.fixture

@@ -29,17 +29,13 @@ from trainmem.estimate import estimate as estimate_analytic
 from trainmem.specs.frameworks import FRAMEWORK_CONVENTIONS
 from trainmem.specs.hardware import DEFAULT_CUDA_CONTEXT_BYTES
 from trainmem.specs.hf import load_model_spec
+from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import FRAMEWORKS, TrainingConfig, fsdp_settings
 
 LAYER_LINEAR = 4 * 4096 * 4096 + 3 * 4096 * 11008
 LAYER_NUMEL = LAYER_LINEAR + 2 * 4096
 PSI = 6_738_415_616  # llama-2-7b parameters
 assert LAYER_LINEAR == 202_375_168 and LAYER_NUMEL == 202_383_360
-
-
-@pytest.fixture(scope="module")
-def llama() -> object:
-    return load_model_spec("llama-2-7b")
 
 
 def _layer(model: object, training: TrainingConfig) -> list:  # type: ignore[type-arg]
@@ -62,25 +58,25 @@ def test_every_framework_has_one_conventions_row() -> None:
 # -- item 1: accelerate / HF Trainer FSDP (v1) installs MixedPrecision(param_dtype=bf16) --------
 
 
-def test_accelerate_fsdp_gathers_and_reduces_in_bf16(llama: object) -> None:
+def test_accelerate_fsdp_gathers_and_reduces_in_bf16(llama_2_7b: ModelSpec) -> None:
     # accelerate utils/dataclasses.py set_mixed_precision: MixedPrecision(param_dtype=bf16,
     # reduce_dtype=bf16): a gathered layer is 2 bytes per element, so is its unsharded gradient
     acc = TrainingConfig(framework="accelerate-fsdp", data_parallel_size=8, zero_stage=3)
-    assert gathered_layer_bytes(_layer(llama, acc), acc) == 2 * LAYER_NUMEL == 404_766_720
-    assert reduce_scatter_layer_bytes(_layer(llama, acc), acc) == 404_766_720
+    assert gathered_layer_bytes(_layer(llama_2_7b, acc), acc) == 2 * LAYER_NUMEL == 404_766_720
+    assert reduce_scatter_layer_bytes(_layer(llama_2_7b, acc), acc) == 404_766_720
     # FSDP without a policy (pytorch-amp: autocast on fp32 gathers) moves fp32: 4 bytes each
     amp = TrainingConfig(framework="pytorch-amp", data_parallel_size=8, zero_stage=3)
-    assert gathered_layer_bytes(_layer(llama, amp), amp) == 4 * LAYER_NUMEL == 809_533_440
-    assert reduce_scatter_layer_bytes(_layer(llama, amp), amp) == 809_533_440
+    assert gathered_layer_bytes(_layer(llama_2_7b, amp), amp) == 4 * LAYER_NUMEL == 809_533_440
+    assert reduce_scatter_layer_bytes(_layer(llama_2_7b, amp), amp) == 809_533_440
 
 
-def test_accelerate_fsdp_runs_bf16_without_autocast_casts(llama: object) -> None:
+def test_accelerate_fsdp_runs_bf16_without_autocast_casts(llama_2_7b: ModelSpec) -> None:
     acc = TrainingConfig(framework="accelerate-fsdp", data_parallel_size=8, zero_stage=3)
     # residual stream in bf16 (the gathered embedding is bf16), not autocast's fp32
     assert compute_and_residual_bytes(acc) == (2, 2)
     assert acc.weight_dtype == "float32" and acc.gathered_weight_dtype == "bfloat16"
     t = 2048
-    terms = layer_activation_terms(llama, TrainingConfig(**{**_fields(acc), "seq_len": t}))  # type: ignore[arg-type]
+    terms = layer_activation_terms(llama_2_7b, TrainingConfig(**{**_fields(acc), "seq_len": t}))  # type: ignore[arg-type]
     # q, k, v read one bf16 norm output: one saved copy (autocast would cast it three times)
     assert terms["attention/qkv_input"] == 2 * 4096 * t
     assert "autocast_weight_copies" not in terms
@@ -95,22 +91,22 @@ def _fields(training: TrainingConfig) -> dict[str, object]:
 # -- item 1: autocast caches only leaf, non-view tensors that require grad ---------------------
 
 
-def test_autocast_cache_holds_only_trainable_leaf_weights(llama: object) -> None:
+def test_autocast_cache_holds_only_trainable_leaf_weights(llama_2_7b: ModelSpec) -> None:
     # aten autocast_mode.cpp cached_cast: arg.requires_grad() && arg.is_leaf() && !arg.is_view()
     full = TrainingConfig(activation_checkpointing="full")
-    assert autocast_cached_weight_bytes(llama, full) == 2 * LAYER_LINEAR == 404_750_336  # type: ignore[arg-type]
+    assert autocast_cached_weight_bytes(llama_2_7b, full) == 2 * LAYER_LINEAR == 404_750_336  # type: ignore[arg-type]
     # LoRA r=8 on q, v: the frozen base is not cached; the fp32 adapters are:
     # 2 adapters x r (in + out) = 2 x 8 x (4096 + 4096) = 131,072 elements, 2 bytes each
     lora = TrainingConfig(activation_checkpointing="full", lora_rank=8, lora_targets=("q", "v"))
-    assert autocast_cached_weight_bytes(llama, lora) == 2 * 131_072 == 262_144  # type: ignore[arg-type]
+    assert autocast_cached_weight_bytes(llama_2_7b, lora) == 2 * 131_072 == 262_144  # type: ignore[arg-type]
     # FSDP1-gathered weights (the HF Trainer's accelerate FSDP) are views of the flat
     # parameter: nothing cached; FSDP2's unsharded parameters (pytorch-amp's ZeRO-3, as traced)
     # are leaves: cached like unsharded weights (FSDPParam.init_unsharded_param: nn.Parameter)
     fsdp = dict(activation_checkpointing="full", data_parallel_size=8, zero_stage=3)
     hf = TrainingConfig(framework="hf-trainer", **fsdp)  # type: ignore[arg-type]
-    assert autocast_cached_weight_bytes(llama, hf) == 0  # type: ignore[arg-type]
+    assert autocast_cached_weight_bytes(llama_2_7b, hf) == 0  # type: ignore[arg-type]
     fsdp2 = TrainingConfig(**fsdp)  # type: ignore[arg-type]
-    assert autocast_cached_weight_bytes(llama, fsdp2) == 2 * LAYER_LINEAR  # type: ignore[arg-type]
+    assert autocast_cached_weight_bytes(llama_2_7b, fsdp2) == 2 * LAYER_LINEAR  # type: ignore[arg-type]
 
 
 # -- item 7: the HF Trainer's default optimizer by torch version; explicit always wins ---------
@@ -183,44 +179,46 @@ def test_matmul4bit_saves_its_input_only_before_0_43_2() -> None:
     assert not saves(framework="torchtune", bitsandbytes_version="0.41.1")  # torchao NF4
 
 
-def test_qlora_activations_with_new_and_old_bitsandbytes(llama: object) -> None:
+def test_qlora_activations_with_new_and_old_bitsandbytes(llama_2_7b: ModelSpec) -> None:
     # LoRA on q, v over an nf4 base, bf16-true, b1 s1024 (t = 1024): with (A, B) saved the
     # frozen q/k/v input (c h t, one tensor), gate/up input (c h t) and down input (c i t)
     # stay; with (None, B) they do not. LoRA A saves its own fp32 cast of the q/v input either
     # way (peft ``_cast_input_dtype`` to the fp32 adapters), not the 16-bit input.
     kw = {"lora_rank": 8, "quantize_base": "nf4", "precision": "bf16-true", "seq_len": 1024}
     old = sum(
-        layer_activation_terms(llama, TrainingConfig(**kw, bitsandbytes_version="0.41.1")).values()
+        layer_activation_terms(
+            llama_2_7b, TrainingConfig(**kw, bitsandbytes_version="0.41.1")
+        ).values()
     )  # type: ignore[arg-type]
-    new = sum(layer_activation_terms(llama, TrainingConfig(**kw)).values())  # type: ignore[arg-type]
+    new = sum(layer_activation_terms(llama_2_7b, TrainingConfig(**kw)).values())  # type: ignore[arg-type]
     assert old - new == 2 * 1024 * (4096 + 4096 + 11008) == 39_321_600
 
 
-def test_quantized_base_dequantizes_its_largest_linear(llama: object) -> None:
+def test_quantized_base_dequantizes_its_largest_linear(llama_2_7b: ModelSpec) -> None:
     from trainmem.analytic.buffers import dequantized_weight_bytes
 
     # bitsandbytes MatMul4Bit: dequantize_4bit(B).to(A.dtype) per matmul, one at a time; the
     # largest of llama-2-7b's base linears is gate / up / down, 4096 x 11008, in bf16
     qlora = TrainingConfig(lora_rank=8, quantize_base="nf4")
-    assert dequantized_weight_bytes(_layer(llama, qlora), qlora) == 2 * 4096 * 11008
+    assert dequantized_weight_bytes(_layer(llama_2_7b, qlora), qlora) == 2 * 4096 * 11008
     tp2 = TrainingConfig(lora_rank=8, quantize_base="nf4", tensor_parallel_size=2)
-    assert dequantized_weight_bytes(_layer(llama, tp2), tp2) == 4096 * 11008
+    assert dequantized_weight_bytes(_layer(llama_2_7b, tp2), tp2) == 4096 * 11008
     plain = TrainingConfig(lora_rank=8)
-    assert dequantized_weight_bytes(_layer(llama, plain), plain) == 0
+    assert dequantized_weight_bytes(_layer(llama_2_7b, plain), plain) == 0
 
 
-def test_paged_adamw_states_live_outside_the_allocator(llama: object) -> None:
+def test_paged_adamw_states_live_outside_the_allocator(llama_2_7b: ModelSpec) -> None:
     # bitsandbytes optimizer.py get_state_buffer: fp32 states of tensors >= 1e5 elements come
     # from F.get_paged (cudaMallocManaged); smaller ones from torch.zeros_like
     paged = TrainingConfig(optimizer="paged-adamw", precision="bf16-true")
-    states = {s.name: s for s in tensor_states(llama, paged)}  # type: ignore[arg-type]
+    states = {s.name: s for s in tensor_states(llama_2_7b, paged)}  # type: ignore[arg-type]
     q, norm = states["q"], states["vector"]
     assert (q.paged_state_bytes, q.state_bytes) == (2 * 4 * 4096 * 4096, 0) == (134_217_728, 0)
     assert (norm.paged_state_bytes, norm.state_bytes) == (0, 2 * 4 * 4096)
     # whole model: 65 norm vectors of 4096 stay in the allocator, everything else is paged
     total = 8 * (PSI - 65 * 4096)
     assert total == 53_905_195_008
-    est = estimate_analytic(llama, paged, simulate_allocator=False)  # type: ignore[arg-type]
+    est = estimate_analytic(llama_2_7b, paged, simulate_allocator=False)  # type: ignore[arg-type]
     assert est.details["outside_allocator_bytes"] == {"paged_optimizer_states": total}
     b = est.breakdown
     assert b.device_total_bytes - b.reserved_bytes == DEFAULT_CUDA_CONTEXT_BYTES + total
@@ -229,7 +227,7 @@ def test_paged_adamw_states_live_outside_the_allocator(llama: object) -> None:
     # 8-bit paged: the uint8 states are paged, the fp32 absmax (2 x 4 B per 256) is not
     q8 = next(
         s
-        for s in tensor_states(llama, TrainingConfig(optimizer="paged-adamw-8bit"))
+        for s in tensor_states(llama_2_7b, TrainingConfig(optimizer="paged-adamw-8bit"))
         if s.name == "q"
     )  # type: ignore[arg-type]
     assert (q8.paged_state_bytes, q8.state_bytes) == (2 * 4096 * 4096, 2 * 4 * 4096 * 4096 // 256)
@@ -244,21 +242,23 @@ def test_fsdp_strategies_as_settings() -> None:
     assert fsdp_settings(2, None) == {"zero_stage": 2}
 
 
-def test_hybrid_shard_shards_over_the_node_only(llama: object) -> None:
+def test_hybrid_shard_shards_over_the_node_only(llama_2_7b: ModelSpec) -> None:
     t = TrainingConfig(data_parallel_size=32, zero_stage=3, shard_group_size=8)
-    states = tensor_states(llama, t)  # type: ignore[arg-type]
+    states = tensor_states(llama_2_7b, t)  # type: ignore[arg-type]
     params = sum(s.param_bytes for s in states)
     # fp32 weights over 8 ranks (not 32): 4 PSI / 8, each tensor's shard rounded up
     assert 4 * PSI // 8 <= params <= 4 * PSI // 8 + len(states)
 
 
-def test_shard_grad_op_keeps_gathered_layers_from_forward_to_backward(llama: object) -> None:
+def test_shard_grad_op_keeps_gathered_layers_from_forward_to_backward(
+    llama_2_7b: ModelSpec,
+) -> None:
     base = {"framework": "accelerate-fsdp", "data_parallel_size": 8, "seq_len": 512}
     sgo = TrainingConfig(**base, **fsdp_settings(0, "shard-grad-op"))  # type: ignore[arg-type]
     full = TrainingConfig(**base, **fsdp_settings(0, "full-shard"))  # type: ignore[arg-type]
-    assert kept_gathered_layer_bytes(_layer(llama, sgo), sgo) == 2 * LAYER_NUMEL
-    assert kept_gathered_layer_bytes(_layer(llama, full), full) == 0
-    a, b = _candidates(llama, sgo), _candidates(llama, full)
+    assert kept_gathered_layer_bytes(_layer(llama_2_7b, sgo), sgo) == 2 * LAYER_NUMEL
+    assert kept_gathered_layer_bytes(_layer(llama_2_7b, full), full) == 0
+    a, b = _candidates(llama_2_7b, sgo), _candidates(llama_2_7b, full)
     # end of forward: all 32 bf16 layers gathered; FULL_SHARD's forward peaks with the current
     # and the prefetched layer (2) inside the last layer, or with the current one (1) at the loss
     layer = 404_766_720
@@ -270,7 +270,7 @@ def test_shard_grad_op_keeps_gathered_layers_from_forward_to_backward(llama: obj
 # -- item 3: Megatron grad buffer from init; fused multi-tensor Adam ------------------------
 
 
-def test_megatron_grad_buffer_exists_in_the_forward(llama: object) -> None:
+def test_megatron_grad_buffer_exists_in_the_forward(llama_2_7b: ModelSpec) -> None:
     # megatron param_and_grad_buffer.py: grad_data = torch.zeros(...) at wrap time, fp32
     assert gradients_alive_in_forward(TrainingConfig(framework="megatron"))
     assert not gradients_alive_in_forward(TrainingConfig(framework="deepspeed", zero_stage=1))
@@ -280,14 +280,16 @@ def test_megatron_grad_buffer_exists_in_the_forward(llama: object) -> None:
     kw = {"seq_len": 512}
     for fw, stage, grad_bytes in (("megatron", 0, 0), ("deepspeed", 1, 2 * PSI)):
         kw["zero_stage"] = stage
-        one = _candidates(llama, TrainingConfig(framework=fw, **kw))  # type: ignore[arg-type]
-        acc = _candidates(llama, TrainingConfig(framework=fw, gradient_accumulation_steps=2, **kw))  # type: ignore[arg-type]
+        one = _candidates(llama_2_7b, TrainingConfig(framework=fw, **kw))  # type: ignore[arg-type]
+        acc = _candidates(
+            llama_2_7b, TrainingConfig(framework=fw, gradient_accumulation_steps=2, **kw)
+        )  # type: ignore[arg-type]
         # accumulation adds the gradients to the forward unless they were there already:
         # DeepSpeed's bf16 gradients 2 x PSI = 13,476,831,232 B; Megatron's already counted
         assert acc["forward"] - one["forward"] == grad_bytes
 
 
-def test_deepspeed_bf16_without_zero_runs_the_bf16_optimizer(llama: object) -> None:
+def test_deepspeed_bf16_without_zero_runs_the_bf16_optimizer(llama_2_7b: ModelSpec) -> None:
     # deepspeed/runtime/engine.py _do_optimizer_sanity_check: bf16 weights with fp32 gradient
     # accumulation -> BF16_Optimizer (before 0.17.6 get_data_types made fp32 the default for
     # bf16 without ZeRO; since then it must be asked for); bf16_optimizer.py: bf16 weights
@@ -300,7 +302,7 @@ def test_deepspeed_bf16_without_zero_runs_the_bf16_optimizer(llama: object) -> N
     ):
         t = TrainingConfig(framework="deepspeed", data_parallel_size=4, **kw)  # type: ignore[arg-type]
         assert t.deepspeed_optimizer == "bf16"
-        est = estimate_analytic(llama, t, simulate_allocator=False)  # type: ignore[arg-type]
+        est = estimate_analytic(llama_2_7b, t, simulate_allocator=False)  # type: ignore[arg-type]
         assert est.model_states_bytes == {
             "parameters": 2 * PSI,
             "gradients": 4 * PSI,
@@ -380,7 +382,7 @@ def test_cli_deepspeed_version_and_grad_accum_dtype_are_reported(invoke: Invoke)
     assert refused.exit_code != 0 and "grad_accum_dtype" in refused.output
 
 
-def test_deepspeed_gradient_copies_at_the_step(llama: object) -> None:
+def test_deepspeed_gradient_copies_at_the_step(llama_2_7b: ModelSpec) -> None:
     from trainmem.analytic.buffers import deepspeed_step_gradient_copies
 
     # stage_1_and_2.py step: flatten(averaged_gradients).to(fp32): a bf16 flat copy of this
@@ -391,7 +393,7 @@ def test_deepspeed_gradient_copies_at_the_step(llama: object) -> None:
     z2 = TrainingConfig(framework="deepspeed", zero_stage=2, data_parallel_size=8, seq_len=512)
     assert deepspeed_step_gradient_copies(PSI, z2) == (2 * part, 4 * part)
     # the optimizer phase peaks at the model states + both cuBLAS workspaces + 2 + 4 B / element
-    est = estimate_analytic(llama, z2, simulate_allocator=False)  # type: ignore[arg-type]
+    est = estimate_analytic(llama_2_7b, z2, simulate_allocator=False)  # type: ignore[arg-type]
     states = sum(est.model_states_bytes.values())
     assert states == 2 * PSI + 2 * part + 12 * part  # 2 + (2 + 12) / 8 B per parameter
     workspaces = 2 * 8_519_680
@@ -422,7 +424,7 @@ def test_deepspeed_gradient_copies_at_the_step(llama: object) -> None:
     assert deepspeed_step_gradient_copies(PSI, TrainingConfig(zero_stage=2)) == (0, 0)
 
 
-def test_deepspeed_zero2_accumulation_reduces_into_a_fresh_partition(llama: object) -> None:
+def test_deepspeed_zero2_accumulation_reduces_into_a_fresh_partition(llama_2_7b: ModelSpec) -> None:
     from trainmem.schedule import Op, Repeat
 
     # stage_1_and_2.py: the kept averaged_gradients / all_grad_tensors hold the first
@@ -436,7 +438,7 @@ def test_deepspeed_zero2_accumulation_reduces_into_a_fresh_partition(llama: obje
             seq_len=512,
             gradient_accumulation_steps=m,
         )
-        est = estimate_analytic(llama, t, simulate_allocator=False)  # type: ignore[arg-type]
+        est = estimate_analytic(llama_2_7b, t, simulate_allocator=False)  # type: ignore[arg-type]
         found: list[Op] = []
 
         def walk(items: tuple[object, ...], times: int) -> None:
@@ -455,7 +457,7 @@ def test_deepspeed_zero2_accumulation_reduces_into_a_fresh_partition(llama: obje
     assert {op.size_bytes for op in ops} == {2 * PSI // 8}
 
 
-def test_deepspeed_zero3_steps_one_sub_group_at_a_time(llama: object) -> None:
+def test_deepspeed_zero3_steps_one_sub_group_at_a_time(llama_2_7b: ModelSpec) -> None:
     from trainmem.analytic.buffers import deepspeed_zero3_sub_group_elements
 
     # stage3.py _create_fp16_sub_groups: partitions gathered until a group reaches 1e9
@@ -466,7 +468,7 @@ def test_deepspeed_zero3_steps_one_sub_group_at_a_time(llama: object) -> None:
     # its bf16 flat copy and fp32 copy (_prepare_fp32_grad_for_sub_group) over the model
     # states, ZeRO-3's persistent IPG bucket (5e8 bf16) and both cuBLAS workspaces
     z3 = TrainingConfig(framework="deepspeed", zero_stage=3, data_parallel_size=8, seq_len=512)
-    est = estimate_analytic(llama, z3, simulate_allocator=False)  # type: ignore[arg-type]
+    est = estimate_analytic(llama_2_7b, z3, simulate_allocator=False)  # type: ignore[arg-type]
     part = PSI // 8
     states = sum(est.model_states_bytes.values())
     assert states == 16 * part
@@ -474,12 +476,12 @@ def test_deepspeed_zero3_steps_one_sub_group_at_a_time(llama: object) -> None:
     assert est.details["phase_peaks_bytes"]["optimizer"] == peak  # type: ignore[index]
 
 
-def test_deepspeed_zero1_reduces_into_the_partition_before_the_step(llama: object) -> None:
+def test_deepspeed_zero1_reduces_into_the_partition_before_the_step(llama_2_7b: ModelSpec) -> None:
     # ZeRO-1 (stage_1_and_2.py reduce_gradients -> copy_grads_in_partition): the flat partition
     # buffer (2 B x PSI / 8) is allocated while the full bf16 gradients (2 B x PSI) are alive;
     # then only the partition is left, and the step's copies (6 B x PSI / 8) come on it
     z1 = TrainingConfig(framework="deepspeed", zero_stage=1, data_parallel_size=8, seq_len=512)
-    est = estimate_analytic(llama, z1, simulate_allocator=False)  # type: ignore[arg-type]
+    est = estimate_analytic(llama_2_7b, z1, simulate_allocator=False)  # type: ignore[arg-type]
     part = PSI // 8
     workspaces = 2 * 8_519_680
     weights_and_states = 2 * PSI + 12 * part
@@ -487,22 +489,22 @@ def test_deepspeed_zero1_reduces_into_the_partition_before_the_step(llama: objec
     assert est.details["phase_peaks_bytes"]["optimizer"] == peak  # type: ignore[index]
     # with two ranks the step's copies are the higher point: 2 + 2 + 4 B x PSI / 2
     two = TrainingConfig(framework="deepspeed", zero_stage=1, data_parallel_size=2, seq_len=512)
-    est = estimate_analytic(llama, two, simulate_allocator=False)  # type: ignore[arg-type]
+    est = estimate_analytic(llama_2_7b, two, simulate_allocator=False)  # type: ignore[arg-type]
     half = PSI // 2
     peak = 2 * PSI + 12 * half + max(2 * PSI + 2 * half, 8 * half) + workspaces
     assert est.details["phase_peaks_bytes"]["optimizer"] == peak  # type: ignore[index]
 
 
-def test_deepspeed_casts_peft_adapters_to_bf16(llama: object) -> None:
+def test_deepspeed_casts_peft_adapters_to_bf16(llama_2_7b: ModelSpec) -> None:
     # engine.py _configure_distributed_model: every parameter of the wrapped module in bf16,
     # peft's fp32 adapters included; ZeRO-2 over 4 ranks: bf16 gradient 2 / 4 B, fp32 master +
     # Adam moments 12 / 4 B per element. LoRA A of q at r = 8: 8 x 4096 = 32,768 elements
     t = TrainingConfig(framework="deepspeed", lora_rank=8, zero_stage=2, data_parallel_size=4)
-    a = next(s for s in tensor_states(llama, t) if s.name == "lora_A.q")  # type: ignore[arg-type]
+    a = next(s for s in tensor_states(llama_2_7b, t) if s.name == "lora_A.q")  # type: ignore[arg-type]
     assert (a.param_bytes, a.grad_bytes, a.state_bytes) == (2 * 32768, 2 * 32768 // 4, 98_304)
     # peft alone (pytorch-amp) keeps them fp32
     amp = TrainingConfig(lora_rank=8)
-    a = next(s for s in tensor_states(llama, amp) if s.name == "lora_A.q")  # type: ignore[arg-type]
+    a = next(s for s in tensor_states(llama_2_7b, amp) if s.name == "lora_A.q")  # type: ignore[arg-type]
     assert a.param_bytes == 4 * 32768
 
 
@@ -535,7 +537,7 @@ def test_blas_workspaces_per_gpu_family() -> None:
     assert get_gpu("MI250").cublas_workspace_bytes == (32 + 76) * 2**20
 
 
-def test_nccl_communicators_join_the_device_total(llama: object) -> None:
+def test_nccl_communicators_join_the_device_total(llama_2_7b: ModelSpec) -> None:
     from trainmem.analytic.buffers import nccl_communicator_bytes
 
     mib = 2**20
@@ -550,7 +552,7 @@ def test_nccl_communicators_join_the_device_total(llama: object) -> None:
     hybrid = TrainingConfig(data_parallel_size=32, zero_stage=3, shard_group_size=8)
     assert nccl_communicator_bytes(hybrid) == {"shard": 688 * mib, "replicate": 688 * mib}
     dp = TrainingConfig(data_parallel_size=8, zero_stage=3, seq_len=512)
-    est = estimate_analytic(llama, dp, simulate_allocator=False)  # type: ignore[arg-type]
+    est = estimate_analytic(llama_2_7b, dp, simulate_allocator=False)  # type: ignore[arg-type]
     b = est.breakdown
     assert b.device_total_bytes - b.reserved_bytes == DEFAULT_CUDA_CONTEXT_BYTES + 688 * mib
 
@@ -558,7 +560,7 @@ def test_nccl_communicators_join_the_device_total(llama: object) -> None:
 # -- item 4: DeepSpeed gradient buckets ------------------------------------------------------
 
 
-def test_deepspeed_gradient_buckets(llama: object) -> None:
+def test_deepspeed_gradient_buckets(llama_2_7b: ModelSpec) -> None:
     from trainmem.analytic.buffers import (
         deepspeed_backward_bucket_bytes,
         deepspeed_persistent_bucket_bytes,
@@ -569,22 +571,28 @@ def test_deepspeed_gradient_buckets(llama: object) -> None:
 
     # stage_1_and_2.py backward(): torch.empty(reduce_bucket_size = 5e8, dtype=bf16), a second
     # one with overlap_comm: 2 B x 5e8 = 1e9 B, 2e9 B
-    assert deepspeed_backward_bucket_bytes(llama, ds(zero_stage=2)) == 1_000_000_000  # type: ignore[arg-type]
-    assert deepspeed_backward_bucket_bytes(llama, ds(zero_stage=1, overlap_comm=True)) == 2 * 10**9  # type: ignore[arg-type]
+    assert deepspeed_backward_bucket_bytes(llama_2_7b, ds(zero_stage=2)) == 1_000_000_000  # type: ignore[arg-type]
+    assert (
+        deepspeed_backward_bucket_bytes(llama_2_7b, ds(zero_stage=1, overlap_comm=True))
+        == 2 * 10**9
+    )  # type: ignore[arg-type]
     # "auto" (HF Trainer): hidden_size^2 = 4096^2 elements, 2 bytes each
     auto = ds(zero_stage=2, reduce_bucket_size="auto")
-    assert deepspeed_backward_bucket_bytes(llama, auto) == 2 * 4096 * 4096 == 33_554_432  # type: ignore[arg-type]
+    assert deepspeed_backward_bucket_bytes(llama_2_7b, auto) == 2 * 4096 * 4096 == 33_554_432  # type: ignore[arg-type]
     # stage3.py __init__: one bucket for the whole run, not a backward one
     z3 = ds(zero_stage=3)
-    assert deepspeed_persistent_bucket_bytes(llama, z3) == 1_000_000_000  # type: ignore[arg-type]
-    assert deepspeed_backward_bucket_bytes(llama, z3) == 0  # type: ignore[arg-type]
-    assert deepspeed_backward_bucket_bytes(llama, TrainingConfig(zero_stage=2)) == 0  # type: ignore[arg-type]
+    assert deepspeed_persistent_bucket_bytes(llama_2_7b, z3) == 1_000_000_000  # type: ignore[arg-type]
+    assert deepspeed_backward_bucket_bytes(llama_2_7b, z3) == 0  # type: ignore[arg-type]
+    assert deepspeed_backward_bucket_bytes(llama_2_7b, TrainingConfig(zero_stage=2)) == 0  # type: ignore[arg-type]
     # the closed form adds it to every candidate of stage 3, to backward ones below
-    big, small = _candidates(llama, z3), _candidates(llama, ds(zero_stage=3, reduce_bucket_size=1))
+    big, small = (
+        _candidates(llama_2_7b, z3),
+        _candidates(llama_2_7b, ds(zero_stage=3, reduce_bucket_size=1)),
+    )
     assert {k: big[k] - small[k] for k in big} == {k: 2 * (5 * 10**8 - 1) for k in big}
     big, small = (
-        _candidates(llama, ds(zero_stage=2)),
-        _candidates(llama, ds(zero_stage=2, reduce_bucket_size=1)),
+        _candidates(llama_2_7b, ds(zero_stage=2)),
+        _candidates(llama_2_7b, ds(zero_stage=2, reduce_bucket_size=1)),
     )
     assert big["optimizer"] == small["optimizer"] and big["forward"] == small["forward"]
     assert big["backward"] - small["backward"] == 2 * (5 * 10**8 - 1)
@@ -605,19 +613,19 @@ def test_ds_config_buckets_are_read(tmp_path: object) -> None:
 # -- item 6: torchao low-bit AdamW -----------------------------------------------------------
 
 
-def test_torchao_low_bit_adamw_states(llama: object) -> None:
+def test_torchao_low_bit_adamw_states(llama_2_7b: ModelSpec) -> None:
     # torchao optim/adam.py: AdamW4bit block 128 (packed 4-bit codes n/2 B + fp32 scale per
     # block), AdamWFp8 block 256 (float8 codes n B + fp32 scale per block); two states each
     n = 4096 * 4096
-    four = {s.name: s for s in tensor_states(llama, TrainingConfig(optimizer="adamw-4bit"))}  # type: ignore[arg-type]
+    four = {s.name: s for s in tensor_states(llama_2_7b, TrainingConfig(optimizer="adamw-4bit"))}  # type: ignore[arg-type]
     assert four["q"].state_bytes == 2 * (n // 2 + 4 * n // 128) == 17_825_792
     # a 4096-element norm weight is quantized too (>= 4096 and a multiple of 128)
     assert four["vector"].state_bytes == 2 * (4096 // 2 + 4 * 4096 // 128) == 4352
-    fp8 = {s.name: s for s in tensor_states(llama, TrainingConfig(optimizer="adamw-fp8"))}  # type: ignore[arg-type]
+    fp8 = {s.name: s for s in tensor_states(llama_2_7b, TrainingConfig(optimizer="adamw-fp8"))}  # type: ignore[arg-type]
     assert fp8["q"].state_bytes == 2 * (n + 4 * n // 256) == 34_078_720
     # LoRA A of r=8 over 4096 inputs: 32768 elements, quantized; GPT-2's 768-wide bias is not
     lora = TrainingConfig(optimizer="adamw-4bit", lora_rank=8)
-    a = next(s for s in tensor_states(llama, lora) if s.name == "lora_A.q")  # type: ignore[arg-type]
+    a = next(s for s in tensor_states(llama_2_7b, lora) if s.name == "lora_A.q")  # type: ignore[arg-type]
     assert a.state_bytes == 2 * (32768 // 2 + 4 * 32768 // 128) == 34_816
     gpt2 = {
         s.name: s
@@ -658,11 +666,11 @@ def test_torchao_cpu_offload_keeps_small_tensors_on_the_gpu() -> None:
 # -- item 9: the FSDP2 root gather is a new buffer beside the shard ---------------------------
 
 
-def test_fsdp2_root_gather_does_not_subtract_the_shard(llama: object) -> None:
+def test_fsdp2_root_gather_does_not_subtract_the_shard(llama_2_7b: ModelSpec) -> None:
     from trainmem.analytic.buffers import root_gathered_bytes
 
     layout = state_layout(
-        llama, TrainingConfig(framework="fsdp2", data_parallel_size=8, zero_stage=3)
+        llama_2_7b, TrainingConfig(framework="fsdp2", data_parallel_size=8, zero_stage=3)
     )  # type: ignore[arg-type]
     outer = layout.embedding + layout.head
     # embeddings + LM head 2 x 32000 x 4096 + final norm 4096 = 262,148,096 elements, gathered
@@ -687,11 +695,11 @@ def test_gpt2_hf_only_terms_not_under_megatron() -> None:
     assert mg["mlp/activation"] == 2 * 2 * 3072 * 128 == 1_572_864
 
 
-def test_peft_kbit_training_keeps_non_quantized_weights_in_fp32(llama: object) -> None:
+def test_peft_kbit_training_keeps_non_quantized_weights_in_fp32(llama_2_7b: ModelSpec) -> None:
     # peft prepare_model_for_kbit_training: every non-Params4bit 16-bit parameter -> fp32
     kw = {"lora_rank": 8, "quantize_base": "nf4", "precision": "bf16-true"}
-    peft = {s.name: s for s in tensor_states(llama, TrainingConfig(**kw))}  # type: ignore[arg-type]
-    lit = {s.name: s for s in tensor_states(llama, TrainingConfig(framework="litgpt", **kw))}  # type: ignore[arg-type]
+    peft = {s.name: s for s in tensor_states(llama_2_7b, TrainingConfig(**kw))}  # type: ignore[arg-type]
+    lit = {s.name: s for s in tensor_states(llama_2_7b, TrainingConfig(framework="litgpt", **kw))}  # type: ignore[arg-type]
     assert peft["embedding/tokens"].param_bytes == 4 * 32000 * 4096 == 524_288_000
     assert lit["embedding/tokens"].param_bytes == 2 * 32000 * 4096
     assert peft["vector"].param_bytes == 4 * 4096
@@ -700,29 +708,29 @@ def test_peft_kbit_training_keeps_non_quantized_weights_in_fp32(llama: object) -
     assert compute_and_residual_bytes(TrainingConfig(framework="litgpt", **kw)) == (2, 2)  # type: ignore[arg-type]
 
 
-def test_deepspeed_zero3_gathers_one_layer_plus_the_prefetch_bucket(llama: object) -> None:
+def test_deepspeed_zero3_gathers_one_layer_plus_the_prefetch_bucket(llama_2_7b: ModelSpec) -> None:
     from trainmem.analytic.buffers import deepspeed_zero3_gather_bytes
 
     def z3(**kw: object) -> TrainingConfig:
         return TrainingConfig(framework="deepspeed", data_parallel_size=8, zero_stage=3, **kw)  # type: ignore[arg-type]
 
     # bf16 layer (2 x 202,383,360 B) + a 5e7-element prefetch bucket (2 B each)
-    layer = _layer(llama, z3())
-    assert deepspeed_zero3_gather_bytes(layer, llama, z3()) == 2 * (LAYER_NUMEL + 50_000_000)  # type: ignore[arg-type]
+    layer = _layer(llama_2_7b, z3())
+    assert deepspeed_zero3_gather_bytes(layer, llama_2_7b, z3()) == 2 * (LAYER_NUMEL + 50_000_000)  # type: ignore[arg-type]
     # "auto": int(0.9 x 4096^2) = 15,099,494 elements
     auto = z3(stage3_prefetch_bucket_size="auto")
-    assert deepspeed_zero3_gather_bytes(layer, llama, auto) == 2 * (LAYER_NUMEL + 15_099_494)  # type: ignore[arg-type]
+    assert deepspeed_zero3_gather_bytes(layer, llama_2_7b, auto) == 2 * (LAYER_NUMEL + 15_099_494)  # type: ignore[arg-type]
     # a bucket larger than the layer prefetches the next whole layer, no more
     big = z3(stage3_prefetch_bucket_size=10**9)
-    assert deepspeed_zero3_gather_bytes(layer, llama, big) == 4 * LAYER_NUMEL  # type: ignore[arg-type]
+    assert deepspeed_zero3_gather_bytes(layer, llama_2_7b, big) == 4 * LAYER_NUMEL  # type: ignore[arg-type]
     # fetch_sub_module: max_params_to_prefetch = min(max_live - n_available, bucket): with
     # stage3_max_live_parameters 2.2e8 and the layer's 202,383,360 elements live, 17,616,640 more
     live = z3(stage3_max_live_parameters=220_000_000)
     assert 220_000_000 - LAYER_NUMEL == 17_616_640
-    assert deepspeed_zero3_gather_bytes(layer, llama, live) == 2 * (LAYER_NUMEL + 17_616_640)  # type: ignore[arg-type]
+    assert deepspeed_zero3_gather_bytes(layer, llama_2_7b, live) == 2 * (LAYER_NUMEL + 17_616_640)  # type: ignore[arg-type]
     # below the layer itself: no prefetch, the layer is still fetched
     tight = z3(stage3_max_live_parameters=10**8)
-    assert deepspeed_zero3_gather_bytes(layer, llama, tight) == 2 * LAYER_NUMEL  # type: ignore[arg-type]
+    assert deepspeed_zero3_gather_bytes(layer, llama_2_7b, tight) == 2 * LAYER_NUMEL  # type: ignore[arg-type]
 
 
 def test_sdpa_expands_gqa_keys_and_values_with_a_padding_mask() -> None:

@@ -22,7 +22,7 @@ import pytest
 from trainmem.analytic.tensor_states import flat_parameter_grads, state_layout
 from trainmem.breakdown import MemoryCategory
 from trainmem.estimate import estimate
-from trainmem.specs.hf import load_model_spec
+from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 
 torch = pytest.importorskip("torch")
@@ -208,11 +208,6 @@ def test_real_fsdp1_layer_backward_holds_view_gradients_and_their_concatenation(
 # -- the analytic rule ----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def llama() -> object:
-    return load_model_spec("llama-2-7b")
-
-
 def test_flat_parameter_rule_applies_to_litgpt_fsdp_lora_only() -> None:
     assert flat_parameter_grads(_litgpt(1))
     assert not flat_parameter_grads(_litgpt(1, data_parallel_size=1, zero_stage=0))
@@ -220,8 +215,8 @@ def test_flat_parameter_rule_applies_to_litgpt_fsdp_lora_only() -> None:
     assert not flat_parameter_grads(_litgpt(1, lora_rank=0, lora_targets=()))
 
 
-def test_every_tensor_of_a_lora_layer_gets_a_gradient(llama: object) -> None:
-    layout = state_layout(llama, _litgpt(1))  # type: ignore[arg-type]
+def test_every_tensor_of_a_lora_layer_gets_a_gradient(llama_2_7b: ModelSpec) -> None:
+    layout = state_layout(llama_2_7b, _litgpt(1))  # type: ignore[arg-type]
     # unsharded: 2 bytes (bf16) for each of the layer's 202,514,432 elements
     assert sum(s.full_grad_bytes for s in layout.layer) == 2 * LAYER == 405_028_864
     # after the reduce-scatter this rank's half (every tensor has an even size)
@@ -237,17 +232,19 @@ def _gradient_peak(model: object, training: TrainingConfig) -> int:
     return est.schedules[0].category_peak(MemoryCategory.GRADIENT)
 
 
-def test_no_sync_keeps_every_layer_unsharded_until_the_last_micro_batch(llama: object) -> None:
+def test_no_sync_keeps_every_layer_unsharded_until_the_last_micro_batch(
+    llama_2_7b: ModelSpec,
+) -> None:
     # no accumulation: each layer's 405,028,864-byte unsharded gradient (a temporary) is
     # reduce-scattered at once, so 32 shards of 202,514,432 bytes stay
-    assert _gradient_peak(llama, _litgpt(1)) == 32 * 202_514_432
+    assert _gradient_peak(llama_2_7b, _litgpt(1)) == 32 * 202_514_432
     # 4 micro-batches, the first three under no_sync: all 32 layers' unsharded gradients at once;
     # the last micro-batch's first reduce-scatter writes its shard while its input still exists
-    peak = _gradient_peak(llama, _litgpt(4))
+    peak = _gradient_peak(llama_2_7b, _litgpt(4))
     assert peak == 32 * 405_028_864 + 202_514_432 == 13_163_438_080
     # FSDP2 (torchtitan) shards per parameter: the frozen base weights get no gradient
     fsdp2 = _litgpt(4, framework="fsdp2")
-    assert _gradient_peak(llama, fsdp2) < 32 * 131_072 * 4
+    assert _gradient_peak(llama_2_7b, fsdp2) < 32 * 131_072 * 4
 
 
 def _alloc_sizes(items: Any, label: str) -> set[int]:
@@ -263,8 +260,10 @@ def _alloc_sizes(items: Any, label: str) -> set[int]:
     return out
 
 
-def test_layer_backward_holds_view_gradients_and_the_new_flat_gradient(llama: object) -> None:
-    est = estimate(llama, _litgpt(4), simulate_allocator=False)  # type: ignore[arg-type]
+def test_layer_backward_holds_view_gradients_and_the_new_flat_gradient(
+    llama_2_7b: ModelSpec,
+) -> None:
+    est = estimate(llama_2_7b, _litgpt(4), simulate_allocator=False)  # type: ignore[arg-type]
     schedule = est.schedules[0]
     # both transients are one unsharded layer in bf16: 2 x 202,514,432 bytes
     views = "the layer's per-parameter gradients before autograd concatenates them"
@@ -277,6 +276,6 @@ def test_layer_backward_holds_view_gradients_and_the_new_flat_gradient(llama: ob
     assert peak.phase == "backward" and peak.label == fresh
     assert peak.by_category[MemoryCategory.GRADIENT] == 32 * 405_028_864
     # without the flat-parameter rule (FSDP2) neither transient exists
-    fsdp2 = estimate(llama, _litgpt(4, framework="fsdp2"), simulate_allocator=False)  # type: ignore[arg-type]
+    fsdp2 = estimate(llama_2_7b, _litgpt(4, framework="fsdp2"), simulate_allocator=False)  # type: ignore[arg-type]
     assert not _alloc_sizes(fsdp2.schedules[0].step, views)
     assert not _alloc_sizes(fsdp2.schedules[0].step, fresh)
