@@ -533,6 +533,17 @@ def _estimate_auto(
     return finish(est, gpu=gpu_spec, alloc_conf=alloc_conf, simulate_allocator=simulate_allocator)
 
 
+def _is_timm(name: str) -> bool:
+    """Whether ``name`` is a timm model (``timm:<name>`` or a timm config): the trace engine
+    builds those on the generic path (``trainmem.trace.timm_model``)."""
+    from trainmem.specs.hf import is_timm_config, load_hf_config
+
+    try:
+        return is_timm_config(load_hf_config(name))
+    except SpecError:
+        return False
+
+
 def _loaded_spec(name: str) -> ModelSpec | None:
     """The spec the config ``name`` gives, or None when it cannot be read or modelled."""
     try:
@@ -627,7 +638,7 @@ def _estimate_traced(
                 "transformers model (the CS336 course's own code); use --engine trace (the "
                 "course model traced whole) or --engine analytic"
             )
-    if engine == "generic":
+    if engine == "generic" or (isinstance(target, str) and _is_timm(target)):
         from trainmem.trace.generic import estimate_generic
 
         name = target if isinstance(target, str) else target.name

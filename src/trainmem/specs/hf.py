@@ -109,6 +109,9 @@ def load_hf_config(name_or_path: str) -> dict[str, Any]:
             "model",
             f"must be a preset name, a config.json path or a hub id, got {short(name_or_path)}",
         )
+    timm_name = name_or_path.strip()
+    if timm_name.lower().startswith(TIMM_PREFIX):
+        return timm_config(timm_name[len(TIMM_PREFIX) :])
     index = preset_index()
     by_hub_id = {str(e["hub_id"]).lower(): name for name, e in index.items() if e["hub_id"]}
     by_name = {name.lower(): name for name in index}  # presets ignore case: llama-3.1-8B
@@ -138,6 +141,38 @@ def load_hf_config(name_or_path: str) -> dict[str, Any]:
         "model",
         f"{what} {short(name_or_path)}; {hint}list presets with `trainmem models`, "
         "or pass the path to a Hugging Face config.json",
+    )
+
+
+TIMM_PREFIX = "timm:"
+"""A model name given as ``timm:<name>`` (``timm:resnet50``, ``timm:vit_base_patch16_224``) is
+the timm model of that name, as ``timm.create_model`` builds it."""
+
+
+def timm_config(name: str) -> dict[str, Any]:
+    """The config of the timm model ``name`` (``resnet50``), as the Hugging Face hub stores a
+    timm model's ``config.json`` (``architecture``, ``num_classes``; timm/_hub.py
+    ``save_config_for_hf``); its input size is the model's own ``pretrained_cfg``.
+
+    Raises:
+        SpecError: an empty or malformed name.
+    """
+    if not name or not all(c.isalnum() or c in "_.-" for c in name) or len(name) > 200:
+        raise SpecError(
+            "model",
+            f"timm:{short(name)} is not a timm model name; allowed: timm:<name> with a name "
+            "`timm.list_models()` gives, e.g. timm:resnet50",
+        )
+    return {"architecture": name}
+
+
+def is_timm_config(config: Mapping[str, Any]) -> bool:
+    """A timm model's config (``architecture`` naming a timm model, no transformers
+    ``model_type``, no diffusers ``_class_name``): the hub's timm ``config.json`` layout."""
+    return (
+        isinstance(config.get("architecture"), str)
+        and not config.get("model_type")
+        and not config.get("_class_name")
     )
 
 
@@ -332,6 +367,11 @@ def model_spec_from_hf(config: Mapping[str, Any], name: str) -> ModelSpec:
     """
     if not isinstance(config, Mapping):
         raise SpecError("model", f"a config must be a mapping, got {short(config)}")
+    if is_timm_config(config):
+        raise UnsupportedError(
+            f"{short(config.get('architecture'))} is a timm model, not a formula family of the "
+            "analytic engine; use --engine generic (it builds the model with timm)"
+        )
     if is_diffusers_config(config):
         raise UnsupportedError(
             f"{short(config.get('_class_name'))} is a diffusers model, not a formula family of "

@@ -92,7 +92,8 @@ class Recipe:
 
 def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfig) -> Recipe:
     """The recipe of a ``config.json``: transformers for a ``model_type``, diffusers for a
-    ``_class_name`` without one (``trainmem.trace.diffusers_model``).
+    ``_class_name`` without one (``trainmem.trace.diffusers_model``), timm for an
+    ``architecture`` without either (``trainmem.trace.timm_model``).
 
     Args:
         name: the model's name for reports.
@@ -106,7 +107,18 @@ def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfi
         UnsupportedError: a diffusers config while the diffusers builder is not available.
     """
     from trainmem.specs.diffusers import frozen_components, is_diffusers_config
+    from trainmem.specs.hf import is_timm_config
 
+    if is_timm_config(raw):
+        from trainmem.trace import timm_model as tm
+
+        return Recipe(
+            name,
+            lambda: tm.build_timm_model(raw, training),
+            lambda model: tm.make_timm_batch(model, training),
+            forward_loss=tm.timm_forward_loss,
+            library="timm",
+        )
     if is_diffusers_config(raw):
         try:
             from trainmem.trace import diffusers_model as dm

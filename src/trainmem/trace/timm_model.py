@@ -1,0 +1,135 @@
+"""timm vision models on the generic path (issue 26): ``timm:<name>`` or a timm ``config.json``
+(``architecture``, ``num_classes``), built by timm itself on ``meta`` and trained as timm's own
+training script trains it.
+
+Note [timm training step]
+    timm's ``train.py`` (``train_one_epoch``) runs ``output = model(input)`` and ``loss =
+    loss_fn(output, target)``: ``nn.CrossEntropyLoss`` (or its label-smoothing variants, the
+    same tensors) on the [b, num_classes] logits against class ids [b], under ``autocast``
+    for AMP. The input is [b, 3, height, width] at the model's ``pretrained_cfg["input_size"]``
+    (``--resolution`` overrides it); ``drop_rate`` / ``drop_path_rate`` are the model's
+    defaults (0 unless the config names them), as ``timm.create_model`` builds it. Mixup, the
+    EMA copy (``--ema``) and channels-last are options of the script, not of the model.
+
+Source: pytorch-image-models train.py ``train_one_epoch``, timm/models/_builder.py
+``build_model_with_cfg`` (``pretrained_cfg``), timm/_hub.py ``save_config_for_hf`` (the hub
+``config.json``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from trainmem.errors import UnsupportedError
+from trainmem.specs.training import TrainingConfig
+from trainmem.trace._torch import require_torch
+
+torch = require_torch()
+
+__all__ = ["build_timm_model", "make_timm_batch", "timm_forward_loss", "timm_input_size"]
+
+VISION_INSTALL = "pip install 'trainmem[vision]' (timm)"
+
+
+def _timm() -> Any:
+    try:
+        import timm
+    except ImportError as exc:
+        raise UnsupportedError(f"timm models need the timm library: {VISION_INSTALL}") from exc
+    return timm
+
+
+def build_timm_model(raw: Mapping[str, Any], training: TrainingConfig) -> Any:
+    """The timm model ``raw["architecture"]`` names, on the current device (the generic path
+    builds it under ``torch.device("meta")``), in the weight dtype, LoRA applied, in train mode.
+
+    Args:
+        raw: a timm config (``architecture``; optional ``num_classes``, ``in_chans``,
+            ``drop_rate``, ``drop_path_rate``, ``model_args``).
+        training: the weight dtype, dropout and LoRA settings.
+
+    Returns:
+        The ``nn.Module``.
+
+    Raises:
+        UnsupportedError: timm is missing or does not know the name (with close names).
+    """
+    from trainmem.trace.lora import apply_lora
+
+    timm = _timm()
+    name = str(raw["architecture"])
+    if not timm.is_model(name):
+        close = timm.list_models(f"*{name.split('.')[0][:40]}*")[:5]
+        hint = f"; close names: {', '.join(close)}" if close else ""
+        raise UnsupportedError(
+            f"timm {timm.__version__} has no model {name[:80]!r}{hint}; list them with "
+            "timm.list_models()"
+        )
+    kwargs: dict[str, Any] = dict(raw.get("model_args") or {})
+    for key in ("num_classes", "in_chans", "drop_rate", "drop_path_rate", "img_size"):
+        if key in raw:
+            kwargs[key] = raw[key]
+    if not training.dropout:
+        kwargs["drop_rate"] = kwargs["drop_path_rate"] = 0.0
+    if training.image_size is not None and "img_size" in _create_args(timm, name):
+        kwargs["img_size"] = training.image_size  # ViT-style models size their position table
+    try:
+        model = timm.create_model(name, pretrained=False, **kwargs)
+    except (TypeError, ValueError, RuntimeError, AssertionError) as exc:
+        reason = " ".join(str(exc).split())[:200]
+        raise UnsupportedError(
+            f"timm {timm.__version__} cannot build {name[:80]!r} ({type(exc).__name__}: "
+            f"{reason}); check the config, or name another model"
+        ) from exc
+    if training.weight_dtype != "float32":
+        model = model.to(getattr(torch, training.weight_dtype))
+    model = apply_lora(model, training)
+    model.train()
+    return model
+
+
+def _create_args(timm: Any, name: str) -> set[str]:
+    """The keyword arguments the model's class takes (``img_size`` for ViT-style models)."""
+    import inspect
+
+    entry = timm.models.get_model_entrypoint(name)
+    cls = getattr(inspect.getmodule(entry), "VisionTransformer", None)
+    if cls is None:
+        return set()
+    return set(inspect.signature(cls.__init__).parameters)
+
+
+def timm_input_size(model: Any, training: TrainingConfig) -> tuple[int, int, int]:
+    """(channels, height, width) of the training images: ``--resolution`` if given, else the
+    model's ``pretrained_cfg["input_size"]`` (timm/models/_builder.py), else 3 x 224 x 224."""
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    base = getattr(model, "get_base_model", lambda: model)()  # peft
+    cfg = cfg or getattr(base, "pretrained_cfg", None) or {}
+    channels, height, width = tuple(cfg.get("input_size") or (3, 224, 224))
+    if training.image_size is not None:
+        height, width = training.image_size
+    return int(channels), int(height), int(width)
+
+
+def make_timm_batch(model: Any, training: TrainingConfig) -> dict[str, Any]:
+    """One batch (call inside the fake mode): ``input`` [b, channels, height, width] in the
+    parameter dtype and ``target`` class ids [b] (Note [timm training step])."""
+    b = training.micro_batch_size
+    channels, height, width = timm_input_size(model, training)
+    dtype = next(model.parameters()).dtype
+    base = getattr(model, "get_base_model", lambda: model)()
+    classes = max(int(getattr(base, "num_classes", 1) or 1), 1)
+    return {
+        "input": torch.randn(b, channels, height, width, dtype=dtype),
+        "target": torch.randint(0, classes, (b,)),
+    }
+
+
+def timm_forward_loss(model: Any, batch: Mapping[str, Any]) -> Any:
+    """``cross_entropy(model(input), target)``, timm train.py's step (a headless model,
+    ``num_classes=0``, returns pooled features: their mean stands in for a head)."""
+    output = model(batch["input"])
+    if output.dim() == 2 and output.shape[-1] > 1:
+        return torch.nn.functional.cross_entropy(output, batch["target"])
+    return output.float().mean()

@@ -1,0 +1,80 @@
+"""timm models on the generic path (issue 26): ``timm:<name>`` and a timm ``config.json``, built
+by timm itself and trained as timm's train.py trains them (Note [timm training step]).
+
+The expected parameter counts are timm's own (the model it builds from the same name); the
+expected input is the model's ``pretrained_cfg["input_size"]``, read from timm, or the
+resolution given.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+timm = pytest.importorskip("timm")
+
+
+def _timm_counts(name: str, **kwargs: object) -> tuple[int, int]:
+    import torch
+
+    with torch.device("meta"):
+        model = timm.create_model(name, pretrained=False, **kwargs)
+    params = list(model.parameters())
+    return sum(p.numel() for p in params), sum(p.numel() for p in params if p.requires_grad)
+
+
+@pytest.mark.parametrize("name", ["test_vit", "test_resnet", "test_convnext"])
+def test_timm_name_runs_on_the_generic_path(name: str, invoke_json) -> None:
+    out = invoke_json("estimate", f"timm:{name}", "-b", "4", "--gpu", "RTX-4090")
+    assert out["engine"] == "generic"
+    assert (out["num_parameters"], out["num_trainable_parameters"]) == _timm_counts(name)
+    assert out["verdict"] == "fits"
+
+
+def test_timm_config_file_with_classes(tmp_path: Path, invoke_json) -> None:
+    (tmp_path / "config.json").write_text(
+        json.dumps({"architecture": "test_vit", "num_classes": 10})
+    )
+    out = invoke_json("estimate", tmp_path, "--engine", "generic", "-b", "2")
+    assert out["num_parameters"] == _timm_counts("test_vit", num_classes=10)[0]
+
+
+def test_resolution_sets_the_input_size() -> None:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from trainmem.specs.training import TrainingConfig
+    from trainmem.trace.timm_model import build_timm_model, make_timm_batch
+
+    with torch.device("meta"):
+        model = build_timm_model({"architecture": "test_resnet"}, TrainingConfig())
+    own = tuple(model.pretrained_cfg["input_size"])
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        default = make_timm_batch(model, TrainingConfig(micro_batch_size=3))
+        bigger = make_timm_batch(model, TrainingConfig(micro_batch_size=3, resolution=320))
+    assert tuple(default["input"].shape) == (3, *own)
+    assert tuple(bigger["input"].shape) == (3, own[0], 320, 320)
+    assert tuple(default["target"].shape) == (3,)
+
+
+def test_analytic_engine_refuses_a_timm_model_and_says_what_works(invoke) -> None:
+    result = invoke("estimate", "timm:test_vit", "--engine", "analytic", exit_code=None)
+    assert result.exit_code != 0
+    assert "timm model" in result.output + result.stderr
+    assert "--engine generic" in result.output + result.stderr
+
+
+@pytest.mark.parametrize("name", ["timm:", "timm:../etc", "timm:no_such_model_xyz"])
+def test_bad_timm_names_are_one_line_errors(name: str, invoke) -> None:
+    result = invoke("estimate", name, "--engine", "generic", exit_code=None)
+    text = result.output + result.stderr
+    assert result.exit_code != 0 and "Traceback" not in text
+    assert "timm" in text
+
+
+def test_trace_engine_takes_the_generic_path_for_timm(invoke_json) -> None:
+    out = invoke_json("estimate", "timm:test_vit", "--engine", "trace", "-b", "2")
+    assert out["num_parameters"] == _timm_counts("test_vit")[0]
