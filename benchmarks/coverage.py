@@ -34,10 +34,11 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from trainmem.estimate import estimate
+from trainmem.estimate import default_attention_of, estimate
 from trainmem.specs.training import TrainingConfig
 
 LAYER_KEYS = (
@@ -59,7 +60,8 @@ def shrink(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` cut to 2 layers, in place and in every sub-config: each layer-count field
     set to 2 and each per-layer list cut to match. A list whose entries differ (a hybrid's
     ``layer_types``: attention and linear-attention or Mamba layers) keeps the first layer of
-    each kind, up to 4 layers, so the cut model still has every kind of layer."""
+    each kind, up to 4 layers, so the cut model still has every kind of layer; DeepSeek's
+    leading dense layers (``first_k_dense_replace``) become one."""
     counts = {v for k in LAYER_KEYS if isinstance(v := config.get(k), int) and v > 2}
     keep = 2
     per_layer = [
@@ -75,6 +77,9 @@ def shrink(config: dict[str, Any]) -> dict[str, Any]:
     for k in per_layer:
         firsts = list({str(x): x for x in reversed(config[k])}.values())[::-1]
         config[k] = (firsts + config[k])[:keep] if len(firsts) < keep else firsts[:keep]
+    for key in ("first_k_dense_replace",):  # DeepSeek: dense layers before the MoE ones
+        if isinstance(config.get(key), int) and config[key] >= keep:
+            config[key] = 1
     for v in config.values():
         if isinstance(v, dict):
             shrink(v)
@@ -89,7 +94,9 @@ def _estimate(config: dict[str, Any]) -> int:
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "config.json"
         path.write_text(json.dumps(config, default=str))
-        est = estimate(str(path), TRAINING, engine="generic", simulate_allocator=False)
+        # the attention a run uses when none is given, as the CLI and the page choose it
+        training = replace(TRAINING, attention=default_attention_of(str(path)))
+        est = estimate(str(path), training, engine="generic", simulate_allocator=False)
     return est.breakdown.allocated_bytes
 
 
