@@ -78,3 +78,17 @@ def test_bad_timm_names_are_one_line_errors(name: str, invoke) -> None:
 def test_trace_engine_takes_the_generic_path_for_timm(invoke_json) -> None:
     out = invoke_json("estimate", "timm:test_vit", "--engine", "trace", "-b", "2")
     assert out["num_parameters"] == _timm_counts("test_vit")[0]
+
+
+def test_the_page_takes_a_timm_name_as_the_cli_does(invoke_json) -> None:
+    """The page and the CLI accept the same models (issue 26): the page's request of
+    ``timm:test_vit`` gives the CLI's numbers."""
+    import shlex
+
+    from trainmem.web.compute import numbers, resolve_request, run
+    from trainmem.web.form import cli_command, default_values
+
+    values = {**default_values(), "model": "timm:test_vit", "micro_batch_size": 2}
+    page = numbers(run(resolve_request(values)))
+    cli = invoke_json(*shlex.split(cli_command(values))[1:])
+    assert page.breakdown_bytes == cli["breakdown_bytes"]

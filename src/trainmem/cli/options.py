@@ -54,7 +54,11 @@ def _choices(values: tuple[str, ...]) -> str:
 
 
 ModelArg = Annotated[
-    str, typer.Argument(help="Preset name (see `trainmem models`), or a HF config.json / folder.")
+    str,
+    typer.Argument(
+        help="Preset name (see `trainmem models`), a HF or diffusers config.json / folder, a "
+        "hub id, or timm:<name> (a timm vision model)."
+    ),
 ]
 OUTPUT_PANEL = "Model, GPU and output"
 """The ``--help`` panel of the options that are not training settings (GPU, engine, output)."""

@@ -19,7 +19,7 @@ from typing import Any
 from trainmem.breakdown import MemoryEstimate
 from trainmem.errors import SpecError
 from trainmem.estimate import default_attention_of, default_seq_len_of, estimate
-from trainmem.specs.hf import list_presets
+from trainmem.specs.hf import TIMM_PREFIX, list_presets
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.web.form import NO_GPU, training_config
@@ -136,11 +136,12 @@ def resolve_request(values: Mapping[str, Any], uploaded: ModelSpec | str | None 
         name = str(values.get("model") or "").strip()
         presets = {p.lower(): p for p in list_presets()}
         name = presets.get(name.lower(), name)  # presets ignore case, as on the CLI
-        if name not in presets.values() and not _HUB_ID.match(name):
+        timm = name.lower().startswith(TIMM_PREFIX)  # the CLI's timm:<name>
+        if name not in presets.values() and not _HUB_ID.match(name) and not timm:
             raise SpecError(
                 "model",
                 f"{name!r} is not a preset; pick one from the list, give a Hugging Face hub "
-                "id (org/name), or upload a config.json",
+                "id (org/name) or timm:<name>, or upload a config.json",
             )
         model = model_arg = name
     gpu = str(values.get("gpu") or NO_GPU)

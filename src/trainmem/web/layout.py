@@ -120,7 +120,7 @@ def build_app() -> Any:
                 w["model"] = gr.Dropdown(
                     list_presets(),
                     value=DEFAULT_MODEL,
-                    label="Model preset (type to search) or Hugging Face hub id org/name",
+                    label="Model preset (type to search), hub id org/name, or timm:<name>",
                     filterable=True,
                     allow_custom_value=True,
                     elem_id="model",
