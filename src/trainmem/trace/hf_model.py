@@ -344,7 +344,16 @@ def _waveform_batch(cfg: Any, b: int, s: int, dtype: Any, head: str) -> dict[str
     ``modeling_wav2vec2.py`` ``_get_feat_extract_output_lengths``). An audio-classification
     head takes class ``labels`` [b]; a CTC head none (:func:`hf_loss` stands in: its
     ``labels.max()`` check and label masking depend on the labels' values, which fake tensors
-    do not have)."""
+    do not have). A config with ``num_mel_bins`` and ``max_length`` (the Audio Spectrogram
+    Transformer) takes a log-mel spectrogram [b, max_length, num_mel_bins] instead."""
+    if hasattr(cfg, "num_mel_bins") and hasattr(cfg, "max_length"):
+        # a spectrogram, not a waveform (Audio Spectrogram Transformer: [b, max_length,
+        # num_mel_bins], modeling_audio_spectrogram_transformer.py)
+        frames = torch.randn(b, cfg.max_length, cfg.num_mel_bins, dtype=dtype)
+        batch = {"input_values": frames}
+        if head:
+            batch["labels"] = torch.randint(0, max(getattr(cfg, "num_labels", 1), 1), (b,))
+        return batch
     stride = 1
     for k in getattr(cfg, "conv_stride", None) or (320,):
         stride *= int(k)
