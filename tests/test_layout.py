@@ -23,6 +23,7 @@ RANK = {
     "trace": 2,
     "allocator": 2,
     "estimate": 3,
+    "traced_transforms": 3,
     "uncertainty": 3,
     "planner": 4,
     "report": 5,

@@ -31,6 +31,7 @@ from trainmem.specs.hf import load_model_spec
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.ranks import model_rank_map
 from trainmem.specs.training import TrainingConfig, check_training_for_model
+from trainmem.traced_transforms import apply_deepspeed, deepspeed_refusals
 from trainmem.uncertainty import verdict_of
 from trainmem.units import TiB
 
@@ -135,6 +136,21 @@ def route_diffusers(model: str | ModelSpec, training: TrainingConfig) -> bool:
     return is_diffusers_config(config)
 
 
+def traced_deepspeed(training: TrainingConfig) -> bool:
+    """A DeepSpeed run the traced paths model: the plain loop traced, then DeepSpeed's ZeRO-1/2
+    applied to it as the analytic engine's transforms (:mod:`trainmem.traced_transforms`),
+    without pipeline, tensor or context parallelism (DeepSpeed's ``PipelineModule`` and
+    Megatron-style layouts are not traced) or LoRA."""
+    return (
+        training.framework == "deepspeed"
+        and not deepspeed_refusals(training)
+        and training.pipeline_parallel_size == 1
+        and training.tensor_parallel_size == 1
+        and training.context_parallel_size == 1
+        and not training.is_lora
+    )
+
+
 def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") -> list[str]:
     """Settings the trace engine would silently ignore, as ``field=value`` (empty if none).
 
@@ -146,7 +162,9 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
     (``trainmem.trace.compile``),
     ``fp8-mixed`` (torchao, ``trainmem.trace.float8``), context parallelism (ring attention,
     ``trainmem.trace.parallel``), pipeline parallelism (``torch.distributed.pipelining``,
-    ``trainmem.trace.pipeline``; its own refusals there), the loop settings ``keep_logits`` and
+    ``trainmem.trace.pipeline``; its own refusals there), DeepSpeed ZeRO-1/2 (the plain loop
+    traced, then re-sized and spliced by :func:`trainmem.traced_transforms.apply_deepspeed`;
+    :func:`traced_deepspeed`), the loop settings ``keep_logits`` and
     ``zero_grad_before_backward``, the course's AdamW (``optimizer_implementation="cs336"``)
     and, for the CS336 course model, ``loss`` (``trainmem.trace.course_model``). Other
     data-parallel layouts, offload, quantized bases, the other frameworks, optimizer-in-backward
@@ -168,7 +186,12 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
     ]
     fsdp = training.zero_stage == 3 and training.data_parallel_size > 1
     group = training.shard_group_size
-    if not fsdp:  # other data-parallel layouts; FSDP2's own settings mean nothing without it
+    deepspeed = traced_deepspeed(training)
+    if deepspeed:  # DeepSpeed ZeRO-1/2 as transforms of the traced step (traced_transforms)
+        out += [f"{name}={getattr(training, name)}"
+                for name in ("reshard_after_forward", "shard_group_size")
+                if getattr(training, name) != getattr(defaults, name)]  # fmt: skip
+    elif not fsdp:  # other data-parallel layouts; FSDP2's own settings mean nothing without it
         out += [
             f"{name}={getattr(training, name)}"
             for name in (
@@ -182,8 +205,9 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
             out.append(f"shard_group_size={group} not dividing data_parallel_size")
         if training.context_parallel_size > 1:
             out.append(f"shard_group_size={group} with context parallelism")
-    if training.framework not in ("pytorch-amp", "fsdp2") or (
-        training.framework == "fsdp2" and not fsdp
+    if not deepspeed and (
+        training.framework not in ("pytorch-amp", "fsdp2")
+        or (training.framework == "fsdp2" and not fsdp)
     ):
         out.append(f"framework={training.framework}")
     if training.transformers_version is not None:
@@ -638,6 +662,13 @@ def _estimate_traced(
                 "transformers model (the CS336 course's own code); use --engine trace (the "
                 "course model traced whole) or --engine analytic"
             )
+    deepspeed = traced_deepspeed(training)
+    if deepspeed and (diffusers or not isinstance(target, ModelSpec)):
+        raise UnsupportedError(
+            "the traced paths apply DeepSpeed (framework=deepspeed) as the analytic engine's "
+            "transforms, which read the model's shape from the formulas' ModelSpec, and this "
+            "model has none yet; use a framework the trace runs (pytorch-amp, fsdp2)"
+        )
     if engine == "generic" or (isinstance(target, str) and _is_timm(target)):
         from trainmem.trace.generic import estimate_generic
 
@@ -680,6 +711,20 @@ def _estimate_traced(
         est = estimate_trace(target, training, gpu=gpu_spec)
     if not est.schedules:  # the whole trace: its recorded stream as a flat schedule
         est.schedules = [StepSchedule.from_timeline(est.timeline).with_lazy_optimizer_states()]
+    if deepspeed:
+        assert isinstance(target, ModelSpec)
+        est.schedules = [apply_deepspeed(s, target, training) for s in est.schedules]
+        est.peak_reason = ""  # the plain loop's; finish() names the DeepSpeed step's peak
+        for key in ("peak_allocated_bytes", "peak_op", "peak_module", "peak_by_category_bytes",
+                    "peak_contributors"):  # fmt: skip
+            est.details.pop(key, None)
+        est.notes.append(
+            f"DeepSpeed ZeRO-{training.zero_stage}: the plain loop was traced and DeepSpeed's "
+            "mechanisms applied to the traced step as the analytic engine's transforms "
+            "(gradient and optimizer-state partitions over "
+            f"{training.sharding_degree} ranks, fp32 master copy, gradient buckets, the step's "
+            "gradient copies; trainmem/traced_transforms.py)"
+        )
     # what no fake tensor shows, as the analytic engine counts it: the user's CUDA context (or
     # the default) and the NCCL communicators beside the allocator
     ctx, outside, notes = device_context(training, cuda_context_bytes, gpu=gpu_spec)

@@ -1,0 +1,461 @@
+"""The analytic engine's mechanism transforms applied to a traced step (issues 25 and 26).
+
+The trace engine records a plain training loop on one rank (no DeepSpeed: it cannot run on fake
+tensors). This module turns that recorded :class:`~trainmem.schedule.StepSchedule` into the one a
+DeepSpeed ZeRO-1/2 run would have, with the same rules the analytic engine uses, so both engines
+answer the same question from the same definitions:
+
+* the model states are re-sized as :mod:`trainmem.analytic.tensor_states` sizes them (Note
+  [Traced model states under ZeRO]);
+* the :class:`~trainmem.analytic.transforms.deepspeed.DeepSpeedZero` transform's ops (gradient
+  buckets, ZeRO-1's reduce into the partition, ZeRO-2's fresh partition, the step's gradient
+  copies) are spliced in at the named points located in the traced stream (Note [Points of a
+  traced step]).
+
+Note [Traced model states under ZeRO]
+    The traced step has every parameter's gradient and optimizer states whole, in the dtypes of
+    the loop it ran (16-bit weights, 16-bit gradients, torch's Adam moments in the weight dtype).
+    DeepSpeed's ZeRO-1/2 hold them as the analytic layout does (``tensor_states._place`` and
+    ``_build``; ZeRO paper Fig. 1):
+
+    * optimizer states: each parameter's states (the traced events under the parameter's name)
+      become ``ceil(optimizer_state_bytes(n) / N)`` bytes over N data-parallel ranks, an fp32
+      master copy included (``TrainingConfig.fp32_master_copy``: ZeRO-1/2 clone this rank's
+      partition in fp32, runtime/zero/stage_1_and_2.py ``single_partition_of_fp32_groups``),
+      split over the traced events in proportion to their sizes. They exist from setup:
+      DeepSpeed builds them when it wraps the optimizer (stage_1_and_2.py ``__init__`` ->
+      ``initialize_optimizer_states``), not at the first step;
+    * gradients: ``n`` elements in ``grad_dtype``; ZeRO-2 keeps ``ceil(bytes / N)`` of each
+      (``grads_in_partition``). Before that, ZeRO-2 reduces each new 16-bit gradient (the
+      analytic engine's ``reduce`` term, :func:`~trainmem.analytic.buffers.
+      reduce_scatter_layer_bytes`: a layer's unsharded gradients, alive through the layer's
+      backward): a layer's gradients as autograd makes them stay whole until its last one is
+      made, then the partition is all that is left. The first micro-batch's gradients are the
+      traced ``GRADIENT`` allocations; a later micro-batch's are the temporaries autograd
+      makes before ``AccumulateGrad`` adds them in place (under the module of a gradient of
+      that size); gradients outside the layers (embedding, final norm, head) are partitioned
+      only, as the analytic engine counts them.
+
+Note [Points of a traced step]
+    The traced step is forward / backward per micro-batch, then the optimizer and
+    ``zero_grad``, its events tagged with their phase. ``step.begin`` is the first item,
+    ``backward.begin`` a micro-batch's first backward item, ``stack.pre_backward`` its first
+    backward item in a layer (module path ``<list>.<index>``), ``micro_batch.end`` the item
+    after its last backward one, ``optimizer.begin`` and ``optimizer.step`` the first
+    optimizer item (the first ``zero_grad`` item when the step allocates nothing, as fused
+    Adam) and ``optimizer.end`` the first ``zero_grad`` item. Each micro-batch is spliced with
+    its own :class:`~trainmem.analytic.transforms.base.Where` (the first makes the gradients,
+    the others accumulate into them), and the setup holds a warm-up copy of the step spliced with
+    ``first_step=True``, as the analytic schedule's.
+
+Source: DeepSpeed runtime/zero/stage_1_and_2.py (cited per rule in
+:mod:`trainmem.analytic.buffers` and :mod:`trainmem.analytic.transforms.deepspeed`);
+:mod:`trainmem.analytic.tensor_states` for the sizes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from trainmem.analytic.model_states import optimizer_state_bytes
+from trainmem.analytic.tensor_states import state_layout
+from trainmem.analytic.transforms.base import PipelineRank, RankContext, Where, splice
+from trainmem.analytic.transforms.deepspeed import DeepSpeedZero
+from trainmem.analytic.transforms.points import Point
+from trainmem.breakdown import MemoryCategory as Cat
+from trainmem.errors import ScheduleError
+from trainmem.schedule import Item, Op, Repeat, StepSchedule
+from trainmem.specs.model import ModelSpec
+from trainmem.specs.optimizers import OPTIMIZER_TABLE
+from trainmem.specs.training import TrainingConfig
+from trainmem.timeline import Phase
+from trainmem.units import dtype_bytes
+
+__all__ = ["apply_deepspeed", "deepspeed_refusals", "layer_of"]
+
+_LAYER = re.compile(r"^(.*?\.(?:\d+|\{i\}))(?:\.|$)")
+
+FULL_LABEL = "the layer's unsharded gradients before their reduce (ZeRO-2)"
+
+
+def layer_of(module: str) -> str | None:
+    """The block a module path is in (``model.layers.3`` of ``model.layers.3.mlp.up_proj``,
+    ``h.{i}`` in a repeated body), or None outside the block lists."""
+    m = _LAYER.match(module)
+    return m.group(1) if m else None
+
+
+def deepspeed_refusals(training: TrainingConfig) -> list[str]:
+    """What of a DeepSpeed run :func:`apply_deepspeed` does not model, as ``field=value`` (empty:
+    it does): ZeRO-1/2 with the ZeRO optimizer wrapper and an optimizer whose states are a
+    fixed number of bytes per element (not factored, not block-wise)."""
+    out = []
+    if training.zero_stage not in (1, 2):
+        out.append(f"zero_stage={training.zero_stage} with framework=deepspeed")
+    elif training.deepspeed_optimizer != "zero":
+        out.append(f"DeepSpeed's {training.deepspeed_optimizer} optimizer wrapper")
+    row = OPTIMIZER_TABLE[training.optimizer]
+    if row.factored or row.blockwise is not None:
+        out.append(f"optimizer={training.optimizer} with framework=deepspeed")
+    return out
+
+
+def apply_deepspeed(
+    schedule: StepSchedule, model: ModelSpec, training: TrainingConfig
+) -> StepSchedule:
+    """The traced plain-loop step ``schedule`` (one rank, no data parallelism) as a DeepSpeed
+    ZeRO-1/2 run of ``training`` has it (Notes [Traced model states under ZeRO] and [Points of a
+    traced step]).
+
+    Args:
+        schedule: a traced step (``StepSchedule.from_timeline``, or the generic path's composed
+            one, with or without its lazy-state warm-up).
+        model: the model's shape (the DeepSpeed transform reads ``hidden_size`` for
+            ``reduce_bucket_size="auto"`` and its trainable elements from the analytic layout).
+        training: the DeepSpeed run (``framework="deepspeed"``, ``zero_stage`` 1 or 2).
+
+    Returns:
+        The schedule with the states re-sized and the transform's ops spliced in.
+
+    Raises:
+        ScheduleError: a setting :func:`deepspeed_refusals` names, or a step without a
+            backward or optimizer to place the ops at.
+    """
+    refused = deepspeed_refusals(training)
+    if refused:
+        raise ScheduleError("no traced DeepSpeed transform for " + ", ".join(refused))
+    init, body = _split(schedule)
+    sizes = _Sizes.of(init, training)
+    layout = state_layout(model, training)
+    rank = PipelineRank(0, model.num_layers, 1, True, True)
+    transform = DeepSpeedZero(RankContext.build(model, training, rank, layout))
+    segments, tail = _micro_batches(body)
+    stage2 = training.zero_stage == 2
+    new_grads = _GradientSizes.of(segments[0]) if stage2 else None
+    rewritten = [_rewrite(seg, sizes, new_grads, first=k == 0) for k, seg in enumerate(segments)]
+    tail = _rewrite(tail, sizes, None, first=False)
+    frees: list[Item] = []
+    if transform.frees_gradients_at_step:  # ZeRO-1: the traced gradients are freed at the step
+        tail, frees = _take(tail, _is_gradient_free, "optimizer")
+
+    def step(first: bool) -> list[Item]:
+        out: list[Item] = []
+        for k, seg in enumerate(rewritten):
+            where = Where(first_step=first, new_grads=k == 0)
+            out += splice(seg, _segment_points(seg, first=k == 0), [transform], where)
+        optimizer = splice(tail, _tail_points(tail), [transform], Where(first_step=first))
+        return out + (_own_gradient_frees(optimizer, frees) if frees else optimizer)
+
+    states = _rewrite(init, sizes, None, first=False)
+    steady = step(first=False)
+    warm = step(first=True)
+    candidate = StepSchedule(setup=(*states, *warm), step=tuple(steady), name=schedule.name)
+    if _balanced(steady):
+        return candidate
+    return StepSchedule(setup=tuple(states), step=tuple(steady), name=schedule.name)
+
+
+# -- the recorded step's parts ---------------------------------------------------------------
+
+
+def _phases(item: Item) -> set[str]:
+    if isinstance(item, Op):
+        return {item.phase}
+    return set().union(*(_phases(x) for x in item.body))
+
+
+def _split(schedule: StepSchedule) -> tuple[list[Item], list[Item]]:
+    """(the state the step starts from: weights, buffers, optimizer states; the step's
+    items), whether or not the schedule already has a lazy-state warm-up
+    (``StepSchedule.with_lazy_optimizer_states``: its setup is the state without the optimizer
+    states, then the step with them inserted, as ``init`` items)."""
+    if schedule.setup:
+        init = [x for x in schedule.setup if _phases(x) == {"init"}]
+        return init, list(schedule.step)
+    items = list(schedule.step)
+    n = 0
+    while n < len(items) and _phases(items[n]) == {"init"}:
+        n += 1
+    return items[:n], items[n:]
+
+
+def _micro_batches(body: list[Item]) -> tuple[list[list[Item]], list[Item]]:
+    """The micro-batches (forward then backward) and the rest (optimizer, ``zero_grad``).
+
+    Raises:
+        ScheduleError: no backward.
+    """
+    segments: list[list[Item]] = []
+    current: list[Item] = []
+    seen_backward = False
+    for k, item in enumerate(body):
+        phases = _phases(item)
+        if phases & {"optimizer", "zero_grad"} and seen_backward:
+            segments.append(current)
+            return segments, body[k:]
+        if seen_backward and "forward" in phases and "backward" not in phases:
+            segments.append(current)
+            current, seen_backward = [], False
+        current.append(item)
+        seen_backward = seen_backward or "backward" in phases
+    raise ScheduleError("the traced step has no backward followed by an optimizer step")
+
+
+def _first(items: Sequence[Item], test: Callable[[Item], bool], default: int) -> int:
+    return next((k for k, x in enumerate(items) if test(x)), default)
+
+
+def _in_layer_backward(item: Item) -> bool:
+    if isinstance(item, Repeat):
+        return "backward" in _phases(item)
+    return item.phase == "backward" and layer_of(item.module) is not None
+
+
+def _segment_points(items: list[Item], *, first: bool) -> dict[Point, int]:
+    """Note [Points of a traced step]: a micro-batch's points."""
+    backward = _first(items, lambda x: "backward" in _phases(x), len(items))
+    layers = _first(items[backward:], _in_layer_backward, len(items) - backward)
+    points: dict[Point, int] = {
+        "backward.begin": backward,
+        "stack.pre_backward": backward + layers,
+        "micro_batch.end": len(items),
+    }
+    if first:
+        points["step.begin"] = 0
+    return points
+
+
+def _tail_points(items: list[Item]) -> dict[Point, int]:
+    """Note [Points of a traced step]: the optimizer's points."""
+    zero_grad = _first(items, lambda x: "zero_grad" in _phases(x), len(items))
+    begin = _first(items, lambda x: "optimizer" in _phases(x), zero_grad)
+    begin = min(begin, zero_grad)
+    return {"optimizer.begin": begin, "optimizer.step": begin, "optimizer.end": zero_grad}
+
+
+def _balanced(items: Sequence[Item]) -> bool:
+    """The step frees what it allocates and nothing else (so a warm-up copy of it can run
+    first)."""
+    try:
+        events = list(StepSchedule(setup=(), step=tuple(items)).events())
+    except ScheduleError:
+        return False
+    return sum(e.size_bytes if e.action == "alloc" else -e.size_bytes for e in events) == 0
+
+
+def _is_gradient_free(op: Op) -> bool:
+    return op.action == "free" and op.category is Cat.GRADIENT
+
+
+def _take(
+    items: Sequence[Item], test: Callable[[Op], bool], phase: Phase
+) -> tuple[list[Item], list[Item]]:
+    """(``items`` without the ops ``test`` picks, those ops moved to ``phase``), repeated
+    bodies kept as repeats on both sides."""
+    kept: list[Item] = []
+    taken: list[Item] = []
+    for item in items:
+        if isinstance(item, Op):
+            if test(item):
+                taken.append(item._replace(phase=phase))
+            else:
+                kept.append(item)
+            continue
+        rest, picked = _take(item.body, test, phase)
+        again = (item.count, item.reverse, item.start, item.independent)
+        if rest:
+            kept.append(Repeat(tuple(rest), *again))
+        if picked:
+            taken.append(Repeat(tuple(picked), *again))
+    return kept, taken
+
+
+def _own_gradient_frees(items: list[Item], frees: list[Item]) -> list[Item]:
+    """``items`` (the spliced optimizer step) with the traced step's own gradient frees in
+    place of the analytic ones the transform emits (ZeRO-1 frees the gradients into its
+    partition at the step, under the analytic schedule's keys ``grad/<head|{i}|embedding>/<n>``,
+    which a traced step does not have)."""
+    out: list[Item] = []
+    placed = False
+    for item in items:
+        if _is_analytic_gradient_free(item):
+            if not placed:
+                out += frees
+                placed = True
+            continue
+        out.append(item)
+    return out
+
+
+def _is_analytic_gradient_free(item: Item) -> bool:
+    if isinstance(item, Repeat):
+        return bool(item.body) and all(_is_analytic_gradient_free(x) for x in item.body)
+    return _is_gradient_free(item) and item.key.startswith("grad/")
+
+
+# -- the model states ------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Sizes:
+    """Per-key sizes of the re-sized model states (Note [Traced model states under ZeRO])."""
+
+    training: TrainingConfig
+    weight_bytes: int
+    states: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, init: Sequence[Item], training: TrainingConfig) -> _Sizes:
+        """The optimizer states' new sizes, from the weights' elements (a parameter's states
+        carry its name)."""
+        out = cls(training, max(dtype_bytes(training.weight_dtype), 1))
+        numel: dict[str, int] = {}
+        states: dict[str, list[Op]] = {}
+        for op in _ops(init):
+            if op.action != "alloc":
+                continue
+            if op.category is Cat.PARAMETER:
+                numel[op.module] = op.size_bytes // out.weight_bytes
+            elif op.category is Cat.OPTIMIZER_STATE:
+                states.setdefault(op.module, []).append(op)
+        dp = training.sharding_degree if training.optimizer_states_partitioned else 1
+        for name, ops in states.items():
+            n = numel.get(name, 0)
+            total = -(-optimizer_state_bytes(training, [], n) // dp)
+            traced = sum(op.size_bytes for op in ops)
+            shares = [total * op.size_bytes // max(traced, 1) for op in ops]
+            shares[0] += total - sum(shares)
+            out.states.update({op.key: s for op, s in zip(ops, shares, strict=True)})
+        return out
+
+    def whole(self, size: int) -> int:
+        """Bytes of a traced gradient of ``size`` bytes (weight dtype) in ``grad_dtype``."""
+        return dtype_bytes(self.training.grad_dtype) * (size // self.weight_bytes)
+
+    def gradient(self, size: int) -> int:
+        """This rank's bytes of a traced gradient of ``size`` bytes in the weight dtype."""
+        t = self.training
+        full = self.whole(size)
+        return -(-full // t.sharding_degree) if t.zero_stage >= 2 else full
+
+
+def _ops(items: Sequence[Item]) -> list[Op]:
+    out: list[Op] = []
+    for item in items:
+        out += [item] if isinstance(item, Op) else _ops(item.body)
+    return out
+
+
+@dataclass(slots=True)
+class _GradientSizes:
+    """The first micro-batch's gradient sizes per module: a later micro-batch's new gradients
+    are the temporaries of those sizes its backward makes under that module."""
+
+    by_module: dict[str, list[int]]
+
+    @classmethod
+    def of(cls, items: Sequence[Item]) -> _GradientSizes:
+        out: dict[str, list[int]] = {}
+        for op in _ops(items):
+            if op.action == "alloc" and op.category is Cat.GRADIENT:
+                out.setdefault(op.module, []).append(op.size_bytes)
+        return cls(out)
+
+
+def _rewrite(
+    items: Sequence[Item], sizes: _Sizes, new_grads: _GradientSizes | None, *, first: bool
+) -> list[Item]:
+    """``items`` with the model states re-sized; with ``new_grads`` (ZeRO-2) each layer's
+    gradients whole from its first new gradient to its last (Note [Traced model states under
+    ZeRO])."""
+    runs = _layer_runs(items, new_grads, first=first)
+    starts = {run[0]: run for run in runs}
+    ends = {run[-1]: run for run in runs}
+    members = {k for run in runs for k in run} if first else set()
+    later = {k for run in runs for k in run} if not first else set()
+    zeroed: set[str] = set()
+    out: list[Item] = []
+    blocks: dict[int, Op] = {}
+    for k, item in enumerate(items):
+        if isinstance(item, Repeat):
+            body = _rewrite(item.body, sizes, new_grads, first=first)
+            out.append(Repeat(tuple(body), item.count, item.reverse, item.start, item.independent))
+            continue
+        if k in starts:
+            run = starts[k]
+            size = sum(sizes.whole(_size(items[j])) for j in run)
+            block = item._replace(
+                size_bytes=size, category=Cat.TEMPORARY, key=f"{item.key}/whole", label=FULL_LABEL
+            )
+            blocks[id(run)] = block
+            if first:  # the layer's partitions, then its whole gradients (the analytic order)
+                out += [_resized(_op(items[j]), sizes) for j in run]
+            out.append(block)
+        if k in members:
+            pass
+        elif k in later:  # a later micro-batch's new gradient: inside the layer's whole block
+            zeroed.add(item.key)
+            out.append(item._replace(size_bytes=0))
+        elif item.action == "free" and item.key in zeroed:
+            out.append(item._replace(size_bytes=0))
+        else:
+            out.append(_resized(item, sizes))
+        if k in ends:  # the layer's gradients are all made: reduced, the partition is left
+            out.append(blocks.pop(id(ends[k]))._replace(action="free"))
+    return out
+
+
+def _op(item: Item) -> Op:
+    assert isinstance(item, Op)
+    return item
+
+
+def _size(item: Item) -> int:
+    return _op(item).size_bytes
+
+
+def _layer_runs(
+    items: Sequence[Item], new_grads: _GradientSizes | None, *, first: bool
+) -> list[list[int]]:
+    """Indices in ``items`` of each layer's new gradients, one list per run of one layer
+    (gradients outside the layers are partitioned only, as the analytic engine has them)."""
+    if new_grads is None:
+        return []
+    pending = {} if first else dict(new_grads.by_module)
+    runs: list[list[int]] = []
+    current: str | None = None
+    for k, item in enumerate(items):
+        if not isinstance(item, Op) or not _new_gradient(item, first, pending):
+            continue
+        layer = layer_of(item.module)
+        if layer is not None and layer == current:
+            runs[-1].append(k)
+        elif layer is not None:
+            runs.append([k])
+        current = layer
+    return runs
+
+
+def _new_gradient(op: Op, first: bool, pending: dict[str, list[int]]) -> bool:
+    """``op`` is a gradient autograd makes in the backward: the first micro-batch's gradient
+    allocations, a later one's temporaries of a gradient's size under its module (made before
+    ``AccumulateGrad`` adds them in place)."""
+    if op.action != "alloc" or op.phase != "backward":
+        return False
+    if first:
+        return op.category is Cat.GRADIENT
+    expected = pending.get(op.module)
+    if op.category is Cat.TEMPORARY and expected and op.size_bytes == expected[0]:
+        pending[op.module] = expected[1:]
+        return True
+    return False
+
+
+def _resized(op: Op, sizes: _Sizes) -> Op:
+    if op.category is Cat.GRADIENT:
+        return op._replace(size_bytes=sizes.gradient(op.size_bytes))
+    if op.category is Cat.OPTIMIZER_STATE and op.key in sizes.states:
+        return op._replace(size_bytes=sizes.states[op.key])
+    return op
