@@ -100,13 +100,10 @@ from trainmem.analytic.transforms.base import (
     RankContext,
     Transform,
     Where,
-    all_gradients,
     alloc,
     embedding_gradients,
     free,
-    free_gradients,
     gradient_ops,
-    keeps_gradients,
     tied_sum_op,
 )
 from trainmem.analytic.transforms.checkpointing import (
@@ -117,6 +114,7 @@ from trainmem.analytic.transforms.checkpointing import (
     tensor_sizes,
     weight_blocks,
 )
+from trainmem.analytic.transforms.loop import zero_grad_policy
 from trainmem.analytic.transforms.sharding import group_states
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
@@ -164,7 +162,6 @@ class _Transforms:
     def __init__(self, ctx: RankContext) -> None:
         self.ctx = ctx
         self.all: list[Transform] = active(ctx)
-        self.frees_grads = any(t.frees_gradients_at_step for t in self.all)
         self.in_backward = any(t.steps_in_backward for t in self.all)
         self.held_logits = sum(t.held_logits for t in self.all)
         self.balanced = all(t.balanced_micro_batches for t in self.all)
@@ -680,8 +677,6 @@ class _Builder:
         if copies:
             items.append(Repeat(tuple(free(op, f) for op in copies), self.ctx.num_layers))
         items += em.at("forward.end", where)
-        if where.zero_grad:  # optimizer.zero_grad() between the loss and loss.backward()
-            items += free_gradients(self.ctx, "zero_grad")
         return items
 
     def _backward(self, em: Emitter, where: Where) -> list[Item]:
@@ -720,20 +715,10 @@ class _Builder:
         return [*items, cached]
 
     def step(self, *, first: bool) -> list[Item]:
-        """One optimizer step: the micro-batches, the optimizer, zero_grad."""
-        t = self.training
-        m = t.gradient_accumulation_steps
-        # gradients that are never freed (keeps_gradients)
-        keep = keeps_gradients(t)
-        # zero_grad() between the forward and the backward: the previous step's gradients are
-        # alive through the forward (the warm-up step is given them too, as after an earlier
-        # step) and freed before the backward rebuilds them
-        before = (
-            t.zero_grad_before_backward
-            and not keep
-            and not self.tr.in_backward
-            and not self.tr.frees_grads  # DeepSpeed ZeRO-1 frees them into its partition
-        )
+        """One optimizer step: the micro-batches, the optimizer, zero_grad (when it frees the
+        gradients: :func:`~trainmem.analytic.transforms.loop.zero_grad_policy`)."""
+        m = self.training.gradient_accumulation_steps
+        zero_grad = zero_grad_policy(self.ctx)
         em, where = self.tr.emitter(), Where(first_step=first)
         items: list[Item] = []
         if first:  # the forward thread's and autograd's cuBLAS handles, created at first use
@@ -743,10 +728,10 @@ class _Builder:
                 alloc(ws, Cat.TEMPORARY, "forward", "cublas/1", "cublas", "cuBLAS workspace"),
             ]
         items += em.at("step.begin", where)
-        if first and (keep or before):
-            items += all_gradients(self.ctx, "forward")
         items += em.at("micro_batches.begin", where)
-        items.append(self.micro_batch(new_grads=not keep, zero_grad=before))
+        items.append(
+            self.micro_batch(new_grads=not zero_grad.keep, zero_grad=zero_grad.before_backward)
+        )
         if self.tr.reduces_last:  # Note [FSDP gradient accumulation under no_sync]
             if m > 2:
                 again = self.micro_batch(new_grads=False)
@@ -759,12 +744,6 @@ class _Builder:
         items += em.at("step.post_backward", where)
         items += self.optimizer(em, where)
         items += em.at("step.post_optimizer", where)
-        if not keep and not before and not self.tr.in_backward and not self.tr.frees_grads:
-            cached = self.shared.get("zero_grad")
-            if cached is None:
-                frees = tuple(free_gradients(self.ctx, "zero_grad"))
-                cached = self.shared["zero_grad"] = Repeat(frees, 1)
-            items.append(cached)
         items += em.at("step.end", where)
         em.check()
         return items

@@ -291,8 +291,6 @@ class Transform:
     name: ClassVar[str] = "transform"
     #: points where this transform's ops follow the other transforms'
     late: ClassVar[frozenset[Point]] = frozenset()
-    #: frees the gradients into its own buffer at the step (DeepSpeed ZeRO-1)
-    frees_gradients_at_step: bool = False
     #: steps each gradient in the backward: no optimizer phase of its own
     steps_in_backward: bool = False
     #: bytes of the logits it holds past the loss (taken from the loss's forward transients)

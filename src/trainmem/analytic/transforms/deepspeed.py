@@ -62,6 +62,19 @@ from trainmem.timeline import Phase
 from trainmem.units import dtype_bytes
 
 
+def zero1_reduces(ctx: RankContext) -> bool:
+    """ZeRO-1 reduces the full gradients into this rank's partition after the backward, and
+    frees them into it at the step (Note [DeepSpeed gradient copies at the step])."""
+    t = ctx.training
+    return (
+        t.deepspeed_optimizer == "zero"
+        and ctx.zero_stage == 1
+        and t.offload == "none"
+        and t.zero_grad_set_to_none
+        and not gradient_buffer_from_init(t)
+    )
+
+
 class DeepSpeedZero(Transform):
     """DeepSpeed's ZeRO optimizer wrappers on one rank (Note [DeepSpeed gradient copies at the
     step]); sizes from the rank's trainable model states (:meth:`RankContext.
@@ -80,15 +93,7 @@ class DeepSpeedZero(Transform):
         t = ctx.training
         self.bucket_backward = deepspeed_backward_bucket_bytes(ctx.model, t)
         self.bucket_persistent = deepspeed_persistent_bucket_bytes(ctx.model, t)
-        # ZeRO-1 reduces the full gradients into this rank's partition after the backward
-        self.zero1_reduce = (
-            t.deepspeed_optimizer == "zero"
-            and ctx.zero_stage == 1
-            and t.offload == "none"
-            and t.zero_grad_set_to_none
-            and not gradient_buffer_from_init(t)
-        )
-        self.frees_gradients_at_step = self.zero1_reduce
+        self.zero1_reduce = zero1_reduces(ctx)
         self.fresh_partition = 0
         if (
             t.deepspeed_optimizer == "zero"

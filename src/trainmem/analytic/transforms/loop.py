@@ -1,20 +1,62 @@
-"""The training loop's conventions as a transform: the logits a loop holds until the step ends
-(``TrainingConfig.keep_logits``).
+"""The training loop's conventions as a transform: when ``zero_grad()`` frees the gradients
+(``set_to_none=True``, the default since PyTorch 2.0, after the step or between the forward
+and the backward; kept with ``set_to_none=False`` or a gradient buffer made at wrap time) and
+the logits a loop holds until the step ends (``TrainingConfig.keep_logits``).
 
-Source: a loop that keeps the model output past ``loss.backward()`` (``outputs = model(...)``
-read after ``optimizer.step()``, e.g. for logging) holds its logits until the step function
-returns.
+Source: torch/optim/optimizer.py ``zero_grad`` (``set_to_none``); a loop that keeps the model
+output past ``loss.backward()`` (``outputs = model(...)`` read after ``optimizer.step()``, e.g.
+for logging) holds its logits until the step function returns.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from trainmem.analytic.loss import loss_forward_transient_bytes
 from trainmem.analytic.pipeline import logits_bytes
-from trainmem.analytic.transforms.base import Emitted, RankContext, Transform, Where, alloc, free
+from trainmem.analytic.transforms.base import (
+    Emitted,
+    RankContext,
+    Transform,
+    Where,
+    all_gradients,
+    alloc,
+    free,
+    free_gradients,
+    keeps_gradients,
+)
+from trainmem.analytic.transforms.deepspeed import zero1_reduces
 from trainmem.breakdown import MemoryCategory as Cat
-from trainmem.schedule import Op
+from trainmem.schedule import Op, Repeat
+
+
+class ZeroGrad(NamedTuple):
+    """When ``zero_grad()`` frees the gradients.
+
+    Attributes:
+        keep: never (:func:`~trainmem.analytic.transforms.base.keeps_gradients`): the
+            micro-batches accumulate into gradients that exist from the warm-up step on.
+        before_backward: between the forward and the backward
+            (``TrainingConfig.zero_grad_before_backward``): the previous step's gradients are
+            alive through the forward (the warm-up step is given them too, as after an
+            earlier step) and freed before the backward rebuilds them.
+        after_step: after ``optimizer.step()``.
+    """
+
+    keep: bool
+    before_backward: bool
+    after_step: bool
+
+
+def zero_grad_policy(ctx: RankContext) -> ZeroGrad:
+    """The rank's :class:`ZeroGrad` (neither with optimizer-in-backward, which frees each
+    gradient once stepped, nor under DeepSpeed ZeRO-1, which frees them into its partition)."""
+    t = ctx.training
+    keep = keeps_gradients(t)
+    released = t.optimizer_in_backward or zero1_reduces(ctx)
+    before = t.zero_grad_before_backward and not keep and not released
+    return ZeroGrad(keep, before, not keep and not before and not released)
 
 
 def kept_logits_bytes(ctx: RankContext) -> int:
@@ -28,18 +70,21 @@ def kept_logits_bytes(ctx: RankContext) -> int:
 
 
 class TrainingLoop(Transform):
-    """The loop's kept logits: allocated with the logits (``head.forward``), freed when the
-    step function returns (``step.post_optimizer``)."""
+    """The loop's ``zero_grad`` and kept logits: the gradients kept over steps allocated in the
+    warm-up step (``step.begin``); ``zero_grad()`` before the backward (``forward.end``) or
+    after the step (``step.post_optimizer``); the kept logits allocated with the logits
+    (``head.forward``) and freed when the step function returns (``step.post_optimizer``)."""
 
     name = "loop"
 
     def __init__(self, ctx: RankContext) -> None:
         super().__init__(ctx)
         self.held_logits = kept_logits_bytes(ctx)
+        self.zero_grad = zero_grad_policy(ctx)
 
     @staticmethod
     def applies(ctx: RankContext) -> bool:
-        return kept_logits_bytes(ctx) > 0
+        return True
 
     def _kept(self) -> Op:
         return alloc(
@@ -51,8 +96,27 @@ class TrainingLoop(Transform):
             "the logits, held by the training loop until the step ends",
         )
 
+    def step_begin(self, where: Where) -> Sequence[Emitted]:
+        z = self.zero_grad
+        if where.first_step and (z.keep or z.before_backward):
+            return all_gradients(self.ctx, "forward")
+        return ()
+
     def head_forward(self, where: Where) -> Sequence[Emitted]:
-        return (self._kept(),)
+        return (self._kept(),) if self.held_logits else ()
+
+    def forward_end(self, where: Where) -> Sequence[Emitted]:
+        # optimizer.zero_grad() between the loss and loss.backward()
+        return free_gradients(self.ctx, "zero_grad") if where.zero_grad else ()
 
     def step_post_optimizer(self, where: Where) -> Sequence[Emitted]:
-        return (free(self._kept(), "optimizer"),)
+        out: list[Emitted] = []
+        if self.held_logits:  # the step function returns: its logits go
+            out.append(free(self._kept(), "optimizer"))
+        if self.zero_grad.after_step:
+            cached = self.ctx.shared.get("zero_grad")
+            if not isinstance(cached, Repeat):
+                frees = tuple(free_gradients(self.ctx, "zero_grad"))
+                cached = self.ctx.shared["zero_grad"] = Repeat(frees, 1)
+            out.append(cached)
+        return out
