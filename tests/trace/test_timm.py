@@ -14,6 +14,9 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("torch")
+# timm needs torchvision, and no torchvision build runs on the CPU torch 2.13.0 wheel this
+# project installs (the PyPI one is a CUDA build: "operator torchvision::nms does not
+# exist"); with a matching torch + torchvision pair installed these tests run
 timm = pytest.importorskip("timm")
 
 
