@@ -94,6 +94,8 @@ class DeepSpeedZero(Transform):
         self.bucket_backward = deepspeed_backward_bucket_bytes(ctx.model, t)
         self.bucket_persistent = deepspeed_persistent_bucket_bytes(ctx.model, t)
         self.zero1_reduce = zero1_reduces(ctx)
+        #: frees the gradients into its own partition at the step (ZeRO-1)
+        self.frees_gradients_at_step = self.zero1_reduce
         self.fresh_partition = 0
         if (
             t.deepspeed_optimizer == "zero"
