@@ -17,7 +17,14 @@ FluxTransformer2DModel     8           2x2      512 (T5)     1024 px
 SD3Transformer2DModel      8           patch 2  77+256       ``sample_size`` * 8 px
 UNet2DConditionModel       8           none     77           ``sample_size`` * 8 px
 WanTransformer3DModel      8, time 4   1x2x2    512 (umT5)   480x832 px, 81 frames
+other transformers / UNets 8 (1 for    config   77 (CLIP)    ``sample_size`` * 8 px;
+                           pixel                             video: 17 frames, time 4
+                           space)
 =========================  ==========  =======  ===========  ==========================
+
+Pixel-space UNets (3 or 6 input channels: DDPM's ``UNet2DModel``, DeepFloyd IF) take
+``--resolution`` as the pixels they denoise. :data:`DIFFUSERS_FAMILIES` holds the rows that
+differ from the defaults (their pipelines' resolution, frames, text length and latent layout).
 
 Sources: ``pipelines/flux/pipeline_flux.py`` (``vae_scale_factor`` 8, ``_pack_latents`` 2x2,
 ``max_sequence_length=512``), ``pipelines/stable_diffusion_3/pipeline_stable_diffusion_3.py``
@@ -40,6 +47,7 @@ from trainmem.specs.bounds import MAX_COUNT, describe_int
 __all__ = [
     "DIFFUSERS_FAMILIES",
     "DiffusersFamily",
+    "LAYOUTS",
     "FROZEN_COMPONENTS",
     "FrozenComponent",
     "ImageBatch",
@@ -47,9 +55,11 @@ __all__ = [
     "check_diffusers_config",
     "check_image_options",
     "diffusers_class",
+    "diffusers_family",
     "frozen_components",
     "image_batch",
     "is_diffusers_config",
+    "is_pixel_space",
 ]
 
 
@@ -58,26 +68,124 @@ class DiffusersFamily:
     """Batch geometry of one diffusers model class."""
 
     vae_factor: int
-    """Pixels per latent pixel (the VAE's spatial downsampling)."""
+    """Pixels per latent pixel (the VAE's spatial downsampling); 1 for a pixel-space model."""
     pixel_multiple: int
     """Height and width must be multiples of this (VAE factor x patch / packing)."""
     text_seq_len: int
     """Text tokens the pipeline feeds by default."""
     resolution: tuple[int, int] | None
-    """Default (height, width) in pixels; None: ``sample_size`` * ``vae_factor``."""
+    """Default (height, width) in pixels; None: the config's size (``sample_size``...) *
+    ``vae_factor``."""
     temporal_factor: int = 0
-    """Frames per latent frame (causal video VAE, first frame alone); 0 for image models."""
+    """Frames per latent frame (causal video VAE, first frame alone; 1 for a per-frame image
+    VAE); 0 for image models."""
     frames: int = 0
     """Default frame count (video)."""
+    layout: str = ""
+    """How the noisy latent is laid out (:data:`LAYOUTS`); empty: from the forward signature
+    (``trainmem.trace.diffusers_model``)."""
 
+
+LAYOUTS: dict[str, str] = {
+    "image": "[b, c, h, w]",
+    "video": "[b, c, f, h, w]",
+    "video-fc": "[b, f, c, h, w]",
+    "tokens": "[b, (h / 2)(w / 2), c]: 2x2 patches packed into channels",
+    "video-tokens": "[b, f h w, c]: one token per latent pixel",
+    "video-hwc": "[b, f, h, w, c]",
+    "sequence": "[b, c, sample_size]: a 1-D signal",
+    "sequence-tokens": "[b, length, c]: 1-D audio latents, length = --resolution",
+}
+"""The latent layouts of ``hidden_states`` / ``sample`` (b micro-batch, c ``in_channels``, f
+latent frames, h, w latent height / width), from the forward docstrings of the classes."""
+
+
+_WAN = DiffusersFamily(8, 16, 512, (480, 832), temporal_factor=4, frames=81)
+_PER_FRAME_UNET = DiffusersFamily(8, 8, 77, None, temporal_factor=1, frames=16)
 
 DIFFUSERS_FAMILIES: dict[str, DiffusersFamily] = {
     "FluxTransformer2DModel": DiffusersFamily(8, 16, 512, (1024, 1024)),
     "SD3Transformer2DModel": DiffusersFamily(8, 16, 77 + 256, None),
     "UNet2DConditionModel": DiffusersFamily(8, 8, 77, None),
-    "WanTransformer3DModel": DiffusersFamily(8, 16, 512, (480, 832), temporal_factor=4, frames=81),
+    "WanTransformer3DModel": _WAN,
+    "CogVideoXTransformer3DModel": DiffusersFamily(
+        8, 16, 226, (480, 720), temporal_factor=4, frames=49, layout="video-fc"
+    ),
+    "ConsisIDTransformer3DModel": DiffusersFamily(
+        8, 16, 226, (480, 720), temporal_factor=4, frames=49, layout="video-fc"
+    ),
+    "LTXVideoTransformer3DModel": DiffusersFamily(
+        32, 32, 128, (512, 704), temporal_factor=8, frames=161, layout="video-tokens"
+    ),
+    "MochiTransformer3DModel": DiffusersFamily(
+        8, 16, 256, (480, 848), temporal_factor=6, frames=163
+    ),
+    "Kandinsky5Transformer3DModel": DiffusersFamily(
+        8, 16, 256, (512, 768), temporal_factor=4, frames=121, layout="video-hwc"
+    ),
+    "UNet3DConditionModel": _PER_FRAME_UNET,
+    "UNetMotionModel": _PER_FRAME_UNET,
+    "I2VGenXLUNet": _PER_FRAME_UNET,
+    "UNetSpatioTemporalConditionModel": DiffusersFamily(
+        8, 8, 1, (576, 1024), temporal_factor=1, frames=14, layout="video-fc"
+    ),
 }
-"""The diffusers classes whose training batch trainmem builds; see the module docstring."""
+"""Classes whose pipeline sets the batch geometry; see the module docstring. Any other
+transformer / UNet class takes :func:`diffusers_family`'s defaults."""
+
+_PER_FRAME_VIDEO = frozenset({"TransformerTemporalModel"})
+"""Video classes of per-frame image VAEs (temporal factor 1) without a row."""
+
+
+def _is_video(name: str) -> bool:
+    return "3D" in name or "Video" in name or name in _PER_FRAME_VIDEO
+
+
+def _spatial_patch(config: Mapping[str, Any]) -> int:
+    """The spatial patch size (``patch_size`` or its last entry, Wan's ``(1, 2, 2)``), 1 if
+    none."""
+    value = config.get("patch_size")
+    if isinstance(value, list | tuple) and value:
+        value = value[-1]
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
+
+
+def _unet_downsampling(config: Mapping[str, Any]) -> int:
+    blocks = config.get("down_block_types")
+    return 2 ** (len(blocks) - 1) if isinstance(blocks, list | tuple) and blocks else 1
+
+
+def is_pixel_space(name: str, config: Mapping[str, Any]) -> bool:
+    """A UNet denoising pixels, not latents: 3 input channels (RGB: DDPM's ``UNet2DModel``,
+    DeepFloyd IF stage I) or 6 (RGB and an RGB condition image: IF stage II); latent models
+    take 4, 16 or more channels (the VAE's)."""
+    return "UNet" in name and config.get("in_channels") in (3, 6)
+
+
+def diffusers_family(config: Mapping[str, Any]) -> tuple[str, DiffusersFamily]:
+    """The class and its batch geometry: its row of :data:`DIFFUSERS_FAMILIES`, else the
+    defaults: the 8x spatial VAE of SD / FLUX / Wan (1 in pixel space, :func:`is_pixel_space`),
+    77 text tokens (CLIP's context, ``train_text_to_image.py``), the config's sample size, and
+    for a video class (``3D`` / ``Video`` in its name) a causal VAE of temporal factor 4 at 17
+    frames (Wan / HunyuanVideo / CogVideoX VAEs: ``(frames - 1) // 4 + 1`` latent frames).
+
+    Raises:
+        UnsupportedError: a class that is not a denoising transformer or UNet.
+    """
+    name = diffusers_class(config)
+    row = DIFFUSERS_FAMILIES.get(name)
+    if row is not None:
+        return name, row
+    if name == "UNet1DModel":
+        return name, DiffusersFamily(1, 1, 0, None, layout="sequence")
+    if "1D" in name or "Audio" in name:  # audio latents: one token per latent frame
+        return name, DiffusersFamily(1, 1, 77, None, layout="sequence-tokens")
+    vae = 1 if is_pixel_space(name, config) else 8
+    multiple = vae * max(_spatial_patch(config), 2) * _unet_downsampling(config)
+    if _is_video(name):
+        factor = 1 if name in _PER_FRAME_VIDEO else 4
+        return name, DiffusersFamily(vae, multiple, 77, None, temporal_factor=factor, frames=17)
+    return name, DiffusersFamily(vae, multiple, 77, None)
 
 
 def is_diffusers_config(config: Mapping[str, Any]) -> bool:
@@ -86,17 +194,19 @@ def is_diffusers_config(config: Mapping[str, Any]) -> bool:
 
 
 def diffusers_class(config: Mapping[str, Any]) -> str:
-    """The config's ``_class_name``, if trainmem builds its batch.
+    """The config's ``_class_name``, if it is a denoising model trainmem trains (a diffusers
+    transformer or UNet: ``Transformer`` or ``UNet`` in its name).
 
     Raises:
-        UnsupportedError: a diffusers class without a batch recipe here (names the supported).
+        UnsupportedError: another diffusers class (a VAE, a ControlNet...), naming examples.
     """
     name = str(config.get("_class_name"))
-    if name not in DIFFUSERS_FAMILIES:
+    if "Transformer" not in name and "UNet" not in name:
         raise UnsupportedError(
-            f"_class_name: diffusers model {name[:80]!r} has no training batch in trainmem yet "
-            f"(supported: {', '.join(DIFFUSERS_FAMILIES)}); trace it with trainmem.trace("
-            "build_model, make_batch, loss_fn=...) from Python"
+            f"_class_name: diffusers model {name[:80]!r} is not a denoising transformer or "
+            f"UNet, the models trainmem trains ({', '.join(list(DIFFUSERS_FAMILIES)[:4])}, "
+            "...); trace it with trainmem.trace(build_model, make_batch, loss_fn=...) from "
+            "Python"
         )
     return name
 
@@ -149,19 +259,31 @@ class ImageBatch:
     """``(frames - 1) / temporal_factor + 1`` (0 for an image model)."""
 
 
-def _sample_size(config: Mapping[str, Any]) -> int:
-    value = config.get("sample_size")
+def _sample_size(config: Mapping[str, Any]) -> tuple[int, int]:
+    """(height, width) of the config's latent: ``sample_height`` / ``sample_width`` (CogVideoX,
+    Allegro), else ``sample_size`` (an integer or [height, width]); 64 (SD 1.x's 512 px) for a
+    config without any (``UNet2DConditionModel``'s default ``sample_size=None``)."""
+    h, w = config.get("sample_height"), config.get("sample_width")
+    if isinstance(h, int) and isinstance(w, int) and h > 0 and w > 0:
+        return h, w
+    value = config.get("sample_size", 64)
+    if value is None:
+        value = 64
     if isinstance(value, list | tuple) and value:
-        value = value[0]
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise SpecError("sample_size", f"must be a positive integer, got {value!r:.80}")
-    return value
+        pair = (value[0], value[-1])
+    else:
+        pair = (value, value)
+    for v in pair:
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise SpecError("sample_size", f"must be a positive integer, got {value!r:.80}")
+    return pair
 
 
 def image_batch(config: Mapping[str, Any], training: Any) -> ImageBatch:
     """Resolve ``resolution`` / ``frames`` / ``text_seq_len`` against a diffusers config.
 
-    Explicit settings win; otherwise the defaults of :data:`DIFFUSERS_FAMILIES`.
+    Explicit settings win; otherwise the defaults of :func:`diffusers_family`. A pixel-space
+    model (:func:`is_pixel_space`) takes ``resolution`` as its input's pixels.
 
     Args:
         config: the diffusers ``config.json``.
@@ -175,14 +297,14 @@ def image_batch(config: Mapping[str, Any], training: Any) -> ImageBatch:
             for an image model, a frame count the video VAE cannot encode.
         UnsupportedError: an unsupported diffusers class.
     """
-    name = diffusers_class(config)
-    fam = DIFFUSERS_FAMILIES[name]
+    name, fam = diffusers_family(config)
     if training.image_size is not None:
         height, width = training.image_size
     elif fam.resolution is not None:
         height, width = fam.resolution
     else:
-        height = width = _sample_size(config) * fam.vae_factor
+        latent_h, latent_w = _sample_size(config)
+        height, width = latent_h * fam.vae_factor, latent_w * fam.vae_factor
     if height % fam.pixel_multiple or width % fam.pixel_multiple:
         raise SpecError(
             "resolution",
@@ -373,6 +495,12 @@ def frozen_components(config: Mapping[str, Any], training: Any) -> list[tuple[st
             "frozen_on_gpu",
             f"{which}: the pipeline's components are known for SDXL's UNet "
             "(addition_embed_type text_time) only; use none",
+        )
+    if name not in FROZEN_COMPONENTS:
+        raise SpecError(
+            "frozen_on_gpu",
+            f"{which}: the pipeline's components are known for {', '.join(FROZEN_COMPONENTS)} "
+            f"only, not {name[:80]}; use none",
         )
     kinds = ("vae", "text-encoder") if which == "all" else (which.removesuffix("s"),)
     return [

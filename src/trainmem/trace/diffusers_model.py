@@ -34,8 +34,9 @@ Note [diffusers training step]
 
 from __future__ import annotations
 
+import functools
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from trainmem.breakdown import MemoryEstimate
@@ -49,6 +50,7 @@ from trainmem.specs.diffusers import (
 from trainmem.specs.hardware import GPUSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
+from trainmem.trace.diffusers_inputs import forward_inputs
 from trainmem.units import dtype_bytes
 
 torch = require_torch()
@@ -60,6 +62,7 @@ __all__ = [
     "check_diffusers_settings",
     "describe_diffusers_batch",
     "diffusers_loss",
+    "diffusers_loss_for",
     "estimate_diffusers_trace",
     "make_diffusers_batch",
 ]
@@ -139,6 +142,8 @@ def build_diffusers_model(
                 f"diffusers {diffusers.__version__} cannot build {name} from this config "
                 f"({type(exc).__name__}: {reason}); check the config"
             ) from exc
+    if device == "meta":
+        _tensor_attributes_as_buffers(model)
     if training.weight_dtype != "float32":
         # every parameter, as the scripts' ``transformer.to(device, dtype=weight_dtype)`` casts
         # (ModelMixin.to only adds a log line about ``_keep_in_fp32_modules`` before this)
@@ -146,6 +151,17 @@ def build_diffusers_model(
     apply_diffusers_lora(model, training)
     model.train()
     return model
+
+
+def _tensor_attributes_as_buffers(model: Any) -> None:
+    """Register the plain tensor attributes of ``model``'s modules (rotary tables some classes
+    keep outside ``register_buffer``: QwenImage's ``pos_freqs``, Kandinsky 5's...) as
+    non-persistent buffers, so that the fake mode converts them with the buffers."""
+    for module in model.modules():
+        for key, value in list(vars(module).items()):
+            if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+                delattr(module, key)
+                module.register_buffer(key, value, persistent=False)
 
 
 def apply_diffusers_lora(model: Any, training: TrainingConfig) -> None:
@@ -213,7 +229,11 @@ def _matching(names: list[str], suffixes: tuple[str, ...]) -> list[str]:
 def make_diffusers_batch(model: Any, training: TrainingConfig) -> dict[str, Any]:
     """One micro-batch of the model's forward arguments (call inside the fake mode).
 
-    Shapes (b = micro-batch, h, w = latent height / width = pixels / 8, t = text tokens):
+    Each argument of ``type(model).forward`` is sized by its rule in :data:`INPUT_RULES` from
+    the config and the resolved geometry (:func:`trainmem.specs.diffusers.image_batch`), in the
+    signature's order; Note [Inputs from the forward signature]. Shapes of the classes the
+    rules were first written for (b = micro-batch, h, w = latent height / width = pixels / 8,
+    t = text tokens):
 
     - FLUX (``pipeline_flux.py``): ``hidden_states`` [b, (h/2)(w/2), in_channels] (16 latent
       channels packed 2x2 into 64), ``encoder_hidden_states`` [b, t, joint_attention_dim],
@@ -227,94 +247,52 @@ def make_diffusers_batch(model: Any, training: TrainingConfig) -> dict[str, Any]
       input_dim - 6 * addition_time_embed_dim] and ``time_ids`` [b, 6]
       (``train_text_to_image_sdxl.py``);
     - Wan: ``hidden_states`` [b, in_channels, f, h, w] with f = (frames - 1) / 4 + 1,
-      ``encoder_hidden_states`` [b, t, text_dim], ``timestep`` [b].
+      ``timestep`` [b], ``encoder_hidden_states`` [b, t, text_dim].
 
     Args:
-        model: the diffusers model (its ``config`` decides the inputs).
+        model: the diffusers model (its ``config`` and ``forward`` decide the inputs).
         training: ``micro_batch_size``, ``resolution``, ``frames``, ``text_seq_len``.
 
     Returns:
         Keyword arguments of ``model(**batch)`` (``return_dict=False``).
+
+    Raises:
+        UnsupportedError: a required forward argument without a rule, or a rule that cannot
+            size it from this config (names the argument and the config field).
     """
-    cfg = dict(model.config)
-    name = diffusers_class(cfg)
-    g = image_batch(cfg, training)
-    b, t, h, w = training.micro_batch_size, g.text_seq_len, g.latent_height, g.latent_width
-    dtype = next(model.parameters()).dtype
-
-    def randn(*shape: int) -> Any:
-        return torch.randn(*shape, dtype=dtype)
-
-    batch: dict[str, Any]
-    if name == "FluxTransformer2DModel":
-        tokens = (h // 2) * (w // 2)
-        batch = {
-            "hidden_states": randn(b, tokens, cfg["in_channels"]),
-            "encoder_hidden_states": randn(b, t, cfg["joint_attention_dim"]),
-            "pooled_projections": randn(b, cfg["pooled_projection_dim"]),
-            "timestep": torch.rand(b),
-            "img_ids": torch.zeros(tokens, 3, dtype=dtype),
-            "txt_ids": torch.zeros(t, 3, dtype=dtype),
-        }
-        if cfg.get("guidance_embeds"):
-            batch["guidance"] = torch.full((b,), 3.5)
-    elif name == "SD3Transformer2DModel":
-        batch = {
-            "hidden_states": randn(b, cfg["in_channels"], h, w),
-            "encoder_hidden_states": randn(b, t, cfg["joint_attention_dim"]),
-            "pooled_projections": randn(b, cfg["pooled_projection_dim"]),
-            "timestep": torch.rand(b) * 1000,
-        }
-    elif name == "UNet2DConditionModel":
-        cross = cfg["cross_attention_dim"]
-        if not isinstance(cross, int):
-            raise UnsupportedError(
-                f"cross_attention_dim: per-block widths {cross!r:.80} are not supported; "
-                "give one integer"
-            )
-        batch = {
-            "sample": randn(b, cfg["in_channels"], h, w),
-            "timestep": torch.randint(0, 1000, (b,)),
-            "encoder_hidden_states": randn(b, t, cross),
-        }
-        if cfg.get("addition_embed_type") == "text_time":
-            time_dim = 6 * cfg["addition_time_embed_dim"]  # six micro-conditions
-            pooled = cfg["projection_class_embeddings_input_dim"] - time_dim
-            batch["added_cond_kwargs"] = {"text_embeds": randn(b, pooled), "time_ids": randn(b, 6)}
-    else:  # WanTransformer3DModel
-        batch = {
-            "hidden_states": randn(b, cfg["in_channels"], g.latent_frames, h, w),
-            "encoder_hidden_states": randn(b, t, cfg["text_dim"]),
-            "timestep": torch.rand(b) * 1000,
-        }
-    batch["return_dict"] = False
-    return batch
+    return forward_inputs(model, training)
 
 
-def diffusers_loss(output: Any, batch: Mapping[str, Any]) -> Any:
+def diffusers_loss(output: Any, batch: Mapping[str, Any], *, precondition: bool = False) -> Any:
     """The training loss of diffusers' example scripts on the model's prediction.
 
-    UNet2DCondition (``train_text_to_image_sdxl.py``, epsilon prediction): ``F.mse_loss(
-    pred.float(), target.float(), reduction="mean")``. The transformers (flow matching,
-    ``train_dreambooth_flux.py`` / ``train_dreambooth_sd3.py``): ``torch.mean((w.float() *
-    (pred.float() - target.float()) ** 2).reshape(b, -1), 1).mean()`` with the weighting ``w``
-    of scheme ``"none"`` (ones [b, 1, ...]); SD3 preconditions the prediction first
-    (``pred * (-sigmas) + noisy_input``, ``train_dreambooth_sd3.py``). The target is a tensor
-    of the prediction's shape and dtype; see Note [diffusers training step].
+    UNets (``sample`` in the batch; ``train_text_to_image.py``, ``train_text_to_image_sdxl.py``,
+    epsilon prediction): ``F.mse_loss(pred.float(), target.float(), reduction="mean")``. The
+    transformers (flow matching, ``train_dreambooth_flux.py`` / ``train_dreambooth_sd3.py``):
+    ``torch.mean((w.float() * (pred.float() - target.float()) ** 2).reshape(b, -1), 1).mean()``
+    with the weighting ``w`` of scheme ``"none"`` (ones [b, 1, ...]); with ``precondition``
+    (SD3, :func:`diffusers_loss_for`) the prediction is first preconditioned (``pred *
+    (-sigmas) + noisy_input``, ``train_dreambooth_sd3.py``). The target is a tensor of the
+    prediction's shape and dtype (epsilon and flow-matching targets hold the same memory); see
+    Note [diffusers training step].
 
     Args:
         output: the model's output (a tuple with ``return_dict=False``, or an output object).
         batch: the micro-batch (``sample`` in it marks a UNet).
+        precondition: SD3's output preconditioning.
 
     Returns:
         The scalar loss.
     """
-    pred = output[0] if isinstance(output, tuple | list) else output.sample
+    if isinstance(output, torch.Tensor):  # Kandinsky 5 returns the prediction itself
+        pred = output
+    else:
+        pred = output[0] if isinstance(output, tuple | list) else output.sample
     target = torch.randn_like(pred)
     if "sample" in batch:
         return torch.nn.functional.mse_loss(pred.float(), target.float(), reduction="mean")
     b = pred.shape[0]
-    if "pooled_projections" in batch and "img_ids" not in batch:
+    if precondition:
         # SD3 (train_dreambooth_sd3.py, --precondition_outputs 1 by default, EDM sec. 5):
         # model_pred = model_pred * (-sigmas) + noisy_model_input; target = model_input
         noisy = batch["hidden_states"]
@@ -325,6 +303,19 @@ def diffusers_loss(output: Any, batch: Mapping[str, Any]) -> Any:
         (weighting.float() * (pred.float() - target.float()) ** 2).reshape(b, -1), 1
     )
     return per_sample.mean()
+
+
+PRECONDITIONED = frozenset({"SD3Transformer2DModel"})
+"""Classes whose training script preconditions the prediction (``train_dreambooth_sd3.py``'s
+``--precondition_outputs``, default 1)."""
+
+
+def diffusers_loss_for(raw_config: Mapping[str, Any]) -> Callable[[Any, Any], Any]:
+    """:func:`diffusers_loss` as the config's class trains: preconditioned for
+    :data:`PRECONDITIONED`."""
+    if diffusers_class(raw_config) in PRECONDITIONED:
+        return functools.partial(diffusers_loss, precondition=True)
+    return diffusers_loss
 
 
 def check_diffusers_settings(training: TrainingConfig) -> None:
@@ -417,7 +408,7 @@ def estimate_diffusers_trace(
 
     check_diffusers_settings(training)
     raw = load_hf_config(name)
-    diffusers_class(raw)  # a class without a batch recipe is refused before the build
+    diffusers_class(raw)  # a class that is not a denoiser is refused before the build
     image_batch(raw, training)
     holder: dict[str, Any] = {}
 
@@ -430,8 +421,9 @@ def estimate_diffusers_trace(
 
     ws = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
     resident = frozen_components(raw, training)
+    loss = diffusers_loss_for(raw)
     capture, report = run_trace(
-        build, batch, training, loss_fn=diffusers_loss, workspace_bytes=ws, resident=resident
+        build, batch, training, loss_fn=loss, workspace_bytes=ws, resident=resident
     )
     est = _estimate(name, capture, report, training, gpu, ws)
     describe_diffusers_batch(est, raw, training)

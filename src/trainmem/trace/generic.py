@@ -128,12 +128,12 @@ def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfi
                 "has no diffusers builder (trainmem.trace.diffusers_model)"
             ) from exc
         dm.check_diffusers_settings(training)
-        dm.diffusers_class(raw)  # a class without a batch recipe is refused before the build
+        dm.diffusers_class(raw)  # a class that is not a denoiser is refused before the build
         return Recipe(
             name,
             lambda: dm.build_diffusers_model(raw, training, device="meta"),
             lambda model: dm.make_diffusers_batch(model, training),
-            loss_fn=dm.diffusers_loss,
+            loss_fn=dm.diffusers_loss_for(raw),
             library="diffusers",
             resident=tuple(frozen_components(raw, training)),
         )

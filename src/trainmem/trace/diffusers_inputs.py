@@ -1,0 +1,441 @@
+"""The training batch of any diffusers transformer or UNet, from its forward signature.
+
+:func:`forward_inputs` walks ``type(model).forward``'s parameters and sizes each from its rule
+in :data:`INPUT_RULES` (keyed by the argument's name) with the config fields the rule names and
+the batch geometry of :func:`trainmem.specs.diffusers.image_batch`.
+
+Note [Inputs from the forward signature]
+    diffusers names a denoiser's inputs consistently across classes: the noisy latent is
+    ``hidden_states`` (transformers) or ``sample`` (UNets), the noise level ``timestep``, the
+    text-encoder states ``encoder_hidden_states`` (width ``joint_attention_dim``,
+    ``caption_channels``, ``text_dim``, ``cross_attention_dim``... by class), the pooled text
+    embedding ``pooled_projections``, FLUX-style position ids ``img_ids`` / ``txt_ids``. So one
+    rule per argument name, reading the config field that sizes it, builds the batch of every
+    class that uses these names; a class's own geometry (VAE factor, packing, text length,
+    frames) is its row in :data:`trainmem.specs.diffusers.DIFFUSERS_FAMILIES` or the defaults
+    there. A required argument (no default) without a rule, or whose rule finds no config
+    field to size it, is refused with its name; an optional one is fed when its rule is marked
+    ``optional`` and applies (``guidance`` only with ``guidance_embeds``, SDXL's
+    ``added_cond_kwargs`` only with ``addition_embed_type "text_time"``...), else left at its
+    default as the pipelines leave it.
+
+    Conventions, from diffusers' training scripts (v0.42): inputs in the parameter dtype (the
+    scripts cast latents and embeddings to ``weight_dtype``); UNet timesteps int64
+    ``torch.randint(0, 1000, (b,))`` (``examples/text_to_image/train_text_to_image.py``);
+    flow-matching transformers fp32 scheduler timesteps in [0, 1000) (``train_dreambooth_sd3.py``),
+    FLUX-style packed models the sigmas ``timesteps / 1000`` (``train_dreambooth_flux.py``);
+    masks all ones (unpadded prompts); ids zeros (their values never size memory).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from trainmem.errors import UnsupportedError
+from trainmem.specs.diffusers import LAYOUTS, diffusers_family, image_batch
+from trainmem.specs.training import TrainingConfig
+from trainmem.trace._torch import require_torch
+
+torch = require_torch()
+
+__all__ = ["INPUT_RULES", "InputRule", "Sizes", "forward_inputs"]
+
+ABSENT: Any = object()
+"""A rule's answer when the argument does not apply to this config (left at its default)."""
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What the rules size an argument from."""
+
+    model: Any
+    """The built model (its ``config``, and attributes such as ``use_additional_conditions``)."""
+    cfg: dict[str, Any]
+    """``dict(model.config)``."""
+    name: str
+    """The class name."""
+    b: int
+    """Micro-batch."""
+    t: int
+    """Text tokens."""
+    f: int
+    """Latent frames (0 for an image model)."""
+    h: int
+    """Latent height (pixels for a pixel-space model)."""
+    w: int
+    """Latent width."""
+    height: int
+    """Pixels."""
+    width: int
+    """Pixels."""
+    layout: str
+    """The latent's layout (:data:`trainmem.specs.diffusers.LAYOUTS`)."""
+    unet: bool
+    """A UNet (its latent argument is ``sample``): int64 timesteps."""
+    dtype: Any
+    """The parameters' dtype."""
+
+    def randn(self, *shape: int) -> Any:
+        return torch.randn(*shape, dtype=self.dtype)
+
+    def field(self, *keys: str) -> int | None:
+        """The first of ``keys`` the config sets to a positive integer."""
+        for key in keys:
+            value = self.cfg.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+        return None
+
+    @property
+    def tokens(self) -> int:
+        """Image tokens of a 2x2-packed latent (FLUX's ``_pack_latents``)."""
+        return (self.h // 2) * (self.w // 2)
+
+
+IN_CHANNEL_KEYS = ("in_channels", "in_dim", "in_visual_dim", "num_channels", "latent_dim")
+TEXT_WIDTH_KEYS = (
+    "encoder_hid_dim",
+    "caption_channels",
+    "joint_attention_dim",
+    "text_dim",
+    "text_embed_dim",
+    "cap_feat_dim",
+    "text_hidden_dim",
+    "in_text_dim",
+    "context_dim",
+    "context_in_dim",
+    "condition_dim",
+    "llm_features_dim",
+    "dit_text_dim",
+    "text_states_dim",
+    "cross_attention_dim",
+)
+"""Config fields giving the text-encoder width of ``encoder_hidden_states``, first match wins:
+a projection's input (``encoder_hid_dim`` of IF's UNet, ``caption_channels`` of PixArt / Sana)
+before the attention width it projects to (``cross_attention_dim``)."""
+POOLED_KEYS = ("pooled_projection_dim", "pooled_embed_dim", "in_text_dim2")
+
+
+def _in_channels(s: Sizes) -> int:
+    c = s.field(*IN_CHANNEL_KEYS)
+    if c is None:
+        raise UnsupportedError(
+            f"{s.name}: no input channel count in the config (looked for "
+            f"{', '.join(IN_CHANNEL_KEYS)})"
+        )
+    return c
+
+
+def latent(s: Sizes) -> Any:
+    """The noisy latent in the class's layout; c = ``in_channels``."""
+    c = _in_channels(s)
+    shapes: dict[str, tuple[int, ...]] = {
+        "image": (s.b, c, s.h, s.w),
+        "video": (s.b, c, s.f, s.h, s.w),
+        "video-fc": (s.b, s.f, c, s.h, s.w),
+        "tokens": (s.b, s.tokens, c),
+        "video-tokens": (s.b, s.f * s.h * s.w, c),
+        "video-hwc": (s.b, s.f, s.h, s.w, c),
+        "sequence": (s.b, c, s.h),
+        "sequence-tokens": (s.b, s.h, c),
+    }
+    return s.randn(*shapes[s.layout])
+
+
+def timestep(s: Sizes) -> Any:
+    """[b]: int64 for UNets, fp32 sigmas for packed (FLUX-style) models, fp32 in [0, 1000)
+    otherwise (Note [Inputs from the forward signature])."""
+    if s.unet:
+        return torch.randint(0, 1000, (s.b,))
+    if s.layout == "tokens":
+        return torch.rand(s.b)
+    return torch.rand(s.b) * 1000
+
+
+def text_states(s: Sizes) -> Any:
+    """[b, t, width]; width from :data:`TEXT_WIDTH_KEYS` (per-block lists of equal widths read
+    as one)."""
+    width = s.field(*TEXT_WIDTH_KEYS)
+    cross = s.cfg.get("cross_attention_dim")
+    if width is None and isinstance(cross, list | tuple) and len(set(cross)) == 1:
+        width = cross[0]
+    if width is None:
+        if isinstance(cross, list | tuple):
+            raise UnsupportedError(
+                f"cross_attention_dim: per-block widths {cross!r:.80} are not supported; "
+                "give one integer"
+            )
+        return ABSENT
+    return s.randn(s.b, s.t, width)
+
+
+def pooled(s: Sizes) -> Any:
+    """[b, ``pooled_projection_dim``]: the pooled CLIP embedding."""
+    width = s.field(*POOLED_KEYS)
+    return ABSENT if width is None else s.randn(s.b, width)
+
+
+def _id_width(s: Sizes) -> int:
+    axes = s.cfg.get("axes_dims_rope")
+    return len(axes) if isinstance(axes, list | tuple) and axes else 3
+
+
+def img_ids(s: Sizes) -> Any:
+    """[(h/2)(w/2), axes]: one position per packed token (``pipeline_flux.py``)."""
+    return torch.zeros(s.tokens, _id_width(s), dtype=s.dtype)
+
+
+def txt_ids(s: Sizes) -> Any:
+    """[t, axes]."""
+    return torch.zeros(s.t, _id_width(s), dtype=s.dtype)
+
+
+def guidance(s: Sizes) -> Any:
+    """[b] guidance scale, only with ``guidance_embeds`` (FLUX.1-dev)."""
+    return torch.full((s.b,), 3.5) if s.cfg.get("guidance_embeds") else ABSENT
+
+
+def added_cond(s: Sizes) -> Any:
+    """SDXL's micro-conditions (``addition_embed_type "text_time"``: ``text_embeds`` [b,
+    ``projection_class_embeddings_input_dim - 6 * addition_time_embed_dim``], ``time_ids``
+    [b, 6], ``train_text_to_image_sdxl.py``); PixArt-alpha's (``use_additional_conditions``:
+    ``resolution`` [b, 2], ``aspect_ratio`` [b, 1], ``pipeline_pixart_alpha.py``)."""
+    if s.cfg.get("addition_embed_type") == "text_time":
+        time_dim = 6 * s.cfg["addition_time_embed_dim"]  # six micro-conditions
+        pooled_dim = s.cfg["projection_class_embeddings_input_dim"] - time_dim
+        return {"text_embeds": s.randn(s.b, pooled_dim), "time_ids": s.randn(s.b, 6)}
+    if getattr(s.model, "use_additional_conditions", False):
+        return {"resolution": s.randn(s.b, 2), "aspect_ratio": s.randn(s.b, 1)}
+    if s.layout == "image" and not s.unet:
+        return {"resolution": None, "aspect_ratio": None}
+    return ABSENT
+
+
+def class_labels(s: Sizes) -> Any:
+    """[b] int64 class ids: ``num_class_embeds`` classes, or ``num_embeds_ada_norm`` for DiT's
+    class-conditioned ``ada_norm_zero``."""
+    n = s.field("num_class_embeds")
+    if n is None and s.cfg.get("norm_type") == "ada_norm_zero":
+        n = s.field("num_embeds_ada_norm")
+    return ABSENT if n is None else torch.randint(0, n, (s.b,))
+
+
+def text_mask(s: Sizes) -> Any:
+    """[b, t] ones: unpadded prompts."""
+    return torch.ones(s.b, s.t, dtype=torch.bool)
+
+
+def sizes_2(s: Sizes) -> Any:
+    """[b, 2] pixel (height, width) or crop offsets (CogView3 / 4 micro-conditions)."""
+    return s.randn(s.b, 2)
+
+
+def img_shapes(s: Sizes) -> Any:
+    """One (frames, h/2, w/2) per sample (``pipeline_qwenimage.py``)."""
+    return [[(1, s.h // 2, s.w // 2)] for _ in range(s.b)]
+
+
+def padding_mask(s: Sizes) -> Any:
+    """[1, 1, height, width] zeros, concatenated to the latent with ``concat_padding_mask``
+    (``pipeline_cosmos_text2world.py``)."""
+    if not s.cfg.get("concat_padding_mask"):
+        return ABSENT
+    return torch.zeros(1, 1, s.height, s.width, dtype=s.dtype)
+
+
+def latent_size(axis: str) -> Callable[[Sizes], Any]:
+    """LTX-Video's ``num_frames`` / ``height`` / ``width`` of its token sequence (latent
+    units, ``pipeline_ltx.py``); only for the ``video-tokens`` layout."""
+
+    def size(s: Sizes) -> Any:
+        return getattr(s, axis) if s.layout == "video-tokens" else ABSENT
+
+    size.__doc__ = latent_size.__doc__
+    return size
+
+
+def added_time_ids(s: Sizes) -> Any:
+    """[b, 3]: fps, motion bucket, noise augmentation (``pipeline_stable_video_diffusion.py``
+    ``_get_add_time_ids``)."""
+    return s.randn(s.b, 3)
+
+
+def fps(s: Sizes) -> Any:
+    """[b] frame rate (``pipeline_i2vgen_xl.py``)."""
+    return torch.full((s.b,), 8)
+
+
+def image_latents(s: Sizes) -> Any:
+    """[b, in_channels, f, h, w]: the conditioning image's latents (``pipeline_i2vgen_xl.py``)."""
+    return s.randn(s.b, _in_channels(s), max(s.f, 1), s.h, s.w)
+
+
+def image_embeds(s: Sizes) -> Any:
+    """[b, 729, ``image_embed_dim``]: SigLIP's 27 x 27 semantic tokens, zeros for text-to-video
+    (``pipeline_hunyuan_video1_5.py``)."""
+    width = s.field("image_embed_dim")
+    return ABSENT if width is None else torch.zeros(s.b, 729, width, dtype=s.dtype)
+
+
+def rope_positions(s: Sizes) -> Any:
+    """Kandinsky 5's ``visual_rope_pos``: aranges over latent frames, h / 2, w / 2
+    (``pipeline_kandinsky.py``)."""
+    return [torch.arange(max(s.f, 1)), torch.arange(s.h // 2), torch.arange(s.w // 2)]
+
+
+def second_text_states(s: Sizes) -> Any:
+    """[b, t, ``text_embed_2_dim``]: the second text encoder's states (HunyuanVideo 1.5's
+    ByT5, ``pipeline_hunyuan_video1_5.py``)."""
+    width = s.field("text_embed_2_dim")
+    return ABSENT if width is None else s.randn(s.b, s.t, width)
+
+
+def second_text_mask(s: Sizes) -> Any:
+    """[b, t] ones beside ``encoder_hidden_states_2``."""
+    return ABSENT if s.field("text_embed_2_dim") is None else text_mask(s)
+
+
+def image_embeddings(s: Sizes) -> Any:
+    """[b, ``cross_attention_dim``]: the CLIP image embedding (``pipeline_i2vgen_xl.py``)."""
+    width = s.field("cross_attention_dim")
+    return ABSENT if width is None else s.randn(s.b, width)
+
+
+def text_encoder_layers(s: Sizes) -> Any:
+    """One [b, t, ``text_encoder_dim``] per caption projection (Bria FIBO feeds every block its
+    own text-encoder layer, ``pipeline_bria_fibo.py``)."""
+    width, layers = s.field("text_encoder_dim"), getattr(s.model, "caption_projection", None)
+    if width is None or layers is None:
+        return ABSENT
+    return [s.randn(s.b, s.t, width) for _ in range(len(layers))]
+
+
+MASKED_TEXT = frozenset({"Kandinsky3UNet"})
+"""Classes whose pipeline always passes the prompt mask (``pipeline_kandinsky3.py``: the UNet
+reads ``encoder_attention_mask`` unconditionally)."""
+
+
+@dataclass(frozen=True)
+class InputRule:
+    """How one forward argument is sized."""
+
+    make: Callable[[Sizes], Any]
+    """Returns the value, or :data:`ABSENT` when the config does not use the argument."""
+    optional: bool | Callable[[Sizes], bool] = False
+    """Fed also when the signature gives it a default (the model needs it in training); a
+    callable decides per model."""
+
+
+INPUT_RULES: dict[str, InputRule] = {
+    "hidden_states": InputRule(latent),
+    "sample": InputRule(latent),
+    "x": InputRule(latent),
+    "timestep": InputRule(timestep, optional=True),
+    "timesteps": InputRule(timestep, optional=True),
+    "t": InputRule(timestep),
+    "timestep_ratio": InputRule(lambda s: torch.rand(s.b)),
+    "encoder_hidden_states": InputRule(text_states, optional=True),
+    "cap_feats": InputRule(text_states),
+    "pooled_projections": InputRule(pooled, optional=True),
+    "img_ids": InputRule(img_ids, optional=True),
+    "txt_ids": InputRule(txt_ids, optional=True),
+    "guidance": InputRule(guidance, optional=True),
+    "added_cond_kwargs": InputRule(added_cond, optional=True),
+    "class_labels": InputRule(class_labels, optional=True),
+    "encoder_attention_mask": InputRule(text_mask, optional=lambda s: s.name in MASKED_TEXT),
+    "encoder_hidden_states_mask": InputRule(text_mask),
+    "mask": InputRule(text_mask, optional=True),
+    "original_size": InputRule(sizes_2),
+    "target_size": InputRule(sizes_2),
+    "crop_coords": InputRule(sizes_2),
+    "img_shapes": InputRule(img_shapes, optional=True),
+    "timestep_r": InputRule(timestep),
+    "r_timestep": InputRule(timestep),
+    "padding_mask": InputRule(padding_mask, optional=True),
+    "num_frames": InputRule(latent_size("f"), optional=True),
+    "height": InputRule(latent_size("h"), optional=True),
+    "width": InputRule(latent_size("w"), optional=True),
+    "added_time_ids": InputRule(added_time_ids),
+    "fps": InputRule(fps),
+    "image_latents": InputRule(image_latents),
+    "image_embeds": InputRule(image_embeds, optional=True),
+    "visual_rope_pos": InputRule(rope_positions),
+    "text_rope_pos": InputRule(lambda s: torch.arange(s.t)),
+    "encoder_hidden_states_2": InputRule(second_text_states, optional=True),
+    "encoder_attention_mask_2": InputRule(second_text_mask, optional=True),
+    "image_embeddings": InputRule(image_embeddings, optional=True),
+    "text_encoder_layers": InputRule(text_encoder_layers, optional=True),
+}
+"""Forward argument name -> its rule; see Note [Inputs from the forward signature]."""
+
+
+def _layout(name: str, row_layout: str, params: Any, frames: int) -> str:
+    if row_layout:
+        return row_layout
+    if "img_ids" in params or "img_shapes" in params:
+        return "tokens"
+    return "video" if frames else "image"
+
+
+def _feeds_optional(rule: InputRule, s: Sizes) -> bool:
+    return rule.optional(s) if callable(rule.optional) else rule.optional
+
+
+def forward_inputs(model: Any, training: TrainingConfig) -> dict[str, Any]:
+    """``model(**batch)``'s keyword arguments from :data:`INPUT_RULES` (call inside the fake
+    mode).
+
+    Raises:
+        UnsupportedError: a required argument without a rule, or one its rule cannot size.
+    """
+    cfg = dict(model.config)
+    name, fam = diffusers_family(cfg)
+    g = image_batch(cfg, training)
+    params = {
+        k: p
+        for k, p in inspect.signature(type(model).forward).parameters.items()
+        if k != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    }
+    layout = _layout(name, fam.layout, params, g.frames)
+    assert layout in LAYOUTS, layout
+    s = Sizes(
+        model=model,
+        cfg=cfg,
+        name=name,
+        b=training.micro_batch_size,
+        t=g.text_seq_len,
+        f=g.latent_frames,
+        h=g.latent_height,
+        w=g.latent_width,
+        height=g.height,
+        width=g.width,
+        layout=layout,
+        unet="sample" in params,
+        dtype=next(model.parameters()).dtype,
+    )
+    batch: dict[str, Any] = {}
+    for arg, p in params.items():
+        required = p.default is inspect.Parameter.empty
+        rule = INPUT_RULES.get(arg)
+        if rule is None or not (required or _feeds_optional(rule, s)):
+            if required:
+                raise UnsupportedError(
+                    f"{name}.forward needs {arg!r}, which trainmem has no input rule for "
+                    "(trainmem.trace.diffusers_inputs.INPUT_RULES)"
+                )
+            continue
+        value = rule.make(s)
+        if value is ABSENT:
+            if required:
+                sized = " ".join((rule.make.__doc__ or "").split())[:160]
+                raise UnsupportedError(
+                    f"{name}.forward needs {arg!r}, but its rule finds no config field to "
+                    f"size it (the rule: {sized})"
+                )
+            continue
+        batch[arg] = value
+    batch["return_dict"] = False
+    return batch
