@@ -30,8 +30,13 @@ from trainmem.specs.hardware import resolve_gpu as resolve_gpu  # re-exported fo
 from trainmem.specs.hf import load_model_spec
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.ranks import model_rank_map
-from trainmem.specs.training import TrainingConfig, check_training_for_model
-from trainmem.traced_transforms import apply_deepspeed, deepspeed_refusals
+from trainmem.specs.training import TrainingConfig, check_training_for_model, resolved_config
+from trainmem.traced_transforms import (
+    apply_deepspeed,
+    apply_optimizer,
+    deepspeed_refusals,
+    optimizer_standin,
+)
 from trainmem.uncertainty import verdict_of
 from trainmem.units import TiB
 
@@ -164,7 +169,9 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
     ``trainmem.trace.parallel``), pipeline parallelism (``torch.distributed.pipelining``,
     ``trainmem.trace.pipeline``; its own refusals there), DeepSpeed ZeRO-1/2 (the plain loop
     traced, then re-sized and spliced by :func:`trainmem.traced_transforms.apply_deepspeed`;
-    :func:`traced_deepspeed`), the loop settings ``keep_logits`` and
+    :func:`traced_deepspeed`), the optimizers whose kernels do not run on fake tensors (a
+    stand-in traced, :func:`trainmem.traced_transforms.apply_optimizer`; not paged ones), the
+    loop settings ``keep_logits`` and
     ``zero_grad_before_backward``, the course's AdamW (``optimizer_implementation="cs336"``)
     and, for the CS336 course model, ``loss`` (``trainmem.trace.course_model``). Other
     data-parallel layouts, offload, quantized bases, the other frameworks, optimizer-in-backward
@@ -669,22 +676,25 @@ def _estimate_traced(
             "transforms, which read the model's shape from the formulas' ModelSpec, and this "
             "model has none yet; use a framework the trace runs (pytorch-amp, fsdp2)"
         )
+    # an optimizer the trace cannot run: a stand-in traced, its states replaced (traced_transforms)
+    standin = optimizer_standin(training) if isinstance(target, ModelSpec) else None
+    run = training if standin is None or diffusers else standin
     if engine == "generic" or (isinstance(target, str) and _is_timm(target)):
         from trainmem.trace.generic import estimate_generic
 
         name = target if isinstance(target, str) else target.name
-        est = estimate_generic(name, training, gpu=gpu_spec)
+        est = estimate_generic(name, run, gpu=gpu_spec)
     elif diffusers:
         from trainmem.trace.diffusers_model import estimate_diffusers_trace
 
         assert isinstance(model, str)
-        est = estimate_diffusers_trace(model, training, gpu=gpu_spec)
-    elif isinstance(target, ModelSpec) and _composes_layers(target, training):
+        est = estimate_diffusers_trace(model, run, gpu=gpu_spec)
+    elif isinstance(target, ModelSpec) and _composes_layers(target, run):
         from trainmem.trace.generic import estimate_generic
 
         est = estimate_generic(
             model if isinstance(model, str) else target.name,
-            training,
+            run,
             gpu=gpu_spec,
             layout=model_rank_map(target, training),
         )
@@ -704,27 +714,15 @@ def _estimate_traced(
     elif training.pipeline_parallel_size > 1:
         from trainmem.trace.pipeline import estimate_pipeline_trace
 
-        est = estimate_pipeline_trace(target, training, gpu=gpu_spec)
+        est = estimate_pipeline_trace(target, run, gpu=gpu_spec)
     else:
         from trainmem.trace.engine import estimate_trace
 
-        est = estimate_trace(target, training, gpu=gpu_spec)
+        est = estimate_trace(target, run, gpu=gpu_spec)
     if not est.schedules:  # the whole trace: its recorded stream as a flat schedule
         est.schedules = [StepSchedule.from_timeline(est.timeline).with_lazy_optimizer_states()]
-    if deepspeed:
-        assert isinstance(target, ModelSpec)
-        est.schedules = [apply_deepspeed(s, target, training) for s in est.schedules]
-        est.peak_reason = ""  # the plain loop's; finish() names the DeepSpeed step's peak
-        for key in ("peak_allocated_bytes", "peak_op", "peak_module", "peak_by_category_bytes",
-                    "peak_contributors"):  # fmt: skip
-            est.details.pop(key, None)
-        est.notes.append(
-            f"DeepSpeed ZeRO-{training.zero_stage}: the plain loop was traced and DeepSpeed's "
-            "mechanisms applied to the traced step as the analytic engine's transforms "
-            "(gradient and optimizer-state partitions over "
-            f"{training.sharding_degree} ranks, fp32 master copy, gradient buckets, the step's "
-            "gradient copies; trainmem/traced_transforms.py)"
-        )
+    if isinstance(target, ModelSpec) and (deepspeed or run is not training):
+        _apply_traced_transforms(est, target, training, deepspeed=deepspeed)
     # what no fake tensor shows, as the analytic engine counts it: the user's CUDA context (or
     # the default) and the NCCL communicators beside the allocator
     ctx, outside, notes = device_context(training, cuda_context_bytes, gpu=gpu_spec)
@@ -732,3 +730,34 @@ def _estimate_traced(
     est.details["outside_allocator_bytes"] = outside
     est.notes.extend(notes)
     return finish(est, gpu=gpu_spec, alloc_conf=alloc_conf, simulate_allocator=simulate_allocator)
+
+
+def _apply_traced_transforms(
+    est: MemoryEstimate, target: ModelSpec, training: TrainingConfig, *, deepspeed: bool
+) -> None:
+    """The traced plain-loop step as ``training`` asks: DeepSpeed ZeRO-1/2 or an optimizer the
+    trace ran a stand-in for, applied as the analytic engine's transforms
+    (:mod:`trainmem.traced_transforms`); the trace's own peak details (of the plain loop) are
+    dropped, :func:`finish` names the new peak."""
+    if deepspeed:
+        est.schedules = [apply_deepspeed(s, target, training) for s in est.schedules]
+        est.notes.append(
+            f"DeepSpeed ZeRO-{training.zero_stage}: the plain loop was traced and DeepSpeed's "
+            "mechanisms applied to the traced step as the analytic engine's transforms "
+            "(gradient and optimizer-state partitions over "
+            f"{training.sharding_degree} ranks, fp32 master copy, gradient buckets, the step's "
+            "gradient copies; trainmem/traced_transforms.py)"
+        )
+    else:
+        est.schedules = [apply_optimizer(s, target, training) for s in est.schedules]
+        est.notes.append(
+            f"{training.optimizer}: its kernels do not run on fake tensors, so the step was "
+            "traced with torch's fused AdamW and its states and step temporaries replaced by "
+            f"{training.optimizer}'s, as the analytic engine's optimizer transform sizes them "
+            "(trainmem/traced_transforms.py)"
+        )
+    est.config = resolved_config(training)
+    est.peak_reason = ""
+    for key in ("peak_allocated_bytes", "peak_op", "peak_module", "peak_by_category_bytes",
+                "peak_contributors"):  # fmt: skip
+        est.details.pop(key, None)

@@ -57,12 +57,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from trainmem.analytic.model_states import optimizer_state_bytes
 from trainmem.analytic.tensor_states import state_layout
 from trainmem.analytic.transforms.base import PipelineRank, RankContext, Where, splice
 from trainmem.analytic.transforms.deepspeed import DeepSpeedZero
+from trainmem.analytic.transforms.optimizer import Optimizer
 from trainmem.analytic.transforms.points import Point
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.errors import ScheduleError
@@ -73,7 +74,13 @@ from trainmem.specs.training import TrainingConfig
 from trainmem.timeline import Phase
 from trainmem.units import dtype_bytes
 
-__all__ = ["apply_deepspeed", "deepspeed_refusals", "layer_of"]
+__all__ = [
+    "apply_deepspeed",
+    "apply_optimizer",
+    "deepspeed_refusals",
+    "layer_of",
+    "optimizer_standin",
+]
 
 _LAYER = re.compile(r"^(.*?\.(?:\d+|\{i\}))(?:\.|$)")
 
@@ -155,6 +162,70 @@ def apply_deepspeed(
     if _balanced(steady):
         return candidate
     return StepSchedule(setup=tuple(states), step=tuple(steady), name=schedule.name)
+
+
+def optimizer_standin(training: TrainingConfig) -> TrainingConfig | None:
+    """The settings the trace runs in place of an optimizer it cannot run on fake tensors
+    (bitsandbytes' and torchao's kernels, ``OptimizerRow.untraceable``): torch's fused AdamW,
+    which allocates nothing at the step (its states are then replaced, Note [Traced optimizer
+    states]); None when the optimizer runs as it is, or is paged (its states outside the
+    caching allocator) or not a torch optimizer's replacement (DeepSpeed's wrappers)."""
+    row = OPTIMIZER_TABLE[training.optimizer]
+    if not row.untraceable or row.paged or training.conventions.deepspeed_optimizer_wrappers:
+        return None
+    return replace(training, optimizer="adamw", optimizer_implementation="fused")
+
+
+def apply_optimizer(
+    schedule: StepSchedule, model: ModelSpec, training: TrainingConfig
+) -> StepSchedule:
+    """The step traced with :func:`optimizer_standin`'s optimizer as ``training``'s optimizer
+    has it (Note [Traced optimizer states]).
+
+    Note [Traced optimizer states]
+        The stand-in's states (and the step counters beside them) are dropped and the
+        analytic :class:`~trainmem.analytic.transforms.optimizer.Optimizer` transform's are
+        spliced in: every state as the optimizer table sizes it
+        (:mod:`trainmem.specs.optimizers`: 8-bit codes and one fp32 scale per block for the
+        quantized tensors, 32-bit states for the small ones), allocated by the warm-up step's
+        ``optimizer.begin`` as torch-style optimizers do (lazily at the first step), and the
+        step's temporaries at ``optimizer.step`` (the row's per implementation). The fused
+        stand-in allocates nothing of its own at the step, so nothing else moves.
+
+    Args:
+        schedule: the traced step (stand-in optimizer).
+        model: the model's shape (the transform's states come from the analytic layout).
+        training: the run as asked (its optimizer).
+
+    Returns:
+        The schedule with the optimizer's states and temporaries.
+
+    Raises:
+        ScheduleError: a step without a backward and an optimizer step.
+    """
+    init, body = _split(schedule)
+    init, _ = _take(init, _is_state, "init")
+    segments, tail = _micro_batches(body)
+    tail, _ = _take(tail, _is_state, "optimizer")
+    rank = PipelineRank(0, model.num_layers, 1, True, True)
+    transform = Optimizer(RankContext.build(model, training, rank, state_layout(model, training)))
+    head = [item for seg in segments for item in seg]
+
+    def step(first: bool) -> list[Item]:
+        return head + splice(tail, _tail_points(tail), [transform], Where(first_step=first))
+
+    steady = step(first=False)
+    if _balanced(steady):
+        return StepSchedule(
+            setup=(*init, *step(first=True)), step=tuple(steady), name=schedule.name
+        )
+    states = transform.optimizer_begin(Where(first_step=True))
+    setup = (*init, *(x for x in states if isinstance(x, Op | Repeat)))
+    return StepSchedule(setup=setup, step=tuple(steady), name=schedule.name)
+
+
+def _is_state(op: Op) -> bool:
+    return op.category is Cat.OPTIMIZER_STATE
 
 
 # -- the recorded step's parts ---------------------------------------------------------------
