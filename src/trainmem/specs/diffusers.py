@@ -95,6 +95,8 @@ LAYOUTS: dict[str, str] = {
     "video-hwc": "[b, f, h, w, c]",
     "sequence": "[b, c, sample_size]: a 1-D signal",
     "sequence-tokens": "[b, length, c]: 1-D audio latents, length = --resolution",
+    "vector": "[b, c]: one embedding (a prior's CLIP image embedding)",
+    "per-sample": "a list of b tensors [c, 1, h, w]",
 }
 """The latent layouts of ``hidden_states`` / ``sample`` (b micro-batch, c ``in_channels``, f
 latent frames, h, w latent height / width), from the forward docstrings of the classes."""
@@ -123,6 +125,11 @@ DIFFUSERS_FAMILIES: dict[str, DiffusersFamily] = {
     "Kandinsky5Transformer3DModel": DiffusersFamily(
         8, 16, 256, (512, 768), temporal_factor=4, frames=121, layout="video-hwc"
     ),
+    "Kandinsky6Transformer3DModel": DiffusersFamily(
+        8, 16, 256, (512, 768), temporal_factor=4, frames=121, layout="video-hwc"
+    ),
+    "ZImageTransformer2DModel": DiffusersFamily(8, 16, 512, (1024, 1024), layout="per-sample"),
+    "PriorTransformer": DiffusersFamily(1, 1, 77, (1, 1), layout="vector"),
     "UNet3DConditionModel": _PER_FRAME_UNET,
     "UNetMotionModel": _PER_FRAME_UNET,
     "I2VGenXLUNet": _PER_FRAME_UNET,
@@ -178,7 +185,7 @@ def diffusers_family(config: Mapping[str, Any]) -> tuple[str, DiffusersFamily]:
         return name, row
     if name == "UNet1DModel":
         return name, DiffusersFamily(1, 1, 0, None, layout="sequence")
-    if "1D" in name or "Audio" in name:  # audio latents: one token per latent frame
+    if "UNet" not in name and ("1D" in name or "Audio" in name):  # audio latent tokens
         return name, DiffusersFamily(1, 1, 77, None, layout="sequence-tokens")
     vae = 1 if is_pixel_space(name, config) else 8
     multiple = vae * max(_spatial_patch(config), 2) * _unet_downsampling(config)

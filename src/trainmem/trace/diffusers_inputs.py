@@ -95,7 +95,14 @@ class Sizes:
         return (self.h // 2) * (self.w // 2)
 
 
-IN_CHANNEL_KEYS = ("in_channels", "in_dim", "in_visual_dim", "num_channels", "latent_dim")
+IN_CHANNEL_KEYS = (
+    "in_channels",
+    "in_dim",
+    "in_visual_dim",
+    "num_channels",
+    "latent_dim",
+    "embedding_dim",
+)
 TEXT_WIDTH_KEYS = (
     "encoder_hid_dim",
     "caption_channels",
@@ -112,6 +119,8 @@ TEXT_WIDTH_KEYS = (
     "dit_text_dim",
     "text_states_dim",
     "cross_attention_dim",
+    "clip_embed_dim",
+    "embedding_dim",
 )
 """Config fields giving the text-encoder width of ``encoder_hidden_states``, first match wins:
 a projection's input (``encoder_hid_dim`` of IF's UNet, ``caption_channels`` of PixArt / Sana)
@@ -120,13 +129,16 @@ POOLED_KEYS = ("pooled_projection_dim", "pooled_embed_dim", "in_text_dim2")
 
 
 def _in_channels(s: Sizes) -> int:
+    """The latent's channels: the first of :data:`IN_CHANNEL_KEYS`; with Kandinsky's
+    ``visual_cond`` the noisy latent, the condition video's and a mask channel (``2 c + 1``,
+    ``transformer_kandinsky6.py``)."""
     c = s.field(*IN_CHANNEL_KEYS)
     if c is None:
         raise UnsupportedError(
             f"{s.name}: no input channel count in the config (looked for "
             f"{', '.join(IN_CHANNEL_KEYS)})"
         )
-    return c
+    return 2 * c + 1 if s.cfg.get("visual_cond") is True else c
 
 
 def latent(s: Sizes) -> Any:
@@ -141,7 +153,10 @@ def latent(s: Sizes) -> Any:
         "video-hwc": (s.b, s.f, s.h, s.w, c),
         "sequence": (s.b, c, s.h),
         "sequence-tokens": (s.b, s.h, c),
+        "vector": (s.b, c),
     }
+    if s.layout == "per-sample":
+        return per_sample(s)
     return s.randn(*shapes[s.layout])
 
 
@@ -318,6 +333,38 @@ MASKED_TEXT = frozenset({"Kandinsky3UNet"})
 reads ``encoder_attention_mask`` unconditionally)."""
 
 
+def per_sample(s: Sizes) -> Any:
+    """Z-Image's ``x``: one [in_channels, 1, h, w] latent per sample (a list,
+    ``pipeline_z_image.py``)."""
+    return [s.randn(_in_channels(s), 1, s.h, s.w) for _ in range(s.b)]
+
+
+def per_sample_text(s: Sizes) -> Any:
+    """Z-Image's ``cap_feats``: one [t, ``cap_feat_dim``] per sample (a list)."""
+    width = s.field("cap_feat_dim")
+    return ABSENT if width is None else [s.randn(s.t, width) for _ in range(s.b)]
+
+
+def clip_input(key: str, tokens: int | None) -> Callable[[Sizes], Any]:
+    """Stable Cascade's CLIP conditions ``clip_text_pooled`` [b, 1, ``clip_text_pooled_in_
+    channels``], ``clip_text`` [b, t, ``clip_text_in_channels``], ``clip_img`` [b, 1,
+    ``clip_image_in_channels``] (``pipeline_stable_cascade_prior.py``); None tokens: t."""
+
+    def make(s: Sizes) -> Any:
+        width = s.field(key)
+        return ABSENT if width is None else s.randn(s.b, tokens or s.t, width)
+
+    make.__doc__ = clip_input.__doc__
+    return make
+
+
+def prior_embedding(s: Sizes) -> Any:
+    """[b, ``embedding_proj_dim`` or ``embedding_dim``]: the CLIP text embedding a prior
+    (Kandinsky / unCLIP ``PriorTransformer``) conditions on (``pipeline_kandinsky_prior.py``)."""
+    width = s.field("embedding_proj_dim", "embedding_dim")
+    return ABSENT if width is None else s.randn(s.b, width)
+
+
 @dataclass(frozen=True)
 class InputRule:
     """How one forward argument is sized."""
@@ -338,7 +385,9 @@ INPUT_RULES: dict[str, InputRule] = {
     "t": InputRule(timestep),
     "timestep_ratio": InputRule(lambda s: torch.rand(s.b)),
     "encoder_hidden_states": InputRule(text_states, optional=True),
-    "cap_feats": InputRule(text_states),
+    "cap_feats": InputRule(
+        lambda s: per_sample_text(s) if s.layout == "per-sample" else text_states(s)
+    ),
     "pooled_projections": InputRule(pooled, optional=True),
     "img_ids": InputRule(img_ids, optional=True),
     "txt_ids": InputRule(txt_ids, optional=True),
@@ -368,6 +417,10 @@ INPUT_RULES: dict[str, InputRule] = {
     "encoder_attention_mask_2": InputRule(second_text_mask, optional=True),
     "image_embeddings": InputRule(image_embeddings, optional=True),
     "text_encoder_layers": InputRule(text_encoder_layers, optional=True),
+    "clip_text_pooled": InputRule(clip_input("clip_text_pooled_in_channels", 1)),
+    "clip_text": InputRule(clip_input("clip_text_in_channels", None), optional=True),
+    "clip_img": InputRule(clip_input("clip_image_in_channels", 1), optional=True),
+    "proj_embedding": InputRule(prior_embedding),
 }
 """Forward argument name -> its rule; see Note [Inputs from the forward signature]."""
 

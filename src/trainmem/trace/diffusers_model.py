@@ -288,6 +288,8 @@ def diffusers_loss(output: Any, batch: Mapping[str, Any], *, precondition: bool 
         pred = output
     else:
         pred = output[0] if isinstance(output, tuple | list) else output.sample
+    if isinstance(pred, list):  # Z-Image: one prediction per sample
+        pred = torch.stack(pred)
     target = torch.randn_like(pred)
     if "sample" in batch:
         return torch.nn.functional.mse_loss(pred.float(), target.float(), reduction="mean")
