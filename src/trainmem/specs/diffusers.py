@@ -128,8 +128,12 @@ DIFFUSERS_FAMILIES: dict[str, DiffusersFamily] = {
     "Kandinsky6Transformer3DModel": DiffusersFamily(
         8, 16, 256, (512, 768), temporal_factor=4, frames=121, layout="video-hwc"
     ),
+    "Kandinsky6SRTransformer3DModel": DiffusersFamily(
+        8, 16, 0, None, temporal_factor=4, frames=17, layout="video-hwc"
+    ),
     "ZImageTransformer2DModel": DiffusersFamily(8, 16, 512, (1024, 1024), layout="per-sample"),
     "PriorTransformer": DiffusersFamily(1, 1, 77, (1, 1), layout="vector"),
+    "MiniMaxMusic3Transformer1DModel": DiffusersFamily(1, 1, 0, None, layout="sequence"),
     "UNet3DConditionModel": _PER_FRAME_UNET,
     "UNetMotionModel": _PER_FRAME_UNET,
     "I2VGenXLUNet": _PER_FRAME_UNET,

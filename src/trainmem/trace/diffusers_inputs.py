@@ -96,6 +96,7 @@ class Sizes:
 
 
 IN_CHANNEL_KEYS = (
+    "audio_acoustic_hidden_dim",
     "in_channels",
     "in_dim",
     "in_visual_dim",
@@ -112,6 +113,7 @@ TEXT_WIDTH_KEYS = (
     "cap_feat_dim",
     "text_hidden_dim",
     "in_text_dim",
+    "text_in_dim",
     "context_dim",
     "context_in_dim",
     "condition_dim",
@@ -121,6 +123,8 @@ TEXT_WIDTH_KEYS = (
     "cross_attention_dim",
     "clip_embed_dim",
     "embedding_dim",
+    "encoder_hidden_size",
+    "hidden_size",
 )
 """Config fields giving the text-encoder width of ``encoder_hidden_states``, first match wins:
 a projection's input (``encoder_hid_dim`` of IF's UNet, ``caption_channels`` of PixArt / Sana)
@@ -128,17 +132,27 @@ before the attention width it projects to (``cross_attention_dim``)."""
 POOLED_KEYS = ("pooled_projection_dim", "pooled_embed_dim", "in_text_dim2")
 
 
+CONDITIONED_VIDEO = frozenset({"Kandinsky6SRTransformer3DModel"})
+"""Classes whose latent always carries the condition video and a mask (``2 c + 1`` channels,
+``transformer_kandinsky6_sr.py``)."""
+
+
 def _in_channels(s: Sizes) -> int:
-    """The latent's channels: the first of :data:`IN_CHANNEL_KEYS`; with Kandinsky's
+    """The latent's channels: the first of :data:`IN_CHANNEL_KEYS` (else the input
+    convolution's ``in_channels``); with Kandinsky's
     ``visual_cond`` the noisy latent, the condition video's and a mask channel (``2 c + 1``,
     ``transformer_kandinsky6.py``)."""
     c = s.field(*IN_CHANNEL_KEYS)
+    for conv in ("conv_in", "base_conv_in"):  # ControlNet-XS: a fixed 4-channel conv_in
+        if c is None and isinstance(getattr(s.model, conv, None), torch.nn.Conv2d):
+            c = getattr(s.model, conv).in_channels
     if c is None:
         raise UnsupportedError(
             f"{s.name}: no input channel count in the config (looked for "
             f"{', '.join(IN_CHANNEL_KEYS)})"
         )
-    return 2 * c + 1 if s.cfg.get("visual_cond") is True else c
+    conditioned = s.cfg.get("visual_cond") is True or s.name in CONDITIONED_VIDEO
+    return 2 * c + 1 if conditioned else c
 
 
 def latent(s: Sizes) -> Any:
@@ -170,13 +184,20 @@ def timestep(s: Sizes) -> Any:
     return torch.rand(s.b) * 1000
 
 
+ALIGNED_TEXT = frozenset({"MiniMaxMusic3Transformer1DModel"})
+"""Classes whose condition is aligned to the latent timeline, one vector per latent frame
+(``transformer_minimax_music3.py``: ``encoder_hidden_states`` (batch, length, condition_dim))."""
+
+
 def text_states(s: Sizes) -> Any:
     """[b, t, width]; width from :data:`TEXT_WIDTH_KEYS` (per-block lists of equal widths read
-    as one)."""
+    as one); [b, latent length, width] for :data:`ALIGNED_TEXT`."""
     width = s.field(*TEXT_WIDTH_KEYS)
     cross = s.cfg.get("cross_attention_dim")
     if width is None and isinstance(cross, list | tuple) and len(set(cross)) == 1:
         width = cross[0]
+    if width is not None and s.name in ALIGNED_TEXT:
+        return s.randn(s.b, s.h, width)
     if width is None:
         if isinstance(cross, list | tuple):
             raise UnsupportedError(
@@ -365,6 +386,22 @@ def prior_embedding(s: Sizes) -> Any:
     return ABSENT if width is None else s.randn(s.b, width)
 
 
+def control_image(s: Sizes) -> Any:
+    """[b, ``ctrl_conditioning_channels``, height, width]: ControlNet-XS's conditioning image in
+    pixels (``pipeline_controlnet_xs.py``)."""
+    c = s.field("ctrl_conditioning_channels")
+    return ABSENT if c is None else s.randn(s.b, c, s.height, s.width)
+
+
+def context_latents(s: Sizes) -> Any:
+    """[b, length, ``in_channels - audio_acoustic_hidden_dim``]: ACE-Step's source latents and
+    chunk masks, concatenated to the noisy latent's channels (``ace_step_transformer.py``)."""
+    total, noisy = s.field("in_channels"), s.field("audio_acoustic_hidden_dim")
+    if total is None or noisy is None or total <= noisy:
+        return ABSENT
+    return s.randn(s.b, s.h, total - noisy)
+
+
 @dataclass(frozen=True)
 class InputRule:
     """How one forward argument is sized."""
@@ -421,6 +458,10 @@ INPUT_RULES: dict[str, InputRule] = {
     "clip_text": InputRule(clip_input("clip_text_in_channels", None), optional=True),
     "clip_img": InputRule(clip_input("clip_image_in_channels", 1), optional=True),
     "proj_embedding": InputRule(prior_embedding),
+    "controlnet_cond": InputRule(control_image, optional=True),
+    "context_latents": InputRule(context_latents),
+    "text_bth": InputRule(text_states),
+    "text_lens": InputRule(lambda s: torch.full((s.b,), s.t)),
 }
 """Forward argument name -> its rule; see Note [Inputs from the forward signature]."""
 
