@@ -95,6 +95,7 @@ LAYOUTS: dict[str, str] = {
     "video-hwc": "[b, f, h, w, c]",
     "sequence": "[b, c, sample_size]: a 1-D signal",
     "sequence-tokens": "[b, length, c]: 1-D audio latents, length = --resolution",
+    "joint-tokens": "[b, t + (h / 2)(w / 2), c]: text and packed image tokens in one sequence",
     "vector": "[b, c]: one embedding (a prior's CLIP image embedding)",
     "per-sample": "a list of b tensors [c, 1, h, w]",
 }
@@ -131,9 +132,14 @@ DIFFUSERS_FAMILIES: dict[str, DiffusersFamily] = {
     "Kandinsky6SRTransformer3DModel": DiffusersFamily(
         8, 16, 0, None, temporal_factor=4, frames=17, layout="video-hwc"
     ),
+    "Krea2Transformer2DModel": DiffusersFamily(8, 16, 77, None, layout="tokens"),
+    "Ideogram4Transformer2DModel": DiffusersFamily(8, 16, 77, None, layout="joint-tokens"),
     "ZImageTransformer2DModel": DiffusersFamily(8, 16, 512, (1024, 1024), layout="per-sample"),
     "PriorTransformer": DiffusersFamily(1, 1, 77, (1, 1), layout="vector"),
     "MiniMaxMusic3Transformer1DModel": DiffusersFamily(1, 1, 0, None, layout="sequence"),
+    "AnyFlowTransformer3DModel": DiffusersFamily(
+        8, 16, 512, (480, 832), temporal_factor=4, frames=81, layout="video-fc"
+    ),
     "UNet3DConditionModel": _PER_FRAME_UNET,
     "UNetMotionModel": _PER_FRAME_UNET,
     "I2VGenXLUNet": _PER_FRAME_UNET,

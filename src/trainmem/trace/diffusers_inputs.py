@@ -163,6 +163,7 @@ def latent(s: Sizes) -> Any:
         "video": (s.b, c, s.f, s.h, s.w),
         "video-fc": (s.b, s.f, c, s.h, s.w),
         "tokens": (s.b, s.tokens, c),
+        "joint-tokens": (s.b, s.t + s.tokens, c),
         "video-tokens": (s.b, s.f * s.h * s.w, c),
         "video-hwc": (s.b, s.f, s.h, s.w, c),
         "sequence": (s.b, c, s.h),
@@ -174,9 +175,17 @@ def latent(s: Sizes) -> Any:
     return s.randn(*shapes[s.layout])
 
 
+PER_FRAME_TIMESTEP = frozenset({"AnyFlowTransformer3DModel"})
+"""Classes that take one noise level per latent frame ([b, f]: AnyFlow's flow map,
+``transformer_anyflow.py`` ``forward_timestep``)."""
+
+
 def timestep(s: Sizes) -> Any:
     """[b]: int64 for UNets, fp32 sigmas for packed (FLUX-style) models, fp32 in [0, 1000)
-    otherwise (Note [Inputs from the forward signature])."""
+    otherwise (Note [Inputs from the forward signature]); [b, f] for
+    :data:`PER_FRAME_TIMESTEP`."""
+    if s.name in PER_FRAME_TIMESTEP:
+        return torch.rand(s.b, max(s.f, 1)) * 1000
     if s.unet:
         return torch.randint(0, 1000, (s.b,))
     if s.layout == "tokens":
@@ -189,15 +198,26 @@ ALIGNED_TEXT = frozenset({"MiniMaxMusic3Transformer1DModel"})
 (``transformer_minimax_music3.py``: ``encoder_hidden_states`` (batch, length, condition_dim))."""
 
 
+LAYERED_TEXT = frozenset({"Krea2Transformer2DModel"})
+"""Classes fed a stack of text-encoder layers per token ([b, t, ``num_text_layers``,
+``text_hidden_dim``], ``transformer_krea2.py``)."""
+
+
 def text_states(s: Sizes) -> Any:
     """[b, t, width]; width from :data:`TEXT_WIDTH_KEYS` (per-block lists of equal widths read
-    as one); [b, latent length, width] for :data:`ALIGNED_TEXT`."""
+    as one); [b, latent length, width] for :data:`ALIGNED_TEXT`; [b, t, layers, width] for
+    :data:`LAYERED_TEXT`."""
     width = s.field(*TEXT_WIDTH_KEYS)
     cross = s.cfg.get("cross_attention_dim")
     if width is None and isinstance(cross, list | tuple) and len(set(cross)) == 1:
         width = cross[0]
     if width is not None and s.name in ALIGNED_TEXT:
         return s.randn(s.b, s.h, width)
+    if width is not None and s.layout == "joint-tokens":
+        return s.randn(s.b, s.t + s.tokens, width)
+    layers = s.field("num_text_layers")
+    if layers is not None and s.name in LAYERED_TEXT:
+        return s.randn(s.b, s.t, layers, s.field("text_hidden_dim") or 0)
     if width is None:
         if isinstance(cross, list | tuple):
             raise UnsupportedError(
@@ -402,6 +422,25 @@ def context_latents(s: Sizes) -> Any:
     return s.randn(s.b, s.h, total - noisy)
 
 
+def joint_positions(s: Sizes) -> Any:
+    """[t + (h/2)(w/2), 3] zeros: one (axis) position per text and packed image token
+    (``transformer_krea2.py``) for the packed ``tokens`` layout; [b, t + (h/2)(w/2), 3] for
+    the ``joint-tokens`` one (``transformer_ideogram4.py``)."""
+    if s.layout == "joint-tokens":
+        return torch.zeros(s.b, s.t + s.tokens, 3, dtype=torch.int64)
+    if s.layout != "tokens":
+        return ABSENT
+    return torch.zeros(s.t + s.tokens, 3, dtype=torch.int64)
+
+
+def joint_ids(s: Sizes) -> Any:
+    """[b, t + (h/2)(w/2)] int64 zeros: Ideogram 4's per-token sample id and role of a packed
+    text-and-image sequence (``segment_ids``, ``indicator``: ``transformer_ideogram4.py``)."""
+    if s.layout != "joint-tokens":
+        return ABSENT
+    return torch.zeros(s.b, s.t + s.tokens, dtype=torch.int64)
+
+
 @dataclass(frozen=True)
 class InputRule:
     """How one forward argument is sized."""
@@ -461,6 +500,9 @@ INPUT_RULES: dict[str, InputRule] = {
     "controlnet_cond": InputRule(control_image, optional=True),
     "context_latents": InputRule(context_latents),
     "text_bth": InputRule(text_states),
+    "position_ids": InputRule(joint_positions),
+    "segment_ids": InputRule(joint_ids),
+    "indicator": InputRule(joint_ids),
     "text_lens": InputRule(lambda s: torch.full((s.b,), s.t)),
 }
 """Forward argument name -> its rule; see Note [Inputs from the forward signature]."""
