@@ -1345,7 +1345,8 @@ _REMOTE_CODE_ROWS: tuple[Family, ...] = (
     ),
 )
 """Families whose modeling code is on the Hub, not in transformers (``trust_remote_code``):
-the traced paths cannot build them (transformers knows no such ``model_type``)."""
+transformers knows no such ``model_type``, so the traced paths build the transformers class with
+the same tensors instead (trainmem.trace.remote_code, Note [Remote-code stand-ins])."""
 
 REMOTE_CODE_TYPES = frozenset(row.model_type for row in _REMOTE_CODE_ROWS)
 """The ``model_type`` of :data:`_REMOTE_CODE_ROWS`: no transformers configuration class."""

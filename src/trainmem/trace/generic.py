@@ -283,6 +283,7 @@ def estimate_generic(
     """
     from trainmem.specs.diffusers import is_diffusers_config
     from trainmem.specs.hf import load_hf_config
+    from trainmem.trace.remote_code import REMOTE_CODE_TYPES, stand_in_config
 
     raw = load_hf_config(name)
     try:
@@ -293,6 +294,13 @@ def estimate_generic(
             from trainmem.trace.diffusers_model import describe_diffusers_batch
 
             describe_diffusers_batch(est, raw, training)
+        if raw.get("model_type") in REMOTE_CODE_TYPES:
+            stand_in = stand_in_config(raw)["architectures"][0]
+            est.notes.append(
+                f"remote-code model_type {raw.get('model_type')!r} traced as transformers' "
+                f"{stand_in}, the class with the same tensors (Note [Remote-code stand-ins], "
+                "trainmem/trace/remote_code.py); no remote code ran"
+            )
         if "vision_config" in raw and "text_config" in raw:
             est.notes.append(
                 "vision-language model: the batch is text only (input_ids), no image tokens; "

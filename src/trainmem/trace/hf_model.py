@@ -17,6 +17,7 @@ from typing import Any
 from trainmem.errors import UnsupportedError
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch, require_transformers
+from trainmem.trace.remote_code import REMOTE_CODE_TYPES, stand_in_config
 
 torch = require_torch()
 
@@ -136,6 +137,8 @@ def build_hf_model(
     """
     transformers = require_transformers()
     raw = dict(raw_config)
+    if raw.get("model_type") in REMOTE_CODE_TYPES:  # Note [Remote-code stand-ins]
+        raw = {**stand_in_config(raw), **{k: v for k, v in raw.items() if "dropout" in k}}
     if not dropout:
         for k, v in list(raw.items()):
             if isinstance(v, float) and any(p in k for p in _DROPOUT_KEY_PARTS):
@@ -205,6 +208,12 @@ def build_hf_training_model(
     """
     from trainmem.trace.lora import apply_lora
 
+    if raw_config.get("model_type") in REMOTE_CODE_TYPES and training.is_lora:
+        raise UnsupportedError(
+            f"LoRA on model_type={raw_config.get('model_type')!r}: its stand-in's q / k / v (and "
+            "gate / up) are separate linears where the remote code fuses them, so adapters would "
+            "read other tensors (Note [Remote-code stand-ins]); use --engine analytic"
+        )
     dtype = None if training.weight_dtype == "float32" else getattr(torch, training.weight_dtype)
     model = build_hf_model(
         raw_config,
