@@ -176,7 +176,9 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
     and, for the CS336 course model, ``loss`` (``trainmem.trace.course_model``). Other
     data-parallel layouts, offload, quantized bases, the other frameworks, optimizer-in-backward
     and activation offloading are refused, and on the ``generic`` path (``engine``) also the
-    loop settings and ``loss``.
+    loop settings and ``loss``. The HF Trainer on one GPU runs as its plain loop with its default
+    optimizer (:func:`_traced_hf_trainer`); DeepSpeed ZeRO-1/2 as the analytic engine's
+    transforms (``trainmem.traced_transforms``).
     """
     defaults = TrainingConfig()
     checked = (
@@ -212,9 +214,13 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
             out.append(f"shard_group_size={group} not dividing data_parallel_size")
         if training.context_parallel_size > 1:
             out.append(f"shard_group_size={group} with context parallelism")
-    if not deepspeed and (
-        training.framework not in ("pytorch-amp", "fsdp2")
-        or (training.framework == "fsdp2" and not fsdp)
+    if (
+        not deepspeed
+        and not _traced_hf_trainer(training)
+        and (
+            training.framework not in ("pytorch-amp", "fsdp2")
+            or (training.framework == "fsdp2" and not fsdp)
+        )
     ):
         out.append(f"framework={training.framework}")
     if training.transformers_version is not None:
@@ -231,6 +237,21 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
             if getattr(training, name) != getattr(defaults, name)
         ]
     return out
+
+
+def _traced_hf_trainer(training: TrainingConfig) -> bool:
+    """The HF Trainer on one GPU, which the traced paths run as it runs: a plain loop with its
+    conventions' optimizer (``TrainingConfig.step_implementation``: ``adamw_torch_fused``
+    from torch 2.8, transformers training_args.py). Not with parallelism (its FSDP / DeepSpeed
+    are the accelerate and DeepSpeed rows) or Adafactor (transformers' own Adafactor, which the
+    trace's torch.optim does not run)."""
+    single = (
+        training.data_parallel_size
+        * training.tensor_parallel_size
+        * training.context_parallel_size
+        * training.pipeline_parallel_size
+    ) == 1
+    return training.framework == "hf-trainer" and single and training.optimizer != "adafactor"
 
 
 def finish(
