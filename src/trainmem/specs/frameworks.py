@@ -421,6 +421,11 @@ class FrameworkConventions:
     unsharded gradient in `no_sync()`") until the last micro-batch reduce-scatters it layer by
     layer. FULL_SHARD still frees the gathered parameters in backward
     (``_should_free_in_backward``)."""
+    ddp_reducer_buckets: bool
+    """At ZeRO stage 0 with data parallelism the model is wrapped in torch's
+    ``DistributedDataParallel``, whose reducer keeps a flat copy of every trainable gradient
+    for the run (torch/csrc/distributed/c10d/reducer.cpp ``initialize_buckets``; Note [DDP
+    gradient buckets] in trainmem/analytic/transforms/ddp.py)."""
     quantized_base_saves_input: bool
     """A quantized base linear may save its 16-bit input (bitsandbytes ``MatMul4Bit`` before
     0.43.2, ``MatMul8bitLt`` always); False: the quantized linear saves only its weight
@@ -467,6 +472,7 @@ class FrameworkConventions:
 
 def _row(name: str, **fields: object) -> FrameworkConventions:
     defaults: dict[str, object] = {
+        "ddp_reducer_buckets": False,
         "autocast": False,
         "master_weights": False,
         "fp32_grad_buffer": False,
@@ -507,6 +513,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
     for row in (
         _row(
             "pytorch-amp",
+            ddp_reducer_buckets=True,
             autocast=True,
             peft_kbit_training=True,
             optimizer_offload_torchao=True,
@@ -518,6 +525,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
         ),
         _row(
             "hf-trainer",
+            ddp_reducer_buckets=True,
             autocast=True,
             peft_kbit_training=True,
             adafactor_from_transformers=True,
@@ -525,6 +533,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
         ),
         _row(
             "accelerate-fsdp",
+            ddp_reducer_buckets=True,
             fsdp_param_dtype_follows_precision=True,
             fsdp_reduce_in_compute_dtype=True,
             adafactor_from_transformers=True,
@@ -551,6 +560,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
         ),
         _row(
             "fsdp2",
+            ddp_reducer_buckets=True,
             fsdp_param_dtype_follows_precision=True,
             dtensor_sequence_parallel=True,
             dtensor_vocab_parallel_embedding=True,
@@ -570,6 +580,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
         ),
         _row(
             "litgpt",
+            ddp_reducer_buckets=True,
             autocast=True,
             adapter_dtype_follows_weights=True,
             own_model_code=True,

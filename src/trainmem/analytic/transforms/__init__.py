@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from trainmem.analytic.transforms.base import RankContext, Transform
 from trainmem.analytic.transforms.checkpointing import ActivationOffloading
+from trainmem.analytic.transforms.ddp import DdpReducer
 from trainmem.analytic.transforms.deepspeed import DeepSpeedZero
 from trainmem.analytic.transforms.fsdp import FullyShardedDataParallel
 from trainmem.analytic.transforms.fsdp2 import Fsdp2PostBackward
@@ -30,6 +31,7 @@ ORDER: tuple[type[Transform], ...] = (
     QuantizedBase,
     Pipeline,
     TrainingLoop,
+    DdpReducer,
 )
 """Every transform, in emission order at a point they share (the order that reproduces the
 recorded schedules, tests/golden)."""
