@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from trainmem.breakdown import MemoryBreakdown, MemoryCategory, MemoryEstimate
-from trainmem.errors import SpecError, TraceError, UnsupportedError
+from trainmem.errors import SpecError, TraceError, TrainmemError, UnsupportedError
 from trainmem.specs.hardware import (
     DEFAULT_CUBLAS_WORKSPACE_BYTES,
     DEFAULT_CUDA_CONTEXT_BYTES,
@@ -177,6 +177,21 @@ def apply_activation_checkpointing(model: Any, mode: str) -> None:
             "activation checkpointing needs an nn.ModuleList of layers (or a HF model); "
             "apply torch.utils.checkpoint inside build_model instead"
         )
+
+
+_MODEL_CODE_ERRORS = (
+    RuntimeError,
+    TypeError,
+    NotImplementedError,
+    ValueError,
+    IndexError,
+    KeyError,
+    AttributeError,
+    NameError,
+    AssertionError,
+)
+"""What a model's forward / backward raises when it cannot run the traced step (wrapped in
+:class:`~trainmem.errors.TraceError`, one line naming the cause)."""
 
 
 def run_trace(
@@ -330,9 +345,11 @@ def _run_trace(
             zero_grad_before_backward=training.zero_grad_before_backward,
             runtime_state=runtime_state if held or isinstance(opt, EMAStep) else None,
         )
-    except (RuntimeError, TypeError, NotImplementedError) as exc:
-        if isinstance(exc, UnsupportedError):
+    except _MODEL_CODE_ERRORS as exc:
+        if isinstance(exc, TrainmemError):  # trainmem's own refusals keep their message
             raise
+        # the model's own code failing on the batch or settings (a diffusers forward that
+        # unpacks another layout, a value check): one line, never a traceback
         raise TraceError(f"the traced step failed: {type(exc).__name__}: {exc}") from exc
     return capture, peak_report(capture, emulate_cuda, workspace_bytes)
 
