@@ -24,6 +24,7 @@ RANK = {
     "allocator": 2,
     "estimate": 3,
     "traced_transforms": 3,
+    "traced_options": 3,
     "uncertainty": 3,
     "planner": 4,
     "report": 5,

@@ -31,6 +31,7 @@ from trainmem.specs.hf import load_model_spec
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.ranks import model_rank_map
 from trainmem.specs.training import TrainingConfig, check_training_for_model, resolved_config
+from trainmem.traced_options import active_options, traced_settings
 from trainmem.traced_transforms import (
     apply_deepspeed,
     apply_optimizer,
@@ -180,6 +181,7 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
     optimizer (:func:`_traced_hf_trainer`); DeepSpeed ZeRO-1/2 as the analytic engine's
     transforms (``trainmem.traced_transforms``).
     """
+    training = traced_settings(training)  # the options applied to a traced step as rules
     defaults = TrainingConfig()
     checked = (
         "offload",
@@ -697,6 +699,8 @@ def _estimate_traced(
     # an optimizer the trace cannot run: a stand-in traced, its states replaced (traced_transforms)
     standin = optimizer_standin(training) if isinstance(target, ModelSpec) else None
     run = training if standin is None or diffusers else standin
+    options = active_options(run)  # the options applied as rules (trainmem.traced_options)
+    run = traced_settings(run)
     if engine == "generic" or (isinstance(target, str) and _is_timm(target)):
         from trainmem.trace.generic import estimate_generic
 
@@ -739,8 +743,14 @@ def _estimate_traced(
         est = estimate_trace(target, run, gpu=gpu_spec)
     if not est.schedules:  # the whole trace: its recorded stream as a flat schedule
         est.schedules = [StepSchedule.from_timeline(est.timeline).with_lazy_optimizer_states()]
-    if isinstance(target, ModelSpec) and (deepspeed or run is not training):
+    if isinstance(target, ModelSpec) and (deepspeed or (standin is not None and not diffusers)):
         _apply_traced_transforms(est, target, training, deepspeed=deepspeed)
+    if options:
+        shape = target if isinstance(target, ModelSpec) else None
+        for option in options:
+            est.schedules = [option.apply(s, shape, training) for s in est.schedules]
+            est.notes.append(option.note(training))
+        _drop_traced_peak(est, training)
     # what no fake tensor shows, as the analytic engine counts it: the user's CUDA context (or
     # the default) and the NCCL communicators beside the allocator
     ctx, outside, notes = device_context(training, cuda_context_bytes, gpu=gpu_spec)
@@ -774,6 +784,12 @@ def _apply_traced_transforms(
             f"{training.optimizer}'s, as the analytic engine's optimizer transform sizes them "
             "(trainmem/traced_transforms.py)"
         )
+    _drop_traced_peak(est, training)
+
+
+def _drop_traced_peak(est: MemoryEstimate, training: TrainingConfig) -> None:
+    """The estimate's settings as asked and without the traced step's own peak details (the
+    rewritten step has another peak; :func:`finish` names it)."""
     est.config = resolved_config(training)
     est.peak_reason = ""
     for key in ("peak_allocated_bytes", "peak_op", "peak_module", "peak_by_category_bytes",

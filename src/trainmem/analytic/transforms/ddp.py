@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 from trainmem.analytic.transforms.base import Emitted, RankContext, Transform, Where, alloc
 from trainmem.breakdown import MemoryCategory as Cat
+from trainmem.schedule import Op
 
 
 class DdpReducer(Transform):
@@ -52,5 +53,11 @@ class DdpReducer(Transform):
         )
 
     def setup(self, where: Where) -> Sequence[Emitted]:
-        label = "DDP's flat gradient buckets"
-        return (alloc(self.bucket_bytes, Cat.GRADIENT, "init", "ddp/buckets", "", label),)
+        return (bucket_op(self.bucket_bytes),)
+
+
+def bucket_op(size: int) -> Op:
+    """The reducer's flat gradient buckets, ``size`` bytes (every trainable parameter's
+    gradient bytes), allocated at wrap time (Note [DDP gradient buckets])."""
+    label = "DDP's flat gradient buckets"
+    return alloc(size, Cat.GRADIENT, "init", "ddp/buckets", "", label)
