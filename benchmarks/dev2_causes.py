@@ -37,10 +37,25 @@ _FMS_TRANSFORMERS = (
     "reading had no --transformers-version",
 )
 
+_RASBT_TORCH = (
+    "rasbt/pytorch-memory-optim @f6eddcd logs.md, the rows' source: torch "
+    "2.1.0.dev20230623, a nightly from before pytorch PRs #104780 / #104898 (July 2023) made "
+    "foreach Adam add eps in place, so its torch/optim is 2.0's (every other torch-version rule "
+    "trainmem has changes at 2.5 or later)"
+)
+_RASBT_NIGHTLY = (["--torch-version", "2.0"], _RASBT_TORCH)
+_RASBT_ZERO_GRAD = (
+    ["--torch-version", "2.0", "--zero-grad-before-backward"],
+    _RASBT_TORCH + "; 01_pytorch-vit.py .. 04_lower-batchsize.py call optimizer.zero_grad() "
+    "between the loss and backward(), so last step's gradients live through the forward",
+)
+
 AMENDMENTS: dict[str, tuple[list[str], str]] = {
     **{f"GT{n}": _FSDP_QLORA for n in range(115, 132)},
     **{f"GT{n}": _FMS_TRANSFORMERS for n in range(132, 161)},
     **{f"GT{n}": _TORCHAO_FUSED for n in range(167, 170)},
+    **{f"GT{n}": _RASBT_ZERO_GRAD for n in range(179, 183)},
+    **{f"GT{n}": _RASBT_NIGHTLY for n in range(183, 185)},
 }
 
 _TORCHAO_224 = (
@@ -126,8 +141,11 @@ _BIGCODE_CE = (
     "predicted loss backward"
 )
 _VIT_2023 = (
-    "unexplained: ~1 GB constant gap (torch 2.1 nightly, torchvision vit_l_16, "
-    "max_reserved over train + eval)"
+    "unexplained: after the amendments (the nightly's 2.0 foreach Adam with two intermediates, "
+    "zero_grad before backward) still 0.6-1.4 GB under at micro-batch 16-64 (forward peak); "
+    "torchvision vit_l_16 (nn.MultiheadAttention, conv_proj patch embedding) is read as the HF "
+    "ViT-L twin: candidates not modelled are cuDNN's workspace for the 16x16-stride "
+    "convolution and the eval passes in max_reserved"
 )
 _VISION_TOKENS = (
     "vision encoder tokens come from config.json image_size 518 (1370 tokens); the run is "

@@ -24,7 +24,7 @@ from trainmem.breakdown import MemoryEstimate
 from trainmem.errors import SpecError, UnsupportedError
 from trainmem.schedule import StepSchedule
 from trainmem.specs.assumptions import assumptions
-from trainmem.specs.frameworks import installed_transformers_version
+from trainmem.specs.frameworks import installed_transformers_version, parse_version
 from trainmem.specs.hardware import GPUSpec, check_precision_on_gpu
 from trainmem.specs.hardware import resolve_gpu as resolve_gpu  # re-exported for the callers
 from trainmem.specs.hf import load_model_spec
@@ -230,12 +230,30 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
         installed = installed_transformers_version()
         if installed is None or training.transformers_release[:2] != installed[:2]:
             out.append(f"transformers_version={training.transformers_version} (not installed)")
+    if _older_torch_step(training):  # the trace runs the installed torch.optim's step
+        out.append(f"torch_version={training.torch_version} (its optimizer step)")
     if training.keep_logits and training.chunked_cross_entropy:  # no logits tensor to keep
         out.append("keep_logits=True with chunked_cross_entropy")
     if engine == "generic" and training.loss != defaults.loss:  # the model's own loss only
         # (the loop settings compose: tests/trace/test_generic_loop_settings.py)
         out.append(f"loss={training.loss}")
     return out
+
+
+def _older_torch_step(training: TrainingConfig) -> bool:
+    """The optimizer step of the ``torch_version`` asked for holds other temporaries than the
+    installed torch's (``OptimizerRow.older_torch``: foreach Adam before 2.1), which the traced
+    paths run."""
+    from trainmem.specs.optimizers import OPTIMIZER_TABLE
+
+    older = OPTIMIZER_TABLE[training.optimizer].older_torch
+    version = parse_version("torch_version", training.torch_version)
+    return (
+        older is not None
+        and version is not None
+        and version < older.before
+        and training.step_implementation in older.temporaries
+    )
 
 
 def _traced_hf_trainer(training: TrainingConfig) -> bool:

@@ -17,6 +17,7 @@ from trainmem.analytic.model_states import optimizer_state_bytes
 from trainmem.analytic.temporaries import optimizer_step_temporary_bytes
 from trainmem.analytic.tensor_states import paged_state_bytes
 from trainmem.errors import SpecError
+from trainmem.estimate import trace_unsupported_settings
 from trainmem.specs.optimizers import OPTIMIZER_TABLE, Optimizer
 from trainmem.specs.training import OPTIMIZERS, PAGED_OPTIMIZERS, TrainingConfig
 
@@ -123,3 +124,42 @@ def test_implementations_outside_the_row_are_refused(name: str) -> None:
             continue
         with pytest.raises(SpecError, match="optimizer_implementation"):
             TrainingConfig(optimizer=name, optimizer_implementation=implementation)  # type: ignore[arg-type]
+
+
+# torch 2.0.1 torch/optim/adam.py / adamw.py _multi_tensor_adam(w): ``exp_avg_sq_sqrt =
+# _foreach_sqrt(exp_avg_sqs)`` and ``denom = _foreach_add(exp_avg_sq_sqrt, eps)`` are both alive
+# at ``_foreach_addcdiv_``: two fp32 copies of the group; torch 2.1.0 adds eps in place (one).
+# The for-loop and fused steps did not change.
+OLDER_TORCH_STEP_TEMPORARIES: dict[tuple[str, str], dict[str, int]] = {
+    ("adam", "2.0"): {"foreach": 2 * 4 * (N + V), "fused": 0, "for-loop": 2 * 4 * N},
+    ("adamw", "1.13.1"): {"foreach": 2 * 4 * (N + V), "fused": 0, "for-loop": 2 * 4 * N},
+    ("adamw", "2.1"): {"foreach": 4 * (N + V), "fused": 0, "for-loop": 2 * 4 * N},
+    ("sgd-momentum", "2.0"): _NONE,
+}
+
+
+@pytest.mark.parametrize(("name", "version"), sorted(OLDER_TORCH_STEP_TEMPORARIES))
+def test_step_temporaries_of_older_torch(name: str, version: str) -> None:
+    for implementation, expected in OLDER_TORCH_STEP_TEMPORARIES[name, version].items():
+        training = TrainingConfig(
+            optimizer=name,  # type: ignore[arg-type]
+            precision="bf16-mixed",
+            optimizer_implementation=implementation,  # type: ignore[arg-type]
+            torch_version=version,
+        )
+        got = optimizer_step_temporary_bytes(
+            training, num_trainable_parameters=N + V, largest_parameter=N
+        )
+        assert got == expected, implementation
+
+
+def test_the_trace_refuses_an_older_torch_step_it_does_not_run() -> None:
+    # the traced paths run the installed torch.optim (one intermediate), not 2.0's two
+    old = TrainingConfig(optimizer="adamw", torch_version="2.0")
+    assert "torch_version=2.0 (its optimizer step)" in trace_unsupported_settings(old)
+    fused = TrainingConfig(optimizer="adamw", torch_version="2.0", optimizer_implementation="fused")
+    assert not any(s.startswith("torch_version") for s in trace_unsupported_settings(fused))
+    assert not any(
+        s.startswith("torch_version")
+        for s in trace_unsupported_settings(TrainingConfig(optimizer="adamw", torch_version="2.1"))
+    )

@@ -120,6 +120,13 @@ def test_analytic_accuracy_does_not_regress() -> None:
 #: -12.4 -> -5.9%; grew, by the same copy: GT146 -0.1 -> +6.4%, GT148 -3.1 -> +4.1%, and the
 #: 1-GPU GPTQ / bnb rows already over, GT155 +24.0 -> +32.2%, GT157 +25.0 -> +34.4%; median
 #: 5.6%, p90 20.7%, 23 under.
+#: Re-recorded for torch's foreach Adam before 2.1 (two group-sized intermediates,
+#: ``exp_avg_sq_sqrt`` and ``denom = _foreach_add(exp_avg_sq_sqrt, eps)``, torch 2.0.1
+#: optim/adam.py; one from 2.1.0, pytorch PRs #104780 / #104898) with the rasbt ViT rows'
+#: source amendments (their torch 2.1.0.dev20230623 nightly predates that change: read as
+#: ``--torch-version 2.0``; 01..04 call zero_grad() between the loss and backward()):
+#: GT179 -9.0 -> -5.1%, GT180 -4.0 -> +2.0%, GT181 -10.4 -> -6.5%, GT182 -19.7 -> -10.4%,
+#: GT183 -18.8 -> -3.8%, GT184 unchanged (SGD); median 5.3%, p90 20.7%, 21 under.
 RECORDED_DEV2 = {
     "GT011": -0.0346,
     "GT012": -0.0367,
@@ -252,19 +259,19 @@ RECORDED_DEV2 = {
     "GT176": -0.0565,
     "GT177": -0.2679,
     "GT178": -0.0041,
-    "GT179": -0.0904,
-    "GT180": -0.0400,
-    "GT181": -0.1042,
-    "GT182": -0.1965,
-    "GT183": -0.1885,
+    "GT179": -0.0512,
+    "GT180": +0.0199,
+    "GT181": -0.0651,
+    "GT182": -0.1040,
+    "GT183": -0.0378,
     "GT184": -0.0366,
     "GT188": +0.0056,
     "GT189": -0.0005,
 }
 MIN_DEV2_ROWS_SCORED = 139
-MAX_DEV2_MEDIAN_ABS = 0.057
+MAX_DEV2_MEDIAN_ABS = 0.054
 MAX_DEV2_P90_ABS = 0.21
-MAX_DEV2_UNDER = 23
+MAX_DEV2_UNDER = 21
 MAX_DEV2_OOM = 0
 
 

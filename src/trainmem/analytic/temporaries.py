@@ -10,6 +10,12 @@ Note [Optimizer-step temporaries]
     Measured on GPT-2 small fp32 (shared/notes/tracing-without-a-gpu.md sec. 4): optimizer-phase
     peak 1.85 GiB fused, 2.14 for-loop, 2.32 foreach over 1.854 GiB of model states, i.e. +0,
     +2 x 0.144 GiB (wte) and +0.4636 GiB (one copy of the parameters).
+    Before torch 2.1 the foreach step held two such copies: torch 2.0.1 adam.py / adamw.py
+    ``_multi_tensor_adam(w)`` builds ``exp_avg_sq_sqrt = torch._foreach_sqrt(...)`` and then
+    ``denom = torch._foreach_add(exp_avg_sq_sqrt, eps)`` out of place, both alive at
+    ``_foreach_addcdiv_``; torch 2.1.0 adds ``eps`` in place (pytorch PRs #104780 Adam and
+    #104898 AdamW, July 2023, issue #97712 "Foreach optimizers use higher memory due to
+    intermediates"). ``OptimizerRow.older_torch`` carries it; ``--torch-version`` selects it.
     HF Adafactor (transformers/optimization.py ``Adafactor.step``, 4.4x to 5.x) works one
     parameter at a time in fp32: ``grad.float()`` and ``p.float()`` copy a 16-bit gradient and
     weight (kept to the end of the parameter's step), ``update = (grad**2) + eps`` holds two
@@ -43,6 +49,7 @@ Note [Optimizer-step temporaries]
 from __future__ import annotations
 
 from trainmem.analytic.lora import lora_adapter_dtype
+from trainmem.specs.frameworks import parse_version
 from trainmem.specs.optimizers import CS336_ADAMW_TEMPORARIES as CS336_ADAMW_TEMPORARIES
 from trainmem.specs.optimizers import OPTIMIZER_TABLE, StepTemporaries
 from trainmem.specs.training import TrainingConfig
@@ -112,6 +119,7 @@ def _optimizer_only_temporary_bytes(
     tmp = row.step_temporaries(
         training.step_implementation,
         transformers_class=training.adafactor_implementation == "transformers",
+        torch_version=parse_version("torch_version", training.torch_version),
     )
     copies = tmp.group_copies * num_trainable_parameters + tmp.largest_copies * largest_parameter
     if tmp.upcasts_16bit:  # transformers' Adafactor.step, Note [Optimizer-step temporaries]

@@ -35,6 +35,7 @@ __all__ = [
     "OPTIMIZER_TABLE",
     "TORCHAO_MIN_QUANTIZED_SIZE",
     "Blockwise",
+    "OlderTorch",
     "Optimizer",
     "OptimizerRow",
     "StepTemporaries",
@@ -137,6 +138,21 @@ class StepTemporaries:
     upcasts_16bit: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class OlderTorch:
+    """Step temporaries of releases before ``before``, where they differ from today's.
+
+    Attributes:
+        before: the first torch release (major, minor) with today's temporaries.
+        temporaries: by implementation, what the older releases hold instead.
+        source: the change, with its pull request.
+    """
+
+    before: tuple[int, int]
+    temporaries: Mapping[str, StepTemporaries]
+    source: str
+
+
 NO_TEMPORARIES = StepTemporaries()
 """An in-place step (fused kernels, bitsandbytes' and torchao's per-parameter kernels)."""
 
@@ -192,6 +208,8 @@ class OptimizerRow:
     """The 8-bit optimizer that replaces its states (a fix the planner and the CLI suggest)."""
     family: str = ""
     """Its kind in the uncertainty table (``optimizer=`` label); empty: its own name."""
+    older_torch: OlderTorch | None = None
+    """Other step temporaries in torch releases before a change, or None."""
 
     def __post_init__(self) -> None:
         if self.paged and self.state_dtype is None and self.blockwise is None:
@@ -227,13 +245,22 @@ class OptimizerRow:
         return self.num_states * dtype_bytes(self.state_dtype or "")
 
     def step_temporaries(
-        self, implementation: str, *, transformers_class: bool = False
+        self,
+        implementation: str,
+        *,
+        transformers_class: bool = False,
+        torch_version: tuple[int, ...] | None = None,
     ) -> StepTemporaries:
         """The temporaries of ``implementation`` (:data:`NO_TEMPORARIES` for one the row does
         not list); transformers' class's when it runs (``transformers_class``) and the row has
-        one."""
+        one; an older torch's (:attr:`older_torch`) for a ``torch_version`` before its change
+        (None: a current release)."""
         if transformers_class and self.transformers_temporaries is not None:
             return self.transformers_temporaries
+        older = self.older_torch
+        if older is not None and torch_version is not None and torch_version < older.before:
+            if implementation in older.temporaries:
+                return older.temporaries[implementation]
         return self.temporaries.get(implementation, NO_TEMPORARIES)
 
 
@@ -245,6 +272,18 @@ _ADAM_TEMPORARIES: Mapping[str, StepTemporaries] = {
 }
 """torch/optim/adam.py ``_multi_tensor_adam`` / ``_single_tensor_adam`` / ``_fused_adam``;
 cs336_basics/optimizer.py ``AdamW.step``."""
+
+_ADAM_BEFORE_2_1 = OlderTorch(
+    before=(2, 1),
+    temporaries={"foreach": StepTemporaries(group_copies=2)},
+    source=(
+        "torch 2.0.1 torch/optim/adam.py / adamw.py _multi_tensor_adam(w): exp_avg_sq_sqrt = "
+        "_foreach_sqrt(exp_avg_sqs); denom = _foreach_add(exp_avg_sq_sqrt, eps), both alive at "
+        "_foreach_addcdiv_; torch 2.1.0 adds eps in place (_foreach_add_), pytorch PRs #104780 "
+        "(Adam) and #104898 (AdamW), July 2023, issue #97712"
+    ),
+)
+"""Foreach Adam / AdamW before torch 2.1: two parameter-sized intermediates for the group."""
 
 _BNB_8BIT = Blockwise(
     code_bits=8,
@@ -289,6 +328,7 @@ def _adam(name: Optimizer, torch_optim: str) -> OptimizerRow:
         f"torch/optim/{name}.py",
         states=_ADAM_STATES,
         temporaries=_ADAM_TEMPORARIES,
+        older_torch=_ADAM_BEFORE_2_1,
         torch_optim=torch_optim,
         torch_kwargs={"lr": 1e-4},
         torch_fused=True,
