@@ -434,15 +434,39 @@ class _TensorMaker:
         grad = -(-full_grad // dp) if stage >= 2 else full_grad
         if training.optimizer_states_partitioned:  # ZeRO >= 1, DeepSpeed BF16_Optimizer
             state = -(-state // dp)
-        # torchao CPUOffloadOptimizer keeps tensors under minimal_size on the GPU
-        on_gpu = training.torchao_cpu_offload and local < TORCHAO_OFFLOAD_MINIMAL_SIZE
-        if training.offload != "none" and not on_gpu:
+        off = offloaded(training, local)
+        if off.state:
             state = 0
-        if training.offload in ("optimizer+gradients", "optimizer+params") and not on_gpu:
+        if off.grad:
             grad = 0  # each layer's gradient leaves once reduced (the engine's reduce term)
-        if training.offload == "optimizer+params":
+        if off.param:
             param = 0
         return param, grad, state
+
+
+@dataclass(frozen=True, slots=True)
+class Offloaded:
+    """Which of a tensor's model states ``--offload`` moves to the CPU (True: not on the GPU)."""
+
+    param: bool
+    grad: bool
+    state: bool
+
+
+def offloaded(training: TrainingConfig, local: int) -> Offloaded:
+    """What CPU offload takes off the GPU for a tensor of ``local`` elements on this rank:
+    optimizer states for every mode, the gradients with ``optimizer+gradients`` /
+    ``optimizer+params``, the weights with ``optimizer+params``. torchao's
+    ``CPUOffloadOptimizer`` keeps tensors under ``minimal_size`` (4096 elements) on the GPU
+    (:data:`~trainmem.specs.frameworks.TORCHAO_OFFLOAD_MINIMAL_SIZE`; torchao
+    optim/cpu_offload.py)."""
+    on_gpu = training.torchao_cpu_offload and local < TORCHAO_OFFLOAD_MINIMAL_SIZE
+    mode = "none" if on_gpu else training.offload
+    return Offloaded(
+        param=mode == "optimizer+params",
+        grad=mode in ("optimizer+gradients", "optimizer+params"),
+        state=mode != "none",
+    )
 
 
 @dataclass(frozen=True, slots=True)
