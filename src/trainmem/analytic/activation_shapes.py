@@ -6,13 +6,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from trainmem.memo import cached_on
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
 
 
-def compute_and_residual_bytes(training: TrainingConfig) -> tuple[int, int]:
-    """(c, r): bytes of the compute dtype and of the residual stream.
+@cached_on("precision", "framework", "quantize_base")  # what compute_dtype, uses_autocast and
+def compute_and_residual_bytes(training: TrainingConfig) -> tuple[int, int]:  # kbit_... read
+    """(c, r): bytes of the compute dtype and of the residual stream (cached on the fields they
+    follow from: every activation term asks, about twenty times a configuration).
 
     See Note [Activation terms] (trainmem/analytic/activations.py)."""
     c = dtype_bytes(training.compute_dtype)

@@ -63,8 +63,9 @@ Note [Framework conventions]
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields, replace
+from operator import attrgetter
 from typing import Any, Literal
 
 from trainmem.errors import SpecError
@@ -1415,6 +1416,42 @@ def fsdp_settings(zero_stage: int, fsdp: str | None) -> dict[str, int | bool | N
 _FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in fields(TrainingConfig))
 """TrainingConfig's fields in order (``dataclasses.fields`` rebuilds the tuple on every call;
 :func:`resolved_config` runs once per configuration the planner evaluates)."""
+
+
+_CHECK_OF_FIELD: dict[str, Callable[[Any], None]] = {
+    f.name: concern.__post_init__ for concern in CONCERNS for f in fields(concern)
+}
+"""The check (a concern's ``__post_init__``) that reads each field."""
+_ALL_FIELDS = attrgetter(*_FIELD_NAMES)
+_SLOT: dict[str, Any] = {name: TrainingConfig.__dict__[name] for name in _FIELD_NAMES}
+_SLOTS: tuple[Any, ...] = tuple(_SLOT.values())
+
+
+def derived(base: TrainingConfig, changes: Mapping[str, Any]) -> TrainingConfig:
+    """``dataclasses.replace(base, **changes)``, with the same checks, faster: ``base`` was
+    checked when it was made, so only the concerns that own a changed field check theirs (in
+    :data:`CONCERNS` order), then the checks that span concerns (:func:`_check_combinations`).
+    Each concern reads only its own fields (Note [Config by concern]), so the answer and the
+    error are :func:`~dataclasses.replace`'s. The planner and sweeps derive one configuration
+    per point they evaluate (about 4 us instead of 25 us).
+
+    Raises:
+        SpecError: as :class:`TrainingConfig`.
+        TypeError: a name that is not a field (as :func:`~dataclasses.replace`).
+    """
+    if not changes.keys() <= _CHECK_OF_FIELD.keys():
+        return replace(base, **changes)
+    new = object.__new__(TrainingConfig)
+    for slot, value in zip(_SLOTS, _ALL_FIELDS(base), strict=True):
+        slot.__set__(new, value)
+    for name, value in changes.items():
+        _SLOT[name].__set__(new, value)
+    checks = {_CHECK_OF_FIELD[name] for name in changes}
+    for check in _CONCERN_CHECKS:
+        if check in checks:
+            check(new)
+    _check_combinations(new)
+    return new
 
 
 def resolved_config(training: TrainingConfig) -> dict[str, object]:
