@@ -132,7 +132,12 @@ _FMS_FLAT_GRADS = (
     "backward; since the pre-4.49 shifted logits, the loss forward)"
 )
 _FMS_FSDP_4BIT = "unexplained: fms-acceleration FSDP with a 4-bit base (bnb / GPTQ), under"
-_FMS_1GPU_4BIT = "unexplained: fms-acceleration 4-bit base (bnb / GPTQ triton) on 1 GPU, over"
+_FMS_1GPU_4BIT = (
+    "unexplained: fms-acceleration baseline-peft-bnb (peft's fp32 upcast, modelled) on 1 GPU, "
+    "over on Mixtral only (the Mistral twins GT146/GT148 are +6/+4%); the GPTQ rows of the "
+    "same table (accelerated-peft-autogptq, GT155/157/159) are within 2% since peft's "
+    "prepare_model_for_kbit_training skips the fp32 cast for GPTQ"
+)
 _BIGCODE_CE = (
     "unexplained: transformers 4.48 GPTBigCode's loss on bf16 logits is modelled "
     "(modeling_gpt_bigcode.py: CrossEntropyLoss on lm_logits[..., :-1, :].contiguous(), no "

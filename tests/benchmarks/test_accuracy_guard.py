@@ -127,6 +127,12 @@ def test_analytic_accuracy_does_not_regress() -> None:
 #: ``--torch-version 2.0``; 01..04 call zero_grad() between the loss and backward()):
 #: GT179 -9.0 -> -5.1%, GT180 -4.0 -> +2.0%, GT181 -10.4 -> -6.5%, GT182 -19.7 -> -10.4%,
 #: GT183 -18.8 -> -3.8%, GT184 unchanged (SGD); median 5.3%, p90 20.7%, 21 under.
+#: Re-recorded for peft's GPTQ exception (prepare_model_for_kbit_training casts no parameter
+#: of a GPTQ base to fp32, peft utils/other.py) and a quantized base kept in the 16 bits
+#: transformers loads it in under autocast (embedding, norms, LM head and the residual stream,
+#: TrainingConfig.kbit_16bit_dense): the fms-acceleration accelerated-peft-autogptq rows on
+#: one GPU GT155 +32.2 -> +1.2%, GT157 +34.4 -> +0.5%, GT159 +35.1 -> +1.5%; median 4.8%, p90
+#: 19.9%, 21 under.
 RECORDED_DEV2 = {
     "GT011": -0.0346,
     "GT012": -0.0367,
@@ -239,11 +245,11 @@ RECORDED_DEV2 = {
     "GT152": +0.1992,
     "GT153": +0.1094,
     "GT154": -0.1917,
-    "GT155": +0.3222,
+    "GT155": +0.0118,
     "GT156": -0.0399,
-    "GT157": +0.3439,
+    "GT157": +0.0045,
     "GT158": -0.0587,
-    "GT159": +0.3506,
+    "GT159": +0.0147,
     "GT160": -0.1905,
     "GT161": +0.0356,
     "GT162": +0.0347,
@@ -269,8 +275,8 @@ RECORDED_DEV2 = {
     "GT189": -0.0005,
 }
 MIN_DEV2_ROWS_SCORED = 139
-MAX_DEV2_MEDIAN_ABS = 0.054
-MAX_DEV2_P90_ABS = 0.21
+MAX_DEV2_MEDIAN_ABS = 0.049
+MAX_DEV2_P90_ABS = 0.20
 MAX_DEV2_UNDER = 21
 MAX_DEV2_OOM = 0
 

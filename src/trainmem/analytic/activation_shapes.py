@@ -21,7 +21,10 @@ def compute_and_residual_bytes(training: TrainingConfig) -> tuple[int, int]:  # 
     c = dtype_bytes(training.compute_dtype)
     # peft's prepare_model_for_kbit_training leaves an fp32 embedding and fp32 norms: the
     # residual stream is fp32 as under autocast
-    r = 4 if training.uses_autocast or training.kbit_fp32_upcast else c
+    # residual stream is fp32 as under autocast; a quantized base kept in 16 bits under
+    # autocast (TrainingConfig.kbit_16bit_dense) has a 16-bit embedding and norms: c
+    fp32 = (training.uses_autocast and not training.kbit_16bit_dense) or training.kbit_fp32_upcast
+    r = 4 if fp32 else c
     return c, r
 
 

@@ -395,6 +395,8 @@ class _TensorMaker:
         w = dtype_bytes(tr.weight_dtype)
         if training.kbit_fp32_upcast and not is_linear and not name.startswith("lora_"):
             w = 4  # peft prepare_model_for_kbit_training: non-quantized params in fp32
+        elif training.kbit_16bit_dense and not trainable and not name.startswith("lora_"):
+            w = dtype_bytes(training.compute_dtype)  # loaded in 16 bits, never upcast
         # Megatron tensor parallelism splits every layer linear (column / row parallel) and
         # the vocabulary (VocabParallelEmbedding, the output layer); norms are replicated.
         tp_split = is_linear or name in ("embedding/tokens", "lm_head")

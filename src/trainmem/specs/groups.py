@@ -49,7 +49,13 @@ FIELD_GROUPS: dict[str, tuple[str, ...]] = {
         "overlap_comm",
         "nccl_buffer_bytes",
     ),
-    "LoRA / QLoRA": ("lora_rank", "lora_targets", "lora_dropout", "quantize_base"),
+    "LoRA / QLoRA": (
+        "lora_rank",
+        "lora_targets",
+        "lora_dropout",
+        "quantize_base",
+        "prepare_kbit_training",
+    ),
     "Framework": (
         "framework",
         "torch_version",

@@ -120,6 +120,10 @@ logits.sum()`` / ``.mean()``, a profiling script's stand-in loss)."""
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 OFFLOADS: tuple[str, ...] = ("none", "optimizer", "optimizer+gradients", "optimizer+params")
 QUANTIZE_BASE: tuple[str, ...] = ("none", "nf4", "nf4-dq", "fp4", "fp4-dq", "int8", "gptq-int4")
+KBIT_NOT_UPCAST: tuple[str, ...] = ("gptq-int4",)
+"""Quantized bases peft's ``prepare_model_for_kbit_training`` leaves in their dtype (peft
+utils/other.py: ``if not is_gptq_quantized and not is_aqlm_quantized ...`` around the fp32
+cast, since peft 0.4)."""
 LORA_TARGETS: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
 """Linear names ``--lora-targets`` accepts (``all-linear`` means all of them); for fused-qkv
 families (GPT-2 ``c_attn``, Falcon / GPT-NeoX ``query_key_value``) any of q, k, v targets the
@@ -802,6 +806,21 @@ class PeftConfig:
     ``bnb_4bit_use_double_quant=True``), ``int8`` (LLM.int8()), ``gptq-int4`` (GPTQ, Frantar et
     al. 2022: 4-bit weights, group size 128), or ``none``, the default (the base in its
     precision's dtype)."""
+    prepare_kbit_training: bool | None = setting(
+        None,
+        "peft's prepare_model_for_kbit_training on a quantized base: embeddings, norms and LM "
+        "head cast to fp32.",
+        default_text="the framework's",
+        no_option="rarely differs from the framework's: given as --set prepare-kbit-training=false",
+    )
+    """Whether the quantized base goes through peft's ``prepare_model_for_kbit_training``
+    (peft utils/other.py: every parameter that is not quantized cast to fp32, so the residual
+    stream is fp32 too); None, the default: the framework's
+    (``FrameworkConventions.peft_kbit_training``: HF Trainer / TRL and axolotl call it; lit-gpt,
+    torchtune and Answer.AI fsdp_qlora do not). False for a loop that prepares the model
+    itself without the upcast (fms-acceleration's accelerated-peft plugins,
+    ``framework_plugin_bnb.py _prepare_model_for_kbit_training``: "the stock one in peft will
+    introduce extraneous casting"). Only read with a quantized base."""
 
     @property
     def is_lora(self) -> bool:
@@ -826,6 +845,13 @@ class PeftConfig:
         if not 0.0 <= dropout < 1.0:  # also refuses NaN
             raise SpecError("lora_dropout", f"must be in [0, 1), got {dropout!r}")
         _check_choices(self, PeftConfig)
+        if self.prepare_kbit_training is not None and not isinstance(
+            self.prepare_kbit_training, bool
+        ):
+            raise SpecError(
+                "prepare_kbit_training",
+                f"must be true or false, got {self.prepare_kbit_training!r}",
+            )
         if self.quantize_base != "none" and self.lora_rank == 0:
             raise SpecError(
                 "quantize_base", "a quantized base is frozen: set lora_rank > 0 (QLoRA)"
@@ -1156,9 +1182,22 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
 
     @property
     def kbit_fp32_upcast(self) -> bool:
-        """A quantized base whose other parameters peft cast to fp32
-        (``FrameworkConventions.peft_kbit_training``)."""
-        return self.quantize_base != "none" and self.conventions.peft_kbit_training
+        """A quantized base whose other parameters peft cast to fp32: ``prepare_kbit_training``
+        when given, else the framework's (``FrameworkConventions.peft_kbit_training``)."""
+        if self.quantize_base == "none" or self.quantize_base in KBIT_NOT_UPCAST:
+            return False
+        if self.prepare_kbit_training is not None:  # an explicit value always wins
+            return self.prepare_kbit_training
+        return self.conventions.peft_kbit_training
+
+    @property
+    def kbit_16bit_dense(self) -> bool:
+        """A quantized base under autocast whose other parameters (embeddings, norms, LM head)
+        stay in the 16-bit dtype it was loaded in, so the residual stream is 16-bit too: no
+        fp32 upcast (:attr:`kbit_fp32_upcast`), and transformers loads a quantized model in
+        16 bits (quantizers/quantizer_bnb_4bit.py ``update_torch_dtype``: float16 when no
+        ``torch_dtype`` is given; the recipes pass the compute dtype)."""
+        return self.quantize_base != "none" and self.uses_autocast and not self.kbit_fp32_upcast
 
     @property
     def torchao_cpu_offload(self) -> bool:
