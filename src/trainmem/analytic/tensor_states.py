@@ -351,6 +351,16 @@ _NOT_LINEAR = ("lora_", "vector", "embedding", "head", "lm_head", "final_norm", 
 parallelism, upcast by peft's k-bit preparation)."""
 
 
+def is_quantized_base(state: TensorState, training: TrainingConfig) -> bool:
+    """Whether ``state`` is a frozen layer linear stored quantized (``quantize_base``), as
+    :class:`_TensorMaker` sizes it."""
+    return (
+        training.quantize_base != "none"
+        and not state.trainable
+        and not state.name.startswith(_NOT_LINEAR)
+    )
+
+
 class _TensorMaker:
     """Builds :class:`TensorState` rows for one training configuration, one per distinct
     (name, size, trainable, gradient) and copied per owner."""
@@ -403,7 +413,7 @@ class _TensorMaker:
         tp = self.tp
         local = -(-numel // tp) if tp_split else numel
         local_out = -(-out_features // tp) if tp_split and out_features > 1 else out_features
-        if not trainable and is_linear and training.quantize_base != "none":
+        if not trainable and is_linear and training.quantize_base != "none":  # is_quantized_base
             full_param = _quantized_bytes(local, local_out, training.quantize_base)
         else:
             full_param = w * local

@@ -61,6 +61,7 @@ FIELD_GROUPS: dict[str, tuple[str, ...]] = {
         "torch_version",
         "transformers_version",
         "bitsandbytes_version",
+        "torchao_version",
         "deepspeed_version",
         "grad_accum_dtype",
     ),

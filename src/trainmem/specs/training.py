@@ -901,6 +901,15 @@ class FrameworkConfig:
     """bitsandbytes release (``"0.41.1"``) where its memory behaviour changed (``MatMul4Bit``
     saves its input before 0.43.2); None, the default: a current release
     (:data:`~trainmem.specs.frameworks.DEFAULT_BITSANDBYTES_VERSION`)."""
+    torchao_version: str | None = setting(
+        None,
+        "torchao release (before 0.2, NF4 quantization at load is not chunked).",
+        default_text="a current release",
+    )
+    """torchao release (``"0.1"``) whose ``NF4Tensor`` torchtune's QLoRA quantizes with: before
+    0.2 the whole weight's nearest-NF4 search at once, the load phase's peak
+    (:mod:`trainmem.analytic.load`); None, the default: a current release
+    (:data:`~trainmem.specs.frameworks.DEFAULT_TORCHAO_VERSION`)."""
     deepspeed_version: str | None = setting(
         None,
         "DeepSpeed release (bf16 accumulates in fp32 without ZeRO before 0.17.6).",
@@ -927,6 +936,7 @@ class FrameworkConfig:
             "torch_version",
             "transformers_version",
             "bitsandbytes_version",
+            "torchao_version",
             "deepspeed_version",
         ):
             parse_version(name, getattr(self, name))
