@@ -14,7 +14,6 @@ ROOT = REPO_DIR / "src" / "trainmem"
 RANK = {
     "errors": 0,
     "units": 0,
-    "memo": 0,
     "breakdown": 0,
     "timeline": 0,
     "schedule": 0,
@@ -26,6 +25,7 @@ RANK = {
     "estimate": 3,
     "traced_transforms": 3,
     "traced_options": 3,
+    "traced_quantized": 3,
     "uncertainty": 3,
     "planner": 4,
     "report": 5,

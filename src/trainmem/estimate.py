@@ -32,6 +32,7 @@ from trainmem.specs.model import ModelSpec
 from trainmem.specs.ranks import model_rank_map
 from trainmem.specs.training import TrainingConfig, check_training_for_model, resolved_config
 from trainmem.traced_options import active_options, traced_settings
+from trainmem.traced_quantized import quantized_base_refusals
 from trainmem.traced_transforms import (
     apply_deepspeed,
     apply_optimizer,
@@ -171,21 +172,21 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
     ``trainmem.trace.pipeline``; its own refusals there), DeepSpeed ZeRO-1/2 (the plain loop
     traced, then re-sized and spliced by :func:`trainmem.traced_transforms.apply_deepspeed`;
     :func:`traced_deepspeed`), the optimizers whose kernels do not run on fake tensors (a
-    stand-in traced, :func:`trainmem.traced_transforms.apply_optimizer`; not paged ones), the
-    loop settings ``keep_logits`` and
-    ``zero_grad_before_backward``, the course's AdamW (``optimizer_implementation="cs336"``)
-    and, for the CS336 course model, ``loss`` (``trainmem.trace.course_model``). Other
-    data-parallel layouts, offload, quantized bases, the other frameworks, optimizer-in-backward
-    and activation offloading are refused, and on the ``generic`` path (``engine``) also
-    ``loss``. The HF Trainer on one GPU runs as its plain loop with its default
-    optimizer (:func:`_traced_hf_trainer`); DeepSpeed ZeRO-1/2 as the analytic engine's
-    transforms (``trainmem.traced_transforms``).
+    stand-in traced, :func:`trainmem.traced_transforms.apply_optimizer`; not paged ones),
+    quantized bases (a stand-in per quantized linear, ``trainmem.trace.quantized``; what it does
+    not model: :func:`trainmem.traced_quantized.quantized_base_refusals`), the loop settings
+    ``keep_logits`` and ``zero_grad_before_backward``, the course's AdamW
+    (``optimizer_implementation="cs336"``) and, for the CS336 course model, ``loss``
+    (``trainmem.trace.course_model``). Other data-parallel layouts, offload, the other
+    frameworks, optimizer-in-backward and activation offloading are refused, and on the
+    ``generic`` path (``engine``) also ``loss``. The HF Trainer on one GPU runs as its plain
+    loop with its default optimizer (:func:`_traced_hf_trainer`); DeepSpeed ZeRO-1/2 as the
+    analytic engine's transforms (``trainmem.traced_transforms``).
     """
     training = traced_settings(training)  # the options applied to a traced step as rules
     defaults = TrainingConfig()
     checked = (
         "offload",
-        "quantize_base",
         "optimizer_in_backward",
         "activation_offloading",
         "padding_mask",  # inputs the trace does not build yet
@@ -195,6 +196,7 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
         for name in checked
         if getattr(training, name) != getattr(defaults, name)
     ]
+    out += quantized_base_refusals(training)  # the rest runs as a stand-in (trace/quantized.py)
     fsdp = training.zero_stage == 3 and training.data_parallel_size > 1
     group = training.shard_group_size
     deepspeed = traced_deepspeed(training)
@@ -335,11 +337,7 @@ def finish(
                     "oom": result.oom,
                     "num_alloc_retries": result.memory_stats.get("num_alloc_retries", 0),
                 }
-                if sched.load:
-                    est.details["load_phase"] = _load_phase(sched, result)
         est.replayed = True
-    elif est.schedules[worst].load:
-        est.details["load_phase"] = _load_phase(est.schedules[worst], None)
     est.breakdown = replace(
         est.breakdown,
         parameters=split.get("parameters", 0),
@@ -359,11 +357,9 @@ def finish(
         stage = labels[worst].get("pipeline_stage", worst)
         est.peak_reason += f" (pipeline stage {stage}, the most loaded rank)"
     if est.oom_message:
-        loading = est.details.get("load_phase", {}).get("oom", False)
         est.notes.append(
-            ("loading the model does not fit" if loading else "the step does not fit")
-            + ": the simulated caching allocator runs out of memory even after freeing its "
-            "cache: " + est.oom_message
+            "the step does not fit: the simulated caching allocator runs out of memory even after "
+            "freeing its cache: " + est.oom_message
         )
     est.verdict = verdict_of(est)
     est.details["assumed"] = assumptions(est.config)
@@ -374,19 +370,6 @@ def finish(
             "capacity; leave headroom (a smaller micro-batch, activation checkpointing)"
         )
     return est
-
-
-def _load_phase(sched: StepSchedule, result: ReplayResult | None) -> dict[str, object]:
-    """The load phase as the JSON's ``details.load_phase`` reports it (Note [The load phase] in
-    trainmem.schedule): its rule, its own peak of allocated bytes (the schedule's, and the
-    replay's with the allocator's rounding), the reserved bytes it leaves (the cache the step
-    starts from) and whether it ran out of memory; without the replay only the peak."""
-    out: dict[str, object] = {"rule": sched.load_rule, "peak_allocated_bytes": sched.load_peak()}
-    if result is not None:
-        out["max_memory_allocated"] = result.load_max_allocated
-        out["max_memory_reserved"] = result.load_max_reserved
-        out["oom"] = result.oom_phase == "load"
-    return out
 
 
 def _replay(

@@ -95,9 +95,14 @@ def test_trace_refuses_only_what_it_cannot_model() -> None:
         "zero_stage=2",
     ]
     assert trace_unsupported_settings(TrainingConfig(framework="fsdp2")) == ["framework=fsdp2"]
-    assert trace_unsupported_settings(TrainingConfig(lora_rank=8, quantize_base="nf4")) == [
-        "quantize_base=nf4"
-    ]
+    # a quantized base runs as a stand-in under autocast (trainmem.trace.quantized); a 16-bit
+    # model without autocast is refused, naming the precisions that work
+    assert trace_unsupported_settings(TrainingConfig(lora_rank=8, quantize_base="nf4")) == []
+    (refused,) = trace_unsupported_settings(
+        TrainingConfig(lora_rank=8, quantize_base="nf4", precision="bf16-true")
+    )
+    assert refused.startswith("quantize_base=nf4 with precision=bf16-true")
+    assert "bf16-mixed" in refused
 
 
 def test_item_outside_the_optimizer_step_still_fails_on_fake_tensors() -> None:

@@ -59,15 +59,9 @@ from trainmem.analytic.params import linear_shapes, parameter_counts
 from trainmem.specs.frameworks import TORCHAO_OFFLOAD_MINIMAL_SIZE
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.optimizers import OPTIMIZER_TABLE
+from trainmem.specs.quantization import quantized_weight_bytes
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
-
-NF4_BLOCK = 64
-"""Values per NF4 quantization block (bitsandbytes ``Linear4bit`` default blocksize)."""
-GPTQ_GROUP_SIZE = 128
-"""Input rows per GPTQ quantization group (the common ``group_size=128``)."""
-NF4_DOUBLE_QUANT_BLOCK = 256
-"""First-level absmax values per second-level fp32 absmax (QLoRA double quantization)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,30 +96,6 @@ class TensorState:
     full_grad_bytes: int
     paged_state_bytes: int = 0
     local_numel: int = 0
-
-
-def _quantized_bytes(numel: int, out_features: int, quantize: str) -> int:
-    """Bytes of a frozen quantized weight; see Note [Model states with PEFT and sharding]."""
-    if quantize in ("nf4", "fp4"):
-        return -(-numel // 2) + 4 * -(-numel // NF4_BLOCK)
-    if quantize in ("nf4-dq", "fp4-dq"):
-        blocks = -(-numel // NF4_BLOCK)
-        return -(-numel // 2) + blocks + 4 * -(-blocks // NF4_DOUBLE_QUANT_BLOCK)
-    if quantize == "int8":
-        return numel + 4 * out_features
-    if quantize == "gptq-int4":
-        # auto-gptq / optimum ``QuantLinear``: ``qweight`` int32 packing 8 values, per group of
-        # 128 input rows an fp16 ``scales`` row and a 4-bit packed ``qzeros`` row, and an int32
-        # ``g_idx`` per input row (in_features = numel / out_features)
-        in_features = numel // max(out_features, 1)
-        groups = -(-in_features // GPTQ_GROUP_SIZE)
-        return (
-            -(-numel // 2)
-            + 2 * groups * out_features
-            + -(-groups * out_features // 2)
-            + (4 * in_features)
-        )
-    raise AssertionError(quantize)
 
 
 BNB_PAGED_MIN_NUMEL = 100_000
@@ -351,16 +321,6 @@ _NOT_LINEAR = ("lora_", "vector", "embedding", "head", "lm_head", "final_norm", 
 parallelism, upcast by peft's k-bit preparation)."""
 
 
-def is_quantized_base(state: TensorState, training: TrainingConfig) -> bool:
-    """Whether ``state`` is a frozen layer linear stored quantized (``quantize_base``), as
-    :class:`_TensorMaker` sizes it."""
-    return (
-        training.quantize_base != "none"
-        and not state.trainable
-        and not state.name.startswith(_NOT_LINEAR)
-    )
-
-
 class _TensorMaker:
     """Builds :class:`TensorState` rows for one training configuration, one per distinct
     (name, size, trainable, gradient) and copied per owner."""
@@ -405,16 +365,14 @@ class _TensorMaker:
         w = dtype_bytes(tr.weight_dtype)
         if training.kbit_fp32_upcast and not is_linear and not name.startswith("lora_"):
             w = 4  # peft prepare_model_for_kbit_training: non-quantized params in fp32
-        elif training.kbit_16bit_dense and not trainable and not name.startswith("lora_"):
-            w = dtype_bytes(training.compute_dtype)  # loaded in 16 bits, never upcast
         # Megatron tensor parallelism splits every layer linear (column / row parallel) and
         # the vocabulary (VocabParallelEmbedding, the output layer); norms are replicated.
         tp_split = is_linear or name in ("embedding/tokens", "lm_head")
         tp = self.tp
         local = -(-numel // tp) if tp_split else numel
         local_out = -(-out_features // tp) if tp_split and out_features > 1 else out_features
-        if not trainable and is_linear and training.quantize_base != "none":  # is_quantized_base
-            full_param = _quantized_bytes(local, local_out, training.quantize_base)
+        if not trainable and is_linear and training.quantize_base != "none":
+            full_param = quantized_weight_bytes(local, local_out, training.quantize_base)
         else:
             full_param = w * local
         full_grad = dtype_bytes(tr.grad_dtype) * local if with_grad else 0
@@ -446,39 +404,15 @@ class _TensorMaker:
         grad = -(-full_grad // dp) if stage >= 2 else full_grad
         if training.optimizer_states_partitioned:  # ZeRO >= 1, DeepSpeed BF16_Optimizer
             state = -(-state // dp)
-        off = offloaded(training, local)
-        if off.state:
+        # torchao CPUOffloadOptimizer keeps tensors under minimal_size on the GPU
+        on_gpu = training.torchao_cpu_offload and local < TORCHAO_OFFLOAD_MINIMAL_SIZE
+        if training.offload != "none" and not on_gpu:
             state = 0
-        if off.grad:
+        if training.offload in ("optimizer+gradients", "optimizer+params") and not on_gpu:
             grad = 0  # each layer's gradient leaves once reduced (the engine's reduce term)
-        if off.param:
+        if training.offload == "optimizer+params":
             param = 0
         return param, grad, state
-
-
-@dataclass(frozen=True, slots=True)
-class Offloaded:
-    """Which of a tensor's model states ``--offload`` moves to the CPU (True: not on the GPU)."""
-
-    param: bool
-    grad: bool
-    state: bool
-
-
-def offloaded(training: TrainingConfig, local: int) -> Offloaded:
-    """What CPU offload takes off the GPU for a tensor of ``local`` elements on this rank:
-    optimizer states for every mode, the gradients with ``optimizer+gradients`` /
-    ``optimizer+params``, the weights with ``optimizer+params``. torchao's
-    ``CPUOffloadOptimizer`` keeps tensors under ``minimal_size`` (4096 elements) on the GPU
-    (:data:`~trainmem.specs.frameworks.TORCHAO_OFFLOAD_MINIMAL_SIZE`; torchao
-    optim/cpu_offload.py)."""
-    on_gpu = training.torchao_cpu_offload and local < TORCHAO_OFFLOAD_MINIMAL_SIZE
-    mode = "none" if on_gpu else training.offload
-    return Offloaded(
-        param=mode == "optimizer+params",
-        grad=mode in ("optimizer+gradients", "optimizer+params"),
-        state=mode != "none",
-    )
 
 
 @dataclass(frozen=True, slots=True)

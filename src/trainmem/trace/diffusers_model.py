@@ -36,8 +36,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from trainmem.breakdown import MemoryEstimate
@@ -52,6 +51,7 @@ from trainmem.specs.hardware import GPUSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
 from trainmem.trace.diffusers_inputs import forward_inputs
+from trainmem.trace.quantized import quantize_base
 from trainmem.units import dtype_bytes
 
 torch = require_torch()
@@ -150,49 +150,20 @@ def build_diffusers_model(
         # (ModelMixin.to only adds a log line about ``_keep_in_fp32_modules`` before this)
         model = torch.nn.Module.to(model, getattr(torch, training.weight_dtype))
     apply_diffusers_lora(model, training)
+    quantize_base(model, training, diffusers=True)  # Note [Traced quantized base]
     model.train()
     return model
-
-
-class _BufferSequence(Sequence[Any]):
-    """A list attribute of tensors read from its module's buffers ``<name>_0``, ``<name>_1``...
-    (so that the fake mode's conversion of the buffers reaches the list): indexing, ``len`` and
-    iteration as the list it replaces; the model may assign a plain list over it."""
-
-    def __init__(self, module: Any, names: list[str]) -> None:
-        self._module = weakref.ref(module)
-        self._names = names
-
-    def __getitem__(self, i: Any) -> Any:
-        buffers = self._module()._buffers  # type: ignore[union-attr]
-        return [buffers[n] for n in self._names][i]
-
-    def __len__(self) -> int:
-        return len(self._names)
 
 
 def _tensor_attributes_as_buffers(model: Any) -> None:
     """Register the plain tensor attributes of ``model``'s modules (rotary tables some classes
     keep outside ``register_buffer``: QwenImage's ``pos_freqs``, Kandinsky 5's...) as
-    non-persistent buffers, and lists of tensors (Lumina2's per-axis ``freqs_cis``) as a
-    :class:`_BufferSequence`, so that the fake mode converts them with the buffers."""
-    for module in list(model.modules()):
+    non-persistent buffers, so that the fake mode converts them with the buffers."""
+    for module in model.modules():
         for key, value in list(vars(module).items()):
             if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
                 delattr(module, key)
                 module.register_buffer(key, value, persistent=False)
-            elif (
-                isinstance(value, list | tuple)
-                and value
-                and all(
-                    isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter)
-                    for v in value
-                )
-            ):
-                names = [f"{key}_{i}" for i in range(len(value))]
-                for n, v in zip(names, value, strict=True):
-                    module.register_buffer(n, v, persistent=False)
-                setattr(module, key, _BufferSequence(module, names))
 
 
 def apply_diffusers_lora(model: Any, training: TrainingConfig) -> None:
@@ -209,16 +180,11 @@ def apply_diffusers_lora(model: Any, training: TrainingConfig) -> None:
         training: ``lora_rank``, ``lora_targets``, ``lora_dropout``.
 
     Raises:
-        UnsupportedError: a target the model has no linear for, a quantized base, or a model
-            class without ``add_adapter``.
+        UnsupportedError: a target the model has no linear for, or a model class without
+            ``add_adapter``.
     """
     if not training.is_lora:
         return
-    if training.quantize_base != "none":
-        raise UnsupportedError(
-            f"quantize_base={training.quantize_base}: bitsandbytes' layers need CUDA and cannot "
-            "run on fake CPU tensors"
-        )
     import peft
 
     linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]

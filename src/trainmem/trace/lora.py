@@ -176,16 +176,10 @@ def apply_lora(model: Any, training: TrainingConfig) -> Any:
         The ``PeftModel`` (or ``model`` itself when ``lora_rank == 0``).
 
     Raises:
-        UnsupportedError: peft is missing, a target does not exist, or a quantized base is
-            asked (bitsandbytes needs CUDA).
+        UnsupportedError: peft is missing or a target does not exist.
     """
     if not training.is_lora:
         return model
-    if training.quantize_base != "none":
-        raise UnsupportedError(
-            f"quantize_base={training.quantize_base}: bitsandbytes' 4/8-bit layers need CUDA and "
-            "cannot run on fake CPU tensors; use --engine analytic"
-        )
     try:
         import peft
     except ImportError as exc:  # pragma: no cover - peft is in the trace extra

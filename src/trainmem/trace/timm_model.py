@@ -24,6 +24,7 @@ from typing import Any
 from trainmem.errors import UnsupportedError
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
+from trainmem.trace.quantized import parameter_dtype, quantize_base
 
 torch = require_torch()
 
@@ -85,6 +86,7 @@ def build_timm_model(raw: Mapping[str, Any], training: TrainingConfig) -> Any:
     if training.weight_dtype != "float32":
         model = model.to(getattr(torch, training.weight_dtype))
     model = apply_lora(model, training)
+    quantize_base(model, training)  # Note [Traced quantized base]
     model.train()
     return model
 
@@ -117,7 +119,7 @@ def make_timm_batch(model: Any, training: TrainingConfig) -> dict[str, Any]:
     parameter dtype and ``target`` class ids [b] (Note [timm training step])."""
     b = training.micro_batch_size
     channels, height, width = timm_input_size(model, training)
-    dtype = next(model.parameters()).dtype
+    dtype = parameter_dtype(model)
     base = getattr(model, "get_base_model", lambda: model)()
     classes = max(int(getattr(base, "num_classes", 1) or 1), 1)
     return {

@@ -1,0 +1,55 @@
+"""Quantized base weights: the bytes one frozen linear weight takes once quantized (QLoRA's NF4 /
+FP4 with or without double quantization, LLM.int8(), GPTQ), read by both engines (the analytic
+per-tensor layout, :mod:`trainmem.analytic.tensor_states`, and the traced stand-in of a quantized
+linear, :mod:`trainmem.trace.quantized`). See Note [Model states with PEFT and sharding] in
+``analytic/tensor_states.py``.
+
+Source: bitsandbytes nn/modules.py ``Linear4bit`` / ``Params4bit`` (``quantize_4bit(blocksize=64,
+compress_statistics=...)``), ``Linear8bitLt`` / ``Int8Params``; auto-gptq / optimum
+``QuantLinear`` (``qweight``, ``scales``, ``qzeros``, ``g_idx``).
+"""
+
+from __future__ import annotations
+
+__all__ = ["GPTQ_GROUP_SIZE", "NF4_BLOCK", "NF4_DOUBLE_QUANT_BLOCK", "quantized_weight_bytes"]
+
+NF4_BLOCK = 64
+"""Values per NF4 quantization block (bitsandbytes ``Linear4bit`` default blocksize)."""
+GPTQ_GROUP_SIZE = 128
+"""Input rows per GPTQ quantization group (the common ``group_size=128``)."""
+NF4_DOUBLE_QUANT_BLOCK = 256
+"""First-level absmax values per second-level fp32 absmax (QLoRA double quantization)."""
+
+
+def quantized_weight_bytes(numel: int, out_features: int, quantize: str) -> int:
+    """Bytes of a frozen linear weight of ``numel`` elements and ``out_features`` output rows
+    once quantized as ``quantize`` (a ``TrainingConfig.quantize_base`` value other than
+    ``none``): 4-bit codes (half a byte per value) with one fp32 absmax per block of
+    :data:`NF4_BLOCK` values, or one 8-bit absmax per block and one fp32 absmax per
+    :data:`NF4_DOUBLE_QUANT_BLOCK` blocks (``-dq``); int8: a byte per value and one fp32 scale
+    per output row; GPTQ: 4-bit ``qweight``, per group of :data:`GPTQ_GROUP_SIZE` input rows an
+    fp16 ``scales`` row and a 4-bit ``qzeros`` row, and an int32 ``g_idx`` per input row.
+
+    Raises:
+        AssertionError: an unknown ``quantize``.
+    """
+    if quantize in ("nf4", "fp4"):
+        return -(-numel // 2) + 4 * -(-numel // NF4_BLOCK)
+    if quantize in ("nf4-dq", "fp4-dq"):
+        blocks = -(-numel // NF4_BLOCK)
+        return -(-numel // 2) + blocks + 4 * -(-blocks // NF4_DOUBLE_QUANT_BLOCK)
+    if quantize == "int8":
+        return numel + 4 * out_features
+    if quantize == "gptq-int4":
+        # auto-gptq / optimum ``QuantLinear``: ``qweight`` int32 packing 8 values, per group of
+        # 128 input rows an fp16 ``scales`` row and a 4-bit packed ``qzeros`` row, and an int32
+        # ``g_idx`` per input row (in_features = numel / out_features)
+        in_features = numel // max(out_features, 1)
+        groups = -(-in_features // GPTQ_GROUP_SIZE)
+        return (
+            -(-numel // 2)
+            + 2 * groups * out_features
+            + -(-groups * out_features // 2)
+            + (4 * in_features)
+        )
+    raise AssertionError(quantize)

@@ -1,0 +1,155 @@
+"""A quantized base (QLoRA and kin: ``--quantize-base``) on fake tensors.
+
+bitsandbytes' ``Linear4bit`` / ``Linear8bitLt`` and GPTQ's ``QuantLinear`` run CUDA kernels, which
+fake CPU tensors cannot run. What they do to memory is small and fixed, so the traced model holds
+a stand-in for each quantized linear that does the same to memory with plain torch ops
+(Note [Traced quantized base]); peft's LoRA wraps the model as it does a real one.
+
+Note [Traced quantized base]
+    Each frozen linear the quantizer converts (every ``nn.Linear`` / transformers ``Conv1D``
+    except, for a transformers model, its output embedding, or the module of its last parameter
+    when it has none: transformers integrations/bitsandbytes.py ``get_keys_to_not_convert``;
+    for a diffusers model every linear: ``BnB4BitDiffusersQuantizer`` skips only
+    ``llm_int8_skip_modules`` and ``_keep_in_fp32_modules``, empty by default) becomes:
+
+    * its weight: one frozen ``uint8`` tensor of
+      :func:`~trainmem.specs.quantization.quantized_weight_bytes` bytes (the analytic engine's
+      per-tensor rule: 4-bit codes and absmax, int8 and its row scales, GPTQ's packed tensors);
+      the bias stays as it is;
+    * its forward: the input cast to the compute dtype, the weight dequantized into an
+      ``(out, in)`` tensor of the compute dtype, the matmul, the dequantized weight freed
+      (bitsandbytes autograd/_functions.py ``MatMul4Bit.forward``:
+      ``F.dequantize_4bit(B, quant_state).to(A.dtype).t()`` into ``torch.nn.functional.linear``);
+    * saved for its backward: the cast input when
+      :attr:`~trainmem.specs.training.TrainingConfig.quantized_matmul_saves_input` (int8 and GPTQ
+      always, 4-bit before bitsandbytes 0.43.2), else nothing (the packed weight is a parameter);
+      a cast input that is the input itself (already in the compute dtype) is the same storage,
+      so what else saves it is not counted twice;
+    * its backward (only when the input requires grad): the weight dequantized again for the
+      input gradient, ``grad_output @ W``, then freed (``MatMul4Bit.backward``).
+
+    The analytic engine counts the same things (``analytic/transforms/quantized.py``: the
+    layer's largest dequantized weight once in its forward and once in its backward;
+    ``analytic/lora.py``: the saved inputs), so both engines agree where both run. Not modelled
+    by either: int8's quantized copies of the input (``MatMul8bitLt``: ``CA``, ``CAt``, row
+    statistics), and the cast of a 4-bit linear's output back to the input's dtype
+    (``Linear4bit.forward``'s ``.to(inp_dtype)``, an fp32 output when the input is fp32).
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+from trainmem.specs.quantization import quantized_weight_bytes
+from trainmem.specs.training import TrainingConfig
+from trainmem.trace._torch import require_torch
+
+torch = require_torch()
+
+from torch.autograd import Function  # noqa: E402
+
+__all__ = ["quantize_base"]
+
+
+class _QuantizedMatmul(Function):
+    """A quantized linear's matmul with the memory of bitsandbytes' (Note [Traced quantized
+    base]): the dequantized weight made and freed in forward and backward, the input saved only
+    when the library saves it."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        x: Any,
+        packed: Any,
+        bias: Any,
+        shape: tuple[int, int],
+        dtype: Any,
+        saves_input: bool,
+    ) -> Any:
+        cast = x.to(dtype)
+        weight = torch.empty(shape, dtype=dtype, device=x.device)  # dequantized
+        out = torch.nn.functional.linear(cast, weight, None if bias is None else bias.to(dtype))
+        del weight
+        ctx.shape = shape
+        if saves_input:
+            ctx.save_for_backward(cast)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> tuple[Any, ...]:  # type: ignore[override]
+        weight = torch.empty(ctx.shape, dtype=grad.dtype, device=grad.device)  # dequantized
+        grad_input = grad @ weight
+        del weight
+        return grad_input, None, None, None, None, None
+
+
+def _features(module: Any) -> tuple[int, int]:
+    """(in_features, out_features); transformers' Conv1D stores its weight as [in, out]."""
+    if isinstance(module, torch.nn.Linear):
+        return module.in_features, module.out_features
+    w = module.weight
+    return int(w.shape[0]), int(w.shape[1])
+
+
+def _forward(self: Any, x: Any) -> Any:
+    out: Any = _QuantizedMatmul.apply(
+        x, self.weight, self.bias, self.dequantized_shape, self.compute_dtype, self.saves_input
+    )
+    return out
+
+
+def _kept_in_precision(model: Any, diffusers: bool) -> set[int]:
+    """ids of the modules the quantizer leaves unconverted (Note [Traced quantized base])."""
+    if diffusers:
+        return set()
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    if head is None:
+        last = ([n for n, _ in base.named_parameters()] or [""])[-1].rpartition(".")[0]
+        head = base.get_submodule(last) if last else None
+    if head is None:
+        return set()
+    return {id(m) for m in head.modules()}
+
+
+def quantize_base(model: Any, training: TrainingConfig, *, diffusers: bool = False) -> int:
+    """Replace, in place, each frozen linear of ``model`` that ``training.quantize_base``
+    quantizes by its stand-in (Note [Traced quantized base]); no-op without a quantized base.
+
+    Args:
+        model: the model as built for the trace (on ``meta``), after peft's LoRA (frozen base
+            linears are ``requires_grad=False``; adapters are trainable and left alone).
+        training: ``quantize_base``, ``compute_dtype``, ``quantized_matmul_saves_input``.
+        diffusers: a diffusers model (every linear is converted).
+
+    Returns:
+        The number of linears replaced.
+    """
+    kind = training.quantize_base
+    if kind == "none":
+        return 0
+    kept = _kept_in_precision(model, diffusers)
+    dtype = getattr(torch, training.compute_dtype)
+    count = 0
+    for module in model.modules():
+        linear = isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"
+        weight = getattr(module, "weight", None)
+        if not linear or id(module) in kept or weight is None or weight.requires_grad:
+            continue
+        fan_in, fan_out = _features(module)
+        size = quantized_weight_bytes(fan_in * fan_out, fan_out, kind)
+        packed = torch.empty(size, dtype=torch.uint8, device=weight.device)
+        module.weight = torch.nn.Parameter(packed, requires_grad=False)
+        module.dequantized_shape = (fan_out, fan_in)
+        module.compute_dtype = dtype
+        module.saves_input = training.quantized_matmul_saves_input
+        module.forward = types.MethodType(_forward, module)
+        count += 1
+    return count
+
+
+def parameter_dtype(model: Any) -> Any:
+    """The dtype of ``model``'s first floating-point parameter (the dtype its inputs take): a
+    quantized base's packed ``uint8`` weights are not it. ``torch.float32`` when it has none."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)

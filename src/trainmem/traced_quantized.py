@@ -1,0 +1,39 @@
+"""What of a quantized base (``--quantize-base``) the traced paths model (issue 26).
+
+The trace runs a stand-in for each quantized linear (:mod:`trainmem.trace.quantized`, Note
+[Traced quantized base]): its packed weight, the dequantized weight in forward and backward and
+the saved input as bitsandbytes has them. What it does not run is refused here, each with what
+would work.
+"""
+
+from __future__ import annotations
+
+from trainmem.specs.training import TrainingConfig
+
+__all__ = ["quantized_base_refusals"]
+
+
+def quantized_base_refusals(training: TrainingConfig) -> list[str]:
+    """The settings of a quantized-base run the traced paths do not model, as ``field=value``
+    with what would (empty without a quantized base, or when they model it).
+
+    * a 16-bit model without autocast under a framework that prepares the base with peft's
+      ``prepare_model_for_kbit_training`` (``TrainingConfig.kbit_fp32_upcast``): the embeddings,
+      norms and head are upcast to fp32 and bitsandbytes' linears then return fp32 outputs
+      (``Linear4bit.forward``: ``.to(inp_dtype)``), which the stand-in does not do; under
+      autocast (``bf16-mixed`` / ``16-mixed``, the weights already fp32) or ``32-true`` the
+      upcast changes nothing;
+    * ``fp8-mixed``: torchao's float8 linears replace the same modules.
+    """
+    kind = training.quantize_base
+    if kind == "none":
+        return []
+    out = []
+    if training.kbit_fp32_upcast and training.weight_dtype != "float32":
+        out.append(
+            f"quantize_base={kind} with precision={training.precision} (peft's fp32 upcast of "
+            "the rest of a 16-bit model; traced: --precision bf16-mixed, 16-mixed or 32-true)"
+        )
+    if training.is_fp8:
+        out.append(f"quantize_base={kind} with precision=fp8-mixed")
+    return out

@@ -1,0 +1,123 @@
+"""Quantized bases (``--quantize-base``) on the traced paths: a stand-in per quantized linear
+(trainmem.trace.quantized, Note [Traced quantized base]) with peft's LoRA running for real.
+
+Expected numbers: by hand from bitsandbytes' formats (4-bit codes, one fp32 absmax per 64 values)
+and its autograd rules for the stand-in itself; the analytic engine (its cited formulas and
+schedule, an independent derivation) for the agreement within 1% on a formula family.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import MODELS_DIR
+from trainmem.errors import UnsupportedError
+from trainmem.estimate import estimate
+from trainmem.specs.training import TrainingConfig
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+QWEN2 = str(MODELS_DIR / "formula" / "qwen2.json")
+FLUX = str(Path(__file__).parent / "diffusers_configs" / "tiny-flux.json")
+
+
+def _stand_in(quantize: str, version: str | None = None) -> tuple[torch.nn.Module, int]:
+    """A frozen Linear(64 -> 32) behind a trainable Linear(16 -> 64), quantized: (model, the
+    number of linears replaced)."""
+    from trainmem.trace.quantized import quantize_base
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Linear(64, 32, bias=False))
+    model[1].weight.requires_grad_(False)
+    training = TrainingConfig(
+        lora_rank=1, quantize_base=quantize, bitsandbytes_version=version, precision="32-true"
+    )
+    return model, quantize_base(model, training, diffusers=True)
+
+
+def _saved_bytes(model: torch.nn.Module) -> list[int]:
+    """Bytes of each tensor autograd saves in the quantized linear's forward."""
+    saved: list[int] = []
+    x = model[0](torch.ones(3, 16))
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append(t.untyped_storage().nbytes())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model[1](x)
+    out.sum().backward()
+    return saved
+
+
+def test_the_stand_in_stores_the_packed_weight_and_saves_what_bitsandbytes_saves() -> None:
+    model, n = _stand_in("nf4")
+    assert n == 1  # the trainable Linear(16 -> 64) is left alone
+    # 64 x 32 = 2048 values: 1024 bytes of 4-bit codes, 2048 / 64 = 32 fp32 absmax
+    assert model[1].weight.dtype == torch.uint8 and model[1].weight.numel() == 1024 + 4 * 32
+    assert not model[1].weight.requires_grad
+    # bitsandbytes >= 0.43.2 MatMul4Bit keeps (None, B): nothing of the input
+    assert _saved_bytes(model) == []
+    assert model[0].weight.grad is not None and model[0].weight.grad.shape == (64, 16)
+    # before 0.43.2 (and int8 always) the matmul keeps its input: 3 x 64 fp32 values
+    assert _saved_bytes(_stand_in("nf4", "0.42.0")[0]) == [3 * 64 * 4]
+    int8, _ = _stand_in("int8")
+    assert int8[1].weight.numel() == 2048 + 4 * 32  # a byte per value, an fp32 scale per row
+    assert _saved_bytes(int8) == [3 * 64 * 4]
+
+
+@pytest.mark.parametrize(
+    ("quantize", "version"), [("nf4", None), ("int8", None), ("nf4-dq", "0.42.0")]
+)
+def test_qlora_on_the_generic_path_matches_the_analytic_engine(
+    quantize: str, version: str | None
+) -> None:
+    training = TrainingConfig(
+        micro_batch_size=2,
+        seq_len=128,
+        lora_rank=16,
+        quantize_base=quantize,
+        bitsandbytes_version=version,
+    )
+    generic = estimate(QWEN2, training, engine="generic", simulate_allocator=False)
+    analytic = estimate(QWEN2, training, engine="analytic", simulate_allocator=False)
+    # the packed weights: the same bytes as the analytic layout (the traced rotary tables, 64
+    # bytes of buffers, are the only difference)
+    assert generic.breakdown.parameters - analytic.breakdown.parameters == 64
+    g, a = generic.breakdown.allocated_bytes, analytic.breakdown.allocated_bytes
+    assert abs(g - a) <= 0.01 * a, (g, a)
+
+
+def test_flux_with_an_nf4_base_on_the_traced_paths() -> None:
+    """A diffusers model (no ModelSpec): every linear's weight packed, LoRA's adapters and the
+    rest kept in the model's dtype (fp32 under bf16-mixed)."""
+    diffusers = pytest.importorskip("diffusers")
+    raw = json.loads(Path(FLUX).read_text())
+    with torch.device("meta"):
+        model = getattr(diffusers, raw["_class_name"]).from_config(raw)
+    linear = [m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    rest = sum(p.numel() for p in model.parameters()) - sum(linear)
+    packed = sum(n // 2 + 4 * -(-n // 64) for n in linear)  # 4-bit codes + fp32 absmax / 64
+    # rank 4 on q and v: A (4 x in) and B (out x 4) on each attention's to_q / to_v (and the
+    # joint blocks' add_q_proj / add_v_proj), fp32
+    adapters = sum(
+        4 * (m.in_features + m.out_features)
+        for name, m in model.named_modules()
+        if name.rpartition(".")[2] in ("to_q", "to_v", "add_q_proj", "add_v_proj")
+    )
+    training = TrainingConfig(
+        micro_batch_size=1, resolution=64, text_seq_len=16, lora_rank=4, lora_targets=("q", "v"),
+        quantize_base="nf4",
+    )  # fmt: skip
+    nf4 = estimate(FLUX, training, engine="trace", simulate_allocator=False)
+    assert nf4.breakdown.parameters == 4 * rest + packed + 4 * adapters
+    assert nf4.num_trainable_parameters == adapters
+
+
+def test_a_16_bit_base_without_autocast_is_refused_with_what_works() -> None:
+    training = TrainingConfig(lora_rank=8, quantize_base="nf4", precision="bf16-true")
+    with pytest.raises(UnsupportedError, match="bf16-mixed"):
+        estimate(QWEN2, training, engine="generic", simulate_allocator=False)
