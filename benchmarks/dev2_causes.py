@@ -50,7 +50,17 @@ _RASBT_ZERO_GRAD = (
     "between the loss and backward(), so last step's gradients live through the forward",
 )
 
+_TORCHTUNE_AO01 = (
+    ["--torchao-version", "0.1"],
+    "torchtune pyproject.toml pinned torchao==0.1 from f97bcdaa (2024-04-09) to c1c9f308 "
+    "(2024-06-26); the rows' sources are torchtune at fef3ed1 (2024-04-16), ff594c23 "
+    "(2024-04-15), 20747cd (2024-04-18) and 0217d44c (2024-05-09); the reading had no "
+    "--torchao-version",
+)
+
 AMENDMENTS: dict[str, tuple[list[str], str]] = {
+    **{f"GT0{n}": _TORCHTUNE_AO01 for n in range(28, 39)},
+    "GT173": _TORCHTUNE_AO01,
     **{f"GT{n}": _FSDP_QLORA for n in range(115, 132)},
     **{f"GT{n}": _FMS_TRANSFORMERS for n in range(132, 161)},
     **{f"GT{n}": _TORCHAO_FUSED for n in range(167, 170)},
@@ -91,9 +101,16 @@ _TT_8BIT = (
     "8-bit optimizer's (GT016 -> GT017 measured 4.5 GB saved, predicted 6.3 GB)"
 )
 _TT_NF4_INIT = (
-    "likely the load, not the step: torchao 0.1 to_nf4 (nf4tensor.py quantize_tensor_nearest: "
-    "(value - nf4).abs() over (numel, 16) in bf16) holds ~3 GB of temporaries for a 4096 x "
-    "11008 weight, which max_memory_reserved keeps; the gap is 3.8 GB"
+    "the load is modelled (Note [torchao 0.1 NF4 at load]: bf16 linears built and quantized "
+    "on the GPU, then again from the checkpoint; (value - nf4).abs() over (numel, 16): the "
+    "replay's load reserves 8.0 GB, -41.1 -> -11.7%); the rest likely as the bf16 LoRA twins "
+    "of the same recipes (GT030, GT033-GT036: reserved under by 6-15%, unexplained)"
+)
+_TT_NF4_LAYOUT = (
+    "the load's cached blocks (Note [torchao 0.1 NF4 at load]) change where the step's "
+    "tensors land: the replay reserves 11.48 GB with them, 12.32 GB without (+0.2%); "
+    "'Seq Length 2048' as stated (if alpaca with max_seq_len 2048, the real peak length is "
+    "shorter)"
 )
 _TT_2024 = (
     "unexplained: torchtune Apr 2024 recipes, reserved under by 6-17% (allocated -9%); the "
@@ -132,7 +149,12 @@ _FMS_FLAT_GRADS = (
     "backward; since the pre-4.49 shifted logits, the loss forward)"
 )
 _FMS_FSDP_4BIT = "unexplained: fms-acceleration FSDP with a 4-bit base (bnb / GPTQ), under"
-_FMS_1GPU_4BIT = "unexplained: fms-acceleration 4-bit base (bnb / GPTQ triton) on 1 GPU, over"
+_FMS_1GPU_4BIT = (
+    "unexplained: fms-acceleration baseline-peft-bnb (peft's fp32 upcast, modelled) on 1 GPU, "
+    "over on Mixtral only (the Mistral twins GT146/GT148 are +6/+4%); the GPTQ rows of the "
+    "same table (accelerated-peft-autogptq, GT155/157/159) are within 2% since peft's "
+    "prepare_model_for_kbit_training skips the fp32 cast for GPTQ"
+)
 _BIGCODE_CE = (
     "unexplained: transformers 4.48 GPTBigCode's loss on bf16 logits is modelled "
     "(modeling_gpt_bigcode.py: CrossEntropyLoss on lm_logits[..., :-1, :].contiguous(), no "
@@ -177,6 +199,7 @@ CAUSES.update(
             "(notes; as GB the error grows)"
         ),
         "GT028": _TT_NF4_INIT,
+        "GT037": _TT_NF4_LAYOUT,
         "GT029": "unexplained: torchtune Apr 2024 FSDP1 LoRA recipe, AC off",
         "GT030": _TT_2024,
         "GT032": "unexplained: torchtune Apr 2024 FSDP1 full fine-tune recipe",

@@ -14,6 +14,7 @@ ROOT = REPO_DIR / "src" / "trainmem"
 RANK = {
     "errors": 0,
     "units": 0,
+    "memo": 0,
     "breakdown": 0,
     "timeline": 0,
     "schedule": 0,

@@ -337,7 +337,11 @@ def finish(
                     "oom": result.oom,
                     "num_alloc_retries": result.memory_stats.get("num_alloc_retries", 0),
                 }
+                if sched.load:
+                    est.details["load_phase"] = _load_phase(sched, result)
         est.replayed = True
+    elif est.schedules[worst].load:
+        est.details["load_phase"] = _load_phase(est.schedules[worst], None)
     est.breakdown = replace(
         est.breakdown,
         parameters=split.get("parameters", 0),
@@ -357,9 +361,11 @@ def finish(
         stage = labels[worst].get("pipeline_stage", worst)
         est.peak_reason += f" (pipeline stage {stage}, the most loaded rank)"
     if est.oom_message:
+        loading = est.details.get("load_phase", {}).get("oom", False)
         est.notes.append(
-            "the step does not fit: the simulated caching allocator runs out of memory even after "
-            "freeing its cache: " + est.oom_message
+            ("loading the model does not fit" if loading else "the step does not fit")
+            + ": the simulated caching allocator runs out of memory even after freeing its "
+            "cache: " + est.oom_message
         )
     est.verdict = verdict_of(est)
     est.details["assumed"] = assumptions(est.config)
@@ -370,6 +376,19 @@ def finish(
             "capacity; leave headroom (a smaller micro-batch, activation checkpointing)"
         )
     return est
+
+
+def _load_phase(sched: StepSchedule, result: ReplayResult | None) -> dict[str, object]:
+    """The load phase as the JSON's ``details.load_phase`` reports it (Note [The load phase] in
+    trainmem.schedule): its rule, its own peak of allocated bytes (the schedule's, and the
+    replay's with the allocator's rounding), the reserved bytes it leaves (the cache the step
+    starts from) and whether it ran out of memory; without the replay only the peak."""
+    out: dict[str, object] = {"rule": sched.load_rule, "peak_allocated_bytes": sched.load_peak()}
+    if result is not None:
+        out["max_memory_allocated"] = result.load_max_allocated
+        out["max_memory_reserved"] = result.load_max_reserved
+        out["oom"] = result.oom_phase == "load"
+    return out
 
 
 def _replay(

@@ -18,7 +18,9 @@ Note [One description of the step]
 
     A schedule has two parts: ``setup`` brings the device into the state the measured step starts
     from (weights, a warm-up step that allocates the optimizer states lazily, as a real run
-    does), and ``step`` is the steady-state step whose peak is reported.
+    does), and ``step`` is the steady-state step whose peak is reported. An optional third,
+    ``load``, comes before both: building and loading the model where that has transients of
+    its own (Note [The load phase]).
 
     Frees are paired with their allocations by ``key``. Inside a :class:`Repeat`, ``{i}`` in a
     key or module name is the iteration's index (``{i_prev}`` / ``{i_next}`` one less / more,
@@ -221,12 +223,30 @@ class StepSchedule:
         setup: items that bring the device to the start of the measured step.
         step: the steady-state step.
         name: free text for reports (model and engine).
+        load: building and loading the model (phase ``"load"``), replayed before ``setup``;
+            empty where loading has no transients of its own (Note [The load phase]).
+        load_rule: what the load phase models, for reports ("" without one).
+
+    Note [The load phase]
+        Loading a model can have a peak of its own and leaves blocks in the caching
+        allocator: torchtune's QLoRA on torchao 0.1 builds each linear in bf16 on the GPU and
+        quantizes it there with (numel, 16) temporaries (:mod:`trainmem.analytic.load`).
+        ``max_memory_reserved`` is the run's peak, so those cached blocks are part of it: the
+        driver replays ``load``, then ``setup`` and ``step``, through one allocator. The load
+        allocates the weights the setup allocates, under the same keys, in their final form;
+        the expansion *adopts* them (a setup allocation of a key the load left live is no
+        event), so the setup and step are unchanged and :meth:`peak` is the step's as before;
+        :meth:`load_peak` is the load's own peak of live bytes. A weight the load replaces
+        (built, then loaded again) is allocated under another key first and freed when its
+        final form exists.
     """
 
     setup: tuple[Item, ...]
     step: tuple[Item, ...]
     name: str = ""
     _cache: dict[str, object] = field(default_factory=dict, compare=False, repr=False)
+    load: tuple[Item, ...] = ()
+    load_rule: str = ""
 
     def live_before_step(self) -> dict[MemoryCategory, int]:
         """Bytes per category alive when the measured step starts (weights, optimizer states,
@@ -256,6 +276,12 @@ class StepSchedule:
         )
         self._cache["peak"] = result
         return result
+
+    def load_peak(self) -> int:
+        """The highest live bytes of the load phase (0 without one; Note [The load phase])."""
+        if not self.load:
+            return 0
+        return _summarise(self.load).excursion
 
     def phase_peaks(self) -> dict[str, int]:
         """The highest live bytes of the steady-state step within each phase (``forward``,
@@ -337,7 +363,11 @@ class StepSchedule:
     def _events(self, *, records: bool) -> Iterator[AllocEvent | EventRecord]:
         live: dict[str, tuple[int, int]] = {}
         counter = [0, 0]  # next block id, events written
-        yield from _expand(self.setup, 0, live, counter, records)
+        adopt: frozenset[str] = frozenset()
+        if self.load:  # Note [The load phase]
+            yield from _expand(self.load, 0, live, counter, records)
+            adopt = frozenset(live)
+        yield from _expand(self.setup, 0, live, counter, records, adopt)
         self._cache["steady_state_start"] = counter[1]
         yield from _expand(self.step, 0, live, counter, records)
 
@@ -480,9 +510,12 @@ def _expand(
     live: dict[str, tuple[int, int]],
     counter: list[int],
     records: bool,
+    adopt: frozenset[str] = frozenset(),
 ) -> Iterator[AllocEvent | EventRecord]:
     """The events of ``items`` with ``{i}`` (the innermost repeat's index, 0 outside any) filled
-    in, as :class:`~trainmem.timeline.EventRecord` tuples when ``records``. NB: a replay's hot
+    in, as :class:`~trainmem.timeline.EventRecord` tuples when ``records``; an allocation of a
+    key in ``adopt`` that is live (the load phase made it) is no event (Note [The load
+    phase]). NB: a replay's hot
     path (every event of every replay the planner runs passes here): the op is unpacked at once
     and a key or module without ``{`` is not formatted."""
     fmt = _format_index
@@ -494,7 +527,7 @@ def _expand(
             if count > BALANCED_REPEATS and item.independent:
                 count = BALANCED_REPEATS  # Note [Balanced repeats]
             for k in range(count):
-                yield from _expand(item.body, item.index(k), live, counter, records)
+                yield from _expand(item.body, item.index(k), live, counter, records, adopt)
             continue
         action, size_bytes, category, phase, key, module, _, stream = item
         if "{" in key:
@@ -503,6 +536,8 @@ def _expand(
             module = fmt(module, i)
         if action == "alloc":
             if key in live:
+                if key in adopt:  # the load phase allocated it (Note [The load phase])
+                    continue
                 raise ScheduleError(f"key {key!r} allocated while live")
             if size_bytes <= 0:
                 live[key] = (-1, 0)

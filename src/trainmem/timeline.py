@@ -15,8 +15,8 @@ from typing import Literal, NamedTuple
 from trainmem.breakdown import MemoryCategory
 
 Action = Literal["alloc", "free"]
-Phase = Literal["init", "forward", "backward", "optimizer", "zero_grad"]
-PHASES: tuple[str, ...] = ("init", "forward", "backward", "optimizer", "zero_grad")
+Phase = Literal["load", "init", "forward", "backward", "optimizer", "zero_grad"]
+PHASES: tuple[str, ...] = ("load", "init", "forward", "backward", "optimizer", "zero_grad")
 
 
 def module_group(path: str, depth: int | None = 3) -> str:

@@ -22,27 +22,54 @@ Note [DDP on a traced step]
     :class:`~trainmem.analytic.transforms.ddp.DdpReducer` sums from the analytic layout. It
     needs no ModelSpec, so it applies to every traced model (diffusers, timm, remote code).
 
+Note [Offload on a traced step]
+    CPU offload (torchao's ``CPUOffloadOptimizer`` outside ZeRO / FSDP, FSDP2's
+    ``CPUOffloadPolicy`` / the optimizer on the CPU beside FSDP) moves model states to host
+    memory and runs the optimizer step there; the forward and backward on the GPU are the
+    same. So the step is traced with ``offload="none"`` and rewritten with the analytic
+    engine's per-tensor rule (:func:`~trainmem.analytic.tensor_states.offloaded`, the one
+    ``build_state_layout`` places tensors with):
+
+    * an offloaded tensor's optimizer states (the traced events under the parameter's name)
+      and, with ``optimizer+params``, its weights, become 0 bytes on the GPU;
+    * the optimizer phase's temporaries become 0 bytes (the step runs on the CPU; the analytic
+      ``Optimizer`` transform inserts none under offload);
+    * with ``optimizer+gradients`` / ``optimizer+params``, an offloaded gradient stays on the
+      GPU only until its layer's gradients are all made (the analytic engine's ``reduce``
+      term: a layer's gradients alive through its backward; torchao's
+      ``offload_gradients=True`` copies each to the CPU in its post-accumulate-grad hook and
+      frees it), outside the layers it leaves at once; ``zero_grad`` has nothing left to free.
+
+    A tensor's elements come from its traced bytes in the weight dtype (LoRA adapters in
+    theirs), which decides torchao's 4096-element threshold.
+
 Source: torch/nn/parallel/distributed.py, torch/csrc/distributed/c10d/reducer.cpp (cited per
 rule in the Notes); the analytic transforms named per option.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from trainmem.analytic.lora import lora_adapter_dtype
+from trainmem.analytic.tensor_states import Offloaded, offloaded
 from trainmem.analytic.transforms.ddp import bucket_op
 from trainmem.breakdown import MemoryCategory as Cat
-from trainmem.schedule import Item, Op, StepSchedule
+from trainmem.schedule import Item, Op, Repeat, StepSchedule
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
+from trainmem.traced_transforms import layer_of
+from trainmem.units import dtype_bytes
 
 __all__ = [
     "OPTIONS",
     "TracedOption",
     "active_options",
     "apply_ddp",
+    "apply_offload",
     "traced_ddp",
+    "traced_offload",
     "traced_settings",
 ]
 
@@ -128,7 +155,134 @@ DDP = TracedOption(
     ),
 )
 
-OPTIONS: tuple[TracedOption, ...] = (DDP,)
+# -- CPU offload -------------------------------------------------------------------------------
+
+
+def traced_offload(training: TrainingConfig) -> bool:
+    """CPU offload the traced paths model (Note [Offload on a traced step]): every mode outside
+    DeepSpeed (whose offload lives in its ZeRO optimizer, not applied to traced steps yet)."""
+    return training.offload != "none" and training.framework != "deepspeed"
+
+
+def apply_offload(
+    schedule: StepSchedule, model: ModelSpec | None, training: TrainingConfig
+) -> StepSchedule:
+    """The traced step without offload as ``training``'s ``offload`` has it (Note [Offload on
+    a traced step]).
+
+    Args:
+        schedule: a traced step of the same run with ``offload="none"``.
+        model: unused (the sizes are the traced tensors').
+        training: the run (``offload``, the framework's offload implementation).
+
+    Returns:
+        The schedule with the offloaded states, weights and gradients off the GPU and the
+        optimizer step's temporaries gone (the step runs on the CPU).
+
+    Raises:
+        ScheduleError: a rewritten free that pairs with no allocation.
+    """
+    rewrite = _Offload.of(schedule, training)
+    out = StepSchedule(
+        setup=tuple(rewrite.items(schedule.setup)),
+        step=tuple(rewrite.items(schedule.step)),
+        name=schedule.name,
+    )
+    list(out.events())  # every free pairs with its allocation
+    return out
+
+
+@dataclass(slots=True)
+class _Offload:
+    """The offload rule (:func:`~trainmem.analytic.tensor_states.offloaded`) per traced tensor:
+    a parameter's elements from its allocation (its name is the module of its optimizer
+    states), a gradient's from its own bytes."""
+
+    training: TrainingConfig
+    numel: dict[str, int]
+    moved: set[str]
+
+    @classmethod
+    def of(cls, schedule: StepSchedule, training: TrainingConfig) -> _Offload:
+        numel = {}
+        for op in _ops(schedule.setup + schedule.step):
+            if op.action == "alloc" and op.category is Cat.PARAMETER:
+                numel[op.module] = op.size_bytes // _element_bytes(training, op.module)
+        return cls(training, numel, set())
+
+    def _off(self, elements: int) -> Offloaded:
+        return offloaded(self.training, elements)
+
+    def _resized(self, op: Op) -> Op:
+        cat = op.category
+        if cat is Cat.OPTIMIZER_STATE and op.module in self.numel:
+            off = self._off(self.numel[op.module]).state
+        elif cat is Cat.PARAMETER and op.module in self.numel:
+            off = self._off(self.numel[op.module]).param
+        else:  # the step's own temporaries: the step runs on the CPU
+            off = cat is Cat.TEMPORARY and op.phase == "optimizer"
+        return op._replace(size_bytes=0) if off else op
+
+    def _leaves(self, op: Op) -> bool:
+        """A new gradient that leaves for the CPU."""
+        if op.category is not Cat.GRADIENT or op.action != "alloc" or op.phase != "backward":
+            return False
+        return self._off(op.size_bytes // _element_bytes(self.training, op.module)).grad
+
+    def items(self, items: Sequence[Item]) -> list[Item]:
+        """``items`` rewritten: a gradient that leaves is freed once its layer's gradients are
+        all made (outside the layers: at once), and its own later free dropped."""
+        last: dict[str, int] = {}
+        for k, item in enumerate(items):
+            if isinstance(item, Op) and self._leaves(item):
+                last[layer_of(item.module) or f"#{k}"] = k
+        out: list[Item] = []
+        pending: list[Op] = []
+        for k, item in enumerate(items):
+            if isinstance(item, Repeat):
+                body = tuple(self.items(item.body))
+                out.append(Repeat(body, item.count, item.reverse, item.start, item.independent))
+                continue
+            if item.category is Cat.GRADIENT and item.action == "free" and item.key in self.moved:
+                continue
+            out.append(self._resized(item))
+            if self._leaves(item):
+                self.moved.add(item.key)
+                pending.append(item._replace(action="free"))
+            group = layer_of(item.module) or f"#{k}"
+            if pending and last.get(group) == k:
+                out += [op for op in pending if (layer_of(op.module) or f"#{k}") == group]
+                pending = [op for op in pending if (layer_of(op.module) or f"#{k}") != group]
+        return out + pending
+
+
+def _element_bytes(training: TrainingConfig, module: str) -> int:
+    """Bytes per element of a traced weight or gradient (LoRA adapters in their own dtype)."""
+    dtype = lora_adapter_dtype(training) if "lora_" in module else training.weight_dtype
+    return max(dtype_bytes(dtype), 1)
+
+
+def _ops(items: Sequence[Item]) -> list[Op]:
+    out: list[Op] = []
+    for item in items:
+        out += [item] if isinstance(item, Op) else _ops(item.body)
+    return out
+
+
+OFFLOAD = TracedOption(
+    name="offload",
+    applies=traced_offload,
+    traced_as=lambda t: replace(t, offload="none"),
+    apply=apply_offload,
+    note=lambda t: (
+        f"offload={t.offload}: the step was traced without offload and the offloaded model "
+        "states taken off the GPU by the analytic engine's rule (torchao's CPUOffloadOptimizer "
+        "keeps tensors under 4096 elements; gradients leave once their layer's backward is "
+        "done; the step's temporaries are on the CPU; Note [Offload on a traced step])"
+    ),
+)
+
+OPTIONS: tuple[TracedOption, ...] = (DDP, OFFLOAD)
 """Every option, in the order their rewrites apply (each to the previous one's schedule)."""
 
 

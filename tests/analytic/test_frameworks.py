@@ -858,3 +858,27 @@ def test_deepspeed_mixed_precision_master_copy_is_unchanged() -> None:
     assert t.fp32_master_copy and t.master_weights
     plain = TrainingConfig(precision="32-true", zero_stage=2, data_parallel_size=4)
     assert not plain.fp32_master_copy  # torch's ZeRO (FSDP) steps the weights themselves
+
+
+def test_gptq_bases_and_unprepared_bases_stay_16_bit_under_autocast(llama_2_7b: ModelSpec) -> None:
+    # peft utils/other.py prepare_model_for_kbit_training: the fp32 cast is skipped for GPTQ
+    # (``if not is_gptq_quantized ...``); without the cast a quantized base keeps the 16-bit
+    # dtype transformers loaded it in (quantizer_bnb_4bit.update_torch_dtype: float16 when no
+    # torch_dtype is given), so under autocast the embedding and the residual stream are 16-bit
+    kw = {"lora_rank": 8, "precision": "bf16-mixed", "framework": "hf-trainer"}
+    gptq = TrainingConfig(quantize_base="gptq-int4", **kw)  # type: ignore[arg-type]
+    nf4 = TrainingConfig(quantize_base="nf4", **kw)  # type: ignore[arg-type]
+    unprepared = TrainingConfig(quantize_base="nf4", prepare_kbit_training=False, **kw)  # type: ignore[arg-type]
+    prepared = TrainingConfig(
+        framework="fsdp-qlora", quantize_base="nf4", prepare_kbit_training=True, lora_rank=8
+    )
+    assert not gptq.kbit_fp32_upcast and nf4.kbit_fp32_upcast and not unprepared.kbit_fp32_upcast
+    assert prepared.kbit_fp32_upcast  # an explicit value wins over the framework's
+    # nf4 first: the explicit setting must not be answered from a cache keyed without it
+    for training, embedding, residual in ((nf4, 4, 4), (unprepared, 2, 2), (gptq, 2, 2)):
+        states = {s.name: s for s in tensor_states(llama_2_7b, training)}
+        assert states["embedding/tokens"].param_bytes == embedding * 32000 * 4096
+        assert states["vector"].param_bytes == embedding * 4096
+        assert compute_and_residual_bytes(training) == (2, residual)
+    # a full fine-tune under autocast keeps its fp32 weights and residual stream
+    assert compute_and_residual_bytes(TrainingConfig(**{**kw, "lora_rank": 0})) == (2, 4)  # type: ignore[arg-type]

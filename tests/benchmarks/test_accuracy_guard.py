@@ -127,6 +127,21 @@ def test_analytic_accuracy_does_not_regress() -> None:
 #: ``--torch-version 2.0``; 01..04 call zero_grad() between the loss and backward()):
 #: GT179 -9.0 -> -5.1%, GT180 -4.0 -> +2.0%, GT181 -10.4 -> -6.5%, GT182 -19.7 -> -10.4%,
 #: GT183 -18.8 -> -3.8%, GT184 unchanged (SGD); median 5.3%, p90 20.7%, 21 under.
+#: Re-recorded for peft's GPTQ exception (prepare_model_for_kbit_training casts no parameter
+#: of a GPTQ base to fp32, peft utils/other.py) and a quantized base kept in the 16 bits
+#: transformers loads it in under autocast (embedding, norms, LM head and the residual stream,
+#: TrainingConfig.kbit_16bit_dense): the fms-acceleration accelerated-peft-autogptq rows on
+#: one GPU GT155 +32.2 -> +1.2%, GT157 +34.4 -> +0.5%, GT159 +35.1 -> +1.5%; median 4.8%, p90
+#: 19.9%, 21 under.
+#: Re-recorded for the load phase (Note [The load phase], Note [torchao 0.1 NF4 at load]):
+#: torchtune's single-device QLoRA on torchao 0.1 (pinned 2024-04-09 .. 2024-06-26; the
+#: torchtune rows of that time amended with ``--torchao-version 0.1``) builds each bf16 linear
+#: on the GPU and quantizes it there, then again from the checkpoint, with (numel, 16)
+#: temporaries the caching allocator keeps; the replay runs the load before the step, so
+#: max_memory_reserved includes its cache. GT028 -41.1 -> -11.7%; GT037 +0.2 -> -6.7% (the
+#: load's cached blocks change where the step's tensors land: 12.32 -> 11.48 GB reserved);
+#: allocated rows (GT173) unchanged (torchtune resets the peak after loading). Median 4.8%,
+#: p90 19.9 -> 19.7%, 21 under.
 RECORDED_DEV2 = {
     "GT011": -0.0346,
     "GT012": -0.0367,
@@ -143,7 +158,7 @@ RECORDED_DEV2 = {
     "GT025": +0.2962,
     "GT026": +0.1217,
     "GT027": +0.3800,
-    "GT028": -0.4110,
+    "GT028": -0.1173,
     "GT029": -0.3639,
     "GT030": -0.1539,
     "GT031": -0.0097,
@@ -152,7 +167,7 @@ RECORDED_DEV2 = {
     "GT034": -0.0710,
     "GT035": -0.0650,
     "GT036": -0.0752,
-    "GT037": +0.0020,
+    "GT037": -0.0665,
     "GT038": +0.0049,
     "GT039": +2.0161,
     "GT040": -0.0921,
@@ -239,11 +254,11 @@ RECORDED_DEV2 = {
     "GT152": +0.1992,
     "GT153": +0.1094,
     "GT154": -0.1917,
-    "GT155": +0.3222,
+    "GT155": +0.0118,
     "GT156": -0.0399,
-    "GT157": +0.3439,
+    "GT157": +0.0045,
     "GT158": -0.0587,
-    "GT159": +0.3506,
+    "GT159": +0.0147,
     "GT160": -0.1905,
     "GT161": +0.0356,
     "GT162": +0.0347,
@@ -269,8 +284,8 @@ RECORDED_DEV2 = {
     "GT189": -0.0005,
 }
 MIN_DEV2_ROWS_SCORED = 139
-MAX_DEV2_MEDIAN_ABS = 0.054
-MAX_DEV2_P90_ABS = 0.21
+MAX_DEV2_MEDIAN_ABS = 0.049
+MAX_DEV2_P90_ABS = 0.198
 MAX_DEV2_UNDER = 21
 MAX_DEV2_OOM = 0
 

@@ -114,7 +114,11 @@ def test_trace_limits_are_the_trace_engines_own_refusals() -> None:
     assert validate.trace_limits(TrainingConfig(data_parallel_size=2, zero_stage=3)) is None
     why = validate.trace_limits(TrainingConfig(lora_rank=8, quantize_base="nf4"))
     assert why is not None and "quantize_base=nf4" in why
-    offloaded = TrainingConfig(data_parallel_size=2, zero_stage=3, offload="optimizer")
+    # offload outside DeepSpeed is a rule applied to the traced step (trainmem.traced_options)
+    assert validate.trace_limits(TrainingConfig(offload="optimizer")) is None
+    offloaded = TrainingConfig(
+        framework="deepspeed", data_parallel_size=2, zero_stage=2, offload="optimizer"
+    )
     assert "offload=optimizer" in (validate.trace_limits(offloaded) or "")
 
 

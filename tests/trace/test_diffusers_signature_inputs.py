@@ -24,6 +24,7 @@ from trainmem.specs.hf import load_hf_config  # noqa: E402
 from trainmem.specs.training import TrainingConfig  # noqa: E402
 from trainmem.trace.diffusers_inputs import forward_inputs  # noqa: E402
 from trainmem.trace.diffusers_model import build_diffusers_model  # noqa: E402
+from trainmem.trace.known_values import value_of  # noqa: E402
 
 
 def config_path(models_dir: Path, name: str) -> str:
@@ -119,12 +120,40 @@ class _NoRule(torch.nn.Module):
         super().__init__()
         self.proj = torch.nn.Linear(4, 4)
 
-    def forward(self, hidden_states: Any, prior_token_id: Any, return_dict: bool = True) -> Any:
+    def forward(self, hidden_states: Any, style_code: Any, return_dict: bool = True) -> Any:
         return hidden_states
 
 
 def test_a_required_argument_without_a_rule_is_refused_by_name() -> None:
-    with pytest.raises(
-        UnsupportedError, match="ToyTransformer2DModel.forward needs 'prior_token_id'"
-    ):
+    with pytest.raises(UnsupportedError, match="ToyTransformer2DModel.forward needs 'style_code'"):
         forward_inputs(_NoRule(), TrainingConfig())
+
+
+def test_qwenimage21_image_slots_follow_the_prompt_with_known_values(models_dir: Path) -> None:
+    # pipeline_qwenimage21.py, text to image: the prompt's img_mask marks no image slot, then
+    # append_target_slots adds one True per 2x2 group of packed latent tokens. 64 px / 8 = an
+    # 8 x 8 latent, packed 2x2 into 16 tokens of 4 slots; 8 prompt tokens
+    training = TrainingConfig(micro_batch_size=2, resolution=64, text_seq_len=8)
+    path = config_path(models_dir, "tiny-qwenimage21")
+    model = build_diffusers_model(load_hf_config(path), training)
+    with FakeTensorMode():
+        batch = forward_inputs(model, training)
+    assert tuple(batch["hidden_states"].shape) == (2, 16, 16)
+    assert batch["img_shapes"] == [[(1, 4, 4)], [(1, 4, 4)]]
+    assert value_of(batch["img_mask"]).tolist() == [[False] * 8 + [True] * 4] * 2
+
+
+@pytest.mark.parametrize(
+    "name", ["tiny-qwenimage21", pytest.param("tiny-lumina2", marks=pytest.mark.slow)]
+)
+def test_forwards_that_read_their_masks_estimate_on_the_generic_path(
+    invoke: Invoke, models_dir: Path, name: str
+) -> None:
+    # QwenImage 2.1 places its latent tokens by img_mask (repeat_interleave, boolean index_put,
+    # nonzero, int(sum)); Lumina2 reads each caption's length (mask.sum(1).tolist())
+    path = config_path(models_dir, name)
+    r = invoke("estimate", path, "--engine", "generic", "-b", "2", "--resolution", "64",
+               "--text-seq-len", "8", "--json")  # fmt: skip
+    d = json.loads(r.stdout)
+    assert d["num_parameters"] == d["num_trainable_parameters"] == meta_numel(path)
+    assert d["peak"]["allocated_bytes"] > 0

@@ -83,6 +83,7 @@ def test_ddp_buckets_of_a_traced_qwen2_by_hand() -> None:
     assert _buckets(_generic(QWEN2, data_parallel_size=4, precision="bf16-true")) == [2 * TRAINABLE]
 
 
+@pytest.mark.slow
 def test_ddp_on_a_diffusers_model_adds_its_gradients_once() -> None:
     # no ModelSpec: the buckets are the traced gradients' bytes
     single = _generic(PIXART)
@@ -98,3 +99,58 @@ def test_ddp_with_tensor_parallelism_stays_refused() -> None:
         _training(data_parallel_size=2, tensor_parallel_size=2), "generic"
     )
     assert "data_parallel_size=2" in refused
+
+
+# -- CPU offload -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"offload": "optimizer"},
+        pytest.param(
+            {"offload": "optimizer+params", "data_parallel_size": 4, "zero_stage": 3},
+            marks=pytest.mark.slow,
+        ),
+    ],
+    ids=["torchao", "fsdp2-params"],
+)
+def test_offload_on_a_traced_model_matches_the_analytic_engine(changes: dict[str, Any]) -> None:
+    generic, analytic = _peaks(**changes)
+    assert abs(generic / analytic - 1) < 0.01, (generic, analytic)
+    # the offloaded states (fp32 Adam, 8 B x most of 139,840) move the peak beyond the tolerance
+    kept, _ = _peaks(**{**changes, "offload": "none"})
+    assert kept - generic > 0.01 * generic
+
+
+def test_torchao_offload_of_a_traced_qwen2_by_hand() -> None:
+    # torchao CPUOffloadOptimizer(minimal_size=4096): tensors under 4096 elements keep their
+    # Adam states (two fp32 moments, 8 B per element) and gradients on the GPU. Per layer: the
+    # q bias 64, k and v weights 2,048 each and biases 32 each, two norms 64 each: 4,352
+    # elements; the final norm 64: 2 x 4,352 + 64 = 8,768 elements, 8 B x 8,768 = 70,144.
+    schedule = _generic(QWEN2, offload="optimizer")
+    assert schedule.model_states()["optimizer_states"] == 70_144
+    # with the gradients: the small ones stay (fp32, 4 B x 8,768), the others leave once their
+    # layer's are all made; the most alive at once is one group of 32,768 elements (a layer's
+    # q, o, gate, up, down weights; or the embedding, or the head) beside the small ones
+    grads = _generic(QWEN2, offload="optimizer+gradients").category_peak(MemoryCategory.GRADIENT)
+    assert grads == 4 * (8_768 + 32_768)
+
+
+@pytest.mark.slow
+def test_offloaded_gradients_on_a_composed_traced_model(tmp_path: Any) -> None:
+    # 7 layers: the generic path traces a few and repeats the middle one; the gradients leave
+    # inside the repeated body as in the traced layers
+    import json
+
+    raw = json.loads((MODELS_DIR / "formula" / "qwen2.json").read_text())
+    raw.update(num_hidden_layers=7)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    training = _training(offload="optimizer+gradients")
+    generic = estimate(str(path), training, engine="generic", simulate_allocator=False)
+    analytic = estimate(str(path), training, engine="analytic", simulate_allocator=False)
+    ratio = generic.breakdown.allocated_bytes / analytic.breakdown.allocated_bytes
+    assert abs(ratio - 1) < 0.01
+    small = 7 * 4_352 + 64
+    assert generic.schedules[0].category_peak(MemoryCategory.GRADIENT) == 4 * (small + 32_768)

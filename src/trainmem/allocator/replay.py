@@ -64,6 +64,10 @@ class ReplayResult:
         capacity_bytes: the capacity the replay started with (None = unlimited).
         snapshot: ``torch.cuda.memory._snapshot()``-style dict when ``record_history=True``
             (see :mod:`trainmem.allocator.snapshot`), else None.
+        load_max_allocated / load_max_reserved: ``max_memory_allocated`` /
+            ``max_memory_reserved`` over the events of phase ``"load"`` (loading the model,
+            replayed first; Note [The load phase] in trainmem.schedule); 0 without them.
+        oom_phase: the phase of the event that failed first; None without one.
     """
 
     max_memory_allocated: int
@@ -81,6 +85,9 @@ class ReplayResult:
     num_events: int
     capacity_bytes: int | None
     snapshot: dict[str, Any] | None = field(default=None, repr=False)
+    load_max_allocated: int = 0
+    load_max_reserved: int = 0
+    oom_phase: str | None = None
 
     @property
     def fits(self) -> bool:
@@ -150,6 +157,8 @@ def replay_timeline(
     peak_reserved_index: int | None = None
     oom_message: str | None = None
     oom_index: int | None = None
+    oom_phase: str | None = None
+    load_allocated = load_reserved = 0
     num_events = 0
     events = timeline.events if isinstance(timeline, Timeline) else timeline
     for i, ev in enumerate(events):
@@ -166,7 +175,7 @@ def replay_timeline(
                 handle = malloc(ev.size_bytes, ev.stream, category=category, frames=frames)
             except OutOfMemoryError as err:
                 if oom_message is None:
-                    oom_message, oom_index = str(err), i
+                    oom_message, oom_index, oom_phase = str(err), i, ev.phase
                 if not continue_after_oom:
                     break
                 sim.capacity_bytes = None  # See Note [Out of memory during a replay]
@@ -183,6 +192,9 @@ def replay_timeline(
             if reserved > peak_reserved:
                 peak_reserved, peak_reserved_index = reserved, i
                 allocated_at_reserved_peak = allocated
+            if ev.phase == "load":
+                load_allocated = max(load_allocated, allocated)
+                load_reserved = max(load_reserved, reserved)
         else:
             entry = live.pop(ev.block_id, None)
             if entry is None:
@@ -214,4 +226,7 @@ def replay_timeline(
         num_events=num_events,
         capacity_bytes=capacity_bytes,
         snapshot=snapshot,
+        load_max_allocated=load_allocated,
+        load_max_reserved=load_reserved,
+        oom_phase=oom_phase,
     )

@@ -6,19 +6,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from trainmem.memo import cached_on
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
 
 
+# what compute_dtype, uses_autocast, kbit_fp32_upcast and kbit_16bit_dense read
+@cached_on("precision", "framework", "quantize_base", "prepare_kbit_training")
 def compute_and_residual_bytes(training: TrainingConfig) -> tuple[int, int]:
-    """(c, r): bytes of the compute dtype and of the residual stream.
+    """(c, r): bytes of the compute dtype and of the residual stream (cached on the fields they
+    follow from: every activation term asks, about twenty times a configuration).
 
     See Note [Activation terms] (trainmem/analytic/activations.py)."""
     c = dtype_bytes(training.compute_dtype)
-    # peft's prepare_model_for_kbit_training leaves an fp32 embedding and fp32 norms: the
-    # residual stream is fp32 as under autocast
-    r = 4 if training.uses_autocast or training.kbit_fp32_upcast else c
+    # the residual stream is fp32 under autocast (fp32 embedding and norms), and after peft's
+    # prepare_model_for_kbit_training; a quantized base kept in 16 bits under autocast
+    # (TrainingConfig.kbit_16bit_dense) has a 16-bit embedding and norms: c
+    fp32 = (training.uses_autocast and not training.kbit_16bit_dense) or training.kbit_fp32_upcast
+    r = 4 if fp32 else c
     return c, r
 
 

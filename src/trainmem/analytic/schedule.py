@@ -81,6 +81,7 @@ from trainmem.analytic.backward_transients import (
 )
 from trainmem.analytic.checkpointing import input_grad_hook_bytes
 from trainmem.analytic.head import final_hidden_transient_bytes
+from trainmem.analytic.load import load_items, load_rule
 from trainmem.analytic.loss import (
     chunked_head_weight_grad_bytes,
     chunked_loss_gradient_bytes,
@@ -772,6 +773,7 @@ def rank_schedule(
     """
     b = _Builder(model, training, rank, layout, prof, workspace_per_handle)
     setup: list[Item] = b.parameters()
+    load = load_items(b.ctx, setup)  # Note [The load phase]: () for most runs
     em = b.tr.emitter()
     setup += em.at("setup", Where(first_step=True))
     em.check()
@@ -783,4 +785,6 @@ def rank_schedule(
         setup=tuple(setup),
         step=tuple(b.step(first=False)),
         name=f"{model.name} (analytic{suffix})",
+        load=load,
+        load_rule=load_rule(training) or "" if load else "",
     )

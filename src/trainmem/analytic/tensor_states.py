@@ -321,6 +321,16 @@ _NOT_LINEAR = ("lora_", "vector", "embedding", "head", "lm_head", "final_norm", 
 parallelism, upcast by peft's k-bit preparation)."""
 
 
+def is_quantized_base(state: TensorState, training: TrainingConfig) -> bool:
+    """Whether ``state`` is a frozen layer linear stored quantized (``quantize_base``), as
+    :class:`_TensorMaker` sizes it."""
+    return (
+        training.quantize_base != "none"
+        and not state.trainable
+        and not state.name.startswith(_NOT_LINEAR)
+    )
+
+
 class _TensorMaker:
     """Builds :class:`TensorState` rows for one training configuration, one per distinct
     (name, size, trainable, gradient) and copied per owner."""
@@ -365,13 +375,15 @@ class _TensorMaker:
         w = dtype_bytes(tr.weight_dtype)
         if training.kbit_fp32_upcast and not is_linear and not name.startswith("lora_"):
             w = 4  # peft prepare_model_for_kbit_training: non-quantized params in fp32
+        elif training.kbit_16bit_dense and not trainable and not name.startswith("lora_"):
+            w = dtype_bytes(training.compute_dtype)  # loaded in 16 bits, never upcast
         # Megatron tensor parallelism splits every layer linear (column / row parallel) and
         # the vocabulary (VocabParallelEmbedding, the output layer); norms are replicated.
         tp_split = is_linear or name in ("embedding/tokens", "lm_head")
         tp = self.tp
         local = -(-numel // tp) if tp_split else numel
         local_out = -(-out_features // tp) if tp_split and out_features > 1 else out_features
-        if not trainable and is_linear and training.quantize_base != "none":
+        if not trainable and is_linear and training.quantize_base != "none":  # is_quantized_base
             full_param = quantized_weight_bytes(local, local_out, training.quantize_base)
         else:
             full_param = w * local
@@ -404,15 +416,39 @@ class _TensorMaker:
         grad = -(-full_grad // dp) if stage >= 2 else full_grad
         if training.optimizer_states_partitioned:  # ZeRO >= 1, DeepSpeed BF16_Optimizer
             state = -(-state // dp)
-        # torchao CPUOffloadOptimizer keeps tensors under minimal_size on the GPU
-        on_gpu = training.torchao_cpu_offload and local < TORCHAO_OFFLOAD_MINIMAL_SIZE
-        if training.offload != "none" and not on_gpu:
+        off = offloaded(training, local)
+        if off.state:
             state = 0
-        if training.offload in ("optimizer+gradients", "optimizer+params") and not on_gpu:
+        if off.grad:
             grad = 0  # each layer's gradient leaves once reduced (the engine's reduce term)
-        if training.offload == "optimizer+params":
+        if off.param:
             param = 0
         return param, grad, state
+
+
+@dataclass(frozen=True, slots=True)
+class Offloaded:
+    """Which of a tensor's model states ``--offload`` moves to the CPU (True: not on the GPU)."""
+
+    param: bool
+    grad: bool
+    state: bool
+
+
+def offloaded(training: TrainingConfig, local: int) -> Offloaded:
+    """What CPU offload takes off the GPU for a tensor of ``local`` elements on this rank:
+    optimizer states for every mode, the gradients with ``optimizer+gradients`` /
+    ``optimizer+params``, the weights with ``optimizer+params``. torchao's
+    ``CPUOffloadOptimizer`` keeps tensors under ``minimal_size`` (4096 elements) on the GPU
+    (:data:`~trainmem.specs.frameworks.TORCHAO_OFFLOAD_MINIMAL_SIZE`; torchao
+    optim/cpu_offload.py)."""
+    on_gpu = training.torchao_cpu_offload and local < TORCHAO_OFFLOAD_MINIMAL_SIZE
+    mode = "none" if on_gpu else training.offload
+    return Offloaded(
+        param=mode == "optimizer+params",
+        grad=mode in ("optimizer+gradients", "optimizer+params"),
+        state=mode != "none",
+    )
 
 
 @dataclass(frozen=True, slots=True)

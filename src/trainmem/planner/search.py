@@ -28,7 +28,7 @@ from trainmem.planner.evaluate import (
 )
 from trainmem.specs.hardware import GPUSpec
 from trainmem.specs.model import ModelSpec
-from trainmem.specs.training import TrainingConfig
+from trainmem.specs.training import TrainingConfig, derived
 from trainmem.units import format_bytes
 
 MAX_MICRO_BATCH_SIZE = 1 << 20
@@ -203,7 +203,7 @@ def _search(
 ) -> PlanResult:
     def config(units: int) -> TrainingConfig:
         changes: dict[str, Any] = {dimension: units * step}
-        return replace(training, **changes)
+        return derived(training, changes)
 
     def fast_fits(units: int) -> bool:
         return fits(fast_estimate(model, config(units), gpu, cuda_context_bytes=cuda_context_bytes))

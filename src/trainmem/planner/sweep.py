@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import MISSING, dataclass, fields, replace
+from dataclasses import MISSING, dataclass, fields
 from itertools import product
 from typing import Any
 
@@ -20,7 +20,7 @@ from trainmem.errors import SpecError
 from trainmem.estimate import estimate, formula_model, resolve_gpu
 from trainmem.specs.hardware import GPUSpec
 from trainmem.specs.model import ModelSpec
-from trainmem.specs.training import TrainingConfig
+from trainmem.specs.training import TrainingConfig, derived
 
 _DEFAULTS: dict[str, Any] = {
     f.name: f.default for f in fields(TrainingConfig) if f.default is not MISSING
@@ -199,7 +199,7 @@ def sweep(
     rows: list[SweepRow] = []
     for point in product(*grids):
         settings = dict(zip(names, point, strict=True))
-        training = replace(base_training, **settings)
+        training = derived(base_training, settings)
         est = estimate(
             spec,
             training,

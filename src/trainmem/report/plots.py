@@ -79,6 +79,7 @@ CATEGORY_COLORS: dict[str, str] = {
     "cuda_context": "#7f7f7f",
 }
 _PHASE_COLORS: dict[str, str] = {
+    "load": "#f7f2e4",
     "init": "#f2f2f2",
     "forward": "#e3eefa",
     "backward": "#fbe9dc",

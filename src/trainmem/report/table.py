@@ -72,6 +72,16 @@ def estimate_table(est: MemoryEstimate) -> Table:
     else:
         table.add_row("peak reserved (max_memory_reserved)", gib(b.reserved_bytes), "")
         table.add_row("device total (nvidia-smi)", gib(b.device_total_bytes), "")
+    load = est.details.get("load_phase")
+    if load:  # Note [The load phase]: its own peak, and the cache it leaves
+        oom = load.get("oom")
+        table.add_row("loading: peak allocated", gib(int(load["peak_allocated_bytes"])), "")
+        reserved = load.get("max_memory_reserved")
+        if oom or reserved is not None:
+            cell = "OOM" if oom else gib(int(reserved))
+            table.add_row(
+                "loading: reserved (kept by the step)", cell, "[red]out of memory[/]" if oom else ""
+            )
     if est.gpu_capacity_bytes is not None:
         table.add_row(f"{est.gpu_name} usable capacity", gib(est.gpu_capacity_bytes), "")
         table.add_row("verdict", "", verdict_text(est))

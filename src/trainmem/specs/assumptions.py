@@ -14,6 +14,7 @@ from trainmem.specs.frameworks import (
     DEFAULT_BITSANDBYTES_VERSION,
     DEFAULT_DEEPSPEED_VERSION,
     DEFAULT_TORCH_VERSION,
+    DEFAULT_TORCHAO_VERSION,
     DEFAULT_TRANSFORMERS_VERSION,
     installed_transformers_version,
 )
@@ -78,8 +79,8 @@ def assumptions(config: Mapping[str, Any]) -> dict[str, str]:
 
     Returns:
         ``{"framework", "framework_means", "loop", "torch", "transformers", "bitsandbytes",
-        "deepspeed"}`` as text (``loop``: :func:`loop_of`); a version the user did not give
-        reads ``"2.8 (default)"`` (transformers: ``"5.24.0 (installed)"`` when installed).
+        "torchao", "deepspeed"}`` as text (``loop``: :func:`loop_of`); a version the user did
+        not give reads ``"2.8 (default)"`` (transformers: ``"5.24.0 (installed)"`` when installed).
     """
     framework = str(config.get("framework") or "pytorch-amp")
     out = {
@@ -93,6 +94,9 @@ def assumptions(config: Mapping[str, Any]) -> dict[str, str]:
         out["bitsandbytes"] = _version(
             config.get("bitsandbytes_version"), DEFAULT_BITSANDBYTES_VERSION
         )
+    if framework == "torchtune" and config.get("quantize_base", "none") != "none":
+        # torchtune's QLoRA quantizes with torchao's NF4Tensor (its load phase depends on it)
+        out["torchao"] = _version(config.get("torchao_version"), DEFAULT_TORCHAO_VERSION)
     if framework == "deepspeed":
         out["deepspeed"] = _version(config.get("deepspeed_version"), DEFAULT_DEEPSPEED_VERSION)
     return out

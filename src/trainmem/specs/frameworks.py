@@ -26,6 +26,15 @@ BNB_MATMUL4BIT_SAVES_NO_INPUT_SINCE = (0, 43, 2)
 """bitsandbytes autograd/_functions.py ``MatMul4Bit.forward``: since 0.43.2 it keeps
 ``ctx.tensors = (None, B)`` (the quantized weight only; the input gradient needs only B);
 before, ``(A, B)``: the 16-bit input of every 4-bit linear stayed saved until its backward."""
+DEFAULT_TORCHAO_VERSION = (0, 18, 0)
+"""The torchao release assumed when none is given: a current one (>= 0.2, NF4 quantized in
+chunks)."""
+TORCHAO_NF4_CHUNKED_SINCE = (0, 2, 0)
+"""torchao dtypes/nf4tensor.py ``convert_to_norm_float_weight``: from 0.2 the nearest-NF4
+search runs over ``CHUNK_SIZE = 1024**2`` elements at a time (Note: Quantize in Chunks); in 0.1
+(torchtune's pyproject.toml pinned ``torchao==0.1`` from f97bcdaa, 2024-04-09, to c1c9f308,
+2024-06-26) over the whole weight: a (numel, 16) 16-bit difference tensor and its absolute value
+at once."""
 TORCHAO_OFFLOAD_MINIMAL_SIZE = 4096
 """torchao ``CPUOffloadOptimizer(minimal_size=4096)``: parameters with fewer elements are kept
 in an optimizer on the GPU ("to avoid excessively many small transfers",

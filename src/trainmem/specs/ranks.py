@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from trainmem.memo import cached_on
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig, pipeline_stage_ids, pipeline_stage_layers
 
@@ -289,7 +290,17 @@ def rank_map(
     return RankMap(dp, tp, cp, p, 1, stages, tuple(ranks))
 
 
+@cached_on(  # what rank_map reads (the framework for its pipeline split)
+    "data_parallel_size",
+    "tensor_parallel_size",
+    "context_parallel_size",
+    "pipeline_parallel_size",
+    "pipeline_schedule",
+    "virtual_pipeline_stages",
+    "framework",
+)
 def model_rank_map(model: ModelSpec, training: TrainingConfig) -> RankMap:
     """:func:`rank_map` of ``model``'s blocks (encoder + decoder blocks of an encoder-decoder,
-    ``ModelSpec.num_blocks``) and tied embeddings."""
+    ``ModelSpec.num_blocks``) and tied embeddings (cached per model and parallel layout: the
+    engine asks twice a configuration)."""
     return rank_map(training, model.num_blocks, tied_embeddings=model.tie_word_embeddings)

@@ -38,6 +38,7 @@ from trainmem.errors import UnsupportedError
 from trainmem.specs.diffusers import LAYOUTS, diffusers_family, image_batch
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
+from trainmem.trace.known_values import known
 from trainmem.trace.quantized import parameter_dtype
 
 torch = require_torch()
@@ -281,8 +282,9 @@ def class_labels(s: Sizes) -> Any:
 
 
 def text_mask(s: Sizes) -> Any:
-    """[b, t] ones: unpadded prompts."""
-    return torch.ones(s.b, s.t, dtype=torch.bool)
+    """[b, t] ones: unpadded prompts; its value is known to the forward (Note [Known values
+    of a synthetic batch])."""
+    return known(lambda: torch.ones(s.b, s.t, dtype=torch.bool))
 
 
 def sizes_2(s: Sizes) -> Any:
@@ -293,6 +295,24 @@ def sizes_2(s: Sizes) -> Any:
 def img_shapes(s: Sizes) -> Any:
     """One (frames, h/2, w/2) per sample (``pipeline_qwenimage.py``)."""
     return [[(1, s.h // 2, s.w // 2)] for _ in range(s.b)]
+
+
+IMAGE_SLOT_TOKENS = 4
+"""Packed latent tokens per vision-language image slot (a 2x2 group, QwenImage 2.1's
+``_IMG_TOKENS_PER_SLOT``)."""
+
+
+def image_slot_mask(s: Sizes) -> Any:
+    """[b, t + (h/2)(w/2) / 4] bool: False at the t prompt tokens, True at the target image's
+    slots, one per 2x2 group of packed latent tokens (``pipeline_qwenimage21.py``
+    ``append_target_slots``; text to image: no condition image). Its value is known to the
+    forward, which places the latent tokens by it."""
+    slots = s.tokens // IMAGE_SLOT_TOKENS
+    return known(
+        lambda: torch.cat(
+            [torch.zeros(s.b, s.t, dtype=torch.bool), torch.ones(s.b, slots, dtype=torch.bool)], 1
+        )
+    )
 
 
 def padding_mask(s: Sizes) -> Any:
@@ -334,7 +354,9 @@ def image_embeds(s: Sizes) -> Any:
     """[b, 729, ``image_embed_dim``]: SigLIP's 27 x 27 semantic tokens, zeros for text-to-video
     (``pipeline_hunyuan_video1_5.py``)."""
     width = s.field("image_embed_dim")
-    return ABSENT if width is None else torch.zeros(s.b, 729, width, dtype=s.dtype)
+    if width is None:
+        return ABSENT
+    return known(lambda: torch.zeros(s.b, 729, width, dtype=s.dtype))
 
 
 def rope_positions(s: Sizes) -> Any:
@@ -478,6 +500,7 @@ INPUT_RULES: dict[str, InputRule] = {
     "target_size": InputRule(sizes_2),
     "crop_coords": InputRule(sizes_2),
     "img_shapes": InputRule(img_shapes, optional=True),
+    "img_mask": InputRule(image_slot_mask),
     "timestep_r": InputRule(timestep),
     "r_timestep": InputRule(timestep),
     "padding_mask": InputRule(padding_mask, optional=True),

@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Callable, Mapping
+import weakref
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from trainmem.breakdown import MemoryEstimate
@@ -155,15 +156,45 @@ def build_diffusers_model(
     return model
 
 
+class _BufferSequence(Sequence[Any]):
+    """A list attribute of tensors read from its module's buffers ``<name>_0``, ``<name>_1``...
+    (so that the fake mode's conversion of the buffers reaches the list): indexing, ``len`` and
+    iteration as the list it replaces; the model may assign a plain list over it."""
+
+    def __init__(self, module: Any, names: list[str]) -> None:
+        self._module = weakref.ref(module)
+        self._names = names
+
+    def __getitem__(self, i: Any) -> Any:
+        buffers = self._module()._buffers  # type: ignore[union-attr]
+        return [buffers[n] for n in self._names][i]
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
 def _tensor_attributes_as_buffers(model: Any) -> None:
     """Register the plain tensor attributes of ``model``'s modules (rotary tables some classes
     keep outside ``register_buffer``: QwenImage's ``pos_freqs``, Kandinsky 5's...) as
-    non-persistent buffers, so that the fake mode converts them with the buffers."""
-    for module in model.modules():
+    non-persistent buffers, and lists of tensors (Lumina2's per-axis ``freqs_cis``) as a
+    :class:`_BufferSequence`, so that the fake mode converts them with the buffers."""
+    for module in list(model.modules()):
         for key, value in list(vars(module).items()):
             if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
                 delattr(module, key)
                 module.register_buffer(key, value, persistent=False)
+            elif (
+                isinstance(value, list | tuple)
+                and value
+                and all(
+                    isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter)
+                    for v in value
+                )
+            ):
+                names = [f"{key}_{i}" for i in range(len(value))]
+                for n, v in zip(names, value, strict=True):
+                    module.register_buffer(n, v, persistent=False)
+                setattr(module, key, _BufferSequence(module, names))
 
 
 def apply_diffusers_lora(model: Any, training: TrainingConfig) -> None:

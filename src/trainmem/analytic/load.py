@@ -1,0 +1,212 @@
+"""The load phase of the analytic schedule: building and loading the model on the GPU where
+that has transients of its own (Note [The load phase] in :mod:`trainmem.schedule`).
+
+One rule today, torchtune's single-device QLoRA on torchao 0.1 (Note [torchao 0.1 NF4 at
+load]); every other run loads its weights without modelled transients (no load phase).
+
+Note [torchao 0.1 NF4 at load]
+    torchtune's ``lora_finetune_single_device`` recipe (fef3ed1, Apr 2024) builds the model on
+    the GPU in bf16 (``_setup_model``: ``with utils.set_default_dtype(self._dtype),
+    self._device: model = config.instantiate(cfg_model)``); each quantized ``LoRALinear``
+    creates an ``nn.Linear`` there and quantizes its weight at once
+    (modules/peft/lora.py ``_create_weight_and_bias``: ``to_nf4(linear.weight)``; the bf16
+    weight is freed when the function returns). Then ``model.load_state_dict`` copies the
+    checkpoint (on the CPU) into every weight: an NF4 weight's ``copy_`` is torchtune's
+    (utils/_register_nf4_dispatch_ops.py ``inplace_copy``: ``to_nf4(src.to(dest.device))``,
+    then the new pieces replace the old), so every base linear is quantized twice.
+
+    torchao 0.1's ``NF4Tensor.from_tensor`` (dtypes/nf4tensor.py; torchtune pinned
+    ``torchao==0.1`` from f97bcdaa, 2024-04-09, to c1c9f308, 2024-06-26) on a bf16 weight of
+    ``n`` elements, blocks of 64 (``nb = n / 64`` scalers) in 256-scaler blocks (``nsb = nb /
+    256``), allocates in this order (bytes; 2 per bf16, 8 per int64):
+
+    * ``double_quantize_scalers``: ``abs`` 2n, ``max(dim=1)`` values 2nb and indices 8nb (the
+      abs and indices freed); ``scalers_1 - mean`` 2nb (the values freed); its ``abs`` 2nb,
+      ``max`` 2nsb + 8nsb; ``2 * scaler_absmax`` and ``256 / (...)`` over the expanded
+      (nsb, 256) view, 2nb each; ``* factor``, ``round``, ``clamp`` 2nb each, one at a time;
+      ``.to(int8)`` nb;
+    * ``convert_to_norm_float_weight``: ``abs`` 2n and ``max`` 2nb + 8nb again; ``blocks /
+      scales`` 2n; ``quantize_tensor_nearest``: ``(value - nf4)`` over (n, 16) 32n, ``.abs()``
+      32n (the difference freed), ``min(dim=-1)`` values 2n and indices 8n (the values and the
+      absolute difference freed); ``indices[::2] << 4`` 4n, ``| indices[1::2]`` 4n, then
+      ``.to(torch.uint8)`` n / 2, the packed weight.
+
+    The peak of one weight is the live weights + 2n (the bf16 weight) + 2n (scaled) + 64n: for
+    Llama-2-7B's 4096 x 11008 MLP weights 3.07 GB above the weights, and the freed (n, 16)
+    blocks stay in the caching allocator. The kept pieces (packed data, int8 scalers, factors,
+    mean, the 16-entry table) are the weight's ``param_bytes`` here, allocated where the
+    packed data is; the int8 scalers and factors made before it are held until then.
+    From torchao 0.2 the nearest-value search runs over ``CHUNK_SIZE = 1024**2`` elements at a
+    time (Note: Quantize in Chunks), whose transients are not modelled.
+
+    Not modelled: torchtune's distributed recipes (rank 0 builds on the CPU, FSDP1 syncs the
+    module states) and ``from_pretrained`` paths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from trainmem.analytic.tensor_states import TensorState, is_quantized_base
+from trainmem.analytic.transforms.base import RankContext, alloc, free
+from trainmem.breakdown import MemoryCategory as Cat
+from trainmem.schedule import Item, Op, Repeat
+from trainmem.specs.frameworks import TORCHAO_NF4_CHUNKED_SINCE, parse_version
+from trainmem.specs.training import TrainingConfig
+
+NF4_TORCHAO_BLOCK = 64
+"""torchao ``to_nf4(tensor, block_size=64, scaler_block_size=256)``: elements per scaler."""
+NF4_TORCHAO_SCALER_BLOCK = 256
+"""Scalers per double-quantization block (``scaler_block_size``)."""
+NF4_LEVELS = 16
+"""Entries of the NF4 table ``(value - nf4)`` is broadcast against."""
+
+LOAD_RULE = "torchtune QLoRA on torchao 0.1: bf16 linears built and NF4-quantized on the GPU"
+"""The load phase's rule, as :func:`load_rule` names it."""
+
+
+def load_rule(training: TrainingConfig) -> str | None:
+    """The load rule that applies to ``training`` (Note [torchao 0.1 NF4 at load]), or None:
+    torchtune's single-device recipe (no data, tensor or pipeline parallelism) with an NF4 base
+    on torchao before 0.2."""
+    if training.framework != "torchtune" or training.quantize_base not in ("nf4", "nf4-dq"):
+        return None
+    version = parse_version("torchao_version", training.torchao_version)
+    if version is None or (*version, 0, 0)[:3] >= TORCHAO_NF4_CHUNKED_SINCE:  # "0.2" is 0.2.0
+        return None
+    single = (
+        training.data_parallel_size
+        * training.tensor_parallel_size
+        * training.pipeline_parallel_size
+        * training.context_parallel_size
+    ) == 1
+    return LOAD_RULE if single else None
+
+
+def to_nf4_ops(numel: int, kept: Op, key: str, module: str) -> list[Op]:
+    """The allocations and frees of torchao 0.1 ``NF4Tensor.from_tensor`` on a bf16 weight of
+    ``numel`` elements, in order (Note [torchao 0.1 NF4 at load]); ``kept`` is the quantized
+    weight's allocation, made where ``.to(torch.uint8)`` makes the packed data. ``key``
+    prefixes the transients' keys.
+
+    Source: torchao v0.1 dtypes/nf4tensor.py ``from_tensor``, ``double_quantize_scalers``,
+    ``get_block_absmax``, ``convert_to_norm_float_weight``, ``quantize_tensor_nearest``.
+    """
+    n = numel
+    nb = n // NF4_TORCHAO_BLOCK
+    nsb = nb // NF4_TORCHAO_SCALER_BLOCK
+    out: list[Op] = []
+
+    def new(size: int, name: str, label: str = "") -> Op:
+        op = alloc(size, Cat.TEMPORARY, "load", f"{key}/{name}", module, label)
+        out.append(op)
+        return op
+
+    def drop(*ops: Op) -> None:
+        out.extend(free(op, "load") for op in ops)
+
+    # double_quantize_scalers(inpt.flatten(), 64, 256)
+    a1 = new(2 * n, "abs1")
+    v1, i1 = new(2 * nb, "max1"), new(8 * nb, "argmax1")
+    drop(a1, i1)
+    s1 = new(2 * nb, "scalers1")
+    drop(v1)
+    a2 = new(2 * nb, "abs2")
+    v2, i2 = new(2 * nsb, "max2"), new(8 * nsb, "argmax2")
+    drop(a2, i2)
+    m2 = new(2 * nb, "twice")
+    qf = new(2 * nb, "factor")
+    drop(m2)
+    q1 = new(2 * nb, "mul")
+    q2 = new(2 * nb, "round")
+    drop(q1)
+    q3 = new(2 * nb, "clamp")
+    drop(q2)
+    qs = new(nb, "int8")
+    drop(q3, v2, s1)
+    # convert_to_norm_float_weight(inpt, n_blocks, 64, nf4)
+    a3 = new(2 * n, "abs3")
+    v3, i3 = new(2 * nb, "max3"), new(8 * nb, "argmax3")
+    drop(a3, i3)
+    scaled = new(2 * n, "scaled")
+    diff = new(2 * NF4_LEVELS * n, "diff", "torchao 0.1 NF4: (value - nf4) over (numel, 16)")
+    absd = new(2 * NF4_LEVELS * n, "absdiff", "torchao 0.1 NF4: |value - nf4| over (numel, 16)")
+    drop(diff)
+    mv, mi = new(2 * n, "min"), new(8 * n, "argmin")
+    drop(mv, absd)
+    shifted = new(4 * n, "shift")
+    packed = new(4 * n, "or")
+    drop(shifted)
+    out.append(kept)
+    drop(packed, mi, scaled, v3, qs, qf)
+    return out
+
+
+def _quantized_weight(state: TensorState, op: Op, init_key: str | None) -> list[Op]:
+    """One quantized linear's build (``init_key``: the weight is kept under it until the
+    checkpoint's copy replaces it) or reload (``init_key`` None: the new weight under the
+    setup's key, then the built one freed)."""
+    n = state.local_numel or state.numel
+    module = op.module
+    if init_key is not None:  # nn.Linear(...) on the GPU, then to_nf4(linear.weight)
+        src = alloc(2 * n, Cat.TEMPORARY, "load", f"{op.key}/bf16", module, "a bf16 linear")
+        kept = op._replace(phase="load", key=init_key)
+        return [src, *to_nf4_ops(n, kept, f"{op.key}/init", module), free(src, "load")]
+    src = alloc(2 * n, Cat.TEMPORARY, "load", f"{op.key}/ckpt", module, "a checkpoint weight")
+    built = op._replace(key=f"{op.key}@init")
+    kept = op._replace(phase="load")
+    return [
+        src,
+        *to_nf4_ops(n, kept, f"{op.key}/load", module),
+        free(src, "load"),
+        free(built, "load"),
+    ]
+
+
+def load_items(ctx: RankContext, parameters: Sequence[Item]) -> tuple[Item, ...]:
+    """The load phase of one rank (Note [The load phase]): ``parameters`` (the setup's weight
+    allocations, :meth:`trainmem.analytic.schedule._Builder.parameters`) as the load makes
+    them, or ``()`` when no load rule applies (:func:`load_rule`).
+
+    Returns:
+        Items in phase ``"load"``: every weight built (a quantized one through
+        :func:`to_nf4_ops`), then every quantized weight loaded again from the checkpoint.
+    """
+    if load_rule(ctx.training) is None:
+        return ()
+    build: list[Item] = []
+    reload: list[Item] = []
+    for item in _flat(parameters):
+        if isinstance(item, Op):
+            build.append(item._replace(phase="load"))
+            continue
+        body: list[Op] = []
+        again: list[Op] = []
+        for n, op in enumerate(item.body):
+            assert isinstance(op, Op)
+            state = ctx.layer_states[n]
+            if is_quantized_base(state, ctx.training):
+                body += _quantized_weight(state, op, f"{op.key}@init")
+                again += _quantized_weight(state, op, None)
+            else:
+                body.append(op._replace(phase="load"))
+        build.append(Repeat(tuple(body), item.count))
+        if again:
+            reload.append(Repeat(tuple(again), item.count))
+    return (*build, *reload)
+
+
+def _flat(items: Sequence[Item]) -> list[Item]:
+    """The setup's weight items with single-iteration repeats opened: the embedding, head and
+    buffer allocations as ops, the layers' repeat kept."""
+    out: list[Item] = []
+    for item in items:
+        if isinstance(item, Repeat) and item.count == 1 and not _is_layer_body(item):
+            out += _flat(item.body)
+        else:
+            out.append(item)
+    return out
+
+
+def _is_layer_body(item: Repeat) -> bool:
+    return all(isinstance(op, Op) and "{i}" in op.key for op in item.body)

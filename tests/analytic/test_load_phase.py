@@ -1,0 +1,133 @@
+"""The load phase (Note [The load phase], Note [torchao 0.1 NF4 at load]): torchtune's
+single-device QLoRA on torchao 0.1 builds each base linear in bf16 on the GPU and quantizes it
+there, then quantizes it again from the checkpoint in ``load_state_dict``.
+
+Expected bytes by hand from torchao v0.1 dtypes/nf4tensor.py, for a bf16 weight of ``n``
+elements (blocks of 64: ``n / 64`` scalers): ``convert_to_norm_float_weight`` holds the scaled
+blocks (2n), ``(value - nf4)`` over (n, 16) (32n) and its ``.abs()`` (32n) at once, beside the
+double quantization's int8 scalers (n / 64), their factors (2 n / 64, over the expanded view)
+and the block maxima (2 n / 64): 66n + 5n / 64 above what was live. In ``load_state_dict`` the
+checkpoint's bf16 copy (2n) is live too, and every weight of the model (built once): the load
+peaks at the model's parameter bytes + 68n + 5n / 64 on the largest linear.
+
+Llama-3.2-1B: its MLP linears are 2048 x 8192 = 16,777,216 elements, the largest; 68n + 5n / 64
+= 1,140,850,688 + 1,310,720 = 1,142,161,408 bytes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from trainmem.analytic.load import LOAD_RULE, load_rule, to_nf4_ops
+from trainmem.analytic.transforms.base import alloc
+from trainmem.breakdown import MemoryCategory
+from trainmem.estimate import estimate
+from trainmem.schedule import StepSchedule
+from trainmem.specs.training import TrainingConfig
+
+MLP = 2048 * 8192  # Llama-3.2-1B's gate / up / down weights
+ALL_LINEARS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+def _qlora(torchao: str | None, **settings: object) -> TrainingConfig:
+    return TrainingConfig(  # type: ignore[arg-type]
+        micro_batch_size=1,
+        seq_len=256,
+        precision="bf16-true",
+        lora_rank=8,
+        lora_targets=ALL_LINEARS,
+        quantize_base="nf4-dq",
+        framework="torchtune",
+        activation_checkpointing="full",
+        torchao_version=torchao,
+        **settings,
+    )
+
+
+def test_one_weight_peaks_at_the_16_way_difference_and_its_absolute_value() -> None:
+    n = 4096 * 11008  # Llama-2-7B's MLP weight
+    kept = alloc(1_000, MemoryCategory.PARAMETER, "load", "w")
+    ops = to_nf4_ops(n, kept, "t", "layers.0")
+    sched = StepSchedule(setup=(), step=(), load=tuple(ops))
+    assert sched.load_peak() == 66 * n + 5 * n // 64
+    live = sum(op.size_bytes if op.action == "alloc" else -op.size_bytes for op in ops)
+    assert live == 1_000  # only the quantized weight is left
+
+
+def test_load_peak_of_a_1b_qlora() -> None:
+    est = estimate("llama-3.2-1b", _qlora("0.1"), engine="analytic", simulate_allocator=False)
+    sched = est.schedules[0]
+    weights = sched.model_states()["parameters"]
+    assert sched.load_peak() == weights + 68 * MLP + 5 * MLP // 64
+    assert est.details["load_phase"]["peak_allocated_bytes"] == sched.load_peak()
+
+
+def test_the_step_is_unchanged_by_the_load() -> None:
+    """The load makes the weights the setup allocates (adopted: no second event), so the
+    step's peak and every event after the load are those of the run without a load phase."""
+    plain = estimate("llama-3.2-1b", _qlora(None), engine="analytic", simulate_allocator=False)
+    loaded = estimate("llama-3.2-1b", _qlora("0.1"), engine="analytic", simulate_allocator=False)
+    a, b = plain.schedules[0], loaded.schedules[0]
+    assert not a.load and b.load
+    assert a.peak() == b.peak()
+
+    def shape(events: list) -> list:  # type: ignore[type-arg]
+        return [(e.action, e.size_bytes, e.category, e.phase) for e in events]
+
+    after_load = [e for e in b.expand().events if e.phase != "load"]
+    first = a.expand().events
+    weights = 0
+    while first[weights].phase == "init" and first[weights].category == MemoryCategory.PARAMETER:
+        weights += 1
+    assert shape(after_load) == shape(first[weights:])
+
+
+@pytest.mark.parametrize(
+    ("torchao", "settings", "rule"),
+    [
+        ("0.1", {}, LOAD_RULE),
+        ("0.1.0", {"quantize_base": "nf4"}, LOAD_RULE),
+        (None, {}, None),  # a current torchao: quantized in chunks
+        ("0.2", {}, None),
+        ("0.1", {"framework": "pytorch-amp"}, None),
+        ("0.1", {"quantize_base": "none", "lora_targets": ("q",)}, None),
+    ],
+)
+def test_which_runs_have_the_rule(
+    torchao: str | None, settings: dict[str, object], rule: str | None
+) -> None:
+    base = _qlora(torchao)
+    from dataclasses import replace
+
+    assert load_rule(replace(base, **settings)) == rule  # type: ignore[arg-type]
+
+
+def test_distributed_recipe_is_not_the_single_device_rule() -> None:
+    training = _qlora("0.1", data_parallel_size=2, zero_stage=3)
+    assert load_rule(training) is None
+
+
+def test_loading_that_does_not_fit_is_the_verdict() -> None:
+    """On 2.5 GB the step fits (tight) but the 1B model's load peak (its weights + 1.14 GB, of
+    a 2.33 GiB allocator capacity) does not: the verdict says so, the note names loading."""
+    plain = estimate("llama-3.2-1b", _qlora(None), engine="analytic", gpu="2.5GB")
+    assert plain.verdict != "does not fit"
+    est = estimate("llama-3.2-1b", _qlora("0.1"), engine="analytic", gpu="2.5GB")
+    assert est.verdict == "does not fit"
+    assert est.details["load_phase"]["oom"] is True
+    assert any(n.startswith("loading the model does not fit") for n in est.notes)
+    assert est.details["assumed"]["torchao"] == "0.1"
+    assert (
+        "torchao" not in plain.details["assumed"]
+        or "(default)" in plain.details["assumed"]["torchao"]
+    )
+
+
+def test_reserved_includes_the_cache_the_load_leaves() -> None:
+    """max_memory_reserved is the run's: at least what the load reserved."""
+    est = estimate("llama-3.2-1b", _qlora("0.1"), engine="analytic")
+    load = est.details["load_phase"]
+    assert load["max_memory_allocated"] >= load["peak_allocated_bytes"]
+    assert est.breakdown.reserved_bytes >= load["max_memory_reserved"]
+    plain = estimate("llama-3.2-1b", _qlora(None), engine="analytic")
+    assert est.breakdown.reserved_bytes > plain.breakdown.reserved_bytes

@@ -1,0 +1,95 @@
+"""Every cache of :mod:`trainmem.memo` (``cached_on``) against its own uncached function.
+
+``cached_on`` keys a function on the settings it reads; a field missing from the key answers a
+configuration from another's entry (``prepare_kbit_training`` was, once). Here each cached
+function is first asked about a base configuration, then about every configuration that
+differs from it in one setting (each allowed value of a choice, the other value of a flag, a
+few counts), and each answer must equal the uncached function's (``__wrapped__``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from trainmem.analytic.activation_shapes import compute_and_residual_bytes
+from trainmem.errors import SpecError
+from trainmem.specs.hf import load_model_spec
+from trainmem.specs.ranks import model_rank_map
+from trainmem.specs.settings import setting_of
+from trainmem.specs.training import TrainingConfig
+
+MODEL = load_model_spec("llama-3.2-1b")
+
+BASES: dict[str, dict[str, Any]] = {
+    "plain": {},
+    "qlora": {"lora_rank": 8, "quantize_base": "nf4"},
+    "parallel": {"data_parallel_size": 8, "zero_stage": 3, "pipeline_parallel_size": 2},
+    "interleaved": {
+        "pipeline_parallel_size": 2,
+        "pipeline_schedule": "interleaved-1f1b",
+        "gradient_accumulation_steps": 4,
+    },
+}
+
+CACHED: dict[str, Callable[[TrainingConfig], object]] = {
+    "compute_and_residual_bytes": compute_and_residual_bytes,
+    "model_rank_map": lambda t: model_rank_map(MODEL, t),
+}
+UNCACHED: dict[str, Callable[[TrainingConfig], object]] = {
+    "compute_and_residual_bytes": compute_and_residual_bytes.__wrapped__,  # type: ignore[attr-defined]
+    "model_rank_map": lambda t: model_rank_map.__wrapped__(MODEL, t),  # type: ignore[attr-defined]
+}
+
+
+def _values(field: dataclasses.Field[Any]) -> Iterator[object]:
+    """Other values a setting can take: its choices, the other flag, a few counts."""
+    s = setting_of(field)
+    if s.choices and not isinstance(field.default, tuple):
+        yield from s.choices
+    elif isinstance(field.default, bool) or str(field.type) == "bool | None":
+        yield from (True, False)
+    elif isinstance(field.default, int) or str(field.type) == "int | None":
+        yield from (2, 4)
+
+
+def _variants(base: dict[str, Any]) -> Iterator[TrainingConfig]:
+    for field in dataclasses.fields(TrainingConfig):
+        for value in _values(field):
+            try:
+                yield TrainingConfig(**{**base, field.name: value})
+            except SpecError:
+                continue  # a combination TrainingConfig refuses
+
+
+@pytest.mark.parametrize("name", sorted(CACHED))
+@pytest.mark.parametrize("base", sorted(BASES))
+def test_a_cached_answer_is_the_uncached_one(name: str, base: str) -> None:
+    cached, uncached = CACHED[name], UNCACHED[name]
+    cached(TrainingConfig(**BASES[base]))  # the entry a missing key would answer from
+    checked = 0
+    for training in _variants(BASES[base]):
+        try:
+            expected = uncached(training)
+        except SpecError:
+            continue
+        assert cached(training) == expected, training
+        checked += 1
+    assert checked > 50  # the variants did run
+
+
+def test_every_cached_function_is_checked_here() -> None:
+    # a new @cached_on function joins CACHED / UNCACHED above, with the bases it needs
+    import re
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[1] / "src" / "trainmem"
+    decorated = set()
+    for path in src.rglob("*.py"):
+        text = path.read_text()
+        for match in re.finditer(r"^@cached_on\((?:.|\n)*?\)\n(?:#.*\n)*def (\w+)", text, re.M):
+            decorated.add(match.group(1))
+    assert decorated == set(CACHED)
