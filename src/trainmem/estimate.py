@@ -31,7 +31,7 @@ from trainmem.specs.hf import load_model_spec
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.ranks import model_rank_map
 from trainmem.specs.training import TrainingConfig, check_training_for_model, resolved_config
-from trainmem.traced_options import active_options, traced_settings
+from trainmem.traced_options import active_options, paged_states, traced_settings
 from trainmem.traced_quantized import quantized_base_refusals
 from trainmem.traced_transforms import (
     apply_deepspeed,
@@ -791,8 +791,9 @@ def _estimate_traced(
             est.notes.append(option.note(training))
         _drop_traced_peak(est, training)
     # what no fake tensor shows, as the analytic engine counts it: the user's CUDA context (or
-    # the default) and the NCCL communicators beside the allocator
-    ctx, outside, notes = device_context(training, cuda_context_bytes, gpu=gpu_spec)
+    # the default), the NCCL communicators and a paged optimizer's states beside the allocator
+    paged = paged_states(target, training) if standin is not None and not diffusers else 0
+    ctx, outside, notes = device_context(training, cuda_context_bytes, paged, gpu=gpu_spec)
     est.breakdown = replace(est.breakdown, cuda_context=ctx)
     est.details["outside_allocator_bytes"] = outside
     est.notes.extend(notes)

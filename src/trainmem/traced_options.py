@@ -53,11 +53,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from trainmem.analytic.lora import lora_adapter_dtype
-from trainmem.analytic.tensor_states import Offloaded, offloaded
+from trainmem.analytic.tensor_states import Offloaded, offloaded, state_layout
 from trainmem.analytic.transforms.ddp import bucket_op
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
 from trainmem.specs.model import ModelSpec
+from trainmem.specs.optimizers import OPTIMIZER_TABLE
 from trainmem.specs.training import TrainingConfig
 from trainmem.traced_transforms import layer_of
 from trainmem.units import dtype_bytes
@@ -68,6 +69,7 @@ __all__ = [
     "active_options",
     "apply_ddp",
     "apply_offload",
+    "paged_states",
     "traced_ddp",
     "traced_offload",
     "traced_settings",
@@ -281,6 +283,21 @@ OFFLOAD = TracedOption(
         "done; the step's temporaries are on the CPU; Note [Offload on a traced step])"
     ),
 )
+
+# -- paged optimizers -------------------------------------------------------------------------
+
+
+def paged_states(model: str | ModelSpec, training: TrainingConfig) -> int:
+    """Bytes of a bitsandbytes paged optimizer's states in CUDA managed memory, outside the
+    caching allocator (:func:`~trainmem.analytic.tensor_states.paged_state_bytes` per tensor of
+    the analytic layout: tensors of at least 1e5 elements); 0 for another optimizer or a model
+    without a ModelSpec. The traced step runs a stand-in for the optimizer
+    (:func:`~trainmem.traced_transforms.optimizer_standin`) whose states the analytic
+    ``Optimizer`` transform replaces with the layout's allocator-side ones."""
+    if not isinstance(model, ModelSpec) or not OPTIMIZER_TABLE[training.optimizer].paged:
+        return 0
+    return state_layout(model, training).total("paged_state_bytes")
+
 
 OPTIONS: tuple[TracedOption, ...] = (DDP, OFFLOAD)
 """Every option, in the order their rewrites apply (each to the previous one's schedule)."""

@@ -168,10 +168,11 @@ def optimizer_standin(training: TrainingConfig) -> TrainingConfig | None:
     """The settings the trace runs in place of an optimizer it cannot run on fake tensors
     (bitsandbytes' and torchao's kernels, ``OptimizerRow.untraceable``): torch's fused AdamW,
     which allocates nothing at the step (its states are then replaced, Note [Traced optimizer
-    states]); None when the optimizer runs as it is, or is paged (its states outside the
-    caching allocator) or not a torch optimizer's replacement (DeepSpeed's wrappers)."""
+    states]; a paged optimizer's large states leave the allocator as the layout's
+    ``paged_state_bytes``); None when the optimizer runs as it is, or is not a torch
+    optimizer's replacement (DeepSpeed's wrappers)."""
     row = OPTIMIZER_TABLE[training.optimizer]
-    if not row.untraceable or row.paged or training.conventions.deepspeed_optimizer_wrappers:
+    if not row.untraceable or training.conventions.deepspeed_optimizer_wrappers:
         return None
     return replace(training, optimizer="adamw", optimizer_implementation="fused")
 
