@@ -57,12 +57,28 @@ _TORCHTUNE_AO01 = (
     "(2024-04-15), 20747cd (2024-04-18) and 0217d44c (2024-05-09); the reading had no "
     "--torchao-version",
 )
+_FMS_LORA_DROPOUT = (
+    [*_FMS_TRANSFORMERS[0], "--lora-dropout", "0.1"],
+    _FMS_TRANSFORMERS[1] + "; scripts/benchmarks/scenarios.yaml @24bdadb gives every peft "
+    "scenario (standard-peft, baseline-peft-bnb, accelerated-peft-bnb / -gptq) lora_dropout: "
+    "0.1",
+)
+_FMS_BNB = (
+    [*_FMS_LORA_DROPOUT[0], "--quantize-base", "nf4-dq"],
+    _FMS_LORA_DROPOUT[1] + "; both bnb configurations load through the accelerated-peft "
+    "plugin's model_loader (plugins/accelerated-peft/.../framework_plugin_bnb.py @24bdadb: "
+    "BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_use_double_quant=True, ...)), so the base "
+    "is NF4 with double quantization",
+)
 
 AMENDMENTS: dict[str, tuple[list[str], str]] = {
     **{f"GT0{n}": _TORCHTUNE_AO01 for n in range(28, 39)},
     "GT173": _TORCHTUNE_AO01,
     **{f"GT{n}": _FSDP_QLORA for n in range(115, 132)},
-    **{f"GT{n}": _FMS_TRANSFORMERS for n in range(132, 161)},
+    **{f"GT{n}": _FMS_TRANSFORMERS for n in range(132, 140)},
+    **{f"GT{n}": _FMS_LORA_DROPOUT for n in range(140, 146)},
+    **{f"GT{n}": _FMS_BNB for n in range(146, 155)},
+    **{f"GT{n}": _FMS_LORA_DROPOUT for n in range(155, 161)},
     **{f"GT{n}": _TORCHAO_FUSED for n in range(167, 170)},
     **{f"GT{n}": _RASBT_ZERO_GRAD for n in range(179, 183)},
     **{f"GT{n}": _RASBT_NIGHTLY for n in range(183, 185)},

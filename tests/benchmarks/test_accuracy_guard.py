@@ -142,6 +142,16 @@ def test_analytic_accuracy_does_not_regress() -> None:
 #: load's cached blocks change where the step's tensors land: 12.32 -> 11.48 GB reserved);
 #: allocated rows (GT173) unchanged (torchtune resets the peak after loading). Median 4.8%,
 #: p90 19.9 -> 19.7%, 21 under.
+#: Re-recorded for the fms-acceleration rows read as their benchmark configuration says
+#: (scripts/benchmarks/scenarios.yaml and the accelerated-peft plugin @24bdadb): every peft
+#: scenario has lora_dropout 0.1 (GT140-GT160), and both bnb configurations load the base
+#: with bnb_4bit_use_double_quant=True (nf4-dq, GT146-GT154). Smaller: GT146 +6.4 -> +4.8%,
+#: GT148 +4.1 -> +3.2%, GT150 +16.8 -> +12.4%, GT151 +11.4 -> +7.5%, GT152 +19.9 -> +17.2%,
+#: GT153 +10.9 -> +9.5%, GT160 -19.1 -> -17.3%; grew (dropout's kept inputs in the recomputed
+#: layer, the smaller double-quantized base under a gap the model does not explain):
+#: GT144 +2.8 -> +3.5%, GT145 +0.5 -> +1.7%, GT147 -2.2 -> -4.0%, GT149 -4.8 -> -5.9%,
+#: GT154 -19.2 -> -21.0%, GT159 +1.5 -> +3.9%; median 4.8%, p90 19.7% (with the load phase), 21
+#: under.
 RECORDED_DEV2 = {
     "GT011": -0.0346,
     "GT012": -0.0367,
@@ -243,23 +253,23 @@ RECORDED_DEV2 = {
     "GT141": -0.0565,
     "GT142": -0.0035,
     "GT143": -0.0767,
-    "GT144": +0.0277,
-    "GT145": +0.0047,
-    "GT146": +0.0636,
-    "GT147": -0.0216,
-    "GT148": +0.0409,
-    "GT149": -0.0478,
-    "GT150": +0.1680,
-    "GT151": +0.1139,
-    "GT152": +0.1992,
-    "GT153": +0.1094,
-    "GT154": -0.1917,
+    "GT144": +0.0347,
+    "GT145": +0.0172,
+    "GT146": +0.0479,
+    "GT147": -0.0399,
+    "GT148": +0.0321,
+    "GT149": -0.0586,
+    "GT150": +0.1237,
+    "GT151": +0.0754,
+    "GT152": +0.1723,
+    "GT153": +0.0948,
+    "GT154": -0.2103,
     "GT155": +0.0118,
     "GT156": -0.0399,
     "GT157": +0.0045,
     "GT158": -0.0587,
-    "GT159": +0.0147,
-    "GT160": -0.1905,
+    "GT159": +0.0387,
+    "GT160": -0.1729,
     "GT161": +0.0356,
     "GT162": +0.0347,
     "GT163": +0.0359,
