@@ -3,7 +3,7 @@ configurations that differ only in a few fields, and most terms read none of tho
 
 A function of a :class:`~trainmem.specs.training.TrainingConfig` (its last argument) that reads
 only some of its fields is cached on those fields' values and its other arguments (a
-:class:`~trainmem.specs.model.ModelSpec`, hashable), never on the whole configuration: a
+:class:`~trainmem.specs.model.ModelSpec`, by identity), never on the whole configuration: a
 configuration that differs in a field the function does not read is answered from the cache,
 as a user's second query with another micro-batch would be. The fields listed must be every
 field the function reads, directly or through properties (each use names them beside it).
@@ -22,7 +22,8 @@ _MISSING = object()
 
 
 def cached_on(*fields: str, maxsize: int = 256) -> Callable[[F], F]:
-    """Cache ``fn(*args, config)`` on ``args`` and the values of ``config``'s ``fields``,
+    """Cache ``fn(*args, config)`` on ``args`` (by identity: an equal copy is a miss) and the
+    values of ``config``'s ``fields``,
     keeping the ``maxsize`` newest entries (the oldest is dropped first). The cached value is
     shared: it must be immutable (a tuple, a frozen dataclass, an int).
 
@@ -37,13 +38,15 @@ def cached_on(*fields: str, maxsize: int = 256) -> Callable[[F], F]:
 
         @wraps(fn)
         def cached(*args: Any) -> Any:
-            k = (args[:-1], key(args[-1]))
+            # NB: the other arguments by identity (hashing a ModelSpec reads every field, 2 us);
+            # the entry holds them, so no other object takes their id while it is kept
+            k = (*map(id, args[:-1]), key(args[-1]))
             hit = store.get(k, _MISSING)
             if hit is _MISSING:
                 if len(store) >= maxsize:
                     del store[next(iter(store))]
-                hit = store[k] = fn(*args)
-            return hit
+                hit = store[k] = (fn(*args), args[:-1])
+            return hit[0]  # type: ignore[index]
 
         cached.cache_clear = store.clear  # type: ignore[attr-defined]
         return cached  # type: ignore[return-value]

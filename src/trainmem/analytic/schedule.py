@@ -105,6 +105,7 @@ from trainmem.analytic.transforms.base import (
     embedding_gradients,
     free,
     gradient_ops,
+    point_table,
     tied_sum_op,
 )
 from trainmem.analytic.transforms.checkpointing import (
@@ -173,9 +174,10 @@ class _Transforms:
         for t in self.all:
             vocab = t.vocab_gradient_bytes(vocab)
         self.vocab_grad = vocab
+        self.table = point_table(self.all)
 
     def emitter(self) -> Emitter:
-        return Emitter(self.all)
+        return Emitter(self.all, self.table)
 
     def gradients(self, group: Group, where: Where) -> list[Op]:
         """The ops that make ``group``'s gradients: the first transform's that answers, else
@@ -241,8 +243,9 @@ class _Layers:
         self.ctx, self.tr = ctx, transforms
         self.model, self.training = ctx.model, ctx.training
         self.plan: LayerPlan = layer_plan(ctx)
-        self.mlp_tmp, self.attention_tmp, _ = backward_layer_transients(ctx.model, ctx.training)
-        self.scores_tmp, _ = eager_scores_forward_bytes(ctx.model, ctx.training)
+        transients = backward_layer_transients(ctx.model, ctx.training)
+        self.mlp_tmp, self.attention_tmp, self.residual_tmp = transients
+        self.scores_tmp, self.mask_tmp = eager_scores_forward_bytes(ctx.model, ctx.training)
 
     def weight_copy_ops(self, phase: Phase, key: str, label: str) -> list[Op]:
         """Autocast's cached 16-bit weight copies of the layer (under checkpointing)."""
@@ -601,8 +604,7 @@ class _Builder:
         self.shared = shared
         self._cache: dict[str, Repeat] = {}
         self.ends = _Ends(ctx, self.tr)
-        self.residual_tmp = backward_layer_transients(model, training)[2]
-        self.mask_tmp = eager_scores_forward_bytes(model, training)[1]
+        self.residual_tmp, self.mask_tmp = self.layers.residual_tmp, self.layers.mask_tmp
 
     # -- setup ------------------------------------------------------------------------------
 

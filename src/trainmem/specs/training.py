@@ -1508,7 +1508,7 @@ def resolved_config(training: TrainingConfig) -> dict[str, object]:
     implementation that was computed (the framework's default when none was given); under
     DeepSpeed the gradient accumulation dtype and the optimizer wrapper that were computed."""
     # fields hold immutable values (str, int, float, bool, tuples of str): no deep copy needed
-    out: dict[str, object] = {name: getattr(training, name) for name in _FIELD_NAMES}
+    out: dict[str, object] = dict(zip(_FIELD_NAMES, _ALL_FIELDS(training), strict=True))
     out["weight_dtype"] = training.weight_dtype
     out["compute_dtype"] = training.compute_dtype
     out["optimizer_implementation"] = training.step_implementation

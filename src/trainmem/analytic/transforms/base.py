@@ -449,10 +449,14 @@ class Emitter:
     Use one emitter per piece built (a micro-batch, a step): every :class:`Lifetime` begun in
     it must reach its release point in it (:meth:`check`)."""
 
-    def __init__(self, transforms: Sequence[Transform]) -> None:
+    def __init__(
+        self, transforms: Sequence[Transform], table: Mapping[Point, tuple[int, ...]] | None = None
+    ) -> None:
+        """``table``: :func:`point_table` of ``transforms`` when the caller has it (a builder
+        makes about twelve emitters of one list)."""
         self.transforms = transforms
         self._pending: dict[Point, list[Op]] = {}
-        self._at = _point_table(tuple(type(t) for t in transforms))
+        self._at = point_table(transforms) if table is None else table
 
     def at(self, point: Point, where: Where) -> list[Item]:
         """The transforms' ops at ``point`` in order, then the frees of the lifetimes that end
@@ -482,6 +486,11 @@ class Emitter:
         """
         if self._pending:
             raise ScheduleError(f"lifetimes never released: {sorted(self._pending)}")
+
+
+def point_table(transforms: Sequence[Transform]) -> Mapping[Point, tuple[int, ...]]:
+    """Per point, the indices of ``transforms`` that insert there (:func:`_point_table`)."""
+    return _point_table(tuple(type(t) for t in transforms))
 
 
 @cache
