@@ -40,6 +40,16 @@ Note [Offload on a traced step]
       ``offload_gradients=True`` copies each to the CPU in its post-accumulate-grad hook and
       frees it), outside the layers it leaves at once; ``zero_grad`` has nothing left to free.
 
+Note [Optimizer in backward on a traced step]
+    torchtune's ``optimizer_in_bwd`` steps each parameter in its post-accumulate-grad hook and
+    frees its gradient there (``register_optim_in_bwd_hooks``), so no gradient outlives its
+    layer's backward and no optimizer phase follows. The trace runs the optimizer after the
+    backward; the rewrite frees every gradient once its layer's gradients are all made (the
+    analytic ``Optimizer`` transform frees a layer's gradients at ``layer.post_backward``, the
+    head's and the embedding's once made: here outside the layers at once), drops the
+    ``zero_grad`` frees and the step's temporaries (one parameter's at a time, which the
+    analytic engine does not count either). The optimizer states are the traced ones.
+
     A tensor's elements come from its traced bytes in the weight dtype (LoRA adapters in
     theirs), which decides torchao's 4096-element threshold.
 
@@ -161,30 +171,35 @@ DDP = TracedOption(
 
 
 def traced_offload(training: TrainingConfig) -> bool:
-    """CPU offload the traced paths model (Note [Offload on a traced step]): every mode outside
-    DeepSpeed (whose offload lives in its ZeRO optimizer, not applied to traced steps yet)."""
-    return training.offload != "none" and training.framework != "deepspeed"
+    """CPU offload or optimizer-in-backward the traced paths model (Notes [Offload on a traced
+    step], [Optimizer in backward on a traced step]): offload in every mode outside DeepSpeed
+    (whose offload lives in its ZeRO optimizer, not applied to traced steps yet)."""
+    offload = training.offload != "none" and training.framework != "deepspeed"
+    return offload or training.optimizer_in_backward
 
 
 def apply_offload(
     schedule: StepSchedule, model: ModelSpec | None, training: TrainingConfig
 ) -> StepSchedule:
-    """The traced step without offload as ``training``'s ``offload`` has it (Note [Offload on
-    a traced step]).
+    """The traced step without offload and with the step after the backward as
+    ``training``'s ``offload`` and ``optimizer_in_backward`` have it (Notes [Offload on a
+    traced step] and [Optimizer in backward on a traced step]).
 
     Args:
-        schedule: a traced step of the same run with ``offload="none"``.
+        schedule: a traced step of the same run with ``offload="none"`` and the optimizer
+            after the backward.
         model: unused (the sizes are the traced tensors').
-        training: the run (``offload``, the framework's offload implementation).
+        training: the run (``offload``, the framework's offload implementation,
+            ``optimizer_in_backward``).
 
     Returns:
-        The schedule with the offloaded states, weights and gradients off the GPU and the
-        optimizer step's temporaries gone (the step runs on the CPU).
+        The schedule with the offloaded states, weights and gradients off the GPU, the
+        released gradients freed in the backward and the optimizer step's temporaries gone.
 
     Raises:
         ScheduleError: a rewritten free that pairs with no allocation.
     """
-    rewrite = _Offload.of(schedule, training)
+    rewrite = _Release.of(schedule, training)
     out = StepSchedule(
         setup=tuple(rewrite.items(schedule.setup)),
         step=tuple(rewrite.items(schedule.step)),
@@ -195,17 +210,18 @@ def apply_offload(
 
 
 @dataclass(slots=True)
-class _Offload:
-    """The offload rule (:func:`~trainmem.analytic.tensor_states.offloaded`) per traced tensor:
-    a parameter's elements from its allocation (its name is the module of its optimizer
-    states), a gradient's from its own bytes."""
+class _Release:
+    """The offload rule (:func:`~trainmem.analytic.tensor_states.offloaded`) per traced tensor
+    (a parameter's elements from its allocation, whose name is the module of its optimizer
+    states; a gradient's from its own bytes) and optimizer-in-backward's release of every
+    gradient."""
 
     training: TrainingConfig
     numel: dict[str, int]
     moved: set[str]
 
     @classmethod
-    def of(cls, schedule: StepSchedule, training: TrainingConfig) -> _Offload:
+    def of(cls, schedule: StepSchedule, training: TrainingConfig) -> _Release:
         numel = {}
         for op in _ops(schedule.setup + schedule.step):
             if op.action == "alloc" and op.category is Cat.PARAMETER:
@@ -221,18 +237,20 @@ class _Offload:
             off = self._off(self.numel[op.module]).state
         elif cat is Cat.PARAMETER and op.module in self.numel:
             off = self._off(self.numel[op.module]).param
-        else:  # the step's own temporaries: the step runs on the CPU
+        else:  # the step's own temporaries: the step runs on the CPU or per gradient
             off = cat is Cat.TEMPORARY and op.phase == "optimizer"
         return op._replace(size_bytes=0) if off else op
 
     def _leaves(self, op: Op) -> bool:
-        """A new gradient that leaves for the CPU."""
+        """A new gradient that is released in the backward (stepped, or sent to the CPU)."""
         if op.category is not Cat.GRADIENT or op.action != "alloc" or op.phase != "backward":
             return False
+        if self.training.optimizer_in_backward:
+            return True
         return self._off(op.size_bytes // _element_bytes(self.training, op.module)).grad
 
     def items(self, items: Sequence[Item]) -> list[Item]:
-        """``items`` rewritten: a gradient that leaves is freed once its layer's gradients are
+        """``items`` rewritten: a released gradient is freed once its layer's gradients are
         all made (outside the layers: at once), and its own later free dropped."""
         last: dict[str, int] = {}
         for k, item in enumerate(items):
@@ -271,17 +289,28 @@ def _ops(items: Sequence[Item]) -> list[Op]:
     return out
 
 
-OFFLOAD = TracedOption(
-    name="offload",
-    applies=traced_offload,
-    traced_as=lambda t: replace(t, offload="none"),
-    apply=apply_offload,
-    note=lambda t: (
+def _release_note(t: TrainingConfig) -> str:
+    if t.offload == "none":
+        return (
+            "optimizer_in_backward: the step was traced with the optimizer after the backward, "
+            "then each gradient freed once its layer's gradients are made (stepped in its "
+            "post-accumulate-grad hook) and the step's temporaries dropped (Note [Optimizer in "
+            "backward on a traced step] in trainmem/traced_options.py)"
+        )
+    return (
         f"offload={t.offload}: the step was traced without offload and the offloaded model "
         "states taken off the GPU by the analytic engine's rule (torchao's CPUOffloadOptimizer "
         "keeps tensors under 4096 elements; gradients leave once their layer's backward is "
         "done; the step's temporaries are on the CPU; Note [Offload on a traced step])"
-    ),
+    )
+
+
+OFFLOAD = TracedOption(
+    name="offload",
+    applies=traced_offload,
+    traced_as=lambda t: replace(t, offload="none", optimizer_in_backward=False),
+    apply=apply_offload,
+    note=_release_note,
 )
 
 # -- paged optimizers -------------------------------------------------------------------------

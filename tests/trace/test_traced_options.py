@@ -196,3 +196,19 @@ def test_paged_adamw_on_a_traced_model_by_hand_and_against_the_analytic_engine(
     assert abs(g / a - 1) < 0.01, (g, a)
     # the paged states are not in the allocator's peak: AdamW's own states would be
     assert generic.schedules[0].model_states()["optimizer_states"] < paged
+
+
+# -- optimizer in backward ---------------------------------------------------------------------
+
+
+def test_optimizer_in_backward_on_a_traced_qwen2_by_hand() -> None:
+    # torchtune's optimizer_in_bwd steps and frees each gradient in its hook: at most one
+    # layer's gradients are alive (37,120 elements, fp32 under pytorch-amp); the head's and the
+    # embedding's (32,768 each) leave at once, so 4 B x 37,120 instead of all 139,840
+    schedule = _generic(QWEN2, optimizer_in_backward=True)
+    assert schedule.category_peak(MemoryCategory.GRADIENT) == 4 * 37_120
+    assert schedule.model_states()["optimizer_states"] == 8 * TRAINABLE  # the states stay
+    steps = [op for op in _ops(schedule.step) if op.phase == "optimizer" and op.action == "alloc"]
+    assert all(op.size_bytes == 0 for op in steps)  # no step after the backward
+    generic, analytic = _peaks(optimizer_in_backward=True)
+    assert abs(generic / analytic - 1) < 0.01, (generic, analytic)
