@@ -147,14 +147,14 @@ def traced_deepspeed(training: TrainingConfig) -> bool:
     """A DeepSpeed run the traced paths model: the plain loop traced, then DeepSpeed's ZeRO-1/2
     applied to it as the analytic engine's transforms (:mod:`trainmem.traced_transforms`),
     without pipeline, tensor or context parallelism (DeepSpeed's ``PipelineModule`` and
-    Megatron-style layouts are not traced) or LoRA."""
+    Megatron-style layouts are not traced). LoRA's adapters are traced in the model's 16-bit
+    dtype, as DeepSpeed casts them (``trainmem.trace.lora.cast_adapters``)."""
     return (
         training.framework == "deepspeed"
         and not deepspeed_refusals(training)
         and training.pipeline_parallel_size == 1
         and training.tensor_parallel_size == 1
         and training.context_parallel_size == 1
-        and not training.is_lora
     )
 
 

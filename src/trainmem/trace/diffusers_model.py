@@ -218,6 +218,8 @@ def apply_diffusers_lora(model: Any, training: TrainingConfig) -> None:
         return
     import peft
 
+    from trainmem.trace.lora import cast_adapters
+
     linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     names: list[str] = []
     for target in training.lora_targets:
@@ -242,6 +244,7 @@ def apply_diffusers_lora(model: Any, training: TrainingConfig) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         model.add_adapter(config)
+    cast_adapters(model, training)  # DeepSpeed's cast of the wrapped module
     if training.weight_dtype == "float16":  # diffusers.training_utils.cast_training_params
         for p in model.parameters():
             if p.requires_grad:

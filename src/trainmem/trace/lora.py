@@ -35,7 +35,13 @@ from trainmem.trace._torch import require_torch
 
 torch = require_torch()
 
-__all__ = ["apply_lora", "layer_linear_roles", "layer_stack", "lora_target_modules"]
+__all__ = [
+    "apply_lora",
+    "cast_adapters",
+    "layer_linear_roles",
+    "layer_stack",
+    "lora_target_modules",
+]
 
 
 def _is_linear(module: Any) -> bool:
@@ -198,4 +204,21 @@ def apply_lora(model: Any, training: TrainingConfig) -> Any:
         # and reads transformers' deprecated ``is_gradient_checkpointing``.
         warnings.simplefilter("ignore", UserWarning)
         warnings.simplefilter("ignore", FutureWarning)
-        return peft.get_peft_model(model, config)
+        model = peft.get_peft_model(model, config)
+    cast_adapters(model, training)
+    return model
+
+
+def cast_adapters(model: Any, training: TrainingConfig) -> None:
+    """Cast the LoRA adapters to the model's weight dtype, in place, under a framework that
+    keeps them there (``FrameworkConventions.adapter_dtype_follows_weights``: DeepSpeed casts
+    every parameter of the module it wraps, runtime/engine.py ``_configure_distributed_model``).
+    peft leaves them fp32 on a ``meta`` model (``_move_adapter_to_device_of_base_layer`` skips
+    meta adapters), which is what it makes of a 16-bit base elsewhere
+    (``autocast_adapter_dtype=True``)."""
+    if not training.conventions.adapter_dtype_follows_weights:
+        return
+    dtype = getattr(torch, training.weight_dtype)
+    for name, param in model.named_parameters():
+        if "lora_" in name and param.is_floating_point():
+            param.data = param.data.to(dtype)
