@@ -17,7 +17,7 @@ from typing import Any
 from trainmem.errors import UnsupportedError
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch, require_transformers
-from trainmem.trace.quantized import parameter_dtype, quantize_base
+from trainmem.trace.hf_inputs import token_ids
 from trainmem.trace.remote_code import REMOTE_CODE_TYPES, stand_in_config
 
 torch = require_torch()
@@ -190,6 +190,11 @@ def build_hf_model(
             f"transformers {transformers.__version__} cannot build {getattr(cls, '__name__', cls)}"
             f" from this config ({type(exc).__name__}: {reason}); {hint}"
         ) from exc
+    if any(raw.get(k) for k in ("mask_time_prob", "mask_feature_prob")):
+        # the same SpecAugment where the config class has no ``apply_spec_augment`` field
+        # (Data2VecAudio: ``_mask_hidden_states`` reads ``getattr(config, "apply_spec_augment",
+        # True)``); set on the built config so the model keeps its ``masked_spec_embed``
+        model.config.apply_spec_augment = False
     model.train()
     return model
 
@@ -226,7 +231,6 @@ def build_hf_training_model(
     if raw_config.get("model_type") in VISION_TOWER_TYPES:
         attach_pooled_loss(model)
     model = apply_lora(model, training)
-    quantize_base(model, training)  # Note [Traced quantized base]
     model.train()
     return model
 
@@ -291,7 +295,7 @@ def make_hf_batch(
     main = getattr(model, "main_input_name", "input_ids")
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
     takes_labels = "labels" in inspect.signature(base.forward).parameters
-    dtype = parameter_dtype(model)
+    dtype = next(model.parameters()).dtype
     head = type(base).__name__
     if main == "pixel_values":
         return _image_batch(cfg, b, dtype, head if takes_labels else "")
@@ -301,13 +305,12 @@ def make_hf_batch(
     if main == "input_features":
         batch, s = _feature_batch(cfg, b, s, dtype)
     vocab = _vocab_size(cfg)
-    ids = torch.randint(0, vocab, (b, s))
+    ids = token_ids(cfg, vocab, (b, s))  # values known to the forward (XLM's length assert)
     if main != "input_features":
         batch["input_ids"] = ids
     if takes_labels:
-        target = target_seq_len or s
-        same = target == s or cfg.model_type != "t5"
-        batch["labels"] = ids.clone() if same else torch.randint(0, vocab, (b, target))
+        target = target_seq_len or s if cfg.model_type == "t5" else s
+        batch["labels"] = token_ids(cfg, vocab, (b, target))  # = the ids when target == s
         classes = max(getattr(cfg, "num_labels", 1), 1)
         if head.endswith("ForSequenceClassification"):  # one class per sequence
             batch["labels"] = torch.randint(0, classes, (b,))

@@ -161,6 +161,18 @@ def _mutated(func: Any, args: Any, kwargs: Any) -> list[Any]:
     return out
 
 
+def _all_have_values(args: Any) -> bool:
+    """Every tensor among ``args`` (and in their lists) has a value; stops at the first that
+    has none (the common case costs one lookup)."""
+    for x in args:
+        if isinstance(x, torch.Tensor):
+            if value_of(x) is None:
+                return False
+        elif isinstance(x, (list, tuple)) and not _all_have_values(x):
+            return False
+    return True
+
+
 def _storage(t: Any) -> int:
     return id(t.untyped_storage())
 
@@ -178,10 +190,10 @@ class _KnownValueMode(TorchDispatchMode):  # type: ignore[misc]
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        inputs = _tensors((args, kwargs))
         if func in _METADATA_ONLY:
-            inputs = _tensors((args[1:], kwargs))
-        have = all(value_of(t) is not None for t in inputs)
+            have = all(value_of(t) is not None for t in _tensors((args[1:], kwargs)))
+        else:  # stops at the first input without a value: most ops read an activation
+            have = _all_have_values(args) and _all_have_values(kwargs.values())
         if not have:
             self._forget(func, args, kwargs)
             if func in _BOOL_INDEXED:
