@@ -155,8 +155,16 @@ _LITGPT_NF4 = (
     "6.1 GB measured, 7.9 GB predicted), so the quantized stack holds ~1.8 GB more"
 )
 _FSDP_QLORA_CACHE = (
-    "unexplained allocator cache: reserved - allocated measured 2.1 GB (GT117 logs allocated "
-    "8.28 GiB: predicted allocated +0.2%), predicted 0.45 GB; FSDP1 init / loading not modelled"
+    "the load is modelled (Note [FSDP1 sync_module_states init]: units moved, broadcast in "
+    "250 MiB buckets, flattened, sharded; GT117 / GT118 at 512 / 2048 tokens measured 10.99 / "
+    "10.97 GB reserved, now predicted 10.24 / 10.24: the load sets it); still under: the QLoRA "
+    "rows' load_and_quantize before FSDP (each weight quantized on the GPU by "
+    "n_loading_workers threads at once, a machine-dependent count) is not modelled"
+)
+_FSDP1_LAYOUT = (
+    "the FSDP1 load's cached blocks (Note [FSDP1 sync_module_states init]) change where the "
+    "step's tensors land; for QLoRA rows load_and_quantize before FSDP (n_loading_workers "
+    "threads quantizing on the GPU at once) is not modelled"
 )
 _FMS_FLAT_GRADS = (
     "unexplained: accelerate FSDP + LoRA under; end-of-train alloc 7.37 GB = 2 x the 3.6 GB "
@@ -259,7 +267,13 @@ CAUSES.update(
         "GT116": _FSDP_QLORA_CACHE,
         "GT117": _FSDP_QLORA_CACHE,
         "GT125": _FSDP_QLORA_CACHE,
-        "GT129": "unexplained: FSDP1 CPU offload of a 70B QLoRA (CPUOffload(offload_params))",
+        "GT118": _FSDP_QLORA_CACHE,
+        "GT119": _FSDP1_LAYOUT,
+        "GT128": _FSDP1_LAYOUT,
+        "GT129": (
+            "unexplained: FSDP1 CPU offload of a 70B QLoRA (CPUOffload(offload_params)); the "
+            "FSDP1 load is modelled, load_and_quantize before it is not"
+        ),
         "GT131": (
             "Mistral-7B-v0.2 has no sliding window; the v0.1 preset's 4096 window at 24576 "
             "tokens (notes)"

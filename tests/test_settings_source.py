@@ -140,8 +140,8 @@ def test_an_option_for_a_field_without_one_would_be_caught(
     estimate_options: dict[str, Any],
 ) -> None:
     # the deliberate exceptions: DeepSpeed's ds_config settings, FSDP's resharding, the
-    # interleaved schedule's chunks, the attention mask and peft's k-bit preparation (see each
-    # Setting.no_option)
+    # interleaved schedule's chunks, the attention mask, peft's k-bit preparation and the load
+    # phase (see each Setting.no_option)
     without = {f.name for f in FIELDS if setting_of(f).no_option}
     assert without == {
         "grad_accum_dtype",
@@ -153,6 +153,7 @@ def test_an_option_for_a_field_without_one_would_be_caught(
         "stage3_max_live_parameters",
         "overlap_comm",
         "prepare_kbit_training",
+        "load_phase",
     }
     assert not without & estimate_options.keys()
     others = set(estimate_options) - set(NAMES)  # options that set no field of their own

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainmem.analytic.load import LOAD_RULE, load_rule, to_nf4_ops
+from trainmem.analytic.load import FSDP1_RULE, LOAD_RULE, load_rule, to_nf4_ops
 from trainmem.analytic.transforms.base import alloc
 from trainmem.breakdown import MemoryCategory
 from trainmem.estimate import estimate
@@ -131,3 +131,60 @@ def test_reserved_includes_the_cache_the_load_leaves() -> None:
     assert est.breakdown.reserved_bytes >= load["max_memory_reserved"]
     plain = estimate("llama-3.2-1b", _qlora(None), engine="analytic")
     assert est.breakdown.reserved_bytes > plain.breakdown.reserved_bytes
+
+
+def _fsdp_qlora(**settings: object) -> TrainingConfig:
+    return TrainingConfig(  # type: ignore[arg-type]
+        micro_batch_size=1,
+        seq_len=512,
+        precision="bf16-true",
+        activation_checkpointing="full",
+        data_parallel_size=2,
+        zero_stage=3,
+        lora_rank=64,
+        lora_targets=ALL_LINEARS,
+        framework="fsdp-qlora",
+        **settings,
+    )
+
+
+def test_fsdp1_sync_init_peaks_at_the_root_unit() -> None:
+    """Note [FSDP1 sync_module_states init], by hand for Llama-2-7B (bf16 base, LoRA) on two
+    ranks: a decoder layer's frozen unit is U = 4 x 4096^2 x 2 + 3 x 4096 x 11008 x 2 + 2 x
+    4096 x 2 = 404,766,720 bytes and peaks at its moved tensors + flat parameter + shard, 2.5
+    U = 1.01 GB above the shards before it; the root (embedding 32000 x 4096, head 4096 x
+    32000, final norm 4096, all bf16: R = 524,296,192 bytes) peaks at 2.5 R with every layer
+    sharded: the load's peak is the model's parameter bytes on the rank (every shard, the
+    buffers) + R moved + R flat = + 1,048,592,384 bytes."""
+    est = estimate("llama-2-7b", _fsdp_qlora(), engine="analytic", simulate_allocator=False)
+    sched = est.schedules[0]
+    assert est.details["load_phase"]["rule"] == FSDP1_RULE
+    assert sched.load_peak() == sched.model_states()["parameters"] + 2 * 524_296_192
+    off = estimate(
+        "llama-2-7b", _fsdp_qlora(load_phase=False), engine="analytic", simulate_allocator=False
+    )
+    assert not off.schedules[0].load and "load_phase" not in off.details
+    assert sched.peak() == off.schedules[0].peak()
+
+
+def test_fsdp1_broadcast_buckets() -> None:
+    """A layer's frozen tensors q, k, v, o (33,554,432 B each), gate, up (90,177,536 B) fill the
+    first 250 MiB bucket (314,572,800 B >= 262,144,000), down and the two norms the second
+    (90,193,920 B); both are in flight before either is freed."""
+    from trainmem.analytic.load import _fsdp1_unit
+
+    sizes = [33_554_432] * 4 + [90_177_536] * 3 + [8_192] * 2
+    moved = [alloc(b, MemoryCategory.TEMPORARY, "load", f"m{k}") for k, b in enumerate(sizes)]
+    ops = _fsdp1_unit(moved, [], sizes, "u", "layers.0")
+    buckets = [op.size_bytes for op in ops if op.action == "alloc" and "bucket" in op.key]
+    assert buckets == [314_572_800, 90_193_920]
+    sched = StepSchedule(setup=(), step=(), load=tuple(ops))
+    assert sched.load_peak() == 2 * sum(sizes)  # moved + flat (no shard given)
+
+
+def test_fsdp1_rule_needs_sharding() -> None:
+    from dataclasses import replace
+
+    assert load_rule(_fsdp_qlora()) == FSDP1_RULE
+    assert load_rule(replace(_fsdp_qlora(), data_parallel_size=1, zero_stage=0)) is None
+    assert load_rule(_qlora("0.1", load_phase=False)) is None  # an explicit setting wins

@@ -152,6 +152,18 @@ def test_analytic_accuracy_does_not_regress() -> None:
 #: GT144 +2.8 -> +3.5%, GT145 +0.5 -> +1.7%, GT147 -2.2 -> -4.0%, GT149 -4.8 -> -5.9%,
 #: GT154 -19.2 -> -21.0%, GT159 +1.5 -> +3.9%; median 4.8%, p90 19.7% (with the load phase), 21
 #: under.
+#: Re-recorded for fsdp_qlora's FSDP1 initialisation as a load phase (Note [FSDP1
+#: sync_module_states init]: every unit moved to the GPU at full size, broadcast in 250 MiB
+#: buckets, two in flight, flattened and sharded; the flat parameters and buckets stay in the
+#: cache the step starts from). GT117 / GT118, LoRA at 512 / 2048 tokens, measured 10.99 /
+#: 10.97 GB reserved (the load, not the step, sets it): predicted 9.36 / 10.60 -> 10.24 /
+#: 10.24 GB. GT115 -22.0 -> -14.2%, GT116 +6.7 -> -2.3%, GT117 -14.9 -> -6.9%, GT120 -0.8 ->
+#: -0.2%, GT121 +1.3 -> -0.5%, GT125 -5.5 -> -4.3%, GT126 -1.5 -> -0.5%, GT130 / GT131 -1.4
+#: -> -0.6%; grew (the load's cached blocks change where the step's tensors land; the QLoRA
+#: rows' load_and_quantize before FSDP is not modelled): GT118 -3.4 -> -6.7%, GT119 +3.8 ->
+#: +5.1%, GT127 -1.6 -> -4.5%, GT128 -4.8 -> -8.9%, GT129 -20.7 -> -26.0% (FSDP1 CPU
+#: offload). Median 4.8 -> 5.1% (bound loosened for this deliberate mechanism), p90 19.7 ->
+#: 17.3%, 21 -> 20 under.
 RECORDED_DEV2 = {
     "GT011": -0.0346,
     "GT012": -0.0367,
@@ -224,23 +236,23 @@ RECORDED_DEV2 = {
     "GT112": -0.0357,
     "GT113": -0.0468,
     "GT114": -0.0992,
-    "GT115": -0.2199,
-    "GT116": +0.0673,
-    "GT117": -0.1487,
-    "GT118": -0.0340,
-    "GT119": +0.0380,
-    "GT120": -0.0081,
-    "GT121": +0.0131,
-    "GT122": -0.0446,
+    "GT115": -0.1422,
+    "GT116": -0.0227,
+    "GT117": -0.0686,
+    "GT118": -0.0670,
+    "GT119": +0.0511,
+    "GT120": -0.0020,
+    "GT121": -0.0047,
+    "GT122": -0.0433,
     "GT123": +0.0115,
     "GT124": -0.0189,
-    "GT125": -0.0554,
-    "GT126": -0.0147,
-    "GT127": -0.0165,
-    "GT128": -0.0481,
-    "GT129": -0.2070,
-    "GT130": -0.0136,
-    "GT131": -0.0129,
+    "GT125": -0.0431,
+    "GT126": -0.0054,
+    "GT127": -0.0448,
+    "GT128": -0.0895,
+    "GT129": -0.2601,
+    "GT130": -0.0059,
+    "GT131": -0.0059,
     "GT132": +0.0002,
     "GT133": -0.0123,
     "GT134": -0.1184,
@@ -294,9 +306,9 @@ RECORDED_DEV2 = {
     "GT189": -0.0005,
 }
 MIN_DEV2_ROWS_SCORED = 139
-MAX_DEV2_MEDIAN_ABS = 0.049
-MAX_DEV2_P90_ABS = 0.198
-MAX_DEV2_UNDER = 21
+MAX_DEV2_MEDIAN_ABS = 0.052
+MAX_DEV2_P90_ABS = 0.174
+MAX_DEV2_UNDER = 20
 MAX_DEV2_OOM = 0
 
 

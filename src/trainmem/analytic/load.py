@@ -1,8 +1,9 @@
 """The load phase of the analytic schedule: building and loading the model on the GPU where
 that has transients of its own (Note [The load phase] in :mod:`trainmem.schedule`).
 
-One rule today, torchtune's single-device QLoRA on torchao 0.1 (Note [torchao 0.1 NF4 at
-load]); every other run loads its weights without modelled transients (no load phase).
+Two rules today: torchtune's single-device QLoRA on torchao 0.1 (Note [torchao 0.1 NF4 at
+load]) and Answer.AI fsdp_qlora's FSDP1 initialisation (Note [FSDP1 sync_module_states init]);
+every other run loads its weights without modelled transients (no load phase).
 
 Note [torchao 0.1 NF4 at load]
     torchtune's ``lora_finetune_single_device`` recipe (fef3ed1, Apr 2024) builds the model on
@@ -39,8 +40,36 @@ Note [torchao 0.1 NF4 at load]
     From torchao 0.2 the nearest-value search runs over ``CHUNK_SIZE = 1024**2`` elements at a
     time (Note: Quantize in Chunks), whose transients are not modelled.
 
-    Not modelled: torchtune's distributed recipes (rank 0 builds on the CPU, FSDP1 syncs the
-    module states) and ``from_pretrained`` paths.
+    Not modelled: ``from_pretrained`` paths.
+
+Note [FSDP1 sync_module_states init]
+    Answer.AI fsdp_qlora train.py (e4968fd, Mar 2024; ``--framework fsdp-qlora``) loads the
+    model with ``low_memory=True`` by default: rank 0 on the CPU, the other ranks on the meta
+    device, then wraps it in FSDP1 with ``sync_module_states=True`` and, off rank 0,
+    ``param_init_fn=lambda m: m.to_empty(device="cuda", recurse=False)``. FSDP1 initialises
+    its units bottom-up in wrapping order (each LoRA leaf, then its decoder layer; the root,
+    embedding and head, last; torch distributed/fsdp/_init_utils.py
+    ``_init_param_handle_from_module``), and for each unit on every rank:
+
+    * ``_move_module_to_device`` (or ``to_empty`` off rank 0): every tensor of the unit on
+      the GPU at its full size, one allocation each;
+    * ``_sync_module_params_and_buffers``: ``dist._broadcast_coalesced`` with
+      ``PARAM_BROADCAST_BUCKET_SIZE`` = 250 MiB: the tensors, in order, fill a bucket until it
+      reaches the size (c10d/reducer.cpp ``compute_bucket_assignment_by_size``), each bucket
+      flattened into a new tensor, at most two in flight (comm.cpp ``broadcast_coalesced``,
+      ``max_in_flight = 2``), freed once copied back;
+    * ``FlatParamHandle`` (fsdp/_flat_param.py): ``torch.cat`` of the unit's tensors (the
+      flat parameter, full size), then ``shard()``: this rank's chunk cloned (``_get_shard``),
+      the flat storage resized to 0; the
+      moved tensors are freed when ``_init_param_handle_from_module`` returns.
+
+    A unit of U bytes thus peaks at U (moved) + U (flat) + U / ranks (its shard) above the
+    shards made before; for Llama-2-7B in bf16 the root (embedding + head, 524 MB) sets the
+    load's peak, and the flat parameters and buckets (0.3-0.4 GB each) stay cached. The
+    shards are the setup's per-tensor shards (one flat shard per unit in FSDP1; the step
+    models them per tensor too). Not modelled: the QLoRA path's ``load_and_quantize`` before
+    FSDP (each weight quantized on the GPU by ``n_loading_workers`` threads at once, a count
+    that depends on the machine's CPUs).
 """
 
 from __future__ import annotations
@@ -62,13 +91,34 @@ NF4_LEVELS = 16
 """Entries of the NF4 table ``(value - nf4)`` is broadcast against."""
 
 LOAD_RULE = "torchtune QLoRA on torchao 0.1: bf16 linears built and NF4-quantized on the GPU"
-"""The load phase's rule, as :func:`load_rule` names it."""
+"""The torchao 0.1 rule, as :func:`load_rule` names it."""
+
+FSDP1_BROADCAST_BUCKET_BYTES = 250 * 1024 * 1024
+"""torch distributed/fsdp/_init_utils.py ``PARAM_BROADCAST_BUCKET_SIZE = int(250 * 1024 *
+1024)``: ``sync_module_states`` broadcasts a unit's tensors coalesced in buckets of this size."""
+FSDP1_BROADCASTS_IN_FLIGHT = 2
+"""torch/csrc/distributed/c10d/comm.cpp ``broadcast_coalesced``: ``max_in_flight = 2`` flat
+buckets at once."""
+
+FSDP1_RULE = "FSDP1 sync_module_states: each unit moved to the GPU, broadcast, flattened, sharded"
 
 
 def load_rule(training: TrainingConfig) -> str | None:
-    """The load rule that applies to ``training`` (Note [torchao 0.1 NF4 at load]), or None:
-    torchtune's single-device recipe (no data, tensor or pipeline parallelism) with an NF4 base
-    on torchao before 0.2."""
+    """The load rule that applies to ``training``, or None: :data:`FSDP1_RULE` for fsdp_qlora
+    sharded over more than one rank (Note [FSDP1 sync_module_states init]); :data:`LOAD_RULE`
+    for torchtune's single-device recipe (no data, tensor or pipeline parallelism) with an NF4
+    base on torchao before 0.2 (Note [torchao 0.1 NF4 at load]). ``load_phase=False`` (an
+    explicit setting) turns every rule off."""
+    if training.load_phase is False:
+        return None
+    if (
+        training.framework == "fsdp-qlora"
+        and training.sharding_degree > 1
+        and training.zero_stage == 3
+        and training.pipeline_parallel_size == 1
+        and training.tensor_parallel_size == 1
+    ):
+        return FSDP1_RULE
     if training.framework != "torchtune" or training.quantize_base not in ("nf4", "nf4-dq"):
         return None
     version = parse_version("torchao_version", training.torchao_version)
@@ -163,6 +213,90 @@ def _quantized_weight(state: TensorState, op: Op, init_key: str | None) -> list[
     ]
 
 
+def _fsdp1_unit(
+    moved: Sequence[Op], sharded: Sequence[Op], full: Sequence[int], key: str, module: str
+) -> list[Op]:
+    """One FSDP1 unit's init on a rank (Note [FSDP1 sync_module_states init]): ``moved`` its
+    tensors as ``_move_module_to_device`` puts them on the GPU (full size), the broadcast
+    buckets, the flat parameter (``full`` summed), then ``sharded`` (the setup's shards), the
+    flat parameter freed and the moved tensors with it."""
+    out: list[Op] = list(moved)
+    in_flight: list[Op] = []
+    size = 0
+    sizes = [op.size_bytes for op in moved]
+    for k, b in enumerate(sizes):
+        size += b
+        if size < FSDP1_BROADCAST_BUCKET_BYTES and k < len(sizes) - 1:
+            continue
+        if len(in_flight) >= FSDP1_BROADCASTS_IN_FLIGHT:
+            out.append(free(in_flight.pop(0), "load"))
+        bucket = alloc(
+            size, Cat.TEMPORARY, "load", f"{key}/bucket{k}", module, "a broadcast bucket"
+        )
+        out.append(bucket)
+        in_flight.append(bucket)
+        size = 0
+    out += [free(op, "load") for op in in_flight]
+    flat = alloc(
+        sum(full), Cat.TEMPORARY, "load", f"{key}/flat", module, "an unsharded flat parameter"
+    )
+    out += [flat, *sharded, free(flat, "load")]
+    out += [free(op, "load") for op in moved]
+    return out
+
+
+def _fsdp1_items(ctx: RankContext, parameters: Sequence[Item]) -> tuple[Item, ...]:
+    """Every FSDP1 unit's init in wrapping order: per layer its LoRA units then the layer, then
+    the root (embedding, head, buffers)."""
+    layer_items: list[Op] = []
+    root_moved: list[Op] = []
+    root_sharded: list[Op] = []
+    root_full: list[int] = []
+    ends = ctx.emb_states + ctx.head_states
+    repeat: Repeat | None = None
+    k = 0
+    for item in _flat(parameters):
+        if isinstance(item, Repeat):
+            repeat = item
+            continue
+        if item.key == "buffers":
+            root_moved.append(item._replace(phase="load"))
+            continue
+        state = ends[k]
+        k += 1
+        root_moved.append(_moved(item, state))
+        root_sharded.append(item._replace(phase="load"))
+        root_full.append(state.full_param_bytes)
+    assert repeat is not None
+    base_moved: list[Op] = []
+    base_sharded: list[Op] = []
+    base_full: list[int] = []
+    for n, op in enumerate(repeat.body):
+        assert isinstance(op, Op)
+        state = ctx.layer_states[n]
+        if state.trainable:  # a LoRA leaf: its own unit, wrapped first
+            layer_items += _fsdp1_unit(
+                [_moved(op, state)],
+                [op._replace(phase="load")],
+                [state.full_param_bytes],
+                f"{op.key}/unit",
+                op.module,
+            )
+        else:
+            base_moved.append(_moved(op, state))
+            base_sharded.append(op._replace(phase="load"))
+            base_full.append(state.full_param_bytes)
+    layer_items += _fsdp1_unit(base_moved, base_sharded, base_full, "unit/{i}", "layers.{i}")
+    root = _fsdp1_unit(root_moved, root_sharded, root_full, "unit/root", "(model)")
+    return (Repeat(tuple(layer_items), repeat.count), *root)
+
+
+def _moved(op: Op, state: TensorState) -> Op:
+    """A tensor moved to the GPU at its full (unsharded) size."""
+    label = "a weight moved to the GPU by FSDP"
+    return alloc(state.full_param_bytes, Cat.TEMPORARY, "load", f"{op.key}/moved", op.module, label)
+
+
 def load_items(ctx: RankContext, parameters: Sequence[Item]) -> tuple[Item, ...]:
     """The load phase of one rank (Note [The load phase]): ``parameters`` (the setup's weight
     allocations, :meth:`trainmem.analytic.schedule._Builder.parameters`) as the load makes
@@ -172,8 +306,11 @@ def load_items(ctx: RankContext, parameters: Sequence[Item]) -> tuple[Item, ...]
         Items in phase ``"load"``: every weight built (a quantized one through
         :func:`to_nf4_ops`), then every quantized weight loaded again from the checkpoint.
     """
-    if load_rule(ctx.training) is None:
+    rule = load_rule(ctx.training)
+    if rule is None:
         return ()
+    if rule == FSDP1_RULE:
+        return _fsdp1_items(ctx, parameters)
     build: list[Item] = []
     reload: list[Item] = []
     for item in _flat(parameters):

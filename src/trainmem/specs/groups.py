@@ -63,6 +63,7 @@ FIELD_GROUPS: dict[str, tuple[str, ...]] = {
         "bitsandbytes_version",
         "torchao_version",
         "deepspeed_version",
+        "load_phase",
         "grad_accum_dtype",
     ),
     "Diffusion models (diffusers configs)": (

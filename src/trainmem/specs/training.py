@@ -910,6 +910,17 @@ class FrameworkConfig:
     0.2 the whole weight's nearest-NF4 search at once, the load phase's peak
     (:mod:`trainmem.analytic.load`); None, the default: a current release
     (:data:`~trainmem.specs.frameworks.DEFAULT_TORCHAO_VERSION`)."""
+    load_phase: bool | None = setting(
+        None,
+        "Model the load phase (building / quantizing the model on the GPU before the step).",
+        default_text="the framework's",
+        no_option="rarely differs from the framework's: given as --set load-phase=false",
+    )
+    """Whether the schedule has a load phase before the step (Note [The load phase]: torchtune
+    QLoRA on torchao 0.1, fsdp_qlora's FSDP1 initialisation; :func:`trainmem.analytic.load.
+    load_rule`); None, the default: wherever a rule applies to the framework and versions;
+    False: none (the weights appear as they are, e.g. a run that empties the cache before
+    training). True cannot add a load phase no rule describes."""
     deepspeed_version: str | None = setting(
         None,
         "DeepSpeed release (bf16 accumulates in fp32 without ZeRO before 0.17.6).",
@@ -940,6 +951,8 @@ class FrameworkConfig:
             "deepspeed_version",
         ):
             parse_version(name, getattr(self, name))
+        if self.load_phase is not None and not isinstance(self.load_phase, bool):
+            raise SpecError("load_phase", f"must be true or false, got {self.load_phase!r}")
         _check_choices(self, FrameworkConfig)
 
 
