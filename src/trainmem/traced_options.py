@@ -70,6 +70,7 @@ from trainmem.schedule import Item, Op, Repeat, StepSchedule
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.optimizers import OPTIMIZER_TABLE
 from trainmem.specs.training import TrainingConfig
+from trainmem.traced_activations import apply_activation_offloading
 from trainmem.traced_transforms import layer_of
 from trainmem.units import dtype_bytes
 
@@ -328,7 +329,20 @@ def paged_states(model: str | ModelSpec, training: TrainingConfig) -> int:
     return state_layout(model, training).total("paged_state_bytes")
 
 
-OPTIONS: tuple[TracedOption, ...] = (DDP, OFFLOAD)
+ACTIVATION_OFFLOADING = TracedOption(
+    name="activation offloading",
+    applies=lambda t: t.activation_offloading,
+    traced_as=lambda t: replace(t, activation_offloading=False),
+    apply=apply_activation_offloading,
+    note=lambda t: (
+        "activation offloading: the step was traced without it, then each layer's saved "
+        "activations freed once the next layer's forward has run and prefetched when its "
+        "backward begins, as the analytic engine's ActivationOffloading transform has them "
+        "(Note [Activation offloading on a traced step] in trainmem/traced_activations.py)"
+    ),
+)
+
+OPTIONS: tuple[TracedOption, ...] = (DDP, OFFLOAD, ACTIVATION_OFFLOADING)
 """Every option, in the order their rewrites apply (each to the previous one's schedule)."""
 
 
