@@ -51,3 +51,25 @@ def test_trace_engine_counts_a_tensor_parallel_communicator_like_the_analytic_on
     }
     # default context 500 MiB + a 4-rank data-parallel group (688) + a 2-rank TP pair (544)
     assert got == {e: (500 + 688 + 544) * MiB for e in got}
+
+
+@pytest.mark.parametrize(
+    ("torch_version", "context_mib"), [("1.10", 1343), ("1.13", 500), (None, 500)]
+)
+def test_the_default_context_follows_lazy_module_loading(
+    torch_version: str | None, context_mib: int
+) -> None:
+    # PyTorch sets CUDA_MODULE_LOADING=LAZY from 1.13 (PR #86509): the measured 500 MiB stack;
+    # before, the eager-loading 1343 MiB of the torch 1.10 era (HF perf_train_gpu_one docs);
+    # a user's figure wins over both
+    training = TrainingConfig(micro_batch_size=1, seq_len=32, torch_version=torch_version)
+    est = estimate("tiny-llama-test", training, engine="analytic", simulate_allocator=False)
+    assert est.breakdown.cuda_context == context_mib * MiB
+    given = estimate(
+        "tiny-llama-test",
+        training,
+        engine="analytic",
+        cuda_context_bytes=700 * MiB,
+        simulate_allocator=False,
+    )
+    assert given.breakdown.cuda_context == 700 * MiB

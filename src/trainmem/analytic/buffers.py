@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from trainmem.analytic.tensor_states import TensorState
-from trainmem.specs.hardware import DEFAULT_CUDA_CONTEXT_BYTES, GPUSpec
+from trainmem.specs.frameworks import parse_version
+from trainmem.specs.hardware import GPUSpec, default_cuda_context_bytes
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import MiB, dtype_bytes
@@ -294,7 +295,8 @@ def device_context(
     gpu: GPUSpec | None = None,
 ) -> tuple[int, dict[str, int], list[str]]:
     """The device memory beside the caching allocator's, for every engine: the CUDA context
-    (``cuda_context_bytes``, the user's figure, else ``DEFAULT_CUDA_CONTEXT_BYTES``) plus
+    (``cuda_context_bytes``, the user's figure, else the default for ``torch_version``,
+    :func:`~trainmem.specs.hardware.default_cuda_context_bytes`) plus
     :func:`outside_allocator_bytes`. The driver replays the step on the GPU's capacity minus
     it and counts it in the device total (nvidia-smi), never in ``max_memory_allocated``.
 
@@ -302,7 +304,10 @@ def device_context(
         (bytes, :func:`outside_allocator_bytes`, one note per outside kind).
     """
     outside = outside_allocator_bytes(training, paged_state_bytes, gpu)
-    base = DEFAULT_CUDA_CONTEXT_BYTES if cuda_context_bytes is None else cuda_context_bytes
+    if cuda_context_bytes is None:  # the user's figure always wins
+        base = default_cuda_context_bytes(parse_version("torch_version", training.torch_version))
+    else:
+        base = cuda_context_bytes
     source = nccl_source(training, gpu)
     notes = [
         f"{kind.replace('_', ' ')}: {size:,} bytes outside the caching allocator "

@@ -39,6 +39,20 @@ LEGACY_CUDA_CONTEXT_BYTES = 1343 * MiB
 """Measured CUDA context of torch ~1.10 on a V100 without lazy loading (HF transformers docs,
 ``perf_train_gpu_one.mdx`` @0016acf7, "CUDA context alone 1343 MB" where MB means MiB)."""
 
+LAZY_LOADING_SINCE_TORCH = (1, 13)
+"""The torch release that sets ``CUDA_MODULE_LOADING=LAZY`` by default (PyTorch PR #86509,
+torch/__init__.py / torch/cuda/__init__.py, released in 1.13 with CUDA 11.7)."""
+
+
+def default_cuda_context_bytes(torch_version: tuple[int, ...] | None) -> int:
+    """The CUDA context of a run on ``torch_version`` when the user gives none:
+    :data:`DEFAULT_CUDA_CONTEXT_BYTES` with lazy module loading (torch >= 1.13, or None: a
+    current release), else the eager-loading :data:`LEGACY_CUDA_CONTEXT_BYTES`. Note [CUDA
+    context]."""
+    if torch_version is not None and torch_version < LAZY_LOADING_SINCE_TORCH:
+        return LEGACY_CUDA_CONTEXT_BYTES
+    return DEFAULT_CUDA_CONTEXT_BYTES
+
 
 DEFAULT_CUBLAS_WORKSPACE_BYTES = 8_519_680
 """cuBLAS workspace per (handle, stream) below compute capability 9.0: ``:4096:2:16:8`` =
