@@ -729,11 +729,12 @@ def _estimate_traced(
                 "course model traced whole) or --engine analytic"
             )
     deepspeed = traced_deepspeed(training)
-    if deepspeed and (diffusers or not isinstance(target, ModelSpec)):
-        raise UnsupportedError(
-            "the traced paths apply DeepSpeed (framework=deepspeed) as the analytic engine's "
-            "transforms, which read the model's shape from the formulas' ModelSpec, and this "
-            "model has none yet; use a framework the trace runs (pytorch-amp, fsdp2)"
+    shape = target if isinstance(target, ModelSpec) else None
+    if deepspeed and shape is None and training.reduce_bucket_size == "auto":
+        raise UnsupportedError(  # Note [DeepSpeed without a ModelSpec] (traced_transforms)
+            'reduce_bucket_size="auto" is hidden_size^2 (the HF Trainer\'s fill-in), and this '
+            "model has no ModelSpec to give its hidden size; set --reduce-bucket-size to a "
+            "number of elements"
         )
     # an optimizer the trace cannot run: a stand-in traced, its states replaced (traced_transforms)
     standin = optimizer_standin(training) if isinstance(target, ModelSpec) else None
@@ -782,8 +783,8 @@ def _estimate_traced(
         est = estimate_trace(target, run, gpu=gpu_spec)
     if not est.schedules:  # the whole trace: its recorded stream as a flat schedule
         est.schedules = [StepSchedule.from_timeline(est.timeline).with_lazy_optimizer_states()]
-    if isinstance(target, ModelSpec) and (deepspeed or (standin is not None and not diffusers)):
-        _apply_traced_transforms(est, target, training, deepspeed=deepspeed)
+    if deepspeed or (shape is not None and standin is not None):
+        _apply_traced_transforms(est, shape, training, deepspeed=deepspeed)
     if options:
         shape = target if isinstance(target, ModelSpec) else None
         for option in options:
@@ -801,7 +802,7 @@ def _estimate_traced(
 
 
 def _apply_traced_transforms(
-    est: MemoryEstimate, target: ModelSpec, training: TrainingConfig, *, deepspeed: bool
+    est: MemoryEstimate, target: ModelSpec | None, training: TrainingConfig, *, deepspeed: bool
 ) -> None:
     """The traced plain-loop step as ``training`` asks: DeepSpeed ZeRO-1/2 or an optimizer the
     trace ran a stand-in for, applied as the analytic engine's transforms
@@ -817,6 +818,7 @@ def _apply_traced_transforms(
             "gradient copies; trainmem/traced_transforms.py)"
         )
     else:
+        assert target is not None  # optimizer_standin runs only with a ModelSpec
         est.schedules = [apply_optimizer(s, target, training) for s in est.schedules]
         est.notes.append(
             f"{training.optimizer}: its kernels do not run on fake tensors, so the step was "

@@ -60,7 +60,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from trainmem.analytic.model_states import optimizer_state_bytes
-from trainmem.analytic.tensor_states import state_layout
+from trainmem.analytic.tensor_states import TensorState, state_layout
 from trainmem.analytic.transforms.base import PipelineRank, RankContext, Where, splice
 from trainmem.analytic.transforms.deepspeed import DeepSpeedZero
 from trainmem.analytic.transforms.optimizer import Optimizer
@@ -110,7 +110,7 @@ def deepspeed_refusals(training: TrainingConfig) -> list[str]:
 
 
 def apply_deepspeed(
-    schedule: StepSchedule, model: ModelSpec, training: TrainingConfig
+    schedule: StepSchedule, model: ModelSpec | None, training: TrainingConfig
 ) -> StepSchedule:
     """The traced plain-loop step ``schedule`` (one rank, no data parallelism) as a DeepSpeed
     ZeRO-1/2 run of ``training`` has it (Notes [Traced model states under ZeRO] and [Points of a
@@ -120,24 +120,23 @@ def apply_deepspeed(
         schedule: a traced step (``StepSchedule.from_timeline``, or the generic path's composed
             one, with or without its lazy-state warm-up).
         model: the model's shape (the DeepSpeed transform reads ``hidden_size`` for
-            ``reduce_bucket_size="auto"`` and its trainable elements from the analytic layout).
+            ``reduce_bucket_size="auto"`` and its trainable elements from the analytic layout),
+            or None for a model without one (Note [DeepSpeed without a ModelSpec]).
         training: the DeepSpeed run (``framework="deepspeed"``, ``zero_stage`` 1 or 2).
 
     Returns:
         The schedule with the states re-sized and the transform's ops spliced in.
 
     Raises:
-        ScheduleError: a setting :func:`deepspeed_refusals` names, or a step without a
-            backward or optimizer to place the ops at.
+        ScheduleError: a setting :func:`deepspeed_refusals` names, ``reduce_bucket_size="auto"``
+            without a ModelSpec, or a step without a backward or optimizer to place the ops at.
     """
     refused = deepspeed_refusals(training)
     if refused:
         raise ScheduleError("no traced DeepSpeed transform for " + ", ".join(refused))
     init, body = _split(schedule)
     sizes = _Sizes.of(init, training)
-    layout = state_layout(model, training)
-    rank = PipelineRank(0, model.num_layers, 1, True, True)
-    transform = DeepSpeedZero(RankContext.build(model, training, rank, layout))
+    transform = DeepSpeedZero(_deepspeed_context(schedule, model, training))
     segments, tail = _micro_batches(body)
     stage2 = training.zero_stage == 2
     new_grads = _GradientSizes.of(segments[0]) if stage2 else None
@@ -162,6 +161,51 @@ def apply_deepspeed(
     if _balanced(steady):
         return candidate
     return StepSchedule(setup=tuple(states), step=tuple(steady), name=schedule.name)
+
+
+def _deepspeed_context(
+    schedule: StepSchedule, model: ModelSpec | None, training: TrainingConfig
+) -> RankContext:
+    """The rank the DeepSpeed transform reads: from the analytic layout of ``model``, or, for a
+    model without a ModelSpec, from the traced step.
+
+    Note [DeepSpeed without a ModelSpec]
+        What :class:`~trainmem.analytic.transforms.deepspeed.DeepSpeedZero` reads of a ZeRO-1/2
+        rank is its trainable elements (the step's flat gradient copies, ZeRO-1's partition,
+        ZeRO-2's fresh partition: :func:`~trainmem.analytic.buffers.
+        deepspeed_partition_elements` of them) and, only for ``reduce_bucket_size="auto"``, the
+        hidden size (the HF Trainer's h^2 fill-in). A traced step has every trainable
+        parameter's gradient in the weight dtype (DeepSpeed casts the whole module, LoRA's
+        adapters too), so the most gradient bytes it holds divided by that dtype's size is the
+        trainable elements, one aggregate tensor state; the model states are re-sized from the
+        traced tensors as with a ModelSpec (Note [Traced model states under ZeRO]). ``"auto"``
+        is refused without a ModelSpec (accelerate refuses it too for a model whose config has
+        no ``hidden_size``: utils/deepspeed.py ``deepspeed_config_process``).
+    """
+    if model is not None:
+        rank = PipelineRank(0, model.num_layers, 1, True, True)
+        return RankContext.build(model, training, rank, state_layout(model, training))
+    if training.reduce_bucket_size == "auto":
+        raise ScheduleError(
+            'reduce_bucket_size="auto" is hidden_size^2, and this model has no ModelSpec to give '
+            "its hidden size; set reduce_bucket_size to a number of elements"
+        )
+    n = schedule.category_peak(Cat.GRADIENT) // max(dtype_bytes(training.weight_dtype), 1)
+    grad = dtype_bytes(training.grad_dtype) * n
+    whole = TensorState("embedding", "traced", n, True, 0, 0, 0, 0, grad, 0, n)
+    return RankContext(
+        model=None,  # type: ignore[arg-type]  # read only for "auto" (Note above)
+        training=training,
+        rank=PipelineRank(0, 0, 1, True, True),
+        emb_states=[whole],
+        head_states=[],
+        layer_states=[],
+        head_grad_states=[],
+        emb_grad_states=[whole],
+        num_layers=0,
+        zero_stage=training.zero_stage if training.sharding_degree > 1 else 0,
+        grad_stream=0,
+    )
 
 
 def optimizer_standin(training: TrainingConfig) -> TrainingConfig | None:

@@ -1,6 +1,7 @@
-"""LoRA under DeepSpeed ZeRO-1/2 on the traced paths (issue 26): peft's adapters traced in the
-model's 16-bit dtype (DeepSpeed casts the whole wrapped module, trainmem.trace.lora
-``cast_adapters``), then DeepSpeed's transforms applied to the traced step
+"""DeepSpeed ZeRO-1/2 on the traced paths beyond a formula family's full fine-tune (issue 26):
+LoRA (peft's adapters traced in the model's 16-bit dtype, as DeepSpeed casts the whole wrapped
+module: trainmem.trace.lora ``cast_adapters``) and models without a ModelSpec (Note [DeepSpeed
+without a ModelSpec]), DeepSpeed's transforms applied to the traced step
 (trainmem.traced_transforms).
 
 Expected numbers: the adapter sizes by hand below; the analytic engine (its own formulas and
@@ -10,11 +11,13 @@ schedule) for the agreement within 1%.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from conftest import MODELS_DIR
+from trainmem.errors import UnsupportedError
 from trainmem.estimate import estimate
 from trainmem.specs.training import TrainingConfig
 
@@ -76,3 +79,36 @@ def test_lora_under_deepspeed_matches_the_analytic_engine(
     analytic = estimate(wide_qwen2, training, engine="analytic", simulate_allocator=False)
     g, a = generic.breakdown.allocated_bytes, analytic.breakdown.allocated_bytes
     assert abs(g - a) <= 0.01 * a, (g, a)
+
+
+def test_deepspeed_without_a_model_spec_reads_the_traced_step(wide_qwen2: str) -> None:
+    """Note [DeepSpeed without a ModelSpec]: the trainable elements from the traced gradients
+    give the schedule the analytic layout gives, to the byte."""
+    from trainmem.specs.hf import load_model_spec
+    from trainmem.trace.generic import estimate_generic
+    from trainmem.traced_transforms import apply_deepspeed
+
+    for changes in ({}, {"zero_stage": 1, "gradient_accumulation_steps": 2, "lora_rank": 0}):
+        training = _lora(reduce_bucket_size=4096, **changes)
+        traced = estimate_generic(wide_qwen2, training).schedules[0]
+        with_spec = apply_deepspeed(traced, load_model_spec(wide_qwen2), training)
+        without = apply_deepspeed(traced, None, training)
+        assert without.peak().peak_bytes == with_spec.peak().peak_bytes
+        assert without.model_states() == with_spec.model_states()
+
+
+def test_deepspeed_on_a_diffusers_model() -> None:
+    pytest.importorskip("diffusers")
+    pixart = str(MODELS_DIR / "diffusers" / "tiny-pixart.json")
+    training = TrainingConfig(micro_batch_size=2, framework="deepspeed", zero_stage=2,
+                              data_parallel_size=4, reduce_bucket_size=4096)  # fmt: skip
+    est = estimate(pixart, training, engine="generic", simulate_allocator=False)
+    n = est.num_trainable_parameters
+    states = est.schedules[0].model_states()
+    # bf16 weights; fp32 master + two fp32 moments and bf16 gradients partitioned over 4
+    assert states["optimizer_states"] == 12 * n // 4
+    assert states["gradients"] == 2 * n // 4
+    assert any("DeepSpeed ZeRO-2" in note for note in est.notes)
+    # "auto" buckets are h^2, and a diffusers model has no ModelSpec to give h
+    with pytest.raises(UnsupportedError, match="set --reduce-bucket-size"):
+        estimate(pixart, replace(training, reduce_bucket_size="auto"), engine="generic")
