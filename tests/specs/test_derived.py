@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes
+from trainmem.analytic.loss import model_loss_in_logits_dtype
 from trainmem.errors import SpecError
 from trainmem.memo import cached_on
 from trainmem.specs.hf import load_model_spec
@@ -120,6 +121,14 @@ def test_cached_terms_equal_their_uncached_answer() -> None:
     assert len(variants) > 60
     compute_and_residual_bytes.cache_clear()  # type: ignore[attr-defined]
     model_rank_map.cache_clear()  # type: ignore[attr-defined]
+    model_loss_in_logits_dtype.cache_clear()  # type: ignore[attr-defined]
+    gpt2 = load_model_spec("gpt2")  # its loss takes 16-bit logits before transformers 4.49
+    for t in variants:
+        for version in (None, "4.44.0"):
+            v = dataclasses.replace(t, transformers_version=version, loss=None)
+            for m in (model, gpt2):
+                fresh = model_loss_in_logits_dtype.__wrapped__(m, v)  # type: ignore[attr-defined]
+                assert model_loss_in_logits_dtype(m, v) == fresh
     for t in variants:
         assert compute_and_residual_bytes(t) == compute_and_residual_bytes.__wrapped__(t)  # type: ignore[attr-defined]
         assert model_rank_map(model, t) == model_rank_map.__wrapped__(model, t)  # type: ignore[attr-defined]

@@ -31,7 +31,7 @@ from trainmem.analytic.loss import loss_backward_transient_bytes, loss_kind
 from trainmem.analytic.params import num_parameters
 from trainmem.analytic.schedule import PipelineRank, rank_schedule
 from trainmem.analytic.temporaries import cublas_workspace_bytes
-from trainmem.analytic.tensor_states import state_layout
+from trainmem.analytic.tensor_states import StateLayout, state_layout
 from trainmem.breakdown import MemoryBreakdown, MemoryEstimate
 from trainmem.errors import SpecError
 from trainmem.specs.hardware import DEFAULT_CUBLAS_WORKSPACE_BYTES, GPUSpec
@@ -80,15 +80,7 @@ def estimate_analytic(
     """
     _check_parallel_shape(model, training)
     layout = state_layout(model, training)
-    n_params = layout.total("numel")
-    n_trainable = sum(s.numel for s in layout.embedding + layout.head if s.trainable)
-    n_trainable += model.num_blocks * sum(s.numel for s in layout.layer if s.trainable)
-    # blocks of several kinds are held as identical mean blocks (tensor_states._layer_tensors),
-    # whose rounding loses a few elements: report the exact count
-    rounding = num_parameters(model) - n_params
-    n_params += rounding
-    if not training.is_lora:
-        n_trainable += rounding
+    n_params, n_trainable = _parameter_counts(model, training, layout)
     prof = activation_profile(model, training)
     per_handle = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
     world = model_rank_map(model, training)
@@ -142,6 +134,27 @@ def estimate_analytic(
             for place, r in zip(world.ranks, ranks, strict=True)
         ],
     )
+
+
+def _parameter_counts(
+    model: ModelSpec, training: TrainingConfig, layout: StateLayout
+) -> tuple[int, int]:
+    """(parameters, trainable parameters) of the model (cached with ``layout``, which is per
+    model and per setting these read)."""
+    cached = layout.cache.get("parameter_counts")
+    if cached is not None:
+        return cached  # type: ignore[no-any-return]
+    n_params = layout.total("numel")
+    n_trainable = sum(s.numel for s in layout.embedding + layout.head if s.trainable)
+    n_trainable += model.num_blocks * sum(s.numel for s in layout.layer if s.trainable)
+    # blocks of several kinds are held as identical mean blocks (tensor_states._layer_tensors),
+    # whose rounding loses a few elements: report the exact count
+    rounding = num_parameters(model) - n_params
+    n_params += rounding
+    if not training.is_lora:
+        n_trainable += rounding
+    layout.cache["parameter_counts"] = (n_params, n_trainable)
+    return n_params, n_trainable
 
 
 def _config(model: ModelSpec, training: TrainingConfig) -> dict[str, object]:

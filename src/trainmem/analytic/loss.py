@@ -11,6 +11,7 @@ from trainmem.analytic.activation_shapes import (
     output_tokens,
     tokens_per_sequence,
 )
+from trainmem.memo import cached_on
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 
@@ -44,6 +45,7 @@ def loss_in_logits_dtype(model: ModelSpec, training: TrainingConfig) -> bool:
     return model_loss_in_logits_dtype(model, training) and training.uses_autocast
 
 
+@cached_on("chunked_cross_entropy", "framework", "loss", "transformers_version")
 def model_loss_in_logits_dtype(model: ModelSpec, training: TrainingConfig) -> bool:
     """The model code's own loss calls ``cross_entropy`` on the 16-bit logits, without
     ``.float()``: BERT's masked-LM head (``ModelSpec.mlm_loss_in_logits_dtype``), the causal-LM

@@ -188,8 +188,13 @@ class _Transforms:
                 return list(made)
         if not where.new_grads:
             return []
-        states, key, module = group_states(self.ctx, group)
-        return gradient_ops(self.ctx, states, "backward", key, module)
+        # the same ops for every configuration of these model states (the shared pieces)
+        cached = self.ctx.shared.get(("gradients", group))
+        if cached is None:
+            states, key, module = group_states(self.ctx, group)
+            made = gradient_ops(self.ctx, states, "backward", key, module)
+            cached = self.ctx.shared[("gradients", group)] = tuple(made)
+        return list(cached)
 
 
 def _layer_loop(

@@ -464,10 +464,14 @@ class StateLayout:
     cache: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def total(self, field: str) -> int:
-        """Sum of one TensorState field (``param_bytes``, ``numel``...) over the whole model."""
-        outer: int = sum(getattr(s, field) for s in self.embedding + self.head)
-        layer: int = sum(getattr(s, field) for s in self.layer)
-        return outer + self.num_layers * layer
+        """Sum of one TensorState field (``param_bytes``, ``numel``...) over the whole model
+        (cached: the engine asks for the same sums of every configuration sharing the layout)."""
+        cached = self.cache.get(("total", field))
+        if cached is None:
+            outer: int = sum(getattr(s, field) for s in self.embedding + self.head)
+            layer: int = sum(getattr(s, field) for s in self.layer)
+            cached = self.cache[("total", field)] = outer + self.num_layers * layer
+        return int(cached)
 
     def expand(self) -> list[TensorState]:
         """Every tensor, layer by layer, in module order."""

@@ -51,12 +51,19 @@ class ZeroGrad(NamedTuple):
 
 def zero_grad_policy(ctx: RankContext) -> ZeroGrad:
     """The rank's :class:`ZeroGrad` (neither with optimizer-in-backward, which frees each
-    gradient once stepped, nor under DeepSpeed ZeRO-1, which frees them into its partition)."""
+    gradient once stepped, nor under DeepSpeed ZeRO-1, which frees them into its partition;
+    kept in ``ctx.memo``: the builder asks at every step it builds)."""
+    cached = ctx.memo.get("zero_grad_policy")
+    if isinstance(cached, ZeroGrad):
+        return cached
     t = ctx.training
     keep = keeps_gradients(t)
     released = t.optimizer_in_backward or zero1_reduces(ctx)
     before = t.zero_grad_before_backward and not keep and not released
-    return ZeroGrad(keep, before, not keep and not before and not released)
+    out = ctx.memo["zero_grad_policy"] = ZeroGrad(
+        keep, before, not keep and not before and not released
+    )
+    return out
 
 
 def kept_logits_bytes(ctx: RankContext) -> int:
