@@ -119,12 +119,13 @@ _TT_8BIT = (
 _TT_NF4_INIT = (
     "the load is modelled (Note [torchao 0.1 NF4 at load]: bf16 linears built and quantized "
     "on the GPU, then again from the checkpoint; (value - nf4).abs() over (numel, 16): the "
-    "replay's load reserves 8.0 GB, -41.1 -> -11.7%); the rest likely as the bf16 LoRA twins "
+    "replay's load reserves 8.0 GB, -41.1 -> -9.9% with torchao 0.1's factor views); the rest "
+    "likely as the bf16 LoRA twins "
     "of the same recipes (GT030, GT033-GT036: reserved under by 6-15%, unexplained)"
 )
 _TT_NF4_LAYOUT = (
     "the load's cached blocks (Note [torchao 0.1 NF4 at load]) change where the step's "
-    "tensors land: the replay reserves 11.48 GB with them, 12.32 GB without (+0.2%); "
+    "tensors land: the replay reserves 11.65 GB with them, 12.32 GB without (+0.2%); "
     "'Seq Length 2048' as stated (if alpaca with max_seq_len 2048, the real peak length is "
     "shorter)"
 )

@@ -46,12 +46,16 @@ def _qlora(torchao: str | None, **settings: object) -> TrainingConfig:
 
 def test_one_weight_peaks_at_the_16_way_difference_and_its_absolute_value() -> None:
     n = 4096 * 11008  # Llama-2-7B's MLP weight
-    kept = alloc(1_000, MemoryCategory.PARAMETER, "load", "w")
+    kept = alloc(n, MemoryCategory.PARAMETER, "load", "w")
     ops = to_nf4_ops(n, kept, "t", "layers.0")
     sched = StepSchedule(setup=(), step=(), load=tuple(ops))
     assert sched.load_peak() == 66 * n + 5 * n // 64
     live = sum(op.size_bytes if op.action == "alloc" else -op.size_bytes for op in ops)
-    assert live == 1_000  # only the quantized weight is left
+    assert live == n  # only the quantized weight is left, in its pieces
+    left = {op.key for op in ops if op.action == "alloc"} - {
+        op.key for op in ops if op.action == "free"
+    }
+    assert left == {"w", "w/factor", "w/scalers"}
 
 
 def test_load_peak_of_a_1b_qlora() -> None:
@@ -64,8 +68,10 @@ def test_load_peak_of_a_1b_qlora() -> None:
 
 def test_the_step_is_unchanged_by_the_load() -> None:
     """The load makes the weights the setup allocates (adopted: no second event), so the
-    step's peak and every event after the load are those of the run without a load phase."""
-    plain = estimate("llama-3.2-1b", _qlora(None), engine="analytic", simulate_allocator=False)
+    step's peak and every event after the load are those of the run without a load phase
+    (``load_phase=False``)."""
+    off = _qlora("0.1", load_phase=False)
+    plain = estimate("llama-3.2-1b", off, engine="analytic", simulate_allocator=False)
     loaded = estimate("llama-3.2-1b", _qlora("0.1"), engine="analytic", simulate_allocator=False)
     a, b = plain.schedules[0], loaded.schedules[0]
     assert not a.load and b.load
@@ -188,3 +194,17 @@ def test_fsdp1_rule_needs_sharding() -> None:
     assert load_rule(_fsdp_qlora()) == FSDP1_RULE
     assert load_rule(replace(_fsdp_qlora(), data_parallel_size=1, zero_stage=0)) is None
     assert load_rule(_qlora("0.1", load_phase=False)) is None  # an explicit setting wins
+
+
+def test_torchao_before_0_3_keeps_the_factor_view() -> None:
+    """torchao 0.1 / 0.2 keep each NF4 weight's quantization factor as a view of its (n / 64 /
+    256, 256) bf16 base: 2 x (n / 64 - n / 64 / 256) bytes more than a contiguous factor. Per
+    Llama-3.2-1B layer: q, o 2048 x 2048 (65,536 scalers: 2 x (65,536 - 256) = 130,560 B
+    each), k, v 512 x 2048 (16,384: 32,640 B each), gate, up, down 8192 x 2048 (262,144:
+    522,240 B each); 16 layers."""
+    per_layer = 2 * 130_560 + 2 * 32_640 + 3 * 522_240
+    old = estimate("llama-3.2-1b", _qlora("0.2"), engine="analytic", simulate_allocator=False)
+    new = estimate("llama-3.2-1b", _qlora("0.3"), engine="analytic", simulate_allocator=False)
+    assert not old.schedules[0].load  # 0.2 quantizes in chunks: no load rule
+    params = old.model_states_bytes["parameters"] - new.model_states_bytes["parameters"]
+    assert params == 16 * per_layer

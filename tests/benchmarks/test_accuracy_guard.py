@@ -164,6 +164,12 @@ def test_analytic_accuracy_does_not_regress() -> None:
 #: +5.1%, GT127 -1.6 -> -4.5%, GT128 -4.8 -> -8.9%, GT129 -20.7 -> -26.0% (FSDP1 CPU
 #: offload). Median 4.8 -> 5.1% (bound loosened for this deliberate mechanism), p90 19.7 ->
 #: 17.3%, 21 -> 20 under.
+#: Re-recorded for torchao's NF4 storage before 0.3 (tensor_states.torchao_factor_view_bytes:
+#: the quantization factor a view of its (n / 64 / 256, 256) bf16 base, 2 n / 64 bytes per
+#: weight; torchao PR #298 made it contiguous in 0.3) and the load phase allocating each
+#: weight's kept pieces where torchao makes them (the factor and int8 scalers in the double
+#: quantization, before the (numel, 16) temporaries): GT028 -11.7 -> -9.9%, GT037 -6.7 ->
+#: -5.3%, GT173 -13.9 -> -11.5% (allocated); median 5.1%, p90 17.3%, 20 -> 19 under.
 RECORDED_DEV2 = {
     "GT011": -0.0346,
     "GT012": -0.0367,
@@ -180,7 +186,7 @@ RECORDED_DEV2 = {
     "GT025": +0.2962,
     "GT026": +0.1217,
     "GT027": +0.3800,
-    "GT028": -0.1173,
+    "GT028": -0.0990,
     "GT029": -0.3639,
     "GT030": -0.1539,
     "GT031": -0.0097,
@@ -189,7 +195,7 @@ RECORDED_DEV2 = {
     "GT034": -0.0710,
     "GT035": -0.0650,
     "GT036": -0.0752,
-    "GT037": -0.0665,
+    "GT037": -0.0530,
     "GT038": +0.0049,
     "GT039": +2.0161,
     "GT040": -0.0921,
@@ -290,7 +296,7 @@ RECORDED_DEV2 = {
     "GT169": +0.0023,
     "GT170": -0.0890,
     "GT172": -0.0288,
-    "GT173": -0.1390,
+    "GT173": -0.1150,
     "GT174": +0.0102,
     "GT175": +0.0877,
     "GT176": -0.0565,
@@ -308,7 +314,7 @@ RECORDED_DEV2 = {
 MIN_DEV2_ROWS_SCORED = 139
 MAX_DEV2_MEDIAN_ABS = 0.052
 MAX_DEV2_P90_ABS = 0.174
-MAX_DEV2_UNDER = 20
+MAX_DEV2_UNDER = 19
 MAX_DEV2_OOM = 0
 
 

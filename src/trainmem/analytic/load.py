@@ -34,9 +34,11 @@ Note [torchao 0.1 NF4 at load]
 
     The peak of one weight is the live weights + 2n (the bf16 weight) + 2n (scaled) + 64n: for
     Llama-2-7B's 4096 x 11008 MLP weights 3.07 GB above the weights, and the freed (n, 16)
-    blocks stay in the caching allocator. The kept pieces (packed data, int8 scalers, factors,
-    mean, the 16-entry table) are the weight's ``param_bytes`` here, allocated where the
-    packed data is; the int8 scalers and factors made before it are held until then.
+    blocks stay in the caching allocator. The kept pieces are allocated where torchao makes
+    them: the factor's (nb) bf16 base (kept whole by its view before torchao 0.3,
+    ``tensor_states.torchao_factor_view_bytes``) and the int8 scalers in the double
+    quantization, the rest of the weight's ``param_bytes`` (packed data, mean, the 16-entry
+    table) where the packed data is made.
     From torchao 0.2 the nearest-value search runs over ``CHUNK_SIZE = 1024**2`` elements at a
     time (Note: Quantize in Chunks), whose transients are not modelled.
 
@@ -80,7 +82,7 @@ from trainmem.analytic.tensor_states import TensorState, is_quantized_base
 from trainmem.analytic.transforms.base import RankContext, alloc, free
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.schedule import Item, Op, Repeat
-from trainmem.specs.frameworks import TORCHAO_NF4_CHUNKED_SINCE, parse_version
+from trainmem.specs.frameworks import TORCHAO_NF4_CHUNKED_SINCE
 from trainmem.specs.training import TrainingConfig
 
 NF4_TORCHAO_BLOCK = 64
@@ -121,8 +123,7 @@ def load_rule(training: TrainingConfig) -> str | None:
         return FSDP1_RULE
     if training.framework != "torchtune" or training.quantize_base not in ("nf4", "nf4-dq"):
         return None
-    version = parse_version("torchao_version", training.torchao_version)
-    if version is None or (*version, 0, 0)[:3] >= TORCHAO_NF4_CHUNKED_SINCE:  # "0.2" is 0.2.0
+    if training.torchao_release >= TORCHAO_NF4_CHUNKED_SINCE:
         return None
     single = (
         training.data_parallel_size
@@ -135,9 +136,11 @@ def load_rule(training: TrainingConfig) -> str | None:
 
 def to_nf4_ops(numel: int, kept: Op, key: str, module: str) -> list[Op]:
     """The allocations and frees of torchao 0.1 ``NF4Tensor.from_tensor`` on a bf16 weight of
-    ``numel`` elements, in order (Note [torchao 0.1 NF4 at load]); ``kept`` is the quantized
-    weight's allocation, made where ``.to(torch.uint8)`` makes the packed data. ``key``
-    prefixes the transients' keys.
+    ``numel`` elements, in order (Note [torchao 0.1 NF4 at load]). The weight's kept pieces
+    are allocated where torchao makes them: the quantization factor's (n / 64) bf16 base
+    (``f"{kept.key}/factor"``) and the int8 scalers (``f"{kept.key}/scalers"``) in the double
+    quantization, then ``kept``, less those 3n / 64 bytes, where ``.to(torch.uint8)`` makes the
+    packed data. ``key`` prefixes the transients' keys.
 
     Source: torchao v0.1 dtypes/nf4tensor.py ``from_tensor``, ``double_quantize_scalers``,
     ``get_block_absmax``, ``convert_to_norm_float_weight``, ``quantize_tensor_nearest``.
@@ -165,14 +168,16 @@ def to_nf4_ops(numel: int, kept: Op, key: str, module: str) -> list[Op]:
     v2, i2 = new(2 * nsb, "max2"), new(8 * nsb, "argmax2")
     drop(a2, i2)
     m2 = new(2 * nb, "twice")
-    qf = new(2 * nb, "factor")
+    qf = alloc(2 * nb, Cat.PARAMETER, "load", f"{kept.key}/factor", module)  # kept
+    out.append(qf)
     drop(m2)
     q1 = new(2 * nb, "mul")
     q2 = new(2 * nb, "round")
     drop(q1)
     q3 = new(2 * nb, "clamp")
     drop(q2)
-    qs = new(nb, "int8")
+    qs = alloc(nb, Cat.PARAMETER, "load", f"{kept.key}/scalers", module)  # kept
+    out.append(qs)
     drop(q3, v2, s1)
     # convert_to_norm_float_weight(inpt, n_blocks, 64, nf4)
     a3 = new(2 * n, "abs3")
@@ -187,9 +192,19 @@ def to_nf4_ops(numel: int, kept: Op, key: str, module: str) -> list[Op]:
     shifted = new(4 * n, "shift")
     packed = new(4 * n, "or")
     drop(shifted)
-    out.append(kept)
-    drop(packed, mi, scaled, v3, qs, qf)
+    out.append(kept._replace(size_bytes=kept.size_bytes - qf.size_bytes - qs.size_bytes))
+    drop(packed, mi, scaled, v3)
     return out
+
+
+def _kept_pieces(op: Op, numel: int) -> list[Op]:
+    """The frees of a weight :func:`to_nf4_ops` made under ``op.key``: its pieces and the
+    rest."""
+    nb = numel // NF4_TORCHAO_BLOCK
+    factor = op._replace(key=f"{op.key}/factor", size_bytes=2 * nb)
+    scalers = op._replace(key=f"{op.key}/scalers", size_bytes=nb)
+    rest = op._replace(size_bytes=op.size_bytes - 3 * nb)
+    return [free(x, "load") for x in (factor, scalers, rest)]
 
 
 def _quantized_weight(state: TensorState, op: Op, init_key: str | None) -> list[Op]:
@@ -209,7 +224,7 @@ def _quantized_weight(state: TensorState, op: Op, init_key: str | None) -> list[
         src,
         *to_nf4_ops(n, kept, f"{op.key}/load", module),
         free(src, "load"),
-        free(built, "load"),
+        *_kept_pieces(built, n),
     ]
 
 

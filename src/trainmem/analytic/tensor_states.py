@@ -56,10 +56,13 @@ from typing import Any
 from trainmem.analytic.lora import lora_adapter_dtype
 from trainmem.analytic.model_states import optimizer_state_bytes
 from trainmem.analytic.params import linear_shapes, parameter_counts
-from trainmem.specs.frameworks import TORCHAO_OFFLOAD_MINIMAL_SIZE
+from trainmem.specs.frameworks import (
+    TORCHAO_NF4_FACTOR_CONTIGUOUS_SINCE,
+    TORCHAO_OFFLOAD_MINIMAL_SIZE,
+)
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.optimizers import OPTIMIZER_TABLE
-from trainmem.specs.quantization import quantized_weight_bytes
+from trainmem.specs.quantization import NF4_BLOCK, NF4_DOUBLE_QUANT_BLOCK, quantized_weight_bytes
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
 
@@ -321,6 +324,23 @@ _NOT_LINEAR = ("lora_", "vector", "embedding", "head", "lm_head", "final_norm", 
 parallelism, upcast by peft's k-bit preparation)."""
 
 
+def torchao_factor_view_bytes(numel: int, training: TrainingConfig) -> int:
+    """Bytes a torchao NF4 weight of ``numel`` elements keeps beyond its contiguous scalers
+    before torchao 0.3 (torchtune's QLoRA): its quantization factor is a view of a (n / 64 /
+    256, 256) bf16 tensor, so 2 x (n / 64) bytes stay alive instead of 2 x (n / 64 / 256)
+    (:data:`~trainmem.specs.frameworks.TORCHAO_NF4_FACTOR_CONTIGUOUS_SINCE`; torchao v0.1
+    dtypes/nf4tensor.py ``double_quantize_scalers``: ``256 / (2 * scaler_absmax)`` over the
+    expanded view, then ``quantization_factor[:, 0]``). 0 for any other run."""
+    if (
+        training.framework != "torchtune"
+        or training.quantize_base not in ("nf4", "nf4-dq")
+        or training.torchao_release >= TORCHAO_NF4_FACTOR_CONTIGUOUS_SINCE
+    ):
+        return 0
+    blocks = numel // NF4_BLOCK
+    return 2 * (blocks - blocks // NF4_DOUBLE_QUANT_BLOCK)
+
+
 def is_quantized_base(state: TensorState, training: TrainingConfig) -> bool:
     """Whether ``state`` is a frozen layer linear stored quantized (``quantize_base``), as
     :class:`_TensorMaker` sizes it."""
@@ -385,6 +405,7 @@ class _TensorMaker:
         local_out = -(-out_features // tp) if tp_split and out_features > 1 else out_features
         if not trainable and is_linear and training.quantize_base != "none":  # is_quantized_base
             full_param = quantized_weight_bytes(local, local_out, training.quantize_base)
+            full_param += torchao_factor_view_bytes(local, training)
         else:
             full_param = w * local
         full_grad = dtype_bytes(tr.grad_dtype) * local if with_grad else 0

@@ -34,6 +34,12 @@ search runs over ``CHUNK_SIZE = 1024**2`` elements at a time (Note: Quantize in 
 (torchtune's pyproject.toml pinned ``torchao==0.1`` from f97bcdaa, 2024-04-09, to c1c9f308,
 2024-06-26) over the whole weight: a (numel, 16) 16-bit difference tensor and its absolute value
 at once."""
+TORCHAO_NF4_FACTOR_CONTIGUOUS_SINCE = (0, 3, 0)
+"""torchao dtypes/nf4tensor.py ``double_quantize_scalers``: the per-256-scaler quantization
+factor is computed over the expanded (n_scaler_blocks, 256) view and returned as
+``quantization_factor[:, 0].view(n_scaler_blocks)``, a view that keeps the whole bf16 base
+alive, in 0.1 and 0.2; torchao PR #298 (9dbc5542, 2024-05-31, in 0.3.0) returns it
+``.contiguous()``."""
 TORCHAO_OFFLOAD_MINIMAL_SIZE = 4096
 """torchao ``CPUOffloadOptimizer(minimal_size=4096)``: parameters with fewer elements are kept
 in an optimizer on the GPU ("to avoid excessively many small transfers",

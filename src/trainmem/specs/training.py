@@ -73,6 +73,7 @@ from trainmem.specs.bounds import MAX_COUNT, describe_int
 from trainmem.specs.frameworks import (
     BNB_MATMUL4BIT_SAVES_NO_INPUT_SINCE,
     DEFAULT_BITSANDBYTES_VERSION,
+    DEFAULT_TORCHAO_VERSION,
     DEFAULT_TRANSFORMERS_VERSION,
     FRAMEWORK_CONVENTIONS,
     GRAD_ACCUM_DTYPES,
@@ -941,6 +942,14 @@ class FrameworkConfig:
         :data:`~trainmem.specs.frameworks.DEFAULT_TRANSFORMERS_VERSION`."""
         given = parse_version("transformers_version", self.transformers_version)
         return given or installed_transformers_version() or DEFAULT_TRANSFORMERS_VERSION
+
+    @property
+    def torchao_release(self) -> tuple[int, int, int]:
+        """(major, minor, patch) of the torchao whose code runs: ``torchao_version`` when given
+        (``"0.2"`` is 0.2.0), else :data:`~trainmem.specs.frameworks.DEFAULT_TORCHAO_VERSION`."""
+        given = parse_version("torchao_version", self.torchao_version)
+        major, minor, patch = (*(given or DEFAULT_TORCHAO_VERSION), 0, 0)[:3]
+        return (major, minor, patch)
 
     def __post_init__(self) -> None:
         for name in (
