@@ -38,6 +38,7 @@ from trainmem.traced_transforms import (
     apply_optimizer,
     deepspeed_refusals,
     optimizer_standin,
+    untraced_deepspeed,
 )
 from trainmem.uncertainty import verdict_of
 from trainmem.units import TiB
@@ -226,7 +227,9 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
             or (training.framework == "fsdp2" and not fsdp)
         )
     ):
-        out.append(f"framework={training.framework}")
+        deepspeed_framework = training.framework == "deepspeed"
+        out.append(untraced_deepspeed(training) if deepspeed_framework else
+                   f"framework={training.framework}")  # fmt: skip
     if training.transformers_version is not None:
         # the trace runs the installed transformers' model code, not the release asked for
         installed = installed_transformers_version()

@@ -80,6 +80,7 @@ __all__ = [
     "deepspeed_refusals",
     "layer_of",
     "optimizer_standin",
+    "untraced_deepspeed",
 ]
 
 _LAYER = re.compile(r"^(.*?\.(?:\d+|\{i\}))(?:\.|$)")
@@ -107,6 +108,22 @@ def deepspeed_refusals(training: TrainingConfig) -> list[str]:
     if row.factored or row.blockwise is not None:
         out.append(f"optimizer={training.optimizer} with framework=deepspeed")
     return out
+
+
+def untraced_deepspeed(training: TrainingConfig) -> str:
+    """One refusal for a DeepSpeed run the traced paths do not model, saying what they model
+    (ZeRO-1/2 with the ZeRO optimizer wrapper and a fixed-size optimizer state, without tensor,
+    pipeline or context parallelism) and what traces ZeRO-3's sharding (FSDP2)."""
+    why = deepspeed_refusals(training) or [
+        f"{name}={getattr(training, name)} with framework=deepspeed"
+        for name in ("tensor_parallel_size", "pipeline_parallel_size", "context_parallel_size")
+        if getattr(training, name) > 1
+    ]
+    return (
+        ", ".join(why or ["framework=deepspeed"])
+        + " (traced: DeepSpeed ZeRO-1/2 without tensor, pipeline or context parallelism; "
+        "ZeRO-3-style sharding: --framework fsdp2)"
+    )
 
 
 def apply_deepspeed(

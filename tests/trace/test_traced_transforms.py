@@ -228,16 +228,21 @@ def test_deepspeed_settings_the_traced_paths_still_refuse() -> None:
     assert trace_unsupported_settings(_deepspeed()) == []
     assert trace_unsupported_settings(_deepspeed(zero_stage=1), "generic") == []
     # ZeRO-3 (DeepSpeed's own parameter partitioning) and ZeRO off (BF16_Optimizer) are not
-    # transforms of a traced step yet, nor DeepSpeed beside tensor parallelism
-    assert trace_unsupported_settings(_deepspeed(zero_stage=3)) == ["framework=deepspeed"]
-    assert trace_unsupported_settings(_deepspeed(zero_stage=0, data_parallel_size=1)) == [
-        "framework=deepspeed"
-    ]
-    assert trace_unsupported_settings(_deepspeed(tensor_parallel_size=2)) == [
+    # transforms of a traced step yet, nor DeepSpeed beside tensor parallelism; each refusal
+    # says what is traced
+    hint = " (traced: DeepSpeed ZeRO-1/2 without tensor, pipeline or context parallelism; "
+    (zero3,) = trace_unsupported_settings(_deepspeed(zero_stage=3))
+    assert zero3.startswith("zero_stage=3 with framework=deepspeed" + hint), zero3
+    assert "--framework fsdp2" in zero3
+    (off,) = trace_unsupported_settings(_deepspeed(zero_stage=0, data_parallel_size=1))
+    assert off.startswith("zero_stage=0 with framework=deepspeed" + hint), off
+    assert trace_unsupported_settings(_deepspeed(tensor_parallel_size=2))[:2] == [
         "data_parallel_size=4",
         "zero_stage=2",
-        "framework=deepspeed",
     ]
+    assert trace_unsupported_settings(_deepspeed(tensor_parallel_size=2))[2].startswith(
+        "tensor_parallel_size=2 with framework=deepspeed" + hint
+    )
     with pytest.raises(UnsupportedError, match="does not model offload=optimizer"):
         estimate(str(QWEN2), _deepspeed(offload="optimizer"), engine="generic")
     # a family without formulas has no ModelSpec to give the hidden size "auto" buckets read
