@@ -40,7 +40,7 @@ def cached_on(*fields: str, maxsize: int = 256) -> Callable[[F], F]:
         def cached(*args: Any) -> Any:
             # NB: the other arguments by identity (hashing a ModelSpec reads every field, 2 us);
             # the entry holds them, so no other object takes their id while it is kept
-            k = (*map(id, args[:-1]), key(args[-1]))
+            k = key(args[0]) if len(args) == 1 else (*map(id, args[:-1]), key(args[-1]))
             hit = store.get(k, _MISSING)
             if hit is _MISSING:
                 if len(store) >= maxsize:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from functools import lru_cache
-from importlib import resources
 from typing import Any
 
 from trainmem.breakdown import MemoryEstimate
@@ -99,6 +98,8 @@ def load_table() -> dict[str, Any]:
     Returns:
         The parsed table: ``{"engines": {engine: {kind: {"n", "min", "max", ...}}}, ...}``.
     """
+    from importlib import resources  # NB: here: only a verdict reads it, not --help
+
     package, name = TABLE_RESOURCE
     text = resources.files(package).joinpath(name).read_text(encoding="utf-8")
     table: dict[str, Any] = json.loads(text)

@@ -24,7 +24,6 @@ Note [CUDA context]
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass
 
@@ -310,6 +309,8 @@ def get_gpu(name: str) -> GPUSpec:
     if len(matches) > 1:
         choices = ", ".join(folded[m] for m in matches)
         raise SpecError("gpu", f"{name!r:.80} is ambiguous: it could be {choices}; name one")
+    import difflib  # NB: here: only an unknown name needs it
+
     close = difflib.get_close_matches(key[:100], list(folded), n=3, cutoff=0.5)
     hint = f" Did you mean: {', '.join(folded[c] for c in close)}?" if close else ""
     raise SpecError(
