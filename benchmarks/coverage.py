@@ -132,6 +132,36 @@ def transformers_group(limit: int | None = None) -> Iterator[tuple[str, str, str
             yield model_type, "refused", _one_line(exc)
 
 
+DIFFUSERS_CONFIG_FIXES: dict[str, dict[str, Any]] = {
+    # the default (no time MLP, Fourier features concatenated to the input) has
+    # extra_in_channels=0 although the features add 2 * block_out_channels[0] channels;
+    # diffusers' tests/models/unets/test_models_unet_1d.py builds this one
+    "UNet1DModel": {
+        "block_out_channels": [8, 8, 16, 16],
+        "in_channels": 14,
+        "out_channels": 14,
+        "time_embedding_type": "positional",
+        "use_timestep_embedding": True,
+        "flip_sin_to_cos": False,
+        "freq_shift": 1.0,
+        "out_block_type": "OutConv1DBlock",
+        "mid_block_type": "MidResTemporalBlock1D",
+        "down_block_types": ["DownResnetBlock1D"] * 4,
+        "up_block_types": ["UpResnetBlock1D"] * 3,
+        "act_fn": "swish",
+    },
+    # the default has no image projection, which forward calls unconditionally; diffusers'
+    # tests/models/transformers/test_models_transformer_hunyuan_video_framepack.py (and the
+    # FramePack checkpoint) set both
+    "HunyuanVideoFramepackTransformer3DModel": {
+        "has_image_proj": True,
+        "has_clean_x_embedder": True,
+    },
+}
+"""Classes whose default config diffusers' own forward cannot run, and the fields of the
+config diffusers' own model test uses instead (cited per row)."""
+
+
 def diffusers_group(limit: int | None = None) -> Iterator[tuple[str, str, str]]:
     """(class name, outcome, detail) per diffusers transformer / UNet class: its default
     ``register_to_config`` arguments as the config, shrunk to 2 layers; ``excluded`` when
@@ -158,6 +188,7 @@ def diffusers_group(limit: int | None = None) -> Iterator[tuple[str, str, str]]:
                 for k, p in params.items()
                 if k != "self" and p.default is not inspect.Parameter.empty
             }
+            raw.update(DIFFUSERS_CONFIG_FIXES.get(name, {}))
             raw = shrink(json.loads(json.dumps(raw, default=list)))
             raw["_class_name"] = name
             with torch.device("meta"):  # diffusers' own build of that config, no trainmem

@@ -98,6 +98,8 @@ LAYOUTS: dict[str, str] = {
     "joint-tokens": "[b, t + (h / 2)(w / 2), c]: text and packed image tokens in one sequence",
     "vector": "[b, c]: one embedding (a prior's CLIP image embedding)",
     "per-sample": "a list of b tensors [c, 1, h, w]",
+    "patches": "[b, (h / ph)(w / pw), c, pt, ph, pw]: one image's latent cut into patch_size "
+    "patches",
 }
 """The latent layouts of ``hidden_states`` / ``sample`` (b micro-batch, c ``in_channels``, f
 latent frames, h, w latent height / width), from the forward docstrings of the classes."""
@@ -120,6 +122,9 @@ DIFFUSERS_FAMILIES: dict[str, DiffusersFamily] = {
     "LTXVideoTransformer3DModel": DiffusersFamily(
         32, 32, 128, (512, 704), temporal_factor=8, frames=161, layout="video-tokens"
     ),
+    "LTX2VideoTransformer3DModel": DiffusersFamily(
+        32, 32, 1024, (512, 768), temporal_factor=8, frames=121, layout="video-tokens"
+    ),
     "MochiTransformer3DModel": DiffusersFamily(
         8, 16, 256, (480, 848), temporal_factor=6, frames=163
     ),
@@ -136,8 +141,15 @@ DIFFUSERS_FAMILIES: dict[str, DiffusersFamily] = {
     "Ideogram4Transformer2DModel": DiffusersFamily(8, 16, 77, None, layout="joint-tokens"),
     "ZImageTransformer2DModel": DiffusersFamily(8, 16, 512, (1024, 1024), layout="per-sample"),
     "PriorTransformer": DiffusersFamily(1, 1, 77, (1, 1), layout="vector"),
+    "JoyImageEditPlusTransformer3DModel": DiffusersFamily(8, 16, 77, None, layout="patches"),
+    "HunyuanVideoFramepackTransformer3DModel": DiffusersFamily(  # a 9-latent-frame window
+        8, 16, 77, None, temporal_factor=4, frames=33
+    ),
     "MiniMaxMusic3Transformer1DModel": DiffusersFamily(1, 1, 0, None, layout="sequence"),
     "AnyFlowTransformer3DModel": DiffusersFamily(
+        8, 16, 512, (480, 832), temporal_factor=4, frames=81, layout="video-fc"
+    ),
+    "AnyFlowFARTransformer3DModel": DiffusersFamily(
         8, 16, 512, (480, 832), temporal_factor=4, frames=81, layout="video-fc"
     ),
     "UNet3DConditionModel": _PER_FRAME_UNET,

@@ -34,7 +34,7 @@ from trainmem.trace._torch import require_torch
 torch = require_torch()
 F = torch.nn.functional
 
-__all__ = ["cuda_sdpa", "choose_kernel"]
+__all__ = ["choose_kernel", "cuda_sdpa", "make_cuda_flex"]
 
 FLASH_MAX_HEAD_DIM = 256
 """Largest head_dim the flash kernel takes (``sdp_utils.cpp``, ``check_head_dim_size_flash``)."""
@@ -130,9 +130,47 @@ def make_cuda_sdpa(force: str | None = None) -> Callable[..., Any]:
     return sdpa
 
 
+def make_cuda_flex(sdpa: Callable[..., Any]) -> Callable[..., Any]:
+    """A drop-in ``torch.nn.attention.flex_attention.flex_attention`` that runs ``sdpa`` (the
+    CUDA kernels' ops of :func:`make_cuda_sdpa`) without the mask.
+
+    Note [FlexAttention as the flash kernel]
+        On a GPU FlexAttention runs as a compiled Triton kernel (``torch/_inductor/kernel/
+        flex/flex_attention.py``): its forward saves the output [b, a, s, d] and the logsumexp
+        [b, a, s] fp32, its backward computes the gradients of q, k, v block by block from them,
+        the same tensors as the flash kernel's; a ``BlockMask`` (its block counts and indices,
+        built by the model before the call and held by it) or a ``score_mod`` only decides
+        which blocks are computed, never what is saved. On CPU PyTorch has no flex backward
+        ("FlexAttention does not support backward on CPU"), and its eager forward materialises
+        the [b, a, s, s] scores, which a CUDA run compiles away (diffusers warns when
+        Kandinsky 6 SR's flex attention is not compiled). So the trace runs the flash kernel's
+        ops in its place; the uncompiled eager fallback is not modelled.
+    """
+
+    def flex_attention(
+        query: Any,
+        key: Any,
+        value: Any,
+        score_mod: Any = None,
+        block_mask: Any = None,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+        return_lse: bool = False,
+        kernel_options: Any = None,
+        **_: Any,
+    ) -> Any:
+        out = sdpa(query, key, value, scale=scale, enable_gqa=enable_gqa)
+        if return_lse:  # the kernel's logsumexp, [b, a, s] fp32
+            return out, query.new_empty(query.shape[:-1], dtype=torch.float32)
+        return out
+
+    return flex_attention
+
+
 @contextlib.contextmanager
 def cuda_sdpa(force: str | None = None) -> Iterator[None]:
-    """Patch ``F.scaled_dot_product_attention`` (and transformers' reference to it) for the
+    """Patch ``F.scaled_dot_product_attention`` (and transformers' reference to it) and
+    FlexAttention's ``flex_attention`` (Note [FlexAttention as the flash kernel]) for the
     duration of the block.
 
     Args:
@@ -145,11 +183,17 @@ def cuda_sdpa(force: str | None = None) -> Iterator[None]:
     patched = make_cuda_sdpa(force)
     # transformers calls torch.nn.functional.scaled_dot_product_attention by attribute lookup
     # (transformers/integrations/sdpa_attention.py), so patching F covers it.
-    targets: list[tuple[Any, str]] = [(F, "scaled_dot_product_attention")]
-    saved = [(obj, name, getattr(obj, name)) for obj, name in targets]
+    targets: list[tuple[Any, str, Any]] = [(F, "scaled_dot_product_attention", patched)]
+    try:  # diffusers calls flex_attention.flex_attention(...) by attribute lookup too
+        import torch.nn.attention.flex_attention as flex
+    except ImportError:  # pragma: no cover - torch without FlexAttention
+        pass
+    else:  # Note [FlexAttention as the flash kernel]
+        targets.append((flex, "flex_attention", make_cuda_flex(patched)))
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in targets]
     try:
-        for obj, name in targets:
-            setattr(obj, name, patched)
+        for obj, name, value in targets:
+            setattr(obj, name, value)
         yield
     finally:
         for obj, name, value in saved:

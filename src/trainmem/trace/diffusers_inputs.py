@@ -65,6 +65,8 @@ class Sizes:
     """Text tokens."""
     f: int
     """Latent frames (0 for an image model)."""
+    frames: int
+    """Pixel frames (0 for an image model)."""
     h: int
     """Latent height (pixels for a pixel-space model)."""
     w: int
@@ -174,20 +176,49 @@ def latent(s: Sizes) -> Any:
     }
     if s.layout == "per-sample":
         return per_sample(s)
+    if s.layout == "patches":
+        pt, ph, pw = _patch(s)
+        return s.randn(s.b, (s.h // ph) * (s.w // pw), c, pt, ph, pw)
     return s.randn(*shapes[s.layout])
 
 
-PER_FRAME_TIMESTEP = frozenset({"AnyFlowTransformer3DModel"})
+def _patch(s: Sizes) -> tuple[int, int, int]:
+    """``patch_size`` as (time, height, width) patches."""
+    value = s.cfg.get("patch_size")
+    if isinstance(value, list | tuple) and len(value) == 3:
+        return int(value[0]), int(value[1]), int(value[2])
+    p = value if isinstance(value, int) else 1
+    return 1, p, p
+
+
+def patch_shapes(s: Sizes) -> Any:
+    """One (1, h / ph, w / pw) per sample: the target image's patch grid, no reference image
+    (JoyImage Edit Plus's ``shape_list``, ``pipeline_joyimage_edit_plus.py``
+    ``prepare_latents``)."""
+    if s.layout != "patches":
+        return ABSENT
+    _, ph, pw = _patch(s)
+    return [[(1, s.h // ph, s.w // pw)] for _ in range(s.b)]
+
+
+PER_FRAME_TIMESTEP = frozenset({"AnyFlowTransformer3DModel", "AnyFlowFARTransformer3DModel"})
 """Classes that take one noise level per latent frame ([b, f]: AnyFlow's flow map,
 ``transformer_anyflow.py`` ``forward_timestep``)."""
+
+
+CHANNEL_FRAME_TIMESTEP = frozenset({"SanaWMTransformer3DModel"})
+"""Classes that take one noise level per latent frame as [b, 1, f] (SANA-WM's LTX-style
+timesteps, ``transformer_sana_wm.py``) and the prompt as [b, 1, t, width]."""
 
 
 def timestep(s: Sizes) -> Any:
     """[b]: int64 for UNets, fp32 sigmas for packed (FLUX-style) models, fp32 in [0, 1000)
     otherwise (Note [Inputs from the forward signature]); [b, f] for
-    :data:`PER_FRAME_TIMESTEP`."""
+    :data:`PER_FRAME_TIMESTEP`, [b, 1, f] for :data:`CHANNEL_FRAME_TIMESTEP`."""
     if s.name in PER_FRAME_TIMESTEP:
         return torch.rand(s.b, max(s.f, 1)) * 1000
+    if s.name in CHANNEL_FRAME_TIMESTEP:
+        return torch.rand(s.b, 1, max(s.f, 1)) * 1000
     if s.unet:
         return torch.randint(0, 1000, (s.b,))
     if s.layout == "tokens":
@@ -200,6 +231,17 @@ ALIGNED_TEXT = frozenset({"MiniMaxMusic3Transformer1DModel"})
 (``transformer_minimax_music3.py``: ``encoder_hidden_states`` (batch, length, condition_dim))."""
 
 
+FRAME_TEXT = frozenset({"UNetMotionModel"})
+"""Classes fed the prompt once per latent frame ([b f, t, width]: AnimateDiff's
+``prompt_embeds.repeat_interleave(repeats=num_frames, dim=0)``, ``pipeline_animatediff.py``;
+the UNet folds the frames into the batch)."""
+
+
+BUNDLED_TEXT = frozenset({"BriaFibo2Transformer2DModel"})
+"""Classes fed one bundle of text-encoder states for their Perceiver and one per injection block
+([b, 1 + len(``injection_layer_ids``), t, width], ``transformer_bria_fibo2.py``)."""
+
+
 LAYERED_TEXT = frozenset({"Krea2Transformer2DModel"})
 """Classes fed a stack of text-encoder layers per token ([b, t, ``num_text_layers``,
 ``text_hidden_dim``], ``transformer_krea2.py``)."""
@@ -207,14 +249,22 @@ LAYERED_TEXT = frozenset({"Krea2Transformer2DModel"})
 
 def text_states(s: Sizes) -> Any:
     """[b, t, width]; width from :data:`TEXT_WIDTH_KEYS` (per-block lists of equal widths read
-    as one); [b, latent length, width] for :data:`ALIGNED_TEXT`; [b, t, layers, width] for
-    :data:`LAYERED_TEXT`."""
+    as one); [b, latent length, width] for :data:`ALIGNED_TEXT`; [b f, t, width] for
+    :data:`FRAME_TEXT`; [b, bundles, t, width] for :data:`BUNDLED_TEXT`; [b, 1, t, width] for
+    :data:`CHANNEL_FRAME_TIMESTEP`; [b, t, layers, width] for :data:`LAYERED_TEXT`."""
     width = s.field(*TEXT_WIDTH_KEYS)
     cross = s.cfg.get("cross_attention_dim")
     if width is None and isinstance(cross, list | tuple) and len(set(cross)) == 1:
         width = cross[0]
     if width is not None and s.name in ALIGNED_TEXT:
         return s.randn(s.b, s.h, width)
+    if width is not None and s.name in BUNDLED_TEXT:
+        bundles = 1 + len(s.cfg.get("injection_layer_ids") or ())
+        return s.randn(s.b, bundles, s.t, width)
+    if width is not None and s.name in CHANNEL_FRAME_TIMESTEP:
+        return s.randn(s.b, 1, s.t, width)
+    if width is not None and s.name in FRAME_TEXT:
+        return s.randn(s.b * max(s.f, 1), s.t, width)
     if width is not None and s.layout == "joint-tokens":
         return s.randn(s.b, s.t + s.tokens, width)
     layers = s.field("num_text_layers")
@@ -315,6 +365,96 @@ def image_slot_mask(s: Sizes) -> Any:
     )
 
 
+def _patch_tokens(s: Sizes) -> int:
+    _, ph, pw = _patch(s)
+    return (s.h // ph) * (s.w // pw)
+
+
+def prior_tokens(s: Sizes) -> Any:
+    """[b, (h / p)(w / p)] int64 zeros: one prior (autoregressive stage's VQ) token id per
+    image patch (``pipeline_glm_image.py``: the prior's ids upsampled to the patch grid); its
+    value is known."""
+    return known(lambda: torch.zeros(s.b, _patch_tokens(s), dtype=torch.int64))
+
+
+def prior_drop(s: Sizes) -> Any:
+    """[b, (h / p)(w / p)] bool False: no prior token dropped (the conditional branch,
+    ``prior_token_drop_cond``); its value is known (the forward indexes by it)."""
+    return known(lambda: torch.zeros(s.b, _patch_tokens(s), dtype=torch.bool))
+
+
+FRAMEPACK_HISTORY = {"latents_clean": 2, "latents_history_2x": 2, "latents_history_4x": 16}
+"""FramePack's clean context, in latent frames: the first frame and the last generated one,
+then 2 and 16 frames of history at 2x and 4x compression (``pipeline_hunyuan_video_framepack.py``
+``history_sizes = [1, 2, 16]``)."""
+
+
+def history_latents(key: str) -> Callable[[Sizes], Any]:
+    """FramePack's ``latents_clean`` / ``latents_history_2x`` / ``latents_history_4x`` [b, c,
+    frames, h, w] (:data:`FRAMEPACK_HISTORY`), only with ``has_clean_x_embedder``."""
+
+    def make(s: Sizes) -> Any:
+        if not s.cfg.get("has_clean_x_embedder"):
+            return ABSENT
+        return s.randn(s.b, _in_channels(s), FRAMEPACK_HISTORY[key], s.h, s.w)
+
+    make.__doc__ = history_latents.__doc__
+    return make
+
+
+def history_indices(key: str | None) -> Callable[[Sizes], Any]:
+    """[frames] int64 ``arange``: the frame positions of FramePack's noisy window (``key``
+    None: ``indices_latents``, the latent's frames) or of a clean context (one dimension, as the
+    pipeline passes them); known values."""
+
+    def make(s: Sizes) -> Any:
+        if key is not None and not s.cfg.get("has_clean_x_embedder"):
+            return ABSENT
+        n = max(s.f, 1) if key is None else FRAMEPACK_HISTORY[key]
+        return known(lambda: torch.arange(n))
+
+    make.__doc__ = history_indices.__doc__
+    return make
+
+
+AUDIO_FPS = 24.0
+"""The video frame rate a joint audio-video pipeline assumes by default (``pipeline_ltx2.py``
+``frame_rate=24.0``): it sets how many audio latents the clip spans."""
+
+
+def audio_frames(s: Sizes) -> int | None:
+    """Audio latents of the clip: ``round(frames / 24 * audio_sampling_rate / audio_hop_length /
+    audio_scale_factor)`` (``pipeline_ltx2.py``: the clip's seconds times the audio VAE's latents
+    per second); None without an audio branch."""
+    rate, hop = s.field("audio_sampling_rate"), s.field("audio_hop_length")
+    scale = s.field("audio_scale_factor")
+    if rate is None or hop is None or scale is None or not s.field("audio_in_channels"):
+        return None
+    return max(round(s.frames / AUDIO_FPS * rate / hop / scale), 1)
+
+
+def audio_latent(s: Sizes) -> Any:
+    """[b, audio latents, ``audio_in_channels``]: the patchified audio latent (mel bins folded
+    into channels, ``pipeline_ltx2.py`` ``_pack_audio_latents``)."""
+    n = audio_frames(s)
+    return ABSENT if n is None else s.randn(s.b, n, s.field("audio_in_channels") or 0)
+
+
+def audio_length(s: Sizes) -> Any:
+    """``audio_num_frames``: the audio latents' length (for the audio RoPE coordinates)."""
+    n = audio_frames(s)
+    return ABSENT if n is None else n
+
+
+def chunk_partition(s: Sizes) -> Any:
+    """AnyFlow FAR's frames per chunk: the config's ``chunk_partition`` (the pipeline's default,
+    ``pipeline_anyflow_far.py``), when it sums to the latent frames (81 frames: 21)."""
+    parts = s.cfg.get("chunk_partition")
+    if not isinstance(parts, list | tuple) or sum(parts) != max(s.f, 1):
+        return ABSENT
+    return list(parts)
+
+
 def padding_mask(s: Sizes) -> Any:
     """[1, 1, height, width] zeros, concatenated to the latent with ``concat_padding_mask``
     (``pipeline_cosmos_text2world.py``)."""
@@ -352,8 +492,11 @@ def image_latents(s: Sizes) -> Any:
 
 def image_embeds(s: Sizes) -> Any:
     """[b, 729, ``image_embed_dim``]: SigLIP's 27 x 27 semantic tokens, zeros for text-to-video
-    (``pipeline_hunyuan_video1_5.py``)."""
+    (``pipeline_hunyuan_video1_5.py``); FramePack's SigLIP image states [b, 729,
+    ``image_proj_dim``] with ``has_image_proj`` (``pipeline_hunyuan_video_framepack.py``)."""
     width = s.field("image_embed_dim")
+    if width is None and s.cfg.get("has_image_proj"):
+        width = s.field("image_proj_dim")
     if width is None:
         return ABSENT
     return known(lambda: torch.zeros(s.b, 729, width, dtype=s.dtype))
@@ -501,6 +644,20 @@ INPUT_RULES: dict[str, InputRule] = {
     "crop_coords": InputRule(sizes_2),
     "img_shapes": InputRule(img_shapes, optional=True),
     "img_mask": InputRule(image_slot_mask),
+    "shape_list": InputRule(patch_shapes, optional=True),
+    "prior_token_id": InputRule(prior_tokens),
+    "chunk_partition": InputRule(chunk_partition),
+    "audio_hidden_states": InputRule(audio_latent),
+    "audio_encoder_hidden_states": InputRule(text_states),
+    "audio_num_frames": InputRule(audio_length, optional=True),
+    "indices_latents": InputRule(history_indices(None)),
+    "latents_clean": InputRule(history_latents("latents_clean"), optional=True),
+    "indices_latents_clean": InputRule(history_indices("latents_clean"), optional=True),
+    "latents_history_2x": InputRule(history_latents("latents_history_2x"), optional=True),
+    "indices_latents_history_2x": InputRule(history_indices("latents_history_2x"), optional=True),
+    "latents_history_4x": InputRule(history_latents("latents_history_4x"), optional=True),
+    "indices_latents_history_4x": InputRule(history_indices("latents_history_4x"), optional=True),
+    "prior_token_drop": InputRule(prior_drop),
     "timestep_r": InputRule(timestep),
     "r_timestep": InputRule(timestep),
     "padding_mask": InputRule(padding_mask, optional=True),
@@ -568,6 +725,7 @@ def forward_inputs(model: Any, training: TrainingConfig) -> dict[str, Any]:
         b=training.micro_batch_size,
         t=g.text_seq_len,
         f=g.latent_frames,
+        frames=g.frames,
         h=g.latent_height,
         w=g.latent_width,
         height=g.height,
