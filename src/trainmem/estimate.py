@@ -173,16 +173,21 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
     ``trainmem.trace.pipeline``; its own refusals there), DeepSpeed ZeRO-1/2 (the plain loop
     traced, then re-sized and spliced by :func:`trainmem.traced_transforms.apply_deepspeed`;
     :func:`traced_deepspeed`), the optimizers whose kernels do not run on fake tensors (a
-    stand-in traced, :func:`trainmem.traced_transforms.apply_optimizer`; not paged ones),
-    quantized bases (a stand-in per quantized linear, ``trainmem.trace.quantized``; what it does
-    not model: :func:`trainmem.traced_quantized.quantized_base_refusals`), the loop settings
+    stand-in traced, :func:`trainmem.traced_transforms.apply_optimizer`; paged ones with their
+    large states outside the allocator), quantized bases (a stand-in per quantized linear,
+    ``trainmem.trace.quantized``; what it does not model:
+    :func:`trainmem.traced_quantized.quantized_base_refusals`), the loop settings
     ``keep_logits`` and ``zero_grad_before_backward``, the course's AdamW
-    (``optimizer_implementation="cs336"``) and, for the CS336 course model, ``loss``
-    (``trainmem.trace.course_model``). Other data-parallel layouts, offload, the other
-    frameworks, optimizer-in-backward and activation offloading are refused, and on the
-    ``generic`` path (``engine``) also ``loss``. The HF Trainer on one GPU runs as its plain
-    loop with its default optimizer (:func:`_traced_hf_trainer`); DeepSpeed ZeRO-1/2 as the
-    analytic engine's transforms (``trainmem.traced_transforms``).
+    (``optimizer_implementation="cs336"``) and ``loss`` (the CS336 course model on the trace
+    engine, ``trainmem.trace.course_model``; any transformers language model on the
+    ``generic`` path, ``trainmem.trace.generic``). Plain DDP, CPU offload outside DeepSpeed,
+    optimizer-in-backward and activation offloading are the traced step of the run without
+    them, rewritten by the analytic engine's rules (:mod:`trainmem.traced_options`; checked
+    here on the settings :func:`~trainmem.traced_options.traced_settings` leaves). Other
+    data-parallel layouts and the other frameworks are refused. The HF Trainer on one GPU (on
+    more under DDP) runs as its plain loop with its default optimizer
+    (:func:`_traced_hf_trainer`); DeepSpeed ZeRO-1/2 as the analytic engine's transforms
+    (``trainmem.traced_transforms``).
     """
     training = traced_settings(training)  # the options applied to a traced step as rules
     defaults = TrainingConfig()
@@ -239,9 +244,8 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
         out.append(f"torch_version={training.torch_version} (its optimizer step)")
     if training.keep_logits and training.chunked_cross_entropy:  # no logits tensor to keep
         out.append("keep_logits=True with chunked_cross_entropy")
-    if engine == "generic" and training.loss != defaults.loss:  # the model's own loss only
-        # (the loop settings compose: tests/trace/test_generic_loop_settings.py)
-        out.append(f"loss={training.loss}")
+    # the generic path computes --loss on the logits (trainmem.trace.generic); the trace
+    # engine only for the course model (trainmem.trace.engine)
     return out
 
 

@@ -139,12 +139,54 @@ def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfi
         )
     from trainmem.trace.hf_model import build_hf_training_model, hf_loss, make_hf_batch
 
+    if training.loss not in (None, "cross-entropy"):  # cross-entropy: the model's own
+        return _own_loss_recipe(name, raw, training)
     return Recipe(
         name,
         lambda: build_hf_training_model(raw, training),
         lambda model: make_hf_batch(model, training.micro_batch_size, training.seq_len),
         loss_fn=hf_loss,
         forward_loss=default_forward_loss(training),
+    )
+
+
+def _own_loss_recipe(name: str, raw: Mapping[str, Any], training: TrainingConfig) -> Recipe:
+    """A transformers language model whose loss the loop computes on its logits
+    (``TrainingConfig.loss``: ``logits-sum`` / ``logits-mean``, a profiling script's stand-in,
+    or the CS336 course's written-out cross-entropy; ``trainmem.trace.course_model.course_loss``)
+    instead of the model's own from the labels: the batch without ``labels``, the loss on
+    ``output.logits`` and the token ids.
+
+    Raises:
+        UnsupportedError: with ``chunked_cross_entropy`` (its own loss), or a model whose batch
+            has no token ids (the losses read token logits).
+    """
+    from trainmem.trace.course_model import course_loss
+    from trainmem.trace.hf_model import build_hf_training_model, make_hf_batch
+
+    kind = str(training.loss)
+    if training.chunked_cross_entropy:
+        raise UnsupportedError(
+            f"loss={kind} with chunked_cross_entropy: the chunked loss is a cross-entropy of "
+            "its own; allowed: chunked_cross_entropy 0 or the model's own loss"
+        )
+    fn = course_loss(kind)
+
+    def batch(model: Any) -> Any:
+        out = make_hf_batch(model, training.micro_batch_size, training.seq_len)
+        if not isinstance(out, dict) or "input_ids" not in out:
+            raise UnsupportedError(
+                f"loss={kind} reads token logits, and {name} takes no input_ids; use the "
+                "model's own loss (no --loss) on the generic path"
+            )
+        out.pop("labels", None)
+        return out
+
+    return Recipe(
+        name,
+        lambda: build_hf_training_model(raw, training),
+        batch,
+        loss_fn=lambda output, b: fn(output.logits, b["input_ids"]),
     )
 
 
