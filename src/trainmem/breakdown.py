@@ -174,13 +174,18 @@ class MemoryEstimate:
 
     @property
     def fits(self) -> bool | None:
-        """Whether the step runs on the GPU: no out-of-memory in the simulated caching allocator
-        (which frees its cache and retries before it fails) with the CUDA context outside it;
-        without the simulation, the device total within the GPU's usable capacity. None
-        without a GPU."""
+        """Whether the run (loading the model, then the step) fits on the GPU: no out-of-memory
+        in the simulated caching allocator (which frees its cache and retries before it fails)
+        with the CUDA context outside it; without the simulation, the device total within the
+        GPU's usable capacity and the load phase's peak (``details["load_phase"]``) + the CUDA
+        context too. None without a GPU."""
         if self.gpu_capacity_bytes is None:
             return None
         if self.oom_message is not None:
+            return False
+        load = self.details.get("load_phase") or {}
+        loading = int(load.get("peak_allocated_bytes", 0)) + self.breakdown.cuda_context
+        if load and loading > self.gpu_capacity_bytes:
             return False
         return self.breakdown.device_total_bytes <= self.gpu_capacity_bytes
 

@@ -208,3 +208,26 @@ def test_torchao_before_0_3_keeps_the_factor_view() -> None:
     assert not old.schedules[0].load  # 0.2 quantizes in chunks: no load rule
     params = old.model_states_bytes["parameters"] - new.model_states_bytes["parameters"]
     assert params == 16 * per_layer
+
+
+def test_without_the_replay_the_load_peak_still_decides_the_fit() -> None:
+    """The planner's fast path (no allocator replay): the load's peak of live bytes + the CUDA
+    context against the capacity, beside the step's device total."""
+    est = estimate(
+        "llama-3.2-1b", _qlora("0.1"), engine="analytic", gpu="2.5GB", simulate_allocator=False
+    )
+    load = est.details["load_phase"]
+    assert load["peak_allocated_bytes"] + est.breakdown.cuda_context > 2_500_000_000
+    assert est.fits is False and est.verdict == "does not fit"
+
+
+def test_the_page_shows_the_load_phase() -> None:
+    from trainmem.web.compute import numbers
+    from trainmem.web.views import breakdown_html
+
+    est = estimate("llama-3.2-1b", _qlora("0.1"), engine="analytic", gpu="2.5GB")
+    html = breakdown_html(numbers(est))
+    assert 'data-key="load_allocated"' in html
+    assert 'data-key="load_reserved"><td>loading: reserved</td><td>OOM</td>' in html
+    plain = breakdown_html(numbers(estimate("llama-3.2-1b", _qlora(None), engine="analytic")))
+    assert "loading" not in plain

@@ -48,6 +48,8 @@ class Numbers:
         gpu_name / capacity_bytes: the GPU and its usable capacity (None without a GPU).
         per_rank: one dict per pipeline stage (``allocated_bytes``, ``num_layers``...).
         notes: the estimate's notes.
+        load_phase: ``details.load_phase`` (loading the model before the step: its rule, peak
+            allocated, reserved, out of memory; Note [The load phase]), or None without one.
     """
 
     model: str
@@ -69,6 +71,7 @@ class Numbers:
     per_rank: list[dict[str, Any]]
     notes: list[str]
     assumed: dict[str, str]
+    load_phase: dict[str, Any] | None = None
 
 
 def numbers(est: MemoryEstimate) -> Numbers:
@@ -95,6 +98,7 @@ def numbers(est: MemoryEstimate) -> Numbers:
         per_rank=list(d.get("per_rank") or []),
         notes=list(d["notes"]),
         assumed=dict(d["details"].get("assumed") or {}),
+        load_phase=d["details"].get("load_phase"),
     )
 
 

@@ -119,6 +119,22 @@ def breakdown_html(n: Numbers) -> str:
                 f'<tr class="sum" data-key="{key}"><td>{_e(label)}</td><td>OOM</td>'
                 "<td>out of memory</td></tr>"
             )
+    load = n.load_phase or {}
+    if load:  # Note [The load phase]: loading the model has its own peak and cache
+        rows.append(
+            '<tr class="sum" data-key="load_allocated"><td>loading: peak allocated</td>'
+            f"{size_cell(load.get('peak_allocated_bytes'))}<td></td></tr>"
+        )
+        if load.get("oom"):
+            rows.append(
+                '<tr class="sum" data-key="load_reserved"><td>loading: reserved</td>'
+                "<td>OOM</td><td>out of memory</td></tr>"
+            )
+        elif load.get("max_memory_reserved") is not None:
+            rows.append(
+                '<tr class="sum" data-key="load_reserved"><td>loading: reserved (kept by the '
+                f"step)</td>{size_cell(load['max_memory_reserved'])}<td></td></tr>"
+            )
     return _table(
         "breakdown",
         ["memory at the peak", "GiB", "share"],
