@@ -45,7 +45,7 @@ BASES = [
 )
 def test_derived_equals_replace(base: TrainingConfig, changes: dict[str, Any]) -> None:
     expected = dataclasses.replace(base, **changes)
-    got = derived(base, changes)
+    got = derived(base, **changes)
     assert got == expected and hash(got) == hash(expected)
     assert [getattr(got, f.name) for f in dataclasses.fields(got)] == [
         getattr(expected, f.name) for f in dataclasses.fields(expected)
@@ -72,14 +72,14 @@ def test_derived_refuses_what_replace_refuses(changes: dict[str, Any], field: st
     with pytest.raises(SpecError) as expected:
         dataclasses.replace(base, **changes)
     with pytest.raises(SpecError) as got:
-        derived(base, changes)
+        derived(base, **changes)
     assert got.value.field == expected.value.field == field
     assert str(got.value) == str(expected.value)
 
 
 def test_derived_refuses_an_unknown_field_as_replace_does() -> None:
     with pytest.raises(TypeError):
-        derived(TrainingConfig(), {"batch": 2})
+        derived(TrainingConfig(), batch=2)
 
 
 def _variants() -> list[TrainingConfig]:

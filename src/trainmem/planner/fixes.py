@@ -23,7 +23,7 @@ Note [Cost ranks]
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from itertools import combinations, islice
 from typing import Any, TypeVar
 
@@ -40,7 +40,7 @@ from trainmem.planner.evaluate import (
 from trainmem.specs.hardware import GPUSpec
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.optimizers import OPTIMIZER_TABLE
-from trainmem.specs.training import TrainingConfig
+from trainmem.specs.training import TrainingConfig, derived
 
 _T = TypeVar("_T")
 
@@ -161,32 +161,32 @@ def _fused_optimizer(_m: ModelSpec, t: TrainingConfig, _g: GPUSpec) -> list[Trai
     row = OPTIMIZER_TABLE[t.optimizer]
     fused = row.step_temporaries("fused")
     if row.torch_fused and row.step_temporaries(t.step_implementation) != fused:
-        return [replace(t, optimizer_implementation="fused")]
+        return [derived(t, optimizer_implementation="fused")]
     return []
 
 
 def _mixed_precision(_m: ModelSpec, t: TrainingConfig, g: GPUSpec) -> list[TrainingConfig]:
     if t.precision != "32-true":
         return []
-    return [replace(t, precision="bf16-mixed" if _supports_bf16(g) else "16-mixed")]
+    return [derived(t, precision="bf16-mixed" if _supports_bf16(g) else "16-mixed")]
 
 
 def _true_16bit(_m: ModelSpec, t: TrainingConfig, g: GPUSpec) -> list[TrainingConfig]:
     if t.precision.endswith("-true") and t.precision != "32-true":
         return []
-    return [replace(t, precision="bf16-true" if _supports_bf16(g) else "16-true")]
+    return [derived(t, precision="bf16-true" if _supports_bf16(g) else "16-true")]
 
 
 def _selective(_m: ModelSpec, t: TrainingConfig, _g: GPUSpec) -> list[TrainingConfig]:
     if t.activation_checkpointing != "none":
         return []
-    return [replace(t, activation_checkpointing="selective")]
+    return [derived(t, activation_checkpointing="selective")]
 
 
 def _full(_m: ModelSpec, t: TrainingConfig, _g: GPUSpec) -> list[TrainingConfig]:
     if t.activation_checkpointing == "full":
         return []
-    return [replace(t, activation_checkpointing="full")]
+    return [derived(t, activation_checkpointing="full")]
 
 
 def _accumulate(_m: ModelSpec, t: TrainingConfig, _g: GPUSpec) -> list[TrainingConfig]:
@@ -195,7 +195,7 @@ def _accumulate(_m: ModelSpec, t: TrainingConfig, _g: GPUSpec) -> list[TrainingC
     if t.optimizer_in_backward:  # no gradient is kept to accumulate into (TrainingConfig)
         return []
     return [
-        replace(t, micro_batch_size=d, gradient_accumulation_steps=gas * (b // d))
+        derived(t, micro_batch_size=d, gradient_accumulation_steps=gas * (b // d))
         for d in range(b - 1, 0, -1)
         if b % d == 0
     ]
@@ -205,7 +205,7 @@ def _eight_bit_optimizer(_m: ModelSpec, t: TrainingConfig, _g: GPUSpec) -> list[
     eight_bit = OPTIMIZER_TABLE[t.optimizer].eight_bit
     if eight_bit is None:
         return []
-    return [replace(t, optimizer=eight_bit)]
+    return [derived(t, optimizer=eight_bit)]
 
 
 def _adafactor(_m: ModelSpec, t: TrainingConfig, _g: GPUSpec) -> list[TrainingConfig]:
@@ -214,7 +214,7 @@ def _adafactor(_m: ModelSpec, t: TrainingConfig, _g: GPUSpec) -> list[TrainingCo
         return []
     # torch.optim.Adafactor's foreach step builds a var_estimate for every parameter at once
     # (one copy of the parameters); its per-parameter loop holds one at a time
-    return [replace(t, optimizer="adafactor", optimizer_implementation="for-loop")]
+    return [derived(t, optimizer="adafactor", optimizer_implementation="for-loop")]
 
 
 def _has(*names: str) -> bool:
@@ -236,7 +236,7 @@ def _zero(stage: int) -> Propose:
         # same global batch divide the accumulation steps by n themselves.
         current = getattr(t, "data_parallel_size", 1)
         sizes = [n for n in DATA_PARALLEL_SIZES if n >= max(current, 2)]
-        return [replace(t, zero_stage=stage, data_parallel_size=n) for n in sizes]
+        return [derived(t, zero_stage=stage, data_parallel_size=n) for n in sizes]
 
     return propose
 
@@ -244,14 +244,14 @@ def _zero(stage: int) -> Propose:
 def _offload(_m: ModelSpec, t: TrainingConfig, _g: GPUSpec) -> list[TrainingConfig]:
     if not _has("offload") or getattr(t, "offload", "none") != "none":
         return []
-    return [replace(t, offload="optimizer")]
+    return [derived(t, offload="optimizer")]
 
 
 def _lora(quantize: str) -> Propose:
     def propose(_m: ModelSpec, t: TrainingConfig, _g: GPUSpec) -> list[TrainingConfig]:
         if not _has("lora_rank", "quantize_base") or getattr(t, "lora_rank", 0) > 0:
             return []
-        return [replace(t, lora_rank=LORA_RANK, quantize_base=quantize)]
+        return [derived(t, lora_rank=LORA_RANK, quantize_base=quantize)]
 
     return propose
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from trainmem.breakdown import MemoryEstimate
@@ -203,7 +203,7 @@ def _search(
 ) -> PlanResult:
     def config(units: int) -> TrainingConfig:
         changes: dict[str, Any] = {dimension: units * step}
-        return derived(training, changes)
+        return derived(training, **changes)
 
     def fast_fits(units: int) -> bool:
         return fits(fast_estimate(model, config(units), gpu, cuda_context_bytes=cuda_context_bytes))
@@ -491,7 +491,7 @@ def fewest_gpus(
     error: SpecError | None = None
     for n in sizes:
         try:
-            t = replace(training, data_parallel_size=n)
+            t = derived(training, data_parallel_size=n)
             fast = fast_estimate(model, t, gpu, cuda_context_bytes=cuda_context_bytes)
         except SpecError as exc:  # e.g. a shard group larger than the size tried
             error = exc
@@ -624,7 +624,7 @@ def plan_gpus(
     catalog = list(GPUS.values()) if gpus is None else list(gpus)
     if not catalog:
         raise SpecError("gpus", "no GPU to plan for")
-    one = replace(training, data_parallel_size=1, shard_group_size=None)
+    one = derived(training, data_parallel_size=1, shard_group_size=None)
     states = sum(
         _first_estimate(spec, one, catalog, cuda_context_bytes).model_states_bytes.values()
     )
@@ -639,7 +639,7 @@ def plan_gpus(
             f"states alone ({format_bytes(states)}: weights, gradients, optimizer states) exceed "
             "one GPU; pass --zero-stage or --fsdp to choose"
         )
-    sharded_training = replace(training, zero_stage=stage)
+    sharded_training = derived(training, zero_stage=stage)
     rows = []
     for gpu in catalog:
         try:

@@ -9,14 +9,13 @@ than :data:`THRESHOLD`, the estimate says so in one line.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from trainmem.errors import SpecError, UnsupportedError
 from trainmem.estimate import estimate
 from trainmem.specs.hardware import GPUSpec
 from trainmem.specs.model import ModelSpec
-from trainmem.specs.training import TrainingConfig
+from trainmem.specs.training import TrainingConfig, derived
 from trainmem.units import gib_text
 
 SINGLE_GPU_FRAMEWORKS: tuple[str, ...] = ("pytorch-amp", "hf-trainer", "torchtune", "litgpt")
@@ -58,7 +57,7 @@ def framework_sensitivity(
         if framework == training.framework:
             continue
         try:
-            other = allocated(replace(training, framework=framework))
+            other = allocated(derived(training, framework=framework))
         except (SpecError, UnsupportedError):
             continue
         change = (other - base) / base

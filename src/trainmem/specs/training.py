@@ -63,7 +63,7 @@ Note [Framework conventions]
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from operator import attrgetter
 from typing import Any, Literal
@@ -1498,7 +1498,7 @@ _SLOT: dict[str, Any] = {name: TrainingConfig.__dict__[name] for name in _FIELD_
 _SLOTS: tuple[Any, ...] = tuple(_SLOT.values())
 
 
-def derived(base: TrainingConfig, changes: Mapping[str, Any]) -> TrainingConfig:
+def derived(base: TrainingConfig, /, **changes: Any) -> TrainingConfig:
     """``dataclasses.replace(base, **changes)``, with the same checks, faster: ``base`` was
     checked when it was made, so only the concerns that own a changed field check theirs (in
     :data:`CONCERNS` order), then the checks that span concerns (:func:`_check_combinations`).
