@@ -18,6 +18,7 @@ from trainmem.errors import UnsupportedError
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch, require_transformers
 from trainmem.trace.hf_inputs import token_ids
+from trainmem.trace.quantized import parameter_dtype, quantize_base
 from trainmem.trace.remote_code import REMOTE_CODE_TYPES, stand_in_config
 
 torch = require_torch()
@@ -231,6 +232,7 @@ def build_hf_training_model(
     if raw_config.get("model_type") in VISION_TOWER_TYPES:
         attach_pooled_loss(model)
     model = apply_lora(model, training)
+    quantize_base(model, training)  # Note [Traced quantized base]
     model.train()
     return model
 
@@ -295,7 +297,7 @@ def make_hf_batch(
     main = getattr(model, "main_input_name", "input_ids")
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
     takes_labels = "labels" in inspect.signature(base.forward).parameters
-    dtype = next(model.parameters()).dtype
+    dtype = parameter_dtype(model)  # not a quantized base's packed weights
     head = type(base).__name__
     if main == "pixel_values":
         return _image_batch(cfg, b, dtype, head if takes_labels else "")
