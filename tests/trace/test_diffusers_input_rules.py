@@ -226,3 +226,30 @@ def test_anyflow_far_takes_its_chunk_partition_when_it_covers_the_frames() -> No
     assert shape(got["timestep"]) == ((2, 5), F32)  # one noise level per latent frame
     with pytest.raises(UnsupportedError, match="chunk_partition"):
         batch(model, resolution=64, frames=21, text_seq_len=5)  # 6 latent frames
+
+
+def test_sana_wm_refiner_builds_its_rope_with_its_own_method() -> None:
+    # pipelines/sana_wm/refiner.py: video_rotary_emb = transformer.
+    # build_rotary_emb_for_absolute_positions(batch_size, frame_positions, height, width, device,
+    # fps); LTX-2's VAE (32x spatial, 8x temporal): 64 px -> 2 x 2, 17 frames -> 3 latent frames
+    calls: list[dict[str, Any]] = []
+
+    def forward(
+        self, hidden_states, encoder_hidden_states, timestep, video_rotary_emb, return_dict=True
+    ): ...
+
+    model = stand_in("SanaWMLTX2RefinerTransformer3DModel", forward, in_channels=32,
+                     caption_channels=24)  # fmt: skip
+
+    def build(**kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return torch.zeros(1), torch.zeros(1)
+
+    model.build_rotary_emb_for_absolute_positions = build
+    got = batch(model, resolution=64, frames=17, text_seq_len=5)
+    assert shape(got["hidden_states"]) == ((2, 3 * 2 * 2, 32), F32)
+    (call,) = calls
+    assert (call["batch_size"], call["frame_positions"], call["height"], call["width"]) == (
+        2, [0, 1, 2], 2, 2,
+    )  # fmt: skip
+    assert call["fps"] == 24.0

@@ -125,6 +125,9 @@ DIFFUSERS_FAMILIES: dict[str, DiffusersFamily] = {
     "LTX2VideoTransformer3DModel": DiffusersFamily(
         32, 32, 1024, (512, 768), temporal_factor=8, frames=121, layout="video-tokens"
     ),
+    "SanaWMLTX2RefinerTransformer3DModel": DiffusersFamily(  # LTX-2 latents, its geometry
+        32, 32, 1024, (512, 768), temporal_factor=8, frames=121, layout="video-tokens"
+    ),
     "MochiTransformer3DModel": DiffusersFamily(
         8, 16, 256, (480, 848), temporal_factor=6, frames=163
     ),

@@ -418,8 +418,8 @@ def history_indices(key: str | None) -> Callable[[Sizes], Any]:
 
 
 AUDIO_FPS = 24.0
-"""The video frame rate a joint audio-video pipeline assumes by default (``pipeline_ltx2.py``
-``frame_rate=24.0``): it sets how many audio latents the clip spans."""
+"""The video frame rate LTX-2-style pipelines assume by default (``pipeline_ltx2.py``
+``frame_rate=24.0``): it sets how many audio latents the clip spans and the temporal RoPE."""
 
 
 def audio_frames(s: Sizes) -> int | None:
@@ -453,6 +453,17 @@ def chunk_partition(s: Sizes) -> Any:
     if not isinstance(parts, list | tuple) or sum(parts) != max(s.f, 1):
         return ABSENT
     return list(parts)
+
+
+def video_rope(s: Sizes) -> Any:
+    """The (cos, sin) video RoPE of the latent's frames, built by the model's own
+    ``build_rotary_emb_for_absolute_positions`` as the SANA-WM refiner pipeline builds it
+    (``pipelines/sana_wm/refiner.py``: frames 0 .. f - 1 of the window, 24 fps)."""
+    build = getattr(s.model, "build_rotary_emb_for_absolute_positions", None)
+    if build is None:
+        return ABSENT
+    return build(batch_size=s.b, frame_positions=list(range(max(s.f, 1))), height=s.h,
+                 width=s.w, device=torch.device("cpu"), fps=AUDIO_FPS)  # fmt: skip
 
 
 def padding_mask(s: Sizes) -> Any:
@@ -647,6 +658,7 @@ INPUT_RULES: dict[str, InputRule] = {
     "shape_list": InputRule(patch_shapes, optional=True),
     "prior_token_id": InputRule(prior_tokens),
     "chunk_partition": InputRule(chunk_partition),
+    "video_rotary_emb": InputRule(video_rope),
     "audio_hidden_states": InputRule(audio_latent),
     "audio_encoder_hidden_states": InputRule(text_states),
     "audio_num_frames": InputRule(audio_length, optional=True),
