@@ -193,6 +193,7 @@ def test_fsdp1_rule_needs_sharding() -> None:
 
     assert load_rule(_fsdp_qlora()) == FSDP1_RULE
     assert load_rule(replace(_fsdp_qlora(), data_parallel_size=1, zero_stage=0)) is None
+    assert load_rule(replace(_fsdp_qlora(), zero_stage=0)) == FSDP1_RULE  # NO_SHARD
     assert load_rule(_qlora("0.1", load_phase=False)) is None  # an explicit setting wins
 
 
@@ -231,3 +232,18 @@ def test_the_page_shows_the_load_phase() -> None:
     assert 'data-key="load_reserved"><td>loading: reserved</td><td>OOM</td>' in html
     plain = breakdown_html(numbers(estimate("llama-3.2-1b", _qlora(None), engine="analytic")))
     assert "loading" not in plain
+
+
+def test_fsdp1_no_shard_keeps_the_flat_parameter() -> None:
+    """NO_SHARD: the unit's flat parameter is its weight, nothing cloned; after the unit only
+    the (full-size) weights are left."""
+    from trainmem.analytic.load import _fsdp1_unit
+
+    sizes = [33_554_432, 90_177_536]
+    moved = [alloc(b, MemoryCategory.TEMPORARY, "load", f"m{k}") for k, b in enumerate(sizes)]
+    kept = [alloc(b, MemoryCategory.PARAMETER, "load", f"w{k}") for k, b in enumerate(sizes)]
+    ops = _fsdp1_unit(moved, kept, sizes, "u", "layers.0")
+    assert not any("flat" in op.key for op in ops)
+    live = sum(op.size_bytes if op.action == "alloc" else -op.size_bytes for op in ops)
+    assert live == sum(sizes)
+    assert StepSchedule(setup=(), step=(), load=tuple(ops)).load_peak() == 2 * sum(sizes)

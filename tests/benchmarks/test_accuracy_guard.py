@@ -170,6 +170,9 @@ def test_analytic_accuracy_does_not_regress() -> None:
 #: weight's kept pieces where torchao makes them (the factor and int8 scalers in the double
 #: quantization, before the (numel, 16) temporaries): GT028 -11.7 -> -9.9%, GT037 -6.7 ->
 #: -5.3%, GT173 -13.9 -> -11.5% (allocated); median 5.1%, p90 17.3%, 20 -> 19 under.
+#: Re-recorded for the FSDP1 load under NO_SHARD (fsdp_qlora's ``ddp`` strategy: each unit
+#: moved, broadcast and flattened, the flat parameter kept as the weight): GT123 +1.2 ->
+#: +1.4%, GT124 -1.9 -> +1.6%; median 5.1%, p90 17.3%, 19 under.
 RECORDED_DEV2 = {
     "GT011": -0.0346,
     "GT012": -0.0367,
@@ -250,8 +253,8 @@ RECORDED_DEV2 = {
     "GT120": -0.0020,
     "GT121": -0.0047,
     "GT122": -0.0433,
-    "GT123": +0.0115,
-    "GT124": -0.0189,
+    "GT123": +0.0143,
+    "GT124": +0.0158,
     "GT125": -0.0431,
     "GT126": -0.0054,
     "GT127": -0.0448,

@@ -65,7 +65,10 @@ Note [FSDP1 sync_module_states init]
       the flat storage resized to 0; the
       moved tensors are freed when ``_init_param_handle_from_module`` returns.
 
-    A unit of U bytes thus peaks at U (moved) + U (flat) + U / ranks (its shard) above the
+    With ``sharding_strategy=NO_SHARD`` (fsdp_qlora's ``ddp``: data parallelism without ZeRO
+    here) the flat parameter is the unit's weight and nothing is cloned (``shard()`` keeps it
+    when ``uses_sharded_strategy`` is False).
+    A sharded unit of U bytes thus peaks at U (moved) + U (flat) + U / ranks (its shard) above the
     shards made before; for Llama-2-7B in bf16 the root (embedding + head, 524 MB) sets the
     load's peak, and the flat parameters and buckets (0.3-0.4 GB each) stay cached. The
     shards are the setup's per-tensor shards (one flat shard per unit in FSDP1; the step
@@ -107,16 +110,16 @@ FSDP1_RULE = "FSDP1 sync_module_states: each unit moved to the GPU, broadcast, f
 
 def load_rule(training: TrainingConfig) -> str | None:
     """The load rule that applies to ``training``, or None: :data:`FSDP1_RULE` for fsdp_qlora
-    sharded over more than one rank (Note [FSDP1 sync_module_states init]); :data:`LOAD_RULE`
-    for torchtune's single-device recipe (no data, tensor or pipeline parallelism) with an NF4
-    base on torchao before 0.2 (Note [torchao 0.1 NF4 at load]). ``load_phase=False`` (an
-    explicit setting) turns every rule off."""
+    over more than one rank, sharded or not (Note [FSDP1 sync_module_states init]);
+    :data:`LOAD_RULE` for torchtune's single-device recipe (no data, tensor or pipeline
+    parallelism) with an NF4 base on torchao before 0.2 (Note [torchao 0.1 NF4 at load]).
+    ``load_phase=False`` (an explicit setting) turns every rule off."""
     if training.load_phase is False:
         return None
     if (
         training.framework == "fsdp-qlora"
-        and training.sharding_degree > 1
-        and training.zero_stage == 3
+        and training.data_parallel_size > 1
+        and training.zero_stage in (0, 3)
         and training.pipeline_parallel_size == 1
         and training.tensor_parallel_size == 1
     ):
@@ -252,10 +255,13 @@ def _fsdp1_unit(
         in_flight.append(bucket)
         size = 0
     out += [free(op, "load") for op in in_flight]
-    flat = alloc(
-        sum(full), Cat.TEMPORARY, "load", f"{key}/flat", module, "an unsharded flat parameter"
-    )
-    out += [flat, *sharded, free(flat, "load")]
+    if sum(op.size_bytes for op in sharded) >= sum(full):  # NO_SHARD: the flat parameter is kept
+        out += sharded
+    else:
+        flat = alloc(
+            sum(full), Cat.TEMPORARY, "load", f"{key}/flat", module, "an unsharded flat parameter"
+        )
+        out += [flat, *sharded, free(flat, "load")]
     out += [free(op, "load") for op in moved]
     return out
 
