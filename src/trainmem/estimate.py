@@ -376,6 +376,8 @@ def finish(
         )
     est.verdict = verdict_of(est)
     est.details["assumed"] = assumptions(est.config)
+    if est.schedules[worst].load_rule:  # Note [The load phase]: a preset, turned off explicitly
+        est.details["assumed"]["load"] = est.schedules[worst].load_rule
     if est.verdict == "tight":
         est.notes.append(
             "tight: it fits as predicted, but the high end of the uncertainty band (the "

@@ -123,6 +123,8 @@ def test_loading_that_does_not_fit_is_the_verdict() -> None:
     assert est.details["load_phase"]["oom"] is True
     assert any(n.startswith("loading the model does not fit") for n in est.notes)
     assert est.details["assumed"]["torchao"] == "0.1"
+    assert est.details["assumed"]["load"] == LOAD_RULE
+    assert "load" not in plain.details["assumed"]
     assert (
         "torchao" not in plain.details["assumed"]
         or "(default)" in plain.details["assumed"]["torchao"]

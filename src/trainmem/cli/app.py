@@ -143,7 +143,8 @@ def print_estimate(est: MemoryEstimate, as_json: bool) -> None:
     if ranks is not None:
         console.print(ranks)
     console.print(config_line(est), highlight=False)
-    console.print(assumptions_line(est.config), highlight=False, markup=False)
+    load = str(est.details.get("assumed", {}).get("load", ""))
+    console.print(assumptions_line(est.config, load), highlight=False, markup=False)
     console.print(
         f"peak falls in the {est.peak_phase}: {est.peak_reason}", highlight=False, markup=False
     )

@@ -102,16 +102,29 @@ def assumptions(config: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+LOAD_OFF_HINT = "--set load-phase=false for none"
+"""How the ``load`` assumption says it is turned off (``TrainingConfig.load_phase``)."""
+
+
 def versions_text(assumed: Mapping[str, str]) -> str:
-    """The library versions of :func:`assumptions`' result: ``"torch 2.8 (default), ..."``."""
-    return ", ".join(
-        f"{k} {v}" for k, v in assumed.items() if k not in ("framework", "framework_means", "loop")
+    """The library versions of :func:`assumptions`' result: ``"torch 2.8 (default), ..."``,
+    then the load phase assumed (``"load"``, set by the driver), if any."""
+    text = ", ".join(
+        f"{k} {v}"
+        for k, v in assumed.items()
+        if k not in ("framework", "framework_means", "loop", "load")
     )
+    if assumed.get("load"):
+        text += f"; load phase: {assumed['load']} ({LOAD_OFF_HINT})"
+    return text
 
 
-def assumptions_line(config: Mapping[str, Any]) -> str:
-    """:func:`assumptions` on one line, for the CLI."""
+def assumptions_line(config: Mapping[str, Any], load: str = "") -> str:
+    """:func:`assumptions` on one line, for the CLI; ``load``: the load phase's rule
+    (``StepSchedule.load_rule``, "" without one)."""
     a = assumptions(config)
+    if load:
+        a["load"] = load
     return (
         f"assumed: --framework {a['framework']} ({a['framework_means']}); loop: {a['loop']}; "
         f"{versions_text(a)}"
