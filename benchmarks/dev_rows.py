@@ -50,8 +50,14 @@ def _litgpt(preset: str, b: int, s: int, **kw: Any) -> dict[str, Any]:
     The row's framework column is lit-gpt: its own model code and Fabric's output cast
     (``framework="litgpt"``) and its LM head / loss in chunks of 128 tokens
     (``lm_head_chunk_size=128``, ``chunked_cross_entropy``). The rows' source names
-    bitsandbytes 0.41.1, whose ``MatMul4Bit`` still saved its input."""
+    bitsandbytes 0.41.1, whose ``MatMul4Bit`` still saved its input. Its loop keeps ``logits``
+    and ``loss`` from one iteration to the next (loop ``previous``), but the measured peak is
+    the first iteration, where nothing is held yet: ``get_batch(fabric, train_data,
+    longest_seq_ix if iter_num == 0 else None)`` puts the longest sample (the row's length)
+    first ("so potential OOMs happen right away") and later batches are shorter, so the loop at
+    the peak is ``drop``."""
     training = {
+        "loop": "drop",
         "micro_batch_size": b,
         "seq_len": s,
         "precision": "bf16-true",

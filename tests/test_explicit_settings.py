@@ -89,6 +89,7 @@ FLAG_CASES: dict[str, tuple[list[str], Any, str]] = {
     ),
     "loss": (["--loss", "cross-entropy"], "cross-entropy", "loss=logits-sum"),
     "keep_logits": (["--keep-logits"], True, "keep-logits=false"),
+    "loop": (["--loop", "drop"], "drop", "loop=previous"),
     "compile": (["--compile"], True, "compile=false"),
     "resolution": (["--resolution", "1024"], 1024, "resolution=512"),
     "frames": (["--frames", "81"], 81, "frames=33"),

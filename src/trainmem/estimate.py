@@ -177,7 +177,8 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
     large states outside the allocator), quantized bases (a stand-in per quantized linear,
     ``trainmem.trace.quantized``; what it does not model:
     :func:`trainmem.traced_quantized.quantized_base_refusals`), the loop settings
-    ``keep_logits`` and ``zero_grad_before_backward``, the course's AdamW
+    ``keep_logits`` (loop ``step``) and ``zero_grad_before_backward`` (loop ``previous`` is
+    refused), the course's AdamW
     (``optimizer_implementation="cs336"``) and ``loss`` (the CS336 course model on the trace
     engine, ``trainmem.trace.course_model``; any transformers language model on the
     ``generic`` path, ``trainmem.trace.generic``). Plain DDP, CPU offload outside DeepSpeed,
@@ -242,8 +243,10 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
             out.append(f"transformers_version={training.transformers_version} (not installed)")
     if _older_torch_step(training):  # the trace runs the installed torch.optim's step
         out.append(f"torch_version={training.torch_version} (its optimizer step)")
-    if training.keep_logits and training.chunked_cross_entropy:  # no logits tensor to keep
+    if training.training_loop == "step" and training.chunked_cross_entropy:  # no logits tensor
         out.append("keep_logits=True with chunked_cross_entropy")
+    if training.loop == "previous":  # the traced step is one micro-batch, nothing before it
+        out.append("loop=previous")
     # the generic path computes --loss on the logits (trainmem.trace.generic); the trace
     # engine only for the course model (trainmem.trace.engine)
     return out

@@ -173,6 +173,19 @@ def test_analytic_accuracy_does_not_regress() -> None:
 #: Re-recorded for the FSDP1 load under NO_SHARD (fsdp_qlora's ``ddp`` strategy: each unit
 #: moved, broadcast and flattened, the flat parameter kept as the weight): GT123 +1.2 ->
 #: +1.4%, GT124 -1.9 -> +1.6%; median 5.1%, p90 17.3%, 19 under.
+#: Re-recorded for the training loop as an input (``--loop``; litgpt's is ``previous``: Note
+#: [The previous micro-batch's graph], analytic/held_outputs.py): litgpt's ``fit`` keeps
+#: ``logits`` from one iteration to the next, and with it the graph whose bitsandbytes 0.42
+#: ``MatMul4Bit`` nodes hold their 16-bit inputs as ``ctx`` attributes, through the next forward;
+#: with the litgpt config-hub rows amended from their yamls (gradient accumulation, PagedAdamW
+#: under bitsandbytes, LoRA on the head; dev2_causes.py ``_LITGPT_HUB``): GT098 -12.1 -> -2.8%,
+#: GT100 -8.3 -> -3.0%, GT102 -13.1 -> -2.6%, GT104 -16.8 -> -9.9%, GT106 -7.9 -> -2.8%, GT109
+#: -12.2 -> -10.8%, GT111 -15.2 -> +0.4% (its 8 accumulation steps keep the bf16 gradients
+#: through the later forwards); the bf16 LoRA rows move by the amendments only (the previous
+#: fp32 logits are freed before the loss's peak): GT097 +0.8 -> +1.0%, GT099 +1.7 -> +1.9%,
+#: GT101 +0.9 -> +1.0%, GT103 -3.1 -> -3.0%, GT105 +1.8 -> +2.0%, GT107 +6.6 -> +6.9%, GT108
+#: +3.6 -> +3.8%, GT110 +5.8 -> +6.0%, GT112 -3.6 -> -3.4%, GT113 -4.7 -> -4.5%; no other row
+#: moved; median 5.1 -> 4.3%, p90 17.3%, 19 -> 15 under.
 RECORDED_DEV2 = {
     "GT011": -0.0346,
     "GT012": -0.0367,
@@ -227,23 +240,23 @@ RECORDED_DEV2 = {
     "GT063": +0.2826,
     "GT069": +0.0169,
     "GT070": -0.6564,
-    "GT097": +0.0082,
-    "GT098": -0.1212,
-    "GT099": +0.0175,
-    "GT100": -0.0828,
-    "GT101": +0.0086,
-    "GT102": -0.1309,
-    "GT103": -0.0309,
-    "GT104": -0.1677,
-    "GT105": +0.0182,
-    "GT106": -0.0794,
-    "GT107": +0.0659,
-    "GT108": +0.0356,
-    "GT109": -0.1216,
-    "GT110": +0.0584,
-    "GT111": -0.1524,
-    "GT112": -0.0357,
-    "GT113": -0.0468,
+    "GT097": +0.0099,
+    "GT098": -0.0283,
+    "GT099": +0.0189,
+    "GT100": -0.0304,
+    "GT101": +0.0099,
+    "GT102": -0.0256,
+    "GT103": -0.0297,
+    "GT104": -0.0992,
+    "GT105": +0.0202,
+    "GT106": -0.0282,
+    "GT107": +0.0685,
+    "GT108": +0.0375,
+    "GT109": -0.1077,
+    "GT110": +0.0601,
+    "GT111": +0.0036,
+    "GT112": -0.0342,
+    "GT113": -0.0449,
     "GT114": -0.0992,
     "GT115": -0.1422,
     "GT116": -0.0227,
@@ -315,9 +328,9 @@ RECORDED_DEV2 = {
     "GT189": -0.0005,
 }
 MIN_DEV2_ROWS_SCORED = 139
-MAX_DEV2_MEDIAN_ABS = 0.052
+MAX_DEV2_MEDIAN_ABS = 0.044
 MAX_DEV2_P90_ABS = 0.174
-MAX_DEV2_UNDER = 19
+MAX_DEV2_UNDER = 15
 MAX_DEV2_OOM = 0
 
 

@@ -16,6 +16,7 @@ from trainmem.specs.frameworks import (
     DEFAULT_TORCH_VERSION,
     DEFAULT_TORCHAO_VERSION,
     DEFAULT_TRANSFORMERS_VERSION,
+    FRAMEWORK_CONVENTIONS,
     installed_transformers_version,
 )
 
@@ -51,14 +52,22 @@ def _transformers(value: Any) -> str:
 
 def loop_of(config: Mapping[str, Any]) -> str:
     """The training loop the estimate assumes, in words, from the loop settings in ``config``
-    (``keep_logits``, ``zero_grad_set_to_none``, ``zero_grad_before_backward``,
+    (``loop``, else ``keep_logits`` and the framework's loop, as
+    ``TrainingConfig.training_loop``; ``zero_grad_set_to_none``, ``zero_grad_before_backward``,
     ``gradient_accumulation_steps``, ``optimizer_in_backward``)."""
     steps = int(config.get("gradient_accumulation_steps") or 1)
+    framework = FRAMEWORK_CONVENTIONS.get(str(config.get("framework") or "pytorch-amp"))
+    loop = config.get("loop") or (
+        "step" if config.get("keep_logits") else (framework.loop if framework else "drop")
+    )
+    held = {
+        "step": "logits held to the end of the step",
+        "previous": "the previous micro-batch's logits and graph held through the next "
+        "forward (loop previous)",
+    }
     parts = [
         f"{steps} micro-batches per step" if steps > 1 else "one micro-batch per step",
-        "logits held to the end of the step"
-        if config.get("keep_logits")
-        else "the step's outputs dropped after the loss",
+        held.get(str(loop), "the step's outputs dropped after the loss"),
     ]
     if config.get("optimizer_in_backward"):
         parts.append("optimizer stepped in backward")

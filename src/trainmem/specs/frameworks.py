@@ -44,6 +44,22 @@ TORCHAO_OFFLOAD_MINIMAL_SIZE = 4096
 """torchao ``CPUOffloadOptimizer(minimal_size=4096)``: parameters with fewer elements are kept
 in an optimizer on the GPU ("to avoid excessively many small transfers",
 optim/cpu_offload.py)."""
+LOOPS: tuple[str, ...] = ("drop", "step", "previous")
+"""What the training loop holds of a micro-batch's outputs (``TrainingConfig.loop``):
+
+* ``drop``: nothing past the loss (the HF Trainer: ``compute_loss`` returns only the loss and
+  ``training_step`` returns ``loss.detach()``, transformers trainer.py; torchtune's recipes
+  ``del logits`` before the backward);
+* ``step``: the logits until the step ends (``logits = model(x)`` in a step function that also
+  runs ``optimizer.step()``; ``TrainingConfig.keep_logits``);
+* ``previous``: the loop binds ``logits = model(...)`` in its own scope, so the previous
+  micro-batch's output, and through its ``grad_fn`` the previous autograd graph, live until
+  the next forward returns (litgpt finetune/lora.py and full.py, Apr-Sep 2024: ``logits =
+  model(input_ids, ...)``; ``loss = chunked_cross_entropy(...)``; ``fabric.backward(loss /
+  ...)`` in the ``while`` loop of ``fit``). A graph whose backward has run keeps no saved tensors
+  (``release_variables``), only what custom autograd functions store as ``ctx`` attributes
+  (Note [The previous micro-batch's graph])."""
+
 DEFAULT_DEEPSPEED_VERSION = (0, 19, 8)
 """The DeepSpeed release assumed when none is given: a current one (>= 0.17.6)."""
 DEEPSPEED_ACCUMULATES_IN_MODEL_DTYPE_SINCE = (0, 17, 6)
@@ -456,6 +472,12 @@ class FrameworkConventions:
     softmax_update``, ``grad_input.mul_``). See Note [Megatron's vocabulary-parallel
     cross-entropy] (trainmem/analytic/activations.py). False: ``F.cross_entropy`` on the
     upcast logits (a separate fp32 log-softmax output and two fp32 gradients)."""
+    loop: str
+    """What the framework's training loop holds of a micro-batch's outputs (:data:`LOOPS`):
+    ``previous`` for litgpt (finetune/lora.py, full.py: ``logits`` and ``loss`` bound in
+    ``fit``'s loop, rebound by the next micro-batch), ``drop`` for the others (the HF Trainer's
+    ``training_step`` returns ``loss.detach()``; torchtune ``del logits``; the plain loop is
+    taken as one that drops them, ``--loop previous`` says otherwise)."""
     pipeline_last_stage_output_is_loss: bool
     """The last pipeline stage hands the schedule the reduced loss of each micro-batch, not its
     logits (megatron-core 0.9.0 megatron/core/pipeline_parallel/schedules.py ``forward_step``:
@@ -520,6 +542,7 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "fsdp_unsharded_leaf_parameters": False,
         "vocab_parallel_cross_entropy": False,
         "pipeline_last_stage_output_is_loss": False,
+        "loop": "drop",
     }
     return FrameworkConventions(name=name, **{**defaults, **fields})  # type: ignore[arg-type]
 
@@ -604,6 +627,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             fp32_model_output=True,
             fsdp_flat_parameter_grads=True,
             fsdp_no_sync_accumulation=True,
+            loop="previous",
         ),
         # Answer.AI fsdp_qlora train.py (Mar 2024, e4968fd): a transformers model whose linears
         # are replaced by bitsandbytes Linear4bit (quant_storage = the model dtype) and loaded

@@ -11,6 +11,7 @@ FIELD_GROUPS: dict[str, tuple[str, ...]] = {
         "chunked_cross_entropy",
         "loss",
         "keep_logits",
+        "loop",
     ),
     "Precision and optimizer": (
         "precision",

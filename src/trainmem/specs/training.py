@@ -77,6 +77,7 @@ from trainmem.specs.frameworks import (
     DEFAULT_TRANSFORMERS_VERSION,
     FRAMEWORK_CONVENTIONS,
     GRAD_ACCUM_DTYPES,
+    LOOPS,
     FrameworkConventions,
     deepspeed_copies_fp32_weights,
     deepspeed_grad_accum_dtype,
@@ -448,6 +449,19 @@ class LoopConfig:
     loss, ``backward`` and ``optimizer.step()`` in one function): the logits live through the
     backward and the optimizer step. False, the default: they are dropped after the loss (HF
     Trainer's ``compute_loss``). Needs ``gradient_accumulation_steps`` 1."""
+    loop: str | None = setting(
+        None,
+        "What the loop holds of a micro-batch's outputs:",
+        choices=LOOPS,
+        default_text="the framework's: litgpt previous, else drop (step with --keep-logits)",
+    )
+    """What the training loop holds of a micro-batch's outputs (:data:`~trainmem.specs.
+    frameworks.LOOPS`): ``drop`` (nothing past the loss), ``step`` (the logits until the step
+    ends, as ``keep_logits``), ``previous`` (the previous micro-batch's logits, and the tensors
+    its graph keeps, until the next forward returns). None, the default: the framework's
+    (``FrameworkConventions.loop``), or ``step`` with ``keep_logits``; an explicit value always
+    wins (:attr:`TrainingConfig.training_loop`).
+    """
     zero_grad_set_to_none: bool = setting(
         True,
         "zero_grad(set_to_none=...); keep = torch < 2.0 behaviour, or a loop that never zeroes "
@@ -1288,6 +1302,15 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
         return self.weight_dtype
 
     @property
+    def training_loop(self) -> str:
+        """What the loop holds of a micro-batch's outputs (:data:`~trainmem.specs.frameworks.
+        LOOPS`): ``loop`` when given (it always wins), ``step`` with ``keep_logits``, else the
+        framework's (``FrameworkConventions.loop``)."""
+        if self.loop is not None:
+            return self.loop
+        return "step" if self.keep_logits else self.conventions.loop
+
+    @property
     def quantized_matmul_saves_input(self) -> bool:
         """A quantized base linear saves its 16-bit input for backward: bitsandbytes int8
         (``MatMul8bitLt``: ``ctx.tensors = (CAt, subA, A)``) always; bitsandbytes 4-bit
@@ -1323,6 +1346,7 @@ def _check_combinations(t: TrainingConfig) -> None:
     """
     _check_deepspeed_dtypes(t)
     _check_micro_batches(t)
+    _check_loop(t)
     _check_step_in_backward(t)
     _check_ema_combinations(t)
     if t.seq_len % t.context_parallel_size:
@@ -1344,6 +1368,29 @@ def _check_deepspeed_dtypes(t: TrainingConfig) -> None:
     _ = t.deepspeed_optimizer  # refuses the dtype mixes DeepSpeed refuses
 
 
+def _check_loop(t: TrainingConfig) -> None:
+    """The ``loop`` setting against ``keep_logits``, accumulation and pipelining."""
+    if t.keep_logits and t.loop not in (None, "step"):
+        raise SpecError(
+            "loop",
+            f"{t.loop!r} contradicts keep_logits=True (the logits held until the step ends: "
+            "loop 'step'); give one of them",
+        )
+    if t.loop == "step" and t.gradient_accumulation_steps > 1:
+        raise SpecError(
+            "loop",
+            "'step' is modelled for one micro-batch per step; got gradient_accumulation_steps "
+            f"{t.gradient_accumulation_steps} (use 1, or loop 'previous' / 'drop')",
+        )
+    if t.loop == "previous" and t.pipeline_parallel_size > 1:
+        raise SpecError(
+            "loop",
+            "'previous' cannot be combined with pipeline_parallel_size "
+            f"{t.pipeline_parallel_size}: the schedule holds each micro-batch's outputs itself "
+            "(pipelining's output_chunks)",
+        )
+
+
 def _check_micro_batches(t: TrainingConfig) -> None:
     """What one micro-batch per step (or a bounded number of them) is modelled for."""
     for flag in ("zero_grad_before_backward", "keep_logits"):
@@ -1361,9 +1408,9 @@ def _check_micro_batches(t: TrainingConfig) -> None:
             "batch by micro-batch, and its memory grows with each: a receive buffer per "
             "micro-batch, the last stage's kept output chunks)",
         )
-    if t.keep_logits and t.pipeline_parallel_size > 1:
+    if t.training_loop == "step" and t.pipeline_parallel_size > 1:
         raise SpecError(
-            "keep_logits",
+            "keep_logits" if t.keep_logits else "loop",
             "cannot be combined with pipeline_parallel_size "
             f"{t.pipeline_parallel_size}: the last stage keeps every micro-batch's "
             "logits itself (pipelining's output_chunks, modelled already)",
@@ -1710,8 +1757,11 @@ def check_training_for_model(model: ModelSpec, training: TrainingConfig) -> None
             f"{training.attention!r} is not available for {model.model_type} (its attention "
             "code has no SDPA path, so none of its kernels); allowed: eager (--attention eager)",
         )
-    if (training.loss is not None or training.keep_logits) and model.head != "causal-lm":
+    if (training.loss is not None or training.training_loop == "step") and (
+        model.head != "causal-lm"
+    ):
         field = "loss" if training.loss is not None else "keep_logits"
+        field = "loop" if field == "keep_logits" and not training.keep_logits else field
         raise SpecError(
             field,
             f"is a causal-LM setting (a loss on the logits); {model.name} has head {model.head!r}",

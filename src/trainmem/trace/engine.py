@@ -343,7 +343,7 @@ def _run_trace(
             ),
             set_to_none=training.zero_grad_set_to_none,
             forward_loss=forward_loss,
-            keep_output=training.keep_logits,
+            keep_output=training.training_loop == "step",
             zero_grad_before_backward=training.zero_grad_before_backward,
             runtime_state=runtime_state if held or isinstance(opt, EMAStep) else None,
         )

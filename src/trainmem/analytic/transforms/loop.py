@@ -1,7 +1,9 @@
 """The training loop's conventions as a transform: when ``zero_grad()`` frees the gradients
 (``set_to_none=True``, the default since PyTorch 2.0, after the step or between the forward
-and the backward; kept with ``set_to_none=False`` or a gradient buffer made at wrap time) and
-the logits a loop holds until the step ends (``TrainingConfig.keep_logits``).
+and the backward; kept with ``set_to_none=False`` or a gradient buffer made at wrap time), the
+logits a loop holds until the step ends (loop ``step``, ``TrainingConfig.keep_logits``) and
+what a loop that binds its outputs in its own scope holds of the previous micro-batch (loop
+``previous``: Note [The previous micro-batch's graph], analytic/held_outputs.py).
 
 Source: torch/optim/optimizer.py ``zero_grad`` (``set_to_none``); a loop that keeps the model
 output past ``loss.backward()`` (``outputs = model(...)`` read after ``optimizer.step()``, e.g.
@@ -13,10 +15,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from trainmem.analytic.held_outputs import graph_held_input_bytes, previous_output_bytes
 from trainmem.analytic.loss import loss_forward_transient_bytes
 from trainmem.analytic.pipeline import logits_bytes
 from trainmem.analytic.transforms.base import (
     Emitted,
+    Lifetime,
     RankContext,
     Transform,
     Where,
@@ -70,17 +74,45 @@ def kept_logits_bytes(ctx: RankContext) -> int:
     """The logits the loop holds: one micro-batch's (the loop keeps the last output), when
     they are part of the loss's forward transients (0 otherwise)."""
     t = ctx.training
-    if not (t.keep_logits and ctx.rank.has_head) or t.pipeline_parallel_size > 1:
+    if not (t.training_loop == "step" and ctx.rank.has_head) or t.pipeline_parallel_size > 1:
         return 0
     part = logits_bytes(ctx.model, t)
     return part if 0 < part <= loss_forward_transient_bytes(ctx.model, t) else 0
+
+
+class Previous(NamedTuple):
+    """What the ``previous`` loop holds of the last micro-batch when the next one starts
+    (Note [The previous micro-batch's graph]): its output and the tensors its graph keeps,
+    until the next forward returns (``head.post_forward``: the output's ``grad_fn`` reaches
+    the whole graph; the loss, which does too, is rebound to a float by the logging that
+    follows each step at ``log_interval: 1``). Both are allocated at ``micro_batch.begin``, the
+    warm-up step's first
+    micro-batch too (as after an earlier step). The current micro-batch's own quantized-linear
+    inputs are freed with its layers' other saved tensors in its backward, as they would be
+    without this loop: the backward after its first layers and the optimizer step are under
+    by up to ``graph`` bytes, never the backward's first ops, which hold them all."""
+
+    output: int
+    graph: int
+
+
+def previous_micro_batch(ctx: RankContext) -> Previous:
+    """The rank's :class:`Previous` (zeros for another loop; the output only on the rank with
+    the head)."""
+    t = ctx.training
+    has_head = ctx.rank.has_head
+    return Previous(
+        previous_output_bytes(ctx.model, t) if has_head else 0,
+        graph_held_input_bytes(ctx.model, t, num_layers=ctx.num_layers, has_head=has_head),
+    )
 
 
 class TrainingLoop(Transform):
     """The loop's ``zero_grad`` and kept logits: the gradients kept over steps allocated in the
     warm-up step (``step.begin``); ``zero_grad()`` before the backward (``forward.end``) or
     after the step (``step.post_optimizer``); the kept logits allocated with the logits
-    (``head.forward``) and freed when the step function returns (``step.post_optimizer``)."""
+    (``head.forward``) and freed when the step function returns (``step.post_optimizer``);
+    the previous micro-batch's output and graph (:class:`Previous`)."""
 
     name = "loop"
 
@@ -88,6 +120,20 @@ class TrainingLoop(Transform):
         super().__init__(ctx)
         self.held_logits = kept_logits_bytes(ctx)
         self.zero_grad = zero_grad_policy(ctx)
+        self.previous = previous_micro_batch(ctx)
+
+    def micro_batch_begin(self, where: Where) -> Sequence[Emitted]:
+        out: list[Emitted] = []
+        output, graph = self.previous
+        if graph:
+            label = "the previous micro-batch's quantized-linear inputs, kept by its graph"
+            op = alloc(graph, Cat.ACTIVATION, "forward", "previous/graph", "layers", label)
+            out.append(Lifetime(op, "head.post_forward"))
+        if output:
+            label = "the previous micro-batch's logits, held by the loop"
+            op = alloc(output, Cat.TEMPORARY, "forward", "previous/logits", "head", label)
+            out.append(Lifetime(op, "head.post_forward"))
+        return out
 
     @staticmethod
     def applies(ctx: RankContext) -> bool:

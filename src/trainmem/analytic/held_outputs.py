@@ -1,0 +1,120 @@
+"""What a training loop that binds ``logits = model(...)`` and ``loss = ...`` in its own scope
+(``TrainingConfig.training_loop == "previous"``) still holds of the previous micro-batch while
+the next one runs: its model output, and the tensors its autograd graph keeps after its
+backward. Symbols as in :mod:`trainmem.analytic.activations` (c the compute dtype's bytes, t
+tokens of one micro-batch, h hidden size, i intermediate size, k experts per token).
+
+Note [The previous micro-batch's graph]
+    litgpt finetune/lora.py (Apr 2024, 43c44323, and unchanged to Sep 2024, 00af8b0d) runs,
+    in ``fit``'s ``while`` loop::
+
+        logits = model(input_ids, lm_head_chunk_size=128)
+        logits[-1] = logits[-1][..., :-1, :]
+        loss = chunked_cross_entropy(logits, targets[..., 1:])
+        fabric.backward(loss / train.gradient_accumulation_iters(devices))
+
+    (finetune/full.py the same with ``logits = model(input_ids)``). Nothing deletes
+    ``logits``: the previous micro-batch's output (the list of Fabric's fp32 chunks,
+    lightning/fabric/wrappers.py ``_FabricModule.forward`` -> ``precision.convert_output``),
+    whose ``grad_fn`` reaches every node of its graph, lives until ``model(...)`` returns
+    again. (``loss`` reaches the graph too, but the logging after each iteration rebinds it,
+    ``loss = running_loss.compute().item()``, at the config hub's ``log_interval: 1``; with a
+    larger interval it would hold the graph to the next loss.) A backward without
+    ``retain_graph`` releases each node's saved variables (torch/csrc/autograd/engine.cpp
+    ``fn.release_variables()``) but not the nodes, so what a custom ``autograd.Function``
+    stores as a plain ``ctx`` attribute lives as long as the graph does. bitsandbytes does so:
+    ``MatMul4Bit.forward`` keeps ``ctx.tensors = (A, B)`` before 0.43.2 (the 16-bit input A
+    when it or the weight needs a gradient; 0.42.0 bitsandbytes/autograd/_functions.py),
+    ``MatMul8bitLt.forward`` ``ctx.tensors = (CAt, subA, A)`` (A always, and the int8 copy
+    CAt of A when a gradient is needed). So through the next micro-batch's forward, the
+    previous one's inputs of every quantized linear are alive beside its own
+    (:func:`graph_held_input_bytes`), and so is its output (:func:`previous_output_bytes`).
+    Lightning's bitsandbytes plugin replaces every ``nn.Linear``, the LM head's too
+    (lightning/fabric/plugins/precision/bitsandbytes.py ``init_context``:
+    ``_ClassReplacementContextManager({"torch.nn.Linear": ...})``).
+
+    Which inputs need a gradient: LoRA's adapters are the only trainable weights, and the
+    embedding and norms are frozen, so in the first layer the attention's input (the normed
+    embedding) needs none, nor, in a parallel block, the MLP's input and, without MLP
+    adapters, the MLP's down input; every input after the first layer's attention does.
+"""
+
+from __future__ import annotations
+
+from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
+from trainmem.analytic.head import quantized_lm_head
+from trainmem.analytic.params import linear_shapes
+from trainmem.specs.model import ModelSpec
+from trainmem.specs.training import TrainingConfig
+
+
+def previous_output_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes of the previous micro-batch's model output the loop holds until the next forward
+    returns (Note [The previous micro-batch's graph]): the logits, b*s*V values, fp32 when the
+    framework casts the output (``FrameworkConventions.fp32_model_output``: Lightning Fabric's
+    ``convert_output``), else in the compute dtype (transformers' causal LMs return the
+    ``lm_head`` output and upcast only inside the loss, loss/loss_utils.py). 0 for another loop
+    or a model without an LM head. The whole vocabulary: no framework with this loop shards
+    the logits (it is refused with pipelining).
+    """
+    if training.training_loop != "previous" or model.head not in ("causal-lm", "masked-lm"):
+        return 0
+    c, _ = compute_and_residual_bytes(training)
+    per_value = 4 if training.conventions.fp32_model_output else c
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    return per_value * model.vocab_size * t
+
+
+def _layer_widths(model: ModelSpec, training: TrainingConfig) -> tuple[int, int]:
+    """Values per token of one layer's quantized-linear inputs: (all of them, those that need
+    no gradient in the first layer). Distinct tensors only: q, k and v (or the fused qkv, MLA's
+    q_a and kv_a) read one input, gate and up another; a parallel block with one shared norm
+    feeds the attention's input to the MLP; an MoE layer's router reads the MLP input and each
+    routed token's copy goes to its k experts."""
+    shapes = linear_shapes(model)
+    h = model.hidden_size
+    k = model.num_experts_per_tok if model.num_experts > 1 else 1
+    targets = set(training.lora_targets)
+    attention = h + sum(shapes[n][0] for n in ("q_b", "kv_b") if n in shapes)
+    shared = model.parallel_attention and model.num_norms_per_layer == 1
+    mlp_in = (0 if shared else h) + (k * h if k > 1 else 0)
+    down = shapes["down"][0] * k + (shapes["shared_down"][0] if "shared_down" in shapes else 0)
+    total = attention + shapes["o"][0] + mlp_in + down
+    no_grad = attention  # the normed embedding, and MLA's latents from frozen projections
+    if model.parallel_attention:  # the MLP reads the block's input too
+        no_grad += mlp_in + (0 if targets & {"gate", "up"} else down)
+    return total, no_grad
+
+
+def graph_held_input_bytes(
+    model: ModelSpec, training: TrainingConfig, *, num_layers: int, has_head: bool
+) -> int:
+    """Bytes the previous micro-batch's graph keeps alive through the next forward under the
+    ``previous`` loop: the inputs of its bitsandbytes linears, stored as ``ctx``
+    attributes (Note [The previous micro-batch's graph]); 0 for another loop, a base whose
+    matmul saves no input (``TrainingConfig.quantized_matmul_saves_input``: bitsandbytes
+    4-bit from 0.43.2, torchao NF4) and GPTQ (not a bitsandbytes function).
+
+    Per input tensor of T = b*s tokens and w values per token: 4-bit (``MatMul4Bit``) c*w*T
+    when it needs a gradient, nothing otherwise; int8 (``MatMul8bitLt``) c*w*T always and
+    w*T more (the int8 ``CAt``) when it needs one. ``num_layers`` layers (layer 0 counted as
+    the first, its frozen inputs apart) and, when ``has_head`` and the LM head is quantized
+    (:func:`~trainmem.analytic.head.quantized_lm_head`), the final norm's output (c*h*T; the
+    chunks lit-gpt's head reads are views of it).
+    """
+    if (
+        training.training_loop != "previous"
+        or not training.quantized_matmul_saves_input
+        or training.quantize_base == "gptq-int4"
+        or num_layers == 0
+    ):
+        return 0
+    c, _ = compute_and_residual_bytes(training)
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    int8 = training.quantize_base == "int8"
+    total, no_grad = _layer_widths(model, training)
+    graded = num_layers * total - no_grad
+    values = graded * (c + 1 if int8 else c) + (no_grad * c if int8 else 0)
+    if has_head and model.head == "causal-lm" and quantized_lm_head(training):
+        values += model.hidden_size * (c + 1 if int8 else c)
+    return values * t
