@@ -35,5 +35,8 @@ def quantized_base_refusals(training: TrainingConfig) -> list[str]:
             "the rest of a 16-bit model; traced: --precision bf16-mixed, 16-mixed or 32-true)"
         )
     if training.is_fp8:
-        out.append(f"quantize_base={kind} with precision=fp8-mixed")
+        out.append(
+            f"quantize_base={kind} with precision=fp8-mixed (torchao's float8 linears replace "
+            "the same modules; traced: --precision bf16-mixed, 16-mixed or 32-true)"
+        )
     return out

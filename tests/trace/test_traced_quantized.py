@@ -117,7 +117,8 @@ def test_flux_with_an_nf4_base_on_the_traced_paths() -> None:
     assert nf4.num_trainable_parameters == adapters
 
 
-def test_a_16_bit_base_without_autocast_is_refused_with_what_works() -> None:
-    training = TrainingConfig(lora_rank=8, quantize_base="nf4", precision="bf16-true")
-    with pytest.raises(UnsupportedError, match="bf16-mixed"):
+@pytest.mark.parametrize("precision", ["bf16-true", "fp8-mixed"])
+def test_what_the_stand_in_does_not_run_is_refused_with_what_works(precision: str) -> None:
+    training = TrainingConfig(lora_rank=8, quantize_base="nf4", precision=precision)
+    with pytest.raises(UnsupportedError, match=f"nf4 with precision={precision} .*bf16-mixed"):
         estimate(QWEN2, training, engine="generic", simulate_allocator=False)
