@@ -5,7 +5,7 @@ Groups:
 
 * ``transformers``: every ``model_type`` in one of transformers' training-head task mappings
   (``trainmem.trace.hf_model.TRAINING_HEADS``), its default config (``AutoConfig.for_model``)
-  shrunk to 2 layers (a hybrid's layer pattern keeps one layer of each kind, at most 4). A
+  shrunk to 2 layers (a hybrid keeps the first layer of each kind, at most 4: ``shrink``). A
   type whose default config transformers itself cannot build into that head (on ``meta``, no
   trainmem involved) is listed apart, with transformers' error, and is not counted;
 * ``diffusers``: every diffusers ``ModelMixin`` transformer and UNet class
@@ -52,37 +52,141 @@ LAYER_KEYS = (
 )
 """Config fields that count a model's layers (transformers' and diffusers' spellings)."""
 
+PATTERN_KEYS = ("block_types",)
+"""Config fields holding a repeating pattern of layer kinds, shorter than the model
+(RecurrentGemma's ``block_types``: layer i is ``block_types[i % len]``)."""
+
 TRAINING = TrainingConfig(micro_batch_size=1, seq_len=64)
 
 
 def shrink(config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` cut to 2 layers, in place and in every sub-config: each layer-count field
-    set to 2 and each per-layer list cut to match. A list whose entries differ (a hybrid's
-    ``layer_types``: attention and linear-attention or Mamba layers) keeps the first layer of
-    each kind, up to 4 layers, so the cut model still has every kind of layer; DeepSeek's
-    leading dense layers (``first_k_dense_replace``) become one."""
+    """``config`` cut to 2 layers, in place and in every sub-config: each layer-count field set
+    to the number of layers kept and every per-layer field cut to those layers.
+
+    The layers kept are the first of each kind in the config's per-layer lists (a hybrid's
+    ``layer_types``: attention and linear-attention or Mamba layers; MoE or dense MLPs;
+    full or shared indexers), at least 2 and at most 4, the same layers in every list, so the
+    cut model still has every kind of layer and the lists agree; a repeating pattern shorter
+    than the model (RecurrentGemma's ``block_types``) keeps the leading layers up to its last
+    new kind. Fields that point at layers follow them: index lists (``out_indices``,
+    ``backbone_out_indices``, ``out_features``' ``stageN``) point at the last kept layer at or
+    before the one they named, a per-layer dict (``per_layer_config``) keeps its kept layers'
+    entries, an attention period / offset pair (Jamba's ``attn_layer_period``) puts its first
+    such layer inside the cut; DeepSeek's leading dense layers (``first_k_dense_replace``)
+    become one."""
     counts = {v for k in LAYER_KEYS if isinstance(v := config.get(k), int) and v > 2}
-    keep = 2
-    per_layer = [
-        k
-        for k, v in config.items()
-        if isinstance(v, list) and len(v) in counts and k != "architectures"
-    ]
-    for k in per_layer:
-        keep = max(keep, min(len(dict.fromkeys(map(str, config[k]))), 4))
-    for k in LAYER_KEYS:
-        if isinstance(config.get(k), int) and config[k] > keep:
-            config[k] = keep
-    for k in per_layer:
-        firsts = list({str(x): x for x in reversed(config[k])}.values())[::-1]
-        config[k] = (firsts + config[k])[:keep] if len(firsts) < keep else firsts[:keep]
-    for key in ("first_k_dense_replace",):  # DeepSeek: dense layers before the MoE ones
-        if isinstance(config.get(key), int) and config[key] >= keep:
-            config[key] = 1
+    if counts:
+        kept = _kept_layers(config, counts)
+        _cut_layers(config, counts, kept)
     for v in config.values():
         if isinstance(v, dict):
             shrink(v)
     return config
+
+
+_INDEX_SUFFIXES = ("_indices", "_ids", "_idxs", "_layers")
+
+
+def _is_index_list(key: str, value: Any, counts: set[int]) -> bool:
+    """A list of layer indices (Llama 4's ``moe_layers``, DPT's ``backbone_out_indices``,
+    LFM2's ``full_attn_idxs``): strictly increasing ints below the layer count."""
+    return (
+        key.endswith(_INDEX_SUFFIXES)
+        and isinstance(value, list)
+        and bool(value)
+        and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+        and all(a < b for a, b in zip(value, value[1:], strict=False))
+        and max(value) < max(counts)
+    )
+
+
+def _per_layer(config: dict[str, Any], counts: set[int]) -> list[str]:
+    return [
+        k
+        for k, v in config.items()
+        if isinstance(v, list)
+        and len(v) in counts
+        and k != "architectures"
+        and not _is_index_list(k, v, counts)
+    ]
+
+
+def _kept_layers(config: dict[str, Any], counts: set[int]) -> list[int]:
+    """The original indices of the layers the cut keeps (see :func:`shrink`)."""
+    firsts: set[int] = set()
+    for k in _per_layer(config, counts):
+        if not all(isinstance(x, (str, bool)) or x in (0, 1) for x in config[k]):
+            continue  # sizes per stage (Swin's num_heads), not kinds of layer
+        seen: dict[str, int] = {}
+        for i, x in enumerate(config[k]):
+            seen.setdefault(str(x), i)
+        if len(seen) > 1:
+            firsts.update(seen.values())
+    prefix = 0  # a repeating pattern shorter than the model: keep its leading layers
+    for k in PATTERN_KEYS:
+        v = config.get(k)
+        if isinstance(v, list) and 1 < len(v) < max(counts) and len(set(map(str, v))) > 1:
+            prefix = max(prefix, max(v.index(x) for x in v) + 1)
+    kept = sorted(firsts)[:4] if not prefix else list(range(min(prefix, 4)))
+    for i in range(max(counts)):
+        if len(kept) >= 2:
+            break
+        if i not in kept:
+            kept = sorted([*kept, i])
+    return kept
+
+
+def _position(kept: list[int], layer: int) -> int:
+    """The cut's index of the last kept layer at or before original ``layer``."""
+    return max([p for p, i in enumerate(kept) if i <= layer] or [0])
+
+
+def _cut_layers(config: dict[str, Any], counts: set[int], kept: list[int]) -> None:
+    keep = len(kept)
+    for k in LAYER_KEYS:
+        if isinstance(config.get(k), int) and config[k] > keep:
+            config[k] = keep
+    for k in _per_layer(config, counts):
+        config[k] = [config[k][i] for i in kept]
+    for k, v in list(config.items()):
+        if k == "out_indices" and _layer_ints(v, counts):  # stage numbers: 0 is the stem
+            config[k] = [i and _position(kept, i - 1) + 1 for i in v]
+        elif _is_index_list(k, v, counts):  # one entry per feature map: same length
+            positions = [_position(kept, i) for i in v]
+            config[k] = positions if k.endswith("_indices") else sorted(set(positions))
+        elif k == "out_features" and isinstance(v, list):
+            config[k] = [_stage(x, kept) for x in v]
+        elif "layer" in k and isinstance(v, dict) and v and all(str(x).isdigit() for x in v):
+            if max(int(x) for x in v) < max(counts):  # a per-layer dict (per_layer_config)
+                width = len(str(next(iter(v))))
+                config[k] = {
+                    f"{kept.index(int(x)):0{width}d}": e for x, e in v.items() if int(x) in kept
+                }
+        elif k.endswith("_offset") and isinstance(v, int) and v >= keep:
+            period = k.removesuffix("_offset") + "_period"
+            if isinstance(config.get(period), int):
+                config[k], config[period] = keep - 1, keep
+    if (
+        isinstance(config.get("first_k_dense_replace"), int)
+        and config["first_k_dense_replace"] >= keep
+    ):
+        config["first_k_dense_replace"] = 1  # DeepSeek: dense layers before the MoE ones
+
+
+def _layer_ints(value: Any, counts: set[int]) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(i, int) and not isinstance(i, bool) for i in value)
+        and max(value) <= max(counts)
+    )
+
+
+def _stage(name: Any, kept: list[int]) -> Any:
+    """A backbone's ``stageN`` (layer N - 1; ``stem`` is 0) renamed after the cut."""
+    if isinstance(name, str) and name.startswith("stage") and name[5:].isdigit():
+        return f"stage{_position(kept, int(name[5:]) - 1) + 1}"
+    return name
 
 
 def _one_line(exc: BaseException) -> str:

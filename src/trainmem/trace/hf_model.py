@@ -141,23 +141,7 @@ def build_hf_model(
     raw = dict(raw_config)
     if raw.get("model_type") in REMOTE_CODE_TYPES:  # Note [Remote-code stand-ins]
         raw = {**stand_in_config(raw), **{k: v for k, v in raw.items() if "dropout" in k}}
-    if not dropout:
-        for k, v in list(raw.items()):
-            if isinstance(v, float) and any(p in k for p in _DROPOUT_KEY_PARTS):
-                raw[k] = 0.0
-    for k, v in list(raw.items()):
-        # LayerDrop (Fan et al. 2019) skips each layer with probability ``layerdrop`` per step
-        # (modeling_wav2vec2.py: ``if self.training and dropout_probability < self.config.
-        # layerdrop``); the run's max_memory_allocated is a step that keeps every layer, and
-        # the draw is data the fake tensors do not have
-        if k.endswith("layerdrop") and isinstance(v, (int, float)) and v:
-            raw[k] = 0.0
-    if raw.get("apply_spec_augment"):
-        # SpecAugment (wav2vec2, HuBERT, WavLM...: ``_mask_hidden_states``) fills positions
-        # drawn with numpy, in place (``hidden_states[mask_time_indices] = masked_spec_embed``):
-        # a [b, frames] bool mask beside the hidden states, and a data-dependent index that fake
-        # tensors cannot run
-        raw["apply_spec_augment"] = False
+    raw = _training_switches(raw, dropout)
     model_type = raw.get("model_type")
     try:
         config = transformers.AutoConfig.for_model(
@@ -191,13 +175,69 @@ def build_hf_model(
             f"transformers {transformers.__version__} cannot build {getattr(cls, '__name__', cls)}"
             f" from this config ({type(exc).__name__}: {reason}); {hint}"
         ) from exc
-    if any(raw.get(k) for k in ("mask_time_prob", "mask_feature_prob")):
-        # the same SpecAugment where the config class has no ``apply_spec_augment`` field
-        # (Data2VecAudio: ``_mask_hidden_states`` reads ``getattr(config, "apply_spec_augment",
-        # True)``); set on the built config so the model keeps its ``masked_spec_embed``
-        model.config.apply_spec_augment = False
+    _no_spec_augment(model.config)
+    _decoder_start(model.config)
     model.train()
     return model
+
+
+def _no_spec_augment(config: Any) -> None:
+    """SpecAugment off in ``config`` and its sub-configs (a speech encoder-decoder's
+    ``encoder``), in place, also where the config class has no ``apply_spec_augment`` field
+    (Data2VecAudio: ``_mask_hidden_states`` reads ``getattr(config, "apply_spec_augment",
+    True)`` and masks whenever ``mask_time_prob > 0``): set on the built config, so the model
+    keeps its ``masked_spec_embed`` parameter (:func:`_training_switches` says why it is off).
+    """
+    if getattr(config, "mask_time_prob", 0) or getattr(config, "mask_feature_prob", 0):
+        config.apply_spec_augment = False
+    for key in getattr(config, "sub_configs", {}) or {}:
+        sub = getattr(config, key, None)
+        if sub is not None and hasattr(sub, "to_dict"):
+            _no_spec_augment(sub)
+
+
+def _decoder_start(config: Any) -> None:
+    """Give an encoder-decoder config without them the ids its training forward reads, in
+    place: the decoder reads the labels shifted right, starting with ``decoder_start_token_id``
+    and with -100 replaced by ``pad_token_id`` (``modeling_t5.py`` ``_shift_right``,
+    ``modeling_encoder_decoder.py`` ``shift_tokens_right``). Released T5 configs set the start to
+    the pad id (0); transformers' default ``T5Config`` / ``EncoderDecoderConfig`` leave them
+    unset and the forward fails. An unset pad id is the decoder sub-config's; an unset start
+    the pad id. Only ids change, never a shape."""
+    if not getattr(config, "is_encoder_decoder", False):
+        return
+    decoder = getattr(config, "decoder", None)
+    if getattr(config, "pad_token_id", None) is None:
+        pad = getattr(decoder, "pad_token_id", None)
+        config.pad_token_id = pad if pad is not None else 0
+    if getattr(config, "decoder_start_token_id", None) is None:
+        config.decoder_start_token_id = config.pad_token_id
+
+
+def _training_switches(raw: dict[str, Any], dropout: bool) -> dict[str, Any]:
+    """``raw`` with the per-step random switches set as the reported step runs them, in it and
+    in every sub-config (an encoder-decoder's ``encoder`` / ``decoder``, a VLM's
+    ``text_config``): dropout probabilities 0 unless ``dropout``; LayerDrop and SpecAugment
+    off."""
+    raw = dict(raw)
+    for k, v in list(raw.items()):
+        if isinstance(v, dict):
+            raw[k] = _training_switches(v, dropout)
+        elif not dropout and isinstance(v, float) and any(p in k for p in _DROPOUT_KEY_PARTS):
+            raw[k] = 0.0
+        elif k.endswith("layerdrop") and isinstance(v, (int, float)) and v:
+            # LayerDrop (Fan et al. 2019) skips each layer with probability ``layerdrop`` per
+            # step (modeling_wav2vec2.py: ``if self.training and dropout_probability <
+            # self.config.layerdrop``); the run's max_memory_allocated is a step that keeps
+            # every layer, and the draw is data the fake tensors do not have
+            raw[k] = 0.0
+    if raw.get("apply_spec_augment"):
+        # SpecAugment (wav2vec2, HuBERT, WavLM...: ``_mask_hidden_states``) fills positions
+        # drawn with numpy, in place (``hidden_states[mask_time_indices] = masked_spec_embed``):
+        # a [b, frames] bool mask beside the hidden states, and a data-dependent index that fake
+        # tensors cannot run
+        raw["apply_spec_augment"] = False
+    return raw
 
 
 def build_hf_training_model(
@@ -299,10 +339,8 @@ def make_hf_batch(
     takes_labels = "labels" in inspect.signature(base.forward).parameters
     dtype = parameter_dtype(model)  # not a quantized base's packed weights
     head = type(base).__name__
-    if main == "pixel_values":
-        return _image_batch(cfg, b, dtype, head if takes_labels else "")
-    if main == "input_values":
-        return _waveform_batch(cfg, b, s, dtype, head if takes_labels else "")
+    if main in ("pixel_values", "input_values", "inputs"):
+        return _encoder_input_batch(base, b, s, dtype, head if takes_labels else "")
     batch: dict[str, Any] = {}
     if main == "input_features":
         batch, s = _feature_batch(cfg, b, s, dtype)
@@ -318,6 +356,31 @@ def make_hf_batch(
             batch["labels"] = torch.randint(0, classes, (b,))
         elif head.endswith("ForTokenClassification"):  # one class per token
             batch["labels"] = torch.randint(0, classes, (b, s))
+    return batch
+
+
+def _encoder_input_batch(model: Any, b: int, s: int, dtype: Any, head: str) -> dict[str, Any]:
+    """The batch of a model whose input is an image or a waveform (:func:`_image_batch`,
+    :func:`_waveform_batch`). A vision / speech encoder-decoder (``VisionEncoderDecoderModel``,
+    ``SpeechEncoderDecoderModel``, whose ``inputs`` is its encoder's input) sizes the input from
+    its encoder's config and takes decoder ``labels`` [b, s] (the text it learns to write),
+    not class labels."""
+    cfg = model.config
+    seq2seq = bool(getattr(cfg, "is_encoder_decoder", False))
+    encoder_cfg = getattr(cfg, "encoder", None) if seq2seq else None
+    encoder_cfg = encoder_cfg if hasattr(encoder_cfg, "to_dict") else cfg
+    main = model.main_input_name
+    name = getattr(model.encoder, "main_input_name", "input_values") if main == "inputs" else main
+    label_head = "" if seq2seq else head
+    if name == "pixel_values":
+        batch = _image_batch(encoder_cfg, b, dtype, label_head)
+    else:
+        batch = _waveform_batch(encoder_cfg, b, s, dtype, label_head)
+    if seq2seq and head:
+        decoder_cfg = getattr(cfg, "decoder", cfg)
+        batch["labels"] = token_ids(decoder_cfg, _vocab_size(decoder_cfg), (b, s))
+    if main == "inputs":
+        batch["inputs"] = batch.pop(name)
     return batch
 
 

@@ -1,0 +1,81 @@
+"""The coverage benchmark's cut of a default config to a few layers (benchmarks/coverage.py
+``shrink``, issue 26): a hybrid keeps one layer of each kind, the same layers in every
+per-layer list, and the fields that point at layers follow them. Each expected config is
+worked out by hand from the layers kept."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from conftest import REPO_DIR
+
+_spec = importlib.util.spec_from_file_location(
+    "coverage_bench", REPO_DIR / "benchmarks/coverage.py"
+)
+assert _spec is not None and _spec.loader is not None
+coverage_bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(coverage_bench)
+shrink = coverage_bench.shrink
+
+
+def test_a_hybrid_keeps_its_first_attention_layer() -> None:
+    config: dict[str, Any] = {
+        "num_hidden_layers": 8,
+        "layer_types": ["mamba"] * 4 + ["attention"] + ["mamba"] * 3,
+    }
+    assert shrink(config) == {"num_hidden_layers": 2, "layer_types": ["mamba", "attention"]}
+
+
+def test_every_per_layer_list_keeps_the_same_layers_and_index_lists_follow() -> None:
+    config: dict[str, Any] = {
+        "num_hidden_layers": 6,
+        "layer_types": ["full", "full", "shared", "full", "full", "shared"],
+        "mlp_layer_types": ["dense", "sparse", "sparse", "sparse", "sparse", "sparse"],
+        "moe_layers": [1, 2, 3, 4, 5],
+    }
+    # kept: layer 0 (full, dense), 1 (the first sparse), 2 (the first shared)
+    assert shrink(config) == {
+        "num_hidden_layers": 3,
+        "layer_types": ["full", "full", "shared"],
+        "mlp_layer_types": ["dense", "sparse", "sparse"],
+        "moe_layers": [1, 2],
+    }
+
+
+def test_a_period_and_offset_put_their_layer_inside_the_cut() -> None:
+    config = {"num_hidden_layers": 32, "attn_layer_period": 8, "attn_layer_offset": 4}
+    # layer i is attention when i % period == offset: layer 1 of 2
+    assert shrink(config) == {
+        "num_hidden_layers": 2,
+        "attn_layer_period": 2,
+        "attn_layer_offset": 1,
+    }
+
+
+def test_a_repeating_pattern_keeps_the_leading_layers_up_to_its_last_new_kind() -> None:
+    config = {"num_hidden_layers": 26, "block_types": ["recurrent", "recurrent", "attention"]}
+    assert shrink(config) == {
+        "num_hidden_layers": 3,
+        "block_types": ["recurrent", "recurrent", "attention"],
+    }
+
+
+def test_backbone_stages_and_per_layer_entries_follow_the_kept_layers() -> None:
+    config: dict[str, Any] = {
+        "num_hidden_layers": 12,
+        "layer_types": ["sliding"] * 5 + ["full"] + ["sliding"] * 6,
+        "out_features": ["stage12"],  # stage N is layer N - 1; the stem is stage 0
+        "out_indices": [0, 12],
+        "backbone_out_indices": [2, 5, 8, 11],
+        "per_layer_config": {"05": {"head_dim": 512}, "11": {"head_dim": 512}},
+    }
+    # kept: layers 0 and 5; every later layer maps to the last kept layer before it (5 -> 1)
+    assert shrink(config) == {
+        "num_hidden_layers": 2,
+        "layer_types": ["sliding", "full"],
+        "out_features": ["stage2"],
+        "out_indices": [0, 2],
+        "backbone_out_indices": [0, 1, 1, 1],
+        "per_layer_config": {"01": {"head_dim": 512}},
+    }
