@@ -9,7 +9,8 @@ Groups:
   type whose default config transformers itself cannot build into that head (on ``meta``, no
   trainmem involved) is listed apart, with transformers' error, and is not counted;
 * ``diffusers``: every diffusers ``ModelMixin`` transformer and UNet class
-  (:func:`diffusers_group`);
+  (:func:`diffusers_group`; two default configs that diffusers' own forward cannot run take
+  the fields of diffusers' own model test, :data:`DIFFUSERS_CONFIG_FIXES`);
 * ``timm``: the most used timm models (:func:`timm_group`; needs the optional ``timm``).
 
 Each model runs ``trainmem.estimate(..., engine="generic")`` at micro-batch 1, sequence
@@ -268,8 +269,9 @@ config diffusers' own model test uses instead (cited per row)."""
 
 def diffusers_group(limit: int | None = None) -> Iterator[tuple[str, str, str]]:
     """(class name, outcome, detail) per diffusers transformer / UNet class: its default
-    ``register_to_config`` arguments as the config, shrunk to 2 layers; ``excluded`` when
-    diffusers itself cannot build that config (on ``meta``, no trainmem involved)."""
+    ``register_to_config`` arguments as the config (with :data:`DIFFUSERS_CONFIG_FIXES` for the
+    classes whose default diffusers' own forward cannot run), shrunk to 2 layers; ``excluded``
+    when diffusers itself cannot build that config (on ``meta``, no trainmem involved)."""
     import inspect
 
     import diffusers

@@ -74,3 +74,14 @@ def test_non_numbers_for_the_batch_options_are_one_line(invoke: Invoke, option: 
     result = invoke(*args, exit_code=2)
     err = result.stderr.strip()
     assert "\n" not in err and err.startswith("error: "), err
+
+
+def test_minus_one_passes_only_where_diffusers_reads_it_as_from_the_input() -> None:
+    # transformer_wan_animate_2.py: refer_offset_w defaults to -1 ("resolve from the reference
+    # grid"); -2 means nothing there, and -1 is no layer count
+    config = {"_class_name": "WanAnimate2Transformer3DModel", "refer_offset_w": -1}
+    check_diffusers_config(config)
+    with pytest.raises(SpecError, match="allowed: -1.."):
+        check_diffusers_config({**config, "refer_offset_w": -2})
+    with pytest.raises(SpecError, match="allowed: 0.."):
+        check_diffusers_config({**config, "num_layers": -1})

@@ -249,13 +249,19 @@ MAX_DIFFUSERS_BLOCKS = 1_000
 14B 40). diffusers builds every block, about 50 ms each, so ten million hung the build."""
 
 
+MINUS_ONE_MEANS_AUTO = frozenset({"refer_offset_t", "refer_offset_h", "refer_offset_w"})
+"""Integer fields where diffusers reads -1 as "resolve from the input" (Wan-Animate 2's
+reference-grid offsets, default ``refer_offset_w=-1``: ``transformer_wan_animate_2.py``)."""
+
+
 def _counts_blocks(key: str) -> bool:
     return (key.startswith("num_") and key.endswith("layers")) or key.endswith("layers_per_block")
 
 
 def check_diffusers_config(config: Mapping[str, Any]) -> None:
     """Range-check the integers of a diffusers config before diffusers builds it: no size,
-    count or index is negative or above 2^31 - 1, and no block list is deeper than
+    count or index is negative (but -1 where it means "from the input":
+    :data:`MINUS_ONE_MEANS_AUTO`) or above 2^31 - 1, and no block list is deeper than
     :data:`MAX_DIFFUSERS_BLOCKS` (``num_layers: -2`` was accepted, ``10000000`` hung).
 
     Raises:
@@ -264,11 +270,12 @@ def check_diffusers_config(config: Mapping[str, Any]) -> None:
     for key, value in config.items():
         items = value if isinstance(value, list | tuple) else [value]
         top = MAX_DIFFUSERS_BLOCKS if _counts_blocks(key) else MAX_COUNT
+        low = -1 if key in MINUS_ONE_MEANS_AUTO else 0
         for item in items:
             if isinstance(item, bool) or not isinstance(item, int):
                 continue  # floats, names and flags are diffusers' to check
-            if not 0 <= item <= top:
-                raise SpecError(str(key)[:80], f"got {describe_int(item)}; allowed: 0..{top:,}")
+            if not low <= item <= top:
+                raise SpecError(str(key)[:80], f"got {describe_int(item)}; allowed: {low}..{top:,}")
 
 
 @dataclass(frozen=True, slots=True)

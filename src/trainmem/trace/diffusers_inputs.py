@@ -29,6 +29,7 @@ Note [Inputs from the forward signature]
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -468,9 +469,18 @@ def video_rope(s: Sizes) -> Any:
 
 def padding_mask(s: Sizes) -> Any:
     """[1, 1, height, width] zeros, concatenated to the latent with ``concat_padding_mask``
-    (``pipeline_cosmos_text2world.py``)."""
+    (``pipeline_cosmos_text2world.py``).
+
+    Raises:
+        UnsupportedError: torchvision missing (the forward resizes the mask with it)."""
     if not s.cfg.get("concat_padding_mask"):
         return ABSENT
+    if importlib.util.find_spec("torchvision") is None:
+        raise UnsupportedError(
+            f"{s.name}: with concat_padding_mask its forward resizes the padding mask with "
+            "torchvision.transforms, which is not installed (pip install torchvision, the build "
+            "matching your torch)"
+        )
     return torch.zeros(1, 1, s.height, s.width, dtype=s.dtype)
 
 
