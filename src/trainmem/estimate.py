@@ -196,7 +196,6 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
         "offload",
         "optimizer_in_backward",
         "activation_offloading",
-        "padding_mask",  # inputs the trace does not build yet
     )
     out = [
         f"{name}={getattr(training, name)}"

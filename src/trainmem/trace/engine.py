@@ -76,8 +76,9 @@ def _emulation(training: TrainingConfig, emulate_cuda: bool) -> Iterator[None]:
     from trainmem.trace.hf_model import hf_mask_patches
 
     with contextlib.ExitStack() as stack:
-        with contextlib.suppress(ImportError):
-            stack.enter_context(hf_mask_patches())
+        if not training.padding_mask:  # padded: the model builds its attention mask
+            with contextlib.suppress(ImportError):
+                stack.enter_context(hf_mask_patches())
         if _uses_autocast(training):
             stack.enter_context(cuda_autocast_policy())
         # native_dropout also runs on real CPU tensors, so the proof covers this emulation too.

@@ -109,6 +109,11 @@ def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfi
     from trainmem.specs.diffusers import frozen_components, is_diffusers_config
     from trainmem.specs.hf import is_timm_config
 
+    if training.padding_mask and (is_timm_config(raw) or is_diffusers_config(raw)):
+        raise UnsupportedError(
+            "padding_mask=True: a padded batch's attention mask is built for token inputs of "
+            "a transformers model; a diffusers or timm model takes none, leave it off"
+        )
     if is_timm_config(raw):
         from trainmem.trace import timm_model as tm
 
@@ -144,10 +149,28 @@ def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfi
     return Recipe(
         name,
         lambda: build_hf_training_model(raw, training),
-        lambda model: make_hf_batch(model, training.micro_batch_size, training.seq_len),
+        lambda model: _padded(
+            make_hf_batch(model, training.micro_batch_size, training.seq_len), training
+        ),
         loss_fn=hf_loss,
         forward_loss=default_forward_loss(training),
     )
+
+
+def _padded(batch: Any, training: TrainingConfig) -> Any:
+    """``batch`` with the [b, s] int64 ``attention_mask`` of a padded batch
+    (``TrainingConfig.padding_mask``; the model then builds its [b, 1, s, s] mask, as the
+    trace's mask patches are off: ``trainmem.trace.engine``); unchanged without padding."""
+    if not training.padding_mask:
+        return batch
+    ids = batch.get("input_ids") if isinstance(batch, dict) else None
+    if ids is None:
+        raise UnsupportedError(
+            "padding_mask=True: a padded batch's attention mask is built for token inputs "
+            "(input_ids); this model takes none, leave padding_mask off"
+        )
+    batch["attention_mask"] = torch.ones_like(ids)
+    return batch
 
 
 def _own_loss_recipe(name: str, raw: Mapping[str, Any], training: TrainingConfig) -> Recipe:
