@@ -48,8 +48,10 @@ def _transformers_count(name: str, auto: str) -> tuple[int, int]:
         ("m2m_100", "AutoModelForSeq2SeqLM"),
         # a log-mel spectrogram [b, max_length, num_mel_bins], not a waveform
         ("audio-spectrogram-transformer", "AutoModelForAudioClassification"),
-        # asserts its lengths with ``.item()`` (Note [Known values])
+        # asserts its lengths with ``.item()`` (Note [Known values of a synthetic batch])
         ("xlm", "AutoModelForCausalLM"),
+        # log-mel frames [b, 8 x s, mel bins] into a FastConformer encoder
+        ("parakeet_ctc", "AutoModelForCTC"),
     ],
 )
 def test_generic_path_trains_the_task_head(name: str, auto: str, invoke_json) -> None:

@@ -153,6 +153,7 @@ def build_hf_model(
             "for tracing; use --engine analytic"
         ) from exc
     config._attn_implementation = "eager" if attention == "eager" else "sdpa"
+    _no_layerdrop(config)
     cls = _head_class(transformers, config, raw)
     try:
         with torch.device(device):
@@ -181,6 +182,26 @@ def build_hf_model(
     return model
 
 
+def _sub_configs(config: Any) -> Iterator[Any]:
+    """``config`` and its sub-configs (``PretrainedConfig.sub_configs``: an encoder-decoder's
+    ``encoder`` / ``decoder``, a speech model's ``encoder_config``, a VLM's ``text_config``)."""
+    yield config
+    for key in getattr(config, "sub_configs", {}) or {}:
+        sub = getattr(config, key, None)
+        if sub is not None and hasattr(sub, "to_dict"):
+            yield from _sub_configs(sub)
+
+
+def _no_layerdrop(config: Any) -> None:
+    """LayerDrop off (see :func:`_training_switches`) in the built config and its sub-configs,
+    in place, also where the probability is the config class's default (Parakeet's encoder
+    ``layerdrop``, not in a config.json that does not set it)."""
+    for c in _sub_configs(config):
+        for key, value in c.to_dict().items():
+            if key.endswith("layerdrop") and isinstance(value, (int, float)) and value:
+                setattr(c, key, 0.0)
+
+
 def _no_spec_augment(config: Any) -> None:
     """SpecAugment off in ``config`` and its sub-configs (a speech encoder-decoder's
     ``encoder``), in place, also where the config class has no ``apply_spec_augment`` field
@@ -188,12 +209,9 @@ def _no_spec_augment(config: Any) -> None:
     True)`` and masks whenever ``mask_time_prob > 0``): set on the built config, so the model
     keeps its ``masked_spec_embed`` parameter (:func:`_training_switches` says why it is off).
     """
-    if getattr(config, "mask_time_prob", 0) or getattr(config, "mask_feature_prob", 0):
-        config.apply_spec_augment = False
-    for key in getattr(config, "sub_configs", {}) or {}:
-        sub = getattr(config, key, None)
-        if sub is not None and hasattr(sub, "to_dict"):
-            _no_spec_augment(sub)
+    for c in _sub_configs(config):
+        if getattr(c, "mask_time_prob", 0) or getattr(c, "mask_feature_prob", 0):
+            c.apply_spec_augment = False
 
 
 def _decoder_start(config: Any) -> None:
@@ -348,7 +366,8 @@ def make_hf_batch(
     ids = token_ids(cfg, vocab, (b, s))  # values known to the forward (XLM's length assert)
     if main != "input_features":
         batch["input_ids"] = ids
-    if takes_labels:
+    if takes_labels and not (main == "input_features" and head.endswith("ForCTC")):
+        # (a CTC head's labels: see _waveform_batch)
         target = target_seq_len or s if cfg.model_type == "t5" else s
         batch["labels"] = token_ids(cfg, vocab, (b, target))  # = the ids when target == s
         classes = max(getattr(cfg, "num_labels", 1), 1)
@@ -456,6 +475,15 @@ def _feature_batch(cfg: Any, b: int, s: int, dtype: Any) -> tuple[dict[str, Any]
     if hasattr(cfg, "input_feat_per_channel"):
         width = cfg.input_feat_per_channel * getattr(cfg, "input_channels", 1)
         return {"input_features": torch.randn(b, s, width, dtype=dtype)}, max(s // 4, 1)
+    encoder = getattr(cfg, "encoder_config", None) or cfg
+    if hasattr(encoder, "num_mel_bins") and hasattr(encoder, "subsampling_conv_stride"):
+        # FastConformer encoders (Parakeet, Canary, Cohere ASR, LASR): [b, frames, mel bins]
+        # log-mel frames (``feature_extraction_parakeet.py``), ``subsampling_factor`` frames
+        # per encoder position (``modeling_parakeet.py`` ``ParakeetEncoderSubsampling``; 4,
+        # two stride-2 convolutions, where the config names no factor)
+        factor = int(getattr(encoder, "subsampling_factor", None) or 4)
+        frames = torch.randn(b, s * factor, encoder.num_mel_bins, dtype=dtype)
+        return {"input_features": frames}, s
     raise UnsupportedError(
         f"model_type={cfg.model_type!r} takes input_features of a layout trainmem does not build "
         "(known: Whisper's num_mel_bins x 2 * max_source_positions, Speech2Text's "
