@@ -87,13 +87,24 @@ _HEAD = (
 _ALL_HEAD = "q,k,v,o,gate,up,down,lm_head"
 
 
+_CHUNKS = (
+    "; litgpt/finetune/lora.py @43c44323: logits = model(input_ids, lm_head_chunk_size=128) "
+    "and chunked_cross_entropy(logits, ...) with its default chunk_size=128 (litgpt/utils.py): "
+    "the head and the loss in 512 / 128 = 4 chunks of tokens"
+)
+
+
 def _hub(
     config: str, commit: str, batch: int, micro: int, *, paged: bool = False, head: str = ""
 ) -> tuple[list[str], str]:
-    """The amendment a litgpt config-hub row's yaml makes: its accumulation, PagedAdamW under
+    """The amendment a litgpt config-hub row's yaml and script make: its accumulation, the LoRA
+    script's chunked head and loss (full.py's head is not chunked), PagedAdamW under
     bitsandbytes, LoRA on the head."""
     args = ["--gradient-accumulation-steps", str(batch // micro)]
     why = _HUB.format(config, commit, batch, micro, batch // micro)
+    if "lora" in config:
+        args += ["--chunked-cross-entropy", "4"]
+        why += _CHUNKS
     if paged:
         args += ["--optimizer", "paged-adamw"]
         why += _PAGED
@@ -206,18 +217,6 @@ _FLOAT8_AG = (
     "unexplained: the source's float8 FSDP all-gather with precomputed scales and op-level "
     "SAC have no flag (notes)"
 )
-_LITGPT_HEAD = (
-    "litgpt's untied output head, not modelled (issue 24 item 3): HF ties {0}'s lm_head to the "
-    "embedding, litgpt's GPT has its own (litgpt/model.py @43c44323: self.lm_head = "
-    "nn.Linear(...); scripts/convert_hf_checkpoint.py copies wte into it), which Lightning's "
-    "bitsandbytes plugin quantizes too: {1} GB of nf4 weights; the loop's previous graph is "
-    "modelled (Note [The previous micro-batch's graph]: {2})"
-)
-_LITGPT_ALL = (
-    "unexplained: litgpt LoRA on every linear and the head (the config's lora_head: true, "
-    "amended); the q,v twins GT097/GT101/GT105 are within 2%, so the over-count grows with the "
-    "adapted linears (per adapted input: dropout output and mask, Note [LoRA activations])"
-)
 _FSDP_QLORA_CACHE = (
     "the load is modelled (Note [FSDP1 sync_module_states init]: units moved, broadcast in "
     "250 MiB buckets, flattened, sharded; GT117 / GT118 at 512 / 2048 tokens measured 10.99 / "
@@ -320,17 +319,9 @@ CAUSES.update(
             "unexplained: DeepSpeed ZeRO-3 with parameter and optimizer offload on 1 GPU; "
             "README unit ambiguous (the script logs MiB)"
         ),
-        # litgpt QLoRA (GT098, GT100, GT102, GT106 now within 3%): the previous micro-batch's
-        # graph, whose bitsandbytes 0.42 MatMul4Bit inputs litgpt's loop keeps alive through
-        # the next forward; GT111 (+0.4%): its config's 8 accumulation steps
-        "GT104": "likely "
-        + _LITGPT_HEAD.format("falcon-7b", "0.17", "-16.8% -> -9.9%")
-        + "; the bf16 twin GT103 is under by 3% too",
-        "GT109": "partly "
-        + _LITGPT_HEAD.format("gemma-7b", "0.44", "-12.2% -> -10.8%")
-        + "; about 1.4 GB more unexplained",
-        "GT107": _LITGPT_ALL,
-        "GT110": _LITGPT_ALL,
+        # the litgpt config-hub rows GT097-GT113 are within 5% with litgpt's loop (Note [The
+        # previous micro-batch's graph]), its untied output head (FrameworkConventions.
+        # untied_output_head) and their yamls' amendments (_LITGPT_HUB)
         "GT114": "approximate source value ('22 GB/GPU', method not stated)",
         "GT115": _FSDP_QLORA_CACHE,
         "GT116": _FSDP_QLORA_CACHE,

@@ -186,6 +186,15 @@ def test_analytic_accuracy_does_not_regress() -> None:
 #: GT101 +0.9 -> +1.0%, GT103 -3.1 -> -3.0%, GT105 +1.8 -> +2.0%, GT107 +6.6 -> +6.9%, GT108
 #: +3.6 -> +3.8%, GT110 +5.8 -> +6.0%, GT112 -3.6 -> -3.4%, GT113 -4.7 -> -4.5%; no other row
 #: moved; median 5.1 -> 4.3%, p90 17.3%, 19 -> 15 under.
+#: Re-recorded for litgpt's own output head (litgpt/model.py: ``lm_head`` beside ``wte``, never
+#: tied; FrameworkConventions.untied_output_head) and the LoRA script's head and loss in chunks
+#: of 128 tokens (finetune/lora.py ``lm_head_chunk_size=128``, ``chunked_cross_entropy``;
+#: amended ``--chunked-cross-entropy 4`` at 512 tokens): GT097 +1.0 -> -0.0%, GT098 -2.8 ->
+#: -3.2%, GT099 +1.9 -> -0.1%, GT100 -3.0 -> -4.2%, GT101 +1.0 -> +0.0%, GT102 -2.6 -> -2.9%,
+#: GT103 -3.0 -> -0.6%, GT104 -9.9 -> -4.2%, GT105 +2.0 -> +0.2%, GT106 -2.8 -> -3.6%, GT107
+#: +6.9 -> +2.4%, GT108 +3.8 -> -0.3%, GT109 -10.8 -> -2.7%, GT110 +6.0 -> +0.2%, GT112 -3.4
+#: -> -0.5%, GT113 -4.5 -> -0.4% (the tied families, Falcon, Gemma and Llama 3.2, gain their
+#: head; every litgpt row within 4.2%); median 4.3 -> 4.0%, p90 17.3%, 15 -> 14 under.
 RECORDED_DEV2 = {
     "GT011": -0.0346,
     "GT012": -0.0367,
@@ -240,23 +249,23 @@ RECORDED_DEV2 = {
     "GT063": +0.2826,
     "GT069": +0.0169,
     "GT070": -0.6564,
-    "GT097": +0.0099,
-    "GT098": -0.0283,
-    "GT099": +0.0189,
-    "GT100": -0.0304,
-    "GT101": +0.0099,
-    "GT102": -0.0256,
-    "GT103": -0.0297,
-    "GT104": -0.0992,
-    "GT105": +0.0202,
-    "GT106": -0.0282,
-    "GT107": +0.0685,
-    "GT108": +0.0375,
-    "GT109": -0.1077,
-    "GT110": +0.0601,
+    "GT097": -0.0000,
+    "GT098": -0.0319,
+    "GT099": -0.0011,
+    "GT100": -0.0417,
+    "GT101": +0.0004,
+    "GT102": -0.0290,
+    "GT103": -0.0063,
+    "GT104": -0.0419,
+    "GT105": +0.0020,
+    "GT106": -0.0357,
+    "GT107": +0.0235,
+    "GT108": -0.0027,
+    "GT109": -0.0266,
+    "GT110": +0.0018,
     "GT111": +0.0036,
-    "GT112": -0.0342,
-    "GT113": -0.0449,
+    "GT112": -0.0049,
+    "GT113": -0.0042,
     "GT114": -0.0992,
     "GT115": -0.1422,
     "GT116": -0.0227,
@@ -328,9 +337,9 @@ RECORDED_DEV2 = {
     "GT189": -0.0005,
 }
 MIN_DEV2_ROWS_SCORED = 139
-MAX_DEV2_MEDIAN_ABS = 0.044
+MAX_DEV2_MEDIAN_ABS = 0.040
 MAX_DEV2_P90_ABS = 0.174
-MAX_DEV2_UNDER = 15
+MAX_DEV2_UNDER = 14
 MAX_DEV2_OOM = 0
 
 

@@ -24,6 +24,8 @@ Note [Where the peak falls]
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from trainmem.analytic.activations import activation_profile
 from trainmem.analytic.buffers import device_context
 from trainmem.analytic.host_memory import host_memory
@@ -78,6 +80,7 @@ def estimate_analytic(
     (:func:`trainmem.analytic.activation_parallelism.parallel_divisor`) and the layer linears and
     the vocabulary; pipeline parallelism is evaluated per stage (:func:`pipeline_ranks`).
     """
+    model = model_as_built(model, training)
     _check_parallel_shape(model, training)
     layout = state_layout(model, training)
     n_params, n_trainable = _parameter_counts(model, training, layout)
@@ -134,6 +137,15 @@ def estimate_analytic(
             for place, r in zip(world.ranks, ranks, strict=True)
         ],
     )
+
+
+def model_as_built(model: ModelSpec, training: TrainingConfig) -> ModelSpec:
+    """``model`` as the framework builds it: a config's tied output head untied where the
+    framework's model code has its own (``FrameworkConventions.untied_output_head``: litgpt's
+    ``GPT.lm_head``, litgpt/model.py @43c44323), else ``model`` itself."""
+    if training.conventions.untied_output_head and model.tie_word_embeddings:
+        return replace(model, tie_word_embeddings=False)
+    return model
 
 
 def _parameter_counts(

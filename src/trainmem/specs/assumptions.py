@@ -28,7 +28,7 @@ FRAMEWORK_SUMMARY: dict[str, str] = {
     "megatron": "Megatron-LM: fp32 grad buffer from init, fp32 master, vocab-parallel loss",
     "fsdp2": "torchtitan: FSDP2 with bf16 all-gathers, DTensor tensor/sequence parallelism",
     "torchtune": "torchtune recipes: torchtune's model code, weights in the training dtype",
-    "litgpt": "lit-gpt with Lightning Fabric: its own model code, fp32 model outputs",
+    "litgpt": "lit-gpt with Lightning Fabric: its own model code and output head, fp32 outputs",
     "fsdp-qlora": "Answer.AI fsdp_qlora: bitsandbytes 4-bit linears under FSDP1, peft adapters",
 }
 """One line per ``--framework`` on what its conventions mean for memory (the rows and their

@@ -472,6 +472,14 @@ class FrameworkConventions:
     softmax_update``, ``grad_input.mul_``). See Note [Megatron's vocabulary-parallel
     cross-entropy] (trainmem/analytic/activations.py). False: ``F.cross_entropy`` on the
     upcast logits (a separate fp32 log-softmax output and two fp32 gradients)."""
+    untied_output_head: bool
+    """The framework's model has an output head of its own where the Hugging Face config ties
+    it to the token embedding (Gemma, Falcon, Llama 3.2 ...): litgpt's ``GPT`` always builds
+    ``self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, ...)`` beside
+    ``transformer.wte`` and never ties them (litgpt/model.py @43c44323 Apr 2024 and @00af8b0d
+    Sep 2024), and scripts/convert_hf_checkpoint.py copies ``transformer.wte.weight`` into
+    ``lm_head.weight`` when the checkpoint has none; under ``--quantize bnb.*`` Lightning's
+    plugin quantizes that head like every linear. False: the config's tying holds."""
     loop: str
     """What the framework's training loop holds of a micro-batch's outputs (:data:`LOOPS`):
     ``previous`` for litgpt (finetune/lora.py, full.py: ``logits`` and ``loss`` bound in
@@ -543,6 +551,7 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "vocab_parallel_cross_entropy": False,
         "pipeline_last_stage_output_is_loss": False,
         "loop": "drop",
+        "untied_output_head": False,
     }
     return FrameworkConventions(name=name, **{**defaults, **fields})  # type: ignore[arg-type]
 
@@ -628,6 +637,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             fsdp_flat_parameter_grads=True,
             fsdp_no_sync_accumulation=True,
             loop="previous",
+            untied_output_head=True,
         ),
         # Answer.AI fsdp_qlora train.py (Mar 2024, e4968fd): a transformers model whose linears
         # are replaced by bitsandbytes Linear4bit (quant_storage = the model dtype) and loaded
