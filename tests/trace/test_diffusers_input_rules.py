@@ -253,3 +253,22 @@ def test_sana_wm_refiner_builds_its_rope_with_its_own_method() -> None:
         2, [0, 1, 2], 2, 2,
     )  # fmt: skip
     assert call["fps"] == 24.0
+
+
+def test_wan_animate_takes_pose_latents_face_pixels_and_the_reference_image() -> None:
+    # pipeline_wan_animate.py, one 77-frame segment after the reference image: 81 frames of
+    # latents (Wan's row) -> 21 latent frames = 1 reference + 20 segment frames; pose latents
+    # (B, latent_channels, 20, h, w); face video (B, 3, 77, motion_encoder_size, same);
+    # CLIP ViT-H penultimate states (B, 257, image_dim)
+    def forward(
+        self, hidden_states, timestep, encoder_hidden_states, encoder_hidden_states_image=None,
+        pose_hidden_states=None, face_pixel_values=None, return_dict=True,
+    ): ...  # fmt: skip
+
+    model = stand_in("WanAnimateTransformer3DModel", forward, in_channels=12, latent_channels=4,
+                     text_dim=24, image_dim=16, motion_encoder_size=16)  # fmt: skip
+    got = batch(model, resolution=64, text_seq_len=5)
+    assert shape(got["hidden_states"]) == ((2, 12, 21, 8, 8), F32)
+    assert shape(got["pose_hidden_states"]) == ((2, 4, 20, 8, 8), F32)
+    assert shape(got["face_pixel_values"]) == ((2, 3, 77, 16, 16), F32)
+    assert shape(got["encoder_hidden_states_image"]) == ((2, 257, 16), F32)

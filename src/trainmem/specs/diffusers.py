@@ -155,6 +155,9 @@ DIFFUSERS_FAMILIES: dict[str, DiffusersFamily] = {
     "AnyFlowFARTransformer3DModel": DiffusersFamily(
         8, 16, 512, (480, 832), temporal_factor=4, frames=81, layout="video-fc"
     ),
+    # Wan-Animate: a 77-frame segment (20 latent frames) after the reference image's latent
+    # frame: 81 frames' worth of latents (pipeline_wan_animate.py, segment_frame_length=77)
+    "WanAnimateTransformer3DModel": _WAN,
     "UNet3DConditionModel": _PER_FRAME_UNET,
     "UNetMotionModel": _PER_FRAME_UNET,
     "I2VGenXLUNet": _PER_FRAME_UNET,

@@ -467,6 +467,40 @@ def video_rope(s: Sizes) -> Any:
                  width=s.w, device=torch.device("cpu"), fps=AUDIO_FPS)  # fmt: skip
 
 
+ANIMATE = frozenset({"WanAnimateTransformer3DModel"})
+"""Classes driven by a pose video and a face video beside a reference image (Wan-Animate,
+``pipeline_wan_animate.py``): the latent's f frames are the reference image's latent frame and
+a segment of f - 1 latent frames."""
+
+CLIP_IMAGE_TOKENS = 257
+"""CLIP ViT-H/14's penultimate hidden states at 224 px: 16 x 16 patches + the class token
+(``pipeline_wan_i2v.py`` ``encode_image``: ``hidden_states[-2]``)."""
+
+
+def animate_pose(s: Sizes) -> Any:
+    """[b, ``latent_channels``, f - 1, h, w]: the pose video's latents, one per segment frame."""
+    c = s.field("latent_channels")
+    if s.name not in ANIMATE or c is None:
+        return ABSENT
+    return s.randn(s.b, c, max(s.f - 1, 1), s.h, s.w)
+
+
+def animate_face(s: Sizes) -> Any:
+    """[b, 3, segment frames, ``motion_encoder_size``, same]: the face video in pixels; the
+    segment's (f - 2) * 4 + 1 frames (77 by default)."""
+    size = s.field("motion_encoder_size")
+    if s.name not in ANIMATE or size is None:
+        return ABSENT
+    return s.randn(s.b, 3, max((s.f - 2) * 4 + 1, 1), size, size)
+
+
+def clip_image_states(s: Sizes) -> Any:
+    """[b, 257, ``image_dim``]: the reference image's CLIP states (:data:`CLIP_IMAGE_TOKENS`),
+    fed to :data:`ANIMATE` classes, whose pipeline always passes them."""
+    width = s.field("image_dim")
+    return ABSENT if width is None else s.randn(s.b, CLIP_IMAGE_TOKENS, width)
+
+
 def padding_mask(s: Sizes) -> Any:
     """[1, 1, height, width] zeros, concatenated to the latent with ``concat_padding_mask``
     (``pipeline_cosmos_text2world.py``).
@@ -668,6 +702,11 @@ INPUT_RULES: dict[str, InputRule] = {
     "shape_list": InputRule(patch_shapes, optional=True),
     "prior_token_id": InputRule(prior_tokens),
     "chunk_partition": InputRule(chunk_partition),
+    "pose_hidden_states": InputRule(animate_pose, optional=lambda s: s.name in ANIMATE),
+    "face_pixel_values": InputRule(animate_face, optional=lambda s: s.name in ANIMATE),
+    "encoder_hidden_states_image": InputRule(
+        clip_image_states, optional=lambda s: s.name in ANIMATE
+    ),
     "video_rotary_emb": InputRule(video_rope),
     "audio_hidden_states": InputRule(audio_latent),
     "audio_encoder_hidden_states": InputRule(text_states),
