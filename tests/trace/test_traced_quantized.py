@@ -122,3 +122,17 @@ def test_what_the_stand_in_does_not_run_is_refused_with_what_works(precision: st
     training = TrainingConfig(lora_rank=8, quantize_base="nf4", precision=precision)
     with pytest.raises(UnsupportedError, match=f"nf4 with precision={precision} .*bf16-mixed"):
         estimate(QWEN2, training, engine="generic", simulate_allocator=False)
+
+
+def test_a_base_peft_does_not_upcast_stays_16_bit() -> None:
+    # GPTQ (peft's prepare_model_for_kbit_training skips the fp32 cast) under bf16-mixed: the
+    # embedding, norms and head stay bf16 (TrainingConfig.kbit_16bit_dense), the adapters fp32:
+    # the same bytes as the analytic layout (+ the 64 bytes of fp32 rotary buffers)
+    training = TrainingConfig(micro_batch_size=2, seq_len=64, lora_rank=16,
+                              quantize_base="gptq-int4")  # fmt: skip
+    assert training.kbit_16bit_dense
+    generic = estimate(QWEN2, training, engine="generic", simulate_allocator=False)
+    analytic = estimate(QWEN2, training, engine="analytic", simulate_allocator=False)
+    assert generic.breakdown.parameters - analytic.breakdown.parameters == 64
+    g, a = generic.breakdown.allocated_bytes, analytic.breakdown.allocated_bytes
+    assert abs(g - a) <= 0.01 * a, (g, a)

@@ -15,7 +15,9 @@ Note [Traced quantized base]
     * its weight: one frozen ``uint8`` tensor of
       :func:`~trainmem.specs.quantization.quantized_weight_bytes` bytes (the analytic engine's
       per-tensor rule: 4-bit codes and absmax, int8 and its row scales, GPTQ's packed tensors);
-      the bias stays as it is;
+      the bias stays as it is; the model's other parameters stay in the 16-bit dtype it was
+      loaded in when peft does not upcast them (``TrainingConfig.kbit_16bit_dense``: a GPTQ
+      base, or ``prepare_kbit_training=False``, under autocast), LoRA's adapters fp32;
     * its forward: the input cast to the compute dtype, the weight dequantized into an
       ``(out, in)`` tensor of the compute dtype, the matmul, the dequantized weight freed
       (bitsandbytes autograd/_functions.py ``MatMul4Bit.forward``:
@@ -136,6 +138,10 @@ def quantize_base(model: Any, training: TrainingConfig, *, diffusers: bool = Fal
         return 0
     kept = _kept_in_precision(model, diffusers)
     dtype = getattr(torch, training.compute_dtype)
+    if training.kbit_16bit_dense:  # loaded in 16 bits and not upcast by peft: the rest stays
+        for name, param in model.named_parameters():
+            if "lora_" not in name and param.is_floating_point():
+                param.data = param.data.to(dtype)
     count = 0
     for module in model.modules():
         linear = isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"
