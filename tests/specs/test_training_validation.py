@@ -242,3 +242,12 @@ def test_deepspeed_pipeline_refuses_zero_2_and_3(stage: int) -> None:
         data_parallel_size=2,
         gradient_accumulation_steps=2,
     )
+
+
+def test_a_nightly_version_is_refused_with_the_release_to_give() -> None:
+    with pytest.raises(SpecError, match=r"a 2\.1 nightly: usually 2\.0") as info:
+        TrainingConfig(torch_version="2.1.0.dev20230623")
+    assert info.value.field == "torch_version"
+    with pytest.raises(SpecError, match="not a version") as other:
+        TrainingConfig(torch_version="2.x")
+    assert "nightly" not in str(other.value)

@@ -9,6 +9,7 @@ functions here turn them into the convention that applies.
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 
 from trainmem.errors import SpecError
@@ -248,7 +249,16 @@ def parse_version(field: str, text: str | None) -> tuple[int, ...] | None:
     core = text.split("+", 1)[0].strip()
     parts = core.split(".")
     if not core or not all(p.isdigit() for p in parts):
-        raise SpecError(field, f"{text!r} is not a version like 2.5 or 0.43.2")
+        hint = ""
+        if re.search(r"(dev|a|b|rc)\d*$", parts[-1]) and all(p.isdigit() for p in parts[:2]):
+            # a nightly / pre-release of X.Y carries part of X.Y's changes, not all of them
+            hint = (
+                "; a nightly or pre-release: give the last release its code matches (a "
+                f"{parts[0]}.{parts[1]} nightly: usually {parts[0]}.{int(parts[1]) - 1})"
+                if int(parts[1]) > 0
+                else ""
+            )
+        raise SpecError(field, f"{text!r} is not a version like 2.5 or 0.43.2{hint}")
     return tuple(int(p) for p in parts)
 
 
