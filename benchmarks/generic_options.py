@@ -57,7 +57,11 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
         "quantize_base": "nf4-dq",
         "bitsandbytes_version": "0.42.0",
     },
+    "optimizer paged-adamw": {"optimizer": "paged-adamw"},
     "ddp 4": {**_DP},
+    "ddp 4 hf-trainer": {**_DP, "framework": "hf-trainer"},
+    "offload optimizer": {"offload": "optimizer"},
+    "offload optimizer+gradients": {"offload": "optimizer+gradients"},
     "zero-1 deepspeed": {**_DP, "zero_stage": 1, "framework": "deepspeed"},
     "zero-2 deepspeed": {**_DP, "zero_stage": 2, "framework": "deepspeed"},
     "zero-3 deepspeed": {**_DP, "zero_stage": 3, "framework": "deepspeed"},
@@ -72,6 +76,13 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     "fsdp2 4": {**_DP, "zero_stage": 3, "framework": "fsdp2"},
     "accelerate-fsdp 4": {**_DP, "zero_stage": 3, "framework": "accelerate-fsdp"},
     "zero-3 + optimizer offload": {**_DP, "zero_stage": 3, "offload": "optimizer"},
+    "zero-3 + optimizer+params offload": {**_DP, "zero_stage": 3, "offload": "optimizer+params"},
+    "zero-2 deepspeed + offload": {
+        **_DP,
+        "zero_stage": 2,
+        "framework": "deepspeed",
+        "offload": "optimizer",
+    },
     "hf-trainer": {"framework": "hf-trainer"},
     "torchtune": {"framework": "torchtune"},
     "litgpt": {"framework": "litgpt"},
@@ -84,6 +95,8 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     "keep logits": {"keep_logits": True},
     "zero_grad keeps gradients": {"zero_grad_set_to_none": False},
     "ema": {"ema": True},
+    "loss logits-sum": {"loss": "logits-sum"},
+    "padding mask": {"padding_mask": True},
 }
 
 

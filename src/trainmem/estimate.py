@@ -31,7 +31,14 @@ from trainmem.specs.hf import load_model_spec
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.ranks import model_rank_map
 from trainmem.specs.training import TrainingConfig, check_training_for_model, resolved_config
-from trainmem.traced_options import active_options, paged_states, traced_settings
+from trainmem.traced_options import (
+    active_options,
+    paged_states,
+    traced_settings,
+    untraced_data_parallel,
+    untraced_framework,
+    untraced_offload,
+)
 from trainmem.traced_quantized import quantized_base_refusals
 from trainmem.traced_transforms import (
     apply_deepspeed,
@@ -202,6 +209,7 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
         for name in checked
         if getattr(training, name) != getattr(defaults, name)
     ]
+    out = [untraced_offload(training) if x.startswith("offload=") else x for x in out]
     out += quantized_base_refusals(training)  # the rest runs as a stand-in (trace/quantized.py)
     fsdp = training.zero_stage == 3 and training.data_parallel_size > 1
     group = training.shard_group_size
@@ -212,6 +220,7 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
                 if getattr(training, name) != getattr(defaults, name)]  # fmt: skip
     elif not fsdp:  # other data-parallel layouts; FSDP2's own settings mean nothing without it
         out += [
+            untraced_data_parallel(training) if name == "data_parallel_size" else
             f"{name}={getattr(training, name)}"
             for name in (
                 "data_parallel_size", "zero_stage", "reshard_after_forward", "shard_group_size"
@@ -234,7 +243,7 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
     ):
         deepspeed_framework = training.framework == "deepspeed"
         out.append(untraced_deepspeed(training) if deepspeed_framework else
-                   f"framework={training.framework}")  # fmt: skip
+                   untraced_framework(training))  # fmt: skip
     if training.transformers_version is not None:
         # the trace runs the installed transformers' model code, not the release asked for
         installed = installed_transformers_version()

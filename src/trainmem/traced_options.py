@@ -84,6 +84,9 @@ __all__ = [
     "traced_ddp",
     "traced_offload",
     "traced_settings",
+    "untraced_data_parallel",
+    "untraced_framework",
+    "untraced_offload",
 ]
 
 
@@ -341,6 +344,62 @@ ACTIVATION_OFFLOADING = TracedOption(
         "(Note [Activation offloading on a traced step] in trainmem/traced_activations.py)"
     ),
 )
+
+# -- what is still refused, and what would work ------------------------------------------------
+
+_FRAMEWORKS_UNTRACED = {
+    "accelerate-fsdp": (
+        "FSDP1's flat parameters and hooks under accelerate's conventions; traced: "
+        "--framework fsdp2 (FSDP2), or --engine analytic"
+    ),
+    "torchtune": (
+        "torchtune's own model code and conventions; traced: --framework pytorch-amp with the "
+        "same precision, or --engine analytic"
+    ),
+    "litgpt": (
+        "litgpt's own model code (fp32 logits, fused qkv) and conventions; traced: "
+        "--framework pytorch-amp, or --engine analytic"
+    ),
+    "megatron": "Megatron-LM's own model code and buffers; use --engine analytic",
+    "fsdp-qlora": "Answer.AI fsdp_qlora's FSDP1 conventions; use --engine analytic",
+}
+
+
+def untraced_framework(training: TrainingConfig) -> str:
+    """A framework the traced paths refuse, as ``framework=<name> (why; what works)``."""
+    why = _FRAMEWORKS_UNTRACED.get(training.framework)
+    if training.framework == "fsdp2":
+        why = "traced with zero_stage 3 and data_parallel_size > 1 (FSDP2); use --engine analytic"
+    return f"framework={training.framework}" + (f" ({why})" if why else "")
+
+
+def untraced_data_parallel(training: TrainingConfig) -> str:
+    """A data-parallel layout the traced paths refuse, as ``data_parallel_size=<n> (why;
+    what works)``."""
+    n = training.data_parallel_size
+    if training.framework == "deepspeed":  # its own refusal says what is traced
+        return f"data_parallel_size={n}"
+    if training.zero_stage == 0 and training.conventions.ddp_reducer_buckets:
+        why = (
+            "DDP beside tensor, context or pipeline parallelism; traced: DDP alone, or "
+            "zero_stage 3 (FSDP2) beside them"
+        )
+    else:
+        why = (
+            f"zero_stage {training.zero_stage} under {training.framework}; traced: DDP "
+            "(zero_stage 0), FSDP2 (zero_stage 3), DeepSpeed ZeRO-1/2"
+        )
+    return f"data_parallel_size={n} ({why})"
+
+
+def untraced_offload(training: TrainingConfig) -> str:
+    """CPU offload the traced paths refuse (DeepSpeed's), naming what works."""
+    return (
+        f"offload={training.offload} with framework={training.framework} (DeepSpeed's "
+        "offload; traced: DeepSpeed ZeRO-1/2 without offload, or offload under pytorch-amp / "
+        "fsdp2)"
+    )
+
 
 OPTIONS: tuple[TracedOption, ...] = (DDP, OFFLOAD, ACTIVATION_OFFLOADING)
 """Every option, in the order their rewrites apply (each to the previous one's schedule)."""

@@ -90,11 +90,11 @@ def test_trace_refuses_only_what_it_cannot_model() -> None:
         TrainingConfig(pipeline_parallel_size=2, gradient_accumulation_steps=2),
     ]
     assert all(trace_unsupported_settings(t) == [] for t in ok)
-    assert trace_unsupported_settings(TrainingConfig(data_parallel_size=8, zero_stage=2)) == [
-        "data_parallel_size=8",
-        "zero_stage=2",
-    ]
-    assert trace_unsupported_settings(TrainingConfig(framework="fsdp2")) == ["framework=fsdp2"]
+    dp, stage = trace_unsupported_settings(TrainingConfig(data_parallel_size=8, zero_stage=2))
+    assert dp.startswith("data_parallel_size=8 (") and "FSDP2 (zero_stage 3)" in dp
+    assert stage == "zero_stage=2"
+    (fsdp2,) = trace_unsupported_settings(TrainingConfig(framework="fsdp2"))
+    assert fsdp2.startswith("framework=fsdp2 (") and "--engine analytic" in fsdp2
     # a quantized base runs as a stand-in under autocast (trainmem.trace.quantized); a 16-bit
     # model without autocast is refused, naming the precisions that work
     assert trace_unsupported_settings(TrainingConfig(lora_rank=8, quantize_base="nf4")) == []

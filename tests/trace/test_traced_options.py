@@ -98,7 +98,15 @@ def test_ddp_with_tensor_parallelism_stays_refused() -> None:
     refused = trace_unsupported_settings(
         _training(data_parallel_size=2, tensor_parallel_size=2), "generic"
     )
-    assert "data_parallel_size=2" in refused
+    assert refused[0].startswith("data_parallel_size=2 (DDP beside tensor"), refused
+    assert "traced: DDP alone" in refused[0]
+
+
+@pytest.mark.parametrize("framework", ["accelerate-fsdp", "torchtune", "litgpt"])
+def test_frameworks_still_refused_say_what_is_traced(framework: str) -> None:
+    refused = trace_unsupported_settings(_training(framework=framework), "generic")
+    assert refused[-1].startswith(f"framework={framework} ("), refused
+    assert "traced: --framework" in refused[-1] and "--engine analytic" in refused[-1]
 
 
 # -- CPU offload -------------------------------------------------------------------------------
