@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes
+from trainmem.analytic.loss import model_loss_in_logits_dtype
 from trainmem.errors import SpecError
 from trainmem.specs.hf import load_model_spec
 from trainmem.specs.ranks import model_rank_map
@@ -23,6 +24,7 @@ from trainmem.specs.settings import setting_of
 from trainmem.specs.training import TrainingConfig
 
 MODEL = load_model_spec("llama-3.2-1b")
+GPT2 = load_model_spec("gpt2")  # its own loss takes 16-bit logits before transformers 4.49
 
 BASES: dict[str, dict[str, Any]] = {
     "plain": {},
@@ -33,15 +35,18 @@ BASES: dict[str, dict[str, Any]] = {
         "pipeline_schedule": "interleaved-1f1b",
         "gradient_accumulation_steps": 4,
     },
+    "transformers-4.44": {"transformers_version": "4.44.0"},  # gpt2's 16-bit loss
 }
 
 CACHED: dict[str, Callable[[TrainingConfig], object]] = {
     "compute_and_residual_bytes": compute_and_residual_bytes,
     "model_rank_map": lambda t: model_rank_map(MODEL, t),
+    "model_loss_in_logits_dtype": lambda t: model_loss_in_logits_dtype(GPT2, t),
 }
 UNCACHED: dict[str, Callable[[TrainingConfig], object]] = {
     "compute_and_residual_bytes": compute_and_residual_bytes.__wrapped__,  # type: ignore[attr-defined]
     "model_rank_map": lambda t: model_rank_map.__wrapped__(MODEL, t),  # type: ignore[attr-defined]
+    "model_loss_in_logits_dtype": lambda t: model_loss_in_logits_dtype.__wrapped__(GPT2, t),  # type: ignore[attr-defined]
 }
 
 
