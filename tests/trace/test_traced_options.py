@@ -267,6 +267,13 @@ def test_a_loss_on_the_logits_on_the_generic_path_matches_the_analytic_engine() 
     assert own - generic > 0.01 * generic
 
 
+def test_a_loss_on_the_logits_is_refused_for_a_diffusers_model() -> None:
+    from trainmem.errors import UnsupportedError
+
+    with pytest.raises(UnsupportedError, match="leave --loss unset"):
+        _generic(PIXART, loss="logits-sum")
+
+
 # -- padded batches ----------------------------------------------------------------------------
 
 

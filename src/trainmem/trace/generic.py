@@ -114,6 +114,16 @@ def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfi
             "padding_mask=True: a padded batch's attention mask is built for token inputs of "
             "a transformers model; a diffusers or timm model takes none, leave it off"
         )
+    if training.loss not in (None, "cross-entropy") and is_diffusers_config(raw):
+        raise UnsupportedError(
+            f"loss={training.loss} is computed on a language model's logits; a diffusers model "
+            "trains with its example scripts' loss on the prediction: leave --loss unset"
+        )
+    if training.loss not in (None, "cross-entropy") and is_timm_config(raw):
+        raise UnsupportedError(
+            f"loss={training.loss} is computed on a language model's token logits; a timm "
+            "model trains with its classification cross-entropy: leave --loss unset"
+        )
     if is_timm_config(raw):
         from trainmem.trace import timm_model as tm
 
