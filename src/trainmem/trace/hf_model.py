@@ -17,7 +17,7 @@ from typing import Any
 from trainmem.errors import UnsupportedError
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch, require_transformers
-from trainmem.trace.hf_inputs import token_ids
+from trainmem.trace.hf_inputs import text_side_inputs, token_ids, vision_language_batch
 from trainmem.trace.quantized import parameter_dtype, quantize_base
 from trainmem.trace.remote_code import REMOTE_CODE_TYPES, stand_in_config
 
@@ -354,9 +354,14 @@ def make_hf_batch(
     b, s = micro_batch_size, seq_len
     main = getattr(model, "main_input_name", "input_ids")
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
-    takes_labels = "labels" in inspect.signature(base.forward).parameters
+    params = inspect.signature(base.forward).parameters
+    takes_labels = "labels" in params
     dtype = parameter_dtype(model)  # not a quantized base's packed weights
     head = type(base).__name__
+    if {"input_ids", "pixel_values"} <= params.keys():  # a vision-language model
+        images = vision_language_batch(base, _vocab_size(cfg), b, s, dtype)
+        if images is not None:
+            return images
     if main in ("pixel_values", "input_values", "inputs"):
         return _encoder_input_batch(base, b, s, dtype, head if takes_labels else "")
     batch: dict[str, Any] = {}
@@ -366,6 +371,7 @@ def make_hf_batch(
     ids = token_ids(cfg, vocab, (b, s))  # values known to the forward (XLM's length assert)
     if main != "input_features":
         batch["input_ids"] = ids
+        batch.update(text_side_inputs(base, b, s))
     if takes_labels and not (main == "input_features" and head.endswith("ForCTC")):
         # (a CTC head's labels: see _waveform_batch)
         target = target_seq_len or s if cfg.model_type == "t5" else s
