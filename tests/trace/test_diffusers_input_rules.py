@@ -272,3 +272,18 @@ def test_wan_animate_takes_pose_latents_face_pixels_and_the_reference_image() ->
     assert shape(got["pose_hidden_states"]) == ((2, 4, 20, 8, 8), F32)
     assert shape(got["face_pixel_values"]) == ((2, 3, 77, 16, 16), F32)
     assert shape(got["encoder_hidden_states_image"]) == ((2, 257, 16), F32)
+
+
+def test_wan_vace_takes_its_conditioning_latents() -> None:
+    # pipeline_wan_vace.py: control_hidden_states = the conditioning latents [B,
+    # vace_in_channels, T, H, W] (video latents and mask in channels); Wan's 81 frames -> 21
+    def forward(
+        self, hidden_states, timestep, encoder_hidden_states, encoder_hidden_states_image=None,
+        control_hidden_states=None, control_hidden_states_scale=None, return_dict=True,
+    ): ...  # fmt: skip
+
+    model = stand_in("WanVACETransformer3DModel", forward, in_channels=4, text_dim=24,
+                     vace_in_channels=12, vace_layers=[0])  # fmt: skip
+    got = batch(model, resolution=64, text_seq_len=5)
+    assert shape(got["control_hidden_states"]) == ((2, 12, 21, 8, 8), F32)
+    assert "control_hidden_states_scale" not in got  # the model's default: ones per layer

@@ -158,6 +158,7 @@ DIFFUSERS_FAMILIES: dict[str, DiffusersFamily] = {
     # Wan-Animate: a 77-frame segment (20 latent frames) after the reference image's latent
     # frame: 81 frames' worth of latents (pipeline_wan_animate.py, segment_frame_length=77)
     "WanAnimateTransformer3DModel": _WAN,
+    "WanVACETransformer3DModel": _WAN,
     "UNet3DConditionModel": _PER_FRAME_UNET,
     "UNetMotionModel": _PER_FRAME_UNET,
     "I2VGenXLUNet": _PER_FRAME_UNET,

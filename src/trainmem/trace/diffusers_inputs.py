@@ -501,6 +501,14 @@ def clip_image_states(s: Sizes) -> Any:
     return ABSENT if width is None else s.randn(s.b, CLIP_IMAGE_TOKENS, width)
 
 
+def vace_context(s: Sizes) -> Any:
+    """[b, ``vace_in_channels``, f, h, w]: VACE's conditioning latents (the control video's
+    latents and its mask folded into channels, ``pipeline_wan_vace.py`` ``conditioning_latents``);
+    the per-layer scales are left at the model's default of ones."""
+    c = s.field("vace_in_channels")
+    return ABSENT if c is None else s.randn(s.b, c, max(s.f, 1), s.h, s.w)
+
+
 def padding_mask(s: Sizes) -> Any:
     """[1, 1, height, width] zeros, concatenated to the latent with ``concat_padding_mask``
     (``pipeline_cosmos_text2world.py``).
@@ -702,6 +710,7 @@ INPUT_RULES: dict[str, InputRule] = {
     "shape_list": InputRule(patch_shapes, optional=True),
     "prior_token_id": InputRule(prior_tokens),
     "chunk_partition": InputRule(chunk_partition),
+    "control_hidden_states": InputRule(vace_context, optional=True),
     "pose_hidden_states": InputRule(animate_pose, optional=lambda s: s.name in ANIMATE),
     "face_pixel_values": InputRule(animate_face, optional=lambda s: s.name in ANIMATE),
     "encoder_hidden_states_image": InputRule(
