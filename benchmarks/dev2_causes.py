@@ -198,7 +198,9 @@ _TT_NF4_LAYOUT = (
 )
 _TT_2024 = (
     "unexplained: torchtune Apr 2024 recipes, reserved under by 6-17% (allocated -9%); the "
-    "tutorial reports 15.57 GB and the README 17.18 GB for one config"
+    "tutorial reports 15.57 GB and the README 17.18 GB for one config; not the load (the "
+    "single-device LoRA recipe builds bf16 weights in place and copies the checkpoint into "
+    "them, no transients; Note [The load phase])"
 )
 _SEQ_STATED = (
     "stated 'Seq Length' is likely the max_seq_len, not the alpaca batches' length (notes: "
@@ -290,9 +292,15 @@ CAUSES.update(
         ),
         "GT028": _TT_NF4_INIT,
         "GT037": _TT_NF4_LAYOUT,
-        "GT029": "unexplained: torchtune Apr 2024 FSDP1 LoRA recipe, AC off",
+        "GT029": (
+            "unexplained: torchtune Apr 2024 FSDP1 LoRA recipe, AC off; not the FSDP1 "
+            "sync_module_states init (the same rule as fsdp_qlora's, tried: -36.4 -> -36.7%)"
+        ),
         "GT030": _TT_2024,
-        "GT032": "unexplained: torchtune Apr 2024 FSDP1 full fine-tune recipe",
+        "GT032": (
+            "unexplained: torchtune Apr 2024 FSDP1 full fine-tune recipe; not the FSDP1 "
+            "sync_module_states init (tried: -20.2% unchanged)"
+        ),
         "GT033": _TT_2024,
         "GT034": _TT_2024,
         "GT035": _TT_2024,
