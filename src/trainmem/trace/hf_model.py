@@ -239,6 +239,8 @@ def _training_switches(raw: dict[str, Any], dropout: bool) -> dict[str, Any]:
     off."""
     raw = dict(raw)
     for k, v in list(raw.items()):
+        if not isinstance(k, str):  # (id2label's ids)
+            continue
         if isinstance(v, dict):
             raw[k] = _training_switches(v, dropout)
         elif not dropout and isinstance(v, float) and any(p in k for p in _DROPOUT_KEY_PARTS):
