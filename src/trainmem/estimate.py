@@ -757,8 +757,8 @@ def _estimate_traced(
             "number of elements"
         )
     # an optimizer the trace cannot run: a stand-in traced, its states replaced (traced_transforms)
-    standin = optimizer_standin(training) if isinstance(target, ModelSpec) else None
-    run = training if standin is None or diffusers else standin
+    standin = optimizer_standin(training)
+    run = training if standin is None else standin
     options = active_options(run)  # the options applied as rules (trainmem.traced_options)
     run = traced_settings(run)
     if engine == "generic" or (isinstance(target, str) and _is_timm(target)):
@@ -803,7 +803,10 @@ def _estimate_traced(
         est = estimate_trace(target, run, gpu=gpu_spec)
     if not est.schedules:  # the whole trace: its recorded stream as a flat schedule
         est.schedules = [StepSchedule.from_timeline(est.timeline).with_lazy_optimizer_states()]
-    if deepspeed or (shape is not None and standin is not None):
+    # a paged optimizer's large states, outside the allocator (from the traced tensors when the
+    # model has no ModelSpec: Note [Traced tensors as model states] in traced_transforms)
+    paged = paged_states(target, training, est.schedules[0]) if standin is not None else 0
+    if deepspeed or standin is not None:
         _apply_traced_transforms(est, shape, training, deepspeed=deepspeed)
     if options:
         shape = target if isinstance(target, ModelSpec) else None
@@ -813,7 +816,6 @@ def _estimate_traced(
         _drop_traced_peak(est, training)
     # what no fake tensor shows, as the analytic engine counts it: the user's CUDA context (or
     # the default), the NCCL communicators and a paged optimizer's states beside the allocator
-    paged = paged_states(target, training) if standin is not None and not diffusers else 0
     ctx, outside, notes = device_context(training, cuda_context_bytes, paged, gpu=gpu_spec)
     est.breakdown = replace(est.breakdown, cuda_context=ctx)
     est.details["outside_allocator_bytes"] = outside
@@ -838,7 +840,6 @@ def _apply_traced_transforms(
             "gradient copies; trainmem/traced_transforms.py)"
         )
     else:
-        assert target is not None  # optimizer_standin runs only with a ModelSpec
         est.schedules = [apply_optimizer(s, target, training) for s in est.schedules]
         est.notes.append(
             f"{training.optimizer}: its kernels do not run on fake tensors, so the step was "

@@ -62,7 +62,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from trainmem.analytic.lora import lora_adapter_dtype
 from trainmem.analytic.tensor_states import Offloaded, offloaded, state_layout
 from trainmem.analytic.transforms.ddp import bucket_op
 from trainmem.breakdown import MemoryCategory as Cat
@@ -71,8 +70,7 @@ from trainmem.specs.model import ModelSpec
 from trainmem.specs.optimizers import OPTIMIZER_TABLE
 from trainmem.specs.training import TrainingConfig
 from trainmem.traced_activations import apply_activation_offloading
-from trainmem.traced_transforms import layer_of
-from trainmem.units import dtype_bytes
+from trainmem.traced_transforms import element_bytes, layer_of, traced_tensor_states
 
 __all__ = [
     "OPTIONS",
@@ -229,7 +227,7 @@ class _Release:
         numel = {}
         for op in _ops(schedule.setup + schedule.step):
             if op.action == "alloc" and op.category is Cat.PARAMETER:
-                numel[op.module] = op.size_bytes // _element_bytes(training, op.module)
+                numel[op.module] = op.size_bytes // element_bytes(training, op.module)
         return cls(training, numel, set())
 
     def _off(self, elements: int) -> Offloaded:
@@ -251,7 +249,7 @@ class _Release:
             return False
         if self.training.optimizer_in_backward:
             return True
-        return self._off(op.size_bytes // _element_bytes(self.training, op.module)).grad
+        return self._off(op.size_bytes // element_bytes(self.training, op.module)).grad
 
     def items(self, items: Sequence[Item]) -> list[Item]:
         """``items`` rewritten: a released gradient is freed once its layer's gradients are
@@ -278,12 +276,6 @@ class _Release:
                 out += [op for op in pending if (layer_of(op.module) or f"#{k}") == group]
                 pending = [op for op in pending if (layer_of(op.module) or f"#{k}") != group]
         return out + pending
-
-
-def _element_bytes(training: TrainingConfig, module: str) -> int:
-    """Bytes per element of a traced weight or gradient (LoRA adapters in their own dtype)."""
-    dtype = lora_adapter_dtype(training) if "lora_" in module else training.weight_dtype
-    return max(dtype_bytes(dtype), 1)
 
 
 def _ops(items: Sequence[Item]) -> list[Op]:
@@ -320,16 +312,24 @@ OFFLOAD = TracedOption(
 # -- paged optimizers -------------------------------------------------------------------------
 
 
-def paged_states(model: str | ModelSpec, training: TrainingConfig) -> int:
+def paged_states(
+    model: str | ModelSpec, training: TrainingConfig, schedule: StepSchedule | None = None
+) -> int:
     """Bytes of a bitsandbytes paged optimizer's states in CUDA managed memory, outside the
-    caching allocator (:func:`~trainmem.analytic.tensor_states.paged_state_bytes` per tensor of
-    the analytic layout: tensors of at least 1e5 elements); 0 for another optimizer or a model
-    without a ModelSpec. The traced step runs a stand-in for the optimizer
+    caching allocator (:func:`~trainmem.analytic.tensor_states.paged_state_bytes` per tensor:
+    tensors of at least 1e5 elements) of the analytic layout, or, for a model without a
+    ModelSpec, of the tensors of the traced ``schedule`` (before its optimizer is replaced;
+    Note [Traced tensors as model states] in trainmem/traced_transforms.py); 0 for another
+    optimizer. The traced step runs a stand-in for the optimizer
     (:func:`~trainmem.traced_transforms.optimizer_standin`) whose states the analytic
-    ``Optimizer`` transform replaces with the layout's allocator-side ones."""
-    if not isinstance(model, ModelSpec) or not OPTIMIZER_TABLE[training.optimizer].paged:
+    ``Optimizer`` transform replaces with the allocator-side ones."""
+    if not OPTIMIZER_TABLE[training.optimizer].paged:
         return 0
-    return state_layout(model, training).total("paged_state_bytes")
+    if isinstance(model, ModelSpec):
+        return state_layout(model, training).total("paged_state_bytes")
+    if schedule is None:
+        return 0
+    return sum(s.paged_state_bytes for s in traced_tensor_states(schedule, training))
 
 
 ACTIVATION_OFFLOADING = TracedOption(

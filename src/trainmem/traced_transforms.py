@@ -59,8 +59,9 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from trainmem.analytic.lora import lora_adapter_dtype
 from trainmem.analytic.model_states import optimizer_state_bytes
-from trainmem.analytic.tensor_states import TensorState, state_layout
+from trainmem.analytic.tensor_states import TensorState, paged_state_bytes, state_layout
 from trainmem.analytic.transforms.base import PipelineRank, RankContext, Where, splice
 from trainmem.analytic.transforms.deepspeed import DeepSpeedZero
 from trainmem.analytic.transforms.optimizer import Optimizer
@@ -78,8 +79,10 @@ __all__ = [
     "apply_deepspeed",
     "apply_optimizer",
     "deepspeed_refusals",
+    "element_bytes",
     "layer_of",
     "optimizer_standin",
+    "traced_tensor_states",
     "untraced_deepspeed",
 ]
 
@@ -210,19 +213,7 @@ def _deepspeed_context(
     n = schedule.category_peak(Cat.GRADIENT) // max(dtype_bytes(training.weight_dtype), 1)
     grad = dtype_bytes(training.grad_dtype) * n
     whole = TensorState("embedding", "traced", n, True, 0, 0, 0, 0, grad, 0, n)
-    return RankContext(
-        model=None,  # type: ignore[arg-type]  # read only for "auto" (Note above)
-        training=training,
-        rank=PipelineRank(0, 0, 1, True, True),
-        emb_states=[whole],
-        head_states=[],
-        layer_states=[],
-        head_grad_states=[],
-        emb_grad_states=[whole],
-        num_layers=0,
-        zero_stage=training.zero_stage if training.sharding_degree > 1 else 0,
-        grad_stream=0,
-    )
+    return _traced_context([whole], training)
 
 
 def optimizer_standin(training: TrainingConfig) -> TrainingConfig | None:
@@ -239,7 +230,7 @@ def optimizer_standin(training: TrainingConfig) -> TrainingConfig | None:
 
 
 def apply_optimizer(
-    schedule: StepSchedule, model: ModelSpec, training: TrainingConfig
+    schedule: StepSchedule, model: ModelSpec | None, training: TrainingConfig
 ) -> StepSchedule:
     """The step traced with :func:`optimizer_standin`'s optimizer as ``training``'s optimizer
     has it (Note [Traced optimizer states]).
@@ -256,7 +247,9 @@ def apply_optimizer(
 
     Args:
         schedule: the traced step (stand-in optimizer).
-        model: the model's shape (the transform's states come from the analytic layout).
+        model: the model's shape (the transform's states come from the analytic layout), or
+            None for a model without one (the traced tensors', Note [Traced tensors as model
+            states]).
         training: the run as asked (its optimizer).
 
     Returns:
@@ -269,8 +262,12 @@ def apply_optimizer(
     init, _ = _take(init, _is_state, "init")
     segments, tail = _micro_batches(body)
     tail, _ = _take(tail, _is_state, "optimizer")
-    rank = PipelineRank(0, model.num_layers, 1, True, True)
-    transform = Optimizer(RankContext.build(model, training, rank, state_layout(model, training)))
+    if model is None:
+        ctx = _traced_context(traced_tensor_states(schedule, training), training)
+    else:
+        rank = PipelineRank(0, model.num_layers, 1, True, True)
+        ctx = RankContext.build(model, training, rank, state_layout(model, training))
+    transform = Optimizer(ctx)
     head = [item for seg in segments for item in seg]
 
     def step(first: bool) -> list[Item]:
@@ -288,6 +285,91 @@ def apply_optimizer(
 
 def _is_state(op: Op) -> bool:
     return op.category is Cat.OPTIMIZER_STATE
+
+
+def element_bytes(training: TrainingConfig, module: str) -> int:
+    """Bytes per element of a traced weight (LoRA adapters in their own dtype)."""
+    dtype = lora_adapter_dtype(training) if "lora_" in module else training.weight_dtype
+    return max(dtype_bytes(dtype), 1)
+
+
+def traced_tensor_states(schedule: StepSchedule, training: TrainingConfig) -> list[TensorState]:
+    """Every parameter the traced step starts from, as the analytic layout's
+    :class:`~trainmem.analytic.tensor_states.TensorState` (one per tensor; a repeated body's
+    tensors once per repeat), for a model without a ModelSpec.
+
+    Note [Traced tensors as model states]
+        A traced parameter's allocation (category ``PARAMETER``, named by the parameter) gives
+        its elements (its bytes over :func:`element_bytes`); it is trainable when the traced
+        step holds optimizer states under its name (the stand-in optimizer makes states for
+        every trainable parameter, and for nothing else). Its states are sized as the analytic
+        layout sizes a tensor (``tensor_states._build``: ``optimizer_state_bytes`` of one
+        tensor of that many elements), with one difference: the traced tensor's shape is not
+        recorded, so every tensor is taken as a matrix, whose block-wise states (8-bit / 4-bit
+        optimizers) follow the optimizer's own element-count rule (bitsandbytes keeps 32-bit
+        states under ``min_8bit_size`` = 4096 elements, bitsandbytes/optim/optimizer.py
+        ``Optimizer2State.init_state``), where the layout keeps every 1-D tensor's full. A
+        paged optimizer's states of tensors of at least 1e5 elements leave the allocator
+        (:func:`~trainmem.analytic.tensor_states.paged_state_bytes`), as in the layout.
+
+    Args:
+        schedule: a traced step (its setup, or its leading ``init`` items, hold the weights).
+        training: the run (dtypes, optimizer).
+
+    Returns:
+        The tensors, in the order the trace allocated them (owner: the parameter's name).
+    """
+    init, _ = _split(schedule)
+    named: set[str] = {op.module for op in _ops(init) if op.category is Cat.OPTIMIZER_STATE}
+    row = OPTIMIZER_TABLE[training.optimizer]
+    out: list[TensorState] = []
+    for op, count in _counted(init):
+        if op.action != "alloc" or op.category is not Cat.PARAMETER:
+            continue
+        n = op.size_bytes // element_bytes(training, op.module)
+        trainable = op.module in named
+        grad = dtype_bytes(training.grad_dtype) * n if trainable else 0
+        state = optimizer_state_bytes(training, [(1, n, 1)], 0) if trainable else 0
+        paged = min(paged_state_bytes(training, n), state) if trainable and row.paged else 0
+        state -= paged
+        tensor = TensorState(
+            op.module, "traced", n, trainable, op.size_bytes, grad, state,
+            op.size_bytes, grad, paged, n,
+        )  # fmt: skip
+        out += [tensor] * count
+    return out
+
+
+def _counted(items: Sequence[Item], count: int = 1) -> list[tuple[Op, int]]:
+    """Every op of ``items`` with how many times it runs (a repeated body's ``count`` times)."""
+    out: list[tuple[Op, int]] = []
+    for item in items:
+        if isinstance(item, Op):
+            out.append((item, count))
+        else:
+            out += _counted(item.body, count * item.count)
+    return out
+
+
+def _traced_context(states: list[TensorState], training: TrainingConfig) -> RankContext:
+    """The rank the analytic transforms read, for a model without a ModelSpec: every traced
+    tensor an outer one (no layer list; Note [Traced tensors as model states]); its ``model``
+    is None, read by no transform applied to it (DeepSpeed's reads it only for
+    ``reduce_bucket_size="auto"``, refused without a ModelSpec: Note [DeepSpeed without a
+    ModelSpec])."""
+    return RankContext(
+        model=None,  # type: ignore[arg-type]  # see the docstring
+        training=training,
+        rank=PipelineRank(0, 0, 1, True, True),
+        emb_states=states,
+        head_states=[],
+        layer_states=[],
+        head_grad_states=[],
+        emb_grad_states=states,
+        num_layers=0,
+        zero_stage=training.zero_stage if training.sharding_degree > 1 else 0,
+        grad_stream=0,
+    )
 
 
 # -- the recorded step's parts ---------------------------------------------------------------

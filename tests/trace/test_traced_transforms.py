@@ -250,3 +250,48 @@ def test_deepspeed_settings_the_traced_paths_still_refuse() -> None:
     dinov2 = MODELS_DIR / "dinov2.json"
     with pytest.raises(UnsupportedError, match="set --reduce-bucket-size"):
         estimate(str(dinov2), _deepspeed(), engine="generic")
+
+
+def test_quantized_optimizer_without_a_model_spec_reads_the_traced_step(wide_qwen2: str) -> None:
+    """Note [Traced tensors as model states]: the tensors of the traced step give the states
+    and the peak the analytic layout gives (this model has no 1-D tensor of >= 4096 elements,
+    the one place the two rules part), to the byte."""
+    from trainmem.specs.hf import load_model_spec
+    from trainmem.trace.generic import estimate_generic
+    from trainmem.traced_options import paged_states
+    from trainmem.traced_transforms import apply_optimizer, optimizer_standin
+
+    training = TrainingConfig(micro_batch_size=2, seq_len=64, optimizer="adamw-8bit")
+    standin = optimizer_standin(training)
+    assert standin is not None
+    traced = estimate_generic(wide_qwen2, standin).schedules[0]
+    with_spec = apply_optimizer(traced, load_model_spec(wide_qwen2), training)
+    without = apply_optimizer(traced, None, training)
+    assert without.model_states() == with_spec.model_states()
+    assert without.peak().peak_bytes == with_spec.peak().peak_bytes
+    # a paged optimizer traces the same stand-in; its states of tensors of >= 1e5 elements
+    # (the 512 x 256 embedding and head, each layer's 256 x 512 gate / up / down: 8 tensors of
+    # 131,072; two states of 1 B uint8 codes per element) leave the allocator, from the
+    # traced tensors as from the layout
+    paged = replace(training, optimizer="paged-adamw-8bit")
+    assert paged_states(wide_qwen2, paged, traced) == 8 * 2 * 131_072
+    assert paged_states(load_model_spec(wide_qwen2), paged) == 8 * 2 * 131_072
+
+
+def test_adamw_8bit_states_of_a_diffusers_model_by_hand() -> None:
+    # tiny PixArt (tests/models/diffusers/tiny-pixart.json): width 2 x 16 = 32; the tensors of
+    # >= 4096 elements, whose bitsandbytes states are two uint8 codes per element and one fp32
+    # absmax per block of 256 (Optimizer2State.init_state), are each block's feed-forward
+    # 32 x 128 and 128 x 32 (4,096: 2 x (4,096 + 4 x 16) = 8,320 B), the timestep embedder's
+    # 256 x 32 (8,192: 2 x (8,192 + 4 x 32) = 16,640 B) and adaLN-single's 32 x 6 x 32 (6,144:
+    # 2 x (6,144 + 4 x 24) = 12,480 B); every other tensor keeps two fp32 states (8 B each)
+    pytest.importorskip("diffusers")
+    pixart = str(MODELS_DIR / "diffusers" / "tiny-pixart.json")
+    training = TrainingConfig(micro_batch_size=2, optimizer="adamw-8bit")
+    est = estimate(pixart, training, engine="generic", simulate_allocator=False)
+    assert est.config["optimizer"] == "adamw-8bit"
+    n = est.num_trainable_parameters
+    big = 4 * 4096 + 8192 + 6144
+    expected = 8 * (n - big) + 4 * 8_320 + 16_640 + 12_480
+    assert est.schedules[0].model_states()["optimizer_states"] == expected
+    assert any("traced with torch's fused AdamW" in note for note in est.notes)
