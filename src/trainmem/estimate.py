@@ -386,7 +386,8 @@ def finish(
             "cache: " + est.oom_message
         )
     est.verdict = verdict_of(est)
-    est.details["assumed"] = assumptions(est.config)
+    library = est.details.get("generic", {}).get("library", "transformers")
+    est.details["assumed"] = assumptions(est.config, library)
     if est.schedules[worst].load_rule:  # Note [The load phase]: a preset, turned off explicitly
         est.details["assumed"]["load"] = est.schedules[worst].load_rule
     if est.verdict == "tight":

@@ -329,6 +329,12 @@ def test_a_diffusers_config_runs_the_generic_path_by_default(name: str, tmp_path
     est = estimate(str(path), training, simulate_allocator=False)
     assert est.engine == "generic"
     assert est.details["diffusers"]["height"] == 64
+    # the release that matters is diffusers', not transformers' (whose setting does not apply)
+    import importlib.metadata
+
+    assumed = est.details["assumed"]
+    assert "transformers" not in assumed
+    assert assumed["diffusers"].startswith(importlib.metadata.version("diffusers").split("+")[0])
     full = estimate(str(path), training, engine="trace", simulate_allocator=False)
     x, y = est.breakdown.allocated_bytes, full.breakdown.allocated_bytes
     assert abs(x - y) <= 0.01 * y, (x, y)

@@ -143,8 +143,7 @@ def print_estimate(est: MemoryEstimate, as_json: bool) -> None:
     if ranks is not None:
         console.print(ranks)
     console.print(config_line(est), highlight=False)
-    load = str(est.details.get("assumed", {}).get("load", ""))
-    console.print(assumptions_line(est.config, load), highlight=False, markup=False)
+    console.print(assumptions_line(est.details["assumed"]), highlight=False, markup=False)
     console.print(
         f"peak falls in the {est.peak_phase}: {est.peak_reason}", highlight=False, markup=False
     )

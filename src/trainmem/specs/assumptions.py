@@ -18,6 +18,7 @@ from trainmem.specs.frameworks import (
     DEFAULT_TRANSFORMERS_VERSION,
     FRAMEWORK_CONVENTIONS,
     installed_transformers_version,
+    installed_version,
 )
 
 FRAMEWORK_SUMMARY: dict[str, str] = {
@@ -80,11 +81,15 @@ def loop_of(config: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
-def assumptions(config: Mapping[str, Any]) -> dict[str, str]:
+def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dict[str, str]:
     """The framework and library versions an estimate's resolved ``config`` stands for.
 
     Args:
         config: ``MemoryEstimate.config`` (every resolved setting).
+        library: what built the model: ``"transformers"`` (the formula families and the HF
+            configs), ``"diffusers"`` or ``"timm"`` (the generic path); for the last two the
+            installed release of that library is reported instead of transformers', whose
+            version setting does not apply to them.
 
     Returns:
         ``{"framework", "framework_means", "loop", "torch", "transformers", "bitsandbytes",
@@ -97,8 +102,12 @@ def assumptions(config: Mapping[str, Any]) -> dict[str, str]:
         "framework_means": FRAMEWORK_SUMMARY.get(framework, ""),
         "loop": loop_of(config),
         "torch": _version(config.get("torch_version"), DEFAULT_TORCH_VERSION),
-        "transformers": _transformers(config.get("transformers_version")),
     }
+    if library == "transformers":
+        out["transformers"] = _transformers(config.get("transformers_version"))
+    else:
+        installed = installed_version(library)
+        out[library] = ".".join(map(str, installed)) + " (installed)" if installed else "?"
     if config.get("quantize_base", "none") != "none" or "8bit" in str(config.get("optimizer")):
         out["bitsandbytes"] = _version(
             config.get("bitsandbytes_version"), DEFAULT_BITSANDBYTES_VERSION
@@ -128,12 +137,9 @@ def versions_text(assumed: Mapping[str, str]) -> str:
     return text
 
 
-def assumptions_line(config: Mapping[str, Any], load: str = "") -> str:
-    """:func:`assumptions` on one line, for the CLI; ``load``: the load phase's rule
-    (``StepSchedule.load_rule``, "" without one)."""
-    a = assumptions(config)
-    if load:
-        a["load"] = load
+def assumptions_line(a: Mapping[str, str]) -> str:
+    """:func:`assumptions`' result (``MemoryEstimate.details["assumed"]``, with the driver's
+    ``"load"`` rule if any) on one line, for the CLI."""
     return (
         f"assumed: --framework {a['framework']} ({a['framework_means']}); loop: {a['loop']}; "
         f"{versions_text(a)}"

@@ -219,10 +219,17 @@ def deepspeed_optimizer_wrapper(
 def installed_transformers_version() -> tuple[int, ...] | None:
     """(major, minor, ...) of the installed transformers, read from its package metadata
     without importing it (``"5.0.0.dev0"`` -> (5, 0, 0)); None when it is not installed."""
+    return installed_version("transformers")
+
+
+def installed_version(distribution: str) -> tuple[int, ...] | None:
+    """(major, minor, ...) of an installed distribution (``"transformers"``, ``"diffusers"``,
+    ``"timm"``), read from its package metadata without importing it (``"5.0.0.dev0"`` ->
+    (5, 0, 0)); None when it is not installed."""
     import importlib.metadata  # NB: here, not at the top: 40 ms of every start-up
 
     try:
-        text = importlib.metadata.version("transformers")
+        text = importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return None
     parts: list[int] = []

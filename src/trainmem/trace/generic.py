@@ -305,7 +305,7 @@ def trace_generic(
     for k in _TRUNCATED_DETAILS:
         est.details.pop(k, None)
     # no wall time in the details: the same command gives byte-identical JSON
-    est.details["generic"] = {"block_lists": _describe(runs)}
+    est.details["generic"] = {"block_lists": _describe(runs), "library": recipe.library}
     logging.getLogger("trainmem").debug(
         "generic path for %s in %.3f s", recipe.name, time.perf_counter() - t0
     )
