@@ -340,7 +340,9 @@ def finish(
     fragmentation = 0
     if simulate_allocator:
         for k, sched in enumerate(est.schedules):
-            result = _replay(sched.replay_events(), ctx, gpu=gpu, alloc_conf=alloc_conf)
+            result = _replay(
+                sched.replay_events(), ctx, gpu=gpu, alloc_conf=alloc_conf, full_stats=False
+            )
             per_rank[k]["reserved_bytes"] = result.max_memory_reserved
             per_rank[k]["oom"] = result.oom
             if result.oom and est.oom_message is None and result.oom_message:
@@ -419,6 +421,7 @@ def _replay(
     gpu: GPUSpec | None,
     alloc_conf: str,
     record_history: bool = False,
+    full_stats: bool = True,
 ) -> ReplayResult:
     from trainmem.allocator.replay import replay_timeline
 
@@ -429,6 +432,7 @@ def _replay(
         device_total_bytes=None if gpu is None else gpu.memory_bytes,
         record_history=record_history,
         continue_after_oom=False,
+        full_stats=full_stats,
     )
 
 
