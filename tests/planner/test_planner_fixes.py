@@ -107,3 +107,79 @@ def test_pair_is_not_shown_when_one_of_its_rows_fits_alone() -> None:
     for f in found:
         if len(f.changes) == 2:
             assert not alone & {c.name for c in f.changes}
+
+
+PRUNING_RUNS = [
+    ("llama-3.1-8b", "RTX-4090", TrainingConfig(micro_batch_size=2, seq_len=2048)),
+    ("llama-3.1-70b", "H100-80GB", TrainingConfig(micro_batch_size=1, seq_len=4096)),
+]
+PRUNING_RUNS_SLOW = [
+    ("gpt2", "T4", TrainingConfig(micro_batch_size=16, seq_len=1024)),
+    ("llama-3.2-1b", "RTX-4090", TrainingConfig(micro_batch_size=4, seq_len=2048)),
+    ("llama-3.1-8b", "A100-40GB", TrainingConfig(micro_batch_size=4, seq_len=4096, lora_rank=8)),
+    ("mixtral-8x7b", "H100-80GB", TrainingConfig(micro_batch_size=1, seq_len=4096)),
+    ("qwen2.5-7b", "L4", TrainingConfig(micro_batch_size=2, seq_len=2048, framework="deepspeed")),
+    (
+        "llama-3.1-70b",
+        "A100-80GB",
+        TrainingConfig(micro_batch_size=1, seq_len=8192, zero_stage=1, data_parallel_size=8),
+    ),
+    (
+        "llama-3.1-70b",
+        "H100-80GB",
+        TrainingConfig(
+            micro_batch_size=2, seq_len=4096, framework="fsdp2", activation_checkpointing="full"
+        ),
+    ),
+    (
+        "llama-3.1-8b",
+        "RTX-4090",
+        TrainingConfig(micro_batch_size=1, seq_len=2048, zero_stage=1, data_parallel_size=2),
+    ),
+]
+
+
+def _pruning_compared(
+    model: str, gpu: str, training: TrainingConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+
+    module = importlib.import_module("trainmem.planner.fixes")
+    counted = module.fast_estimate
+    calls: list[int] = []
+
+    def counting(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        return counted(*args, **kwargs)
+
+    monkeypatch.setattr(module, "fast_estimate", counting)
+    answers = []
+    for prune in (False, True):
+        monkeypatch.setattr(module, "PRUNE_SHARDED", prune)
+        calls.clear()
+        found = fixes(model, training, gpu)
+        answers.append(
+            (
+                [(f.name, f.training, f.estimate.breakdown, f.saved_bytes) for f in found],
+                len(calls),
+            )
+        )
+    (every, every_calls), (pruned, pruned_calls) = answers
+    assert pruned == every
+    assert pruned_calls < every_calls  # the shortcut did skip estimates
+
+
+@pytest.mark.parametrize(("model", "gpu", "training"), PRUNING_RUNS)
+def test_skipping_sharded_proposals_keeps_the_fixes(
+    model: str, gpu: str, training: TrainingConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Note [More GPUs never need more memory]: the same fixes as estimating every proposal.
+    _pruning_compared(model, gpu, training, monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("model", "gpu", "training"), PRUNING_RUNS_SLOW)
+def test_skipping_sharded_proposals_keeps_the_fixes_more_runs(
+    model: str, gpu: str, training: TrainingConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _pruning_compared(model, gpu, training, monkeypatch)
