@@ -209,6 +209,8 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
         for name in checked
         if getattr(training, name) != getattr(defaults, name)
     ]
+    if traced_deepspeed(training):  # DeepSpeed's offload: a transform of the traced step
+        out = [x for x in out if not x.startswith("offload=")]
     out = [untraced_offload(training) if x.startswith("offload=") else x for x in out]
     out += quantized_base_refusals(training)  # the rest runs as a stand-in (trace/quantized.py)
     fsdp = training.zero_stage == 3 and training.data_parallel_size > 1
@@ -843,6 +845,12 @@ def _apply_traced_transforms(
             "(gradient and optimizer-state partitions over "
             f"{training.sharding_degree} ranks, fp32 master copy, gradient buckets, the step's "
             "gradient copies; trainmem/traced_transforms.py)"
+            + (
+                f"; offload={training.offload}: the offloaded states off the GPU and the step's "
+                "temporaries on the CPU"
+                if training.offload != "none"
+                else ""
+            )
         )
     else:
         est.schedules = [apply_optimizer(s, target, training) for s in est.schedules]

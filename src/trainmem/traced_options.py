@@ -175,7 +175,8 @@ DDP = TracedOption(
 def traced_offload(training: TrainingConfig) -> bool:
     """CPU offload or optimizer-in-backward the traced paths model (Notes [Offload on a traced
     step], [Optimizer in backward on a traced step]): offload in every mode outside DeepSpeed
-    (whose offload lives in its ZeRO optimizer, not applied to traced steps yet)."""
+    (whose offload lives in its ZeRO optimizer: :func:`~trainmem.traced_transforms.
+    apply_deepspeed`)."""
     offload = training.offload != "none" and training.framework != "deepspeed"
     return offload or training.optimizer_in_backward
 
@@ -393,11 +394,11 @@ def untraced_data_parallel(training: TrainingConfig) -> str:
 
 
 def untraced_offload(training: TrainingConfig) -> str:
-    """CPU offload the traced paths refuse (DeepSpeed's), naming what works."""
+    """CPU offload the traced paths refuse (DeepSpeed's beyond ZeRO-1/2, another framework's),
+    naming what works."""
     return (
-        f"offload={training.offload} with framework={training.framework} (DeepSpeed's "
-        "offload; traced: DeepSpeed ZeRO-1/2 without offload, or offload under pytorch-amp / "
-        "fsdp2)"
+        f"offload={training.offload} with framework={training.framework} (traced: offload "
+        "under DeepSpeed ZeRO-1/2, pytorch-amp or fsdp2)"
     )
 
 

@@ -35,6 +35,14 @@ Note [Traced model states under ZeRO]
       makes before ``AccumulateGrad`` adds them in place (under the module of a gradient of
       that size); gradients outside the layers (embedding, final norm, head) are partitioned
       only, as the analytic engine counts them.
+    * CPU offload (``offload_optimizer``: ``offload="optimizer"``, ``"optimizer+gradients"``):
+      the analytic per-tensor rule (:func:`~trainmem.analytic.tensor_states.offloaded`, as
+      ``tensor_states._place``): an offloaded tensor's optimizer states (fp32 master copy
+      included) and, with ``optimizer+gradients``, its gradient partition are 0 bytes on the GPU
+      (DeepSpeedCPUAdam steps the fp32 partition in host memory, stage_1_and_2.py
+      ``cpu_offload``), and the traced step's own optimizer temporaries too; the transform
+      emits no flat gradient copies and no fresh ZeRO-2 partition under offload (its own
+      rules), the gradient buckets and each layer's whole gradients before their reduce stay.
 
 Note [Points of a traced step]
     The traced step is forward / backward per micro-batch, then the optimizer and
@@ -61,7 +69,12 @@ from dataclasses import dataclass, field, replace
 
 from trainmem.analytic.lora import lora_adapter_dtype
 from trainmem.analytic.model_states import optimizer_state_bytes
-from trainmem.analytic.tensor_states import TensorState, paged_state_bytes, state_layout
+from trainmem.analytic.tensor_states import (
+    TensorState,
+    offloaded,
+    paged_state_bytes,
+    state_layout,
+)
 from trainmem.analytic.transforms.base import PipelineRank, RankContext, Where, splice
 from trainmem.analytic.transforms.deepspeed import DeepSpeedZero
 from trainmem.analytic.transforms.optimizer import Optimizer
@@ -132,9 +145,9 @@ def untraced_deepspeed(training: TrainingConfig) -> str:
 def apply_deepspeed(
     schedule: StepSchedule, model: ModelSpec | None, training: TrainingConfig
 ) -> StepSchedule:
-    """The traced plain-loop step ``schedule`` (one rank, no data parallelism) as a DeepSpeed
-    ZeRO-1/2 run of ``training`` has it (Notes [Traced model states under ZeRO] and [Points of a
-    traced step]).
+    """The traced plain-loop step ``schedule`` (one rank, no data parallelism, no offload) as a
+    DeepSpeed ZeRO-1/2 run of ``training`` (with its CPU offload) has it (Notes [Traced model
+    states under ZeRO] and [Points of a traced step]).
 
     Args:
         schedule: a traced step (``StepSchedule.from_timeline``, or the generic path's composed
@@ -539,6 +552,8 @@ class _Sizes:
         for name, ops in states.items():
             n = numel.get(name, 0)
             total = -(-optimizer_state_bytes(training, [], n) // dp)
+            if offloaded(training, n).state:  # on the CPU beside DeepSpeedCPUAdam
+                total = 0
             traced = sum(op.size_bytes for op in ops)
             shares = [total * op.size_bytes // max(traced, 1) for op in ops]
             shares[0] += total - sum(shares)
@@ -550,8 +565,11 @@ class _Sizes:
         return dtype_bytes(self.training.grad_dtype) * (size // self.weight_bytes)
 
     def gradient(self, size: int) -> int:
-        """This rank's bytes of a traced gradient of ``size`` bytes in the weight dtype."""
+        """This rank's bytes of a traced gradient of ``size`` bytes in the weight dtype (0 when
+        offloaded: each leaves once its layer is reduced)."""
         t = self.training
+        if offloaded(t, size // self.weight_bytes).grad:
+            return 0
         full = self.whole(size)
         return -(-full // t.sharding_degree) if t.zero_stage >= 2 else full
 
@@ -673,4 +691,7 @@ def _resized(op: Op, sizes: _Sizes) -> Op:
         return op._replace(size_bytes=sizes.gradient(op.size_bytes))
     if op.category is Cat.OPTIMIZER_STATE and op.key in sizes.states:
         return op._replace(size_bytes=sizes.states[op.key])
+    offload = sizes.training.offload != "none"
+    if offload and op.category is Cat.TEMPORARY and op.phase == "optimizer":
+        return op._replace(size_bytes=0)  # the traced step's own: the step runs on the CPU
     return op
