@@ -35,9 +35,14 @@ def cached_on(*fields: str, maxsize: int = 256) -> Callable[[F], F]:
 
     def wrap(fn: F) -> F:
         store: dict[object, object] = {}
+        # the last call's configuration (its only argument) and answer: the same object asked
+        # again (a configuration's terms ask about twenty times) is answered without the key
+        last: list[Any] = [_MISSING, None]
 
         @wraps(fn)
         def cached(*args: Any) -> Any:
+            if args[0] is last[0]:
+                return last[1]
             # NB: the other arguments by identity (hashing a ModelSpec reads every field, 2 us);
             # the entry holds them, so no other object takes their id while it is kept
             k = key(args[0]) if len(args) == 1 else (*map(id, args[:-1]), key(args[-1]))
@@ -46,9 +51,38 @@ def cached_on(*fields: str, maxsize: int = 256) -> Callable[[F], F]:
                 if len(store) >= maxsize:
                     del store[next(iter(store))]
                 hit = store[k] = (fn(*args), args[:-1])
+            if len(args) == 1:
+                last[0], last[1] = args[0], hit[0]  # type: ignore[index]
             return hit[0]  # type: ignore[index]
 
-        cached.cache_clear = store.clear  # type: ignore[attr-defined]
+        def clear() -> None:
+            store.clear()
+            last[0], last[1] = _MISSING, None
+
+        cached.cache_clear = clear  # type: ignore[attr-defined]
         return cached  # type: ignore[return-value]
 
     return wrap
+
+
+def per_configuration(fn: F) -> F:
+    """Cache ``fn(model, training)`` on the identity of both arguments (both frozen: the same
+    objects give the same answer), keeping the few newest entries: for a term the engine asks
+    about several times for one configuration (the step's builder, then the estimate's
+    details). Unlike :func:`cached_on`, a configuration equal to an earlier one but another
+    object is a miss, so no list of fields can be incomplete."""
+    store: dict[tuple[int, int], tuple[object, object, object]] = {}
+
+    @wraps(fn)
+    def cached(model: Any, training: Any) -> Any:
+        k = (id(model), id(training))
+        hit = store.get(k)
+        if hit is None:
+            if len(store) >= 8:
+                del store[next(iter(store))]
+            # the entry holds both arguments, so no other object takes their ids while kept
+            hit = store[k] = (fn(model, training), model, training)
+        return hit[0]
+
+    cached.cache_clear = store.clear  # type: ignore[attr-defined]
+    return cached  # type: ignore[return-value]

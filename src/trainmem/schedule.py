@@ -136,6 +136,19 @@ def _add(
     return out
 
 
+def _split_at_high(
+    at: dict[MemoryCategory, int],
+    at_repeat: tuple[dict[MemoryCategory, int], _Summary, int] | None,
+) -> dict[MemoryCategory, int]:
+    """The split by category at the highest point: ``at``, or, when a repeated body set it,
+    the live bytes before the body plus ``k`` iterations of it plus its split at its own high
+    (``at_repeat`` = (live before, the body's summary, ``k``))."""
+    if at_repeat is None:
+        return at
+    before, body, k = at_repeat
+    return _add(_add(before, body.delta, k), body.at_excursion)
+
+
 def _summarise(items: Sequence[Item], memo: dict[int, _Summary] | None = None) -> _Summary:
     """Walk ``items`` once for the totals, the split by category and its value at the
     highest point; repeated bodies are summarised once (Note [One description of the step]):
@@ -150,6 +163,9 @@ def _summarise(items: Sequence[Item], memo: dict[int, _Summary] | None = None) -
     live: dict[MemoryCategory, int] = {}
     live_get = live.get
     at: dict[MemoryCategory, int] = {}
+    # a repeated body's high, kept as (live before it, its summary, iterations before its high)
+    # and added up once at the end: only the last new high's split is ever read
+    at_repeat: tuple[dict[MemoryCategory, int], _Summary, int] | None = None
     op: Op | None = None
     index: dict[str, int] = {}
     # NB: the hot loop of the planner's fast path (every configuration it evaluates walks its
@@ -171,7 +187,7 @@ def _summarise(items: Sequence[Item], memo: dict[int, _Summary] | None = None) -
                     best, op, rising = total, item, True
             else:
                 if rising:
-                    at, index, rising = dict(live), {}, False
+                    at, index, rising, at_repeat = dict(live), {}, False, None
                 total -= size
                 live[cat] = live_get(cat, 0) - size
             if phase != run_phase:
@@ -182,7 +198,7 @@ def _summarise(items: Sequence[Item], memo: dict[int, _Summary] | None = None) -
                 run_high = total
             continue
         if rising:
-            at, index, rising = dict(live), {}, False
+            at, index, rising, at_repeat = dict(live), {}, False, None
         if run_phase is not None:
             phase_high[run_phase] = run_high
             run_phase = None
@@ -198,8 +214,7 @@ def _summarise(items: Sequence[Item], memo: dict[int, _Summary] | None = None) -
         k = item.count - 1 if body.total > 0 else 0
         high = total + k * body.total + body.excursion
         if high > best and body.op is not None:
-            best = high
-            at = _add(_add(live, body.delta, k), body.at_excursion)
+            best, at_repeat = high, (dict(live), body, k)
             op, index = body.op, {"i": item.index(k), **body.at_index}
         for name, rel in body.phase_high.items():
             value = total + k * body.total + rel
@@ -209,7 +224,8 @@ def _summarise(items: Sequence[Item], memo: dict[int, _Summary] | None = None) -
         for cat, v in body.delta.items():
             live[cat] = live_get(cat, 0) + item.count * v
     if rising:
-        at, index = dict(live), {}
+        at, index, at_repeat = dict(live), {}, None
+    at = _split_at_high(at, at_repeat)
     if run_phase is not None:
         phase_high[run_phase] = run_high
     return _Summary(total, live, best, at, op, index, phase_high)

@@ -11,7 +11,7 @@ from trainmem.analytic.activation_shapes import (
     output_tokens,
     tokens_per_sequence,
 )
-from trainmem.memo import cached_on
+from trainmem.memo import cached_on, per_configuration
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 
@@ -339,6 +339,7 @@ def loss_backward_tensors(model: ModelSpec, training: TrainingConfig) -> int:
     return 3 if training.loss_parallel else 2
 
 
+@per_configuration  # the builder's head and the estimate's details ask
 def loss_backward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     """Bytes live only at the start of backward: the gradient of the log-softmax output and the
     gradient it produces, two fp32 (T, V) tensors (``_log_softmax_backward_data``; measured as the

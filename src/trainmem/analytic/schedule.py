@@ -248,6 +248,8 @@ class _Layers:
         self.ctx, self.tr = ctx, transforms
         self.model, self.training = ctx.model, ctx.training
         self.plan: LayerPlan = layer_plan(ctx)
+        # the saved blocks' allocations (the forward's; the backward frees them)
+        self.saved = saved_ops(self.plan, "forward", "{i}")
         transients = backward_layer_transients(ctx.model, ctx.training)
         self.mlp_tmp, self.attention_tmp, self.residual_tmp = transients
         self.scores_tmp, self.mask_tmp = eager_scores_forward_bytes(ctx.model, ctx.training)
@@ -279,7 +281,7 @@ class _Layers:
         body = em.at("layer.pre_forward", where)
         body += self.weight_copy_ops(f, "wcopy/{i}", "autocast's cached 16-bit weight copies")
         body += em.at("layer.forward", where)
-        saved = saved_ops(self.plan, f, "{i}")
+        saved = self.saved
         dropped = [
             alloc(
                 size,
@@ -328,18 +330,14 @@ class _Layers:
     def _backward_body(self, where: Where) -> tuple[Item, ...]:
         b: Phase = "backward"
         em = self.tr.emitter()
-        saved_terms, dropped_terms = self.plan.saved, self.plan.dropped
         body = em.at("layer.pre_backward", where)
         recomputed = self._recomputed(b)
         body += recomputed
         body += em.at("layer.backward", where)
-        saved = saved_ops(self.plan, b, "{i}")
-        is_mlp = [term.startswith("mlp/") for term, _ in saved_terms]
-        re_mlp = [term.startswith("mlp/") for term, _ in dropped_terms]
-        down = [term == "mlp/down_input" for term, _ in saved_terms]
-        re_down = [term == "mlp/down_input" for term, _ in dropped_terms]
-        body += [free(op, b) for op, m in zip(saved, down, strict=True) if m]
-        body += [free(op, b) for op, m in zip(recomputed, re_down, strict=False) if m]
+        # the frees of the saved and the recomputed blocks, in the order autograd releases them
+        down, mlp, early, rest = self._released(self.saved, self.plan.saved)
+        re_down, re_mlp, re_early, re_rest = self._released(recomputed, self.plan.dropped)
+        body += down + re_down
         mlp_tmp = alloc(
             self.mlp_tmp, Cat.TEMPORARY, b, "mlp_tmp", "layers.{i}", "the MLP's backward transients"
         )
@@ -348,17 +346,7 @@ class _Layers:
         body += self.tr.gradients("layer", where)
         body += em.at("layer.mlp.post_backward", where)
         body.append(free(mlp_tmp, b))
-        body += [free(op, b) for op, m, d in zip(saved, is_mlp, down, strict=True) if m and not d]
-        body += [
-            free(op, b)
-            for op, m, d in zip(recomputed, re_mlp, re_down, strict=False)
-            if m and not d
-        ]
-        # Note [Eager attention's backward order]
-        early = self._released_before_softmax_backward(saved_terms)
-        re_early = self._released_before_softmax_backward(dropped_terms)
-        body += [free(op, b) for op, e in zip(saved, early, strict=True) if e]
-        body += [free(op, b) for op, e in zip(recomputed, re_early, strict=False) if e]
+        body += mlp + re_mlp + early + re_early
         body += em.at("layer.attention.pre_backward", where)
         attention = [
             alloc(
@@ -373,15 +361,34 @@ class _Layers:
         ]
         body += [*attention, *(free(op, b) for op in attention)]
         body += em.at("layer.attention.post_backward", where)
-        body += [free(op, b) for op, m, e in zip(saved, is_mlp, early, strict=True) if not (m or e)]
-        body += [
-            free(op, b)
-            for n, op in enumerate(recomputed)
-            if (n >= len(re_mlp) or not re_mlp[n]) and not (n < len(re_early) and re_early[n])
-        ]
+        body += rest + re_rest
         body += em.at("layer.post_backward", where)
         em.check()
         return tuple(body)
+
+    def _released(
+        self, ops: list[Op], blocks: list[tuple[str, int]]
+    ) -> tuple[list[Op], list[Op], list[Op], list[Op]]:
+        """The backward's frees of a layer's blocks (``ops[n]`` holds ``blocks[n]``; ops past
+        the blocks, autocast's recomputed weight copies, last) in the four groups autograd
+        releases them in: the MLP's down projection input (its backward runs first), the rest
+        of the MLP's, those released before eager attention's softmax backward (Note [Eager
+        attention's backward order]), the others."""
+        groups: tuple[list[Op], list[Op], list[Op], list[Op]] = ([], [], [], [])
+        eager = self.training.attention == "eager"
+        n_blocks = len(blocks)
+        for n, op in enumerate(ops):
+            term = blocks[n][0] if n < n_blocks else ""
+            if term == "mlp/down_input":
+                group = 0
+            elif term.startswith("mlp/"):
+                group = 1
+            elif eager and term in RELEASED_BEFORE_SOFTMAX_BACKWARD:
+                group = 2
+            else:
+                group = 3
+            groups[group].append(free(op, "backward"))
+        return groups
 
     def _scores_tmp_tensors(self) -> list[int]:
         """What the eager attention holds in the forward beyond what it saves, as the tensors
@@ -399,13 +406,6 @@ class _Layers:
         if self.model.attention_written_out and self.attention_tmp % n == 0:
             return [self.attention_tmp // n] * n
         return [self.attention_tmp]
-
-    def _released_before_softmax_backward(self, blocks: list[tuple[str, int]]) -> list[bool]:
-        """Per block of ``blocks``: saved by an op whose backward runs before eager
-        attention's softmax backward (Note [Eager attention's backward order])."""
-        if self.training.attention != "eager":
-            return [False] * len(blocks)
-        return [term in RELEASED_BEFORE_SOFTMAX_BACKWARD for term, _ in blocks]
 
 
 class _Ends:
