@@ -23,7 +23,9 @@ def quantized_base_refusals(training: TrainingConfig) -> list[str]:
       (``Linear4bit.forward``: ``.to(inp_dtype)``), which the stand-in does not do; under
       autocast (``bf16-mixed`` / ``16-mixed``, the weights already fp32) or ``32-true`` the
       upcast changes nothing;
-    * ``fp8-mixed``: torchao's float8 linears replace the same modules.
+    * ``fp8-mixed``: torchao's float8 linears replace the same modules;
+    * DoRA (QDoRA): peft's ``dequantize_module_weight`` reads bitsandbytes' own weight class,
+      which the stand-in's packed weight is not.
     """
     kind = training.quantize_base
     if kind == "none":
@@ -38,5 +40,10 @@ def quantized_base_refusals(training: TrainingConfig) -> list[str]:
         out.append(
             f"quantize_base={kind} with precision=fp8-mixed (torchao's float8 linears replace "
             "the same modules; traced: --precision bf16-mixed, 16-mixed or 32-true)"
+        )
+    if training.lora_variant == "dora":
+        out.append(
+            f"quantize_base={kind} with lora_variant=dora (peft dequantizes bitsandbytes' own "
+            "weights for DoRA's norm; traced: DoRA on an unquantized base, or LoRA on this one)"
         )
     return out

@@ -6,6 +6,7 @@ tuners/lora/layer.py). Symbols as in :mod:`trainmem.analytic.activations`."""
 from __future__ import annotations
 
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes
+from trainmem.analytic.lora_variants import check_lora_variant, dora_terms
 from trainmem.analytic.params import linear_shapes
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
@@ -34,9 +35,12 @@ def apply_lora(
     # ``MatMul4Bit`` since 0.43.2 keeps ``(None, B)``, and torchtune's torchao ``NF4Tensor``
     # (``linear_nf4``) saves only the weight: then a quantized base is like a frozen 16-bit one.
     # See TrainingConfig.quantized_matmul_saves_input.
+    check_lora_variant(training)
     if not training.quantized_matmul_saves_input:
         _frozen_base_inputs(terms, model, training, t=t, k_top=k_top)
     terms.update(_adapter_terms(model, training, t=t, k_top=k_top))
+    adapter_bytes = dtype_bytes(lora_adapter_dtype(training))
+    terms.update(dora_terms(model, training, t=t, k_top=k_top, adapter_bytes=adapter_bytes))
 
 
 def _frozen_base_inputs(

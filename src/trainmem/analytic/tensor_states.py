@@ -214,6 +214,8 @@ def _layer_tensors(model: ModelSpec, training: TrainingConfig) -> list[tuple[str
             for _ in range(n):
                 out.append((f"lora_A.{name}", r * i, r, True))
                 out.append((f"lora_B.{name}", o * r, o, True))
+                if training.lora_variant == "dora":  # Note [DoRA] in analytic/lora_variants.py
+                    out.append((f"lora_magnitude.{name}", o, o, True))
     out.extend((key, numel, width, not lora) for key, (numel, width) in experts.items())
     vectors = layer_total - weights
     h = model.hidden_size

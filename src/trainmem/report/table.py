@@ -192,6 +192,8 @@ def config_line(est: MemoryEstimate) -> str:
             f"lora_targets={','.join(c['lora_targets'])}",
             f"quantize_base={c['quantize_base']}",
         ]
+        if c.get("lora_variant", "lora") != "lora":
+            parts.append(f"lora_variant={c['lora_variant']}")
     return (
         f"{est.num_parameters:,} parameters ({est.num_trainable_parameters:,} trainable); "
         + ", ".join(parts)

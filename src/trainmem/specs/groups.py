@@ -54,6 +54,7 @@ FIELD_GROUPS: dict[str, tuple[str, ...]] = {
         "lora_rank",
         "lora_targets",
         "lora_dropout",
+        "lora_variant",
         "quantize_base",
         "prepare_kbit_training",
     ),

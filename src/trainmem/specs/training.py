@@ -130,6 +130,10 @@ LORA_TARGETS: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
 """Linear names ``--lora-targets`` accepts (``all-linear`` means all of them); for fused-qkv
 families (GPT-2 ``c_attn``, Falcon / GPT-NeoX ``query_key_value``) any of q, k, v targets the
 one fused module, as peft does."""
+LORA_VARIANTS: tuple[str, ...] = ("lora", "dora")
+"""``TrainingConfig.lora_variant`` values: peft's adapter types on the targeted linears,
+``lora`` (``LoraConfig``) and ``dora`` (``LoraConfig(use_dora=True)``, Liu et al. 2024,
+arXiv:2402.09353; peft tuners/lora/dora.py)."""
 PIPELINE_SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved-1f1b", "gpipe")
 EMA_DTYPES: tuple[str, ...] = ("float32", "bfloat16")
 """``TrainingConfig.ema_dtype`` values: diffusers' ``EMAModel`` shadow copy as its training
@@ -812,6 +816,15 @@ class PeftConfig:
     lora_dropout: float = setting(0.0, "Dropout on the LoRA input (peft lora_dropout).")
     """Dropout probability on the LoRA input (peft ``lora_dropout``), in [0, 1); > 0 keeps a
     copy of the input. Default 0.0, peft's."""
+    lora_variant: str = setting(
+        "lora",
+        "peft adapter type on the --lora-targets (dora: peft's use_dora=True):",
+        choices=LORA_VARIANTS,
+    )
+    """peft's adapter type (:data:`LORA_VARIANTS`): ``lora``, the default, or ``dora``
+    (weight-decomposed LoRA, ``LoraConfig(use_dora=True)``: a trainable fp32 magnitude of
+    out_features per targeted linear, and a forward that rebuilds the full weight to take its
+    row norms; Note [DoRA] in ``analytic/lora.py``). Needs ``lora_rank > 0``."""
     quantize_base: str = setting(
         "none", "Frozen base weights quantized (QLoRA and kin):", choices=QUANTIZE_BASE
     )
@@ -870,6 +883,11 @@ class PeftConfig:
         if self.quantize_base != "none" and self.lora_rank == 0:
             raise SpecError(
                 "quantize_base", "a quantized base is frozen: set lora_rank > 0 (QLoRA)"
+            )
+        if self.lora_variant != "lora" and self.lora_rank == 0:
+            raise SpecError(
+                "lora_variant",
+                f"{self.lora_variant} is a kind of adapter: set lora_rank > 0 (or leave lora)",
             )
 
 

@@ -240,6 +240,7 @@ def apply_diffusers_lora(model: Any, training: TrainingConfig) -> None:
         lora_dropout=training.lora_dropout,
         init_lora_weights="gaussian",
         target_modules=names,
+        use_dora=training.lora_variant == "dora",  # train_dreambooth_lora_*.py --use_dora
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)

@@ -198,6 +198,7 @@ def apply_lora(model: Any, training: TrainingConfig) -> Any:
         lora_dropout=training.lora_dropout,
         target_modules=names,
         fan_in_fan_out=conv1d,
+        use_dora=training.lora_variant == "dora",
     )
     with warnings.catch_warnings():
         # peft warns when it flips fan_in_fan_out for a Conv1D / Linear mix (GPT-2 + lm_head),

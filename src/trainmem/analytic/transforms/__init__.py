@@ -13,6 +13,7 @@ from trainmem.analytic.transforms.base import RankContext, Transform
 from trainmem.analytic.transforms.checkpointing import ActivationOffloading
 from trainmem.analytic.transforms.ddp import DdpReducer
 from trainmem.analytic.transforms.deepspeed import DeepSpeedZero
+from trainmem.analytic.transforms.dora import DoraWeightNorm
 from trainmem.analytic.transforms.fsdp import FullyShardedDataParallel
 from trainmem.analytic.transforms.fsdp2 import Fsdp2PostBackward
 from trainmem.analytic.transforms.fsdp_pipeline import FsdpUnderPipeline
@@ -32,6 +33,7 @@ ORDER: tuple[type[Transform], ...] = (
     Pipeline,
     TrainingLoop,
     DdpReducer,
+    DoraWeightNorm,
 )
 """Every transform, in emission order at a point they share (the order that reproduces the
 recorded schedules, tests/golden)."""

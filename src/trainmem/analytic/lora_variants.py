@@ -1,0 +1,161 @@
+"""peft's LoRA variants on the analytic path: what DoRA's forward saves beyond LoRA's (Liu et
+al. 2024, arXiv:2402.09353; peft tuners/lora/dora.py, tuners/lora/variants.py). Symbols as in
+:mod:`trainmem.analytic.activations` (t tokens, c the compute dtype's bytes).
+
+Note [DoRA]
+    peft's ``DoraLinearVariant.forward`` (tuners/lora/variants.py) adds to the base output
+    ``result`` the term ``DoraLinearLayer.forward`` (tuners/lora/dora.py) returns::
+
+        lora_weight = lora_B(lora_A(eye(in))).T.to(x.dtype)     # [out, in], freed on return
+        weight = base_layer.weight.to(x.dtype)                   # [out, in], freed on return
+        weight_norm = linalg.norm(weight + scaling * lora_weight.detach(), dim=1).detach()
+        mag_norm_scale = (magnitude / weight_norm).view(1, -1)   # [1, out]
+        lora_result = lora_B(lora_A(x))                          # [t, out]
+        result_dora = (mag_norm_scale - 1) * base_result + mag_norm_scale * lora_result * s
+
+    where ``x`` is already cast to the adapters' dtype (``_cast_input_dtype``) and
+    ``base_result`` is the base layer's output ``result`` (without ``lora_dropout``) or, with
+    dropout, ``F.linear(dropout(x), weight)`` computed again on the dropped input. Saved for
+    backward (tools/autograd/derivatives.yaml: ``div`` saves the divisor, ``mul`` saves each
+    factor the other one's gradient needs), per targeted linear beyond LoRA's own terms:
+
+    * ``base_result`` [t, out] (c bytes: the base matmul's output; with dropout under
+      autocast the 16-bit re-linear's, without autocast the adapters' dtype);
+    * ``lora_result`` [t, out] (c bytes under autocast, the adapters' dtype otherwise);
+    * ``weight_norm``, ``mag_norm_scale`` and ``mag_norm_scale - 1``, [out] each in the
+      adapters' dtype (the last one only where the layer input requires grad: not in the first
+      layer, whose input comes from a frozen embedding; the trace shows 2 of them there);
+    * with dropout, the re-linear's weight, ``weight`` cast for the matmul (c bytes under
+      autocast, the adapters' dtype otherwise; [out, in]), saved because its input requires
+      grad (again not in the first layer).
+
+    The magnitude itself is a trainable [out] parameter in the adapters' dtype
+    (``DoraLinearLayer.update_layer``: ``nn.Parameter(weight_norm)``), counted with the
+    adapters (``lora_magnitude.<name>`` in :mod:`trainmem.analytic.tensor_states`). The
+    forward's weight-sized temporaries (``weight``, ``lora_weight``, the scaled sum) are freed
+    before the layer returns; the step's peak is in the backward for the runs checked
+    (tests/analytic/test_dora.py against the traced peft code). Not modelled here: DoRA on
+    ``lm_head`` (vocabulary-sized ``base_result`` and ``lora_result`` in the head; the
+    generic path traces it).
+"""
+
+from __future__ import annotations
+
+from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
+from trainmem.analytic.params import linear_shapes
+from trainmem.errors import UnsupportedError
+from trainmem.specs.model import ModelSpec
+from trainmem.specs.training import TrainingConfig
+from trainmem.units import dtype_bytes
+
+__all__ = ["check_lora_variant", "dora_forward_transient_bytes", "dora_terms"]
+
+DORA_VECTORS = 3
+"""[out]-sized tensors DoRA saves per targeted linear: ``weight_norm``, ``mag_norm_scale``,
+``mag_norm_scale - 1`` (Note [DoRA])."""
+
+
+def check_lora_variant(training: TrainingConfig) -> None:
+    """Refuse the variant settings the analytic formulas do not model.
+
+    Raises:
+        UnsupportedError: DoRA on ``lm_head``, on a quantized base or under tensor
+            parallelism (Note [DoRA]).
+    """
+    if training.lora_variant != "dora":
+        return
+    refused = [
+        what
+        for what, on in (
+            ("on lm_head (its vocabulary-sized saved outputs)", "lm_head" in training.lora_targets),
+            (f"with quantize_base={training.quantize_base}", training.quantize_base != "none"),
+            ("under tensor parallelism", training.tensor_parallel_size > 1),
+        )
+        if on
+    ]
+    if refused:
+        raise UnsupportedError(
+            f"DoRA {refused[0]} is not modelled by the formulas; use --engine generic, which "
+            "runs peft's DoRA code"
+        )
+
+
+def dora_terms(
+    model: ModelSpec, training: TrainingConfig, *, t: int, k_top: int, adapter_bytes: int
+) -> dict[str, int]:
+    """Bytes DoRA saves per targeted linear of one layer beyond LoRA (Note [DoRA]).
+
+    Args:
+        model: the layer's shapes (:func:`~trainmem.analytic.params.linear_shapes`).
+        training: ``lora_targets``, ``lora_dropout``, precision.
+        t: tokens of the micro-batch on this rank.
+        k_top: experts per token (the MLP linears of a mixture of experts run k_top times).
+        adapter_bytes: bytes per element of the adapters' dtype
+            (:func:`~trainmem.analytic.lora.lora_adapter_dtype`).
+
+    Returns:
+        ``{"dora/<linear>": bytes}``; empty unless ``lora_variant`` is ``dora``.
+    """
+    if training.lora_variant != "dora":
+        return {}
+    c, _ = compute_and_residual_bytes(training)
+    lora_out = c if training.uses_autocast else adapter_bytes
+    base_out = c if training.uses_autocast or training.lora_dropout == 0 else adapter_bytes
+    targets = set(training.lora_targets)
+    terms: dict[str, int] = {}
+    for name, (fan_in, fan_out, n) in linear_shapes(model).items():
+        targeted = bool({"q", "k", "v"} & targets) if name == "qkv" else name in targets
+        if name == "router" or not targeted:
+            continue
+        active = k_top if name in ("gate", "up", "down") else 1
+        size = (base_out + lora_out) * t * fan_out * active
+        size += DORA_VECTORS * adapter_bytes * fan_out * n
+        if training.lora_dropout > 0:  # the re-linear's weight (Note [DoRA])
+            size += (c if training.uses_autocast else adapter_bytes) * fan_in * fan_out * n
+        terms[f"dora/{name}"] = size
+    return terms
+
+
+def dora_forward_transient_bytes(
+    model: ModelSpec, training: TrainingConfig, *, adapter_bytes: int
+) -> int:
+    """The most one targeted linear's DoRA forward holds at once beyond what it saves (Note
+    [DoRA forward transients]), bytes; 0 without DoRA.
+
+    Note [DoRA forward transients]
+        ``DoraLinearLayer.get_lora_weight`` (peft tuners/lora/dora.py) builds the adapters'
+        product by running them on ``torch.eye(in)`` (the adapters' dtype a): under autocast
+        the eye's 16-bit cast is saved by ``lora_A``'s matmul while ``lora_weight`` lives, and
+        at ``lora_B``'s matmul the fp32 eye, its cast, ``lora_A``'s [in, r] output and the
+        [in, out] product are alive together; ``forward`` then casts the product to x's dtype
+        (a), casts the base weight to it when its dtype differs, and ``get_weight_norm`` makes
+        ``scaling * lora_weight`` and the sum: three (four with the weight's cast) a-byte
+        [out, in] tensors beside the eye's cast. All the while peft's cast of the input to the
+        adapters' dtype (``_cast_input_dtype``, a x t x in; saved, so not counted here, when no
+        autocast follows) is alive. The larger of the two moments, over the targeted linears.
+        Checked against the live tensors of peft 0.21's forward on CPU under autocast (a
+        2816 -> 1024 linear, r 16, 512 tokens: eye fp32 31.7 MB, its cast 15.9 MB, the product
+        5.8 MB, the input cast 5.8 MB at ``lora_B``'s mm) and the generic path's peak in
+        ``down_proj.lora_B`` (tests/analytic/test_dora.py).
+    """
+    if training.lora_variant != "dora":
+        return 0
+    c, _ = compute_and_residual_bytes(training)
+    a = adapter_bytes
+    autocast = training.uses_autocast
+    e = c if autocast else a  # the eye as lora_A's matmul saves it
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    r = training.lora_rank
+    weight_cast = dtype_bytes(training.weight_dtype) != a
+    targets = set(training.lora_targets)
+    most = 0
+    for name, (fan_in, fan_out, _n) in linear_shapes(model).items():
+        targeted = bool({"q", "k", "v"} & targets) if name == "qkv" else name in targets
+        if name == "router" or not targeted:
+            continue
+        x_cast = a * t * fan_in if autocast and a > c else 0
+        held = x_cast + e * fan_in * fan_in + e * fan_in * r
+        at_product = held + (a * fan_in * fan_in if autocast else 0) + e * fan_in * fan_out
+        at_norm = held + (3 + int(weight_cast)) * a * fan_in * fan_out
+        most = max(most, at_product, at_norm)
+    return most

@@ -1,0 +1,79 @@
+"""peft's DoRA on the analytic path (issue 26, ``--lora-variant dora``): bytes by hand from
+peft tuners/lora/dora.py (Note [DoRA], Note [DoRA forward transients] in
+``analytic/lora_variants.py``) on a 2-layer Llama (tests/models/lora_variants/llama_h1024.json:
+h 1024, 16 heads of 64, 4 KV heads -> v out 256, MLP 2816), b 2 x s 256 = 512 tokens, r 16,
+bf16-mixed (c = 2 B, adapters fp32 = 4 B)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from trainmem.analytic.lora_variants import dora_forward_transient_bytes
+from trainmem.errors import SpecError, UnsupportedError
+from trainmem.estimate import estimate, resolve_model
+from trainmem.specs.training import TrainingConfig
+
+MODEL = str(Path(__file__).resolve().parents[1] / "models" / "lora_variants" / "llama_h1024.json")
+T = 2 * 256  # tokens
+Q_OUT, V_OUT = 1024, 4 * 64
+LAYERS = 2
+LORA = TrainingConfig(micro_batch_size=2, seq_len=256, lora_rank=16, lora_targets=("q", "v"))
+DORA = dataclasses.replace(LORA, lora_variant="dora")
+
+
+def _analytic(training: TrainingConfig) -> object:
+    return estimate(MODEL, training, engine="analytic", simulate_allocator=False).breakdown
+
+
+def test_dora_magnitude_is_a_trainable_fp32_vector_per_targeted_linear() -> None:
+    lora, dora = _analytic(LORA), _analytic(DORA)
+    magnitude = (Q_OUT + V_OUT) * LAYERS  # DoraLinearLayer.weight: [out_features]
+    assert dora.parameters - lora.parameters == 4 * magnitude  # type: ignore[attr-defined]
+    # AdamW: exp_avg and exp_avg_sq, fp32
+    assert dora.optimizer_states - lora.optimizer_states == 8 * magnitude  # type: ignore[attr-defined]
+
+
+def test_dora_saves_the_base_and_adapter_outputs_and_three_vectors() -> None:
+    # base_result and lora_result [t, out] in bf16 (autocast), weight_norm, mag_norm_scale and
+    # mag_norm_scale - 1 [out] in fp32, per targeted linear and layer; the peak is in the
+    # backward with every layer's saved tensors alive
+    saved = LAYERS * ((2 + 2) * T * (Q_OUT + V_OUT) + 3 * 4 * (Q_OUT + V_OUT))
+    states = 12 * (Q_OUT + V_OUT) * LAYERS  # magnitude + its two AdamW states
+    lora, dora = _analytic(LORA), _analytic(DORA)
+    assert dora.allocated_bytes - lora.allocated_bytes == saved + states  # type: ignore[attr-defined]
+
+
+def test_dora_with_dropout_also_saves_the_relinear_weight() -> None:
+    # lora_dropout: base_result = F.linear(dropout(x), weight) again; autocast's 16-bit cast of
+    # the weight [out, in] is saved for the input gradient (dora.py DoraLinearLayer.forward)
+    lora = _analytic(dataclasses.replace(LORA, lora_dropout=0.1))
+    dora = _analytic(dataclasses.replace(DORA, lora_dropout=0.1))
+    saved = LAYERS * ((2 + 2) * T * (Q_OUT + V_OUT) + 3 * 4 * (Q_OUT + V_OUT))
+    weights = LAYERS * 2 * 1024 * (Q_OUT + V_OUT)
+    states = 12 * (Q_OUT + V_OUT) * LAYERS
+    assert dora.allocated_bytes - lora.allocated_bytes == saved + weights + states  # type: ignore[attr-defined]
+
+
+def test_forward_transient_of_the_down_projection_by_hand() -> None:
+    # all-linear: the largest is down_proj (in 2816, out 1024) at lora_B's matmul on the eye:
+    # the input's fp32 cast [t, 2816], torch.eye(2816) fp32, its bf16 cast, lora_A's [2816, 16]
+    # bf16 output and the [2816, 1024] bf16 product (the live tensors of peft 0.21's forward on
+    # CPU under autocast, listed in Note [DoRA forward transients])
+    i, o = 2816, 1024
+    expected = 4 * T * i + 4 * i * i + 2 * i * i + 2 * i * 16 + 2 * i * o
+    training = dataclasses.replace(DORA, lora_targets=("q", "k", "v", "o", "gate", "up", "down"))
+    spec = resolve_model(MODEL)
+    assert dora_forward_transient_bytes(spec, training, adapter_bytes=4) == expected == 59_203_584
+
+
+def test_dora_needs_a_rank_and_is_refused_where_the_formulas_stop() -> None:
+    with pytest.raises(SpecError, match="lora_variant: dora is a kind of adapter"):
+        TrainingConfig(lora_variant="dora")
+    with pytest.raises(SpecError, match="lora_variant: unknown value 'dorra'"):
+        TrainingConfig(lora_rank=8, lora_variant="dorra")
+    head = dataclasses.replace(DORA, lora_targets=("q", "lm_head"))
+    with pytest.raises(UnsupportedError, match="DoRA on lm_head .* use --engine generic"):
+        estimate(MODEL, head, engine="analytic")
