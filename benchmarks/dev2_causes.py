@@ -94,6 +94,14 @@ _TT_APR_LORA = _joined(_TORCHTUNE_AO01, _TORCHTUNE_HELD_LOGITS, _TORCHTUNE_LORA_
 _TT_APR_FULL = _joined(_TORCHTUNE_AO01, _TORCHTUNE_HELD_LOGITS)
 _TT_BF16_LORA = _joined(_TORCHTUNE_HELD_LOGITS, _TORCHTUNE_LORA_DROPOUT)
 
+_TITAN_010 = (
+    ["--torchtitan-version", "0.1"],
+    "pytorch/torchtitan benchmarks/llama3-8b_h200_202506_trainy-whitefiber.md, the rows' "
+    "source: torchtitan e7c0cae (version.txt 0.1.0, June 2025) run with --training.compile, "
+    "whose loss is compiled too (torchtitan/components/loss.py build_cross_entropy_loss: "
+    "torch.compile(loss_fn), since bbb1b616e / PR #1033); the reading had no torchtitan "
+    "version and ran the Dec 2024 (0.0.2) eager loss",
+)
 _FMS_LORA_DROPOUT = (
     [*_FMS_TRANSFORMERS[0], "--lora-dropout", "0.1"],
     _FMS_TRANSFORMERS[1] + "; scripts/benchmarks/scenarios.yaml @24bdadb gives every peft "
@@ -193,6 +201,8 @@ AMENDMENTS: dict[str, tuple[list[str], str]] = {
     **{f"GT{n}": _TORCHAO_FUSED for n in range(167, 170)},
     **{f"GT{n}": _RASBT_ZERO_GRAD for n in range(179, 183)},
     **{f"GT{n}": _RASBT_NIGHTLY for n in range(183, 185)},
+    "GT062": _TITAN_010,
+    "GT063": _TITAN_010,
 }
 
 _TORCHAO_224 = (
@@ -275,8 +285,15 @@ _TITAN_T4 = (
     "measured; torchtitan section)"
 )
 _FLOAT8_AG = (
-    "unexplained: the source's float8 FSDP all-gather with precomputed scales and op-level "
-    "SAC have no flag (notes)"
+    "unexplained: amended with the source's torchtitan 0.1, whose --training.compile compiles "
+    "the loss (Note [torchtitan's compiled cross-entropy]; as read, the eager loss: +28%); still "
+    "under at the loss backward's peak (40.3 GiB allocated). Read and ruled out: float8 FSDP "
+    "all-gather (already modelled), force_recompute_fp8_weight_in_bwd (a no-op in torchao "
+    "0afa4c1, PR #2356), the SAC save list (aten.abs dropped since 9dec370: under compile its "
+    "output is read by no backward op), precomputed scales (one fp32 amax per weight). The "
+    "trace engine on GT062 keeps no matmul output of a float8 linear under compiled op-level "
+    "SAC (21.2 GiB allocated, 30.1 reserved), against GT053's measurement (the analytic rule "
+    "keeps them and is -3.4% there)"
 )
 _FSDP_QLORA_CACHE = (
     "the load is modelled (Note [FSDP1 sync_module_states init]: units moved, broadcast in "

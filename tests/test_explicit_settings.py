@@ -43,6 +43,11 @@ FLAG_CASES: dict[str, tuple[list[str], Any, str]] = {
         "bitsandbytes-version=0.41.1",
     ),
     "torchao_version": (["--torchao-version", "0.18.0"], "0.18.0", "torchao-version=0.1"),
+    "torchtitan_version": (
+        ["--torchtitan-version", "0.0.2"],
+        "0.0.2",
+        "torchtitan-version=0.1",
+    ),
     "deepspeed_version": (
         ["--deepspeed-version", "0.19.8"],
         "0.19.8",

@@ -118,6 +118,36 @@ def compiled_chunked_loss(model: ModelSpec, training: TrainingConfig) -> bool:
     )
 
 
+def torchtitan_compiled_loss(model: ModelSpec, training: TrainingConfig) -> bool:
+    """torchtitan's cross-entropy runs compiled (``TrainingConfig.torchtitan_compiles_loss``:
+    its train loop with ``compile`` on, from torchtitan 0.1, unchunked, one pipeline stage, no
+    loss parallelism) on a causal LM.
+
+    Note [torchtitan's compiled cross-entropy]
+        torchtitan/components/loss.py (e7c0cae, June 2025; since bbb1b616e, PR #1033)
+        ``cross_entropy_loss(pred, labels)`` is ``F.cross_entropy(pred.flatten(0, 1).float(),
+        labels.flatten(0, 1))`` and ``build_cross_entropy_loss`` returns
+        ``torch.compile(loss_fn)`` when ``job_config.training.compile``: the whole logits are
+        one chunk of Note [Compiled chunked cross-entropy] (the 16-bit logits, the row max and
+        the log-sum-exp saved, c*V + 8 per token; no fp32 copy written; in backward one c*V
+        gradient per token). torchtitan 0.0.2 (9dec370) ran it eager ("TODO: compiling loss
+        function causes CUDA errors, turning off for now", train.py). Under loss parallelism
+        (DTensor logits) and pipeline parallelism (the loss inside the last stage's schedule)
+        the eager rules stay: not modelled for the compiled loss. The trace engine compiles
+        the same loss (trainmem.trace.engine ``default_forward_loss``)."""
+    return (
+        training.torchtitan_compiles_loss
+        and model.head == "causal-lm"
+        and loss_kind(model, training) == "cross-entropy"
+    )
+
+
+def compiled_loss(model: ModelSpec, training: TrainingConfig) -> bool:
+    """The cross-entropy runs compiled, its logits in chunks (torchtune,
+    :func:`compiled_chunked_loss`) or whole (torchtitan, :func:`torchtitan_compiled_loss`)."""
+    return compiled_chunked_loss(model, training) or torchtitan_compiled_loss(model, training)
+
+
 def megatron_cross_entropy(model: ModelSpec, training: TrainingConfig) -> bool:
     """A causal LM's cross-entropy is Megatron's vocabulary-parallel one
     (``FrameworkConventions.vocab_parallel_cross_entropy``), unchunked and not replaced by
@@ -187,7 +217,7 @@ def loss_saved_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> d
         # the 16-bit log-softmax output and nll_loss's fp32 copy of it
         # (Note [Cross-entropy on 16-bit logits])
         return {"log_softmax": (c + 4) * v * t}
-    if compiled_chunked_loss(model, training):
+    if compiled_loss(model, training):
         # Note [Compiled chunked cross-entropy]: every chunk's logits in their own dtype and
         # two fp32 values per token (row max, log-sum-exp), no fp32 log-softmax
         return {"chunk_logits": c * v * t, "chunk_row_stats": 8 * t}
@@ -309,7 +339,7 @@ def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
         total = c * v * chunk
     elif model.head == "seq2seq-lm" and c != 4:
         total = 4 * v * chunk  # the logits are a head term (``logits_for_loss``)
-    elif compiled_chunked_loss(model, training):
+    elif compiled_loss(model, training):
         # Note [Compiled chunked cross-entropy]: the logits are the saved ``chunk_logits``
         # themselves and the compiled upcast never writes an fp32 copy
         total = 0
@@ -370,7 +400,7 @@ def loss_backward_transient_bytes(model: ModelSpec, training: TrainingConfig) ->
     if loss_in_logits_dtype(model, training):
         # nll_loss's fp32 gradient (Note [Cross-entropy on 16-bit logits])
         n, per_value = 1, 4
-    if compiled_chunked_loss(model, training):
+    if compiled_loss(model, training):
         # Note [Compiled chunked cross-entropy]: one chunk's gradient, in the logits' dtype
         n, per_value = 1, c
     if megatron_cross_entropy(model, training):

@@ -15,6 +15,7 @@ from trainmem.specs.frameworks import (
     DEFAULT_DEEPSPEED_VERSION,
     DEFAULT_TORCH_VERSION,
     DEFAULT_TORCHAO_VERSION,
+    DEFAULT_TORCHTITAN_VERSION,
     DEFAULT_TRANSFORMERS_VERSION,
     FRAMEWORK_CONVENTIONS,
     installed_transformers_version,
@@ -93,8 +94,9 @@ def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dic
 
     Returns:
         ``{"framework", "framework_means", "loop", "torch", "transformers", "bitsandbytes",
-        "torchao", "deepspeed"}`` as text (``loop``: :func:`loop_of`); a version the user did
-        not give reads ``"2.8 (default)"`` (transformers: ``"5.24.0 (installed)"`` when installed).
+        "torchao", "deepspeed", "torchtitan"}`` as text (``loop``: :func:`loop_of`); a version
+        the user did not give reads ``"2.8 (default)"`` (transformers: ``"5.24.0 (installed)"``
+        when installed).
     """
     framework = str(config.get("framework") or "pytorch-amp")
     out = {
@@ -117,6 +119,9 @@ def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dic
         out["torchao"] = _version(config.get("torchao_version"), DEFAULT_TORCHAO_VERSION)
     if framework == "deepspeed":
         out["deepspeed"] = _version(config.get("deepspeed_version"), DEFAULT_DEEPSPEED_VERSION)
+    if framework == "fsdp2" and config.get("compile"):
+        # torchtitan compiles its loss from 0.1 (Note [torchtitan's compiled cross-entropy])
+        out["torchtitan"] = _version(config.get("torchtitan_version"), DEFAULT_TORCHTITAN_VERSION)
     return out
 
 

@@ -41,6 +41,17 @@ factor is computed over the expanded (n_scaler_blocks, 256) view and returned as
 ``quantization_factor[:, 0].view(n_scaler_blocks)``, a view that keeps the whole bf16 base
 alive, in 0.1 and 0.2; torchao PR #298 (9dbc5542, 2024-05-31, in 0.3.0) returns it
 ``.contiguous()``."""
+DEFAULT_TORCHTITAN_VERSION = (0, 0, 2)
+"""The torchtitan release assumed when none is given: 0.0.2, the ``version.txt`` of the
+December 2024 tree (9dec370) the ``fsdp2`` conventions and torchtitan's published benchmarks
+(benchmarks/llama3_h100_202412_torchtitan.md) were read from."""
+TORCHTITAN_COMPILED_LOSS_SINCE = (0, 1, 0)
+"""torchtitan compiles its cross-entropy with ``--training.compile``
+(torchtitan/components/loss.py ``build_cross_entropy_loss``: ``loss_fn =
+torch.compile(loss_fn)``) since bbb1b616e (PR #1033, 2025-04-02, "Enable compiling the loss
+function ... reduction of memory"); 0.1.0 (tag v0.1.0, 2025-06-17; e7c0cae's ``version.txt``)
+is the first release with it. Before, train.py left it eager ("TODO: compiling loss function
+causes CUDA errors, turning off for now", 9dec370, version 0.0.2)."""
 TORCHAO_OFFLOAD_MINIMAL_SIZE = 4096
 """torchao ``CPUOffloadOptimizer(minimal_size=4096)``: parameters with fewer elements are kept
 in an optimizer on the GPU ("to avoid excessively many small transfers",
@@ -446,6 +457,11 @@ class FrameworkConventions:
     next ``L % stages`` stages one more, the last stage the rest; rank r holds stages r, r + p,
     ... (``stage_ids_this_rank``, loop style). False: Megatron's even split, the first stages
     ``ceil(L / p)`` layers and the last the rest."""
+    torchtitan_train_loop: bool
+    """The train loop is torchtitan's (torchtitan/train.py ``forward_backward_step``: ``pred =
+    model(inputs)``, ``loss = self.loss_fn(pred, labels)``, ``del pred``, ``loss.backward()``),
+    whose cross-entropy ``--compile`` compiles from torchtitan 0.1
+    (:data:`TORCHTITAN_COMPILED_LOSS_SINCE`, ``TrainingConfig.torchtitan_version``)."""
     fsdp_flat_parameter_grads: bool
     """FSDP (``FullyShardedDataParallel``, FSDP1) flattens each wrapped module's parameters into
     one ``FlatParameter``; with ``use_orig_params=True`` (Lightning Fabric 2.1's default,
@@ -562,6 +578,7 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "float8_tensor_parallel": False,
         "fsdp_shards_over_context_parallel": False,
         "torchtitan_pipeline_split": False,
+        "torchtitan_train_loop": False,
         "fsdp_collective_streams": False,
         "fsdp2_post_backward": False,
         "fsdp_unsharded_leaf_parameters": False,
@@ -632,6 +649,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             float8_tensor_parallel=True,
             fsdp_shards_over_context_parallel=True,
             torchtitan_pipeline_split=True,
+            torchtitan_train_loop=True,
             fsdp_collective_streams=True,
             fsdp2_post_backward=True,
             fsdp_unsharded_leaf_parameters=True,

@@ -74,10 +74,12 @@ from trainmem.specs.frameworks import (
     BNB_MATMUL4BIT_SAVES_NO_INPUT_SINCE,
     DEFAULT_BITSANDBYTES_VERSION,
     DEFAULT_TORCHAO_VERSION,
+    DEFAULT_TORCHTITAN_VERSION,
     DEFAULT_TRANSFORMERS_VERSION,
     FRAMEWORK_CONVENTIONS,
     GRAD_ACCUM_DTYPES,
     LOOPS,
+    TORCHTITAN_COMPILED_LOSS_SINCE,
     FrameworkConventions,
     deepspeed_copies_fp32_weights,
     deepspeed_grad_accum_dtype,
@@ -943,6 +945,16 @@ class FrameworkConfig:
     0.2 the whole weight's nearest-NF4 search at once, the load phase's peak
     (:mod:`trainmem.analytic.load`); None, the default: a current release
     (:data:`~trainmem.specs.frameworks.DEFAULT_TORCHAO_VERSION`)."""
+    torchtitan_version: str | None = setting(
+        None,
+        "torchtitan release (from 0.1 its loss is compiled with --compile).",
+        default_text="0.0.2 (Dec 2024)",
+    )
+    """torchtitan release (``"0.1"``) whose train loop runs with ``framework="fsdp2"``: from
+    0.1 (:data:`~trainmem.specs.frameworks.TORCHTITAN_COMPILED_LOSS_SINCE`) ``--compile``
+    compiles the cross-entropy too (trainmem.analytic.loss ``torchtitan_compiled_loss``);
+    None, the default: :data:`~trainmem.specs.frameworks.DEFAULT_TORCHTITAN_VERSION`, the
+    December 2024 tree the ``fsdp2`` conventions were read from."""
     load_phase: bool | None = setting(
         None,
         "Model the load phase (building / quantizing the model on the GPU before the step).",
@@ -983,12 +995,22 @@ class FrameworkConfig:
         major, minor, patch = (*(given or DEFAULT_TORCHAO_VERSION), 0, 0)[:3]
         return (major, minor, patch)
 
+    @property
+    def torchtitan_release(self) -> tuple[int, int, int]:
+        """(major, minor, patch) of the torchtitan whose train loop runs: ``torchtitan_version``
+        when given (``"0.1"`` is 0.1.0), else
+        :data:`~trainmem.specs.frameworks.DEFAULT_TORCHTITAN_VERSION`."""
+        given = parse_version("torchtitan_version", self.torchtitan_version)
+        major, minor, patch = (*(given or DEFAULT_TORCHTITAN_VERSION), 0, 0)[:3]
+        return (major, minor, patch)
+
     def __post_init__(self) -> None:
         for name in (
             "torch_version",
             "transformers_version",
             "bitsandbytes_version",
             "torchao_version",
+            "torchtitan_version",
             "deepspeed_version",
         ):
             parse_version(name, getattr(self, name))
@@ -1118,6 +1140,22 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
         (``FrameworkConventions.dtensor_sequence_parallel`` frameworks with tensor parallelism:
         torchtitan's ``enable_loss_parallel``, on by default)."""
         return self.tensor_parallel_size > 1 and self.conventions.dtensor_sequence_parallel
+
+    @property
+    def torchtitan_compiles_loss(self) -> bool:
+        """torchtitan's train loop compiles its unchunked cross-entropy: ``compile`` on, from
+        torchtitan 0.1 (:data:`~trainmem.specs.frameworks.TORCHTITAN_COMPILED_LOSS_SINCE`),
+        one pipeline stage, no loss parallelism, no other loss given (Note [torchtitan's
+        compiled cross-entropy] in trainmem/analytic/loss.py)."""
+        return (
+            self.compile
+            and self.conventions.torchtitan_train_loop
+            and self.torchtitan_release >= TORCHTITAN_COMPILED_LOSS_SINCE
+            and self.chunked_cross_entropy == 0
+            and not self.loss_parallel
+            and self.pipeline_parallel_size == 1
+            and self.loss in (None, "cross-entropy")
+        )
 
     @property
     def sequence_parallel_saves_gathered_input(self) -> bool:

@@ -74,7 +74,10 @@ Note [Compiled cross-entropy]
     backward's ``full`` + ``scatter`` is one pointwise ``where`` (``fx_passes/post_grad.py``
     ``scatter_upon_const_tensor``) and the rest fuses into the kernel that writes the 16-bit
     gradient. So in these graphs every node but the graph outputs and the reductions runs
-    untracked (:func:`_kernel_internal_nodes`); checked on real CPU tensors with dynamo's
+    untracked (:func:`_kernel_internal_nodes`), and a graph input read inside a kernel is freed
+    after that kernel, not at its last untracked reader (:func:`_free_inputs_after_their_kernel`:
+    the 16-bit logits and their gradient are alive together in the backward, as inductor's
+    code has them); checked on real CPU tensors with dynamo's
     ``aot_autograd`` backend on the same decompositions, whose forward saves exactly those
     tensors. A rule for loss graphs only: in a layer, inductor also writes the inputs of its
     extern kernels (``mm``, SDPA), which :func:`_fusible_nodes` keeps.
@@ -149,6 +152,32 @@ def _kernel_internal_nodes(gm: Any) -> set[str]:
     }
 
 
+def _free_inputs_after_their_kernel(
+    gm: Any, fused: set[str], last_uses: dict[Any, list[Any]]
+) -> None:
+    """Free a graph input that a kernel reads (a node of ``fused`` runs inside the kernel of
+    the first nodes not in ``fused`` it flows into) after the last such kernel has run, not
+    after its last fused reader: inductor's generated code allocates a kernel's output buffer,
+    runs the kernel, and only then ``del``s the inputs it read
+    (torch/_inductor/codegen/wrapper.py), so an input and the output written from it are
+    alive together. A loss graph's input (the logits) is a forward input, never a donated
+    buffer the kernel could write in place (torch/_inductor/ir.py ``DonatedBuffer``: "a saved
+    tensor that is not alias to any fwd inputs"). Edits ``last_uses`` (the FX interpreter's
+    ``user_to_last_uses``) in place; see Note [Compiled cross-entropy]."""
+    nodes = list(gm.graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    ends: dict[Any, set[Any]] = {}
+    for node in reversed(nodes):  # users come later: their kernel ends are known
+        if node.name in fused:
+            ends[node] = set().union(*(ends.get(u, {u}) for u in node.users))
+    for user, dying in list(last_uses.items()):
+        for value in [v for v in dying if v.op == "placeholder" and user.name in fused]:
+            kernels = set().union(*(ends.get(u, {u}) for u in value.users))
+            last = max(kernels, key=order.__getitem__)
+            dying.remove(value)
+            last_uses.setdefault(last, []).append(value)
+
+
 def _graph_runner(fuse_pointwise: bool, *, loss_kernels: bool = False) -> Any:
     """The compiler handed to AOTAutograd: runs each graph op by op on the trace's tensors,
     owning its inputs as inductor's generated code does (Note [Compiled graphs own their
@@ -166,6 +195,8 @@ def _graph_runner(fuse_pointwise: bool, *, loss_kernels: bool = False) -> Any:
             def __init__(self, inputs: collections.deque[Any]) -> None:
                 super().__init__(gm)
                 self._inputs = inputs
+                if loss_kernels:
+                    _free_inputs_after_their_kernel(gm, fused, self.user_to_last_uses)
 
             def run_node(self, n: Any) -> Any:
                 if n.op == "placeholder":

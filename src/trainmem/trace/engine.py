@@ -390,15 +390,21 @@ def default_forward_loss(training: TrainingConfig) -> Callable[[Any, Any], Any] 
 
     Args:
         training: ``chunked_cross_entropy``, the framework's ``loss_upcast`` and ``compile``
-            (the chunks' loss compiled, as torchtune's recipes compile it).
+            (the chunks' loss compiled, as torchtune's recipes compile it);
+            ``torchtitan_compiles_loss`` (torchtitan >= 0.1 compiles its whole loss).
 
     Returns:
         The chunked cross-entropy (``trainmem.trace.chunked_loss``) or None.
     """
-    if training.chunked_cross_entropy == 0:
+    titan = training.torchtitan_compiles_loss
+    if training.chunked_cross_entropy == 0 and not titan:
         return None
     from trainmem.trace.chunked_loss import chunked_cross_entropy_forward
 
+    if titan:
+        # Note [torchtitan's compiled cross-entropy] (trainmem/analytic/loss.py): the whole
+        # logits one chunk, their upcast and the loss compiled together
+        return chunked_cross_entropy_forward(1, upcast=True, compiled=True)
     return chunked_cross_entropy_forward(
         training.chunked_cross_entropy, upcast=training.loss_upcast, compiled=training.compile
     )
