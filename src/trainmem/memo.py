@@ -35,13 +35,14 @@ def cached_on(*fields: str, maxsize: int = 256) -> Callable[[F], F]:
 
     def wrap(fn: F) -> F:
         store: dict[object, object] = {}
-        # the last call's configuration (its only argument) and answer: the same object asked
-        # again (a configuration's terms ask about twenty times) is answered without the key
-        last: list[Any] = [_MISSING, None]
+        # the last call's arguments (one or two) and answer: the same objects asked again (a
+        # configuration's terms ask about twenty times) are answered without building the key
+        last: list[Any] = [(_MISSING,), None]
 
         @wraps(fn)
         def cached(*args: Any) -> Any:
-            if args[0] is last[0]:
+            prev = last[0]
+            if len(args) == len(prev) and args[-1] is prev[-1] and args[0] is prev[0]:
                 return last[1]
             # NB: the other arguments by identity (hashing a ModelSpec reads every field, 2 us);
             # the entry holds them, so no other object takes their id while it is kept
@@ -51,13 +52,13 @@ def cached_on(*fields: str, maxsize: int = 256) -> Callable[[F], F]:
                 if len(store) >= maxsize:
                     del store[next(iter(store))]
                 hit = store[k] = (fn(*args), args[:-1])
-            if len(args) == 1:
-                last[0], last[1] = args[0], hit[0]  # type: ignore[index]
+            if len(args) <= 2:
+                last[0], last[1] = args, hit[0]  # type: ignore[index]
             return hit[0]  # type: ignore[index]
 
         def clear() -> None:
             store.clear()
-            last[0], last[1] = _MISSING, None
+            last[0], last[1] = (_MISSING,), None
 
         cached.cache_clear = clear  # type: ignore[attr-defined]
         return cached  # type: ignore[return-value]

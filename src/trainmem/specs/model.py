@@ -12,6 +12,7 @@ A ModelSpec is built from a Hugging Face ``config.json`` by
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from dataclasses import replace as _replace
 from typing import Literal
 
 from trainmem.errors import SpecError
@@ -507,11 +508,9 @@ class ModelSpec:
         (modeling_t5.py ``T5Block``, ``is_decoder``). The variants keep every other field, so
         per-block formulas read them unchanged.
         """
-        from dataclasses import replace
-
         kinds: list[tuple[int, ModelSpec]] = []
         if self.dense_layers:
-            dense = replace(
+            dense = _replace(
                 self,
                 num_layers=self.dense_layers,
                 dense_layers=0,
@@ -524,11 +523,11 @@ class ModelSpec:
             kinds.append((self.dense_layers, dense))
             rest = self.num_layers - self.dense_layers
             if rest:
-                kinds.append((rest, replace(self, num_layers=rest, dense_layers=0)))
+                kinds.append((rest, _replace(self, num_layers=rest, dense_layers=0)))
             return kinds
         if self.num_decoder_layers:
-            encoder = replace(self, num_decoder_layers=0)
-            decoder = replace(
+            encoder = _replace(self, num_decoder_layers=0)
+            decoder = _replace(
                 self, num_layers=self.num_decoder_layers, num_decoder_layers=0, cross_attention=True
             )
             return [(self.num_layers, encoder), (self.num_decoder_layers, decoder)]
