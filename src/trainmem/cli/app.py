@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from trainmem.breakdown import MemoryEstimate
+from trainmem.cli import coercion
 from trainmem.cli.common import clean_errors, console, progress
 from trainmem.cli.options import (
     AllocConfOpt,
@@ -433,6 +434,7 @@ def _register_commands() -> None:
 
 
 _register_commands()
+coercion.install()  # Note [Plain options skip pydantic]
 
 
 def main() -> None:
