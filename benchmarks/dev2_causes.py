@@ -24,6 +24,33 @@ _FSDP_QLORA = (
     "use_orig_params=False; the reading had no --framework value for it",
 )
 
+_FSDP_QLORA_BNB = (
+    [*_FSDP_QLORA[0], "--quantize-base", "nf4-dq"],
+    _FSDP_QLORA[1] + "; train.py (50efa1e .. 4cd6923, the benchmarks' span) builds "
+    "Linear4bit(in, out, bias, compute_dtype=..., quant_type='nf4', quant_storage=...) "
+    "without compress_statistics, and bitsandbytes 0.43.0 Linear4bit defaults to "
+    "compress_statistics=True (double quantization); its README asks for bitsandbytes>=0.43.0 "
+    "(released 2024-03-08; the 3090 runs are March 2024, benchmarks_03_2024.md; 0.43.2, "
+    "whose MatMul4Bit no longer keeps its input, is of 2024-07-23)",
+)
+
+_PEFT_SFT_QLORA = (
+    ["--quantize-base", "nf4-dq", "--lora-dropout", "0.1"],
+    "peft examples/sft/run_peft_qlora_fsdp.sh and run_peft_qlora_deepspeed_stage3.sh, the "
+    "rows' scripts: --use_nested_quant True (double quantization; the CSV's precision column: "
+    "'NF4 double-quant') and --lora_dropout 0.1; the docs' memory sections come with peft "
+    "PR #1550 (2024-03-13, 'Changes to support fsdp+qlora and dsz3+qlora'), which needs "
+    "bitsandbytes 0.43.0's quant_storage (released 2024-03-08; 0.43.1 is of 2024-04-11, "
+    "both before 0.43.2's MatMul4Bit change)",
+)
+
+_PHILSCHMID_DQ = (
+    ["--quantize-base", "nf4-dq"],
+    "philschmid training/scripts/run_fsdp_qlora.py, the row's script: BitsAndBytesConfig("
+    "bnb_4bit_use_double_quant=True, bnb_4bit_quant_storage=torch.bfloat16); the CSV's "
+    "precision column: 'NF4 double-quant'",
+)
+
 _TORCHAO_FUSED = (
     ["--optimizer-implementation", "fused"],
     "torchao benchmarks/benchmark_low_bit_adam.py, the rows' source: OPTIM_MAP "
@@ -194,6 +221,9 @@ AMENDMENTS: dict[str, tuple[list[str], str]] = {
     "GT173": _TT_APR_LORA,
     **_LITGPT_HUB,
     **{f"GT{n}": _FSDP_QLORA for n in range(115, 132)},
+    **{f"GT{n}": _FSDP_QLORA_BNB for n in (115, 116, 119, 120, 123, *range(126, 132))},
+    **{f"GT{n}": _PEFT_SFT_QLORA for n in (176, 177, 178)},
+    "GT114": _PHILSCHMID_DQ,
     **{f"GT{n}": _FMS_TRANSFORMERS for n in range(132, 140)},
     **{f"GT{n}": _FMS_LORA_DROPOUT for n in range(140, 146)},
     **{f"GT{n}": _FMS_BNB for n in range(146, 155)},
@@ -307,6 +337,21 @@ _FSDP1_LAYOUT = (
     "step's tensors land; for QLoRA rows load_and_quantize before FSDP (n_loading_workers "
     "threads quantizing on the GPU at once) is not modelled"
 )
+_FSDP1_STREAMS = (
+    "; candidate not modelled: FSDP1 allocates each unit's all-gather output on its unshard "
+    "stream, the CPU-offload H2D copy on its pre-unshard stream and the reduce-scatter output "
+    "on its post-backward stream (torch distributed/fsdp/_runtime_utils.py ``_unshard``, "
+    "``_init_streams``), each a separate pool of the caching allocator; tried for the gathers: "
+    "GT115 -18.5 -> -4.4%, GT117 / GT118 -6.9 / -6.7 -> -2.1 / -1.9%, but GT128 -7.0 -> -15.0% "
+    "and GT129 -19.9 -> -23.9% (and torchtune's FSDP1 rows moved), so not landed"
+)
+_FSDP_QLORA_DQ = (
+    "the base is double-quantized (amended from train.py: Linear4bit's compress_statistics "
+    "default), its statistics whole on each rank (Note [bitsandbytes statistics under "
+    "sharding]); the nf4 reading overstated the sharded weights; still under: the load's "
+    "cached blocks (Note [FSDP1 sync_module_states init]; load_and_quantize's n_loading_workers "
+    "threads quantizing on the GPU at once are not modelled)" + _FSDP1_STREAMS
+)
 _FMS_FLAT_GRADS = (
     "unexplained: accelerate FSDP + LoRA under; end-of-train alloc 7.37 GB = 2 x the 3.6 GB "
     "parameter shard points at whole-unit FSDP1 flat gradients (use_orig_params), but with "
@@ -412,16 +457,19 @@ CAUSES.update(
         # previous micro-batch's graph]), its untied output head (FrameworkConventions.
         # untied_output_head) and their yamls' amendments (_LITGPT_HUB)
         "GT114": "approximate source value ('22 GB/GPU', method not stated)",
-        "GT115": _FSDP_QLORA_CACHE,
-        "GT116": _FSDP_QLORA_CACHE,
-        "GT117": _FSDP_QLORA_CACHE,
+        "GT115": _FSDP_QLORA_DQ,
+        "GT116": _FSDP_QLORA_DQ,
+        "GT117": _FSDP_QLORA_CACHE + _FSDP1_STREAMS,
         "GT125": _FSDP_QLORA_CACHE,
-        "GT118": _FSDP_QLORA_CACHE,
+        "GT118": _FSDP_QLORA_CACHE + _FSDP1_STREAMS,
         "GT119": _FSDP1_LAYOUT,
-        "GT128": _FSDP1_LAYOUT,
+        "GT127": _FSDP_QLORA_DQ,
+        "GT128": _FSDP_QLORA_DQ,
         "GT129": (
-            "unexplained: FSDP1 CPU offload of a 70B QLoRA (CPUOffload(offload_params)); the "
-            "FSDP1 load is modelled, load_and_quantize before it is not"
+            "FSDP1 CPU offload of a 70B QLoRA: the double-quantized statistics stay on the GPU "
+            "(1.07 GB, Note [bitsandbytes statistics under sharding]; -26.0 -> -19.9%); still "
+            "under by ~3 GB, unexplained: besides the FSDP1 load (modelled) and "
+            "load_and_quantize (not)" + _FSDP1_STREAMS
         ),
         "GT131": (
             "Mistral-7B-v0.2 has no sliding window; the v0.1 preset's 4096 window at 24576 "
@@ -436,9 +484,15 @@ CAUSES.update(
         "GT147": _FMS_FSDP_4BIT,
         "GT149": _FMS_FSDP_4BIT,
         "GT150": _FMS_1GPU_4BIT,
-        "GT151": "unexplained: fms-acceleration FSDP Mixtral QLoRA, over",
+        "GT151": (
+            "unexplained: fms-acceleration FSDP Mixtral QLoRA, over (like the 1-GPU Mixtral rows "
+            "GT150 / GT152; the bnb statistics whole on each rank add 0.4 GB)"
+        ),
         "GT152": _FMS_1GPU_4BIT,
-        "GT153": "unexplained: fms-acceleration FSDP Mixtral QLoRA, over",
+        "GT153": (
+            "unexplained: fms-acceleration FSDP Mixtral QLoRA, over (like the 1-GPU Mixtral rows "
+            "GT150 / GT152; the bnb statistics whole on each rank add 0.4 GB)"
+        ),
         "GT154": _FMS_FSDP_4BIT,
         "GT155": _FMS_1GPU_4BIT,
         "GT156": _FMS_FSDP_4BIT,
@@ -455,8 +509,16 @@ CAUSES.update(
         ),
         "GT173": "approximate source value ('~9GB')",
         "GT175": "allocator near capacity: reported as '72-80 GB (90-98%)', upper end taken",
-        "GT176": "unexplained: DeepSpeed ZeRO-3 QLoRA, NF4 double-quant in bf16 quant_storage",
-        "GT177": "unexplained: accelerate FSDP CPU offload of a 70B QLoRA (fsdp_offload_params)",
+        "GT176": (
+            "unexplained: DeepSpeed ZeRO-3 QLoRA; the double-quantized statistics are whole on "
+            "each rank (Note [bitsandbytes statistics under sharding]) and the script's "
+            "nested quant and lora_dropout 0.1 amended: -5.6 -> -7.8%"
+        ),
+        "GT177": (
+            "accelerate FSDP CPU offload of a 70B QLoRA: the double-quantized statistics stay on "
+            "the GPU (Note [bitsandbytes statistics under sharding]; -26.8 -> -15.7%); still "
+            "under, unexplained" + _FSDP1_STREAMS
+        ),
         "GT179": _VIT_2023,
         "GT181": _VIT_2023,
         "GT182": _VIT_2023,

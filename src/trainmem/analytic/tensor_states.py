@@ -30,6 +30,24 @@ Note [Model states with PEFT and sharding]
       tensor of a wrapped unit that holds a trainable tensor gets a gradient (not an optimizer
       state): the frozen base weights of a LoRA layer included.
 
+Note [bitsandbytes statistics under sharding]
+    A bitsandbytes 4-bit weight is a ``Params4bit`` holding the packed codes (in
+    ``quant_storage``, bf16 for FSDP); its absmax values (and, double-quantized, their own
+    absmax) live in a ``QuantState`` that is not a parameter or a buffer: bitsandbytes 0.43.0
+    nn/modules.py ``Params4bit._quantize`` stores it in ``self.quant_state`` and on the
+    ``Linear4bit`` (``self.module.quant_state = quant_state``), and ``Linear4bit.forward`` gives
+    it back to the weight once FSDP has replaced the weight by a view of its flat parameter
+    (``fix_4bit_weight_quant_state_from_module``). FSDP and DeepSpeed ZeRO-3 flatten, shard,
+    gather and offload parameters only, so on every rank the statistics stay whole on the GPU
+    where they were quantized: Answer.AI fsdp_qlora train.py (50efa1e, Mar 2024)
+    ``load_and_quantize`` quantizes each weight on the rank's GPU (``.cuda(device)``) and then
+    moves only its data to the CPU or the meta device (``type(param)(value.data.to("cpu"),
+    **value.__dict__)``: the ``quant_state`` stays). Hence, under ZeRO-3 / FULL_SHARD over
+    more than one rank: a weight's ``param_bytes`` are its codes' shard (none with parameter
+    offload) plus the whole statistics, and ``full_param_bytes`` (what is gathered, flattened,
+    moved) the codes alone. torchao's ``NF4Tensor`` (torchtune) keeps its scalers inside the
+    parameter and shards them with it.
+
 Note [EMA weights]
     diffusers' training scripts keep an exponential moving average of the trained weights
     (diffusers 0.42.1 src/diffusers/training_utils.py ``EMAModel.__init__``: ``self.shadow_params
@@ -62,7 +80,12 @@ from trainmem.specs.frameworks import (
 )
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.optimizers import OPTIMIZER_TABLE
-from trainmem.specs.quantization import NF4_BLOCK, NF4_DOUBLE_QUANT_BLOCK, quantized_weight_bytes
+from trainmem.specs.quantization import (
+    NF4_BLOCK,
+    NF4_DOUBLE_QUANT_BLOCK,
+    bnb_4bit_statistics_bytes,
+    quantized_weight_bytes,
+)
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
 
@@ -343,6 +366,19 @@ def torchao_factor_view_bytes(numel: int, training: TrainingConfig) -> int:
     return 2 * (blocks - blocks // NF4_DOUBLE_QUANT_BLOCK)
 
 
+def unsharded_statistics_bytes(local: int, training: TrainingConfig, stage: int) -> int:
+    """Bytes of a quantized base weight of ``local`` elements that stay whole on every rank
+    under ZeRO-3 / FSDP (``stage`` 3 over more than one rank) and with parameter offload: a
+    bitsandbytes 4-bit weight's statistics
+    (:func:`~trainmem.specs.quantization.bnb_4bit_statistics_bytes`); 0 otherwise (no
+    parameter sharding; torchtune's torchao ``NF4Tensor``, whose scalers are inner tensors of
+    the parameter and shard with it; int8 and GPTQ). See Note [bitsandbytes statistics under
+    sharding]."""
+    if stage < 3 or training.framework == "torchtune":
+        return 0
+    return bnb_4bit_statistics_bytes(local, training.quantize_base)
+
+
 def is_quantized_base(state: TensorState, training: TrainingConfig) -> bool:
     """Whether ``state`` is a frozen layer linear stored quantized (``quantize_base``), as
     :class:`_TensorMaker` sizes it."""
@@ -405,9 +441,12 @@ class _TensorMaker:
         tp = self.tp
         local = -(-numel // tp) if tp_split else numel
         local_out = -(-out_features // tp) if tp_split and out_features > 1 else out_features
+        stats = 0
         if not trainable and is_linear and training.quantize_base != "none":  # is_quantized_base
             full_param = quantized_weight_bytes(local, local_out, training.quantize_base)
             full_param += torchao_factor_view_bytes(local, training)
+            stats = unsharded_statistics_bytes(local, training, self.stage)
+            full_param -= stats  # Note [bitsandbytes statistics under sharding]
         else:
             full_param = w * local
         full_grad = dtype_bytes(tr.grad_dtype) * local if with_grad else 0
@@ -419,6 +458,7 @@ class _TensorMaker:
             else:
                 state = optimizer_state_bytes(tr, [], local)
         param, grad, state = self._place(full_param, full_grad, state, local)
+        param += stats
         if trainable and training.ema and training.ema_device == "cuda":
             param += ema_bytes_per_element(training, w) * local  # Note [EMA weights]
         paged = 0

@@ -11,7 +11,13 @@ compress_statistics=...)``), ``Linear8bitLt`` / ``Int8Params``; auto-gptq / opti
 
 from __future__ import annotations
 
-__all__ = ["GPTQ_GROUP_SIZE", "NF4_BLOCK", "NF4_DOUBLE_QUANT_BLOCK", "quantized_weight_bytes"]
+__all__ = [
+    "GPTQ_GROUP_SIZE",
+    "NF4_BLOCK",
+    "NF4_DOUBLE_QUANT_BLOCK",
+    "bnb_4bit_statistics_bytes",
+    "quantized_weight_bytes",
+]
 
 NF4_BLOCK = 64
 """Values per NF4 quantization block (bitsandbytes ``Linear4bit`` default blocksize)."""
@@ -53,3 +59,22 @@ def quantized_weight_bytes(numel: int, out_features: int, quantize: str) -> int:
             + (4 * in_features)
         )
     raise AssertionError(quantize)
+
+
+def bnb_4bit_statistics_bytes(numel: int, quantize: str) -> int:
+    """Bytes of a bitsandbytes 4-bit weight's quantization statistics (its ``QuantState``), the
+    part of :func:`quantized_weight_bytes` outside the packed codes: one fp32 absmax per block of
+    :data:`NF4_BLOCK` values, or with double quantization (``-dq``) one uint8 absmax per block
+    and one fp32 absmax per :data:`NF4_DOUBLE_QUANT_BLOCK` blocks; 0 for any other
+    ``quantize``.
+
+    The statistics are not a parameter: bitsandbytes 0.43.0 nn/modules.py ``Params4bit._quantize``
+    keeps them in ``self.quant_state`` and on its ``Linear4bit`` (``self.module.quant_state =
+    quant_state``; ``fix_4bit_weight_quant_state_from_module`` gives them back to the weight
+    after FSDP replaced it by a view), so ZeRO-3 / FSDP, which shard and offload parameters
+    only, leave them whole on every rank (Note [bitsandbytes statistics under sharding] in
+    ``analytic/tensor_states.py``).
+    """
+    if quantize not in ("nf4", "fp4", "nf4-dq", "fp4-dq"):
+        return 0
+    return quantized_weight_bytes(numel, 1, quantize) - -(-numel // 2)
