@@ -533,41 +533,54 @@ def _expand(
     key in ``adopt`` that is live (the load phase made it) is no event (Note [The load
     phase]). NB: a replay's hot
     path (every event of every replay the planner runs passes here): the op is unpacked at once
-    and a key or module without ``{`` is not formatted."""
+    and a key or module without ``{`` is not formatted; a repeated body is walked from an
+    explicit stack of (items, index) frames rather than by a nested generator, so each event
+    is yielded once instead of through one ``yield from`` per level of nesting."""
     fmt = _format_index
     make = _new_record if records else AllocEvent
-    for item in items:
-        if type(item) is not Op:
-            assert isinstance(item, Repeat)
-            count = item.count
-            if count > BALANCED_REPEATS and item.independent:
-                count = BALANCED_REPEATS  # Note [Balanced repeats]
-            for k in range(count):
-                yield from _expand(item.body, item.index(k), live, counter, records, adopt)
-            continue
-        action, size_bytes, category, phase, key, module, _, stream = item
-        if "{" in key:
-            key = fmt(key, i)
-        if "{" in module:
-            module = fmt(module, i)
-        if action == "alloc":
-            if key in live:
-                if key in adopt:  # the load phase allocated it (Note [The load phase])
+    frames: list[tuple[Iterator[Item], int]] = []  # what is left to walk, innermost last
+    walk: Iterator[Item] = iter(items)
+    while True:
+        for item in walk:
+            if type(item) is not Op:
+                assert isinstance(item, Repeat)
+                count = item.count
+                if count > BALANCED_REPEATS and item.independent:
+                    count = BALANCED_REPEATS  # Note [Balanced repeats]
+                if count <= 0:
                     continue
-                raise ScheduleError(f"key {key!r} allocated while live")
-            if size_bytes <= 0:
-                live[key] = (-1, 0)
-                continue
-            block = counter[0]
-            counter[0] += 1
-            counter[1] += 1
-            live[key] = (block, size_bytes)
-            yield make("alloc", block, size_bytes, category, phase, module, stream)
-        else:
-            entry = live.pop(key, None)
-            if entry is None:
-                raise ScheduleError(f"free of key {key!r}, which is not live")
-            block, size = entry
-            if block >= 0:
+                frames.append((walk, i))
+                body = item.body
+                frames.extend((iter(body), item.index(k)) for k in range(count - 1, 0, -1))
+                walk, i = iter(body), item.index(0)
+                break  # walk the body's first iteration
+            action, size_bytes, category, phase, key, module, _, stream = item
+            if "{" in key:
+                key = fmt(key, i)
+            if "{" in module:
+                module = fmt(module, i)
+            if action == "alloc":
+                if key in live:
+                    if key in adopt:  # the load phase allocated it (Note [The load phase])
+                        continue
+                    raise ScheduleError(f"key {key!r} allocated while live")
+                if size_bytes <= 0:
+                    live[key] = (-1, 0)
+                    continue
+                block = counter[0]
+                counter[0] += 1
                 counter[1] += 1
-                yield make("free", block, size, category, phase, module, stream)
+                live[key] = (block, size_bytes)
+                yield make("alloc", block, size_bytes, category, phase, module, stream)
+            else:
+                entry = live.pop(key, None)
+                if entry is None:
+                    raise ScheduleError(f"free of key {key!r}, which is not live")
+                block, size = entry
+                if block >= 0:
+                    counter[1] += 1
+                    yield make("free", block, size, category, phase, module, stream)
+        else:  # this list is done: back to the one it was entered from
+            if not frames:
+                return
+            walk, i = frames.pop()
