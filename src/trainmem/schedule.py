@@ -203,26 +203,29 @@ def _summarise(items: Sequence[Item], memo: dict[int, _Summary] | None = None) -
             phase_high[run_phase] = run_high
             run_phase = None
         assert isinstance(item, Repeat)
-        body = memo.get(id(item.body))
+        items_id, count = id(item.body), item.count
+        body = memo.get(items_id)
         if body is None:
             cached = item.memo.get("summary")
             body = cached if isinstance(cached, _Summary) else _summarise(item.body, memo)
-            memo[id(item.body)] = body
+            memo[items_id] = body
             item.memo["summary"] = body
-        if item.count <= 0:
+        if count <= 0:
             continue
-        k = item.count - 1 if body.total > 0 else 0
-        high = total + k * body.total + body.excursion
-        if high > best and body.op is not None:
-            best, at_repeat = high, (dict(live), body, k)
-            op, index = body.op, {"i": item.index(k), **body.at_index}
-        for name, rel in body.phase_high.items():
-            value = total + k * body.total + rel
+        # NB: the summary unpacked once (a named tuple's fields are read through descriptors)
+        b_total, b_delta, b_excursion, _, b_op, b_index, b_phase_high = body
+        k = count - 1 if b_total > 0 else 0
+        base = total + k * b_total
+        if base + b_excursion > best and b_op is not None:
+            best, at_repeat = base + b_excursion, (dict(live), body, k)
+            op, index = b_op, {"i": item.index(k), **b_index}
+        for name, rel in b_phase_high.items():
+            value = base + rel
             if value > high_get(name, value - 1):
                 phase_high[name] = value
-        total += item.count * body.total
-        for cat, v in body.delta.items():
-            live[cat] = live_get(cat, 0) + item.count * v
+        total += count * b_total
+        for cat, v in b_delta.items():
+            live[cat] = live_get(cat, 0) + count * v
     if rising:
         at, index, at_repeat = dict(live), {}, None
     at = _split_at_high(at, at_repeat)
