@@ -68,6 +68,7 @@ cited per term in :mod:`trainmem.analytic.activations` and :mod:`trainmem.analyt
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
 
 from trainmem.analytic.activations import ActivationProfile
 from trainmem.analytic.attention import (
@@ -240,6 +241,25 @@ def _layer_loop(
     return out
 
 
+@lru_cache(maxsize=1024)
+def _release_groups(terms: tuple[str, ...], eager: bool) -> tuple[int, ...]:
+    """Per block term of a layer, the group its backward frees it in: 0, the MLP's down
+    projection input (its backward runs first); 1, the rest of the MLP's; 2, those released
+    before eager attention's softmax backward (Note [Eager attention's backward order]);
+    3, the others (cached: the same names for every configuration of a model and setting)."""
+    out = []
+    for term in terms:
+        if term == "mlp/down_input":
+            out.append(0)
+        elif term.startswith("mlp/"):
+            out.append(1)
+        elif eager and term in RELEASED_BEFORE_SOFTMAX_BACKWARD:
+            out.append(2)
+        else:
+            out.append(3)
+    return tuple(out)
+
+
 class _Layers:
     """One layer's forward and backward in autograd order (Note [Analytic step schedule]),
     with the transforms' ops at the layer points."""
@@ -371,23 +391,12 @@ class _Layers:
     ) -> tuple[list[Op], list[Op], list[Op], list[Op]]:
         """The backward's frees of a layer's blocks (``ops[n]`` holds ``blocks[n]``; ops past
         the blocks, autocast's recomputed weight copies, last) in the four groups autograd
-        releases them in: the MLP's down projection input (its backward runs first), the rest
-        of the MLP's, those released before eager attention's softmax backward (Note [Eager
-        attention's backward order]), the others."""
+        releases them in (:func:`_release_groups`)."""
         groups: tuple[list[Op], list[Op], list[Op], list[Op]] = ([], [], [], [])
-        eager = self.training.attention == "eager"
-        n_blocks = len(blocks)
+        names = tuple(term for term, _ in blocks)
+        order = _release_groups(names, self.training.attention == "eager")
         for n, op in enumerate(ops):
-            term = blocks[n][0] if n < n_blocks else ""
-            if term == "mlp/down_input":
-                group = 0
-            elif term.startswith("mlp/"):
-                group = 1
-            elif eager and term in RELEASED_BEFORE_SOFTMAX_BACKWARD:
-                group = 2
-            else:
-                group = 3
-            groups[group].append(free(op, "backward"))
+            groups[order[n] if n < len(order) else 3].append(free(op, "backward"))
         return groups
 
     def _scores_tmp_tensors(self) -> list[int]:
