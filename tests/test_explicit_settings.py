@@ -72,6 +72,7 @@ FLAG_CASES: dict[str, tuple[list[str], Any, str]] = {
     "lora_rank": (["--lora-rank", "0"], 0, "lora-rank=8"),
     "lora_targets": (["--lora-targets", "q,v"], ["q", "v"], "lora-targets=q+k+v"),
     "lora_dropout": (["--lora-dropout", "0.0"], 0.0, "lora-dropout=0.1"),
+    "lora_variant": (["--lora-variant", "lora"], "lora", "lora-variant=dora"),
     "quantize_base": (["--quantize-base", "none"], "none", "quantize-base=nf4"),
     "tensor_parallel_size": (["--tensor-parallel-size", "1"], 1, "tensor-parallel-size=2"),
     "sequence_parallel": (
@@ -103,6 +104,7 @@ FLAG_CASES: dict[str, tuple[list[str], Any, str]] = {
     "ema_dtype": (["--ema", "--ema-dtype", "float32"], "float32", "ema-dtype=bfloat16"),
     "ema_device": (["--ema", "--ema-device", "cuda"], "cuda", "ema-device=cpu"),
     "frozen_on_gpu": (["--frozen-on-gpu", "none"], "none", "frozen-on-gpu=vae"),
+    "controlnet": (["--controlnet"], True, "controlnet=false"),
     "nccl_buffer_bytes": (
         ["--nccl-buffer-bytes", "600000000"],
         600000000,

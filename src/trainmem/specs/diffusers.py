@@ -52,6 +52,8 @@ __all__ = [
     "FrozenComponent",
     "ImageBatch",
     "MAX_DIFFUSERS_BLOCKS",
+    "CONTROLNET_BASES",
+    "check_controlnet",
     "check_diffusers_config",
     "check_image_options",
     "diffusers_class",
@@ -396,6 +398,7 @@ def check_image_options(config: Mapping[str, Any], training: Any) -> None:
         SpecError: an image option on a language model (names the option), or a bad value.
     """
     frozen_components(config, training)
+    check_controlnet(config, training)
     if is_diffusers_config(config):
         check_diffusers_config(config)
         image_batch(config, training)
@@ -409,6 +412,39 @@ def check_image_options(config: Mapping[str, Any], training: Any) -> None:
                 "with _class_name); this model takes tokens: use --seq-len and "
                 "--micro-batch-size",
             )
+
+
+CONTROLNET_BASES: tuple[str, ...] = ("UNet2DConditionModel",)
+"""Classes a ControlNet is made from (diffusers ``ControlNetModel.from_unet``)."""
+
+
+def check_controlnet(config: Mapping[str, Any], training: Any) -> None:
+    """Refuse ``controlnet`` where diffusers' ControlNet scripts do not run it.
+
+    Args:
+        config: the model's ``config.json``.
+        training: a :class:`~trainmem.specs.training.TrainingConfig`.
+
+    Raises:
+        SpecError: ``controlnet`` on a model that is not a diffusers UNet2DConditionModel, or
+            with LoRA (``train_controlnet.py`` trains the whole ControlNet).
+    """
+    if not training.controlnet:
+        return
+    name = str(config.get("_class_name", ""))[:80] if is_diffusers_config(config) else ""
+    if name not in CONTROLNET_BASES:
+        what = f"diffusers {name}" if name else "not a diffusers model"
+        raise SpecError(
+            "controlnet",
+            f"a ControlNet is made from a diffusers UNet2DConditionModel config (SD 1.x / 2.x, "
+            f"SDXL: the pipeline's unet/config.json); this model is {what}: leave it off",
+        )
+    if training.lora_rank > 0:
+        raise SpecError(
+            "controlnet",
+            "train_controlnet.py trains the whole ControlNet; set lora_rank 0 (or leave "
+            "controlnet off to train LoRA adapters on the UNet)",
+        )
 
 
 @dataclass(frozen=True, slots=True)

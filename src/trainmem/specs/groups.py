@@ -74,6 +74,7 @@ FIELD_GROUPS: dict[str, tuple[str, ...]] = {
         "frames",
         "text_seq_len",
         "frozen_on_gpu",
+        "controlnet",
     ),
 }
 """Every TrainingConfig field by concern: the web page's option groups and the panels of the

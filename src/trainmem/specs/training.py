@@ -1059,6 +1059,16 @@ class DiffusionConfig:
     (latents and prompt embeddings precomputed, the models freed or never moved: the scripts'
     ``--cache_latents`` and precomputed embeddings). Their sizes:
     :data:`trainmem.specs.diffusers.FROZEN_COMPONENTS`."""
+    controlnet: bool = setting(
+        False,
+        "diffusers UNet models: train a ControlNet (ControlNetModel.from_unet) beside the "
+        "frozen UNet, as diffusers' train_controlnet.py does.",
+    )
+    """Train a ControlNet made from the given UNet's config (diffusers ``ControlNetModel.
+    from_unet``, ``examples/controlnet/train_controlnet.py`` / ``_sdxl.py`` without
+    ``--controlnet_model_name_or_path``) in the weights' dtype, the UNet frozen in the compute
+    dtype beside it receiving its residuals (``trainmem.trace.controlnet``). Needs a diffusers
+    ``UNet2DConditionModel`` config and no LoRA. Default False: the model itself is trained."""
 
     @property
     def image_size(self) -> tuple[int, int] | None:
@@ -1078,6 +1088,7 @@ class DiffusionConfig:
             if value is not None and not (field == "resolution" and isinstance(value, str)):
                 _check_int(field, value, minimum=1)
         _check_choices(self, DiffusionConfig)
+        _check_flags(self, ("controlnet",))
 
 
 CONCERNS: tuple[type[Any], ...] = (

@@ -414,6 +414,14 @@ def describe_diffusers_batch(
     est.notes.append(
         f"diffusers {cls}: micro-batch of {what}, {g.text_seq_len} text tokens ({frozen})"
     )
+    if training.controlnet:
+        est.details["diffusers"]["controlnet"] = True
+        est.notes.append(
+            f"--controlnet: a ControlNet (ControlNetModel.from_unet) trained in "
+            f"{training.weight_dtype} beside this UNet, frozen in {training.compute_dtype} and "
+            "fed its residuals; the conditioning image is the batch's pixels "
+            "(examples/controlnet/train_controlnet.py)"
+        )
 
 
 def estimate_diffusers_trace(
@@ -446,16 +454,22 @@ def estimate_diffusers_trace(
     image_batch(raw, training)
     holder: dict[str, Any] = {}
 
+    from trainmem.trace import controlnet as cn
+
     def build() -> Any:
         holder["model"] = build_diffusers_model(raw, training)
+        if training.controlnet:  # Note [ControlNet training step]
+            holder["model"] = cn.build_controlnet_step(raw, holder["model"], training)
         return holder["model"]
 
     def batch() -> Any:
+        if training.controlnet:
+            return cn.make_controlnet_batch(holder["model"], training)
         return make_diffusers_batch(holder["model"], training)
 
     ws = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
     resident = frozen_components(raw, training)
-    loss = diffusers_loss_for(raw)
+    loss = diffusers_loss if training.controlnet else diffusers_loss_for(raw)
     capture, report = run_trace(
         build, batch, training, loss_fn=loss, workspace_bytes=ws, resident=resident
     )

@@ -144,6 +144,19 @@ def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfi
             ) from exc
         dm.check_diffusers_settings(training)
         dm.diffusers_class(raw)  # a class that is not a denoiser is refused before the build
+        if training.controlnet:  # Note [ControlNet training step]
+            from trainmem.trace import controlnet as cn
+
+            return Recipe(
+                name,
+                lambda: cn.build_controlnet_step(
+                    raw, dm.build_diffusers_model(raw, training, device="meta"), training
+                ),
+                lambda step: cn.make_controlnet_batch(step, training),
+                loss_fn=dm.diffusers_loss,
+                library="diffusers",
+                resident=tuple(frozen_components(raw, training)),
+            )
         return Recipe(
             name,
             lambda: dm.build_diffusers_model(raw, training, device="meta"),
