@@ -360,8 +360,9 @@ _FMS_FLAT_GRADS = (
 )
 _FMS_FSDP_4BIT = "unexplained: fms-acceleration FSDP with a 4-bit base (bnb / GPTQ), under"
 _FMS_1GPU_4BIT = (
-    "unexplained: fms-acceleration baseline-peft-bnb (peft's fp32 upcast, modelled) on 1 GPU, "
-    "over on Mixtral only (the Mistral twins GT146/GT148 are +6/+4%); the GPTQ rows of the "
+    "unexplained: fms-acceleration baseline-peft-bnb (peft's fp32 upcast, modelled) on 1 GPU "
+    "(the Mixtral rows GT150 / GT152 within 2% with Note [transformers 4 expert loop]); the "
+    "GPTQ rows of the "
     "same table (accelerated-peft-autogptq, GT155/157/159) are within 2% since peft's "
     "prepare_model_for_kbit_training skips the fp32 cast for GPTQ"
 )
@@ -483,16 +484,6 @@ CAUSES.update(
         "GT146": _FMS_1GPU_4BIT,
         "GT147": _FMS_FSDP_4BIT,
         "GT149": _FMS_FSDP_4BIT,
-        "GT150": _FMS_1GPU_4BIT,
-        "GT151": (
-            "unexplained: fms-acceleration FSDP Mixtral QLoRA, over (like the 1-GPU Mixtral rows "
-            "GT150 / GT152; the bnb statistics whole on each rank add 0.4 GB)"
-        ),
-        "GT152": _FMS_1GPU_4BIT,
-        "GT153": (
-            "unexplained: fms-acceleration FSDP Mixtral QLoRA, over (like the 1-GPU Mixtral rows "
-            "GT150 / GT152; the bnb statistics whole on each rank add 0.4 GB)"
-        ),
         "GT154": _FMS_FSDP_4BIT,
         "GT155": _FMS_1GPU_4BIT,
         "GT156": _FMS_FSDP_4BIT,

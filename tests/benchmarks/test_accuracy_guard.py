@@ -224,6 +224,13 @@ def test_analytic_accuracy_does_not_regress() -> None:
 #: GT116 -2.3 -> -6.3%, GT127 -4.5 -> -7.2%, GT130 / GT131 -0.6 -> -3.2%, GT120 -0.2 -> -1.2%,
 #: GT176 -5.7 -> -7.8%; the Mixtral FSDP rows (over) by the statistics, GT151 +7.5 -> +9.1%,
 #: GT153 +9.5 -> +10.6%; no other row moved (median, p90 and the count under unchanged).
+#: Re-recorded for transformers 4's MoE expert loop (Note [transformers 4 expert loop],
+#: analytic/mlp.py: 4.48.0 modeling_mixtral.py runs one frozen expert at a time; per routed
+#: pair only w1's, SiLU's and w3's outputs and w2's output are saved, in bitsandbytes'
+#: Linear4bit output dtype, and the backward holds one expert's gradients at a time; the fms
+#: rows' transformers 4.48.1): GT150 +12.4 -> +1.7%, GT151 +9.1 -> +3.7%, GT152 +17.2 ->
+#: -0.4%, GT153 +10.6 -> -4.2%, GT144 +3.5 -> +1.6%, GT145 +1.7 -> -1.6% (the bf16 LoRA
+#: Mixtral rows); no other row moved.
 RECORDED_DEV2 = {
     "GT011": -0.0346,
     "GT012": -0.0367,
@@ -325,16 +332,16 @@ RECORDED_DEV2 = {
     "GT141": -0.0565,
     "GT142": -0.0035,
     "GT143": -0.0767,
-    "GT144": +0.0347,
-    "GT145": +0.0172,
+    "GT144": +0.0162,
+    "GT145": -0.0157,
     "GT146": +0.0479,
     "GT147": -0.0344,
     "GT148": +0.0321,
     "GT149": -0.0554,
-    "GT150": +0.1237,
-    "GT151": +0.0906,
-    "GT152": +0.1723,
-    "GT153": +0.1062,
+    "GT150": +0.0170,
+    "GT151": +0.0365,
+    "GT152": -0.0039,
+    "GT153": -0.0417,
     "GT154": -0.1993,
     "GT155": +0.0118,
     "GT156": -0.0399,

@@ -9,6 +9,8 @@ from trainmem.analytic.activation_shapes import compute_and_residual_bytes, toke
 from trainmem.analytic.attention import fp32_softmax
 from trainmem.analytic.mlp import (
     SIGMOID_FORMULA_ACTIVATIONS,
+    expert_loop,
+    expert_loop_output_bytes,
     experts_per_token,
     sequential_pre_norm_block,
 )
@@ -94,7 +96,16 @@ def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tup
         # own gradient (traced on a 2-layer DINOv2; under full checkpointing the trace's peak
         # is later, in the recomputed MLP's backward)
         mlp = max(mlp, (2 * r + c) * h * t // parallel_divisor("mlp/input", training))
-    if model.num_experts > 1 and training.conventions.hf_model_code:
+    if expert_loop(model, training):
+        # Note [transformers 4 expert loop]: autograd runs the experts' backward one at a time,
+        # so one expert's share of the routed pairs (P / E, the router's balance) holds the
+        # gradients of its output, its w2 input and product operands (h, 3i) and of its
+        # gathered input (h), in the linears' output dtype; the block input's gradient
+        # accumulates over the experts (``index`` backward: a (t, h) tensor per expert)
+        o = expert_loop_output_bytes(training)
+        pairs = -(-k_top * t // model.num_experts)
+        mlp = o * (2 * h + 3 * i) * pairs + r * h * t
+    elif model.num_experts > 1 and training.conventions.hf_model_code:
         # transformers' grouped_mm experts run in the weights' dtype w
         # (:func:`~trainmem.analytic.mlp.moe_terms`); at
         # the gate/up grouped matmul's backward the gradients of its output (2i), of the

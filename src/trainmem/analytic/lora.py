@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes
 from trainmem.analytic.lora_variants import check_lora_variant, dora_terms
+from trainmem.analytic.mlp import expert_loop
 from trainmem.analytic.params import linear_shapes
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
@@ -76,7 +77,8 @@ def _frozen_base_inputs(
         terms["mlp/input"] = 0
     elif training.uses_autocast:
         terms["mlp/input"] = c * h * t * k_top * n_up
-    if "down" not in targets or skip_inputs:
+    if ("down" not in targets or skip_inputs) and not expert_loop(model, training):
+        # (transformers 4's expert loop counts no input of a frozen down projection)
         key = "mlp/gated" if model.mlp_kind == "gated" else "mlp/activation"
         terms[key] -= c * model.intermediate_size * t * k_top
 

@@ -96,6 +96,73 @@ def moe_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dict[str
     return terms
 
 
+EXPERT_LOOP_FAMILIES = ("mixtral",)
+"""``model_type``s whose transformers 4 MoE block runs its experts one at a time (checked:
+4.48.0 modeling_mixtral.py ``MixtralSparseMoeBlock.forward``)."""
+EXPERT_LOOP_UNTIL = (5, 0)
+"""transformers 5 holds the routed experts as two 3-D parameters run by one grouped matmul
+(:func:`moe_terms`); before it, one ``nn.Linear`` triple per expert in a Python loop."""
+BNB_4BIT = ("nf4", "fp4", "nf4-dq", "fp4-dq")
+
+
+def expert_loop(model: ModelSpec, training: TrainingConfig) -> bool:
+    """Whether the MoE block is transformers 4's per-expert loop over frozen experts (Note
+    [transformers 4 expert loop]): a family of :data:`EXPERT_LOOP_FAMILIES` before
+    :data:`EXPERT_LOOP_UNTIL`, LoRA with no adapter on the experts' linears, and a base whose
+    matmuls save no input (bitsandbytes 4-bit from 0.43.2, or 16-bit). Trained experts keep
+    :func:`moe_terms`."""
+    return (
+        model.num_experts > 1
+        and training.conventions.hf_model_code
+        and model.model_type in EXPERT_LOOP_FAMILIES
+        and training.transformers_release < EXPERT_LOOP_UNTIL
+        and training.is_lora
+        and not {"gate", "up", "down"} & set(training.lora_targets)
+        and not training.quantized_matmul_saves_input
+    )
+
+
+def expert_loop_output_bytes(training: TrainingConfig) -> int:
+    """Bytes per value of a frozen expert linear's output in the loop: a bitsandbytes 4-bit
+    ``Linear4bit`` casts it back to its input's dtype (bitsandbytes 0.43.3 nn/modules.py
+    ``Linear4bit.forward``: ``out = out.to(inp_dtype)``), the block's input being the residual
+    stream's (r); a 16-bit ``nn.Linear`` gives the compute dtype (c)."""
+    c, r = compute_and_residual_bytes(training)
+    return r if training.quantize_base in BNB_4BIT else c
+
+
+def expert_loop_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dict[str, int]:
+    """Bytes transformers 4's Mixtral MoE block saves for backward with frozen experts, by term,
+    for t tokens (P = k t routed pairs, o = :func:`expert_loop_output_bytes`).
+
+    Note [transformers 4 expert loop]
+        transformers 4.48.0 modeling_mixtral.py ``MixtralSparseMoeBlock.forward``: the router
+        (``F.softmax(router_logits, dim=1, dtype=torch.float)``, ``torch.topk``), then for each
+        expert ``torch.where(expert_mask[expert_idx])``, ``current_state =
+        hidden_states[None, top_x]``, ``expert_layer(current_state) * routing_weights[top_x,
+        idx, None]`` and ``final_hidden_states.index_add_(0, top_x, ...)``; the expert is
+        ``w2(act_fn(w1(x)) * w3(x))`` (``MixtralBlockSparseTop2MLP``). With frozen experts no
+        linear saves its input (a frozen ``nn.Linear``; bitsandbytes ``MatMul4Bit`` from
+        0.43.2 keeps ``(None, B)``), so per routed pair autograd keeps: w1's output (SiLU's
+        input), SiLU's output and w3's output (the product's operands), 3 o i; w2's output,
+        saved by the routing-weight product, o h; the routing weight (r) and the two int64
+        indices ``torch.where`` made (16). The router keeps its fp32 softmax (4 E per token)
+        and top-k values and indices (12 k). Nothing of the expert's input (r h per pair, a
+        fresh gather per expert) outlives the loop. Its backward runs expert by expert
+        (:func:`~trainmem.analytic.backward_transients.backward_layer_transients`).
+    """
+    _, r = compute_and_residual_bytes(training)
+    o = expert_loop_output_bytes(training)
+    h, i, e = model.hidden_size, model.intermediate_size, model.num_experts
+    k = model.num_experts_per_tok
+    pairs = k * t
+    return {
+        "mlp/router": (4 * e + 12 * k) * t,
+        "mlp/gated": 3 * o * i * pairs,
+        "mlp/expert_outputs": (o * h + r + 16) * pairs,
+    }
+
+
 def sequential_pre_norm_block(model: ModelSpec) -> bool:
     """A decoder block x + attn(norm(x)), then x + mlp(norm(x)), with a gated MLP or one
     fused activation (Llama, Mistral, Qwen, Phi-3, the MoE families, StarCoder2, GPT-BigCode),
@@ -147,7 +214,9 @@ def mlp_terms(
     elif model.pre_norms and model.num_norms_per_layer >= 2:
         # GPT-NeoX: both norms read the block's input; the second reads the same saved input
         terms["mlp/norm"] = (norm - r * h) * t
-    if model.num_experts > 1 and training.conventions.hf_model_code:
+    if expert_loop(model, training):
+        terms.update(expert_loop_terms(model, training, t=t))
+    elif model.num_experts > 1 and training.conventions.hf_model_code:
         terms.update(moe_terms(model, training, t=t))
         # autocast copies of the block's input for the shared expert's gate and up
         # projections and its sigmoid gate; in true precisions the router saves the input
