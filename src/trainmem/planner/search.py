@@ -205,8 +205,17 @@ def _search(
         changes: dict[str, Any] = {dimension: units * step}
         return derived(training, **changes)
 
+    fast_cache: dict[int, MemoryEstimate] = {}  # the aimed probes ask some values again
+
+    def fast(units: int) -> MemoryEstimate:
+        if units not in fast_cache:
+            fast_cache[units] = fast_estimate(
+                model, config(units), gpu, cuda_context_bytes=cuda_context_bytes
+            )
+        return fast_cache[units]
+
     def fast_fits(units: int) -> bool:
-        return fits(fast_estimate(model, config(units), gpu, cuda_context_bytes=cuda_context_bytes))
+        return fits(fast(units))
 
     cache: dict[int, MemoryEstimate] = {}
 
@@ -222,7 +231,7 @@ def _search(
         raise SpecError(dimension, f"step {step} is larger than the limit {max_value}")
     best = largest_true(fast_fits, 1, max_units)
     if best is None:
-        first = fast_estimate(model, config(1), gpu, cuda_context_bytes=cuda_context_bytes)
+        first = fast(1)
         return PlanResult(
             dimension,
             None,
@@ -237,8 +246,7 @@ def _search(
         # Fragmentation pushed the closed-form answer over: search below it on the simulator,
         # its probes aimed by the fragmentation measured (Note [Aimed probes at the boundary]).
         def fast_total(u: int) -> int:
-            est = fast_estimate(model, config(u), gpu, cuda_context_bytes=cuda_context_bytes)
-            return est.breakdown.device_total_bytes
+            return fast(u).breakdown.device_total_bytes
 
         sim_best = largest_simulated_fit(lambda u: sim(u), fast_total, gpu.memory_bytes, best)
         if sim_best is None:
@@ -266,7 +274,7 @@ def _search(
         )
     else:
         limit = "memory"
-        nxt = fast_estimate(model, config(best + 1), gpu, cuda_context_bytes=cuda_context_bytes)
+        nxt = fast(best + 1)
         if fits(nxt):  # the simulator moved the answer down: show what it says one step up
             nxt = sim(best + 1)
         reason = (
