@@ -32,6 +32,7 @@ from trainmem.specs.model import ModelSpec
 from trainmem.specs.ranks import model_rank_map
 from trainmem.specs.training import TrainingConfig, check_training_for_model, resolved_config
 from trainmem.traced_options import (
+    TracedOption,
     active_options,
     paged_states,
     traced_settings,
@@ -152,8 +153,9 @@ def route_diffusers(model: str | ModelSpec, training: TrainingConfig) -> bool:
 
 
 def traced_deepspeed(training: TrainingConfig) -> bool:
-    """A DeepSpeed run the traced paths model: the plain loop traced, then DeepSpeed's ZeRO-1/2
-    applied to it as the analytic engine's transforms (:mod:`trainmem.traced_transforms`),
+    """A DeepSpeed run the traced paths model: the plain loop traced, then DeepSpeed's ZeRO-1/2/3
+    (and its CPU offload) applied to it as the analytic engine's transforms
+    (:mod:`trainmem.traced_transforms`),
     without pipeline, tensor or context parallelism (DeepSpeed's ``PipelineModule`` and
     Megatron-style layouts are not traced). LoRA's adapters are traced in the model's 16-bit
     dtype, as DeepSpeed casts them (``trainmem.trace.lora.cast_adapters``)."""
@@ -177,7 +179,7 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
     (``trainmem.trace.compile``),
     ``fp8-mixed`` (torchao, ``trainmem.trace.float8``), context parallelism (ring attention,
     ``trainmem.trace.parallel``), pipeline parallelism (``torch.distributed.pipelining``,
-    ``trainmem.trace.pipeline``; its own refusals there), DeepSpeed ZeRO-1/2 (the plain loop
+    ``trainmem.trace.pipeline``; its own refusals there), DeepSpeed ZeRO-1/2/3 (the plain loop
     traced, then re-sized and spliced by :func:`trainmem.traced_transforms.apply_deepspeed`;
     :func:`traced_deepspeed`), the optimizers whose kernels do not run on fake tensors (a
     stand-in traced, :func:`trainmem.traced_transforms.apply_optimizer`; paged ones with their
@@ -194,7 +196,7 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
     here on the settings :func:`~trainmem.traced_options.traced_settings` leaves). Other
     data-parallel layouts and the other frameworks are refused. The HF Trainer on one GPU (on
     more under DDP) runs as its plain loop with its default optimizer
-    (:func:`_traced_hf_trainer`); DeepSpeed ZeRO-1/2 as the analytic engine's transforms
+    (:func:`_traced_hf_trainer`); DeepSpeed ZeRO-1/2/3 as the analytic engine's transforms
     (``trainmem.traced_transforms``).
     """
     training = traced_settings(training)  # the options applied to a traced step as rules
@@ -216,7 +218,7 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
     fsdp = training.zero_stage == 3 and training.data_parallel_size > 1
     group = training.shard_group_size
     deepspeed = traced_deepspeed(training)
-    if deepspeed:  # DeepSpeed ZeRO-1/2 as transforms of the traced step (traced_transforms)
+    if deepspeed:  # DeepSpeed ZeRO-1/2/3 as transforms of the traced step (traced_transforms)
         out += [f"{name}={getattr(training, name)}"
                 for name in ("reshard_after_forward", "shard_group_size")
                 if getattr(training, name) != getattr(defaults, name)]  # fmt: skip
@@ -757,17 +759,9 @@ def _estimate_traced(
             )
     deepspeed = traced_deepspeed(training)
     shape = target if isinstance(target, ModelSpec) else None
-    if deepspeed and shape is None and training.reduce_bucket_size == "auto":
-        raise UnsupportedError(  # Note [DeepSpeed without a ModelSpec] (traced_transforms)
-            'reduce_bucket_size="auto" is hidden_size^2 (the HF Trainer\'s fill-in), and this '
-            "model has no ModelSpec to give its hidden size; set --reduce-bucket-size to a "
-            "number of elements"
-        )
-    # an optimizer the trace cannot run: a stand-in traced, its states replaced (traced_transforms)
-    standin = optimizer_standin(training)
-    run = training if standin is None else standin
-    options = active_options(run)  # the options applied as rules (trainmem.traced_options)
-    run = traced_settings(run)
+    if deepspeed and shape is None:
+        _check_deepspeed_without_spec(training)
+    standin, run, options = _traced_run(training, deepspeed=deepspeed)
     if engine == "generic" or (isinstance(target, str) and _is_timm(target)):
         from trainmem.trace.generic import estimate_generic
 
@@ -830,10 +824,50 @@ def _estimate_traced(
     return finish(est, gpu=gpu_spec, alloc_conf=alloc_conf, simulate_allocator=simulate_allocator)
 
 
+def _traced_run(
+    training: TrainingConfig, *, deepspeed: bool
+) -> tuple[TrainingConfig | None, TrainingConfig, list[TracedOption]]:
+    """(the stand-in optimizer's settings or None, the settings the trace runs, the options
+    applied to its step as rules): an optimizer the trace cannot run is a stand-in whose states
+    are replaced (:mod:`trainmem.traced_transforms`); each option of
+    :mod:`trainmem.traced_options` taken out; DeepSpeed as one rank's plain loop (its ZeRO-3
+    partitioning is the transform's, not FSDP2's, which the trace would run over N ranks)."""
+    standin = optimizer_standin(training)
+    run = training if standin is None else standin
+    options = active_options(run)
+    run = traced_settings(run)
+    if deepspeed:
+        run = replace(run, data_parallel_size=1)
+    return standin, run, options
+
+
+def _check_deepspeed_without_spec(training: TrainingConfig) -> None:
+    """Refuse the DeepSpeed ``"auto"`` sizes a model without a ModelSpec cannot give (they are
+    read from the hidden size: Notes [DeepSpeed without a ModelSpec] and [Traced ZeRO-3] in
+    trainmem/traced_transforms.py).
+
+    Raises:
+        UnsupportedError: ``reduce_bucket_size`` or, at ZeRO-3, ``stage3_prefetch_bucket_size``
+            is ``"auto"``.
+    """
+    if training.reduce_bucket_size == "auto":
+        raise UnsupportedError(
+            'reduce_bucket_size="auto" is hidden_size^2 (the HF Trainer\'s fill-in), and this '
+            "model has no ModelSpec to give its hidden size; set it to a number of elements "
+            "(--set reduce-bucket-size=N, or in the ds_config.json)"
+        )
+    if training.zero_stage == 3 and training.stage3_prefetch_bucket_size == "auto":
+        raise UnsupportedError(
+            'stage3_prefetch_bucket_size="auto" is 0.9 hidden_size^2 (the HF Trainer\'s '
+            "fill-in), and this model has no ModelSpec to give its hidden size; set it to a "
+            "number of elements (--set stage3-prefetch-bucket-size=N, or in the ds_config.json)"
+        )
+
+
 def _apply_traced_transforms(
     est: MemoryEstimate, target: ModelSpec | None, training: TrainingConfig, *, deepspeed: bool
 ) -> None:
-    """The traced plain-loop step as ``training`` asks: DeepSpeed ZeRO-1/2 or an optimizer the
+    """The traced plain-loop step as ``training`` asks: DeepSpeed ZeRO-1/2/3 or an optimizer the
     trace ran a stand-in for, applied as the analytic engine's transforms
     (:mod:`trainmem.traced_transforms`); the trace's own peak details (of the plain loop) are
     dropped, :func:`finish` names the new peak."""
@@ -842,7 +876,13 @@ def _apply_traced_transforms(
         est.notes.append(
             f"DeepSpeed ZeRO-{training.zero_stage}: the plain loop was traced and DeepSpeed's "
             "mechanisms applied to the traced step as the analytic engine's transforms "
-            "(gradient and optimizer-state partitions over "
+            "(gradient and optimizer-state partitions"
+            + (
+                ", weight partitions and each micro-batch's gathered layer and root"
+                if training.zero_stage == 3
+                else ""
+            )
+            + " over "
             f"{training.sharding_degree} ranks, fp32 master copy, gradient buckets, the step's "
             "gradient copies; trainmem/traced_transforms.py)"
             + (

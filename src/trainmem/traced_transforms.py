@@ -2,7 +2,7 @@
 
 The trace engine records a plain training loop on one rank (no DeepSpeed: it cannot run on fake
 tensors). This module turns that recorded :class:`~trainmem.schedule.StepSchedule` into the one a
-DeepSpeed ZeRO-1/2 run would have, with the same rules the analytic engine uses, so both engines
+DeepSpeed ZeRO-1/2/3 run would have, with the same rules the analytic engine uses, so both engines
 answer the same question from the same definitions:
 
 * the model states are re-sized as :mod:`trainmem.analytic.tensor_states` sizes them (Note
@@ -44,6 +44,25 @@ Note [Traced model states under ZeRO]
       emits no flat gradient copies and no fresh ZeRO-2 partition under offload (its own
       rules), the gradient buckets and each layer's whole gradients before their reduce stay.
 
+Note [Traced ZeRO-3]
+    DeepSpeed ZeRO-3 (runtime/zero/stage3.py, partition_parameters.py) partitions the 16-bit
+    weights too: each traced weight becomes ``ceil(bytes / N)`` on this rank (0 with
+    ``offload="optimizer+params"``), as ``tensor_states._place`` has it. The gradients live in
+    one flat partition buffer built with the optimizer (``grad_partitions_flat_buffer``,
+    :func:`~trainmem.analytic.buffers.gradient_buffer_from_init`): the traced gradients become
+    0 bytes and one buffer of their partitions is allocated with the state the step starts from,
+    never freed; each layer's new gradients stay whole until its last one is made (the
+    analytic ``reduce`` term, as under ZeRO-2). Each micro-batch holds the root module's
+    gathered weights and the current layer's plus the prefetch bucket from its start to its
+    end (:func:`~trainmem.analytic.transforms.sharding.sharding`, the analytic
+    ``micro_batch.begin`` gathers: :func:`~trainmem.analytic.buffers.
+    deepspeed_zero3_gather_bytes` with ``stage3_prefetch_bucket_size`` and
+    ``stage3_max_live_parameters``); the transform adds the persistent gradient bucket and the
+    step's per-sub-group gradient copies. The plain loop is traced on one rank: the trace would
+    run ``zero_stage=3`` over N ranks as FSDP2. Without a ModelSpec the gathered layer is the
+    largest block of the traced block lists and the root every tensor outside them; ``"auto"``
+    prefetch buckets (0.9 h^2) need the hidden size and are refused.
+
 Note [Points of a traced step]
     The traced step is forward / backward per micro-batch, then the optimizer and
     ``zero_grad``, its events tagged with their phase. ``step.begin`` is the first item,
@@ -75,10 +94,11 @@ from trainmem.analytic.tensor_states import (
     paged_state_bytes,
     state_layout,
 )
-from trainmem.analytic.transforms.base import PipelineRank, RankContext, Where, splice
+from trainmem.analytic.transforms.base import PipelineRank, RankContext, Where, free, splice
 from trainmem.analytic.transforms.deepspeed import DeepSpeedZero
 from trainmem.analytic.transforms.optimizer import Optimizer
 from trainmem.analytic.transforms.points import Point
+from trainmem.analytic.transforms.sharding import gather_ops, sharding
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.errors import ScheduleError
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
@@ -113,10 +133,10 @@ def layer_of(module: str) -> str | None:
 
 def deepspeed_refusals(training: TrainingConfig) -> list[str]:
     """What of a DeepSpeed run :func:`apply_deepspeed` does not model, as ``field=value`` (empty:
-    it does): ZeRO-1/2 with the ZeRO optimizer wrapper and an optimizer whose states are a
+    it does): ZeRO-1/2/3 with the ZeRO optimizer wrapper and an optimizer whose states are a
     fixed number of bytes per element (not factored, not block-wise)."""
     out = []
-    if training.zero_stage not in (1, 2):
+    if training.zero_stage not in (1, 2, 3):
         out.append(f"zero_stage={training.zero_stage} with framework=deepspeed")
     elif training.deepspeed_optimizer != "zero":
         out.append(f"DeepSpeed's {training.deepspeed_optimizer} optimizer wrapper")
@@ -128,8 +148,8 @@ def deepspeed_refusals(training: TrainingConfig) -> list[str]:
 
 def untraced_deepspeed(training: TrainingConfig) -> str:
     """One refusal for a DeepSpeed run the traced paths do not model, saying what they model
-    (ZeRO-1/2 with the ZeRO optimizer wrapper and a fixed-size optimizer state, without tensor,
-    pipeline or context parallelism) and what traces ZeRO-3's sharding (FSDP2)."""
+    (ZeRO-1/2/3 with the ZeRO optimizer wrapper and a fixed-size optimizer state, without
+    tensor, pipeline or context parallelism) and what else estimates it."""
     why = deepspeed_refusals(training) or [
         f"{name}={getattr(training, name)} with framework=deepspeed"
         for name in ("tensor_parallel_size", "pipeline_parallel_size", "context_parallel_size")
@@ -137,8 +157,8 @@ def untraced_deepspeed(training: TrainingConfig) -> str:
     ]
     return (
         ", ".join(why or ["framework=deepspeed"])
-        + " (traced: DeepSpeed ZeRO-1/2 without tensor, pipeline or context parallelism; "
-        "ZeRO-3-style sharding: --framework fsdp2)"
+        + " (traced: DeepSpeed ZeRO-1/2/3 with its ZeRO optimizer, without tensor, pipeline or "
+        "context parallelism; or --engine analytic)"
     )
 
 
@@ -155,24 +175,27 @@ def apply_deepspeed(
         model: the model's shape (the DeepSpeed transform reads ``hidden_size`` for
             ``reduce_bucket_size="auto"`` and its trainable elements from the analytic layout),
             or None for a model without one (Note [DeepSpeed without a ModelSpec]).
-        training: the DeepSpeed run (``framework="deepspeed"``, ``zero_stage`` 1 or 2).
+        training: the DeepSpeed run (``framework="deepspeed"``, ``zero_stage`` 1, 2 or 3).
 
     Returns:
         The schedule with the states re-sized and the transform's ops spliced in.
 
     Raises:
-        ScheduleError: a setting :func:`deepspeed_refusals` names, ``reduce_bucket_size="auto"``
-            without a ModelSpec, or a step without a backward or optimizer to place the ops at.
+        ScheduleError: a setting :func:`deepspeed_refusals` names, ``reduce_bucket_size`` or
+            ``stage3_prefetch_bucket_size`` ``"auto"`` without a ModelSpec, or a step without a
+            backward or optimizer to place the ops at.
     """
     refused = deepspeed_refusals(training)
     if refused:
         raise ScheduleError("no traced DeepSpeed transform for " + ", ".join(refused))
     init, body = _split(schedule)
     sizes = _Sizes.of(init, training)
-    transform = DeepSpeedZero(_deepspeed_context(schedule, model, training))
+    ctx = _deepspeed_context(schedule, model, training)
+    transform = DeepSpeedZero(ctx)
     segments, tail = _micro_batches(body)
-    stage2 = training.zero_stage == 2
-    new_grads = _GradientSizes.of(segments[0]) if stage2 else None
+    reduces = training.zero_stage >= 2
+    new_grads = _GradientSizes.of(segments[0]) if reduces else None
+    gathers = _zero3_gathers(schedule, ctx, training) if training.zero_stage == 3 else []
     rewritten = [_rewrite(seg, sizes, new_grads, first=k == 0) for k, seg in enumerate(segments)]
     tail = _rewrite(tail, sizes, None, first=False)
     frees: list[Item] = []
@@ -183,11 +206,14 @@ def apply_deepspeed(
         out: list[Item] = []
         for k, seg in enumerate(rewritten):
             where = Where(first_step=first, new_grads=k == 0)
-            out += splice(seg, _segment_points(seg, first=k == 0), [transform], where)
+            spliced = splice(seg, _segment_points(seg, first=k == 0), [transform], where)
+            out += [*gathers, *spliced, *(free(op, "backward") for op in reversed(gathers))]
         optimizer = splice(tail, _tail_points(tail), [transform], Where(first_step=first))
         return out + (_own_gradient_frees(optimizer, frees) if frees else optimizer)
 
     states = _rewrite(init, sizes, None, first=False)
+    if sizes.from_init:  # ZeRO-3's flat gradient partition, from when the optimizer is built
+        states.append(_partition_buffer(segments[0], sizes))
     steady = step(first=False)
     warm = step(first=True)
     candidate = StepSchedule(setup=(*states, *warm), step=tuple(steady), name=schedule.name)
@@ -227,6 +253,52 @@ def _deepspeed_context(
     grad = dtype_bytes(training.grad_dtype) * n
     whole = TensorState("embedding", "traced", n, True, 0, 0, 0, 0, grad, 0, n)
     return _traced_context([whole], training)
+
+
+def _zero3_gathers(schedule: StepSchedule, ctx: RankContext, training: TrainingConfig) -> list[Op]:
+    """ZeRO-3's gathered parameters of one micro-batch (Note [Traced ZeRO-3]): the root
+    module's and the current layer's plus its prefetch bucket, as the analytic
+    :func:`~trainmem.analytic.transforms.sharding.sharding` sizes them from the rank's layout,
+    or, without a ModelSpec, from the traced tensors (the layer: the largest block of a block
+    list)."""
+    if ctx.model is None:
+        if training.stage3_prefetch_bucket_size == "auto":
+            raise ScheduleError(
+                'stage3_prefetch_bucket_size="auto" is 0.9 hidden_size^2, and this model has no '
+                "ModelSpec to give its hidden size; set stage3_prefetch_bucket_size to a number "
+                "of elements"
+            )
+        ctx = _traced_layers_context(traced_tensor_states(schedule, training), training)
+    root, layer = gather_ops(sharding(ctx))
+    return [op for op in (root, layer) if op.size_bytes]
+
+
+def _traced_layers_context(states: list[TensorState], training: TrainingConfig) -> RankContext:
+    """The traced tensors as a rank of identical layers for ZeRO-3's gathers: the tensors
+    outside the block lists the root (embedding-side), the largest block the layer."""
+    blocks: dict[str, list[TensorState]] = {}
+    outer: list[TensorState] = []
+    for state in states:
+        block = layer_of(state.owner)
+        if block is None:
+            outer.append(state)
+        else:
+            blocks.setdefault(block, []).append(state)
+    layer = max(blocks.values(), key=lambda b: sum(s.full_param_bytes for s in b), default=[])
+    ctx = _traced_context(outer, training)
+    return replace(ctx, layer_states=layer, num_layers=len(blocks), memo={})
+
+
+def _partition_buffer(segment: Sequence[Item], sizes: _Sizes) -> Op:
+    """ZeRO-3's flat gradient partition (stage3.py ``grad_partitions_flat_buffer``): every
+    gradient the first micro-batch makes, this rank's partition of it, in one buffer."""
+    size = sum(
+        count * sizes.partition(op.size_bytes)
+        for op, count in _counted(segment)
+        if op.action == "alloc" and op.category is Cat.GRADIENT
+    )
+    label = "this rank's gradient partition (ZeRO-3 grad_partitions_flat_buffer)"
+    return Op("alloc", size, Cat.GRADIENT, "init", "grad/partition3", "(optimizer)", label)
 
 
 def optimizer_standin(training: TrainingConfig) -> TrainingConfig | None:
@@ -564,7 +636,12 @@ class _Sizes:
         """Bytes of a traced gradient of ``size`` bytes (weight dtype) in ``grad_dtype``."""
         return dtype_bytes(self.training.grad_dtype) * (size // self.weight_bytes)
 
-    def gradient(self, size: int) -> int:
+    @property
+    def from_init(self) -> bool:
+        """The gradients live in one partition buffer from init (ZeRO-3), not per tensor."""
+        return self.training.zero_stage == 3
+
+    def partition(self, size: int) -> int:
         """This rank's bytes of a traced gradient of ``size`` bytes in the weight dtype (0 when
         offloaded: each leaves once its layer is reduced)."""
         t = self.training
@@ -572,6 +649,19 @@ class _Sizes:
             return 0
         full = self.whole(size)
         return -(-full // t.sharding_degree) if t.zero_stage >= 2 else full
+
+    def gradient(self, size: int) -> int:
+        """A traced gradient's bytes: its partition, or 0 under ZeRO-3 (in the buffer)."""
+        return 0 if self.from_init else self.partition(size)
+
+    def parameter(self, size: int) -> int:
+        """A traced weight's bytes: ZeRO-3's partition (0 when offloaded)."""
+        t = self.training
+        if t.zero_stage < 3:
+            return size
+        if offloaded(t, size // self.weight_bytes).param:
+            return 0
+        return -(-size // t.sharding_degree)
 
 
 def _ops(items: Sequence[Item]) -> list[Op]:
@@ -691,6 +781,8 @@ def _resized(op: Op, sizes: _Sizes) -> Op:
         return op._replace(size_bytes=sizes.gradient(op.size_bytes))
     if op.category is Cat.OPTIMIZER_STATE and op.key in sizes.states:
         return op._replace(size_bytes=sizes.states[op.key])
+    if op.category is Cat.PARAMETER:
+        return op._replace(size_bytes=sizes.parameter(op.size_bytes))
     offload = sizes.training.offload != "none"
     if offload and op.category is Cat.TEMPORARY and op.phase == "optimizer":
         return op._replace(size_bytes=0)  # the traced step's own: the step runs on the CPU

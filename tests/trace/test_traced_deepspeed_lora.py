@@ -110,5 +110,5 @@ def test_deepspeed_on_a_diffusers_model() -> None:
     assert states["gradients"] == 2 * n // 4
     assert any("DeepSpeed ZeRO-2" in note for note in est.notes)
     # "auto" buckets are h^2, and a diffusers model has no ModelSpec to give h
-    with pytest.raises(UnsupportedError, match="set --reduce-bucket-size"):
+    with pytest.raises(UnsupportedError, match="reduce-bucket-size=N"):
         estimate(pixart, replace(training, reduce_bucket_size="auto"), engine="generic")
