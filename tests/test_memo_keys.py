@@ -18,6 +18,7 @@ import pytest
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes
 from trainmem.analytic.loss import model_loss_in_logits_dtype
 from trainmem.errors import SpecError
+from trainmem.memo import cached_on, per_configuration
 from trainmem.specs.hf import load_model_spec
 from trainmem.specs.ranks import model_rank_map
 from trainmem.specs.settings import setting_of
@@ -98,3 +99,49 @@ def test_every_cached_function_is_checked_here() -> None:
         for match in re.finditer(r"^@cached_on\((?:.|\n)*?\)\n(?:#.*\n)*def (\w+)", text, re.M):
             decorated.add(match.group(1))
     assert decorated == set(CACHED)
+
+
+def test_the_last_call_shortcut_answers_only_the_same_objects() -> None:
+    # cached_on answers the last call's arguments by identity: alternating two configurations
+    # (and two models) must give each its own answer, also after the cache is cleared
+    calls: list[tuple[object, ...]] = []
+
+    @cached_on("micro_batch_size")
+    def doubled(training: TrainingConfig) -> int:
+        calls.append((training,))
+        return 2 * training.micro_batch_size
+
+    @cached_on("micro_batch_size")
+    def per_model(model: object, training: TrainingConfig) -> tuple[str, int]:
+        return (str(model), training.micro_batch_size)
+
+    one, three = TrainingConfig(micro_batch_size=1), TrainingConfig(micro_batch_size=3)
+    assert [doubled(t) for t in (one, three, one, one, three)] == [2, 6, 2, 2, 6]
+    assert len(calls) == 2  # one computation per distinct key
+    doubled.cache_clear()  # type: ignore[attr-defined]
+    assert doubled(three) == 6 and len(calls) == 3
+    a, b = "model-a", "model-b"
+    assert [per_model(m, t) for m, t in ((a, one), (b, one), (a, three), (a, one))] == [
+        ("model-a", 1),
+        ("model-b", 1),
+        ("model-a", 3),
+        ("model-a", 1),
+    ]
+
+
+def test_per_configuration_keys_on_the_objects() -> None:
+    # per_configuration: the same (model, training) objects share one computation; an equal
+    # configuration that is another object is computed again, so no field list can be short
+    calls: list[int] = []
+
+    @per_configuration
+    def tokens(model: object, training: TrainingConfig) -> int:
+        calls.append(1)
+        return training.micro_batch_size * training.seq_len
+
+    t = TrainingConfig(micro_batch_size=2, seq_len=100)
+    assert tokens(MODEL, t) == 200 and tokens(MODEL, t) == 200
+    assert len(calls) == 1
+    assert tokens(MODEL, TrainingConfig(micro_batch_size=2, seq_len=100)) == 200
+    assert len(calls) == 2
+    assert tokens(MODEL, TrainingConfig(micro_batch_size=3, seq_len=100)) == 300

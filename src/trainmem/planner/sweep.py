@@ -3,8 +3,8 @@
 A sweep is the cartesian product of ``over`` (field -> values) applied to a base
 :class:`~trainmem.specs.training.TrainingConfig` with :func:`~trainmem.specs.training.derived`
 (``dataclasses.replace`` checking only the changed concerns). By default each
-row is the closed form alone (``simulate_allocator=False``, about 0.35 ms, fragmentation 0), so
-a 10,000-row sweep takes about 3.7 CPU seconds on a busy 2-core Xeon
+row is the closed form alone (``simulate_allocator=False``, about 0.3 ms, fragmentation 0), so
+a 10,000-row sweep takes about 3.3-3.5 CPU seconds on a busy 2-core Xeon
 (``benchmarks/planner_speed.py``; the budget is 2 s).
 
 All sizes are bytes (``int``).
