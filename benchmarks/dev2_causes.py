@@ -343,7 +343,8 @@ _FSDP1_STREAMS = (
     "on its post-backward stream (torch distributed/fsdp/_runtime_utils.py ``_unshard``, "
     "``_init_streams``), each a separate pool of the caching allocator; tried for the gathers: "
     "GT115 -18.5 -> -4.4%, GT117 / GT118 -6.9 / -6.7 -> -2.1 / -1.9%, but GT128 -7.0 -> -15.0% "
-    "and GT129 -19.9 -> -23.9% (and torchtune's FSDP1 rows moved), so not landed"
+    "and GT129 -19.9 -> -23.9% (and torchtune's FSDP1 rows moved), so not landed for "
+    "fsdp-qlora (torchtune's rows have it: FrameworkConventions.fsdp_collective_streams)"
 )
 _FSDP_QLORA_DQ = (
     "the base is double-quantized (amended from train.py: Linear4bit's compress_statistics "
@@ -404,10 +405,12 @@ CAUSES.update(
         "GT022": _TT_HEAD + "; README metric kind not stated (reserved taken)",
         "GT024": _TT_HEAD + "; README metric kind not stated (reserved taken)",
         "GT025": (
-            "unexplained: FSDP CPU offload with fused CPU AdamW; README metric kind not stated "
-            "(predicted allocated +9%)"
+            "unexplained: FSDP2 CPU offload with fused CPU AdamW; README metric kind not stated "
+            "(predicted allocated +10%; the FSDP side streams' pools add 4.2 GB reserved: "
+            "+29.6 -> +38.0%)"
         ),
-        "GT026": _TT_HEAD + "; README metric kind not stated (predicted allocated +10%)",
+        "GT026": _TT_HEAD + "; README metric kind not stated (predicted allocated +8%; the FSDP "
+        "side streams' pools +12.1 -> +13.8%)",
         "GT027": (
             "unexplained: 405B QLoRA FSDP2, standard CE; README '44.8 GB' unit read as GiB "
             "(notes; as GB the error grows)"
@@ -417,14 +420,17 @@ CAUSES.update(
         "GT029": (
             "unexplained: torchtune Apr 2024 FSDP1 LoRA recipe, AC off; not the FSDP1 "
             "sync_module_states init (the same rule as fsdp_qlora's, tried: -36.4 -> -36.7%), "
-            "nor the recipe's held logits and lora_dropout 0.05 (amended: -36.4 -> -33.8%); "
+            "nor the recipe's held logits and lora_dropout 0.05 (amended: -36.4 -> -33.8%) or "
+            "FSDP1's side streams (-33.8 -> -32.1%); "
             "not the NCCL recordStream pile-up torchtune PR #843 fixed (TORCH_NCCL_AVOID_"
             "RECORD_STREAMS=1 from bec7babe, 2024-04-23): it is in the non-zero ranks' init, and "
             "train() calls cleanup_before_training (empty_cache, reset_peak_memory_stats)"
         ),
         "GT030": _TT_2024,
         "GT032": (
-            "unexplained: torchtune Apr 2024 FSDP1 full fine-tune recipe; not the FSDP1 "
+            "torchtune Apr 2024 FSDP1 full fine-tune recipe: FSDP1's side streams (sharded "
+            "gradients in the post-backward stream's pool, which cannot take the forward's "
+            "freed blocks) -20.2 -> -11.6%; the rest unexplained: not the FSDP1 "
             "sync_module_states init (tried: -20.2% unchanged), nor the loop's held logits "
             "(amended: under 0.1 point)"
         ),
@@ -436,8 +442,12 @@ CAUSES.update(
         "GT040": _NEAR_CAPACITY + "; paged optimizer state",
         "GT042": _SEQ_70B,
         "GT043": (
-            "PagedAdamW state exceeds the card and pages to host (notes); AC/GA only the "
-            "CSV's reading; the loop's held logits amended (-13.3 -> -11.8%)"
+            "over since FSDP1's side streams (the sharded gradients' 17 GB in the post-backward "
+            "stream's pool, apart from the forward's activation blocks: -11.8 -> +14.4%): the "
+            "README's 'Seq Length = 4096' as for GT042, which cannot be the batch length there "
+            "(the length of alpaca's longest batches is in no source here); PagedAdamW state "
+            "pages to host (notes); AC/GA only the CSV's reading; the loop's held logits "
+            "amended (-13.3 -> -11.8%)"
         ),
         "GT047": _TITAN_CP,
         "GT048": _TITAN_CP,

@@ -231,6 +231,18 @@ def test_analytic_accuracy_does_not_regress() -> None:
 #: rows' transformers 4.48.1): GT150 +12.4 -> +1.7%, GT151 +9.1 -> +3.7%, GT152 +17.2 ->
 #: -0.4%, GT153 +10.6 -> -4.2%, GT144 +3.5 -> +1.6%, GT145 +1.7 -> -1.6% (the bf16 LoRA
 #: Mixtral rows); no other row moved.
+#: Re-recorded for FSDP1's side streams (FrameworkConventions.fsdp_collective_streams, now for
+#: torchtune and litgpt too: torch/distributed/fsdp/_runtime_utils.py ``_unshard`` allocates
+#: the unsharded flat parameter on the unshard stream, ``_post_backward_hook`` the sharded
+#: gradient on the post-backward stream; the caching allocator pools blocks per stream, so the
+#: gradients cannot take the forward's freed activation blocks; not for fsdp-qlora, whose
+#: QLoRA rows it makes worse while their load_and_quantize is not modelled: dev2_causes.py
+#: ``_FSDP1_STREAMS``): reserved smaller for GT029 -33.8 -> -32.1%, GT032 -20.2 -> -11.6%;
+#: grew, by the same pools: GT025 +29.6 -> +38.0% and GT026 +12.1 -> +13.8% (torchtune FSDP2,
+#: over for reasons the model does not have: allocated already +10 / +8%), GT043 -11.8 ->
+#: +14.4% (its 'Seq Length 4096' is the README's, like GT042's, which cannot be the batch
+#: length), GT041 +1.4 -> -2.3%; (median, p90 and the count under as the
+#: day's run gives them).
 RECORDED_DEV2 = {
     "GT011": -0.0346,
     "GT012": -0.0367,
@@ -244,14 +256,14 @@ RECORDED_DEV2 = {
     "GT020": +0.1059,
     "GT022": +0.0975,
     "GT024": +0.1243,
-    "GT025": +0.2962,
-    "GT026": +0.1214,
+    "GT025": +0.3803,
+    "GT026": +0.1377,
     "GT027": +0.3768,
     "GT028": -0.0990,
-    "GT029": -0.3384,
+    "GT029": -0.3210,
     "GT030": -0.1500,
     "GT031": -0.0052,
-    "GT032": -0.2015,
+    "GT032": -0.1160,
     "GT033": -0.0621,
     "GT034": -0.0671,
     "GT035": -0.0608,
@@ -260,9 +272,9 @@ RECORDED_DEV2 = {
     "GT038": +0.0358,
     "GT039": +2.3136,
     "GT040": -0.0704,
-    "GT041": +0.0143,
+    "GT041": -0.0228,
     "GT042": +1.4089,
-    "GT043": -0.1184,
+    "GT043": +0.1441,
     "GT044": -0.0227,
     "GT045": -0.0262,
     "GT046": -0.0312,

@@ -482,12 +482,24 @@ class FrameworkConventions:
     ``fully_shard`` takes the flattened ``dp_shard_cp`` mesh (torchtitan/models/llama3/infra/
     parallelize.py ``apply_fsdp``; torchtitan/distributed/parallel_dims.py)."""
     fsdp_collective_streams: bool
-    """FSDP2 allocates on its own CUDA streams, whose blocks the caching allocator keeps in
+    """FSDP allocates on its own CUDA streams, whose blocks the caching allocator keeps in
     per-stream pools (c10/cuda/CUDACachingAllocator.cpp: a free block is found only among blocks
-    of the requesting stream): each layer's flat all-gather output on the all-gather copy-in
-    stream (``foreach_all_gather``), the reduce-scatter output, which becomes the sharded
-    gradient, on the reduce-scatter stream (``foreach_reduce``; torch/distributed/fsdp/
-    _fully_shard/_fsdp_collectives.py). False: everything on the default stream."""
+    of the requesting stream). FSDP2: each layer's flat all-gather output on the all-gather
+    copy-in stream (``foreach_all_gather``), the reduce-scatter output, which becomes the
+    sharded gradient, on the reduce-scatter stream (``foreach_reduce``; torch/distributed/fsdp/
+    _fully_shard/_fsdp_collectives.py). FSDP1 the same (torch/distributed/fsdp/
+    _runtime_utils.py, torch 2.2 .. 2.5): ``_unshard`` allocates the unsharded flat parameter
+    (the all-gather output) under ``state._device_handle.stream(unshard_stream)``, and
+    ``_post_backward_hook`` makes the reduce-scatter output, kept as the sharded gradient
+    (``_accumulate_sharded_grad``: ``flat_param._saved_grad_shard``), under
+    ``stream(state._post_backward_stream)`` (``_get_reduce_scatter_tensors``:
+    ``new_sharded_grad = torch.empty_like(chunks[0])``); the unsharded gradient it reduces is
+    autograd's, on the default stream. True for the FSDP frameworks: ``fsdp2``, torchtune
+    (FSDP1 in its early-2024 recipes, FSDP2 from 6deeda92, Sep 2024) and litgpt (FSDP1).
+    Not yet for fsdp-qlora (the same source; tried, its QLoRA rows GT128 / GT129 grow while
+    its load_and_quantize is not modelled: benchmarks/dev2_causes.py ``_FSDP1_STREAMS``) nor
+    accelerate-fsdp / hf-trainer (their golden schedules would change). False: everything on
+    the default stream."""
     fsdp2_post_backward: bool
     """FSDP2's post-backward order (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py
     ``FSDPParamGroup.post_backward``): a group reshards its parameters, then releases the
@@ -717,6 +729,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
         ),
         _row(
             "torchtune",
+            fsdp_collective_streams=True,
             optimizer_offload_torchao=True,
             adapter_dtype_follows_weights=True,
             quantized_base_saves_input=False,
@@ -734,6 +747,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             fsdp_no_sync_accumulation=True,
             loop="previous",
             untied_output_head=True,
+            fsdp_collective_streams=True,
         ),
         # Answer.AI fsdp_qlora train.py (Mar 2024, e4968fd): a transformers model whose linears
         # are replaced by bitsandbytes Linear4bit (quant_storage = the model dtype) and loaded

@@ -62,7 +62,8 @@ def free(op: Op, phase: Phase) -> Op:
 
 ALL_GATHER_STREAM = 1
 REDUCE_SCATTER_STREAM = 2
-"""Streams of FSDP2's collectives (``FrameworkConventions.fsdp_collective_streams``)."""
+"""Streams of FSDP's collectives (``FrameworkConventions.fsdp_collective_streams``: FSDP2's
+all-gather / reduce-scatter streams, FSDP1's unshard / post-backward streams)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +103,8 @@ class RankContext:
         num_layers: layers on this rank.
         zero_stage: ZeRO / FSDP stage in effect (0 without sharding).
         grad_stream: CUDA stream the sharded gradients are made on (FSDP2's reduce-scatter
-            stream with ``fsdp_collective_streams``; 0 otherwise).
+            stream, FSDP1's post-backward stream, with ``fsdp_collective_streams``; 0
+            otherwise).
         prof: the activation profile (None for a step whose activations were recorded).
         shared: schedule pieces that depend only on the model states (cached per layout).
         memo: terms derived from this context, computed once for the transforms that share them.

@@ -42,7 +42,8 @@ class Sharding:
         gather_root: the root module's (embedding, final norm, head) gathered parameters.
         kept: one layer's gathered weights kept from its forward to its backward.
         reduce: one layer's unsharded gradients before their reduce-scatter.
-        ag_stream / rs_stream: streams of the all-gather / reduce-scatter (FSDP2).
+        ag_stream / rs_stream: streams of the all-gather / reduce-scatter (FSDP2; FSDP1's
+            unshard / post-backward streams).
         flat_gather: one layer's flat all-gather output (FSDP2's, under pipelining).
         pp_fsdp: FSDP under pipeline parallelism (Note [FSDP under pipeline parallelism]).
         no_sync: FSDP1 accumulation under ``no_sync`` (Note [FSDP gradient accumulation

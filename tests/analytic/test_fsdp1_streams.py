@@ -1,0 +1,52 @@
+"""FSDP1's side streams (FrameworkConventions.fsdp_collective_streams): torch/distributed/fsdp/
+_runtime_utils.py (torch 2.2 .. 2.5) allocates the unsharded flat parameter in ``_unshard`` under
+``stream(unshard_stream)`` and the reduce-scatter output, kept as the sharded gradient, in
+``_post_backward_hook`` under ``stream(state._post_backward_stream)``; the caching allocator
+pools blocks per stream, so those bytes are reserved apart from the default stream's."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainmem.analytic.schedule import ALL_GATHER_STREAM, REDUCE_SCATTER_STREAM
+from trainmem.breakdown import MemoryCategory
+from trainmem.estimate import estimate
+from trainmem.specs.training import TrainingConfig
+
+# Llama-2-7B: one decoder layer = 4 * 4096^2 (q, k, v, o) + 3 * 4096 * 11008 (gate, up, down)
+# + 2 * 4096 (norms) = 202,383,360 parameters; the model 6,738,415,616
+LAYER = 4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096
+MODEL = 6_738_415_616
+
+
+def _allocs(framework: str) -> list[object]:
+    training = TrainingConfig(
+        framework=framework,
+        zero_stage=3,
+        data_parallel_size=4,
+        precision="bf16-true",
+        seq_len=512,
+        micro_batch_size=2,
+        activation_checkpointing="full",
+    )
+    sched = estimate("llama-2-7b", training, simulate_allocator=False).schedules[0]
+    return [ev for ev in sched.events() if ev.action == "alloc"]
+
+
+@pytest.mark.parametrize("framework", ["torchtune", "litgpt"])
+def test_fsdp1_gradients_on_the_post_backward_stream(framework: str) -> None:
+    step = _allocs(framework)
+    rs = [ev for ev in step if ev.stream == REDUCE_SCATTER_STREAM]  # type: ignore[attr-defined]
+    assert {ev.category for ev in rs} == {MemoryCategory.GRADIENT}  # type: ignore[attr-defined]
+    # bf16 sharded gradients of every parameter over 4 ranks: 2 * 6,738,415,616 / 4 bytes per
+    # step (the warm-up step and the measured one), + padding of each flat parameter under 1%
+    per_step = sum(ev.size_bytes for ev in rs) / 2  # type: ignore[attr-defined]
+    assert 2 * MODEL / 4 <= per_step < 2 * MODEL / 4 * 1.01
+    # the prefetched unit's unsharded flat parameter on the unshard stream: 2 B * 202,383,360
+    ag = {ev.size_bytes for ev in step if ev.stream == ALL_GATHER_STREAM}  # type: ignore[attr-defined]
+    assert ag == {2 * LAYER}
+
+
+@pytest.mark.parametrize("framework", ["hf-trainer", "fsdp-qlora"])
+def test_frameworks_without_fsdp_streams_stay_on_the_default_stream(framework: str) -> None:
+    assert {ev.stream for ev in _allocs(framework)} == {0}  # type: ignore[attr-defined]
