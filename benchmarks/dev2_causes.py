@@ -248,7 +248,17 @@ _MISTRAL_V02 = (
     "its config.json has sliding_window null)",
 )
 
+_TORCHVISION_VIT = (
+    {"model_type": "torchvision_vit", "num_labels": 10},
+    "rasbt/pytorch-memory-optim @f6eddcd 01_pytorch-vit.py .. 06_sgd-with-scheduler.py, the "
+    "rows' source: torchvision.models.vit_l_16(weights=ViT_L_16_Weights.IMAGENET1K_V1) with "
+    "model.heads.head = torch.nn.Linear(1024, 10): torchvision's VisionTransformer, whose "
+    "EncoderBlock attention is nn.MultiheadAttention (need_weights=False), not transformers' "
+    "ViTLayer; the reading named the HF ViT-L twin (its 1000-class head)",
+)
+
 CONFIG_AMENDMENTS: dict[str, tuple[dict[str, object], str]] = {
+    **{f"GT{n}": _TORCHVISION_VIT for n in range(179, 185)},
     **{f"GT{n}": _TORCHAO_224 for n in range(167, 171)},
     "GT130": _MISTRAL_V02,
     "GT131": _MISTRAL_V02,
@@ -376,13 +386,6 @@ _BIGCODE_CE = (
     "returns loss.detach() and compute_loss drops the outputs, and TRL 0.13.0's SFTTrainer "
     "(the refs' requirements.txt) overrides neither (its token-accuracy copy of the logits "
     "came later: 84d73fd, Feb 2025)"
-)
-_VIT_2023 = (
-    "unexplained: after the amendments (the nightly's 2.0 foreach Adam with two intermediates, "
-    "zero_grad before backward) still 0.6-1.4 GB under at micro-batch 16-64 (forward peak); "
-    "torchvision vit_l_16 (nn.MultiheadAttention, conv_proj patch embedding) is read as the HF "
-    "ViT-L twin: candidates not modelled are cuDNN's workspace for the 16x16-stride "
-    "convolution and the eval passes in max_reserved"
 )
 _VISION_TOKENS = (
     "vision encoder tokens come from config.json image_size 518 (1370 tokens); the run is "
@@ -520,9 +523,5 @@ CAUSES.update(
             "the GPU (Note [bitsandbytes statistics under sharding]; -26.8 -> -15.7%); still "
             "under, unexplained" + _FSDP1_STREAMS
         ),
-        "GT179": _VIT_2023,
-        "GT181": _VIT_2023,
-        "GT182": _VIT_2023,
-        "GT183": _VIT_2023,
     }
 )

@@ -750,6 +750,11 @@ def _estimate_traced(
         except UnsupportedError:
             target = model
         check_traceable_size(target, training)
+        if isinstance(target, ModelSpec) and target.analytic_only:
+            raise UnsupportedError(
+                f"{target.model_type} is modelled by the analytic engine only (no traced path "
+                "builds it: its library is not a dependency); use --engine analytic"
+            )
         course = isinstance(target, ModelSpec) and target.not_transformers
         if course and engine == "generic":
             raise UnsupportedError(

@@ -392,6 +392,9 @@ def _kernel_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dict
         # is a view and that projection saves the same storage.
         terms["attention/sdpa_output"] = c * a * d * t
         terms["attention/logsumexp"] = 4 * a * t
-        if sdpa_output_copied(model, training):
+        mha_copy = model.mha_out_proj_copy and training.micro_batch_size > 1
+        if sdpa_output_copied(model, training) or mha_copy:
+            # nn.MultiheadAttention: ``permute(2, 0, 1, 3).contiguous()`` of the (b, s, a, d)
+            # kernel output (Family.mha_out_proj_copy); a view for one sequence
             terms["attention/out_proj_input"] = c * a * d * t
     return terms

@@ -83,6 +83,10 @@ class Family:
     """Not a transformers model, so the traced paths (which build the model with transformers)
     cannot run it: the CS336 course's ``BasicsTransformerLM`` (stanford-cs336
     ``cs336_basics/model.py``); the analytic engine models its code."""
+    analytic_only: bool = False
+    """No traced path builds it (``ModelSpec.analytic_only``): torchvision's
+    ``VisionTransformer`` (torchvision is not a dependency); the analytic engine models its
+    code, the traced engines refuse it."""
     eager_scores_kept: bool = False
     """Its eager attention keeps its raw and masked scores until it returns (BLOOM;
     ``ModelSpec.eager_scores_kept``)."""
@@ -110,6 +114,15 @@ class Family:
     test_formula_families.py). OLMo-2 casts the rotated q and k back to their dtype
     (modeling_olmo2.py ``apply_rotary_pos_emb``: ``q_embed.to(q_type)``), so its cache's copy
     is the 16-bit key SDPA saves; not set there."""
+    mha_out_proj_copy: bool = False
+    """Its attention is torch's ``nn.MultiheadAttention`` (``batch_first=True``, called with
+    ``need_weights=False``), whose SDPA path makes the output projection's input a copy
+    (``ModelSpec.mha_out_proj_copy``): torch/nn/functional.py ``multi_head_attention_forward``
+    (torch 2.0 / 2.1): ``attn_output = scaled_dot_product_attention(q, k, v, ...)``, then
+    ``attn_output.permute(2, 0, 1, 3).contiguous().view(bsz * tgt_len, embed_dim)`` before
+    ``linear(attn_output, out_proj_weight, out_proj_bias)``; the kernel's output is
+    (b, s, a, d)-contiguous, so its (s, b, a, d) permutation copies for b > 1 (later releases
+    ``.reshape``, the same copy)."""
     causal_mask_buffer: bool = False
     """Its model registers a boolean causal-mask buffer of (max_position_embeddings,
     max_position_embeddings) (modeling_gpt_bigcode.py ``GPTBigCodeModel.__init__``:
@@ -1089,6 +1102,31 @@ _HARD_ROWS: tuple[Family, ...] = (
         ),
         derived=dict(intermediate_size=_placeholder),
         adjust=_dinov2,
+    ),
+    Family(
+        "torchvision_vit",
+        "torchvision/models/vision_transformer.py (VisionTransformer: conv_proj patch embedding, "
+        "class_token, Encoder of EncoderBlock: ln_1, nn.MultiheadAttention(batch_first=True) "
+        "called with need_weights=False, ln_2, MLPBlock; heads.head); not a transformers model: "
+        "a config.json with model_type torchvision_vit and the vit keys",
+        # the vit row's traits (the same biased blocks) with one packed in-projection:
+        # ``in_proj_weight`` [3h, h] (torch/nn/functional.py ``_in_projection_packed``)
+        {**_VISION_TOWER_TRAITS, "fused_qkv": True},
+        defaults=dict(
+            hidden_act="gelu",
+            qkv_bias=True,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            embedding_dropout=0.0,
+        ),
+        renames=dict(
+            hidden_dropout="hidden_dropout_prob",
+            attention_dropout="attention_probs_dropout_prob",
+            embedding_dropout="hidden_dropout_prob",
+        ),
+        adjust=_vit_image,
+        analytic_only=True,
+        mha_out_proj_copy=True,
     ),
     Family(
         "deepseek_v3",

@@ -348,6 +348,17 @@ class ModelSpec:
         return self.family_row.materialised_mask
 
     @property
+    def analytic_only(self) -> bool:
+        """No traced path builds the model: the families of ``Family.analytic_only``."""
+        return self.family_row.analytic_only
+
+    @property
+    def mha_out_proj_copy(self) -> bool:
+        """The output projection's input is a copy of the SDPA output (torch's
+        ``nn.MultiheadAttention``): the families of ``Family.mha_out_proj_copy``."""
+        return self.family_row.mha_out_proj_copy
+
+    @property
     def rotary_cat(self) -> bool:
         """q is a fresh (b, a, s, d)-contiguous tensor: the families of
         ``Family.rotary_cat``."""
