@@ -714,6 +714,28 @@ def check_traceable_size(target: str | ModelSpec, training: TrainingConfig) -> N
         )
 
 
+def _check_traced_family(target: str | ModelSpec, engine: str) -> None:
+    """Refuse a family no traced path builds: torchvision's (``ModelSpec.analytic_only``), and
+    the CS336 course model on the generic path (it builds with transformers).
+
+    Raises:
+        UnsupportedError: naming the engine that models it.
+    """
+    if not isinstance(target, ModelSpec):
+        return
+    if target.analytic_only:
+        raise UnsupportedError(
+            f"{target.model_type} is modelled by the analytic engine only (no traced path "
+            "builds it: its library is not a dependency); use --engine analytic"
+        )
+    if target.not_transformers and engine == "generic":
+        raise UnsupportedError(
+            "the generic path builds the model with transformers, and cs336_basics is not a "
+            "transformers model (the CS336 course's own code); use --engine trace (the "
+            "course model traced whole) or --engine analytic"
+        )
+
+
 def _estimate_traced(
     model: str | ModelSpec,
     training: TrainingConfig,
@@ -750,18 +772,7 @@ def _estimate_traced(
         except UnsupportedError:
             target = model
         check_traceable_size(target, training)
-        if isinstance(target, ModelSpec) and target.analytic_only:
-            raise UnsupportedError(
-                f"{target.model_type} is modelled by the analytic engine only (no traced path "
-                "builds it: its library is not a dependency); use --engine analytic"
-            )
-        course = isinstance(target, ModelSpec) and target.not_transformers
-        if course and engine == "generic":
-            raise UnsupportedError(
-                "the generic path builds the model with transformers, and cs336_basics is not a "
-                "transformers model (the CS336 course's own code); use --engine trace (the "
-                "course model traced whole) or --engine analytic"
-            )
+        _check_traced_family(target, engine)
     deepspeed = traced_deepspeed(training)
     shape = target if isinstance(target, ModelSpec) else None
     if deepspeed and shape is None:

@@ -32,6 +32,9 @@ BEHAVIOURS: dict[str, set[str]] = {
     "forward_kv_cache": _LLAMA_STYLE
     | {"phi3", "starcoder2", "gemma3_text", "qwen2_moe", "qwen3_moe", "gpt_neox", "phi"},
     "causal_mask_buffer": {"gpt_bigcode"},
+    # torchvision's VisionTransformer: nn.MultiheadAttention, torchvision not a dependency
+    "mha_out_proj_copy": {"torchvision_vit"},
+    "analytic_only": {"torchvision_vit"},
 }
 
 

@@ -20,11 +20,14 @@ CONFIG_MAPPING = pytest.importorskip("transformers.models.auto.configuration_aut
 NOT_A_CONFIG_ATTRIBUTE = {("phi", "partial_rotary_factor"), ("phi3", "partial_rotary_factor")}
 
 TRANSFORMERS_FAMILIES = sorted(
-    t for t, row in FAMILIES.items() if not row.not_transformers and t not in REMOTE_CODE_TYPES
+    t
+    for t, row in FAMILIES.items()
+    if not (row.not_transformers or row.analytic_only) and t not in REMOTE_CODE_TYPES
 )
 """Rows with a transformers configuration class (the CS336 course model has none; its fields
-are its constructor's, tests/analytic/test_cs336_family.py; the remote-code families' classes
-are on the Hub, tests/specs/test_remote_code_families.py)."""
+are its constructor's, tests/analytic/test_cs336_family.py; torchvision's ViT neither, its
+defaults are the vit row's, tests/analytic/test_torchvision_vit.py; the remote-code families'
+classes are on the Hub, tests/specs/test_remote_code_families.py)."""
 
 
 def test_table_lists_every_supported_model_type() -> None:
