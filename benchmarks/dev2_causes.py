@@ -427,7 +427,10 @@ CAUSES.update(
             "FSDP1's side streams (-33.8 -> -32.1%); "
             "not the NCCL recordStream pile-up torchtune PR #843 fixed (TORCH_NCCL_AVOID_"
             "RECORD_STREAMS=1 from bec7babe, 2024-04-23): it is in the non-zero ranks' init, and "
-            "train() calls cleanup_before_training (empty_cache, reset_peak_memory_stats)"
+            "train() calls cleanup_before_training (empty_cache, reset_peak_memory_stats). "
+            "The same commit's docs/source/tutorials/lora_finetune.rst (fef3ed1, line 252) "
+            "runs this config 'with two GPUs (each having VRAM of at least 16GB)', which the "
+            "prediction (14.2 GB reserved) fits and the README's 20.95 GB does not"
         ),
         "GT030": _TT_2024,
         "GT032": (
@@ -435,7 +438,11 @@ CAUSES.update(
             "gradients in the post-backward stream's pool, which cannot take the forward's "
             "freed blocks) -20.2 -> -11.6%; the rest unexplained: not the FSDP1 "
             "sync_module_states init (tried: -20.2% unchanged), nor the loop's held logits "
-            "(amended: under 0.1 point)"
+            "(amended: under 0.1 point); a candidate not modelled: each layer's 404 MB "
+            "unsharded gradient is record_stream'ed to the post-backward stream "
+            "(_post_backward_hook) and, without TORCH_NCCL_AVOID_RECORD_STREAMS (set only in "
+            "the LoRA recipe, bec7babe), to NCCL's, so its block is reusable only once those "
+            "streams pass it: how many pile up depends on how far the CPU runs ahead of the GPU"
         ),
         "GT033": _TT_2024,
         "GT034": _TT_2024,
