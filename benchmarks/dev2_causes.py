@@ -292,12 +292,17 @@ _TT_NF4_LAYOUT = (
     "shorter)"
 )
 _TT_2024 = (
-    "unexplained: torchtune Apr 2024 recipes, reserved under by 6-15% (allocated -9%; the "
-    "loop's held logits and lora_dropout 0.05 amended from the recipe and builder: 6.5-7.5 "
-    "-> 6.1-6.7%, GT030 -15.4 -> -15.0%); the "
-    "tutorial reports 15.57 GB and the README 17.18 GB for one config; not the load (the "
-    "single-device LoRA recipe builds bf16 weights in place and copies the checkpoint into "
-    "them, no transients; Note [The load phase])"
+    "likely the caching allocator under varying shapes, not modelled: torchtune Apr 2024 "
+    "single-device LoRA, reserved under by 6-15% (the loop's held logits and lora_dropout "
+    "0.05 amended from the recipe and builder: 6.5-7.5 -> 6.1-6.7%, GT030 -15.4 -> -15.0%); "
+    "alpaca batches are padded to the longest sample of each batch (utils/collate.py "
+    "padded_collate), so every activation's size changes from one micro-batch to the next, "
+    "and over a run's thousands of shapes the allocator's split and cached blocks exceed one "
+    "fixed-shape step's, which the replay runs; the allocated twin of the same recipe and "
+    "week, GT172 (Llama-3-8B LoRA @20747cd, allocated), is -2.9%; the tutorial reports "
+    "15.57 GB and the README 17.18 GB for one config; not the load (the single-device LoRA "
+    "recipe builds bf16 weights in place and copies the checkpoint into them, no transients; "
+    "Note [The load phase])"
 )
 _TT_SEP_TOKENS = (
     "; the README's setting is likely not what was measured: GT022's 17.4 GB is below what "
