@@ -313,7 +313,9 @@ _TT_SEP_TOKENS = (
     "the README states batch size 2"
 )
 _SEQ_OR_AC = (
-    "the README's settings and the config disagree: at the stated 4 x 2048 tokens with "
+    "the README's settings and the config disagree (torchtune PR #955, the table's: 'a BS of "
+    "4 and Seq Length of 2048'; PR #961 reproduces its rows with inputs forced to 2048 "
+    "tokens): at the stated 4 x 2048 tokens with "
     "7B_lora.yaml's enable_activation_checkpointing: False @0217d44c the step needs 53.7 GB "
     "(predicted) on a 24 GB card, so the completed run had either activation checkpointing "
     "on (then -0.7%; the README's other 7B rows at a literal 2048 tokens are within 7%) or "
@@ -321,7 +323,8 @@ _SEQ_OR_AC = (
     "here gives); not amended, no source says which"
 )
 _SEQ_70B = (
-    "the stated 'Seq Length = 4096' cannot be the batch length: at 4 x 4096 tokens the "
+    "the stated 'Seq Length = 4096' (torchtune PR #955: 'a BS of 4 and Seq Length of 4096' "
+    "for the 70B rows) cannot be the batch length: at 4 x 4096 tokens the "
     "checkpointed layer inputs alone (80 x 4 x 4096 x 8192 x 2 B = 21.5 GB) and the 17.3 GB "
     "parameter shard exceed the measured 26.4 GB; 70B_lora.yaml @0217d44c trains on "
     "alpaca_dataset padded to the longest sample of each batch (utils/collate.py "
@@ -463,7 +466,13 @@ CAUSES.update(
         "GT035": _TT_2024,
         "GT036": _TT_2024,
         "GT039": _SEQ_OR_AC,
-        "GT040": _NEAR_CAPACITY + "; paged optimizer state",
+        "GT040": (
+            _NEAR_CAPACITY + "; paged optimizer state; the maintainers did not reproduce the "
+            "README's 24.1 GB: torchtune PR #961 (2024-05-10, closed) measured 20.2 GB "
+            "allocated ('and similar for reserved') with every input forced to 2048 tokens, "
+            "batch_size=4, 7B_full_low_memory, and its reviewer 22.3 GB on an A100; predicted "
+            "22.4 GB"
+        ),
         "GT042": _SEQ_70B,
         "GT043": (
             "over since FSDP1's side streams (the sharded gradients' 17 GB in the post-backward "
