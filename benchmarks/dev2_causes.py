@@ -432,8 +432,15 @@ CAUSES.update(
         + "; README metric kind not stated (predicted allocated +8%; the FSDP side streams' "
         "pools +12.1 -> +13.8%)" + _TT_SEP_TOKENS,
         "GT027": (
-            "unexplained: 405B QLoRA FSDP2, standard CE; README '44.8 GB' unit read as GiB "
-            "(notes; as GB the error grows)"
+            "405B QLoRA FSDP2, standard CE; README '44.8 GB' unit read as GiB (notes; as GB the "
+            "error grows). The measured value is below what batch 2 x 2048 packed tokens must "
+            "hold when the backward starts: the NF4 shard (~26 GB), the root's gathered bf16 "
+            "embedding and output (torch _fully_shard/_fsdp_state.py _lazy_init: 'For the "
+            "root, do not reshard after forward'; 2 x 128256 x 16384 x 2 B = 8.4 GB), 126 "
+            "checkpointed layer inputs (126 x 4096 x 16384 x 2 B = 16.9 GB) and the fp32 logits "
+            "the loss saves (4096 x 128256 x 4 B = 2.1 GB): over 53 GB; the config's own "
+            "batch_size is 1 (405B_qlora.yaml @30b8519e; at 1: +10.9%), the README says 2 for "
+            "every row (GT022 likewise)"
         ),
         "GT028": _TT_NF4_INIT,
         "GT037": _TT_NF4_LAYOUT,
