@@ -129,6 +129,13 @@ _TITAN_010 = (
     "torch.compile(loss_fn), since bbb1b616e / PR #1033); the reading had no torchtitan "
     "version and ran the Dec 2024 (0.0.2) eager loss",
 )
+_TORCHAO_DS_OFFLOAD = (
+    ["--zero-stage", "2", "--set", "overlap_comm=true"],
+    "torchao benchmarks/benchmark_low_bit_adam.py @1b1e94c5b (PR #584, Aug 2024), the row's "
+    "source: deepspeed.initialize(config=dict(..., zero_optimization=dict(stage=2, "
+    "overlap_comm=True, offload_optimizer=dict(device='cpu', pin_memory=True)))) ('requires "
+    "ZeRO-2 to enable overlap_comm'); the reading had ZeRO stage 1",
+)
 _FMS_LORA_DROPOUT = (
     [*_FMS_TRANSFORMERS[0], "--lora-dropout", "0.1"],
     _FMS_TRANSFORMERS[1] + "; scripts/benchmarks/scenarios.yaml @24bdadb gives every peft "
@@ -231,6 +238,7 @@ AMENDMENTS: dict[str, tuple[list[str], str]] = {
     **{f"GT{n}": _TORCHAO_FUSED for n in range(167, 170)},
     **{f"GT{n}": _RASBT_ZERO_GRAD for n in range(179, 183)},
     **{f"GT{n}": _RASBT_NIGHTLY for n in range(183, 185)},
+    "GT170": _TORCHAO_DS_OFFLOAD,
     "GT062": _TITAN_010,
     "GT063": _TITAN_010,
 }
@@ -545,8 +553,12 @@ CAUSES.update(
         "GT168": _VISION_TOKENS,
         "GT169": _VISION_TOKENS,
         "GT170": (
-            "unexplained: DeepSpeed ZeRO-Offload (CPU Adam); the row reads ZeRO stage 1, the "
-            "benchmark script at HEAD says stage 2 with overlap_comm"
+            "unexplained: amended with the source's ZeRO-2 + overlap_comm (as read, stage 1: "
+            "-8.9%), whose second 5e8-element ipg bucket (stage_1_and_2.py backward: 'Use "
+            "double buffers ... when overlap_comm is enabled') is modelled; not modelled: under "
+            "offload ZeRO-2 copies each reduced bucket's gradients to the CPU fp32 buffer and "
+            "sets param.grad = None (async_inplace_copy_grad_to_fp32_buffer_from_gpu), so the "
+            "full bf16 gradients predicted at the backward's end overstate the GPU's"
         ),
         "GT173": "approximate source value ('~9GB')",
         "GT175": "allocator near capacity: reported as '72-80 GB (90-98%)', upper end taken",
