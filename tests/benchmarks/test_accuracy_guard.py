@@ -254,6 +254,9 @@ def test_analytic_accuracy_does_not_regress() -> None:
 #: PR #584: ZeRO stage 2 with overlap_comm, dev2_causes.py ``_TORCHAO_DS_OFFLOAD``): -8.9 ->
 #: +5.7% (the second ipg bucket; ZeRO-2's gradient release to the CPU under offload is not
 #: modelled, dev2_causes.py).
+#: Re-recorded for GT027 read at its config's batch_size 1 (405B_qlora.yaml @30b8519e; the
+#: README's batch 2 is below the step's floor at the measured 48.1 GB: dev2_causes.py
+#: ``_TORCHTUNE_405B_BATCH``): +37.7 -> +10.9%.
 RECORDED_DEV2 = {
     "GT011": -0.0346,
     "GT012": -0.0367,
@@ -269,7 +272,7 @@ RECORDED_DEV2 = {
     "GT024": +0.1243,
     "GT025": +0.3803,
     "GT026": +0.1377,
-    "GT027": +0.3768,
+    "GT027": +0.1090,
     "GT028": -0.0990,
     "GT029": -0.3210,
     "GT030": -0.1500,
