@@ -44,6 +44,12 @@ _PEFT_SFT_QLORA = (
     "both before 0.43.2's MatMul4Bit change)",
 )
 
+_PEFT_SFT_LORA = (
+    ["--lora-dropout", "0.1"],
+    "peft examples/sft/run_peft_fsdp.sh (aa2ca83c, 2024-02-26) and run_peft_deepspeed.sh, the "
+    "rows' scripts: --lora_dropout 0.1",
+)
+
 _PHILSCHMID_DQ = (
     ["--quantize-base", "nf4-dq"],
     "philschmid training/scripts/run_fsdp_qlora.py, the row's script: BitsAndBytesConfig("
@@ -240,6 +246,7 @@ AMENDMENTS: dict[str, tuple[list[str], str]] = {
     **{f"GT{n}": _FSDP_QLORA for n in range(115, 132)},
     **{f"GT{n}": _FSDP_QLORA_BNB for n in (115, 116, 119, 120, 123, *range(126, 132))},
     **{f"GT{n}": _PEFT_SFT_QLORA for n in (176, 177, 178)},
+    **{f"GT{n}": _PEFT_SFT_LORA for n in (174, 175)},
     "GT114": _PHILSCHMID_DQ,
     **{f"GT{n}": _FMS_TRANSFORMERS for n in range(132, 140)},
     **{f"GT{n}": _FMS_LORA_DROPOUT for n in range(140, 146)},
@@ -519,8 +526,12 @@ CAUSES.update(
         "GT062": _FLOAT8_AG,
         "GT063": _FLOAT8_AG,
         "GT070": (
-            "unexplained: DeepSpeed ZeRO-3 with parameter and optimizer offload on 1 GPU; "
-            "README unit ambiguous (the script logs MiB)"
+            "unexplained: DeepSpeed ZeRO-3 with parameter and optimizer offload on 1 GPU. Not the "
+            "unit: the script (peft 73d7224b examples/causal_language_modeling/"
+            "pet_lora_clm_accelerate_ds_zero3_offload.py) prints max_memory_allocated in MiB "
+            "(b2mb = int(x / 2**20)), so '18.1GB' read as GiB is 19.4e9 bytes and the "
+            "under-estimate only grows; the README does not say which of its train / eval "
+            "peaks (the eval runs generate with synced_gpus) the table gives"
         ),
         # the litgpt config-hub rows GT097-GT113 are within 5% with litgpt's loop (Note [The
         # previous micro-batch's graph]), its untied output head (FrameworkConventions.
@@ -571,7 +582,11 @@ CAUSES.update(
             "full bf16 gradients predicted at the backward's end overstate the GPU's"
         ),
         "GT173": "approximate source value ('~9GB')",
-        "GT175": "allocator near capacity: reported as '72-80 GB (90-98%)', upper end taken",
+        "GT175": (
+            "unexplained, over: accelerate FSDP LoRA of a 70B at 8 x 2048 tokens with the "
+            "script's lora_dropout 0.1 (amended: +8.8 -> +14.7%); the source reports '72-80 GB "
+            "(90-98%)', the upper end taken, so the run filled the card"
+        ),
         "GT176": (
             "unexplained: DeepSpeed ZeRO-3 QLoRA; the double-quantized statistics are whole on "
             "each rank (Note [bitsandbytes statistics under sharding]) and the script's "
