@@ -105,6 +105,7 @@ FLAG_CASES: dict[str, tuple[list[str], Any, str]] = {
     "ema_device": (["--ema", "--ema-device", "cuda"], "cuda", "ema-device=cpu"),
     "frozen_on_gpu": (["--frozen-on-gpu", "none"], "none", "frozen-on-gpu=vae"),
     "controlnet": (["--controlnet"], True, "controlnet=false"),
+    "train_text_encoder": (["--train-text-encoder"], True, "train-text-encoder=false"),
     "nccl_buffer_bytes": (
         ["--nccl-buffer-bytes", "600000000"],
         600000000,

@@ -48,6 +48,10 @@ __all__ = [
     "DIFFUSERS_FAMILIES",
     "DiffusersFamily",
     "LAYOUTS",
+    "TEXT_ENCODERS",
+    "TEXT_ENCODER_MAX_TOKENS",
+    "TextEncoder",
+    "trained_text_encoders",
     "FROZEN_COMPONENTS",
     "FrozenComponent",
     "ImageBatch",
@@ -399,6 +403,7 @@ def check_image_options(config: Mapping[str, Any], training: Any) -> None:
     """
     frozen_components(config, training)
     check_controlnet(config, training)
+    trained_text_encoders(config, training)
     if is_diffusers_config(config):
         check_diffusers_config(config)
         image_batch(config, training)
@@ -445,6 +450,108 @@ def check_controlnet(config: Mapping[str, Any], training: Any) -> None:
             "train_controlnet.py trains the whole ControlNet; set lora_rank 0 (or leave "
             "controlnet off to train LoRA adapters on the UNet)",
         )
+
+
+@dataclass(frozen=True, slots=True)
+class TextEncoder:
+    """A pipeline text encoder as ``TrainingConfig.train_text_encoder`` trains it."""
+
+    attribute: str
+    """The pipeline's attribute (``text_encoder``, ``text_encoder_2``)."""
+    model_class: str
+    """The transformers class (``CLIPTextModel``, ``CLIPTextModelWithProjection``)."""
+    config: Mapping[str, Any]
+    """Its ``CLIPTextConfig`` fields, from the Hub config it is counted from (the same as
+    :class:`FrozenComponent`'s; tests/specs/test_frozen_components.py)."""
+
+
+CLIP_L_TEXT: Mapping[str, Any] = {
+    "vocab_size": 49408,
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "max_position_embeddings": 77,
+    "hidden_act": "quick_gelu",
+    "projection_dim": 768,
+}
+"""openai/clip-vit-large-patch14 ``text_config`` (SD 1.x's and SDXL's ``text_encoder``)."""
+CLIP_G_TEXT: Mapping[str, Any] = {
+    "vocab_size": 49408,
+    "hidden_size": 1280,
+    "intermediate_size": 5120,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 20,
+    "max_position_embeddings": 77,
+    "hidden_act": "gelu",
+    "projection_dim": 1280,
+}
+"""laion/CLIP-ViT-bigG-14-laion2B-39B-b160k ``text_config`` (SDXL's ``text_encoder_2``)."""
+
+TEXT_ENCODERS: dict[str, tuple[TextEncoder, ...]] = {
+    "sd1": (TextEncoder("text_encoder", "CLIPTextModel", CLIP_L_TEXT),),
+    "sdxl": (
+        TextEncoder("text_encoder", "CLIPTextModel", CLIP_L_TEXT),
+        TextEncoder("text_encoder_2", "CLIPTextModelWithProjection", CLIP_G_TEXT),
+    ),
+}
+"""The text encoders ``train_text_encoder`` trains, per UNet pipeline: SD 1.x (a UNet with
+``cross_attention_dim`` 768 and no added conditions; runwayml/stable-diffusion-v1-5
+text_encoder/config.json) and SDXL (``addition_embed_type`` text_time, 2048 = 768 + 1280;
+stabilityai/stable-diffusion-xl-base-1.0). The encoders' states are concatenated into
+``encoder_hidden_states``, SDXL's bigG projection is the ``text_embeds`` condition."""
+
+TEXT_ENCODER_MAX_TOKENS = 77
+"""CLIP's ``max_position_embeddings``: the prompt tokens a trained CLIP text encoder reads."""
+
+
+def trained_text_encoders(config: Mapping[str, Any], training: Any) -> tuple[TextEncoder, ...]:
+    """The text encoders ``training.train_text_encoder`` trains beside the UNet of ``config``.
+
+    Args:
+        config: the model's ``config.json``.
+        training: a :class:`~trainmem.specs.training.TrainingConfig`.
+
+    Returns:
+        :data:`TEXT_ENCODERS`' row (empty without ``train_text_encoder``).
+
+    Raises:
+        SpecError: ``train_text_encoder`` on a model that is not an SD 1.x / SDXL UNet, with
+            ``controlnet``, or with more than 77 prompt tokens.
+    """
+    if not training.train_text_encoder:
+        return ()
+    name = str(config.get("_class_name", ""))[:80] if is_diffusers_config(config) else ""
+    width = config.get("cross_attention_dim")
+    added = config.get("addition_embed_type")
+    kind = ""
+    if name == "UNet2DConditionModel":
+        if added == "text_time" and width == 2048:
+            kind = "sdxl"
+        elif added is None and width == 768:
+            kind = "sd1"
+    if not kind:
+        what = f"diffusers {name}" if name else "not a diffusers model"
+        if name == "UNet2DConditionModel":
+            what += f" with cross_attention_dim {width!r:.20}"
+        raise SpecError(
+            "train_text_encoder",
+            "the text encoders trained are SD 1.x's CLIP-L (a UNet2DConditionModel with "
+            "cross_attention_dim 768) and SDXL's CLIP-L + bigG (text_time, 2048); this model "
+            f"is {what}: leave it off",
+        )
+    if training.controlnet:
+        raise SpecError(
+            "train_text_encoder",
+            "train_controlnet.py keeps the text encoder frozen; leave one of them off",
+        )
+    if training.text_seq_len is not None and training.text_seq_len > TEXT_ENCODER_MAX_TOKENS:
+        raise SpecError(
+            "text_seq_len",
+            f"{training.text_seq_len}: a CLIP text encoder reads at most "
+            f"{TEXT_ENCODER_MAX_TOKENS} tokens (with train_text_encoder)",
+        )
+    return TEXT_ENCODERS[kind]
 
 
 @dataclass(frozen=True, slots=True)
@@ -581,7 +688,11 @@ def frozen_components(config: Mapping[str, Any], training: Any) -> list[tuple[st
             f"{which}: the pipeline's components are known for {', '.join(FROZEN_COMPONENTS)} "
             f"only, not {name[:80]}; use none",
         )
-    kinds = ("vae", "text-encoder") if which == "all" else (which.removesuffix("s"),)
+    kinds: tuple[str, ...] = ("vae", "text-encoder")
+    if which != "all":
+        kinds = (which.removesuffix("s"),)
+    if training.train_text_encoder:  # trained: part of the model, not resident beside it
+        kinds = tuple(k for k in kinds if k != "text-encoder")
     return [
         (c.attribute, c.num_params, c.dtype or training.compute_dtype)
         for c in FROZEN_COMPONENTS[name]

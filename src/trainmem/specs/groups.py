@@ -75,6 +75,7 @@ FIELD_GROUPS: dict[str, tuple[str, ...]] = {
         "text_seq_len",
         "frozen_on_gpu",
         "controlnet",
+        "train_text_encoder",
     ),
 }
 """Every TrainingConfig field by concern: the web page's option groups and the panels of the

@@ -1069,6 +1069,20 @@ class DiffusionConfig:
     ``--controlnet_model_name_or_path``) in the weights' dtype, the UNet frozen in the compute
     dtype beside it receiving its residuals (``trainmem.trace.controlnet``). Needs a diffusers
     ``UNet2DConditionModel`` config and no LoRA. Default False: the model itself is trained."""
+    train_text_encoder: bool = setting(
+        False,
+        "diffusers UNet models (SD 1.x, SDXL): train the text encoders too, their forward in "
+        "the step (DreamBooth's --train_text_encoder; LoRA on their attention with "
+        "--lora-rank).",
+    )
+    """Train the pipeline's CLIP text encoders with the UNet, their forward on the prompt's
+    token ids inside the step (diffusers ``examples/dreambooth/train_dreambooth.py`` /
+    ``train_dreambooth_lora_sdxl.py --train_text_encoder``; ``trainmem.trace.text_encoders``):
+    full fine-tuning, or with ``lora_rank`` LoRA adapters on their ``q_proj`` / ``k_proj`` /
+    ``v_proj`` / ``out_proj`` as those scripts add them. Needs a diffusers
+    ``UNet2DConditionModel`` config of SD 1.x (CLIP-L, cross_attention_dim 768) or SDXL
+    (CLIP-L + OpenCLIP bigG, 2048); :data:`trainmem.specs.diffusers.TEXT_ENCODERS`. Default
+    False: prompt embeddings are inputs."""
 
     @property
     def image_size(self) -> tuple[int, int] | None:
@@ -1088,7 +1102,7 @@ class DiffusionConfig:
             if value is not None and not (field == "resolution" and isinstance(value, str)):
                 _check_int(field, value, minimum=1)
         _check_choices(self, DiffusionConfig)
-        _check_flags(self, ("controlnet",))
+        _check_flags(self, ("controlnet", "train_text_encoder"))
 
 
 CONCERNS: tuple[type[Any], ...] = (

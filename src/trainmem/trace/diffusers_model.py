@@ -47,6 +47,7 @@ from trainmem.specs.diffusers import (
     diffusers_class,
     frozen_components,
     image_batch,
+    trained_text_encoders,
 )
 from trainmem.specs.hardware import GPUSpec
 from trainmem.specs.training import TrainingConfig
@@ -414,6 +415,16 @@ def describe_diffusers_batch(
     est.notes.append(
         f"diffusers {cls}: micro-batch of {what}, {g.text_seq_len} text tokens ({frozen})"
     )
+    trained = trained_text_encoders(raw, training)
+    if trained:
+        est.details["diffusers"]["trained_text_encoders"] = [e.attribute for e in trained]
+        how = "LoRA on their q/k/v/out_proj" if training.is_lora else "all their weights"
+        est.notes.append(
+            f"--train-text-encoder: {', '.join(e.attribute for e in trained)} "
+            f"({', '.join(e.model_class for e in trained)}) run on the prompt's "
+            f"{g.text_seq_len} token ids inside the step and train ({how}), as diffusers' "
+            "DreamBooth scripts do"
+        )
     if training.controlnet:
         est.details["diffusers"]["controlnet"] = True
         est.notes.append(
@@ -455,21 +466,27 @@ def estimate_diffusers_trace(
     holder: dict[str, Any] = {}
 
     from trainmem.trace import controlnet as cn
+    from trainmem.trace import text_encoders as te
 
     def build() -> Any:
         holder["model"] = build_diffusers_model(raw, training)
         if training.controlnet:  # Note [ControlNet training step]
             holder["model"] = cn.build_controlnet_step(raw, holder["model"], training)
+        elif training.train_text_encoder:  # Note [Text-encoder training step]
+            holder["model"] = te.build_text_encoder_step(raw, holder["model"], training)
         return holder["model"]
 
     def batch() -> Any:
         if training.controlnet:
             return cn.make_controlnet_batch(holder["model"], training)
+        if training.train_text_encoder:
+            return te.make_text_batch(holder["model"], training)
         return make_diffusers_batch(holder["model"], training)
 
     ws = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
     resident = frozen_components(raw, training)
-    loss = diffusers_loss if training.controlnet else diffusers_loss_for(raw)
+    pipeline = training.controlnet or training.train_text_encoder
+    loss = diffusers_loss if pipeline else diffusers_loss_for(raw)
     capture, report = run_trace(
         build, batch, training, loss_fn=loss, workspace_bytes=ws, resident=resident
     )

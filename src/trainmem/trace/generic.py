@@ -157,6 +157,19 @@ def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfi
                 library="diffusers",
                 resident=tuple(frozen_components(raw, training)),
             )
+        if training.train_text_encoder:  # Note [Text-encoder training step]
+            from trainmem.trace import text_encoders as te
+
+            return Recipe(
+                name,
+                lambda: te.build_text_encoder_step(
+                    raw, dm.build_diffusers_model(raw, training, device="meta"), training
+                ),
+                lambda step: te.make_text_batch(step, training),
+                loss_fn=dm.diffusers_loss,
+                library="diffusers",
+                resident=tuple(frozen_components(raw, training)),
+            )
         return Recipe(
             name,
             lambda: dm.build_diffusers_model(raw, training, device="meta"),
