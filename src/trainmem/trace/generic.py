@@ -144,32 +144,8 @@ def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfi
             ) from exc
         dm.check_diffusers_settings(training)
         dm.diffusers_class(raw)  # a class that is not a denoiser is refused before the build
-        if training.controlnet:  # Note [ControlNet training step]
-            from trainmem.trace import controlnet as cn
-
-            return Recipe(
-                name,
-                lambda: cn.build_controlnet_step(
-                    raw, dm.build_diffusers_model(raw, training, device="meta"), training
-                ),
-                lambda step: cn.make_controlnet_batch(step, training),
-                loss_fn=dm.diffusers_loss,
-                library="diffusers",
-                resident=tuple(frozen_components(raw, training)),
-            )
-        if training.train_text_encoder:  # Note [Text-encoder training step]
-            from trainmem.trace import text_encoders as te
-
-            return Recipe(
-                name,
-                lambda: te.build_text_encoder_step(
-                    raw, dm.build_diffusers_model(raw, training, device="meta"), training
-                ),
-                lambda step: te.make_text_batch(step, training),
-                loss_fn=dm.diffusers_loss,
-                library="diffusers",
-                resident=tuple(frozen_components(raw, training)),
-            )
+        if training.controlnet or training.train_text_encoder:
+            return _pipeline_recipe(name, raw, training)
         return Recipe(
             name,
             lambda: dm.build_diffusers_model(raw, training, device="meta"),
@@ -190,6 +166,29 @@ def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfi
         ),
         loss_fn=hf_loss,
         forward_loss=default_forward_loss(training),
+    )
+
+
+def _pipeline_recipe(name: str, raw: Mapping[str, Any], training: TrainingConfig) -> Recipe:
+    """A diffusers UNet trained with more of its pipeline inside the step: a ControlNet beside
+    it (Note [ControlNet training step], ``trace/controlnet.py``) or its text encoders (Note
+    [Text-encoder training step], ``trace/text_encoders.py``); the UNet's MSE loss."""
+    from trainmem.specs.diffusers import frozen_components
+    from trainmem.trace import controlnet as cn
+    from trainmem.trace import diffusers_model as dm
+    from trainmem.trace import text_encoders as te
+
+    wrap: Callable[[Mapping[str, Any], Any, TrainingConfig], Any] = te.build_text_encoder_step
+    batch: Callable[[Any, TrainingConfig], Any] = te.make_text_batch
+    if training.controlnet:
+        wrap, batch = cn.build_controlnet_step, cn.make_controlnet_batch
+    return Recipe(
+        name,
+        lambda: wrap(raw, dm.build_diffusers_model(raw, training, device="meta"), training),
+        lambda step: batch(step, training),
+        loss_fn=dm.diffusers_loss,
+        library="diffusers",
+        resident=tuple(frozen_components(raw, training)),
     )
 
 
