@@ -57,6 +57,7 @@ the trace of llama-3.1-8b FSDP 4 x TP 2 + SP, op-level SAC: down_proj's saved ou
 REPLICATED_INPUT_TERMS = frozenset(
     {
         "inputs/token_ids_and_labels",
+        "inputs/attention_mask",
         "inputs/pixel_values",
         "rotary_cos_sin",
         "sliding_mask",

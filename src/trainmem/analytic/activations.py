@@ -204,6 +204,10 @@ def embedding_activation_bytes(model: ModelSpec, training: TrainingConfig) -> di
         out["inputs/token_ids_and_labels"] = 8 * t + 2 * 8 * b * training.decoder_seq_len
     else:
         out["inputs/token_ids_and_labels"] = 8 * t * 2
+    hf_decoder = model.architecture == "decoder" and training.conventions.hf_model_code
+    if training.padding_mask and hf_decoder:
+        # a padded batch's attention_mask, (b, s) int64 as tokenizers return it
+        out["inputs/attention_mask"] = 8 * t
     if model.position_kind == "rotary" and not model.rotary_buffer:
         # (a model's own cos/sin buffer is counted with its buffers: ModelSpec.module_buffer_bytes)
         # transformers builds position_ids = cache_position.unsqueeze(0) when none are passed,

@@ -91,22 +91,45 @@ def sliding_mask_bias_bytes(model: ModelSpec, training: TrainingConfig) -> int:
 
 
 def materialised_mask_bias_bytes(model: ModelSpec, training: TrainingConfig) -> int:
-    """Bytes one layer's SDPA call saves for the explicit causal mask of a family that always
-    builds it (``ModelSpec.sdpa_mask_materialised``: Falcon): SDPA converts the (b, 1, s, s)
-    boolean mask to an additive bias in the compute dtype and saves it (the memory-efficient
+    """Bytes one layer's SDPA call saves for an explicit (b, 1, s, s) boolean mask: SDPA
+    converts it to an additive bias in the compute dtype and saves it (the memory-efficient
     kernel's ``attn_bias``), c*b*s*s, as for Gemma-3's sliding layers
-    (:func:`sliding_mask_bias_bytes`). Falcon calls SDPA itself, without ``repeat_kv``, so its
-    k and v stay at their own heads. Found by the trace engine (tests/models/formula/falcon.json).
-    Eager attention adds the mask to the scores and saves none of it."""
-    if (
-        not model.sdpa_mask_materialised
-        or training.attention == "eager"
-        or not training.conventions.hf_model_code
-    ):
+    (:func:`sliding_mask_bias_bytes`). Two masks are explicit:
+
+    * the causal mask of a family that always builds it (``ModelSpec.sdpa_mask_materialised``:
+      Falcon, which calls SDPA itself, without ``repeat_kv``, so its k and v stay at their own
+      heads). Found by the trace engine (tests/models/formula/falcon.json);
+    * a padded batch's mask (``padding_mask``) in a transformers decoder: with a 0 in its
+      ``attention_mask`` the causal mask cannot be left to ``is_causal`` (transformers 5.24
+      masking_utils.py ``_ignore_causal_mask_sdpa`` returns False unless every position is
+      attended), so ``create_causal_mask`` builds the boolean (b, 1, s, s) mask and every layer
+      passes it to ``torch.nn.functional.scaled_dot_product_attention`` (integrations/
+      sdpa_attention.py, k and v repeated: :func:`sdpa_expands_kv`), which turns it into a
+      bias of the query's dtype (torch 2.13 aten/src/ATen/native/transformers/attention.cpp
+      ``convert_boolean_attn_mask``: ``at::where(attn_mask.logical_not(), -inf, 0)``) that the
+      memory-efficient kernel saves (tools/autograd/derivatives.yaml
+      ``_scaled_dot_product_efficient_attention``: ``attn_bias``). The sliding layers' bias is
+      :func:`sliding_mask_bias_bytes`'s, so a model with sliding layers gets the others' share.
+      Checked against the generic path (transformers Qwen2, b4 s256: +2.1 % -> 0.0 %).
+
+    Eager attention adds the mask to the scores and saves none of it; flash attention unpads
+    the batch instead."""
+    hf = training.conventions.hf_model_code
+    padded = (
+        training.padding_mask
+        and training.attention == "sdpa"
+        and model.architecture == "decoder"
+        and not model.sdpa_mask_materialised
+    )
+    if not (model.sdpa_mask_materialised or padded) or training.attention == "eager" or not hf:
         return 0
     c, _ = compute_and_residual_bytes(training)
     s = tokens_per_sequence(model, training)
-    return c * training.micro_batch_size * s * s
+    per_layer = c * training.micro_batch_size * s * s
+    if padded and sliding_mask_applies(model, training):
+        full = model.num_layers - model.num_sliding_layers
+        return -(-per_layer * full // model.num_layers)
+    return per_layer
 
 
 def eager_mask_bytes(model: ModelSpec, training: TrainingConfig) -> int:
@@ -226,8 +249,11 @@ def forward_kv_cache_bytes(model: ModelSpec, training: TrainingConfig, num_layer
     copy of the rotated keys, r * kv_heads * head_dim bytes per token (fp32 under autocast: the
     rotary tables are fp32), which SDPA does not save (it saves its own 16-bit cast). The
     values' copy is in the values' own dtype, the compute dtype c, and is the very tensor SDPA
-    saves (counted in ``attention/v``), so nothing extra. When r = c the keys' copy is the saved
-    key too, and nothing is extra. Source: transformers 5.24 cache_utils.py
+    saves (counted in ``attention/v``), so nothing extra, unless k and v reach attention repeated
+    to every query head (:func:`sdpa_expands_kv` with fewer kv heads), when SDPA saves the
+    repeated copy and the cache's values are c * kv_heads * head_dim bytes per token more. When
+    r = c the keys' copy is the saved key too, and nothing is extra. Source: transformers 5.24
+    cache_utils.py
     ``DynamicLayer.lazy_initialization`` (an empty tensor in the keys' / values' dtype) and
     ``update`` (``torch.cat``); modeling_llama.py ``LlamaModel.forward`` (``DynamicCache``
     when ``use_cache``). transformers 4.x appends the tensors themselves, which keeps the same
@@ -243,6 +269,11 @@ def forward_kv_cache_bytes(model: ModelSpec, training: TrainingConfig, num_layer
         return 0
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     per_layer = r * model.num_kv_heads * model.head_dim * t
+    if model.num_kv_heads < model.num_heads and sdpa_expands_kv(training):
+        # k and v reach attention repeated to every query head (``repeat_kv``: a new tensor),
+        # which is what it saves: the cache's values copy is extra too (seen in the generic
+        # path's trace of a padded batch, transformers Qwen2 with 4 of 8 kv heads)
+        per_layer += c * model.num_kv_heads * model.head_dim * t
     return num_layers * -(-per_layer // parallel_divisor("attention/v", training))
 
 

@@ -5,7 +5,10 @@ tuners/lora/layer.py). Symbols as in :mod:`trainmem.analytic.activations`."""
 
 from __future__ import annotations
 
-from trainmem.analytic.activation_shapes import compute_and_residual_bytes
+from typing import NamedTuple
+
+from trainmem.analytic.activation_parallelism import split_for_parallelism
+from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
 from trainmem.analytic.lora_variants import check_lora_variant, dora_terms
 from trainmem.analytic.mlp import expert_loop
 from trainmem.analytic.params import linear_shapes
@@ -42,6 +45,33 @@ def apply_lora(
     terms.update(_adapter_terms(model, training, t=t, k_top=k_top))
     adapter_bytes = dtype_bytes(lora_adapter_dtype(training))
     terms.update(dora_terms(model, training, t=t, k_top=k_top, adapter_bytes=adapter_bytes))
+    if training.quantized_matmul_saves_input:
+        terms.update(_adapter_input_copies(model, training, t=t, k_top=k_top))
+
+
+def _adapter_input_copies(
+    model: ModelSpec, training: TrainingConfig, *, t: int, k_top: int
+) -> dict[str, int]:
+    """Under autocast, beside a quantized base matmul that saves its own 16-bit copy of the
+    input (the layer's input terms, as full fine-tuning counts them), each targeted linear's
+    ``A`` casts the same input again and saves that copy for its weight gradient: c * fan_in
+    per token a targeted linear (autocast casts a non-leaf tensor at every op: aten/src/ATen/
+    autocast_mode.cpp ``cached_cast`` caches only leaves that require grad). None without
+    autocast, nor with ``lora_dropout`` (A reads the dropout output, ``lora/*_dropout``).
+    Checked against the generic path's traced peft layer over the stand-in quantized linear
+    (trace/quantized.py Note [Traced quantized base]): 8-layer Qwen2 of width 256, int8 base,
+    b4 s256: +4.0 % -> 0.0 %."""
+    if not training.uses_autocast or training.lora_dropout > 0:
+        return {}
+    c, _ = compute_and_residual_bytes(training)
+    targets = set(training.lora_targets)
+    out: dict[str, int] = {}
+    for name, (fan_in, _out, _n) in linear_shapes(model).items():
+        targeted = bool({"q", "k", "v"} & targets) if name == "qkv" else name in targets
+        if targeted and name != "router":
+            active = k_top if name in ("gate", "up", "down") else 1
+            out[f"lora/{name}_input_copy"] = c * fan_in * t * active
+    return out
 
 
 def _frozen_base_inputs(
@@ -138,3 +168,95 @@ def lora_adapter_elements(model: ModelSpec, training: TrainingConfig) -> int:
         if targeted and name != "router":
             adapters += n * r * (fan_in + fan_out)
     return adapters
+
+
+FIRST_LINEARS = ("qkv", "q", "k", "v")
+"""The linears that read a pre-norm block's first norm output (:func:`linear_shapes` names: one
+fused ``qkv`` or ``q``, ``k``, ``v``); in a parallel block the MLP's read the layer input too."""
+
+MLP_LINEARS = ("gate", "up", "down")
+
+
+class FirstLayerUnsaved(NamedTuple):
+    """What the stack's first layer does not save, against every other layer.
+
+    Attributes:
+        whole: terms it does not save at all (a name ending in ``/``: every term under it).
+        less: bytes by term it saves less of, on one rank.
+    """
+
+    whole: tuple[str, ...]
+    less: dict[str, int]
+
+
+def first_layer_unsaved(model: ModelSpec, training: TrainingConfig) -> FirstLayerUnsaved | None:
+    """What the stack's first layer does not save under LoRA without activation checkpointing
+    (terms of :func:`~trainmem.analytic.activations.layer_activation_terms`); None where the
+    rule does not apply. See Note [LoRA's first layer].
+
+    Note [LoRA's first layer]
+        Autograd records an op, and keeps what its backward reads, only if one of its inputs
+        requires grad; and a recorded op keeps a tensor only for the inputs that need a
+        gradient (torch 2.13 torchgen/packaged/autograd/gen_variable_type.py ``guard_for``:
+        ``if (grad_fn->should_compute_output(k))`` around each ``SavedVariable``; mm keeps
+        ``mat2`` for ``self``'s gradient, ``self`` for ``mat2``'s). Under LoRA the embedding
+        and the norms are frozen, so without checkpointing (no ``enable_input_require_grads``
+        hook, :attr:`~trainmem.specs.training.TrainingConfig.input_embeddings_require_grad`)
+        nothing in the first layer requires grad before its first adapters: its input norm
+        records nothing (the ``attention/norm`` term: the residual input and its statistics),
+        the frozen q / k / v (or fused qkv) keep no 16-bit weight copy under autocast (their
+        input needs no gradient), and each adapter's ``A`` on them keeps its input (for its
+        own weight gradient) but not its weight copy, nor peft's dropout its mask; a quantized
+        base matmul that saves its input (bitsandbytes int8, 4-bit before 0.43.2: a custom
+        ``Function`` whose node is dropped when no input requires grad) saves none there,
+        where the adapters read their own copy of the input. From the
+        adapters' outputs on, every tensor requires grad, as in every other layer. In a
+        parallel block (GPT-NeoX, Phi, Falcon) the MLP reads the layer input too: without
+        adapters on it, it records nothing at all (every ``mlp/`` term and its weights'
+        copies). Checked against the generic path (peft on transformers Qwen2, Gemma, Llama,
+        Phi and GPT-NeoX; tests/analytic/test_lora_first_layer.py).
+
+        Not modelled (None): peft's other adapter types (DoRA's first layer is its own,
+        :mod:`trainmem.analytic.lora_variants`), multi-head latent attention, a parallel block
+        with MLP adapters, and blocks of several kinds.
+    """
+    targets = set(training.lora_targets)
+    parallel = model.parallel_attention
+    if (
+        not training.is_lora
+        or training.lora_variant != "lora"
+        or training.activation_checkpointing != "none"
+        or training.input_embeddings_require_grad
+        or model.architecture != "decoder"
+        or not model.pre_norms
+        or model.mla
+        or (parallel and targets & set(MLP_LINEARS))
+        or len(model.layer_kinds()) != 1
+    ):
+        return None
+    c, _ = compute_and_residual_bytes(training)
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    adapters = _adapter_terms(model, training, t=t, k_top=1)
+    first = FIRST_LINEARS + (MLP_LINEARS if parallel else ())
+    less: dict[str, int] = {}
+    copies = 0
+    for name, (fan_in, fan_out, n) in linear_shapes(model).items():
+        if name not in first:
+            continue
+        targeted = bool({"q", "k", "v"} & targets) if name == "qkv" else name in targets
+        if training.uses_autocast and training.quantize_base == "none":
+            copies += c * fan_in * fan_out * n  # the frozen weight's copy
+        if training.uses_autocast and targeted:
+            copies += c * training.lora_rank * fan_in * n  # A's copy (r x fan_in)
+        if f"lora/{name}_dropout" in adapters:
+            less[f"lora/{name}_dropout"] = fan_in * t * n  # peft's dropout mask, 1 byte a value
+    if copies:
+        less["autocast_weight_copies"] = copies
+    whole: tuple[str, ...] = ("attention/norm",)
+    own_copy = training.uses_autocast or dtype_bytes(lora_adapter_dtype(training)) > c
+    if training.quantized_matmul_saves_input and (own_copy or training.lora_dropout > 0):
+        # the quantized q / k / v matmuls' saved inputs (adapters read their own copy)
+        whole += ("attention/qkv_input",)
+    if parallel:
+        whole += ("mlp/",)
+    return FirstLayerUnsaved(whole, split_for_parallelism(less, training))

@@ -270,6 +270,13 @@ class _Layers:
         self.plan: LayerPlan = layer_plan(ctx)
         # the saved blocks' allocations (the forward's; the backward frees them)
         self.saved = saved_ops(self.plan, "forward", "{i}")
+        self.first_plan = self.plan  # the stack's first layer's (Transform.first_layer_saved)
+        for t in transforms.all:
+            first = t.first_layer_saved(self.plan.saved)
+            if first is not None:
+                self.first_plan = self.plan._replace(saved=list(first))
+                break
+        self.first_saved = saved_ops(self.first_plan, "forward", "{i}")
         transients = backward_layer_transients(ctx.model, ctx.training)
         self.mlp_tmp, self.attention_tmp, self.residual_tmp = transients
         self.scores_tmp, self.mask_tmp = eager_scores_forward_bytes(ctx.model, ctx.training)
@@ -301,7 +308,8 @@ class _Layers:
         body = em.at("layer.pre_forward", where)
         body += self.weight_copy_ops(f, "wcopy/{i}", "autocast's cached 16-bit weight copies")
         body += em.at("layer.forward", where)
-        saved = self.saved
+        plan = self.first_plan if where.first_layer else self.plan
+        saved = self.first_saved if where.first_layer else self.saved
         dropped = [
             alloc(
                 size,
@@ -325,7 +333,7 @@ class _Layers:
             )
             for k, size in enumerate(self._scores_tmp_tensors())
         ]
-        n_saved = sum(not term.startswith("mlp/") for term, _ in self.plan.saved)
+        n_saved = sum(not term.startswith("mlp/") for term, _ in plan.saved)
         n_dropped = sum(not term.startswith("mlp/") for term, _ in self.plan.dropped)
         body += saved[:n_saved] + dropped[:n_dropped] + scores
         body += [free(op, f) for op in scores]
@@ -350,13 +358,16 @@ class _Layers:
     def _backward_body(self, where: Where) -> tuple[Item, ...]:
         b: Phase = "backward"
         em = self.tr.emitter()
+        # layer 0 runs last
+        plan = self.first_plan if where.last_layer else self.plan
+        saved = self.first_saved if where.last_layer else self.saved
         body = em.at("layer.pre_backward", where)
         recomputed = self._recomputed(b)
         body += recomputed
         body += em.at("layer.backward", where)
         # the frees of the saved and the recomputed blocks, in the order autograd releases them
-        down, mlp, early, rest = self._released(self.saved, self.plan.saved)
-        re_down, re_mlp, re_early, re_rest = self._released(recomputed, self.plan.dropped)
+        down, mlp, early, rest = self._released(saved, plan.saved)
+        re_down, re_mlp, re_early, re_rest = self._released(recomputed, plan.dropped)
         body += down + re_down
         mlp_tmp = alloc(
             self.mlp_tmp, Cat.TEMPORARY, b, "mlp_tmp", "layers.{i}", "the MLP's backward transients"

@@ -18,6 +18,7 @@ from trainmem.analytic.transforms.fsdp import FullyShardedDataParallel
 from trainmem.analytic.transforms.fsdp2 import Fsdp2PostBackward
 from trainmem.analytic.transforms.fsdp_pipeline import FsdpUnderPipeline
 from trainmem.analytic.transforms.loop import TrainingLoop
+from trainmem.analytic.transforms.lora import LoraFirstLayer
 from trainmem.analytic.transforms.optimizer import Optimizer
 from trainmem.analytic.transforms.pipelining import Pipeline
 from trainmem.analytic.transforms.quantized import QuantizedBase
@@ -34,6 +35,7 @@ ORDER: tuple[type[Transform], ...] = (
     TrainingLoop,
     DdpReducer,
     DoraWeightNorm,
+    LoraFirstLayer,
 )
 """Every transform, in emission order at a point they share (the order that reproduces the
 recorded schedules, tests/golden)."""

@@ -286,8 +286,9 @@ class Transform:
     insert at (``step_begin`` for ``step.begin``, ``layer_mlp_post_backward`` for
     ``layer.mlp.post_backward`` ...), each returning the ops in insertion order. At a point the
     transforms emit in :data:`~trainmem.analytic.transforms.ORDER`, those that list the point in
-    :attr:`late` after the others. The traits and the two hooks below (:meth:`gradients`,
-    :meth:`vocab_gradient_bytes`) are the questions the base order asks of a mechanism.
+    :attr:`late` after the others. The traits and the three hooks below (:meth:`gradients`,
+    :meth:`vocab_gradient_bytes`, :meth:`first_layer_saved`) are the questions the base order
+    asks of a mechanism.
     """
 
     name: ClassVar[str] = "transform"
@@ -332,6 +333,15 @@ class Transform:
         """Bytes of the token embedding's whole-vocabulary weight gradient, a transient of the
         embedding's backward, given the base order's (``base``)."""
         return base
+
+    def first_layer_saved(
+        self, saved: Sequence[tuple[str, int]]
+    ) -> Sequence[tuple[str, int]] | None:
+        """The blocks (term, bytes) the stack's first layer on this rank saves (its first
+        layer run in the forward, its last in the backward), given those every other layer
+        saves (``saved``); None: the same. The first transform in order that answers
+        decides; it lists ``"first"`` and ``"last"`` in :attr:`layer_position`."""
+        return None
 
     def setup(self, where: Where) -> Sequence[Emitted]:
         return ()

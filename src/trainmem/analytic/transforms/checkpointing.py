@@ -106,20 +106,22 @@ def layer_plan(ctx: RankContext) -> LayerPlan:
     copy = autocast_cached_weight_bytes(ctx.model, t) if layer_is_checkpointed(t) else 0
     if copy:  # autocast's cache holds them (Note [Analytic step schedule])
         dropped.pop(WEIGHT_COPIES, None)
-    pieces = tensor_sizes(ctx.model, t)
-
-    def blocks(terms: dict[str, int]) -> Blocks:
-        ordered = sorted(terms.items(), key=lambda kv: kv[0].startswith("mlp/"))
-        return [
-            (k, size)
-            for k, v in ordered
-            for size in (weight_blocks(ctx, v) if k == WEIGHT_COPIES else split(v, pieces))
-            if v > 0
-        ]
-
-    out = LayerPlan(blocks(saved), blocks(dropped), copy)
+    out = LayerPlan(term_blocks(ctx, saved), term_blocks(ctx, dropped), copy)
     ctx.memo["layer_plan"] = out
     return out
+
+
+def term_blocks(ctx: RankContext, terms: dict[str, int]) -> Blocks:
+    """A layer's terms (name -> bytes) as the blocks (term, bytes) they are made of, non-MLP
+    terms first (:func:`split`; autocast's weight copies as :func:`weight_blocks`)."""
+    pieces = tensor_sizes(ctx.model, ctx.training)
+    ordered = sorted(terms.items(), key=lambda kv: kv[0].startswith("mlp/"))
+    return [
+        (k, size)
+        for k, v in ordered
+        for size in (weight_blocks(ctx, v) if k == WEIGHT_COPIES else split(v, pieces))
+        if v > 0
+    ]
 
 
 def weight_blocks(ctx: RankContext, total: int) -> list[int]:
