@@ -117,6 +117,15 @@ _TORCHTUNE_FUSED = (
     "@30b8519e); the reading had no --optimizer-implementation",
 )
 
+_TORCHTUNE_BASELINE_ADAMW = (
+    ["--optimizer-implementation", "fused"],
+    "the README's Optimization flags table (1814feb) replaces 3B_full_single_device.yaml's "
+    "PagedAdamW8bit with an AdamW it does not spell out; every torch.optim.AdamW config of "
+    "that commit sets fused: True (llama3_2/3B_full.yaml, 1B_full.yaml, the LoRA configs), "
+    "and GT014's measured 26.74 GB rules out foreach: at the step the bf16 parameters, "
+    "gradients and two states (3.21B x 8 B = 25.7 GB) and foreach's sqrt copy of every "
+    "parameter (6.4 GB) would be 32.1 GB",
+)
 _TORCHTUNE_405B_BATCH = (
     ["--micro-batch-size", "1"],
     "recipes/configs/llama3_1/405B_qlora.yaml @30b8519e sets batch_size: 1, and the README's "
@@ -238,6 +247,7 @@ AMENDMENTS: dict[str, tuple[list[str], str]] = {
     **{f"GT0{n}": _TT_APR_FULL for n in (31, 32)},
     **{f"GT0{n}": _TT_BF16_LORA for n in (39, 42)},
     **{f"GT0{n}": _TORCHTUNE_HELD_LOGITS for n in (40, 41, 43)},
+    **{f"GT0{n}": _TORCHTUNE_BASELINE_ADAMW for n in range(11, 17)},
     **{f"GT0{n}": _TORCHTUNE_FUSED for n in (18, 19, 22, 24, 25, 26)},
     "GT027": _joined(_TORCHTUNE_FUSED, _TORCHTUNE_405B_BATCH),
     "GT172": _TT_BF16_LORA,
@@ -435,11 +445,6 @@ _VISION_TOKENS = (
 
 CAUSES.update(
     {
-        "GT014": (
-            "optimizer step: foreach AdamW's parameter-size temporary (6.4 GB) predicted; the "
-            "measured peak is model states + 1 GB, so the step had none (likely fused AdamW, "
-            "unstated; fused gives +3.5%)"
-        ),
         "GT015": _TT_HEAD,
         "GT016": _TT_HEAD,
         "GT017": _TT_8BIT,
