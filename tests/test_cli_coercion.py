@@ -88,3 +88,37 @@ def test_commands_do_not_import_pydantic() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
     assert out.strip().splitlines()[-1] == "False"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["estimate", "gpt2", "-b", "2", "-s", "256", "--gpu", "T4"],
+        ["estimate", "gpt2", "-b", "2", "-s", "256", "--json"],
+        ["estimate"],  # missing argument: the usage and the error
+        ["estimate", "gpt2", "--micro-batch-size", "1_000"],  # refused by the setting
+        ["estimate", "gpt2", "--no-such-option"],
+        ["plan", "--help"],
+        ["gpus"],
+        ["--version"],
+        ["no-such-command"],
+        [],
+    ],
+)
+def test_the_console_script_answers_as_the_whole_app(args: list[str]) -> None:
+    # Note [Only the invoked command is built]: main() runs a copy of the app with only the
+    # command named; every answer (output, errors, exit status) is the whole app's.
+    from typer.testing import CliRunner
+
+    from trainmem.cli.app import only_invoked
+
+    narrow = only_invoked(args)
+    if args and not args[0].startswith("-") and args[0] != "no-such-command":
+        assert narrow is not app and len(narrow.registered_commands) == 1
+    runner = CliRunner()
+    whole, ours = runner.invoke(app, args), runner.invoke(narrow, args)
+    assert (ours.exit_code, ours.stdout, ours.stderr) == (
+        whole.exit_code,
+        whole.stdout,
+        whole.stderr,
+    )
