@@ -186,12 +186,12 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
     large states outside the allocator), quantized bases (a stand-in per quantized linear,
     ``trainmem.trace.quantized``; what it does not model:
     :func:`trainmem.traced_quantized.quantized_base_refusals`), the loop settings
-    ``keep_logits`` (loop ``step``) and ``zero_grad_before_backward`` (loop ``previous`` is
-    refused), the course's AdamW
+    ``keep_logits`` (loop ``step``) and ``zero_grad_before_backward``, the course's AdamW
     (``optimizer_implementation="cs336"``) and ``loss`` (the CS336 course model on the trace
     engine, ``trainmem.trace.course_model``; any transformers language model on the
     ``generic`` path, ``trainmem.trace.generic``). Plain DDP, CPU offload outside DeepSpeed,
-    optimizer-in-backward and activation offloading are the traced step of the run without
+    optimizer-in-backward, activation offloading and the ``previous`` loop (not beside
+    pipelining) are the traced step of the run without
     them, rewritten by the analytic engine's rules (:mod:`trainmem.traced_options`; checked
     here on the settings :func:`~trainmem.traced_options.traced_settings` leaves). Other
     data-parallel layouts and the other frameworks are refused. The HF Trainer on one GPU (on
@@ -257,8 +257,8 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
         out.append(f"torch_version={training.torch_version} (its optimizer step)")
     if training.training_loop == "step" and training.chunked_cross_entropy:  # no logits tensor
         out.append("keep_logits=True with chunked_cross_entropy")
-    if training.loop == "previous":  # the traced step is one micro-batch, nothing before it
-        out.append("loop=previous")
+    if training.training_loop == "previous" and training.pipeline_parallel_size > 1:
+        out.append("loop=previous with pipeline parallelism")
     # the generic path computes --loss on the logits (trainmem.trace.generic); the trace
     # engine only for the course model (trainmem.trace.engine)
     return out

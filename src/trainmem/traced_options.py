@@ -62,15 +62,24 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from trainmem.analytic.activation_shapes import compute_and_residual_bytes
+from trainmem.analytic.held_outputs import graph_held_input_bytes, previous_output_bytes
 from trainmem.analytic.tensor_states import Offloaded, offloaded, state_layout
+from trainmem.analytic.transforms.base import alloc, free
 from trainmem.analytic.transforms.ddp import bucket_op
 from trainmem.breakdown import MemoryCategory as Cat
+from trainmem.errors import ScheduleError, UnsupportedError
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.optimizers import OPTIMIZER_TABLE
 from trainmem.specs.training import TrainingConfig
 from trainmem.traced_activations import apply_activation_offloading
-from trainmem.traced_transforms import element_bytes, layer_of, traced_tensor_states
+from trainmem.traced_transforms import (
+    element_bytes,
+    layer_of,
+    micro_batches,
+    traced_tensor_states,
+)
 
 __all__ = [
     "OPTIONS",
@@ -78,9 +87,11 @@ __all__ = [
     "active_options",
     "apply_ddp",
     "apply_offload",
+    "apply_previous_loop",
     "paged_states",
     "traced_ddp",
     "traced_offload",
+    "traced_previous_loop",
     "traced_settings",
     "untraced_data_parallel",
     "untraced_framework",
@@ -346,6 +357,128 @@ ACTIVATION_OFFLOADING = TracedOption(
     ),
 )
 
+# -- the loop that holds the previous micro-batch ----------------------------------------------
+
+
+def traced_previous_loop(training: TrainingConfig) -> bool:
+    """The ``previous`` loop the traced paths model (Note [The previous loop on a traced step]):
+    without pipelining (its stages hand on outputs of their own)."""
+    return training.training_loop == "previous" and training.pipeline_parallel_size == 1
+
+
+def apply_previous_loop(
+    schedule: StepSchedule, model: ModelSpec | None, training: TrainingConfig
+) -> StepSchedule:
+    """The traced step of a loop that drops its outputs as the ``previous`` loop has it.
+
+    Note [The previous loop on a traced step]
+        A loop that binds ``logits = model(...)`` in its own scope holds the previous
+        micro-batch's output, and what its graph keeps (bitsandbytes linears' inputs stored as
+        ``ctx`` attributes), until the next forward returns (Note [The previous micro-batch's
+        graph] in trainmem/analytic/held_outputs.py). The trace runs one micro-batch after
+        another with nothing before the first, so the step is traced with a loop that drops
+        its outputs and each micro-batch (the warm-up step's too, as after an earlier step)
+        is given, at its start, the previous one's output
+        (:func:`~trainmem.analytic.held_outputs.previous_output_bytes`) and graph-held inputs
+        (:func:`~trainmem.analytic.held_outputs.graph_held_input_bytes`), as the analytic
+        ``TrainingLoop`` transform allocates them at ``micro_batch.begin``; they are freed once
+        this micro-batch's own logits exist (the last forward allocation of the logits' size
+        by a module outside the block lists: the head's output, the analytic
+        ``head.post_forward``), or when its backward begins if no such tensor is traced. Both
+        sizes are read from the model's shape (an LM head's b x s x V logits), so a model
+        without a ModelSpec is refused.
+
+    Args:
+        schedule: the traced step (loop ``drop``).
+        model: the model's shape.
+        training: the run (loop ``previous``).
+
+    Returns:
+        The schedule with the previous micro-batch's output and graph in every micro-batch.
+
+    Raises:
+        UnsupportedError: a model without a ModelSpec.
+    """
+    if model is None:
+        raise UnsupportedError(
+            "loop=previous: the previous micro-batch's output is sized from the model's LM head "
+            "(b x s x V logits, analytic/held_outputs.py), and this model has no ModelSpec (a "
+            "formula family or a remote-code config has one); use --loop drop"
+        )
+    output = previous_output_bytes(model, training)
+    graph = graph_held_input_bytes(model, training, num_layers=model.num_layers, has_head=True)
+    c, _ = compute_and_residual_bytes(training)
+    logits = output * c // 4 if training.conventions.fp32_model_output else output
+    held = [
+        op
+        for op in (
+            alloc(graph, Cat.ACTIVATION, "forward", "previous/graph", "layers",
+                  "the previous micro-batch's quantized-linear inputs, kept by its graph"),
+            alloc(output, Cat.TEMPORARY, "forward", "previous/logits", "head",
+                  "the previous micro-batch's logits, held by the loop"),
+        )
+        if op.size_bytes
+    ]  # fmt: skip
+    if not held:
+        return schedule
+    return StepSchedule(
+        setup=tuple(_hold_previous(schedule.setup, held, logits)),
+        step=tuple(_hold_previous(schedule.step, held, logits)),
+        name=schedule.name,
+    )
+
+
+def _hold_previous(items: Sequence[Item], held: list[Op], logits: int) -> list[Item]:
+    """``items`` (a state, then a step, either may be empty) with ``held`` allocated at each
+    micro-batch's start and freed after its first forward allocation of ``logits`` bytes."""
+    n = 0
+    while n < len(items) and isinstance(items[n], Op) and items[n].phase == "init":  # type: ignore[union-attr]
+        n += 1
+    state, body = list(items[:n]), list(items[n:])
+    try:
+        segments, tail = micro_batches(body)
+    except ScheduleError:  # a state without a warm-up step
+        return list(items)
+    out = state
+    for seg in segments:
+        at = _after_logits(seg, logits)
+        out += [*held, *seg[:at], *(free(op, "forward") for op in reversed(held)), *seg[at:]]
+    return out + tail
+
+
+def _after_logits(segment: Sequence[Item], logits: int) -> int:
+    """The index after a micro-batch's own logits: its last forward allocation of ``logits``
+    bytes by a module outside the block lists (the head's output), else its first backward
+    item."""
+    found = [
+        k
+        for k, x in enumerate(segment)
+        if isinstance(x, Op)
+        and x.phase == "forward"
+        and x.action == "alloc"
+        and x.size_bytes == logits
+        and x.module
+        and layer_of(x.module) is None
+    ]
+    if found:
+        return found[-1] + 1
+    backward = (k for k, x in enumerate(segment) if isinstance(x, Op) and x.phase == "backward")
+    return next(backward, len(segment))
+
+
+PREVIOUS_LOOP = TracedOption(
+    name="previous loop",
+    applies=traced_previous_loop,
+    traced_as=lambda t: replace(t, loop="drop", keep_logits=False),
+    apply=apply_previous_loop,
+    note=lambda t: (
+        "loop=previous: the step was traced with a loop that drops its outputs, then each "
+        "micro-batch given the previous one's logits (and the inputs its graph keeps) until "
+        "its own logits exist, as the analytic engine's TrainingLoop transform has them (Note "
+        "[The previous loop on a traced step] in trainmem/traced_options.py)"
+    ),
+)
+
 # -- what is still refused, and what would work ------------------------------------------------
 
 _FRAMEWORKS_UNTRACED = {
@@ -402,7 +535,7 @@ def untraced_offload(training: TrainingConfig) -> str:
     )
 
 
-OPTIONS: tuple[TracedOption, ...] = (DDP, OFFLOAD, ACTIVATION_OFFLOADING)
+OPTIONS: tuple[TracedOption, ...] = (DDP, OFFLOAD, ACTIVATION_OFFLOADING, PREVIOUS_LOOP)
 """Every option, in the order their rewrites apply (each to the previous one's schedule)."""
 
 

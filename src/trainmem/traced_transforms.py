@@ -114,7 +114,9 @@ __all__ = [
     "deepspeed_refusals",
     "element_bytes",
     "layer_of",
+    "micro_batches",
     "optimizer_standin",
+    "split_state",
     "traced_tensor_states",
     "untraced_deepspeed",
 ]
@@ -188,11 +190,11 @@ def apply_deepspeed(
     refused = deepspeed_refusals(training)
     if refused:
         raise ScheduleError("no traced DeepSpeed transform for " + ", ".join(refused))
-    init, body = _split(schedule)
+    init, body = split_state(schedule)
     sizes = _Sizes.of(init, training)
     ctx = _deepspeed_context(schedule, model, training)
     transform = DeepSpeedZero(ctx)
-    segments, tail = _micro_batches(body)
+    segments, tail = micro_batches(body)
     reduces = training.zero_stage >= 2
     new_grads = _GradientSizes.of(segments[0]) if reduces else None
     gathers = _zero3_gathers(schedule, ctx, training) if training.zero_stage == 3 else []
@@ -343,9 +345,9 @@ def apply_optimizer(
     Raises:
         ScheduleError: a step without a backward and an optimizer step.
     """
-    init, body = _split(schedule)
+    init, body = split_state(schedule)
     init, _ = _take(init, _is_state, "init")
-    segments, tail = _micro_batches(body)
+    segments, tail = micro_batches(body)
     tail, _ = _take(tail, _is_state, "optimizer")
     if model is None:
         ctx = _traced_context(traced_tensor_states(schedule, training), training)
@@ -404,7 +406,7 @@ def traced_tensor_states(schedule: StepSchedule, training: TrainingConfig) -> li
     Returns:
         The tensors, in the order the trace allocated them (owner: the parameter's name).
     """
-    init, _ = _split(schedule)
+    init, _ = split_state(schedule)
     named: set[str] = {op.module for op in _ops(init) if op.category is Cat.OPTIMIZER_STATE}
     row = OPTIMIZER_TABLE[training.optimizer]
     out: list[TensorState] = []
@@ -466,7 +468,7 @@ def _phases(item: Item) -> set[str]:
     return set().union(*(_phases(x) for x in item.body))
 
 
-def _split(schedule: StepSchedule) -> tuple[list[Item], list[Item]]:
+def split_state(schedule: StepSchedule) -> tuple[list[Item], list[Item]]:
     """(the state the step starts from: weights, buffers, optimizer states; the step's
     items), whether or not the schedule already has a lazy-state warm-up
     (``StepSchedule.with_lazy_optimizer_states``: its setup is the state without the optimizer
@@ -481,7 +483,7 @@ def _split(schedule: StepSchedule) -> tuple[list[Item], list[Item]]:
     return items[:n], items[n:]
 
 
-def _micro_batches(body: list[Item]) -> tuple[list[list[Item]], list[Item]]:
+def micro_batches(body: list[Item]) -> tuple[list[list[Item]], list[Item]]:
     """The micro-batches (forward then backward) and the rest (optimizer, ``zero_grad``).
 
     Raises:

@@ -8,12 +8,16 @@ config derived by hand (elements in tests/trace/test_traced_transforms.py: 139,8
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from conftest import MODELS_DIR
 from trainmem.breakdown import MemoryCategory
+from trainmem.errors import UnsupportedError
 from trainmem.estimate import estimate, trace_unsupported_settings
 from trainmem.schedule import Item, Op, StepSchedule
 from trainmem.specs.training import TrainingConfig
@@ -297,3 +301,47 @@ def test_padding_mask_on_the_generic_path_builds_the_models_mask() -> None:
         op for op in _ops(schedule.step) if op.action == "alloc" and op.size_bytes == 2 * 64 * 64
     ]
     assert masks  # the model's own mask was built
+
+
+@pytest.mark.slow  # two quantized traces; test_previous_loop_of_a_traced_qwen2_by_hand is fast
+def test_previous_loop_on_a_traced_model_matches_the_analytic_engine(tmp_path: Any) -> None:
+    # int8 QLoRA (bitsandbytes MatMul8bitLt keeps its inputs as ctx attributes): the previous
+    # micro-batch's graph holds them through the next forward, which moves the peak beyond the
+    # tolerance; the 2-layer Qwen2 at hidden 256 so that they weigh against the workspaces
+    raw = json.loads(Path(QWEN2).read_text())
+    raw.update(hidden_size=256, intermediate_size=512)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    training = _training(loop="previous", lora_rank=16, quantize_base="int8")
+    generic = estimate(str(path), training, engine="generic", simulate_allocator=False)
+    analytic = estimate(str(path), training, engine="analytic", simulate_allocator=False)
+    g, a = generic.breakdown.allocated_bytes, analytic.breakdown.allocated_bytes
+    assert abs(g - a) <= 0.01 * a, (g, a)
+    drop = estimate(str(path), replace(training, loop="drop"), engine="generic",
+                    simulate_allocator=False)  # fmt: skip
+    assert g - drop.breakdown.allocated_bytes > 0.01 * g
+    assert any("loop=previous" in note for note in generic.notes)
+
+
+def test_previous_loop_of_a_traced_qwen2_by_hand() -> None:
+    # the previous micro-batch's logits (b 2 x s 64 x V 512 in the bf16 compute dtype:
+    # transformers returns lm_head's output) from each micro-batch's start until its own
+    # logits exist; two micro-batches per step, and the warm-up step's as after an earlier one
+    schedule = _generic(QWEN2, loop="previous", gradient_accumulation_steps=2)
+    held = 2 * 64 * 512 * 2
+    for items in (schedule.setup, schedule.step):
+        ops = [op for op in _ops(items) if op.key == "previous/logits"]
+        assert [(op.action, op.size_bytes) for op in ops] == [("alloc", held), ("free", held)] * 2
+    step = list(schedule.step)
+    first_free = next(k for k, x in enumerate(step) if isinstance(x, Op)
+                      and x.key == "previous/logits" and x.action == "free")  # fmt: skip
+    before = step[first_free - 1]
+    assert isinstance(before, Op) and before.module == "lm_head" and before.size_bytes == held
+    # no graph-held inputs without a bitsandbytes base
+    assert not [op for op in _ops(schedule.step) if op.key == "previous/graph"]
+
+
+def test_previous_loop_needs_a_model_spec() -> None:
+    pytest.importorskip("diffusers")
+    with pytest.raises(UnsupportedError, match="loop=previous: .* use --loop drop"):
+        estimate(PIXART, _training(loop="previous"), engine="generic")
