@@ -399,13 +399,10 @@ _FSDP1_LAYOUT = (
     "threads quantizing on the GPU at once) is not modelled"
 )
 _FSDP1_STREAMS = (
-    "; candidate not modelled: FSDP1 allocates each unit's all-gather output on its unshard "
-    "stream, the CPU-offload H2D copy on its pre-unshard stream and the reduce-scatter output "
-    "on its post-backward stream (torch distributed/fsdp/_runtime_utils.py ``_unshard``, "
-    "``_init_streams``), each a separate pool of the caching allocator; tried for the gathers: "
-    "GT115 -18.5 -> -4.4%, GT117 / GT118 -6.9 / -6.7 -> -2.1 / -1.9%, but GT128 -7.0 -> -15.0% "
-    "and GT129 -19.9 -> -23.9% (and torchtune's FSDP1 rows moved), so not landed for "
-    "fsdp-qlora (torchtune's rows have it: FrameworkConventions.fsdp_collective_streams)"
+    "; FSDP1's unshard and post-backward streams are modelled (FrameworkConventions."
+    "fsdp_collective_streams: GT115 -18.5 -> -16.4%, GT118 -6.7 -> -4.0%, GT130 / GT131 -3.2 "
+    "-> -0.2%, GT129 -19.9 -> -22.9%); not modelled: under CPU offload the H2D copy of each "
+    "shard on FSDP1's pre-unshard stream (torch distributed/fsdp/_flat_param.py ``pre_unshard``)"
 )
 _FSDP_QLORA_DQ = (
     "the base is double-quantized (amended from train.py: Linear4bit's compress_statistics "

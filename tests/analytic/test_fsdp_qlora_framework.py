@@ -39,3 +39,6 @@ def test_adapters_take_the_base_dtype_so_lora_inputs_are_not_cast() -> None:
     assert not answer.conventions.fsdp2_post_backward
     assert not answer.conventions.fsdp_unsharded_leaf_parameters
     assert not answer.conventions.fsdp_flat_parameter_grads
+    # torch 2.2 FSDP1 ``_unshard`` / ``_post_backward_hook`` allocate on their own streams
+    assert answer.conventions.fsdp_collective_streams
+    assert not peft.conventions.fsdp_collective_streams

@@ -495,11 +495,11 @@ class FrameworkConventions:
     ``stream(state._post_backward_stream)`` (``_get_reduce_scatter_tensors``:
     ``new_sharded_grad = torch.empty_like(chunks[0])``); the unsharded gradient it reduces is
     autograd's, on the default stream. True for the FSDP frameworks: ``fsdp2``, torchtune
-    (FSDP1 in its early-2024 recipes, FSDP2 from 6deeda92, Sep 2024) and litgpt (FSDP1).
-    Not yet for fsdp-qlora (the same source; tried, its QLoRA rows GT128 / GT129 grow while
-    its load_and_quantize is not modelled: benchmarks/dev2_causes.py ``_FSDP1_STREAMS``) nor
-    accelerate-fsdp / hf-trainer (their golden schedules would change). False: everything on
-    the default stream."""
+    (FSDP1 in its early-2024 recipes, FSDP2 from 6deeda92, Sep 2024), litgpt (FSDP1) and
+    fsdp-qlora (FSDP1, torch 2.2). Not yet accelerate-fsdp / hf-trainer (their golden
+    schedules would change). Not modelled: under CPU offload FSDP1 also copies each shard to
+    the GPU on its pre-unshard stream (``pre_unshard``: ``flat_param_to(device)``). False:
+    everything on the default stream."""
     fsdp2_post_backward: bool
     """FSDP2's post-backward order (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py
     ``FSDPParamGroup.post_backward``): a group reshards its parameters, then releases the
@@ -759,12 +759,14 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
         # use_orig_params=False; LoRA leaves wrapped as their own units, so no flat gradient
         # covers a frozen weight); ``*_autocast`` precisions run torch.cuda.amp.autocast on fp32
         # weights (MixedPrecision(param_dtype=float32)); gradient accumulation under
-        # ``model.no_sync()``.
+        # ``model.no_sync()``; FSDP1's unshard and post-backward streams
+        # (``fsdp_collective_streams``).
         _row(
             "fsdp-qlora",
             autocast=True,
             adapter_dtype_follows_weights=True,
             fsdp_no_sync_accumulation=True,
+            fsdp_collective_streams=True,
         ),
     )
 }
