@@ -42,13 +42,18 @@ Note [Offload on a traced step]
 
 Note [Optimizer in backward on a traced step]
     torchtune's ``optimizer_in_bwd`` steps each parameter in its post-accumulate-grad hook and
-    frees its gradient there (``register_optim_in_bwd_hooks``), so no gradient outlives its
-    layer's backward and no optimizer phase follows. The trace runs the optimizer after the
-    backward; the rewrite frees every gradient once its layer's gradients are all made (the
-    analytic ``Optimizer`` transform frees a layer's gradients at ``layer.post_backward``, the
-    head's and the embedding's once made: here outside the layers at once), drops the
-    ``zero_grad`` frees and the step's temporaries (one parameter's at a time, which the
-    analytic engine does not count either). The optimizer states are the traced ones.
+    frees its gradient there (torchtune training/_optimizer_in_bwd.py ``register_optim_in_bwd
+    _hooks``: ``optim_dict[param].step(); optim_dict[param].zero_grad()``; torch runs the hook
+    once the gradient is accumulated into ``.grad``, torch/_tensor.py
+    ``register_post_accumulate_grad_hook``), so a gradient lives only from its allocation to
+    its own step and no optimizer phase follows. The trace runs the optimizer after the
+    backward; the rewrite frees every gradient right after it is made, its own step's
+    temporaries between (the analytic ``per_parameter_step_ops``: torchtune builds one
+    optimizer per parameter), drops the ``zero_grad`` frees and the step after the backward.
+    A traced gradient is made where ``AccumulateGrad`` runs, so a tied weight's is made once
+    the lookup's part is added (the head's part is a temporary until then), as the analytic
+    ``Optimizer`` transform holds it. The optimizer states are the traced ones. With CPU
+    offload (no optimizer in backward) a gradient leaves once its layer's are all made.
 
     A tensor's elements come from its traced bytes in the weight dtype (LoRA adapters in
     theirs), which decides torchao's 4096-element threshold.
@@ -67,6 +72,7 @@ from trainmem.analytic.held_outputs import graph_held_input_bytes, previous_outp
 from trainmem.analytic.tensor_states import Offloaded, offloaded, state_layout
 from trainmem.analytic.transforms.base import alloc, free
 from trainmem.analytic.transforms.ddp import bucket_op
+from trainmem.analytic.transforms.optimizer import per_parameter_step_ops
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.errors import ScheduleError, UnsupportedError
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
@@ -264,8 +270,9 @@ class _Release:
         return self._off(op.size_bytes // element_bytes(self.training, op.module)).grad
 
     def items(self, items: Sequence[Item]) -> list[Item]:
-        """``items`` rewritten: a released gradient is freed once its layer's gradients are
-        all made (outside the layers: at once), and its own later free dropped."""
+        """``items`` rewritten: a released gradient is freed right after it is made
+        (optimizer in backward) or once its layer's gradients are all made (offload; outside
+        the layers: at once), and its own later free dropped."""
         last: dict[str, int] = {}
         for k, item in enumerate(items):
             if isinstance(item, Op) and self._leaves(item):
@@ -282,6 +289,10 @@ class _Release:
             out.append(self._resized(item))
             if self._leaves(item):
                 self.moved.add(item.key)
+                if self.training.optimizer_in_backward:  # stepped and freed in its own hook
+                    out += per_parameter_step_ops(self.training, item)
+                    out.append(item._replace(action="free"))
+                    continue
                 pending.append(item._replace(action="free"))
             group = layer_of(item.module) or f"#{k}"
             if pending and last.get(group) == k:

@@ -15,6 +15,7 @@ from trainmem.analytic.temporaries import CS336_ADAMW_TEMPORARIES, optimizer_ste
 from trainmem.analytic.tensor_states import TensorState
 from trainmem.analytic.transforms.base import (
     Emitted,
+    Group,
     RankContext,
     Transform,
     Where,
@@ -24,16 +25,35 @@ from trainmem.analytic.transforms.base import (
 )
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.schedule import Item, Op, Repeat
+from trainmem.specs.training import TrainingConfig
 from trainmem.timeline import Phase
 from trainmem.units import dtype_bytes
+
+
+def per_parameter_step_ops(training: TrainingConfig, grad: Op) -> list[Op]:
+    """The step's temporaries of one parameter stepped alone in its hook (optimizer in
+    backward: torchtune builds one optimizer per parameter), made and freed after its gradient
+    ``grad``: :func:`~trainmem.analytic.temporaries.optimizer_step_temporary_bytes` of a group of
+    that one tensor (foreach AdamW: one copy of it). Source: torchtune
+    training/_optimizer_in_bwd.py ``OptimizerInBackwardWrapper`` (``optim_dict[p] =
+    optimizer([p])``); torch/optim/adamw.py ``_multi_tensor_adamw``."""
+    n = grad.size_bytes // max(dtype_bytes(training.grad_dtype), 1)
+    size = optimizer_step_temporary_bytes(training, num_trainable_parameters=n, largest_parameter=n)
+    if size <= 0:
+        return []
+    b: Phase = "backward"
+    label = "one parameter's step temporaries (optimizer in backward)"
+    op = alloc(size, Cat.TEMPORARY, b, f"{grad.key}/step", grad.module, label)
+    return [op, free(op, b)]
 
 
 class Optimizer(Transform):
     """The optimizer of one rank (states per tensor from the model states).
 
     Inserts: ``optimizer.begin`` every state (warm-up step, kept); ``optimizer.step`` the
-    step's temporaries; with ``optimizer_in_backward`` the frees of each group's gradients
-    once made (``stack.pre_backward`` the head's, ``layer.post_backward`` the layer's,
+    step's temporaries; with ``optimizer_in_backward`` each gradient freed right after it is
+    made (:meth:`gradients`; under ZeRO / FSDP the frees of each group's gradients once made:
+    ``stack.pre_backward`` the head's, ``layer.post_backward`` the layer's,
     ``embedding.post_backward`` the embedding's), and no step of its own.
     """
 
@@ -68,19 +88,54 @@ class Optimizer(Transform):
         ctx.shared["states"] = states
         return (states,)
 
-    def _freed_in_backward(self, where: Where, group: str) -> Sequence[Emitted]:
-        """A group's gradients stepped and freed as soon as they exist."""
-        if not (self.steps_in_backward and where.new_grads):
-            return ()
+    def _per_parameter(self, where: Where) -> bool:
+        """Each gradient is stepped and freed in its own post-accumulate-grad hook, one at a
+        time (without sharding: ZeRO / FSDP make and release their gradients themselves)."""
+        return self.steps_in_backward and where.new_grads and self.ctx.zero_stage == 0
+
+    def gradients(self, group: Group, where: Where) -> Sequence[Op] | None:
+        """With ``optimizer_in_backward`` and no sharding, each of ``group``'s gradients made
+        and freed in turn: torchtune's ``register_optim_in_bwd_hooks`` steps a parameter and
+        sets its gradient to None in the hook torch runs once that gradient is accumulated
+        (torch/_tensor.py ``register_post_accumulate_grad_hook``), so one gradient exists at a
+        time, with its own step's temporaries (:func:`per_parameter_step_ops`); a tied
+        weight's, made by the head's backward, waits for the lookup's (:meth:`_tied`)."""
+        if not self._per_parameter(where):
+            return None
+        b: Phase = "backward"
+        out: list[Op] = []
+        for g, tied in zip(self._group_gradients(group), self._tied(group), strict=True):
+            out.append(g)
+            if not tied:
+                out += [*per_parameter_step_ops(self.ctx.training, g), free(g, b)]
+        return out
+
+    def _tied(self, group: str) -> list[bool]:
+        """Per gradient of ``group``: a tied weight's, made by the head's backward but
+        accumulated (and so stepped) only once the lookup's backward has added its part:
+        autograd sums every gradient reaching a leaf in the ``AccumulateGrad`` node's input
+        buffer before it runs (torch/csrc/autograd/engine.cpp ``evaluate_function``,
+        input_buffer.cpp ``add``), and the hook runs after it."""
+        if group != "head":
+            return [False] * len(self._group_gradients(group))
+        return [s.name == "embedding/tokens" for s in self.ctx.head_grad_states]
+
+    def _group_gradients(self, group: str) -> list[Op]:
         ctx = self.ctx
         b: Phase = "backward"
         if group == "head":
-            grads = gradient_ops(ctx, ctx.head_grad_states, b, "head", "head")
-        elif group == "embedding":
-            grads = gradient_ops(ctx, ctx.emb_grad_states, b, "embedding", "embedding")
-        else:
-            grads = gradient_ops(ctx, ctx.layer_states, b, "{i}", "layers.{i}")
-        return [free(op, b) for op in grads]
+            return gradient_ops(ctx, ctx.head_grad_states, b, "head", "head")
+        if group == "embedding":
+            return gradient_ops(ctx, ctx.emb_grad_states, b, "embedding", "embedding")
+        return gradient_ops(ctx, ctx.layer_states, b, "{i}", "layers.{i}")
+
+    def _freed_in_backward(self, where: Where, group: str) -> Sequence[Emitted]:
+        """A group's gradients stepped and freed as soon as they exist (under sharding, where
+        the sharding transform made them; without, :meth:`gradients` freed each in turn)."""
+        if not (self.steps_in_backward and where.new_grads) or self._per_parameter(where):
+            return ()
+        b: Phase = "backward"
+        return [free(op, b) for op in self._group_gradients(group)]
 
     def stack_pre_backward(self, where: Where) -> Sequence[Emitted]:
         return self._freed_in_backward(where, "head")
@@ -89,7 +144,13 @@ class Optimizer(Transform):
         return self._freed_in_backward(where, "layer")
 
     def embedding_post_backward(self, where: Where) -> Sequence[Emitted]:
-        return self._freed_in_backward(where, "embedding")
+        if not self._per_parameter(where):
+            return self._freed_in_backward(where, "embedding")
+        b: Phase = "backward"  # a tied weight's gradient, stepped once the lookup's is added
+        heads = zip(self._group_gradients("head"), self._tied("head"), strict=True)
+        tied = [g for g, t in heads if t]
+        return [op for g in tied for op in (*per_parameter_step_ops(self.ctx.training, g),
+                                            free(g, b))]  # fmt: skip
 
     def optimizer_step(self, where: Where) -> Sequence[Emitted]:
         """The step's temporaries: ``foreach``, one per-parameter list alive together
