@@ -412,12 +412,22 @@ _FSDP_QLORA_DQ = (
     "threads quantizing on the GPU at once are not modelled)" + _FSDP1_STREAMS
 )
 _FMS_FLAT_GRADS = (
-    "unexplained: accelerate FSDP + LoRA under; end-of-train alloc 7.37 GB = 2 x the 3.6 GB "
-    "parameter shard points at whole-unit FSDP1 flat gradients (use_orig_params), but with "
-    "trainmem's flat-gradient rule switched on did not move the predicted peak (then the loss "
-    "backward; since the pre-4.49 shifted logits, the loss forward)"
+    "unexplained: accelerate FSDP + LoRA under. Not FSDP1 flat gradients over the frozen "
+    "weights: the end-of-train alloc, 7.37 GB, is the bf16 parameter shard alone (7.24e9 x 2 B "
+    "/ 2 ranks + adapters), and transformers 4.48.0 Trainer._fsdp_qlora_plugin_updates sets "
+    "peft's fsdp_auto_wrap_policy (each LoRA leaf its own FSDP unit), so no flat parameter "
+    "mixes frozen and trainable tensors"
 )
-_FMS_FSDP_4BIT = "unexplained: fms-acceleration FSDP with a 4-bit base (bnb / GPTQ), under"
+_FMS_FSDP_4BIT = (
+    "unexplained: fms-acceleration FSDP with a 4-bit base (bnb / GPTQ), under (the 70B rows "
+    "by ~10 GB, the 7B ones by 3-6%). Ruled out: the bnb statistics (modelled, whole on each "
+    "rank: Note [bitsandbytes statistics under sharding]); flat gradients over frozen weights "
+    "(transformers 4.48.0 Trainer._fsdp_qlora_plugin_updates wraps each LoRA leaf alone); an "
+    "fp32 residual stream (TRL SFTTrainer skips prepare_model_for_kbit_training when the "
+    "Params4bit data sit on the CPU or meta device, is_sharded_qlora, and "
+    "FSDP's bf16 param_dtype casts the rest; predicted the same with --set "
+    "prepare-kbit-training=false)"
+)
 _FMS_1GPU_4BIT = (
     "unexplained: fms-acceleration baseline-peft-bnb (peft's fp32 upcast, modelled) on 1 GPU "
     "(the Mixtral rows GT150 / GT152 within 2% with Note [transformers 4 expert loop]); the "
