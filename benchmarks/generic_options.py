@@ -3,7 +3,8 @@ of `trainmem estimate --help` works on the generic path ... the generic path agr
 formulas within 1% where both run").
 
 For each option set below (one option away from the defaults, plus what it needs: ZeRO with
-data parallelism, QLoRA with a LoRA rank), each model runs ``estimate(..., engine="generic")``
+data parallelism, QLoRA with a LoRA rank, torchtune with its recipes' dtype, bf16-true, as it
+runs no autocast), each model runs ``estimate(..., engine="generic")``
 at micro-batch 2, 64 tokens, allocator replay off; the formula family also runs the analytic
 engine, and the table shows generic vs analytic where both ran. A refusal prints its reason.
 
@@ -84,7 +85,7 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
         "offload": "optimizer",
     },
     "hf-trainer": {"framework": "hf-trainer"},
-    "torchtune": {"framework": "torchtune"},
+    "torchtune": {"framework": "torchtune", "precision": "bf16-true"},  # no autocast in torchtune
     "litgpt": {"framework": "litgpt"},
     "tensor parallel 2 + sp": {"tensor_parallel_size": 2, "sequence_parallel": True},
     "pipeline 2": {"pipeline_parallel_size": 2, "gradient_accumulation_steps": 4},

@@ -240,6 +240,7 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
     if (
         not deepspeed
         and not _traced_hf_trainer(training)
+        and not _traced_torchtune(training)
         and (
             training.framework not in ("pytorch-amp", "fsdp2")
             or (training.framework == "fsdp2" and not fsdp)
@@ -293,6 +294,25 @@ def _traced_hf_trainer(training: TrainingConfig) -> bool:
         * training.pipeline_parallel_size
     ) == 1
     return training.framework == "hf-trainer" and single and training.optimizer != "adafactor"
+
+
+def _traced_torchtune(training: TrainingConfig) -> bool:
+    """torchtune's single-device recipes (recipes/full_finetune_single_device.py,
+    lora_finetune_single_device.py) in the dtype they train in (``dtype: bf16`` / ``fp32``:
+    ``--precision bf16-true`` / ``32-true``; torchtune runs no autocast), which the traced
+    paths run as a plain loop under torchtune's conventions as the trace reads them
+    (``TrainingConfig.conventions``: LoRA adapters in the weight dtype, torchao NF4 saving no
+    input, torchao's CPU offload, optimizer-in-backward and activation offloading as rules).
+    The model is built by transformers; torchtune's builders are the same decoder
+    architectures (Llama, Qwen2, Gemma, Mistral, Phi), and on the formula families the traced
+    step agrees with the formulas' torchtune rows (tests/trace/test_traced_options.py)."""
+    single = (
+        training.data_parallel_size
+        * training.tensor_parallel_size
+        * training.context_parallel_size
+        * training.pipeline_parallel_size
+    ) == 1
+    return training.framework == "torchtune" and single and not training.is_mixed
 
 
 def finish(
@@ -775,8 +795,7 @@ def _estimate_traced(
         _check_traced_family(target, engine)
     deepspeed = traced_deepspeed(training)
     shape = target if isinstance(target, ModelSpec) else None
-    if deepspeed and shape is None:
-        _check_deepspeed_without_spec(training)
+    _check_traced_framework(training, target, deepspeed=deepspeed, diffusers=diffusers)
     standin, run, options = _traced_run(training, deepspeed=deepspeed)
     if engine == "generic" or (isinstance(target, str) and _is_timm(target)):
         from trainmem.trace.generic import estimate_generic
@@ -855,6 +874,27 @@ def _traced_run(
     if deepspeed:
         run = replace(run, data_parallel_size=1)
     return standin, run, options
+
+
+def _check_traced_framework(
+    training: TrainingConfig, target: str | ModelSpec, *, deepspeed: bool, diffusers: bool
+) -> None:
+    """Refuse a framework the traced model cannot run under: torchtune for a diffusers or timm
+    model (torchtune's builders are language models), DeepSpeed's ``"auto"`` sizes without a
+    ModelSpec (:func:`_check_deepspeed_without_spec`).
+
+    Raises:
+        UnsupportedError: naming what would work.
+    """
+    if training.framework == "torchtune" and (
+        diffusers or (isinstance(target, str) and _is_timm(target))
+    ):
+        raise UnsupportedError(
+            "framework=torchtune: torchtune's recipes train its own language-model builders, "
+            "and this is a diffusers / timm model; use --framework pytorch-amp"
+        )
+    if deepspeed and not isinstance(target, ModelSpec):
+        _check_deepspeed_without_spec(training)
 
 
 def _check_deepspeed_without_spec(training: TrainingConfig) -> None:

@@ -494,16 +494,22 @@ PREVIOUS_LOOP = TracedOption(
 
 _FRAMEWORKS_UNTRACED = {
     "accelerate-fsdp": (
-        "FSDP1's flat parameters and hooks under accelerate's conventions; traced: "
-        "--framework fsdp2 (FSDP2), or --engine analytic"
+        "FSDP1 (FullyShardedDataParallel: flat parameters gathered in the compute dtype, its "
+        "pre/post-backward hooks) replaces the modules it wraps, and the trace's model of "
+        "fake tensors runs in place of it without FSDP1's wrapper; traced: --framework fsdp2 "
+        "(FSDP2's fully_shard, traced for real), or --engine analytic"
     ),
     "torchtune": (
-        "torchtune's own model code and conventions; traced: --framework pytorch-amp with the "
-        "same precision, or --engine analytic"
+        "torchtune beyond one GPU (its FSDP2 recipes under torchtune's own policy) or under a "
+        "*-mixed precision (torchtune runs no autocast; its dtype bf16 is --precision "
+        "bf16-true); traced: --framework torchtune on one GPU in --precision bf16-true / "
+        "32-true, or --engine analytic"
     ),
     "litgpt": (
-        "litgpt's own model code (fp32 logits, fused qkv) and conventions; traced: "
-        "--framework pytorch-amp, or --engine analytic"
+        "litgpt's own model code (its GPT class: fused qkv viewed into q, k, v, a chunked LM "
+        "head whose fp32 output Fabric keeps, an untied head), which transformers' model "
+        "does not run; traced: --framework pytorch-amp (with --loop previous for its loop), "
+        "or --engine analytic"
     ),
     "megatron": "Megatron-LM's own model code and buffers; use --engine analytic",
     "fsdp-qlora": "Answer.AI fsdp_qlora's FSDP1 conventions; use --engine analytic",

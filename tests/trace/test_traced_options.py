@@ -122,6 +122,37 @@ def test_frameworks_still_refused_say_what_is_traced(framework: str) -> None:
     assert "traced: --framework" in refused[-1] and "--engine analytic" in refused[-1]
 
 
+@pytest.mark.parametrize(
+    "changes", [{}, {"lora_rank": 16, "quantize_base": "nf4"}], ids=["full", "qlora"]
+)
+def test_torchtune_on_a_traced_model_matches_the_analytic_engine(changes: dict[str, Any]) -> None:
+    # torchtune's single-device recipes in their dtype (bf16, no autocast), traced as a plain
+    # loop under its conventions (adapters in bf16, torchao NF4 saving no input)
+    g, a = _peaks(framework="torchtune", precision="bf16-true", **changes)
+    assert abs(g - a) <= 0.01 * a, (g, a)
+
+
+def test_torchtune_lora_adapters_in_the_weight_dtype_by_hand() -> None:
+    # torchtune's LoRALinear keeps A and B in the model dtype (bf16: 2 B per element, gradients
+    # too); peft on the same bf16 base upcasts them to fp32 (4 B); the base is the same
+    peft = _generic(QWEN2, precision="bf16-true", lora_rank=16)
+    est = estimate(QWEN2, _training(framework="torchtune", precision="bf16-true", lora_rank=16),
+                   engine="generic", simulate_allocator=False)  # fmt: skip
+    tune = est.schedules[0]
+    n = est.num_trainable_parameters
+    assert n > 0
+    assert peft.model_states()["parameters"] - tune.model_states()["parameters"] == 2 * n
+    assert tune.model_states()["gradients"] == 2 * n
+    assert peft.model_states()["gradients"] == 4 * n
+
+
+def test_torchtune_refuses_a_diffusers_model() -> None:
+    pytest.importorskip("diffusers")
+    with pytest.raises(UnsupportedError, match="framework=torchtune: .* pytorch-amp"):
+        estimate(PIXART, _training(framework="torchtune", precision="bf16-true"),
+                 engine="generic")  # fmt: skip
+
+
 # -- CPU offload -------------------------------------------------------------------------------
 
 
