@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from trainmem.breakdown import MemoryEstimate
-from trainmem.errors import UnsupportedError
+from trainmem.errors import SpecError, UnsupportedError
 from trainmem.estimate import estimate
 from trainmem.specs.training import TrainingConfig
 
@@ -108,3 +108,41 @@ def test_dora_on_a_quantized_base_is_refused_naming_what_runs() -> None:
     qdora = TrainingConfig(lora_rank=8, lora_variant="dora", quantize_base="nf4")
     with pytest.raises(UnsupportedError, match="lora_variant=dora .* traced: DoRA on an unq"):
         estimate("tiny-llama-test", qdora, engine="generic")
+
+
+SMALL = TrainingConfig(micro_batch_size=2, seq_len=64, lora_rank=8, lora_targets=("q", "v"))
+"""tiny-llama-test (2 layers; q 64 -> 64, v 64 -> 32), r 8."""
+
+
+def _small(variant: str) -> MemoryEstimate:
+    training = dataclasses.replace(SMALL, lora_variant=variant)
+    return estimate("tiny-llama-test", training, engine="generic", simulate_allocator=False)
+
+
+def test_adalora_runs_peft_svd_adapters_at_init_r() -> None:
+    # peft tuners/adalora/layer.py update_layer: lora_A [r, in], lora_B [out, r], lora_E [r, 1]
+    # trainable; ranknum a 1-element fp32 parameter without grad; r = init_r = --lora-rank
+    est = _small("adalora")
+    per_layer = (8 * 64 + 64 * 8 + 8) + (8 * 64 + 32 * 8 + 8)
+    assert est.num_trainable_parameters == 2 * per_layer
+    lora = _small("lora")
+    assert est.breakdown.parameters - lora.breakdown.parameters == 4 * (2 * 2 * 8) + 4 * 4
+
+
+def test_lokr_runs_peft_kronecker_factors() -> None:
+    # peft tuners/lokr/layer.py update_layer with decompose_factor -1: out = a * c, in = b * d
+    # from factorization() (64 = 8 x 8, 32 = 4 x 8); w1 [a, b] whole, w2 [c, d] whole since
+    # r 8 >= max(c, d) / 2: q 8*8 + 8*8, v 4*8 + 8*8 per layer
+    # (engine auto: the formulas refuse LoKr, the generic path runs it)
+    est = estimate("tiny-llama-test", dataclasses.replace(SMALL, lora_variant="lokr"))
+    assert est.engine == "generic"
+    assert "lora_variant lokr is not modelled by the formulas" in est.notes[0]
+    assert est.num_trainable_parameters == 2 * ((8 * 8 + 8 * 8) + (4 * 8 + 8 * 8))
+
+
+def test_adalora_and_lokr_are_refused_by_the_formulas_and_lokr_dropout_by_the_spec() -> None:
+    with pytest.raises(UnsupportedError, match="lora_variant adalora is not modelled .* generic"):
+        estimate("tiny-llama-test", dataclasses.replace(SMALL, lora_variant="adalora"),
+                 engine="analytic")  # fmt: skip
+    with pytest.raises(SpecError, match="lora_dropout: 0.1: peft's LoKr has no input dropout"):
+        TrainingConfig(lora_rank=8, lora_variant="lokr", lora_dropout=0.1)

@@ -59,9 +59,14 @@ def check_lora_variant(training: TrainingConfig) -> None:
     """Refuse the variant settings the analytic formulas do not model.
 
     Raises:
-        UnsupportedError: DoRA on ``lm_head``, on a quantized base or under tensor
-            parallelism (Note [DoRA]).
+        UnsupportedError: AdaLoRA or LoKr (traced only), DoRA on ``lm_head``, on a quantized
+            base or under tensor parallelism (Note [DoRA]).
     """
+    if training.lora_variant in ("adalora", "lokr"):
+        raise UnsupportedError(
+            f"lora_variant {training.lora_variant} is not modelled by the formulas; use "
+            "--engine generic, which runs peft's own code"
+        )
     if training.lora_variant != "dora":
         return
     refused = [

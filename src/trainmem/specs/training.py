@@ -132,10 +132,12 @@ LORA_TARGETS: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
 """Linear names ``--lora-targets`` accepts (``all-linear`` means all of them); for fused-qkv
 families (GPT-2 ``c_attn``, Falcon / GPT-NeoX ``query_key_value``) any of q, k, v targets the
 one fused module, as peft does."""
-LORA_VARIANTS: tuple[str, ...] = ("lora", "dora")
+LORA_VARIANTS: tuple[str, ...] = ("lora", "dora", "adalora", "lokr")
 """``TrainingConfig.lora_variant`` values: peft's adapter types on the targeted linears,
-``lora`` (``LoraConfig``) and ``dora`` (``LoraConfig(use_dora=True)``, Liu et al. 2024,
-arXiv:2402.09353; peft tuners/lora/dora.py)."""
+``lora`` (``LoraConfig``), ``dora`` (``LoraConfig(use_dora=True)``, Liu et al. 2024,
+arXiv:2402.09353; peft tuners/lora/dora.py), ``adalora`` (``AdaLoraConfig``, Zhang et al. 2023,
+arXiv:2303.10512; peft tuners/adalora) and ``lokr`` (``LoKrConfig``, LyCORIS' Kronecker
+product; peft tuners/lokr)."""
 PIPELINE_SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved-1f1b", "gpipe")
 EMA_DTYPES: tuple[str, ...] = ("float32", "bfloat16")
 """``TrainingConfig.ema_dtype`` values: diffusers' ``EMAModel`` shadow copy as its training
@@ -820,13 +822,20 @@ class PeftConfig:
     copy of the input. Default 0.0, peft's."""
     lora_variant: str = setting(
         "lora",
-        "peft adapter type on the --lora-targets (dora: peft's use_dora=True):",
+        "peft adapter type on the --lora-targets (dora: LoraConfig(use_dora=True); adalora, "
+        "lokr: peft's AdaLoraConfig, LoKrConfig):",
         choices=LORA_VARIANTS,
     )
-    """peft's adapter type (:data:`LORA_VARIANTS`): ``lora``, the default, or ``dora``
+    """peft's adapter type (:data:`LORA_VARIANTS`): ``lora``, the default; ``dora``
     (weight-decomposed LoRA, ``LoraConfig(use_dora=True)``: a trainable fp32 magnitude of
     out_features per targeted linear, and a forward that rebuilds the full weight to take its
-    row norms; Note [DoRA] in ``analytic/lora.py``). Needs ``lora_rank > 0``."""
+    row norms; Note [DoRA] in ``analytic/lora_variants.py``); ``adalora`` (``AdaLoraConfig``
+    with ``init_r = lora_rank``: SVD-shaped adapters P, Lambda, Q and the orthogonality penalty
+    in the forward); ``lokr`` (``LoKrConfig(r=lora_rank)``: each targeted weight's update as a
+    Kronecker product, rebuilt to full size in every forward). ``adalora`` / ``lokr`` run peft's
+    code on the traced paths only (``trainmem.trace.lora``); AdaLoRA's rank allocator
+    (``update_and_allocate``, called by the loop: two averages of the adapters' importance) is
+    not modelled. Needs ``lora_rank > 0``."""
     quantize_base: str = setting(
         "none", "Frozen base weights quantized (QLoRA and kin):", choices=QUANTIZE_BASE
     )
@@ -885,6 +894,12 @@ class PeftConfig:
         if self.quantize_base != "none" and self.lora_rank == 0:
             raise SpecError(
                 "quantize_base", "a quantized base is frozen: set lora_rank > 0 (QLoRA)"
+            )
+        if self.lora_variant == "lokr" and self.lora_dropout > 0:
+            raise SpecError(
+                "lora_dropout",
+                f"{self.lora_dropout}: peft's LoKr has no input dropout (its rank_dropout and "
+                "module_dropout drop other things); set lora_dropout 0 with lora_variant lokr",
             )
         if self.lora_variant != "lora" and self.lora_rank == 0:
             raise SpecError(

@@ -217,9 +217,7 @@ def apply_diffusers_lora(model: Any, training: TrainingConfig) -> None:
     """
     if not training.is_lora:
         return
-    import peft
-
-    from trainmem.trace.lora import cast_adapters
+    from trainmem.trace.lora import adapter_config, cast_adapters, lokr_module_dropout_off
 
     linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     names: list[str] = []
@@ -235,17 +233,14 @@ def apply_diffusers_lora(model: Any, training: TrainingConfig) -> None:
     if not hasattr(model, "add_adapter"):
         raise UnsupportedError(f"{type(model).__name__} takes no LoRA adapter (no add_adapter)")
     model.requires_grad_(False)
-    config = peft.LoraConfig(
-        r=training.lora_rank,
-        lora_alpha=training.lora_rank,  # alpha only scales values, never memory
-        lora_dropout=training.lora_dropout,
-        init_lora_weights="gaussian",
-        target_modules=names,
-        use_dora=training.lora_variant == "dora",  # train_dreambooth_lora_*.py --use_dora
+    gaussian = {} if training.lora_variant == "lokr" else {"init_lora_weights": "gaussian"}
+    config = adapter_config(  # train_dreambooth_lora_*.py --use_dora: lora_variant dora
+        training, names, lora_alpha=training.lora_rank, **gaussian
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         model.add_adapter(config)
+    lokr_module_dropout_off(model)
     cast_adapters(model, training)  # DeepSpeed's cast of the wrapped module
     if training.weight_dtype == "float16":  # diffusers.training_utils.cast_training_params
         for p in model.parameters():

@@ -36,7 +36,10 @@ from trainmem.trace._torch import require_torch
 torch = require_torch()
 
 __all__ = [
+    "ADALORA_TOTAL_STEPS",
+    "adapter_config",
     "apply_lora",
+    "lokr_module_dropout_off",
     "cast_adapters",
     "layer_linear_roles",
     "layer_stack",
@@ -171,6 +174,62 @@ def lora_target_modules(model: Any, targets: tuple[str, ...]) -> list[str]:
     return names
 
 
+ADALORA_TOTAL_STEPS = 1000
+"""``AdaLoraConfig.total_step`` (required since peft 0.14; it schedules the rank budget, not
+memory: the adapters keep their ``init_r`` shapes, pruned ranks are masked in ``lora_E``)."""
+
+
+def adapter_config(training: TrainingConfig, target_modules: list[str], **lora: Any) -> Any:
+    """The peft config of ``training.lora_variant`` for ``target_modules``.
+
+    ``lora`` / ``dora``: ``LoraConfig(r, lora_dropout, use_dora)``; ``adalora``:
+    ``AdaLoraConfig(init_r=r, target_r=min(8, r), total_step=ADALORA_TOTAL_STEPS)`` (peft
+    tuners/adalora/config.py; ``target_r`` 8 is peft's default); ``lokr``: ``LoKrConfig(r,
+    alpha=r)`` (peft tuners/lokr/config.py; no input dropout). ``lora`` holds the other
+    ``LoraConfig`` arguments (``lora_alpha``, ``fan_in_fan_out``, ``init_lora_weights``); for
+    LoKr only ``lora_alpha`` is read.
+
+    Raises:
+        UnsupportedError: peft is missing.
+    """
+    try:
+        import peft
+    except ImportError as exc:  # pragma: no cover - peft is in the trace extra
+        raise UnsupportedError("LoRA tracing needs peft: pip install 'trainmem[trace]'") from exc
+    r, variant = training.lora_rank, training.lora_variant
+    if variant == "lokr":
+        return peft.LoKrConfig(r=r, alpha=lora.get("lora_alpha", r), target_modules=target_modules)
+    common = dict(lora_dropout=training.lora_dropout, target_modules=target_modules, **lora)
+    if variant == "adalora":
+        return peft.AdaLoraConfig(
+            init_r=r, target_r=min(8, r), total_step=ADALORA_TOTAL_STEPS, **common
+        )
+    return peft.LoraConfig(r=r, use_dora=variant == "dora", **common)
+
+
+def lokr_module_dropout_off(model: Any) -> None:
+    """Let peft's LoKr layers apply their adapter without drawing a random number.
+
+    ``LoKrLayer.forward`` (peft tuners/lokr/layer.py) adds the adapter when ``not
+    self.training or torch.rand(1) > module_dropout``: a value read that fake tensors cannot
+    answer. With ``module_dropout`` 0 (:func:`adapter_config`) the draw is always above it, so
+    each LoKr layer runs its forward with ``training`` False (a forward pre-hook, restored by a
+    forward hook): the same ops, as ``rank_dropout`` 0 is the only other use of the flag
+    (``get_delta_weight``). No-op on a model without LoKr layers.
+    """
+
+    def off(module: Any, args: Any) -> None:
+        module.training = False
+
+    def on(module: Any, args: Any, output: Any) -> None:
+        module.training = True
+
+    for module in model.modules():
+        if type(module).__module__.startswith("peft.tuners.lokr"):
+            module.register_forward_pre_hook(off)
+            module.register_forward_hook(on)
+
+
 def apply_lora(model: Any, training: TrainingConfig) -> Any:
     """Wrap ``model`` in a peft LoRA model as ``TrainingConfig`` asks (no-op without LoRA).
 
@@ -186,19 +245,15 @@ def apply_lora(model: Any, training: TrainingConfig) -> Any:
     """
     if not training.is_lora:
         return model
-    try:
-        import peft
-    except ImportError as exc:  # pragma: no cover - peft is in the trace extra
-        raise UnsupportedError("LoRA tracing needs peft: pip install 'trainmem[trace]'") from exc
+    import peft
+
     names = lora_target_modules(model, training.lora_targets)
     conv1d = any(type(m).__name__ == "Conv1D" for n, m in model.named_modules() if n in names)
-    config = peft.LoraConfig(
-        r=training.lora_rank,
+    config = adapter_config(
+        training,
+        names,
         lora_alpha=2 * training.lora_rank,  # alpha only scales values, never memory
-        lora_dropout=training.lora_dropout,
-        target_modules=names,
         fan_in_fan_out=conv1d,
-        use_dora=training.lora_variant == "dora",
     )
     with warnings.catch_warnings():
         # peft warns when it flips fan_in_fan_out for a Conv1D / Linear mix (GPT-2 + lm_head),
@@ -206,6 +261,7 @@ def apply_lora(model: Any, training: TrainingConfig) -> Any:
         warnings.simplefilter("ignore", UserWarning)
         warnings.simplefilter("ignore", FutureWarning)
         model = peft.get_peft_model(model, config)
+    lokr_module_dropout_off(model)
     cast_adapters(model, training)
     return model
 

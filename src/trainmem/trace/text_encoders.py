@@ -96,17 +96,16 @@ def _build_encoder(encoder: TextEncoder, training: TrainingConfig) -> Any:
         # precision; the adapters take it, fp32 for fp16 (cast_training_params)
         model = torch.nn.Module.to(model, getattr(torch, training.compute_dtype))
         model.requires_grad_(False)
-        lora = peft.LoraConfig(
-            r=training.lora_rank,
-            lora_alpha=training.lora_rank,
-            lora_dropout=training.lora_dropout,
-            init_lora_weights="gaussian",
-            target_modules=list(TEXT_LORA_MODULES),
-            use_dora=training.lora_variant == "dora",
+        from trainmem.trace.lora import adapter_config, lokr_module_dropout_off
+
+        gaussian = {} if training.lora_variant == "lokr" else {"init_lora_weights": "gaussian"}
+        lora = adapter_config(
+            training, list(TEXT_LORA_MODULES), lora_alpha=training.lora_rank, **gaussian
         )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             model = peft.inject_adapter_in_model(lora, model)
+        lokr_module_dropout_off(model)
         adapters = getattr(torch, "float32" if training.compute_dtype == "float16" else
                            training.compute_dtype)  # fmt: skip
         for p in model.parameters():
