@@ -51,28 +51,21 @@ def test_traced_dora_adds_what_peft_saves() -> None:
 @pytest.mark.parametrize(
     "changes",
     [
-        pytest.param({}, marks=pytest.mark.slow),
+        {},
+        pytest.param({"lora_dropout": 0.1}, marks=pytest.mark.slow),
         pytest.param({"lora_targets": ALL}, marks=pytest.mark.slow),
         pytest.param({"lora_targets": ALL, "precision": "bf16-true"}, marks=pytest.mark.slow),
     ],
-    ids=["q,v", "all-linear", "all-linear-bf16-true"],
+    ids=["q,v", "q,v-dropout", "all-linear", "all-linear-bf16-true"],
 )
 def test_dora_step_agrees_with_the_formulas(changes: dict[str, object]) -> None:
-    # the DoRA increment over LoRA (the LoRA baseline's own gap to the formulas is not DoRA's:
-    # layer 0 saves no input before its first adapter), and all-linear's forward peak at
-    # down_proj's weight norm within 1 % of the whole step
-    lora = dataclasses.replace(LORA, **changes)  # type: ignore[arg-type]
-    dora = dataclasses.replace(lora, lora_variant="dora")
-    g_lora, g_dora = _run(lora).breakdown, _run(dora)
-    a_lora, a_dora = _run(lora, "analytic").breakdown, _run(dora, "analytic")
-    g_inc = g_dora.breakdown.allocated_bytes - g_lora.allocated_bytes
-    a_inc = a_dora.breakdown.allocated_bytes - a_lora.allocated_bytes
-    if g_dora.peak_phase == "backward":
-        assert abs(a_inc - g_inc) <= 0.01 * g_inc
-    else:
-        assert a_dora.peak_phase == g_dora.peak_phase == "forward"
-        gap = a_dora.breakdown.allocated_bytes - g_dora.breakdown.allocated_bytes
-        assert abs(gap) <= 0.01 * g_dora.breakdown.allocated_bytes
+    # the whole step within 1 % (q,v: the peak in the backward; all-linear: in the forward, at
+    # down_proj's weight norm, Note [DoRA forward transients])
+    dora = dataclasses.replace(LORA, lora_variant="dora", **changes)  # type: ignore[arg-type]
+    g, a = _run(dora), _run(dora, "analytic")
+    assert a.peak_phase == g.peak_phase
+    gap = a.breakdown.allocated_bytes - g.breakdown.allocated_bytes
+    assert abs(gap) <= 0.01 * g.breakdown.allocated_bytes
 
 
 @pytest.mark.slow

@@ -9,7 +9,11 @@ from typing import NamedTuple
 
 from trainmem.analytic.activation_parallelism import split_for_parallelism
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
-from trainmem.analytic.lora_variants import check_lora_variant, dora_terms
+from trainmem.analytic.lora_variants import (
+    check_lora_variant,
+    dora_first_layer_unsaved,
+    dora_terms,
+)
 from trainmem.analytic.mlp import expert_loop
 from trainmem.analytic.params import linear_shapes
 from trainmem.specs.model import ModelSpec
@@ -216,15 +220,15 @@ def first_layer_unsaved(model: ModelSpec, training: TrainingConfig) -> FirstLaye
         copies). Checked against the generic path (peft on transformers Qwen2, Gemma, Llama,
         Phi and GPT-NeoX; tests/analytic/test_lora_first_layer.py).
 
-        Not modelled (None): peft's other adapter types (DoRA's first layer is its own,
-        :mod:`trainmem.analytic.lora_variants`), multi-head latent attention, a parallel block
-        with MLP adapters, and blocks of several kinds.
+        DoRA's adapters on these linears also keep no ``mag_norm_scale - 1`` and, with dropout,
+        no re-linear weight (Note [DoRA]). Not modelled (None): AdaLoRA and LoKr, multi-head
+        latent attention, a parallel block with MLP adapters, and blocks of several kinds.
     """
     targets = set(training.lora_targets)
     parallel = model.parallel_attention
     if (
         not training.is_lora
-        or training.lora_variant != "lora"
+        or training.lora_variant not in ("lora", "dora")
         or training.activation_checkpointing != "none"
         or training.input_embeddings_require_grad
         or model.architecture != "decoder"
@@ -238,6 +242,7 @@ def first_layer_unsaved(model: ModelSpec, training: TrainingConfig) -> FirstLaye
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     adapters = _adapter_terms(model, training, t=t, k_top=1)
     first = FIRST_LINEARS + (MLP_LINEARS if parallel else ())
+    adapter_bytes = dtype_bytes(lora_adapter_dtype(training))
     less: dict[str, int] = {}
     copies = 0
     for name, (fan_in, fan_out, n) in linear_shapes(model).items():
@@ -250,6 +255,10 @@ def first_layer_unsaved(model: ModelSpec, training: TrainingConfig) -> FirstLaye
             copies += c * training.lora_rank * fan_in * n  # A's copy (r x fan_in)
         if f"lora/{name}_dropout" in adapters:
             less[f"lora/{name}_dropout"] = fan_in * t * n  # peft's dropout mask, 1 byte a value
+        if targeted and training.lora_variant == "dora":  # Note [DoRA]
+            less[f"dora/{name}"] = dora_first_layer_unsaved(
+                training, fan_in=fan_in, fan_out=fan_out, n=n, adapter_bytes=adapter_bytes
+            )
     if copies:
         less["autocast_weight_copies"] = copies
     whole: tuple[str, ...] = ("attention/norm",)

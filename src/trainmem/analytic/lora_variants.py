@@ -48,7 +48,12 @@ from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
 
-__all__ = ["check_lora_variant", "dora_forward_transient_bytes", "dora_terms"]
+__all__ = [
+    "check_lora_variant",
+    "dora_first_layer_unsaved",
+    "dora_forward_transient_bytes",
+    "dora_terms",
+]
 
 DORA_VECTORS = 3
 """[out]-sized tensors DoRA saves per targeted linear: ``weight_norm``, ``mag_norm_scale``,
@@ -121,6 +126,19 @@ def dora_terms(
     return terms
 
 
+def dora_first_layer_unsaved(
+    training: TrainingConfig, *, fan_in: int, fan_out: int, n: int, adapter_bytes: int
+) -> int:
+    """Bytes of :func:`dora_terms`' term that a linear reading the first layer's input does not
+    save there (its input needs no grad: Note [LoRA's first layer] in ``analytic/lora.py``):
+    ``mag_norm_scale - 1`` [out] and, with dropout, the re-linear's weight (Note [DoRA])."""
+    c, _ = compute_and_residual_bytes(training)
+    size = adapter_bytes * fan_out * n
+    if training.lora_dropout > 0:
+        size += (c if training.uses_autocast else adapter_bytes) * fan_in * fan_out * n
+    return size
+
+
 def dora_forward_transient_bytes(
     model: ModelSpec, training: TrainingConfig, *, adapter_bytes: int
 ) -> int:
@@ -135,12 +153,13 @@ def dora_forward_transient_bytes(
         [in, out] product are alive together; ``forward`` then casts the product to x's dtype
         (a), casts the base weight to it when its dtype differs, and ``get_weight_norm`` makes
         ``scaling * lora_weight`` and the sum: three (four with the weight's cast) a-byte
-        [out, in] tensors beside the eye's cast. All the while peft's cast of the input to the
-        adapters' dtype (``_cast_input_dtype``, a x t x in; saved, so not counted here, when no
-        autocast follows) is alive. The larger of the two moments, over the targeted linears.
-        Checked against the live tensors of peft 0.21's forward on CPU under autocast (a
-        2816 -> 1024 linear, r 16, 512 tokens: eye fp32 31.7 MB, its cast 15.9 MB, the product
-        5.8 MB, the input cast 5.8 MB at ``lora_B``'s mm) and the generic path's peak in
+        [out, in] tensors beside the eye's cast. All the while the linear's 16-bit input (c x t
+        x in: the frozen base saves none of it) and peft's cast of it to the adapters' dtype
+        (``_cast_input_dtype``, a x t x in; saved, so not counted here, when no autocast
+        follows) are alive. The larger of the two moments, over the targeted linears. Checked
+        against the live tensors of peft 0.21's forward on CPU under autocast (a 2816 -> 1024
+        linear, r 16, 512 tokens: eye fp32 31.7 MB, its cast 15.9 MB, the product 5.8 MB, the
+        input cast 5.8 MB, the input 2.9 MB at ``lora_B``'s mm) and the generic path's peak in
         ``down_proj.lora_B`` (tests/analytic/test_dora.py).
     """
     if training.lora_variant != "dora":
@@ -159,7 +178,8 @@ def dora_forward_transient_bytes(
         if name == "router" or not targeted:
             continue
         x_cast = a * t * fan_in if autocast and a > c else 0
-        held = x_cast + e * fan_in * fan_in + e * fan_in * r
+        # the linear's own input (a frozen base saves none of it; the adapters read the cast)
+        held = c * t * fan_in + x_cast + e * fan_in * fan_in + e * fan_in * r
         at_product = held + (a * fan_in * fan_in if autocast else 0) + e * fan_in * fan_out
         at_norm = held + (3 + int(weight_cast)) * a * fan_in * fan_out
         most = max(most, at_product, at_norm)
