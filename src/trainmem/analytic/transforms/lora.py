@@ -19,7 +19,13 @@ from trainmem.analytic.transforms.checkpointing import term_blocks
 class LoraFirstLayer(Transform):
     """Under LoRA without activation checkpointing, on the rank that holds the embedding
     (pipeline stage 0, no pipelining), layer 0 saves the other layers' blocks less its input
-    norm's term and the rest of :func:`~trainmem.analytic.lora.first_layer_unsaved`."""
+    norm's term and the rest of :func:`~trainmem.analytic.lora.first_layer_unsaved`.
+
+    Not with activation offloading: its transform frees and prefetches the previous layer's
+    blocks by the common layer plan (``ActivationOffloading``, ``{i_prev}``), which has no
+    "second layer" position to name layer 0's smaller set; layer 0 is counted as the others
+    there (an over-count of the terms above, about one layer's input), never a free of a block
+    that was not made."""
 
     name = "lora_first_layer"
     layer_position = frozenset({"first", "last"})
@@ -30,6 +36,7 @@ class LoraFirstLayer(Transform):
             ctx.prof is not None
             and ctx.rank.stage == 0
             and ctx.training.pipeline_parallel_size == 1
+            and not ctx.training.activation_offloading
             and first_layer_unsaved(ctx.model, ctx.training) is not None
         )
 
