@@ -190,9 +190,10 @@ def test_axolotl_names_what_it_ignores_and_a_base_model_mismatch(tmp_path: Path)
         "lora_modules_to_save: [embed_tokens, lm_head]\ntf32: true\n"
     )
     notes: list[str] = []
-    read_axolotl_config(_write(tmp_path, "a.yml", text), notes, model="llama-3.1-8b")
+    out = read_axolotl_config(_write(tmp_path, "a.yml", text), notes, model="llama-3.1-8b")
+    assert out["lora_variant"] == "dora"  # peft_use_dora: peft's LoraConfig(use_dora=True)
     ignored = [n for n in notes if "ignored" in n]
-    assert len(ignored) == 1 and "peft_use_dora" in ignored[0]
+    assert len(ignored) == 1 and "peft_use_dora" not in ignored[0]
     assert "lora_modules_to_save" in ignored[0] and "tf32" not in ignored[0]
     assert any("base_model mistralai/Mistral-7B-v0.1 is not MODEL llama-3.1-8b" in n for n in notes)
     notes = []

@@ -20,7 +20,7 @@ Sources (names and defaults, read from the released packages):
   ``flash_attention`` ... as ``attn_implementation``, ``deepspeed``, ``fsdp_config``,
   ``torch_compile``), ``peft.py`` ``LoraConfig`` (``adapter``, ``load_in_4bit``,
   ``load_in_8bit``, ``lora_r``, ``lora_dropout`` 0.0, ``lora_target_modules``,
-  ``lora_target_linear``), ``fsdp.py`` ``FSDPConfig``, ``enums.py``
+  ``lora_target_linear``, ``peft_use_dora``), ``fsdp.py`` ``FSDPConfig``, ``enums.py``
   (``CustomSupportedOptimizers``, ``LEGACY_ATTN_FLAG_TO_IMPL``); ``utils/config/__init__.py``
   ``resolve_dtype`` (the model is loaded in ``torch_dtype`` bfloat16 when ``bf16``) and
   ``normalize_config``; ``loaders/model.py`` (QLoRA's ``BitsAndBytesConfig``: nf4 with
@@ -325,7 +325,6 @@ def _lora_targets(r: _Reading, names: Any, table: dict[str, str], key: str) -> l
 
 _AXOLOTL_IGNORED = {
     "lora_modules_to_save": "full trainable copies of these modules",
-    "peft_use_dora": "DoRA's magnitude vectors and its weight-norm activations",
     "unfrozen_parameters": "a partly frozen full fine-tune",
     "chunked_cross_entropy": "axolotl's chunked loss",
     "cut_cross_entropy": "Cut Cross-Entropy never builds the logits",
@@ -396,6 +395,8 @@ def _axolotl_adapter(r: _Reading, cfg: dict[str, Any], linears: tuple[str, ...])
     r.set("lora_rank", rank, "lora_r")
     dropout = r.get(cfg, "lora_dropout", float, "a number in [0, 1)")
     r.set("lora_dropout", 0.0 if dropout is None else dropout, "lora_dropout")
+    if r.get(cfg, "peft_use_dora", bool, flag):  # peft.py peft_use_dora: LoraConfig(use_dora)
+        r.set("lora_variant", "dora", "peft_use_dora")
     targets = []
     if cfg.get("lora_target_modules") is not None:
         targets = _lora_targets(r, cfg["lora_target_modules"], PEFT_TARGETS, "lora_target_modules")
