@@ -89,6 +89,8 @@ SETTINGS: list[dict[str, Any]] = [
     },
     # attention left to the model: transformers runs BLOOM eager only (no SDPA class)
     {"model": "bloomz-7b1", "seq_len": 512},
+    # peft's DoRA with an EMA copy: the formulas (issue 26), the same on the page and the CLI
+    {"model": "llama-3.2-1b", "lora_rank": 16, "lora_variant": "dora", "ema": True},
 ]
 
 
