@@ -121,7 +121,11 @@ def test_micro_batches_in_flight_on_stage_0_follow_the_schedule() -> None:
     assert _max_live(gpipe.schedules[0], MemoryCategory.ACTIVATION) == m * unit
 
 
-def test_composed_stages_equal_the_whole_stages(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "micro_batches", [2, pytest.param(4, marks=pytest.mark.slow)]
+)  # 12 layers traced whole and composed: ~15 s with 4 micro-batches at low load, about half with
+# 2 (stage 1 still runs a forward between two backwards; the 1F1B steady state needs 4)
+def test_composed_stages_equal_the_whole_stages(tmp_path: Path, micro_batches: int) -> None:
     from trainmem.specs.hf import load_hf_config
     from trainmem.trace.hf_model import build_hf_training_model
     from trainmem.trace.pipeline import estimate_pipeline
@@ -132,7 +136,8 @@ def test_composed_stages_equal_the_whole_stages(tmp_path: Path) -> None:
     # FSDP2 as torchtitan runs it: the last stage's input gradient (layer 0's) is freed after
     # the next micro-batch's forward went past the repeated layers (composed before as if it
     # were a repeated layer's block)
-    t = _pp(precision="bf16-mixed", framework="fsdp2", data_parallel_size=2, zero_stage=3)
+    t = _pp(precision="bf16-mixed", framework="fsdp2", data_parallel_size=2, zero_stage=3,
+            gradient_accumulation_steps=micro_batches)  # fmt: skip
 
     def build() -> object:
         return build_hf_training_model(raw, t)
