@@ -5,6 +5,7 @@ components and dtypes the training scripts move to the GPU."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -112,3 +113,15 @@ def test_refused_where_there_is_no_pipeline(invoke: Invoke) -> None:
     r = invoke("estimate", "gpt2", "-s", "128", "--frozen-on-gpu", "vae", exit_code=2)
     assert r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith("error: frozen_on_gpu: vae: the VAE and text encoders"), r.stderr
+
+
+def test_sd1_unet_keeps_clip_l_and_the_vae_in_the_compute_dtype() -> None:
+    # an SD 1.x UNet (cross_attention_dim 768, no added conditions): train_dreambooth.py /
+    # train_controlnet.py move CLIP-L and the 4-channel VAE with dtype=weight_dtype; counts as
+    # built on meta above (CLIPTextModel 123,060,480; AutoencoderKL 83,653,863)
+    sd1 = load_hf_config(str(Path(__file__).resolve().parents[1] / "models" / "diffusers"
+                             / "tiny-sd1-unet.json"))  # fmt: skip
+    kept = frozen_components(sd1, TrainingConfig(frozen_on_gpu="all", precision="16-mixed"))
+    assert kept == [("text_encoder", 123_060_480, "float16"), ("vae", 83_653_863, "float16")]
+    trained = TrainingConfig(frozen_on_gpu="all", train_text_encoder=True)
+    assert frozen_components(sd1, trained) == [("vae", 83_653_863, "bfloat16")]

@@ -53,6 +53,7 @@ __all__ = [
     "TextEncoder",
     "trained_text_encoders",
     "FROZEN_COMPONENTS",
+    "SD1_UNET",
     "FrozenComponent",
     "ImageBatch",
     "MAX_DIFFUSERS_BLOCKS",
@@ -601,6 +602,11 @@ _VAE_16 = FrozenComponent(
     83_819_683,
 )
 
+SD1_UNET = "UNet2DConditionModel (SD 1.x)"
+""":data:`FROZEN_COMPONENTS`' key of an SD 1.x UNet (``cross_attention_dim`` 768, no added
+conditions): CLIP-L and the 4-channel VAE, both in the scripts' ``weight_dtype``
+(``train_dreambooth.py`` / ``train_controlnet.py``: ``vae.to(device, dtype=weight_dtype)``)."""
+
 FROZEN_COMPONENTS: dict[str, tuple[FrozenComponent, ...]] = {
     "FluxTransformer2DModel": (_CLIP_L, _T5_XXL, _VAE_16),
     "SD3Transformer2DModel": (
@@ -623,6 +629,15 @@ FROZEN_COMPONENTS: dict[str, tuple[FrozenComponent, ...]] = {
             dtype="float32",
         ),
     ),
+    SD1_UNET: (
+        _CLIP_L,
+        FrozenComponent(
+            "vae",
+            "vae",
+            "AutoencoderKL, 4 latent channels (runwayml/stable-diffusion-v1-5 vae/config.json)",
+            83_653_863,
+        ),
+    ),
     "WanTransformer3DModel": (
         FrozenComponent(
             "text_encoder",
@@ -641,7 +656,8 @@ FROZEN_COMPONENTS: dict[str, tuple[FrozenComponent, ...]] = {
 """The frozen models of each trained class's pipeline: FLUX.1 (CLIP-L, T5-XXL encoder, the
 16-channel VAE), SD3 / SD3.5 (CLIP-L and OpenCLIP bigG with projections, T5-XXL, the 16-channel
 VAE), SDXL (CLIP-L, bigG with projection, the 4-channel VAE; a UNet with
-``addition_embed_type: text_time``), Wan 2.1 (umT5-XXL encoder, the Wan VAE). Counted by
+``addition_embed_type: text_time``), SD 1.x (:data:`SD1_UNET`: CLIP-L, the 4-channel VAE), Wan
+2.1 (umT5-XXL encoder, the Wan VAE). Counted by
 building each class from its Hub config on ``meta`` with transformers 5 / diffusers 0.42.
 
 The scripts move them with ``.to(accelerator.device, dtype=weight_dtype)`` (diffusers
@@ -664,7 +680,7 @@ def frozen_components(config: Mapping[str, Any], training: Any) -> list[tuple[st
 
     Raises:
         SpecError: ``frozen_on_gpu`` for a model that is not a diffusers model, or for a UNet
-            that is not SDXL's.
+            that is neither SDXL's nor SD 1.x's.
     """
     which = training.frozen_on_gpu
     if which == "none":
@@ -677,11 +693,17 @@ def frozen_components(config: Mapping[str, Any], training: Any) -> list[tuple[st
         )
     name = diffusers_class(config)
     if name == "UNet2DConditionModel" and config.get("addition_embed_type") != "text_time":
-        raise SpecError(
-            "frozen_on_gpu",
-            f"{which}: the pipeline's components are known for SDXL's UNet "
-            "(addition_embed_type text_time) only; use none",
-        )
+        if (
+            config.get("addition_embed_type") is not None
+            or config.get("cross_attention_dim") != 768
+        ):
+            raise SpecError(
+                "frozen_on_gpu",
+                f"{which}: the pipeline's components are known for SDXL's UNet "
+                "(addition_embed_type text_time) and SD 1.x's (cross_attention_dim 768, no "
+                "added conditions) only; use none",
+            )
+        name = SD1_UNET
     if name not in FROZEN_COMPONENTS:
         raise SpecError(
             "frozen_on_gpu",
