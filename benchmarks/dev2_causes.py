@@ -593,7 +593,12 @@ CAUSES.update(
             "sets param.grad = None (async_inplace_copy_grad_to_fp32_buffer_from_gpu), so the "
             "full bf16 gradients predicted at the backward's end overstate the GPU's"
         ),
-        "GT173": "approximate source value ('~9GB')",
+        "GT173": (
+            "approximate source value ('~9GB'): the same README gives '~19GB' for the LoRA run "
+            "its tutorial measures at 18.5 GB (GT172, -2.9%), so its '~' rounds to the nearest "
+            "GB and the QLoRA peak lies in 8.5-9.5 GB (the tutorial, llama3.rst @20747cd: "
+            "'below 10 GB'); predicted 7.97 GB, -6.2% from 8.5"
+        ),
         "GT175": (
             "unexplained, over: accelerate FSDP LoRA of a 70B at 8 x 2048 tokens with the "
             "script's lora_dropout 0.1 (amended: +8.8 -> +14.7%); the source reports '72-80 GB "
