@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -69,6 +70,13 @@ def _max_live(schedule: object, category: MemoryCategory) -> int:
     return best
 
 
+@pytest.fixture(scope="module")
+def one_f_one_b() -> object:
+    """The default 2-stage 1F1B trace of 4 micro-batches (``_pp()``), traced once for the tests
+    that only read it."""
+    return estimate("tiny-llama-test", _pp(), engine="trace", simulate_allocator=False)
+
+
 def test_stage_split_and_rank_stages_follow_torchtitan() -> None:
     # generate_split_points (torchtitan, Dec 2024): L // stages on the first stage, one more
     # on the next L % stages middle stages, the rest on the last: 126 = 15 + 6 * 16 + 15
@@ -88,8 +96,8 @@ def test_stage_split_and_rank_stages_follow_torchtitan() -> None:
     ] == [16] * 7 + [14]
 
 
-def test_receive_buffers_and_output_chunks_are_the_runtime_s() -> None:
-    est = estimate("tiny-llama-test", _pp(), engine="trace", simulate_allocator=False)
+def test_receive_buffers_and_output_chunks_are_the_runtime_s(one_f_one_b: Any) -> None:
+    est = one_f_one_b
     first, last = est.schedules
     m = 4
     boundary = B * S * H * FP32  # one micro-batch's residual stream [b, s, h]
@@ -106,14 +114,14 @@ def test_receive_buffers_and_output_chunks_are_the_runtime_s() -> None:
     assert est.details["traced_mesh"] == {"pp": 2}
 
 
-def test_micro_batches_in_flight_on_stage_0_follow_the_schedule() -> None:
+def test_micro_batches_in_flight_on_stage_0_follow_the_schedule(one_f_one_b: Any) -> None:
     # one micro-batch's saved activations on stage 0, from a GPipe step of one micro-batch
     one = estimate("tiny-llama-test", _pp(pipeline_schedule="gpipe", gradient_accumulation_steps=1),
                    engine="trace", simulate_allocator=False)  # fmt: skip
     unit = _max_live(one.schedules[0], MemoryCategory.ACTIVATION)
     assert unit > 0
     m, p = 4, 2
-    f1b = estimate("tiny-llama-test", _pp(), engine="trace", simulate_allocator=False)
+    f1b = one_f_one_b
     gpipe = estimate("tiny-llama-test", _pp(pipeline_schedule="gpipe"), engine="trace",
                      simulate_allocator=False)  # fmt: skip
     # Schedule1F1B: min(m, p - 0) = 2 forwards in flight on stage 0; GPipe: all m
