@@ -345,6 +345,13 @@ def _read(row: Family, f: Fields, spec: dict[str, Any]) -> None:
 
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(sorted(FAMILIES))
+HF_MODEL_TYPES: tuple[str, ...] = tuple(
+    t
+    for t in SUPPORTED_MODEL_TYPES
+    if not (FAMILIES[t].not_transformers or FAMILIES[t].analytic_only)
+)
+"""The supported ``model_type`` values a Hugging Face config.json can carry (trainmem's own,
+``cs336_basics`` and ``torchvision_vit``, left out)."""
 """HF ``model_type`` values :func:`model_spec_from_hf` understands."""
 
 
@@ -382,7 +389,7 @@ def model_spec_from_hf(config: Mapping[str, Any], name: str) -> ModelSpec:
         raise SpecError(
             "model_type",
             "required field missing from the config; a Hugging Face config.json names its "
-            f"family there (supported: {', '.join(SUPPORTED_MODEL_TYPES)})",
+            f"family there (supported: {', '.join(HF_MODEL_TYPES)})",
         )
     row = FAMILIES.get(model_type)
     if row is None:
