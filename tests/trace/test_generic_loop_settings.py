@@ -5,7 +5,6 @@ is the whole model's trace to the byte, as without them."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -17,21 +16,36 @@ from trainmem.estimate import estimate  # noqa: E402
 from trainmem.specs.training import TrainingConfig  # noqa: E402
 
 
+@pytest.fixture(scope="module")
+def config_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """qwen2 with 6 layers: one more than the generic path keeps (trainmem.trace.blocks
+    .COPIES), so it composes (5 traced, the middle one repeated)."""
+    config = json.loads((MODELS_DIR / "formula" / "qwen2.json").read_text())
+    config["num_hidden_layers"] = 6
+    path = tmp_path_factory.mktemp("qwen2") / "config.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def plain_bytes(config_path: str) -> int:
+    """The generic path's peak without the loop settings (traced once for the module)."""
+    training = TrainingConfig(micro_batch_size=4, seq_len=256)
+    return estimate(config_path, training, engine="generic").breakdown.allocated_bytes
+
+
 @pytest.mark.parametrize(
     "settings",
     [{"keep_logits": True}, {"zero_grad_before_backward": True}],
     ids=["keep-logits", "zero-grad-before-backward"],
 )
-def test_composed_step_equals_the_whole_trace(settings: dict, tmp_path: Path) -> None:
-    config = json.loads((MODELS_DIR / "formula" / "qwen2.json").read_text())
-    config["num_hidden_layers"] = 9  # deep enough that the generic path composes
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(config))
+def test_composed_step_equals_the_whole_trace(
+    settings: dict, config_path: str, plain_bytes: int
+) -> None:
     training = TrainingConfig(micro_batch_size=4, seq_len=256, **settings)
-    generic = estimate(str(path), training, engine="generic", simulate_allocator=False)
-    whole = estimate(str(path), training, engine="trace", simulate_allocator=False)
+    generic = estimate(config_path, training, engine="generic", simulate_allocator=False)
+    whole = estimate(config_path, training, engine="trace", simulate_allocator=False)
     runs = generic.details["generic"]["block_lists"]
     assert runs and runs[0]["units"] > runs[0]["units_traced"]  # composed, not traced whole
     assert generic.breakdown.allocated_bytes == whole.breakdown.allocated_bytes
-    plain = estimate(str(path), TrainingConfig(micro_batch_size=4, seq_len=256), engine="generic")
-    assert generic.breakdown.allocated_bytes != plain.breakdown.allocated_bytes
+    assert generic.breakdown.allocated_bytes != plain_bytes
