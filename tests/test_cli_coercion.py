@@ -117,8 +117,15 @@ def test_the_console_script_answers_as_the_whole_app(args: list[str]) -> None:
         assert narrow is not app and len(narrow.registered_commands) == 1
     runner = CliRunner()
     whole, ours = runner.invoke(app, args), runner.invoke(narrow, args)
-    assert (ours.exit_code, ours.stdout, ours.stderr) == (
+
+    def stderr(result: Any) -> str:
+        # the "still working" lines (cli/common.progress) depend on the machine's load, not on
+        # the app: a run over 2 s on a busy machine prints one
+        lines = str(result.stderr).splitlines(keepends=True)
+        return "".join(x for x in lines if not x.startswith("trainmem: estimating"))
+
+    assert (ours.exit_code, ours.stdout, stderr(ours)) == (
         whole.exit_code,
         whole.stdout,
-        whole.stderr,
+        stderr(whole),
     )
