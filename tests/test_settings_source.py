@@ -123,7 +123,9 @@ def _refusal(name: str, value: object) -> SpecError:
     return info.value
 
 
-@pytest.mark.parametrize("field", [f for f in FIELDS if setting_of(f).choices], ids=str)
+@pytest.mark.parametrize(
+    "field", [f for f in FIELDS if setting_of(f).choices], ids=lambda f: f.name
+)
 def test_the_allowed_values_offered_are_the_ones_training_config_takes(
     field: dataclasses.Field[Any],
 ) -> None:
