@@ -37,7 +37,38 @@ def test_stand_in_matches_the_table_row(name: str) -> None:
     assert any("remote-code" in note for note in generic.notes)
 
 
-def test_lora_on_a_stand_in_is_refused_with_the_reason() -> None:
+@pytest.mark.parametrize("name", ["qwen-7b", "baichuan2-7b"])
+def test_lora_on_the_fused_stand_in_matches_the_table_row(name: str) -> None:
+    # Note [Fused stand-in projections]: peft's adapters on the one fused q/k/v linear the
+    # remote code has (c_attn / W_pack), under autocast (one 16-bit copy of its input)
+    path = str(REMOTE / f"{name}.json")
+    training = TrainingConfig(
+        micro_batch_size=4, seq_len=2048, precision="bf16-mixed", lora_rank=16
+    )
+    generic = estimate(path, training, engine="generic", simulate_allocator=False)
+    analytic = estimate(path, training, engine="analytic", simulate_allocator=False)
+    assert generic.num_trainable_parameters == analytic.num_trainable_parameters
+    ratio = generic.breakdown.allocated_bytes / analytic.breakdown.allocated_bytes
+    assert abs(ratio - 1) < 0.01
+
+
+def test_the_fused_output_kept_by_v_by_hand() -> None:
+    # Qwen-7B: h = a * d = 32 x 128 = 4096, no GQA; v a view of c_attn's 3h output keeps the
+    # q and k widths alive beside it: 2 bytes x 2h per token, 4 x 2,048 tokens
+    from dataclasses import replace
+
+    from trainmem.analytic.activations import layer_activation_terms
+    from trainmem.estimate import resolve_model
+
+    spec = resolve_model(str(REMOTE / "qwen-7b.json"))
+    assert spec.fused_qkv_output_kept
+    training = TrainingConfig(micro_batch_size=4, seq_len=2048, precision="bf16-true")
+    kept = sum(layer_activation_terms(spec, training).values())
+    separate = replace(spec, fused_qkv_output_kept=False)
+    assert kept - sum(layer_activation_terms(separate, training).values()) == 2 * 2 * 4096 * 8192
+
+
+def test_lora_on_chatglm_is_refused_with_the_reason() -> None:
     training = TrainingConfig(micro_batch_size=1, seq_len=128, lora_rank=8)
-    with pytest.raises(UnsupportedError, match="fuses them"):
-        estimate(str(REMOTE / "qwen-7b.json"), training, engine="generic")
+    with pytest.raises(UnsupportedError, match="copies k and v"):
+        estimate(str(REMOTE / "chatglm3-6b.json"), training, engine="generic")

@@ -365,6 +365,11 @@ def attention_terms(
     kv_saved = a if sdpa_expands_kv(training) else kv
     terms["attention/q_k"] = c * (a * d + kv_saved * d) * t
     terms["attention/v"] = c * kv_saved * d * t
+    if model.fused_qkv_output_kept and kv == a:
+        # v is a view of the fused (a + 2k) * d output, which it keeps alive (remote-code Qwen-1
+        # ``c_attn(...).split``, Baichuan ``W_pack``; Note [Fused stand-in projections] in
+        # trainmem/trace/remote_code.py): the q and k widths beside v's
+        terms["attention/qkv_view_kept"] = c * (a + kv) * d * t
     if (
         model.training_kv_cache
         and training.activation_checkpointing == "none"

@@ -1322,7 +1322,13 @@ _REMOTE_CODE_ROWS: tuple[Family, ...] = (
         "Qwen/Qwen-7B modeling_qwen.py (remote code; QWenAttention: fused c_attn Linear(h, 3h) "
         "with bias, c_proj; QWenMLP: w1, w2 Linear(h, intermediate_size // 2), c_proj, "
         "a1 * silu(a2); RMSNorm ln_1 / ln_2 / ln_f; untied lm_head)",
-        {**LLAMA_TRAITS, "fused_qkv": True, "attention_bias": True, "hidden_act": "silu"},
+        {
+            **LLAMA_TRAITS,
+            "fused_qkv": True,
+            "fused_qkv_output_kept": True,
+            "attention_bias": True,
+            "hidden_act": "silu",
+        },
         # QWenConfig defaults (configuration_qwen.py)
         defaults=dict(
             max_position_embeddings=8192,
@@ -1373,6 +1379,7 @@ _REMOTE_CODE_ROWS: tuple[Family, ...] = (
         {
             **LLAMA_TRAITS,
             "fused_qkv": True,
+            "fused_qkv_output_kept": True,
             "attention_bias": False,
             "attention_out_bias": False,
             "mlp_bias": False,

@@ -176,6 +176,11 @@ class ModelSpec:
     """Width of a ViT pooler's dense layer; None means hidden_size (always so for BERT)."""
     fused_gate_up: bool = False
     """Gate and up projections are one HF module (Phi-3 ``gate_up_proj``, output chunked)."""
+    fused_qkv_output_kept: bool = False
+    """The fused q/k/v output is split into views and v reaches attention as one of them
+    (Qwen-1 ``c_attn(...).split``, Baichuan ``W_pack(...).unflatten``, remote code), so the
+    tensor attention saves as v keeps the whole (a + 2k) * d output alive (without GQA; see
+    Note [Fused stand-in projections] in trainmem/trace/remote_code.py)."""
     qk_norm_full_width: bool = False
     """The q/k norms span the whole projection (OLMo-2 ``q_norm`` = RMSNorm(a * d), ``k_norm`` =
     RMSNorm(k * d)) instead of one head (Qwen3, Gemma-3: RMSNorm(head_dim))."""

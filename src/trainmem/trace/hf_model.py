@@ -19,7 +19,7 @@ from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch, require_transformers
 from trainmem.trace.hf_inputs import text_side_inputs, token_ids, vision_language_batch
 from trainmem.trace.quantized import parameter_dtype, quantize_base
-from trainmem.trace.remote_code import REMOTE_CODE_TYPES, stand_in_config
+from trainmem.trace.remote_code import REMOTE_CODE_TYPES, fuse_projections, stand_in_config
 
 torch = require_torch()
 
@@ -275,12 +275,6 @@ def build_hf_training_model(
     """
     from trainmem.trace.lora import apply_lora
 
-    if raw_config.get("model_type") in REMOTE_CODE_TYPES and training.is_lora:
-        raise UnsupportedError(
-            f"LoRA on model_type={raw_config.get('model_type')!r}: its stand-in's q / k / v (and "
-            "gate / up) are separate linears where the remote code fuses them, so adapters would "
-            "read other tensors (Note [Remote-code stand-ins]); use --engine analytic"
-        )
     dtype = None if training.weight_dtype == "float32" else getattr(torch, training.weight_dtype)
     model = build_hf_model(
         raw_config,
@@ -289,6 +283,8 @@ def build_hf_training_model(
         dtype=dtype,
         device=device,
     )
+    if raw_config.get("model_type") in REMOTE_CODE_TYPES:  # Note [Fused stand-in projections]
+        fuse_projections(model, raw_config, training)
     if raw_config.get("model_type") in VISION_TOWER_TYPES:
         attach_pooled_loss(model)
     model = apply_lora(model, training)

@@ -11,14 +11,36 @@ Note [Remote-code stand-ins]
     biased (Baichuan's ``W_pack``). Same widths, heads, key/value groups (ChatGLM's
     ``multi_query_group_num``), head size (``kv_channels``), MLP width (Qwen-1's
     ``intermediate_size // 2``), vocabulary and untied head, so the parameter count is the
-    row's (tested). Not reproduced: a fused projection's single output tensor (three tensors
-    here, the same bytes), ChatGLM's rotary on half of each head (the cos / sin tables and the
-    rotated copies of the other half: a few (tokens x head_dim) tensors per layer), Baichuan2's
-    ``NormHead`` (the normalised [V, h] weight made at each forward). The estimate's notes name
-    the stand-in. Full fine-tuning matches the table row's analytic estimate (within 0.001 % at
-    4 x 2,048 tokens, activations dominating); LoRA is refused, since peft would put the
-    adapters on the stand-in's separate q / v linears, not on the fused projection the remote
-    code has (its saved tensors differ: +6 % at that size).
+    row's (tested). The fused projections are fused in the stand-in too
+    (:func:`fuse_projections`, Note [Fused stand-in projections]), so LoRA's adapters sit on the
+    one linear the remote code has. Not reproduced: ChatGLM's rotary on half of each head (the
+    cos / sin tables and the rotated copies of the other half: a few (tokens x head_dim) tensors
+    per layer), Baichuan2's ``NormHead`` (the normalised [V, h] weight made at each forward).
+    The estimate's notes name the stand-in. Full fine-tuning matches the table row's analytic
+    estimate (within 0.001 % at 4 x 2,048 tokens, activations dominating).
+
+Note [Fused stand-in projections]
+    The remote code computes q, k and v with one linear and splits its output (Qwen-1
+    ``QWenAttention.forward``: ``mixed_x_layer = self.c_attn(hidden_states)``; ``query, key,
+    value = mixed_x_layer.split(self.split_size, dim=2)``; ChatGLM ``query_key_value`` then
+    ``mixed_x_layer.split([...], dim=-1)``; Baichuan ``W_pack`` then ``unflatten``). The
+    Qwen-1 and Baichuan stand-ins get the same: each attention's ``q_proj`` / ``k_proj`` /
+    ``v_proj`` become views of one ``qkv_proj`` linear's output: the fused linear runs when q
+    is asked for (transformers' Qwen2 / Llama call q, k, v in that order, checkpoint
+    recomputation too) and k and v take their views of its output, as the remote code's split
+    does. What that changes against three linears: one output tensor and one input saved
+    (under autocast one 16-bit copy of the input, not three, as the formulas count a fused
+    q/k/v: ``analytic/attention.py``); v, which attention saves, a view that keeps the whole
+    (a + 2k) * d output alive (q and k are rotated copies), +2 h per token a layer without GQA,
+    which the formulas count as ``attention/qkv_view_kept`` (``ModelSpec.
+    fused_qkv_output_kept``; measured: the fused trace was +2 c h t L above the formulas'
+    separate-tensor count on Qwen-7B, 4 x 2,048 tokens, bf16, full and LoRA alike); the
+    split's backward concatenating the three gradients; and peft's LoRA on the fused linear
+    (one A reading the input, one B of the fused width, as peft targets the remote code's
+    ``c_attn`` / ``W_pack``), where on separate linears each targeted one would have its own
+    adapter. ChatGLM is not fused: its multi-query k and v are expanded to every head and
+    copied (``key_layer.unsqueeze(-2).expand(...).contiguous()``), which transformers' GQA
+    attention does not do, so its stand-in stays separate and LoRA on it is refused.
 
 Source: Qwen/Qwen-7B modeling_qwen.py, THUDM/chatglm3-6b modeling_chatglm.py,
 baichuan-inc/Baichuan2-7B-Base modeling_baichuan.py (as cited by the table rows);
@@ -32,8 +54,12 @@ from typing import Any
 
 from trainmem.errors import UnsupportedError
 from trainmem.specs.hf_table import REMOTE_CODE_TYPES
+from trainmem.specs.training import TrainingConfig
+from trainmem.trace._torch import require_torch
 
-__all__ = ["REMOTE_CODE_TYPES", "stand_in_config"]
+torch = require_torch()
+
+__all__ = ["REMOTE_CODE_TYPES", "fuse_projections", "stand_in_config"]
 
 
 def stand_in_config(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -81,3 +107,84 @@ def stand_in_config(raw: Mapping[str, Any]) -> dict[str, Any]:
         "mlp_bias": False,
         "use_cache": False,
     }
+
+
+class _Part(torch.nn.Module):  # type: ignore[misc,name-defined]
+    """One of the views of a fused linear's output (Note [Fused stand-in projections]): part
+    ``index`` of ``widths`` along the last dimension. Part 0 runs the owner's fused linear
+    (looked up at each call, so peft's wrapper of it runs) and keeps the others' views until
+    they are taken. The owner is held outside the module tree (no second path to the linear)."""
+
+    def __init__(
+        self, owner: Any, fused: str, index: int, widths: list[int], shared: dict[str, Any]
+    ) -> None:
+        super().__init__()
+        self._owner = [owner]
+        self.fused, self.index, self.widths, self._shared = fused, index, widths, shared
+
+    def forward(self, x: Any) -> Any:
+        if self.index == 0:  # (a tensor-parallel shard of the fused linear: its share of each)
+            out = getattr(self._owner[0], self.fused)(x)
+            n, total = out.shape[-1], sum(self.widths)
+            self._shared["parts"] = out.split([w * n // total for w in self.widths], -1)
+        parts = self._shared["parts"]
+        if self.index == len(self.widths) - 1:
+            del self._shared["parts"]  # the views the remote code's split gives, no longer held
+        return parts[self.index]
+
+    def extra_repr(self) -> str:
+        return f"{self.fused}[{self.index}] of widths {self.widths}"
+
+
+def _fuse(module: Any, names: tuple[str, ...], fused: str) -> None:
+    """Replace ``module``'s linears ``names`` by views of one linear ``fused`` of their
+    concatenated width, registered first (where the remote code defines it, so the LoRA target
+    inference of ``trainmem.trace.lora`` reads it as the fused q / k / v or gate / up)."""
+    parts = [getattr(module, n) for n in names]
+    widths = [p.out_features for p in parts]
+    w = parts[0].weight
+    linear = torch.nn.Linear(
+        parts[0].in_features,
+        sum(widths),
+        bias=parts[0].bias is not None,
+        device=w.device,
+        dtype=w.dtype,
+    )
+    shared: dict[str, Any] = {}
+    rest = {k: v for k, v in module._modules.items() if k not in names}
+    module._modules.clear()
+    module._modules[fused] = linear
+    for k, n in enumerate(names):
+        module._modules[n] = _Part(module, fused, k, widths, shared)
+    module._modules.update(rest)
+
+
+def fuse_projections(model: Any, raw: Mapping[str, Any], training: TrainingConfig) -> None:
+    """Fuse a remote-code stand-in's q / k / v projections as the remote code fuses them, in
+    place (Note [Fused stand-in projections]), where the table row says its v keeps the fused
+    output (``ModelSpec.fused_qkv_output_kept``: Qwen-1, Baichuan).
+
+    Args:
+        model: the stand-in built from :func:`stand_in_config` (transformers' Qwen2 / Llama).
+        raw: the published ``config.json`` (its table row says what is fused).
+        training: LoRA's settings (refused where the stand-in is not fused).
+
+    Raises:
+        UnsupportedError: LoRA on ChatGLM, whose stand-in keeps separate q / k / v linears.
+    """
+    from trainmem.specs.hf import model_spec_from_hf
+
+    spec = model_spec_from_hf(raw, name=str(raw.get("model_type")))
+    if not spec.fused_qkv_output_kept:
+        if training.is_lora:
+            raise UnsupportedError(
+                f"LoRA on model_type={spec.model_type!r}: its remote code fuses q / k / v and "
+                "gate / up and copies k and v to every head (multi-query), which its stand-in "
+                "does not reproduce, so adapters would read other tensors (Note [Fused stand-in "
+                "projections]); traced: full fine-tuning, or LoRA on Qwen-1 / Baichuan; or "
+                "--engine analytic"
+            )
+        return
+    for module in list(model.modules()):
+        if all(hasattr(module, n) for n in ("q_proj", "k_proj", "v_proj")):
+            _fuse(module, ("q_proj", "k_proj", "v_proj"), "qkv_proj")

@@ -178,8 +178,11 @@ def apply_tensor_parallel(
     seq = Shard(1) if sequence_parallel else Replicate()
     local = not sequence_parallel  # without SP the residual stream is a plain (replicated) tensor
     for layer in layers:
+        # a remote-code stand-in's fused q/k/v (trainmem.trace.remote_code): its output split
+        # by the shard's widths, each rank's heads' q, k and v as Megatron's fused layout has it
+        qkv = ("qkv_proj",) if hasattr(_child(layer, "self_attn"), "qkv_proj") else _ATTENTION[:3]
         plan: dict[str, Any] = {
-            **{f"self_attn.{n}": colwise() for n in _ATTENTION[:3]},
+            **{f"self_attn.{n}": colwise() for n in qkv},
             "self_attn.o_proj": rowwise(output_layouts=seq, use_local_output=local),
             "mlp.gate_proj": colwise(),
             "mlp.up_proj": colwise(),
