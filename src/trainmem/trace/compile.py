@@ -413,9 +413,9 @@ def compile_layers(model: Any, *, fuse_pointwise: bool = True, checkpointing: st
     Raises:
         UnsupportedError: no layer stack.
     """
-    from trainmem.trace.lora import layer_stack
+    from trainmem.trace.lora import wrapped_blocks
 
-    _, layers = layer_stack(model)
+    layers = wrapped_blocks(model, "compile")
     compiled: dict[Any, Any] = {}  # identical layers share one graph, as dynamo's cache does
     for layer in layers:
         _compile_layer(layer, fuse_pointwise, compiled, checkpointing)

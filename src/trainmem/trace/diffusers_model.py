@@ -211,9 +211,17 @@ def apply_diffusers_lora(model: Any, training: TrainingConfig) -> None:
         model: the diffusers model (a ``PeftAdapterMixin``).
         training: ``lora_rank``, ``lora_targets``, ``lora_dropout``.
 
+    Note [LoRA on a model without add_adapter]
+        A class without diffusers' ``PeftAdapterMixin`` (PixArt's ``PixArtTransformer2DModel``
+        in diffusers 0.42) gets the same adapters from peft's ``inject_adapter_in_model``, the
+        call ``add_adapter`` makes (``diffusers/loaders/peft.py``: ``inject_adapter_in_model(
+        adapter_config, self, adapter_name)`` then ``set_adapter``, which only marks the
+        adapter active); PixArt's own LoRA recipe (PixArt-sigma ``asset/docs/pixart_lora.md``,
+        ``train_scripts/train_pixart_lora_hf.py``) trains the transformer through peft, whose
+        injection adds the same layers.
+
     Raises:
-        UnsupportedError: a target the model has no linear for, or a model class without
-            ``add_adapter``.
+        UnsupportedError: a target the model has no linear for.
     """
     if not training.is_lora:
         return
@@ -230,8 +238,6 @@ def apply_diffusers_lora(model: Any, training: TrainingConfig) -> None:
                 f"{', '.join(have)}); drop it from --lora-targets"
             )
         names.extend(n for n in found if n not in names)
-    if not hasattr(model, "add_adapter"):
-        raise UnsupportedError(f"{type(model).__name__} takes no LoRA adapter (no add_adapter)")
     model.requires_grad_(False)
     gaussian = {} if training.lora_variant == "lokr" else {"init_lora_weights": "gaussian"}
     config = adapter_config(  # train_dreambooth_lora_*.py --use_dora: lora_variant dora
@@ -239,7 +245,12 @@ def apply_diffusers_lora(model: Any, training: TrainingConfig) -> None:
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        model.add_adapter(config)
+        if hasattr(model, "add_adapter"):
+            model.add_adapter(config)
+        else:  # Note [LoRA on a model without add_adapter]
+            from peft import inject_adapter_in_model
+
+            inject_adapter_in_model(config, model)
     lokr_module_dropout_off(model)
     cast_adapters(model, training)  # DeepSpeed's cast of the wrapped module
     if training.weight_dtype == "float16":  # diffusers.training_utils.cast_training_params
@@ -351,27 +362,44 @@ def diffusers_loss_for(raw_config: Mapping[str, Any]) -> Callable[[Any, Any], An
 def check_diffusers_settings(training: TrainingConfig) -> None:
     """Refuse the settings a diffusers trace does not run (whole model or generic path).
 
-    Raises:
-        UnsupportedError: parallelism, compile or a chunked loss, named.
-    """
-    from trainmem.trace.parallel import uses_mesh
+    Traced for real: FSDP2 (``zero_stage=3`` over ``data_parallel_size`` ranks, the blocks of
+    the longest block list sharded one by one, ``trainmem.trace.fsdp``) under torch's fake
+    process group, and ``compile`` (each block of that list compiled, as diffusers'
+    ``ModelMixin.compile_repeated_blocks`` does; ``trainmem.trace.compile``). Refused, each with
+    what runs instead: a chunked loss (a diffusers model has no token logits), tensor, context
+    and pipeline parallelism (their traced plans split transformers language models).
 
-    refused = [
-        f"{field}={getattr(training, field)}"
-        for field, on in (
-            ("compile", training.compile),
-            ("chunked_cross_entropy", training.chunked_cross_entropy > 0),
-            ("tensor_parallel_size", training.tensor_parallel_size > 1),
-            ("context_parallel_size", training.context_parallel_size > 1),
-            ("data_parallel_size", uses_mesh(training)),
-        )
-        if on
-    ]
+    Raises:
+        UnsupportedError: the settings above, named with the reason.
+    """
+    why = {
+        "chunked_cross_entropy": (
+            training.chunked_cross_entropy > 0,
+            "a chunked cross-entropy splits a language model's token logits, and a diffusers "
+            "model's loss is an MSE on its prediction: leave it 0",
+        ),
+        "tensor_parallel_size": (
+            training.tensor_parallel_size > 1,
+            "the traced TP plan is torchtitan's for Llama-shaped language models (module names "
+            "q_proj ... down_proj), and diffusers' own _tp_plan (FLUX, QwenImage) is an "
+            "inference hook; shard with FSDP2 instead (zero_stage 3, data_parallel_size)",
+        ),
+        "context_parallel_size": (
+            training.context_parallel_size > 1,
+            "torch's context parallelism shards the batch's token ids, which a diffusers model "
+            "takes none of (diffusers' ContextParallelConfig is an inference hook); shard with "
+            "FSDP2 instead",
+        ),
+        "pipeline_parallel_size": (
+            training.pipeline_parallel_size > 1,
+            "the traced pipeline stages are cut from transformers language models "
+            "(trainmem.trace.pipeline) and diffusers' training scripts run none; shard with "
+            "FSDP2 instead",
+        ),
+    }
+    refused = [f"{k}={getattr(training, k)} ({reason})" for k, (on, reason) in why.items() if on]
     if refused:
-        raise UnsupportedError(
-            "the trace of a diffusers model runs one GPU without compile or a chunked loss; "
-            f"not modelled: {', '.join(refused)}"
-        )
+        raise UnsupportedError(f"a diffusers model's trace does not run {'; '.join(refused)}")
 
 
 def describe_diffusers_batch(

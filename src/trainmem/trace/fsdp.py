@@ -96,14 +96,14 @@ def shard_model(
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from trainmem.trace.lora import layer_stack
+    from trainmem.trace.lora import wrapped_blocks
 
     kwargs: dict[str, Any] = {"mesh": mesh}
     if (training.framework == "fsdp2" and training.is_mixed) or training.is_fp8:
         kwargs["mp_policy"] = MixedPrecisionPolicy(
             param_dtype=getattr(torch, training.compute_dtype), reduce_dtype=torch.float32
         )
-    _, layers = layer_stack(model)
+    layers = wrapped_blocks(model, "fsdp")
     with (
         fake_mode if fake_mode is not None else contextlib.nullcontext(),
         _lazy_rank_chunks(),

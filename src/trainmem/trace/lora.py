@@ -44,6 +44,7 @@ __all__ = [
     "layer_linear_roles",
     "layer_stack",
     "lora_target_modules",
+    "wrapped_blocks",
 ]
 
 
@@ -85,6 +86,43 @@ def layer_stack(model: Any) -> tuple[str, Any]:
             "peft yourself and use trainmem.trace(build_model, ...)"
         )
     return best[1], best[2]
+
+
+def wrapped_blocks(model: Any, kind: str) -> list[Any]:
+    """The blocks that FSDP2 shards or torch.compile compiles one by one, children first.
+
+    A diffusers model names them itself: ``_repeated_blocks`` for ``kind="compile"`` (the
+    classes ``ModelMixin.compile_repeated_blocks`` compiles, diffusers
+    models/modeling_utils.py: FLUX's double- and single-stream blocks), ``_no_split_modules``
+    for ``kind="fsdp"`` (the classes accelerate's FSDP2 transformer-based auto-wrap shards:
+    ``accelerate/utils/fsdp_utils.py`` ``fsdp2_prepare_auto_wrap_policy`` wraps the model's
+    ``_no_split_modules`` unless told other classes). Any other model, or
+    a diffusers class that declares none: :func:`layer_stack`'s layers (torchtitan's
+    per-layer wrapping).
+
+    Args:
+        model: any ``nn.Module``.
+        kind: ``"compile"`` or ``"fsdp"``.
+
+    Returns:
+        The modules, a nested one before the block that holds it (``fully_shard`` order).
+
+    Raises:
+        UnsupportedError: no declared class and no ``nn.ModuleList``.
+    """
+    names: tuple[str, ...] = ()
+    if type(model).__module__.startswith("diffusers."):
+        attribute = "_repeated_blocks" if kind == "compile" else "_no_split_modules"
+        names = tuple(getattr(model, attribute, None) or ())
+    found = [m for m in model.modules() if m is not model and type(m).__name__ in names]
+    if not found:
+        return list(layer_stack(model)[1])
+    depth = {id(m): 0 for m in found}
+    for m in found:  # children first: count the declared blocks each one is nested in
+        for inner in m.modules():
+            if inner is not m and id(inner) in depth:
+                depth[id(inner)] += 1
+    return sorted(found, key=lambda m: -depth[id(m)])
 
 
 def layer_linear_roles(layer: Any) -> dict[str, tuple[str, ...]]:
