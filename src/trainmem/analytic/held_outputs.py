@@ -43,6 +43,7 @@ from __future__ import annotations
 
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
 from trainmem.analytic.head import quantized_lm_head
+from trainmem.analytic.loss import shifted_positions, transposed_cross_entropy
 from trainmem.analytic.params import linear_shapes
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
@@ -55,10 +56,14 @@ def previous_output_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     ``convert_output``), else in the compute dtype (transformers' causal LMs return the
     ``lm_head`` output and upcast only inside the loss, loss/loss_utils.py). 0 for another loop
     or a model without an LM head. The whole vocabulary: no framework with this loop shards
-    the logits (it is refused with pipelining).
+    the logits (it is refused with pipelining). torchtune's 2024 recipes rebind ``logits`` to
+    the shifted fp32 copy: b*(s - 1)*V fp32 values (Note [torchtune's transposed
+    cross-entropy]).
     """
     if training.training_loop != "previous" or model.head not in ("causal-lm", "masked-lm"):
         return 0
+    if transposed_cross_entropy(model, training):
+        return 4 * model.vocab_size * shifted_positions(model, training)
     c, _ = compute_and_residual_bytes(training)
     per_value = 4 if training.conventions.fp32_model_output else c
     t = training.micro_batch_size * tokens_per_sequence(model, training)

@@ -28,6 +28,52 @@ def loss_kind(model: ModelSpec, training: TrainingConfig) -> str:
     return "cs336-cross-entropy" if model.loss_written_out else "cross-entropy"
 
 
+TRANSPOSED_CROSS_ENTROPY = "transposed-cross-entropy"
+"""``TrainingConfig.loss`` of torchtune's 2024 recipes (Note [torchtune's transposed
+cross-entropy])."""
+
+
+def transposed_cross_entropy(model: ModelSpec, training: TrainingConfig) -> bool:
+    """The loss is torchtune's 2024 recipes' cross-entropy on the transposed shifted logits.
+
+    Note [torchtune's transposed cross-entropy]
+        torchtune's four recipes from 01891fc4 (Mar 2024) to 4fba6cd4 (Aug 2024, "chunked cross
+        entropy") compute the loss in their ``train()`` as (recipes/lora_finetune_single_device
+        .py, lora_finetune_distributed.py, full_finetune_single_device.py and
+        full_finetune_distributed.py @fef3ed1, @20747cd and @0217d44c)::
+
+            logits = self._model(input_ids)        # TransformerDecoder: self.output(h).float()
+            logits = logits[..., :-1, :].contiguous()
+            labels = labels[..., 1:].contiguous()
+            logits = logits.transpose(1, 2)
+            loss = self._loss_fn(logits, labels)   # torch.nn.CrossEntropyLoss
+
+        With t' = b(s - 1) shifted positions and V the vocabulary: the model returns fp32
+        logits (modules/transformer.py ``output = self.output(h).float()``; the 16-bit output
+        is freed once cast), the shift makes a contiguous fp32 copy (4Vt'; the whole fp32
+        logits go when ``logits`` is rebound), and ``cross_entropy`` runs ``log_softmax(input,
+        1)`` on the (b, V, s - 1) transposed view (aten/src/ATen/native/LossNLL.cpp
+        ``cross_entropy_loss``). The CUDA kernel takes ``input_.contiguous()`` first
+        (aten/src/ATen/native/cuda/SoftMax.cu ``host_softmax``), a second fp32 copy of the
+        shifted logits alive beside the contiguous output it writes (4Vt' each). So while the
+        loss runs forward, 12Vt' bytes are alive: the shifted logits and the kernel's copy
+        (the forward transient, :func:`loss_forward_transient_bytes`) and the saved
+        log-softmax (:func:`loss_saved_terms`), against (c + 4)V t + 4Vt for a cross-entropy
+        that upcasts untransposed logits. ``nll_loss_nd`` views the contiguous output as
+        (b, V, 1, s - 1) without a copy; in backward ``nll_loss2d_backward`` and the
+        log-softmax's backward hold two fp32 (b, V, s - 1) gradients beside the saved output,
+        as a plain cross-entropy (:func:`loss_backward_tensors`). The loop binds the shifted
+        fp32 logits (``logits``), which the ``previous`` loop holds
+        (:func:`~trainmem.analytic.held_outputs.previous_output_bytes`).
+    """
+    return model.head == "causal-lm" and training.loss == TRANSPOSED_CROSS_ENTROPY
+
+
+def shifted_positions(model: ModelSpec, training: TrainingConfig) -> int:
+    """t' = b(s - 1): the positions the shifted logits of a causal LM keep."""
+    return training.micro_batch_size * (output_tokens(model, training) - 1)
+
+
 def loss_in_logits_dtype(model: ModelSpec, training: TrainingConfig) -> bool:
     """The model's own loss takes its 16-bit logits as they are
     (:func:`model_loss_in_logits_dtype`), under autocast.
@@ -225,6 +271,10 @@ def loss_saved_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> d
         # Note [Megatron's vocabulary-parallel cross-entropy]: the fp32 copy of the logits,
         # turned into the softmax in place and saved (``exp_logits``)
         return {"vocab_parallel_softmax": 4 * v * t}
+    if transposed_cross_entropy(model, training):
+        # Note [torchtune's transposed cross-entropy]: the fp32 log-softmax of the shifted
+        # positions
+        return {"log_softmax": 4 * v * shifted_positions(model, training)}
     return {"log_softmax": (4 if loss_upcast(model, training) else c) * v * t}
 
 
@@ -347,6 +397,10 @@ def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
         # Note [Megatron's vocabulary-parallel cross-entropy]: the 16-bit logits beside their
         # fp32 copy, which is the saved softmax (a head term); fp32 logits are that copy
         total = c * v * t if c != 4 else 0
+    elif transposed_cross_entropy(model, training):
+        # Note [torchtune's transposed cross-entropy]: the shifted fp32 logits and the
+        # log-softmax kernel's contiguous copy of their transposed view
+        total = 2 * 4 * v * shifted_positions(model, training)
     else:
         upcast = loss_upcast(model, training) and c != 4
         total = c * v * t + (4 * v * chunk if upcast else 0) + shifted_logits_bytes(model, training)
@@ -364,7 +418,9 @@ def loss_backward_tensors(model: ModelSpec, training: TrainingConfig) -> int:
     if kind == "cs336-cross-entropy":  # Note [The course's cross-entropy]
         c, _ = compute_and_residual_bytes(training)
         return 1 if written_out_exp_bytes(training) == c else 2
-    if kind != "cross-entropy" or megatron_cross_entropy(model, training):
+    if kind not in ("cross-entropy", TRANSPOSED_CROSS_ENTROPY) or megatron_cross_entropy(
+        model, training
+    ):
         return 1  # Megatron's: the gradient's 16-bit cast (Note [Megatron's ...])
     return 3 if training.loss_parallel else 2
 
@@ -407,6 +463,9 @@ def loss_backward_transient_bytes(model: ModelSpec, training: TrainingConfig) ->
         # Note [Megatron's vocabulary-parallel cross-entropy]: the saved softmax is the fp32
         # gradient; autograd's cast of it to the logits' dtype is the one new tensor
         n, per_value = 1, (c if c != 4 else 0)
+    if transposed_cross_entropy(model, training):
+        # Note [torchtune's transposed cross-entropy]: the fp32 model output's shifted positions
+        per_value, t = 4, shifted_positions(model, training)
     if model.head == "seq2seq-lm":
         # T5's CrossEntropyLoss: the step's peak is at ``nll_loss_backward``, with its one
         # fp32 (tokens x V) gradient (traced on 2-layer T5 / Flan-T5)

@@ -95,7 +95,13 @@ Precision = Literal["32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true",
 ActivationCheckpointing = Literal["none", "selective", "full"]
 Attention = Literal["eager", "sdpa", "flash"]
 OptimizerImplementation = Literal["foreach", "fused", "for-loop", "cs336"]
-Loss = Literal["cross-entropy", "cs336-cross-entropy", "logits-sum", "logits-mean"]
+Loss = Literal[
+    "cross-entropy",
+    "transposed-cross-entropy",
+    "cs336-cross-entropy",
+    "logits-sum",
+    "logits-mean",
+]
 
 PRECISIONS: tuple[str, ...] = (
     "32-true",
@@ -116,9 +122,18 @@ OPTIMIZER_IMPLEMENTATIONS: tuple[str, ...] = ("foreach", "fused", "for-loop", "c
 """torch.optim's three (``foreach``, ``fused``, ``for-loop``) and ``cs336``, the CS336 course's
 hand-written AdamW (cs336_basics/optimizer.py ``AdamW.step``: a Python loop over the
 parameters building new moments and the update out of place; Adam / AdamW only)."""
-LOSSES: tuple[str, ...] = ("cross-entropy", "cs336-cross-entropy", "logits-sum", "logits-mean")
+LOSSES: tuple[str, ...] = (
+    "cross-entropy",
+    "transposed-cross-entropy",
+    "cs336-cross-entropy",
+    "logits-sum",
+    "logits-mean",
+)
 """``TrainingConfig.loss`` values: ``cross-entropy`` (``F.cross_entropy``, transformers'
-``ForCausalLMLoss``), ``cs336-cross-entropy`` (the course's written-out
+``ForCausalLMLoss``), ``transposed-cross-entropy`` (torchtune's recipes before 4fba6cd4, Aug
+2024: ``nn.CrossEntropyLoss`` on the shifted fp32 logits' (b, V, s - 1) transposed view;
+Note [torchtune's transposed cross-entropy] in :mod:`trainmem.analytic.loss`),
+``cs336-cross-entropy`` (the course's written-out
 cs336_basics/nn_utils.py ``cross_entropy``), ``logits-sum`` / ``logits-mean`` (``loss =
 logits.sum()`` / ``.mean()``, a profiling script's stand-in loss)."""
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)

@@ -201,10 +201,29 @@ def course_loss(kind: str) -> Callable[[Any, Any], Any]:
         "cross-entropy": lambda out, ids: torch.nn.functional.cross_entropy(
             out.flatten(0, -2), ids.reshape(-1)
         ),
+        "transposed-cross-entropy": torchtune_transposed_cross_entropy,
         "logits-sum": lambda out, _ids: out.sum(),
         "logits-mean": lambda out, _ids: out.mean(),
     }
     return losses[kind]
+
+
+def torchtune_transposed_cross_entropy(logits: Any, ids: Any) -> Any:
+    """torchtune's 2024 recipes' loss (Note [torchtune's transposed cross-entropy] in
+    ``trainmem.analytic.loss``): the model's fp32 output (modules/transformer.py
+    ``self.output(h).float()``), shifted into a contiguous copy, its (b, V, s - 1) transposed
+    view into ``cross_entropy`` (recipes/lora_finetune_single_device.py @fef3ed1 ``train()``);
+    the token ids are the labels. ``cross_entropy`` is ``nll_loss`` of ``log_softmax(x, 1)``
+    (aten/src/ATen/native/LossNLL.cpp), and the CUDA log-softmax reads a contiguous copy of a
+    strided input, freed when it returns (aten/src/ATen/native/cuda/SoftMax.cu
+    ``host_softmax``: ``input_.contiguous()``), which the meta kernel does not make: the copy
+    is made here, where autograd saves nothing of it (``clone``)."""
+    logits = logits.float()
+    logits = logits[..., :-1, :].contiguous()
+    labels = ids[..., 1:].contiguous()
+    logits = logits.transpose(1, 2)
+    log_probs = torch.log_softmax(logits.contiguous(), 1)
+    return torch.nn.functional.nll_loss(log_probs, labels)
 
 
 def build_course_model(config: Mapping[str, Any]) -> Any:
