@@ -4,6 +4,11 @@ the tensor-parallel size, and the per-rank bytes of a term dictionary."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
+from trainmem.analytic.float8 import float8_tensor_parallel
+from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 
 #: Terms of width h (the norm / residual / dropout region): replicated over tensor-parallel ranks
@@ -93,3 +98,69 @@ def split_for_parallelism(terms: dict[str, int], training: TrainingConfig) -> di
     if training.tensor_parallel_size == 1 and training.context_parallel_size == 1:
         return terms
     return {k: -(-v // parallel_divisor(k, training)) for k, v in terms.items()}
+
+
+class SequenceParallelCopies(NamedTuple):
+    """The transient copies DTensor sequence parallelism makes around one layer's linears, bytes
+    on one rank (Note [Sequence-parallel collectives' copies]).
+
+    Attributes:
+        gathered: the all-gather's output before its chunk-and-cat, once per all-gathered
+            input (q/k/v's, gate/up's, the LM head's); 0 where the cat is a view.
+        partial: a row-parallel linear's full-sequence partial sum [T, h], made twice per
+            reduce-scatter (the matmul's output and its chunk-and-cat copy).
+    """
+
+    gathered: int
+    partial: int
+
+
+def sequence_parallel_copies(model: ModelSpec, training: TrainingConfig) -> SequenceParallelCopies:
+    """The copies of :class:`SequenceParallelCopies` for one rank (zeros without DTensor
+    sequence parallelism or for a layer other than a dense pre-norm decoder's).
+
+    Note [Sequence-parallel collectives' copies]
+        Under DTensor sequence parallelism (torchtitan's plan,
+        ``FrameworkConventions.dtensor_sequence_parallel``) the hidden states between the
+        linears are sharded over the sequence, ``Shard(1)`` of [b, s, h], and every collective
+        works on dimension 1, not 0 (torch/distributed/tensor/placement_types.py
+        ``Shard._to_replicate_tensor`` -> ``funcol.all_gather_single(gather_dim=self.dim)``,
+        ``Shard._reduce_shard_tensor`` -> ``funcol.reduce_scatter_single(scatter_dim=
+        self.dim)``). NCCL gathers and scatters along dimension 0 only, so
+        (torch/distributed/_functional_collectives.py):
+
+        * ``all_gather_single`` gathers into a new [tp*b, s/tp, h] tensor, then
+          ``_maybe_view_chunk_cat`` (torch/_utils.py) re-concatenates it along dimension 1 with
+          ``torch.cat``: a second full [b, s, h] tensor, the one the column-parallel linear
+          reads; the first is freed after the cat. The cat is a view only when the gathered
+          tensor's dimension 0 is the group size, i.e. b == 1 (torch 2.13; the Dec 2024 build
+          torchtitan's benchmarks ran, 1963fc8, always cats: # NB older torch at b == 1 is
+          not modelled). Under float8 tensor parallelism the gather runs on the float8 cast
+          (Note [Float8 tensor-parallel inputs]): 1 byte a value;
+        * ``reduce_scatter_single`` first makes its input contiguous along dimension 0,
+          ``_chunk_or_narrow_cat(self, group_size, narrow_dim=scatter_dim, cat_dim=0)`` =
+          ``torch.cat(torch.chunk(...))``, a copy of the row-parallel linear's whole
+          [b, s, h] partial sum (o and down projections, ``RowwiseParallel`` with
+          ``output_layouts=Shard(1)``), while the matmul's output is still alive: two
+          c*h*T tensors, then the [b, s/tp, h] result.
+
+        Per rank, T = b*s/cp tokens: gathered = g*h*T (g = 1 under float8 TP, else c) and
+        partial = c*h*T. Traced (the trace engine runs the same DTensor code): llama-3.1-70b
+        FSDP 32 x TP 8 + SP, float8, b = 16, s = 8192, per layer two 1024 MiB float8 gathers
+        each followed by its 1024 MiB cat, and two pairs of 2048 MiB partial sums.
+    """
+    if not (
+        training.sequence_parallel_saves_gathered_input
+        and training.tensor_parallel_size > 1
+        and model.architecture == "decoder"
+        and model.pre_norms
+        and not model.parallel_attention
+        and model.num_experts <= 1
+    ):
+        return SequenceParallelCopies(0, 0)
+    c, _ = compute_and_residual_bytes(training)
+    b, cp = training.micro_batch_size, training.context_parallel_size
+    tokens = b * tokens_per_sequence(model, training) // cp
+    g = 1 if float8_tensor_parallel(training) else c
+    gathered = g * model.hidden_size * tokens if b > 1 else 0
+    return SequenceParallelCopies(gathered, c * model.hidden_size * tokens)

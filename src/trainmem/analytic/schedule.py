@@ -70,6 +70,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from functools import lru_cache
 
+from trainmem.analytic.activation_parallelism import (
+    GATHERED_INPUT_TERMS,
+    sequence_parallel_copies,
+)
 from trainmem.analytic.activations import ActivationProfile
 from trainmem.analytic.attention import (
     eager_scores_forward_bytes,
@@ -280,6 +284,7 @@ class _Layers:
         transients = backward_layer_transients(ctx.model, ctx.training)
         self.mlp_tmp, self.attention_tmp, self.residual_tmp = transients
         self.scores_tmp, self.mask_tmp = eager_scores_forward_bytes(ctx.model, ctx.training)
+        self.copies = sequence_parallel_copies(ctx.model, ctx.training)
 
     def weight_copy_ops(self, phase: Phase, key: str, label: str) -> list[Op]:
         """Autocast's cached 16-bit weight copies of the layer (under checkpointing)."""
@@ -335,12 +340,45 @@ class _Layers:
         ]
         n_saved = sum(not term.startswith("mlp/") for term, _ in plan.saved)
         n_dropped = sum(not term.startswith("mlp/") for term, _ in self.plan.dropped)
-        body += saved[:n_saved] + dropped[:n_dropped] + scores
+        names = [term for term, _ in plan.saved[:n_saved] + self.plan.dropped[:n_dropped]]
+        attention, partial = self._collectives(saved[:n_saved] + dropped[:n_dropped], names, "o")
+        body += attention + scores
         body += [free(op, f) for op in scores]
-        body += saved[n_saved:] + dropped[n_dropped:] + [free(op, f) for op in dropped]
+        body += partial
+        names = [term for term, _ in plan.saved[n_saved:] + self.plan.dropped[n_dropped:]]
+        mlp, partial = self._collectives(saved[n_saved:] + dropped[n_dropped:], names, "down")
+        body += mlp + partial + [free(op, f) for op in dropped]
         body += em.at("layer.post_forward", where)
         em.check()
         return tuple(body)
+
+    def _collectives(
+        self, ops: list[Op], names: list[str], linear: str
+    ) -> tuple[list[Op], list[Op]]:
+        """One half of the layer's forward (the attention's or the MLP's ops, ``names`` their
+        terms) with DTensor sequence parallelism's transient copies (Note [Sequence-parallel
+        collectives' copies]): the all-gather's first output alive until its cat, the gathered
+        input (``attention/qkv_input`` / ``mlp/input``; the half's start without one), is
+        made; and, to follow the half, the row-parallel ``linear``'s partial sum and its
+        chunk-and-cat copy before the reduce-scatter. ``(ops, [])`` without them."""
+        copies = self.copies
+        if not copies.partial:
+            return ops, []
+        f: Phase = "forward"
+        out = list(ops)
+        if copies.gathered:
+            at = [k for k, term in enumerate(names) if term in GATHERED_INPUT_TERMS]
+            first, last = (at[0], at[-1] + 1) if at else (0, 0)
+            label = "the sequence-parallel all-gather's output before its cat"
+            gather = alloc(copies.gathered, Cat.TEMPORARY, f, f"sp/{linear}/gather",
+                           "layers.{i}", label)  # fmt: skip
+            out = [*out[:first], gather, *out[first:last], free(gather, f), *out[last:]]
+        label = f"the {linear} projection's partial sum and its copy before the reduce-scatter"
+        pair = [
+            alloc(copies.partial, Cat.TEMPORARY, f, f"sp/{linear}/{n}", "layers.{i}", label)
+            for n in ("partial", "cat")
+        ]
+        return out, [*pair, *(free(op, f) for op in pair)]
 
     def _recomputed(self, b: Phase) -> list[Op]:
         """The dropped blocks made again (and autocast's weight copies with them)."""
