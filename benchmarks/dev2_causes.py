@@ -329,7 +329,12 @@ _TT_NF4_INIT = (
     "on the GPU, then again from the checkpoint; (value - nf4).abs() over (numel, 16): the "
     "replay's load reserves 8.0 GB, -41.1 -> -9.9% with torchao 0.1's factor views); the rest "
     "likely as the bf16 LoRA twins "
-    "of the same recipes (GT030, GT033-GT036: reserved under by 6-15%, unexplained)"
+    "of the same recipes (GT030, GT033-GT036: reserved under by 6-15%, unexplained); the "
+    "same README table re-measured this row two days later at 8.57 GB (@20747cd, 'Llama3 "
+    "changes' #793; between the two commits neither the recipe, its config, torchao's pin "
+    "nor the llama2 model code changed, only the tokenizer class was refactored; the "
+    "table's footnote @fef3ed1: 'averaged over multiple runs, but there might be some "
+    "variance based on the setup'): predicted 8.37 GB is -2.3% from it"
 )
 _TT_NF4_LAYOUT = (
     "the load's cached blocks (Note [torchao 0.1 NF4 at load]) change where the step's "
@@ -347,9 +352,16 @@ _TT_2024 = (
     "and over a run's thousands of shapes the allocator's split and cached blocks exceed one "
     "fixed-shape step's, which the replay runs; the allocated twin of the same recipe and "
     "week, GT172 (Llama-3-8B LoRA @20747cd, allocated), is -2.9%; the tutorial reports "
-    "15.57 GB and the README 17.18 GB for one config; not the load (the single-device LoRA "
-    "recipe builds bf16 weights in place and copies the checkpoint into them, no transients; "
-    "Note [The load phase])"
+    "15.57 GB and the README 17.18 GB for one config. The load, read: the recipe builds "
+    "the model on the GPU, whose builder makes one decoder layer and deep-copies it num_layers "
+    "times (modules/transformer.py @fef3ed1 ``_get_clones``: ``copy.deepcopy(module)``; "
+    "until b74f4b49, Aug 2024), so the prototype layer (202.4M bf16 weights, 404.8 MB) and "
+    "each layer's own RoPE cache (4096 x 64 x 2 fp32, 2.1 MB; 33 of them) are alive beside "
+    "the 13.48 GB model at the end of the build: 13.96 GB, the init peak the QLoRA "
+    "tutorial logs for this config ('GPU peak memory allocation: 13.96 GB', reserved 13.98 "
+    "GB); the prototype's blocks stay cached into training (no empty_cache in this recipe), "
+    "at most 0.4 GB more reserved, not the 1-2.6 GB missing. Not the loss either: the "
+    "recipe's transposed cross-entropy (amended) moves no allocated peak"
 )
 _TT_SEP_TOKENS = (
     "; the README's setting is likely not what was measured: GT022's 17.4 GB is below what "
@@ -368,6 +380,11 @@ _SEQ_OR_AC = (
     "on (then -0.7%; the README's other 7B rows at a literal 2048 tokens are within 7%) or "
     "shorter batches (alpaca_cleaned padded to the longest sample, whose length no source "
     "here gives); not amended, no source says which"
+    "; the table's memory column is not a run at the stated setting: for this table "
+    "(torchtune issue #925, kartikayk, 2024-05-06) the author 'was trying to clean the table "
+    "up ... to capture lowest memory utilization AND peak tokens/sec for each model. "
+    'Capturing the "best" for each column\', so the memory and the tokens/sec of a row may '
+    "come from different runs"
 )
 _SEQ_70B = (
     "the stated 'Seq Length = 4096' (torchtune PR #955: 'a BS of 4 and Seq Length of 4096' "
@@ -377,6 +394,11 @@ _SEQ_70B = (
     "alpaca_dataset padded to the longest sample of each batch (utils/collate.py "
     "padded_collate), so 4096 is its max_seq_len; the longest alpaca sample is not in any "
     "source here"
+    "; the table's memory column is not a run at the stated setting: for this table "
+    "(torchtune issue #925, kartikayk, 2024-05-06) the author 'was trying to clean the table "
+    "up ... to capture lowest memory utilization AND peak tokens/sec for each model. "
+    'Capturing the "best" for each column\', so the memory and the tokens/sec of a row may '
+    "come from different runs"
 )
 _NEAR_CAPACITY = "allocator near capacity: the run filled the card (notes: at capacity)"
 _TITAN_CP = (
@@ -505,7 +527,23 @@ CAUSES.update(
             "train() calls cleanup_before_training (empty_cache, reset_peak_memory_stats). "
             "The same commit's docs/source/tutorials/lora_finetune.rst (fef3ed1, line 252) "
             "runs this config 'with two GPUs (each having VRAM of at least 16GB)', which the "
-            "prediction (14.2 GB reserved) fits and the README's 20.95 GB does not"
+            "prediction (14.2 GB reserved) fits and the README's 20.95 GB does not. Read and "
+            "ruled out in torch 2.2.2's FSDP1 (the release of the rows' week): the frozen "
+            "decoder-layer units are resharded in backward by the multi-grad hook on their "
+            "inputs (fsdp/_runtime_utils.py ``_register_post_backward_reshard_only_hook``; only "
+            "layer 0, whose input needs no gradient, waits for the final callback's "
+            "``_catch_all_reshard``, 0.4 GB), the root keeps its 0.5 GB unsharded through the "
+            "step (``_post_forward_reshard``: not for the root), all-gathers are rate-limited "
+            "(``limit_all_gathers``: two in flight), the LoRA leaves are units of their own "
+            "(utils/_distributed.py ``lora_fsdp_wrap_policy``), so no flat gradient spans a frozen "
+            "weight; none of these is GBs. The gap (6.8 GB) is about one bf16 parameter shard "
+            "(6.74 GB). The May table's row for this recipe and config (GT039, @0217d44c, after "
+            "bec7babe) reports 16.2 GB at a larger batch; the one log line that precedes "
+            "cleanup_before_training is rank 0's 'Memory Stats after model init' "
+            "(memory_stats_log: max_memory_reserved since the process started, through FSDP's "
+            "sync_module_states broadcasts, whose buckets NCCL record_streams), so a README "
+            "figure taken from it would carry the init's pile-up; which line the README took is "
+            "in no source here"
         ),
         "GT030": _TT_2024,
         "GT032": (
@@ -539,7 +577,9 @@ CAUSES.update(
             "README's 'Seq Length = 4096' as for GT042, which cannot be the batch length there "
             "(the length of alpaca's longest batches is in no source here); PagedAdamW state "
             "pages to host (notes); AC/GA only the CSV's reading; the loop's held logits "
-            "amended (-13.3 -> -11.8%)"
+            "amended (-13.3 -> -11.8%); the table's memory column is the lowest memory of any "
+            "run, not necessarily at the stated setting (torchtune issue #925: 'capture lowest "
+            "memory utilization AND peak tokens/sec for each model')"
         ),
         "GT047": _TITAN_CP,
         "GT048": _TITAN_CP,
