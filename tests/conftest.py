@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -27,6 +27,20 @@ MODELS_DIR = TESTS_DIR / "models"
 EXAMPLES_DIR = REPO_DIR / "examples"
 SHARED_DIR = REPO_DIR.parent / "shared"
 """The project's shared data (``../shared``), never copied into the repository."""
+
+
+def other_values(field: Any) -> Iterator[object]:
+    """The values a TrainingConfig setting (a ``dataclasses.Field``) is varied over by the
+    tests that vary every setting: its choices, both flags, a few counts."""
+    from trainmem.specs.settings import setting_of
+
+    s = setting_of(field)
+    if s.choices and not isinstance(field.default, tuple):
+        yield from s.choices
+    elif isinstance(field.default, bool) or str(field.type) == "bool | None":
+        yield from (True, False)
+    elif isinstance(field.default, int) or str(field.type) == "int | None":
+        yield from (2, 4)
 
 
 class Invoke(Protocol):

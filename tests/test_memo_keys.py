@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
+from conftest import other_values
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes
 from trainmem.analytic.loss import model_loss_in_logits_dtype
 from trainmem.errors import SpecError
 from trainmem.memo import cached_on, per_configuration
 from trainmem.specs.hf import load_model_spec
 from trainmem.specs.ranks import model_rank_map
-from trainmem.specs.settings import setting_of
 from trainmem.specs.training import TrainingConfig
 
 MODEL = load_model_spec("llama-3.2-1b")
@@ -51,20 +51,9 @@ UNCACHED: dict[str, Callable[[TrainingConfig], object]] = {
 }
 
 
-def _values(field: dataclasses.Field[Any]) -> Iterator[object]:
-    """Other values a setting can take: its choices, the other flag, a few counts."""
-    s = setting_of(field)
-    if s.choices and not isinstance(field.default, tuple):
-        yield from s.choices
-    elif isinstance(field.default, bool) or str(field.type) == "bool | None":
-        yield from (True, False)
-    elif isinstance(field.default, int) or str(field.type) == "int | None":
-        yield from (2, 4)
-
-
 def _variants(base: dict[str, Any]) -> Iterator[TrainingConfig]:
     for field in dataclasses.fields(TrainingConfig):
-        for value in _values(field):
+        for value in other_values(field):
             try:
                 yield TrainingConfig(**{**base, field.name: value})
             except SpecError:

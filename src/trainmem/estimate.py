@@ -321,6 +321,7 @@ def finish(
     gpu: GPUSpec | None,
     alloc_conf: str = "",
     simulate_allocator: bool = True,
+    lean: bool = False,
 ) -> MemoryEstimate:
     """The one driver (Note [One description of the step]): from an engine's step schedules to
     the answer. For every distinct rank: ``schedule.peak()`` gives the peak allocated bytes and
@@ -336,6 +337,8 @@ def finish(
             ``garbage_collection_threshold``...).
         simulate_allocator: False skips the replay (reserved = allocated): the planner's fast
             path.
+        lean: leave out what a sweep's row does not read (``details["phase_peaks_bytes"]``,
+            ``details["assumed"]``).
 
     Returns:
         ``est`` completed: breakdown at the peak, phase and reason, ``model_states_bytes``,
@@ -396,7 +399,6 @@ def finish(
         fragmentation=fragmentation,
     )
     est.details["per_rank"] = per_rank
-    est.details["phase_peaks_bytes"] = est.schedules[worst].phase_peaks()
     est.reported_rank = worst
     est.peak_phase = "backward" if peak.phase == "zero_grad" else peak.phase
     if peak.label or not est.peak_reason:
@@ -412,10 +414,8 @@ def finish(
             "cache: " + est.oom_message
         )
     est.verdict = verdict_of(est)
-    library = est.details.get("generic", {}).get("library", "transformers")
-    est.details["assumed"] = assumptions(est.config, library)
-    if est.schedules[worst].load_rule:  # Note [The load phase]: a preset, turned off explicitly
-        est.details["assumed"]["load"] = est.schedules[worst].load_rule
+    if not lean:
+        _report_details(est, est.schedules[worst])
     if est.verdict == "tight":
         est.notes.append(
             "tight: it fits as predicted, but the high end of the uncertainty band (the "
@@ -423,6 +423,16 @@ def finish(
             "capacity; leave headroom (a smaller micro-batch, activation checkpointing)"
         )
     return est
+
+
+def _report_details(est: MemoryEstimate, reported: StepSchedule) -> None:
+    """The details of the reported rank's step that only a report reads: its peak per phase
+    and the settings assumed."""
+    est.details["phase_peaks_bytes"] = reported.phase_peaks()
+    library = est.details.get("generic", {}).get("library", "transformers")
+    est.details["assumed"] = assumptions(est.config, library)
+    if reported.load_rule:  # Note [The load phase]: a preset, turned off explicitly
+        est.details["assumed"]["load"] = reported.load_rule
 
 
 def _load_phase(sched: StepSchedule, result: ReplayResult | None) -> dict[str, object]:
@@ -531,6 +541,7 @@ def estimate(
     cuda_context_bytes: int | None = None,
     alloc_conf: str = "",
     simulate_allocator: bool = True,
+    lean: bool = False,
 ) -> MemoryEstimate:
     """Peak GPU memory of one steady-state training step on one GPU.
 
@@ -549,6 +560,13 @@ def estimate(
         alloc_conf: ``PYTORCH_CUDA_ALLOC_CONF`` for the caching-allocator simulator.
         simulate_allocator: replay the step through the allocator simulator (reserved memory,
             the out-of-memory verdict); False is the planner's fast path (reserved = allocated).
+        lean: for a sweep's row (the planner's): the analytic engine fills its step schedules
+            from a template of their structure (Note [Schedule templates] in
+            :mod:`trainmem.analytic.template`) and leaves out the details a row does not read
+            (the rank map, the activation terms, the phase peaks, the assumed settings); the
+            peak, the breakdown and the verdict are the same. Faster for the many
+            configurations of a sweep that differ in micro-batch size and sequence length
+            only, slower for a single one.
 
     Returns:
         The estimate; bytes throughout.
@@ -561,7 +579,7 @@ def estimate(
     if training is None:
         training = TrainingConfig(seq_len=default_seq_len_of(model))
     est = _dispatch(
-        model, training, gpu, engine, cuda_context_bytes, alloc_conf, simulate_allocator
+        model, training, gpu, engine, cuda_context_bytes, alloc_conf, simulate_allocator, lean
     )
     est.notes[:0] = setting_warnings(model, training)
     return est
@@ -599,6 +617,7 @@ def _dispatch(
     cuda_context_bytes: int | None,
     alloc_conf: str,
     simulate_allocator: bool,
+    lean: bool = False,
 ) -> MemoryEstimate:
     gpu_spec = resolve_gpu(gpu)
     if gpu_spec is not None:
@@ -606,7 +625,14 @@ def _dispatch(
     diffusers = route_diffusers(model, training)
     if engine == "auto":
         return _estimate_auto(
-            model, training, gpu_spec, cuda_context_bytes, alloc_conf, simulate_allocator, diffusers
+            model,
+            training,
+            gpu_spec,
+            cuda_context_bytes,
+            alloc_conf,
+            simulate_allocator,
+            diffusers,
+            lean,
         )
     if engine in ("trace", "generic"):
         return _estimate_traced(
@@ -623,8 +649,12 @@ def _dispatch(
         raise SpecError("engine", f"unknown value {engine!r}; allowed: {', '.join(ENGINES)}")
     spec = resolve_model(model)
     check_training_for_model(spec, training)
-    est = estimate_analytic(spec, training, gpu=gpu_spec, cuda_context_bytes=cuda_context_bytes)
-    return finish(est, gpu=gpu_spec, alloc_conf=alloc_conf, simulate_allocator=simulate_allocator)
+    est = estimate_analytic(
+        spec, training, gpu=gpu_spec, cuda_context_bytes=cuda_context_bytes, lean=lean
+    )
+    return finish(
+        est, gpu=gpu_spec, alloc_conf=alloc_conf, simulate_allocator=simulate_allocator, lean=lean
+    )
 
 
 def _estimate_auto(
@@ -635,12 +665,15 @@ def _estimate_auto(
     alloc_conf: str,
     simulate_allocator: bool,
     diffusers: bool,
+    lean: bool = False,
 ) -> MemoryEstimate:
     """Note [Which path runs]."""
     try:
         spec = resolve_model(model)
         check_training_for_model(spec, training)
-        est = estimate_analytic(spec, training, gpu=gpu_spec, cuda_context_bytes=cuda_context_bytes)
+        est = estimate_analytic(
+            spec, training, gpu=gpu_spec, cuda_context_bytes=cuda_context_bytes, lean=lean
+        )
     except UnsupportedError as exc:
         reason = str(exc).split("; ")[0]
         try:
@@ -669,7 +702,9 @@ def _estimate_auto(
             ) from generic_exc
         est.notes.insert(0, f"auto: {reason}; the generic path ran")
         return est
-    return finish(est, gpu=gpu_spec, alloc_conf=alloc_conf, simulate_allocator=simulate_allocator)
+    return finish(
+        est, gpu=gpu_spec, alloc_conf=alloc_conf, simulate_allocator=simulate_allocator, lean=lean
+    )
 
 
 def _is_timm(name: str) -> bool:

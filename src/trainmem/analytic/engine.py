@@ -26,12 +26,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from trainmem.analytic.activations import activation_profile
+from trainmem.analytic.activations import ActivationProfile, activation_profile
 from trainmem.analytic.buffers import device_context
 from trainmem.analytic.host_memory import host_memory
 from trainmem.analytic.loss import loss_backward_transient_bytes, loss_kind
 from trainmem.analytic.params import num_parameters
 from trainmem.analytic.schedule import PipelineRank, rank_schedule
+from trainmem.analytic.template import templated_schedules
 from trainmem.analytic.temporaries import cublas_workspace_bytes
 from trainmem.analytic.tensor_states import StateLayout, state_layout
 from trainmem.breakdown import MemoryBreakdown, MemoryEstimate
@@ -52,6 +53,7 @@ def estimate_analytic(
     *,
     gpu: GPUSpec | None = None,
     cuda_context_bytes: int | None = None,
+    lean: bool = False,
 ) -> MemoryEstimate:
     """The analytic engine's answer before the driver derives the peak: one step schedule per
     distinct rank (Note [Analytic step schedule]) and the engine's details.
@@ -62,6 +64,10 @@ def estimate_analytic(
         gpu: the GPU for its cuBLAS workspace size; None for the pre-Hopper default.
         cuda_context_bytes: memory outside the allocator; default
             :data:`~trainmem.specs.hardware.DEFAULT_CUDA_CONTEXT_BYTES`.
+        lean: for a sweep's row: the schedules filled from a template of their structure
+            (the same schedules, Note [Schedule templates]: for many configurations that
+            differ in micro-batch size and sequence length only) and none of the details the
+            row does not read (the rank map, the activation terms, the host memory).
 
     Returns:
         A draft :class:`~trainmem.breakdown.MemoryEstimate` whose ``schedules`` hold one
@@ -84,16 +90,19 @@ def estimate_analytic(
     _check_parallel_shape(model, training)
     layout = state_layout(model, training)
     n_params, n_trainable = _parameter_counts(model, training, layout)
-    prof = activation_profile(model, training)
     per_handle = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
     world = model_rank_map(model, training)
     ranks = pipeline_ranks(model, training)
-    schedules = [
-        rank_schedule(
-            model, training, rank, layout=layout, prof=prof, workspace_per_handle=per_handle
-        )
-        for rank in ranks
-    ]
+    schedules = templated_schedules(model, training, ranks, per_handle) if lean else None
+    prof = None
+    if schedules is None:
+        prof = activation_profile(model, training)
+        schedules = [
+            rank_schedule(
+                model, training, rank, layout=layout, prof=prof, workspace_per_handle=per_handle
+            )
+            for rank in ranks
+        ]
     # memory outside the caching allocator (paged optimizer states, NCCL communicators) joins
     # the device total beside the CUDA context, never allocated / reserved
     ctx, outside, notes = device_context(
@@ -105,16 +114,11 @@ def estimate_analytic(
             "gated-MLP layers (checked against a traced Llama layer); other layer kinds keep "
             "eager's tensors; --engine trace partitions the real graph"
         )
-    details: dict[str, object] = {
-        "rank_map": world.to_json(),
-        "activation_terms_per_layer_bytes": prof.terms,
-        "activation_terms_outside_layers_bytes": prof.head_terms,
-        "activations_per_layer_bytes": prof.per_layer,
-        "loss_backward_temporary_bytes": loss_backward_transient_bytes(model, training),
-        "cublas_workspace_bytes": cublas_workspace_bytes(per_handle),
-        "outside_allocator_bytes": outside,
-    }
-    if training.offload != "none":  # Note [Host memory of offloaded states]
+    details: dict[str, object] = {"outside_allocator_bytes": outside}
+    if not lean:
+        assert prof is not None  # built, not filled
+        details = _details(model, training, prof, per_handle, outside)
+    if training.offload != "none" and not lean:  # Note [Host memory of offloaded states]
         host = host_memory(model, training)
         details["host_memory"] = host.as_details()
         notes.append(f"host RAM of the offload: {host.source}")
@@ -137,6 +141,26 @@ def estimate_analytic(
             for place, r in zip(world.ranks, ranks, strict=True)
         ],
     )
+
+
+def _details(
+    model: ModelSpec,
+    training: TrainingConfig,
+    prof: ActivationProfile,
+    per_handle: int,
+    outside: object,
+) -> dict[str, object]:
+    """The engine's details of one configuration: the rank map, the activation terms, the
+    loss's backward temporaries, the cuBLAS workspaces and what is outside the allocator."""
+    return {
+        "rank_map": model_rank_map(model, training).to_json(),
+        "activation_terms_per_layer_bytes": prof.terms,
+        "activation_terms_outside_layers_bytes": prof.head_terms,
+        "activations_per_layer_bytes": prof.per_layer,
+        "loss_backward_temporary_bytes": loss_backward_transient_bytes(model, training),
+        "cublas_workspace_bytes": cublas_workspace_bytes(per_handle),
+        "outside_allocator_bytes": outside,
+    }
 
 
 def model_as_built(model: ModelSpec, training: TrainingConfig) -> ModelSpec:

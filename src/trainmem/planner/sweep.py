@@ -3,9 +3,12 @@
 A sweep is the cartesian product of ``over`` (field -> values) applied to a base
 :class:`~trainmem.specs.training.TrainingConfig` with :func:`~trainmem.specs.training.derived`
 (``dataclasses.replace`` checking only the changed concerns). By default each
-row is the closed form alone (``simulate_allocator=False``, about 0.3 ms, fragmentation 0), so
-a 10,000-row sweep takes about 3.3-3.5 CPU seconds on a busy 2-core Xeon
-(``benchmarks/planner_speed.py``; the budget is 2 s).
+row is the closed form alone (``simulate_allocator=False``, fragmentation 0). A grid with many
+(micro-batch size, sequence length) pairs per other setting estimates its rows ``lean``
+(:func:`~trainmem.estimate.estimate`): the step schedules filled from templates of their
+structure (Note [Schedule templates] in :mod:`trainmem.analytic.template`), the same answers
+at about 0.15 ms a row, so a 10,000-row sweep takes about 1.5-2 CPU seconds on a busy 2-core
+Xeon (``benchmarks/planner_speed.py``; the budget is 2 s).
 
 All sizes are bytes (``int``).
 """
@@ -30,6 +33,10 @@ _DEFAULTS: dict[str, Any] = {
 _ANNOTATIONS: dict[str, Any] = {f.name: f.type for f in fields(TrainingConfig)}
 SWEEPABLE: tuple[str, ...] = tuple(_DEFAULTS)
 """TrainingConfig fields a sweep may vary (every field with a default)."""
+TEMPLATED_FROM = 16
+"""(micro-batch size, sequence length) pairs per other setting from which a sweep fills its
+schedules from templates (Note [Schedule templates]: a recording costs about as much as 30
+built schedules and serves every pair that takes its path through the builder)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +205,13 @@ def sweep(
     for name, values in zip(names, grids, strict=True):
         if not values:
             raise SpecError(name, "no values to sweep")
+    # many points of one structure (Note [Schedule templates]): fill their schedules from a
+    # template rather than build each (the same answers)
+    shapes = 1
+    for name, values in zip(names, grids, strict=True):
+        if name in ("micro_batch_size", "seq_len"):
+            shapes *= len(values)
+    lean = shapes >= TEMPLATED_FROM
     rows: list[SweepRow] = []
     for point in product(*grids):
         settings = dict(zip(names, point, strict=True))
@@ -208,6 +222,7 @@ def sweep(
             gpu=gpu_spec,
             cuda_context_bytes=cuda_context_bytes,
             simulate_allocator=simulate_allocator,
+            lean=lean,
         )
         b = est.breakdown
         rows.append(

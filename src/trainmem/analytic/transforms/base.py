@@ -17,6 +17,7 @@ the point that releases it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -36,6 +37,7 @@ from trainmem.timeline import Phase
 from trainmem.units import dtype_bytes
 
 _new_op = tuple.__new__
+_trunc = math.trunc
 
 
 def alloc(
@@ -48,7 +50,8 @@ def alloc(
     stream: int = 0,
 ) -> Op:
     """An allocation of ``max(size, 0)`` bytes on CUDA stream ``stream``."""
-    size = int(size)
+    # int() of a float; trunc keeps a recorded size recorded (Note [Schedule templates])
+    size = _trunc(size)
     # NB: tuple.__new__ skips the named tuple's Python-level __new__ (the builder makes about
     # 140 ops per configuration the planner evaluates)
     return _new_op(Op, ("alloc", size if size > 0 else 0, cat, phase, key, module, label, stream))

@@ -1,0 +1,477 @@
+"""Step schedules filled from a template: the builder run once per structure, its sizes
+re-evaluated per micro-batch size and sequence length (issue 28: the planner's inner loop).
+
+Note [Schedule templates]
+    A sweep evaluates thousands of configurations that differ only in the micro-batch size
+    ``b`` and the sequence length ``s``. The analytic builder
+    (:func:`~trainmem.analytic.schedule.rank_schedule`) is a deterministic program of the
+    configuration: for fixed other settings, its control flow depends on ``b`` and ``s`` only
+    where it compares or converts a size, and every op size is the arithmetic the formulas do
+    on them. So the builder is run once with ``b`` and ``s`` as :class:`Sym` values: each holds
+    its concrete value (the run computes exactly what it computes for that configuration) and
+    records the arithmetic that made it. Every comparison, truth test, conversion to an index
+    or text, and hash of a recorded value is a *guard*: the expression and the outcome the run
+    saw. The recording compiles to one Python function of ``(b, s)`` that checks every guard
+    in recording order and, when all hold, evaluates the recorded arithmetic and builds the
+    same items (the same ops in the same order, the same repeated bodies, the pieces that do
+    not depend on ``b`` and ``s`` shared as they are); when a guard fails, the configuration
+    takes another path through the builder, which is recorded in turn. A configuration whose
+    guards all hold runs the builder's exact control flow, so its filled schedule is the one
+    the builder makes (the same ops; sizes computed by the same operations in the same order,
+    floats included); each recording is checked at once against the builder's own schedule,
+    and tests/analytic/test_template.py compares filled and built schedules over thousands
+    of configurations of five models with every setting varied. ``peak()``, the breakdown and
+    the verdict come from the filled schedule through the one driver
+    (:func:`trainmem.estimate.finish`): nothing here computes a peak.
+
+    Anything the recording cannot follow (an operation on a recorded value with a type it does
+    not know, a recorded value leaking into a cache that outlives the recording) raises, and
+    that structure is built by the builder every time (:data:`_UNRECORDABLE`).
+
+Source: tracing with guards, as torch.fx / TorchDynamo record a Python function once and
+re-run the recorded graph while its guards hold (torch/_dynamo/guards.py).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Sequence
+from enum import Enum
+from typing import Any
+
+from trainmem.analytic.activations import activation_profile
+from trainmem.analytic.schedule import rank_schedule
+from trainmem.analytic.tensor_states import state_layout
+from trainmem.analytic.transforms.base import PipelineRank
+from trainmem.schedule import Op, Repeat, StepSchedule
+from trainmem.specs.model import ModelSpec
+from trainmem.specs.training import _ALL_FIELDS, _SLOT, _SLOTS, TrainingConfig
+
+
+class RecordingError(Exception):
+    """A recorded value was used in a way the recording cannot follow."""
+
+
+class _Recorder:
+    """The expressions (one per operation on a recorded value) and guards of one recording."""
+
+    def __init__(self) -> None:
+        self.nodes: list[tuple[str, tuple[int, ...]]] = []
+        self.index: dict[str, int] = {}  # an expression recorded twice is one node
+        self.guards: list[tuple[int, str, tuple[int, ...]]] = []
+        self.seen_guards: set[str] = set()
+        self.consts: list[object] = []
+
+    def node(self, value: object, code: str, deps: tuple[int, ...]) -> Sym:
+        i = self.index.get(code)
+        if i is None:
+            i = self.index[code] = len(self.nodes)
+            self.nodes.append((code, deps))
+        return Sym(value, i)
+
+    def guard(self, code: str, deps: tuple[int, ...]) -> None:
+        if code not in self.seen_guards:
+            self.seen_guards.add(code)
+            self.guards.append((len(self.nodes), code, deps))
+
+
+_REC: list[_Recorder] = []
+"""The recording under way (at most one)."""
+
+
+def _rec() -> _Recorder:
+    if not _REC:
+        raise RecordingError("a recorded value was used after its recording ended")
+    return _REC[-1]
+
+
+_NUMBER = (int, float, bool)
+
+
+def _operand(x: object) -> tuple[object, str, tuple[int, ...]] | None:
+    """(value, code, dependencies) of an operand, or None for a type the recording does not
+    follow."""
+    if type(x) is Sym:
+        return x.v, f"x{x.i}", (x.i,)
+    if type(x) in _NUMBER:
+        if isinstance(x, float) and not math.isfinite(x):
+            rec = _rec()
+            rec.consts.append(x)
+            return x, f"K[{len(rec.consts) - 1}]", ()
+        return x, repr(x), ()
+    return None
+
+
+_IDENTITY = {"+": (0, 0), "-": (0, None), "*": (1, 1), "//": (1, None)}
+"""Per operator, the int operand that leaves an int unchanged on the right and on the left."""
+
+
+def _binary(symbol: str, fn: Callable[[Any, Any], Any]) -> tuple[Any, Any]:
+    """The operator's method and its reflected method (``__add__``, ``__radd__``)."""
+    right_identity, left_identity = _IDENTITY.get(symbol, (None, None))
+    return (
+        _operator(symbol, fn, right_identity, reflected=False),
+        _operator(symbol, fn, left_identity, reflected=True),
+    )
+
+
+def _operator(
+    symbol: str, fn: Callable[[Any, Any], Any], identity: int | None, *, reflected: bool
+) -> Callable[[Sym, object], object]:
+    def method(a: Sym, b: object) -> object:
+        other = _operand(b)
+        if other is None:
+            return NotImplemented
+        if type(b) is int and b == identity and type(a.v) is int:
+            return a
+        value, code, deps = other
+        if reflected:
+            return _rec().node(fn(value, a.v), f"({code} {symbol} x{a.i})", (*deps, a.i))
+        return _rec().node(fn(a.v, value), f"(x{a.i} {symbol} {code})", (a.i, *deps))
+
+    return method
+
+
+def _compare(symbol: str, fn: Callable[[Any, Any], bool]) -> Callable[[Sym, object], object]:
+    def compare(a: Sym, b: object) -> object:
+        right = _operand(b)
+        if right is None:
+            return NotImplemented
+        result = bool(fn(a.v, right[0]))
+        if type(b) is Sym and b.i == a.i:  # one expression: the outcome is the operator's
+            return result
+        code = f"(x{a.i} {symbol} {right[1]})"
+        _rec().guard(code if result else f"not {code}", (a.i, *right[2]))
+        return result
+
+    return compare
+
+
+def _unary(template: str, fn: Callable[[Any], Any]) -> Callable[[Sym], Sym]:
+    def unary(a: Sym) -> Sym:
+        return _rec().node(fn(a.v), template.format(f"x{a.i}"), (a.i,))
+
+    return unary
+
+
+class Sym:
+    """A number recorded for a template (Note [Schedule templates]): its concrete value ``v``
+    and the index ``i`` of the expression that made it. Arithmetic with numbers gives recorded
+    values; comparisons, truth tests and conversions give plain answers and record guards."""
+
+    __slots__ = ("i", "v")
+
+    def __init__(self, v: object, i: int) -> None:
+        self.v, self.i = v, i
+
+    __add__, __radd__ = _binary("+", operator.add)
+    __sub__, __rsub__ = _binary("-", operator.sub)
+    __mul__, __rmul__ = _binary("*", operator.mul)
+    __truediv__, __rtruediv__ = _binary("/", operator.truediv)
+    __floordiv__, __rfloordiv__ = _binary("//", operator.floordiv)
+    __mod__, __rmod__ = _binary("%", operator.mod)
+    __pow__, __rpow__ = _binary("**", operator.pow)
+    __and__, __rand__ = _binary("&", operator.and_)
+    __or__, __ror__ = _binary("|", operator.or_)
+    __xor__, __rxor__ = _binary("^", operator.xor)
+    __lshift__, __rlshift__ = _binary("<<", operator.lshift)
+    __rshift__, __rrshift__ = _binary(">>", operator.rshift)
+    __lt__ = _compare("<", operator.lt)
+    __le__ = _compare("<=", operator.le)
+    __gt__ = _compare(">", operator.gt)
+    __ge__ = _compare(">=", operator.ge)
+    __eq__ = _compare("==", operator.eq)  # type: ignore[assignment]
+    __ne__ = _compare("!=", operator.ne)  # type: ignore[assignment]
+    __neg__ = _unary("(-{})", operator.neg)
+    __pos__ = _unary("(+{})", operator.pos)
+    __abs__ = _unary("abs({})", abs)
+    __trunc__ = _unary("_trunc({})", math.trunc)
+    __floor__ = _unary("_floor({})", math.floor)
+    __ceil__ = _unary("_ceil({})", math.ceil)
+
+    def __round__(self, ndigits: int | None = None) -> Sym:
+        if ndigits is None:
+            return _rec().node(round(self.v), f"round(x{self.i})", (self.i,))  # type: ignore[call-overload]
+        return _rec().node(
+            round(self.v, ndigits),  # type: ignore[call-overload]
+            f"round(x{self.i}, {ndigits!r})",
+            (self.i,),
+        )
+
+    def __divmod__(self, other: object) -> object:
+        return (self // other, self % other)
+
+    def __rdivmod__(self, other: object) -> object:
+        return (other // self, other % self)
+
+    def __bool__(self) -> bool:
+        result = bool(self.v)
+        _rec().guard(f"bool(x{self.i})" if result else f"not x{self.i}", (self.i,))
+        return result
+
+    def _pin(self) -> Any:
+        """The concrete value, guarded to be exactly it (a structure decision)."""
+        _rec().guard(f"(x{self.i} == {self.v!r})", (self.i,))
+        return self.v
+
+    def __index__(self) -> int:
+        value = self._pin()
+        if type(value) is not int:
+            raise RecordingError(f"a recorded {type(value).__name__} used as an index")
+        return value
+
+    def __int__(self) -> int:
+        return int(self._pin())
+
+    def __float__(self) -> float:
+        return float(self._pin())
+
+    def __format__(self, spec: str) -> str:
+        return format(self._pin(), spec)
+
+    def __str__(self) -> str:
+        return str(self._pin())
+
+    def __repr__(self) -> str:
+        return repr(self._pin())
+
+    def __hash__(self) -> int:
+        # one hash for every recorded value: a set or dict of them compares each pair, so
+        # their deduplication and order are guarded
+        return 0
+
+
+_TEMPLATES: dict[tuple[object, ...], list[Callable[[int, int], list[StepSchedule] | None]]] = {}
+_UNRECORDABLE: set[tuple[object, ...]] = set()
+MAX_TEMPLATES_PER_STRUCTURE = 32
+"""Recordings kept per configuration key; beyond them the builder runs (a structure whose
+guards split the (b, s) plane very finely gains nothing from templates)."""
+_MAX_KEYS = 256
+
+
+def _key(model: ModelSpec, training: TrainingConfig, per_handle: int) -> tuple[object, ...]:
+    fields = _ALL_FIELDS(training)
+    return (model, per_handle, fields[:_B_AT] + fields[_B_AT + 1 : _S_AT] + fields[_S_AT + 1 :])
+
+
+_NAMES = tuple(_SLOT)
+_B_AT = _NAMES.index("micro_batch_size")
+_S_AT = _NAMES.index("seq_len")
+assert _B_AT < _S_AT
+
+
+def templated_schedules(
+    model: ModelSpec,
+    training: TrainingConfig,
+    ranks: Sequence[PipelineRank],
+    per_handle: int,
+) -> list[StepSchedule] | None:
+    """The step schedules of ``ranks`` (as :func:`~trainmem.analytic.schedule.rank_schedule`
+    builds them) filled from a template (Note [Schedule templates]), recording one when no
+    template's guards hold; None when this structure cannot be recorded (the caller builds).
+    """
+    key = _key(model, training, per_handle)
+    b, s = training.micro_batch_size, training.seq_len
+    found = _TEMPLATES.get(key)
+    if found is None:
+        if key in _UNRECORDABLE:
+            return None
+        if len(_TEMPLATES) >= _MAX_KEYS:
+            del _TEMPLATES[next(iter(_TEMPLATES))]
+        found = _TEMPLATES[key] = []
+    for k, fill in enumerate(found):
+        out = fill(b, s)
+        if out is not None:
+            if k:  # the next configuration likely takes the same path: try it first
+                found.insert(0, found.pop(k))
+            return out
+    if len(found) >= MAX_TEMPLATES_PER_STRUCTURE:
+        return None
+    try:
+        fill = record(model, training, ranks, per_handle)
+    except RecordingError:
+        _UNRECORDABLE.add(key)
+        del _TEMPLATES[key]
+        return None
+    found.insert(0, fill)
+    out = fill(b, s)
+    assert out is not None
+    return out
+
+
+def _symbolic(training: TrainingConfig) -> TrainingConfig:
+    """``training`` with ``micro_batch_size`` and ``seq_len`` as the recording's two leaves."""
+    rec = _rec()
+    new = object.__new__(TrainingConfig)
+    for slot, value in zip(_SLOTS, _ALL_FIELDS(training), strict=True):
+        slot.__set__(new, value)
+    _SLOT["micro_batch_size"].__set__(new, rec.node(training.micro_batch_size, "b", ()))
+    _SLOT["seq_len"].__set__(new, rec.node(training.seq_len, "s", ()))
+    return new
+
+
+def record(
+    model: ModelSpec,
+    training: TrainingConfig,
+    ranks: Sequence[PipelineRank],
+    per_handle: int,
+) -> Callable[[int, int], list[StepSchedule] | None]:
+    """Run the builder for ``ranks`` with ``b`` and ``s`` recorded and compile the template
+    (Note [Schedule templates]); checked against the builder's schedules at this
+    configuration.
+
+    Raises:
+        RecordingError: the builder used a recorded value in a way the recording cannot follow,
+            or the filled template differs from the builder's schedules.
+    """
+    layout = state_layout(model, training)
+    rec = _Recorder()
+    _REC.append(rec)
+    try:
+        sym = _symbolic(training)
+        prof = activation_profile(model, sym)
+        recorded = [
+            rank_schedule(model, sym, r, layout=layout, prof=prof, workspace_per_handle=per_handle)
+            for r in ranks
+        ]
+        fill = _compile(rec, recorded)
+    except Exception as exc:  # noqa: BLE001 -- any failure: this structure is built instead
+        raise RecordingError(f"the builder cannot be recorded: {exc!r}") from exc
+    finally:
+        _REC.pop()
+    built = [
+        rank_schedule(
+            model,
+            training,
+            r,
+            layout=layout,
+            prof=activation_profile(model, training),
+            workspace_per_handle=per_handle,
+        )
+        for r in ranks
+    ]
+    filled = fill(training.micro_batch_size, training.seq_len)
+    if filled != built or _holds_sym(built):
+        raise RecordingError("the filled template differs from the builder's schedule")
+    return fill
+
+
+def _holds_sym(items: object) -> bool:
+    """Whether a recorded value reached a schedule built without recording (a cache shared
+    with the recording kept one)."""
+    if type(items) is Sym:
+        return True
+    if isinstance(items, StepSchedule):
+        return _holds_sym(items.setup) or _holds_sym(items.step) or _holds_sym(items.load)
+    if isinstance(items, Repeat):
+        return _holds_sym(items.count) or _holds_sym(items.body)
+    if isinstance(items, tuple | list):
+        return any(_holds_sym(x) for x in items)
+    return False
+
+
+class _Codegen:
+    """The source of a template's fill function: the guards and expressions in recording
+    order, then the items, each distinct object once."""
+
+    def __init__(self, rec: _Recorder) -> None:
+        self.rec = rec
+        self.lines: list[str] = []
+        self.names: dict[int, str] = {}
+        self.consts: list[object] = list(rec.consts)
+        self.keep: list[object] = []  # the recorded objects whose ids name variables
+        self.used: set[int] = set()
+
+    def const(self, value: object) -> str:
+        self.consts.append(value)
+        return f"K[{len(self.consts) - 1}]"
+
+    def value(self, x: object) -> str:
+        """An expression for ``x`` (an item, a field of one, or a recorded value)."""
+        if type(x) is Sym:
+            self.used.add(x.i)
+            return f"x{x.i}"
+        if type(x) in (str, int, bool, type(None)):
+            return repr(x)
+        name = self.names.get(id(x))
+        if name is not None:
+            return name
+        if not _holds_sym(x):
+            name = self.names[id(x)] = self.const(x)
+            self.keep.append(x)
+            return name
+        if isinstance(x, Op):
+            code = "_op(Op, (" + ", ".join(self.value(f) for f in x) + ",))"
+        elif isinstance(x, Repeat):
+            code = (
+                f"Repeat({self.value(x.body)}, {self.value(x.count)}, {x.reverse!r}, "
+                f"{self.value(x.start)}, {x.independent!r})"
+            )
+        elif isinstance(x, StepSchedule):
+            code = (
+                f"StepSchedule(setup={self.value(x.setup)}, step={self.value(x.step)}, "
+                f"name={self.value(x.name)}, load={self.value(x.load)}, "
+                f"load_rule={self.value(x.load_rule)})"
+            )
+        elif type(x) is tuple:
+            code = "(" + "".join(self.value(e) + ", " for e in x) + ")"
+        elif type(x) is list:
+            code = "[" + ", ".join(self.value(e) for e in x) + "]"
+        elif isinstance(x, Enum | float):
+            return self.const(x)
+        else:
+            raise RecordingError(f"a recorded value in a {type(x).__name__}")
+        name = self.names[id(x)] = f"v{len(self.names)}"
+        self.keep.append(x)
+        self.lines.append(f"    {name} = {code}")
+        return name
+
+    def source(self, outputs: str) -> str:
+        """The fill function: guards and the expressions they and the items need."""
+        nodes, guards = self.rec.nodes, self.rec.guards
+        needed = set(self.used)
+        for _, _, deps in guards:
+            needed.update(deps)
+        for i in range(len(nodes) - 1, -1, -1):  # expressions feed later ones only
+            if i in needed:
+                needed.update(nodes[i][1])
+        body: list[str] = []
+        g = 0
+        for i, (code, _) in enumerate(nodes):
+            while g < len(guards) and guards[g][0] <= i:
+                body.append(f"    if not {guards[g][1]}: return None")
+                g += 1
+            if i in needed:
+                body.append(f"    x{i} = {code}")
+        body += [f"    if not {code}: return None" for _, code, _ in guards[g:]]
+        return "def fill(b, s):\n" + "\n".join(body + self.lines) + f"\n    return {outputs}\n"
+
+
+def _compile(
+    rec: _Recorder, recorded: list[StepSchedule]
+) -> Callable[[int, int], list[StepSchedule] | None]:
+    gen = _Codegen(rec)
+    outputs = gen.value(recorded)
+    source = gen.source(outputs)
+    namespace: dict[str, Any] = {
+        "K": gen.consts,
+        "Op": Op,
+        "Repeat": Repeat,
+        "StepSchedule": StepSchedule,
+        "_op": tuple.__new__,
+        "_trunc": math.trunc,
+        "_floor": math.floor,
+        "_ceil": math.ceil,
+    }
+    exec(compile(source, "<schedule template>", "exec"), namespace)  # noqa: S102
+    raw: Callable[[int, int], list[StepSchedule] | None] = namespace["fill"]
+
+    def fill(b: int, s: int) -> list[StepSchedule] | None:
+        try:
+            return raw(b, s)
+        except (ArithmeticError, ValueError):  # a path the recording did not take
+            return None
+
+    fill.source = source  # type: ignore[attr-defined]
+    return fill
