@@ -242,13 +242,20 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
         and not _traced_hf_trainer(training)
         and not _traced_torchtune(training)
         and (
-            training.framework not in ("pytorch-amp", "fsdp2")
-            or (training.framework == "fsdp2" and not fsdp)
+            training.framework not in ("pytorch-amp", "fsdp2", "accelerate-fsdp")
+            or (training.framework in ("fsdp2", "accelerate-fsdp") and not fsdp)
         )
     ):
         deepspeed_framework = training.framework == "deepspeed"
         out.append(untraced_deepspeed(training) if deepspeed_framework else
                    untraced_framework(training))  # fmt: skip
+    beside = training.tensor_parallel_size * training.context_parallel_size
+    if (
+        training.framework == "accelerate-fsdp"
+        and fsdp
+        and beside * training.pipeline_parallel_size > 1
+    ):
+        out.append(untraced_framework(training))  # FSDP1 is traced alone (trace.fsdp)
     if training.transformers_version is not None:
         # the trace runs the installed transformers' model code, not the release asked for
         installed = installed_transformers_version()

@@ -494,10 +494,11 @@ PREVIOUS_LOOP = TracedOption(
 
 _FRAMEWORKS_UNTRACED = {
     "accelerate-fsdp": (
-        "FSDP1 (FullyShardedDataParallel: flat parameters gathered in the compute dtype, its "
-        "pre/post-backward hooks) replaces the modules it wraps, and the trace's model of "
-        "fake tensors runs in place of it without FSDP1's wrapper; traced: --framework fsdp2 "
-        "(FSDP2's fully_shard, traced for real), or --engine analytic"
+        "FSDP1 is traced for real at zero_stage 3 over data_parallel_size > 1 (FULL_SHARD, "
+        "SHARD_GRAD_OP, HYBRID_SHARD), alone; its NO_SHARD layout (--fsdp no-shard), one "
+        "GPU, and FSDP1 beside tensor, context or pipeline parallelism are not; traced: "
+        "--zero-stage 3 with --data-parallel-size N, --framework fsdp2 beside other "
+        "parallelisms, or --engine analytic"
     ),
     "torchtune": (
         "torchtune beyond one GPU (its FSDP2 recipes under torchtune's own policy) or under a "

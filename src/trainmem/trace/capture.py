@@ -10,7 +10,8 @@ Note [Steady state]
 Note [Categories]
     Registered storages keep their category (parameters, buffers, optimizer states, inputs). A
     storage a step allocates is:
-    - a gradient once ``AccumulateGrad`` stores it in ``param.grad`` (post-accumulate-grad hook);
+    - a gradient once ``AccumulateGrad`` stores it in ``param.grad`` (post-accumulate-grad hook),
+      or once it is ``param.grad`` when the optimizer step begins (FSDP1's sharded gradients);
     - an optimizer state if it is in ``optimizer.state`` after the step (first-step creation);
     - in a forward region (the forward pass, or a checkpoint recomputation in backward, seen by
       the global module forward hooks): an activation if it is still live when the region ends
@@ -29,6 +30,7 @@ from typing import Any
 
 from trainmem.breakdown import MemoryCategory
 from trainmem.trace._torch import require_torch
+from trainmem.trace.module_paths import clean_module_path
 from trainmem.trace.recorder import RESIZE_OP, Block, StorageRecorder, plain_tensors
 from trainmem.trace.step import run_step
 
@@ -49,6 +51,7 @@ class Capture:
         warmup_seconds: wall time of the unrecorded warm-up step.
         host_state_bytes: optimizer-state bytes that live in host memory on CUDA (Adam's
             ``step`` scalars for the for-loop/foreach implementations), left out.
+        root: the module the step called (FSDP1's root wrapper under ``accelerate-fsdp``).
     """
 
     recorder: StorageRecorder
@@ -57,6 +60,7 @@ class Capture:
     trace_seconds: float
     warmup_seconds: float
     host_state_bytes: int = 0
+    root: Any = None
 
 
 def _unique_params(model: Any) -> list[Any]:
@@ -64,6 +68,25 @@ def _unique_params(model: Any) -> list[Any]:
     for p in model.parameters():
         seen.setdefault(id(p), p)
     return list(seen.values())
+
+
+def _gradients_at_step(
+    optimizer: Any, params: Sequence[Any], on_grad: Callable[[Any], None]
+) -> list[Any]:
+    """A step pre-hook calling ``on_grad`` for every parameter with a ``.grad`` (its handle in
+    a list; none for an optimizer without hooks): FSDP1 gives a flat parameter its sharded
+    gradient after ``AccumulateGrad`` (the reduce-scatter output, set as ``.grad`` by
+    ``_post_backward_hook`` / ``_finalize_params``), a gradient whatever made it (Note
+    [Tracing FSDP1] in trainmem/trace/fsdp.py)."""
+    if not hasattr(optimizer, "register_step_pre_hook"):
+        return []
+
+    def before_step(*_: Any) -> None:
+        for p in params:
+            if p.grad is not None:
+                on_grad(p)
+
+    return [optimizer.register_step_pre_hook(before_step)]
 
 
 def _host_resident(name: str, value: Any, fused: bool) -> bool:
@@ -152,12 +175,14 @@ def capture_step(
 
         rec = StorageRecorder()
         rec.set_root(model)
-        names = {id(p): n for n, p in model.named_parameters(remove_duplicate=True)}
+        names = {
+            id(p): clean_module_path(n) for n, p in model.named_parameters(remove_duplicate=True)
+        }
         params = _unique_params(model)
         for p in params:
             rec.register(p, MemoryCategory.PARAMETER, module=names.get(id(p), ""))
         for n, b in model.named_buffers():
-            rec.register(b, MemoryCategory.BUFFER, module=n)
+            rec.register(b, MemoryCategory.BUFFER, module=clean_module_path(n))
         for p in params:
             if p.grad is not None:  # zero_grad(set_to_none=False): kept, zeroed
                 rec.register(p.grad, MemoryCategory.GRADIENT, module=names.get(id(p), ""))
@@ -228,6 +253,7 @@ def capture_step(
         rec.on_alloc = on_alloc
         rec.modules.depth_callback = on_depth
         handles = [p.register_post_accumulate_grad_hook(on_grad) for p in params if p.requires_grad]
+        handles += _gradients_at_step(optimizer, params, on_grad)
         t0 = time.perf_counter()
         try:
             with rec, rec.modules:
@@ -257,4 +283,5 @@ def capture_step(
         trace_seconds=elapsed,
         warmup_seconds=warmup,
         host_state_bytes=host_bytes,
+        root=model,
     )

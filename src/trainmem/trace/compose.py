@@ -39,6 +39,7 @@ from trainmem.errors import CompositionError, ScheduleError
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
 from trainmem.timeline import AllocEvent, Timeline
 from trainmem.trace.blocks import Run
+from trainmem.trace.module_paths import clean_module_path
 
 __all__ = ["CompositionError", "ParamInfo", "compose", "count_parameters", "trainable_params"]
 
@@ -128,7 +129,7 @@ def trainable_params(model: Any) -> list[ParamInfo]:
     named by their first path."""
     names: dict[int, str] = {}
     for n, p in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(p), n)
+        names.setdefault(id(p), clean_module_path(n))
     return [
         ParamInfo(names.get(id(p), ""), p.numel(), str(p.dtype), p.dim())
         for p in dict.fromkeys(model.parameters())

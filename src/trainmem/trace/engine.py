@@ -302,7 +302,7 @@ def _run_trace(
 
         compile_layers(model, checkpointing=training.activation_checkpointing)
     if mesh is not None:
-        parallelize(model, mesh, training, fake_mode)
+        model = parallelize(model, mesh, training, fake_mode)
     takes_training = _takes_argument(make_batch)
     with fake_mode if fake_mode is not None else contextlib.nullcontext():
         k = min(training.gradient_accumulation_steps, MAX_TRACED_MICRO_BATCHES)

@@ -18,6 +18,26 @@ Note [Tracing FSDP2]
     keeps per-stream pools and frees them only after the consumer stream's event), so blocks
     freed across streams are freed here at once; a CUDA device mesh (impossible on the CPU
     build, shared/notes/tracing-without-a-gpu.md).
+
+Note [Tracing FSDP1]
+    ``framework="accelerate-fsdp"`` (accelerate's, and the HF Trainer's ``--fsdp``, FSDP
+    version 1) runs torch's ``FullyShardedDataParallel`` itself on the fake tensors, under the
+    same fake process group: it runs there (flat parameters built by ``torch.cat``, their
+    unsharded storage allocated and freed by ``UntypedStorage.resize_``, which the recorder
+    sees), so it is traced for real, not as a transform. Wrapped as accelerate wraps a
+    transformers model (accelerate utils/dataclasses.py ``FullyShardedDataParallelPlugin``,
+    torch 2.13 distributed/fsdp/fully_sharded_data_parallel.py): ``TRANSFORMER_BASED_WRAP``
+    on the decoder layer class (``transformer_cls_names_to_wrap`` = ``_no_split_modules``),
+    the root unit holding the rest (embeddings, final norm, head), and under LoRA each adapter
+    its own unit (peft's ``fsdp_auto_wrap_policy``); ``FULL_SHARD`` at ZeRO-3
+    (``SHARD_GRAD_OP`` with ``reshard_after_forward=False``; ``HYBRID_SHARD`` on a smaller
+    ``shard_group_size``); ``use_orig_params=False``
+    (accelerate's default: the optimizer steps the flat parameters); under ``*-mixed``
+    ``MixedPrecision(param_dtype=reduce_dtype=buffer_dtype=<16-bit>)`` (``set_mixed_precision``)
+    and no autocast (``FrameworkConventions.autocast`` False for accelerate-fsdp); FSDP1's own
+    defaults for prefetching (``BACKWARD_PRE``) and ``limit_all_gathers``. The module paths
+    drop FSDP1's ``_fsdp_wrapped_module`` segments (:func:`~trainmem.trace.module_paths.
+    clean_module_path`), so the traced stream names the layers as the unwrapped model does.
 """
 
 from __future__ import annotations
@@ -32,7 +52,7 @@ from trainmem.trace._torch import require_torch
 
 torch = require_torch()
 
-__all__ = ["fake_process_group", "shard_model", "uses_fsdp"]
+__all__ = ["fake_process_group", "fsdp1_fake_pointers", "shard_model", "uses_fsdp", "wrap_fsdp1"]
 
 
 def uses_fsdp(training: TrainingConfig) -> bool:
@@ -111,6 +131,122 @@ def shard_model(
         for layer in layers:
             fully_shard(layer, reshard_after_forward=reshard_after_forward, **kwargs)
         fully_shard(model, **kwargs)
+
+
+def wrap_fsdp1(
+    model: Any,
+    mesh: Any,
+    training: TrainingConfig,
+    fake_mode: Any,
+    *,
+    reshard_after_forward: bool = True,
+) -> Any:
+    """Wrap ``model`` in FSDP1 as accelerate does; see Note [Tracing FSDP1].
+
+    Args:
+        model: the ``nn.Module`` (fake or real tensors), activation checkpointing applied.
+        mesh: the device mesh of the data-parallel ranks: 1-D (``FULL_SHARD`` /
+            ``SHARD_GRAD_OP``) or 2-D replicate x shard (HSDP: ``HYBRID_SHARD``).
+        training: the precision (mixed-precision policy).
+        fake_mode: the ``FakeTensorMode`` the tensors live in, or None for real tensors.
+        reshard_after_forward: ``FULL_SHARD``; False: ``SHARD_GRAD_OP``.
+
+    Returns:
+        The root ``FullyShardedDataParallel`` module, which the step must call.
+    """
+    from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
+
+    policy = _fsdp1_wrap_policy(model)
+    mixed = None
+    if training.is_mixed:
+        dtype = getattr(torch, training.compute_dtype)
+        mixed = MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype)
+    hybrid = mesh.ndim == 2  # HSDP: (replicate, shard), FSDP1's device_mesh argument
+    strategy = {
+        (False, True): ShardingStrategy.FULL_SHARD,
+        (False, False): ShardingStrategy.SHARD_GRAD_OP,
+        (True, True): ShardingStrategy.HYBRID_SHARD,
+        (True, False): ShardingStrategy._HYBRID_SHARD_ZERO2,
+    }[hybrid, reshard_after_forward]
+    with fake_mode if fake_mode is not None else contextlib.nullcontext():
+        return FullyShardedDataParallel(
+            model,
+            device_mesh=mesh,
+            auto_wrap_policy=policy,
+            mixed_precision=mixed,
+            sharding_strategy=strategy,
+            device_id=torch.device("cpu"),
+            use_orig_params=False,
+        )
+
+
+@contextlib.contextmanager
+def fsdp1_fake_pointers() -> Iterator[None]:
+    """FSDP1's storage checks answered on fake tensors: it compares data pointers to tell a
+    flat parameter's sharded storage from its unsharded one (torch 2.13 distributed/fsdp/
+    _flat_param.py ``_same_storage``; _runtime_utils.py ``_catch_all_reshard``:
+    ``flat_param.data_ptr() == flat_param._local_shard.data_ptr()``), and a fake tensor's
+    pointer is 0 for every storage, so every check would say "same" (a frozen unit would then
+    never be resharded). While tracing, a fake tensor's pointer is its storage's identity plus
+    its offset, and ``_same_storage`` compares storages by identity: the answers a real
+    allocation gives."""
+    import importlib
+
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    flat: Any = importlib.import_module("torch.distributed.fsdp._flat_param")
+    original = flat._same_storage
+
+    def storage_id(t: Any) -> int:
+        from torch.distributed.tensor import DTensor
+
+        t = t._local_tensor if isinstance(t, DTensor) else t
+        return int(t.untyped_storage()._cdata)
+
+    def data_ptr(t: Any) -> int:
+        return storage_id(t) + t.storage_offset() * t.element_size()
+
+    own = FakeTensor.__dict__.get("data_ptr")  # (none: TensorBase's)
+    FakeTensor.data_ptr = data_ptr  # type: ignore[method-assign,assignment]
+    flat._same_storage = lambda a, b: storage_id(a) == storage_id(b)
+    try:
+        yield
+    finally:
+        if own is None:
+            del FakeTensor.data_ptr
+        else:
+            FakeTensor.data_ptr = own  # type: ignore[method-assign]
+        flat._same_storage = original
+
+
+def _fsdp1_wrap_policy(model: Any) -> Any:
+    """accelerate's ``TRANSFORMER_BASED_WRAP`` on the layer class; with frozen parameters
+    (LoRA) also every leaf module with a trainable ``weight`` as its own unit, as peft's
+    ``fsdp_auto_wrap_policy`` (peft utils/other.py) does, which ``use_orig_params=False``
+    needs (a flat parameter is all trainable or all frozen)."""
+    import functools
+
+    from torch.distributed.fsdp.wrap import (
+        _or_policy,
+        lambda_auto_wrap_policy,
+        transformer_auto_wrap_policy,
+    )
+
+    from trainmem.trace.lora import layer_stack
+
+    _, layers = layer_stack(model)
+    layer = functools.partial(
+        transformer_auto_wrap_policy, transformer_layer_cls={type(m) for m in layers}
+    )
+    if all(p.requires_grad for p in model.parameters()):
+        return layer
+
+    def trainable_leaf(module: Any) -> bool:
+        weight = getattr(module, "weight", None)
+        return not list(module.children()) and weight is not None and weight.requires_grad
+
+    leaf = functools.partial(lambda_auto_wrap_policy, lambda_fn=trainable_leaf)
+    return functools.partial(_or_policy, policies=[leaf, layer])
 
 
 class _LazyChunks(Sequence[Any]):

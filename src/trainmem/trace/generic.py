@@ -49,6 +49,7 @@ from trainmem.trace.engine import (  # noqa: E402
     default_forward_loss,
     run_trace,
 )
+from trainmem.trace.module_paths import clean_module_path  # noqa: E402
 
 __all__ = ["Recipe", "estimate_generic", "recipe_for_config", "trace_generic"]
 
@@ -307,8 +308,9 @@ def trace_generic(
     notes: list[str] = []
     try:
         capture, report = traced(model)
-        names = {n for n, _ in model.named_modules(remove_duplicate=False)}
-        schedule = compose(report.timeline, runs, trainable_params(model), module_names=names)
+        ran = capture.root if capture.root is not None else model  # (FSDP1's root wrapper)
+        names = {clean_module_path(n) for n, _ in ran.named_modules(remove_duplicate=False)}
+        schedule = compose(report.timeline, runs, trainable_params(ran), module_names=names)
     except (CompositionError, TraceError, IndexError, KeyError) as exc:
         if not runs:  # nothing was cut: the whole model's own failure
             raise

@@ -26,7 +26,20 @@ torch = require_torch()
 
 from torch.utils._pytree import tree_flatten  # noqa: E402
 
-__all__ = ["ModulePathTracker"]
+__all__ = ["ModulePathTracker", "clean_module_path"]
+
+_FSDP1_WRAPPER = "_fsdp_wrapped_module"
+"""The attribute FSDP1 keeps the wrapped module under (torch/distributed/fsdp/_common_utils.py
+``FSDP_WRAPPED_MODULE``)."""
+
+
+def clean_module_path(path: str) -> str:
+    """``path`` without FSDP1's wrapper segments (``model.layers.0._fsdp_wrapped_module.mlp``
+    -> ``model.layers.0.mlp``), as the unwrapped model names the module (Note [Tracing FSDP1]
+    in trainmem/trace/fsdp.py); other paths unchanged."""
+    if _FSDP1_WRAPPER not in path:
+        return path
+    return ".".join(p for p in path.split(".") if p != _FSDP1_WRAPPER)
 
 
 class ModulePathTracker:
@@ -40,7 +53,9 @@ class ModulePathTracker:
     """The tracker inside its ``with`` block, if any (for :meth:`inside`'s callers)."""
 
     def __init__(self, root: Any) -> None:
-        self._names = {id(m): n for n, m in root.named_modules(remove_duplicate=False)}
+        self._names = {
+            id(m): clean_module_path(n) for n, m in root.named_modules(remove_duplicate=False)
+        }
         self._stack: list[str] = []
         self._owner: dict[int, str] = {}
         self._handles: list[Any] = []

@@ -31,7 +31,7 @@ from typing import Any
 from trainmem.errors import UnsupportedError
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
-from trainmem.trace.fsdp import shard_model, uses_fsdp
+from trainmem.trace.fsdp import fsdp1_fake_pointers, shard_model, uses_fsdp, wrap_fsdp1
 
 torch = require_torch()
 
@@ -135,7 +135,11 @@ def trace_mesh(training: TrainingConfig, rank: int = 0) -> Iterator[Any]:
         )
     dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
     try:
-        with _real_mesh_tensors(), _eager_collectives():
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(_real_mesh_tensors())
+            stack.enter_context(_eager_collectives())
+            if training.framework == "accelerate-fsdp":  # Note [Tracing FSDP1]
+                stack.enter_context(fsdp1_fake_pointers())
             yield device_mesh(dims)
     finally:
         dist.destroy_process_group()
@@ -228,15 +232,20 @@ def device_mesh(dims: dict[str, int]) -> Any:
     return init_device_mesh("cpu", tuple(dims.values()), mesh_dim_names=tuple(dims))
 
 
-def parallelize(model: Any, mesh: Any, training: TrainingConfig, fake_mode: Any) -> None:
-    """Apply TP / SP, then FSDP2 (over dp_shard x cp), in place; see Note [Tracing one rank of a
-    mesh]. Context parallelism itself is entered around the step (:func:`context_parallel`).
+def parallelize(model: Any, mesh: Any, training: TrainingConfig, fake_mode: Any) -> Any:
+    """Apply TP / SP, then FSDP2 (over dp_shard x cp), in place, or FSDP1 around it
+    (``accelerate-fsdp``, Note [Tracing FSDP1] in trainmem/trace/fsdp.py); see Note [Tracing
+    one rank of a mesh]. Context parallelism itself is entered around the step
+    (:func:`context_parallel`).
 
     Args:
         model: the model (fake or real tensors), activation checkpointing already applied.
         mesh: the mesh of :func:`trace_mesh` (or a real one of the same dimensions).
         training: the parallel settings.
         fake_mode: the ``FakeTensorMode`` of the tensors, or None for real tensors.
+
+    Returns:
+        The module the step calls: ``model``, or FSDP1's root wrapper of it.
 
     Raises:
         UnsupportedError: a model / setting the parallelisms cannot be applied to.
@@ -270,15 +279,11 @@ def parallelize(model: Any, mesh: Any, training: TrainingConfig, fake_mode: Any)
             fsdp_mesh = mesh[("dp_replicate", shard)]
         # under PP torchtitan keeps the layers gathered from forward to backward
         # (apply_fsdp: reshard_after_forward = not pp_enabled); otherwise the user's setting
-        shard_model(
-            model,
-            fsdp_mesh,
-            training,
-            fake_mode,
-            reshard_after_forward=(
-                training.pipeline_parallel_size == 1 and training.reshard_after_forward
-            ),
-        )
+        reshard = training.pipeline_parallel_size == 1 and training.reshard_after_forward
+        if training.framework == "accelerate-fsdp":  # FSDP1 (Note [Tracing FSDP1])
+            return wrap_fsdp1(model, fsdp_mesh, training, fake_mode, reshard_after_forward=reshard)
+        shard_model(model, fsdp_mesh, training, fake_mode, reshard_after_forward=reshard)
+    return model
 
 
 def add_position_ids(batch: Any, training: TrainingConfig) -> None:

@@ -1,0 +1,88 @@
+"""accelerate's FSDP1 traced for real on fake tensors (issue 26, Note [Tracing FSDP1] in
+trainmem/trace/fsdp.py): ``FullyShardedDataParallel`` wrapped as accelerate wraps a
+transformers model, one flat parameter per unit.
+
+Expected sizes derived by hand for the 2-layer Qwen2 formula config (tests/models/formula/
+qwen2.json: h = 64, i = 128, 4 heads of 16, 2 key/value heads, V = 512, untied head):
+one layer q 64 x 64 + 64, k and v 64 x 32 + 32 each, o 64 x 64, gate / up / down 3 x 64 x 128,
+two norms of 64: 37,120 elements; the root unit (embedding, final norm, head) 2 x 512 x 64 + 64
+= 65,600. FSDP1 (``use_orig_params=False``) pads each flat parameter to a multiple of the world
+size and keeps this rank's 1/N in fp32: 37,120 / 4 x 4 B = 37,120 B per layer, 65,600 B for the
+root over 4 ranks. The agreement with the formulas (accelerate-fsdp rows: gathers in the compute
+dtype, the reduce in it) is the issue's 1 % bar.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from conftest import MODELS_DIR  # noqa: E402
+from trainmem.breakdown import MemoryCategory  # noqa: E402
+from trainmem.estimate import estimate  # noqa: E402
+from trainmem.schedule import Op, Repeat, StepSchedule  # noqa: E402
+from trainmem.specs.training import TrainingConfig  # noqa: E402
+
+QWEN2 = str(MODELS_DIR / "formula" / "qwen2.json")
+LAYER, ROOT = 37_120, 65_600
+
+
+def _fsdp1(**changes: Any) -> TrainingConfig:
+    base: dict[str, Any] = {
+        "micro_batch_size": 2,
+        "seq_len": 64,
+        "framework": "accelerate-fsdp",
+        "data_parallel_size": 4,
+        "zero_stage": 3,
+    }
+    return TrainingConfig(**{**base, **changes})
+
+
+def _flat_parameters(schedule: StepSchedule) -> dict[str, int]:
+    """The weights the step starts from, by name (a repeated body's once per repeat)."""
+    out: dict[str, int] = {}
+
+    def walk(items: Any, count: int) -> None:
+        for x in items:
+            if isinstance(x, Repeat):
+                walk(x.body, count * x.count)
+            elif x.action == "alloc" and x.category is MemoryCategory.PARAMETER:
+                assert isinstance(x, Op)
+                out[x.module] = out.get(x.module, 0) + count * x.size_bytes
+
+    walk(schedule.setup or schedule.step, 1)
+    return out
+
+
+def test_fsdp1_shards_one_flat_parameter_per_unit_and_matches_the_formulas() -> None:
+    training = _fsdp1()
+    generic = estimate(QWEN2, training, engine="generic", simulate_allocator=False)
+    analytic = estimate(QWEN2, training, engine="analytic", simulate_allocator=False)
+    flat = _flat_parameters(generic.schedules[0])
+    assert flat == {"_flat_param": ROOT, "model.layers.0._flat_param": LAYER,
+                    "model.layers.1._flat_param": LAYER}  # fmt: skip
+    ratio = generic.breakdown.allocated_bytes / analytic.breakdown.allocated_bytes
+    assert abs(ratio - 1) < 0.01
+
+
+def test_fsdp1_hybrid_shard_keeps_a_shard_group_share() -> None:
+    # HYBRID_SHARD over groups of 2: each flat parameter split in 2, not 4
+    generic = estimate(
+        QWEN2, _fsdp1(shard_group_size=2), engine="generic", simulate_allocator=False
+    )
+    flat = _flat_parameters(generic.schedules[0])
+    assert flat["_flat_param"] == 2 * ROOT
+    assert flat["model.layers.1._flat_param"] == 2 * LAYER
+
+
+def test_fsdp1_reshards_a_frozen_unit_on_fake_tensors() -> None:
+    # LoRA: the frozen units (root, layers) are resharded by FSDP1's final callback, which
+    # compares data pointers (fsdp1_fake_pointers): the step starts from their fp32 shards,
+    # not from a 16-bit unsharded copy (2 x 65,600 B for the root)
+    generic = estimate(QWEN2, _fsdp1(lora_rank=8), engine="generic", simulate_allocator=False)
+    flat = _flat_parameters(generic.schedules[0])
+    assert flat["_flat_param"] == ROOT
+    assert flat["base_model.model.model.layers.0._flat_param"] == LAYER
