@@ -100,15 +100,26 @@ _TORCHTUNE_HELD_LOGITS = (
     "ff594c23, 20747cd, 0217d44c) the previous micro-batch's logits, whose grad_fn reaches "
     "its graph, live until the next forward returns; the reading had no --loop",
 )
-_TORCHTUNE_TRANSPOSED_CE = (
-    ["--loss", "transposed-cross-entropy"],
-    "torchtune's recipes at the rows' commits (recipes/lora_finetune_single_device.py, "
-    "lora_finetune_distributed.py, full_finetune_single_device.py, full_finetune_distributed.py "
-    "@fef3ed1, @20747cd, @0217d44c train()) pass the loss ``logits[..., :-1, :].contiguous()`` "
-    "transposed to (b, V, s - 1), the model's fp32 output (modules/transformer.py "
-    "``self.output(h).float()``), until 4fba6cd4 (Aug 2024); the reading had the plain "
-    "cross-entropy",
-)
+
+
+def _torchtune(version: str, commit: str) -> tuple[list[str], str]:
+    """The torchtune release of a row's commit (its version.txt), whose recipes' loss is the
+    transposed cross-entropy before 0.3."""
+    return (
+        ["--torchtune-version", version],
+        f"torchtune's version.txt @{commit}, the row's source, is {version}: its recipes' "
+        "train() (recipes/lora_finetune_single_device.py, lora_finetune_distributed.py, "
+        "full_finetune_single_device.py, full_finetune_distributed.py) pass the loss "
+        "``logits[..., :-1, :].contiguous()`` transposed to (b, V, s - 1), the model's fp32 "
+        "output (modules/transformer.py ``self.output(h).float()``), until 4fba6cd4 (Aug 2024, "
+        "in 0.3.0); the reading had no --torchtune-version",
+    )
+
+
+_TT_FEF = _torchtune("0.1.0", "fef3ed1")
+_TT_TUTORIAL = _torchtune("0.0.2", "ff594c23")
+_TT_LLAMA3 = _torchtune("0.1.0", "20747cd")
+_TT_MAY = _torchtune("0.2.0", "0217d44c")
 _TORCHTUNE_LORA_DROPOUT = (
     ["--lora-dropout", "0.05"],
     "torchtune models/llama2/_model_builders.py @fef3ed1 and @0217d44c: lora_llama2_7b (and "
@@ -150,12 +161,9 @@ def _joined(*parts: tuple[list[str], str]) -> tuple[list[str], str]:
     return [a for args, _ in parts for a in args], "; ".join(why for _, why in parts)
 
 
-_TT_APR_LORA = _joined(
-    _TORCHTUNE_AO01, _TORCHTUNE_HELD_LOGITS, _TORCHTUNE_LORA_DROPOUT, _TORCHTUNE_TRANSPOSED_CE
-)
-_TT_APR_FULL = _joined(_TORCHTUNE_AO01, _TORCHTUNE_HELD_LOGITS, _TORCHTUNE_TRANSPOSED_CE)
-_TT_BF16_LORA = _joined(_TORCHTUNE_HELD_LOGITS, _TORCHTUNE_LORA_DROPOUT, _TORCHTUNE_TRANSPOSED_CE)
-_TT_HELD_FULL = _joined(_TORCHTUNE_HELD_LOGITS, _TORCHTUNE_TRANSPOSED_CE)
+_TT_APR_LORA = _joined(_TORCHTUNE_AO01, _TORCHTUNE_HELD_LOGITS, _TORCHTUNE_LORA_DROPOUT)
+_TT_APR_FULL = _joined(_TORCHTUNE_AO01, _TORCHTUNE_HELD_LOGITS)
+_TT_BF16_LORA = _joined(_TORCHTUNE_HELD_LOGITS, _TORCHTUNE_LORA_DROPOUT)
 
 _TITAN_010 = (
     ["--torchtitan-version", "0.1"],
@@ -255,15 +263,17 @@ beyond the reading."""
 AMENDMENTS: dict[str, tuple[list[str], str]] = {
     # torchtune Apr-May 2024 (torchao 0.1 pin; logits held by the loop; llama2 / llama3 LoRA
     # builders' lora_dropout 0.05): the LoRA and QLoRA rows, then the full fine-tunes
-    **{f"GT0{n}": _TT_APR_LORA for n in (28, 29, 30, 33, 34, 35, 36, 37, 38)},
-    **{f"GT0{n}": _TT_APR_FULL for n in (31, 32)},
-    **{f"GT0{n}": _TT_BF16_LORA for n in (39, 42)},
-    **{f"GT0{n}": _TT_HELD_FULL for n in (40, 41, 43)},
+    **{f"GT0{n}": _joined(_TT_APR_LORA, _TT_FEF) for n in (28, 29, 30)},
+    **{f"GT0{n}": _joined(_TT_APR_FULL, _TT_FEF) for n in (31, 32)},
+    **{f"GT0{n}": _joined(_TT_APR_LORA, _TT_TUTORIAL) for n in (33, 34, 35, 36)},
+    **{f"GT0{n}": _joined(_TT_APR_LORA, _TT_MAY) for n in (37, 38)},
+    **{f"GT0{n}": _joined(_TT_BF16_LORA, _TT_MAY) for n in (39, 42)},
+    **{f"GT0{n}": _joined(_TORCHTUNE_HELD_LOGITS, _TT_MAY) for n in (40, 41, 43)},
     **{f"GT0{n}": _TORCHTUNE_BASELINE_ADAMW for n in range(11, 17)},
     **{f"GT0{n}": _TORCHTUNE_FUSED for n in (18, 19, 22, 24, 25, 26)},
     "GT027": _joined(_TORCHTUNE_FUSED, _TORCHTUNE_405B_BATCH),
-    "GT172": _TT_BF16_LORA,
-    "GT173": _TT_APR_LORA,
+    "GT172": _joined(_TT_BF16_LORA, _TT_LLAMA3),
+    "GT173": _joined(_TT_APR_LORA, _TT_LLAMA3),
     **_LITGPT_HUB,
     **{f"GT{n}": _FSDP_QLORA for n in range(115, 132)},
     **{f"GT{n}": _FSDP_QLORA_BNB for n in (115, 116, 119, 120, 123, *range(126, 132))},

@@ -43,6 +43,7 @@ FLAG_CASES: dict[str, tuple[list[str], Any, str]] = {
         "bitsandbytes-version=0.41.1",
     ),
     "torchao_version": (["--torchao-version", "0.18.0"], "0.18.0", "torchao-version=0.1"),
+    "torchtune_version": (["--torchtune-version", "0.6.1"], "0.6.1", "torchtune-version=0.1"),
     "torchtitan_version": (
         ["--torchtitan-version", "0.0.2"],
         "0.0.2",

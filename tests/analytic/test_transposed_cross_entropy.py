@@ -23,6 +23,7 @@ from trainmem.analytic.loss import (
     loss_backward_tensors,
     loss_backward_transient_bytes,
     loss_forward_transient_bytes,
+    loss_kind,
 )
 from trainmem.errors import SpecError
 from trainmem.estimate import estimate
@@ -81,6 +82,32 @@ def test_the_forward_peak_at_the_loss_is_12_v_t_shifted_not_10_v_t() -> None:
     assert isinstance(plain, dict) and isinstance(moved, dict)
     assert moved["forward"] - plain["forward"] == 12 * V * T_SHIFTED - 10 * V * T
     assert moved["backward"] - plain["backward"] == 12 * V * (T_SHIFTED - T)
+
+
+@pytest.mark.parametrize(
+    ("version", "kind"),
+    [
+        ("0.1.0", "transposed-cross-entropy"),  # fef3ed1, 20747cd
+        ("0.2.1", "transposed-cross-entropy"),  # v0.2.1: the transpose, before 4fba6cd4
+        ("0.3.0", "cross-entropy"),  # 4fba6cd4 is in v0.3.0: logits reshaped to (b s, V)
+        (None, "cross-entropy"),  # the default release, 0.6.1
+    ],
+)
+def test_torchtunes_release_chooses_its_recipes_loss(version: str | None, kind: str) -> None:
+    assert loss_kind(LLAMA, _training(torchtune_version=version)) == kind
+
+
+def test_the_release_changes_no_other_loss() -> None:
+    # an explicit loss wins; a chunked loss is torchtune's later one; other frameworks keep theirs
+    old = {"torchtune_version": "0.1"}
+    assert loss_kind(LLAMA, _training(loss="logits-sum", **old)) == "logits-sum"
+    assert loss_kind(LLAMA, _training(chunked_cross_entropy=8, **old)) == "cross-entropy"
+    assert loss_kind(LLAMA, _training(framework="hf-trainer", **old)) == "cross-entropy"
+    assert TrainingConfig(framework="torchtune", torchtune_version="0.2").torchtune_release == (
+        0,
+        2,
+        0,
+    )
 
 
 def test_it_cannot_be_chunked() -> None:

@@ -18,13 +18,15 @@ from trainmem.specs.training import TrainingConfig
 
 def loss_kind(model: ModelSpec, training: TrainingConfig) -> str:
     """The loss the step runs on the logits: ``TrainingConfig.loss`` when given (an explicit
-    value always wins), else the model's own: the course's written-out cross-entropy for a
-    family with ``ModelSpec.loss_written_out``, ``cross-entropy`` otherwise (and for every
-    head but a causal LM's, where ``loss`` is refused)."""
+    value always wins), torchtune's transposed cross-entropy for its recipes before 0.3
+    (``TrainingConfig.recipe_loss``), else the model's own: the course's written-out
+    cross-entropy for a family with ``ModelSpec.loss_written_out``, ``cross-entropy``
+    otherwise (and for every head but a causal LM's, where ``loss`` is refused)."""
     if model.head != "causal-lm":
         return "cross-entropy"
-    if training.loss is not None:
-        return training.loss
+    recipe = training.recipe_loss  # the given loss, or torchtune < 0.3's
+    if recipe is not None:
+        return recipe
     return "cs336-cross-entropy" if model.loss_written_out else "cross-entropy"
 
 
@@ -66,7 +68,7 @@ def transposed_cross_entropy(model: ModelSpec, training: TrainingConfig) -> bool
         fp32 logits (``logits``), which the ``previous`` loop holds
         (:func:`~trainmem.analytic.held_outputs.previous_output_bytes`).
     """
-    return model.head == "causal-lm" and training.loss == TRANSPOSED_CROSS_ENTROPY
+    return loss_kind(model, training) == TRANSPOSED_CROSS_ENTROPY
 
 
 def shifted_positions(model: ModelSpec, training: TrainingConfig) -> int:
@@ -91,7 +93,9 @@ def loss_in_logits_dtype(model: ModelSpec, training: TrainingConfig) -> bool:
     return model_loss_in_logits_dtype(model, training) and training.uses_autocast
 
 
-@cached_on("chunked_cross_entropy", "framework", "loss", "transformers_version")
+@cached_on(
+    "chunked_cross_entropy", "framework", "loss", "transformers_version", "torchtune_version"
+)
 def model_loss_in_logits_dtype(model: ModelSpec, training: TrainingConfig) -> bool:
     """The model code's own loss calls ``cross_entropy`` on the 16-bit logits, without
     ``.float()``: BERT's masked-LM head (``ModelSpec.mlm_loss_in_logits_dtype``), the causal-LM

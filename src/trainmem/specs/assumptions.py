@@ -16,6 +16,7 @@ from trainmem.specs.frameworks import (
     DEFAULT_TORCH_VERSION,
     DEFAULT_TORCHAO_VERSION,
     DEFAULT_TORCHTITAN_VERSION,
+    DEFAULT_TORCHTUNE_VERSION,
     DEFAULT_TRANSFORMERS_VERSION,
     FRAMEWORK_CONVENTIONS,
     installed_transformers_version,
@@ -117,6 +118,9 @@ def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dic
     if framework == "torchtune" and config.get("quantize_base", "none") != "none":
         # torchtune's QLoRA quantizes with torchao's NF4Tensor (its load phase depends on it)
         out["torchao"] = _version(config.get("torchao_version"), DEFAULT_TORCHAO_VERSION)
+    if framework == "torchtune":
+        # before 0.3 its recipes' loss takes the shifted logits transposed (recipe_loss)
+        out["torchtune"] = _version(config.get("torchtune_version"), DEFAULT_TORCHTUNE_VERSION)
     if framework == "deepspeed":
         out["deepspeed"] = _version(config.get("deepspeed_version"), DEFAULT_DEEPSPEED_VERSION)
     if framework == "fsdp2" and config.get("compile"):

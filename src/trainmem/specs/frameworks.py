@@ -41,6 +41,14 @@ factor is computed over the expanded (n_scaler_blocks, 256) view and returned as
 ``quantization_factor[:, 0].view(n_scaler_blocks)``, a view that keeps the whole bf16 base
 alive, in 0.1 and 0.2; torchao PR #298 (9dbc5542, 2024-05-31, in 0.3.0) returns it
 ``.contiguous()``."""
+DEFAULT_TORCHTUNE_VERSION = (0, 6, 1)
+"""The torchtune release assumed when none is given: 0.6.1, the release whose recipes and
+configs the torchtune conventions follow (:mod:`trainmem.specs.trainer_configs`)."""
+TORCHTUNE_RESHAPED_LOSS_SINCE = (0, 3, 0)
+"""torchtune 0.3.0 (4fba6cd4, "chunked cross entropy", Aug 2024): the recipes pass the loss
+the logits reshaped to (b s, V); through 0.2.1 (v0.1.0 .. v0.2.1 recipes/*_finetune_*.py
+``train()``) ``logits[..., :-1, :].contiguous()`` transposed to (b, V, s - 1) (Note
+[torchtune's transposed cross-entropy] in :mod:`trainmem.analytic.loss`)."""
 DEFAULT_TORCHTITAN_VERSION = (0, 0, 2)
 """The torchtitan release assumed when none is given: 0.0.2, the ``version.txt`` of the
 December 2024 tree (9dec370) the ``fsdp2`` conventions and torchtitan's published benchmarks

@@ -64,6 +64,7 @@ FIELD_GROUPS: dict[str, tuple[str, ...]] = {
         "transformers_version",
         "bitsandbytes_version",
         "torchao_version",
+        "torchtune_version",
         "torchtitan_version",
         "deepspeed_version",
         "load_phase",

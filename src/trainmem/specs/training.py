@@ -75,11 +75,13 @@ from trainmem.specs.frameworks import (
     DEFAULT_BITSANDBYTES_VERSION,
     DEFAULT_TORCHAO_VERSION,
     DEFAULT_TORCHTITAN_VERSION,
+    DEFAULT_TORCHTUNE_VERSION,
     DEFAULT_TRANSFORMERS_VERSION,
     FRAMEWORK_CONVENTIONS,
     GRAD_ACCUM_DTYPES,
     LOOPS,
     TORCHTITAN_COMPILED_LOSS_SINCE,
+    TORCHTUNE_RESHAPED_LOSS_SINCE,
     FrameworkConventions,
     deepspeed_copies_fp32_weights,
     deepspeed_grad_accum_dtype,
@@ -975,6 +977,15 @@ class FrameworkConfig:
     0.2 the whole weight's nearest-NF4 search at once, the load phase's peak
     (:mod:`trainmem.analytic.load`); None, the default: a current release
     (:data:`~trainmem.specs.frameworks.DEFAULT_TORCHAO_VERSION`)."""
+    torchtune_version: str | None = setting(
+        None,
+        "torchtune release (before 0.3 the recipes' loss takes the shifted logits transposed).",
+        default_text="0.6.1",
+    )
+    """torchtune release (``"0.1"``) whose recipes run with ``framework="torchtune"``: before
+    0.3 (:data:`~trainmem.specs.frameworks.TORCHTUNE_RESHAPED_LOSS_SINCE`) their loss is the
+    transposed cross-entropy (:attr:`TrainingConfig.recipe_loss`); None, the default:
+    :data:`~trainmem.specs.frameworks.DEFAULT_TORCHTUNE_VERSION`."""
     torchtitan_version: str | None = setting(
         None,
         "torchtitan release (from 0.1 its loss is compiled with --compile).",
@@ -1026,6 +1037,15 @@ class FrameworkConfig:
         return (major, minor, patch)
 
     @property
+    def torchtune_release(self) -> tuple[int, int, int]:
+        """(major, minor, patch) of the torchtune whose recipes run: ``torchtune_version`` when
+        given (``"0.1"`` is 0.1.0), else
+        :data:`~trainmem.specs.frameworks.DEFAULT_TORCHTUNE_VERSION`."""
+        given = parse_version("torchtune_version", self.torchtune_version)
+        major, minor, patch = (*(given or DEFAULT_TORCHTUNE_VERSION), 0, 0)[:3]
+        return (major, minor, patch)
+
+    @property
     def torchtitan_release(self) -> tuple[int, int, int]:
         """(major, minor, patch) of the torchtitan whose train loop runs: ``torchtitan_version``
         when given (``"0.1"`` is 0.1.0), else
@@ -1040,6 +1060,7 @@ class FrameworkConfig:
             "transformers_version",
             "bitsandbytes_version",
             "torchao_version",
+            "torchtune_version",
             "torchtitan_version",
             "deepspeed_version",
         ):
@@ -1420,6 +1441,22 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
         if self.loop is not None:
             return self.loop
         return "step" if self.keep_logits else self.conventions.loop
+
+    @property
+    def recipe_loss(self) -> str | None:
+        """The loss the loop computes on the logits, when it is not the model's own: ``loss``
+        when given (it always wins), else torchtune's transposed cross-entropy for its recipes
+        before 0.3 without a chunked loss (:data:`~trainmem.specs.frameworks.
+        TORCHTUNE_RESHAPED_LOSS_SINCE`), else None."""
+        if self.loss is not None:
+            return self.loss
+        if (
+            self.framework == "torchtune"
+            and self.torchtune_release < TORCHTUNE_RESHAPED_LOSS_SINCE
+            and not self.chunked_cross_entropy
+        ):
+            return "transposed-cross-entropy"
+        return None
 
     @property
     def quantized_matmul_saves_input(self) -> bool:

@@ -578,10 +578,11 @@ def estimate_trace(
     ws = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
     if family_row(raw.get("model_type")).not_transformers:
         return _estimate_course(name, raw, training, gpu, ws, _layout(model_spec_or_name, training))
-    if training.loss not in (None, "cross-entropy"):
+    if training.recipe_loss not in (None, "cross-entropy"):
         raise UnsupportedError(
-            f"loss={training.loss} is traced for the CS336 course model only (a transformers "
-            "model computes its own cross-entropy from the labels); use --engine analytic"
+            f"loss={training.recipe_loss} is traced for the CS336 course model only (a "
+            "transformers model computes its own cross-entropy from the labels); use --engine "
+            "analytic"
         )
     holder: dict[str, Any] = {}
 

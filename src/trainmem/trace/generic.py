@@ -157,7 +157,7 @@ def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfi
         )
     from trainmem.trace.hf_model import build_hf_training_model, hf_loss, make_hf_batch
 
-    if training.loss not in (None, "cross-entropy"):  # cross-entropy: the model's own
+    if training.recipe_loss not in (None, "cross-entropy"):  # cross-entropy: the model's own
         return _own_loss_recipe(name, raw, training)
     return Recipe(
         name,
@@ -211,8 +211,9 @@ def _padded(batch: Any, training: TrainingConfig) -> Any:
 
 def _own_loss_recipe(name: str, raw: Mapping[str, Any], training: TrainingConfig) -> Recipe:
     """A transformers language model whose loss the loop computes on its logits
-    (``TrainingConfig.loss``: ``logits-sum`` / ``logits-mean``, a profiling script's stand-in,
-    or the CS336 course's written-out cross-entropy; ``trainmem.trace.course_model.course_loss``)
+    (``TrainingConfig.recipe_loss``: ``logits-sum`` / ``logits-mean``, a profiling script's
+    stand-in, the CS336 course's written-out cross-entropy, torchtune < 0.3's transposed one;
+    ``trainmem.trace.course_model.course_loss``)
     instead of the model's own from the labels: the batch without ``labels``, the loss on
     ``output.logits`` and the token ids.
 
@@ -223,7 +224,7 @@ def _own_loss_recipe(name: str, raw: Mapping[str, Any], training: TrainingConfig
     from trainmem.trace.course_model import course_loss
     from trainmem.trace.hf_model import build_hf_training_model, make_hf_batch
 
-    kind = str(training.loss)
+    kind = str(training.recipe_loss)
     if training.chunked_cross_entropy:
         raise UnsupportedError(
             f"loss={kind} with chunked_cross_entropy: the chunked loss is a cross-entropy of "
