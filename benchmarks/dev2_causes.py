@@ -180,6 +180,12 @@ _TORCHAO_DS_OFFLOAD = (
     "overlap_comm=True, offload_optimizer=dict(device='cpu', pin_memory=True)))) ('requires "
     "ZeRO-2 to enable overlap_comm'); the reading had ZeRO stage 1",
 )
+_PEFT_DS_ZERO3_OFFLOAD = (
+    ["--lora-dropout", "0.1"],
+    "peft 73d7224b examples/causal_language_modeling/pet_lora_clm_accelerate_ds_zero3_offload.py, "
+    "the row's script: LoRAConfig(task_type=TaskType.CAUSAL_LM, inference_mode=False, r=8, "
+    "lora_alpha=32, lora_dropout=0.1); the reading had none",
+)
 _FMS_LORA_DROPOUT = (
     [*_FMS_TRANSFORMERS[0], "--lora-dropout", "0.1"],
     _FMS_TRANSFORMERS[1] + "; scripts/benchmarks/scenarios.yaml @24bdadb gives every peft "
@@ -288,6 +294,7 @@ AMENDMENTS: dict[str, tuple[list[str], str]] = {
     **{f"GT{n}": _RASBT_ZERO_GRAD for n in range(179, 183)},
     **{f"GT{n}": _RASBT_NIGHTLY for n in range(183, 185)},
     "GT170": _TORCHAO_DS_OFFLOAD,
+    "GT070": _PEFT_DS_ZERO3_OFFLOAD,
     "GT062": _TITAN_010,
     "GT063": _TITAN_010,
 }
@@ -608,12 +615,17 @@ CAUSES.update(
         "GT062": _FLOAT8_AG,
         "GT063": _FLOAT8_AG,
         "GT070": (
-            "unexplained: DeepSpeed ZeRO-3 with parameter and optimizer offload on 1 GPU. Not the "
-            "unit: the script (peft 73d7224b examples/causal_language_modeling/"
-            "pet_lora_clm_accelerate_ds_zero3_offload.py) prints max_memory_allocated in MiB "
-            "(b2mb = int(x / 2**20)), so '18.1GB' read as GiB is 19.4e9 bytes and the "
-            "under-estimate only grows; the README does not say which of its train / eval "
-            "peaks (the eval runs generate with synced_gpus) the table gives"
+            "explained (-65.7 -> +3.3%): DeepSpeed v0.8.0 ZeRO-3 (the README @73d7224b asks for PR "
+            "#2653, merged as v0.8.0) with accelerate 0.15's config (zero3_init_flag, offload "
+            "of parameters and optimizer, no bucket sizes: DeepSpeed's defaults). Note "
+            "[DeepSpeed ZeRO-3 parameter gathers]: one GPU gathers too; the prefetcher runs "
+            "ahead to stage3_max_live_parameters (1e9 fp32 elements, 4.0 GB) while the layers "
+            "run, and fetches the tied 250880 x 4096 output weight (4.1 GB) as the last layers "
+            "run, beside the host partition's copy on the GPU (4.1 GB); "
+            "TrainingConfig.zero3_linear_saves_input: zero.Init's persistent F.linear "
+            "replacement saves every frozen linear's input (+59 MB a layer); lora_dropout 0.1 "
+            "amended from the script. The script prints MiB (b2mb), so '18.1GB' may be 18.1e3 "
+            "MiB (19.0e9 B, then -1.5%)"
         ),
         # the litgpt config-hub rows GT097-GT113 are within 5% with litgpt's loop (Note [The
         # previous micro-batch's graph]), its untied output head (FrameworkConventions.
@@ -677,7 +689,15 @@ CAUSES.update(
         "GT176": (
             "unexplained: DeepSpeed ZeRO-3 QLoRA; the double-quantized statistics are whole on "
             "each rank (Note [bitsandbytes statistics under sharding]) and the script's "
-            "nested quant and lora_dropout 0.1 amended: -5.6 -> -7.8%"
+            "nested quant and lora_dropout 0.1 amended: -5.6 -> -7.8%; DeepSpeed ZeRO-3's "
+            "prefetch pool up to stage3_max_live_parameters, counted in the packed 4-bit "
+            "storage's elements (Note [DeepSpeed ZeRO-3 parameter gathers]): -7.8 -> -6.2%"
+        ),
+        "GT174": (
+            "unexplained, over by 3.6 GB: '64 GB (80%)' read off a system-monitor screenshot; "
+            "DeepSpeed ZeRO-3's prefetch pool modelled at its stage3_max_live_parameters "
+            "ceiling, 1e9 bf16 elements (Note [DeepSpeed ZeRO-3 parameter gathers]; before: "
+            "one 70B layer and the 0.9 h^2 bucket): +4.5 -> +5.7%"
         ),
         "GT177": (
             "accelerate FSDP CPU offload of a 70B QLoRA: the double-quantized statistics stay on "

@@ -52,16 +52,16 @@ Note [Traced ZeRO-3]
     :func:`~trainmem.analytic.buffers.gradient_buffer_from_init`): the traced gradients become
     0 bytes and one buffer of their partitions is allocated with the state the step starts from,
     never freed; each layer's new gradients stay whole until its last one is made (the
-    analytic ``reduce`` term, as under ZeRO-2). Each micro-batch holds the root module's
-    gathered weights and the current layer's plus the prefetch bucket from its start to its
-    end (:func:`~trainmem.analytic.transforms.sharding.sharding`, the analytic
-    ``micro_batch.begin`` gathers: :func:`~trainmem.analytic.buffers.
-    deepspeed_zero3_gather_bytes` with ``stage3_prefetch_bucket_size`` and
-    ``stage3_max_live_parameters``); the transform adds the persistent gradient bucket and the
-    step's per-sub-group gradient copies. The plain loop is traced on one rank: the trace would
-    run ``zero_stage=3`` over N ranks as FSDP2. Without a ModelSpec the gathered layer is the
-    largest block of the traced block lists and the root every tensor outside them; ``"auto"``
-    prefetch buckets (0.9 h^2) need the hidden size and are refused.
+    analytic ``reduce`` term, as under ZeRO-2). Each micro-batch holds the layers' prefetch
+    pool and the larger of the embeddings' and the output layer's gathered weights from its
+    start to its end, that root gather's offloaded partition copied to the GPU at its start
+    (:func:`~trainmem.analytic.transforms.deepspeed_gathers.deepspeed_zero3_gathers`, Note
+    [DeepSpeed ZeRO-3 parameter gathers]; the analytic step places each at its module, the
+    traced one has no per-module points); the transform adds the persistent gradient bucket and
+    the step's per-sub-group gradient copies. The plain loop is traced on one rank: the trace
+    would run ``zero_stage=3`` over N ranks as FSDP2. Without a ModelSpec the gathered layer is
+    the largest block of the traced block lists and the root every tensor outside them
+    (untied).
 
 Note [Points of a traced step]
     The traced step is forward / backward per micro-batch, then the optimizer and
@@ -94,11 +94,18 @@ from trainmem.analytic.tensor_states import (
     paged_state_bytes,
     state_layout,
 )
-from trainmem.analytic.transforms.base import PipelineRank, RankContext, Where, free, splice
+from trainmem.analytic.transforms.base import (
+    PipelineRank,
+    RankContext,
+    Where,
+    alloc,
+    free,
+    splice,
+)
 from trainmem.analytic.transforms.deepspeed import DeepSpeedZero
+from trainmem.analytic.transforms.deepspeed_gathers import deepspeed_zero3_gathers
 from trainmem.analytic.transforms.optimizer import Optimizer
 from trainmem.analytic.transforms.points import Point
-from trainmem.analytic.transforms.sharding import gather_ops, sharding
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.errors import ScheduleError
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
@@ -183,9 +190,9 @@ def apply_deepspeed(
         The schedule with the states re-sized and the transform's ops spliced in.
 
     Raises:
-        ScheduleError: a setting :func:`deepspeed_refusals` names, ``reduce_bucket_size`` or
-            ``stage3_prefetch_bucket_size`` ``"auto"`` without a ModelSpec, or a step without a
-            backward or optimizer to place the ops at.
+        ScheduleError: a setting :func:`deepspeed_refusals` names, ``reduce_bucket_size``
+            ``"auto"`` without a ModelSpec, or a step without a backward or optimizer to place
+            the ops at.
     """
     refused = deepspeed_refusals(training)
     if refused:
@@ -197,7 +204,7 @@ def apply_deepspeed(
     segments, tail = micro_batches(body)
     reduces = training.zero_stage >= 2
     new_grads = _GradientSizes.of(segments[0]) if reduces else None
-    gathers = _zero3_gathers(schedule, ctx, training) if training.zero_stage == 3 else []
+    gathers, h2d = _zero3_gathers(schedule, ctx, training) if training.zero_stage == 3 else ([], [])
     rewritten = [_rewrite(seg, sizes, new_grads, first=k == 0) for k, seg in enumerate(segments)]
     tail = _rewrite(tail, sizes, None, first=False)
     frees: list[Item] = []
@@ -209,7 +216,7 @@ def apply_deepspeed(
         for k, seg in enumerate(rewritten):
             where = Where(first_step=first, new_grads=k == 0)
             spliced = splice(seg, _segment_points(seg, first=k == 0), [transform], where)
-            out += [*gathers, *spliced, *(free(op, "backward") for op in reversed(gathers))]
+            out += [*gathers, *h2d, *spliced, *(free(op, "backward") for op in reversed(gathers))]
         optimizer = splice(tail, _tail_points(tail), [transform], Where(first_step=first))
         return out + (_own_gradient_frees(optimizer, frees) if frees else optimizer)
 
@@ -257,22 +264,26 @@ def _deepspeed_context(
     return _traced_context([whole], training)
 
 
-def _zero3_gathers(schedule: StepSchedule, ctx: RankContext, training: TrainingConfig) -> list[Op]:
-    """ZeRO-3's gathered parameters of one micro-batch (Note [Traced ZeRO-3]): the root
-    module's and the current layer's plus its prefetch bucket, as the analytic
-    :func:`~trainmem.analytic.transforms.sharding.sharding` sizes them from the rank's layout,
-    or, without a ModelSpec, from the traced tensors (the layer: the largest block of a block
-    list)."""
+def _zero3_gathers(
+    schedule: StepSchedule, ctx: RankContext, training: TrainingConfig
+) -> tuple[list[Op], list[Op]]:
+    """ZeRO-3's gathered parameters of one micro-batch (Note [Traced ZeRO-3]): held, the
+    layers' prefetch pool and the larger of the embeddings' and the output layer's gathers
+    (Note [DeepSpeed ZeRO-3 parameter gathers], sized from the rank's layout or, without a
+    ModelSpec, from the traced tensors: the layer the largest block of a block list, untied);
+    transient, that gather's offloaded partition copied to the GPU (allocated and freed)."""
     if ctx.model is None:
-        if training.stage3_prefetch_bucket_size == "auto":
-            raise ScheduleError(
-                'stage3_prefetch_bucket_size="auto" is 0.9 hidden_size^2, and this model has no '
-                "ModelSpec to give its hidden size; set stage3_prefetch_bucket_size to a number "
-                "of elements"
-            )
         ctx = _traced_layers_context(traced_tensor_states(schedule, training), training)
-    root, layer = gather_ops(sharding(ctx))
-    return [op for op in (root, layer) if op.size_bytes]
+    g = deepspeed_zero3_gathers(ctx)
+    f: Phase = "forward"
+    root_bytes = max(g.embedding, g.head)
+    pool = alloc(g.pool, Cat.TEMPORARY, f, "gather/pool", "layers", "the layers' gathered weights")
+    root = alloc(
+        root_bytes, Cat.TEMPORARY, f, "gather/root", "(model)", "the root's gathered weights"
+    )
+    copy = alloc(g.copy(root_bytes), Cat.TEMPORARY, f, "gather/root/h2d", "(model)", "the H2D copy")
+    held = [op for op in (root, pool) if op.size_bytes]
+    return held, [copy, free(copy, f)] if copy.size_bytes else []
 
 
 def _traced_layers_context(states: list[TensorState], training: TrainingConfig) -> RankContext:

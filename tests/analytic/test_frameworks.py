@@ -708,29 +708,54 @@ def test_peft_kbit_training_keeps_non_quantized_weights_in_fp32(llama_2_7b: Mode
     assert compute_and_residual_bytes(TrainingConfig(framework="litgpt", **kw)) == (2, 2)  # type: ignore[arg-type]
 
 
-def test_deepspeed_zero3_gathers_one_layer_plus_the_prefetch_bucket(llama_2_7b: ModelSpec) -> None:
-    from trainmem.analytic.buffers import deepspeed_zero3_gather_bytes
+def test_deepspeed_zero3_prefetch_runs_ahead_to_max_live(llama_2_7b: ModelSpec) -> None:
+    # Note [DeepSpeed ZeRO-3 parameter gathers]: every hooked module prefetches up to
+    # min(max_live - n_available, bucket) more, so the layers' gathered elements rise to
+    # stage3_max_live_parameters (1e9), or all 32 layers' if fewer
+    from trainmem.analytic.zero3_gathers import zero3_gathers
 
-    def z3(**kw: object) -> TrainingConfig:
-        return TrainingConfig(framework="deepspeed", data_parallel_size=8, zero_stage=3, **kw)  # type: ignore[arg-type]
+    def gathers(**kw: object) -> object:
+        t = TrainingConfig(framework="deepspeed", data_parallel_size=8, zero_stage=3, **kw)  # type: ignore[arg-type]
+        lay = state_layout(llama_2_7b, t)
+        return zero3_gathers(lay.layer, 32, lay.embedding, lay.head, tied=False, training=t)
 
-    # bf16 layer (2 x 202,383,360 B) + a 5e7-element prefetch bucket (2 B each)
-    layer = _layer(llama_2_7b, z3())
-    assert deepspeed_zero3_gather_bytes(layer, llama_2_7b, z3()) == 2 * (LAYER_NUMEL + 50_000_000)  # type: ignore[arg-type]
-    # "auto": int(0.9 x 4096^2) = 15,099,494 elements
-    auto = z3(stage3_prefetch_bucket_size="auto")
-    assert deepspeed_zero3_gather_bytes(layer, llama_2_7b, auto) == 2 * (LAYER_NUMEL + 15_099_494)  # type: ignore[arg-type]
-    # a bucket larger than the layer prefetches the next whole layer, no more
-    big = z3(stage3_prefetch_bucket_size=10**9)
-    assert deepspeed_zero3_gather_bytes(layer, llama_2_7b, big) == 4 * LAYER_NUMEL  # type: ignore[arg-type]
-    # fetch_sub_module: max_params_to_prefetch = min(max_live - n_available, bucket): with
-    # stage3_max_live_parameters 2.2e8 and the layer's 202,383,360 elements live, 17,616,640 more
-    live = z3(stage3_max_live_parameters=220_000_000)
-    assert 220_000_000 - LAYER_NUMEL == 17_616_640
-    assert deepspeed_zero3_gather_bytes(layer, llama_2_7b, live) == 2 * (LAYER_NUMEL + 17_616_640)  # type: ignore[arg-type]
-    # below the layer itself: no prefetch, the layer is still fetched
-    tight = z3(stage3_max_live_parameters=10**8)
-    assert deepspeed_zero3_gather_bytes(layer, llama_2_7b, tight) == 2 * LAYER_NUMEL  # type: ignore[arg-type]
+    g = gathers()
+    assert 32 * LAYER_NUMEL > 10**9
+    assert g.pool == 2 * 10**9  # type: ignore[attr-defined]
+    # a bigger budget: every layer (32 x 202,383,360 elements, bf16)
+    assert gathers(stage3_max_live_parameters=10**10).pool == 2 * 32 * LAYER_NUMEL  # type: ignore[attr-defined]
+    # a budget below one layer: the layer is fetched all the same; no prefetch bucket, no run-ahead
+    assert gathers(stage3_max_live_parameters=10**8).pool == 2 * LAYER_NUMEL  # type: ignore[attr-defined]
+    assert gathers(stage3_prefetch_bucket_size=0).pool == 2 * LAYER_NUMEL  # type: ignore[attr-defined]
+    # untied 32000 x 4096 head (+ the final norm): 2 H = 262,160,384 elements; layer j from the
+    # end is kept across the turnaround while 2 j x 202,383,360 + 262,160,384 < 1e9: j = 0, 1
+    assert g.turnaround == 2 * 2 * LAYER_NUMEL  # type: ignore[attr-defined]
+    assert g.head == 2 * (32000 * 4096 + 4096)  # type: ignore[attr-defined]
+    assert g.embedding == 2 * 32000 * 4096  # type: ignore[attr-defined]
+    # the embedding's next use is its own backward, 2 x (32 layers + head) elements away
+    assert g.embedding_release == "stack.pre_forward" and g.embedding_backward  # type: ignore[attr-defined]
+    assert g.copy(1000) == 0  # type: ignore[attr-defined]
+
+
+def test_deepspeed_zero3_tied_small_model_keeps_the_embedding() -> None:
+    # gpt2: 12 layers of 7,087,872 elements (12 h^2 + 13 h, h = 768), tied 50257 x 768 wte:
+    # the layers (85,054,464 elements) are fewer than max_reuse_distance (1e9), so the tied
+    # weight stays gathered from the lookup to its own backward, every layer across the
+    # turnaround; fp32 (32-true), one rank with parameter offload: the gather's host copy
+    from trainmem.analytic.zero3_gathers import zero3_gathers
+
+    model = load_model_spec("gpt2")
+    t = TrainingConfig(
+        framework="deepspeed", zero_stage=3, offload="optimizer+params", precision="32-true"
+    )
+    lay = state_layout(model, t)
+    g = zero3_gathers(lay.layer, 12, lay.embedding, lay.head, tied=True, training=t)
+    per_layer = 12 * 768 * 768 + 13 * 768
+    assert per_layer == 7_087_872
+    assert g.pool == g.turnaround == 4 * 12 * per_layer
+    assert g.embedding_release == "embedding.post_backward" and not g.embedding_backward
+    assert g.head == 0  # the tied weight is already gathered
+    assert g.copy(4 * 50257 * 768) == 4 * 50257 * 768  # one rank: the whole partition
 
 
 def test_sdpa_expands_gqa_keys_and_values_with_a_padding_mask() -> None:
@@ -882,3 +907,71 @@ def test_gptq_bases_and_unprepared_bases_stay_16_bit_under_autocast(llama_2_7b: 
         assert compute_and_residual_bytes(training) == (2, residual)
     # a full fine-tune under autocast keeps its fp32 weights and residual stream
     assert compute_and_residual_bytes(TrainingConfig(**{**kw, "lora_rank": 0})) == (2, 4)  # type: ignore[arg-type]
+
+
+def test_deepspeed_zero3_linear_saves_frozen_inputs(llama_2_7b: ModelSpec) -> None:
+    # zero.Init's persistent F.linear replacement (LinearFunctionForZeroStage3:
+    # ctx.save_for_backward(input, ...) whatever requires grad): a frozen base keeps every
+    # linear's input, as full fine-tuning does; 1 x 1024 tokens, bf16 (c = 2), LoRA on q, v
+    from trainmem.analytic.activations import layer_activation_terms
+
+    def terms(stage: int) -> dict[str, int]:
+        t = TrainingConfig(
+            framework="deepspeed", zero_stage=stage, data_parallel_size=8, precision="bf16-true",
+            micro_batch_size=1, seq_len=1024, lora_rank=8, lora_targets=("q", "v"),
+        )  # fmt: skip
+        assert t.zero3_linear_saves_input is (stage == 3)
+        return layer_activation_terms(llama_2_7b, t)
+
+    z2, z3 = terms(2), terms(3)
+    # gate / up read the post-attention norm's output: saved once, 2 x 4096 x 1024
+    assert z2["mlp/input"] == 0 and z3["mlp/input"] == 2 * 4096 * 1024
+    # down reads the gated product: 2 x 11008 x 1024 more
+    assert z3["mlp/gated"] - z2["mlp/gated"] == 2 * 11008 * 1024
+
+
+def test_deepspeed_zero3_offload_on_one_gpu_gathers_in_order(llama_2_7b: ModelSpec) -> None:
+    # Note [DeepSpeed ZeRO-3 parameter gathers] on one rank with parameter offload (fp32):
+    # the embedding (32000 x 4096) gathered with its host partition's copy beside it, freed
+    # before the pool (1e9 fp32 elements: 32 layers of 202,383,360 exceed it) fills; the
+    # untied head (32000 x 4096 + the final norm) fetched while the pool is alive, its copy
+    # beside it, released after the head's backward
+    from trainmem.schedule import Op
+
+    t = TrainingConfig(
+        framework="deepspeed", zero_stage=3, offload="optimizer+params", precision="32-true",
+        micro_batch_size=1, seq_len=64, activation_checkpointing="none",
+    )  # fmt: skip
+    est = estimate_analytic(llama_2_7b, t, simulate_allocator=False)
+
+    def flat(items: object) -> list[Op]:
+        out: list[Op] = []
+        for item in items:  # type: ignore[attr-defined]
+            out += [item] if isinstance(item, Op) else flat(item.body)
+        return out
+
+    ops = [
+        (op.action, op.key, op.size_bytes)
+        for op in flat(est.schedules[0].step)
+        if op.key.startswith("gather/")
+    ]
+    emb, head = 4 * 32000 * 4096, 4 * (32000 * 4096 + 4096)
+    pool = 4 * 10**9
+    assert ops[:8] == [
+        ("alloc", "gather/embedding", emb),
+        ("alloc", "gather/embedding/h2d", emb),
+        ("free", "gather/embedding/h2d", emb),
+        ("free", "gather/embedding", emb),
+        ("alloc", "gather/pool", pool),
+        ("alloc", "gather/head", head),
+        ("alloc", "gather/head/h2d", head),
+        ("free", "gather/head/h2d", head),
+    ]
+    # the forward's pool freed; kept across the turnaround, the layers j from the end whose two
+    # uses are 2 j x 202,383,360 + 2 x 131,076,096 elements apart, below 1e9: j = 0, 1
+    assert 2 * 202_383_360 + 2 * 131_076_096 < 10**9 < 4 * 202_383_360 + 2 * 131_076_096
+    assert ops[8:11] == [
+        ("free", "gather/pool", pool),
+        ("alloc", "gather/kept", 4 * 2 * 202_383_360),
+        ("free", "gather/head", head),
+    ]

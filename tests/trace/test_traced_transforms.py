@@ -299,11 +299,11 @@ def test_zero3_of_a_traced_qwen2_by_hand() -> None:
     assert [op.size_bytes for op in setup if op.key == "grad/partition3"] == [2 * 139_840 // 4]
     step = [op for op in _ops(list(schedule.step)) if op.action == "alloc"]
     assert not [op for op in step if op.category is MemoryCategory.GRADIENT and op.size_bytes]
-    # per micro-batch: the root's gathered weights (embedding and head 512 x 64 each, final
-    # norm 64: 65,600 bf16 values) and the layer's (37,120) plus the prefetch bucket, "auto" =
-    # int(0.9 x 64^2) = 3,686 values of the next layer
+    # per micro-batch (Note [DeepSpeed ZeRO-3 parameter gathers]): the layers' prefetch pool,
+    # both layers (2 x 37,120 values, below stage3_max_live_parameters' 1e9), and the larger
+    # of the embedding's (512 x 64) and the head's (512 x 64 + the final norm's 64) gathers
     gathered = {op.key: op.size_bytes for op in step if op.key.startswith("gather/")}
-    assert gathered == {"gather/root": 2 * 65_600, "gather/a": 2 * (37_120 + 3_686)}
+    assert gathered == {"gather/root": 2 * 32_832, "gather/pool": 2 * 2 * 37_120}
     # the persistent bucket (reduce "auto" = h^2 = 4,096 bf16 values) from the warm-up step on
     assert [op.size_bytes for op in setup if op.key == "bucket/persistent"] == [2 * 4096]
     # the step's flat copies of the partition (one sub-group: 34,960 values), bf16 then fp32
@@ -325,12 +325,13 @@ def test_zero3_on_a_diffusers_model() -> None:
     assert states["gradients"] == 2 * n // 4
     # and the sin-cos position table, a buffer (not partitioned): (8 / 2)^2 patches x 32 bf16
     assert states["parameters"] == 2 * n // 4 + 2 * 16 * 32
-    # the gathered block: the largest transformer block's bf16 weights (each block: adaLN
-    # table 6 x 32 = 192, two attentions of 4 x (32 x 32 + 32) = 4,224 each, the feed-forward
-    # 32 x 128 + 128 + 128 x 32 + 32 = 8,352: 16,992 values) plus 1,000 prefetched values
+    # the gathered pool: both transformer blocks' bf16 weights (each block: adaLN table
+    # 6 x 32 = 192, two attentions of 4 x (32 x 32 + 32) = 4,224 each, the feed-forward
+    # 32 x 128 + 128 + 128 x 32 + 32 = 8,352: 16,992 values), the prefetcher running ahead to
+    # stage3_max_live_parameters (Note [DeepSpeed ZeRO-3 parameter gathers])
     step = _ops(list(est.schedules[0].step))
-    (layer,) = {op.size_bytes for op in step if op.key == "gather/a"}
-    assert layer == 2 * (16_992 + 1_000)
+    (layer,) = {op.size_bytes for op in step if op.key == "gather/pool"}
+    assert layer == 2 * 2 * 16_992
     with pytest.raises(UnsupportedError, match="stage3-prefetch-bucket-size=N"):
         estimate(pixart, replace(training, stage3_prefetch_bucket_size="auto"), engine="generic")
 

@@ -190,37 +190,6 @@ DEEPSPEED_MAX_LIVE_PARAMETERS = 1_000_000_000
 ``max_live_parameters: int = Field(pp_int(1e9), ge=0, alias="stage3_max_live_parameters")``)."""
 
 
-def deepspeed_zero3_gather_bytes(
-    layer: Sequence[TensorState], model: ModelSpec, training: TrainingConfig
-) -> int:
-    """Bytes of gathered parameters DeepSpeed ZeRO-3 holds while a layer runs: the layer's own
-    (16-bit) weights plus the prefetch bucket, at most ``stage3_prefetch_bucket_size`` elements
-    of the next layer (default 5e7; ``"auto"`` = int(0.9 h^2), the HF Trainer's fill-in) and
-    at most ``stage3_max_live_parameters`` minus the layer's own elements (default 1e9).
-
-    Alive: forward and backward (one layer at a time).
-
-    Source: DeepSpeed runtime/zero/partitioned_param_coordinator.py ``fetch_sub_module``
-    (prefetches up to ``min(self.__max_n_available_params - self.__n_available_params,
-    self.__prefetch_bucket_sz)`` numel of the upcoming parameters);
-    transformers integrations/deepspeed.py ``trainer_config_finalize``
-    (``stage3_prefetch_bucket_size = 0.9 * hidden_size * hidden_size``).
-    """
-    own = sum(s.full_param_bytes for s in layer)
-    numel = sum(s.numel for s in layer) // training.tensor_parallel_size
-    size = training.stage3_prefetch_bucket_size
-    if size == "auto":
-        prefetch = int(0.9 * model.hidden_size * model.hidden_size)
-    else:
-        prefetch = DEEPSPEED_PREFETCH_BUCKET_SIZE if size is None else int(size)
-    live = training.stage3_max_live_parameters
-    max_live = DEEPSPEED_MAX_LIVE_PARAMETERS if live is None or live == "auto" else live
-    # fetch_sub_module: max_params_to_prefetch = min(max_n_available - n_available, bucket)
-    prefetch = min(prefetch, max(max_live - numel, 0))
-    per_element = own // max(numel, 1)
-    return own + per_element * min(prefetch, numel)
-
-
 def deepspeed_backward_bucket_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     """DeepSpeed ZeRO-1/2 gradient buckets: ``reduce_bucket_size`` elements of the 16-bit model
     dtype, twice with ``overlap_comm`` (default False below stage 3); 0 for other frameworks.

@@ -43,8 +43,10 @@ def apply_lora(
     # ``MatMul4Bit`` since 0.43.2 keeps ``(None, B)``, and torchtune's torchao ``NF4Tensor``
     # (``linear_nf4``) saves only the weight: then a quantized base is like a frozen 16-bit one.
     # See TrainingConfig.quantized_matmul_saves_input.
+    # DeepSpeed ZeRO-3's persistent F.linear replacement saves every linear's input too
+    # (TrainingConfig.zero3_linear_saves_input)
     check_lora_variant(training)
-    if not training.quantized_matmul_saves_input:
+    if not (training.quantized_matmul_saves_input or training.zero3_linear_saves_input):
         _frozen_base_inputs(terms, model, training, t=t, k_top=k_top)
     terms.update(_adapter_terms(model, training, t=t, k_top=k_top))
     adapter_bytes = dtype_bytes(lora_adapter_dtype(training))
@@ -263,7 +265,8 @@ def first_layer_unsaved(model: ModelSpec, training: TrainingConfig) -> FirstLaye
         less["autocast_weight_copies"] = copies
     whole: tuple[str, ...] = ("attention/norm",)
     own_copy = training.uses_autocast or dtype_bytes(lora_adapter_dtype(training)) > c
-    if training.quantized_matmul_saves_input and (own_copy or training.lora_dropout > 0):
+    saves_input = training.quantized_matmul_saves_input or training.zero3_linear_saves_input
+    if saves_input and (own_copy or training.lora_dropout > 0):
         # the quantized q / k / v matmuls' saved inputs (adapters read their own copy)
         whole += ("attention/qkv_input",)
     if parallel:

@@ -1472,6 +1472,20 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
         return (version or DEFAULT_BITSANDBYTES_VERSION) < BNB_MATMUL4BIT_SAVES_NO_INPUT_SINCE
 
     @property
+    def zero3_linear_saves_input(self) -> bool:
+        """Every ``F.linear`` saves its input, its weight frozen or not: a DeepSpeed ZeRO-3
+        model is built under ``deepspeed.zero.Init`` (transformers modeling_utils
+        ``from_pretrained``: ``init_contexts = [deepspeed.zero.Init(config_dict_or_path=
+        deepspeed_config())]`` under a ZeRO-3 config; accelerate's ``zero3_init_flag``), whose
+        ``__enter__`` replaces ``torch.nn.functional.linear`` with ``zero3_linear_wrap`` for
+        good (``mem_efficient_linear=True``; the restore in ``shutdown_init_context`` is
+        commented out: "un doing it here will undo it during training"), and
+        ``LinearFunctionForZeroStage3.forward`` calls ``ctx.save_for_backward(input, ...)``
+        unconditionally. Source: DeepSpeed runtime/zero/partition_parameters.py and
+        runtime/zero/linear.py, v0.8.0 (2023-01) to v0.16.4 (2025-02) alike."""
+        return self.conventions.zero_ipg_buckets and self.zero_stage == 3
+
+    @property
     def uses_autocast(self) -> bool:
         """Mixed precision through torch.autocast (fp32 residual stream, per-op casts)."""
         return self.is_mixed and self.conventions.autocast and not self.is_fp8

@@ -13,6 +13,7 @@ from trainmem.analytic.transforms.base import RankContext, Transform
 from trainmem.analytic.transforms.checkpointing import ActivationOffloading
 from trainmem.analytic.transforms.ddp import DdpReducer
 from trainmem.analytic.transforms.deepspeed import DeepSpeedZero
+from trainmem.analytic.transforms.deepspeed_gathers import DeepSpeedZero3Gathers
 from trainmem.analytic.transforms.dora import DoraWeightNorm
 from trainmem.analytic.transforms.fsdp import FullyShardedDataParallel
 from trainmem.analytic.transforms.fsdp2 import Fsdp2PostBackward
@@ -25,6 +26,7 @@ from trainmem.analytic.transforms.quantized import QuantizedBase
 
 ORDER: tuple[type[Transform], ...] = (
     DeepSpeedZero,
+    DeepSpeedZero3Gathers,
     Optimizer,
     FullyShardedDataParallel,
     Fsdp2PostBackward,

@@ -148,6 +148,10 @@ class RankContext:
         tied = model.tie_word_embeddings and rank.has_head
         head_grads = head + [s for s in emb if tied and s.name == "embedding/tokens"]
         stage = training.zero_stage if training.sharding_degree > 1 else 0
+        if training.zero_stage == 3 and training.conventions.zero_ipg_buckets:
+            # DeepSpeed ZeRO-3 partitions and gathers on one rank too (Note [DeepSpeed ZeRO-3
+            # parameter gathers])
+            stage = 3
         streams = training.conventions.fsdp_collective_streams and stage == 3
         return cls(
             model=model,

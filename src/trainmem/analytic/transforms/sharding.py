@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes
 from trainmem.analytic.buffers import (
-    deepspeed_zero3_gather_bytes,
     gathered_layer_bytes,
     gradient_buffer_from_init,
     kept_gathered_layer_bytes,
@@ -76,8 +75,7 @@ class Sharding:
 
 def _gathers(ctx: RankContext) -> tuple[int, int, int]:
     """(the current layer's gathered parameters, the prefetched layer's, the root module's)
-    under ZeRO-3 / FULL_SHARD. DeepSpeed gathers the layer plus a prefetch bucket
-    (:func:`~trainmem.analytic.buffers.deepspeed_zero3_gather_bytes`, counted once); FSDP
+    under ZeRO-3 / FULL_SHARD. DeepSpeed's are :mod:`.deepspeed_gathers`' (none here); FSDP
     the current and the next layer in the gathered dtype
     (:func:`~trainmem.analytic.buffers.gathered_layer_bytes`); torchao float8 all-gathers
     linear weights in float8 (1 byte each)."""
@@ -96,8 +94,8 @@ def _gathers(ctx: RankContext) -> tuple[int, int, int]:
             // t.tensor_parallel_size
         )
         return per, per, root
-    if t.conventions.zero_ipg_buckets:
-        return deepspeed_zero3_gather_bytes(layer, ctx.model, t), 0, root
+    if t.conventions.zero_ipg_buckets:  # :mod:`.deepspeed_gathers`
+        return 0, 0, 0
     per = gathered_layer_bytes(layer, t)
     return per, per, root
 
