@@ -148,7 +148,7 @@ def test_a_template_serves_other_shapes_and_refuses_another_path() -> None:
     for s, recordings in ((200, 1), (208, 1), (128, 2), (216, 2)):
         training = derived(base, seq_len=s)
         filled = templated_schedules(model, training, ranks, 1 << 20)
-        assert len(template._TEMPLATES[key]) == recordings
+        assert len(template._TEMPLATES[key].fills) == recordings
         layout, prof = state_layout(model, training), activation_profile(model, training)
         assert filled == [
             rank_schedule(

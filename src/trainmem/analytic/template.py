@@ -242,17 +242,65 @@ class Sym:
         return 0
 
 
-_TEMPLATES: dict[tuple[object, ...], list[Callable[[int, int], list[StepSchedule] | None]]] = {}
+Fill = Callable[[int, int], "list[StepSchedule] | None"]
+
+
+class _Structure:
+    """The templates of one configuration key (every setting but ``b`` and ``s``): the
+    recorded paths, the one that served each sequence length last (a sweep meets each length
+    at every micro-batch size, and the sizes the builder compares mostly scale with it) and
+    the one that served last."""
+
+    __slots__ = ("by_seq_len", "fills")
+
+    def __init__(self) -> None:
+        self.fills: list[Fill] = []
+        self.by_seq_len: dict[int, Fill] = {}
+
+    def fill(self, b: int, s: int) -> list[StepSchedule] | None:
+        hint = self.by_seq_len.get(s)
+        if hint is not None:
+            out = hint(b, s)
+            if out is not None:
+                return out
+        for k, fill in enumerate(self.fills):
+            if fill is hint:
+                continue
+            out = fill(b, s)
+            if out is not None:
+                if k:  # the next configuration likely takes the same path: try it first
+                    self.fills.insert(0, self.fills.pop(k))
+                self.by_seq_len[s] = fill
+                return out
+        return None
+
+
+_TEMPLATES: dict[tuple[object, ...], _Structure] = {}
 _UNRECORDABLE: set[tuple[object, ...]] = set()
 MAX_TEMPLATES_PER_STRUCTURE = 32
 """Recordings kept per configuration key; beyond them the builder runs (a structure whose
 guards split the (b, s) plane very finely gains nothing from templates)."""
+MAX_TEMPLATES = 1024
+"""Recordings kept in all (about 60 kB each for llama-3.1-8b); the oldest keys' go first."""
 _MAX_KEYS = 256
+_MODELS: dict[int, tuple[ModelSpec, ModelSpec]] = {}
+"""id -> (the model, the first equal model met): a key holds one model per value, found by
+identity for the objects met before (hashing a ModelSpec reads every field)."""
+_BY_VALUE: dict[ModelSpec, ModelSpec] = {}
+_TOTAL = [0]  # recordings in _TEMPLATES
 
 
 def _key(model: ModelSpec, training: TrainingConfig, per_handle: int) -> tuple[object, ...]:
+    known = _MODELS.get(id(model))
+    if known is None or known[0] is not model:
+        if len(_MODELS) >= _MAX_KEYS:  # the keys name models by id: all go together
+            for table in (_MODELS, _BY_VALUE, _TEMPLATES, _UNRECORDABLE):
+                table.clear()
+            _TOTAL[0] = 0
+        known = _MODELS[id(model)] = (model, _BY_VALUE.setdefault(model, model))
     fields = _ALL_FIELDS(training)
-    return (model, per_handle, fields[:_B_AT] + fields[_B_AT + 1 : _S_AT] + fields[_S_AT + 1 :])
+    rest = fields[:_B_AT] + fields[_B_AT + 1 : _S_AT] + fields[_S_AT + 1 :]
+    return (id(known[1]), per_handle, rest)
 
 
 _NAMES = tuple(_SLOT)
@@ -278,23 +326,24 @@ def templated_schedules(
         if key in _UNRECORDABLE:
             return None
         if len(_TEMPLATES) >= _MAX_KEYS:
-            del _TEMPLATES[next(iter(_TEMPLATES))]
-        found = _TEMPLATES[key] = []
-    for k, fill in enumerate(found):
-        out = fill(b, s)
-        if out is not None:
-            if k:  # the next configuration likely takes the same path: try it first
-                found.insert(0, found.pop(k))
-            return out
-    if len(found) >= MAX_TEMPLATES_PER_STRUCTURE:
-        return None
+            _TOTAL[0] -= len(_TEMPLATES.pop(next(iter(_TEMPLATES))).fills)
+        found = _TEMPLATES[key] = _Structure()
+    out = found.fill(b, s)
+    if out is not None or len(found.fills) >= MAX_TEMPLATES_PER_STRUCTURE:
+        return out
     try:
         fill = record(model, training, ranks, per_handle)
     except RecordingError:
+        if len(_UNRECORDABLE) >= _MAX_KEYS:
+            _UNRECORDABLE.clear()
         _UNRECORDABLE.add(key)
-        del _TEMPLATES[key]
+        _TOTAL[0] -= len(_TEMPLATES.pop(key).fills)
         return None
-    found.insert(0, fill)
+    found.fills.insert(0, fill)
+    found.by_seq_len[s] = fill
+    _TOTAL[0] += 1
+    while _TOTAL[0] > MAX_TEMPLATES and len(_TEMPLATES) > 1:
+        _TOTAL[0] -= len(_TEMPLATES.pop(next(iter(_TEMPLATES))).fills)
     out = fill(b, s)
     assert out is not None
     return out
@@ -316,7 +365,7 @@ def record(
     training: TrainingConfig,
     ranks: Sequence[PipelineRank],
     per_handle: int,
-) -> Callable[[int, int], list[StepSchedule] | None]:
+) -> Fill:
     """Run the builder for ``ranks`` with ``b`` and ``s`` recorded and compile the template
     (Note [Schedule templates]); checked against the builder's schedules at this
     configuration.
@@ -357,18 +406,28 @@ def record(
     return fill
 
 
-def _holds_sym(items: object) -> bool:
-    """Whether a recorded value reached a schedule built without recording (a cache shared
-    with the recording kept one)."""
+def _holds_sym(items: object, seen: dict[int, bool] | None = None) -> bool:
+    """Whether ``items`` (a schedule, its items, a list of them) hold a recorded value: a
+    template's items that must be made per configuration, or, in a schedule built without
+    recording, a recorded value a cache shared with the recording kept. ``seen``: the answers
+    per object already walked (a body shared by several repeats is walked once)."""
     if type(items) is Sym:
         return True
+    if type(items) is Op:  # NB: most of what is walked; its fields are numbers and text
+        return Sym in map(type, items)
+    seen = {} if seen is None else seen
+    known = seen.get(id(items))
+    if known is not None:
+        return known
+    parts: tuple[object, ...] = ()
     if isinstance(items, StepSchedule):
-        return _holds_sym(items.setup) or _holds_sym(items.step) or _holds_sym(items.load)
-    if isinstance(items, Repeat):
-        return _holds_sym(items.count) or _holds_sym(items.body)
-    if isinstance(items, tuple | list):
-        return any(_holds_sym(x) for x in items)
-    return False
+        parts = (items.setup, items.step, items.load)
+    elif isinstance(items, Repeat):
+        parts = (items.count, items.body)
+    elif isinstance(items, tuple | list):
+        parts = tuple(items)
+    out = seen[id(items)] = any(_holds_sym(x, seen) for x in parts)
+    return out
 
 
 class _Codegen:
@@ -382,6 +441,7 @@ class _Codegen:
         self.consts: list[object] = list(rec.consts)
         self.keep: list[object] = []  # the recorded objects whose ids name variables
         self.used: set[int] = set()
+        self.seen: dict[int, bool] = {}  # _holds_sym's answers (the recorded items stay alive)
 
     def const(self, value: object) -> str:
         self.consts.append(value)
@@ -397,7 +457,7 @@ class _Codegen:
         name = self.names.get(id(x))
         if name is not None:
             return name
-        if not _holds_sym(x):
+        if not _holds_sym(x, self.seen):
             name = self.names[id(x)] = self.const(x)
             self.keep.append(x)
             return name
@@ -448,9 +508,7 @@ class _Codegen:
         return "def fill(b, s):\n" + "\n".join(body + self.lines) + f"\n    return {outputs}\n"
 
 
-def _compile(
-    rec: _Recorder, recorded: list[StepSchedule]
-) -> Callable[[int, int], list[StepSchedule] | None]:
+def _compile(rec: _Recorder, recorded: list[StepSchedule]) -> Fill:
     gen = _Codegen(rec)
     outputs = gen.value(recorded)
     source = gen.source(outputs)
@@ -465,7 +523,7 @@ def _compile(
         "_ceil": math.ceil,
     }
     exec(compile(source, "<schedule template>", "exec"), namespace)  # noqa: S102
-    raw: Callable[[int, int], list[StepSchedule] | None] = namespace["fill"]
+    raw: Fill = namespace["fill"]
 
     def fill(b: int, s: int) -> list[StepSchedule] | None:
         try:

@@ -213,9 +213,17 @@ def sweep(
             shapes *= len(values)
     lean = shapes >= TEMPLATED_FROM
     rows: list[SweepRow] = []
+    training, previous = base_training, None
     for point in product(*grids):
         settings = dict(zip(names, point, strict=True))
-        training = derived(base_training, **settings)
+        # from the previous point, whose other fields are these (product order: mostly the
+        # last field changes); the same configuration as derived from the base
+        changed = (
+            settings
+            if previous is None
+            else {n: v for n, v, p in zip(names, point, previous, strict=True) if v is not p}
+        )
+        training, previous = derived(training, **changed), point
         est = estimate(
             spec,
             training,
