@@ -91,10 +91,61 @@ def test_fsdp2_and_compile_wrap_the_blocks_the_model_declares() -> None:
     assert wrapped_blocks(pixart, "compile") == list(pixart.transformer_blocks)
 
 
+def test_tensor_parallel_rank_holds_its_shards_of_every_block_linear() -> None:
+    # TP 2 in Megatron's layout (diffusers' FLUX _tp_plan on PixArt's names): per block, the
+    # q / k / v linears of both attentions (1,056 each) and ff.net.0.proj (4,224) keep half
+    # their rows and bias; to_out.0 (1,024 + 32) and ff.net.2 (4,096 + 32) half their
+    # columns, the bias whole; the scale_shift_table (192) and everything outside the blocks
+    # whole: 16,992 -> 2 * (3 * 528 + 512 + 32) + 2,112 + 2,048 + 32 + 192 = 8,640 per block
+    per_rank = PARAMS - 2 * (16_992 - 8_640)
+    est = _estimate(tensor_parallel_size=2, sequence_parallel=True)
+    assert est.breakdown.parameters == per_rank * 4 + POS_EMBED_BUFFER
+    assert est.breakdown.optimizer_states == 2 * per_rank * 4
+    assert est.details["traced_mesh"] == {"tp": 2}
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_sequence_parallel_blocks_keep_their_tokens_shard(sp: bool) -> None:
+    # 64 px -> 4 x 4 = 16 tokens of width 32, b = 2, fp32. The LayerNorm before the attention
+    # keeps its output and mean / rstd: [b, s, 32] + 2 x [b, s, 1]; sequence parallelism
+    # halves s (16 -> 8 tokens per rank). The column-parallel q keeps [b, 16, 32 / 2] either
+    # way: the attention gathers the whole sequence
+    training = TrainingConfig(
+        micro_batch_size=2, precision="32-true", resolution=64, tensor_parallel_size=2,
+        sequence_parallel=sp,
+    )  # fmt: skip
+    acts = _block0_by_module(training)
+    s = 8 if sp else 16
+    assert acts["transformer_blocks.0.norm1"] == 2 * s * 32 * 4 + 2 * (2 * s * 4)
+    assert acts["transformer_blocks.0.attn1.to_q"] == 2 * 16 * 16 * 4
+
+
+@pytest.mark.parametrize(
+    ("config", "named"),
+    [
+        ("tiny-flux.json", "FluxSingleTransformerBlock has linears outside"),
+        ("tiny-wan.json", "qk_norm across heads"),
+    ],
+)
+def test_tensor_parallel_refuses_blocks_it_cannot_shard(config: str, named: str) -> None:
+    path = Path(__file__).parent / "diffusers_configs" / config
+    training = TrainingConfig(micro_batch_size=1, resolution=64, tensor_parallel_size=2)
+    with pytest.raises(UnsupportedError, match=named):
+        estimate(str(path), training, engine="generic", simulate_allocator=False)
+
+
+def test_sequence_parallel_refuses_joint_attention() -> None:
+    training = TrainingConfig(
+        micro_batch_size=1, resolution=64, tensor_parallel_size=2, sequence_parallel=True
+    )
+    sd3 = Path(__file__).parent / "diffusers_configs" / "tiny-sd3.json"
+    with pytest.raises(UnsupportedError, match="joint \\(MMDiT\\) attention"):
+        estimate(str(sd3), training, engine="generic", simulate_allocator=False)
+
+
 @pytest.mark.parametrize(
     ("settings", "named"),
     [
-        ({"tensor_parallel_size": 2}, "tensor_parallel_size=2 (the traced TP plan"),
         ({"context_parallel_size": 2}, "context_parallel_size=2 (torch's context"),
         ({"pipeline_parallel_size": 2}, "pipeline_parallel_size=2 (the traced pipeline"),
         ({"chunked_cross_entropy": 8}, "chunked_cross_entropy=8 (a chunked"),
@@ -171,7 +222,9 @@ BF16_COMPILED_BLOCK = 108_800
 saves checks the trace against it); eager autograd saves 114,944 B there."""
 
 
-def _traced_block0(training: TrainingConfig) -> int:
+def _block0_by_module(training: TrainingConfig) -> dict[str, int]:
+    """The trace's activations of block 0 (bytes alive when the forward ends) by module path
+    (real CPU kernel choices, ``emulate_cuda=False``, as the torch.compile reference runs)."""
     from trainmem.trace import diffusers_model as dm
     from trainmem.trace.engine import run_trace
 
@@ -189,11 +242,15 @@ def _traced_block0(training: TrainingConfig) -> int:
         loss_fn=dm.diffusers_loss,
         emulate_cuda=False,
     )
-    return sum(
-        v
+    return {
+        k: v
         for k, v in report.activation_bytes_by_module.items()
         if k == "transformer_blocks.0" or k.startswith("transformer_blocks.0.")
-    )
+    }
+
+
+def _traced_block0(training: TrainingConfig) -> int:
+    return sum(_block0_by_module(training).values())
 
 
 _COMPILED = {"micro_batch_size": 2, "precision": "bf16-mixed", "resolution": 64}

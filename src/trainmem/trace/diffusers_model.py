@@ -362,12 +362,14 @@ def diffusers_loss_for(raw_config: Mapping[str, Any]) -> Callable[[Any, Any], An
 def check_diffusers_settings(training: TrainingConfig) -> None:
     """Refuse the settings a diffusers trace does not run (whole model or generic path).
 
-    Traced for real: FSDP2 (``zero_stage=3`` over ``data_parallel_size`` ranks, the blocks of
-    the longest block list sharded one by one, ``trainmem.trace.fsdp``) under torch's fake
-    process group, and ``compile`` (each block of that list compiled, as diffusers'
-    ``ModelMixin.compile_repeated_blocks`` does; ``trainmem.trace.compile``). Refused, each with
-    what runs instead: a chunked loss (a diffusers model has no token logits), tensor, context
-    and pipeline parallelism (their traced plans split transformers language models).
+    Traced for real under torch's fake process group: FSDP2 (``zero_stage=3`` over
+    ``data_parallel_size`` ranks, the blocks the model declares sharded one by one,
+    ``trainmem.trace.fsdp``), tensor and sequence parallelism of the blocks
+    (``trainmem.trace.diffusers_parallel``); and ``compile`` (each block compiled, as
+    diffusers' ``ModelMixin.compile_repeated_blocks`` does; ``trainmem.trace.compile``).
+    Refused, each with what runs instead: a chunked loss (a diffusers model has no token
+    logits), context and pipeline parallelism (their traced plans split transformers language
+    models).
 
     Raises:
         UnsupportedError: the settings above, named with the reason.
@@ -377,12 +379,6 @@ def check_diffusers_settings(training: TrainingConfig) -> None:
             training.chunked_cross_entropy > 0,
             "a chunked cross-entropy splits a language model's token logits, and a diffusers "
             "model's loss is an MSE on its prediction: leave it 0",
-        ),
-        "tensor_parallel_size": (
-            training.tensor_parallel_size > 1,
-            "the traced TP plan is torchtitan's for Llama-shaped language models (module names "
-            "q_proj ... down_proj), and diffusers' own _tp_plan (FLUX, QwenImage) is an "
-            "inference hook; shard with FSDP2 instead (zero_stage 3, data_parallel_size)",
         ),
         "context_parallel_size": (
             training.context_parallel_size > 1,

@@ -278,6 +278,7 @@ def _run_trace(
     mesh: Any = None,
     resident: Sequence[tuple[str, int, str]] = (),
 ) -> tuple[Capture, PeakReport]:
+    from trainmem.trace.diffusers_parallel import mixed_parameters
     from trainmem.trace.hf_model import materialize_fake
     from trainmem.trace.parallel import add_position_ids, context_parallel, parallelize
 
@@ -341,6 +342,7 @@ def _run_trace(
             context=lambda: _stacked(
                 _step_context(training, emulate_cuda, opt if fake else None),
                 context_parallel(mesh, batches, training),
+                mixed_parameters(model) if mesh is not None else contextlib.nullcontext(),
             ),
             set_to_none=training.zero_grad_set_to_none,
             forward_loss=forward_loss,

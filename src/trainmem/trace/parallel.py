@@ -255,12 +255,20 @@ def parallelize(model: Any, mesh: Any, training: TrainingConfig, fake_mode: Any)
     names = mesh.mesh_dim_names or ()
     if "tp" in names:
         with fake_mode if fake_mode is not None else contextlib.nullcontext():
-            apply_tensor_parallel(
-                model,
-                mesh["tp"],
-                sequence_parallel=training.sequence_parallel,
-                float8=training.is_fp8,
-            )
+            if type(model).__module__.startswith("diffusers."):
+                from trainmem.trace.diffusers_parallel import apply_diffusers_tensor_parallel
+
+                # Note [Tracing tensor parallelism of diffusers blocks]
+                apply_diffusers_tensor_parallel(
+                    model, mesh["tp"], sequence_parallel=training.sequence_parallel
+                )
+            else:
+                apply_tensor_parallel(
+                    model,
+                    mesh["tp"],
+                    sequence_parallel=training.sequence_parallel,
+                    float8=training.is_fp8,
+                )
     fsdp_dims = tuple(d for d in ("dp_shard", "cp") if d in names)
     if fsdp_dims:
         # torchtitan shards over dp_shard x cp flattened ("dp_shard_cp"), FSDP even without
