@@ -305,21 +305,28 @@ def _traced_hf_trainer(training: TrainingConfig) -> bool:
 
 def _traced_torchtune(training: TrainingConfig) -> bool:
     """torchtune's single-device recipes (recipes/full_finetune_single_device.py,
-    lora_finetune_single_device.py) in the dtype they train in (``dtype: bf16`` / ``fp32``:
-    ``--precision bf16-true`` / ``32-true``; torchtune runs no autocast), which the traced
-    paths run as a plain loop under torchtune's conventions as the trace reads them
+    lora_finetune_single_device.py) and its distributed ones (full_finetune_distributed.py,
+    lora_finetune_distributed.py: FSDP2 since 6deeda92, Sep 2024, ``training.shard_model``
+    ``fully_shard``-ing each layer then the model, no mixed-precision policy: the weights are
+    already in the recipe's dtype; ``zero_stage`` 3 over ``data_parallel_size`` ranks, traced
+    for real as FSDP2, ``trainmem.trace.fsdp``) in the dtype they train in (``dtype: bf16`` /
+    ``fp32``: ``--precision bf16-true`` / ``32-true``; torchtune runs no autocast), which the
+    traced paths run as a plain loop under torchtune's conventions as the trace reads them
     (``TrainingConfig.conventions``: LoRA adapters in the weight dtype, torchao NF4 saving no
     input, torchao's CPU offload, optimizer-in-backward and activation offloading as rules).
     The model is built by transformers; torchtune's builders are the same decoder
     architectures (Llama, Qwen2, Gemma, Mistral, Phi), and on the formula families the traced
-    step agrees with the formulas' torchtune rows (tests/trace/test_traced_options.py)."""
-    single = (
-        training.data_parallel_size
-        * training.tensor_parallel_size
+    step agrees with the formulas' torchtune rows (tests/trace/test_traced_options.py). Not
+    traced: tensor, context or pipeline parallelism (its own TP plans), and replicated data
+    parallelism (torchtune's distributed recipes always shard)."""
+    others = (
+        training.tensor_parallel_size
         * training.context_parallel_size
         * training.pipeline_parallel_size
-    ) == 1
-    return training.framework == "torchtune" and single and not training.is_mixed
+    )
+    ranks = training.data_parallel_size
+    layout = others == 1 and (ranks == 1 or training.zero_stage == 3)
+    return training.framework == "torchtune" and layout and not training.is_mixed
 
 
 def finish(

@@ -501,10 +501,11 @@ _FRAMEWORKS_UNTRACED = {
         "parallelisms, or --engine analytic"
     ),
     "torchtune": (
-        "torchtune beyond one GPU (its FSDP2 recipes under torchtune's own policy) or under a "
-        "*-mixed precision (torchtune runs no autocast; its dtype bf16 is --precision "
-        "bf16-true); traced: --framework torchtune on one GPU in --precision bf16-true / "
-        "32-true, or --engine analytic"
+        "torchtune under a *-mixed precision (its recipes run no autocast: their dtype bf16 "
+        "is --precision bf16-true), beside tensor, context or pipeline parallelism (its own "
+        "TP plans), or over replicated data-parallel ranks (its distributed recipes shard: "
+        "--zero-stage 3); traced: --framework torchtune in --precision bf16-true / 32-true on "
+        "one GPU or FSDP2 over --data-parallel-size N with --zero-stage 3, or --engine analytic"
     ),
     "litgpt": (
         "litgpt's own model code (its GPT class: fused qkv viewed into q, k, v, a chunked LM "

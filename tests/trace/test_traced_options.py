@@ -122,14 +122,29 @@ def test_frameworks_still_refused_say_what_is_traced(framework: str) -> None:
     assert "traced: --" in refused[-1] and "--engine analytic" in refused[-1]
 
 
+_FSDP2_4: dict[str, Any] = {"data_parallel_size": 4, "zero_stage": 3}
+
+
 @pytest.mark.parametrize(
-    "changes", [{}, {"lora_rank": 16, "quantize_base": "nf4"}], ids=["full", "qlora"]
+    "changes",
+    [{}, {"lora_rank": 16, "quantize_base": "nf4"}, _FSDP2_4, {**_FSDP2_4, "lora_rank": 16}],
+    ids=["full", "qlora", "fsdp2-4", "fsdp2-4-lora"],
 )
 def test_torchtune_on_a_traced_model_matches_the_analytic_engine(changes: dict[str, Any]) -> None:
     # torchtune's single-device recipes in their dtype (bf16, no autocast), traced as a plain
-    # loop under its conventions (adapters in bf16, torchao NF4 saving no input)
+    # loop under its conventions (adapters in bf16, torchao NF4 saving no input); its
+    # distributed recipes as FSDP2 over 4 ranks without a mixed-precision policy
     g, a = _peaks(framework="torchtune", precision="bf16-true", **changes)
     assert abs(g - a) <= 0.01 * a, (g, a)
+
+
+def test_torchtune_distributed_shards_its_bf16_weights_by_hand() -> None:
+    # FSDP2 on the bf16 model, no mixed-precision policy: every weight's dim-0 quarter (the
+    # 2-layer Qwen2's dims all divide by 4), 2 B per element; beside them the rotary buffers
+    # (inv_freq, original_inv_freq: head_dim / 2 = 8 fp32 each, not sharded)
+    est = estimate(QWEN2, _training(framework="torchtune", precision="bf16-true", **_FSDP2_4),
+                   engine="generic", simulate_allocator=False)  # fmt: skip
+    assert est.schedules[0].model_states()["parameters"] == 2 * TRAINABLE // 4 + 2 * 8 * 4
 
 
 def test_torchtune_lora_adapters_in_the_weight_dtype_by_hand() -> None:
