@@ -296,6 +296,13 @@ def test_analytic_accuracy_does_not_regress() -> None:
 #: (dev2_causes.py ``_PEFT_DS_ZERO3_OFFLOAD``): GT070 -65.7 -> +3.3%; GT176 -7.8 -> -6.2% (the
 #: pool counts the packed 4-bit storage's elements); GT174 +4.5 -> +5.7% (its pool of 1e9
 #: elements against one 70B layer and a 5e7 bucket before).
+#: Re-recorded for torchtune < 0.3's build (Note [torchtune's cloned layer at load]: one
+#: decoder layer built on the GPU and deep-copied per layer, freed when the builder returns,
+#: its blocks left in the cache; the load peak 13.89 GB for GT030's config, the tutorial's init
+#: log 13.96 GB with the per-layer RoPE caches): the single-device rows' step lands otherwise in
+#: the cache: GT030 -15.0 -> -15.9%, GT031 -0.5 -> -1.4%, GT033 / GT034 / GT035 -6.2 / -6.7 /
+#: -6.1 -> -7.2 / -7.2 / -7.0%, GT036 -6.3 -> -6.0%, GT038 +3.6 -> +3.8%, GT040 -7.0 -> -6.4%
+#: (a verified mechanism, not loosened to pass: these rows' remaining cause is unchanged).
 RECORDED_DEV2 = {
     "GT011": -0.0346,
     "GT012": -0.0367,
@@ -314,17 +321,17 @@ RECORDED_DEV2 = {
     "GT027": +0.1090,
     "GT028": -0.0990,
     "GT029": -0.3227,
-    "GT030": -0.1500,
-    "GT031": -0.0052,
+    "GT030": -0.1589,
+    "GT031": -0.0142,
     "GT032": -0.1131,
-    "GT033": -0.0621,
-    "GT034": -0.0671,
-    "GT035": -0.0608,
-    "GT036": -0.0629,
+    "GT033": -0.0720,
+    "GT034": -0.0721,
+    "GT035": -0.0704,
+    "GT036": -0.0602,
     "GT037": -0.0073,
-    "GT038": +0.0358,
+    "GT038": +0.0384,
     "GT039": +2.3013,
-    "GT040": -0.0704,
+    "GT040": -0.0638,
     "GT041": +0.0279,
     "GT042": +1.3022,
     "GT043": +0.1441,

@@ -1,9 +1,32 @@
 """The load phase of the analytic schedule: building and loading the model on the GPU where
 that has transients of its own (Note [The load phase] in :mod:`trainmem.schedule`).
 
-Two rules today: torchtune's single-device QLoRA on torchao 0.1 (Note [torchao 0.1 NF4 at
-load]) and Answer.AI fsdp_qlora's FSDP1 initialisation (Note [FSDP1 sync_module_states init]);
-every other run loads its weights without modelled transients (no load phase).
+Three rules today: torchtune's single-device QLoRA on torchao 0.1 (Note [torchao 0.1 NF4 at
+load]), the single-device recipes of torchtune before 0.3 on a 16-bit base (Note [torchtune's
+cloned layer at load]) and Answer.AI fsdp_qlora's FSDP1 initialisation (Note [FSDP1
+sync_module_states init]); every other run loads its weights without modelled transients (no
+load phase).
+
+Note [torchtune's cloned layer at load]
+    torchtune's single-device recipes build the model on the GPU (recipes/
+    lora_finetune_single_device.py and full_finetune_single_device.py @fef3ed1 ``_setup_model``:
+    ``with utils.set_default_dtype(self._dtype), self._device: model =
+    config.instantiate(cfg_model)``), and through torchtune 0.2.1 every builder makes one
+    decoder layer first, then the embedding and the output projection, and hands the layer to
+    ``TransformerDecoder``, whose ``__init__`` deep-copies it ``num_layers`` times
+    (models/llama2/_component_builders.py ``lora_llama2`` / ``llama2``; modules/transformer.py
+    ``_get_clones``: ``copy.deepcopy(module)``); the built layer is freed when the builder
+    returns. Then ``load_state_dict`` copies the checkpoint, which is on the CPU, into the
+    weights (an fp16 file is converted on the CPU: ATen Copy.cu ``copy_kernel_cuda`` converts
+    host-side when the destination is CUDA), with no GPU transient. So the load peaks at the
+    model's weights plus one layer's, and that layer's freed blocks stay in the cache, as the
+    recipe calls no ``empty_cache`` before training. Llama-2-7B with LoRA on q, v (r = 8):
+    13,485,219,840 + 405,028,864 bytes; the QLoRA tutorial logs this config's init peak at
+    13.96 GB allocated (docs/source/tutorials/qlora_finetune.rst @fef3ed1), the remaining
+    0.07 GB being each layer's own RoPE cache (4096 x 64 x 2 fp32, copied with the layer),
+    which the model's buffers do not count. Under QLoRA (Note [torchao 0.1 NF4 at load]) the
+    built layer is quantized and copied the same way; that rule quantizes every layer at build
+    instead, the same peak (one weight's transients at a time) with another layout.
 
 Note [torchao 0.1 NF4 at load]
     torchtune's ``lora_finetune_single_device`` recipe (fef3ed1, Apr 2024) builds the model on
@@ -85,7 +108,10 @@ from trainmem.analytic.tensor_states import TensorState, is_quantized_base
 from trainmem.analytic.transforms.base import RankContext, alloc, free
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.schedule import Item, Op, Repeat
-from trainmem.specs.frameworks import TORCHAO_NF4_CHUNKED_SINCE
+from trainmem.specs.frameworks import (
+    TORCHAO_NF4_CHUNKED_SINCE,
+    TORCHTUNE_LAYERS_BUILT_EACH_SINCE,
+)
 from trainmem.specs.training import TrainingConfig
 
 NF4_TORCHAO_BLOCK = 64
@@ -107,12 +133,18 @@ buckets at once."""
 
 FSDP1_RULE = "FSDP1 sync_module_states: each unit moved to the GPU, broadcast, flattened, sharded"
 
+CLONE_RULE = "torchtune < 0.3: one decoder layer built on the GPU, deep-copied per layer, freed"
+"""The cloned-layer rule, as :func:`load_rule` names it (Note [torchtune's cloned layer at
+load])."""
+
 
 def load_rule(training: TrainingConfig) -> str | None:
     """The load rule that applies to ``training``, or None: :data:`FSDP1_RULE` for fsdp_qlora
     over more than one rank, sharded or not (Note [FSDP1 sync_module_states init]);
     :data:`LOAD_RULE` for torchtune's single-device recipe (no data, tensor or pipeline
-    parallelism) with an NF4 base on torchao before 0.2 (Note [torchao 0.1 NF4 at load]).
+    parallelism) with an NF4 base on torchao before 0.2 (Note [torchao 0.1 NF4 at load]);
+    :data:`CLONE_RULE` for it on an unquantized base before torchtune 0.3 (Note [torchtune's
+    cloned layer at load]).
     ``load_phase=False`` (an explicit setting) turns every rule off."""
     if training.load_phase is False:
         return None
@@ -124,17 +156,20 @@ def load_rule(training: TrainingConfig) -> str | None:
         and training.tensor_parallel_size == 1
     ):
         return FSDP1_RULE
-    if training.framework != "torchtune" or training.quantize_base not in ("nf4", "nf4-dq"):
-        return None
-    if training.torchao_release >= TORCHAO_NF4_CHUNKED_SINCE:
-        return None
     single = (
         training.data_parallel_size
         * training.tensor_parallel_size
         * training.pipeline_parallel_size
         * training.context_parallel_size
     ) == 1
-    return LOAD_RULE if single else None
+    if training.framework != "torchtune" or not single:
+        return None
+    if training.quantize_base == "none":
+        before = training.torchtune_release < TORCHTUNE_LAYERS_BUILT_EACH_SINCE
+        return CLONE_RULE if before else None
+    if training.quantize_base not in ("nf4", "nf4-dq"):
+        return None
+    return LOAD_RULE if training.torchao_release < TORCHAO_NF4_CHUNKED_SINCE else None
 
 
 def to_nf4_ops(numel: int, kept: Op, key: str, module: str) -> list[Op]:
@@ -332,6 +367,8 @@ def load_items(ctx: RankContext, parameters: Sequence[Item]) -> tuple[Item, ...]
         return ()
     if rule == FSDP1_RULE:
         return _fsdp1_items(ctx, parameters)
+    if rule == CLONE_RULE:
+        return _cloned_items(parameters)
     build: list[Item] = []
     reload: list[Item] = []
     for item in _flat(parameters):
@@ -352,6 +389,45 @@ def load_items(ctx: RankContext, parameters: Sequence[Item]) -> tuple[Item, ...]
         if again:
             reload.append(Repeat(tuple(again), item.count))
     return (*build, *reload)
+
+
+def _cloned_items(parameters: Sequence[Item]) -> tuple[Item, ...]:
+    """The build of torchtune < 0.3 (Note [torchtune's cloned layer at load]): one layer's
+    weights (the layer repeat's body, keys ``...@built``), the embedding, head and buffers,
+    the ``num_layers`` copies (the setup's layer weights), then the built layer freed."""
+    ends: list[Item] = []
+    layers: Repeat | None = None
+    for item in _flat(parameters):
+        if isinstance(item, Repeat) and _is_layer_body(item):
+            layers = item
+        else:
+            ends.append(_in_load(item))
+    if layers is None:  # no layers on this rank: nothing is cloned
+        return tuple(ends)
+    label = "the builder's decoder layer, deep-copied per layer"
+    built = [
+        alloc(
+            op.size_bytes,
+            Cat.TEMPORARY,
+            "load",
+            op.key.replace("{i}", "built") + "@built",
+            op.module.replace("{i}", "built"),
+            label,
+        )
+        for op in layers.body
+        if isinstance(op, Op)
+    ]
+    copies = Repeat(tuple(_in_load(op) for op in layers.body), layers.count)
+    return (*built, *ends, copies, *(free(op, "load") for op in built))
+
+
+def _in_load(item: Item) -> Item:
+    """A setup item made in the load phase."""
+    if isinstance(item, Op):
+        return item._replace(phase="load")
+    if isinstance(item, Repeat):
+        return Repeat(tuple(_in_load(x) for x in item.body), item.count)
+    return item
 
 
 def _flat(items: Sequence[Item]) -> list[Item]:

@@ -49,6 +49,14 @@ TORCHTUNE_RESHAPED_LOSS_SINCE = (0, 3, 0)
 the logits reshaped to (b s, V); through 0.2.1 (v0.1.0 .. v0.2.1 recipes/*_finetune_*.py
 ``train()``) ``logits[..., :-1, :].contiguous()`` transposed to (b, V, s - 1) (Note
 [torchtune's transposed cross-entropy] in :mod:`trainmem.analytic.loss`)."""
+TORCHTUNE_LAYERS_BUILT_EACH_SINCE = (0, 3, 0)
+"""Through torchtune 0.2.1 every model builder builds one decoder layer and passes it with
+``num_layers`` to ``TransformerDecoder``, which deep-copies it (modules/transformer.py
+``_get_clones``: ``nn.ModuleList([copy.deepcopy(module) for i in range(n)])``; v0.1.0 ..
+v0.2.1), so the built layer is alive beside its copies until the builder returns. From 0.3.0
+(b74f4b49, "TransformerDecoderLayer Refactor") it depends on the family (llama2 and llama3
+still pass one layer through 0.5.0, llama3_1 builds each layer from 0.4.0, every family from
+0.6.0); the load rule is applied before 0.3.0 only (:mod:`trainmem.analytic.load`)."""
 DEFAULT_TORCHTITAN_VERSION = (0, 0, 2)
 """The torchtitan release assumed when none is given: 0.0.2, the ``version.txt`` of the
 December 2024 tree (9dec370) the ``fsdp2`` conventions and torchtitan's published benchmarks
