@@ -269,10 +269,10 @@ def test_compiled_block_keeps_what_torch_compile_saves() -> None:
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
-    reason="open: under torch.compile (dynamo) a later node saves a [b, tokens, width] fp32 "
-    "storage aliasing block 0's output (4,096 B here); the trace's graphs (aot_function, same "
-    "saved sets per block) free it after block 1's forward, as trainmem's compile_layers does "
-    "on real tensors too (session 13 notes, helper diffx)",
+    reason="open: dynamo compiles each block instance on its own, and its second compile of "
+    "the identical PixArt block (block 1) saves its input hidden_states besides what the "
+    "first saves (block 0's output, fp32 [b, tokens, width], 4,096 B here); the trace runs "
+    "one partition for identical blocks, the first one's (session 13 notes, helper diffx)",
 )
 def test_compiled_block_output_is_kept_as_torch_compile_keeps_it() -> None:
     compiled = TrainingConfig(compile=True, **_COMPILED)
