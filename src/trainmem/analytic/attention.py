@@ -277,6 +277,28 @@ def forward_kv_cache_bytes(model: ModelSpec, training: TrainingConfig, num_layer
     return num_layers * -(-per_layer // parallel_divisor("attention/v", training))
 
 
+def returned_presents_bytes(model: ModelSpec, training: TrainingConfig, num_layers: int) -> int:
+    """Bytes of the fused QKV outputs the layers' returned presents keep alive under
+    activation checkpointing (``ModelSpec.returns_fused_kv_views``: transformers < 4.54
+    GPT-BigCode): each checkpointed layer runs without saving, but its ``present`` is a view of
+    the whole ``c_attn`` output, c * (a + 2 kv) * d bytes per token, appended to the model's
+    ``presents`` and alive from the layer's forward until the model output is dropped after the
+    loss (HF Trainer ``compute_loss``). 0 without checkpointing (the attention's saved views
+    keep the output then) or with ``use_cache`` off. Source: transformers 4.48.1
+    modeling_gpt_bigcode.py ``GPTBigCodeAttention.forward`` / ``GPTBigCodeModel.forward``
+    (:data:`~trainmem.specs.model.FUSED_KV_PRESENTS_UNTIL`)."""
+    if (
+        not model.returns_fused_kv_views(training.transformers_release)
+        or training.activation_checkpointing == "none"
+        or not training.conventions.hf_model_code
+    ):
+        return 0
+    c, _ = compute_and_residual_bytes(training)
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    per_layer = c * (model.num_heads + 2 * model.num_kv_heads) * model.head_dim * t
+    return num_layers * -(-per_layer // parallel_divisor("attention/v", training))
+
+
 def apply_mla(terms: dict[str, int], model: ModelSpec, training: TrainingConfig, *, t: int) -> None:
     """Multi-head latent attention's saved tensors, in place of the q/k/v terms
     (modeling_deepseek_v3.py ``DeepseekV3Attention.forward``, SDPA path).

@@ -78,6 +78,7 @@ from trainmem.analytic.activations import ActivationProfile
 from trainmem.analytic.attention import (
     eager_scores_forward_bytes,
     forward_kv_cache_bytes,
+    returned_presents_bytes,
     written_out_scores_forward_tensors,
 )
 from trainmem.analytic.backward_transients import (
@@ -477,7 +478,11 @@ class _Ends:
         self.loss_tmp = loss_backward_transient_bytes(model, training) if head else 0
         self.chunk_grads = chunked_loss_gradient_bytes(model, training) if head else 0
         self.chunk_wgrad = chunked_head_weight_grad_bytes(model, training) if head else 0
-        self.kv_cache = forward_kv_cache_bytes(model, training, ctx.num_layers)
+        # transformers' KV cache in training, or the presents that keep each layer's fused
+        # QKV output (transformers < 4.54 GPT-BigCode under checkpointing), until the loss
+        self.kv_cache = forward_kv_cache_bytes(
+            model, training, ctx.num_layers
+        ) + returned_presents_bytes(model, training, ctx.num_layers)
         self.final_hidden = final_hidden_transient_bytes(model, training) if head else 0
         self.input_grad_hook = input_grad_hook_bytes(model, training) if rank.stage == 0 else 0
         self.emb_acts = ctx.profile.embedding if rank.stage == 0 else 0

@@ -76,6 +76,16 @@ modeling_persimmon.py; checked on the 4.45.2, 4.46.0, 4.47.0 and 4.48.0 wheels);
 (``logits = logits.float()``) and through ``ForCausalLMLoss`` after
 (``ModelSpec.causal_lm_loss_in_logits_dtype``)."""
 
+FUSED_KV_PRESENTS_UNTIL: dict[str, tuple[int, ...]] = {"gpt_bigcode": (4, 54)}
+"""Families whose transformers code returned each layer's keys and values as a view of the fused
+projection's output until a release: modeling_gpt_bigcode.py (4.48.1 to 4.53.0 wheels)
+``GPTBigCodeAttention.forward``: ``query, key_value = self.c_attn(hidden_states).split((
+self.embed_dim, 2 * self.kv_dim), dim=2)``, ``present = key_value if use_cache else None``, and
+``GPTBigCodeModel.forward`` appends it to ``presents`` for every layer, the checkpointed ones
+too (no ``use_cache = False`` under ``gradient_checkpointing``; the config's ``use_cache``
+defaults to True), returned as the output's ``past_key_values``; 4.54.0 stores copies in an
+``EncoderDecoderCache`` instead (``ModelSpec.returns_fused_kv_views``)."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelSpec:
@@ -339,6 +349,20 @@ class ModelSpec:
         """
         since = CAUSAL_LM_LOSS_UPCAST_SINCE.get(self.model_type)
         return self.head == "causal-lm" and since is not None and transformers_version < since
+
+    def returns_fused_kv_views(self, transformers_version: tuple[int, ...]) -> bool:
+        """Each layer returns its keys and values as a view of the fused QKV output in this
+        transformers release, under gradient checkpointing too: the families of
+        :data:`FUSED_KV_PRESENTS_UNTIL` before their release, with ``use_cache`` on.
+
+        Args:
+            transformers_version: (major, minor, ...) of transformers.
+
+        Returns:
+            True when the layers' presents keep their fused projection outputs alive.
+        """
+        until = FUSED_KV_PRESENTS_UNTIL.get(self.model_type)
+        return self.use_cache and until is not None and transformers_version < until
 
     @property
     def mlm_loss_in_logits_dtype(self) -> bool:
