@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable, Sequence
+from dataclasses import fields
 from enum import Enum
 from typing import Any
 
@@ -463,17 +464,8 @@ class _Codegen:
             return name
         if isinstance(x, Op):
             code = "_op(Op, (" + ", ".join(self.value(f) for f in x) + ",))"
-        elif isinstance(x, Repeat):
-            code = (
-                f"Repeat({self.value(x.body)}, {self.value(x.count)}, {x.reverse!r}, "
-                f"{self.value(x.start)}, {x.independent!r})"
-            )
-        elif isinstance(x, StepSchedule):
-            code = (
-                f"StepSchedule(setup={self.value(x.setup)}, step={self.value(x.step)}, "
-                f"name={self.value(x.name)}, load={self.value(x.load)}, "
-                f"load_rule={self.value(x.load_rule)})"
-            )
+        elif isinstance(x, Repeat | StepSchedule):
+            return self.instance(x)
         elif type(x) is tuple:
             code = "(" + "".join(self.value(e) + ", " for e in x) + ")"
         elif type(x) is list:
@@ -485,6 +477,21 @@ class _Codegen:
         name = self.names[id(x)] = f"v{len(self.names)}"
         self.keep.append(x)
         self.lines.append(f"    {name} = {code}")
+        return name
+
+    def instance(self, x: Repeat | StepSchedule) -> str:
+        """A repeat or a schedule made without its dataclass ``__init__`` (which sets each
+        field through ``object.__setattr__``, the most of a fill's time): each slot set, the
+        uncompared caches (``memo``, ``_cache``) fresh."""
+        cls = type(x)
+        values = ["{}" if not f.compare else self.value(getattr(x, f.name)) for f in fields(cls)]
+        name = self.names[id(x)] = f"v{len(self.names)}"
+        self.keep.append(x)
+        self.lines.append(f"    {name} = _new({cls.__name__})")
+        self.lines += [
+            f"    _{cls.__name__}_{f.name}({name}, {v})"
+            for f, v in zip(fields(cls), values, strict=True)
+        ]
         return name
 
     def source(self, outputs: str) -> str:
@@ -518,6 +525,12 @@ def _compile(rec: _Recorder, recorded: list[StepSchedule]) -> Fill:
         "Repeat": Repeat,
         "StepSchedule": StepSchedule,
         "_op": tuple.__new__,
+        "_new": object.__new__,
+        **{
+            f"_{cls.__name__}_{f.name}": getattr(cls, f.name).__set__
+            for cls in (Repeat, StepSchedule)
+            for f in fields(cls)
+        },
         "_trunc": math.trunc,
         "_floor": math.floor,
         "_ceil": math.ceil,
