@@ -134,3 +134,20 @@ def test_per_configuration_keys_on_the_objects() -> None:
     assert tokens(MODEL, TrainingConfig(micro_batch_size=2, seq_len=100)) == 200
     assert len(calls) == 2
     assert tokens(MODEL, TrainingConfig(micro_batch_size=3, seq_len=100)) == 300
+
+
+def test_by_value_keys_equal_objects_alike_and_others_apart() -> None:
+    # by_value: one key per value, found by identity for an object met before; the key hashes
+    # by identity, so equal models share a cache entry and unequal ones never do
+    import dataclasses
+
+    from trainmem.memo import by_value
+
+    llama = load_model_spec("llama-3.2-1b")
+    copy = dataclasses.replace(llama)  # equal, another object
+    untied = dataclasses.replace(llama, tie_word_embeddings=not llama.tie_word_embeddings)
+    assert copy is not llama and copy == llama and untied != llama
+    key = by_value(llama)
+    assert by_value(llama) is key and by_value(copy) is key
+    assert by_value(untied) != key and {key: 1}.get(by_value(copy)) == 1
+    assert key.obj is llama  # the first met is held: no other object takes its id

@@ -87,3 +87,38 @@ def per_configuration(fn: F) -> F:
 
     cached.cache_clear = store.clear  # type: ignore[attr-defined]
     return cached  # type: ignore[return-value]
+
+
+class Identity:
+    """A key for an object that hashes and compares by the object's identity (the object is
+    held, so no other object takes its id while the key lives)."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: object) -> None:
+        self.obj = obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Identity) and other.obj is self.obj
+
+
+_BY_ID: dict[int, tuple[object, Identity]] = {}
+_BY_VALUE: dict[object, Identity] = {}
+
+
+def by_value(obj: object) -> Identity:
+    """One :class:`Identity` per value: the key of the first object met that equals ``obj``
+    (a ModelSpec is frozen, and hashing one reads every field, about 2 us: an object met
+    before is found by its id instead). ``obj`` must be hashable and immutable."""
+    known = _BY_ID.get(id(obj))
+    if known is not None and known[0] is obj:
+        return known[1]
+    if len(_BY_ID) >= 256:  # the keys made stay valid; only the lookup is rebuilt
+        _BY_ID.clear()
+        _BY_VALUE.clear()
+    key = _BY_VALUE.setdefault(obj, Identity(obj))
+    _BY_ID[id(obj)] = (obj, key)
+    return key

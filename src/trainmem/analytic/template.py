@@ -39,12 +39,14 @@ import operator
 from collections.abc import Callable, Sequence
 from dataclasses import fields
 from enum import Enum
+from types import CodeType
 from typing import Any
 
 from trainmem.analytic.activations import activation_profile
 from trainmem.analytic.schedule import rank_schedule
 from trainmem.analytic.tensor_states import state_layout
 from trainmem.analytic.transforms.base import PipelineRank
+from trainmem.memo import by_value
 from trainmem.schedule import Op, Repeat, StepSchedule
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import _ALL_FIELDS, _SLOT, _SLOTS, TrainingConfig
@@ -284,24 +286,16 @@ guards split the (b, s) plane very finely gains nothing from templates)."""
 MAX_TEMPLATES = 1024
 """Recordings kept in all (about 60 kB each for llama-3.1-8b); the oldest keys' go first."""
 _MAX_KEYS = 256
-_MODELS: dict[int, tuple[ModelSpec, ModelSpec]] = {}
-"""id -> (the model, the first equal model met): a key holds one model per value, found by
-identity for the objects met before (hashing a ModelSpec reads every field)."""
-_BY_VALUE: dict[ModelSpec, ModelSpec] = {}
 _TOTAL = [0]  # recordings in _TEMPLATES
+_CODE: dict[str, CodeType] = {}
+"""Compiled fill functions by their source (compiling is most of a recording's time)."""
 
 
 def _key(model: ModelSpec, training: TrainingConfig, per_handle: int) -> tuple[object, ...]:
-    known = _MODELS.get(id(model))
-    if known is None or known[0] is not model:
-        if len(_MODELS) >= _MAX_KEYS:  # the keys name models by id: all go together
-            for table in (_MODELS, _BY_VALUE, _TEMPLATES, _UNRECORDABLE):
-                table.clear()
-            _TOTAL[0] = 0
-        known = _MODELS[id(model)] = (model, _BY_VALUE.setdefault(model, model))
+    """Every setting but ``b`` and ``s``, the model (by value) and the cuBLAS workspace."""
     fields = _ALL_FIELDS(training)
     rest = fields[:_B_AT] + fields[_B_AT + 1 : _S_AT] + fields[_S_AT + 1 :]
-    return (id(known[1]), per_handle, rest)
+    return (by_value(model), per_handle, rest)
 
 
 _NAMES = tuple(_SLOT)
@@ -535,7 +529,12 @@ def _compile(rec: _Recorder, recorded: list[StepSchedule]) -> Fill:
         "_floor": math.floor,
         "_ceil": math.ceil,
     }
-    exec(compile(source, "<schedule template>", "exec"), namespace)  # noqa: S102
+    code = _CODE.get(source)
+    if code is None:  # recordings of other settings often make the same source
+        if len(_CODE) >= MAX_TEMPLATES:
+            del _CODE[next(iter(_CODE))]
+        code = _CODE[source] = compile(source, "<schedule template>", "exec")
+    exec(code, namespace)  # noqa: S102
     raw: Fill = namespace["fill"]
 
     def fill(b: int, s: int) -> list[StepSchedule] | None:

@@ -74,6 +74,7 @@ from typing import Any
 from trainmem.analytic.lora import lora_adapter_dtype
 from trainmem.analytic.model_states import optimizer_state_bytes
 from trainmem.analytic.params import linear_shapes, parameter_counts
+from trainmem.memo import Identity, by_value
 from trainmem.specs.frameworks import (
     TORCHAO_NF4_FACTOR_CONTIGUOUS_SINCE,
     TORCHAO_OFFLOAD_MINIMAL_SIZE,
@@ -261,7 +262,7 @@ LAYOUT_INDEPENDENT_FIELDS: tuple[str, ...] = (
 _layout_key = attrgetter(
     *(f.name for f in fields(TrainingConfig) if f.name not in LAYOUT_INDEPENDENT_FIELDS)
 )
-_LAYOUTS: dict[tuple[ModelSpec, object], StateLayout] = {}
+_LAYOUTS: dict[tuple[Identity, object], StateLayout] = {}
 _MAX_LAYOUTS = 256
 
 
@@ -270,7 +271,7 @@ def state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayout:
     sequence length or the activation settings (:data:`LAYOUT_INDEPENDENT_FIELDS`), so sweeps
     over those reuse it. The key is the other fields' values, read without building (and
     validating) a TrainingConfig: this runs once per configuration the planner evaluates."""
-    key = (model, _layout_key(training))
+    key = (by_value(model), _layout_key(training))
     layout = _LAYOUTS.get(key)
     if layout is None:
         if len(_LAYOUTS) >= _MAX_LAYOUTS:
