@@ -150,4 +150,4 @@ def test_by_value_keys_equal_objects_alike_and_others_apart() -> None:
     key = by_value(llama)
     assert by_value(llama) is key and by_value(copy) is key
     assert by_value(untied) != key and {key: 1}.get(by_value(copy)) == 1
-    assert key.obj is llama  # the first met is held: no other object takes its id
+    assert key.obj == llama  # the first equal object met is held: none other takes its id
