@@ -1,13 +1,15 @@
-"""Analytic estimates per CPU second on distinct configurations: the closed form (the
-planner's inner loop, ``simulate_allocator=False``) and the estimate with the allocator replay
-(the default of ``trainmem estimate``).
+"""Analytic estimates per CPU second on distinct configurations: the closed form
+(``simulate_allocator=False``), built per configuration as one estimate is and ``lean`` as a
+sweep's rows are (the planner's inner loop: schedules filled from templates, Note [Schedule
+templates] in trainmem/analytic/template.py; recordings included), and the estimate with the
+allocator replay (the default of ``trainmem estimate``).
 
 Run: ``python benchmarks/analytic_speed.py [RUNS]``. Every configuration is timed once in the
 process (each run has its own micro-batch sizes and sequence lengths), so no cache answers for
 it; the median over the runs of the CPU time per configuration is checked against the budget
-and the exit status is 1 when one is over. Budget (issue 28): the closed form at 5,000
-configurations per CPU second (0.2 ms each) whatever the depth (identical layers are one
-repeated block). The estimate with the replay is reported only (``step_speed.py`` checks
+and the exit status is 1 when one is over. Budget (issue 28): the closed form, built and lean,
+at 5,000 configurations per CPU second (0.2 ms each) whatever the depth (identical layers are
+one repeated block). The estimate with the replay is reported only (``step_speed.py`` checks
 llama-3.1-405b's against issue 11's budget).
 """
 
@@ -40,10 +42,12 @@ def configs(model: ModelSpec, run: int, n: int) -> list[TrainingConfig]:
     ]
 
 
-def estimate_all(model: ModelSpec, trainings: list[TrainingConfig], simulate: bool) -> None:
+def estimate_all(
+    model: ModelSpec, trainings: list[TrainingConfig], simulate: bool, lean: bool
+) -> None:
     """One estimate per configuration."""
     for training in trainings:
-        estimate(model, training, engine="analytic", simulate_allocator=simulate)
+        estimate(model, training, engine="analytic", simulate_allocator=simulate, lean=lean)
 
 
 def main(runs: int = 3) -> int:
@@ -52,17 +56,26 @@ def main(runs: int = 3) -> int:
     for preset in ("gpt2", "llama-3.1-8b", "llama-3.1-405b"):
         model = load_model_spec(preset)
         estimate(model, TrainingConfig(seq_len=64), engine="analytic")  # imports, layout
-        for simulate, n, budget in (
-            (False, CLOSED_FORM_CONFIGS, CLOSED_FORM_BUDGET_SECONDS),
-            (True, REPLAY_CONFIGS, None),
+        for k, (simulate, lean, n, budget) in enumerate(
+            (
+                (False, False, CLOSED_FORM_CONFIGS, CLOSED_FORM_BUDGET_SECONDS),
+                (False, True, CLOSED_FORM_CONFIGS, CLOSED_FORM_BUDGET_SECONDS),
+                (True, False, REPLAY_CONFIGS, None),
+            )
         ):
             cpu, wall = [], []
             for run in range(runs):
-                trainings = configs(model, run + (runs if simulate else 0), n)
-                c, w = cpu_seconds(partial(estimate_all, model, trainings, simulate))
+                trainings = configs(model, run + k * runs, n)
+                c, w = cpu_seconds(partial(estimate_all, model, trainings, simulate, lean))
                 cpu.append(c / n)
                 wall.append(w / n)
-            what = "with the allocator replay" if simulate else "closed form"
+            what = (
+                "with the allocator replay"
+                if simulate
+                else "closed form, lean (a sweep's rows)"
+                if lean
+                else "closed form"
+            )
             checks.append(
                 Check(
                     f"{preset} {what}, per configuration ({n} distinct a run)",
