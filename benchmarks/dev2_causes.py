@@ -671,7 +671,11 @@ CAUSES.update(
             "approximate source value ('~9GB'): the same README gives '~19GB' for the LoRA run "
             "its tutorial measures at 18.5 GB (GT172, -2.9%), so its '~' rounds to the nearest "
             "GB and the QLoRA peak lies in 8.5-9.5 GB (the tutorial, llama3.rst @20747cd: "
-            "'below 10 GB'); predicted 7.97 GB, -6.2% from 8.5"
+            "'below 10 GB'); predicted 7.96 GB, -6.4% from 8.5. Read and modelled, not at the "
+            "peak: torchao's NF4 dequantization in eager mode (get_original_weight's int64 "
+            "nibbles, 14 n bytes for the 14336 x 4096 linear, 0.82 GB, in each layer's forward "
+            "and backward; tests/analytic/test_torchao_dequantize.py); the peak is the head's "
+            "(the loop's previous fp32 logits beside this micro-batch's)"
         ),
         "GT175": (
             "unexplained, over: accelerate FSDP LoRA of a 70B at 8 x 2048 tokens with the "

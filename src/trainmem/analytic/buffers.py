@@ -17,6 +17,7 @@ from trainmem.analytic.tensor_states import TensorState
 from trainmem.specs.frameworks import parse_version
 from trainmem.specs.hardware import GPUSpec, default_cuda_context_bytes
 from trainmem.specs.model import ModelSpec
+from trainmem.specs.quantization import NF4_BLOCK
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import MiB, dtype_bytes
 
@@ -49,8 +50,9 @@ def gathered_layer_bytes(layer: Sequence[TensorState], training: TrainingConfig)
 
 def dequantized_weight_bytes(layer: Sequence[TensorState], training: TrainingConfig) -> int:
     """Bytes of the dequantized weight a quantized base linear builds for its matmul: the
-    layer's largest frozen linear (its tensor-parallel slice) in the compute dtype ``c``;
-    0 without a quantized base.
+    layer's largest frozen linear (its tensor-parallel slice) in the compute dtype ``c``, or,
+    for torchtune's torchao ``NF4Tensor`` in eager mode, the peak of its dequantization
+    (:func:`torchao_nf4_dequantize_bytes`); 0 without a quantized base.
 
     Alive: one at a time, for each base matmul in the forward and again for its input gradient
     in the backward.
@@ -58,13 +60,36 @@ def dequantized_weight_bytes(layer: Sequence[TensorState], training: TrainingCon
     Source: bitsandbytes autograd/_functions.py ``MatMul4Bit.forward`` (``F.dequantize_4bit(B,
     quant_state).to(A.dtype).t()`` into ``torch.nn.functional.linear``) and ``backward``
     (``torch.matmul(grad_output, F.dequantize_4bit(B, ctx.state).to(grad_output.dtype).t())``);
-    ``MatMul8bitLt`` likewise dequantizes for the input gradient.
+    ``MatMul8bitLt`` likewise dequantizes for the input gradient; torchao dtypes/nf4tensor.py
+    ``LinearNF4`` (``weight.to(input.dtype)`` in forward and backward).
     """
     if training.quantize_base == "none":
         return 0
     c = dtype_bytes(training.compute_dtype)
     base = [s.numel for s in layer if not s.trainable and s.name != "vector"]
-    return c * max(base, default=0) // training.tensor_parallel_size
+    largest = max(base, default=0) // training.tensor_parallel_size
+    if (
+        training.framework == "torchtune"
+        and training.quantize_base in ("nf4", "nf4-dq")
+        and not training.compile
+    ):
+        return torchao_nf4_dequantize_bytes(largest)
+    return c * largest
+
+
+def torchao_nf4_dequantize_bytes(numel: int) -> int:
+    """Peak bytes of torchao's ``NF4Tensor.get_original_weight`` on a weight of ``numel`` (n)
+    elements, the bf16 result included: the two nibble halves widened to int64 (``(self.
+    quantized_data >> 4).to(torch.long)`` and ``& 0b1111``: 2 x 8 x n / 2), their bf16 NF4
+    lookups (``nf4[value]``: 2 x n), the dequantized scalers (bf16, n / 64 of them), the two
+    halves scaled (2 x n; each ``repeated.flatten()`` copy, n bytes, is freed before the next
+    one is made), and ``torch.stack`` of the halves (2 n): all locals of the function, alive
+    until it returns the stacked weight, so 14 n + n / 32 bytes at the stack. Eager only (a
+    compiled graph fuses the chain). Source: torchao v0.1 dtypes/nf4tensor.py
+    ``get_original_weight``, ``dequantize_scalers``, ``_to_copy`` / ``to_dtype`` (unchanged
+    in v0.12.0)."""
+    half = numel // 2
+    return 2 * 8 * half + 2 * 2 * half + 2 * (numel // NF4_BLOCK) + 2 * 2 * half + 2 * numel
 
 
 def root_gathered_bytes(outer: Sequence[TensorState], training: TrainingConfig) -> int:
