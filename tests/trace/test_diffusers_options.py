@@ -258,30 +258,19 @@ _COMPILED = {"micro_batch_size": 2, "precision": "bf16-mixed", "resolution": 64}
 
 @pytest.mark.slow  # ~3 s (torch.compile + the trace); fast: test_compiled_block_keeps_its_bytes
 def test_compiled_block_keeps_what_torch_compile_saves() -> None:
-    # the block's own saved set is torch.compile's, storage for storage (4 fewer KiB than
-    # eager's 114,944 B without the output)
-    compiled = TrainingConfig(compile=True, **_COMPILED)
-    own, _ = _block0_kept_by_torch_compile(compiled)
-    assert own == BF16_COMPILED_BLOCK
-    assert _traced_block0(compiled) == own
-
-
-@pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: dynamo compiles each block instance on its own, and its second compile of "
-    "the identical PixArt block (block 1) saves its input hidden_states besides what the "
-    "first saves (block 0's output, fp32 [b, tokens, width], 4,096 B here); the trace runs "
-    "one partition for identical blocks, the first one's (session 13 notes, helper diffx)",
-)
-def test_compiled_block_output_is_kept_as_torch_compile_keeps_it() -> None:
+    # block 0's own saved set is torch.compile's, storage for storage (eager autograd saves
+    # 114,944 B), and its output is kept as dynamo keeps it: block 1 gets the fp32 residual
+    # stream where block 0 got the patch embedding's bf16 output, so dynamo recompiles it
+    # (a dtype guard) into a graph that saves its input for the LayerNorm's backward
     compiled = TrainingConfig(compile=True, **_COMPILED)
     own, output = _block0_kept_by_torch_compile(compiled)
-    assert output == 2 * 16 * 32 * 4  # what dynamo keeps: fp32 [2, 4 x 4 tokens, 32]
+    assert own == BF16_COMPILED_BLOCK
+    assert output == 2 * 16 * 32 * 4  # fp32 [2, 4 x 4 tokens, 32]
     assert _traced_block0(compiled) == own + output
 
 
 def test_compiled_block_keeps_its_bytes() -> None:
-    # each BasicTransformerBlock compiled (diffusers' compile_repeated_blocks' regions): the
-    # bytes torch.compile saves in the block (the slow test above), less than eager's
-    assert _traced_block0(TrainingConfig(compile=True, **_COMPILED)) == BF16_COMPILED_BLOCK
+    # each BasicTransformerBlock compiled (diffusers' compile_repeated_blocks' regions): what
+    # torch.compile keeps of block 0 (the slow test above), its fp32 output included
+    compiled = TrainingConfig(compile=True, **_COMPILED)
+    assert _traced_block0(compiled) == BF16_COMPILED_BLOCK + 2 * 16 * 32 * 4

@@ -12,7 +12,8 @@ Note [Tracing torch.compile]
     partitioner; the forward and backward graphs are then run op by op (no inductor codegen),
     on the fake tensors of the trace, so the recorder sees the compiled step's saved tensors and
     the backward's recomputation. Layers with the same signature (class, parameter shapes,
-    attention kind) share one traced graph, as dynamo reuses one compiled frame.
+    attention kind) called with inputs that pass the same tensor guards (dtype, shape, strides,
+    ``requires_grad``) share one traced graph, as dynamo reuses one compiled frame.
 
     Inductor also fuses pointwise ops into one kernel, so a pointwise intermediate whose users
     are all pointwise ops of the same graph is never materialised. With ``fuse_pointwise`` the
@@ -247,6 +248,20 @@ def _layer_signature(layer: Any) -> tuple[Any, ...]:
     return (type(layer), params, repr(attn))
 
 
+def _input_guards(leaves: list[Any]) -> tuple[Any, ...]:
+    """What dynamo's tensor guards check of a compiled frame's tensor inputs (dtype, shape,
+    strides, ``requires_grad``; ``torch/_dynamo/guards.py`` ``TENSOR_MATCH``): a call that fails
+    them is recompiled into a graph of its own. A PixArt block under bf16 autocast gets the
+    patch embedding's bf16 output in block 0 and the fp32 residual stream after it, so block 1
+    has a graph of its own, which saves its fp32 input for the LayerNorm's backward (block 0's
+    graph saves the fp32 cast of its bf16 input instead)."""
+    return tuple(
+        (x.dtype, tuple(x.shape), x.stride(), x.requires_grad)
+        for x in leaves
+        if isinstance(x, torch.Tensor)
+    )
+
+
 def _forward_nodes(gm: Any, num_fwd_outputs: int) -> list[Any]:
     """The joint graph's call_function nodes the forward outputs depend on, in graph order."""
     output = next(n for n in gm.graph.nodes if n.op == "output")
@@ -371,6 +386,7 @@ def _compile_layer(
             is_tensor,
             tuple(repr(c) for c in consts),
             checkpointing,
+            _input_guards(leaves),
         )
         if key not in compiled:
 
