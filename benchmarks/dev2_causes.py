@@ -424,9 +424,9 @@ _TITAN_CP = (
 )
 _TITAN_T4 = (
     "AsyncTP, which has no flag: the row is GT054's configuration with AsyncTP, measured 6% "
-    "below it (GT054 is now -0.9%: DTensor sequence parallelism's collective copies, Note "
-    "[Sequence-parallel collectives' copies], the replay 71.2 GiB, the trace's 72.1, measured "
-    "71.9; before them the analytic block split reserved 80.9 GiB)"
+    "below it; GT054 is within 5% since DTensor sequence parallelism's collective copies "
+    "(Note [Sequence-parallel collectives' copies]; before them the analytic block split "
+    "reserved 80.9 GiB, the trace's replay 72.2, measured 71.9)"
 )
 _FLOAT8_AG = (
     "unexplained: amended with the source's torchtitan 0.1, whose --training.compile compiles "

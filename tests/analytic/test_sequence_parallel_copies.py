@@ -33,17 +33,17 @@ def test_bytes_of_the_copies_by_hand() -> None:
     tokens, h = 16 * 8192, 8192
     bf16 = TrainingConfig(micro_batch_size=16, seq_len=8192, precision="bf16-mixed", **SP)
     assert sequence_parallel_copies(model, bf16) == SequenceParallelCopies(
-        gathered=2 * h * tokens, partial=2 * h * tokens
+        gathered=2 * h * tokens, partial=2 * h * tokens, head_gathered=2 * h * tokens
     )
     # torchao's float8 styles gather the float8 cast (1 byte a value); the partial sums of the
-    # row-parallel float8 matmuls are bf16
+    # row-parallel float8 matmuls are bf16, and the output layer is no float8 linear
     fp8 = TrainingConfig(micro_batch_size=16, seq_len=8192, precision="fp8-mixed", **SP)
     assert sequence_parallel_copies(model, fp8) == SequenceParallelCopies(
-        gathered=1 * h * tokens, partial=2 * h * tokens
+        gathered=1 * h * tokens, partial=2 * h * tokens, head_gathered=2 * h * tokens
     )
     # one sequence: the gathered [8, 1024, h] re-read as [1, 8192, h] is a view (no cat)
     one = TrainingConfig(micro_batch_size=1, seq_len=8192, precision="bf16-mixed", **SP)
-    assert sequence_parallel_copies(model, one) == SequenceParallelCopies(0, 2 * h * 8192)
+    assert sequence_parallel_copies(model, one) == SequenceParallelCopies(0, 2 * h * 8192, 0)
 
 
 def test_no_copies_without_dtensor_sequence_parallelism() -> None:
@@ -114,3 +114,23 @@ def test_the_forward_makes_them_where_the_collectives_run() -> None:
     # without sequence parallelism (or at b = 1 for the gathers) nothing is added
     plain = _forward_layer_ops(replace(training, sequence_parallel=False))
     assert not [op for op in plain if op.key.startswith("sp/")]
+
+
+def test_the_head_keeps_its_tensors_as_they_are() -> None:
+    # llama-3.2-1b (h = 2048, V = 128256, tied), bf16 autocast, b = 4, s = 1024: t = 4096
+    # tokens. After the logits the head holds, as separate tensors (not one block): the final
+    # RMSNorm's fp32 input, its normalised output (fp32 under autocast) and fp32 rstd
+    # (modeling_llama.py LlamaRMSNorm), the LM head's 16-bit input (autocast's cast), the fp32
+    # log-softmax the cross-entropy saves, and autocast's bf16 copy of the tied head weight
+    training = TrainingConfig(micro_batch_size=4, seq_len=1024, precision="bf16-mixed")
+    sched = estimate("llama-3.2-1b", training, engine="analytic").schedules[0]
+    timeline = sched.expand()
+    step = timeline.events[timeline.steady_state_start :]
+    saved = [
+        e.size_bytes
+        for e in step
+        if e.module == "head" and e.phase == "forward" and e.action == "alloc"
+        and e.category.value == "activations"
+    ]  # fmt: skip
+    t, h, v = 4096, 2048, 128256
+    assert saved == [(4 * h + 4 * h + 4) * t, 2 * h * t, 4 * v * t, 2 * v * h]

@@ -109,10 +109,13 @@ class SequenceParallelCopies(NamedTuple):
             input (q/k/v's, gate/up's, the LM head's); 0 where the cat is a view.
         partial: a row-parallel linear's full-sequence partial sum [T, h], made twice per
             reduce-scatter (the matmul's output and its chunk-and-cat copy).
+        head_gathered: the LM head's all-gather output before its cat (in the compute dtype:
+            the output layer is not a float8 linear); 0 where the cat is a view.
     """
 
     gathered: int
     partial: int
+    head_gathered: int = 0
 
 
 def sequence_parallel_copies(model: ModelSpec, training: TrainingConfig) -> SequenceParallelCopies:
@@ -144,10 +147,15 @@ def sequence_parallel_copies(model: ModelSpec, training: TrainingConfig) -> Sequ
           ``output_layouts=Shard(1)``), while the matmul's output is still alive: two
           c*h*T tensors, then the [b, s/tp, h] result.
 
-        Per rank, T = b*s/cp tokens: gathered = g*h*T (g = 1 under float8 TP, else c) and
-        partial = c*h*T. Traced (the trace engine runs the same DTensor code): llama-3.1-70b
-        FSDP 32 x TP 8 + SP, float8, b = 16, s = 8192, per layer two 1024 MiB float8 gathers
-        each followed by its 1024 MiB cat, and two pairs of 2048 MiB partial sums.
+        The LM head (``ColwiseParallel(input_layouts=Shard(1))`` on the output layer,
+        torchtitan's ``apply_tp``) gathers the final norm's output the same way, in the compute
+        dtype: torchtitan's float8 conversion leaves the output layer out.
+
+        Per rank, T = b*s/cp tokens: gathered = g*h*T (g = 1 under float8 TP, else c),
+        head_gathered = c*h*T and partial = c*h*T. Traced (the trace engine runs the same
+        DTensor code): llama-3.1-70b FSDP 32 x TP 8 + SP, float8, b = 16, s = 8192, per layer
+        two 1024 MiB float8 gathers each followed by its 1024 MiB cat, and two pairs of
+        2048 MiB partial sums; at the head a 2048 MiB gather and its 2048 MiB cat.
     """
     if not (
         training.sequence_parallel_saves_gathered_input
@@ -162,5 +170,7 @@ def sequence_parallel_copies(model: ModelSpec, training: TrainingConfig) -> Sequ
     b, cp = training.micro_batch_size, training.context_parallel_size
     tokens = b * tokens_per_sequence(model, training) // cp
     g = 1 if float8_tensor_parallel(training) else c
-    gathered = g * model.hidden_size * tokens if b > 1 else 0
-    return SequenceParallelCopies(gathered, c * model.hidden_size * tokens)
+    full = c * model.hidden_size * tokens
+    if b == 1:  # the cat is a view
+        return SequenceParallelCopies(0, full, 0)
+    return SequenceParallelCopies(g * model.hidden_size * tokens, full, full)

@@ -106,7 +106,8 @@ class ActivationProfile:
         head: bytes saved after the last layer (final norm, LM head input, logits, log-softmax).
         num_layers: L.
         terms: the per-layer terms without checkpointing (for reports).
-        head_terms: the head terms (for reports).
+        head_terms: the embedding's and the head's terms (for reports).
+        head_parts: the head's terms alone (``head`` as the tensors the schedule allocates).
     """
 
     per_layer: int
@@ -116,6 +117,7 @@ class ActivationProfile:
     num_layers: int
     terms: dict[str, int] = field(default_factory=dict)
     head_terms: dict[str, int] = field(default_factory=dict)
+    head_parts: dict[str, int] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -295,4 +297,5 @@ def activation_profile(model: ModelSpec, training: TrainingConfig) -> Activation
         num_layers=model.num_blocks,
         terms=terms,
         head_terms={**emb, **head},
+        head_parts=head,
     )

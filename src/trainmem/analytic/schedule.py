@@ -42,7 +42,10 @@ Note [Analytic step schedule]
       kept for the next step.
 
     Each term is split into the single tensors it is made of (the largest natural tensor size
-    that divides it), so the allocator sees realistic block sizes.
+    that divides it), so the allocator sees realistic block sizes; the head's saved tensors are
+    one block per term (the final norm's, the LM head's input, the loss's saved log-softmax,
+    autocast's copy of the head weight), not their sum: one (tokens x vocab) block larger than
+    any other would take a segment of its own that no later tensor fits.
 
 Note [Tied embedding gradient under DTensor]
     With the token embedding vocabulary-sharded by DTensor and tied to the LM head
@@ -487,6 +490,15 @@ class _Ends:
         self.input_grad_hook = input_grad_hook_bytes(model, training) if rank.stage == 0 else 0
         self.emb_acts = ctx.profile.embedding if rank.stage == 0 else 0
         self.head_acts = ctx.profile.head if head else 0
+        # the head's saved tensors as the tensors they are (the final norm's, the LM head's
+        # input, the loss's), not one block
+        parts = [(k, v) for k, v in ctx.profile.head_parts.items() if v > 0]
+        if sum(v for _, v in parts) != self.head_acts:
+            parts = [("head", self.head_acts)]
+        self.head_blocks = [v for _, v in parts]
+        # Note [Sequence-parallel collectives' copies]: the LM head's all-gather output
+        copies = sequence_parallel_copies(model, training)
+        self.head_gather = copies.head_gathered if head and model.head == "causal-lm" else 0
         self.tied_sum = embedding_gradients(ctx).tied_sum
         # the logits a transform holds (the pipeline's output chunk, the loop's kept logits)
         # are the kept part of the loss's forward transients
@@ -516,7 +528,10 @@ class _Ends:
             "logits (and their fp32 copy) while the loss runs",
         )
         logits16 = alloc(self.logits16, Cat.TEMPORARY, f, "logits16", "head", "logits")
-        head_act = alloc(self.head_acts, Cat.ACTIVATION, f, "act/head", "head", "head activations")
+        head_act = [
+            alloc(size, Cat.ACTIVATION, f, f"act/head/{n}", "head", "head activations")
+            for n, size in enumerate(self.head_blocks)
+        ]
         cache = alloc(
             self.kv_cache,
             Cat.TEMPORARY,
@@ -534,9 +549,13 @@ class _Ends:
             "the final hidden states, held by the model output until the loss",
         )
         items: list[Item] = [cache, hidden, *em.at("head.forward", where)]
+        if self.head_gather:
+            label = "the sequence-parallel all-gather's output before its cat"
+            gather = alloc(self.head_gather, Cat.TEMPORARY, f, "sp/head/gather", "head", label)
+            items += [gather, free(gather, f)]
         if not self.tr.held_logits:
             items.append(logits16)
-        items += [logits, *em.at("head.post_forward", where), head_act, free(logits, f)]
+        items += [logits, *em.at("head.post_forward", where), *head_act, free(logits, f)]
         if not self.tr.held_logits:
             items.append(free(logits16, f))
         return [*items, free(hidden, f), free(cache, f)]
@@ -566,8 +585,10 @@ class _Ends:
         loss, g2 = self._loss_gradients()
         items += [*loss, *em.at("head.backward", where)]
         label = "head activations"
-        items.append(free(alloc(self.head_acts, Cat.ACTIVATION, "forward", "act/head", "head",
-                                label), b))  # fmt: skip
+        items += [
+            free(alloc(size, Cat.ACTIVATION, "forward", f"act/head/{n}", "head", label), b)
+            for n, size in enumerate(self.head_blocks)
+        ]
         # a chunked loss: the other chunks' logits gradients, alive through the head's
         # backward (Note [Compiled chunked cross-entropy])
         chunk_grads = alloc(
