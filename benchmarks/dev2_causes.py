@@ -334,7 +334,12 @@ CAUSES: dict[str, str] = {}
 _TT_HEAD = (
     "unexplained: the compiled chunked loss is modelled (torchtune 0.4.0 compile_loss: bf16 "
     "logits saved, no fp32 log-softmax; Note [Compiled chunked cross-entropy]); the predicted "
-    "peak is now the loss backward / the head's weight-gradient sums"
+    "peak is now the loss backward / the head's weight-gradient sums. The trace engine, which "
+    "runs CEWithChunkedOutputLoss's compiled chunks itself, agrees (GT024: 7.61 GiB allocated "
+    "by both engines, above the measured 7.4 GiB whatever the metric). Read and not modelled: "
+    "the README's commit 30b8519e is torchtune 0.3.0 (version.txt), whose training/_compile.py "
+    "compile_model compiles each TransformerSelfAttentionLayer only on torch >= 2.5 and the "
+    "whole model (model.compile) on older torch"
 )
 _TT_8BIT = (
     "unexplained: the compiled chunked loss is modelled (Note [Compiled chunked "
@@ -506,7 +511,12 @@ CAUSES.update(
         "GT025": (
             "unexplained: FSDP2 CPU offload with fused CPU AdamW; README metric kind not stated "
             "(predicted allocated +10%; the FSDP side streams' pools add 4.2 GB reserved: "
-            "+29.6 -> +38.0%)"
+            "+29.6 -> +38.0%); a candidate not modelled: recipes/configs/llama3_1/70B_full.yaml "
+            "@30b8519e sets custom_sharded_layers: ['tok_embeddings', 'output'] "
+            "(recipes/full_finetune_distributed.py: their own fully_shard units, resharded "
+            "after forward like the layers, where the root's stay gathered), which the reading "
+            "ignores (specs/trainer_configs.py _TORCHTUNE_IGNORED): the gathered embedding "
+            "(2 V h = 1.96 GiB) would not be held through the backward"
         ),
         "GT026": _TT_HEAD
         + "; README metric kind not stated (predicted allocated +8%; the FSDP side streams' "
