@@ -68,11 +68,7 @@ def dequantized_weight_bytes(layer: Sequence[TensorState], training: TrainingCon
     c = dtype_bytes(training.compute_dtype)
     base = [s.numel for s in layer if not s.trainable and s.name != "vector"]
     largest = max(base, default=0) // training.tensor_parallel_size
-    if (
-        training.framework == "torchtune"
-        and training.quantize_base in ("nf4", "nf4-dq")
-        and not training.compile
-    ):
+    if training.torchao_nf4_decode:
         return torchao_nf4_dequantize_bytes(largest)
     return c * largest
 

@@ -1459,6 +1459,19 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
         return None
 
     @property
+    def torchao_nf4_decode(self) -> bool:
+        """The quantized base is torchao's ``NF4Tensor`` decoded eagerly: torchtune's QLoRA
+        (``quantize_base`` nf4 / nf4-dq) without ``compile``, whose ``linear_nf4`` calls
+        ``weight.to(dtype)`` = ``get_original_weight()`` in forward and backward
+        (:func:`trainmem.analytic.buffers.torchao_nf4_dequantize_bytes`; the trace's stand-in
+        ``trainmem.trace.quantized._torchao_decode``)."""
+        return (
+            self.framework == "torchtune"
+            and self.quantize_base in ("nf4", "nf4-dq")
+            and not self.compile
+        )
+
+    @property
     def quantized_matmul_saves_input(self) -> bool:
         """A quantized base linear saves its 16-bit input for backward: bitsandbytes int8
         (``MatMul8bitLt``: ``ctx.tensors = (CAt, subA, A)``) always; bitsandbytes 4-bit

@@ -29,6 +29,11 @@ Note [Traced quantized base]
       so what else saves it is not counted twice;
     * its backward (only when the input requires grad): the weight dequantized again for the
       input gradient, ``grad_output @ W``, then freed (``MatMul4Bit.backward``).
+    * torchtune's eager QLoRA (``TrainingConfig.torchao_nf4_decode``): each dequantization is
+      torchao's ``get_original_weight()``, whose int64 indices, table lookups, scalers and
+      halves are allocated in its order before the weight (:func:`_torchao_decode`; the
+      analytic engine counts their peak, ``trainmem.analytic.buffers.
+      torchao_nf4_dequantize_bytes``).
 
     The analytic engine counts the same things (``analytic/transforms/quantized.py``: the
     layer's largest dequantized weight once in its forward and once in its backward;
@@ -73,22 +78,64 @@ class _QuantizedMatmul(Function):
         shape: tuple[int, int],
         dtype: Any,
         saves_input: bool,
+        torchao: bool = False,
     ) -> Any:
         cast = x.to(dtype)
-        weight = torch.empty(shape, dtype=dtype, device=x.device)  # dequantized
+        weight = _dequantized(shape, dtype, x.device, torchao)
         out = torch.nn.functional.linear(cast, weight, None if bias is None else bias.to(dtype))
         del weight
-        ctx.shape = shape
+        ctx.shape, ctx.torchao = shape, torchao
         if saves_input:
             ctx.save_for_backward(cast)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: Any) -> tuple[Any, ...]:  # type: ignore[override]
-        weight = torch.empty(ctx.shape, dtype=grad.dtype, device=grad.device)  # dequantized
+        weight = _dequantized(ctx.shape, grad.dtype, grad.device, ctx.torchao)
         grad_input = grad @ weight
         del weight
-        return grad_input, None, None, None, None, None
+        return grad_input, None, None, None, None, None, None
+
+
+def _dequantized(shape: tuple[int, int], dtype: Any, device: Any, torchao: bool) -> Any:
+    """The dequantized (out, in) weight: one allocation (bitsandbytes), or torchao's decode."""
+    if torchao:
+        return _torchao_decode(shape, dtype, device)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _torchao_decode(shape: tuple[int, int], dtype: Any, device: Any) -> Any:
+    """torchao ``NF4Tensor.get_original_weight()``'s allocations on an (out, in) weight of n
+    values, in its order and with its lifetimes: per half the
+    shifted bytes (n / 2, freed) and their int64 copy (4n), the two table lookups (n each),
+    the scalers' quotient (2n / 64, freed) and sum (2n / 64), per half the repeated scalers
+    (n, freed) and the product (n), then the stacked weight (2n), every local freed after it.
+    Source: torchao dtypes/nf4tensor.py ``get_original_weight``, ``dequantize_scalers``."""
+    n = shape[0] * shape[1]
+    half, nb = n // 2, n // 64
+
+    def empty(count: int, kind: Any) -> Any:
+        return torch.empty(count, dtype=kind, device=device)
+
+    bits = empty(half, torch.uint8)
+    first = empty(half, torch.long)
+    del bits
+    bits = empty(half, torch.uint8)
+    second = empty(half, torch.long)
+    del bits
+    lookups = (empty(half, dtype), empty(half, dtype))
+    quotient = empty(nb, dtype)
+    scalers = empty(nb, dtype)
+    del quotient
+    repeated = empty(half, dtype)
+    scaled_first = empty(half, dtype)
+    del repeated
+    repeated = empty(half, dtype)
+    scaled_second = empty(half, dtype)
+    del repeated
+    weight = empty(n, dtype).view(shape)
+    del first, second, lookups, scalers, scaled_first, scaled_second
+    return weight
 
 
 def _features(module: Any) -> tuple[int, int]:
@@ -101,7 +148,13 @@ def _features(module: Any) -> tuple[int, int]:
 
 def _forward(self: Any, x: Any) -> Any:
     out: Any = _QuantizedMatmul.apply(
-        x, self.weight, self.bias, self.dequantized_shape, self.compute_dtype, self.saves_input
+        x,
+        self.weight,
+        self.bias,
+        self.dequantized_shape,
+        self.compute_dtype,
+        self.saves_input,
+        self.torchao_decode,
     )
     return out
 
@@ -127,7 +180,8 @@ def quantize_base(model: Any, training: TrainingConfig, *, diffusers: bool = Fal
     Args:
         model: the model as built for the trace (on ``meta``), after peft's LoRA (frozen base
             linears are ``requires_grad=False``; adapters are trainable and left alone).
-        training: ``quantize_base``, ``compute_dtype``, ``quantized_matmul_saves_input``.
+        training: ``quantize_base``, ``compute_dtype``, ``quantized_matmul_saves_input``,
+            ``torchao_nf4_decode``.
         diffusers: a diffusers model (every linear is converted).
 
     Returns:
@@ -155,6 +209,7 @@ def quantize_base(model: Any, training: TrainingConfig, *, diffusers: bool = Fal
         module.dequantized_shape = (fan_out, fan_in)
         module.compute_dtype = dtype
         module.saves_input = training.quantized_matmul_saves_input
+        module.torchao_decode = training.torchao_nf4_decode
         module.forward = types.MethodType(_forward, module)
         count += 1
     return count
