@@ -180,3 +180,9 @@ def test_recorded_values_guard_every_decision() -> None:
     assert any(code.endswith("== 300)") for code in guards)  # the pinned text
     with pytest.raises(Exception, match="after its recording ended"):
         _ = t + 1
+    _REC.append(_Recorder())  # another recording: the first one's values are not its own
+    try:
+        with pytest.raises(Exception, match="after its recording ended"):
+            _ = t > 1
+    finally:
+        _REC.pop()

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import operator
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import fields
 from enum import Enum
@@ -71,7 +72,7 @@ class _Recorder:
         if i is None:
             i = self.index[code] = len(self.nodes)
             self.nodes.append((code, deps))
-        return Sym(value, i)
+        return Sym(value, i, self)
 
     def guard(self, code: str, deps: tuple[int, ...]) -> None:
         if code not in self.seen_guards:
@@ -83,8 +84,13 @@ _REC: list[_Recorder] = []
 """The recording under way (at most one)."""
 
 
-def _rec() -> _Recorder:
-    if not _REC:
+def _rec(*values: Sym) -> _Recorder:
+    """The recording under way, which made ``values``.
+
+    Raises:
+        RecordingError: none is under way, or another made one of ``values``.
+    """
+    if not _REC or any(v.r is not _REC[-1] for v in values):
         raise RecordingError("a recorded value was used after its recording ended")
     return _REC[-1]
 
@@ -96,6 +102,7 @@ def _operand(x: object) -> tuple[object, str, tuple[int, ...]] | None:
     """(value, code, dependencies) of an operand, or None for a type the recording does not
     follow."""
     if type(x) is Sym:
+        _rec(x)
         return x.v, f"x{x.i}", (x.i,)
     if type(x) in _NUMBER:
         if isinstance(x, float) and not math.isfinite(x):
@@ -130,8 +137,8 @@ def _operator(
             return a
         value, code, deps = other
         if reflected:
-            return _rec().node(fn(value, a.v), f"({code} {symbol} x{a.i})", (*deps, a.i))
-        return _rec().node(fn(a.v, value), f"(x{a.i} {symbol} {code})", (a.i, *deps))
+            return _rec(a).node(fn(value, a.v), f"({code} {symbol} x{a.i})", (*deps, a.i))
+        return _rec(a).node(fn(a.v, value), f"(x{a.i} {symbol} {code})", (a.i, *deps))
 
     return method
 
@@ -145,7 +152,7 @@ def _compare(symbol: str, fn: Callable[[Any, Any], bool]) -> Callable[[Sym, obje
         if type(b) is Sym and b.i == a.i:  # one expression: the outcome is the operator's
             return result
         code = f"(x{a.i} {symbol} {right[1]})"
-        _rec().guard(code if result else f"not {code}", (a.i, *right[2]))
+        _rec(a).guard(code if result else f"not {code}", (a.i, *right[2]))
         return result
 
     return compare
@@ -153,7 +160,7 @@ def _compare(symbol: str, fn: Callable[[Any, Any], bool]) -> Callable[[Sym, obje
 
 def _unary(template: str, fn: Callable[[Any], Any]) -> Callable[[Sym], Sym]:
     def unary(a: Sym) -> Sym:
-        return _rec().node(fn(a.v), template.format(f"x{a.i}"), (a.i,))
+        return _rec(a).node(fn(a.v), template.format(f"x{a.i}"), (a.i,))
 
     return unary
 
@@ -163,10 +170,10 @@ class Sym:
     and the index ``i`` of the expression that made it. Arithmetic with numbers gives recorded
     values; comparisons, truth tests and conversions give plain answers and record guards."""
 
-    __slots__ = ("i", "v")
+    __slots__ = ("i", "r", "v")
 
-    def __init__(self, v: object, i: int) -> None:
-        self.v, self.i = v, i
+    def __init__(self, v: object, i: int, r: _Recorder) -> None:
+        self.v, self.i, self.r = v, i, r
 
     __add__, __radd__ = _binary("+", operator.add)
     __sub__, __rsub__ = _binary("-", operator.sub)
@@ -195,8 +202,8 @@ class Sym:
 
     def __round__(self, ndigits: int | None = None) -> Sym:
         if ndigits is None:
-            return _rec().node(round(self.v), f"round(x{self.i})", (self.i,))  # type: ignore[call-overload]
-        return _rec().node(
+            return _rec(self).node(round(self.v), f"round(x{self.i})", (self.i,))  # type: ignore[call-overload]
+        return _rec(self).node(
             round(self.v, ndigits),  # type: ignore[call-overload]
             f"round(x{self.i}, {ndigits!r})",
             (self.i,),
@@ -210,12 +217,12 @@ class Sym:
 
     def __bool__(self) -> bool:
         result = bool(self.v)
-        _rec().guard(f"bool(x{self.i})" if result else f"not x{self.i}", (self.i,))
+        _rec(self).guard(f"bool(x{self.i})" if result else f"not x{self.i}", (self.i,))
         return result
 
     def _pin(self) -> Any:
         """The concrete value, guarded to be exactly it (a structure decision)."""
-        _rec().guard(f"(x{self.i} == {self.v!r})", (self.i,))
+        _rec(self).guard(f"(x{self.i} == {self.v!r})", (self.i,))
         return self.v
 
     def __index__(self) -> int:
@@ -313,7 +320,21 @@ def templated_schedules(
     """The step schedules of ``ranks`` (as :func:`~trainmem.analytic.schedule.rank_schedule`
     builds them) filled from a template (Note [Schedule templates]), recording one when no
     template's guards hold; None when this structure cannot be recorded (the caller builds).
+    One thread at a time (a recording's values record into the one recording under way).
     """
+    with _LOCK:
+        return _templated(model, training, ranks, per_handle)
+
+
+_LOCK = threading.Lock()
+
+
+def _templated(
+    model: ModelSpec,
+    training: TrainingConfig,
+    ranks: Sequence[PipelineRank],
+    per_handle: int,
+) -> list[StepSchedule] | None:
     key = _key(model, training, per_handle)
     b, s = training.micro_batch_size, training.seq_len
     found = _TEMPLATES.get(key)
@@ -395,7 +416,10 @@ def record(
         )
         for r in ranks
     ]
-    filled = fill(training.micro_batch_size, training.seq_len)
+    try:
+        filled = fill(training.micro_batch_size, training.seq_len)
+    except Exception as exc:  # noqa: BLE001 -- a fill that cannot run: built instead
+        raise RecordingError(f"the template cannot be filled: {exc!r}") from exc
     if filled != built or _holds_sym(built):
         raise RecordingError("the filled template differs from the builder's schedule")
     return fill
