@@ -49,6 +49,12 @@ _PEFT_SFT_LORA = (
     "peft examples/sft/run_peft_fsdp.sh (aa2ca83c, 2024-02-26) and run_peft_deepspeed.sh, the "
     "rows' scripts: --lora_dropout 0.1",
 )
+_PEFT_SFT_H100 = (
+    [*_PEFT_SFT_LORA[0], "--gpu", "H100-80GB"],
+    _PEFT_SFT_LORA[1] + "; the rows' GPU (the CSV's gpu column: H100 80GB; peft docs/source/"
+    "accelerate/fsdp.md: '8X80GB GPUs with FSDP+LoRA'): the reading named none, so the replay "
+    "ran without the card's capacity",
+)
 
 _PHILSCHMID_DQ = (
     ["--quantize-base", "nf4-dq"],
@@ -284,7 +290,7 @@ AMENDMENTS: dict[str, tuple[list[str], str]] = {
     **{f"GT{n}": _FSDP_QLORA for n in range(115, 132)},
     **{f"GT{n}": _FSDP_QLORA_BNB for n in (115, 116, 119, 120, 123, *range(126, 132))},
     **{f"GT{n}": _PEFT_SFT_QLORA for n in (176, 177, 178)},
-    **{f"GT{n}": _PEFT_SFT_LORA for n in (174, 175)},
+    **{f"GT{n}": _PEFT_SFT_H100 for n in (174, 175)},
     "GT114": _PHILSCHMID_DQ,
     **{f"GT{n}": _FMS_TRANSFORMERS for n in range(132, 140)},
     **{f"GT{n}": _FMS_LORA_DROPOUT for n in range(140, 146)},
@@ -688,9 +694,13 @@ CAUSES.update(
             "(the loop's previous fp32 logits beside this micro-batch's)"
         ),
         "GT175": (
-            "unexplained, over: accelerate FSDP LoRA of a 70B at 8 x 2048 tokens with the "
-            "script's lora_dropout 0.1 (amended: +8.8 -> +14.7%); the source reports '72-80 GB "
-            "(90-98%)', the upper end taken, so the run filled the card"
+            "over, the measurement's reading: '72-80 GB (90-98%)' per GPU read off a "
+            "screenshot, the upper end taken, which fsdp.md attributes to the end of the run "
+            "('The slight increase in GPU memory at the end is when saving the model using "
+            "FULL_STATE_DICT'); 98% of the H100's 81,559 MiB is 83.8e9 B (then +0.7%), so the "
+            "monitor's 'GB' is likely 1000 MiB. The row's H100 amended from the CSV (+14.1 -> "
+            "+5.5%): the allocator frees its cached blocks and retries near the card's capacity "
+            "(the replay without a capacity held 7.4e9 B more)"
         ),
         "GT176": (
             "unexplained: DeepSpeed ZeRO-3 QLoRA; the double-quantized statistics are whole on "
@@ -700,7 +710,8 @@ CAUSES.update(
             "storage's elements (Note [DeepSpeed ZeRO-3 parameter gathers]): -7.8 -> -6.2%"
         ),
         "GT174": (
-            "unexplained, over by 3.6 GB: '64 GB (80%)' read off a system-monitor screenshot; "
+            "unexplained, over by 3.5 GB: '64 GB (80%)' read off a system-monitor screenshot "
+            "(the H100 amended from the CSV: +4.8 -> +5.4%, its CUDA context); "
             "DeepSpeed ZeRO-3's prefetch pool modelled at its stage3_max_live_parameters "
             "ceiling, 1e9 bf16 elements (Note [DeepSpeed ZeRO-3 parameter gathers]; before: "
             "one 70B layer and the 0.9 h^2 bucket): +4.5 -> +5.7%"
