@@ -153,6 +153,7 @@ def test_an_option_for_a_field_without_one_would_be_caught(
         "reduce_bucket_size",
         "stage3_prefetch_bucket_size",
         "stage3_max_live_parameters",
+        "stage3_max_reuse_distance",
         "overlap_comm",
         "prepare_kbit_training",
         "load_phase",

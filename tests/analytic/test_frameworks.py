@@ -8,6 +8,7 @@ One layer's linear weights: 4 h^2 (q, k, v, o) + 3 h i (gate, up, down)
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -608,6 +609,8 @@ def test_ds_config_buckets_are_read(tmp_path: object) -> None:
     assert out["reduce_bucket_size"] == 200_000_000
     out = deepspeed_settings({"zero_optimization": {"stage": 3, "stage3_max_live_parameters": 1e9}})
     assert out["stage3_max_live_parameters"] == 1_000_000_000
+    out = deepspeed_settings({"zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 5e8}})
+    assert out["stage3_max_reuse_distance"] == 500_000_000
 
 
 # -- item 6: torchao low-bit AdamW -----------------------------------------------------------
@@ -756,6 +759,15 @@ def test_deepspeed_zero3_tied_small_model_keeps_the_embedding() -> None:
     assert g.embedding_release == "embedding.post_backward" and not g.embedding_backward
     assert g.head == 0  # the tied weight is already gathered
     assert g.copy(4 * 50257 * 768) == 4 * 50257 * 768  # one rank: the whole partition
+    # stage3_max_reuse_distance 1000 elements: nothing is kept between two uses; the embedding
+    # (wte + wpe 1024 x 768) freed after the lookup, the tied head (wte + ln_f) fetched
+    # again, the embedding gathered again for its own backward
+    near = dataclasses.replace(t, stage3_max_reuse_distance=1000)
+    g = zero3_gathers(lay.layer, 12, lay.embedding, lay.head, tied=True, training=near)
+    assert g.turnaround == 0 and g.pool == 4 * 12 * per_layer
+    assert g.embedding_release == "stack.pre_forward" and g.embedding_backward
+    assert g.embedding == 4 * (50257 + 1024) * 768
+    assert g.head == 4 * (50257 * 768 + 2 * 768)
 
 
 def test_sdpa_expands_gqa_keys_and_values_with_a_padding_mask() -> None:

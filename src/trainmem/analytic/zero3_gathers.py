@@ -134,7 +134,8 @@ def zero3_gathers(
         embedding / head: the states before / after the layers (a tied head's weight is the
             embedding's, so ``head`` holds only the final norm then).
         tied: the output layer uses the token embedding's weight.
-        training: ``stage3_max_live_parameters``, ``offload``, ``sharding_degree``.
+        training: ``stage3_max_live_parameters``, ``stage3_max_reuse_distance``,
+            ``stage3_prefetch_bucket_size`` (0: no prefetch), ``offload``, ``sharding_degree``.
 
     Returns:
         The sizes in bytes.
@@ -149,7 +150,8 @@ def zero3_gathers(
     per = p_bytes / max(p_numel, 1)
     live = training.stage3_max_live_parameters
     max_live = DEEPSPEED_MAX_LIVE_PARAMETERS if live is None or live == "auto" else live
-    reuse = DEEPSPEED_MAX_REUSE_DISTANCE
+    distance = training.stage3_max_reuse_distance
+    reuse = DEEPSPEED_MAX_REUSE_DISTANCE if distance is None or distance == "auto" else distance
     layers = num_layers * p_numel
     pool = min(layers, max(max_live, p_numel))
     if training.stage3_prefetch_bucket_size == 0:  # no prefetch: the current layer's alone

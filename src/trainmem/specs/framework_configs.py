@@ -227,7 +227,12 @@ def deepspeed_settings(ds: dict[str, Any], auto: dict[str, str] | None = None) -
     _set(out, "precision", _deepspeed_precision(ds, auto))
     zero = _section(ds, "zero_optimization", f)
     _set(out, "zero_stage", _value(zero, "stage", f, int, "0, 1, 2 or 3"))
-    for key in ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_max_live_parameters"):
+    for key in (
+        "reduce_bucket_size",
+        "stage3_prefetch_bucket_size",
+        "stage3_max_live_parameters",
+        "stage3_max_reuse_distance",
+    ):
         bucket = zero.get(key)
         if bucket is None or bucket == "auto":
             if bucket == "auto":

@@ -47,6 +47,7 @@ FIELD_GROUPS: dict[str, tuple[str, ...]] = {
         "reduce_bucket_size",
         "stage3_prefetch_bucket_size",
         "stage3_max_live_parameters",
+        "stage3_max_reuse_distance",
         "overlap_comm",
         "nccl_buffer_bytes",
     ),

@@ -781,6 +781,16 @@ class ShardingConfig:
     prefetcher lets be alive (>= 0); None, the default (and ``"auto"``, which the HF Trainer
     does not fill in): DeepSpeed's default, 1e9 (runtime/zero/config.py
     ``max_live_parameters``)."""
+    stage3_max_reuse_distance: int | Literal["auto"] | None = setting(
+        None,
+        "DeepSpeed ZeRO-3 stage3_max_reuse_distance, in elements.",
+        default_text="DeepSpeed's 1e9",
+        no_option=_DEEPSPEED_ONLY,
+    )
+    """DeepSpeed ZeRO-3 ``stage3_max_reuse_distance``: a gathered parameter used again within
+    this many elements of the module trace is not released (Note [DeepSpeed ZeRO-3 parameter
+    gathers]); None, the default (and ``"auto"``, which the HF Trainer does not fill in):
+    DeepSpeed's default, 1e9 (runtime/zero/config.py ``max_reuse_distance``)."""
     overlap_comm: bool | None = setting(
         None,
         "DeepSpeed zero_optimization.overlap_comm (doubles the stage 1/2 gradient bucket).",
@@ -797,6 +807,7 @@ class ShardingConfig:
             "reduce_bucket_size",
             "stage3_prefetch_bucket_size",
             "stage3_max_live_parameters",
+            "stage3_max_reuse_distance",
         ):
             bucket = getattr(self, name)
             if bucket is not None and bucket != "auto":
