@@ -44,6 +44,13 @@ _PEFT_SFT_QLORA = (
     "both before 0.43.2's MatMul4Bit change)",
 )
 
+_PEFT_SFT_QLORA_FSDP = (
+    [*_PEFT_SFT_QLORA[0], "--set", "checkpoint-reentrant=true"],
+    _PEFT_SFT_QLORA[1] + "; run_peft_qlora_fsdp.sh passes --use_reentrant True and train.py "
+    '(6008f272a) sets training_args.gradient_checkpointing_kwargs = {"use_reentrant": '
+    "model_args.use_reentrant} (transformers' reentrant checkpoint)",
+)
+
 _PEFT_SFT_LORA = (
     ["--lora-dropout", "0.1"],
     "peft examples/sft/run_peft_fsdp.sh (aa2ca83c, 2024-02-26) and run_peft_deepspeed.sh, the "
@@ -57,10 +64,11 @@ _PEFT_SFT_H100 = (
 )
 
 _PHILSCHMID_DQ = (
-    ["--quantize-base", "nf4-dq"],
+    ["--quantize-base", "nf4-dq", "--set", "checkpoint-reentrant=true"],
     "philschmid training/scripts/run_fsdp_qlora.py, the row's script: BitsAndBytesConfig("
     "bnb_4bit_use_double_quant=True, bnb_4bit_quant_storage=torch.bfloat16); the CSV's "
-    "precision column: 'NF4 double-quant'",
+    "precision column: 'NF4 double-quant'; its __main__ sets "
+    'training_args.gradient_checkpointing_kwargs = {"use_reentrant": True} (4a0caadaf)',
 )
 
 _TORCHAO_FUSED = (
@@ -289,7 +297,8 @@ AMENDMENTS: dict[str, tuple[list[str], str]] = {
     **_LITGPT_HUB,
     **{f"GT{n}": _FSDP_QLORA for n in range(115, 132)},
     **{f"GT{n}": _FSDP_QLORA_BNB for n in (115, 116, 119, 120, 123, *range(126, 132))},
-    **{f"GT{n}": _PEFT_SFT_QLORA for n in (176, 177, 178)},
+    "GT176": _PEFT_SFT_QLORA,
+    **{f"GT{n}": _PEFT_SFT_QLORA_FSDP for n in (177, 178)},
     **{f"GT{n}": _PEFT_SFT_H100 for n in (174, 175)},
     "GT114": _PHILSCHMID_DQ,
     **{f"GT{n}": _FMS_TRANSFORMERS for n in range(132, 140)},
@@ -482,16 +491,34 @@ _FMS_FLAT_GRADS = (
     "peft's fsdp_auto_wrap_policy (each LoRA leaf its own FSDP unit), so no flat parameter "
     "mixes frozen and trainable tensors"
 )
-_FMS_FSDP_4BIT = (
-    "unexplained: fms-acceleration FSDP with a 4-bit base (bnb / GPTQ), under (the 70B rows "
-    "by ~10 GB, the 7B ones by 3-6%). Ruled out: the bnb statistics (modelled, whole on each "
-    "rank: Note [bitsandbytes statistics under sharding]); flat gradients over frozen weights "
-    "(transformers 4.48.0 Trainer._fsdp_qlora_plugin_updates wraps each LoRA leaf alone); an "
-    "fp32 residual stream (TRL SFTTrainer skips prepare_model_for_kbit_training when the "
-    "Params4bit data sit on the CPU or meta device, is_sharded_qlora, and "
-    "FSDP's bf16 param_dtype casts the rest; predicted the same with --set "
-    "prepare-kbit-training=false)"
+_FSDP1_REENTRANT = (
+    "FSDP1 frozen units under transformers 4's reentrant checkpointing are modelled (Note "
+    "[FSDP1 frozen units under reentrant checkpointing]: each layer's input and its gradient "
+    "kept until FSDP's final callback, 2 b s h per layer; checked on the real FSDP1), and "
+    "accelerate's MixedPrecision gathers the fp32 adapters in the compute dtype, so peft makes "
+    "no fp32 copy of their input (trainmem.analytic.lora ``adapter_matmul_bytes``)"
 )
+_FMS_FSDP_4BIT_OVER = (
+    _FSDP1_REENTRANT + "; the peak is now the end of the layers' backward (before: under, "
+    "GT147 -3.4%, GT149 -5.5%, GT156 -4.0%, GT158 -5.9%, GT154 -19.9%, GT160 -17.3%); the "
+    "rest over, not explained: the last layer's recomputation and transients as modelled "
+    "(measured peak - end-of-train alloc - the kept inputs leaves 3.0 GB for GT156, predicted "
+    "3.6); GT160's TheBloke/Llama-2-70B-GPTQ main branch has no group size (its 35.33 GB "
+    "checkpoint; the end-of-train alloc on 1 GPU, 36.12 GB, is that plus the adapters and "
+    "their AdamW states), gptq-int4 assumes group 128 (+0.7 GB per rank of scales and zeros)"
+)
+_FMS_MIXTRAL_OVER = (
+    _FSDP1_REENTRANT + "; over, not explained: the expert loop's last-layer recomputation as "
+    "modelled (before the rule: GT151 +3.7%, GT153 -4.2%, at the start of the backward)"
+)
+_FMS_LORA_FSDP = (
+    _FSDP1_REENTRANT + "; before: under (GT141 -5.6%, GT143 -7.7%), now GT141 +4.0%, GT143 +3.5%"
+)
+_PEFT_QLORA_FSDP = (
+    _FSDP1_REENTRANT + " (amended from the script's --use_reentrant True; transformers' "
+    "Trainer sets FSDP's param_dtype to the bf16 quant storage under bf16-true too)"
+)
+
 _FMS_1GPU_4BIT = (
     "unexplained: fms-acceleration baseline-peft-bnb (peft's fp32 upcast, modelled) on 1 GPU "
     "(the Mixtral rows GT150 / GT152 within 2% with Note [transformers 4 expert loop]); the "
@@ -636,7 +663,12 @@ CAUSES.update(
         # the litgpt config-hub rows GT097-GT113 are within 5% with litgpt's loop (Note [The
         # previous micro-batch's graph]), its untied output head (FrameworkConventions.
         # untied_output_head) and their yamls' amendments (_LITGPT_HUB)
-        "GT114": "approximate source value ('22 GB/GPU', method not stated)",
+        "GT114": (
+            "approximate source value ('22 GB/GPU', method not stated); "
+            + _FSDP1_REENTRANT
+            + " (amended from the script's use_reentrant=True: -5.3 -> -10.0%, the adapters' "
+            "input cast dropped)"
+        ),
         "GT115": _FSDP_QLORA_DQ,
         "GT116": _FSDP_QLORA_DQ,
         "GT117": _FSDP_QLORA_CACHE + _FSDP1_STREAMS,
@@ -659,19 +691,23 @@ CAUSES.update(
         # under checkpointing (attention.py returned_presents_bytes: each layer's fused c_attn
         # output kept until the loss; -11.8 / -10.4 -> +0.1 / +1.1%) on top of its loss on the
         # bf16 logits (ModelSpec.causal_lm_loss_in_logits_dtype)
-        "GT141": _FMS_FLAT_GRADS,
+        "GT141": _FMS_LORA_FSDP,
         "GT142": "unexplained: fms-hf-tuning LoRA on 1 GPU",
-        "GT143": _FMS_FLAT_GRADS,
+        "GT143": _FMS_LORA_FSDP,
+        "GT144": _FMS_MIXTRAL_OVER,
+        "GT145": _FMS_MIXTRAL_OVER,
         "GT146": _FMS_1GPU_4BIT,
-        "GT147": _FMS_FSDP_4BIT,
-        "GT149": _FMS_FSDP_4BIT,
-        "GT154": _FMS_FSDP_4BIT,
+        "GT147": _FMS_FSDP_4BIT_OVER,
+        "GT149": _FMS_FSDP_4BIT_OVER,
+        "GT151": _FMS_MIXTRAL_OVER,
+        "GT153": _FMS_MIXTRAL_OVER,
+        "GT154": _FMS_FSDP_4BIT_OVER,
         "GT155": _FMS_1GPU_4BIT,
-        "GT156": _FMS_FSDP_4BIT,
+        "GT156": _FMS_FSDP_4BIT_OVER,
         "GT157": _FMS_1GPU_4BIT,
-        "GT158": _FMS_FSDP_4BIT,
+        "GT158": _FMS_FSDP_4BIT_OVER,
         "GT159": _FMS_1GPU_4BIT,
-        "GT160": _FMS_FSDP_4BIT,
+        "GT160": _FMS_FSDP_4BIT_OVER,
         "GT167": _VISION_TOKENS,
         "GT168": _VISION_TOKENS,
         "GT169": _VISION_TOKENS,
@@ -700,7 +736,9 @@ CAUSES.update(
             "FULL_STATE_DICT'); 98% of the H100's 81,559 MiB is 83.8e9 B (then +0.7%), so the "
             "monitor's 'GB' is likely 1000 MiB. The row's H100 amended from the CSV (+14.1 -> "
             "+5.5%): the allocator frees its cached blocks and retries near the card's capacity "
-            "(the replay without a capacity held 7.4e9 B more)"
+            "(the replay without a capacity held 7.4e9 B more); accelerate's MixedPrecision "
+            "gathers the fp32 adapters in bf16, so peft makes no fp32 copy of their input "
+            "(trainmem.analytic.lora ``adapter_matmul_bytes``)"
         ),
         "GT176": (
             "unexplained: DeepSpeed ZeRO-3 QLoRA; the double-quantized statistics are whole on "
@@ -718,8 +756,15 @@ CAUSES.update(
         ),
         "GT177": (
             "accelerate FSDP CPU offload of a 70B QLoRA: the double-quantized statistics stay on "
-            "the GPU (Note [bitsandbytes statistics under sharding]; -26.8 -> -15.7%); still "
-            "under, unexplained" + _FSDP1_STREAMS
+            "the GPU (Note [bitsandbytes statistics under sharding]; -26.8 -> -15.7%); "
+            + _PEFT_QLORA_FSDP
+            + ": -15.7 -> +5.3%"
+        ),
+        "GT178": (
+            "accelerate FSDP QLoRA of a 70B; "
+            + _PEFT_QLORA_FSDP
+            + ": -0.4 -> +11.2%; over, not explained: the last layer's recomputation and "
+            "transients as modelled, and the reading of a system-monitor screenshot"
         ),
     }
 )

@@ -157,6 +157,7 @@ def test_an_option_for_a_field_without_one_would_be_caught(
         "overlap_comm",
         "prepare_kbit_training",
         "load_phase",
+        "checkpoint_reentrant",
     }
     assert not without & estimate_options.keys()
     others = set(estimate_options) - set(NAMES)  # options that set no field of their own

@@ -110,18 +110,6 @@ def _fsdp1_lora(h: int, vocab: int) -> tuple[Any, int]:
     return fsdp, block
 
 
-@pytest.fixture
-def fake_group() -> Iterator[None]:
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 def _micro_batch(fsdp: Any, x: Any, *, sync: bool) -> None:
     """lit-gpt: ``with fabric.no_backward_sync(model, enabled=is_accumulating)`` ->
     ``module.no_sync()`` on the accumulating micro-batches."""

@@ -311,6 +311,19 @@ def test_analytic_accuracy_does_not_regress() -> None:
 #: had no --gpu, so the replay ran without a capacity): GT175 +14.1 -> +5.5% (the allocator
 #: frees its cache and retries near the card's capacity), GT174 +4.8 -> +5.4% (the H100's CUDA
 #: context in its device total).
+#: Re-recorded for FSDP1 frozen units under transformers 4's reentrant checkpointing (Note
+#: [FSDP1 frozen units under reentrant checkpointing], analytic/transforms/fsdp1_reentrant.py:
+#: FSDP1's reshard-only multi-grad hook on the recomputation's detached input keeps it and its
+#: gradient until the final callback, 2 b s h per layer; run on the real FSDP1 on the CPU) and
+#: for accelerate's MixedPrecision gathering the fp32 adapters in the compute dtype (peft's
+#: input cast a no-op: analytic/lora.py ``adapter_matmul_bytes``), with the peft sft QLoRA FSDP
+#: rows and philschmid's QLoRA amended with their scripts' use_reentrant=True: better GT154
+#: -19.9 -> +0.8%, GT160 -17.3 -> +3.9%, GT177 -15.7 -> +5.3%, GT141 -5.6 -> +4.0%, GT143
+#: -7.7 -> +3.5%, GT147 -3.4 -> +2.9%, GT149 -5.5 -> +1.1%, GT158 -5.9 -> +5.4%, GT175 +14.7
+#: -> +6.0%; grew (the peak now the end of the layers' backward, its last layer's
+#: recomputation as modelled: dev2_causes.py): GT156 -4.0 -> +6.3%, GT151 +3.7 -> +11.1%,
+#: GT153 -4.2 -> +6.9%, GT144 +1.6 -> +5.3%, GT145 -1.6 -> +4.9%, GT178 -0.4 -> +11.2%, GT114
+#: -5.3 -> -10.0% (approximate source value); median 3.6%, p90 13.8 -> 11.6%, 12 -> 9 under.
 RECORDED_DEV2 = {
     "GT011": -0.0346,
     "GT012": -0.0367,
@@ -409,26 +422,26 @@ RECORDED_DEV2 = {
     "GT138": -0.0000,
     "GT139": -0.0000,
     "GT140": -0.0026,
-    "GT141": -0.0565,
+    "GT141": +0.0402,
     "GT142": -0.0035,
-    "GT143": -0.0767,
-    "GT144": +0.0162,
-    "GT145": -0.0157,
+    "GT143": +0.0354,
+    "GT144": +0.0528,
+    "GT145": +0.0489,
     "GT146": +0.0479,
-    "GT147": -0.0344,
+    "GT147": +0.0290,
     "GT148": +0.0321,
-    "GT149": -0.0554,
+    "GT149": +0.0108,
     "GT150": +0.0170,
-    "GT151": +0.0365,
+    "GT151": +0.1108,
     "GT152": -0.0039,
-    "GT153": -0.0417,
-    "GT154": -0.1993,
+    "GT153": +0.0689,
+    "GT154": +0.0076,
     "GT155": +0.0118,
-    "GT156": -0.0399,
+    "GT156": +0.0629,
     "GT157": +0.0045,
-    "GT158": -0.0587,
+    "GT158": +0.0539,
     "GT159": +0.0387,
-    "GT160": -0.1729,
+    "GT160": +0.0388,
     "GT161": +0.0356,
     "GT162": +0.0347,
     "GT163": +0.0359,
@@ -479,8 +492,8 @@ RECORDED_DEV2 = {
 # down by 0.6 points (12.4 -> 11.8 % at the time), the count under unchanged.
 MIN_DEV2_ROWS_SCORED = 139
 MAX_DEV2_MEDIAN_ABS = 0.040
-MAX_DEV2_P90_ABS = 0.174
-MAX_DEV2_UNDER = 14
+MAX_DEV2_P90_ABS = 0.125
+MAX_DEV2_UNDER = 9
 MAX_DEV2_OOM = 0
 
 

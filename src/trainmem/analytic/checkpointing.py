@@ -132,3 +132,36 @@ def input_grad_hook_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     _, r = compute_and_residual_bytes(training)
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     return 2 * r * model.hidden_size * t // parallel_divisor("mlp/input", training)
+
+
+def fsdp1_kept_input_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes of one layer's input (its checkpoint, r per token and hidden unit) that FSDP1
+    keeps, with the input's gradient of the same size, from the layer's backward to the end of
+    the backward (Note [FSDP1 frozen units under reentrant checkpointing] in
+    trainmem/analytic/transforms/fsdp1_reentrant.py); 0 where the rule does not apply.
+
+    Applies when transformers' gradient checkpointing (``full``) is reentrant
+    (``TrainingConfig.hf_checkpoint_reentrant``) around FSDP1 units
+    (``FrameworkConventions.fsdp1_checkpoint_outside_units``, sharded: ZeRO stage >= 2) whose
+    flat parameters are frozen (LoRA), the input embeddings' hook on (every layer's input then
+    requires grad), without pipelining.
+
+    Source: torch 2.4.1 distributed/fsdp/_runtime_utils.py
+    ``_register_post_backward_reshard_only_hook``, autograd/graph.py
+    ``register_multi_grad_hook``, utils/checkpoint.py ``CheckpointFunction.backward``.
+    """
+    t = training
+    if not (
+        t.conventions.fsdp1_checkpoint_outside_units
+        and t.zero_stage >= 2
+        and t.activation_checkpointing == "full"
+        and t.is_lora
+        and t.pipeline_parallel_size == 1
+        and t.input_embeddings_require_grad
+        and model.architecture != "vision-encoder"
+        and t.hf_checkpoint_reentrant
+    ):
+        return 0
+    _, r = compute_and_residual_bytes(t)
+    tokens = t.micro_batch_size * tokens_per_sequence(model, t)
+    return r * model.hidden_size * tokens // parallel_divisor("mlp/input", t)

@@ -89,7 +89,7 @@ def _frozen_base_inputs(
     targets = set(training.lora_targets)
     h = model.hidden_size
     qkv_targets = len({"q", "k", "v"} & targets)
-    adapter_bytes = dtype_bytes(lora_adapter_dtype(training))
+    adapter_bytes = adapter_matmul_bytes(training)
     # With lora_dropout the adapters read the dropout output (counted below), not x: a frozen
     # base saves no input at all.
     via_dropout = training.lora_dropout > 0
@@ -127,7 +127,7 @@ def _adapter_terms(
     c, _ = compute_and_residual_bytes(training)
     targets = set(training.lora_targets)
     # autocast runs the adapters' matmuls in 16-bit
-    a_bytes = c if training.uses_autocast else dtype_bytes(lora_adapter_dtype(training))
+    a_bytes = c if training.uses_autocast else adapter_matmul_bytes(training)
     # lit-gpt's fused ``attn`` applies one dropout to x for q, k and v together
     # (lit_gpt/lora.py ``LoRAQKVLinear``: ``F.linear(self.lora_dropout(x), self.lora_A)``)
     first_qkv = next((n for n in ("q", "k", "v") if n in targets), None)
@@ -147,6 +147,39 @@ def _adapter_terms(
             # peft casts the input to the fp32 adapter's dtype; A saves that copy
             terms[f"lora/{name}_input_cast"] = a_bytes * fan_in * t * active
     return terms
+
+
+BNB_4BIT = ("nf4", "nf4-dq", "fp4", "fp4-dq")
+"""bitsandbytes 4-bit bases (``Linear4bit`` / ``Params4bit``)."""
+
+
+def adapter_matmul_bytes(training: TrainingConfig) -> int:
+    """Bytes per element of the adapters as LoRA's forward reads them: their dtype
+    (:func:`lora_adapter_dtype`), or the compute dtype where FSDP gathers them in it.
+
+    Under an FSDP mixed-precision policy (``TrainingConfig.gathered_weight_dtype``: accelerate's
+    ``MixedPrecision(param_dtype=dtype)``) a unit's forward runs on views of its 16-bit
+    unsharded flat parameter (torch distributed/fsdp/_flat_param.py ``_use_unsharded_views``
+    over the low-precision ``_mp_shard`` all-gathered), the fp32 adapters' included (accelerate
+    upcasts only the sharded trainable flat parameter, ``prepare_model``: ``param.data =
+    param.data.to(torch.float32)``), so peft's ``x.to(lora_A.weight.dtype)`` (tuners/lora/
+    layer.py ``Linear.forward``, 0.13) is a no-op: no fp32 copy of the input, and A saves the
+    16-bit dropout output. For a bitsandbytes 4-bit base under accelerate's FSDP the policy is
+    the 16-bit quant storage's whatever the precision (transformers 4.48 trainer.py
+    ``_fsdp_qlora_plugin_updates``: ``fsdp_plugin.set_mixed_precision(...bnb_4bit_quant_storage,
+    override=True)`` when it is a floating dtype; the model's dtype here)."""
+    if training.is_mixed and training.gathered_weight_dtype == training.compute_dtype:
+        return dtype_bytes(training.compute_dtype)
+    fsdp = training.zero_stage == 3 and training.data_parallel_size > 1
+    storage = dtype_bytes(training.weight_dtype)
+    if (
+        fsdp
+        and training.conventions.fsdp_param_dtype_follows_precision
+        and training.quantize_base in BNB_4BIT
+        and storage == 2
+    ):
+        return storage
+    return dtype_bytes(lora_adapter_dtype(training))
 
 
 def lora_adapter_dtype(training: TrainingConfig) -> str:

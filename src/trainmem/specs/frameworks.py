@@ -68,6 +68,12 @@ torch.compile(loss_fn)``) since bbb1b616e (PR #1033, 2025-04-02, "Enable compili
 function ... reduction of memory"); 0.1.0 (tag v0.1.0, 2025-06-17; e7c0cae's ``version.txt``)
 is the first release with it. Before, train.py left it eager ("TODO: compiling loss function
 causes CUDA errors, turning off for now", 9dec370, version 0.0.2)."""
+HF_NON_REENTRANT_CHECKPOINT_SINCE = (5, 0)
+"""transformers modeling_utils.py: with no ``gradient_checkpointing_kwargs`` the layers are
+checkpointed with ``{"use_reentrant": True}`` from PR #28538 (Jan 2024, 4.37; torch's own
+reentrant default before it) and with ``{"use_reentrant": False}`` from PR #43203 (merged
+2026-01-09, "Switch gradient checkpointing default to use_reentrant=False"), which 5.0 ships
+(5.24's ``_activation_checkpointing_enable``)."""
 TORCHAO_OFFLOAD_MINIMAL_SIZE = 4096
 """torchao ``CPUOffloadOptimizer(minimal_size=4096)``: parameters with fewer elements are kept
 in an optimizer on the GPU ("to avoid excessively many small transfers",
@@ -516,6 +522,17 @@ class FrameworkConventions:
     schedules would change). Not modelled: under CPU offload FSDP1 also copies each shard to
     the GPU on its pre-unshard stream (``pre_unshard``: ``flat_param_to(device)``). False:
     everything on the default stream."""
+    fsdp1_checkpoint_outside_units: bool
+    """transformers' gradient checkpointing wraps the decoder layer that FSDP1 wrapped
+    (modeling_llama.py ``self._gradient_checkpointing_func(decoder_layer.__call__, ...)`` on the
+    ``FullyShardedDataParallel`` unit of accelerate's ``TRANSFORMER_BASED_WRAP``), and under
+    LoRA the layer's flat parameter is frozen: transformers' Trainer gives accelerate peft's
+    ``fsdp_auto_wrap_policy`` (trainer.py ``_fsdp_qlora_plugin_updates``, 4.39 .. 4.48), which
+    puts each LoRA leaf in a unit of its own. With reentrant checkpointing FSDP1 then keeps
+    each layer's input and its gradient until the backward ends (Note [FSDP1 frozen units
+    under reentrant checkpointing]). True for accelerate-fsdp; False where the framework
+    checkpoints inside the unit (fsdp_qlora's ``apply_activation_checkpointing`` after
+    wrapping) or runs FSDP2."""
     fsdp2_post_backward: bool
     """FSDP2's post-backward order (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py
     ``FSDPParamGroup.post_backward``): a group reshards its parameters, then releases the
@@ -669,6 +686,7 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "torchtitan_pipeline_split": False,
         "torchtitan_train_loop": False,
         "fsdp_collective_streams": False,
+        "fsdp1_checkpoint_outside_units": False,
         "fsdp2_post_backward": False,
         "fsdp_unsharded_leaf_parameters": False,
         "vocab_parallel_cross_entropy": False,
@@ -705,6 +723,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
         _row(
             "accelerate-fsdp",
             ddp_reducer_buckets=True,
+            fsdp1_checkpoint_outside_units=True,
             fsdp_param_dtype_follows_precision=True,
             fsdp_reduce_in_compute_dtype=True,
             adafactor_from_transformers=True,

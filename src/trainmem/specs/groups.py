@@ -29,6 +29,7 @@ FIELD_GROUPS: dict[str, tuple[str, ...]] = {
         "attention",
         "dropout",
         "activation_offloading",
+        "checkpoint_reentrant",
         "compile",
         "padding_mask",
     ),

@@ -79,6 +79,7 @@ from trainmem.specs.frameworks import (
     DEFAULT_TRANSFORMERS_VERSION,
     FRAMEWORK_CONVENTIONS,
     GRAD_ACCUM_DTYPES,
+    HF_NON_REENTRANT_CHECKPOINT_SINCE,
     LOOPS,
     TORCHTITAN_COMPILED_LOSS_SINCE,
     TORCHTUNE_RESHAPED_LOSS_SINCE,
@@ -583,10 +584,29 @@ class CheckpointingConfig:
     activation_offloading: bool = setting(False, "Saved activations offloaded to CPU.")
     """Move saved activations to CPU after each layer's forward (torchtune
     ``OffloadActivations``): about two layers' activations stay on the GPU. Default False."""
+    checkpoint_reentrant: bool | None = setting(
+        None,
+        "transformers' gradient checkpointing runs torch's reentrant checkpoint "
+        "(use_reentrant=True).",
+        default_text="transformers' default: reentrant before 5.0",
+        no_option="a script's gradient_checkpointing_kwargs: given as --set "
+        "checkpoint-reentrant=true",
+    )
+    """Whether transformers' gradient checkpointing wraps each layer in torch's reentrant
+    ``checkpoint`` (``gradient_checkpointing_kwargs={"use_reentrant": True}``); None, the
+    default: transformers' own default (:attr:`TrainingConfig.hf_checkpoint_reentrant`:
+    reentrant before 5.0). Read only where reentrancy changes memory (Note [FSDP1 frozen units
+    under reentrant checkpointing])."""
 
     def __post_init__(self) -> None:
         _check_flags(self, ("activation_offloading",))
         _check_choices(self, CheckpointingConfig)
+        if self.checkpoint_reentrant is not None and not isinstance(
+            self.checkpoint_reentrant, bool
+        ):
+            raise SpecError(
+                "checkpoint_reentrant", f"must be true or false, got {self.checkpoint_reentrant!r}"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -1368,6 +1388,18 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
         return self.conventions.default_optimizer_implementation(
             parse_version("torch_version", self.torch_version)
         )
+
+    @property
+    def hf_checkpoint_reentrant(self) -> bool:
+        """transformers' gradient checkpointing is torch's reentrant ``checkpoint``:
+        ``checkpoint_reentrant`` when given, else transformers' default for
+        :attr:`transformers_release`: ``{"use_reentrant": True}`` when no kwargs are given from
+        4.37 (modeling_utils.py ``gradient_checkpointing_enable``, transformers PR #28538; torch's
+        own default, reentrant, before it) until 5.0 (PR #43203, ``{"use_reentrant": False}``,
+        :data:`~trainmem.specs.frameworks.HF_NON_REENTRANT_CHECKPOINT_SINCE`)."""
+        if self.checkpoint_reentrant is not None:  # an explicit value always wins
+            return self.checkpoint_reentrant
+        return self.transformers_release < HF_NON_REENTRANT_CHECKPOINT_SINCE
 
     @property
     def kbit_fp32_upcast(self) -> bool:

@@ -16,6 +16,7 @@ from trainmem.analytic.transforms.deepspeed import DeepSpeedZero
 from trainmem.analytic.transforms.deepspeed_gathers import DeepSpeedZero3Gathers
 from trainmem.analytic.transforms.dora import DoraWeightNorm
 from trainmem.analytic.transforms.fsdp import FullyShardedDataParallel
+from trainmem.analytic.transforms.fsdp1_reentrant import Fsdp1ReentrantInputs
 from trainmem.analytic.transforms.fsdp2 import Fsdp2PostBackward
 from trainmem.analytic.transforms.fsdp_pipeline import FsdpUnderPipeline
 from trainmem.analytic.transforms.loop import TrainingLoop
@@ -38,6 +39,7 @@ ORDER: tuple[type[Transform], ...] = (
     DdpReducer,
     DoraWeightNorm,
     LoraFirstLayer,
+    Fsdp1ReentrantInputs,
 )
 """Every transform, in emission order at a point they share (the order that reproduces the
 recorded schedules, tests/golden)."""
