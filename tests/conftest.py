@@ -140,3 +140,17 @@ def shared_dir() -> Path:
     if not SHARED_DIR.is_dir():
         pytest.skip(f"{SHARED_DIR} is not here (the project's shared data)")
     return SHARED_DIR
+
+
+@pytest.fixture
+def fake_group() -> Iterator[None]:
+    """Rank 0 of a 2-rank ``"fake"`` process group (torch's testing store): collectives return
+    at once, so FSDP runs its real hooks and allocations on the CPU."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

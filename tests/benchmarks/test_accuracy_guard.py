@@ -323,7 +323,8 @@ def test_analytic_accuracy_does_not_regress() -> None:
 #: -> +6.0%; grew (the peak now the end of the layers' backward, its last layer's
 #: recomputation as modelled: dev2_causes.py): GT156 -4.0 -> +6.3%, GT151 +3.7 -> +11.1%,
 #: GT153 -4.2 -> +6.9%, GT144 +1.6 -> +5.3%, GT145 -1.6 -> +4.9%, GT178 -0.4 -> +11.2%, GT114
-#: -5.3 -> -10.0% (approximate source value); median 3.6%, p90 13.8 -> 11.6%, 12 -> 9 under.
+#: -5.3 -> -10.0% (approximate source value); median 3.6%, p90 13.8 -> 11.6%, 12 -> 9 under
+#: (10.9% and 6 with the session's other rules).
 RECORDED_DEV2 = {
     "GT011": -0.0346,
     "GT012": -0.0367,
@@ -493,7 +494,7 @@ RECORDED_DEV2 = {
 MIN_DEV2_ROWS_SCORED = 139
 MAX_DEV2_MEDIAN_ABS = 0.040
 MAX_DEV2_P90_ABS = 0.125
-MAX_DEV2_UNDER = 9
+MAX_DEV2_UNDER = 6
 MAX_DEV2_OOM = 0
 
 
