@@ -666,8 +666,8 @@ CAUSES.update(
         "GT114": (
             "approximate source value ('22 GB/GPU', method not stated); "
             + _FSDP1_REENTRANT
-            + " (amended from the script's use_reentrant=True: -5.3 -> -10.0%, the adapters' "
-            "input cast dropped)"
+            + " (amended from the script's use_reentrant=True; with the adapters' input cast "
+            "dropped: -5.8 -> -10.4%; still under, not explained)"
         ),
         "GT115": _FSDP_QLORA_DQ,
         "GT116": _FSDP_QLORA_DQ,
@@ -758,12 +758,13 @@ CAUSES.update(
             "accelerate FSDP CPU offload of a 70B QLoRA: the double-quantized statistics stay on "
             "the GPU (Note [bitsandbytes statistics under sharding]; -26.8 -> -15.7%); "
             + _PEFT_QLORA_FSDP
-            + ": -15.7 -> +5.3%"
+            + ": -16.4 -> +10.6%; over, not explained: the last layer's recomputation and "
+            "transients as modelled, and the reading of a system-monitor screenshot"
         ),
         "GT178": (
             "accelerate FSDP QLoRA of a 70B; "
             + _PEFT_QLORA_FSDP
-            + ": -0.4 -> +11.2%; over, not explained: the last layer's recomputation and "
+            + ": -0.8 -> +14.1%; over, not explained: the last layer's recomputation and "
             "transients as modelled, and the reading of a system-monitor screenshot"
         ),
     }
