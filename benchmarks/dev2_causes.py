@@ -474,15 +474,18 @@ _FSDP1_LAYOUT = (
 _FSDP1_STREAMS = (
     "; FSDP1's unshard and post-backward streams are modelled (FrameworkConventions."
     "fsdp_collective_streams: GT115 -18.5 -> -16.4%, GT118 -6.7 -> -4.0%, GT130 / GT131 -3.2 "
-    "-> -0.2%, GT129 -19.9 -> -22.9%); not modelled: under CPU offload the H2D copy of each "
-    "shard on FSDP1's pre-unshard stream (torch distributed/fsdp/_flat_param.py ``pre_unshard``)"
+    "-> -0.2%, GT129 -19.9 -> -22.9%), and under CPU offload the H2D copy of each shard on "
+    "FSDP1's pre-unshard stream (Note [FSDP1 offloaded shard copy]: torch 2.2 _flat_param.py "
+    "``pre_unshard``; GT129 -23.8 -> -20.5%, GT128 -8.1 -> -4.4%)"
 )
 _FSDP_QLORA_DQ = (
     "the base is double-quantized (amended from train.py: Linear4bit's compress_statistics "
     "default), its statistics whole on each rank (Note [bitsandbytes statistics under "
     "sharding]); the nf4 reading overstated the sharded weights; still under: the load's "
     "cached blocks (Note [FSDP1 sync_module_states init]; load_and_quantize's n_loading_workers "
-    "threads quantizing on the GPU at once are not modelled)" + _FSDP1_STREAMS
+    "threads quantizing on the GPU at once are not modelled, but train.py 50efa1e calls "
+    "torch.cuda.empty_cache() after them: only segments holding live quant_state tensors stay, "
+    "for Llama-2-7B all under 1 MiB, small-pool 2 MiB segments)" + _FSDP1_STREAMS
 )
 _FMS_FLAT_GRADS = (
     "unexplained: accelerate FSDP + LoRA under. Not FSDP1 flat gradients over the frozen "
@@ -680,8 +683,11 @@ CAUSES.update(
         "GT129": (
             "FSDP1 CPU offload of a 70B QLoRA: the double-quantized statistics stay on the GPU "
             "(1.07 GB, Note [bitsandbytes statistics under sharding]; -26.0 -> -19.9%); still "
-            "under by ~3 GB, unexplained: besides the FSDP1 load (modelled) and "
-            "load_and_quantize (not)" + _FSDP1_STREAMS
+            "under by ~3.3 GB, unexplained: besides the FSDP1 load (modelled) and "
+            "load_and_quantize (not: train.py 50efa1e empties the cache after it, so only "
+            "segments holding a live quant_state tensor stay reserved; a 70B MLP's 3.5 MiB "
+            "double-quantized absmax is in the large pool, and which segment it is carved from "
+            "depends on how the n_loading_workers threads interleave)" + _FSDP1_STREAMS
         ),
         "GT131": (
             "Mistral-7B-v0.2 has no sliding window; the v0.1 preset's 4096 window at 24576 "

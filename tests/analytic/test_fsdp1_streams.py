@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from trainmem.analytic.schedule import ALL_GATHER_STREAM, REDUCE_SCATTER_STREAM
+from trainmem.analytic.transforms.base import PRE_UNSHARD_STREAM
 from trainmem.breakdown import MemoryCategory
 from trainmem.estimate import estimate
 from trainmem.specs.training import TrainingConfig
@@ -56,3 +57,31 @@ def test_fsdp_qlora_runs_the_same_fsdp1_streams() -> None:
     # same unshard and post-backward streams as torchtune's FSDP1 recipes (commit 60e975b)
     streams = {ev.stream for ev in _allocs("fsdp-qlora")}  # type: ignore[attr-defined]
     assert streams == {0, ALL_GATHER_STREAM, REDUCE_SCATTER_STREAM}
+
+
+def test_fsdp_qlora_cpu_offload_copies_the_largest_shard_on_the_pre_unshard_stream() -> None:
+    # Note [FSDP1 offloaded shard copy]: torch 2.2 _flat_param.py ``pre_unshard`` copies an
+    # offloaded unit's local shard to the GPU (``flat_param_to(self.device)``) under
+    # ``stream(pre_unshard_stream)`` (_runtime_utils.py ``_unshard``). Llama-2-7B's root unit
+    # (embedding and head 32000 x 4096 each, final norm 4096; bf16, no mixed precision) is the
+    # largest: 2 B * (2 * 32000 * 4096 + 4096) / 2 ranks = 262,148,096 bytes per micro-batch;
+    # a layer's frozen NF4 weights are 101,203,968 B unsharded, less.
+    def allocs(offload: str) -> list[object]:
+        training = TrainingConfig(
+            framework="fsdp-qlora",
+            zero_stage=3,
+            data_parallel_size=2,
+            precision="bf16-true",
+            seq_len=256,
+            micro_batch_size=1,
+            activation_checkpointing="full",
+            offload=offload,
+            quantize_base="nf4-dq",
+            lora_rank=8,
+        )
+        sched = estimate("llama-2-7b", training, simulate_allocator=False).schedules[0]
+        return [ev for ev in sched.events() if ev.action == "alloc"]
+
+    copies = [ev for ev in allocs("optimizer+params") if ev.stream == PRE_UNSHARD_STREAM]  # type: ignore[attr-defined]
+    assert [ev.size_bytes for ev in copies] == [262_148_096] * 2  # type: ignore[attr-defined]
+    assert not [ev for ev in allocs("none") if ev.stream == PRE_UNSHARD_STREAM]  # type: ignore[attr-defined]

@@ -67,6 +67,10 @@ ALL_GATHER_STREAM = 1
 REDUCE_SCATTER_STREAM = 2
 """Streams of FSDP's collectives (``FrameworkConventions.fsdp_collective_streams``: FSDP2's
 all-gather / reduce-scatter streams, FSDP1's unshard / post-backward streams)."""
+PRE_UNSHARD_STREAM = 3
+"""FSDP1's pre-unshard stream (torch distributed/fsdp/_runtime_utils.py ``_unshard``: ``with
+state._device_handle.stream(pre_unshard_stream): handle.pre_unshard()``), where a CPU-offloaded
+shard is copied to the GPU (Note [FSDP1 offloaded shard copy])."""
 
 
 @dataclass(frozen=True, slots=True)

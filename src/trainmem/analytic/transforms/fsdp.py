@@ -57,6 +57,7 @@ from trainmem.analytic.transforms.sharding import (
     gather_ops,
     group_states,
     kept_op,
+    offload_copy_ops,
     sharding,
     unsharded_gradient_ops,
 )
@@ -121,9 +122,13 @@ class FullyShardedDataParallel(Transform):
 
     def micro_batch_begin(self, where: Where) -> Sequence[Emitted]:
         ops = [op for op in gather_ops(self.sharding) if op.size_bytes]
-        if self.post_backward:  # Note [FSDP2 post-backward]: resharded by .fsdp2
-            return ops
-        return [Lifetime(op, "micro_batch.end") for op in ops]
+        out: list[Emitted] = list(ops)
+        if not self.post_backward:  # Note [FSDP2 post-backward]: resharded by .fsdp2
+            out = [Lifetime(op, "micro_batch.end") for op in ops]
+        if self.sharding.offload_copy:  # Note [FSDP1 offloaded shard copy]
+            copy, done = offload_copy_ops(self.sharding, "forward")
+            out = [copy, *out, done]
+        return out
 
     def _prefetch(self, phase: Phase) -> Op:
         """The next layer's gathered parameters, prefetched while one runs, in the forward and

@@ -21,10 +21,12 @@ from trainmem.analytic.buffers import (
 from trainmem.analytic.tensor_states import TensorState, flat_parameter_grads
 from trainmem.analytic.transforms.base import (
     ALL_GATHER_STREAM,
+    PRE_UNSHARD_STREAM,
     REDUCE_SCATTER_STREAM,
     RankContext,
     alloc,
     embedding_gradients,
+    free,
 )
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.schedule import Op
@@ -50,6 +52,8 @@ class Sharding:
         flat_views: one layer's per-parameter gradients before autograd concatenates them
             (Note [Flat-parameter gradients in backward]); 0 without flat-parameter gradients.
         stage_gather / stage_gather_root: the stage's gathered layers / root under pipelining.
+        offload_copy: the largest unit's local shard copied to the GPU before its all-gather
+            under FSDP1 CPU offload (Note [FSDP1 offloaded shard copy]); 0 otherwise.
     """
 
     stage: int
@@ -66,6 +70,7 @@ class Sharding:
     flat_views: int
     stage_gather: int
     stage_gather_root: int
+    offload_copy: int = 0
 
     @property
     def unsharded_grads(self) -> bool:
@@ -149,9 +154,56 @@ def sharding(ctx: RankContext) -> Sharding:
         flat_views=flat_views,
         stage_gather=stage_gather,
         stage_gather_root=stage_gather_root,
+        offload_copy=offloaded_shard_copy_bytes(ctx) if stage == 3 and not pp_fsdp else 0,
     )
     ctx.memo["sharding"] = out
     return out
+
+
+def offloaded_shard_copy_bytes(ctx: RankContext) -> int:
+    """Bytes of the largest FSDP1 unit's local shard that CPU offload copies to the GPU before
+    the unit's all-gather (Note [FSDP1 offloaded shard copy]): the root's (embeddings, final
+    norm, head) or a layer's frozen weights, unsharded bytes divided by the sharding degree
+    (rounded up; FSDP1 pads the flat parameter to a multiple of it); 0 unless fsdp_qlora
+    offloads the parameters (``--offload optimizer+params``).
+
+    Note [FSDP1 offloaded shard copy]
+        Answer.AI fsdp_qlora train.py (50efa1e, Mar 2024) wraps the model with
+        ``cpu_offload=CPUOffload(offload_params=True)`` under ``--use_cpu_offload`` and,
+        for ``--precision bf16``, no mixed-precision policy. Before each unit's all-gather,
+        FSDP1 (torch 2.2 distributed/fsdp/_runtime_utils.py ``_unshard``) runs
+        ``handle.pre_unshard()`` under ``stream(pre_unshard_stream)``, and for an offloaded
+        flat parameter that is on the CPU ``pre_unshard`` (distributed/fsdp/_flat_param.py)
+        calls ``self.flat_param_to(self.device, non_blocking=True)``: a new GPU tensor of the
+        padded local shard, allocated on the pre-unshard stream. ``unshard()`` all-gathers it
+        into the padded unsharded flat parameter and ``_use_unsharded_flat_param`` replaces
+        ``flat_param.data``, the copy's last reference, so one copy is alive at a time, beside
+        the unit's gathered parameters. The caching allocator keeps a stream's freed blocks for
+        that stream only (c10/cuda/CUDACachingAllocator.cpp ``get_free_block`` matches the
+        stream), so the first and largest copy, the root's in the forward, stays reserved
+        outside the default stream's pool. 70B Llama-2 on 2 ranks: (2 x 32000 x 8192 + 8192)
+        x 2 bytes / 2 = 524,296,192 bytes. The schedule holds that copy at the micro-batch's
+        start, beside the root's gathered parameters; the layers' smaller copies reuse its
+        block and are not modelled, so the allocated peak misses one layer's copy (the
+        reserved bytes do not). Not modelled either: NCCL's ``recordStream`` on the
+        all-gather input, which can delay the copy's reuse until the all-gather completes.
+    """
+    t = ctx.training
+    if t.framework != "fsdp-qlora" or t.offload != "optimizer+params" or ctx.zero_stage != 3:
+        return 0
+    root = root_gathered_bytes(ctx.emb_states + ctx.head_states, t)
+    base = sum(s.full_param_bytes for s in ctx.layer_states if not s.trainable)
+    degree = t.sharding_degree
+    return -(-max(root, base) // degree)
+
+
+def offload_copy_ops(s: Sharding, phase: Phase) -> tuple[Op, Op]:
+    """The offloaded shard's GPU copy on the pre-unshard stream and its free (Note [FSDP1
+    offloaded shard copy]); emitted around the gathers it feeds."""
+    label = "an offloaded shard copied to the GPU for its all-gather"
+    size = s.offload_copy
+    op = alloc(size, Cat.TEMPORARY, phase, "offload_copy", "(model)", label, PRE_UNSHARD_STREAM)
+    return op, free(op, phase)
 
 
 def gather_ops(s: Sharding) -> tuple[Op, Op]:
