@@ -35,8 +35,8 @@ SWEEPABLE: tuple[str, ...] = tuple(_DEFAULTS)
 """TrainingConfig fields a sweep may vary (every field with a default)."""
 TEMPLATED_FROM = 16
 """(micro-batch size, sequence length) pairs per other setting from which a sweep fills its
-schedules from templates (Note [Schedule templates]: a recording costs about as much as 30
-built schedules and serves every pair that takes its path through the builder)."""
+schedules from templates (Note [Schedule templates]: a recording costs about as much as ten
+built schedules, and serves every pair that takes its path through the builder)."""
 
 
 @dataclass(frozen=True, slots=True)
