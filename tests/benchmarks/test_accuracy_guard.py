@@ -66,7 +66,7 @@ RECORDED = {
 }
 ROW_SLACK = 0.01
 MIN_ROWS_SCORED = 33
-MAX_MEDIAN_ABS = 0.019
+MAX_MEDIAN_ABS = 0.016  # 1.5 % at 2026-11-28 00:10 UTC (was 1.8 %: session 13's rules)
 # Re-recorded for LoRA's first layer (Note [LoRA's first layer], analytic/lora.py: without
 # activation checkpointing nothing before layer 0's adapters requires grad, so its input norm,
 # its frozen q / k / v weight copies and, over a bitsandbytes base that saves its input, the
@@ -497,8 +497,8 @@ RECORDED_DEV2 = {
 # CPU-offload rows, GT129 -23.8 -> -20.5 %, GT128 -8.1 -> -4.4 %, GT125 -5.7 -> -4.6 %, GT126
 # -1.8 -> -0.7 %, GT130 / GT131 -1.9 -> -0.8 %; no other row moves.
 MIN_DEV2_ROWS_SCORED = 139
-MAX_DEV2_MEDIAN_ABS = 0.040
-MAX_DEV2_P90_ABS = 0.125
+MAX_DEV2_MEDIAN_ABS = 0.036  # 3.4 % at 2026-11-28 00:10 UTC
+MAX_DEV2_P90_ABS = 0.110  # 10.6 % at 2026-11-28 00:10 UTC
 MAX_DEV2_UNDER = 7
 MAX_DEV2_OOM = 0
 
