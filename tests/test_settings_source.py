@@ -141,7 +141,8 @@ def test_the_allowed_values_offered_are_the_ones_training_config_takes(
 def test_an_option_for_a_field_without_one_would_be_caught(
     estimate_options: dict[str, Any],
 ) -> None:
-    # the deliberate exceptions: DeepSpeed's ds_config settings, FSDP's resharding, the
+    # the deliberate exceptions: DeepSpeed's ds_config settings, FSDP's resharding and its
+    # embedding and head units (a recipe's custom_sharded_layers), the
     # interleaved schedule's chunks, the attention mask, peft's k-bit preparation and the load
     # phase (see each Setting.no_option)
     without = {f.name for f in FIELDS if setting_of(f).no_option}
@@ -150,6 +151,7 @@ def test_an_option_for_a_field_without_one_would_be_caught(
         "padding_mask",
         "virtual_pipeline_stages",
         "reshard_after_forward",
+        "fsdp_embedding_head_units",
         "reduce_bucket_size",
         "stage3_prefetch_bucket_size",
         "stage3_max_live_parameters",

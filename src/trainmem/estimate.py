@@ -205,6 +205,7 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
         "offload",
         "optimizer_in_backward",
         "activation_offloading",
+        "fsdp_embedding_head_units",  # the trace wraps the layers alone (trace/fsdp.py)
     )
     out = [
         f"{name}={getattr(training, name)}"

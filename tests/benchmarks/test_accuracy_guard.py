@@ -325,6 +325,10 @@ def test_analytic_accuracy_does_not_regress() -> None:
 #: GT153 -4.2 -> +6.9%, GT144 +1.6 -> +5.3%, GT145 -1.6 -> +4.9%, GT178 -0.4 -> +11.2%, GT114
 #: -5.3 -> -10.0% (approximate source value); median 3.6%, p90 13.8 -> 11.6%, 12 -> 9 under
 #: (10.9% and 6 with the session's other rules).
+#: Re-recorded for torchtune's custom_sharded_layers (Note [FSDP embedding and head units]:
+#: 70B_full.yaml @30b8519e wraps tok_embeddings and output as FSDP2 units of their own,
+#: resharded after forward; dev2_causes.py ``_TORCHTUNE_OWN_UNITS``): GT025 +36.7 -> +22.6%;
+#: no other row moved.
 RECORDED_DEV2 = {
     "GT011": -0.0346,
     "GT012": -0.0367,
@@ -338,7 +342,7 @@ RECORDED_DEV2 = {
     "GT020": +0.1009,
     "GT022": +0.0935,
     "GT024": +0.1156,
-    "GT025": +0.3666,
+    "GT025": +0.2257,
     "GT026": +0.1331,
     "GT027": +0.1062,
     "GT028": -0.0990,

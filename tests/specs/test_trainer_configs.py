@@ -321,6 +321,19 @@ def test_torchtune_cpu_offload_optimizer_and_fsdp_offload(tmp_path: Path) -> Non
     assert read_torchtune_config(_write(tmp_path, "s.yaml", text))["optimizer"] == "sgd-momentum"
 
 
+def test_torchtune_custom_sharded_layers(tmp_path: Path) -> None:
+    # recipes/configs/llama3_1/70B_full.yaml @30b8519e: the embedding and the output as FSDP
+    # units of their own; another list is reported, not read
+    text = "custom_sharded_layers: ['tok_embeddings', 'output']\n"
+    assert read_torchtune_config(_write(tmp_path, "u.yaml", text))["fsdp_embedding_head_units"]
+    notes: list[str] = []
+    out = read_torchtune_config(
+        _write(tmp_path, "o.yaml", "custom_sharded_layers: [output]\n"), notes
+    )
+    assert "fsdp_embedding_head_units" not in out
+    assert any("ignored" in n and "custom_sharded_layers" in n for n in notes)
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -45,6 +45,7 @@ FIELD_GROUPS: dict[str, tuple[str, ...]] = {
         "context_parallel_size",
         "shard_group_size",
         "reshard_after_forward",
+        "fsdp_embedding_head_units",
         "reduce_bucket_size",
         "stage3_prefetch_bucket_size",
         "stage3_max_live_parameters",

@@ -583,7 +583,6 @@ _TORCHTUNE_LOSSES = {
 }
 
 _TORCHTUNE_IGNORED = {
-    "custom_sharded_layers": "extra FSDP units for the embedding / output",
     "data_parallel_replicate_dim": "HSDP replicas (give --shard-group-size)",
     "enable_fp8_training": "float8 linears (give -p fp8-mixed)",
 }
@@ -659,6 +658,20 @@ def _torchtune_model(r: _Reading, cfg: dict[str, Any]) -> None:
         r.ignored.append("model.use_dora (DoRA's magnitude vectors)")
 
 
+def _torchtune_sharded_layers(r: _Reading, cfg: dict[str, Any]) -> None:
+    """``custom_sharded_layers``: the embedding and the output as FSDP units of their own
+    (Note [FSDP embedding and head units]); another list is recorded as ignored."""
+    layers = cfg.get("custom_sharded_layers")
+    if not layers:
+        return
+    if isinstance(layers, list) and sorted(layers) == ["output", "tok_embeddings"]:
+        r.set("fsdp_embedding_head_units", True, "custom_sharded_layers")
+    else:
+        r.ignored.append(
+            "custom_sharded_layers (FSDP units other than ['tok_embeddings', 'output'])"
+        )
+
+
 def read_torchtune_config(path: str, notes: list[str] | None = None) -> dict[str, Any]:
     """TrainingConfig field values from a torchtune recipe YAML (``framework`` torchtune).
 
@@ -720,6 +733,7 @@ def read_torchtune_config(path: str, notes: list[str] | None = None) -> dict[str
     tp = r.positive(cfg, "tensor_parallel_dim")
     if tp is not None and tp > 1:
         r.set("tensor_parallel_size", tp, "tensor_parallel_dim")
+    _torchtune_sharded_layers(r, cfg)
     r.ignore(cfg, _TORCHTUNE_IGNORED)
     return r.finish(notes)
 

@@ -772,6 +772,19 @@ class ShardingConfig:
     keeps them until the module's backward, so every layer's gathered weights are alive at the
     end of the forward (torch distributed/fsdp/api.py ``ShardingStrategy.SHARD_GRAD_OP``:
     "parameters are sharded outside computation", resharded after backward)."""
+    fsdp_embedding_head_units: bool = setting(
+        False,
+        "FSDP: the token embedding and the output head are units of their own, resharded "
+        "after forward (torchtune's custom_sharded_layers).",
+        no_option="a recipe's custom_sharded_layers: ['tok_embeddings', 'output'], given as "
+        "--set fsdp-embedding-head-units=true",
+    )
+    """FSDP wraps the token embedding and the output head each as a unit of its own, resharded
+    after its forward like the layers, instead of leaving them to the root unit, which stays
+    gathered from the forward to the end of the backward (Note [FSDP embedding and head
+    units]: torchtune's ``custom_sharded_layers: ['tok_embeddings', 'output']``, the default of
+    its llama3 / llama3_1 8B and 70B full fine-tuning configs); False, the default: FSDP's
+    root holds them."""
     reduce_bucket_size: int | Literal["auto"] | None = setting(
         None,
         "DeepSpeed zero_optimization.reduce_bucket_size, in elements, or auto.",
@@ -822,7 +835,7 @@ class ShardingConfig:
     (``overlap_comm_valid``)."""
 
     def __post_init__(self) -> None:
-        _check_flags(self, ("reshard_after_forward",))
+        _check_flags(self, ("reshard_after_forward", "fsdp_embedding_head_units"))
         for name in (
             "reduce_bucket_size",
             "stage3_prefetch_bucket_size",

@@ -19,6 +19,7 @@ from trainmem.analytic.transforms.fsdp import FullyShardedDataParallel
 from trainmem.analytic.transforms.fsdp1_reentrant import Fsdp1ReentrantInputs
 from trainmem.analytic.transforms.fsdp2 import Fsdp2PostBackward
 from trainmem.analytic.transforms.fsdp_pipeline import FsdpUnderPipeline
+from trainmem.analytic.transforms.fsdp_units import FsdpEmbeddingHeadUnits
 from trainmem.analytic.transforms.loop import TrainingLoop
 from trainmem.analytic.transforms.lora import LoraFirstLayer
 from trainmem.analytic.transforms.optimizer import Optimizer
@@ -30,6 +31,7 @@ ORDER: tuple[type[Transform], ...] = (
     DeepSpeedZero3Gathers,
     Optimizer,
     FullyShardedDataParallel,
+    FsdpEmbeddingHeadUnits,
     Fsdp2PostBackward,
     FsdpUnderPipeline,
     ActivationOffloading,

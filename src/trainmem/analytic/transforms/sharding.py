@@ -54,6 +54,9 @@ class Sharding:
         stage_gather / stage_gather_root: the stage's gathered layers / root under pipelining.
         offload_copy: the largest unit's local shard copied to the GPU before its all-gather
             under FSDP1 CPU offload (Note [FSDP1 offloaded shard copy]); 0 otherwise.
+        gather_embedding / gather_head: the token embedding's / the output head's gathered
+            parameters when each is an FSDP unit of its own (Note [FSDP embedding and head
+            units]); 0 when the root holds them.
     """
 
     stage: int
@@ -71,6 +74,8 @@ class Sharding:
     stage_gather: int
     stage_gather_root: int
     offload_copy: int = 0
+    gather_embedding: int = 0
+    gather_head: int = 0
 
     @property
     def unsharded_grads(self) -> bool:
@@ -78,18 +83,51 @@ class Sharding:
         return self.pp_fsdp or self.no_sync
 
 
+#: the states of the FSDP units of their own (Note [FSDP embedding and head units])
+OWN_UNIT_STATES = {"embedding": "embedding/tokens", "head": "lm_head"}
+
+
+def own_units_apply(ctx: RankContext) -> bool:
+    """The token embedding and the output head are FSDP units of their own (Note [FSDP
+    embedding and head units]): ``fsdp_embedding_head_units`` under FSDP FULL_SHARD (ZeRO-3
+    without DeepSpeed's buckets, no pipelining)."""
+    t = ctx.training
+    return (
+        t.fsdp_embedding_head_units
+        and ctx.zero_stage == 3
+        and not t.conventions.zero_ipg_buckets
+        and t.pipeline_parallel_size == 1
+    )
+
+
+def own_unit_gathered_bytes(ctx: RankContext, unit: str) -> int:
+    """Bytes of ``unit``'s (``"embedding"`` or ``"head"``) gathered parameters when it is an
+    FSDP unit of its own, else 0 (sized as the root's:
+    :func:`~trainmem.analytic.buffers.root_gathered_bytes`)."""
+    if not own_units_apply(ctx):
+        return 0
+    name = OWN_UNIT_STATES[unit]
+    return root_gathered_bytes(
+        [s for s in ctx.emb_states + ctx.head_states if s.name == name], ctx.training
+    )
+
+
 def _gathers(ctx: RankContext) -> tuple[int, int, int]:
     """(the current layer's gathered parameters, the prefetched layer's, the root module's)
     under ZeRO-3 / FULL_SHARD. DeepSpeed's are :mod:`.deepspeed_gathers`' (none here); FSDP
     the current and the next layer in the gathered dtype
     (:func:`~trainmem.analytic.buffers.gathered_layer_bytes`); torchao float8 all-gathers
-    linear weights in float8 (1 byte each)."""
+    linear weights in float8 (1 byte each). The root's leaves out the embedding and the head
+    when they are units of their own (Note [FSDP embedding and head units])."""
     if ctx.zero_stage != 3:
         return 0, 0, 0
     t = ctx.training
     c, _ = compute_and_residual_bytes(t)
     layer = ctx.layer_states
-    root = root_gathered_bytes(ctx.emb_states + ctx.head_states, t)
+    outer = ctx.emb_states + ctx.head_states
+    if own_units_apply(ctx):
+        outer = [s for s in outer if s.name not in OWN_UNIT_STATES.values()]
+    root = root_gathered_bytes(outer, t)
     if t.is_fp8:
         per = (
             sum(
@@ -155,6 +193,8 @@ def sharding(ctx: RankContext) -> Sharding:
         stage_gather=stage_gather,
         stage_gather_root=stage_gather_root,
         offload_copy=offloaded_shard_copy_bytes(ctx) if stage == 3 and not pp_fsdp else 0,
+        gather_embedding=own_unit_gathered_bytes(ctx, "embedding"),
+        gather_head=own_unit_gathered_bytes(ctx, "head"),
     )
     ctx.memo["sharding"] = out
     return out
