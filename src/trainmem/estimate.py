@@ -242,6 +242,7 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
         not deepspeed
         and not _traced_hf_trainer(training)
         and not _traced_torchtune(training)
+        and not _traced_litgpt(training)
         and (
             training.framework not in ("pytorch-amp", "fsdp2", "accelerate-fsdp")
             or (training.framework in ("fsdp2", "accelerate-fsdp") and not fsdp)
@@ -264,7 +265,11 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
             out.append(f"transformers_version={training.transformers_version} (not installed)")
     if _older_torch_step(training):  # the trace runs the installed torch.optim's step
         out.append(f"torch_version={training.torch_version} (its optimizer step)")
-    if training.training_loop == "step" and training.chunked_cross_entropy:  # no logits tensor
+    if (
+        training.training_loop == "step"
+        and training.chunked_cross_entropy
+        and training.framework != "litgpt"  # litgpt's head returns the chunks' logits
+    ):  # no logits tensor
         out.append("keep_logits=True with chunked_cross_entropy")
     if training.training_loop == "previous" and training.pipeline_parallel_size > 1:
         out.append("loop=previous with pipeline parallelism")
@@ -302,6 +307,20 @@ def _traced_hf_trainer(training: TrainingConfig) -> bool:
         * training.pipeline_parallel_size
     ) == 1
     return training.framework == "hf-trainer" and single and training.optimizer != "adafactor"
+
+
+def _traced_litgpt(training: TrainingConfig) -> bool:
+    """litgpt's recipes on one GPU, whose own ``GPT`` the traced paths build and run
+    (``trainmem.trace.litgpt_model``, Note [litgpt's training step]) when litgpt is installed.
+    Not traced: tensor, context or pipeline parallelism and sharded data parallelism (Fabric's
+    strategies)."""
+    single = (
+        training.data_parallel_size
+        * training.tensor_parallel_size
+        * training.context_parallel_size
+        * training.pipeline_parallel_size
+    ) == 1
+    return training.framework == "litgpt" and single
 
 
 def _traced_torchtune(training: TrainingConfig) -> bool:
@@ -847,7 +866,8 @@ def _estimate_traced(
     shape = target if isinstance(target, ModelSpec) else None
     _check_traced_framework(training, target, deepspeed=deepspeed, diffusers=diffusers)
     standin, run, options = _traced_run(training, deepspeed=deepspeed)
-    if engine == "generic" or (isinstance(target, str) and _is_timm(target)):
+    litgpt = training.framework == "litgpt"  # its own GPT: trace.litgpt_model, generic only
+    if engine == "generic" or litgpt or (isinstance(target, str) and _is_timm(target)):
         from trainmem.trace.generic import estimate_generic
 
         name = target if isinstance(target, str) else target.name

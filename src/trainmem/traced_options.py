@@ -67,7 +67,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from trainmem.analytic.activation_shapes import compute_and_residual_bytes
 from trainmem.analytic.held_outputs import graph_held_input_bytes, previous_output_bytes
 from trainmem.analytic.tensor_states import Offloaded, offloaded, state_layout
 from trainmem.analytic.transforms.base import alloc, free
@@ -76,6 +75,7 @@ from trainmem.analytic.transforms.optimizer import per_parameter_step_ops
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.errors import ScheduleError, UnsupportedError
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
+from trainmem.specs.frameworks import litgpt_last_chunk_rows
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.optimizers import OPTIMIZER_TABLE
 from trainmem.specs.training import TrainingConfig
@@ -418,8 +418,7 @@ def apply_previous_loop(
         )
     output = previous_output_bytes(model, training)
     graph = graph_held_input_bytes(model, training, num_layers=model.num_layers, has_head=True)
-    c, _ = compute_and_residual_bytes(training)
-    logits = output * c // 4 if training.conventions.fp32_model_output else output
+    logits = _bound_output_last_bytes(model, training, output)
     held = [
         op
         for op in (
@@ -437,6 +436,18 @@ def apply_previous_loop(
         step=tuple(_hold_previous(schedule.step, held, logits)),
         name=schedule.name,
     )
+
+
+def _bound_output_last_bytes(model: ModelSpec, training: TrainingConfig, output: int) -> int:
+    """Bytes of the last allocation of the output the loop binds, after which the previous one
+    is released: the logits (``output`` bytes); under a framework that casts the output
+    (``fp32_model_output``: Fabric's ``convert_output``) the fp32 copy of the head's last
+    chunk (litgpt's ``lm_head_chunk_size`` pieces, ``TrainingConfig.chunked_cross_entropy``
+    of them; trainmem/trace/litgpt_model.py)."""
+    if not training.conventions.fp32_model_output:
+        return output
+    b, s = training.micro_batch_size, training.seq_len
+    return 4 * b * model.vocab_size * litgpt_last_chunk_rows(s, training.chunked_cross_entropy)
 
 
 def _hold_previous(items: Sequence[Item], held: list[Op], logits: int) -> list[Item]:
@@ -477,10 +488,17 @@ def _after_logits(segment: Sequence[Item], logits: int) -> int:
     return next(backward, len(segment))
 
 
+def _own_logits_loop(training: TrainingConfig) -> str:
+    """The loop the step of a ``previous`` loop is traced with: ``step`` (the micro-batch's own
+    output held to the step's end) where the traced model returns the output the loop binds
+    (litgpt's fp32 logits, trace/litgpt_model.py), else ``drop``."""
+    return "step" if training.framework == "litgpt" else "drop"
+
+
 PREVIOUS_LOOP = TracedOption(
     name="previous loop",
     applies=traced_previous_loop,
-    traced_as=lambda t: replace(t, loop="drop", keep_logits=False),
+    traced_as=lambda t: replace(t, loop=_own_logits_loop(t), keep_logits=False),
     apply=apply_previous_loop,
     note=lambda t: (
         "loop=previous: the step was traced with a loop that drops its outputs, then each "
@@ -508,13 +526,9 @@ _FRAMEWORKS_UNTRACED = {
         "one GPU or FSDP2 over --data-parallel-size N with --zero-stage 3, or --engine analytic"
     ),
     "litgpt": (
-        "litgpt runs its own GPT code, whose saved tensors transformers' model does not have "
-        "(a fused qkv whose v view keeps the whole output, k and v copied to every head under "
-        "GQA, its MLP and norms, its chunked loss on Fabric's fp32 logits); its conventions "
-        "the trace can take (untied head, the previous logits kept, adapters in the weight "
-        "dtype) leave the formulas' litgpt rows 1-9 % above that trace (2-layer Qwen2 1.5 %, "
-        "LoRA on a 1024-wide Qwen2 9.5 %), so it is not offered as litgpt's; traced: "
-        "--framework pytorch-amp --loop previous (transformers' model), or --engine analytic"
+        "litgpt's own GPT is traced on one GPU (trainmem.trace.litgpt_model, needs "
+        "pip install 'trainmem[litgpt]'); Fabric's DDP, FSDP and model-parallel strategies "
+        "are not; traced: --framework litgpt on one GPU, or --engine analytic"
     ),
     "megatron": "Megatron-LM's own model code and buffers; use --engine analytic",
     "fsdp-qlora": "Answer.AI fsdp_qlora's FSDP1 conventions; use --engine analytic",

@@ -115,9 +115,14 @@ def test_ddp_with_tensor_parallelism_stays_refused() -> None:
     assert "traced: DDP alone" in refused[0]
 
 
-@pytest.mark.parametrize("framework", ["accelerate-fsdp", "torchtune", "litgpt"])
-def test_frameworks_still_refused_say_what_is_traced(framework: str) -> None:
-    refused = trace_unsupported_settings(_training(framework=framework), "generic")
+@pytest.mark.parametrize(
+    ("framework", "changes"),
+    [("accelerate-fsdp", {}), ("torchtune", {}), ("litgpt", {"tensor_parallel_size": 2})],
+)
+def test_frameworks_still_refused_say_what_is_traced(
+    framework: str, changes: dict[str, Any]
+) -> None:
+    refused = trace_unsupported_settings(_training(framework=framework, **changes), "generic")
     assert refused[-1].startswith(f"framework={framework} ("), refused
     assert "traced: --" in refused[-1] and "--engine analytic" in refused[-1]
 

@@ -125,6 +125,20 @@ need another copy of the weights"); before, ``.clone().float().detach()`` always
 Checked on the 0.18.1 and 0.18.2 sdists."""
 
 
+def litgpt_head_chunk_rows(seq_len: int, chunks: int) -> int:
+    """Rows of the sequence per output-head chunk when litgpt's ``GPT.forward`` runs its head
+    in ``chunks`` pieces (``lm_head_chunk_size``: ``x.split(lm_head_chunk_size, dim=1)``,
+    litgpt/model.py v0.5.13): ceil(seq_len / chunks); 0 (one head output) for ``chunks`` 0."""
+    return -(-seq_len // chunks) if chunks else 0
+
+
+def litgpt_last_chunk_rows(seq_len: int, chunks: int) -> int:
+    """Rows of the last piece of litgpt's chunked head output (``split`` leaves the remainder
+    last): seq_len itself when unchunked."""
+    size = litgpt_head_chunk_rows(seq_len, chunks)
+    return seq_len - size * (-(-seq_len // size) - 1) if size else seq_len
+
+
 def deepspeed_copies_fp32_weights(zero_stage: int, version: tuple[int, ...] | None) -> bool:
     """Whether DeepSpeed's ZeRO optimizer keeps its own fp32 copy of this rank's partition of
     *fp32* weights (16-bit weights always get one: the master weights).

@@ -157,6 +157,8 @@ def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfi
         )
     from trainmem.trace.hf_model import build_hf_training_model, hf_loss, make_hf_batch
 
+    if training.framework == "litgpt":
+        return _litgpt_recipe(name, raw, training)
     if training.recipe_loss not in (None, "cross-entropy"):  # cross-entropy: the model's own
         return _own_loss_recipe(name, raw, training)
     return Recipe(
@@ -167,6 +169,33 @@ def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfi
         ),
         loss_fn=hf_loss,
         forward_loss=default_forward_loss(training),
+    )
+
+
+def _litgpt_recipe(name: str, raw: Mapping[str, Any], training: TrainingConfig) -> Recipe:
+    """litgpt's own ``GPT`` for the config's shape, its forward and loss as its recipes run
+    them (Note [litgpt's training step], ``trace/litgpt_model.py``).
+
+    Raises:
+        UnsupportedError: litgpt is not installed (naming ``pip install 'trainmem[litgpt]'``),
+            or the model is not one litgpt's ``GPT`` is built for here.
+    """
+    from trainmem.specs.hf import model_spec_from_hf
+
+    try:
+        from trainmem.trace import litgpt_model as lm
+
+        lm.require_litgpt()
+    except ImportError as exc:
+        raise UnsupportedError(str(exc)) from exc
+    spec = model_spec_from_hf(raw, name)
+    lm.litgpt_config_kwargs(spec, training)  # an unmapped model is refused before the build
+    return Recipe(
+        name,
+        lambda: lm.build_litgpt_model(spec, training),
+        lambda model: lm.make_litgpt_batch(model, training),
+        loss_fn=lm.litgpt_loss,
+        library="litgpt",
     )
 
 

@@ -1,0 +1,286 @@
+"""litgpt's own model code on the traced paths (``framework=litgpt``, issue 26).
+
+litgpt trains its own ``GPT`` (litgpt/model.py), not transformers' classes, so the generic path
+builds that model from the run's :class:`~trainmem.specs.model.ModelSpec` and traces it on fake
+tensors: the real litgpt code runs, nothing of its attention, MLP, LoRA or loss is modelled.
+litgpt is an optional extra (``pip install 'trainmem[litgpt]'``); without it the traced paths
+refuse ``framework=litgpt`` and say so.
+
+Note [litgpt's training step]
+    What litgpt 0.5.13's recipes run, and the step built here (litgpt/finetune/lora.py and
+    full.py at v0.5.13, litgpt/model.py, litgpt/lora.py, litgpt/utils.py):
+
+    * the model: ``GPT(config)`` (``litgpt.lora.GPT`` with ``lora_r`` etc. under LoRA, then
+      ``mark_only_lora_as_trainable``) under ``fabric.init_module()``, so every parameter,
+      the adapters too, is in the precision's weight dtype; the output head is a linear of its
+      own (litgpt never ties it to ``wte``);
+    * the rotary tables: ``model.max_seq_length = longest_seq_length`` after
+      ``fabric.setup_module`` rebuilds ``cos`` / ``sin`` with that many rows, in the default
+      dtype (fp32), as buffers;
+    * the forward: ``logits = model(input_ids, lm_head_chunk_size=128)`` in lora.py (a list of
+      chunks of the head's output), ``logits = model(input_ids)`` in full.py; here the head is
+      chunked into ``TrainingConfig.chunked_cross_entropy`` chunks of the sequence when that is
+      set, whole otherwise;
+    * Fabric's wrapper casts every floating output to the default dtype, fp32
+      (lightning/fabric/wrappers.py ``_FabricModule.forward`` -> ``precision.convert_output``),
+      under ``*-true`` and ``*-mixed`` alike;
+    * the loss: litgpt.utils ``chunked_cross_entropy`` on the shifted logits and targets
+      (``logits[-1] = logits[-1][..., :-1, :]`` for a list; ``logits[..., :-1, :]``
+      otherwise), with ``chunk_size=0`` (one cross-entropy) for an unchunked head;
+    * the loop binds ``logits`` in its own scope (``loop=previous``, a rule on the traced step:
+      Note [The previous loop on a traced step]).
+
+    The rotary scaling of a config (``rope_scaling``) changes the values of ``cos`` / ``sin``,
+    never their size, and is not passed on.
+
+Source: litgpt v0.5.13 (litgpt/model.py ``GPT``, ``CausalSelfAttention``, ``LLaMAMLP``;
+litgpt/lora.py; litgpt/utils.py ``chunked_cross_entropy``; litgpt/finetune/lora.py ``fit``);
+lightning 2.6 fabric/wrappers.py, fabric/plugins/precision/half.py and amp.py.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from trainmem.errors import UnsupportedError
+from trainmem.specs.frameworks import litgpt_head_chunk_rows
+from trainmem.specs.model import ModelSpec
+from trainmem.specs.training import TrainingConfig
+from trainmem.trace._torch import require_torch
+
+torch = require_torch()
+
+__all__ = [
+    "LITGPT_INSTALL_HINT",
+    "ConvertOutput",
+    "LitGPTStep",
+    "build_litgpt_model",
+    "litgpt_available",
+    "litgpt_config_kwargs",
+    "litgpt_loss",
+    "make_litgpt_batch",
+    "require_litgpt",
+]
+
+LITGPT_INSTALL_HINT = "pip install 'trainmem[litgpt]'"
+
+_LORA_TARGETS = {"q": "lora_query", "k": "lora_key", "v": "lora_value", "o": "lora_projection"}
+"""trainmem's LoRA target names -> litgpt.lora.Config flags (``lora_mlp`` covers the MLP's
+three linears, ``lora_head`` the output head)."""
+_MLP_TARGETS = frozenset({"gate", "up", "down"})
+
+
+def litgpt_available() -> bool:
+    """Whether litgpt's model code can be imported (the ``litgpt`` extra)."""
+    try:
+        require_litgpt()
+    except ImportError:
+        return False
+    return True
+
+
+def require_litgpt() -> tuple[ModuleType, ModuleType, ModuleType]:
+    """Import litgpt's model code.
+
+    Returns:
+        ``(litgpt.config, litgpt.model, litgpt.lora)``.
+
+    Raises:
+        ImportError: litgpt is not installed; the message names the install command.
+    """
+    try:
+        import litgpt.config
+        import litgpt.lora
+        import litgpt.model
+    except ImportError as exc:
+        raise ImportError(
+            f"framework=litgpt runs litgpt's own model code, which is not installed: "
+            f"{LITGPT_INSTALL_HINT}"
+        ) from exc
+    return litgpt.config, litgpt.model, litgpt.lora
+
+
+def litgpt_config_kwargs(model: ModelSpec, training: TrainingConfig) -> dict[str, Any]:
+    """litgpt ``Config`` fields for ``model``: the layer shapes of a decoder whose litgpt
+    configs have them (Llama, Mistral, Qwen2 / Qwen3 style: RMSNorm, gated SiLU MLP, rotary,
+    sequential residual), the LoRA flags of ``training``.
+
+    Args:
+        model: the model's shape (a transformers decoder's ModelSpec).
+        training: ``seq_len`` (the block size at least), the LoRA settings.
+
+    Returns:
+        Keyword arguments of ``litgpt.config.Config`` (``litgpt.lora.Config`` under LoRA).
+
+    Raises:
+        UnsupportedError: a model litgpt's ``GPT`` is not mapped from here (its layers are
+            not the decoder above), or a LoRA target litgpt has no flag for.
+    """
+    shape = (model.architecture, model.mlp_kind, model.norm_kind, model.position_kind)
+    if (
+        shape != ("decoder", "gated", "rmsnorm", "rotary")
+        or model.hidden_act not in ("silu", "swish")
+        or model.num_experts > 1
+        or model.parallel_attention
+        or model.sliding_window
+        or model.attention_softcap
+        or model.final_logit_softcap
+        or model.q_lora_rank
+        or model.kv_lora_rank
+        or model.head != "causal-lm"
+    ):
+        raise UnsupportedError(
+            f"framework=litgpt on the traced paths builds litgpt's GPT from a Llama / Mistral / "
+            f"Qwen2-style decoder (RMSNorm, gated SiLU MLP, rotary); {model.name} "
+            f"({model.model_type}) is not mapped; use --engine analytic"
+        )
+    out: dict[str, Any] = {
+        "name": model.name,
+        "block_size": max(model.max_position_embeddings, training.seq_len),
+        "vocab_size": model.vocab_size,
+        "padded_vocab_size": model.vocab_size,
+        "n_layer": model.num_layers,
+        "n_head": model.num_heads,
+        "n_query_groups": model.num_kv_heads,
+        "head_size": model.head_dim,
+        "n_embd": model.hidden_size,
+        "rotary_percentage": model.partial_rotary_factor,
+        "parallel_residual": False,
+        "bias": False,
+        "attn_bias": model.attention_bias,
+        "lm_head_bias": model.lm_head_bias,
+        "norm_class_name": "RMSNorm",
+        "mlp_class_name": "LLaMAMLP",
+        "intermediate_size": model.intermediate_size,
+        "norm_qk": model.qk_norm,
+    }
+    if training.is_lora:
+        out.update(_lora_kwargs(training))
+    return out
+
+
+def _lora_kwargs(training: TrainingConfig) -> dict[str, Any]:
+    targets = set(training.lora_targets)
+    if "all-linear" in targets:
+        targets = {"q", "k", "v", "o", "gate", "up", "down"}
+    unknown = targets - set(_LORA_TARGETS) - _MLP_TARGETS - {"lm_head"}
+    partial_mlp = targets & _MLP_TARGETS and not _MLP_TARGETS <= targets
+    if unknown or partial_mlp:
+        raise UnsupportedError(
+            f"lora_targets={','.join(training.lora_targets)} under framework=litgpt: litgpt's "
+            "LoRA flags are lora_query / key / value / projection, lora_mlp (gate, up and down "
+            "together) and lora_head; pick targets among q, k, v, o, gate+up+down, lm_head"
+        )
+    out: dict[str, Any] = {flag: name in targets for name, flag in _LORA_TARGETS.items()}
+    out.update(
+        lora_r=training.lora_rank,
+        lora_alpha=2 * training.lora_rank,  # alpha only scales values, never memory
+        lora_dropout=training.lora_dropout,
+        lora_mlp=bool(targets & _MLP_TARGETS),
+        lora_head="lm_head" in targets,
+    )
+    return out
+
+
+class ConvertOutput(torch.nn.Module):  # type: ignore[misc,name-defined]
+    """Fabric's ``precision.convert_output``: every floating output cast to the default dtype
+    (fp32). A module of its own, so the trace names the fp32 logits' allocations (the
+    ``previous`` loop's rule frees the last micro-batch's logits after them)."""
+
+    def forward(self, out: Any) -> Any:
+        """``out`` (a tensor or a list of tensors) in fp32."""
+        fp32 = torch.get_default_dtype()
+        if isinstance(out, list):
+            return [t.to(fp32) for t in out]
+        return out.to(fp32)
+
+
+class LitGPTStep(torch.nn.Module):  # type: ignore[misc,name-defined]
+    """litgpt's ``GPT`` as Fabric's wrapper runs it: the forward, then every output cast to
+    fp32 (Note [litgpt's training step]).
+
+    Args:
+        gpt: litgpt's ``GPT`` (or ``litgpt.lora.GPT``).
+        chunks: output-head chunks along the sequence (0: one head output).
+    """
+
+    def __init__(self, gpt: Any, chunks: int) -> None:
+        super().__init__()
+        self.gpt = gpt
+        self.chunks = chunks
+        self.convert_output = ConvertOutput()
+
+    def forward(self, input_ids: Any, targets: Any = None) -> Any:
+        """Logits of ``input_ids`` ([b, s] int64; ``targets`` are the loss's): one fp32
+        [b, s, V] tensor, or a list of [b, s / N, V] fp32 chunks."""
+        size = litgpt_head_chunk_rows(input_ids.size(1), self.chunks)
+        return self.convert_output(self.gpt(input_ids, lm_head_chunk_size=size))
+
+
+def build_litgpt_model(model: ModelSpec, training: TrainingConfig) -> LitGPTStep:
+    """litgpt's model for ``model`` as its recipes build it (call under ``torch.device("meta")``).
+
+    Args:
+        model: the model's shape (:func:`litgpt_config_kwargs`).
+        training: weight dtype, ``seq_len`` (the rotary tables' rows), LoRA settings,
+            ``chunked_cross_entropy`` (the head's chunks).
+
+    Returns:
+        The :class:`LitGPTStep` around ``GPT`` / ``litgpt.lora.GPT``, LoRA's adapters the only
+        trainable parameters under LoRA.
+
+    Raises:
+        UnsupportedError: see :func:`litgpt_config_kwargs`.
+        ImportError: litgpt is not installed (names ``pip install 'trainmem[litgpt]'``).
+    """
+    config_mod, model_mod, lora_mod = require_litgpt()
+    kwargs = litgpt_config_kwargs(model, training)
+    dtype = getattr(torch, training.weight_dtype)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # fabric.init_module(): every tensor in the weight dtype
+    try:
+        if training.is_lora:
+            gpt = lora_mod.GPT(lora_mod.Config(**kwargs))
+            lora_mod.mark_only_lora_as_trainable(gpt)
+        else:
+            gpt = model_mod.GPT(config_mod.Config(**kwargs))
+    finally:
+        torch.set_default_dtype(previous)
+    gpt.max_seq_length = training.seq_len  # rebuilds cos / sin: seq_len rows, fp32
+    return LitGPTStep(gpt, training.chunked_cross_entropy)
+
+
+def make_litgpt_batch(model: LitGPTStep, training: TrainingConfig) -> dict[str, Any]:
+    """One micro-batch: ``input_ids`` and ``targets``, [b, s] int64 each (inside the fake
+    mode).
+
+    Args:
+        model: the step (its vocabulary bounds the ids).
+        training: ``micro_batch_size`` b and ``seq_len`` s.
+
+    Returns:
+        ``{"input_ids": ..., "targets": ...}``.
+    """
+    v = model.gpt.config.padded_vocab_size
+    shape = (training.micro_batch_size, training.seq_len)
+    return {"input_ids": torch.randint(0, v, shape), "targets": torch.randint(0, v, shape)}
+
+
+def litgpt_loss(logits: Any, batch: dict[str, Any]) -> Any:
+    """litgpt's loss on the step's output (Note [litgpt's training step]).
+
+    Args:
+        logits: :class:`LitGPTStep`'s output (a tensor, or a list of chunks).
+        batch: :func:`make_litgpt_batch`'s.
+
+    Returns:
+        The scalar loss.
+    """
+    from litgpt.utils import chunked_cross_entropy
+
+    targets = batch["targets"][..., 1:]
+    if isinstance(logits, list):
+        shifted = [*logits[:-1], logits[-1][..., :-1, :]]  # the loop's ``logits[-1] = ...``
+        return chunked_cross_entropy(shifted, targets)
+    return chunked_cross_entropy(logits[..., :-1, :], targets, chunk_size=0)

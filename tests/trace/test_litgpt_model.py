@@ -1,0 +1,110 @@
+"""litgpt's own GPT on the generic path (trainmem.trace.litgpt_model; issue 26).
+
+The config mapping and the refusals need no litgpt; the traced steps need the optional extra
+(``pip install 'trainmem[litgpt]'``) and skip without it. CI does not install it: litgpt 0.5.13
+pins huggingface-hub<1.4, which transformers 5 cannot install beside (pyproject.toml).
+
+Expected sizes of the 2-layer Qwen2 formula config (h 64, MLP 128, 4 heads of 16, 2 key/value
+groups, V 512, qkv biased), derived by hand: per layer the fused qkv 64 x (4 + 2 x 2) x 16 =
+8,192 + its bias 128, the output projection 64 x 64 = 4,096, the MLP 3 x 64 x 128 = 24,576,
+two norms 128: 37,120; two layers, the embedding and litgpt's own head 2 x 512 x 64, the final
+norm 64: 139,840.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import pytest
+
+from conftest import MODELS_DIR
+from trainmem.errors import UnsupportedError
+from trainmem.estimate import estimate
+from trainmem.specs.hf import load_model_spec
+from trainmem.specs.training import TrainingConfig
+
+pytest.importorskip("transformers")
+
+from trainmem.trace.litgpt_model import (  # noqa: E402
+    litgpt_available,
+    litgpt_config_kwargs,
+)
+
+QWEN2 = str(MODELS_DIR / "formula" / "qwen2.json")
+PARAMETERS = 139_840
+needs_litgpt = pytest.mark.skipif(
+    not litgpt_available(), reason="litgpt is not installed (pip install 'trainmem[litgpt]')"
+)
+
+
+def _training(**changes: Any) -> TrainingConfig:
+    return TrainingConfig(micro_batch_size=2, seq_len=64, framework="litgpt", **changes)
+
+
+def test_the_config_maps_onto_litgpt_config_fields() -> None:
+    kwargs = litgpt_config_kwargs(load_model_spec(QWEN2), _training())
+    expected = {
+        "n_layer": 2, "n_embd": 64, "n_head": 4, "n_query_groups": 2, "head_size": 16,
+        "intermediate_size": 128, "vocab_size": 512, "padded_vocab_size": 512,
+        "attn_bias": True, "bias": False, "norm_class_name": "RMSNorm",
+        "mlp_class_name": "LLaMAMLP", "parallel_residual": False, "rotary_percentage": 1.0,
+    }  # fmt: skip
+    assert {k: kwargs[k] for k in expected} == expected
+    assert "lora_r" not in kwargs
+
+
+def test_lora_targets_become_litgpt_flags() -> None:
+    kwargs = litgpt_config_kwargs(load_model_spec(QWEN2), _training(lora_rank=8))
+    flags = ("lora_query", "lora_key", "lora_value", "lora_projection", "lora_mlp", "lora_head")
+    # trainmem's default targets are q and v, as litgpt's finetune/lora.py defaults
+    assert [kwargs[f] for f in flags] == [True, False, True, False, False, False]
+    assert kwargs["lora_r"] == 8
+
+
+def test_half_an_mlp_as_lora_target_is_refused() -> None:
+    # litgpt's one lora_mlp flag adapts fc_1, fc_2 and proj together
+    with pytest.raises(UnsupportedError, match="gate\\+up\\+down"):
+        litgpt_config_kwargs(load_model_spec(QWEN2), _training(lora_rank=8, lora_targets=("up",)))
+
+
+def test_a_model_without_a_litgpt_mapping_is_refused() -> None:
+    phi = load_model_spec(str(MODELS_DIR / "formula" / "phi.json"))  # LayerNorm, GELU MLP
+    with pytest.raises(UnsupportedError, match="--engine analytic"):
+        litgpt_config_kwargs(phi, _training())
+
+
+def test_without_litgpt_the_refusal_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("litgpt", "litgpt.config", "litgpt.model", "litgpt.lora"):
+        monkeypatch.setitem(sys.modules, name, None)  # import litgpt raises ImportError
+    with pytest.raises(UnsupportedError, match=r"pip install 'trainmem\[litgpt\]'"):
+        estimate(QWEN2, _training(), engine="generic", simulate_allocator=False)
+
+
+def test_litgpt_beside_tensor_parallelism_stays_refused() -> None:
+    with pytest.raises(UnsupportedError, match="framework=litgpt"):
+        estimate(QWEN2, _training(tensor_parallel_size=2), engine="generic")
+
+
+@needs_litgpt
+def test_litgpt_gpt_parameters_and_rotary_tables_by_hand() -> None:
+    est = estimate(QWEN2, _training(), engine="generic", simulate_allocator=False)
+    assert est.engine == "generic"
+    assert (est.num_parameters, est.num_trainable_parameters) == (PARAMETERS, PARAMETERS)
+    # fp32 weights under bf16-mixed, and the cos / sin tables model.max_seq_length = 64 rows
+    # of the 16-wide head rebuild in fp32 (litgpt/model.py ``rope_cache``)
+    states = est.schedules[0].model_states()
+    assert states["parameters"] == 4 * PARAMETERS + 2 * 64 * 16 * 4
+
+
+@needs_litgpt
+def test_litgpt_lora_adapters_by_hand() -> None:
+    # LoRAQKVLinear on q and v (litgpt/lora.py): lora_A (2 r, h) = 16 x 64, lora_B of the q and
+    # v widths (64 + 32) x r = 96 x 8, per layer; in bf16 under bf16-true (fabric.init_module)
+    est = estimate(
+        QWEN2, _training(lora_rank=8, precision="bf16-true"), engine="generic",
+        simulate_allocator=False,
+    )  # fmt: skip
+    trainable = 2 * (16 * 64 + 96 * 8)
+    assert est.num_trainable_parameters == trainable
+    assert est.schedules[0].model_states()["gradients"] == 2 * trainable
