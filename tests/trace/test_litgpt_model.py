@@ -81,6 +81,12 @@ def test_without_litgpt_the_refusal_names_the_extra(monkeypatch: pytest.MonkeyPa
         estimate(QWEN2, _training(), engine="generic", simulate_allocator=False)
 
 
+def test_litgpt_on_a_diffusers_model_is_refused() -> None:
+    pixart = str(MODELS_DIR / "diffusers" / "tiny-pixart.json")
+    with pytest.raises(UnsupportedError, match="litgpt trains its own GPT language models"):
+        estimate(pixart, _training(), engine="generic", simulate_allocator=False)
+
+
 def test_litgpt_beside_tensor_parallelism_stays_refused() -> None:
     with pytest.raises(UnsupportedError, match="framework=litgpt"):
         estimate(QWEN2, _training(tensor_parallel_size=2), engine="generic")

@@ -110,6 +110,11 @@ def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfi
     from trainmem.specs.diffusers import frozen_components, is_diffusers_config
     from trainmem.specs.hf import is_timm_config
 
+    if training.framework == "litgpt" and (is_timm_config(raw) or is_diffusers_config(raw)):
+        raise UnsupportedError(
+            "framework=litgpt: litgpt trains its own GPT language models, and this is a "
+            "diffusers / timm model; use --framework pytorch-amp"
+        )
     if training.padding_mask and (is_timm_config(raw) or is_diffusers_config(raw)):
         raise UnsupportedError(
             "padding_mask=True: a padded batch's attention mask is built for token inputs of "
