@@ -24,6 +24,7 @@ FLAG_CASES: dict[str, tuple[list[str], Any, str]] = {
     "micro_batch_size": (["-b", "1"], 1, "micro-batch-size=4"),
     "seq_len": (["-s", "128"], 128, "seq-len=256"),
     "target_seq_len": (["--target-seq-len", "0"], 0, "target-seq-len=64"),
+    "earlier_seq_lens": (["--earlier-seq-lens", "64,32"], "64,32", "earlier-seq-lens=16"),
     "precision": (["-p", "bf16-mixed"], "bf16-mixed", "precision=32-true"),
     "optimizer": (["-o", "adamw"], "adamw", "optimizer=sgd"),
     "optimizer_implementation": (

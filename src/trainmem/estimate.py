@@ -206,6 +206,7 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
         "optimizer_in_backward",
         "activation_offloading",
         "fsdp_embedding_head_units",  # the trace wraps the layers alone (trace/fsdp.py)
+        "earlier_seq_lens",  # one traced step at one length
     )
     out = [
         f"{name}={getattr(training, name)}"

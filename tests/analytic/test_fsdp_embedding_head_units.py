@@ -90,3 +90,11 @@ def test_refused_where_not_modelled(model: str, framework: str, message: str) ->
     training = dataclasses.replace(BASE, framework=framework, fsdp_embedding_head_units=True)
     with pytest.raises(UnsupportedError, match=message):
         estimate(model, training, engine="analytic", simulate_allocator=False)
+
+
+def test_the_trace_engine_refuses_it() -> None:
+    # the trace wraps the layers and the root only (trace/fsdp.py)
+    from trainmem.estimate import trace_unsupported_settings
+
+    training = dataclasses.replace(BASE, framework="fsdp2", fsdp_embedding_head_units=True)
+    assert "fsdp_embedding_head_units=True" in trace_unsupported_settings(training)

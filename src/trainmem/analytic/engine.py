@@ -35,6 +35,7 @@ from trainmem.analytic.schedule import PipelineRank, rank_schedule
 from trainmem.analytic.template import templated_schedules
 from trainmem.analytic.temporaries import cublas_workspace_bytes
 from trainmem.analytic.tensor_states import StateLayout, state_layout
+from trainmem.analytic.varying_lengths import after_earlier_steps
 from trainmem.breakdown import MemoryBreakdown, MemoryEstimate
 from trainmem.errors import SpecError
 from trainmem.specs.hardware import DEFAULT_CUBLAS_WORKSPACE_BYTES, GPUSpec
@@ -102,6 +103,13 @@ def estimate_analytic(
                 model, training, rank, layout=layout, prof=prof, workspace_per_handle=per_handle
             )
             for rank in ranks
+        ]
+    if training.earlier_seq_lens:  # Note [Steps of varying length]
+        schedules = [
+            after_earlier_steps(
+                model, training, rank, sched, layout=layout, workspace_per_handle=per_handle
+            )
+            for rank, sched in zip(ranks, schedules, strict=True)
         ]
     # memory outside the caching allocator (paged optimizer states, NCCL communicators) joins
     # the device total beside the CUDA context, never allocated / reserved

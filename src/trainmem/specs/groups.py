@@ -7,6 +7,7 @@ FIELD_GROUPS: dict[str, tuple[str, ...]] = {
         "micro_batch_size",
         "seq_len",
         "target_seq_len",
+        "earlier_seq_lens",
         "gradient_accumulation_steps",
         "chunked_cross_entropy",
         "loss",

@@ -320,6 +320,20 @@ class BatchConfig:
     """Decoder (target) tokens per sequence of an encoder-decoder (T5 ``labels``, from which
     ``decoder_input_ids`` are shifted), 0 to 2^31 - 1; 0, the default, means the same as
     ``seq_len``. Ignored by decoder-only and encoder models. See :attr:`decoder_seq_len`."""
+    earlier_seq_lens: str | None = setting(
+        None,
+        "Lengths of the steps run before the measured one, comma-separated, each at most "
+        "--seq-len (batches padded to their longest sample: the allocator's cache under "
+        "varying shapes).",
+        default_text="none: every step at --seq-len",
+    )
+    """Token lengths of the training steps that run before the measured one (at ``seq_len``),
+    in order, comma-separated (``"96,512,230"``), each 1 to ``seq_len``, at most
+    :data:`MAX_EARLIER_STEPS` of them: a dataset padded to the longest sample of each batch
+    changes every activation's size from one step to the next, and the caching allocator's
+    blocks, cached at one step's sizes, are split or bypassed by the next, so
+    ``max_memory_reserved`` depends on the lengths seen (Note [Steps of varying length]);
+    None, the default: every step at ``seq_len``. See :attr:`earlier_seq_len_list`."""
     gradient_accumulation_steps: int = setting(
         1,
         "Micro-batches per optimizer step.",
@@ -333,6 +347,13 @@ class BatchConfig:
     (torch's ``Schedule1F1B`` needs as many, torch/distributed/pipelining/schedules.py)."""
 
     @property
+    def earlier_seq_len_list(self) -> tuple[int, ...]:
+        """:attr:`earlier_seq_lens` as integers (empty when None)."""
+        if not self.earlier_seq_lens:
+            return ()
+        return tuple(int(x) for x in self.earlier_seq_lens.split(","))
+
+    @property
     def decoder_seq_len(self) -> int:
         """Target (decoder) length of an encoder-decoder: ``target_seq_len``, or ``seq_len``
         when it is 0."""
@@ -341,6 +362,31 @@ class BatchConfig:
     def __post_init__(self) -> None:
         _check_ints(self, ("micro_batch_size", "seq_len", "gradient_accumulation_steps"), minimum=1)
         _check_ints(self, ("target_seq_len",), minimum=0)
+        _check_earlier_seq_lens(self.earlier_seq_lens)
+
+
+MAX_EARLIER_STEPS = 64
+"""Most steps :attr:`BatchConfig.earlier_seq_lens` lists (each is one more schedule built and
+replayed)."""
+
+
+def _check_earlier_seq_lens(text: object) -> None:
+    """``earlier_seq_lens``: None, or comma-separated positive integers (that none is above
+    ``seq_len`` is checked where the lengths are used, ``seq_len`` being filled in later by the
+    CLI: :func:`trainmem.analytic.varying_lengths.after_earlier_steps`).
+
+    Raises:
+        SpecError: another value.
+    """
+    if text is None:
+        return
+    parts = [p.strip() for p in text.split(",")] if isinstance(text, str) else []
+    digits = all(p.isascii() and p.isdigit() and int(p) >= 1 for p in parts)
+    if not parts or len(parts) > MAX_EARLIER_STEPS or not digits:
+        raise SpecError(
+            "earlier_seq_lens",
+            f"must be comma-separated positive lengths, at most {MAX_EARLIER_STEPS}, got {text!r}",
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

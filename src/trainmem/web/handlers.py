@@ -77,12 +77,20 @@ def _guard(compute: Callable[[], T], fallback: Callable[[str], T]) -> T:
 
 def collect(raw: Sequence[Any]) -> dict[str, Any]:
     """A values dict from widget values in :data:`INPUT_NAMES` order (checkbox-group lists
-    as tuples, :data:`~trainmem.web.form.MODEL_DEFAULT` as None; the rest is typed by
-    :func:`trainmem.web.form.coerce` when it is used)."""
+    as tuples, :data:`~trainmem.web.form.MODEL_DEFAULT` and an empty text box of a setting
+    whose default is None as None; the rest is typed by :func:`trainmem.web.form.coerce` when
+    it is used)."""
+    base = default_values()
     return {
-        name: tuple(v) if isinstance(v, list) else None if v == MODEL_DEFAULT else v
+        name: tuple(v) if isinstance(v, list) else None if _unset(v, base.get(name, 0)) else v
         for name, v in zip(INPUT_NAMES, raw, strict=True)
     }
+
+
+def _unset(value: Any, default: Any) -> bool:
+    """A widget value that leaves the setting at None: the model's default, or an empty text
+    box where the default is None (a shown text box reports ``""``, a collapsed one None)."""
+    return value == MODEL_DEFAULT or (value == "" and default is None)
 
 
 def widget_values(values: Mapping[str, Any]) -> list[Any]:

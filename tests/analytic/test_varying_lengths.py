@@ -1,0 +1,88 @@
+"""Steps of varying length before the measured one (Note [Steps of varying length]): the
+setup runs one step per listed length, then one at ``seq_len``; the measured step is at
+``seq_len``, and the replay's allocator carries every step's cached blocks."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from trainmem.breakdown import MemoryCategory
+from trainmem.errors import SpecError
+from trainmem.estimate import estimate
+from trainmem.specs.training import TrainingConfig
+
+# Llama-2-7B (hidden 4096, 32 layers), LoRA on q, v, full checkpointing, bf16, batch 2: each
+# layer's checkpointed input is 2 x L x 4096 x 2 B, 16,384 L bytes at length L
+BASE = TrainingConfig(
+    micro_batch_size=2,
+    seq_len=512,
+    precision="bf16-true",
+    activation_checkpointing="full",
+    lora_rank=8,
+    lora_targets=("q", "v"),
+    framework="torchtune",
+)
+
+
+def _estimate(lengths: str | None) -> object:
+    training = dataclasses.replace(BASE, earlier_seq_lens=lengths)
+    return estimate("llama-2-7b", training, engine="analytic")
+
+
+def _checkpoint_sizes(items: object) -> set[int]:
+    """Sizes of the layer inputs the checkpointed layers save, in an event stream."""
+    return {
+        ev.size_bytes
+        for ev in items  # type: ignore[attr-defined]
+        if ev.action == "alloc"
+        and ev.category == MemoryCategory.ACTIVATION
+        and ev.size_bytes % 16_384 == 0
+        and ev.module.startswith("layers.")
+    }
+
+
+def test_each_listed_length_runs_one_step_before_the_measured_one() -> None:
+    est = _estimate("128,384")
+    sched = est.schedules[0]  # type: ignore[attr-defined]
+    events = list(sched.events())
+    start = sched._cache["steady_state_start"]
+    # the setup holds a step at 128 (the warm-up), one at 384, one at 512; the step is at 512
+    assert {16_384 * n for n in (128, 384, 512)} <= _checkpoint_sizes(events[:start])
+    assert 16_384 * 512 in _checkpoint_sizes(events[start:])
+    assert not _checkpoint_sizes(events[start:]) & {16_384 * 128, 16_384 * 384}
+
+
+def test_the_measured_step_and_its_allocated_peak_are_unchanged() -> None:
+    plain, varied = _estimate(None), _estimate("100,300,200")
+    assert varied.schedules[0].step == plain.schedules[0].step  # type: ignore[attr-defined]
+    assert varied.breakdown.allocated_bytes == plain.breakdown.allocated_bytes  # type: ignore[attr-defined]
+
+
+def test_rising_lengths_leave_more_reserved_than_one_length() -> None:
+    # each longer step's tensors do not fit the shorter step's cached blocks and take new
+    # segments beside them (c10/cuda/CUDACachingAllocator.cpp: nothing is released before an
+    # allocation fails); the replay keeps every one
+    plain, rising = _estimate(None), _estimate(",".join(str(n) for n in range(100, 501, 50)))
+    assert rising.breakdown.reserved_bytes > plain.breakdown.reserved_bytes  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("text", ["", "12,x", "0", "3,-1", "²", ",".join(["8"] * 65)])
+def test_bad_lists_are_refused(text: str) -> None:
+    with pytest.raises(SpecError, match="earlier_seq_lens"):
+        TrainingConfig(earlier_seq_lens=text)
+
+
+def test_a_length_above_seq_len_is_refused() -> None:
+    with pytest.raises(SpecError, match="above seq_len"):
+        _estimate("513")
+
+
+def test_the_trace_engine_refuses_it() -> None:
+    # one traced step has one length: the setting is listed as not traced (auto: the formulas)
+    from trainmem.estimate import trace_unsupported_settings
+
+    assert "earlier_seq_lens=64" in trace_unsupported_settings(
+        TrainingConfig(earlier_seq_lens="64")
+    )
