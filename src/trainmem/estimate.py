@@ -29,7 +29,7 @@ from trainmem.specs.hardware import GPUSpec, check_precision_on_gpu
 from trainmem.specs.hardware import resolve_gpu as resolve_gpu  # re-exported for the callers
 from trainmem.specs.hf import load_model_spec
 from trainmem.specs.model import ModelSpec
-from trainmem.specs.ranks import model_rank_map
+from trainmem.specs.ranks import fsdp1_no_shard, model_rank_map
 from trainmem.specs.training import TrainingConfig, check_training_for_model, resolved_config
 from trainmem.traced_options import (
     TracedOption,
@@ -218,13 +218,14 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
     out = [untraced_offload(training) if x.startswith("offload=") else x for x in out]
     out += quantized_base_refusals(training)  # the rest runs as a stand-in (trace/quantized.py)
     fsdp = training.zero_stage == 3 and training.data_parallel_size > 1
+    fsdp1 = fsdp1_no_shard(training)  # FSDP1 NO_SHARD, run for real (trace.fsdp)
     group = training.shard_group_size
     deepspeed = traced_deepspeed(training)
     if deepspeed:  # DeepSpeed ZeRO-1/2/3 as transforms of the traced step (traced_transforms)
         out += [f"{name}={getattr(training, name)}"
                 for name in ("reshard_after_forward", "shard_group_size")
                 if getattr(training, name) != getattr(defaults, name)]  # fmt: skip
-    elif not fsdp:  # other data-parallel layouts; FSDP2's own settings mean nothing without it
+    elif not fsdp and not fsdp1:  # other data-parallel layouts; FSDP's settings need FSDP
         out += [
             untraced_data_parallel(training) if name == "data_parallel_size" else
             f"{name}={getattr(training, name)}"
@@ -246,19 +247,16 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
         and not _traced_litgpt(training)
         and (
             training.framework not in ("pytorch-amp", "fsdp2", "accelerate-fsdp")
-            or (training.framework in ("fsdp2", "accelerate-fsdp") and not fsdp)
+            or (training.framework == "fsdp2" and not fsdp)
+            or (training.framework == "accelerate-fsdp" and not fsdp and not fsdp1)
         )
     ):
         deepspeed_framework = training.framework == "deepspeed"
         out.append(untraced_deepspeed(training) if deepspeed_framework else
                    untraced_framework(training))  # fmt: skip
-    beside = training.tensor_parallel_size * training.context_parallel_size
-    if (
-        training.framework == "accelerate-fsdp"
-        and fsdp
-        and beside * training.pipeline_parallel_size > 1
-    ):
-        out.append(untraced_framework(training))  # FSDP1 is traced alone (trace.fsdp)
+    beside = training.tensor_parallel_size * training.pipeline_parallel_size
+    if training.framework == "accelerate-fsdp" and beside > 1:
+        out.append(untraced_framework(training))  # FSDP1 with CP only (trace.fsdp)
     if training.transformers_version is not None:
         # the trace runs the installed transformers' model code, not the release asked for
         installed = installed_transformers_version()

@@ -86,3 +86,54 @@ def test_fsdp1_reshards_a_frozen_unit_on_fake_tensors() -> None:
     flat = _flat_parameters(generic.schedules[0])
     assert flat["_flat_param"] == ROOT
     assert flat["base_model.model.model.layers.0._flat_param"] == LAYER
+
+
+def _forward_copies(schedule: StepSchedule, size: int) -> tuple[int, int]:
+    """(allocations, frees) of ``size``-byte temporaries in the forward of the expanded step."""
+    made = freed = 0
+    for ev in schedule.events():
+        if ev.size_bytes == size and ev.category is MemoryCategory.TEMPORARY:
+            if ev.phase == "forward":
+                made += ev.action == "alloc"
+                freed += ev.action == "free"
+    return made, freed
+
+
+def test_fsdp1_no_shard_keeps_whole_flat_parameters_and_remakes_its_16bit_copies() -> None:
+    # NO_SHARD over 4 ranks: whole fp32 flat parameters (4 B x 37,120 per layer, 4 B x 65,600
+    # for the root); no DDP reducer buckets (FSDP1 all-reduces flat_param.grad itself); each
+    # unit's bf16 copy (2 B x 37,120 = 74,240 B per layer) made in its pre-forward and freed by
+    # post_reshard after its forward (Note [FSDP1 NO_SHARD's 16-bit copy]): in the step, one
+    # per layer made and freed in the forward (none kept for the backward)
+    training = _fsdp1(zero_stage=0)
+    generic = estimate(QWEN2, training, engine="generic", simulate_allocator=False)
+    analytic = estimate(QWEN2, training, engine="analytic", simulate_allocator=False)
+    schedule = generic.schedules[0]
+    flat = _flat_parameters(schedule)
+    assert flat == {"_flat_param": 4 * ROOT, "model.layers.0._flat_param": 4 * LAYER,
+                    "model.layers.1._flat_param": 4 * LAYER}  # fmt: skip
+    assert schedule.live_before_step().get(MemoryCategory.GRADIENT, 0) == 0
+    made, freed = _forward_copies(schedule, 2 * LAYER)
+    assert (made, freed) == (2, 2)
+    ratio = generic.breakdown.allocated_bytes / analytic.breakdown.allocated_bytes
+    assert abs(ratio - 1) < 0.01
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"data_parallel_size": 1},  # torch switches FSDP1 on one rank to NO_SHARD
+        {"zero_stage": 0, "gradient_accumulation_steps": 4},
+        {"data_parallel_size": 2, "context_parallel_size": 2},
+        {"zero_stage": 0, "data_parallel_size": 2, "context_parallel_size": 2},
+    ],
+    ids=["one-gpu", "no-shard-accumulation", "cp", "no-shard-cp"],
+)
+def test_fsdp1_variants_match_the_formulas(changes: dict[str, Any]) -> None:
+    # the fast representative is the NO_SHARD test above
+    training = _fsdp1(**changes)
+    generic = estimate(QWEN2, training, engine="generic", simulate_allocator=False)
+    analytic = estimate(QWEN2, training, engine="analytic", simulate_allocator=False)
+    ratio = generic.breakdown.allocated_bytes / analytic.breakdown.allocated_bytes
+    assert abs(ratio - 1) < 0.01

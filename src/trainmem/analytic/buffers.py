@@ -18,6 +18,7 @@ from trainmem.specs.frameworks import parse_version
 from trainmem.specs.hardware import GPUSpec, default_cuda_context_bytes
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.quantization import NF4_BLOCK
+from trainmem.specs.ranks import fsdp1_no_shard
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import MiB, dtype_bytes
 
@@ -113,8 +114,8 @@ def kept_gathered_layer_bytes(layer: Sequence[TensorState], training: TrainingCo
     """Bytes of one layer's gathered weights that stay from its forward to its backward: the
     whole :func:`gathered_layer_bytes` when the weights are not resharded after forward
     (FSDP ``SHARD_GRAD_OP`` / ``reshard_after_forward=False`` at stage 3), or the 16-bit copy
-    FSDP (v1) ``NO_SHARD`` makes under a mixed-precision policy (accelerate-fsdp, stage 0);
-    0 otherwise.
+    FSDP2's mixed-precision policy makes without sharding; 0 otherwise, FSDP1's ``NO_SHARD``
+    included (Note [FSDP1 NO_SHARD's 16-bit copy]: its copy is freed after each unit's forward).
 
     Alive: forward (it accumulates: after layer j's forward, j + 1 layers are held) and backward
     (freed by each layer's post-backward reshard); never at the optimizer step, which sees the
@@ -127,6 +128,8 @@ def kept_gathered_layer_bytes(layer: Sequence[TensorState], training: TrainingCo
     dp = training.sharding_degree  # torchtitan shards over dp x cp: FSDP 1 x CP 8 shards
     if training.zero_stage == 3 and dp > 1 and not training.reshard_after_forward:
         return gathered_layer_bytes(layer, training)
+    if fsdp1_no_shard(training):  # See Note [FSDP1 NO_SHARD's 16-bit copy]: made per unit
+        return 0
     unsharded = training.zero_stage < 3 or dp == 1
     if unsharded and training.is_mixed and training.conventions.fsdp_param_dtype_follows_precision:
         return gathered_layer_bytes(layer, training)

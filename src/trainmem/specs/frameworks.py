@@ -736,7 +736,6 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
         ),
         _row(
             "accelerate-fsdp",
-            ddp_reducer_buckets=True,
             fsdp1_checkpoint_outside_units=True,
             fsdp_param_dtype_follows_precision=True,
             fsdp_reduce_in_compute_dtype=True,

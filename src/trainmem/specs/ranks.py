@@ -33,6 +33,7 @@ __all__ = [
     "RankMap",
     "RankPlace",
     "StagePlace",
+    "fsdp1_no_shard",
     "model_rank_map",
     "rank_map",
     "stage_layers",
@@ -304,3 +305,22 @@ def model_rank_map(model: ModelSpec, training: TrainingConfig) -> RankMap:
     ``ModelSpec.num_blocks``) and tied embeddings (cached per model and parallel layout: the
     engine asks twice a configuration)."""
     return rank_map(training, model.num_blocks, tied_embeddings=model.tie_word_embeddings)
+
+
+def fsdp1_no_shard(training: TrainingConfig) -> bool:
+    """True when ``training`` is FSDP1's ``NO_SHARD`` (Note [Tracing FSDP1] in
+    trainmem/trace/fsdp.py, Note [FSDP1 NO_SHARD's 16-bit copy] in
+    trainmem/analytic/transforms/sharding.py): ``accelerate-fsdp`` at ZeRO stage 0 (``--fsdp
+    no-shard``), or on one rank, where torch's FSDP1 itself switches any strategy to
+    ``NO_SHARD`` (torch 2.13 distributed/fsdp/_init_utils.py ``_init_core_state``: "FSDP is
+    switching to use `NO_SHARD` ... since the world size is 1").
+
+    Args:
+        training: ``framework``, ``zero_stage`` and ``data_parallel_size``.
+
+    Returns:
+        Whether the run is FSDP1 without sharding.
+    """
+    return training.framework == "accelerate-fsdp" and (
+        training.zero_stage == 0 or training.data_parallel_size == 1
+    )

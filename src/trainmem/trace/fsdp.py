@@ -47,6 +47,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from trainmem.errors import UnsupportedError
+from trainmem.specs.ranks import fsdp1_no_shard
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
 
@@ -146,7 +147,8 @@ def wrap_fsdp1(
     Args:
         model: the ``nn.Module`` (fake or real tensors), activation checkpointing applied.
         mesh: the device mesh of the data-parallel ranks: 1-D (``FULL_SHARD`` /
-            ``SHARD_GRAD_OP``) or 2-D replicate x shard (HSDP: ``HYBRID_SHARD``).
+            ``SHARD_GRAD_OP``; ``NO_SHARD`` when :func:`~trainmem.specs.ranks.fsdp1_no_shard`)
+            or 2-D replicate x shard (HSDP: ``HYBRID_SHARD``).
         training: the precision (mixed-precision policy).
         fake_mode: the ``FakeTensorMode`` the tensors live in, or None for real tensors.
         reshard_after_forward: ``FULL_SHARD``; False: ``SHARD_GRAD_OP``.
@@ -168,6 +170,8 @@ def wrap_fsdp1(
         (True, True): ShardingStrategy.HYBRID_SHARD,
         (True, False): ShardingStrategy._HYBRID_SHARD_ZERO2,
     }[hybrid, reshard_after_forward]
+    if fsdp1_no_shard(training):  # replicated flat parameters, all-reduced gradients
+        strategy = ShardingStrategy.NO_SHARD
     with fake_mode if fake_mode is not None else contextlib.nullcontext():
         return FullyShardedDataParallel(
             model,

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from trainmem.errors import UnsupportedError
+from trainmem.specs.ranks import fsdp1_no_shard
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
 from trainmem.trace.fsdp import fsdp1_fake_pointers, shard_model, uses_fsdp, wrap_fsdp1
@@ -57,7 +58,9 @@ def mesh_dims(training: TrainingConfig) -> dict[str, int]:
             smaller, HSDP), ``context_parallel_size`` and ``tensor_parallel_size``.
 
     Returns:
-        The dimensions of size > 1 (empty: a single rank).
+        The dimensions of size > 1 (empty: a single rank), and ``dp`` of FSDP1's ``NO_SHARD``
+        (:func:`~trainmem.specs.ranks.fsdp1_no_shard`; one rank included: FSDP1 needs a process
+        group).
     """
     dims = {}
     if training.pipeline_parallel_size > 1:  # outermost (torchtitan's ParallelDims)
@@ -69,6 +72,8 @@ def mesh_dims(training: TrainingConfig) -> dict[str, int]:
             dims["dp_shard"] = group
         else:
             dims["dp_shard"] = dp
+    elif fsdp1_no_shard(training):  # FSDP1 NO_SHARD: a process group even of one rank
+        dims["dp"] = training.data_parallel_size
     if training.context_parallel_size > 1:
         dims["cp"] = training.context_parallel_size
     if training.tensor_parallel_size > 1:
@@ -269,6 +274,9 @@ def parallelize(model: Any, mesh: Any, training: TrainingConfig, fake_mode: Any)
                     sequence_parallel=training.sequence_parallel,
                     float8=training.is_fp8,
                 )
+    if "dp" in names:  # FSDP1 NO_SHARD (trainmem.specs.ranks.fsdp1_no_shard)
+        dp_mesh = mesh if len(names) == 1 else mesh["dp"]
+        return wrap_fsdp1(model, dp_mesh, training, fake_mode)
     fsdp_dims = tuple(d for d in ("dp_shard", "cp") if d in names)
     if fsdp_dims:
         # torchtitan shards over dp_shard x cp flattened ("dp_shard_cp"), FSDP even without
@@ -289,6 +297,8 @@ def parallelize(model: Any, mesh: Any, training: TrainingConfig, fake_mode: Any)
         # (apply_fsdp: reshard_after_forward = not pp_enabled); otherwise the user's setting
         reshard = training.pipeline_parallel_size == 1 and training.reshard_after_forward
         if training.framework == "accelerate-fsdp":  # FSDP1 (Note [Tracing FSDP1])
+            if "cp" in names and "dp_shard" in names:  # FSDP1 shards over its data ranks only
+                fsdp_mesh = mesh["dp_shard"]
             return wrap_fsdp1(model, fsdp_mesh, training, fake_mode, reshard_after_forward=reshard)
         shard_model(model, fsdp_mesh, training, fake_mode, reshard_after_forward=reshard)
     return model

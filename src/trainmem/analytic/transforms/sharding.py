@@ -30,6 +30,8 @@ from trainmem.analytic.transforms.base import (
 )
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.schedule import Op
+from trainmem.specs.ranks import fsdp1_no_shard
+from trainmem.specs.training import TrainingConfig
 from trainmem.timeline import Phase
 
 
@@ -119,9 +121,9 @@ def _gathers(ctx: RankContext) -> tuple[int, int, int]:
     (:func:`~trainmem.analytic.buffers.gathered_layer_bytes`); torchao float8 all-gathers
     linear weights in float8 (1 byte each). The root's leaves out the embedding and the head
     when they are units of their own (Note [FSDP embedding and head units])."""
-    if ctx.zero_stage != 3:
-        return 0, 0, 0
     t = ctx.training
+    if ctx.zero_stage != 3 and not _no_shard_copies(t):
+        return 0, 0, 0
     c, _ = compute_and_residual_bytes(t)
     layer = ctx.layer_states
     outer = ctx.emb_states + ctx.head_states
@@ -143,6 +145,32 @@ def _gathers(ctx: RankContext) -> tuple[int, int, int]:
     return per, per, root
 
 
+def _no_shard_copies(t: TrainingConfig) -> bool:
+    """FSDP1 ``NO_SHARD`` under a mixed-precision policy, whose 16-bit copies of each unit's
+    weights and gradient are made like FULL_SHARD's gathers and reduce buckets.
+
+    Note [FSDP1 NO_SHARD's 16-bit copy]
+        Under ``NO_SHARD`` (``--fsdp no-shard``, or FSDP1 on one GPU: torch switches every
+        strategy to it, distributed/fsdp/_init_utils.py ``_init_core_state``) with
+        ``MixedPrecision(param_dtype=<16-bit>)`` each unit's ``_mp_shard`` (its 16-bit copy,
+        which is also its unsharded parameter) is made in the pre-forward unshard and freed by
+        ``FlatParamHandle.post_reshard`` after the unit's forward ("For NO_SHARD, _mp_shard is
+        not freed in the post-unshard ... we delay the free until the reshard"), the root's
+        too, then made again in the pre-backward unshard and freed after the unit's backward
+        (torch 2.13 distributed/fsdp/_flat_param.py ``post_reshard``, _runtime_utils.py
+        ``_post_forward_reshard`` / ``_pre_backward_hook``): the sizes and lifetimes of
+        FULL_SHARD's gathers (:func:`_gathers`, the next unit prefetched, ``BACKWARD_PRE``),
+        nothing kept from forward to backward. The unit's gradient is made in the 16-bit
+        dtype, all-reduced in place and cast to the fp32 parameter's dtype
+        (``_reduce_grad_no_shard`` -> ``_cast_grad_to_param_dtype``): the reduce bucket of
+        FULL_SHARD (:func:`~trainmem.analytic.buffers.reduce_scatter_layer_bytes`). No DDP
+        reducer buckets: FSDP1 reduces ``flat_param.grad`` itself. Checked against torch's
+        own FSDP1 traced on fake tensors under the fake process group
+        (tests/trace/test_traced_fsdp1.py).
+    """
+    return fsdp1_no_shard(t) and t.is_mixed and t.conventions.fsdp_param_dtype_follows_precision
+
+
 def sharding(ctx: RankContext) -> Sharding:
     """The rank's :class:`Sharding` (computed once per context)."""
     cached = ctx.memo.get("sharding")
@@ -156,7 +184,8 @@ def sharding(ctx: RankContext) -> Sharding:
     if kept and stage == 3:
         gather_a = gather_b = 0
     offloads_grads = t.offload in ("optimizer+gradients", "optimizer+params")
-    reduce = reduce_scatter_layer_bytes(ctx.layer_states, t) if stage >= 2 or offloads_grads else 0
+    reduced = stage >= 2 or offloads_grads or _no_shard_copies(t)
+    reduce = reduce_scatter_layer_bytes(ctx.layer_states, t) if reduced else 0
     streams = t.conventions.fsdp_collective_streams and stage == 3
     pp_fsdp = t.pipeline_parallel_size > 1 and stage == 3
     # FULL_SHARD only (lit-gpt's): under SHARD_GRAD_OP no_sync also keeps the gathered
