@@ -43,7 +43,14 @@ def sdpa_output_copied(model: ModelSpec, training: TrainingConfig) -> bool:
     copies it. The memory-efficient kernel (fp32, an explicit mask, head_dim > 256) always
     allocates (b, s, a, d), and then the transpose is a view. Found by the trace engine
     (tests/models/formula/gpt_neox.json, phi.json; Phi-3 with a sliding-window mask:
-    tests/analytic/test_sliding_window.py)."""
+    tests/analytic/test_sliding_window.py).
+
+    litgpt's own attention (``FrameworkConventions.own_model_code``) builds q with
+    ``torch.cat((q_roped, q[..., rope_n_elem:]), dim=-1)`` whatever the rotary fraction, and
+    ``y.transpose(1, 2)`` then ``y.reshape(B, T, head_size * n_head)`` before ``self.proj``
+    copies the kernel's output the same way (litgpt/model.py v0.5.13
+    ``CausalSelfAttention.forward`` / ``scaled_dot_product_attention``; v0.4.0 and lit-gpt
+    @8641822 alike). Found by the generic path on litgpt's own GPT (trace/litgpt_model.py)."""
     c, _ = compute_and_residual_bytes(training)
     every_layer_masked = (
         sliding_mask_applies(model, training) and model.num_sliding_layers == model.num_layers
@@ -57,7 +64,9 @@ def sdpa_output_copied(model: ModelSpec, training: TrainingConfig) -> bool:
             and not every_layer_masked
         )
     ) and model.head_dim <= 256
-    return model.rotary_cat and flash and training.conventions.hf_model_code
+    conventions = training.conventions
+    q_cat = (model.rotary_cat and conventions.hf_model_code) or conventions.own_model_code
+    return flash and q_cat
 
 
 def sliding_mask_applies(model: ModelSpec, training: TrainingConfig) -> bool:
@@ -377,9 +386,11 @@ def attention_terms(
     terms: dict[str, int] = {}
     if model.pre_norms:
         terms["attention/norm"] = norm * t
-    terms["attention/qkv_input"] = (
-        c * h * t * (1 if model.fused_qkv or not training.uses_autocast else 3)
-    )
+    # under autocast each linear casts its own 16-bit copy of the input: one for a fused qkv
+    # (litgpt's ``CausalSelfAttention.qkv`` always is: litgpt/model.py v0.5.13, ``attn`` in
+    # lit-gpt @8641822), three for separate q / k / v projections
+    fused = model.fused_qkv or training.conventions.own_model_code
+    terms["attention/qkv_input"] = c * h * t * (1 if fused or not training.uses_autocast else 3)
     # Keys and values reach the kernel expanded to all query heads (GQA) in eager attention
     # (HF ``repeat_kv`` + the matmul's reshape copy) and in the fp32 memory-efficient SDPA
     # kernel; flash (16-bit) takes them at kv-head size. Only the rotated q and k are saved:
