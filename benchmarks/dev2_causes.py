@@ -527,8 +527,10 @@ _FMS_FSDP_4BIT_OVER = (
     "their AdamW states), gptq-int4 assumes group 128 (+0.7 GB per rank of scales and zeros)"
 )
 _FMS_MIXTRAL_OVER = (
-    _FSDP1_REENTRANT + "; over, not explained: the expert loop's last-layer recomputation as "
-    "modelled (before the rule: GT151 +3.7%, GT153 -4.2%, at the start of the backward)"
+    _FSDP1_REENTRANT + "; the backward's peak (the end of the layers' backward) held the "
+    "dequantized weight of all 8 experts' gate and up projections (1.88 GB), where "
+    "transformers 4.48's Linear4bit experts dequantize one 14336 x 4096 linear at a time "
+    "(Note [Dequantized expert weights]): GT151 +11.1 -> +3.5%, GT153 +6.9 -> +2.2%"
 )
 _FMS_LORA_FSDP = (
     _FSDP1_REENTRANT + "; before: under (GT141 -5.6%, GT143 -7.7%), now GT141 +4.0%, GT143 +3.5%"

@@ -9,9 +9,12 @@ dequantized_weight_bytes`, :func:`~trainmem.analytic.activations.lm_head_dequant
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from trainmem.analytic.buffers import dequantized_weight_bytes
 from trainmem.analytic.head import lm_head_dequant_bytes
+from trainmem.analytic.mlp import EXPERT_LOOP_FAMILIES, EXPERT_LOOP_UNTIL
+from trainmem.analytic.params import linear_shapes
 from trainmem.analytic.transforms.base import (
     Emitted,
     Lifetime,
@@ -23,11 +26,54 @@ from trainmem.analytic.transforms.base import (
 )
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.schedule import Op
+from trainmem.specs.model import ModelSpec
+from trainmem.specs.training import TrainingConfig
 from trainmem.timeline import Phase
 
 
 def _head_bytes(ctx: RankContext) -> int:
     return lm_head_dequant_bytes(ctx.model, ctx.training) if ctx.rank.has_head else 0
+
+
+def per_expert_linears(model: ModelSpec, training: TrainingConfig) -> bool:
+    """The MoE layer's routed experts are one ``nn.Linear`` triple per expert, each quantized
+    by itself (Note [Dequantized expert weights]): a family of
+    :data:`~trainmem.analytic.mlp.EXPERT_LOOP_FAMILIES` in transformers' model code before
+    :data:`~trainmem.analytic.mlp.EXPERT_LOOP_UNTIL`."""
+    return (
+        model.num_experts > 1
+        and training.conventions.hf_model_code
+        and model.model_type in EXPERT_LOOP_FAMILIES
+        and training.transformers_release < EXPERT_LOOP_UNTIL
+    )
+
+
+def layer_dequantized_bytes(ctx: RankContext) -> int:
+    """Bytes of the largest dequantized weight one of the layer's quantized linears makes
+    (:func:`~trainmem.analytic.buffers.dequantized_weight_bytes`), its routed experts counted
+    one linear at a time where they are separate modules.
+
+    Note [Dequantized expert weights]
+        The layout holds a MoE layer's routed experts as transformers 5's two 3-D parameters
+        (``experts_gate_up`` [E, 2i, h], ``experts_down`` [E, h, i]). transformers 4.48
+        modeling_mixtral.py builds each expert as ``MixtralBlockSparseTop2MLP`` with three
+        ``nn.Linear`` (w1, w3: [i, h]; w2: [h, i]), which ``BitsAndBytesConfig`` replaces one by
+        one with ``Linear4bit`` (transformers integrations/bitsandbytes.py
+        ``_replace_with_bnb_linear``); ``MatMul4Bit`` dequantizes its own weight for its matmul
+        and frees it after (bitsandbytes autograd/_functions.py), and the block calls the
+        experts one after another. So the dequantized weight of an expert is i h elements in
+        the compute dtype, not the E experts' 2 E i h: Mixtral-8x7B, 14,336 x 4,096 x 2 B =
+        117,440,512 B, not 1,879,048,192 B.
+    """
+    states = ctx.layer_states
+    if per_expert_linears(ctx.model, ctx.training):
+        one = max(
+            i * o
+            for name, (i, o, n) in linear_shapes(ctx.model).items()
+            if name in ("gate", "up", "down") and n == ctx.model.num_experts
+        )
+        states = [replace(st, numel=one) if st.name.startswith("experts_") else st for st in states]
+    return dequantized_weight_bytes(states, ctx.training)
 
 
 class QuantizedBase(Transform):
@@ -39,12 +85,12 @@ class QuantizedBase(Transform):
 
     def __init__(self, ctx: RankContext) -> None:
         super().__init__(ctx)
-        self.layer = dequantized_weight_bytes(ctx.layer_states, ctx.training)
+        self.layer = layer_dequantized_bytes(ctx)
         self.head = _head_bytes(ctx)
 
     @staticmethod
     def applies(ctx: RankContext) -> bool:
-        return bool(dequantized_weight_bytes(ctx.layer_states, ctx.training) or _head_bytes(ctx))
+        return bool(layer_dequantized_bytes(ctx) or _head_bytes(ctx))
 
     def _layer(self, phase: Phase) -> Sequence[Op]:
         if not self.layer:
