@@ -590,7 +590,10 @@ CAUSES.update(
         "GT028": _TT_NF4_INIT,
         "GT037": _TT_NF4_LAYOUT,
         "GT029": (
-            "unexplained: torchtune Apr 2024 FSDP1 LoRA recipe, AC off; not the FSDP1 "
+            "unexplained: torchtune Apr 2024 FSDP1 LoRA recipe, AC off; not FSDP1's unshard "
+            "stream pool (Note [FSDP1 unshard stream pool]: the root's and two layer units' "
+            "gathers moved to the unshard stream, modelled: -32.4% unchanged, the peak is the "
+            "forward's activations); not the FSDP1 "
             "sync_module_states init (the same rule as fsdp_qlora's, tried: -36.4 -> -36.7%), "
             "nor the recipe's held logits and lora_dropout 0.05 (amended: -36.4 -> -33.8%) or "
             "FSDP1's side streams (-33.8 -> -32.1%); "
@@ -619,7 +622,12 @@ CAUSES.update(
         ),
         "GT030": _TT_2024,
         "GT032": (
-            "torchtune Apr 2024 FSDP1 full fine-tune recipe: FSDP1's side streams (sharded "
+            "torchtune Apr 2024 FSDP1 full fine-tune recipe: FSDP1's unshard stream pool (Note "
+            "[FSDP1 unshard stream pool]: torch 2.2.2 FSDP1's defaults, BACKWARD_PRE and "
+            "limit_all_gathers, with trainable layer units hold the root's and three layers' "
+            "unsharded flat parameters on the unshard stream, one freed and pending on the "
+            "compute stream; checked on torch's FSDP1 on the CPU): -11.5 -> -9.7%; before it, "
+            "FSDP1's side streams (sharded "
             "gradients in the post-backward stream's pool, which cannot take the forward's "
             "freed blocks) -20.2 -> -11.6%; the rest unexplained: not the FSDP1 "
             "sync_module_states init (tried: -20.2% unchanged), nor the loop's held logits "
@@ -644,7 +652,9 @@ CAUSES.update(
         ),
         "GT042": _SEQ_70B,
         "GT043": (
-            "over since FSDP1's side streams (the sharded gradients' 17 GB in the post-backward "
+            "over since FSDP1's side streams (and their unshard stream pool, Note [FSDP1 unshard "
+            "stream pool]: a third layer's gathered parameters in the backward, +12.9 -> "
+            "+15.3%) (the sharded gradients' 17 GB in the post-backward "
             "stream's pool, apart from the forward's activation blocks: -11.8 -> +14.4%): the "
             "README's 'Seq Length = 4096' as for GT042, which cannot be the batch length there "
             "(the length of alpaca's longest batches is in no source here); PagedAdamW state "
@@ -699,6 +709,13 @@ CAUSES.update(
         "GT119": _FSDP1_LAYOUT,
         "GT127": _FSDP_QLORA_DQ,
         "GT128": _FSDP_QLORA_DQ,
+        "GT041": (
+            "over by the unshard stream pool's third layer (Note [FSDP1 unshard stream pool]: "
+            "+3.0 -> +8.9%), at the card's capacity: the README's 24.1 GB on a 24 GB RTX 4090 "
+            "(the CSV's gpu column and notes: near capacity); the reading has no --gpu, so the "
+            "replay runs without the card's capacity (with it: -2.0%, the allocator freeing its "
+            "cache and retrying)"
+        ),
         "GT129": (
             "FSDP1 CPU offload of a 70B QLoRA: the double-quantized statistics stay on the GPU "
             "(1.07 GB, Note [bitsandbytes statistics under sharding]; -26.0 -> -19.9%); still "

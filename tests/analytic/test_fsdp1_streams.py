@@ -6,6 +6,9 @@ pools blocks per stream, so those bytes are reserved apart from the default stre
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 import pytest
 
 from trainmem.analytic.schedule import ALL_GATHER_STREAM, REDUCE_SCATTER_STREAM
@@ -13,6 +16,8 @@ from trainmem.analytic.transforms.base import PRE_UNSHARD_STREAM
 from trainmem.breakdown import MemoryCategory
 from trainmem.estimate import estimate
 from trainmem.specs.training import TrainingConfig
+
+torch = pytest.importorskip("torch")
 
 # Llama-2-7B: one decoder layer = 4 * 4096^2 (q, k, v, o) + 3 * 4096 * 11008 (gate, up, down)
 # + 2 * 4096 (norms) = 202,383,360 parameters; the model 6,738,415,616
@@ -85,3 +90,223 @@ def test_fsdp_qlora_cpu_offload_copies_the_largest_shard_on_the_pre_unshard_stre
     copies = [ev for ev in allocs("optimizer+params") if ev.stream == PRE_UNSHARD_STREAM]  # type: ignore[attr-defined]
     assert [ev.size_bytes for ev in copies] == [262_148_096] * 2  # type: ignore[attr-defined]
     assert not [ev for ev in allocs("none") if ev.stream == PRE_UNSHARD_STREAM]  # type: ignore[attr-defined]
+
+
+# -- Note [FSDP1 unshard stream pool] -----------------------------------------------------------
+
+# Llama-2-7B's root unit: embedding and head 32000 x 4096 each, the final norm 4096, bf16
+ROOT = 2 * (2 * 32000 * 4096 + 4096)
+
+
+def _unshard_stream_pool(**kw: object) -> int:
+    """The most bytes the schedule holds at once on the unshard stream (the all-gather stream's
+    id)."""
+    base: dict[str, object] = {
+        "zero_stage": 3,
+        "data_parallel_size": 4,
+        "precision": "bf16-true",
+        "seq_len": 512,
+        "micro_batch_size": 2,
+        "activation_checkpointing": "full",
+    }
+    training = TrainingConfig(**{**base, **kw})  # type: ignore[arg-type]
+    sched = estimate("llama-2-7b", training, simulate_allocator=False).schedules[0]
+    live = peak = 0
+    for ev in sched.events():
+        if ev.stream != ALL_GATHER_STREAM:  # type: ignore[attr-defined]
+            continue
+        live += ev.size_bytes if ev.action == "alloc" else -ev.size_bytes  # type: ignore[attr-defined]
+        peak = max(peak, live)
+    return peak
+
+
+def test_torchtune_fsdp1_full_finetune_holds_root_and_three_layers_on_the_unshard_stream() -> None:
+    # torchtune 0.1.0's full_finetune_distributed wraps with torch 2.2's FSDP1 (trainable layer
+    # units): the root's 524,296,192 B, the current and the prefetched layer and the freed
+    # previous layer not yet reusable: R + 3 L, L = 2 B * 202,383,360
+    peak = _unshard_stream_pool(framework="torchtune", torchtune_version="0.1.0")
+    assert peak == ROOT + 3 * 2 * LAYER == 1_738_596_352
+
+
+def test_torchtune_fsdp2_keeps_only_the_prefetched_layer_there() -> None:
+    # from torchtune 0.3 (FSDP2, 6deeda92) the rule does not apply: one layer, as before
+    assert _unshard_stream_pool(framework="torchtune", torchtune_version="0.3.0") == 2 * LAYER
+
+
+def test_fsdp1_with_adapter_units_holds_root_and_two_layers() -> None:
+    # torchtune 0.1.0's LoRA recipe (each LoRA leaf its own unit, the layer frozen): the layer
+    # i's gather is issued by layer i + 1's first adapter unit's pre-backward hook: R + 2 L.
+    # LoRA rank 8 on q and v: L = 2 B * (202,383,360 + 2 * 8 * (4096 + 4096))
+    lora = {"lora_rank": 8, "lora_targets": ("q", "v")}
+    peak = _unshard_stream_pool(framework="torchtune", torchtune_version="0.1.0", **lora)
+    assert peak == ROOT + 2 * 2 * (LAYER + 2 * 8 * 8192)
+
+
+def _toy_fsdp1(*, adapters: bool) -> tuple[Any, set[int]]:
+    """A 4-layer model wrapped in torch's FSDP1 (FULL_SHARD, BACKWARD_PRE, limit_all_gathers,
+    use_orig_params=False) on the CPU, each layer a unit: with ``adapters`` each LoRA leaf a unit
+    and the layers frozen under reentrant checkpointing inside the units (fsdp_qlora train.py),
+    else trainable layers under non-reentrant checkpointing (torchtune's full recipe). Returns
+    the root module and the ids of the layer units' handles."""
+    from torch import nn
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        apply_activation_checkpointing,
+        checkpoint_wrapper,
+    )
+    from torch.distributed.fsdp import BackwardPrefetch
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import (
+        _or_policy,
+        lambda_auto_wrap_policy,
+        transformer_auto_wrap_policy,
+    )
+
+    h = 32
+
+    class Lora(nn.Module):
+        def __init__(self, i: int, o: int) -> None:
+            super().__init__()
+            self.base = nn.Linear(i, o, bias=False)
+            self.lora_A = nn.Linear(i, 4, bias=False)
+            self.lora_B = nn.Linear(4, o, bias=False)
+
+        def forward(self, x: Any) -> Any:
+            return self.base(x) + self.lora_B(self.lora_A(x))
+
+    def lin(i: int, o: int) -> nn.Module:
+        return Lora(i, o) if adapters else nn.Linear(i, o, bias=False)
+
+    class Layer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q, self.up, self.down = lin(h, h), lin(h, 4 * h), lin(4 * h, h)
+            self.norm = nn.Parameter(torch.ones(h))
+
+        def forward(self, x: Any) -> Any:
+            x = x + self.q(x * self.norm)
+            return x + self.down(torch.relu(self.up(x)))
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(50, h)
+            self.layers = nn.ModuleList([Layer() for _ in range(4)])
+            self.head = nn.Linear(h, 50, bias=False)
+
+        def forward(self, ids: Any) -> Any:
+            x = self.emb(ids)
+            for layer in self.layers:
+                x = layer(x)
+            return self.head(x)
+
+    torch.manual_seed(0)
+    model = Model()
+    for name, p in model.named_parameters():
+        p.requires_grad = "lora_" in name if adapters else True
+    if adapters:  # enable_input_require_grads (fsdp_qlora under reentrant checkpointing)
+        model.emb.register_forward_hook(lambda m, a, out: out.requires_grad_(True))
+
+    def leaf(m: Any) -> bool:
+        w = getattr(m, "weight", None)
+        return not list(m.children()) and w is not None and w.requires_grad
+
+    policies: list[Any] = [
+        functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Layer})
+    ]
+    if adapters:
+        policies.insert(0, functools.partial(lambda_auto_wrap_policy, lambda_fn=leaf))
+    net = FSDP(
+        model,
+        auto_wrap_policy=functools.partial(_or_policy, policies=policies),
+        use_orig_params=False,
+        device_id=torch.device("cpu"),
+        limit_all_gathers=True,
+        backward_prefetch=BackwardPrefetch.BACKWARD_PRE,
+    )
+    impl = CheckpointImpl.REENTRANT if adapters else CheckpointImpl.NO_REENTRANT
+    apply_activation_checkpointing(
+        net,
+        checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper, checkpoint_impl=impl),
+        check_fn=lambda m: isinstance(m, Layer),
+    )
+    layer_handles = {
+        id(m._handle)
+        for m in net.modules()
+        if isinstance(m, FSDP)
+        and isinstance(getattr(m.module, "_checkpoint_wrapped_module", m.module), Layer)
+    }
+    assert len(layer_handles) == 4
+    return net, layer_handles
+
+
+def _gathers_and_frees(net: Any) -> list[tuple[str, int]]:
+    """The units' gathers (``_unshard`` of a sharded flat parameter) and frees (``_reshard``
+    freeing it) in the second step, the steady state: (``"alloc"`` | ``"free"``, handle id)."""
+    from torch.distributed.fsdp import _runtime_utils as ru
+
+    log: list[tuple[str, int]] = []
+    unshard, reshard = ru._unshard, ru._reshard
+
+    def logged_unshard(state: Any, handle: Any, *a: Any) -> Any:
+        if handle is not None and handle.needs_unshard():
+            log.append(("alloc", id(handle)))
+        return unshard(state, handle, *a)
+
+    def logged_reshard(state: Any, handle: Any, free_unsharded: bool) -> Any:
+        out = reshard(state, handle, free_unsharded)
+        if free_unsharded:
+            log.append(("free", id(handle)))
+        return out
+
+    ids = torch.randint(0, 50, (1, 8))
+    ru._unshard, ru._reshard = logged_unshard, logged_reshard
+    try:
+        for _ in range(2):  # the second step is the steady state
+            log.clear()
+            net(ids).sum().backward()
+    finally:
+        ru._unshard, ru._reshard = unshard, reshard
+    return log
+
+
+def _layer_blocks(log: list[tuple[str, int]], layer_handles: set[int]) -> tuple[int, int]:
+    """(most layer units gathered at once, most layer-unit blocks in the unshard stream's pool):
+    the pool replays the rate limiter's queue (two in flight): a freed layer block stays pending
+    until the limiter synchronises on its free or a later one."""
+    queue: list[int] = []
+    pending: dict[int, int] = {}  # free event -> its layer block
+    live: set[int] = set()
+    synced, event, most_live, most_blocks = -1, 0, 0, 0
+    for kind, handle in log:
+        if kind == "alloc":
+            if len(queue) >= 2:  # _FreeEventQueue.dequeue_if_needed, then event.synchronize()
+                synced = max(synced, queue.pop(0))
+            pending = {e: b for e, b in pending.items() if e > synced}
+            if handle in layer_handles:
+                live.add(handle)
+                most_live = max(most_live, len(live))
+                most_blocks = max(most_blocks, len(live) + len(pending))
+        else:
+            queue.append(event)
+            if handle in layer_handles:
+                live.discard(handle)
+                pending[event] = handle
+            event += 1
+    return most_live, most_blocks
+
+
+def _fsdp1_layer_blocks(*, adapters: bool) -> tuple[int, int]:
+    """:func:`_layer_blocks` of :func:`_toy_fsdp1`'s steady step."""
+    net, layer_handles = _toy_fsdp1(adapters=adapters)
+    return _layer_blocks(_gathers_and_frees(net), layer_handles)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore")
+def test_real_fsdp1_unshard_pool_counts(fake_group: None) -> None:
+    # Note [FSDP1 unshard stream pool]: at most two layer units gathered at once either way; the
+    # pool holds two layer blocks with adapter units (the layer prefetched by the next layer's
+    # first adapter unit), three with trainable layer units (one freed block still pending)
+    assert _fsdp1_layer_blocks(adapters=True) == (2, 2)
+    assert _fsdp1_layer_blocks(adapters=False) == (2, 3)

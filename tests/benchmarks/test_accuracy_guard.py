@@ -343,6 +343,16 @@ def test_analytic_accuracy_does_not_regress() -> None:
 #: (Note [Dequantized expert weights]: transformers 4.48 Mixtral experts are separate
 #: Linear4bit modules, 2 x 14,336 x 4,096 B each, not the 3-D parameter of all 8): GT150 +1.7 ->
 #: -0.1%, GT151 +11.1 -> +3.5%, GT153 +6.9 -> +2.2%; no other row moved.
+#: Re-recorded for FSDP1's unshard stream pool (Note [FSDP1 unshard stream pool],
+#: analytic/transforms/sharding.py ``fsdp1_unshard_pool_units``: torch 2.2.2 FSDP1 allocates every
+#: unit's unsharded flat parameter on its unshard stream; with its defaults (BACKWARD_PRE,
+#: limit_all_gathers) that pool holds the root's and two layer units' (adapters as units:
+#: torchtune's LoRA recipe) or three (trainable layer units: torchtune's full recipe, one freed
+#: block pending on the compute stream); the order checked on torch's FSDP1 on the CPU;
+#: torchtune before 0.3): GT032 -11.5 -> -9.7%; over, by the third block, GT041 +3.0 -> +8.9%
+#: (24.1 GB on a 24 GB RTX 4090; the reading has no --gpu: on the card's capacity -2.0%), GT043
+#: +12.9 -> +15.3% (its README sequence length, dev2_causes.py); GT029 unchanged. Under by
+#: > 10% 7 -> 6.
 RECORDED_DEV2 = {
     "GT011": -0.0346,
     "GT012": -0.0367,
@@ -363,7 +373,7 @@ RECORDED_DEV2 = {
     "GT029": -0.3236,
     "GT030": -0.1599,
     "GT031": -0.0164,
-    "GT032": -0.1149,
+    "GT032": -0.0965,
     "GT033": -0.0731,
     "GT034": -0.0731,
     "GT035": -0.0715,
@@ -372,9 +382,9 @@ RECORDED_DEV2 = {
     "GT038": +0.0321,
     "GT039": +2.3576,
     "GT040": -0.0749,
-    "GT041": +0.0297,
+    "GT041": +0.0890,
     "GT042": +1.2818,
-    "GT043": +0.1289,
+    "GT043": +0.1532,
     "GT044": -0.0288,
     "GT045": -0.0311,
     "GT046": -0.0361,
@@ -517,7 +527,7 @@ RECORDED_DEV2 = {
 MIN_DEV2_ROWS_SCORED = 139
 MAX_DEV2_MEDIAN_ABS = 0.036  # 3.4 % at 2026-11-28 00:10 UTC
 MAX_DEV2_P90_ABS = 0.110  # 10.6 % at 2026-11-28 00:10 UTC
-MAX_DEV2_UNDER = 7
+MAX_DEV2_UNDER = 6  # 6 at 2026-11-28 01:15 UTC: FSDP1's unshard stream pool (GT032)
 MAX_DEV2_OOM = 0
 
 

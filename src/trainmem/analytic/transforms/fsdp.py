@@ -145,9 +145,16 @@ class FullyShardedDataParallel(Transform):
         return (Lifetime(self._prefetch("forward"), "stack.post_forward"),)
 
     def stack_pre_backward(self, where: Where) -> Sequence[Emitted]:
-        if not self.sharding.gather_b:
+        s = self.sharding
+        if not s.gather_b:
             return ()
-        return (Lifetime(self._prefetch("backward"), "stack.post_backward"),)
+        out = [Lifetime(self._prefetch("backward"), "stack.post_backward")]
+        if s.gather_c:  # Note [FSDP1 unshard stream pool]: trainable units, one free pending
+            label = "the previous layer's gathered parameters, freed, not yet reusable"
+            bp: Phase = "backward"
+            pending = alloc(s.gather_c, Cat.TEMPORARY, bp, "gather/c", "layers", label, s.ag_stream)
+            out.append(Lifetime(pending, "stack.post_backward"))
+        return out
 
     def layer_pre_forward(self, where: Where) -> Sequence[Emitted]:
         return (kept_op(self.sharding, "forward"),) if self.sharding.kept else ()

@@ -59,6 +59,10 @@ class Sharding:
         gather_embedding / gather_head: the token embedding's / the output head's gathered
             parameters when each is an FSDP unit of its own (Note [FSDP embedding and head
             units]); 0 when the root holds them.
+        gather_stream: stream of the root's and the current layer's gathered parameters
+            (FSDP1's unshard stream under Note [FSDP1 unshard stream pool]; 0 otherwise).
+        gather_c: a third layer-sized block in the unshard stream's pool through the layers'
+            backward (Note [FSDP1 unshard stream pool]: trainable layer units); 0 otherwise.
     """
 
     stage: int
@@ -78,6 +82,8 @@ class Sharding:
     offload_copy: int = 0
     gather_embedding: int = 0
     gather_head: int = 0
+    gather_stream: int = 0
+    gather_c: int = 0
 
     @property
     def unsharded_grads(self) -> bool:
@@ -206,6 +212,7 @@ def sharding(ctx: RankContext) -> Sharding:
     if pp_fsdp:  # the layers' and the root's (embedding, norm, head) FSDP2 groups
         stage_gather, stage_gather_root = ctx.num_layers * (gather_a + kept), gather_root
         gather_a = gather_b = gather_root = kept = reduce = 0
+    units = fsdp1_unshard_pool_units(ctx) if streams and not pp_fsdp and not kept else 0
     out = Sharding(
         stage=stage,
         gather_a=gather_a,
@@ -224,9 +231,69 @@ def sharding(ctx: RankContext) -> Sharding:
         offload_copy=offloaded_shard_copy_bytes(ctx) if stage == 3 and not pp_fsdp else 0,
         gather_embedding=own_unit_gathered_bytes(ctx, "embedding"),
         gather_head=own_unit_gathered_bytes(ctx, "head"),
+        gather_stream=ALL_GATHER_STREAM if units else 0,
+        gather_c=gather_b if units == 3 else 0,
     )
     ctx.memo["sharding"] = out
     return out
+
+
+def fsdp1_unshard_pool_units(ctx: RankContext) -> int:
+    """Layer units whose unsharded flat parameters FSDP1's unshard stream holds at once (live,
+    or freed and not yet reusable), beside the root's, for the frameworks that run torch's
+    FSDP1 with its defaults (Note [FSDP1 unshard stream pool]): 2 when each LoRA leaf is a unit
+    of its own (the layer's flat parameter frozen), 3 when the layer's flat parameter trains;
+    0 where the rule does not apply (FSDP2, torchtune from 0.3, other frameworks).
+
+    Note [FSDP1 unshard stream pool]
+        torch 2.2.2 distributed/fsdp (the FSDP1 of Answer.AI fsdp_qlora train.py 50efa1e and
+        of torchtune's distributed recipes before 0.3, 6deeda92 / v0.3.0 moved them to FSDP2)
+        with the constructor's defaults both use (fully_sharded_data_parallel.py:
+        ``backward_prefetch=BACKWARD_PRE``, ``forward_prefetch=False``,
+        ``limit_all_gathers=True``; fsdp_qlora passes ``limit_all_gathers=True`` and
+        ``use_orig_params=False`` itself) gathers every unit in ``_unshard``
+        (_runtime_utils.py) under ``stream(unshard_stream)``: ``_alloc_storage`` of the padded
+        unsharded flat parameter (_flat_param.py ``_alloc_padded_unsharded_flat_param``) is a
+        block of that stream's pool, which the default stream's freed blocks (the load's cache,
+        the activations') cannot serve (c10/cuda/CUDACachingAllocator.cpp ``get_free_block``
+        matches the stream). Which units' blocks the pool holds at once:
+
+        - the root (embeddings, final norm, head): gathered first and kept to the end of the
+          backward (``_post_forward_reshard``: 'Do not free the root's parameters in the
+          post-forward'): R bytes for the micro-batch;
+        - forward: unit i + 1 is gathered in its pre-forward right after unit i's
+          post-forward freed i; that free is ``record_stream``-ed on the compute stream
+          (``_free_unsharded_flat_param``), so i's block returns to the pool only when the GPU
+          has run layer i; the rate limiter (_limiter_utils.py ``_FreeEventQueue``, two in
+          flight) synchronises only on the older frees: i + 1 live and i pending, 2 blocks;
+        - backward, BACKWARD_PRE prefetches the unit whose post-forward came just before
+          (_exec_order_utils.py ``get_handle_to_backward_prefetch``). With each LoRA leaf a unit
+          (fsdp_qlora's lambda policy, torchtune utils/_distributed.py
+          ``lora_fsdp_wrap_policy``) the unit before layer i + 1 in that order is its own last
+          adapter, and the unit before layer i + 1's first adapter is layer i: layer i is
+          gathered by that adapter's pre-backward hook while layer i + 1 is still running, and
+          i + 2's free is long synchronised: 2 blocks. A trainable layer unit (a full
+          fine-tune) prefetches i - 1 from i's pre-backward, right after i + 1's post-backward
+          hook freed i + 1 (``_post_backward_hook`` -> ``_post_backward_reshard``), a free the
+          limiter has not synchronised: i and i - 1 live, i + 1 pending, 3 blocks.
+
+        So the unshard stream's pool holds R + 2 L (adapters as units) or R + 3 L (trainable
+        layer units), L the layer's gathered bytes. Run on torch's FSDP1 on the CPU under the
+        fake process group (tests/analytic/test_fsdp1_streams.py): the order of the units'
+        gathers and frees gives 2 live layer units at most in both cases, and with the
+        limiter's queue replayed (a free pending until the limiter synchronises on it or a
+        later one) 2 and 3 blocks. The schedule keeps the root's and the current layer's
+        gathers on the unshard stream for the micro-batch, the prefetched layer's over each
+        stack, and for trainable units a third layer-sized block over the backward stack.
+        Assumed: the GPU runs behind the CPU (an unsynchronised free is still pending when the
+        next gather is allocated). Not modelled: the adapter units' own small gathers (their
+        LoRA weights are counted in L).
+    """
+    t = ctx.training
+    fsdp1 = t.framework == "torchtune" and t.torchtune_release < (0, 3, 0)
+    if not fsdp1 or ctx.zero_stage != 3:
+        return 0
+    return 2 if t.lora_rank > 0 else 3
 
 
 def offloaded_shard_copy_bytes(ctx: RankContext) -> int:
@@ -277,12 +344,14 @@ def offload_copy_ops(s: Sharding, phase: Phase) -> tuple[Op, Op]:
 
 def gather_ops(s: Sharding) -> tuple[Op, Op]:
     """The root module's and the current layer's gathered parameters, allocated when the
-    micro-batch's forward starts."""
+    micro-batch's forward starts (on FSDP1's unshard stream under Note [FSDP1 unshard stream
+    pool])."""
     f: Phase = "forward"
+    st = s.gather_stream
     root_label = "the root module's gathered parameters"
-    root = alloc(s.gather_root, Cat.TEMPORARY, f, "gather/root", "(model)", root_label)
+    root = alloc(s.gather_root, Cat.TEMPORARY, f, "gather/root", "(model)", root_label, st)
     layer_label = "gathered parameters of the current layer"
-    layer = alloc(s.gather_a, Cat.TEMPORARY, f, "gather/a", "layers", layer_label)
+    layer = alloc(s.gather_a, Cat.TEMPORARY, f, "gather/a", "layers", layer_label, st)
     return root, layer
 
 
