@@ -699,7 +699,14 @@ CAUSES.update(
             "approximate source value ('22 GB/GPU', method not stated); "
             + _FSDP1_REENTRANT
             + " (amended from the script's use_reentrant=True; with the adapters' input cast "
-            "dropped: -5.8 -> -10.4%; still under, not explained)"
+            "dropped: -5.8 -> -10.4%; still under, not explained). Re-read (training/"
+            "fsdp-qlora-distributed-llama3.ipynb and scripts/run_fsdp_qlora.py @57cab54 / "
+            "4a0caad, Apr 2024): the config is the row's (max_seq_len 3072, batch 1, GA 2, "
+            "adamw_torch, 'full_shard auto_wrap offload', backward_pre, use_orig_params false; "
+            "LoraConfig r 16, alpha 8, lora_dropout 0.05, all-linear: the dropout's p does not "
+            "change its tensors), and the notebook itself says that at the end of the "
+            "training GPU memory rises by about 10% while the model is saved "
+            "(FULL_STATE_DICT), which a whole-run figure includes and the step does not model"
         ),
         "GT115": _FSDP_QLORA_DQ,
         "GT116": _FSDP_QLORA_DQ,
@@ -807,7 +814,11 @@ CAUSES.update(
             "accelerate FSDP QLoRA of a 70B; "
             + _PEFT_QLORA_FSDP
             + ": -0.8 -> +14.1%; over, not explained: the last layer's recomputation and "
-            "transients as modelled, and the reading of a system-monitor screenshot"
+            "transients as modelled, and the reading of a system-monitor screenshot (GT175, "
+            "the same docs' monitor, reads as 1000-MiB 'GB' by its percentage: 35.6 such "
+            "units are 37.3e9 B, +8.8%; not amended, this row's figure has no percentage to "
+            "check the unit by); the allocator replay reserves 4.8 GB above the allocated peak "
+            "(34.7 GB allocated), not analysed further"
         ),
     }
 )
