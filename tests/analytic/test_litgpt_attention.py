@@ -14,6 +14,8 @@ separate q / k / v in transformers, no rotary ``torch.cat`` there), t = 2 x 64 =
   for transformers' Qwen2 (its q is a transposed view);
 * under bf16-mixed autocast casts the input once for the fused qkv: c*h*t = 16,384 B, where
   transformers' three projections cast it three times (49,152 B).
+And the head (Note [litgpt's cast output]): Fabric casts every chunk of the output before the
+loop releases the previous micro-batch's logits (sizes in the test).
 """
 
 from __future__ import annotations
@@ -49,3 +51,34 @@ def test_litgpt_proj_saves_a_copy_of_the_flash_output(
 @pytest.mark.parametrize(("framework", "expected"), [("litgpt", 16_384), ("pytorch-amp", 49_152)])
 def test_autocast_copies_the_input_once_for_litgpt_fused_qkv(framework: str, expected: int) -> None:
     assert _terms(framework=framework, precision="bf16-mixed")["attention/qkv_input"] == expected
+
+
+def test_fabric_casts_every_chunk_before_the_loop_releases_the_previous_logits() -> None:
+    # Note [litgpt's cast output]: GPT.forward returns every 16-bit chunk of the head's output
+    # (c V t = 2 * 512 * 128 = 131,072 B in bf16-true) and Fabric's convert_output casts the
+    # list to fp32 (4 V t = 262,144 B) before ``logits = model(...)`` rebinds the previous
+    # micro-batch's fp32 logits (262,144 B): all three live at once
+    from trainmem.breakdown import MemoryCategory as Cat
+    from trainmem.estimate import estimate
+
+    training = TrainingConfig(
+        micro_batch_size=2, seq_len=64, framework="litgpt", precision="bf16-true",
+        lora_rank=8, chunked_cross_entropy=4,
+    )  # fmt: skip
+    est = estimate(str(MODELS_DIR / "formula" / "qwen2.json"), training, engine="analytic")
+    timeline = est.schedules[0].expand()
+    events = timeline.events[timeline.steady_state_start :]
+    previous = events[0]  # the loop holds it from the micro-batch's start
+    assert (previous.action, previous.size_bytes, previous.category) == (
+        "alloc", 262_144, Cat.TEMPORARY,
+    )  # fmt: skip
+    live: dict[int, tuple[int, Cat]] = {}
+    for ev in events:
+        if ev.action == "free" and ev.block_id == previous.block_id:
+            break
+        if ev.action == "alloc":
+            live[ev.block_id] = (ev.size_bytes, ev.category)
+        else:
+            live.pop(ev.block_id, None)
+    held = sorted(v for v in live.values() if v[0] in (131_072, 262_144))
+    assert held == [(131_072, Cat.TEMPORARY), (262_144, Cat.ACTIVATION), (262_144, Cat.TEMPORARY)]

@@ -496,6 +496,10 @@ class _Ends:
         if sum(v for _, v in parts) != self.head_acts:
             parts = [("head", self.head_acts)]
         self.head_blocks = [v for _, v in parts]
+        # See Note [litgpt's cast output]: the fp32 copy's block before the loop rebinds
+        names = [n for n, _ in parts]
+        cast_first = training.conventions.own_model_code and "logits_fp32_output" in names
+        self.cast_block = names.index("logits_fp32_output") if cast_first else None
         # Note [Sequence-parallel collectives' copies]: the LM head's all-gather output
         copies = sequence_parallel_copies(model, training)
         self.head_gather = copies.head_gathered if head and model.head == "causal-lm" else 0
@@ -555,7 +559,12 @@ class _Ends:
             items += [gather, free(gather, f)]
         if not self.tr.held_logits:
             items.append(logits16)
-        items += [logits, *em.at("head.post_forward", where), *head_act, free(logits, f)]
+        if self.cast_block is not None:  # Note [litgpt's cast output]
+            cast = head_act.pop(self.cast_block)
+            items += [logits, cast, *em.at("head.post_forward", where), free(logits, f)]
+            items += head_act
+        else:
+            items += [logits, *em.at("head.post_forward", where), *head_act, free(logits, f)]
         if not self.tr.held_logits:
             items.append(free(logits16, f))
         return [*items, free(hidden, f), free(cache, f)]
