@@ -631,6 +631,13 @@ def setting_warnings(model: str | ModelSpec, training: TrainingConfig) -> list[s
             "nothing (ZeRO partitions across the data-parallel ranks): the answer is one GPU "
             "holding everything; pass --data-parallel-size N for the per-GPU share of N GPUs"
         )
+    longer = [n for n in training.earlier_seq_len_list if n > training.seq_len]
+    if longer:
+        out.append(
+            f"warning: earlier_seq_lens lists {len(longer)} length(s) above seq_len="
+            f"{training.seq_len:,} (the longest {max(longer):,}): each counts as seq_len "
+            "(Note [Steps of varying length]); give the longest length as --seq-len"
+        )
     spec = model if isinstance(model, ModelSpec) else _loaded_spec(model)
     context = getattr(spec, "max_position_embeddings", 0) if spec is not None else 0
     if context and training.seq_len > context:

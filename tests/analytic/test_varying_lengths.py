@@ -74,9 +74,12 @@ def test_bad_lists_are_refused(text: str) -> None:
         TrainingConfig(earlier_seq_lens=text)
 
 
-def test_a_length_above_seq_len_is_refused() -> None:
-    with pytest.raises(SpecError, match="above seq_len"):
-        _estimate("513")
+def test_a_length_above_seq_len_counts_as_seq_len_with_a_warning() -> None:
+    # the setup's steps at 513 and 512 are the same step at seq_len = 512
+    plain, longer = _estimate("512"), _estimate("513")
+    assert longer.schedules[0].setup == plain.schedules[0].setup  # type: ignore[attr-defined]
+    assert any("above seq_len=512" in n for n in longer.notes)  # type: ignore[attr-defined]
+    assert not any("earlier_seq_lens" in n for n in plain.notes)  # type: ignore[attr-defined]
 
 
 def test_the_trace_engine_refuses_it() -> None:

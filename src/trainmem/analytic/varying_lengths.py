@@ -15,7 +15,9 @@ Note [Steps of varying length]
     ``earlier_seq_lens`` the schedule's setup runs the weights and the warm-up step at the first
     listed length, one step at each further listed length in order, then one step at
     ``seq_len`` (whose state, the optimizer's and any tensor a step hands to the next, the
-    measured step starts from); the measured step is at ``seq_len``. The driver replays that
+    measured step starts from); the measured step is at ``seq_len``, and a listed length
+    above it counts as ``seq_len`` (the estimate warns; a planner's search over the length
+    stays defined). The driver replays that
     stream once, through one allocator (Note [One description of the step]), so the reserved
     figure holds every listed step's layout; the allocated peak is the measured step's (every
     listed length is at most ``seq_len``). Each listed length is one whole step: its
@@ -30,7 +32,6 @@ from dataclasses import replace
 from trainmem.analytic.activations import activation_profile
 from trainmem.analytic.schedule import PipelineRank, rank_schedule
 from trainmem.analytic.tensor_states import StateLayout
-from trainmem.errors import SpecError
 from trainmem.schedule import Item, StepSchedule
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
@@ -56,9 +57,6 @@ def after_earlier_steps(
         layout: per-tensor model states (the same at every length).
         workspace_per_handle: cuBLAS workspace of one handle, bytes.
 
-    Raises:
-        SpecError: a listed length above ``seq_len``.
-
     Returns:
         A schedule whose ``load`` and setup hold the earlier steps and one step at ``seq_len``,
         and whose ``step`` is ``measured``'s.
@@ -66,15 +64,11 @@ def after_earlier_steps(
     Source: c10/cuda/CUDACachingAllocator.cpp (cached blocks kept per stream and size class,
     split and reused, released only on a failed allocation or ``empty_cache``).
     """
-    lengths = training.earlier_seq_len_list
+    # a length above seq_len counts as seq_len (a planner's search over the length; the
+    # estimate warns: trainmem.estimate.setting_warnings)
+    lengths = tuple(min(n, training.seq_len) for n in training.earlier_seq_len_list)
     if not lengths:
         return measured
-    if max(lengths) > training.seq_len:
-        raise SpecError(
-            "earlier_seq_lens",
-            f"{max(lengths)} is above seq_len ({training.seq_len}), the measured step's length "
-            "(give the longest as --seq-len)",
-        )
     earlier = []
     for n in lengths:
         t = replace(training, seq_len=n, earlier_seq_lens=None)

@@ -322,13 +322,14 @@ class BatchConfig:
     ``seq_len``. Ignored by decoder-only and encoder models. See :attr:`decoder_seq_len`."""
     earlier_seq_lens: str | None = setting(
         None,
-        "Lengths of the steps run before the measured one, comma-separated, each at most "
+        "Lengths of the steps run before the measured one, comma-separated, none above "
         "--seq-len (batches padded to their longest sample: the allocator's cache under "
         "varying shapes).",
         default_text="none: every step at --seq-len",
     )
     """Token lengths of the training steps that run before the measured one (at ``seq_len``),
-    in order, comma-separated (``"96,512,230"``), each 1 to ``seq_len``, at most
+    in order, comma-separated (``"96,512,230"``), each at least 1 (one above ``seq_len``
+    counts as ``seq_len``, with a warning), at most
     :data:`MAX_EARLIER_STEPS` of them: a dataset padded to the longest sample of each batch
     changes every activation's size from one step to the next, and the caching allocator's
     blocks, cached at one step's sizes, are split or bypassed by the next, so
@@ -371,9 +372,9 @@ replayed)."""
 
 
 def _check_earlier_seq_lens(text: object) -> None:
-    """``earlier_seq_lens``: None, or comma-separated positive integers (that none is above
-    ``seq_len`` is checked where the lengths are used, ``seq_len`` being filled in later by the
-    CLI: :func:`trainmem.analytic.varying_lengths.after_earlier_steps`).
+    """``earlier_seq_lens``: None, or comma-separated positive integers (one above ``seq_len``
+    counts as ``seq_len``: :func:`trainmem.analytic.varying_lengths.after_earlier_steps`, with
+    a warning from :func:`trainmem.estimate.setting_warnings`).
 
     Raises:
         SpecError: another value.
