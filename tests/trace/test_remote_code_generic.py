@@ -8,13 +8,15 @@ model the same step independently (formulas vs a trace of transformers' code).
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from conftest import MODELS_DIR  # noqa: E402
-from trainmem.errors import UnsupportedError  # noqa: E402
 from trainmem.estimate import estimate  # noqa: E402
 from trainmem.specs.training import TrainingConfig  # noqa: E402
 
@@ -68,7 +70,44 @@ def test_the_fused_output_kept_by_v_by_hand() -> None:
     assert kept - sum(layer_activation_terms(separate, training).values()) == 2 * 2 * 4096 * 8192
 
 
-def test_lora_on_chatglm_is_refused_with_the_reason() -> None:
-    training = TrainingConfig(micro_batch_size=1, seq_len=128, lora_rank=8)
-    with pytest.raises(UnsupportedError, match="copies k and v"):
-        estimate(str(REMOTE / "chatglm3-6b.json"), training, engine="generic")
+def _tiny_chatglm(tmp_path: Path) -> str:
+    """ChatGLM3's config shrunk: h = 64, 4 heads of kv_channels 16, 2 multi-query groups,
+    ffn 128, 2 layers, vocabulary 512."""
+    config = json.loads((REMOTE / "chatglm3-6b.json").read_text())
+    config.update(hidden_size=64, num_attention_heads=4, kv_channels=16, num_layers=2)
+    config.update(multi_query_group_num=2, ffn_hidden_size=128, padded_vocab_size=512)
+    path = tmp_path / "tiny-chatglm.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+def test_lora_on_chatglm_adapts_its_fused_linears(tmp_path: Path) -> None:
+    # peft on the remote code's fused query_key_value and dense_h_to_4h, r = 4, every linear:
+    # query_key_value A 4 x 64, B (4 + 2 x 2) x 16 x 4 = 768; dense 4 x 64 + 64 x 4 = 512;
+    # dense_h_to_4h 4 x 64 + 2 x 128 x 4 = 1,280; dense_4h_to_h 4 x 128 + 64 x 4 = 768;
+    # 3,328 a layer, 6,656 for 2 (separate q / k / v and gate / up linears: 8,192)
+    path = _tiny_chatglm(tmp_path)
+    training = TrainingConfig(
+        micro_batch_size=2,
+        seq_len=64,
+        lora_rank=4,
+        lora_targets=("q", "k", "v", "o", "gate", "up", "down"),
+    )
+    generic = estimate(path, training, engine="generic", simulate_allocator=False)
+    analytic = estimate(path, training, engine="analytic", simulate_allocator=False)
+    assert generic.num_trainable_parameters == analytic.num_trainable_parameters == 6_656
+    ratio = generic.breakdown.allocated_bytes / analytic.breakdown.allocated_bytes
+    assert abs(ratio - 1) < 0.01
+
+
+@pytest.mark.slow
+def test_lora_on_chatglm3_matches_the_table_row() -> None:
+    # the fast representative is the tiny ChatGLM above; here activations dominate
+    path = str(REMOTE / "chatglm3-6b.json")
+    training = TrainingConfig(micro_batch_size=4, seq_len=2048, lora_rank=16,
+                              lora_targets=("q", "k", "v", "o", "gate", "up", "down"))  # fmt: skip
+    generic = estimate(path, training, engine="generic", simulate_allocator=False)
+    analytic = estimate(path, training, engine="analytic", simulate_allocator=False)
+    assert generic.num_trainable_parameters == analytic.num_trainable_parameters
+    ratio = generic.breakdown.allocated_bytes / analytic.breakdown.allocated_bytes
+    assert abs(ratio - 1) < 0.01

@@ -15,7 +15,7 @@ from trainmem.analytic.lora_variants import (
     dora_terms,
 )
 from trainmem.analytic.mlp import expert_loop
-from trainmem.analytic.params import linear_shapes
+from trainmem.analytic.params import adapted_linears, linear_shapes, lora_targeted
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
@@ -72,10 +72,10 @@ def _adapter_input_copies(
     c, _ = compute_and_residual_bytes(training)
     targets = set(training.lora_targets)
     out: dict[str, int] = {}
-    for name, (fan_in, _out, _n) in linear_shapes(model).items():
-        targeted = bool({"q", "k", "v"} & targets) if name == "qkv" else name in targets
+    for name, (fan_in, _out, _n) in adapted_linears(model).items():
+        targeted = lora_targeted(name, targets)
         if targeted and name != "router":
-            active = k_top if name in ("gate", "up", "down") else 1
+            active = k_top if name in ("gate_up", "gate", "up", "down") else 1
             out[f"lora/{name}_input_copy"] = c * fan_in * t * active
     return out
 
@@ -109,6 +109,8 @@ def _frozen_base_inputs(
         # ``Linear.forward``: ``x = self._cast_input_dtype(x, lora_A.weight.dtype)``)
         terms["attention/out_proj_input"] = c * model.num_heads * model.head_dim * t
     n_up = len({"gate", "up"} & targets) if model.mlp_kind == "gated" else int("up" in targets)
+    if model.fused_gate_up:  # one fused linear reads the input (adapted_linears)
+        n_up = min(n_up, 1)
     if n_up == 0 or skip_inputs:
         terms["mlp/input"] = 0
     elif training.uses_autocast:
@@ -132,11 +134,11 @@ def _adapter_terms(
     # (lit_gpt/lora.py ``LoRAQKVLinear``: ``F.linear(self.lora_dropout(x), self.lora_A)``)
     first_qkv = next((n for n in ("q", "k", "v") if n in targets), None)
     terms: dict[str, int] = {}
-    for name, (fan_in, _out, _n) in linear_shapes(model).items():
-        targeted = bool({"q", "k", "v"} & targets) if name == "qkv" else name in targets
+    for name, (fan_in, _out, _n) in adapted_linears(model).items():
+        targeted = lora_targeted(name, targets)
         if name == "router" or not targeted:
             continue
-        active = k_top if name in ("gate", "up", "down") else 1
+        active = k_top if name in ("gate_up", "gate", "up", "down") else 1
         terms[f"lora/{name}"] = a_bytes * training.lora_rank * t * active
         shared = (
             training.conventions.own_model_code and name in ("q", "k", "v") and name != first_qkv
@@ -198,13 +200,8 @@ def lora_adapter_elements(model: ModelSpec, training: TrainingConfig) -> int:
         return 0
     r = training.lora_rank
     adapters = 0
-    for name, (fan_in, fan_out, n) in linear_shapes(model).items():
-        targeted = (
-            any(t in training.lora_targets for t in ("q", "k", "v"))
-            if name == "qkv"
-            else name in training.lora_targets
-        )
-        if targeted and name != "router":
+    for name, (fan_in, fan_out, n) in adapted_linears(model).items():
+        if lora_targeted(name, training.lora_targets) and name != "router":
             adapters += n * r * (fan_in + fan_out)
     return adapters
 
@@ -213,7 +210,7 @@ FIRST_LINEARS = ("qkv", "q", "k", "v")
 """The linears that read a pre-norm block's first norm output (:func:`linear_shapes` names: one
 fused ``qkv`` or ``q``, ``k``, ``v``); in a parallel block the MLP's read the layer input too."""
 
-MLP_LINEARS = ("gate", "up", "down")
+MLP_LINEARS = ("gate_up", "gate", "up", "down")
 
 
 class FirstLayerUnsaved(NamedTuple):
@@ -280,10 +277,10 @@ def first_layer_unsaved(model: ModelSpec, training: TrainingConfig) -> FirstLaye
     adapter_bytes = dtype_bytes(lora_adapter_dtype(training))
     less: dict[str, int] = {}
     copies = 0
-    for name, (fan_in, fan_out, n) in linear_shapes(model).items():
+    for name, (fan_in, fan_out, n) in adapted_linears(model).items():
         if name not in first:
             continue
-        targeted = bool({"q", "k", "v"} & targets) if name == "qkv" else name in targets
+        targeted = lora_targeted(name, targets)
         if training.uses_autocast and training.quantize_base == "none":
             copies += c * fan_in * fan_out * n  # the frozen weight's copy
         if training.uses_autocast and targeted:

@@ -42,7 +42,7 @@ Note [DoRA]
 from __future__ import annotations
 
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
-from trainmem.analytic.params import linear_shapes
+from trainmem.analytic.params import adapted_linears, lora_targeted
 from trainmem.errors import UnsupportedError
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
@@ -96,7 +96,7 @@ def dora_terms(
     """Bytes DoRA saves per targeted linear of one layer beyond LoRA (Note [DoRA]).
 
     Args:
-        model: the layer's shapes (:func:`~trainmem.analytic.params.linear_shapes`).
+        model: the layer's shapes (:func:`~trainmem.analytic.params.adapted_linears`).
         training: ``lora_targets``, ``lora_dropout``, precision.
         t: tokens of the micro-batch on this rank.
         k_top: experts per token (the MLP linears of a mixture of experts run k_top times).
@@ -113,11 +113,11 @@ def dora_terms(
     base_out = c if training.uses_autocast or training.lora_dropout == 0 else adapter_bytes
     targets = set(training.lora_targets)
     terms: dict[str, int] = {}
-    for name, (fan_in, fan_out, n) in linear_shapes(model).items():
-        targeted = bool({"q", "k", "v"} & targets) if name == "qkv" else name in targets
+    for name, (fan_in, fan_out, n) in adapted_linears(model).items():
+        targeted = lora_targeted(name, targets)
         if name == "router" or not targeted:
             continue
-        active = k_top if name in ("gate", "up", "down") else 1
+        active = k_top if name in ("gate_up", "gate", "up", "down") else 1
         size = (base_out + lora_out) * t * fan_out * active
         size += DORA_VECTORS * adapter_bytes * fan_out * n
         if training.lora_dropout > 0:  # the re-linear's weight (Note [DoRA])
@@ -173,8 +173,8 @@ def dora_forward_transient_bytes(
     weight_cast = dtype_bytes(training.weight_dtype) != a
     targets = set(training.lora_targets)
     most = 0
-    for name, (fan_in, fan_out, _n) in linear_shapes(model).items():
-        targeted = bool({"q", "k", "v"} & targets) if name == "qkv" else name in targets
+    for name, (fan_in, fan_out, _n) in adapted_linears(model).items():
+        targeted = lora_targeted(name, targets)
         if name == "router" or not targeted:
             continue
         x_cast = a * t * fan_in if autocast and a > c else 0

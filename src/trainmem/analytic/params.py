@@ -91,6 +91,44 @@ def linear_shapes(model: ModelSpec) -> LinearShapes:
     return shapes
 
 
+FUSED_PARTS: dict[str, tuple[str, ...]] = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
+"""The ``--lora-targets`` names a fused linear of :func:`adapted_linears` stands for."""
+
+
+def adapted_linears(model: ModelSpec) -> LinearShapes:
+    """The linears peft adapts in one layer: :func:`linear_shapes`, with a fused gate / up
+    module (``ModelSpec.fused_gate_up``: Phi-3 ``gate_up_proj``, ChatGLM ``dense_h_to_4h``) as
+    the one ``gate_up`` linear (h, 2i) it is. peft wraps the module it targets, so a fused
+    module gets one adapter of its own shape: one ``lora_A`` (r x h) reading the input, one
+    ``lora_B`` (2i x r) (peft tuners/lora/layer.py ``LoraLayer.update_layer``:
+    ``nn.Linear(self.in_features, r)``, ``nn.Linear(r, self.out_features)``), where separate
+    gate and up linears would have two A's and two inputs read.
+
+    Args:
+        model: the architecture.
+
+    Returns:
+        Linear name -> (in_features, out_features, count per layer); ``qkv`` and ``gate_up``
+        name fused modules (:data:`FUSED_PARTS`).
+    """
+    shapes = linear_shapes(model)
+    if not model.fused_gate_up or "gate" not in shapes:
+        return shapes
+    out: LinearShapes = {}
+    for name, (fan_in, fan_out, n) in shapes.items():
+        if name == "gate":
+            out["gate_up"] = (fan_in, 2 * fan_out, n)
+        elif name != "up":
+            out[name] = (fan_in, fan_out, n)
+    return out
+
+
+def lora_targeted(name: str, targets: tuple[str, ...] | set[str]) -> bool:
+    """Whether the linear ``name`` of :func:`adapted_linears` gets an adapter for the
+    ``--lora-targets`` ``targets`` (a fused one when any of its parts is named)."""
+    return any(part in targets for part in FUSED_PARTS.get(name, (name,)))
+
+
 ATTENTION_LINEARS = frozenset(
     {"qkv", "q", "k", "v", "o", "q_a", "q_b", "kv_a", "kv_b"}
     | {"cross_q", "cross_k", "cross_v", "cross_o"}

@@ -73,7 +73,12 @@ from typing import Any
 
 from trainmem.analytic.lora import lora_adapter_dtype
 from trainmem.analytic.model_states import optimizer_state_bytes
-from trainmem.analytic.params import linear_shapes, parameter_counts
+from trainmem.analytic.params import (
+    adapted_linears,
+    linear_shapes,
+    lora_targeted,
+    parameter_counts,
+)
 from trainmem.memo import Identity, by_value
 from trainmem.specs.frameworks import (
     TORCHAO_NF4_FACTOR_CONTIGUOUS_SINCE,
@@ -189,10 +194,25 @@ def flat_parameter_grads(training: TrainingConfig) -> bool:
     )
 
 
-def _lora_targeted(name: str, training: TrainingConfig) -> bool:
-    if name == "qkv":
-        return any(t in training.lora_targets for t in ("q", "k", "v"))
-    return name in training.lora_targets
+def _adapters(
+    adapted: dict[str, tuple[int, int, int]], name: str, training: TrainingConfig
+) -> list[tuple[str, int, int, bool]]:
+    """(name, numel, out_features, trainable) of the adapters of the linear ``name`` of
+    :func:`~trainmem.analytic.params.linear_shapes` when it is targeted: its own, or, for the
+    last part of a fused module (``up`` of ``gate_up``), the fused module's (one A and one B,
+    :func:`~trainmem.analytic.params.adapted_linears`)."""
+    fused = "gate_up" if name == "up" and "gate_up" in adapted else name
+    if fused not in adapted or fused == "router" or not lora_targeted(fused, training.lora_targets):
+        return []
+    i, o, n = adapted[fused]
+    r = training.lora_rank
+    out: list[tuple[str, int, int, bool]] = []
+    for _ in range(n):
+        out.append((f"lora_A.{fused}", r * i, r, True))
+        out.append((f"lora_B.{fused}", o * r, o, True))
+        if training.lora_variant == "dora":  # Note [DoRA] in analytic/lora_variants.py
+            out.append((f"lora_magnitude.{fused}", o, o, True))
+    return out
 
 
 def _layer_tensors(model: ModelSpec, training: TrainingConfig) -> list[tuple[str, int, int, bool]]:
@@ -223,6 +243,7 @@ def _layer_tensors(model: ModelSpec, training: TrainingConfig) -> list[tuple[str
     # FSDP's per-parameter shards and the allocator see two large tensors
     fused_experts = model.num_experts > 1 and training.conventions.hf_model_code
     experts: dict[str, tuple[int, int]] = {}
+    adapted = adapted_linears(model)
     for name, (i, o, n) in linear_shapes(model).items():
         expert = fused_experts and name in ("gate", "up", "down") and n == model.num_experts
         for _ in range(1 if expert else n):
@@ -233,13 +254,8 @@ def _layer_tensors(model: ModelSpec, training: TrainingConfig) -> list[tuple[str
             else:
                 out.append((name, i * o, o, not lora))
             weights += i * o * (n if expert else 1)
-        if lora and name != "router" and _lora_targeted(name, training):
-            r = training.lora_rank
-            for _ in range(n):
-                out.append((f"lora_A.{name}", r * i, r, True))
-                out.append((f"lora_B.{name}", o * r, o, True))
-                if training.lora_variant == "dora":  # Note [DoRA] in analytic/lora_variants.py
-                    out.append((f"lora_magnitude.{name}", o, o, True))
+        if lora:  # a linear's adapters after it (a fused gate / up's after up)
+            out += _adapters(adapted, name, training)
     out.extend((key, numel, width, not lora) for key, (numel, width) in experts.items())
     vectors = layer_total - weights
     h = model.hidden_size

@@ -284,7 +284,7 @@ def build_hf_training_model(
         device=device,
     )
     if raw_config.get("model_type") in REMOTE_CODE_TYPES:  # Note [Fused stand-in projections]
-        fuse_projections(model, raw_config, training)
+        fuse_projections(model, raw_config)
     if raw_config.get("model_type") in VISION_TOWER_TYPES:
         attach_pooled_loss(model)
     model = apply_lora(model, training)

@@ -13,9 +13,10 @@ Note [Remote-code stand-ins]
     ``intermediate_size // 2``), vocabulary and untied head, so the parameter count is the
     row's (tested). The fused projections are fused in the stand-in too
     (:func:`fuse_projections`, Note [Fused stand-in projections]), so LoRA's adapters sit on the
-    one linear the remote code has. Not reproduced: ChatGLM's rotary on half of each head (the
-    cos / sin tables and the rotated copies of the other half: a few (tokens x head_dim) tensors
-    per layer), Baichuan2's ``NormHead`` (the normalised [V, h] weight made at each forward).
+    one linear the remote code has. Not reproduced: ChatGLM's k and v expanded to every head,
+    its rotary on half of each head (the cos / sin tables and the rotated copies of the other
+    half: a few (tokens x head_dim) tensors per layer), Baichuan2's ``NormHead`` (the
+    normalised [V, h] weight made at each forward).
     The estimate's notes name the stand-in. Full fine-tuning matches the table row's analytic
     estimate (within 0.001 % at 4 x 2,048 tokens, activations dominating).
 
@@ -38,9 +39,14 @@ Note [Fused stand-in projections]
     split's backward concatenating the three gradients; and peft's LoRA on the fused linear
     (one A reading the input, one B of the fused width, as peft targets the remote code's
     ``c_attn`` / ``W_pack``), where on separate linears each targeted one would have its own
-    adapter. ChatGLM is not fused: its multi-query k and v are expanded to every head and
-    copied (``key_layer.unsqueeze(-2).expand(...).contiguous()``), which transformers' GQA
-    attention does not do, so its stand-in stays separate and LoRA on it is refused.
+    adapter. ChatGLM fuses gate / up too (``dense_h_to_4h``, chunked into ``silu(x1) * x2``):
+    its stand-in's ``gate_proj`` / ``up_proj`` become views of one ``gate_up_proj`` (the
+    chunk's views keep the fused output, as the two separate outputs were kept: the same bytes),
+    so peft adapts the one linear the remote code has. ChatGLM's multi-query v is a copy, not a
+    view (``value_layer.unsqueeze(-2).expand(...).contiguous()``), so its fused output is not
+    kept by v (``fused_qkv_output_kept`` False): the stand-in's v part is copied
+    (``contiguous``) at the key/value width; the expansion to every head (a copy of k and v
+    per query head, saved by SDPA) is not reproduced, as the formulas do not count it either.
 
 Source: Qwen/Qwen-7B modeling_qwen.py, THUDM/chatglm3-6b modeling_chatglm.py,
 baichuan-inc/Baichuan2-7B-Base modeling_baichuan.py (as cited by the table rows);
@@ -54,7 +60,6 @@ from typing import Any
 
 from trainmem.errors import UnsupportedError
 from trainmem.specs.hf_table import REMOTE_CODE_TYPES
-from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
 
 torch = require_torch()
@@ -116,11 +121,18 @@ class _Part(torch.nn.Module):  # type: ignore[misc,name-defined]
     they are taken. The owner is held outside the module tree (no second path to the linear)."""
 
     def __init__(
-        self, owner: Any, fused: str, index: int, widths: list[int], shared: dict[str, Any]
+        self,
+        owner: Any,
+        fused: str,
+        index: int,
+        widths: list[int],
+        shared: dict[str, Any],
+        copy: bool = False,
     ) -> None:
         super().__init__()
         self._owner = [owner]
         self.fused, self.index, self.widths, self._shared = fused, index, widths, shared
+        self.copy = copy
 
     def forward(self, x: Any) -> Any:
         if self.index == 0:  # (a tensor-parallel shard of the fused linear: its share of each)
@@ -130,16 +142,19 @@ class _Part(torch.nn.Module):  # type: ignore[misc,name-defined]
         parts = self._shared["parts"]
         if self.index == len(self.widths) - 1:
             del self._shared["parts"]  # the views the remote code's split gives, no longer held
-        return parts[self.index]
+        part = parts[self.index]
+        return part.contiguous() if self.copy else part
 
     def extra_repr(self) -> str:
-        return f"{self.fused}[{self.index}] of widths {self.widths}"
+        copied = ", copied" if self.copy else ""
+        return f"{self.fused}[{self.index}] of widths {self.widths}{copied}"
 
 
-def _fuse(module: Any, names: tuple[str, ...], fused: str) -> None:
+def _fuse(module: Any, names: tuple[str, ...], fused: str, *, copy_last: bool = False) -> None:
     """Replace ``module``'s linears ``names`` by views of one linear ``fused`` of their
     concatenated width, registered first (where the remote code defines it, so the LoRA target
-    inference of ``trainmem.trace.lora`` reads it as the fused q / k / v or gate / up)."""
+    inference of ``trainmem.trace.lora`` reads it as the fused q / k / v or gate / up); with
+    ``copy_last`` the last part is a copy of its view (ChatGLM's multi-query v)."""
     parts = [getattr(module, n) for n in names]
     widths = [p.out_features for p in parts]
     w = parts[0].weight
@@ -155,36 +170,28 @@ def _fuse(module: Any, names: tuple[str, ...], fused: str) -> None:
     module._modules.clear()
     module._modules[fused] = linear
     for k, n in enumerate(names):
-        module._modules[n] = _Part(module, fused, k, widths, shared)
+        copy = copy_last and k == len(names) - 1
+        module._modules[n] = _Part(module, fused, k, widths, shared, copy)
     module._modules.update(rest)
 
 
-def fuse_projections(model: Any, raw: Mapping[str, Any], training: TrainingConfig) -> None:
-    """Fuse a remote-code stand-in's q / k / v projections as the remote code fuses them, in
-    place (Note [Fused stand-in projections]), where the table row says its v keeps the fused
-    output (``ModelSpec.fused_qkv_output_kept``: Qwen-1, Baichuan).
+def fuse_projections(model: Any, raw: Mapping[str, Any]) -> None:
+    """Fuse a remote-code stand-in's projections as the remote code fuses them, in place (Note
+    [Fused stand-in projections]): q / k / v where the table row says so
+    (``ModelSpec.fused_qkv``: Qwen-1, Baichuan, ChatGLM), v copied where the remote code copies
+    it (ChatGLM, not ``ModelSpec.fused_qkv_output_kept``), gate / up where they are one linear
+    (``ModelSpec.fused_gate_up``: ChatGLM's ``dense_h_to_4h``).
 
     Args:
         model: the stand-in built from :func:`stand_in_config` (transformers' Qwen2 / Llama).
         raw: the published ``config.json`` (its table row says what is fused).
-        training: LoRA's settings (refused where the stand-in is not fused).
-
-    Raises:
-        UnsupportedError: LoRA on ChatGLM, whose stand-in keeps separate q / k / v linears.
     """
     from trainmem.specs.hf import model_spec_from_hf
 
     spec = model_spec_from_hf(raw, name=str(raw.get("model_type")))
-    if not spec.fused_qkv_output_kept:
-        if training.is_lora:
-            raise UnsupportedError(
-                f"LoRA on model_type={spec.model_type!r}: its remote code fuses q / k / v and "
-                "gate / up and copies k and v to every head (multi-query), which its stand-in "
-                "does not reproduce, so adapters would read other tensors (Note [Fused stand-in "
-                "projections]); traced: full fine-tuning, or LoRA on Qwen-1 / Baichuan; or "
-                "--engine analytic"
-            )
-        return
     for module in list(model.modules()):
-        if all(hasattr(module, n) for n in ("q_proj", "k_proj", "v_proj")):
-            _fuse(module, ("q_proj", "k_proj", "v_proj"), "qkv_proj")
+        if spec.fused_qkv and all(hasattr(module, n) for n in ("q_proj", "k_proj", "v_proj")):
+            names = ("q_proj", "k_proj", "v_proj")
+            _fuse(module, names, "qkv_proj", copy_last=not spec.fused_qkv_output_kept)
+        if spec.fused_gate_up and all(hasattr(module, n) for n in ("gate_proj", "up_proj")):
+            _fuse(module, ("gate_proj", "up_proj"), "gate_up_proj")
