@@ -493,6 +493,19 @@ _FSDP1_STREAMS = (
     "-> -0.2%, GT129 -19.9 -> -22.9%), and under CPU offload the H2D copy of each shard on "
     "FSDP1's pre-unshard stream (Note [FSDP1 offloaded shard copy]: torch 2.2 _flat_param.py "
     "``pre_unshard``; GT129 -23.8 -> -20.5%, GT128 -8.1 -> -4.4%)"
+    "; and every unit's gather on the unshard stream (Note [FSDP1 unshard stream pool]: the "
+    "root's and two layer units' unsharded flat parameters, torch 2.2.2 _runtime_utils.py "
+    "``_unshard`` with BACKWARD_PRE and limit_all_gathers; the order checked on torch's FSDP1 "
+    "on the CPU): GT115 -16.4 -> -4.4%, GT117 -6.9 -> -2.1%, GT118 -4.3 -> -1.9%; the other "
+    "fsdp_qlora rows moved down (GT119 +0.4 -> -4.9%, GT127 -6.8 -> -8.4%, GT128 -4.4 -> "
+    "-12.2%, GT129 -20.5 -> -22.5%): the gathers no longer occupy the default stream's cache, "
+    "whose blocks are the modelled load's (Note [FSDP1 sync_module_states init]), so the "
+    "activations land in them; what the default stream holds beyond that is not found. "
+    "Tried, not landed: transformers 4.39's fp32 logits and train.py's ``output`` held to the "
+    "step's end (no row moves but GT129, -22.5 -> -17.6%); bitsandbytes 0.43.0 (the README's "
+    "floor, March 2024), whose MatMul4Bit keeps its 16-bit input: GT119 -4.9 -> -2.6%, GT128 "
+    "-12.2 -> -8.2%, GT129 -22.5 -> -18.8%, but the near-capacity 4090 rows GT126 -0.6 -> "
+    "-9.7%, GT130 / GT131 -3.5 -> -12.4% (where the replay frees its cache), not amended"
 )
 _FSDP_QLORA_DQ = (
     "the base is double-quantized (amended from train.py: Linear4bit's compress_statistics "
@@ -715,7 +728,11 @@ CAUSES.update(
         "GT118": _FSDP_QLORA_CACHE + _FSDP1_STREAMS,
         "GT119": _FSDP1_LAYOUT,
         "GT127": _FSDP_QLORA_DQ,
-        "GT128": _FSDP_QLORA_DQ,
+        "GT128": (
+            "near the card's capacity (22.98 GiB reserved on a 24 GiB RTX 3090; the replay's "
+            "capacity, its 23.69 GiB less the modelled 1.02 GiB of CUDA context, is 22.67 GiB); "
+            + _FSDP_QLORA_DQ
+        ),
         "GT041": (
             "over by the unshard stream pool's third layer (Note [FSDP1 unshard stream pool]: "
             "+3.0 -> +8.9%), at the card's capacity: the README's 24.1 GB on a 24 GB RTX 4090 "

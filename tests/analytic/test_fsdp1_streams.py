@@ -140,6 +140,12 @@ def test_fsdp1_with_adapter_units_holds_root_and_two_layers() -> None:
     lora = {"lora_rank": 8, "lora_targets": ("q", "v")}
     peak = _unshard_stream_pool(framework="torchtune", torchtune_version="0.1.0", **lora)
     assert peak == ROOT + 2 * 2 * (LAYER + 2 * 8 * 8192)
+    # fsdp_qlora's units are the same kind: the layer's NF4 codes (0.5 B each of its 202,375,168
+    # linear weights), its two bf16 norms and the bf16 adapters; the statistics stay unsharded,
+    # outside the flat parameter (Note [bitsandbytes statistics under sharding])
+    layer = 202_375_168 // 2 + 2 * 4096 * 2 + 2 * 2 * 8 * 8192
+    peak = _unshard_stream_pool(framework="fsdp-qlora", quantize_base="nf4-dq", **lora)
+    assert peak == ROOT + 2 * layer
 
 
 def _toy_fsdp1(*, adapters: bool) -> tuple[Any, set[int]]:

@@ -290,7 +290,9 @@ def fsdp1_unshard_pool_units(ctx: RankContext) -> int:
         LoRA weights are counted in L).
     """
     t = ctx.training
-    fsdp1 = t.framework == "torchtune" and t.torchtune_release < (0, 3, 0)
+    fsdp1 = t.framework == "fsdp-qlora" or (
+        t.framework == "torchtune" and t.torchtune_release < (0, 3, 0)
+    )
     if not fsdp1 or ctx.zero_stage != 3:
         return 0
     return 2 if t.lora_rank > 0 else 3
