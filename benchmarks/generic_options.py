@@ -6,9 +6,13 @@ For each option set below (one option away from the defaults, plus what it needs
 data parallelism, QLoRA with a LoRA rank, torchtune with its recipes' dtype, bf16-true, as it
 runs no autocast), each model runs ``estimate(..., engine="generic")``
 at micro-batch 2, 64 tokens, allocator replay off; the formula family also runs the analytic
-engine, and the table shows generic vs analytic where both ran. A refusal prints its reason.
+engine, and the table shows generic vs analytic where both ran. A refusal prints its reason;
+a language model's option on the diffusers model (a token loss, a padded token batch, a
+language-model framework) is counted apart as not applicable (``NotApplicableError``: the
+option has no meaning there, and the message says what to use instead).
 
     PYTHONPATH=src python benchmarks/generic_options.py [--json out.json]
+        [--sets REGEX] [--models REGEX]   # a subset: option sets / models whose name matches
 
 Models: a formula family (tests/models/formula/qwen2.json), a remote-code config
 (tests/models/remote_code/qwen-7b.json: Qwen-1 mapped onto the modelled shapes), and a diffusers
@@ -24,11 +28,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
+from trainmem.errors import NotApplicableError
 from trainmem.estimate import estimate
 from trainmem.specs.training import TrainingConfig
 
@@ -80,6 +86,8 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     },
     "fsdp2 4": {**_DP, "zero_stage": 3, "framework": "fsdp2"},
     "accelerate-fsdp 4": {**_DP, "zero_stage": 3, "framework": "accelerate-fsdp"},
+    "accelerate-fsdp no-shard 4": {**_DP, "framework": "accelerate-fsdp"},  # --fsdp no-shard
+    "accelerate-fsdp 1 gpu": {"zero_stage": 3, "framework": "accelerate-fsdp"},
     "zero-3 + optimizer offload": {**_DP, "zero_stage": 3, "offload": "optimizer"},
     "zero-3 + optimizer+params offload": {**_DP, "zero_stage": 3, "offload": "optimizer+params"},
     "zero-2 deepspeed + offload": {
@@ -109,6 +117,8 @@ def _run(target: Path, settings: dict[str, Any], engine: str) -> tuple[str, int]
     try:
         training = TrainingConfig(micro_batch_size=2, seq_len=64, **settings)
         est = estimate(str(target), training, engine=engine, simulate_allocator=False)
+    except NotApplicableError as exc:  # not a gap: the option means nothing for this model
+        return " ".join(f"n/a: {exc}".split())[:110], 0
     except Exception as exc:  # noqa: BLE001 - the refusal is the result
         return " ".join(f"{type(exc).__name__}: {exc}".split())[:110], 0
     return "ok", est.breakdown.allocated_bytes
@@ -117,16 +127,22 @@ def _run(target: Path, settings: dict[str, Any], engine: str) -> tuple[str, int]
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--sets", default="", help="only the option sets matching this regex")
+    parser.add_argument("--models", default="", help="only the models matching this regex")
     args = parser.parse_args(argv)
     logging.disable(logging.WARNING)
     warnings.simplefilter("ignore")
     rows: list[dict[str, Any]] = []
-    counts = dict.fromkeys(TARGETS, 0)
-    for name, settings in OPTION_SETS.items():
-        for label, target in TARGETS.items():
+    sets = {k: v for k, v in OPTION_SETS.items() if re.search(args.sets, k)}
+    targets = {k: v for k, v in TARGETS.items() if re.search(args.models, k)}
+    counts = dict.fromkeys(targets, 0)
+    not_applicable = dict.fromkeys(targets, 0)
+    for name, settings in sets.items():
+        for label, target in targets.items():
             outcome, generic = _run(target, settings, "generic")
             row: dict[str, Any] = {"options": name, "model": label, "outcome": outcome}
             counts[label] += outcome == "ok"
+            not_applicable[label] += outcome.startswith("n/a:")
             if outcome == "ok" and label.startswith("formula"):
                 analytic_outcome, analytic = _run(target, settings, "analytic")
                 if analytic_outcome == "ok":
@@ -139,7 +155,12 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(f"{name:28} {label:22} {outcome}{extra}", flush=True)
     for label, n in counts.items():
-        print(f"== {label}: {n} of {len(OPTION_SETS)} option sets run on the generic path")
+        na = not_applicable[label]
+        refused = len(sets) - n - na
+        print(
+            f"== {label}: {n} of {len(sets)} option sets run on the generic path, {na} not "
+            f"applicable, {refused} refused"
+        )
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

@@ -5,6 +5,7 @@ Tree (httpx style)::
     TrainmemError
      +-- SpecError(ValueError)            bad field in a model / training / GPU spec
      +-- UnsupportedError(NotImplementedError)  not modelled (the message names a workaround)
+     |    +-- NotApplicableError              an option with no meaning for this kind of model
      +-- TraceError(RuntimeError)         the trace engine could not run the model
      +-- CompositionError(ValueError)     a traced stream does not split into identical units
      +-- ScheduleError(ValueError)        a step schedule frees what it never allocated
@@ -37,6 +38,13 @@ class SpecError(TrainmemError, ValueError):
 
 class UnsupportedError(TrainmemError, NotImplementedError):
     """The input is valid but trainmem does not model it (yet); the message says what to do."""
+
+
+class NotApplicableError(UnsupportedError):
+    """The option has no meaning for this kind of model, not a gap in the modelling: a language
+    model's option (a token loss, a padded token batch, a language-model framework) on a
+    diffusion or vision model. The message names the option, why it does not apply and what to
+    use instead."""
 
 
 class TraceError(TrainmemError, RuntimeError):

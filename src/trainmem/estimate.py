@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Literal
 from trainmem.analytic.buffers import device_context
 from trainmem.analytic.engine import estimate_analytic
 from trainmem.breakdown import MemoryEstimate
-from trainmem.errors import SpecError, UnsupportedError
+from trainmem.errors import NotApplicableError, SpecError, UnsupportedError
 from trainmem.schedule import StepSchedule
 from trainmem.specs.assumptions import assumptions
 from trainmem.specs.frameworks import installed_transformers_version, parse_version
@@ -960,12 +960,13 @@ def _check_traced_framework(
     ModelSpec (:func:`_check_deepspeed_without_spec`).
 
     Raises:
-        UnsupportedError: naming what would work.
+        NotApplicableError: torchtune on a diffusers or timm model, naming what would work.
+        UnsupportedError: DeepSpeed's ``"auto"`` sizes without a ModelSpec.
     """
     if training.framework == "torchtune" and (
         diffusers or (isinstance(target, str) and _is_timm(target))
     ):
-        raise UnsupportedError(
+        raise NotApplicableError(
             "framework=torchtune: torchtune's recipes train its own language-model builders, "
             "and this is a diffusers / timm model; use --framework pytorch-amp"
         )

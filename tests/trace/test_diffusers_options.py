@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from trainmem.errors import UnsupportedError
+from trainmem.errors import NotApplicableError, UnsupportedError
 from trainmem.estimate import estimate
 from trainmem.specs.training import TrainingConfig
 
@@ -148,13 +148,31 @@ def test_sequence_parallel_refuses_joint_attention() -> None:
     [
         ({"context_parallel_size": 2}, "context_parallel_size=2 (torch's context"),
         ({"pipeline_parallel_size": 2}, "pipeline_parallel_size=2 (the traced pipeline"),
-        ({"chunked_cross_entropy": 8}, "chunked_cross_entropy=8 (a chunked"),
     ],
 )
 def test_refusals_say_why_and_what_runs_instead(settings: dict[str, Any], named: str) -> None:
     with pytest.raises(UnsupportedError) as info:
         _estimate(**settings)
     assert named in str(info.value)
+    assert not isinstance(info.value, NotApplicableError)  # a gap, not a meaningless option
+
+
+@pytest.mark.parametrize(
+    ("settings", "instead"),
+    [
+        ({"chunked_cross_entropy": 8}, "leave it 0"),
+        ({"loss": "logits-sum"}, "leave --loss unset"),
+        ({"padding_mask": True}, "leave it off"),
+        ({"framework": "torchtune"}, "use --framework pytorch-amp"),
+        ({"framework": "litgpt"}, "use --framework pytorch-amp"),
+    ],
+)
+def test_language_model_options_are_not_applicable(settings: dict[str, Any], instead: str) -> None:
+    # a token loss, a padded token batch, a language-model framework mean nothing for a
+    # diffusion model: the refusal says so (NotApplicableError) and names what to use instead
+    with pytest.raises(NotApplicableError, match="language[ -]model") as info:
+        _estimate(**settings)
+    assert instead in str(info.value)
 
 
 def _block0_kept_by_torch_compile(training: TrainingConfig) -> tuple[int, int]:

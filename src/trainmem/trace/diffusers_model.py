@@ -41,7 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from trainmem.breakdown import MemoryEstimate
-from trainmem.errors import UnsupportedError
+from trainmem.errors import NotApplicableError, UnsupportedError
 from trainmem.specs.diffusers import (
     check_diffusers_config,
     diffusers_class,
@@ -367,19 +367,21 @@ def check_diffusers_settings(training: TrainingConfig) -> None:
     ``trainmem.trace.fsdp``), tensor and sequence parallelism of the blocks
     (``trainmem.trace.diffusers_parallel``); and ``compile`` (each block compiled, as
     diffusers' ``ModelMixin.compile_repeated_blocks`` does; ``trainmem.trace.compile``).
-    Refused, each with what runs instead: a chunked loss (a diffusers model has no token
-    logits), context and pipeline parallelism (their traced plans split transformers language
-    models).
+    Refused, each with what runs instead: context and pipeline parallelism (their traced plans
+    split transformers language models); not applicable: a chunked loss (a diffusers model has
+    no token logits).
 
     Raises:
-        UnsupportedError: the settings above, named with the reason.
+        NotApplicableError: a chunked cross-entropy.
+        UnsupportedError: the parallelisms above, named with the reason.
     """
+    if training.chunked_cross_entropy > 0:
+        raise NotApplicableError(
+            f"chunked_cross_entropy={training.chunked_cross_entropy}: a chunked cross-entropy "
+            "splits a language model's token logits, and a diffusers model's loss is an MSE on "
+            "its prediction: leave it 0"
+        )
     why = {
-        "chunked_cross_entropy": (
-            training.chunked_cross_entropy > 0,
-            "a chunked cross-entropy splits a language model's token logits, and a diffusers "
-            "model's loss is an MSE on its prediction: leave it 0",
-        ),
         "context_parallel_size": (
             training.context_parallel_size > 1,
             "torch's context parallelism shards the batch's token ids, which a diffusers model "

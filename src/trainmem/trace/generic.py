@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainmem.breakdown import MemoryEstimate
-from trainmem.errors import TraceError, UnsupportedError
+from trainmem.errors import NotApplicableError, TraceError, UnsupportedError
 from trainmem.schedule import StepSchedule
 from trainmem.specs.hardware import GPUSpec
 from trainmem.specs.ranks import RankMap
@@ -106,27 +106,29 @@ def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfi
 
     Raises:
         UnsupportedError: a diffusers config while the diffusers builder is not available.
+        NotApplicableError: a language model's option (litgpt, a padded token batch, a loss on
+            token logits) on a diffusers or timm model.
     """
     from trainmem.specs.diffusers import frozen_components, is_diffusers_config
     from trainmem.specs.hf import is_timm_config
 
     if training.framework == "litgpt" and (is_timm_config(raw) or is_diffusers_config(raw)):
-        raise UnsupportedError(
+        raise NotApplicableError(
             "framework=litgpt: litgpt trains its own GPT language models, and this is a "
             "diffusers / timm model; use --framework pytorch-amp"
         )
     if training.padding_mask and (is_timm_config(raw) or is_diffusers_config(raw)):
-        raise UnsupportedError(
-            "padding_mask=True: a padded batch's attention mask is built for token inputs of "
-            "a transformers model; a diffusers or timm model takes none, leave it off"
+        raise NotApplicableError(
+            "padding_mask=True: a padded batch's attention mask is built for a language "
+            "model's token inputs; a diffusers or timm model takes none: leave it off"
         )
     if training.loss not in (None, "cross-entropy") and is_diffusers_config(raw):
-        raise UnsupportedError(
+        raise NotApplicableError(
             f"loss={training.loss} is computed on a language model's logits; a diffusers model "
             "trains with its example scripts' loss on the prediction: leave --loss unset"
         )
     if training.loss not in (None, "cross-entropy") and is_timm_config(raw):
-        raise UnsupportedError(
+        raise NotApplicableError(
             f"loss={training.loss} is computed on a language model's token logits; a timm "
             "model trains with its classification cross-entropy: leave --loss unset"
         )
