@@ -533,9 +533,11 @@ class FrameworkConventions:
     autograd's, on the default stream. True for the FSDP frameworks: ``fsdp2``, torchtune
     (FSDP1 in its early-2024 recipes, FSDP2 from 6deeda92, Sep 2024), litgpt (FSDP1) and
     fsdp-qlora (FSDP1, torch 2.2). Not yet accelerate-fsdp / hf-trainer (their golden
-    schedules would change). Not modelled: under CPU offload FSDP1 also copies each shard to
-    the GPU on its pre-unshard stream (``pre_unshard``: ``flat_param_to(device)``). False:
-    everything on the default stream."""
+    schedules would change). Under FSDP1 (fsdp-qlora, torchtune before 0.3) the root's and
+    every layer unit's gathers are on the unshard stream (Note [FSDP1 unshard stream pool],
+    trainmem/analytic/transforms/sharding.py), and a CPU-offloaded shard's copy on the
+    pre-unshard stream (Note [FSDP1 offloaded shard copy]). False: everything on the default
+    stream."""
     fsdp1_checkpoint_outside_units: bool
     """transformers' gradient checkpointing wraps the decoder layer that FSDP1 wrapped
     (modeling_llama.py ``self._gradient_checkpointing_func(decoder_layer.__call__, ...)`` on the
