@@ -227,6 +227,13 @@ _HUB = (
     "micro_batch_size {} = {} gradient accumulation iterations (litgpt/args.py "
     "TrainArgs.gradient_accumulation_iters); the reading had none"
 )
+_HUB_RELEASE = {"43c44323": "0.4.0", "5895df10": "0.4.0", "00af8b0d": "0.4.13"}
+"""The litgpt each table commit measured: its pyproject.toml ``version`` (0.4.0.dev0 at
+43c44323 and 5895df10, 0.4.13.dev1 at 00af8b0d)."""
+_RELEASE = (
+    "; litgpt {} (pyproject.toml at that commit: from 0.4.6 a trained RMSNorm saves its fp32 "
+    "normalised tensor: specs/frameworks.py LITGPT_RMSNORM_FP32_WEIGHT_SINCE)"
+)
 _PAGED = (
     "; litgpt/finetune/lora.py @43c44323 (Apr 2024): under BitsandbytesPrecision the optimizer "
     "is bnb.optim.PagedAdamW (the reading: adamw)"
@@ -251,8 +258,9 @@ def _hub(
     """The amendment a litgpt config-hub row's yaml and script make: its accumulation, the LoRA
     script's chunked head and loss (full.py's head is not chunked), PagedAdamW under
     bitsandbytes, LoRA on the head."""
-    args = ["--gradient-accumulation-steps", str(batch // micro)]
-    why = _HUB.format(config, commit, batch, micro, batch // micro)
+    version = _HUB_RELEASE[commit]
+    args = ["--gradient-accumulation-steps", str(batch // micro), "--litgpt-version", version]
+    why = _HUB.format(config, commit, batch, micro, batch // micro) + _RELEASE.format(version)
     if "lora" in config:
         args += ["--chunked-cross-entropy", "4"]
         why += _CHUNKS

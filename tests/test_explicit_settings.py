@@ -45,6 +45,7 @@ FLAG_CASES: dict[str, tuple[list[str], Any, str]] = {
     ),
     "torchao_version": (["--torchao-version", "0.18.0"], "0.18.0", "torchao-version=0.1"),
     "torchtune_version": (["--torchtune-version", "0.6.1"], "0.6.1", "torchtune-version=0.1"),
+    "litgpt_version": (["--litgpt-version", "0.5.13"], "0.5.13", "litgpt-version=0.4.0"),
     "torchtitan_version": (
         ["--torchtitan-version", "0.0.2"],
         "0.0.2",

@@ -15,7 +15,11 @@ separate q / k / v in transformers, no rotary ``torch.cat`` there), t = 2 x 64 =
 * under bf16-mixed autocast casts the input once for the fused qkv: c*h*t = 16,384 B, where
   transformers' three projections cast it three times (49,152 B).
 And the head (Note [litgpt's cast output]): Fabric casts every chunk of the output before the
-loop releases the previous micro-batch's logits (sizes in the test).
+loop releases the previous micro-batch's logits (sizes in the test). And the norms: from litgpt
+0.4.6 a trained RMSNorm multiplies its weight in fp32 and saves the fp32 normalised tensor:
+fp32 input 4h + fp32 normalised 4h + fp32 rstd 4 = 516 B per token (66,048 B for 128 tokens)
+in bf16-true, where 0.4.0 saved the 16-bit copy (4h + 2h + 4 = 388: 49,664 B); under LoRA the
+frozen weight keeps no normalised tensor (4h + 4 = 260: 33,280 B) in either.
 """
 
 from __future__ import annotations
@@ -82,3 +86,16 @@ def test_fabric_casts_every_chunk_before_the_loop_releases_the_previous_logits()
             live.pop(ev.block_id, None)
     held = sorted(v for v in live.values() if v[0] in (131_072, 262_144))
     assert held == [(131_072, Cat.TEMPORARY), (262_144, Cat.ACTIVATION), (262_144, Cat.TEMPORARY)]
+
+
+@pytest.mark.parametrize(
+    ("version", "lora_rank", "expected"),
+    [("0.5.13", 0, 66_048), ("0.4.6", 0, 66_048), ("0.4.0", 0, 49_664), ("0.5.13", 8, 33_280)],
+)
+def test_litgpt_rmsnorm_saves_its_fp32_product_from_0_4_6(
+    version: str, lora_rank: int, expected: int
+) -> None:
+    terms = _terms(
+        framework="litgpt", precision="bf16-true", litgpt_version=version, lora_rank=lora_rank
+    )
+    assert terms["attention/norm"] == terms["mlp/norm"] == expected

@@ -114,3 +114,14 @@ def test_litgpt_lora_adapters_by_hand() -> None:
     trainable = 2 * (16 * 64 + 96 * 8)
     assert est.num_trainable_parameters == trainable
     assert est.schedules[0].model_states()["gradients"] == 2 * trainable
+
+
+def test_a_litgpt_release_other_than_the_installed_one_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from trainmem.trace import litgpt_model
+
+    monkeypatch.setattr(litgpt_model, "installed_version", lambda _name: (0, 4, 0))
+    with pytest.raises(UnsupportedError, match="--litgpt-version 0.4.0"):
+        litgpt_model.check_litgpt_release(_training())  # the default asks for 0.5.13
+    litgpt_model.check_litgpt_release(_training(litgpt_version="0.4"))

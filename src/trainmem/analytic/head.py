@@ -14,7 +14,7 @@ from trainmem.analytic.activation_shapes import (
 from trainmem.analytic.loss import (
     loss_saved_terms,
 )
-from trainmem.analytic.norms import norm_saved_bytes
+from trainmem.analytic.norms import litgpt_norm_weight_in_fp32, norm_saved_bytes
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 
@@ -38,9 +38,9 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
         t_source = b * training.seq_len
         out["encoder_final_norm"] = norm_saved_bytes(model, r) * t_source
     if model.final_norm:  # BERT (post-LN) has none
-        out["final_norm"] = (
-            norm_saved_bytes(model, r, trainable=not training.is_lora and not training.compile) * t
-        )
+        trainable = not training.is_lora and not training.compile
+        fp32 = litgpt_norm_weight_in_fp32(training)
+        out["final_norm"] = norm_saved_bytes(model, r, trainable=trainable, weight_in_fp32=fp32) * t
     if model.head in ("causal-lm", "masked-lm", "seq2seq-lm"):
         out.update(_lm_head_terms(model, training, t=t))
     else:

@@ -13,6 +13,7 @@ from typing import Any
 from trainmem.specs.frameworks import (
     DEFAULT_BITSANDBYTES_VERSION,
     DEFAULT_DEEPSPEED_VERSION,
+    DEFAULT_LITGPT_VERSION,
     DEFAULT_TORCH_VERSION,
     DEFAULT_TORCHAO_VERSION,
     DEFAULT_TORCHTITAN_VERSION,
@@ -121,6 +122,9 @@ def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dic
     if framework == "torchtune":
         # before 0.3 its recipes' loss takes the shifted logits transposed (recipe_loss)
         out["torchtune"] = _version(config.get("torchtune_version"), DEFAULT_TORCHTUNE_VERSION)
+    if framework == "litgpt":
+        # from 0.4.6 its RMSNorm multiplies the weight in fp32 (norms.norm_options)
+        out["litgpt"] = _version(config.get("litgpt_version"), DEFAULT_LITGPT_VERSION)
     if framework == "deepspeed":
         out["deepspeed"] = _version(config.get("deepspeed_version"), DEFAULT_DEEPSPEED_VERSION)
     if framework == "fsdp2" and config.get("compile"):

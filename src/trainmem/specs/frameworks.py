@@ -44,6 +44,14 @@ alive, in 0.1 and 0.2; torchao PR #298 (9dbc5542, 2024-05-31, in 0.3.0) returns 
 DEFAULT_TORCHTUNE_VERSION = (0, 6, 1)
 """The torchtune release assumed when none is given: 0.6.1, the release whose recipes and
 configs the torchtune conventions follow (:mod:`trainmem.specs.trainer_configs`)."""
+DEFAULT_LITGPT_VERSION = (0, 5, 13)
+"""The litgpt release assumed when none is given: 0.5.13, whose model code the traced paths run
+(trainmem.trace.litgpt_model; ``pip install 'trainmem[litgpt]'``)."""
+LITGPT_RMSNORM_FP32_WEIGHT_SINCE = (0, 4, 6)
+"""litgpt 0.4.6 (916a84ca, "Gemma 2: 9b and 27b versions", Jul 2024): ``RMSNorm.forward``
+returns ``(x_normed * weight.float()).to(dtype=dtype)``, the weight multiplied in fp32, so a
+trained norm saves the fp32 normalised tensor; through 0.4.5 (and lit-gpt's rmsnorm.py) it
+casts ``x_normed.to(dtype=dtype)`` first and saves that 16-bit copy (litgpt/model.py)."""
 TORCHTUNE_RESHAPED_LOSS_SINCE = (0, 3, 0)
 """torchtune 0.3.0 (4fba6cd4, "chunked cross entropy", Aug 2024): the recipes pass the loss
 the logits reshaped to (b s, V); through 0.2.1 (v0.1.0 .. v0.2.1 recipes/*_finetune_*.py

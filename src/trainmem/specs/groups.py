@@ -69,6 +69,7 @@ FIELD_GROUPS: dict[str, tuple[str, ...]] = {
         "bitsandbytes_version",
         "torchao_version",
         "torchtune_version",
+        "litgpt_version",
         "torchtitan_version",
         "deepspeed_version",
         "load_phase",

@@ -73,6 +73,7 @@ from trainmem.specs.bounds import MAX_COUNT, describe_int
 from trainmem.specs.frameworks import (
     BNB_MATMUL4BIT_SAVES_NO_INPUT_SINCE,
     DEFAULT_BITSANDBYTES_VERSION,
+    DEFAULT_LITGPT_VERSION,
     DEFAULT_TORCHAO_VERSION,
     DEFAULT_TORCHTITAN_VERSION,
     DEFAULT_TORCHTUNE_VERSION,
@@ -1077,6 +1078,16 @@ class FrameworkConfig:
     0.3 (:data:`~trainmem.specs.frameworks.TORCHTUNE_RESHAPED_LOSS_SINCE`) their loss is the
     transposed cross-entropy (:attr:`TrainingConfig.recipe_loss`); None, the default:
     :data:`~trainmem.specs.frameworks.DEFAULT_TORCHTUNE_VERSION`."""
+    litgpt_version: str | None = setting(
+        None,
+        "litgpt release (from 0.4.6 its RMSNorm multiplies the weight in fp32).",
+        default_text="0.5.13",
+    )
+    """litgpt release (``"0.4.0"``) whose model code runs with ``framework="litgpt"``: from
+    0.4.6 (:data:`~trainmem.specs.frameworks.LITGPT_RMSNORM_FP32_WEIGHT_SINCE`) a trained
+    RMSNorm saves its fp32 normalised tensor; None, the default:
+    :data:`~trainmem.specs.frameworks.DEFAULT_LITGPT_VERSION`, the release the traced paths
+    run."""
     torchtitan_version: str | None = setting(
         None,
         "torchtitan release (from 0.1 its loss is compiled with --compile).",
@@ -1137,6 +1148,15 @@ class FrameworkConfig:
         return (major, minor, patch)
 
     @property
+    def litgpt_release(self) -> tuple[int, int, int]:
+        """(major, minor, patch) of the litgpt whose model code runs: ``litgpt_version`` when
+        given (``"0.4"`` is 0.4.0), else
+        :data:`~trainmem.specs.frameworks.DEFAULT_LITGPT_VERSION`."""
+        given = parse_version("litgpt_version", self.litgpt_version)
+        major, minor, patch = (*(given or DEFAULT_LITGPT_VERSION), 0, 0)[:3]
+        return (major, minor, patch)
+
+    @property
     def torchtitan_release(self) -> tuple[int, int, int]:
         """(major, minor, patch) of the torchtitan whose train loop runs: ``torchtitan_version``
         when given (``"0.1"`` is 0.1.0), else
@@ -1152,6 +1172,7 @@ class FrameworkConfig:
             "bitsandbytes_version",
             "torchao_version",
             "torchtune_version",
+            "litgpt_version",
             "torchtitan_version",
             "deepspeed_version",
         ):

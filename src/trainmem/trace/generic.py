@@ -195,6 +195,7 @@ def _litgpt_recipe(name: str, raw: Mapping[str, Any], training: TrainingConfig) 
         lm.require_litgpt()
     except ImportError as exc:
         raise UnsupportedError(str(exc)) from exc
+    lm.check_litgpt_release(training)
     spec = model_spec_from_hf(raw, name)
     lm.litgpt_config_kwargs(spec, training)  # an unmapped model is refused before the build
     return Recipe(

@@ -44,7 +44,7 @@ from types import ModuleType
 from typing import Any
 
 from trainmem.errors import UnsupportedError
-from trainmem.specs.frameworks import litgpt_head_chunk_rows
+from trainmem.specs.frameworks import installed_version, litgpt_head_chunk_rows
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
@@ -56,6 +56,7 @@ __all__ = [
     "ConvertOutput",
     "LitGPTStep",
     "build_litgpt_model",
+    "check_litgpt_release",
     "litgpt_available",
     "litgpt_config_kwargs",
     "litgpt_loss",
@@ -99,6 +100,26 @@ def require_litgpt() -> tuple[ModuleType, ModuleType, ModuleType]:
             f"{LITGPT_INSTALL_HINT}"
         ) from exc
     return litgpt.config, litgpt.model, litgpt.lora
+
+
+def check_litgpt_release(training: TrainingConfig) -> None:
+    """Refuse a ``litgpt_version`` other than the installed litgpt's: the trace runs the
+    installed model code (``TrainingConfig.litgpt_release``, default 0.5.13).
+
+    Raises:
+        UnsupportedError: naming both releases and what works.
+    """
+    installed = installed_version("litgpt")
+    if installed is None:
+        return  # (the import refuses, naming the extra)
+    release = (*installed, 0, 0)[:3]
+    if release != training.litgpt_release:
+        asked = ".".join(map(str, training.litgpt_release))
+        raise UnsupportedError(
+            f"litgpt_version={asked}: the traced paths run the installed litgpt's model code, "
+            f"{'.'.join(map(str, release))}; pass --litgpt-version "
+            f"{'.'.join(map(str, release))} or use --engine analytic"
+        )
 
 
 def litgpt_config_kwargs(model: ModelSpec, training: TrainingConfig) -> dict[str, Any]:
