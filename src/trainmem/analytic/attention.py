@@ -8,7 +8,11 @@ attention (DeepSeek-V3) and lit-gpt's own attention. Symbols as in
 from __future__ import annotations
 
 from trainmem.analytic.activation_parallelism import parallel_divisor
-from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
+from trainmem.analytic.activation_shapes import (
+    cast_copies,
+    compute_and_residual_bytes,
+    tokens_per_sequence,
+)
 from trainmem.analytic.norms import norm_options, qk_norm_saved_bytes
 from trainmem.specs.frameworks import DEFAULT_TORCH_VERSION, parse_version
 from trainmem.specs.model import ModelSpec
@@ -331,7 +335,7 @@ def apply_mla(terms: dict[str, int], model: ModelSpec, training: TrainingConfig,
     h, a, d, v = model.hidden_size, model.num_heads, model.head_dim, model.v_head_dim
     nope = d - model.qk_rope_head_dim
     mixed = training.uses_autocast
-    terms["attention/qkv_input"] = c * h * t * (2 if mixed else 1)
+    terms["attention/qkv_input"] = c * h * t * (cast_copies(2, training) if mixed else 1)
     for rank, name in ((model.q_lora_rank, "q"), (model.kv_lora_rank, "kv")):
         if rank:
             terms[f"attention/{name}_latent_norm"] = (4 * rank + c * rank + 4) * t
@@ -388,9 +392,11 @@ def attention_terms(
         terms["attention/norm"] = norm * t
     # under autocast each linear casts its own 16-bit copy of the input: one for a fused qkv
     # (litgpt's ``CausalSelfAttention.qkv`` always is: litgpt/model.py v0.5.13, ``attn`` in
-    # lit-gpt @8641822), three for separate q / k / v projections
+    # lit-gpt @8641822), three for separate q / k / v projections, one under torch.compile
+    # (Note [Compiled casts are computed once])
     fused = model.fused_qkv or training.conventions.own_model_code
-    terms["attention/qkv_input"] = c * h * t * (1 if fused or not training.uses_autocast else 3)
+    copies = 1 if fused or not training.uses_autocast else cast_copies(3, training)
+    terms["attention/qkv_input"] = c * h * t * copies
     # Keys and values reach the kernel expanded to all query heads (GQA) in eager attention
     # (HF ``repeat_kv`` + the matmul's reshape copy) and in the fp32 memory-efficient SDPA
     # kernel; flash (16-bit) takes them at kv-head size. Only the rotated q and k are saved:

@@ -8,7 +8,11 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from trainmem.analytic.activation_parallelism import split_for_parallelism
-from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
+from trainmem.analytic.activation_shapes import (
+    cast_copies,
+    compute_and_residual_bytes,
+    tokens_per_sequence,
+)
 from trainmem.analytic.lora_variants import (
     check_lora_variant,
     dora_first_layer_unsaved,
@@ -100,7 +104,7 @@ def _frozen_base_inputs(
     if skip_inputs or qkv_targets == 0:
         terms["attention/qkv_input"] = 0
     elif training.uses_autocast and "qkv" not in linear_shapes(model):
-        terms["attention/qkv_input"] = c * h * t * qkv_targets
+        terms["attention/qkv_input"] = c * h * t * cast_copies(qkv_targets, training)
     if "o" not in targets or skip_inputs:
         terms["attention/out_proj_input"] = 0
     elif training.uses_autocast and adapter_bytes > c:
@@ -114,7 +118,7 @@ def _frozen_base_inputs(
     if n_up == 0 or skip_inputs:
         terms["mlp/input"] = 0
     elif training.uses_autocast:
-        terms["mlp/input"] = c * h * t * k_top * n_up
+        terms["mlp/input"] = c * h * t * k_top * cast_copies(n_up, training)
     if ("down" not in targets or skip_inputs) and not expert_loop(model, training):
         # (transformers 4's expert loop counts no input of a frozen down projection)
         key = "mlp/gated" if model.mlp_kind == "gated" else "mlp/activation"
@@ -134,6 +138,7 @@ def _adapter_terms(
     # (lit_gpt/lora.py ``LoRAQKVLinear``: ``F.linear(self.lora_dropout(x), self.lora_A)``)
     first_qkv = next((n for n in ("q", "k", "v") if n in targets), None)
     terms: dict[str, int] = {}
+    cast_shared: set[str] = set()  # linears whose input a targeted linear already cast
     for name, (fan_in, _out, _n) in adapted_linears(model).items():
         targeted = lora_targeted(name, targets)
         if name == "router" or not targeted:
@@ -145,11 +150,20 @@ def _adapter_terms(
         )
         if training.lora_dropout > 0 and not shared:
             terms[f"lora/{name}_dropout"] = (c + 1) * fan_in * t * active
-        if a_bytes > c:
-            # peft casts the input to the fp32 adapter's dtype; A saves that copy
+        if a_bytes > c and not (training.compile and name in cast_shared):
+            # peft casts the input to the fp32 adapter's dtype; A saves that copy (one copy per
+            # input under torch.compile: Note [Compiled casts are computed once])
             terms[f"lora/{name}_input_cast"] = a_bytes * fan_in * t * active
+            if active == 1:  # (routed experts read their own tokens)
+                cast_shared |= _SAME_INPUT.get(name, set())
     return terms
 
+
+_SAME_INPUT = {
+    "q": {"q", "k", "v"}, "k": {"q", "k", "v"}, "v": {"q", "k", "v"},
+    "gate": {"gate", "up"}, "up": {"gate", "up"},
+}  # fmt: skip
+"""Linears of a layer that read the same tensor (the attention norm's output; the MLP norm's)."""
 
 BNB_4BIT = ("nf4", "nf4-dq", "fp4", "fp4-dq")
 """bitsandbytes 4-bit bases (``Linear4bit`` / ``Params4bit``)."""
