@@ -584,15 +584,21 @@ CAUSES.update(
         "GT022": _TT_HEAD + "; README metric kind not stated (reserved taken)" + _TT_SEP_TOKENS,
         "GT024": _TT_HEAD + "; README metric kind not stated (reserved taken)" + _TT_SEP_TOKENS,
         "GT025": (
-            "FSDP2 CPU offload with fused CPU AdamW; 70B_full.yaml's custom_sharded_layers "
-            "modelled (amended; Note [FSDP embedding and head units]): the root no longer holds "
-            "the gathered embedding and output (2 V h = 4.2 GB) through the step, the head's "
-            "backward peak loses the embedding's 2.1 GB: +36.7 -> +22.6% (allocated 16.42 -> "
-            "14.32 GB, -4.0% from the measured value); the README's metric kind is not stated "
-            "(reserved taken by the reading); the rest of the reserved figure, 3.97 GB above "
-            "the allocated peak, is the all-gather stream's cached 1.71 GB layer block (free "
-            "while the head's gather is live) and the checkpointed layer inputs' segment tails "
-            "(80 x 67 MB in 235 MB segments), not explained further"
+            "over: the figure is below what the stated step must hold. 70B_full.yaml's "
+            "custom_sharded_layers modelled (amended; Note [FSDP embedding and head units]): "
+            "the root no longer holds the gathered embedding (2.1 GB) through the step, but the "
+            "output unit's gradient is unsharded until its post-backward: at the chunked "
+            "loss's weight-gradient peak (the second chunk, whose sum with the first is made "
+            "out of place, the later ones in place: torch/csrc/autograd/input_buffer.cpp "
+            "``accumulate``; seen on the CPU, the chunks' gradients arriving as transposed "
+            "views of the mm outputs: one aten::add, then aten::add_) the head's gathered "
+            "weight, the sum so "
+            "far, the new chunk's gradient and their sum (4 x 128256 x 8192 x 2 B = 8.4 GB), "
+            "with the 80 checkpointed layer inputs (5.4 GB), the chunks' loss gradients "
+            "(0.9 GB) and the prefetched layer (1.7 GB): 16.42 GB allocated against the "
+            "README's 14.93 GB (its metric kind not stated; reserved taken by the reading, "
+            "+36.6%); before the units: +36.7%, the root's unsharded head gradient not "
+            "modelled either"
         ),
         "GT026": _TT_HEAD
         + "; README metric kind not stated (predicted allocated +8%; the FSDP side streams' "

@@ -60,11 +60,12 @@ def test_a_frozen_embedding_is_not_gathered_in_backward() -> None:
     assert sorted(units) == ["embedding", "head", "head"]
 
 
-def test_the_head_backward_peak_loses_the_embedding() -> None:
-    # Llama-3.1-70B on 8 ranks as 70B_full.yaml runs it (compiled chunked loss, CPU offload):
-    # the peak is in the head's backward,
-    # where the root held the embedding's 128,256 x 8,192 x 2 B = 2,101,346,304 B gathered
-    # beside the head's; as units of their own only the head's is gathered there
+def test_at_the_chunked_heads_weight_gradient_peak() -> None:
+    # Llama-3.1-70B on 8 ranks as 70B_full.yaml runs it (compiled chunked loss, CPU offload).
+    # When the next chunk's head weight gradient and its sum are made (2 x V h x 2 B), alive:
+    # the head unit's gathered weight (V h x 2 B, all-gather stream) and its unsharded
+    # gradient so far (V h x 2 B), not the root's gathered embedding (V = 128,256, h = 8,192)
+    vh2 = 2 * 128_256 * 8_192
     training = dataclasses.replace(
         BASE,
         data_parallel_size=8,
@@ -73,13 +74,31 @@ def test_the_head_backward_peak_loses_the_embedding() -> None:
         chunked_cross_entropy=8,
         compile=True,
         offload="optimizer+params",
+        fsdp_embedding_head_units=True,
     )
-    peaks = [
-        estimate("llama-3.1-70b", t, simulate_allocator=False).schedules[0].peak()
-        for t in (training, dataclasses.replace(training, fsdp_embedding_head_units=True))
-    ]
-    assert peaks[0].module == peaks[1].module == "head"
-    assert peaks[0].peak_bytes - peaks[1].peak_bytes == 2 * 128_256 * 8_192
+    sched = estimate("llama-3.1-70b", training, simulate_allocator=False).schedules[0]
+    live: dict[int, tuple[int, str, int]] = {}
+    for ev in sched.events():  # the setup's events too: the step frees what they made
+        if ev.action == "free":
+            live.pop(ev.block_id, None)
+            continue
+        if ev.size_bytes == 2 * vh2 and ev.module == "head":
+            break
+        live[ev.block_id] = (ev.size_bytes, ev.module, ev.stream)
+    head = sorted(v for v in live.values() if v[1] == "head" and v[0] == vh2)
+    assert head == [(vh2, "head", 0), (vh2, "head", ALL_GATHER_STREAM)]
+    assert not any(v[0] >= vh2 for v in live.values() if v[1] in ("(model)", "embedding"))
+
+
+def test_a_trained_unit_reduces_its_unsharded_gradient() -> None:
+    # per step and unit (full fine-tuning, 4 ranks): the unsharded gradient and the
+    # reduce-scatter input (V h x 2 B each, default stream), then this rank's shard (a quarter)
+    allocs = _step_allocs(dataclasses.replace(BASE, fsdp_embedding_head_units=True))
+    for unit in ("head", "embedding"):
+        # two gathers (forward, backward) on the all-gather stream, two on the default one
+        streams = sorted(s for size, m, s in allocs if m == unit and size == VOCAB_BYTES)
+        assert streams == [0, 0, ALL_GATHER_STREAM, ALL_GATHER_STREAM]
+        assert any(m == unit and size == VOCAB_BYTES // 4 for size, m, _ in allocs)
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,14 @@ Note [FSDP embedding and head units]
     and its backward, and the output's during its forward and its backward (the head's
     backward, where the chunked loss's weight gradients peak). All-gather outputs are made on
     the all-gather stream (_fsdp_collectives.py ``foreach_all_gather``).
+    A trained unit's gradient is unsharded until its post-backward: autograd accumulates the
+    weight's gradient (for a chunked head, the chunks' sum in the ``AccumulateGrad`` node's
+    input buffer) on the unsharded parameter, and ``post_backward`` copies it into the
+    reduce-scatter input (``foreach_reduce``: ``torch.empty`` of the unit's unsharded size,
+    the copy-in, then the unsharded gradients released), leaving this rank's shard (on the
+    CPU under ``CPUOffloadPolicy``). So from the head's backward to its post-backward its
+    unsharded gradient (c V h, 2,101,346,304 B for the 70B) is alive beside the next chunk's
+    and their sum, and the reduce-scatter input of the same size beside it at the end.
     Deviations from the source: a head called once per loss chunk (torchtune's
     ``chunked_output``) is resharded after each call and gathered again by the next; one gather
     per pass is kept, the same bytes alive at once. FSDP2 prefetches the embedding's backward
@@ -39,20 +47,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from trainmem.analytic.tensor_states import TensorState
 from trainmem.analytic.transforms.base import (
     Emitted,
+    Group,
     Lifetime,
     RankContext,
     Transform,
     Where,
     alloc,
+    free,
+    gradient_ops,
 )
 from trainmem.analytic.transforms.fsdp2 import post_backward_active
 from trainmem.analytic.transforms.points import Point
-from trainmem.analytic.transforms.sharding import own_units_apply, sharding
+from trainmem.analytic.transforms.sharding import OWN_UNIT_STATES, own_units_apply, sharding
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.errors import UnsupportedError
+from trainmem.schedule import Op
 from trainmem.timeline import Phase
+from trainmem.units import dtype_bytes
 
 
 class FsdpEmbeddingHeadUnits(Transform):
@@ -63,7 +77,9 @@ class FsdpEmbeddingHeadUnits(Transform):
     ``stack.pre_forward``); ``head.forward`` the head's (until ``head.post_forward``);
     ``head.backward`` the head's again (until ``head.post_backward``);
     ``embedding.pre_backward`` the embedding's again when its weight is trained (until
-    ``embedding.post_backward``).
+    ``embedding.post_backward``); ``head.post_backward`` / ``embedding.post_backward`` a
+    trained unit's reduce-scatter: its input, the unsharded gradients freed, the shards.
+    Makes a trained unit's gradients unsharded where the base order makes them.
 
     Raises:
         UnsupportedError: FSDP2's post-backward order, or a tied head.
@@ -102,6 +118,64 @@ class FsdpEmbeddingHeadUnits(Transform):
         op = alloc(size, Cat.TEMPORARY, phase, f"gather/{unit}", unit, label, self.stream)
         return (Lifetime(op, release),)
 
+    def _unit_states(self, group: str) -> list[TensorState]:
+        """The trained states of ``group``'s own unit (the head's output weight, the
+        embedding's token table); empty where the unit is not one of its own."""
+        unit = OWN_UNIT_STATES[group]
+        size = self.head if group == "head" else self.embedding
+        states = self.ctx.head_grad_states if group == "head" else self.ctx.emb_grad_states
+        return [st for st in states if st.name == unit and st.trainable] if size else []
+
+    def _unsharded(self, group: str) -> list[Op]:
+        """A unit's unsharded gradients, in the unsharded parameters' dtype."""
+        g = dtype_bytes(self.ctx.training.grad_dtype)
+        w = dtype_bytes(self.ctx.training.gathered_weight_dtype)
+        return [
+            alloc(
+                w * (st.full_grad_bytes // g),
+                Cat.TEMPORARY,
+                "backward",
+                f"unit_grad/{group}/{n}",
+                group,
+                f"the {group} unit's unsharded gradients, until its post-backward",
+            )
+            for n, st in enumerate(self._unit_states(group))
+        ]
+
+    def gradients(self, group: Group, where: Where) -> Sequence[Op] | None:
+        if group == "layer" or not self._unit_states(group):
+            return None
+        rest = [st for st in self._group_states(group) if st not in self._unit_states(group)]
+        kept = gradient_ops(self.ctx, rest, "backward", group, group) if where.new_grads else []
+        return [*self._unsharded(group), *kept]
+
+    def _group_states(self, group: str) -> list[TensorState]:
+        return self.ctx.head_grad_states if group == "head" else self.ctx.emb_grad_states
+
+    def _reduce(self, group: str, where: Where) -> list[Op]:
+        """The unit's post-backward: the reduce-scatter input, the unsharded gradients freed,
+        this rank's shards (on the first micro-batch), the input freed."""
+        bp: Phase = "backward"
+        unsharded = self._unsharded(group)
+        if not unsharded:
+            return []
+        rs = alloc(
+            sum(op.size_bytes for op in unsharded),
+            Cat.TEMPORARY,
+            bp,
+            f"unit_rs/{group}",
+            group,
+            f"the {group} unit's reduce-scatter input",
+        )
+        states = self._unit_states(group)
+        shards = gradient_ops(self.ctx, states, bp, group, group) if where.new_grads else []
+        # the shards keep the base's keys (grad/<group>/<n> by position in the group's states)
+        shards = [
+            op._replace(key=f"grad/{group}/{self._group_states(group).index(st)}")
+            for op, st in zip(shards, states, strict=True)
+        ]
+        return [rs, *(free(op, bp) for op in unsharded), *shards, free(rs, bp)]
+
     def micro_batch_begin(self, where: Where) -> Sequence[Emitted]:
         return self._gather("embedding", self.embedding, "forward", "stack.pre_forward")
 
@@ -110,6 +184,12 @@ class FsdpEmbeddingHeadUnits(Transform):
 
     def head_backward(self, where: Where) -> Sequence[Emitted]:
         return self._gather("head", self.head, "backward", "head.post_backward")
+
+    def head_post_backward(self, where: Where) -> Sequence[Emitted]:
+        return self._reduce("head", where)
+
+    def embedding_post_backward(self, where: Where) -> Sequence[Emitted]:
+        return self._reduce("embedding", where)
 
     def embedding_pre_backward(self, where: Where) -> Sequence[Emitted]:
         size = self.embedding if self.embedding_trained else 0
