@@ -116,6 +116,18 @@ def test_attention_defaults_to_the_models_own() -> None:
         run(resolve_request({**values, "attention": "sdpa"}))
 
 
+def test_an_empty_text_box_of_an_unset_setting_is_unset() -> None:
+    # a shown text box reports "" where a collapsed one reports None: both leave a setting
+    # whose default is None unset, so the command line does not gain --earlier-seq-lens ''
+    widgets = h.widget_values(default_values())
+    widgets[h.INPUT_NAMES.index("earlier_seq_lens")] = ""
+    values = h.collect(widgets)
+    assert values["earlier_seq_lens"] is None
+    assert "earlier" not in cli_command(values)
+    widgets[h.INPUT_NAMES.index("earlier_seq_lens")] = "128,256"
+    assert "--earlier-seq-lens 128,256" in cli_command(h.collect(widgets))
+
+
 def test_a_broken_link_opens_with_a_message() -> None:
     values, pins, problems = from_query("micro-batch-size=four&colour=red&precision=bf16-true")
     assert values["micro_batch_size"] == 1 and values["precision"] == "bf16-true"
