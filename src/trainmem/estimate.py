@@ -631,6 +631,13 @@ def setting_warnings(model: str | ModelSpec, training: TrainingConfig) -> list[s
             "nothing (ZeRO partitions across the data-parallel ranks): the answer is one GPU "
             "holding everything; pass --data-parallel-size N for the per-GPU share of N GPUs"
         )
+    t = training
+    units = t.zero_stage == 3 and t.sharding_degree > 1 and not t.conventions.zero_ipg_buckets
+    if t.fsdp_embedding_head_units and not (units and t.pipeline_parallel_size == 1):
+        out.append(
+            "warning: fsdp_embedding_head_units applies to FSDP FULL_SHARD over more than one "
+            "rank without pipelining (zero_stage=3, data_parallel_size > 1): ignored here"
+        )
     longer = [n for n in training.earlier_seq_len_list if n > training.seq_len]
     if longer:
         out.append(

@@ -117,3 +117,13 @@ def test_the_trace_engine_refuses_it() -> None:
 
     training = dataclasses.replace(BASE, framework="fsdp2", fsdp_embedding_head_units=True)
     assert "fsdp_embedding_head_units=True" in trace_unsupported_settings(training)
+
+
+def test_without_fsdp_the_setting_warns() -> None:
+    # no FSDP unit to make: the option has no effect, and says so
+    from trainmem.estimate import setting_warnings
+
+    alone = TrainingConfig(fsdp_embedding_head_units=True)
+    assert any("fsdp_embedding_head_units" in n for n in setting_warnings("gpt2", alone))
+    sharded = dataclasses.replace(BASE, fsdp_embedding_head_units=True)
+    assert not any("fsdp_embedding_head_units" in n for n in setting_warnings("gpt2", sharded))
