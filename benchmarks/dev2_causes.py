@@ -602,7 +602,12 @@ CAUSES.update(
         ),
         "GT026": _TT_HEAD
         + "; README metric kind not stated (predicted allocated +8%; the FSDP side streams' "
-        "pools +12.1 -> +13.8%)" + _TT_SEP_TOKENS,
+        "pools +12.1 -> +13.8%); at the stated 2 x 2048 tokens the step cannot hold less than "
+        "the bf16 base's shard (70.6B x 2 B / 8 = 17.6 GB), the root's gathered embedding and "
+        "output (FSDP2 keeps the root gathered: 4.2 GB), the 80 checkpointed layer inputs "
+        "(5.4 GB) and one gathered layer (1.7 GB), 28.9 GB before any recomputation, against "
+        "the figure's 29.6 GB (the 70B full fine-tune of the same table, GT025, is below its "
+        "floor)" + _TT_SEP_TOKENS,
         "GT027": (
             "405B QLoRA FSDP2, standard CE; README '44.8 GB' unit read as GiB (notes; as GB the "
             "error grows). The measured value is below what batch 2 x 2048 packed tokens must "
