@@ -288,6 +288,25 @@ def test_no_shard_makes_its_16bit_copy_per_unit_like_full_shard(llama_2_7b: Mode
     assert a["forward"] - b["forward"] == 12 * PSI - shards
 
 
+def test_no_shard_makes_each_units_gradient_at_its_post_backward(llama_2_7b: ModelSpec) -> None:
+    # Note [FSDP1 NO_SHARD's 16-bit copy]: FSDP1's post-backward hook casts a unit's flat
+    # gradient to fp32 once the unit's backward is done, so the head's gradient (in the root
+    # unit with the embedding) is made after every layer's, at the end of the backward
+    training = TrainingConfig(framework="accelerate-fsdp", data_parallel_size=8, seq_len=512)
+    est = estimate_analytic(llama_2_7b, training, simulate_allocator=False)
+    made = [
+        "head" if ev.module == "head" else "layer"
+        for ev in est.schedules[0].events()
+        if ev.action == "alloc"
+        and ev.phase == "backward"
+        and ev.category.name == "GRADIENT"
+        and ev.module != "embedding"
+    ]
+    # the warm-up step and the recorded one: 32 layers of 7 linears and 2 norms, then the
+    # head group's (the final norm and the head)
+    assert made == 2 * (["layer"] * 32 * 9 + ["head"] * 2)
+
+
 # -- item 3: Megatron grad buffer from init; fused multi-tensor Adam ------------------------
 
 

@@ -57,6 +57,7 @@ from trainmem.analytic.transforms.sharding import (
     gather_ops,
     group_states,
     kept_op,
+    no_shard_copies,
     offload_copy_ops,
     sharding,
     unsharded_gradient_ops,
@@ -87,6 +88,8 @@ class FullyShardedDataParallel(Transform):
         self.sharding = s = sharding(ctx)
         self.post_backward = post_backward_active(ctx)
         self.reduces_last_micro_batch = s.no_sync
+        # Note [FSDP1 NO_SHARD's 16-bit copy]: a unit's gradient is made at its post-backward
+        self.unit_grads = no_shard_copies(ctx.training)
 
     @staticmethod
     def applies(ctx: RankContext) -> bool:
@@ -102,6 +105,8 @@ class FullyShardedDataParallel(Transform):
 
     def gradients(self, group: Group, where: Where) -> Sequence[Op] | None:
         s = self.sharding
+        if self.unit_grads and group in ("layer", "head"):  # made at the unit's post-backward
+            return []
         if group == "layer" and s.flat_views:  # made in layer.mlp.post_backward
             return []
         if group == "layer" and s.pp_fsdp:  # :mod:`.fsdp_pipeline`
@@ -160,15 +165,23 @@ class FullyShardedDataParallel(Transform):
         return (kept_op(self.sharding, "forward"),) if self.sharding.kept else ()
 
     def layer_post_backward(self, where: Where) -> Sequence[Emitted]:
-        if not self.sharding.kept:
-            return ()
-        return (free(kept_op(self.sharding, "forward"), "backward"),)
+        out: list[Emitted] = []
+        if self.unit_grads and where.new_grads:  # the unit's flat gradient, cast to fp32
+            out += self._grads("layer", "backward")
+        if self.sharding.kept:
+            out.append(free(kept_op(self.sharding, "forward"), "backward"))
+        return out
 
     def head_post_backward(self, where: Where) -> Sequence[Emitted]:
         return self._reduce_ops("head") if where.reduce else ()
 
     def root_post_backward(self, where: Where) -> Sequence[Emitted]:
-        return self._reduce_ops("embedding") if where.reduce else ()
+        out: list[Emitted] = []
+        if self.unit_grads and where.new_grads:  # the root unit's: the head's with it
+            out += self._grads("head", "backward")
+        if where.reduce:
+            out += self._reduce_ops("embedding")
+        return out
 
     def _reduce_bucket(self) -> Lifetime:
         """The layer's unsharded gradients before their reduce-scatter (ZeRO-2/3, gradient

@@ -128,7 +128,7 @@ def _gathers(ctx: RankContext) -> tuple[int, int, int]:
     linear weights in float8 (1 byte each). The root's leaves out the embedding and the head
     when they are units of their own (Note [FSDP embedding and head units])."""
     t = ctx.training
-    if ctx.zero_stage != 3 and not _no_shard_copies(t):
+    if ctx.zero_stage != 3 and not no_shard_copies(t):
         return 0, 0, 0
     c, _ = compute_and_residual_bytes(t)
     layer = ctx.layer_states
@@ -151,7 +151,7 @@ def _gathers(ctx: RankContext) -> tuple[int, int, int]:
     return per, per, root
 
 
-def _no_shard_copies(t: TrainingConfig) -> bool:
+def no_shard_copies(t: TrainingConfig) -> bool:
     """FSDP1 ``NO_SHARD`` under a mixed-precision policy, whose 16-bit copies of each unit's
     weights and gradient are made like FULL_SHARD's gathers and reduce buckets.
 
@@ -169,8 +169,12 @@ def _no_shard_copies(t: TrainingConfig) -> bool:
         nothing kept from forward to backward. The unit's gradient is made in the 16-bit
         dtype, all-reduced in place and cast to the fp32 parameter's dtype
         (``_reduce_grad_no_shard`` -> ``_cast_grad_to_param_dtype``): the reduce bucket of
-        FULL_SHARD (:func:`~trainmem.analytic.buffers.reduce_scatter_layer_bytes`). No DDP
-        reducer buckets: FSDP1 reduces ``flat_param.grad`` itself. Checked against torch's
+        FULL_SHARD (:func:`~trainmem.analytic.buffers.reduce_scatter_layer_bytes`), and the
+        fp32 gradient exists only from the unit's post-backward on: a layer's at the end of its
+        backward, the root unit's (embedding, final norm and head: one flat parameter) after
+        the embedding's backward, not the head's from the head's backward
+        (``FullyShardedDataParallel`` in :mod:`.fsdp` makes them there). No DDP reducer
+        buckets: FSDP1 reduces ``flat_param.grad`` itself. Checked against torch's
         own FSDP1 traced on fake tensors under the fake process group
         (tests/trace/test_traced_fsdp1.py).
     """
@@ -190,7 +194,7 @@ def sharding(ctx: RankContext) -> Sharding:
     if kept and stage == 3:
         gather_a = gather_b = 0
     offloads_grads = t.offload in ("optimizer+gradients", "optimizer+params")
-    reduced = stage >= 2 or offloads_grads or _no_shard_copies(t)
+    reduced = stage >= 2 or offloads_grads or no_shard_copies(t)
     reduce = reduce_scatter_layer_bytes(ctx.layer_states, t) if reduced else 0
     streams = t.conventions.fsdp_collective_streams and stage == 3
     pp_fsdp = t.pipeline_parallel_size > 1 and stage == 3
