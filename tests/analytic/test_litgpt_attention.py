@@ -99,3 +99,33 @@ def test_litgpt_rmsnorm_saves_its_fp32_product_from_0_4_6(
         framework="litgpt", precision="bf16-true", litgpt_version=version, lora_rank=lora_rank
     )
     assert terms["attention/norm"] == terms["mlp/norm"] == expected
+
+
+def test_the_head_saves_its_input_and_norm_before_the_loop_rebinds() -> None:
+    # full fine-tuning, bf16-true, litgpt 0.5.13: the final norm's fp32 input, fp32 normalised
+    # tensor and rstd (4h + 4h + 4 = 516 B per token: 66,048 B), the head's 16-bit input
+    # (2h: 16,384 B) and the fp32 output (262,144 B) are saved when Fabric's cast returns,
+    # before the loop releases the previous logits
+    from trainmem.breakdown import MemoryCategory as Cat
+    from trainmem.estimate import estimate
+
+    training = TrainingConfig(
+        micro_batch_size=2, seq_len=64, framework="litgpt", precision="bf16-true",
+        chunked_cross_entropy=4,
+    )  # fmt: skip
+    est = estimate(str(MODELS_DIR / "formula" / "qwen2.json"), training, engine="analytic")
+    timeline = est.schedules[0].expand()
+    events = timeline.events[timeline.steady_state_start :]
+    previous = events[0]
+    live: dict[int, tuple[str, int, Cat]] = {}
+    for ev in events:
+        if ev.action == "free" and ev.block_id == previous.block_id:
+            break
+        if ev.action == "alloc":
+            live[ev.block_id] = (ev.module, ev.size_bytes, ev.category)
+        else:
+            live.pop(ev.block_id, None)
+    saved = sorted(
+        n for module, n, cat in live.values() if module == "head" and cat == Cat.ACTIVATION
+    )
+    assert saved == [16_384, 66_048, 262_144]

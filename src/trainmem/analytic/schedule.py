@@ -470,6 +470,11 @@ class _Layers:
         return [self.attention_tmp]
 
 
+_SAVED_BEFORE_THE_CAST = frozenset({"final_norm", "lm_head_input", "logits_fp32_output"})
+"""The head terms saved before Fabric casts litgpt's output (Note [litgpt's cast output]): the
+final norm's tensors, the output head's input and the fp32 copy itself."""
+
+
 class _Ends:
     """The embedding and the head around the layers, in autograd order (the loss, the logits,
     the embedding's gradient transients), with the transforms' ops at their points."""
@@ -496,10 +501,13 @@ class _Ends:
         if sum(v for _, v in parts) != self.head_acts:
             parts = [("head", self.head_acts)]
         self.head_blocks = [v for _, v in parts]
-        # See Note [litgpt's cast output]: the fp32 copy's block before the loop rebinds
+        # See Note [litgpt's cast output]: the blocks saved before the head's output is cast
+        # (the final norm's, the head's input, the fp32 copy) before the loop rebinds
         names = [n for n, _ in parts]
         cast_first = training.conventions.own_model_code and "logits_fp32_output" in names
-        self.cast_block = names.index("logits_fp32_output") if cast_first else None
+        self.before_rebind = (
+            [k for k, n in enumerate(names) if n in _SAVED_BEFORE_THE_CAST] if cast_first else []
+        )
         # Note [Sequence-parallel collectives' copies]: the LM head's all-gather output
         copies = sequence_parallel_copies(model, training)
         self.head_gather = copies.head_gathered if head and model.head == "causal-lm" else 0
@@ -559,10 +567,10 @@ class _Ends:
             items += [gather, free(gather, f)]
         if not self.tr.held_logits:
             items.append(logits16)
-        if self.cast_block is not None:  # Note [litgpt's cast output]
-            cast = head_act.pop(self.cast_block)
-            items += [logits, cast, *em.at("head.post_forward", where), free(logits, f)]
-            items += head_act
+        if self.before_rebind:  # Note [litgpt's cast output]
+            first = [head_act[k] for k in self.before_rebind]
+            rest = [op for k, op in enumerate(head_act) if k not in self.before_rebind]
+            items += [logits, *first, *em.at("head.post_forward", where), free(logits, f), *rest]
         else:
             items += [logits, *em.at("head.post_forward", where), *head_act, free(logits, f)]
         if not self.tr.held_logits:
