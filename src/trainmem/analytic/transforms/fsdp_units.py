@@ -146,8 +146,19 @@ class FsdpEmbeddingHeadUnits(Transform):
         if group == "layer" or not self._unit_states(group):
             return None
         rest = [st for st in self._group_states(group) if st not in self._unit_states(group)]
-        kept = gradient_ops(self.ctx, rest, "backward", group, group) if where.new_grads else []
+        kept = self._shards(group, rest) if where.new_grads else []
         return [*self._unsharded(group), *kept]
+
+    def _shards(self, group: str, states: list[TensorState]) -> list[Op]:
+        """This rank's gradients of ``states`` under the base order's keys (``grad/<group>/<n>``,
+        n the state's position in the group), so the step's end frees them as it frees the
+        others."""
+        ops = gradient_ops(self.ctx, states, "backward", group, group)
+        where = self._group_states(group)
+        return [
+            op._replace(key=f"grad/{group}/{where.index(st)}")
+            for op, st in zip(ops, states, strict=True)
+        ]
 
     def _group_states(self, group: str) -> list[TensorState]:
         return self.ctx.head_grad_states if group == "head" else self.ctx.emb_grad_states
@@ -167,13 +178,7 @@ class FsdpEmbeddingHeadUnits(Transform):
             group,
             f"the {group} unit's reduce-scatter input",
         )
-        states = self._unit_states(group)
-        shards = gradient_ops(self.ctx, states, bp, group, group) if where.new_grads else []
-        # the shards keep the base's keys (grad/<group>/<n> by position in the group's states)
-        shards = [
-            op._replace(key=f"grad/{group}/{self._group_states(group).index(st)}")
-            for op, st in zip(shards, states, strict=True)
-        ]
+        shards = self._shards(group, self._unit_states(group)) if where.new_grads else []
         return [rs, *(free(op, bp) for op in unsharded), *shards, free(rs, bp)]
 
     def micro_batch_begin(self, where: Where) -> Sequence[Emitted]:
