@@ -127,3 +127,20 @@ def test_without_fsdp_the_setting_warns() -> None:
     assert any("fsdp_embedding_head_units" in n for n in setting_warnings("gpt2", alone))
     sharded = dataclasses.replace(BASE, fsdp_embedding_head_units=True)
     assert not any("fsdp_embedding_head_units" in n for n in setting_warnings("gpt2", sharded))
+
+
+def test_an_optimizer_in_backward_steps_the_units_shards() -> None:
+    # the units' shards are made in their post-backward, before the optimizer in backward
+    # steps and frees them (torchtune's optimizer_in_bwd, 0.4+): both in the backward
+    training = dataclasses.replace(BASE, fsdp_embedding_head_units=True, optimizer_in_backward=True)
+    sched = estimate("llama-2-7b", training, simulate_allocator=False).schedules[0]
+    step = dataclasses.replace(sched, setup=(), load=())
+    made: dict[int, str] = {}
+    freed = []
+    for ev in step.events():
+        if ev.action == "alloc" and ev.size_bytes == VOCAB_BYTES // 4:
+            made[ev.block_id] = ev.module
+        elif ev.action == "free" and ev.block_id in made:
+            freed.append((made.pop(ev.block_id), ev.phase))
+    assert sorted(freed) == [("embedding", "backward"), ("head", "backward")]
+    assert not made

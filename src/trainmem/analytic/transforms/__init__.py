@@ -29,9 +29,9 @@ from trainmem.analytic.transforms.quantized import QuantizedBase
 ORDER: tuple[type[Transform], ...] = (
     DeepSpeedZero,
     DeepSpeedZero3Gathers,
+    FsdpEmbeddingHeadUnits,  # its units' shards exist before an optimizer in backward steps them
     Optimizer,
     FullyShardedDataParallel,
-    FsdpEmbeddingHeadUnits,
     Fsdp2PostBackward,
     FsdpUnderPipeline,
     ActivationOffloading,
