@@ -38,6 +38,7 @@ from trainmem.traced_options import (
     traced_settings,
     untraced_data_parallel,
     untraced_framework,
+    untraced_fsdp1_quantized,
     untraced_offload,
 )
 from trainmem.traced_quantized import quantized_base_refusals
@@ -257,6 +258,8 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
     beside = training.tensor_parallel_size * training.pipeline_parallel_size
     if training.framework == "accelerate-fsdp" and beside > 1:
         out.append(untraced_framework(training))  # FSDP1 with CP only (trace.fsdp)
+    if training.framework == "accelerate-fsdp" and training.quantize_base != "none":
+        out.append(untraced_fsdp1_quantized(training))
     if training.transformers_version is not None:
         # the trace runs the installed transformers' model code, not the release asked for
         installed = installed_transformers_version()

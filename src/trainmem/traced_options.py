@@ -101,6 +101,7 @@ __all__ = [
     "traced_settings",
     "untraced_data_parallel",
     "untraced_framework",
+    "untraced_fsdp1_quantized",
     "untraced_offload",
 ]
 
@@ -542,6 +543,21 @@ def untraced_framework(training: TrainingConfig) -> str:
     if training.framework == "fsdp2":
         why = "traced with zero_stage 3 and data_parallel_size > 1 (FSDP2); use --engine analytic"
     return f"framework={training.framework}" + (f" ({why})" if why else "")
+
+
+def untraced_fsdp1_quantized(training: TrainingConfig) -> str:
+    """FSDP1 over a quantized base, which the traced paths refuse, naming what works: FSDP1
+    flattens a unit's parameters into one floating-point tensor (torch 2.13
+    distributed/fsdp/_flat_param.py ``_validate_tensors_to_flatten``: "Cannot flatten integer
+    dtype tensors"), so accelerate's FSDP-QLoRA stores the 4-bit weights in a float dtype
+    (``bnb_4bit_quant_storage``) beside weights of that dtype, which the trace's stand-in
+    (packed ``uint8``, ``trainmem.trace.quantized``) does not reproduce."""
+    return (
+        f"quantize_base={training.quantize_base} under framework=accelerate-fsdp (FSDP1 "
+        "flattens each unit into one float tensor, and the trace's quantized stand-in packs "
+        "uint8, not accelerate's FSDP-QLoRA bnb_4bit_quant_storage; traced: --framework fsdp2 "
+        "--zero-stage 3, whose FSDP2 shards each parameter)"
+    )
 
 
 def untraced_data_parallel(training: TrainingConfig) -> str:

@@ -401,3 +401,15 @@ def test_previous_loop_needs_a_model_spec() -> None:
     pytest.importorskip("diffusers")
     with pytest.raises(UnsupportedError, match="loop=previous: .* use --loop drop"):
         estimate(PIXART, _training(loop="previous"), engine="generic")
+
+
+def test_fsdp1_over_a_quantized_base_is_refused_with_what_works() -> None:
+    # FSDP1 cannot flatten the stand-in's packed uint8 weights (torch _flat_param.py
+    # _validate_tensors_to_flatten): a refusal naming FSDP2, not a ValueError from torch
+    for changes in ({}, {"zero_stage": 3, "data_parallel_size": 4}):
+        training = _training(framework="accelerate-fsdp", lora_rank=8, quantize_base="nf4",
+                             **changes)  # fmt: skip
+        refused = trace_unsupported_settings(training, "generic")
+        last = refused[-1]
+        assert last.startswith("quantize_base=nf4 under framework=accelerate-fsdp ("), last
+        assert "--framework fsdp2" in last
