@@ -620,7 +620,14 @@ CAUSES.update(
             "over as the table's other rows (GT020-GT026)"
         ),
         "GT028": _TT_NF4_INIT,
-        "GT037": _TT_NF4_LAYOUT,
+        "GT037": (
+            _TT_NF4_LAYOUT.replace("reserves 12.19 GB", "reserved 12.19 GB")
+            + "; since Note [Frozen down projection's input] (the MLP's three i-sized tensors "
+            "alive through its backward transients, traced) the replay reserves 11.03 GB "
+            "(-1.8 -> -10.4%) with the allocated peak unchanged (9.63 GB, at the forward's "
+            "head): the step's blocks land elsewhere in the load's cache; reserved only, and "
+            "the caching allocator under alpaca's varying shapes is not modelled (as GT030)"
+        ),
         "GT029": (
             "unexplained: torchtune Apr 2024 FSDP1 LoRA recipe, AC off; not FSDP1's unshard "
             "stream pool (Note [FSDP1 unshard stream pool]: the root's and two layer units' "

@@ -977,8 +977,10 @@ def test_deepspeed_zero3_linear_saves_frozen_inputs(llama_2_7b: ModelSpec) -> No
     z2, z3 = terms(2), terms(3)
     # gate / up read the post-attention norm's output: saved once, 2 x 4096 x 1024
     assert z2["mlp/input"] == 0 and z3["mlp/input"] == 2 * 4096 * 1024
-    # down reads the gated product: 2 x 11008 x 1024 more
-    assert z3["mlp/gated"] - z2["mlp/gated"] == 2 * 11008 * 1024
+    # down reads the gated product: 2 x 11008 x 1024 more, its own input term (Note [Frozen
+    # down projection's input])
+    assert z3["mlp/down_input"] - z2["mlp/down_input"] == 2 * 11008 * 1024
+    assert z3["mlp/gated"] == z2["mlp/gated"]
 
 
 def test_deepspeed_zero3_offload_on_one_gpu_gathers_in_order(llama_2_7b: ModelSpec) -> None:

@@ -76,10 +76,11 @@ def _full_recompute(ctx: RankContext, dropped: dict[str, int]) -> None:
     """Full checkpointing's corrections of the dropped terms (in place)."""
     prof, model = ctx.profile, ctx.model
     if "attention/norm" in dropped and model.pre_norms and model.architecture == "decoder":
-        # the layer input the checkpoint keeps is not made again by the recomputation: the
-        # first norm saves that very tensor (Note [Backward of a pre-norm block]; seen in
-        # the generic path for the output-norm blocks of Gemma-2 and Gemma-3 too)
-        dropped["attention/norm"] -= min(prof.per_layer, dropped["attention/norm"])
+        if first_norm_saves_its_input(model, ctx.training):
+            # the layer input the checkpoint keeps is not made again by the recomputation:
+            # the first norm saves that very tensor (Note [Backward of a pre-norm block];
+            # seen in the generic path for the output-norm blocks of Gemma-2 and Gemma-3 too)
+            dropped["attention/norm"] -= min(prof.per_layer, dropped["attention/norm"])
     elif "attention/norm" in dropped:
         # a recompute smaller than the layer's terms (vision encoders: the first norm's
         # input is the held block input, :func:`activation_profile`): that norm's share
@@ -92,6 +93,22 @@ def _full_recompute(ctx: RankContext, dropped: dict[str, int]) -> None:
         # 2-layer T5 / Flan-T5). DeepSeek's MoE block peaks mid-recompute, where its mean
         # block already agrees with the trace.
         dropped["recompute/largest_block"] = prof.recompute - sum(prof.terms.values())
+
+
+def first_norm_saves_its_input(model: ModelSpec, training: TrainingConfig) -> bool:
+    """Whether a pre-norm layer's first norm saves the layer input itself (the tensor full
+    checkpointing keeps), rather than a copy of it.
+
+    LayerNorm saves its input (``native_layer_norm``: tools/autograd/derivatives.yaml). HF's
+    RMSNorm saves ``x.to(torch.float32)`` (modeling_llama.py ``LlamaRMSNorm.forward``, the
+    ``pow`` and the product that read it), which is ``x`` itself only on an fp32 residual
+    stream (``Tensor.to`` returns ``self`` when the dtype already matches:
+    aten/src/ATen/native/TensorConversions.cpp ``to``); on a 16-bit stream (bf16-true,
+    16-true) it is a new 4 B-per-value copy the recomputation makes again beside the kept
+    16-bit input (traced: a 1024-wide Qwen2, bf16-true LoRA, full checkpointing, FSDP2).
+    """
+    _, r = compute_and_residual_bytes(training)
+    return model.norm_kind == "layernorm" or r == 4
 
 
 def layer_plan(ctx: RankContext) -> LayerPlan:
