@@ -157,3 +157,15 @@ def test_forwards_that_read_their_masks_estimate_on_the_generic_path(
     d = json.loads(r.stdout)
     assert d["num_parameters"] == d["num_trainable_parameters"] == meta_numel(path)
     assert d["peak"]["allocated_bytes"] > 0
+
+
+@pytest.mark.slow
+def test_cogvideox_default_text_length_runs_on_the_generic_path(models_dir: Path) -> None:
+    # without --text-seq-len the batch takes the config's max_text_seq_length (16), the rows of
+    # its joint position table; 226 (the pipelines' T5 length) failed to broadcast
+    from trainmem.estimate import estimate
+
+    training = TrainingConfig(micro_batch_size=1, resolution="64", frames=9)
+    est = estimate(config_path(models_dir, "tiny-cogvideox"), training, engine="generic")
+    assert est.engine == "generic"
+    assert "16 text tokens" in " ".join(est.notes)

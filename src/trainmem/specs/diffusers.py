@@ -329,6 +329,32 @@ def _sample_size(config: Mapping[str, Any]) -> tuple[int, int]:
     return pair
 
 
+_JOINT_POSITION_TABLES = frozenset({"CogVideoXTransformer3DModel", "ConsisIDTransformer3DModel"})
+"""Classes whose patch embedding adds one position table over the text and the video tokens."""
+
+
+def fixed_text_seq_len(name: str, config: Mapping[str, Any]) -> int | None:
+    """Text tokens a model accepts when it takes only one count, else None.
+
+    CogVideoX and ConsisID without rotary positions (``use_rotary_positional_embeddings``
+    false, CogVideoX-2b's layout) add one position table of ``max_text_seq_length`` + video
+    tokens rows to the joined text and video embeddings (diffusers 0.42 models/embeddings.py
+    ``CogVideoXPatchEmbed``: ``joint_pos_embedding = torch.zeros(1, self.max_text_seq_length +
+    num_patches, ...)``; ``embeds = embeds + pos_embedding``), so any other text length fails
+    to broadcast. Default ``max_text_seq_length`` 226 (the T5 prompt length of the pipelines).
+
+    Args:
+        name: the diffusers class name.
+        config: the diffusers ``config.json``.
+
+    Returns:
+        The one text length, or None where any length runs.
+    """
+    if name not in _JOINT_POSITION_TABLES or config.get("use_rotary_positional_embeddings"):
+        return None
+    return int(config.get("max_text_seq_length", 226))
+
+
 def image_batch(config: Mapping[str, Any], training: Any) -> ImageBatch:
     """Resolve ``resolution`` / ``frames`` / ``text_seq_len`` against a diffusers config.
 
@@ -375,6 +401,15 @@ def image_batch(config: Mapping[str, Any], training: Any) -> ImageBatch:
     elif training.frames is not None:
         raise SpecError("frames", f"{name} is an image model; --frames is only for video models")
     text = fam.text_seq_len if training.text_seq_len is None else int(training.text_seq_len)
+    fixed = fixed_text_seq_len(name, config)
+    if fixed is not None and training.text_seq_len is None:
+        text = fixed
+    elif fixed is not None and text != fixed:
+        raise SpecError(
+            "text_seq_len",
+            f"{text} text tokens: {name} with position embeddings takes exactly its config's "
+            f"max_text_seq_length ({fixed}); e.g. --text-seq-len {fixed}",
+        )
     return ImageBatch(
         height=height,
         width=width,
