@@ -25,13 +25,18 @@ _FSDP_QLORA = (
 )
 
 _FSDP_QLORA_BNB = (
-    [*_FSDP_QLORA[0], "--quantize-base", "nf4-dq"],
+    [*_FSDP_QLORA[0], "--quantize-base", "nf4-dq", "--bitsandbytes-version", "0.43.0"],
     _FSDP_QLORA[1] + "; train.py (50efa1e .. 4cd6923, the benchmarks' span) builds "
     "Linear4bit(in, out, bias, compute_dtype=..., quant_type='nf4', quant_storage=...) "
     "without compress_statistics, and bitsandbytes 0.43.0 Linear4bit defaults to "
     "compress_statistics=True (double quantization); its README asks for bitsandbytes>=0.43.0 "
     "(released 2024-03-08; the 3090 runs are March 2024, benchmarks_03_2024.md; 0.43.2, "
-    "whose MatMul4Bit no longer keeps its input, is of 2024-07-23)",
+    "whose MatMul4Bit no longer keeps its input, is of 2024-07-23); so --bitsandbytes-version "
+    "0.43.0: the README's `pip install bitsandbytes>=0.43.0` (47c1722, 2024-03-07; before it, "
+    "Answer.AI's cuda_fix_quant_storage_dtype branch of the same code), and benchmarks_03_2024.md "
+    "says 'done in February and March 2024', before 0.43.1 (2024-04-11) and before the "
+    "MatMul4Bit change (bitsandbytes 9e753741, PR #1270, 2024-07-16: ctx.tensors = (None, B); "
+    "earlier (A, B), the 16-bit input kept)",
 )
 
 _PEFT_SFT_QLORA = (
@@ -510,10 +515,11 @@ _FSDP1_STREAMS = (
     "whose blocks are the modelled load's (Note [FSDP1 sync_module_states init]), so the "
     "activations land in them; what the default stream holds beyond that is not found. "
     "Tried, not landed: transformers 4.39's fp32 logits and train.py's ``output`` held to the "
-    "step's end (no row moves but GT129, -22.5 -> -17.6%); bitsandbytes 0.43.0 (the README's "
-    "floor, March 2024), whose MatMul4Bit keeps its 16-bit input: GT119 -4.9 -> -2.6%, GT128 "
-    "-12.2 -> -8.2%, GT129 -22.5 -> -18.8%, but the near-capacity 4090 rows GT126 -0.6 -> "
-    "-9.7%, GT130 / GT131 -3.5 -> -12.4% (where the replay frees its cache), not amended"
+    "step's end (no row moves but GT129, -22.5 -> -17.6%). Landed: bitsandbytes 0.43.0 (the "
+    "README's floor, March 2024; ``_FSDP_QLORA_BNB``), whose MatMul4Bit keeps its 16-bit "
+    "input, with the replay's capacity of boards without peer access (Note [NCCL without peer "
+    "access]): GT119 -4.1 -> -2.1%, GT120 -2.0 -> +1.5%, GT127 -7.7 -> -6.3%, GT128 -10.9 -> "
+    "-8.2%, GT129 -20.0 -> -17.4%, GT130 / GT131 -2.7 -> +1.9%; GT126 -2.0 -> -8.9%"
 )
 _FSDP_QLORA_DQ = (
     "the base is double-quantized (amended from train.py: Linear4bit's compress_statistics "
@@ -755,8 +761,10 @@ CAUSES.update(
         "GT119": _FSDP1_LAYOUT,
         "GT127": _FSDP_QLORA_DQ,
         "GT128": (
-            "near the card's capacity (22.98 GiB reserved on a 24 GiB RTX 3090; the replay's "
-            "capacity, its 23.69 GiB less the modelled 1.02 GiB of CUDA context, is 22.67 GiB); "
+            "22.98 GiB reserved on a 24 GiB RTX 3090, above the 22.67 GiB the replay's capacity "
+            "was with the A100's 544 MiB pair communicator; without peer access NCCL's buffers "
+            "are host memory (Note [NCCL without peer access]): 23.20 GiB now, which the replay "
+            "does not reach (no free-and-retry), so the row's error is not the capacity's; "
             + _FSDP_QLORA_DQ
         ),
         "GT041": (
@@ -765,6 +773,16 @@ CAUSES.update(
             "(the CSV's gpu column and notes: near capacity); the reading has no --gpu, so the "
             "replay runs without the card's capacity (with it: -2.0%, the allocator freeing its "
             "cache and retrying)"
+        ),
+        "GT126": (
+            "near the card's capacity (22.38 GiB measured on a 4090, 23.16 GiB of capacity): the "
+            "replay meets it when a (tokens x vocab) fp32 block of the loss, 2.93 GiB, does not "
+            "fit above 20.39 GiB reserved; it frees its cache (one retry) and never rises again. "
+            "The allocated peak is 15.87 GiB with bitsandbytes 0.43.0 or >= 0.43.2 (the saved "
+            "inputs are the recomputed layer's only); the version changes the order of the "
+            "blocks before that request (-2.0% with >= 0.43.2's); unlimited, the replay "
+            "reserves 26.2 GiB: the cross-stream pools' fragmentation (FSDP1 unshard, "
+            "post-backward and CPU-offload copy streams) is above the real run's. " + _FSDP_QLORA_DQ
         ),
         "GT129": (
             "FSDP1 CPU offload of a 70B QLoRA: the double-quantized statistics stay on the GPU "

@@ -59,3 +59,39 @@ def test_the_cli_flag_reaches_the_device_total(invoke: Invoke) -> None:
 def test_a_bad_size_is_a_spec_error(value: object) -> None:
     with pytest.raises(SpecError, match="nccl_buffer_bytes: .*allowed: bytes per communicator"):
         TrainingConfig(nccl_buffer_bytes=value)  # type: ignore[arg-type]
+
+
+# Note [NCCL without peer access]: GeForce boards over PCIe have no peer access, so NCCL's shm
+# transport keeps every connection's buffers in host shared memory (src/transport/shm.cc).
+@pytest.mark.parametrize("gpu", ["RTX-3090", "RTX-4090", "RTX-5090"])
+def test_geforce_boards_hold_no_communicator_on_the_device(gpu: str) -> None:
+    assert not get_gpu(gpu).peer_access
+    assert nccl_communicator_bytes(PARALLEL, get_gpu(gpu)) == {}
+    given = TrainingConfig(data_parallel_size=2, nccl_buffer_bytes=123)  # an NVLink bridge
+    assert nccl_communicator_bytes(given, get_gpu(gpu)) == {"data": 123}
+
+
+@pytest.mark.parametrize("gpu", ["A100-80GB", "L40S", "RTX-A6000", "H100-80GB"])
+def test_boards_with_peer_access_keep_their_communicators(gpu: str) -> None:
+    assert get_gpu(gpu).peer_access
+    assert nccl_communicator_bytes(PARALLEL, get_gpu(gpu))
+
+
+def test_a_measured_reserved_figure_fits_the_replay_capacity() -> None:
+    """fsdp_qlora benchmarks_03_2024.md: 2 x RTX 3090 (no NVLink), Yi-34B QLoRA with CPU
+    offload, 22.98 GiB max_memory_reserved per rank (dev row GT128). A real run's reserved
+    memory never exceeds what cudaMalloc could give it, so the replay's capacity (total_memory
+    less the CUDA context and the communicators) must be at least that: 23.69 GiB less the
+    500 MiB default context = 25,436,943,811 - 524,288,000 = 24,912,655,811 B; with the A100's
+    544 MiB pair communicator it was 24,342,230,467 B, below the measured 24,674,587,116 B."""
+    from trainmem.allocator.device import allocator_capacity_bytes
+    from trainmem.analytic.buffers import device_context
+
+    gpu = get_gpu("RTX-3090")
+    pair = TrainingConfig(data_parallel_size=2, zero_stage=3)
+    context, outside, notes = device_context(pair, None, gpu=gpu)
+    assert outside == {}
+    assert any("host shared memory" in note for note in notes)
+    capacity = allocator_capacity_bytes(gpu, context_bytes=context)
+    assert capacity == 25_436_943_811 - 524_288_000
+    assert capacity >= round(22.98 * 2**30)

@@ -308,6 +308,8 @@ def device_context(
         "in the device total (with the CUDA context), not in max_memory_allocated"
         for kind, size in outside.items()
     ]
+    if gpu is not None and not gpu.peer_access and nccl_communicator_bytes(training):
+        notes.append(f"NCCL: {NCCL_SHM_NOTE}")
     return base + sum(outside.values()), outside, notes
 
 
@@ -330,6 +332,27 @@ two-rank figure is published for Hopper: pairs take the same size (an upper side
 one's own goes in ``nccl_buffer_bytes`` (``--nccl-buffer-bytes``)."""
 
 
+NCCL_SHM_NOTE = (
+    "the GPUs have no peer access (GeForce boards over PCIe), so NCCL connects them through "
+    "host shared memory (src/transport/shm.cc): its communicators' buffers are host memory, "
+    "not counted on the device; pass --nccl-buffer-bytes for an NVLink-bridged pair"
+)
+"""The note of a parallel run on boards without peer access. Note [NCCL without peer access]:
+
+    NCCL tries its transports in order, p2p first, then shm (src/transport.cc
+    ``ncclTransports``). ``p2pCanConnect`` (src/transport/p2p.cc, v2.19.3, the NCCL of torch
+    2.2) refuses when ``cudaDeviceCanAccessPeer`` says no, which NVIDIA's driver does for
+    GeForce boards over PCIe (``GPUSpec.peer_access``); then ``shmSendSetup`` /
+    ``shmRecvSetup`` (src/transport/shm.cc) put each connection's buffers of every protocol
+    (``comm->buffSizes``: Simple 4 MiB, LL128 ~4.7 MiB, LL 0.5 MiB per channel) in a
+    ``/dev/shm`` segment mapped into the device's address space (``ncclShmOpen``), host memory.
+    Only with ``NCCL_SHM_USE_CUDA_MEMCPY=1`` (default 0) is a ``devFifo`` of the Simple
+    buffer's size taken with ``ncclCudaCalloc``. What stays on the device (the ``ncclDevComm``
+    and channel structures) is a few KiB. So a communicator of such boards holds no device
+    memory beside the caching allocator, where the A100 measurement (NVIDIA/nccl #964, P2P
+    over NVLink: the receive buffers on the GPU) is 544-688 MiB."""
+
+
 def _is_hopper(gpu: GPUSpec | None) -> bool:
     return gpu is not None and gpu.vendor == "nvidia" and gpu.compute_capability.startswith("9.")
 
@@ -350,11 +373,17 @@ def nccl_communicator_bytes(training: TrainingConfig, gpu: GPUSpec | None = None
     The size of one: ``training.nccl_buffer_bytes`` when given (explicit wins), else
     :data:`NCCL_HOPPER_COMMUNICATOR_BYTES` on a Hopper GPU, else the A100 measurements.
 
+    On a GPU without peer access (``GPUSpec.peer_access`` False: the GeForce boards) the
+    communicators take no device memory: Note [NCCL without peer access].
+
     Known limitations: one measured size per GPU generation (A100, H100), whatever the
-    interconnect and NCCL version.
+    interconnect and NCCL version; a communicator across machines on boards without peer
+    access (the network transport) is counted as none too.
     """
     given = training.nccl_buffer_bytes
     hopper = _is_hopper(gpu)
+    if given is None and gpu is not None and not gpu.peer_access:
+        return {}
 
     def one(ranks: int) -> int:
         if given is not None:

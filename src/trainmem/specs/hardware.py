@@ -88,6 +88,15 @@ class GPUSpec:
     aten/src/ATen/cuda/CublasHandlePool.cpp ``parseChosenWorkspaceSize`` ("32MiB default, 128MiB
     for gfx94x/gfx95x") and ``parseCUDABlasLtWorkspaceSize`` (``workspace_size = 76*1024`` KiB
     "for hipBLASLt"; ``unified_cublas_and_lt_workspaces`` only ``#ifndef USE_ROCM``)."""
+    peer_access: bool = True
+    """Two boards of this model in one machine can map each other's memory
+    (``cudaDeviceCanAccessPeer``) with NVIDIA's driver. False for the GeForce boards (RTX 3090,
+    4090, 5090) over PCIe: the driver refuses it (the CUDA sample p2pBandwidthLatencyTest prints
+    "CANNOT Access Peer" on 8 x RTX 3090, NVIDIA/nccl issue #1127; 2 x RTX 5090 "GNS = GPU not
+    supported", noonghunna/club-3090 issue #1130; only patched open kernel modules enable it,
+    tinygrad/ aikitoria open-gpu-kernel-modules), so NCCL connects them through host shared
+    memory (Note [NCCL without peer access] in trainmem.analytic.buffers). An RTX 3090 pair
+    with an NVLink bridge has peer access: pass ``--nccl-buffer-bytes`` for it."""
 
     def __post_init__(self) -> None:
         if self.memory_bytes <= 0:
@@ -95,7 +104,14 @@ class GPUSpec:
 
 
 def _gpu(
-    name: str, total_gib: float, nominal: str, cc: str, url: str, vendor: str = "nvidia"
+    name: str,
+    total_gib: float,
+    nominal: str,
+    cc: str,
+    url: str,
+    vendor: str = "nvidia",
+    *,
+    peer_access: bool = True,
 ) -> GPUSpec:
     major = int(cc.split(".")[0]) if vendor == "nvidia" else 0
     ws = 32 * MiB if major >= 9 else DEFAULT_CUBLAS_WORKSPACE_BYTES
@@ -109,6 +125,7 @@ def _gpu(
         vendor=vendor,
         datasheet=url,
         cublas_workspace_bytes=ws,
+        peer_access=peer_access,
     )
 
 
@@ -140,6 +157,7 @@ GPUS: dict[str, GPUSpec] = {
             "24 GB GDDR6X",
             "8.9",
             _NV + "en-us/geforce/graphics-cards/40-series/rtx-4090/",
+            peer_access=False,
         ),
         _gpu(
             "RTX-3090",
@@ -147,6 +165,7 @@ GPUS: dict[str, GPUSpec] = {
             "24 GB GDDR6X",
             "8.6",
             _NV + "en-us/geforce/graphics-cards/30-series/rtx-3090-3090ti/",
+            peer_access=False,
         ),
         _gpu(
             "RTX-A6000", 47.54, "48 GB GDDR6", "8.6", _NV + "en-us/design-visualization/rtx-a6000/"
@@ -158,6 +177,7 @@ GPUS: dict[str, GPUSpec] = {
             "32 GB GDDR7",
             "12.0",
             _NV + "en-us/geforce/graphics-cards/50-series/rtx-5090/",
+            peer_access=False,
         ),
         # 44.43 GiB with ECC on (as shipped): DINGYANB/MTVCrafter issue 21 (2025-07)
         _gpu(
