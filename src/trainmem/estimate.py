@@ -267,11 +267,7 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
             out.append(f"transformers_version={training.transformers_version} (not installed)")
     if _older_torch_step(training):  # the trace runs the installed torch.optim's step
         out.append(f"torch_version={training.torch_version} (its optimizer step)")
-    if (
-        training.training_loop == "step"
-        and training.chunked_cross_entropy
-        and training.framework != "litgpt"  # litgpt's head returns the chunks' logits
-    ):  # no logits tensor
+    if training.training_loop == "step" and training.chunked_cross_entropy:  # no logits tensor
         out.append("keep_logits=True with chunked_cross_entropy")
     if training.training_loop == "previous" and training.pipeline_parallel_size > 1:
         out.append("loop=previous with pipeline parallelism")

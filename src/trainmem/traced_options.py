@@ -489,17 +489,10 @@ def _after_logits(segment: Sequence[Item], logits: int) -> int:
     return next(backward, len(segment))
 
 
-def _own_logits_loop(training: TrainingConfig) -> str:
-    """The loop the step of a ``previous`` loop is traced with: ``step`` (the micro-batch's own
-    output held to the step's end) where the traced model returns the output the loop binds
-    (litgpt's fp32 logits, trace/litgpt_model.py), else ``drop``."""
-    return "step" if training.framework == "litgpt" else "drop"
-
-
 PREVIOUS_LOOP = TracedOption(
     name="previous loop",
     applies=traced_previous_loop,
-    traced_as=lambda t: replace(t, loop=_own_logits_loop(t), keep_logits=False),
+    traced_as=lambda t: replace(t, loop="drop", keep_logits=False),
     apply=apply_previous_loop,
     note=lambda t: (
         "loop=previous: the step was traced with a loop that drops its outputs, then each "

@@ -117,6 +117,7 @@ def capture_step(
     step: Callable[[Callable[[str], None] | None], None] | None = None,
     runtime_state: Callable[[], Iterable[tuple[Any, MemoryCategory, str]]] | None = None,
     keep_output: bool = False,
+    hold_output: bool = False,
     zero_grad_before_backward: bool = False,
 ) -> Capture:
     """Warm up, then record one optimizer step over ``batches``.
@@ -135,7 +136,7 @@ def capture_step(
         context: extra context (SDPA routing, autocast policy, mask patches) around both steps.
         set_to_none: ``zero_grad(set_to_none=...)``; False keeps the warm-up's gradients, which
             are registered as live gradients before the recorded step.
-        forward_loss, keep_output, zero_grad_before_backward: see
+        forward_loss, keep_output, zero_grad_before_backward, hold_output: see
             :func:`trainmem.trace.step.run_step`.
         step: ``step(on_phase)`` runs one whole optimizer step instead of
             :func:`~trainmem.trace.step.run_step` (a pipeline schedule,
@@ -165,6 +166,7 @@ def capture_step(
             set_to_none=set_to_none,
             forward_loss=forward_loss,
             keep_output=keep_output,
+            hold_output=hold_output,
             zero_grad_before_backward=zero_grad_before_backward,
         )
 

@@ -209,6 +209,7 @@ def run_trace(
     workspace_bytes: int = DEFAULT_CUBLAS_WORKSPACE_BYTES,
     forward_loss: Callable[[Any, Any], Any] | None = None,
     resident: Sequence[tuple[str, int, str]] = (),
+    hold_output: bool = False,
 ) -> tuple[Capture, PeakReport]:
     """Build, warm up and record one steady-state step; the engine's core.
 
@@ -231,6 +232,8 @@ def run_trace(
             traced one (a diffusers pipeline's VAE and text encoders,
             :func:`trainmem.specs.diffusers.frozen_components`): one fake tensor each,
             registered as a parameter from setup (``fake`` only).
+        hold_output: hold each micro-batch's output through its backward
+            (:func:`trainmem.trace.step.run_step`; litgpt's loop, trace/litgpt_model.py).
 
     Returns:
         ``(capture, report)``.
@@ -254,13 +257,13 @@ def run_trace(
         return _run_trace(
             build_model, make_batch, training, loss_fn=loss_fn, optimizer=optimizer, fake=fake,
             emulate_cuda=emulate_cuda, workspace_bytes=workspace_bytes, forward_loss=forward_loss,
-            resident=resident,
+            resident=resident, hold_output=hold_output,
         )  # fmt: skip
     with trace_mesh(training) as mesh:
         return _run_trace(
             build_model, make_batch, training, loss_fn=loss_fn, optimizer=optimizer, fake=fake,
             emulate_cuda=emulate_cuda, workspace_bytes=workspace_bytes, forward_loss=forward_loss,
-            mesh=mesh, resident=resident,
+            mesh=mesh, resident=resident, hold_output=hold_output,
         )  # fmt: skip
 
 
@@ -277,6 +280,7 @@ def _run_trace(
     forward_loss: Callable[[Any, Any], Any] | None,
     mesh: Any = None,
     resident: Sequence[tuple[str, int, str]] = (),
+    hold_output: bool = False,
 ) -> tuple[Capture, PeakReport]:
     from trainmem.trace.diffusers_parallel import mixed_parameters
     from trainmem.trace.hf_model import materialize_fake
@@ -347,6 +351,7 @@ def _run_trace(
             set_to_none=training.zero_grad_set_to_none,
             forward_loss=forward_loss,
             keep_output=training.training_loop == "step",
+            hold_output=hold_output,
             zero_grad_before_backward=training.zero_grad_before_backward,
             runtime_state=runtime_state if held or isinstance(opt, EMAStep) else None,
         )

@@ -80,6 +80,8 @@ class Recipe:
         forward_loss: ``forward_loss(model, batch) -> loss`` replacing forward + loss, or None.
         library: what builds it, for the notes.
         resident: frozen models held on the GPU beside it (``run_trace``'s ``resident``).
+        hold_output: the loop binds each micro-batch's output through its backward
+            (``run_trace``'s ``hold_output``; litgpt).
     """
 
     name: str
@@ -89,6 +91,7 @@ class Recipe:
     forward_loss: Callable[[Any, Any], Any] | None = None
     library: str = "transformers"
     resident: tuple[tuple[str, int, str], ...] = ()
+    hold_output: bool = False
 
 
 def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfig) -> Recipe:
@@ -204,6 +207,9 @@ def _litgpt_recipe(name: str, raw: Mapping[str, Any], training: TrainingConfig) 
         lambda model: lm.make_litgpt_batch(model, training),
         loss_fn=lm.litgpt_loss,
         library="litgpt",
+        # litgpt's loop binds ``logits = model(...)`` (through the backward at least, as the
+        # formulas' ``logits_fp32_output`` head term holds them, whatever the loop setting)
+        hold_output=True,
     )
 
 
@@ -341,6 +347,7 @@ def trace_generic(
             workspace_bytes=ws,
             forward_loss=recipe.forward_loss,
             resident=recipe.resident,
+            hold_output=recipe.hold_output,
         )
 
     notes: list[str] = []

@@ -86,6 +86,7 @@ def run_step(
     forward_loss: ForwardLoss | None = None,
     keep_output: bool = False,
     zero_grad_before_backward: bool = False,
+    hold_output: bool = False,
 ) -> None:
     """Run one optimizer step over ``batches`` (one micro-batch each).
 
@@ -104,17 +105,24 @@ def run_step(
             step function; ``TrainingConfig.keep_logits``) instead of dropping it after the loss.
         zero_grad_before_backward: call ``zero_grad`` between the loss and ``backward()``
             (``TrainingConfig.zero_grad_before_backward``) instead of after the step.
+        hold_output: hold each micro-batch's output through its backward, until the next
+            micro-batch starts (the last one's until the step ends): a loop that binds the
+            output in its own scope (litgpt's ``logits = model(...)``), whose hold into the
+            next forward is a rule on the traced step (Note [The previous loop on a traced
+            step]).
     """
     signal = on_phase or (lambda _phase: None)
     kept: list[Any] = []
     for batch in batches:
+        if hold_output:
+            kept.clear()  # the previous micro-batch's output (re-added by the rule)
         signal("forward")
         with autocast() if autocast is not None else contextlib.nullcontext():
             if forward_loss is not None:
                 loss = forward_loss(model, batch)
             else:
                 loss, out = forward_and_loss(model, batch, loss_fn)
-                if keep_output:
+                if keep_output or hold_output:
                     kept.append(out)
                 del out
             if accumulation_divisor > 1:
