@@ -781,8 +781,10 @@ CAUSES.update(
             "The allocated peak is 15.87 GiB with bitsandbytes 0.43.0 or >= 0.43.2 (the saved "
             "inputs are the recomputed layer's only); the version changes the order of the "
             "blocks before that request (-2.0% with >= 0.43.2's); unlimited, the replay "
-            "reserves 26.2 GiB: the cross-stream pools' fragmentation (FSDP1 unshard, "
-            "post-backward and CPU-offload copy streams) is above the real run's. " + _FSDP_QLORA_DQ
+            "reserves 26.2 GiB, 25.2 of it the default stream's large pool (20 segments of "
+            "516 MiB, the MLP's b s I bf16 blocks; three of 3000 MiB, the loss's): its reuse "
+            "of those blocks across checkpointed layers and recomputations is worse than the "
+            "real run's. " + _FSDP_QLORA_DQ
         ),
         "GT129": (
             "FSDP1 CPU offload of a 70B QLoRA: the double-quantized statistics stay on the GPU "
