@@ -308,10 +308,11 @@ def _traced_hf_trainer(training: TrainingConfig) -> bool:
 
 
 def _traced_litgpt(training: TrainingConfig) -> bool:
-    """litgpt's recipes on one GPU, whose own ``GPT`` the traced paths build and run
+    """litgpt's recipes on one GPU (under DDP too: the DDP rule takes the data-parallel size
+    out first, ``trainmem.traced_options``), whose own ``GPT`` the traced paths build and run
     (``trainmem.trace.litgpt_model``, Note [litgpt's training step]) when litgpt is installed.
     Not traced: tensor, context or pipeline parallelism and sharded data parallelism (Fabric's
-    strategies)."""
+    FSDP and model-parallel strategies)."""
     single = (
         training.data_parallel_size
         * training.tensor_parallel_size

@@ -521,9 +521,9 @@ _FRAMEWORKS_UNTRACED = {
         "one GPU or FSDP2 over --data-parallel-size N with --zero-stage 3, or --engine analytic"
     ),
     "litgpt": (
-        "litgpt's own GPT is traced on one GPU (trainmem.trace.litgpt_model, needs "
-        "pip install 'trainmem[litgpt]'); Fabric's DDP, FSDP and model-parallel strategies "
-        "are not; traced: --framework litgpt on one GPU, or --engine analytic"
+        "litgpt's own GPT is traced on one GPU and under DDP (trainmem.trace.litgpt_model, "
+        "needs pip install 'trainmem[litgpt]'); Fabric's FSDP and model-parallel strategies "
+        "are not; traced: --framework litgpt on one GPU or DDP, or --engine analytic"
     ),
     "megatron": "Megatron-LM's own model code and buffers; use --engine analytic",
     "fsdp-qlora": "Answer.AI fsdp_qlora's FSDP1 conventions; use --engine analytic",

@@ -160,6 +160,7 @@ def test_litgpt_recipe_agrees_with_the_formulas() -> None:
         {"lora_rank": 8},
         {"optimizer": "adamw-8bit"},
         {"lora_rank": 8, "quantize_base": "nf4", "precision": "bf16-true"},
+        {"data_parallel_size": 4},
     ],
     ids=[
         "mixed",
@@ -170,6 +171,7 @@ def test_litgpt_recipe_agrees_with_the_formulas() -> None:
         "lora",
         "adamw-8bit",
         "qlora",
+        "ddp",
     ],
 )
 def test_litgpt_agrees_with_the_formulas(changes: dict[str, Any]) -> None:
