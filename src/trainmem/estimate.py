@@ -329,7 +329,8 @@ def _traced_torchtune(training: TrainingConfig) -> bool:
     ``fully_shard``-ing each layer then the model, no mixed-precision policy: the weights are
     already in the recipe's dtype; ``zero_stage`` 3 over ``data_parallel_size`` ranks, traced
     for real as FSDP2, ``trainmem.trace.fsdp``) in the dtype they train in (``dtype: bf16`` /
-    ``fp32``: ``--precision bf16-true`` / ``32-true``; torchtune runs no autocast), which the
+    ``fp32``: ``--precision bf16-true`` / ``32-true``, the only ones TrainingConfig accepts
+    with torchtune: ``FrameworkConventions.precisions``), which the
     traced paths run as a plain loop under torchtune's conventions as the trace reads them
     (``TrainingConfig.conventions``: LoRA adapters in the weight dtype, torchao NF4 saving no
     input, torchao's CPU offload, optimizer-in-backward and activation offloading as rules).
@@ -345,7 +346,7 @@ def _traced_torchtune(training: TrainingConfig) -> bool:
     )
     ranks = training.data_parallel_size
     layout = others == 1 and (ranks == 1 or training.zero_stage == 3)
-    return training.framework == "torchtune" and layout and not training.is_mixed
+    return training.framework == "torchtune" and layout
 
 
 def finish(

@@ -514,11 +514,10 @@ _FRAMEWORKS_UNTRACED = {
         "fsdp2 --zero-stage 3 beside them, or --engine analytic"
     ),
     "torchtune": (
-        "torchtune under a *-mixed precision (its recipes run no autocast: their dtype bf16 "
-        "is --precision bf16-true), beside tensor, context or pipeline parallelism (its own "
-        "TP plans), or over replicated data-parallel ranks (its distributed recipes shard: "
-        "--zero-stage 3); traced: --framework torchtune in --precision bf16-true / 32-true on "
-        "one GPU or FSDP2 over --data-parallel-size N with --zero-stage 3, or --engine analytic"
+        "torchtune beside tensor, context or pipeline parallelism (its own TP plans), or over "
+        "replicated data-parallel ranks (its distributed recipes shard: --zero-stage 3); "
+        "traced: --framework torchtune on one GPU or FSDP2 over --data-parallel-size N with "
+        "--zero-stage 3, or --engine analytic"
     ),
     "litgpt": (
         "litgpt's own GPT is traced on one GPU and under DDP (trainmem.trace.litgpt_model, "

@@ -165,16 +165,23 @@ def _fused_optimizer(_m: ModelSpec, t: TrainingConfig, _g: GPUSpec) -> list[Trai
     return []
 
 
+def _precision(t: TrainingConfig, precision: str) -> list[TrainingConfig]:
+    """``t`` in ``precision``, if its framework trains in it (torchtune: bf16-true / 32-true,
+    ``FrameworkConventions.precisions``)."""
+    allowed = t.conventions.precisions
+    return [derived(t, precision=precision)] if allowed is None or precision in allowed else []
+
+
 def _mixed_precision(_m: ModelSpec, t: TrainingConfig, g: GPUSpec) -> list[TrainingConfig]:
     if t.precision != "32-true":
         return []
-    return [derived(t, precision="bf16-mixed" if _supports_bf16(g) else "16-mixed")]
+    return _precision(t, "bf16-mixed" if _supports_bf16(g) else "16-mixed")
 
 
 def _true_16bit(_m: ModelSpec, t: TrainingConfig, g: GPUSpec) -> list[TrainingConfig]:
     if t.precision.endswith("-true") and t.precision != "32-true":
         return []
-    return [derived(t, precision="bf16-true" if _supports_bf16(g) else "16-true")]
+    return _precision(t, "bf16-true" if _supports_bf16(g) else "16-true")
 
 
 def _selective(_m: ModelSpec, t: TrainingConfig, _g: GPUSpec) -> list[TrainingConfig]:

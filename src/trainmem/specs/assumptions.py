@@ -14,6 +14,7 @@ from trainmem.specs.frameworks import (
     DEFAULT_BITSANDBYTES_VERSION,
     DEFAULT_DEEPSPEED_VERSION,
     DEFAULT_LITGPT_VERSION,
+    DEFAULT_PRECISION,
     DEFAULT_TORCH_VERSION,
     DEFAULT_TORCHAO_VERSION,
     DEFAULT_TORCHTITAN_VERSION,
@@ -84,6 +85,24 @@ def loop_of(config: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def framework_precision(config: Mapping[str, Any]) -> str:
+    """The precision in words when it is the framework's own default rather than
+    :data:`~trainmem.specs.frameworks.DEFAULT_PRECISION` (torchtune: ``"bf16-true
+    (torchtune's default: ...)"``), else ``""``: the estimate's precision is not the one
+    other frameworks would assume, so the assumption line names it."""
+    framework = str(config.get("framework") or "pytorch-amp")
+    row = FRAMEWORK_CONVENTIONS.get(framework)
+    if row is None or row.default_precision == DEFAULT_PRECISION or row.precisions is None:
+        return ""
+    precision = config.get("precision")
+    if precision != row.default_precision:
+        return ""
+    return (
+        f"{precision} ({framework}'s default: the whole model in one dtype, no autocast; "
+        f"it trains in {' or '.join(row.precisions)})"
+    )
+
+
 def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dict[str, str]:
     """The framework and library versions an estimate's resolved ``config`` stands for.
 
@@ -96,7 +115,9 @@ def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dic
 
     Returns:
         ``{"framework", "framework_means", "loop", "torch", "transformers", "bitsandbytes",
-        "torchao", "deepspeed", "torchtitan"}`` as text (``loop``: :func:`loop_of`); a version
+        "torchao", "deepspeed", "torchtitan"}`` as text (``loop``: :func:`loop_of`), and
+        ``"precision"`` where it is the framework's own default (:func:`framework_precision`:
+        torchtune's ``bf16-true``); a version
         the user did not give reads ``"2.8 (default)"`` (transformers: ``"5.24.0 (installed)"``
         when installed).
     """
@@ -107,6 +128,9 @@ def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dic
         "loop": loop_of(config),
         "torch": _version(config.get("torch_version"), DEFAULT_TORCH_VERSION),
     }
+    precision = framework_precision(config)
+    if precision:
+        out["precision"] = precision
     if library == "transformers":
         out["transformers"] = _transformers(config.get("transformers_version"))
     else:
@@ -143,7 +167,7 @@ def versions_text(assumed: Mapping[str, str]) -> str:
     text = ", ".join(
         f"{k} {v}"
         for k, v in assumed.items()
-        if k not in ("framework", "framework_means", "loop", "load")
+        if k not in ("framework", "framework_means", "loop", "load", "precision")
     )
     if assumed.get("load"):
         text += f"; load phase: {assumed['load']} ({LOAD_OFF_HINT})"
@@ -154,6 +178,12 @@ def assumptions_line(a: Mapping[str, str]) -> str:
     """:func:`assumptions`' result (``MemoryEstimate.details["assumed"]``, with the driver's
     ``"load"`` rule if any) on one line, for the CLI."""
     return (
-        f"assumed: --framework {a['framework']} ({a['framework_means']}); loop: {a['loop']}; "
-        f"{versions_text(a)}"
+        f"assumed: --framework {a['framework']} ({a['framework_means']}); "
+        f"{precision_text(a)}loop: {a['loop']}; {versions_text(a)}"
     )
+
+
+def precision_text(assumed: Mapping[str, str]) -> str:
+    """``"precision: bf16-true (torchtune's default: ...); "`` when :func:`assumptions` names
+    the framework's own default precision, else ``""``."""
+    return f"precision: {assumed['precision']}; " if assumed.get("precision") else ""

@@ -44,6 +44,13 @@ alive, in 0.1 and 0.2; torchao PR #298 (9dbc5542, 2024-05-31, in 0.3.0) returns 
 DEFAULT_TORCHTUNE_VERSION = (0, 6, 1)
 """The torchtune release assumed when none is given: 0.6.1, the release whose recipes and
 configs the torchtune conventions follow (:mod:`trainmem.specs.trainer_configs`)."""
+DEFAULT_PRECISION = "bf16-mixed"
+"""The precision when neither the user nor the framework says otherwise: torch.autocast to
+bf16 on fp32 weights, what current GPUs train in (``FrameworkConventions.default_precision``)."""
+TORCHTUNE_PRECISIONS = ("bf16-true", "32-true")
+"""What torchtune's recipes train in, at every release (0.1.0 to 0.6.1): the config's
+``dtype: bf16`` / ``fp32`` (``training.get_dtype``, ``PRECISION_STR_TO_DTYPE``) for the whole
+model, no autocast, fp16 refused by every training recipe (``FrameworkConventions.precisions``)."""
 DEFAULT_LITGPT_VERSION = (0, 5, 13)
 """The litgpt release assumed when none is given: 0.5.13, whose model code the traced paths run
 (trainmem.trace.litgpt_model; ``pip install 'trainmem[litgpt]'``)."""
@@ -658,6 +665,19 @@ class FrameworkConventions:
     micro-batch's logits outlive its loss. False: torch.distributed.pipelining appends each
     micro-batch's output to ``output_chunks`` (Note [Pipeline stage buffers])."""
 
+    precisions: tuple[str, ...] | None
+    """The precisions the framework trains in (Lightning names); None: every one. torchtune:
+    ``bf16-true`` and ``32-true`` only: its recipes build the whole model in the config's
+    ``dtype`` (``training.get_dtype``, ``training.set_default_dtype``; recipes/
+    full_finetune_single_device.py, lora_finetune_single_device.py, *_distributed.py, v0.1.0
+    to v0.6.1), run no ``torch.autocast`` and no GradScaler (torchtune 0.1's
+    ``utils.get_autocast`` / ``get_gradient_scaler`` are called by no recipe), and refuse fp16
+    ("full fp16 training is not supported with this recipe"), so neither ``*-mixed`` nor
+    ``16-true`` runs."""
+    default_precision: str
+    """The precision when none is given: ``bf16-mixed`` (torch.autocast to bf16, what current
+    GPUs train in), torchtune ``bf16-true`` (its configs' ``dtype: bf16``)."""
+
     def default_optimizer_implementation(self, torch_version: tuple[int, ...] | None) -> str:
         """The Adam implementation that runs when none is asked for.
 
@@ -717,6 +737,8 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "pipeline_last_stage_output_is_loss": False,
         "loop": "drop",
         "untied_output_head": False,
+        "precisions": None,
+        "default_precision": DEFAULT_PRECISION,
     }
     return FrameworkConventions(name=name, **{**defaults, **fields})  # type: ignore[arg-type]
 
@@ -792,6 +814,8 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             adapter_dtype_follows_weights=True,
             quantized_base_saves_input=False,
             hf_model_code=False,
+            precisions=TORCHTUNE_PRECISIONS,
+            default_precision="bf16-true",
         ),
         _row(
             "litgpt",

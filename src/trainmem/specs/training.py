@@ -55,8 +55,10 @@ Note [Framework conventions]
                     grads_in_fp32``), fp32 master + moments: 2 + 4 + 12 B/param; no autocast.
     fsdp2           fp32 sharded weights and grads, ``MixedPrecisionPolicy(param_dtype=bf16)``:
                     layers compute on gathered 16-bit weights, no autocast.
-    torchtune       as the precision says (``bf16-true`` in its recipes); chunked loss with a
-                    per-chunk fp32 upcast (``CEWithChunkedOutputLoss``).
+    torchtune       no ``*-mixed``: its recipes build the whole model in their ``dtype``, no
+                    autocast, so ``bf16-true`` (the default with it) or ``32-true`` only
+                    (``FrameworkConventions.precisions``); chunked loss with a per-chunk fp32
+                    upcast (``CEWithChunkedOutputLoss``).
     ==============  =============================================================================
 """
 
@@ -74,6 +76,7 @@ from trainmem.specs.frameworks import (
     BNB_MATMUL4BIT_SAVES_NO_INPUT_SINCE,
     DEFAULT_BITSANDBYTES_VERSION,
     DEFAULT_LITGPT_VERSION,
+    DEFAULT_PRECISION,
     DEFAULT_TORCHAO_VERSION,
     DEFAULT_TORCHTITAN_VERSION,
     DEFAULT_TORCHTUNE_VERSION,
@@ -403,11 +406,19 @@ class PrecisionConfig:
     """
 
     precision: Precision = setting(
-        "bf16-mixed", "Lightning precision:", choices=PRECISIONS, short="-p"
+        None,
+        "Lightning precision:",
+        choices=PRECISIONS,
+        short="-p",
+        default_text="bf16-mixed; --framework torchtune: bf16-true, its recipes' dtype",
     )
     """Lightning precision name (:data:`PRECISIONS`; the short names of
-    :data:`PRECISION_ALIASES` are read as theirs), see the module docstring. Default
-    ``bf16-mixed``, what current GPUs train in (torch.autocast to bf16)."""
+    :data:`PRECISION_ALIASES` are read as theirs), see the module docstring. None, the default:
+    the framework's (``FrameworkConventions.default_precision``, resolved when the
+    TrainingConfig is made, so every reader sees a name): ``bf16-mixed``, what current GPUs
+    train in (torch.autocast to bf16); torchtune ``bf16-true`` (its recipes' ``dtype: bf16``,
+    no autocast). A framework that runs only some precisions refuses the others
+    (``FrameworkConventions.precisions``)."""
     grad_accum_dtype: str | None = setting(
         None,
         "DeepSpeed data_types.grad_accum_dtype, the dtype gradients accumulate in:",
@@ -444,6 +455,8 @@ class PrecisionConfig:
         return _PRECISION_DTYPES[self.precision][1]
 
     def __post_init__(self) -> None:
+        if self.precision is None:  # alone; TrainingConfig resolves it by framework first
+            object.__setattr__(self, "precision", DEFAULT_PRECISION)
         if isinstance(self.precision, str) and self.precision.lower() in PRECISION_ALIASES:
             object.__setattr__(self, "precision", PRECISION_ALIASES[self.precision.lower()])
         _check_choices(self, PrecisionConfig)
@@ -1318,6 +1331,7 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
     """
 
     def __post_init__(self) -> None:
+        _resolve_precision(self)
         for check in _CONCERN_CHECKS:
             check(self)
         _check_combinations(self)
@@ -1637,12 +1651,44 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
         return True
 
 
+def _resolve_precision(t: TrainingConfig) -> None:
+    """A ``precision`` of None becomes the framework's default
+    (``FrameworkConventions.default_precision``: torchtune's ``bf16-true``, else
+    :data:`~trainmem.specs.frameworks.DEFAULT_PRECISION`), before any check reads it; an
+    unknown framework is left to its own check."""
+    if t.precision is None:
+        row = FRAMEWORK_CONVENTIONS.get(t.framework)
+        object.__setattr__(
+            t, "precision", row.default_precision if row is not None else DEFAULT_PRECISION
+        )
+
+
+def _check_framework_precision(t: TrainingConfig) -> None:
+    """The precision is one the framework trains in (``FrameworkConventions.precisions``).
+
+    Raises:
+        SpecError: ``precision``, naming the framework and the precisions it runs.
+    """
+    allowed = t.conventions.precisions
+    if allowed is None or t.precision in allowed:
+        return
+    why = {  # torchtune recipes/*_finetune_*.py, v0.1.0 to v0.6.1
+        "torchtune": "torchtune's recipes build the whole model in the config's dtype "
+        "(training.get_dtype: bf16 or fp32), run no torch.autocast and refuse fp16",
+    }.get(t.framework, f"{t.framework} does not train in it")
+    raise SpecError(
+        "precision",
+        f"{t.precision} with --framework {t.framework}: {why}; allowed: {', '.join(allowed)}",
+    )
+
+
 def _check_combinations(t: TrainingConfig) -> None:
     """The checks that span concerns, after each concern has checked its own fields.
 
     Raises:
         SpecError: naming one field of the pair (the message says which other it meets).
     """
+    _check_framework_precision(t)
     _check_deepspeed_dtypes(t)
     _check_micro_batches(t)
     _check_loop(t)
@@ -1863,6 +1909,7 @@ def derived(base: TrainingConfig, /, **changes: Any) -> TrainingConfig:
         slot.__set__(new, value)
     for name, value in changes.items():
         _SLOT[name].__set__(new, value)
+    _resolve_precision(new)
     checks = {_CHECK_OF_FIELD[name] for name in changes}
     for check in _CONCERN_CHECKS:
         if check in checks:

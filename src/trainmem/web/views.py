@@ -14,7 +14,7 @@ from typing import Any
 from trainmem.breakdown import BREAKDOWN_KEYS
 from trainmem.report.plots import CATEGORY_COLORS
 from trainmem.report.table import BREAKDOWN_LABELS, gib
-from trainmem.specs.assumptions import versions_text
+from trainmem.specs.assumptions import precision_text, versions_text
 from trainmem.web.compute import Numbers
 
 
@@ -283,7 +283,8 @@ def assumed_html(n: Numbers) -> str:
     loop = f"loop: {a['loop']}; " if a.get("loop") else ""
     return (
         f'<div class="tm-info" id="assumed">Assumed: <b>--framework {_e(a["framework"])}</b> '
-        f"({_e(a.get('framework_means', ''))}); {_e(loop)}{_e(versions_text(a))}. Change it "
+        f"({_e(a.get('framework_means', ''))}); {_e(precision_text(a))}{_e(loop)}"
+        f"{_e(versions_text(a))}. Change it "
         "under <i>Framework</i> if you train with another stack.</div>"
     )
 
