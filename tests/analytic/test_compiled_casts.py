@@ -72,3 +72,15 @@ def test_peft_fp32_input_casts_eager_and_compiled() -> None:
         "lora/gate_input_cast": FP32_COPY,
         "lora/down_input_cast": 2 * FP32_COPY,
     }
+
+
+def test_compiled_mlp_norm_keeps_the_16_bit_attention_output() -> None:
+    # Note [Compiled residual add] (analytic/mlp.py): under compile a norm saves its input and
+    # the fp32 rstd (r h + 4 B a token); the MLP norm's fp32 input x + attn_out is recomputed
+    # from the 16-bit attention output, which the min-cut keeps instead (c h + 4)
+    mixed = _terms(precision="bf16-mixed", compile=True)
+    assert mixed["attention/norm"] == (4 * 64 + 4) * 128
+    assert mixed["mlp/norm"] == (2 * 64 + 4) * 128
+    # on a 16-bit residual stream the sum is 16-bit too: nothing to trade
+    true = _terms(precision="bf16-true", compile=True)
+    assert true["attention/norm"] == true["mlp/norm"] == (2 * 64 + 4) * 128

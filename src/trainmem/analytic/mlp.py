@@ -203,7 +203,19 @@ def mlp_terms(
     ``norm`` / ``output_norm`` the bytes per token of the block's pre-norm and output norm
     (:func:`~trainmem.analytic.norms.block_norm_bytes`): transformers' MoE experts
     (:func:`moe_terms`) or a dense (or lit-gpt / Megatron MoE) MLP. See Note [Activation terms]
-    (trainmem/analytic/activations.py)."""
+    (trainmem/analytic/activations.py).
+
+    Note [Compiled residual add]
+        Under torch.compile and autocast a pre-norm block's MLP norm reads ``h = x +
+        attn_out``, the fp32 residual sum of the layer input ``x`` (which the block keeps for
+        its first norm) and the attention's 16-bit output. Eager saves ``h`` (4 B a value) for
+        the norm's backward; the min-cut partition (torch/_functorch/partitioners.py
+        ``min_cut_rematerialization_partition``) keeps the cheaper 16-bit ``attn_out`` (c B)
+        and recomputes the add in the backward, so the MLP norm saves c h + 4 bytes a token,
+        not r h + 4. Traced (the generic path's AOTAutograd, trainmem.trace.compile): a 6-layer
+        1024-wide Qwen2, bf16-mixed, LoRA on q / v, 4 x 1,024 tokens: one fp32 and one more
+        bf16 h-sized tensor per layer where the formulas had two fp32.
+    """
     c, r = compute_and_residual_bytes(training)
     h = model.hidden_size
     terms: dict[str, int] = {}
@@ -211,6 +223,10 @@ def mlp_terms(
         terms["mlp/output_norm"] = output_norm * t
     if model.pre_norms and not model.parallel_attention:
         terms["mlp/norm"] = norm * t
+        if training.compile and r > c and sequential_pre_norm_block(model):
+            # Note [Compiled residual add]: the min-cut keeps the attention's 16-bit output,
+            # not the fp32 sum it makes with the kept layer input
+            terms["mlp/norm"] -= (r - c) * h * t
     elif model.pre_norms and model.num_norms_per_layer >= 2:
         # GPT-NeoX: both norms read the block's input; the second reads the same saved input
         terms["mlp/norm"] = (norm - r * h) * t
