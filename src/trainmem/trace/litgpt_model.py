@@ -51,6 +51,8 @@ from trainmem.trace._torch import require_torch
 
 torch = require_torch()
 
+from trainmem.trace.quantized import quantize_base  # noqa: E402
+
 __all__ = [
     "LITGPT_INSTALL_HINT",
     "ConvertOutput",
@@ -122,10 +124,15 @@ def check_litgpt_release(training: TrainingConfig) -> None:
         )
 
 
+_GELU_APPROXIMATE = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
+"""transformers' GELU names -> litgpt's ``gelu_approximate`` (``F.gelu(x, approximate=...)``)."""
+
+
 def litgpt_config_kwargs(model: ModelSpec, training: TrainingConfig) -> dict[str, Any]:
-    """litgpt ``Config`` fields for ``model``: the layer shapes of a decoder whose litgpt
-    configs have them (Llama, Mistral, Qwen2 / Qwen3 style: RMSNorm, gated SiLU MLP, rotary,
-    sequential residual), the LoRA flags of ``training``.
+    """litgpt ``Config`` fields for ``model``: the layer shapes of a decoder litgpt's ``GPT``
+    builds (a sequential block with RMSNorm and a gated SiLU MLP, ``LLaMAMLP``: Llama, Mistral,
+    Qwen2 / Qwen3; a parallel block with LayerNorm and a GELU MLP, ``GptNeoxMLP``: Pythia, Phi,
+    Falcon), the LoRA flags of ``training``.
 
     Args:
         model: the model's shape (a transformers decoder's ModelSpec).
@@ -135,26 +142,36 @@ def litgpt_config_kwargs(model: ModelSpec, training: TrainingConfig) -> dict[str
         Keyword arguments of ``litgpt.config.Config`` (``litgpt.lora.Config`` under LoRA).
 
     Raises:
-        UnsupportedError: a model litgpt's ``GPT`` is not mapped from here (its layers are
-            not the decoder above), or a LoRA target litgpt has no flag for.
+        UnsupportedError: a model litgpt's ``GPT`` is not mapped from here, or a LoRA target
+            litgpt has no flag for.
     """
-    shape = (model.architecture, model.mlp_kind, model.norm_kind, model.position_kind)
+    llama = (model.mlp_kind, model.norm_kind, model.hidden_act) in (
+        ("gated", "rmsnorm", "silu"),
+        ("gated", "rmsnorm", "swish"),
+    )
+    neox = (
+        model.mlp_kind == "gelu"
+        and model.norm_kind == "layernorm"
+        and model.hidden_act in _GELU_APPROXIMATE
+        and model.norm_bias
+    )
     if (
-        shape != ("decoder", "gated", "rmsnorm", "rotary")
-        or model.hidden_act not in ("silu", "swish")
+        not (llama or neox)
+        or (model.architecture, model.position_kind, model.head)
+        != ("decoder", "rotary", "causal-lm")
+        or model.mlp_bias != model.attention_out_bias
         or model.num_experts > 1
-        or model.parallel_attention
         or model.sliding_window
         or model.attention_softcap
         or model.final_logit_softcap
         or model.q_lora_rank
         or model.kv_lora_rank
-        or model.head != "causal-lm"
     ):
         raise UnsupportedError(
-            f"framework=litgpt on the traced paths builds litgpt's GPT from a Llama / Mistral / "
-            f"Qwen2-style decoder (RMSNorm, gated SiLU MLP, rotary); {model.name} "
-            f"({model.model_type}) is not mapped; use --engine analytic"
+            f"framework=litgpt on the traced paths builds litgpt's GPT from a decoder with "
+            f"RMSNorm and a gated SiLU MLP (Llama, Mistral, Qwen2) or LayerNorm and a GELU MLP "
+            f"(Pythia, Phi, Falcon); {model.name} ({model.model_type}) is not mapped; use "
+            "--engine analytic"
         )
     out: dict[str, Any] = {
         "name": model.name,
@@ -167,15 +184,18 @@ def litgpt_config_kwargs(model: ModelSpec, training: TrainingConfig) -> dict[str
         "head_size": model.head_dim,
         "n_embd": model.hidden_size,
         "rotary_percentage": model.partial_rotary_factor,
-        "parallel_residual": False,
-        "bias": False,
+        "parallel_residual": model.parallel_attention,
+        "shared_attention_norm": model.parallel_attention and model.num_norms_per_layer == 1,
+        "bias": model.attention_out_bias,
         "attn_bias": model.attention_bias,
         "lm_head_bias": model.lm_head_bias,
-        "norm_class_name": "RMSNorm",
-        "mlp_class_name": "LLaMAMLP",
+        "norm_class_name": "RMSNorm" if llama else "LayerNorm",
+        "mlp_class_name": "LLaMAMLP" if llama else "GptNeoxMLP",
         "intermediate_size": model.intermediate_size,
         "norm_qk": model.qk_norm,
     }
+    if neox:
+        out["gelu_approximate"] = _GELU_APPROXIMATE[model.hidden_act]
     if training.is_lora:
         out.update(_lora_kwargs(training))
     return out
@@ -269,6 +289,9 @@ def build_litgpt_model(model: ModelSpec, training: TrainingConfig) -> LitGPTStep
     finally:
         torch.set_default_dtype(previous)
     gpt.max_seq_length = training.seq_len  # rebuilds cos / sin: seq_len rows, fp32
+    # ``--quantize bnb.*``: Lightning's BitsandbytesPrecision converts every linear, the output
+    # head too (the generic path's stand-ins, Note [Traced quantized base])
+    quantize_base(gpt, training, diffusers=True)
     return LitGPTStep(gpt, training.chunked_cross_entropy)
 
 
