@@ -46,6 +46,7 @@ TARGETS = {
     "diffusers (pixart)": MODELS / "diffusers" / "tiny-pixart.json",
 }
 _DP: dict[str, Any] = {"data_parallel_size": 4}
+_QLORA: dict[str, Any] = {"lora_rank": 16, "quantize_base": "nf4"}
 OPTION_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "precision bf16-true": {"precision": "bf16-true"},
@@ -89,6 +90,8 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     "accelerate-fsdp 4": {**_DP, "zero_stage": 3, "framework": "accelerate-fsdp"},
     "accelerate-fsdp no-shard 4": {**_DP, "framework": "accelerate-fsdp"},  # --fsdp no-shard
     "accelerate-fsdp 1 gpu": {"zero_stage": 3, "framework": "accelerate-fsdp"},
+    "fsdp-qlora 4": {**_DP, "zero_stage": 3, "framework": "fsdp-qlora", **_QLORA},
+    "fsdp-qlora 1 gpu": {"zero_stage": 3, "framework": "fsdp-qlora", **_QLORA},
     "zero-3 + optimizer offload": {**_DP, "zero_stage": 3, "offload": "optimizer"},
     "zero-3 + optimizer+params offload": {**_DP, "zero_stage": 3, "offload": "optimizer+params"},
     "zero-2 deepspeed + offload": {

@@ -29,7 +29,8 @@ from trainmem.specs.hardware import GPUSpec, check_precision_on_gpu
 from trainmem.specs.hardware import resolve_gpu as resolve_gpu  # re-exported for the callers
 from trainmem.specs.hf import load_model_spec
 from trainmem.specs.model import ModelSpec
-from trainmem.specs.ranks import fsdp1_no_shard, model_rank_map
+from trainmem.specs.quantization import float_quant_storage
+from trainmem.specs.ranks import fsdp1_framework, fsdp1_no_shard, model_rank_map
 from trainmem.specs.training import TrainingConfig, check_training_for_model, resolved_config
 from trainmem.traced_options import (
     TracedOption,
@@ -247,19 +248,15 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
         and not _traced_torchtune(training)
         and not _traced_litgpt(training)
         and (
-            training.framework not in ("pytorch-amp", "fsdp2", "accelerate-fsdp")
+            training.framework not in ("pytorch-amp", "fsdp2", "accelerate-fsdp", "fsdp-qlora")
             or (training.framework == "fsdp2" and not fsdp)
-            or (training.framework == "accelerate-fsdp" and not fsdp and not fsdp1)
+            or (fsdp1_framework(training) and not fsdp and not fsdp1)
         )
     ):
         deepspeed_framework = training.framework == "deepspeed"
         out.append(untraced_deepspeed(training) if deepspeed_framework else
                    untraced_framework(training))  # fmt: skip
-    beside = training.tensor_parallel_size * training.pipeline_parallel_size
-    if training.framework == "accelerate-fsdp" and beside > 1:
-        out.append(untraced_framework(training))  # FSDP1 with CP only (trace.fsdp)
-    if training.framework == "accelerate-fsdp" and training.quantize_base != "none":
-        out.append(untraced_fsdp1_quantized(training))
+    out += _fsdp1_refusals(training)
     if training.transformers_version is not None:
         # the trace runs the installed transformers' model code, not the release asked for
         installed = installed_transformers_version()
@@ -273,6 +270,24 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
         out.append("loop=previous with pipeline parallelism")
     # the generic path computes --loss on the logits (trainmem.trace.generic); the trace
     # engine only for the course model (trainmem.trace.engine)
+    return out
+
+
+def _fsdp1_refusals(training: TrainingConfig) -> list[str]:
+    """What of an FSDP1 run (:func:`~trainmem.specs.ranks.fsdp1_framework`) the traced paths
+    refuse: model parallelism beside it (accelerate's FSDP1 runs beside context parallelism
+    only; fsdp_qlora's train.py has none), a quantized base whose codes are not stored in a
+    float dtype (:func:`~trainmem.specs.quantization.float_quant_storage`)."""
+    if not fsdp1_framework(training):
+        return []
+    out = []
+    beside = training.tensor_parallel_size * training.pipeline_parallel_size
+    if training.framework == "fsdp-qlora":
+        beside *= training.context_parallel_size
+    if beside > 1:
+        out.append(untraced_framework(training))  # FSDP1 with CP only (trace.fsdp)
+    if training.quantize_base != "none" and float_quant_storage(training) is None:
+        out.append(untraced_fsdp1_quantized(training))
     return out
 
 

@@ -525,7 +525,13 @@ _FRAMEWORKS_UNTRACED = {
         "are not; traced: --framework litgpt on one GPU or DDP, or --engine analytic"
     ),
     "megatron": "Megatron-LM's own model code and buffers; use --engine analytic",
-    "fsdp-qlora": "Answer.AI fsdp_qlora's FSDP1 conventions; use --engine analytic",
+    "fsdp-qlora": (
+        "Answer.AI fsdp_qlora's train.py runs FSDP1 (FULL_SHARD, SHARD_GRAD_OP, the hybrids, "
+        "NO_SHARD, one GPU) over data-parallel ranks only, with a bitsandbytes 4-bit base "
+        "(nf4 / fp4, double-quantized or not); traced: --framework fsdp-qlora --zero-stage 3 "
+        "(or 0) on one GPU or over --data-parallel-size N with no tensor, context or "
+        "pipeline parallelism, or --engine analytic"
+    ),
 }
 
 
@@ -542,13 +548,16 @@ def untraced_fsdp1_quantized(training: TrainingConfig) -> str:
     flattens a unit's parameters into one floating-point tensor (torch 2.13
     distributed/fsdp/_flat_param.py ``_validate_tensors_to_flatten``: "Cannot flatten integer
     dtype tensors"), so accelerate's FSDP-QLoRA stores the 4-bit weights in a float dtype
-    (``bnb_4bit_quant_storage``) beside weights of that dtype, which the trace's stand-in
-    (packed ``uint8``, ``trainmem.trace.quantized``) does not reproduce."""
+    (``bnb_4bit_quant_storage``) beside weights of that dtype; the trace's stand-in
+    (``trainmem.trace.quantized``) does so for fsdp_qlora's 4-bit base
+    (:func:`~trainmem.specs.quantization.float_quant_storage`) and packs ``uint8`` otherwise."""
     return (
-        f"quantize_base={training.quantize_base} under framework=accelerate-fsdp (FSDP1 "
-        "flattens each unit into one float tensor, and the trace's quantized stand-in packs "
-        "uint8, not accelerate's FSDP-QLoRA bnb_4bit_quant_storage; traced: --framework fsdp2 "
-        "--zero-stage 3, whose FSDP2 shards each parameter)"
+        f"quantize_base={training.quantize_base} under framework={training.framework} (FSDP1 "
+        "flattens each unit into one float tensor; the trace's quantized stand-in stores a "
+        "4-bit base's codes in a float dtype (bitsandbytes quant_storage) under fsdp-qlora "
+        "only, and packs uint8 otherwise; traced: --framework fsdp-qlora with --quantize-base "
+        "nf4 / nf4-dq / fp4 / fp4-dq, or --framework fsdp2 --zero-stage 3, whose FSDP2 shards "
+        "each parameter)"
     )
 
 

@@ -121,6 +121,8 @@ _STILL_REFUSED: dict[str, dict[str, Any]] = {
     # torchtune beside tensor parallelism (its own TP plans); its bf16-true default is traced
     "torchtune": {"tensor_parallel_size": 2},
     "litgpt": {"tensor_parallel_size": 2},
+    # fsdp_qlora's train.py has FSDP1 over data-parallel ranks only (one GPU and N ranks run)
+    "fsdp-qlora": {"zero_stage": 3, "data_parallel_size": 2, "context_parallel_size": 2},
 }
 
 
@@ -413,4 +415,4 @@ def test_fsdp1_over_a_quantized_base_is_refused_with_what_works() -> None:
         refused = trace_unsupported_settings(training, "generic")
         last = refused[-1]
         assert last.startswith("quantize_base=nf4 under framework=accelerate-fsdp ("), last
-        assert "--framework fsdp2" in last
+        assert "--framework fsdp2" in last and "--framework fsdp-qlora" in last

@@ -11,11 +11,18 @@ compress_statistics=...)``), ``Linear8bitLt`` / ``Int8Params``; auto-gptq / opti
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainmem.specs.training import TrainingConfig
+
 __all__ = [
+    "BNB_4BIT",
     "GPTQ_GROUP_SIZE",
     "NF4_BLOCK",
     "NF4_DOUBLE_QUANT_BLOCK",
     "bnb_4bit_statistics_bytes",
+    "float_quant_storage",
     "quantized_weight_bytes",
 ]
 
@@ -78,3 +85,28 @@ def bnb_4bit_statistics_bytes(numel: int, quantize: str) -> int:
     if quantize not in ("nf4", "fp4", "nf4-dq", "fp4-dq"):
         return 0
     return quantized_weight_bytes(numel, 1, quantize) - -(-numel // 2)
+
+
+BNB_4BIT = ("nf4", "nf4-dq", "fp4", "fp4-dq")
+"""The ``quantize_base`` values bitsandbytes' ``Linear4bit`` stores (and ``quant_storage``
+applies to)."""
+
+
+def float_quant_storage(training: TrainingConfig) -> str | None:
+    """The float dtype a 4-bit base's packed codes are stored in (bitsandbytes
+    ``quant_storage``; Note [Traced quantized base] in trainmem/trace/quantized.py), or None
+    for ``uint8`` (bitsandbytes' default, and every other quantized base).
+
+    Args:
+        training: ``framework``, ``quantize_base``, ``precision``.
+
+    Returns:
+        Under ``fsdp-qlora`` with a 4-bit base the dtype the rest of the base is held in (its
+        other frozen parameters: the compute dtype when it stays in 16 bits,
+        :attr:`~trainmem.specs.training.TrainingConfig.kbit_16bit_dense`, else the weight
+        dtype), which FSDP1 flattens the codes with (fsdp_qlora train.py 50efa1e:
+        ``quant_storage=torch_dtype``, the dtype it loads the model in); else None.
+    """
+    if training.framework != "fsdp-qlora" or training.quantize_base not in BNB_4BIT:
+        return None
+    return training.compute_dtype if training.kbit_16bit_dense else training.weight_dtype

@@ -33,6 +33,7 @@ __all__ = [
     "RankMap",
     "RankPlace",
     "StagePlace",
+    "fsdp1_framework",
     "fsdp1_no_shard",
     "model_rank_map",
     "rank_map",
@@ -307,13 +308,23 @@ def model_rank_map(model: ModelSpec, training: TrainingConfig) -> RankMap:
     return rank_map(training, model.num_blocks, tied_embeddings=model.tie_word_embeddings)
 
 
+def fsdp1_framework(training: TrainingConfig) -> bool:
+    """True when ``training``'s framework shards with FSDP1 (``FullyShardedDataParallel``)
+    wrapped as accelerate (``accelerate-fsdp``) or Answer.AI fsdp_qlora's train.py
+    (``fsdp-qlora``, 50efa1e: LoRA leaves and decoder layers as units, ``use_orig_params=
+    False``, ``limit_all_gathers=True``) wrap it, which the traced paths run for real (Note
+    [Tracing FSDP1] in trainmem/trace/fsdp.py)."""
+    return training.framework in ("accelerate-fsdp", "fsdp-qlora")
+
+
 def fsdp1_no_shard(training: TrainingConfig) -> bool:
     """True when ``training`` is FSDP1's ``NO_SHARD`` (Note [Tracing FSDP1] in
     trainmem/trace/fsdp.py, Note [FSDP1 NO_SHARD's 16-bit copy] in
-    trainmem/analytic/transforms/sharding.py): ``accelerate-fsdp`` at ZeRO stage 0 (``--fsdp
-    no-shard``), or on one rank, where torch's FSDP1 itself switches any strategy to
-    ``NO_SHARD`` (torch 2.13 distributed/fsdp/_init_utils.py ``_init_core_state``: "FSDP is
-    switching to use `NO_SHARD` ... since the world size is 1").
+    trainmem/analytic/transforms/sharding.py): an FSDP1 framework (:func:`fsdp1_framework`) at
+    ZeRO stage 0 (accelerate's ``--fsdp no-shard``, fsdp_qlora's ``--sharding_strategy ddp``),
+    or on one rank, where torch's FSDP1 itself switches any strategy to ``NO_SHARD`` (torch
+    2.13 distributed/fsdp/_init_utils.py ``_init_core_state``: "FSDP is switching to use
+    `NO_SHARD` ... since the world size is 1").
 
     Args:
         training: ``framework``, ``zero_stage`` and ``data_parallel_size``.
@@ -321,6 +332,6 @@ def fsdp1_no_shard(training: TrainingConfig) -> bool:
     Returns:
         Whether the run is FSDP1 without sharding.
     """
-    return training.framework == "accelerate-fsdp" and (
+    return fsdp1_framework(training) and (
         training.zero_stage == 0 or training.data_parallel_size == 1
     )

@@ -1512,8 +1512,16 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
         stay in the 16-bit dtype it was loaded in, so the residual stream is 16-bit too: no
         fp32 upcast (:attr:`kbit_fp32_upcast`), and transformers loads a quantized model in
         16 bits (quantizers/quantizer_bnb_4bit.py ``update_torch_dtype``: float16 when no
-        ``torch_dtype`` is given; the recipes pass the compute dtype)."""
-        return self.quantize_base != "none" and self.uses_autocast and not self.kbit_fp32_upcast
+        ``torch_dtype`` is given; the recipes pass the compute dtype). Not under fsdp_qlora,
+        which loads the model itself in fp32 for its autocast precisions (train.py 50efa1e:
+        ``bf16_autocast`` / ``fp16_autocast`` set ``torch_dtype = torch.float32``, the
+        4-bit weights' ``quant_storage`` too)."""
+        return (
+            self.quantize_base != "none"
+            and self.uses_autocast
+            and not self.kbit_fp32_upcast
+            and self.framework != "fsdp-qlora"
+        )
 
     @property
     def torchao_cpu_offload(self) -> bool:

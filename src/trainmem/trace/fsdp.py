@@ -38,6 +38,19 @@ Note [Tracing FSDP1]
     defaults for prefetching (``BACKWARD_PRE``) and ``limit_all_gathers``. The module paths
     drop FSDP1's ``_fsdp_wrapped_module`` segments (:func:`~trainmem.trace.module_paths.
     clean_module_path`), so the traced stream names the layers as the unwrapped model does.
+
+    ``framework="fsdp-qlora"`` (Answer.AI fsdp_qlora train.py 50efa1e) wraps the same units
+    (``get_wrapping_policy``: LoRA leaves with a trainable ``weight``, then the decoder layer
+    class) with ``use_orig_params=False``, ``limit_all_gathers=True``, FSDP1's default
+    ``BACKWARD_PRE``, ``FULL_SHARD`` by default (``--sharding_strategy``: ``shard_grad_op``,
+    ``ddp`` = ``NO_SHARD``, the hybrids), and its ``mp_policy``: None for ``bf16`` / ``fp32``
+    (``--precision bf16-true`` / ``32-true``: the model loaded in that dtype), and
+    ``MixedPrecision(param_dtype=reduce_dtype=buffer_dtype=float32)`` on fp32 weights under
+    ``torch.cuda.amp.autocast`` for ``bf16_autocast`` / ``fp16_autocast`` (``*-mixed``), which
+    casts nothing (FSDP1 casts only a ``param_dtype`` other than the parameter's), so the
+    trace passes none. Its 4-bit weights are bitsandbytes ``Linear4bit(quant_storage=
+    torch_dtype)``: packed codes stored in the model's dtype, which FSDP1 flattens with the
+    rest (Note [Traced quantized base] in trainmem/trace/quantized.py).
 """
 
 from __future__ import annotations
@@ -160,7 +173,7 @@ def wrap_fsdp1(
 
     policy = _fsdp1_wrap_policy(model)
     mixed = None
-    if training.is_mixed:
+    if training.is_mixed and training.framework != "fsdp-qlora":  # Note [Tracing FSDP1]
         dtype = getattr(torch, training.compute_dtype)
         mixed = MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype)
     hybrid = mesh.ndim == 2  # HSDP: (replicate, shard), FSDP1's device_mesh argument

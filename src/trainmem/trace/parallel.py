@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from trainmem.errors import UnsupportedError
-from trainmem.specs.ranks import fsdp1_no_shard
+from trainmem.specs.ranks import fsdp1_framework, fsdp1_no_shard
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
 from trainmem.trace.fsdp import fsdp1_fake_pointers, shard_model, uses_fsdp, wrap_fsdp1
@@ -143,7 +143,7 @@ def trace_mesh(training: TrainingConfig, rank: int = 0) -> Iterator[Any]:
         with contextlib.ExitStack() as stack:
             stack.enter_context(_real_mesh_tensors())
             stack.enter_context(_eager_collectives())
-            if training.framework == "accelerate-fsdp":  # Note [Tracing FSDP1]
+            if fsdp1_framework(training):  # Note [Tracing FSDP1]
                 stack.enter_context(fsdp1_fake_pointers())
             yield device_mesh(dims)
     finally:
@@ -296,7 +296,7 @@ def parallelize(model: Any, mesh: Any, training: TrainingConfig, fake_mode: Any)
         # under PP torchtitan keeps the layers gathered from forward to backward
         # (apply_fsdp: reshard_after_forward = not pp_enabled); otherwise the user's setting
         reshard = training.pipeline_parallel_size == 1 and training.reshard_after_forward
-        if training.framework == "accelerate-fsdp":  # FSDP1 (Note [Tracing FSDP1])
+        if fsdp1_framework(training):  # FSDP1 (Note [Tracing FSDP1])
             if "cp" in names and "dp_shard" in names:  # FSDP1 shards over its data ranks only
                 fsdp_mesh = mesh["dp_shard"]
             return wrap_fsdp1(model, fsdp_mesh, training, fake_mode, reshard_after_forward=reshard)

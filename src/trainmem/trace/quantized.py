@@ -18,6 +18,19 @@ Note [Traced quantized base]
       the bias stays as it is; the model's other parameters stay in the 16-bit dtype it was
       loaded in when peft does not upcast them (``TrainingConfig.kbit_16bit_dense``: a GPTQ
       base, or ``prepare_kbit_training=False``, under autocast), LoRA's adapters fp32;
+    * under FSDP1 (``framework="fsdp-qlora"``): bitsandbytes
+      ``Linear4bit(quant_storage=<the model's dtype>)``, as Answer.AI fsdp_qlora train.py
+      (50efa1e ``replace_linear(..., quant_storage=torch_dtype)``) builds it, since FSDP1
+      flattens a unit into one float tensor (torch distributed/fsdp/_flat_param.py
+      ``_validate_tensors_to_flatten``: "Cannot flatten integer dtype tensors"): the weight is
+      the packed codes stored in that dtype (bitsandbytes functional.py ``quantize_4bit``:
+      ``torch.zeros(((n + 1) // mod, 1), dtype=quant_storage)``, ``mod`` = 2 x its element
+      size: ``ceil(n / 2)`` bytes in whole elements), flattened, sharded and gathered with the
+      unit; the absmax statistics (:func:`~trainmem.specs.quantization.
+      bnb_4bit_statistics_bytes`) are the ``QuantState``'s, not a parameter, so a ``uint8``
+      buffer here that FSDP1 leaves whole on every rank (Note [bitsandbytes statistics under
+      sharding] in trainmem/analytic/tensor_states.py; :func:`~trainmem.specs.quantization.
+      float_quant_storage`);
     * its forward: the input cast to the compute dtype, the weight dequantized into an
       ``(out, in)`` tensor of the compute dtype, the matmul, the dequantized weight freed
       (bitsandbytes autograd/_functions.py ``MatMul4Bit.forward``:
@@ -53,7 +66,11 @@ from __future__ import annotations
 import types
 from typing import Any
 
-from trainmem.specs.quantization import quantized_weight_bytes
+from trainmem.specs.quantization import (
+    bnb_4bit_statistics_bytes,
+    float_quant_storage,
+    quantized_weight_bytes,
+)
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
 
@@ -196,6 +213,7 @@ def quantize_base(model: Any, training: TrainingConfig, *, diffusers: bool = Fal
         for name, param in model.named_parameters():
             if "lora_" not in name and param.is_floating_point():
                 param.data = param.data.to(dtype)
+    storage = float_quant_storage(training)
     count = 0
     for module in model.modules():
         linear = isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"
@@ -203,8 +221,15 @@ def quantize_base(model: Any, training: TrainingConfig, *, diffusers: bool = Fal
         if not linear or id(module) in kept or weight is None or weight.requires_grad:
             continue
         fan_in, fan_out = _features(module)
-        size = quantized_weight_bytes(fan_in * fan_out, fan_out, kind)
-        packed = torch.empty(size, dtype=torch.uint8, device=weight.device)
+        if storage is None:
+            size = quantized_weight_bytes(fan_in * fan_out, fan_out, kind)
+            packed = torch.empty(size, dtype=torch.uint8, device=weight.device)
+        else:
+            packed = _float_packed(fan_in * fan_out, getattr(torch, storage), weight.device)
+            stats = bnb_4bit_statistics_bytes(fan_in * fan_out, kind)
+            module.register_buffer(
+                "quant_statistics", torch.empty(stats, dtype=torch.uint8, device=weight.device)
+            )
         module.weight = torch.nn.Parameter(packed, requires_grad=False)
         module.dequantized_shape = (fan_out, fan_in)
         module.compute_dtype = dtype
@@ -213,6 +238,14 @@ def quantize_base(model: Any, training: TrainingConfig, *, diffusers: bool = Fal
         module.forward = types.MethodType(_forward, module)
         count += 1
     return count
+
+
+def _float_packed(numel: int, dtype: Any, device: Any) -> Any:
+    """A 4-bit weight's packed codes in a float ``quant_storage`` (Note [Traced quantized
+    base]): ``ceil(numel / 2)`` bytes, the codes only, in whole elements of ``dtype``."""
+    codes = -(-numel // 2)  # two 4-bit codes a byte
+    size = torch.empty((), dtype=dtype).element_size()
+    return torch.empty(-(-codes // size), dtype=dtype, device=device)
 
 
 def parameter_dtype(model: Any) -> Any:

@@ -1,0 +1,132 @@
+"""Answer.AI fsdp_qlora's FSDP1 over a 4-bit base traced for real on fake tensors (issue 26;
+Note [Tracing FSDP1] in trainmem/trace/fsdp.py, Note [Traced quantized base] in
+trainmem/trace/quantized.py): the packed codes stored in the model's dtype (bitsandbytes
+``quant_storage``), flattened, sharded and gathered by torch's ``FullyShardedDataParallel``.
+
+Expected sizes derived by hand for the 2-layer Qwen2 formula config (tests/models/formula/
+qwen2.json: h = 64, i = 128, 4 heads of 16, 2 key/value heads, V = 512, untied head), nf4, LoRA
+rank 16 on q and v (the default targets), bf16-true (fsdp_qlora's ``--precision bf16``):
+
+* a layer's frozen flat parameter: the codes of q (64 x 64 values: 2,048 B = 1,024 bf16
+  elements), k and v (64 x 32: 512 elements each), o (1,024), gate / up / down (64 x 128:
+  2,048 each) = 9,216 elements, the biases of q, k, v (64 + 32 + 32) and two norms (2 x 64):
+  9,472 bf16 elements, gathered as 18,944 B; over 4 ranks 2,368 elements = 4,736 B a rank;
+* the root (embedding, final norm, head; the head is not quantized): 2 x 512 x 64 + 64 =
+  65,600 elements, 32,800 B a rank;
+* LoRA's A of q (16 x 64 in bf16, the base weight's dtype under fsdp_qlora: 2,048 B) and B of
+  v (32 x 16: 1,024 B) each their own unit: 512 and 256 B a rank;
+* the absmax statistics (one fp32 per 64 values: q 256 B, k / v 128, o 256, gate / up / down
+  512 each = 2,304 B a layer) are bitsandbytes' ``QuantState``, no parameter: whole on every
+  rank.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from conftest import MODELS_DIR  # noqa: E402
+from trainmem.breakdown import MemoryCategory  # noqa: E402
+from trainmem.estimate import estimate  # noqa: E402
+from trainmem.schedule import Op, Repeat, StepSchedule  # noqa: E402
+from trainmem.specs.quantization import float_quant_storage  # noqa: E402
+from trainmem.specs.training import TrainingConfig  # noqa: E402
+
+QWEN2 = str(MODELS_DIR / "formula" / "qwen2.json")
+LAYER = "base_model.model.model.layers.{}"
+
+
+def _fsdp_qlora(**changes: Any) -> TrainingConfig:
+    base: dict[str, Any] = {
+        "micro_batch_size": 2,
+        "seq_len": 64,
+        "framework": "fsdp-qlora",
+        "lora_rank": 16,
+        "quantize_base": "nf4",
+        "precision": "bf16-true",
+        "data_parallel_size": 4,
+        "zero_stage": 3,
+    }
+    return TrainingConfig(**{**base, **changes})
+
+
+def _setup_allocations(schedule: StepSchedule, category: MemoryCategory) -> dict[str, int]:
+    """Bytes the step starts from in ``category``, by module (a repeated body's once per
+    repeat)."""
+    out: dict[str, int] = {}
+
+    def walk(items: Any, count: int) -> None:
+        for x in items:
+            if isinstance(x, Repeat):
+                walk(x.body, count * x.count)
+            elif x.action == "alloc" and x.category is category:
+                assert isinstance(x, Op)
+                out[x.module] = out.get(x.module, 0) + count * x.size_bytes
+
+    walk(schedule.setup or schedule.step, 1)
+    return out
+
+
+def test_quant_storage_is_the_dtype_fsdp_qlora_loads_the_model_in() -> None:
+    # train.py 50efa1e: bf16 -> torch_dtype bf16; bf16_autocast / fp16_autocast -> fp32
+    assert float_quant_storage(_fsdp_qlora()) == "bfloat16"
+    assert float_quant_storage(_fsdp_qlora(precision="bf16-mixed")) == "float32"
+    assert float_quant_storage(_fsdp_qlora(quantize_base="nf4-dq")) == "bfloat16"
+    assert not _fsdp_qlora(precision="bf16-mixed").kbit_16bit_dense  # loaded in fp32
+    # bitsandbytes' default uint8 elsewhere, and for what Linear4bit does not store
+    assert float_quant_storage(_fsdp_qlora(framework="accelerate-fsdp")) is None
+    assert float_quant_storage(_fsdp_qlora(quantize_base="int8")) is None
+
+
+def test_fsdp1_flattens_float_stored_codes_by_hand_and_matches_the_formulas() -> None:
+    training = _fsdp_qlora()
+    generic = estimate(QWEN2, training, engine="generic", simulate_allocator=False)
+    analytic = estimate(QWEN2, training, engine="analytic", simulate_allocator=False)
+    schedule = generic.schedules[0]
+    flat = _setup_allocations(schedule, MemoryCategory.PARAMETER)
+    assert flat["_flat_param"] == 32_800
+    for i in (0, 1):
+        layer = LAYER.format(i)
+        assert flat[f"{layer}._flat_param"] == 4_736
+        assert flat[f"{layer}.self_attn.q_proj.lora_A.default._flat_param"] == 512
+        assert flat[f"{layer}.self_attn.v_proj.lora_B.default._flat_param"] == 256
+    statistics = {
+        k: v
+        for k, v in _setup_allocations(schedule, MemoryCategory.BUFFER).items()
+        if k.endswith("quant_statistics")
+    }
+    assert sum(statistics.values()) == 2 * 2_304
+    # each layer's codes, biases and norms gathered for its forward and freed after it
+    # (FULL_SHARD), in every step the schedule expands to
+    forward = [ev for ev in schedule.events() if ev.phase == "forward" and ev.size_bytes == 18_944]
+    made = [ev.module for ev in forward if ev.action == "alloc"]
+    assert set(made) == {LAYER.format(0), LAYER.format(1)}
+    assert made.count(LAYER.format(0)) == made.count(LAYER.format(1))
+    assert len(made) == sum(ev.action == "free" for ev in forward)
+    ratio = generic.breakdown.allocated_bytes / analytic.breakdown.allocated_bytes
+    assert abs(ratio - 1) < 0.01
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"precision": "bf16-mixed"},  # fp32 codes, weights and adapters under autocast
+        {"data_parallel_size": 1},  # torch switches FSDP1 on one rank to NO_SHARD
+        {"zero_stage": 0},  # --sharding_strategy ddp
+        {"reshard_after_forward": False},  # shard_grad_op
+        {"quantize_base": "nf4-dq", "gradient_accumulation_steps": 2},
+        {"activation_checkpointing": "full"},
+    ],
+    ids=["bf16-mixed", "one-gpu", "no-shard", "shard-grad-op", "nf4-dq-accumulation", "ckpt"],
+)
+def test_fsdp_qlora_variants_match_the_formulas(changes: dict[str, Any]) -> None:
+    # the fast representative is the FULL_SHARD test above
+    training = _fsdp_qlora(**changes)
+    generic = estimate(QWEN2, training, engine="generic", simulate_allocator=False)
+    analytic = estimate(QWEN2, training, engine="analytic", simulate_allocator=False)
+    ratio = generic.breakdown.allocated_bytes / analytic.breakdown.allocated_bytes
+    assert abs(ratio - 1) < 0.01
