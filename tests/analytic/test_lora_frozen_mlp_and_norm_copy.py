@@ -7,6 +7,7 @@ q / k / v, gated MLP) at micro-batch 2 x 64 tokens, t = 128:
 - first_norm_saves_its_input (analytic/transforms/checkpointing.py): under full
   checkpointing the first RMSNorm saves the kept layer input itself only on an fp32 residual
   stream; on a bf16 one its ``x.to(float32)`` is a copy the recomputation makes again.
+- Note [Final RMSNorm's backward] (analytic/head.py): five fp32 (tokens x h) transients.
 """
 
 from __future__ import annotations
@@ -74,3 +75,34 @@ def test_first_norm_copy_is_recomputed_on_a_16_bit_residual_stream() -> None:
     terms = est.details["activation_terms_per_layer_bytes"]
     copies = terms["autocast_weight_copies"]
     assert _recomputed_per_layer(est) == sum(terms.values()) - copies - 4 * H * T
+
+
+def _final_norm_ops(est: Any) -> list[Op]:
+    out: list[Op] = []
+
+    def walk(items: tuple[Item, ...]) -> None:
+        for x in items:
+            if isinstance(x, Repeat):
+                walk(x.body)
+            elif isinstance(x, Op) and x.key.startswith(("final_norm_tmp/", "act/head/0")):
+                out.append(x)
+
+    walk(est.schedules[0].step)
+    return out
+
+
+def test_final_rmsnorm_backward_holds_five_fp32_tensors() -> None:
+    # Note [Final RMSNorm's backward] (analytic/head.py): five fp32 (tokens x h) tensors,
+    # 4 B x 64 x 128 = 32,768 B each, after the loss's and the LM head's backward, with the
+    # norm's saved tensors (head block 0) freed after them
+    for precision in ("bf16-true", "bf16-mixed"):
+        ops = _final_norm_ops(_estimate(precision=precision))
+        tmp = [op for op in ops if op.key.startswith("final_norm_tmp/")]
+        assert [op.size_bytes for op in tmp if op.action == "alloc"] == [4 * H * T] * 5
+        keys = [(op.action, op.key) for op in ops]
+        saved_free = keys.index(("free", "act/head/0"))
+        assert all(keys.index(("free", op.key)) < saved_free for op in tmp)
+    # LayerNorm's backward is one kernel (GPT-2): no such transients
+    gpt2 = estimate("tiny-gpt2-test", TrainingConfig(micro_batch_size=2, seq_len=64),
+                    engine="analytic", simulate_allocator=False)  # fmt: skip
+    assert not [op for op in _final_norm_ops(gpt2) if op.key.startswith("final_norm_tmp/")]

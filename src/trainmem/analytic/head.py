@@ -157,3 +157,39 @@ def final_hidden_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
         return 0
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     return -(-r * model.hidden_size * t // parallel_divisor("lm_head_input", training))
+
+
+FINAL_RMSNORM_BACKWARD_TENSORS = 5
+"""fp32 (tokens x h) tensors alive at once in the backward of transformers' final RMSNorm
+(Note [Final RMSNorm's backward])."""
+
+
+def final_norm_backward_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes the final RMSNorm's backward holds at once besides what it saved, right after the
+    loss's and the LM head's backward (its peak, where the vocabulary is small).
+
+    Note [Final RMSNorm's backward]
+        transformers' RMSNorm (modeling_llama.py ``LlamaRMSNorm.forward``) is written out:
+        ``x.to(float32)``, ``pow(2)``, ``mean(-1)``, ``+ eps``, ``rsqrt``, ``x * rstd``,
+        ``.to(input_dtype)``, ``weight *``. Its backward runs those ops' formulas
+        (tools/autograd/derivatives.yaml: ``mul.Tensor``, ``pow.Tensor_Scalar``,
+        ``mean.dim``, ``rsqrt``, ``_to_copy``) in fp32 over (tokens x h): the incoming
+        gradient's fp32 form and four temporaries (``grad * rstd``, ``grad * x`` before its
+        sum, the mean's expanded gradient, ``pow``'s ``2 x``) are alive at once, 4 B each, in
+        any precision (the residual stream's dtype only changes the casts around them).
+        Traced (the generic path) on a 6-layer 1024-wide Qwen2 at 4 x 1,024 tokens: five
+        16 MiB fp32 blocks at its peak under bf16-true, bf16-mixed and compile alike. Inside
+        the layers the same backward runs after the MLP's saved tensors are freed, below the
+        layer's peak; after the last layer the saved activations of every layer are still
+        alive, so with a small vocabulary the step peaks here.
+    """
+    if (
+        model.head != "causal-lm"
+        or not model.final_norm
+        or model.norm_kind != "rmsnorm"
+        or not training.conventions.hf_model_code
+    ):
+        return 0
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    one = -(-4 * model.hidden_size * t // parallel_divisor("final_norm", training))
+    return FINAL_RMSNORM_BACKWARD_TENSORS * one

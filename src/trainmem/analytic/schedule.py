@@ -89,7 +89,11 @@ from trainmem.analytic.backward_transients import (
     backward_layer_transients,
 )
 from trainmem.analytic.checkpointing import input_grad_hook_bytes
-from trainmem.analytic.head import final_hidden_transient_bytes
+from trainmem.analytic.head import (
+    FINAL_RMSNORM_BACKWARD_TENSORS,
+    final_hidden_transient_bytes,
+    final_norm_backward_bytes,
+)
 from trainmem.analytic.load import load_items, load_rule
 from trainmem.analytic.loss import (
     chunked_head_weight_grad_bytes,
@@ -501,6 +505,10 @@ class _Ends:
         if sum(v for _, v in parts) != self.head_acts:
             parts = [("head", self.head_acts)]
         self.head_blocks = [v for _, v in parts]
+        # Note [Final RMSNorm's backward]: its transients, its saved tensors alive beside them
+        self.final_norm_tmp = final_norm_backward_bytes(model, training) if head else 0
+        names_ = [n for n, _ in parts]
+        self.final_norm_block = names_.index("final_norm") if "final_norm" in names_ else -1
         # See Note [litgpt's cast output]: the blocks saved before the head's output is cast
         # (the final norm's, the head's input, the fp32 copy) before the loop rebinds
         names = [n for n, _ in parts]
@@ -602,9 +610,11 @@ class _Ends:
         loss, g2 = self._loss_gradients()
         items += [*loss, *em.at("head.backward", where)]
         label = "head activations"
+        held = self.final_norm_block if self.final_norm_tmp else -1
         items += [
             free(alloc(size, Cat.ACTIVATION, "forward", f"act/head/{n}", "head", label), b)
             for n, size in enumerate(self.head_blocks)
+            if n != held
         ]
         # a chunked loss: the other chunks' logits gradients, alive through the head's
         # backward (Note [Compiled chunked cross-entropy])
@@ -633,6 +643,23 @@ class _Ends:
         items += [*em.at("head.post_backward", where), free(chunk_grads, b)]
         if not self.chunk_wgrad:
             items.append(free(g2, b))
+        if self.final_norm_tmp:  # Note [Final RMSNorm's backward], as the tensors they are
+            n = FINAL_RMSNORM_BACKWARD_TENSORS
+            norm_tmp = [
+                alloc(
+                    self.final_norm_tmp // n,
+                    Cat.TEMPORARY,
+                    b,
+                    f"final_norm_tmp/{k}",
+                    "head",
+                    "the final RMSNorm's fp32 backward transients",
+                )
+                for k in range(n)
+            ]
+            size = self.head_blocks[held] if held >= 0 else 0
+            saved = alloc(size, Cat.ACTIVATION, "forward", f"act/head/{held}", "head", label)
+            items += [*norm_tmp, *(free(op, b) for op in norm_tmp)]
+            items += [free(saved, b)] if held >= 0 else []
         return items
 
     def embedding_backward(self, em: Emitter, where: Where) -> list[Item]:
