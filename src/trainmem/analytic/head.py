@@ -81,7 +81,12 @@ def _lm_head_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dic
         # ``.float()``; autocast runs it in fp32): the trace holds those logits with the
         # fp32 log-softmax output until the loss backward
         out["logits_for_loss"] = c * v * t
-    if training.uses_autocast:
+    # autocast casts an fp32 head weight to 16 bits and the matmul saves the cast; not a head
+    # already in 16 bits (a quantized base's unconverted modules kept as loaded,
+    # TrainingConfig.kbit_16bit_dense: ``cached_cast`` casts only a type other than the
+    # target) nor a quantized head (bitsandbytes dequantizes inside its matmul,
+    # lm_head_dequant_bytes). Source: aten/src/ATen/autocast_mode.cpp ``cached_cast``.
+    if training.uses_autocast and not training.kbit_16bit_dense and not quantized_lm_head(training):
         out["autocast_weight_copies"] = c * v * h
     return out
 
