@@ -129,3 +129,25 @@ def test_the_head_saves_its_input_and_norm_before_the_loop_rebinds() -> None:
         n for module, n, cat in live.values() if module == "head" and cat == Cat.ACTIVATION
     )
     assert saved == [16_384, 66_048, 262_144]
+
+
+@pytest.mark.parametrize(("framework", "expected"), [("litgpt", 1), ("pytorch-amp", 0)])
+def test_litgpt_loop_binds_the_fp32_logits_through_the_optimizer_step(
+    framework: str, expected: int
+) -> None:
+    # Note [litgpt's bound logits]: the last micro-batch's fp32 logits (4 V t = 4 * 512 * 128
+    # B) are alive while the optimizer steps; transformers' loop holds nothing there
+    from trainmem.estimate import estimate
+
+    training = TrainingConfig(
+        micro_batch_size=2, seq_len=64, framework=framework, precision="bf16-true"
+    )
+    est = estimate(str(MODELS_DIR / "formula" / "qwen2.json"), training, engine="analytic")
+    timeline = est.schedules[0].expand()
+    events = timeline.events[timeline.steady_state_start :]
+    held = [
+        ev
+        for ev in events
+        if ev.action == "alloc" and ev.phase == "optimizer" and ev.size_bytes == 262_144
+    ]
+    assert len(held) == expected

@@ -516,6 +516,9 @@ class _Ends:
         self.before_rebind = (
             [k for k, n in enumerate(names) if n in _SAVED_BEFORE_THE_CAST] if cast_first else []
         )
+        # Note [litgpt's bound logits]: the fp32 copy outlives the head's backward
+        one_stage = rank.stage == 0 and head
+        self.bound = names.index("logits_fp32_output") if cast_first and one_stage else None
         # Note [Sequence-parallel collectives' copies]: the LM head's all-gather output
         copies = sequence_parallel_copies(model, training)
         self.head_gather = copies.head_gathered if head and model.head == "causal-lm" else 0
@@ -614,7 +617,8 @@ class _Ends:
         items += [
             free(alloc(size, Cat.ACTIVATION, "forward", f"act/head/{n}", "head", label), b)
             for n, size in enumerate(self.head_blocks)
-            if n != held
+            # the final norm's and (Note [litgpt's bound logits]) the fp32 copy: freed later
+            if n not in (held, self.bound)
         ]
         # a chunked loss: the other chunks' logits gradients, alive through the head's
         # backward (Note [Compiled chunked cross-entropy])
@@ -706,6 +710,11 @@ class _Ends:
         items.append(free(self.embedding_activations(), b))
         if hook.size_bytes:
             items.append(free(hook, b))
+        if self.bound is not None:  # Note [litgpt's bound logits]
+            size = self.head_blocks[self.bound]
+            label = "head activations"
+            bound = alloc(size, Cat.ACTIVATION, "forward", f"act/head/{self.bound}", "head", label)
+            items.append(free(bound, b))
         return items + em.at("micro_batch.end", where)
 
 
