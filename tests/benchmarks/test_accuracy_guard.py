@@ -398,6 +398,10 @@ def test_analytic_accuracy_does_not_regress() -> None:
 #: aten autocast_mode.cpp ``cached_cast`` casts only another dtype) or a quantized head; found
 #: by the generic path (QLoRA without peft's upcast on a 1024-wide Qwen2: -2.2 -> 0.000 %
 #: generic vs formulas): GT155 +1.2 -> -0.4%, GT157 +0.5 -> -0.5% (Mistral-7B GPTQ, fp16).
+#: Re-recorded for autocast's input copies (activation_shapes.autocast_casts_layer_inputs):
+#: none where the norms' output already is 16-bit (kbit_16bit_dense), so q / k / v and gate /
+#: up save one tensor; found by the generic path (GPTQ + LoRA on a 1024-wide Qwen2: -5.4 ->
+#: 0.000 % generic vs formulas): GT159 +4.3 -> +3.1%.
 RECORDED_DEV2 = {
     "GT011": -0.0346,
     "GT012": -0.0367,
@@ -514,7 +518,7 @@ RECORDED_DEV2 = {
     "GT156": +0.0700,
     "GT157": -0.0048,
     "GT158": +0.0623,
-    "GT159": +0.0427,
+    "GT159": +0.0307,
     "GT160": +0.0417,
     "GT161": +0.0356,
     "GT162": -0.0058,

@@ -28,6 +28,17 @@ def compute_and_residual_bytes(training: TrainingConfig) -> tuple[int, int]:
     return c, r
 
 
+def autocast_casts_layer_inputs(training: TrainingConfig) -> bool:
+    """Autocast casts a layer's input to 16 bits at every linear that reads it (q, k and v;
+    gate and up): under autocast, unless the input already is in the compute dtype, as the
+    norms' output of a quantized base kept in 16 bits is (:attr:`~trainmem.specs.training.
+    TrainingConfig.kbit_16bit_dense`; transformers' RMSNorm returns ``weight *
+    hidden_states.to(input_dtype)``), which ``cached_cast`` leaves as it is (aten/src/ATen/
+    autocast_mode.cpp: it casts only another dtype), so every linear saves that one tensor.
+    Traced on the generic path (a 1024-wide Qwen2, int8 base without peft's upcast)."""
+    return training.uses_autocast and not training.kbit_16bit_dense
+
+
 def cast_copies(n: int, training: TrainingConfig) -> int:
     """How many tensors ``n`` casts of one tensor to one dtype make: ``n`` eager (autocast
     casts a non-leaf tensor at every op that reads it, peft casts each targeted linear's input

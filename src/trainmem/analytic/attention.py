@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from trainmem.analytic.activation_parallelism import parallel_divisor
 from trainmem.analytic.activation_shapes import (
+    autocast_casts_layer_inputs,
     cast_copies,
     compute_and_residual_bytes,
     tokens_per_sequence,
@@ -334,7 +335,7 @@ def apply_mla(terms: dict[str, int], model: ModelSpec, training: TrainingConfig,
     c, _ = compute_and_residual_bytes(training)
     h, a, d, v = model.hidden_size, model.num_heads, model.head_dim, model.v_head_dim
     nope = d - model.qk_rope_head_dim
-    mixed = training.uses_autocast
+    mixed = autocast_casts_layer_inputs(training)
     terms["attention/qkv_input"] = c * h * t * (cast_copies(2, training) if mixed else 1)
     for rank, name in ((model.q_lora_rank, "q"), (model.kv_lora_rank, "kv")):
         if rank:
@@ -395,7 +396,7 @@ def attention_terms(
     # lit-gpt @8641822), three for separate q / k / v projections, one under torch.compile
     # (Note [Compiled casts are computed once])
     fused = model.fused_qkv or training.conventions.own_model_code
-    copies = 1 if fused or not training.uses_autocast else cast_copies(3, training)
+    copies = 1 if fused or not autocast_casts_layer_inputs(training) else cast_copies(3, training)
     terms["attention/qkv_input"] = c * h * t * copies
     # Keys and values reach the kernel expanded to all query heads (GQA) in eager attention
     # (HF ``repeat_kv`` + the matmul's reshape copy) and in the fp32 memory-efficient SDPA

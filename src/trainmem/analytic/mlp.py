@@ -5,7 +5,11 @@ sequential pre-norm block whose MLP input is freed first in backward. Symbols as
 
 from __future__ import annotations
 
-from trainmem.analytic.activation_shapes import cast_copies, compute_and_residual_bytes
+from trainmem.analytic.activation_shapes import (
+    autocast_casts_layer_inputs,
+    cast_copies,
+    compute_and_residual_bytes,
+)
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
@@ -260,7 +264,8 @@ def _dense_mlp_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> d
     # autocast copies of the MLP input: one per projection reading it (gate and up), one for a
     # fused gate_up (modeling_phi3.py ``Phi3MLP.gate_up_proj``)
     n_in = 2 if model.mlp_kind == "gated" and not model.fused_gate_up else 1
-    copies = cast_copies(n_in, training) if mixed else 1  # Note [Compiled casts are computed once]
+    casts = autocast_casts_layer_inputs(training)
+    copies = cast_copies(n_in, training) if casts else 1  # Note [Compiled casts are computed once]
     terms["mlp/input"] = c * h * t * k_top * copies
     if model.parallel_attention and model.num_norms_per_layer == 1 and not mixed:
         # Falcon / Phi: one norm feeds attention and MLP; without autocast's casts the MLP
