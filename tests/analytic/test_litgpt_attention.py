@@ -151,3 +151,18 @@ def test_litgpt_loop_binds_the_fp32_logits_through_the_optimizer_step(
         if ev.action == "alloc" and ev.phase == "optimizer" and ev.size_bytes == 262_144
     ]
     assert len(held) == expected
+
+
+@pytest.mark.parametrize(("bnb", "expected"), [("0.42.0", 16_384), ("0.45.0", 0)])
+def test_litgpt_quantized_head_saves_its_input_only_before_bnb_0_43_2(
+    bnb: str, expected: int
+) -> None:
+    # litgpt quantizes the output head with every linear; bitsandbytes' MatMul4Bit saved its
+    # 16-bit input (c h t = 2 * 64 * 128 B) before 0.43.2 and saves none since
+    from trainmem.analytic.head import head_activation_bytes
+
+    training = TrainingConfig(
+        micro_batch_size=2, seq_len=64, framework="litgpt", precision="bf16-true",
+        lora_rank=8, quantize_base="nf4", bitsandbytes_version=bnb,
+    )  # fmt: skip
+    assert head_activation_bytes(QWEN2, training).get("lm_head_input", 0) == expected

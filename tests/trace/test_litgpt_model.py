@@ -175,8 +175,17 @@ def test_litgpt_recipe_agrees_with_the_formulas() -> None:
     assert abs(_agreement(**changes, gradient_accumulation_steps=3)) <= 0.01
 
 
-_NOT_INVESTIGATED = pytest.mark.xfail(
-    strict=True, reason="the trace is 6-10 % off the formulas; not investigated (session notes)"
+_GENERIC_GAP = pytest.mark.xfail(
+    strict=True,
+    reason="a gap of the formulas on this model for transformers' model too (adamw-8bit -9.7 %, "
+    "LoRA + full checkpointing under autocast +5.8 % with --framework pytorch-amp); not "
+    "litgpt's (session 14 notes)",
+)
+_QUANTIZED_HEAD = pytest.mark.xfail(
+    strict=True,
+    reason="litgpt quantizes its output head (the trace's stand-in does); the formulas keep the "
+    "head's weight 16-bit: -5 % here; quantizing it there closes the gap but moves the QLoRA "
+    "dev rows 1-6 points down, so a compensating under-count remains (session 14 notes)",
 )
 
 
@@ -192,13 +201,13 @@ _NOT_INVESTIGATED = pytest.mark.xfail(
         pytest.param({"lora_rank": 8}, id="lora"),
         pytest.param(
             {"lora_rank": 8, "activation_checkpointing": "full"},
-            marks=_NOT_INVESTIGATED,
+            marks=_GENERIC_GAP,
             id="lora-ckpt",
         ),
-        pytest.param({"optimizer": "adamw-8bit"}, marks=_NOT_INVESTIGATED, id="adamw-8bit"),
+        pytest.param({"optimizer": "adamw-8bit"}, marks=_GENERIC_GAP, id="adamw-8bit"),
         pytest.param(
             {"lora_rank": 8, "quantize_base": "nf4", "precision": "bf16-true"},
-            marks=_NOT_INVESTIGATED,
+            marks=_QUANTIZED_HEAD,
             id="qlora",
         ),
     ],

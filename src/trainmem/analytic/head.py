@@ -61,7 +61,10 @@ def _lm_head_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dic
     lm_head_frozen = training.is_lora and "lm_head" not in training.lora_targets
     # a frozen LM head saves no input, unless bitsandbytes quantized it (lit-gpt quantizes
     # every linear, the LM head too; HF keeps it unquantized)
-    if not lm_head_frozen or quantized_lm_head(training):
+    # a quantized head saves its input only where bitsandbytes' MatMul4Bit still did (< 0.43.2)
+    if not lm_head_frozen or (
+        quantized_lm_head(training) and training.quantized_matmul_saves_input
+    ):
         out["lm_head_input"] = c * h * t
     if training.conventions.fp32_model_output:
         # Lightning Fabric casts the model output to fp32 (``_FabricModule.forward`` ->
