@@ -148,6 +148,20 @@ def test_fsdp1_with_adapter_units_holds_root_and_two_layers() -> None:
     assert peak == ROOT + 2 * layer
 
 
+def test_accelerate_fsdp1_holds_the_same_pool() -> None:
+    # accelerate's FSDP1 (accelerate-fsdp; the HF Trainer's --fsdp) with the settings of the
+    # rows' configs: limit_all_gathers=True (the plugin's default), BACKWARD_PRE (their
+    # fsdp_backward_prefetch), use_orig_params=False. Trainable layer units: R + 3 L, the same
+    # bytes as torchtune 0.1's full fine-tune above
+    assert _unshard_stream_pool(framework="accelerate-fsdp") == ROOT + 3 * 2 * LAYER
+    # LoRA rank 8 on q and v, each adapter leaf a unit (peft's fsdp_auto_wrap_policy): R + 2 L,
+    # L = 2 B * 202,383,360 + 4 B * 2 * 8 * (4096 + 4096) (peft's fp32 adapters) = 405,291,008
+    lora = {"lora_rank": 8, "lora_targets": ("q", "v")}
+    layer = 2 * LAYER + 4 * 2 * 8 * 8192
+    assert layer == 405_291_008
+    assert _unshard_stream_pool(framework="accelerate-fsdp", **lora) == ROOT + 2 * layer
+
+
 def _toy_fsdp1(*, adapters: bool) -> tuple[Any, set[int]]:
     """A 4-layer model wrapped in torch's FSDP1 (FULL_SHARD, BACKWARD_PRE, limit_all_gathers,
     use_orig_params=False) on the CPU, each layer a unit: with ``adapters`` each LoRA leaf a unit

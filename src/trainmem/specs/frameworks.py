@@ -547,12 +547,12 @@ class FrameworkConventions:
     ``new_sharded_grad = torch.empty_like(chunks[0])``); the unsharded gradient it reduces is
     autograd's, on the default stream. True for the FSDP frameworks: ``fsdp2``, torchtune
     (FSDP1 in its early-2024 recipes, FSDP2 from 6deeda92, Sep 2024), litgpt (FSDP1) and
-    fsdp-qlora (FSDP1, torch 2.2). Not yet accelerate-fsdp / hf-trainer (their golden
-    schedules would change). Under FSDP1 (fsdp-qlora, torchtune before 0.3) the root's and
-    every layer unit's gathers are on the unshard stream (Note [FSDP1 unshard stream pool],
-    trainmem/analytic/transforms/sharding.py), and a CPU-offloaded shard's copy on the
-    pre-unshard stream (Note [FSDP1 offloaded shard copy]). False: everything on the default
-    stream."""
+    fsdp-qlora (FSDP1, torch 2.2), accelerate-fsdp (FSDP1: accelerate's plugin and the HF
+    Trainer's ``--fsdp``). Under FSDP1 (fsdp-qlora, torchtune before 0.3, accelerate-fsdp) the
+    root's and every layer unit's gathers are on the unshard stream (Note [FSDP1 unshard stream
+    pool], trainmem/analytic/transforms/sharding.py), and fsdp-qlora's CPU-offloaded shard's
+    copy on the pre-unshard stream (Note [FSDP1 offloaded shard copy]). False: everything on
+    the default stream."""
     fsdp1_checkpoint_outside_units: bool
     """transformers' gradient checkpointing wraps the decoder layer that FSDP1 wrapped
     (modeling_llama.py ``self._gradient_checkpointing_func(decoder_layer.__call__, ...)`` on the
@@ -768,6 +768,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
         ),
         _row(
             "accelerate-fsdp",
+            fsdp_collective_streams=True,
             fsdp1_checkpoint_outside_units=True,
             fsdp_param_dtype_follows_precision=True,
             fsdp_reduce_in_compute_dtype=True,

@@ -247,7 +247,8 @@ def fsdp1_unshard_pool_units(ctx: RankContext) -> int:
     or freed and not yet reusable), beside the root's, for the frameworks that run torch's
     FSDP1 with its defaults (Note [FSDP1 unshard stream pool]): 2 when each LoRA leaf is a unit
     of its own (the layer's flat parameter frozen), 3 when the layer's flat parameter trains;
-    0 where the rule does not apply (FSDP2, torchtune from 0.3, other frameworks).
+    0 where the rule does not apply (FSDP2, torchtune from 0.3, litgpt, the frameworks without
+    FSDP).
 
     Note [FSDP1 unshard stream pool]
         torch 2.2.2 distributed/fsdp (the FSDP1 of Answer.AI fsdp_qlora train.py 50efa1e and
@@ -290,11 +291,26 @@ def fsdp1_unshard_pool_units(ctx: RankContext) -> int:
         gathers on the unshard stream for the micro-batch, the prefetched layer's over each
         stack, and for trainable units a third layer-sized block over the backward stack.
         Assumed: the GPU runs behind the CPU (an unsynchronised free is still pending when the
-        next gather is allocated). Not modelled: the adapter units' own small gathers (their
-        LoRA weights are counted in L).
+        next gather is allocated).
+
+        accelerate's FSDP1 (``accelerate-fsdp``: ``accelerate launch`` and the HF Trainer's
+        ``--fsdp``) meets the rule's preconditions with the settings its users pass:
+        ``FullyShardedDataParallelPlugin`` (accelerate utils/dataclasses.py, v0.29.3 to
+        v1.3.0) defaults ``limit_all_gathers=True``, ``forward_prefetch=False`` and
+        ``use_orig_params=False`` (``FSDP_USE_ORIG_PARAMS`` unset); its ``backward_prefetch``
+        comes from ``FSDP_BACKWARD_PREFETCH`` (``NO_PREFETCH``, torch's ``None``, when unset),
+        which the rows' configs set to ``BACKWARD_PRE`` (philschmid
+        fsdp-qlora-distributed-llama3.ipynb ``backward_prefetch: "backward_pre"``;
+        fms-hf-tuning fixtures/accelerate_fsdp_defaults.yaml ``fsdp_backward_prefetch_policy:
+        BACKWARD_PRE``), the prefetch trainmem assumes for accelerate-fsdp throughout (Note
+        [FSDP1 backward prefetch under adapter units], trainmem/analytic/transforms/fsdp.py:
+        under LoRA the HF Trainer wraps each adapter leaf as a unit, peft's
+        ``fsdp_auto_wrap_policy``; peft examples/sft/configs/fsdp_config.yaml the same).
+        Not modelled: ``NO_PREFETCH``, accelerate's own default; the adapter units' own small
+        gathers (their LoRA weights are counted in L).
     """
     t = ctx.training
-    fsdp1 = t.framework == "fsdp-qlora" or (
+    fsdp1 = t.framework in ("fsdp-qlora", "accelerate-fsdp") or (
         t.framework == "torchtune" and t.torchtune_release < (0, 3, 0)
     )
     if not fsdp1 or ctx.zero_stage != 3:
