@@ -162,6 +162,49 @@ def test_accelerate_fsdp1_holds_the_same_pool() -> None:
     assert _unshard_stream_pool(framework="accelerate-fsdp", **lora) == ROOT + 2 * layer
 
 
+def _backward_prefetches(**kw: object) -> list[tuple[str, int]]:
+    """The (action, size) of the blocks the backward allocates on the unshard stream (the
+    prefetched layers; the current layer's and the root's gathers are made in the forward) for
+    Llama-2-7B under LoRA rank 8 on q and v, 4 ranks, full checkpointing."""
+    base: dict[str, object] = {
+        "zero_stage": 3,
+        "data_parallel_size": 4,
+        "precision": "bf16-true",
+        "seq_len": 512,
+        "micro_batch_size": 2,
+        "activation_checkpointing": "full",
+        "lora_rank": 8,
+        "lora_targets": ("q", "v"),
+    }
+    training = TrainingConfig(**{**base, **kw})  # type: ignore[arg-type]
+    sched = estimate("llama-2-7b", training, simulate_allocator=False).schedules[0]
+    out: list[tuple[str, int]] = []
+    made: set[int] = set()  # blocks allocated in the backward (the forward's freed there too)
+    for ev in sched.events():
+        if ev.stream != ALL_GATHER_STREAM or ev.phase != "backward":  # type: ignore[attr-defined]
+            continue
+        if ev.action == "alloc":  # type: ignore[attr-defined]
+            made.add(ev.block_id)  # type: ignore[attr-defined]
+        if ev.block_id in made:  # type: ignore[attr-defined]
+            out.append((ev.action, ev.size_bytes))  # type: ignore[attr-defined]
+    return out
+
+
+def test_accelerate_fsdp1_prefetches_each_layer_from_the_attention_backward() -> None:
+    # Note [FSDP1 backward prefetch under adapter units]: layer i is gathered by layer i + 1's
+    # first adapter unit (in its attention's backward) and held to that layer's end, so the
+    # 32-layer stack's backward gathers 31 layers one at a time (none after layer 0), and the
+    # MLP's backward runs with the current layer only; in the schedule's two steps (warm-up
+    # and measured), 62 gathers, each freed before the next
+    ops = _backward_prefetches(framework="accelerate-fsdp")
+    layer = 2 * LAYER + 4 * 2 * 8 * 8192
+    assert ops == [("alloc", layer), ("free", layer)] * 62
+    # torchtune 0.1's FSDP1 LoRA recipe is not under the rule: one prefetched layer over the
+    # stack (Note [FSDP1 unshard stream pool]), once a micro-batch
+    ops = _backward_prefetches(framework="torchtune", torchtune_version="0.1.0")
+    assert [a for a, _ in ops] == ["alloc", "free"] * 2
+
+
 def _toy_fsdp1(*, adapters: bool) -> tuple[Any, set[int]]:
     """A 4-layer model wrapped in torch's FSDP1 (FULL_SHARD, BACKWARD_PRE, limit_all_gathers,
     use_orig_params=False) on the CPU, each layer a unit: with ``adapters`` each LoRA leaf a unit
