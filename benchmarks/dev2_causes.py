@@ -544,6 +544,14 @@ _FSDP1_REENTRANT = (
     "accelerate's MixedPrecision gathers the fp32 adapters in the compute dtype, so peft makes "
     "no fp32 copy of their input (trainmem.analytic.lora ``adapter_matmul_bytes``)"
 )
+_FSDP1_ADAPTER_PREFETCH = (
+    "with each LoRA leaf an FSDP1 unit (the HF Trainer's peft fsdp_auto_wrap_policy), "
+    "BACKWARD_PRE prefetches layer i from layer i + 1's first adapter unit, in its attention's "
+    "backward, so the MLP's backward runs with one layer gathered, not two (Note [FSDP1 "
+    "backward prefetch under adapter units]; the rows' fsdp_backward_prefetch_policy "
+    "BACKWARD_PRE, fms-hf-tuning fixtures/accelerate_fsdp_defaults.yaml; traced on torch's "
+    "FSDP1)"
+)
 _FMS_FSDP_4BIT_OVER = (
     _FSDP1_REENTRANT + "; the peak is now the end of the layers' backward (before: under, "
     "GT147 -3.4%, GT149 -5.5%, GT156 -4.0%, GT158 -5.9%, GT154 -19.9%, GT160 -17.3%); the "
@@ -551,16 +559,25 @@ _FMS_FSDP_4BIT_OVER = (
     "(measured peak - end-of-train alloc - the kept inputs leaves 3.0 GB for GT156, predicted "
     "3.6); GT160's TheBloke/Llama-2-70B-GPTQ main branch has no group size (its 35.33 GB "
     "checkpoint; the end-of-train alloc on 1 GPU, 36.12 GB, is that plus the adapters and "
-    "their AdamW states), gptq-int4 assumes group 128 (+0.7 GB per rank of scales and zeros)"
+    "their AdamW states), gptq-int4 assumes group 128 (+0.7 GB per rank of scales and zeros); "
+    + _FSDP1_ADAPTER_PREFETCH
+    + ": GT147 +6.1 -> +4.9%, GT149 +4.9 -> +4.2%, GT154 +2.1 -> +1.1%, GT156 +7.0 -> +5.8%, "
+    "GT158 +6.2 -> +5.5%, GT160 +4.2 -> +3.2%"
 )
 _FMS_MIXTRAL_OVER = (
     _FSDP1_REENTRANT + "; the backward's peak (the end of the layers' backward) held the "
     "dequantized weight of all 8 experts' gate and up projections (1.88 GB), where "
     "transformers 4.48's Linear4bit experts dequantize one 14336 x 4096 linear at a time "
-    "(Note [Dequantized expert weights]): GT151 +11.1 -> +3.5%, GT153 +6.9 -> +2.2%"
+    "(Note [Dequantized expert weights]): GT151 +11.1 -> +3.5%, GT153 +6.9 -> +2.2%; then "
+    + _FSDP1_ADAPTER_PREFETCH
+    + ": GT144 +5.4 -> +1.9%, GT145 +5.1 -> +0.6%, GT151 +3.8 -> +0.4%, GT153 +2.7 -> +0.1%"
 )
 _FMS_LORA_FSDP = (
-    _FSDP1_REENTRANT + "; before: under (GT141 -5.6%, GT143 -7.7%), now GT141 +4.0%, GT143 +3.5%"
+    _FSDP1_REENTRANT
+    + "; before: under (GT141 -5.6%, GT143 -7.7%), then GT141 +4.0%, GT143 +3.5%; "
+    + _FSDP1_ADAPTER_PREFETCH
+    + ": GT141 +6.0 -> +3.1%, GT143 +6.3 -> +4.3% (from +4.0 / +3.5% the frozen down "
+    "projection's input rules had grown them)"
 )
 _PEFT_QLORA_FSDP = (
     _FSDP1_REENTRANT + " (amended from the script's --use_reentrant True; transformers' "
@@ -870,7 +887,12 @@ CAUSES.update(
             "+5.5%): the allocator frees its cached blocks and retries near the card's capacity "
             "(the replay without a capacity held 7.4e9 B more); accelerate's MixedPrecision "
             "gathers the fp32 adapters in bf16, so peft makes no fp32 copy of their input "
-            "(trainmem.analytic.lora ``adapter_matmul_bytes``)"
+            "(trainmem.analytic.lora ``adapter_matmul_bytes``); FSDP1's unshard stream pool "
+            "applied to accelerate's FSDP1 (Note [FSDP1 unshard stream pool]: accelerate's "
+            "plugin keeps limit_all_gathers=True, peft examples/sft/configs/fsdp_config.yaml "
+            "BACKWARD_PRE; the root's and the layers' gathers in that stream's pool, the "
+            "sharded gradients in the post-backward stream's): reserved +6.1 -> +3.7%, the "
+            "replay near the card's capacity"
         ),
         "GT176": (
             "unexplained: DeepSpeed ZeRO-3 QLoRA; the double-quantized statistics are whole on "
