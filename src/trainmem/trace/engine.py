@@ -150,7 +150,9 @@ def apply_activation_checkpointing(model: Any, mode: str) -> None:
 
     kwargs: dict[str, Any] = {"use_reentrant": False}
     if mode == "selective":
-        from trainmem.trace.sac import selective_policy
+        from trainmem.trace.sac import ignore_profiler_ops, selective_policy
+
+        ignore_profiler_ops()  # Note [Profiler ops under selective checkpointing]
 
         def make_contexts() -> Any:
             return create_selective_checkpoint_contexts(selective_policy())

@@ -186,7 +186,7 @@ def wrap_fsdp1(
     if fsdp1_no_shard(training):  # replicated flat parameters, all-reduced gradients
         strategy = ShardingStrategy.NO_SHARD
     with fake_mode if fake_mode is not None else contextlib.nullcontext():
-        return FullyShardedDataParallel(
+        root = FullyShardedDataParallel(
             model,
             device_mesh=mesh,
             auto_wrap_policy=policy,
@@ -195,6 +195,59 @@ def wrap_fsdp1(
             device_id=torch.device("cpu"),
             use_orig_params=False,
         )
+        if mixed is not None:
+            _steady_state_views(root)
+    return root
+
+
+def _steady_state_views(root: Any) -> None:
+    """Leave every FSDP1 unit's parameter views as they are between steps: views of its
+    16-bit unsharded flat parameter (storage freed), not of the fp32 one it was built from.
+
+    Note [FSDP1 views between steps]
+        With ``use_orig_params=False`` a unit's module attributes (``lora_A.weight``) are
+        plain views: of the fp32 flat parameter when the unit is built (torch 2.13
+        distributed/fsdp/_flat_param.py ``FlatParamHandle.__init__``:
+        ``_use_unsharded_views``; ``shard`` swaps the flat parameter's data and leaves them),
+        and after its first forward of the ``param_dtype`` unsharded one (``unshard`` ->
+        ``_use_unsharded_flat_param``; ``reshard`` frees that storage and keeps the views).
+        peft reads a child unit's dtype from outside it, before the unit's pre-forward
+        unshards it (tuners/lora/layer.py ``Linear.forward``:
+        ``x = self._cast_input_dtype(x, lora_A.weight.dtype)``), so the first step's forward
+        sees fp32 (an fp32 copy of the 16-bit input) and every later pass, the first step's
+        checkpoint recompute included, bf16 (no copy). Under activation checkpointing the
+        trace's warm-up then fails non-reentrant checkpointing's metadata check (the
+        forward saved fp32, the recompute bf16; a real first step runs under accelerate's
+        ``native_amp`` autocast, accelerator.py ``prepare_model``, whose matmul casts save
+        bf16 in both passes; the trace runs none, ``FrameworkConventions.autocast``). The
+        recorded step is the steady state, in which the views are bf16 in both passes;
+        each unit is unsharded and resharded once here as in a forward, so the warm-up
+        runs as every later step does: FSDP1's own
+        ``_lazy_init``, then in the ``FORWARD`` handle state (the only one in which
+        ``_use_unsharded_flat_param`` re-points the views) ``FlatParamHandle.pre_unshard`` /
+        ``unshard`` / ``post_unshard`` / ``reshard`` / ``post_reshard``, as ``_pre_forward``
+        and ``_post_forward`` run them (``_unshard`` / ``_reshard`` in _runtime_utils.py;
+        NO_SHARD's flat parameter is kept, its 16-bit copy freed by ``post_reshard``). The
+        recorded step is unchanged by it (same bytes with and without, no checkpointing).
+    """
+    import importlib
+
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    runtime: Any = importlib.import_module("torch.distributed.fsdp._runtime_utils")
+    states: Any = importlib.import_module("torch.distributed.fsdp._flat_param").HandleTrainingState
+    runtime._lazy_init(root, root)
+    for unit in FullyShardedDataParallel.fsdp_modules(root):
+        handle = unit._handle
+        if handle is None or not handle._uses_param_mixed_precision:
+            continue
+        handle._training_state = states.FORWARD  # views are re-pointed in the forward only
+        handle.pre_unshard()
+        handle.unshard()
+        handle.post_unshard()
+        handle.reshard(handle.uses_sharded_strategy)  # NO_SHARD keeps its flat parameter
+        handle.post_reshard()
+        handle._training_state = states.IDLE
 
 
 @contextlib.contextmanager

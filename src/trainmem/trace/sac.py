@@ -18,7 +18,7 @@ from trainmem.trace._torch import require_torch
 
 torch = require_torch()
 
-__all__ = ["save_ops", "selective_policy"]
+__all__ = ["ignore_profiler_ops", "save_ops", "selective_policy"]
 
 
 def save_ops() -> frozenset[Any]:
@@ -55,3 +55,35 @@ def selective_policy() -> Callable[..., Any]:
         return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
 
     return policy
+
+
+def ignore_profiler_ops() -> None:
+    """Keep ``torch.profiler.record_function``'s ops out of selective checkpointing's replay.
+
+    Note [Profiler ops under selective checkpointing]
+        SAC (torch 2.13 utils/checkpoint.py ``_CachingTorchDispatchMode`` /
+        ``_CachedTorchDispatchMode``) numbers each op's invocations in the forward and looks
+        the recompute's up by the same numbers; only ``SAC_IGNORED_OPS`` are left out.
+        ``record_function`` dispatches ``profiler._record_function_enter_new`` / ``_exit``
+        whether or not a profiler runs, and FSDP1's hooks open one per phase: under
+        accelerate's FSDP1 the checkpointed decoder layer is an FSDP unit and each LoRA
+        adapter a unit inside it (Note [Tracing FSDP1] in trainmem/trace/fsdp.py), so the
+        recompute runs a different number of them (the layer unit's ``_pre_forward`` returns
+        early in ``BACKWARD_PRE``; ``_unshard``'s ``FullyShardedDataParallel.rate_limiter``
+        opens only when ``limit_all_gathers``' free-event queue is full, which differs between
+        the passes) and the replay fails ("invocation index N encountered during backward but
+        not found in storage"). They return no tensor, so nothing of theirs is saved or
+        recomputed: they join ``SAC_IGNORED_OPS`` (in place, idempotent), as NVIDIA-NeMo
+        Automodel does for torch 2.13 FSDP2 units inside a SAC region (PR #3133).
+    """
+    import torch.utils.checkpoint as checkpoint
+
+    profiler = torch.ops.profiler
+    checkpoint.SAC_IGNORED_OPS.update(
+        {
+            profiler._record_function_enter.default,
+            profiler._record_function_enter_new.default,
+            profiler._record_function_exit.default,
+            profiler._record_function_exit._RecordFunction,
+        }
+    )
