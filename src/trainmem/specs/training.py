@@ -1665,7 +1665,8 @@ def _resolve_precision(t: TrainingConfig) -> None:
     :data:`~trainmem.specs.frameworks.DEFAULT_PRECISION`), before any check reads it; an
     unknown framework is left to its own check."""
     if t.precision is None:
-        row = FRAMEWORK_CONVENTIONS.get(t.framework)
+        # a framework of the wrong type (a list from a config file) is its own check's error
+        row = FRAMEWORK_CONVENTIONS.get(t.framework) if isinstance(t.framework, str) else None
         object.__setattr__(
             t, "precision", row.default_precision if row is not None else DEFAULT_PRECISION
         )
