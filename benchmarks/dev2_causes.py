@@ -381,7 +381,9 @@ _TT_HEAD = (
 _TT_8BIT = (
     "unexplained: the compiled chunked loss is modelled (Note [Compiled chunked "
     "cross-entropy]) and the twin rows GT015/GT016 are within 1%; the under-estimate is the "
-    "8-bit optimizer's (GT016 -> GT017 measured 4.5 GB saved, predicted 6.3 GB)"
+    "8-bit optimizer's (GT016 -> GT017 measured 4.5 GB saved, predicted 6.3 GB); -8.8 -> "
+    "-10.0% with Note [Chunked head's first weight-gradient sum] (one chunk's logits "
+    "gradient fewer at the head's first weight-gradient sum, traced)"
 )
 _TT_NF4_INIT = (
     "the load is modelled (Note [torchao 0.1 NF4 at load]: bf16 linears built and quantized "

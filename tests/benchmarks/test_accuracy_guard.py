@@ -402,14 +402,20 @@ def test_analytic_accuracy_does_not_regress() -> None:
 #: none where the norms' output already is 16-bit (kbit_16bit_dense), so q / k / v and gate /
 #: up save one tensor; found by the generic path (GPTQ + LoRA on a 1024-wide Qwen2: -5.4 ->
 #: 0.000 % generic vs formulas): GT159 +4.3 -> +3.1%.
+#: Re-recorded for Note [Chunked head's first weight-gradient sum] (analytic/schedule.py,
+#: traced: tests/trace/test_chunked_loss_compiled.py -0.004 %): at the head weight gradients'
+#: first sum N - 2 chunks' logits gradients are alive, not N - 1, beside the head's input and
+#: the final norm's bf16 normalised tensor (eager beside torchtune's compiled loss): the
+#: torchtune compiled chunked-loss rows GT013 -4.1 -> -4.5 %, GT015 +0.4 -> -0.4 %, GT016
+#: +0.6 -> -0.3 %, GT017 -8.8 -> -10.0 % (its own under-count, the 8-bit optimizer's, larger).
 RECORDED_DEV2 = {
     "GT011": -0.0346,
     "GT012": -0.0367,
-    "GT013": -0.0406,
+    "GT013": -0.0452,
     "GT014": +0.0036,
-    "GT015": +0.0043,
-    "GT016": +0.0061,
-    "GT017": -0.0884,
+    "GT015": -0.0043,
+    "GT016": -0.0030,
+    "GT017": -0.0997,
     "GT018": +0.0410,
     "GT019": +0.0768,
     "GT020": +0.1026,

@@ -62,27 +62,20 @@ def test_chunked_loss_schedule_matches_its_trace(tmp_path: Path, compiled: bool)
     traced = _phase_peaks(path, compiled, "trace")
     analytic = _phase_peaks(path, compiled, "analytic")
     # forward (compiled: the bf16 logits and row statistics, no fp32 copy; eager: every
-    # chunk's fp32 log-softmax): 36,661,536 vs 36,126,208 compiled (the labels' chunk copies
-    # the graphs save are not modelled), 55,531,324 vs 55,258,624 eager
+    # chunk's fp32 log-softmax): 36,388,352 analytic vs 36,661,536 traced compiled (the labels'
+    # chunk copies the graphs save are not modelled), 55,531,324 vs 55,258,624 eager
     assert analytic["forward"] == pytest.approx(traced["forward"], rel=0.02)
     if compiled:  # compiling removed the fp32 log-softmax: the forward is 8 MiB x 2 lower
         assert traced["forward"] < traced["backward"]
-    # backward (compiled: at the head weight gradients' sum; eager: at the last chunk's
-    # log-softmax backward): 46,872,328 B traced, 48,973,096 eager. The compiled case is a
-    # known gap since Note [Final RMSNorm's backward] (ab1f599) keeps the final norm's saved
-    # fp32 input (524,288 B) to the norm's backward, as the trace does: 47,394,816 analytic
-    # (+1.1 %). Its earlier agreement (46,868,480) was two errors cancelling: at the sum the
-    # trace has N - 2 = 6 chunks' logits gradients alive (the next chunk's MmBackward has
-    # released its input before InputBuffer::add sums the weight gradients), the formulas 7;
-    # and the trace keeps the final norm's bf16 output (262,144 B) and the remaining chunks'
-    # head inputs (6 x 32 KiB), which the formulas free when the head's backward starts.
-    # Fixing only the first leaves -1.1 %; both together are left for the next session.
-    ok = analytic["backward"] == pytest.approx(traced["backward"], rel=0.001)
-    if compiled and not ok:
-        pytest.xfail("compiled chunked loss: backward +1.1 % (see the comment above)")
-    if compiled:
-        pytest.fail("the compiled backward now agrees: drop the known-gap branch")
-    assert ok, (analytic["backward"], traced["backward"])
+    # backward (compiled: at the head weight gradients' first sum, Note [Chunked head's first
+    # weight-gradient sum] in trainmem/analytic/schedule.py: N - 2 = 6 chunks' logits
+    # gradients, the final norm's saved input, bf16 normalised tensor and rstd, the head's
+    # input; eager: at the last chunk's log-softmax backward): 46,872,328 B traced compiled
+    # (46,870,528 analytic), 48,973,096 eager
+    assert analytic["backward"] == pytest.approx(traced["backward"], rel=0.001), (
+        analytic["backward"],
+        traced["backward"],
+    )
 
 
 @pytest.mark.slow  # ~25 s on 2 cores (two traces of a one-layer model under FSDP2)

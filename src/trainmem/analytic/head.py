@@ -12,6 +12,7 @@ from trainmem.analytic.activation_shapes import (
     tokens_per_sequence,
 )
 from trainmem.analytic.loss import (
+    compiled_chunked_loss,
     loss_saved_terms,
 )
 from trainmem.analytic.norms import litgpt_norm_weight_in_fp32, norm_saved_bytes
@@ -38,7 +39,10 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
         t_source = b * training.seq_len
         out["encoder_final_norm"] = norm_saved_bytes(model, r) * t_source
     if model.final_norm:  # BERT (post-LN) has none
-        trainable = not training.is_lora and not training.compile
+        # Note [Chunked head's first weight-gradient sum]: eager beside a compiled loss
+        trainable = not training.is_lora and (
+            not training.compile or compiled_chunked_loss(model, training)
+        )
         fp32 = litgpt_norm_weight_in_fp32(training)
         out["final_norm"] = norm_saved_bytes(model, r, trainable=trainable, weight_in_fp32=fp32) * t
     if model.head in ("causal-lm", "masked-lm", "seq2seq-lm"):

@@ -509,6 +509,8 @@ class _Ends:
         self.final_norm_tmp = final_norm_backward_bytes(model, training) if head else 0
         names_ = [n for n, _ in parts]
         self.final_norm_block = names_.index("final_norm") if "final_norm" in names_ else -1
+        self.head_input_block = names_.index("lm_head_input") if "lm_head_input" in names_ else -1
+        self.chunks = training.chunked_cross_entropy
         # See Note [litgpt's cast output]: the blocks saved before the head's output is cast
         # (the final norm's, the head's input, the fp32 copy) before the loop rebinds
         names = [n for n, _ in parts]
@@ -607,30 +609,47 @@ class _Ends:
         return [*firsts, g1, g2, *(free(x, b) for x in firsts), free(g1, b)], g2
 
     def head_backward(self, em: Emitter, where: Where) -> list[Item]:
-        """``loss.backward()`` through the loss and the head."""
+        """``loss.backward()`` through the loss and the head.
+
+        Note [Chunked head's first weight-gradient sum]
+            Under a chunked loss with a trained head the backward's peak can be the first sum
+            of the N output projections' weight gradients (InputBuffer::add, out of place:
+            :func:`~trainmem.analytic.loss.chunked_head_weight_grad_bytes`). By then autograd
+            has run two chunks' MmBackward, and each released its saved input and its logits
+            gradient as it finished (torch/csrc/autograd/engine.cpp ``evaluate_function``: the
+            node's inputs and, after ``release_variables``, its saved tensors go before the
+            next node; input_buffer.cpp holds only the weight gradients): N - 2 chunks'
+            logits gradients are alive, not N - 1. The remaining N - 2 chunks' head inputs
+            are alive too, and the two processed chunks' input gradients wait in the chunk
+            node's input buffer until all N arrive, as many bytes as the two freed inputs: the
+            head's whole input block is alive through the sum. The final norm runs eager
+            beside a compiled loss (torchtune 0.4 ``compile_model`` compiles the layers only,
+            training/_compile.py; the trace engine compiles the loss only), so its weight
+            saves the 16-bit normalised tensor (analytic/head.py). Traced:
+            tests/trace/test_chunked_loss_compiled.py, 46,870,528 B vs 46,872,328 (-0.004 %).
+        """
         b: Phase = "backward"
         items = em.at("backward.begin", where)
         loss, g2 = self._loss_gradients()
         items += [*loss, *em.at("head.backward", where)]
         label = "head activations"
         held = self.final_norm_block if self.final_norm_tmp else -1
+        # Note [Chunked head's first weight-gradient sum]: the head's input, freed after it
+        held_input = self.head_input_block if self.chunk_wgrad and self.chunk_grads else -1
         items += [
             free(alloc(size, Cat.ACTIVATION, "forward", f"act/head/{n}", "head", label), b)
             for n, size in enumerate(self.head_blocks)
             # the final norm's and (Note [litgpt's bound logits]) the fp32 copy: freed later
-            if n not in (held, self.bound)
+            if n not in (held, self.bound, held_input)
         ]
         # a chunked loss: the other chunks' logits gradients, alive through the head's
-        # backward (Note [Compiled chunked cross-entropy])
-        chunk_grads = alloc(
-            self.chunk_grads,
-            Cat.TEMPORARY,
-            b,
-            "loss/chunks",
-            "loss",
-            "the other chunks' logits gradients",
-        )
-        items += [chunk_grads, *self.tr.gradients("head", where)]
+        # backward (Note [Compiled chunked cross-entropy]); the next chunk's apart (Note
+        # [Chunked head's first weight-gradient sum])
+        one = self.chunk_grads // (self.chunks - 1) if self.chunk_wgrad and self.chunk_grads else 0
+        what = "the other chunks' logits gradients"
+        chunk_grads = alloc(self.chunk_grads - one, Cat.TEMPORARY, b, "loss/chunks", "loss", what)
+        next_grad = alloc(one, Cat.TEMPORARY, b, "loss/chunks/next", "loss", what)
+        items += [chunk_grads, next_grad, *self.tr.gradients("head", where)]
         if self.chunk_wgrad:
             # the next chunk's head weight gradient and the out-of-place sum, beside the sum so
             # far, after the first chunk's logits gradient is freed
@@ -643,7 +662,13 @@ class _Ends:
                 "head",
                 "the next chunk's head weight gradient and its sum with the others",
             )
-            items += [free(g2, b), wgrad, free(wgrad, b)]
+            items += [free(g2, b), free(next_grad, b), wgrad, free(wgrad, b)]
+        else:
+            items.append(free(next_grad, b))
+        if held_input >= 0:
+            size = self.head_blocks[held_input]
+            name = f"act/head/{held_input}"
+            items.append(free(alloc(size, Cat.ACTIVATION, "forward", name, "head", label), b))
         items += [*em.at("head.post_backward", where), free(chunk_grads, b)]
         if not self.chunk_wgrad:
             items.append(free(g2, b))
