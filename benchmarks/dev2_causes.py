@@ -651,7 +651,17 @@ CAUSES.update(
             "alive through its backward transients, traced) the replay reserves 11.03 GB "
             "(-1.8 -> -10.4%) with the allocated peak unchanged (9.63 GB, at the forward's "
             "head): the step's blocks land elsewhere in the load's cache; reserved only, and "
-            "the caching allocator under alpaca's varying shapes is not modelled (as GT030)"
+            "the caching allocator under alpaca's varying shapes is not modelled (as GT030). "
+            "Replays compared (helper gt037, snapshots at 4b34459^ / 4b34459): the whole "
+            "difference is one 1,048,576,000 B segment. At the loss three "
+            "(tokens x vocab) fp32 blocks (1,048,064,000 B) are placed: before, the third found "
+            "the load's third 1.44 GB segment holding a 64 MiB (tokens x h, bf16) forward block "
+            "and the final norm's 128 MiB fp32 block and opened a new segment; after (256 fewer "
+            "events, 8 a layer, from the commit's two rules) best-fit put "
+            "those two elsewhere and the loss block reuses the cached segment (the MLP's six "
+            "180 MB segments also become three 360 MB: same bytes). No block is missing or "
+            "mis-sized (the new order is the trace's): the row is sensitive to which "
+            "cached hole two small blocks take, nothing to fix"
         ),
         "GT029": (
             "unexplained: torchtune Apr 2024 FSDP1 LoRA recipe, AC off; not FSDP1's unshard "
