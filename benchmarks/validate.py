@@ -423,10 +423,13 @@ def with_dev2_errors(
         **table["engines"],
         "analytic": {k: spread(v) for k, v in sorted(by_kind.items())},
     }
-    out["dataset"] = (
-        "shared/validation/dev_measurements.csv + dev_measurements_2.csv (analytic engine); "
-        + str(table.get("dataset", ""))
-    )
+    # the dev set 1 table's own dataset after the prefix, once: a table this function wrote
+    # before already starts with it (each --dev2 --write-results used to add it again)
+    prefix = "shared/validation/dev_measurements.csv + dev_measurements_2.csv (analytic engine); "
+    rest = str(table.get("dataset", ""))
+    while rest.startswith(prefix):
+        rest = rest[len(prefix) :]
+    out["dataset"] = prefix + rest
     out["date"] = datetime.date.today().isoformat()
     return out
 
