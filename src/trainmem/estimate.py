@@ -275,17 +275,13 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
 
 def _fsdp1_refusals(training: TrainingConfig) -> list[str]:
     """What of an FSDP1 run (:func:`~trainmem.specs.ranks.fsdp1_framework`) the traced paths
-    refuse: model parallelism beside it (accelerate's FSDP1 runs beside context parallelism
-    only; fsdp_qlora's train.py has none), a quantized base whose codes are not stored in a
-    float dtype (:func:`~trainmem.specs.quantization.float_quant_storage`)."""
+    refuse: a quantized base whose codes are not stored in a float dtype
+    (:func:`~trainmem.specs.quantization.float_quant_storage`). Model parallelism beside FSDP1
+    other than accelerate's context parallelism is no run of either framework, refused by
+    :class:`~trainmem.specs.training.TrainingConfig` for both engines."""
     if not fsdp1_framework(training):
         return []
     out = []
-    beside = training.tensor_parallel_size * training.pipeline_parallel_size
-    if training.framework == "fsdp-qlora":
-        beside *= training.context_parallel_size
-    if beside > 1:
-        out.append(untraced_framework(training))  # FSDP1 with CP only (trace.fsdp)
     if training.quantize_base != "none" and float_quant_storage(training) is None:
         out.append(untraced_fsdp1_quantized(training))
     return out

@@ -506,12 +506,9 @@ PREVIOUS_LOOP = TracedOption(
 
 _FRAMEWORKS_UNTRACED = {
     "accelerate-fsdp": (
-        "FSDP1 is traced for real (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD, NO_SHARD, one GPU, "
-        "beside context parallelism), not beside tensor parallelism (the trace's is torch's "
-        "DTensor plan with loss_parallel, which the formulas' accelerate-fsdp rows do not "
-        "model: +7 % apart on a 1024-wide Qwen2) or inside pipeline stages (torch's "
-        "pipelining composes with FSDP2; FSDP1's unshard fails there); traced: --framework "
-        "fsdp2 --zero-stage 3 beside them, or --engine analytic"
+        "FSDP1 is traced for real at ZeRO stage 3 (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD), "
+        "0 (NO_SHARD) or on one GPU, beside context parallelism too; traced: --framework "
+        "accelerate-fsdp --zero-stage 3 or 0, or --engine analytic"
     ),
     "torchtune": (
         "torchtune beside tensor, context or pipeline parallelism (its own TP plans), or over "
@@ -527,10 +524,9 @@ _FRAMEWORKS_UNTRACED = {
     "megatron": "Megatron-LM's own model code and buffers; use --engine analytic",
     "fsdp-qlora": (
         "Answer.AI fsdp_qlora's train.py runs FSDP1 (FULL_SHARD, SHARD_GRAD_OP, the hybrids, "
-        "NO_SHARD, one GPU) over data-parallel ranks only, with a bitsandbytes 4-bit base "
-        "(nf4 / fp4, double-quantized or not); traced: --framework fsdp-qlora --zero-stage 3 "
-        "(or 0) on one GPU or over --data-parallel-size N with no tensor, context or "
-        "pipeline parallelism, or --engine analytic"
+        "NO_SHARD, one GPU) over data-parallel ranks with a bitsandbytes 4-bit base (nf4 / "
+        "fp4, double-quantized or not); traced: --framework fsdp-qlora --zero-stage 3 (or 0) "
+        "on one GPU or over --data-parallel-size N, or --engine analytic"
     ),
 }
 

@@ -1703,12 +1703,64 @@ def _check_combinations(t: TrainingConfig) -> None:
     _check_loop(t)
     _check_step_in_backward(t)
     _check_ema_combinations(t)
+    _check_fsdp1_model_parallel(t)
     if t.seq_len % t.context_parallel_size:
         raise SpecError(
             "context_parallel_size",
             f"{t.context_parallel_size} does not divide seq_len={t.seq_len}: each "
             "context-parallel rank holds seq_len / context_parallel_size tokens",
         )
+
+
+_FSDP1_MODEL_PARALLEL: dict[tuple[str, str], str] = {
+    ("accelerate-fsdp", "tensor_parallel_size"): (
+        "accelerate never wraps FSDP1 beside tensor parallelism: 1.4 .. 1.9's "
+        "TorchTensorParallelPlugin sets DistributedType.TP, which skips the FSDP wrap "
+        "(state.py AcceleratorState, accelerator.py prepare_model), and from 1.10 "
+        "ParallelismConfig(tp_size) runs with FSDP2 only (parallelism_config.py "
+        "_validate_accelerator); the HF Trainer's --fsdp with tp_size goes through the same "
+        "accelerate; allowed: --framework fsdp2 --zero-stage 3 (FSDP2 with TP), or "
+        "--tensor-parallel-size 1"
+    ),
+    ("accelerate-fsdp", "pipeline_parallel_size"): (
+        "accelerate trains with no pipeline parallelism outside its Megatron-LM plugin "
+        "(inference.py prepare_pippy is for inference); allowed: --framework fsdp2 --zero-stage "
+        "3 (torch.distributed.pipelining with FSDP2, torchtitan), --framework megatron, or "
+        "--pipeline-parallel-size 1"
+    ),
+}
+"""Model parallelism beside FSDP1 that no run of the framework has (``fsdp-qlora``'s train.py
+has no tensor, pipeline or context parallelism: its own message), with what runs instead."""
+
+
+def _check_fsdp1_model_parallel(t: TrainingConfig) -> None:
+    """FSDP1 frameworks beside model parallelism their code does not run: accelerate's FSDP1
+    beside tensor or pipeline parallelism (:data:`_FSDP1_MODEL_PARALLEL`; beside context
+    parallelism it is modelled and traced), Answer.AI fsdp_qlora's train.py (e4968fd, Mar
+    2024: ``FSDP`` over the data-parallel world, no tensor, pipeline or context-parallel
+    option) beside any.
+
+    Raises:
+        SpecError: the model-parallel size, naming the framework and what runs instead.
+    """
+    fields_ = ("tensor_parallel_size", "pipeline_parallel_size", "context_parallel_size")
+    for name in fields_:
+        size = getattr(t, name)
+        if size == 1:
+            continue
+        why = _FSDP1_MODEL_PARALLEL.get((t.framework, name))
+        if t.framework == "fsdp-qlora":
+            why = (
+                "Answer.AI fsdp_qlora's train.py wraps FSDP1 over the data-parallel ranks "
+                "only (no tensor, pipeline or context-parallel option); allowed: "
+                f"--framework fsdp2 --zero-stage 3 with --quantize-base, or {_flag(name)} 1"
+            )
+        if why is not None:
+            raise SpecError(name, f"{size} with --framework {t.framework}: {why}")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def _check_deepspeed_dtypes(t: TrainingConfig) -> None:
