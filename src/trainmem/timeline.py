@@ -18,6 +18,15 @@ Action = Literal["alloc", "free"]
 Phase = Literal["load", "init", "forward", "backward", "optimizer", "zero_grad"]
 PHASES: tuple[str, ...] = ("load", "init", "forward", "backward", "optimizer", "zero_grad")
 
+ALL_GATHER_STREAM = 1
+REDUCE_SCATTER_STREAM = 2
+"""Streams of FSDP's collectives (``FrameworkConventions.fsdp_collective_streams``: FSDP2's
+all-gather / reduce-scatter streams, FSDP1's unshard / post-backward streams)."""
+PRE_UNSHARD_STREAM = 3
+"""FSDP1's pre-unshard stream (torch distributed/fsdp/_runtime_utils.py ``_unshard``: ``with
+state._device_handle.stream(pre_unshard_stream): handle.pre_unshard()``), where a CPU-offloaded
+shard is copied to the GPU (Note [FSDP1 offloaded shard copy])."""
+
 
 def module_group(path: str, depth: int | None = 3) -> str:
     """Shorten a dotted module path to its first ``depth`` components (``transformer.h.3``);

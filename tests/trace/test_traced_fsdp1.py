@@ -152,3 +152,30 @@ def test_fsdp1_lora_under_checkpointing_runs_and_matches_the_formulas(checkpoint
     analytic = estimate(QWEN2, training, engine="analytic", simulate_allocator=False)
     ratio = generic.breakdown.allocated_bytes / analytic.breakdown.allocated_bytes
     assert abs(ratio - 1) < 0.01
+
+
+def test_fsdp1_allocates_on_its_streams_and_holds_rate_limited_frees() -> None:
+    # Note [FSDP1 streams on the trace]: under bf16-mixed (MixedPrecision(param_dtype=bf16))
+    # over 4 ranks, each unit's 16-bit shard is made on the pre-unshard stream (2 B x 37,120 / 4
+    # = 18,560 B per layer, 2 B x 65,600 / 4 = 32,800 B for the root), its gathered flat
+    # parameter on the unshard stream (74,240 / 131,200 B), the sharded gradient on the
+    # post-backward stream (bf16 reduce-scatter output, then the fp32 shard: 37,120 / 65,600 B)
+    schedule = estimate(
+        QWEN2, _fsdp1(precision="bf16-mixed"), engine="generic", simulate_allocator=False
+    ).schedules[0]
+    sizes: dict[int, set[int]] = {}
+    live: dict[int, int] = {}
+    peak: dict[int, int] = {}
+    for ev in schedule.events():
+        if ev.action == "alloc":
+            sizes.setdefault(ev.stream, set()).add(ev.size_bytes)
+        sign = 1 if ev.action == "alloc" else -1
+        live[ev.stream] = live.get(ev.stream, 0) + sign * ev.size_bytes
+        peak[ev.stream] = max(peak.get(ev.stream, 0), live[ev.stream])
+    assert sizes[3] == {LAYER // 2, ROOT // 2}
+    assert sizes[1] == {2 * LAYER, 2 * ROOT}
+    assert sizes[2] == {LAYER // 2, ROOT // 2, LAYER, ROOT}
+    # the rate limiter's frees are held until it synchronises on them (two in flight): in the
+    # backward the root, the current and the prefetched layer and one freed layer not yet
+    # reusable, R + 3 L on the unshard stream, as Note [FSDP1 unshard stream pool] derives
+    assert peak[1] == 2 * ROOT + 3 * 2 * LAYER == 353_920

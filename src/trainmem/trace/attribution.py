@@ -79,6 +79,7 @@ def analyse(
                 b.category or MemoryCategory.TEMPORARY,
                 ev.phase,
                 b.module,
+                b.stream,
             )
         )
     live = 0

@@ -285,6 +285,7 @@ def _run_trace(
     hold_output: bool = False,
 ) -> tuple[Capture, PeakReport]:
     from trainmem.trace.diffusers_parallel import mixed_parameters
+    from trainmem.trace.fsdp import fsdp1_streams
     from trainmem.trace.hf_model import materialize_fake
     from trainmem.trace.parallel import add_position_ids, context_parallel, parallelize
 
@@ -349,6 +350,7 @@ def _run_trace(
                 _step_context(training, emulate_cuda, opt if fake else None),
                 context_parallel(mesh, batches, training),
                 mixed_parameters(model) if mesh is not None else contextlib.nullcontext(),
+                fsdp1_streams(model),  # Note [FSDP1 streams on the trace]
             ),
             set_to_none=training.zero_grad_set_to_none,
             forward_loss=forward_loss,

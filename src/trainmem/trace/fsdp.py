@@ -38,6 +38,8 @@ Note [Tracing FSDP1]
     defaults for prefetching (``BACKWARD_PRE``) and ``limit_all_gathers``. The module paths
     drop FSDP1's ``_fsdp_wrapped_module`` segments (:func:`~trainmem.trace.module_paths.
     clean_module_path`), so the traced stream names the layers as the unwrapped model does.
+    Its allocations carry the CUDA streams FSDP1 enters and its rate limiter's pending frees
+    (Note [FSDP1 streams on the trace]).
 
     ``framework="fsdp-qlora"`` (Answer.AI fsdp_qlora train.py 50efa1e) wraps the same units
     (``get_wrapping_policy``: LoRA leaves with a trainable ``weight``, then the decoder layer
@@ -62,11 +64,20 @@ from typing import Any
 from trainmem.errors import UnsupportedError
 from trainmem.specs.ranks import fsdp1_no_shard
 from trainmem.specs.training import TrainingConfig
+from trainmem.timeline import ALL_GATHER_STREAM, PRE_UNSHARD_STREAM, REDUCE_SCATTER_STREAM
 from trainmem.trace._torch import require_torch
+from trainmem.trace.recorder import Block, StorageRecorder, StreamTags, stream_tags
 
 torch = require_torch()
 
-__all__ = ["fake_process_group", "fsdp1_fake_pointers", "shard_model", "uses_fsdp", "wrap_fsdp1"]
+__all__ = [
+    "fake_process_group",
+    "fsdp1_fake_pointers",
+    "fsdp1_streams",
+    "shard_model",
+    "uses_fsdp",
+    "wrap_fsdp1",
+]
 
 
 def uses_fsdp(training: TrainingConfig) -> bool:
@@ -287,6 +298,132 @@ def fsdp1_fake_pointers() -> Iterator[None]:
         else:
             FakeTensor.data_ptr = own  # type: ignore[method-assign]
         flat._same_storage = original
+
+
+class _FSDP1Streams(StreamTags):
+    """Note [FSDP1 streams on the trace]: the stream FSDP1 entered, and its rate limiter's
+    pending frees, for the recorder."""
+
+    def __init__(self, root: Any) -> None:
+        self.root = root
+        self.collecting = False  # inside a limited reshard that frees its flat parameter
+        self.collected: list[tuple[StorageRecorder, Block]] = []
+        self.held: dict[int, list[tuple[StorageRecorder, Block]]] = {}  # event id -> frees
+
+    def stream(self) -> int:
+        current = torch.cpu.current_stream()
+        root = self.root
+        for attr, sid in (
+            ("_unshard_stream", ALL_GATHER_STREAM),
+            ("_post_backward_stream", REDUCE_SCATTER_STREAM),
+            ("_pre_unshard_stream", PRE_UNSHARD_STREAM),
+        ):
+            if getattr(root, attr, None) is current:
+                return sid
+        return 0
+
+    def hold(self, recorder: StorageRecorder, block: Block) -> bool:
+        if self.collecting and block.stream == ALL_GATHER_STREAM:
+            self.collected.append((recorder, block))
+            return True
+        return False
+
+    def enqueued(self, event: Any) -> None:
+        """The limiter's free event of the reshard whose frees were collected."""
+        if self.collected:
+            self.held[id(event)] = self.collected
+            self.collected = []
+
+    def synchronized(self, event: Any) -> None:
+        """The limiter waits on ``event``: the frees before it are done."""
+        for recorder, block in self.held.pop(id(event), ()):
+            recorder.release(block)
+
+    def release_all(self) -> None:
+        """The backward is over: every held free is done by the optimizer step."""
+        for frees in self.held.values():
+            for recorder, block in frees:
+                recorder.release(block)
+        self.held.clear()
+
+
+@contextlib.contextmanager
+def fsdp1_streams(root: Any) -> Iterator[None]:
+    """Tag the recorded step's allocations with FSDP1's streams and hold its rate-limited frees;
+    nothing unless ``root`` is an FSDP1 root module.
+
+    Note [FSDP1 streams on the trace]
+        torch's FSDP1 runs on the CPU with ``torch.cpu``'s stand-in streams (torch/cpu/
+        __init__.py ``Stream``, ``stream()``, ``current_stream()``): ``_init_streams`` (torch
+        2.13 distributed/fsdp/_runtime_utils.py) makes the root's ``_unshard_stream``,
+        ``_post_backward_stream`` and ``_pre_unshard_stream``, and the real hooks enter them as
+        on CUDA: ``_unshard`` allocates the padded unsharded flat parameter under
+        ``stream(unshard_stream)`` and a mixed-precision unit's 16-bit shard under
+        ``stream(pre_unshard_stream)`` (``FlatParamHandle.pre_unshard`` ->
+        ``_use_low_precision_shard``), ``_post_backward_hook`` the reduce-scatter output (the
+        sharded gradient, cast to the parameter's dtype) under
+        ``stream(state._post_backward_stream)``. The recorder tags each allocation with the
+        stream current when it is made (the ids of trainmem.timeline: 1 unshard, 2
+        post-backward, 3 pre-unshard, 0 otherwise), so the replay keeps their blocks in
+        per-stream pools as the caching allocator does, the pools the formulas model (Note
+        [FSDP1 unshard stream pool], trainmem/analytic/transforms/sharding.py).
+
+        The rate limiter (``limit_all_gathers``): ``_reshard`` frees a unit's unsharded flat
+        parameter, ``record_stream``-ed on the compute stream, and enqueues a free event
+        (_limiter_utils.py ``_FreeEventQueue``, two in flight); ``_unshard`` dequeues the
+        oldest and synchronises on it before its all-gather. As the formulas assume (the GPU
+        runs behind the CPU), such a block is not reusable until the limiter has synchronised
+        on its event: the recorder holds its free back until ``_unshard`` dequeues that event,
+        or the backward's final callback (``_post_backward_final_callback``) is over. The
+        held block counts as allocated until then, as the formulas' pending block does.
+
+        Not tagged: HSDP's all-reduce stream (``_all_reduce_stream``), which the formulas do
+        not model either.
+    """
+    import importlib
+
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    if not isinstance(root, FullyShardedDataParallel):
+        yield
+        return
+    runtime: Any = importlib.import_module("torch.distributed.fsdp._runtime_utils")
+    limiter: Any = importlib.import_module("torch.distributed.fsdp._limiter_utils")
+    tags = _FSDP1Streams(root)
+    queue = limiter._FreeEventQueue
+    reshard, final = runtime._reshard, runtime._post_backward_final_callback
+    enqueue, dequeue = queue.enqueue, queue._dequeue
+
+    def limited_reshard(state: Any, handle: Any, free_unsharded_flat_param: bool) -> None:
+        tags.collecting = bool(state.limit_all_gathers and free_unsharded_flat_param)
+        try:
+            reshard(state, handle, free_unsharded_flat_param)
+        finally:
+            tags.collecting = False
+            tags.collected = []  # (enqueued, or nothing freed)
+
+    def queued(self: Any, event: Any) -> None:
+        tags.enqueued(event)
+        enqueue(self, event)
+
+    def dequeued(self: Any) -> Any:
+        event = dequeue(self)
+        if event is not None:
+            tags.synchronized(event)
+        return event
+
+    def final_callback(state: Any, module: Any) -> None:
+        final(state, module)
+        tags.release_all()
+
+    runtime._reshard, runtime._post_backward_final_callback = limited_reshard, final_callback
+    queue.enqueue, queue._dequeue = queued, dequeued
+    try:
+        with stream_tags(tags):
+            yield
+    finally:
+        runtime._reshard, runtime._post_backward_final_callback = reshard, final
+        queue.enqueue, queue._dequeue = enqueue, dequeue
 
 
 def _fsdp1_wrap_policy(model: Any) -> Any:

@@ -37,7 +37,15 @@ from torch.utils._python_dispatch import (  # noqa: E402
 )
 from torch.utils._pytree import tree_flatten  # noqa: E402
 
-__all__ = ["RESIZE_OP", "Block", "RawEvent", "StorageRecorder", "plain_tensors", "untracked"]
+__all__ = [
+    "RESIZE_OP",
+    "Block",
+    "RawEvent",
+    "StorageRecorder",
+    "plain_tensors",
+    "stream_tags",
+    "untracked",
+]
 
 _ALIASING_COLLECTIVE_OPS = frozenset(
     {"_c10d_functional.wait_tensor.default", "_c10d_functional._wrap_tensor_autograd.default"}
@@ -62,6 +70,34 @@ def untracked() -> Iterator[None]:
         yield
     finally:
         _UNTRACKED[0] -= 1
+
+
+_STREAM_TAGS: list[StreamTags] = []
+
+
+class StreamTags:
+    """What a framework's streams tell the recorder (Note [FSDP1 streams on the trace] in
+    trainmem/trace/fsdp.py): the CUDA stream id of an allocation made now, and whether a free
+    made now is held back (its block not yet reusable) until the owner releases it."""
+
+    def stream(self) -> int:
+        """The stream id of an allocation made now (0: the default stream)."""
+        return 0
+
+    def hold(self, recorder: StorageRecorder, block: Block) -> bool:
+        """True to keep ``block``'s free from the event list now; the owner later calls
+        :meth:`StorageRecorder.release` with it."""
+        return False
+
+
+@contextlib.contextmanager
+def stream_tags(tags: StreamTags) -> Iterator[None]:
+    """Tag the recorder's allocations and frees with ``tags`` while inside."""
+    _STREAM_TAGS.append(tags)
+    try:
+        yield
+    finally:
+        _STREAM_TAGS.remove(tags)
 
 
 def plain_tensors(tensor: Any) -> list[Any]:
@@ -96,6 +132,7 @@ class Block:
             the block was allocated in, or -1.
         freed: the free has been recorded.
         op: ATen op that allocated it (``aten.mm.default``), ``""`` for registered storages.
+        stream: CUDA stream id it was allocated on (:class:`StreamTags`; 0 = default).
     """
 
     block_id: int
@@ -106,6 +143,7 @@ class Block:
     forward_region: int = -1
     freed: bool = False
     op: str = ""
+    stream: int = 0
 
 
 @dataclass(slots=True)
@@ -241,15 +279,24 @@ class StorageRecorder(TorchDispatchMode):  # type: ignore[misc]
         if known is not None and known[0].size_bytes == st.nbytes():
             return
         if known is not None:
-            old = known[0]
-            self.live_bytes -= old.size_bytes
-            old.freed = True
-            self.events.append(RawEvent("free", old, self.phase))
             del self._live[id(st)]
+            self._free(known[0])
         if st.nbytes() > 0:
             self._new_block(st, op=RESIZE_OP)
 
     # -- internals ----------------------------------------------------------------------
+
+    def release(self, block: Block) -> None:
+        """Record ``block``'s free now: one a :class:`StreamTags` held back."""
+        block.freed = True
+        self.live_bytes -= block.size_bytes
+        self.events.append(RawEvent("free", block, self.phase))
+
+    def _free(self, block: Block) -> None:
+        block.freed = True  # (its storage is gone: a held block is freed, not yet reusable)
+        if _STREAM_TAGS and _STREAM_TAGS[-1].hold(self, block):
+            return
+        self.release(block)
 
     def _new_block(self, st: Any, *, op: str, module: str | None = None) -> Block:
         block = Block(
@@ -259,6 +306,7 @@ class StorageRecorder(TorchDispatchMode):  # type: ignore[misc]
             module=self.current_module() if module is None else module,
             forward_region=self.forward_region,
             op=op,
+            stream=_STREAM_TAGS[-1].stream() if _STREAM_TAGS else 0,
         )
         self.blocks.append(block)
         key = id(st)
@@ -267,9 +315,7 @@ class StorageRecorder(TorchDispatchMode):  # type: ignore[misc]
             entry = self._live.get(key)
             if entry is not None and entry[0] is block:
                 del self._live[key]
-            block.freed = True
-            self.live_bytes -= block.size_bytes
-            self.events.append(RawEvent("free", block, self.phase))
+            self._free(block)
 
         self._live[key] = (block, weakref.ref(st, on_free))
         self.live_bytes += block.size_bytes
@@ -286,11 +332,8 @@ class StorageRecorder(TorchDispatchMode):  # type: ignore[misc]
             if known is None:
                 self._new_block(st, op=op)
             elif known[0].size_bytes != st.nbytes():  # resize_ / out= variant grew it in place
-                old = known[0]
-                self.live_bytes -= old.size_bytes
-                old.freed = True
-                self.events.append(RawEvent("free", old, self.phase))
                 del self._live[id(st)]
+                self._free(known[0])
                 self._new_block(st, op=op)
 
     def __torch_dispatch__(

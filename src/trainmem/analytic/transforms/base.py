@@ -33,6 +33,9 @@ from trainmem.errors import ScheduleError
 from trainmem.schedule import Item, Op, Repeat
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
+from trainmem.timeline import ALL_GATHER_STREAM as ALL_GATHER_STREAM  # (re-exported)
+from trainmem.timeline import PRE_UNSHARD_STREAM as PRE_UNSHARD_STREAM
+from trainmem.timeline import REDUCE_SCATTER_STREAM as REDUCE_SCATTER_STREAM
 from trainmem.timeline import Phase
 from trainmem.units import dtype_bytes
 
@@ -61,16 +64,6 @@ def free(op: Op, phase: Phase) -> Op:
     """The free of ``op``'s allocation, in ``phase``."""
     _, size, cat, _, key, module, label, stream = op
     return _new_op(Op, ("free", size, cat, phase, key, module, label, stream))
-
-
-ALL_GATHER_STREAM = 1
-REDUCE_SCATTER_STREAM = 2
-"""Streams of FSDP's collectives (``FrameworkConventions.fsdp_collective_streams``: FSDP2's
-all-gather / reduce-scatter streams, FSDP1's unshard / post-backward streams)."""
-PRE_UNSHARD_STREAM = 3
-"""FSDP1's pre-unshard stream (torch distributed/fsdp/_runtime_utils.py ``_unshard``: ``with
-state._device_handle.stream(pre_unshard_stream): handle.pre_unshard()``), where a CPU-offloaded
-shard is copied to the GPU (Note [FSDP1 offloaded shard copy])."""
 
 
 @dataclass(frozen=True, slots=True)
