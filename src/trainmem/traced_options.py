@@ -78,6 +78,7 @@ from trainmem.schedule import Item, Op, Repeat, StepSchedule
 from trainmem.specs.frameworks import litgpt_last_chunk_rows
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.optimizers import OPTIMIZER_TABLE
+from trainmem.specs.quantization import BNB_4BIT
 from trainmem.specs.training import TrainingConfig
 from trainmem.traced_activations import apply_activation_offloading
 from trainmem.traced_transforms import (
@@ -541,20 +542,33 @@ def untraced_framework(training: TrainingConfig) -> str:
 
 def untraced_fsdp1_quantized(training: TrainingConfig) -> str:
     """FSDP1 over a quantized base, which the traced paths refuse, naming what works: FSDP1
-    flattens a unit's parameters into one floating-point tensor (torch 2.13
+    flattens a unit's parameters into one floating-point tensor of one dtype (torch 2.13
     distributed/fsdp/_flat_param.py ``_validate_tensors_to_flatten``: "Cannot flatten integer
-    dtype tensors"), so accelerate's FSDP-QLoRA stores the 4-bit weights in a float dtype
-    (``bnb_4bit_quant_storage``) beside weights of that dtype; the trace's stand-in
-    (``trainmem.trace.quantized``) does so for fsdp_qlora's 4-bit base
-    (:func:`~trainmem.specs.quantization.float_quant_storage`) and packs ``uint8`` otherwise."""
-    return (
-        f"quantize_base={training.quantize_base} under framework={training.framework} (FSDP1 "
-        "flattens each unit into one float tensor; the trace's quantized stand-in stores a "
-        "4-bit base's codes in a float dtype (bitsandbytes quant_storage) under fsdp-qlora "
-        "only, and packs uint8 otherwise; traced: --framework fsdp-qlora with --quantize-base "
-        "nf4 / nf4-dq / fp4 / fp4-dq, or --framework fsdp2 --zero-stage 3, whose FSDP2 shards "
-        "each parameter)"
-    )
+    dtype tensors", "Must flatten tensors with uniform dtype"), so FSDP-QLoRA stores the 4-bit
+    weights in the model's float dtype (bitsandbytes ``quant_storage``); the trace's stand-in
+    (``trainmem.trace.quantized``) does so where
+    :func:`~trainmem.specs.quantization.float_quant_storage` names the dtype (fsdp_qlora's
+    4-bit base; accelerate's under a ``*-true`` precision) and packs ``uint8`` otherwise (int8,
+    GPTQ: integer tensors FSDP1 cannot flatten)."""
+    q, f = training.quantize_base, training.framework
+    if f == "accelerate-fsdp" and q in BNB_4BIT:  # under *-mixed (float_quant_storage)
+        why = (
+            f"the model is held in fp32 under {training.precision}, so its 4-bit codes would be "
+            "stored in fp32, which transformers' Trainer makes FSDP1's mixed-precision dtype "
+            "(_fsdp_qlora_plugin_updates), while accelerate's policy and the formulas gather in "
+            "the 16-bit dtype; traced: --precision bf16-true (the model and "
+            "bnb_4bit_quant_storage in bf16, transformers' FSDP-QLoRA recipe) or --engine "
+            "analytic"
+        )
+    else:
+        why = (
+            "FSDP1 flattens each unit into one float tensor, and this base's codes are integer "
+            "tensors; traced: a 4-bit bitsandbytes base (--quantize-base nf4 / nf4-dq / fp4 / "
+            "fp4-dq) under --framework fsdp-qlora, or under accelerate-fsdp with --precision "
+            "bf16-true, or --framework fsdp2 --zero-stage 3 (FSDP2 shards each parameter), or "
+            "--engine analytic"
+        )
+    return f"quantize_base={q} under framework={f} ({why})"
 
 
 def untraced_data_parallel(training: TrainingConfig) -> str:

@@ -76,8 +76,16 @@ def test_quant_storage_is_the_dtype_fsdp_qlora_loads_the_model_in() -> None:
     assert float_quant_storage(_fsdp_qlora(precision="bf16-mixed")) == "float32"
     assert float_quant_storage(_fsdp_qlora(quantize_base="nf4-dq")) == "bfloat16"
     assert not _fsdp_qlora(precision="bf16-mixed").kbit_16bit_dense  # loaded in fp32
+    # transformers' FSDP-QLoRA under accelerate: the dtype the model is held in, under a
+    # *-true precision (under *-mixed the fp32 storage would be the policy's dtype: refused)
+    assert float_quant_storage(_fsdp_qlora(framework="accelerate-fsdp")) == "bfloat16"
+    assert float_quant_storage(_fsdp_qlora(framework="accelerate-fsdp", precision="32-true")) == (
+        "float32"
+    )
+    mixed = _fsdp_qlora(framework="accelerate-fsdp", precision="bf16-mixed")
+    assert float_quant_storage(mixed) is None
     # bitsandbytes' default uint8 elsewhere, and for what Linear4bit does not store
-    assert float_quant_storage(_fsdp_qlora(framework="accelerate-fsdp")) is None
+    assert float_quant_storage(_fsdp_qlora(framework="pytorch-amp")) is None
     assert float_quant_storage(_fsdp_qlora(quantize_base="int8")) is None
 
 
@@ -114,6 +122,37 @@ def test_fsdp1_flattens_float_stored_codes_by_hand_and_matches_the_formulas() ->
     assert abs(ratio - 1) < 0.01
 
 
+def test_accelerate_fsdp_qlora_gathers_fp32_adapters_in_the_storage_dtype() -> None:
+    # transformers' FSDP-QLoRA (BitsAndBytesConfig(bnb_4bit_quant_storage=bfloat16), the model
+    # loaded in bf16) under accelerate's FSDP1: the frozen flat parameters as fsdp_qlora's
+    # (4,736 B a rank a layer, 32,800 B the root), but peft upcasts the adapters on a 16-bit
+    # base to fp32 (autocast_adapter_dtype) and accelerate keeps trainable flat parameters in
+    # fp32: A of q 16 x 64 x 4 B = 4,096 B, 1,024 a rank; B of v 32 x 16 x 4 B, 512 a rank.
+    # transformers' Trainer makes the policy the storage dtype (_fsdp_qlora_plugin_updates),
+    # so A's shard is cast to bf16 (FSDP1's _mp_shard: 512 B) and gathered in bf16 (16 x 64 x
+    # 2 = 2,048 B) for the forward, both transient.
+    training = _fsdp_qlora(framework="accelerate-fsdp")
+    generic = estimate(QWEN2, training, engine="generic", simulate_allocator=False)
+    analytic = estimate(QWEN2, training, engine="analytic", simulate_allocator=False)
+    schedule = generic.schedules[0]
+    flat = _setup_allocations(schedule, MemoryCategory.PARAMETER)
+    assert flat["_flat_param"] == 32_800
+    for i in (0, 1):
+        layer = LAYER.format(i)
+        assert flat[f"{layer}._flat_param"] == 4_736
+        assert flat[f"{layer}.self_attn.q_proj.lora_A.default._flat_param"] == 1_024
+        assert flat[f"{layer}.self_attn.v_proj.lora_B.default._flat_param"] == 512
+    gathered = {
+        ev.size_bytes
+        for ev in schedule.events()
+        if ev.phase == "forward" and ev.module.endswith("q_proj.lora_A.default")
+        and ev.action == "alloc" and ev.category is MemoryCategory.TEMPORARY
+    }  # fmt: skip
+    assert gathered == {512, 2_048}
+    ratio = generic.breakdown.allocated_bytes / analytic.breakdown.allocated_bytes
+    assert abs(ratio - 1) < 0.01
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "changes",
@@ -130,6 +169,40 @@ def test_fsdp1_flattens_float_stored_codes_by_hand_and_matches_the_formulas() ->
 def test_fsdp_qlora_variants_match_the_formulas(changes: dict[str, Any]) -> None:
     # the fast representative is the FULL_SHARD test above
     training = _fsdp_qlora(**changes)
+    generic = estimate(QWEN2, training, engine="generic", simulate_allocator=False)
+    analytic = estimate(QWEN2, training, engine="analytic", simulate_allocator=False)
+    ratio = generic.breakdown.allocated_bytes / analytic.breakdown.allocated_bytes
+    assert abs(ratio - 1) < 0.01
+
+
+def test_accelerate_fsdp_qlora_adapters_read_in_the_storage_dtype_without_sharding() -> None:
+    # FSDP1's NO_SHARD (one rank, or --fsdp no-shard) casts its flat parameters under the
+    # policy like FULL_SHARD (Note [FSDP1 NO_SHARD's 16-bit copy]), so with transformers'
+    # bf16-storage policy the fp32 adapters are read in bf16 (2 B) and peft's
+    # x.to(lora_A.weight.dtype) makes no fp32 copy; without a 4-bit base and a *-true
+    # precision no policy applies: fp32 adapters (4 B)
+    from trainmem.analytic.lora import adapter_matmul_bytes
+
+    for changes in ({"data_parallel_size": 1}, {"zero_stage": 0}, {}):
+        assert adapter_matmul_bytes(_fsdp_qlora(framework="accelerate-fsdp", **changes)) == 2
+    plain = _fsdp_qlora(framework="accelerate-fsdp", quantize_base="none", data_parallel_size=1)
+    assert adapter_matmul_bytes(plain) == 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"data_parallel_size": 1},
+        {"zero_stage": 0},
+        {"precision": "32-true"},
+        {"quantize_base": "nf4-dq"},
+    ],
+    ids=["one-gpu", "no-shard", "32-true", "nf4-dq"],
+)
+def test_accelerate_fsdp_qlora_variants_match_the_formulas(changes: dict[str, Any]) -> None:
+    # the fast representative is the FULL_SHARD test above
+    training = _fsdp_qlora(framework="accelerate-fsdp", **changes)
     generic = estimate(QWEN2, training, engine="generic", simulate_allocator=False)
     analytic = estimate(QWEN2, training, engine="analytic", simulate_allocator=False)
     ratio = generic.breakdown.allocated_bytes / analytic.breakdown.allocated_bytes

@@ -405,12 +405,20 @@ def test_previous_loop_needs_a_model_spec() -> None:
 
 
 def test_fsdp1_over_a_quantized_base_is_refused_with_what_works() -> None:
-    # FSDP1 cannot flatten the stand-in's packed uint8 weights (torch _flat_param.py
-    # _validate_tensors_to_flatten): a refusal naming FSDP2, not a ValueError from torch
+    # FSDP1 cannot flatten the stand-in's packed integer weights (torch _flat_param.py
+    # _validate_tensors_to_flatten): int8 / GPTQ are refused naming FSDP2, not a ValueError
+    # from torch; a 4-bit base under *-mixed (held in fp32: the storage would be the policy's
+    # dtype) names --precision bf16-true, where it is traced (test_traced_fsdp_qlora.py)
     for changes in ({}, {"zero_stage": 3, "data_parallel_size": 4}):
-        training = _training(framework="accelerate-fsdp", lora_rank=8, quantize_base="nf4",
+        training = _training(framework="accelerate-fsdp", lora_rank=8, quantize_base="int8",
                              **changes)  # fmt: skip
-        refused = trace_unsupported_settings(training, "generic")
-        last = refused[-1]
-        assert last.startswith("quantize_base=nf4 under framework=accelerate-fsdp ("), last
+        last = trace_unsupported_settings(training, "generic")[-1]
+        assert last.startswith("quantize_base=int8 under framework=accelerate-fsdp ("), last
         assert "--framework fsdp2" in last and "--framework fsdp-qlora" in last
+        mixed = _training(framework="accelerate-fsdp", lora_rank=8, quantize_base="nf4",
+                          **changes)  # fmt: skip
+        last = trace_unsupported_settings(mixed, "generic")[-1]
+        assert last.startswith("quantize_base=nf4 under framework=accelerate-fsdp ("), last
+        assert "--precision bf16-true" in last
+        true = replace(mixed, precision="bf16-true")
+        assert not trace_unsupported_settings(true, "generic")

@@ -21,6 +21,7 @@ from trainmem.analytic.lora_variants import (
 from trainmem.analytic.mlp import expert_loop
 from trainmem.analytic.params import adapted_linears, linear_shapes, lora_targeted
 from trainmem.specs.model import ModelSpec
+from trainmem.specs.ranks import fsdp1_no_shard
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
 
@@ -208,7 +209,10 @@ def adapter_matmul_bytes(training: TrainingConfig) -> int:
     override=True)`` when it is a floating dtype; the model's dtype here)."""
     if training.is_mixed and training.gathered_weight_dtype == training.compute_dtype:
         return dtype_bytes(training.compute_dtype)
+    # FSDP1's NO_SHARD casts its flat parameters under the policy too (Note [FSDP1 NO_SHARD's
+    # 16-bit copy] in analytic/transforms/sharding.py)
     fsdp = training.zero_stage == 3 and training.data_parallel_size > 1
+    fsdp = fsdp or fsdp1_no_shard(training)
     storage = dtype_bytes(training.weight_dtype)
     if (
         fsdp

@@ -105,8 +105,19 @@ def float_quant_storage(training: TrainingConfig) -> str | None:
         other frozen parameters: the compute dtype when it stays in 16 bits,
         :attr:`~trainmem.specs.training.TrainingConfig.kbit_16bit_dense`, else the weight
         dtype), which FSDP1 flattens the codes with (fsdp_qlora train.py 50efa1e:
-        ``quant_storage=torch_dtype``, the dtype it loads the model in); else None.
+        ``quant_storage=torch_dtype``, the dtype it loads the model in). Under
+        ``accelerate-fsdp`` (transformers' FSDP-QLoRA: ``BitsAndBytesConfig(
+        bnb_4bit_quant_storage=<the dtype the model is loaded in>)``, which transformers'
+        Trainer also makes FSDP1's mixed-precision dtype, trainer.py
+        ``_fsdp_qlora_plugin_updates``) the weight dtype under a ``*-true`` precision; under
+        ``*-mixed`` None: the fp32 storage would be the policy's dtype, where accelerate's
+        policy (and the formulas' gather) is 16-bit, so the trace refuses it
+        (:func:`~trainmem.traced_options.untraced_fsdp1_quantized`). Else None.
     """
-    if training.framework != "fsdp-qlora" or training.quantize_base not in BNB_4BIT:
+    if training.quantize_base not in BNB_4BIT:
+        return None
+    if training.framework == "accelerate-fsdp" and not training.is_mixed:
+        return training.weight_dtype
+    if training.framework != "fsdp-qlora":
         return None
     return training.compute_dtype if training.kbit_16bit_dense else training.weight_dtype

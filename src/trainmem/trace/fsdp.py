@@ -62,6 +62,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from trainmem.errors import UnsupportedError
+from trainmem.specs.quantization import float_quant_storage
 from trainmem.specs.ranks import fsdp1_no_shard
 from trainmem.specs.training import TrainingConfig
 from trainmem.timeline import ALL_GATHER_STREAM, PRE_UNSHARD_STREAM, REDUCE_SCATTER_STREAM
@@ -184,8 +185,9 @@ def wrap_fsdp1(
 
     policy = _fsdp1_wrap_policy(model)
     mixed = None
-    if training.is_mixed and training.framework != "fsdp-qlora":  # Note [Tracing FSDP1]
-        dtype = getattr(torch, training.compute_dtype)
+    policy_dtype = fsdp1_policy_dtype(training)
+    if policy_dtype is not None:  # Note [Tracing FSDP1]
+        dtype = getattr(torch, policy_dtype)
         mixed = MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype)
     hybrid = mesh.ndim == 2  # HSDP: (replicate, shard), FSDP1's device_mesh argument
     strategy = {
@@ -209,6 +211,24 @@ def wrap_fsdp1(
         if mixed is not None:
             _steady_state_views(root)
     return root
+
+
+def fsdp1_policy_dtype(training: TrainingConfig) -> str | None:
+    """The dtype of accelerate's FSDP1 ``MixedPrecision`` policy, or None for none (Note
+    [Tracing FSDP1]): the 16-bit compute dtype under ``*-mixed`` (accelerate's
+    ``set_mixed_precision``); for a bitsandbytes 4-bit base whose codes are stored in a 16-bit
+    float (:func:`~trainmem.specs.quantization.float_quant_storage`) that dtype whatever the
+    precision, as transformers' Trainer sets it (trainer.py ``_fsdp_qlora_plugin_updates``:
+    ``fsdp_plugin.set_mixed_precision(bnb_4bit_quant_storage, override=True)`` when the
+    storage is a floating dtype), so the fp32 LoRA units are gathered in it (the formulas'
+    ``analytic.lora.adapter_matmul_bytes``). None under fsdp-qlora (its policy casts
+    nothing)."""
+    if training.framework == "fsdp-qlora":
+        return None
+    if training.is_mixed:
+        return training.compute_dtype
+    storage = float_quant_storage(training)
+    return storage if storage is not None and storage != "float32" else None
 
 
 def _steady_state_views(root: Any) -> None:
