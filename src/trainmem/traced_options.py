@@ -522,7 +522,14 @@ _FRAMEWORKS_UNTRACED = {
         "needs pip install 'trainmem[litgpt]'); Fabric's FSDP and model-parallel strategies "
         "are not; traced: --framework litgpt on one GPU or DDP, or --engine analytic"
     ),
-    "megatron": "Megatron-LM's own model code and buffers; use --engine analytic",
+    "megatron": (
+        "Megatron-LM runs its own model code (megatron.core's GPTModel with TransformerEngine "
+        "or its local fused kernels and its own tensor-parallel layers) and memory (contiguous "
+        "fp32 gradient buffers, the distributed optimizer), which need megatron-core on CUDA "
+        "and do not run on fake tensors; the formulas model Megatron for the formula families "
+        "and remote-code configs (--engine auto); traced: --framework pytorch-amp, fsdp2 or "
+        "deepspeed for the same model, or --engine analytic"
+    ),
     "fsdp-qlora": (
         "Answer.AI fsdp_qlora's train.py runs FSDP1 (FULL_SHARD, SHARD_GRAD_OP, the hybrids, "
         "NO_SHARD, one GPU) over data-parallel ranks with a bitsandbytes 4-bit base (nf4 / "
