@@ -429,7 +429,15 @@ _TT_2024 = (
     "max_seq_len 512) and the dataset card (51.8k rows) state none, so the row runs at one "
     "length; for the size of the effect only (not the row's data): GT030's config after "
     "steps rising from 100 to 500 tokens by 20 reserves 16.18 GB (-5.8%), after the same "
-    "steps falling 14.75 GB (-14.1%)"
+    "steps falling 14.75 GB (-14.1%); after 64 steps of random lengths in 60-512 (two "
+    "draws) 14.65 / 14.84 GB (-14.7 / -13.6%). The data order is not what differs between "
+    "the README's 17.18 GB and the tutorial's 15.57 GB for one config: both recipes "
+    "(lora_finetune_single_device.py _setup_data @fef3ed1 and @ff594c23) build "
+    "DistributedSampler(shuffle=True, seed=0), so every run sees alpaca_cleaned in one "
+    "order (seed: null seeds only torch, numpy and random: the dropout masks); the two "
+    "figures differ in when the reserved level, which only rises in this loop (no "
+    "empty_cache; memory_stats_log after every micro-batch of the first 64 and of every "
+    "100th step), was read, or in the setup (GPU, torch build), which no source gives"
 )
 _TT_SEP_TOKENS = (
     "; the README's setting is likely not what was measured: GT022's 17.4 GB is below what "
@@ -692,7 +700,22 @@ CAUSES.update(
             "(memory_stats_log: max_memory_reserved since the process started, through FSDP's "
             "sync_module_states broadcasts, whose buckets NCCL record_streams), so a README "
             "figure taken from it would carry the init's pile-up; which line the README took is "
-            "in no source here"
+            "in no source here. Read and ruled out (helper under1): the configuration as run: "
+            "7B_lora.yaml has dtype bf16, batch_size 2 and enable_activation_checkpointing "
+            "False at every commit from e7e310a2 (Apr 2) to fef3ed1, the recipe casts rank 0's "
+            "CPU model with model.to(torch.bfloat16) before FSDP, and alpaca_dataset's "
+            "max_seq_len 512 is enforced (modules/tokenizer.py tokenize_messages truncates), so "
+            "no fp32 model, larger batch or longer sample; how the figure was logged: train() "
+            "calls memory_stats_log (reset_stats=True) after every micro-batch while "
+            "total_training_steps % 100 == 0 (the 31 micro-batches before the first optimizer "
+            "step, then 32 of every 100th step) into the DiskLogger only, so each figure is the "
+            "reserved level of rank 0 at that point of one run (no empty_cache in the loop); "
+            "alpaca's varying lengths are too small an effect here: 64 earlier steps of random "
+            "lengths in 60-512 (--earlier-seq-lens, three draws, for size only) reserve 14.61-"
+            "15.29 GB (-30.3 to -27.0%). What the figure fits instead, for size only and "
+            "against the table's '2 x RTX 4090': the same recipe on one rank (is_distributed() "
+            "accepts WORLD_SIZE 1; FULL_SHARD over one GPU keeps the whole bf16 model) is "
+            "predicted at 19.48 GB (-7.0%); not amended, no source says so"
         ),
         "GT030": _TT_2024,
         "GT032": (
@@ -842,7 +865,21 @@ CAUSES.update(
             "load_and_quantize (not: train.py 50efa1e empties the cache after it, so only "
             "segments holding a live quant_state tensor stay reserved; a 70B MLP's 3.5 MiB "
             "double-quantized absmax is in the large pool, and which segment it is carved from "
-            "depends on how the n_loading_workers threads interleave)" + _FSDP1_STREAMS
+            "depends on how the n_loading_workers threads interleave)"
+            + _FSDP1_STREAMS
+            + "; the versions of the runs (helper under1): benchmarks_03_2024.md quotes "
+            "``reserved_after_model_wrap`` and 'peak reserved memory', wandb keys train.py "
+            "first logs at 50efa1e (2024-03-26; before it 'memory_peak' was "
+            "max_memory_allocated), so the runs are late March: torch 2.2 (the README's '>= "
+            "2.2', 2.3 came out on Apr 24) and transformers 4.39 (unpinned through "
+            "llama-recipes until 467933f excluded 4.38 / 4.39 on Apr 18), whose "
+            "LlamaForCausalLM upcasts the logits (``logits.float()``) and whose ``output`` "
+            "train.py holds until after the backward. Tried, not landed: --torch-version "
+            "2.2.2 for the fsdp_qlora rows moves GT129 -17.4 -> -15.9%, GT128 -8.2 -> -5.4%, "
+            "GT127 -6.3 -> -5.7%, but GT130 / GT131 +1.9 -> -9.4%; with --transformers-version "
+            "4.39.3 as well GT126 -8.9 -> -13.3% and GT130 -> -15.5%: the near-capacity rows "
+            "(4090 / 3090, 22.4-22.5 GiB reserved measured) meet the replay's flush-and-retry "
+            "earlier, whose reserved then stays below what the real runs reached"
         ),
         "GT131": (
             "Mistral-7B-v0.2 has no sliding window; the v0.1 preset's 4096 window at 24576 "
