@@ -391,8 +391,11 @@ def check_diffusers_settings(training: TrainingConfig) -> None:
         "pipeline_parallel_size": (
             training.pipeline_parallel_size > 1,
             "the traced pipeline stages are cut from transformers language models "
-            "(trainmem.trace.pipeline) and diffusers' training scripts run none; shard with "
-            "FSDP2 instead",
+            "(trainmem.trace.pipeline); a denoiser's stages would hand its conditioning "
+            "(text states, timestep embedding) and, in a UNet, every skip connection across "
+            "each boundary, a split per class that diffusers' and accelerate's training "
+            "scripts do not run and no formula checks; traced: FSDP2 (--zero-stage 3 "
+            "--data-parallel-size N) or tensor parallelism (--tensor-parallel-size N)",
         ),
     }
     refused = [f"{k}={getattr(training, k)} ({reason})" for k, (on, reason) in why.items() if on]
