@@ -714,8 +714,10 @@ CAUSES.update(
             "lengths in 60-512 (--earlier-seq-lens, three draws, for size only) reserve 14.61-"
             "15.29 GB (-30.3 to -27.0%). What the figure fits instead, for size only and "
             "against the table's '2 x RTX 4090': the same recipe on one rank (is_distributed() "
-            "accepts WORLD_SIZE 1; FULL_SHARD over one GPU keeps the whole bf16 model) is "
-            "predicted at 19.48 GB (-7.0%); not amended, no source says so"
+            "accepts WORLD_SIZE 1, and FSDP1 then switches to NO_SHARD: torch "
+            "distributed/fsdp/_init_utils.py ``_init_core_state``, so the whole bf16 model "
+            "stays on the GPU) is predicted at 19.48 GB (-7.0%; --fsdp no-shard or full-shard "
+            "alike); not amended, no source says so"
         ),
         "GT030": _TT_2024,
         "GT032": (
