@@ -45,19 +45,19 @@ RECORDED = {
     "GT074": +0.0133,
     "GT075": +0.1447,
     "GT076": -0.0018,
-    "GT077": +0.0211,
+    "GT077": +0.0367,
     "GT078": -0.0000,
     "GT079": -0.0022,
     "GT080": +0.0010,
-    "GT081": +0.0028,
+    "GT081": +0.0212,
     "GT082": -0.0003,
     "GT083": -0.0019,
     "GT084": -0.0020,
-    "GT085": -0.0001,
-    "GT086": -0.0003,
+    "GT085": +0.0051,
+    "GT086": +0.0046,
     "GT087": -0.0026,
     "GT088": -0.0033,
-    "GT089": -0.0012,
+    "GT089": +0.0028,
     "GT092": +0.0239,
     "GT093": +0.0783,
     "GT094": +0.0186,
@@ -87,8 +87,19 @@ ROW_SLACK = 0.01
 # move (their peak is the backward's start); grew, by the same binding, the FSDP LoRA rows,
 # which were over already: GT092 +1.5 -> +2.4 %, GT093 +4.3 -> +7.8 %, GT094 +1.3 -> +1.9 %
 # (FSDP1's gradient timing in the formulas is 3-4 % above the real FSDP1 trace, session 13).
+# Re-recorded for lit-gpt's QLoRA under Lightning's BitsandbytesPrecision (session 15, issue
+# 24): the LM head is quantized with the base (the state layout kept it in bf16; lightning
+# fabric/plugins/precision/bitsandbytes.py ``_convert_layers``) and every 4-bit weight is
+# quantized from fp16 (``_Linear4bit.quantize``: ``.to(dtype=torch.half)``), so bitsandbytes'
+# ``MatMul4Bit`` dequantizes to fp16 and casts to bf16, both copies alive at the cast
+# (analytic/buffers.py ``dequantize_cast_bytes``). The head alone moved the rows down 1.3-4.7
+# points; with the fp16 copy: GT077 +2.1 -> +3.7 %, GT081 +0.3 -> +2.1 %, GT085 -0.0 -> +0.5 %,
+# GT086 -0.0 -> +0.5 %, GT089 -0.1 -> +0.3 % (grew, by these two true rules; their peak is now
+# the head's backward, where the formulas still hold the loss's fp32 log-softmax that autograd
+# has released before the head's MatMul4Bit backward runs: an over-count left, session notes);
+# median 1.3 -> 1.5 %.
 MIN_ROWS_SCORED = 33
-MAX_MEDIAN_ABS = 0.014  # 1.3 % at 2026-11-28 02:42 UTC (was 1.5 %: session 14's litgpt rules)
+MAX_MEDIAN_ABS = 0.016  # 1.5 % at 2026-11-28 04:50 UTC (lit-gpt's quantized head, fp16 copy)
 # Re-recorded for LoRA's first layer (Note [LoRA's first layer], analytic/lora.py: without
 # activation checkpointing nothing before layer 0's adapters requires grad, so its input norm,
 # its frozen q / k / v weight copies and, over a bitsandbytes base that saves its input, the
@@ -463,18 +474,18 @@ RECORDED_DEV2 = {
     "GT069": +0.0169,
     "GT070": +0.0329,
     "GT097": -0.0011,
-    "GT098": +0.0006,
+    "GT098": -0.0102,
     "GT099": -0.0016,
-    "GT100": +0.0150,
+    "GT100": -0.0148,
     "GT101": -0.0007,
-    "GT102": +0.0021,
+    "GT102": -0.0083,
     "GT103": -0.0078,
-    "GT104": -0.0109,
+    "GT104": -0.0154,
     "GT105": -0.0007,
-    "GT106": -0.0032,
+    "GT106": -0.0123,
     "GT107": +0.0235,
     "GT108": -0.0035,
-    "GT109": +0.0221,
+    "GT109": +0.0015,
     "GT110": -0.0013,
     "GT111": +0.0167,
     "GT112": -0.0061,
@@ -609,6 +620,10 @@ RECORDED_DEV2 = {
 # plugin: limit_all_gathers=True, the rows' configs BACKWARD_PRE): GT175 +6.1 -> +3.7 %
 # (reserved). GT114 / GT177 / GT178 unchanged (reserved to the byte; GT114's allocated peak
 # 15.20 -> 14.80 GiB). Median 3.2 -> 3.0 %, p90 9.9 % and 5 under unchanged.
+# Re-recorded for lit-gpt's quantized LM head and Lightning's fp16 quantization (above, dev set
+# 1): the litgpt config-hub QLoRA rows, the head alone -1.3 / -2.8 / -1.1 / -5.6 / -6.0 / -4.4 %,
+# with the fp16 copy GT098 +0.1 -> -1.0 %, GT100 +1.5 -> -1.5 %, GT102 +0.2 -> -0.8 %, GT104
+# -1.1 -> -1.5 %, GT106 -0.3 -> -1.2 %, GT109 +2.2 -> +0.2 %; median 3.0 %, p90 10.0 %, 5 under.
 MIN_DEV2_ROWS_SCORED = 139
 MAX_DEV2_MEDIAN_ABS = 0.031  # 3.0 % at 2026-11-28 02:15 UTC (accelerate's FSDP1 prefetch rule)
 MAX_DEV2_P90_ABS = 0.101  # 9.9 % at 2026-11-28 01:30 UTC (NCCL without peer access, bnb 0.43.0)

@@ -66,12 +66,36 @@ def dequantized_weight_bytes(layer: Sequence[TensorState], training: TrainingCon
     """
     if training.quantize_base == "none":
         return 0
-    c = dtype_bytes(training.compute_dtype)
-    base = [s.numel for s in layer if not s.trainable and s.name != "vector"]
-    largest = max(base, default=0) // training.tensor_parallel_size
+    largest = largest_base_numel(layer, training)
     if training.torchao_nf4_decode:
         return torchao_nf4_dequantize_bytes(largest)
-    return c * largest
+    return dtype_bytes(training.compute_dtype) * largest
+
+
+def largest_base_numel(layer: Sequence[TensorState], training: TrainingConfig) -> int:
+    """Elements of the layer's largest frozen linear (its tensor-parallel slice)."""
+    base = [s.numel for s in layer if not s.trainable and s.name != "vector"]
+    return max(base, default=0) // training.tensor_parallel_size
+
+
+def dequantize_cast_bytes(numel: int, training: TrainingConfig) -> int:
+    """Bytes of the fp16 weight bitsandbytes' ``MatMul4Bit`` dequantizes before casting it to
+    the compute dtype, for a 4-bit weight of ``numel`` elements that Lightning quantized from
+    fp16 (``FrameworkConventions.bnb_4bit_quantized_from_fp16``): 2 x numel, alive beside the
+    cast copy (:func:`dequantized_weight_bytes`) while ``.to(A.dtype)`` runs, then freed before
+    the matmul; 0 when the compute dtype is fp16 itself (the cast returns the same tensor) or
+    the weight is not a Lightning 4-bit one.
+
+    Alive: in each quantized linear's forward and again in its input gradient's backward.
+
+    Source: bitsandbytes 0.42.0 autograd/_functions.py ``MatMul4Bit.forward``
+    (``torch.nn.functional.linear(A, F.dequantize_4bit(B, quant_state).to(A.dtype).t(),
+    bias)``) and ``backward`` (``F.dequantize_4bit(B, ctx.state).to(grad_output.dtype)``);
+    functional.py ``dequantize_4bit`` (``out = torch.empty(quant_state.shape,
+    dtype=quant_state.dtype)``); lightning fabric/plugins/precision/bitsandbytes.py
+    ``_Linear4bit.quantize`` (``.to(device=device, dtype=torch.half)``, 2.2.1 / 2.3.0).
+    """
+    return 2 * numel if training.dequantizes_through_fp16 else 0
 
 
 def torchao_nf4_dequantize_bytes(numel: int) -> int:

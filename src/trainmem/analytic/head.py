@@ -16,6 +16,7 @@ from trainmem.analytic.loss import (
     loss_saved_terms,
 )
 from trainmem.analytic.norms import litgpt_norm_weight_in_fp32, norm_saved_bytes
+from trainmem.analytic.tensor_states import quantized_lm_head
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 
@@ -127,14 +128,6 @@ def _vision_pooler_bytes(model: ModelSpec, training: TrainingConfig, *, t: int) 
         out["pooler/kv"] = 2 * c * h * t
     out["pooled"] = 4 * h * b
     return out
-
-
-def quantized_lm_head(training: TrainingConfig) -> bool:
-    """The LM head is quantized with the rest of the base: lit-gpt's ``--quantize bnb.*``
-    replaces every ``nn.Linear``, the LM head too (lit_gpt/utils.py, Fabric's
-    ``BitsandbytesPrecision.convert_module``); HF / peft keep ``lm_head`` unquantized
-    (``llm_int8_skip_modules`` defaults to the output embedding)."""
-    return training.conventions.own_model_code and training.quantize_base != "none"
 
 
 def lm_head_dequant_bytes(model: ModelSpec, training: TrainingConfig) -> int:

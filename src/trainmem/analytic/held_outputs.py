@@ -42,9 +42,9 @@ Note [The previous micro-batch's graph]
 from __future__ import annotations
 
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
-from trainmem.analytic.head import quantized_lm_head
 from trainmem.analytic.loss import shifted_positions, transposed_cross_entropy
 from trainmem.analytic.params import linear_shapes
+from trainmem.analytic.tensor_states import quantized_lm_head
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 

@@ -14,7 +14,8 @@ Note [Model states with PEFT and sharding]
       values, or after double quantization one 8-bit absmax per block plus one fp32 absmax per
       256 blocks (bitsandbytes ``Linear4bit``, ``quantize_4bit(blocksize=64,
       compress_statistics=...)``); embeddings, norms and the LM head stay in the weight dtype
-      (transformers keeps the output embedding unquantized, ``get_keys_to_not_convert``).
+      (transformers keeps the output embedding unquantized, ``get_keys_to_not_convert``;
+      lit-gpt's head is quantized with the rest, :func:`quantized_lm_head`).
       ``int8`` (LLM.int8(), bitsandbytes
       ``Linear8bitLt``): 1 byte per value plus one fp32 scale per output row.
     * ZeRO (Rajbhandari et al. 2020, arXiv:1910.02054, sec. 5.1-5.3, Figure 1): stage 1 shards the
@@ -353,7 +354,9 @@ def _head_tensor(
     training = make.training
     lora = training.is_lora
     trainable = not lora or (key == "lm_head" and "lm_head" in training.lora_targets)
-    out = [make("head", key, n, h, trainable and not lora, root_unit)]
+    # the LM head's output rows are the vocabulary (an int8 head's row scales count them)
+    rows = n // h if key == "lm_head" else h
+    out = [make("head", key, n, rows, trainable and not lora, root_unit)]
     if lora and key == "lm_head" and "lm_head" in training.lora_targets:
         r = training.lora_rank
         out.append(make("head", "lora_A.lm_head", r * h, r, True))
@@ -396,14 +399,31 @@ def unsharded_statistics_bytes(local: int, training: TrainingConfig, stage: int)
     return bnb_4bit_statistics_bytes(local, training.quantize_base)
 
 
+def quantized_lm_head(training: TrainingConfig) -> bool:
+    """The LM head is quantized with the rest of the base: lit-gpt's ``--quantize bnb.*``
+    replaces every ``nn.Linear``, the LM head too (Lightning Fabric
+    plugins/precision/bitsandbytes.py ``BitsandbytesPrecision.convert_module`` ->
+    ``_convert_layers(module, linear_cls, ignore_modules)``, lightning 2.2.1 / 2.3.0, with
+    litgpt finetune/lora.py @43c44323 passing no ``ignore_modules``); HF / peft keep
+    ``lm_head`` unquantized (``llm_int8_skip_modules`` defaults to the output embedding)."""
+    return training.conventions.own_model_code and training.quantize_base != "none"
+
+
+def _stored_quantized(name: str, trainable: bool, training: TrainingConfig) -> bool:
+    """A frozen layer linear (or a frozen LM head that :func:`quantized_lm_head` quantizes)
+    stored in ``quantize_base``'s format."""
+    if training.quantize_base == "none" or trainable:
+        return False
+    if name == "lm_head":
+        return quantized_lm_head(training)
+    return not name.startswith(_NOT_LINEAR)
+
+
 def is_quantized_base(state: TensorState, training: TrainingConfig) -> bool:
-    """Whether ``state`` is a frozen layer linear stored quantized (``quantize_base``), as
-    :class:`_TensorMaker` sizes it."""
-    return (
-        training.quantize_base != "none"
-        and not state.trainable
-        and not state.name.startswith(_NOT_LINEAR)
-    )
+    """Whether ``state`` is a frozen linear stored quantized (``quantize_base``), as
+    :class:`_TensorMaker` sizes it: a layer linear, or lit-gpt's LM head
+    (:func:`quantized_lm_head`)."""
+    return _stored_quantized(state.name, state.trainable, training)
 
 
 class _TensorMaker:
@@ -459,7 +479,7 @@ class _TensorMaker:
         local = -(-numel // tp) if tp_split else numel
         local_out = -(-out_features // tp) if tp_split and out_features > 1 else out_features
         stats = 0
-        if not trainable and is_linear and training.quantize_base != "none":  # is_quantized_base
+        if _stored_quantized(name, trainable, training):  # is_quantized_base
             full_param = quantized_weight_bytes(local, local_out, training.quantize_base)
             full_param += torchao_factor_view_bytes(local, training)
             stats = unsharded_statistics_bytes(local, training, self.stage)

@@ -632,6 +632,19 @@ class FrameworkConventions:
     """A quantized base linear may save its 16-bit input (bitsandbytes ``MatMul4Bit`` before
     0.43.2, ``MatMul8bitLt`` always); False: the quantized linear saves only its weight
     (torchtune's torchao ``NF4Tensor``, torchao ``dtypes/nf4tensor.py`` ``LinearNF4``)."""
+    bnb_4bit_quantized_from_fp16: bool
+    """bitsandbytes 4-bit weights are quantized from an fp16 copy whatever the training dtype, so
+    their ``QuantState.dtype`` is float16: Lightning Fabric's ``BitsandbytesPrecision``
+    (lit-gpt's ``--quantize bnb.nf4*`` / ``bnb.fp4*``) quantizes in ``_Linear4bit.quantize``
+    with ``w = weight.contiguous().to(device=device, dtype=torch.half)`` before
+    ``bnb.functional.quantize_4bit(w, ...)`` (lightning src/lightning/fabric/plugins/precision/
+    bitsandbytes.py, 2.1.0 to 2.5.0; lightning 2.2.1 and 2.3.0 read), and bitsandbytes'
+    ``quantize_4bit`` records ``dtype=A.dtype`` (functional.py 0.42.0). ``MatMul4Bit`` then
+    dequantizes to fp16 and casts to the input's dtype (``F.dequantize_4bit(B, quant_state)
+    .to(A.dtype)``, autograd/_functions.py 0.42.0, forward and backward): under a bf16 compute
+    dtype both copies of the weight are alive at the cast
+    (:func:`~trainmem.analytic.buffers.dequantize_cast_bytes`). False: the weight is quantized
+    from the dtype it was loaded in, the compute dtype (transformers' ``from_pretrained``)."""
     vocab_parallel_cross_entropy: bool
     """A causal LM's loss is Megatron's vocabulary-parallel cross-entropy (megatron-core 0.9.0
     megatron/core/tensor_parallel/cross_entropy.py ``_VocabParallelCrossEntropy``, called by
@@ -721,6 +734,7 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "own_model_code": False,
         "fp32_model_output": False,
         "quantized_base_saves_input": True,
+        "bnb_4bit_quantized_from_fp16": False,
         "fsdp_flat_parameter_grads": False,
         "fsdp_no_sync_accumulation": False,
         "dtensor_sequence_parallel": False,
@@ -826,6 +840,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             own_model_code=True,
             hf_model_code=False,
             fp32_model_output=True,
+            bnb_4bit_quantized_from_fp16=True,
             fsdp_flat_parameter_grads=True,
             fsdp_no_sync_accumulation=True,
             loop="previous",

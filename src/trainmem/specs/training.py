@@ -1631,6 +1631,19 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
         return (version or DEFAULT_BITSANDBYTES_VERSION) < BNB_MATMUL4BIT_SAVES_NO_INPUT_SINCE
 
     @property
+    def dequantizes_through_fp16(self) -> bool:
+        """bitsandbytes' ``MatMul4Bit`` dequantizes a 4-bit base weight to fp16 and then casts it
+        to the compute dtype, both copies alive at the cast: a Lightning 4-bit weight
+        (``FrameworkConventions.bnb_4bit_quantized_from_fp16``, its ``QuantState.dtype`` is
+        float16) under a compute dtype other than fp16 (bitsandbytes 0.42.0
+        autograd/_functions.py ``F.dequantize_4bit(B, quant_state).to(A.dtype)``)."""
+        return (
+            self.conventions.bnb_4bit_quantized_from_fp16
+            and self.quantize_base in ("nf4", "nf4-dq", "fp4", "fp4-dq")
+            and self.compute_dtype != "float16"
+        )
+
+    @property
     def zero3_linear_saves_input(self) -> bool:
         """Every ``F.linear`` saves its input, its weight frozen or not: a DeepSpeed ZeRO-3
         model is built under ``deepspeed.zero.Init`` (transformers modeling_utils

@@ -42,6 +42,10 @@ Note [Traced quantized base]
       so what else saves it is not counted twice;
     * its backward (only when the input requires grad): the weight dequantized again for the
       input gradient, ``grad_output @ W``, then freed (``MatMul4Bit.backward``).
+    * a Lightning 4-bit weight (lit-gpt; ``TrainingConfig.dequantizes_through_fp16``): each
+      dequantization an fp16 tensor first, cast to the compute dtype, the fp16 freed before the
+      matmul (Lightning ``_Linear4bit.quantize`` quantizes from ``torch.half``, so bitsandbytes'
+      ``dequantize_4bit`` returns fp16 and ``MatMul4Bit`` casts it: ``.to(A.dtype)``).
     * torchtune's eager QLoRA (``TrainingConfig.torchao_nf4_decode``): each dequantization is
       torchao's ``get_original_weight()``, whose int64 indices, table lookups, scalers and
       halves are allocated in its order before the weight (:func:`_torchao_decode`; the
@@ -96,28 +100,34 @@ class _QuantizedMatmul(Function):
         dtype: Any,
         saves_input: bool,
         torchao: bool = False,
+        through_fp16: bool = False,
     ) -> Any:
         cast = x.to(dtype)
-        weight = _dequantized(shape, dtype, x.device, torchao)
+        weight = _dequantized(shape, dtype, x.device, torchao, through_fp16)
         out = torch.nn.functional.linear(cast, weight, None if bias is None else bias.to(dtype))
         del weight
-        ctx.shape, ctx.torchao = shape, torchao
+        ctx.shape, ctx.torchao, ctx.through_fp16 = shape, torchao, through_fp16
         if saves_input:
             ctx.save_for_backward(cast)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad: Any) -> tuple[Any, ...]:  # type: ignore[override]
-        weight = _dequantized(ctx.shape, grad.dtype, grad.device, ctx.torchao)
+        weight = _dequantized(ctx.shape, grad.dtype, grad.device, ctx.torchao, ctx.through_fp16)
         grad_input = grad @ weight
         del weight
-        return grad_input, None, None, None, None, None, None
+        return grad_input, None, None, None, None, None, None, None
 
 
-def _dequantized(shape: tuple[int, int], dtype: Any, device: Any, torchao: bool) -> Any:
-    """The dequantized (out, in) weight: one allocation (bitsandbytes), or torchao's decode."""
+def _dequantized(
+    shape: tuple[int, int], dtype: Any, device: Any, torchao: bool, through_fp16: bool = False
+) -> Any:
+    """The dequantized (out, in) weight: one allocation (bitsandbytes), torchao's decode, or
+    an fp16 dequantization cast to ``dtype`` (``TrainingConfig.dequantizes_through_fp16``)."""
     if torchao:
         return _torchao_decode(shape, dtype, device)
+    if through_fp16:
+        return torch.empty(shape, dtype=torch.float16, device=device).to(dtype)
     return torch.empty(shape, dtype=dtype, device=device)
 
 
@@ -172,6 +182,7 @@ def _forward(self: Any, x: Any) -> Any:
         self.compute_dtype,
         self.saves_input,
         self.torchao_decode,
+        self.through_fp16,
     )
     return out
 
@@ -235,6 +246,7 @@ def quantize_base(model: Any, training: TrainingConfig, *, diffusers: bool = Fal
         module.compute_dtype = dtype
         module.saves_input = training.quantized_matmul_saves_input
         module.torchao_decode = training.torchao_nf4_decode
+        module.through_fp16 = training.dequantizes_through_fp16
         module.forward = types.MethodType(_forward, module)
         count += 1
     return count

@@ -11,10 +11,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from trainmem.analytic.buffers import dequantized_weight_bytes
+from trainmem.analytic.buffers import (
+    dequantize_cast_bytes,
+    dequantized_weight_bytes,
+    largest_base_numel,
+)
 from trainmem.analytic.head import lm_head_dequant_bytes
 from trainmem.analytic.mlp import EXPERT_LOOP_FAMILIES, EXPERT_LOOP_UNTIL
 from trainmem.analytic.params import linear_shapes
+from trainmem.analytic.tensor_states import TensorState
 from trainmem.analytic.transforms.base import (
     Emitted,
     Lifetime,
@@ -48,6 +53,20 @@ def per_expert_linears(model: ModelSpec, training: TrainingConfig) -> bool:
     )
 
 
+def _expert_states(ctx: RankContext) -> list[TensorState]:
+    """The layer's tensors with its routed experts sized one linear at a time where they are
+    separate modules (Note [Dequantized expert weights])."""
+    states = ctx.layer_states
+    if per_expert_linears(ctx.model, ctx.training):
+        one = max(
+            i * o
+            for name, (i, o, n) in linear_shapes(ctx.model).items()
+            if name in ("gate", "up", "down") and n == ctx.model.num_experts
+        )
+        states = [replace(st, numel=one) if st.name.startswith("experts_") else st for st in states]
+    return states
+
+
 def layer_dequantized_bytes(ctx: RankContext) -> int:
     """Bytes of the largest dequantized weight one of the layer's quantized linears makes
     (:func:`~trainmem.analytic.buffers.dequantized_weight_bytes`), its routed experts counted
@@ -65,15 +84,23 @@ def layer_dequantized_bytes(ctx: RankContext) -> int:
         the compute dtype, not the E experts' 2 E i h: Mixtral-8x7B, 14,336 x 4,096 x 2 B =
         117,440,512 B, not 1,879,048,192 B.
     """
-    states = ctx.layer_states
-    if per_expert_linears(ctx.model, ctx.training):
-        one = max(
-            i * o
-            for name, (i, o, n) in linear_shapes(ctx.model).items()
-            if name in ("gate", "up", "down") and n == ctx.model.num_experts
-        )
-        states = [replace(st, numel=one) if st.name.startswith("experts_") else st for st in states]
-    return dequantized_weight_bytes(states, ctx.training)
+    return dequantized_weight_bytes(_expert_states(ctx), ctx.training)
+
+
+def layer_cast_bytes(ctx: RankContext) -> int:
+    """Bytes of the fp16 dequantization the layer's largest quantized linear makes before its
+    cast to the compute dtype (:func:`~trainmem.analytic.buffers.dequantize_cast_bytes`)."""
+    largest = largest_base_numel(_expert_states(ctx), ctx.training)
+    return dequantize_cast_bytes(largest, ctx.training)
+
+
+def _head_cast_bytes(ctx: RankContext) -> int:
+    """The same fp16 dequantization for a quantized LM head (:func:`_head_bytes` is its cast)."""
+    if not _head_bytes(ctx):
+        return 0
+    model, training = ctx.model, ctx.training
+    numel = model.vocab_size * model.hidden_size // training.tensor_parallel_size
+    return dequantize_cast_bytes(numel, training)
 
 
 class QuantizedBase(Transform):
@@ -87,6 +114,8 @@ class QuantizedBase(Transform):
         super().__init__(ctx)
         self.layer = layer_dequantized_bytes(ctx)
         self.head = _head_bytes(ctx)
+        self.layer_cast = layer_cast_bytes(ctx)
+        self.head_cast = _head_cast_bytes(ctx)
 
     @staticmethod
     def applies(ctx: RankContext) -> bool:
@@ -97,11 +126,20 @@ class QuantizedBase(Transform):
             return ()
         label = "a dequantized base weight"
         d = alloc(self.layer, Cat.TEMPORARY, phase, "dequant", "layers.{i}", label)
-        return (d, free(d, phase))
+        if not self.layer_cast:
+            return (d, free(d, phase))
+        # fp16 dequantization, cast to the compute dtype, fp16 freed before the matmul
+        label = "a dequantized base weight before its cast"
+        q = alloc(self.layer_cast, Cat.TEMPORARY, phase, "dequant/fp16", "layers.{i}", label)
+        return (q, d, free(q, phase), free(d, phase))
 
     def _head(self, phase: Phase) -> Op:
         label = "the LM head's dequantized weight"
         return alloc(self.head, Cat.TEMPORARY, phase, "dequant/head", "head", label)
+
+    def _head_cast(self, phase: Phase) -> Op:
+        label = "the LM head's dequantized weight before its cast"
+        return alloc(self.head_cast, Cat.TEMPORARY, phase, "dequant/head_fp16", "head", label)
 
     def layer_forward(self, where: Where) -> Sequence[Emitted]:
         return self._layer("forward")
@@ -110,10 +148,19 @@ class QuantizedBase(Transform):
         return self._layer("backward")
 
     def head_forward(self, where: Where) -> Sequence[Emitted]:
-        return (Lifetime(self._head("forward"), "head.post_forward"),) if self.head else ()
+        if not self.head:
+            return ()
+        d = Lifetime(self._head("forward"), "head.post_forward")
+        if not self.head_cast:
+            return (d,)
+        q = self._head_cast("forward")
+        return (q, d, free(q, "forward"))
 
     def head_backward(self, where: Where) -> Sequence[Emitted]:
         if not self.head:
             return ()
         d = self._head("backward")
-        return (d, free(d, "backward"))
+        if not self.head_cast:
+            return (d, free(d, "backward"))
+        q = self._head_cast("backward")
+        return (q, d, free(q, "backward"), free(d, "backward"))
