@@ -88,3 +88,26 @@ def test_no_second_copy_when_the_compute_dtype_is_fp16() -> None:
         ("free", 2 * LAYER),
         ("alloc", 2 * LAYER),  # the next iteration's forward
     ]
+
+
+def test_head_backward_dequantizes_after_the_loss_backward() -> None:
+    # Note [Quantized head after the loss's backward]: unchunked, t = 128 tokens; the log-
+    # softmax (4 V t = 16,384,000 B) freed, then the bf16 logits gradient (2 V t = 8,192,000 B)
+    # beside the head's fp16 dequantization and its bf16 cast (2 V h = 262,144,000 B each)
+    sched = estimate("llama-2-7b", _training(), engine="analytic", simulate_allocator=False)
+    head = [
+        (ev.action, ev.size_bytes)
+        for ev in sched.schedules[0].events()
+        if ev.phase == "backward" and ev.module == "head"
+    ]
+    grad, vh = 2 * 32_000 * 128, 2 * VH
+    start = head.index(("alloc", grad))
+    assert ("free", 4 * 32_000 * 128) in head[:start]
+    assert head[start : start + 6] == [
+        ("alloc", grad),
+        ("alloc", vh),
+        ("alloc", vh),
+        ("free", vh),
+        ("free", vh),
+        ("free", grad),
+    ]

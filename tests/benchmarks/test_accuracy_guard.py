@@ -45,19 +45,19 @@ RECORDED = {
     "GT074": +0.0133,
     "GT075": +0.1447,
     "GT076": -0.0018,
-    "GT077": +0.0367,
+    "GT077": +0.0061,
     "GT078": -0.0000,
     "GT079": -0.0022,
     "GT080": +0.0010,
-    "GT081": +0.0212,
+    "GT081": +0.0020,
     "GT082": -0.0003,
     "GT083": -0.0019,
     "GT084": -0.0020,
-    "GT085": +0.0051,
-    "GT086": +0.0046,
+    "GT085": -0.0031,
+    "GT086": -0.0037,
     "GT087": -0.0026,
     "GT088": -0.0033,
-    "GT089": +0.0028,
+    "GT089": -0.0026,
     "GT092": +0.0239,
     "GT093": +0.0783,
     "GT094": +0.0186,
@@ -94,12 +94,14 @@ ROW_SLACK = 0.01
 # ``MatMul4Bit`` dequantizes to fp16 and casts to bf16, both copies alive at the cast
 # (analytic/buffers.py ``dequantize_cast_bytes``). The head alone moved the rows down 1.3-4.7
 # points; with the fp16 copy: GT077 +2.1 -> +3.7 %, GT081 +0.3 -> +2.1 %, GT085 -0.0 -> +0.5 %,
-# GT086 -0.0 -> +0.5 %, GT089 -0.1 -> +0.3 % (grew, by these two true rules; their peak is now
-# the head's backward, where the formulas still hold the loss's fp32 log-softmax that autograd
-# has released before the head's MatMul4Bit backward runs: an over-count left, session notes);
-# median 1.3 -> 1.5 %.
+# GT086 -0.0 -> +0.5 %, GT089 -0.1 -> +0.3 % (median 1.3 -> 1.5 %, their peak now the head's
+# backward dequantization); then with the head's backward after the loss's (Note [Quantized
+# head after the loss's backward], analytic/transforms/quantized.py: autograd runs every
+# chunk's cross-entropy and cast backward first, so the log-softmax is freed and the logits
+# gradient is in bf16 when the head dequantizes): GT077 +0.6 %, GT081 +0.2 %, GT085 -0.3 %,
+# GT086 -0.4 %, GT089 -0.3 %; median 1.3 %.
 MIN_ROWS_SCORED = 33
-MAX_MEDIAN_ABS = 0.016  # 1.5 % at 2026-11-28 04:50 UTC (lit-gpt's quantized head, fp16 copy)
+MAX_MEDIAN_ABS = 0.014  # 1.3 % at 2026-11-28 04:25 UTC (lit-gpt's quantized head after the loss)
 # Re-recorded for LoRA's first layer (Note [LoRA's first layer], analytic/lora.py: without
 # activation checkpointing nothing before layer 0's adapters requires grad, so its input norm,
 # its frozen q / k / v weight copies and, over a bitsandbytes base that saves its input, the

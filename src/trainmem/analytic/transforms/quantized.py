@@ -19,6 +19,7 @@ from trainmem.analytic.buffers import (
 from trainmem.analytic.head import lm_head_dequant_bytes
 from trainmem.analytic.mlp import EXPERT_LOOP_FAMILIES, EXPERT_LOOP_UNTIL
 from trainmem.analytic.params import linear_shapes
+from trainmem.analytic.pipeline import logits_bytes
 from trainmem.analytic.tensor_states import TensorState
 from trainmem.analytic.transforms.base import (
     Emitted,
@@ -106,7 +107,28 @@ def _head_cast_bytes(ctx: RankContext) -> int:
 class QuantizedBase(Transform):
     """The dequantized weights of a quantized base: per layer at ``layer.forward`` and
     ``layer.backward`` (made and freed), the LM head's from ``head.forward`` to
-    ``head.post_forward`` and again at ``head.backward``."""
+    ``head.post_forward`` and again at ``head.backward`` (``head.post_backward`` under an fp32
+    model output, Note [Quantized head after the loss's backward]).
+
+    Note [Quantized head after the loss's backward]
+        lit-gpt's quantized head under Fabric's fp32 output (``_FabricModule.forward`` ->
+        ``convert_output``: each 16-bit head chunk ``.to(float32)``, then the loss per chunk,
+        lit-gpt utils.py ``chunked_cross_entropy``) runs its ``MatMul4Bit`` backward after the
+        whole loss's: autograd's ready queue takes the highest sequence number first
+        (torch/csrc/autograd/engine.cpp ``CompareNodeTaskTime``), and the nodes were made in
+        the order head matmuls < casts < (log-softmax, nll) per chunk, so every chunk's
+        cross-entropy backward runs (releasing its saved fp32 log-softmax), then every cast's
+        backward (fp32 gradient -> the compute dtype, the fp32 one freed), and only then the
+        first head matmul's backward dequantizes the head (its fp16 copy and its cast,
+        :func:`_head_cast_bytes`) beside the whole logits gradient in the compute dtype, c V t
+        (:func:`~trainmem.analytic.pipeline.logits_bytes`). So the head's backward
+        dequantization sits at ``head.post_backward``, after the loss's saved blocks are
+        freed, with that gradient alive. The fp32 copy the loop binds stays (Note [litgpt's
+        bound logits]). Reasoned from the code, checked against the generic path's trace of
+        litgpt's own GPT (a 2-layer 1024-wide Llama, nf4, bf16-true: the formulas -6.9 % ->
+        +0.05 % with a chunked head, -1.85 % unchunked, where the last fp32 loss gradient the
+        formulas keep to the head's end is freed by the cast's backward in the trace).
+    """
 
     name = "quantized"
 
@@ -116,6 +138,9 @@ class QuantizedBase(Transform):
         self.head = _head_bytes(ctx)
         self.layer_cast = layer_cast_bytes(ctx)
         self.head_cast = _head_cast_bytes(ctx)
+        # Note [Quantized head after the loss's backward]
+        fp32_output = ctx.training.conventions.fp32_model_output
+        self.after_loss = logits_bytes(ctx.model, ctx.training) if self.head and fp32_output else 0
 
     @staticmethod
     def applies(ctx: RankContext) -> bool:
@@ -156,11 +181,22 @@ class QuantizedBase(Transform):
         q = self._head_cast("forward")
         return (q, d, free(q, "forward"))
 
-    def head_backward(self, where: Where) -> Sequence[Emitted]:
-        if not self.head:
-            return ()
+    def _head_dequant_backward(self) -> list[Op]:
         d = self._head("backward")
         if not self.head_cast:
-            return (d, free(d, "backward"))
+            return [d, free(d, "backward")]
         q = self._head_cast("backward")
-        return (q, d, free(q, "backward"), free(d, "backward"))
+        return [q, d, free(q, "backward"), free(d, "backward")]
+
+    def head_backward(self, where: Where) -> Sequence[Emitted]:
+        if not self.head or self.after_loss:
+            return ()
+        return self._head_dequant_backward()
+
+    def head_post_backward(self, where: Where) -> Sequence[Emitted]:
+        """Note [Quantized head after the loss's backward]"""
+        if not self.head or not self.after_loss:
+            return ()
+        label = "the logits gradient cast back to the compute dtype"
+        g = alloc(self.after_loss, Cat.TEMPORARY, "backward", "dequant/head_grad", "head", label)
+        return [g, *self._head_dequant_backward(), free(g, "backward")]
