@@ -62,7 +62,7 @@ RECORDED = {
     "GT093": +0.0783,
     "GT094": +0.0186,
     "GT095": +0.1411,
-    "GT096": -0.1227,
+    "GT096": +0.0007,
 }
 ROW_SLACK = 0.01
 # Re-recorded for litgpt's own attention (issue 26; found by tracing litgpt 0.5.13's GPT on the
@@ -101,7 +101,7 @@ ROW_SLACK = 0.01
 # gradient is in bf16 when the head dequantizes): GT077 +0.6 %, GT081 +0.2 %, GT085 -0.3 %,
 # GT086 -0.4 %, GT089 -0.3 %; median 1.3 %.
 MIN_ROWS_SCORED = 33
-MAX_MEDIAN_ABS = 0.014  # 1.3 % at 2026-11-28 04:25 UTC (lit-gpt's quantized head after the loss)
+MAX_MEDIAN_ABS = 0.013  # 1.29 % at 2026-11-28 04:35 UTC (lit-gpt's head casts under autocast)
 # Re-recorded for LoRA's first layer (Note [LoRA's first layer], analytic/lora.py: without
 # activation checkpointing nothing before layer 0's adapters requires grad, so its input norm,
 # its frozen q / k / v weight copies and, over a bitsandbytes base that saves its input, the
@@ -114,7 +114,12 @@ MAX_MEDIAN_ABS = 0.014  # 1.3 % at 2026-11-28 04:25 UTC (lit-gpt's quantized hea
 # nothing), GT085 / GT086 / GT089 -2.2 -> -2.4 / -2.5 / -2.4 %, GT096 -10.7 -> -12.3 % (stablelm-3b
 # bf16-mixed LoRA; an under-count unexplained before, 1.6 points more now): p90 0.107 -> 0.123
 # (GT096's own move; loosened for it and reported, the rule not bent).
-MAX_P90_ABS = 0.123
+# Re-recorded for lit-gpt's chunked head under autocast (session 15, analytic/head.py
+# ``autocast_head_casts``): each of the head's 9 pieces casts the frozen fp32 head weight to
+# bf16 again (autocast caches only leaves that require grad, autocast_mode.cpp
+# ``cached_cast``) and its matmul saves the cast: 9 x 415 MB, not one. GT096 -12.3 -> +0.1 %;
+# no other row moves. p90 12.3 -> 9.0 %, median 1.3 %, under by > 10 %: GT004 alone.
+MAX_P90_ABS = 0.091
 MIN_WORST_SIGNED = -0.14
 
 

@@ -17,6 +17,7 @@ from trainmem.analytic.loss import (
 )
 from trainmem.analytic.norms import litgpt_norm_weight_in_fp32, norm_saved_bytes
 from trainmem.analytic.tensor_states import quantized_lm_head
+from trainmem.specs.frameworks import litgpt_head_chunk_rows
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 
@@ -95,8 +96,28 @@ def _lm_head_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dic
     # target) nor a quantized head (bitsandbytes dequantizes inside its matmul,
     # lm_head_dequant_bytes). Source: aten/src/ATen/autocast_mode.cpp ``cached_cast``.
     if training.uses_autocast and not training.kbit_16bit_dense and not quantized_lm_head(training):
-        out["autocast_weight_copies"] = c * v * h
+        out["autocast_weight_copies"] = c * v * h * autocast_head_casts(training)
     return out
+
+
+def autocast_head_casts(training: TrainingConfig) -> int:
+    """How many 16-bit casts of the LM head's weight autocast makes and the head's matmuls save
+    (each chunk's matmul saves its own cast for the input gradient): one per piece when lit-gpt
+    runs its head in pieces (``GPT.forward``: ``[self.lm_head(x_i) for x_i in
+    x.split(lm_head_chunk_size, dim=1)]``) over a frozen head weight, which autocast does not
+    cache, so every piece casts it again; one otherwise (a trained weight is cast once and
+    cached until the autocast region exits).
+
+    Source: aten/src/ATen/autocast_mode.cpp ``cached_cast`` (``can_try_cache`` needs
+    ``arg.requires_grad() && arg.is_leaf()``); lit_gpt/lora.py @8641822 and litgpt/model.py
+    v0.5.13 ``GPT.forward``; tools/autograd/derivatives.yaml (mm saves ``mat2`` when ``self``
+    requires grad).
+    """
+    chunks = training.chunked_cross_entropy
+    if not (training.is_lora and training.conventions.own_model_code and chunks):
+        return 1
+    rows = litgpt_head_chunk_rows(training.seq_len, chunks)
+    return -(-training.seq_len // rows)
 
 
 def _vision_pooler_bytes(model: ModelSpec, training: TrainingConfig, *, t: int) -> dict[str, int]:
