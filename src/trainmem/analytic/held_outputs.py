@@ -104,8 +104,8 @@ def graph_held_input_bytes(
     when it needs a gradient, nothing otherwise; int8 (``MatMul8bitLt``) c*w*T always and
     w*T more (the int8 ``CAt``) when it needs one. ``num_layers`` layers (layer 0 counted as
     the first, its frozen inputs apart) and, when ``has_head`` and the LM head is quantized
-    (:func:`~trainmem.analytic.head.quantized_lm_head`), the final norm's output (c*h*T; the
-    chunks lit-gpt's head reads are views of it).
+    (:func:`~trainmem.analytic.tensor_states.quantized_lm_head`), the final norm's output
+    (c*h*T; the chunks lit-gpt's head reads are views of it).
     """
     if (
         training.training_loop != "previous"
