@@ -939,7 +939,11 @@ CAUSES.update(
             "peak: torchao's NF4 dequantization in eager mode (get_original_weight's int64 "
             "nibbles, 14 n bytes for the 14336 x 4096 linear, 0.82 GB, in each layer's forward "
             "and backward; tests/analytic/test_torchao_dequantize.py); the peak is the head's "
-            "(the loop's previous fp32 logits beside this micro-batch's)"
+            "(the loop's previous fp32 logits beside this micro-batch's). Ruled out (helper "
+            "under2): the load's peak (predicted 9.28 GiB, bf16 linears quantized on the GPU) "
+            "is not in the training logs, as recipes/lora_finetune_single_device.py @20747cd "
+            "logs 'Memory Stats after model init' through utils.memory_stats_log, whose "
+            "reset_stats=True calls torch.cuda.reset_peak_memory_stats (utils/memory.py)"
         ),
         "GT175": (
             "over, the measurement's reading: '72-80 GB (90-98%)' per GPU read off a "
