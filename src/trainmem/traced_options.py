@@ -530,6 +530,12 @@ _FRAMEWORKS_UNTRACED = {
         "and remote-code configs (--engine auto); traced: --framework pytorch-amp, fsdp2 or "
         "deepspeed for the same model, or --engine analytic"
     ),
+    "unsloth": (
+        "Unsloth's kernels (Triton: fast_lora, fast cross-entropy, fast_dequantize) and its "
+        "offloaded checkpoint need a CUDA GPU, so its step cannot be traced on the CPU, and "
+        "its conventions are not applied to another framework's trace; traced: --framework "
+        "hf-trainer (transformers + peft under the HF Trainer), or --engine analytic"
+    ),
     "fsdp-qlora": (
         "Answer.AI fsdp_qlora's train.py runs FSDP1 (FULL_SHARD, SHARD_GRAD_OP, the hybrids, "
         "NO_SHARD, one GPU) over data-parallel ranks with a bitsandbytes 4-bit base (nf4 / "

@@ -163,6 +163,15 @@ def test_none_is_taken_only_where_the_field_means_a_default_by_it(
         assert TrainingConfig(precision=None).precision == "bf16-mixed"  # type: ignore[arg-type]
         assert TrainingConfig(precision=None, framework="torchtune").precision == "bf16-true"  # type: ignore[arg-type]
         return
+    resolved = {"optimizer": ("adamw", "adamw-8bit"), "activation_checkpointing": ("none", "full")}
+    if field.name in resolved:
+        # the same: the framework's default (FrameworkConventions.default_optimizer /
+        # default_activation_checkpointing; Unsloth's notebooks' adamw_8bit and "unsloth" mode)
+        plain, unsloth = resolved[field.name]
+        assert getattr(TrainingConfig(**{field.name: None}), field.name) == plain
+        made = TrainingConfig(**{field.name: None, "framework": "unsloth"})
+        assert getattr(made, field.name) == unsloth
+        return
     hint = typing.get_type_hints(TrainingConfig)[field.name]
     if type(None) in typing.get_args(hint) or (
         isinstance(hint, types.UnionType) and type(None) in hint.__args__

@@ -20,6 +20,8 @@ from trainmem.specs.frameworks import (
     DEFAULT_TORCHTITAN_VERSION,
     DEFAULT_TORCHTUNE_VERSION,
     DEFAULT_TRANSFORMERS_VERSION,
+    DEFAULT_UNSLOTH_VERSION,
+    DEFAULT_UNSLOTH_ZOO_VERSION,
     FRAMEWORK_CONVENTIONS,
     installed_transformers_version,
     installed_version,
@@ -35,6 +37,7 @@ FRAMEWORK_SUMMARY: dict[str, str] = {
     "torchtune": "torchtune recipes: torchtune's model code, weights in the training dtype",
     "litgpt": "lit-gpt with Lightning Fabric: its own model code and output head, fp32 outputs",
     "fsdp-qlora": "Answer.AI fsdp_qlora: bitsandbytes 4-bit linears under FSDP1, peft adapters",
+    "unsloth": "Unsloth on one GPU: bf16 model, fp32 LoRA, CPU-offloaded checkpoints, adamw-8bit",
 }
 """One line per ``--framework`` on what its conventions mean for memory (the rows and their
 sources are in :mod:`trainmem.specs.frameworks`)."""
@@ -149,6 +152,13 @@ def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dic
     if framework == "litgpt":
         # from 0.4.6 its RMSNorm multiplies the weight in fp32 (norms.norm_options)
         out["litgpt"] = _version(config.get("litgpt_version"), DEFAULT_LITGPT_VERSION)
+    if framework == "unsloth":  # no setting: the release its conventions were read from
+        out["unsloth"] = (
+            ".".join(map(str, DEFAULT_UNSLOTH_VERSION))
+            + " (default; unsloth_zoo "
+            + ".".join(map(str, DEFAULT_UNSLOTH_ZOO_VERSION))
+            + ")"
+        )
     if framework == "deepspeed":
         out["deepspeed"] = _version(config.get("deepspeed_version"), DEFAULT_DEEPSPEED_VERSION)
     if framework == "fsdp2" and config.get("compile"):

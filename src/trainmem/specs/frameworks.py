@@ -109,6 +109,27 @@ LOOPS: tuple[str, ...] = ("drop", "step", "previous")
   (``release_variables``), only what custom autograd functions store as ``ctx`` attributes
   (Note [The previous micro-batch's graph])."""
 
+DEFAULT_UNSLOTH_VERSION = (2026, 3, 5)
+"""The Unsloth release whose conventions ``--framework unsloth`` follows: 2026.3.5 (git tag
+``March-2026``, 880b59a301, 2026-03-17; unsloth/models/_utils.py ``__version__``), which
+requires ``unsloth_zoo>=2026.3.4`` (pyproject.toml): :data:`DEFAULT_UNSLOTH_ZOO_VERSION`."""
+DEFAULT_UNSLOTH_ZOO_VERSION = (2026, 3, 4)
+"""The unsloth_zoo release read with :data:`DEFAULT_UNSLOTH_VERSION`: 2026.3.4 (38f4871f,
+2026-03-17, unsloth_zoo/__init__.py ``__version__``)."""
+UNSLOTH_OFFLOAD_MIN_SEQ_LEN = 512
+"""unsloth/models/_utils.py ``apply_unsloth_gradient_checkpointing`` (2026.3.5):
+``use_gradient_checkpointing="unsloth"`` with ``max_seq_length < 512`` unpatches the offloaded
+checkpoint and runs plain (reentrant) checkpointing ("For seq < 512, standard gc is faster")."""
+UNSLOTH_GPU_BUFFER_ELEMENTS = 2 * 256 * 2048
+"""unsloth_zoo gradient_checkpointing.py ``initialize_unsloth_gradient_checkpointing``
+(2026.3.4): ``GPU_BUFFERS = tuple([torch.empty(2*256*2048, dtype = dtype, device = ...)])``,
+one buffer per GPU in the model's 16-bit dtype, allocated when the checkpoint is patched
+(``FastLanguageModel.from_pretrained``) and kept; ``UnslothCheckpointFunction.forward`` grows
+it with ``GPU_BUFFER.resize_(new_size)`` to the largest offloaded layer input."""
+UNSLOTH_OFFLOAD_MIN_BYTES = 2 * 1024 * 1024
+"""unsloth_zoo gradient_checkpointing.py (2026.3.4): ``MINIMUM_SIZE = 2 * 1024 * 1024 //
+n_bytes`` elements ("Minimum size to enable Unsloth GC is 2MB"); a layer input of no more
+elements stays saved on the GPU as under plain checkpointing."""
 DEFAULT_DEEPSPEED_VERSION = (0, 19, 8)
 """The DeepSpeed release assumed when none is given: a current one (>= 0.17.6)."""
 DEEPSPEED_ACCUMULATES_IN_MODEL_DTYPE_SINCE = (0, 17, 6)
@@ -678,6 +699,20 @@ class FrameworkConventions:
     micro-batch's logits outlive its loss. False: torch.distributed.pipelining appends each
     micro-batch's output to ``output_chunks`` (Note [Pipeline stage buffers])."""
 
+    unsloth_offloaded_checkpointing: bool
+    """Full activation checkpointing is Unsloth's ``use_gradient_checkpointing="unsloth"``
+    (unsloth_zoo gradient_checkpointing.py ``UnslothCheckpointFunction``, 2026.3.4): each
+    checkpointed layer's input is copied to a pinned CPU buffer instead of being saved on the
+    GPU, but the last layer's after the first step; in the backward it comes back into one
+    reused GPU buffer (Note [Unsloth's offloaded gradient checkpointing],
+    trainmem/analytic/transforms/unsloth.py)."""
+    default_optimizer: str
+    """The optimizer when none is given: ``adamw``; Unsloth's notebooks ``adamw-8bit``
+    (``SFTConfig(optim = "adamw_8bit")``). An explicit ``optimizer`` always wins."""
+    default_activation_checkpointing: str
+    """The activation checkpointing when none is given: ``none``; Unsloth ``full``
+    (``FastLanguageModel.get_peft_model(use_gradient_checkpointing = "unsloth")``, its default,
+    unsloth/models/llama.py 2026.3.5). An explicit value always wins."""
     precisions: tuple[str, ...] | None
     """The precisions the framework trains in (Lightning names); None: every one. torchtune:
     ``bf16-true`` and ``32-true`` only: its recipes build the whole model in the config's
@@ -753,6 +788,9 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "untied_output_head": False,
         "precisions": None,
         "default_precision": DEFAULT_PRECISION,
+        "unsloth_offloaded_checkpointing": False,
+        "default_optimizer": "adamw",
+        "default_activation_checkpointing": "none",
     }
     return FrameworkConventions(name=name, **{**defaults, **fields})  # type: ignore[arg-type]
 
@@ -865,6 +903,24 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             adapter_dtype_follows_weights=True,
             fsdp_no_sync_accumulation=True,
             fsdp_collective_streams=True,
+        ),
+        # Unsloth 2026.3.5 / unsloth_zoo 2026.3.4 on one GPU, the HF Trainer (TRL SFTTrainer)
+        # loop underneath: the model in its 16-bit dtype (FastLanguageModel.from_pretrained
+        # dtype=None: bf16 where supported), unsloth_zoo training_utils.py
+        # prepare_model_for_training (not peft's prepare_model_for_kbit_training): LoRA A / B
+        # upcast to fp32 (``upcast = True``), embeddings, norms and LM head left in the model
+        # dtype; a bf16 full fine-tune keeps bf16 weights (``float32_mixed_precision = False``
+        # for bf16, vision.py post_patch_model); the notebooks' adamw_8bit; checkpointing
+        # "unsloth" (offloaded). See Note [Framework conventions].
+        _row(
+            "unsloth",
+            autocast=True,
+            adafactor_from_transformers=True,
+            trainer_default_fused_since_torch=(2, 8),
+            unsloth_offloaded_checkpointing=True,
+            default_optimizer="adamw-8bit",
+            default_activation_checkpointing="full",
+            default_precision="bf16-true",
         ),
     )
 }

@@ -59,6 +59,13 @@ Note [Framework conventions]
                     autocast, so ``bf16-true`` (the default with it) or ``32-true`` only
                     (``FrameworkConventions.precisions``); chunked loss with a per-chunk fp32
                     upcast (``CEWithChunkedOutputLoss``).
+    unsloth         Unsloth 2026.3.5 (unsloth_zoo 2026.3.4) on one GPU under the HF Trainer:
+                    the model in bf16 (``bf16-true``, its default; a bf16 full fine-tune keeps
+                    bf16 weights), LoRA A / B upcast to fp32 while embeddings, norms and LM
+                    head stay 16-bit (unsloth_zoo training_utils.py
+                    ``prepare_model_for_training``); by default ``adamw-8bit`` (its notebooks)
+                    and ``full`` checkpointing as its offloaded "unsloth" mode (Note
+                    [Unsloth's offloaded gradient checkpointing]); an explicit value wins.
     ==============  =============================================================================
 """
 
@@ -471,13 +478,21 @@ class OptimizerConfig:
         SpecError: a name outside the lists, or ``cs336`` with another optimizer than Adam(W).
     """
 
-    optimizer: Optimizer = setting("adamw", "Optimizer:", choices=OPTIMIZERS, short="-o")
+    optimizer: Optimizer = setting(
+        None,
+        "Optimizer:",
+        choices=OPTIMIZERS,
+        short="-o",
+        default_text="adamw; --framework unsloth: adamw-8bit, its notebooks'",
+    )
     """Optimizer whose states are kept per trainable parameter (:data:`OPTIMIZERS`);
     ``paged-adamw`` is bitsandbytes' 32-bit ``PagedAdamW`` (fp32 states in CUDA managed memory,
     as torchtune's low-memory recipes use); ``adamw-4bit`` / ``adamw-fp8`` are torchao's
     ``AdamW4bit`` / ``AdamWFp8``. torchao's ``CPUOffloadOptimizer`` is ``offload="optimizer"``
-    (``offload_gradients=True``: ``"optimizer+gradients"``). Default ``adamw``, the
-    transformers Trainer's and most recipes' choice."""
+    (``offload_gradients=True``: ``"optimizer+gradients"``). None, the default: the
+    framework's (``FrameworkConventions.default_optimizer``, resolved when the TrainingConfig
+    is built): ``adamw``, the transformers Trainer's and most recipes' choice; ``adamw-8bit``
+    under Unsloth, its notebooks' ``optim = "adamw_8bit"``."""
     optimizer_implementation: OptimizerImplementation | None = setting(
         None,
         "torch.optim implementation:",
@@ -493,6 +508,8 @@ class OptimizerConfig:
     steps after the backward."""
 
     def __post_init__(self) -> None:
+        if self.optimizer is None:  # alone; TrainingConfig resolves it by framework first
+            object.__setattr__(self, "optimizer", "adamw")
         _check_choices(self, OptimizerConfig)
         _check_flags(self, ("optimizer_in_backward",))
         accepted = OPTIMIZER_TABLE[self.optimizer].temporaries  # torch's three; cs336: Adam(W)
@@ -637,11 +654,17 @@ class CheckpointingConfig:
     """
 
     activation_checkpointing: ActivationCheckpointing = setting(
-        "none", "Activation checkpointing:", choices=ACTIVATION_CHECKPOINTING, short="-c"
+        None,
+        "Activation checkpointing:",
+        choices=ACTIVATION_CHECKPOINTING,
+        short="-c",
+        default_text='none; --framework unsloth: full, its offloaded "unsloth" mode',
     )
-    """:data:`ACTIVATION_CHECKPOINTING`: ``none``, the default (autograd keeps every saved
-    tensor); ``selective`` (recompute attention core, Korthikanti et al. 2022 sec. 5); ``full``
-    (keep only each layer's input)."""
+    """:data:`ACTIVATION_CHECKPOINTING`: ``none`` (autograd keeps every saved tensor);
+    ``selective`` (recompute attention core, Korthikanti et al. 2022 sec. 5); ``full`` (keep
+    only each layer's input; under ``--framework unsloth`` Unsloth's offloaded
+    ``use_gradient_checkpointing="unsloth"``). None, the default: the framework's
+    (``FrameworkConventions.default_activation_checkpointing``): ``none``; Unsloth ``full``."""
     activation_offloading: bool = setting(False, "Saved activations offloaded to CPU.")
     """Move saved activations to CPU after each layer's forward (torchtune
     ``OffloadActivations``): about two layers' activations stay on the GPU. Default False."""
@@ -660,6 +683,8 @@ class CheckpointingConfig:
     under reentrant checkpointing])."""
 
     def __post_init__(self) -> None:
+        if self.activation_checkpointing is None:  # alone; TrainingConfig resolves it first
+            object.__setattr__(self, "activation_checkpointing", "none")
         _check_flags(self, ("activation_offloading",))
         _check_choices(self, CheckpointingConfig)
         if self.checkpoint_reentrant is not None and not isinstance(
@@ -1677,12 +1702,17 @@ def _resolve_precision(t: TrainingConfig) -> None:
     (``FrameworkConventions.default_precision``: torchtune's ``bf16-true``, else
     :data:`~trainmem.specs.frameworks.DEFAULT_PRECISION`), before any check reads it; an
     unknown framework is left to its own check."""
+    # a framework of the wrong type (a list from a config file) is its own check's error
+    row = FRAMEWORK_CONVENTIONS.get(t.framework) if isinstance(t.framework, str) else None
     if t.precision is None:
-        # a framework of the wrong type (a list from a config file) is its own check's error
-        row = FRAMEWORK_CONVENTIONS.get(t.framework) if isinstance(t.framework, str) else None
         object.__setattr__(
             t, "precision", row.default_precision if row is not None else DEFAULT_PRECISION
         )
+    if t.optimizer is None:  # the framework's (FrameworkConventions.default_optimizer)
+        object.__setattr__(t, "optimizer", row.default_optimizer if row else "adamw")
+    if t.activation_checkpointing is None:
+        default = row.default_activation_checkpointing if row else "none"
+        object.__setattr__(t, "activation_checkpointing", default)
 
 
 def _check_framework_precision(t: TrainingConfig) -> None:
@@ -1717,11 +1747,47 @@ def _check_combinations(t: TrainingConfig) -> None:
     _check_step_in_backward(t)
     _check_ema_combinations(t)
     _check_fsdp1_model_parallel(t)
+    _check_unsloth_single_gpu(t)
     if t.seq_len % t.context_parallel_size:
         raise SpecError(
             "context_parallel_size",
             f"{t.context_parallel_size} does not divide seq_len={t.seq_len}: each "
             "context-parallel rank holds seq_len / context_parallel_size tokens",
+        )
+
+
+def _check_unsloth_single_gpu(t: TrainingConfig) -> None:
+    """``--framework unsloth`` is Unsloth on one GPU (the conventions read from 2026.3.5 are
+    its single-device ones: one ``GPU_BUFFER`` per device, ``is_loaded_in_8bit = True`` set on
+    the PEFT model "to disable incorrect DDP", unsloth/models/llama.py ``get_peft_model``).
+
+    Raises:
+        SpecError: a parallel size above 1, ZeRO / FSDP sharding or CPU offload, naming what
+            runs instead.
+    """
+    if t.framework != "unsloth":
+        return
+    for name in (
+        "data_parallel_size",
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "context_parallel_size",
+    ):
+        size = getattr(t, name)
+        if size > 1:
+            raise SpecError(
+                name,
+                f"{size} with --framework unsloth: its conventions are Unsloth's on one GPU "
+                f"(2026.3.5); allowed: {_flag(name)} 1, or --framework hf-trainer (the HF "
+                "Trainer over several GPUs)",
+            )
+    if t.zero_stage > 0 or t.offload != "none":
+        field = "zero_stage" if t.zero_stage > 0 else "offload"
+        raise SpecError(
+            field,
+            f"{getattr(t, field)} with --framework unsloth: Unsloth runs no ZeRO / FSDP "
+            "sharding or optimizer offload on one GPU; allowed: --zero-stage 0 --offload none, "
+            "or --framework hf-trainer / deepspeed",
         )
 
 

@@ -25,6 +25,7 @@ from trainmem.analytic.transforms.lora import LoraFirstLayer
 from trainmem.analytic.transforms.optimizer import Optimizer
 from trainmem.analytic.transforms.pipelining import Pipeline
 from trainmem.analytic.transforms.quantized import QuantizedBase
+from trainmem.analytic.transforms.unsloth import UnslothOffloadedCheckpointing
 
 ORDER: tuple[type[Transform], ...] = (
     DeepSpeedZero,
@@ -35,6 +36,7 @@ ORDER: tuple[type[Transform], ...] = (
     Fsdp2PostBackward,
     FsdpUnderPipeline,
     ActivationOffloading,
+    UnslothOffloadedCheckpointing,
     QuantizedBase,
     Pipeline,
     TrainingLoop,

@@ -1,0 +1,118 @@
+"""``--framework unsloth``: Unsloth 2026.3.5 (tag March-2026) with unsloth_zoo 2026.3.4 on one
+GPU. Bytes derived by hand from that code: unsloth_zoo training_utils.py
+``prepare_model_for_training`` (LoRA A / B upcast to fp32, embeddings / norms / head left in
+the 16-bit model dtype), gradient_checkpointing.py ``UnslothCheckpointFunction`` and
+``initialize_unsloth_gradient_checkpointing`` (Note [Unsloth's offloaded gradient
+checkpointing])."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from trainmem.analytic.activation_shapes import compute_and_residual_bytes
+from trainmem.analytic.tensor_states import tensor_states
+from trainmem.analytic.transforms.unsloth import unsloth_buffer_bytes, unsloth_offloads_inputs
+from trainmem.errors import SpecError
+from trainmem.estimate import estimate
+from trainmem.schedule import Item, Repeat, _format_index
+from trainmem.specs.hf import load_model_spec
+from trainmem.specs.training import TrainingConfig
+
+QLORA = {"lora_rank": 16, "quantize_base": "nf4", "seq_len": 2048, "micro_batch_size": 2}
+
+
+def _unsloth(**kw: object) -> TrainingConfig:
+    return TrainingConfig(framework="unsloth", **{**QLORA, **kw})  # type: ignore[arg-type]
+
+
+def test_defaults_are_unsloths_and_an_explicit_setting_wins() -> None:
+    t = _unsloth()
+    # dtype=None -> bf16; notebooks' optim="adamw_8bit"; use_gradient_checkpointing="unsloth"
+    assert (t.precision, t.optimizer, t.activation_checkpointing) == (
+        "bf16-true",
+        "adamw-8bit",
+        "full",
+    )
+    given = _unsloth(precision="16-true", optimizer="adamw", activation_checkpointing="none")
+    assert (given.precision, given.optimizer, given.activation_checkpointing) == (
+        "16-true",
+        "adamw",
+        "none",
+    )
+    plain = TrainingConfig()
+    assert (plain.optimizer, plain.activation_checkpointing) == ("adamw", "none")
+
+
+def test_adapters_fp32_while_embeddings_and_the_stream_stay_16_bit() -> None:
+    llama = load_model_spec("llama-2-7b")
+    t = _unsloth(lora_targets=("q",))
+    assert not t.kbit_fp32_upcast  # not peft's prepare_model_for_kbit_training
+    assert compute_and_residual_bytes(t) == (2, 2)
+    states = {s.name: s for s in tensor_states(llama, t)}
+    assert states["embedding/tokens"].param_bytes == 2 * 32000 * 4096
+    # lora_A of q: r x h = 16 x 4096 fp32 (``upcast = True`` for ".lora_A." names)
+    lora = [s for s in states.values() if s.trainable and s.numel == 16 * 4096]
+    assert lora and all(s.param_bytes == 4 * 16 * 4096 for s in lora)
+
+
+def test_buffer_sizes_and_when_inputs_leave_for_the_cpu() -> None:
+    llama = load_model_spec("llama-2-7b")
+    # torch.empty(2*256*2048, bf16) = 2,097,152 B; grown to b s h = 2 x 2048 x 4096 x 2 B
+    assert unsloth_buffer_bytes(llama, _unsloth()) == (2_097_152, 33_554_432)
+    assert unsloth_offloads_inputs(llama, _unsloth())
+    # max_seq_length < 512: plain checkpointing, nothing patched
+    assert unsloth_buffer_bytes(llama, _unsloth(seq_len=511)) == (0, 0)
+    assert not unsloth_offloads_inputs(llama, _unsloth(seq_len=511))
+    # 1 x 512 x 2048 = 1,048,576 elements is not more than MINIMUM_SIZE = 2 MiB // 2: kept
+    small = load_model_spec("llama-3.2-1b")
+    assert not unsloth_offloads_inputs(small, _unsloth(seq_len=512, micro_batch_size=1))
+    assert unsloth_offloads_inputs(small, _unsloth(seq_len=513, micro_batch_size=1))
+    # other frameworks never patch it
+    hf = TrainingConfig(activation_checkpointing="full", **QLORA)  # type: ignore[arg-type]
+    assert unsloth_buffer_bytes(llama, hf) == (0, 0)
+
+
+def _walk(items: list[Item], i: int = 0) -> Iterator[tuple[str, str, int, str]]:
+    for item in items:
+        if isinstance(item, Repeat):
+            for k in range(item.count):
+                yield from _walk(list(item.body), item.index(k))
+        else:
+            yield item.action, _format_index(item.key, i), item.size_bytes, item.phase
+
+
+def test_schedule_offloads_every_layer_input_but_the_last() -> None:
+    # llama-2-7b, 32 layers, b s h = 2 x 2048 x 4096: u = 33,554,432 B per layer input
+    est = estimate("llama-2-7b", _unsloth(), simulate_allocator=False)
+    u = 33_554_432
+    setup = [op for op in _walk(list(est.schedules[0].setup)) if op[1].startswith("unsloth")]
+    assert setup[:4] == [
+        ("alloc", "unsloth_gc/buffer0", 2_097_152, "init"),  # at patch time
+        ("alloc", "unsloth_gc/buffer", u, "forward"),  # resize_ in the first forward
+        ("free", "unsloth_gc/buffer0", 2_097_152, "forward"),
+        ("free", "unsloth_gc/buffer", u, "backward"),  # swapped for layer 30's input
+    ]
+    step = list(_walk(list(est.schedules[0].step)))
+    forward_frees = [key for action, key, _, phase in step
+                     if action == "free" and phase == "forward" and key.startswith("act/")
+                     and key != "act/embedding"]  # fmt: skip
+    assert forward_frees == [f"act/{i}/0" for i in range(31)]  # not layer 31's
+    swaps = [op for op in step if op[1] == "unsloth_gc/buffer"]
+    assert len(swaps) == 2 * 31 and {op[2] for op in swaps} == {u}
+    assert swaps[0][0] == "free" and swaps[-1][0] == "alloc"  # held again after the backward
+
+
+def test_single_gpu_only() -> None:
+    with pytest.raises(SpecError, match="data_parallel_size"):
+        _unsloth(data_parallel_size=2)
+    with pytest.raises(SpecError, match="zero_stage"):
+        _unsloth(zero_stage=2)
+
+
+def test_the_traced_paths_refuse_it_naming_what_runs() -> None:
+    from trainmem.estimate import trace_unsupported_settings
+
+    refused = " ".join(trace_unsupported_settings(_unsloth()))
+    assert "framework=unsloth" in refused and "--framework hf-trainer" in refused
