@@ -92,6 +92,22 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     "accelerate-fsdp 1 gpu": {"zero_stage": 3, "framework": "accelerate-fsdp"},
     "fsdp-qlora 4": {**_DP, "zero_stage": 3, "framework": "fsdp-qlora", **_QLORA},
     "fsdp-qlora 1 gpu": {"zero_stage": 3, "framework": "fsdp-qlora", **_QLORA},
+    # fsdp_qlora's default --use_cpu_offload (FSDP1 CPUOffload(offload_params=True))
+    "fsdp-qlora 4 + cpu offload": {
+        **_DP,
+        "zero_stage": 3,
+        "framework": "fsdp-qlora",
+        **_QLORA,
+        "offload": "optimizer+params",
+    },
+    # transformers' FSDP-QLoRA: the model and bnb_4bit_quant_storage in bf16
+    "accelerate-fsdp qlora 4": {
+        **_DP,
+        "zero_stage": 3,
+        "framework": "accelerate-fsdp",
+        **_QLORA,
+        "precision": "bf16-true",
+    },
     "zero-3 + optimizer offload": {**_DP, "zero_stage": 3, "offload": "optimizer"},
     "zero-3 + optimizer+params offload": {**_DP, "zero_stage": 3, "offload": "optimizer+params"},
     "zero-2 deepspeed + offload": {

@@ -207,3 +207,22 @@ def test_accelerate_fsdp_qlora_variants_match_the_formulas(changes: dict[str, An
     analytic = estimate(QWEN2, training, engine="analytic", simulate_allocator=False)
     ratio = generic.breakdown.allocated_bytes / analytic.breakdown.allocated_bytes
     assert abs(ratio - 1) < 0.01
+
+
+def test_fsdp_qlora_cpu_offload_keeps_only_the_statistics_on_the_gpu() -> None:
+    # fsdp_qlora's default --use_cpu_offload is FSDP1's CPUOffload(offload_params=True): every
+    # flat parameter's shard (codes, norms, root, adapters) and its gradient and Adam states
+    # live on the CPU, the step runs there (Note [Offload on a traced step]); bitsandbytes'
+    # QuantState is no parameter, so the absmax statistics (2 x 2,304 B) stay on the GPU
+    # (Note [bitsandbytes statistics under sharding])
+    training = _fsdp_qlora(offload="optimizer+params")
+    generic = estimate(QWEN2, training, engine="generic", simulate_allocator=False)
+    schedule = generic.schedules[0]
+    assert sum(_setup_allocations(schedule, MemoryCategory.PARAMETER).values()) == 0
+    assert schedule.category_peak(MemoryCategory.OPTIMIZER_STATE) == 0
+    statistics = {
+        k: v
+        for k, v in _setup_allocations(schedule, MemoryCategory.BUFFER).items()
+        if k.endswith("quant_statistics")
+    }
+    assert sum(statistics.values()) == 2 * 2_304
