@@ -175,7 +175,8 @@ def test_fsdp1_allocates_on_its_streams_and_holds_rate_limited_frees() -> None:
     assert sizes[3] == {LAYER // 2, ROOT // 2}
     assert sizes[1] == {2 * LAYER, 2 * ROOT}
     assert sizes[2] == {LAYER // 2, ROOT // 2, LAYER, ROOT}
-    # the rate limiter's frees are held until it synchronises on them (two in flight): in the
-    # backward the root, the current and the prefetched layer and one freed layer not yet
-    # reusable, R + 3 L on the unshard stream, as Note [FSDP1 unshard stream pool] derives
-    assert peak[1] == 2 * ROOT + 3 * 2 * LAYER == 353_920
+    # the rate limiter's frees are held until it synchronises on them (two in flight): the
+    # root and two layer blocks at most on a 2-layer stack (the backward's first layer has no
+    # freed layer before it, its last prefetches none), R + 2 L on the unshard stream, as Note
+    # [FSDP1 unshard stream pool] derives (R + 3 L from the third layer on)
+    assert peak[1] == 2 * ROOT + 2 * 2 * LAYER == 279_680

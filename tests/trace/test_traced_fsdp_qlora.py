@@ -108,16 +108,16 @@ def test_fsdp1_flattens_float_stored_codes_by_hand_and_matches_the_formulas() ->
     }
     assert sum(statistics.values()) == 2 * 2_304
     # each layer's codes, biases and norms gathered for its forward (FULL_SHARD), in every
-    # step the schedule expands to, and freed after it; the free is pending until the rate
-    # limiter synchronises on it (Note [FSDP1 streams on the trace]): layer 0's at a later
-    # unit's gather in the forward, the last layer's at the backward's first gather
-    gathers = [ev for ev in schedule.events() if ev.size_bytes == 18_944]
-    made = [ev.module for ev in gathers if ev.action == "alloc" and ev.phase == "forward"]
+    # step the schedule expands to, and freed in it; layer 0's free is pending until the rate
+    # limiter synchronises on it (Note [FSDP1 streams on the trace]): after layer 1's gather
+    gathers = [ev for ev in schedule.events() if ev.size_bytes == 18_944 and ev.phase == "forward"]
+    made = [ev.module for ev in gathers if ev.action == "alloc"]
     assert set(made) == {LAYER.format(0), LAYER.format(1)}
     assert made.count(LAYER.format(0)) == made.count(LAYER.format(1))
-    freed = [ev.module for ev in gathers if ev.action == "free" and ev.phase == "forward"]
-    assert freed == [LAYER.format(0)] * made.count(LAYER.format(0))
-    assert sum(ev.action == "free" for ev in gathers) == sum(ev.action == "alloc" for ev in gathers)
+    assert len(made) == sum(ev.action == "free" for ev in gathers)
+    order = [(ev.action, ev.module) for ev in gathers][:4]
+    assert order == [("alloc", LAYER.format(0)), ("alloc", LAYER.format(1)),
+                     ("free", LAYER.format(0)), ("free", LAYER.format(1))]  # fmt: skip
     ratio = generic.breakdown.allocated_bytes / analytic.breakdown.allocated_bytes
     assert abs(ratio - 1) < 0.01
 

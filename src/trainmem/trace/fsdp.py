@@ -360,7 +360,7 @@ class _FSDP1Streams(StreamTags):
             recorder.release(block)
 
     def release_all(self) -> None:
-        """The backward is over: every held free is done by the optimizer step."""
+        """A pass is over: every held free is done (Note [FSDP1 streams on the trace])."""
         for frees in self.held.values():
             for recorder, block in frees:
                 recorder.release(block)
@@ -394,8 +394,14 @@ def fsdp1_streams(root: Any) -> Iterator[None]:
         oldest and synchronises on it before its all-gather. As the formulas assume (the GPU
         runs behind the CPU), such a block is not reusable until the limiter has synchronised
         on its event: the recorder holds its free back until ``_unshard`` dequeues that event,
-        or the backward's final callback (``_post_backward_final_callback``) is over. The
-        held block counts as allocated until then, as the formulas' pending block does.
+        or the layer stack's pass ends (the last layer's forward returns, the backward's
+        final callback ``_post_backward_final_callback`` is over), where the formulas'
+        pending blocks end too (the prefetched layer's at ``stack.post_forward``, Note [FSDP1
+        unshard stream pool]'s third block at ``stack.post_backward``). A held block counts
+        as allocated until then, as the formulas' pending block does: both engines'
+        allocated bytes include the pending frees that torch's ``max_memory_allocated``
+        leaves out (a caching-allocator block freed with stream uses stops counting at
+        once); they set the pool's size, the reserved bytes.
 
         Not tagged: HSDP's all-reduce stream (``_all_reduce_stream``), which the formulas do
         not model either.
@@ -438,10 +444,19 @@ def fsdp1_streams(root: Any) -> Iterator[None]:
 
     runtime._reshard, runtime._post_backward_final_callback = limited_reshard, final_callback
     queue.enqueue, queue._dequeue = queued, dequeued
+    from trainmem.trace.lora import layer_stack
+
+    def stack_end(*_: Any) -> None:
+        if torch._C._current_graph_task_id() == -1:  # not a recomputation in the backward
+            tags.release_all()
+
+    _, layers = layer_stack(root)
+    forward_end = layers[-1].register_forward_hook(stack_end)
     try:
         with stream_tags(tags):
             yield
     finally:
+        forward_end.remove()
         runtime._reshard, runtime._post_backward_final_callback = reshard, final
         queue.enqueue, queue._dequeue = enqueue, dequeue
 

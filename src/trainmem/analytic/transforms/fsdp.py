@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from trainmem.analytic.buffers import reduce_scatter_layer_bytes
 from trainmem.analytic.transforms.base import (
     Emitted,
     Group,
@@ -96,6 +97,68 @@ def fsdp1_adapter_unit_prefetch(ctx: RankContext) -> bool:
     )
 
 
+_ATTENTION_TENSORS = frozenset({"q", "k", "v", "o", "qkv", "q_a", "q_b", "kv_a", "kv_b", "vector"})
+_DOWN_PROJECTIONS = frozenset({"down", "shared_down", "experts_down"})
+
+
+def _view_place(name: str) -> str:
+    """Where the layer's backward makes the gradient of the tensor ``name``
+    (:func:`~trainmem.analytic.params.linear_shapes`' names, ``vector`` for norms and biases):
+    ``"down"`` the MLP's output projection (the first to run, beside the MLP's transients),
+    ``"mlp"`` the rest of the MLP, ``"attention"`` the attention's linears, the norms and the
+    biases."""
+    if name in _ATTENTION_TENSORS:
+        return "attention"
+    return "down" if name in _DOWN_PROJECTIONS else "mlp"
+
+
+def fsdp1_flat_layer_grads(ctx: RankContext) -> bool:
+    """Whether a trainable layer unit's gradient is FSDP1's flat-parameter gradient, made at the
+    layer's end (Note [FSDP1 flat gradient of a layer unit]): FSDP1 with
+    ``use_orig_params=False`` (accelerate's FSDP, fsdp_qlora, torchtune before 0.3: the
+    frameworks of :func:`~trainmem.analytic.transforms.sharding.fsdp1_unshard_pool_units`)
+    sharding a full fine-tune's layers (ZeRO-2/3 over more than one rank), reduced every
+    micro-batch (no ``no_sync``, no pipelining).
+
+    Note [FSDP1 flat gradient of a layer unit]
+        With ``use_orig_params=False`` a unit's module parameters are views of its unsharded
+        flat parameter, made by one ``split`` and a ``view`` each (torch 2.13 distributed/fsdp/
+        _flat_param.py ``_get_unflat_views_unaligned``, ``_use_unsharded_views``), so autograd
+        makes each weight's gradient where its op's backward runs (the MLP's in the MLP's
+        backward, the attention's and the norms' after it), unsharded in the unsharded
+        parameter's dtype, and buffers them until the split's backward concatenates them into
+        the flat gradient (``split_with_sizes_backward``: ``at::cat``), at the layer's end:
+        then the views' gradients and their concatenation are alive together and the views'
+        are freed. The flat parameter's ``AccumulateGrad`` post-hook (_runtime_utils.py
+        ``_post_backward_hook``) then reduce-scatters it under the post-backward stream: this
+        rank's shard in the reduce dtype (``_get_reduce_scatter_tensors``: ``torch.empty_like
+        (chunks[0])``), cast to the parameter's dtype if it differs
+        (``_cast_grad_to_param_dtype``), kept as ``_saved_grad_shard`` (added into it on a
+        later micro-batch, ``_accumulate_sharded_grad``), and the unsharded gradient freed
+        (``flat_param.grad = None``). So no sharded gradient and no whole-layer unsharded
+        gradient exist during the layer's MLP backward, only the MLP weights' own. Seen in
+        torch's FSDP1 traced on fake tensors (trainmem/trace/fsdp.py): a 2-layer 256-wide
+        Qwen2 full fine-tune, 4 ranks, full checkpointing: at the peak (the first layer's MLP
+        backward) the down projection's 360,448 B gradient, where the formulas held the
+        layer's 1,476,608 B and its 369,152 B shard.
+    """
+    t = ctx.training
+    s = sharding(ctx)
+    fsdp1 = t.framework in ("fsdp-qlora", "accelerate-fsdp") or (
+        t.framework == "torchtune" and t.torchtune_release < (0, 3, 0)
+    )
+    return (
+        fsdp1
+        and not t.is_lora
+        and s.stage >= 2
+        and t.sharding_degree > 1
+        and not s.pp_fsdp
+        and not s.no_sync
+        and not s.flat_views
+        and not s.kept
+    )
+
+
 class FullyShardedDataParallel(Transform):
     """ZeRO-2/3 / FSDP buffers of one rank (sizes: :func:`.sharding.sharding`, from the rank's
     model states).
@@ -115,7 +178,8 @@ class FullyShardedDataParallel(Transform):
     name = "fsdp"
     # Note [FSDP1 backward prefetch under adapter units]: the stack's last layer run prefetches
     # nothing
-    layer_position = frozenset({"last"})
+    # Note [FSDP1 unshard stream pool]: the first layer run starts the pending block
+    layer_position = frozenset({"first", "last"})
 
     def __init__(self, ctx: RankContext) -> None:
         super().__init__(ctx)
@@ -125,6 +189,7 @@ class FullyShardedDataParallel(Transform):
         # Note [FSDP1 NO_SHARD's 16-bit copy]: a unit's gradient is made at its post-backward
         self.unit_grads = no_shard_copies(ctx.training)
         self.adapter_unit_prefetch = fsdp1_adapter_unit_prefetch(ctx)
+        self.flat_layer_grads = fsdp1_flat_layer_grads(ctx)
 
     @staticmethod
     def applies(ctx: RankContext) -> bool:
@@ -142,7 +207,7 @@ class FullyShardedDataParallel(Transform):
         s = self.sharding
         if self.unit_grads and group in ("layer", "head"):  # made at the unit's post-backward
             return []
-        if group == "layer" and s.flat_views:  # made in layer.mlp.post_backward
+        if group == "layer" and (s.flat_views or self.flat_layer_grads):  # made by the hooks
             return []
         if group == "layer" and s.pp_fsdp:  # :mod:`.fsdp_pipeline`
             return None
@@ -188,26 +253,99 @@ class FullyShardedDataParallel(Transform):
         s = self.sharding
         if not s.gather_b or self.adapter_unit_prefetch:
             return ()
-        out = [Lifetime(self._prefetch("backward"), "stack.post_backward")]
-        if s.gather_c:  # Note [FSDP1 unshard stream pool]: trainable units, one free pending
-            label = "the previous layer's gathered parameters, freed, not yet reusable"
-            bp: Phase = "backward"
-            pending = alloc(s.gather_c, Cat.TEMPORARY, bp, "gather/c", "layers", label, s.ag_stream)
-            out.append(Lifetime(pending, "stack.post_backward"))
+        if s.gather_c:  # freed at the last layer's pre-backward (:meth:`layer_pre_backward`)
+            out: list[Emitted] = [self._prefetch("backward")]
+        else:
+            out = [Lifetime(self._prefetch("backward"), "stack.post_backward")]
         return out
 
+    def _pending(self) -> Op:
+        """Note [FSDP1 unshard stream pool]: trainable units, the previous layer's block freed
+        and not yet reusable, from the first layer's post-backward (the backward's first free
+        of a layer) to the stack's end (:meth:`stack_post_backward`)."""
+        s = self.sharding
+        label = "the previous layer's gathered parameters, freed, not yet reusable"
+        bp: Phase = "backward"
+        return alloc(s.gather_c, Cat.TEMPORARY, bp, "gather/c", "layers", label, s.ag_stream)
+
+    def _pends(self) -> bool:
+        """The pending block exists: trainable units over more than one layer."""
+        return bool(self.sharding.gather_c) and self.ctx.num_layers > 1
+
+    def stack_post_backward(self, where: Where) -> Sequence[Emitted]:
+        return (free(self._pending(), "backward"),) if self._pends() else ()
+
     def layer_attention_pre_backward(self, where: Where) -> Sequence[Emitted]:
+        if self.flat_layer_grads:  # the rest of the MLP's, after its transients
+            return self._views("mlp")
         # Note [FSDP1 backward prefetch under adapter units]: the next layer's gathers begin in
         # this layer's attention backward (none after the stack's last layer)
         if not self.adapter_unit_prefetch or where.last_layer:
             return ()
         return (Lifetime(self._prefetch("backward"), "layer.post_backward"),)
 
+    def layer_pre_backward(self, where: Where) -> Sequence[Emitted]:
+        # Note [FSDP1 unshard stream pool]: the stack's last layer in the backward (layer 0)
+        # prefetches no unit (none ran its post-forward before it), so its pre-backward finds
+        # the prefetched block free: the current layer and the pending one remain
+        if self.sharding.gather_c and where.last_layer:
+            return (free(self._prefetch("backward"), "backward"),)
+        return ()
+
     def layer_pre_forward(self, where: Where) -> Sequence[Emitted]:
         return (kept_op(self.sharding, "forward"),) if self.sharding.kept else ()
 
+    def _views(self, place: str) -> list[Op]:
+        """Note [FSDP1 flat gradient of a layer unit]: the gradients of the layer's views made
+        at ``place`` (:func:`_view_place`), unsharded in the reduce dtype."""
+        ctx = self.ctx
+        states = [s for s in ctx.layer_states if s.trainable and _view_place(s.name) == place]
+        key = place
+        return [
+            alloc(
+                reduce_scatter_layer_bytes([s], ctx.training),
+                Cat.TEMPORARY,
+                "backward",
+                f"view_grad/{key}/{n}",
+                "layers.{i}",
+                "a weight's unsharded gradient before autograd concatenates the layer's",
+            )
+            for n, s in enumerate(states)
+        ]
+
+    def layer_attention_post_backward(self, where: Where) -> Sequence[Emitted]:
+        return self._views("attention") if self.flat_layer_grads else ()
+
+    def _flat_layer_gradient(self, where: Where) -> list[Emitted]:
+        """Note [FSDP1 flat gradient of a layer unit]: the concatenation, the views freed, the
+        reduce-scatter's shard (cast to the gradient's dtype, or added into the kept shard), the
+        concatenation freed."""
+        ctx, s = self.ctx, self.sharding
+        bp: Phase = "backward"
+        flat = alloc(
+            s.reduce, Cat.TEMPORARY, bp, "flat_grad", "layers.{i}",
+            "the layer's flat unsharded gradient before its reduce-scatter",
+        )  # fmt: skip
+        views = self._views("down") + self._views("mlp") + self._views("attention")
+        out: list[Emitted] = [flat, *(free(op, bp) for op in views)]
+        grads = gradient_ops(ctx, ctx.layer_states, bp, "{i}", "layers.{i}")
+        shard = sum(op.size_bytes for op in grads)
+        reduced = -(-s.reduce // ctx.training.sharding_degree)
+        if reduced != shard or not where.new_grads:  # a shard in the reduce dtype first
+            label = "the reduce-scatter's output, before it is cast or added to the gradient"
+            tmp = alloc(reduced, Cat.TEMPORARY, bp, "rs_out", "layers.{i}", label, s.rs_stream)
+            out += [tmp, *(grads if where.new_grads else []), free(tmp, bp)]
+        elif where.new_grads:
+            out += grads
+        out.append(free(flat, bp))
+        return out
+
     def layer_post_backward(self, where: Where) -> Sequence[Emitted]:
         out: list[Emitted] = []
+        if self._pends() and where.first_layer:
+            out.append(self._pending())
+        if self.flat_layer_grads:
+            out += self._flat_layer_gradient(where)
         if self.unit_grads and where.new_grads:  # the unit's flat gradient, cast to fp32
             out += self._grads("layer", "backward")
         if self.sharding.kept:
@@ -242,6 +380,8 @@ class FullyShardedDataParallel(Transform):
         s = self.sharding
         if s.flat_views:
             return self._flat_views(where)
+        if self.flat_layer_grads:
+            return self._views("down")
         out: list[Emitted] = []
         if where.reduce:
             out += self._reduce_ops("layer")

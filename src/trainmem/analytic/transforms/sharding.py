@@ -290,6 +290,12 @@ def fsdp1_unshard_pool_units(ctx: RankContext) -> int:
         later one) 2 and 3 blocks. The schedule keeps the root's and the current layer's
         gathers on the unshard stream for the micro-batch, the prefetched layer's over each
         stack, and for trainable units a third layer-sized block over the backward stack.
+        With trainable units the backward stack's ends hold two layer blocks, not three: its
+        first layer has no freed layer before it (the third block starts at its
+        post-backward) and its last (layer 0) prefetches none (no unit ran its post-forward
+        before layer 0's; the prefetched block is freed at its pre-backward). The trace
+        replays the same limiter on torch's FSDP1 (Note [FSDP1 streams on the trace],
+        trainmem/trace/fsdp.py): R + 2 L over a 2-layer stack, R + 3 L from 3 layers.
         Assumed: the GPU runs behind the CPU (an unsynchronised free is still pending when the
         next gather is allocated).
 
