@@ -116,3 +116,54 @@ def test_the_traced_paths_refuse_it_naming_what_runs() -> None:
 
     refused = " ".join(trace_unsupported_settings(_unsloth()))
     assert "framework=unsloth" in refused and "--framework hf-trainer" in refused
+
+
+def test_fused_cross_entropy_saves_the_input_gradient_and_no_logits() -> None:
+    # Note [Unsloth's fused cross-entropy]; llama-2-7b, t = 2 x 2048 = 4096 tokens, V 32000,
+    # h 4096, bf16 (c = r = 2)
+    from trainmem.analytic.head import head_activation_bytes
+    from trainmem.analytic.loss import (
+        loss_backward_transient_bytes,
+        loss_forward_transient_bytes,
+        loss_saved_terms,
+        unsloth_fused_loss,
+    )
+
+    llama = load_model_spec("llama-2-7b")
+    t = _unsloth()
+    assert unsloth_fused_loss(llama, t)
+    # grad_inputs = torch.empty_like(hidden_states): 2 x 4096 x 4096; the head is frozen
+    assert loss_saved_terms(llama, t, t=4096) == {"fused_grad_input": 33_554_432}
+    # one piece: the bf16 logits and their bf16 gradient (2 x 2 x 32000 x 4096) and the
+    # piece's input gradient before its copy (2 x 4096 x 4096)
+    assert loss_forward_transient_bytes(llama, t) == 524_288_000 + 33_554_432
+    assert loss_backward_transient_bytes(llama, t) == 0  # made in the forward
+    head = head_activation_bytes(llama, t)
+    assert "lm_head_input" not in head and "log_softmax" not in head
+    # a full fine-tune's head: grad_lm_head = torch.zeros_like(lm_head_weight), bf16 V x h
+    full = _unsloth(lora_rank=0, quantize_base="none")
+    assert loss_saved_terms(llama, full, t=4096) == {
+        "fused_grad_input": 33_554_432,
+        "fused_grad_lm_head": 2 * 32000 * 4096,
+    }
+    # the HF Trainer's ForCausalLMLoss on the same run: two fp32 (t, V) gradients
+    hf = TrainingConfig(precision="bf16-true", **QLORA)  # type: ignore[arg-type]
+    assert not unsloth_fused_loss(llama, hf)
+    assert loss_backward_transient_bytes(llama, hf) == 2 * 4 * 32000 * 4096
+    # trainmem's own chunked loss is another loss: not the fused one
+    assert not unsloth_fused_loss(llama, _unsloth(chunked_cross_entropy=8))
+
+
+def test_fast_rms_layernorm_final_norm() -> None:
+    # Fast_RMS_Layernorm: save_for_backward(X, W, r): X bf16 (2 h) + r fp32 (4) per token; its
+    # backward writes dX into dY: no transients
+    from trainmem.analytic.head import final_norm_backward_bytes, head_activation_bytes
+
+    llama = load_model_spec("llama-2-7b")
+    t = _unsloth()
+    assert head_activation_bytes(llama, t)["final_norm"] == (2 * 4096 + 4) * 4096
+    assert final_norm_backward_bytes(llama, t) == 0
+    hf = TrainingConfig(precision="bf16-true", **QLORA)  # type: ignore[arg-type]
+    # transformers' LlamaRMSNorm: x.float() (4 h) + rstd (4), frozen; five fp32 temporaries
+    assert head_activation_bytes(llama, hf)["final_norm"] == (4 * 4096 + 4) * 4096
+    assert final_norm_backward_bytes(llama, hf) == 5 * 4 * 4096 * 4096

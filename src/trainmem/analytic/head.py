@@ -14,6 +14,7 @@ from trainmem.analytic.activation_shapes import (
 from trainmem.analytic.loss import (
     compiled_chunked_loss,
     loss_saved_terms,
+    unsloth_fused_loss,
 )
 from trainmem.analytic.norms import litgpt_norm_weight_in_fp32, norm_saved_bytes
 from trainmem.analytic.tensor_states import quantized_lm_head
@@ -46,7 +47,11 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
             not training.compile or compiled_chunked_loss(model, training)
         )
         fp32 = litgpt_norm_weight_in_fp32(training)
-        out["final_norm"] = norm_saved_bytes(model, r, trainable=trainable, weight_in_fp32=fp32) * t
+        # Unsloth's Fast_RMS_Layernorm saves what a compiled norm keeps: its input and rstd
+        fast = unsloth_fast_final_norm(model, training)
+        out["final_norm"] = (
+            norm_saved_bytes(model, r, trainable=trainable, compiled=fast, weight_in_fp32=fp32) * t
+        )
     if model.head in ("causal-lm", "masked-lm", "seq2seq-lm"):
         out.update(_lm_head_terms(model, training, t=t))
     else:
@@ -68,8 +73,10 @@ def _lm_head_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dic
     # a frozen LM head saves no input, unless bitsandbytes quantized it (lit-gpt quantizes
     # every linear, the LM head too; HF keeps it unquantized)
     # a quantized head saves its input only where bitsandbytes' MatMul4Bit still did (< 0.43.2)
-    if not lm_head_frozen or (
-        quantized_lm_head(training) and training.quantized_matmul_saves_input
+    fused = unsloth_fused_loss(model, training)  # Note [Unsloth's fused cross-entropy]
+    if not fused and (
+        not lm_head_frozen
+        or (quantized_lm_head(training) and training.quantized_matmul_saves_input)
     ):
         out["lm_head_input"] = c * h * t
     if training.conventions.fp32_model_output:
@@ -190,6 +197,17 @@ FINAL_RMSNORM_BACKWARD_TENSORS = 5
 (Note [Final RMSNorm's backward])."""
 
 
+def unsloth_fast_final_norm(model: ModelSpec, training: TrainingConfig) -> bool:
+    """The final norm is Unsloth's ``Fast_RMS_Layernorm`` (``FrameworkConventions.
+    unsloth_fast_rms_layernorm``, LoRA on an RMSNorm model): r h + 4 saved per token, no
+    backward transients (unsloth 2026.3.5 kernels/rms_layernorm.py)."""
+    return (
+        training.conventions.unsloth_fast_rms_layernorm
+        and training.is_lora
+        and model.norm_kind == "rmsnorm"
+    )
+
+
 def final_norm_backward_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     """Bytes the final RMSNorm's backward holds at once besides what it saved, right after the
     loss's and the LM head's backward (its peak, where the vocabulary is small).
@@ -214,6 +232,7 @@ def final_norm_backward_bytes(model: ModelSpec, training: TrainingConfig) -> int
         or not model.final_norm
         or model.norm_kind != "rmsnorm"
         or not training.conventions.hf_model_code
+        or unsloth_fast_final_norm(model, training)  # ``dX = dY``: written in place
     ):
         return 0
     t = training.micro_batch_size * tokens_per_sequence(model, training)

@@ -14,6 +14,7 @@ from trainmem.analytic.activation_shapes import (
 from trainmem.memo import cached_on, per_configuration
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
+from trainmem.units import dtype_bytes
 
 
 def loss_kind(model: ModelSpec, training: TrainingConfig) -> str:
@@ -247,6 +248,69 @@ def megatron_cross_entropy(model: ModelSpec, training: TrainingConfig) -> bool:
     )
 
 
+def unsloth_fused_loss(model: ModelSpec, training: TrainingConfig) -> bool:
+    """A causal LM's cross-entropy is Unsloth's fused linear + cross-entropy
+    (``FrameworkConventions.unsloth_fused_cross_entropy``), unchunked by trainmem's own
+    ``chunked_cross_entropy`` and not replaced by ``TrainingConfig.loss``.
+
+    Note [Unsloth's fused cross-entropy]
+        unsloth 2026.3.5 models/llama.py ``CausalLM_fast_forward``: with labels and without
+        ``UNSLOTH_RETURN_LOGITS=1`` the model calls unsloth_zoo 2026.3.4
+        fused_losses/cross_entropy_loss.py ``unsloth_fused_ce_loss`` on the final norm's
+        output and the LM head's weight, and returns ``logits = EMPTY_LOGITS``. Its
+        ``UnslothFusedLoss.forward`` (an ``autograd.Function``, so nothing inside it is saved
+        by autograd):
+
+        * allocates ``grad_inputs = torch.empty_like(hidden_states)`` (r h per token) and, for
+          a trained head, ``grad_lm_head = torch.zeros_like(lm_head_weight)`` (V h in the
+          head weight's dtype), and saves them (``ctx.save_for_backward(grad_inputs,
+          grad_lm_head, ...)``); its ``backward`` returns them as they are: the loss's
+          backward makes nothing, and the hidden states (the final norm's output) are not
+          kept;
+        * splits the tokens into ``n_chunks = get_chunk_size(b, s, V)`` pieces, ``max(4 *
+          round(b s * 4 V / (0.5 * free) / 4), 1)`` with ``free`` the GPU's free memory at
+          the first call (``torch.cuda.mem_get_info``, cached): one piece unless the fp32
+          logits (4 V b s) exceed the free memory. trainmem takes one piece (when the logits
+          do not fit Unsloth chunks and the estimate is above the run);
+        * per piece runs ``torch.compile`` of ``torch.func.grad_and_value`` of
+          ``compute_fused_ce_loss`` (``F.linear`` in the head weight's dtype, then
+          ``F.cross_entropy(logits.float())``): one graph with its own backward, whose
+          inductor kernels read the 16-bit logits into the row reductions (no fp32 copy
+          written, as in Note [Compiled chunked cross-entropy]) and write the logits'
+          gradient in their dtype for the input-gradient matmul: the piece's c V logits and
+          c V gradient per token alive at once, then the piece's r h input gradient, copied
+          into ``grad_inputs`` (``grad_inputs_j[:] = chunk_grad_input``).
+
+        So per token: saved r h (+ the head's c V h once, trained), forward transients
+        2 c V + r h, backward transients none; against transformers' ``ForCausalLMLoss`` on
+        the upcast logits (the LM head's saved input c h, the saved fp32 log-softmax 4 V, the
+        logits and their fp32 copy c V + 4 V in the forward, two fp32 gradients 8 V in the
+        backward). The backward of the head's matmul is the precomputed gradient: no
+        dequantized head weight (the head is 16-bit under Unsloth) and no head input kept.
+        Not traced (Triton / CUDA); the bytes by hand in
+        tests/analytic/test_unsloth_framework.py.
+    """
+    return (
+        training.conventions.unsloth_fused_cross_entropy
+        and model.head == "causal-lm"
+        and training.chunked_cross_entropy == 0
+        and loss_kind(model, training) == "cross-entropy"
+    )
+
+
+def unsloth_fused_saved_terms(
+    model: ModelSpec, training: TrainingConfig, *, t: int
+) -> dict[str, int]:
+    """What Unsloth's fused cross-entropy saves (Note [Unsloth's fused cross-entropy]): the
+    input gradient (r h per token) and a trained head's weight gradient (V h in its dtype)."""
+    _, r = compute_and_residual_bytes(training)
+    out = {"fused_grad_input": r * model.hidden_size * t}
+    if not training.is_lora or "lm_head" in training.lora_targets:
+        w = dtype_bytes(training.weight_dtype)
+        out["fused_grad_lm_head"] = w * model.vocab_size * model.hidden_size
+    return out
+
+
 def loss_saved_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dict[str, int]:
     """What the loss on t tokens of logits saves for its backward, by term: the log-softmax
     output ``cross_entropy`` saves, fp32 after HF's / torchtune's upcast (:func:`loss_upcast`),
@@ -263,6 +327,8 @@ def loss_saved_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> d
         # saves, max's int64 indices and log's input
         e = written_out_exp_bytes(training)
         return {"log_softmax": 2 * e * v * t + (8 + e) * t}
+    if unsloth_fused_loss(model, training):
+        return unsloth_fused_saved_terms(model, training, t=t)
     if loss_in_logits_dtype(model, training):
         # the 16-bit log-softmax output and nll_loss's fp32 copy of it
         # (Note [Cross-entropy on 16-bit logits])
@@ -407,6 +473,11 @@ def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
         total = c * v * t
     elif model.head == "seq2seq-lm" and c != 4:
         total = 4 * v * chunk  # the logits are a head term (``logits_for_loss``)
+    elif unsloth_fused_loss(model, training):
+        # Note [Unsloth's fused cross-entropy]: the logits and their gradient in the logits'
+        # dtype, then the input gradient before its copy into the saved one
+        _, r = compute_and_residual_bytes(training)
+        total = 2 * c * v * t + r * model.hidden_size * t
     elif compiled_loss(model, training):
         # Note [Compiled chunked cross-entropy]: the logits are the saved ``chunk_logits``
         # themselves and the compiled upcast never writes an fp32 copy
@@ -455,6 +526,8 @@ def loss_backward_transient_bytes(model: ModelSpec, training: TrainingConfig) ->
     (torch/distributed/tensor/parallel/loss.py; seen in the trace of llama-3.2-1b, TP 2)."""
     if model.head not in ("causal-lm", "masked-lm", "seq2seq-lm"):
         return 0
+    if unsloth_fused_loss(model, training):
+        return 0  # Note [Unsloth's fused cross-entropy]: the gradients were made in forward
     t = training.micro_batch_size * output_tokens(model, training)
     c, _ = compute_and_residual_bytes(training)
     per_value = 4 if loss_upcast(model, training) else c

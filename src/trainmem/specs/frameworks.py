@@ -706,6 +706,20 @@ class FrameworkConventions:
     GPU, but the last layer's after the first step; in the backward it comes back into one
     reused GPU buffer (Note [Unsloth's offloaded gradient checkpointing],
     trainmem/analytic/transforms/unsloth.py)."""
+    unsloth_fused_cross_entropy: bool
+    """A causal LM's loss is Unsloth's fused linear + cross-entropy (unsloth_zoo 2026.3.4
+    fused_losses/cross_entropy_loss.py ``unsloth_fused_ce_loss``, called by unsloth 2026.3.5
+    models/llama.py ``CausalLM_fast_forward`` whenever labels are given and
+    ``UNSLOTH_RETURN_LOGITS`` is unset): the logits are never returned; the input gradient is
+    computed in the forward and saved (Note [Unsloth's fused cross-entropy],
+    trainmem/analytic/loss.py)."""
+    unsloth_fast_rms_layernorm: bool
+    """Under LoRA the RMSNorms are Unsloth's Triton ``Fast_RMS_Layernorm`` (unsloth 2026.3.5
+    kernels/rms_layernorm.py, called by models/llama.py ``LlamaModel_fast_forward`` /
+    ``fast_rms_layernorm``): its forward saves the input in its own dtype and the fp32 rstd
+    per row (``ctx.save_for_backward(X, W, r)``: r h + 4 per token), its backward writes the
+    input gradient into the incoming one in place (``dX = dY``, no weight gradient) and makes
+    nothing else. Applied to the final norm (the layers' run inside checkpointing)."""
     default_optimizer: str
     """The optimizer when none is given: ``adamw``; Unsloth's notebooks ``adamw-8bit``
     (``SFTConfig(optim = "adamw_8bit")``). An explicit ``optimizer`` always wins."""
@@ -789,6 +803,8 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "precisions": None,
         "default_precision": DEFAULT_PRECISION,
         "unsloth_offloaded_checkpointing": False,
+        "unsloth_fused_cross_entropy": False,
+        "unsloth_fast_rms_layernorm": False,
         "default_optimizer": "adamw",
         "default_activation_checkpointing": "none",
     }
@@ -918,6 +934,8 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             adafactor_from_transformers=True,
             trainer_default_fused_since_torch=(2, 8),
             unsloth_offloaded_checkpointing=True,
+            unsloth_fused_cross_entropy=True,
+            unsloth_fast_rms_layernorm=True,
             default_optimizer="adamw-8bit",
             default_activation_checkpointing="full",
             default_precision="bf16-true",
