@@ -180,3 +180,23 @@ def test_fsdp1_allocates_on_its_streams_and_holds_rate_limited_frees() -> None:
     # freed layer before it, its last prefetches none), R + 2 L on the unshard stream, as Note
     # [FSDP1 unshard stream pool] derives (R + 3 L from the third layer on)
     assert peak[1] == 2 * ROOT + 2 * 2 * LAYER == 279_680
+
+
+def test_accelerate_runs_the_forward_under_autocast_over_16bit_units() -> None:
+    # accelerate's native_amp wraps the forward in torch.autocast (accelerator.py
+    # prepare_model) over FSDP1's bf16 units: CUDA's autocast runs layer_norm in fp32 (its
+    # AT_FORALL_FP32 list), so phi's input LayerNorm (2 x 64 tokens, h = 64) returns a
+    # 4 B x 128 x 64 = 32,768 B fp32 tensor, which q, k and v each cast to bf16 for their
+    # matmul (2 B x 128 x 64 = 16,384 B each); without autocast it would return 16,384 B bf16
+    phi = str(MODELS_DIR / "formula" / "phi.json")
+    schedule = estimate(
+        phi, _fsdp1(precision="bf16-mixed"), engine="trace", simulate_allocator=False
+    ).schedules[0]
+    made: dict[str, list[int]] = {}
+    for ev in schedule.events():
+        if ev.phase == "forward" and ev.action == "alloc" and ".layers.0." in ev.module:
+            made.setdefault(ev.module.rsplit("layers.0.", 1)[1], []).append(ev.size_bytes)
+    assert 4 * 128 * 64 in made["input_layernorm"]
+    assert 2 * 128 * 64 not in made["input_layernorm"]
+    for proj in ("q_proj", "k_proj", "v_proj"):
+        assert made[f"self_attn.{proj}"].count(2 * 128 * 64) == 2  # its input copy, its output

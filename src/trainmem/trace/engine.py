@@ -113,11 +113,14 @@ def _maybe_float8(model: Any, training: TrainingConfig) -> None:
 
 
 def _uses_autocast(training: TrainingConfig) -> bool:
-    """torch.autocast around forward + loss: the framework's AMP, or float8 training without
-    FSDP2 (torchtitan's ``maybe_enable_amp``; with FSDP2 its MixedPrecisionPolicy casts)."""
-    from trainmem.trace.fsdp import uses_fsdp
+    """torch.autocast around forward + loss: the framework's AMP, float8 training without
+    FSDP2 (torchtitan's ``maybe_enable_amp``; with FSDP2 its MixedPrecisionPolicy casts), or
+    accelerate's ``native_amp`` over its FSDP1 units' 16-bit parameters (Note [Tracing
+    FSDP1])."""
+    from trainmem.trace.fsdp import accelerate_native_amp, uses_fsdp
 
-    return training.uses_autocast or (training.is_fp8 and not uses_fsdp(training))
+    fp8 = training.is_fp8 and not uses_fsdp(training)
+    return training.uses_autocast or fp8 or accelerate_native_amp(training)
 
 
 def _autocast_factory(training: TrainingConfig) -> Callable[[], Any] | None:

@@ -34,7 +34,10 @@ Note [Tracing FSDP1]
     ``shard_group_size``); ``use_orig_params=False``
     (accelerate's default: the optimizer steps the flat parameters); under ``*-mixed``
     ``MixedPrecision(param_dtype=reduce_dtype=buffer_dtype=<16-bit>)`` (``set_mixed_precision``)
-    and no autocast (``FrameworkConventions.autocast`` False for accelerate-fsdp); FSDP1's own
+    and the forward under autocast on top (:func:`accelerate_native_amp`: accelerate's
+    ``native_amp``; ``FrameworkConventions.autocast`` stays False for accelerate-fsdp: the
+    parameters are 16-bit, the residual stream too, but CUDA's fp32 ops, LayerNorm, ``pow``,
+    softmax, run in fp32 and their 16-bit consumers cast again); FSDP1's own
     defaults for prefetching (``BACKWARD_PRE``) and ``limit_all_gathers``. The module paths
     drop FSDP1's ``_fsdp_wrapped_module`` segments (:func:`~trainmem.trace.module_paths.
     clean_module_path`), so the traced stream names the layers as the unwrapped model does.
@@ -120,6 +123,21 @@ def fake_process_group(world_size: int) -> Iterator[Any]:
         yield init_device_mesh("cpu", (world_size,))
     finally:
         dist.destroy_process_group()
+
+
+def accelerate_native_amp(training: TrainingConfig) -> bool:
+    """accelerate runs the model's forward under ``torch.autocast`` for ``*-mixed`` (accelerator.py
+    ``prepare_model``: ``native_amp`` wraps ``model.forward`` in
+    ``get_mixed_precision_context_manager`` before the FSDP1 wrap), on top of FSDP1's
+    ``MixedPrecision`` casting the units' parameters (Note [Tracing FSDP1]).
+
+    Args:
+        training: framework and precision.
+
+    Returns:
+        ``framework == "accelerate-fsdp"`` under a ``*-mixed`` precision (not float8).
+    """
+    return training.framework == "accelerate-fsdp" and training.is_mixed and not training.is_fp8
 
 
 def shard_model(
@@ -248,9 +266,11 @@ def _steady_state_views(root: Any) -> None:
         sees fp32 (an fp32 copy of the 16-bit input) and every later pass, the first step's
         checkpoint recompute included, bf16 (no copy). Under activation checkpointing the
         trace's warm-up then fails non-reentrant checkpointing's metadata check (the
-        forward saved fp32, the recompute bf16; a real first step runs under accelerate's
-        ``native_amp`` autocast, accelerator.py ``prepare_model``, whose matmul casts save
-        bf16 in both passes; the trace runs none, ``FrameworkConventions.autocast``). The
+        forward saved fp32, the recompute bf16, when the trace ran no autocast; a real first
+        step runs under accelerate's ``native_amp`` autocast, accelerator.py
+        ``prepare_model``, whose matmul casts save bf16 in both passes, as the trace's does
+        now, :func:`accelerate_native_amp`, but the warm-up's fp32 input copies would still
+        differ from the recorded step's). The
         recorded step is the steady state, in which the views are bf16 in both passes;
         each unit is unsharded and resharded once here as in a forward, so the warm-up
         runs as every later step does: FSDP1's own
