@@ -167,3 +167,39 @@ def test_fast_rms_layernorm_final_norm() -> None:
     # transformers' LlamaRMSNorm: x.float() (4 h) + rstd (4), frozen; five fp32 temporaries
     assert head_activation_bytes(llama, hf)["final_norm"] == (4 * 4096 + 4) * 4096
     assert final_norm_backward_bytes(llama, hf) == 5 * 4 * 4096 * 4096
+
+
+ALL_LINEAR = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+def test_fast_lora_casts_adapters_not_inputs() -> None:
+    # Note [Unsloth's fast LoRA]: matmul_lora's ``X @ A.to(dtype)``; peft's fp32 adapters
+    # would save x.to(float32) of each targeted linear's input instead
+    from trainmem.analytic.activations import layer_activation_terms
+    from trainmem.analytic.lora import unsloth_fast_lora
+
+    llama = load_model_spec("llama-2-7b")
+    fast = _unsloth(lora_targets=ALL_LINEAR)
+    assert unsloth_fast_lora(fast)
+    assert not unsloth_fast_lora(_unsloth())  # q, v only: peft's forward (no kernel group)
+    assert not unsloth_fast_lora(_unsloth(lora_targets=ALL_LINEAR, lora_dropout=0.05))
+    ours = layer_activation_terms(llama, fast)
+    assert not any(k.endswith("_input_cast") for k in ours)
+    peft = layer_activation_terms(llama, _unsloth(lora_targets=ALL_LINEAR, lora_dropout=0.0001))
+    assert peft["lora/q_input_cast"] == 4 * 4096 * 4096  # fp32 x of 4,096 tokens
+
+
+def test_dequantized_weights_go_into_one_kept_buffer() -> None:
+    # fast_dequantize(..., use_global_buffer=True): WEIGHT_BUFFER of the largest weight
+    # (gate / up / down: 11008 x 4096 bf16) and ABSMAX_BUFFER (fp32, one per 64 values)
+    est = estimate("llama-2-7b", _unsloth(lora_targets=ALL_LINEAR), simulate_allocator=False)
+    setup = [op for op in _walk(list(est.schedules[0].setup)) if op[1].startswith("unsloth/")]
+    assert setup == [
+        ("alloc", "unsloth/WEIGHT_BUFFER", 2 * 11008 * 4096, "forward"),
+        ("alloc", "unsloth/ABSMAX_BUFFER", 4 * 11008 * 4096 // 64, "forward"),
+    ]
+    step = list(_walk(list(est.schedules[0].step)))
+    dequant = [op for op in step if op[1] == "dequant" and op[0] == "alloc"]
+    # forward: none (the buffer); backward: a fresh one per layer for the input gradient
+    assert {op[3] for op in dequant} == {"backward"} and len(dequant) == 32
+    assert {op[2] for op in dequant} == {2 * 11008 * 4096}

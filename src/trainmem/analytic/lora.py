@@ -192,6 +192,44 @@ BNB_4BIT = ("nf4", "nf4-dq", "fp4", "fp4-dq")
 """bitsandbytes 4-bit bases (``Linear4bit`` / ``Params4bit``)."""
 
 
+UNSLOTH_FAST_LORA_TARGETS = frozenset(("q", "k", "v", "o", "gate", "up", "down"))
+"""The linears whose adapters Unsloth's kernels take together (``LoRA_QKV``: q, k, v;
+``LoRA_MLP``: gate, up, down; ``LoRA_W``: o), all of them: ``FastLanguageModel.
+get_peft_model``'s default ``target_modules``."""
+
+
+def unsloth_fast_lora(training: TrainingConfig) -> bool:
+    """Every adapter runs through Unsloth's kernels (``FrameworkConventions.
+    unsloth_fast_lora``).
+
+    Note [Unsloth's fast LoRA]
+        unsloth 2026.3.5 models/llama.py ``FastLlamaModel.patch_peft_model`` replaces the
+        MLP's forward by ``apply_lora_mlp_swiglu`` (``LoRA_MLP``) when gate, up and down all
+        have adapters and no bias, the attention's ``apply_qkv`` by ``LoRA_QKV`` when q, k and
+        v do, ``apply_o`` by ``LoRA_W`` for o; only with ``lora_dropout == 0`` and ``bias ==
+        "none"`` (peft's forward otherwise). kernels/fast_lora.py ``matmul_lora``: ``out =
+        X @ fast_dequantize(W, W_quant, use_global_buffer = True).t()``, then ``XA =
+        X @ A.to(dtype)`` and ``out.addmm_(XA, B.to(dtype))``: the fp32 adapters are cast to
+        the input's dtype (a copy of r (fan_in + fan_out) values), never the input, so no
+        ``lora/*_input_cast`` copy exists. kernels/utils.py ``fast_dequantize`` with
+        ``use_global_buffer`` writes every 4-bit weight into ``WEIGHT_BUFFERS[device]``
+        (``torch_empty(size, dtype)``, grown by ``resize_`` to the largest weight, kept) and its
+        double-quantized statistics into ``ABSMAX_BUFFERS[device]`` (fp32, one per 64
+        values): one buffer of the layer's largest weight from the first forward on, not a
+        dequantized weight made and freed per matmul. The backward's input-gradient matmuls
+        call ``fast_dequantize(W.t(), W_quant)`` without it (``LoRA_MLP.backward``: up, gate;
+        ``LoRA_QKV.backward``: q, k, v; ``LoRA_W.backward``): a fresh tensor each, freed after
+        (``del upW``), as bitsandbytes' ``MatMul4Bit`` does. Modelled when all seven linears
+        carry adapters (Unsloth's default targets) with no dropout; otherwise peft's rules.
+    """
+    return (
+        training.conventions.unsloth_fast_lora
+        and training.is_lora
+        and training.lora_dropout == 0
+        and UNSLOTH_FAST_LORA_TARGETS <= set(training.lora_targets)
+    )
+
+
 def adapter_matmul_bytes(training: TrainingConfig) -> int:
     """Bytes per element of the adapters as LoRA's forward reads them: their dtype
     (:func:`lora_adapter_dtype`), or the compute dtype where FSDP gathers them in it.
@@ -208,6 +246,8 @@ def adapter_matmul_bytes(training: TrainingConfig) -> int:
     ``_fsdp_qlora_plugin_updates``: ``fsdp_plugin.set_mixed_precision(...bnb_4bit_quant_storage,
     override=True)`` when it is a floating dtype; the model's dtype here)."""
     if training.is_mixed and training.gathered_weight_dtype == training.compute_dtype:
+        return dtype_bytes(training.compute_dtype)
+    if unsloth_fast_lora(training):  # Note [Unsloth's fast LoRA]: ``A.to(X.dtype)``
         return dtype_bytes(training.compute_dtype)
     # FSDP1's NO_SHARD casts its flat parameters under the policy too (Note [FSDP1 NO_SHARD's
     # 16-bit copy] in analytic/transforms/sharding.py)

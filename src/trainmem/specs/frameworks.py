@@ -720,6 +720,15 @@ class FrameworkConventions:
     per row (``ctx.save_for_backward(X, W, r)``: r h + 4 per token), its backward writes the
     input gradient into the incoming one in place (``dX = dY``, no weight gradient) and makes
     nothing else. Applied to the final norm (the layers' run inside checkpointing)."""
+    unsloth_fast_lora: bool
+    """LoRA runs through Unsloth's own autograd functions where ``patch_peft_model`` installs
+    them (unsloth 2026.3.5 models/llama.py: ``lora_dropout == 0`` and ``bias == "none"``;
+    ``LoRA_MLP`` when gate, up and down carry adapters, ``LoRA_QKV`` when q, k and v do,
+    ``LoRA_W`` for o; kernels/fast_lora.py): their matmuls cast A and B to the input's dtype
+    (``A.to(dtype)``), so no fp32 copy of the input exists, and the 4-bit base is
+    dequantized by ``fast_dequantize(..., use_global_buffer = True)`` into one reused
+    ``WEIGHT_BUFFER`` in the forward (kernels/utils.py) and into a fresh tensor for the input
+    gradient in the backward (Note [Unsloth's fast LoRA], trainmem/analytic/lora.py)."""
     default_optimizer: str
     """The optimizer when none is given: ``adamw``; Unsloth's notebooks ``adamw-8bit``
     (``SFTConfig(optim = "adamw_8bit")``). An explicit ``optimizer`` always wins."""
@@ -805,6 +814,7 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "unsloth_offloaded_checkpointing": False,
         "unsloth_fused_cross_entropy": False,
         "unsloth_fast_rms_layernorm": False,
+        "unsloth_fast_lora": False,
         "default_optimizer": "adamw",
         "default_activation_checkpointing": "none",
     }
@@ -936,6 +946,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             unsloth_offloaded_checkpointing=True,
             unsloth_fused_cross_entropy=True,
             unsloth_fast_rms_layernorm=True,
+            unsloth_fast_lora=True,
             default_optimizer="adamw-8bit",
             default_activation_checkpointing="full",
             default_precision="bf16-true",

@@ -17,6 +17,7 @@ from trainmem.analytic.buffers import (
     largest_base_numel,
 )
 from trainmem.analytic.head import lm_head_dequant_bytes
+from trainmem.analytic.lora import BNB_4BIT, unsloth_fast_lora
 from trainmem.analytic.mlp import EXPERT_LOOP_FAMILIES, EXPERT_LOOP_UNTIL
 from trainmem.analytic.params import linear_shapes
 from trainmem.analytic.pipeline import logits_bytes
@@ -35,6 +36,7 @@ from trainmem.schedule import Op
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.timeline import Phase
+from trainmem.units import dtype_bytes
 
 
 def _head_bytes(ctx: RankContext) -> int:
@@ -104,11 +106,25 @@ def _head_cast_bytes(ctx: RankContext) -> int:
     return dequantize_cast_bytes(numel, training)
 
 
+def unsloth_dequant_buffers(ctx: RankContext) -> tuple[int, int]:
+    """Bytes of Unsloth's ``WEIGHT_BUFFER`` (the layer's largest 4-bit weight in the compute
+    dtype) and ``ABSMAX_BUFFER`` (its statistics in fp32, one per 64 values), kept from the
+    first forward on (Note [Unsloth's fast LoRA] in trainmem/analytic/lora.py); (0, 0) where
+    its kernels do not run."""
+    t = ctx.training
+    if not unsloth_fast_lora(t) or t.quantize_base not in BNB_4BIT:
+        return 0, 0
+    largest = largest_base_numel(ctx.layer_states, t)
+    return dtype_bytes(t.compute_dtype) * largest, 4 * -(-largest // 64)
+
+
 class QuantizedBase(Transform):
     """The dequantized weights of a quantized base: per layer at ``layer.forward`` and
     ``layer.backward`` (made and freed), the LM head's from ``head.forward`` to
     ``head.post_forward`` and again at ``head.backward`` (``head.post_backward`` under an fp32
-    model output, Note [Quantized head after the loss's backward]).
+    model output, Note [Quantized head after the loss's backward]). Under Unsloth's kernels the
+    forward's go into its two buffers, made at the warm-up step's start and kept
+    (:func:`unsloth_dequant_buffers`).
 
     Note [Quantized head after the loss's backward]
         lit-gpt's quantized head under Fabric's fp32 output (``_FabricModule.forward`` ->
@@ -141,6 +157,7 @@ class QuantizedBase(Transform):
         # Note [Quantized head after the loss's backward]
         fp32_output = ctx.training.conventions.fp32_model_output
         self.after_loss = logits_bytes(ctx.model, ctx.training) if self.head and fp32_output else 0
+        self.buffers = unsloth_dequant_buffers(ctx)
 
     @staticmethod
     def applies(ctx: RankContext) -> bool:
@@ -166,7 +183,18 @@ class QuantizedBase(Transform):
         label = "the LM head's dequantized weight before its cast"
         return alloc(self.head_cast, Cat.TEMPORARY, phase, "dequant/head_fp16", "head", label)
 
+    def step_begin(self, where: Where) -> Sequence[Emitted]:
+        if not where.first_step or not self.buffers[0]:
+            return ()
+        names = ("WEIGHT_BUFFER", "ABSMAX_BUFFER")
+        return [
+            alloc(size, Cat.BUFFER, "forward", f"unsloth/{name}", "", f"Unsloth's {name}")
+            for name, size in zip(names, self.buffers, strict=True)
+        ]
+
     def layer_forward(self, where: Where) -> Sequence[Emitted]:
+        if self.buffers[0]:  # written into Unsloth's WEIGHT_BUFFER
+            return ()
         return self._layer("forward")
 
     def layer_backward(self, where: Where) -> Sequence[Emitted]:
