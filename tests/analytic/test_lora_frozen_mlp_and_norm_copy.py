@@ -70,7 +70,7 @@ def test_first_norm_copy_is_recomputed_on_a_16_bit_residual_stream() -> None:
     assert terms["attention/norm"] == (4 * H + 2 * H + 4) * T
     assert _recomputed_per_layer(est) == sum(terms.values())
     # bf16-mixed: the fp32 residual's to(float32) is the kept input itself (4 h t not made
-    # again); autocast's weight copies are recomputed under their own key ("wcopy/re")
+    # again); autocast's weight copies are recomputed under their own keys ("wcopy/re/<n>")
     est = _estimate(precision="bf16-mixed", activation_checkpointing="full")
     terms = est.details["activation_terms_per_layer_bytes"]
     copies = terms["autocast_weight_copies"]

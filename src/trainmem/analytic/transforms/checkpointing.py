@@ -43,11 +43,16 @@ class LayerPlan(NamedTuple):
         dropped: allocated and freed in the forward, recomputed in the backward.
         weight_copy: autocast's cached 16-bit weight copies held until the autocast region
             exits (under checkpointing), bytes; 0 otherwise.
+        frozen_copy: under checkpointing, autocast's 16-bit copies of the frozen weights
+            (LoRA's base), bytes: not cached (``autocast_cached_weight_bytes``), so each is
+            made and dropped in its linear's forward, made again by the recompute and saved
+            by its linear until that linear's backward; 0 otherwise.
     """
 
     saved: Blocks
     dropped: Blocks
     weight_copy: int
+    frozen_copy: int = 0
 
 
 def _saved_and_dropped(ctx: RankContext) -> tuple[dict[str, int], dict[str, int]]:
@@ -121,9 +126,11 @@ def layer_plan(ctx: RankContext) -> LayerPlan:
     if t.activation_checkpointing == "full":
         _full_recompute(ctx, dropped)
     copy = autocast_cached_weight_bytes(ctx.model, t) if layer_is_checkpointed(t) else 0
+    frozen = 0
     if copy:  # autocast's cache holds them (Note [Analytic step schedule])
-        dropped.pop(WEIGHT_COPIES, None)
-    out = LayerPlan(term_blocks(ctx, saved), term_blocks(ctx, dropped), copy)
+        copies = dropped.pop(WEIGHT_COPIES, 0)
+        frozen = max(copies - copy, 0) if t.is_lora else 0  # LayerPlan.frozen_copy
+    out = LayerPlan(term_blocks(ctx, saved), term_blocks(ctx, dropped), copy, frozen)
     ctx.memo["layer_plan"] = out
     return out
 

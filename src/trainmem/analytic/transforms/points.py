@@ -23,7 +23,9 @@ In step order:
 * ``head.post_backward``: the head's weight gradients exist;
 * ``stack.pre_backward`` / ``stack.post_backward``: around the backward through the layers;
 * ``layer.pre_backward``, ``layer.backward`` (recomputation done), ``layer.mlp.pre_backward``,
-  ``layer.mlp.post_backward`` (the MLP's gradients exist), ``layer.attention.pre_backward``,
+  ``layer.mlp.post_backward`` (the layer's first weight gradient, its MLP's down
+  projection's, exists, or all of them where a transform makes them; Note [Gradients where
+  their linear's backward runs]), ``layer.attention.pre_backward``,
   ``layer.attention.post_backward``, ``layer.post_backward``: one layer's backward;
 * ``embedding.pre_backward``, ``embedding.backward``, ``embedding.post_backward`` (its
   gradients exist): the embedding's backward;
