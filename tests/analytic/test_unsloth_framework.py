@@ -203,3 +203,23 @@ def test_dequantized_weights_go_into_one_kept_buffer() -> None:
     # forward: none (the buffer); backward: a fresh one per layer for the input gradient
     assert {op[3] for op in dequant} == {"backward"} and len(dequant) == 32
     assert {op[2] for op in dequant} == {2 * 11008 * 4096}
+
+
+def test_kernels_save_x_e_g_and_fast_norms_their_input() -> None:
+    # LoRA_MLP: save_for_backward(..., X, e, g): e, g are 2 x (2 x 11008) per token of 4,096;
+    # h (the SwiGLU output, down's input) is remade in backward; no X @ A kept; each
+    # Fast_RMS_Layernorm saves X (2 x 4096) and rstd (4) per token
+    from trainmem.analytic.activations import layer_activation_terms
+
+    llama = load_model_spec("llama-2-7b")
+    ours = layer_activation_terms(llama, _unsloth(lora_targets=ALL_LINEAR))
+    assert ours["mlp/gated"] == 2 * 2 * 11008 * 4096
+    assert ours["mlp/down_input"] == 0
+    assert ours["lora/q"] == ours["lora/down"] == 0
+    assert ours["attention/norm"] == ours["mlp/norm"] == (2 * 4096 + 4) * 4096
+    # peft's modules and transformers' RMSNorm on the same run (the HF Trainer)
+    hf = TrainingConfig(precision="bf16-true", **{**QLORA, "lora_targets": ALL_LINEAR})  # type: ignore[arg-type]
+    theirs = layer_activation_terms(llama, hf)
+    assert theirs["mlp/gated"] == 3 * 2 * 11008 * 4096  # gate's, act's and up's outputs
+    assert theirs["lora/q"] == 4 * 16 * 4096  # A's fp32 output, saved by B
+    assert theirs["attention/norm"] == (4 * 4096 + 4) * 4096  # x.float() and rstd

@@ -16,7 +16,11 @@ from trainmem.analytic.loss import (
     loss_saved_terms,
     unsloth_fused_loss,
 )
-from trainmem.analytic.norms import litgpt_norm_weight_in_fp32, norm_saved_bytes
+from trainmem.analytic.norms import (
+    litgpt_norm_weight_in_fp32,
+    norm_saved_bytes,
+    unsloth_fast_norms,
+)
 from trainmem.analytic.tensor_states import quantized_lm_head
 from trainmem.specs.frameworks import litgpt_head_chunk_rows
 from trainmem.specs.model import ModelSpec
@@ -201,11 +205,7 @@ def unsloth_fast_final_norm(model: ModelSpec, training: TrainingConfig) -> bool:
     """The final norm is Unsloth's ``Fast_RMS_Layernorm`` (``FrameworkConventions.
     unsloth_fast_rms_layernorm``, LoRA on an RMSNorm model): r h + 4 saved per token, no
     backward transients (unsloth 2026.3.5 kernels/rms_layernorm.py)."""
-    return (
-        training.conventions.unsloth_fast_rms_layernorm
-        and training.is_lora
-        and model.norm_kind == "rmsnorm"
-    )
+    return unsloth_fast_norms(training) and model.norm_kind == "rmsnorm"
 
 
 def final_norm_backward_bytes(model: ModelSpec, training: TrainingConfig) -> int:

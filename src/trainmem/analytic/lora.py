@@ -58,6 +58,24 @@ def apply_lora(
     terms.update(dora_terms(model, training, t=t, k_top=k_top, adapter_bytes=adapter_bytes))
     if training.quantized_matmul_saves_input:
         terms.update(_adapter_input_copies(model, training, t=t, k_top=k_top))
+    if unsloth_fast_lora(training):
+        _unsloth_kernel_saves(terms, model, training, t=t)
+
+
+def _unsloth_kernel_saves(
+    terms: dict[str, int], model: ModelSpec, training: TrainingConfig, *, t: int
+) -> None:
+    """What Unsloth's LoRA kernels save instead of peft's modules, in place (Note [Unsloth's
+    fast LoRA]): no adapter output (``LoRA_W`` / ``LoRA_QKV`` / ``LoRA_MLP`` save A, B and
+    the input, and remake ``X @ A`` in backward); a dense gated MLP's ``LoRA_MLP`` saves X,
+    ``e`` (gate's output) and ``g`` (up's), 2 c i per token beside X, not the activation's
+    output nor the product, which ``swiglu_DWf_DW_dfg_kernel`` remakes in backward."""
+    for key in [k for k in terms if k.startswith("lora/") and "_" not in k[5:]]:
+        terms[key] = 0
+    if model.mlp_kind == "gated" and model.num_experts == 1 and "mlp/gated" in terms:
+        c, _ = compute_and_residual_bytes(training)
+        terms["mlp/gated"] = 2 * c * model.intermediate_size * t
+        terms["mlp/down_input"] = 0
 
 
 def _adapter_input_copies(
@@ -219,7 +237,12 @@ def unsloth_fast_lora(training: TrainingConfig) -> bool:
         dequantized weight made and freed per matmul. The backward's input-gradient matmuls
         call ``fast_dequantize(W.t(), W_quant)`` without it (``LoRA_MLP.backward``: up, gate;
         ``LoRA_QKV.backward``: q, k, v; ``LoRA_W.backward``): a fresh tensor each, freed after
-        (``del upW``), as bitsandbytes' ``MatMul4Bit`` does. Modelled when all seven linears
+        (``del upW``), as bitsandbytes' ``MatMul4Bit`` does. What the kernels save
+        (``ctx.save_for_backward``): ``LoRA_QKV`` X and the adapters, ``LoRA_W`` X and the
+        adapters, ``LoRA_MLP`` the adapters, X, ``e = gate(X)`` and ``g = up(X)``; the
+        SwiGLU output ``h`` (kernels/swiglu.py ``swiglu_fg_kernel``) is freed after the down
+        matmul and remade in backward in place (``swiglu_DWf_DW_dfg_kernel(DW, e, g)``), and
+        no ``X @ A`` is kept (remade for the B gradient). Modelled when all seven linears
         carry adapters (Unsloth's default targets) with no dropout; otherwise peft's rules.
     """
     return (

@@ -68,13 +68,25 @@ def litgpt_norm_weight_in_fp32(training: TrainingConfig) -> bool:
     )
 
 
+def unsloth_fast_norms(training: TrainingConfig) -> bool:
+    """The RMSNorms are Unsloth's ``Fast_RMS_Layernorm`` (``FrameworkConventions.
+    unsloth_fast_rms_layernorm``, under LoRA: ``FastLanguageModel``'s decoder layer calls
+    ``fast_rms_layernorm`` for both norms and the model for the final one, unsloth 2026.3.5
+    models/llama.py ``LlamaDecoderLayer_fast_forward``, ``LlamaModel_fast_forward``): they
+    save what a compiled norm keeps, the input in its own dtype and the fp32 rstd (r w + 4 per
+    token, ``ctx.save_for_backward(X, W, r)``, kernels/rms_layernorm.py), and write the input
+    gradient into the incoming one."""
+    return training.conventions.unsloth_fast_rms_layernorm and training.is_lora
+
+
 def norm_options(training: TrainingConfig) -> dict[str, bool]:
     """How the layer norms run: frozen (no normalised tensor saved for the weight's gradient)
-    under LoRA and under torch.compile, compiled under torch.compile, the weight multiplied in
-    fp32 by litgpt's RMSNorm (:func:`norm_saved_bytes`)."""
+    under LoRA and under torch.compile, compiled under torch.compile (and as Unsloth's
+    ``Fast_RMS_Layernorm``, :func:`unsloth_fast_norms`, which saves the same), the weight
+    multiplied in fp32 by litgpt's RMSNorm (:func:`norm_saved_bytes`)."""
     return {
         "trainable": not training.is_lora and not training.compile,
-        "compiled": training.compile,
+        "compiled": training.compile or unsloth_fast_norms(training),
         "weight_in_fp32": litgpt_norm_weight_in_fp32(training),
     }
 
