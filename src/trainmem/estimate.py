@@ -306,16 +306,16 @@ def _older_torch_step(training: TrainingConfig) -> bool:
 def _traced_hf_trainer(training: TrainingConfig) -> bool:
     """The HF Trainer on one GPU, which the traced paths run as it runs: a plain loop with its
     conventions' optimizer (``TrainingConfig.step_implementation``: ``adamw_torch_fused``
-    from torch 2.8, transformers training_args.py). Not with parallelism (its FSDP / DeepSpeed
-    are the accelerate and DeepSpeed rows) or Adafactor (transformers' own Adafactor, which the
-    trace's torch.optim does not run)."""
+    from torch 2.8, transformers training_args.py; ``adafactor``: transformers' own
+    Adafactor, ``trainmem.trace.optimizers``). Not with parallelism (its FSDP / DeepSpeed are
+    the accelerate and DeepSpeed rows)."""
     single = (
         training.data_parallel_size
         * training.tensor_parallel_size
         * training.context_parallel_size
         * training.pipeline_parallel_size
     ) == 1
-    return training.framework == "hf-trainer" and single and training.optimizer != "adafactor"
+    return training.framework == "hf-trainer" and single
 
 
 def _traced_litgpt(training: TrainingConfig) -> bool:

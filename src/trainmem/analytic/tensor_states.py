@@ -93,6 +93,7 @@ from trainmem.specs.quantization import (
     bnb_4bit_statistics_bytes,
     quantized_weight_bytes,
 )
+from trainmem.specs.ranks import fsdp1_framework
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
 
@@ -489,7 +490,15 @@ class _TensorMaker:
         full_grad = dtype_bytes(tr.grad_dtype) * local if with_grad else 0
         state = 0
         if trainable:
-            if local_out > 1 and local % local_out == 0 and local > local_out:
+            # Note [Factored states of flat parameters]
+            #     accelerate's and fsdp_qlora's FSDP1 (use_orig_params=False) hand the optimizer
+            #     each unit's 1-D FlatParameter (shard), so Adafactor keeps a full second moment
+            #     of it, not row and column vectors (transformers/optimization.py
+            #     ``_get_options``: ``factored = len(param_shape) >= 2``; torch.optim.Adafactor
+            #     likewise for a vector): one state element per trainable element. Seen in the
+            #     trace of transformers' Adafactor under FSDP1 (1024-wide Llama).
+            matrix = not fsdp1_framework(training)
+            if matrix and local_out > 1 and local % local_out == 0 and local > local_out:
                 shape = [(local // local_out, local_out, 1)]
                 state = optimizer_state_bytes(tr, shape, 0)
             else:

@@ -1493,7 +1493,12 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
 
     @property
     def optimizer_state_dtype(self) -> str:
-        """Dtype of the optimizer's moments (fp32 beside master weights)."""
+        """Dtype of the optimizer's moments (fp32 beside master weights), the weights' otherwise;
+        fp32 for transformers' Adafactor, which upcasts a 16-bit gradient before making its
+        states from it (transformers/optimization.py ``Adafactor.step``: ``grad =
+        grad.float()``, then ``torch.zeros(...).to(grad)`` / ``torch.zeros_like(grad)``)."""
+        if self.optimizer == "adafactor" and self.adafactor_implementation == "transformers":
+            return "float32"
         return "float32" if self.master_weights else self.weight_dtype
 
     @property

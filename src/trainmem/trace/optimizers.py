@@ -59,10 +59,23 @@ def build_optimizer(params: Iterable[Any], training: TrainingConfig) -> Any:
         from trainmem.trace.course_model import CourseAdamW
 
         return CourseAdamW(params, lr=1e-4)
+    if training.optimizer == "adafactor" and training.adafactor_implementation == "transformers":
+        return _transformers_adafactor(params)
     if row.torch_optim is None:
         raise UnsupportedError(row.untraceable)
     cls = getattr(torch.optim, row.torch_optim)
     return cls(params, **row.torch_kwargs, **_impl_kwargs(training, fused_ok=row.torch_fused))
+
+
+def _transformers_adafactor(params: list[Any]) -> Any:
+    """transformers' own ``Adafactor`` (transformers/optimization.py; plain torch ops, so it runs
+    on fake tensors as it is), with the HF Trainer's ``optim="adafactor"`` arguments
+    (trainer.py ``get_optimizer_cls_and_kwargs``: ``scale_parameter=False,
+    relative_step=False``): the run of ``TrainingConfig.adafactor_implementation``
+    ``transformers`` (the HF Trainer, accelerate, torch < 2.5)."""
+    from transformers.optimization import Adafactor
+
+    return Adafactor(params, lr=1e-3, scale_parameter=False, relative_step=False)
 
 
 EMA_DECAY = 0.9999
