@@ -602,7 +602,9 @@ def estimate(
             extra.
         cuda_context_bytes: memory outside the allocator; default per
             :mod:`trainmem.specs.hardware`.
-        alloc_conf: ``PYTORCH_CUDA_ALLOC_CONF`` for the caching-allocator simulator.
+        alloc_conf: ``PYTORCH_CUDA_ALLOC_CONF`` for the caching-allocator simulator; empty:
+            the framework's (``FrameworkConventions.default_alloc_conf``: Unsloth's expandable
+            segments), else torch's defaults.
         simulate_allocator: replay the step through the allocator simulator (reserved memory,
             the out-of-memory verdict); False is the planner's fast path (reserved = allocated).
         lean: for a sweep's row (the planner's): the analytic engine fills its step schedules
@@ -623,6 +625,9 @@ def estimate(
     _validate_arguments(model, training, engine, cuda_context_bytes, alloc_conf)
     if training is None:
         training = TrainingConfig(seq_len=default_seq_len_of(model))
+    if not alloc_conf:  # the framework's (Unsloth's expandable segments); a given one wins
+        torch = parse_version("torch_version", training.torch_version)
+        alloc_conf = training.conventions.default_alloc_conf(torch)
     est = _dispatch(
         model, training, gpu, engine, cuda_context_bytes, alloc_conf, simulate_allocator, lean
     )

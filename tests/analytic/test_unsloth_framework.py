@@ -150,8 +150,13 @@ def test_fused_cross_entropy_saves_the_input_gradient_and_no_logits() -> None:
     hf = TrainingConfig(precision="bf16-true", **QLORA)  # type: ignore[arg-type]
     assert not unsloth_fused_loss(llama, hf)
     assert loss_backward_transient_bytes(llama, hf) == 2 * 4 * 32000 * 4096
-    # trainmem's own chunked loss is another loss: not the fused one
-    assert not unsloth_fused_loss(llama, _unsloth(chunked_cross_entropy=8))
+    # and a piece's V h weight gradient before grad_lm_head.add_ (2 x 32000 x 4096)
+    assert loss_forward_transient_bytes(llama, full) == 524_288_000 + 33_554_432 + 262_144_000
+    # --chunked-cross-entropy 8 is UNSLOTH_CE_LOSS_N_CHUNKS=8: 512 tokens a piece
+    pieces = _unsloth(chunked_cross_entropy=8)
+    assert unsloth_fused_loss(llama, pieces)
+    assert loss_forward_transient_bytes(llama, pieces) == (2 * 2 * 32000 + 2 * 4096) * 512
+    assert loss_backward_transient_bytes(llama, pieces) == 0
 
 
 def test_fast_rms_layernorm_final_norm() -> None:
@@ -223,3 +228,21 @@ def test_kernels_save_x_e_g_and_fast_norms_their_input() -> None:
     assert theirs["mlp/gated"] == 3 * 2 * 11008 * 4096  # gate's, act's and up's outputs
     assert theirs["lora/q"] == 4 * 16 * 4096  # A's fp32 output, saved by B
     assert theirs["attention/norm"] == (4 * 4096 + 4) * 4096  # x.float() and rstd
+
+
+def test_unsloths_allocator_settings_unless_given() -> None:
+    # unsloth_zoo/__init__.py: PYTORCH_ALLOC_CONF="expandable_segments:True" from torch 2.9,
+    # before it PYTORCH_CUDA_ALLOC_CONF with roundup_power2_divisions too; only when unset
+    from trainmem.specs.frameworks import FRAMEWORK_CONVENTIONS
+
+    row = FRAMEWORK_CONVENTIONS["unsloth"]
+    assert row.default_alloc_conf((2, 9)) == "expandable_segments:True"
+    assert row.default_alloc_conf((2, 8)) == (
+        "expandable_segments:True,roundup_power2_divisions:[32:256,64:128,256:64,>:32]"
+    )
+    assert FRAMEWORK_CONVENTIONS["hf-trainer"].default_alloc_conf((2, 9)) == ""
+    t = _unsloth(torch_version="2.9")
+    default = estimate("llama-2-7b", t).breakdown
+    given = estimate("llama-2-7b", t, alloc_conf="expandable_segments:True").breakdown
+    plain = estimate("llama-2-7b", t, alloc_conf="expandable_segments:False").breakdown
+    assert default.reserved_bytes == given.reserved_bytes != plain.reserved_bytes

@@ -164,6 +164,7 @@ def compiled_chunked_loss(model: ModelSpec, training: TrainingConfig) -> bool:
         training.compile
         and training.chunked_cross_entropy > 0
         and not training.conventions.own_model_code
+        and not training.conventions.unsloth_fused_cross_entropy
         and model.head == "causal-lm"
         and loss_kind(model, training) == "cross-entropy"
     )
@@ -250,8 +251,9 @@ def megatron_cross_entropy(model: ModelSpec, training: TrainingConfig) -> bool:
 
 def unsloth_fused_loss(model: ModelSpec, training: TrainingConfig) -> bool:
     """A causal LM's cross-entropy is Unsloth's fused linear + cross-entropy
-    (``FrameworkConventions.unsloth_fused_cross_entropy``), unchunked by trainmem's own
-    ``chunked_cross_entropy`` and not replaced by ``TrainingConfig.loss``.
+    (``FrameworkConventions.unsloth_fused_cross_entropy``), not replaced by
+    ``TrainingConfig.loss``; ``chunked_cross_entropy`` N > 0 is its number of pieces
+    (Unsloth's ``UNSLOTH_CE_LOSS_N_CHUNKS``).
 
     Note [Unsloth's fused cross-entropy]
         unsloth 2026.3.5 models/llama.py ``CausalLM_fast_forward``: with labels and without
@@ -268,10 +270,12 @@ def unsloth_fused_loss(model: ModelSpec, training: TrainingConfig) -> bool:
           backward makes nothing, and the hidden states (the final norm's output) are not
           kept;
         * splits the tokens into ``n_chunks = get_chunk_size(b, s, V)`` pieces, ``max(4 *
-          round(b s * 4 V / (0.5 * free) / 4), 1)`` with ``free`` the GPU's free memory at
-          the first call (``torch.cuda.mem_get_info``, cached): one piece unless the fp32
-          logits (4 V b s) exceed the free memory. trainmem takes one piece (when the logits
-          do not fit Unsloth chunks and the estimate is above the run);
+          round(2 V b s / free), 1)`` with ``free`` the GPU's free memory in bytes at the
+          first call (``torch.cuda.mem_get_info``, cached; ``_get_chunk_multiplier``): one
+          piece unless the fp32 logits (4 V b s) exceed about the free memory, or the
+          ``UNSLOTH_CE_LOSS_N_CHUNKS`` environment variable's count. trainmem takes one piece,
+          or ``chunked_cross_entropy`` pieces when given (when the logits do not fit and it
+          is not given, Unsloth chunks and the estimate is above the run);
         * per piece runs ``torch.compile`` of ``torch.func.grad_and_value`` of
           ``compute_fused_ce_loss`` (``F.linear`` in the head weight's dtype, then
           ``F.cross_entropy(logits.float())``): one graph with its own backward, whose
@@ -279,10 +283,13 @@ def unsloth_fused_loss(model: ModelSpec, training: TrainingConfig) -> bool:
           written, as in Note [Compiled chunked cross-entropy]) and write the logits'
           gradient in their dtype for the input-gradient matmul: the piece's c V logits and
           c V gradient per token alive at once, then the piece's r h input gradient, copied
-          into ``grad_inputs`` (``grad_inputs_j[:] = chunk_grad_input``).
+          into ``grad_inputs`` (``grad_inputs_j[:] = chunk_grad_input``), and for a trained
+          head the piece's V h weight gradient, added into ``grad_lm_head``
+          (``grad_lm_head.add_(chunk_grad_lm_head)``).
 
-        So per token: saved r h (+ the head's c V h once, trained), forward transients
-        2 c V + r h, backward transients none; against transformers' ``ForCausalLMLoss`` on
+        So per token of a piece: forward transients 2 c V + r h (+ V h for a trained head,
+        once per piece); saved r h per token (+ the head's V h, trained); backward
+        transients none; against transformers' ``ForCausalLMLoss`` on
         the upcast logits (the LM head's saved input c h, the saved fp32 log-softmax 4 V, the
         logits and their fp32 copy c V + 4 V in the forward, two fp32 gradients 8 V in the
         backward). The backward of the head's matmul is the precomputed gradient: no
@@ -293,7 +300,6 @@ def unsloth_fused_loss(model: ModelSpec, training: TrainingConfig) -> bool:
     return (
         training.conventions.unsloth_fused_cross_entropy
         and model.head == "causal-lm"
-        and training.chunked_cross_entropy == 0
         and loss_kind(model, training) == "cross-entropy"
     )
 
@@ -309,6 +315,17 @@ def unsloth_fused_saved_terms(
         w = dtype_bytes(training.weight_dtype)
         out["fused_grad_lm_head"] = w * model.vocab_size * model.hidden_size
     return out
+
+
+def unsloth_fused_forward_bytes(model: ModelSpec, training: TrainingConfig, *, t: int) -> int:
+    """Unsloth's fused cross-entropy's forward transients over t tokens in
+    ``max(chunked_cross_entropy, 1)`` pieces (Note [Unsloth's fused cross-entropy]): one
+    piece's logits and their gradient (2 c V), its input gradient (r h) per token, and a
+    trained head's V h weight gradient of the piece."""
+    c, r = compute_and_residual_bytes(training)
+    piece = -(-t // max(training.chunked_cross_entropy, 1))
+    head = unsloth_fused_saved_terms(model, training, t=t).get("fused_grad_lm_head", 0)
+    return (2 * c * model.vocab_size + r * model.hidden_size) * piece + head
 
 
 def loss_saved_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dict[str, int]:
@@ -476,8 +493,7 @@ def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
     elif unsloth_fused_loss(model, training):
         # Note [Unsloth's fused cross-entropy]: the logits and their gradient in the logits'
         # dtype, then the input gradient before its copy into the saved one
-        _, r = compute_and_residual_bytes(training)
-        total = 2 * c * v * t + r * model.hidden_size * t
+        total = unsloth_fused_forward_bytes(model, training, t=t)
     elif compiled_loss(model, training):
         # Note [Compiled chunked cross-entropy]: the logits are the saved ``chunk_logits``
         # themselves and the compiled upcast never writes an fp32 copy
@@ -573,6 +589,8 @@ def chunked_loss_gradient_bytes(model: ModelSpec, training: TrainingConfig) -> i
     n = training.chunked_cross_entropy
     if n <= 1 or model.head != "causal-lm" or training.conventions.own_model_code:
         return 0
+    if unsloth_fused_loss(model, training):  # its gradients are made piece by piece in forward
+        return 0
     c, _ = compute_and_residual_bytes(training)
     t = training.micro_batch_size * output_tokens(model, training)
     chunk = -(-t // n)
@@ -595,6 +613,7 @@ def chunked_head_weight_grad_bytes(model: ModelSpec, training: TrainingConfig) -
         or model.head != "causal-lm"
         or training.conventions.own_model_code
         or training.is_lora
+        or unsloth_fused_loss(model, training)  # added in place: ``grad_lm_head.add_``
     ):
         return 0
     c, _ = compute_and_residual_bytes(training)

@@ -37,7 +37,10 @@ FRAMEWORK_SUMMARY: dict[str, str] = {
     "torchtune": "torchtune recipes: torchtune's model code, weights in the training dtype",
     "litgpt": "lit-gpt with Lightning Fabric: its own model code and output head, fp32 outputs",
     "fsdp-qlora": "Answer.AI fsdp_qlora: bitsandbytes 4-bit linears under FSDP1, peft adapters",
-    "unsloth": "Unsloth on one GPU: bf16 model, fp32 LoRA, CPU-offloaded checkpoints, adamw-8bit",
+    "unsloth": (
+        "Unsloth on one GPU: bf16 model, fp32 LoRA, CPU-offloaded checkpoints, fused loss, "
+        "adamw-8bit, expandable segments"
+    ),
 }
 """One line per ``--framework`` on what its conventions mean for memory (the rows and their
 sources are in :mod:`trainmem.specs.frameworks`)."""

@@ -116,6 +116,14 @@ requires ``unsloth_zoo>=2026.3.4`` (pyproject.toml): :data:`DEFAULT_UNSLOTH_ZOO_
 DEFAULT_UNSLOTH_ZOO_VERSION = (2026, 3, 4)
 """The unsloth_zoo release read with :data:`DEFAULT_UNSLOTH_VERSION`: 2026.3.4 (38f4871f,
 2026-03-17, unsloth_zoo/__init__.py ``__version__``)."""
+UNSLOTH_ALLOC_CONF = "expandable_segments:True"
+"""unsloth_zoo/__init__.py (2026.3.4), imported by ``import unsloth``: with torch >= 2.9, when
+``PYTORCH_ALLOC_CONF`` is not set, ``os.environ["PYTORCH_ALLOC_CONF"] =
+"expandable_segments:True"`` ("Reduce VRAM usage by reducing fragmentation")."""
+UNSLOTH_ALLOC_CONF_BEFORE_TORCH_2_9 = (
+    "expandable_segments:True,roundup_power2_divisions:[32:256,64:128,256:64,>:32]"
+)
+"""The same before torch 2.9, when ``PYTORCH_CUDA_ALLOC_CONF`` is not set."""
 UNSLOTH_OFFLOAD_MIN_SEQ_LEN = 512
 """unsloth/models/_utils.py ``apply_unsloth_gradient_checkpointing`` (2026.3.5):
 ``use_gradient_checkpointing="unsloth"`` with ``max_seq_length < 512`` unpatches the offloaded
@@ -699,6 +707,9 @@ class FrameworkConventions:
     micro-batch's logits outlive its loss. False: torch.distributed.pipelining appends each
     micro-batch's output to ``output_chunks`` (Note [Pipeline stage buffers])."""
 
+    unsloth_alloc_conf: bool
+    """The caching allocator runs with Unsloth's ``PYTORCH_CUDA_ALLOC_CONF`` unless the user
+    gives one (:data:`UNSLOTH_ALLOC_CONF`, :meth:`default_alloc_conf`)."""
     unsloth_offloaded_checkpointing: bool
     """Full activation checkpointing is Unsloth's ``use_gradient_checkpointing="unsloth"``
     (unsloth_zoo gradient_checkpointing.py ``UnslothCheckpointFunction``, 2026.3.4): each
@@ -748,6 +759,19 @@ class FrameworkConventions:
     default_precision: str
     """The precision when none is given: ``bf16-mixed`` (torch.autocast to bf16, what current
     GPUs train in), torchtune ``bf16-true`` (its configs' ``dtype: bf16``)."""
+
+    def default_alloc_conf(self, torch_version: tuple[int, ...] | None) -> str:
+        """``PYTORCH_CUDA_ALLOC_CONF`` the framework sets when the user sets none: Unsloth's
+        expandable segments (:data:`UNSLOTH_ALLOC_CONF`; with torch before 2.9
+        :data:`UNSLOTH_ALLOC_CONF_BEFORE_TORCH_2_9`); ``""`` (torch's defaults) otherwise.
+
+        Args:
+            torch_version: (major, minor, ...) of torch; None: a current release.
+        """
+        if not self.unsloth_alloc_conf:
+            return ""
+        version = DEFAULT_TORCH_VERSION if torch_version is None else torch_version
+        return UNSLOTH_ALLOC_CONF if version >= (2, 9) else UNSLOTH_ALLOC_CONF_BEFORE_TORCH_2_9
 
     def default_optimizer_implementation(self, torch_version: tuple[int, ...] | None) -> str:
         """The Adam implementation that runs when none is asked for.
@@ -812,6 +836,7 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "precisions": None,
         "default_precision": DEFAULT_PRECISION,
         "unsloth_offloaded_checkpointing": False,
+        "unsloth_alloc_conf": False,
         "unsloth_fused_cross_entropy": False,
         "unsloth_fast_rms_layernorm": False,
         "unsloth_fast_lora": False,
@@ -944,6 +969,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             adafactor_from_transformers=True,
             trainer_default_fused_since_torch=(2, 8),
             unsloth_offloaded_checkpointing=True,
+            unsloth_alloc_conf=True,
             unsloth_fused_cross_entropy=True,
             unsloth_fast_rms_layernorm=True,
             unsloth_fast_lora=True,
