@@ -394,8 +394,13 @@ _TT_8BIT = (
     "cudaMallocManaged memory (functional.py get_paged: a torch.frombuffer CPU tensor, outside "
     "the caching allocator), which would leave 12.4 GB of non-state memory at the measured "
     "peak against GT016's 4.1 GB: the row was not paged. The README's link names torchao's "
-    "AdamW8bit beside bnb's (docs memory_optimizations.rst @1814feb); its compiled "
-    "single-parameter step was not read far enough to say"
+    "AdamW8bit beside bnb's (docs memory_optimizations.rst @1814feb); no source says which "
+    "ran. Read (helper ao8): torchao's would not explain it either: same codes and absmax "
+    "(bf16 instead of fp32 states of the 3072-element norms), and its compiled "
+    "single-parameter step (Note [torchao low-bit AdamW step]: new uint8 codes and fp32 "
+    "scales, 2.03 B per element) for the tied 128256 x 3072 embedding (0.80 GB) runs at the "
+    "end of the backward, far below its peak: --optimizer ao-adamw-8bit predicts 17.014 GB, "
+    "0.7 MB below bnb's"
 )
 _TT_NF4_INIT = (
     "the load is modelled (Note [torchao 0.1 NF4 at load]: bf16 linears built and quantized "

@@ -48,6 +48,9 @@ STATE_BYTES: dict[str, tuple[int, int]] = {
     "adamw-4bit": (2 * (N // 2 + 4 * 8000) + 2 * 4 * V, 2 * (N // 2 + 4 * 8000) + 2 * 2 * V),
     # torchao FP8: two states of N float8 codes + an fp32 scale per 256
     "adamw-fp8": (2 * (N + 4 * 4000) + 2 * 4 * V, 2 * (N + 4 * 4000) + 2 * 2 * V),
+    # torchao 8-bit: two states of N uint8 codes + an fp32 scale per 256; the vector (< 4096)
+    # keeps two states in the parameter's dtype (bitsandbytes: fp32)
+    "ao-adamw-8bit": (2 * (N + 4 * 4000) + 2 * 4 * V, 2 * (N + 4 * 4000) + 2 * 2 * V),
 }
 
 # bf16-mixed (states and weights fp32) step temporaries per implementation, trainable
@@ -67,8 +70,13 @@ STEP_TEMPORARIES: dict[str, dict[str, int]] = {
     "adamw-8bit": _NONE,
     "paged-adamw-8bit": _NONE,
     "paged-adamw": _NONE,
-    "adamw-4bit": _NONE,
-    "adamw-fp8": _NONE,
+    # torchao's compiled step (Note [torchao low-bit AdamW step], read from Inductor's wrapper):
+    # 8-bit: new uint8 codes of both states (N B each) + their fp32 scales (4000 x 4 B each);
+    # 4-bit: unpacked uint8 codes, fp32 scaled states and int64 codes of both states
+    # (1 + 4 + 8 B per element each) + their fp32 scales (8000 x 4 B each); FP8: the two scales
+    "ao-adamw-8bit": dict.fromkeys(_NONE, 2 * N + 2 * 4 * 4000),
+    "adamw-4bit": dict.fromkeys(_NONE, 2 * (1 + 4 + 8) * N + 2 * 4 * 8000),
+    "adamw-fp8": dict.fromkeys(_NONE, 2 * 4 * 4000),
 }
 
 # bytes per element in CUDA managed memory: the two fp32 states / the two uint8 codes

@@ -127,7 +127,16 @@ def _optimizer_only_temporary_bytes(
         grad = weight if training.is_lora else training.grad_dtype
         upcasts = (dtype_bytes(grad) < 4) + (dtype_bytes(weight) < 4)
         copies += upcasts * largest_parameter
-    return _temporary_dtype_bytes(training, tmp) * copies
+    kernels = -(-tmp.largest_bytes_per_256 * largest_parameter // 256)  # torchao's compiled step
+    return _temporary_dtype_bytes(training, tmp) * copies + kernels
+
+
+def steps_per_parameter(training: TrainingConfig) -> bool:
+    """The optimizer steps one parameter at a time whatever ``optimizer_implementation``
+    says: torchao's low-bit AdamW, whose compiled ``single_param_adam`` runs per parameter
+    (Note [torchao low-bit AdamW step] in ``specs/optimizers.py``)."""
+    row = OPTIMIZER_TABLE[training.optimizer]
+    return row.step_temporaries(training.step_implementation).largest_bytes_per_256 > 0
 
 
 def _temporary_dtype_bytes(training: TrainingConfig, tmp: StepTemporaries) -> int:

@@ -33,6 +33,9 @@ __all__ = [
     "BNB_MIN_8BIT_SIZE",
     "CS336_ADAMW_TEMPORARIES",
     "OPTIMIZER_TABLE",
+    "TORCHAO_4BIT_STEP_BYTES_PER_256",
+    "TORCHAO_8BIT_STEP_BYTES_PER_256",
+    "TORCHAO_FP8_STEP_BYTES_PER_256",
     "TORCHAO_MIN_QUANTIZED_SIZE",
     "Blockwise",
     "OlderTorch",
@@ -70,6 +73,7 @@ Optimizer = Literal[
     "adamw-8bit",
     "paged-adamw-8bit",
     "paged-adamw",
+    "ao-adamw-8bit",
     "adamw-4bit",
     "adamw-fp8",
 ]
@@ -130,12 +134,16 @@ class StepTemporaries:
         upcasts_16bit: one more fp32 copy of the largest parameter for each of its gradient and
             weight stored in fewer than 4 bytes (transformers' Adafactor ``grad.float()`` /
             ``p.float()``).
+        largest_bytes_per_256: bytes per 256 elements of the largest trainable tensor whatever
+            the training's dtypes (torchao's compiled step: the new codes and scales, Note
+            [torchao low-bit AdamW step]).
     """
 
     group_copies: int = 0
     largest_copies: int = 0
     dtype: TemporaryDtype = "state"
     upcasts_16bit: bool = False
+    largest_bytes_per_256: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,6 +321,48 @@ def _torchao(code_bits: int, block_size: int) -> Blockwise:
     )
 
 
+# Note [torchao low-bit AdamW step]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# torchao's AdamW8bit / AdamW4bit / AdamWFp8 (torchao 0.18.0 optim/adam.py ``_AdamBase.step``;
+# the same ``single_param_adam`` and quant_utils.py at v0.7.0, Nov 2024, as
+# prototype/low_bit_optim) step one parameter at a time through
+# ``torch.compile(single_param_adam, fullgraph=True, dynamic=False)``: the states are
+# dequantized, updated in fp32 and requantized per block (``scale_tensor``: an absmax per
+# block of 256 / 128 values, then ``quantize_8bit_with_qmap`` / ``quantize_4bit_with_qmap``'s
+# binary search) inside one Inductor graph. What that graph allocates was read from the
+# wrapper Inductor writes for the GPU's scheduler (the SIMD / Triton scheduling, run on the
+# CPU with ``torch._inductor.config.cpu_backend = "triton"``, torch 2.13; per-parameter
+# numbers independent of the parameter's dtype, bf16 and fp32 alike):
+#
+# - 8-bit: one reduction kernel computes both absmaxes, the fp32 update of the parameter and
+#   both states' new codes; the fp32 copies (parameter, gradient, exp_avg, exp_avg_sq, the
+#   scaled states) stay in registers (kernel-local buffers). It writes the new codes to two
+#   uint8 buffers of n bytes and the scales to two fp32 buffers of n/256, copied into the
+#   states by later kernels: 2n + 2 x 4n/256 bytes at the peak.
+# - 4-bit: the packed codes are first unpacked to two uint8 buffers of n bytes; the packing
+#   (``(codes[::2] << 4) | codes[1::2]``) reads every other element, so the main kernel
+#   writes the scaled states (two fp32 buffers of 4n) and the unrounded codes (two int64
+#   buffers of 8n) for the packing kernels: 2n + 8n + 16n + 2 x 4n/128 = 26n + n/16 bytes.
+# - FP8: the float8 cast needs no code search; only the two fp32 scale vectors (2 x 4n/256)
+#   leave the kernels.
+#
+# bitsandbytes' AdamW8bit updates codes and absmax in place (``optimizer_update_8bit_blockwise``,
+# no temporaries), hence a separate row ``ao-adamw-8bit``. The C++ (CPU) backend keeps more:
+# measured with torch.profiler on the CPU, 8 B per element for the compiled 8-bit step (the two
+# scaled fp32 states, which the code search reads eight times) and 57 B per element eager; that
+# is not what a GPU runs. Not seen in measurements: torchao's README @1e7f132 (torch 2.4) peaks
+# are set by the forward / backward, not the step (ViT-H: bnb 8.32 GB, ao 8-bit 8.33 GB).
+# A parameter the block does not divide keeps plain states (``_new_buffer``), updated in
+# place; the largest tensor is assumed quantized.
+TORCHAO_8BIT_STEP_BYTES_PER_256 = 2 * 256 + 2 * 4
+"""Note [torchao low-bit AdamW step]: two uint8 code buffers and two fp32 scales per 256."""
+TORCHAO_4BIT_STEP_BYTES_PER_256 = (2 * 1 + 2 * 4 + 2 * 8) * 256 + 2 * 4 * 2
+"""Note [torchao low-bit AdamW step]: unpacked uint8 codes, fp32 scaled states and int64
+codes of both states, and two fp32 scales per 128."""
+TORCHAO_FP8_STEP_BYTES_PER_256 = 2 * 4
+"""Note [torchao low-bit AdamW step]: the two fp32 scales per 256."""
+
+
 _ADAM_STATES = ("exp_avg", "exp_avg_sq")
 _KERNELS = (
     "needs bitsandbytes / torchao CUDA kernels, which cannot run on fake CPU tensors; "
@@ -346,10 +396,12 @@ def _kernels(
     state_dtype: str | None = None,
     paged: bool = False,
     family: str = "",
+    step_bytes_per_256: int = 0,
 ) -> OptimizerRow:
     """A bitsandbytes / torchao AdamW: two states (bitsandbytes ``state1`` / ``state2``,
-    torchao ``exp_avg`` / ``exp_avg_sq``) updated in place by its own CUDA kernels (no step
-    temporaries; not traceable on fake CPU tensors)."""
+    torchao ``exp_avg`` / ``exp_avg_sq``) updated by its own kernels (bitsandbytes: in place, no
+    step temporaries; torchao: ``step_bytes_per_256`` of the largest tensor, Note [torchao
+    low-bit AdamW step]); not traceable on fake CPU tensors."""
     return OptimizerRow(
         name,
         source,
@@ -357,7 +409,7 @@ def _kernels(
         state_dtype=state_dtype,
         blockwise=blockwise,
         paged=paged,
-        temporaries=_every(NO_TEMPORARIES),
+        temporaries=_every(StepTemporaries(largest_bytes_per_256=step_bytes_per_256)),
         untraceable=f"{name} {_KERNELS}",
         family=family,
     )
@@ -439,16 +491,26 @@ _ROWS: tuple[OptimizerRow, ...] = (
         paged=True,
     ),
     _kernels(
+        "ao-adamw-8bit",
+        "torchao optim/adam.py ``AdamW8bit(block_size=256)``, optim/subclass_8bit.py "
+        "``OptimState8bit.zeros`` (uint8 codes + an fp32 scale per block)",
+        blockwise=_torchao(code_bits=8, block_size=256),
+        family="8-bit",
+        step_bytes_per_256=TORCHAO_8BIT_STEP_BYTES_PER_256,
+    ),
+    _kernels(
         "adamw-4bit",
         "torchao optim/adam.py ``AdamW4bit(block_size=128)``, optim/subclass_4bit.py "
         "``OptimState4bit.zeros`` (packed 4-bit codes + an fp32 scale per block)",
         blockwise=_torchao(code_bits=4, block_size=128),
+        step_bytes_per_256=TORCHAO_4BIT_STEP_BYTES_PER_256,
     ),
     _kernels(
         "adamw-fp8",
         "torchao optim/adam.py ``AdamWFp8(block_size=256)``, optim/subclass_fp8.py "
         "``OptimStateFp8.zeros`` (float8_e4m3fn codes + an fp32 scale per block)",
         blockwise=_torchao(code_bits=8, block_size=256),
+        step_bytes_per_256=TORCHAO_FP8_STEP_BYTES_PER_256,
     ),
 )
 

@@ -68,7 +68,7 @@ HF_OPTIMIZERS: dict[str, tuple[str, str | None]] = {
     "paged_adamw_8bit": ("paged-adamw-8bit", None),
     "paged_adamw_32bit": ("paged-adamw", None),
     "adamw_torch_4bit": ("adamw-4bit", None),
-    "adamw_torch_8bit": ("adamw-8bit", None),
+    "adamw_torch_8bit": ("ao-adamw-8bit", None),
     "sgd": ("sgd", None),
     "lion_32bit": ("lion", None),
 }
@@ -76,12 +76,13 @@ HF_OPTIMIZERS: dict[str, tuple[str, str | None]] = {
 optimizer_implementation): ``adamw_torch`` is ``torch.optim.AdamW`` with torch's default
 (foreach on CUDA), ``adamw_torch_fused`` passes ``fused=True``; ``adamw_bnb_8bit`` /
 ``adamw_8bit`` / ``paged_adamw_*`` are bitsandbytes', ``adamw_torch_4bit`` / ``_8bit`` torchao's
-low-bit AdamW; None leaves the implementation to the framework."""
+low-bit AdamW (``_8bit``: ``ao-adamw-8bit``, whose compiled step differs from bitsandbytes', Note
+[torchao low-bit AdamW step]); None leaves the implementation to the framework."""
 
 AXOLOTL_OPTIMIZERS: dict[str, tuple[str, str | None]] = {
     **HF_OPTIMIZERS,
     "ao_adamw_4bit": ("adamw-4bit", None),
-    "ao_adamw_8bit": ("adamw-8bit", None),
+    "ao_adamw_8bit": ("ao-adamw-8bit", None),
     "ao_adamw_fp8": ("adamw-fp8", None),
 }
 """axolotl's ``optimizer``: the transformers names plus its ``CustomSupportedOptimizers``
@@ -95,10 +96,10 @@ TORCHTUNE_OPTIMIZERS: dict[str, str] = {
     "bitsandbytes.optim.PagedAdamW": "paged-adamw",
     "bitsandbytes.optim.PagedAdamW32bit": "paged-adamw",
     "bitsandbytes.optim.PagedAdamW8bit": "paged-adamw-8bit",
-    "torchao.optim.AdamW8bit": "adamw-8bit",
+    "torchao.optim.AdamW8bit": "ao-adamw-8bit",
     "torchao.optim.AdamW4bit": "adamw-4bit",
     "torchao.optim.AdamWFp8": "adamw-fp8",
-    "torchao.prototype.low_bit_optim.AdamW8bit": "adamw-8bit",
+    "torchao.prototype.low_bit_optim.AdamW8bit": "ao-adamw-8bit",
     "torchao.prototype.low_bit_optim.AdamW4bit": "adamw-4bit",
     "torchao.prototype.low_bit_optim.AdamWFp8": "adamw-fp8",
 }

@@ -487,9 +487,11 @@ class OptimizerConfig:
     )
     """Optimizer whose states are kept per trainable parameter (:data:`OPTIMIZERS`);
     ``paged-adamw`` is bitsandbytes' 32-bit ``PagedAdamW`` (fp32 states in CUDA managed memory,
-    as torchtune's low-memory recipes use); ``adamw-4bit`` / ``adamw-fp8`` are torchao's
-    ``AdamW4bit`` / ``AdamWFp8``. torchao's ``CPUOffloadOptimizer`` is ``offload="optimizer"``
-    (``offload_gradients=True``: ``"optimizer+gradients"``). None, the default: the
+    as torchtune's low-memory recipes use); ``adamw-8bit`` is bitsandbytes' ``AdamW8bit``;
+    ``ao-adamw-8bit`` / ``adamw-4bit`` / ``adamw-fp8`` are torchao's ``AdamW8bit`` /
+    ``AdamW4bit`` / ``AdamWFp8`` (Note [torchao low-bit AdamW step]). torchao's
+    ``CPUOffloadOptimizer`` is ``offload="optimizer"`` (``offload_gradients=True``:
+    ``"optimizer+gradients"``). None, the default: the
     framework's (``FrameworkConventions.default_optimizer``, resolved when the TrainingConfig
     is built): ``adamw``, the transformers Trainer's and most recipes' choice; ``adamw-8bit``
     under Unsloth, its notebooks' ``optim = "adamw_8bit"``."""

@@ -11,7 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from trainmem.analytic.temporaries import CS336_ADAMW_TEMPORARIES, optimizer_step_temporary_bytes
+from trainmem.analytic.temporaries import (
+    CS336_ADAMW_TEMPORARIES,
+    optimizer_step_temporary_bytes,
+    steps_per_parameter,
+)
 from trainmem.analytic.tensor_states import TensorState
 from trainmem.analytic.transforms.base import (
     Emitted,
@@ -154,8 +158,9 @@ class Optimizer(Transform):
 
     def optimizer_step(self, where: Where) -> Sequence[Emitted]:
         """The step's temporaries: ``foreach``, one per-parameter list alive together
-        (``torch._foreach_*``); ``for-loop`` (and the course's AdamW), one parameter at a
-        time; ``fused``, none."""
+        (``torch._foreach_*``); ``for-loop`` (and the course's AdamW, and torchao's low-bit
+        AdamW whatever the implementation: Note [torchao low-bit AdamW step]), one parameter at
+        a time; ``fused``, none."""
         ctx, t = self.ctx, self.ctx.training
         outer = [s for s in ctx.emb_states + ctx.head_states if s.trainable]
         layer = [s for s in ctx.layer_states if s.trainable]
@@ -176,7 +181,7 @@ class Optimizer(Transform):
         if total <= 0 or n_local == 0:
             return []
         label = f"the {t.step_implementation} {t.optimizer} step's temporaries"
-        if t.step_implementation == "foreach":
+        if t.step_implementation == "foreach" and not steps_per_parameter(t):
             return self._foreach(total / n_local, local, label)
         largest_local = max(local(s) for s in outer + layer)
         # the course's AdamW makes its temporaries as separate parameter-sized tensors
