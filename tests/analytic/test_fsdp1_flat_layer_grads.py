@@ -53,10 +53,12 @@ def _layer_gradient_ops(framework: str) -> list[tuple[str, str, int, int]]:
 def test_accelerate_fsdp1_makes_the_flat_gradient_at_the_layer_end() -> None:
     ops = _layer_gradient_ops("accelerate-fsdp")
     views = [size for action, key, size, _ in ops if action == "alloc" and key == "view_grad"]
-    # the down projection's first (beside the MLP's transients), then gate's and up's, then
-    # the attention's and the norms': the whole layer, unsharded
-    assert views[:3] == [MLP] * 3
-    assert sorted(views[3:]) == [NORM] * 2 + [ATTENTION] * 4
+    # the down projection's first (beside the MLP's transients), then gate's, up's and the
+    # attention output projection's, then q's, k's, v's and the norms': the whole layer,
+    # unsharded (Note [Gradients where their linear's backward runs])
+    assert views[0] == MLP
+    assert sorted(views[1:4]) == [ATTENTION, MLP, MLP]
+    assert sorted(views[4:]) == [NORM] * 2 + [ATTENTION] * 3
     assert sum(views) == LAYER
     # then their concatenation, the views freed, this rank's quarter on the post-backward
     # stream (bf16-true: the reduce dtype is the gradient's, no cast), the concatenation freed

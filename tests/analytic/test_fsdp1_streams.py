@@ -373,3 +373,27 @@ def test_real_fsdp1_unshard_pool_counts(fake_group: None) -> None:
     # first adapter unit), three with trainable layer units (one freed block still pending)
     assert _fsdp1_layer_blocks(adapters=True) == (2, 2)
     assert _fsdp1_layer_blocks(adapters=False) == (2, 3)
+
+
+def test_accelerate_fsdp1_mixed_casts_each_shard_on_the_pre_unshard_stream() -> None:
+    # Note [FSDP1 16-bit shard on the pre-unshard stream]: under bf16-mixed each unit's fp32
+    # shard is cast to a bf16 one on the pre-unshard stream before its all-gather. Llama-2-7B
+    # over 4 ranks: the root's (embedding and head 32000 x 4096 each, final norm 4096)
+    # 2 B x (2 x 32000 x 4096 + 4096) / 4 = 131,074,048 B and a layer's 2 B x LAYER / 4 =
+    # 101,191,680 B, once a micro-batch (the schedule's two steps); none under bf16-true
+    training = TrainingConfig(
+        framework="accelerate-fsdp",
+        zero_stage=3,
+        data_parallel_size=4,
+        precision="bf16-mixed",
+        seq_len=512,
+        micro_batch_size=2,
+    )
+    sched = estimate("llama-2-7b", training, simulate_allocator=False).schedules[0]
+    shards = [
+        ev.size_bytes  # type: ignore[attr-defined]
+        for ev in sched.events()
+        if ev.action == "alloc" and ev.stream == PRE_UNSHARD_STREAM  # type: ignore[attr-defined]
+    ]
+    assert shards == [131_074_048, 2 * LAYER // 4] * 2
+    assert not [ev for ev in _allocs("accelerate-fsdp") if ev.stream == PRE_UNSHARD_STREAM]  # type: ignore[attr-defined]

@@ -52,12 +52,14 @@ from trainmem.analytic.transforms.base import (
     alloc,
     free,
     gradient_ops,
+    gradient_places,
 )
 from trainmem.analytic.transforms.fsdp2 import post_backward_active
 from trainmem.analytic.transforms.sharding import (
     gather_ops,
     group_states,
     kept_op,
+    low_precision_shard_ops,
     no_shard_copies,
     offload_copy_ops,
     sharding,
@@ -95,21 +97,6 @@ def fsdp1_adapter_unit_prefetch(ctx: RankContext) -> bool:
         and ctx.zero_stage == 3
         and t.data_parallel_size > 1
     )
-
-
-_ATTENTION_TENSORS = frozenset({"q", "k", "v", "o", "qkv", "q_a", "q_b", "kv_a", "kv_b", "vector"})
-_DOWN_PROJECTIONS = frozenset({"down", "shared_down", "experts_down"})
-
-
-def _view_place(name: str) -> str:
-    """Where the layer's backward makes the gradient of the tensor ``name``
-    (:func:`~trainmem.analytic.params.linear_shapes`' names, ``vector`` for norms and biases):
-    ``"down"`` the MLP's output projection (the first to run, beside the MLP's transients),
-    ``"mlp"`` the rest of the MLP, ``"attention"`` the attention's linears, the norms and the
-    biases."""
-    if name in _ATTENTION_TENSORS:
-        return "attention"
-    return "down" if name in _DOWN_PROJECTIONS else "mlp"
 
 
 def fsdp1_flat_layer_grads(ctx: RankContext) -> bool:
@@ -233,7 +220,8 @@ class FullyShardedDataParallel(Transform):
         if self.sharding.offload_copy:  # Note [FSDP1 offloaded shard copy]
             copy, done = offload_copy_ops(self.sharding, "forward")
             out = [copy, *out, done]
-        return out
+        # Note [FSDP1 16-bit shard on the pre-unshard stream]
+        return [*low_precision_shard_ops(self.sharding), *out]
 
     def _prefetch(self, phase: Phase) -> Op:
         """The next layer's gathered parameters, prefetched while one runs, in the forward and
@@ -276,8 +264,8 @@ class FullyShardedDataParallel(Transform):
         return (free(self._pending(), "backward"),) if self._pends() else ()
 
     def layer_attention_pre_backward(self, where: Where) -> Sequence[Emitted]:
-        if self.flat_layer_grads:  # the rest of the MLP's, after its transients
-            return self._views("mlp")
+        if self.flat_layer_grads:  # the rest of the MLP's, after its transients, and o's
+            return self._views(1, 2)
         # Note [FSDP1 backward prefetch under adapter units]: the next layer's gathers begin in
         # this layer's attention backward (none after the stack's last layer)
         if not self.adapter_unit_prefetch or where.last_layer:
@@ -295,12 +283,14 @@ class FullyShardedDataParallel(Transform):
     def layer_pre_forward(self, where: Where) -> Sequence[Emitted]:
         return (kept_op(self.sharding, "forward"),) if self.sharding.kept else ()
 
-    def _views(self, place: str) -> list[Op]:
+    def _views(self, *places: int) -> list[Op]:
         """Note [FSDP1 flat gradient of a layer unit]: the gradients of the layer's views made
-        at ``place`` (:func:`_view_place`), unsharded in the reduce dtype."""
+        at ``places`` (:func:`~trainmem.analytic.transforms.base.gradient_places`), unsharded
+        in the reduce dtype."""
         ctx = self.ctx
-        states = [s for s in ctx.layer_states if s.trainable and _view_place(s.name) == place]
-        key = place
+        at = gradient_places(tuple(s.name for s in ctx.layer_states))
+        states = [s for s, p in zip(ctx.layer_states, at, strict=True) if p in places]
+        key = "".join(str(p) for p in places)
         return [
             alloc(
                 reduce_scatter_layer_bytes([s], ctx.training),
@@ -314,7 +304,7 @@ class FullyShardedDataParallel(Transform):
         ]
 
     def layer_attention_post_backward(self, where: Where) -> Sequence[Emitted]:
-        return self._views("attention") if self.flat_layer_grads else ()
+        return self._views(3) if self.flat_layer_grads else ()
 
     def _flat_layer_gradient(self, where: Where) -> list[Emitted]:
         """Note [FSDP1 flat gradient of a layer unit]: the concatenation, the views freed, the
@@ -326,7 +316,7 @@ class FullyShardedDataParallel(Transform):
             s.reduce, Cat.TEMPORARY, bp, "flat_grad", "layers.{i}",
             "the layer's flat unsharded gradient before its reduce-scatter",
         )  # fmt: skip
-        views = self._views("down") + self._views("mlp") + self._views("attention")
+        views = self._views(0) + self._views(1, 2) + self._views(3)
         out: list[Emitted] = [flat, *(free(op, bp) for op in views)]
         grads = gradient_ops(ctx, ctx.layer_states, bp, "{i}", "layers.{i}")
         shard = sum(op.size_bytes for op in grads)
@@ -381,7 +371,7 @@ class FullyShardedDataParallel(Transform):
         if s.flat_views:
             return self._flat_views(where)
         if self.flat_layer_grads:
-            return self._views("down")
+            return self._views(0)
         out: list[Emitted] = []
         if where.reduce:
             out += self._reduce_ops("layer")

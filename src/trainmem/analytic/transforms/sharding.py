@@ -63,6 +63,9 @@ class Sharding:
             (FSDP1's unshard stream under Note [FSDP1 unshard stream pool]; 0 otherwise).
         gather_c: a third layer-sized block in the unshard stream's pool through the layers'
             backward (Note [FSDP1 unshard stream pool]: trainable layer units); 0 otherwise.
+        mp_shards: the root's and a layer unit's 16-bit shards made on FSDP1's pre-unshard
+            stream before their all-gathers (Note [FSDP1 16-bit shard on the pre-unshard
+            stream]); empty otherwise.
     """
 
     stage: int
@@ -84,6 +87,7 @@ class Sharding:
     gather_head: int = 0
     gather_stream: int = 0
     gather_c: int = 0
+    mp_shards: tuple[int, ...] = ()
 
     @property
     def unsharded_grads(self) -> bool:
@@ -237,6 +241,7 @@ def sharding(ctx: RankContext) -> Sharding:
         gather_head=own_unit_gathered_bytes(ctx, "head"),
         gather_stream=ALL_GATHER_STREAM if units else 0,
         gather_c=gather_b if units == 3 else 0,
+        mp_shards=low_precision_shards(ctx, gather_root, gather_a) if units else (),
     )
     ctx.memo["sharding"] = out
     return out
@@ -322,6 +327,53 @@ def fsdp1_unshard_pool_units(ctx: RankContext) -> int:
     if not fsdp1 or ctx.zero_stage != 3:
         return 0
     return 2 if t.lora_rank > 0 else 3
+
+
+def low_precision_shards(ctx: RankContext, root: int, layer: int) -> tuple[int, ...]:
+    """The 16-bit shards, bytes, of the root unit and of a layer unit (gathered bytes ``root``
+    and ``layer``) that accelerate's FSDP1 makes on its pre-unshard stream under ``*-mixed``
+    (Note [FSDP1 16-bit shard on the pre-unshard stream]); () where the rule does not apply.
+
+    Note [FSDP1 16-bit shard on the pre-unshard stream]
+        With ``MixedPrecision(param_dtype=<16-bit>)`` over fp32 flat parameters (accelerate's
+        FSDP1 under ``*-mixed``, ``set_mixed_precision``), each unit's ``_unshard`` runs
+        ``handle.pre_unshard()`` under ``stream(pre_unshard_stream)`` (torch 2.13
+        distributed/fsdp/_runtime_utils.py), which casts the local fp32 shard into a new
+        16-bit one (_flat_param.py ``_use_low_precision_shard``: ``_alloc_storage(
+        flat_param._mp_shard)``, ``copy_``), the all-gather's input; ``post_unshard`` frees
+        it (``_free_low_precision_sharded_param``, ``record_stream``-ed on the unshard
+        stream). So the pre-unshard stream's pool holds the largest unit's 16-bit shard, a
+        block the default stream cannot reuse: ceil(numel / N) 16-bit elements, the root's
+        (embeddings, final norm, head) and a layer's, each emitted once before the
+        micro-batch's gathers (one per size class of the caching allocator: a small root
+        shard and a large layer shard land in different pools). Seen in torch's FSDP1 traced
+        with its streams (Note [FSDP1 streams on the trace], trainmem/trace/fsdp.py): a
+        4-layer 1024-wide Qwen2 over 4 ranks, 524,800 B and 5,637,888 B on the pre-unshard
+        stream, a 2 MiB and a 20 MiB segment. Not under a quantized base (transformers'
+        FSDP-QLoRA: the policy's dtype is the codes' storage dtype, so the frozen units are not
+        cast; the adapter units' small casts are not modelled).
+    """
+    t = ctx.training
+    # a quantized base's units hold its codes in the policy's own dtype (transformers'
+    # Trainer._fsdp_qlora_plugin_updates sets param_dtype to bnb_4bit_quant_storage): no cast
+    fp32_units = t.quantize_base == "none"
+    if not (t.framework == "accelerate-fsdp" and t.is_mixed and not t.is_fp8 and fp32_units):
+        return ()
+    c, _ = compute_and_residual_bytes(t)
+    n = t.sharding_degree
+    return tuple(-(-size // (n * c)) * c for size in (root, layer) if size)
+
+
+def low_precision_shard_ops(s: Sharding) -> list[Op]:
+    """Each 16-bit shard of :func:`low_precision_shards` made and freed on the pre-unshard
+    stream, emitted before the micro-batch's gathers."""
+    label = "a unit's 16-bit shard, the all-gather's input (FSDP1 mixed precision)"
+    out: list[Op] = []
+    for n, size in enumerate(s.mp_shards):
+        op = alloc(size, Cat.TEMPORARY, "forward", f"mp_shard/{n}", "(model)", label,
+                   PRE_UNSHARD_STREAM)  # fmt: skip
+        out += [op, free(op, "forward")]
+    return out
 
 
 def offloaded_shard_copy_bytes(ctx: RankContext) -> int:
