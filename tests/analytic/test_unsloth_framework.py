@@ -246,3 +246,16 @@ def test_unsloths_allocator_settings_unless_given() -> None:
     given = estimate("llama-2-7b", t, alloc_conf="expandable_segments:True").breakdown
     plain = estimate("llama-2-7b", t, alloc_conf="expandable_segments:False").breakdown
     assert default.reserved_bytes == given.reserved_bytes != plain.reserved_bytes
+
+
+def test_lora_mlp_backward_makes_one_intermediate_gradient() -> None:
+    # LoRA_MLP.backward: DW = dY @ down (t x i, bf16), the SwiGLU backward in place into DW,
+    # e, g, the input gradient into the saved X: one (t, i) tensor; transformers' MLP holds
+    # three (the product's, the activation's and gate's gradients)
+    from trainmem.analytic.backward_transients import backward_layer_transients
+
+    llama = load_model_spec("llama-2-7b")
+    ours = backward_layer_transients(llama, _unsloth(lora_targets=ALL_LINEAR))
+    assert ours[0] == 2 * 11008 * 4096
+    hf = TrainingConfig(precision="bf16-true", **{**QLORA, "lora_targets": ALL_LINEAR})  # type: ignore[arg-type]
+    assert backward_layer_transients(llama, hf)[0] == 3 * 2 * 11008 * 4096

@@ -7,6 +7,7 @@ from __future__ import annotations
 from trainmem.analytic.activation_parallelism import parallel_divisor
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
 from trainmem.analytic.attention import fp32_softmax
+from trainmem.analytic.lora import unsloth_fast_lora
 from trainmem.analytic.mlp import (
     SIGMOID_FORMULA_ACTIVATIONS,
     expert_loop,
@@ -105,6 +106,12 @@ def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tup
         o = expert_loop_output_bytes(training)
         pairs = -(-k_top * t // model.num_experts)
         mlp = o * (2 * h + 3 * i) * pairs + r * h * t
+    elif unsloth_fast_lora(training) and model.mlp_kind == "gated" and model.num_experts == 1:
+        # Note [Unsloth's fast LoRA]: LoRA_MLP.backward makes one (t, i) tensor, down's input
+        # gradient DW, and runs the SwiGLU backward in place into DW, e and g
+        # (``swiglu_DWf_DW_dfg_kernel``); the input gradient goes into the saved X
+        # (``torch.matmul(df, upW.t(), out = X)``)
+        mlp = c * i * t
     elif model.num_experts > 1 and training.conventions.hf_model_code:
         # transformers' grouped_mm experts run in the weights' dtype w
         # (:func:`~trainmem.analytic.mlp.moe_terms`); at
