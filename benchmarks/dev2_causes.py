@@ -964,7 +964,10 @@ CAUSES.update(
             "plugin keeps limit_all_gathers=True, peft examples/sft/configs/fsdp_config.yaml "
             "BACKWARD_PRE; the root's and the layers' gathers in that stream's pool, the "
             "sharded gradients in the post-backward stream's): reserved +6.1 -> +3.7%, the "
-            "replay near the card's capacity"
+            "replay near the card's capacity; the units' bf16 shards cast on FSDP1's "
+            "pre-unshard stream (Note [FSDP1 16-bit shard on the pre-unshard stream], fp32 "
+            "weights under bf16-mixed, as trainmem reads *-mixed): +3.7 -> +4.1%; a script "
+            "loading the base in bf16 would cast none"
         ),
         "GT176": (
             "unexplained: DeepSpeed ZeRO-3 QLoRA; the double-quantized statistics are whole on "
