@@ -726,11 +726,14 @@ def _rewrite(
                 size_bytes=size, category=Cat.TEMPORARY, key=f"{item.key}/whole", label=FULL_LABEL
             )
             blocks[id(run)] = block
-            if first:  # the layer's partitions, then its whole gradients (the analytic order)
-                out += [_resized(_op(items[j]), sizes) for j in run]
+            if first:  # its first partition, then the layer's whole gradients (the analytic
+                # order: each partition where its gradient is made, Note [Gradients where
+                # their linear's backward runs] in analytic/schedule.py)
+                out.append(_resized(_op(item), sizes))
             out.append(block)
         if k in members:
-            pass
+            if k not in starts:
+                out.append(_resized(_op(item), sizes))
         elif k in later:  # a later micro-batch's new gradient: inside the layer's whole block
             zeroed.add(item.key)
             out.append(item._replace(size_bytes=0))
