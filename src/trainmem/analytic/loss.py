@@ -296,6 +296,16 @@ def unsloth_fused_loss(model: ModelSpec, training: TrainingConfig) -> bool:
         dequantized head weight (the head is 16-bit under Unsloth) and no head input kept.
         Not traced (Triton / CUDA); the bytes by hand in
         tests/analytic/test_unsloth_framework.py.
+
+        Not modelled, read for the record: with ``UNSLOTH_RETURN_LOGITS=1`` (or no labels)
+        the model returns the 16-bit logits (``logits.to(model dtype)``) and, given labels,
+        takes ``fast_cross_entropy_loss`` (unsloth 2026.3.5 kernels/cross_entropy_loss.py
+        ``Fast_CrossEntropyLoss``): its forward saves the 16-bit logits themselves, the fp32
+        log-sum-exp per row (per row and 65,536-wide vocabulary chunk, then reduced, above
+        that width) and the labels, writes fp32 losses per row, never an fp32 copy of the
+        logits; its backward writes the gradient into the saved logits in place and returns
+        them (``return logits, ...``): c V t alive from the head to its backward, no new
+        (t, V) tensor in the backward.
     """
     return (
         training.conventions.unsloth_fused_cross_entropy
