@@ -9,6 +9,9 @@ x 4 B each) for the 8-bit step; bitsandbytes' AdamW8bit updates in place.
 from __future__ import annotations
 
 from trainmem.analytic.temporaries import optimizer_step_temporary_bytes, steps_per_parameter
+from trainmem.analytic.transforms.base import alloc
+from trainmem.analytic.transforms.optimizer import per_parameter_step_ops
+from trainmem.breakdown import MemoryCategory
 from trainmem.estimate import estimate
 from trainmem.specs.trainer_configs import AXOLOTL_OPTIMIZERS, HF_OPTIMIZERS, TORCHTUNE_OPTIMIZERS
 from trainmem.specs.training import TrainingConfig
@@ -63,3 +66,14 @@ def test_framework_names_pick_the_library() -> None:
     assert TORCHTUNE_OPTIMIZERS["bitsandbytes.optim.AdamW8bit"] == "adamw-8bit"
     for path in ("torchao.optim.AdamW8bit", "torchao.prototype.low_bit_optim.AdamW8bit"):
         assert TORCHTUNE_OPTIMIZERS[path] == "ao-adamw-8bit"
+
+
+def test_optimizer_in_backward_steps_each_gradient_with_its_own_buffers() -> None:
+    # torchtune's optimizer_in_bwd: one optimizer per parameter, stepped in the gradient's hook;
+    # a bf16 gradient of 3072 x 8192 (24 Mi elements) holds 2n + 8n/256 B while it steps
+    n = 3072 * 8192
+    t = TrainingConfig(optimizer="ao-adamw-8bit", precision="bf16-true", optimizer_in_backward=True)
+    grad = alloc(2 * n, MemoryCategory.GRADIENT, "backward", "g", "layers.0.mlp", "grad")
+    made, freed = per_parameter_step_ops(t, grad)
+    assert made.size_bytes == 2 * n + 2 * 4 * (n // 256) == 51_118_080
+    assert freed.size_bytes == made.size_bytes
