@@ -13,22 +13,20 @@ Inputs as read: ``llama-3.1-8b``, ``--framework unsloth`` (bf16, ``adamw-8bit``,
 checkpoint), ``--quantize-base nf4-dq`` (Unsloth's bnb-4bit checkpoints are double-quantized),
 ``--lora-rank 32 --lora-targets all-linear``, ``-b 1``; the card as ``<N>GB`` of usable memory
 (the README does not say which cards or how much of them torch reports). The fused loss's
-number of pieces is Unsloth's own (unsloth_zoo 2026.3.4 fused_losses/cross_entropy_loss.py
-``get_chunk_size``: ``max(4 round(2 V t / free), 1)``), with ``free`` the capacity less what
-the step holds when the loss starts (the measured step's schedule).
+number of pieces is Unsloth's own, as ``estimate`` takes it on a given GPU
+(``trainmem.estimate.unsloth_loss_pieces``: unsloth_zoo 2026.3.4 ``get_chunk_size``,
+``max(4 round(2 V t / free), 1)``, ``free`` the capacity less what the schedule holds when the
+first loss starts).
 
-Run: ``python benchmarks/unsloth_context.py`` (about a minute).
+Run: ``python benchmarks/unsloth_context.py`` (a few seconds).
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
 
 from trainmem.errors import SpecError
-from trainmem.estimate import estimate, resolve_model
-from trainmem.schedule import Item, Op, Repeat
-from trainmem.specs.hardware import custom_gpu
+from trainmem.estimate import estimate
 from trainmem.specs.training import TrainingConfig
 
 MODEL = "llama-3.1-8b"
@@ -53,47 +51,10 @@ STEP = 256
 """Granularity of the search over sequence lengths (tokens)."""
 
 
-def _ops(items: list[Item], i: int = 0) -> Iterator[Op]:
-    for item in items:
-        if isinstance(item, Repeat):
-            for k in range(item.count):
-                yield from _ops(list(item.body), item.index(k))
-        else:
-            yield item
-
-
-def in_use_at_loss(seq_len: int) -> int:
-    """Bytes allocated when the measured step's loss starts (its logits not yet made): what
-    ``torch.cuda.mem_get_info`` leaves out of ``free`` at Unsloth's first fused-loss call,
-    the CUDA context and cached blocks aside. The loss's own pieces do not change it."""
-    training = TrainingConfig(seq_len=seq_len, **SETTINGS)  # type: ignore[arg-type]
-    schedule = estimate(MODEL, training, simulate_allocator=False).schedules[0]
-    live = 0
-    for op in _ops(list(schedule.setup)):
-        live += op.size_bytes if op.action == "alloc" else -op.size_bytes
-    for op in _ops(list(schedule.step)):
-        if op.action == "alloc" and op.key in ("logits16", "logits"):
-            return live
-        live += op.size_bytes if op.action == "alloc" else -op.size_bytes
-    raise AssertionError("no loss in the step")
-
-
-def pieces(seq_len: int, gpu: str) -> int:
-    """Unsloth's ``n_chunks`` for this length on this card: ``max(4 round(2 V t / free), 1)``
-    (``get_chunk_size``), ``free`` the card's capacity less :func:`in_use_at_loss`."""
-    spec = custom_gpu(gpu)
-    assert spec is not None
-    free = spec.memory_bytes - in_use_at_loss(seq_len)
-    if free <= 0:
-        return 1
-    return max(4 * round(2 * resolve_model(MODEL).vocab_size * seq_len / free), 1)
-
-
 def fits(seq_len: int, gpu: str) -> bool:
     """Whether the step at ``seq_len`` fits ``gpu`` (the allocator simulator's verdict)."""
     try:
-        n = pieces(seq_len, gpu)
-        training = TrainingConfig(seq_len=seq_len, chunked_cross_entropy=n, **SETTINGS)  # type: ignore[arg-type]
+        training = TrainingConfig(seq_len=seq_len, **SETTINGS)  # type: ignore[arg-type]
         return estimate(MODEL, training, gpu=gpu).verdict in ("fits", "tight")
     except SpecError:
         return False

@@ -15,14 +15,16 @@ Note [Which path runs]
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Literal
 
 from trainmem.analytic.buffers import device_context
 from trainmem.analytic.engine import estimate_analytic
+from trainmem.analytic.loss import unsloth_fused_loss
 from trainmem.breakdown import MemoryEstimate
 from trainmem.errors import NotApplicableError, SpecError, UnsupportedError
-from trainmem.schedule import StepSchedule
+from trainmem.schedule import Item, Op, Repeat, StepSchedule
 from trainmem.specs.assumptions import assumptions
 from trainmem.specs.frameworks import installed_transformers_version, parse_version
 from trainmem.specs.hardware import GPUSpec, check_precision_on_gpu
@@ -628,11 +630,82 @@ def estimate(
     if not alloc_conf:  # the framework's (Unsloth's expandable segments); a given one wins
         torch = parse_version("torch_version", training.torch_version)
         alloc_conf = training.conventions.default_alloc_conf(torch)
+    pieces_note = ""
+    gpu_spec = resolve_gpu(gpu)
+    if gpu_spec is not None and training.conventions.unsloth_fused_cross_entropy:
+        pieces = unsloth_loss_pieces(model, training, gpu_spec, cuda_context_bytes)
+        if pieces > 1:
+            training = replace(training, chunked_cross_entropy=pieces)
+            pieces_note = (
+                f"Unsloth's fused loss runs in {pieces} pieces of tokens on this GPU (its "
+                "get_chunk_size from the free memory at the loss; --chunked-cross-entropy N "
+                "sets them, as UNSLOTH_CE_LOSS_N_CHUNKS does)"
+            )
     est = _dispatch(
         model, training, gpu, engine, cuda_context_bytes, alloc_conf, simulate_allocator, lean
     )
-    est.notes[:0] = setting_warnings(model, training)
+    est.notes[:0] = setting_warnings(model, training) + ([pieces_note] if pieces_note else [])
     return est
+
+
+def unsloth_chunk_count(vocab_size: int, tokens: int, free_bytes: int) -> int:
+    """Unsloth's number of fused-loss pieces: ``max(4 round(2 V t / free), 1)``, Python's
+    rounding (unsloth_zoo 2026.3.4 fused_losses/cross_entropy_loss.py ``get_chunk_size`` with
+    ``_get_chunk_multiplier``'s ``target_gb = 0.5 free``); one piece when nothing is free
+    (Unsloth raises there; the step does not fit anyway)."""
+    if free_bytes <= 0:
+        return 1
+    return max(4 * round(2 * vocab_size * tokens / free_bytes), 1)
+
+
+def unsloth_loss_pieces(
+    model: str | ModelSpec,
+    training: TrainingConfig,
+    gpu: GPUSpec,
+    cuda_context_bytes: int | None = None,
+) -> int:
+    """The pieces Unsloth's fused cross-entropy splits the tokens into on ``gpu`` (Note
+    [Unsloth's fused cross-entropy]): ``chunked_cross_entropy`` when given
+    (``UNSLOTH_CE_LOSS_N_CHUNKS``), else :func:`unsloth_chunk_count` with ``free`` the GPU's
+    capacity less the CUDA context and what the analytic schedule holds when the first loss
+    starts (``torch.cuda.mem_get_info`` at the first call, which ``_get_chunk_multiplier``
+    caches, cached blocks aside);
+    1 where the fused loss does not run.
+
+    Raises:
+        SpecError: as :func:`estimate`.
+    """
+    spec = resolve_model(model)
+    if training.chunked_cross_entropy or not unsloth_fused_loss(spec, training):
+        return max(training.chunked_cross_entropy, 1)
+    check_training_for_model(spec, training)
+    first = estimate_analytic(spec, training, gpu=gpu, cuda_context_bytes=cuda_context_bytes)
+    context, _, _ = device_context(training, cuda_context_bytes, gpu=gpu)
+    free = gpu.memory_bytes - context - _live_at_loss(first.schedules[0])
+    tokens = training.micro_batch_size * training.seq_len
+    return unsloth_chunk_count(spec.vocab_size, tokens, free)
+
+
+def _live_at_loss(schedule: StepSchedule) -> int:
+    """Bytes allocated when the first loss's logits are about to be made: the warm-up step's
+    (in the setup: optimizer states made lazily by its step are not there yet), else the
+    measured step's; 0 without a loss."""
+    live = 0
+    for op in _walk([*schedule.setup, *schedule.step]):
+        if op.action == "alloc" and op.key in ("logits16", "logits"):
+            return live
+        live += op.size_bytes if op.action == "alloc" else -op.size_bytes
+    return 0
+
+
+def _walk(items: list[Item]) -> Iterator[Op]:
+    """The ops of ``items``, repeats unrolled (sizes only: keys stay unformatted)."""
+    for item in items:
+        if isinstance(item, Repeat):
+            for _ in range(item.count):
+                yield from _walk(list(item.body))
+        else:
+            yield item
 
 
 def setting_warnings(model: str | ModelSpec, training: TrainingConfig) -> list[str]:

@@ -259,3 +259,27 @@ def test_lora_mlp_backward_makes_one_intermediate_gradient() -> None:
     assert ours[0] == 2 * 11008 * 4096
     hf = TrainingConfig(precision="bf16-true", **{**QLORA, "lora_targets": ALL_LINEAR})  # type: ignore[arg-type]
     assert backward_layer_transients(llama, hf)[0] == 3 * 2 * 11008 * 4096
+
+
+def test_loss_pieces_by_unsloths_rule_on_a_given_gpu() -> None:
+    # get_chunk_size: max(4 * round(2 V t / free), 1), Python's round (half to even)
+    from trainmem.estimate import unsloth_chunk_count
+
+    assert unsloth_chunk_count(128256, 40000, 17 * 10**9) == 4  # 0.60 -> 1 -> 4
+    assert unsloth_chunk_count(32000, 4096, 60 * 10**9) == 1  # 0.0044 -> 0 -> 1
+    assert unsloth_chunk_count(5, 1, 4) == 8  # 2.5 -> 2 -> 8
+    assert unsloth_chunk_count(5, 1, 0) == 1
+    long = {**QLORA, "lora_rank": 32, "lora_targets": ALL_LINEAR, "quantize_base": "nf4-dq"}
+    long |= {"micro_batch_size": 1, "seq_len": 40000}
+    t = TrainingConfig(framework="unsloth", **long)  # type: ignore[arg-type]
+    est = estimate("llama-3.1-8b", t, gpu="24GB")
+    # 2 V t = 10.26e9 B: 4 pieces for any free memory in (6.84e9, 20.5e9], 24 GB less ~7 GB
+    assert est.config["chunked_cross_entropy"] == 4
+    assert any("fused loss runs in 4 pieces" in n for n in est.notes)
+    given = estimate(
+        "llama-3.1-8b",
+        TrainingConfig(framework="unsloth", chunked_cross_entropy=1, **long),
+        gpu="24GB",
+    )  # type: ignore[arg-type]
+    assert given.config["chunked_cross_entropy"] == 1  # UNSLOTH_CE_LOSS_N_CHUNKS wins
+    assert estimate("llama-3.1-8b", t).config["chunked_cross_entropy"] == 0  # no GPU: one piece

@@ -273,9 +273,10 @@ def unsloth_fused_loss(model: ModelSpec, training: TrainingConfig) -> bool:
           round(2 V b s / free), 1)`` with ``free`` the GPU's free memory in bytes at the
           first call (``torch.cuda.mem_get_info``, cached; ``_get_chunk_multiplier``): one
           piece unless the fp32 logits (4 V b s) exceed about the free memory, or the
-          ``UNSLOTH_CE_LOSS_N_CHUNKS`` environment variable's count. trainmem takes one piece,
-          or ``chunked_cross_entropy`` pieces when given (when the logits do not fit and it
-          is not given, Unsloth chunks and the estimate is above the run);
+          ``UNSLOTH_CE_LOSS_N_CHUNKS`` environment variable's count. trainmem takes
+          ``chunked_cross_entropy`` pieces when given, else, on a given GPU, Unsloth's count
+          from the capacity less what the schedule holds at the first loss
+          (trainmem.estimate ``unsloth_loss_pieces``), else one piece;
         * per piece runs ``torch.compile`` of ``torch.func.grad_and_value`` of
           ``compute_fused_ce_loss`` (``F.linear`` in the head weight's dtype, then
           ``F.cross_entropy(logits.float())``): one graph with its own backward, whose
