@@ -122,6 +122,7 @@ def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dic
     Returns:
         ``{"framework", "framework_means", "loop", "torch", "transformers", "bitsandbytes",
         "torchao", "deepspeed", "torchtitan"}`` as text (``loop``: :func:`loop_of`), and
+        ``"litgpt_sharding"`` for litgpt on more than one rank (:data:`LITGPT_SHARDING`),
         ``"precision"`` where it is the framework's own default (:func:`framework_precision`:
         torchtune's ``bf16-true``); a version
         the user did not give reads ``"2.8 (default)"`` (transformers: ``"5.24.0 (installed)"``
@@ -155,6 +156,8 @@ def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dic
     if framework == "litgpt":
         # from 0.4.6 its RMSNorm multiplies the weight in fp32 (norms.norm_options)
         out["litgpt"] = _version(config.get("litgpt_version"), DEFAULT_LITGPT_VERSION)
+        if int(config.get("data_parallel_size") or 1) > 1:
+            out["litgpt_sharding"] = LITGPT_SHARDING
     if framework == "unsloth":  # no setting: the release its conventions were read from
         out["unsloth"] = (
             ".".join(map(str, DEFAULT_UNSLOTH_VERSION))
@@ -170,18 +173,30 @@ def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dic
     return out
 
 
+LITGPT_SHARDING = (
+    "FSDP1 with one unit per Block (finetune/full.py, adapter*.py, and lora.py through 0.5.7); "
+    "litgpt 0.5.8-0.5.10 lora.py wraps each Linear and 0.5.11+ shards with FSDP2 "
+    "(ModelParallelStrategy), not modelled; every Block checkpointed unless told"
+)
+"""How litgpt's sharded fine-tuning is modelled (``assumptions()["litgpt_sharding"]``; litgpt
+0.5.13 finetune/full.py and lora.py, 281510ab, 5ac69b06)."""
+
+
 LOAD_OFF_HINT = "--set load-phase=false for none"
 """How the ``load`` assumption says it is turned off (``TrainingConfig.load_phase``)."""
 
 
 def versions_text(assumed: Mapping[str, str]) -> str:
     """The library versions of :func:`assumptions`' result: ``"torch 2.8 (default), ..."``,
-    then the load phase assumed (``"load"``, set by the driver), if any."""
+    then litgpt's sharding (``"litgpt_sharding"``), then the load phase assumed (``"load"``,
+    set by the driver), if any."""
     text = ", ".join(
         f"{k} {v}"
         for k, v in assumed.items()
-        if k not in ("framework", "framework_means", "loop", "load", "precision")
+        if k not in ("framework", "framework_means", "loop", "load", "precision", "litgpt_sharding")
     )
+    if assumed.get("litgpt_sharding"):
+        text += f"; litgpt's sharding: {assumed['litgpt_sharding']}"
     if assumed.get("load"):
         text += f"; load phase: {assumed['load']} ({LOAD_OFF_HINT})"
     return text

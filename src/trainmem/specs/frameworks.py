@@ -747,6 +747,19 @@ class FrameworkConventions:
     """The activation checkpointing when none is given: ``none``; Unsloth ``full``
     (``FastLanguageModel.get_peft_model(use_gradient_checkpointing = "unsloth")``, its default,
     unsloth/models/llama.py 2026.3.5). An explicit value always wins."""
+    sharded_activation_checkpointing: str | None
+    """The activation checkpointing when none is given and the step runs on more than one
+    data-parallel rank; None: :attr:`default_activation_checkpointing` there too. litgpt
+    ``full``: every fine-tuning script checkpoints each ``Block`` whenever ``devices *
+    num_nodes > 1``, with no setting to turn it off: finetune/full.py and adapter*.py
+    ``FSDPStrategy(auto_wrap_policy={Block}, activation_checkpointing_policy={Block}, ...)``
+    (FSDP1; lit-gpt @8641822 to litgpt 0.5.13), finetune/lora.py the same through 0.5.7,
+    ``auto_wrap_policy={torch.nn.Linear}`` from 0.5.8 (281510ab, Mar 2025) and from 0.5.11
+    (5ac69b06, Aug 2025) ``ModelParallelStrategy(parallelize_fn=...)``, whose
+    ``parallelize_fn(..., activation_checkpointing=True)`` wraps every block in
+    ``checkpoint_wrapper`` before FSDP2's ``fully_shard``. An explicit value wins: litgpt's
+    pretrain.py shards (``FSDPStrategy(auto_wrap_policy={Block}, sharding_strategy=
+    "HYBRID_SHARD")``) without checkpointing."""
     precisions: tuple[str, ...] | None
     """The precisions the framework trains in (Lightning names); None: every one. torchtune:
     ``bf16-true`` and ``32-true`` only: its recipes build the whole model in the config's
@@ -842,6 +855,7 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "unsloth_fast_lora": False,
         "default_optimizer": "adamw",
         "default_activation_checkpointing": "none",
+        "sharded_activation_checkpointing": None,
     }
     return FrameworkConventions(name=name, **{**defaults, **fields})  # type: ignore[arg-type]
 
@@ -935,6 +949,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             loop="previous",
             untied_output_head=True,
             fsdp_collective_streams=True,
+            sharded_activation_checkpointing="full",
         ),
         # Answer.AI fsdp_qlora train.py (Mar 2024, e4968fd): a transformers model whose linears
         # are replaced by bitsandbytes Linear4bit (quant_storage = the model dtype) and loaded

@@ -48,7 +48,9 @@ Note [Framework conventions]
                     weights, ``MixedPrecision(param_dtype=bf16, reduce_dtype=bf16)``: layers
                     compute on gathered 16-bit weights, no autocast cast.
     litgpt          as the precision says; lit-gpt's own model code (fused qkv, fused GELU) and
-                    Fabric's fp32 cast of the model output (logits kept in fp32).
+                    Fabric's fp32 cast of the model output (logits kept in fp32); on more than
+                    one rank ``full`` checkpointing unless told (its fine-tuning scripts
+                    checkpoint every ``Block`` whenever they shard; an explicit value wins).
     deepspeed       16-bit weights and grads, fp32 master weights + moments in the optimizer:
                     2 + 2 + 12 B/param (ZeRO paper sec. 3.1); the model runs in 16-bit, no autocast.
     megatron        16-bit weights, fp32 gradient accumulation buffer (``accumulate_allreduce_
@@ -660,13 +662,17 @@ class CheckpointingConfig:
         "Activation checkpointing:",
         choices=ACTIVATION_CHECKPOINTING,
         short="-c",
-        default_text='none; --framework unsloth: full, its offloaded "unsloth" mode',
+        default_text='none; --framework unsloth: full, its offloaded "unsloth" mode; '
+        "--framework litgpt on more than one rank: full",
     )
     """:data:`ACTIVATION_CHECKPOINTING`: ``none`` (autograd keeps every saved tensor);
     ``selective`` (recompute attention core, Korthikanti et al. 2022 sec. 5); ``full`` (keep
     only each layer's input; under ``--framework unsloth`` Unsloth's offloaded
     ``use_gradient_checkpointing="unsloth"``). None, the default: the framework's
-    (``FrameworkConventions.default_activation_checkpointing``): ``none``; Unsloth ``full``."""
+    (``FrameworkConventions.default_activation_checkpointing``): ``none``; Unsloth ``full``;
+    litgpt ``full`` on more than one data-parallel rank
+    (``FrameworkConventions.sharded_activation_checkpointing``: its fine-tuning scripts
+    checkpoint every ``Block`` whenever they shard)."""
     activation_offloading: bool = setting(False, "Saved activations offloaded to CPU.")
     """Move saved activations to CPU after each layer's forward (torchtune
     ``OffloadActivations``): about two layers' activations stay on the GPU. Default False."""
@@ -1719,6 +1725,9 @@ def _resolve_precision(t: TrainingConfig) -> None:
         object.__setattr__(t, "optimizer", row.default_optimizer if row else "adamw")
     if t.activation_checkpointing is None:
         default = row.default_activation_checkpointing if row else "none"
+        sharded = row.sharded_activation_checkpointing if row else None
+        if sharded is not None and isinstance(t.data_parallel_size, int):
+            default = sharded if t.data_parallel_size > 1 else default
         object.__setattr__(t, "activation_checkpointing", default)
 
 
