@@ -1823,6 +1823,13 @@ _FSDP1_MODEL_PARALLEL: dict[tuple[str, str], str] = {
         "3 (torch.distributed.pipelining with FSDP2, torchtitan), --framework megatron, or "
         "--pipeline-parallel-size 1"
     ),
+    ("accelerate-fsdp", "context_parallel_size"): (
+        "accelerate's context parallelism (1.10+, 6891c570) runs with FSDP2 only: state.py "
+        "AcceleratorState raises 'Using `cp_size>1` requires FSDP2, but the provided "
+        "`fsdp_plugin` is using FSDP1' (before 1.10 accelerate has no context parallelism); "
+        "allowed: --framework fsdp2 --zero-stage 3 (FSDP2 with CP: torchtitan's, or accelerate's "
+        "ParallelismConfig(cp_size) with fsdp_version 2), or --context-parallel-size 1"
+    ),
 }
 """Model parallelism beside FSDP1 that no run of the framework has (``fsdp-qlora``'s train.py
 has no tensor, pipeline or context parallelism: its own message), with what runs instead."""
@@ -1830,10 +1837,9 @@ has no tensor, pipeline or context parallelism: its own message), with what runs
 
 def _check_fsdp1_model_parallel(t: TrainingConfig) -> None:
     """FSDP1 frameworks beside model parallelism their code does not run: accelerate's FSDP1
-    beside tensor or pipeline parallelism (:data:`_FSDP1_MODEL_PARALLEL`; beside context
-    parallelism it is modelled and traced), Answer.AI fsdp_qlora's train.py (e4968fd, Mar
-    2024: ``FSDP`` over the data-parallel world, no tensor, pipeline or context-parallel
-    option) beside any.
+    beside tensor, pipeline or context parallelism (:data:`_FSDP1_MODEL_PARALLEL`), Answer.AI
+    fsdp_qlora's train.py (e4968fd, Mar 2024: ``FSDP`` over the data-parallel world, no
+    tensor, pipeline or context-parallel option) beside any.
 
     Raises:
         SpecError: the model-parallel size, naming the framework and what runs instead.
