@@ -185,9 +185,12 @@ def test_fast_lora_casts_adapters_not_inputs() -> None:
 
     llama = load_model_spec("llama-2-7b")
     fast = _unsloth(lora_targets=ALL_LINEAR)
-    assert unsloth_fast_lora(fast)
-    assert not unsloth_fast_lora(_unsloth())  # q, v only: peft's forward (no kernel group)
-    assert not unsloth_fast_lora(_unsloth(lora_targets=ALL_LINEAR, lora_dropout=0.05))
+    assert unsloth_fast_lora(llama, fast)
+    assert not unsloth_fast_lora(llama, _unsloth())  # q, v only: peft's forward (no group)
+    assert not unsloth_fast_lora(llama, _unsloth(lora_targets=ALL_LINEAR, lora_dropout=0.05))
+    # patch_peft_model leaves a group with biases to peft: Qwen2's q / k / v
+    qwen = load_model_spec("qwen2.5-7b")
+    assert qwen.attention_bias and not unsloth_fast_lora(qwen, fast)
     ours = layer_activation_terms(llama, fast)
     assert not any(k.endswith("_input_cast") for k in ours)
     peft = layer_activation_terms(llama, _unsloth(lora_targets=ALL_LINEAR, lora_dropout=0.0001))

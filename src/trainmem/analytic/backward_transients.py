@@ -106,7 +106,7 @@ def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tup
         o = expert_loop_output_bytes(training)
         pairs = -(-k_top * t // model.num_experts)
         mlp = o * (2 * h + 3 * i) * pairs + r * h * t
-    elif unsloth_fast_lora(training) and model.mlp_kind == "gated" and model.num_experts == 1:
+    elif unsloth_fast_lora(model, training):
         # Note [Unsloth's fast LoRA]: LoRA_MLP.backward makes one (t, i) tensor, down's input
         # gradient DW, and runs the SwiGLU backward in place into DW, e and g
         # (``swiglu_DWf_DW_dfg_kernel``); the input gradient goes into the saved X

@@ -58,7 +58,7 @@ def apply_lora(
     terms.update(dora_terms(model, training, t=t, k_top=k_top, adapter_bytes=adapter_bytes))
     if training.quantized_matmul_saves_input:
         terms.update(_adapter_input_copies(model, training, t=t, k_top=k_top))
-    if unsloth_fast_lora(training):
+    if unsloth_fast_lora(model, training):
         _unsloth_kernel_saves(terms, model, training, t=t)
 
 
@@ -72,7 +72,7 @@ def _unsloth_kernel_saves(
     output nor the product, which ``swiglu_DWf_DW_dfg_kernel`` remakes in backward."""
     for key in [k for k in terms if k.startswith("lora/") and "_" not in k[5:]]:
         terms[key] = 0
-    if model.mlp_kind == "gated" and model.num_experts == 1 and "mlp/gated" in terms:
+    if "mlp/gated" in terms:  # a dense gated MLP (unsloth_fast_lora)
         c, _ = compute_and_residual_bytes(training)
         terms["mlp/gated"] = 2 * c * model.intermediate_size * t
         terms["mlp/down_input"] = 0
@@ -127,7 +127,7 @@ def _frozen_base_inputs(
     targets = set(training.lora_targets)
     h = model.hidden_size
     qkv_targets = len({"q", "k", "v"} & targets)
-    adapter_bytes = adapter_matmul_bytes(training)
+    adapter_bytes = adapter_matmul_bytes(training, model)
     # With lora_dropout the adapters read the dropout output (counted below), not x: a frozen
     # base saves no input at all.
     via_dropout = training.lora_dropout > 0
@@ -174,7 +174,7 @@ def _adapter_terms(
     c, _ = compute_and_residual_bytes(training)
     targets = set(training.lora_targets)
     # autocast runs the adapters' matmuls in 16-bit
-    a_bytes = c if training.uses_autocast else adapter_matmul_bytes(training)
+    a_bytes = c if training.uses_autocast else adapter_matmul_bytes(training, model)
     # lit-gpt's fused ``attn`` applies one dropout to x for q, k and v together
     # (lit_gpt/lora.py ``LoRAQKVLinear``: ``F.linear(self.lora_dropout(x), self.lora_A)``)
     first_qkv = next((n for n in ("q", "k", "v") if n in targets), None)
@@ -216,9 +216,22 @@ UNSLOTH_FAST_LORA_TARGETS = frozenset(("q", "k", "v", "o", "gate", "up", "down")
 get_peft_model``'s default ``target_modules``."""
 
 
-def unsloth_fast_lora(training: TrainingConfig) -> bool:
+UNSLOTH_KERNEL_FAMILIES = frozenset(
+    ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "granite")
+)
+"""``model_type`` values whose ``FastLanguageModel`` class installs the LoRA kernels with the
+in-place MLP backward (unsloth 2026.3.5 models/llama.py ``patch_peft_model``: its
+``apply_lora_mlp`` table; cohere's MLP runs ``inplace = False``, falcon_h1's MLP is not
+patched, qwen3moe's experts are not ``LoRA_MLP``: left to peft's rules here; other families
+load through ``FastModel`` without them)."""
+
+
+def unsloth_fast_lora(model: ModelSpec, training: TrainingConfig) -> bool:
     """Every adapter runs through Unsloth's kernels (``FrameworkConventions.
-    unsloth_fast_lora``).
+    unsloth_fast_lora``): a family of :data:`UNSLOTH_KERNEL_FAMILIES`, dense, with no bias on
+    q / k / v, o or the MLP (``patch_peft_model`` patches a group only without biases: Qwen2's
+    q / k / v biases keep peft's forward there), adapters on all seven linears and no
+    dropout. Otherwise peft's rules (a part of the layer on the kernels is not modelled).
 
     Note [Unsloth's fast LoRA]
         unsloth 2026.3.5 models/llama.py ``FastLlamaModel.patch_peft_model`` replaces the
@@ -250,10 +263,14 @@ def unsloth_fast_lora(training: TrainingConfig) -> bool:
         and training.is_lora
         and training.lora_dropout == 0
         and UNSLOTH_FAST_LORA_TARGETS <= set(training.lora_targets)
+        and model.model_type in UNSLOTH_KERNEL_FAMILIES
+        and model.num_experts == 1
+        and model.mlp_kind == "gated"
+        and not (model.attention_bias or model.attention_out_bias or model.mlp_bias)
     )
 
 
-def adapter_matmul_bytes(training: TrainingConfig) -> int:
+def adapter_matmul_bytes(training: TrainingConfig, model: ModelSpec | None = None) -> int:
     """Bytes per element of the adapters as LoRA's forward reads them: their dtype
     (:func:`lora_adapter_dtype`), or the compute dtype where FSDP gathers them in it.
 
@@ -267,10 +284,12 @@ def adapter_matmul_bytes(training: TrainingConfig) -> int:
     16-bit dropout output. For a bitsandbytes 4-bit base under accelerate's FSDP the policy is
     the 16-bit quant storage's whatever the precision (transformers 4.48 trainer.py
     ``_fsdp_qlora_plugin_updates``: ``fsdp_plugin.set_mixed_precision(...bnb_4bit_quant_storage,
-    override=True)`` when it is a floating dtype; the model's dtype here)."""
+    override=True)`` when it is a floating dtype; the model's dtype here). Under Unsloth's
+    kernels (``model`` given, :func:`unsloth_fast_lora`) the compute dtype: they cast the
+    adapters to the input's dtype (Note [Unsloth's fast LoRA])."""
     if training.is_mixed and training.gathered_weight_dtype == training.compute_dtype:
         return dtype_bytes(training.compute_dtype)
-    if unsloth_fast_lora(training):  # Note [Unsloth's fast LoRA]: ``A.to(X.dtype)``
+    if model is not None and unsloth_fast_lora(model, training):  # ``A.to(X.dtype)``
         return dtype_bytes(training.compute_dtype)
     # FSDP1's NO_SHARD casts its flat parameters under the policy too (Note [FSDP1 NO_SHARD's
     # 16-bit copy] in analytic/transforms/sharding.py)

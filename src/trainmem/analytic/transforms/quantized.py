@@ -112,7 +112,7 @@ def unsloth_dequant_buffers(ctx: RankContext) -> tuple[int, int]:
     first forward on (Note [Unsloth's fast LoRA] in trainmem/analytic/lora.py); (0, 0) where
     its kernels do not run."""
     t = ctx.training
-    if not unsloth_fast_lora(t) or t.quantize_base not in BNB_4BIT:
+    if not unsloth_fast_lora(ctx.model, t) or t.quantize_base not in BNB_4BIT:
         return 0, 0
     largest = largest_base_numel(ctx.layer_states, t)
     return dtype_bytes(t.compute_dtype) * largest, 4 * -(-largest // 64)
