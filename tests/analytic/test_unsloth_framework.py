@@ -286,3 +286,16 @@ def test_loss_pieces_by_unsloths_rule_on_a_given_gpu() -> None:
     )  # type: ignore[arg-type]
     assert given.config["chunked_cross_entropy"] == 1  # UNSLOTH_CE_LOSS_N_CHUNKS wins
     assert estimate("llama-3.1-8b", t).config["chunked_cross_entropy"] == 0  # no GPU: one piece
+
+
+def test_fused_loss_soft_caps_inside_its_piece() -> None:
+    # compute_fused_ce_loss: tanh(logits / softcap) * softcap inside the compiled piece: no
+    # tanh output saved (transformers' Gemma-2 head saves c V t of it)
+    import dataclasses
+
+    from trainmem.analytic.head import head_activation_bytes
+
+    capped = dataclasses.replace(load_model_spec("gemma-3-1b"), final_logit_softcap=30.0)
+    assert "final_logit_softcap_tanh" not in head_activation_bytes(capped, _unsloth())
+    hf = TrainingConfig(precision="bf16-true", **QLORA)  # type: ignore[arg-type]
+    assert head_activation_bytes(capped, hf)["final_logit_softcap_tanh"] == 2 * 262144 * 4096

@@ -92,7 +92,8 @@ def _lm_head_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dic
     # log-softmax keeps only its output and the LM head its input (found by the trace
     # engine); they exist only at the end of forward (loss_forward_transient_bytes).
     out.update(loss_saved_terms(model, training, t=t))
-    if model.final_logit_softcap and model.head == "causal-lm":
+    if model.final_logit_softcap and model.head == "causal-lm" and not fused:
+        # (Unsloth's fused loss soft-caps inside its compiled piece: a transient there)
         # softcap * tanh(logits / softcap) before the loss: tanh saves its output, in the
         # LM head's dtype (modeling_gemma2.py ``Gemma2ForCausalLM.forward``)
         out["final_logit_softcap_tanh"] = c * v * t
