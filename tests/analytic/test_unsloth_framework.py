@@ -109,6 +109,8 @@ def test_single_gpu_only() -> None:
         _unsloth(data_parallel_size=2)
     with pytest.raises(SpecError, match="zero_stage"):
         _unsloth(zero_stage=2)
+    with pytest.raises(SpecError, match="activation_offloading"):
+        _unsloth(activation_offloading=True)  # its own offload is -c full
 
 
 def test_the_traced_paths_refuse_it_naming_what_runs() -> None:

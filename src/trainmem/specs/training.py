@@ -1778,8 +1778,8 @@ def _check_unsloth_single_gpu(t: TrainingConfig) -> None:
     the PEFT model "to disable incorrect DDP", unsloth/models/llama.py ``get_peft_model``).
 
     Raises:
-        SpecError: a parallel size above 1, ZeRO / FSDP sharding or CPU offload, naming what
-            runs instead.
+        SpecError: a parallel size above 1, ZeRO / FSDP sharding, CPU offload or torchtune's
+            activation offloading, naming what runs instead.
     """
     if t.framework != "unsloth":
         return
@@ -1797,6 +1797,13 @@ def _check_unsloth_single_gpu(t: TrainingConfig) -> None:
                 f"(2026.3.5); allowed: {_flag(name)} 1, or --framework hf-trainer (the HF "
                 "Trainer over several GPUs)",
             )
+    if t.activation_offloading:
+        raise SpecError(
+            "activation_offloading",
+            "torchtune's OffloadActivations is no Unsloth setting; Unsloth offloads each "
+            "checkpointed layer's input itself under --activation-checkpointing full (its "
+            '"unsloth" mode, the default with --framework unsloth); allowed: false',
+        )
     if t.zero_stage > 0 or t.offload != "none":
         field = "zero_stage" if t.zero_stage > 0 else "offload"
         raise SpecError(
