@@ -419,7 +419,10 @@ class PrecisionConfig:
         "Lightning precision:",
         choices=PRECISIONS,
         short="-p",
-        default_text="bf16-mixed; --framework torchtune: bf16-true, its recipes' dtype",
+        default_text=(
+            "bf16-mixed; --framework torchtune: bf16-true, its recipes' dtype; --framework "
+            "unsloth: bf16-true, its bf16 model"
+        ),
     )
     """Lightning precision name (:data:`PRECISIONS`; the short names of
     :data:`PRECISION_ALIASES` are read as theirs), see the module docstring. None, the default:
@@ -544,7 +547,11 @@ class LoopConfig:
     model's own (``ModelSpec.loss_written_out``: the course's cross-entropy for
     ``cs336_basics``, ``F.cross_entropy`` for the transformers families). An explicit value
     always wins."""
-    chunked_cross_entropy: int = setting(0, "Loss in N chunks of tokens (0: whole).")
+    chunked_cross_entropy: int = setting(
+        0,
+        "Loss in N chunks of tokens (0: whole; --framework unsloth: its fused loss's pieces, "
+        "UNSLOTH_CE_LOSS_N_CHUNKS, 0: Unsloth's own count for --gpu).",
+    )
     """Compute the loss in this many chunks of tokens, 0 to 2^31 - 1 (0, the default: in one
     piece, as ``F.cross_entropy``; torchtune's ``CEWithChunkedOutputLoss`` uses 8); see
     :func:`trainmem.analytic.activations.loss_backward_transient_bytes`."""
