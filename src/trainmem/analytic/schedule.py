@@ -210,10 +210,11 @@ class _Transforms:
         made = self._answered("layer", where)
         if made is not None:
             return made, [], [], []
-        if not where.new_grads:
-            return [], [], [], []
         ops = self._base_gradients("layer")
-        places = gradient_places(tuple(s.name for s in self.ctx.layer_states))
+        if not where.new_grads:  # a later micro-batch's, added in place into the kept ones
+            ops = [op for g in ops for op in _accumulated(g)]
+        names = [s.name for s in self.ctx.layer_states]
+        places = gradient_places(tuple(names if where.new_grads else _twice(names)))
         out: tuple[list[Op], list[Op], list[Op], list[Op]] = ([], [], [], [])
         for op, place in zip(ops, places, strict=True):
             out[place].append(op)
@@ -234,6 +235,23 @@ class _Transforms:
             made = gradient_ops(self.ctx, states, "backward", key, module)
             cached = self.ctx.shared[("gradients", group)] = tuple(made)
         return list(cached)
+
+
+def _accumulated(grad: Op) -> tuple[Op, Op]:
+    """A later micro-batch's new gradient of ``grad``'s tensor: made as the first one is, then
+    added into the kept ``.grad`` in place and freed (accumulate_grad.h ``accumulateGrad``: a
+    defined ``variable_grad`` takes ``variable_grad += new_grad``; Note [Gradients where their
+    linear's backward runs])."""
+    new = grad._replace(
+        category=Cat.TEMPORARY,
+        key=grad.key.replace("grad/", "new_grad/", 1),
+        label="a later micro-batch's new gradient before it is added into the kept one",
+    )
+    return new, free(new, "backward")
+
+
+def _twice(names: list[str]) -> list[str]:
+    return [n for name in names for n in (name, name)]
 
 
 def _layer_loop(
