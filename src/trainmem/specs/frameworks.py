@@ -977,7 +977,8 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
         # upcast to fp32 (``upcast = True``), embeddings, norms and LM head left in the model
         # dtype; a bf16 full fine-tune keeps bf16 weights (``float32_mixed_precision = False``
         # for bf16, vision.py post_patch_model); the notebooks' adamw_8bit; checkpointing
-        # "unsloth" (offloaded). See Note [Framework conventions].
+        # "unsloth" (offloaded); its fused loss, LoRA and RMSNorm kernels; expandable
+        # segments. See Note [Framework conventions].
         _row(
             "unsloth",
             autocast=True,

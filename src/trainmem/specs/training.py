@@ -68,6 +68,9 @@ Note [Framework conventions]
                     ``prepare_model_for_training``); by default ``adamw-8bit`` (its notebooks)
                     and ``full`` checkpointing as its offloaded "unsloth" mode (Note
                     [Unsloth's offloaded gradient checkpointing]); an explicit value wins.
+                    Its fused cross-entropy (no logits kept), LoRA kernels, RMSNorm kernel and
+                    allocator settings: Notes [Unsloth's fused cross-entropy], [Unsloth's fast
+                    LoRA] (trainmem/analytic/loss.py, lora.py).
     ==============  =============================================================================
 """
 
