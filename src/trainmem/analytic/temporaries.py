@@ -22,7 +22,18 @@ Note [Optimizer-step temporaries]
     fp32 tensors while the sum is built, the factored ``update = _approx_sq_grad(...)`` again two
     (the new product beside the old ``update``), and ``p_data_fp32.add_(-update)`` two
     (``-update`` beside ``update``): 2 fp32 temporaries of the largest trainable parameter, plus
-    one for each of its gradient and weight stored in 16 bits; ``torch.optim.Adafactor`` builds
+    one for each of its gradient and weight stored in 16 bits; and ``update`` stays bound past
+    the parameter's iteration until the next one's ``(grad**2) + eps`` is built, so each
+    parameter's peak also holds the previous parameter's fp32 ``update``
+    (:func:`carried_step_bytes`). Under FSDP1 with ``use_orig_params=False`` (accelerate's,
+    fsdp_qlora's) the parameters the loop steps are the units' flat parameters (local shards):
+    the root's (embedding, final norm, head) and each layer's whole. bf16-true 2-layer
+    1024-wide Llama (vocabulary 4096) on one GPU (NO_SHARD): a layer's flat parameter holds
+    4 x 1024^2 + 3 x 1024 x 2816 + 2 x 1024 = 12,847,104 elements, so the second layer's step
+    peaks at 4 B x (2 + 2) x 12,847,104 + 4 B x 12,847,104 (the first layer's ``update``) =
+    256,942,080 B, where the per-tensor reading had 4 B x 4 x 4,194,304 (the embedding) =
+    67,108,864 B (Note [Factored states of flat parameters] for its states).
+    ``torch.optim.Adafactor`` builds
     one ``var_estimate`` (``row_var @ col_var``) per parameter in its dtype, for all of them at
     once with foreach; Lion (lion-pytorch / torch) two; bitsandbytes 8-bit kernels, torchao's
     low-bit AdamW (compiled per parameter) and Megatron's / DeepSpeed's fused Adam update in
@@ -115,12 +126,7 @@ def _optimizer_only_temporary_bytes(
 ) -> int:
     """The step temporaries of the optimizer's row (:data:`~trainmem.specs.optimizers.
     OPTIMIZER_TABLE`) for the implementation that runs, in the dtype the row names."""
-    row = OPTIMIZER_TABLE[training.optimizer]
-    tmp = row.step_temporaries(
-        training.step_implementation,
-        transformers_class=training.adafactor_implementation == "transformers",
-        torch_version=parse_version("torch_version", training.torch_version),
-    )
+    tmp = _step_temporaries(training)
     copies = tmp.group_copies * num_trainable_parameters + tmp.largest_copies * largest_parameter
     if tmp.upcasts_16bit:  # transformers' Adafactor.step, Note [Optimizer-step temporaries]
         weight = lora_adapter_dtype(training) if training.is_lora else training.weight_dtype
@@ -131,12 +137,43 @@ def _optimizer_only_temporary_bytes(
     return _temporary_dtype_bytes(training, tmp) * copies + kernels
 
 
+def _step_temporaries(training: TrainingConfig) -> StepTemporaries:
+    """The optimizer row's temporaries for the implementation (and class) that runs."""
+    return OPTIMIZER_TABLE[training.optimizer].step_temporaries(
+        training.step_implementation,
+        transformers_class=training.adafactor_implementation == "transformers",
+        torch_version=parse_version("torch_version", training.torch_version),
+    )
+
+
 def steps_per_parameter(training: TrainingConfig) -> bool:
     """The optimizer steps one parameter at a time whatever ``optimizer_implementation``
     says: torchao's low-bit AdamW, whose compiled ``single_param_adam`` runs per parameter
-    (Note [torchao low-bit AdamW step] in ``specs/optimizers.py``)."""
-    row = OPTIMIZER_TABLE[training.optimizer]
-    return row.step_temporaries(training.step_implementation).largest_bytes_per_256 > 0
+    (Note [torchao low-bit AdamW step] in ``specs/optimizers.py``), and transformers'
+    Adafactor, a Python loop over ``group["params"]`` (transformers/optimization.py
+    ``Adafactor.step``)."""
+    tmp = _step_temporaries(training)
+    return tmp.largest_bytes_per_256 > 0 or tmp.upcasts_16bit
+
+
+def carried_step_bytes(training: TrainingConfig, elements: int) -> int:
+    """Bytes of one parameter's step a per-parameter loop keeps until the next parameter's
+    step has made its own (``StepTemporaries.carried_fp32_copies``): transformers' Adafactor
+    binds ``update`` (fp32, the parameter's size: ``exp_avg_sq.rsqrt().mul_(grad)`` or the
+    factored ``_approx_sq_grad(...)``) to the end of the parameter's iteration, and the next
+    iteration rebinds it only once ``(grad**2) + eps`` exists, after ``grad.float()`` and
+    ``p.float()``: so that parameter's peak has the previous ``update`` beside it
+    (transformers/optimization.py ``Adafactor.step``, 4.4x to 5.24; Note
+    [Optimizer-step temporaries]). 0 for every other step.
+
+    Args:
+        training: optimizer, implementation and torch release.
+        elements: elements of the previous parameter (its local shard).
+
+    Returns:
+        Bytes.
+    """
+    return 4 * _step_temporaries(training).carried_fp32_copies * elements
 
 
 def _temporary_dtype_bytes(training: TrainingConfig, tmp: StepTemporaries) -> int:

@@ -137,6 +137,10 @@ class StepTemporaries:
         largest_bytes_per_256: bytes per 256 elements of the largest trainable tensor whatever
             the training's dtypes (torchao's compiled step: the new codes and scales, Note
             [torchao low-bit AdamW step]).
+        carried_fp32_copies: fp32 copies of a parameter a per-parameter loop keeps bound
+            until the next parameter's step has built its own (transformers' Adafactor's
+            ``update``, Note [Optimizer-step temporaries]): the next parameter's peak has them
+            beside it.
     """
 
     group_copies: int = 0
@@ -144,6 +148,7 @@ class StepTemporaries:
     dtype: TemporaryDtype = "state"
     upcasts_16bit: bool = False
     largest_bytes_per_256: int = 0
+    carried_fp32_copies: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -455,9 +460,10 @@ _ROWS: tuple[OptimizerRow, ...] = (
             "for-loop": StepTemporaries(largest_copies=1, dtype="weight"),
         },
         # grad**2 + eps, the factored update and -update: two fp32 tensors at a time, plus
-        # the fp32 copies of a 16-bit gradient and weight
+        # the fp32 copies of a 16-bit gradient and weight; the last parameter's fp32 update
+        # stays bound until the next parameter's ``update = (grad**2) + eps`` is built
         transformers_temporaries=StepTemporaries(
-            largest_copies=2, dtype="float32", upcasts_16bit=True
+            largest_copies=2, dtype="float32", upcasts_16bit=True, carried_fp32_copies=1
         ),
         torch_optim="Adafactor",
         torch_kwargs={"lr": 1e-2},

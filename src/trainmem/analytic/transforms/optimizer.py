@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from trainmem.analytic.temporaries import (
     CS336_ADAMW_TEMPORARIES,
+    carried_step_bytes,
     optimizer_step_temporary_bytes,
     steps_per_parameter,
 )
@@ -27,8 +28,10 @@ from trainmem.analytic.transforms.base import (
     free,
     gradient_ops,
 )
+from trainmem.analytic.transforms.sharding import OWN_UNIT_STATES, own_units_apply
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.schedule import Item, Op, Repeat
+from trainmem.specs.ranks import fsdp1_framework
 from trainmem.specs.training import TrainingConfig
 from trainmem.timeline import Phase
 from trainmem.units import dtype_bytes
@@ -49,6 +52,16 @@ def per_parameter_step_ops(training: TrainingConfig, grad: Op) -> list[Op]:
     label = "one parameter's step temporaries (optimizer in backward)"
     op = alloc(size, Cat.TEMPORARY, b, f"{grad.key}/step", grad.module, label)
     return [op, free(op, b)]
+
+
+def flat_parameter_steps(training: TrainingConfig) -> bool:
+    """The optimizer steps FSDP1's flat parameters, not the model's tensors: accelerate's and
+    fsdp_qlora's FSDP1 (``use_orig_params=False``) hand it each unit's ``FlatParameter``
+    (shard) (torch distributed/fsdp/_flat_param.py ``FlatParamHandle``; Note [Factored states
+    of flat parameters] in ``analytic/tensor_states.py``). Under LoRA each trainable adapter
+    is a unit of its own (peft's ``fsdp_auto_wrap_policy``), so its flat parameter is that
+    tensor: False."""
+    return fsdp1_framework(training) and not training.is_lora
 
 
 class Optimizer(Transform):
@@ -183,12 +196,18 @@ class Optimizer(Transform):
         label = f"the {t.step_implementation} {t.optimizer} step's temporaries"
         if t.step_implementation == "foreach" and not steps_per_parameter(t):
             return self._foreach(total / n_local, local, label)
-        largest_local = max(local(s) for s in outer + layer)
+        outer_units, layer_units = self._step_units(outer, layer, local)
+        largest_local = max(n for _, n in outer_units + layer_units)
+        if flat_parameter_steps(t):  # the flat parameters' shards are the step's tensors
+            total = optimizer_step_temporary_bytes(
+                t, num_trainable_parameters=n_local, largest_parameter=largest_local
+            )
         # the course's AdamW makes its temporaries as separate parameter-sized tensors
         pieces = CS336_ADAMW_TEMPORARIES if t.step_implementation == "cs336" else 1
 
-        def one(s: TensorState, module: str) -> list[Op]:
-            size = round(total * local(s) / max(largest_local, 1))
+        def one(n: int, module: str, before: int) -> list[Op]:
+            # ``before``: elements of the parameter stepped just before (carried_step_bytes)
+            size = round(total * n / max(largest_local, 1)) + carried_step_bytes(t, before)
             o: Phase = "optimizer"
             ops = [
                 alloc(size // pieces, Cat.TEMPORARY, o, f"opt/tmp/{k}", module, label)
@@ -196,11 +215,47 @@ class Optimizer(Transform):
             ]
             return [*ops, *(free(op, o) for op in ops)]
 
-        items: list[Item] = [op for s in outer for op in one(s, s.owner)]
-        items.append(
-            Repeat(tuple(op for s in layer for op in one(s, "layers.{i}")), ctx.num_layers)
-        )
+        items: list[Item] = []
+        before = 0
+        for module, n in outer_units:
+            items += one(n, module, before)
+            before = n
+        body: list[Op] = []
+        if layer_units:  # the first layer's first tensor follows the outer ones' or a layer's
+            before = max(before, layer_units[-1][1])
+        for module, n in layer_units:
+            body += one(n, module, before)
+            before = n
+        items.append(Repeat(tuple(body), ctx.num_layers))
         return items
+
+    def _step_units(
+        self,
+        outer: list[TensorState],
+        layer: list[TensorState],
+        local: Callable[[TensorState], int],
+    ) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+        """The tensors a per-parameter step visits, (module, local elements) in order, outside
+        the layers and in one layer: each trainable tensor; under FSDP1's flat parameters
+        (:func:`flat_parameter_steps`) each unit's flat shard instead: the root's (every outer
+        tensor but an embedding or head that is a unit of its own), those own units, and one
+        per layer (padded to the sharding degree: torch distributed/fsdp/_flat_param.py
+        ``_get_shard``)."""
+        t = self.ctx.training
+        if not flat_parameter_steps(t):
+            return [(s.owner, local(s)) for s in outer], [("layers.{i}", local(s)) for s in layer]
+        gb = max(dtype_bytes(t.grad_dtype), 1)
+        dp = t.sharding_degree if t.optimizer_states_partitioned else 1
+
+        def shard(states: list[TensorState]) -> int:
+            return -(-sum(s.full_grad_bytes // gb for s in states) // dp)
+
+        own = OWN_UNIT_STATES.values() if own_units_apply(self.ctx) else ()
+        root = [s for s in outer if s.name not in own]
+        units = [(s.owner, shard([s])) for s in outer if s.name in own]
+        if root:
+            units.insert(0, (root[0].owner, shard(root)))
+        return units, ([("layers.{i}", shard(layer))] if layer else [])
 
     def _foreach(
         self, per: float, local: Callable[[TensorState], int], label: str
