@@ -42,7 +42,11 @@ Note [The previous micro-batch's graph]
 from __future__ import annotations
 
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
-from trainmem.analytic.loss import shifted_positions, transposed_cross_entropy
+from trainmem.analytic.loss import (
+    accelerate_output_bytes,
+    shifted_positions,
+    transposed_cross_entropy,
+)
 from trainmem.analytic.params import linear_shapes
 from trainmem.analytic.tensor_states import quantized_lm_head
 from trainmem.specs.model import ModelSpec
@@ -53,7 +57,8 @@ def previous_output_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     """Bytes of the previous micro-batch's model output the loop holds until the next forward
     returns (Note [The previous micro-batch's graph]): the logits, b*s*V values, fp32 when the
     framework casts the output (``FrameworkConventions.fp32_model_output``: Lightning Fabric's
-    ``convert_output``), else in the compute dtype (transformers' causal LMs return the
+    ``convert_output``; accelerate's ``native_amp`` forward, Note [accelerate's fp32 outputs]
+    in trainmem/analytic/loss.py), else in the compute dtype (transformers' causal LMs return the
     ``lm_head`` output and upcast only inside the loss, loss/loss_utils.py). 0 for another loop
     or a model without an LM head. The whole vocabulary: no framework with this loop shards
     the logits (it is refused with pipelining). torchtune's 2024 recipes rebind ``logits`` to
@@ -65,7 +70,8 @@ def previous_output_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     if transposed_cross_entropy(model, training):
         return 4 * model.vocab_size * shifted_positions(model, training)
     c, _ = compute_and_residual_bytes(training)
-    per_value = 4 if training.conventions.fp32_model_output else c
+    fp32 = training.conventions.fp32_model_output or accelerate_output_bytes(model, training)
+    per_value = 4 if fp32 else c
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     return per_value * model.vocab_size * t
 

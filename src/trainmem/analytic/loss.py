@@ -451,6 +451,58 @@ def shifted_logits_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     return (4 if loss_upcast(model, training) else c) * model.vocab_size * b * (s - 1)
 
 
+def accelerate_output_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes of the fp32 copy of the logits accelerate's wrapped forward returns: b*s*V values
+    of 4 bytes (vocabulary-parallel under TP) when accelerate converts the outputs
+    (``TrainingConfig.accelerate_fp32_outputs``) of a causal or masked LM whose logits leave
+    the model in 16 bits; 0 otherwise (fp32 logits are returned as they are).
+
+    Note [accelerate's fp32 outputs]
+        accelerate's ``Accelerator.prepare_model`` (accelerator.py, v0.20.0 to v1.14.0 read),
+        when ``native_amp`` (``mixed_precision`` fp16 / bf16 on a GPU, and never under
+        ``DistributedType.DEEPSPEED`` or ``MEGATRON_LM``: the ``__init__``'s mixed-precision
+        branches), sets ``model._original_forward = model.forward`` and replaces the forward by
+        ``convert_outputs_to_fp32(autocast_context(forward))``: utils/operations.py
+        ``ConvertOutputsToFp32.__call__`` returns ``convert_to_fp32(self.model_forward(...))``,
+        which ``recursively_apply``-s ``tensor.float()`` to every fp16 / bf16 tensor of the
+        output (lists, tuples, mappings such as a ``ModelOutput``; a ``Cache`` object passes
+        through). So a transformers LM's 16-bit ``logits`` get an fp32 copy, 4 bytes a value,
+        made after the model's own loss returned, while the 16-bit logits are still referenced
+        by the unconverted output (freed when the wrapper returns); the loss is fp32 already
+        and not copied. FSDP1 is wrapped around that forward (v1.x wraps before
+        ``FSDP(model)``, v0.20 after it: the same conversion), and the HF Trainer reaches it
+        through ``self.accelerator.prepare(self.model)``
+        (:data:`~trainmem.specs.frameworks.TRAINER_ON_ACCELERATE_SINCE`).
+
+        How long the copy lives is the loop's: the HF Trainer's ``compute_loss`` binds
+        ``outputs = model(**inputs)`` and returns only the loss, so it is gone before
+        ``accelerator.backward(loss)``: beside the loss's saved fp32 log-softmax it takes the
+        place of the loss's own fp32 upcast (``ForCausalLMLoss``: ``logits.float()``, freed
+        when the loss returns), so the forward's end holds max(upcast + shifted copy, fp32
+        output) beside the 16-bit logits (:func:`loss_forward_transient_bytes`); with a
+        loss that upcasts, the same bytes. A loop that keeps ``outputs`` (``step``,
+        ``previous``) keeps the fp32 copy, not the 16-bit logits
+        (:func:`~trainmem.analytic.transforms.loop.kept_logits_bytes`,
+        :func:`~trainmem.analytic.held_outputs.previous_output_bytes`).
+
+        Not converted: DeepSpeed (no ``native_amp``); ``*-true`` precisions (accelerate's
+        ``mixed_precision="no"``); logits already fp32 (transformers' Llama-style models
+        before 4.46 return ``logits.float()``); Unsloth (its fused loss returns no logits by
+        default, Note [Unsloth's fused cross-entropy]); loops accelerate does not prepare
+        (Answer.AI's train.py runs its own autocast).
+    """
+    c, _ = compute_and_residual_bytes(training)
+    if (
+        not training.accelerate_fp32_outputs
+        or model.head not in ("causal-lm", "masked-lm")
+        or c == 4
+        or not training.conventions.hf_model_code
+    ):
+        return 0
+    t = training.micro_batch_size * output_tokens(model, training)
+    return -(-4 * model.vocab_size * t // parallel_divisor("logits", training))
+
+
 def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     """Bytes live only at the end of forward, when the loss runs: the logits (c per value) and,
     when the loss upcasts 16-bit logits, their fp32 copy (one chunk of it with a chunked loss).
@@ -519,7 +571,10 @@ def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
         total = 2 * 4 * v * shifted_positions(model, training)
     else:
         upcast = loss_upcast(model, training) and c != 4
-        total = c * v * t + (4 * v * chunk if upcast else 0) + shifted_logits_bytes(model, training)
+        loss = (4 * v * chunk if upcast else 0) + shifted_logits_bytes(model, training)
+        # Note [accelerate's fp32 outputs]: the output's fp32 copy after the loss returned
+        converted = 4 * v * t if accelerate_output_bytes(model, training) else 0
+        total = c * v * t + max(loss, converted)
     return -(-total // parallel_divisor("logits", training))
 
 

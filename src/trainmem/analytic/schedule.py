@@ -96,6 +96,7 @@ from trainmem.analytic.head import (
 )
 from trainmem.analytic.load import load_items, load_rule
 from trainmem.analytic.loss import (
+    accelerate_output_bytes,
     chunked_head_weight_grad_bytes,
     chunked_loss_gradient_bytes,
     loss_backward_tensors,
@@ -611,6 +612,10 @@ class _Ends:
         self.before_rebind = (
             [k for k, n in enumerate(names) if n in _SAVED_BEFORE_THE_CAST] if cast_first else []
         )
+        if training.training_loop == "previous" and accelerate_output_bytes(model, training):
+            # Note [accelerate's fp32 outputs]: the loop rebinds its output when the wrapped
+            # forward returns, after the model's loss saved its tensors
+            self.before_rebind = list(range(len(names)))
         # Note [litgpt's bound logits]: the fp32 copy outlives the head's backward
         one_stage = rank.stage == 0 and head
         self.bound = names.index("logits_fp32_output") if cast_first and one_stage else None

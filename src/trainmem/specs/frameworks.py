@@ -93,6 +93,15 @@ TORCHAO_OFFLOAD_MINIMAL_SIZE = 4096
 """torchao ``CPUOffloadOptimizer(minimal_size=4096)``: parameters with fewer elements are kept
 in an optimizer on the GPU ("to avoid excessively many small transfers",
 optim/cpu_offload.py)."""
+TRAINER_ON_ACCELERATE_SINCE = (4, 30)
+"""The transformers release from which the HF Trainer creates an ``Accelerator`` and prepares
+the model through it (``Trainer._inner_training_loop``: ``model =
+self.accelerator.prepare(self.model)``; its mixed precision from the ``TrainingArguments``'
+``fp16`` / ``bf16``), so accelerate's ``native_amp`` wraps the forward (Note [accelerate's fp32
+outputs], trainmem/analytic/loss.py). 4.30 (June 2023) is the release of the move, as its
+notes and the follow-up huggingface/transformers PR #23914 ("remove the extra
+``accelerator.prepare``", 2023-06-01) date it; earlier Trainers ran their own
+``torch.cuda.amp.autocast`` and returned the model output as it was."""
 LOOPS: tuple[str, ...] = ("drop", "step", "previous")
 """What the training loop holds of a micro-batch's outputs (``TrainingConfig.loop``):
 
@@ -528,6 +537,13 @@ class FrameworkConventions:
     fp32_model_output: bool
     """The model output (the logits) is cast to fp32 and kept until the step ends (Lightning
     Fabric ``_FabricModule.forward`` -> ``precision.convert_output``)."""
+    accelerate_fp32_outputs: bool
+    """Under ``*-mixed`` the model is prepared by accelerate with ``native_amp``, whose wrapped
+    forward returns every 16-bit output tensor cast to fp32 (the logits: one fp32 tokens x
+    vocabulary copy; Note [accelerate's fp32 outputs], trainmem/analytic/held_outputs.py):
+    the HF Trainer (``Trainer._inner_training_loop``: ``self.accelerator.prepare(self.model)``)
+    and accelerate's FSDP1. False: DeepSpeed (accelerate sets no ``native_amp`` under
+    ``DistributedType.DEEPSPEED``) and loops accelerate does not prepare."""
     dtensor_sequence_parallel: bool
     """Sequence parallelism as torchtitan applies it with DTensor: ``PrepareModuleInput(
     input_layouts=Shard(1), desired_input_layouts=Replicate())`` on the attention and
@@ -828,6 +844,7 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "peft_kbit_training": False,
         "own_model_code": False,
         "fp32_model_output": False,
+        "accelerate_fp32_outputs": False,
         "quantized_base_saves_input": True,
         "bnb_4bit_quantized_from_fp16": False,
         "fsdp_flat_parameter_grads": False,
@@ -882,6 +899,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             peft_kbit_training=True,
             adafactor_from_transformers=True,
             trainer_default_fused_since_torch=(2, 8),
+            accelerate_fp32_outputs=True,
         ),
         _row(
             "accelerate-fsdp",
@@ -891,6 +909,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             fsdp_reduce_in_compute_dtype=True,
             adafactor_from_transformers=True,
             trainer_default_fused_since_torch=(2, 8),
+            accelerate_fp32_outputs=True,
         ),
         _row(
             "deepspeed",

@@ -99,6 +99,7 @@ from trainmem.specs.frameworks import (
     LOOPS,
     TORCHTITAN_COMPILED_LOSS_SINCE,
     TORCHTUNE_RESHAPED_LOSS_SINCE,
+    TRAINER_ON_ACCELERATE_SINCE,
     FrameworkConventions,
     deepspeed_copies_fp32_weights,
     deepspeed_grad_accum_dtype,
@@ -1709,6 +1710,21 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
     def uses_autocast(self) -> bool:
         """Mixed precision through torch.autocast (fp32 residual stream, per-op casts)."""
         return self.is_mixed and self.conventions.autocast and not self.is_fp8
+
+    @property
+    def accelerate_fp32_outputs(self) -> bool:
+        """accelerate casts the model's 16-bit outputs to fp32 when its forward returns
+        (``FrameworkConventions.accelerate_fp32_outputs`` under a 16-bit ``*-mixed`` precision:
+        accelerate's ``native_amp``, accelerator.py ``prepare_model``; not float8, whose
+        ``native_amp`` path is not modelled); for the HF Trainer from transformers
+        :data:`~trainmem.specs.frameworks.TRAINER_ON_ACCELERATE_SINCE`, whose Trainer prepares
+        the model through accelerate. Note [accelerate's fp32 outputs]."""
+        if not (self.is_mixed and self.conventions.accelerate_fp32_outputs and not self.is_fp8):
+            return False
+        return (
+            self.framework != "hf-trainer"
+            or self.transformers_release >= TRAINER_ON_ACCELERATE_SINCE
+        )
 
     @property
     def loss_upcast(self) -> bool:

@@ -30,6 +30,7 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable, Iterator, Sequence
+from types import MethodType
 from typing import Any
 
 from trainmem.breakdown import MemoryBreakdown, MemoryCategory, MemoryEstimate
@@ -121,6 +122,36 @@ def _uses_autocast(training: TrainingConfig) -> bool:
 
     fp8 = training.is_fp8 and not uses_fsdp(training)
     return training.uses_autocast or fp8 or accelerate_native_amp(training)
+
+
+def accelerate_fp32_outputs(model: Any, training: TrainingConfig) -> None:
+    """Wrap ``model.forward`` with accelerate's own ``convert_outputs_to_fp32`` when the run's
+    framework prepares the model through accelerate under ``native_amp``
+    (``TrainingConfig.accelerate_fp32_outputs``), as accelerator.py ``prepare_model`` does
+    (``model._original_forward = model.forward``; ``MethodType(convert_outputs_to_fp32(
+    model.forward.__func__), model)``): the forward returns its 16-bit output tensors as fp32
+    copies (Note [accelerate's fp32 outputs], trainmem/analytic/loss.py). The autocast region
+    is the step's own (:func:`_autocast_factory`), around the converted forward and the loss.
+
+    Args:
+        model: the model, before any FSDP wrap; changed in place.
+        training: framework, precision and transformers release.
+
+    Raises:
+        TraceError: accelerate is not installed (peft, the ``trace`` extra, requires it).
+    """
+    if not training.accelerate_fp32_outputs:
+        return
+    try:
+        from accelerate.utils import convert_outputs_to_fp32  # type: ignore[import-untyped,import-not-found]
+    except ImportError as exc:  # pragma: no cover - peft installs accelerate
+        raise TraceError(f"accelerate's fp32 outputs need accelerate installed: {exc}") from exc
+    forward = model.forward
+    model._original_forward = forward
+    if hasattr(forward, "__func__"):
+        model.forward = MethodType(convert_outputs_to_fp32(forward.__func__), model)
+    else:
+        model.forward = convert_outputs_to_fp32(forward)
 
 
 def _autocast_factory(training: TrainingConfig) -> Callable[[], Any] | None:
@@ -312,6 +343,7 @@ def _run_trace(
         from trainmem.trace.compile import compile_layers
 
         compile_layers(model, checkpointing=training.activation_checkpointing)
+    accelerate_fp32_outputs(model, training)  # before the FSDP1 wrap, as accelerate 1.x
     if mesh is not None:
         model = parallelize(model, mesh, training, fake_mode)
     takes_training = _takes_argument(make_batch)

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from trainmem.analytic.head import head_activation_bytes
 from trainmem.analytic.held_outputs import graph_held_input_bytes, previous_output_bytes
-from trainmem.analytic.loss import loss_forward_transient_bytes
+from trainmem.analytic.loss import accelerate_output_bytes, loss_forward_transient_bytes
 from trainmem.analytic.pipeline import logits_bytes
 from trainmem.analytic.transforms.base import (
     Emitted,
@@ -73,11 +73,13 @@ def zero_grad_policy(ctx: RankContext) -> ZeroGrad:
 
 def kept_logits_bytes(ctx: RankContext) -> int:
     """The logits the loop holds: one micro-batch's (the loop keeps the last output), when
-    they are part of the loss's forward transients (0 otherwise)."""
+    they are part of the loss's forward transients (0 otherwise); accelerate's fp32 copy of
+    them where its wrapped forward returns one (Note [accelerate's fp32 outputs]: the 16-bit
+    logits go when the forward returns)."""
     t = ctx.training
     if not (t.training_loop == "step" and ctx.rank.has_head) or t.pipeline_parallel_size > 1:
         return 0
-    part = logits_bytes(ctx.model, t)
+    part = accelerate_output_bytes(ctx.model, t) or logits_bytes(ctx.model, t)
     return part if 0 < part <= loss_forward_transient_bytes(ctx.model, t) else 0
 
 
