@@ -83,3 +83,26 @@ def test_the_trace_of_transformers_adafactor_has_the_same_step() -> None:
     # transformers' Adafactor runs as it is on the generic path (FSDP1 NO_SHARD traced for real)
     settings = {**FSDP1, "precision": "bf16-true"}
     assert _step_temporaries("generic", **settings) == _step_temporaries("analytic", **settings)
+
+
+def test_a_per_parameter_loop_under_fsdp2_steps_local_shards() -> None:
+    # torch/optim/adamw.py ``_single_tensor_adamw`` on FSDP2's DTensor parameters runs on each
+    # local shard: ``denom = (exp_avg_sq.sqrt() / ...).add_(eps)``, two fp32 tensors of the
+    # largest shard, the embedding's (or head's) 4,194,304 / 4 elements: 2 x 4 B x 1,048,576.
+    # The formulas took the whole tensor (33,554,432 B); the trace: 8,650,820 B
+    settings = {"framework": "fsdp2", "zero_stage": 3, "data_parallel_size": 4}
+    training = TrainingConfig(  # type: ignore[arg-type]
+        micro_batch_size=2,
+        seq_len=256,
+        optimizer="adamw",
+        optimizer_implementation="for-loop",
+        precision="bf16-mixed",
+        **settings,
+    )
+    schedule = estimate(LLAMA, training, simulate_allocator=False).schedules[0]
+    step = [
+        ev.size_bytes
+        for ev in schedule.events()
+        if ev.phase == "optimizer" and ev.category is MemoryCategory.TEMPORARY
+    ]
+    assert max(step) == 2 * 4 * TENSOR // 4

@@ -187,7 +187,9 @@ class Optimizer(Transform):
             return -(-n // dp) if t.optimizer_states_partitioned else n
 
         n_local = sum(local(s) for s in outer) + ctx.num_layers * sum(local(s) for s in layer)
-        largest = max(s.full_grad_bytes for s in outer + layer) // gb
+        # the largest tensor the step sees: its local shard where the states are partitioned
+        # (FSDP2's DTensor parameters step their local tensors)
+        largest = max(local(s) for s in outer + layer)
         total = optimizer_step_temporary_bytes(
             t, num_trainable_parameters=n_local, largest_parameter=largest
         )
