@@ -742,7 +742,11 @@ CAUSES.update(
             "[FSDP1 unshard stream pool]: torch 2.2.2 FSDP1's defaults, BACKWARD_PRE and "
             "limit_all_gathers, with trainable layer units hold the root's and three layers' "
             "unsharded flat parameters on the unshard stream, one freed and pending on the "
-            "compute stream; checked on torch's FSDP1 on the CPU): -11.5 -> -9.7%; before it, "
+            "compute stream; checked on torch's FSDP1 on the CPU): -11.5 -> -9.7%; then FSDP1's "
+            "flat blocks (Note [FSDP1 flat blocks of a layer unit]: one sharded parameter, "
+            "gradient and Adam state block per layer unit, 101 MB each, where per-tensor "
+            "8.4 MB shards of q / k / v / o had left 20 MiB segments part empty; traced on "
+            "torch's FSDP1): -9.7 -> -11.2%; before them, "
             "FSDP1's side streams (sharded "
             "gradients in the post-backward stream's pool, which cannot take the forward's "
             "freed blocks) -20.2 -> -11.6%; the rest unexplained: not the FSDP1 "
@@ -770,7 +774,8 @@ CAUSES.update(
         "GT043": (
             "over since FSDP1's side streams (and their unshard stream pool, Note [FSDP1 unshard "
             "stream pool]: a third layer's gathered parameters in the backward, +12.9 -> "
-            "+15.3%) (the sharded gradients' 17 GB in the post-backward "
+            "+15.3%; FSDP1's flat blocks per layer unit, Note [FSDP1 flat blocks of a layer "
+            "unit]: +15.7 -> +15.9%) (the sharded gradients' 17 GB in the post-backward "
             "stream's pool, apart from the forward's activation blocks: -11.8 -> +14.4%): the "
             "README's 'Seq Length = 4096' as for GT042, which cannot be the batch length there "
             "(the length of alpaca's longest batches is in no source here); PagedAdamW state "
@@ -860,7 +865,9 @@ CAUSES.update(
         ),
         "GT041": (
             "over by the unshard stream pool's third layer (Note [FSDP1 unshard stream pool]: "
-            "+3.0 -> +8.9%), at the card's capacity: the README's 24.1 GB on a 24 GB RTX 4090 "
+            "+3.0 -> +8.9%; FSDP1's flat blocks per layer unit, Note [FSDP1 flat blocks of a "
+            "layer unit]: +8.9 -> +8.6%), at the card's capacity: the README's 24.1 GB on a "
+            "24 GB RTX 4090 "
             "(the CSV's gpu column and notes: near capacity); the reading has no --gpu, so the "
             "replay runs without the card's capacity (with it: -2.0%, the allocator freeing its "
             "cache and retrying)"

@@ -452,7 +452,7 @@ RECORDED_DEV2 = {
     "GT029": -0.3236,
     "GT030": -0.1586,
     "GT031": -0.0149,
-    "GT032": -0.0970,
+    "GT032": -0.1116,
     "GT033": -0.0716,
     "GT034": -0.0731,
     "GT035": -0.0700,
@@ -461,9 +461,9 @@ RECORDED_DEV2 = {
     "GT038": +0.0354,
     "GT039": +2.3576,
     "GT040": -0.0721,
-    "GT041": +0.0881,
+    "GT041": +0.0856,
     "GT042": +1.3317,
-    "GT043": +0.1570,
+    "GT043": +0.1592,
     "GT044": -0.0288,
     "GT045": -0.0311,
     "GT046": -0.0361,
@@ -650,10 +650,19 @@ RECORDED_DEV2 = {
 # (111 MB fewer reserved), GT183 +1.6 -> +0.2 %, GT184 -0.9 -> -1.3 %. Median 3.0 -> 3.1 %,
 # p90 10.0 % and 5 under unchanged. Then a later micro-batch's new gradient before it is added
 # into the kept one (``_accumulated``): GT184 -1.3 -> -0.2 %.
+# Re-recorded for FSDP1's flat blocks (Note [FSDP1 flat blocks of a layer unit], analytic/
+# transforms/base.py: with use_orig_params=False a layer unit's sharded parameters, gradient and
+# each Adam state are one flat tensor each, as torch's FSDP1 traced on fake tensors keeps them;
+# the formulas held one block per tensor): the torchtune 2024 FSDP1 full fine-tunes reserve
+# less, their per-tensor shards (Llama-2-7B's q / k / v / o, 8.4 MB on 4 ranks) no longer
+# leaving 20 MiB segments part empty: GT032 -9.7 -> -11.2 % (333 MB; under by > 10 %: 5 -> 6,
+# p90 10.0 -> 10.3 %, GT032 alone; its own gap is the unexplained rest its cause names),
+# GT041 +8.8 -> +8.6 %, GT043 +15.7 -> +15.9 %; no other row moves (LoRA units, the HF
+# Trainer's use_orig_params=True and FSDP2 keep per-tensor blocks).
 MIN_DEV2_ROWS_SCORED = 139
 MAX_DEV2_MEDIAN_ABS = 0.031  # 3.0 % at 2026-11-28 02:15 UTC (accelerate's FSDP1 prefetch rule)
-MAX_DEV2_P90_ABS = 0.101  # 9.9 % at 2026-11-28 01:30 UTC (NCCL without peer access, bnb 0.43.0)
-MAX_DEV2_UNDER = 5  # 5 at 2026-11-28 01:30 UTC: GT128 out (NCCL without peer access, bnb)
+MAX_DEV2_P90_ABS = 0.103  # 10.3 % at 2026-11-28 04:50 UTC (FSDP1 flat blocks: GT032 past -10 %)
+MAX_DEV2_UNDER = 6  # 6 at 2026-11-28 04:50 UTC: GT032 in (FSDP1 flat blocks, its own cause)
 MAX_DEV2_OOM = 0
 
 

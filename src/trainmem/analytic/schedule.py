@@ -122,6 +122,7 @@ from trainmem.analytic.transforms.base import (
     gradient_places,
     point_table,
     tied_sum_op,
+    unit_states,
 )
 from trainmem.analytic.transforms.checkpointing import (
     WEIGHT_COPIES,
@@ -212,8 +213,13 @@ class _Transforms:
         if made is not None:
             return made, [], [], []
         ops = self._base_gradients("layer")
+        # Note [FSDP1 flat blocks of a layer unit]: one sharded gradient for the whole unit,
+        # made by its reduce-scatter at the layer's end
+        flat = len(ops) < len(self.ctx.layer_states)
         if not where.new_grads:  # a later micro-batch's, added in place into the kept ones
             ops = [op for g in ops for op in _accumulated(g)]
+        if flat:
+            return [], [], [], ops
         names = [s.name for s in self.ctx.layer_states]
         places = gradient_places(tuple(names if where.new_grads else _twice(names)))
         out: tuple[list[Op], list[Op], list[Op], list[Op]] = ([], [], [], [])
@@ -898,9 +904,9 @@ class _Builder:
                     "the model's buffers",
                 )
             )
-        layer = tuple(
+        layer = tuple(  # Note [FSDP1 flat blocks of a layer unit]: one flat shard per unit
             alloc(s.param_bytes, Cat.PARAMETER, "init", f"param/{{i}}/{n}", "layers.{i}")
-            for n, s in enumerate(ctx.layer_states)
+            for n, s in enumerate(unit_states(ctx, ctx.layer_states))
         )
         items.append(Repeat(layer, ctx.num_layers))
         return items

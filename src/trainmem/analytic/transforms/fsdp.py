@@ -320,7 +320,11 @@ class FullyShardedDataParallel(Transform):
         out: list[Emitted] = [flat, *(free(op, bp) for op in views)]
         grads = gradient_ops(ctx, ctx.layer_states, bp, "{i}", "layers.{i}")
         shard = sum(op.size_bytes for op in grads)
-        reduced = -(-s.reduce // ctx.training.sharding_degree)
+        # the padded flat gradient's chunk (Note [FSDP1 flat blocks of a layer unit])
+        numel = sum(st.local_numel or st.numel for st in ctx.layer_states)
+        per = s.reduce // numel if numel and s.reduce % numel == 0 else 0
+        dp = ctx.training.sharding_degree
+        reduced = -(-numel // dp) * per if per else -(-s.reduce // dp)
         if reduced != shard or not where.new_grads:  # a shard in the reduce dtype first
             label = "the reduce-scatter's output, before it is cast or added to the gradient"
             tmp = alloc(reduced, Cat.TEMPORARY, bp, "rs_out", "layers.{i}", label, s.rs_stream)

@@ -27,10 +27,12 @@ from trainmem.analytic.transforms.base import (
     alloc,
     free,
     gradient_ops,
+    unit_states,
 )
 from trainmem.analytic.transforms.sharding import OWN_UNIT_STATES, own_units_apply
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.schedule import Item, Op, Repeat
+from trainmem.specs.optimizers import OPTIMIZER_TABLE
 from trainmem.specs.ranks import fsdp1_framework
 from trainmem.specs.training import TrainingConfig
 from trainmem.timeline import Phase
@@ -98,12 +100,27 @@ class Optimizer(Transform):
             for n, s in enumerate(ctx.emb_states + ctx.head_states)
         ]
         layer = tuple(
-            alloc(s.state_bytes, Cat.OPTIMIZER_STATE, o, f"state/{{i}}/{n}", "layers.{i}")
-            for n, s in enumerate(ctx.layer_states)
+            alloc(size, Cat.OPTIMIZER_STATE, o, f"state/{{i}}/{n}", "layers.{i}")
+            for n, size in enumerate(self._layer_state_blocks())
         )
         states = Repeat((*outer, Repeat(layer, ctx.num_layers)), 1)
         ctx.shared["states"] = states
         return (states,)
+
+    def _layer_state_blocks(self) -> list[int]:
+        """A layer's optimizer-state blocks: one per tensor (its states together), or under
+        Note [FSDP1 flat blocks of a layer unit] one per state of the unit's flat shard
+        (``exp_avg``, ``exp_avg_sq``: torch/optim/adamw.py ``_init_group``) when the
+        optimizer keeps plain full-width states (no quantized, factored or paged ones, no
+        master copy)."""
+        ctx, t = self.ctx, self.ctx.training
+        states = unit_states(ctx, ctx.layer_states)
+        row = OPTIMIZER_TABLE[t.optimizer]
+        plain = not (row.blockwise or row.factored or row.paged or t.fp32_master_copy)
+        if states is ctx.layer_states or not plain or row.num_states < 2:
+            return [s.state_bytes for s in states]
+        k = row.num_states
+        return [s.state_bytes // k for s in states for _ in range(k)]
 
     def _per_parameter(self, where: Where) -> bool:
         """Each gradient is stepped and freed in its own post-accumulate-grad hook, one at a
@@ -176,7 +193,7 @@ class Optimizer(Transform):
         a time; ``fused``, none."""
         ctx, t = self.ctx, self.ctx.training
         outer = [s for s in ctx.emb_states + ctx.head_states if s.trainable]
-        layer = [s for s in ctx.layer_states if s.trainable]
+        layer = [s for s in unit_states(ctx, ctx.layer_states) if s.trainable]
         if t.offload != "none" or not (outer or layer):
             return []
         gb = max(dtype_bytes(t.grad_dtype), 1)
@@ -266,7 +283,7 @@ class Optimizer(Transform):
         ctx = self.ctx
         o: Phase = "optimizer"
         outer = [s for s in ctx.emb_states + ctx.head_states if s.trainable]
-        layer = [s for s in ctx.layer_states if s.trainable]
+        layer = [s for s in unit_states(ctx, ctx.layer_states) if s.trainable]
         outer_ops = [
             alloc(round(per * local(s)), Cat.TEMPORARY, o, f"opt/{s.owner}/{n}", s.owner, label)
             for n, s in enumerate(outer)
