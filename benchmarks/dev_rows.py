@@ -68,6 +68,10 @@ def _litgpt(preset: str, b: int, s: int, **kw: Any) -> dict[str, Any]:
         "lora_dropout": 0.05,
         "framework": "litgpt",
         "chunked_cross_entropy": -(-s // 128),
+        # lit-gpt @8641822's setup.py says 0.1.0: its multi-GPU lora.py wraps each Block as an
+        # FSDP1 unit (frozen weights in the adapters' flat parameter), which litgpt 0.5.8+ does
+        # not (LITGPT_LORA_LINEAR_UNITS_SINCE)
+        "litgpt_version": "0.1.0",
         **kw,
     }
     return {"preset": preset, "metric": "allocated", "training": training}

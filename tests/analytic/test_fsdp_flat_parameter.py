@@ -34,6 +34,7 @@ assert LAYER == 202_514_432
 def _litgpt(gradient_accumulation_steps: int, **kw: object) -> TrainingConfig:
     base: dict[str, object] = {
         "framework": "litgpt",
+        "litgpt_version": "0.1.0",  # lit-gpt @8641822 (setup.py): one FSDP1 unit per Block
         "precision": "bf16-true",
         "lora_rank": 8,
         "lora_targets": ("q", "v"),
@@ -201,6 +202,11 @@ def test_flat_parameter_rule_applies_to_litgpt_fsdp_lora_only() -> None:
     assert not flat_parameter_grads(_litgpt(1, data_parallel_size=1, zero_stage=0))
     assert not flat_parameter_grads(_litgpt(1, framework="fsdp2"))  # per-parameter sharding
     assert not flat_parameter_grads(_litgpt(1, lora_rank=0, lora_targets=()))
+    # litgpt 0.5.8 wraps each Linear (281510ab), 0.5.11 shards with FSDP2 (5ac69b06): the
+    # frozen base weights are no longer in the adapters' flat parameter
+    assert flat_parameter_grads(_litgpt(1, litgpt_version="0.5.7"))
+    assert not flat_parameter_grads(_litgpt(1, litgpt_version="0.5.8"))
+    assert not flat_parameter_grads(_litgpt(1, litgpt_version="0.5.13"))
 
 
 def test_every_tensor_of_a_lora_layer_gets_a_gradient(llama_2_7b: ModelSpec) -> None:

@@ -50,5 +50,5 @@ def test_assumptions_say_which_litgpt_sharding_is_modelled() -> None:
     from trainmem.specs.assumptions import assumptions
 
     said = assumptions({"framework": "litgpt", "data_parallel_size": 2})["litgpt_sharding"]
-    assert "FSDP1" in said and "0.5.11+" in said and "FSDP2" in said
+    assert "FSDP1" in said and "0.5.11" in said and "FSDP2" in said
     assert "litgpt_sharding" not in assumptions({"framework": "litgpt", "data_parallel_size": 1})

@@ -82,6 +82,7 @@ from trainmem.analytic.params import (
 )
 from trainmem.memo import Identity, by_value
 from trainmem.specs.frameworks import (
+    LITGPT_LORA_LINEAR_UNITS_SINCE,
     TORCHAO_NF4_FACTOR_CONTIGUOUS_SINCE,
     TORCHAO_OFFLOAD_MINIMAL_SIZE,
 )
@@ -185,8 +186,13 @@ def flat_parameter_grads(training: TrainingConfig) -> bool:
     Returns:
         True for FSDP (``zero_stage`` 2 / 3 over more than one rank) with LoRA on an unquantized
         base (a flat parameter holds one dtype: a 4-bit base cannot share it) under such a
-        framework.
+        framework; for litgpt only before 0.5.8
+        (:data:`~trainmem.specs.frameworks.LITGPT_LORA_LINEAR_UNITS_SINCE`: then each Linear
+        is a unit, and from 0.5.11 FSDP2 shards per parameter; 0.5.8-0.5.10's root unit, whose
+        flat parameter holds the embedding beside the adapters, is not modelled).
     """
+    if training.framework == "litgpt" and training.litgpt_release >= LITGPT_LORA_LINEAR_UNITS_SINCE:
+        return False  # Linear units (0.5.8), then FSDP2 (0.5.11): no frozen flat gradient
     return (
         training.conventions.fsdp_flat_parameter_grads
         and training.sharding_degree > 1

@@ -175,8 +175,9 @@ def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dic
 
 LITGPT_SHARDING = (
     "FSDP1 with one unit per Block (finetune/full.py, adapter*.py, and lora.py through 0.5.7); "
-    "litgpt 0.5.8-0.5.10 lora.py wraps each Linear and 0.5.11+ shards with FSDP2 "
-    "(ModelParallelStrategy), not modelled; every Block checkpointed unless told"
+    "from 0.5.8 lora.py wraps each Linear and from 0.5.11 shards with FSDP2 "
+    "(ModelParallelStrategy): modelled only as no gradient of the frozen weights; every Block "
+    "checkpointed unless told"
 )
 """How litgpt's sharded fine-tuning is modelled (``assumptions()["litgpt_sharding"]``; litgpt
 0.5.13 finetune/full.py and lora.py, 281510ab, 5ac69b06)."""

@@ -54,6 +54,13 @@ model, no autocast, fp16 refused by every training recipe (``FrameworkConvention
 DEFAULT_LITGPT_VERSION = (0, 5, 13)
 """The litgpt release assumed when none is given: 0.5.13, whose model code the traced paths run
 (trainmem.trace.litgpt_model; ``pip install 'trainmem[litgpt]'``)."""
+LITGPT_LORA_LINEAR_UNITS_SINCE = (0, 5, 8)
+"""litgpt 0.5.8 (281510ab, "Do not wrap LoRA layers with FSDP", Mar 2025): multi-GPU
+finetune/lora.py wraps each ``torch.nn.Linear`` as an FSDP1 unit (``auto_wrap_policy=
+{torch.nn.Linear}``), so a frozen base linear is a flat parameter of its own, with no gradient;
+from 0.5.11 (5ac69b06) FSDP2's ``fully_shard`` per parameter (``ModelParallelStrategy``). Before
+(lit-gpt @8641822 to 0.5.7) each ``Block`` is one unit whose flat parameter mixes the frozen
+weights with the adapters (``FrameworkConventions.fsdp_flat_parameter_grads``)."""
 LITGPT_RMSNORM_FP32_WEIGHT_SINCE = (0, 4, 6)
 """litgpt 0.4.6 (916a84ca, "Gemma 2: 9b and 27b versions", Jul 2024): ``RMSNorm.forward``
 returns ``(x_normed * weight.float()).to(dtype=dtype)``, the weight multiplied in fp32, so a
