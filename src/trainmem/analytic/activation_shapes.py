@@ -28,14 +28,45 @@ def compute_and_residual_bytes(training: TrainingConfig) -> tuple[int, int]:
     return c, r
 
 
-def autocast_casts_layer_inputs(training: TrainingConfig) -> bool:
+def autocast_fp32_layer_norms(model: ModelSpec, training: TrainingConfig) -> bool:
+    """The LayerNorms run in fp32 under autocast over 16-bit weights.
+
+    Note [Autocast over 16-bit weights]
+        ``--framework accelerate-fsdp`` under ``*-mixed`` runs the forward under accelerate's
+        ``native_amp`` autocast (accelerator.py ``prepare_model``, before the FSDP1 wrap) over
+        weights FSDP1's ``MixedPrecision`` gathers in 16 bits
+        (``TrainingConfig.autocast_over_16bit_weights``). The matmuls find their operands in
+        the compute dtype already (``cached_cast`` casts only another dtype: no weight
+        copies, a 16-bit residual stream), but ops on CUDA autocast's fp32 list do not:
+        ``layer_norm`` casts its 16-bit input to fp32 and saves that cast (4 B a value, and
+        one per norm where two norms read one input, GPT-NeoX's parallel block) and returns
+        fp32, so every linear that reads the norm's output casts and saves its own 16-bit
+        copy (q, k and v, the MLP's input, the LM head's), as under autocast over fp32
+        weights (:func:`autocast_casts_layer_inputs`); ``pow`` in a written-out tanh GELU
+        (``NewGELUActivation``) turns the formula's chain fp32 as there too
+        (:func:`~trainmem.analytic.mlp.activation_fn_saved_bytes`). transformers' RMSNorm
+        computes in fp32 itself and returns ``weight * hidden_states.to(input_dtype)``: 16
+        bits, nothing changes. Source: aten/src/ATen/autocast_mode.cpp (CUDA's fp32 list:
+        ``layer_norm``, ``pow``, ``softmax``; ``cached_cast``). Seen in the trace, which runs
+        accelerate's autocast over FSDP1 (trainmem/trace/fsdp.py ``accelerate_native_amp``):
+        the saved bytes per module of tiny phi, GPT-NeoX and Falcon, bf16-mixed against
+        bf16-true (session notes, helper fp32out).
+    """
+    return training.autocast_over_16bit_weights and model.norm_kind == "layernorm"
+
+
+def autocast_casts_layer_inputs(training: TrainingConfig, model: ModelSpec | None = None) -> bool:
     """Autocast casts a layer's input to 16 bits at every linear that reads it (q, k and v;
     gate and up): under autocast, unless the input already is in the compute dtype, as the
     norms' output of a quantized base kept in 16 bits is (:attr:`~trainmem.specs.training.
     TrainingConfig.kbit_16bit_dense`; transformers' RMSNorm returns ``weight *
     hidden_states.to(input_dtype)``), which ``cached_cast`` leaves as it is (aten/src/ATen/
     autocast_mode.cpp: it casts only another dtype), so every linear saves that one tensor.
-    Traced on the generic path (a 1024-wide Qwen2, int8 base without peft's upcast)."""
+    Traced on the generic path (a 1024-wide Qwen2, int8 base without peft's upcast). Over
+    16-bit weights, where a LayerNorm returns fp32 (``model`` given:
+    :func:`autocast_fp32_layer_norms`)."""
+    if model is not None and autocast_fp32_layer_norms(model, training):
+        return True
     return training.uses_autocast and not training.kbit_16bit_dense
 
 

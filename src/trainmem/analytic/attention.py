@@ -396,7 +396,8 @@ def attention_terms(
     # lit-gpt @8641822), three for separate q / k / v projections, one under torch.compile
     # (Note [Compiled casts are computed once])
     fused = model.fused_qkv or training.conventions.own_model_code
-    copies = 1 if fused or not autocast_casts_layer_inputs(training) else cast_copies(3, training)
+    casts = autocast_casts_layer_inputs(training, model)
+    copies = 1 if fused or not casts else cast_copies(3, training)
     terms["attention/qkv_input"] = c * h * t * copies
     # Keys and values reach the kernel expanded to all query heads (GQA) in eager attention
     # (HF ``repeat_kv`` + the matmul's reshape copy) and in the fp32 memory-efficient SDPA

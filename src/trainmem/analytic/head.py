@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from trainmem.analytic.activation_parallelism import parallel_divisor, split_for_parallelism
 from trainmem.analytic.activation_shapes import (
+    autocast_fp32_layer_norms,
     compute_and_residual_bytes,
     output_tokens,
     tokens_per_sequence,
@@ -53,8 +54,11 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
         fp32 = litgpt_norm_weight_in_fp32(training)
         # Unsloth's Fast_RMS_Layernorm saves what a compiled norm keeps: its input and rstd
         fast = unsloth_fast_final_norm(model, training)
+        # Note [Autocast over 16-bit weights]: a LayerNorm saves its fp32 cast of the input
+        r_in = 4 if autocast_fp32_layer_norms(model, training) else r
         out["final_norm"] = (
-            norm_saved_bytes(model, r, trainable=trainable, compiled=fast, weight_in_fp32=fp32) * t
+            norm_saved_bytes(model, r_in, trainable=trainable, compiled=fast, weight_in_fp32=fp32)
+            * t
         )
     if model.head in ("causal-lm", "masked-lm", "seq2seq-lm"):
         out.update(_lm_head_terms(model, training, t=t))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from trainmem.analytic.activation_shapes import (
     autocast_casts_layer_inputs,
+    autocast_fp32_layer_norms,
     cast_copies,
     compute_and_residual_bytes,
 )
@@ -41,7 +42,8 @@ def activation_fn_saved_bytes(model: ModelSpec, training: TrainingConfig, width:
     # saves only the input (torch/_functorch/partitioners.py ``min_cut_rematerialization``).
     fused = not training.conventions.hf_model_code or training.compile
     if model.hidden_act in TANH_FORMULA_ACTIVATIONS and not fused:
-        if training.uses_autocast:
+        if training.uses_autocast or training.autocast_over_16bit_weights:
+            # (Note [Autocast over 16-bit weights]: pow runs in fp32 over 16-bit weights too)
             # pow's fp32 input copy, tanh out, 1+tanh (fp32), 0.5*x (c), output cast for down (c)
             return (4 + 4 + 4 + c + c) * width
         # x, tanh out, 0.5*x, 1+tanh, output (saved by down): five tensors of the compute dtype
@@ -232,8 +234,10 @@ def mlp_terms(
             # not the fp32 sum it makes with the kept layer input
             terms["mlp/norm"] -= (r - c) * h * t
     elif model.pre_norms and model.num_norms_per_layer >= 2:
-        # GPT-NeoX: both norms read the block's input; the second reads the same saved input
-        terms["mlp/norm"] = (norm - r * h) * t
+        # GPT-NeoX: both norms read the block's input; the second reads the same saved input,
+        # unless it saves its own fp32 cast (Note [Autocast over 16-bit weights])
+        shared = 0 if autocast_fp32_layer_norms(model, training) else r * h
+        terms["mlp/norm"] = (norm - shared) * t
     if expert_loop(model, training):
         terms.update(expert_loop_terms(model, training, t=t))
     elif model.num_experts > 1 and training.conventions.hf_model_code:
@@ -264,10 +268,11 @@ def _dense_mlp_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> d
     # autocast copies of the MLP input: one per projection reading it (gate and up), one for a
     # fused gate_up (modeling_phi3.py ``Phi3MLP.gate_up_proj``)
     n_in = 2 if model.mlp_kind == "gated" and not model.fused_gate_up else 1
-    casts = autocast_casts_layer_inputs(training)
+    casts = autocast_casts_layer_inputs(training, model)
     copies = cast_copies(n_in, training) if casts else 1  # Note [Compiled casts are computed once]
     terms["mlp/input"] = c * h * t * k_top * copies
-    if model.parallel_attention and model.num_norms_per_layer == 1 and not mixed:
+    own_casts = mixed or autocast_fp32_layer_norms(model, training)
+    if model.parallel_attention and model.num_norms_per_layer == 1 and not own_casts:
         # Falcon / Phi: one norm feeds attention and MLP; without autocast's casts the MLP
         # saves the very tensor q/k/v saved (``attention/qkv_input``)
         terms["mlp/input"] = 0

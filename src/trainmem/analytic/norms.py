@@ -4,7 +4,10 @@ projections. Symbols as in :mod:`trainmem.analytic.activations`."""
 
 from __future__ import annotations
 
-from trainmem.analytic.activation_shapes import compute_and_residual_bytes
+from trainmem.analytic.activation_shapes import (
+    autocast_fp32_layer_norms,
+    compute_and_residual_bytes,
+)
 from trainmem.specs.frameworks import LITGPT_RMSNORM_FP32_WEIGHT_SINCE
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
@@ -97,6 +100,9 @@ def block_norm_bytes(model: ModelSpec, training: TrainingConfig) -> tuple[int, i
     one on a projection's output (c bytes per value), else 0."""
     c, r = compute_and_residual_bytes(training)
     options = norm_options(training)
-    norm = norm_saved_bytes(model, r, **options)
+    # Note [Autocast over 16-bit weights]: the LayerNorm saves its fp32 cast of the input
+    norm = norm_saved_bytes(
+        model, 4 if autocast_fp32_layer_norms(model, training) else r, **options
+    )
     output_norm = norm_saved_bytes(model, c, **options) if model.output_norms else 0
     return norm, output_norm

@@ -1727,6 +1727,24 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
         )
 
     @property
+    def autocast_over_16bit_weights(self) -> bool:
+        """accelerate's ``native_amp`` autocast runs over weights its FSDP1 ``MixedPrecision``
+        already gathers in the 16-bit compute dtype (``--framework accelerate-fsdp`` under
+        ``*-mixed`` with sharded data parallelism; accelerator.py ``prepare_model`` wraps the
+        forward in ``autocast`` before the FSDP1 wrap): no weight copies and a 16-bit residual
+        stream, but autocast's fp32 ops (``layer_norm``, ``pow``) still return fp32, which the
+        next linears cast again (Note [Autocast over 16-bit weights],
+        trainmem/analytic/activation_shapes.py). False where :attr:`uses_autocast` (fp32
+        weights) holds."""
+        return (
+            self.accelerate_fp32_outputs
+            and not self.uses_autocast
+            and self.zero_stage == 3
+            and self.data_parallel_size > 1
+            and self.gathered_weight_dtype == self.compute_dtype
+        )
+
+    @property
     def loss_upcast(self) -> bool:
         """A framework's own loss works on fp32 logits: torchtune's chunked cross-entropy
         upcasts each chunk; under lit-gpt, Lightning Fabric has already cast the model output to
