@@ -69,11 +69,26 @@ _PEFT_SFT_H100 = (
 )
 
 _PHILSCHMID_DQ = (
-    ["--quantize-base", "nf4-dq", "--set", "checkpoint-reentrant=true"],
+    [
+        "--quantize-base",
+        "nf4-dq",
+        "--set",
+        "checkpoint-reentrant=true",
+        "--transformers-version",
+        "4.40.0",
+        "--torch-version",
+        "2.2.2",
+        "--bitsandbytes-version",
+        "0.43.1",
+    ],
     "philschmid training/scripts/run_fsdp_qlora.py, the row's script: BitsAndBytesConfig("
     "bnb_4bit_use_double_quant=True, bnb_4bit_quant_storage=torch.bfloat16); the CSV's "
     "precision column: 'NF4 double-quant'; its __main__ sets "
-    'training_args.gradient_checkpointing_kwargs = {"use_reentrant": True} (4a0caadaf)',
+    'training_args.gradient_checkpointing_kwargs = {"use_reentrant": True} (4a0caadaf); '
+    "the notebook training/fsdp-qlora-distributed-llama3.ipynb (4a0caad) installs "
+    '"torch==2.2.2", transformers==4.40.0, bitsandbytes==0.43.1 (with accelerate==0.29.3, '
+    "peft==0.10.0, trl==0.8.6): the versions the run had (GT114 -9.9 -> -6.9 %; 4.40's Llama "
+    "returns logits.float() and shifts them for the loss)",
 )
 
 _TORCHAO_FUSED = (
@@ -847,7 +862,13 @@ CAUSES.update(
             "unshard stream pool], not yet applied to accelerate-fsdp / hf-trainer) while the "
             "save gathers on the computation stream (_unshard(state, handle, computation_stream, "
             "computation_stream)), so with that convention the root's 4.2 GB block could need "
-            "a new default-stream segment: the only way the save could raise reserved"
+            "a new default-stream segment: the only way the save could raise reserved. "
+            "The notebook's pinned versions (transformers 4.40.0, torch 2.2.2, bitsandbytes "
+            "0.43.1; amended, _PHILSCHMID_DQ): -9.9 -> -6.9 % (4.40's Llama upcasts and shifts "
+            "its 128,256-wide logits in the model: +0.47 GB of cached blocks, allocated peak "
+            "unchanged; torch 2.2.2's and bitsandbytes < 0.43.2's rules +0.09 / +0.28 GB of "
+            "activations). accelerate's fp32 outputs do not apply: the logits leave 4.40's "
+            "Llama in fp32 (Note [accelerate's fp32 outputs])"
         ),
         "GT115": _FSDP_QLORA_DQ,
         "GT116": _FSDP_QLORA_DQ,
