@@ -87,7 +87,7 @@ def test_schedule_offloads_every_layer_input_but_the_last() -> None:
     # llama-2-7b, 32 layers, b s h = 2 x 2048 x 4096: u = 33,554,432 B per layer input
     est = estimate("llama-2-7b", _unsloth(), simulate_allocator=False)
     u = 33_554_432
-    setup = [op for op in _walk(list(est.schedules[0].setup)) if op[1].startswith("unsloth")]
+    setup = [op for op in _walk(list(est.schedules[0].setup)) if op[1].startswith("unsloth_gc")]
     assert setup[:4] == [
         ("alloc", "unsloth_gc/buffer0", 2_097_152, "init"),  # at patch time
         ("alloc", "unsloth_gc/buffer", u, "forward"),  # resize_ in the first forward
@@ -188,7 +188,9 @@ def test_fast_lora_casts_adapters_not_inputs() -> None:
     llama = load_model_spec("llama-2-7b")
     fast = _unsloth(lora_targets=ALL_LINEAR)
     assert unsloth_fast_lora(llama, fast)
-    assert not unsloth_fast_lora(llama, _unsloth())  # q, v only: peft's forward (no group)
+    assert unsloth_fast_lora(llama, _unsloth())  # Unsloth's default targets: all seven
+    # q, v only: peft's forward (no group), also when given under unsloth
+    assert not unsloth_fast_lora(llama, _unsloth(lora_targets=("q", "v")))
     assert not unsloth_fast_lora(llama, _unsloth(lora_targets=ALL_LINEAR, lora_dropout=0.05))
     # patch_peft_model leaves a group with biases to peft: Qwen2's q / k / v
     qwen = load_model_spec("qwen2.5-7b")

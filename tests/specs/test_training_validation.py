@@ -163,10 +163,15 @@ def test_none_is_taken_only_where_the_field_means_a_default_by_it(
         assert TrainingConfig(precision=None).precision == "bf16-mixed"  # type: ignore[arg-type]
         assert TrainingConfig(precision=None, framework="torchtune").precision == "bf16-true"  # type: ignore[arg-type]
         return
-    resolved = {"optimizer": ("adamw", "adamw-8bit"), "activation_checkpointing": ("none", "full")}
+    resolved = {
+        "optimizer": ("adamw", "adamw-8bit"),
+        "activation_checkpointing": ("none", "full"),
+        "lora_targets": (("q", "v"), ("q", "k", "v", "o", "gate", "up", "down")),
+    }
     if field.name in resolved:
         # the same: the framework's default (FrameworkConventions.default_optimizer /
-        # default_activation_checkpointing; Unsloth's notebooks' adamw_8bit and "unsloth" mode)
+        # default_activation_checkpointing, default_lora_targets; Unsloth's notebooks'
+        # adamw_8bit and "unsloth" mode, get_peft_model's seven target_modules)
         plain, unsloth = resolved[field.name]
         assert getattr(TrainingConfig(**{field.name: None}), field.name) == plain
         made = TrainingConfig(**{field.name: None, "framework": "unsloth"})

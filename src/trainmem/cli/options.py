@@ -413,7 +413,8 @@ def training_from_options(
         if given["fsdp"] is not None:
             explicit.add(key)
             flags.setdefault(key, "--fsdp")
-    settings["lora_targets"] = parse_lora_targets(given["lora_targets"], spec)
+    if given["lora_targets"] is not None:  # None: the framework's (TrainingConfig resolves it)
+        settings["lora_targets"] = parse_lora_targets(given["lora_targets"], spec)
     from_set = _from_set(given["settings"] or [], spec, settings, flags)
     auto: dict[str, str] = {}
     file_notes: list[str] = []

@@ -23,6 +23,7 @@ from trainmem.specs.frameworks import (
     DEFAULT_UNSLOTH_VERSION,
     DEFAULT_UNSLOTH_ZOO_VERSION,
     FRAMEWORK_CONVENTIONS,
+    PEFT_DEFAULT_LORA_TARGETS,
     installed_transformers_version,
     installed_version,
 )
@@ -38,8 +39,8 @@ FRAMEWORK_SUMMARY: dict[str, str] = {
     "litgpt": "lit-gpt with Lightning Fabric: its own model code and output head, fp32 outputs",
     "fsdp-qlora": "Answer.AI fsdp_qlora: bitsandbytes 4-bit linears under FSDP1, peft adapters",
     "unsloth": (
-        "Unsloth on one GPU: bf16 model, fp32 LoRA, CPU-offloaded checkpoints, fused loss, "
-        "adamw-8bit, expandable segments"
+        "Unsloth on one GPU: bf16 model, fp32 LoRA on all seven linears, CPU-offloaded "
+        "checkpoints, fused loss, adamw-8bit, expandable segments"
     ),
 }
 """One line per ``--framework`` on what its conventions mean for memory (the rows and their
@@ -109,6 +110,22 @@ def framework_precision(config: Mapping[str, Any]) -> str:
     )
 
 
+def framework_lora_targets(config: Mapping[str, Any]) -> str:
+    """The LoRA targets in words when they are the framework's own default rather than peft's
+    q, v (:data:`~trainmem.specs.frameworks.PEFT_DEFAULT_LORA_TARGETS`; Unsloth: ``"q,k,v,o,
+    gate,up,down (unsloth's default: ...)"``), else ``""``: only under LoRA
+    (``lora_rank > 0``), and, as :func:`framework_precision`, whenever the targets equal that
+    default, given or not."""
+    framework = str(config.get("framework") or "pytorch-amp")
+    row = FRAMEWORK_CONVENTIONS.get(framework)
+    if row is None or row.default_lora_targets == PEFT_DEFAULT_LORA_TARGETS:
+        return ""
+    targets = tuple(config.get("lora_targets") or ())
+    if not int(config.get("lora_rank") or 0) or targets != row.default_lora_targets:
+        return ""
+    return f"{','.join(targets)} ({framework}'s default; --lora-targets q,v for peft's)"
+
+
 def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dict[str, str]:
     """The framework and library versions an estimate's resolved ``config`` stands for.
 
@@ -124,7 +141,8 @@ def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dic
         "torchao", "deepspeed", "torchtitan"}`` as text (``loop``: :func:`loop_of`), and
         ``"litgpt_sharding"`` for litgpt on more than one rank (:data:`LITGPT_SHARDING`),
         ``"precision"`` where it is the framework's own default (:func:`framework_precision`:
-        torchtune's ``bf16-true``); a version
+        torchtune's ``bf16-true``), ``"lora_targets"`` likewise (:func:`framework_lora_targets`:
+        Unsloth's seven linears); a version
         the user did not give reads ``"2.8 (default)"`` (transformers: ``"5.24.0 (installed)"``
         when installed).
     """
@@ -138,6 +156,9 @@ def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dic
     precision = framework_precision(config)
     if precision:
         out["precision"] = precision
+    targets = framework_lora_targets(config)
+    if targets:
+        out["lora_targets"] = targets
     if library == "transformers":
         out["transformers"] = _transformers(config.get("transformers_version"))
     else:
@@ -187,15 +208,23 @@ LOAD_OFF_HINT = "--set load-phase=false for none"
 """How the ``load`` assumption says it is turned off (``TrainingConfig.load_phase``)."""
 
 
+_NOT_VERSIONS = (
+    "framework",
+    "framework_means",
+    "loop",
+    "load",
+    "precision",
+    "lora_targets",
+    "litgpt_sharding",
+)
+"""The keys of :func:`assumptions`' result that are not library versions."""
+
+
 def versions_text(assumed: Mapping[str, str]) -> str:
     """The library versions of :func:`assumptions`' result: ``"torch 2.8 (default), ..."``,
     then litgpt's sharding (``"litgpt_sharding"``), then the load phase assumed (``"load"``,
     set by the driver), if any."""
-    text = ", ".join(
-        f"{k} {v}"
-        for k, v in assumed.items()
-        if k not in ("framework", "framework_means", "loop", "load", "precision", "litgpt_sharding")
-    )
+    text = ", ".join(f"{k} {v}" for k, v in assumed.items() if k not in _NOT_VERSIONS)
     if assumed.get("litgpt_sharding"):
         text += f"; litgpt's sharding: {assumed['litgpt_sharding']}"
     if assumed.get("load"):
@@ -214,5 +243,9 @@ def assumptions_line(a: Mapping[str, str]) -> str:
 
 def precision_text(assumed: Mapping[str, str]) -> str:
     """``"precision: bf16-true (torchtune's default: ...); "`` when :func:`assumptions` names
-    the framework's own default precision, else ``""``."""
-    return f"precision: {assumed['precision']}; " if assumed.get("precision") else ""
+    the framework's own default precision, else ``""``; then ``"LoRA targets: ...; "`` when it
+    names the framework's own default targets (Unsloth's seven linears)."""
+    text = f"precision: {assumed['precision']}; " if assumed.get("precision") else ""
+    if assumed.get("lora_targets"):
+        text += f"LoRA targets: {assumed['lora_targets']}; "
+    return text

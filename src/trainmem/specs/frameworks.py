@@ -154,6 +154,20 @@ UNSLOTH_OFFLOAD_MIN_BYTES = 2 * 1024 * 1024
 """unsloth_zoo gradient_checkpointing.py (2026.3.4): ``MINIMUM_SIZE = 2 * 1024 * 1024 //
 n_bytes`` elements ("Minimum size to enable Unsloth GC is 2MB"); a layer input of no more
 elements stays saved on the GPU as under plain checkpointing."""
+PEFT_DEFAULT_LORA_TARGETS: tuple[str, ...] = ("q", "v")
+"""The LoRA targets when neither the user nor the framework says otherwise: peft's default
+``target_modules`` for Llama-style models (peft utils/constants.py
+``TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING["llama"] = ["q_proj", "v_proj"]``)."""
+UNSLOTH_LORA_TARGETS: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
+"""The LoRA targets under ``--framework unsloth`` when none are given: every attention and MLP
+linear, at the tag ``March-2026`` (unsloth 2026.3.5) read three ways alike: unsloth/models/
+llama.py ``FastLlamaModel.get_peft_model(target_modules = ["q_proj", "k_proj", "v_proj",
+"o_proj", "gate_proj", "up_proj", "down_proj"], lora_dropout = 0.0, ...)`` (what
+``FastLanguageModel.get_peft_model`` runs, and what its notebooks pass), cli/config.py
+``LoraConfig.target_modules = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"`` and
+studio/backend/assets/configs/model_defaults/default.yaml ``target_modules`` (the same seven,
+``lora_dropout: 0.0``). Unsloth's LoRA kernels apply only with all seven and no dropout
+(Note [Unsloth's fast LoRA]). Its ``lora_dropout = 0.0`` is trainmem's default already."""
 DEFAULT_DEEPSPEED_VERSION = (0, 19, 8)
 """The DeepSpeed release assumed when none is given: a current one (>= 0.17.6)."""
 DEEPSPEED_ACCUMULATES_IN_MODEL_DTYPE_SINCE = (0, 17, 6)
@@ -766,6 +780,11 @@ class FrameworkConventions:
     default_optimizer: str
     """The optimizer when none is given: ``adamw``; Unsloth's notebooks ``adamw-8bit``
     (``SFTConfig(optim = "adamw_8bit")``). An explicit ``optimizer`` always wins."""
+    default_lora_targets: tuple[str, ...]
+    """The LoRA targets when none are given: peft's ``q``, ``v``
+    (:data:`PEFT_DEFAULT_LORA_TARGETS`); Unsloth all seven linears
+    (:data:`UNSLOTH_LORA_TARGETS`, ``FastLanguageModel.get_peft_model``'s default
+    ``target_modules``). An explicit value always wins."""
     default_activation_checkpointing: str
     """The activation checkpointing when none is given: ``none``; Unsloth ``full``
     (``FastLanguageModel.get_peft_model(use_gradient_checkpointing = "unsloth")``, its default,
@@ -878,6 +897,7 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "unsloth_fast_rms_layernorm": False,
         "unsloth_fast_lora": False,
         "default_optimizer": "adamw",
+        "default_lora_targets": PEFT_DEFAULT_LORA_TARGETS,
         "default_activation_checkpointing": "none",
         "sharded_activation_checkpointing": None,
     }
@@ -1004,7 +1024,8 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
         # dtype; a bf16 full fine-tune keeps bf16 weights (``float32_mixed_precision = False``
         # for bf16, vision.py post_patch_model); the notebooks' adamw_8bit; checkpointing
         # "unsloth" (offloaded); its fused loss, LoRA and RMSNorm kernels; expandable
-        # segments. See Note [Framework conventions].
+        # segments; LoRA on all seven linears (get_peft_model's target_modules). See Note
+        # [Framework conventions].
         _row(
             "unsloth",
             autocast=True,
@@ -1016,6 +1037,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             unsloth_fast_rms_layernorm=True,
             unsloth_fast_lora=True,
             default_optimizer="adamw-8bit",
+            default_lora_targets=UNSLOTH_LORA_TARGETS,
             default_activation_checkpointing="full",
             default_precision="bf16-true",
         ),

@@ -82,9 +82,10 @@ def settings_of(cls: type) -> dict[str, tuple[dataclasses.Field[Any], Setting]]:
 def kind_of(field: dataclasses.Field[Any]) -> str:
     """The input a field needs: ``multi`` (several of its choices: a tuple field), ``choice``,
     ``bool``, ``int``, ``float`` or ``str`` (free text, or a value of a mixed type), from its
-    :attr:`Setting.choices`, its default and, for a default of None, its annotation."""
+    :attr:`Setting.choices`, its default and, for a default of None, its annotation (a tuple
+    field whose default is None, ``lora_targets``: the framework's, is still ``multi``)."""
     default = field.default
-    if isinstance(default, tuple):
+    if isinstance(default, tuple) or str(field.type).startswith("tuple["):  # None: resolved
         return "multi"
     if setting_of(field).choices:
         return "choice"

@@ -65,8 +65,9 @@ Note [Framework conventions]
                     the model in bf16 (``bf16-true``, its default; a bf16 full fine-tune keeps
                     bf16 weights), LoRA A / B upcast to fp32 while embeddings, norms and LM
                     head stay 16-bit (unsloth_zoo training_utils.py
-                    ``prepare_model_for_training``); by default ``adamw-8bit`` (its notebooks)
-                    and ``full`` checkpointing as its offloaded "unsloth" mode (Note
+                    ``prepare_model_for_training``); by default ``adamw-8bit`` (its notebooks),
+                    LoRA on all seven linears (``get_peft_model``'s ``target_modules``) and
+                    ``full`` checkpointing as its offloaded "unsloth" mode (Note
                     [Unsloth's offloaded gradient checkpointing]); an explicit value wins.
                     Its fused cross-entropy (no logits kept), LoRA kernels, RMSNorm kernel and
                     allocator settings: Notes [Unsloth's fused cross-entropy], [Unsloth's fast
@@ -97,6 +98,7 @@ from trainmem.specs.frameworks import (
     GRAD_ACCUM_DTYPES,
     HF_NON_REENTRANT_CHECKPOINT_SINCE,
     LOOPS,
+    PEFT_DEFAULT_LORA_TARGETS,
     TORCHTITAN_COMPILED_LOSS_SINCE,
     TORCHTUNE_RESHAPED_LOSS_SINCE,
     TRAINER_ON_ACCELERATE_SINCE,
@@ -976,13 +978,19 @@ class PeftConfig:
     lora_rank: int = setting(0, "LoRA rank r (0: full fine-tuning).")
     """LoRA rank r (Hu et al. 2021), 0 to 2^31 - 1; 0, the default: full fine-tuning."""
     lora_targets: tuple[str, ...] = setting(
-        ("q", "v"),
+        None,
         "Linears that get LoRA adapters (on the command line: comma-separated, or all-linear):",
         choices=(*LORA_TARGETS, "lm_head"),
+        default_text="q,v, peft's; --framework unsloth: q,k,v,o,gate,up,down, its get_peft_model's",
     )
     """Linears that get LoRA adapters: names of :data:`LORA_TARGETS` or ``lm_head`` (peft's
-    Llama module names of :data:`LORA_TARGET_ALIASES` are read as theirs). Default ``("q",
-    "v")``, peft's default for Llama: q_proj, v_proj."""
+    Llama module names of :data:`LORA_TARGET_ALIASES` are read as theirs). None, the default:
+    the framework's (``FrameworkConventions.default_lora_targets``, resolved when the
+    TrainingConfig is made, so every reader sees names): ``("q", "v")``, peft's default for
+    Llama (q_proj, v_proj); under Unsloth all seven linears, ``FastLanguageModel.
+    get_peft_model``'s ``target_modules`` (:data:`~trainmem.specs.frameworks.
+    UNSLOTH_LORA_TARGETS`). An explicit value always wins, even one another framework
+    defaults to."""
     lora_dropout: float = setting(0.0, "Dropout on the LoRA input (peft lora_dropout).")
     """Dropout probability on the LoRA input (peft ``lora_dropout``), in [0, 1); > 0 keeps a
     copy of the input. Default 0.0, peft's."""
@@ -1034,6 +1042,8 @@ class PeftConfig:
 
     def __post_init__(self) -> None:
         _check_ints(self, ("lora_rank",), minimum=0)
+        if self.lora_targets is None:  # alone; TrainingConfig resolves it by framework first
+            object.__setattr__(self, "lora_targets", PEFT_DEFAULT_LORA_TARGETS)
         if not isinstance(self.lora_targets, tuple):
             raise SpecError("lora_targets", f"must be a tuple of names, got {self.lora_targets!r}")
         targets = tuple(
@@ -1758,7 +1768,9 @@ def _resolve_precision(t: TrainingConfig) -> None:
     """A ``precision`` of None becomes the framework's default
     (``FrameworkConventions.default_precision``: torchtune's ``bf16-true``, else
     :data:`~trainmem.specs.frameworks.DEFAULT_PRECISION`), before any check reads it; an
-    unknown framework is left to its own check."""
+    unknown framework is left to its own check. So do an ``optimizer``, ``lora_targets`` and
+    ``activation_checkpointing`` of None (``FrameworkConventions.default_optimizer``,
+    ``default_lora_targets``, ``default_activation_checkpointing``); a value given is kept."""
     # a framework of the wrong type (a list from a config file) is its own check's error
     row = FRAMEWORK_CONVENTIONS.get(t.framework) if isinstance(t.framework, str) else None
     if t.precision is None:
@@ -1767,6 +1779,9 @@ def _resolve_precision(t: TrainingConfig) -> None:
         )
     if t.optimizer is None:  # the framework's (FrameworkConventions.default_optimizer)
         object.__setattr__(t, "optimizer", row.default_optimizer if row else "adamw")
+    if t.lora_targets is None:  # the framework's (FrameworkConventions.default_lora_targets)
+        default_targets = row.default_lora_targets if row else PEFT_DEFAULT_LORA_TARGETS
+        object.__setattr__(t, "lora_targets", default_targets)
     if t.activation_checkpointing is None:
         default = row.default_activation_checkpointing if row else "none"
         sharded = row.sharded_activation_checkpointing if row else None
@@ -2347,9 +2362,19 @@ def check_training_for_model(model: ModelSpec, training: TrainingConfig) -> None
         available = list(model_lora_linears(model))
         if model.head in ("causal-lm", "masked-lm"):
             available.append("lm_head")
+        framework_default = (
+            training.lora_targets == training.conventions.default_lora_targets
+            and training.lora_targets != PEFT_DEFAULT_LORA_TARGETS
+        )
         for target in training.lora_targets:
             if target not in available:
+                why = (
+                    f" (--framework {training.framework}'s default targets; --lora-targets "
+                    "all-linear for the model's own)"
+                    if framework_default
+                    else ""
+                )
                 raise SpecError(
                     "lora_targets",
-                    f"{model.name} has no {target!r} linear; allowed: {', '.join(available)}",
+                    f"{model.name} has no {target!r} linear{why}; allowed: {', '.join(available)}",
                 )

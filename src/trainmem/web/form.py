@@ -11,7 +11,8 @@ the CLI options are generated from (``tests/test_settings_source.py``), so the p
 ``trainmem estimate`` accepts and nothing is spelled twice.
 
 A *values* dict maps ``model``, ``gpu``, ``alloc_conf`` and every TrainingConfig field name to a
-typed value (``int``, ``float``, ``bool``, ``str``, ``tuple`` for ``lora_targets``; ``seq_len``
+typed value (``int``, ``float``, ``bool``, ``str``, ``tuple`` for ``lora_targets``, None
+there for the framework's; ``seq_len``
 None means the model's own context length, at most 4096, and ``attention`` None the model's own
 attention, eager for BLOOM / Gemma-2 and sdpa otherwise, as in the CLI).
 """
@@ -108,7 +109,8 @@ def coerce(name: str, raw: Any) -> Any:
     """The typed value of one setting from what a widget or a URL holds.
 
     ``"4"``, ``4.0`` -> ``4`` for an int field; ``"true"`` -> True; ``"q+v"`` or ``["q", "v"]``
-    -> ``("q", "v")``; ``""`` / None -> the default; the text of a ``str`` field as ``--set``
+    -> ``("q", "v")``; ``""`` / None (``[]`` for ``lora_targets``) -> the default (None there:
+    the framework's); the text of a ``str`` field as ``--set``
     reads it (:func:`trainmem.planner.sweep.parse_value`: ``"2.10"`` stays a version,
     ``"500000000"`` is a bucket size, ``"auto"`` stays text). Ranges are checked by
     TrainingConfig.
@@ -117,8 +119,8 @@ def coerce(name: str, raw: Any) -> Any:
         SpecError: a value of the wrong type (the message names the field).
     """
     f = field(name)
-    if raw is None or raw == "" or raw == MODEL_DEFAULT:
-        return DEFAULTS[name]
+    if raw is None or raw == "" or raw == MODEL_DEFAULT or (f.kind == "multi" and not raw):
+        return DEFAULTS[name]  # none ticked: lora_targets left to the framework
     if f.kind == "multi":
         parts = raw.split("+") if isinstance(raw, str) else list(raw)
         return tuple(str(p) for p in parts if p)

@@ -34,11 +34,13 @@ from trainmem.web.compute import (
     timeline_points,
 )
 from trainmem.web.form import (
+    DEFAULTS,
     GROUPS,
     MODEL_DEFAULT,
     cli_command,
     coerce,
     default_values,
+    field,
     from_query,
     to_query,
 )
@@ -77,14 +79,19 @@ def _guard(compute: Callable[[], T], fallback: Callable[[str], T]) -> T:
 
 def collect(raw: Sequence[Any]) -> dict[str, Any]:
     """A values dict from widget values in :data:`INPUT_NAMES` order (checkbox-group lists
-    as tuples, :data:`~trainmem.web.form.MODEL_DEFAULT` and an empty text box of a setting
-    whose default is None as None; the rest is typed by :func:`trainmem.web.form.coerce` when
-    it is used)."""
+    as tuples, an empty one as None: ``lora_targets`` left to the framework;
+    :data:`~trainmem.web.form.MODEL_DEFAULT` and an empty text box of a setting whose default
+    is None as None; the rest is typed by :func:`trainmem.web.form.coerce` when it is used)."""
     base = default_values()
     return {
-        name: tuple(v) if isinstance(v, list) else None if _unset(v, base.get(name, 0)) else v
-        for name, v in zip(INPUT_NAMES, raw, strict=True)
+        name: _collected(v, base.get(name, 0)) for name, v in zip(INPUT_NAMES, raw, strict=True)
     }
+
+
+def _collected(value: Any, default: Any) -> Any:
+    if isinstance(value, list):  # a checkbox group; none ticked: the framework's
+        return tuple(value) or None
+    return None if _unset(value, default) else value
 
 
 def _unset(value: Any, default: Any) -> bool:
@@ -94,12 +101,20 @@ def _unset(value: Any, default: Any) -> bool:
 
 
 def widget_values(values: Mapping[str, Any]) -> list[Any]:
-    """Widget values in :data:`INPUT_NAMES` order (tuples as lists for checkbox groups, an
-    ``attention`` left to the model as :data:`~trainmem.web.form.MODEL_DEFAULT`)."""
-    return [
-        list(v) if isinstance(v, tuple) else MODEL_DEFAULT if v is None and n == "attention" else v
-        for n, v in ((n, values[n]) for n in INPUT_NAMES)
-    ]
+    """Widget values in :data:`INPUT_NAMES` order (tuples as lists for checkbox groups, None
+    there as none ticked: ``lora_targets`` left to the framework; an ``attention`` left to the
+    model as :data:`~trainmem.web.form.MODEL_DEFAULT`)."""
+    return [_widget_value(n, values[n]) for n in INPUT_NAMES]
+
+
+def _widget_value(name: str, value: Any) -> Any:
+    if isinstance(value, tuple) or (value is None and name in _CHECKBOX_GROUPS):
+        return list(value or ())
+    return MODEL_DEFAULT if value is None and name == "attention" else value
+
+
+_CHECKBOX_GROUPS = frozenset(n for n in DEFAULTS if field(n).kind == "multi")
+"""The settings shown as checkbox groups (``lora_targets``)."""
 
 
 def request_of(config_path: str | None, values: Mapping[str, Any]) -> Request:

@@ -74,7 +74,7 @@ def _widget(name: str) -> Any:
     default = default_values()[name]
     if f.kind == "multi":
         return gr.CheckboxGroup(
-            list(f.choices), value=list(default), label=label, info=info, elem_id=elem_id
+            list(f.choices), value=list(default or ()), label=label, info=info, elem_id=elem_id
         )
     if f.kind == "choice":
         value = MODEL_DEFAULT if default is None else default
