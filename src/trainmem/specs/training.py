@@ -43,10 +43,14 @@ Note [Framework conventions]
     ==============  =============================================================================
     pytorch-amp     fp32 weights and grads, torch.autocast (16 B/param with Adam); the default.
     hf-trainer      as pytorch-amp (``Trainer(fp16/bf16=True)`` uses torch.autocast); its default
-                    optimizer is torch AdamW, fused (``adamw_torch_fused``) from torch 2.8.
+                    optimizer is torch AdamW, fused (``adamw_torch_fused``) from torch 2.8;
+                    accelerate returns the 16-bit logits as an fp32 copy (Note
+                    [accelerate's fp32 outputs]).
     accelerate-fsdp FSDP (v1) through accelerate / the HF Trainer's ``--fsdp``: fp32 sharded
                     weights, ``MixedPrecision(param_dtype=bf16, reduce_dtype=bf16)``: layers
-                    compute on gathered 16-bit weights, no autocast cast.
+                    compute on gathered 16-bit weights, no autocast weight copy; accelerate's
+                    autocast still runs LayerNorm and ``pow`` in fp32 (Note [Autocast over
+                    16-bit weights]) and returns fp32 logits.
     litgpt          as the precision says; lit-gpt's own model code (fused qkv, fused GELU) and
                     Fabric's fp32 cast of the model output (logits kept in fp32); on more than
                     one rank ``full`` checkpointing unless told (its fine-tuning scripts
