@@ -771,7 +771,22 @@ CAUSES.update(
             "unsharded gradient is record_stream'ed to the post-backward stream "
             "(_post_backward_hook) and, without TORCH_NCCL_AVOID_RECORD_STREAMS (set only in "
             "the LoRA recipe, bec7babe), to NCCL's, so its block is reusable only once those "
-            "streams pass it: how many pile up depends on how far the CPU runs ahead of the GPU"
+            "streams pass it: how many pile up depends on how far the CPU runs ahead of the GPU. "
+            "Read (helper nccl): NCCL's record adds no later point than FSDP1's own, as FSDP1's "
+            "collectives are synchronous (async_op=False: the issuing stream waits on the NCCL "
+            "work, and FSDP1 frees after issuing, so the NCCL stream's event at the free is the "
+            "same collective's end); the replay completes such frees at the next malloc (Note "
+            "[Cross-stream frees]), the least lag. The most lag FSDP1's host synchronisation "
+            "allows (_runtime_utils.py, read at torch 2.13, the rules of Note [FSDP1 unshard "
+            "stream pool]): the limiter (_limiter_utils.py, two in flight) syncs on "
+            "compute-stream free events only, and the compute stream passes layer j's "
+            "reduce-scatter only by waiting on layer j - 2's all-gather, issued after it on "
+            "the same NCCL stream (_pre_backward_hook -> wait_stream(unshard_stream)), so up "
+            "to about three layers' gradients may be pending. Tried, not landed: one or two "
+            "more 404 MB gradients held on the compute stream over the backward stack move "
+            "GT032 -11.2 -> -9.4 / -7.6%, GT041 +8.6% unchanged (its peak is elsewhere), GT043 "
+            "+15.9% / +20.8% (the same recipe, already over); the count between 0 and 3 is "
+            "timing, in no source, so choosing one would fit the row"
         ),
         "GT033": _TT_2024,
         "GT034": _TT_2024,
@@ -907,7 +922,11 @@ CAUSES.update(
         ),
         "GT129": (
             "FSDP1 CPU offload of a 70B QLoRA: the double-quantized statistics stay on the GPU "
-            "(1.07 GB, Note [bitsandbytes statistics under sharding]; -26.0 -> -19.9%); still "
+            "(1.07 GB, Note [bitsandbytes statistics under sharding]; -26.0 -> -19.9%); not "
+            "NCCL's record_stream (helper nccl): frozen layer units make no flat gradient, and "
+            "the offloaded shard's H2D copy, the all-gather's input, is freed after the "
+            "synchronous all-gather its stream waited on, so a pending copy is one layer's "
+            "shard, not GBs; still "
             "under by ~3.3 GB, unexplained: besides the FSDP1 load (modelled) and "
             "load_and_quantize (not: train.py 50efa1e empties the cache after it, so only "
             "segments holding a live quant_state tensor stay reserved; a 70B MLP's 3.5 MiB "
