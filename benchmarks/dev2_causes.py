@@ -785,8 +785,9 @@ CAUSES.update(
             "to about three layers' gradients may be pending. Tried, not landed: one or two "
             "more 404 MB gradients held on the compute stream over the backward stack move "
             "GT032 -11.2 -> -9.4 / -7.6%, GT041 +8.6% unchanged (its peak is elsewhere), GT043 "
-            "+15.9% / +20.8% (the same recipe, already over); the count between 0 and 3 is "
-            "timing, in no source, so choosing one would fit the row"
+            "+15.9% / +20.8% (the same recipe, already over; three held: -5.9%, +23.2%); "
+            "the count between 0 and 3 is timing, in no source, so choosing one would fit the "
+            "row"
         ),
         "GT033": _TT_2024,
         "GT034": _TT_2024,
