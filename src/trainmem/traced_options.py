@@ -382,16 +382,19 @@ def traced_previous_loop(training: TrainingConfig) -> bool:
 def apply_previous_loop(
     schedule: StepSchedule, model: ModelSpec | None, training: TrainingConfig
 ) -> StepSchedule:
-    """The traced step of a loop that drops its outputs as the ``previous`` loop has it.
+    """The traced step of the ``previous`` loop with the previous micro-batch's hold added.
 
     Note [The previous loop on a traced step]
         A loop that binds ``logits = model(...)`` in its own scope holds the previous
         micro-batch's output, and what its graph keeps (bitsandbytes linears' inputs stored as
         ``ctx`` attributes), until the next forward returns (Note [The previous micro-batch's
-        graph] in trainmem/analytic/held_outputs.py). The trace runs one micro-batch after
-        another with nothing before the first, so the step is traced with a loop that drops
-        its outputs and each micro-batch (the warm-up step's too, as after an earlier step)
-        is given, at its start, the previous one's output
+        graph] in trainmem/analytic/held_outputs.py). The traced step runs the loop's own
+        binding (``run_step``'s ``hold_output``: each micro-batch's output held through its
+        backward, the last one's through ``optimizer.step()``, Note [The current
+        micro-batch's bound output] in trainmem/analytic/transforms/loop.py), but one
+        micro-batch after another with nothing before the first and each output released
+        before the next forward, so each micro-batch (the warm-up step's too, as after an
+        earlier step) is given, at its start, the previous one's output
         (:func:`~trainmem.analytic.held_outputs.previous_output_bytes`) and graph-held inputs
         (:func:`~trainmem.analytic.held_outputs.graph_held_input_bytes`), as the analytic
         ``TrainingLoop`` transform allocates them at ``micro_batch.begin``; they are freed once
@@ -402,7 +405,7 @@ def apply_previous_loop(
         without a ModelSpec is refused.
 
     Args:
-        schedule: the traced step (loop ``drop``).
+        schedule: the traced step (each output held through its own backward).
         model: the model's shape.
         training: the run (loop ``previous``).
 
@@ -493,12 +496,13 @@ def _after_logits(segment: Sequence[Item], logits: int) -> int:
 PREVIOUS_LOOP = TracedOption(
     name="previous loop",
     applies=traced_previous_loop,
-    traced_as=lambda t: replace(t, loop="drop", keep_logits=False),
+    traced_as=lambda t: replace(t, keep_logits=False),
     apply=apply_previous_loop,
     note=lambda t: (
-        "loop=previous: the step was traced with a loop that drops its outputs, then each "
-        "micro-batch given the previous one's logits (and the inputs its graph keeps) until "
-        "its own logits exist, as the analytic engine's TrainingLoop transform has them (Note "
+        "loop=previous: the step was traced with the loop's binding of each output through "
+        "its backward, then each micro-batch given the previous one's logits (and the inputs "
+        "its graph keeps) until its own logits exist, as the analytic engine's TrainingLoop "
+        "transform has them (Note "
         "[The previous loop on a traced step] in trainmem/traced_options.py)"
     ),
 )

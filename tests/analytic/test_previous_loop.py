@@ -173,3 +173,26 @@ def test_the_assumed_loop_is_reported() -> None:
     assert "previous micro-batch" in loop_of({"framework": "litgpt"})
     assert "dropped after the loss" in loop_of({"framework": "litgpt", "loop": "drop"})
     assert "held to the end of the step" in loop_of({"keep_logits": True})
+
+
+def test_the_current_output_and_its_cache_live_to_the_micro_batch_end() -> None:
+    # Note [The current micro-batch's bound output], bytes by hand in test_bound_output.py:
+    # the HF Trainer's accelerate fp32 logits 4 x 512 x 128 and the KV cache 2 layers x (k, v)
+    # x 2 heads x 16 x 128 tokens x 2 B, through the backward, the last through the step
+    logits, cache = 4 * 512 * 128, 2 * 2 * 2 * 16 * 128 * 2
+    hf = {"framework": "hf-trainer", "precision": "bf16-mixed", "lora_rank": 0,
+          "quantize_base": "none", "gradient_accumulation_steps": 2}  # fmt: skip
+    loop = TrainingLoop(_context(_training(loop="previous", **hf)))
+    held = {x.op.key: (x.op.size_bytes, x.release) for x in loop.ops("head.forward", Where())
+            if isinstance(x, Lifetime)}  # fmt: skip
+    assert held == {
+        "logits_kept": (logits, "micro_batch.end"),
+        "loop/cache": (cache, "micro_batch.end"),
+    }
+    bound = [x for x in loop.ops("optimizer.begin", Where()) if isinstance(x, Lifetime)]
+    assert [(x.op.size_bytes, x.release) for x in bound] == [
+        (logits + cache, "step.post_optimizer")
+    ]
+    dropped = TrainingLoop(_context(_training(loop="drop", **hf)))
+    assert not dropped.ops("optimizer.begin", Where())
+    assert not dropped.ops("head.forward", Where())

@@ -80,8 +80,6 @@ from trainmem.analytic.activation_parallelism import (
 from trainmem.analytic.activations import ActivationProfile
 from trainmem.analytic.attention import (
     eager_scores_forward_bytes,
-    forward_kv_cache_bytes,
-    returned_presents_bytes,
     written_out_scores_forward_tensors,
 )
 from trainmem.analytic.backward_transients import (
@@ -133,7 +131,7 @@ from trainmem.analytic.transforms.checkpointing import (
     tensor_sizes,
     weight_blocks,
 )
-from trainmem.analytic.transforms.loop import zero_grad_policy
+from trainmem.analytic.transforms.loop import returned_cache_bytes, zero_grad_policy
 from trainmem.analytic.transforms.sharding import group_states
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
@@ -183,6 +181,7 @@ class _Transforms:
         self.all: list[Transform] = active(ctx)
         self.in_backward = any(t.steps_in_backward for t in self.all)
         self.held_logits = sum(t.held_logits for t in self.all)
+        self.held_cache = sum(t.held_cache for t in self.all)
         self.balanced = all(t.balanced_micro_batches for t in self.all)
         self.reduces_last = any(t.reduces_last_micro_batch for t in self.all)
         self.keeps_root = any(t.keeps_root_gradients for t in self.all)
@@ -592,9 +591,7 @@ class _Ends:
         self.chunk_wgrad = chunked_head_weight_grad_bytes(model, training) if head else 0
         # transformers' KV cache in training, or the presents that keep each layer's fused
         # QKV output (transformers < 4.54 GPT-BigCode under checkpointing), until the loss
-        self.kv_cache = forward_kv_cache_bytes(
-            model, training, ctx.num_layers
-        ) + returned_presents_bytes(model, training, ctx.num_layers)
+        self.kv_cache = 0 if transforms.held_cache else returned_cache_bytes(ctx)
         self.final_hidden = final_hidden_transient_bytes(model, training) if head else 0
         self.input_grad_hook = input_grad_hook_bytes(model, training) if rank.stage == 0 else 0
         self.emb_acts = ctx.profile.embedding if rank.stage == 0 else 0

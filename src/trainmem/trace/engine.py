@@ -390,7 +390,8 @@ def _run_trace(
             set_to_none=training.zero_grad_set_to_none,
             forward_loss=forward_loss,
             keep_output=training.training_loop == "step",
-            hold_output=hold_output,
+            # Note [The current micro-batch's bound output]: the loop's own binding
+            hold_output=hold_output or training.training_loop == "previous",
             zero_grad_before_backward=training.zero_grad_before_backward,
             runtime_state=runtime_state if held or isinstance(opt, EMAStep) else None,
         )

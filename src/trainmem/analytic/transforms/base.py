@@ -362,6 +362,9 @@ class Transform:
     steps_in_backward: bool = False
     #: bytes of the logits it holds past the loss (taken from the loss's forward transients)
     held_logits: int = 0
+    #: bytes of the returned KV cache / presents it holds past the loss (the base order then
+    #: allocates none of its own)
+    held_cache: int = 0
     #: every micro-batch frees what it allocates (Note [Balanced repeats])
     balanced_micro_batches: bool = True
     #: the last micro-batch of an accumulation reduces the gradients (``Where.reduce``)

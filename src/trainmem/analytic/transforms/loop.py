@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from trainmem.analytic.attention import forward_kv_cache_bytes, returned_presents_bytes
 from trainmem.analytic.head import head_activation_bytes
 from trainmem.analytic.held_outputs import graph_held_input_bytes, previous_output_bytes
 from trainmem.analytic.loss import accelerate_output_bytes, loss_forward_transient_bytes
@@ -72,14 +73,22 @@ def zero_grad_policy(ctx: RankContext) -> ZeroGrad:
 
 
 def kept_logits_bytes(ctx: RankContext) -> int:
-    """The logits the loop holds: one micro-batch's (the loop keeps the last output), when
-    they are part of the loss's forward transients (0 otherwise); accelerate's fp32 copy of
-    them where its wrapped forward returns one (Note [accelerate's fp32 outputs]: the 16-bit
-    logits go when the forward returns)."""
+    """The logits the loop holds past the loss: one micro-batch's (the ``step`` loop keeps the
+    last output; the ``previous`` loop each micro-batch's through its own backward, Note [The
+    current micro-batch's bound output]), when they are part of the loss's forward transients
+    (0 otherwise); accelerate's fp32 copy of them where its wrapped forward returns one (Note
+    [accelerate's fp32 outputs]: the 16-bit logits go when the forward returns). 0 under
+    litgpt's own model code, whose fp32 copy is a head term bound by its loop (Note [litgpt's
+    bound logits])."""
     t = ctx.training
-    if not (t.training_loop == "step" and ctx.rank.has_head) or t.pipeline_parallel_size > 1:
+    if not ctx.rank.has_head or t.pipeline_parallel_size > 1:
         return 0
-    part = accelerate_output_bytes(ctx.model, t) or logits_bytes(ctx.model, t)
+    if t.training_loop == "step":
+        part = accelerate_output_bytes(ctx.model, t) or logits_bytes(ctx.model, t)
+    elif t.training_loop == "previous" and not t.conventions.own_model_code:
+        part = previous_output_bytes(ctx.model, t)
+    else:
+        return 0
     return part if 0 < part <= loss_forward_transient_bytes(ctx.model, t) else 0
 
 
@@ -102,6 +111,67 @@ def bound_logits_bytes(ctx: RankContext) -> int:
     if not (t.conventions.own_model_code and ctx.rank.has_head and ctx.rank.stage == 0):
         return 0
     return head_activation_bytes(ctx.model, t).get("logits_fp32_output", 0)
+
+
+def bound_output_bytes(ctx: RankContext) -> int:
+    """Bytes of the last micro-batch's output a loop that binds it in its own scope still holds
+    during the optimizer step: litgpt's fp32 logits (:func:`bound_logits_bytes`, under any
+    loop setting), or under the ``previous`` loop the output :func:`kept_logits_bytes` holds
+    through each micro-batch's backward (Note [The current micro-batch's bound output]).
+
+    Note [The current micro-batch's bound output]
+        A plain loop binds the model output in its own scope and reads the loss from it::
+
+            outputs = model(**batch)
+            loss = outputs.loss
+            accelerator.backward(loss)
+            optimizer.step()
+
+        (peft examples/causal_language_modeling/peft_lora_clm_accelerate_ds_zero3_offload.py
+        at 026d1e01, the loop of the 'PEFT + Accelerate' rows; accelerate
+        examples/nlp_example.py at 03a5f887, ``loss = loss / gradient_accumulation_steps`` and
+        ``optimizer.step()`` every ``gradient_accumulation_steps`` micro-batches). So the
+        output (the logits: accelerate's fp32 copy where its wrapped forward returns one,
+        Note [accelerate's fp32 outputs]; the compute-dtype ``lm_head`` output otherwise) lives
+        through its own micro-batch's backward, and the last micro-batch's through
+        ``optimizer.step()``, until ``outputs`` is rebound when the next forward returns
+        (Note [The previous micro-batch's graph] has that part). With accumulation micro-batch
+        k's output lives until micro-batch k + 1's forward returns. The HF Trainer drops it
+        (``compute_loss`` returns the loss alone unless ``return_outputs``, and
+        ``training_step`` returns ``loss.detach()``; transformers trainer.py): loop ``drop``.
+        litgpt's own model code is :func:`bound_logits_bytes`. The formulas allocate the
+        output with the head's forward until ``micro_batch.end`` and the last one again from
+        ``optimizer.begin`` to ``step.post_optimizer``; the trace runs the binding itself
+        (``trainmem.trace.step.run_step``'s ``hold_output``). The KV cache a transformers model
+        builds in training, or the presents it returns (:func:`returned_cache_bytes`), are
+        held with the output, as the trace holds them. Not modelled: the previous
+        micro-batch's cache into the next forward (the previous-output rule holds its logits
+        only, on both engines)."""
+    litgpt = bound_logits_bytes(ctx)
+    if litgpt or ctx.training.training_loop != "previous":
+        return litgpt
+    return kept_logits_bytes(ctx)
+
+
+def returned_cache_bytes(ctx: RankContext) -> int:
+    """Bytes of the KV cache transformers builds in training
+    (:func:`~trainmem.analytic.attention.forward_kv_cache_bytes`) or the presents it returns
+    (:func:`~trainmem.analytic.attention.returned_presents_bytes`) over the rank's layers: the
+    model output holds them until the loss, or as long as the loop binds the output."""
+    n = ctx.num_layers
+    return forward_kv_cache_bytes(ctx.model, ctx.training, n) + returned_presents_bytes(
+        ctx.model, ctx.training, n
+    )
+
+
+def bound_cache_bytes(ctx: RankContext) -> int:
+    """The returned cache the ``previous`` loop's binding holds with the output (Note [The
+    current micro-batch's bound output]): :func:`returned_cache_bytes` on the rank with the
+    head when :func:`kept_logits_bytes` holds its output, else 0."""
+    t = ctx.training
+    if t.training_loop != "previous" or not kept_logits_bytes(ctx):
+        return 0
+    return returned_cache_bytes(ctx)
 
 
 class Previous(NamedTuple):
@@ -145,12 +215,15 @@ class TrainingLoop(Transform):
         self.held_logits = kept_logits_bytes(ctx)
         self.zero_grad = zero_grad_policy(ctx)
         self.previous = previous_micro_batch(ctx)
-        self.bound = bound_logits_bytes(ctx)
+        self.held_cache = bound_cache_bytes(ctx)
+        self.bound = bound_output_bytes(ctx) + self.held_cache
+        self.rebinds = ctx.training.training_loop == "previous"
 
     def optimizer_begin(self, where: Where) -> Sequence[Emitted]:
         if not self.bound:
             return ()
-        # Note [litgpt's bound logits]: the last micro-batch's, through the optimizer step
+        # Note [litgpt's bound logits], Note [The current micro-batch's bound output]: the
+        # last micro-batch's, through the optimizer step
         label = "the last micro-batch's logits, bound by the loop through the step"
         op = alloc(self.bound, Cat.TEMPORARY, "optimizer", "loop/bound_logits", "head", label)
         return (Lifetime(op, "step.post_optimizer"),)
@@ -189,7 +262,17 @@ class TrainingLoop(Transform):
         return ()
 
     def head_forward(self, where: Where) -> Sequence[Emitted]:
-        return (self._kept(),) if self.held_logits else ()
+        if not self.held_logits:
+            return ()
+        if not self.rebinds:
+            return (self._kept(),)
+        # Note [The current micro-batch's bound output]: the output, and the cache it returns
+        out: list[Emitted] = []
+        if self.held_cache:
+            label = "the KV cache the model output returns, bound by the loop"
+            cache = alloc(self.held_cache, Cat.TEMPORARY, "forward", "loop/cache", "layers", label)
+            out.append(Lifetime(cache, "micro_batch.end"))
+        return [*out, Lifetime(self._kept(), "micro_batch.end")]
 
     def forward_end(self, where: Where) -> Sequence[Emitted]:
         # optimizer.zero_grad() between the loss and loss.backward()
@@ -197,7 +280,7 @@ class TrainingLoop(Transform):
 
     def step_post_optimizer(self, where: Where) -> Sequence[Emitted]:
         out: list[Emitted] = []
-        if self.held_logits:  # the step function returns: its logits go
+        if self.held_logits and not self.rebinds:  # the step function returns: its logits go
             out.append(free(self._kept(), "optimizer"))
         if self.zero_grad.after_step:
             cached = self.ctx.shared.get("zero_grad")
