@@ -70,3 +70,11 @@ def test_the_trace_runs_the_binding() -> None:
     previous = _phases(_training(loop="previous"), "trace")
     dropped = _phases(_training(loop="drop"), "trace")
     assert previous["backward"] - dropped["backward"] == FP32_LOGITS + CACHE + 4
+
+
+def test_the_step_loop_holds_the_output_and_its_cache_to_the_step_end() -> None:
+    # the step function's ``outputs`` (logits and KV cache) until it returns, one micro-batch
+    step = _phases(_training(loop="step", gradient_accumulation_steps=1))
+    dropped = _phases(_training(loop="drop", gradient_accumulation_steps=1))
+    assert step["backward"] - dropped["backward"] == FP32_LOGITS + CACHE
+    assert step["optimizer"] - dropped["optimizer"] == FP32_LOGITS + CACHE

@@ -144,7 +144,9 @@ def bound_output_bytes(ctx: RankContext) -> int:
         ``optimizer.begin`` to ``step.post_optimizer``; the trace runs the binding itself
         (``trainmem.trace.step.run_step``'s ``hold_output``). The KV cache a transformers model
         builds in training, or the presents it returns (:func:`returned_cache_bytes`), are
-        held with the output, as the trace holds them. Not modelled: the previous
+        held with the output, as the trace holds them (and by the ``step`` loop's output
+        until the step function returns: its trace agreed within 32,996 B, the cache, before).
+        Not modelled: the previous
         micro-batch's cache into the next forward (the previous-output rule holds its logits
         only, on both engines)."""
     litgpt = bound_logits_bytes(ctx)
@@ -165,13 +167,11 @@ def returned_cache_bytes(ctx: RankContext) -> int:
 
 
 def bound_cache_bytes(ctx: RankContext) -> int:
-    """The returned cache the ``previous`` loop's binding holds with the output (Note [The
-    current micro-batch's bound output]): :func:`returned_cache_bytes` on the rank with the
-    head when :func:`kept_logits_bytes` holds its output, else 0."""
-    t = ctx.training
-    if t.training_loop != "previous" or not kept_logits_bytes(ctx):
-        return 0
-    return returned_cache_bytes(ctx)
+    """The returned cache a loop that keeps the output holds with it (Note [The current
+    micro-batch's bound output]; the ``step`` loop's output object too, until the step
+    function returns): :func:`returned_cache_bytes` on the rank with the head when
+    :func:`kept_logits_bytes` holds its output, else 0."""
+    return returned_cache_bytes(ctx) if kept_logits_bytes(ctx) else 0
 
 
 class Previous(NamedTuple):
@@ -216,8 +216,8 @@ class TrainingLoop(Transform):
         self.zero_grad = zero_grad_policy(ctx)
         self.previous = previous_micro_batch(ctx)
         self.held_cache = bound_cache_bytes(ctx)
-        self.bound = bound_output_bytes(ctx) + self.held_cache
         self.rebinds = ctx.training.training_loop == "previous"
+        self.bound = bound_output_bytes(ctx) + (self.held_cache if self.rebinds else 0)
 
     def optimizer_begin(self, where: Where) -> Sequence[Emitted]:
         if not self.bound:
@@ -264,15 +264,15 @@ class TrainingLoop(Transform):
     def head_forward(self, where: Where) -> Sequence[Emitted]:
         if not self.held_logits:
             return ()
-        if not self.rebinds:
-            return (self._kept(),)
+        if not self.rebinds:  # the step function's output: its logits and cache
+            return [op for op in (self._cache(), self._kept()) if op.size_bytes]
         # Note [The current micro-batch's bound output]: the output, and the cache it returns
-        out: list[Emitted] = []
-        if self.held_cache:
-            label = "the KV cache the model output returns, bound by the loop"
-            cache = alloc(self.held_cache, Cat.TEMPORARY, "forward", "loop/cache", "layers", label)
-            out.append(Lifetime(cache, "micro_batch.end"))
-        return [*out, Lifetime(self._kept(), "micro_batch.end")]
+        held = [Lifetime(op, "micro_batch.end") for op in (self._cache(), self._kept())]
+        return [x for x in held if x.op.size_bytes]
+
+    def _cache(self) -> Op:
+        label = "the KV cache the model output returns, held by the loop"
+        return alloc(self.held_cache, Cat.TEMPORARY, "forward", "loop/cache", "layers", label)
 
     def forward_end(self, where: Where) -> Sequence[Emitted]:
         # optimizer.zero_grad() between the loss and loss.backward()
@@ -280,8 +280,10 @@ class TrainingLoop(Transform):
 
     def step_post_optimizer(self, where: Where) -> Sequence[Emitted]:
         out: list[Emitted] = []
-        if self.held_logits and not self.rebinds:  # the step function returns: its logits go
+        if self.held_logits and not self.rebinds:  # the step function returns: its output goes
             out.append(free(self._kept(), "optimizer"))
+            if self.held_cache:
+                out.append(free(self._cache(), "optimizer"))
         if self.zero_grad.after_step:
             cached = self.ctx.shared.get("zero_grad")
             if not isinstance(cached, Repeat):
