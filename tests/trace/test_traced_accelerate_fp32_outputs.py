@@ -49,7 +49,8 @@ def test_the_wrapped_forward_returns_fp32_logits_and_the_loss_as_it_was() -> Non
 @pytest.mark.parametrize("loop", ["step", "previous"])
 def test_the_formulas_agree_with_the_trace(loop: str) -> None:
     # each loop's trace on main's conventions agreed within 0.16 % (the step loop's own gap,
-    # 32,996 B, is there without accelerate); the fp32 copy moves both engines alike
+    # 32,996 B, the KV cache its output holds, 228 B since Note [The current micro-batch's
+    # bound output]); the fp32 copy moves both engines alike
     training = _training(loop=loop, gradient_accumulation_steps=2 if loop == "previous" else 1)
     traced = estimate(QWEN2, training, engine="trace", simulate_allocator=False)
     formulas = estimate(QWEN2, training, engine="analytic", simulate_allocator=False)
