@@ -672,6 +672,12 @@ RECORDED_DEV2 = {
 # same held logits, the rows whose stated 'Seq Length 4096' over-counts them already
 # (dev2_causes.py ``_SEQ_70B``): GT042 +133.2 -> +143.8 %, GT043 +15.9 -> +19.9 %. Under by
 # > 10 %: 6 -> 4 (GT037, GT173 out); median 3.1 -> 2.9 %, p90 10.3 -> 9.9 %.
+# Re-recorded for op-level selective checkpointing's recompute as the tensors it is, each freed
+# where its consumer's backward runs, autocast's weight copies no longer counted twice (Note
+# [Op-level selective recompute per tensor], analytic/transforms/checkpointing.py; session 15,
+# issue 26): the eager SAC torchtitan rows, reserved only, GT044 -2.9 -> -3.4 %, GT051 -2.5 ->
+# -3.1 % (within ROW_SLACK, their records kept); median 3.10 ->
+# 3.12 %; compiled rows unchanged (the compiled region keeps its one block).
 MIN_DEV2_ROWS_SCORED = 139
 MAX_DEV2_MEDIAN_ABS = 0.030  # 2.9 % at 2026-11-28 05:25 UTC (the previous loop's bound output)
 MAX_DEV2_P90_ABS = 0.100  # 9.9 % at 2026-11-28 05:25 UTC (the previous loop's bound output)

@@ -40,6 +40,10 @@ def _training(**changes: Any) -> TrainingConfig:
         ),
         pytest.param({"lora_rank": 8}, marks=pytest.mark.slow),
         pytest.param({"lora_rank": 8, "activation_checkpointing": "full"}, marks=pytest.mark.slow),
+        # Note [Op-level selective recompute per tensor]: +13.5 % before it
+        pytest.param(
+            {"optimizer": "sgd", "activation_checkpointing": "selective"}, marks=pytest.mark.slow
+        ),
     ],
 )
 def test_formulas_agree_with_the_trace_where_the_backward_peaks(changes: dict[str, Any]) -> None:
