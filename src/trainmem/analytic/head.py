@@ -227,10 +227,19 @@ def final_norm_backward_bytes(model: ModelSpec, training: TrainingConfig) -> int
         sum, the mean's expanded gradient, ``pow``'s ``2 x``) are alive at once, 4 B each, in
         any precision (the residual stream's dtype only changes the casts around them).
         Traced (the generic path) on a 6-layer 1024-wide Qwen2 at 4 x 1,024 tokens: five
-        16 MiB fp32 blocks at its peak under bf16-true, bf16-mixed and compile alike. Inside
-        the layers the same backward runs after the MLP's saved tensors are freed, below the
-        layer's peak; after the last layer the saved activations of every layer are still
-        alive, so with a small vocabulary the step peaks here.
+        16 MiB fp32 blocks at its peak under bf16-true, bf16-mixed and compile alike. After
+        the last layer the saved activations of every layer are still alive, so with a small
+        vocabulary the step peaks here. The layers' norms (``input_layernorm``,
+        ``post_attention_layernorm``: the same class) run the same backward
+        (``layer_norm_backward_bytes``; analytic/schedule.py ``_Layers._norm_backward``):
+        after the ops that follow them in the forward have run theirs (their saved tensors
+        freed, their weights' gradients made), their own saved fp32 input still alive. Where
+        the gradients are kept and the MLP's transients are small (SGD, bf16-true), layer 0's
+        input norm, the step's last layer op, is the peak: traced on the 2-layer 2048-wide
+        Llama (tests/models/agreement/llama_h2048.json, 2 x 256 tokens) five 4 MiB fp32
+        blocks beside every layer's gradient, 455,393,800 B; the formulas were 2.3 % under it
+        without them, 0.5 % over with them (their normalised 16-bit output, saved by q / k / v
+        and freed by those linears' backward in the trace, stays in the formulas' norm block).
     """
     if (
         model.head != "causal-lm"
@@ -242,4 +251,23 @@ def final_norm_backward_bytes(model: ModelSpec, training: TrainingConfig) -> int
         return 0
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     one = -(-4 * model.hidden_size * t // parallel_divisor("final_norm", training))
+    return FINAL_RMSNORM_BACKWARD_TENSORS * one
+
+
+def layer_norm_backward_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes one of a layer's RMSNorms (``input_layernorm``, ``post_attention_layernorm``)
+    holds at once in its backward besides what it saved: ``FINAL_RMSNORM_BACKWARD_TENSORS``
+    fp32 (tokens x h) tensors, as the final norm's (Note [Final RMSNorm's backward]: the same
+    ``LlamaRMSNorm.forward``, the same derivatives.yaml formulas). 0 where the layers' norms
+    are not transformers' written-out RMSNorm (a LayerNorm, a model of its own code, Unsloth's
+    fast norms). Bytes; source: transformers modeling_llama.py ``LlamaRMSNorm.forward``,
+    tools/autograd/derivatives.yaml."""
+    if (
+        model.norm_kind != "rmsnorm"
+        or not training.conventions.hf_model_code
+        or unsloth_fast_norms(training)
+    ):
+        return 0
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    one = -(-4 * model.hidden_size * t // parallel_divisor("attention/norm", training))
     return FINAL_RMSNORM_BACKWARD_TENSORS * one

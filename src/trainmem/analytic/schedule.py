@@ -91,6 +91,7 @@ from trainmem.analytic.head import (
     FINAL_RMSNORM_BACKWARD_TENSORS,
     final_hidden_transient_bytes,
     final_norm_backward_bytes,
+    layer_norm_backward_bytes,
 )
 from trainmem.analytic.load import load_items, load_rule
 from trainmem.analytic.loss import (
@@ -365,6 +366,8 @@ class _Layers:
         self.first_saved = saved_ops(self.first_plan, "forward", "{i}")
         transients = backward_layer_transients(ctx.model, ctx.training)
         self.mlp_tmp, self.attention_tmp, self.residual_tmp = transients
+        # Note [Final RMSNorm's backward], the layers' norms: each one's fp32 transients
+        self.norm_tmp = layer_norm_backward_bytes(ctx.model, ctx.training)
         self.scores_tmp, self.mask_tmp = eager_scores_forward_bytes(ctx.model, ctx.training)
         self.copies = sequence_parallel_copies(ctx.model, ctx.training)
         copies, frozen = self.plan.weight_copy, self.plan.frozen_copy
@@ -512,7 +515,8 @@ class _Layers:
         body += down_grads
         body += em.at("layer.mlp.post_backward", where)
         body.append(free(mlp_tmp, b))
-        body += mlp + re_mlp + mlp_grads + after + re_after
+        body += mlp + re_mlp + mlp_grads
+        body += self._norm_backward(after + re_after, plan, "mlp/norm")
         body += early + re_early + o_grads
         body += em.at("layer.attention.pre_backward", where)
         attention = [
@@ -529,10 +533,31 @@ class _Layers:
         body += [*attention, *(free(op, b) for op in attention)]
         body += rest_grads
         body += em.at("layer.attention.post_backward", where)
-        body += rest + re_rest
+        body += self._norm_backward(rest + re_rest, plan, "attention/norm")
         body += em.at("layer.post_backward", where)
         em.check()
         return tuple(body)
+
+    def _norm_backward(self, frees: list[Op], plan: LayerPlan, term: str) -> list[Op]:
+        """``frees`` (a group of the backward's frees of saved / recomputed blocks) with the
+        ``term`` norm's backward where it runs: after the group's other frees (their ops'
+        backward ran before it), its fp32 transients made and freed, then its own saved block
+        freed (Note [Final RMSNorm's backward], the layers' norms; the trace frees the saved
+        fp32 input after the transients). Unchanged without the norm's block or transients."""
+        keys = [f"act/{{i}}/{n}" for n, (name, _) in enumerate(plan.saved) if name == term]
+        keys += [f"re/{n}" for n, (name, _) in enumerate(plan.dropped) if name == term]
+        own = [op for op in frees if op.key in keys]
+        if not self.norm_tmp or not own:
+            return frees
+        b: Phase = "backward"
+        n = FINAL_RMSNORM_BACKWARD_TENSORS
+        label = "an RMSNorm's fp32 backward transients"
+        tmp = [
+            alloc(self.norm_tmp // n, Cat.TEMPORARY, b, f"{term}_tmp/{k}", "layers.{i}", label)
+            for k in range(n)
+        ]
+        others = [op for op in frees if op.key not in keys]
+        return [*others, *tmp, *(free(op, b) for op in tmp), *own]
 
     def _released(
         self, ops: list[Op], blocks: list[tuple[str, int]], past: tuple[int, ...] = ()
