@@ -230,6 +230,14 @@ _PEFT_DS_ZERO3_OFFLOAD = (
     "the row's script: LoRAConfig(task_type=TaskType.CAUSAL_LM, inference_mode=False, r=8, "
     "lora_alpha=32, lora_dropout=0.1); the reading had none",
 )
+_PEFT_PLAIN_LOOP = (
+    ["--loop", "previous"],
+    "peft 5d602fdb examples/causal_language_modeling/peft_lora_clm_accelerate_ds_zero3_offload.py "
+    "lines 250-257, the rows' loop: ``outputs = model(**batch); loss = outputs.loss; ... "
+    "accelerator.backward(loss); optimizer.step(); ... optimizer.zero_grad()``: the binding "
+    "holds each step's outputs through its backward and step and into the next forward (Note "
+    "[The current micro-batch's bound output]); the reading had the Trainer's drop",
+)
 _FMS_LORA_DROPOUT = (
     [*_FMS_TRANSFORMERS[0], "--lora-dropout", "0.1"],
     _FMS_TRANSFORMERS[1] + "; scripts/benchmarks/scenarios.yaml @24bdadb gives every peft "
@@ -348,7 +356,7 @@ AMENDMENTS: dict[str, tuple[list[str], str]] = {
     **{f"GT{n}": _RASBT_ZERO_GRAD for n in range(179, 183)},
     **{f"GT{n}": _RASBT_NIGHTLY for n in range(183, 185)},
     "GT170": _TORCHAO_DS_OFFLOAD,
-    "GT070": _PEFT_DS_ZERO3_OFFLOAD,
+    **{f"GT0{n}": _joined(_PEFT_DS_ZERO3_OFFLOAD, _PEFT_PLAIN_LOOP) for n in (69, 70)},
     "GT062": _TITAN_010,
     "GT063": _TITAN_010,
 }
