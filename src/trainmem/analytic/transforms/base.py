@@ -265,12 +265,16 @@ class EmbeddingGradients(NamedTuple):
             vocabulary-parallel weight (Note [Tied embedding gradient under DTensor]).
         vocab_factor: how many times its tensor-parallel slice the token embedding's
             accumulated gradient is (the vocabulary-parallel degree, else 1).
+        grad_factor: how many times its tensor-parallel slice the token embedding's kept
+            ``.grad`` is (Note [Whole-vocabulary embedding gradient without FSDP]: the
+            vocabulary-parallel degree, else 1).
     """
 
     vocab: int
     tied_lookup: int
     tied_sum: int
     vocab_factor: int
+    grad_factor: int = 1
 
 
 def embedding_gradients(ctx: RankContext) -> EmbeddingGradients:
@@ -279,7 +283,23 @@ def embedding_gradients(ctx: RankContext) -> EmbeddingGradients:
     rank; Note [Tied embedding gradient under DTensor]: whole-vocabulary on the rank that runs
     the lookup, tied to the head or not). The lookup reads the weight as gathered (bf16 under
     FSDP2's policy, the fp32 weight under autocast, whose embedding is not cast), and its
-    gradient has that dtype."""
+    gradient has that dtype.
+
+    Note [Whole-vocabulary embedding gradient without FSDP]
+        Without FSDP to reduce-scatter it (tensor parallelism alone, or beside pipelining),
+        the untied lookup's whole-vocabulary gradient is the weight's ``.grad`` itself: a
+        ``Replicate`` [V, h] DTensor beside the [V / t, h] ``Shard(0)`` weight, kept to the
+        optimizer step (whose foreach ops take their shard of it) and freed by
+        ``zero_grad``. torch 2.13's ``embedding_dense_backward_strategy``
+        (torch/distributed/tensor/_ops/_embedding_ops.py) offers no ``Shard(0)`` output, and
+        ``AccumulateGrad`` steals the incoming gradient as it is (accumulate_grad.h). Checked
+        on torch 2.13.0: ``RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))``
+        on a 64 x 8 ``nn.Embedding`` over 2 ranks (fake process group) leaves
+        ``weight.grad`` ``Replicate()`` with a 64 x 8 local tensor, the weight 32 x 8. So no
+        separate transient: the gradient is ``t`` times its slice (``grad_factor``). A tied
+        weight's gradient is the out-of-place sum in the head's ``Shard(0)`` placement (Note
+        [Tied embedding gradient under DTensor]) and keeps its slice.
+    """
     cached = ctx.memo.get("embedding_gradients")
     if isinstance(cached, EmbeddingGradients):
         return cached
@@ -301,7 +321,12 @@ def embedding_gradients(ctx: RankContext) -> EmbeddingGradients:
         # FSDP2 under PP: the embedding's compute-dtype gradient exists before it is added
         # into the fp32 one accumulated over the micro-batches (to_accumulated_grad_if_needed)
         vocab = compute_and_residual_bytes(t)[0] * own[0].numel
-    out = EmbeddingGradients(vocab, tied_lookup, tied_sum, tp if vocab_parallel else 1)
+    # Note [Whole-vocabulary embedding gradient without FSDP]
+    whole = bool(vocab) and not tied_here and ctx.zero_stage < 3
+    if whole:
+        vocab = 0
+    factors = (tp if vocab_parallel else 1, tp if whole else 1)
+    out = EmbeddingGradients(vocab, tied_lookup, tied_sum, *factors)
     ctx.memo["embedding_gradients"] = out
     return out
 
@@ -669,10 +694,17 @@ def gradient_ops(
     ctx: RankContext, states: Sequence[TensorState], phase: Phase, key: str, module: str
 ) -> list[Op]:
     """The gradients of ``states`` as this rank holds them between backward and step (one per
-    tensor, or one per FSDP1 layer unit: :func:`unit_states`; key ``grad/<key>/<n>``)."""
+    tensor, or one per FSDP1 layer unit: :func:`unit_states`; key ``grad/<key>/<n>``; the
+    token embedding's whole-vocabulary one: Note [Whole-vocabulary embedding gradient without
+    FSDP])."""
+    whole = embedding_gradients(ctx).grad_factor if ctx.emb_grad_states else 1
+
+    def factor(s: TensorState) -> int:
+        return whole if s.name == "embedding/tokens" and s in ctx.emb_grad_states else 1
+
     return [
-        alloc(s.grad_bytes, Cat.GRADIENT, phase, f"grad/{key}/{n}", module, "gradients",
-              ctx.grad_stream)
+        alloc(s.grad_bytes * factor(s), Cat.GRADIENT, phase, f"grad/{key}/{n}", module,
+              "gradients", ctx.grad_stream)
         for n, s in enumerate(unit_states(ctx, states))
     ]  # fmt: skip
 
