@@ -87,7 +87,8 @@ def test_schedule_offloads_every_layer_input_but_the_last() -> None:
     # llama-2-7b, 32 layers, b s h = 2 x 2048 x 4096: u = 33,554,432 B per layer input
     est = estimate("llama-2-7b", _unsloth(), simulate_allocator=False)
     u = 33_554_432
-    setup = [op for op in _walk(list(est.schedules[0].setup)) if op[1].startswith("unsloth_gc")]
+    setup = list(_walk(list(est.schedules[0].setup)))
+    setup = [op for op in setup if op[1].startswith("unsloth_gc/buffer")]
     assert setup[:4] == [
         ("alloc", "unsloth_gc/buffer0", 2_097_152, "init"),  # at patch time
         ("alloc", "unsloth_gc/buffer", u, "forward"),  # resize_ in the first forward
@@ -303,3 +304,19 @@ def test_fused_loss_soft_caps_inside_its_piece() -> None:
     assert "final_logit_softcap_tanh" not in head_activation_bytes(capped, _unsloth())
     hf = TrainingConfig(precision="bf16-true", **QLORA)  # type: ignore[arg-type]
     assert head_activation_bytes(capped, hf)["final_logit_softcap_tanh"] == 2 * 262144 * 4096
+
+
+def test_recomputed_output_held_through_each_layer_backward() -> None:
+    # UnslothCheckpointFunction.backward: ``outputs = ctx.run_function(...)`` stays bound while
+    # ``torch.autograd.backward(outputs_with_grad, args_with_grad)`` runs: the layer's
+    # ``residual + hidden_states``, b s h bf16 = 2 x 2048 x 4096 x 2 B, from the recompute's
+    # end to the layer's backward end, every one of the 32 layers
+    est = estimate("llama-2-7b", _unsloth(), simulate_allocator=False)
+    step = list(_walk(list(est.schedules[0].step)))
+    held = [(i, op) for i, op in enumerate(step) if op[1] == "unsloth_gc/output"]
+    assert [op[0] for _, op in held] == ["alloc", "free"] * 32
+    assert {op[2] for _, op in held} == {33_554_432} and {op[3] for _, op in held} == {"backward"}
+    for (made, _), (freed, _) in zip(held[::2], held[1::2], strict=True):
+        # after its recompute ("re/..."), nothing of the next layer's recompute in between
+        assert step[made - 1][1].startswith("re/") or step[made - 1][1].startswith("act/")
+        assert not any(op[1].startswith("re/") and op[0] == "alloc" for op in step[made:freed])

@@ -34,6 +34,15 @@ Note [Unsloth's offloaded gradient checkpointing]
       UNSLOTH_OFFLOAD_MIN_SEQ_LEN`) Unsloth unpatches it and checkpoints plainly (reentrant):
       the base order's ``full`` checkpointing, no buffer.
 
+    * the recomputed layer's output stays alive through the layer's backward: ``backward``
+      binds ``outputs = ctx.run_function(*detached_inputs)`` and keeps it while
+      ``torch.autograd.backward(outputs_with_grad, args_with_grad)`` runs the layer's
+      backward (the decoder layer returns ``(hidden_states,)``, ``residual + hidden_states``,
+      a new (b, s, h) tensor no node saves: unsloth 2026.3.5 models/llama.py
+      ``LlamaDecoderLayer_fast_forward``); only ``grads`` is returned. So r h per token of
+      every layer's backward, beside its recomputed activations and the incoming gradient
+      (Note [Recomputed output held through the backward]).
+
     So with ``n = b s h`` elements of the layer input (c bytes each, the buffer's dtype is the
     model's): a buffer of ``c max(2 * 256 * 2048, n)`` bytes from load; in the forward every
     layer's saved input but the last's freed once the layer has run; in each backward but the
@@ -43,6 +52,23 @@ Note [Unsloth's offloaded gradient checkpointing]
     bytes at every point when the input is the buffer's size (``r = c``, the ``*-true``
     precisions Unsloth runs), the 2 MiB minimum otherwise only approximated. The CPU copies
     are host memory (not modelled on the GPU).
+
+Note [Recomputed output held through the backward]
+    A reentrant checkpoint's backward (Unsloth's ``UnslothCheckpointFunction``, and the
+    ``Unsloth_Offloaded_Gradient_Checkpointer`` before 2025.3, whose ``backward`` binds
+    ``(output,) = ctx.forward_function(hidden_states, *ctx.args)`` and runs
+    ``torch.autograd.backward(output, dY)``) holds the recomputed layer's output until the
+    layer's backward has returned. The schedule makes it at ``layer.backward`` (after the
+    recompute) and frees it at ``layer.post_backward``: r b s h bytes. Counted against the
+    code for Llama-3.1-8B at the last layer's LoRA_MLP backward (the step's peak at long
+    context), in (b, s, h) 16-bit tensors: the kept input 1, the GPU buffer 1, LoRA_QKV's X
+    1, q 1, k and v 0.25 each (as flash-attn saves them; xformers, Unsloth's choice without
+    flash-attn, saves k and v expanded to every head, 1 each: not modelled), the attention
+    output 1 (also LoRA_W's X), the second norm's input 1, LoRA_MLP's X 1, ``e`` and ``g``
+    7, the incoming gradient 1, ``DW`` 3.5 and this output 1: 20, of which trainmem had 19.
+    torch's own reentrant ``CheckpointFunction.backward`` does the same
+    (torch/utils/checkpoint.py); whether trainmem's rules for transformers' reentrant
+    checkpointing hold it was not checked here.
 
 Source: unsloth 2026.3.5 unsloth/models/_utils.py, unsloth/models/llama.py; unsloth_zoo
 2026.3.4 unsloth_zoo/gradient_checkpointing.py (``initialize_unsloth_gradient_checkpointing``,
@@ -110,7 +136,8 @@ class UnslothOffloadedCheckpointing(Transform):
     layer input's size; ``layer.post_forward`` the free of the layer's saved input (but the
     last layer's); ``layer.pre_backward`` the buffer swapped for the layer's input and
     ``layer.post_backward`` back (but the first layer run in the backward, whose input
-    stayed)."""
+    stayed); ``layer.backward`` the recomputed output, freed at ``layer.post_backward``
+    (Note [Recomputed output held through the backward])."""
 
     name = "unsloth_offload"
     layer_position = frozenset({"first", "last"})
@@ -119,6 +146,8 @@ class UnslothOffloadedCheckpointing(Transform):
         super().__init__(ctx)
         self.initial, self.grown = unsloth_buffer_bytes(ctx.model, ctx.training)
         self.offloads = unsloth_offloads_inputs(ctx.model, ctx.training)
+        _, r = compute_and_residual_bytes(ctx.training)
+        self.output = r * layer_input_elements(ctx.model, ctx.training)
 
     @staticmethod
     def applies(ctx: RankContext) -> bool:
@@ -151,7 +180,17 @@ class UnslothOffloadedCheckpointing(Transform):
         made = saved_ops(layer_plan(self.ctx), "backward", "{i}")  # in the buffer's place
         return [free(self._buffer("backward", self.grown, self._key()), "backward"), *made]
 
+    def _output(self) -> Op:
+        label = "the recomputed layer output the checkpoint's backward holds"
+        return alloc(
+            self.output, Cat.ACTIVATION, "backward", "unsloth_gc/output", "layers.{i}", label
+        )
+
+    def layer_backward(self, where: Where) -> Sequence[Emitted]:
+        return (self._output(),)
+
     def layer_post_backward(self, where: Where) -> Sequence[Emitted]:
+        held = free(self._output(), "backward")
         if not self.offloads or where.first_layer:
-            return ()
-        return (self._buffer("backward", self.grown, self._key()),)
+            return (held,)
+        return (held, self._buffer("backward", self.grown, self._key()))
