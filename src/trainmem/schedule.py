@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Literal, NamedTuple, cast
 
 from trainmem.breakdown import MemoryCategory
@@ -518,9 +518,9 @@ def _format_index(text: str, i: int) -> str:
     return text.format(i=i, i_prev=i - 1, i_next=i + 1, i_prev2=i - 2, i_next2=i + 2)
 
 
-def _new_record(*fields: object) -> EventRecord:
-    """An :class:`~trainmem.timeline.EventRecord` without its Python-level ``__new__``."""
-    return tuple.__new__(EventRecord, fields)
+_record_of = partial(tuple.__new__, EventRecord)
+"""An :class:`~trainmem.timeline.EventRecord` from the tuple of its fields, without its
+Python-level ``__new__`` (nor a Python frame of ours: ``partial`` calls ``tuple.__new__``)."""
 
 
 def _expand(
@@ -540,9 +540,12 @@ def _expand(
     explicit stack of (items, index) frames rather than by a nested generator, so each event
     is yielded once instead of through one ``yield from`` per level of nesting."""
     fmt = _format_index
-    make = _new_record if records else AllocEvent
+    record = _record_of
     frames: list[tuple[Iterator[Item], int]] = []  # what is left to walk, innermost last
     walk: Iterator[Item] = iter(items)
+    # the next block id and the events written so far, kept in locals and written back to
+    # ``counter`` when the walk ends (a walk left unfinished is never continued)
+    block_id, written = counter
     while True:
         for item in walk:
             if type(item) is not Op:
@@ -570,20 +573,22 @@ def _expand(
                 if size_bytes <= 0:
                     live[key] = (-1, 0)
                     continue
-                block = counter[0]
-                counter[0] += 1
-                counter[1] += 1
-                live[key] = (block, size_bytes)
-                yield make("alloc", block, size_bytes, category, phase, module, stream)
+                live[key] = (block_id, size_bytes)
+                event = (action, block_id, size_bytes, category, phase, module, stream)
+                block_id += 1
+                written += 1
+                yield record(event) if records else AllocEvent(*event)
             else:
                 entry = live.pop(key, None)
                 if entry is None:
                     raise ScheduleError(f"free of key {key!r}, which is not live")
                 block, size = entry
                 if block >= 0:
-                    counter[1] += 1
-                    yield make("free", block, size, category, phase, module, stream)
+                    written += 1
+                    freed = (action, block, size, category, phase, module, stream)
+                    yield record(freed) if records else AllocEvent(*freed)
         else:  # this list is done: back to the one it was entered from
             if not frames:
+                counter[0], counter[1] = block_id, written
                 return
             walk, i = frames.pop()

@@ -396,7 +396,7 @@ class CachingAllocatorSim:
                     return size
                 step = (1 << (size.bit_length() - 1)) // d
                 return -(-size // step) * step
-        return round_size_default(size)
+        return -(-size // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE  # round_size_default's
 
     def malloc(
         self,
@@ -508,6 +508,11 @@ class CachingAllocatorSim:
         with any block in use stay (spec 3.4).
         """
         self._release_cached_blocks()
+
+    @property
+    def allocated_blocks(self) -> dict[int, Block]:
+        """The live blocks by handle (the simulator's own dict: read it, never change it)."""
+        return self._allocated
 
     def block_size_of(self, handle: int) -> int:
         """Block size (bytes) behind a live allocation handle."""
@@ -671,7 +676,8 @@ class CachingAllocatorSim:
             # Oversize rule B: an oversize request reuses a block less than 20 MiB bigger.
             if size >= self._max_split and block.size >= size + cfg.max_non_split_rounding_bytes:
                 return None
-        pool.remove(block)
+        del keys[i]  # pool.remove(block), at the index found
+        del pool.free_at[block.ptr]
         return block
 
     def _should_split(self, block: Block, size: int) -> bool:
@@ -693,7 +699,7 @@ class CachingAllocatorSim:
         """Split if worth it, mark allocated, update stats (``alloc_found_block``, spec 2.6)."""
         st = pool.stat_type
         s = self.stats
-        already_split = block.is_split()
+        already_split = block.prev is not None or block.next is not None  # block.is_split()
         not_expandable = block.expandable is None
         full = self._full_stats
         if self._should_split(block, size):
@@ -752,6 +758,8 @@ class CachingAllocatorSim:
         net_blocks = 0
         net_bytes = 0
         for candidate in (block.prev, block.next):
+            if candidate is None or candidate.allocated:  # _try_merge_blocks' first test
+                continue
             subsumed = self._try_merge_blocks(block, candidate, pool)
             if subsumed:
                 net_blocks -= 1
