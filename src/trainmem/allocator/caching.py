@@ -152,6 +152,11 @@ class _ExpandableSegment:
         self.size = size
 
 
+_NO_STREAM_USES: frozenset[int] = frozenset()
+"""A block's ``stream_uses`` until ``record_stream`` names another stream (one shared empty
+set, not one made per block)."""
+
+
 class Block:
     """A contiguous piece of a segment (``Block`` in CUDACachingAllocator.cpp)."""
 
@@ -193,7 +198,7 @@ class Block:
         self.expandable = expandable
         self.gc_count_base = 0
         self.event_count = 0
-        self.stream_uses: set[int] = set()
+        self.stream_uses: frozenset[int] | set[int] = _NO_STREAM_USES
         self.category: str | None = None
         self.frames: list[dict[str, Any]] | None = None
 
@@ -480,7 +485,7 @@ class CachingAllocatorSim:
             self._record("free_requested", block.ptr, block.requested_size, block.stream, block)
         if block.stream_uses:
             block.event_count = len(block.stream_uses)
-            block.stream_uses = set()
+            block.stream_uses = _NO_STREAM_USES
             self._pending.append(block)
         else:
             self._free_block(block)
@@ -499,7 +504,7 @@ class CachingAllocatorSim:
         if block is None:
             raise ValueError(f"invalid device pointer: {handle:#x}")
         if stream != block.stream:
-            block.stream_uses.add(stream)
+            block.stream_uses = {*block.stream_uses, stream}
 
     def empty_cache(self) -> None:
         """Release every wholly free segment (and free expandable pages) to CUDA.

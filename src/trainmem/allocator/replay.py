@@ -100,6 +100,13 @@ class ReplayResult:
         return not self.oom
 
 
+def _as_record(ev: AllocEvent | EventRecord) -> EventRecord:
+    """``ev``'s fields as an :class:`~trainmem.timeline.EventRecord`."""
+    return EventRecord(
+        ev.action, ev.block_id, ev.size_bytes, ev.category, ev.phase, ev.module, ev.stream
+    )
+
+
 def replay_timeline(
     timeline: Timeline | Iterable[AllocEvent | EventRecord],
     *,
@@ -172,50 +179,62 @@ def replay_timeline(
     num_events = 0
     events = timeline.events if isinstance(timeline, Timeline) else timeline
     values = _CATEGORY_VALUES
+    blocks = sim.allocated_blocks
+    # NB: the planner's hot loop (every probe replays thousands of events): an EventRecord is
+    # unpacked at once, and the split by category at the allocated peak is copied once per
+    # climb (at the first free after it), not at every allocation that raises the peak
+    rising = False
     for i, ev in enumerate(events):
-        if ev.action == "alloc":
-            if ev.block_id in live:
+        if type(ev) is not EventRecord:
+            ev = _as_record(ev)
+        action, block_id, size_bytes, cat, phase, module, stream = ev
+        if action == "alloc":
+            if block_id in live:
                 raise TimelineError(
-                    f"event {i}: block_id {ev.block_id} allocated again while live", event_index=i
+                    f"event {i}: block_id {block_id} allocated again while live", event_index=i
                 )
-            category = values.get(id(ev.category)) or ev.category.value
+            category = values.get(id(cat)) or cat.value
             frames = None
             if record_history:  # shown as the allocation's stack in MemoryViz
-                frames = [{"filename": ev.module or "<trainmem>", "line": 0, "name": ev.phase}]
+                frames = [{"filename": module or "<trainmem>", "line": 0, "name": phase}]
             try:
-                handle = malloc(ev.size_bytes, ev.stream, category=category, frames=frames)
+                handle = malloc(size_bytes, stream, category=category, frames=frames)
             except OutOfMemoryError as err:
                 if oom_message is None:
-                    oom_message, oom_index, oom_phase = str(err), i, ev.phase
+                    oom_message, oom_index, oom_phase = str(err), i, phase
                 if not continue_after_oom:
                     break
                 sim.capacity_bytes = None  # See Note [Out of memory during a replay]
-                handle = malloc(ev.size_bytes, ev.stream, category=category, frames=frames)
-            size = sim.block_size_of(handle) if handle else 0
-            live[ev.block_id] = (handle, category, size)
+                handle = malloc(size_bytes, stream, category=category, frames=frames)
+            size = blocks[handle].size if handle else 0
+            live[block_id] = (handle, category, size)
             by_category[category] = by_category.get(category, 0) + size
             allocated = allocated_stat.current
             if allocated > peak_allocated:
                 peak_allocated, peak_allocated_index = allocated, i
                 reserved_at_allocated_peak = reserved_stat.current
-                peak_by_category = by_category.copy()
+                rising = True
             reserved = reserved_stat.current
             if reserved > peak_reserved:
                 peak_reserved, peak_reserved_index = reserved, i
                 allocated_at_reserved_peak = allocated
-            if ev.phase == "load":
+            if phase == "load":
                 load_allocated = max(load_allocated, allocated)
                 load_reserved = max(load_reserved, reserved)
         else:
-            entry = live.pop(ev.block_id, None)
+            entry = live.pop(block_id, None)
             if entry is None:
                 raise TimelineError(
-                    f"event {i}: free of block_id {ev.block_id}, which is not live", event_index=i
+                    f"event {i}: free of block_id {block_id}, which is not live", event_index=i
                 )
+            if rising:
+                peak_by_category, rising = by_category.copy(), False
             handle, category, size = entry
             free(handle)
             by_category[category] -= size
         num_events = i + 1
+    if rising:
+        peak_by_category = by_category.copy()
     snapshot = None
     if record_history:
         from trainmem.allocator.snapshot import snapshot_of
