@@ -956,7 +956,10 @@ CAUSES.update(
         ),
         "GT129": (
             "FSDP1 CPU offload of a 70B QLoRA: the double-quantized statistics stay on the GPU "
-            "(1.07 GB, Note [bitsandbytes statistics under sharding]; -26.0 -> -19.9%); not "
+            "(1.07 GB, Note [bitsandbytes statistics under sharding]; -26.0 -> -19.9%); "
+            "train.py's loop binds ``output`` until after the optimizer step (FrameworkConventions"
+            ".loop 'step', e4968fd / 50efa1e: ``output = None`` only then), so the bf16 logits "
+            "(2 x 2048 x 32000 x 2 B = 262 MB) live through the backward: -17.4 -> -15.6%; not "
             "NCCL's record_stream (helper nccl): frozen layer units make no flat gradient, and "
             "the offloaded shard's H2D copy, the all-gather's input, is freed after the "
             "synchronous all-gather its stream waited on, so a pending copy is one layer's "

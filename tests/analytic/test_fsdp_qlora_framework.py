@@ -5,9 +5,11 @@ quantized base) and adapters in the base weight's dtype (peft 0.10 ``update_laye
 
 from __future__ import annotations
 
+from conftest import MODELS_DIR
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes
 from trainmem.analytic.activations import layer_activation_terms
 from trainmem.analytic.tensor_states import tensor_states
+from trainmem.estimate import estimate
 from trainmem.specs.hf import load_model_spec
 from trainmem.specs.training import TrainingConfig
 
@@ -42,3 +44,34 @@ def test_adapters_take_the_base_dtype_so_lora_inputs_are_not_cast() -> None:
     # torch 2.2 FSDP1 ``_unshard`` / ``_post_backward_hook`` allocate on their own streams
     assert answer.conventions.fsdp_collective_streams
     assert not peft.conventions.fsdp_collective_streams
+
+
+def test_the_loop_binds_the_output_through_the_backward_and_the_step() -> None:
+    # train.py (e4968fd / 50efa1e): ``output = model(...)``; ``loss = output.loss``;
+    # ``loss.backward()``; ``optimizer.step()``; only then ``output = None``: the bf16 logits
+    # (b s V values, 2 B each) live through the backward, whose peak is then that much higher.
+    # The 2-layer Qwen2 formula config, V = 512, at b x s = 2 x 64: 2 x 128 x 512 = 131,072 B.
+    qwen2 = str(MODELS_DIR / "formula" / "qwen2.json")
+
+    def peak(**fields: object) -> int:
+        training = TrainingConfig(  # type: ignore[arg-type]
+            framework="fsdp-qlora",
+            lora_rank=8,
+            quantize_base="nf4",
+            precision="bf16-true",
+            micro_batch_size=2,
+            seq_len=64,
+            data_parallel_size=2,
+            zero_stage=3,
+            activation_checkpointing="full",
+            **fields,
+        )
+        est = estimate(qwen2, training, engine="analytic", simulate_allocator=False)
+        return est.breakdown.allocated_bytes
+
+    assert TrainingConfig(framework="fsdp-qlora").training_loop == "step"
+    assert peak() - peak(loop="drop") == 2 * (2 * 64) * 512 == 131_072
+    # ``step`` is modelled for one micro-batch per step; with more, the output is dropped
+    many = TrainingConfig(framework="fsdp-qlora", gradient_accumulation_steps=2)
+    assert many.training_loop == "drop"
+    assert peak(gradient_accumulation_steps=2) == peak(gradient_accumulation_steps=2, loop="drop")

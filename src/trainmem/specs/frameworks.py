@@ -732,9 +732,13 @@ class FrameworkConventions:
     loop: str
     """What the framework's training loop holds of a micro-batch's outputs (:data:`LOOPS`):
     ``previous`` for litgpt (finetune/lora.py, full.py: ``logits`` and ``loss`` bound in
-    ``fit``'s loop, rebound by the next micro-batch), ``drop`` for the others (the HF Trainer's
-    ``training_step`` returns ``loss.detach()``; torchtune ``del logits``; the plain loop is
-    taken as one that drops them, ``--loop previous`` says otherwise)."""
+    ``fit``'s loop, rebound by the next micro-batch), ``step`` for Answer.AI's fsdp_qlora
+    (train.py e4968fd / 50efa1e, Mar 2024: ``output = model(...)``, ``loss = output.loss``,
+    ``loss.backward()``, ``optimizer.step()``, then ``output = None`` and ``loss = None``
+    before the next micro-batch: the output lives through the backward and the optimizer
+    step), ``drop`` for the others (the HF Trainer's ``training_step`` returns
+    ``loss.detach()``; torchtune ``del logits``; the plain loop is taken as one that drops
+    them, ``--loop previous`` says otherwise)."""
     pipeline_last_stage_output_is_loss: bool
     """The last pipeline stage hands the schedule the reduced loss of each micro-batch, not its
     logits (megatron-core 0.9.0 megatron/core/pipeline_parallel/schedules.py ``forward_step``:
@@ -1008,13 +1012,15 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
         # covers a frozen weight); ``*_autocast`` precisions run torch.cuda.amp.autocast on fp32
         # weights (MixedPrecision(param_dtype=float32)); gradient accumulation under
         # ``model.no_sync()``; FSDP1's unshard and post-backward streams
-        # (``fsdp_collective_streams``).
+        # (``fsdp_collective_streams``); its loop binds each micro-batch's output until after
+        # the optimizer step (``loop="step"``, see ``FrameworkConventions.loop``).
         _row(
             "fsdp-qlora",
             autocast=True,
             adapter_dtype_follows_weights=True,
             fsdp_no_sync_accumulation=True,
             fsdp_collective_streams=True,
+            loop="step",
         ),
         # Unsloth 2026.3.5 / unsloth_zoo 2026.3.4 on one GPU, the HF Trainer (TRL SFTTrainer)
         # loop underneath: the model in its 16-bit dtype (FastLanguageModel.from_pretrained

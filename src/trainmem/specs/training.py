@@ -578,7 +578,9 @@ class LoopConfig:
         None,
         "What the loop holds of a micro-batch's outputs:",
         choices=LOOPS,
-        default_text="the framework's: litgpt previous, else drop (step with --keep-logits)",
+        default_text=(
+            "the framework's: litgpt previous, fsdp-qlora step, else drop (step with --keep-logits)"
+        ),
     )
     """What the training loop holds of a micro-batch's outputs (:data:`~trainmem.specs.
     frameworks.LOOPS`): ``drop`` (nothing past the loss), ``step`` (the logits until the step
@@ -1646,10 +1648,16 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
     def training_loop(self) -> str:
         """What the loop holds of a micro-batch's outputs (:data:`~trainmem.specs.frameworks.
         LOOPS`): ``loop`` when given (it always wins), ``step`` with ``keep_logits``, else the
-        framework's (``FrameworkConventions.loop``)."""
+        framework's (``FrameworkConventions.loop``), whose ``step`` (fsdp_qlora's: each
+        micro-batch's output bound until that micro-batch ends, after the optimizer step on the
+        last) is modelled for one micro-batch per step: with more, ``drop`` (the output through
+        each micro-batch's own backward not counted)."""
         if self.loop is not None:
             return self.loop
-        return "step" if self.keep_logits else self.conventions.loop
+        if self.keep_logits:
+            return "step"
+        loop = self.conventions.loop
+        return "drop" if loop == "step" and self.gradient_accumulation_steps > 1 else loop
 
     @property
     def recipe_loss(self) -> str | None:
@@ -1985,7 +1993,8 @@ def _check_micro_batches(t: TrainingConfig) -> None:
             "batch by micro-batch, and its memory grows with each: a receive buffer per "
             "micro-batch, the last stage's kept output chunks)",
         )
-    if t.training_loop == "step" and t.pipeline_parallel_size > 1:
+    # the settings, not a framework's default loop (fsdp-qlora's, refused beside pipelining)
+    if (t.keep_logits or t.loop == "step") and t.pipeline_parallel_size > 1:
         raise SpecError(
             "keep_logits" if t.keep_logits else "loop",
             "cannot be combined with pipeline_parallel_size "
