@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -27,6 +27,21 @@ MODELS_DIR = TESTS_DIR / "models"
 EXAMPLES_DIR = REPO_DIR / "examples"
 SHARED_DIR = REPO_DIR.parent / "shared"
 """The project's shared data (``../shared``), never copied into the repository."""
+
+
+def layer_bodies(items: Iterable[object], marker: str = "mlp_tmp") -> list[list[Any]]:
+    """The bodies of a schedule's repeated blocks (``trainmem.schedule.Repeat``, found among
+    ``items`` at any depth) that hold an op keyed ``marker`` (by default the layers' backward:
+    the MLP's transients), each as its ops only, in schedule order."""
+    bodies: list[list[Any]] = []
+    for item in items:
+        body = getattr(item, "body", None)
+        if body is None:
+            continue
+        if any(getattr(op, "key", None) == marker for op in body):
+            bodies.append([op for op in body if not hasattr(op, "body")])
+        bodies += layer_bodies(body, marker)
+    return bodies
 
 
 def other_values(field: Any) -> Iterator[object]:

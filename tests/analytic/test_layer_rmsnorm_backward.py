@@ -10,9 +10,9 @@ ops' derivatives.yaml formulas over (tokens x h) in fp32. On the agreement model
 
 from __future__ import annotations
 
-from conftest import MODELS_DIR
+from conftest import MODELS_DIR, layer_bodies
 from trainmem.estimate import estimate
-from trainmem.schedule import Op, Repeat
+from trainmem.schedule import Op
 from trainmem.specs.training import TrainingConfig
 
 AGREEMENT = str(MODELS_DIR / "agreement" / "llama_h2048.json")
@@ -22,17 +22,7 @@ T, H = 2 * 256, 2048
 def _layer_body(model: str, seq_len: int = 256, **changes: object) -> list[Op]:
     training = TrainingConfig(micro_batch_size=2, seq_len=seq_len, **changes)  # type: ignore[arg-type]
     est = estimate(model, training, engine="analytic", simulate_allocator=False)
-    bodies: list[list[Op]] = []
-
-    def walk(items: tuple[object, ...]) -> None:
-        for x in items:
-            if isinstance(x, Repeat):
-                if any(isinstance(o, Op) and o.key == "mlp_tmp" for o in x.body):
-                    bodies.append([o for o in x.body if isinstance(o, Op)])
-                walk(x.body)
-
-    walk(est.schedules[0].step)
-    return bodies[0]
+    return layer_bodies(est.schedules[0].step)[0]
 
 
 def test_each_layer_norm_backward_holds_five_fp32_tensors_before_its_saved_input_is_freed() -> None:

@@ -208,10 +208,17 @@ class _Transforms:
         """The layer's gradient ops in the four places its backward makes them (Note
         [Gradients where their linear's backward runs]): the MLP's output projection's, the
         rest of the MLP's, the attention's output projection's, the rest (attention, norms,
-        biases). A transform that answers for the layer makes all of them at the first."""
-        made = self._answered("layer", where)
-        if made is not None:
-            return made, [], [], []
+        biases). A transform that answers for the layer makes all of them at the first, or,
+        when it says so (``places_layer_gradients``: one op per layer tensor), each at its
+        tensor's place."""
+        names = [s.name for s in self.ctx.layer_states]
+        for t in self.all:
+            made = t.gradients("layer", where)
+            if made is None:
+                continue
+            if not t.places_layer_gradients:
+                return list(made), [], [], []
+            return _placed(list(made), gradient_places(tuple(names)))
         ops = self._base_gradients("layer")
         # Note [FSDP1 flat blocks of a layer unit]: one sharded gradient for the whole unit,
         # made by its reduce-scatter at the layer's end
@@ -220,12 +227,7 @@ class _Transforms:
             ops = [op for g in ops for op in _accumulated(g)]
         if flat:
             return [], [], [], ops
-        names = [s.name for s in self.ctx.layer_states]
-        places = gradient_places(tuple(names if where.new_grads else _twice(names)))
-        out: tuple[list[Op], list[Op], list[Op], list[Op]] = ([], [], [], [])
-        for op, place in zip(ops, places, strict=True):
-            out[place].append(op)
-        return out
+        return _placed(ops, gradient_places(tuple(names if where.new_grads else _twice(names))))
 
     def _answered(self, group: Group, where: Where) -> list[Op] | None:
         for t in self.all:
@@ -242,6 +244,18 @@ class _Transforms:
             made = gradient_ops(self.ctx, states, "backward", key, module)
             cached = self.ctx.shared[("gradients", group)] = tuple(made)
         return list(cached)
+
+
+_Places = tuple[list[Op], list[Op], list[Op], list[Op]]
+
+
+def _placed(ops: list[Op], places: tuple[int, ...]) -> _Places:
+    """``ops`` split into the four places of a layer's backward (``places[n]`` is ``ops[n]``'s:
+    :func:`~trainmem.analytic.transforms.base.gradient_places`)."""
+    out: _Places = ([], [], [], [])
+    for op, place in zip(ops, places, strict=True):
+        out[place].append(op)
+    return out
 
 
 def _accumulated(grad: Op) -> tuple[Op, Op]:

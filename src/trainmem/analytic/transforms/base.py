@@ -110,7 +110,8 @@ def gradient_places(names: tuple[str, ...]) -> tuple[int, ...]:
         gradients itself (FSDP's flat parameters, its unsharded gradients, the optimizer in
         backward) still makes them all at the MLP's backward, but FSDP1's trainable layer units,
         whose views' gradients take these places (Note [FSDP1 flat gradient of a layer unit],
-        trainmem/analytic/transforms/fsdp.py).
+        trainmem/analytic/transforms/fsdp.py), and FSDP2's unsharded ones (Note [FSDP2
+        post-backward], trainmem/analytic/transforms/fsdp2.py: ``places_layer_gradients``).
     """
     out = []
     for name in names:
@@ -400,6 +401,10 @@ class Transform:
     #: its layer ops differ at the ``"first"`` / ``"last"`` layer run (``Where.first_layer`` /
     #: ``last_layer``)
     layer_position: ClassVar[frozenset[str]] = frozenset()
+    #: the layer gradients :meth:`gradients` makes are one per layer tensor, each made where
+    #: its linear's backward runs (Note [Gradients where their linear's backward runs]), not
+    #: all at the MLP's backward
+    places_layer_gradients: ClassVar[bool] = False
 
     def __init__(self, ctx: RankContext) -> None:
         self.ctx = ctx

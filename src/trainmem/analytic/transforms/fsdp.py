@@ -239,7 +239,8 @@ class FullyShardedDataParallel(Transform):
 
     def stack_pre_backward(self, where: Where) -> Sequence[Emitted]:
         s = self.sharding
-        if not s.gather_b or self.adapter_unit_prefetch:
+        # Note [FSDP2 post-backward]: the layer slot holds the next all-gather output
+        if not s.gather_b or self.adapter_unit_prefetch or self.post_backward:
             return ()
         if s.gather_c:  # freed at the last layer's pre-backward (:meth:`layer_pre_backward`)
             out: list[Emitted] = [self._prefetch("backward")]

@@ -14,6 +14,24 @@ Note [FSDP2 post-backward]
     (_fsdp_state.py ``_root_post_backward_final_callback``), while that layer's gathered
     parameters are already resharded. Seen in the trace of llama-3.2-1b FSDP 2 x TP 2 + SP.
 
+    Until then the layer's gradients are the unsharded parameters' ``.grad``: each weight's,
+    in the unsharded parameters' dtype (bf16 under torchtitan's policy, fp32 under autocast),
+    made where its linear's backward runs (Note [Gradients where their linear's backward
+    runs]), none sharded yet. ``post_backward`` takes them off the parameters, reshards the
+    layer (frees its unsharded parameters), releases the previous reduce-scatter input, and
+    ``foreach_reduce`` copies them into the new one, drops them, and leaves the reduce-scatter's
+    output as the sharded gradients (views of one block; on a later micro-batch added into the
+    kept ones and freed: ``sharded_param.grad._local_tensor += new_sharded_grad``). In backward
+    a layer's pre-backward copies its unsharded parameters out of its all-gather output and
+    frees that output at once (``wait_for_unshard``: ``foreach_all_gather_copy_out``, the output
+    kept only in forward, ``all_gather_state``), then prefetches the next layer's all-gather:
+    two layer copies through a layer's backward, but one through layer 0's, the last (it
+    prefetches nothing). The formulas made each weight's gradient sharded (fp32, a quarter of
+    the layer at 4 ranks) during the layer's backward and kept two layer copies through layer
+    0's: on the agreement model (benchmarks/generic_options.py: a 2-layer 2048-wide Llama,
+    2 x 256 tokens, FSDP2 over 4 ranks) 871,880,704 B against the trace's 841,472,544 B
+    (-3.5 %), now 841,472,000 B, both peaking at layer 0's copy-out.
+
 Note [FSDP2 root group]
     Under FSDP2's post-backward order the root group (token embedding, final norm, LM head:
     torchtitan's root ``fully_shard(model)``, the trace's root module) is reduced only in the
@@ -80,17 +98,21 @@ def post_backward_active(ctx: RankContext) -> bool:
 class Fsdp2PostBackward(Transform):
     """FSDP2's gradient release (Note [FSDP2 post-backward], Note [FSDP2 root group]).
 
-    Inserts: ``layer.post_backward`` the layer's reduce-scatter input (and the previous
-    layer's freed); ``embedding.pre_backward`` the first layer resharded;
+    Inserts: ``layer.pre_backward`` the layer's copy-out, its all-gather output freed and the
+    next layer's made (not after the stack's last layer run); ``layer.post_backward`` the
+    layer resharded, the previous layer's reduce-scatter input freed, this layer's made, its
+    unsharded gradients freed and its sharded ones made (or added into the kept ones);
     ``embedding.backward`` the tied head gradient replaced by the sum, the embedding's
     unsharded gradients; ``root.post_backward`` the root group's post-backward. Makes the
-    head's gradients as the root group's unsharded ones and the embedding's in its own
+    layer's gradients unsharded (one per tensor, where its linear's backward runs), the
+    head's as the root group's unsharded ones and the embedding's in its own
     ``embedding.backward``.
     """
 
     name = "fsdp2"
     keeps_root_gradients = True
-    layer_position = frozenset({"first"})
+    layer_position = frozenset({"first", "last"})
+    places_layer_gradients = True
 
     def __init__(self, ctx: RankContext) -> None:
         super().__init__(ctx)
@@ -106,20 +128,25 @@ class Fsdp2PostBackward(Transform):
             return self._root_unsharded_grads("head", self.ctx.head_grad_states)
         if group == "embedding":
             return []
-        return None
+        return self._layer_unsharded_grads()
 
     def vocab_gradient_bytes(self, base: int) -> int:
         # a tied lookup's gradient, added in place into the head's
         return base or self.emb.tied_lookup
 
+    def _unsharded_bytes(self, state: TensorState) -> int:
+        """A parameter's unsharded gradient: this rank's tensor-parallel slice in the unsharded
+        parameter's dtype."""
+        g = dtype_bytes(self.ctx.training.grad_dtype)
+        w = dtype_bytes(self.ctx.training.gathered_weight_dtype)  # the unsharded parameters'
+        return w * (state.full_grad_bytes // g)
+
     def _root_unsharded_grads(self, key: str, states: list[TensorState]) -> list[Op]:
         """The root group's unsharded gradients (this rank's tensor-parallel slice in the
         unsharded parameters' dtype), kept until the root's post-backward."""
-        g = dtype_bytes(self.ctx.training.grad_dtype)
-        w = dtype_bytes(self.ctx.training.gathered_weight_dtype)  # the unsharded parameters'
         return [
             alloc(
-                w * (s.full_grad_bytes // g),
+                self._unsharded_bytes(s),
                 Cat.TEMPORARY,
                 "backward",
                 f"root_grad/{key}/{n}",
@@ -127,6 +154,21 @@ class Fsdp2PostBackward(Transform):
                 "the root group's unsharded gradients, kept until its post-backward (FSDP2)",
             )
             for n, s in enumerate(states)
+        ]
+
+    def _layer_unsharded_grads(self) -> list[Op]:
+        """A layer's unsharded gradients, one per tensor, each made where its linear's
+        backward runs and kept until the layer's post-backward (Note [FSDP2 post-backward])."""
+        return [
+            alloc(
+                self._unsharded_bytes(s),
+                Cat.TEMPORARY,
+                "backward",
+                f"layer_grad/{n}",
+                "layers.{i}",
+                "a weight's unsharded gradient, kept until its layer's post-backward (FSDP2)",
+            )
+            for n, s in enumerate(self.ctx.layer_states)
         ]
 
     def _reduce_scatter_input(self, index: str) -> Op:
@@ -142,15 +184,62 @@ class Fsdp2PostBackward(Transform):
             "the layer's reduce-scatter input, kept until the next group's post-backward",
         )
 
+    def _unsharded_params(self) -> Op:
+        """The layer's unsharded parameters, copied out of its all-gather output (the layer
+        slot of :func:`~trainmem.analytic.transforms.sharding.gather_ops`) on the default
+        stream (_fsdp_param_group.py ``wait_for_unshard``: ``foreach_all_gather_copy_out``)."""
+        return alloc(
+            self.sharding.gather_a,
+            Cat.TEMPORARY,
+            "backward",
+            "gather/unsharded",
+            "layers.{i}",
+            "the layer's unsharded parameters, copied out of its all-gather output",
+        )
+
+    def layer_pre_backward(self, where: Where) -> Sequence[Emitted]:
+        # the copy-out, the all-gather output freed, the next layer's all-gather (none after
+        # the stack's last layer run)
+        _, output = gather_ops(self.sharding)
+        if not output.size_bytes:
+            return ()
+        bp: Phase = "backward"
+        out: list[Emitted] = [self._unsharded_params(), free(output, bp)]
+        if not where.last_layer:
+            label = "the next layer's all-gather output (prefetched)"
+            out.append(output._replace(phase=bp, label=label))
+        return out
+
     def layer_post_backward(self, where: Where) -> Sequence[Emitted]:
-        # the previous layer's input goes
-        own = self._reduce_scatter_input("{i}")
-        if where.first_layer:
-            return (own,)
-        return (free(self._reduce_scatter_input("{i_next}"), "backward"), own)
+        # resharded; the previous layer's reduce-scatter input goes, this layer's is made from
+        # its unsharded gradients, which go; the reduce-scatter's output is the sharded
+        # gradient (a later micro-batch's is added into it and freed)
+        bp: Phase = "backward"
+        out: list[Emitted] = []
+        if self.sharding.gather_a:
+            out.append(free(self._unsharded_params(), bp))
+        if not where.first_layer:
+            out.append(free(self._reduce_scatter_input("{i_next}"), bp))
+        out.append(self._reduce_scatter_input("{i}"))
+        out += [free(op, bp) for op in self._layer_unsharded_grads()]
+        sharded = gradient_ops(self.ctx, self.ctx.layer_states, bp, "{i}", "layers.{i}")
+        if where.new_grads:
+            return [*out, *sharded]
+        added = alloc(
+            sum(op.size_bytes for op in sharded),
+            Cat.TEMPORARY,
+            bp,
+            "rs_output",
+            "layers.{i}",
+            "the reduce-scatter's output, added into the kept sharded gradients",
+            self.ctx.grad_stream,
+        )
+        return [*out, added, free(added, bp)]
 
     def embedding_pre_backward(self, where: Where) -> Sequence[Emitted]:
-        _, layer = gather_ops(self.sharding)  # the first layer resharded
+        if self.ctx.num_layers:  # the last layer's all-gather output went at its copy-out
+            return ()
+        _, layer = gather_ops(self.sharding)
         return (free(layer, "backward"),) if layer.size_bytes else ()
 
     def _tied_head_grads(self) -> list[Op]:
