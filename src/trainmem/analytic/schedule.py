@@ -345,6 +345,13 @@ def _release_groups(
     return tuple(out)
 
 
+@lru_cache(maxsize=1024)
+def _norm_keys(names: tuple[str, ...], term: str, prefix: str) -> frozenset[str]:
+    """The keys (``prefix`` + index) of the blocks of ``term`` among a layer's blocks
+    ``names`` (cached: the same names for every configuration of a model and setting)."""
+    return frozenset(f"{prefix}{n}" for n, name in enumerate(names) if name == term)
+
+
 def _weight_copy_places(model: ModelSpec, n: int) -> tuple[int, ...]:
     """The release groups (:func:`_release_groups`) of a layer's ``n`` saved 16-bit weight
     copies (autocast's, :func:`~trainmem.analytic.transforms.checkpointing.weight_blocks`'
@@ -377,7 +384,13 @@ class _Layers:
             if first is not None:
                 self.first_plan = self.plan._replace(saved=list(first))
                 break
-        self.first_saved = saved_ops(self.first_plan, "forward", "{i}")
+        self.first_saved = (
+            self.saved
+            if self.first_plan is self.plan
+            else saved_ops(self.first_plan, "forward", "{i}")
+        )
+        # the term names of a list of blocks (the plans' few lists, asked by every body)
+        self._names: dict[int, tuple[list[tuple[str, int]], tuple[str, ...]]] = {}
         transients = backward_layer_transients(ctx.model, ctx.training)
         self.mlp_tmp, self.attention_tmp, self.residual_tmp = transients
         # Note [Final RMSNorm's backward], the layers' norms: each one's fp32 transients
@@ -558,10 +571,12 @@ class _Layers:
         backward ran before it), its fp32 transients made and freed, then its own saved block
         freed (Note [Final RMSNorm's backward], the layers' norms; the trace frees the saved
         fp32 input after the transients). Unchanged without the norm's block or transients."""
-        keys = [f"act/{{i}}/{n}" for n, (name, _) in enumerate(plan.saved) if name == term]
-        keys += [f"re/{n}" for n, (name, _) in enumerate(plan.dropped) if name == term]
+        if not self.norm_tmp:
+            return frees
+        keys = _norm_keys(self.names(plan.saved), term, "act/{i}/")
+        keys |= _norm_keys(self.names(plan.dropped), term, "re/")
         own = [op for op in frees if op.key in keys]
-        if not self.norm_tmp or not own:
+        if not own:
             return frees
         b: Phase = "backward"
         n = FINAL_RMSNORM_BACKWARD_TENSORS
@@ -581,7 +596,7 @@ class _Layers:
         autograd releases them in (:func:`_release_groups`; autocast's weight copies saved by
         their linears: :func:`_weight_copy_places`)."""
         groups: tuple[list[Op], ...] = ([], [], [], [], [])
-        names = tuple(term for term, _ in blocks)
+        names = self.names(blocks)
         t = self.training
         order = list(
             _release_groups(names, t.attention == "eager", self.model.pre_norms, t.uses_autocast)
@@ -593,6 +608,13 @@ class _Layers:
         for n, op in enumerate(ops):
             groups[order[n]].append(free(op, "backward"))
         return groups[0], groups[1], groups[2], groups[3], groups[4]
+
+    def names(self, blocks: list[tuple[str, int]]) -> tuple[str, ...]:
+        """The term names of ``blocks`` (one of the plans' lists; cached by the list)."""
+        known = self._names.get(id(blocks))
+        if known is None or known[0] is not blocks:
+            known = self._names[id(blocks)] = (blocks, tuple(term for term, _ in blocks))
+        return known[1]
 
     def _scores_tmp_tensors(self) -> list[int]:
         """What the eager attention holds in the forward beyond what it saves, as the tensors
