@@ -685,13 +685,6 @@ class CachingAllocatorSim:
         del pool.free_at[block.ptr]
         return block
 
-    def _should_split(self, block: Block, size: int) -> bool:
-        """``should_split`` (spec 2.5)."""
-        remaining = block.size - size
-        if block.pool.is_small or self._expandable:
-            return remaining >= K_MIN_BLOCK_SIZE
-        return size < self._max_split and remaining > K_SMALL_SIZE
-
     def _alloc_found_block(
         self,
         block: Block,
@@ -707,17 +700,22 @@ class CachingAllocatorSim:
         already_split = block.prev is not None or block.next is not None  # block.is_split()
         not_expandable = block.expandable is None
         full = self._full_stats
-        if self._should_split(block, size):
+        left = block.size - size  # should_split (spec 2.5), inline: once per malloc
+        if (
+            left >= K_MIN_BLOCK_SIZE
+            if pool.is_small or self._expandable
+            else size < self._max_split and left > K_SMALL_SIZE
+        ):
             # Carve the allocation from the low end; the remainder stays in the pool.
             remaining = block
             block = Block(remaining.ptr, size, remaining.stream, pool, remaining.expandable)
-            block.prev = remaining.prev
-            if block.prev is not None:
-                block.prev.next = block
+            prev = block.prev = remaining.prev
+            if prev is not None:
+                prev.next = block
             block.next = remaining
             remaining.prev = block
             remaining.ptr += size
-            remaining.size -= size
+            remaining.size = left
             pool.insert(remaining)
             if not_expandable and full:
                 if already_split:
