@@ -51,6 +51,11 @@ FLAG_CASES: dict[str, tuple[list[str], Any, str]] = {
         "0.0.2",
         "torchtitan-version=0.1",
     ),
+    "unsloth_version": (
+        ["--unsloth-version", "2026.3.5"],
+        "2026.3.5",
+        "unsloth-version=2025.1.5",
+    ),
     "deepspeed_version": (
         ["--deepspeed-version", "0.19.8"],
         "0.19.8",

@@ -84,7 +84,9 @@ def _walk(items: list[Item], i: int = 0) -> Iterator[tuple[str, str, int, str]]:
 
 
 def test_schedule_offloads_every_layer_input_but_the_last() -> None:
-    # llama-2-7b, 32 layers, b s h = 2 x 2048 x 4096: u = 33,554,432 B per layer input
+    # llama-2-7b, 32 layers, b s h = 2 x 2048 x 4096: u = 33,554,432 B per layer input; layer
+    # 0's input is the embedding output, a leaf its AccumulateGrad node holds (Note [Unsloth's
+    # offloaded layer 0 input]): offloaded but never freed on the GPU
     est = estimate("llama-2-7b", _unsloth(), simulate_allocator=False)
     u = 33_554_432
     setup = list(_walk(list(est.schedules[0].setup)))
@@ -99,9 +101,9 @@ def test_schedule_offloads_every_layer_input_but_the_last() -> None:
     forward_frees = [key for action, key, _, phase in step
                      if action == "free" and phase == "forward" and key.startswith("act/")
                      and key != "act/embedding"]  # fmt: skip
-    assert forward_frees == [f"act/{i}/0" for i in range(31)]  # not layer 31's
+    assert forward_frees == [f"act/{i}/0" for i in range(1, 31)]  # not layer 31's nor 0's
     swaps = [op for op in step if op[1] == "unsloth_gc/buffer"]
-    assert len(swaps) == 2 * 31 and {op[2] for op in swaps} == {u}
+    assert len(swaps) == 2 * 30 and {op[2] for op in swaps} == {u}  # layers 30 .. 1
     assert swaps[0][0] == "free" and swaps[-1][0] == "alloc"  # held again after the backward
 
 
@@ -320,3 +322,112 @@ def test_recomputed_output_held_through_each_layer_backward() -> None:
         # after its recompute ("re/..."), nothing of the next layer's recompute in between
         assert step[made - 1][1].startswith("re/") or step[made - 1][1].startswith("act/")
         assert not any(op[1].startswith("re/") and op[0] == "alloc" for op in step[made:freed])
+
+
+# The README's context table's release (e3162dc5, 2025-01-14): Note [Unsloth before 2025.3]
+TABLE = {**QLORA, "lora_targets": ALL_LINEAR, "unsloth_version": "2025.1.5"}
+
+
+def test_the_release_is_an_input_defaulting_to_the_one_read() -> None:
+    from trainmem.specs.assumptions import assumptions
+
+    assert _unsloth().unsloth_release == (2026, 3, 5)
+    assert _unsloth(unsloth_version="2025.1").unsloth_release == (2025, 1, 0)
+    assert assumptions({"framework": "unsloth"})["unsloth"] == (
+        "2026.3.5 (default; unsloth_zoo 2026.3.4)"
+    )
+    assert assumptions({"framework": "unsloth", "unsloth_version": "2025.1.5"})["unsloth"] == (
+        "2025.1.5"
+    )
+    with pytest.raises(SpecError, match="unsloth_version"):
+        _unsloth(unsloth_version="2024.10.7")  # before Cut Cross Entropy
+    with pytest.raises(SpecError, match="chunked_cross_entropy"):
+        _unsloth(unsloth_version="2025.4.4", chunked_cross_entropy=4)  # no pieces before 2025.8.5
+
+
+def test_older_checkpoint_offloads_every_input_without_a_buffer() -> None:
+    # Unsloth_Offloaded_Gradient_Checkpointer: every layer's input to the CPU (the last too),
+    # back into a new tensor per backward; no GPU_BUFFERS; layer 0's input (the leaf) stays and
+    # its CPU copy still comes back beside it
+    est = estimate(
+        "llama-2-7b", TrainingConfig(framework="unsloth", **TABLE), simulate_allocator=False
+    )  # type: ignore[arg-type]
+    u = 33_554_432
+    every = list(_walk([*est.schedules[0].setup, *est.schedules[0].step]))
+    assert not [op for op in every if op[1].startswith("unsloth_gc/buffer")]
+    step = list(_walk(list(est.schedules[0].step)))
+    forward_frees = [key for action, key, _, phase in step
+                     if action == "free" and phase == "forward" and key.startswith("act/")
+                     and key != "act/embedding"]  # fmt: skip
+    assert forward_frees == [f"act/{i}/0" for i in range(1, 32)]
+    made = [key for action, key, _, phase in step
+            if action == "alloc" and phase == "backward" and key.startswith("act/")]  # fmt: skip
+    assert made == [f"act/{i}/0" for i in range(31, 0, -1)]
+    upload = [op for op in step if op[1] == "unsloth_gc/upload"]
+    assert [(action, size) for action, _, size, _ in upload] == [("alloc", u), ("free", u)]
+
+
+def test_older_kernels_add_the_adapters_out_of_place_and_dequantize_anew() -> None:
+    # matmul_lora before 2025.3.1: ``out += (X @ A) @ (s * B)``: DW's product is a second
+    # (t, i) bf16 tensor, 2 x 11008 x 4096 x 2 B each; fast_dequantize without the global
+    # buffer before 2025.2.1: no WEIGHT_BUFFER / ABSMAX_BUFFER
+    from trainmem.analytic.backward_transients import backward_layer_transients
+
+    llama = load_model_spec("llama-2-7b")
+    old = TrainingConfig(framework="unsloth", **TABLE)  # type: ignore[arg-type]
+    assert backward_layer_transients(llama, old)[0] == 2 * (2 * 11008 * 4096)
+    est = estimate(llama, old, simulate_allocator=False)
+    every = list(_walk([*est.schedules[0].setup, *est.schedules[0].step]))
+    assert not [op for op in every if op[1].startswith("unsloth/")]
+    mid = _unsloth(lora_targets=ALL_LINEAR, unsloth_version="2025.2.1")
+    est = estimate(llama, mid, simulate_allocator=False)
+    every = list(_walk([*est.schedules[0].setup, *est.schedules[0].step]))
+    assert [op[1] for op in every if op[1].startswith("unsloth/")] == [
+        "unsloth/WEIGHT_BUFFER",
+        "unsloth/ABSMAX_BUFFER",
+    ]
+    assert backward_layer_transients(llama, mid)[0] == 2 * (2 * 11008 * 4096)
+
+
+def test_cut_cross_entropy_before_the_fused_loss() -> None:
+    # cut_cross_entropy 1f3ebdb LinearCrossEntropyFunction: saves e (the final norm's output,
+    # bf16, 2 h per token), lse (fp32 per token) and logit_avg (fp32 per vocabulary entry); no
+    # logits; backward de (2 h per token) and, before 2025.3, dc = zeros_like(c): V h bf16.
+    # llama-2-7b, t = 4096, h 4096, V 32000
+    from trainmem.analytic.head import head_activation_bytes
+    from trainmem.analytic.loss import (
+        loss_backward_transient_bytes,
+        loss_forward_transient_bytes,
+    )
+
+    llama = load_model_spec("llama-2-7b")
+    for release, dc in (("2025.1.5", 2 * 32000 * 4096), ("2025.4.4", 0)):
+        t = _unsloth(lora_targets=ALL_LINEAR, unsloth_version=release)
+        head = head_activation_bytes(llama, t)
+        assert head["lm_head_input"] == 2 * 4096 * 4096
+        assert (head["cut_ce_lse"], head["cut_ce_logit_avg"]) == (4 * 4096, 4 * 32000)
+        assert "fused_grad_input" not in head
+        assert loss_forward_transient_bytes(llama, t) == 0
+        assert loss_backward_transient_bytes(llama, t) == 2 * 4096 * 4096 + dc
+    est = estimate(llama, _unsloth(unsloth_version="2025.4.4"), gpu="24GB")
+    assert not any("pieces" in n for n in est.notes)
+
+
+def test_attention_before_the_dispatcher_saves_expanded_keys_and_values() -> None:
+    # llama-3.1-8b: 32 query heads, 8 kv heads of 128. Before 2025.12.2 xformers (and the SDPA
+    # fallback) save K and V expanded to 32 heads: q 32 x 128, k 32 x 128, v 32 x 128 values
+    # per token; flash-attn and 2026.3.5's SDPA (enable_gqa) k and v at 8 heads
+    from trainmem.analytic.activations import layer_activation_terms
+
+    llama = load_model_spec("llama-3.1-8b")
+    t = 2 * 2048
+    for release, attention, kv in (
+        ("2025.1.5", "sdpa", 32),
+        ("2025.11.6", "sdpa", 32),
+        ("2025.1.5", "flash", 8),
+        ("2025.12.2", "sdpa", 8),
+    ):
+        cfg = _unsloth(unsloth_version=release, attention=attention)
+        terms = layer_activation_terms(llama, cfg)
+        assert terms["attention/q_k"] == 2 * (32 + kv) * 128 * t
+        assert terms["attention/v"] == 2 * kv * 128 * t

@@ -15,7 +15,11 @@ from trainmem.analytic.activation_shapes import (
     tokens_per_sequence,
 )
 from trainmem.analytic.norms import norm_options, qk_norm_saved_bytes
-from trainmem.specs.frameworks import DEFAULT_TORCH_VERSION, parse_version
+from trainmem.specs.frameworks import (
+    DEFAULT_TORCH_VERSION,
+    UNSLOTH_SDPA_GQA_SINCE,
+    parse_version,
+)
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 
@@ -28,10 +32,32 @@ def sdpa_expands_kv(training: TrainingConfig) -> bool:
     None (otherwise it will fall back to the math kernel)").
 
     Alive: forward to the layer's backward (SDPA saves the k and v it was given).
+
+    Note [Unsloth's attention]
+        Unsloth's ``LlamaAttention_fast_forward`` (unsloth/models/llama.py) runs flash-attn's
+        ``flash_attn_func`` when flash-attn is installed (``HAS_FLASH_ATTENTION``, an Ampere
+        or newer GPU; trainmem's ``--attention flash``), k and v at their own heads. Without
+        it (``--attention sdpa``, the default), through 2025.12.1 (tags ``2025-01`` to
+        ``November-2025``), training with no attention mask takes xformers'
+        ``memory_efficient_attention`` (a requirement of the install then: the README's
+        conda / pip lines and the Colab cells install xformers; 2025.1.5 has no other path)
+        with, for grouped keys, ``K.view(...).expand(bsz, kv_seq_len, n_kv_heads, n_groups,
+        head_dim)`` and, ``if hidden_states.requires_grad``, ``K.reshape(bsz, kv_seq_len,
+        n_heads, head_dim)`` (V the same): contiguous copies at every query head, which
+        xformers saves for its backward; its SDPA fallback (no xformers either) expands them
+        the same way. From 2025.12.2 (:data:`~trainmem.specs.frameworks.
+        UNSLOTH_SDPA_GQA_SINCE`, utils/attention_dispatch.py ``run_attention``) the SDPA
+        fallback passes ``enable_gqa = True`` (no copy); xformers still expands, but
+        2026.3.5's ``huggingface`` dependencies no longer include it (pyproject.toml lists
+        it only in per-CUDA extras and for Windows), so the default there is SDPA's. Not
+        modelled: the fallback's extra ``A.transpose(1, 2).contiguous()`` of the output
+        before 2025.12.2.
     """
     c, _ = compute_and_residual_bytes(training)
     if training.attention == "eager" or c == 4:
         return True
+    if training.conventions.unsloth_attention:  # Note [Unsloth's attention]
+        return training.attention != "flash" and training.unsloth_release < UNSLOTH_SDPA_GQA_SINCE
     if training.attention != "sdpa" or not training.conventions.hf_model_code:
         return False
     torch = parse_version("torch_version", training.torch_version) or DEFAULT_TORCH_VERSION

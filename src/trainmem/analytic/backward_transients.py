@@ -7,7 +7,7 @@ from __future__ import annotations
 from trainmem.analytic.activation_parallelism import parallel_divisor
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
 from trainmem.analytic.attention import fp32_softmax
-from trainmem.analytic.lora import unsloth_fast_lora
+from trainmem.analytic.lora import unsloth_fast_lora, unsloth_lora_product_tensor
 from trainmem.analytic.mlp import (
     SIGMOID_FORMULA_ACTIVATIONS,
     expert_loop,
@@ -110,8 +110,10 @@ def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tup
         # Note [Unsloth's fast LoRA]: LoRA_MLP.backward makes one (t, i) tensor, down's input
         # gradient DW, and runs the SwiGLU backward in place into DW, e and g
         # (``swiglu_DWf_DW_dfg_kernel``); the input gradient goes into the saved X
-        # (``torch.matmul(df, upW.t(), out = X)``)
-        mlp = c * i * t
+        # (``torch.matmul(df, upW.t(), out = X)``). Before 2025.3.1 DW's ``matmul_lora``
+        # adds ``(dY @ B) @ (s * A)`` out of place: a second (t, i) tensor beside it (Note
+        # [Unsloth before 2025.3] in trainmem/analytic/transforms/unsloth.py)
+        mlp = c * i * t * (2 if unsloth_lora_product_tensor(training) else 1)
     elif model.num_experts > 1 and training.conventions.hf_model_code:
         # transformers' grouped_mm experts run in the weights' dtype w
         # (:func:`~trainmem.analytic.mlp.moe_terms`); at

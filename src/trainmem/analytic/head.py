@@ -15,6 +15,7 @@ from trainmem.analytic.activation_shapes import (
 from trainmem.analytic.loss import (
     compiled_chunked_loss,
     loss_saved_terms,
+    unsloth_cut_cross_entropy,
     unsloth_fused_loss,
 )
 from trainmem.analytic.norms import (
@@ -82,9 +83,14 @@ def _lm_head_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dic
     # every linear, the LM head too; HF keeps it unquantized)
     # a quantized head saves its input only where bitsandbytes' MatMul4Bit still did (< 0.43.2)
     fused = unsloth_fused_loss(model, training)  # Note [Unsloth's fused cross-entropy]
-    if not fused and (
-        not lm_head_frozen
-        or (quantized_lm_head(training) and training.quantized_matmul_saves_input)
+    # Note [Unsloth's Cut Cross Entropy]: it saves the hidden states, the head's input
+    cut = unsloth_cut_cross_entropy(model, training)
+    if cut or (
+        not fused
+        and (
+            not lm_head_frozen
+            or (quantized_lm_head(training) and training.quantized_matmul_saves_input)
+        )
     ):
         out["lm_head_input"] = c * h * t
     if training.conventions.fp32_model_output:
@@ -96,7 +102,7 @@ def _lm_head_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dic
     # log-softmax keeps only its output and the LM head its input (found by the trace
     # engine); they exist only at the end of forward (loss_forward_transient_bytes).
     out.update(loss_saved_terms(model, training, t=t))
-    if model.final_logit_softcap and model.head == "causal-lm" and not fused:
+    if model.final_logit_softcap and model.head == "causal-lm" and not (fused or cut):
         # (Unsloth's fused loss soft-caps inside its compiled piece: a transient there)
         # softcap * tanh(logits / softcap) before the loss: tanh saves its output, in the
         # LM head's dtype (modeling_gemma2.py ``Gemma2ForCausalLM.forward``)

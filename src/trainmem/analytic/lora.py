@@ -20,6 +20,7 @@ from trainmem.analytic.lora_variants import (
 )
 from trainmem.analytic.mlp import expert_loop
 from trainmem.analytic.params import adapted_linears, linear_shapes, lora_targeted
+from trainmem.specs.frameworks import UNSLOTH_SMART_CHECKPOINT_SINCE
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.ranks import fsdp1_no_shard
 from trainmem.specs.training import TrainingConfig
@@ -268,6 +269,15 @@ def unsloth_fast_lora(model: ModelSpec, training: TrainingConfig) -> bool:
         and model.mlp_kind == "gated"
         and not (model.attention_bias or model.attention_out_bias or model.mlp_bias)
     )
+
+
+def unsloth_lora_product_tensor(training: TrainingConfig) -> bool:
+    """Unsloth's ``matmul_lora`` adds the adapters' product out of place, a new (tokens,
+    fan_out) tensor beside the base matmul's output: ``out += (X @ A.to(dtype)) @ (s *
+    B.to(dtype))`` before 2025.3.1, ``out.addmm_(XA, B.to(dtype), alpha = s)`` from it
+    (unsloth/kernels/utils.py; :data:`~trainmem.specs.frameworks.
+    UNSLOTH_SMART_CHECKPOINT_SINCE`)."""
+    return training.unsloth_release < UNSLOTH_SMART_CHECKPOINT_SINCE
 
 
 def adapter_matmul_bytes(training: TrainingConfig, model: ModelSpec | None = None) -> int:

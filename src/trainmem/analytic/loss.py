@@ -12,6 +12,7 @@ from trainmem.analytic.activation_shapes import (
     tokens_per_sequence,
 )
 from trainmem.memo import cached_on, per_configuration
+from trainmem.specs.frameworks import UNSLOTH_FUSED_LOSS_SINCE, UNSLOTH_SMART_CHECKPOINT_SINCE
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
@@ -312,7 +313,58 @@ def unsloth_fused_loss(model: ModelSpec, training: TrainingConfig) -> bool:
         training.conventions.unsloth_fused_cross_entropy
         and model.head == "causal-lm"
         and loss_kind(model, training) == "cross-entropy"
+        and training.unsloth_release >= UNSLOTH_FUSED_LOSS_SINCE
     )
+
+
+def unsloth_cut_cross_entropy(model: ModelSpec, training: TrainingConfig) -> bool:
+    """A causal LM's cross-entropy is Apple's Cut Cross Entropy as Unsloth called it before
+    2025.8.5 (:data:`~trainmem.specs.frameworks.UNSLOTH_FUSED_LOSS_SINCE`).
+
+    Note [Unsloth's Cut Cross Entropy]
+        From 2024.11.8 to 2025.8.4 (tags ``December-2024`` to ``July-2025``) unsloth/models/
+        llama.py ``CausalLM_fast_forward``, with labels and without ``UNSLOTH_RETURN_LOGITS``,
+        calls unsloth_zoo loss_utils.py ``fused_linear_cross_entropy`` (2025.1.3, 2025.4.4),
+        that is cut_cross_entropy's ``linear_cross_entropy(hidden_states, lm_head.weight,
+        targets, shift = True, filter_eps = "auto")``; unsloth_zoo requires
+        ``cut_cross_entropy``, unpinned. Read at apple/ml-cross-entropy 1f3ebdb (2024-12-09,
+        the release of the README table's time), cce.py ``LinearCrossEntropyFunction``:
+
+        * ``forward``: the log-sum-exp per token (fp32) and the mean logit per vocabulary
+          entry (fp32, for ``filter_eps``) from Triton kernels that never write a logit;
+          ``ctx.save_for_backward(e, c, lse, targets, valids, logit_avg)``: the hidden states
+          ``e`` (the final norm's output, c h per token, as an LM head's saved input), lse
+          4 B per token, logit_avg 4 V;
+        * ``backward``: cce_backward.py ``cce_backward_kernel``: ``de = torch.zeros_like(e)``
+          and ``dc = torch.zeros_like(c)`` (the classifier's gradient, V h in its dtype, made
+          whether or not it requires grad; skipped for a frozen classifier from ``Bag of
+          updates``, 24fbe4b, 2025-03-06), both written by one kernel; ``de`` goes on as the
+          hidden states' gradient, ``dc`` is dropped for a frozen head.
+
+        So no (tokens x V) tensor at all; saved c h + 4 per token and 4 V; the backward's
+        transients c h per token and, for a frozen head with the Cut Cross Entropy of before
+        2025.3 (taken with Unsloth before 2025.3.1, installed alongside), c V h. Not
+        modelled: the int64 targets / valid-position indices (8 B per token); with at most
+        1,024 tokens (``bsz*q_len <= 1024``, May-2025) Unsloth returns the logits instead.
+    """
+    return (
+        training.conventions.unsloth_fused_cross_entropy
+        and model.head == "causal-lm"
+        and loss_kind(model, training) == "cross-entropy"
+        and training.unsloth_release < UNSLOTH_FUSED_LOSS_SINCE
+    )
+
+
+def cut_cross_entropy_backward_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """The backward transients of Unsloth's Cut Cross Entropy (Note [Unsloth's Cut Cross
+    Entropy]): ``de`` (c h per token) and, for a frozen head before 2025.3.1, ``dc`` (V h in
+    the head weight's dtype)."""
+    c, _ = compute_and_residual_bytes(training)
+    t = training.micro_batch_size * output_tokens(model, training)
+    frozen = training.is_lora and "lm_head" not in training.lora_targets
+    old = training.unsloth_release < UNSLOTH_SMART_CHECKPOINT_SINCE
+    dc = dtype_bytes(training.weight_dtype) * model.vocab_size * model.hidden_size
+    return c * model.hidden_size * t + (dc if frozen and old else 0)
 
 
 def unsloth_fused_saved_terms(
@@ -357,6 +409,8 @@ def loss_saved_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> d
         return {"log_softmax": 2 * e * v * t + (8 + e) * t}
     if unsloth_fused_loss(model, training):
         return unsloth_fused_saved_terms(model, training, t=t)
+    if unsloth_cut_cross_entropy(model, training):  # Note [Unsloth's Cut Cross Entropy]
+        return {"cut_ce_lse": 4 * t, "cut_ce_logit_avg": 4 * v}
     if loss_in_logits_dtype(model, training):
         # the 16-bit log-softmax output and nll_loss's fp32 copy of it
         # (Note [Cross-entropy on 16-bit logits])
@@ -557,6 +611,8 @@ def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
         # Note [Unsloth's fused cross-entropy]: the logits and their gradient in the logits'
         # dtype, then the input gradient before its copy into the saved one
         total = unsloth_fused_forward_bytes(model, training, t=t)
+    elif unsloth_cut_cross_entropy(model, training):
+        total = 0  # Note [Unsloth's Cut Cross Entropy]: no logit is written
     elif compiled_loss(model, training):
         # Note [Compiled chunked cross-entropy]: the logits are the saved ``chunk_logits``
         # themselves and the compiled upcast never writes an fp32 copy
@@ -589,6 +645,8 @@ def loss_backward_tensors(model: ModelSpec, training: TrainingConfig) -> int:
     if kind == "cs336-cross-entropy":  # Note [The course's cross-entropy]
         c, _ = compute_and_residual_bytes(training)
         return 1 if written_out_exp_bytes(training) == c else 2
+    if unsloth_cut_cross_entropy(model, training):
+        return 1  # Note [Unsloth's Cut Cross Entropy]: de and dc, one kernel's, as one block
     if kind not in ("cross-entropy", TRANSPOSED_CROSS_ENTROPY) or megatron_cross_entropy(
         model, training
     ):
@@ -610,6 +668,8 @@ def loss_backward_transient_bytes(model: ModelSpec, training: TrainingConfig) ->
         return 0
     if unsloth_fused_loss(model, training):
         return 0  # Note [Unsloth's fused cross-entropy]: the gradients were made in forward
+    if unsloth_cut_cross_entropy(model, training):
+        return cut_cross_entropy_backward_bytes(model, training)
     t = training.micro_batch_size * output_tokens(model, training)
     c, _ = compute_and_residual_bytes(training)
     per_value = 4 if loss_upcast(model, training) else c

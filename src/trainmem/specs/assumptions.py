@@ -179,13 +179,12 @@ def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dic
         out["litgpt"] = _version(config.get("litgpt_version"), DEFAULT_LITGPT_VERSION)
         if int(config.get("data_parallel_size") or 1) > 1:
             out["litgpt_sharding"] = LITGPT_SHARDING
-    if framework == "unsloth":  # no setting: the release its conventions were read from
-        out["unsloth"] = (
-            ".".join(map(str, DEFAULT_UNSLOTH_VERSION))
-            + " (default; unsloth_zoo "
-            + ".".join(map(str, DEFAULT_UNSLOTH_ZOO_VERSION))
-            + ")"
-        )
+    if framework == "unsloth":
+        given = config.get("unsloth_version")
+        out["unsloth"] = _version(given, DEFAULT_UNSLOTH_VERSION)
+        if not given:  # the unsloth_zoo read with the default release
+            zoo = ".".join(map(str, DEFAULT_UNSLOTH_ZOO_VERSION))
+            out["unsloth"] = out["unsloth"].replace("(default)", f"(default; unsloth_zoo {zoo})")
     if framework == "deepspeed":
         out["deepspeed"] = _version(config.get("deepspeed_version"), DEFAULT_DEEPSPEED_VERSION)
     if framework == "fsdp2" and config.get("compile"):

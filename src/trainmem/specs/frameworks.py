@@ -132,6 +132,34 @@ requires ``unsloth_zoo>=2026.3.4`` (pyproject.toml): :data:`DEFAULT_UNSLOTH_ZOO_
 DEFAULT_UNSLOTH_ZOO_VERSION = (2026, 3, 4)
 """The unsloth_zoo release read with :data:`DEFAULT_UNSLOTH_VERSION`: 2026.3.4 (38f4871f,
 2026-03-17, unsloth_zoo/__init__.py ``__version__``)."""
+UNSLOTH_OLDEST_MODELLED = (2024, 11, 8)
+"""The oldest Unsloth release ``unsloth_version`` takes: the first with Apple's Cut Cross
+Entropy as its loss (unsloth/models/llama.py ``CausalLM_fast_forward``: ``if
+HAS_CUT_CROSS_ENTROPY and labels is not None: loss = fused_linear_cross_entropy(...)``,
+fa8e59eb, 2024-11-17; 2024.11.8 the first release number after it, 925a6312). Before it the
+model returned the logits and ``fast_cross_entropy_loss`` took them (not modelled)."""
+UNSLOTH_SMART_CHECKPOINT_SINCE = (2025, 3, 1)
+"""From 2025.3.1 (main 8c064a37, 2025-03-03) Unsloth's Llama forward checkpoints through the
+patched ``torch.utils.checkpoint`` (unsloth_zoo ``UnslothCheckpointFunction``: the reused GPU
+buffer, the last layer's input kept; Note [Unsloth's offloaded gradient checkpointing]) and its
+LoRA kernels add the adapters' product in place (unsloth/kernels/utils.py ``matmul_lora``:
+``out.addmm_(XA, B.to(dtype), alpha = s)``, 4f166026, 2025-03-01). Before, through 2025.2.x
+(tags ``December-2024``, ``2025-01``, ``2025-02``): ``Unsloth_Offloaded_Gradient_Checkpointer``
+and ``out += (X @ A.to(dtype)) @ (s * B.to(dtype))`` (Note [Unsloth before 2025.3] in
+trainmem/analytic/transforms/unsloth.py)."""
+UNSLOTH_DEQUANT_BUFFER_SINCE = (2025, 2, 1)
+"""From 2025.2.1 (144190bd, 2025-02-06) ``matmul_lora`` dequantizes a 4-bit weight into the
+kept ``WEIGHT_BUFFERS`` (``fast_dequantize(..., use_global_buffer = True)``); before, into a
+new tensor per matmul, freed after it, as bitsandbytes does."""
+UNSLOTH_FUSED_LOSS_SINCE = (2025, 8, 5)
+"""From 2025.8.5 (806bee24, 2025-08-13) the loss is unsloth_zoo's ``unsloth_fused_ce_loss``
+(Note [Unsloth's fused cross-entropy]); from :data:`UNSLOTH_OLDEST_MODELLED` until then Apple's
+Cut Cross Entropy (Note [Unsloth's Cut Cross Entropy] in trainmem/analytic/loss.py)."""
+UNSLOTH_SDPA_GQA_SINCE = (2025, 12, 2)
+"""From 2025.12.2 (b5869307, 2025-12-10; unsloth/utils/attention_dispatch.py ``run_attention``)
+Unsloth's attention without flash-attn and without xformers hands grouped keys and values to
+SDPA (``enable_gqa = True``); before, every path but flash-attn's expanded them to all query
+heads and copied them (Note [Unsloth's attention] in trainmem/analytic/attention.py)."""
 UNSLOTH_ALLOC_CONF = "expandable_segments:True"
 """unsloth_zoo/__init__.py (2026.3.4), imported by ``import unsloth``: with torch >= 2.9, when
 ``PYTORCH_ALLOC_CONF`` is not set, ``os.environ["PYTORCH_ALLOC_CONF"] =
@@ -764,7 +792,8 @@ class FrameworkConventions:
     models/llama.py ``CausalLM_fast_forward`` whenever labels are given and
     ``UNSLOTH_RETURN_LOGITS`` is unset): the logits are never returned; the input gradient is
     computed in the forward and saved (Note [Unsloth's fused cross-entropy],
-    trainmem/analytic/loss.py)."""
+    trainmem/analytic/loss.py); before 2025.8.5 (``unsloth_version``) Apple's Cut Cross
+    Entropy (Note [Unsloth's Cut Cross Entropy])."""
     unsloth_fast_rms_layernorm: bool
     """Under LoRA the RMSNorms are Unsloth's Triton ``Fast_RMS_Layernorm`` (unsloth 2026.3.5
     kernels/rms_layernorm.py, called by models/llama.py ``LlamaModel_fast_forward`` /
@@ -772,6 +801,11 @@ class FrameworkConventions:
     per row (``ctx.save_for_backward(X, W, r)``: r h + 4 per token), its backward writes the
     input gradient into the incoming one in place (``dX = dY``, no weight gradient) and makes
     nothing else. Applied to the final norm (the layers' run inside checkpointing)."""
+    unsloth_attention: bool
+    """Attention is Unsloth's ``LlamaAttention_fast_forward`` (flash-attn when installed,
+    ``--attention flash``; else xformers, else SDPA), which before 2025.12.2 saves grouped keys
+    and values expanded to every query head (Note [Unsloth's attention],
+    trainmem/analytic/attention.py)."""
     unsloth_fast_lora: bool
     """LoRA runs through Unsloth's own autograd functions where ``patch_peft_model`` installs
     them (unsloth 2026.3.5 models/llama.py: ``lora_dropout == 0`` and ``bias == "none"``;
@@ -899,6 +933,7 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "unsloth_alloc_conf": False,
         "unsloth_fused_cross_entropy": False,
         "unsloth_fast_rms_layernorm": False,
+        "unsloth_attention": False,
         "unsloth_fast_lora": False,
         "default_optimizer": "adamw",
         "default_lora_targets": PEFT_DEFAULT_LORA_TARGETS,
@@ -1041,6 +1076,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             unsloth_alloc_conf=True,
             unsloth_fused_cross_entropy=True,
             unsloth_fast_rms_layernorm=True,
+            unsloth_attention=True,
             unsloth_fast_lora=True,
             default_optimizer="adamw-8bit",
             default_lora_targets=UNSLOTH_LORA_TARGETS,

@@ -71,6 +71,7 @@ FIELD_GROUPS: dict[str, tuple[str, ...]] = {
         "torchtune_version",
         "litgpt_version",
         "torchtitan_version",
+        "unsloth_version",
         "deepspeed_version",
         "load_phase",
         "grad_accum_dtype",

@@ -98,6 +98,7 @@ from trainmem.specs.frameworks import (
     DEFAULT_TORCHTITAN_VERSION,
     DEFAULT_TORCHTUNE_VERSION,
     DEFAULT_TRANSFORMERS_VERSION,
+    DEFAULT_UNSLOTH_VERSION,
     FRAMEWORK_CONVENTIONS,
     GRAD_ACCUM_DTYPES,
     HF_NON_REENTRANT_CHECKPOINT_SINCE,
@@ -106,6 +107,8 @@ from trainmem.specs.frameworks import (
     TORCHTITAN_COMPILED_LOSS_SINCE,
     TORCHTUNE_RESHAPED_LOSS_SINCE,
     TRAINER_ON_ACCELERATE_SINCE,
+    UNSLOTH_FUSED_LOSS_SINCE,
+    UNSLOTH_OLDEST_MODELLED,
     FrameworkConventions,
     deepspeed_copies_fp32_weights,
     deepspeed_grad_accum_dtype,
@@ -1182,6 +1185,19 @@ class FrameworkConfig:
     load_rule`); None, the default: wherever a rule applies to the framework and versions;
     False: none (the weights appear as they are, e.g. a run that empties the cache before
     training). True cannot add a load phase no rule describes."""
+    unsloth_version: str | None = setting(
+        None,
+        "Unsloth release with --framework unsloth (from 2024.11.8; before 2025.3 its older "
+        "checkpoint and LoRA kernels, before 2025.8.5 Cut Cross Entropy).",
+        default_text="2026.3.5",
+    )
+    """Unsloth release (``"2025.1.5"``) whose code runs with ``framework="unsloth"``, from
+    :data:`~trainmem.specs.frameworks.UNSLOTH_OLDEST_MODELLED`: before 2025.3.1 the older
+    offloaded checkpoint and the LoRA kernels' product tensor
+    (:data:`~trainmem.specs.frameworks.UNSLOTH_SMART_CHECKPOINT_SINCE`), before 2025.2.1 no
+    dequantization buffer, before 2025.8.5 Apple's Cut Cross Entropy as the loss
+    (:data:`~trainmem.specs.frameworks.UNSLOTH_FUSED_LOSS_SINCE`); None, the default:
+    :data:`~trainmem.specs.frameworks.DEFAULT_UNSLOTH_VERSION`, the release read."""
     deepspeed_version: str | None = setting(
         None,
         "DeepSpeed release (bf16 accumulates in fp32 without ZeRO before 0.17.6).",
@@ -1238,6 +1254,15 @@ class FrameworkConfig:
         major, minor, patch = (*(given or DEFAULT_TORCHTITAN_VERSION), 0, 0)[:3]
         return (major, minor, patch)
 
+    @property
+    def unsloth_release(self) -> tuple[int, int, int]:
+        """(year, month, patch) of the Unsloth whose code runs: ``unsloth_version`` when given
+        (``"2025.1"`` is 2025.1.0), else
+        :data:`~trainmem.specs.frameworks.DEFAULT_UNSLOTH_VERSION`."""
+        given = parse_version("unsloth_version", self.unsloth_version)
+        year, month, patch = (*(given or DEFAULT_UNSLOTH_VERSION), 0, 0)[:3]
+        return (year, month, patch)
+
     def __post_init__(self) -> None:
         for name in (
             "torch_version",
@@ -1247,6 +1272,7 @@ class FrameworkConfig:
             "torchtune_version",
             "litgpt_version",
             "torchtitan_version",
+            "unsloth_version",
             "deepspeed_version",
         ):
             parse_version(name, getattr(self, name))
@@ -1854,6 +1880,20 @@ def _check_unsloth_single_gpu(t: TrainingConfig) -> None:
     """
     if t.framework != "unsloth":
         return
+    if t.unsloth_release < UNSLOTH_OLDEST_MODELLED:
+        raise SpecError(
+            "unsloth_version",
+            f"{t.unsloth_version}: Unsloth before 2024.11.8 returned the logits to "
+            "fast_cross_entropy_loss (no Cut Cross Entropy), not modelled; allowed: 2024.11.8 "
+            "or later",
+        )
+    if t.chunked_cross_entropy and t.unsloth_release < UNSLOTH_FUSED_LOSS_SINCE:
+        raise SpecError(
+            "chunked_cross_entropy",
+            f"{t.chunked_cross_entropy} with --unsloth-version {t.unsloth_version}: before "
+            "2025.8.5 Unsloth's loss is Cut Cross Entropy, which writes no logits and has no "
+            "pieces (UNSLOTH_CE_LOSS_N_CHUNKS came with its fused loss); allowed: 0",
+        )
     for name in (
         "data_parallel_size",
         "tensor_parallel_size",

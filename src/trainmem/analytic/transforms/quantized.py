@@ -33,6 +33,7 @@ from trainmem.analytic.transforms.base import (
 )
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.schedule import Op
+from trainmem.specs.frameworks import UNSLOTH_DEQUANT_BUFFER_SINCE
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.timeline import Phase
@@ -110,9 +111,12 @@ def unsloth_dequant_buffers(ctx: RankContext) -> tuple[int, int]:
     """Bytes of Unsloth's ``WEIGHT_BUFFER`` (the layer's largest 4-bit weight in the compute
     dtype) and ``ABSMAX_BUFFER`` (its statistics in fp32, one per 64 values), kept from the
     first forward on (Note [Unsloth's fast LoRA] in trainmem/analytic/lora.py); (0, 0) where
-    its kernels do not run."""
+    its kernels do not run or, before 2025.2.1, dequantize into a new tensor per matmul
+    (:data:`~trainmem.specs.frameworks.UNSLOTH_DEQUANT_BUFFER_SINCE`)."""
     t = ctx.training
     if not unsloth_fast_lora(ctx.model, t) or t.quantize_base not in BNB_4BIT:
+        return 0, 0
+    if t.unsloth_release < UNSLOTH_DEQUANT_BUFFER_SINCE:
         return 0, 0
     largest = largest_base_numel(ctx.layer_states, t)
     return dtype_bytes(t.compute_dtype) * largest, 4 * -(-largest // 64)

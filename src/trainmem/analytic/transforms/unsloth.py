@@ -70,6 +70,35 @@ Note [Recomputed output held through the backward]
     (torch/utils/checkpoint.py); whether trainmem's rules for transformers' reentrant
     checkpointing hold it was not checked here.
 
+Note [Unsloth's offloaded layer 0 input]
+    Unsloth checkpoints reentrantly and so makes the input embeddings' output require grad
+    (unsloth_zoo 2026.3.4 training_utils.py ``prepare_model_for_training(use_reentrant =
+    True)``: ``model.enable_input_require_grads()``; unsloth 2025.1.5 models/_utils.py
+    ``prepare_model_for_kbit_training`` the same): with the embeddings frozen that output is a
+    leaf, and the first layer's checkpoint node, whose input it is, points at its
+    ``AccumulateGrad`` node, which holds it (torch/csrc/autograd/functions/accumulate_grad.h
+    ``Variable variable``) until the graph goes after the backward. So offloading the first
+    layer's input copies it to the CPU but frees nothing on the GPU: it stays, r b s h bytes,
+    through the whole step (then its gradient too,
+    :func:`~trainmem.analytic.checkpointing.input_grad_hook_bytes`). Its backward still
+    recomputes on the copy brought back (the buffer from 2025.3.1; before, a new tensor
+    beside the leaf).
+
+Note [Unsloth before 2025.3]
+    Through 2025.2.x (tags ``December-2024``, ``2025-01``, ``2025-02``; the README's context
+    table dates from then, 2025-01-14) ``prepare_model_for_kbit_training(...,
+    use_gradient_checkpointing = "unsloth")`` (unsloth/models/_utils.py) sets
+    ``_offloaded_gradient_checkpointing`` and ``LlamaModel_fast_forward`` runs every decoder
+    layer through unsloth_zoo's ``Unsloth_Offloaded_Gradient_Checkpointer`` (2025.1.3,
+    gradient_checkpointing.py): ``forward`` copies the layer input to the CPU
+    (``hidden_states.to("cpu", non_blocking = True)``, saved), runs the layer under
+    ``no_grad``; ``backward`` copies it back into a new tensor (``.to("cuda:0")``), recomputes
+    and runs the layer's backward. So: every layer's input leaves, the last one's too, at any
+    length (no ``MINIMUM_SIZE``, no 512-token switch, no ``LAST_GC_INDEX``), and no GPU buffer:
+    each backward makes the layer's input anew, freed with its backward. Its kernels'
+    ``matmul_lora`` (unsloth/kernels/utils.py) adds the adapters as ``out += (X @ A) @ (s * B)``:
+    the product is a new (t, fan_out) tensor beside ``out`` (Note [Unsloth's fast LoRA]).
+
 Source: unsloth 2026.3.5 unsloth/models/_utils.py, unsloth/models/llama.py; unsloth_zoo
 2026.3.4 unsloth_zoo/gradient_checkpointing.py (``initialize_unsloth_gradient_checkpointing``,
 ``UnslothCheckpointFunction``, ``unsloth_checkpoint``).
@@ -80,6 +109,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
+from trainmem.analytic.checkpointing import input_grad_hook_bytes
 from trainmem.analytic.transforms.base import Emitted, RankContext, Transform, Where, alloc, free
 from trainmem.analytic.transforms.checkpointing import layer_plan, saved_ops
 from trainmem.breakdown import MemoryCategory as Cat
@@ -88,6 +118,7 @@ from trainmem.specs.frameworks import (
     UNSLOTH_GPU_BUFFER_ELEMENTS,
     UNSLOTH_OFFLOAD_MIN_BYTES,
     UNSLOTH_OFFLOAD_MIN_SEQ_LEN,
+    UNSLOTH_SMART_CHECKPOINT_SINCE,
 )
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
@@ -96,14 +127,25 @@ from trainmem.timeline import Phase
 BUFFER_LABEL = "Unsloth's reused GPU buffer of an offloaded layer input"
 
 
+def unsloth_smart_checkpoint(training: TrainingConfig) -> bool:
+    """The release checkpoints through ``UnslothCheckpointFunction`` (from 2025.3.1,
+    :data:`~trainmem.specs.frameworks.UNSLOTH_SMART_CHECKPOINT_SINCE`), not the older
+    ``Unsloth_Offloaded_Gradient_Checkpointer`` (Note [Unsloth before 2025.3])."""
+    return training.unsloth_release >= UNSLOTH_SMART_CHECKPOINT_SINCE
+
+
 def unsloth_offload_patched(training: TrainingConfig) -> bool:
     """Unsloth's offloaded checkpoint is patched in: full checkpointing under a framework with
-    ``unsloth_offloaded_checkpointing`` at ``seq_len`` >= 512 (Note [Unsloth's offloaded
-    gradient checkpointing]; ``seq_len`` stands for ``max_seq_length``)."""
+    ``unsloth_offloaded_checkpointing``, at ``seq_len`` >= 512 from 2025.3.1 (Note [Unsloth's
+    offloaded gradient checkpointing]; ``seq_len`` stands for ``max_seq_length``), at any
+    length before (Note [Unsloth before 2025.3])."""
     return (
         training.conventions.unsloth_offloaded_checkpointing
         and training.activation_checkpointing == "full"
-        and training.seq_len >= UNSLOTH_OFFLOAD_MIN_SEQ_LEN
+        and (
+            training.seq_len >= UNSLOTH_OFFLOAD_MIN_SEQ_LEN
+            or not unsloth_smart_checkpoint(training)
+        )
     )
 
 
@@ -115,8 +157,9 @@ def layer_input_elements(model: ModelSpec, training: TrainingConfig) -> int:
 def unsloth_buffer_bytes(model: ModelSpec, training: TrainingConfig) -> tuple[int, int]:
     """(initial, grown) bytes of Unsloth's GPU buffer: ``c * 2 * 256 * 2048`` at load and
     ``c * max(2 * 256 * 2048, b s h)`` once an offloaded input grew it (c: the model's 16-bit
-    dtype, the compute dtype here); (0, 0) when the checkpoint is not patched."""
-    if not unsloth_offload_patched(training):
+    dtype, the compute dtype here); (0, 0) when the checkpoint is not patched or is the older
+    one, which has no buffer (Note [Unsloth before 2025.3])."""
+    if not unsloth_offload_patched(training) or not unsloth_smart_checkpoint(training):
         return 0, 0
     c, _ = compute_and_residual_bytes(training)
     grown = max(UNSLOTH_GPU_BUFFER_ELEMENTS, layer_input_elements(model, training))
@@ -125,10 +168,12 @@ def unsloth_buffer_bytes(model: ModelSpec, training: TrainingConfig) -> tuple[in
 
 def unsloth_offloads_inputs(model: ModelSpec, training: TrainingConfig) -> bool:
     """The layer inputs are offloaded: the checkpoint is patched and an input has more than
-    ``2 MiB // c`` elements (unsloth_zoo ``MINIMUM_SIZE``)."""
+    ``2 MiB // c`` elements (unsloth_zoo ``MINIMUM_SIZE``), any input before 2025.3.1 (Note
+    [Unsloth before 2025.3])."""
     c, _ = compute_and_residual_bytes(training)
     n = layer_input_elements(model, training)
-    return unsloth_offload_patched(training) and n > UNSLOTH_OFFLOAD_MIN_BYTES // c
+    large = n > UNSLOTH_OFFLOAD_MIN_BYTES // c or not unsloth_smart_checkpoint(training)
+    return unsloth_offload_patched(training) and large
 
 
 class UnslothOffloadedCheckpointing(Transform):
@@ -146,6 +191,10 @@ class UnslothOffloadedCheckpointing(Transform):
         super().__init__(ctx)
         self.initial, self.grown = unsloth_buffer_bytes(ctx.model, ctx.training)
         self.offloads = unsloth_offloads_inputs(ctx.model, ctx.training)
+        # the smart checkpoint keeps the last layer's input and holds the others in its buffer
+        self.smart = unsloth_smart_checkpoint(ctx.training)
+        # Note [Unsloth's offloaded layer 0 input]
+        self.leaf = input_grad_hook_bytes(ctx.model, ctx.training) > 0
         _, r = compute_and_residual_bytes(ctx.training)
         self.output = r * layer_input_elements(ctx.model, ctx.training)
 
@@ -157,6 +206,8 @@ class UnslothOffloadedCheckpointing(Transform):
         return alloc(size, Cat.BUFFER, phase, key, "", BUFFER_LABEL)
 
     def setup(self, where: Where) -> Sequence[Emitted]:
+        if not self.initial:
+            return ()
         return (self._buffer("init", self.initial, "unsloth_gc/buffer0"),)
 
     def step_begin(self, where: Where) -> Sequence[Emitted]:
@@ -169,15 +220,36 @@ class UnslothOffloadedCheckpointing(Transform):
         """The buffer's key: the grown one once an input outgrew the first."""
         return "unsloth_gc/buffer" if self.grown > self.initial else "unsloth_gc/buffer0"
 
+    def _kept(self, where: Where, *, forward: bool) -> bool:
+        """The layer's input stays on the GPU: the last layer run in the forward under the
+        smart checkpoint (``LAST_GC_INDEX``), and the first layer's when it is the embedding
+        output autograd holds as a leaf (Note [Unsloth's offloaded layer 0 input])."""
+        last, first = (where.last_layer, where.first_layer)
+        if not forward:  # the backward runs the layers in reverse
+            last, first = first, last
+        return (last and self.smart) or (first and self.leaf)
+
     def layer_post_forward(self, where: Where) -> Sequence[Emitted]:
-        if not self.offloads or where.last_layer:
+        if not self.offloads or self._kept(where, forward=True):
             return ()
         return [free(op, "forward") for op in saved_ops(layer_plan(self.ctx), "forward", "{i}")]
 
+    def _upload(self) -> Op:
+        label = "an offloaded layer input copied back to the GPU"
+        return alloc(
+            self.output, Cat.ACTIVATION, "backward", "unsloth_gc/upload", "layers.{i}", label
+        )
+
     def layer_pre_backward(self, where: Where) -> Sequence[Emitted]:
-        if not self.offloads or where.first_layer:  # the backward's first: the kept input
+        if not self.offloads:
             return ()
+        if self._kept(where, forward=False):
+            # the leaf stays; the older checkpoint still uploads its CPU copy anew
+            leaf_only = self.leaf and where.last_layer and not self.smart
+            return (self._upload(),) if leaf_only else ()
         made = saved_ops(layer_plan(self.ctx), "backward", "{i}")  # in the buffer's place
+        if not self.smart:  # a new tensor: ``hidden_states.to("cuda:0")``
+            return made
         return [free(self._buffer("backward", self.grown, self._key()), "backward"), *made]
 
     def _output(self) -> Op:
@@ -191,6 +263,11 @@ class UnslothOffloadedCheckpointing(Transform):
 
     def layer_post_backward(self, where: Where) -> Sequence[Emitted]:
         held = free(self._output(), "backward")
-        if not self.offloads or where.first_layer:
+        if not self.offloads:
+            return (held,)
+        if self._kept(where, forward=False):
+            leaf_only = self.leaf and where.last_layer and not self.smart
+            return (held, free(self._upload(), "backward")) if leaf_only else (held,)
+        if not self.smart:
             return (held,)
         return (held, self._buffer("backward", self.grown, self._key()))
