@@ -4,6 +4,8 @@ attention's gradients and the residual-stream gradient. Symbols as in
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from trainmem.analytic.activation_parallelism import parallel_divisor
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
 from trainmem.analytic.attention import fp32_softmax
@@ -29,6 +31,68 @@ def backward_layer_transient_bytes(model: ModelSpec, training: TrainingConfig) -
     residual gradient: the most one layer's backward holds at once besides what it saved."""
     mlp, attention, residual = backward_layer_transients(model, training)
     return max(mlp, attention) + residual
+
+
+class MlpBackwardParts(NamedTuple):
+    """A plain (dense or top-k routed, transformers-free or not) MLP's backward transients as
+    the tensors autograd makes them, bytes (Note [An MLP's backward, linear by linear]).
+
+    Attributes:
+        down_input: the down projection's input gradient, c t i.
+        down_weight: its 16-bit weight gradient before the cast into the fp32 ``.grad``, c h i
+            (under autocast; 0 otherwise).
+        activation: the activation's (and a gated MLP's product's) backward outputs made
+            beside ``down_input`` once the weight gradient is gone, (n - 1) c t i.
+    """
+
+    down_input: int
+    down_weight: int
+    activation: int
+
+
+def mlp_backward_parts(model: ModelSpec, training: TrainingConfig) -> MlpBackwardParts | None:
+    """The MLP's backward transients split as :class:`MlpBackwardParts`, or None where they
+    stay the one block of :func:`backward_layer_transients` (vision encoders, whose parts are
+    fitted to their traces; layer scale; expert loops; Unsloth's kernels; transformers'
+    grouped experts; a model with blocks of several kinds; frozen linears under LoRA).
+
+    Note [An MLP's backward, linear by linear]
+        The down projection's backward (``MmBackward0``: ``mm_mat1_backward`` and
+        ``mm_mat2_backward``, derivatives.yaml) makes its input's gradient (c t i) and, for a
+        trainable weight, the weight's gradient in the compute dtype (c h i under autocast),
+        which the autocast cast's backward (``ToCopyBackward0``) turns into the fp32
+        ``.grad`` before the product's backward runs. Only then the product's
+        (``MulBackward0``: two c t i) and the activation's backward run, the down
+        projection's input gradient freed after them, so n c t i are alive there (n = 3
+        gated, 2 otherwise) but not beside the weight gradient. Seen on the trace of the
+        agreement model (2048-wide Llama, 2 x 256 tokens, bf16 autocast, pipeline stage 0
+        of 2, accumulation 4): c h i + c t i + the fp32 cast at the down projection, where
+        the one block held c h i + 3 c t i (formulas -1.3 % -> +0.3 % above the trace).
+        Frozen linears (LoRA, a quantized base) keep the one block: they make no weight
+        gradient (the node's output mask), but a quantized base's dequantized weight is
+        alive beside the input gradient (bitsandbytes ``MatMul4Bit.backward``), which the
+        quantized-base transform places before the block; splitting there moved the QLoRA
+        rows GT129 -17.4 -> -21.8 %, GT176 -5.8 -> -7.7 % (the recomputed layer's own
+        transients, unmodelled, were hidden by the block's c h i), so it was not landed.
+    """
+    if len(model.layer_kinds()) > 1 or model.architecture == "vision-encoder":
+        return None
+    if model.layer_scale or expert_loop(model, training) or unsloth_fast_lora(model, training):
+        return None
+    if model.num_experts > 1 and training.conventions.hf_model_code:
+        return None
+    if training.is_lora:  # frozen linears: not split (see the Note's last paragraph)
+        return None
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    c = compute_and_residual_bytes(training)[0]
+    i, h = model.intermediate_size, model.hidden_size
+    k_top = experts_per_token(model)
+    n = 3 if model.mlp_kind == "gated" else 2
+    divisor = parallel_divisor("mlp/gated", training)
+    down_input = c * i * t * k_top // divisor
+    weight = c * h * i // training.tensor_parallel_size
+    weight = weight if training.uses_autocast else 0
+    return MlpBackwardParts(down_input, weight, (n - 1) * down_input)
 
 
 def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tuple[int, int, int]:

@@ -85,6 +85,7 @@ from trainmem.analytic.attention import (
 from trainmem.analytic.backward_transients import (
     WRITTEN_OUT_SOFTMAX_BACKWARD_TENSORS,
     backward_layer_transients,
+    mlp_backward_parts,
 )
 from trainmem.analytic.checkpointing import input_grad_hook_bytes
 from trainmem.analytic.head import (
@@ -393,6 +394,7 @@ class _Layers:
         self._names: dict[int, tuple[list[tuple[str, int]], tuple[str, ...]]] = {}
         transients = backward_layer_transients(ctx.model, ctx.training)
         self.mlp_tmp, self.attention_tmp, self.residual_tmp = transients
+        self.mlp_parts = mlp_backward_parts(ctx.model, ctx.training)
         # Note [Final RMSNorm's backward], the layers' norms: each one's fp32 transients
         self.norm_tmp = layer_norm_backward_bytes(ctx.model, ctx.training)
         self.scores_tmp, self.mask_tmp = eager_scores_forward_bytes(ctx.model, ctx.training)
@@ -533,15 +535,8 @@ class _Layers:
             recomputed, plan.dropped, self.copy_places
         )
         body += down + re_down
-        mlp_tmp = alloc(
-            self.mlp_tmp, Cat.TEMPORARY, b, "mlp_tmp", "layers.{i}", "the MLP's backward transients"
-        )
-        body += em.at("layer.mlp.pre_backward", where)
-        body.append(mlp_tmp)
-        down_grads, mlp_grads, o_grads, rest_grads = self.tr.layer_gradients(where)
-        body += down_grads
-        body += em.at("layer.mlp.post_backward", where)
-        body.append(free(mlp_tmp, b))
+        mlp_items, (_, mlp_grads, o_grads, rest_grads) = self._mlp_backward(em, where)
+        body += mlp_items
         body += mlp + re_mlp + mlp_grads
         body += self._norm_backward(after + re_after, plan, "mlp/norm")
         body += early + re_early + o_grads
@@ -564,6 +559,33 @@ class _Layers:
         body += em.at("layer.post_backward", where)
         em.check()
         return tuple(body)
+
+    def _mlp_backward(
+        self, em: Emitter, where: Where
+    ) -> tuple[list[Item], tuple[list[Op], list[Op], list[Op], list[Op]]]:
+        """The MLP's backward transients around its down projection's gradients (Note [An
+        MLP's backward, linear by linear]; one block where the parts are not known), up to
+        the frees of the MLP's other saved blocks; and the layer's four gradient groups
+        (:meth:`_Transforms.layer_gradients`)."""
+        b: Phase = "backward"
+        label = "the MLP's backward transients"
+        parts = self.mlp_parts
+        if parts is None:
+            made = [alloc(self.mlp_tmp, Cat.TEMPORARY, b, "mlp_tmp", "layers.{i}", label)]
+        else:
+            sizes = [parts.down_input] + ([parts.down_weight] if parts.down_weight else [])
+            made = [alloc(size, Cat.TEMPORARY, b, f"mlp_tmp/{k}", "layers.{i}", label)
+                    for k, size in enumerate(sizes)]  # fmt: skip
+        items: list[Item] = [*em.at("layer.mlp.pre_backward", where), *made]
+        grads = self.tr.layer_gradients(where)
+        items += grads[0]
+        items += em.at("layer.mlp.post_backward", where)
+        if parts is None:
+            return [*items, free(made[0], b)], grads
+        label = "the MLP activation's backward gradients"
+        act = alloc(parts.activation, Cat.TEMPORARY, b, "mlp_tmp/act", "layers.{i}", label)
+        items += [free(op, b) for op in made[1:]]
+        return [*items, act, free(made[0], b), free(act, b)], grads
 
     def _norm_backward(self, frees: list[Op], plan: LayerPlan, term: str) -> list[Op]:
         """``frees`` (a group of the backward's frees of saved / recomputed blocks) with the
