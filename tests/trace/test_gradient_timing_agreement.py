@@ -88,16 +88,27 @@ def test_layer_gradients_are_made_in_autograd_order() -> None:
     assert set(grads[1:3]) == {4, 5}
     assert grads[3] == 3
     assert set(grads[4:]) == {0, 1, 2, 7, 8}
-    # the MLP's transients (3 i-sized bf16 gradients and down's bf16 weight gradient:
-    # 3 x 2 x 2 x 256 x 2816 + 2 x 1024 x 2816 = 14,417,920 B) are alive with down's fp32
-    # gradient (4 x 1024 x 2816 = 11,534,336 B) only, and freed before gate's and up's
+    # Note [An MLP's backward, linear by linear]: down's bf16 input gradient (2 x 2 x 256 x
+    # 2816 = 2,883,584 B) and bf16 weight gradient (2 x 1024 x 2816 = 5,767,168 B) are alive
+    # with down's fp32 gradient (4 x 1024 x 2816 = 11,534,336 B) only; the weight gradient is
+    # freed before the product's two i-sized gradients (5,767,168 B), and all of them before
+    # gate's and up's
     start = next(n for n, op in enumerate(ops) if op.key == "mlp_tmp")
-    end = next(n for n, op in enumerate(ops) if op.key == "mlp_tmp" and op.action == "free")
-    inside = [op for op in ops[start + 1 : end] if op.action == "alloc"]
-    assert [(op.key.rsplit("/", 1)[1], op.size_bytes) for op in inside] == [("6", 11_534_336)]
-    assert ops[start].size_bytes == 14_417_920
+    weight = next(
+        n for n, op in enumerate(ops) if op.key == "mlp_tmp/weight" and op.action == "free"
+    )
+    inside = [op for op in ops[start + 1 : weight] if op.action == "alloc"]
+    assert [(op.key.rsplit("/", 1)[1], op.size_bytes) for op in inside] == [
+        ("weight", 5_767_168),
+        ("6", 11_534_336),
+    ]
+    assert ops[start].size_bytes == 2_883_584
+    act = ops[weight + 1]
+    assert (act.key, act.action, act.size_bytes) == ("mlp_tmp/act", "alloc", 5_767_168)
+    end = next(n for n, op in enumerate(ops) if op.key == "mlp_tmp/act" and op.action == "free")
+    assert ops[end - 1].key == "mlp_tmp" and ops[end - 1].action == "free"
     # gate's and up's autocast copies (2 x 1024 x 2816 = 5,767,168 B each) are freed before
     # their fp32 gradients are made; q's, k's, v's (2 MiB, 0.5 MiB, 0.5 MiB) after theirs
     first_mlp_grad = next(n for n, op in enumerate(ops) if op.key.endswith(("/4", "/5")))
-    copies = [op for op in ops[end:first_mlp_grad] if op.size_bytes == 5_767_168]
+    copies = [op for op in ops[end + 1 : first_mlp_grad] if op.size_bytes == 5_767_168]
     assert len(copies) == 2 and all(op.action == "free" for op in copies)

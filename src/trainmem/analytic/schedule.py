@@ -573,9 +573,10 @@ class _Layers:
         if parts is None:
             made = [alloc(self.mlp_tmp, Cat.TEMPORARY, b, "mlp_tmp", "layers.{i}", label)]
         else:
+            keys = ("mlp_tmp", "mlp_tmp/weight")
             sizes = [parts.down_input] + ([parts.down_weight] if parts.down_weight else [])
-            made = [alloc(size, Cat.TEMPORARY, b, f"mlp_tmp/{k}", "layers.{i}", label)
-                    for k, size in enumerate(sizes)]  # fmt: skip
+            made = [alloc(size, Cat.TEMPORARY, b, key, "layers.{i}", label)
+                    for key, size in zip(keys, sizes, strict=False)]  # fmt: skip
         items: list[Item] = [*em.at("layer.mlp.pre_backward", where), *made]
         grads = self.tr.layer_gradients(where)
         items += grads[0]
