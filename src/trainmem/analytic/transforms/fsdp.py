@@ -50,6 +50,7 @@ from trainmem.analytic.transforms.base import (
     Transform,
     Where,
     alloc,
+    embedding_gradients,
     free,
     gradient_ops,
     gradient_places,
@@ -159,7 +160,9 @@ class FullyShardedDataParallel(Transform):
     ``layer.mlp.post_backward`` the layer's reduce bucket (until
     ``layer.attention.post_backward``), flat-parameter gradients, ``no_sync``'s reduce;
     ``head.post_backward`` / ``root.post_backward`` ``no_sync``'s reduce of the head's and the
-    embedding's gradients. Makes the gradients unsharded under ``no_sync`` accumulation.
+    embedding's gradients; under :func:`fsdp1_flat_layer_grads` the root unit's flat gradient
+    at ``root.post_backward`` (Note [FSDP1 flat gradient of the root]). Makes the gradients
+    unsharded under ``no_sync`` accumulation.
     """
 
     name = "fsdp"
@@ -177,6 +180,7 @@ class FullyShardedDataParallel(Transform):
         self.unit_grads = no_shard_copies(ctx.training)
         self.adapter_unit_prefetch = fsdp1_adapter_unit_prefetch(ctx)
         self.flat_layer_grads = fsdp1_flat_layer_grads(ctx)
+        self.emb = embedding_gradients(ctx)
 
     @staticmethod
     def applies(ctx: RankContext) -> bool:
@@ -192,6 +196,10 @@ class FullyShardedDataParallel(Transform):
 
     def gradients(self, group: Group, where: Where) -> Sequence[Op] | None:
         s = self.sharding
+        if self.flat_layer_grads and group != "layer":  # Note [FSDP1 flat gradient of the root]
+            head, total = self._tied_sum() if group == "embedding" else (None, None)
+            tied = [total, free(head, "backward")] if head and total else []
+            return self._root_views(group) + tied
         if self.unit_grads and group in ("layer", "head"):  # made at the unit's post-backward
             return []
         if group == "layer" and (s.flat_views or self.flat_layer_grads):  # made by the hooks
@@ -201,6 +209,10 @@ class FullyShardedDataParallel(Transform):
         if not s.unsharded_grads:
             return None
         return self._grads(group, "backward") if where.new_grads else []
+
+    def vocab_gradient_bytes(self, base: int) -> int:
+        # Note [FSDP1 flat gradient of the root]: a tied lookup's gradient, summed out of place
+        return base or (self.emb.tied_lookup if self.flat_layer_grads else 0)
 
     def _reduce_ops(self, group: str) -> list[Op]:
         """A unit's reduce-scatter after ``no_sync`` accumulation: this rank's gradient shard
@@ -250,8 +262,9 @@ class FullyShardedDataParallel(Transform):
 
     def _pending(self) -> Op:
         """Note [FSDP1 unshard stream pool]: trainable units, the previous layer's block freed
-        and not yet reusable, from the first layer's post-backward (the backward's first free
-        of a layer) to the stack's end (:meth:`stack_post_backward`)."""
+        and not yet reusable, from the end of the first layer's post-backward (the backward's
+        first free of a layer: the block it ran on, which adds to the pool only once the next
+        layer's pre-backward gathers another) to the stack's end (:meth:`stack_post_backward`)."""
         s = self.sharding
         label = "the previous layer's gathered parameters, freed, not yet reusable"
         bp: Phase = "backward"
@@ -307,28 +320,99 @@ class FullyShardedDataParallel(Transform):
     def layer_attention_post_backward(self, where: Where) -> Sequence[Emitted]:
         return self._views(3) if self.flat_layer_grads else ()
 
-    def _flat_layer_gradient(self, where: Where) -> list[Emitted]:
-        """Note [FSDP1 flat gradient of a layer unit]: the concatenation, the views freed, the
+    def _root_views(self, group: Group) -> list[Op]:
+        """The gradients of the root unit's views in ``group`` (``"head"``: the output head
+        and the final norm; ``"embedding"``), unsharded in the reduce dtype, made where their
+        backward runs (Note [FSDP1 flat gradient of the root]).
+
+        Note [FSDP1 flat gradient of the root]
+            Under :func:`fsdp1_flat_layer_grads` the root unit (the embeddings, the final norm
+            and the head: the modules no layer unit wraps) is one ``FlatParameter`` too, and its
+            weights are views of its unsharded flat parameter like a layer's (Note [FSDP1 flat
+            gradient of a layer unit]). So the head's and the final norm's weight gradients,
+            made in the head's backward, are unsharded in the unsharded parameter's dtype and
+            wait in the ``split``'s backward input buffer, with the embedding's (made in its
+            backward, the step's last), until the split's backward concatenates them
+            (``split_with_sizes_backward``: ``at::cat``); the root's ``_post_backward_hook``
+            then reduce-scatters that flat gradient as a layer's (torch 2.13 distributed/fsdp/
+            _runtime_utils.py, ``_reduce_grad``). Through the whole layer stack's backward the
+            head's unsharded gradient (``V h`` in the reduce dtype) is alive, not its shard.
+            Seen in torch's FSDP1 traced on fake tensors (trainmem/trace/fsdp.py, Note [FSDP1
+            streams on the trace]): the 2-layer 2048-wide Llama of benchmarks/
+            generic_options.py (vocabulary 4,096, 4 ranks, bf16-mixed): the head's 16,777,216 B
+            and the final norm's 4,096 B gradients from the head's backward to the root's
+            post-backward, where the 33,558,528 B concatenation is reduce-scattered into this
+            rank's 8,389,632 B bf16 chunk and cast to the 16,779,264 B fp32 shard.
+
+            A token embedding tied to the head is one view of the flat parameter: the lookup's
+            dense ``V h`` gradient (``embedding_dense_backward``, the base order's vocabulary
+            gradient: :meth:`vocab_gradient_bytes`) is added out of place to the head's view
+            gradient waiting in the input buffer (autograd ``InputBuffer::accumulate``), which
+            is freed, then the lookup's: the trace of llama-3.2-1b (tied, 4 ranks) holds the
+            head's, the lookup's and the sum's 525,336,576 B each at the sum.
+        """
+        states, key, module = group_states(self.ctx, group)
+        t = self.ctx.training
+        label = "a root weight's unsharded gradient before autograd concatenates the root's"
+        return [
+            alloc(reduce_scatter_layer_bytes([st], t), Cat.TEMPORARY, "backward",
+                  f"view_grad/{key}/{n}", module, label)
+            for n, st in enumerate(states)
+        ]  # fmt: skip
+
+    def _tied_sum(self) -> tuple[Op | None, Op | None]:
+        """(the head's view gradient of a tied token embedding, the sum that replaces it), or
+        (None, None) without a tied embedding (Note [FSDP1 flat gradient of the root])."""
+        if not self.emb.tied_lookup:
+            return None, None
+        names = [st.name for st in self.ctx.head_grad_states]
+        if "embedding/tokens" not in names:
+            return None, None
+        head = self._root_views("head")[names.index("embedding/tokens")]
+        label = "a tied weight's view gradient plus the lookup's, out of place"
+        total = alloc(head.size_bytes, Cat.TEMPORARY, "backward", "view_grad/tied", "embedding",
+                      label)  # fmt: skip
+        return head, total
+
+    def _root_gradient_views(self) -> list[Op]:
+        """The views' gradients the root's concatenation frees (a tied weight's sum in place of
+        the head's view of it)."""
+        head, total = self._tied_sum()
+        views = self._root_views("head") + self._root_views("embedding")
+        return [total if op == head and total else op for op in views]
+
+    def _flat_gradient(self, where: Where, unit: str, views: list[Op]) -> list[Emitted]:
+        """Note [FSDP1 flat gradient of a layer unit] (``unit`` ``"layer"``) and Note [FSDP1
+        flat gradient of the root] (``"root"``): the concatenation of the unit's ``views``, the
+        views freed, the unit resharded (``pending``: its freed block, not yet reusable), the
         reduce-scatter's shard (cast to the gradient's dtype, or added into the kept shard), the
         concatenation freed."""
         ctx, s = self.ctx, self.sharding
         bp: Phase = "backward"
+        size = sum(op.size_bytes for op in views)
+        module = "layers.{i}" if unit == "layer" else "(model)"
         flat = alloc(
-            s.reduce, Cat.TEMPORARY, bp, "flat_grad", "layers.{i}",
-            "the layer's flat unsharded gradient before its reduce-scatter",
+            size, Cat.TEMPORARY, bp, f"flat_grad/{unit}", module,
+            f"the {unit}'s flat unsharded gradient before its reduce-scatter",
         )  # fmt: skip
-        views = self._views(0) + self._views(1, 2) + self._views(3)
         out: list[Emitted] = [flat, *(free(op, bp) for op in views)]
-        grads = gradient_ops(ctx, ctx.layer_states, bp, "{i}", "layers.{i}")
+        if unit == "layer":
+            states = ctx.layer_states
+            grads = gradient_ops(ctx, states, bp, "{i}", "layers.{i}")
+        else:
+            states = ctx.head_grad_states + ctx.emb_grad_states
+            grads = gradient_ops(ctx, ctx.head_grad_states, bp, "head", "head")
+            grads += gradient_ops(ctx, ctx.emb_grad_states, bp, "embedding", "embedding")
         shard = sum(op.size_bytes for op in grads)
         # the padded flat gradient's chunk (Note [FSDP1 flat blocks of a layer unit])
-        numel = sum(st.local_numel or st.numel for st in ctx.layer_states)
-        per = s.reduce // numel if numel and s.reduce % numel == 0 else 0
+        numel = sum(st.local_numel or st.numel for st in states)
+        per = size // numel if numel and size % numel == 0 else 0
         dp = ctx.training.sharding_degree
-        reduced = -(-numel // dp) * per if per else -(-s.reduce // dp)
+        reduced = -(-numel // dp) * per if per else -(-size // dp)
         if reduced != shard or not where.new_grads:  # a shard in the reduce dtype first
             label = "the reduce-scatter's output, before it is cast or added to the gradient"
-            tmp = alloc(reduced, Cat.TEMPORARY, bp, "rs_out", "layers.{i}", label, s.rs_stream)
+            key = f"rs_out/{unit}"
+            tmp = alloc(reduced, Cat.TEMPORARY, bp, key, module, label, s.rs_stream)
             out += [tmp, *(grads if where.new_grads else []), free(tmp, bp)]
         elif where.new_grads:
             out += grads
@@ -337,14 +421,17 @@ class FullyShardedDataParallel(Transform):
 
     def layer_post_backward(self, where: Where) -> Sequence[Emitted]:
         out: list[Emitted] = []
-        if self._pends() and where.first_layer:
-            out.append(self._pending())
         if self.flat_layer_grads:
-            out += self._flat_layer_gradient(where)
+            views = self._views(0) + self._views(1, 2) + self._views(3)
+            out += self._flat_gradient(where, "layer", views)
         if self.unit_grads and where.new_grads:  # the unit's flat gradient, cast to fp32
             out += self._grads("layer", "backward")
         if self.sharding.kept:
             out.append(free(kept_op(self.sharding, "forward"), "backward"))
+        # Note [FSDP1 unshard stream pool]: the stack's first layer's block, freed by its
+        # post-backward reshard, is the pending one once the next layer's pre-backward gathers
+        if self._pends() and where.first_layer:
+            out.append(self._pending())
         return out
 
     def head_post_backward(self, where: Where) -> Sequence[Emitted]:
@@ -352,6 +439,8 @@ class FullyShardedDataParallel(Transform):
 
     def root_post_backward(self, where: Where) -> Sequence[Emitted]:
         out: list[Emitted] = []
+        if self.flat_layer_grads:  # Note [FSDP1 flat gradient of the root]
+            out += self._flat_gradient(where, "root", self._root_gradient_views())
         if self.unit_grads and where.new_grads:  # the root unit's: the head's with it
             out += self._grads("head", "backward")
         if where.reduce:

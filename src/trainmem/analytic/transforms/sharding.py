@@ -296,8 +296,10 @@ def fsdp1_unshard_pool_units(ctx: RankContext) -> int:
         gathers on the unshard stream for the micro-batch, the prefetched layer's over each
         stack, and for trainable units a third layer-sized block over the backward stack.
         With trainable units the backward stack's ends hold two layer blocks, not three: its
-        first layer has no freed layer before it (the third block starts at its
-        post-backward) and its last (layer 0) prefetches none (no unit ran its post-forward
+        first layer has no freed layer before it (the third block starts at the end of its
+        post-backward: the reshard makes pending the block the layer ran on, so through its
+        reduce-scatter the pool holds R + 2 L, and only the next layer's pre-backward gathers
+        a third) and its last (layer 0) prefetches none (no unit ran its post-forward
         before layer 0's; the prefetched block is freed at its pre-backward). The trace
         replays the same limiter on torch's FSDP1 (Note [FSDP1 streams on the trace],
         trainmem/trace/fsdp.py): R + 2 L over a 2-layer stack, R + 3 L from 3 layers.
