@@ -340,7 +340,7 @@ def test_the_release_is_an_input_defaulting_to_the_one_read() -> None:
         "2025.1.5"
     )
     with pytest.raises(SpecError, match="unsloth_version"):
-        _unsloth(unsloth_version="2024.10.7")  # before Cut Cross Entropy
+        _unsloth(unsloth_version="2024.6")  # before the oldest tag read (July-2024)
     with pytest.raises(SpecError, match="chunked_cross_entropy"):
         _unsloth(unsloth_version="2025.4.4", chunked_cross_entropy=4)  # no pieces before 2025.8.5
 
@@ -411,6 +411,25 @@ def test_cut_cross_entropy_before_the_fused_loss() -> None:
         assert loss_backward_transient_bytes(llama, t) == 2 * 4096 * 4096 + dc
     est = estimate(llama, _unsloth(unsloth_version="2025.4.4"), gpu="24GB")
     assert not any("pieces" in n for n in est.notes)
+
+
+def test_cross_entropy_on_the_returned_logits_before_cut_cross_entropy() -> None:
+    # Fast_CrossEntropyLoss (October-2024): saves the bf16 logits themselves (2 V per token)
+    # and the fp32 log-sum-exp; no fp32 copy; its backward writes into the saved logits.
+    # llama-2-7b, t = 4096, V 32000; a frozen head saves no input
+    from trainmem.analytic.head import head_activation_bytes
+    from trainmem.analytic.loss import (
+        loss_backward_transient_bytes,
+        loss_forward_transient_bytes,
+    )
+
+    llama = load_model_spec("llama-2-7b")
+    t = _unsloth(lora_targets=ALL_LINEAR, unsloth_version="2024.10.7")
+    head = head_activation_bytes(llama, t)
+    assert (head["unsloth_ce_logits"], head["unsloth_ce_lse"]) == (2 * 32000 * 4096, 4 * 4096)
+    assert "lm_head_input" not in head and "cut_ce_lse" not in head
+    assert loss_forward_transient_bytes(llama, t) == 0
+    assert loss_backward_transient_bytes(llama, t) == 0
 
 
 def test_attention_before_the_dispatcher_saves_expanded_keys_and_values() -> None:

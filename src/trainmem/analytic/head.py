@@ -17,6 +17,7 @@ from trainmem.analytic.loss import (
     loss_saved_terms,
     unsloth_cut_cross_entropy,
     unsloth_fused_loss,
+    unsloth_logits_loss,
 )
 from trainmem.analytic.norms import (
     litgpt_norm_weight_in_fp32,
@@ -102,7 +103,9 @@ def _lm_head_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dic
     # log-softmax keeps only its output and the LM head its input (found by the trace
     # engine); they exist only at the end of forward (loss_forward_transient_bytes).
     out.update(loss_saved_terms(model, training, t=t))
-    if model.final_logit_softcap and model.head == "causal-lm" and not (fused or cut):
+    # Unsloth's kernels soft-cap inside (``DO_SOFTCAPPING``, ``softcap``): no tanh saved
+    own = fused or cut or unsloth_logits_loss(model, training)
+    if model.final_logit_softcap and model.head == "causal-lm" and not own:
         # (Unsloth's fused loss soft-caps inside its compiled piece: a transient there)
         # softcap * tanh(logits / softcap) before the loss: tanh saves its output, in the
         # LM head's dtype (modeling_gemma2.py ``Gemma2ForCausalLM.forward``)

@@ -12,7 +12,11 @@ from trainmem.analytic.activation_shapes import (
     tokens_per_sequence,
 )
 from trainmem.memo import cached_on, per_configuration
-from trainmem.specs.frameworks import UNSLOTH_FUSED_LOSS_SINCE, UNSLOTH_SMART_CHECKPOINT_SINCE
+from trainmem.specs.frameworks import (
+    UNSLOTH_CUT_CROSS_ENTROPY_SINCE,
+    UNSLOTH_FUSED_LOSS_SINCE,
+    UNSLOTH_SMART_CHECKPOINT_SINCE,
+)
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
@@ -351,7 +355,33 @@ def unsloth_cut_cross_entropy(model: ModelSpec, training: TrainingConfig) -> boo
         training.conventions.unsloth_fused_cross_entropy
         and model.head == "causal-lm"
         and loss_kind(model, training) == "cross-entropy"
-        and training.unsloth_release < UNSLOTH_FUSED_LOSS_SINCE
+        and UNSLOTH_CUT_CROSS_ENTROPY_SINCE <= training.unsloth_release < UNSLOTH_FUSED_LOSS_SINCE
+    )
+
+
+def unsloth_logits_loss(model: ModelSpec, training: TrainingConfig) -> bool:
+    """A causal LM's cross-entropy is Unsloth's own kernel on the whole returned logits, as
+    before 2024.11.8 (:data:`~trainmem.specs.frameworks.UNSLOTH_CUT_CROSS_ENTROPY_SINCE`).
+
+    Note [Unsloth's cross-entropy on the logits]
+        From 2024.7 to 2024.11.7 (tags ``July-2024`` to ``October-2024``) unsloth/models/
+        llama.py ``CausalLM_fast_forward`` makes the logits (``self.lm_head(hidden_states)``,
+        then ``.to(torch_dtype)``, the same 16-bit dtype: no copy), returns them, and with
+        labels calls kernels/cross_entropy_loss.py ``fast_cross_entropy_loss``:
+        ``Fast_CrossEntropyLoss.forward`` writes fp32 losses and the log-sum-exp per row
+        (per row and 65,536-wide vocabulary chunk above that width, then reduced) and saves
+        the logits themselves (``ctx.save_for_backward(logits, logsumexp, labels)``); its
+        ``backward`` writes the logits' gradient into them in place and returns them. So: c V
+        per token saved from the head to the loss's backward, 4 more (the log-sum-exp), no
+        fp32 copy of the logits, no (tokens x V) tensor made in the backward; a frozen LM head
+        saves no input. The trainer drops the returned logits after the loss (the HF Trainer
+        loop).
+    """
+    return (
+        training.conventions.unsloth_fused_cross_entropy
+        and model.head == "causal-lm"
+        and loss_kind(model, training) == "cross-entropy"
+        and training.unsloth_release < UNSLOTH_CUT_CROSS_ENTROPY_SINCE
     )
 
 
@@ -411,6 +441,8 @@ def loss_saved_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> d
         return unsloth_fused_saved_terms(model, training, t=t)
     if unsloth_cut_cross_entropy(model, training):  # Note [Unsloth's Cut Cross Entropy]
         return {"cut_ce_lse": 4 * t, "cut_ce_logit_avg": 4 * v}
+    if unsloth_logits_loss(model, training):  # Note [Unsloth's cross-entropy on the logits]
+        return {"unsloth_ce_logits": c * v * t, "unsloth_ce_lse": 4 * t}
     if loss_in_logits_dtype(model, training):
         # the 16-bit log-softmax output and nll_loss's fp32 copy of it
         # (Note [Cross-entropy on 16-bit logits])
@@ -613,6 +645,8 @@ def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
         total = unsloth_fused_forward_bytes(model, training, t=t)
     elif unsloth_cut_cross_entropy(model, training):
         total = 0  # Note [Unsloth's Cut Cross Entropy]: no logit is written
+    elif unsloth_logits_loss(model, training):
+        total = 0  # Note [Unsloth's cross-entropy on the logits]: they are what it saves
     elif compiled_loss(model, training):
         # Note [Compiled chunked cross-entropy]: the logits are the saved ``chunk_logits``
         # themselves and the compiled upcast never writes an fp32 copy
@@ -670,6 +704,8 @@ def loss_backward_transient_bytes(model: ModelSpec, training: TrainingConfig) ->
         return 0  # Note [Unsloth's fused cross-entropy]: the gradients were made in forward
     if unsloth_cut_cross_entropy(model, training):
         return cut_cross_entropy_backward_bytes(model, training)
+    if unsloth_logits_loss(model, training):
+        return 0  # Note [Unsloth's cross-entropy on the logits]: in place
     t = training.micro_batch_size * output_tokens(model, training)
     c, _ = compute_and_residual_bytes(training)
     per_value = 4 if loss_upcast(model, training) else c

@@ -132,12 +132,16 @@ requires ``unsloth_zoo>=2026.3.4`` (pyproject.toml): :data:`DEFAULT_UNSLOTH_ZOO_
 DEFAULT_UNSLOTH_ZOO_VERSION = (2026, 3, 4)
 """The unsloth_zoo release read with :data:`DEFAULT_UNSLOTH_VERSION`: 2026.3.4 (38f4871f,
 2026-03-17, unsloth_zoo/__init__.py ``__version__``)."""
-UNSLOTH_OLDEST_MODELLED = (2024, 11, 8)
-"""The oldest Unsloth release ``unsloth_version`` takes: the first with Apple's Cut Cross
-Entropy as its loss (unsloth/models/llama.py ``CausalLM_fast_forward``: ``if
-HAS_CUT_CROSS_ENTROPY and labels is not None: loss = fused_linear_cross_entropy(...)``,
-fa8e59eb, 2024-11-17; 2024.11.8 the first release number after it, 925a6312). Before it the
-model returned the logits and ``fast_cross_entropy_loss`` took them (not modelled)."""
+UNSLOTH_OLDEST_MODELLED = (2024, 7, 0)
+"""The oldest Unsloth release ``unsloth_version`` takes: 2024.7 (tag ``July-2024``,
+dae0870f), the oldest tag read; its offloaded checkpoint, LoRA kernels and attention are those
+of :data:`UNSLOTH_SMART_CHECKPOINT_SINCE`'s "before" (Note [Unsloth before 2025.3])."""
+UNSLOTH_CUT_CROSS_ENTROPY_SINCE = (2024, 11, 8)
+"""From 2024.11.8 the loss is Apple's Cut Cross Entropy (unsloth/models/llama.py
+``CausalLM_fast_forward``: ``if HAS_CUT_CROSS_ENTROPY and labels is not None: loss =
+fused_linear_cross_entropy(...)``, fa8e59eb, 2024-11-17; 2024.11.8 the first release number
+after it, 925a6312); before, the model returns its 16-bit logits and ``fast_cross_entropy_loss``
+takes them (Note [Unsloth's cross-entropy on the logits] in trainmem/analytic/loss.py)."""
 UNSLOTH_SMART_CHECKPOINT_SINCE = (2025, 3, 1)
 """From 2025.3.1 (main 8c064a37, 2025-03-03) Unsloth's Llama forward checkpoints through the
 patched ``torch.utils.checkpoint`` (unsloth_zoo ``UnslothCheckpointFunction``: the reused GPU
@@ -153,8 +157,8 @@ kept ``WEIGHT_BUFFERS`` (``fast_dequantize(..., use_global_buffer = True)``); be
 new tensor per matmul, freed after it, as bitsandbytes does."""
 UNSLOTH_FUSED_LOSS_SINCE = (2025, 8, 5)
 """From 2025.8.5 (806bee24, 2025-08-13) the loss is unsloth_zoo's ``unsloth_fused_ce_loss``
-(Note [Unsloth's fused cross-entropy]); from :data:`UNSLOTH_OLDEST_MODELLED` until then Apple's
-Cut Cross Entropy (Note [Unsloth's Cut Cross Entropy] in trainmem/analytic/loss.py)."""
+(Note [Unsloth's fused cross-entropy]); from :data:`UNSLOTH_CUT_CROSS_ENTROPY_SINCE` until then
+Apple's Cut Cross Entropy (Note [Unsloth's Cut Cross Entropy] in trainmem/analytic/loss.py)."""
 UNSLOTH_SDPA_GQA_SINCE = (2025, 12, 2)
 """From 2025.12.2 (b5869307, 2025-12-10; unsloth/utils/attention_dispatch.py ``run_attention``)
 Unsloth's attention without flash-attn and without xformers hands grouped keys and values to

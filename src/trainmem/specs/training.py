@@ -1187,8 +1187,9 @@ class FrameworkConfig:
     training). True cannot add a load phase no rule describes."""
     unsloth_version: str | None = setting(
         None,
-        "Unsloth release with --framework unsloth (from 2024.11.8; before 2025.3 its older "
-        "checkpoint and LoRA kernels, before 2025.8.5 Cut Cross Entropy).",
+        "Unsloth release with --framework unsloth (from 2024.7; before 2025.3 its older "
+        "checkpoint and LoRA kernels, before 2025.8.5 Cut Cross Entropy, before 2024.11.8 "
+        "the whole logits).",
         default_text="2026.3.5",
     )
     """Unsloth release (``"2025.1.5"``) whose code runs with ``framework="unsloth"``, from
@@ -1196,7 +1197,8 @@ class FrameworkConfig:
     offloaded checkpoint and the LoRA kernels' product tensor
     (:data:`~trainmem.specs.frameworks.UNSLOTH_SMART_CHECKPOINT_SINCE`), before 2025.2.1 no
     dequantization buffer, before 2025.8.5 Apple's Cut Cross Entropy as the loss
-    (:data:`~trainmem.specs.frameworks.UNSLOTH_FUSED_LOSS_SINCE`); None, the default:
+    (:data:`~trainmem.specs.frameworks.UNSLOTH_FUSED_LOSS_SINCE`), before 2024.11.8 its own
+    kernel on the returned logits; None, the default:
     :data:`~trainmem.specs.frameworks.DEFAULT_UNSLOTH_VERSION`, the release read."""
     deepspeed_version: str | None = setting(
         None,
@@ -1883,16 +1885,16 @@ def _check_unsloth_single_gpu(t: TrainingConfig) -> None:
     if t.unsloth_release < UNSLOTH_OLDEST_MODELLED:
         raise SpecError(
             "unsloth_version",
-            f"{t.unsloth_version}: Unsloth before 2024.11.8 returned the logits to "
-            "fast_cross_entropy_loss (no Cut Cross Entropy), not modelled; allowed: 2024.11.8 "
-            "or later",
+            f"{t.unsloth_version}: Unsloth before 2024.7 (the oldest tag read) is not "
+            "modelled; allowed: 2024.7 or later",
         )
     if t.chunked_cross_entropy and t.unsloth_release < UNSLOTH_FUSED_LOSS_SINCE:
         raise SpecError(
             "chunked_cross_entropy",
             f"{t.chunked_cross_entropy} with --unsloth-version {t.unsloth_version}: before "
-            "2025.8.5 Unsloth's loss is Cut Cross Entropy, which writes no logits and has no "
-            "pieces (UNSLOTH_CE_LOSS_N_CHUNKS came with its fused loss); allowed: 0",
+            "2025.8.5 Unsloth's loss (Cut Cross Entropy, before 2024.11.8 its kernel on the "
+            "whole logits) has no pieces (UNSLOTH_CE_LOSS_N_CHUNKS came with its fused loss); "
+            "allowed: 0",
         )
     for name in (
         "data_parallel_size",
