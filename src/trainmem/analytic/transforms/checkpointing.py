@@ -40,6 +40,7 @@ from trainmem.analytic.checkpointing import layer_is_checkpointed, op_selective_
 from trainmem.analytic.norms import unsloth_fast_norms
 from trainmem.analytic.transforms.base import Emitted, RankContext, Transform, Where, alloc, free
 from trainmem.breakdown import MemoryCategory as Cat
+from trainmem.memo import per_configuration
 from trainmem.schedule import Op
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
@@ -217,6 +218,7 @@ def weight_blocks(ctx: RankContext, total: int) -> list[int]:
     return [total]
 
 
+@per_configuration  # asked for the saved and the dropped blocks of one configuration
 def tensor_sizes(model: ModelSpec, training: TrainingConfig) -> list[int]:
     """Sizes of the single tensors a layer's terms are made of, largest first: (t, i) and
     (t, h) activations in the compute, residual and fp32 dtypes, (b, a, s, s) scores, masks,
