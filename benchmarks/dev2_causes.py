@@ -374,6 +374,14 @@ _MISTRAL_V02 = (
     "its config.json has sliding_window null)",
 )
 
+_LLAMA3_70B = (
+    {"max_position_embeddings": 8192},
+    "the row's base is meta-llama/Meta-Llama-3-70B (its config.json: max_position_embeddings "
+    "8192, no rope_scaling; transformers 4.40.0 cannot load Llama 3.1's 'llama3' rope_scaling, "
+    "added in 4.43); the reading named the llama-3.1-70b preset (131072 positions), which "
+    "sizes transformers 4.40's per-layer rotary tables (ModelSpec.layer_rope_cache_values)",
+)
+
 _TORCHVISION_VIT = (
     {"model_type": "torchvision_vit", "num_labels": 10},
     "rasbt/pytorch-memory-optim @f6eddcd 01_pytorch-vit.py .. 06_sgd-with-scheduler.py, the "
@@ -386,6 +394,7 @@ _TORCHVISION_VIT = (
 CONFIG_AMENDMENTS: dict[str, tuple[dict[str, object], str]] = {
     **{f"GT{n}": _TORCHVISION_VIT for n in range(179, 185)},
     **{f"GT{n}": _TORCHAO_224 for n in range(167, 171)},
+    "GT114": _LLAMA3_70B,
     "GT130": _MISTRAL_V02,
     "GT131": _MISTRAL_V02,
 }
@@ -920,7 +929,10 @@ CAUSES.update(
             "its 128,256-wide logits in the model: +0.47 GB of cached blocks, allocated peak "
             "unchanged; torch 2.2.2's and bitsandbytes < 0.43.2's rules +0.09 / +0.28 GB of "
             "activations). accelerate's fp32 outputs do not apply: the logits leave 4.40's "
-            "Llama in fp32 (Note [accelerate's fp32 outputs])"
+            "Llama in fp32 (Note [accelerate's fp32 outputs]). transformers 4.40's LlamaAttention "
+            "keeps its own rotary cos / sin tables (ModelSpec.layer_rope_cache_values; 2 x 8192 x "
+            "128 bf16 values a layer of Meta-Llama-3-70B, amended from the llama-3.1 preset's "
+            "131072 positions: _LLAMA3_70B): -6.9 -> -5.4 %"
         ),
         "GT115": _FSDP_QLORA_DQ,
         "GT116": _FSDP_QLORA_DQ,

@@ -503,7 +503,7 @@ RECORDED_DEV2 = {
     "GT111": +0.0167,
     "GT112": -0.0061,
     "GT113": -0.0050,
-    "GT114": -0.0688,  # the notebook's pinned versions (dev2_causes.py _PHILSCHMID_DQ)
+    "GT114": -0.0535,  # the notebook's pinned versions (dev2_causes.py _PHILSCHMID_DQ)
     "GT115": -0.0442,
     "GT116": -0.0395,
     "GT117": -0.0209,
@@ -693,6 +693,12 @@ RECORDED_DEV2 = {
 # backward layer's reduce-scatter (the block it ran on becomes the pending one), not before it.
 # GT032 -10.6 -> -6.8 % (the torchtune Apr 2024 full fine-tune); no other row moves (GT041 /
 # GT043 peak elsewhere). Under by > 10 %: 4 -> 3 (GT032 out).
+# Re-recorded for each layer's rotary tables under transformers before 4.41 (Llama) / 4.42
+# (Mistral) (analytic/buffers.py ``layer_rope_cache_bytes``: a cos and a sin buffer of
+# (max_position_embeddings, head_dim) per attention layer, tests/analytic/test_layer_rope_cache.py)
+# with GT114's base amended to Meta-Llama-3-70B's 8192 positions (dev2_causes.py
+# ``_LLAMA3_70B``): GT114 -6.9 -> -5.4 % (transformers 4.40.0, bf16 tables: 335 MB); no other
+# row runs such a release.
 MIN_DEV2_ROWS_SCORED = 139
 MAX_DEV2_MEDIAN_ABS = 0.0313  # 3.12 % at 2026-11-28 05:40 UTC (GT044 / GT051: op-level SAC;
 # GT069 / GT070 amended with their script's loop, --loop previous, cross the median)

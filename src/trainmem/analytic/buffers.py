@@ -22,6 +22,39 @@ from trainmem.specs.ranks import fsdp1_no_shard
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import MiB, dtype_bytes
 
+ROPE_BUFFERS_KEY = "buffers/{i}"
+"""The schedule's key of a layer's rotary buffers (:func:`layer_rope_cache_bytes`)."""
+
+
+def layer_rope_cache_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes of the rotary cos / sin tables one decoder layer keeps as buffers under an older
+    transformers release (``ModelSpec.layer_rope_cache_values``, :data:`~trainmem.specs.model.
+    LAYER_ROPE_CACHE_UNTIL`), on the GPU for the whole run (buffers are never sharded or
+    offloaded), in the default dtype the model was built in. ``from_pretrained(torch_dtype=X)``
+    sets it to X while the modules are made: the compute dtype for a quantized base (the QLoRA
+    scripts load with the 16-bit compute / quant-storage dtype, e.g. philschmid
+    scripts/run_fsdp_qlora.py ``torch_dtype=quant_storage_dtype``; peft's fp32 upcast of
+    ``prepare_model_for_kbit_training`` casts parameters only), else the weights' dtype. Answer.AI
+    fsdp_qlora's train.py builds its quantized model with ``AutoModelForCausalLM.from_config(cfg)``
+    under ``init_empty_weights()``, whose buffers are real tensors in the fp32 default dtype
+    (``include_buffers=False``), and casts none of them (precision bf16: ``mp_policy = None``).
+    0 for a model code other than transformers'.
+
+    Llama-2-70B (4096 positions, head_dim 128) under fsdp_qlora's QLoRA on transformers 4.39:
+    2 x 4096 x 128 x 4 B = 4 MiB a layer, 320 MiB over its 80 layers.
+
+    Source: transformers 4.39.3 models/llama/modeling_llama.py ``LlamaRotaryEmbedding``,
+    modeling_utils.py ``from_pretrained`` (``_set_default_torch_dtype``); fsdp_qlora train.py
+    50efa1e (the qlora branch of its model creation)."""
+    if not training.conventions.hf_model_code:
+        return 0
+    values = model.layer_rope_cache_values(training.transformers_release)
+    if training.quantize_base == "none":
+        return dtype_bytes(training.weight_dtype) * values
+    if training.framework == "fsdp-qlora":
+        return 4 * values
+    return dtype_bytes(training.compute_dtype) * values
+
 
 def gathered_layer_bytes(layer: Sequence[TensorState], training: TrainingConfig) -> int:
     """Bytes of one layer's weights once ZeRO-3 / FSDP has all-gathered them: the stored bytes

@@ -104,6 +104,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from trainmem.analytic.buffers import ROPE_BUFFERS_KEY
 from trainmem.analytic.tensor_states import TensorState, is_quantized_base
 from trainmem.analytic.transforms.base import RankContext, alloc, free
 from trainmem.breakdown import MemoryCategory as Cat
@@ -267,16 +268,23 @@ def _quantized_weight(state: TensorState, op: Op, init_key: str | None) -> list[
 
 
 def _fsdp1_unit(
-    moved: Sequence[Op], sharded: Sequence[Op], full: Sequence[int], key: str, module: str
+    moved: Sequence[Op],
+    sharded: Sequence[Op],
+    full: Sequence[int],
+    key: str,
+    module: str,
+    buffers: Sequence[Op] = (),
 ) -> list[Op]:
     """One FSDP1 unit's init on a rank (Note [FSDP1 sync_module_states init]): ``moved`` its
-    tensors as ``_move_module_to_device`` puts them on the GPU (full size), the broadcast
-    buckets, the flat parameter (``full`` summed), then ``sharded`` (the setup's shards), the
-    flat parameter freed and the moved tensors with it."""
-    out: list[Op] = list(moved)
+    tensors as ``_move_module_to_device`` puts them on the GPU (full size), then its
+    ``buffers`` (the setup's own, kept), the broadcast buckets (the buffers first, as
+    ``_sync_module_params_and_buffers`` lists them), the flat parameter (``full`` summed),
+    then ``sharded`` (the setup's shards), the flat parameter freed and the moved tensors with
+    it."""
+    out: list[Op] = [*moved, *buffers]
     in_flight: list[Op] = []
     size = 0
-    sizes = [op.size_bytes for op in moved]
+    sizes = [op.size_bytes for op in (*buffers, *moved)]
     for k, b in enumerate(sizes):
         size += b
         if size < FSDP1_BROADCAST_BUCKET_BYTES and k < len(sizes) - 1:
@@ -310,8 +318,12 @@ def _fsdp1_items(ctx: RankContext, parameters: Sequence[Item]) -> tuple[Item, ..
     root_full: list[int] = []
     ends = ctx.emb_states + ctx.head_states
     repeat: Repeat | None = None
+    rope: Repeat | None = None
     k = 0
     for item in _flat(parameters):
+        if isinstance(item, Repeat) and _is_rope_buffers(item):
+            rope = item
+            continue
         if isinstance(item, Repeat):
             repeat = item
             continue
@@ -342,7 +354,10 @@ def _fsdp1_items(ctx: RankContext, parameters: Sequence[Item]) -> tuple[Item, ..
             base_moved.append(_moved(op, state))
             base_sharded.append(op._replace(phase="load"))
             base_full.append(state.full_param_bytes)
-    layer_items += _fsdp1_unit(base_moved, base_sharded, base_full, "unit/{i}", "layers.{i}")
+    buffers = [_in_op(op) for op in rope.body] if rope is not None else []
+    layer_items += _fsdp1_unit(
+        base_moved, base_sharded, base_full, "unit/{i}", "layers.{i}", buffers
+    )
     root = _fsdp1_unit(root_moved, root_sharded, root_full, "unit/root", "(model)")
     return (Repeat(tuple(layer_items), repeat.count), *root)
 
@@ -372,9 +387,10 @@ def load_items(ctx: RankContext, parameters: Sequence[Item]) -> tuple[Item, ...]
     build: list[Item] = []
     reload: list[Item] = []
     for item in _flat(parameters):
-        if isinstance(item, Op):
-            build.append(item._replace(phase="load"))
+        if isinstance(item, Op) or _is_rope_buffers(item):
+            build.append(_in_load(item))
             continue
+        assert isinstance(item, Repeat)
         body: list[Op] = []
         again: list[Op] = []
         for n, op in enumerate(item.body):
@@ -398,7 +414,7 @@ def _cloned_items(parameters: Sequence[Item]) -> tuple[Item, ...]:
     ends: list[Item] = []
     layers: Repeat | None = None
     for item in _flat(parameters):
-        if isinstance(item, Repeat) and _is_layer_body(item):
+        if isinstance(item, Repeat) and _is_layer_body(item) and not _is_rope_buffers(item):
             layers = item
         else:
             ends.append(_in_load(item))
@@ -440,6 +456,19 @@ def _flat(items: Sequence[Item]) -> list[Item]:
         else:
             out.append(item)
     return out
+
+
+def _is_rope_buffers(item: Item) -> bool:
+    """The layers' rotary buffers (``trainmem.analytic.buffers.layer_rope_cache_bytes``)."""
+    return isinstance(item, Repeat) and any(
+        isinstance(op, Op) and op.key == ROPE_BUFFERS_KEY for op in item.body
+    )
+
+
+def _in_op(item: Item) -> Op:
+    """An op of the setup made in the load phase."""
+    assert isinstance(item, Op)
+    return item._replace(phase="load")
 
 
 def _is_layer_body(item: Repeat) -> bool:

@@ -87,6 +87,7 @@ from trainmem.analytic.backward_transients import (
     backward_layer_transients,
     mlp_backward_parts,
 )
+from trainmem.analytic.buffers import ROPE_BUFFERS_KEY, layer_rope_cache_bytes
 from trainmem.analytic.checkpointing import input_grad_hook_bytes
 from trainmem.analytic.head import (
     FINAL_RMSNORM_BACKWARD_TENSORS,
@@ -990,6 +991,11 @@ class _Builder:
             for n, s in enumerate(unit_states(ctx, ctx.layer_states))
         )
         items.append(Repeat(layer, ctx.num_layers))
+        rope = layer_rope_cache_bytes(self.model, ctx.training)
+        if rope and ctx.num_layers:  # each layer's own rotary tables (older transformers)
+            label = "a layer's rotary cos / sin buffers"
+            op = alloc(rope, Cat.PARAMETER, "init", ROPE_BUFFERS_KEY, "layers.{i}", label)
+            items.append(Repeat((op,), ctx.num_layers))
         return items
 
     # -- one micro-batch --------------------------------------------------------------------

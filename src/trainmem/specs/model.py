@@ -76,6 +76,18 @@ modeling_persimmon.py; checked on the 4.45.2, 4.46.0, 4.47.0 and 4.48.0 wheels);
 (``logits = logits.float()``) and through ``ForCausalLMLoss`` after
 (``ModelSpec.causal_lm_loss_in_logits_dtype``)."""
 
+LAYER_ROPE_CACHE_UNTIL: dict[str, tuple[int, ...]] = {"llama": (4, 41), "mistral": (4, 42)}
+"""Families whose transformers code gave every attention layer its own rotary embedding module
+with a cos and a sin table of (max_position_embeddings, head_dim) values as buffers, in the
+default dtype at construction, until a release: modeling_llama.py 4.38.2 / 4.39.3 / 4.40.0
+``LlamaAttention._init_rope`` (``self.rotary_emb = LlamaRotaryEmbedding(self.head_dim,
+max_position_embeddings=...)``) and ``LlamaRotaryEmbedding.__init__`` ("For BC we register cos
+and sin cached": ``register_buffer("_cos_cached", emb.cos().to(torch.get_default_dtype()),
+persistent=False)``, the same for ``_sin_cached``, ``emb`` of (max_position_embeddings,
+head_dim)); modeling_mistral.py 4.39.3 / 4.41.2 ``MistralRotaryEmbedding._set_cos_sin_cache``
+(``cos_cached`` / ``sin_cached``, ``dtype=torch.get_default_dtype()``). The 4.41.2 (Llama) and
+4.42.4 (Mistral) wheels register none. Not looked at: the other families' releases."""
+
 FUSED_KV_PRESENTS_UNTIL: dict[str, tuple[int, ...]] = {"gpt_bigcode": (4, 54)}
 """Families whose transformers code returned each layer's keys and values as a view of the fused
 projection's output until a release: modeling_gpt_bigcode.py (4.48.1 to 4.53.0 wheels)
@@ -349,6 +361,22 @@ class ModelSpec:
         """
         since = CAUSAL_LM_LOSS_UPCAST_SINCE.get(self.model_type)
         return self.head == "causal-lm" and since is not None and transformers_version < since
+
+    def layer_rope_cache_values(self, transformers_version: tuple[int, ...]) -> int:
+        """Values of the cos and sin tables each decoder layer's own rotary embedding keeps as
+        buffers in this transformers release (:data:`LAYER_ROPE_CACHE_UNTIL`): 2 x
+        max_position_embeddings x head_dim, or 0.
+
+        Args:
+            transformers_version: (major, minor, ...) of transformers.
+
+        Returns:
+            Values per layer (their dtype is the default dtype the model was built in).
+        """
+        until = LAYER_ROPE_CACHE_UNTIL.get(self.model_type)
+        if until is None or transformers_version >= until:
+            return 0
+        return 2 * self.max_position_embeddings * self.head_dim
 
     def returns_fused_kv_views(self, transformers_version: tuple[int, ...]) -> bool:
         """Each layer returns its keys and values as a view of the fused QKV output in this
