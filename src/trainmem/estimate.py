@@ -33,7 +33,12 @@ from trainmem.specs.hf import load_model_spec
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.quantization import float_quant_storage
 from trainmem.specs.ranks import fsdp1_framework, fsdp1_no_shard, model_rank_map
-from trainmem.specs.training import TrainingConfig, check_training_for_model, resolved_config
+from trainmem.specs.training import (
+    TrainingConfig,
+    adafactor_on_dtensors_untraced,
+    check_training_for_model,
+    resolved_config,
+)
 from trainmem.traced_options import (
     TracedOption,
     active_options,
@@ -264,6 +269,12 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
         installed = installed_transformers_version()
         if installed is None or training.transformers_release[:2] != installed[:2]:
             out.append(f"transformers_version={training.transformers_version} (not installed)")
+    if adafactor_on_dtensors_untraced(training):  # an older torch_version
+        out.append(
+            f"optimizer=adafactor on DTensor-sharded parameters with torch_version="
+            f"{training.torch_version} (the installed torch refuses its in-place steps there: "
+            "Note [Adafactor on DTensor-sharded matrices])"
+        )
     if _older_torch_step(training):  # the trace runs the installed torch.optim's step
         out.append(f"torch_version={training.torch_version} (its optimizer step)")
     if training.training_loop == "step" and training.chunked_cross_entropy:  # no logits tensor

@@ -40,7 +40,7 @@ from trainmem.planner.evaluate import (
 from trainmem.specs.hardware import GPUSpec
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.optimizers import OPTIMIZER_TABLE
-from trainmem.specs.training import TrainingConfig, derived
+from trainmem.specs.training import TrainingConfig, check_training_for_model, derived
 
 _T = TypeVar("_T")
 
@@ -390,8 +390,14 @@ CHANGES: tuple[Change, ...] = (
 def _apply(
     model: ModelSpec, training: TrainingConfig, gpu: GPUSpec, rows: tuple[Change, ...]
 ) -> Iterator[TrainingConfig]:
-    """Every configuration the rows propose applied in order (first row's proposals outer)."""
+    """Every configuration the rows propose applied in order (first row's proposals outer),
+    those the model refuses left out (a pair that no release runs together: Adafactor and
+    FSDP2, Note [Adafactor on DTensor-sharded matrices])."""
     if not rows:
+        try:
+            check_training_for_model(model, training)
+        except SpecError:
+            return
         yield training
         return
     first, rest = rows[0], rows[1:]

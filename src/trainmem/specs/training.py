@@ -1871,6 +1871,78 @@ def _check_combinations(t: TrainingConfig) -> None:
         )
 
 
+ADAFACTOR_ON_DTENSORS_CHECKED = (2, 13)
+"""The torch release on which Adafactor over DTensor-sharded matrices was run and raised
+(:func:`adafactor_on_dtensors`); a ``torch_version`` before it is not refused."""
+
+
+def adafactor_on_dtensors(t: TrainingConfig) -> bool:
+    """Adafactor steps matrices that DTensor shards: FSDP2 (``fully_shard``, ZeRO-3 over more
+    than one rank) or DTensor tensor parallelism (``dtensor_vocab_parallel_embedding``
+    frameworks).
+
+    Note [Adafactor on DTensor-sharded matrices]
+        Adafactor's second moment of a matrix is a row and a column mean of the squared
+        gradient, each taken as a norm squared in place: torch.optim.Adafactor
+        (torch/optim/_adafactor.py, foreach: ``col_means = [torch.norm(grad, dim=-2,
+        keepdim=True) ...]; torch._foreach_mul_(col_means, col_means)``; for-loop:
+        ``torch.norm(grad, dim=-2, keepdim=True).square_()``). On a DTensor sharded along
+        the reduced dimension (FSDP2's ``Shard(0)``; TP's ``Shard(0)`` / ``Shard(1)``) the
+        norm is a ``_NormPartial`` DTensor, and DTensor refuses an in-place op that would
+        change its placement ("in-place operations that require placement changes are not
+        supported"). transformers' Adafactor (transformers/optimization.py) keeps its
+        factored states as plain tensors (``torch.zeros(...).to(grad)``) and fails on them
+        ("got mixed torch.Tensor and DTensor"). Run on torch 2.13.0 (CPU, fake process
+        group of 2): ``fully_shard`` over two ``nn.Linear``, both torch implementations and
+        transformers' 5.24 raise at the first ``step()``; ``ColwiseParallel`` on an
+        ``nn.Linear``, torch's for-loop step raises the same. FSDP1 (accelerate-fsdp,
+        fsdp-qlora) hands the optimizer flat 1-D shards, which Adafactor does not factor
+        (Note [Factored states of flat parameters]), and DeepSpeed and DDP keep plain
+        tensors.
+    """
+    if t.optimizer != "adafactor":
+        return False
+    fsdp2 = t.conventions.fsdp2_post_backward and t.zero_stage == 3 and t.sharding_degree > 1
+    dtensor_tp = t.tensor_parallel_size > 1 and t.conventions.dtensor_vocab_parallel_embedding
+    return fsdp2 or dtensor_tp
+
+
+def _raises_on_dtensors(t: TrainingConfig) -> bool:
+    """The modelled torch release is one Adafactor over DTensors was seen to raise on: the
+    default (a current release) or ``torch_version`` >= :data:`ADAFACTOR_ON_DTENSORS_CHECKED`."""
+    release = parse_version("torch_version", t.torch_version)
+    return release is None or release >= ADAFACTOR_ON_DTENSORS_CHECKED
+
+
+def adafactor_on_dtensors_untraced(t: TrainingConfig) -> bool:
+    """Adafactor over DTensor-sharded matrices (:func:`adafactor_on_dtensors`) under an
+    older ``torch_version``, which the formulas answer and the traced paths, running the
+    installed torch, cannot."""
+    return adafactor_on_dtensors(t) and not _raises_on_dtensors(t)
+
+
+def _check_adafactor_on_dtensors(t: TrainingConfig) -> None:
+    """Refuses Adafactor over DTensor-sharded matrices (Note [Adafactor on DTensor-sharded
+    matrices]) for a torch release on which it raises (the default, a current one, or
+    ``torch_version`` >= :data:`ADAFACTOR_ON_DTENSORS_CHECKED`).
+
+    Raises:
+        SpecError: ``optimizer``, naming what runs instead.
+    """
+    if not adafactor_on_dtensors(t) or not _raises_on_dtensors(t):
+        return
+    where = "FSDP2 (ZeRO-3)" if t.tensor_parallel_size == 1 else "DTensor tensor parallelism"
+    raise SpecError(
+        "optimizer",
+        f"adafactor under {where} with --framework {t.framework}: torch's and transformers' "
+        "Adafactor raise at their first step on DTensor-sharded matrices (the factored "
+        "column mean is squared in place on a partial DTensor: 'in-place operations that "
+        "require placement changes are not supported', torch 2.13); allowed: adafactor "
+        "under --framework accelerate-fsdp (FSDP1's flat shards), DeepSpeed or plain DDP, "
+        "or another optimizer (adamw, adamw-8bit, lion, sgd) under FSDP2",
+    )
+
+
 def _check_unsloth_single_gpu(t: TrainingConfig) -> None:
     """``--framework unsloth`` is Unsloth on one GPU (the conventions read from 2026.3.5 are
     its single-device ones: one ``GPU_BUFFER`` per device, ``is_loaded_in_8bit = True`` set on
@@ -2355,7 +2427,10 @@ def check_training_for_model(model: ModelSpec, training: TrainingConfig) -> None
     - families without SDPA attention in transformers (BLOOM, Gemma-2) run with
       ``attention="eager"``;
     - LoRA targets exist in the model (``gate`` only in gated MLPs, ``lm_head`` only under an
-      LM head).
+      LM head);
+    - no Adafactor over DTensor-sharded matrices (:func:`_check_adafactor_on_dtensors`; here,
+      not in :class:`TrainingConfig`, which the engines also build internally with another
+      framework for the adapters' dtypes).
 
     Args:
         model: the model's shape.
@@ -2364,6 +2439,7 @@ def check_training_for_model(model: ModelSpec, training: TrainingConfig) -> None
     Raises:
         SpecError: the first check that fails, naming the field and the allowed values.
     """
+    _check_adafactor_on_dtensors(training)
     L, p = model.num_layers, training.pipeline_parallel_size
     if training.conventions.torchtitan_pipeline_split:  # torch.distributed.pipelining's schedules
         check_torch_pipeline_microbatches(training)
