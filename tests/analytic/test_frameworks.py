@@ -270,22 +270,24 @@ def test_shard_grad_op_keeps_gathered_layers_from_forward_to_backward(
 
 def test_no_shard_makes_its_16bit_copy_per_unit_like_full_shard(llama_2_7b: ModelSpec) -> None:
     # Note [FSDP1 NO_SHARD's 16-bit copy]: torch's post_reshard frees _mp_shard after each
-    # unit's forward, so nothing is kept from forward to backward; the forward is FULL_SHARD's
-    # (the current and the prefetched layer's 16-bit copy, 2 x LAYER_NUMEL bytes each) and
-    # only the states differ: whole fp32 weights and gradients instead of 1/8 shards
+    # unit's forward, so nothing is kept from forward to backward; and at once (no free event
+    # is queued for NO_SHARD, and no forward prefetch): the forward holds one layer's 16-bit
+    # copy (2 x LAYER_NUMEL bytes) where FULL_SHARD's holds two (the running layer's and the
+    # previous one's, freed and pending: Note [FSDP1 unshard stream pool]); beyond that only
+    # the states differ: whole fp32 weights and gradients instead of 1/8 shards
     base = {"framework": "accelerate-fsdp", "data_parallel_size": 8, "seq_len": 512}
     none = TrainingConfig(**base, **fsdp_settings(0, "no-shard"))  # type: ignore[arg-type]
     full = TrainingConfig(**base, **fsdp_settings(0, "full-shard"))  # type: ignore[arg-type]
     assert kept_gathered_layer_bytes(_layer(llama_2_7b, none), none) == 0
     a, b = _candidates(llama_2_7b, none), _candidates(llama_2_7b, full)
-    # so the forward peaks differ by the model states alone: whole fp32 weights and Adam
+    # so the forward peaks differ by that copy and the model states: whole fp32 weights and Adam
     # states (4 + 8 B per parameter) against this rank's shards of them; no DDP buckets (FSDP1
     # all-reduces flat_param.grad itself, _reduce_grad_no_shard), no kept copies
     whole, sharded = state_layout(llama_2_7b, none), state_layout(llama_2_7b, full)
     assert whole.total("param_bytes") + whole.total("state_bytes") == 12 * PSI
     shards = sharded.total("param_bytes") + sharded.total("state_bytes")
     assert 12 * PSI // 8 <= shards < 12 * PSI // 8 + 12 * 8 * 300  # each tensor rounded up
-    assert a["forward"] - b["forward"] == 12 * PSI - shards
+    assert a["forward"] - b["forward"] == 12 * PSI - shards - 2 * LAYER_NUMEL
 
 
 def test_no_shard_makes_each_units_gradient_at_its_post_backward(llama_2_7b: ModelSpec) -> None:

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from trainmem.analytic.buffers import reduce_scatter_layer_bytes
 from trainmem.analytic.transforms.base import (
     Emitted,
     Group,
@@ -53,7 +52,15 @@ from trainmem.analytic.transforms.base import (
     embedding_gradients,
     free,
     gradient_ops,
-    gradient_places,
+)
+from trainmem.analytic.transforms.fsdp1_flat import (
+    embedding_views,
+    flat_gradient,
+    fsdp1_flat_layer_grads,
+    fsdp1_no_shard_flat,
+    layer_views,
+    root_gradient_views,
+    root_views,
 )
 from trainmem.analytic.transforms.fsdp2 import post_backward_active
 from trainmem.analytic.transforms.sharding import (
@@ -100,53 +107,6 @@ def fsdp1_adapter_unit_prefetch(ctx: RankContext) -> bool:
     )
 
 
-def fsdp1_flat_layer_grads(ctx: RankContext) -> bool:
-    """Whether a trainable layer unit's gradient is FSDP1's flat-parameter gradient, made at the
-    layer's end (Note [FSDP1 flat gradient of a layer unit]): FSDP1 with
-    ``use_orig_params=False`` (accelerate's FSDP, fsdp_qlora, torchtune before 0.3: the
-    frameworks of :func:`~trainmem.analytic.transforms.sharding.fsdp1_unshard_pool_units`)
-    sharding a full fine-tune's layers (ZeRO-2/3 over more than one rank), reduced every
-    micro-batch (no ``no_sync``, no pipelining).
-
-    Note [FSDP1 flat gradient of a layer unit]
-        With ``use_orig_params=False`` a unit's module parameters are views of its unsharded
-        flat parameter, made by one ``split`` and a ``view`` each (torch 2.13 distributed/fsdp/
-        _flat_param.py ``_get_unflat_views_unaligned``, ``_use_unsharded_views``), so autograd
-        makes each weight's gradient where its op's backward runs (the MLP's in the MLP's
-        backward, the attention's and the norms' after it), unsharded in the unsharded
-        parameter's dtype, and buffers them until the split's backward concatenates them into
-        the flat gradient (``split_with_sizes_backward``: ``at::cat``), at the layer's end:
-        then the views' gradients and their concatenation are alive together and the views'
-        are freed. The flat parameter's ``AccumulateGrad`` post-hook (_runtime_utils.py
-        ``_post_backward_hook``) then reduce-scatters it under the post-backward stream: this
-        rank's shard in the reduce dtype (``_get_reduce_scatter_tensors``: ``torch.empty_like
-        (chunks[0])``), cast to the parameter's dtype if it differs
-        (``_cast_grad_to_param_dtype``), kept as ``_saved_grad_shard`` (added into it on a
-        later micro-batch, ``_accumulate_sharded_grad``), and the unsharded gradient freed
-        (``flat_param.grad = None``). So no sharded gradient and no whole-layer unsharded
-        gradient exist during the layer's MLP backward, only the MLP weights' own. Seen in
-        torch's FSDP1 traced on fake tensors (trainmem/trace/fsdp.py): a 2-layer 256-wide
-        Qwen2 full fine-tune, 4 ranks, full checkpointing: at the peak (the first layer's MLP
-        backward) the down projection's 360,448 B gradient, where the formulas held the
-        layer's 1,476,608 B and its 369,152 B shard.
-    """
-    t = ctx.training
-    s = sharding(ctx)
-    fsdp1 = t.framework in ("fsdp-qlora", "accelerate-fsdp") or (
-        t.framework == "torchtune" and t.torchtune_release < (0, 3, 0)
-    )
-    return (
-        fsdp1
-        and not t.is_lora
-        and s.stage >= 2
-        and t.sharding_degree > 1
-        and not s.pp_fsdp
-        and not s.no_sync
-        and not s.flat_views
-        and not s.kept
-    )
-
-
 class FullyShardedDataParallel(Transform):
     """ZeRO-2/3 / FSDP buffers of one rank (sizes: :func:`.sharding.sharding`, from the rank's
     model states).
@@ -177,7 +137,9 @@ class FullyShardedDataParallel(Transform):
         self.post_backward = post_backward_active(ctx)
         self.reduces_last_micro_batch = s.no_sync
         # Note [FSDP1 NO_SHARD's 16-bit copy]: a unit's gradient is made at its post-backward
-        self.unit_grads = no_shard_copies(ctx.training)
+        # Note [FSDP1 NO_SHARD's 16-bit copy]: a full fine-tune's as flat gradients
+        self.no_shard_flat = fsdp1_no_shard_flat(ctx)
+        self.unit_grads = no_shard_copies(ctx.training) and not self.no_shard_flat
         self.adapter_unit_prefetch = fsdp1_adapter_unit_prefetch(ctx)
         self.flat_layer_grads = fsdp1_flat_layer_grads(ctx)
         self.emb = embedding_gradients(ctx)
@@ -197,9 +159,9 @@ class FullyShardedDataParallel(Transform):
     def gradients(self, group: Group, where: Where) -> Sequence[Op] | None:
         s = self.sharding
         if self.flat_layer_grads and group != "layer":  # Note [FSDP1 flat gradient of the root]
-            head, total = self._tied_sum() if group == "embedding" else (None, None)
-            tied = [total, free(head, "backward")] if head and total else []
-            return self._root_views(group) + tied
+            return (
+                embedding_views(self.ctx) if group == "embedding" else root_views(self.ctx, group)
+            )
         if self.unit_grads and group in ("layer", "head"):  # made at the unit's post-backward
             return []
         if group == "layer" and (s.flat_views or self.flat_layer_grads):  # made by the hooks
@@ -227,7 +189,9 @@ class FullyShardedDataParallel(Transform):
     def micro_batch_begin(self, where: Where) -> Sequence[Emitted]:
         ops = [op for op in gather_ops(self.sharding) if op.size_bytes]
         out: list[Emitted] = list(ops)
-        if not self.post_backward:  # Note [FSDP2 post-backward]: resharded by .fsdp2
+        # Note [FSDP2 post-backward]: resharded by .fsdp2; Note [FSDP1 NO_SHARD's 16-bit copy]:
+        # each unit's copy freed by its reshards (:meth:`_no_shard_reshard`)
+        if not self.post_backward and not self.no_shard_flat:
             out = [Lifetime(op, "micro_batch.end") for op in ops]
         if self.sharding.offload_copy:  # Note [FSDP1 offloaded shard copy]
             copy, done = offload_copy_ops(self.sharding, "forward")
@@ -244,15 +208,47 @@ class FullyShardedDataParallel(Transform):
         label = "gathered parameters of the prefetched layer"
         return alloc(s.gather_b, Cat.TEMPORARY, phase, "gather/b", "layers", label, s.ag_stream)
 
+    def _no_shard_reshard(self, phase: Phase, *units: str) -> list[Op]:
+        """Note [FSDP1 NO_SHARD's 16-bit copy]: the 16-bit copies of ``units`` (``"root"``, the
+        current layer ``"a"``, the prefetched one ``"b"``) freed by their reshards."""
+        root, layer = gather_ops(self.sharding)
+        ops = {"root": root, "a": layer, "b": self._prefetch("backward")}
+        return [free(ops[u], phase) for u in units if ops[u].size_bytes]
+
+    def stack_post_forward(self, where: Where) -> Sequence[Emitted]:
+        return self._no_shard_reshard("forward", "a") if self.no_shard_flat else ()
+
+    def head_post_forward(self, where: Where) -> Sequence[Emitted]:
+        return self._no_shard_reshard("forward", "root") if self.no_shard_flat else ()
+
+    def backward_begin(self, where: Where) -> Sequence[Emitted]:
+        # NO_SHARD: the root's pre-backward makes its copy again and prefetches the stack's first
+        if not self.no_shard_flat:
+            return ()
+        b: Phase = "backward"
+        return [alloc(op.size_bytes, op.category, b, op.key, op.module, op.label, op.stream)
+                for op in gather_ops(self.sharding) if op.size_bytes]  # fmt: skip
+
+    def _layer_reshard(self, where: Where) -> list[Op]:
+        """The layer's reshard before its gradient's reduce (NO_SHARD's: the copy the layer ran
+        on; the next one's, prefetched, becomes the current one)."""
+        if not self.no_shard_flat:
+            return []
+        return self._no_shard_reshard("backward", "a" if where.last_layer else "b")
+
+    def _root_reshard(self) -> list[Op]:
+        """The root's reshard before its gradient's reduce (NO_SHARD's)."""
+        return self._no_shard_reshard("backward", "root") if self.no_shard_flat else []
+
     def stack_pre_forward(self, where: Where) -> Sequence[Emitted]:
-        if not self.sharding.gather_b:
+        if not self.sharding.gather_b or self.no_shard_flat:  # NO_SHARD: no forward prefetch
             return ()
         return (Lifetime(self._prefetch("forward"), "stack.post_forward"),)
 
     def stack_pre_backward(self, where: Where) -> Sequence[Emitted]:
         s = self.sharding
         # Note [FSDP2 post-backward]: the layer slot holds the next all-gather output
-        if not s.gather_b or self.adapter_unit_prefetch or self.post_backward:
+        if not s.gather_b or self.adapter_unit_prefetch or self.post_backward or self.no_shard_flat:
             return ()
         if s.gather_c:  # freed at the last layer's pre-backward (:meth:`layer_pre_backward`)
             out: list[Emitted] = [self._prefetch("backward")]
@@ -279,7 +275,7 @@ class FullyShardedDataParallel(Transform):
 
     def layer_attention_pre_backward(self, where: Where) -> Sequence[Emitted]:
         if self.flat_layer_grads:  # the rest of the MLP's, after its transients, and o's
-            return self._views(1, 2)
+            return layer_views(self.ctx, 1, 2)
         # Note [FSDP1 backward prefetch under adapter units]: the next layer's gathers begin in
         # this layer's attention backward (none after the stack's last layer)
         if not self.adapter_unit_prefetch or where.last_layer:
@@ -292,138 +288,23 @@ class FullyShardedDataParallel(Transform):
         # the prefetched block free: the current layer and the pending one remain
         if self.sharding.gather_c and where.last_layer:
             return (free(self._prefetch("backward"), "backward"),)
+        # Note [FSDP1 NO_SHARD's 16-bit copy]: the next layer's prefetched, none after layer 0
+        if self.no_shard_flat and not where.last_layer:
+            return (self._prefetch("backward"),)
         return ()
 
     def layer_pre_forward(self, where: Where) -> Sequence[Emitted]:
         return (kept_op(self.sharding, "forward"),) if self.sharding.kept else ()
 
-    def _views(self, *places: int) -> list[Op]:
-        """Note [FSDP1 flat gradient of a layer unit]: the gradients of the layer's views made
-        at ``places`` (:func:`~trainmem.analytic.transforms.base.gradient_places`), unsharded
-        in the reduce dtype."""
-        ctx = self.ctx
-        at = gradient_places(tuple(s.name for s in ctx.layer_states))
-        states = [s for s, p in zip(ctx.layer_states, at, strict=True) if p in places]
-        key = "".join(str(p) for p in places)
-        return [
-            alloc(
-                reduce_scatter_layer_bytes([s], ctx.training),
-                Cat.TEMPORARY,
-                "backward",
-                f"view_grad/{key}/{n}",
-                "layers.{i}",
-                "a weight's unsharded gradient before autograd concatenates the layer's",
-            )
-            for n, s in enumerate(states)
-        ]
-
     def layer_attention_post_backward(self, where: Where) -> Sequence[Emitted]:
-        return self._views(3) if self.flat_layer_grads else ()
-
-    def _root_views(self, group: Group) -> list[Op]:
-        """The gradients of the root unit's views in ``group`` (``"head"``: the output head
-        and the final norm; ``"embedding"``), unsharded in the reduce dtype, made where their
-        backward runs (Note [FSDP1 flat gradient of the root]).
-
-        Note [FSDP1 flat gradient of the root]
-            Under :func:`fsdp1_flat_layer_grads` the root unit (the embeddings, the final norm
-            and the head: the modules no layer unit wraps) is one ``FlatParameter`` too, and its
-            weights are views of its unsharded flat parameter like a layer's (Note [FSDP1 flat
-            gradient of a layer unit]). So the head's and the final norm's weight gradients,
-            made in the head's backward, are unsharded in the unsharded parameter's dtype and
-            wait in the ``split``'s backward input buffer, with the embedding's (made in its
-            backward, the step's last), until the split's backward concatenates them
-            (``split_with_sizes_backward``: ``at::cat``); the root's ``_post_backward_hook``
-            then reduce-scatters that flat gradient as a layer's (torch 2.13 distributed/fsdp/
-            _runtime_utils.py, ``_reduce_grad``). Through the whole layer stack's backward the
-            head's unsharded gradient (``V h`` in the reduce dtype) is alive, not its shard.
-            Seen in torch's FSDP1 traced on fake tensors (trainmem/trace/fsdp.py, Note [FSDP1
-            streams on the trace]): the 2-layer 2048-wide Llama of benchmarks/
-            generic_options.py (vocabulary 4,096, 4 ranks, bf16-mixed): the head's 16,777,216 B
-            and the final norm's 4,096 B gradients from the head's backward to the root's
-            post-backward, where the 33,558,528 B concatenation is reduce-scattered into this
-            rank's 8,389,632 B bf16 chunk and cast to the 16,779,264 B fp32 shard.
-
-            A token embedding tied to the head is one view of the flat parameter: the lookup's
-            dense ``V h`` gradient (``embedding_dense_backward``, the base order's vocabulary
-            gradient: :meth:`vocab_gradient_bytes`) is added out of place to the head's view
-            gradient waiting in the input buffer (autograd ``InputBuffer::accumulate``), which
-            is freed, then the lookup's: the trace of llama-3.2-1b (tied, 4 ranks) holds the
-            head's, the lookup's and the sum's 525,336,576 B each at the sum.
-        """
-        states, key, module = group_states(self.ctx, group)
-        t = self.ctx.training
-        label = "a root weight's unsharded gradient before autograd concatenates the root's"
-        return [
-            alloc(reduce_scatter_layer_bytes([st], t), Cat.TEMPORARY, "backward",
-                  f"view_grad/{key}/{n}", module, label)
-            for n, st in enumerate(states)
-        ]  # fmt: skip
-
-    def _tied_sum(self) -> tuple[Op | None, Op | None]:
-        """(the head's view gradient of a tied token embedding, the sum that replaces it), or
-        (None, None) without a tied embedding (Note [FSDP1 flat gradient of the root])."""
-        if not self.emb.tied_lookup:
-            return None, None
-        names = [st.name for st in self.ctx.head_grad_states]
-        if "embedding/tokens" not in names:
-            return None, None
-        head = self._root_views("head")[names.index("embedding/tokens")]
-        label = "a tied weight's view gradient plus the lookup's, out of place"
-        total = alloc(head.size_bytes, Cat.TEMPORARY, "backward", "view_grad/tied", "embedding",
-                      label)  # fmt: skip
-        return head, total
-
-    def _root_gradient_views(self) -> list[Op]:
-        """The views' gradients the root's concatenation frees (a tied weight's sum in place of
-        the head's view of it)."""
-        head, total = self._tied_sum()
-        views = self._root_views("head") + self._root_views("embedding")
-        return [total if op == head and total else op for op in views]
-
-    def _flat_gradient(self, where: Where, unit: str, views: list[Op]) -> list[Emitted]:
-        """Note [FSDP1 flat gradient of a layer unit] (``unit`` ``"layer"``) and Note [FSDP1
-        flat gradient of the root] (``"root"``): the concatenation of the unit's ``views``, the
-        views freed, the unit resharded (``pending``: its freed block, not yet reusable), the
-        reduce-scatter's shard (cast to the gradient's dtype, or added into the kept shard), the
-        concatenation freed."""
-        ctx, s = self.ctx, self.sharding
-        bp: Phase = "backward"
-        size = sum(op.size_bytes for op in views)
-        module = "layers.{i}" if unit == "layer" else "(model)"
-        flat = alloc(
-            size, Cat.TEMPORARY, bp, f"flat_grad/{unit}", module,
-            f"the {unit}'s flat unsharded gradient before its reduce-scatter",
-        )  # fmt: skip
-        out: list[Emitted] = [flat, *(free(op, bp) for op in views)]
-        if unit == "layer":
-            states = ctx.layer_states
-            grads = gradient_ops(ctx, states, bp, "{i}", "layers.{i}")
-        else:
-            states = ctx.head_grad_states + ctx.emb_grad_states
-            grads = gradient_ops(ctx, ctx.head_grad_states, bp, "head", "head")
-            grads += gradient_ops(ctx, ctx.emb_grad_states, bp, "embedding", "embedding")
-        shard = sum(op.size_bytes for op in grads)
-        # the padded flat gradient's chunk (Note [FSDP1 flat blocks of a layer unit])
-        numel = sum(st.local_numel or st.numel for st in states)
-        per = size // numel if numel and size % numel == 0 else 0
-        dp = ctx.training.sharding_degree
-        reduced = -(-numel // dp) * per if per else -(-size // dp)
-        if reduced != shard or not where.new_grads:  # a shard in the reduce dtype first
-            label = "the reduce-scatter's output, before it is cast or added to the gradient"
-            key = f"rs_out/{unit}"
-            tmp = alloc(reduced, Cat.TEMPORARY, bp, key, module, label, s.rs_stream)
-            out += [tmp, *(grads if where.new_grads else []), free(tmp, bp)]
-        elif where.new_grads:
-            out += grads
-        out.append(free(flat, bp))
-        return out
+        return layer_views(self.ctx, 3) if self.flat_layer_grads else ()
 
     def layer_post_backward(self, where: Where) -> Sequence[Emitted]:
         out: list[Emitted] = []
         if self.flat_layer_grads:
-            views = self._views(0) + self._views(1, 2) + self._views(3)
-            out += self._flat_gradient(where, "layer", views)
+            views = [*layer_views(self.ctx, 0), *layer_views(self.ctx, 1, 2)]
+            views += layer_views(self.ctx, 3)
+            out += flat_gradient(self.ctx, where, "layer", views, self._layer_reshard(where))
         if self.unit_grads and where.new_grads:  # the unit's flat gradient, cast to fp32
             out += self._grads("layer", "backward")
         if self.sharding.kept:
@@ -440,7 +321,8 @@ class FullyShardedDataParallel(Transform):
     def root_post_backward(self, where: Where) -> Sequence[Emitted]:
         out: list[Emitted] = []
         if self.flat_layer_grads:  # Note [FSDP1 flat gradient of the root]
-            out += self._flat_gradient(where, "root", self._root_gradient_views())
+            views = root_gradient_views(self.ctx)
+            out += flat_gradient(self.ctx, where, "root", views, self._root_reshard())
         if self.unit_grads and where.new_grads:  # the root unit's: the head's with it
             out += self._grads("head", "backward")
         if where.reduce:
@@ -465,7 +347,7 @@ class FullyShardedDataParallel(Transform):
         if s.flat_views:
             return self._flat_views(where)
         if self.flat_layer_grads:
-            return self._views(0)
+            return layer_views(self.ctx, 0)
         out: list[Emitted] = []
         if where.reduce:
             out += self._reduce_ops("layer")

@@ -172,15 +172,30 @@ def no_shard_copies(t: TrainingConfig) -> bool:
         FULL_SHARD's gathers (:func:`_gathers`, the next unit prefetched, ``BACKWARD_PRE``),
         nothing kept from forward to backward. The unit's gradient is made in the 16-bit
         dtype, all-reduced in place and cast to the fp32 parameter's dtype
-        (``_reduce_grad_no_shard`` -> ``_cast_grad_to_param_dtype``): the reduce bucket of
-        FULL_SHARD (:func:`~trainmem.analytic.buffers.reduce_scatter_layer_bytes`), and the
-        fp32 gradient exists only from the unit's post-backward on: a layer's at the end of its
-        backward, the root unit's (embedding, final norm and head: one flat parameter) after
-        the embedding's backward, not the head's from the head's backward
-        (``FullyShardedDataParallel`` in :mod:`.fsdp` makes them there). No DDP reducer
-        buckets: FSDP1 reduces ``flat_param.grad`` itself. Checked against torch's
-        own FSDP1 traced on fake tensors under the fake process group
-        (tests/trace/test_traced_fsdp1.py).
+        (``_reduce_grad_no_shard`` -> ``_cast_grad_to_param_dtype``: ``.to(param.dtype)``, the
+        16-bit one freed after), and the fp32 gradient exists only from the unit's
+        post-backward on: a layer's at the end of its backward, the root unit's (embedding,
+        final norm and head: one flat parameter) after the embedding's backward, not the
+        head's from the head's backward (``FullyShardedDataParallel`` in :mod:`.fsdp` makes
+        them there). No DDP reducer buckets: FSDP1 reduces ``flat_param.grad`` itself.
+
+        In a full fine-tune (:func:`~trainmem.analytic.transforms.fsdp1_flat.
+        fsdp1_no_shard_flat`) the 16-bit gradient is the flat one of Note [FSDP1 flat gradient
+        of a layer unit] (each weight's view gradient where its op's backward runs,
+        concatenated at the unit's end) and of Note [FSDP1 flat gradient of the root], and the
+        copies' lifetimes are each unit's: no free event is queued for NO_SHARD
+        (``_should_free_in_backward`` is False for it, so ``_reshard`` enqueues none), so a
+        unit's copy is gone at its reshard: after its forward, the root's after the head's
+        (``_post_forward_reshard`` calls ``post_reshard`` for the root too); in the backward
+        the post-backward hook reshards before it reduces (``_post_backward_hook``:
+        ``_post_backward_reshard`` first), so the copy is freed between the concatenation and
+        the fp32 cast; the forward prefetches none (``forward_prefetch=False``), and the
+        backward's last layer none (layer 0: no unit ran its post-forward before it). So the
+        backward's layers run with two copies (theirs and the next one's), layer 0 with one.
+        Checked against torch's own FSDP1 traced on fake tensors under the fake process group
+        (tests/trace/test_traced_fsdp1.py; benchmarks/generic_options.py 'accelerate-fsdp
+        no-shard 4' on its 2-layer 2048-wide Llama: -3.9 % before the flat gradients and these
+        lifetimes, -0.007 % after).
     """
     return fsdp1_no_shard(t) and t.is_mixed and t.conventions.fsdp_param_dtype_follows_precision
 
