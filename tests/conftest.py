@@ -23,6 +23,20 @@ if TYPE_CHECKING:
 TESTS_DIR = Path(__file__).resolve().parent
 REPO_DIR = TESTS_DIR.parent
 MODELS_DIR = TESTS_DIR / "models"
+
+TINY_LLAMA: dict[str, object] = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 256,
+}
+"""A 2-layer Llama config.json (head_dim 16) for tests that write it where they need a
+``model_type`` the formula configs lack."""
 """``tests/models``: the small ``config.json`` files the tests load."""
 EXAMPLES_DIR = REPO_DIR / "examples"
 SHARED_DIR = REPO_DIR.parent / "shared"

@@ -19,22 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import TINY_LLAMA
 from trainmem.analytic.buffers import layer_rope_cache_bytes
 from trainmem.estimate import estimate
 from trainmem.specs.hf import load_model_spec
 from trainmem.specs.training import TrainingConfig
-
-TINY_LLAMA = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 512,
-    "max_position_embeddings": 256,
-}
 
 
 @pytest.mark.parametrize(

@@ -69,8 +69,26 @@ def previous_output_bytes(model: ModelSpec, training: TrainingConfig) -> int:
         return 0
     if transposed_cross_entropy(model, training):
         return 4 * model.vocab_size * shifted_positions(model, training)
+    return output_logits_bytes(model, training)
+
+
+def output_logits_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes of the logits the model output holds for a loop that binds it, b*s*V values: fp32
+    when the framework casts the output (``FrameworkConventions.fp32_model_output``: Lightning
+    Fabric's ``convert_output``; accelerate's ``native_amp`` forward, Note [accelerate's fp32
+    outputs]) or when transformers' model code returns them upcast
+    (``ModelSpec.returns_fp32_logits``: Llama before 4.46, Mistral before 4.48, whose bf16
+    ``lm_head`` output is then freed at the cast), else in the compute dtype (the ``lm_head``
+    output; the loss upcasts inside, loss/loss_utils.py). The whole vocabulary."""
     c, _ = compute_and_residual_bytes(training)
-    fp32 = training.conventions.fp32_model_output or accelerate_output_bytes(model, training)
+    fp32 = (
+        training.conventions.fp32_model_output
+        or accelerate_output_bytes(model, training)
+        or (
+            training.conventions.hf_model_code
+            and model.returns_fp32_logits(training.transformers_release)
+        )
+    )
     per_value = 4 if fp32 else c
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     return per_value * model.vocab_size * t

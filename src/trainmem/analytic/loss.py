@@ -624,11 +624,62 @@ def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
         return (r + 2 * c + autocast_copy) * model.hidden_size * t
     if model.head not in ("causal-lm", "masked-lm", "seq2seq-lm"):
         return 0
+    total = _special_loss_forward_bytes(model, training)
+    if total is None:
+        t = training.micro_batch_size * output_tokens(model, training)
+        c, _ = compute_and_residual_bytes(training)
+        upcast, shifted, converted = _plain_loss_forward_parts(model, training)
+        total = c * model.vocab_size * t + max(upcast + shifted, converted)
+    return -(-total // parallel_divisor("logits", training))
+
+
+def _plain_loss_forward_parts(model: ModelSpec, training: TrainingConfig) -> tuple[int, int, int]:
+    """The fp32 tensors beside the 16-bit logits at the end of the forward under transformers'
+    own loss, bytes on all ranks: the loss's upcast (one chunk of it with a chunked loss), the
+    shifted copy (:func:`shifted_logits_bytes`), and accelerate's fp32 copy of the output made
+    after the loss returned (Note [accelerate's fp32 outputs]); 0 for what does not apply."""
+    c, _ = compute_and_residual_bytes(training)
+    v = model.vocab_size
+    t = training.micro_batch_size * output_tokens(model, training)
+    chunk = -(-t // max(training.chunked_cross_entropy, 1))
+    upcast = 4 * v * chunk if loss_upcast(model, training) and c != 4 else 0
+    converted = 4 * v * t if accelerate_output_bytes(model, training) else 0
+    return upcast, shifted_logits_bytes(model, training), converted
+
+
+def shifted_copy_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes of the shifted copy of the upcast logits when it is a tensor of its own among the
+    loss's forward transients (:func:`loss_forward_transient_bytes`, per rank): transformers'
+    loss before 4.49 makes ``logits.float()`` (or takes the model's fp32 logits) and then
+    ``shift_logits = logits[..., :-1, :].contiguous()``, two fp32 tensors alive together until
+    the loss returns, each its own allocation; 0 when the loss is another (a special rule of
+    :func:`loss_forward_transient_bytes`), makes no shifted copy or does not upcast, or when
+    accelerate's fp32 copy is the larger.
+
+    Source: transformers 4.39.3 models/llama/modeling_llama.py ``LlamaForCausalLM.forward``;
+    4.48.0 loss/loss_utils.py ``ForCausalLMLoss``."""
+    if model.head not in ("causal-lm", "masked-lm", "seq2seq-lm"):
+        return 0
+    if (
+        model.architecture == "vision-encoder"
+        or _special_loss_forward_bytes(model, training) is not None
+    ):
+        return 0
+    upcast, shifted, converted = _plain_loss_forward_parts(model, training)
+    if not upcast or not shifted or upcast + shifted < converted:
+        return 0
+    return -(-shifted // parallel_divisor("logits", training))
+
+
+def _special_loss_forward_bytes(model: ModelSpec, training: TrainingConfig) -> int | None:
+    """:func:`loss_forward_transient_bytes` on all ranks for the losses with rules of their
+    own; None for transformers' plain loss (:func:`_plain_loss_forward_parts`)."""
     t = training.micro_batch_size * output_tokens(model, training)
     c, _ = compute_and_residual_bytes(training)
     v = model.vocab_size
     chunk = -(-t // max(training.chunked_cross_entropy, 1))
     kind = loss_kind(model, training)
+    total: int | None = None
     if kind in ("logits-sum", "logits-mean"):
         total = c * v * t  # the logits; the sum / mean is one value
     elif kind == "cs336-cross-entropy":
@@ -659,13 +710,7 @@ def loss_forward_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
         # Note [torchtune's transposed cross-entropy]: the shifted fp32 logits and the
         # log-softmax kernel's contiguous copy of their transposed view
         total = 2 * 4 * v * shifted_positions(model, training)
-    else:
-        upcast = loss_upcast(model, training) and c != 4
-        loss = (4 * v * chunk if upcast else 0) + shifted_logits_bytes(model, training)
-        # Note [accelerate's fp32 outputs]: the output's fp32 copy after the loss returned
-        converted = 4 * v * t if accelerate_output_bytes(model, training) else 0
-        total = c * v * t + max(loss, converted)
-    return -(-total // parallel_divisor("logits", training))
+    return total
 
 
 def loss_backward_tensors(model: ModelSpec, training: TrainingConfig) -> int:

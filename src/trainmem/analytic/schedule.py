@@ -103,6 +103,7 @@ from trainmem.analytic.loss import (
     loss_backward_tensors,
     loss_backward_transient_bytes,
     loss_forward_transient_bytes,
+    shifted_copy_bytes,
 )
 from trainmem.analytic.pipeline import logits_bytes
 from trainmem.analytic.tensor_states import StateLayout
@@ -722,6 +723,10 @@ class _Ends:
             if 0 < part < self.loss_fwd:
                 self.logits16 = part
                 self.loss_fwd -= part
+        # and the loss's shifted copy of the fp32 logits a third (transformers before 4.49)
+        shifted = shifted_copy_bytes(model, training) if head else 0
+        self.shifted = shifted if 0 < shifted < self.loss_fwd else 0
+        self.loss_fwd -= self.shifted
 
     def embedding_activations(self) -> Op:
         """The embedding's activations, from its forward to the end of its backward."""
@@ -739,6 +744,8 @@ class _Ends:
             "logits (and their fp32 copy) while the loss runs",
         )
         logits16 = alloc(self.logits16, Cat.TEMPORARY, f, "logits16", "head", "logits")
+        label = "the loss's shifted copy of the fp32 logits"
+        shifted = alloc(self.shifted, Cat.TEMPORARY, f, "logits/shifted", "head", label)
         head_act = [
             alloc(size, Cat.ACTIVATION, f, f"act/head/{n}", "head", "head activations")
             for n, size in enumerate(self.head_blocks)
@@ -766,7 +773,10 @@ class _Ends:
             items += [gather, free(gather, f)]
         if not self.tr.held_logits:
             items.append(logits16)
-        if self.before_rebind:  # Note [litgpt's cast output]
+        if self.shifted:  # made after the upcast, freed with it when the loss returns
+            items += [logits, shifted, *em.at("head.post_forward", where), *head_act]
+            items += [free(shifted, f), free(logits, f)]
+        elif self.before_rebind:  # Note [litgpt's cast output]
             first = [head_act[k] for k in self.before_rebind]
             rest = [op for k, op in enumerate(head_act) if k not in self.before_rebind]
             items += [logits, *first, *em.at("head.post_forward", where), free(logits, f), *rest]

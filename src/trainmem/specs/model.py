@@ -76,6 +76,14 @@ modeling_persimmon.py; checked on the 4.45.2, 4.46.0, 4.47.0 and 4.48.0 wheels);
 (``logits = logits.float()``) and through ``ForCausalLMLoss`` after
 (``ModelSpec.causal_lm_loss_in_logits_dtype``)."""
 
+FP32_LOGITS_IN_MODEL_UNTIL: dict[str, tuple[int, ...]] = {"llama": (4, 46), "mistral": (4, 48)}
+"""Families whose causal-LM forward upcasts its logits itself, so that the output it returns
+holds them in fp32, until a release: ``logits = logits.float()`` before the loss in
+modeling_llama.py ``LlamaForCausalLM.forward`` (4.38.2, 4.39.3, 4.40.0, 4.43.4; 4.45.2 when
+labels are given) and modeling_mistral.py ``MistralForCausalLM.forward`` (4.39.3, 4.46.0,
+4.47.0), in neither from the release named (4.46.0: Llama calls ``self.loss_function``; 4.48.0
+Mistral too). Releases before 4.38 not read."""
+
 LAYER_ROPE_CACHE_UNTIL: dict[str, tuple[int, ...]] = {"llama": (4, 41), "mistral": (4, 42)}
 """Families whose transformers code gave every attention layer its own rotary embedding module
 with a cos and a sin table of (max_position_embeddings, head_dim) values as buffers, in the
@@ -361,6 +369,19 @@ class ModelSpec:
         """
         since = CAUSAL_LM_LOSS_UPCAST_SINCE.get(self.model_type)
         return self.head == "causal-lm" and since is not None and transformers_version < since
+
+    def returns_fp32_logits(self, transformers_version: tuple[int, ...]) -> bool:
+        """The causal-LM forward returns its logits upcast to fp32 in this transformers release
+        (:data:`FP32_LOGITS_IN_MODEL_UNTIL`), the output a loop may hold.
+
+        Args:
+            transformers_version: (major, minor, ...) of transformers.
+
+        Returns:
+            True for the families of the table before their release.
+        """
+        until = FP32_LOGITS_IN_MODEL_UNTIL.get(self.model_type)
+        return self.head == "causal-lm" and until is not None and transformers_version < until
 
     def layer_rope_cache_values(self, transformers_version: tuple[int, ...]) -> int:
         """Values of the cos and sin tables each decoder layer's own rotary embedding keeps as

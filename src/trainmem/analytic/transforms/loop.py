@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from trainmem.analytic.activation_shapes import compute_and_residual_bytes
 from trainmem.analytic.attention import forward_kv_cache_bytes, returned_presents_bytes
 from trainmem.analytic.head import head_activation_bytes
 from trainmem.analytic.held_outputs import graph_held_input_bytes, previous_output_bytes
@@ -84,7 +85,15 @@ def kept_logits_bytes(ctx: RankContext) -> int:
     if not ctx.rank.has_head or t.pipeline_parallel_size > 1:
         return 0
     if t.training_loop == "step":
-        part = accelerate_output_bytes(ctx.model, t) or logits_bytes(ctx.model, t)
+        # accelerate's fp32 copy, else the lm_head output, fp32 where the model code returns
+        # it upcast (held_outputs.py ``output_logits_bytes``)
+        part = accelerate_output_bytes(ctx.model, t)
+        if not part:
+            c, _ = compute_and_residual_bytes(t)
+            own = t.conventions.hf_model_code and ctx.model.returns_fp32_logits(
+                t.transformers_release
+            )
+            part = logits_bytes(ctx.model, t) * (4 if own else c) // c
     elif t.training_loop == "previous" and not t.conventions.own_model_code:
         part = previous_output_bytes(ctx.model, t)
     else:
