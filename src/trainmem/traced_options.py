@@ -577,13 +577,13 @@ def untraced_fsdp1_quantized(training: TrainingConfig) -> str:
             "bnb_4bit_quant_storage in bf16, transformers' FSDP-QLoRA recipe) or --engine "
             "analytic"
         )
-    else:
+    else:  # GPTQ (int8, and GPTQ under fsdp-qlora, no release runs: TrainingConfig refuses)
         why = (
-            "FSDP1 flattens each unit into one float tensor, and this base's codes are integer "
-            "tensors; traced: a 4-bit bitsandbytes base (--quantize-base nf4 / nf4-dq / fp4 / "
-            "fp4-dq) under --framework fsdp-qlora, or under accelerate-fsdp with --precision "
-            "bf16-true, or --framework fsdp2 --zero-stage 3 (FSDP2 shards each parameter), or "
-            "--engine analytic"
+            "GPTQ's packed tensors are buffers, which FSDP1 leaves whole on every rank, and "
+            "the trace's stand-in is a parameter FSDP1 would flatten; traced: a 4-bit "
+            "bitsandbytes base (--quantize-base nf4 / nf4-dq / fp4 / fp4-dq) under --framework "
+            "fsdp-qlora, or under accelerate-fsdp with --precision bf16-true, or --engine "
+            "analytic"
         )
     return f"quantize_base={q} under framework={f} ({why})"
 

@@ -86,7 +86,10 @@ def test_quant_storage_is_the_dtype_fsdp_qlora_loads_the_model_in() -> None:
     assert float_quant_storage(mixed) is None
     # bitsandbytes' default uint8 elsewhere, and for what Linear4bit does not store
     assert float_quant_storage(_fsdp_qlora(framework="pytorch-amp")) is None
-    assert float_quant_storage(_fsdp_qlora(quantize_base="int8")) is None
+    assert (
+        float_quant_storage(_fsdp_qlora(framework="accelerate-fsdp", quantize_base="gptq-int4"))
+        is None
+    )
 
 
 def test_fsdp1_flattens_float_stored_codes_by_hand_and_matches_the_formulas() -> None:

@@ -407,16 +407,17 @@ def test_previous_loop_needs_a_model_spec() -> None:
 
 
 def test_fsdp1_over_a_quantized_base_is_refused_with_what_works() -> None:
-    # FSDP1 cannot flatten the stand-in's packed integer weights (torch _flat_param.py
-    # _validate_tensors_to_flatten): int8 / GPTQ are refused naming FSDP2, not a ValueError
-    # from torch; a 4-bit base under *-mixed (held in fp32: the storage would be the policy's
-    # dtype) names --precision bf16-true, where it is traced (test_traced_fsdp_qlora.py)
+    # GPTQ's packed buffers (FSDP1 leaves them whole; the stand-in is a parameter) are
+    # refused naming what is traced, not a ValueError from torch (int8 under FSDP1, which no
+    # release runs, is refused by TrainingConfig: tests/specs/test_fsdp1_quantized.py); a
+    # 4-bit base under *-mixed (held in fp32: the storage would be the policy's dtype) names
+    # --precision bf16-true, where it is traced (test_traced_fsdp_qlora.py)
     for changes in ({}, {"zero_stage": 3, "data_parallel_size": 4}):
-        training = _training(framework="accelerate-fsdp", lora_rank=8, quantize_base="int8",
-                             **changes)  # fmt: skip
+        training = _training(framework="accelerate-fsdp", lora_rank=8,
+                             quantize_base="gptq-int4", **changes)  # fmt: skip
         last = trace_unsupported_settings(training, "generic")[-1]
-        assert last.startswith("quantize_base=int8 under framework=accelerate-fsdp ("), last
-        assert "--framework fsdp2" in last and "--framework fsdp-qlora" in last
+        assert last.startswith("quantize_base=gptq-int4 under framework=accelerate-fsdp ("), last
+        assert "buffers" in last and "--framework fsdp-qlora" in last
         mixed = _training(framework="accelerate-fsdp", lora_rank=8, quantize_base="nf4",
                           **changes)  # fmt: skip
         last = trace_unsupported_settings(mixed, "generic")[-1]

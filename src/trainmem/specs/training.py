@@ -1862,6 +1862,7 @@ def _check_combinations(t: TrainingConfig) -> None:
     _check_step_in_backward(t)
     _check_ema_combinations(t)
     _check_fsdp1_model_parallel(t)
+    _check_fsdp1_quantized(t)
     _check_unsloth_single_gpu(t)
     if t.seq_len % t.context_parallel_size:
         raise SpecError(
@@ -2050,6 +2051,37 @@ def _check_fsdp1_model_parallel(t: TrainingConfig) -> None:
             )
         if why is not None:
             raise SpecError(name, f"{size} with --framework {t.framework}: {why}")
+
+
+def _check_fsdp1_quantized(t: TrainingConfig) -> None:
+    """Quantized bases FSDP1 frameworks never run: bitsandbytes int8 under either (FSDP1
+    flattens a unit's parameters into one float tensor: torch 2.13 distributed/fsdp/
+    _flat_param.py ``_validate_tensors_to_flatten`` raises "Cannot flatten integer dtype
+    tensors" for ``Int8Params``' int8 weight; reported with accelerate, huggingface/accelerate
+    #1415, bitsandbytes #1709, peft #2833; LLaMA-Factory #3543 declines 8-bit FSDP-QLoRA),
+    and a GPTQ base under Answer.AI fsdp_qlora's train.py (e4968fd / 50efa1e: its
+    ``train_type`` quantizes with bitsandbytes 4-bit or HQQ only). A GPTQ base under
+    accelerate's FSDP1 runs: its packed tensors are buffers, which FSDP1 leaves whole.
+
+    Raises:
+        SpecError: ``quantize_base``, naming what runs instead.
+    """
+    if t.framework == "fsdp-qlora" and t.quantize_base in ("int8", "gptq-int4"):
+        raise SpecError(
+            "quantize_base",
+            f"{t.quantize_base} with --framework fsdp-qlora: Answer.AI fsdp_qlora's train.py "
+            "quantizes with bitsandbytes 4-bit (train_type qlora, custom_qlora, bnb_dora) or "
+            "HQQ only; allowed: nf4, nf4-dq, fp4, fp4-dq",
+        )
+    if t.framework == "accelerate-fsdp" and t.quantize_base == "int8":
+        raise SpecError(
+            "quantize_base",
+            "int8 with --framework accelerate-fsdp: FSDP1 cannot flatten bitsandbytes' int8 "
+            "weights into a unit's float tensor (torch distributed/fsdp/_flat_param.py: "
+            "'Cannot flatten integer dtype tensors'); allowed: a 4-bit base (nf4, nf4-dq, fp4, "
+            "fp4-dq, stored in the model's dtype), gptq-int4, or int8 under --framework fsdp2 "
+            "--zero-stage 3, DeepSpeed or DDP",
+        )
 
 
 def _flag(name: str) -> str:
