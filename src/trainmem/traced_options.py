@@ -36,9 +36,11 @@ Note [Offload on a traced step]
       ``Optimizer`` transform inserts none under offload);
     * with ``optimizer+gradients`` / ``optimizer+params``, an offloaded gradient stays on the
       GPU only until its layer's gradients are all made (the analytic engine's ``reduce``
-      term: a layer's gradients alive through its backward; torchao's
-      ``offload_gradients=True`` copies each to the CPU in its post-accumulate-grad hook and
-      frees it), outside the layers it leaves at once; ``zero_grad`` has nothing left to free.
+      term: a layer's gradients alive through its backward), outside the layers it leaves at
+      once; under torchao's ``offload_gradients=True``, which copies each to the CPU in its
+      post-accumulate-grad hook and frees it there, it leaves as soon as it is made (Note
+      [torchao gradient offload] in trainmem/analytic/transforms/offload.py); ``zero_grad``
+      has nothing left to free.
 
 Note [Optimizer in backward on a traced step]
     torchtune's ``optimizer_in_bwd`` steps each parameter in its post-accumulate-grad hook and
@@ -71,6 +73,7 @@ from trainmem.analytic.held_outputs import graph_held_input_bytes, previous_outp
 from trainmem.analytic.tensor_states import Offloaded, offloaded, state_layout
 from trainmem.analytic.transforms.base import alloc, free
 from trainmem.analytic.transforms.ddp import bucket_op
+from trainmem.analytic.transforms.offload import torchao_gradient_offload
 from trainmem.analytic.transforms.optimizer import per_parameter_step_ops
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.errors import ScheduleError, UnsupportedError
@@ -295,6 +298,9 @@ class _Release:
                     out += per_parameter_step_ops(self.training, item)
                     out.append(item._replace(action="free"))
                     continue
+                if torchao_gradient_offload(self.training):  # sent to the CPU by its hook
+                    out.append(item._replace(action="free"))
+                    continue
                 pending.append(item._replace(action="free"))
             group = layer_of(item.module) or f"#{k}"
             if pending and last.get(group) == k:
@@ -322,7 +328,8 @@ def _release_note(t: TrainingConfig) -> str:
         f"offload={t.offload}: the step was traced without offload and the offloaded model "
         "states taken off the GPU by the analytic engine's rule (torchao's CPUOffloadOptimizer "
         "keeps tensors under 4096 elements; gradients leave once their layer's backward is "
-        "done; the step's temporaries are on the CPU; Note [Offload on a traced step])"
+        "done, under torchao's offload_gradients as soon as each is made; the step's "
+        "temporaries are on the CPU; Note [Offload on a traced step])"
     )
 
 

@@ -212,8 +212,8 @@ class _Transforms:
         [Gradients where their linear's backward runs]): the MLP's output projection's, the
         rest of the MLP's, the attention's output projection's, the rest (attention, norms,
         biases). A transform that answers for the layer makes all of them at the first, or,
-        when it says so (``places_layer_gradients``: one op per layer tensor), each at its
-        tensor's place."""
+        when it says so (``places_layer_gradients``: the same number of ops per layer tensor,
+        in the tensors' order), each tensor's at its place."""
         names = [s.name for s in self.ctx.layer_states]
         for t in self.all:
             made = t.gradients("layer", where)
@@ -221,7 +221,9 @@ class _Transforms:
                 continue
             if not t.places_layer_gradients:
                 return list(made), [], [], []
-            return _placed(list(made), gradient_places(tuple(names)))
+            # the same number of ops per layer tensor, in the tensors' order
+            per = len(made) // max(len(names), 1)
+            return _placed(list(made), gradient_places(_repeated(names, per)))
         ops = self._base_gradients("layer")
         # Note [FSDP1 flat blocks of a layer unit]: one sharded gradient for the whole unit,
         # made by its reduce-scatter at the layer's end
@@ -230,7 +232,7 @@ class _Transforms:
             ops = [op for g in ops for op in _accumulated(g)]
         if flat:
             return [], [], [], ops
-        return _placed(ops, gradient_places(tuple(names if where.new_grads else _twice(names))))
+        return _placed(ops, gradient_places(_repeated(names, 1 if where.new_grads else 2)))
 
     def _answered(self, group: Group, where: Where) -> list[Op] | None:
         for t in self.all:
@@ -274,8 +276,9 @@ def _accumulated(grad: Op) -> tuple[Op, Op]:
     return new, free(new, "backward")
 
 
-def _twice(names: list[str]) -> list[str]:
-    return [n for name in names for n in (name, name)]
+def _repeated(names: list[str], k: int) -> tuple[str, ...]:
+    """Each of ``names`` ``k`` times in turn (the names of ``k`` ops per tensor)."""
+    return tuple(name for name in names for _ in range(k))
 
 
 def _layer_loop(

@@ -22,6 +22,7 @@ from trainmem.analytic.transforms.fsdp_pipeline import FsdpUnderPipeline
 from trainmem.analytic.transforms.fsdp_units import FsdpEmbeddingHeadUnits
 from trainmem.analytic.transforms.loop import TrainingLoop
 from trainmem.analytic.transforms.lora import LoraFirstLayer
+from trainmem.analytic.transforms.offload import TorchaoGradientOffload
 from trainmem.analytic.transforms.optimizer import Optimizer
 from trainmem.analytic.transforms.pipelining import Pipeline
 from trainmem.analytic.transforms.quantized import QuantizedBase
@@ -32,6 +33,7 @@ ORDER: tuple[type[Transform], ...] = (
     DeepSpeedZero3Gathers,
     FsdpEmbeddingHeadUnits,  # its units' shards exist before an optimizer in backward steps them
     Optimizer,
+    TorchaoGradientOffload,
     FullyShardedDataParallel,
     Fsdp2PostBackward,
     FsdpUnderPipeline,

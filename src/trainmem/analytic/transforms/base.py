@@ -401,9 +401,9 @@ class Transform:
     #: its layer ops differ at the ``"first"`` / ``"last"`` layer run (``Where.first_layer`` /
     #: ``last_layer``)
     layer_position: ClassVar[frozenset[str]] = frozenset()
-    #: the layer gradients :meth:`gradients` makes are one per layer tensor, each made where
-    #: its linear's backward runs (Note [Gradients where their linear's backward runs]), not
-    #: all at the MLP's backward
+    #: the layer gradient ops :meth:`gradients` returns are the same number per layer tensor,
+    #: in the tensors' order, each tensor's placed where its linear's backward runs (Note
+    #: [Gradients where their linear's backward runs]), not all at the MLP's backward
     places_layer_gradients: ClassVar[bool] = False
 
     def __init__(self, ctx: RankContext) -> None:

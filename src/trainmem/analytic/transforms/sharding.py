@@ -212,7 +212,10 @@ def sharding(ctx: RankContext) -> Sharding:
     kept = kept_gathered_layer_bytes(ctx.layer_states, t)
     if kept and stage == 3:
         gather_a = gather_b = 0
-    offloads_grads = t.offload in ("optimizer+gradients", "optimizer+params")
+    # Note [torchao gradient offload]: each gradient leaves in its own hook, no bucket
+    offloads_grads = (
+        t.offload in ("optimizer+gradients", "optimizer+params") and not t.torchao_cpu_offload
+    )
     reduced = stage >= 2 or offloads_grads or no_shard_copies(t)
     reduce = reduce_scatter_layer_bytes(ctx.layer_states, t) if reduced else 0
     streams = t.conventions.fsdp_collective_streams and stage == 3
