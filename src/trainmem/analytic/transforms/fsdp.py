@@ -81,7 +81,8 @@ from trainmem.timeline import Phase
 def fsdp1_adapter_unit_prefetch(ctx: RankContext) -> bool:
     """Whether FSDP1's backward prefetch of the next layer starts in a layer's attention
     backward rather than at its pre-backward (each LoRA leaf a unit of its own under
-    accelerate's FSDP, ZeRO-3 sharding; Note [FSDP1 backward prefetch under adapter units]).
+    accelerate's FSDP or fsdp_qlora without checkpointing, ZeRO-3 sharding; Note [FSDP1
+    backward prefetch under adapter units]).
 
     Note [FSDP1 backward prefetch under adapter units]
         With ``BACKWARD_PRE`` FSDP1 prefetches, in a unit's pre-backward hook, the unit whose
@@ -97,10 +98,20 @@ def fsdp1_adapter_unit_prefetch(ctx: RankContext) -> bool:
         backward. Traced (torch's FSDP1 on fake tensors, trainmem.trace.fsdp): a 6-layer
         1024-wide Qwen2, LoRA on q / v, full checkpointing, 4 ranks, 4 x 1,024 tokens: one
         layer's 22,026,752 B gathered at the MLP backward peak, where the formulas held two.
+        Answer.AI fsdp_qlora (train.py 50efa1e: each LoRA leaf and each decoder layer a unit,
+        the constructor's ``BACKWARD_PRE``) wraps the same units, so without checkpointing
+        its order is the same: traced, the 2-layer 2048-wide Llama of benchmarks/
+        generic_options.py (nf4, LoRA 16, 4 ranks) holds one 22,560,768 B layer at the first
+        layer's MLP backward (the formulas held two; 'fsdp-qlora 4' -7.9 -> -0.2 %). Its
+        checkpointing inside the units (``apply_activation_checkpointing`` after wrapping,
+        reentrant) is not traced; there the prefetched layer stays held over the stack.
     """
     t = ctx.training
+    # fsdp_qlora wraps the same units; its checkpointing inside them is not traced (left as it
+    # was, the prefetched layer held over the stack)
+    plain_qlora = t.framework == "fsdp-qlora" and t.activation_checkpointing == "none"
     return (
-        t.conventions.fsdp1_checkpoint_outside_units
+        (t.conventions.fsdp1_checkpoint_outside_units or plain_qlora)
         and t.lora_rank > 0
         and ctx.zero_stage == 3
         and t.data_parallel_size > 1
