@@ -88,6 +88,11 @@ Note [FSDP1 sync_module_states init]
       the flat storage resized to 0; the
       moved tensors are freed when ``_init_param_handle_from_module`` returns.
 
+    A unit's buffers are moved with it and broadcast first (``_sync_module_params_and_buffers``
+    lists ``module.buffers()`` before the parameters), never flattened, sharded or offloaded:
+    they stay on the GPU (older transformers' per-layer rotary tables,
+    :func:`trainmem.analytic.buffers.layer_rope_cache_bytes`).
+
     With ``sharding_strategy=NO_SHARD`` (fsdp_qlora's ``ddp``: data parallelism without ZeRO
     here) the flat parameter is the unit's weight and nothing is cloned (``shard()`` keeps it
     when ``uses_sharded_strategy`` is False).
