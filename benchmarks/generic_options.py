@@ -25,6 +25,12 @@ remote-code models only with the optional litgpt extra (``pip install 'trainmem[
 and is refused naming it without (on the diffusers model always: litgpt trains language
 models). With litgpt 0.5.13 (2026-11-28 04:50 UTC): +0.012 % vs analytic on the agreement model
 (-0.10 % on the tiny Qwen2 at 2 x 64 tokens, 01:30 UTC).
+
+Agreement figures moved in session 16 (2026-11-28, 07:17 UTC; generic / analytic - 1): "fsdp2 4"
+-3.5 -> +0.000 % and "zero-3 + optimizer offload" -2.3 -> +0.000 %, "zero-3 +
+optimizer+params offload" +3.1 -> +0.5 % (Note [FSDP2 post-backward]: the layer's unsharded
+gradients, its backward copy-out); "offload optimizer+gradients" -12.9 -> +0.8 % (Note
+[torchao gradient offload]: each gradient freed in its hook, on both engines).
 """
 
 from __future__ import annotations
