@@ -599,11 +599,9 @@ def _expand(
         else:  # this list is done: back to the one it was entered from
             if not frames:
                 counter[0], counter[1] = block_id, written
-                if run:
-                    yield run
+                yield run
                 return
             walk, i = frames.pop()
-        if run:  # a repeated body entered or left: the run so far
-            yield run
-            run = []
-            add = run.append
+        yield run  # a repeated body entered or left: the run so far (maybe empty)
+        run = []
+        add = run.append

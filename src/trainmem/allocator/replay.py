@@ -184,9 +184,8 @@ def replay_timeline(
     # unpacked at once, and the split by category at the allocated peak is copied once per
     # climb (at the first free after it), not at every allocation that raises the peak
     rising = False
-    for i, ev in enumerate(events):
-        if type(ev) is not EventRecord:
-            ev = _as_record(ev)
+    for i, event in enumerate(events):
+        ev = event if type(event) is EventRecord else _as_record(event)
         action, block_id, size_bytes, cat, phase, module, stream = ev
         if action == "alloc":
             if block_id in live:
@@ -233,8 +232,7 @@ def replay_timeline(
             free(handle)
             by_category[category] -= size
         num_events = i + 1
-    if rising:
-        peak_by_category = by_category.copy()
+    peak_by_category = by_category.copy() if rising else peak_by_category
     snapshot = None
     if record_history:
         from trainmem.allocator.snapshot import snapshot_of
