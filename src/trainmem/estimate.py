@@ -26,7 +26,11 @@ from trainmem.breakdown import MemoryEstimate
 from trainmem.errors import NotApplicableError, SpecError, UnsupportedError
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
 from trainmem.specs.assumptions import assumptions
-from trainmem.specs.frameworks import installed_transformers_version, parse_version
+from trainmem.specs.frameworks import (
+    SOFTMAX_BACKWARD_INPUT_DTYPE_SINCE,
+    installed_transformers_version,
+    parse_version,
+)
 from trainmem.specs.hardware import GPUSpec, check_precision_on_gpu
 from trainmem.specs.hardware import resolve_gpu as resolve_gpu  # re-exported for the callers
 from trainmem.specs.hf import load_model_spec
@@ -277,6 +281,8 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
         )
     if _older_torch_step(training):  # the trace runs the installed torch.optim's step
         out.append(f"torch_version={training.torch_version} (its optimizer step)")
+    if _older_softmax_backward(training):  # and the installed autograd's saved tensors
+        out.append(f"torch_version={training.torch_version} (its softmax saves its input)")
     if training.training_loop == "step" and training.chunked_cross_entropy:  # no logits tensor
         out.append("keep_logits=True with chunked_cross_entropy")
     if training.training_loop == "previous" and training.pipeline_parallel_size > 1:
@@ -298,6 +304,18 @@ def _fsdp1_refusals(training: TrainingConfig) -> list[str]:
     if training.quantize_base != "none" and float_quant_storage(training) is None:
         out.append(untraced_fsdp1_quantized(training))
     return out
+
+
+def _older_softmax_backward(training: TrainingConfig) -> bool:
+    """Eager attention on a ``torch_version`` whose softmax saves its input
+    (:data:`~trainmem.specs.frameworks.SOFTMAX_BACKWARD_INPUT_DTYPE_SINCE`), which the traced
+    paths, on the installed torch's autograd, do not."""
+    version = parse_version("torch_version", training.torch_version)
+    return (
+        training.attention == "eager"
+        and version is not None
+        and version < SOFTMAX_BACKWARD_INPUT_DTYPE_SINCE
+    )
 
 
 def _older_torch_step(training: TrainingConfig) -> bool:

@@ -90,6 +90,14 @@ torch.compile(loss_fn)``) since bbb1b616e (PR #1033, 2025-04-02, "Enable compili
 function ... reduction of memory"); 0.1.0 (tag v0.1.0, 2025-06-17; e7c0cae's ``version.txt``)
 is the first release with it. Before, train.py left it eager ("TODO: compiling loss function
 causes CUDA errors, turning off for now", 9dec370, version 0.0.2)."""
+SOFTMAX_BACKWARD_INPUT_DTYPE_SINCE = (1, 11)
+"""The torch release from which ``_softmax_backward_data`` takes the input's dtype, not the
+input: before it, ``_softmax_backward_data(Tensor grad_output, Tensor output, int dim, Tensor
+self)`` (tools/autograd/derivatives.yaml, as pytorch PR #11719 shows it) needed the
+softmax's input, which autograd therefore saved beside the output, so eager attention kept
+its (b, a, s, s) pre-softmax scores too. transformers 4.21.0 pytorch_utils.py
+``softmax_backward_data`` calls ``_softmax_backward_data(grad_output, output, parent.dim,
+self)`` when ``is_torch_less_than_1_11``, else with ``self.dtype``."""
 HF_NON_REENTRANT_CHECKPOINT_SINCE = (5, 0)
 """transformers modeling_utils.py: with no ``gradient_checkpointing_kwargs`` the layers are
 checkpointed with ``{"use_reentrant": True}`` from PR #28538 (Jan 2024, 4.37; torch's own
