@@ -220,6 +220,30 @@ def test_fsdp_qlora_without_checkpointing_prefetches_from_the_attention_backward
     assert [a for a, _ in ops] == ["alloc", "free"] * 2
 
 
+def test_adapter_units_release_the_previous_layer_early_in_the_forward() -> None:
+    # Note [FSDP1 backward prefetch under adapter units], forward: layer i's free is
+    # synchronised at the second unshard after layer i + 1's (its first adapter units), so the
+    # unshard stream holds R + 2 L only at a layer's start and R + L while it saves its tensors
+    # (layer 0: nothing pending before it); L: Llama-2-7B's bf16 layer with rank-8 q / v
+    # adapters, R: the root's bf16 embedding, norm and head
+    layer = 2 * LAYER + 4 * 2 * 8 * 8192
+    training = TrainingConfig(
+        framework="accelerate-fsdp", zero_stage=3, data_parallel_size=4, precision="bf16-true",
+        seq_len=512, micro_batch_size=2, lora_rank=8, lora_targets=("q", "v"),
+    )  # fmt: skip
+    sched = estimate("llama-2-7b", training, simulate_allocator=False).schedules[0]
+    live, at_saved, most = 0, set(), 0
+    for ev in sched.events():
+        if ev.stream == ALL_GATHER_STREAM:  # type: ignore[attr-defined]
+            live += ev.size_bytes if ev.action == "alloc" else -ev.size_bytes  # type: ignore[attr-defined]
+            most = max(most, live) if ev.phase == "forward" else most  # type: ignore[attr-defined]
+        elif ev.phase == "forward" and ev.category == MemoryCategory.ACTIVATION:  # type: ignore[attr-defined]
+            if ev.module.startswith("layers."):  # type: ignore[attr-defined]
+                at_saved.add(live)
+    assert most == ROOT + 2 * layer
+    assert at_saved == {ROOT + layer}
+
+
 def _toy_fsdp1(*, adapters: bool) -> tuple[Any, set[int]]:
     """A 4-layer model wrapped in torch's FSDP1 (FULL_SHARD, BACKWARD_PRE, limit_all_gathers,
     use_orig_params=False) on the CPU, each layer a unit: with ``adapters`` each LoRA leaf a unit
