@@ -10,6 +10,7 @@ from trainmem.analytic.activation_shapes import compute_and_residual_bytes
 from trainmem.analytic.activations import layer_activation_terms
 from trainmem.analytic.tensor_states import tensor_states
 from trainmem.estimate import estimate
+from trainmem.specs.assumptions import loop_of
 from trainmem.specs.hf import load_model_spec
 from trainmem.specs.training import TrainingConfig
 
@@ -75,3 +76,7 @@ def test_the_loop_binds_the_output_through_the_backward_and_the_step() -> None:
     many = TrainingConfig(framework="fsdp-qlora", gradient_accumulation_steps=2)
     assert many.training_loop == "drop"
     assert peak(gradient_accumulation_steps=2) == peak(gradient_accumulation_steps=2, loop="drop")
+    # and the assumption line says so
+    assert "held to the end of the step" in loop_of({"framework": "fsdp-qlora"})
+    two = {"framework": "fsdp-qlora", "gradient_accumulation_steps": 2}
+    assert "dropped after the loss" in loop_of(two)

@@ -72,6 +72,8 @@ def loop_of(config: Mapping[str, Any]) -> str:
     loop = config.get("loop") or (
         "step" if config.get("keep_logits") else (framework.loop if framework else "drop")
     )
+    if loop == "step" and steps > 1 and not config.get("loop"):
+        loop = "drop"  # a framework's step loop over more micro-batches (training_loop)
     held = {
         "step": "logits held to the end of the step",
         "previous": "the previous micro-batch's logits and graph held through the next "
