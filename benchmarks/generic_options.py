@@ -30,7 +30,17 @@ Agreement figures moved in session 16 (2026-11-28, 07:17 UTC; generic / analytic
 -3.5 -> +0.000 % and "zero-3 + optimizer offload" -2.3 -> +0.000 %, "zero-3 +
 optimizer+params offload" +3.1 -> +0.5 % (Note [FSDP2 post-backward]: the layer's unsharded
 gradients, its backward copy-out); "offload optimizer+gradients" -12.9 -> +0.8 % (Note
-[torchao gradient offload]: each gradient freed in its hook, on both engines).
+[torchao gradient offload]: each gradient freed in its hook, on both engines). FSDP1 (07:25
+UTC): "accelerate-fsdp 4" -9.3 -> +0.000 % (Note [FSDP1 flat gradient of the root]: the root
+unit's view gradients until its post-backward; the unshard pool's pending block after the first
+backward layer's reduce-scatter); "accelerate-fsdp no-shard 4" and "1 gpu" -3.9 -> -0.007 %
+(Note [FSDP1 NO_SHARD's 16-bit copy]: flat gradients, each unit's copy freed at its reshard);
+"fsdp-qlora 4" -7.9 -> -0.16 %, with CPU offload -8.8 -> -0.18 % (Note [FSDP1 backward
+prefetch under adapter units]); "accelerate-fsdp qlora 4" still +5.1 %: the trace peaks in
+layer 1's forward at the down projection, bitsandbytes' dequantized weight beside the layer's
+MLP tensors and the forward's unsaved temporaries (the residual stream, the norm's output, the
+MLP's product, the projection's output), where the formulas make the dequantized weight at the
+layer's start and have no such temporaries (not an FSDP1 mechanism).
 """
 
 from __future__ import annotations
