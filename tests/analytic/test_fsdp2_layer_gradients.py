@@ -19,9 +19,12 @@ up, down) + 2048 x 2 (norms) = 45,092,864 elements.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from conftest import MODELS_DIR, layer_bodies
 from trainmem.estimate import MemoryEstimate, estimate
-from trainmem.schedule import Op
+from trainmem.schedule import Op, Repeat
 from trainmem.specs.training import TrainingConfig
 
 AGREEMENT = str(MODELS_DIR / "agreement" / "llama_h2048.json")
@@ -112,3 +115,43 @@ def test_accumulation_adds_the_reduce_scatter_output_into_the_kept_shard() -> No
         added = next(op for op in body if op.key == "rs_output" and op.action == "alloc")
         assert added.size_bytes == LAYER  # the fp32 shard, freed once added
         assert not [op for op in body if op.category.value == "gradients"]
+
+
+def _tied(tmp_path: Path) -> str:
+    config = json.loads(Path(AGREEMENT).read_text())
+    config.update(tie_word_embeddings=True, vocab_size=32768)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    return str(path)
+
+
+def _walk(items: tuple[object, ...]) -> list[Op]:
+    out: list[Op] = []
+    for x in items:
+        out += _walk(x.body) if isinstance(x, Repeat) else [x] if isinstance(x, Op) else []
+    return out
+
+
+def test_tied_sum_is_out_of_place_without_autocast(tmp_path: Path) -> None:
+    # Note [FSDP2 root group]: under torchtitan's bf16 policy the head's weight gradient is a
+    # view (storage shared with its base), so the lookup's is added out of place: three
+    # 2 B x 32768 x 2048 blocks at once (the head's, the lookup's, their sum)
+    vocab = 2 * 32768 * H
+    model = _tied(tmp_path)
+    training = TrainingConfig(micro_batch_size=2, seq_len=256, **FSDP2)  # type: ignore[arg-type]
+    est = estimate(model, training, engine="analytic", simulate_allocator=False)
+    ops = _walk(est.schedules[0].step)
+    keys = [(op.action, op.key) for op in ops]
+    sum_at = keys.index(("alloc", "grad/embedding/tied_sum"))
+    assert ops[sum_at].size_bytes == vocab
+    assert keys.index(("alloc", "grad/embedding/vocab")) < sum_at
+    assert sum_at < keys.index(("free", "root_grad/head/0"))  # the head's, the tied weight's
+    assert est.schedules[0].peak().label == (
+        "the tied weight's gradient: the head's plus the lookup's, added out of place"
+    )
+    # under autocast (the plain loop's ZeRO-3: fp32 unsharded weights, cast for the head) the
+    # head's gradient is the cast's fresh fp32 tensor: added in place, no sum
+    amp = TrainingConfig(micro_batch_size=2, seq_len=256, data_parallel_size=4, zero_stage=3)
+    est = estimate(model, amp, engine="analytic", simulate_allocator=False)
+    assert not [op for op in _walk(est.schedules[0].step)
+                if op.key == "grad/embedding/tied_sum" and op.size_bytes]  # fmt: skip

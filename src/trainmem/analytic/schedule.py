@@ -194,6 +194,10 @@ class _Transforms:
         for t in self.all:
             vocab = t.vocab_gradient_bytes(vocab)
         self.vocab_grad = vocab
+        tied = embedding_gradients(ctx).tied_sum
+        for t in self.all:
+            tied = t.tied_sum_bytes(tied)
+        self.tied_sum = tied
         self.table = point_table(self.all)
 
     def emitter(self) -> Emitter:
@@ -714,7 +718,9 @@ class _Ends:
         # Note [Sequence-parallel collectives' copies]: the LM head's all-gather output
         copies = sequence_parallel_copies(model, training)
         self.head_gather = copies.head_gathered if head and model.head == "causal-lm" else 0
-        self.tied_sum = embedding_gradients(ctx).tied_sum
+        self.tied_sum = transforms.tied_sum
+        # Note [Tied embedding gradient under DTensor]: the lookup's gradient redistributed
+        self.tied_shard = self.tied_sum if embedding_gradients(ctx).vocab_factor > 1 else 0
         # the logits a transform holds (the pipeline's output chunk, the loop's kept logits)
         # are the kept part of the loss's forward transients
         loss_fwd = loss_forward_transient_bytes(model, training) if head else 0
@@ -907,7 +913,7 @@ class _Ends:
         tied_sum = tied_sum_op(self.tied_sum)
         if self.tied_sum:
             tied_shard = alloc(
-                self.tied_sum,
+                self.tied_shard,
                 Cat.TEMPORARY,
                 b,
                 "grad/embedding/tied_shard",

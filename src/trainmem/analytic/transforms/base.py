@@ -431,6 +431,12 @@ class Transform:
         embedding's backward, given the base order's (``base``)."""
         return base
 
+    def tied_sum_bytes(self, base: int) -> int:
+        """Bytes of a tied weight's gradient summed out of place at the embedding's backward
+        (the head's and the lookup's), given the base order's (``base``: Note [Tied embedding
+        gradient under DTensor])."""
+        return base
+
     def first_layer_saved(
         self, saved: Sequence[tuple[str, int]]
     ) -> Sequence[tuple[str, int]] | None:

@@ -45,11 +45,21 @@ Note [FSDP2 root group]
     them and leaves the shards (torch/distributed/fsdp/_fully_shard/_fsdp_state.py
     ``_root_post_backward_final_callback`` -> ``FSDPParamGroup.post_backward`` ->
     _fsdp_collectives.py ``foreach_reduce``). A tied lookup's gradient without DTensor is added
-    in place into the head's (a plain tensor holding its last reference: torch/csrc/autograd/
-    input_buffer.cpp ``accumulate``), so only while the add runs does it exist. Seen in the
+    in place into the head's under autocast (a plain tensor holding its last reference:
+    torch/csrc/autograd/input_buffer.cpp ``accumulate``), so only while the add runs does it
+    exist; without autocast, out of place (below). Seen in the
     trace of llama-3.1-70b FSDP 8 x TP 4 + SP x CP 2, full AC, whose peak is the embedding's
     backward (-2.3% before the rule: the head's sharded fp32 gradient stood for its 4x larger
-    unsharded bf16 one).
+    unsharded bf16 one). Without autocast's cast between the tied weight and the head's
+    matmul (FSDP2's bf16 unsharded parameters, bf16-true) the head's weight gradient reaches
+    the weight's input buffer as a view (``mm_mat2_backward`` computes it transposed for the
+    transposed weight, and the ``t()`` view keeps its base: storage use count 2), which
+    ``can_accumulate_inplace`` refuses, so the lookup's is added out of place: the sum is a
+    third vocabulary-sized block beside the two until they are freed (torch/csrc/autograd/
+    input_buffer.cpp; on the CPU without a dispatch mode the gradient reaching the leaf is a
+    view with a base). Under autocast the fp32 cast's gradient is a fresh tensor, added in
+    place. Seen in the trace of a tied 2-layer 2048-wide Llama (vocabulary 32768) and of
+    llama-3.2-1b under ``--framework fsdp2``: +7.1 / +8.1 % over the formulas before.
 
 Source: torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py, _fsdp_collectives.py,
 _fsdp_state.py (cited per rule above).
@@ -118,6 +128,10 @@ class Fsdp2PostBackward(Transform):
         super().__init__(ctx)
         self.sharding = sharding(ctx)
         self.emb = embedding_gradients(ctx)
+        # Note [FSDP2 root group]: a tied weight's head gradient is a view without autocast's
+        # cast between, so the lookup's is added out of place
+        viewed = self.emb.tied_lookup if not ctx.training.uses_autocast else 0
+        self.tied_sum = self.emb.tied_sum or viewed
 
     @staticmethod
     def applies(ctx: RankContext) -> bool:
@@ -131,8 +145,11 @@ class Fsdp2PostBackward(Transform):
         return self._layer_unsharded_grads()
 
     def vocab_gradient_bytes(self, base: int) -> int:
-        # a tied lookup's gradient, added in place into the head's
+        # a tied lookup's gradient, added into the head's
         return base or self.emb.tied_lookup
+
+    def tied_sum_bytes(self, base: int) -> int:
+        return self.tied_sum
 
     def _unsharded_bytes(self, state: TensorState) -> int:
         """A parameter's unsharded gradient: this rank's tensor-parallel slice in the unsharded
@@ -250,7 +267,7 @@ class Fsdp2PostBackward(Transform):
         return [
             op
             for op, st in zip(root, ctx.head_grad_states, strict=True)
-            if self.emb.tied_sum and st.name == "embedding/tokens"
+            if self.tied_sum and st.name == "embedding/tokens"
         ]
 
     def embedding_backward(self, where: Where) -> Sequence[Emitted]:
@@ -269,8 +286,8 @@ class Fsdp2PostBackward(Transform):
         unsharded = [
             op for op in self._root_unsharded_grads("head", ctx.head_grad_states) if op not in tied
         ]
-        if self.emb.tied_sum:
-            unsharded.append(tied_sum_op(self.emb.tied_sum))
+        if self.tied_sum:
+            unsharded.append(tied_sum_op(self.tied_sum))
         unsharded += self._root_unsharded_grads("embedding", ctx.emb_grad_states)
         states = ctx.head_grad_states + ctx.emb_grad_states
         rs_input = alloc(
