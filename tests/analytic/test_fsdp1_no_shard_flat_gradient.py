@@ -83,3 +83,32 @@ def test_the_copy_is_freed_before_the_fp32_cast() -> None:
     made = [k for k, t in enumerate(tail) if t[0] == "alloc" and t[3] == Cat.GRADIENT]
     assert made and min(made) > freed
     assert sum(tail[k][2] for k in made) == 2 * ROOT
+
+
+def test_without_mixed_precision_the_concatenation_is_the_kept_gradient() -> None:
+    # bf16-true: no 16-bit copies, and _cast_grad_to_param_dtype keeps a gradient of the
+    # parameter's dtype, so each layer's gradient (bf16, LAYER bytes) is made by the
+    # concatenation while its views' gradients (LAYER bytes) are alive, then they are freed
+    training = TrainingConfig(
+        framework="accelerate-fsdp", zero_stage=0, data_parallel_size=4, seq_len=512,
+        micro_batch_size=1, precision="bf16-true",
+    )  # fmt: skip
+    sched = estimate("llama-2-7b", training, simulate_allocator=False).schedules[0]
+    views = made = 0
+    at_made: list[int] = []
+
+    def once(items: Sequence[Item]) -> Iterator[Op]:  # each repeated body once
+        for x in items:
+            yield from once(x.body) if isinstance(x, Repeat) else (x,)
+
+    for op in once(sched.step):
+        if op.phase == "backward" and op.module == "layers.{i}":
+            if op.key.startswith("view_grad/"):
+                views += op.size_bytes if op.action == "alloc" else -op.size_bytes
+            elif op.category == Cat.GRADIENT and op.action == "alloc":
+                made += op.size_bytes
+                at_made.append(views)
+            assert not op.key.startswith(("flat_grad", "gather/"))
+    # each backward layer body (the stack's first, middle and last runs) makes one layer's
+    assert made and made % LAYER == 0
+    assert set(at_made) == {LAYER}

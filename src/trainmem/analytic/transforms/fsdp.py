@@ -166,7 +166,8 @@ class FullyShardedDataParallel(Transform):
     @staticmethod
     def applies(ctx: RankContext) -> bool:
         s = sharding(ctx)
-        return s.stage >= 2 or s.reduce > 0 or s.flat_views > 0 or s.kept > 0
+        flat = fsdp1_no_shard_flat(ctx)  # Note [FSDP1 NO_SHARD's 16-bit copy]
+        return s.stage >= 2 or s.reduce > 0 or s.flat_views > 0 or s.kept > 0 or flat
 
     def _grads(self, group: str, phase: Phase) -> list[Op]:
         """A group's gradients as this micro-batch makes them (unsharded while accumulating)."""

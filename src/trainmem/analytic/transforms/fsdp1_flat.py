@@ -25,6 +25,7 @@ from trainmem.analytic.transforms.base import (
 from trainmem.analytic.transforms.sharding import group_states, no_shard_copies, sharding
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.schedule import Op
+from trainmem.specs.ranks import fsdp1_no_shard
 from trainmem.timeline import Phase
 
 
@@ -77,11 +78,12 @@ def fsdp1_flat_layer_grads(ctx: RankContext) -> bool:
 
 
 def fsdp1_no_shard_flat(ctx: RankContext) -> bool:
-    """Whether the units' flat gradients are FSDP1 ``NO_SHARD``'s under a mixed-precision
-    policy (:func:`~trainmem.analytic.transforms.sharding.no_shard_copies`) in a full
-    fine-tune: each unit's 16-bit flat gradient concatenated at its end, all-reduced in place
-    and cast to the fp32 parameter's dtype (Note [FSDP1 NO_SHARD's 16-bit copy])."""
-    return no_shard_copies(ctx.training) and not ctx.training.is_lora
+    """Whether the units' flat gradients are FSDP1 ``NO_SHARD``'s in a full fine-tune: each
+    unit's flat gradient concatenated at its end and all-reduced in place; under a
+    mixed-precision policy (:func:`~trainmem.analytic.transforms.sharding.no_shard_copies`)
+    16-bit and cast to the fp32 parameter's dtype, without one it is the kept gradient itself
+    (Note [FSDP1 NO_SHARD's 16-bit copy])."""
+    return fsdp1_no_shard(ctx.training) and not ctx.training.is_lora
 
 
 def layer_views(ctx: RankContext, *places: int) -> list[Op]:
@@ -206,6 +208,12 @@ def flat_gradient(
         states = ctx.head_grad_states + ctx.emb_grad_states
         grads = gradient_ops(ctx, ctx.head_grad_states, bp, "head", "head")
         grads += gradient_ops(ctx, ctx.emb_grad_states, bp, "embedding", "embedding")
+    if fsdp1_no_shard_flat(ctx) and not no_shard_copies(ctx.training):
+        # the concatenation is ``flat_param.grad`` (no cast: _cast_grad_to_param_dtype keeps
+        # a gradient of the parameter's dtype), or is added in place into the kept one
+        if where.new_grads:
+            return [*grads, *(free(op, bp) for op in views)]
+        return [*out, free(flat, bp)]
     if fsdp1_no_shard_flat(ctx):  # all-reduced in place, cast to fp32 (the kept gradient)
         return [*out, *reshard, *(grads if where.new_grads else []), free(flat, bp)]
     shard = sum(op.size_bytes for op in grads)

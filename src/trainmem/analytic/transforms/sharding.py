@@ -192,10 +192,15 @@ def no_shard_copies(t: TrainingConfig) -> bool:
         the fp32 cast; the forward prefetches none (``forward_prefetch=False``), and the
         backward's last layer none (layer 0: no unit ran its post-forward before it). So the
         backward's layers run with two copies (theirs and the next one's), layer 0 with one.
-        Checked against torch's own FSDP1 traced on fake tensors under the fake process group
-        (tests/trace/test_traced_fsdp1.py; benchmarks/generic_options.py 'accelerate-fsdp
-        no-shard 4' on its 2-layer 2048-wide Llama: -3.9 % before the flat gradients and these
-        lifetimes, -0.007 % after).
+        Without a mixed-precision policy (bf16-true, 32-true) there is no copy and no cast
+        (``_cast_grad_to_param_dtype`` keeps a gradient of the parameter's dtype): the
+        concatenation is the kept ``flat_param.grad``, made while the views' gradients are
+        alive. Checked against torch's own FSDP1 traced on fake tensors under the fake process
+        group (tests/trace/test_traced_fsdp1.py; benchmarks/generic_options.py
+        'accelerate-fsdp no-shard 4' on its 2-layer 2048-wide Llama: -3.9 % before the flat
+        gradients and these lifetimes, -0.007 % after; in bf16-true +7.1 -> -0.014 %). Not
+        modelled: a later micro-batch's cast and sum under accumulation with the policy (the
+        trace makes a 16-bit copy and a new fp32 gradient beside the kept one there: +4.1 %).
     """
     return fsdp1_no_shard(t) and t.is_mixed and t.conventions.fsdp_param_dtype_follows_precision
 
