@@ -112,3 +112,25 @@ def test_without_mixed_precision_the_concatenation_is_the_kept_gradient() -> Non
     # each backward layer body (the stack's first, middle and last runs) makes one layer's
     assert made and made % LAYER == 0
     assert set(at_made) == {LAYER}
+
+
+def test_a_later_micro_batch_casts_the_kept_gradient_twice() -> None:
+    # with 2 micro-batches the second's hook finds the kept fp32 gradient (its concatenation
+    # added in place): a bf16 copy for the all-reduce (LAYER bytes) and a new fp32 gradient
+    # (2 LAYER) beside the kept one, freed when the hook returns
+    training = TrainingConfig(
+        framework="accelerate-fsdp", zero_stage=0, data_parallel_size=4, seq_len=512,
+        micro_batch_size=1, gradient_accumulation_steps=2,
+    )  # fmt: skip
+    sched = estimate("llama-2-7b", training, simulate_allocator=False).schedules[0]
+
+    def once(items: Sequence[Item]) -> Iterator[Op]:
+        for x in items:
+            yield from once(x.body) if isinstance(x, Repeat) else (x,)
+
+    later = [
+        (op.key, op.size_bytes)
+        for op in once(sched.step)
+        if op.action == "alloc" and op.key.startswith(("ns_copy/layer", "ns_cast/layer"))
+    ]
+    assert later and set(later) == {("ns_copy/layer", LAYER), ("ns_cast/layer", 2 * LAYER)}

@@ -214,8 +214,15 @@ def flat_gradient(
         if where.new_grads:
             return [*grads, *(free(op, bp) for op in views)]
         return [*out, free(flat, bp)]
-    if fsdp1_no_shard_flat(ctx):  # all-reduced in place, cast to fp32 (the kept gradient)
-        return [*out, *reshard, *(grads if where.new_grads else []), free(flat, bp)]
+    if fsdp1_no_shard_flat(ctx) and where.new_grads:  # all-reduced, cast to fp32 (kept)
+        return [*out, *reshard, *grads, free(flat, bp)]
+    if fsdp1_no_shard_flat(ctx):  # a later micro-batch's: Note [FSDP1 NO_SHARD's 16-bit copy]
+        label = "the accumulated gradient cast to the reduce dtype for its all-reduce"
+        copy = alloc(size, Cat.TEMPORARY, bp, f"ns_copy/{unit}", module, label)
+        label = "the all-reduced gradient cast back to fp32, replacing the kept one"
+        shard = sum(op.size_bytes for op in grads)
+        cast = alloc(shard, Cat.TEMPORARY, bp, f"ns_cast/{unit}", module, label)
+        return [*out, *reshard, copy, cast, free(cast, bp), free(copy, bp), free(flat, bp)]
     shard = sum(op.size_bytes for op in grads)
     # the padded flat gradient's chunk (Note [FSDP1 flat blocks of a layer unit])
     numel = sum(st.local_numel or st.numel for st in states)

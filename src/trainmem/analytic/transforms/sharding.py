@@ -198,9 +198,16 @@ def no_shard_copies(t: TrainingConfig) -> bool:
         alive. Checked against torch's own FSDP1 traced on fake tensors under the fake process
         group (tests/trace/test_traced_fsdp1.py; benchmarks/generic_options.py
         'accelerate-fsdp no-shard 4' on its 2-layer 2048-wide Llama: -3.9 % before the flat
-        gradients and these lifetimes, -0.007 % after; in bf16-true +7.1 -> -0.014 %). Not
-        modelled: a later micro-batch's cast and sum under accumulation with the policy (the
-        trace makes a 16-bit copy and a new fp32 gradient beside the kept one there: +4.1 %).
+        gradients and these lifetimes, -0.007 % after; in bf16-true +7.1 -> -0.014 %).
+
+        Under accumulation with the policy a later micro-batch's concatenation is added in
+        place into the kept fp32 ``flat_param.grad`` (autograd ``AccumulateGrad``; the hook runs
+        as its post-hook, the concatenation still alive), so the hook finds an fp32 gradient:
+        ``flat_param.grad.to(reduce_dtype)`` makes a 16-bit copy for the all-reduce, and
+        ``_cast_grad_to_param_dtype`` a new fp32 one while the kept one is still held
+        (``autograd_computed_grad``, freed when the hook returns): the concatenation, the copy
+        and two fp32 gradients at once (generic_options' no-shard cell with 2 micro-batches:
+        +6.6 % before, 0.000 % after).
     """
     return fsdp1_no_shard(t) and t.is_mixed and t.conventions.fsdp_param_dtype_follows_precision
 
