@@ -76,3 +76,20 @@ def test_a_micro_batch_no_device_holds_is_refused_before_tracing(
         invoke, ["estimate", "tiny-llama-test", "--engine", engine, *big], "seq_len"
     )
     assert "allowed: at most 2^50 bytes" in err
+
+
+@pytest.mark.parametrize(
+    ("flag", "field", "framework"),
+    [
+        ("--torchtune-version", "torchtune_version", "torchtune"),
+        ("--litgpt-version", "litgpt_version", "litgpt"),
+        ("--unsloth-version", "unsloth_version", "unsloth"),
+    ],
+)
+def test_a_frameworks_release_without_that_framework_is_refused(
+    invoke: Invoke, flag: str, field: str, framework: str
+) -> None:
+    # an explicit setting that would change nothing beside another framework says so instead
+    # of being silently ignored (the default framework here is pytorch-amp)
+    err = one_line_error(invoke, ["estimate", "gpt2", flag, "0.1.0"], field)
+    assert f"--framework {framework}" in err and "framework=pytorch-amp" in err

@@ -39,6 +39,7 @@ from trainmem.specs.settings import Setting, help_text, kind_of, settings_of
 from trainmem.specs.training import (
     LORA_TARGETS,
     TrainingConfig,
+    check_framework_versions,
     check_training_for_model,
     fsdp_settings,
     model_lora_linears,
@@ -446,6 +447,7 @@ def training_from_options(
         settings["framework"] = "accelerate-fsdp"
     _fill_deferred(settings, model, spec)
     training = TrainingConfig(**settings)
+    check_framework_versions(training)
     if spec is not None:
         check_training_for_model(spec, training)
     if gpu is not None:

@@ -2277,6 +2277,33 @@ _SLOT: dict[str, Any] = {name: TrainingConfig.__dict__[name] for name in _FIELD_
 _SLOTS: tuple[Any, ...] = tuple(_SLOT.values())
 
 
+FRAMEWORK_VERSION_FIELDS = {
+    "torchtune_version": "torchtune",
+    "litgpt_version": "litgpt",
+    "unsloth_version": "unsloth",
+}
+"""The release inputs that only one ``framework`` reads (its recipes, model code or kernels)."""
+
+
+def check_framework_versions(t: TrainingConfig) -> None:
+    """A framework's release given beside another framework changes nothing, so a user's
+    setting is refused rather than silently ignored. Called where a user's settings become a
+    configuration (the CLI); the planner's derived configurations (another framework tried for
+    comparison) keep the field and are not checked.
+
+    Raises:
+        SpecError: naming the version field and the ``framework`` it applies to.
+    """
+    for field, framework in FRAMEWORK_VERSION_FIELDS.items():
+        if getattr(t, field) and t.framework != framework:
+            raise SpecError(
+                field,
+                f"{getattr(t, field)}: the {framework} release applies only with --framework "
+                f"{framework} (got framework={t.framework}); allowed: --framework {framework}, "
+                "or drop the version",
+            )
+
+
 def derived(base: TrainingConfig, /, **changes: Any) -> TrainingConfig:
     """``dataclasses.replace(base, **changes)``, with the same checks, faster: ``base`` was
     checked when it was made, so only the concerns that own a changed field check theirs (in
