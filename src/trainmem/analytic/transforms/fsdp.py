@@ -209,8 +209,7 @@ class FullyShardedDataParallel(Transform):
     def micro_batch_begin(self, where: Where) -> Sequence[Emitted]:
         ops = [op for op in gather_ops(self.sharding) if op.size_bytes]
         out: list[Emitted] = list(ops)
-        # Note [FSDP2 post-backward]: resharded by .fsdp2; Note [FSDP1 NO_SHARD's 16-bit copy]:
-        # each unit's copy freed by its reshards (:meth:`_no_shard_reshard`)
+        # resharded by .fsdp2 (Note [FSDP2 post-backward]) or NO_SHARD's reshards (see below)
         if not self.post_backward and not self.no_shard_flat:
             out = [Lifetime(op, "micro_batch.end") for op in ops]
         if self.sharding.offload_copy:  # Note [FSDP1 offloaded shard copy]
@@ -229,8 +228,7 @@ class FullyShardedDataParallel(Transform):
         return alloc(s.gather_b, Cat.TEMPORARY, phase, "gather/b", "layers", label, s.ag_stream)
 
     def _no_shard_reshard(self, phase: Phase, *units: str) -> list[Op]:
-        """Note [FSDP1 NO_SHARD's 16-bit copy]: the 16-bit copies of ``units`` (``"root"``, the
-        current layer ``"a"``, the prefetched one ``"b"``) freed by their reshards."""
+        """Note [FSDP1 NO_SHARD's 16-bit copy]: ``units``' copies freed (root, a, b)."""
         root, layer = gather_ops(self.sharding)
         ops = {"root": root, "a": layer, "b": self._prefetch("backward")}
         return [free(ops[u], phase) for u in units if ops[u].size_bytes]
@@ -250,8 +248,7 @@ class FullyShardedDataParallel(Transform):
                 for op in gather_ops(self.sharding) if op.size_bytes]  # fmt: skip
 
     def _layer_reshard(self, where: Where) -> list[Op]:
-        """The layer's reshard before its gradient's reduce (NO_SHARD's: the copy the layer ran
-        on; the next one's, prefetched, becomes the current one)."""
+        """The layer's reshard before its gradient's reduce (NO_SHARD's copy it ran on)."""
         if not self.no_shard_flat:
             return []
         return self._no_shard_reshard("backward", "a" if where.last_layer else "b")
@@ -282,7 +279,7 @@ class FullyShardedDataParallel(Transform):
         """Note [FSDP1 unshard stream pool]: trainable units, the previous layer's block freed
         and not yet reusable, from the end of the first layer's post-backward (the backward's
         first free of a layer: the block it ran on, which adds to the pool only once the next
-        layer's pre-backward gathers another) to the stack's end (:meth:`stack_post_backward`)."""
+        layer's pre-backward gathers another) to the backward's end (:meth:`_held_to_the_end`)."""
         s = self.sharding
         label = "the previous layer's gathered parameters, freed, not yet reusable"
         bp: Phase = "backward"
@@ -292,8 +289,15 @@ class FullyShardedDataParallel(Transform):
         """The pending block exists: trainable units over more than one layer."""
         return bool(self.sharding.gather_c) and self.ctx.num_layers > 1
 
-    def stack_post_backward(self, where: Where) -> Sequence[Emitted]:
-        return (free(self._pending(), "backward"),) if self._pends() else ()
+    def _held_to_the_end(self) -> list[Op]:
+        """Note [FSDP1 unshard stream pool]: the layers' blocks still pending at the backward's
+        end (the last two layers', from 3 layers the third one's), freed after the root's."""
+        if not self._pends():
+            return []
+        out = [free(self._pending(), "backward")]
+        if self.ctx.num_layers >= 3:
+            out.append(free(self._prefetch("backward"), "backward"))
+        return out
 
     def layer_attention_pre_backward(self, where: Where) -> Sequence[Emitted]:
         if self.flat_layer_grads:  # the rest of the MLP's, after its transients, and o's
@@ -306,9 +310,9 @@ class FullyShardedDataParallel(Transform):
 
     def layer_pre_backward(self, where: Where) -> Sequence[Emitted]:
         # Note [FSDP1 unshard stream pool]: the stack's last layer in the backward (layer 0)
-        # prefetches no unit (none ran its post-forward before it), so its pre-backward finds
-        # the prefetched block free: the current layer and the pending one remain
-        if self.sharding.gather_c and where.last_layer:
+        # prefetches no unit (none ran its post-forward before it): over 2 layers its own block
+        # and layer 1's pending one remain; from 3 layers layer 2's stays pending too
+        if self.sharding.gather_c and where.last_layer and self.ctx.num_layers < 3:
             return (free(self._prefetch("backward"), "backward"),)
         # Note [FSDP1 NO_SHARD's 16-bit copy]: the next layer's prefetched, none after layer 0
         if self.no_shard_flat and not where.last_layer:
@@ -358,7 +362,7 @@ class FullyShardedDataParallel(Transform):
             out += self._grads("head", "backward")
         if where.reduce:
             out += self._reduce_ops("embedding")
-        return out
+        return out + self._held_to_the_end()
 
     def _reduce_bucket(self) -> Lifetime:
         """The layer's unsharded gradients before their reduce-scatter (ZeRO-2/3, gradient

@@ -325,16 +325,23 @@ def fsdp1_unshard_pool_units(ctx: RankContext) -> int:
         later one) 2 and 3 blocks. The schedule keeps the root's and the current layer's
         gathers on the unshard stream for the micro-batch, the prefetched layer's over each
         stack, and for trainable units a third layer-sized block over the backward stack.
-        With trainable units the backward stack's ends hold two layer blocks, not three: its
-        first layer has no freed layer before it (the third block starts at the end of its
+        With trainable units the backward stack's first layer holds two layer blocks, not
+        three: it has no freed layer before it (the third block starts at the end of its
         post-backward: the reshard makes pending the block the layer ran on, so through its
         reduce-scatter the pool holds R + 2 L, and only the next layer's pre-backward gathers
-        a third) and its last (layer 0) prefetches none (no unit ran its post-forward
-        before layer 0's; the prefetched block is freed at its pre-backward). The trace
+        a third). Its last (layer 0) prefetches none (no unit ran its post-forward before
+        layer 0's), so no unshard dequeues the limiter's queue after layer 1's pre-backward:
+        from 3 layers layer 0 runs beside layers 2's and 1's pending frees (3 blocks), and
+        after its post-backward layers 2's, 1's and 0's stay pending through the embedding's
+        backward and the root's reduce-scatter, to the backward's end (the schedule frees them
+        after ``root.post_backward``); over 2 layers, 2 blocks (layer 1's and 0's). The trace
         replays the same limiter on torch's FSDP1 (Note [FSDP1 streams on the trace],
-        trainmem/trace/fsdp.py): R + 2 L over a 2-layer stack, R + 3 L from 3 layers.
-        Assumed: the GPU runs behind the CPU (an unsynchronised free is still pending when the
-        next gather is allocated).
+        trainmem/trace/fsdp.py, which releases the held frees at the backward's final
+        callback): R + 2 L over a 2-layer stack, R + 3 L from 3 layers; llama-3.2-1b (16
+        layers, tied, 4 ranks) traced whole holds 3 x 121,643,008 B beside the root at the
+        tied embedding's sum, its step's peak (formulas 7,163,983,872 B, trace 7,163,918,540
+        B). Assumed: the GPU runs behind the CPU (an unsynchronised free is still pending when
+        the next gather is allocated).
 
         accelerate's FSDP1 (``accelerate-fsdp``: ``accelerate launch`` and the HF Trainer's
         ``--fsdp``) meets the rule's preconditions with the settings its users pass:
