@@ -315,7 +315,8 @@ class FullyShardedDataParallel(Transform):
         if self.sharding.gather_c and where.last_layer and self.ctx.num_layers < 3:
             return (free(self._prefetch("backward"), "backward"),)
         # Note [FSDP1 NO_SHARD's 16-bit copy]: the next layer's prefetched, none after layer 0
-        if self.no_shard_flat and not where.last_layer:
+        # (without a mixed-precision policy NO_SHARD makes no copy: nothing is prefetched)
+        if self.no_shard_flat and not where.last_layer and self.sharding.gather_b:
             return (self._prefetch("backward"),)
         return ()
 
