@@ -592,7 +592,12 @@ _FSDP_QLORA_DQ = (
     "cached blocks (Note [FSDP1 sync_module_states init]; load_and_quantize's n_loading_workers "
     "threads quantizing on the GPU at once are not modelled, but train.py 50efa1e calls "
     "torch.cuda.empty_cache() after them: only segments holding live quant_state tensors stay, "
-    "for Llama-2-7B all under 1 MiB, small-pool 2 MiB segments)" + _FSDP1_STREAMS
+    "for Llama-2-7B all under 1 MiB, small-pool 2 MiB segments)"
+    + _FSDP1_STREAMS
+    + "; the load's broadcast bucket of one tensor is that tensor, no block of its own "
+    "(torch utils/tensor_flatten.h flatten_dense_tensors: a view; analytic/load.py "
+    "_fsdp1_unit): GT115 -4.4 -> -9.3%, GT117 -2.1 -> -4.5%, GT119 -2.1 -> -0.7%, GT127 "
+    "-6.3 -> -1.7%, GT128 -8.2 -> -6.4%, GT129 -15.6 -> -14.4%"
 )
 _FMS_FLAT_GRADS = (
     "unexplained: accelerate FSDP + LoRA under. Not FSDP1 flat gradients over the frozen "

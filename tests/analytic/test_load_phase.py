@@ -190,6 +190,24 @@ def test_fsdp1_broadcast_buckets() -> None:
     assert sched.load_peak() == 2 * sum(sizes)  # moved + flat (no shard given)
 
 
+def test_fsdp1_broadcast_bucket_of_one_tensor_is_the_tensor() -> None:
+    """torch/csrc/utils/tensor_flatten.h ``flatten_dense_tensors``: one tensor is flattened as
+    a view (no block); more are concatenated. Llama-2-7B's embedding (32000 x 4096 bf16,
+    262,144,000 B = the 250 MiB bucket size) fills a bucket alone; the final norm (8,192 B) and
+    the head (262,144,000 B) make the next, one block of 262,152,192 B. The peak is the moved
+    tensors + that bucket: 2 x 262,144,000 + 8,192 + 262,152,192 (flat parameter 524,296,192 B
+    comes after the buckets are freed: moved + flat = 1,048,592,384, the larger)."""
+    from trainmem.analytic.load import _fsdp1_unit
+
+    sizes = [262_144_000, 8_192, 262_144_000]
+    moved = [alloc(b, MemoryCategory.TEMPORARY, "load", f"m{k}") for k, b in enumerate(sizes)]
+    ops = _fsdp1_unit(moved, [], sizes, "root", "(model)")
+    buckets = [op.size_bytes for op in ops if op.action == "alloc" and "bucket" in op.key]
+    assert buckets == [262_152_192]
+    sched = StepSchedule(setup=(), step=(), load=tuple(ops))
+    assert sched.load_peak() == 2 * sum(sizes) == 1_048_592_384
+
+
 def test_fsdp1_rule_needs_sharding() -> None:
     from dataclasses import replace
 

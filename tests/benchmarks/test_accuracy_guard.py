@@ -517,21 +517,21 @@ RECORDED_DEV2 = {
     "GT112": -0.0061,
     "GT113": -0.0050,
     "GT114": -0.0535,  # the notebook's pinned versions (dev2_causes.py _PHILSCHMID_DQ)
-    "GT115": -0.0442,
+    "GT115": -0.0932,  # one-tensor broadcast buckets are views (load.py _fsdp1_unit)
     "GT116": -0.0395,
-    "GT117": -0.0209,
+    "GT117": -0.0448,  # one-tensor broadcast buckets are views (load.py _fsdp1_unit)
     "GT118": -0.0191,
-    "GT119": -0.0208,
+    "GT119": -0.0070,  # one-tensor broadcast buckets are views (load.py _fsdp1_unit)
     "GT120": +0.0152,
-    "GT121": -0.0204,
-    "GT122": -0.0467,
+    "GT121": -0.0277,  # one-tensor broadcast buckets are views (load.py _fsdp1_unit)
+    "GT122": -0.0354,  # one-tensor broadcast buckets are views (load.py _fsdp1_unit)
     "GT123": +0.0219,
     "GT124": +0.0205,
     "GT125": -0.0383,
     "GT126": -0.0891,
-    "GT127": -0.0634,
-    "GT128": -0.0816,
-    "GT129": -0.1555,
+    "GT127": -0.0174,  # one-tensor broadcast buckets are views (load.py _fsdp1_unit)
+    "GT128": -0.0644,  # one-tensor broadcast buckets are views (load.py _fsdp1_unit)
+    "GT129": -0.1443,  # one-tensor broadcast buckets are views (load.py _fsdp1_unit)
     "GT130": +0.0189,
     "GT131": +0.0189,
     "GT132": +0.0002,

@@ -285,24 +285,31 @@ def _fsdp1_unit(
     ``buffers`` (the setup's own, kept), the broadcast buckets (the buffers first, as
     ``_sync_module_params_and_buffers`` lists them), the flat parameter (``full`` summed),
     then ``sharded`` (the setup's shards), the flat parameter freed and the moved tensors with
-    it."""
+    it. A bucket of one tensor is broadcast in place, with no block of its own: torch/csrc/
+    utils/tensor_flatten.h ``flatten_dense_tensors`` returns ``tensors[0].contiguous().view(
+    {-1})`` for one tensor (``at::cat`` only for more), and ``BroadcastWork::finish`` copies the
+    unflattened views back onto it (torch/csrc/distributed/c10d/comm.cpp); its work still takes
+    one of the two in-flight slots."""
     out: list[Op] = [*moved, *buffers]
-    in_flight: list[Op] = []
-    size = 0
+    in_flight: list[Op | None] = []
+    size = count = 0
     sizes = [op.size_bytes for op in (*buffers, *moved)]
     for k, b in enumerate(sizes):
         size += b
+        count += 1
         if size < FSDP1_BROADCAST_BUCKET_BYTES and k < len(sizes) - 1:
             continue
         if len(in_flight) >= FSDP1_BROADCASTS_IN_FLIGHT:
-            out.append(free(in_flight.pop(0), "load"))
-        bucket = alloc(
-            size, Cat.TEMPORARY, "load", f"{key}/bucket{k}", module, "a broadcast bucket"
-        )
-        out.append(bucket)
+            done = in_flight.pop(0)
+            out += [free(done, "load")] if done is not None else []
+        bucket = None
+        if count > 1:
+            label = "a broadcast bucket"
+            bucket = alloc(size, Cat.TEMPORARY, "load", f"{key}/bucket{k}", module, label)
+            out.append(bucket)
         in_flight.append(bucket)
-        size = 0
-    out += [free(op, "load") for op in in_flight]
+        size = count = 0
+    out += [free(op, "load") for op in in_flight if op is not None]
     if sum(op.size_bytes for op in sharded) >= sum(full):  # NO_SHARD: the flat parameter is kept
         out += sharded
     else:
