@@ -285,11 +285,12 @@ def _fsdp1_unit(
     ``buffers`` (the setup's own, kept), the broadcast buckets (the buffers first, as
     ``_sync_module_params_and_buffers`` lists them), the flat parameter (``full`` summed),
     then ``sharded`` (the setup's shards), the flat parameter freed and the moved tensors with
-    it. A bucket of one tensor is broadcast in place, with no block of its own: torch/csrc/
-    utils/tensor_flatten.h ``flatten_dense_tensors`` returns ``tensors[0].contiguous().view(
-    {-1})`` for one tensor (``at::cat`` only for more), and ``BroadcastWork::finish`` copies the
-    unflattened views back onto it (torch/csrc/distributed/c10d/comm.cpp); its work still takes
-    one of the two in-flight slots."""
+    it. A bucket of one tensor is broadcast in place, with no block of its own: aten
+    native/TensorShape.cpp ``flatten_dense_tensors`` (torch/csrc/utils/tensor_flatten.h
+    forwards to it) returns ``tensors[0].contiguous().view({-1})`` for one tensor
+    (``at::cat`` only for more), and ``BroadcastWork::finish`` copies the unflattened views
+    back onto it (torch/csrc/distributed/c10d/comm.cpp, torch 2.2.2); its work still takes one
+    of the two in-flight slots."""
     out: list[Op] = [*moved, *buffers]
     in_flight: list[Op | None] = []
     size = count = 0
