@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 
 from trainmem.allocator.caching import CachingAllocatorSim
 from trainmem.allocator.device import allocator_capacity_bytes
-from trainmem.analytic.load import FSDP1_BROADCAST_BUCKET_BYTES, FSDP1_BROADCASTS_IN_FLIGHT
+from trainmem.analytic.load import FSDP1_BROADCASTS_IN_FLIGHT, broadcast_buckets
 from trainmem.errors import OutOfMemoryError
 from trainmem.specs.hardware import get_gpu
 
@@ -131,21 +131,6 @@ class RankInit:
     def _finish(self, flat_bucket: int | None) -> None:
         if flat_bucket is not None:
             self.release(flat_bucket)
-
-
-def broadcast_buckets(sizes: list[int]) -> list[list[int]]:
-    """c10d reducer.cpp ``compute_bucket_assignment_by_size`` for one dtype and device: tensors
-    in order fill a bucket until it reaches the limit."""
-    out: list[list[int]] = []
-    current: list[int] = []
-    total = 0
-    for k, size in enumerate(sizes):
-        current.append(k)
-        total += size
-        if total >= FSDP1_BROADCAST_BUCKET_BYTES:
-            out.append(current)
-            current, total = [], 0
-    return out + ([current] if current else [])
 
 
 @dataclass(frozen=True)

@@ -267,3 +267,14 @@ def test_fsdp1_no_shard_keeps_the_flat_parameter() -> None:
     live = sum(op.size_bytes if op.action == "alloc" else -op.size_bytes for op in ops)
     assert live == sum(sizes)
     assert StepSchedule(setup=(), step=(), load=tuple(ops)).load_peak() == 2 * sum(sizes)
+
+
+def test_broadcast_buckets_fill_to_the_limit() -> None:
+    """c10d ``compute_bucket_assignment_by_size`` with the 250 MiB limit (262,144,000 B): a
+    bucket closes at the tensor that brings it to the limit or past it, the rest is the last."""
+    from trainmem.analytic.load import broadcast_buckets
+
+    assert broadcast_buckets([]) == []
+    assert broadcast_buckets([262_144_000]) == [[0]]  # exactly the limit: a bucket alone
+    assert broadcast_buckets([262_143_999, 1, 5]) == [[0, 1], [2]]
+    assert broadcast_buckets([100_000_000] * 3 + [10]) == [[0, 1, 2], [3]]

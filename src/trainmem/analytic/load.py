@@ -272,6 +272,34 @@ def _quantized_weight(state: TensorState, op: Op, init_key: str | None) -> list[
     ]
 
 
+def broadcast_buckets(sizes: Sequence[int]) -> list[list[int]]:
+    """The buckets ``sync_module_states`` broadcasts a unit's tensors in (Note [FSDP1
+    sync_module_states init]): c10d reducer.cpp ``compute_bucket_assignment_by_size`` with the
+    one limit :data:`FSDP1_BROADCAST_BUCKET_BYTES` that comm.cpp ``broadcast_coalesced`` gives
+    it (torch 2.2.2): the tensors, in order, fill a bucket until it holds at least the limit,
+    and the last bucket holds the rest.
+
+    Args:
+        sizes: each tensor's bytes, in broadcast order (buffers, then parameters), all of one
+            dtype and device: ``compute_bucket_assignment_by_size`` keys its buckets by
+            (dtype, device), which this does not model.
+
+    Returns:
+        The buckets in broadcast order, each the indices into ``sizes`` of its tensors; empty
+        for no tensors.
+    """
+    out: list[list[int]] = []
+    current: list[int] = []
+    total = 0
+    for k, size in enumerate(sizes):
+        current.append(k)
+        total += size
+        if total >= FSDP1_BROADCAST_BUCKET_BYTES:
+            out.append(current)
+            current, total = [], 0
+    return out + ([current] if current else [])
+
+
 def _fsdp1_unit(
     moved: Sequence[Op],
     sharded: Sequence[Op],
@@ -293,23 +321,18 @@ def _fsdp1_unit(
     of the two in-flight slots."""
     out: list[Op] = [*moved, *buffers]
     in_flight: list[Op | None] = []
-    size = count = 0
     sizes = [op.size_bytes for op in (*buffers, *moved)]
-    for k, b in enumerate(sizes):
-        size += b
-        count += 1
-        if size < FSDP1_BROADCAST_BUCKET_BYTES and k < len(sizes) - 1:
-            continue
+    for members in broadcast_buckets(sizes):
         if len(in_flight) >= FSDP1_BROADCASTS_IN_FLIGHT:
             done = in_flight.pop(0)
             out += [free(done, "load")] if done is not None else []
         bucket = None
-        if count > 1:
-            label = "a broadcast bucket"
-            bucket = alloc(size, Cat.TEMPORARY, "load", f"{key}/bucket{k}", module, label)
+        if len(members) > 1:
+            size, label = sum(sizes[j] for j in members), "a broadcast bucket"
+            name = f"{key}/bucket{members[-1]}"
+            bucket = alloc(size, Cat.TEMPORARY, "load", name, module, label)
             out.append(bucket)
         in_flight.append(bucket)
-        size = count = 0
     out += [free(op, "load") for op in in_flight if op is not None]
     if sum(op.size_bytes for op in sharded) >= sum(full):  # NO_SHARD: the flat parameter is kept
         out += sharded
