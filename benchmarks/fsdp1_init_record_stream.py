@@ -1,8 +1,8 @@
 """FSDP1's ``sync_module_states`` init of torchtune's April 2024 distributed recipes, replayed per
 rank through trainmem's caching-allocator simulator, with the broadcast buckets held by NCCL's
-``record_stream``: the two bounds the code allows. A finding for GT029 / GT032
-(``benchmarks/dev2_causes.py``), not a rule of the estimate: where between the bounds a run lands
-is host timing.
+``record_stream``, over the range of host timings the code allows. A finding for GT029 / GT032
+(``benchmarks/dev2_causes.py``), not a rule of the estimate: where in the range a run lands is
+the ratio of two hosts' speeds, which no source gives.
 
 What runs (torch 2.2.2, the README's "latest stable" at torchtune fef3ed1, 2024-04-16):
 
@@ -28,18 +28,36 @@ What runs (torch 2.2.2, the README's "latest stable" at torchtune fef3ed1, 2024-
   parameter (``torch.cat``), this rank's shard (``_get_shard``: ``clone``), the flat storage
   freed, the moved tensors freed on return.
 
-The bounds: a recorded block is reusable at the next allocation (the GPU kept up: ``lag
-none``), or only at the next host synchronisation (``lag most``): on rank 0 the next unit's
-first copy; on the other ranks nothing in FSDP1's init waits for the GPU until the recipe's
-barrier or the allocator's out-of-memory path (their broadcasts wait for rank 0's, which copies
-every weight from the host first). The device's capacity is trainmem's (the GPU less the CUDA
+When a recorded block is reusable: the caching allocator's ``process_events``, at the start of
+every ``malloc``, queries the event recorded on the NCCL stream at the block's free and returns
+the block once the GPU has passed it (c10/cuda/CUDACachingAllocator.cpp; ../shared/specs
+cuda-caching-allocator.md 2.8); no host synchronisation is involved. On rank 0 that is by its
+next unit (its blocking copy waits for its stream). On another rank the host never waits in the
+init: ``_broadcast_coalesced``'s ``BroadcastWork::finish`` calls ``work->wait()``, which in
+ProcessGroupNCCL makes the current stream wait for the NCCL stream (``synchronizeStreams``) and
+blocks the host only under TORCH_NCCL_BLOCKING_WAIT=1; nothing else in the init
+synchronises before the recipe's barrier. But its broadcast of a unit completes only once rank
+0 has issued the same broadcast, after rank 0's host has copied that unit from host memory. So
+a rank's pile-up is what its host has enqueued less what rank 0's host has issued: the code
+puts this rank's host ahead (per unit it allocates with ``to_empty`` where rank 0 copies), and
+how far ahead is the ratio of the two hosts' speeds (the copy's bandwidth against Python's
+per-unit work), which no source gives. ``RankInit``'s ``pace`` spans it: p = 1 is rank 0
+keeping pace, p = 0 rank 0 issuing nothing before this rank's host is done (the upper bound),
+the GPU keeping up the lower. The device's capacity is trainmem's (the GPU less the CUDA
 context). Output (Llama-2-7B; GB):
 
-* GT029, LoRA r = 8 on q, v, 2 x RTX 4090 (measured 20.95): rank 0 8.53 .. 8.73, rank 1
-  8.53 .. 21.62;
-* GT032, full, 4 x RTX 4090 (measured 22.9): rank 0 5.20 .. 5.24, rank 1 5.20 .. 18.12;
+* GT029, LoRA r = 8 on q, v, 2 x RTX 4090 (measured 20.95): rank 0 8.53 .. 8.73, rank 1 8.53
+  (GPU keeps up), at rank 0's pace 1 / 0.5 / 0.25 / 0.1 / 0: 8.73 / 15.25 / 18.50 / 20.39 /
+  21.62;
+* GT032, full, 4 x RTX 4090 (measured 22.9): rank 0 5.20 .. 5.24, rank 1 5.20, 5.24 / 11.75 /
+  15.01 / 16.90 / 18.12;
 * GT043 (Llama-2-70B, full, 8 x A100 80GB, the May table, measured 70.4): rank 0 21.97 ..
-  22.62, rank 1 21.97 .. 83.61 (the card's capacity).
+  22.62, rank 1 21.97, 22.62 / 83.88 / 84.46 / 84.46 / 83.61 (the allocator's capacity is
+  84.46: from pace 0.5 the out-of-memory path's synchronisation caps it).
+
+None of these is in the figure the recipe logs: ``train()`` calls ``cleanup_before_training``
+(torchtune/utils/memory.py @fef3ed1: ``empty_cache``, ``reset_peak_memory_stats``) on every
+rank before the first step, and only rank 0 logs (``memory_stats_log`` every 100 steps).
 
 Run: ``python benchmarks/fsdp1_init_record_stream.py`` (a second; no torch).
 """
@@ -63,15 +81,25 @@ pair per layer, bf16 after the recipe's ``model.to(torch.bfloat16)``."""
 @dataclass
 class RankInit:
     """One rank's FSDP1 init on a simulated allocator of ``capacity`` bytes (None: unlimited).
-    ``most_lag``: recorded blocks wait for the next host synchronisation (rank 0: its next
-    unit; other ranks: the allocator's out-of-memory path, which synchronises, or the end)."""
+
+    ``pace`` says when a block NCCL recorded becomes reusable (CUDACachingAllocator.cpp
+    ``process_events``, at every ``malloc``: once the event recorded on the NCCL stream at its
+    free has completed on the GPU; no host synchronisation is needed). None: at once (the GPU
+    kept up). A number p: on rank 0, at its next unit (its blocking copy waits for its stream);
+    on another rank, once rank 0 has broadcast the unit, which is when rank 0's host has issued
+    it, and rank 0's host is taken to have issued the first p x (the bytes this host has
+    enqueued so far) of the init: p = 0, rank 0 issues nothing before this host is done (the
+    upper bound); p = 1, rank 0 keeps pace. The allocator's out-of-memory path completes every
+    recorded block (``release_cached_blocks`` synchronises the device)."""
 
     rank: int
     world: int
-    most_lag: bool
+    pace: float | None
     capacity: int | None = None
     sim: CachingAllocatorSim = field(init=False)
-    recorded: list[int] = field(default_factory=list)
+    recorded: list[tuple[int, int]] = field(default_factory=list)
+    """(the end of its unit in bytes enqueued, handle) of each recorded block not yet reusable."""
+    enqueued: int = 0
 
     def __post_init__(self) -> None:
         self.sim = CachingAllocatorSim(self.capacity)
@@ -82,28 +110,31 @@ class RankInit:
         try:
             return self.sim.malloc(size)
         except OutOfMemoryError:
-            self.sync()
+            self.complete(None)
             return self.sim.malloc(size)
 
-    def sync(self) -> None:
-        """The host waits for the GPU: every recorded block becomes reusable."""
-        for handle in self.recorded:
+    def complete(self, upto: float | None) -> None:
+        """The recorded blocks of the units ending at ``upto`` bytes or before (None: all)
+        become reusable."""
+        done = [h for end, h in self.recorded if upto is None or end <= upto]
+        self.recorded = [(e, h) for e, h in self.recorded if upto is not None and e > upto]
+        for handle in done:
             self.sim.free(handle)
-        self.recorded = []
 
     def release(self, handle: int) -> None:
         """Free a block NCCL recorded (at once when the GPU keeps up)."""
-        if self.most_lag:
-            self.recorded.append(handle)
-        else:
+        if self.pace is None:
             self.sim.free(handle)
+        else:
+            self.recorded.append((self.enqueued, handle))
 
     def unit(self, sizes: dict[str, int], made: list[str], synced: list[str]) -> None:
         """One unit: ``made`` the order its tensors reach the GPU, ``synced`` the broadcast
         order (buffers, then parameters); every name but the buffers is a flat-parameter
         member, in ``synced`` order."""
-        if self.rank == 0:
-            self.sync()  # the unit's first host-to-device copy (memcpy_and_sync)
+        if self.pace is not None:  # rank 0: the unit's first copy (memcpy_and_sync) waits
+            self.complete(None if self.rank == 0 else self.pace * self.enqueued)
+        self.enqueued += sum(sizes[n] for n in synced)
         handles = {name: self.malloc(sizes[name]) for name in made}
         buckets = broadcast_buckets([sizes[n] for n in synced])
         in_flight: list[int | None] = []
@@ -145,12 +176,12 @@ class Llama:
 
 
 def init_peak(
-    model: Llama, rank: int, world: int, lora: bool, most_lag: bool, capacity: int | None
+    model: Llama, rank: int, world: int, lora: bool, pace: float | None, capacity: int | None
 ) -> int:
     """Peak reserved bytes of one rank's init, bf16, LoRA r = 8 on q and v when ``lora``
-    (lora_llama2_7b's default targets)."""
+    (lora_llama2_7b's default targets); ``pace`` as :class:`RankInit`'s."""
     m, r = model, 8
-    run = RankInit(rank, world, most_lag, capacity)
+    run = RankInit(rank, world, pace, capacity)
     sizes = {"sa_norm": m.h, "mlp_norm": m.h, "theta": 64, "cache": 4096 * 64 * 2}
     sizes |= {"q": m.h * m.h, "o": m.h * m.h, "k": m.h * m.kv, "v": m.h * m.kv}
     sizes |= {n: m.h * m.i for n in ("w1", "w2", "w3")}
@@ -180,17 +211,25 @@ ROWS = (
 )
 
 
+PACES = (1.0, 0.5, 0.25, 0.1, 0.0)
+"""Rank 0's pace against another rank's host (:class:`RankInit`): shown, not chosen."""
+
+
 def main() -> None:
     for row, what, model, world, lora, gpu, measured in ROWS:
         capacity = allocator_capacity_bytes(get_gpu(gpu))
         print(f"{row} {what}, measured {measured / 1e9:.2f} GB:")
-        for rank in (0, 1):
-            none, most = (
-                init_peak(model, rank, world, lora, lag, capacity) / 1e9 for lag in (False, True)
-            )
-            print(
-                f"  rank {rank} init peak reserved, lag none .. most: {none:.2f} .. {most:.2f} GB"
-            )
+        none, most = (init_peak(model, 0, world, lora, p, capacity) / 1e9 for p in (None, 0.0))
+        print(
+            f"  rank 0 init peak reserved, GPU keeps up .. waits for the next unit: "
+            f"{none:.2f} .. {most:.2f} GB"
+        )
+        paced = [init_peak(model, 1, world, lora, p, capacity) / 1e9 for p in (None, *PACES)]
+        print(
+            f"  rank 1 init peak reserved, GPU keeps up: {paced[0]:.2f} GB; rank 0's pace "
+            + ", ".join(f"{p:g}: {v:.2f}" for p, v in zip(PACES, paced[1:], strict=True))
+            + " GB"
+        )
 
 
 if __name__ == "__main__":
