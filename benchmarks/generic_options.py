@@ -129,6 +129,22 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
         **_QLORA,
         "precision": "bf16-true",
     },
+    # fms-acceleration's runs: the model loaded in bf16 (--bf16) / fp16 (GPTQ) under autocast,
+    # the 4-bit codes stored in it; GPTQ's qweight / qzeros viewed as fp16 Parameters
+    "accelerate-fsdp qlora 4 bf16-mixed": {
+        **_DP,
+        "zero_stage": 3,
+        "framework": "accelerate-fsdp",
+        **_QLORA,
+    },
+    "accelerate-fsdp gptq 4": {
+        **_DP,
+        "zero_stage": 3,
+        "framework": "accelerate-fsdp",
+        "lora_rank": 16,
+        "quantize_base": "gptq-int4",
+        "precision": "16-mixed",
+    },
     "zero-3 + optimizer offload": {**_DP, "zero_stage": 3, "offload": "optimizer"},
     "zero-3 + optimizer+params offload": {**_DP, "zero_stage": 3, "offload": "optimizer+params"},
     "zero-2 deepspeed + offload": {

@@ -81,7 +81,6 @@ from trainmem.schedule import Item, Op, Repeat, StepSchedule
 from trainmem.specs.frameworks import litgpt_last_chunk_rows
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.optimizers import OPTIMIZER_TABLE
-from trainmem.specs.quantization import BNB_4BIT
 from trainmem.specs.training import TrainingConfig
 from trainmem.traced_activations import apply_activation_offloading
 from trainmem.traced_transforms import (
@@ -569,29 +568,22 @@ def untraced_fsdp1_quantized(training: TrainingConfig) -> str:
     flattens a unit's parameters into one floating-point tensor of one dtype (torch 2.13
     distributed/fsdp/_flat_param.py ``_validate_tensors_to_flatten``: "Cannot flatten integer
     dtype tensors", "Must flatten tensors with uniform dtype"), so FSDP-QLoRA stores the 4-bit
-    weights in the model's float dtype (bitsandbytes ``quant_storage``); the trace's stand-in
-    (``trainmem.trace.quantized``) does so where
-    :func:`~trainmem.specs.quantization.float_quant_storage` names the dtype (fsdp_qlora's
-    4-bit base; accelerate's under a ``*-true`` precision) and packs ``uint8`` otherwise (int8,
-    GPTQ: integer tensors FSDP1 cannot flatten)."""
+    codes (and fms-acceleration GPTQ's ``qweight`` / ``qzeros``) in the dtype the model is
+    loaded in; the trace's stand-in (``trainmem.trace.quantized``) does so wherever
+    :func:`~trainmem.specs.quantization.float_quant_storage` names that dtype. It names none
+    for a 4-bit base under accelerate's FSDP1 with ``*-mixed`` whose norms, embeddings and
+    head peft upcasts to fp32 (``--set prepare-kbit-training=true``): the fp32 norms beside
+    16-bit codes in one unit are a flattening FSDP1 refuses, and a model loaded in fp32 stores
+    its codes in fp32, which transformers' Trainer makes the policy's dtype
+    (``_fsdp_qlora_plugin_updates``) where the formulas gather in the 16-bit dtype."""
     q, f = training.quantize_base, training.framework
-    if f == "accelerate-fsdp" and q in BNB_4BIT:  # under *-mixed (float_quant_storage)
-        why = (
-            f"the model is held in fp32 under {training.precision}, so its 4-bit codes would be "
-            "stored in fp32, which transformers' Trainer makes FSDP1's mixed-precision dtype "
-            "(_fsdp_qlora_plugin_updates), while accelerate's policy and the formulas gather in "
-            "the 16-bit dtype; traced: --precision bf16-true (the model and "
-            "bnb_4bit_quant_storage in bf16, transformers' FSDP-QLoRA recipe) or --engine "
-            "analytic"
-        )
-    else:  # GPTQ (int8, and GPTQ under fsdp-qlora, no release runs: TrainingConfig refuses)
-        why = (
-            "GPTQ's packed tensors are buffers, which FSDP1 leaves whole on every rank, and "
-            "the trace's stand-in is a parameter FSDP1 would flatten; traced: a 4-bit "
-            "bitsandbytes base (--quantize-base nf4 / nf4-dq / fp4 / fp4-dq) under --framework "
-            "fsdp-qlora, or under accelerate-fsdp with --precision bf16-true, or --engine "
-            "analytic"
-        )
+    why = (
+        f"peft's fp32 upcast of the rest of the base under {training.precision}: fp32 norms "
+        "beside 16-bit codes in one FSDP1 unit, which FSDP1 cannot flatten, or an fp32-loaded "
+        "model whose fp32 codes transformers' Trainer makes FSDP1's policy dtype; traced: "
+        "without --set prepare-kbit-training=true (the model loaded in the 16-bit dtype, as "
+        "fms-acceleration and transformers' FSDP-QLoRA recipe load it), or --engine analytic"
+    )
     return f"quantize_base={q} under framework={f} ({why})"
 
 

@@ -57,3 +57,17 @@ def test_torchao_nf4_shards_its_scalers() -> None:
     # torchtune's NF4Tensor holds its scalers inside the parameter: sharded with it
     param, full = _gate(quantize_base="nf4-dq", zero_stage=3, framework="torchtune")
     assert param == -(-full // 2)
+
+
+def test_fms_gptq_under_fsdp1_shards_qweight_and_qzeros_only() -> None:
+    # fms-acceleration's AutoGPTQ plugin under accelerate's FSDP1 views qweight and qzeros as
+    # Parameters (sharded), scales and g_idx stay buffers (whole). gate_proj in = 8192, out =
+    # 28672, group 128: 64 groups; qweight N / 2 = 117,440,512 B, qzeros 64 x 28672 / 2 =
+    # 917,504 B; scales 2 x 64 x 28672 = 3,670,016 B, g_idx 4 x 8192 = 32,768 B
+    gptq = {"quantize_base": "gptq-int4", "precision": "16-mixed", "zero_stage": 3}
+    param, full = _gate(framework="accelerate-fsdp", **gptq)
+    assert full == CODES + 917_504
+    assert param == (CODES + 917_504) // 2 + 3_670_016 + 32_768
+    # elsewhere GPTQ is the formulas' one parameter of all four (sharded whole)
+    param, full = _gate(framework="fsdp2", **gptq)
+    assert param == full // 2 and full == CODES + 917_504 + 3_670_016 + 32_768

@@ -22,6 +22,7 @@ rank 16 on q and v (the default targets), bf16-true (fsdp_qlora's ``--precision 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -70,46 +71,59 @@ def _setup_allocations(schedule: StepSchedule, category: MemoryCategory) -> dict
     return out
 
 
-def test_quant_storage_is_the_dtype_fsdp_qlora_loads_the_model_in() -> None:
-    # train.py 50efa1e: bf16 -> torch_dtype bf16; bf16_autocast / fp16_autocast -> fp32
-    assert float_quant_storage(_fsdp_qlora()) == "bfloat16"
-    assert float_quant_storage(_fsdp_qlora(precision="bf16-mixed")) == "float32"
-    assert float_quant_storage(_fsdp_qlora(quantize_base="nf4-dq")) == "bfloat16"
-    assert not _fsdp_qlora(precision="bf16-mixed").kbit_16bit_dense  # loaded in fp32
-    # transformers' FSDP-QLoRA under accelerate: the dtype the model is held in, under a
-    # *-true precision (under *-mixed the fp32 storage would be the policy's dtype: refused)
-    assert float_quant_storage(_fsdp_qlora(framework="accelerate-fsdp")) == "bfloat16"
-    assert float_quant_storage(_fsdp_qlora(framework="accelerate-fsdp", precision="32-true")) == (
-        "float32"
-    )
-    mixed = _fsdp_qlora(framework="accelerate-fsdp", precision="bf16-mixed")
-    assert float_quant_storage(mixed) is None
-    # bitsandbytes' default uint8 elsewhere, and for what Linear4bit does not store
-    assert float_quant_storage(_fsdp_qlora(framework="pytorch-amp")) is None
-    assert (
-        float_quant_storage(_fsdp_qlora(framework="accelerate-fsdp", quantize_base="gptq-int4"))
-        is None
-    )
-
-
-def test_fsdp1_flattens_float_stored_codes_by_hand_and_matches_the_formulas() -> None:
-    training = _fsdp_qlora()
+def _units(training: TrainingConfig, layer: int, a: int, b: int, whole: int) -> tuple[Any, Any]:
+    """Both engines' estimates of ``training`` after checking the generic path's FSDP1 units
+    by hand: the root's shard (32,800 B), each layer's (``layer`` B), LoRA's A of q and B of v
+    (``a``, ``b``), and the buffers FSDP1 leaves whole (``whole`` B a layer)."""
     generic = estimate(QWEN2, training, engine="generic", simulate_allocator=False)
     analytic = estimate(QWEN2, training, engine="analytic", simulate_allocator=False)
     schedule = generic.schedules[0]
     flat = _setup_allocations(schedule, MemoryCategory.PARAMETER)
     assert flat["_flat_param"] == 32_800
     for i in (0, 1):
-        layer = LAYER.format(i)
-        assert flat[f"{layer}._flat_param"] == 4_736
-        assert flat[f"{layer}.self_attn.q_proj.lora_A.default._flat_param"] == 512
-        assert flat[f"{layer}.self_attn.v_proj.lora_B.default._flat_param"] == 256
-    statistics = {
-        k: v
-        for k, v in _setup_allocations(schedule, MemoryCategory.BUFFER).items()
-        if k.endswith("quant_statistics")
-    }
-    assert sum(statistics.values()) == 2 * 2_304
+        name = LAYER.format(i)
+        assert flat[f"{name}._flat_param"] == layer
+        assert flat[f"{name}.self_attn.q_proj.lora_A.default._flat_param"] == a
+        assert flat[f"{name}.self_attn.v_proj.lora_B.default._flat_param"] == b
+    buffers = _setup_allocations(schedule, MemoryCategory.BUFFER)
+    assert sum(v for k, v in buffers.items() if k.endswith("quant_statistics")) == 2 * whole
+    return generic, analytic
+
+
+def test_quant_storage_is_the_dtype_fsdp_qlora_loads_the_model_in() -> None:
+    # train.py 50efa1e: bf16 -> torch_dtype bf16; bf16_autocast / fp16_autocast -> fp32
+    assert float_quant_storage(_fsdp_qlora()) == "bfloat16"
+    assert float_quant_storage(_fsdp_qlora(precision="bf16-mixed")) == "float32"
+    assert float_quant_storage(_fsdp_qlora(quantize_base="nf4-dq")) == "bfloat16"
+    assert not _fsdp_qlora(precision="bf16-mixed").kbit_16bit_dense  # loaded in fp32
+    # transformers' FSDP-QLoRA under accelerate: the dtype the model is loaded in, the weight
+    # dtype under a *-true precision; under *-mixed the 16-bit dtype fms-acceleration loads it
+    # in for --bf16 / --fp16 (no fp32 upcast: accelerate-fsdp runs no
+    # prepare_model_for_kbit_training)
+    assert float_quant_storage(_fsdp_qlora(framework="accelerate-fsdp")) == "bfloat16"
+    assert float_quant_storage(_fsdp_qlora(framework="accelerate-fsdp", precision="32-true")) == (
+        "float32"
+    )
+    mixed = _fsdp_qlora(framework="accelerate-fsdp", precision="bf16-mixed")
+    assert mixed.kbit_16bit_dense and float_quant_storage(mixed) == "bfloat16"
+    fp16 = _fsdp_qlora(framework="accelerate-fsdp", precision="16-mixed")
+    assert float_quant_storage(fp16) == "float16"
+    # peft's fp32 upcast asked for: fp32 norms beside 16-bit codes, no storage FSDP1 flattens
+    upcast = _fsdp_qlora(framework="accelerate-fsdp", precision="bf16-mixed",
+                         prepare_kbit_training=True)  # fmt: skip
+    assert float_quant_storage(upcast) is None
+    # fms-acceleration's GPTQ patch views qweight / qzeros as the model's dtype for FSDP1
+    gptq = _fsdp_qlora(framework="accelerate-fsdp", quantize_base="gptq-int4")
+    assert float_quant_storage(gptq) == "bfloat16"
+    assert float_quant_storage(replace(gptq, precision="16-mixed")) == "float16"
+    # bitsandbytes' default uint8 elsewhere, GPTQ's int32 outside accelerate's FSDP1
+    assert float_quant_storage(_fsdp_qlora(framework="pytorch-amp")) is None
+    assert float_quant_storage(replace(gptq, framework="pytorch-amp")) is None
+
+
+def test_fsdp1_flattens_float_stored_codes_by_hand_and_matches_the_formulas() -> None:
+    generic, analytic = _units(_fsdp_qlora(), 4_736, 512, 256, 2_304)
+    schedule = generic.schedules[0]
     # each layer's codes, biases and norms gathered for its forward (FULL_SHARD), in every
     # step the schedule expands to, and freed in it; layer 0's free is pending until the rate
     # limiter synchronises on it (Note [FSDP1 streams on the trace]): after layer 1's gather
@@ -125,7 +139,11 @@ def test_fsdp1_flattens_float_stored_codes_by_hand_and_matches_the_formulas() ->
     assert abs(ratio - 1) < 0.01
 
 
-def test_accelerate_fsdp_qlora_gathers_fp32_adapters_in_the_storage_dtype() -> None:
+@pytest.mark.parametrize("precision", ["bf16-true", "bf16-mixed"])
+def test_accelerate_fsdp_qlora_gathers_fp32_adapters_in_the_storage_dtype(precision: str) -> None:
+    # bf16-mixed as fms-acceleration runs it (--bf16: the model loaded in bf16, the codes
+    # stored in it, accelerate's autocast over it): the same units as bf16-true
+    #
     # transformers' FSDP-QLoRA (BitsAndBytesConfig(bnb_4bit_quant_storage=bfloat16), the model
     # loaded in bf16) under accelerate's FSDP1: the frozen flat parameters as fsdp_qlora's
     # (4,736 B a rank a layer, 32,800 B the root), but peft upcasts the adapters on a 16-bit
@@ -134,17 +152,9 @@ def test_accelerate_fsdp_qlora_gathers_fp32_adapters_in_the_storage_dtype() -> N
     # transformers' Trainer makes the policy the storage dtype (_fsdp_qlora_plugin_updates),
     # so A's shard is cast to bf16 (FSDP1's _mp_shard: 512 B) and gathered in bf16 (16 x 64 x
     # 2 = 2,048 B) for the forward, both transient.
-    training = _fsdp_qlora(framework="accelerate-fsdp")
-    generic = estimate(QWEN2, training, engine="generic", simulate_allocator=False)
-    analytic = estimate(QWEN2, training, engine="analytic", simulate_allocator=False)
+    training = _fsdp_qlora(framework="accelerate-fsdp", precision=precision)
+    generic, analytic = _units(training, 4_736, 1_024, 512, 2_304)
     schedule = generic.schedules[0]
-    flat = _setup_allocations(schedule, MemoryCategory.PARAMETER)
-    assert flat["_flat_param"] == 32_800
-    for i in (0, 1):
-        layer = LAYER.format(i)
-        assert flat[f"{layer}._flat_param"] == 4_736
-        assert flat[f"{layer}.self_attn.q_proj.lora_A.default._flat_param"] == 1_024
-        assert flat[f"{layer}.self_attn.v_proj.lora_B.default._flat_param"] == 512
     gathered = {
         ev.size_bytes
         for ev in schedule.events()
@@ -152,6 +162,37 @@ def test_accelerate_fsdp_qlora_gathers_fp32_adapters_in_the_storage_dtype() -> N
         and ev.action == "alloc" and ev.category is MemoryCategory.TEMPORARY
     }  # fmt: skip
     assert gathered == {512, 2_048}
+    ratio = generic.breakdown.allocated_bytes / analytic.breakdown.allocated_bytes
+    assert abs(ratio - 1) < 0.01
+
+
+def test_accelerate_fsdp_gptq_flattens_qweight_and_qzeros_by_hand() -> None:
+    # fms-acceleration's AutoGPTQ plugin under accelerate's FSDP1 (autogptq_utils.py
+    # build_patch_to_view_tensor_to_parameter_for_fsdp_gptq): qweight and qzeros viewed as
+    # frozen Parameters of the model's dtype (bf16 here, bf16-mixed: the model loaded in bf16),
+    # flattened and sharded with the layer's unit; scales (fp16) and g_idx (int32) stay
+    # buffers, whole on every rank. Per linear (in, out), group 128 (one group, in <= 128):
+    # qweight in x out / 2 B, qzeros out / 2 B, scales 2 out B, g_idx 4 in B:
+    #   q, o (64, 64): 2,048 + 32 flattened, 128 + 256 whole; k, v (64, 32): 1,024 + 16, 64 + 256;
+    #   gate, up (64, 128): 4,096 + 64, 256 + 256; down (128, 64): 4,096 + 32, 128 + 512.
+    # A layer's flat parameter: 18,688 B of codes (9,344 bf16 elements), the q / k / v biases
+    # (128) and two norms (128) in bf16: 9,600 elements, 19,200 B gathered, 4,800 B a rank;
+    # 3,072 B of buffers a layer. The root and the fp32 adapters as for the 4-bit base above.
+    training = _fsdp_qlora(framework="accelerate-fsdp", quantize_base="gptq-int4",
+                           precision="bf16-mixed")  # fmt: skip
+    generic, analytic = _units(training, 4_800, 1_024, 512, 3_072)
+    schedule = generic.schedules[0]
+    gathers = {
+        ev.module
+        for ev in schedule.events()
+        if ev.size_bytes == 19_200 and ev.phase == "forward" and ev.action == "alloc"
+    }
+    assert gathers == {LAYER.format(0), LAYER.format(1)}
+    # the formulas' model states: the same bytes a rank (the root; per layer the codes' shard,
+    # the fp32 adapters: A and B of q 16 x 64 each and A of v 16 x 64, 1,024 B a rank each, B
+    # of v 32 x 16, 512 B; the whole buffers)
+    states = analytic.schedules[0].live_before_step()[MemoryCategory.PARAMETER]
+    assert states == 32_800 + 2 * (4_800 + 3 * 1_024 + 512 + 3_072)
     ratio = generic.breakdown.allocated_bytes / analytic.breakdown.allocated_bytes
     assert abs(ratio - 1) < 0.01
 
@@ -200,8 +241,12 @@ def test_accelerate_fsdp_qlora_adapters_read_in_the_storage_dtype_without_shardi
         {"zero_stage": 0},
         {"precision": "32-true"},
         {"quantize_base": "nf4-dq"},
+        # the 16-bit model under accelerate's autocast: no NO_SHARD copy of its frozen units
+        # (the policy's dtype is theirs); was 34 % over on the 2048-wide Llama
+        {"precision": "bf16-mixed", "data_parallel_size": 1},
+        {"quantize_base": "gptq-int4", "precision": "16-mixed", "zero_stage": 0},
     ],
-    ids=["one-gpu", "no-shard", "32-true", "nf4-dq"],
+    ids=["one-gpu", "no-shard", "32-true", "nf4-dq", "mixed-one-gpu", "gptq-no-shard"],
 )
 def test_accelerate_fsdp_qlora_variants_match_the_formulas(changes: dict[str, Any]) -> None:
     # the fast representative is the FULL_SHARD test above

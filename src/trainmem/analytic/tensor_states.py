@@ -91,8 +91,8 @@ from trainmem.specs.optimizers import OPTIMIZER_TABLE
 from trainmem.specs.quantization import (
     NF4_BLOCK,
     NF4_DOUBLE_QUANT_BLOCK,
-    bnb_4bit_statistics_bytes,
     quantized_weight_bytes,
+    unflattened_quantized_bytes,
 )
 from trainmem.specs.ranks import fsdp1_framework
 from trainmem.specs.training import TrainingConfig
@@ -393,17 +393,19 @@ def torchao_factor_view_bytes(numel: int, training: TrainingConfig) -> int:
     return 2 * (blocks - blocks // NF4_DOUBLE_QUANT_BLOCK)
 
 
-def unsharded_statistics_bytes(local: int, training: TrainingConfig, stage: int) -> int:
-    """Bytes of a quantized base weight of ``local`` elements that stay whole on every rank
-    under ZeRO-3 / FSDP (``stage`` 3 over more than one rank) and with parameter offload: a
-    bitsandbytes 4-bit weight's statistics
-    (:func:`~trainmem.specs.quantization.bnb_4bit_statistics_bytes`); 0 otherwise (no
-    parameter sharding; torchtune's torchao ``NF4Tensor``, whose scalers are inner tensors of
-    the parameter and shard with it; int8 and GPTQ). See Note [bitsandbytes statistics under
-    sharding]."""
+def unsharded_statistics_bytes(
+    local: int, local_out: int, training: TrainingConfig, stage: int
+) -> int:
+    """Bytes of a quantized base weight of ``local`` elements and ``local_out`` rows that stay
+    whole on every rank under ZeRO-3 / FSDP (``stage`` 3 over more than one rank) and with
+    parameter offload (:func:`~trainmem.specs.quantization.unflattened_quantized_bytes`): a
+    bitsandbytes 4-bit weight's statistics, a GPTQ weight's ``scales`` and ``g_idx`` under
+    fms-acceleration's FSDP1 patch; 0 otherwise (no parameter sharding; torchtune's torchao
+    ``NF4Tensor``, whose scalers are inner tensors of the parameter and shard with it; int8).
+    See Note [bitsandbytes statistics under sharding]."""
     if stage < 3 or training.framework == "torchtune":
         return 0
-    return bnb_4bit_statistics_bytes(local, training.quantize_base)
+    return unflattened_quantized_bytes(local, local_out, training)
 
 
 def quantized_lm_head(training: TrainingConfig) -> bool:
@@ -489,7 +491,7 @@ class _TensorMaker:
         if _stored_quantized(name, trainable, training):  # is_quantized_base
             full_param = quantized_weight_bytes(local, local_out, training.quantize_base)
             full_param += torchao_factor_view_bytes(local, training)
-            stats = unsharded_statistics_bytes(local, training, self.stage)
+            stats = unsharded_statistics_bytes(local, local_out, training, self.stage)
             full_param -= stats  # Note [bitsandbytes statistics under sharding]
         else:
             full_param = w * local

@@ -24,6 +24,7 @@ __all__ = [
     "bnb_4bit_statistics_bytes",
     "float_quant_storage",
     "quantized_weight_bytes",
+    "unflattened_quantized_bytes",
 ]
 
 NF4_BLOCK = 64
@@ -93,31 +94,62 @@ applies to)."""
 
 
 def float_quant_storage(training: TrainingConfig) -> str | None:
-    """The float dtype a 4-bit base's packed codes are stored in (bitsandbytes
-    ``quant_storage``; Note [Traced quantized base] in trainmem/trace/quantized.py), or None
-    for ``uint8`` (bitsandbytes' default, and every other quantized base).
+    """The float dtype a quantized base's packed tensors are stored in under FSDP1, which
+    flattens a unit into one float tensor (Note [Traced quantized base] in
+    trainmem/trace/quantized.py), or None for their integer storage (bitsandbytes' ``uint8``,
+    GPTQ's ``int32``: every other run).
 
     Args:
-        training: ``framework``, ``quantize_base``, ``precision``.
+        training: ``framework``, ``quantize_base``, ``precision``, ``prepare_kbit_training``.
 
     Returns:
-        Under ``fsdp-qlora`` with a 4-bit base the dtype the rest of the base is held in (its
-        other frozen parameters: the compute dtype when it stays in 16 bits,
+        Under ``fsdp-qlora`` or ``accelerate-fsdp`` the dtype the rest of the base is loaded
+        in (the compute dtype when it stays in 16 bits under autocast,
         :attr:`~trainmem.specs.training.TrainingConfig.kbit_16bit_dense`, else the weight
-        dtype), which FSDP1 flattens the codes with (fsdp_qlora train.py 50efa1e:
-        ``quant_storage=torch_dtype``, the dtype it loads the model in). Under
-        ``accelerate-fsdp`` (transformers' FSDP-QLoRA: ``BitsAndBytesConfig(
-        bnb_4bit_quant_storage=<the dtype the model is loaded in>)``, which transformers'
-        Trainer also makes FSDP1's mixed-precision dtype, trainer.py
-        ``_fsdp_qlora_plugin_updates``) the weight dtype under a ``*-true`` precision; under
-        ``*-mixed`` None: the fp32 storage would be the policy's dtype, where accelerate's
-        policy (and the formulas' gather) is 16-bit, so the trace refuses it
-        (:func:`~trainmem.traced_options.untraced_fsdp1_quantized`). Else None.
+        dtype), which each run stores its packed tensors in:
+
+        * a bitsandbytes 4-bit base's codes (``quant_storage``): Answer.AI fsdp_qlora train.py
+          50efa1e ``quant_storage=torch_dtype``, the dtype it loads the model in; transformers'
+          FSDP-QLoRA ``BitsAndBytesConfig(bnb_4bit_quant_storage=<the model's torch_dtype>)``
+          (fms-acceleration framework_plugin_bnb.py ``model_loader``: ``torch_dtype`` under
+          ``ACCELERATE_USE_FSDP``), which transformers' Trainer also makes FSDP1's
+          mixed-precision dtype (trainer.py ``_fsdp_qlora_plugin_updates``);
+        * a GPTQ base's ``qweight`` and ``qzeros`` under accelerate's FSDP1: fms-acceleration's
+          AutoGPTQ plugin (accelerated-peft autogptq_utils.py
+          ``build_patch_to_view_tensor_to_parameter_for_fsdp_gptq``, PR #15) replaces the two
+          ``int32`` buffers by frozen Parameters viewed as the model's ``torch_dtype`` "so FSDP
+          can shard them" (and views them back to ``int32`` before each forward); ``scales``
+          and ``g_idx`` stay buffers (:func:`unflattened_quantized_bytes`).
+
+        None under ``accelerate-fsdp`` for a base whose other parameters peft upcasts to fp32
+        under autocast (``prepare_kbit_training`` asked for: the fp32 norms and the 16-bit
+        codes would share a unit, which FSDP1 refuses to flatten, "Must flatten tensors with
+        uniform dtype"), and for every other framework or base.
     """
-    if training.quantize_base not in BNB_4BIT:
+    q, f = training.quantize_base, training.framework
+    if not (q in BNB_4BIT or (q == "gptq-int4" and f == "accelerate-fsdp")):
         return None
-    if training.framework == "accelerate-fsdp" and not training.is_mixed:
-        return training.weight_dtype
-    if training.framework != "fsdp-qlora":
+    if f not in ("fsdp-qlora", "accelerate-fsdp"):
+        return None
+    if f == "accelerate-fsdp" and training.is_mixed and not training.kbit_16bit_dense:
         return None
     return training.compute_dtype if training.kbit_16bit_dense else training.weight_dtype
+
+
+def unflattened_quantized_bytes(numel: int, out_features: int, training: TrainingConfig) -> int:
+    """Bytes of a quantized weight of ``numel`` elements and ``out_features`` rows (this rank's
+    tensor-parallel slice) that are not part of the parameter ZeRO-3 / FSDP shard, gather and
+    offload, so stay whole on every rank: a bitsandbytes 4-bit weight's statistics
+    (:func:`bnb_4bit_statistics_bytes`, its ``QuantState``), and under fms-acceleration's
+    AutoGPTQ FSDP patch (:func:`float_quant_storage` names a dtype for a GPTQ base) the
+    ``scales`` (fp16, one row per group of :data:`GPTQ_GROUP_SIZE` input rows) and ``g_idx``
+    (int32, one per input row) buffers it leaves as they are (accelerated-peft
+    autogptq_utils.py ``PATCH_FOR_FSDP_TRITON_V2 = ["qweight", "qzeros"]``; gptqmodel
+    qlinear_tritonv2.py ``register_buffer("scales")``, ``register_buffer("g_idx")``). 0 for
+    every other base (int8; GPTQ elsewhere, counted as the formulas' parameter)."""
+    q = training.quantize_base
+    if q == "gptq-int4" and float_quant_storage(training) is not None:
+        in_features = numel // max(out_features, 1)
+        groups = -(-in_features // GPTQ_GROUP_SIZE)
+        return 2 * groups * out_features + 4 * in_features
+    return bnb_4bit_statistics_bytes(numel, q)

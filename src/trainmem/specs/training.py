@@ -1605,13 +1605,19 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
         stay in the 16-bit dtype it was loaded in, so the residual stream is 16-bit too: no
         fp32 upcast (:attr:`kbit_fp32_upcast`), and transformers loads a quantized model in
         16 bits (quantizers/quantizer_bnb_4bit.py ``update_torch_dtype``: float16 when no
-        ``torch_dtype`` is given; the recipes pass the compute dtype). Not under fsdp_qlora,
+        ``torch_dtype`` is given; the recipes pass the compute dtype). The autocast is
+        torch's (:attr:`uses_autocast`) or accelerate's ``native_amp`` over its FSDP1
+        (:attr:`accelerate_fp32_outputs`: ``--framework accelerate-fsdp`` under ``*-mixed``,
+        where fms-acceleration's plugins load the base in the ``torch_dtype`` given, bf16 for
+        ``--bf16``, fp16 for a GPTQ base: accelerated-peft framework_plugin_bnb.py /
+        framework_plugin_autogptq.py ``model_loader``, and the 4-bit codes are stored in it,
+        :func:`~trainmem.specs.quantization.float_quant_storage`). Not under fsdp_qlora,
         which loads the model itself in fp32 for its autocast precisions (train.py 50efa1e:
         ``bf16_autocast`` / ``fp16_autocast`` set ``torch_dtype = torch.float32``, the
         4-bit weights' ``quant_storage`` too)."""
         return (
             self.quantize_base != "none"
-            and self.uses_autocast
+            and (self.uses_autocast or self.accelerate_fp32_outputs)
             and not self.kbit_fp32_upcast
             and self.framework != "fsdp-qlora"
         )

@@ -30,7 +30,14 @@ Note [Traced quantized base]
       bnb_4bit_statistics_bytes`) are the ``QuantState``'s, not a parameter, so a ``uint8``
       buffer here that FSDP1 leaves whole on every rank (Note [bitsandbytes statistics under
       sharding] in trainmem/analytic/tensor_states.py; :func:`~trainmem.specs.quantization.
-      float_quant_storage`);
+      float_quant_storage`); transformers' FSDP-QLoRA under accelerate stores them likewise
+      in the dtype the model is loaded in (``bnb_4bit_quant_storage``);
+    * a GPTQ base under accelerate's FSDP1 as fms-acceleration's AutoGPTQ plugin runs it
+      (accelerated-peft autogptq_utils.py ``build_patch_to_view_tensor_to_parameter_for_fsdp_
+      gptq``): ``qweight`` and ``qzeros`` viewed as frozen Parameters of the model's dtype,
+      flattened, sharded and gathered with the unit; ``scales`` and ``g_idx`` buffers left
+      whole on every rank (:func:`~trainmem.specs.quantization.unflattened_quantized_bytes`),
+      here one ``uint8`` buffer of their bytes;
     * its forward: the input cast to the compute dtype, the weight dequantized into an
       ``(out, in)`` tensor of the compute dtype, the matmul, the dequantized weight freed
       (bitsandbytes autograd/_functions.py ``MatMul4Bit.forward``:
@@ -71,9 +78,9 @@ import types
 from typing import Any
 
 from trainmem.specs.quantization import (
-    bnb_4bit_statistics_bytes,
     float_quant_storage,
     quantized_weight_bytes,
+    unflattened_quantized_bytes,
 )
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
@@ -232,14 +239,14 @@ def quantize_base(model: Any, training: TrainingConfig, *, diffusers: bool = Fal
         if not linear or id(module) in kept or weight is None or weight.requires_grad:
             continue
         fan_in, fan_out = _features(module)
+        size = quantized_weight_bytes(fan_in * fan_out, fan_out, kind)
         if storage is None:
-            size = quantized_weight_bytes(fan_in * fan_out, fan_out, kind)
             packed = torch.empty(size, dtype=torch.uint8, device=weight.device)
         else:
-            packed = _float_packed(fan_in * fan_out, getattr(torch, storage), weight.device)
-            stats = bnb_4bit_statistics_bytes(fan_in * fan_out, kind)
+            whole = unflattened_quantized_bytes(fan_in * fan_out, fan_out, training)
+            packed = _float_packed(size - whole, getattr(torch, storage), weight.device)
             module.register_buffer(
-                "quant_statistics", torch.empty(stats, dtype=torch.uint8, device=weight.device)
+                "quant_statistics", torch.empty(whole, dtype=torch.uint8, device=weight.device)
             )
         module.weight = torch.nn.Parameter(packed, requires_grad=False)
         module.dequantized_shape = (fan_out, fan_in)
@@ -252,12 +259,12 @@ def quantize_base(model: Any, training: TrainingConfig, *, diffusers: bool = Fal
     return count
 
 
-def _float_packed(numel: int, dtype: Any, device: Any) -> Any:
-    """A 4-bit weight's packed codes in a float ``quant_storage`` (Note [Traced quantized
-    base]): ``ceil(numel / 2)`` bytes, the codes only, in whole elements of ``dtype``."""
-    codes = -(-numel // 2)  # two 4-bit codes a byte
+def _float_packed(nbytes: int, dtype: Any, device: Any) -> Any:
+    """A quantized weight's flattened part in a float storage dtype (Note [Traced quantized
+    base]): ``nbytes`` (a 4-bit weight's codes, ``ceil(numel / 2)``; GPTQ's ``qweight`` and
+    ``qzeros``) in whole elements of ``dtype``."""
     size = torch.empty((), dtype=dtype).element_size()
-    return torch.empty(-(-codes // size), dtype=dtype, device=device)
+    return torch.empty(-(-nbytes // size), dtype=dtype, device=device)
 
 
 def parameter_dtype(model: Any) -> Any:

@@ -208,8 +208,20 @@ def no_shard_copies(t: TrainingConfig) -> bool:
         (``autograd_computed_grad``, freed when the hook returns): the concatenation, the copy
         and two fp32 gradients at once (generic_options' no-shard cell with 2 micro-batches:
         +6.6 % before, 0.000 % after).
+
+        Not under a quantized base: its units hold the codes and the rest of the base in the
+        dtype the model is loaded in, which is the policy's (transformers' FSDP-QLoRA and
+        fms-acceleration's GPTQ patch under ``*-mixed``:
+        :func:`~trainmem.specs.quantization.float_quant_storage`, the compute dtype), so no
+        frozen unit is copied (``_uses_param_mixed_precision`` is False for it); the adapter
+        units' small casts are not modelled (as :func:`low_precision_shards`).
     """
-    return fsdp1_no_shard(t) and t.is_mixed and t.conventions.fsdp_param_dtype_follows_precision
+    return (
+        fsdp1_no_shard(t)
+        and t.is_mixed
+        and t.conventions.fsdp_param_dtype_follows_precision
+        and t.quantize_base == "none"
+    )
 
 
 def sharding(ctx: RankContext) -> Sharding:
