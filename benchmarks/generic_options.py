@@ -36,11 +36,11 @@ unit's view gradients until its post-backward; the unshard pool's pending block 
 backward layer's reduce-scatter); "accelerate-fsdp no-shard 4" and "1 gpu" -3.9 -> -0.007 %
 (Note [FSDP1 NO_SHARD's 16-bit copy]: flat gradients, each unit's copy freed at its reshard);
 "fsdp-qlora 4" -7.9 -> -0.16 %, with CPU offload -8.8 -> -0.18 % (Note [FSDP1 backward
-prefetch under adapter units]); "accelerate-fsdp qlora 4" still +5.1 %: the trace peaks in
-layer 1's forward at the down projection, bitsandbytes' dequantized weight beside the layer's
-MLP tensors and the forward's unsaved temporaries (the residual stream, the norm's output, the
-MLP's product, the projection's output), where the formulas make the dequantized weight at the
-layer's start and have no such temporaries (not an FSDP1 mechanism).
+prefetch under adapter units]); "accelerate-fsdp qlora 4" +5.1 -> -0.14 % (session 17): the
+trace peaks in layer 1's forward at the down projection, bitsandbytes' dequantized weight beside
+the layer's MLP tensors and the forward's unsaved temporaries (the residual stream, the norm's
+output, the MLP's product, the projection's output, the layer's input, ``inputs_embeds``), which
+the formulas now hold there too (Note [Forward tensors held at the down projection]).
 """
 
 from __future__ import annotations

@@ -88,7 +88,8 @@ from trainmem.analytic.backward_transients import (
     mlp_backward_parts,
 )
 from trainmem.analytic.buffers import ROPE_BUFFERS_KEY, layer_rope_cache_bytes
-from trainmem.analytic.checkpointing import input_grad_hook_bytes
+from trainmem.analytic.checkpointing import input_grad_hook_bytes, layer_is_checkpointed
+from trainmem.analytic.forward_transients import down_projection_held_bytes
 from trainmem.analytic.head import (
     FINAL_RMSNORM_BACKWARD_TENSORS,
     final_hidden_transient_bytes,
@@ -129,6 +130,7 @@ from trainmem.analytic.transforms.base import (
 from trainmem.analytic.transforms.checkpointing import (
     WEIGHT_COPIES,
     LayerPlan,
+    first_norm_saves_its_input,
     layer_plan,
     saved_ops,
     split,
@@ -408,6 +410,20 @@ class _Layers:
         self.norm_tmp = layer_norm_backward_bytes(ctx.model, ctx.training)
         self.scores_tmp, self.mask_tmp = eager_scores_forward_bytes(ctx.model, ctx.training)
         self.copies = sequence_parallel_copies(ctx.model, ctx.training)
+        # Note [Forward tensors held at the down projection], per first layer or not
+        self.inner_unsaved = layer_is_checkpointed(ctx.training)
+        saves_input = first_norm_saves_its_input(ctx.model, ctx.training)
+        self.down_held = {
+            first: down_projection_held_bytes(
+                ctx.model,
+                ctx.training,
+                ctx.profile.terms,
+                input_saved=saves_input,
+                first_layer=first,
+                has_embedding=ctx.rank.has_embedding,
+            )
+            for first in (False, True)
+        }
         copies, frozen = self.plan.weight_copy, self.plan.frozen_copy
         self.recomputed_copies = weight_blocks(ctx, copies) if copies else []
         self.frozen_copies = weight_blocks(ctx, frozen) if frozen else []
@@ -476,10 +492,30 @@ class _Layers:
         body += partial
         names = [term for term, _ in plan.saved[n_saved:] + self.plan.dropped[n_dropped:]]
         mlp, partial = self._collectives(saved[n_saved:] + dropped[n_dropped:], names, "down")
-        body += mlp + partial + [free(op, f) for op in dropped]
+        body += mlp + partial
+        # Note [Forward tensors held at the down projection]: a checkpointed layer's inner
+        # tensors are gone by then
+        down = self._down_projection(em, where)
+        dropped_frees: list[Item] = [free(op, f) for op in dropped]
+        body += [*dropped_frees, *down] if self.inner_unsaved else [*down, *dropped_frees]
         body += em.at("layer.post_forward", where)
         em.check()
         return tuple(body)
+
+    def _down_projection(self, em: Emitter, where: Where) -> list[Item]:
+        """The transforms' ops at the MLP's down projection (``layer.mlp.forward``) with the
+        tensors the forward holds there besides the saved blocks (Note [Forward tensors held
+        at the down projection]), made before them and freed after; nothing without ops."""
+        ops = em.at("layer.mlp.forward", where)
+        if not ops:
+            return ops
+        f: Phase = "forward"
+        label = "what the forward holds at the down projection"
+        held = [
+            alloc(size, Cat.TEMPORARY, f, f"down_held/{k}", "layers.{i}", label)
+            for k, size in enumerate(self.down_held[where.first_layer])
+        ]
+        return [*held, *ops, *(free(op, f) for op in held)]
 
     def _collectives(
         self, ops: list[Op], names: list[str], linear: str

@@ -467,6 +467,9 @@ class Transform:
     def layer_forward(self, where: Where) -> Sequence[Emitted]:
         return ()
 
+    def layer_mlp_forward(self, where: Where) -> Sequence[Emitted]:
+        return ()
+
     def layer_post_forward(self, where: Where) -> Sequence[Emitted]:
         return ()
 

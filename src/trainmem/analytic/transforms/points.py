@@ -13,7 +13,9 @@ In step order:
 * ``micro_batches.begin``: the micro-batch loop (a pipeline schedule's ``step``) starts;
 * ``micro_batch.begin``: a micro-batch's forward starts;
 * ``stack.pre_forward`` / ``stack.post_forward``: around the forward through the layers;
-* ``layer.pre_forward``, ``layer.forward`` (its weights are ready), ``layer.post_forward``:
+* ``layer.pre_forward``, ``layer.forward`` (its weights are ready), ``layer.mlp.forward``
+  (its MLP's down projection runs: the layer's saved blocks exist, with what its code still
+  holds there, Note [Forward tensors held at the down projection]), ``layer.post_forward``:
   one layer's forward (the layer's body; ``where.first_layer`` / ``where.last_layer`` in
   execution order);
 * ``head.forward`` / ``head.post_forward``: before / after the logits are made;
@@ -54,6 +56,7 @@ Point = Literal[
     "stack.pre_forward",
     "layer.pre_forward",
     "layer.forward",
+    "layer.mlp.forward",
     "layer.post_forward",
     "stack.post_forward",
     "head.forward",
@@ -93,6 +96,7 @@ PHASE: Final[dict[Point, Phase]] = {
     "stack.pre_forward": "forward",
     "layer.pre_forward": "forward",
     "layer.forward": "forward",
+    "layer.mlp.forward": "forward",
     "layer.post_forward": "forward",
     "stack.post_forward": "forward",
     "head.forward": "forward",

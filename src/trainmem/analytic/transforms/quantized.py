@@ -123,8 +123,10 @@ def unsloth_dequant_buffers(ctx: RankContext) -> tuple[int, int]:
 
 
 class QuantizedBase(Transform):
-    """The dequantized weights of a quantized base: per layer at ``layer.forward`` and
-    ``layer.backward`` (made and freed), the LM head's from ``head.forward`` to
+    """The dequantized weights of a quantized base: per layer at ``layer.forward`` (the
+    linears before the MLP's saved blocks), ``layer.mlp.forward`` (the down projection's,
+    Note [Forward tensors held at the down projection]) and ``layer.backward`` (each made and
+    freed), the LM head's from ``head.forward`` to
     ``head.post_forward`` and again at ``head.backward`` (``head.post_backward`` under an fp32
     model output, Note [Quantized head after the loss's backward]). Under Unsloth's kernels the
     forward's go into its two buffers, made at the warm-up step's start and kept
@@ -197,6 +199,13 @@ class QuantizedBase(Transform):
         ]
 
     def layer_forward(self, where: Where) -> Sequence[Emitted]:
+        if self.buffers[0]:  # written into Unsloth's WEIGHT_BUFFER
+            return ()
+        return self._layer("forward")
+
+    def layer_mlp_forward(self, where: Where) -> Sequence[Emitted]:
+        """The forward's largest dequantized weight, the down projection's, beside what the
+        forward holds there (Note [Forward tensors held at the down projection])."""
         if self.buffers[0]:  # written into Unsloth's WEIGHT_BUFFER
             return ()
         return self._layer("forward")

@@ -1,0 +1,107 @@
+"""What a layer's forward holds at its MLP's down projection besides what the layer saves:
+the tensors its Python code still references there. Symbols as in
+:mod:`trainmem.analytic.activations` (c the compute dtype's bytes, r the residual stream's, t
+the tokens of a micro-batch, h the hidden size, i the MLP's intermediate size).
+
+Note [Forward tensors held at the down projection]
+    A quantized base dequantizes each linear's weight inside that linear's forward and frees it
+    when the matmul has returned (bitsandbytes 0.45.0 autograd/_functions.py
+    ``MatMul4Bit.forward``: ``torch.nn.functional.linear(A, F.dequantize_4bit(B,
+    quant_state).to(A.dtype).t(), bias)``; nn/modules.py ``Linear4bit.forward`` calls it per
+    module). The largest dequantized weight of a dense layer is an MLP linear's (i h), and the
+    last of them, the down projection, runs when the layer's saved activations all exist. At
+    its matmul the forward also holds what its code still references, unsaved:
+
+    * the down projection's output (c t h), made while the weight is alive;
+    * its input, ``act(gate) * up`` (c t i), unless the layer saves it (the term
+      ``mlp/down_input``: a LoRA adapter or a base matmul that keeps its input);
+    * the MLP's input, the second norm's output (r t h, the norm returns the input's dtype),
+      unless saved as itself (``mlp/input`` without an autocast cast, r = c);
+    * the residual, the attention block's sum (r t h; transformers 5.24 modeling_llama.py
+      ``LlamaDecoderLayer.forward``: ``hidden_states = residual + hidden_states; residual =
+      hidden_states``), unless the second norm saves it as itself (LayerNorm, or RMSNorm's
+      ``x.to(float32)`` on an fp32 stream: :func:`~trainmem.analytic.transforms.
+      checkpointing.first_norm_saves_its_input`);
+    * the layer's input (r t h), bound in the caller's loop (``hidden_states =
+      decoder_layer(hidden_states, ...)``), unless the first norm saves it as itself;
+    * in transformers' model code, the embeddings' output (r t h), bound as ``inputs_embeds``
+      in ``LlamaModel.forward`` for the whole loop (``hidden_states = inputs_embeds``): a
+      tensor of its own from the second layer on (the first layer's input is that tensor).
+
+    Under full checkpointing (and op-level selective with SDPA) the layer runs without saving
+    its inner tensors: the gate's output and ``act(gate)`` / ``up`` are freed once their
+    product exists, so the same list holds with the product and the MLP's input always unsaved
+    and the residual unsaved; the layer's input is the checkpoint's saved input, and so is the
+    embeddings' output (the first layer's). Likewise, where the first norm saves its input as
+    itself, the embeddings' output is the first layer's saved input. Checked against the generic
+    path's trace of the agreement model (2-layer 2048-wide Llama, 2 x 256 tokens, nf4 LoRA on
+    q / v, bf16-true, accelerate FSDP1): at layer 1's down projection the trace holds exactly
+    these six tensors, 5,767,168 B + 5 x 2,097,152 B, beside the 23,068,672 B weight.
+    The layer's start keeps a dequantized weight of the same size, made and freed there: it
+    stands for the linears before the MLP's saved blocks (q / k / v / o, gate, up), each
+    dequantizing in turn; it never holds more than the down projection's moment, but it is
+    where a replayed allocator first caches that block (without it, dev row GT177's replay
+    reserved 1.2 points more). Only the dense sequential pre-norm decoder block (Note
+    [Backward of a pre-norm block]) is modelled; other blocks hold none here (their
+    dequantized weight sits beside the saved blocks alone).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from trainmem.analytic.activation_parallelism import parallel_divisor
+from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
+from trainmem.analytic.checkpointing import layer_is_checkpointed
+from trainmem.analytic.mlp import sequential_pre_norm_block
+from trainmem.specs.model import ModelSpec
+from trainmem.specs.training import TrainingConfig
+
+__all__ = ["down_projection_held_bytes"]
+
+
+def down_projection_held_bytes(
+    model: ModelSpec,
+    training: TrainingConfig,
+    terms: Mapping[str, int],
+    *,
+    input_saved: bool,
+    first_layer: bool,
+    has_embedding: bool,
+) -> list[int]:
+    """The tensors (bytes each) a layer's forward holds at its MLP's down projection besides
+    its saved blocks (Note [Forward tensors held at the down projection]): down's output, its
+    input and the MLP's input where not saved, the residual and the layer's input where the
+    norms do not save them, the embeddings' output in transformers' code from the second
+    layer on. Empty for a block other than a dense sequential pre-norm decoder's.
+
+    Args:
+        model: the model (hidden / intermediate sizes, block kind).
+        training: batch, precision, checkpointing, conventions.
+        terms: the layer's activation terms (``ActivationProfile.terms``), bytes.
+        input_saved: the norms save their input as itself (LayerNorm; RMSNorm on an fp32
+            stream).
+        first_layer: the stack's first layer on this rank (its input is the embeddings').
+        has_embedding: this rank runs the embeddings (pipeline stage 0).
+    """
+    dense = model.num_experts <= 1 and model.mlp_kind == "gated"
+    if not (dense and model.architecture == "decoder" and sequential_pre_norm_block(model)):
+        return []
+    c, r = compute_and_residual_bytes(training)
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    h = model.hidden_size * t // parallel_divisor("mlp/input", training)
+    i = model.intermediate_size * t // parallel_divisor("mlp/gated", training)
+    inner = layer_is_checkpointed(training)  # nothing inside the layer is saved
+    out = [c * h]
+    if inner or not terms.get("mlp/down_input", 0):
+        out.append(c * i)
+    if inner or not terms.get("mlp/input", 0) or r != c:
+        out.append(r * h)
+    if inner or not input_saved:
+        out.append(r * h)  # the residual
+    kept = input_saved or inner  # the layer's input is saved (by its norm or the checkpoint)
+    if not kept:
+        out.append(r * h)  # the layer's input
+    if training.conventions.hf_model_code and has_embedding and not (first_layer or kept):
+        out.append(r * h)  # inputs_embeds, also the first layer's input
+    return out

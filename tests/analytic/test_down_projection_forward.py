@@ -1,0 +1,85 @@
+"""A quantized base's forward dequantization at the MLP's down projection, beside what the
+forward's code still holds there (Note [Forward tensors held at the down projection]:
+analytic/forward_transients.py, the ``layer.mlp.forward`` point of analytic/schedule.py).
+
+Hand derivation on the agreement model (2-layer 2048-wide Llama, i = 5,632, 2 x 256 = 512
+tokens), accelerate FSDP1 over 4 ranks, bf16-true (c = r = 2 B), nf4 LoRA on q / v
+(bitsandbytes 0.45: ``MatMul4Bit`` saves no input, so neither the MLP's input nor
+``act(gate) * up`` is saved):
+down's output 2 x 512 x 2048 = 2,097,152 B; its input 2 x 512 x 5632 = 5,767,168 B; the MLP's
+input, the residual and the layer's input 2,097,152 B each; from layer 1 on the embeddings'
+output (``inputs_embeds``) 2,097,152 B too. The dequantized down weight is 2 x 5632 x 2048 =
+23,068,672 B.
+"""
+
+from __future__ import annotations
+
+from conftest import MODELS_DIR, layer_bodies
+from trainmem.analytic.activations import activation_profile
+from trainmem.analytic.forward_transients import down_projection_held_bytes
+from trainmem.analytic.transforms.checkpointing import first_norm_saves_its_input
+from trainmem.estimate import estimate, resolve_model
+from trainmem.specs.training import TrainingConfig
+
+AGREEMENT = str(MODELS_DIR / "agreement" / "llama_h2048.json")
+T, H, INTER = 2 * 256, 2048, 5632
+# transformers' FSDP-QLoRA under accelerate: the model in bf16 (no fp32 upcast by peft)
+QLORA = {
+    "lora_rank": 16,
+    "quantize_base": "nf4",
+    "precision": "bf16-true",
+    "data_parallel_size": 4,
+    "zero_stage": 3,
+    "framework": "accelerate-fsdp",
+}
+
+
+def _held(first_layer: bool, **changes: object) -> list[int]:
+    training = TrainingConfig(micro_batch_size=2, seq_len=256, **changes)  # type: ignore[arg-type]
+    model = resolve_model(AGREEMENT)
+    terms = activation_profile(model, training).terms
+    return down_projection_held_bytes(
+        model,
+        training,
+        terms,
+        input_saved=first_norm_saves_its_input(model, training),
+        first_layer=first_layer,
+        has_embedding=True,
+    )
+
+
+def test_held_tensors_of_a_bf16_qlora_layer() -> None:
+    out, product, x, residual, layer_input, embeds = 2 * T * H, 2 * T * INTER, *[2 * T * H] * 4
+    assert _held(False, **QLORA) == [out, product, x, residual, layer_input, embeds]
+    # the first layer's input is the embeddings' output: one tensor
+    assert _held(True, **QLORA) == [out, product, x, residual, layer_input]
+    # under full checkpointing the checkpoint keeps the layer's input (and layer 0's, which
+    # is the embeddings' output); nothing inside the layer is saved
+    full = {**QLORA, "activation_checkpointing": "full"}
+    assert _held(False, **full) == [out, product, x, residual]
+
+
+def test_a_base_that_saves_its_inputs_leaves_them_out() -> None:
+    # GPTQ's stand-in saves the MLP's input and down's input (both saved blocks), bf16 autocast
+    # over the 16-bit model peft does not upcast: c = r = 2
+    gptq = {"lora_rank": 16, "quantize_base": "gptq-int4"}
+    assert _held(False, **gptq) == [2 * T * H] * 4  # out, residual, input, inputs_embeds
+
+
+def test_forward_peak_is_the_down_projection_with_its_held_tensors() -> None:
+    training = TrainingConfig(micro_batch_size=2, seq_len=256, **QLORA)  # type: ignore[arg-type]
+    est = estimate(AGREEMENT, training, engine="analytic", simulate_allocator=False)
+    body = layer_bodies(est.schedules[0].step, marker="down_held/0")[-1]
+    keys = [(op.action, op.key) for op in body]
+    held = [op for op in body if op.action == "alloc" and op.key.startswith("down_held/")]
+    assert [op.size_bytes for op in held] == [2 * T * H, 2 * T * INTER] + [2 * T * H] * 4
+    dequant = [k for k, op in enumerate(body) if op.key == "dequant" and op.action == "alloc"]
+    assert [body[k].size_bytes for k in dequant] == [2 * INTER * H] * 2
+    down = dequant[-1]
+    # every saved block and every held tensor is alive when down's weight is made
+    saved = [k for k, (action, key) in enumerate(keys) if action == "alloc" and "act/" in key]
+    assert max(saved) < down
+    assert all(keys.index(("alloc", op.key)) < down < keys.index(("free", op.key)) for op in held)
+    # and that is the step's peak: layer 1's forward (the backward's loss peak is lower)
+    peak = est.schedules[0].peak()
+    assert (peak.phase, peak.label) == ("forward", "a dequantized base weight")
