@@ -141,3 +141,53 @@ def test_autocast_caches_fsdp2_unsharded_weights_but_not_dtensor_ones() -> None:
     # gathers bf16 anyway): no cache
     hf = TrainingConfig(**{**fsdp, "framework": "hf-trainer"})
     assert autocast_cached_weight_bytes(model, hf) == 0
+
+
+def test_plain_loop_fsdp2_shards_over_the_context_parallel_ranks_too() -> None:
+    # pytorch-amp's ZeRO-3 is FSDP2's fully_shard; every release that runs FSDP2 beside context
+    # parallelism shards over data x context ranks (torchtitan parallel_dims.py: the "fsdp"
+    # mesh of dp_shard * cp ranks; accelerate 1.14 parallelism_config.py fsdp_dim_names:
+    # "dp_shard_cp"), as the trace engine does (trace/parallel.py parallelize). FSDP 2 x CP 4:
+    # every fp32 weight and Adam moment split 8 ways, 4 and 8 bytes per parameter / 8;
+    # llama-3.2-1b has 1,235,814,400 parameters, every dim 0 divisible by 8 (no padding).
+    training = TrainingConfig(
+        seq_len=8192, data_parallel_size=2, context_parallel_size=4, zero_stage=3
+    )
+    assert training.framework == "pytorch-amp"
+    assert training.sharding_degree == 8
+    states = estimate("llama-3.2-1b", training, simulate_allocator=False).model_states_bytes
+    n = 1_235_814_400
+    assert states["parameters"] == 4 * n // 8
+    assert states["optimizer_states"] == 8 * n // 8
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_context_parallel_keeps_autocast_weight_copies_whole(tp: int) -> None:
+    # context_parallel shards the inputs along the sequence and reroutes SDPA; the weights are
+    # untouched, so the 16-bit casts autocast makes of them (and the matmuls save) are whole on
+    # every CP rank: only tensor parallelism splits them. llama-3.2-1b under bf16-mixed (c = 2):
+    # h = 2048, q and o 2048 x 2048, k and v 512 x 2048, gate / up / down 8192 x 2048, so one
+    # layer's copies are 2 * 2048 * (2 * 2048 + 2 * 512 + 3 * 8192) = 121,634,816 B; the tied
+    # head's 2 * 128256 * 2048 = 525,336,576 B. Before, both were divided by cp (the trace of a
+    # 2048-wide Llama, FSDP 4 x CP 2, held each layer's whole copies: generic 13.3 % above).
+    from trainmem.analytic.activations import layer_activation_terms
+    from trainmem.analytic.head import head_activation_bytes
+    from trainmem.specs.hf import load_model_spec
+
+    model = load_model_spec("llama-3.2-1b")
+    training = TrainingConfig(
+        micro_batch_size=2,
+        seq_len=1024,
+        precision="bf16-mixed",
+        context_parallel_size=2,
+        tensor_parallel_size=tp,
+        sequence_parallel=tp > 1,
+    )
+    layer = layer_activation_terms(model, training)["autocast_weight_copies"]
+    head = head_activation_bytes(model, training)["autocast_weight_copies"]
+    assert layer == 2 * 2048 * (2 * 2048 + 2 * 512 + 3 * 8192) // tp
+    assert head == 2 * 128256 * 2048 // tp
+    # the token terms are still split by the sequence: the MLP input is c * h * b * s / cp
+    whole = TrainingConfig(micro_batch_size=2, seq_len=1024, precision="bf16-mixed")
+    gated = layer_activation_terms(model, training)["mlp/gated"]
+    assert gated * 2 * tp == layer_activation_terms(model, whole)["mlp/gated"]

@@ -74,14 +74,37 @@ REPLICATED_INPUT_TERMS = frozenset(
 )
 
 
+WEIGHT_TERMS = frozenset({"autocast_weight_copies"})
+"""Saved copies of weights, not of tokens: autocast's 16-bit casts of the linear (and LM head)
+weights that the matmuls save for the input gradient. A rank holds its tensor-parallel shard of
+every weight whole over the sequence, so context parallelism does not split them (Note
+[Weight terms under context parallelism])."""
+
+
 def parallel_divisor(term: str, training: TrainingConfig) -> int:
     """Ranks one activation term is split over: tensor parallelism t for the attention / MLP
     internals and the vocabulary-parallel logits (Korthikanti et al. 2022 Eq. 2: sbh(10 + 24/t
     + 5as/ht)), also for the hidden-size region with sequence parallelism (Eq. 3: sbh(34/t +
-    5as/ht)); context parallelism splits every term by sequence. Under DTensor sequence
-    parallelism (torchtitan) the column-parallel linears save their all-gathered input whole
-    (:data:`GATHERED_INPUT_TERMS`)."""
+    5as/ht)); context parallelism splits every term by sequence except the weight copies
+    (:data:`WEIGHT_TERMS`). Under DTensor sequence parallelism (torchtitan) the column-parallel
+    linears save their all-gathered input whole (:data:`GATHERED_INPUT_TERMS`).
+
+    Note [Weight terms under context parallelism]
+        torch's ``context_parallel`` (torch 2.13 distributed/tensor/experimental/
+        _context_parallel/_attention.py ``context_parallel``: the listed buffers, "not ...
+        any nn.Parameter", sharded along their sequence dimension in place, SDPA rerouted to
+        ring attention) leaves the parameters alone, so a CP rank
+        multiplies its s / cp tokens by the whole weight: autocast's 16-bit cast of it
+        (aten/src/ATen/autocast_mode.cpp ``cached_cast``), which the matmul saves for the
+        input gradient (``mm`` saves ``mat2``), is the whole weight's (its tensor-parallel
+        shard under TP) on every CP rank. Traced (a 2-layer 2048-wide Llama, pytorch-amp
+        FSDP 4 x CP 2, bf16-mixed, 2 x 256 tokens): q_proj's saved cast 8,388,608 B =
+        2 x 2048 x 2048, as without CP; dividing it by cp put the formulas 1.3 % below the
+        generic path there, once their FSDP shard group spanned the CP ranks too
+        (``FrameworkConventions.fsdp_shards_over_context_parallel``, 2026-11-28)."""
     tp, cp = training.tensor_parallel_size, training.context_parallel_size
+    if term in WEIGHT_TERMS:
+        return tp
     if term in REPLICATED_INPUT_TERMS or term in ROW_PARALLEL_OUTPUT_TERMS:
         return cp
     if term.startswith("lora/"):
