@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Literal
 from trainmem.analytic.buffers import device_context
 from trainmem.analytic.engine import estimate_analytic
 from trainmem.analytic.loss import unsloth_fused_loss
+from trainmem.analytic.varying_lengths import after_steps, earlier_lengths
 from trainmem.breakdown import MemoryEstimate
 from trainmem.errors import NotApplicableError, SpecError, UnsupportedError
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
@@ -210,7 +211,8 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
     data-parallel layouts and the other frameworks are refused. The HF Trainer on one GPU (on
     more under DDP) runs as its plain loop with its default optimizer
     (:func:`_traced_hf_trainer`); DeepSpeed ZeRO-1/2/3 as the analytic engine's transforms
-    (``trainmem.traced_transforms``).
+    (``trainmem.traced_transforms``); ``earlier_seq_lens`` as one more traced step per listed
+    length (:func:`_estimate_traced`).
     """
     training = traced_settings(training)  # the options applied to a traced step as rules
     defaults = TrainingConfig()
@@ -219,7 +221,6 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
         "optimizer_in_backward",
         "activation_offloading",
         "fsdp_embedding_head_units",  # the trace wraps the layers alone (trace/fsdp.py)
-        "earlier_seq_lens",  # one traced step at one length
     )
     out = [
         f"{name}={getattr(training, name)}"
@@ -969,7 +970,41 @@ def _estimate_traced(
 ) -> MemoryEstimate:
     """The ``trace`` engine (the whole model) or the ``generic`` path (a few blocks per list,
     ``trainmem.trace.generic``), each finished by :func:`finish`; a diffusers config is built
-    by ``trainmem.trace.diffusers_model`` on either."""
+    by ``trainmem.trace.diffusers_model`` on either. With ``earlier_seq_lens`` each listed
+    length's step is traced too and runs before the measured one, as the analytic engine
+    splices its own (Note [Steps of varying length] in trainmem/analytic/varying_lengths.py)."""
+    args = (gpu_spec, engine, diffusers, cuda_context_bytes)
+    est = _traced_step(model, replace(training, earlier_seq_lens=None), *args)
+    lengths = earlier_lengths(training)
+    if lengths:
+        earlier = [
+            _traced_step(model, replace(training, seq_len=n, earlier_seq_lens=None), *args)
+            for n in lengths
+        ]
+        est.schedules = [
+            after_steps([e.schedules[k] for e in earlier], measured, measured_state=True)
+            for k, measured in enumerate(est.schedules)
+        ]
+        est.config = resolved_config(training)
+        est.notes.append(
+            f"earlier_seq_lens={training.earlier_seq_lens}: each listed length's step traced "
+            "and run before the measured one through one allocator (Note [Steps of varying "
+            "length] in trainmem/analytic/varying_lengths.py)"
+        )
+    return finish(est, gpu=gpu_spec, alloc_conf=alloc_conf, simulate_allocator=simulate_allocator)
+
+
+def _traced_step(
+    model: str | ModelSpec,
+    training: TrainingConfig,
+    gpu_spec: GPUSpec | None,
+    engine: str,
+    diffusers: bool,
+    cuda_context_bytes: int | None,
+) -> MemoryEstimate:
+    """:func:`_estimate_traced`'s estimate of one length, before :func:`finish`: the traced
+    step with the options and transforms the traced paths apply as rules, and what no fake
+    tensor shows (the CUDA context, NCCL communicators, paged states)."""
     unsupported = trace_unsupported_settings(training, engine)
     if unsupported:
         what = "the trace engine" if engine == "trace" else "the generic path (a trace)"
@@ -1058,7 +1093,7 @@ def _estimate_traced(
     est.breakdown = replace(est.breakdown, cuda_context=ctx)
     est.details["outside_allocator_bytes"] = outside
     est.notes.extend(notes)
-    return finish(est, gpu=gpu_spec, alloc_conf=alloc_conf, simulate_allocator=simulate_allocator)
+    return est
 
 
 def _traced_run(

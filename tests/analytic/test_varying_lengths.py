@@ -82,10 +82,35 @@ def test_a_length_above_seq_len_counts_as_seq_len_with_a_warning() -> None:
     assert not any("earlier_seq_lens" in n for n in plain.notes)  # type: ignore[attr-defined]
 
 
-def test_the_trace_engine_refuses_it() -> None:
-    # one traced step has one length: the setting is listed as not traced (auto: the formulas)
+def test_the_traced_paths_trace_each_length() -> None:
+    # each listed length is one more traced step (tests/trace/test_traced_options.py), so the
+    # setting is no longer refused there
     from trainmem.estimate import trace_unsupported_settings
 
-    assert "earlier_seq_lens=64" in trace_unsupported_settings(
-        TrainingConfig(earlier_seq_lens="64")
-    )
+    assert trace_unsupported_settings(TrainingConfig(earlier_seq_lens="64"), "generic") == []
+    assert trace_unsupported_settings(TrainingConfig(earlier_seq_lens="64")) == []
+
+
+def test_after_steps_takes_the_traced_state_from_the_measured_length() -> None:
+    # a traced setup allocates its batch at init (b x s token ids and labels, here 8 B a
+    # token); spliced after the earlier lengths' steps the measured step must start from its
+    # own length's batch, not the first listed length's (the formulas keep no batch: the
+    # default, the first schedule's state, is theirs)
+    from trainmem.analytic.varying_lengths import after_steps
+    from trainmem.schedule import Op, StepSchedule
+
+    def traced(tokens: int) -> StepSchedule:
+        weights = Op("alloc", 1_000, MemoryCategory.PARAMETER, "init", "w")
+        batch = Op("alloc", 8 * tokens, MemoryCategory.INPUT, "init", "batch")
+        act = Op("alloc", 100 * tokens, MemoryCategory.ACTIVATION, "forward", "a")
+        step = (act, act._replace(action="free", phase="backward"))
+        return StepSchedule(setup=(weights, batch, *step), step=step)
+
+    short, measured = traced(16), traced(64)
+    spliced = after_steps([short], measured, measured_state=True)
+    assert spliced.live_before_step()[MemoryCategory.INPUT] == 8 * 64
+    assert spliced.peak().peak_bytes == measured.peak().peak_bytes == 1_000 + 8 * 64 + 6_400
+    # the warm-up step is the short one, then the measured length's step twice
+    acts = [op.size_bytes for op in spliced.setup if op.category is MemoryCategory.ACTIVATION]
+    assert acts == [1_600, 1_600, 6_400, 6_400]
+    assert after_steps([short], measured).live_before_step()[MemoryCategory.INPUT] == 8 * 16

@@ -432,3 +432,28 @@ def test_fsdp1_over_a_quantized_base_runs_or_names_what_works() -> None:
         true = replace(upcast, precision="bf16-true")  # upcast refused on a 16-bit model
         assert not any(x.startswith("quantize_base=nf4 under") for x in
                        trace_unsupported_settings(true, "generic"))  # fmt: skip
+
+
+@pytest.mark.slow  # three traces; the splice by hand: tests/analytic/test_varying_lengths.py
+def test_earlier_lengths_are_traced_steps_before_the_measured_one() -> None:
+    # Note [Steps of varying length]: one traced step per listed length (16, then 32), then
+    # the step at seq_len that the measured one follows. The head's input under autocast is a
+    # bf16 copy of the hidden states, b x n x h x 2 B = 2 x n x 64 x 2: 4,096, 8,192, 16,384
+    training = _training(earlier_seq_lens="16,32")
+    est = estimate(QWEN2, training, engine="generic", simulate_allocator=False)
+    schedule = est.schedules[0]
+
+    def head_inputs(items: tuple[Item, ...]) -> list[int]:
+        return [op.size_bytes for op in _ops(items) if op.action == "alloc"
+                and op.phase == "forward" and op.module.endswith("lm_head")
+                and op.size_bytes in (4_096, 8_192, 16_384)]  # fmt: skip
+
+    assert head_inputs(schedule.setup) == [4_096, 8_192, 16_384]
+    assert head_inputs(schedule.step) == [16_384]
+    assert est.config["earlier_seq_lens"] == "16,32"
+    # the measured step's allocated peak is the step at seq_len's, as the formulas have it
+    analytic = estimate(QWEN2, training, engine="analytic", simulate_allocator=False)
+    generic = est.breakdown.allocated_bytes
+    assert abs(generic / analytic.breakdown.allocated_bytes - 1) < 0.01
+    assert generic == estimate(QWEN2, _training(), engine="generic",
+                               simulate_allocator=False).breakdown.allocated_bytes  # fmt: skip

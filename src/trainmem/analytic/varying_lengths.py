@@ -27,12 +27,13 @@ Note [Steps of varying length]
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from trainmem.analytic.activations import activation_profile
 from trainmem.analytic.schedule import PipelineRank, rank_schedule
 from trainmem.analytic.tensor_states import StateLayout
-from trainmem.schedule import Item, StepSchedule
+from trainmem.schedule import Item, Op, StepSchedule
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 
@@ -64,9 +65,7 @@ def after_earlier_steps(
     Source: c10/cuda/CUDACachingAllocator.cpp (cached blocks kept per stream and size class,
     split and reused, released only on a failed allocation or ``empty_cache``).
     """
-    # a length above seq_len counts as seq_len (a planner's search over the length; the
-    # estimate warns: trainmem.estimate.setting_warnings)
-    lengths = tuple(min(n, training.seq_len) for n in training.earlier_seq_len_list)
+    lengths = earlier_lengths(training)
     if not lengths:
         return measured
     earlier = []
@@ -78,7 +77,40 @@ def after_earlier_steps(
                 model, t, rank, layout=layout, prof=prof, workspace_per_handle=workspace_per_handle
             )
         )
-    setup: list[Item] = list(earlier[0].setup)
+    return after_steps(earlier, measured)
+
+
+def earlier_lengths(training: TrainingConfig) -> tuple[int, ...]:
+    """``training.earlier_seq_lens`` in order, each at most ``seq_len`` (a listed length above
+    it counts as ``seq_len``: a planner's search over the length; the estimate warns,
+    :func:`trainmem.estimate.setting_warnings`)."""
+    return tuple(min(n, training.seq_len) for n in training.earlier_seq_len_list)
+
+
+def after_steps(
+    earlier: Sequence[StepSchedule], measured: StepSchedule, *, measured_state: bool = False
+) -> StepSchedule:
+    """``measured`` preceded by the steps of ``earlier`` (one schedule per listed length, of
+    the same rank and engine; Note [Steps of varying length]): the first one's load, weights
+    and warm-up step, each further one's step, then ``measured``'s step twice (the one the
+    measured step follows, then the measured one). ``measured`` itself when ``earlier`` is
+    empty.
+
+    Args:
+        earlier: the schedules at the listed lengths, in order.
+        measured: the schedule at ``seq_len``.
+        measured_state: take the state the steps start from (the setup's leading ``init``
+            ops) from ``measured``, not from the first listed length: a traced step's setup
+            allocates the batch it runs on there (its inputs, b x s token ids and labels,
+            live through every step), which stands for each step's own batch, so the
+            measured step runs on a batch of its own length (the earlier steps on it too: a
+            few bytes a token, Note [Steps of varying length]).
+    """
+    if not earlier:
+        return measured
+    first = earlier[0].setup
+    state = _init_prefix(measured.setup if measured_state else first)
+    setup: list[Item] = [*state, *first[len(_init_prefix(first)) :]]
     for sched in earlier[1:]:
         setup += sched.step
     setup += measured.step  # the step the measured one follows
@@ -89,3 +121,11 @@ def after_earlier_steps(
         load=earlier[0].load,
         load_rule=earlier[0].load_rule,
     )
+
+
+def _init_prefix(items: Sequence[Item]) -> tuple[Item, ...]:
+    """The leading ``init`` ops of a setup (the state its warm-up step starts from)."""
+    n = 0
+    while n < len(items) and isinstance(items[n], Op) and items[n].phase == "init":  # type: ignore[union-attr]
+        n += 1
+    return tuple(items[:n])
