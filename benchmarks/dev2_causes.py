@@ -1052,7 +1052,7 @@ CAUSES.update(
             "utils/checkpoint.py: outputs = ctx.run_function(*detached_inputs), then "
             "torch.autograd.backward(outputs_with_grad, args_with_grad), only grads returned) "
             "holds the recomputed output, b s h bf16 = 64 MiB, which the formulas miss; "
-            "modelled (branch wt-rows129-reentrant) GT129's allocated grows 67 MB and its "
+            "modelled (branch wt-rows129-reentrant, c01e265) GT129's allocated grows 67 MB and its "
             "reserved not at all (the block lands in cached segments), while the fms rows "
             "(transformers 4 reentrant) grow 0.3-0.8 point further over and dev set 2's "
             "median goes 3.12 -> 3.21 % (the guard's bar is 3.13): not landed. The same "
