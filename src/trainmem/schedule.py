@@ -24,7 +24,8 @@ Note [One description of the step]
 
     Frees are paired with their allocations by ``key``. Inside a :class:`Repeat`, ``{i}`` in a
     key or module name is the iteration's index (``{i_prev}`` / ``{i_next}`` one less / more,
-    ``{i_prev2}`` / ``{i_next2}`` two: a tensor some layers free two layers later), so layer
+    ``{i_prev2}`` / ``{i_next2}`` two, ``{i_prev3}`` / ``{i_next3}`` three: a tensor some layers
+    free two layers later, FSDP1's rate-limited gathers three), so layer
     ``j``'s saved activations allocated in the forward are the ones layer ``j``'s backward
     frees. Sizes and categories of a repeated body do not depend on the index.
 
@@ -59,7 +60,7 @@ class Op(NamedTuple):
         category: what the storage holds.
         phase: step phase.
         key: pairs a free with its allocation; may hold ``{i}``, ``{i_prev}``, ``{i_next}``,
-            ``{i_prev2}``, ``{i_next2}``.
+            ``{i_prev2}``, ``{i_next2}``, ``{i_prev3}``, ``{i_next3}``.
         module: module path (``layers.{i}.mlp``), formatted like ``key``.
         label: what the tensor is, for the peak's explanation ("log-softmax gradients").
         stream: CUDA stream (0 = default).
@@ -384,8 +385,10 @@ class StepSchedule:
         # generator resumed per event cost a tenth of a microsecond each)
         return chain.from_iterable(self._runs(records))
 
-    def _runs(self, records: bool) -> Iterator[list[AllocEvent | EventRecord]]:
-        live: dict[str, tuple[int, int]] = {}
+    def _runs(
+        self, records: bool, live: dict[str, tuple[int, int]] | None = None
+    ) -> Iterator[list[AllocEvent | EventRecord]]:
+        live = {} if live is None else live  # key -> (block id, size) of what is allocated
         counter = [0, 0]  # next block id, events written
         adopt: frozenset[str] = frozenset()
         if self.load:  # Note [The load phase]
@@ -394,6 +397,18 @@ class StepSchedule:
         yield from _expand(self.setup, 0, live, counter, records, adopt)
         self._cache["steady_state_start"] = counter[1]
         yield from _expand(self.step, 0, live, counter, records)
+
+    def live_keys(self) -> list[str]:
+        """The keys still allocated when the step ends (weights, optimizer states, anything the
+        schedule never frees), each repeated body's iterations written out.
+
+        Raises:
+            ScheduleError: as :meth:`expand`.
+        """
+        live: dict[str, tuple[int, int]] = {}
+        for _ in self._runs(True, live):
+            pass
+        return list(live)
 
     def num_segments(self) -> int:
         """Items in the schedule counting a repeated body once (its compact size)."""
@@ -520,7 +535,9 @@ def _format_index(text: str, i: int) -> str:
     """``text`` with ``{i}`` and its neighbours filled in; cached, since every replay of a
     schedule (the planner's boundary checks replay several) formats the same keys and module
     names for the same layers."""
-    return text.format(i=i, i_prev=i - 1, i_next=i + 1, i_prev2=i - 2, i_next2=i + 2)
+    return text.format(
+        i=i, i_prev=i - 1, i_next=i + 1, i_prev2=i - 2, i_next2=i + 2, i_prev3=i - 3, i_next3=i + 3
+    )
 
 
 _record_of = partial(tuple.__new__, EventRecord)

@@ -16,7 +16,10 @@ Note [Runs of blocks]
     first ``middle + 1`` and the last ``COPIES - middle - 1``; the kept unit ``middle`` stands
     for the ``reps - COPIES + 1`` identical units in the middle of the full model
     (``trainmem.trace.compose``). Two units on each side of the middle one let a tensor be freed
-    up to two blocks after (or before) the block that allocated it.
+    up to two blocks after (or before) the block that allocated it. A step whose tensors are
+    freed further away (FSDP1's rate-limited gathers, three layers: Note [FSDP1's gathers three
+    layers on] in trainmem/trace/generic.py) keeps more: ``reach`` blocks on each side, ``2 *
+    ceil(reach / unit) + 1`` units (seven single blocks for a reach of three).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from trainmem.trace._torch import require_torch
 
 torch = require_torch()
 
-__all__ = ["COPIES", "Run", "block_kind", "find_block_lists", "find_runs", "truncate"]
+__all__ = ["COPIES", "Run", "block_kind", "find_block_lists", "find_runs", "kept_units", "truncate"]
 
 COPIES = 5
 """Units of a run kept in the traced model (the middle one repeated); units of several blocks
@@ -134,13 +137,22 @@ def find_runs(kinds: list[Any]) -> list[tuple[int, int, int]]:
     return out
 
 
-def truncate(model: Any, copies: int | None = None) -> list[Run]:
+def kept_units(unit: int, reach: int = 2) -> int:
+    """Units of ``unit`` blocks kept of a long run (Note [Runs of blocks]): :data:`COPIES` for
+    single blocks, :data:`UNIT_COPIES` for longer units, more when a tensor is freed more than
+    two blocks from the block that allocated it (``reach`` blocks: ``reach / unit`` units,
+    rounded up, on each side of the middle one)."""
+    return max(COPIES if unit == 1 else UNIT_COPIES, 2 * (-(-reach // unit)) + 1)
+
+
+def truncate(model: Any, copies: int | None = None, *, reach: int = 2) -> list[Run]:
     """Cut every block list of ``model`` in place to the kept units of its runs.
 
     Args:
         model: the full model on ``meta``.
-        copies: units kept per run (default :data:`COPIES`, :data:`UNIT_COPIES` for units of
-            several blocks); at least 3.
+        copies: units kept per run (default :func:`kept_units`); at least 3.
+        reach: the most blocks between the one that allocates a tensor and the one that frees
+            it (:func:`kept_units`; ignored with ``copies``).
 
     Returns:
         The runs of every list, in list order.
@@ -152,13 +164,15 @@ def truncate(model: Any, copies: int | None = None) -> list[Run]:
             continue
         kinds = [block_kind(b) for b in mod]
         found = find_runs(kinds)
-        limit = copies if copies is not None else COPIES
-        if all(reps <= (limit if unit == 1 else UNIT_COPIES) for _, unit, reps in found):
+        limit = copies if copies is not None else kept_units(1, reach)
+        if all(
+            reps <= (limit if unit == 1 else kept_units(unit, reach)) for _, unit, reps in found
+        ):
             continue  # nothing to cut here: look for lists inside its blocks
         cut.append(path)
         keep: list[Any] = []
         for first, unit, reps in found:
-            c = copies if copies is not None else (COPIES if unit == 1 else UNIT_COPIES)
+            c = copies if copies is not None else kept_units(unit, reach)
             middle = (c - 1) // 2
             if reps <= c:
                 units, kept, middle = list(range(reps)), reps, -1

@@ -18,18 +18,27 @@ Note [Composing the full depth]
     :class:`~trainmem.schedule.Repeat` of ``count`` iterations (reversed when the pass visits
     the units downwards, as backward does). A block is keyed by its run, its pass and its
     position among the allocations of its stretch (its *role*), and the index of its unit in the
-    full model: ``{i}`` in the repeated body, ``{i_prev}`` / ``{i_prev2}`` (``{i_next}`` /
-    ``{i_next2}``) for a block of the unit one or two before (after), a literal index elsewhere.
-    The composition refuses (:class:`CompositionError`) rather than guess: passes that differ
-    between units, a unit referenced whose allocations differ from the middle one's, a
-    repeated block freed from outside its run, references more than two units away. Composing
-    with ``count = 1`` must give back the traced stream event for event, and with
-    ``count = 3`` must expand without an unpaired free: both are checked.
+    full model: ``{i}`` in the repeated body, ``{i_prev}`` / ``{i_prev2}`` / ``{i_prev3}``
+    (``{i_next}``...) for a block of the unit one to three before (after), a literal index
+    elsewhere. A kept unit that uses a block of a role the repeated body uses as many units
+    away (FSDP1's gather, freed three layers on: Note [FSDP1's gathers three layers on] in
+    trainmem/trace/generic.py) means the unit that far away in the full model too, not the
+    kept unit's literal index. A stretch of the middle unit outside its run's pass that only
+    frees blocks of such roles (the end of a pass releasing what is still pending) frees one
+    iteration's: the repeat next to the kept units on the side of the unit that would have
+    freed them. The composition refuses (:class:`CompositionError`) rather than guess: passes
+    that differ between units, a unit referenced whose allocations differ from the middle
+    one's, a repeated block freed from outside its run, references more than three units away.
+    Composing with ``count = 1`` must give back the traced stream event for event, and with
+    ``count = 3`` must expand without an unpaired free and leave allocated at the step's end
+    what the traced units leave, each repeat what the middle unit leaves (a block freed
+    further away than the kept units reach is freed by no repeat): all are checked.
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,7 +52,7 @@ from trainmem.trace.module_paths import clean_module_path
 
 __all__ = ["CompositionError", "ParamInfo", "compose", "count_parameters", "trainable_params"]
 
-_REL = {0: "i", -1: "i_prev", -2: "i_prev2", 1: "i_next", 2: "i_next2"}
+_REL = {0: "i", -1: "i_prev", -2: "i_prev2", -3: "i_prev3", 1: "i_next", 2: "i_next2", 3: "i_next3"}
 
 Label = tuple[int, int]  # (run id, kept unit)
 
@@ -260,33 +269,10 @@ def compose(
             role[e.block_id] = (e.phase, len(mine))
             mine.append((e.size_bytes, e.category.value))
 
-    # direction of each repeated stretch: the nearest unit of its run before it in the stream
-    # is the one below (ascending) or above (descending)
-    descending: dict[int, bool] = {}
-    for sid, (_, _, seg) in enumerate(stretches):
-        if seg is None or runs[seg[0]].middle != seg[1]:
-            continue
-        before = next(
-            (x[2] for x in reversed(stretches[:sid]) if x[2] is not None and x[2][0] == seg[0]),
-            None,
-        )
-        after = next(
-            (x[2] for x in stretches[sid + 1 :] if x[2] is not None and x[2][0] == seg[0]), None
-        )
-        below, above = (seg[0], seg[1] - 1), (seg[0], seg[1] + 1)
-        if before == below or after == above:
-            descending[sid] = False
-        elif before == above or after == below:
-            descending[sid] = True
-        else:
-            first = events[stretches[sid][0]]
-            raise CompositionError(
-                f"a stretch of {runs[seg[0]].list_path} is not between its neighbours "
-                f"({first.phase}, {first.action} in {first.module or 'no module'}; "
-                f"before {before}, after {after})"
-            )
+    descending = _directions(events, stretches, runs)
 
     checked: set[tuple[Label, str]] = set()
+    shifted, far = _body_references(events, stretches, runs, blab, role)
 
     def key(block: int, seg: Label | None, in_body: bool, count_of: Sequence[int]) -> str:
         lab = blab.get(block)
@@ -312,6 +298,10 @@ def compose(
             # a repeated block used next to the repeat: its first or last iteration's
             t = seg[1]
             index = run.full_unit(t, count_of[rid]) + (u - t)
+        elif seg is not None and seg[0] == rid and (rid, phase, k, u - seg[1]) in shifted:
+            # a block as many units away as the repeated body uses its own (FSDP1's gather freed
+            # three layers on by the rate limiter): the same distance in the full model
+            index = run.full_unit(seg[1], count_of[rid]) + (u - seg[1])
         elif seg is not None and seg[0] == rid:
             # a kept unit's block, wherever in its run it is used (a pipeline stage's input
             # gradient is freed when the next micro-batch's forward is past the repeat)
@@ -330,6 +320,10 @@ def compose(
         for sid, (a, b, seg) in enumerate(stretches):
             target = setup if a < timeline.steady_state_start else step
             body_run = seg is not None and runs[seg[0]].middle == seg[1]
+            side = _edge_side(events[a:b], seg, blab, role, far) if body_run else 0
+            if side:  # one iteration's blocks: keyed as next to the repeat on that side
+                assert seg is not None
+                body_run, seg = False, (seg[0], seg[1] + side)
             ops = [
                 Op(
                     e.action,
@@ -360,12 +354,156 @@ def compose(
 
     schedule = build(counts)
     if check:
-        _check(build([1] * len(runs)), timeline)
-        try:
-            list(build([min(c, 3) for c in counts]).events())
-        except ScheduleError as exc:
-            raise CompositionError(f"the composed step does not pair its frees: {exc}") from exc
+        one = build([1] * len(runs))
+        _check(one, timeline)
+        three = [min(c, 3) for c in counts]
+        _check_kept_blocks(one, build(three), runs, three)
     return schedule
+
+
+def _directions(
+    events: Sequence[AllocEvent],
+    stretches: Sequence[tuple[int, int, Label | None]],
+    runs: Sequence[Run],
+) -> dict[int, bool]:
+    """Whether each repeated stretch visits the units downwards: the nearest unit of its run
+    before it in the stream is the one below (ascending) or above (descending).
+
+    Raises:
+        CompositionError: a repeated stretch with neither neighbour next to it.
+    """
+    descending: dict[int, bool] = {}
+    for sid, (_, _, seg) in enumerate(stretches):
+        if seg is None or runs[seg[0]].middle != seg[1]:
+            continue
+        before = next(
+            (x[2] for x in reversed(stretches[:sid]) if x[2] is not None and x[2][0] == seg[0]),
+            None,
+        )
+        after = next(
+            (x[2] for x in stretches[sid + 1 :] if x[2] is not None and x[2][0] == seg[0]), None
+        )
+        below, above = (seg[0], seg[1] - 1), (seg[0], seg[1] + 1)
+        if before == below or after == above:
+            descending[sid] = False
+        elif before == above or after == below:
+            descending[sid] = True
+        else:
+            first = events[stretches[sid][0]]
+            raise CompositionError(
+                f"a stretch of {runs[seg[0]].list_path} is not between its neighbours "
+                f"({first.phase}, {first.action} in {first.module or 'no module'}; "
+                f"before {before}, after {after})"
+            )
+    return descending
+
+
+def _body_references(
+    events: Sequence[AllocEvent],
+    stretches: Sequence[tuple[int, int, Label | None]],
+    runs: Sequence[Run],
+    blab: dict[int, Label | None],
+    role: dict[int, tuple[str, int]],
+) -> tuple[set[tuple[int, str, int, int]], dict[tuple[int, str, int], int]]:
+    """What the repeated stretches do with blocks of other units of their run (Note [Composing
+    the full depth]): ``(run id, phase, role, units away)`` of every such block allocated or
+    freed (a kept unit using the same role as far away means the same thing), and the units
+    away of each ``(run id, phase, role)`` freed."""
+    out: set[tuple[int, str, int, int]] = set()
+    far: dict[tuple[int, str, int], int] = {}
+    for a, b, seg in stretches:
+        if seg is None or runs[seg[0]].middle != seg[1]:
+            continue
+        for e in events[a:b]:
+            lab = blab.get(e.block_id)
+            if lab is not None and lab[0] == seg[0] and lab[1] != seg[1]:
+                out.add((seg[0], *role[e.block_id], lab[1] - seg[1]))
+                if e.action == "free":
+                    far[(seg[0], *role[e.block_id])] = lab[1] - seg[1]
+    return out, far
+
+
+def _edge_side(
+    events: Sequence[AllocEvent],
+    seg: Label | None,
+    blab: dict[int, Label | None],
+    role: dict[int, tuple[str, int]],
+    far: dict[tuple[int, str, int], int],
+) -> int:
+    """-1 (+1) when the middle unit's stretch ``events`` only frees its own blocks of roles
+    that the repeated body frees units further up (down): 0 otherwise.
+
+    Such a stretch (outside its unit's run: the end of a pass releasing what is pending) frees
+    one iteration's blocks, not every repeat's: the others were freed by the units that far
+    away. The one left is the repeat next to the kept units below (above), as the middle unit
+    is in the cut model: its freeing unit is that far below (above), where the cut model's
+    freed nothing (FSDP1's backward: layer 0 prefetches no layer, so no unshard frees the
+    gather three layers up, Note [FSDP1's gathers three layers on] in
+    trainmem/trace/generic.py)."""
+    sides: set[int] = set()
+    for e in events:
+        away = far.get((seg[0], *role[e.block_id])) if seg is not None else None
+        if e.action != "free" or blab.get(e.block_id) != seg or away is None:
+            return 0
+        sides.add(-1 if away > 0 else 1)
+    return sides.pop() if len(sides) == 1 else 0
+
+
+_RUN_KEY = re.compile(r"r(\d+)\.([^@]+)@(-?\d+)")
+
+
+def _kept_by_unit(
+    schedule: StepSchedule, runs: Sequence[Run], counts: Sequence[int]
+) -> Counter[Any]:
+    """The blocks left allocated at the step's end, a run's block by ``(run id, role, kept
+    unit)`` (every repeat of the middle unit counted as the middle one), others by key.
+
+    Raises:
+        CompositionError: a free without its allocation.
+    """
+    try:
+        keys = schedule.live_keys()
+    except ScheduleError as exc:
+        raise CompositionError(f"the composed step does not pair its frees: {exc}") from exc
+    out: Counter[Any] = Counter()
+    for key in keys:
+        m = _RUN_KEY.fullmatch(key)
+        if m is None:
+            out[key] += 1
+            continue
+        rid = int(m[1])
+        run, unit = runs[rid], int(m[3]) - runs[rid].first
+        if run.middle >= 0 and unit >= run.middle:
+            unit = run.middle if unit < run.middle + counts[rid] else unit - counts[rid] + 1
+        out[rid, m[2], unit] += 1
+    return out
+
+
+def _check_kept_blocks(
+    one: StepSchedule, many: StepSchedule, runs: Sequence[Run], counts: Sequence[int]
+) -> None:
+    """Each repeat of a middle unit leaves allocated at the step's end what the traced middle
+    unit leaves, and the other units what they leave (``one``: the composition with one repeat
+    per run, which gives back the traced stream; ``many``: with ``counts``). A repeated body
+    that allocates a block whose free the cut model makes in a unit it does not repeat (a
+    reference further than the kept units reach) fails here.
+
+    Raises:
+        CompositionError: the blocks left differ, or a free has no allocation.
+    """
+    want = Counter(
+        {
+            k: n * (counts[k[0]] if isinstance(k, tuple) and runs[k[0]].middle == k[2] else 1)
+            for k, n in _kept_by_unit(one, runs, [1] * len(runs)).items()
+        }
+    )
+    got = _kept_by_unit(many, runs, counts)
+    if got != want:
+        extra = sorted(map(str, (got - want) or (want - got)))[:3]
+        raise CompositionError(
+            "the repeated units leave blocks allocated that the traced units free "
+            f"({', '.join(extra)}): a block is freed further away than the kept units reach"
+        )
 
 
 def _check(schedule: StepSchedule, timeline: Timeline) -> None:

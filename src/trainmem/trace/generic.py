@@ -30,7 +30,7 @@ from trainmem.breakdown import MemoryEstimate
 from trainmem.errors import NotApplicableError, TraceError, UnsupportedError
 from trainmem.schedule import StepSchedule
 from trainmem.specs.hardware import GPUSpec
-from trainmem.specs.ranks import RankMap
+from trainmem.specs.ranks import RankMap, fsdp1_framework
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
 
@@ -307,7 +307,8 @@ def trace_generic(
         recipe: how to build and feed the model.
         training: the step's settings.
         gpu: the GPU for the cuBLAS workspace size and the verdict.
-        copies: units kept per run (default ``trainmem.trace.blocks.COPIES``).
+        copies: units kept per run (default ``trainmem.trace.blocks.kept_units``: 5 single
+            blocks, 7 under FSDP1, Note [FSDP1's gathers three layers on]).
         layout: the world's rank map (:func:`trainmem.specs.ranks.model_rank_map`); default
             one without the model's layer count.
 
@@ -335,7 +336,7 @@ def trace_generic(
     with torch.device("meta"):
         model = recipe.build()
     n_all, n_train = count_parameters(model)
-    runs = truncate(model, copies)
+    runs = truncate(model, copies, reach=_reach(training))
     ws = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
 
     def traced(m: Any) -> tuple[Any, Any]:
@@ -392,6 +393,29 @@ def trace_generic(
         *notes,
     ]
     return est
+
+
+def _reach(training: TrainingConfig) -> int:
+    """The most layers between the one that allocates a tensor and the one that frees it, for
+    the cut (``trainmem.trace.blocks.truncate``): 3 under FSDP1, else 2.
+
+    Note [FSDP1's gathers three layers on]
+        FSDP1's rate limiter (torch 2.13 distributed/fsdp/_limiter_utils.py
+        ``_FreeEventQueue``, shared by every unit of the root) dequeues one free event per
+        ``_unshard`` once two are queued, and the trace releases a layer's gathered flat
+        parameter when its event is dequeued (Note [FSDP1 streams on the trace],
+        trainmem/trace/fsdp.py). The backward's end enqueues three events (layer 0's and the
+        root's reshards among them) that no unshard dequeues before the next step, so the
+        steady-state step starts with three queued, and each unshard dequeues the one three
+        reshards back: layer k's gather is freed at layer k + 3's unshard in the forward, and
+        at layer k - 3's in the backward (traced on the 8-layer Qwen2 formula config, 4 ranks).
+        With the default five kept units the repeated middle unit's gather is freed by no
+        repeated unit (the full model would keep every middle layer's gather), so under FSDP1
+        seven are kept: the middle one frees the gather three units back, the units after it
+        those three units back (trainmem/trace/compose.py). NO_SHARD frees no gather: the
+        same cut, which composes as well.
+    """
+    return 3 if fsdp1_framework(training) else 2
 
 
 def _describe(runs: list[Run]) -> list[dict[str, Any]]:
