@@ -390,3 +390,35 @@ def test_a_trainer_config_upload_sets_the_widgets(tmp_path: Path, examples_dir: 
         trainer_config_from_upload(str(named))
     *_, note = h.apply_framework_file("trainer", str(named), *raw)
     assert "upload that ds_config.json" in note
+
+
+def test_engine_and_a_gpu_capacity_as_on_the_cli(invoke_json: InvokeJson) -> None:
+    # the page takes --engine and a --gpu capacity as `trainmem estimate` does (issue 26: "the
+    # web page and the CLI accept the same models and options")
+    values = {**default_values(), "model": "gpt2", "seq_len": 256}
+    values.update(engine="analytic", gpu="24GiB")
+    req = resolve_request(values)
+    assert (req.engine, req.gpu) == ("analytic", "24GiB")
+    words = shlex.split(cli_command(values))
+    assert words[3:7] == ["--gpu", "24GiB", "--engine", "analytic"]
+    est = run(req)
+    cli = invoke_json(*words[1:])
+    assert est.gpu_capacity_bytes == cli["gpu"]["capacity_bytes"] == 24 * GiB
+    assert numbers(est).breakdown_bytes == cli["breakdown_bytes"]
+    assert from_query(to_query(values))[0]["engine"] == "analytic"
+    with pytest.raises(SpecError, match="engine: unknown value 'fast'"):
+        resolve_request({**values, "engine": "fast"})
+
+
+@pytest.mark.slow  # a trace; the fast representative is the test above
+def test_a_traced_engine_on_an_uploaded_config(invoke_json: InvokeJson, models_dir: Path) -> None:
+    # under a traced engine an uploaded config.json is passed as its path (the traced paths
+    # build the model from the file), as the CLI's argument
+    config = str(models_dir / "formula" / "qwen2.json")
+    values = {**default_values(), "seq_len": 64, "micro_batch_size": 2, "engine": "generic"}
+    req = h.request_of(config, values)
+    assert (req.model, req.engine) == (config, "generic")
+    est = run(req)
+    cli = invoke_json(*shlex.split(cli_command(values, config))[1:])
+    assert est.engine == cli["engine"] == "generic"
+    assert numbers(est).breakdown_bytes == cli["breakdown_bytes"]

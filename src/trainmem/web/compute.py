@@ -18,11 +18,11 @@ from typing import Any
 
 from trainmem.breakdown import MemoryEstimate
 from trainmem.errors import SpecError
-from trainmem.estimate import default_attention_of, default_seq_len_of, estimate
+from trainmem.estimate import ENGINES, default_attention_of, default_seq_len_of, estimate
 from trainmem.specs.hf import TIMM_PREFIX, list_presets
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
-from trainmem.web.form import NO_GPU, training_config
+from trainmem.web.form import DEFAULT_ENGINE, NO_GPU, training_config
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -110,8 +110,9 @@ class Request:
         model: a preset name or hub id, or the ModelSpec of an uploaded config.json.
         model_arg: how the CLI command names the model.
         training: the validated settings.
-        gpu: catalog name, or None for no verdict.
+        gpu: catalog name or a capacity (``32GB``, ``24GiB``), or None for no verdict.
         alloc_conf: ``PYTORCH_CUDA_ALLOC_CONF`` for the allocator simulator.
+        engine: ``trainmem estimate --engine`` (:data:`trainmem.estimate.ENGINES`).
     """
 
     model: str | ModelSpec
@@ -119,6 +120,7 @@ class Request:
     training: TrainingConfig
     gpu: str | None
     alloc_conf: str
+    engine: str = DEFAULT_ENGINE
 
 
 def resolve_request(values: Mapping[str, Any], uploaded: ModelSpec | str | None = None) -> Request:
@@ -148,7 +150,10 @@ def resolve_request(values: Mapping[str, Any], uploaded: ModelSpec | str | None 
                 "id (org/name) or timm:<name>, or upload a config.json",
             )
         model = model_arg = name
-    gpu = str(values.get("gpu") or NO_GPU)
+    gpu = str(values.get("gpu") or NO_GPU).strip()
+    engine = str(values.get("engine") or DEFAULT_ENGINE)
+    if engine not in ENGINES:
+        raise SpecError("engine", f"unknown value {engine!r:.80}; allowed: {', '.join(ENGINES)}")
     training = training_config(
         values,
         default_seq_len=default_seq_len_of(model),
@@ -160,23 +165,25 @@ def resolve_request(values: Mapping[str, Any], uploaded: ModelSpec | str | None 
         training=training,
         gpu=None if gpu == NO_GPU else gpu,
         alloc_conf=str(values.get("alloc_conf") or ""),
+        engine=engine,
     )
 
 
 @lru_cache(maxsize=16)
 def _cached(
-    model: str | ModelSpec, training: TrainingConfig, gpu: str | None, alloc_conf: str
+    model: str | ModelSpec, training: TrainingConfig, gpu: str | None, alloc_conf: str, engine: str
 ) -> MemoryEstimate:
-    return estimate(model, training, gpu=gpu, alloc_conf=alloc_conf)
+    return estimate(model, training, gpu=gpu, alloc_conf=alloc_conf, engine=engine)
 
 
 def run(req: Request) -> MemoryEstimate:
-    """The analytic estimate of ``req`` (the last 16 are cached; do not mutate the result).
+    """The estimate of ``req`` by its engine (``auto``: the formulas where they cover the
+    model, else the generic path; the last 16 are cached; do not mutate the result).
 
     Raises:
         SpecError / UnsupportedError: as :func:`trainmem.estimate.estimate`.
     """
-    return _cached(req.model, req.training, req.gpu, req.alloc_conf)
+    return _cached(req.model, req.training, req.gpu, req.alloc_conf, req.engine)
 
 
 def fix_rows(req: Request, limit: int = 6) -> list[dict[str, Any]]:

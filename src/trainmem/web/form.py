@@ -10,7 +10,8 @@ allowed values and help are the field's :class:`~trainmem.specs.settings.Setting
 the CLI options are generated from (``tests/test_settings_source.py``), so the page offers what
 ``trainmem estimate`` accepts and nothing is spelled twice.
 
-A *values* dict maps ``model``, ``gpu``, ``alloc_conf`` and every TrainingConfig field name to a
+A *values* dict maps ``model``, ``gpu``, ``alloc_conf``, ``engine`` and every TrainingConfig field
+name to a
 typed value (``int``, ``float``, ``bool``, ``str``, ``tuple`` for ``lora_targets``, None
 there for the framework's; ``seq_len``
 None means the model's own context length, at most 4096, and ``attention`` None the model's own
@@ -26,6 +27,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 from trainmem.errors import SpecError
+from trainmem.estimate import ENGINES
 from trainmem.planner.sweep import parse_value
 from trainmem.specs.groups import FIELD_GROUPS
 from trainmem.specs.hardware import GPUS
@@ -34,6 +36,9 @@ from trainmem.specs.training import TrainingConfig
 
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_GPU = "H100-80GB"
+DEFAULT_ENGINE = "auto"
+"""The CLI's ``--engine`` default: the formulas where they cover the model, else the generic
+path."""
 NO_GPU = "(none)"
 """The GPU choice that asks for no fit verdict (the CLI without ``--gpu``)."""
 MODEL_DEFAULT = "model default"
@@ -154,7 +159,13 @@ def coerce(name: str, raw: Any) -> Any:
 def default_values() -> dict[str, Any]:
     """The page's starting state: the CLI's defaults, :data:`DEFAULT_MODEL` on
     :data:`DEFAULT_GPU`."""
-    return {"model": DEFAULT_MODEL, "gpu": DEFAULT_GPU, "alloc_conf": "", **DEFAULTS}
+    return {
+        "model": DEFAULT_MODEL,
+        "gpu": DEFAULT_GPU,
+        "alloc_conf": "",
+        "engine": DEFAULT_ENGINE,
+        **DEFAULTS,
+    }
 
 
 def training_config(
@@ -183,7 +194,10 @@ def training_config(
 # URL query string and CLI command
 # ---------------------------------------------------------------------------------------
 
-_PAGE_KEYS = ("model", "gpu", "alloc_conf")
+_PAGE_KEYS = ("model", "gpu", "alloc_conf", "engine")
+_FLAGGED_PAGE_KEYS = ("alloc_conf", "engine")
+"""Page keys given to ``trainmem estimate`` as options of their own (``--alloc-conf``,
+``--engine``); the model is its argument, the GPU ``--gpu``."""
 
 
 def _text(value: Any) -> str:
@@ -262,7 +276,7 @@ def cli_command(values: Mapping[str, Any], model_arg: str | None = None) -> str:
             "gradient_accumulation_steps", values.get("gradient_accumulation_steps", 1)
         )
     for name, value in flags.items():
-        if name in _PAGE_KEYS and name != "alloc_conf":
+        if name in _PAGE_KEYS and name not in _FLAGGED_PAGE_KEYS:
             continue
         if name in _NO_FLAG:
             words += ["--set", f"{name.replace('_', '-')}={_text(value)}"]
@@ -276,6 +290,13 @@ def cli_command(values: Mapping[str, Any], model_arg: str | None = None) -> str:
     return " ".join(shlex.quote(w) for w in words)
 
 
+def engine_choices() -> list[str]:
+    """The engine picker: ``trainmem estimate --engine``'s values
+    (:data:`trainmem.estimate.ENGINES`), ``auto`` first."""
+    return list(ENGINES)
+
+
 def gpu_choices() -> list[str]:
-    """The GPU picker: the catalog (:data:`trainmem.specs.hardware.GPUS`) and :data:`NO_GPU`."""
+    """The GPU picker: the catalog (:data:`trainmem.specs.hardware.GPUS`) and :data:`NO_GPU`;
+    the field also takes a capacity as ``--gpu`` does (``32GB``, ``24GiB``)."""
     return [*GPUS, NO_GPU]

@@ -54,7 +54,7 @@ from trainmem.web.uploads import (
 log = logging.getLogger("trainmem.web")
 
 TRAINING_NAMES: tuple[str, ...] = tuple(name for names in GROUPS.values() for name in names)
-INPUT_NAMES: tuple[str, ...] = ("model", "gpu", "alloc_conf", *TRAINING_NAMES)
+INPUT_NAMES: tuple[str, ...] = ("model", "gpu", "alloc_conf", "engine", *TRAINING_NAMES)
 """The widgets every handler reads, in this order."""
 
 MAX_PINS = 4
@@ -118,8 +118,12 @@ _CHECKBOX_GROUPS = frozenset(n for n in DEFAULTS if field(n).kind == "multi")
 
 
 def request_of(config_path: str | None, values: Mapping[str, Any]) -> Request:
-    """The resolved request; an uploaded config.json replaces the preset."""
+    """The resolved request; an uploaded config.json replaces the preset (under a traced
+    engine, ``generic`` or ``trace``, as its path: they build the model from the file, as the
+    CLI's path argument does)."""
     uploaded = model_from_upload(config_path)[0] if config_path else None
+    if config_path and values.get("engine") in ("generic", "trace"):
+        uploaded = config_path
     return resolve_request(values, uploaded)
 
 

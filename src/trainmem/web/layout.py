@@ -21,11 +21,13 @@ from trainmem.specs.hf import list_presets
 from trainmem.web import handlers as h
 from trainmem.web import views
 from trainmem.web.form import (
+    DEFAULT_ENGINE,
     DEFAULT_GPU,
     DEFAULT_MODEL,
     GROUPS,
     MODEL_DEFAULT,
     default_values,
+    engine_choices,
     field,
     gpu_choices,
 )
@@ -132,7 +134,19 @@ def build_app() -> Any:
                     elem_id="config-file",
                     height=110,
                 )
-                w["gpu"] = gr.Dropdown(gpu_choices(), value=DEFAULT_GPU, label="GPU", elem_id="gpu")
+                w["gpu"] = gr.Dropdown(
+                    gpu_choices(),
+                    value=DEFAULT_GPU,
+                    label="GPU (or a capacity: 32GB, 24GiB)",
+                    allow_custom_value=True,
+                    elem_id="gpu",
+                )
+                w["engine"] = gr.Dropdown(
+                    engine_choices(),
+                    value=DEFAULT_ENGINE,
+                    label="Engine (--engine)",
+                    elem_id="engine",
+                )
                 for group, names in GROUPS.items():
                     with gr.Accordion(group, open=group in _OPEN_GROUPS):
                         for name in names:
