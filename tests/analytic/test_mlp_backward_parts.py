@@ -11,7 +11,7 @@ fp32 cast (4 h i = 46,137,344 B); the product's backward then adds two more c t 
 
 from __future__ import annotations
 
-from conftest import MODELS_DIR
+from conftest import MODELS_DIR, layer_bodies
 from trainmem.analytic.backward_transients import MlpBackwardParts, mlp_backward_parts
 from trainmem.estimate import estimate, resolve_model
 from trainmem.specs.training import TrainingConfig
@@ -30,8 +30,37 @@ def test_parts_by_hand() -> None:
     # bf16-true: no autocast cast, the weight gradient is the .grad itself
     true16 = mlp_backward_parts(resolve_model(AGREEMENT), _training(precision="bf16-true"))
     assert true16 == MlpBackwardParts(2 * T * N_I, 0, 2 * 2 * T * N_I)
-    # frozen linears keep the one block
-    assert mlp_backward_parts(resolve_model(AGREEMENT), _training(lora_rank=8)) is None
+    # frozen linears (LoRA's base) make no weight gradient
+    lora = mlp_backward_parts(resolve_model(AGREEMENT), _training(lora_rank=8))
+    assert lora == MlpBackwardParts(2 * T * N_I, 0, 2 * 2 * T * N_I)
+    # ... but keep the one block when the layer is recomputed (the Note's last paragraph)
+    full = _training(lora_rank=8, activation_checkpointing="full")
+    assert mlp_backward_parts(resolve_model(AGREEMENT), full) is None
+
+
+def test_a_quantized_down_projection_dequantizes_beside_its_input_gradient() -> None:
+    """GPTQ's triton kernel (fms-acceleration gptqmodel triton_utils/dequant.py
+    ``QuantLinearFunction.backward``) and bitsandbytes' ``MatMul4Bit.backward`` dequantize the
+    weight (c h i: 2 x 2048 x 5632 = 23,068,672 B) for ``grad_output @ W``, the input gradient
+    (c t i = 5,767,168 B) made beside it, and free it on return: the product's two c t i come
+    after, without it; no weight gradient."""
+    training = _training(lora_rank=16, quantize_base="gptq-int4")
+    est = estimate(AGREEMENT, training, engine="analytic", simulate_allocator=False)
+    body = layer_bodies(est.schedules[0].step)[0]
+    keys = [(op.action, op.key) for op in body]
+    dequant = [op for op in body if op.key == "dequant" and op.action == "alloc"]
+    assert [op.size_bytes for op in dequant] == [2 * H * N_I]  # none at layer.backward
+    made, grad, gone = (
+        keys.index(("alloc", "dequant")),
+        keys.index(("alloc", "mlp_tmp")),
+        keys.index(("free", "dequant")),
+    )
+    assert made < grad < gone < keys.index(("alloc", "mlp_tmp/act"))
+    assert [op.size_bytes for op in body if op.key.startswith("mlp_tmp")][:2] == [
+        2 * T * N_I,
+        2 * 2 * T * N_I,
+    ]
+    assert ("alloc", "mlp_tmp/weight") not in keys
 
 
 def test_weight_gradient_is_gone_before_the_product_backward() -> None:

@@ -9,6 +9,7 @@ from typing import NamedTuple
 from trainmem.analytic.activation_parallelism import parallel_divisor
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
 from trainmem.analytic.attention import fp32_softmax
+from trainmem.analytic.checkpointing import layer_is_checkpointed
 from trainmem.analytic.lora import unsloth_fast_lora, unsloth_lora_product_tensor
 from trainmem.analytic.mlp import (
     SIGMOID_FORMULA_ACTIVATIONS,
@@ -68,12 +69,23 @@ def mlp_backward_parts(model: ModelSpec, training: TrainingConfig) -> MlpBackwar
         agreement model (2048-wide Llama, 2 x 256 tokens, bf16 autocast, pipeline stage 0
         of 2, accumulation 4): c h i + c t i + the fp32 cast at the down projection, where
         the one block held c h i + 3 c t i (formulas -1.3 % -> +0.3 % above the trace).
-        Frozen linears (LoRA, a quantized base) keep the one block: they make no weight
-        gradient (the node's output mask), but a quantized base's dequantized weight is
-        alive beside the input gradient (bitsandbytes ``MatMul4Bit.backward``), which the
-        quantized-base transform places before the block; splitting there moved the QLoRA
-        rows GT129 -17.4 -> -21.8 %, GT176 -5.8 -> -7.7 % (the recomputed layer's own
-        transients, unmodelled, were hidden by the block's c h i), so it was not landed.
+        Frozen linears (LoRA's base, a quantized base) make no weight gradient (the node's
+        output mask), so their parts have none; a quantized base's dequantized weight is
+        alive beside the input gradient instead and freed before the product's backward
+        (bitsandbytes 0.45.0 autograd/_functions.py ``MatMul4Bit.backward``:
+        ``torch.matmul(grad_output, F.dequantize_4bit(B, ctx.state).to(...).t())``; GPTQ's
+        triton kernel, fms-acceleration gptqmodel/nn_modules/triton_utils/dequant.py @c70ffe0
+        and AutoGPTQ tritonv2 ``QuantLinearFunction.backward``: ``quant_matmul_248(
+        grad_output, ..., transpose=True)``, which dequantizes into a new fp16 weight), placed
+        by the quantized-base transform at ``layer.mlp.pre_backward`` until
+        ``layer.mlp.post_backward``. GPTQ base on the agreement model: -2.3 -> +0.06 %. A
+        recomputed layer (full checkpointing) keeps the one block, c h i included: splitting
+        it there moved the QLoRA rows GT129 -17.4 -> -21.8 %, GT176 -5.8 -> -7.7 %, and the
+        agreement model under full checkpointing (generic / formulas - 1, session 17) LoRA
+        -0.9 -> +2.1 %, nf4 -2.4 -> +3.0 %, GPTQ -0.8 -> +5.7 %: the recompute's own tensors
+        are not modelled (the trace, non-reentrant with early stop, holds the incoming
+        gradient of down's output in fp32 and its cast beside the recomputed blocks and
+        down's autocast weight copy), and the block's c h i stands in for them.
     """
     if len(model.layer_kinds()) > 1 or model.architecture == "vision-encoder":
         return None
@@ -81,7 +93,7 @@ def mlp_backward_parts(model: ModelSpec, training: TrainingConfig) -> MlpBackwar
         return None
     if model.num_experts > 1 and training.conventions.hf_model_code:
         return None
-    if training.is_lora:  # frozen linears: not split (see the Note's last paragraph)
+    if training.is_lora and layer_is_checkpointed(training):  # the Note's last paragraph
         return None
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     c = compute_and_residual_bytes(training)[0]
@@ -91,7 +103,8 @@ def mlp_backward_parts(model: ModelSpec, training: TrainingConfig) -> MlpBackwar
     divisor = parallel_divisor("mlp/gated", training)
     down_input = c * i * t * k_top // divisor
     weight = c * h * i // training.tensor_parallel_size
-    weight = weight if training.uses_autocast else 0
+    # a frozen down projection (LoRA's base) makes no weight gradient (the node's output mask)
+    weight = weight if training.uses_autocast and not training.is_lora else 0
     return MlpBackwardParts(down_input, weight, (n - 1) * down_input)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from trainmem.analytic.backward_transients import mlp_backward_parts
 from trainmem.analytic.buffers import (
     dequantize_cast_bytes,
     dequantized_weight_bytes,
@@ -164,6 +165,8 @@ class QuantizedBase(Transform):
         fp32_output = ctx.training.conventions.fp32_model_output
         self.after_loss = logits_bytes(ctx.model, ctx.training) if self.head and fp32_output else 0
         self.buffers = unsloth_dequant_buffers(ctx)
+        # the MLP's backward as its linears (Note [An MLP's backward, linear by linear])
+        self.split = mlp_backward_parts(ctx.model, ctx.training) is not None
 
     @staticmethod
     def applies(ctx: RankContext) -> bool:
@@ -211,7 +214,22 @@ class QuantizedBase(Transform):
         return self._layer("forward")
 
     def layer_backward(self, where: Where) -> Sequence[Emitted]:
+        if self.split:  # beside down's input gradient instead (layer.mlp.pre_backward)
+            return ()
         return self._layer("backward")
+
+    def layer_mlp_pre_backward(self, where: Where) -> Sequence[Emitted]:
+        """The input gradient's dequantized weight, alive beside down's input gradient
+        (Note [An MLP's backward, linear by linear])."""
+        if not self.split or not self.layer:
+            return ()
+        label = "a dequantized base weight"
+        d = alloc(self.layer, Cat.TEMPORARY, "backward", "dequant", "layers.{i}", label)
+        if not self.layer_cast:
+            return [Lifetime(d, "layer.mlp.post_backward")]
+        label = "a dequantized base weight before its cast"
+        q = alloc(self.layer_cast, Cat.TEMPORARY, "backward", "dequant/fp16", "layers.{i}", label)
+        return [q, Lifetime(d, "layer.mlp.post_backward"), free(q, "backward")]
 
     def head_forward(self, where: Where) -> Sequence[Emitted]:
         if not self.head:
