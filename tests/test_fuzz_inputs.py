@@ -109,6 +109,19 @@ REPORTED: list[tuple[list[str], str]] = [
     (["estimate", "a" * 300 + ".json"], "model: file or folder not found"),
     (["estimate", "gpt2", "--deepspeed-config", "/dev/zero"], "not a regular file"),
     (["estimate", "gpt2", "--accelerate-config", "/dev/zero"], "not a regular file"),
+    # session 17: was "error: key 'grad/head/0' allocated while live" (a schedule's internal
+    # check): torchao's CPUOffloadOptimizer(offload_gradients=True) frees every gradient it
+    # offloads and its zero_grad asserts set_to_none (torchao optim/cpu_offload.py)
+    (
+        ["estimate", "tiny-gpt2-test", "--zero-grad-keep", "--offload", "optimizer+gradients"],
+        "zero_grad_set_to_none: False (gradients kept between steps) cannot be combined",
+    ),
+    # session 17: FSDP1 (use_orig_params=False) cannot flatten LoKr / AdaLoRA beside their
+    # frozen base: was torch's ValueError traceback on the generic path
+    (
+        "estimate tiny-llama-test --lora-rank 4 --lora-variant lokr --framework fsdp-qlora".split(),
+        "lora_variant: lokr with --framework fsdp-qlora: FSDP1",
+    ),
 ]
 
 

@@ -958,6 +958,19 @@ def _check_traced_family(target: str | ModelSpec, engine: str) -> None:
         )
 
 
+def _untraced_hint(model: str | ModelSpec, diffusers: bool, unsupported: list[str]) -> str:
+    """What runs instead of settings the traced paths do not model: the analytic engine for a
+    model its formulas build, else dropping the settings (a diffusers, timm or other family
+    only the traced paths build: ``--engine analytic`` would refuse the model itself)."""
+    if not diffusers and (isinstance(model, ModelSpec) or _loaded_spec(model) is not None):
+        return "use --engine analytic for this configuration"
+    names = ", ".join(dict.fromkeys(u.split("=")[0] for u in unsupported))
+    return (
+        "the analytic formulas do not model this model either (no formula family); "
+        f"change or drop {names}"
+    )
+
+
 def _estimate_traced(
     model: str | ModelSpec,
     training: TrainingConfig,
@@ -1011,7 +1024,8 @@ def _traced_step(
         raise UnsupportedError(
             f"{what} does not model "
             + ", ".join(unsupported)
-            + " yet; use --engine analytic for this configuration"
+            + " yet; "
+            + _untraced_hint(model, diffusers, unsupported)
         )
     if isinstance(model, ModelSpec) and _loaded_spec(model.name) != model:
         raise UnsupportedError(

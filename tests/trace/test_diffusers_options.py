@@ -292,3 +292,14 @@ def test_compiled_block_keeps_its_bytes() -> None:
     # torch.compile keeps of block 0 (the slow test above), its fp32 output included
     compiled = TrainingConfig(compile=True, **_COMPILED)
     assert _traced_block0(compiled) == BF16_COMPILED_BLOCK + 2 * 16 * 32 * 4
+
+
+def test_untraced_settings_on_a_model_without_formulas_name_what_to_drop() -> None:
+    # Found by fuzzing (session 17): the refusal ended "use --engine analytic for this
+    # configuration", which refuses a diffusers model itself
+    with pytest.raises(UnsupportedError) as info:
+        _estimate(zero_stage=2, data_parallel_size=4)
+    assert "change or drop data_parallel_size, zero_stage" in str(info.value)
+    assert "--engine analytic" not in str(info.value)
+    with pytest.raises(UnsupportedError, match="not a formula family"):
+        estimate(PIXART, TrainingConfig(), engine="analytic")

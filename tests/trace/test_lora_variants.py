@@ -139,3 +139,22 @@ def test_adalora_and_lokr_are_refused_by_the_formulas_and_lokr_dropout_by_the_sp
                  engine="analytic")  # fmt: skip
     with pytest.raises(SpecError, match="lora_dropout: 0.1: peft's LoKr has no input dropout"):
         TrainingConfig(lora_rank=8, lora_variant="lokr", lora_dropout=0.1)
+
+
+def test_lokr_on_conv1d_linears_is_refused_naming_what_runs() -> None:
+    # Found by fuzzing (session 17): GPT-2's linears are transformers Conv1D, which peft's
+    # LoKr does not adapt (peft tuners/lycoris_utils.py raised TypeError, a traceback)
+    with pytest.raises(SpecError, match=r"lora_variant: lokr: peft's LoKr .* allowed: lora, dora"):
+        estimate("tiny-gpt2-test", TrainingConfig(seq_len=16, lora_rank=4, lora_variant="lokr"),
+                 engine="generic", simulate_allocator=False)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("framework", "variant"), [("fsdp-qlora", "lokr"), ("accelerate-fsdp", "adalora")]
+)
+def test_fsdp1_refuses_adapters_it_cannot_flatten(framework: str, variant: str) -> None:
+    # Found by fuzzing (session 17): FSDP1 with use_orig_params=False raised torch's
+    # "Must flatten tensors with uniform requires_grad" on the generic path (a traceback)
+    with pytest.raises(SpecError, match=rf"lora_variant: {variant} with --framework {framework}"):
+        TrainingConfig(lora_rank=4, lora_variant=variant, framework=framework)
+    TrainingConfig(lora_rank=4, lora_variant="dora", framework=framework)  # its wrap policy's

@@ -136,3 +136,22 @@ def test_a_base_peft_does_not_upcast_stays_16_bit() -> None:
     assert generic.breakdown.parameters - analytic.breakdown.parameters == 64
     g, a = generic.breakdown.allocated_bytes, analytic.breakdown.allocated_bytes
     assert abs(g - a) <= 0.01 * a, (g, a)
+
+
+def test_the_stand_in_output_takes_an_in_place_add_under_grad() -> None:
+    # Found by fuzzing (session 17): peft's AdaLoRA SVDLinear adds its update in place
+    # (`result += ...`, peft tuners/adalora/layer.py) to the base's output; with a bias on a
+    # 3-d input, F.linear returns a view of its addmm, which autograd refuses to modify in
+    # place inside a custom Function ("A view was created in no_grad mode"): GPT-2 (Conv1D
+    # with bias) + adalora + nf4 failed. The output is one fresh (3, 5, 32) tensor.
+    from trainmem.trace.quantized import quantize_base
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Linear(64, 32, bias=True))
+    model[1].requires_grad_(False)
+    training = TrainingConfig(lora_rank=1, quantize_base="nf4", precision="32-true")
+    assert quantize_base(model, training, diffusers=True) == 1
+    out = model[1](model[0](torch.ones(3, 5, 16)))
+    assert out._base is None and out.shape == (3, 5, 32)
+    out += torch.ones(32, requires_grad=True)  # raised RuntimeError before
+    out.sum().backward()
+    assert model[0].weight.grad is not None

@@ -1869,6 +1869,7 @@ def _check_combinations(t: TrainingConfig) -> None:
     _check_ema_combinations(t)
     _check_fsdp1_model_parallel(t)
     _check_fsdp1_quantized(t)
+    _check_fsdp1_adapters(t)
     _check_unsloth_single_gpu(t)
     if t.seq_len % t.context_parallel_size:
         raise SpecError(
@@ -2059,6 +2060,33 @@ def _check_fsdp1_model_parallel(t: TrainingConfig) -> None:
             raise SpecError(name, f"{size} with --framework {t.framework}: {why}")
 
 
+def _check_fsdp1_adapters(t: TrainingConfig) -> None:
+    """Adapters FSDP1 with ``use_orig_params=False`` (accelerate's FSDP, Answer.AI
+    fsdp_qlora) cannot flatten: a unit's ``FlatParameter`` is all trainable or all frozen
+    (torch distributed/fsdp/_flat_param.py ``_validate_tensors_to_flatten``: "Must flatten
+    tensors with uniform `requires_grad` when `use_orig_params=False`"), so trainable leaves
+    get units of their own, wrapped by peft's ``fsdp_auto_wrap_policy`` (peft utils/other.py)
+    or fsdp_qlora's ``get_wrapping_policy``: leaf modules with a trainable ``weight``. LoRA's
+    and DoRA's ``lora_A`` / ``lora_B`` / magnitude are such leaves; LoKr's ``lokr_w1`` /
+    ``lokr_w2`` and AdaLoRA's ``lora_A`` / ``lora_E`` / ``lora_B`` are parameters of the
+    adapted layer itself (peft tuners/lokr/layer.py, tuners/adalora/layer.py), flattened with
+    its frozen base weight. fsdp_qlora's ``train_type`` offers LoRA and DoRA adapters only.
+
+    Raises:
+        SpecError: ``lora_variant``, naming the variants that run.
+    """
+    if t.framework in ("accelerate-fsdp", "fsdp-qlora") and t.lora_variant in ("lokr", "adalora"):
+        raise SpecError(
+            "lora_variant",
+            f"{t.lora_variant} with --framework {t.framework}: FSDP1 with use_orig_params="
+            "False flattens its adapter parameters with the frozen base weight of the layer "
+            "they adapt, and torch refuses a flat parameter mixing trainable and frozen "
+            "tensors (distributed/fsdp/_flat_param.py: 'Must flatten tensors with uniform "
+            "requires_grad'); allowed: lora, dora, or this variant under --framework fsdp2 "
+            "(use_orig_params semantics), DeepSpeed or DDP",
+        )
+
+
 def _check_fsdp1_quantized(t: TrainingConfig) -> None:
     """Quantized bases FSDP1 frameworks never run: bitsandbytes int8 under either (FSDP1
     flattens a unit's parameters into one float tensor: torch 2.13 distributed/fsdp/
@@ -2164,18 +2192,7 @@ def _check_step_in_backward(t: TrainingConfig) -> None:
             "cannot be combined with optimizer_in_backward: the gradients are stepped and "
             "freed in backward, there is nothing to zero",
         )
-    if (
-        t.torchao_cpu_offload
-        and t.offload == "optimizer+gradients"
-        and t.gradient_accumulation_steps > 1
-    ):
-        raise SpecError(
-            "offload",
-            "optimizer+gradients is torchao's CPUOffloadOptimizer(offload_gradients=True) "
-            f"under {t.framework}, which frees each gradient once copied to the CPU, so "
-            "it cannot accumulate (torchao optim/README.md); allowed with "
-            f"gradient_accumulation_steps {t.gradient_accumulation_steps}: none, optimizer",
-        )
+    _check_torchao_gradient_offload(t)
     if t.optimizer_in_backward and t.gradient_accumulation_steps > 1:
         # torchtune's recipes refuse the pair: the step runs inside backward, so there is
         # no gradient left to accumulate into (recipes/full_finetune_*.py).
@@ -2204,6 +2221,38 @@ def _check_step_in_backward(t: TrainingConfig) -> None:
             f"{t.zero_stage} with DeepSpeed pipeline parallelism: DeepSpeed refuses it "
             "(runtime/pipe/engine.py: 'ZeRO-2 and ZeRO-3 are incompatible with pipeline "
             "parallelism'); allowed: 0 or 1",
+        )
+
+
+def _check_torchao_gradient_offload(t: TrainingConfig) -> None:
+    """torchao's ``CPUOffloadOptimizer(offload_gradients=True)`` (``offload=
+    "optimizer+gradients"`` under a framework whose optimizer offload is torchao's) frees each
+    offloaded gradient once its post-accumulate-grad hook has copied it to the CPU
+    (``p_device.grad = None``), and its ``zero_grad`` asserts ``set_to_none`` (torchao
+    optim/cpu_offload.py ``backward_hook``, ``zero_grad``): no gradient is accumulated or kept
+    on the GPU between steps.
+
+    Raises:
+        SpecError: ``offload`` with gradient accumulation, ``zero_grad_set_to_none`` False.
+    """
+    if not (t.torchao_cpu_offload and t.offload == "optimizer+gradients"):
+        return
+    if t.gradient_accumulation_steps > 1:
+        raise SpecError(
+            "offload",
+            "optimizer+gradients is torchao's CPUOffloadOptimizer(offload_gradients=True) "
+            f"under {t.framework}, which frees each gradient once copied to the CPU, so "
+            "it cannot accumulate (torchao optim/README.md); allowed with "
+            f"gradient_accumulation_steps {t.gradient_accumulation_steps}: none, optimizer",
+        )
+    if not t.zero_grad_set_to_none:
+        raise SpecError(
+            "zero_grad_set_to_none",
+            "False (gradients kept between steps) cannot be combined with offload "
+            f"optimizer+gradients under {t.framework}: torchao's CPUOffloadOptimizer"
+            "(offload_gradients=True) frees each gradient once copied to the CPU and its "
+            "zero_grad asserts set_to_none (torchao optim/cpu_offload.py); allowed: "
+            "zero_grad_set_to_none True (--zero-grad-set-to-none), or offload optimizer",
         )
 
 

@@ -29,7 +29,7 @@ import warnings
 from collections import Counter
 from typing import Any
 
-from trainmem.errors import UnsupportedError
+from trainmem.errors import SpecError, UnsupportedError
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
 
@@ -280,6 +280,8 @@ def apply_lora(model: Any, training: TrainingConfig) -> Any:
 
     Raises:
         UnsupportedError: peft is missing or a target does not exist.
+        SpecError: ``lora_variant`` lokr on transformers ``Conv1D`` linears (GPT-2), which
+            peft's LoKr refuses.
     """
     if not training.is_lora:
         return model
@@ -287,6 +289,14 @@ def apply_lora(model: Any, training: TrainingConfig) -> Any:
 
     names = lora_target_modules(model, training.lora_targets)
     conv1d = any(type(m).__name__ == "Conv1D" for n, m in model.named_modules() if n in names)
+    if conv1d and training.lora_variant == "lokr":
+        raise SpecError(
+            "lora_variant",
+            f"lokr: peft's LoKr adapts torch's Linear, Conv1d and Conv2d only, and "
+            f"{type(model).__name__}'s targeted linears are transformers Conv1D (peft "
+            "tuners/lycoris_utils.py _create_new_module: 'Target module of type Conv1D not "
+            "supported'); allowed: lora, dora, adalora",
+        )
     config = adapter_config(
         training,
         names,

@@ -111,8 +111,15 @@ class _QuantizedMatmul(Function):
     ) -> Any:
         cast = x.to(dtype)
         weight = _dequantized(shape, dtype, x.device, torchao, through_fp16)
-        out = torch.nn.functional.linear(cast, weight, None if bias is None else bias.to(dtype))
+        # bitsandbytes' F.linear with a bias on a 3-d input returns a view of its addmm, which
+        # the adapter wrapping the base may not add to in place (peft's AdaLoRA SVDLinear:
+        # "A view was created in no_grad mode"; its SVDLinear4bit clones first): the same
+        # one output allocation, made by matmul (not a view) and the bias added in place
+        cast_bias = None if bias is None else bias.to(dtype)
+        out = torch.matmul(cast, weight.t())
         del weight
+        if cast_bias is not None:
+            out += cast_bias
         ctx.shape, ctx.torchao, ctx.through_fp16 = shape, torchao, through_fp16
         if saves_input:
             ctx.save_for_backward(cast)
