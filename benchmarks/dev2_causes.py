@@ -1077,7 +1077,11 @@ CAUSES.update(
             "allocated figures say the versions over-count there too: GT117 / GT118 "
             "(LoRA 7B, 512 / 2048 tokens) 8.28 / 9.16 GiB measured, trainmem +0.7 / +0.8 % "
             "at its defaults and +1.8 / +2.8 % at the runs' versions (fp32 logits held, "
-            "per-layer rotary tables)"
+            "per-layer rotary tables) while it held two gathered layers at the MLP's backward; "
+            "with one (Note [FSDP1 backward prefetch under adapter units], now under train.py's "
+            "reentrant checkpointing inside the units too, checked on torch's FSDP1) -0.1 / "
+            "-1.8 % at the defaults and +1.0 / +0.3 % at the runs' versions, no reserved "
+            "figure moving (the unshard stream's pool keeps the block)"
         ),
         "GT131": (
             "Mistral-7B-v0.2 has no sliding window; the v0.1 preset's 4096 window at 24576 "

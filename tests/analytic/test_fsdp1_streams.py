@@ -205,7 +205,7 @@ def test_accelerate_fsdp1_prefetches_each_layer_from_the_attention_backward() ->
     assert [a for a, _ in ops] == ["alloc", "free"] * 2
 
 
-def test_fsdp_qlora_without_checkpointing_prefetches_from_the_attention_backward() -> None:
+def test_fsdp_qlora_prefetches_from_the_attention_backward() -> None:
     # the same units as accelerate's (each LoRA leaf and each layer, train.py 50efa1e), so the
     # same prefetch order (Note [FSDP1 backward prefetch under adapter units]); seen in torch's
     # FSDP1 traced on fake tensors (benchmarks/generic_options.py 'fsdp-qlora 4': one layer
@@ -214,9 +214,14 @@ def test_fsdp_qlora_without_checkpointing_prefetches_from_the_attention_backward
     ops = _backward_prefetches(**kw)
     assert len({size for _, size in ops}) == 1
     assert [a for a, _ in ops] == ["alloc", "free"] * 62
-    # under its checkpointing inside the units (not traced) the rule is not applied: one
-    # prefetched layer over the stack, once a micro-batch
+    # under its reentrant checkpointing inside the units the same order (checked on torch's
+    # FSDP1, tests/analytic/test_fsdp_qlora_prefetch.py); its non-reentrant checkpointing is not
+    # checked and keeps one prefetched layer over the stack, once a micro-batch
     ops = _backward_prefetches(**{**kw, "activation_checkpointing": "full"})
+    assert [a for a, _ in ops] == ["alloc", "free"] * 62
+    ops = _backward_prefetches(
+        **{**kw, "activation_checkpointing": "full", "checkpoint_reentrant": False}
+    )
     assert [a for a, _ in ops] == ["alloc", "free"] * 2
 
 

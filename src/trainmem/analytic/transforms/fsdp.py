@@ -81,8 +81,8 @@ from trainmem.timeline import Phase
 def fsdp1_adapter_unit_prefetch(ctx: RankContext) -> bool:
     """Whether FSDP1's backward prefetch of the next layer starts in a layer's attention
     backward rather than at its pre-backward (each LoRA leaf a unit of its own under
-    accelerate's FSDP or fsdp_qlora without checkpointing, ZeRO-3 sharding; Note [FSDP1
-    backward prefetch under adapter units]).
+    accelerate's FSDP, or fsdp_qlora without checkpointing or with its reentrant checkpointing
+    inside the units; ZeRO-3 sharding; Note [FSDP1 backward prefetch under adapter units]).
 
     Note [FSDP1 backward prefetch under adapter units]
         With ``BACKWARD_PRE`` FSDP1 prefetches, in a unit's pre-backward hook, the unit whose
@@ -102,9 +102,20 @@ def fsdp1_adapter_unit_prefetch(ctx: RankContext) -> bool:
         the constructor's ``BACKWARD_PRE``) wraps the same units, so without checkpointing
         its order is the same: traced, the 2-layer 2048-wide Llama of benchmarks/
         generic_options.py (nf4, LoRA 16, 4 ranks) holds one 22,560,768 B layer at the first
-        layer's MLP backward (the formulas held two; 'fsdp-qlora 4' -7.9 -> -0.2 %). Its
-        checkpointing inside the units (``apply_activation_checkpointing`` after wrapping,
-        reentrant) is not traced; there the prefetched layer stays held over the stack.
+        layer's MLP backward (the formulas held two; 'fsdp-qlora 4' -7.9 -> -0.2 %). With its
+        reentrant checkpointing inside the units (train.py ``apply_activation_checkpointing(
+        ..., CheckpointImpl.REENTRANT)`` after wrapping) the order is the same: the post-forward
+        order is recorded in the forward (torch 2.2.2 _exec_order_utils.py
+        ``record_post_forward``; the recompute's adapter forwards append after it, leaving the
+        indices ``get_handle_to_backward_prefetch`` reads unchanged), the layer's pre-backward
+        prefetches its own last adapter, and the recompute registers each adapter unit's
+        pre-backward hook again (``_register_pre_backward_hooks`` under ``enable_grad``), so q's
+        first adapter prefetches layer i in the attention's backward. Checked on torch's FSDP1
+        on the CPU (tests/analytic/test_fsdp_qlora_prefetch.py: the last layer alone gathered
+        at its MLP backward, the layer below too once q's backward has run). No dev row moves
+        (the unshard stream's pool keeps the block cached: reserved unchanged); GT117 / GT118's
+        published peak allocated (benchmarks_03_2024.md, 8.28 / 9.16 GiB) is met within +1.0 /
+        +0.3 % at the runs' versions (+1.8 / +2.8 % with two layers held).
 
         In the forward the adapter units also shorten the pool's pending block (Note [FSDP1
         unshard stream pool]): layer i's free, queued at its post-forward, is synchronised by
@@ -115,11 +126,14 @@ def fsdp1_adapter_unit_prefetch(ctx: RankContext) -> bool:
         layer beside the root at layer 1's down projection.
     """
     t = ctx.training
-    # fsdp_qlora wraps the same units; its checkpointing inside them is not traced (left as it
-    # was, the prefetched layer held over the stack)
-    plain_qlora = t.framework == "fsdp-qlora" and t.activation_checkpointing == "none"
+    # fsdp_qlora wraps the same units; its reentrant checkpointing inside them keeps the order
+    # (its non-reentrant checkpointing is not checked: left with the prefetched layer held)
+    reentrant = t.activation_checkpointing == "full" and t.checkpoint_reentrant is not False
+    qlora_units = t.framework == "fsdp-qlora" and (
+        t.activation_checkpointing == "none" or reentrant
+    )
     return (
-        (t.conventions.fsdp1_checkpoint_outside_units or plain_qlora)
+        (t.conventions.fsdp1_checkpoint_outside_units or qlora_units)
         and t.lora_rank > 0
         and ctx.zero_stage == 3
         and t.data_parallel_size > 1
