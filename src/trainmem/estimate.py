@@ -15,6 +15,7 @@ Note [Which path runs]
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Literal
@@ -865,13 +866,27 @@ def _estimate_auto(
             )
         except UnsupportedError as generic_exc:  # neither path models it: both reasons
             raise UnsupportedError(
-                f"the analytic formulas: {reason}; {str(generic_exc).split('; ')[0]}"
+                f"the analytic formulas: {reason}; {without_analytic_advice(str(generic_exc))}"
             ) from generic_exc
         est.notes.insert(0, f"auto: {reason}; the generic path ran")
         return est
     return finish(
         est, gpu=gpu_spec, alloc_conf=alloc_conf, simulate_allocator=simulate_allocator, lean=lean
     )
+
+
+_ANALYTIC_ADVICE = re.compile(
+    r",? or (use )?--engine analytic"  # "..., or --engine analytic", "... or use --engine ..."
+    r"|;? ?use --engine analytic( for this (configuration|model))?"
+    r"|;? or --engine analytic(?=\))"
+)
+
+
+def without_analytic_advice(message: str) -> str:
+    """A traced path's refusal without its advice to run ``--engine analytic``, which ``auto``
+    has just tried (its refusal comes first in the combined message); what else the refusal
+    says would work (another framework, another setting) is kept."""
+    return _ANALYTIC_ADVICE.sub("", message).rstrip("; ")
 
 
 def _is_timm(name: str) -> bool:

@@ -303,3 +303,15 @@ def test_untraced_settings_on_a_model_without_formulas_name_what_to_drop() -> No
     assert "--engine analytic" not in str(info.value)
     with pytest.raises(UnsupportedError, match="not a formula family"):
         estimate(PIXART, TrainingConfig(), engine="analytic")
+
+
+def test_auto_keeps_what_the_generic_refusal_says_would_work() -> None:
+    # Found by fuzzing (session 17): --engine auto (the CLI's and the page's default) kept the
+    # generic refusal only up to its first "; ", which cut "shard with FSDP2 instead"
+    training = TrainingConfig(micro_batch_size=2, precision="32-true", context_parallel_size=2)
+    with pytest.raises(UnsupportedError) as info:
+        estimate(PIXART, training, simulate_allocator=False)
+    message = str(info.value)
+    assert message.startswith("the analytic formulas: 'PixArtTransformer2DModel' is a diffusers")
+    assert message.endswith("; shard with FSDP2 instead)")
+    assert "--engine analytic" not in message  # auto has just tried it
