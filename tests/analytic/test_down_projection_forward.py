@@ -59,11 +59,11 @@ def test_held_tensors_of_a_bf16_qlora_layer() -> None:
     assert _held(False, **full) == [out, product, x, residual]
 
 
-def test_a_base_that_saves_its_inputs_leaves_them_out() -> None:
-    # GPTQ's stand-in saves the MLP's input and down's input (both saved blocks), bf16 autocast
-    # over the 16-bit model peft does not upcast: c = r = 2
-    gptq = {"lora_rank": 16, "quantize_base": "gptq-int4"}
-    assert _held(False, **gptq) == [2 * T * H] * 4  # out, residual, input, inputs_embeds
+def test_inputs_saved_by_adapters_are_left_out() -> None:
+    # LoRA on every linear: gate's / up's lora_A save the MLP's input, down's its product
+    targets = ("q", "k", "v", "o", "gate", "up", "down")
+    everywhere = {**QLORA, "lora_targets": targets}
+    assert _held(False, **everywhere) == [2 * T * H] * 4  # out, residual, input, inputs_embeds
 
 
 def test_forward_peak_is_the_down_projection_with_its_held_tensors() -> None:
@@ -83,3 +83,17 @@ def test_forward_peak_is_the_down_projection_with_its_held_tensors() -> None:
     # and that is the step's peak: layer 1's forward (the backward's loss peak is lower)
     peak = est.schedules[0].peak()
     assert (peak.phase, peak.label) == ("forward", "a dequantized base weight")
+
+
+def test_gptq_saves_no_input_so_its_layer_holds_both_at_the_down_projection() -> None:
+    """GPTQ's trainable kernel (triton v2: ``QuantLinearFunction.forward`` saves qweight,
+    scales, qzeros and g_idx only) keeps neither the MLP's input nor down's: with LoRA on q / v
+    under bf16 autocast over the 16-bit model (c = r = 2) both are unsaved tensors at the down
+    projection, as under bitsandbytes 0.45."""
+    gptq = {"lora_rank": 16, "quantize_base": "gptq-int4"}
+    training = TrainingConfig(micro_batch_size=2, seq_len=256, **gptq)  # type: ignore[arg-type]
+    assert not training.quantized_matmul_saves_input
+    terms = activation_profile(resolve_model(AGREEMENT), training).terms
+    assert (terms["mlp/input"], terms["mlp/down_input"]) == (0, 0)
+    out, product, x, residual, layer_input, embeds = 2 * T * H, 2 * T * INTER, *[2 * T * H] * 4
+    assert _held(False, **gptq) == [out, product, x, residual, layer_input, embeds]

@@ -561,11 +561,11 @@ RECORDED_DEV2 = {
     "GT153": -0.0086,
     "GT154": +0.0000,
     "GT155": -0.0041,
-    "GT156": +0.0357,
+    "GT156": +0.0215,
     "GT157": -0.0048,
-    "GT158": +0.0420,
-    "GT159": +0.0307,
-    "GT160": +0.0321,
+    "GT158": +0.0252,
+    "GT159": +0.0227,
+    "GT160": +0.0262,
     "GT161": +0.0356,
     "GT162": -0.0136,
     "GT163": -0.0163,
@@ -726,7 +726,10 @@ RECORDED_DEV2 = {
 # +3.6 %, GT158 +5.5 -> +4.2 %, GT160 +3.2 -> +3.2 % (Llama-2-70B: 1.07 GB of scales whole,
 # not halved, against the fp16 embedding and head); no other row moves.
 MIN_DEV2_ROWS_SCORED = 139
-MAX_DEV2_MEDIAN_ABS = 0.0308  # 3.07 % at 2026-11-28 10:20 UTC (the fms-acceleration FSDP1
+# GPTQ rows GT156 / GT158 / GT159 / GT160 re-recorded (session 17, issue 26): GPTQ's triton v2
+# kernel saves no input (TrainingConfig.quantized_matmul_saves_input), -0.8 to -1.7 points each;
+# the median 3.07 -> 2.52 % (they sat at it), the bound tightened to 2.6 %.
+MAX_DEV2_MEDIAN_ABS = 0.026  # 2.52 % at 2026-11-28 10:55 UTC; 3.07 % at 10:20 (the fms FSDP1
 # rows' 16-bit dense weights, above; 3.12 % at 05:40 UTC: GT044 / GT051, op-level SAC; GT069 /
 # GT070 amended with their script's loop, --loop previous, cross the median)
 MAX_DEV2_P90_ABS = 0.100  # 9.9 % at 2026-11-28 05:25 UTC (the previous loop's bound output)

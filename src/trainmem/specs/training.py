@@ -1727,10 +1727,18 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
         """A quantized base linear saves its 16-bit input for backward: bitsandbytes int8
         (``MatMul8bitLt``: ``ctx.tensors = (CAt, subA, A)``) always; bitsandbytes 4-bit
         (``MatMul4Bit``) only before 0.43.2 (:data:`~trainmem.specs.frameworks.
-        BNB_MATMUL4BIT_SAVES_NO_INPUT_SINCE`); torchao NF4 (torchtune) never."""
+        BNB_MATMUL4BIT_SAVES_NO_INPUT_SINCE`); torchao NF4 (torchtune) never; GPTQ never: its
+        trainable kernel, triton v2 (fms-acceleration @c70ffe0 plugins/accelerated-peft
+        configs/autogptq.yaml ``kernel: triton_v2``, "the triton kernels are the only ones"
+        with a backward; exllama's have none), saves the packed tensors only
+        (gptqmodel/nn_modules/triton_utils/dequant.py ``QuantLinearFunction.forward``:
+        ``ctx.save_for_backward(qweight, scales, qzeros, g_idx)``; AutoGPTQ v0.7.1
+        tritonv2 alike) and dequantizes again for the input gradient."""
         if self.quantize_base == "none" or not self.conventions.quantized_base_saves_input:
             return False
-        if self.quantize_base in ("int8", "gptq-int4"):
+        if self.quantize_base == "gptq-int4":
+            return False
+        if self.quantize_base == "int8":
             return True
         version = parse_version("bitsandbytes_version", self.bitsandbytes_version)
         return (version or DEFAULT_BITSANDBYTES_VERSION) < BNB_MATMUL4BIT_SAVES_NO_INPUT_SINCE

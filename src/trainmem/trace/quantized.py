@@ -43,10 +43,10 @@ Note [Traced quantized base]
       (bitsandbytes autograd/_functions.py ``MatMul4Bit.forward``:
       ``F.dequantize_4bit(B, quant_state).to(A.dtype).t()`` into ``torch.nn.functional.linear``);
     * saved for its backward: the cast input when
-      :attr:`~trainmem.specs.training.TrainingConfig.quantized_matmul_saves_input` (int8 and GPTQ
-      always, 4-bit before bitsandbytes 0.43.2), else nothing (the packed weight is a parameter);
-      a cast input that is the input itself (already in the compute dtype) is the same storage,
-      so what else saves it is not counted twice;
+      :attr:`~trainmem.specs.training.TrainingConfig.quantized_matmul_saves_input` (int8
+      always, 4-bit before bitsandbytes 0.43.2; GPTQ's triton v2 kernel never), else nothing
+      (the packed weight is a parameter); a cast input that is the input itself (already in
+      the compute dtype) is the same storage, so what else saves it is not counted twice;
     * its backward (only when the input requires grad): the weight dequantized again for the
       input gradient, ``grad_output @ W``, then freed (``MatMul4Bit.backward``).
     * a Lightning 4-bit weight (lit-gpt; ``TrainingConfig.dequantizes_through_fp16``): each
