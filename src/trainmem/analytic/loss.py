@@ -671,6 +671,42 @@ def shifted_copy_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     return -(-shifted // parallel_divisor("logits", training))
 
 
+def upcast_logits_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes of the 16-bit logits transformers' model code frees at its own upcast, per rank:
+    the LM head's output, c V t, where the model returns ``logits.float()``
+    (``ModelSpec.returns_fp32_logits``) under a loop that holds those fp32 logits (``step`` /
+    ``previous``), without pipelining or accelerate's own fp32 copy; 0 otherwise.
+
+    Note [The upcast 16-bit logits]
+        Llama before transformers 4.46 (Mistral before 4.48) ends its forward with ``logits =
+        self.lm_head(hidden_states); logits = logits.float()`` (4.40.0 models/llama/
+        modeling_llama.py ``LlamaForCausalLM.forward``, the same in 4.39.3): the name is
+        rebound, and no node saves the 16-bit output (the upcast's backward keeps only the
+        dtype; a linear's backward reads its input and weight), so the 16-bit logits are freed
+        at the upcast, before the loss's shifted copy and log-softmax. Where the loop holds the
+        fp32 logits (fsdp_qlora's ``output``, the ``step`` loop) the schedule makes the 16-bit
+        ones just before them and frees them just after; they were held with the loss's
+        other forward transients until the loss returned. Checked on torch's autograd on the
+        CPU: the lm_head output's storage is freed at the rebinding
+        (tests/analytic/test_upcast_logits.py).
+    """
+    t = training
+    if not (
+        t.conventions.hf_model_code
+        and model.returns_fp32_logits(t.transformers_release)
+        and t.training_loop in ("step", "previous")
+        and t.pipeline_parallel_size == 1
+        and not accelerate_output_bytes(model, t)
+        and model.head == "causal-lm"
+    ):
+        return 0
+    c, _ = compute_and_residual_bytes(t)
+    if c == 4:  # fp32 logits already: ``float()`` returns them
+        return 0
+    tokens = t.micro_batch_size * output_tokens(model, t)
+    return -(-c * model.vocab_size * tokens // parallel_divisor("logits", t))
+
+
 def _special_loss_forward_bytes(model: ModelSpec, training: TrainingConfig) -> int | None:
     """:func:`loss_forward_transient_bytes` on all ranks for the losses with rules of their
     own; None for transformers' plain loss (:func:`_plain_loss_forward_parts`)."""

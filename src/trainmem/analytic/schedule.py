@@ -105,6 +105,7 @@ from trainmem.analytic.loss import (
     loss_backward_transient_bytes,
     loss_forward_transient_bytes,
     shifted_copy_bytes,
+    upcast_logits_bytes,
 )
 from trainmem.analytic.pipeline import logits_bytes
 from trainmem.analytic.tensor_states import StateLayout
@@ -772,6 +773,10 @@ class _Ends:
         shifted = shifted_copy_bytes(model, training) if head else 0
         self.shifted = shifted if 0 < shifted < self.loss_fwd else 0
         self.loss_fwd -= self.shifted
+        # Note [The upcast 16-bit logits]: freed at the upcast when the loop holds the fp32 ones
+        self.upcast16 = upcast_logits_bytes(model, training) if transforms.held_logits else 0
+        self.upcast16 = min(self.upcast16, self.loss_fwd) if head else 0
+        self.loss_fwd -= self.upcast16
 
     def embedding_activations(self) -> Op:
         """The embedding's activations, from its forward to the end of its backward."""
@@ -811,7 +816,10 @@ class _Ends:
             "head",
             "the final hidden states, held by the model output until the loss",
         )
-        items: list[Item] = [cache, hidden, *em.at("head.forward", where)]
+        upcast = alloc(self.upcast16, Cat.TEMPORARY, f, "logits16/upcast", "head", "logits")
+        held = em.at("head.forward", where)  # the loop's kept logits, the fp32 upcast among them
+        held = [upcast, *held, free(upcast, f)] if self.upcast16 else held
+        items: list[Item] = [cache, hidden, *held]
         if self.head_gather:
             label = "the sequence-parallel all-gather's output before its cat"
             gather = alloc(self.head_gather, Cat.TEMPORARY, f, "sp/head/gather", "head", label)
