@@ -1077,7 +1077,7 @@ CAUSES.update(
             "_register_post_backward_reshard_only_hook hooks no tensor), the two layers' "
             "gathers and H2D shard copies on their streams are modelled. At the runs' "
             "versions (--torch-version 2.2.2 --transformers-version 4.40.0 or 4.39.3) GT129 "
-            "is -8.5 % (allocated 12.41 GB, reserved 14.66 GB), its rest as above; the "
+            "is -8.5 % (allocated 11.96 GB, reserved 14.66 GB), its rest as above; the "
             "blocker is the other fsdp_qlora rows at those versions (GT119 +8.4, GT121 +5.0, "
             "GT122 +4.6, GT123 +10.8, GT124 +5.3 %), and benchmarks_03_2024.md's own peak "
             "allocated figures say the versions over-count there too: GT117 / GT118 "
