@@ -69,6 +69,19 @@ def test_the_stand_in_stores_the_packed_weight_and_saves_what_bitsandbytes_saves
     assert _saved_bytes(int8) == [3 * 64 * 4]
 
 
+def test_a_gptq_stand_in_saves_its_packed_weight_not_its_input() -> None:
+    """GPTQ's triton v2 ``QuantLinearFunction.forward`` saves qweight / scales / qzeros /
+    g_idx with ``save_for_backward`` (fms-acceleration gptqmodel triton_utils/dequant.py), no
+    input: the stand-in saves its packed weight, the parameter itself, so checkpointing's hooks
+    see one saved tensor of the packed bytes and no new storage."""
+    model, _ = _stand_in("gptq-int4")
+    packed = model[1].weight
+    # 64 x 32 = 2048 values: 1024 B of codes, one group of 64 input rows: 2 x 32 fp16 scales,
+    # 16 B of 4-bit zeros, 4 B of g_idx per input row (specs/quantization.py)
+    assert packed.numel() == 1024 + 2 * 32 + 16 + 4 * 64
+    assert _saved_bytes(model) == [packed.untyped_storage().nbytes()]
+
+
 @pytest.mark.parametrize(
     ("quantize", "version"), [("nf4", None), ("int8", None), ("nf4-dq", "0.42.0")]
 )

@@ -42,7 +42,12 @@ Note [Traced quantized base]
       ``(out, in)`` tensor of the compute dtype, the matmul, the dequantized weight freed
       (bitsandbytes autograd/_functions.py ``MatMul4Bit.forward``:
       ``F.dequantize_4bit(B, quant_state).to(A.dtype).t()`` into ``torch.nn.functional.linear``);
-    * saved for its backward: the cast input when
+    * saved for its backward (``ctx.save_for_backward``, which checkpointing's saved-tensor
+      hooks see: unpacking one runs the recompute): GPTQ's packed weight (triton v2
+      ``QuantLinearFunction`` saves qweight / scales / qzeros / g_idx; no bytes here, but under
+      non-reentrant checkpointing down's backward then runs after the layer's recompute, where
+      bitsandbytes' ``ctx.tensors`` attribute, unseen by the hooks, lets it run before); the
+      cast input when
       :attr:`~trainmem.specs.training.TrainingConfig.quantized_matmul_saves_input` (int8
       always, 4-bit before bitsandbytes 0.43.2; GPTQ's triton v2 kernel never), else nothing
       (the packed weight is a parameter); a cast input that is the input itself (already in
@@ -108,6 +113,7 @@ class _QuantizedMatmul(Function):
         saves_input: bool,
         torchao: bool = False,
         through_fp16: bool = False,
+        saves_packed: bool = False,
     ) -> Any:
         cast = x.to(dtype)
         weight = _dequantized(shape, dtype, x.device, torchao, through_fp16)
@@ -123,6 +129,8 @@ class _QuantizedMatmul(Function):
         ctx.shape, ctx.torchao, ctx.through_fp16 = shape, torchao, through_fp16
         if saves_input:
             ctx.save_for_backward(cast)
+        elif saves_packed:  # no bytes (a parameter), but a saved tensor checkpointing sees
+            ctx.save_for_backward(packed)
         return out
 
     @staticmethod
@@ -130,7 +138,7 @@ class _QuantizedMatmul(Function):
         weight = _dequantized(ctx.shape, grad.dtype, grad.device, ctx.torchao, ctx.through_fp16)
         grad_input = grad @ weight
         del weight
-        return grad_input, None, None, None, None, None, None, None
+        return grad_input, None, None, None, None, None, None, None, None
 
 
 def _dequantized(
@@ -197,6 +205,7 @@ def _forward(self: Any, x: Any) -> Any:
         self.saves_input,
         self.torchao_decode,
         self.through_fp16,
+        self.saves_packed,
     )
     return out
 
@@ -261,6 +270,7 @@ def quantize_base(model: Any, training: TrainingConfig, *, diffusers: bool = Fal
         module.saves_input = training.quantized_matmul_saves_input
         module.torchao_decode = training.torchao_nf4_decode
         module.through_fp16 = training.dequantizes_through_fp16
+        module.saves_packed = kind == "gptq-int4"
         module.forward = types.MethodType(_forward, module)
         count += 1
     return count
