@@ -32,6 +32,12 @@ KINDS = {
     "diffusers": str(MODELS_DIR / "diffusers" / "tiny-pixart.json"),
     "timm": "timm:test_vit",
 }
+_STILL_REFUSED = {
+    # no diffusers or accelerate script pipelines a denoiser, and the formulas do not model
+    # diffusers models: refused naming what is traced (trainmem.trace.diffusers_model)
+    ("pipeline 2", "diffusers"),
+}
+"""Cells refused on purpose, for options the formulas do not support on that model kind."""
 _EXTRA = {"litgpt": "litgpt", "timm": "timm"}
 """Optional extras: an option set or model kind that needs one is skipped without it."""
 
@@ -59,6 +65,9 @@ def test_every_option_set_runs_on_every_model_kind(name: str, kind: str) -> None
     except NotApplicableError:  # a language model's option on a diffusers / timm model
         assert kind in ("diffusers", "timm"), name
         return
-    except UnsupportedError as exc:  # only what the optional extras leave out
-        pytest.fail(f"{name} on the {kind} model: {exc}")
+    except UnsupportedError as exc:
+        assert (name, kind) in _STILL_REFUSED, f"{name} on the {kind} model: {exc}"
+        assert "traced:" in str(exc)
+        return
+    assert (name, kind) not in _STILL_REFUSED
     assert est.breakdown.allocated_bytes > 0
