@@ -50,6 +50,19 @@ def test_gpt2_fused_qkv_and_conv1d_roles() -> None:
         lora_target_modules(model, ("gate",))
 
 
+def test_moe_layers_take_attention_targets() -> None:
+    # Found by fuzzing (session 17): Mixtral's MoE block (transformers 5: experts fused into
+    # one module's parameters beside a router) has no gate/up/down linears, which refused
+    # every LoRA on the generic path, the default q,v too ("cannot tell gate/up/down apart")
+    from conftest import MODELS_DIR
+
+    model = build_hf_model(load_hf_config(str(MODELS_DIR / "formula" / "mixtral.json")))
+    names = lora_target_modules(model, ("q", "v"))  # 2 layers
+    assert names == [f"model.layers.{i}.self_attn.{p}_proj" for i in (0, 1) for p in "qv"]
+    with pytest.raises(UnsupportedError, match="gate'.*MoE experts are not targeted"):
+        lora_target_modules(model, ("q", "gate"))
+
+
 @pytest.mark.parametrize(
     ("preset", "targets"),
     [

@@ -14,8 +14,11 @@ Note [LoRA target inference]
     it is a fused q/k/v (any of ``q``, ``k``, ``v`` targets it, as in peft), three are ``q``,
     ``k``, ``v`` in order. MLP: the last linear is ``down``; two before it are ``gate``, ``up``
     (gated MLP, ``act(gate(x)) * up(x)``), one is ``up``, or a fused ``gate_up`` when its
-    out_features are twice ``down``'s in_features (Phi-3). The relative paths found in the first
-    layer are targeted in every layer; ``lm_head`` is ``get_output_embeddings()``.
+    out_features are twice ``down``'s in_features (Phi-3); other MLP linears (an MoE block's
+    router, experts fused into one module's parameters in transformers 5) get no role, so
+    ``gate`` / ``up`` / ``down`` are refused there and attention targets still run. The
+    relative paths found in the first layer are targeted in every layer; ``lm_head`` is
+    ``get_output_embeddings()``.
 
 peft is applied to the ``meta``-built model (on fake tensors peft's ``.to()`` fails,
 shared/notes/tracing-without-a-gpu.md sec. 1) with ``get_peft_model``'s defaults: the adapters
@@ -137,7 +140,9 @@ def layer_linear_roles(layer: Any) -> dict[str, tuple[str, ...]]:
         ``{"q": ("self_attn.q_proj",), ...}``; a fused q/k/v module appears under q, k and v.
 
     Raises:
-        UnsupportedError: the layer's linears fit none of the patterns (e.g. MoE experts).
+        UnsupportedError: the attention linears fit none of the patterns. MLP linears that
+            fit none (MoE experts) get no role: only a gate / up / down target is refused
+            (:func:`lora_target_modules`), attention targets still work.
     """
     attn: list[tuple[str, Any]] = []
     mlp: list[tuple[str, Any]] = []
@@ -167,13 +172,12 @@ def layer_linear_roles(layer: Any) -> dict[str, tuple[str, ...]]:
         if fused_gate_up:
             roles["gate"] = (mlp[0][0],)
         roles["down"] = (mlp[1][0],)
-    else:
-        raise UnsupportedError(
-            f"cannot tell gate/up/down apart among the MLP linears {[p for p, _ in mlp]} (MoE "
-            "experts are not targeted); wrap the model with peft yourself and use "
-            "trainmem.trace(build_model, ...)"
-        )
+    # else no MLP role: MoE experts (transformers 5 fuses them into one module's parameters,
+    # with a router beside) are not targeted; lora_target_modules refuses gate/up/down then
     return roles
+
+
+_MLP_ROLES = frozenset(("gate", "up", "down"))
 
 
 def lora_target_modules(model: Any, targets: tuple[str, ...]) -> list[str]:
@@ -197,9 +201,11 @@ def lora_target_modules(model: Any, targets: tuple[str, ...]) -> list[str]:
         if t == "lm_head":
             continue
         if t not in roles:
+            moe = t in _MLP_ROLES and not _MLP_ROLES & roles.keys()
+            why = " (its MLP is not a gate/up/down of linears: MoE experts are not targeted)"
             raise UnsupportedError(
                 f"lora target {t!r}: {type(model).__name__} has no such linear (it has "
-                f"{', '.join(sorted(roles))}); drop it from --lora-targets"
+                f"{', '.join(sorted(roles))}){why if moe else ''}; drop it from --lora-targets"
             )
         rel.extend(p for p in roles[t] if p not in rel)
     names = [f"{stack_name}.{i}.{p}" for i in range(len(stack)) for p in rel]
