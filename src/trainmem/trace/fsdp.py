@@ -65,7 +65,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from trainmem.errors import UnsupportedError
-from trainmem.specs.quantization import float_quant_storage
+from trainmem.specs.quantization import BNB_4BIT, float_quant_storage
 from trainmem.specs.ranks import fsdp1_no_shard
 from trainmem.specs.training import TrainingConfig
 from trainmem.timeline import ALL_GATHER_STREAM, PRE_UNSHARD_STREAM, REDUCE_SCATTER_STREAM
@@ -239,13 +239,15 @@ def fsdp1_policy_dtype(training: TrainingConfig) -> str | None:
     precision, as transformers' Trainer sets it (trainer.py ``_fsdp_qlora_plugin_updates``:
     ``fsdp_plugin.set_mixed_precision(bnb_4bit_quant_storage, override=True)`` when the
     storage is a floating dtype), so the fp32 LoRA units are gathered in it (the formulas'
-    ``analytic.lora.adapter_matmul_bytes``). None under fsdp-qlora (its policy casts
-    nothing)."""
+    ``analytic.lora.adapter_matmul_bytes``). Not for fms-acceleration's GPTQ patch (the
+    Trainer's override reads a bitsandbytes config: ``quantization_method ==
+    BITS_AND_BYTES``), whose ``*-true`` run has no policy. None under fsdp-qlora (its policy
+    casts nothing)."""
     if training.framework == "fsdp-qlora":
         return None
     if training.is_mixed:
         return training.compute_dtype
-    storage = float_quant_storage(training)
+    storage = float_quant_storage(training) if training.quantize_base in BNB_4BIT else None
     return storage if storage is not None and storage != "float32" else None
 
 
