@@ -65,8 +65,8 @@ def _fsdp1_like(n: int) -> Timeline:
     return Timeline(events=ev, name=f"{n} layers")
 
 
-def _stream(events: Iterable[AllocEvent]) -> list[tuple[str, int, str, int]]:
-    return [(e.action, e.size_bytes, e.phase, e.stream) for e in events]
+def _stream(events: Iterable[AllocEvent]) -> list[tuple[str, int, str, int, str]]:
+    return [(e.action, e.size_bytes, e.phase, e.stream, e.module) for e in events]
 
 
 @pytest.mark.parametrize("layers", [7, 8, 12, 40])

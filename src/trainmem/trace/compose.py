@@ -105,9 +105,9 @@ class _Paths:
             return None
         return loc[0], loc[1]
 
-    def rewrite(self, path: str, count: int, body: bool) -> str:
+    def rewrite(self, path: str, count: int, body: bool, full: int | None = None) -> str:
         """The module path with the cut index replaced by the full model's (``{i}`` in a
-        repeated body of one-block units)."""
+        repeated body of one-block units; ``full``: the full model's unit, when known)."""
         loc = self.locate(path)
         if loc is None:
             return path
@@ -116,9 +116,10 @@ class _Paths:
         if body:
             if run.unit != 1:
                 return path
-            index = "{i}"
+            index = "{" + _REL.get(t - run.middle, "i") + "}"  # (a block of a unit nearby)
         else:
-            index = str(run.first + run.full_unit(t, count) * run.unit + o)
+            unit = run.full_unit(t, count) if full is None else full
+            index = str(run.first + unit * run.unit + o)
         m = self._patterns_for(run.list_path).match(path)
         assert m is not None
         return path[: m.start(1)] + index + path[m.end(1) :]
@@ -330,8 +331,8 @@ def compose(
                     e.size_bytes,
                     e.category,
                     e.phase,
-                    key(e.block_id, seg, body_run, count_of),
-                    paths.rewrite(e.module, count_of[seg[0]] if seg else 0, body_run),
+                    k := key(e.block_id, seg, body_run, count_of),
+                    _module_path(paths, e.module, k, blab.get(e.block_id), count_of, body_run),
                     stream=e.stream,
                 )
                 for e in events[a:b]
@@ -359,6 +360,27 @@ def compose(
         three = [min(c, 3) for c in counts]
         _check_kept_blocks(one, build(three), runs, three)
     return schedule
+
+
+def _module_path(
+    paths: _Paths,
+    module: str,
+    key: str,
+    lab: Label | None,
+    counts: Sequence[int],
+    body: bool,
+) -> str:
+    """An event's module path in the full model: a module of its block's own unit numbered as
+    the block's ``key`` (a block freed by the unit three on, or one repeat's at a pass's end,
+    is not the kept unit's literal index)."""
+    loc = paths.locate(module)
+    if loc is None:
+        return module
+    tail = key.rpartition("@")[2]
+    full = None
+    if not body and lab is not None and loc[:2] == lab and tail.isdigit():
+        full = int(tail) - paths.runs[lab[0]].first
+    return paths.rewrite(module, counts[loc[0]], body, full)
 
 
 def _directions(
