@@ -48,6 +48,7 @@ from trainmem.specs.training import (
 from trainmem.traced_options import (
     TracedOption,
     active_options,
+    check_previous_loop_shape,
     paged_states,
     traced_settings,
     untraced_data_parallel,
@@ -1061,6 +1062,7 @@ def _traced_step(
     deepspeed = traced_deepspeed(training)
     shape = target if isinstance(target, ModelSpec) else None
     _check_traced_framework(training, target, deepspeed=deepspeed, diffusers=diffusers)
+    check_previous_loop_shape(shape, training)  # before the trace, which takes seconds
     standin, run, options = _traced_run(training, deepspeed=deepspeed)
     litgpt = training.framework == "litgpt"  # its own GPT: trace.litgpt_model, generic only
     if engine == "generic" or litgpt or (isinstance(target, str) and _is_timm(target)):

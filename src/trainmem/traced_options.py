@@ -385,6 +385,27 @@ def traced_previous_loop(training: TrainingConfig) -> bool:
     return training.training_loop == "previous" and training.pipeline_parallel_size == 1
 
 
+def check_previous_loop_shape(model: ModelSpec | None, training: TrainingConfig) -> None:
+    """Refuse the ``previous`` loop (:func:`traced_previous_loop`), asked for with ``loop``, on
+    a model without a ModelSpec before the traced paths trace it (:func:`apply_previous_loop`
+    sizes the held output from the model's shape). A framework's own ``previous`` loop
+    (litgpt's) is left to the trace, whose refusal of the framework on such a model says more.
+
+    Raises:
+        UnsupportedError: no ModelSpec (a diffusers, timm or other traced-only family).
+    """
+    if model is None and training.loop == "previous" and traced_previous_loop(training):
+        raise _previous_loop_without_shape()
+
+
+def _previous_loop_without_shape() -> UnsupportedError:
+    return UnsupportedError(
+        "loop=previous: the previous micro-batch's output is sized from the model's LM head "
+        "(b x s x V logits, analytic/held_outputs.py), and this model has no ModelSpec (a "
+        "formula family or a remote-code config has one); use --loop drop"
+    )
+
+
 def apply_previous_loop(
     schedule: StepSchedule, model: ModelSpec | None, training: TrainingConfig
 ) -> StepSchedule:
@@ -422,11 +443,7 @@ def apply_previous_loop(
         UnsupportedError: a model without a ModelSpec.
     """
     if model is None:
-        raise UnsupportedError(
-            "loop=previous: the previous micro-batch's output is sized from the model's LM head "
-            "(b x s x V logits, analytic/held_outputs.py), and this model has no ModelSpec (a "
-            "formula family or a remote-code config has one); use --loop drop"
-        )
+        raise _previous_loop_without_shape()
     output = previous_output_bytes(model, training)
     graph = graph_held_input_bytes(model, training, num_layers=model.num_layers, has_head=True)
     logits = _bound_output_last_bytes(model, training, output)

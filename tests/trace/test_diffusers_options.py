@@ -315,3 +315,16 @@ def test_auto_keeps_what_the_generic_refusal_says_would_work() -> None:
     assert message.startswith("the analytic formulas: 'PixArtTransformer2DModel' is a diffusers")
     assert message.endswith("; shard with FSDP2 instead)")
     assert "--engine analytic" not in message  # auto has just tried it
+
+
+def test_the_previous_loop_is_refused_before_the_trace(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Found by fuzzing (session 17): the refusal came after the whole trace (22 s on the tiny
+    # SD 1.x UNet); the model's shape it needs is known before
+    import trainmem.trace.generic
+
+    def no_trace(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("traced before refusing")
+
+    monkeypatch.setattr(trainmem.trace.generic, "estimate_generic", no_trace)
+    with pytest.raises(UnsupportedError, match="loop=previous: .* use --loop drop"):
+        _estimate(loop="previous")
