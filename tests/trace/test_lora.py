@@ -10,7 +10,7 @@ from trainmem.specs.hf import load_hf_config
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace.engine import estimate_trace
 from trainmem.trace.hf_model import build_hf_model, build_hf_training_model
-from trainmem.trace.lora import layer_linear_roles, lora_target_modules
+from trainmem.trace.lora import layer_linear_roles, layer_stack, lora_target_modules
 
 ALL = ("q", "k", "v", "o", "gate", "up", "down", "lm_head")
 
@@ -127,3 +127,33 @@ def test_item_outside_the_optimizer_step_still_fails_on_fake_tensors() -> None:
     opt = torch.optim.SGD([p], lr=0.1)
     with FakeTensorMode(), host_scalars(opt), pytest.raises(Exception, match="local_scalar"):
         torch.ones(2).sum().item()
+
+
+def test_a_vision_language_model_adapts_its_language_model() -> None:
+    # Found by fuzzing (session 17): tests/models/vlm/llava.json (2 vision and 2 text layers)
+    # took the first longest stack, the CLIP vision tower, and its first two attention linears
+    # by order (CLIP defines k_proj, v_proj, q_proj): "q,v" adapted the vision tower's k and q.
+    # LLaVA's recipe leaves the vision tower without adapters (llava/train/train.py
+    # find_all_linear_names); the language model is a Llama: q_proj, v_proj, gate_proj
+    from conftest import MODELS_DIR
+
+    model = build_hf_model(load_hf_config(str(MODELS_DIR / "vlm" / "llava.json")))
+    names = lora_target_modules(model, ("q", "v", "gate"))
+    layer = "model.language_model.layers.{}.{}"
+    paths = ("self_attn.q_proj", "self_attn.v_proj", "mlp.gate_proj")
+    assert names == [layer.format(i, p) for i in (0, 1) for p in paths]
+
+
+def test_attention_projections_are_found_by_name() -> None:
+    # CLIP's attention defines k_proj, v_proj, q_proj, out_proj (transformers modeling_clip.py
+    # CLIPAttention.__init__): by definition order "q" was k_proj (session 17 fuzzing)
+    from conftest import MODELS_DIR
+
+    model = build_hf_model(load_hf_config(str(MODELS_DIR / "clip_vision_model.json")))
+    roles = layer_linear_roles(layer_stack(model)[1][0])
+    assert {r: roles[r] for r in "qkvo"} == {
+        "q": ("self_attn.q_proj",),
+        "k": ("self_attn.k_proj",),
+        "v": ("self_attn.v_proj",),
+        "o": ("self_attn.out_proj",),
+    }

@@ -7,13 +7,16 @@ per family (Llama ``q_proj`` ... ``down_proj``; GPT-2 ``c_attn`` / ``attn.c_proj
 mapping is read off the built model instead of a table:
 
 Note [LoRA target inference]
-    The layer stack is the longest ``nn.ModuleList`` of one module class. In its first layer the
+    The layer stack is the longest ``nn.ModuleList`` of one module class (a vision-language
+    model's: its ``language_model``'s, :func:`_adapted_stack`). In its first layer the
     linears (``nn.Linear`` or transformers' ``Conv1D``) are taken in definition order and split
     by their path: a path component containing ``attn`` / ``attention`` puts a linear in the
     attention, anything else in the MLP. Attention: the last linear is ``o``; one linear before
     it is a fused q/k/v (any of ``q``, ``k``, ``v`` targets it, as in peft), three are ``q``,
-    ``k``, ``v`` in order. MLP: the last linear is ``down``; two before it are ``gate``, ``up``
-    (gated MLP, ``act(gate(x)) * up(x)``), one is ``up``, or a fused ``gate_up`` when its
+    ``k``, ``v``: by their names (``q_proj`` / ``query`` / ``q`` ...) when each is found once,
+    else in order (CLIP and SigLIP define ``k_proj``, ``v_proj``, ``q_proj``). MLP: the last
+    linear is ``down``; two before it are ``gate``, ``up`` (gated MLP,
+    ``act(gate(x)) * up(x)``), one is ``up``, or a fused ``gate_up`` when its
     out_features are twice ``down``'s in_features (Phi-3); other MLP linears (an MoE block's
     router, experts fused into one module's parameters in transformers 5) get no role, so
     ``gate`` / ``up`` / ``down`` are refused there and attention targets still run. The
@@ -128,6 +131,21 @@ def wrapped_blocks(model: Any, kind: str) -> list[Any]:
     return sorted(found, key=lambda m: -depth[id(m)])
 
 
+_QKV_NAMES = (("q_proj", "query", "q"), ("k_proj", "key", "k"), ("v_proj", "value", "v"))
+
+
+def _qkv_by_name(paths: list[str]) -> tuple[str, str, str] | None:
+    """The q, k and v projections among ``paths`` by their last name (``q_proj``, ``query``,
+    ``q``...), or None unless each is found exactly once and the output projection is last."""
+    found = []
+    for names in _QKV_NAMES:
+        hits = [p for p in paths if p.rsplit(".", 1)[-1] in names]
+        if len(hits) != 1 or hits[0] == paths[-1]:
+            return None
+        found.append(hits[0])
+    return found[0], found[1], found[2]
+
+
 def layer_linear_roles(layer: Any) -> dict[str, tuple[str, ...]]:
     """trainmem linear name -> module paths (relative to ``layer``) it targets.
 
@@ -156,8 +174,9 @@ def layer_linear_roles(layer: Any) -> dict[str, tuple[str, ...]]:
     roles: dict[str, tuple[str, ...]] = {}
     if len(attn) == 2:
         roles.update({"q": (attn[0][0],), "k": (attn[0][0],), "v": (attn[0][0],)})
-    elif len(attn) == 4:
-        roles.update({"q": (attn[0][0],), "k": (attn[1][0],), "v": (attn[2][0],)})
+    elif len(attn) == 4:  # by name where the names say (CLIP defines k_proj, v_proj, q_proj)
+        q, k, v = _qkv_by_name([p for p, _ in attn]) or (attn[0][0], attn[1][0], attn[2][0])
+        roles.update({"q": (q,), "k": (k,), "v": (v,)})
     else:
         raise UnsupportedError(
             f"cannot tell q/k/v/o apart among the attention linears {[p for p, _ in attn]}; "
@@ -180,6 +199,21 @@ def layer_linear_roles(layer: Any) -> dict[str, tuple[str, ...]]:
 _MLP_ROLES = frozenset(("gate", "up", "down"))
 
 
+def _adapted_stack(model: Any) -> tuple[str, Any]:
+    """The layer stack LoRA adapts (its dotted name from ``model``): :func:`layer_stack` of the
+    language model in a vision-language model (a ``language_model`` submodule, transformers
+    5's LLaVA / Qwen2-VL layout), as LLaVA's recipe leaves the vision tower and projector
+    without adapters (haotian-liu/LLaVA llava/train/train.py ``find_all_linear_names``:
+    ``multimodal_keywords``); the longest stack of the whole model otherwise, which in a VLM
+    can be the vision tower's (Qwen2-VL-7B: 32 vision blocks, 28 decoder layers)."""
+    found = [(n, m) for n, m in model.named_modules() if n.split(".")[-1] == "language_model"]
+    if not found:
+        return layer_stack(model)
+    name, language_model = min(found, key=lambda f: f[0].count("."))
+    inner, stack = layer_stack(language_model)
+    return f"{name}.{inner}", stack
+
+
 def lora_target_modules(model: Any, targets: tuple[str, ...]) -> list[str]:
     """Full module names of ``model`` that get adapters for trainmem's ``targets``.
 
@@ -194,7 +228,7 @@ def lora_target_modules(model: Any, targets: tuple[str, ...]) -> list[str]:
         UnsupportedError: a target the model has no linear for (``gate`` on GPT-2), or no
             layer stack.
     """
-    stack_name, stack = layer_stack(model)
+    stack_name, stack = _adapted_stack(model)
     roles = layer_linear_roles(stack[0])
     rel: list[str] = []
     for t in targets:
