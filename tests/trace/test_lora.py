@@ -157,3 +157,22 @@ def test_attention_projections_are_found_by_name() -> None:
         "v": ("self_attn.v_proj",),
         "o": ("self_attn.out_proj",),
     }
+
+
+def test_an_encoder_decoder_adapts_both_stacks() -> None:
+    # Found by fuzzing (session 17): T5 adapted its encoder blocks only (the first of two
+    # equally long stacks): 2048 trainable where the analytic engine counts 4096. Each of the
+    # 2 + 2 blocks' self-attention q and v (d_model 64 -> 4 heads x d_kv 16) at rank 4:
+    # A [4, 64] + B [64, 4] = 512 elements, 8 linears = 4096
+    from conftest import MODELS_DIR
+
+    model = build_hf_model(load_hf_config(str(MODELS_DIR / "t5.json")))
+    names = lora_target_modules(model, ("q", "v"))
+    block = "{}.block.{}.layer.0.SelfAttention.{}"
+    assert names == [block.format(s, i, p) for s in ("encoder", "decoder") for i in (0, 1)
+                     for p in "qv"]  # fmt: skip
+    peft_model = build_hf_training_model(
+        load_hf_config(str(MODELS_DIR / "t5.json")), TrainingConfig(lora_rank=4)
+    )
+    trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    assert trainable == 8 * (4 * 64 + 64 * 4)

@@ -199,19 +199,51 @@ def layer_linear_roles(layer: Any) -> dict[str, tuple[str, ...]]:
 _MLP_ROLES = frozenset(("gate", "up", "down"))
 
 
-def _adapted_stack(model: Any) -> tuple[str, Any]:
-    """The layer stack LoRA adapts (its dotted name from ``model``): :func:`layer_stack` of the
-    language model in a vision-language model (a ``language_model`` submodule, transformers
-    5's LLaVA / Qwen2-VL layout), as LLaVA's recipe leaves the vision tower and projector
-    without adapters (haotian-liu/LLaVA llava/train/train.py ``find_all_linear_names``:
-    ``multimodal_keywords``); the longest stack of the whole model otherwise, which in a VLM
-    can be the vision tower's (Qwen2-VL-7B: 32 vision blocks, 28 decoder layers)."""
+def _adapted_stack(model: Any) -> tuple[str, Any, str]:
+    """The layer stack LoRA's roles are read from (its dotted name from ``model``) and the
+    scope adapted (the dotted name of the module whose stacks get adapters, "" for the whole
+    model): a vision-language model's language model (a ``language_model`` submodule,
+    transformers 5's LLaVA / Qwen2-VL layout), as LLaVA's recipe leaves the vision tower and
+    projector without adapters (haotian-liu/LLaVA llava/train/train.py
+    ``find_all_linear_names``: ``multimodal_keywords``); the longest stack of the whole model
+    otherwise, which in a VLM can be the vision tower's (Qwen2-VL-7B: 32 vision blocks, 28
+    decoder layers)."""
     found = [(n, m) for n, m in model.named_modules() if n.split(".")[-1] == "language_model"]
     if not found:
-        return layer_stack(model)
+        return (*layer_stack(model), "")
     name, language_model = min(found, key=lambda f: f[0].count("."))
     inner, stack = layer_stack(language_model)
-    return f"{name}.{inner}", stack
+    return f"{name}.{inner}", stack, name
+
+
+def _same_paths_in_other_stacks(model: Any, scope: str, stack: Any, rel: list[str]) -> list[str]:
+    """The linears at the relative paths ``rel`` in the layers of every other
+    ``nn.ModuleList`` within ``scope``: an encoder-decoder's other stack (T5's decoder blocks
+    beside its encoder blocks hold ``layer.0.SelfAttention.q`` too), as peft's name matching
+    adapts both (peft tuners_utils.py ``check_target_module_exists``: a key ending with the
+    target) and the analytic engine counts both. Cross-attention sits at other paths and is
+    not adapted (the analytic engine's LoRA terms have none)."""
+    out: list[str] = []
+    prefix = f"{scope}." if scope else ""
+    for name, module in model.named_modules():
+        if module is stack or not isinstance(module, torch.nn.ModuleList):
+            continue
+        if not name.startswith(prefix):
+            continue
+        for i, layer in enumerate(module):
+            for p in rel:
+                found = _submodule(layer, p)
+                if found is not None and _is_linear(found):
+                    out.append(f"{name}.{i}.{p}")
+    return out
+
+
+def _submodule(module: Any, path: str) -> Any:
+    """``module.get_submodule(path)``, or None where ``module`` has no such path."""
+    try:
+        return module.get_submodule(path)
+    except AttributeError:
+        return None
 
 
 def lora_target_modules(model: Any, targets: tuple[str, ...]) -> list[str]:
@@ -228,7 +260,7 @@ def lora_target_modules(model: Any, targets: tuple[str, ...]) -> list[str]:
         UnsupportedError: a target the model has no linear for (``gate`` on GPT-2), or no
             layer stack.
     """
-    stack_name, stack = _adapted_stack(model)
+    stack_name, stack, scope = _adapted_stack(model)
     roles = layer_linear_roles(stack[0])
     rel: list[str] = []
     for t in targets:
@@ -243,6 +275,7 @@ def lora_target_modules(model: Any, targets: tuple[str, ...]) -> list[str]:
             )
         rel.extend(p for p in roles[t] if p not in rel)
     names = [f"{stack_name}.{i}.{p}" for i in range(len(stack)) for p in rel]
+    names += _same_paths_in_other_stacks(model, scope, stack, rel)
     if "lm_head" in targets:
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         found = [n for n, m in model.named_modules() if head is not None and m is head]
