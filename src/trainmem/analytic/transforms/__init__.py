@@ -26,6 +26,7 @@ from trainmem.analytic.transforms.offload import TorchaoGradientOffload
 from trainmem.analytic.transforms.optimizer import Optimizer
 from trainmem.analytic.transforms.pipelining import Pipeline
 from trainmem.analytic.transforms.quantized import QuantizedBase
+from trainmem.analytic.transforms.reentrant import ReentrantRecomputedOutput
 from trainmem.analytic.transforms.unsloth import UnslothOffloadedCheckpointing
 
 ORDER: tuple[type[Transform], ...] = (
@@ -39,6 +40,7 @@ ORDER: tuple[type[Transform], ...] = (
     FsdpUnderPipeline,
     ActivationOffloading,
     UnslothOffloadedCheckpointing,
+    ReentrantRecomputedOutput,
     QuantizedBase,
     Pipeline,
     TrainingLoop,
