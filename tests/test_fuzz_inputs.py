@@ -122,6 +122,16 @@ REPORTED: list[tuple[list[str], str]] = [
         "estimate tiny-llama-test --lora-rank 4 --lora-variant lokr --framework fsdp-qlora".split(),
         "lora_variant: lokr with --framework fsdp-qlora: FSDP1",
     ),
+    # session 17: was "error: free of key 'view_grad/head/0', which is not live" (FSDP1) and
+    # the same number as without the option (Megatron-LM: silently ignored)
+    (
+        "estimate tiny-gpt2-test --framework accelerate-fsdp --optimizer-in-backward".split(),
+        "optimizer_in_backward: not available under --framework accelerate-fsdp",
+    ),
+    (
+        "estimate tiny-gpt2-test --framework megatron --optimizer-in-backward".split(),
+        "optimizer_in_backward: not available under --framework megatron",
+    ),
 ]
 
 

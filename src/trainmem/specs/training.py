@@ -2201,6 +2201,7 @@ def _check_step_in_backward(t: TrainingConfig) -> None:
             "freed in backward, there is nothing to zero",
         )
     _check_torchao_gradient_offload(t)
+    _check_optimizer_in_backward_framework(t)
     if t.optimizer_in_backward and t.gradient_accumulation_steps > 1:
         # torchtune's recipes refuse the pair: the step runs inside backward, so there is
         # no gradient left to accumulate into (recipes/full_finetune_*.py).
@@ -2229,6 +2230,32 @@ def _check_step_in_backward(t: TrainingConfig) -> None:
             f"{t.zero_stage} with DeepSpeed pipeline parallelism: DeepSpeed refuses it "
             "(runtime/pipe/engine.py: 'ZeRO-2 and ZeRO-3 are incompatible with pipeline "
             "parallelism'); allowed: 0 or 1",
+        )
+
+
+def _check_optimizer_in_backward_framework(t: TrainingConfig) -> None:
+    """Frameworks whose step cannot run in backward: Megatron-LM steps its (distributed)
+    optimizer once the gradients are reduced after the whole backward (megatron/training/
+    training.py ``train_step``), and FSDP1 with ``use_orig_params=False`` (accelerate's FSDP,
+    fsdp_qlora) gives the gradients to each unit's ``FlatParameter``, so the per-parameter
+    post-accumulate-grad hooks that step in backward (torchtune ``optimizer_in_bwd``) never
+    fire on the original parameters (torch distributed/fsdp/_flat_param.py); the formulas
+    ignored the setting under Megatron and broke their own schedule under FSDP1.
+
+    Raises:
+        SpecError: ``optimizer_in_backward`` under those frameworks.
+    """
+    if t.optimizer_in_backward and t.framework in ("megatron", "accelerate-fsdp", "fsdp-qlora"):
+        how = (
+            "Megatron-LM steps its optimizer after the whole backward"
+            if t.framework == "megatron"
+            else f"{t.framework}'s FSDP1 (use_orig_params=False) puts the gradients on flat "
+            "parameters, where a per-parameter step-in-backward hook never fires"
+        )
+        raise SpecError(
+            "optimizer_in_backward",
+            f"not available under --framework {t.framework}: {how}; allowed: "
+            "--framework pytorch-amp, torchtune or fsdp2, or leave optimizer_in_backward off",
         )
 
 
