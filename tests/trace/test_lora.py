@@ -176,3 +176,20 @@ def test_an_encoder_decoder_adapts_both_stacks() -> None:
     )
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
     assert trainable == 8 * (4 * 64 + 64 * 4)
+
+
+def test_adalora_on_biased_linears_under_selective_checkpointing_is_refused() -> None:
+    # Found by fuzzing (session 17): GPT-2 (Conv1D: addmm with its bias) and Qwen2 (q/k/v
+    # biases) with adalora and -c selective failed inside the trace with torch's "Tensor
+    # cached during selective activation checkpoint has been mutated"
+    from trainmem.errors import SpecError
+    from trainmem.trace.lora import apply_lora
+
+    training = TrainingConfig(
+        lora_rank=4, lora_variant="adalora", activation_checkpointing="selective"
+    )
+    with pytest.raises(
+        SpecError, match=r"activation_checkpointing: selective .*\(transformer\.h\.0"
+    ):
+        apply_lora(_meta("tiny-gpt2-test"), training)
+    apply_lora(_meta("tiny-llama-test"), training)  # no bias on q_proj / v_proj: runs

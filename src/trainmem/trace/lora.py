@@ -354,7 +354,7 @@ def apply_lora(model: Any, training: TrainingConfig) -> Any:
     Raises:
         UnsupportedError: peft is missing or a target does not exist.
         SpecError: ``lora_variant`` lokr on transformers ``Conv1D`` linears (GPT-2), which
-            peft's LoKr refuses.
+            peft's LoKr refuses; AdaLoRA on biased linears under selective checkpointing.
     """
     if not training.is_lora:
         return model
@@ -370,6 +370,7 @@ def apply_lora(model: Any, training: TrainingConfig) -> Any:
             "tuners/lycoris_utils.py _create_new_module: 'Target module of type Conv1D not "
             "supported'); allowed: lora, dora, adalora",
         )
+    _check_adalora_selective(model, names, training)
     config = adapter_config(
         training,
         names,
@@ -385,6 +386,34 @@ def apply_lora(model: Any, training: TrainingConfig) -> Any:
     lokr_module_dropout_off(model)
     cast_adapters(model, training)
     return model
+
+
+def _check_adalora_selective(model: Any, names: list[str], training: TrainingConfig) -> None:
+    """Refuse AdaLoRA on linears with a bias under selective checkpointing: torchtitan's op
+    policy (:mod:`trainmem.trace.sac`) saves a biased linear's ``addmm`` output, the base
+    output is a view of it, and peft's AdaLoRA adds its update into that in place (peft
+    tuners/adalora/layer.py ``SVDLinear.forward``: ``result += ...``), which torch refuses
+    (torch/utils/checkpoint.py: "Tensor cached during selective activation checkpoint has
+    been mutated"); LoRA and DoRA add out of place.
+
+    Raises:
+        SpecError: ``activation_checkpointing``, naming what runs.
+    """
+    if training.lora_variant != "adalora" or training.activation_checkpointing != "selective":
+        return
+    wanted = set(names)
+    biased = [
+        n for n, m in model.named_modules() if n in wanted and getattr(m, "bias", None) is not None
+    ]
+    if biased:
+        raise SpecError(
+            "activation_checkpointing",
+            f"selective with lora_variant adalora on linears with a bias ({biased[0]}): the "
+            "selective policy saves their addmm output and AdaLoRA adds its update into it "
+            "in place, which torch refuses ('Tensor cached during selective activation "
+            "checkpoint has been mutated'); allowed: activation_checkpointing none or full, "
+            "lora_variant lora or dora, or --lora-targets without a bias",
+        )
 
 
 def cast_adapters(model: Any, training: TrainingConfig) -> None:
