@@ -193,3 +193,18 @@ def test_adalora_on_biased_linears_under_selective_checkpointing_is_refused() ->
     ):
         apply_lora(_meta("tiny-gpt2-test"), training)
     apply_lora(_meta("tiny-llama-test"), training)  # no bias on q_proj / v_proj: runs
+
+
+def test_stages_of_blocks_adapt_every_block() -> None:
+    # Found by fuzzing (session 17): SegFormer's encoder is a list of stages, each holding its
+    # blocks; the stage was taken for a layer ("cannot tell q/k/v/o apart" among two blocks'
+    # linears). 4 stages of 2 blocks, hidden 16 / 32 / 64 / 128: q and v at rank 4 are
+    # 2 x (4 x h + h x 4) = 16 h per block, 2 blocks: 32 x (16 + 32 + 64 + 128) = 7,680
+    from conftest import MODELS_DIR
+
+    raw = load_hf_config(str(MODELS_DIR / "heads" / "segformer.json"))
+    names = lora_target_modules(build_hf_model(raw), ("q", "v"))
+    block = "segformer.stages.{}.blocks.{}.attention.{}_proj"
+    assert names == [block.format(s, b, p) for s in range(4) for b in (0, 1) for p in "qv"]
+    peft_model = build_hf_training_model(raw, TrainingConfig(lora_rank=4))
+    assert sum(p.numel() for p in peft_model.parameters() if p.requires_grad) == 7680

@@ -207,13 +207,28 @@ def _adapted_stack(model: Any) -> tuple[str, Any, str]:
     projector without adapters (haotian-liu/LLaVA llava/train/train.py
     ``find_all_linear_names``: ``multimodal_keywords``); the longest stack of the whole model
     otherwise, which in a VLM can be the vision tower's (Qwen2-VL-7B: 32 vision blocks, 28
-    decoder layers)."""
+    decoder layers). A stack of stages that each hold a list of blocks (SegFormer) gives its
+    first stage's blocks (the others' are adapted at the same paths:
+    :func:`_same_paths_in_other_stacks`)."""
     found = [(n, m) for n, m in model.named_modules() if n.split(".")[-1] == "language_model"]
-    if not found:
-        return (*layer_stack(model), "")
-    name, language_model = min(found, key=lambda f: f[0].count("."))
-    inner, stack = layer_stack(language_model)
-    return f"{name}.{inner}", stack, name
+    scope, root = min(found, key=lambda f: f[0].count(".")) if found else ("", model)
+    inner, stack = layer_stack(root)
+    name = f"{scope}.{inner}" if scope else inner
+    if _stage_of_blocks(stack[0]):  # SegFormer's encoder: stages, each a list of blocks
+        inner, stack = layer_stack(stack[0])
+        name = f"{name}.0.{inner}" if inner else f"{name}.0"
+    return name, stack, scope
+
+
+def _stage_of_blocks(layer: Any) -> bool:
+    """Whether ``layer`` is a stage holding a list of blocks (SegFormer's ``SegformerStage``:
+    several blocks' attention linears, which :func:`layer_linear_roles` cannot tell apart),
+    rather than one layer (whose own lists, an MoE block's experts, are not layers)."""
+    try:
+        layer_linear_roles(layer)
+    except UnsupportedError:
+        return any(isinstance(m, torch.nn.ModuleList) and len(m) for m in layer.modules())
+    return False
 
 
 def _same_paths_in_other_stacks(model: Any, scope: str, stack: Any, rel: list[str]) -> list[str]:
