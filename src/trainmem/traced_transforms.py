@@ -19,7 +19,9 @@ Note [Traced model states under ZeRO]
     ``_build``; ZeRO paper Fig. 1):
 
     * optimizer states: each parameter's states (the traced events under the parameter's name)
-      become ``ceil(optimizer_state_bytes(n) / N)`` bytes over N data-parallel ranks, an fp32
+      become ``ceil(flat_state_bytes(n) / N)`` bytes over N data-parallel ranks (sized as a
+      share of the flat partition the optimizer steps, Note [Optimizer states of flat
+      tensors]), an fp32
       master copy included (``TrainingConfig.fp32_master_copy``: ZeRO-1/2 clone this rank's
       partition in fp32, runtime/zero/stage_1_and_2.py ``single_partition_of_fp32_groups``),
       split over the traced events in proportion to their sizes. They exist from setup:
@@ -87,7 +89,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from trainmem.analytic.lora import lora_adapter_dtype
-from trainmem.analytic.model_states import optimizer_state_bytes
+from trainmem.analytic.model_states import flat_state_bytes, optimizer_state_bytes
 from trainmem.analytic.tensor_states import (
     TensorState,
     offloaded,
@@ -111,6 +113,7 @@ from trainmem.errors import ScheduleError
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.optimizers import OPTIMIZER_TABLE
+from trainmem.specs.ranks import flat_optimizer_tensors
 from trainmem.specs.training import TrainingConfig
 from trainmem.timeline import Phase
 from trainmem.units import dtype_bytes
@@ -142,22 +145,19 @@ def layer_of(module: str) -> str | None:
 
 def deepspeed_refusals(training: TrainingConfig) -> list[str]:
     """What of a DeepSpeed run :func:`apply_deepspeed` does not model, as ``field=value`` (empty:
-    it does): ZeRO-1/2/3 with the ZeRO optimizer wrapper and an optimizer whose states are a
-    fixed number of bytes per element (not factored, not block-wise)."""
+    it does): ZeRO-1/2/3 with the ZeRO optimizer wrapper, any optimizer (its states sized as
+    the formulas size a flat partition's, Note [Optimizer states of flat tensors])."""
     out = []
     if training.zero_stage not in (1, 2, 3):
         out.append(f"zero_stage={training.zero_stage} with framework=deepspeed")
     elif training.deepspeed_optimizer != "zero":
         out.append(f"DeepSpeed's {training.deepspeed_optimizer} optimizer wrapper")
-    row = OPTIMIZER_TABLE[training.optimizer]
-    if row.factored or row.blockwise is not None:
-        out.append(f"optimizer={training.optimizer} with framework=deepspeed")
     return out
 
 
 def untraced_deepspeed(training: TrainingConfig) -> str:
     """One refusal for a DeepSpeed run the traced paths do not model, saying what they model
-    (ZeRO-1/2/3 with the ZeRO optimizer wrapper and a fixed-size optimizer state, without
+    (ZeRO-1/2/3 with the ZeRO optimizer wrapper, any optimizer, without
     tensor, pipeline or context parallelism) and what else estimates it."""
     why = deepspeed_refusals(training) or [
         f"{name}={getattr(training, name)} with framework=deepspeed"
@@ -322,7 +322,7 @@ def optimizer_standin(training: TrainingConfig) -> TrainingConfig | None:
     ``paged_state_bytes``); None when the optimizer runs as it is, or is not a torch
     optimizer's replacement (DeepSpeed's wrappers)."""
     row = OPTIMIZER_TABLE[training.optimizer]
-    if not row.untraceable or training.conventions.deepspeed_optimizer_wrappers:
+    if not row.untraceable:
         return None
     return replace(training, optimizer="adamw", optimizer_implementation="fused")
 
@@ -427,7 +427,7 @@ def traced_tensor_states(schedule: StepSchedule, training: TrainingConfig) -> li
         n = op.size_bytes // element_bytes(training, op.module)
         trainable = op.module in named
         grad = dtype_bytes(training.grad_dtype) * n if trainable else 0
-        state = optimizer_state_bytes(training, [(1, n, 1)], 0) if trainable else 0
+        state = _state_bytes(training, n) if trainable else 0
         paged = min(paged_state_bytes(training, n), state) if trainable and row.paged else 0
         state -= paged
         tensor = TensorState(
@@ -436,6 +436,15 @@ def traced_tensor_states(schedule: StepSchedule, training: TrainingConfig) -> li
         )  # fmt: skip
         out += [tensor] * count
     return out
+
+
+def _state_bytes(training: TrainingConfig, n: int) -> int:
+    """Optimizer states of a traced trainable tensor of ``n`` elements (Note [Traced tensors
+    as model states]): a share of a flat tensor's under FSDP1 / DeepSpeed (Note [Optimizer
+    states of flat tensors]), else a matrix's."""
+    if flat_optimizer_tensors(training):
+        return flat_state_bytes(training, n)
+    return optimizer_state_bytes(training, [(1, n, 1)], 0)
 
 
 def _counted(items: Sequence[Item], count: int = 1) -> list[tuple[Op, int]]:
@@ -636,9 +645,11 @@ class _Sizes:
         dp = training.sharding_degree if training.optimizer_states_partitioned else 1
         for name, ops in states.items():
             n = numel.get(name, 0)
-            total = -(-optimizer_state_bytes(training, [], n) // dp)
+            total = -(-flat_state_bytes(training, n) // dp)
             if offloaded(training, n).state:  # on the CPU beside DeepSpeedCPUAdam
                 total = 0
+            elif OPTIMIZER_TABLE[training.optimizer].paged:  # managed memory, as the layout
+                total -= min(paged_state_bytes(training, n, dp), total)
             traced = sum(op.size_bytes for op in ops)
             shares = [total * op.size_bytes // max(traced, 1) for op in ops]
             shares[0] += total - sum(shares)

@@ -417,3 +417,29 @@ def test_adamw_8bit_states_of_a_diffusers_model_by_hand() -> None:
     expected = 8 * (n - big) + 4 * 8_320 + 16_640 + 12_480
     assert est.schedules[0].model_states()["optimizer_states"] == expected
     assert any("traced with torch's fused AdamW" in note for note in est.notes)
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "implementation"),
+    [
+        ("adamw-8bit", None),
+        ("adamw-4bit", None),
+        ("paged-adamw-8bit", None),  # its states of >= 1e5 elements in managed memory
+        ("adafactor", "for-loop"),
+    ],
+)
+def test_zero2_with_a_flat_partition_optimizer_matches_the_analytic_engine(
+    wide_qwen2: str, optimizer: str, implementation: str | None
+) -> None:
+    # Note [Optimizer states of flat tensors]: both engines size the states of DeepSpeed's flat
+    # fp32 partition with model_states.flat_state_bytes (bitsandbytes 8-bit quantizes every
+    # tensor's share, Adafactor keeps a full second moment); the trace steps a stand-in (8-bit,
+    # 4-bit: torch's fused AdamW) or torch.optim.Adafactor's per-parameter loop
+    training = _deepspeed(optimizer=optimizer, optimizer_implementation=implementation)
+    assert trace_unsupported_settings(training, "generic") == []
+    analytic = estimate(wide_qwen2, training, engine="analytic", simulate_allocator=False)
+    traced = estimate(wide_qwen2, training, engine="generic", simulate_allocator=False)
+    states = "optimizer_states"
+    assert traced.model_states_bytes[states] == analytic.model_states_bytes[states]
+    a, t = analytic.breakdown.allocated_bytes, traced.breakdown.allocated_bytes
+    assert abs(t - a) <= 0.01 * a, (t, a)

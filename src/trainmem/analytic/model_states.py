@@ -90,6 +90,49 @@ def optimizer_state_bytes(
     return round((num_matrix + num_vector_parameters) * per)
 
 
+def flat_state_bytes(training: TrainingConfig, numel: int, *, flat_numel: int | None = None) -> int:
+    """Optimizer states (with the fp32 master copy) of ``numel`` elements of a flat 1-D tensor
+    the optimizer steps as one (:func:`~trainmem.specs.ranks.flat_optimizer_tensors`), in
+    bytes.
+
+    Note [Optimizer states of flat tensors]
+        DeepSpeed's optimizer wrappers (ZeRO-1/2/3, ``BF16_Optimizer``, ``FP16_Optimizer``)
+        hand the client optimizer one flat fp32 partition per parameter group (ZeRO-3: per
+        sub-group), and FSDP1 with ``use_orig_params=False`` each unit's 1-D
+        ``FlatParameter`` (shard); sources at :func:`~trainmem.specs.ranks.
+        flat_optimizer_tensors`. So the optimizer never sees a matrix, nor a small tensor:
+        - Adafactor is not factored (transformers/optimization.py ``_get_options``:
+          ``factored = len(param_shape) >= 2``; torch.optim.Adafactor likewise): a full second
+          moment, one state element per trainable element (the vector path of
+          :func:`optimizer_state_bytes`);
+        - bitsandbytes' 8-bit optimizers quantize the whole flat tensor when it has at least
+          ``min_8bit_size`` (4096) elements (bitsandbytes/optim/optimizer.py
+          ``Optimizer2State.init_state``: ``if p.numel() < config["min_8bit_size"]: dtype =
+          torch.float32``), biases and norm weights included: ``states`` x (1 byte of code + 4 /
+          256 bytes of absmax) per element, the last block's rounding spread over the
+          tensors (< 8 bytes per flat tensor and state).
+        A flat tensor's size is ``flat_numel`` when known (FSDP1 under LoRA, where each
+        adapter is a unit of its own: its shard), else taken as at least 4096 elements (a
+        DeepSpeed partition, an FSDP1 decoder layer's shard). torchao's rows quantize only a
+        tensor the block divides, so they depend on the partition's padded size, not
+        modelled: their per-tensor rule stays (:func:`blockwise_state_bytes`).
+
+    Args:
+        training: the optimizer and precision.
+        numel: trainable elements of the flat tensor sized here (a share of it).
+        flat_numel: elements of the whole flat tensor on this rank, or None (large).
+
+    Returns:
+        Bytes of optimizer state of ``numel`` elements.
+    """
+    row = OPTIMIZER_TABLE[training.optimizer]
+    q = row.blockwise
+    small = flat_numel is not None and q is not None and flat_numel < q.min_numel
+    if q is None or q.block_must_divide or small:
+        return optimizer_state_bytes(training, [], numel)  # a 1-D tensor's states
+    return round(numel * optimizer_state_bytes_per_parameter(training))
+
+
 def blockwise_state_bytes(
     training: TrainingConfig, matrix_shapes: list[tuple[int, int, int]], num_vector_parameters: int
 ) -> int:

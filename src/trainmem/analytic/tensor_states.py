@@ -73,7 +73,7 @@ from operator import attrgetter
 from typing import Any
 
 from trainmem.analytic.lora import lora_adapter_dtype
-from trainmem.analytic.model_states import optimizer_state_bytes
+from trainmem.analytic.model_states import flat_state_bytes, optimizer_state_bytes
 from trainmem.analytic.params import (
     adapted_linears,
     linear_shapes,
@@ -94,7 +94,7 @@ from trainmem.specs.quantization import (
     quantized_weight_bytes,
     unflattened_quantized_bytes,
 )
-from trainmem.specs.ranks import fsdp1_framework
+from trainmem.specs.ranks import flat_optimizer_tensors, fsdp1_framework
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
 
@@ -504,9 +504,12 @@ class _TensorMaker:
             #     of it, not row and column vectors (transformers/optimization.py
             #     ``_get_options``: ``factored = len(param_shape) >= 2``; torch.optim.Adafactor
             #     likewise for a vector): one state element per trainable element. Seen in the
-            #     trace of transformers' Adafactor under FSDP1 (1024-wide Llama).
-            matrix = not fsdp1_framework(training)
-            if matrix and local_out > 1 and local % local_out == 0 and local > local_out:
+            #     trace of transformers' Adafactor under FSDP1 (1024-wide Llama). DeepSpeed's
+            #     flat fp32 partitions likewise, and bitsandbytes quantizes every flat tensor
+            #     (Note [Optimizer states of flat tensors] in analytic/model_states.py).
+            if flat_optimizer_tensors(training):
+                state = flat_state_bytes(tr, local, flat_numel=self._flat_numel(name, local))
+            elif local_out > 1 and local % local_out == 0 and local > local_out:
                 shape = [(local // local_out, local_out, 1)]
                 state = optimizer_state_bytes(tr, shape, 0)
             else:
@@ -523,6 +526,15 @@ class _TensorMaker:
         return TensorState(
             "", name, numel, trainable, param, grad, state, full_param, full_grad, paged, local
         )
+
+    def _flat_numel(self, name: str, local: int) -> int | None:
+        """Elements of the flat tensor holding trainable ``name`` on this rank, when it is
+        that tensor alone: a LoRA adapter under FSDP1, a unit of its own (peft's
+        ``fsdp_auto_wrap_policy``), its shard; None for a flat tensor taken as large (Note
+        [Optimizer states of flat tensors])."""
+        if not (fsdp1_framework(self.training) and name.startswith("lora_")):
+            return None
+        return -(-local // self.dp) if self.training.optimizer_states_partitioned else local
 
     def _place(
         self, full_param: int, full_grad: int, state: int, local: int

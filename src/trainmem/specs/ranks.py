@@ -317,6 +317,19 @@ def fsdp1_framework(training: TrainingConfig) -> bool:
     return training.framework in ("accelerate-fsdp", "fsdp-qlora")
 
 
+def flat_optimizer_tensors(training: TrainingConfig) -> bool:
+    """True when the optimizer steps flat 1-D tensors, not the model's weights (Note [Optimizer
+    states of flat tensors] in ``analytic/model_states.py``): FSDP1 with ``use_orig_params=
+    False`` (:func:`fsdp1_framework`: each unit's ``FlatParameter`` shard) and every DeepSpeed
+    optimizer wrapper (``zero``, ``bf16``, ``fp16``: one flat fp32 partition per parameter
+    group; DeepSpeed v0.16.4 runtime/zero/stage_1_and_2.py ``param_group['params'] =
+    [self.single_partition_of_fp32_groups[i]]``, runtime/zero/stage3.py
+    ``_set_fp32_optimizer_param_groups`` (``fp32_partitioned_groups_flat``),
+    runtime/bf16_optimizer.py ``fp32_groups_flat_partition``, runtime/fp16/fused_optimizer.py
+    ``fp32_groups_flat``)."""
+    return fsdp1_framework(training) or training.deepspeed_optimizer not in (None, "none")
+
+
 def fsdp1_no_shard(training: TrainingConfig) -> bool:
     """True when ``training`` is FSDP1's ``NO_SHARD`` (Note [Tracing FSDP1] in
     trainmem/trace/fsdp.py, Note [FSDP1 NO_SHARD's 16-bit copy] in
