@@ -97,6 +97,7 @@ from trainmem.analytic.tensor_states import (
     state_layout,
 )
 from trainmem.analytic.transforms.base import (
+    Emitted,
     PipelineRank,
     RankContext,
     Where,
@@ -207,6 +208,14 @@ def apply_deepspeed(
     gathers, h2d = _zero3_gathers(schedule, ctx, training) if training.zero_stage == 3 else ([], [])
     rewritten = [_rewrite(seg, sizes, new_grads, first=k == 0) for k, seg in enumerate(segments)]
     tail = _rewrite(tail, sizes, None, first=False)
+    # Note [The step of DeepSpeed's flat partition]
+    #     DeepSpeed's client optimizer steps this rank's flat fp32 partition (Note [Optimizer
+    #     states of flat tensors] in analytic/model_states.py), not the traced plain loop's
+    #     16-bit parameters: the traced step's temporaries (a foreach list over every whole
+    #     parameter) are dropped, and the analytic optimizer's for the partition spliced in
+    #     (:class:`_PartitionStep`, the formulas' ``Optimizer.optimizer_step``).
+    tail, _ = _take(tail, _is_step_temporary, "optimizer")
+    step_ops = _PartitionStep(ctx)
     frees: list[Item] = []
     if transform.frees_gradients_at_step:  # ZeRO-1: the traced gradients are freed at the step
         tail, frees = _take(tail, _is_gradient_free, "optimizer")
@@ -217,7 +226,8 @@ def apply_deepspeed(
             where = Where(first_step=first, new_grads=k == 0)
             spliced = splice(seg, _segment_points(seg, first=k == 0), [transform], where)
             out += [*gathers, *h2d, *spliced, *(free(op, "backward") for op in reversed(gathers))]
-        optimizer = splice(tail, _tail_points(tail), [transform], Where(first_step=first))
+        points = _tail_points(tail)
+        optimizer = splice(tail, points, [transform, step_ops], Where(first_step=first))
         return out + (_own_gradient_frees(optimizer, frees) if frees else optimizer)
 
     states = _rewrite(init, sizes, None, first=False)
@@ -565,6 +575,18 @@ def _balanced(items: Sequence[Item]) -> bool:
     except ScheduleError:
         return False
     return sum(e.size_bytes if e.action == "alloc" else -e.size_bytes for e in events) == 0
+
+
+def _is_step_temporary(op: Op) -> bool:
+    return op.category is Cat.TEMPORARY and op.phase == "optimizer"
+
+
+class _PartitionStep(Optimizer):
+    """The analytic optimizer's step temporaries alone (Note [The step of DeepSpeed's flat
+    partition]); the states are the DeepSpeed rewrite's (:class:`_Sizes`)."""
+
+    def optimizer_begin(self, where: Where) -> Sequence[Emitted]:
+        return ()
 
 
 def _is_gradient_free(op: Op) -> bool:
