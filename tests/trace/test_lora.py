@@ -208,3 +208,18 @@ def test_stages_of_blocks_adapt_every_block() -> None:
     assert names == [block.format(s, b, p) for s in range(4) for b in (0, 1) for p in "qv"]
     peft_model = build_hf_training_model(raw, TrainingConfig(lora_rank=4))
     assert sum(p.numel() for p in peft_model.parameters() if p.requires_grad) == 7680
+
+
+def test_an_output_projection_defined_first_is_still_o() -> None:
+    # Found by fuzzing (session 17): Phi-3 defines o_proj before its fused qkv_proj
+    # (transformers modeling_phi3.py Phi3Attention.__init__), so "q,v" adapted o_proj
+    from conftest import MODELS_DIR
+
+    model = build_hf_model(load_hf_config(str(MODELS_DIR / "phi3.json")))
+    roles = layer_linear_roles(layer_stack(model)[1][0])
+    assert {r: roles[r] for r in "qkvo"} == {
+        "q": ("self_attn.qkv_proj",),
+        "k": ("self_attn.qkv_proj",),
+        "v": ("self_attn.qkv_proj",),
+        "o": ("self_attn.o_proj",),
+    }

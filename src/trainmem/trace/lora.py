@@ -11,17 +11,18 @@ Note [LoRA target inference]
     model's: its ``language_model``'s, :func:`_adapted_stack`). In its first layer the
     linears (``nn.Linear`` or transformers' ``Conv1D``) are taken in definition order and split
     by their path: a path component containing ``attn`` / ``attention`` puts a linear in the
-    attention, anything else in the MLP. Attention: the last linear is ``o``; one linear before
-    it is a fused q/k/v (any of ``q``, ``k``, ``v`` targets it, as in peft), three are ``q``,
-    ``k``, ``v``: by their names (``q_proj`` / ``query`` / ``q`` ...) when each is found once,
-    else in order (CLIP and SigLIP define ``k_proj``, ``v_proj``, ``q_proj``). MLP: the last
-    linear is ``down``; two before it are ``gate``, ``up`` (gated MLP,
-    ``act(gate(x)) * up(x)``), one is ``up``, or a fused ``gate_up`` when its
-    out_features are twice ``down``'s in_features (Phi-3); other MLP linears (an MoE block's
-    router, experts fused into one module's parameters in transformers 5) get no role, so
-    ``gate`` / ``up`` / ``down`` are refused there and attention targets still run. The
-    relative paths found in the first layer are targeted in every layer; ``lm_head`` is
-    ``get_output_embeddings()``.
+    attention, anything else in the MLP. Attention: the last linear is ``o`` (or the one named
+    as an output, ``o_proj`` / ``out_proj`` / ``dense``..., where Phi-3 defines it first); one
+    other linear is a fused q/k/v (any of ``q``, ``k``, ``v`` targets it, as in peft), three
+    are ``q``, ``k``, ``v``: by their names (``q_proj`` / ``query`` / ``q`` ...) when each is
+    found once, else in order (CLIP and SigLIP define ``k_proj``, ``v_proj``, ``q_proj``).
+    MLP: the last linear is ``down``; two before it are ``gate``, ``up`` (gated MLP,
+    ``act(gate(x)) * up(x)``), one is ``up``, or a fused ``gate_up`` when its out_features are
+    twice ``down``'s in_features (Phi-3); other MLP linears (an MoE block's router, experts
+    fused into one module's parameters in transformers 5) get no role, so ``gate`` / ``up`` /
+    ``down`` are refused there and attention targets still run. The relative paths found in
+    the first layer are targeted in every layer, and in every other layer list that holds them
+    (an encoder-decoder's second stack); ``lm_head`` is ``get_output_embeddings()``.
 
 peft is applied to the ``meta``-built model (on fake tensors peft's ``.to()`` fails,
 shared/notes/tracing-without-a-gpu.md sec. 1) with ``get_peft_model``'s defaults: the adapters
@@ -146,6 +147,20 @@ def _qkv_by_name(paths: list[str]) -> tuple[str, str, str] | None:
     return found[0], found[1], found[2]
 
 
+_OUTPUT_NAMES = frozenset(("o_proj", "out_proj", "c_proj", "dense", "o", "wo"))
+
+
+def _output_last(paths: list[str]) -> list[str]:
+    """The attention linears with the output projection last: a single one named as an output
+    (``o_proj``, ``out_proj``, ``dense``...) defined before the others is moved to the end
+    (Phi-3 defines ``o_proj`` before its fused ``qkv_proj``: transformers modeling_phi3.py
+    ``Phi3Attention.__init__``)."""
+    outputs = [p for p in paths if p.rsplit(".", 1)[-1] in _OUTPUT_NAMES]
+    if len(outputs) != 1 or outputs[0] == paths[-1]:
+        return paths
+    return [p for p in paths if p != outputs[0]] + outputs
+
+
 def layer_linear_roles(layer: Any) -> dict[str, tuple[str, ...]]:
     """trainmem linear name -> module paths (relative to ``layer``) it targets.
 
@@ -172,17 +187,18 @@ def layer_linear_roles(layer: Any) -> dict[str, tuple[str, ...]]:
             (path, module)
         )
     roles: dict[str, tuple[str, ...]] = {}
-    if len(attn) == 2:
-        roles.update({"q": (attn[0][0],), "k": (attn[0][0],), "v": (attn[0][0],)})
-    elif len(attn) == 4:  # by name where the names say (CLIP defines k_proj, v_proj, q_proj)
-        q, k, v = _qkv_by_name([p for p, _ in attn]) or (attn[0][0], attn[1][0], attn[2][0])
+    paths = _output_last([p for p, _ in attn])
+    if len(paths) == 2:
+        roles.update({"q": (paths[0],), "k": (paths[0],), "v": (paths[0],)})
+    elif len(paths) == 4:  # by name where the names say (CLIP defines k_proj, v_proj, q_proj)
+        q, k, v = _qkv_by_name(paths) or (paths[0], paths[1], paths[2])
         roles.update({"q": (q,), "k": (k,), "v": (v,)})
     else:
         raise UnsupportedError(
-            f"cannot tell q/k/v/o apart among the attention linears {[p for p, _ in attn]}; "
+            f"cannot tell q/k/v/o apart among the attention linears {paths}; "
             "wrap the model with peft yourself and use trainmem.trace(build_model, ...)"
         )
-    roles["o"] = (attn[-1][0],)
+    roles["o"] = (paths[-1],)
     if len(mlp) == 3:
         roles.update({"gate": (mlp[0][0],), "up": (mlp[1][0],), "down": (mlp[2][0],)})
     elif len(mlp) == 2:
