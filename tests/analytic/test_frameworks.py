@@ -113,6 +113,21 @@ def test_autocast_cache_holds_only_trainable_leaf_weights(llama_2_7b: ModelSpec)
 # -- item 7: the HF Trainer's default optimizer by torch version; explicit always wins ---------
 
 
+def test_deepspeed_fuses_adam_and_lion_only() -> None:
+    # DeepSpeed v0.16.4 runtime/engine.py _configure_basic_optimizer: Adam / AdamW -> FusedAdam,
+    # Lion -> FusedLion; any other name -> getattr(torch.optim, name)(params, **params): torch's
+    # own default (foreach on CUDA from torch 2.0, the loop before)
+    def impl(optimizer: str, **kw: object) -> str:
+        t = TrainingConfig(framework="deepspeed", zero_stage=2, optimizer=optimizer, **kw)  # type: ignore[arg-type]
+        return t.step_implementation
+
+    assert [impl(o) for o in ("adam", "adamw", "lion")] == ["fused"] * 3
+    assert [impl(o) for o in ("sgd", "sgd-momentum", "adafactor")] == ["foreach"] * 3
+    assert impl("adafactor", torch_version="1.13") == "for-loop"
+    # Megatron's SGD is apex / TransformerEngine FusedSGD: unchanged
+    assert TrainingConfig(framework="megatron", optimizer="sgd").step_implementation == "fused"
+
+
 def test_hf_trainer_default_optimizer_follows_torch_version() -> None:
     # transformers training_args.py: default_optim = "adamw_torch"; "adamw_torch_fused" if
     # is_torch_greater_or_equal_than_2_8. torch AdamW: foreach on CUDA from 2.0, loop before.

@@ -430,7 +430,7 @@ def test_adamw_8bit_states_of_a_diffusers_model_by_hand() -> None:
         # every whole 16-bit parameter were kept (+2.7 % at the step, the peak), now the
         # formulas' over this rank's fp32 partition
         ("adamw", "foreach"),
-        ("adafactor", "foreach"),
+        ("adafactor", None),  # DeepSpeed builds torch.optim.Adafactor: foreach by default
     ],
 )
 def test_zero2_with_a_flat_partition_optimizer_matches_the_analytic_engine(

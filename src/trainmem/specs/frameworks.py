@@ -208,6 +208,11 @@ llama.py ``FastLlamaModel.get_peft_model(target_modules = ["q_proj", "k_proj", "
 studio/backend/assets/configs/model_defaults/default.yaml ``target_modules`` (the same seven,
 ``lora_dropout: 0.0``). Unsloth's LoRA kernels apply only with all seven and no dropout
 (Note [Unsloth's fast LoRA]). Its ``lora_dropout = 0.0`` is trainmem's default already."""
+DEEPSPEED_TORCH_OPTIM_OPTIMIZERS = ("sgd", "sgd-momentum", "adafactor")
+"""Optimizers DeepSpeed builds as the ``torch.optim`` class of that name with its defaults
+(DeepSpeed v0.16.4 runtime/engine.py ``_configure_basic_optimizer``: ``torch_optimizer =
+getattr(torch.optim, self.optimizer_name())``), so torch's own default implementation runs
+(foreach on CUDA), not the ``FusedAdam`` / ``FusedLion`` it picks for Adam, AdamW and Lion."""
 DEFAULT_DEEPSPEED_VERSION = (0, 19, 8)
 """The DeepSpeed release assumed when none is given: a current one (>= 0.17.6)."""
 DEEPSPEED_ACCUMULATES_IN_MODEL_DTYPE_SINCE = (0, 17, 6)
@@ -888,11 +893,15 @@ class FrameworkConventions:
         version = DEFAULT_TORCH_VERSION if torch_version is None else torch_version
         return UNSLOTH_ALLOC_CONF if version >= (2, 9) else UNSLOTH_ALLOC_CONF_BEFORE_TORCH_2_9
 
-    def default_optimizer_implementation(self, torch_version: tuple[int, ...] | None) -> str:
-        """The Adam implementation that runs when none is asked for.
+    def default_optimizer_implementation(
+        self, torch_version: tuple[int, ...] | None, optimizer: str = "adamw"
+    ) -> str:
+        """The implementation that runs when none is asked for.
 
         Args:
             torch_version: (major, minor, ...) of torch; None: a current release.
+            optimizer: ``TrainingConfig.optimizer``: under DeepSpeed one of
+                :data:`DEEPSPEED_TORCH_OPTIM_OPTIMIZERS` is torch's class with torch's default.
 
         Returns:
             ``fused`` (fused multi-tensor Adam, or the framework's fused default from
@@ -901,7 +910,10 @@ class FrameworkConventions:
             (torch < 2.0: ``foreach=None`` meant the per-parameter loop).
         """
         version = DEFAULT_TORCH_VERSION if torch_version is None else torch_version
-        if self.fused_multi_tensor_adam:
+        torch_class = (
+            self.deepspeed_optimizer_wrappers and optimizer in DEEPSPEED_TORCH_OPTIM_OPTIMIZERS
+        )
+        if self.fused_multi_tensor_adam and not torch_class:
             return "fused"
         since = self.trainer_default_fused_since_torch
         if since is not None and version >= since:

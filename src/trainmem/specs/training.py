@@ -1574,7 +1574,7 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
         if self.optimizer_implementation is not None:
             return self.optimizer_implementation
         return self.conventions.default_optimizer_implementation(
-            parse_version("torch_version", self.torch_version)
+            parse_version("torch_version", self.torch_version), self.optimizer
         )
 
     @property
