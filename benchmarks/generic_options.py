@@ -149,6 +149,18 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
         "quantize_base": "gptq-int4",
         "precision": "16-mixed",
     },
+    # full checkpointing over a frozen 4-bit down projection (transformers 5: non-reentrant):
+    # its backward runs before the recompute (Note [A frozen 4-bit down projection before the
+    # recompute], Note [The recompute's tensors held at the up projection])
+    "qlora nf4 + checkpointing full": {**_QLORA, "activation_checkpointing": "full"},
+    "accelerate-fsdp qlora 4 + checkpointing full": {
+        **_DP,
+        "zero_stage": 3,
+        "framework": "accelerate-fsdp",
+        **_QLORA,
+        "precision": "bf16-true",
+        "activation_checkpointing": "full",
+    },
     "zero-3 + optimizer offload": {**_DP, "zero_stage": 3, "offload": "optimizer"},
     "zero-3 + optimizer+params offload": {**_DP, "zero_stage": 3, "offload": "optimizer+params"},
     "zero-2 deepspeed + offload": {

@@ -9,7 +9,7 @@ from typing import NamedTuple
 from trainmem.analytic.activation_parallelism import parallel_divisor
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
 from trainmem.analytic.attention import fp32_softmax
-from trainmem.analytic.checkpointing import layer_is_checkpointed
+from trainmem.analytic.checkpointing import layer_checkpoint_reentrant, layer_is_checkpointed
 from trainmem.analytic.lora import unsloth_fast_lora, unsloth_lora_product_tensor
 from trainmem.analytic.mlp import (
     SIGMOID_FORMULA_ACTIVATIONS,
@@ -93,7 +93,8 @@ def mlp_backward_parts(model: ModelSpec, training: TrainingConfig) -> MlpBackwar
         return None
     if model.num_experts > 1 and training.conventions.hf_model_code:
         return None
-    if training.is_lora and layer_is_checkpointed(training):  # the Note's last paragraph
+    recomputed = training.is_lora and layer_is_checkpointed(training)
+    if recomputed and not down_backward_before_recompute(training):  # the Note's last paragraph
         return None
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     c = compute_and_residual_bytes(training)[0]
@@ -106,6 +107,44 @@ def mlp_backward_parts(model: ModelSpec, training: TrainingConfig) -> MlpBackwar
     # a frozen down projection (LoRA's base) makes no weight gradient (the node's output mask)
     weight = weight if training.uses_autocast and not training.is_lora else 0
     return MlpBackwardParts(down_input, weight, (n - 1) * down_input)
+
+
+def down_backward_before_recompute(training: TrainingConfig) -> bool:
+    """Whether a recomputed layer's down projection runs its backward before the layer's
+    recompute: a frozen bitsandbytes 4-bit base that saves no input, no LoRA adapter on the
+    down projection, full non-reentrant checkpointing of transformers' layers (not fsdp_qlora's
+    reentrant wrapper).
+
+    Note [A frozen 4-bit down projection before the recompute]
+        bitsandbytes keeps ``MatMul4Bit``'s state as an attribute, ``ctx.tensors = (None, B)``
+        (0.45.0 autograd/_functions.py), not through ``save_for_backward``, so torch's
+        non-reentrant checkpoint (utils/checkpoint.py: the saved-tensor hooks' unpack runs the
+        recompute) never sees it: the node's backward runs as soon as its gradient arrives,
+        before anything of the layer is recomputed. Without an adapter on the down projection
+        (peft's LoRA branch would save its input through the hooks, and its higher sequence
+        numbers run it first) the layer's backward therefore starts with down's dequantized
+        weight and its input gradient (c t i); that gradient stays while the recompute runs
+        (up to the up projection, early stop), and the recompute dequantizes its linears
+        beside it. transformers checkpoints non-reentrantly from 5.0
+        (``TrainingConfig.hf_checkpoint_reentrant``); fsdp_qlora's train.py reentrantly unless
+        ``--reentrant_checkpointing False`` (:func:`~trainmem.analytic.checkpointing.
+        layer_checkpoint_reentrant`): torch's reentrant ``CheckpointFunction.backward``
+        recomputes the whole layer before any of its backward runs. Seen on the generic path's
+        trace of the agreement model (nf4, LoRA on q / v, full checkpointing: the input
+        gradient made at down's backward, then the recompute, peak at the recomputed up
+        projection's dequantization, Note [The recompute's tensors held at the up projection]);
+        GPTQ's triton kernel saves its packed tensors through the hooks, so the recompute runs
+        first there.
+    """
+    return (
+        training.is_lora
+        and training.activation_checkpointing == "full"
+        and training.conventions.hf_model_code
+        and not layer_checkpoint_reentrant(training)
+        and training.quantize_base in ("nf4", "nf4-dq", "fp4", "fp4-dq")
+        and not training.quantized_matmul_saves_input
+        and "down" not in training.lora_targets
+    )
 
 
 def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tuple[int, int, int]:

@@ -57,7 +57,7 @@ from trainmem.analytic.mlp import sequential_pre_norm_block
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 
-__all__ = ["down_projection_held_bytes"]
+__all__ = ["down_projection_held_bytes", "recompute_up_held_bytes"]
 
 
 def down_projection_held_bytes(
@@ -104,4 +104,65 @@ def down_projection_held_bytes(
         out.append(r * h)  # the layer's input
     if training.conventions.hf_model_code and has_embedding and not (first_layer or kept):
         out.append(r * h)  # inputs_embeds, also the first layer's input
+    return out
+
+
+def recompute_up_held_bytes(
+    model: ModelSpec, training: TrainingConfig, terms: Mapping[str, int], *, input_saved: bool
+) -> list[int]:
+    """The tensors (bytes each) a non-reentrant recompute holds at its up projection besides
+    the blocks it recomputes, where a frozen 4-bit down projection ran its backward first
+    (Note [The recompute's tensors held at the up projection]): the MLP's input where not
+    saved as itself, its cast to the compute dtype where not saved, the residual where the
+    second norm does not save it as itself. Empty for a block other than a dense sequential
+    pre-norm decoder's.
+
+    Args:
+        model: the model (hidden size, block kind).
+        training: batch, precision.
+        terms: the layer's activation terms without checkpointing (what the recompute
+            saves), bytes.
+        input_saved: the norms save their input as itself (RMSNorm on an fp32 stream).
+
+    Note [The recompute's tensors held at the up projection]
+        Under torch's non-reentrant checkpoint (utils/checkpoint.py, ``_checkpoint_hook``'s
+        unpack runs the recompute, which stops early once the last saved tensor it needs is
+        packed) with a frozen bitsandbytes 4-bit down projection that saved nothing through
+        the hooks (Note [A frozen 4-bit down projection before the recompute]), the last
+        tensor the recompute packs is the up projection's output, saved by ``act(gate) * up``
+        (transformers 5.24 modeling_llama.py ``LlamaMLP.forward``: ``down_proj(act_fn(
+        gate_proj(x)) * up_proj(x))``). Its largest moment is therefore up's matmul: the
+        dequantized weight (``MatMul4Bit.forward``) and up's output beside every block
+        recomputed so far and what the recomputed code still references, unsaved:
+
+        * the MLP's input ``x``, the second norm's output (r t h: RMSNorm returns the input's
+          dtype), unless the layer saves it as itself (``mlp/input`` with r = c);
+        * up's input cast to the compute dtype (c t h; bitsandbytes ``Linear4bit.forward``
+          ``x.to(self.compute_dtype)``), where r != c and the cast is not saved
+          (``mlp/input``); gate's cast was freed after gate's matmul;
+        * the residual (r t h; ``LlamaDecoderLayer.forward``: ``residual = hidden_states``,
+          needed for the sum after the MLP), unless the second norm saves it as itself
+          (RMSNorm's ``x.to(float32)`` on an fp32 stream).
+
+        The layer's input is the checkpoint's saved input; down's output and input do not
+        exist yet. Checked against the generic path's trace of the agreement model (2-layer
+        2048-wide Llama, 2 x 256 tokens, nf4 LoRA on q / v, full checkpointing): under
+        autocast on an fp32 stream the recompute holds x (4,194,304 B) and its bf16 cast
+        (2,097,152 B) at layer 1's up projection, the residual being the norm's saved input;
+        bf16-true (accelerate FSDP-QLoRA) holds x and the residual, 2,097,152 B each.
+    """
+    dense = model.num_experts <= 1 and model.mlp_kind == "gated"
+    if not (dense and model.architecture == "decoder" and sequential_pre_norm_block(model)):
+        return []
+    c, r = compute_and_residual_bytes(training)
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    h = model.hidden_size * t // parallel_divisor("mlp/input", training)
+    saved = bool(terms.get("mlp/input", 0))
+    out = []
+    if not saved or r != c:
+        out.append(r * h)  # the MLP's input
+    if r != c and not saved:
+        out.append(c * h)  # up's input cast
+    if not input_saved:
+        out.append(r * h)  # the residual
     return out

@@ -85,11 +85,15 @@ from trainmem.analytic.attention import (
 from trainmem.analytic.backward_transients import (
     WRITTEN_OUT_SOFTMAX_BACKWARD_TENSORS,
     backward_layer_transients,
+    down_backward_before_recompute,
     mlp_backward_parts,
 )
 from trainmem.analytic.buffers import ROPE_BUFFERS_KEY, layer_rope_cache_bytes
 from trainmem.analytic.checkpointing import input_grad_hook_bytes, layer_is_checkpointed
-from trainmem.analytic.forward_transients import down_projection_held_bytes
+from trainmem.analytic.forward_transients import (
+    down_projection_held_bytes,
+    recompute_up_held_bytes,
+)
 from trainmem.analytic.head import (
     FINAL_RMSNORM_BACKWARD_TENSORS,
     final_hidden_transient_bytes,
@@ -407,6 +411,10 @@ class _Layers:
         transients = backward_layer_transients(ctx.model, ctx.training)
         self.mlp_tmp, self.attention_tmp, self.residual_tmp = transients
         self.mlp_parts = mlp_backward_parts(ctx.model, ctx.training)
+        # Note [A frozen 4-bit down projection before the recompute]
+        self.down_first = self.mlp_parts is not None and down_backward_before_recompute(
+            ctx.training
+        )
         # Note [Final RMSNorm's backward], the layers' norms: each one's fp32 transients
         self.norm_tmp = layer_norm_backward_bytes(ctx.model, ctx.training)
         self.scores_tmp, self.mask_tmp = eager_scores_forward_bytes(ctx.model, ctx.training)
@@ -425,6 +433,14 @@ class _Layers:
             )
             for first in (False, True)
         }
+        # Note [The recompute's tensors held at the up projection]
+        self.up_held = (
+            recompute_up_held_bytes(
+                ctx.model, ctx.training, ctx.profile.terms, input_saved=saves_input
+            )
+            if self.down_first
+            else []
+        )
         copies, frozen = self.plan.weight_copy, self.plan.frozen_copy
         self.recomputed_copies = weight_blocks(ctx, copies) if copies else []
         self.frozen_copies = weight_blocks(ctx, frozen) if frozen else []
@@ -518,6 +534,21 @@ class _Layers:
         ]
         return [*held, *ops, *(free(op, f) for op in held)]
 
+    def _recompute_up(self, em: Emitter, where: Where) -> list[Item]:
+        """The transforms' ops at ``layer.backward`` (the recompute's dequantization) with
+        the tensors the recompute holds at the up projection besides its blocks (Note [The
+        recompute's tensors held at the up projection]), made before them and freed after."""
+        ops = em.at("layer.backward", where)
+        if not ops or not self.up_held:
+            return ops
+        b: Phase = "backward"
+        label = "what the recompute holds at the up projection"
+        held = [
+            alloc(size, Cat.TEMPORARY, b, f"up_held/{k}", "layers.{i}", label)
+            for k, size in enumerate(self.up_held)
+        ]
+        return [*held, *ops, *(free(op, b) for op in held)]
+
     def _collectives(
         self, ops: list[Op], names: list[str], linear: str
     ) -> tuple[list[Op], list[Op]]:
@@ -572,9 +603,11 @@ class _Layers:
         plan = self.first_plan if where.last_layer else self.plan
         saved = self.first_saved if where.last_layer else self.saved
         body = em.at("layer.pre_backward", where)
+        if self.down_first:  # Note [A frozen 4-bit down projection before the recompute]
+            body += self._down_backward(em, where)
         recomputed = self._recomputed(b)
         body += recomputed
-        body += em.at("layer.backward", where)
+        body += self._recompute_up(em, where)
         # the frees of the saved and the recomputed blocks, in the order autograd releases them
         down, mlp, early, rest, after = self._released(saved, plan.saved)
         re_down, re_mlp, re_early, re_rest, re_after = self._released(
@@ -614,16 +647,10 @@ class _Layers:
         the frees of the MLP's other saved blocks; and the layer's four gradient groups
         (:meth:`_Transforms.layer_gradients`)."""
         b: Phase = "backward"
-        label = "the MLP's backward transients"
-        parts = self.mlp_parts
-        if parts is None:
-            made = [alloc(self.mlp_tmp, Cat.TEMPORARY, b, "mlp_tmp", "layers.{i}", label)]
-        else:
-            keys = ("mlp_tmp", "mlp_tmp/weight")
-            sizes = [parts.down_input] + ([parts.down_weight] if parts.down_weight else [])
-            made = [alloc(size, Cat.TEMPORARY, b, key, "layers.{i}", label)
-                    for key, size in zip(keys, sizes, strict=False)]  # fmt: skip
-        items: list[Item] = [*em.at("layer.mlp.pre_backward", where), *made]
+        parts, made = self.mlp_parts, self._down_made()
+        items: list[Item] = em.at("layer.mlp.pre_backward", where)
+        if not self.down_first:
+            items += self._down_backward(em, where)
         grads = self.tr.layer_gradients(where)
         items += grads[0]
         items += em.at("layer.mlp.post_backward", where)
@@ -633,6 +660,34 @@ class _Layers:
         act = alloc(parts.activation, Cat.TEMPORARY, b, "mlp_tmp/act", "layers.{i}", label)
         items += [free(op, b) for op in made[1:]]
         return [*items, act, free(made[0], b), free(act, b)], grads
+
+    def _down_made(self) -> list[Op]:
+        """The down projection's backward transients: its input gradient and (under
+        autocast, trainable) its 16-bit weight gradient, or the MLP's one block."""
+        b: Phase = "backward"
+        label = "the MLP's backward transients"
+        parts = self.mlp_parts
+        if parts is None:
+            return [alloc(self.mlp_tmp, Cat.TEMPORARY, b, "mlp_tmp", "layers.{i}", label)]
+        keys = ("mlp_tmp", "mlp_tmp/weight")
+        sizes = [parts.down_input] + ([parts.down_weight] if parts.down_weight else [])
+        return [alloc(size, Cat.TEMPORARY, b, key, "layers.{i}", label)
+                for key, size in zip(keys, sizes, strict=False)]  # fmt: skip
+
+    def _down_backward(self, em: Emitter, where: Where) -> list[Item]:
+        """The transforms' ops at ``layer.mlp.down_backward`` with the down projection's
+        transients (:meth:`_down_made`) made before the free of their last allocation (a
+        quantized base's dequantized weight beside the input gradient)."""
+        ops, made = em.at("layer.mlp.down_backward", where), self._down_made()
+        allocs = [op.key for op in ops if isinstance(op, Op) and op.action == "alloc"]
+        if not allocs:
+            return [*ops, *made]
+        k = next(
+            n
+            for n, op in enumerate(ops)
+            if isinstance(op, Op) and op.action == "free" and op.key == allocs[-1]
+        )
+        return [*ops[:k], *made, *ops[k:]]
 
     def _norm_backward(self, frees: list[Op], plan: LayerPlan, term: str) -> list[Op]:
         """``frees`` (a group of the backward's frees of saved / recomputed blocks) with the

@@ -25,6 +25,9 @@ In step order:
 * ``head.post_backward``: the head's weight gradients exist;
 * ``stack.pre_backward`` / ``stack.post_backward``: around the backward through the layers;
 * ``layer.pre_backward``, ``layer.backward`` (recomputation done), ``layer.mlp.pre_backward``,
+  ``layer.mlp.down_backward`` (the down projection's input gradient is made between what a
+  transform allocates there and the free of its last allocation; before the recompute
+  where Note [A frozen 4-bit down projection before the recompute] holds),
   ``layer.mlp.post_backward`` (the layer's first weight gradient, its MLP's down
   projection's, exists, or all of them where a transform makes them; Note [Gradients where
   their linear's backward runs]), ``layer.attention.pre_backward``,
@@ -69,6 +72,7 @@ Point = Literal[
     "layer.pre_backward",
     "layer.backward",
     "layer.mlp.pre_backward",
+    "layer.mlp.down_backward",
     "layer.mlp.post_backward",
     "layer.attention.pre_backward",
     "layer.attention.post_backward",
@@ -109,6 +113,7 @@ PHASE: Final[dict[Point, Phase]] = {
     "layer.pre_backward": "backward",
     "layer.backward": "backward",
     "layer.mlp.pre_backward": "backward",
+    "layer.mlp.down_backward": "backward",
     "layer.mlp.post_backward": "backward",
     "layer.attention.pre_backward": "backward",
     "layer.attention.post_backward": "backward",

@@ -17,6 +17,7 @@ from trainmem.analytic.buffers import (
     dequantized_weight_bytes,
     largest_base_numel,
 )
+from trainmem.analytic.checkpointing import layer_is_checkpointed
 from trainmem.analytic.head import lm_head_dequant_bytes
 from trainmem.analytic.lora import BNB_4BIT, unsloth_fast_lora
 from trainmem.analytic.mlp import EXPERT_LOOP_FAMILIES, EXPERT_LOOP_UNTIL
@@ -167,6 +168,7 @@ class QuantizedBase(Transform):
         self.buffers = unsloth_dequant_buffers(ctx)
         # the MLP's backward as its linears (Note [An MLP's backward, linear by linear])
         self.split = mlp_backward_parts(ctx.model, ctx.training) is not None
+        self.recomputed = layer_is_checkpointed(ctx.training)
 
     @staticmethod
     def applies(ctx: RankContext) -> bool:
@@ -214,22 +216,16 @@ class QuantizedBase(Transform):
         return self._layer("forward")
 
     def layer_backward(self, where: Where) -> Sequence[Emitted]:
-        if self.split:  # beside down's input gradient instead (layer.mlp.pre_backward)
+        if self.split and not self.recomputed:  # beside down's input gradient instead
+            return ()
+        return self._layer("backward")  # the recompute's (or the one block's) dequantization
+
+    def layer_mlp_down_backward(self, where: Where) -> Sequence[Emitted]:
+        """The input gradient's dequantized weight: the base makes down's input gradient
+        before its free (Note [An MLP's backward, linear by linear])."""
+        if not self.split:
             return ()
         return self._layer("backward")
-
-    def layer_mlp_pre_backward(self, where: Where) -> Sequence[Emitted]:
-        """The input gradient's dequantized weight, alive beside down's input gradient
-        (Note [An MLP's backward, linear by linear])."""
-        if not self.split or not self.layer:
-            return ()
-        label = "a dequantized base weight"
-        d = alloc(self.layer, Cat.TEMPORARY, "backward", "dequant", "layers.{i}", label)
-        if not self.layer_cast:
-            return [Lifetime(d, "layer.mlp.post_backward")]
-        label = "a dequantized base weight before its cast"
-        q = alloc(self.layer_cast, Cat.TEMPORARY, "backward", "dequant/fp16", "layers.{i}", label)
-        return [q, Lifetime(d, "layer.mlp.post_backward"), free(q, "backward")]
 
     def head_forward(self, where: Where) -> Sequence[Emitted]:
         if not self.head:

@@ -39,6 +39,7 @@ from collections.abc import Sequence
 
 from trainmem.analytic.activation_parallelism import parallel_divisor
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
+from trainmem.analytic.checkpointing import layer_checkpoint_reentrant
 from trainmem.analytic.transforms.base import Emitted, RankContext, Transform, Where, alloc, free
 from trainmem.analytic.transforms.unsloth import unsloth_offload_patched
 from trainmem.breakdown import MemoryCategory as Cat
@@ -58,9 +59,7 @@ def torch_reentrant_checkpoint(training: TrainingConfig) -> bool:
     t = training
     if t.activation_checkpointing != "full" or unsloth_offload_patched(t):
         return False
-    if t.framework == "fsdp-qlora":
-        return t.checkpoint_reentrant is not False
-    return t.conventions.hf_model_code and t.hf_checkpoint_reentrant
+    return layer_checkpoint_reentrant(t)
 
 
 def reentrant_output_bytes(model: ModelSpec, training: TrainingConfig) -> int:
