@@ -44,6 +44,12 @@ the formulas now hold there too (Note [Forward tensors held at the down projecti
 "gptq-int4 base + lora" -2.3 -> +0.06 % (session 17): the formulas counted a 16-bit weight
 gradient for the frozen down projection and dequantized at the layer's start (Note [An MLP's
 backward, linear by linear]).
+Full checkpointing over nf4 (session 17, cdc3cd4; sets "qlora nf4 + checkpointing full",
+"accelerate-fsdp qlora 4 + checkpointing full"): -2.36 -> +0.00 % and +5.97 -> -0.16 %: a
+frozen bitsandbytes 4-bit down projection runs its backward before transformers 5's
+non-reentrant recompute, which peaks at the up projection (Note [A frozen 4-bit down projection
+before the recompute], Note [The recompute's tensors held at the up projection]). fsdp_qlora's
+train.py checkpoints reentrantly, the generic path non-reentrantly: not a set yet.
 """
 
 from __future__ import annotations
