@@ -100,3 +100,32 @@ def test_a_small_flat_tensor_keeps_32_bit_states() -> None:
     assert flat_state_bytes(training, 4096, flat_numel=4096) == 8_320
     # a DeepSpeed partition (size not given) is taken as large: a 64-element share quantized
     assert flat_state_bytes(training, 64) == round(64 * BNB_8BIT)
+
+
+def _step_temporaries(training: TrainingConfig) -> list[int]:
+    from trainmem.estimate import estimate
+    from trainmem.schedule import Op
+
+    est = estimate(str(QWEN2), training, engine="analytic", simulate_allocator=False)
+
+    def ops(items: Any) -> list[Op]:
+        out: list[Op] = []
+        for item in items:
+            out += [item] if isinstance(item, Op) else ops(item.body)
+        return out
+
+    label = "step's temporaries"
+    return [op.size_bytes for op in ops(est.schedules[0].step) if op.action == "alloc"
+            and label in op.label]  # fmt: skip
+
+
+def test_a_per_parameter_step_under_deepspeed_steps_the_whole_partition() -> None:
+    # torch.optim.Adafactor's for-loop keeps one var_estimate of the stepped tensor (the
+    # optimizer table's row); under DeepSpeed that tensor is this rank's flat fp32 partition:
+    # 139,840 / 4 = 34,960 elements x 4 B = 139,840 B, once. Per model tensor it was the
+    # largest one's shard in the 16-bit weight dtype: the embedding's 8,192 x 2 B = 16,384 B.
+    training = TrainingConfig(
+        micro_batch_size=1, seq_len=16, **DEEPSPEED, optimizer="adafactor",
+        optimizer_implementation="for-loop",
+    )  # fmt: skip
+    assert _step_temporaries(training) == [4 * TRAINABLE // 4]

@@ -179,8 +179,8 @@ def carried_step_bytes(training: TrainingConfig, elements: int) -> int:
 def _temporary_dtype_bytes(training: TrainingConfig, tmp: StepTemporaries) -> int:
     if tmp.dtype == "float32":
         return 4
-    if tmp.dtype == "weight":
-        return dtype_bytes(training.weight_dtype)
+    if tmp.dtype == "weight":  # the stepped tensor's: DeepSpeed's / Megatron's fp32 master copy
+        return 4 if training.fp32_master_copy else dtype_bytes(training.weight_dtype)
     return dtype_bytes(training.optimizer_state_dtype)
 
 

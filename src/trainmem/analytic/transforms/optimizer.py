@@ -66,6 +66,14 @@ def flat_parameter_steps(training: TrainingConfig) -> bool:
     return fsdp1_framework(training) and not training.is_lora
 
 
+def partition_steps(training: TrainingConfig) -> bool:
+    """The optimizer steps DeepSpeed's flat fp32 partition (one parameter group assumed), not
+    the model's tensors: every DeepSpeed optimizer wrapper (Note [Optimizer states of flat
+    tensors] in ``analytic/model_states.py``), so a per-parameter loop's temporaries are of
+    this rank's whole partition."""
+    return training.deepspeed_optimizer not in (None, "none")
+
+
 class Optimizer(Transform):
     """The optimizer of one rank (states per tensor from the model states).
 
@@ -217,7 +225,7 @@ class Optimizer(Transform):
             return self._foreach(total / n_local, local, label)
         outer_units, layer_units = self._step_units(outer, layer, local)
         largest_local = max(n for _, n in outer_units + layer_units)
-        if flat_parameter_steps(t):  # the flat parameters' shards are the step's tensors
+        if flat_parameter_steps(t) or partition_steps(t):  # flat tensors are the step's
             total = optimizer_step_temporary_bytes(
                 t, num_trainable_parameters=n_local, largest_parameter=largest_local
             )
@@ -261,6 +269,15 @@ class Optimizer(Transform):
         per layer (padded to the sharding degree: torch distributed/fsdp/_flat_param.py
         ``_get_shard``)."""
         t = self.ctx.training
+        if partition_steps(t):  # one flat partition: this rank's trainable elements
+            owner = (outer or layer)[0].owner
+            return [
+                (
+                    owner,
+                    sum(local(s) for s in outer)
+                    + self.ctx.num_layers * sum(local(s) for s in layer),
+                )
+            ], []
         if not flat_parameter_steps(t):
             return [(s.owner, local(s)) for s in outer], [("layers.{i}", local(s)) for s in layer]
         gb = max(dtype_bytes(t.grad_dtype), 1)
