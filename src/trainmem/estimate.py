@@ -37,6 +37,7 @@ from trainmem.specs.hardware import GPUSpec, check_precision_on_gpu
 from trainmem.specs.hardware import resolve_gpu as resolve_gpu  # re-exported for the callers
 from trainmem.specs.hf import load_model_spec
 from trainmem.specs.model import ModelSpec
+from trainmem.specs.optimizers import OPTIMIZER_TABLE
 from trainmem.specs.quantization import float_quant_storage
 from trainmem.specs.ranks import fsdp1_framework, fsdp1_no_shard, model_rank_map
 from trainmem.specs.training import (
@@ -1141,6 +1142,11 @@ def _traced_run(
     run = traced_settings(run)
     if deepspeed:
         run = replace(run, data_parallel_size=1)
+        if not OPTIMIZER_TABLE[run.optimizer].num_states:
+            # plain SGD holds no per-parameter state to carry DeepSpeed's fp32 master copy
+            # (traced_transforms._Sizes.of re-sizes each parameter's traced states): traced
+            # with momentum, its momentum buffers then re-sized to the master copy alone
+            run = replace(run, optimizer="sgd-momentum")
     return standin, run, options
 
 
