@@ -234,7 +234,10 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
         out = [x for x in out if not x.startswith("offload=")]
     out = [untraced_offload(training) if x.startswith("offload=") else x for x in out]
     out += quantized_base_refusals(training)  # the rest runs as a stand-in (trace/quantized.py)
-    fsdp = training.zero_stage == 3 and training.data_parallel_size > 1
+    # FSDP2 over the data ranks, or over the context-parallel ranks alone (trace/parallel.py
+    # parallelize; Note [Context parallelism needs FSDP over its ranks], specs/training.py)
+    sharded = training.data_parallel_size > 1 or training.sharding_degree > 1
+    fsdp = training.zero_stage == 3 and sharded
     fsdp1 = fsdp1_no_shard(training)  # FSDP1 NO_SHARD, run for real (trace.fsdp)
     group = training.shard_group_size
     deepspeed = traced_deepspeed(training)

@@ -576,7 +576,10 @@ def untraced_framework(training: TrainingConfig) -> str:
     """A framework the traced paths refuse, as ``framework=<name> (why; what works)``."""
     why = _FRAMEWORKS_UNTRACED.get(training.framework)
     if training.framework == "fsdp2":
-        why = "traced with zero_stage 3 and data_parallel_size > 1 (FSDP2); use --engine analytic"
+        why = (
+            "traced with zero_stage 3 and data_parallel_size or context_parallel_size > 1 "
+            "(FSDP2); use --engine analytic"
+        )
     return f"framework={training.framework}" + (f" ({why})" if why else "")
 
 

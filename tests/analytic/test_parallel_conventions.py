@@ -180,6 +180,7 @@ def test_context_parallel_keeps_autocast_weight_copies_whole(tp: int) -> None:
         seq_len=1024,
         precision="bf16-mixed",
         context_parallel_size=2,
+        zero_stage=3,  # FSDP2 over the CP ranks, the only way CP runs
         tensor_parallel_size=tp,
         sequence_parallel=tp > 1,
     )

@@ -102,6 +102,8 @@ def _variants() -> list[TrainingConfig]:
                     data_parallel_size=dp,
                     tensor_parallel_size=tp,
                     context_parallel_size=cp,
+                    # the plain loop's CP runs with FSDP2 over its ranks only
+                    zero_stage=3 if cp > 1 and framework == "pytorch-amp" else 0,
                     pipeline_parallel_size=pp,
                     pipeline_schedule=schedule,
                     virtual_pipeline_stages=2,

@@ -60,7 +60,7 @@ def test_bad_settings_name_their_field(kwargs: dict[str, object], field: str) ->
 
 def test_good_combinations_still_pass() -> None:
     TrainingConfig(optimizer_in_backward=True, gradient_accumulation_steps=1)
-    TrainingConfig(seq_len=4096, context_parallel_size=8)
+    TrainingConfig(seq_len=4096, context_parallel_size=8, zero_stage=3)
     TrainingConfig(lora_rank=8, lora_dropout=0)  # an int probability is fine
     TrainingConfig(micro_batch_size=2**31 - 1)
 

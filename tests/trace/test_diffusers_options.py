@@ -146,7 +146,7 @@ def test_sequence_parallel_refuses_joint_attention() -> None:
 @pytest.mark.parametrize(
     ("settings", "named"),
     [
-        ({"context_parallel_size": 2}, "context_parallel_size=2 (torch's context"),
+        ({"context_parallel_size": 2, "zero_stage": 3}, "context_parallel_size=2 (torch's context"),
         ({"pipeline_parallel_size": 2}, "pipeline_parallel_size=2 (the traced pipeline"),
     ],
 )
@@ -308,7 +308,9 @@ def test_untraced_settings_on_a_model_without_formulas_name_what_to_drop() -> No
 def test_auto_keeps_what_the_generic_refusal_says_would_work() -> None:
     # Found by fuzzing (session 17): --engine auto (the CLI's and the page's default) kept the
     # generic refusal only up to its first "; ", which cut "shard with FSDP2 instead"
-    training = TrainingConfig(micro_batch_size=2, precision="32-true", context_parallel_size=2)
+    training = TrainingConfig(
+        micro_batch_size=2, precision="32-true", context_parallel_size=2, zero_stage=3
+    )
     with pytest.raises(UnsupportedError) as info:
         estimate(PIXART, training, simulate_allocator=False)
     message = str(info.value)

@@ -98,7 +98,8 @@ def test_trace_refuses_only_what_it_cannot_model() -> None:
         TrainingConfig(tensor_parallel_size=2, sequence_parallel=True, compile=True),
         TrainingConfig(tensor_parallel_size=4, data_parallel_size=2, zero_stage=3),
         TrainingConfig(precision="fp8-mixed"),
-        TrainingConfig(context_parallel_size=4, tensor_parallel_size=2),
+        TrainingConfig(context_parallel_size=4, tensor_parallel_size=2, zero_stage=3),
+        TrainingConfig(context_parallel_size=2, zero_stage=3, framework="fsdp2"),
         # torch.distributed.pipelining (trainmem.trace.pipeline), its own refusals there
         TrainingConfig(pipeline_parallel_size=2, gradient_accumulation_steps=2),
     ]

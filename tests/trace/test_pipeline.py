@@ -208,7 +208,7 @@ def test_context_parallel_shards_every_pipeline_buffer_by_the_sequence() -> None
     # torchtitan runs CP under PP inside context_parallel: the step's input ids and labels
     # are sharded along the sequence in place, so each rank's boundary tensors, receive buffers
     # and logits cover s / cp tokens: [b, s/2, h] per micro-batch, [b, s/2, V] output chunks
-    t = _pp(context_parallel_size=2)
+    t = _pp(context_parallel_size=2, zero_stage=3)  # FSDP2 over the CP ranks, as CP runs
     est = estimate("tiny-llama-test", t, engine="trace", simulate_allocator=False)
     first, last = est.schedules
     m = 4

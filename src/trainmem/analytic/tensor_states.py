@@ -446,8 +446,14 @@ class _TensorMaker:
         self.stage = training.zero_stage if self.dp > 1 else 0
         self.cache: dict[tuple[str, int, int, bool, bool], TensorState] = {}
         # LoRA adapters may have their own dtype (peft: fp32 on a 16-bit base)
+        # read for its dtypes only; context parallelism off, which pytorch-amp refuses below
+        # ZeRO-3 (Note [Context parallelism needs FSDP over its ranks], specs/training.py)
         self.adapter_training = replace(
-            training, precision="32-true", framework="pytorch-amp", grad_accum_dtype=None
+            training,
+            precision="32-true",
+            framework="pytorch-amp",
+            grad_accum_dtype=None,
+            context_parallel_size=1,
         )
         if lora_adapter_dtype(training) != "float32":
             self.adapter_training = training

@@ -1885,6 +1885,43 @@ def _check_combinations(t: TrainingConfig) -> None:
             f"{t.context_parallel_size} does not divide seq_len={t.seq_len}: each "
             "context-parallel rank holds seq_len / context_parallel_size tokens",
         )
+    _check_context_parallel_sharding(t)
+
+
+def _check_context_parallel_sharding(t: TrainingConfig) -> None:
+    """Context parallelism under a framework whose FSDP2 shards over the data and context
+    ranks (``FrameworkConventions.fsdp_shards_over_context_parallel``: ``pytorch-amp``,
+    ``fsdp2``) needs that sharding, ZeRO-3.
+
+    Note [Context parallelism needs FSDP over its ranks]
+        No release runs torch's context parallelism with whole model states: torchtitan
+        builds its "fsdp" mesh of ``dp_shard * cp`` ranks and applies FSDP2 whenever CP is
+        on (torchtitan/distributed/parallel_dims.py at b5bcd76: ``fsdp_enabled`` is
+        ``dp_shard_enabled or cp_enabled``, "we always assume that when ``cp`` is used, FSDP
+        is also applied"; models/llama3/parallelize.py calls ``apply_fsdp_to_decoder`` on
+        that mesh unconditionally), and accelerate refuses ``cp_size > 1`` without an FSDP2
+        plugin (v1.14.0 state.py ``AcceleratorState``: "no `fsdp_plugin` was provided",
+        "requires FSDP2"). The trace engine shards over the CP ranks as torchtitan does
+        (trainmem/trace/parallel.py ``parallelize``), so a smaller ``zero_stage`` would have
+        the formulas keep whole states the trace shards (llama-3.2-1b, CP 2, 1 x 2048,
+        ZeRO-0: trace 14.91 GB, formulas 24.73 GB). The default ``zero_stage`` 0 cannot be
+        told from an explicit one, so the pair is refused rather than silently changed.
+
+    Raises:
+        SpecError: ``zero_stage``, naming the sources and what runs instead.
+    """
+    cp = t.context_parallel_size
+    if cp == 1 or t.zero_stage == 3 or not t.conventions.fsdp_shards_over_context_parallel:
+        return
+    raise SpecError(
+        "zero_stage",
+        f"{t.zero_stage} with --context-parallel-size {cp} and --framework {t.framework}: "
+        "context parallelism runs with FSDP2 sharding the model states over the data x "
+        "context ranks (torchtitan parallel_dims.py applies FSDP whenever CP is on; "
+        "accelerate 1.14 state.py refuses cp_size > 1 without an FSDP2 plugin), never with "
+        f"ZeRO-{t.zero_stage}'s states; allowed: --zero-stage 3 (or --fsdp full-shard), or "
+        "--context-parallel-size 1",
+    )
 
 
 ADAFACTOR_ON_DTENSORS_CHECKED = (2, 13)
