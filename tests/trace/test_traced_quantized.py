@@ -82,6 +82,41 @@ def test_a_gptq_stand_in_saves_its_packed_weight_not_its_input() -> None:
     assert _saved_bytes(model) == [packed.untyped_storage().nbytes()]
 
 
+def _backward_order(model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """What the quantized linear's backward does first: unpack a saved tensor (under
+    non-reentrant checkpointing, run the recompute) or dequantize its weight."""
+    import trainmem.trace.quantized as quantized
+
+    order: list[str] = []
+    dequantized = quantized._dequantized
+
+    def logged(*args: object) -> torch.Tensor:
+        order.append("dequantize")
+        return dequantized(*args)  # type: ignore[arg-type]
+
+    def unpack(t: torch.Tensor) -> torch.Tensor:
+        order.append("unpack")
+        return t
+
+    x = model[0](torch.ones(3, 16))
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, unpack):
+        out = model[1](x)
+    monkeypatch.setattr(quantized, "_dequantized", logged)
+    out.sum().backward()
+    return order
+
+
+def test_a_gptq_backward_unpacks_its_saved_tensors_before_its_matmul(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GPTQ's ``QuantLinearFunction.backward`` starts with ``qweight, scales, qzeros, g_idx =
+    ctx.saved_tensors`` (AutoGPTQ nn_modules/triton_utils/kernels.py), so non-reentrant
+    checkpointing recomputes the layer before its input gradient exists; bitsandbytes'
+    ``MatMul4Bit.backward`` reads ``ctx.tensors`` and unpacks nothing."""
+    assert _backward_order(_stand_in("gptq-int4")[0], monkeypatch) == ["unpack", "dequantize"]
+    assert _backward_order(_stand_in("nf4")[0], monkeypatch) == ["dequantize"]
+
+
 @pytest.mark.parametrize(
     ("quantize", "version"), [("nf4", None), ("int8", None), ("nf4-dq", "0.42.0")]
 )

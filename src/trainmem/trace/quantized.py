@@ -127,6 +127,7 @@ class _QuantizedMatmul(Function):
         if cast_bias is not None:
             out += cast_bias
         ctx.shape, ctx.torchao, ctx.through_fp16 = shape, torchao, through_fp16
+        ctx.saves_packed = saves_packed and not saves_input
         if saves_input:
             ctx.save_for_backward(cast)
         elif saves_packed:  # no bytes (a parameter), but a saved tensor checkpointing sees
@@ -135,6 +136,13 @@ class _QuantizedMatmul(Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Any) -> tuple[Any, ...]:  # type: ignore[override]
+        if ctx.saves_packed:
+            # GPTQ's QuantLinearFunction.backward unpacks its saved tensors first (AutoGPTQ
+            # nn_modules/triton_utils/kernels.py, fms-acceleration's gptqmodel triton_utils:
+            # ``qweight, scales, qzeros, g_idx = ctx.saved_tensors``): under non-reentrant
+            # checkpointing the recompute runs before its input gradient exists (bitsandbytes'
+            # MatMul4Bit reads ``ctx.tensors``, which runs no recompute)
+            _ = ctx.saved_tensors
         weight = _dequantized(ctx.shape, grad.dtype, grad.device, ctx.torchao, ctx.through_fp16)
         grad_input = grad @ weight
         del weight
