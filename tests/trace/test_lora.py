@@ -160,23 +160,28 @@ def test_attention_projections_are_found_by_name() -> None:
     }
 
 
-def test_an_encoder_decoder_adapts_both_stacks() -> None:
+def test_an_encoder_decoder_adapts_both_stacks_and_the_cross_attention() -> None:
     # Found by fuzzing (session 17): T5 adapted its encoder blocks only (the first of two
-    # equally long stacks): 2048 trainable where the analytic engine counts 4096. Each of the
-    # 2 + 2 blocks' self-attention q and v (d_model 64 -> 4 heads x d_kv 16) at rank 4:
-    # A [4, 64] + B [64, 4] = 512 elements, 8 linears = 4096
+    # equally long stacks), then both stacks' self-attention but not the decoder's
+    # cross-attention, which peft's name matching (a module name ending with ".q") adapts
+    # too: real peft (LoraConfig(r=4, target_modules=["q", "v"]) on this config, CPU) gives
+    # 12 adapted linears and 6144 trainable. By hand: 2 + 2 blocks' self-attention q and v
+    # plus 2 decoder blocks' EncDecAttention q and v = 12 linears (d_model 64 -> 4 heads x
+    # d_kv 16), each A [4, 64] + B [64, 4] = 512 elements at rank 4
     from conftest import MODELS_DIR
 
     model = build_hf_model(load_hf_config(str(MODELS_DIR / "t5.json")))
     names = lora_target_modules(model, ("q", "v"))
-    block = "{}.block.{}.layer.0.SelfAttention.{}"
-    assert names == [block.format(s, i, p) for s in ("encoder", "decoder") for i in (0, 1)
-                     for p in "qv"]  # fmt: skip
+    block = "{}.block.{}.layer.{}.{}.{}"
+    self_attn = [block.format(s, i, 0, "SelfAttention", p) for s in ("encoder", "decoder")
+                 for i in (0, 1) for p in "qv"]  # fmt: skip
+    cross = [block.format("decoder", i, 1, "EncDecAttention", p) for i in (0, 1) for p in "qv"]
+    assert names == self_attn + cross
     peft_model = build_hf_training_model(
         load_hf_config(str(MODELS_DIR / "t5.json")), TrainingConfig(lora_rank=4)
     )
     trainable = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
-    assert trainable == 8 * (4 * 64 + 64 * 4)
+    assert trainable == 12 * (4 * 64 + 64 * 4)
 
 
 def test_adalora_on_biased_linears_under_selective_checkpointing_is_refused() -> None:

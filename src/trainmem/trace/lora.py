@@ -248,25 +248,31 @@ def _stage_of_blocks(layer: Any) -> bool:
 
 
 def _same_paths_in_other_stacks(model: Any, scope: str, stack: Any, rel: list[str]) -> list[str]:
-    """The linears at the relative paths ``rel`` in the layers of every other
-    ``nn.ModuleList`` within ``scope``: an encoder-decoder's other stack (T5's decoder blocks
-    beside its encoder blocks hold ``layer.0.SelfAttention.q`` too), as peft's name matching
-    adapts both (peft tuners_utils.py ``check_target_module_exists``: a key ending with the
-    target) and the analytic engine counts both. Cross-attention sits at other paths and is
-    not adapted (the analytic engine's LoRA terms have none)."""
-    out: list[str] = []
+    """The linears peft's name matching adapts beyond the role stack ``stack``, within
+    ``scope``: a module whose name ends with ``"." + leaf`` for the last name ``leaf`` of a
+    relative path of ``rel`` (peft tuners_utils.py ``check_target_module_exists``: a key
+    ending with the target), so an encoder-decoder's other stack (T5's decoder blocks'
+    ``layer.0.SelfAttention.q``) and its cross-attention (T5 ``layer.1.EncDecAttention.q``,
+    Whisper ``encoder_attn.q_proj``) are adapted as peft adapts them. A leaf that names more
+    than one linear of the role layer (BERT's ``dense`` in ``attention.output``,
+    ``intermediate`` and ``output``) stands for no one role: those linears are matched at the
+    same relative paths in the layers of every other ``nn.ModuleList`` only."""
+    counts = Counter(n.split(".")[-1] for n, m in stack[0].named_modules() if _is_linear(m))
+    leaves = {p.split(".")[-1] for p in rel if counts[p.split(".")[-1]] == 1}
+    out: dict[str, None] = {}
     prefix = f"{scope}." if scope else ""
     for name, module in model.named_modules():
-        if module is stack or not isinstance(module, torch.nn.ModuleList):
+        if not name.startswith(prefix) or module is stack:
             continue
-        if not name.startswith(prefix):
-            continue
-        for i, layer in enumerate(module):
-            for p in rel:
-                found = _submodule(layer, p)
-                if found is not None and _is_linear(found):
-                    out.append(f"{name}.{i}.{p}")
-    return out
+        if _is_linear(module) and name.split(".")[-1] in leaves:
+            out[name] = None
+        if isinstance(module, torch.nn.ModuleList):
+            for i, layer in enumerate(module):
+                for p in rel:
+                    found = _submodule(layer, p)
+                    if found is not None and _is_linear(found):
+                        out[f"{name}.{i}.{p}"] = None
+    return list(out)
 
 
 def _submodule(module: Any, path: str) -> Any:
@@ -306,7 +312,7 @@ def lora_target_modules(model: Any, targets: tuple[str, ...]) -> list[str]:
             )
         rel.extend(p for p in roles[t] if p not in rel)
     names = [f"{stack_name}.{i}.{p}" for i in range(len(stack)) for p in rel]
-    names += _same_paths_in_other_stacks(model, scope, stack, rel)
+    names += [n for n in _same_paths_in_other_stacks(model, scope, stack, rel) if n not in names]
     if "lm_head" in targets:
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         found = [n for n, m in model.named_modules() if head is not None and m is head]
