@@ -94,3 +94,33 @@ def test_sliding_layers_keep_the_bias_and_expanded_kv(
     assert 0 <= L * per_layer - (sliding - full) <= 512
     # below the window transformers drops the mask: nothing changes
     assert _peak({**config, "sliding_window": 512}, tmp_path, engine, s) == full
+
+
+def test_flash_attention_2_gets_no_sliding_mask(tmp_path: Path) -> None:
+    """flash-attn 2 takes the window as the kernel's ``window_size`` and no (b, 1, s, s) mask:
+    transformers 4.48 modeling_mistral.py ``MistralModel._update_causal_mask`` returns, under
+    ``flash_attention_2``, the 2D ``attention_mask`` only if it holds a 0 and None otherwise
+    (transformers 5 masking_utils.py ``flash_attention_mask`` alike). So past the window the
+    activations are those of the same model without one, under checkpointing too (no boolean
+    mask kept as every layer's input); with SDPA they are not (the test above)."""
+    s = 256
+
+    def activations(window: int | None, attention: str) -> int:
+        path = tmp_path / f"{attention}-{window}.json"
+        path.write_text(json.dumps({**MISTRAL, "sliding_window": window}))
+        out = []
+        for checkpointing in ("none", "full"):
+            training = TrainingConfig(
+                micro_batch_size=2,
+                seq_len=s,
+                precision="bf16-mixed",
+                optimizer="sgd",
+                attention=attention,
+                activation_checkpointing=checkpointing,
+            )
+            est = estimate(str(path), training, engine="analytic", simulate_allocator=False)
+            out.append(est.breakdown.activations)
+        return out[0] * 10**12 + out[1]
+
+    assert activations(128, "flash") == activations(None, "flash")
+    assert activations(128, "sdpa") > activations(None, "sdpa")

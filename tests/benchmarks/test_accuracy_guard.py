@@ -545,25 +545,25 @@ RECORDED_DEV2 = {
     "GT137": -0.0000,
     "GT138": -0.0000,
     "GT139": -0.0000,
-    "GT140": -0.0026,
-    "GT141": +0.0356,
-    "GT142": -0.0035,
-    "GT143": +0.0490,
+    "GT140": -0.0051,
+    "GT141": +0.0223,
+    "GT142": -0.0070,
+    "GT143": +0.0307,
     "GT144": +0.0200,
     "GT145": +0.0082,
-    "GT146": +0.0479,
-    "GT147": +0.0286,
-    "GT148": +0.0321,
-    "GT149": +0.0337,
+    "GT146": +0.0446,
+    "GT147": +0.0072,
+    "GT148": +0.0285,
+    "GT149": +0.0085,
     "GT150": +0.0053,
     "GT151": -0.0055,
     "GT152": +0.0049,
     "GT153": -0.0038,
     "GT154": +0.0029,
-    "GT155": -0.0041,
-    "GT156": +0.0286,
-    "GT157": -0.0048,
-    "GT158": +0.0336,
+    "GT155": -0.0082,
+    "GT156": +0.0073,
+    "GT157": -0.0095,
+    "GT158": +0.0085,
     "GT159": +0.0267,
     "GT160": +0.0291,
     "GT161": +0.0356,
@@ -737,14 +737,24 @@ RECORDED_DEV2 = {
 # -0.4 %, GT154 +0.0 -> +0.3 %, GT156 +2.2 -> +2.9 %, GT158 +2.5 -> +3.4 %, GT159 +2.3 -> +2.7
 # %, GT160 +2.6 -> +2.9 % (one b s h tensor each at the layers' backward peak); GT129's
 # reserved peak unmoved. Median 2.52 -> 2.86 % (these rows sit at it), p90 and under unchanged.
+# Re-recorded for flash-attn 2 getting no sliding-window mask (analytic/attention.py
+# ``sliding_mask_applies``; transformers 4.48 modeling_mistral.py
+# ``MistralModel._update_causal_mask`` returns None under flash_attention_2 without padding,
+# the window goes to the kernel): the fms-hf-tuning Mistral-7B-v0.1 rows at s = 4096 = the
+# window lose a recomputed layer's 168 MB bias and expanded k / v and the checkpoint's 34 MB
+# boolean mask: GT141 +3.6 -> +2.2 %, GT143 +4.9 -> +3.1 %, GT146 +4.8 -> +4.5 %, GT147 +2.9 ->
+# +0.7 %, GT148 +3.2 -> +2.8 %, GT149 +3.4 -> +0.8 %, GT156 +2.9 -> +0.7 %, GT158 +3.4 -> +0.8 %;
+# the 1-GPU rows 0.3-0.5 point lower (GT140 -0.5, GT142 -0.7, GT155 -0.8, GT157 -0.9 %); no other
+# row moves (dev set 1 neither). Median 2.86 -> 2.35 %.
 MIN_DEV2_ROWS_SCORED = 139
 # GPTQ rows GT156 / GT158 / GT159 / GT160 re-recorded (session 17, issue 26): GPTQ's triton v2
 # kernel saves no input (TrainingConfig.quantized_matmul_saves_input), -0.8 to -1.7 points each;
 # the median 3.07 -> 2.52 % (they sat at it), the bound tightened to 2.6 %.
-MAX_DEV2_MEDIAN_ABS = 0.029  # 2.86 % at 2026-11-28 11:10 UTC (the reentrant checkpoint's held
-# output, above); 2.52 % at 10:55 UTC; 3.07 % at 10:20 (the fms FSDP1
-# rows' 16-bit dense weights, above; 3.12 % at 05:40 UTC: GT044 / GT051, op-level SAC; GT069 /
-# GT070 amended with their script's loop, --loop previous, cross the median)
+MAX_DEV2_MEDIAN_ABS = 0.024  # 2.35 % at 2026-11-28 12:05 UTC (flash-attn 2's sliding window,
+# above); 2.86 % at 11:10 UTC (the reentrant checkpoint's held output, above); 2.52 % at
+# 10:55 UTC; 3.07 % at 10:20 (the fms FSDP1 rows' 16-bit dense weights, above; 3.12 % at
+# 05:40 UTC: GT044 / GT051, op-level SAC; GT069 / GT070 amended with their script's loop,
+# --loop previous, cross the median)
 MAX_DEV2_P90_ABS = 0.100  # 9.9 % at 2026-11-28 05:25 UTC (the previous loop's bound output)
 MAX_DEV2_UNDER = 3  # 3 at 2026-11-28 07:00 UTC: GT032 out (FSDP1's root flat gradient)
 MAX_DEV2_OOM = 0

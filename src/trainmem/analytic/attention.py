@@ -104,10 +104,20 @@ def sdpa_output_copied(model: ModelSpec, training: TrainingConfig) -> bool:
 def sliding_mask_applies(model: ModelSpec, training: TrainingConfig) -> bool:
     """The sliding-window layers get an explicit mask at SDPA: the model has sliding layers,
     ``seq_len`` reaches ``sliding_window`` (masking_utils.py ``_ignore_causal_mask_sdpa``) and
-    attention is not eager (which always adds a mask, :func:`eager_mask_bytes`)."""
+    attention is SDPA: eager always adds a mask (:func:`eager_mask_bytes`), and flash-attn 2
+    gets none, the window going to the kernel as ``window_size`` (transformers 4.48
+    modeling_mistral.py ``MistralModel._update_causal_mask``: under ``flash_attention_2`` it
+    returns the 2D ``attention_mask`` only if it holds a 0, else None; transformers 5
+    masking_utils.py ``flash_attention_mask`` likewise; modeling_flash_attention_utils.py
+    ``_flash_attention_forward`` passes ``sliding_window``). Found on the fms-hf-tuning
+    Mistral-7B-v0.1 FSDP rows (dev set 2, GT141-GT158: flash_attention_2 at s = 4096 = the
+    window), over by a recomputed layer's 168 MB bias and expanded k / v and the checkpoint's
+    34 MB boolean mask."""
     s = tokens_per_sequence(model, training)
     return (
-        model.num_sliding_layers > 0 and s >= model.sliding_window and training.attention != "eager"
+        model.num_sliding_layers > 0
+        and s >= model.sliding_window
+        and training.attention not in ("eager", "flash")
     )
 
 
