@@ -227,3 +227,17 @@ def test_analytic_peak_within_1_percent_of_the_trace(name: str, setting: str) ->
     got = analytic.details["per_rank"][0]["allocated_bytes"]
     want = traced.details["per_rank"][0]["allocated_bytes"]
     assert abs(got - want) <= 0.01 * want, (got, want, (got - want) / want)
+
+
+def test_lora_on_t5_adapts_the_cross_attention_too() -> None:
+    # peft adapts every module whose name ends with a target (tuners_utils.py
+    # check_target_module_exists), so q,v adapts T5's EncDecAttention.q / .v too: real peft
+    # (LoraConfig(r=4, target_modules=["q", "v"]) on this config, CPU) counts 12 adapted
+    # linears and 6144 trainable: 2 + 2 blocks' self-attention q, v and 2 decoder blocks'
+    # cross-attention q, v, each A [4, 64] + B [64, 4] (d_model 64 = 4 heads x d_kv 16)
+    from conftest import MODELS_DIR
+    from trainmem.estimate import estimate
+
+    result = estimate(str(MODELS_DIR / "t5.json"), TrainingConfig(lora_rank=4))
+    assert TrainingConfig(lora_rank=4).lora_targets == ("q", "v")
+    assert result.num_trainable_parameters == 12 * (4 * 64 + 64 * 4)

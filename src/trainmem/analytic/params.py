@@ -125,7 +125,11 @@ def adapted_linears(model: ModelSpec) -> LinearShapes:
 
 def lora_targeted(name: str, targets: tuple[str, ...] | set[str]) -> bool:
     """Whether the linear ``name`` of :func:`adapted_linears` gets an adapter for the
-    ``--lora-targets`` ``targets`` (a fused one when any of its parts is named)."""
+    ``--lora-targets`` ``targets`` (a fused one when any of its parts is named; a decoder
+    block's cross-attention ``cross_q`` ... ``cross_o`` when ``q`` ... ``o`` is: peft adapts
+    every module whose name ends with the target, T5's ``EncDecAttention.q`` as its
+    ``SelfAttention.q``, peft tuners_utils.py ``check_target_module_exists``)."""
+    name = name.removeprefix("cross_")
     return any(part in targets for part in FUSED_PARTS.get(name, (name,)))
 
 
