@@ -50,6 +50,11 @@ frozen bitsandbytes 4-bit down projection runs its backward before transformers 
 non-reentrant recompute, which peaks at the up projection (Note [A frozen 4-bit down projection
 before the recompute], Note [The recompute's tensors held at the up projection]). fsdp_qlora's
 train.py checkpoints reentrantly, the generic path non-reentrantly: not a set yet.
+GPTQ under accelerate FSDP 4 with full checkpointing (session 17; sets "accelerate-fsdp gptq 4
++ checkpointing full", its bf16-true twin): +11.2 / +10.7 -> -0.04 / -0.07 %: the trace's GPTQ
+backward now unpacks its packed tensors first, as ``QuantLinearFunction.backward`` does, so
+the recompute runs before its input gradient exists; the formulas hold the forward's tensors
+at the recomputed down projection (Note [The recompute's tensors held at the down projection]).
 """
 
 from __future__ import annotations
@@ -164,6 +169,27 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
         "zero_stage": 3,
         "framework": "accelerate-fsdp",
         **_QLORA,
+        "precision": "bf16-true",
+        "activation_checkpointing": "full",
+    },
+    # GPTQ under full checkpointing: its backward unpacks its packed tensors first, so the
+    # recompute runs through down's forward (Note [The recompute's tensors held at the down
+    # projection])
+    "accelerate-fsdp gptq 4 + checkpointing full": {
+        **_DP,
+        "zero_stage": 3,
+        "framework": "accelerate-fsdp",
+        "lora_rank": 16,
+        "quantize_base": "gptq-int4",
+        "precision": "16-mixed",
+        "activation_checkpointing": "full",
+    },
+    "accelerate-fsdp gptq 4 bf16-true + checkpointing full": {
+        **_DP,
+        "zero_stage": 3,
+        "framework": "accelerate-fsdp",
+        "lora_rank": 16,
+        "quantize_base": "gptq-int4",
         "precision": "bf16-true",
         "activation_checkpointing": "full",
     },

@@ -24,7 +24,10 @@ from typing import Any
 
 from conftest import MODELS_DIR, layer_bodies
 from trainmem.analytic.activations import activation_profile
-from trainmem.analytic.backward_transients import down_backward_before_recompute
+from trainmem.analytic.backward_transients import (
+    down_backward_before_recompute,
+    recompute_runs_down_forward,
+)
 from trainmem.analytic.forward_transients import recompute_up_held_bytes
 from trainmem.analytic.transforms.checkpointing import first_norm_saves_its_input
 from trainmem.estimate import estimate, resolve_model
@@ -115,3 +118,27 @@ def test_bf16_true_holds_the_residual() -> None:
         if op.action == "alloc" and op.key.startswith("up_held/")
     ]
     assert held == [2 * T * H, 2 * T * H]
+
+
+def test_a_gptq_recompute_peaks_at_down_with_the_forward_set_held() -> None:
+    """Note [The recompute's tensors held at the down projection]: GPTQ's backward unpacks its
+    packed tensors first, so the recompute runs through down's forward and holds, at down's
+    dequantization: down's output c t h, its input act(gate) * up c t i, the MLP's input x
+    r t h and the residual r t h (the model in fp16 / bf16: r = c = 2)."""
+    gptq = {**NF4_FULL, "quantize_base": "gptq-int4", "data_parallel_size": 4,
+            "zero_stage": 3, "framework": "accelerate-fsdp"}  # fmt: skip
+    for precision in ("16-mixed", "bf16-true"):
+        body = _recomputed_layer(**gptq, precision=precision)
+        keys = [(op.action, op.key) for op in body]
+        held = [op for op in body if op.action == "alloc" and op.key.startswith("up_held/")]
+        assert [op.size_bytes for op in held] == [2 * T * H, 2 * T * INTER, 2 * T * H, 2 * T * H]
+        dequant = [k for k, (a, key) in enumerate(keys) if (a, key) == ("alloc", "dequant")][0]
+        assert body[dequant].size_bytes == 2 * INTER * H
+        assert all(keys.index(("alloc", op.key)) < dequant < keys.index(("free", op.key))
+                   for op in held)  # fmt: skip
+    assert recompute_runs_down_forward(_training(**gptq))
+    # a LoRA adapter on down saves its input through the hooks; bitsandbytes runs down first;
+    # a reentrant checkpoint recomputes the whole layer first
+    assert not recompute_runs_down_forward(_training(**gptq, lora_targets=("q", "v", "down")))
+    assert not recompute_runs_down_forward(_training(**NF4_FULL))
+    assert not recompute_runs_down_forward(_training(**gptq, checkpoint_reentrant=True))

@@ -147,6 +147,37 @@ def down_backward_before_recompute(training: TrainingConfig) -> bool:
     )
 
 
+def recompute_runs_down_forward(training: TrainingConfig) -> bool:
+    """Whether a recomputed layer's recompute runs through its frozen down projection's
+    forward, where it peaks: a GPTQ base (its ``QuantLinearFunction`` saves its packed tensors
+    through ``save_for_backward``, the last tensors the layer saves), no LoRA adapter on the
+    down projection, full non-reentrant checkpointing of transformers' layers.
+
+    Note [The recompute's tensors held at the down projection]
+        GPTQ's ``QuantLinearFunction.backward`` starts with ``qweight, scales, qzeros, g_idx
+        = ctx.saved_tensors`` (AutoGPTQ nn_modules/triton_utils/kernels.py), so under torch's
+        non-reentrant checkpoint (utils/checkpoint.py: the unpack runs the recompute, which
+        stops once the last saved tensor it needs is packed) the down projection's backward
+        first recomputes the layer up to and including down's forward, whose packed tensors
+        are the last the layer saves. The recompute's largest moment is down's matmul: its
+        dequantized weight beside every recomputed block and what the recomputed code still
+        references unsaved, the forward's set at the down projection (Note [Forward tensors
+        held at the down projection], as in a checkpointed layer's forward: down's output
+        and its input ``act(gate) * up``, the MLP's input, the residual where the second
+        norm does not save it; the layer's input is the checkpoint's). Seen on the generic
+        path's trace of the agreement model (GPTQ LoRA on q / v, accelerate FSDP 4, full
+        checkpointing): the peak at the recomputed down projection's dequantization.
+    """
+    return (
+        training.is_lora
+        and training.activation_checkpointing == "full"
+        and training.conventions.hf_model_code
+        and not layer_checkpoint_reentrant(training)
+        and training.quantize_base == "gptq-int4"
+        and "down" not in training.lora_targets
+    )
+
+
 def backward_layer_transients(model: ModelSpec, training: TrainingConfig) -> tuple[int, int, int]:
     """(MLP part, attention part, residual gradient) of what one layer's backward holds besides
     what it saved. MLP: the gradients of its intermediate (2 i-sized tensors, 3 for gated

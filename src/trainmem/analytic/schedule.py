@@ -87,6 +87,7 @@ from trainmem.analytic.backward_transients import (
     backward_layer_transients,
     down_backward_before_recompute,
     mlp_backward_parts,
+    recompute_runs_down_forward,
 )
 from trainmem.analytic.buffers import ROPE_BUFFERS_KEY, layer_rope_cache_bytes
 from trainmem.analytic.checkpointing import input_grad_hook_bytes, layer_is_checkpointed
@@ -441,6 +442,9 @@ class _Layers:
             if self.down_first
             else []
         )
+        # Note [The recompute's tensors held at the down projection]
+        if recompute_runs_down_forward(ctx.training):
+            self.up_held = self.down_held[False]
         copies, frozen = self.plan.weight_copy, self.plan.frozen_copy
         self.recomputed_copies = weight_blocks(ctx, copies) if copies else []
         self.frozen_copies = weight_blocks(ctx, frozen) if frozen else []
@@ -542,7 +546,8 @@ class _Layers:
         if not ops or not self.up_held:
             return ops
         b: Phase = "backward"
-        label = "what the recompute holds at the up projection"
+        where_ = "up" if self.down_first else "down"  # Note [... held at the down projection]
+        label = f"what the recompute holds at the {where_} projection"
         held = [
             alloc(size, Cat.TEMPORARY, b, f"up_held/{k}", "layers.{i}", label)
             for k, size in enumerate(self.up_held)
