@@ -205,6 +205,37 @@ def _joined(*parts: tuple[list[str], str]) -> tuple[list[str], str]:
     return [a for args, _ in parts for a in args], "; ".join(why for _, why in parts)
 
 
+_TT_MARCH_UNTRUNCATED = (
+    ["--seq-len", "1585", "--gradient-accumulation-steps", "1"],
+    "the README's 17.18 GB is a measurement of 2024-03-21 carried unchanged to the row's "
+    "fef3ed1: it entered the table in a95c6b93 ('Update resource requirements' #551, for "
+    "recipes/configs/lora_finetune_single_device.yaml; A100 under "
+    "set_per_process_memory_fraction; the metric corrected to "
+    "torch.cuda.max_memory_reserved() by 240cff85 the same day). At a95c6b93 the config has no "
+    "gradient accumulation (the recipe steps the optimizer after every batch of 2) and "
+    "alpaca_dataset(use_clean=True) builds InstructDataset with no max_seq_len "
+    "(datasets/_instruct.py encodes the whole prompt and response; torchtune issue #558, "
+    "RdoubleA, 2024-03-22: 'We still need to add support for truncating past the maximum "
+    "sequence length'); the 512-token truncation the reading assumed came with 73647e26 "
+    "(2024-03-30). The loop, the builder's _get_clones and the fp32 output are those of the "
+    "other amendments (recipes/lora_finetune_single_device.py, modules/transformer.py "
+    "@a95c6b93). Over the config's one epoch (epochs: 1, max_steps_per_epoch: null; the "
+    "reserved level only rises in this loop and memory_stats_log's reset keeps it) the "
+    "longest batch is padded (utils/collate.py padded_collate) to alpaca-cleaned's longest "
+    "sample, 1585 tokens: the dataset's own README figure 'Distribution of prompt lengths' "
+    "(gururise/AlpacaDataCleaned assets/prompt_length_distribution.png @c5f9df27, "
+    "2023-04-09) spans its 100 bins from 46 to 1585 (x ticks 0-1600 at 29.3 px per 100 "
+    "tokens, matplotlib's 5% margins inside the spines at 55 and 551 px); the original "
+    "alpaca's longest is 1305 LLaMA tokens (tloen/alpaca-lora lengths.ipynb: histogram "
+    "edges 60 ... 1305): -4.6% at that length. Not in the source: which log line the README "
+    "took (a shorter run's longest batch is shorter: at 1024 tokens -9.1%). Against: the "
+    "same commit's 2 x RTX 4090 LoRA figure, 14.17 GB (AC off, the same data, later "
+    "replaced by GT029's 20.95 GB), fits 512-token batches (GT029's config: 14.2 GB "
+    "predicted at 512, 26.6 GB at 1585), so that run's longest batch was short. For: the "
+    "table's QLoRA figure of 2024-03-22 (GT028, 9.29 GB, also untruncated) was re-measured "
+    "after the truncation at 8.57 GB (README @20747cd), and the tutorial's April runs of this "
+    "config (GT033) report 15.57 GB, both lower by 8-10%",
+)
 _TT_APR_LORA = _joined(_TORCHTUNE_AO01, _TORCHTUNE_HELD_LOGITS, _TORCHTUNE_LORA_DROPOUT)
 _TT_APR_FULL = _joined(_TORCHTUNE_AO01, _TORCHTUNE_HELD_LOGITS)
 _TT_BF16_LORA = _joined(_TORCHTUNE_HELD_LOGITS, _TORCHTUNE_LORA_DROPOUT)
@@ -329,7 +360,8 @@ beyond the reading."""
 AMENDMENTS: dict[str, tuple[list[str], str]] = {
     # torchtune Apr-May 2024 (torchao 0.1 pin; logits held by the loop; llama2 / llama3 LoRA
     # builders' lora_dropout 0.05): the LoRA and QLoRA rows, then the full fine-tunes
-    **{f"GT0{n}": _joined(_TT_APR_LORA, _TT_FEF) for n in (28, 29, 30)},
+    **{f"GT0{n}": _joined(_TT_APR_LORA, _TT_FEF) for n in (28, 29)},
+    "GT030": _joined(_TT_APR_LORA, _TT_FEF, _TT_MARCH_UNTRUNCATED),
     **{f"GT0{n}": _joined(_TT_APR_FULL, _TT_FEF) for n in (31, 32)},
     **{f"GT0{n}": _joined(_TT_APR_LORA, _TT_TUTORIAL) for n in (33, 34, 35, 36)},
     **{f"GT0{n}": _joined(_TT_APR_LORA, _TT_MAY) for n in (37, 38)},
@@ -441,7 +473,9 @@ _TT_NF4_INIT = (
     "on the GPU, then again from the checkpoint; (value - nf4).abs() over (numel, 16): the "
     "replay's load reserves 8.0 GB, -41.1 -> -9.9% with torchao 0.1's factor views); the rest "
     "likely as the bf16 LoRA twins "
-    "of the same recipes (GT030, GT033-GT036: reserved under by 6-15%, unexplained); the "
+    "of the same recipes (GT033-GT036: reserved under by 6-7%, unexplained); the row's "
+    "9.29 GB is of 2024-03-22 (412a4ecd, 'QLoRA' #478), before alpaca was truncated at 512 "
+    "tokens (as GT030's 17.18 GB), yet the replay's reserved is the load's at any length; the "
     "same README table re-measured this row two days later at 8.57 GB (@20747cd, 'Llama3 "
     "changes' #793; between the two commits neither the recipe, its config, torchao's pin "
     "nor the llama2 model code changed, only the tokenizer class was refactored; the "
@@ -464,7 +498,8 @@ _TT_2024 = (
     "and over a run's thousands of shapes the allocator's split and cached blocks exceed one "
     "fixed-shape step's, which the replay runs; the allocated twin of the same recipe and "
     "week, GT172 (Llama-3-8B LoRA @20747cd, allocated), is -2.9%; the tutorial reports "
-    "15.57 GB and the README 17.18 GB for one config. The load is modelled (Note "
+    "15.57 GB and the README 17.18 GB for one config, the README's measured in March 2024 "
+    "before alpaca was truncated at 512 tokens (GT030's amendment). The load is modelled (Note "
     "[torchtune's cloned layer at load], torchtune < 0.3 amended from version.txt): the "
     "builder makes one decoder layer on the GPU and deep-copies it num_layers times "
     "(modules/transformer.py @fef3ed1 ``_get_clones``), so the load peaks at the model and "
@@ -486,9 +521,9 @@ _TT_2024 = (
     "(lora_finetune_single_device.py _setup_data @fef3ed1 and @ff594c23) build "
     "DistributedSampler(shuffle=True, seed=0), so every run sees alpaca_cleaned in one "
     "order (seed: null seeds only torch, numpy and random: the dropout masks); the two "
-    "figures differ in when the reserved level, which only rises in this loop (no "
-    "empty_cache; memory_stats_log after every micro-batch of the first 64 and of every "
-    "100th step), was read, or in the setup (GPU, torch build), which no source gives"
+    "figures differ in their data: the README's is of 2024-03-21 (a95c6b93), when "
+    "InstructDataset had no max_seq_len, so its longest batch is alpaca-cleaned's longest "
+    "sample, not 512 tokens (GT030's amendment, -15.5 -> -1.6%)"
 )
 _TT_SEP_TOKENS = (
     "; the README's setting is likely not what was measured: GT022's 17.4 GB is below what "
@@ -748,7 +783,7 @@ CAUSES.update(
             "alive through its backward transients, traced) the replay reserves 11.03 GB "
             "(-1.8 -> -10.4%) with the allocated peak unchanged (9.63 GB, at the forward's "
             "head): the step's blocks land elsewhere in the load's cache; reserved only, and "
-            "the caching allocator under alpaca's varying shapes is not modelled (as GT030). "
+            "the caching allocator under alpaca's varying shapes is not modelled (as GT033-GT036). "
             "Replays compared (helper gt037, snapshots at 4b34459^ / 4b34459): the whole "
             "difference is one 1,048,576,000 B segment. At the loss three "
             "(tokens x vocab) fp32 blocks (1,048,064,000 B) are placed: before, the third found "
@@ -839,7 +874,6 @@ CAUSES.update(
             "stays on the GPU) is predicted at 19.48 GB (-7.0%; --fsdp no-shard or full-shard "
             "alike); not amended, no source says so"
         ),
-        "GT030": _TT_2024,
         "GT032": (
             "torchtune Apr 2024 FSDP1 full fine-tune recipe: FSDP1's unshard stream pool (Note "
             "[FSDP1 unshard stream pool]: torch 2.2.2 FSDP1's defaults, BACKWARD_PRE and "

@@ -252,3 +252,19 @@ def test_dev2_amendments_name_their_source_and_run_through_the_cli() -> None:
     res = validate.run_dev2_row(rows["GT115"])
     assert res.as_read is not None and res.as_read.predicted and res.predicted
     assert res.predicted != res.as_read.predicted
+
+
+def test_dev2_amendment_repeating_a_flag_wins_over_the_reading() -> None:
+    """GT030's jsonl reads ``--seq-len 512 --gradient-accumulation-steps 64`` (the April 2024
+    config); its amendment (its figure is of March 2024, untruncated alpaca-cleaned, no
+    accumulation) repeats both flags, and the run must use the amendment's."""
+    rows = {r.id: r for r in validate.load_dev2()}
+    row = rows["GT030"]
+    assert row.args is not None
+    read = row.args
+    assert read[read.index("--seq-len") + 1] == "512"
+    assert read[read.index("--gradient-accumulation-steps") + 1] == "64"
+    res = validate.run_dev2_row(row, with_as_read=False)
+    assert res.config is not None
+    assert res.config["seq_len"] == 1585
+    assert res.config["gradient_accumulation_steps"] == 1
