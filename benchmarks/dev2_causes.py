@@ -225,7 +225,9 @@ _TT_MARCH_UNTRUNCATED = (
     "sample, 1585 tokens: the dataset's own README figure 'Distribution of prompt lengths' "
     "(gururise/AlpacaDataCleaned assets/prompt_length_distribution.png @c5f9df27, "
     "2023-04-09) spans its 100 bins from 46 to 1585 (x ticks 0-1600 at 29.3 px per 100 "
-    "tokens, matplotlib's 5% margins inside the spines at 55 and 551 px); the original "
+    "tokens, matplotlib's 5% margins inside the spines at 55 and 551 px; its tokenizer is "
+    "unstated, the repository's fine-tunes are LLaMA's, whose tokenizer Llama 2 keeps: Touvron "
+    "et al. 2023, section 2.1); the original "
     "alpaca's longest is 1305 LLaMA tokens (tloen/alpaca-lora lengths.ipynb: histogram "
     "edges 60 ... 1305): -4.6% at that length. Not in the source: which log line the README "
     "took (a shorter run's longest batch is shorter: at 1024 tokens -9.1%). Against: the "
@@ -233,8 +235,9 @@ _TT_MARCH_UNTRUNCATED = (
     "replaced by GT029's 20.95 GB), fits 512-token batches (GT029's config: 14.2 GB "
     "predicted at 512, 26.6 GB at 1585), so that run's longest batch was short. For: the "
     "table's QLoRA figure of 2024-03-22 (GT028, 9.29 GB, also untruncated) was re-measured "
-    "after the truncation at 8.57 GB (README @20747cd), and the tutorial's April runs of this "
-    "config (GT033) report 15.57 GB, both lower by 8-10%",
+    "after the truncation at 8.57 GB (README @20747cd), and the LoRA tutorial (GT033, "
+    "committed 2024-04-15 with this config's successor, llama2/7B_lora_single_device.yaml) "
+    "reports 15.57 GB, both lower by 8-10%",
 )
 _TT_APR_LORA = _joined(_TORCHTUNE_AO01, _TORCHTUNE_HELD_LOGITS, _TORCHTUNE_LORA_DROPOUT)
 _TT_APR_FULL = _joined(_TORCHTUNE_AO01, _TORCHTUNE_HELD_LOGITS)
