@@ -18,6 +18,7 @@ from trainmem.analytic.norms import norm_options, qk_norm_saved_bytes
 from trainmem.specs.frameworks import (
     DEFAULT_TORCH_VERSION,
     SOFTMAX_BACKWARD_INPUT_DTYPE_SINCE,
+    TRANSFORMERS_SDPA_GQA_SINCE,
     UNSLOTH_SDPA_GQA_SINCE,
     parse_version,
 )
@@ -30,7 +31,9 @@ def sdpa_expands_kv(training: TrainingConfig) -> bool:
     attention; the fp32 memory-efficient kernel; and transformers' SDPA path unless it can hand
     GQA to the kernel, which needs torch >= 2.5 and no attention mask (a padded batch passes
     one; transformers integrations/sdpa_attention.py ``use_gqa_in_sdpa``: "attention_mask is
-    None (otherwise it will fall back to the math kernel)").
+    None (otherwise it will fall back to the math kernel)"), a check transformers has only from
+    4.54 (:data:`~trainmem.specs.frameworks.TRANSFORMERS_SDPA_GQA_SINCE`): an older
+    ``transformers_version`` always expands them.
 
     Alive: forward to the layer's backward (SDPA saves the k and v it was given).
 
@@ -61,6 +64,8 @@ def sdpa_expands_kv(training: TrainingConfig) -> bool:
         return training.attention != "flash" and training.unsloth_release < UNSLOTH_SDPA_GQA_SINCE
     if training.attention != "sdpa" or not training.conventions.hf_model_code:
         return False
+    if training.transformers_release < TRANSFORMERS_SDPA_GQA_SINCE:
+        return True
     torch = parse_version("torch_version", training.torch_version) or DEFAULT_TORCH_VERSION
     return training.padding_mask or torch < (2, 5)
 

@@ -172,6 +172,14 @@ UNSLOTH_SDPA_GQA_SINCE = (2025, 12, 2)
 Unsloth's attention without flash-attn and without xformers hands grouped keys and values to
 SDPA (``enable_gqa = True``); before, every path but flash-attn's expanded them to all query
 heads and copied them (Note [Unsloth's attention] in trainmem/analytic/attention.py)."""
+TRANSFORMERS_SDPA_GQA_SINCE = (4, 54)
+"""The transformers release from which its SDPA path can hand grouped keys and values to the
+kernel (``enable_gqa``; 4.54.0 integrations/sdpa_attention.py ``use_gqa_in_sdpa``: torch >= 2.5
+and no attention mask). Before it every SDPA path expands them to all query heads first:
+``repeat_kv`` unconditionally in ``sdpa_attention_forward`` (4.48.1 .. 4.53.x
+integrations/sdpa_attention.py) and in each model's own ``*SdpaAttention.forward`` before that
+(4.40.0 models/llama/modeling_llama.py ``LlamaSdpaAttention.forward``: ``key_states =
+repeat_kv(key_states, self.num_key_value_groups)``), whatever the torch release."""
 UNSLOTH_ALLOC_CONF = "expandable_segments:True"
 """unsloth_zoo/__init__.py (2026.3.4), imported by ``import unsloth``: with torch >= 2.9, when
 ``PYTORCH_ALLOC_CONF`` is not set, ``os.environ["PYTORCH_ALLOC_CONF"] =
