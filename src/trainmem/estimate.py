@@ -58,6 +58,7 @@ from trainmem.traced_options import (
     untraced_offload,
 )
 from trainmem.traced_quantized import quantized_base_refusals
+from trainmem.traced_unsloth import check_unsloth_run, traced_unsloth
 from trainmem.traced_transforms import (
     apply_deepspeed,
     apply_optimizer,
@@ -265,6 +266,7 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
         and not _traced_hf_trainer(training)
         and not _traced_torchtune(training)
         and not _traced_litgpt(training)
+        and not traced_unsloth(training)  # as the formulas' rules (trainmem.traced_unsloth)
         and (
             training.framework not in ("pytorch-amp", "fsdp2", "accelerate-fsdp", "fsdp-qlora")
             or (training.framework == "fsdp2" and not fsdp)
@@ -1067,6 +1069,7 @@ def _traced_step(
     shape = target if isinstance(target, ModelSpec) else None
     _check_traced_framework(training, target, deepspeed=deepspeed, diffusers=diffusers)
     check_previous_loop_shape(shape, training)  # before the trace, which takes seconds
+    check_unsloth_run(shape, training)
     standin, run, options = _traced_run(training, deepspeed=deepspeed)
     litgpt = training.framework == "litgpt"  # its own GPT: trace.litgpt_model, generic only
     if engine == "generic" or litgpt or (isinstance(target, str) and _is_timm(target)):

@@ -83,6 +83,7 @@ from trainmem.specs.model import ModelSpec
 from trainmem.specs.optimizers import OPTIMIZER_TABLE
 from trainmem.specs.training import TrainingConfig
 from trainmem.traced_activations import apply_activation_offloading
+from trainmem.traced_unsloth import apply_unsloth, traced_unsloth
 from trainmem.traced_transforms import (
     element_bytes,
     layer_of,
@@ -530,6 +531,22 @@ PREVIOUS_LOOP = TracedOption(
     ),
 )
 
+# -- Unsloth ------------------------------------------------------------------------------------
+
+UNSLOTH = TracedOption(
+    name="unsloth",
+    applies=traced_unsloth,
+    traced_as=lambda t: t,  # transformers + peft in Unsloth's dtypes (its conventions' row)
+    apply=apply_unsloth,
+    note=lambda t: (
+        "Unsloth: its kernels need CUDA, so transformers + peft were traced in Unsloth's dtypes "
+        "for the state and the optimizer step, and every micro-batch (its LoRA and norm "
+        "kernels, fused cross-entropy, offloaded checkpoint and buffers) is the analytic "
+        "engine's schedule of the same run (Note [Unsloth on a traced step] in "
+        "trainmem/traced_unsloth.py)"
+    ),
+)
+
 # -- what is still refused, and what would work ------------------------------------------------
 
 _FRAMEWORKS_UNTRACED = {
@@ -556,12 +573,6 @@ _FRAMEWORKS_UNTRACED = {
         "and do not run on fake tensors; the formulas model Megatron for the formula families "
         "and remote-code configs (--engine auto); traced: --framework pytorch-amp, fsdp2 or "
         "deepspeed for the same model, or --engine analytic"
-    ),
-    "unsloth": (
-        "Unsloth's kernels (Triton: fast_lora, fast cross-entropy, fast_dequantize) and its "
-        "offloaded checkpoint need a CUDA GPU, so its step cannot be traced on the CPU, and "
-        "its conventions are not applied to another framework's trace; traced: --framework "
-        "hf-trainer (transformers + peft under the HF Trainer), or --engine analytic"
     ),
     "fsdp-qlora": (
         "Answer.AI fsdp_qlora's train.py runs FSDP1 (FULL_SHARD, SHARD_GRAD_OP, the hybrids, "
@@ -635,7 +646,13 @@ def untraced_offload(training: TrainingConfig) -> str:
     )
 
 
-OPTIONS: tuple[TracedOption, ...] = (DDP, OFFLOAD, ACTIVATION_OFFLOADING, PREVIOUS_LOOP)
+OPTIONS: tuple[TracedOption, ...] = (
+    UNSLOTH,
+    DDP,
+    OFFLOAD,
+    ACTIVATION_OFFLOADING,
+    PREVIOUS_LOOP,
+)
 """Every option, in the order their rewrites apply (each to the previous one's schedule)."""
 
 

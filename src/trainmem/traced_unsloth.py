@@ -1,0 +1,225 @@
+"""Unsloth (``--framework unsloth``) applied to a traced step as the formulas' rules (issue 26).
+
+Note [Unsloth on a traced step]
+    Unsloth's step cannot run on fake tensors: its LoRA kernels (``LoRA_MLP``, ``LoRA_QKV``,
+    ``LoRA_W``), ``Fast_RMS_Layernorm``, fast RoPE and cross-entropy are Triton, its
+    ``fast_dequantize`` calls bitsandbytes' CUDA functions, its offloaded checkpoint copies to
+    pinned host memory on a side stream (unsloth 2026.3.5 unsloth/kernels/, unsloth_zoo
+    2026.3.4 gradient_checkpointing.py). And for the families ``FastLanguageModel`` dispatches
+    to its own classes (unsloth 2026.3.5 models/loader.py: ``llama``, ``mistral``, ``gemma``,
+    ``gemma2``, ``qwen2``, ``qwen3``) it replaces every module's forward, not a few:
+    ``LlamaModel_fast_forward``, ``LlamaDecoderLayer_fast_forward``,
+    ``LlamaAttention_fast_forward``, ``CausalLM_fast_forward`` (models/llama.py), each the
+    whole forward and backward of its module. So what transformers + peft would do in a
+    micro-batch is not what runs, and the traced micro-batch is replaced whole:
+
+    * the state the step starts from (the 16-bit weights, a quantized base's codes as the
+      trace's stand-in stores them, the LoRA adapters in fp32 as ``prepare_model_for_training``
+      upcasts them, ``adapter_dtype``), the optimizer's states and its step (traced, or the
+      stand-in rewritten by :func:`~trainmem.traced_transforms.apply_optimizer`) and the cuBLAS
+      workspaces are the trace's: transformers + peft build the same parameters Unsloth trains
+      (``FastLanguageModel.get_peft_model`` calls peft's ``get_peft_model``);
+    * every micro-batch's forward and backward (the layers' saved tensors under Unsloth's
+      kernels, the fused cross-entropy that never makes the fp32 logits, the offloaded
+      checkpoint's layer inputs on the host and its reused GPU buffer, the dequantization
+      buffers, the gradients where the kernels make them) and the gradients' release at
+      ``zero_grad`` are the analytic engine's schedule of the same run, built by the same
+      transforms (:class:`~trainmem.analytic.transforms.unsloth.UnslothOffloadedCheckpointing`,
+      :mod:`~trainmem.analytic.transforms.quantized`'s buffers) and rules
+      (:func:`~trainmem.analytic.lora.unsloth_fast_lora`,
+      :func:`~trainmem.analytic.loss.unsloth_fused_loss`, ...): the first step's in the warm-up
+      step, the steady one's in the measured step; the checkpoint's 2 MiB GPU buffer, made
+      when the checkpoint is patched at load, joins the state.
+
+    These rules are sized from the model's shape, so a model without a ModelSpec (a diffusers,
+    timm or traced-only family) is refused. A family Unsloth runs through ``FastModel``
+    (unsloth_zoo's compiled transformers code, no LoRA kernels) gets the formulas' rules as
+    the analytic engine applies them there (peft's LoRA rules: :func:`~trainmem.analytic.
+    lora.unsloth_fast_lora` is off outside its kernel families). Optimizer in backward and a
+    loop that holds the outputs (``step``, ``previous``) change both the micro-batch and the
+    optimizer step, which come from two places here, so they are refused.
+
+Source: unsloth 2026.3.5 unsloth/models/loader.py ``FastLanguageModel.from_pretrained``,
+unsloth/models/llama.py; the analytic rules cited in trainmem/analytic/transforms/unsloth.py,
+trainmem/analytic/lora.py, trainmem/analytic/loss.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from trainmem.analytic.engine import estimate_analytic
+from trainmem.breakdown import MemoryCategory as Cat
+from trainmem.errors import UnsupportedError
+from trainmem.schedule import Item, Op, Repeat, StepSchedule
+from trainmem.specs.model import ModelSpec
+from trainmem.specs.training import TrainingConfig
+from trainmem.traced_transforms import micro_batches
+
+__all__ = ["apply_unsloth", "check_unsloth_run", "traced_unsloth"]
+
+UNSLOTH_OWN_FAMILIES = frozenset(("llama", "mistral", "gemma", "gemma2", "qwen2", "qwen3"))
+"""``model_type`` values ``FastLanguageModel.from_pretrained`` dispatches to its own classes
+(unsloth 2026.3.5 models/loader.py: ``FastLlamaModel``, ``FastMistralModel``,
+``FastGemmaModel``, ``FastGemma2Model``, ``FastQwen2Model``, ``FastQwen3Model``); any other
+goes to ``FastModel``."""
+
+
+def traced_unsloth(training: TrainingConfig) -> bool:
+    """The run is Unsloth's (Note [Unsloth on a traced step])."""
+    return training.framework == "unsloth"
+
+
+def unsloth_refusals(model: ModelSpec | None, training: TrainingConfig) -> list[str]:
+    """What of an Unsloth run the traced paths do not model, with why and what works (empty:
+    they do, or the run is not Unsloth's)."""
+    if not traced_unsloth(training):
+        return []
+    out = []
+    if model is None:
+        out.append(
+            "framework=unsloth on a model without a ModelSpec (Unsloth's kernels replace the "
+            "forward and backward of every module, and the traced paths apply them as the "
+            "formulas' rules, sized from the model's shape: a formula family or a remote-code "
+            "config has one; Note [Unsloth on a traced step] in trainmem/traced_unsloth.py)"
+        )
+    if training.optimizer_in_backward:
+        out.append(
+            "optimizer_in_backward with framework=unsloth (no Unsloth setting; its micro-batch "
+            "comes from the formulas and its optimizer step from the trace)"
+        )
+    if training.training_loop != "drop":
+        out.append(
+            f"loop={training.training_loop} with framework=unsloth (the loop's hold spans the "
+            "micro-batch the formulas give and the optimizer step the trace gives; traced: "
+            "--loop drop, or --engine analytic)"
+        )
+    return out
+
+
+def check_unsloth_run(model: ModelSpec | None, training: TrainingConfig) -> None:
+    """Refuse, before the trace runs, an Unsloth run :func:`apply_unsloth` cannot rewrite.
+
+    Raises:
+        UnsupportedError: the settings :func:`unsloth_refusals` names.
+    """
+    refused = unsloth_refusals(model, training)
+    if refused:
+        raise UnsupportedError(
+            "the generic path (a trace) does not model " + "; ".join(refused) + "; use "
+            "--engine analytic for a model with a ModelSpec"
+        )
+
+
+def apply_unsloth(
+    schedule: StepSchedule, model: ModelSpec | None, training: TrainingConfig
+) -> StepSchedule:
+    """The traced step (transformers + peft in Unsloth's dtypes) as Unsloth runs it: its state
+    and optimizer step kept, its micro-batches and gradient release the formulas' (Note
+    [Unsloth on a traced step]).
+
+    Args:
+        schedule: a traced step of the same run.
+        model: the model's shape.
+        training: the Unsloth run.
+
+    Returns:
+        The schedule with Unsloth's micro-batches.
+
+    Raises:
+        UnsupportedError: what :func:`unsloth_refusals` names.
+        ScheduleError: a rewritten free that pairs with no allocation.
+    """
+    check_unsloth_run(model, training)
+    assert model is not None  # checked
+    formulas = estimate_analytic(model, training).schedules[0]
+    state, warm_up = _leading_state(formulas.setup)
+    first = _steps(warm_up)[0]
+    kept = [op for op in _ops(state) if op.key.startswith("unsloth")]  # the 2 MiB buffer
+    if schedule.setup:
+        traced_state, traced_warm_up = _leading_state(schedule.setup)
+        setup = (*traced_state, *kept, *_step(traced_warm_up, first))
+        step = tuple(_step(schedule.step, list(formulas.step)))
+    else:  # one flat step: the state, then a first step
+        traced_state, traced_step = _leading_state(schedule.step)
+        setup, step = (), (*traced_state, *kept, *_step(traced_step, first))
+    out = StepSchedule(setup=setup, step=step, name=schedule.name)
+    list(out.events())  # every free pairs with its allocation
+    return out
+
+
+def _phases(item: Item) -> set[str]:
+    if isinstance(item, Op):
+        return {item.phase}
+    return set().union(*(_phases(x) for x in item.body))
+
+
+def _ops(items: Sequence[Item]) -> list[Op]:
+    out: list[Op] = []
+    for item in items:
+        out += [item] if isinstance(item, Op) else _ops(item.body)
+    return out
+
+
+def _leading_state(items: Sequence[Item]) -> tuple[list[Item], list[Item]]:
+    """(the leading run of ``init`` items: the state; the rest)."""
+    n = 0
+    while n < len(items) and _phases(items[n]) == {"init"}:
+        n += 1
+    return list(items[:n]), list(items[n:])
+
+
+def _steps(items: list[Item]) -> list[list[Item]]:
+    """``items`` (the warm-up steps) cut into steps: a step ends where a forward follows its
+    optimizer step or ``zero_grad``."""
+    steps: list[list[Item]] = [[]]
+    ended = False
+    for item in items:
+        phases = _phases(item)
+        if ended and "forward" in phases:
+            steps.append([])
+            ended = False
+        steps[-1].append(item)
+        ended = ended or bool(phases & {"optimizer", "zero_grad"})
+    return steps
+
+
+def _parts(items: list[Item]) -> tuple[list[Item], list[Item], list[Item]]:
+    """(the micro-batches, the optimizer step, ``zero_grad``) of one step."""
+    segments, rest = micro_batches(items)
+    batches = [x for seg in segments for x in seg]
+    release = [x for x in rest if "zero_grad" in _phases(x)]
+    step = [x for x in rest if "zero_grad" not in _phases(x)]
+    return batches, step, release
+
+
+def _step(traced: list[Item], formulas: list[Item]) -> list[Item]:
+    """One traced step with the formulas' micro-batches and gradient release; the traced
+    optimizer step (without the traced gradients, which the formulas' replace)."""
+    _, step, _ = _parts(traced)
+    batches, _, release = _parts(formulas)
+    kept = [x for x in _without(step, _traced_gradient) if _phases(x)]
+    return [*_without(batches, _workspace), *kept, *release]
+
+
+def _traced_gradient(op: Op) -> bool:
+    return op.category is Cat.GRADIENT
+
+
+def _workspace(op: Op) -> bool:
+    """The formulas' cuBLAS workspaces, made at the first matmul (the trace has its own in the
+    state)."""
+    return op.module == "cublas"
+
+
+def _without(items: Sequence[Item], drop: object) -> list[Item]:
+    """``items`` without the ops ``drop`` selects, inside repeated blocks too."""
+    out: list[Item] = []
+    for item in items:
+        if isinstance(item, Repeat):
+            body = tuple(_without(item.body, drop))
+            if body:
+                out.append(Repeat(body, item.count, item.reverse, item.start, item.independent))
+        elif not drop(item):  # type: ignore[operator]
+            out.append(item)
+    return out
