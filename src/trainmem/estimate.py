@@ -713,7 +713,10 @@ def unsloth_loss_pieces(
     Raises:
         SpecError: as :func:`estimate`.
     """
-    spec = resolve_model(model)
+    try:
+        spec = resolve_model(model)
+    except UnsupportedError:  # no ModelSpec: the engine says what it does not model
+        return max(training.chunked_cross_entropy, 1)
     if training.chunked_cross_entropy or not unsloth_fused_loss(spec, training):
         return max(training.chunked_cross_entropy, 1)
     check_training_for_model(spec, training)
@@ -1159,20 +1162,27 @@ def _traced_run(
 def _check_traced_framework(
     training: TrainingConfig, target: str | ModelSpec, *, deepspeed: bool, diffusers: bool
 ) -> None:
-    """Refuse a framework the traced model cannot run under: torchtune for a diffusers or timm
-    model (torchtune's builders are language models), DeepSpeed's ``"auto"`` sizes without a
+    """Refuse a framework the traced model cannot run under: torchtune or Unsloth for a
+    diffusers or timm model (torchtune's builders are language models, Unsloth loads
+    transformers models), DeepSpeed's ``"auto"`` sizes without a
     ModelSpec (:func:`_check_deepspeed_without_spec`).
 
     Raises:
-        NotApplicableError: torchtune on a diffusers or timm model, naming what would work.
+        NotApplicableError: torchtune or Unsloth on a diffusers or timm model, naming what
+            would work.
         UnsupportedError: DeepSpeed's ``"auto"`` sizes without a ModelSpec.
     """
-    if training.framework == "torchtune" and (
+    if training.framework in ("torchtune", "unsloth") and (
         diffusers or (isinstance(target, str) and _is_timm(target))
     ):
+        what = {
+            "torchtune": "torchtune's recipes train its own language-model builders",
+            # unsloth 2026.3.5 models/loader.py: FastLanguageModel / FastModel load transformers
+            "unsloth": "Unsloth's FastLanguageModel and FastModel load transformers models",
+        }[training.framework]
         raise NotApplicableError(
-            "framework=torchtune: torchtune's recipes train its own language-model builders, "
-            "and this is a diffusers / timm model; use --framework pytorch-amp"
+            f"framework={training.framework}: {what}, and this is a diffusers / timm model; use "
+            "--framework pytorch-amp"
         )
     if deepspeed and not isinstance(target, ModelSpec):
         _check_deepspeed_without_spec(training)

@@ -105,9 +105,9 @@ def check_unsloth_run(model: ModelSpec | None, training: TrainingConfig) -> None
     """
     refused = unsloth_refusals(model, training)
     if refused:
+        hint = "use --engine analytic" if model is not None else "no engine estimates it yet"
         raise UnsupportedError(
-            "the generic path (a trace) does not model " + "; ".join(refused) + "; use "
-            "--engine analytic for a model with a ModelSpec"
+            "the generic path (a trace) does not model " + "; ".join(refused) + f"; {hint}"
         )
 
 
