@@ -55,6 +55,9 @@ GPTQ under accelerate FSDP 4 with full checkpointing (session 17; sets "accelera
 backward now unpacks its packed tensors first, as ``QuantLinearFunction.backward`` does, so
 the recompute runs before its input gradient exists; the formulas hold the forward's tensors
 at the recomputed down projection (Note [The recompute's tensors held at the down projection]).
+Unsloth (session 18; sets "unsloth lora", "unsloth qlora nf4"): refused -> +0.003 / +0.005 % on
+the agreement model, run on the remote-code model, not applicable on the diffusers model (Note
+[Unsloth on a traced step]: the traced state and optimizer step, the formulas' micro-batches).
 """
 
 from __future__ import annotations
@@ -204,6 +207,10 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     "hf-trainer": {"framework": "hf-trainer"},
     "torchtune": {"framework": "torchtune", "precision": "bf16-true"},  # no autocast in torchtune
     "litgpt": {"framework": "litgpt"},
+    # Unsloth's defaults: bf16, fp32 adapters on all seven linears, adamw-8bit, its offloaded
+    # checkpoint (plain full checkpointing below 512 tokens); Note [Unsloth on a traced step]
+    "unsloth lora": {"framework": "unsloth", "lora_rank": 16},
+    "unsloth qlora nf4": {"framework": "unsloth", "lora_rank": 16, "quantize_base": "nf4"},
     "tensor parallel 2 + sp": {"tensor_parallel_size": 2, "sequence_parallel": True},
     "pipeline 2": {"pipeline_parallel_size": 2, "gradient_accumulation_steps": 4},
     "compile": {"compile": True},

@@ -58,7 +58,6 @@ from trainmem.traced_options import (
     untraced_offload,
 )
 from trainmem.traced_quantized import quantized_base_refusals
-from trainmem.traced_unsloth import check_unsloth_run, traced_unsloth
 from trainmem.traced_transforms import (
     apply_deepspeed,
     apply_optimizer,
@@ -66,6 +65,7 @@ from trainmem.traced_transforms import (
     optimizer_standin,
     untraced_deepspeed,
 )
+from trainmem.traced_unsloth import check_unsloth_run, traced_unsloth
 from trainmem.uncertainty import verdict_of
 from trainmem.units import TiB
 

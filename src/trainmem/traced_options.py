@@ -83,13 +83,13 @@ from trainmem.specs.model import ModelSpec
 from trainmem.specs.optimizers import OPTIMIZER_TABLE
 from trainmem.specs.training import TrainingConfig
 from trainmem.traced_activations import apply_activation_offloading
-from trainmem.traced_unsloth import apply_unsloth, traced_unsloth
 from trainmem.traced_transforms import (
     element_bytes,
     layer_of,
     micro_batches,
     traced_tensor_states,
 )
+from trainmem.traced_unsloth import apply_unsloth, traced_unsloth
 
 __all__ = [
     "OPTIONS",

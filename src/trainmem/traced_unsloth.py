@@ -54,7 +54,7 @@ from trainmem.errors import UnsupportedError
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
-from trainmem.traced_transforms import micro_batches
+from trainmem.traced_transforms import _ops, _phases, micro_batches
 
 __all__ = ["apply_unsloth", "check_unsloth_run", "traced_unsloth"]
 
@@ -139,25 +139,12 @@ def apply_unsloth(
     if schedule.setup:
         traced_state, traced_warm_up = _leading_state(schedule.setup)
         setup = (*traced_state, *kept, *_step(traced_warm_up, first))
-        step = tuple(_step(schedule.step, list(formulas.step)))
+        step = tuple(_step(list(schedule.step), list(formulas.step)))
     else:  # one flat step: the state, then a first step
         traced_state, traced_step = _leading_state(schedule.step)
         setup, step = (), (*traced_state, *kept, *_step(traced_step, first))
     out = StepSchedule(setup=setup, step=step, name=schedule.name)
     list(out.events())  # every free pairs with its allocation
-    return out
-
-
-def _phases(item: Item) -> set[str]:
-    if isinstance(item, Op):
-        return {item.phase}
-    return set().union(*(_phases(x) for x in item.body))
-
-
-def _ops(items: Sequence[Item]) -> list[Op]:
-    out: list[Op] = []
-    for item in items:
-        out += [item] if isinstance(item, Op) else _ops(item.body)
     return out
 
 
