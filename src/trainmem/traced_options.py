@@ -89,7 +89,7 @@ from trainmem.traced_transforms import (
     micro_batches,
     traced_tensor_states,
 )
-from trainmem.traced_unsloth import apply_unsloth, traced_unsloth
+from trainmem.traced_unsloth import apply_unsloth, traced_unsloth, unsloth_traced_as
 
 __all__ = [
     "OPTIONS",
@@ -536,7 +536,7 @@ PREVIOUS_LOOP = TracedOption(
 UNSLOTH = TracedOption(
     name="unsloth",
     applies=traced_unsloth,
-    traced_as=lambda t: t,  # transformers + peft in Unsloth's dtypes (its conventions' row)
+    traced_as=unsloth_traced_as,  # transformers + peft in Unsloth's dtypes (its conventions)
     apply=apply_unsloth,
     note=lambda t: (
         "Unsloth: its kernels need CUDA, so transformers + peft were traced in Unsloth's dtypes "

@@ -35,9 +35,11 @@ Note [Unsloth on a traced step]
     timm or traced-only family) is refused. A family Unsloth runs through ``FastModel``
     (unsloth_zoo's compiled transformers code, no LoRA kernels) gets the formulas' rules as
     the analytic engine applies them there (peft's LoRA rules: :func:`~trainmem.analytic.
-    lora.unsloth_fast_lora` is off outside its kernel families). Optimizer in backward and a
-    loop that holds the outputs (``step``, ``previous``) change both the micro-batch and the
-    optimizer step, which come from two places here, so they are refused.
+    lora.unsloth_fast_lora` is off outside its kernel families). The trace runs the ``drop``
+    loop without optimizer in backward (:func:`unsloth_traced_as`): the formulas' micro-batches
+    hold what the run's loop holds (the previous micro-batch's output; the ``step`` loop's last
+    output, freed after the traced optimizer step) and, under optimizer in backward, step and
+    free each gradient themselves, the trace then giving only the optimizer's states.
 
 Source: unsloth 2026.3.5 unsloth/models/loader.py ``FastLanguageModel.from_pretrained``,
 unsloth/models/llama.py; the analytic rules cited in trainmem/analytic/transforms/unsloth.py,
@@ -47,16 +49,23 @@ trainmem/analytic/lora.py, trainmem/analytic/loss.py.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from trainmem.analytic.engine import estimate_analytic
 from trainmem.breakdown import MemoryCategory as Cat
-from trainmem.errors import UnsupportedError
+from trainmem.errors import ScheduleError, UnsupportedError
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.traced_transforms import _ops, _phases, micro_batches
 
-__all__ = ["apply_unsloth", "check_unsloth_run", "traced_unsloth"]
+__all__ = [
+    "apply_unsloth",
+    "check_unsloth_run",
+    "traced_unsloth",
+    "unsloth_refusals",
+    "unsloth_traced_as",
+]
 
 UNSLOTH_OWN_FAMILIES = frozenset(("llama", "mistral", "gemma", "gemma2", "qwen2", "qwen3"))
 """``model_type`` values ``FastLanguageModel.from_pretrained`` dispatches to its own classes
@@ -71,30 +80,23 @@ def traced_unsloth(training: TrainingConfig) -> bool:
 
 
 def unsloth_refusals(model: ModelSpec | None, training: TrainingConfig) -> list[str]:
-    """What of an Unsloth run the traced paths do not model, with why and what works (empty:
-    they do, or the run is not Unsloth's)."""
-    if not traced_unsloth(training):
+    """What of an Unsloth run the traced paths do not model, with why (empty: they do, or the
+    run is not Unsloth's): a model without a ModelSpec."""
+    if not traced_unsloth(training) or model is not None:
         return []
-    out = []
-    if model is None:
-        out.append(
-            "framework=unsloth on a model without a ModelSpec (Unsloth's kernels replace the "
-            "forward and backward of every module, and the traced paths apply them as the "
-            "formulas' rules, sized from the model's shape: a formula family or a remote-code "
-            "config has one; Note [Unsloth on a traced step] in trainmem/traced_unsloth.py)"
-        )
-    if training.optimizer_in_backward:
-        out.append(
-            "optimizer_in_backward with framework=unsloth (no Unsloth setting; its micro-batch "
-            "comes from the formulas and its optimizer step from the trace)"
-        )
-    if training.training_loop != "drop":
-        out.append(
-            f"loop={training.training_loop} with framework=unsloth (the loop's hold spans the "
-            "micro-batch the formulas give and the optimizer step the trace gives; traced: "
-            "--loop drop, or --engine analytic)"
-        )
-    return out
+    return [
+        "framework=unsloth on a model without a ModelSpec (Unsloth's kernels replace the "
+        "forward and backward of every module, and the traced paths apply them as the "
+        "formulas' rules, sized from the model's shape: a formula family or a remote-code "
+        "config has one; Note [Unsloth on a traced step] in trainmem/traced_unsloth.py)"
+    ]
+
+
+def unsloth_traced_as(training: TrainingConfig) -> TrainingConfig:
+    """The settings the trace runs for an Unsloth run: its own, with the loop's hold and
+    optimizer in backward taken out (the formulas' micro-batches have them, Note [Unsloth on
+    a traced step])."""
+    return replace(training, loop="drop", keep_logits=False, optimizer_in_backward=False)
 
 
 def check_unsloth_run(model: ModelSpec | None, training: TrainingConfig) -> None:
@@ -105,9 +107,9 @@ def check_unsloth_run(model: ModelSpec | None, training: TrainingConfig) -> None
     """
     refused = unsloth_refusals(model, training)
     if refused:
-        hint = "use --engine analytic" if model is not None else "no engine estimates it yet"
         raise UnsupportedError(
-            "the generic path (a trace) does not model " + "; ".join(refused) + f"; {hint}"
+            "the generic path (a trace) does not model " + "; ".join(refused) + "; no engine "
+            "estimates it yet"
         )
 
 
@@ -119,7 +121,7 @@ def apply_unsloth(
     [Unsloth on a traced step]).
 
     Args:
-        schedule: a traced step of the same run.
+        schedule: a traced step of the same run (:func:`unsloth_traced_as`'s settings).
         model: the model's shape.
         training: the Unsloth run.
 
@@ -138,11 +140,11 @@ def apply_unsloth(
     kept = [op for op in _ops(state) if op.key.startswith("unsloth")]  # the 2 MiB buffer
     if schedule.setup:
         traced_state, traced_warm_up = _leading_state(schedule.setup)
-        setup = (*traced_state, *kept, *_step(traced_warm_up, first))
-        step = tuple(_step(list(schedule.step), list(formulas.step)))
+        setup = (*traced_state, *kept, *_step(traced_warm_up, first, training))
+        step = tuple(_step(list(schedule.step), list(formulas.step), training))
     else:  # one flat step: the state, then a first step
         traced_state, traced_step = _leading_state(schedule.step)
-        setup, step = (), (*traced_state, *kept, *_step(traced_step, first))
+        setup, step = (), (*traced_state, *kept, *_step(traced_step, first, training))
     out = StepSchedule(setup=setup, step=step, name=schedule.name)
     list(out.events())  # every free pairs with its allocation
     return out
@@ -172,21 +174,49 @@ def _steps(items: list[Item]) -> list[list[Item]]:
 
 
 def _parts(items: list[Item]) -> tuple[list[Item], list[Item], list[Item]]:
-    """(the micro-batches, the optimizer step, ``zero_grad``) of one step."""
-    segments, rest = micro_batches(items)
+    """(the micro-batches, the optimizer step, ``zero_grad``) of one step; a step whose
+    optimizer allocates nothing and whose gradients are kept (``zero_grad_set_to_none=False``)
+    is its micro-batches alone.
+
+    Raises:
+        ScheduleError: no backward.
+    """
+    try:
+        segments, rest = micro_batches(items)
+    except ScheduleError:
+        if not any("backward" in _phases(x) for x in items):
+            raise
+        segments, rest = [items], []
     batches = [x for seg in segments for x in seg]
     release = [x for x in rest if "zero_grad" in _phases(x)]
     step = [x for x in rest if "zero_grad" not in _phases(x)]
     return batches, step, release
 
 
-def _step(traced: list[Item], formulas: list[Item]) -> list[Item]:
-    """One traced step with the formulas' micro-batches and gradient release; the traced
-    optimizer step (without the traced gradients, which the formulas' replace)."""
+def _step(traced: list[Item], formulas: list[Item], training: TrainingConfig) -> list[Item]:
+    """One traced step with the formulas' micro-batches, what they hold through the optimizer
+    step (the ``step`` loop's last output) and their gradient release; the traced optimizer
+    step without the traced gradients (the formulas' replace them), and under optimizer in
+    backward only its states (the formulas step each gradient in the backward)."""
     _, step, _ = _parts(traced)
-    batches, _, release = _parts(formulas)
-    kept = [x for x in _without(step, _traced_gradient) if _phases(x)]
-    return [*_without(batches, _workspace), *kept, *release]
+    batches, formulas_step, release = _parts(formulas)
+    made = {op.key for op in _ops(batches) if op.action == "alloc"}
+    held = [
+        x
+        for x in formulas_step
+        if isinstance(x, Op)
+        and x.action == "free"
+        and x.key in made
+        and x.category is not Cat.GRADIENT
+    ]
+    drop = _traced_gradient if not training.optimizer_in_backward else _step_temporary
+    kept = [x for x in _without(step, drop) if _phases(x)]
+    return [*_without(batches, _workspace), *kept, *held, *release]
+
+
+def _step_temporary(op: Op) -> bool:
+    """Not an optimizer state (the traced step's temporaries and gradients)."""
+    return op.category is not Cat.OPTIMIZER_STATE
 
 
 def _traced_gradient(op: Op) -> bool:
