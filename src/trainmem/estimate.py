@@ -214,7 +214,9 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
     here on the settings :func:`~trainmem.traced_options.traced_settings` leaves). Other
     data-parallel layouts and the other frameworks are refused. The HF Trainer on one GPU (on
     more under DDP) runs as its plain loop with its default optimizer
-    (:func:`_traced_hf_trainer`); DeepSpeed ZeRO-1/2/3 as the analytic engine's transforms
+    (:func:`_traced_hf_trainer`); Unsloth as its traced state and optimizer step with the
+    formulas' micro-batches (:mod:`trainmem.traced_unsloth`, a model with a ModelSpec);
+    DeepSpeed ZeRO-1/2/3 as the analytic engine's transforms
     (``trainmem.traced_transforms``); ``earlier_seq_lens`` as one more traced step per listed
     length (:func:`_estimate_traced`).
     """

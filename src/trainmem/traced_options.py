@@ -6,7 +6,8 @@ Each option here is one :class:`TracedOption`: the settings the trace runs in it
 traced :class:`~trainmem.schedule.StepSchedule` into the one the option has, with the same rule
 the analytic engine's transform for it uses (:mod:`trainmem.analytic.transforms`). What the
 trace runs as it is (FSDP2, DTensor, pipelining, peft, compile) stays in :mod:`trainmem.trace`;
-DeepSpeed ZeRO-1/2 and the quantized optimizers are :mod:`trainmem.traced_transforms`.
+DeepSpeed ZeRO-1/2 and the quantized optimizers are :mod:`trainmem.traced_transforms`;
+Unsloth's micro-batches are :mod:`trainmem.traced_unsloth`'s rewrite.
 
 Note [DDP on a traced step]
     torch's ``DistributedDataParallel`` does not wrap a model of fake tensors usefully: its
