@@ -514,7 +514,9 @@ def split_state(schedule: StepSchedule) -> tuple[list[Item], list[Item]]:
 
 
 def micro_batches(body: list[Item]) -> tuple[list[list[Item]], list[Item]]:
-    """The micro-batches (forward then backward) and the rest (optimizer, ``zero_grad``).
+    """The micro-batches (forward then backward) and the rest (optimizer, ``zero_grad``); no
+    rest when the step allocates and frees nothing after its last backward (a fused step
+    with ``zero_grad_set_to_none=False``: the gradients kept, nothing freed).
 
     Raises:
         ScheduleError: no backward.
@@ -532,7 +534,9 @@ def micro_batches(body: list[Item]) -> tuple[list[list[Item]], list[Item]]:
             current, seen_backward = [], False
         current.append(item)
         seen_backward = seen_backward or "backward" in phases
-    raise ScheduleError("the traced step has no backward followed by an optimizer step")
+    if seen_backward:
+        return [*segments, current], []
+    raise ScheduleError("the traced step has no backward")
 
 
 def _first(items: Sequence[Item], test: Callable[[Item], bool], default: int) -> int:

@@ -53,7 +53,7 @@ from dataclasses import replace
 
 from trainmem.analytic.engine import estimate_analytic
 from trainmem.breakdown import MemoryCategory as Cat
-from trainmem.errors import ScheduleError, UnsupportedError
+from trainmem.errors import UnsupportedError
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
@@ -135,16 +135,18 @@ def apply_unsloth(
     check_unsloth_run(model, training)
     assert model is not None  # checked
     formulas = estimate_analytic(model, training).schedules[0]
-    state, warm_up = _leading_state(formulas.setup)
+    formulas_state, warm_up = _leading_state(formulas.setup)
     first = _steps(warm_up)[0]
-    kept = [op for op in _ops(state) if op.key.startswith("unsloth")]  # the 2 MiB buffer
+    kept = [op for op in _ops(formulas_state) if op.key.startswith("unsloth")]  # 2 MiB buffer
     if schedule.setup:
         traced_state, traced_warm_up = _leading_state(schedule.setup)
-        setup = (*traced_state, *kept, *_step(traced_warm_up, first, training))
+        state = _without(traced_state, _traced_gradient)  # kept ones: the formulas make them
+        setup = (*state, *kept, *_step(traced_warm_up, first, training))
         step = tuple(_step(list(schedule.step), list(formulas.step), training))
     else:  # one flat step: the state, then a first step
         traced_state, traced_step = _leading_state(schedule.step)
-        setup, step = (), (*traced_state, *kept, *_step(traced_step, first, training))
+        state = _without(traced_state, _traced_gradient)
+        setup, step = (), (*state, *kept, *_step(traced_step, first, training))
     out = StepSchedule(setup=setup, step=step, name=schedule.name)
     list(out.events())  # every free pairs with its allocation
     return out
@@ -174,19 +176,12 @@ def _steps(items: list[Item]) -> list[list[Item]]:
 
 
 def _parts(items: list[Item]) -> tuple[list[Item], list[Item], list[Item]]:
-    """(the micro-batches, the optimizer step, ``zero_grad``) of one step; a step whose
-    optimizer allocates nothing and whose gradients are kept (``zero_grad_set_to_none=False``)
-    is its micro-batches alone.
+    """(the micro-batches, the optimizer step, ``zero_grad``) of one step.
 
     Raises:
         ScheduleError: no backward.
     """
-    try:
-        segments, rest = micro_batches(items)
-    except ScheduleError:
-        if not any("backward" in _phases(x) for x in items):
-            raise
-        segments, rest = [items], []
+    segments, rest = micro_batches(items)
     batches = [x for seg in segments for x in seg]
     release = [x for x in rest if "zero_grad" in _phases(x)]
     step = [x for x in rest if "zero_grad" not in _phases(x)]

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from conftest import MODELS_DIR
+from trainmem.breakdown import MemoryCategory
 from trainmem.errors import NotApplicableError, UnsupportedError
 from trainmem.estimate import estimate, trace_unsupported_settings
 from trainmem.schedule import Item, Op, StepSchedule
@@ -61,9 +62,7 @@ def _ops(items: tuple[Item, ...]) -> list[Op]:
         (QWEN2, {"keep_logits": True}),
         (QWEN2, {"loop": "previous", "gradient_accumulation_steps": 2}),
         (QWEN2, {"optimizer_in_backward": True, "optimizer": "adamw"}),
-        # (with adamw-8bit the stand-in step refuses kept gradients before this rewrite runs:
-        # traced_transforms.apply_optimizer, under any framework)
-        (QWEN2, {"zero_grad_set_to_none": False, "optimizer": "adamw"}),
+        (QWEN2, {"zero_grad_set_to_none": False}),
         # b s h = 4,194,304 elements > MINIMUM_SIZE: every layer input but the last offloaded
         (LLAMA, {"seq_len": 2048, "quantize_base": "nf4"}),
     ],
@@ -127,6 +126,15 @@ def test_unsloth_on_a_traced_llama_by_hand() -> None:
     assert max(op.size_bytes for op in step) < 67_108_864
     _, traced_hf = _peak(LLAMA, replace_framework(_unsloth(seq_len=2048)), "generic")
     assert any(op.size_bytes >= 67_108_864 for op in _ops(traced_hf.step))
+
+
+def test_kept_gradients_once_by_hand() -> None:
+    # zero_grad(set_to_none=False): the trace's state holds the kept gradients, and the
+    # formulas' warm-up step makes them; counted once. LoRA r = 16 on the tiny Qwen2's seven
+    # linears (h 64, k / v 32 wide, MLP 128): q 2,048 + k 1,536 + v 1,536 + o 2,048 + gate,
+    # up, down 3,072 each = 16,384 per layer, 32,768 for 2 layers, fp32: 131,072 B
+    _, schedule = _peak(QWEN2, _unsloth(zero_grad_set_to_none=False), "generic")
+    assert schedule.live_before_step()[MemoryCategory.GRADIENT] == 131_072
 
 
 @pytest.mark.slow
