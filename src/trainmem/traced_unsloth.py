@@ -48,7 +48,7 @@ trainmem/analytic/lora.py, trainmem/analytic/loss.py.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from trainmem.analytic.engine import estimate_analytic
@@ -66,12 +66,6 @@ __all__ = [
     "unsloth_refusals",
     "unsloth_traced_as",
 ]
-
-UNSLOTH_OWN_FAMILIES = frozenset(("llama", "mistral", "gemma", "gemma2", "qwen2", "qwen3"))
-"""``model_type`` values ``FastLanguageModel.from_pretrained`` dispatches to its own classes
-(unsloth 2026.3.5 models/loader.py: ``FastLlamaModel``, ``FastMistralModel``,
-``FastGemmaModel``, ``FastGemma2Model``, ``FastQwen2Model``, ``FastQwen3Model``); any other
-goes to ``FastModel``."""
 
 
 def traced_unsloth(training: TrainingConfig) -> bool:
@@ -224,7 +218,7 @@ def _workspace(op: Op) -> bool:
     return op.module == "cublas"
 
 
-def _without(items: Sequence[Item], drop: object) -> list[Item]:
+def _without(items: Sequence[Item], drop: Callable[[Op], bool]) -> list[Item]:
     """``items`` without the ops ``drop`` selects, inside repeated blocks too."""
     out: list[Item] = []
     for item in items:
@@ -232,6 +226,6 @@ def _without(items: Sequence[Item], drop: object) -> list[Item]:
             body = tuple(_without(item.body, drop))
             if body:
                 out.append(Repeat(body, item.count, item.reverse, item.start, item.independent))
-        elif not drop(item):  # type: ignore[operator]
+        elif not drop(item):
             out.append(item)
     return out
