@@ -46,6 +46,7 @@ from trainmem.specs.training import (
     check_training_for_model,
     resolved_config,
 )
+from trainmem.traced_megatron import traced_megatron, untraced_megatron
 from trainmem.traced_options import (
     TracedOption,
     active_options,
@@ -220,6 +221,9 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
     (``trainmem.traced_transforms``); ``earlier_seq_lens`` as one more traced step per listed
     length (:func:`_estimate_traced`).
     """
+    megatron = traced_megatron(training)  # Megatron's memory as rules (traced_megatron)
+    if training.framework == "megatron" and not megatron:
+        return [untraced_megatron(training)]
     training = traced_settings(training)  # the options applied to a traced step as rules
     defaults = TrainingConfig()
     checked = (
@@ -265,6 +269,7 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
             out.append(f"shard_group_size={group} with context parallelism")
     if (
         not deepspeed
+        and not megatron
         and not _traced_hf_trainer(training)
         and not _traced_torchtune(training)
         and not _traced_litgpt(training)
@@ -1166,12 +1171,13 @@ def _check_traced_framework(
 ) -> None:
     """Refuse a framework the traced model cannot run under: torchtune or Unsloth for a
     diffusers or timm model (torchtune's builders are language models, Unsloth loads
-    transformers models), DeepSpeed's ``"auto"`` sizes without a
-    ModelSpec (:func:`_check_deepspeed_without_spec`).
+    transformers models), Megatron for a formula family that is not a causal LM (its
+    ``GPTModel``; other configs: ``trainmem.trace.generic.recipe_for_config``), DeepSpeed's
+    ``"auto"`` sizes without a ModelSpec (:func:`_check_deepspeed_without_spec`).
 
     Raises:
-        NotApplicableError: torchtune or Unsloth on a diffusers or timm model, naming what
-            would work.
+        NotApplicableError: torchtune or Unsloth on a diffusers or timm model, Megatron on a
+            model that is not a causal LM, naming what would work.
         UnsupportedError: DeepSpeed's ``"auto"`` sizes without a ModelSpec.
     """
     if training.framework in ("torchtune", "unsloth") and (
@@ -1188,6 +1194,14 @@ def _check_traced_framework(
         )
     if deepspeed and not isinstance(target, ModelSpec):
         _check_deepspeed_without_spec(training)
+    megatron = training.framework == "megatron"
+    if megatron and isinstance(target, ModelSpec) and target.head != "causal-lm":
+        raise NotApplicableError(
+            f"framework=megatron: Megatron-LM trains decoder-only language models (megatron-"
+            f"core's GPTModel), and {target.name} has a {target.head} head; traced with "
+            "--framework megatron: a causal language model; for this model use --framework "
+            "pytorch-amp, fsdp2 or deepspeed"
+        )
 
 
 def _check_deepspeed_without_spec(training: TrainingConfig) -> None:

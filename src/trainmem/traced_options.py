@@ -84,7 +84,14 @@ from trainmem.specs.model import ModelSpec
 from trainmem.specs.optimizers import OPTIMIZER_TABLE
 from trainmem.specs.training import TrainingConfig
 from trainmem.traced_activations import apply_activation_offloading
+from trainmem.traced_megatron import (
+    apply_megatron,
+    megatron_note,
+    megatron_traced_as,
+    traced_megatron,
+)
 from trainmem.traced_transforms import (
+    after_state,
     element_bytes,
     layer_of,
     micro_batches,
@@ -93,6 +100,7 @@ from trainmem.traced_transforms import (
 from trainmem.traced_unsloth import apply_unsloth, traced_unsloth, unsloth_traced_as
 
 __all__ = [
+    "MEGATRON",
     "OPTIONS",
     "TracedOption",
     "active_options",
@@ -131,6 +139,19 @@ class TracedOption:
     note: Callable[[TrainingConfig], str]
 
 
+# -- Megatron-LM -------------------------------------------------------------------------------
+
+MEGATRON = TracedOption(
+    name="megatron",
+    applies=traced_megatron,
+    traced_as=megatron_traced_as,
+    apply=apply_megatron,
+    note=megatron_note,
+)
+"""Megatron's optimizer and gradient buffer on the traced step of one rank (Note [Megatron on
+a traced step] in trainmem/traced_megatron.py); its loss runs in the trace
+(trainmem/trace/megatron_loss.py)."""
+
 # -- plain DDP ---------------------------------------------------------------------------------
 
 
@@ -167,17 +188,9 @@ def apply_ddp(
     """
     bucket = bucket_op(schedule.category_peak(Cat.GRADIENT))
     if schedule.setup:
-        setup = _after_state(schedule.setup, bucket)
+        setup = after_state(schedule.setup, bucket)
         return StepSchedule(setup=setup, step=schedule.step, name=schedule.name)
-    return StepSchedule(setup=(), step=_after_state(schedule.step, bucket), name=schedule.name)
-
-
-def _after_state(items: tuple[Item, ...], op: Op) -> tuple[Item, ...]:
-    """``items`` with ``op`` after their leading run of ``init`` ops (the state)."""
-    n = 0
-    while n < len(items) and isinstance(items[n], Op) and items[n].phase == "init":  # type: ignore[union-attr]
-        n += 1
-    return (*items[:n], op, *items[n:])
+    return StepSchedule(setup=(), step=after_state(schedule.step, bucket), name=schedule.name)
 
 
 DDP = TracedOption(
@@ -567,14 +580,6 @@ _FRAMEWORKS_UNTRACED = {
         "needs pip install 'trainmem[litgpt]'); Fabric's FSDP and model-parallel strategies "
         "are not; traced: --framework litgpt on one GPU or DDP, or --engine analytic"
     ),
-    "megatron": (
-        "Megatron-LM runs its own model code (megatron.core's GPTModel with TransformerEngine "
-        "or its local fused kernels and its own tensor-parallel layers) and memory (contiguous "
-        "fp32 gradient buffers, the distributed optimizer), which need megatron-core on CUDA "
-        "and do not run on fake tensors; the formulas model Megatron for the formula families "
-        "and remote-code configs (--engine auto); traced: --framework pytorch-amp, fsdp2 or "
-        "deepspeed for the same model, or --engine analytic"
-    ),
     "fsdp-qlora": (
         "Answer.AI fsdp_qlora's train.py runs FSDP1 (FULL_SHARD, SHARD_GRAD_OP, the hybrids, "
         "NO_SHARD, one GPU) over data-parallel ranks with a bitsandbytes 4-bit base (nf4 / "
@@ -649,6 +654,7 @@ def untraced_offload(training: TrainingConfig) -> str:
 
 OPTIONS: tuple[TracedOption, ...] = (
     UNSLOTH,
+    MEGATRON,
     DDP,
     OFFLOAD,
     ACTIVATION_OFFLOADING,

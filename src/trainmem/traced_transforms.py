@@ -120,6 +120,7 @@ from trainmem.timeline import Phase
 from trainmem.units import dtype_bytes
 
 __all__ = [
+    "after_state",
     "apply_deepspeed",
     "apply_optimizer",
     "deepspeed_refusals",
@@ -142,6 +143,15 @@ def layer_of(module: str) -> str | None:
     ``h.{i}`` in a repeated body), or None outside the block lists."""
     m = _LAYER.match(module)
     return m.group(1) if m else None
+
+
+def after_state(items: tuple[Item, ...], op: Op) -> tuple[Item, ...]:
+    """``items`` with ``op`` after their leading run of ``init`` ops (the state the step starts
+    from: weights, buffers), where a framework's buffers allocated at wrap time go."""
+    n = 0
+    while n < len(items) and isinstance(items[n], Op) and items[n].phase == "init":  # type: ignore[union-attr]
+        n += 1
+    return (*items[:n], op, *items[n:])
 
 
 def deepspeed_refusals(training: TrainingConfig) -> list[str]:
@@ -418,7 +428,10 @@ def traced_tensor_states(schedule: StepSchedule, training: TrainingConfig) -> li
         states under ``min_8bit_size`` = 4096 elements, bitsandbytes/optim/optimizer.py
         ``Optimizer2State.init_state``), where the layout keeps every 1-D tensor's full. A
         paged optimizer's states of tensors of at least 1e5 elements leave the allocator
-        (:func:`~trainmem.analytic.tensor_states.paged_state_bytes`), as in the layout.
+        (:func:`~trainmem.analytic.tensor_states.paged_state_bytes`), as in the layout. States
+        partitioned over the sharding ranks (``TrainingConfig.optimizer_states_partitioned``:
+        ZeRO >= 1, Megatron's distributed optimizer) are this rank's ``ceil(bytes / N)``, as
+        ``tensor_states._place`` has them.
 
     Args:
         schedule: a traced step (its setup, or its leading ``init`` items, hold the weights).
@@ -430,6 +443,7 @@ def traced_tensor_states(schedule: StepSchedule, training: TrainingConfig) -> li
     init, _ = split_state(schedule)
     named: set[str] = {op.module for op in _ops(init) if op.category is Cat.OPTIMIZER_STATE}
     row = OPTIMIZER_TABLE[training.optimizer]
+    dp = training.sharding_degree if training.optimizer_states_partitioned else 1
     out: list[TensorState] = []
     for op, count in _counted(init):
         if op.action != "alloc" or op.category is not Cat.PARAMETER:
@@ -437,8 +451,8 @@ def traced_tensor_states(schedule: StepSchedule, training: TrainingConfig) -> li
         n = op.size_bytes // element_bytes(training, op.module)
         trainable = op.module in named
         grad = dtype_bytes(training.grad_dtype) * n if trainable else 0
-        state = _state_bytes(training, n) if trainable else 0
-        paged = min(paged_state_bytes(training, n), state) if trainable and row.paged else 0
+        state = -(-_state_bytes(training, n) // dp) if trainable else 0
+        paged = min(paged_state_bytes(training, n, dp), state) if trainable and row.paged else 0
         state -= paged
         tensor = TensorState(
             op.module, "traced", n, trainable, op.size_bytes, grad, state,

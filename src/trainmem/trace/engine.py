@@ -441,9 +441,15 @@ def default_forward_loss(training: TrainingConfig) -> Callable[[Any, Any], Any] 
             ``torchtitan_compiles_loss`` (torchtitan >= 0.1 compiles its whole loss).
 
     Returns:
-        The chunked cross-entropy (``trainmem.trace.chunked_loss``) or None.
+        The chunked cross-entropy (``trainmem.trace.chunked_loss``), Megatron's
+        vocabulary-parallel one (``trainmem.trace.megatron_loss``: ``framework="megatron"``,
+        :func:`megatron_loss_traced`) or None.
     """
     titan = training.torchtitan_compiles_loss
+    if megatron_loss_traced(training):
+        from trainmem.trace.megatron_loss import megatron_cross_entropy_forward
+
+        return megatron_cross_entropy_forward()
     if training.chunked_cross_entropy == 0 and not titan:
         return None
     from trainmem.trace.chunked_loss import chunked_cross_entropy_forward
@@ -454,6 +460,19 @@ def default_forward_loss(training: TrainingConfig) -> Callable[[Any, Any], Any] 
         return chunked_cross_entropy_forward(1, upcast=True, compiled=True)
     return chunked_cross_entropy_forward(
         training.chunked_cross_entropy, upcast=training.loss_upcast, compiled=training.compile
+    )
+
+
+def megatron_loss_traced(training: TrainingConfig) -> bool:
+    """The loss is Megatron's vocabulary-parallel cross-entropy
+    (``FrameworkConventions.vocab_parallel_cross_entropy``), unchunked and not replaced by
+    ``TrainingConfig.loss``, as :func:`trainmem.analytic.loss.megatron_cross_entropy` has it
+    for a causal LM (Note [Megatron's cross-entropy on a traced step],
+    trainmem/trace/megatron_loss.py)."""
+    return (
+        training.conventions.vocab_parallel_cross_entropy
+        and training.chunked_cross_entropy == 0
+        and training.recipe_loss in (None, "cross-entropy")
     )
 
 

@@ -120,6 +120,18 @@ def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfi
             "framework=litgpt: litgpt trains its own GPT language models, and this is a "
             "diffusers / timm model; use --framework pytorch-amp"
         )
+    if training.framework == "megatron":
+        from trainmem.trace.megatron_loss import megatron_model_refusal
+
+        why = (
+            "framework=megatron: Megatron-LM trains decoder-only language models (megatron-"
+            "core's GPTModel), and this is a diffusers / timm model; use --framework "
+            "pytorch-amp, fsdp2 or deepspeed"
+            if is_timm_config(raw) or is_diffusers_config(raw)
+            else megatron_model_refusal(raw)
+        )
+        if why:
+            raise NotApplicableError(why)
     if training.padding_mask and (is_timm_config(raw) or is_diffusers_config(raw)):
         raise NotApplicableError(
             "padding_mask=True: a padded batch's attention mask is built for a language "

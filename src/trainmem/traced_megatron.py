@@ -1,0 +1,204 @@
+"""Megatron-LM's memory applied to a traced step (issue 26: "every training option on every
+model path").
+
+Note [Megatron on a traced step]
+    megatron-core needs CUDA (TransformerEngine or its fused kernels, its process groups), so
+    its step is not traced. Megatron-LM trains its own ``GPTModel`` (megatron-core
+    models/gpt/gpt_model.py: a decoder-only transformer, standard attention and MLP or MoE), so
+    on the generic path the transformers model's layers stand in for its layers, and what is
+    Megatron's is applied to them, with the rules the formulas use for Megatron:
+
+    * traced as it is, from the transformers layers: the weights (16-bit, no autocast:
+      ``FrameworkConventions.master_weights``), every activation the layers save and every
+      transient of their forward and backward;
+    * run for real, as Megatron's own code on the traced logits: the vocabulary-parallel
+      cross-entropy (its fp32 softmax saved and turned into the gradient in place; Note
+      [Megatron's cross-entropy on a traced step], trainmem/trace/megatron_loss.py);
+    * rules of the traced step, the analytic engine's (one implementation, both engines):
+      the optimizer is Megatron's (``Float16OptimizerWithFloat16Params`` / the distributed
+      optimizer: fp32 master weights and moments, :func:`~trainmem.traced_transforms.
+      apply_optimizer` with the analytic state layout or the traced tensors'), partitioned over
+      the data-parallel ranks with ``zero_stage=1`` (``--use-distributed-optimizer``,
+      megatron/core/optimizer/distrib_optimizer.py: each rank steps its shard); the gradients
+      live in one contiguous fp32 buffer allocated when the model is wrapped and never freed
+      (megatron/core/distributed/param_and_grad_buffer.py ``_ParamAndGradBuffer.__init__``:
+      ``self.grad_data = torch.zeros(...)``; :func:`~trainmem.analytic.buffers.
+      gradient_buffer_from_init`), whole under the distributed optimizer too (it
+      reduce-scatters in place; with master weights, the ``*-mixed`` precisions, as the
+      formulas' rule has it); each 16-bit gradient autograd makes is a temporary that
+      Megatron's backward hook adds into ``main_grad`` and drops at once
+      (megatron/core/distributed/distributed_data_parallel.py ``_make_backward_post_hook``:
+      ``param.main_grad.add_(param.grad.data)``, ``param.grad = None``), as the analytic
+      schedule's new-gradient temporaries (# NB: with ``gradient_accumulation_fusion`` the
+      weight-gradient GEMM writes into ``main_grad`` and no 16-bit gradient exists; neither
+      engine models that).
+
+    The plain loop of one rank is traced (``data_parallel_size=1``, ``zero_stage=0``) with
+    torch's fused AdamW as the optimizer stand-in (no step temporaries; its states are
+    replaced). Not traced: tensor, sequence, context and pipeline parallelism (Megatron's own
+    column / row-parallel layers, its sequence-parallel layout saving the sequence shard, its
+    pipeline schedules: not DTensor's or torch.distributed.pipelining's, which the trace runs),
+    ZeRO-2/3 (megatron-core's custom FSDP), CPU offload, the optimizers the trace needs a
+    stand-in for, LoRA and quantized bases (Megatron-LM trains no adapters; PEFT on
+    megatron-core is NeMo's). Refused too: a model Megatron's ``GPTModel`` does not build
+    (encoder-decoder, masked-LM, vision, speech, multimodal, attention-free, diffusion, timm;
+    :func:`trainmem.trace.megatron_loss.megatron_model_refusal`).
+
+Source: megatron-core 0.9.0 (files cited per rule above); the analytic rules named per rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from trainmem.analytic.buffers import gradient_buffer_from_init
+from trainmem.analytic.tensor_states import state_layout
+from trainmem.breakdown import MemoryCategory as Cat
+from trainmem.schedule import Item, Op, Repeat, StepSchedule
+from trainmem.specs.model import ModelSpec
+from trainmem.specs.training import TrainingConfig
+from trainmem.traced_transforms import (
+    after_state,
+    apply_optimizer,
+    optimizer_standin,
+    traced_tensor_states,
+)
+
+__all__ = [
+    "apply_megatron",
+    "megatron_note",
+    "megatron_refusals",
+    "megatron_traced_as",
+    "traced_megatron",
+    "untraced_megatron",
+]
+
+NEW_GRADIENT_LABEL = "a new 16-bit gradient, added into Megatron's fp32 main_grad and dropped"
+BUFFER_LABEL = "Megatron's contiguous fp32 gradient buffer (grad_data, from wrap time)"
+
+
+def megatron_refusals(training: TrainingConfig) -> list[str]:
+    """What of a Megatron run :func:`apply_megatron` does not model, as ``field=value`` (empty:
+    it does)."""
+    t = training
+    out = [
+        f"{name}={getattr(t, name)}"
+        for name in ("tensor_parallel_size", "pipeline_parallel_size", "context_parallel_size")
+        if getattr(t, name) > 1
+    ]
+    if t.zero_stage not in (0, 1):
+        out.append(f"zero_stage={t.zero_stage}")
+    if t.offload != "none":
+        out.append(f"offload={t.offload}")
+    if optimizer_standin(t) is not None:
+        out.append(f"optimizer={t.optimizer}")
+    if t.is_lora:  # Megatron-LM trains no adapters (PEFT on megatron-core is NeMo's)
+        out.append(f"lora_rank={t.lora_rank}")
+    if t.quantize_base != "none":
+        out.append(f"quantize_base={t.quantize_base}")
+    return out
+
+
+def untraced_megatron(training: TrainingConfig) -> str:
+    """One refusal for a Megatron run the traced paths do not model, naming what they model
+    (Note [Megatron on a traced step]) and what else estimates it."""
+    why = megatron_refusals(training) or ["framework=megatron"]
+    return (
+        ", ".join(why)
+        + " with framework=megatron (traced: megatron-core's memory on the transformers "
+        "layers, on one GPU or over --data-parallel-size N with --zero-stage 0 or 1, the "
+        "distributed optimizer, with a torch-traceable optimizer; not Megatron's own tensor-, "
+        "sequence-, context- or pipeline-parallel layers and schedules, its ZeRO-2/3 (custom "
+        "FSDP), CPU offload, LoRA or a quantized base; or --engine analytic)"
+    )
+
+
+def traced_megatron(training: TrainingConfig) -> bool:
+    """A Megatron run the traced paths model (Note [Megatron on a traced step]): one GPU or
+    data parallelism, with or without the distributed optimizer (``zero_stage`` 0 or 1)."""
+    return training.framework == "megatron" and not megatron_refusals(training)
+
+
+def megatron_traced_as(training: TrainingConfig) -> TrainingConfig:
+    """The settings the trace runs for a Megatron run: one rank's plain loop with torch's
+    fused AdamW as the optimizer stand-in (its states and step replaced by
+    :func:`apply_megatron`)."""
+    return replace(
+        training,
+        data_parallel_size=1,
+        zero_stage=0,
+        optimizer="adamw",
+        optimizer_implementation="fused",
+    )
+
+
+def apply_megatron(
+    schedule: StepSchedule, model: ModelSpec | None, training: TrainingConfig
+) -> StepSchedule:
+    """The traced plain-loop step as a Megatron run has it (Note [Megatron on a traced step]).
+
+    Args:
+        schedule: a traced step of :func:`megatron_traced_as`'s settings.
+        model: the model's shape (the states and the buffer from the analytic layout), or None
+            (from the traced tensors, Note [Traced tensors as model states] in
+            trainmem/traced_transforms.py).
+        training: the Megatron run.
+
+    Returns:
+        The schedule with Megatron's optimizer states, its fp32 gradient buffer and each new
+        16-bit gradient dropped once added into it.
+    """
+    with_states = apply_optimizer(schedule, model, training)
+    if not gradient_buffer_from_init(training):  # no master weights (bf16-true, 32-true)
+        return with_states
+    if model is not None:
+        buffer_bytes = state_layout(model, training).total("grad_bytes")
+    else:
+        buffer_bytes = sum(s.grad_bytes for s in traced_tensor_states(schedule, training))
+    buffer = Op("alloc", buffer_bytes, Cat.GRADIENT, "init", "grad/main_grad", "(model)",
+                BUFFER_LABEL)  # fmt: skip
+    dropped: set[str] = set()
+    setup = _main_grad(with_states.setup, dropped)
+    step = _main_grad(with_states.step, dropped)
+    if setup:
+        return StepSchedule(setup=after_state(setup, buffer), step=step, name=schedule.name)
+    return StepSchedule(setup=(), step=after_state(step, buffer), name=schedule.name)
+
+
+def _main_grad(items: Sequence[Item], dropped: set[str]) -> tuple[Item, ...]:
+    """``items`` with each gradient autograd makes in the backward a temporary freed at once
+    (Megatron's hook adds it into ``main_grad``), its own later free dropped."""
+    out: list[Item] = []
+    for item in items:
+        if isinstance(item, Repeat):
+            body = _main_grad(item.body, dropped)
+            out.append(Repeat(body, item.count, item.reverse, item.start, item.independent))
+            continue
+        if item.category is not Cat.GRADIENT:
+            out.append(item)
+        elif item.action == "alloc" and item.phase == "backward":
+            new = item._replace(category=Cat.TEMPORARY, label=NEW_GRADIENT_LABEL)
+            out += [new, new._replace(action="free")]
+            dropped.add(item.key)
+        elif not (item.action == "free" and item.key in dropped):
+            out.append(item)
+    return tuple(out)
+
+
+def megatron_note(training: TrainingConfig) -> str:
+    """The estimate's note for a Megatron run on a traced step."""
+    dp = training.data_parallel_size
+    optimizer = (
+        f"the distributed optimizer's fp32 master weights and states over {dp} ranks"
+        if training.optimizer_states_partitioned
+        else "fp32 master weights and optimizer states"
+    )
+    return (
+        "framework=megatron: the transformers model's layers were traced as a stand-in for "
+        "megatron-core's GPTModel (their weights, activations and transients), with Megatron's "
+        "vocabulary-parallel cross-entropy run on their logits; Megatron's memory applied as "
+        f"the formulas' rules: {optimizer}, one contiguous fp32 gradient buffer from wrap "
+        "time, each new 16-bit gradient dropped once added into it (Note [Megatron on a "
+        "traced step] in trainmem/traced_megatron.py)"
+    )
