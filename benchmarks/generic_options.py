@@ -204,6 +204,10 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
         "framework": "deepspeed",
         "offload": "optimizer",
     },
+    # Megatron-LM: the transformers layers stand in for its GPTModel; its loss, fp32 gradient
+    # buffer and (distributed) optimizer applied (Note [Megatron on a traced step])
+    "megatron": {"framework": "megatron"},
+    "megatron distributed optimizer 4": {**_DP, "zero_stage": 1, "framework": "megatron"},
     "hf-trainer": {"framework": "hf-trainer"},
     "torchtune": {"framework": "torchtune", "precision": "bf16-true"},  # no autocast in torchtune
     "litgpt": {"framework": "litgpt"},

@@ -26,6 +26,7 @@ RANK = {
     "estimate": 3,
     "traced_transforms": 3,
     "traced_options": 3,
+    "traced_megatron": 3,
     "traced_activations": 3,
     "traced_quantized": 3,
     "traced_unsloth": 3,

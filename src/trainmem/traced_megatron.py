@@ -101,16 +101,18 @@ def megatron_refusals(training: TrainingConfig) -> list[str]:
 
 
 def untraced_megatron(training: TrainingConfig) -> str:
-    """One refusal for a Megatron run the traced paths do not model, naming what they model
-    (Note [Megatron on a traced step]) and what else estimates it."""
-    why = megatron_refusals(training) or ["framework=megatron"]
+    """One refusal for a Megatron run the traced paths do not model, as ``framework=megatron
+    (<field=value>: why; what works)`` (Note [Megatron on a traced step])."""
+    why = megatron_refusals(training)
     return (
-        ", ".join(why)
-        + " with framework=megatron (traced: megatron-core's memory on the transformers "
-        "layers, on one GPU or over --data-parallel-size N with --zero-stage 0 or 1, the "
-        "distributed optimizer, with a torch-traceable optimizer; not Megatron's own tensor-, "
-        "sequence-, context- or pipeline-parallel layers and schedules, its ZeRO-2/3 (custom "
-        "FSDP), CPU offload, LoRA or a quantized base; or --engine analytic)"
+        "framework=megatron ("
+        + (f"{', '.join(why)}: " if why else "")
+        + "megatron-core's own tensor-, sequence-, context- and pipeline-parallel layers "
+        "and schedules, its ZeRO-2/3 (custom FSDP), CPU offload, LoRA and quantized bases are "
+        "not traced; traced: --framework megatron on one GPU or over --data-parallel-size N "
+        "with --zero-stage 0 or 1 (the distributed optimizer) and a torch-traceable "
+        "optimizer, megatron-core's memory applied to the transformers layers; or --engine "
+        "analytic)"
     )
 
 
