@@ -58,6 +58,9 @@ at the recomputed down projection (Note [The recompute's tensors held at the dow
 Unsloth (session 18; sets "unsloth lora", "unsloth qlora nf4"): refused -> +0.003 / +0.005 % on
 the agreement model, run on the remote-code model, not applicable on the diffusers model (Note
 [Unsloth on a traced step]: the traced state and optimizer step, the formulas' micro-batches).
+Megatron (session 18, helper megatron; refused on the generic path before): "megatron" +0.198 %,
+"megatron distributed optimizer 4" +0.371 % vs analytic (Note [Megatron on a traced step]);
+not applicable on the diffusers model (Megatron's GPTModel is a decoder-only language model).
 """
 
 from __future__ import annotations
