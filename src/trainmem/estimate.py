@@ -212,7 +212,10 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
     optimizer-in-backward, activation offloading and the ``previous`` loop (not beside
     pipelining) are the traced step of the run without
     them, rewritten by the analytic engine's rules (:mod:`trainmem.traced_options`; checked
-    here on the settings :func:`~trainmem.traced_options.traced_settings` leaves). Other
+    here on the settings :func:`~trainmem.traced_options.traced_settings` leaves); Megatron on
+    one GPU or over data-parallel ranks at ZeRO 0 / 1 likewise (its loss traced, its buffer
+    and optimizer as rules: :mod:`trainmem.traced_megatron`; anything else of it is one
+    refusal, :func:`~trainmem.traced_megatron.untraced_megatron`). Other
     data-parallel layouts and the other frameworks are refused. The HF Trainer on one GPU (on
     more under DDP) runs as its plain loop with its default optimizer
     (:func:`_traced_hf_trainer`); Unsloth as its traced state and optimizer step with the
