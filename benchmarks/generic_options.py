@@ -225,6 +225,7 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     "activation offloading": {"activation_offloading": True, "activation_checkpointing": "full"},
     "chunked cross-entropy 8": {"chunked_cross_entropy": 8},
     "keep logits": {"keep_logits": True},
+    "keep logits + chunked cross-entropy 8": {"keep_logits": True, "chunked_cross_entropy": 8},
     "zero_grad keeps gradients": {"zero_grad_set_to_none": False},
     "ema": {"ema": True},
     "loss logits-sum": {"loss": "logits-sum"},

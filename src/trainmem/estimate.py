@@ -302,8 +302,6 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
         out.append(f"torch_version={training.torch_version} (its optimizer step)")
     if _older_softmax_backward(training):  # and the installed autograd's saved tensors
         out.append(f"torch_version={training.torch_version} (its softmax saves its input)")
-    if training.training_loop == "step" and training.chunked_cross_entropy:  # no logits tensor
-        out.append("keep_logits=True with chunked_cross_entropy")
     if training.training_loop == "previous" and training.pipeline_parallel_size > 1:
         out.append("loop=previous with pipeline parallelism")
     # the generic path computes --loss on the logits (trainmem.trace.generic); the trace

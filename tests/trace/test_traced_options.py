@@ -362,6 +362,34 @@ def test_a_loss_on_the_logits_is_refused_for_a_diffusers_model() -> None:
         _generic(PIXART, loss="logits-sum")
 
 
+# -- the kept output of a chunked loss ---------------------------------------------------------
+
+
+def test_kept_logits_of_a_chunked_loss_by_hand_and_against_the_analytic_engine() -> None:
+    # keep_logits with torchtune's chunked cross-entropy: the loop holds the model's output, the
+    # list of every chunk's logits and the KV cache transformers returns with it, through the
+    # backward and the optimizer step (where this run peaks). By hand, the agreement model (2
+    # Llama layers, 4 kv heads x 128, V 4096) at 2 x 256 tokens under bf16 autocast: the
+    # logits 2 x 256 x 4096 x 2 B = 4 MiB; the cache's rotated keys in fp32 (the rotary tables
+    # are fp32) 2 layers x 512 tokens x 512 x 4 B = 2 MiB and its values in bf16, 1 MiB, which
+    # outlive SDPA's saved copy once the backward has freed it (transformers 5 cache_utils.py
+    # DynamicLayer.update: torch.cat into the cache)
+    agreement = str(MODELS_DIR / "agreement" / "llama_h2048.json")
+    training = TrainingConfig(micro_batch_size=2, seq_len=256, chunked_cross_entropy=8)
+    kept_training = replace(training, keep_logits=True)
+    runs = {
+        (engine, kept): estimate(
+            agreement, kept_training if kept else training, engine=engine,
+            simulate_allocator=False,
+        ).breakdown.allocated_bytes
+        for engine, kept in (("generic", False), ("generic", True), ("analytic", True))
+    }  # fmt: skip
+    mib = 2**20
+    assert runs["generic", True] - runs["generic", False] == 4 * mib + 2 * mib + 1 * mib
+    generic, analytic = runs["generic", True], runs["analytic", True]
+    assert abs(generic / analytic - 1) < 0.01, (generic, analytic)
+
+
 # -- padded batches ----------------------------------------------------------------------------
 
 

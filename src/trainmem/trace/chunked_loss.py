@@ -47,7 +47,7 @@ def _identity_head(head: Any) -> Iterator[None]:
 
 
 def chunked_cross_entropy_forward(
-    chunks: int, *, upcast: bool = True, compiled: bool = False
+    chunks: int, *, upcast: bool = True, compiled: bool = False, keep_output: bool = False
 ) -> Any:
     """A ``forward_loss(model, batch)`` computing the causal-LM loss in ``chunks`` pieces.
 
@@ -56,9 +56,13 @@ def chunked_cross_entropy_forward(
         upcast: cast each chunk's logits to fp32 before the loss (torchtune); False keeps the
             compute dtype (lit-gpt).
         compiled: compile each chunk's upcast + cross-entropy (torchtune's ``compile_loss``).
+        keep_output: the loop binds the model's output past the loss
+            (``TrainingConfig.training_loop`` ``step`` or ``previous``).
 
     Returns:
-        ``forward_loss(model, batch) -> scalar``, for :func:`trainmem.trace.step.run_step`.
+        ``forward_loss(model, batch) -> scalar`` (the chunks' logits dropped after the loss),
+        or with ``keep_output`` ``-> (scalar, (the chunks' logits, the returned cache))``, for
+        :func:`trainmem.trace.step.run_step`, which holds that output as the loop does.
     """
     nn_f = torch.nn.functional
 
@@ -92,7 +96,11 @@ def chunked_cross_entropy_forward(
             )
         inputs = {k: v for k, v in batch.items() if k != "labels"}
         with _identity_head(head):
-            hidden = model(**inputs).logits  # [b, s, h]
+            output = model(**inputs)
+        hidden = output.logits  # [b, s, h]
+        # the KV cache a transformers model returns, alive as long as its output is
+        cache = getattr(output, "past_key_values", None) if keep_output else None
+        del output
         shifted = nn_f.pad(batch["labels"], (0, 1), value=IGNORE_INDEX)[:, 1:]  # [b, s]
         # the model's output: every chunk's logits, [b, s/N, V] each, before the loss runs
         # (torchtune ``TransformerDecoder.chunked_output``)
@@ -101,6 +109,12 @@ def chunked_cross_entropy_forward(
         for lg, lc in zip(logits, shifted.chunk(chunks, dim=1), strict=True):
             part = loss_of_chunk(lg.reshape(-1, lg.size(-1)), lc.reshape(-1))
             total = part if total is None else total + part
+        if keep_output:
+            # the model's output to the loop that holds it (``keep_logits``, loop
+            # ``previous``): every chunk's logits and the KV cache a transformers model
+            # returns with them (Note [The current micro-batch's bound output] in
+            # trainmem/analytic/transforms/loop.py)
+            return total / (shifted != IGNORE_INDEX).sum(), (logits, cache)
         del logits  # the recipe's ``del logits`` after the loss (``_loss_step``)
         return total / (shifted != IGNORE_INDEX).sum()
 

@@ -262,7 +262,8 @@ def run_trace(
             add the cuBLAS workspace; False keeps the CPU behaviour (a real CPU run cannot call
             CUDA kernels).
         workspace_bytes: cuBLAS workspace added when ``emulate_cuda``.
-        forward_loss: ``forward_loss(model, batch) -> loss`` replacing the forward + loss
+        forward_loss: ``forward_loss(model, batch) -> loss`` (or ``(loss, output)``) replacing
+            the forward + loss
             (default: :func:`default_forward_loss` of ``training``).
         resident: ``(name, elements, dtype)`` of frozen models held on the GPU beside the
             traced one (a diffusers pipeline's VAE and text encoders,
@@ -438,7 +439,8 @@ def default_forward_loss(training: TrainingConfig) -> Callable[[Any, Any], Any] 
     Args:
         training: ``chunked_cross_entropy``, the framework's ``loss_upcast`` and ``compile``
             (the chunks' loss compiled, as torchtune's recipes compile it);
-            ``torchtitan_compiles_loss`` (torchtitan >= 0.1 compiles its whole loss).
+            ``torchtitan_compiles_loss`` (torchtitan >= 0.1 compiles its whole loss);
+            ``training_loop`` (a loop that binds the output holds the chunks' logits).
 
     Returns:
         The chunked cross-entropy (``trainmem.trace.chunked_loss``), Megatron's
@@ -454,12 +456,16 @@ def default_forward_loss(training: TrainingConfig) -> Callable[[Any, Any], Any] 
         return None
     from trainmem.trace.chunked_loss import chunked_cross_entropy_forward
 
+    keep = training.training_loop != "drop"  # the loop binds the output
     if titan:
         # Note [torchtitan's compiled cross-entropy] (trainmem/analytic/loss.py): the whole
         # logits one chunk, their upcast and the loss compiled together
-        return chunked_cross_entropy_forward(1, upcast=True, compiled=True)
+        return chunked_cross_entropy_forward(1, upcast=True, compiled=True, keep_output=keep)
     return chunked_cross_entropy_forward(
-        training.chunked_cross_entropy, upcast=training.loss_upcast, compiled=training.compile
+        training.chunked_cross_entropy,
+        upcast=training.loss_upcast,
+        compiled=training.compile,
+        keep_output=keep,
     )
 
 

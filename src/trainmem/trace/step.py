@@ -25,8 +25,10 @@ __all__ = ["compute_loss", "run_step"]
 
 PhaseCallback = Callable[[str], None]
 ForwardLoss = Callable[[Any, Any], Any]
-"""``forward_loss(model, batch) -> scalar loss``: replaces ``model(**batch)`` + loss reading (the
-chunked cross-entropy of ``trainmem.trace.chunked_loss``)."""
+"""``forward_loss(model, batch) -> scalar loss`` or ``(scalar loss, model output)``: replaces
+``model(**batch)`` + loss reading (the chunked cross-entropy of ``trainmem.trace.chunked_loss``,
+whose output is the list of its chunks' logits). A loop that keeps the output holds the
+returned one as it holds ``model(**batch)``'s."""
 
 
 def compute_loss(model: Any, batch: Any, loss_fn: Callable[[Any, Any], Any] | None) -> Any:
@@ -119,12 +121,12 @@ def run_step(
         signal("forward")
         with autocast() if autocast is not None else contextlib.nullcontext():
             if forward_loss is not None:
-                loss = forward_loss(model, batch)
+                loss, out = _loss_and_output(forward_loss(model, batch))
             else:
                 loss, out = forward_and_loss(model, batch, loss_fn)
-                if keep_output or hold_output:
-                    kept.append(out)
-                del out
+            if out is not None and (keep_output or hold_output):
+                kept.append(out)
+            del out
             if accumulation_divisor > 1:
                 loss = loss / accumulation_divisor
         signal("forward_end")
@@ -142,3 +144,12 @@ def run_step(
         signal("zero_grad")
         optimizer.zero_grad(set_to_none=set_to_none)
     signal("end")
+
+
+def _loss_and_output(result: Any) -> tuple[Any, Any]:
+    """A :data:`ForwardLoss` result as ``(loss, output)`` (output None when it returns the loss
+    alone)."""
+    if isinstance(result, tuple):
+        loss, out = result
+        return loss, out
+    return result, None
