@@ -107,6 +107,12 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     "qlora nf4": {"lora_rank": 16, "quantize_base": "nf4"},
     "int8 base + lora": {"lora_rank": 16, "quantize_base": "int8"},
     "gptq-int4 base + lora": {"lora_rank": 16, "quantize_base": "gptq-int4"},
+    # torchao converts the adapters, not GPTQ's QuantLinear (Note [Tracing float8])
+    "gptq-int4 base + lora fp8-mixed": {
+        "lora_rank": 16,
+        "quantize_base": "gptq-int4",
+        "precision": "fp8-mixed",
+    },
     "qlora nf4-dq bitsandbytes 0.42": {
         "lora_rank": 16,
         "quantize_base": "nf4-dq",

@@ -15,7 +15,11 @@ __all__ = ["quantized_base_refusals"]
 
 def quantized_base_refusals(training: TrainingConfig) -> list[str]:
     """The settings of a quantized-base run the traced paths do not model, as ``field=value``
-    with what would (empty without a quantized base, or when they model it).
+    with what would (empty without a quantized base, or when they model it). A GPTQ base under
+    ``fp8-mixed`` is traced (its stand-ins left out of torchao's conversion, as a GPTQ
+    ``QuantLinear`` is: Note [Tracing float8]); a bitsandbytes one is refused by
+    :class:`~trainmem.specs.training.TrainingConfig` for both engines (Note [float8 training
+    over a bitsandbytes base]).
 
     * a 16-bit model without autocast under a framework that prepares the base with peft's
       ``prepare_model_for_kbit_training`` (``TrainingConfig.kbit_fp32_upcast``): the embeddings,
@@ -23,7 +27,6 @@ def quantized_base_refusals(training: TrainingConfig) -> list[str]:
       (``Linear4bit.forward``: ``.to(inp_dtype)``), which the stand-in does not do; under
       autocast (``bf16-mixed`` / ``16-mixed``, the weights already fp32) or ``32-true`` the
       upcast changes nothing;
-    * ``fp8-mixed``: torchao's float8 linears replace the same modules;
     * DoRA (QDoRA): peft's ``dequantize_module_weight`` reads bitsandbytes' own weight class,
       which the stand-in's packed weight is not.
     """
@@ -35,11 +38,6 @@ def quantized_base_refusals(training: TrainingConfig) -> list[str]:
         out.append(
             f"quantize_base={kind} with precision={training.precision} (peft's fp32 upcast of "
             "the rest of a 16-bit model; traced: --precision bf16-mixed, 16-mixed or 32-true)"
-        )
-    if training.is_fp8:
-        out.append(
-            f"quantize_base={kind} with precision=fp8-mixed (torchao's float8 linears replace "
-            "the same modules; traced: --precision bf16-mixed, 16-mixed or 32-true)"
         )
     if training.lora_variant == "dora":
         out.append(

@@ -165,11 +165,49 @@ def test_flux_with_an_nf4_base_on_the_traced_paths() -> None:
     assert nf4.num_trainable_parameters == adapters
 
 
-@pytest.mark.parametrize("precision", ["bf16-true", "fp8-mixed"])
-def test_what_the_stand_in_does_not_run_is_refused_with_what_works(precision: str) -> None:
-    training = TrainingConfig(lora_rank=8, quantize_base="nf4", precision=precision)
-    with pytest.raises(UnsupportedError, match=f"nf4 with precision={precision} .*bf16-mixed"):
+def test_what_the_stand_in_does_not_run_is_refused_with_what_works() -> None:
+    training = TrainingConfig(lora_rank=8, quantize_base="nf4", precision="bf16-true")
+    with pytest.raises(UnsupportedError, match="nf4 with precision=bf16-true .*bf16-mixed"):
         estimate(QWEN2, training, engine="generic", simulate_allocator=False)
+
+
+@pytest.mark.parametrize("quantize", ["nf4", "fp4-dq", "int8"])
+def test_float8_over_a_bitsandbytes_base_is_no_run_of_either_engine(quantize: str) -> None:
+    # torchao swaps every nn.Linear subclass and bitsandbytes' Linear4bit / Linear8bitLt are
+    # ones (Note [float8 training over a bitsandbytes base]): refused for both engines, with
+    # what runs instead
+    from trainmem.errors import SpecError
+
+    with pytest.raises(SpecError, match=f"{quantize} with --precision fp8-mixed.*allowed: gptq"):
+        TrainingConfig(lora_rank=8, quantize_base=quantize, precision="fp8-mixed")
+
+
+def test_float8_over_a_gptq_base_converts_the_adapters_only() -> None:
+    # GPTQ's QuantLinear is an nn.Module, which torchao's swap_linear_layers skips
+    # (isinstance(module, nn.Linear)); peft's adapters beside it (16 x 64 and 64 x 16 on the
+    # 2-layer Qwen2's q and v, every dimension a multiple of 16) become Float8Linear, the
+    # output layer stays in high precision (torchtitan's filter)
+    from torchao.float8.float8_linear import Float8Linear
+
+    from trainmem.specs.hf import load_hf_config
+    from trainmem.trace.float8 import apply_float8
+    from trainmem.trace.hf_model import build_hf_training_model
+
+    training = TrainingConfig(
+        micro_batch_size=2, seq_len=64, lora_rank=16, quantize_base="gptq-int4",
+        precision="fp8-mixed",
+    )  # fmt: skip
+    model = build_hf_training_model(load_hf_config(QWEN2), training, device="meta")
+    apply_float8(model, training, fsdp=False)
+    converted = sorted(n.split(".")[-2] for n, m in model.named_modules()
+                       if isinstance(m, Float8Linear))  # fmt: skip
+    assert converted == ["lora_A"] * 4 + ["lora_B"] * 4
+    stand_ins = [m for m in model.modules() if hasattr(m, "dequantized_shape")]
+    assert len(stand_ins) == 2 * 7 and not any(isinstance(m, Float8Linear) for m in stand_ins)
+    generic = estimate(QWEN2, training, engine="generic", simulate_allocator=False)
+    analytic = estimate(QWEN2, training, engine="analytic", simulate_allocator=False)
+    g, a = generic.breakdown.allocated_bytes, analytic.breakdown.allocated_bytes
+    assert abs(g - a) <= 0.01 * a, (g, a)
 
 
 def test_a_base_peft_does_not_upcast_stays_16_bit() -> None:

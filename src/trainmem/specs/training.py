@@ -1877,6 +1877,7 @@ def _check_combinations(t: TrainingConfig) -> None:
     _check_ema_combinations(t)
     _check_fsdp1_model_parallel(t)
     _check_fsdp1_quantized(t)
+    _check_float8_quantized(t)
     _check_fsdp1_adapters(t)
     _check_unsloth_single_gpu(t)
     if t.seq_len % t.context_parallel_size:
@@ -2160,6 +2161,39 @@ def _check_fsdp1_quantized(t: TrainingConfig) -> None:
             "'Cannot flatten integer dtype tensors'); allowed: a 4-bit base (nf4, nf4-dq, fp4, "
             "fp4-dq, stored in the model's dtype), gptq-int4, or int8 under --framework fsdp2 "
             "--zero-stage 3, DeepSpeed or DDP",
+        )
+
+
+def _check_float8_quantized(t: TrainingConfig) -> None:
+    """A bitsandbytes base (4-bit or int8) with ``fp8-mixed``, which no release runs.
+
+    Note [float8 training over a bitsandbytes base]
+        torchao's ``convert_to_float8_training`` swaps every module that ``isinstance(module,
+        nn.Linear)`` passes and its filter keeps (torchao 0.18 float8/float8_linear_utils.py
+        ``swap_linear_layers``), and bitsandbytes' quantized linears subclass ``nn.Linear``
+        (bitsandbytes nn/modules.py ``class Linear4bit(nn.Linear)``, ``class
+        Linear8bitLt(nn.Linear)``), so ``Float8Linear.from_float`` takes their packed weight
+        as a high-precision one (float8_linear.py: ``new_mod.weight = mod.weight``): a 4-bit
+        ``Params4bit`` of shape ``(ceil(n / 2), 1)`` that ``torch._scaled_mm`` cannot multiply,
+        or int8 codes without their row scales (``SCB``). accelerate's float8 filter drops
+        only the first and last linears and those not divisible by 16 (accelerate 1.14
+        utils/ao.py ``filter_linear_layers``), so a QLoRA model under ``mixed_precision="fp8"``
+        converts them too; torchtune's QLoRA recipes have no float8 and torchtitan no quantized
+        base. A GPTQ base runs: its ``QuantLinear`` is an ``nn.Module`` (auto-gptq
+        nn_modules/qlinear/qlinear_tritonv2.py), which torchao leaves, converting the LoRA
+        adapters.
+
+    Raises:
+        SpecError: ``quantize_base``, naming what runs instead.
+    """
+    if t.is_fp8 and t.quantize_base not in ("none", "gptq-int4"):
+        raise SpecError(
+            "quantize_base",
+            f"{t.quantize_base} with --precision fp8-mixed: torchao's float8 conversion swaps "
+            "every nn.Linear subclass, bitsandbytes' quantized linears included, and "
+            "Float8Linear cannot multiply their packed weights (Note [float8 training over a "
+            "bitsandbytes base]); allowed: gptq-int4 or none with fp8-mixed, or this base "
+            "with bf16-mixed, 16-mixed or 32-true",
         )
 
 

@@ -6,7 +6,12 @@ Note [Tracing float8]
     storage, with torchtitan's filter (``torchtitan/components/quantization/float8.py``): the
     output layer (``lm_head``) stays in high precision, and so does every linear whose
     ``in_features`` or ``out_features`` is not a multiple of 16 (``torch._scaled_mm``'s
-    alignment). Under FSDP2 the weights are all-gathered in float8
+    alignment). A quantized base's stand-ins (``trainmem.trace.quantized``, only a GPTQ base
+    reaches here: Note [float8 training over a bitsandbytes base] in trainmem/specs/training.py)
+    are left as they are: GPTQ's ``QuantLinear`` is an ``nn.Module``, not an ``nn.Linear``
+    (auto-gptq nn_modules/qlinear/qlinear_tritonv2.py), which torchao's ``swap_linear_layers``
+    skips (``isinstance(module, nn.Linear)``), while peft's LoRA adapters beside it convert.
+    Under FSDP2 the weights are all-gathered in float8
     (``enable_fsdp_float8_all_gather=True``) with ``MixedPrecisionPolicy(param_dtype=bf16)``
     (trainmem.trace.fsdp); without FSDP the step runs under bf16 autocast. The float8 casts,
     amax / scale tensors and ``torch._scaled_mm`` have fake-tensor kernels, so the step traces
@@ -27,7 +32,8 @@ __all__ = ["apply_float8"]
 
 
 def _keep(module: Any, fqn: str) -> bool:
-    if fqn.split(".")[-1] == "lm_head":
+    quantized = hasattr(module, "dequantized_shape")  # a stand-in (trainmem.trace.quantized)
+    if fqn.split(".")[-1] == "lm_head" or quantized:
         return False
     return module.in_features % 16 == 0 and module.out_features % 16 == 0
 
