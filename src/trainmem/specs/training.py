@@ -1878,6 +1878,7 @@ def _check_combinations(t: TrainingConfig) -> None:
     _check_fsdp1_model_parallel(t)
     _check_fsdp1_quantized(t)
     _check_float8_quantized(t)
+    _check_dora_gptq(t)
     _check_fsdp1_adapters(t)
     _check_unsloth_single_gpu(t)
     if t.seq_len % t.context_parallel_size:
@@ -2194,6 +2195,25 @@ def _check_float8_quantized(t: TrainingConfig) -> None:
             "Float8Linear cannot multiply their packed weights (Note [float8 training over a "
             "bitsandbytes base]); allowed: gptq-int4 or none with fp8-mixed, or this base "
             "with bf16-mixed, 16-mixed or 32-true",
+        )
+
+
+def _check_dora_gptq(t: TrainingConfig) -> None:
+    """DoRA over a GPTQ base, which peft refuses: its GPTQ LoRA layer raises "does not
+    support DoRA yet" when built with ``use_dora`` (peft 0.21 tuners/lora/gptq.py
+    ``GPTQLoraLinear.__init__``), and DoRA's weight norm dequantizes through
+    ``dequantize_module_weight`` (utils/integrations.py), which knows bitsandbytes' and HQQ's
+    weights, not GPTQ's packed ``qweight``.
+
+    Raises:
+        SpecError: ``lora_variant``, naming what runs instead.
+    """
+    if t.lora_variant == "dora" and t.quantize_base == "gptq-int4":
+        raise SpecError(
+            "lora_variant",
+            "dora with --quantize-base gptq-int4: peft's GPTQ LoRA layer refuses DoRA "
+            "(tuners/lora/gptq.py: 'does not support DoRA yet'); allowed: lora, adalora or "
+            "lokr over gptq-int4, or dora over an unquantized or bitsandbytes base",
         )
 
 
