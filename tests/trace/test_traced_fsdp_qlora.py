@@ -284,3 +284,27 @@ def test_fsdp_qlora_cpu_offload_keeps_only_the_statistics_on_the_gpu() -> None:
         if k.endswith("quant_statistics")
     }
     assert sum(statistics.values()) == 2 * 2_304
+
+
+@pytest.mark.parametrize(
+    ("changes", "reentrant"),
+    [
+        ({}, True),  # train.py's CheckpointImpl.REENTRANT (its README's --reentrant_checkpointing)
+        ({"checkpoint_reentrant": False}, False),  # --reentrant_checkpointing false
+        ({"framework": "pytorch-amp"}, False),  # transformers 5's use_reentrant=False
+        ({"framework": "pytorch-amp", "checkpoint_reentrant": True}, True),
+    ],
+)
+def test_the_trace_checkpoints_as_the_run_does(changes: dict[str, Any], reentrant: bool) -> None:
+    # both engines read TrainingConfig.layer_checkpoint_reentrant: the formulas for their
+    # reentrant transforms, the trace for torch.utils.checkpoint's use_reentrant
+    import torch
+
+    from trainmem.trace.engine import apply_activation_checkpointing
+
+    training = _fsdp_qlora(activation_checkpointing="full", **changes)
+    assert training.layer_checkpoint_reentrant is reentrant
+    model = torch.nn.Sequential(torch.nn.ModuleList([torch.nn.Linear(4, 4)]))
+    apply_activation_checkpointing(model, "full", reentrant=training.layer_checkpoint_reentrant)
+    layer = model[0][0]
+    assert layer.forward.keywords["use_reentrant"] is reentrant

@@ -135,20 +135,11 @@ def input_grad_hook_bytes(model: ModelSpec, training: TrainingConfig) -> int:
 
 
 def layer_checkpoint_reentrant(training: TrainingConfig) -> bool:
-    """The layers' checkpoint is torch's reentrant ``CheckpointFunction`` (Unsloth's patched
-    checkpoint aside): Answer.AI fsdp_qlora's ``CheckpointImpl.REENTRANT`` unless
-    ``checkpoint_reentrant`` is False (train.py ``--reentrant_checkpointing``), else
-    transformers' gradient checkpointing where it is reentrant
-    (``TrainingConfig.hf_checkpoint_reentrant``). Whether the layers are checkpointed at all
-    is :func:`layer_is_checkpointed`'s.
-
-    Source: fsdp_qlora train.py (50efa1e) ``apply_activation_checkpointing``; transformers
-    modeling_utils.py ``gradient_checkpointing_enable`` (Note [Reentrant checkpoint's
-    recomputed output] in trainmem/analytic/transforms/reentrant.py).
-    """
-    if training.framework == "fsdp-qlora":
-        return training.checkpoint_reentrant is not False
-    return training.conventions.hf_model_code and training.hf_checkpoint_reentrant
+    """The layers' checkpoint is torch's reentrant ``CheckpointFunction``
+    (:attr:`~trainmem.specs.training.TrainingConfig.layer_checkpoint_reentrant`, which the
+    trace reads too). Whether the layers are checkpointed at all is
+    :func:`layer_is_checkpointed`'s."""
+    return training.layer_checkpoint_reentrant
 
 
 def fsdp1_kept_input_bytes(model: ModelSpec, training: TrainingConfig) -> int:

@@ -1578,6 +1578,23 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
         )
 
     @property
+    def layer_checkpoint_reentrant(self) -> bool:
+        """The layers' checkpoint is torch's reentrant ``CheckpointFunction`` (Unsloth's
+        patched checkpoint aside): Answer.AI fsdp_qlora's ``CheckpointImpl.REENTRANT`` unless
+        ``checkpoint_reentrant`` is False (train.py ``--reentrant_checkpointing``: False by
+        default, but its README's commands pass ``--reentrant_checkpointing true`` and ask for
+        it with bitsandbytes, "to avoid triggering a bug in bitsandbytes which results in high
+        memory usage"), else transformers' gradient checkpointing where it is reentrant
+        (:attr:`hf_checkpoint_reentrant`). Both engines read it: the formulas' reentrant
+        transforms, the trace's ``use_reentrant``.
+
+        Source: fsdp_qlora train.py (50efa1e, 05ed9f2) ``apply_activation_checkpointing``
+        and README.md; transformers modeling_utils.py ``gradient_checkpointing_enable``."""
+        if self.framework == "fsdp-qlora":
+            return self.checkpoint_reentrant is not False
+        return self.conventions.hf_model_code and self.hf_checkpoint_reentrant
+
+    @property
     def hf_checkpoint_reentrant(self) -> bool:
         """transformers' gradient checkpointing is torch's reentrant ``checkpoint``:
         ``checkpoint_reentrant`` when given, else transformers' default for

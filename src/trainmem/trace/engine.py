@@ -161,7 +161,7 @@ def _autocast_factory(training: TrainingConfig) -> Callable[[], Any] | None:
     return lambda: torch.autocast("cpu", dtype=dtype)
 
 
-def apply_activation_checkpointing(model: Any, mode: str) -> None:
+def apply_activation_checkpointing(model: Any, mode: str, *, reentrant: bool = False) -> None:
     """Checkpoint each transformer layer (``full``) or only its non-matmul ops (``selective``).
 
     HF models: ``model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=
@@ -177,12 +177,15 @@ def apply_activation_checkpointing(model: Any, mode: str) -> None:
     Args:
         model: the ``nn.Module``.
         mode: ``none``, ``full`` or ``selective``.
+        reentrant: ``full`` runs torch's reentrant checkpoint (``use_reentrant=True``:
+            ``TrainingConfig.layer_checkpoint_reentrant``, fsdp_qlora's
+            ``CheckpointImpl.REENTRANT`` or transformers' reentrant gradient checkpointing).
     """
     if mode == "none":
         return
     from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
-    kwargs: dict[str, Any] = {"use_reentrant": False}
+    kwargs: dict[str, Any] = {"use_reentrant": reentrant and mode == "full"}
     if mode == "selective":
         from trainmem.trace.sac import ignore_profiler_ops, selective_policy
 
@@ -339,7 +342,9 @@ def _run_trace(
     if not fake and weight_dtype != torch.float32 and not training.is_lora:
         model = model.to(weight_dtype)  # (peft keeps its adapters fp32 on purpose)
     model.train()
-    apply_activation_checkpointing(model, training.activation_checkpointing)
+    apply_activation_checkpointing(
+        model, training.activation_checkpointing, reentrant=training.layer_checkpoint_reentrant
+    )
     if training.compile:
         from trainmem.trace.compile import compile_layers
 

@@ -560,7 +560,9 @@ def trace_pipeline_rank(
         full = build_model()
     loss_function = full.loss_function
     full.train()
-    apply_activation_checkpointing(full, training.activation_checkpointing)
+    apply_activation_checkpointing(
+        full, training.activation_checkpointing, reentrant=training.layer_checkpoint_reentrant
+    )
     stages = split_stages(full, training, rank)
     runs = cut(stages) if cut is not None else []
     if fake_mode is not None:
