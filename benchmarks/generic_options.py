@@ -225,6 +225,13 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     "unsloth lora": {"framework": "unsloth", "lora_rank": 16},
     "unsloth qlora nf4": {"framework": "unsloth", "lora_rank": 16, "quantize_base": "nf4"},
     "tensor parallel 2 + sp": {"tensor_parallel_size": 2, "sequence_parallel": True},
+    # HSDP beside CP: a shard group of 2 = the 2 context ranks, 4 replicas (torchtitan's mesh)
+    "hsdp 4 / 2 + context parallel 2": {
+        **_DP,
+        "zero_stage": 3,
+        "shard_group_size": 2,
+        "context_parallel_size": 2,
+    },
     "pipeline 2": {"pipeline_parallel_size": 2, "gradient_accumulation_steps": 4},
     "compile": {"compile": True},
     "optimizer in backward": {"optimizer_in_backward": True},

@@ -193,7 +193,8 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
     Traced: LoRA through peft (``lora_*``), ``chunked_cross_entropy``,
     ``zero_grad_set_to_none``, and FSDP2 (``zero_stage=3`` with ``data_parallel_size > 1``,
     framework ``pytorch-amp`` or ``fsdp2``; ``trainmem.trace.fsdp``; ``reshard_after_forward``
-    and HSDP's ``shard_group_size`` dividing ``data_parallel_size``, without CP), DTensor
+    and HSDP's ``shard_group_size`` dividing ``data_parallel_size``, beside CP a multiple of
+    ``context_parallel_size`` dividing the data x context ranks), DTensor
     tensor / sequence parallelism (``trainmem.trace.tensor_parallel``), ``compile``
     (``trainmem.trace.compile``),
     ``fp8-mixed`` (torchao, ``trainmem.trace.float8``), context parallelism (ring attention,
@@ -264,12 +265,18 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
             )
             if getattr(training, name) != getattr(defaults, name)
         ]  # fmt: skip
-    elif group is not None and group < training.data_parallel_size:
-        # HSDP is traced on a (dp_replicate, dp_shard) mesh (trainmem.trace.parallel)
-        if training.data_parallel_size % group:
+    elif group is not None and group < training.data_parallel_size * _fsdp_cp(training):
+        # HSDP is traced on a (dp_replicate, dp_shard, cp) mesh (trainmem.trace.parallel), its
+        # shard group spanning dp_shard x cp ranks (torchtitan's "dp_shard_cp")
+        cp = _fsdp_cp(training)
+        if training.data_parallel_size % group and cp == 1:
             out.append(f"shard_group_size={group} not dividing data_parallel_size")
-        if training.context_parallel_size > 1:
-            out.append(f"shard_group_size={group} with context parallelism")
+        elif cp > 1 and (training.data_parallel_size * cp % group or group % cp):
+            out.append(
+                f"shard_group_size={group} with context_parallel_size={cp} (a shard group "
+                "spans whole context-parallel groups, dp_shard x cp ranks: a multiple of "
+                "context_parallel_size dividing data_parallel_size x context_parallel_size)"
+            )
     if (
         not deepspeed
         and not megatron
@@ -307,6 +314,14 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
     # the generic path computes --loss on the logits (trainmem.trace.generic); the trace
     # engine only for the course model (trainmem.trace.engine)
     return out
+
+
+def _fsdp_cp(training: TrainingConfig) -> int:
+    """The context-parallel ranks FSDP2 shards over beside the data ranks
+    (``FrameworkConventions.fsdp_shards_over_context_parallel``), else 1."""
+    if training.conventions.fsdp_shards_over_context_parallel:
+        return training.context_parallel_size
+    return 1
 
 
 def _fsdp1_refusals(training: TrainingConfig) -> list[str]:

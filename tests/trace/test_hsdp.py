@@ -55,3 +55,25 @@ def test_reshard_after_forward_false_keeps_the_layers_gathered() -> None:
 def test_hsdp_shapes_the_trace_cannot_build_are_refused() -> None:
     with pytest.raises(UnsupportedError, match="shard_group_size=3 not dividing"):
         _peak(data_parallel_size=4, shard_group_size=3)
+
+
+def test_hsdp_beside_context_parallelism_shards_over_its_group_of_dp_x_cp_ranks() -> None:
+    # torchtitan's mesh (parallel_dims.py): dp_replicate x dp_shard x cp, FSDP2 over the
+    # flattened dp_shard x cp ("dp_shard_cp") and HSDP's 2-D (dp_replicate, dp_shard_cp): a
+    # shard group of 4 over 4 data x 2 context ranks is 2 replicas of (dp_shard 2 x cp 2);
+    # of 2 it is 4 replicas of the 2 context ranks alone. Its rank holds the shards of a
+    # 4- (2-) way FSDP rank with CP 2 (data_parallel_size 2 (1) x cp 2), as the formulas'
+    # sharding_degree has it
+    four, mesh = _peak(data_parallel_size=4, context_parallel_size=2, shard_group_size=4)
+    assert mesh == {"dp_replicate": 2, "dp_shard": 2, "cp": 2}
+    assert four == _peak(data_parallel_size=2, context_parallel_size=2)[0]
+    two, mesh = _peak(data_parallel_size=4, context_parallel_size=2, shard_group_size=2)
+    assert mesh == {"dp_replicate": 4, "cp": 2}
+    assert two > four
+    for group, traced in ((4, four), (2, two)):
+        analytic = _peak(
+            "analytic", data_parallel_size=4, context_parallel_size=2, shard_group_size=group
+        )[0]
+        assert analytic == pytest.approx(traced, rel=0.01)
+    with pytest.raises(UnsupportedError, match="shard_group_size=3 with context_parallel_size"):
+        _peak(data_parallel_size=4, context_parallel_size=2, shard_group_size=3)

@@ -67,9 +67,13 @@ def mesh_dims(training: TrainingConfig) -> dict[str, int]:
         dims["pp"] = training.pipeline_parallel_size
     if uses_fsdp(training):
         dp, group = training.data_parallel_size, training.shard_group_size
-        if group is not None and group < dp:  # HSDP: replicas of a shard group
-            dims["dp_replicate"] = dp // group
-            dims["dp_shard"] = group
+        # the ranks FSDP2 shards over: dp_shard x cp (torchtitan's "dp_shard_cp"), of which a
+        # shard group spans shard_group_size (TrainingConfig.sharding_degree)
+        cp = training.context_parallel_size if shards_over_cp(training) else 1
+        if group is not None and group < dp * cp:  # HSDP: replicas of a shard group
+            dims["dp_replicate"] = dp * cp // group
+            if group // cp > 1:
+                dims["dp_shard"] = group // cp
         else:
             dims["dp_shard"] = dp
     elif fsdp1_no_shard(training):  # FSDP1 NO_SHARD: a process group even of one rank
@@ -79,6 +83,15 @@ def mesh_dims(training: TrainingConfig) -> dict[str, int]:
     if training.tensor_parallel_size > 1:
         dims["tp"] = training.tensor_parallel_size
     return dims
+
+
+def shards_over_cp(training: TrainingConfig) -> bool:
+    """FSDP2 shards over the context-parallel ranks too (torchtitan's ``dp_shard_cp``;
+    ``FrameworkConventions.fsdp_shards_over_context_parallel``), not FSDP1."""
+    return (
+        training.context_parallel_size > 1
+        and training.conventions.fsdp_shards_over_context_parallel
+    )
 
 
 def uses_mesh(training: TrainingConfig) -> bool:
