@@ -233,6 +233,11 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
         "context_parallel_size": 2,
     },
     "pipeline 2": {"pipeline_parallel_size": 2, "gradient_accumulation_steps": 4},
+    "lora r16 + pipeline 2": {
+        "lora_rank": 16,
+        "pipeline_parallel_size": 2,
+        "gradient_accumulation_steps": 4,
+    },
     "compile": {"compile": True},
     "optimizer in backward": {"optimizer_in_backward": True},
     "activation offloading": {"activation_offloading": True, "activation_checkpointing": "full"},

@@ -292,3 +292,37 @@ def test_each_micro_batch_gives_a_layer_new_16_bit_gradients_until_its_post_back
     }
     assert alive["analytic"] == 3
     assert 3 <= alive["trace"] <= 4
+
+
+def test_lora_stages_agree_with_the_formulas_and_keep_no_first_layer_copies() -> None:
+    # peft injects its adapters into the base model's linears, so the stages are cut from the
+    # base model (trace/pipeline.py split_stages). The first stage's input is the token ids,
+    # as without pipelining: in every micro-batch in flight its first layer keeps no copies of
+    # the frozen q, k, v (their input needs no gradient) while o, gate, up and down keep
+    # theirs (Note [LoRA's first layer]); a frozen down projection's copy is made at its
+    # forward beside what the forward still holds there (Note [Forward tensors held at the
+    # down projection]). The agreement model (2 layers of 2048, kv 512, i 5632), one layer a
+    # stage, 4 micro-batches of 2 x 256 tokens, bf16 autocast: copies of 2048 x 2048 x 2 B
+    # (o) and 2048 x 5632 x 2 B (gate, up, down) per micro-batch, none of q's or of k / v's
+    # 2048 x 512 x 2 B
+    agreement = str(Path(__file__).parents[1] / "models" / "agreement" / "llama_h2048.json")
+    training = TrainingConfig(
+        micro_batch_size=2, seq_len=256, lora_rank=16, pipeline_parallel_size=2,
+        gradient_accumulation_steps=4,
+    )  # fmt: skip
+    generic = estimate(agreement, training, engine="generic", simulate_allocator=False)
+    analytic = estimate(agreement, training, engine="analytic", simulate_allocator=False)
+    g, a = generic.breakdown.allocated_bytes, analytic.breakdown.allocated_bytes
+    assert abs(g / a - 1) < 0.01, (g, a)
+    first = generic.schedules[0]  # stage 0
+    made: dict[str, set[int]] = {}  # linear -> sizes of what its forward saves
+    for e in first.events():
+        linear = e.module.rpartition(".")[2]
+        saved = e.category is MemoryCategory.ACTIVATION and ".layers.0." in e.module
+        if e.action == "alloc" and e.phase == "forward" and saved:
+            made.setdefault(linear, set()).add(e.size_bytes)
+    assert 2048 * 2048 * 2 in made["o_proj"]
+    assert all(2048 * 5632 * 2 in made[n] for n in ("gate_proj", "up_proj", "down_proj"))
+    # q's copy would be o's size (cast for its matmul, a temporary, not saved); k's and v's,
+    # 2 MiB, share their size with [t, h] tensors
+    assert not any(2048 * 2048 * 2 in made.get(n, set()) for n in ("q_proj", "base_layer"))

@@ -408,14 +408,19 @@ def _weight_copy_places(model: ModelSpec, n: int) -> tuple[int, ...]:
     order: q, k, v, o, the MLP's linears per expert, the router): each is saved by its linear
     and released when that linear's backward has run (Note [Gradients where their linear's
     backward runs]): the down projections' with the MLP's first group, the rest of the MLP's
-    with its second, o's before the attention's core backward, q, k and v's last. Copies not
-    split per linear (one block) are released last, as before."""
+    with its second, o's before the attention's core backward, q, k and v's last (LoRA's
+    first layer keeps none of q, k and v's: Note [LoRA's first layer]). Copies not split per
+    linear (one block) are released last, as before."""
     e = model.num_experts
     n_mlp = (3 if model.mlp_kind == "gated" else 2) * e
     router = 1 if e > 1 else 0
-    if n != 4 + n_mlp + router:
-        return (3,) * n
-    return (3, 3, 3, 2) + (1,) * (n_mlp - e) + (0,) * e + (1,) * router
+    mlp = (1,) * (n_mlp - e) + (0,) * e + (1,) * router
+    for attention in ((3, 3, 3, 2), (2,)):  # q, k, v, o; o alone (LoRA's first layer)
+        if n == len(attention) + n_mlp + router:
+            return attention + mlp
+        if n == len(attention) + n_mlp + router + 1:  # LoRA's adapters' copies, released last
+            return (*attention, *mlp, 3)
+    return (3,) * n
 
 
 class _Layers:
@@ -560,7 +565,10 @@ class _Layers:
         tensors the forward holds there besides the saved blocks (Note [Forward tensors held
         at the down projection]), made before them and freed after; nothing without ops."""
         ops = em.at("layer.mlp.forward", where)
-        if not ops:
+        # autocast's 16-bit copy of a frozen down projection's weight (LoRA's base), saved by
+        # its matmul, is made there as a quantized base's dequantized weight is
+        copies = any(term == WEIGHT_COPIES and size for term, size in self.plan.saved)
+        if not ops and not (copies and self.training.is_lora):
             return ops
         f: Phase = "forward"
         label = "what the forward holds at the down projection"

@@ -107,10 +107,7 @@ def check_pipeline_settings(training: TrainingConfig) -> None:
         UnsupportedError: a setting not traced together with pipeline parallelism.
     """
     check_torch_pipeline_microbatches(training)
-    for name, refused in (
-        ("lora_rank", training.is_lora),
-        ("chunked_cross_entropy", training.chunked_cross_entropy > 0),
-    ):
+    for name, refused in (("chunked_cross_entropy", training.chunked_cross_entropy > 0),):
         if refused:
             raise UnsupportedError(
                 f"{name}: the trace does not run it together with pipeline parallelism yet; "
@@ -230,11 +227,14 @@ def split_stages(causal_lm: Any, training: TrainingConfig, rank: PipelineRank) -
     Raises:
         UnsupportedError: the model is not a causal LM with ``model.layers`` and ``lm_head``.
     """
+    if getattr(causal_lm, "peft_config", None):
+        # peft injects its adapters into the base model's linears in place: the stages are
+        # cut from the base model, the adapted linears with them
+        causal_lm = causal_lm.get_base_model()
     base = getattr(causal_lm, "model", None)
     needed = ("embed_tokens", "layers", "norm", "rotary_emb")
     if (
-        getattr(causal_lm, "peft_config", None)
-        or getattr(causal_lm, "lm_head", None) is None
+        getattr(causal_lm, "lm_head", None) is None
         or base is None
         or not all(isinstance(getattr(base, n, None), torch.nn.Module) for n in needed)
     ):
@@ -716,7 +716,8 @@ def estimate_pipeline(
     with torch.device("meta"):
         full = build_model()
     n_all, n_train = count_parameters(full)
-    layers = getattr(getattr(full, "model", None), "layers", None)
+    causal_lm = full.get_base_model() if getattr(full, "peft_config", None) else full
+    layers = getattr(getattr(causal_lm, "model", None), "layers", None)
     if not isinstance(layers, torch.nn.ModuleList):
         split_stages(full, training, PipelineRank(0, (0,), (range(0),), 1))  # raises
     layout = rank_map(
@@ -724,7 +725,7 @@ def estimate_pipeline(
         len(layers or ()),
         tied_embeddings=bool(getattr(full.config, "tie_word_embeddings", False)),
     )
-    del full, layers
+    del full, causal_lm, layers
     ws = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
     notes: list[str] = []
     traces: list[RankTrace] = []

@@ -203,7 +203,8 @@ def term_blocks(ctx: RankContext, terms: dict[str, int]) -> Blocks:
 
 def weight_blocks(ctx: RankContext, total: int) -> list[int]:
     """16-bit weight copies of one layer as the tensors they are (q, k, v, o, the MLP's
-    linears per expert, the router), or one block if their sum is not ``total``."""
+    linears per expert, the router; without q, k and v in LoRA's first layer, Note [LoRA's
+    first layer] in trainmem/analytic/lora.py), or one block if their sum is not ``total``."""
     m, t = ctx.model, ctx.training
     c, _ = compute_and_residual_bytes(t)
     h, i = m.hidden_size, m.intermediate_size
@@ -212,9 +213,13 @@ def weight_blocks(ctx: RankContext, total: int) -> list[int]:
     router = [h * m.num_experts] if m.num_experts > 1 else []
     sizes = [q, kv, kv, q] + [h * i] * n_mlp + router
     for div in (1, t.tensor_parallel_size):
-        out = [c * n // div for n in sizes]
-        if sum(out) == total:
-            return out
+        for kept in (sizes, sizes[3:]):
+            out = [c * n // div for n in kept]
+            rest = total - sum(out)
+            if rest == 0:
+                return out
+            if t.is_lora and 0 < rest < min(out):  # LoRA's adapters' copies, one block last
+                return [*out, rest]
     return [total]
 
 

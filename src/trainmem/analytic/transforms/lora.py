@@ -13,13 +13,18 @@ from collections.abc import Sequence
 
 from trainmem.analytic.lora import first_layer_unsaved
 from trainmem.analytic.transforms.base import RankContext, Transform
-from trainmem.analytic.transforms.checkpointing import term_blocks
+from trainmem.analytic.transforms.checkpointing import layer_plan, term_blocks
 
 
 class LoraFirstLayer(Transform):
     """Under LoRA without activation checkpointing, on the rank that holds the embedding
-    (pipeline stage 0, no pipelining), layer 0 saves the other layers' blocks less its input
-    norm's term and the rest of :func:`~trainmem.analytic.lora.first_layer_unsaved`.
+    (pipeline stage 0, or no pipelining), layer 0 saves the other layers' blocks less its
+    input norm's term and the rest of :func:`~trainmem.analytic.lora.first_layer_unsaved`.
+    Under pipelining the first stage's input is the token ids, as without it (torch
+    distributed/pipelining: the first stage's forward takes the micro-batch's ``input_ids``,
+    which need no gradient), so each micro-batch's first layer saves as much less, the other
+    micro-batches in flight too (:func:`first_layer_less_bytes`, read by the pipeline
+    transform).
 
     Not with activation offloading: its transform frees and prefetches the previous layer's
     blocks by the common layer plan (``ActivationOffloading``, ``{i_prev}``), which has no
@@ -35,7 +40,6 @@ class LoraFirstLayer(Transform):
         return (
             ctx.prof is not None
             and ctx.rank.stage == 0
-            and ctx.training.pipeline_parallel_size == 1
             and not ctx.training.activation_offloading
             and first_layer_unsaved(ctx.model, ctx.training) is not None
         )
@@ -55,3 +59,16 @@ class LoraFirstLayer(Transform):
             if term in totals:
                 totals[term] = max(totals[term] - less, 0)
         return term_blocks(self.ctx, totals)
+
+
+def first_layer_less_bytes(ctx: RankContext) -> int:
+    """Bytes the stack's first layer saves less than the others on this rank (0 where
+    :class:`LoraFirstLayer` does not apply): what a micro-batch in flight on the first
+    pipeline stage holds less than ``per_layer`` times its layers."""
+    if not LoraFirstLayer.applies(ctx):
+        return 0
+    saved = layer_plan(ctx).saved
+    first = LoraFirstLayer(ctx).first_layer_saved(saved)
+    if first is None:
+        return 0
+    return sum(size for _, size in saved) - sum(size for _, size in first)

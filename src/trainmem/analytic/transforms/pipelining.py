@@ -21,6 +21,7 @@ from trainmem.analytic.transforms.base import (
     alloc,
     free,
 )
+from trainmem.analytic.transforms.lora import first_layer_less_bytes
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.schedule import Op, Repeat
 
@@ -52,6 +53,7 @@ class Pipeline(Transform):
         # after the first at most m - 2 others
         gpipe = t.pipeline_schedule == "gpipe" and t.pipeline_parallel_size > 1
         per_micro_batch = emb_acts + on_gpu * prof.per_layer + (head_acts if gpipe else 0)
+        per_micro_batch -= first_layer_less_bytes(ctx)  # Note [LoRA's first layer]
         self.in_flight = round((rank.in_flight - 1) * per_micro_batch)
         # 1F1B: the warmup runs min(m, p - stage) forwards, then each backward is followed by
         # the next forward while one is left (schedules.py ``Schedule1F1B._step_microbatches``:
