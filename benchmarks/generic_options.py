@@ -233,6 +233,8 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
         "context_parallel_size": 2,
     },
     "pipeline 2": {"pipeline_parallel_size": 2, "gradient_accumulation_steps": 4},
+    # peft's adapters sharded as under transformers' TP plan (no sequence parallelism)
+    "lora r16 + tensor parallel 2": {"lora_rank": 16, "tensor_parallel_size": 2},
     "lora r16 + pipeline 2": {
         "lora_rank": 16,
         "pipeline_parallel_size": 2,

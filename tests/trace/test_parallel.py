@@ -76,3 +76,39 @@ def test_context_parallel_rank_holds_its_sequence_shard() -> None:
         est.breakdown.allocated_bytes, rel=0.01
     )
     assert est.details["traced_mesh"] == {"cp": 2}
+
+
+def test_lora_adapters_are_sharded_as_peft_shards_them_under_tensor_parallelism() -> None:
+    # Note [LoRA under tensor parallelism] (peft #3079 / #3614): beside a column-parallel base
+    # lora_A whole, lora_B split by its output; beside a row-parallel base lora_A split by
+    # its input, lora_B whole. tiny-llama-test (h 64, q 64, k / v 32, ffn 176), rank 8 on
+    # every linear, fp32 adapters, TP 2: per layer, columns q, k, v, gate, up:
+    # 8 in + out / 2 x 8; rows o, down: in / 2 x 8 + 8 out
+    pytest.importorskip("peft")
+    h, kv, ffn, r = 64, 32, 176, 8
+    columns = [(h, h), (h, kv), (h, kv), (h, ffn), (h, ffn)]
+    rows = [(h, h), (ffn, h)]
+    per_layer = sum(r * i + o // 2 * r for i, o in columns)
+    per_layer += sum(i // 2 * r + r * o for i, o in rows)
+    targets = ("q", "k", "v", "o", "gate", "up", "down")
+    t = TrainingConfig(micro_batch_size=1, seq_len=32, lora_rank=r, lora_targets=targets,
+                       tensor_parallel_size=2)  # fmt: skip
+    est = estimate("tiny-llama-test", t, engine="trace", simulate_allocator=False)
+    # Adam's two fp32 moments of this rank's adapters, 2 layers
+    assert est.details["peak_by_category_bytes"]["optimizer_states"] == 2 * 4 * 2 * per_layer
+    with pytest.raises(UnsupportedError, match="lora_rank with tensor_parallel_size=2 and seq"):
+        estimate("tiny-llama-test", TrainingConfig(lora_rank=8, tensor_parallel_size=2,
+                 sequence_parallel=True), engine="trace")  # fmt: skip
+
+
+def test_lora_under_tensor_parallelism_agrees_with_the_formulas() -> None:
+    # the agreement model (2 Llama layers of 2048) at 2 x 256 tokens, TP 2, LoRA on q / v
+    pytest.importorskip("peft")
+    from conftest import MODELS_DIR
+
+    agreement = str(MODELS_DIR / "agreement" / "llama_h2048.json")
+    t = TrainingConfig(micro_batch_size=2, seq_len=256, lora_rank=16, tensor_parallel_size=2)
+    g = estimate(agreement, t, engine="generic", simulate_allocator=False)
+    a = estimate(agreement, t, engine="analytic", simulate_allocator=False)
+    ratio = g.breakdown.allocated_bytes / a.breakdown.allocated_bytes
+    assert abs(ratio - 1) < 0.01, ratio

@@ -29,6 +29,18 @@ Note [Tracing tensor parallelism]
     The attention's q/k/v outputs are local tensors with ``heads / t`` heads (transformers
     reshapes with ``-1`` heads). Both ``num_attention_heads`` and ``num_key_value_heads``
     must divide by t.
+
+Note [LoRA under tensor parallelism]
+    peft wraps each targeted linear (``lora.Linear``: ``base_layer``, ``lora_A``, ``lora_B``)
+    and adds ``lora_B(lora_A(x)) * scaling`` to the base output. Under transformers' TP plan
+    peft shards the adapters as the base (peft PR #3079, "LoRA and Transformers TP", and
+    #3614, its DTensor form): beside a column-parallel base ``lora_A`` is a plain replicated
+    linear on the replicated input and ``lora_B`` column-parallel (its output sharded as the
+    base's); beside a row-parallel base ``lora_A`` is row-parallel on the sharded input (its
+    r-wide output all-reduced, or reduce-scattered over the sequence with SP, as the base's)
+    and ``lora_B`` a plain replicated linear. The plan here puts the base's style on
+    ``base_layer`` and these on the adapters; the replicated adapters hold replicated
+    ``DTensor`` weights (:func:`_replicate`).
 """
 
 from __future__ import annotations
@@ -103,10 +115,18 @@ def check_heads(config: Any, tp: int) -> None:
             )
 
 
-def _replicate(module: Any, mesh: Any) -> None:
-    """Replicated ``DTensor`` parameters for a module TP leaves whole (a norm without SP), with
-    plain tensors in and out: the optimizer's foreach kernels refuse a mix of plain tensors and
-    DTensors (Megatron keeps these weights replicated too). Allocates nothing."""
+def _adapted(layer: Any, path: str) -> bool:
+    """The linear at ``path`` is wrapped by a peft LoRA layer (its ``base_layer``)."""
+    module = _child(layer, path)
+    return module is not None and hasattr(module, "base_layer") and hasattr(module, "lora_A")
+
+
+def _replicate(module: Any, mesh: Any, *, local_output: bool = True) -> None:
+    """Replicated ``DTensor`` parameters for a module TP leaves whole (a norm without SP, a
+    LoRA adapter beside a sharded base: Note [LoRA under tensor parallelism]), with plain
+    tensors in (a ``DTensor`` input passes as it is) and out (unless ``local_output`` is
+    False): the optimizer's foreach kernels refuse a mix of plain tensors and DTensors
+    (Megatron keeps these weights replicated too). Allocates nothing."""
     from torch.distributed.tensor import DTensor, Replicate, distribute_module
 
     def to_dtensor(_mod: Any, inputs: Any, mesh: Any) -> Any:
@@ -118,7 +138,7 @@ def _replicate(module: Any, mesh: Any) -> None:
         )
 
     def to_local(_mod: Any, out: Any, _mesh: Any) -> Any:
-        return out.to_local() if isinstance(out, DTensor) else out
+        return out.to_local() if isinstance(out, DTensor) and local_output else out
 
     distribute_module(module, mesh, input_fn=to_dtensor, output_fn=to_local)
 
@@ -171,8 +191,8 @@ def apply_tensor_parallel(
 
     colwise, rowwise, prepare = _styles(float8)
 
-    if getattr(model, "peft_config", None):
-        raise UnsupportedError("tensor_parallel_size: LoRA with tensor parallelism is not traced")
+    if getattr(model, "peft_config", None):  # peft's adapters sit in the base model's linears
+        model = model.get_base_model()
     _, layers, emb, norm = _find_parts(model)
     check_heads(getattr(model, "config", None), tp_mesh.size())
     seq = Shard(1) if sequence_parallel else Replicate()
@@ -181,13 +201,27 @@ def apply_tensor_parallel(
         # a remote-code stand-in's fused q/k/v (trainmem.trace.remote_code): its output split
         # by the shard's widths, each rank's heads' q, k and v as Megatron's fused layout has it
         qkv = ("qkv_proj",) if hasattr(_child(layer, "self_attn"), "qkv_proj") else _ATTENTION[:3]
-        plan: dict[str, Any] = {
-            **{f"self_attn.{n}": colwise() for n in qkv},
-            "self_attn.o_proj": rowwise(output_layouts=seq, use_local_output=local),
-            "mlp.gate_proj": colwise(),
-            "mlp.up_proj": colwise(),
-            "mlp.down_proj": rowwise(output_layouts=seq, use_local_output=local),
-        }
+        columns = [f"self_attn.{n}" for n in qkv] + ["mlp.gate_proj", "mlp.up_proj"]
+        rows = ["self_attn.o_proj", "mlp.down_proj"]
+        plan: dict[str, Any] = {}
+        replicated: list[tuple[Any, bool]] = []
+        for path in columns:  # Note [LoRA under tensor parallelism]
+            if _adapted(layer, path):
+                plan[f"{path}.base_layer"] = colwise()
+                plan[f"{path}.lora_B.default"] = ColwiseParallel()
+                replicated.append((_child(layer, f"{path}.lora_A.default"), True))
+            else:
+                plan[path] = colwise()
+        for path in rows:
+            style = rowwise(output_layouts=seq, use_local_output=local)
+            if _adapted(layer, path):
+                plan[f"{path}.base_layer"] = style
+                plan[f"{path}.lora_A.default"] = RowwiseParallel(
+                    output_layouts=seq, use_local_output=local
+                )
+                replicated.append((_child(layer, f"{path}.lora_B.default"), local))
+            else:
+                plan[path] = style
         if sequence_parallel:
             plan.update({n: SequenceParallel() for n in _NORMS})
             # float8: the input stays a DTensor (torchtitan's use_local_output=False default)
@@ -202,6 +236,8 @@ def apply_tensor_parallel(
                 use_local_output=not float8,
             )
         parallelize_module(layer, tp_mesh, plan)
+        for module, local_output in replicated:
+            _replicate(module, tp_mesh, local_output=local_output)
     # a pipeline stage may lack the embedding, the final norm (an Identity) or the head
     head = getattr(model, "lm_head", None)
     embedding = _child(model, emb)
