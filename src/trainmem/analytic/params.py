@@ -91,8 +91,20 @@ def linear_shapes(model: ModelSpec) -> LinearShapes:
     return shapes
 
 
-FUSED_PARTS: dict[str, tuple[str, ...]] = {"qkv": ("q", "k", "v"), "gate_up": ("gate", "up")}
-"""The ``--lora-targets`` names a fused linear of :func:`adapted_linears` stands for."""
+FUSED_PARTS: dict[str, tuple[str, ...]] = {
+    "qkv": ("q", "k", "v"),
+    "gate_up": ("gate", "up"),
+    "q_a": ("q",),
+    "q_b": ("q",),
+    "kv_a": ("k", "v"),
+    "kv_b": ("k", "v"),
+}
+"""The ``--lora-targets`` names a fused linear of :func:`adapted_linears` stands for. Multi-head
+latent attention's (transformers modeling_deepseek_v3.py ``DeepseekV3Attention``): the query's
+down and up projections ``q_a_proj`` / ``q_b_proj`` are ``q``; the joint key-value compression
+``kv_a_proj_with_mqa`` and its up projection ``kv_b_proj`` feed keys and values alike, so
+either ``k`` or ``v`` targets both, as any of q, k, v targets a fused qkv (the generic path's
+``trainmem.trace.lora._mla_roles``). Before, ``q,v`` adapted no MLA linear: 0 trainable."""
 
 
 def adapted_linears(model: ModelSpec) -> LinearShapes:

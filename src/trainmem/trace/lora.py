@@ -7,22 +7,32 @@ per family (Llama ``q_proj`` ... ``down_proj``; GPT-2 ``c_attn`` / ``attn.c_proj
 mapping is read off the built model instead of a table:
 
 Note [LoRA target inference]
-    The layer stack is the longest ``nn.ModuleList`` of one module class (a vision-language
-    model's: its ``language_model``'s, :func:`_adapted_stack`). In its first layer the
-    linears (``nn.Linear`` or transformers' ``Conv1D``) are taken in definition order and split
-    by their path: a path component containing ``attn`` / ``attention`` puts a linear in the
-    attention, anything else in the MLP. Attention: the last linear is ``o`` (or the one named
-    as an output, ``o_proj`` / ``out_proj`` / ``dense``..., where Phi-3 defines it first); one
-    other linear is a fused q/k/v (any of ``q``, ``k``, ``v`` targets it, as in peft), three
-    are ``q``, ``k``, ``v``: by their names (``q_proj`` / ``query`` / ``q`` ...) when each is
-    found once, else in order (CLIP and SigLIP define ``k_proj``, ``v_proj``, ``q_proj``).
-    MLP: the last linear is ``down``; two before it are ``gate``, ``up`` (gated MLP,
-    ``act(gate(x)) * up(x)``), one is ``up``, or a fused ``gate_up`` when its out_features are
-    twice ``down``'s in_features (Phi-3); other MLP linears (an MoE block's router, experts
-    fused into one module's parameters in transformers 5) get no role, so ``gate`` / ``up`` /
-    ``down`` are refused there and attention targets still run. The relative paths found in
-    the first layer are targeted in every layer, and in every other layer list that holds them
-    (an encoder-decoder's second stack); ``lm_head`` is ``get_output_embeddings()``.
+    The layer stack is the longest ``nn.ModuleList`` of one module class whose layers hold
+    attention linears (a vision-language model's: its ``language_model``'s,
+    :func:`_adapted_stack`; not wav2vec2's longer list of feature convolutions). In its first
+    layer that holds attention (a hybrid's first attention layer) the linears (``nn.Linear`` or
+    transformers' ``Conv1D``) are taken in definition order and split by their path: a linear
+    under a path component containing ``attn`` / ``attention`` belongs to that attention module
+    (a decoder layer has two, ``self_attn`` and ``encoder_attn``), anything else to the MLP.
+    Per attention module: the last linear is ``o`` (or the one named as an output, ``o_proj`` /
+    ``out_proj`` / ``dense``..., where Phi-3 defines it first); one other linear is a fused
+    q/k/v (any of ``q``, ``k``, ``v`` targets it, as in peft), three are ``q``, ``k``, ``v``: by
+    their names (``q_proj`` / ``query`` / ``q`` ...) when each is found once, else in order
+    (CLIP and SigLIP define ``k_proj``, ``v_proj``, ``q_proj``); more than four when q, k, v
+    and one output are named (Parakeet's ``relative_k_proj`` gets no role); multi-head latent
+    attention by its names (:func:`_mla_roles`). A decoder layer's q is its self- and
+    cross-attention's q, as peft's name matching adapts both. MLP: the last linear is
+    ``down``; two before it are ``gate``, ``up`` (gated MLP, ``act(gate(x)) * up(x)``), one is
+    ``up``, or a fused ``gate_up`` when its out_features are twice ``down``'s in_features
+    (Phi-3); several feed-forward modules (a conformer's two) each so; other MLP linears (an
+    MoE block's router, experts fused into one module's parameters in transformers 5) get no
+    role, so ``gate`` / ``up`` / ``down`` are refused there and attention targets still run.
+    The relative paths found are targeted in every layer that has them, the roles of a layer
+    list of another class (a speech- or vision-encoder-decoder's BERT decoder beside its
+    wav2vec2 / ViT encoder) are read from its own layers, and the modules peft's name matching
+    reaches besides (:func:`_peft_matches`) are added; ``lm_head`` is
+    ``get_output_embeddings()``. Checked against real peft 0.21.2 on CPU for each family
+    (tests/trace/test_lora_peft_counts.py).
 
 peft is applied to the ``meta``-built model (on fake tensors peft's ``.to()`` fails,
 shared/notes/tracing-without-a-gpu.md sec. 1) with ``get_peft_model``'s defaults: the adapters
@@ -161,6 +171,92 @@ def _output_last(paths: list[str]) -> list[str]:
     return [p for p in paths if p != outputs[0]] + outputs
 
 
+def _attention_group(parts: list[str]) -> str | None:
+    """The attention module a linear at path ``parts`` belongs to: the path up to its first
+    component naming an attention (``self_attn``, ``encoder_attn``, BERT's ``attention``,
+    T5's ``layer.1.EncDecAttention``), or None for an MLP linear."""
+    for i, part in enumerate(parts):
+        if "attn" in part.lower() or "attention" in part.lower():
+            end = i + 2 if i + 1 < len(parts) - 1 and parts[i + 1].isdigit() else i + 1
+            return ".".join(parts[:end])
+    return None
+
+
+_MLA_NAMES = {"q": ("q_a_proj", "q_b_proj"), "kv": ("kv_a_proj_with_mqa", "kv_b_proj")}
+
+
+def _mla_roles(paths: list[str]) -> dict[str, tuple[str, ...]] | None:
+    """Multi-head latent attention's roles (DeepSeek-V2 / V3, transformers
+    modeling_deepseek_v3.py ``DeepseekV3Attention``): ``q`` the query's down and up
+    projections ``q_a_proj``, ``q_b_proj`` (or one ``q_proj`` without ``q_lora_rank``); ``k``
+    and ``v`` both the joint key-value compression and its up projection
+    ``kv_a_proj_with_mqa``, ``kv_b_proj`` (each feeds keys and values, as a fused q/k/v module
+    serves any of q, k, v); ``o`` ``o_proj``. Other linears get no role (DeepSeek-V3.2's
+    sparse-attention ``indexer``, AXK2's ``q_gate_proj``). None when ``paths`` are not MLA's."""
+    leaf = {p.rsplit(".", 1)[-1]: p for p in paths}
+    q = tuple(leaf[n] for n in ("q_proj", *_MLA_NAMES["q"]) if n in leaf)
+    out = [p for p in paths if p.rsplit(".", 1)[-1] in _OUTPUT_NAMES]
+    if not all(n in leaf for n in _MLA_NAMES["kv"]) or not q or len(out) != 1:
+        return None
+    kv = tuple(leaf[n] for n in _MLA_NAMES["kv"])
+    return {"q": q, "k": kv, "v": kv, "o": (out[0],)}
+
+
+def _attention_roles(paths: list[str]) -> dict[str, tuple[str, ...]]:
+    """q / k / v / o of one attention module's linears (Note [LoRA target inference]).
+
+    Raises:
+        UnsupportedError: none of the patterns fits.
+    """
+    mla = _mla_roles(paths)
+    if mla is not None:
+        return mla
+    paths = _output_last(paths)
+    if len(paths) == 2:
+        return {"q": (paths[0],), "k": (paths[0],), "v": (paths[0],), "o": (paths[1],)}
+    by_name = _qkv_by_name(paths)
+    outputs = [p for p in paths if p.rsplit(".", 1)[-1] in _OUTPUT_NAMES]
+    if len(paths) == 4:  # by name where the names say (CLIP defines k_proj, v_proj, q_proj)
+        q, k, v = by_name or (paths[0], paths[1], paths[2])
+        return {"q": (q,), "k": (k,), "v": (v,), "o": (paths[-1],)}
+    if len(paths) > 4 and by_name is not None and len(outputs) == 1:
+        # more linears than q/k/v/o, each of those four named (Parakeet's conformer attention
+        # adds relative_k_proj, transformers modeling_parakeet.py ParakeetEncoderAttention):
+        # the others get no role
+        q, k, v = by_name
+        return {"q": (q,), "k": (k,), "v": (v,), "o": (outputs[0],)}
+    raise UnsupportedError(
+        f"cannot tell q/k/v/o apart among the attention linears {paths}; "
+        "wrap the model with peft yourself and use trainmem.trace(build_model, ...)"
+    )
+
+
+def _mlp_roles(mlp: list[tuple[str, Any]]) -> dict[str, tuple[str, ...]]:
+    """gate / up / down of a layer's MLP linears: the last is ``down``; two before it are
+    ``gate``, ``up``, one is ``up`` (or a fused ``gate_up``: out_features twice ``down``'s
+    in_features, Phi-3). Linears in several MLP modules (a conformer's two feed-forward modules,
+    Parakeet ``feed_forward1`` / ``feed_forward2``) are read per module, by the path's first
+    name. Empty when they fit none (an MoE block: a router beside experts fused into one
+    module's parameters in transformers 5)."""
+    if len(mlp) == 3:
+        return {"gate": (mlp[0][0],), "up": (mlp[1][0],), "down": (mlp[2][0],)}
+    if len(mlp) == 2:
+        roles: dict[str, tuple[str, ...]] = {"up": (mlp[0][0],), "down": (mlp[1][0],)}
+        if _features(mlp[0][1])[1] == 2 * _features(mlp[1][1])[0]:
+            roles["gate"] = (mlp[0][0],)
+        return roles
+    groups: dict[str, list[tuple[str, Any]]] = {}
+    for path, module in mlp:
+        groups.setdefault(path.split(".")[0], []).append((path, module))
+    if len(groups) < 2 or any(len(g) not in (2, 3) for g in groups.values()):
+        return {}
+    out: dict[str, tuple[str, ...]] = {}
+    for group in groups.values():
+        for role, found in _mlp_roles(group).items():
+            out[role] = out.get(role, ()) + found
+    return out
+
+
 def layer_linear_roles(layer: Any) -> dict[str, tuple[str, ...]]:
     """trainmem linear name -> module paths (relative to ``layer``) it targets.
 
@@ -170,45 +266,34 @@ def layer_linear_roles(layer: Any) -> dict[str, tuple[str, ...]]:
         layer: one transformer layer (``nn.Module``).
 
     Returns:
-        ``{"q": ("self_attn.q_proj",), ...}``; a fused q/k/v module appears under q, k and v.
+        ``{"q": ("self_attn.q_proj",), ...}``; a fused q/k/v module appears under q, k and v;
+        a decoder layer's self- and cross-attention both under each of q, k, v, o.
 
     Raises:
         UnsupportedError: the attention linears fit none of the patterns. MLP linears that
             fit none (MoE experts) get no role: only a gate / up / down target is refused
             (:func:`lora_target_modules`), attention targets still work.
     """
-    attn: list[tuple[str, Any]] = []
+    attn: dict[str, list[str]] = {}
     mlp: list[tuple[str, Any]] = []
     for path, module in layer.named_modules():
         if not path or not _is_linear(module):
             continue
-        parts = path.lower().split(".")
-        (attn if any("attn" in p or "attention" in p for p in parts) else mlp).append(
-            (path, module)
-        )
-    roles: dict[str, tuple[str, ...]] = {}
-    paths = _output_last([p for p, _ in attn])
-    if len(paths) == 2:
-        roles.update({"q": (paths[0],), "k": (paths[0],), "v": (paths[0],)})
-    elif len(paths) == 4:  # by name where the names say (CLIP defines k_proj, v_proj, q_proj)
-        q, k, v = _qkv_by_name(paths) or (paths[0], paths[1], paths[2])
-        roles.update({"q": (q,), "k": (k,), "v": (v,)})
-    else:
+        group = _attention_group(path.split("."))
+        if group is None:
+            mlp.append((path, module))
+        else:
+            attn.setdefault(group, []).append(path)
+    if not attn:
         raise UnsupportedError(
-            f"cannot tell q/k/v/o apart among the attention linears {paths}; "
+            "cannot tell q/k/v/o apart among the attention linears []; "
             "wrap the model with peft yourself and use trainmem.trace(build_model, ...)"
         )
-    roles["o"] = (paths[-1],)
-    if len(mlp) == 3:
-        roles.update({"gate": (mlp[0][0],), "up": (mlp[1][0],), "down": (mlp[2][0],)})
-    elif len(mlp) == 2:
-        fused_gate_up = _features(mlp[0][1])[1] == 2 * _features(mlp[1][1])[0]
-        roles["up"] = (mlp[0][0],)
-        if fused_gate_up:
-            roles["gate"] = (mlp[0][0],)
-        roles["down"] = (mlp[1][0],)
-    # else no MLP role: MoE experts (transformers 5 fuses them into one module's parameters,
-    # with a router beside) are not targeted; lora_target_modules refuses gate/up/down then
+    roles: dict[str, tuple[str, ...]] = {}
+    for paths in attn.values():  # self-attention, then a decoder layer's cross-attention
+        for role, found in _attention_roles(paths).items():
+            roles[role] = roles.get(role, ()) + found
+    roles.update(_mlp_roles(mlp))
     return roles
 
 
@@ -228,7 +313,7 @@ def _adapted_stack(model: Any) -> tuple[str, Any, str]:
     :func:`_same_paths_in_other_stacks`)."""
     found = [(n, m) for n, m in model.named_modules() if n.split(".")[-1] == "language_model"]
     scope, root = min(found, key=lambda f: f[0].count(".")) if found else ("", model)
-    inner, stack = layer_stack(root)
+    inner, stack = _layers_with_attention(root)
     name = f"{scope}.{inner}" if scope else inner
     if _stage_of_blocks(stack[0]):  # SegFormer's encoder: stages, each a list of blocks
         inner, stack = layer_stack(stack[0])
@@ -236,43 +321,122 @@ def _adapted_stack(model: Any) -> tuple[str, Any, str]:
     return name, stack, scope
 
 
+def _layers_with_attention(root: Any) -> tuple[str, Any]:
+    """:func:`layer_stack`'s choice among the ``nn.ModuleList`` s whose first layer holds
+    attention linears (or is a stage of blocks): a longer list without any (wav2vec2's 7 feature
+    convolutions, Parakeet's subsampling convolutions) holds nothing LoRA's targets name.
+    :func:`layer_stack`'s own list when none does (its layer's error then says why)."""
+    lists = [
+        (Counter(type(m) for m in module).most_common(1)[0][1], name, module)
+        for name, module in root.named_modules()
+        if isinstance(module, torch.nn.ModuleList) and len(module) > 0
+    ]
+    for _, name, module in sorted(lists, key=lambda c: -c[0]):  # stable: first of the longest
+        if _stage_of_blocks(module[0]) or _role_layer(module) is not None:
+            return name, module
+    return layer_stack(root)
+
+
+def _role_layer(layers: Any) -> Any:
+    """The first of ``layers`` whose linears :func:`layer_linear_roles` reads: a hybrid
+    stack's first attention layer (Jamba, Bamba, Qwen3-Next: layer 0 is a Mamba or
+    linear-attention layer, of the same class in Bamba), or None."""
+    for layer in layers:
+        try:
+            layer_linear_roles(layer)
+        except UnsupportedError:
+            continue
+        return layer
+    return None
+
+
 def _stage_of_blocks(layer: Any) -> bool:
     """Whether ``layer`` is a stage holding a list of blocks (SegFormer's ``SegformerStage``:
-    several blocks' attention linears, which :func:`layer_linear_roles` cannot tell apart),
-    rather than one layer (whose own lists, an MoE block's experts, are not layers)."""
-    try:
-        layer_linear_roles(layer)
-    except UnsupportedError:
-        return any(isinstance(m, torch.nn.ModuleList) and len(m) for m in layer.modules())
-    return False
+    a list of blocks of one class, each with its attention), rather than one layer (whose own
+    lists are not layers: an MoE block's experts hold no attention, T5's ``T5Block.layer``
+    holds sublayers of different classes)."""
+    return any(
+        isinstance(m, torch.nn.ModuleList)
+        and len(m) > 0
+        and len({type(b) for b in m}) == 1
+        and _role_layer(m) is not None
+        for m in layer.modules()
+    )
 
 
-def _same_paths_in_other_stacks(model: Any, scope: str, stack: Any, rel: list[str]) -> list[str]:
-    """The linears peft's name matching adapts beyond the role stack ``stack``, within
-    ``scope``: a module whose name ends with ``"." + leaf`` for the last name ``leaf`` of a
-    relative path of ``rel`` (peft tuners_utils.py ``check_target_module_exists``: a key
-    ending with the target), so an encoder-decoder's other stack (T5's decoder blocks'
-    ``layer.0.SelfAttention.q``) and its cross-attention (T5 ``layer.1.EncDecAttention.q``,
-    Whisper ``encoder_attn.q_proj``) are adapted as peft adapts them. A leaf that names more
-    than one linear of the role layer (BERT's ``dense`` in ``attention.output``,
-    ``intermediate`` and ``output``) stands for no one role: those linears are matched at the
-    same relative paths in the layers of every other ``nn.ModuleList`` only."""
-    counts = Counter(n.split(".")[-1] for n, m in stack[0].named_modules() if _is_linear(m))
-    leaves = {p.split(".")[-1] for p in rel if counts[p.split(".")[-1]] == 1}
+def _other_stacks(model: Any, scope: str, stack: Any) -> list[tuple[str, Any]]:
+    """The layer lists within ``scope`` besides ``stack`` whose layers are of another class
+    and hold attention linears: an encoder-decoder's decoder beside its encoder when the two
+    are different models (speech- and vision-encoder-decoders: a wav2vec2 or ViT encoder's
+    ``q_proj``, a BERT decoder's ``query``). Lists inside ``stack``'s layers are not layers."""
+    prefix = f"{scope}." if scope else ""
+    inside: set[int] = set()  # modules within a layer already taken (T5 T5Block.layer)
+    out: list[tuple[str, Any]] = []
+    for name, module in model.named_modules():  # a list before the lists its layers hold
+        if (
+            not name.startswith(prefix)
+            or id(module) in inside
+            or not isinstance(module, torch.nn.ModuleList)
+            or len(module) == 0
+            or _stage_of_blocks(module[0])  # its blocks' lists are visited next
+        ):
+            continue
+        if type(module[0]) is type(stack[0]) or _role_layer(module) is not None:
+            inside.update(id(m) for layer in module for m in layer.modules() if m is not layer)
+            if module is not stack and type(module[0]) is not type(stack[0]):
+                out.append((name, module))
+    return out
+
+
+def _peft_matches(model: Any, scope: str, stacks: list[tuple[Any, list[str]]]) -> list[str]:
+    """The linears peft's name matching adapts beyond the role stacks, within ``scope``.
+
+    peft adapts every module whose name ends with ``"." + target`` (peft 0.21.2
+    tuners/tuners_utils.py ``check_target_module_exists``), so the family's own names for the
+    targets (Whisper's ``q_proj``) reach an encoder-decoder's other stack of the same class
+    (T5's decoder blocks' ``layer.0.SelfAttention.q``) and its cross-attention (T5
+    ``layer.1.EncDecAttention.q``). Each ``(layer, rel)`` of ``stacks`` is a role layer and the
+    relative paths targeted in it; the last name of a path is matched across ``scope`` when
+    every linear of that layer with that last name is targeted (a decoder layer's
+    ``self_attn.q_proj`` and ``encoder_attn.q_proj``). A last name that also names an untargeted
+    linear (BERT's ``dense`` in ``attention.output``, ``intermediate`` and ``output``) stands
+    for no one role: those linears are matched at the same relative paths in the layers of
+    every other ``nn.ModuleList`` only."""
+    leaves: set[str] = set()
+    for layer, rel in stacks:
+        linears = [n for n, m in layer.named_modules() if n and _is_linear(m)]
+        for leaf in {p.split(".")[-1] for p in rel}:
+            if all(n in rel for n in linears if n.split(".")[-1] == leaf):
+                leaves.add(leaf)
+    for layer, rel in stacks:  # a leaf some role layer leaves partly untargeted is not one role
+        linears = [n for n, m in layer.named_modules() if n and _is_linear(m)]
+        leaves -= {n.split(".")[-1] for n in linears if n not in rel}
     out: dict[str, None] = {}
     prefix = f"{scope}." if scope else ""
     for name, module in model.named_modules():
-        if not name.startswith(prefix) or module is stack:
+        if not name.startswith(prefix):
             continue
         if _is_linear(module) and name.split(".")[-1] in leaves:
             out[name] = None
         if isinstance(module, torch.nn.ModuleList):
             for i, layer in enumerate(module):
-                for p in rel:
-                    found = _submodule(layer, p)
-                    if found is not None and _is_linear(found):
-                        out[f"{name}.{i}.{p}"] = None
+                for _, rel in stacks:
+                    for p in rel:
+                        found = _submodule(layer, p)
+                        if found is not None and _is_linear(found):
+                            out[f"{name}.{i}.{p}"] = None
     return list(out)
+
+
+def _linears_at(name: str, layers: Any, rel: list[str]) -> list[str]:
+    """``name.i.p`` for each layer ``i`` of ``layers`` and path ``p`` of ``rel`` that is a
+    linear there (a hybrid stack's Mamba layers have no ``self_attn.q_proj``)."""
+    return [
+        f"{name}.{i}.{p}"
+        for i, layer in enumerate(layers)
+        for p in rel
+        if (found := _submodule(layer, p)) is not None and _is_linear(found)
+    ]
 
 
 def _submodule(module: Any, path: str) -> Any:
@@ -298,7 +462,8 @@ def lora_target_modules(model: Any, targets: tuple[str, ...]) -> list[str]:
             layer stack.
     """
     stack_name, stack, scope = _adapted_stack(model)
-    roles = layer_linear_roles(stack[0])
+    role_layer = _role_layer(stack)
+    roles = layer_linear_roles(stack[0] if role_layer is None else role_layer)  # None: raises
     rel: list[str] = []
     for t in targets:
         if t == "lm_head":
@@ -311,8 +476,15 @@ def lora_target_modules(model: Any, targets: tuple[str, ...]) -> list[str]:
                 f"{', '.join(sorted(roles))}){why if moe else ''}; drop it from --lora-targets"
             )
         rel.extend(p for p in roles[t] if p not in rel)
-    names = [f"{stack_name}.{i}.{p}" for i in range(len(stack)) for p in rel]
-    names += [n for n in _same_paths_in_other_stacks(model, scope, stack, rel) if n not in names]
+    names = _linears_at(stack_name, stack, rel)
+    stacks = [(role_layer, rel)]
+    for other_name, other in _other_stacks(model, scope, stack):
+        other_layer = _role_layer(other)
+        other_roles = layer_linear_roles(other_layer)
+        other_rel = list(dict.fromkeys(p for t in targets for p in other_roles.get(t, ())))
+        names += [n for n in _linears_at(other_name, other, other_rel) if n not in names]
+        stacks.append((other_layer, other_rel))
+    names += [n for n in _peft_matches(model, scope, stacks) if n not in names]
     if "lm_head" in targets:
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         found = [n for n, m in model.named_modules() if head is not None and m is head]
@@ -416,9 +588,14 @@ def apply_lora(model: Any, training: TrainingConfig) -> Any:
     )
     with warnings.catch_warnings():
         # peft warns when it flips fan_in_fan_out for a Conv1D / Linear mix (GPT-2 + lm_head),
-        # and reads transformers' deprecated ``is_gradient_checkpointing``.
+        # and reads transformers' deprecated ``is_gradient_checkpointing``; on a transformers 5
+        # MoE it turns gate / up / down targets into the fused experts' parameters with a
+        # rank_pattern for ``gate_up_proj`` that it then finds on no module (peft 0.21.2
+        # utils/transformers_weight_conversion.py ``_convert_peft_config_moe``, a
+        # RuntimeWarning from tuners/tuners_utils.py)
         warnings.simplefilter("ignore", UserWarning)
         warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", RuntimeWarning)
         model = peft.get_peft_model(model, config)
     lokr_module_dropout_off(model)
     cast_adapters(model, training)
