@@ -187,7 +187,10 @@ def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfi
         name,
         lambda: build_hf_training_model(raw, training),
         lambda model: _padded(
-            make_hf_batch(model, training.micro_batch_size, training.seq_len), training
+            make_hf_batch(
+                model, training.micro_batch_size, training.seq_len, training.target_seq_len
+            ),
+            training,
         ),
         loss_fn=hf_loss,
         forward_loss=default_forward_loss(training),
@@ -288,7 +291,9 @@ def _own_loss_recipe(name: str, raw: Mapping[str, Any], training: TrainingConfig
     fn = course_loss(kind)
 
     def batch(model: Any) -> Any:
-        out = make_hf_batch(model, training.micro_batch_size, training.seq_len)
+        out = make_hf_batch(
+            model, training.micro_batch_size, training.seq_len, training.target_seq_len
+        )
         if not isinstance(out, dict) or "input_ids" not in out:
             raise UnsupportedError(
                 f"loss={kind} reads token logits, and {name} takes no input_ids; use the "
