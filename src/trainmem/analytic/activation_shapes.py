@@ -125,3 +125,14 @@ def mean_terms(
         for key, value in fn(block).items():
             out[key] = out.get(key, 0) + value * count
     return {k: -(-v // total) for k, v in out.items()}
+
+
+def frozen_embeddings(training: TrainingConfig) -> bool:
+    """Whether the embeddings' outputs need no gradient: LoRA freezes every embedding, and
+    without the input-grad hook (``TrainingConfig.input_embeddings_require_grad``) nothing
+    after them does until the first adapter, so an embedding dropout saves no mask and a
+    lookup no indices (torch records an op only for inputs that need a gradient: torch 2.13
+    torchgen/packaged/autograd/gen_variable_type.py, Note [LoRA's first layer] in
+    :mod:`trainmem.analytic.lora`; traced on T5: no dropout mask after either stack's
+    embeddings, no relative-position buckets)."""
+    return training.is_lora and not training.input_embeddings_require_grad

@@ -64,6 +64,7 @@ from dataclasses import dataclass, field
 from trainmem.analytic.activation_parallelism import parallel_divisor, split_for_parallelism
 from trainmem.analytic.activation_shapes import (
     compute_and_residual_bytes,
+    frozen_embeddings,
     mean_terms,
     tokens_per_sequence,
 )
@@ -242,7 +243,7 @@ def embedding_activation_bytes(model: ModelSpec, training: TrainingConfig) -> di
     ):
         # likewise the boolean causal mask Falcon builds for every layer
         out["causal_mask"] = b * s * s
-    if training.dropout and model.embedding_dropout > 0:
+    if training.dropout and model.embedding_dropout > 0 and not frozen_embeddings(training):
         out["embedding_dropout_mask"] = h * t
     if model.architecture == "encoder-decoder":
         out.update(t5_stack_bytes(model, training))

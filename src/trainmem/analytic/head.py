@@ -45,9 +45,11 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
     if model.architecture == "vision-encoder" and model.vision_pooler != "dense":
         return split_for_parallelism(_vision_pooler_bytes(model, training, t=t), training)
     if model.architecture == "encoder-decoder":
-        # the encoder stack's final_layer_norm, on the source tokens
+        # the encoder stack's final_layer_norm, on the source tokens (frozen under LoRA, as
+        # the decoder's final norm below: it saves no normalised tensor)
         t_source = b * training.seq_len
-        out["encoder_final_norm"] = norm_saved_bytes(model, r) * t_source
+        trained = not training.is_lora
+        out["encoder_final_norm"] = norm_saved_bytes(model, r, trainable=trained) * t_source
     if model.final_norm:  # BERT (post-LN) has none
         # Note [Chunked head's first weight-gradient sum]: eager beside a compiled loss
         trainable = not training.is_lora and (

@@ -20,6 +20,7 @@ from trainmem.analytic.lora_variants import (
 )
 from trainmem.analytic.mlp import expert_loop
 from trainmem.analytic.params import adapted_linears, linear_shapes, lora_targeted
+from trainmem.analytic.t5 import source_tokens
 from trainmem.specs.frameworks import UNSLOTH_SMART_CHECKPOINT_SINCE
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.ranks import fsdp1_no_shard
@@ -140,6 +141,15 @@ def _frozen_base_inputs(
         terms["attention/qkv_input"] = 0
     elif training.uses_autocast and "qkv" not in linear_shapes(model):
         terms["attention/qkv_input"] = c * h * t * cast_copies(qkv_targets, training)
+    if "cross/kv_input" in terms:  # a T5 decoder block's cross-attention (analytic/t5.py)
+        # q reads the decoder's t tokens, k and v the encoder output's: each targeted one's
+        # adapter keeps its own cast copy (as qkv_input above), a frozen one saves nothing
+        kv_targets = 0 if skip_inputs else len({"k", "v"} & targets)
+        if skip_inputs or "q" not in targets:
+            terms["cross/q_input"] = 0
+        if training.uses_autocast:
+            t_source = source_tokens(training)
+            terms["cross/kv_input"] = c * h * t_source * cast_copies(kv_targets, training)
     if "o" not in targets or skip_inputs:
         terms["attention/out_proj_input"] = 0
     elif training.uses_autocast and adapter_bytes > c:
@@ -186,16 +196,18 @@ def _adapter_terms(
         if name == "router" or not targeted:
             continue
         active = k_top if name in ("gate_up", "gate", "up", "down") else 1
-        terms[f"lora/{name}"] = a_bytes * training.lora_rank * t * active
+        # T5's cross-attention k and v read the encoder output (source tokens), q the decoder's
+        tokens = source_tokens(training) if name in ("cross_k", "cross_v") else t
+        terms[f"lora/{name}"] = a_bytes * training.lora_rank * tokens * active
         shared = (
             training.conventions.own_model_code and name in ("q", "k", "v") and name != first_qkv
         )
         if training.lora_dropout > 0 and not shared:
-            terms[f"lora/{name}_dropout"] = (c + 1) * fan_in * t * active
+            terms[f"lora/{name}_dropout"] = (c + 1) * fan_in * tokens * active
         if a_bytes > c and not (training.compile and name in cast_shared):
             # peft casts the input to the fp32 adapter's dtype; A saves that copy (one copy per
             # input under torch.compile: Note [Compiled casts are computed once])
-            terms[f"lora/{name}_input_cast"] = a_bytes * fan_in * t * active
+            terms[f"lora/{name}_input_cast"] = a_bytes * fan_in * tokens * active
             if active == 1:  # (routed experts read their own tokens)
                 cast_shared |= _SAME_INPUT.get(name, set())
     return terms

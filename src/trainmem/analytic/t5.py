@@ -4,7 +4,11 @@ keep besides their blocks (modeling_t5.py). Symbols as in :mod:`trainmem.analyti
 
 from __future__ import annotations
 
-from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
+from trainmem.analytic.activation_shapes import (
+    compute_and_residual_bytes,
+    frozen_embeddings,
+    tokens_per_sequence,
+)
 from trainmem.analytic.mlp import TANH_FORMULA_ACTIVATIONS, activation_fn_saved_bytes
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
@@ -31,13 +35,12 @@ def apply_t5(
       GELU output (fp32 under autocast) by ``wi_1``'s output; the product saves both.
     """
     c, _ = compute_and_residual_bytes(training)
-    b = training.micro_batch_size
     h, a, d, i = model.hidden_size, model.num_heads, model.head_dim, model.intermediate_size
     s = tokens_per_sequence(model, training)
     p_hidden = training.dropout and model.hidden_dropout > 0
     terms["scores/position_bias"] = c * a * s * s
     if model.cross_attention:
-        t_source = b * training.seq_len
+        t_source = source_tokens(training)
         terms["scores/causal_mask"] = s * s
         terms["cross/norm"] = norm * t
         terms["cross/q_input"] = c * h * t * (1 if training.uses_autocast else 0)
@@ -57,6 +60,13 @@ def apply_t5(
         terms["mlp/gated"] = (act + out * i + c * i + c * i) * t
 
 
+def source_tokens(training: TrainingConfig) -> int:
+    """Tokens a decoder block's cross-attention reads keys and values from: the encoder's
+    ``b * seq_len``, whatever the decoder's ``target_seq_len`` (modeling_t5.py
+    ``T5LayerCrossAttention``: ``key_value_states`` is the encoder output)."""
+    return training.micro_batch_size * training.seq_len
+
+
 def t5_stack_bytes(model: ModelSpec, training: TrainingConfig) -> dict[str, int]:
     """What T5's two stacks keep besides their blocks (modeling_t5.py ``T5Stack.forward``,
     ``T5Attention.compute_bias``): the int64 relative-position buckets (s*s, saved by the
@@ -71,9 +81,15 @@ def t5_stack_bytes(model: ModelSpec, training: TrainingConfig) -> dict[str, int]
     c, _ = compute_and_residual_bytes(training)
     # the decoder's first block makes the zero bias and every block's SDPA saves it
     out = {"position_buckets": 8 * (s_e * s_e + s_d * s_d), "cross_bias": c * a * s_d * s_e}
+    # Under LoRA the embeddings are frozen (:func:`frozen_embeddings`): the
+    # relative-attention-bias lookup saves no buckets (``embedding_backward`` reads the indices
+    # for the weight's gradient only) and the decoder's embedding dropout no mask
+    frozen = frozen_embeddings(training)
+    if frozen:
+        out["position_buckets"] = 0
     if training.dropout and model.embedding_dropout > 0:
         # the decoder's embedding dropout and both stacks' dropout after final_layer_norm
-        out["stack_dropout_masks"] = h * b * (s_d + s_e + s_d)
+        out["stack_dropout_masks"] = h * b * ((0 if frozen else s_d) + s_e + s_d)
     if training.activation_checkpointing == "full":
         out["checkpoint_inputs/position_bias"] = 4 * a * (s_e * s_e + s_d * s_d)
         out["checkpoint_inputs/encoder_output"] = r * h * b * s_e
