@@ -100,3 +100,19 @@ def test_mla_roles_by_hand() -> None:
     training = TrainingConfig(micro_batch_size=1, seq_len=32, lora_rank=4)
     est = estimate(path, training, engine="analytic", simulate_allocator=False)
     assert est.num_trainable_parameters == 2 * (384 + 512 + 352 + 576)
+
+
+def test_all_linear_on_a_generic_only_family_is_its_own_linears(invoke_json) -> None:
+    # Found checking issue 26: --lora-targets all-linear on a family without formulas became
+    # all seven names, and Whisper has no gate: "lora target 'gate': ... has no such linear".
+    # tests/models/whisper.json (d_model 64, ffn 128, 2 + 2 layers) at rank 8: an encoder
+    # layer's q, k, v, out_proj 4 x 8 x (64 + 64) = 4,096 and fc1, fc2 2 x 8 x (64 + 128) =
+    # 3,072; a decoder layer adds its cross-attention's 4,096: 2 x 7,168 + 2 x 11,264
+    from conftest import MODELS_DIR
+
+    out = invoke_json(
+        "estimate", MODELS_DIR / "whisper.json", "--lora-rank", "8", "--lora-targets",
+        "all-linear", "-b", "1", "-s", "32",
+    )  # fmt: skip
+    assert out["config"]["lora_targets"] == ["q", "k", "v", "o", "up", "down"]
+    assert out["num_trainable_parameters"] == 2 * 7168 + 2 * 11264

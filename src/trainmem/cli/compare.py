@@ -64,7 +64,7 @@ def register(app: typer.Typer) -> None:
         check_output_paths(plot=plot, html=html)
         base = training
         spec = model_spec_or_none(model)
-        sets = [parse_set(text, spec) for text in set_]
+        sets = [parse_set(text, spec, model) for text in set_]
         labels = [" ".join(text.split()) for text in set_]
         estimates = compare_estimates(
             model, base, sets, gpu=gpu, engine=engine, alloc_conf=alloc_conf

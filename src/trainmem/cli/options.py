@@ -29,7 +29,7 @@ import typer
 from rich.markup import escape
 from typer.models import OptionInfo
 
-from trainmem.errors import SpecError, UnsupportedError
+from trainmem.errors import SpecError, TrainmemError, UnsupportedError
 from trainmem.estimate import ENGINES, default_attention_of, default_seq_len_of, resolve_model
 from trainmem.planner.sweep import STRICT_INT, parse_strict_int
 from trainmem.specs.groups import FIELD_GROUPS
@@ -296,18 +296,42 @@ def _set_panels(params: tuple[inspect.Parameter, ...]) -> None:
 _set_panels(TRAINING_OPTIONS)
 
 
-def parse_lora_targets(text: str, model: ModelSpec | None = None) -> tuple[str, ...]:
+def parse_lora_targets(
+    text: str, model: ModelSpec | None = None, model_arg: str | None = None
+) -> tuple[str, ...]:
     """``"q,v"`` -> ("q", "v"); ``all-linear`` -> every layer linear of ``model`` (peft's
-    ``all-linear``, :func:`~trainmem.specs.training.model_lora_linears`), or every name of
-    :data:`~trainmem.specs.training.LORA_TARGETS` without a model."""
+    ``all-linear``, :func:`~trainmem.specs.training.model_lora_linears`); without a ModelSpec
+    (a family only the generic path runs), the linears of the model ``model_arg`` names,
+    built on ``meta`` (:func:`trainmem.trace.lora.lora_linear_names`: Whisper has no
+    ``gate``), or every name of :data:`~trainmem.specs.training.LORA_TARGETS` where it cannot
+    be built here (no torch, not a transformers config)."""
     if text.strip() == "all-linear":
-        return LORA_TARGETS if model is None else model_lora_linears(model)
+        if model is not None:
+            return model_lora_linears(model)
+        return LORA_TARGETS if model_arg is None else _traced_lora_linears(model_arg)
     targets = tuple(part.strip() for part in text.replace("+", ",").split(",") if part.strip())
     if not targets:
         raise SpecError(
             "lora_targets", "empty; allowed: " + ",".join(LORA_TARGETS) + ",lm_head or all-linear"
         )
     return targets
+
+
+def _traced_lora_linears(model_arg: str) -> tuple[str, ...]:
+    """:func:`trainmem.trace.lora.lora_linear_names` of the transformers model ``model_arg``
+    names, or :data:`~trainmem.specs.training.LORA_TARGETS` where it cannot be built here
+    (its own refusal then comes from the estimate)."""
+    try:
+        from trainmem.specs.hf import load_hf_config
+        from trainmem.trace.hf_model import build_hf_model
+        from trainmem.trace.lora import lora_linear_names
+
+        raw = load_hf_config(model_arg)
+        if "model_type" not in raw:  # a diffusers or timm config
+            return LORA_TARGETS
+        return lora_linear_names(build_hf_model(raw)) or LORA_TARGETS
+    except (TrainmemError, ImportError):
+        return LORA_TARGETS
 
 
 def model_spec_or_none(model: str) -> ModelSpec | None:
@@ -415,8 +439,8 @@ def training_from_options(
             explicit.add(key)
             flags.setdefault(key, "--fsdp")
     if given["lora_targets"] is not None:  # None: the framework's (TrainingConfig resolves it)
-        settings["lora_targets"] = parse_lora_targets(given["lora_targets"], spec)
-    from_set = _from_set(given["settings"] or [], spec, settings, flags)
+        settings["lora_targets"] = parse_lora_targets(given["lora_targets"], spec, model)
+    from_set = _from_set(given["settings"] or [], spec, settings, flags, model)
     auto: dict[str, str] = {}
     file_notes: list[str] = []
     from_files = config_file_settings(
@@ -458,7 +482,11 @@ def training_from_options(
 
 
 def _from_set(
-    items: list[str], spec: ModelSpec | None, settings: dict[str, Any], flags: dict[str, str]
+    items: list[str],
+    spec: ModelSpec | None,
+    settings: dict[str, Any],
+    flags: dict[str, str],
+    model_arg: str | None = None,
 ) -> dict[str, Any]:
     """The settings of the ``--set`` options, each checked against the flag that gave the same
     field (``flags``: the explicit ones, with their values in ``settings``).
@@ -468,7 +496,7 @@ def _from_set(
     """
     from_set: dict[str, Any] = {}
     for item in items:
-        for key, value in parse_set(item, spec).items():
+        for key, value in parse_set(item, spec, model_arg).items():
             if key in ESTIMATE_KEYS:
                 raise SpecError("set", f"{key} cannot be set here; use its own option")
             if key in flags and value != settings[key]:
@@ -600,7 +628,9 @@ ESTIMATE_KEYS = ("engine", "gpu", "alloc_conf", "fsdp")
 _SPLIT = re.compile(r"[;\s]+|,(?=\s*[A-Za-z][\w-]*\s*=)")
 
 
-def parse_set(text: str, model: ModelSpec | None = None) -> dict[str, Any]:
+def parse_set(
+    text: str, model: ModelSpec | None = None, model_arg: str | None = None
+) -> dict[str, Any]:
     """One ``--set`` option: ``"activation-checkpointing=full micro-batch-size=4"`` ->
     ``{"activation_checkpointing": "full", "micro_batch_size": 4}``.
 
@@ -623,7 +653,7 @@ def parse_set(text: str, model: ModelSpec | None = None) -> dict[str, Any]:
         if name in ESTIMATE_KEYS:
             out[name] = value.strip()
         elif name == "lora_targets":
-            out[name] = parse_lora_targets(value.replace("+", ","), model)
+            out[name] = parse_lora_targets(value.replace("+", ","), model, model_arg)
         else:
             try:
                 name = field_name(key)

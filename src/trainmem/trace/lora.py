@@ -47,7 +47,7 @@ from collections import Counter
 from typing import Any
 
 from trainmem.errors import SpecError, UnsupportedError
-from trainmem.specs.training import TrainingConfig
+from trainmem.specs.training import LORA_TARGETS, TrainingConfig
 from trainmem.trace._torch import require_torch
 
 torch = require_torch()
@@ -60,6 +60,7 @@ __all__ = [
     "cast_adapters",
     "layer_linear_roles",
     "layer_stack",
+    "lora_linear_names",
     "lora_target_modules",
     "wrapped_blocks",
 ]
@@ -492,6 +493,23 @@ def lora_target_modules(model: Any, targets: tuple[str, ...]) -> list[str]:
             raise UnsupportedError(f"lora target 'lm_head': {type(model).__name__} has no head")
         names.append(found[0])
     return names
+
+
+def lora_linear_names(model: Any) -> tuple[str, ...]:
+    """``--lora-targets all-linear`` for a model the formulas do not cover: the
+    :data:`~trainmem.specs.training.LORA_TARGETS` names its layers have (Note [LoRA target
+    inference]; every layer list's, a speech encoder-decoder's BERT decoder's too), as
+    :func:`~trainmem.specs.training.model_lora_linears` gives them from a ModelSpec.
+
+    Raises:
+        UnsupportedError: no layer list, or attention linears that fit no pattern.
+    """
+    _, stack, scope = _adapted_stack(model)
+    layer = _role_layer(stack)
+    found = set(layer_linear_roles(stack[0] if layer is None else layer))
+    for _, other in _other_stacks(model, scope, stack):
+        found |= set(layer_linear_roles(_role_layer(other)))
+    return tuple(t for t in LORA_TARGETS if t in found)
 
 
 ADALORA_TOTAL_STEPS = 1000
