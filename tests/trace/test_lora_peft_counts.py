@@ -116,3 +116,19 @@ def test_all_linear_on_a_generic_only_family_is_its_own_linears(invoke_json) -> 
     )  # fmt: skip
     assert out["config"]["lora_targets"] == ["q", "k", "v", "o", "up", "down"]
     assert out["num_trainable_parameters"] == 2 * 7168 + 2 * 11264
+
+
+def test_up_without_gate_on_a_transformers_5_moe_names_the_field() -> None:
+    # Found fuzzing the web page (issue 26): DeepSeek-V3 with q,k,v,o,up,down crashed on
+    # peft's ValueError ("Cannot convert PEFT target(s) up_proj without also targeting
+    # gate_proj because they are fused into gate_up_proj", peft 0.21.2
+    # utils/transformers_weight_conversion.py); real peft refuses it on CPU too
+    from conftest import MODELS_DIR
+    from trainmem.errors import SpecError
+
+    raw = dict(load_hf_config(str(MODELS_DIR / "deepseek_v3.json")))
+    with pytest.raises(ValueError, match="fused into gate_up_proj"):
+        _peft_adapters(raw, ["q_a_proj", "up_proj", "down_proj"])
+    training = TrainingConfig(lora_rank=4, lora_targets=("q", "up", "down"))
+    with pytest.raises(SpecError, match="lora_targets.*gate and up together"):
+        build_hf_training_model(raw, training)

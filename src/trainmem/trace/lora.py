@@ -581,7 +581,9 @@ def apply_lora(model: Any, training: TrainingConfig) -> Any:
     Raises:
         UnsupportedError: peft is missing or a target does not exist.
         SpecError: ``lora_variant`` lokr on transformers ``Conv1D`` linears (GPT-2), which
-            peft's LoKr refuses; AdaLoRA on biased linears under selective checkpointing.
+            peft's LoKr refuses; AdaLoRA on biased linears under selective checkpointing;
+            ``lora_targets`` up without gate (or gate without up) on a transformers 5 MoE,
+            which peft refuses (its experts' fused ``gate_up_proj``).
     """
     if not training.is_lora:
         return model
@@ -614,7 +616,19 @@ def apply_lora(model: Any, training: TrainingConfig) -> Any:
         warnings.simplefilter("ignore", UserWarning)
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", RuntimeWarning)
-        model = peft.get_peft_model(model, config)
+        try:
+            model = peft.get_peft_model(model, config)
+        except ValueError as exc:
+            if "fused into" not in str(exc):
+                raise
+            # peft renames a transformers 5 MoE's gate / up targets to the experts' fused
+            # gate_up_proj and refuses one without the other (peft 0.21.2
+            # utils/transformers_weight_conversion.py _convert_peft_config_moe)
+            raise SpecError(
+                "lora_targets",
+                f"{','.join(training.lora_targets)} on {type(model).__name__}: peft refuses "
+                f"it ({exc}); allowed: gate and up together, or neither",
+            ) from exc
     lokr_module_dropout_off(model)
     cast_adapters(model, training)
     return model
