@@ -50,15 +50,22 @@ def test_gpt2_fused_qkv_and_conv1d_roles() -> None:
         lora_target_modules(model, ("gate",))
 
 
-def test_moe_layers_take_attention_targets() -> None:
+def test_moe_layers_take_attention_targets(monkeypatch: pytest.MonkeyPatch) -> None:
     # Found by fuzzing (session 17): Mixtral's MoE block (transformers 5: experts fused into
     # one module's parameters beside a router) has no gate/up/down linears, which refused
-    # every LoRA on the generic path, the default q,v too ("cannot tell gate/up/down apart")
+    # every LoRA on the generic path, the default q,v too ("cannot tell gate/up/down apart").
+    # Since session 18 gate / up / down name the experts as peft 0.21.2 adapts them: its
+    # transformers 4 names w1 / w3 / w2, which peft turns into the fused parameters
+    # (utils/transformers_weight_conversion.py _convert_peft_config_moe)
     from conftest import MODELS_DIR
 
     model = build_hf_model(load_hf_config(str(MODELS_DIR / "formula" / "mixtral.json")))
     names = lora_target_modules(model, ("q", "v"))  # 2 layers
     assert names == [f"model.layers.{i}.self_attn.{p}_proj" for i in (0, 1) for p in "qv"]
+    assert lora_target_modules(model, ("q", "gate", "up"))[-2:] == ["w1", "w3"]
+    import trainmem.trace.lora as lora
+
+    monkeypatch.setattr(lora, "_expert_target", lambda model, role: None)  # no peft pattern
     with pytest.raises(UnsupportedError, match="gate'.*MoE experts are not targeted"):
         lora_target_modules(model, ("q", "gate"))
 

@@ -448,6 +448,34 @@ def _submodule(module: Any, path: str) -> Any:
         return None
 
 
+_EXPERT_NAMES = {
+    "mixtral": {"gate": "w1", "up": "w3", "down": "w2"},
+    "qwen2_moe": {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"},
+}
+"""The transformers 4 names of an MoE expert's linears by the pattern peft converts them with
+(peft 0.21.2 utils/transformers_weight_conversion.py ``_MOE_TARGET_MODULE_MAPPING``)."""
+
+
+def _expert_target(model: Any, role: str) -> str | None:
+    """The target name that makes peft adapt a transformers 5 MoE's fused experts for
+    ``role`` (gate / up / down), or None where peft does not.
+
+    transformers 5 holds the experts as two 3-D parameters, ``gate_up_proj`` and ``down_proj``
+    (modeling_mixtral.py ``MixtralExperts``; Qwen2-MoE, Qwen3-MoE, DeepSeek-V3 alike), no
+    linear per expert. peft 0.21.2 (utils/transformers_weight_conversion.py
+    ``_convert_peft_config_moe``) turns the transformers 4 expert names (Mixtral ``w1`` /
+    ``w3`` / ``w2``; the Qwen2-MoE pattern's ``gate_proj`` / ``up_proj`` / ``down_proj``) into
+    ``target_parameters``: a LoRA on each 3-D parameter (``ParamWrapper``), rank 2r on the
+    fused ``gate_up_proj`` (both of gate and up needed), r on ``down_proj``."""
+    try:
+        from peft.utils import transformers_weight_conversion as conversion
+    except ImportError:  # pragma: no cover - an older peft: no conversion
+        return None
+    patterns: dict[str, str] = getattr(conversion, "_MODEL_TO_CONVERSION_PATTERN", {})
+    base = patterns.get(str(getattr(model.config, "model_type", "")))
+    return _EXPERT_NAMES.get(base or "", {}).get(role)
+
+
 def lora_target_modules(model: Any, targets: tuple[str, ...]) -> list[str]:
     """Full module names of ``model`` that get adapters for trainmem's ``targets``.
 
@@ -456,7 +484,9 @@ def lora_target_modules(model: Any, targets: tuple[str, ...]) -> list[str]:
         targets: trainmem linear names (``TrainingConfig.lora_targets``).
 
     Returns:
-        Dotted module names, in model order, each once.
+        Dotted module names, in model order, each once; then, for ``gate`` / ``up`` /
+        ``down`` on a transformers 5 MoE whose experts peft adapts (:func:`_expert_target`),
+        the transformers 4 expert names peft turns into the fused experts' parameters.
 
     Raises:
         UnsupportedError: a target the model has no linear for (``gate`` on GPT-2), or no
@@ -466,11 +496,15 @@ def lora_target_modules(model: Any, targets: tuple[str, ...]) -> list[str]:
     role_layer = _role_layer(stack)
     roles = layer_linear_roles(stack[0] if role_layer is None else role_layer)  # None: raises
     rel: list[str] = []
+    experts: list[str] = []
     for t in targets:
         if t == "lm_head":
             continue
+        moe = t in _MLP_ROLES and not _MLP_ROLES & roles.keys()
+        if t not in roles and moe and (name := _expert_target(model, t)) is not None:
+            experts.append(name)
+            continue
         if t not in roles:
-            moe = t in _MLP_ROLES and not _MLP_ROLES & roles.keys()
             why = " (its MLP is not a gate/up/down of linears: MoE experts are not targeted)"
             raise UnsupportedError(
                 f"lora target {t!r}: {type(model).__name__} has no such linear (it has "
@@ -486,6 +520,7 @@ def lora_target_modules(model: Any, targets: tuple[str, ...]) -> list[str]:
         names += [n for n in _linears_at(other_name, other, other_rel) if n not in names]
         stacks.append((other_layer, other_rel))
     names += [n for n in _peft_matches(model, scope, stacks) if n not in names]
+    names += experts
     if "lm_head" in targets:
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         found = [n for n, m in model.named_modules() if head is not None and m is head]
@@ -583,7 +618,8 @@ def apply_lora(model: Any, training: TrainingConfig) -> Any:
         SpecError: ``lora_variant`` lokr on transformers ``Conv1D`` linears (GPT-2), which
             peft's LoKr refuses; AdaLoRA on biased linears under selective checkpointing;
             ``lora_targets`` up without gate (or gate without up) on a transformers 5 MoE,
-            which peft refuses (its experts' fused ``gate_up_proj``).
+            which peft refuses (its experts' fused ``gate_up_proj``); a variant other than
+            ``lora`` on those experts.
     """
     if not training.is_lora:
         return model
@@ -598,6 +634,17 @@ def apply_lora(model: Any, training: TrainingConfig) -> Any:
             f"{type(model).__name__}'s targeted linears are transformers Conv1D (peft "
             "tuners/lycoris_utils.py _create_new_module: 'Target module of type Conv1D not "
             "supported'); allowed: lora, dora, adalora",
+        )
+    modules = {n for n, _ in model.named_modules()}
+    experts = [n for n in names if n not in modules]  # _expert_target's
+    if experts and training.lora_variant != "lora":
+        raise SpecError(
+            "lora_variant",
+            f"{training.lora_variant} on {type(model).__name__}'s experts "
+            f"({', '.join(experts)}): peft adapts a transformers 5 MoE's fused experts with "
+            "LoRA only (peft 0.21.2: its MoE target conversion runs for LoRA, and "
+            "lora.ParamWrapper refuses use_dora); allowed: lora, or --lora-targets without "
+            "gate / up / down",
         )
     _check_adalora_selective(model, names, training)
     config = adapter_config(
