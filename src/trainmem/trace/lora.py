@@ -26,7 +26,8 @@ Note [LoRA target inference]
     ``up``, or a fused ``gate_up`` when its out_features are twice ``down``'s in_features
     (Phi-3); several feed-forward modules (a conformer's two) each so; other MLP linears (an
     MoE block's router, experts fused into one module's parameters in transformers 5) get no
-    role, so ``gate`` / ``up`` / ``down`` are refused there and attention targets still run.
+    role: ``gate`` / ``up`` / ``down`` then adapt the fused experts where peft does
+    (:func:`_expert_target`), are refused elsewhere, and attention targets still run.
     The relative paths found are targeted in every layer that has them, the roles of a layer
     list of another class (a speech- or vision-encoder-decoder's BERT decoder beside its
     wav2vec2 / ViT encoder) are read from its own layers, and the modules peft's name matching
