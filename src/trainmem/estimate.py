@@ -25,7 +25,7 @@ from trainmem.analytic.engine import estimate_analytic
 from trainmem.analytic.loss import unsloth_fused_loss
 from trainmem.analytic.varying_lengths import after_steps, earlier_lengths
 from trainmem.breakdown import MemoryEstimate
-from trainmem.errors import NotApplicableError, SpecError, UnsupportedError
+from trainmem.errors import NotApplicableError, SpecError, TrainmemError, UnsupportedError
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
 from trainmem.specs.assumptions import assumptions
 from trainmem.specs.frameworks import (
@@ -41,9 +41,11 @@ from trainmem.specs.optimizers import OPTIMIZER_TABLE
 from trainmem.specs.quantization import float_quant_storage
 from trainmem.specs.ranks import fsdp1_framework, fsdp1_no_shard, model_rank_map
 from trainmem.specs.training import (
+    LORA_TARGETS,
     TrainingConfig,
     adafactor_on_dtensors_untraced,
     check_training_for_model,
+    model_lora_linears,
     resolved_config,
 )
 from trainmem.traced_megatron import traced_megatron, untraced_megatron
@@ -93,6 +95,33 @@ def resolve_model(model: str | ModelSpec) -> ModelSpec:
         SpecError / UnsupportedError: see :func:`trainmem.specs.hf.load_model_spec`.
     """
     return model if isinstance(model, ModelSpec) else load_model_spec(model)
+
+
+def lora_linears_of(model: str | ModelSpec) -> tuple[str, ...]:
+    """``--lora-targets all-linear`` for ``model``: its layer linears by their
+    :data:`~trainmem.specs.training.LORA_TARGETS` names (peft's ``all-linear``). From the
+    ModelSpec where the formulas cover the family
+    (:func:`~trainmem.specs.training.model_lora_linears`); else from the transformers model
+    built on ``meta`` (:func:`trainmem.trace.lora.lora_linear_names`: Whisper has no
+    ``gate``); every name where neither can be had here (no torch, a diffusers or timm
+    config: the estimate then gives its own refusal)."""
+    try:
+        return model_lora_linears(resolve_model(model))
+    except UnsupportedError:
+        pass
+    if isinstance(model, ModelSpec):  # pragma: no cover - resolve_model returned it
+        return model_lora_linears(model)
+    try:
+        from trainmem.specs.hf import load_hf_config
+        from trainmem.trace.hf_model import build_hf_model
+        from trainmem.trace.lora import lora_linear_names
+
+        raw = load_hf_config(model)
+        if "model_type" not in raw:  # a diffusers or timm config
+            return LORA_TARGETS
+        return lora_linear_names(build_hf_model(raw)) or LORA_TARGETS
+    except (TrainmemError, ImportError):
+        return LORA_TARGETS
 
 
 def formula_model(model: str | ModelSpec, command: str) -> ModelSpec:

@@ -29,8 +29,14 @@ import typer
 from rich.markup import escape
 from typer.models import OptionInfo
 
-from trainmem.errors import SpecError, TrainmemError, UnsupportedError
-from trainmem.estimate import ENGINES, default_attention_of, default_seq_len_of, resolve_model
+from trainmem.errors import SpecError, UnsupportedError
+from trainmem.estimate import (
+    ENGINES,
+    default_attention_of,
+    default_seq_len_of,
+    lora_linears_of,
+    resolve_model,
+)
 from trainmem.planner.sweep import STRICT_INT, parse_strict_int
 from trainmem.specs.groups import FIELD_GROUPS
 from trainmem.specs.hardware import check_precision_on_gpu, get_gpu
@@ -301,37 +307,19 @@ def parse_lora_targets(
 ) -> tuple[str, ...]:
     """``"q,v"`` -> ("q", "v"); ``all-linear`` -> every layer linear of ``model`` (peft's
     ``all-linear``, :func:`~trainmem.specs.training.model_lora_linears`); without a ModelSpec
-    (a family only the generic path runs), the linears of the model ``model_arg`` names,
-    built on ``meta`` (:func:`trainmem.trace.lora.lora_linear_names`: Whisper has no
-    ``gate``), or every name of :data:`~trainmem.specs.training.LORA_TARGETS` where it cannot
-    be built here (no torch, not a transformers config)."""
+    (a family only the generic path runs), those of the model ``model_arg`` names
+    (:func:`trainmem.estimate.lora_linears_of`), or every name of
+    :data:`~trainmem.specs.training.LORA_TARGETS` without either."""
     if text.strip() == "all-linear":
         if model is not None:
             return model_lora_linears(model)
-        return LORA_TARGETS if model_arg is None else _traced_lora_linears(model_arg)
+        return LORA_TARGETS if model_arg is None else lora_linears_of(model_arg)
     targets = tuple(part.strip() for part in text.replace("+", ",").split(",") if part.strip())
     if not targets:
         raise SpecError(
             "lora_targets", "empty; allowed: " + ",".join(LORA_TARGETS) + ",lm_head or all-linear"
         )
     return targets
-
-
-def _traced_lora_linears(model_arg: str) -> tuple[str, ...]:
-    """:func:`trainmem.trace.lora.lora_linear_names` of the transformers model ``model_arg``
-    names, or :data:`~trainmem.specs.training.LORA_TARGETS` where it cannot be built here
-    (its own refusal then comes from the estimate)."""
-    try:
-        from trainmem.specs.hf import load_hf_config
-        from trainmem.trace.hf_model import build_hf_model
-        from trainmem.trace.lora import lora_linear_names
-
-        raw = load_hf_config(model_arg)
-        if "model_type" not in raw:  # a diffusers or timm config
-            return LORA_TARGETS
-        return lora_linear_names(build_hf_model(raw)) or LORA_TARGETS
-    except (TrainmemError, ImportError):
-        return LORA_TARGETS
 
 
 def model_spec_or_none(model: str) -> ModelSpec | None:

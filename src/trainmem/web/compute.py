@@ -18,11 +18,17 @@ from typing import Any
 
 from trainmem.breakdown import MemoryEstimate
 from trainmem.errors import SpecError
-from trainmem.estimate import ENGINES, default_attention_of, default_seq_len_of, estimate
+from trainmem.estimate import (
+    ENGINES,
+    default_attention_of,
+    default_seq_len_of,
+    estimate,
+    lora_linears_of,
+)
 from trainmem.specs.hf import TIMM_PREFIX, list_presets
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
-from trainmem.web.form import DEFAULT_ENGINE, NO_GPU, training_config
+from trainmem.web.form import ALL_LINEAR, DEFAULT_ENGINE, NO_GPU, coerce, training_config
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -154,6 +160,8 @@ def resolve_request(values: Mapping[str, Any], uploaded: ModelSpec | str | None 
     engine = str(values.get("engine") or DEFAULT_ENGINE)
     if engine not in ENGINES:
         raise SpecError("engine", f"unknown value {engine!r:.80}; allowed: {', '.join(ENGINES)}")
+    if coerce("lora_targets", values.get("lora_targets")) == (ALL_LINEAR,):
+        values = {**values, "lora_targets": lora_linears_of(model)}  # as the CLI reads it
     training = training_config(
         values,
         default_seq_len=default_seq_len_of(model),

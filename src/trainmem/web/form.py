@@ -41,6 +41,9 @@ DEFAULT_ENGINE = "auto"
 path."""
 NO_GPU = "(none)"
 """The GPU choice that asks for no fit verdict (the CLI without ``--gpu``)."""
+ALL_LINEAR = "all-linear"
+"""The ``lora_targets`` choice that means every layer linear of the model, ticked alone (the
+CLI's ``--lora-targets all-linear``; :func:`trainmem.estimate.lora_linears_of`)."""
 MODEL_DEFAULT = "model default"
 """The choice that leaves a setting to the model (``attention``: eager for BLOOM / Gemma-2,
 sdpa otherwise), the CLI without the option."""
@@ -57,7 +60,9 @@ CHOICES: dict[str, tuple[Any, ...]] = {
 }
 """Allowed values of the fields that take one of a list (``lora_targets``: several of it), the
 :attr:`~trainmem.specs.settings.Setting.choices` the CLI offers and TrainingConfig accepts
-(``attention``: :data:`MODEL_DEFAULT` first, the CLI without the option)."""
+(``attention``: :data:`MODEL_DEFAULT` first, the CLI without the option; ``lora_targets``:
+:data:`ALL_LINEAR` last, as the CLI's ``--lora-targets all-linear``)."""
+CHOICES["lora_targets"] = (*CHOICES["lora_targets"], ALL_LINEAR)
 
 _NO_FLAG = tuple(name for name, (_, s) in _SETTINGS.items() if s.no_option)
 """Fields without an option of their own in the CLI (given there as ``--set KEY=VALUE``;
