@@ -109,6 +109,8 @@ def test_every_field_has_one_web_input_of_the_same_source(field: dataclasses.Fie
     assert widget.help == help_text(field, choices=False)  # the input lists the choices
     model_choice = s.choices and s.defer == "model"  # attention: "model default" first
     expected = (form.MODEL_DEFAULT, *s.choices) if model_choice else s.choices
+    if field.name == "lora_targets":  # and the CLI's --lora-targets all-linear (issue 26)
+        expected = (*expected, form.ALL_LINEAR)
     assert widget.choices == expected
     assert form.DEFAULTS[field.name] == (None if s.defer == "model" else field.default)
     # the page's command spells a setting without an option as --set
