@@ -362,9 +362,10 @@ def apply_mla(terms: dict[str, int], model: ModelSpec, training: TrainingConfig,
     * The normed input is read by two linears (``q_a_proj`` or ``q_proj``, and
       ``kv_a_proj_with_mqa``): two 16-bit copies under autocast.
     * ``q_a_layernorm`` / ``kv_a_layernorm`` are HF RMSNorms on 16-bit latents: the fp32 upcast,
-      the rstd and the normalised 16-bit tensor (the ``kv_nope`` slice is strided, so its upcast
-      is a copy either way); their fp32 outputs (fp32 weight times 16-bit tensor) are cast again
-      for ``q_b_proj`` / ``kv_b_proj``.
+      the rstd and the normalised 16-bit tensor (none under LoRA: frozen, as
+      :func:`~trainmem.analytic.norms.norm_saved_bytes`; the ``kv_nope`` slice is strided, so
+      its upcast is a copy either way); their fp32 outputs (fp32 weight times 16-bit tensor)
+      are cast again for ``q_b_proj`` / ``kv_b_proj``.
     * The rotary halves are multiplied by the fp32 cos / sin, so ``torch.cat((q_pass, q_rot))``
       is fp32; SDPA (on autocast's lower-precision list) saves its 16-bit cast. The keys are a
       new (b, a, s, qk_nope + qk_rope) tensor (``expand_kv``: ``new_empty`` + two ``copy_``).
@@ -379,9 +380,11 @@ def apply_mla(terms: dict[str, int], model: ModelSpec, training: TrainingConfig,
     nope = d - model.qk_rope_head_dim
     mixed = autocast_casts_layer_inputs(training)
     terms["attention/qkv_input"] = c * h * t * (cast_copies(2, training) if mixed else 1)
+    # a frozen norm (LoRA) saves no normalised tensor: only its weight's gradient reads it
+    normalised = 0 if training.is_lora else c
     for rank, name in ((model.q_lora_rank, "q"), (model.kv_lora_rank, "kv")):
         if rank:
-            terms[f"attention/{name}_latent_norm"] = (4 * rank + c * rank + 4) * t
+            terms[f"attention/{name}_latent_norm"] = (4 * rank + normalised * rank + 4) * t
             terms[f"attention/{name}_latent_input"] = c * rank * t
     terms["attention/q_k"] = 2 * c * a * d * t
     terms["attention/v"] = c * a * (nope + v) * t
