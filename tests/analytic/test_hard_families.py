@@ -197,7 +197,11 @@ SETTINGS = {
 
 #: (config, setting) pairs where the formulas are not yet within 1% of the trace engine.
 NOT_YET: dict[tuple[str, str], str] = {
-    ("tiny-flan-t5.json", "bf16-mixed full-AC"): "encoder block's recompute under full AC (+1.05%)",
+    # tiny-flan-t5 full-AC is within 1% (+0.6%) at session 18; tiny-t5 is +1.9% there: the
+    # formulas' recompute of the encoder and decoder blocks under full AC (each stack's first
+    # block saves less in the trace than the formulas' first-layer rule, which covers
+    # decoder-only models), not fixed yet.
+    ("tiny-t5.json", "bf16-mixed full-AC"): "T5 blocks' recompute under full AC (+1.9%)",
 }
 
 
