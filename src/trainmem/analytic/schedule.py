@@ -214,16 +214,67 @@ class _Transforms:
 
     def gradients(self, group: Group, where: Where) -> list[Op]:
         """The ops that make ``group``'s gradients: the first transform's that answers, else
-        this rank's gradients on the first micro-batch of the step (later ones accumulate)."""
+        this rank's gradients on the first micro-batch of the step, and on a later one each
+        new gradient made, added into the kept one and freed (:func:`_accumulated`).
+
+        Note [New gradients of the head and the embedding]
+            Every parameter's ``AccumulateGrad`` runs in every micro-batch, and with ``.grad``
+            defined it adds the incoming gradient into it in place and drops it (torch
+            torch/csrc/autograd/functions/accumulate_grad.h ``accumulateGrad``: ``variable_grad
+            += new_grad``), so a later micro-batch makes the output layer's and the token
+            embedding's new gradients as it makes the layers' (before, only the layers' and,
+            Megatron's, those two were made: Note [Megatron's new 16-bit gradients]). A
+            weight the head and the lookup share has one ``AccumulateGrad``, run once both
+            gradients are in its input buffer (torch/csrc/autograd/input_buffer.cpp
+            ``accumulate``): the head's new gradient waits there from the head's backward to
+            the embedding's (:meth:`_held_tied`), and the lookup's gradient
+            (``embedding_dense_backward``, the weight's dtype) is a transient of every
+            micro-batch, added in place into the head's when that is a fresh contiguous
+            tensor (``can_accumulate_inplace``: the fp32 cast of an autocast head's 16-bit
+            gradient), else summed out of place (the transposed output of the head's matmul
+            backward: bf16-true, 32-true), the sum becoming the gradient
+            (:func:`~trainmem.analytic.transforms.base.embedding_gradients`). Checked on torch
+            2.13 CPU with the profiler's memory (a tied 4096 x 256 embedding, two backwards):
+            ``embedding_dense_backward`` allocates the weight's bytes and ``aten::add``
+            another weight's bytes under bf16-true, ``aten::add_`` nothing under bf16 autocast.
+            Generic vs formulas, a 2-layer 2048-wide Llama with a 32,000 vocabulary, 2 x 256
+            tokens, accumulation 4 (generic / analytic - 1): tied bf16-true +5.2 -> +0.0 %;
+            see docs/formulas.md for the others."""
         made = self._answered(group, where)
         if made is not None:
             return made
         if where.new_grads:
             return self._base_gradients(group)
-        if megatron_new_gradients(self.ctx.training):  # Note [Megatron's new 16-bit gradients]
-            training = self.ctx.training
-            return [op for g in self._base_gradients(group) for op in _accumulated(g, training)]
-        return []
+        # Note [New gradients of the head and the embedding]
+        training = self.ctx.training
+        held = self._held_tied(where)
+        if group == "embedding":  # the tied weight's, held since the head's backward
+            news = [_accumulated(g, training) for g in self._base_gradients("head")]
+            made = [op for g in self._base_gradients(group) for op in _accumulated(g, training)]
+            return made + [pair[1] for pair, tied in zip(news, held, strict=True) if tied]
+        news = [_accumulated(g, training) for g in self._base_gradients(group)]
+        if group == "head":
+            return [op for pair, tied in zip(news, held, strict=True) for op in pair[: 2 - tied]]
+        return [op for pair in news for op in pair]
+
+    def _held_tied(self, where: Where) -> list[bool]:
+        """Per head gradient op, whether a later micro-batch's new gradient of it waits for the
+        embedding's backward (a tied weight the lookup also uses on this rank, Note [New
+        gradients of the head and the embedding]); only when the base order makes both
+        groups' gradients."""
+        ctx = self.ctx
+        states = ctx.head_grad_states
+        tied = [s.name == "embedding/tokens" for s in states]
+        ops = self._base_gradients("head")
+        if (
+            not any(tied)
+            or not embedding_gradients(ctx).tied_lookup
+            or len(ops) != len(states)
+            or self._answered("head", where) is not None
+            or self._answered("embedding", where) is not None
+        ):
+            return [False] * len(ops)
+        return tied
 
     def layer_gradients(self, where: Where) -> tuple[list[Op], list[Op], list[Op], list[Op]]:
         """The layer's gradient ops in the four places its backward makes them (Note

@@ -317,6 +317,13 @@ def embedding_gradients(ctx: RankContext) -> EmbeddingGradients:
     tied_lookup = w_bytes * looked_up[0].numel if tied_here else 0
     vocab = w_bytes * looked_up[0].numel if vocab_parallel and looked_up else 0
     tied_sum = vocab // tp if tied_here else 0
+    if tied_here and not vocab_parallel and ctx.zero_stage < 3:
+        # Note [New gradients of the head and the embedding]: the lookup's gradient, added
+        # into the head's in place only when that is the fresh fp32 cast of an autocast one
+        # (FSDP's gathered weights: its transforms' vocab_gradient_bytes)
+        vocab = tied_lookup
+        cast = t.uses_autocast and t.gathered_weight_dtype != t.compute_dtype
+        tied_sum = 0 if cast else tied_lookup
     own = tokens(ctx.emb_grad_states)
     if own and tp == 1 and t.pipeline_parallel_size > 1 and t.zero_stage == 3:
         # FSDP2 under PP: the embedding's compute-dtype gradient exists before it is added
