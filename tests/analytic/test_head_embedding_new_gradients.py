@@ -117,3 +117,24 @@ def test_tied_lookup_added_in_place_under_autocast(tmp_path: Path) -> None:
     new = _tied_key(ops, "new_grad/head/", 4 * V * H)
     live = _live_at(ops, "grad/embedding/vocab", 1)
     assert live[new] == live["grad/embedding/vocab"] == 4 * V * H
+
+
+def test_classification_head_leaves_the_embeddings_new_gradient_to_the_lookup(
+    tmp_path: Path,
+) -> None:
+    """BertForSequenceClassification under ``tie_word_embeddings`` (BERT's default): no head
+    reads the word embedding, so a later micro-batch's new gradient of it (V x h x 4, fp32
+    under autocast) is made at the embedding's backward, after the whole-vocabulary op, not
+    at the head's; no lookup transient beside it."""
+    cfg = json.loads((MODELS_DIR / "formula" / "bert.json").read_text())
+    path = tmp_path / "bert_cls.json"
+    path.write_text(
+        json.dumps({**cfg, "architectures": ["BertForSequenceClassification"], "num_labels": 2})
+    )
+    v, h = cfg["vocab_size"], cfg["hidden_size"]
+    ops = _step(path, gradient_accumulation_steps=2)
+    new = _tied_key(ops, "new_grad/head/", 4 * v * h)
+    lookup = [n for n, op in enumerate(ops) if op.key == "grad/embedding/vocab"]
+    made = [n for n, op in enumerate(ops) if op.key == new]
+    assert all(op.size_bytes == 0 for op in ops if op.key == "grad/embedding/vocab")
+    assert len(made) == 2 and lookup[2] < made[0] < made[1] < lookup[3]

@@ -129,6 +129,7 @@ from trainmem.analytic.transforms.base import (
     free,
     gradient_ops,
     gradient_places,
+    head_reads_embedding,
     point_table,
     tied_sum_op,
     unit_states,
@@ -227,7 +228,7 @@ class _Transforms:
             weight the head and the lookup share has one ``AccumulateGrad``, run once both
             gradients are in its input buffer (torch/csrc/autograd/input_buffer.cpp
             ``accumulate``): the head's new gradient waits there from the head's backward to
-            the embedding's (:meth:`_held_tied`), and the lookup's gradient
+            the embedding's (:meth:`_tied_places`), and the lookup's gradient
             (``embedding_dense_backward``, the weight's dtype) is a transient of every
             micro-batch, added in place into the head's when that is a fresh contiguous
             tensor (``can_accumulate_inplace``: the fp32 cast of an autocast head's 16-bit
@@ -237,9 +238,15 @@ class _Transforms:
             2.13 CPU with the profiler's memory (a tied 4096 x 256 embedding, two backwards):
             ``embedding_dense_backward`` allocates the weight's bytes and ``aten::add``
             another weight's bytes under bf16-true, ``aten::add_`` nothing under bf16 autocast.
-            Generic vs formulas, a 2-layer 2048-wide Llama with a 32,000 vocabulary, 2 x 256
-            tokens, accumulation 4 (generic / analytic - 1): tied bf16-true +5.2 -> +0.0 %;
-            see docs/formulas.md for the others."""
+            A classification head never reads the word embedding (transformers
+            ``BertForSequenceClassification``), though the layout puts a tied one with the head
+            (``RankContext.build``): its new gradient is made by the lookup alone, at the
+            embedding's backward. Generic vs formulas (generic / analytic - 1), a 2-layer
+            2048-wide Llama, vocabulary 32,000, 2 x 256 tokens, accumulation 4, tied:
+            bf16-true +5.2 -> -0.01 %, Megatron +4.5 -> -0.01 %, ZeRO-1 +4.1 -> -0.01 %
+            (docs/formulas.md for the others); Llama-3.2-1B (tied), bf16 autocast, fused AdamW,
+            2 x 256, no accumulation: +5.1 -> +0.02 % (the lookup's 1.05 GB fp32 gradient at
+            the embedding's backward beside every gradient)."""
         made = self._answered(group, where)
         if made is not None:
             return made
@@ -247,34 +254,36 @@ class _Transforms:
             return self._base_gradients(group)
         # Note [New gradients of the head and the embedding]
         training = self.ctx.training
-        held = self._held_tied(where)
-        if group == "embedding":  # the tied weight's, held since the head's backward
+        tied = self._tied_places(where)
+        if group == "embedding":  # the tied weight's, held since the head's backward, or made here
             news = [_accumulated(g, training) for g in self._base_gradients("head")]
             made = [op for g in self._base_gradients(group) for op in _accumulated(g, training)]
-            return made + [pair[1] for pair, tied in zip(news, held, strict=True) if tied]
+            return made + [op for pair, k in zip(news, tied, strict=True) for op in pair[2 - k :]]
         news = [_accumulated(g, training) for g in self._base_gradients(group)]
         if group == "head":
-            return [op for pair, tied in zip(news, held, strict=True) for op in pair[: 2 - tied]]
+            return [op for pair, k in zip(news, tied, strict=True) for op in pair[: 2 - k]]
         return [op for pair in news for op in pair]
 
-    def _held_tied(self, where: Where) -> list[bool]:
-        """Per head gradient op, whether a later micro-batch's new gradient of it waits for the
-        embedding's backward (a tied weight the lookup also uses on this rank, Note [New
-        gradients of the head and the embedding]); only when the base order makes both
-        groups' gradients."""
+    def _tied_places(self, where: Where) -> list[int]:
+        """Per head gradient op, how many of a later micro-batch's new gradient's two ops (its
+        alloc, its free) the embedding's backward makes instead of the head's (Note [New
+        gradients of the head and the embedding]): 1, the free, for a weight the head and the
+        lookup on this rank share (it waits for the lookup's gradient); 2, both, for the token
+        embedding the layout puts with a head that does not read it (a classification head
+        over ``tie_word_embeddings``: only the lookup makes its gradient); 0 otherwise, and
+        unless the base order makes both groups' gradients."""
         ctx = self.ctx
         states = ctx.head_grad_states
-        tied = [s.name == "embedding/tokens" for s in states]
         ops = self._base_gradients("head")
         if (
-            not any(tied)
-            or not embedding_gradients(ctx).tied_lookup
+            not embedding_gradients(ctx).tied_lookup
             or len(ops) != len(states)
             or self._answered("head", where) is not None
             or self._answered("embedding", where) is not None
         ):
-            return [False] * len(ops)
-        return tied
+            return [0] * len(ops)
+        k = 1 if head_reads_embedding(ctx) else 2
+        return [k if s.name == "embedding/tokens" else 0 for s in states]
 
     def layer_gradients(self, where: Where) -> tuple[list[Op], list[Op], list[Op], list[Op]]:
         """The layer's gradient ops in the four places its backward makes them (Note

@@ -317,7 +317,7 @@ def embedding_gradients(ctx: RankContext) -> EmbeddingGradients:
     tied_lookup = w_bytes * looked_up[0].numel if tied_here else 0
     vocab = w_bytes * looked_up[0].numel if vocab_parallel and looked_up else 0
     tied_sum = vocab // tp if tied_here else 0
-    if tied_here and not vocab_parallel and ctx.zero_stage < 3:
+    if tied_here and not vocab_parallel and ctx.zero_stage < 3 and head_reads_embedding(ctx):
         # Note [New gradients of the head and the embedding]: the lookup's gradient, added
         # into the head's in place only when that is the fresh fp32 cast of an autocast one
         # (FSDP's gathered weights: its transforms' vocab_gradient_bytes)
@@ -337,6 +337,16 @@ def embedding_gradients(ctx: RankContext) -> EmbeddingGradients:
     out = EmbeddingGradients(vocab, tied_lookup, tied_sum, *factors)
     ctx.memo["embedding_gradients"] = out
     return out
+
+
+_LM_HEADS = frozenset({"causal-lm", "masked-lm", "seq2seq-lm"})
+
+
+def head_reads_embedding(ctx: RankContext) -> bool:
+    """The output layer is a language-model head, the one that can read a tied token
+    embedding (a classification head never does, whatever ``tie_word_embeddings`` says:
+    transformers ``BertForSequenceClassification`` has no output embedding to tie)."""
+    return ctx.model.head in _LM_HEADS
 
 
 class Where(NamedTuple):
