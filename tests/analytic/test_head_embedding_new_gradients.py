@@ -138,3 +138,14 @@ def test_classification_head_leaves_the_embeddings_new_gradient_to_the_lookup(
     made = [n for n, op in enumerate(ops) if op.key == new]
     assert all(op.size_bytes == 0 for op in ops if op.key == "grad/embedding/vocab")
     assert len(made) == 2 and lookup[2] < made[0] < made[1] < lookup[3]
+
+
+def test_tied_lookup_added_in_place_into_a_chunked_heads_sum(tmp_path: Path) -> None:
+    """bf16-true with the loss in 8 chunks: the head's gradient in the input buffer is already
+    the out-of-place sum of its chunks' (Note [Chunked head's first weight-gradient sum]), a
+    fresh tensor, so the lookup's bf16 gradient (V x h x 2) is added into it in place."""
+    ops = _step(
+        _tied(tmp_path), precision="bf16-true", framework="torchtune", chunked_cross_entropy=8
+    )
+    assert not [op for op in ops if op.key == "grad/embedding/tied_sum" and op.size_bytes]
+    assert {op.size_bytes for op in ops if op.key == "grad/embedding/vocab"} == {2 * V * H}

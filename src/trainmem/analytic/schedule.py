@@ -220,7 +220,7 @@ class _Transforms:
 
         Note [New gradients of the head and the embedding]
             Every parameter's ``AccumulateGrad`` runs in every micro-batch, and with ``.grad``
-            defined it adds the incoming gradient into it in place and drops it (torch
+            defined it adds the incoming gradient into it in place and drops it (torch 2.13
             torch/csrc/autograd/functions/accumulate_grad.h ``accumulateGrad``: ``variable_grad
             += new_grad``), so a later micro-batch makes the output layer's and the token
             embedding's new gradients as it makes the layers' (before, only the layers' and,
@@ -232,8 +232,10 @@ class _Transforms:
             (``embedding_dense_backward``, the weight's dtype) is a transient of every
             micro-batch, added in place into the head's when that is a fresh contiguous
             tensor (``can_accumulate_inplace``: the fp32 cast of an autocast head's 16-bit
-            gradient), else summed out of place (the transposed output of the head's matmul
-            backward: bf16-true, 32-true), the sum becoming the gradient
+            gradient, a chunked head's out-of-place sum of its chunks' gradients: Note
+            [Chunked head's first weight-gradient sum]), else summed out of place (the
+            transposed output of the head's matmul backward: bf16-true, 32-true), the sum
+            becoming the gradient
             (:func:`~trainmem.analytic.transforms.base.embedding_gradients`). Checked on torch
             2.13 CPU with the profiler's memory (a tied 4096 x 256 embedding, two backwards):
             ``embedding_dense_backward`` allocates the weight's bytes and ``aten::add``

@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Literal, NamedTuple
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes
 from trainmem.analytic.activations import ActivationProfile
 from trainmem.analytic.buffers import gradient_buffer_from_init
+from trainmem.analytic.loss import chunked_head_weight_grad_bytes
 from trainmem.analytic.tensor_states import StateLayout, TensorState
 from trainmem.analytic.transforms.points import PHASE, POINTS, Point
 from trainmem.breakdown import MemoryCategory as Cat
@@ -319,11 +320,13 @@ def embedding_gradients(ctx: RankContext) -> EmbeddingGradients:
     tied_sum = vocab // tp if tied_here else 0
     if tied_here and not vocab_parallel and ctx.zero_stage < 3 and head_reads_embedding(ctx):
         # Note [New gradients of the head and the embedding]: the lookup's gradient, added
-        # into the head's in place only when that is the fresh fp32 cast of an autocast one
-        # (FSDP's gathered weights: its transforms' vocab_gradient_bytes)
+        # into the head's in place only when that is a fresh tensor: the fp32 cast of an
+        # autocast one, or a chunked head's sum of its chunks' (FSDP's gathered weights: its
+        # transforms' vocab_gradient_bytes)
         vocab = tied_lookup
         cast = t.uses_autocast and t.gathered_weight_dtype != t.compute_dtype
-        tied_sum = 0 if cast else tied_lookup
+        fresh = cast or chunked_head_weight_grad_bytes(ctx.model, t) > 0
+        tied_sum = 0 if fresh else tied_lookup
     own = tokens(ctx.emb_grad_states)
     if own and tp == 1 and t.pipeline_parallel_size > 1 and t.zero_stage == 3:
         # FSDP2 under PP: the embedding's compute-dtype gradient exists before it is added
