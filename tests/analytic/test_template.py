@@ -20,9 +20,11 @@ from typing import Any
 import pytest
 
 from conftest import other_values
+from trainmem.analytic import engine
 from trainmem.analytic.template import _REC, Sym, _Recorder, templated_schedules
 from trainmem.errors import SpecError, UnsupportedError
 from trainmem.estimate import estimate
+from trainmem.schedule import StepSchedule
 from trainmem.specs.hf import load_model_spec
 from trainmem.specs.training import TrainingConfig, derived
 
@@ -90,6 +92,12 @@ def _answer(model: object, training: TrainingConfig, lean: bool) -> tuple[object
     )
 
 
+def _builder_only(*args: Any, eager: bool) -> list[StepSchedule] | None:
+    """``templated_schedules`` for the built answer: a sweep's rows filled, one estimate built
+    (it would be filled from the template once its structure was met before)."""
+    return templated_schedules(*args, eager=True) if eager else None
+
+
 def _check(
     model_name: str, trainings: list[TrainingConfig], shapes: tuple[tuple[int, int], ...]
 ) -> int:
@@ -101,7 +109,9 @@ def _check(
                 training = derived(base, micro_batch_size=b, seq_len=s)
             except SpecError:
                 continue
-            built = _answer(model, training, lean=False)
+            with pytest.MonkeyPatch.context() as patch:  # the builder, never a template
+                patch.setattr(engine, "templated_schedules", _builder_only)
+                built = _answer(model, training, lean=False)
             filled = _answer(model, training, lean=True)
             assert filled == built, (model_name, training)
             checked += not isinstance(built, str)
@@ -156,6 +166,30 @@ def test_a_template_serves_other_shapes_and_refuses_another_path() -> None:
             )
             for r in ranks
         ]
+
+
+def test_one_estimate_records_a_structure_met_before() -> None:
+    # Note [When a template is recorded]: the first estimate of a structure is built and
+    # records nothing, the second records its template, the third is filled from it; every
+    # answer is the builder's (the schedules and the estimate, compared with the builder run
+    # directly and with a copy of the configuration estimated by the builder only)
+    from trainmem.analytic import template
+
+    from trainmem.specs.hardware import get_gpu
+
+    model = load_model_spec("gpt2")
+    base = TrainingConfig(precision="bf16-mixed", gradient_accumulation_steps=5, dropout=False)
+    key = template._key(model, base, get_gpu("H100-80GB").cublas_workspace_bytes)
+    template._TEMPLATES.pop(key, None)
+    template._MET.discard(key)
+    for s, recordings in ((300, None), (310, 1), (320, 1)):
+        training = derived(base, seq_len=s)
+        answer = _answer(model, training, lean=False)
+        found = template._TEMPLATES.get(key)
+        assert (found and len(found.fills)) == recordings
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(engine, "templated_schedules", _builder_only)
+            assert answer == _answer(model, training, lean=False)
 
 
 def test_recorded_values_guard_every_decision() -> None:

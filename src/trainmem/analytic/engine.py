@@ -94,8 +94,10 @@ def estimate_analytic(
     per_handle = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
     world = model_rank_map(model, training)
     ranks = pipeline_ranks(model, training)
-    schedules = templated_schedules(model, training, ranks, per_handle) if lean else None
-    prof = None
+    # a sweep's row records a template at once, one estimate once it met the structure before
+    # (Note [When a template is recorded])
+    schedules = templated_schedules(model, training, ranks, per_handle, eager=lean)
+    prof = None if lean else activation_profile(model, training)
     if schedules is None:
         prof = activation_profile(model, training)
         schedules = [

@@ -28,6 +28,16 @@ Note [Schedule templates]
     not know, a recorded value leaking into a cache that outlives the recording) raises, and
     that structure is built by the builder every time (:data:`_UNRECORDABLE`).
 
+Note [When a template is recorded]
+    Recording a structure costs about ten builds (the recorded run, the check against the
+    builder, the compilation), so a sweep's rows (``lean``) record at once, while one estimate
+    records only a structure it has met before: the first configuration of a structure is
+    built, the second records its template and the next ones are filled, as a JIT compiles
+    only code that has run before. A single ``trainmem estimate`` never pays for a recording;
+    a program asking for many configurations of one structure (``trainmem plan``'s estimates,
+    a user's loop) gets the filled schedules, which are the builder's (Note [Schedule
+    templates]).
+
 Source: tracing with guards, as torch.fx / TorchDynamo record a Python function once and
 re-run the recorded graph while its guards hold (torch/_dynamo/guards.py).
 """
@@ -293,6 +303,8 @@ guards split the (b, s) plane very finely gains nothing from templates)."""
 MAX_TEMPLATES = 1024
 """Recordings kept in all (about 60 kB each for llama-3.1-8b); the oldest keys' go first."""
 _MAX_KEYS = 256
+_MET: set[tuple[object, ...]] = set()
+"""Structures one estimate met and built (Note [When a template is recorded])."""
 _TOTAL = [0]  # recordings in _TEMPLATES
 _CODE: dict[str, CodeType] = {}
 """Compiled fill functions by their source (compiling is most of a recording's time)."""
@@ -316,14 +328,19 @@ def templated_schedules(
     training: TrainingConfig,
     ranks: Sequence[PipelineRank],
     per_handle: int,
+    *,
+    eager: bool = True,
 ) -> list[StepSchedule] | None:
     """The step schedules of ``ranks`` (as :func:`~trainmem.analytic.schedule.rank_schedule`
     builds them) filled from a template (Note [Schedule templates]), recording one when no
     template's guards hold; None when this structure cannot be recorded (the caller builds).
-    One thread at a time (a recording's values record into the one recording under way).
+    ``eager=False`` (one estimate, not a sweep's row): a structure met for the first time is
+    not recorded (None: the caller builds), only one met before (Note [When a template is
+    recorded]). One thread at a time (a recording's values record into the one recording
+    under way).
     """
     with _LOCK:
-        return _templated(model, training, ranks, per_handle)
+        return _templated(model, training, ranks, per_handle, eager)
 
 
 _LOCK = threading.Lock()
@@ -334,12 +351,18 @@ def _templated(
     training: TrainingConfig,
     ranks: Sequence[PipelineRank],
     per_handle: int,
+    eager: bool,
 ) -> list[StepSchedule] | None:
     key = _key(model, training, per_handle)
     b, s = training.micro_batch_size, training.seq_len
     found = _TEMPLATES.get(key)
     if found is None:
         if key in _UNRECORDABLE:
+            return None
+        if not eager and key not in _MET:  # Note [When a template is recorded]
+            if len(_MET) >= _MAX_KEYS:
+                _MET.clear()
+            _MET.add(key)
             return None
         if len(_TEMPLATES) >= _MAX_KEYS:
             _TOTAL[0] -= len(_TEMPLATES.pop(next(iter(_TEMPLATES))).fills)
