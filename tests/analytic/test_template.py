@@ -168,25 +168,25 @@ def test_a_template_serves_other_shapes_and_refuses_another_path() -> None:
         ]
 
 
-def test_one_estimate_records_a_structure_met_before() -> None:
-    # Note [When a template is recorded]: the first estimate of a structure is built and
-    # records nothing, the second records its template, the third is filled from it; every
-    # answer is the builder's (the schedules and the estimate, compared with the builder run
-    # directly and with a copy of the configuration estimated by the builder only)
+def test_one_estimate_records_after_a_few_builds() -> None:
+    # Note [When a template is recorded]: single estimates of a new structure are built, and
+    # record nothing, until RECORD_AFTER_BUILDS of them were; the next records its template and
+    # the one after is filled from it; every answer is the builder's (the schedules and the
+    # estimate, compared with the same configuration estimated by the builder only)
     from trainmem.analytic import template
-
     from trainmem.specs.hardware import get_gpu
 
     model = load_model_spec("gpt2")
     base = TrainingConfig(precision="bf16-mixed", gradient_accumulation_steps=5, dropout=False)
     key = template._key(model, base, get_gpu("H100-80GB").cublas_workspace_bytes)
     template._TEMPLATES.pop(key, None)
-    template._MET.discard(key)
-    for s, recordings in ((300, None), (310, 1), (320, 1)):
-        training = derived(base, seq_len=s)
+    template._BUILT.pop(key, None)
+    builds = template.RECORD_AFTER_BUILDS
+    for k, recordings in enumerate([None] * builds + [1, 1]):
+        training = derived(base, seq_len=300 + k)
         answer = _answer(model, training, lean=False)
         found = template._TEMPLATES.get(key)
-        assert (found and len(found.fills)) == recordings
+        assert (found and len(found.fills)) == recordings, k
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(engine, "templated_schedules", _builder_only)
             assert answer == _answer(model, training, lean=False)
