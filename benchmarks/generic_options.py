@@ -104,6 +104,7 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     "gradient accumulation 4": {"gradient_accumulation_steps": 4},
     "earlier lengths 32,48": {"earlier_seq_lens": "32,48"},  # a step traced per length
     "lora r16": {"lora_rank": 16},
+    "lora fp8-mixed": {"lora_rank": 16, "precision": "fp8-mixed"},
     "qlora nf4": {"lora_rank": 16, "quantize_base": "nf4"},
     "int8 base + lora": {"lora_rank": 16, "quantize_base": "int8"},
     "gptq-int4 base + lora": {"lora_rank": 16, "quantize_base": "gptq-int4"},
