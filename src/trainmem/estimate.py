@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from trainmem.analytic.buffers import device_context
 from trainmem.analytic.engine import estimate_analytic
@@ -28,6 +28,7 @@ from trainmem.breakdown import MemoryEstimate
 from trainmem.errors import NotApplicableError, SpecError, TrainmemError, UnsupportedError
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
 from trainmem.specs.assumptions import assumptions
+from trainmem.specs.engines import ENGINES as ENGINES  # re-exported for the callers
 from trainmem.specs.frameworks import (
     SOFTMAX_BACKWARD_INPUT_DTYPE_SINCE,
     installed_transformers_version,
@@ -78,8 +79,6 @@ if TYPE_CHECKING:
     from trainmem.allocator.replay import ReplayResult
     from trainmem.timeline import AllocEvent, EventRecord, Timeline
 
-Engine = Literal["auto", "analytic", "generic", "trace"]
-ENGINES: tuple[str, ...] = ("auto", "analytic", "generic", "trace")
 TRACE_INSTALL = "pip install 'trainmem[trace]'"
 """What installs the generic path and the trace engine (torch + transformers)."""
 

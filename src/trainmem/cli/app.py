@@ -9,11 +9,10 @@ from __future__ import annotations
 import copy
 import json
 import sys
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from trainmem.breakdown import MemoryEstimate
 from trainmem.cli import coercion
 from trainmem.cli.common import clean_errors, console, progress
 from trainmem.cli.options import (
@@ -25,11 +24,13 @@ from trainmem.cli.options import (
     with_training_options,
 )
 from trainmem.errors import SpecError
-from trainmem.estimate import estimate, resolve_model
 from trainmem.specs.assumptions import assumptions_line
 from trainmem.specs.hardware import GPUS, resolve_gpu
 from trainmem.specs.optimizers import OPTIMIZER_TABLE
 from trainmem.specs.training import TrainingConfig
+
+if TYPE_CHECKING:
+    from trainmem.breakdown import MemoryEstimate
 
 __all__ = ["app", "main"]
 
@@ -178,6 +179,7 @@ def estimate_cmd(
     """Peak GPU memory of one training step per GPU, broken down, with a verdict for --gpu."""
     if modules < 0:
         raise SpecError("modules", f"must be a non-negative number of rows, got {modules}")
+    from trainmem.estimate import estimate, resolve_model  # Note [--help imports no engine]
     from trainmem.report.compare import check_output_paths
 
     check_output_paths(snapshot=snapshot, plot=plot, html=html)
@@ -286,7 +288,7 @@ def compare_snapshot_cmd(
 
     The snapshot is read with a restricted unpickler (plain containers and numbers only)."""
     from trainmem.allocator.stream_compare import compare_snapshot
-    from trainmem.estimate import replay_estimate, resolve_gpu
+    from trainmem.estimate import estimate, replay_estimate, resolve_gpu
 
     est = estimate(model, training, gpu=gpu, alloc_conf=alloc_conf)
     prediction = replay_estimate(est, gpu=resolve_gpu(gpu), alloc_conf=alloc_conf)
@@ -310,6 +312,7 @@ def formulas_cmd(
 ) -> None:
     """The published rules of thumb next to trainmem's own estimate, for one configuration."""
     from trainmem.analytic.formulas import rules_of_thumb
+    from trainmem.estimate import estimate, resolve_model
     from trainmem.report.table import formulas_table
 
     spec = resolve_model(model)

@@ -30,14 +30,8 @@ from rich.markup import escape
 from typer.models import OptionInfo
 
 from trainmem.errors import SpecError, UnsupportedError
-from trainmem.estimate import (
-    ENGINES,
-    default_attention_of,
-    default_seq_len_of,
-    lora_linears_of,
-    resolve_model,
-)
-from trainmem.planner.sweep import STRICT_INT, parse_strict_int
+from trainmem.specs.bounds import STRICT_INT, parse_strict_int
+from trainmem.specs.engines import ENGINES
 from trainmem.specs.groups import FIELD_GROUPS
 from trainmem.specs.hardware import check_precision_on_gpu, get_gpu
 from trainmem.specs.model import ModelSpec
@@ -313,6 +307,8 @@ def parse_lora_targets(
     if text.strip() == "all-linear":
         if model is not None:
             return model_lora_linears(model)
+        from trainmem.estimate import lora_linears_of  # Note [--help imports no engine]
+
         return LORA_TARGETS if model_arg is None else lora_linears_of(model_arg)
     targets = tuple(part.strip() for part in text.replace("+", ",").split(",") if part.strip())
     if not targets:
@@ -329,6 +325,8 @@ def model_spec_or_none(model: str) -> ModelSpec | None:
     Raises:
         SpecError: an unknown preset or an unreadable config.
     """
+    from trainmem.estimate import resolve_model  # Note [--help imports no engine]
+
     try:
         return resolve_model(model)
     except UnsupportedError:
@@ -508,6 +506,8 @@ def _fill_deferred(settings: dict[str, Any], model: str, spec: ModelSpec | None)
         # ("Number of microbatches must be greater than or equal to the number of stages",
         # torch/distributed/pipelining/schedules.py): the fewest it runs
         settings["gradient_accumulation_steps"] = pp if pipelined else 1
+    from trainmem.estimate import default_attention_of, default_seq_len_of
+
     if settings["seq_len"] is None:
         settings["seq_len"] = default_seq_len_of(model)
     if settings["attention"] is None:  # not given: the model's own (BLOOM, Gemma-2: eager only)
@@ -623,14 +623,14 @@ def parse_set(
     ``{"activation_checkpointing": "full", "micro_batch_size": 4}``.
 
     Keys are TrainingConfig fields (dashes or underscores) or :data:`ESTIMATE_KEYS`; values are
-    typed like the field's default (:func:`trainmem.planner.sweep.parse_value`);
+    typed like the field's default (:func:`trainmem.specs.grid.parse_value`);
     ``lora-targets`` takes ``q,v`` or ``q+v`` or ``all-linear`` (``model``'s linears,
     :func:`parse_lora_targets`).
 
     Raises:
         SpecError: an empty set, an item without ``=``, an unknown key or a mistyped value.
     """
-    from trainmem.planner.sweep import field_name, parse_value
+    from trainmem.specs.grid import field_name, parse_value
 
     out: dict[str, Any] = {}
     for item in (p for p in _SPLIT.split(text.strip()) if p):

@@ -17,12 +17,7 @@ def register(app: typer.Typer) -> None:
     from trainmem.cli.common import clean_errors, console
     from trainmem.cli.options import GpuOpt, JsonOpt, ModelArg, with_training_options
     from trainmem.errors import SpecError
-    from trainmem.estimate import formula_model
-    from trainmem.planner.evaluate import fits, require_gpu, simulated_estimate
-    from trainmem.planner.fixes import fixes
-    from trainmem.planner.search import max_micro_batch_size, max_seq_len, plan_gpus
-    from trainmem.planner.sweep import SWEEPABLE, parse_over, sweep
-    from trainmem.report import render
+    from trainmem.specs.grid import SWEEPABLE, parse_over
 
     MultipleOf = Annotated[
         int, typer.Option("--seq-len-multiple-of", help="Granularity of the planned seq_len.")
@@ -69,6 +64,12 @@ def register(app: typer.Typer) -> None:
         """The largest micro-batch size (at --seq-len) and the longest sequence length (at
         --micro-batch-size) that fit --gpu, with the margin left; with --gpus, every catalog
         GPU (and the fewest of each that fit a sharded run)."""
+        # Note [--help imports no engine]: the planner and its engines load only to run
+        from trainmem.estimate import formula_model
+        from trainmem.planner.evaluate import require_gpu
+        from trainmem.planner.search import max_micro_batch_size, max_seq_len, plan_gpus
+        from trainmem.report import render
+
         if all_gpus:
             if gpu is not None:
                 raise SpecError("gpus", "--gpus lists every catalog GPU; drop --gpu")
@@ -124,6 +125,11 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Whether the run fits --gpu and, if not, ranked changes that make it fit, each with
         the memory it saves and what it costs."""
+        from trainmem.estimate import formula_model
+        from trainmem.planner.evaluate import fits, require_gpu, simulated_estimate
+        from trainmem.planner.fixes import fixes
+        from trainmem.report import render
+
         gpu_spec = require_gpu(gpu)
         spec = formula_model(model, "fit")
         base = simulated_estimate(spec, training, gpu_spec)
@@ -172,6 +178,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Estimates over a grid (--over FIELD=V1,V2,... repeated), with the verdict (fits /
         tight / does not fit) for --gpu, as a table, CSV or JSON (exact bytes)."""
+        from trainmem.estimate import formula_model
+        from trainmem.planner.sweep import sweep
+        from trainmem.report import render
+
         if output_format not in ("table", "csv", "json"):
             raise SpecError("format", f"unknown value {output_format!r}; allowed: table, csv, json")
         grid = parse_over(over)

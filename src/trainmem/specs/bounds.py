@@ -6,7 +6,9 @@ Shared by the model spec, its Hugging Face reader and the training settings (spl
 
 from __future__ import annotations
 
-__all__ = ["MAX_COUNT", "describe_int"]
+import re
+
+__all__ = ["MAX_COUNT", "STRICT_INT", "describe_int", "parse_strict_int"]
 
 MAX_COUNT = 2**31 - 1
 """Largest integer a size or setting accepts (layers, widths, vocabulary, batch, ranks...): far
@@ -19,3 +21,13 @@ def describe_int(value: int) -> str:
     if value.bit_length() <= 64:
         return str(value)
     return f"a number of about 10^{int(value.bit_length() * 0.30103)}"
+
+
+STRICT_INT = re.compile(r"[+-]?[0-9]{1,30}")
+"""An integer as text: base-10 digits only, at most 30 of them (``int()`` would also take
+``1_000`` and thousands of digits)."""
+
+
+def parse_strict_int(text: str) -> int:
+    """``int(text)`` for text that matches :data:`STRICT_INT`."""
+    return int(text.strip())

@@ -27,8 +27,8 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 from trainmem.errors import SpecError
-from trainmem.estimate import ENGINES
-from trainmem.planner.sweep import parse_value
+from trainmem.specs.engines import ENGINES
+from trainmem.specs.grid import parse_value
 from trainmem.specs.groups import FIELD_GROUPS
 from trainmem.specs.hardware import GPUS
 from trainmem.specs.settings import help_text, kind_of, settings_of
@@ -121,7 +121,7 @@ def coerce(name: str, raw: Any) -> Any:
     ``"4"``, ``4.0`` -> ``4`` for an int field; ``"true"`` -> True; ``"q+v"`` or ``["q", "v"]``
     -> ``("q", "v")``; ``""`` / None (``[]`` for ``lora_targets``) -> the default (None there:
     the framework's); the text of a ``str`` field as ``--set``
-    reads it (:func:`trainmem.planner.sweep.parse_value`: ``"2.10"`` stays a version,
+    reads it (:func:`trainmem.specs.grid.parse_value`: ``"2.10"`` stays a version,
     ``"500000000"`` is a bucket size, ``"auto"`` stays text). Ranges are checked by
     TrainingConfig.
 
