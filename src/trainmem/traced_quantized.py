@@ -26,9 +26,11 @@ def quantized_base_refusals(training: TrainingConfig) -> list[str]:
       norms and head are upcast to fp32 and bitsandbytes' linears then return fp32 outputs
       (``Linear4bit.forward``: ``.to(inp_dtype)``), which the stand-in does not do; under
       autocast (``bf16-mixed`` / ``16-mixed``, the weights already fp32) or ``32-true`` the
-      upcast changes nothing;
-    * DoRA (QDoRA): peft's ``dequantize_module_weight`` reads bitsandbytes' own weight class,
-      which the stand-in's packed weight is not.
+      upcast changes nothing.
+
+    DoRA over a bitsandbytes base (QDoRA) runs peft's DoRA code on the stand-in's dequantized
+    weight (Note [Traced quantized base]); over GPTQ peft refuses it, and so does
+    :class:`~trainmem.specs.training.TrainingConfig`.
     """
     kind = training.quantize_base
     if kind == "none":
@@ -38,10 +40,5 @@ def quantized_base_refusals(training: TrainingConfig) -> list[str]:
         out.append(
             f"quantize_base={kind} with precision={training.precision} (peft's fp32 upcast of "
             "the rest of a 16-bit model; traced: --precision bf16-mixed, 16-mixed or 32-true)"
-        )
-    if training.lora_variant == "dora":
-        out.append(
-            f"quantize_base={kind} with lora_variant=dora (peft dequantizes bitsandbytes' own "
-            "weights for DoRA's norm; traced: DoRA on an unquantized base, or LoRA on this one)"
         )
     return out

@@ -97,12 +97,6 @@ def test_diffusers_dora_trains_a_magnitude_per_targeted_linear() -> None:
     assert dora.num_trainable_parameters - lora.num_trainable_parameters == outs
 
 
-def test_dora_on_a_quantized_base_is_refused_naming_what_runs() -> None:
-    qdora = TrainingConfig(lora_rank=8, lora_variant="dora", quantize_base="nf4")
-    with pytest.raises(UnsupportedError, match="lora_variant=dora .* traced: DoRA on an unq"):
-        estimate("tiny-llama-test", qdora, engine="generic")
-
-
 SMALL = TrainingConfig(micro_batch_size=2, seq_len=64, lora_rank=8, lora_targets=("q", "v"))
 """tiny-llama-test (2 layers; q 64 -> 64, v 64 -> 32), r 8."""
 

@@ -1896,6 +1896,7 @@ def _check_combinations(t: TrainingConfig) -> None:
     _check_fsdp1_quantized(t)
     _check_float8_quantized(t)
     _check_dora_gptq(t)
+    _check_qdora_framework(t)
     _check_fsdp1_adapters(t)
     _check_unsloth_single_gpu(t)
     if t.seq_len % t.context_parallel_size:
@@ -2231,6 +2232,37 @@ def _check_dora_gptq(t: TrainingConfig) -> None:
             "dora with --quantize-base gptq-int4: peft's GPTQ LoRA layer refuses DoRA "
             "(tuners/lora/gptq.py: 'does not support DoRA yet'); allowed: lora, adalora or "
             "lokr over gptq-int4, or dora over an unquantized or bitsandbytes base",
+        )
+
+
+_QDORA_OWN_LAYERS = {
+    "fsdp-qlora": "Answer.AI fsdp_qlora's train_type bnb_dora runs its own BNBDORA layer "
+    "(scripts/dora.py: the column norm of W + B A from DORALayer, a MagnitudeLayer), not peft's",
+    "torchtune": "torchtune's DoRALinear over torchao's NF4Tensor (torchtune modules/peft/dora.py: "
+    "weight.to(x.dtype) decodes it for the norm), not peft's DoRA over bitsandbytes",
+    "litgpt": "litgpt trains its own LoRA layers (litgpt/lora.py) over Lightning's bitsandbytes "
+    "weights, not peft's DoRA",
+}
+"""The frameworks whose DoRA over a quantized base is not peft's (Note [QDoRA] in
+``analytic/lora_variants.py``), with what they run instead."""
+
+
+def _check_qdora_framework(t: TrainingConfig) -> None:
+    """DoRA over a bitsandbytes base (QDoRA) where the framework's DoRA is not peft's
+    (:data:`_QDORA_OWN_LAYERS`): both engines model peft 0.21's ``DoraLinearLayer`` on
+    bitsandbytes' dequantized weight (Note [QDoRA] in ``analytic/lora_variants.py``).
+
+    Raises:
+        SpecError: ``lora_variant``, naming what runs instead.
+    """
+    own = _QDORA_OWN_LAYERS.get(t.framework)
+    if t.lora_variant == "dora" and t.quantize_base != "none" and own is not None:
+        raise SpecError(
+            "lora_variant",
+            f"dora with --quantize-base {t.quantize_base} under --framework {t.framework}: "
+            f"{own}; not modelled; allowed: lora over this base, dora over an unquantized "
+            "base, or QDoRA under a peft framework (pytorch-amp, hf-trainer, accelerate-fsdp, "
+            "deepspeed, fsdp2)",
         )
 
 

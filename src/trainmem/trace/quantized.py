@@ -58,6 +58,16 @@ Note [Traced quantized base]
       dequantization an fp16 tensor first, cast to the compute dtype, the fp16 freed before the
       matmul (Lightning ``_Linear4bit.quantize`` quantizes from ``torch.half``, so bitsandbytes'
       ``dequantize_4bit`` returns fp16 and ``MatMul4Bit`` casts it: ``.to(A.dtype)``).
+    * peft's DoRA over it (QDoRA, Note [QDoRA] in trainmem/analytic/lora_variants.py): peft's
+      ``dequantize_module_weight`` (peft 0.21.2 utils/integrations.py) returns
+      ``module.dequantize()`` for a module with a ``W_q`` attribute (its HQQ dispatch), which
+      the stand-in answers, its packed weight not being bitsandbytes' ``Params4bit`` /
+      ``Int8Params``, with what ``dequantize_bnb_weight`` makes (:func:`_peft_dequantize`): a
+      4-bit weight a new ``(out, in)`` tensor in ``QuantState.dtype`` (bitsandbytes 0.45.0
+      functional.py ``dequantize_4bit``: ``torch.empty(quant_state.shape,
+      dtype=quant_state.dtype)``; the compute dtype here, fp16 for a Lightning weight), an
+      int8 one ``int8_vectorwise_dequant``'s fp32 ``A * stats.view(-1, 1)`` and its product
+      with 1 / 127 (the first freed). peft's own DoRA code then runs on it.
     * torchtune's eager QLoRA (``TrainingConfig.torchao_nf4_decode``): each dequantization is
       torchao's ``get_original_weight()``, whose int64 indices, table lookups, scalers and
       halves are allocated in its order before the weight (:func:`_torchao_decode`; the
@@ -195,6 +205,20 @@ def _torchao_decode(shape: tuple[int, int], dtype: Any, device: Any) -> Any:
     return weight
 
 
+def _peft_dequantize(self: Any) -> Any:
+    """The dequantized weight peft's ``dequantize_module_weight`` gets for DoRA's norm (Note
+    [Traced quantized base]): bitsandbytes' ``dequantize_4bit`` output in the quantization
+    state's dtype, or ``int8_vectorwise_dequant``'s two fp32 products, the first freed."""
+    device = self.weight.device
+    if self.int8:
+        scaled = torch.empty(self.dequantized_shape, dtype=torch.float32, device=device)
+        weight = torch.empty(self.dequantized_shape, dtype=torch.float32, device=device)
+        del scaled
+        return weight
+    dtype = torch.float16 if self.through_fp16 else self.compute_dtype
+    return torch.empty(self.dequantized_shape, dtype=dtype, device=device)
+
+
 def _features(module: Any) -> tuple[int, int]:
     """(in_features, out_features); transformers' Conv1D stores its weight as [in, out]."""
     if isinstance(module, torch.nn.Linear):
@@ -280,6 +304,9 @@ def quantize_base(model: Any, training: TrainingConfig, *, diffusers: bool = Fal
         module.through_fp16 = training.dequantizes_through_fp16
         module.saves_packed = kind == "gptq-int4"
         module.forward = types.MethodType(_forward, module)
+        module.int8 = kind == "int8"
+        module.W_q = None  # peft's dequantize_module_weight then calls dequantize()
+        module.dequantize = types.MethodType(_peft_dequantize, module)
         count += 1
     return count
 
