@@ -80,17 +80,3 @@ def test_dora_needs_a_rank_and_is_refused_where_the_formulas_stop() -> None:
     head = dataclasses.replace(DORA, lora_targets=("q", "lm_head"))
     with pytest.raises(UnsupportedError, match="DoRA on lm_head .* use --engine generic"):
         estimate(MODEL, head, engine="analytic")
-
-
-def test_dora_over_a_quantized_base_is_refused_alike_by_both_engines() -> None:
-    # QDoRA over bitsandbytes (peft dequantizes Params4bit / Int8Params for DoRA's norm) is
-    # modelled by neither engine: each says so, neither sends the user to the other
-    qdora = dataclasses.replace(DORA, quantize_base="nf4")
-    with pytest.raises(UnsupportedError, match="not modelled by either engine yet"):
-        estimate(MODEL, qdora, engine="analytic")
-    # over GPTQ peft itself refuses (tuners/lora/gptq.py: "does not support DoRA yet")
-    with pytest.raises(SpecError, match="dora with --quantize-base gptq-int4: peft's GPTQ"):
-        dataclasses.replace(DORA, quantize_base="gptq-int4")
-    pytest.importorskip("transformers")
-    with pytest.raises(UnsupportedError, match="nf4 with lora_variant=dora .*LoRA on this one"):
-        estimate(MODEL, qdora, engine="generic")

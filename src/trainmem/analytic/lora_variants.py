@@ -36,12 +36,14 @@ Note [DoRA]
     before the layer returns; the step's peak is in the backward for the runs checked
     (tests/analytic/test_dora.py against the traced peft code). Not modelled here: DoRA on
     ``lm_head`` (vocabulary-sized ``base_result`` and ``lora_result`` in the head; the
-    generic path traces it).
+    generic path traces it). Over a bitsandbytes base (QDoRA): Note [QDoRA].
 """
 
 from __future__ import annotations
 
+from trainmem.analytic.activation_parallelism import parallel_divisor
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
+from trainmem.analytic.checkpointing import layer_is_checkpointed
 from trainmem.analytic.params import adapted_linears, lora_targeted
 from trainmem.errors import UnsupportedError
 from trainmem.specs.model import ModelSpec
@@ -49,10 +51,13 @@ from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
 
 __all__ = [
+    "INPUT_PROJECTIONS",
     "check_lora_variant",
     "dora_first_layer_unsaved",
     "dora_forward_transient_bytes",
+    "dora_layer_start_held_bytes",
     "dora_terms",
+    "qdora_dequantized_bytes",
 ]
 
 DORA_VECTORS = 3
@@ -64,8 +69,8 @@ def check_lora_variant(training: TrainingConfig) -> None:
     """Refuse the variant settings the analytic formulas do not model.
 
     Raises:
-        UnsupportedError: AdaLoRA or LoKr (traced only), DoRA on ``lm_head``, on a quantized
-            base or under tensor parallelism (Note [DoRA]).
+        UnsupportedError: AdaLoRA or LoKr (traced only), DoRA on ``lm_head`` or under tensor
+            parallelism (Note [DoRA]).
     """
     if training.lora_variant in ("adalora", "lokr"):
         raise UnsupportedError(
@@ -74,12 +79,6 @@ def check_lora_variant(training: TrainingConfig) -> None:
         )
     if training.lora_variant != "dora":
         return
-    if training.quantize_base != "none":  # the generic path refuses it too (traced_quantized)
-        raise UnsupportedError(
-            f"DoRA with quantize_base={training.quantize_base} (QDoRA: peft dequantizes the "
-            "base weight for DoRA's norm) is not modelled by either engine yet; allowed: DoRA "
-            "on an unquantized base, or LoRA on this one"
-        )
     refused = [
         what
         for what, on in (
@@ -144,11 +143,117 @@ def dora_first_layer_unsaved(
     return size
 
 
+def qdora_dequantized_bytes(training: TrainingConfig) -> tuple[int, int] | None:
+    """Bytes per weight element of peft's dequantization of a bitsandbytes base for DoRA's
+    norm (Note [QDoRA]): (the most alive while it runs, the result); None on an unquantized
+    base.
+
+    Note [QDoRA]
+        DoRA over a bitsandbytes base (``LoraConfig(use_dora=True)`` on ``Linear4bit`` /
+        ``Linear8bitLt``; GPTQ is refused by peft and by ``TrainingConfig``) runs the forward of
+        Note [DoRA] with one change: ``weight = dequantize_module_weight(base_layer)`` (peft
+        0.21.2 tuners/lora/dora.py ``DoraLinearLayer.forward``) returns a new tensor, not the
+        parameter. peft utils/integrations.py ``dequantize_bnb_weight``: a 4-bit weight goes
+        through bitsandbytes' ``dequantize_4bit`` (0.45.0 functional.py: ``out =
+        torch.empty(quant_state.shape, dtype=quant_state.dtype)``; ``QuantState.dtype`` is the
+        dtype the weight was quantized from, the compute dtype here as in ``MatMul4Bit``'s
+        dequantization, fp16 for a Lightning weight), q = 2 bytes per element; an int8 weight
+        through ``int8_vectorwise_dequant`` (``A * stats.view(-1, 1) * 7.874e-3``: an fp32
+        product and its fp32 product with the constant, the first freed), 8 bytes while it runs
+        and q = 4 after. ``weight.to(x.dtype)`` then casts it to the adapters' dtype a when
+        q differs (the dequantized tensor freed on rebinding). Per targeted [out, in] linear of
+        n elements, beside what the linear holds (Note [DoRA forward transients]) and the
+        adapters' product cast to a (a n), the moments are: the dequantization (a n + its
+        peak), the cast (2 a n + q n) and the norm, where ``lora_weight``, the weight in a
+        (always a new tensor), ``scaling * lora_weight`` and their sum are alive (4 a n: one
+        a n more than DoRA on a base stored in a, whose ``weight`` is the parameter itself).
+        With ``lora_dropout`` the re-linear's saved weight is this new tensor (or autocast's
+        16-bit cast of it), the bytes Note [DoRA] counts. The backward dequantizes nothing
+        more (``weight_norm`` is detached; the base's own ``MatMul4Bit`` backward is Note
+        [Traced quantized base]'s); under activation checkpointing the recompute repeats the
+        forward's moments (:class:`~trainmem.analytic.transforms.dora.DoraWeightNorm`). Not
+        modelled (none reaches the 4 a n moment): bitsandbytes' fp32 absmax of a
+        double-quantized weight (n / 16 bytes beside the dequantization), peft's bnb wrapper's
+        ``result.clone()`` (tuners/lora/bnb.py ``Linear4bit.forward``, as for LoRA) and
+        ``update_layer``'s deep copy of the ``Linear4bit`` at peft's wrapping (before the
+        step). Under autocast peft's bnb wrapper passes x uncast (``requires_conversion = not
+        torch.is_autocast_enabled()``), where ``lora.Linear`` casts it to a: the same tensor
+        when peft's k-bit preparation made the residual stream fp32 (the defaults); over a
+        16-bit stream under autocast (``TrainingConfig.kbit_16bit_dense``) both engines keep
+        ``lora.Linear``'s cast, as they do for LoRA over this base. Frameworks whose DoRA is
+        not peft's (fsdp_qlora's ``BNBDORA``, torchtune's ``DoRALinear``, litgpt) are refused
+        by ``TrainingConfig``. Checked against the generic path, which runs peft's DoRA on the
+        stand-in's dequantized weight (tests/analytic/test_qdora.py).
+    """
+    if training.lora_variant != "dora" or training.quantize_base == "none":
+        return None
+    if training.quantize_base == "int8":
+        return 8, 4
+    q = 2 if training.dequantizes_through_fp16 else dtype_bytes(training.compute_dtype)
+    return q, q
+
+
+INPUT_PROJECTIONS = frozenset({"qkv", "q", "k", "v", "q_a", "q_b", "kv_a", "kv_b"})
+"""The linears of :func:`~trainmem.analytic.params.adapted_linears` that read the layer's
+normed input before any of the attention's saved blocks exist (Note [Where DoRA's transients
+sit])."""
+
+
+def dora_layer_start_held_bytes(
+    model: ModelSpec, training: TrainingConfig, *, first_layer: bool, has_embedding: bool
+) -> list[int]:
+    """The tensors (bytes each) the forward holds at an input projection's DoRA moment that
+    the layer's saved blocks, made after it, do not yet count (Note [Where DoRA's transients
+    sit]): the layer's input and, in transformers' model code from the second layer on, the
+    embeddings' output.
+
+    Note [Where DoRA's transients sit]
+        Each targeted linear builds DoRA's weight-sized tensors inside its own forward (Note
+        [DoRA forward transients]), so they sit beside what exists at that linear, not at the
+        layer's end. The input projections (:data:`INPUT_PROJECTIONS`: q / k / v and their
+        fused or latent forms) run first: there the layer's saved blocks do not exist yet,
+        only the previous layers', and the forward holds the layer's input (r t h: bound in
+        the caller's loop; saved later by the first norm or the checkpoint, as a block the
+        schedule makes after this point), the linear's base output (``result``, c t out,
+        made before DoRA's branch: :func:`dora_forward_transient_bytes` ``at_start``) and,
+        in transformers' model code, ``inputs_embeds`` (r t h, bound in ``LlamaModel.forward``
+        for the whole loop, Note [Forward tensors held at the down projection]) from the
+        second layer on, where LoRA's first layer does not save it (its input needs no grad,
+        Note [LoRA's first layer]) and no checkpoint does. The other linears (o, the MLP's)
+        keep the layer's end (``layer.post_forward``), where the largest, the down
+        projection, runs with every saved block made. Traced on the agreement model
+        (2-layer 2048-wide Llama, 2 x 256 tokens, DoRA on q / v): the generic path peaks at
+        layer 1's q_proj norm, beside layer 0's blocks, layer 1's input, ``inputs_embeds``
+        and q's base output; generic vs formulas with every DoRA moment at the layer's end,
+        as before: -2.2 % unquantized, -10.4 % QDoRA nf4; now +0.02 % and -0.29 %
+        (benchmarks/generic_options.py, set "qdora nf4").
+    """
+    if training.lora_variant != "dora":
+        return []
+    _, r = compute_and_residual_bytes(training)
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    size = r * t * model.hidden_size // parallel_divisor("attention/norm", training)
+    out = [size]
+    embeds = training.conventions.hf_model_code and has_embedding and not first_layer
+    if embeds and not layer_is_checkpointed(training):
+        out.append(size)
+    return out
+
+
 def dora_forward_transient_bytes(
-    model: ModelSpec, training: TrainingConfig, *, adapter_bytes: int
+    model: ModelSpec,
+    training: TrainingConfig,
+    *,
+    adapter_bytes: int,
+    linears: frozenset[str] | None = None,
+    exclude: frozenset[str] = frozenset(),
+    at_start: bool = False,
 ) -> int:
     """The most one targeted linear's DoRA forward holds at once beyond what it saves (Note
-    [DoRA forward transients]), bytes; 0 without DoRA.
+    [DoRA forward transients]), bytes; 0 without DoRA. ``linears``: only those (all by
+    default); ``exclude``: not those; ``at_start``: before the layer's saved blocks exist, so
+    with the linear's base output (c t out), a block of the layer's saved set after (Note
+    [Where DoRA's transients sit]).
 
     Note [DoRA forward transients]
         ``DoraLinearLayer.get_lora_weight`` (peft tuners/lora/dora.py) builds the adapters'
@@ -176,16 +281,27 @@ def dora_forward_transient_bytes(
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     r = training.lora_rank
     weight_cast = dtype_bytes(training.weight_dtype) != a
+    dequantized = qdora_dequantized_bytes(training)
     targets = set(training.lora_targets)
     most = 0
     for name, (fan_in, fan_out, _n) in adapted_linears(model).items():
         targeted = lora_targeted(name, targets)
-        if name == "router" or not targeted:
+        if name == "router" or not targeted or name in exclude:
+            continue
+        if linears is not None and name not in linears:
             continue
         x_cast = a * t * fan_in if autocast and a > c else 0
         # the linear's own input (a frozen base saves none of it; the adapters read the cast)
         held = c * t * fan_in + x_cast + e * fan_in * fan_in + e * fan_in * r
+        if at_start:
+            held += c * t * fan_out
         at_product = held + (a * fan_in * fan_in if autocast else 0) + e * fan_in * fan_out
-        at_norm = held + (3 + int(weight_cast)) * a * fan_in * fan_out
+        if dequantized is None:
+            at_norm = held + (3 + int(weight_cast)) * a * fan_in * fan_out
+        else:  # Note [QDoRA]: the weight is always a new tensor
+            made, kept = dequantized
+            at_dequant = held + (a + made) * fan_in * fan_out
+            at_cast = held + (2 * a + kept) * fan_in * fan_out if kept != a else 0
+            at_norm = max(at_dequant, at_cast, held + 4 * a * fan_in * fan_out)
         most = max(most, at_product, at_norm)
     return most

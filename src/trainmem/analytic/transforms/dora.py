@@ -1,14 +1,20 @@
 """DoRA's forward transients as a transform: the weight-sized tensors peft's DoRA builds in each
 targeted linear's forward to take the row norms (Note [DoRA forward transients] in
-:mod:`trainmem.analytic.lora_variants`), made and freed at the end of each layer's forward
-and, under activation checkpointing, of its recomputation in the backward."""
+:mod:`trainmem.analytic.lora_variants`; over a bitsandbytes base, Note [QDoRA]), made and freed
+at the layer's start for its input projections and at its end for the other linears (Note
+[Where DoRA's transients sit]) and, under activation checkpointing, in its recomputation in
+the backward."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from trainmem.analytic.lora import lora_adapter_dtype
-from trainmem.analytic.lora_variants import dora_forward_transient_bytes
+from trainmem.analytic.lora_variants import (
+    INPUT_PROJECTIONS,
+    dora_forward_transient_bytes,
+    dora_layer_start_held_bytes,
+)
 from trainmem.analytic.transforms.base import Emitted, RankContext, Transform, Where, alloc, free
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.timeline import Phase
@@ -16,31 +22,59 @@ from trainmem.units import dtype_bytes
 
 
 class DoraWeightNorm(Transform):
-    """peft's DoRA: the adapters' product, the base weight's cast and their scaled sum, once per
-    layer's forward (at ``layer.post_forward``) and recomputation (``layer.backward``)."""
+    """peft's DoRA: the adapters' product, the base weight's cast (or dequantization) and their
+    scaled sum, in each layer's forward (the input projections' at ``layer.forward``, the
+    others' at ``layer.post_forward``) and recomputation (the larger, at ``layer.backward``)."""
 
     name = "dora"
 
     def __init__(self, ctx: RankContext) -> None:
         super().__init__(ctx)
         adapter_bytes = dtype_bytes(lora_adapter_dtype(ctx.training))
-        self.bytes = dora_forward_transient_bytes(
-            ctx.model, ctx.training, adapter_bytes=adapter_bytes
+        model, training = ctx.model, ctx.training
+        # Note [Where DoRA's transients sit]
+        self.start = dora_forward_transient_bytes(
+            model, training, adapter_bytes=adapter_bytes, linears=INPUT_PROJECTIONS, at_start=True
         )
+        self.start_held = {
+            first: dora_layer_start_held_bytes(
+                model, training, first_layer=first, has_embedding=ctx.rank.has_embedding
+            )
+            for first in (False, True)
+        }
+        self.end = dora_forward_transient_bytes(
+            model, training, adapter_bytes=adapter_bytes, exclude=INPUT_PROJECTIONS
+        )
+        self.bytes = max(self.start, self.end)
 
     @staticmethod
     def applies(ctx: RankContext) -> bool:
         return ctx.training.lora_variant == "dora" and ctx.training.is_lora
 
-    def _made(self, phase: Phase) -> Sequence[Emitted]:
+    def _made(self, size: int, phase: Phase) -> Sequence[Emitted]:
+        if not size:
+            return ()
         label = "DoRA's weight-norm temporaries (peft tuners/lora/dora.py)"
-        op = alloc(self.bytes, Cat.TEMPORARY, phase, "dora_norm", "layers.{i}", label)
+        op = alloc(size, Cat.TEMPORARY, phase, "dora_norm", "layers.{i}", label)
         return (op, free(op, phase))
 
+    def layer_forward(self, where: Where) -> Sequence[Emitted]:
+        """The input projections' moment, with what the forward holds there that no block
+        made so far counts (Note [Where DoRA's transients sit])."""
+        made = self._made(self.start, "forward")
+        if not made:
+            return ()
+        label = "what the forward holds at the layer's input projections"
+        held = [
+            alloc(size, Cat.TEMPORARY, "forward", f"dora_held/{k}", "layers.{i}", label)
+            for k, size in enumerate(self.start_held[where.first_layer])
+        ]
+        return [*held, *made, *(free(op, "forward") for op in held)]
+
     def layer_post_forward(self, where: Where) -> Sequence[Emitted]:
-        return self._made("forward")
+        return self._made(self.end, "forward")
 
     def layer_backward(self, where: Where) -> Sequence[Emitted]:
         if self.ctx.training.activation_checkpointing == "none":
             return ()
-        return self._made("backward")
+        return self._made(self.bytes, "backward")
