@@ -58,6 +58,10 @@ at the recomputed down projection (Note [The recompute's tensors held at the dow
 Unsloth (session 18; sets "unsloth lora", "unsloth qlora nf4"): refused -> +0.003 / +0.005 % on
 the agreement model, run on the remote-code model, not applicable on the diffusers model (Note
 [Unsloth on a traced step]: the traced state and optimizer step, the formulas' micro-batches).
+QDoRA (session 19, helper qdora; sets "qdora nf4", "qdora int8"; refused by both engines
+before): -0.29 % / +0.04 % vs analytic on the agreement model (its peak at layer 1's q_proj
+weight norm, Note [Where DoRA's transients sit]); with DoRA on all seven linears (not a set:
+the diffusers model has no gate) +0.47 %.
 Megatron (session 18, helper megatron; refused on the generic path before): "megatron" +0.198 %,
 "megatron distributed optimizer 4" +0.371 % vs analytic (Note [Megatron on a traced step]);
 not applicable on the diffusers model (Megatron's GPTModel is a decoder-only language model).
@@ -108,6 +112,8 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     "qlora nf4": {"lora_rank": 16, "quantize_base": "nf4"},
     "int8 base + lora": {"lora_rank": 16, "quantize_base": "int8"},
     "gptq-int4 base + lora": {"lora_rank": 16, "quantize_base": "gptq-int4"},
+    "qdora nf4": {**_QLORA, "lora_variant": "dora"},
+    "qdora int8": {"lora_rank": 16, "quantize_base": "int8", "lora_variant": "dora"},
     # torchao converts the adapters, not GPTQ's QuantLinear (Note [Tracing float8])
     "gptq-int4 base + lora fp8-mixed": {
         "lora_rank": 16,

@@ -91,6 +91,8 @@ SETTINGS: list[dict[str, Any]] = [
     {"model": "bloomz-7b1", "seq_len": 512},
     # peft's DoRA with an EMA copy: the formulas (issue 26), the same on the page and the CLI
     {"model": "llama-3.2-1b", "lora_rank": 16, "lora_variant": "dora", "ema": True},
+    # QDoRA: peft's DoRA over a bitsandbytes 4-bit base, modelled since session 19
+    {"model": "llama-3.2-1b", "lora_rank": 16, "lora_variant": "dora", "quantize_base": "nf4"},
 ]
 
 
