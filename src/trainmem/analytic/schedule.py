@@ -99,6 +99,7 @@ from trainmem.analytic.head import (
     FINAL_RMSNORM_BACKWARD_TENSORS,
     final_hidden_transient_bytes,
     final_norm_backward_bytes,
+    head_matmul_backward_parts,
     layer_norm_backward_bytes,
 )
 from trainmem.analytic.load import load_items, load_rule
@@ -865,6 +866,10 @@ class _Layers:
         return [self.attention_tmp]
 
 
+_SAVED_BY_THE_HEAD_MATMUL = frozenset({"lm_head_input", "autocast_weight_copies"})
+"""The head terms the LM head's matmul saves and frees when its backward has run (Note [The LM
+head's matmul backward]): its input and autocast's 16-bit copy of its weight."""
+
 _SAVED_BEFORE_THE_CAST = frozenset({"final_norm", "lm_head_input", "logits_fp32_output"})
 """The head terms saved before Fabric casts litgpt's output (Note [litgpt's cast output]): the
 final norm's tensors, the output head's input and the fp32 copy itself."""
@@ -899,6 +904,9 @@ class _Ends:
         names_ = [n for n, _ in parts]
         self.final_norm_block = names_.index("final_norm") if "final_norm" in names_ else -1
         self.head_input_block = names_.index("lm_head_input") if "lm_head_input" in names_ else -1
+        # Note [The LM head's matmul backward]: its transients, and the saved blocks it frees
+        self.head_mm = head_matmul_backward_parts(model, training) if head else None
+        self.mm_saved = [n for n, k in enumerate(names_) if k in _SAVED_BY_THE_HEAD_MATMUL]
         self.chunks = training.chunked_cross_entropy
         # See Note [litgpt's cast output]: the blocks saved before the head's output is cast
         # (the final norm's, the head's input, the fp32 copy) before the loop rebinds
@@ -1047,12 +1055,17 @@ class _Ends:
         held = self.final_norm_block if self.final_norm_tmp else -1
         # Note [Chunked head's first weight-gradient sum]: the head's input, freed after it
         held_input = self.head_input_block if self.chunk_wgrad and self.chunk_grads else -1
-        items += [
+        mm = self.head_mm
+        saved = [
             free(alloc(size, Cat.ACTIVATION, "forward", f"act/head/{n}", "head", label), b)
             for n, size in enumerate(self.head_blocks)
             # the final norm's and (Note [litgpt's bound logits]) the fp32 copy: freed later
             if n not in (held, self.bound, held_input)
         ]
+        # Note [The LM head's matmul backward]: what the head's matmul saved goes after it
+        mm_saved = {f"act/head/{n}" for n in self.mm_saved} if mm else set()
+        items += [op for op in saved if op.key not in mm_saved]
+        saved = [op for op in saved if op.key in mm_saved]
         # a chunked loss: the other chunks' logits gradients, alive through the head's
         # backward (Note [Compiled chunked cross-entropy]); the next chunk's apart (Note
         # [Chunked head's first weight-gradient sum])
@@ -1060,7 +1073,23 @@ class _Ends:
         what = "the other chunks' logits gradients"
         chunk_grads = alloc(self.chunk_grads - one, Cat.TEMPORARY, b, "loss/chunks", "loss", what)
         next_grad = alloc(one, Cat.TEMPORARY, b, "loss/chunks/next", "loss", what)
-        items += [chunk_grads, next_grad, *self.tr.gradients("head", where)]
+        grads = [chunk_grads, next_grad, *self.tr.gradients("head", where)]
+        input_grad: Op | None = None
+        if mm is None:
+            items += [*saved, *grads]
+        else:
+            what = "the logits gradient cast back to the head's dtype"
+            logits_grad = alloc(mm.logits_grad, Cat.TEMPORARY, b, "head_tmp/logits", "head", what)
+            what = "the LM head's input gradient"
+            input_grad = alloc(mm.input_grad, Cat.TEMPORARY, b, "head_tmp/input", "head", what)
+            items += [logits_grad, free(g2, b)]
+            if mm.weight_grad:  # autocast: the 16-bit gradient, then its fp32 cast
+                what = "the head weight's 16-bit gradient before its fp32 cast"
+                weight = alloc(mm.weight_grad, Cat.TEMPORARY, b, "head_tmp/weight", "head", what)
+                items += [weight, input_grad, free(logits_grad, b), *saved, *grads]
+                items.append(free(weight, b))
+            else:  # the matmul makes the gradient itself
+                items += [*grads, input_grad, free(logits_grad, b), *saved]
         if self.chunk_wgrad:
             # the next chunk's head weight gradient and the out-of-place sum, beside the sum so
             # far, after the first chunk's logits gradient is freed
@@ -1081,7 +1110,7 @@ class _Ends:
             name = f"act/head/{held_input}"
             items.append(free(alloc(size, Cat.ACTIVATION, "forward", name, "head", label), b))
         items += [*em.at("head.post_backward", where), free(chunk_grads, b)]
-        if not self.chunk_wgrad:
+        if not self.chunk_wgrad and mm is None:
             items.append(free(g2, b))
         if self.final_norm_tmp:  # Note [Final RMSNorm's backward], as the tensors they are
             n = FINAL_RMSNORM_BACKWARD_TENSORS
@@ -1097,9 +1126,13 @@ class _Ends:
                 for k in range(n)
             ]
             size = self.head_blocks[held] if held >= 0 else 0
-            saved = alloc(size, Cat.ACTIVATION, "forward", f"act/head/{held}", "head", label)
-            items += [*norm_tmp, *(free(op, b) for op in norm_tmp)]
-            items += [free(saved, b)] if held >= 0 else []
+            kept = alloc(size, Cat.ACTIVATION, "forward", f"act/head/{held}", "head", label)
+            # the input gradient goes once the norm's first fp32 tensor (its cast) exists
+            items += [norm_tmp[0], *([free(input_grad, b)] if input_grad else [])]
+            items += [*norm_tmp[1:], *(free(op, b) for op in norm_tmp)]
+            items += [free(kept, b)] if held >= 0 else []
+        elif input_grad:
+            items.append(free(input_grad, b))
         return items
 
     def embedding_backward(self, em: Emitter, where: Where) -> list[Item]:
