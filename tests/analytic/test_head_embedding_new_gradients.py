@@ -149,3 +149,27 @@ def test_tied_lookup_added_in_place_into_a_chunked_heads_sum(tmp_path: Path) -> 
     )
     assert not [op for op in ops if op.key == "grad/embedding/tied_sum" and op.size_bytes]
     assert {op.size_bytes for op in ops if op.key == "grad/embedding/vocab"} == {2 * V * H}
+
+
+_DS_ZERO = {"data_parallel_size": 4, "framework": "deepspeed", "gradient_accumulation_steps": 2}
+
+
+def test_tied_gradient_waits_whole_under_deepspeed_zero2(tmp_path: Path) -> None:
+    """Note [A tied gradient under DeepSpeed ZeRO-2/3]: ZeRO-2 over 4 ranks (bf16 weights,
+    gradients and lookup), accumulation 2: at the second micro-batch's out-of-place sum the
+    head's new gradient waits whole, V x h x 2 bytes (not the partition, V x h x 2 / 4),
+    beside the lookup's gradient and the sum, V x h x 2 each."""
+    ops = _step(_tied(tmp_path), zero_stage=2, **_DS_ZERO)
+    new = _tied_key(ops, "new_grad/head/", 2 * V * H)
+    live = _live_at(ops, "grad/embedding/tied_sum", 1)
+    assert live[new] == live["grad/embedding/vocab"] == live["grad/embedding/tied_sum"] == 2 * V * H
+
+
+def test_tied_lookup_and_sum_under_deepspeed_zero3(tmp_path: Path) -> None:
+    """DeepSpeed ZeRO-3's hooks run after AccumulateGrad too (``register_post_accumulate_grad
+    _hook``): the lookup's gradient and the out-of-place sum (V x h x 2 each) are made beside
+    the head's whole new gradient, as under ZeRO-2 (FSDP's transforms size their own)."""
+    ops = _step(_tied(tmp_path), zero_stage=3, **_DS_ZERO)
+    new = _tied_key(ops, "new_grad/head/", 2 * V * H)
+    live = _live_at(ops, "grad/embedding/tied_sum", 1)
+    assert live[new] == live["grad/embedding/vocab"] == live["grad/embedding/tied_sum"] == 2 * V * H

@@ -259,13 +259,42 @@ class _Transforms:
         training = self.ctx.training
         tied = self._tied_places(where)
         if group == "embedding":  # the tied weight's, held since the head's backward, or made here
-            news = [_accumulated(g, training) for g in self._base_gradients("head")]
+            news = [_accumulated(g, training) for g in self._waiting(tied)]
             made = [op for g in self._base_gradients(group) for op in _accumulated(g, training)]
             return made + [op for pair, k in zip(news, tied, strict=True) for op in pair[2 - k :]]
-        news = [_accumulated(g, training) for g in self._base_gradients(group)]
         if group == "head":
+            news = [_accumulated(g, training) for g in self._waiting(tied)]
             return [op for pair, k in zip(news, tied, strict=True) for op in pair[: 2 - k]]
+        news = [_accumulated(g, training) for g in self._base_gradients(group)]
         return [op for pair in news for op in pair]
+
+    def _waiting(self, tied: list[int]) -> list[Op]:
+        """The head's gradient ops, a tied weight's that waits in autograd's input buffer
+        (``tied`` 1: :meth:`_tied_places`) as autograd makes it, this rank's whole
+        tensor-parallel slice (``TensorState.full_grad_bytes``), not the partition ZeRO-2
+        keeps.
+
+        Note [A tied gradient under DeepSpeed ZeRO-2/3]
+            DeepSpeed partitions a gradient in a hook that runs after the parameter's
+            ``AccumulateGrad`` (v0.16.4 runtime/zero/stage_1_and_2.py
+            ``create_reduce_and_remove_grad_hooks``: ``grad_acc.register_hook``; stage3.py
+            through utils/torch.py ``register_grad_hook``:
+            ``param.register_post_accumulate_grad_hook``), and a tied weight's
+            ``AccumulateGrad`` runs once the lookup's gradient has joined the head's in its
+            input buffer (torch/csrc/autograd/input_buffer.cpp ``accumulate``). So the head's
+            gradient waits there whole, [V, h] in the gradient dtype, from the head's backward
+            to the embedding's, beside the lookup's gradient and their out-of-place sum, on
+            ZeRO-3 as on ZeRO-2 (whose formulas sized it as the partition, and on ZeRO-3 had
+            neither the lookup's gradient nor the sum). Traced (the generic path) on the 2-layer
+            2048-wide Llama, vocabulary 32,000, tied, bf16, 2 x 256, accumulation 4, ZeRO over 4
+            ranks: three 125 MiB gradients at the sum, ZeRO-2 and ZeRO-3 alike.
+        """
+        ops = self._base_gradients("head")
+        states = self.ctx.head_grad_states
+        return [
+            op._replace(size_bytes=s.full_grad_bytes) if k == 1 and op.size_bytes else op
+            for op, s, k in zip(ops, states, tied, strict=False)
+        ]
 
     def _tied_places(self, where: Where) -> list[int]:
         """Per head gradient op, how many of a later micro-batch's new gradient's two ops (its

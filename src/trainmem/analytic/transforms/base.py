@@ -318,11 +318,14 @@ def embedding_gradients(ctx: RankContext) -> EmbeddingGradients:
     tied_lookup = w_bytes * looked_up[0].numel if tied_here else 0
     vocab = w_bytes * looked_up[0].numel if vocab_parallel and looked_up else 0
     tied_sum = vocab // tp if tied_here else 0
-    if tied_here and not vocab_parallel and ctx.zero_stage < 3 and head_reads_embedding(ctx):
+    # FSDP's transforms size a tied lookup's gradient of its gathered weight themselves
+    # (vocab_gradient_bytes); DeepSpeed's ZeRO-3 hooks run after AccumulateGrad as ZeRO-2's
+    # (Note [A tied gradient under DeepSpeed ZeRO-2/3])
+    fsdp = ctx.zero_stage >= 3 and not t.conventions.zero_ipg_buckets
+    if tied_here and not vocab_parallel and not fsdp and head_reads_embedding(ctx):
         # Note [New gradients of the head and the embedding]: the lookup's gradient, added
         # into the head's in place only when that is a fresh tensor: the fp32 cast of an
-        # autocast one, or a chunked head's sum of its chunks' (FSDP's gathered weights: its
-        # transforms' vocab_gradient_bytes)
+        # autocast one, or a chunked head's sum of its chunks'
         vocab = tied_lookup
         cast = t.uses_autocast and t.gathered_weight_dtype != t.compute_dtype
         fresh = cast or chunked_head_weight_grad_bytes(ctx.model, t) > 0
