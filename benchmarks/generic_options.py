@@ -65,6 +65,11 @@ the diffusers model has no gate) +0.47 %.
 Megatron (session 18, helper megatron; refused on the generic path before): "megatron" +0.198 %,
 "megatron distributed optimizer 4" +0.371 % vs analytic (Note [Megatron on a traced step]);
 not applicable on the diffusers model (Megatron's GPTModel is a decoder-only language model).
+Session 19 (helper cells): "offload optimizer+gradients" +0.795 -> -0.001 % (Note [The LM head's
+matmul backward]: the head's 16-bit weight gradient beside its fp32 cast, the fp32 loss gradient
+freed first); no other set moved. Cells outside the sets, in tests/trace/test_generic_formula_
+cells.py: a tied head under accumulation with autocast / HF Trainer +2.09 -> +0.00 %, DeepSpeed
+ZeRO-2 +4.37 -> -0.01 % (Note [A tied gradient under DeepSpeed ZeRO-2/3]).
 """
 
 from __future__ import annotations
