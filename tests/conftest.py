@@ -58,6 +58,23 @@ def layer_bodies(items: Iterable[object], marker: str = "mlp_tmp") -> list[list[
     return bodies
 
 
+def live_at(ops: Iterable[Any], key: str, nth: int = 0) -> dict[str, int]:
+    """The keys live (with their bytes) at the ``nth`` allocation of ``key`` in a flat list of
+    schedule ops (``trainmem.schedule.Op``), itself included."""
+    live: dict[str, int] = {}
+    seen = 0
+    for op in ops:
+        if op.action == "alloc":
+            live[op.key] = op.size_bytes
+            if op.key == key:
+                if seen == nth:
+                    return live
+                seen += 1
+        else:
+            live.pop(op.key, None)
+    raise AssertionError(f"{key} allocated {seen} times")
+
+
 def other_values(field: Any) -> Iterator[object]:
     """The values a TrainingConfig setting (a ``dataclasses.Field``) is varied over by the
     tests that vary every setting: its choices, both flags, a few counts."""

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from conftest import MODELS_DIR
+from conftest import MODELS_DIR, live_at
 from trainmem.estimate import estimate
 from trainmem.schedule import Item, Op, Repeat
 from trainmem.specs.training import TrainingConfig
@@ -78,32 +78,16 @@ def _tied_key(ops: list[Op], prefix: str, size: int) -> str:
     return key
 
 
-def _live_at(ops: list[Op], key: str, nth: int) -> dict[str, int]:
-    """Keys live (with their bytes) at the ``nth`` allocation of ``key``, itself included."""
-    live: dict[str, int] = {}
-    seen = 0
-    for op in ops:
-        if op.action == "alloc":
-            live[op.key] = op.size_bytes
-            if op.key == key:
-                if seen == nth:
-                    return live
-                seen += 1
-        else:
-            live.pop(op.key, None)
-    raise AssertionError(f"{key} allocated {seen} times")
-
-
 def test_tied_new_gradient_waits_for_the_lookup_and_their_out_of_place_sum(tmp_path: Path) -> None:
     """bf16-true, accumulation over 2: at the second micro-batch's sum of the tied weight's
     two gradients, the kept gradient, the head's new one, the lookup's and the sum are all
     alive, V x h x 2 bytes each; the new one is freed before the next step."""
     ops = _step(_tied(tmp_path), gradient_accumulation_steps=2, precision="bf16-true")
     kept, new = _tied_key(ops, "grad/head/", 2 * V * H), _tied_key(ops, "new_grad/head/", 2 * V * H)
-    live = _live_at(ops, "grad/embedding/tied_sum", 1)
+    live = live_at(ops, "grad/embedding/tied_sum", 1)
     assert live[kept] == live[new] == 2 * V * H
     assert live["grad/embedding/vocab"] == live["grad/embedding/tied_sum"] == 2 * V * H
-    assert new not in _live_at(ops, "grad/embedding/tied_sum", 0)
+    assert new not in live_at(ops, "grad/embedding/tied_sum", 0)
     freed = [n for n, op in enumerate(ops) if op.action == "free" and op.key == new]
     summed = [n for n, op in enumerate(ops) if op.key == "grad/embedding/tied_sum"]
     assert len(freed) == 1 and summed[2] < freed[0] < summed[3]  # freed after the sum's alloc
@@ -115,7 +99,7 @@ def test_tied_lookup_added_in_place_under_autocast(tmp_path: Path) -> None:
     ops = _step(_tied(tmp_path), gradient_accumulation_steps=2)
     assert not [op for op in ops if op.key == "grad/embedding/tied_sum" and op.size_bytes]
     new = _tied_key(ops, "new_grad/head/", 4 * V * H)
-    live = _live_at(ops, "grad/embedding/vocab", 1)
+    live = live_at(ops, "grad/embedding/vocab", 1)
     assert live[new] == live["grad/embedding/vocab"] == 4 * V * H
 
 
@@ -161,7 +145,7 @@ def test_tied_gradient_waits_whole_under_deepspeed_zero2(tmp_path: Path) -> None
     beside the lookup's gradient and the sum, V x h x 2 each."""
     ops = _step(_tied(tmp_path), zero_stage=2, **_DS_ZERO)
     new = _tied_key(ops, "new_grad/head/", 2 * V * H)
-    live = _live_at(ops, "grad/embedding/tied_sum", 1)
+    live = live_at(ops, "grad/embedding/tied_sum", 1)
     assert live[new] == live["grad/embedding/vocab"] == live["grad/embedding/tied_sum"] == 2 * V * H
 
 
@@ -171,5 +155,5 @@ def test_tied_lookup_and_sum_under_deepspeed_zero3(tmp_path: Path) -> None:
     the head's whole new gradient, as under ZeRO-2 (FSDP's transforms size their own)."""
     ops = _step(_tied(tmp_path), zero_stage=3, **_DS_ZERO)
     new = _tied_key(ops, "new_grad/head/", 2 * V * H)
-    live = _live_at(ops, "grad/embedding/tied_sum", 1)
+    live = live_at(ops, "grad/embedding/tied_sum", 1)
     assert live[new] == live["grad/embedding/vocab"] == live["grad/embedding/tied_sum"] == 2 * V * H

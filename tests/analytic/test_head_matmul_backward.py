@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from conftest import MODELS_DIR
+from conftest import MODELS_DIR, live_at
 from trainmem.estimate import estimate
 from trainmem.schedule import Op, Repeat
 from trainmem.specs.training import TrainingConfig
@@ -45,29 +45,13 @@ def _ops(tmp_path: Path, **settings: Any) -> list[Op]:
     return flat(est.schedules[0].step)
 
 
-def _live_at(ops: list[Op], key: str, nth: int = 0) -> dict[str, int]:
-    """Keys live (with their bytes) at the ``nth`` allocation of ``key``, itself included."""
-    live: dict[str, int] = {}
-    seen = 0
-    for op in ops:
-        if op.action == "alloc":
-            live[op.key] = op.size_bytes
-            if op.key == key:
-                if seen == nth:
-                    return live
-                seen += 1
-        else:
-            live.pop(op.key, None)
-    raise AssertionError(f"{key} allocated {seen} times")
-
-
 def test_autocast_head_gradient_cast_beside_its_16_bit_form(tmp_path: Path) -> None:
     """bf16 autocast, accumulation 2: the second micro-batch's fp32 new gradient of the tied
     weight (4 V h) is made beside its bf16 form (2 V h) and the input gradient (2 h t); the
     fp32 loss gradient, the bf16 logits gradient and the weight copy are gone by then."""
     ops = _ops(tmp_path, gradient_accumulation_steps=2)
     (new,) = {op.key for op in ops if op.key.startswith("new_grad/") and op.size_bytes == 4 * V * H}
-    live = _live_at(ops, new)
+    live = live_at(ops, new)
     assert live[new] == 4 * V * H
     assert live["head_tmp/weight"] == 2 * V * H
     assert live["head_tmp/input"] == 2 * H * T
@@ -78,7 +62,7 @@ def test_autocast_head_gradient_cast_beside_its_16_bit_form(tmp_path: Path) -> N
 def test_autocast_head_matmul_holds_logits_gradient_and_weight_copy(tmp_path: Path) -> None:
     """At the matmul's weight gradient (2 V h) the bf16 logits gradient (2 V t) and autocast's
     weight copy (2 V h) are alive, the fp32 loss gradient (4 V t) freed."""
-    live = _live_at(_ops(tmp_path), "head_tmp/weight")
+    live = live_at(_ops(tmp_path), "head_tmp/weight")
     assert live["head_tmp/logits"] == 2 * V * T
     assert 2 * V * H in [v for k, v in live.items() if k.startswith("act/head/")]
     assert "loss/2" not in live
@@ -91,6 +75,6 @@ def test_bf16_true_head_makes_its_gradient_in_the_matmul(tmp_path: Path) -> None
     (grad,) = {
         op.key for op in ops if op.key.startswith("grad/head/") and op.size_bytes == 2 * V * H
     }
-    live = _live_at(ops, grad)
+    live = live_at(ops, grad)
     assert live["head_tmp/logits"] == 2 * V * T
     assert "loss/2" not in live and "head_tmp/weight" not in live
