@@ -54,28 +54,37 @@ Note [Traced ZeRO-3]
     :func:`~trainmem.analytic.buffers.gradient_buffer_from_init`): the traced gradients become
     0 bytes and one buffer of their partitions is allocated with the state the step starts from,
     never freed; each layer's new gradients stay whole until its last one is made (the
-    analytic ``reduce`` term, as under ZeRO-2). Each micro-batch holds the layers' prefetch
-    pool and the larger of the embeddings' and the output layer's gathered weights from its
-    start to its end, that root gather's offloaded partition copied to the GPU at its start
-    (:func:`~trainmem.analytic.transforms.deepspeed_gathers.deepspeed_zero3_gathers`, Note
-    [DeepSpeed ZeRO-3 parameter gathers]; the analytic step places each at its module, the
-    traced one has no per-module points); the transform adds the persistent gradient bucket and
-    the step's per-sub-group gradient copies. The plain loop is traced on one rank: the trace
-    would run ``zero_stage=3`` over N ranks as FSDP2. Without a ModelSpec the gathered layer is
-    the largest block of the traced block lists and the root every tensor outside them
-    (untied).
+    analytic ``reduce`` term, as under ZeRO-2). The gathered parameters are the analytic
+    :class:`~trainmem.analytic.transforms.deepspeed_gathers.DeepSpeedZero3Gathers`' (Note
+    [DeepSpeed ZeRO-3 parameter gathers]), spliced at the traced modules' points (Note [Points
+    of a traced step]): the embeddings' from the micro-batch's start, the layers' pool through
+    the traced layers' forward and backward, the output layer's and the turnaround's kept
+    layers from the last layer's forward to the first layer's backward, the embedding's again
+    for its backward, each root gather's offloaded partition copied to the GPU (session 19:
+    they were the pool and the larger root gather held through the whole micro-batch, which
+    put a 172 MiB pool beside a tied embedding's backward and dropped an untied model's second
+    root gather: 2-layer 2048-wide Llama, vocabulary 32,000, 4 ranks, accumulation 4, tied
+    +2.98 -> +0.00 %, untied -4.96 -> +0.00 % against the formulas); the transform adds the
+    persistent gradient bucket and the step's per-sub-group gradient copies. The plain loop is
+    traced on one rank: the trace would run ``zero_stage=3`` over N ranks as FSDP2. Without a
+    ModelSpec the gathered layer is the largest block of the traced block lists and the root
+    every tensor outside them (untied).
 
 Note [Points of a traced step]
     The traced step is forward / backward per micro-batch, then the optimizer and
     ``zero_grad``, its events tagged with their phase. ``step.begin`` is the first item,
     ``backward.begin`` a micro-batch's first backward item, ``stack.pre_backward`` its first
     backward item in a layer (module path ``<list>.<index>``), ``micro_batch.end`` the item
-    after its last backward one, ``optimizer.begin`` and ``optimizer.step`` the first
-    optimizer item (the first ``zero_grad`` item when the step allocates nothing, as fused
-    Adam) and ``optimizer.end`` the first ``zero_grad`` item. Each micro-batch is spliced with
-    its own :class:`~trainmem.analytic.transforms.base.Where` (the first makes the gradients,
-    the others accumulate into them), and the setup holds a warm-up copy of the step spliced with
-    ``first_step=True``, as the analytic schedule's.
+    after its last backward one; ``micro_batch.begin`` its first item, ``stack.pre_forward`` /
+    ``stack.post_forward`` its first forward item in a layer and the item after its last,
+    ``head.post_backward`` at ``stack.pre_backward``, ``stack.post_backward`` and
+    ``embedding.pre_backward`` the item after its last backward item in a layer,
+    ``embedding.post_backward`` its end (ZeRO-3's gathers); ``optimizer.begin`` and
+    ``optimizer.step`` the first optimizer item (the first ``zero_grad`` item when the step
+    allocates nothing, as fused Adam) and ``optimizer.end`` the first ``zero_grad`` item. Each
+    micro-batch is spliced with its own :class:`~trainmem.analytic.transforms.base.Where` (the
+    first makes the gradients, the others accumulate into them), and the setup holds a warm-up
+    copy of the step spliced with ``first_step=True``, as the analytic schedule's.
 
 Source: DeepSpeed runtime/zero/stage_1_and_2.py (cited per rule in
 :mod:`trainmem.analytic.buffers` and :mod:`trainmem.analytic.transforms.deepspeed`);
@@ -100,13 +109,12 @@ from trainmem.analytic.transforms.base import (
     Emitted,
     PipelineRank,
     RankContext,
+    Transform,
     Where,
-    alloc,
-    free,
     splice,
 )
 from trainmem.analytic.transforms.deepspeed import DeepSpeedZero
-from trainmem.analytic.transforms.deepspeed_gathers import deepspeed_zero3_gathers
+from trainmem.analytic.transforms.deepspeed_gathers import DeepSpeedZero3Gathers
 from trainmem.analytic.transforms.optimizer import Optimizer
 from trainmem.analytic.transforms.points import Point
 from trainmem.breakdown import MemoryCategory as Cat
@@ -215,7 +223,9 @@ def apply_deepspeed(
     segments, tail = micro_batches(body)
     reduces = training.zero_stage >= 2
     new_grads = _GradientSizes.of(segments[0]) if reduces else None
-    gathers, h2d = _zero3_gathers(schedule, ctx, training) if training.zero_stage == 3 else ([], [])
+    transforms: list[Transform] = [transform]
+    if training.zero_stage == 3:  # Note [Traced ZeRO-3]: its gathers at the traced modules
+        transforms.append(_zero3_gathers(schedule, ctx))
     rewritten = [_rewrite(seg, sizes, new_grads, first=k == 0) for k, seg in enumerate(segments)]
     tail = _rewrite(tail, sizes, None, first=False)
     # Note [The step of DeepSpeed's flat partition]
@@ -234,8 +244,7 @@ def apply_deepspeed(
         out: list[Item] = []
         for k, seg in enumerate(rewritten):
             where = Where(first_step=first, new_grads=k == 0)
-            spliced = splice(seg, _segment_points(seg, first=k == 0), [transform], where)
-            out += [*gathers, *h2d, *spliced, *(free(op, "backward") for op in reversed(gathers))]
+            out += splice(seg, _segment_points(seg, first=k == 0), transforms, where)
         points = _tail_points(tail)
         optimizer = splice(tail, points, [transform, step_ops], Where(first_step=first))
         return out + (_own_gradient_frees(optimizer, frees) if frees else optimizer)
@@ -284,26 +293,13 @@ def _deepspeed_context(
     return _traced_context([whole], training)
 
 
-def _zero3_gathers(
-    schedule: StepSchedule, ctx: RankContext, training: TrainingConfig
-) -> tuple[list[Op], list[Op]]:
-    """ZeRO-3's gathered parameters of one micro-batch (Note [Traced ZeRO-3]): held, the
-    layers' prefetch pool and the larger of the embeddings' and the output layer's gathers
-    (Note [DeepSpeed ZeRO-3 parameter gathers], sized from the rank's layout or, without a
-    ModelSpec, from the traced tensors: the layer the largest block of a block list, untied);
-    transient, that gather's offloaded partition copied to the GPU (allocated and freed)."""
+def _zero3_gathers(schedule: StepSchedule, ctx: RankContext) -> DeepSpeedZero3Gathers:
+    """ZeRO-3's gathered parameters (Note [Traced ZeRO-3]) as the analytic transform places
+    them, sized from the rank's layout or, without a ModelSpec, from the traced tensors (the
+    layer the largest block of a block list, untied)."""
     if ctx.model is None:
-        ctx = _traced_layers_context(traced_tensor_states(schedule, training), training)
-    g = deepspeed_zero3_gathers(ctx)
-    f: Phase = "forward"
-    root_bytes = max(g.embedding, g.head)
-    pool = alloc(g.pool, Cat.TEMPORARY, f, "gather/pool", "layers", "the layers' gathered weights")
-    root = alloc(
-        root_bytes, Cat.TEMPORARY, f, "gather/root", "(model)", "the root's gathered weights"
-    )
-    copy = alloc(g.copy(root_bytes), Cat.TEMPORARY, f, "gather/root/h2d", "(model)", "the H2D copy")
-    held = [op for op in (root, pool) if op.size_bytes]
-    return held, [copy, free(copy, f)] if copy.size_bytes else []
+        ctx = _traced_layers_context(traced_tensor_states(schedule, ctx.training), ctx.training)
+    return DeepSpeedZero3Gathers(ctx)
 
 
 def _traced_layers_context(states: list[TensorState], training: TrainingConfig) -> RankContext:
@@ -563,15 +559,34 @@ def _in_layer_backward(item: Item) -> bool:
     return item.phase == "backward" and layer_of(item.module) is not None
 
 
+def _in_layer_forward(item: Item) -> bool:
+    if isinstance(item, Repeat):
+        return "forward" in _phases(item)
+    return item.phase == "forward" and layer_of(item.module) is not None
+
+
 def _segment_points(items: list[Item], *, first: bool) -> dict[Point, int]:
     """Note [Points of a traced step]: a micro-batch's points."""
     backward = _first(items, lambda x: "backward" in _phases(x), len(items))
     layers = _first(items[backward:], _in_layer_backward, len(items) - backward)
+    n = len(items)
+    after = n - _first(items[::-1], _in_layer_backward, n)
     points: dict[Point, int] = {
+        "micro_batch.begin": 0,
         "backward.begin": backward,
+        "head.post_backward": backward + layers,
         "stack.pre_backward": backward + layers,
-        "micro_batch.end": len(items),
+        "stack.post_backward": max(after, backward + layers),
+        "embedding.pre_backward": max(after, backward + layers),
+        "embedding.post_backward": n,
+        "micro_batch.end": n,
     }
+    start = _first(items[:backward], _in_layer_forward, backward)
+    if start < backward:  # the forward through the layers
+        points["stack.pre_forward"] = start
+        points["stack.post_forward"] = backward - _first(
+            items[backward - 1 :: -1], _in_layer_forward, backward
+        )
     if first:
         points["step.begin"] = 0
     return points

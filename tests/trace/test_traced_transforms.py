@@ -299,11 +299,17 @@ def test_zero3_of_a_traced_qwen2_by_hand() -> None:
     assert [op.size_bytes for op in setup if op.key == "grad/partition3"] == [2 * 139_840 // 4]
     step = [op for op in _ops(list(schedule.step)) if op.action == "alloc"]
     assert not [op for op in step if op.category is MemoryCategory.GRADIENT and op.size_bytes]
-    # per micro-batch (Note [DeepSpeed ZeRO-3 parameter gathers]): the layers' prefetch pool,
-    # both layers (2 x 37,120 values, below stage3_max_live_parameters' 1e9), and the larger
-    # of the embedding's (512 x 64) and the head's (512 x 64 + the final norm's 64) gathers
+    # per micro-batch (Note [DeepSpeed ZeRO-3 parameter gathers], placed at the traced
+    # modules since session 19): the layers' prefetch pool, both layers (2 x 37,120 values,
+    # below stage3_max_live_parameters' 1e9), kept across the turnaround as well, the
+    # embedding's (512 x 64) and the head's (512 x 64 + the final norm's 64) gathers
     gathered = {op.key: op.size_bytes for op in step if op.key.startswith("gather/")}
-    assert gathered == {"gather/root": 2 * 32_832, "gather/pool": 2 * 2 * 37_120}
+    assert gathered == {
+        "gather/embedding": 2 * 512 * 64,
+        "gather/head": 2 * 32_832,
+        "gather/pool": 2 * 2 * 37_120,
+        "gather/kept": 2 * 2 * 37_120,
+    }
     # the persistent bucket (reduce "auto" = h^2 = 4,096 bf16 values) from the warm-up step on
     assert [op.size_bytes for op in setup if op.key == "bucket/persistent"] == [2 * 4096]
     # the step's flat copies of the partition (one sub-group: 34,960 values), bf16 then fp32
