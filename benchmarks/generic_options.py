@@ -69,7 +69,9 @@ Session 19 (helper cells): "offload optimizer+gradients" +0.795 -> -0.001 % (Not
 matmul backward]: the head's 16-bit weight gradient beside its fp32 cast, the fp32 loss gradient
 freed first); no other set moved. Cells outside the sets, in tests/trace/test_generic_formula_
 cells.py: a tied head under accumulation with autocast / HF Trainer +2.09 -> +0.00 %, DeepSpeed
-ZeRO-2 +4.37 -> -0.01 % (Note [A tied gradient under DeepSpeed ZeRO-2/3]).
+ZeRO-2 +4.37 -> -0.01 % (Note [A tied gradient under DeepSpeed ZeRO-2/3]), DeepSpeed ZeRO-3
+tied +4.35 -> +0.00 % and untied -4.96 -> +0.00 % (with Note [Traced ZeRO-3]'s gathers at the
+traced modules).
 """
 
 from __future__ import annotations
