@@ -159,6 +159,12 @@ class QuantizedBase(Transform):
     def __init__(self, ctx: RankContext) -> None:
         super().__init__(ctx)
         self.layer = layer_dequantized_bytes(ctx)
+        # Note [torchao's decode before the input gradient]: its 16-bit result, 2 n bytes
+        self.decoded = (
+            2 * largest_base_numel(_expert_states(ctx), ctx.training)
+            if ctx.training.torchao_nf4_decode
+            else 0
+        )
         self.head = _head_bytes(ctx)
         self.layer_cast = layer_cast_bytes(ctx)
         self.head_cast = _head_cast_bytes(ctx)
@@ -178,6 +184,13 @@ class QuantizedBase(Transform):
         if not self.layer:
             return ()
         label = "a dequantized base weight"
+        if self.decoded:  # Note [torchao's decode before the input gradient]
+            label = "torchao's NF4 decode: its locals"
+            loc = alloc(self.layer - self.decoded, Cat.TEMPORARY, phase, "dequant/locals",
+                        "layers.{i}", label)  # fmt: skip
+            label = "torchao's NF4 decode: the 16-bit weight it returns"
+            d = alloc(self.decoded, Cat.TEMPORARY, phase, "dequant", "layers.{i}", label)
+            return (loc, d, free(loc, phase), free(d, phase))
         d = alloc(self.layer, Cat.TEMPORARY, phase, "dequant", "layers.{i}", label)
         if not self.layer_cast:
             return (d, free(d, phase))
@@ -222,7 +235,22 @@ class QuantizedBase(Transform):
 
     def layer_mlp_down_backward(self, where: Where) -> Sequence[Emitted]:
         """The input gradient's dequantized weight: the base makes down's input gradient
-        before its free (Note [An MLP's backward, linear by linear])."""
+        before its free (Note [An MLP's backward, linear by linear]).
+
+        Note [torchao's decode before the input gradient]
+            torchao's ``LinearNF4.backward`` computes ``grad_output @ weight.to(
+            grad_output.dtype)``: ``to`` runs ``get_original_weight`` to its end (its locals,
+            14 n + n / 32 bytes at its peak with the result, :func:`~trainmem.analytic.
+            buffers.torchao_nf4_dequantize_bytes`) and returns the 16-bit weight (2 n), the
+            locals freed on return; only then ``matmul`` allocates the input gradient
+            (c t i). So the decode's peak and the input gradient are never alive together:
+            the locals are freed before the gradient is made, the 2 n weight stays beside it
+            (torchao v0.1 dtypes/nf4tensor.py ``LinearNF4.backward``, ``get_original_weight``;
+            torchtune modules/peft/lora.py @fef3ed1 ``linear_nf4``). Checked against the
+            generic path's trace of torchtune's eager QLoRA (tests/analytic/
+            test_torchao_nf4_decode.py: a 256 x 4096 MLP, the formulas' backward peak was
+            c t i = 524,288 B above the trace's with the decode beside the gradient).
+        """
         if not self.split:
             return ()
         return self._layer("backward")
