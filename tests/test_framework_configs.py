@@ -131,7 +131,9 @@ def test_deepspeed_grad_accum_dtype_is_read(tmp_path: Path) -> None:
     p = tmp_path / "ds.json"
     p.write_text(json.dumps({**base, "data_types": {"grad_accum_dtype": "fp32"}}))
     training = TrainingConfig(**read_deepspeed_config(str(p)))
-    assert training.deepspeed_optimizer == "bf16" and training.grad_dtype == "float32"
+    assert (
+        training.deepspeed_optimizer == "bf16" and training.bf16_optimizer_buffer_dtype == "float32"
+    )
     assert "grad_accum_dtype" not in deepspeed_settings(base)
     with pytest.raises(SpecError, match="grad_accum_dtype 'int8' unknown; allowed: fp32"):
         deepspeed_settings({"data_types": {"grad_accum_dtype": "int8"}})

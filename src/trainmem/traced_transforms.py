@@ -164,13 +164,29 @@ def after_state(items: tuple[Item, ...], op: Op) -> tuple[Item, ...]:
 
 def deepspeed_refusals(training: TrainingConfig) -> list[str]:
     """What of a DeepSpeed run :func:`apply_deepspeed` does not model, as ``field=value`` (empty:
-    it does): ZeRO-1/2/3 with the ZeRO optimizer wrapper, any optimizer (its states sized as
-    the formulas size a flat partition's, Note [Optimizer states of flat tensors])."""
+    it does): ZeRO-1/2/3 with the ZeRO optimizer wrapper, or ZeRO-1's ``BF16_Optimizer`` where
+    it frees its bf16 gradients after the step and adds them into its fp32 buffer after the
+    backward (0.17.1 on: Note [BF16_Optimizer's two gradients]), any optimizer (its states sized
+    as the formulas size a flat partition's, Note [Optimizer states of flat tensors])."""
     out = []
+    wrapper = training.deepspeed_optimizer
     if training.zero_stage not in (1, 2, 3):
         out.append(f"zero_stage={training.zero_stage} with framework=deepspeed")
-    elif training.deepspeed_optimizer != "zero":
-        out.append(f"DeepSpeed's {training.deepspeed_optimizer} optimizer wrapper")
+    elif wrapper == "bf16" and training.bf16_optimizer_grads_released != "step":
+        # the traced plain loop frees its gradients after the step (zero_grad), as
+        # BF16_Optimizer's zero_grad does from 0.16.5 (Note [BF16_Optimizer's two gradients])
+        out.append(
+            f"deepspeed_version={training.deepspeed_version} with DeepSpeed's bf16 "
+            "optimizer wrapper"
+        )
+    elif wrapper == "bf16" and training.bf16_optimizer_immediate_grad_update:
+        # its per-parameter copies are made at the layer points, which a trace has not
+        out.append(
+            f"deepspeed_version={training.deepspeed_version} with DeepSpeed's bf16 optimizer "
+            "wrapper (bf16.immediate_grad_update on by default)"
+        )
+    elif wrapper not in ("zero", "bf16"):
+        out.append(f"DeepSpeed's {wrapper} optimizer wrapper")
     return out
 
 
@@ -185,7 +201,8 @@ def untraced_deepspeed(training: TrainingConfig) -> str:
     ]
     return (
         ", ".join(why or ["framework=deepspeed"])
-        + " (traced: DeepSpeed ZeRO-1/2/3 with its ZeRO optimizer, without tensor, pipeline or "
+        + " (traced: DeepSpeed ZeRO-1/2/3 with its ZeRO optimizer, ZeRO-1's BF16_Optimizer from "
+        "0.17.1, without tensor, pipeline or "
         "context parallelism; or --engine analytic)"
     )
 
@@ -579,6 +596,7 @@ def _segment_points(items: list[Item], *, first: bool) -> dict[Point, int]:
         "stack.post_backward": max(after, backward + layers),
         "embedding.pre_backward": max(after, backward + layers),
         "embedding.post_backward": n,
+        "root.post_backward": n,
         "micro_batch.end": n,
     }
     start = _first(items[:backward], _in_layer_forward, backward)

@@ -351,8 +351,9 @@ def test_deepspeed_bf16_without_zero_runs_the_bf16_optimizer(llama_2_7b: ModelSp
     # accumulation -> BF16_Optimizer (before 0.17.6 get_data_types made fp32 the default for
     # bf16 without ZeRO; since then it must be asked for); bf16_optimizer.py: bf16 weights
     # (2 B), one flat fp32 gradient buffer of every parameter from init (4 B, never
-    # partitioned), fp32 master + Adam moments on this rank's 1/N partition ((4 + 8) B / N)
-    # (from 0.18.5 that explicit fp32 mix is refused: see the test below)
+    # partitioned) beside the parameters' own bf16 .grad (2 B; zeroed in place, never freed
+    # without ZeRO from 0.16.5), fp32 master + Adam moments on this rank's 1/N partition
+    # ((4 + 8) B / N) (from 0.18.5 that explicit fp32 mix is refused: see the test below)
     for kw in (
         {"deepspeed_version": "0.17.5"},
         {"grad_accum_dtype": "float32", "deepspeed_version": "0.18.4"},
@@ -362,7 +363,7 @@ def test_deepspeed_bf16_without_zero_runs_the_bf16_optimizer(llama_2_7b: ModelSp
         est = estimate_analytic(llama_2_7b, t, simulate_allocator=False)  # type: ignore[arg-type]
         assert est.model_states_bytes == {
             "parameters": 2 * PSI,
-            "gradients": 4 * PSI,
+            "gradients": 4 * PSI + 2 * PSI,
             "optimizer_states": 12 * PSI // 4,
         }
         assert gradients_alive_in_forward(t)
@@ -380,12 +381,13 @@ def test_deepspeed_optimizer_wrapper_follows_the_engine() -> None:
     # engine.py get_data_types / _do_optimizer_sanity_check (0.17.5 and 0.19.8 sdists):
     # (precision, zero stage, data_types.grad_accum_dtype, version) -> wrapper, gradient dtype
     cases = [
-        ("bf16-mixed", 0, None, "0.17.5", "bf16", "float32"),  # fp32 default without ZeRO
+        # BF16_Optimizer: the bf16 .grad autograd makes (its fp32 buffer is a second tensor)
+        ("bf16-mixed", 0, None, "0.17.5", "bf16", "bfloat16"),  # fp32 default without ZeRO
         ("bf16-mixed", 0, None, None, "fp16", "bfloat16"),  # DDP_BFLOAT16 since 0.17.6
-        ("bf16-mixed", 0, "float32", "0.18.4", "bf16", "float32"),  # refused from 0.18.5
+        ("bf16-mixed", 0, "float32", "0.18.4", "bf16", "bfloat16"),  # refused from 0.18.5
         ("16-mixed", 0, None, "0.14.4", "fp16", "float16"),
         ("32-true", 0, None, None, "none", "float32"),
-        ("bf16-mixed", 1, "float32", None, "bf16", "float32"),  # ZeRO-1 + fp32 -> BF16_Optimizer
+        ("bf16-mixed", 1, "float32", None, "bf16", "bfloat16"),  # ZeRO-1 + fp32 -> BF16_Optimizer
         ("bf16-mixed", 1, None, None, "zero", "bfloat16"),
         ("16-mixed", 1, "float32", None, "zero", "float32"),  # grad_accum attribute, fp32
         ("bf16-mixed", 2, "float32", None, "zero", "bfloat16"),  # grads_in_partition: self.dtype

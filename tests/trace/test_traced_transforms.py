@@ -98,6 +98,28 @@ def test_zero1_with_accumulation_on_a_traced_model_matches_the_analytic_engine(
     assert abs(traced - analytic) <= 0.01 * analytic, (traced, analytic)
 
 
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_zero1_bf16_optimizer_on_a_traced_model_matches_the_analytic_engine(
+    wide_qwen2: str, accumulation: int
+) -> None:
+    # ZeRO-1 with fp32 accumulation runs BF16_Optimizer (engine.py _do_optimizer_sanity_check):
+    # the traced bf16 gradients, freed by zero_grad after the step as its zero_grad does from
+    # 0.16.5, beside its unpartitioned fp32 buffer from init and one gradient's fp32 copy after
+    # the backward (Note [BF16_Optimizer's two gradients])
+    training = _deepspeed(
+        zero_stage=1, grad_accum_dtype="float32", gradient_accumulation_steps=accumulation
+    )
+    assert training.deepspeed_optimizer == "bf16"
+    analytic = _peak(wide_qwen2, training, "analytic")
+    traced = _peak(wide_qwen2, training, "generic")
+    assert abs(traced - analytic) <= 0.01 * analytic, (traced, analytic)
+    # not by accident: the ZeRO optimizer's run (bf16 accumulation) is > 1% away
+    zero = _peak(
+        wide_qwen2, _deepspeed(zero_stage=1, gradient_accumulation_steps=accumulation), "generic"
+    )
+    assert abs(traced - zero) > 0.01 * traced, (traced, zero)
+
+
 def test_the_transforms_move_the_traced_peak_beyond_the_tolerance(wide_qwen2: str) -> None:
     # the agreement above could not hold by accident: the plain loop traced (the same dtypes
     # and optimizer, no DeepSpeed) and the other data-parallel size are both > 1% away
@@ -359,10 +381,19 @@ def test_deepspeed_settings_the_traced_paths_still_refuse() -> None:
     # ZeRO off (BF16_Optimizer) is not a transform of a traced step yet, nor DeepSpeed beside
     # tensor parallelism; each refusal says what is traced
     hint = (
-        " (traced: DeepSpeed ZeRO-1/2/3 with its ZeRO optimizer, without tensor, pipeline or "
+        " (traced: DeepSpeed ZeRO-1/2/3 with its ZeRO optimizer, ZeRO-1's BF16_Optimizer from "
+        "0.17.1, without tensor, pipeline or "
         "context parallelism; "
     )
     assert trace_unsupported_settings(_deepspeed(zero_stage=3), "generic") == []
+    # BF16_Optimizer at ZeRO-1: traced where it frees its bf16 gradients after the step and
+    # adds them into its buffer after the backward (0.17.1 on), refused otherwise
+    bf16 = {"zero_stage": 1, "grad_accum_dtype": "float32"}
+    assert trace_unsupported_settings(_deepspeed(**bf16), "generic") == []
+    for version in ("0.16.4", "0.16.9"):
+        refused = _deepspeed(**bf16, deepspeed_version=version)
+        why = trace_unsupported_settings(refused, "generic")[2]
+        assert why.startswith(f"deepspeed_version={version} with DeepSpeed's bf16"), why
     (off,) = trace_unsupported_settings(_deepspeed(zero_stage=0, data_parallel_size=1))
     assert off.startswith("zero_stage=0 with framework=deepspeed" + hint), off
     assert trace_unsupported_settings(_deepspeed(tensor_parallel_size=2))[:2] == [

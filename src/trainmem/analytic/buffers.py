@@ -229,21 +229,59 @@ def gradients_alive_in_forward(training: TrainingConfig) -> bool:
         training.gradient_accumulation_steps > 1
         or not training.zero_grad_set_to_none
         or gradient_buffer_from_init(training)
+        or training.bf16_optimizer_grads_released in ("backward", "never")
     )
 
 
 def gradient_buffer_from_init(training: TrainingConfig) -> bool:
     """The framework allocates the gradients once at wrap time and never frees them: Megatron's
     fp32 ``grad_data`` (``grad_buffer_from_init`` with master weights), DeepSpeed ZeRO-3's
-    gradient partition (``zero3_grad_partition_from_init``), DeepSpeed ``BF16_Optimizer``'s
-    fp32 ``fp32_groups_gradients_flat`` (``TrainingConfig.bf16_optimizer``). Sources: see
-    :func:`gradients_alive_in_forward` and ``FrameworkConventions.deepspeed_optimizer_wrappers``."""
+    gradient partition (``zero3_grad_partition_from_init``). Not DeepSpeed ``BF16_Optimizer``,
+    whose parameters' ``.grad`` are autograd's bf16 ones and whose buffer from init is a second
+    tensor (:func:`deepspeed_bf16_grad_buffer_bytes`, Note [BF16_Optimizer's two gradients]).
+    Sources: see :func:`gradients_alive_in_forward`."""
     conv = training.conventions
-    return (
-        (conv.grad_buffer_from_init and training.master_weights)
-        or (conv.zero3_grad_partition_from_init and training.zero_stage == 3)
-        or training.bf16_optimizer
+    return (conv.grad_buffer_from_init and training.master_weights) or (
+        conv.zero3_grad_partition_from_init and training.zero_stage == 3
     )
+
+
+def deepspeed_bf16_grad_buffer_bytes(trainable_elements: int, training: TrainingConfig) -> int:
+    """Bytes of DeepSpeed ``BF16_Optimizer``'s flat gradient buffer on one rank: every trainable
+    element (not partitioned), padded to a multiple of 2 x N, in the accumulation dtype; 0
+    without ``BF16_Optimizer``.
+
+    Note [BF16_Optimizer's two gradients]
+        ``BF16_Optimizer`` (deepspeed/runtime/bf16_optimizer.py, v0.16.4 to v0.19.5; chosen by
+        engine.py ``_do_optimizer_sanity_check`` for bf16 weights with fp32 accumulation at ZeRO
+        0, or at ZeRO 1 without optimizer offload, and for bf16 accumulation under pipeline
+        parallelism) keeps two gradients of every parameter:
+        - ``_setup_for_real_optimizer`` (at ``deepspeed.initialize``): ``fp32_flat_buffer =
+          torch.zeros_like(self.bf16_groups_flat[i], dtype=self.grad_acc_dtype)``, the whole
+          flat group (``_flatten_dense_tensors_aligned(..., nccl_start_alignment_factor *
+          real_dp_world_size)``, alignment 2 x N), never freed (``clear_hp_grads`` zeroes it
+          after each step); the fp32 master weights and the optimizer states cover this rank's
+          1/N partition only;
+        - the parameters' own bf16 ``.grad``, made by autograd in ``loss.backward()``, which
+          the wrapper only reads: ``_update_hp_grad`` does ``hp_grad.data.add_(lp.grad.data.
+          to(hp_grad.dtype).view(hp_grad.shape))`` per parameter (``update_hp_grads`` after the
+          backward, from engine.py ``backward``; or in a grad-accumulator hook with
+          ``bf16.immediate_grad_update``), a transient fp32 copy of one parameter's gradient
+          at a time, and ``clear_lp_grads=False``. When they are freed depends on the release
+          (:func:`~trainmem.specs.frameworks.deepspeed_bf16_grads_released`): up to 0.16.4 by
+          ``clear_lp_grads()`` at the start of the next ``backward`` (they live through the next
+          forward); from 0.16.5 by ``zero_grad`` after the step under ZeRO-1, never without
+          ZeRO.
+        The step sets ``param_partition.grad = grad_partition``, a view of the buffer, when it
+        is fp32 (no copy; :func:`deepspeed_step_gradient_copies`).
+
+    Alive: the whole step, from ``deepspeed.initialize``.
+    """
+    if not training.bf16_optimizer:
+        return 0
+    dp = training.sharding_degree
+    padded = deepspeed_partition_elements(trainable_elements, training) * dp
+    return dtype_bytes(training.deepspeed_grad_accum_dtype) * padded
 
 
 DEEPSPEED_REDUCE_BUCKET_SIZE = 500_000_000
@@ -562,6 +600,6 @@ def deepspeed_step_gradient_copies(
         return (g * n, 4 * n) if g != 4 else (0, 4 * n)
     if wrapper == "fp16":
         return 4 * trainable_elements, 4 * trainable_elements
-    if wrapper == "bf16" and g != 4:
+    if wrapper == "bf16" and training.deepspeed_grad_accum_dtype != "float32":
         return 0, 4 * deepspeed_partition_elements(trainable_elements, training)
     return 0, 0

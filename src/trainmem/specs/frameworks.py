@@ -317,6 +317,58 @@ def deepspeed_grad_accum_dtype(
     return model_dtype
 
 
+DEEPSPEED_BF16_OPTIMIZER_ZERO_GRAD_SINCE = (0, 16, 5)
+"""deepspeed/runtime/bf16_optimizer.py: up to 0.16.4 ``BF16_Optimizer.backward`` starts with
+``clear_lp_grads()``, which sets every bf16 ``.grad`` to None (``set_to_none = False if
+self.graph_harvesting else True``), and the class has no ``zero_grad``; from 0.16.5 (b418cf6c1,
+"Training multiple models", #7018) ``clear_lp_grads(set_to_none=False)`` zeroes them in place
+and ``zero_grad(set_to_none=True)`` frees them, called by engine.py ``_take_model_step`` after
+``optimizer.step()`` under ZeRO (``if self.zero_optimization() and hasattr(self.optimizer,
+"zero_grad")``; ``pass`` without ZeRO up to 0.18.5). Checked on the v0.16.4 and v0.16.5 tags."""
+DEEPSPEED_BF16_IMMEDIATE_GRAD_UPDATE: tuple[tuple[tuple[int, ...], bool], ...] = (
+    ((0, 16, 5), True),
+    ((0, 17, 1), False),
+)
+"""``bf16.immediate_grad_update``'s default, from the release it holds (False before the first):
+runtime/constants.py ``BFLOAT16_IMMEDIATE_GRAD_UPDATE_DEFAULT`` False up to 0.16.4 and True
+from 0.16.5 (b418cf6c1); from 0.17.1 (e440506be, #6976) ``BF16_Optimizer`` reads
+``bfloat16_config.immediate_grad_update``, runtime/precision_config.py
+``immediate_grad_update: bool = False`` (the same in 0.19.5)."""
+
+
+def deepspeed_bf16_grads_released(zero_stage: int, version: tuple[int, ...] | None) -> str:
+    """When ``BF16_Optimizer`` frees the bf16 ``.grad`` tensors the backward makes (the fp32
+    buffer it accumulates them into is never freed).
+
+    Args:
+        zero_stage: the ZeRO stage (0, or 1: the stages that run ``BF16_Optimizer``).
+        version: the DeepSpeed release; None: a current one.
+
+    Returns:
+        ``"backward"``: at the start of the next backward, so they live through the next
+        forward (up to 0.16.4, :data:`DEEPSPEED_BF16_OPTIMIZER_ZERO_GRAD_SINCE`);
+        ``"step"``: by ``zero_grad`` after the optimizer step (ZeRO-1 from 0.16.5);
+        ``"never"``: zeroed in place by every backward and never freed (ZeRO off from 0.16.5,
+        whose ``_take_model_step`` does not call the wrapper's ``zero_grad``; DeepSpeed
+        refuses that setup from 0.18.5).
+    """
+    v = version or DEFAULT_DEEPSPEED_VERSION
+    if v < DEEPSPEED_BF16_OPTIMIZER_ZERO_GRAD_SINCE:
+        return "backward"
+    return "step" if zero_stage >= 1 else "never"
+
+
+def deepspeed_bf16_immediate_grad_update(version: tuple[int, ...] | None) -> bool:
+    """``bf16.immediate_grad_update``'s default for ``version``
+    (:data:`DEEPSPEED_BF16_IMMEDIATE_GRAD_UPDATE`)."""
+    v = version or DEFAULT_DEEPSPEED_VERSION
+    out = False
+    for since, value in DEEPSPEED_BF16_IMMEDIATE_GRAD_UPDATE:
+        if v >= since:
+            out = value
+    return out
+
+
 def deepspeed_optimizer_wrapper(
     model_dtype: str,
     grad_accum_dtype: str,

@@ -110,6 +110,8 @@ from trainmem.specs.frameworks import (
     UNSLOTH_FUSED_LOSS_SINCE,
     UNSLOTH_OLDEST_MODELLED,
     FrameworkConventions,
+    deepspeed_bf16_grads_released,
+    deepspeed_bf16_immediate_grad_update,
     deepspeed_copies_fp32_weights,
     deepspeed_grad_accum_dtype,
     deepspeed_optimizer_wrapper,
@@ -1530,6 +1532,31 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
         return self.deepspeed_optimizer == "bf16"
 
     @property
+    def bf16_optimizer_buffer_dtype(self) -> str | None:
+        """Dtype of ``BF16_Optimizer``'s flat gradient buffer (bf16_optimizer.py
+        ``fp32_groups_gradients_flat``: ``torch.zeros_like(..., dtype=self.grad_acc_dtype)``,
+        the accumulation dtype); None without ``BF16_Optimizer``."""
+        return self.deepspeed_grad_accum_dtype if self.bf16_optimizer else None
+
+    @property
+    def bf16_optimizer_grads_released(self) -> str | None:
+        """When ``BF16_Optimizer`` frees the bf16 ``.grad`` tensors (:func:`~trainmem.specs.
+        frameworks.deepspeed_bf16_grads_released`: ``backward``, ``step`` or ``never``); None
+        without ``BF16_Optimizer``."""
+        if not self.bf16_optimizer:
+            return None
+        version = parse_version("deepspeed_version", self.deepspeed_version)
+        return deepspeed_bf16_grads_released(self.zero_stage, version)
+
+    @property
+    def bf16_optimizer_immediate_grad_update(self) -> bool:
+        """``BF16_Optimizer`` adds each bf16 gradient into its buffer as autograd makes it
+        (``bf16.immediate_grad_update``, default per release: :func:`~trainmem.specs.
+        frameworks.deepspeed_bf16_immediate_grad_update`), not after the backward."""
+        version = parse_version("deepspeed_version", self.deepspeed_version)
+        return self.bf16_optimizer and deepspeed_bf16_immediate_grad_update(version)
+
+    @property
     def optimizer_states_partitioned(self) -> bool:
         """Optimizer states (and fp32 master weights) cover 1/N of the parameters on each of the
         N sharding ranks: ZeRO stage >= 1 / FSDP, or DeepSpeed's ``BF16_Optimizer``
@@ -1543,8 +1570,8 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
         if self.master_weights and self.conventions.fp32_grad_buffer:
             return "float32"
         wrapper = self.deepspeed_optimizer
-        if wrapper == "bf16":  # its flat gradient buffer (bf16_optimizer.py grad_acc_dtype)
-            return self.deepspeed_grad_accum_dtype
+        # BF16_Optimizer: the bf16 .grad autograd makes (its flat buffer in grad_acc_dtype is
+        # :attr:`bf16_optimizer_buffer_dtype`, Note [BF16_Optimizer's two gradients])
         # ZeRO-3's gradient partition (stage3.py ``grad_partitions_flat_buffer``,
         # ``dtype=self.gradient_accumulation_dtype``); ZeRO-1 with a separate accumulation dtype
         # keeps each gradient as ``param.grad_accum`` in it (stage_1_and_2.py

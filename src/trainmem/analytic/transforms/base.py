@@ -251,8 +251,11 @@ class RankContext:
 def keeps_gradients(training: TrainingConfig) -> bool:
     """The gradients are never freed: ``zero_grad(set_to_none=False)``, or a gradient buffer
     the framework allocates at wrap time (Megatron's ``grad_data``, DeepSpeed ZeRO-3's
-    partition: :func:`~trainmem.analytic.buffers.gradient_buffer_from_init`)."""
-    return not training.zero_grad_set_to_none or gradient_buffer_from_init(training)
+    partition: :func:`~trainmem.analytic.buffers.gradient_buffer_from_init`), or DeepSpeed
+    ``BF16_Optimizer``'s bf16 ones where it never frees them (Note [BF16_Optimizer's two
+    gradients])."""
+    never = training.bf16_optimizer_grads_released == "never"
+    return not training.zero_grad_set_to_none or gradient_buffer_from_init(training) or never
 
 
 class EmbeddingGradients(NamedTuple):

@@ -40,6 +40,7 @@ from collections.abc import Sequence
 
 from trainmem.analytic.buffers import (
     deepspeed_backward_bucket_bytes,
+    deepspeed_bf16_grad_buffer_bytes,
     deepspeed_partition_elements,
     deepspeed_persistent_bucket_bytes,
     deepspeed_step_gradient_copies,
@@ -96,6 +97,10 @@ class DeepSpeedZero(Transform):
         self.zero1_reduce = zero1_reduces(ctx)
         #: frees the gradients into its own partition at the step (ZeRO-1)
         self.frees_gradients_at_step = self.zero1_reduce
+        # Note [BF16_Optimizer's two gradients]: the flat buffer from init, and the fp32 copy
+        # of one parameter's bf16 gradient that _update_hp_grad adds into it
+        self.bf16_buffer = deepspeed_bf16_grad_buffer_bytes(ctx.trainable_elements(), t)
+        self.bf16_immediate = t.bf16_optimizer_immediate_grad_update
         self.fresh_partition = 0
         if (
             t.deepspeed_optimizer == "zero"
@@ -113,14 +118,68 @@ class DeepSpeedZero(Transform):
         return t.conventions.zero_ipg_buckets or t.deepspeed_optimizer is not None
 
     def step_begin(self, where: Where) -> Sequence[Emitted]:
-        if not (where.first_step and self.bucket_persistent):
+        if not where.first_step:
             return ()
-        # ZeRO-3's gradient bucket, allocated once at init
-        label = "DeepSpeed's gradient bucket"
-        bucket = alloc(
-            self.bucket_persistent, Cat.TEMPORARY, "forward", "bucket/persistent", "(model)", label
-        )
-        return (bucket,)
+        out: list[Emitted] = []
+        if self.bf16_buffer:  # BF16_Optimizer's fp32_groups_gradients_flat, from init
+            label = "BF16_Optimizer's flat gradient buffer (fp32_groups_gradients_flat)"
+            out.append(
+                alloc(
+                    self.bf16_buffer, Cat.GRADIENT, "forward", "grad/bf16_buffer", "(model)", label
+                )
+            )
+        if self.bucket_persistent:
+            # ZeRO-3's gradient bucket, allocated once at init
+            label = "DeepSpeed's gradient bucket"
+            out.append(
+                alloc(
+                    self.bucket_persistent,
+                    Cat.TEMPORARY,
+                    "forward",
+                    "bucket/persistent",
+                    "(model)",
+                    label,
+                )
+            )
+        return out
+
+    def _hp_grad_copy(self, states: list[TensorState], module: str) -> list[Emitted]:
+        """``_update_hp_grad``'s fp32 copy of the largest bf16 gradient of ``states``
+        (``lp.grad.data.to(hp_grad.dtype)``, freed once added into the buffer)."""
+        t = self.ctx.training
+        if not self.bf16_buffer or t.deepspeed_grad_accum_dtype == t.grad_dtype:
+            return []
+        gb = max(dtype_bytes(t.grad_dtype), 1)
+        acc = dtype_bytes(t.deepspeed_grad_accum_dtype)
+        n = max((s.full_grad_bytes // gb for s in states if s.trainable), default=0)
+        if not n:
+            return []
+        label = "BF16_Optimizer: one gradient's fp32 copy added into its buffer"
+        copy = alloc(acc * n, Cat.TEMPORARY, "backward", "grad/hp_copy", module, label)
+        return [copy, free(copy, "backward")]
+
+    def head_post_backward(self, where: Where) -> Sequence[Emitted]:
+        if not self.bf16_immediate:
+            return ()
+        return self._hp_grad_copy(self.ctx.head_grad_states, "head")
+
+    def layer_post_backward(self, where: Where) -> Sequence[Emitted]:
+        if not self.bf16_immediate:
+            return ()
+        return self._hp_grad_copy(self.ctx.layer_states, "layers.{i}")
+
+    def embedding_post_backward(self, where: Where) -> Sequence[Emitted]:
+        if not self.bf16_immediate:
+            return ()
+        return self._hp_grad_copy(self.ctx.emb_grad_states, "embedding")
+
+    def root_post_backward(self, where: Where) -> Sequence[Emitted]:
+        if self.bf16_immediate:
+            return ()
+        # update_hp_grads after loss.backward(): one parameter at a time
+        ctx = self.ctx
+        states = ctx.head_grad_states + ctx.layer_states + ctx.emb_grad_states
+        return self._hp_grad_copy(states, "(model)")
 
     def backward_begin(self, where: Where) -> Sequence[Emitted]:
         if not self.bucket_backward:

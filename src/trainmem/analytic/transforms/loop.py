@@ -66,7 +66,10 @@ def zero_grad_policy(ctx: RankContext) -> ZeroGrad:
     t = ctx.training
     keep = keeps_gradients(t)
     released = t.optimizer_in_backward or zero1_reduces(ctx)
-    before = t.zero_grad_before_backward and not keep and not released
+    # DeepSpeed BF16_Optimizer up to 0.16.4: clear_lp_grads() at the start of its backward
+    # (Note [BF16_Optimizer's two gradients])
+    by_backward = t.bf16_optimizer_grads_released == "backward"
+    before = (t.zero_grad_before_backward or by_backward) and not keep and not released
     out = ctx.memo["zero_grad_policy"] = ZeroGrad(
         keep, before, not keep and not before and not released
     )
