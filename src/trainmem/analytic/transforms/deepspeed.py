@@ -81,7 +81,10 @@ class DeepSpeedZero(Transform):
     step]); sizes from the rank's trainable model states (:meth:`RankContext.
     trainable_elements`) and the DeepSpeed config fields of ``TrainingConfig``.
 
-    Inserts: ``step.begin`` ZeRO-3's bucket (warm-up step, kept); ``backward.begin`` ZeRO-1/2's
+    Inserts: ``step.begin`` ZeRO-3's bucket and ``BF16_Optimizer``'s flat gradient buffer
+    (warm-up step, kept); ``BF16_Optimizer``'s fp32 copy of one gradient at
+    ``root.post_backward`` (at ``head`` / ``layer`` / ``embedding.post_backward`` with
+    ``immediate_grad_update``; Note [BF16_Optimizer's two gradients]); ``backward.begin`` ZeRO-1/2's
     bucket(s) until ``micro_batch.end``; ``stack.pre_backward`` ZeRO-2's fresh partition of a
     later micro-batch until ``micro_batch.end``; ``optimizer.step`` ZeRO-1's partition and
     the step's flat gradient copies, the fp32 one until ``optimizer.end``.
