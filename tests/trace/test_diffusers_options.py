@@ -307,7 +307,7 @@ def test_untraced_settings_on_a_model_without_formulas_name_what_to_drop() -> No
 
 def test_auto_keeps_what_the_generic_refusal_says_would_work() -> None:
     # Found by fuzzing (session 17): --engine auto (the CLI's and the page's default) kept the
-    # generic refusal only up to its first "; ", which cut "shard with FSDP2 instead"
+    # generic refusal only up to its first "; ", which cut what the trace runs instead
     training = TrainingConfig(
         micro_batch_size=2, precision="32-true", context_parallel_size=2, zero_stage=3
     )
@@ -315,7 +315,9 @@ def test_auto_keeps_what_the_generic_refusal_says_would_work() -> None:
         estimate(PIXART, training, simulate_allocator=False)
     message = str(info.value)
     assert message.startswith("the analytic formulas: 'PixArtTransformer2DModel' is a diffusers")
-    assert message.endswith("; shard with FSDP2 instead)")
+    assert message.endswith(
+        "; traced: FSDP2 (--zero-stage 3 --data-parallel-size N), HSDP without context parallelism)"
+    )
     assert "--engine analytic" not in message  # auto has just tried it
 
 

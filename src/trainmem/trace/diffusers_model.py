@@ -385,8 +385,8 @@ def check_diffusers_settings(training: TrainingConfig) -> None:
         "context_parallel_size": (
             training.context_parallel_size > 1,
             "torch's context parallelism shards the batch's token ids, which a diffusers model "
-            "takes none of (diffusers' ContextParallelConfig is an inference hook); shard with "
-            "FSDP2 instead",
+            "takes none of (diffusers' ContextParallelConfig is an inference hook); traced: "
+            "FSDP2 (--zero-stage 3 --data-parallel-size N), HSDP without context parallelism",
         ),
         "pipeline_parallel_size": (
             training.pipeline_parallel_size > 1,

@@ -222,7 +222,13 @@ def apply_diffusers_tensor_parallel(model: Any, tp_mesh: Any, *, sequence_parall
     from trainmem.trace.lora import wrapped_blocks
 
     if getattr(model, "peft_config", None):
-        raise UnsupportedError("tensor_parallel_size: LoRA with tensor parallelism is not traced")
+        raise UnsupportedError(
+            "tensor_parallel_size: LoRA with tensor parallelism is not traced on a diffusers "
+            "model (its adapters would need a plan beside each block's ColwiseParallel / "
+            "RowwiseParallel linears; no diffusers training script shards them); traced: LoRA "
+            "with FSDP2 (--zero-stage 3 --data-parallel-size N) or full fine-tuning with "
+            "--tensor-parallel-size N"
+        )
     t = tp_mesh.size()
     blocks = wrapped_blocks(model, "compile")
     plans = [_block_plan(block, sequence_parallel) for block in blocks]  # refuse before changing
