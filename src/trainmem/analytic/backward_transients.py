@@ -10,6 +10,7 @@ from trainmem.analytic.activation_parallelism import parallel_divisor
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
 from trainmem.analytic.attention import fp32_softmax
 from trainmem.analytic.checkpointing import layer_checkpoint_reentrant, layer_is_checkpointed
+from trainmem.analytic.float8 import float8_weight_casts
 from trainmem.analytic.lora import unsloth_fast_lora, unsloth_lora_product_tensor
 from trainmem.analytic.mlp import (
     SIGMOID_FORMULA_ACTIVATIONS,
@@ -147,7 +148,7 @@ def down_backward_before_recompute(training: TrainingConfig) -> bool:
     )
 
 
-def recompute_runs_down_forward(training: TrainingConfig) -> bool:
+def recompute_runs_down_forward(model: ModelSpec, training: TrainingConfig) -> bool:
     """Whether a recomputed layer's recompute runs through its frozen down projection's
     forward, where it peaks: a GPTQ base (its ``QuantLinearFunction`` saves its packed tensors
     through ``save_for_backward``, the last tensors the layer saves), no LoRA adapter on the
@@ -167,12 +168,22 @@ def recompute_runs_down_forward(training: TrainingConfig) -> bool:
         norm does not save it; the layer's input is the checkpoint's). Seen on the generic
         path's trace of the agreement model (GPTQ LoRA on q / v, accelerate FSDP 4, full
         checkpointing): the peak at the recomputed down projection's dequantization.
+        torchao's float8 linears (Note [Float8 casts of a base weight]) likewise: the
+        custom function's saved tensors are packed when its forward returns, after its casts,
+        and down's are the last the layer saves (LoRA's adapters on down, also float8
+        linears, run after the base), so the recompute runs down's casts; with float8 it
+        also holds for full fine-tuning.
     """
-    return (
-        training.is_lora
-        and training.activation_checkpointing == "full"
+    if not (
+        training.activation_checkpointing == "full"
         and training.conventions.hf_model_code
         and not layer_checkpoint_reentrant(training)
+    ):
+        return False
+    if float8_weight_casts(model, training):  # Note [Float8 casts of a base weight]
+        return True
+    return (
+        training.is_lora
         and training.quantize_base == "gptq-int4"
         and "down" not in training.lora_targets
     )

@@ -96,3 +96,66 @@ def apply_float8(
     terms["attention/out_proj_input_float8"] = f8 * a_d * t
     if "mlp/down_input" in terms:
         terms["mlp/down_input"] = f8 * i * t * k_top if tp else 0
+
+
+def float8_weight_casts(model: ModelSpec, training: TrainingConfig) -> bool:
+    """Each matmul of the layers' MLP linears casts their fp32 weight to float8 eagerly, as
+    modelled by Note [Float8 casts of a base weight]: float8 training without torch.compile
+    (whose fused casts make only the float8 output), without sharded parameters (FSDP2's
+    float8 all-gather casts the shard before gathering) or tensor parallelism (torchao's
+    float8 styles), over an unquantized base (a GPTQ base's ``QuantLinear`` is not
+    converted: Note [Tracing float8]), for a dense gated pre-norm decoder's MLP whose linears
+    torchtitan's filter converts (both sizes multiples of 16).
+
+    Note [Float8 casts of a base weight]
+        torchao 0.18's ``Float8Linear`` casts its high-precision weight to float8 in every
+        matmul, dynamically and tensorwise, in eager code (torchao/float8/float8_linear.py
+        ``matmul_with_hp_or_float8_args``: ``hp_tensor_to_float8_dynamic(weight_hp_t, ...)``
+        in the forward and again, ``cast_config_weight_for_grad_input``, in the backward
+        before the input gradient's matmul). The cast of a tensor of n values
+        (float8_scaling_utils.py ``hp_tensor_to_float8_dynamic``):
+
+        1. ``tensor_to_scale`` -> float8_utils.py ``tensor_to_amax``:
+           ``torch.max(torch.abs(x))``, one copy in the tensor's dtype, freed once the max
+           is taken (alone: w n, less than what follows);
+        2. float8_training_tensor.py ``_ToFloat8ConstrFunc.forward``: ``tensor_scaled =
+           tensor.to(torch.float32) * scale`` (4 n; for an fp32 tensor ``.to`` returns
+           itself, else its 4 n copy dies after the product, 8 n at most);
+        3. float8_utils.py ``to_fp8_saturated``: ``x = x.clamp(...)`` (4 n more, the scaled
+           tensor still bound in the caller) and ``x.to(float8_dtype)`` (n): 2 x 4 n + n
+           alive; the clamp dies when ``to_fp8_saturated`` returns, the scaled copy when
+           ``_ToFloat8ConstrFunc.forward`` returns, and the float8 weight (n) lives until
+           the matmul has run.
+
+        The linear's input (its gradient of the output in the backward) is cast first the
+        same way, and its float8 copy (1 byte a value) is alive during the weight's cast.
+        So at the down projection (the layer's last MLP linear, its saved tensors all
+        alive; n = i h for gate, up and down alike) the forward holds t i (down's float8
+        input) + 2 x 4 i h + i h beside what Note [Forward tensors held at the down
+        projection] lists, without down's output, which the matmul makes after the fp32
+        copies are freed; the backward's first linear holds t h (the float8 output
+        gradient) + the same 9 i h before down's input gradient is made. A frozen weight
+        (LoRA's base) is cast as a trained one: the function never reads
+        ``ctx.needs_input_grad``, and also computes the frozen weight's gradient (c i h,
+        discarded by autograd), below the cast's moment. Full fine-tuning has the same
+        casts, but its peak is the optimizer step's (fp32 weights, gradients and states);
+        under LoRA the model states are small and the casts set the forward's peak. The
+        trace runs torchao's code on fake tensors (trainmem/trace/float8.py); on the
+        agreement model (2-layer 2048-wide Llama, 2 x 256 tokens, LoRA r16 fp8-mixed) it
+        holds exactly these tensors at layer 1's down projection: 2,883,584 B + 2 x
+        46,137,344 B + 11,534,336 B in the forward, 1,048,576 B + the same in the backward.
+    """
+    if not training.is_fp8 or training.compile or training.quantize_base != "none":
+        return False
+    if training.zero_stage == 3 or training.tensor_parallel_size > 1:
+        return False
+    dense = model.num_experts <= 1 and model.mlp_kind == "gated"
+    aligned = model.hidden_size % 16 == 0 and model.intermediate_size % 16 == 0
+    return dense and aligned and model.architecture == "decoder"
+
+
+def float8_weight_cast_bytes(model: ModelSpec) -> tuple[int, int, int]:
+    """The scaled fp32 copy, its clamp and the float8 weight of one MLP linear's cast (4 n,
+    4 n, n bytes for n = i h; Note [Float8 casts of a base weight])."""
+    n = model.intermediate_size * model.hidden_size
+    return 4 * n, 4 * n, n

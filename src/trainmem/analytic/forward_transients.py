@@ -12,7 +12,8 @@ Note [Forward tensors held at the down projection]
     last of them, the down projection, runs when the layer's saved activations all exist. At
     its matmul the forward also holds what its code still references, unsaved:
 
-    * the down projection's output (c t h), made while the weight is alive;
+    * the down projection's output (c t h), made while the weight is alive (not under
+      float8 casts, whose peak comes before it: Note [Float8 casts of a base weight]);
     * its input, ``act(gate) * up`` (c t i), unless the layer saves it (the term
       ``mlp/down_input``: a LoRA adapter or a base matmul that keeps its input);
     * the MLP's input, the second norm's output (r t h, the norm returns the input's dtype),
@@ -53,6 +54,7 @@ from collections.abc import Mapping
 from trainmem.analytic.activation_parallelism import parallel_divisor
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
 from trainmem.analytic.checkpointing import layer_is_checkpointed
+from trainmem.analytic.float8 import float8_weight_casts
 from trainmem.analytic.mlp import sequential_pre_norm_block
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
@@ -92,7 +94,8 @@ def down_projection_held_bytes(
     h = model.hidden_size * t // parallel_divisor("mlp/input", training)
     i = model.intermediate_size * t // parallel_divisor("mlp/gated", training)
     inner = layer_is_checkpointed(training)  # nothing inside the layer is saved
-    out = [c * h]
+    # Note [Float8 casts of a base weight]: down's output is made after the cast's fp32 copies
+    out = [] if float8_weight_casts(model, training) else [c * h]
     if inner or not terms.get("mlp/down_input", 0):
         out.append(c * i)
     if inner or not terms.get("mlp/input", 0) or r != c:

@@ -572,7 +572,7 @@ class _Layers:
             else []
         )
         # Note [The recompute's tensors held at the down projection]
-        if recompute_runs_down_forward(ctx.training):
+        if recompute_runs_down_forward(ctx.model, ctx.training):
             self.up_held = self.down_held[False]
         copies, frozen = self.plan.weight_copy, self.plan.frozen_copy
         self.recomputed_copies = weight_blocks(ctx, copies) if copies else []

@@ -15,6 +15,7 @@ from trainmem.analytic.transforms.ddp import DdpReducer
 from trainmem.analytic.transforms.deepspeed import DeepSpeedZero
 from trainmem.analytic.transforms.deepspeed_gathers import DeepSpeedZero3Gathers
 from trainmem.analytic.transforms.dora import DoraWeightNorm
+from trainmem.analytic.transforms.float8 import Float8WeightCasts
 from trainmem.analytic.transforms.fsdp import FullyShardedDataParallel
 from trainmem.analytic.transforms.fsdp1_reentrant import Fsdp1ReentrantInputs
 from trainmem.analytic.transforms.fsdp2 import Fsdp2PostBackward
@@ -42,6 +43,7 @@ ORDER: tuple[type[Transform], ...] = (
     UnslothOffloadedCheckpointing,
     ReentrantRecomputedOutput,
     QuantizedBase,
+    Float8WeightCasts,
     Pipeline,
     TrainingLoop,
     DdpReducer,

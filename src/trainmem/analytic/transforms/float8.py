@@ -1,0 +1,70 @@
+"""torchao's eager float8 casts of the MLP linears' weights as a transform (Note [Float8 casts
+of a base weight] in :mod:`trainmem.analytic.float8`): the linear's float8 input, the weight's
+two fp32 copies and its float8 copy, made per matmul and freed after it, at the layer's first
+MLP linear (``layer.forward``), at its down projection (``layer.mlp.forward``), at a fully
+checkpointed layer's recompute (``layer.backward``) and at the down projection's backward
+(``layer.mlp.down_backward``), where the input gradient is made after the fp32 copies are
+freed, beside the float8 weight."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from trainmem.analytic.activation_parallelism import parallel_divisor
+from trainmem.analytic.activation_shapes import tokens_per_sequence
+from trainmem.analytic.float8 import float8_weight_cast_bytes, float8_weight_casts
+from trainmem.analytic.transforms.base import Emitted, RankContext, Transform, Where, alloc, free
+from trainmem.breakdown import MemoryCategory as Cat
+from trainmem.schedule import Op
+from trainmem.timeline import Phase
+
+
+class Float8WeightCasts(Transform):
+    """The float8 casts of an MLP linear's input and weight (torchao 0.18
+    torchao/float8/float8_linear.py ``matmul_with_hp_or_float8_args``), one linear at a time."""
+
+    name = "float8"
+
+    def __init__(self, ctx: RankContext) -> None:
+        super().__init__(ctx)
+        m, t = ctx.model, ctx.training
+        tokens = t.micro_batch_size * tokens_per_sequence(m, t)
+        # float8 copies, 1 byte a value: the MLP's input (gate's), act(gate) * up (down's),
+        # the gradient of down's output
+        self.hidden = m.hidden_size * tokens // parallel_divisor("mlp/input", t)
+        self.inner = m.intermediate_size * tokens // parallel_divisor("mlp/gated", t)
+        self.weight = float8_weight_cast_bytes(m)
+
+    @staticmethod
+    def applies(ctx: RankContext) -> bool:
+        return float8_weight_casts(ctx.model, ctx.training)
+
+    def _casts(self, phase: Phase, operand: int, which: str) -> list[Op]:
+        """The operand's float8 copy, then the weight's scaled fp32 copy, its clamp and its
+        float8 copy; the fp32 copies freed after the cast, the float8 ones after the matmul."""
+        label = f"torchao's float8 casts of {which}"
+        x = alloc(operand, Cat.TEMPORARY, phase, "float8/operand", "layers.{i}", label)
+        scaled, clamped, weight = (
+            alloc(size, Cat.TEMPORARY, phase, f"float8/{key}", "layers.{i}", label)
+            for key, size in zip(("scaled", "clamped", "weight"), self.weight, strict=True)
+        )
+        return [x, scaled, clamped, weight, free(scaled, phase), free(clamped, phase),
+                free(weight, phase), free(x, phase)]  # fmt: skip
+
+    def layer_forward(self, where: Where) -> Sequence[Emitted]:
+        return self._casts("forward", self.hidden, "the MLP's input and gate's weight")
+
+    def layer_mlp_forward(self, where: Where) -> Sequence[Emitted]:
+        return self._casts("forward", self.inner, "down's input and weight")
+
+    def layer_backward(self, where: Where) -> Sequence[Emitted]:
+        """A fully checkpointed layer's recompute casts again (Note [The recompute's tensors
+        held at the down projection]: down's casts beside the recomputed blocks)."""
+        if self.ctx.training.activation_checkpointing != "full":
+            return ()
+        return self._casts("backward", self.inner, "the recomputed down's input and weight")
+
+    def layer_mlp_down_backward(self, where: Where) -> Sequence[Emitted]:
+        """Down's input gradient is made between the fp32 copies' frees and the float8
+        weight's (:meth:`~trainmem.analytic.schedule._Layers._down_backward`)."""
+        return self._casts("backward", self.hidden, "down's output gradient and weight")
