@@ -62,6 +62,10 @@ QDoRA (session 19, helper qdora; sets "qdora nf4", "qdora int8"; refused by both
 before): -0.29 % / +0.04 % vs analytic on the agreement model (its peak at layer 1's q_proj
 weight norm, Note [Where DoRA's transients sit]); with DoRA on all seven linears (not a set:
 the diffusers model has no gate) +0.47 %.
+LoRA with fp8-mixed (session 19; set "lora fp8-mixed"): +17.3 -> +0.58 % (with full
+checkpointing +19.5 -> +0.02 %): torchao's eager casts of each frozen fp32 base weight, two fp32
+copies and the float8 weight beside the other operand's float8 copy, peak at the down
+projection (Note [Float8 casts of a base weight]).
 Megatron (session 18, helper megatron; refused on the generic path before): "megatron" +0.198 %,
 "megatron distributed optimizer 4" +0.371 % vs analytic (Note [Megatron on a traced step]);
 not applicable on the diffusers model (Megatron's GPTModel is a decoder-only language model).

@@ -136,9 +136,11 @@ def test_a_gptq_recompute_peaks_at_down_with_the_forward_set_held() -> None:
         assert body[dequant].size_bytes == 2 * INTER * H
         assert all(keys.index(("alloc", op.key)) < dequant < keys.index(("free", op.key))
                    for op in held)  # fmt: skip
-    assert recompute_runs_down_forward(_training(**gptq))
+    model = resolve_model(AGREEMENT)
+    assert recompute_runs_down_forward(model, _training(**gptq))
     # a LoRA adapter on down saves its input through the hooks; bitsandbytes runs down first;
     # a reentrant checkpoint recomputes the whole layer first
-    assert not recompute_runs_down_forward(_training(**gptq, lora_targets=("q", "v", "down")))
-    assert not recompute_runs_down_forward(_training(**NF4_FULL))
-    assert not recompute_runs_down_forward(_training(**gptq, checkpoint_reentrant=True))
+    lora_on_down = _training(**gptq, lora_targets=("q", "v", "down"))
+    assert not recompute_runs_down_forward(model, lora_on_down)
+    assert not recompute_runs_down_forward(model, _training(**NF4_FULL))
+    assert not recompute_runs_down_forward(model, _training(**gptq, checkpoint_reentrant=True))

@@ -1,0 +1,93 @@
+"""torchao's eager float8 casts of the MLP linears' fp32 weights (Note [Float8 casts of a base
+weight], analytic/float8.py; the transform analytic/transforms/float8.py).
+
+Hand derivation from torchao 0.18's code on the agreement model (2-layer 2048-wide Llama,
+i = 5,632, 2 x 256 = 512 tokens), LoRA r16 with ``fp8-mixed`` (fp32 base weights, not FSDP):
+a cast of n values (float8_scaling_utils.py ``hp_tensor_to_float8_dynamic``) holds, at its
+``.to(float8)``, ``tensor.to(float32) * scale`` (4 n B; float8_training_tensor.py
+``_ToFloat8ConstrFunc.forward``), its ``clamp`` (4 n B; float8_utils.py ``to_fp8_saturated``)
+and the float8 result (n B). For the down projection n = 5,632 x 2,048 = 11,534,336: two
+46,137,344 B copies and an 11,534,336 B float8 weight. ``matmul_with_hp_or_float8_args`` casts
+the other operand first and keeps its float8 copy (1 B a value) through the matmul: in the
+forward down's input, 512 x 5,632 = 2,883,584 B; in the backward the gradient of down's output,
+512 x 2,048 = 1,048,576 B, before ``cast_config_weight_for_grad_input`` casts the weight again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from conftest import MODELS_DIR, layer_bodies
+from trainmem.analytic.float8 import float8_weight_casts
+from trainmem.estimate import estimate, resolve_model
+from trainmem.specs.training import TrainingConfig
+
+AGREEMENT = str(MODELS_DIR / "agreement" / "llama_h2048.json")
+N = 5632 * 2048
+FP8_LORA: dict[str, Any] = {"lora_rank": 16, "precision": "fp8-mixed"}
+
+
+def _training(**settings: Any) -> TrainingConfig:
+    return TrainingConfig(micro_batch_size=2, seq_len=256, **settings)
+
+
+def _casts(body: list[Any], label_part: str) -> list[tuple[str, str, int]]:
+    return [
+        (op.action, op.key, op.size_bytes)
+        for op in body
+        if op.key.startswith("float8/") and label_part in op.label
+    ]
+
+
+def _cast_ops(operand: int) -> list[tuple[str, str, int]]:
+    made = [("float8/operand", operand), ("float8/scaled", 4 * N), ("float8/clamped", 4 * N),
+            ("float8/weight", N)]  # fmt: skip
+    freed = [made[1], made[2], made[3], made[0]]
+    return [("alloc", k, s) for k, s in made] + [("free", k, s) for k, s in freed]
+
+
+def test_down_projection_casts_in_forward_and_backward() -> None:
+    est = estimate(AGREEMENT, _training(**FP8_LORA), engine="analytic", simulate_allocator=False)
+    step = est.schedules[0].step
+    forward = layer_bodies(step, marker="down_held/0")[-1]
+    assert _casts(forward, "down's input and weight") == _cast_ops(512 * 5632)
+    backward = layer_bodies(step)[-1]
+    ops = _casts(backward, "down's output gradient")
+    assert ops == _cast_ops(512 * 2048)
+    # down's input gradient is made once the fp32 copies are freed, beside the float8 weight
+    keys = [(op.action, op.key) for op in backward]
+    made = keys.index(("alloc", "mlp_tmp"))
+    assert keys.index(("free", "float8/clamped")) < made < keys.index(("free", "float8/weight"))
+    # the forward's peak is the cast at layer 1's down projection, with every saved block alive
+    peak = est.schedules[0].peak()
+    label = "torchao's float8 casts of down's input and weight"
+    assert (peak.phase, peak.label) == ("forward", label)
+    fkeys = [(op.action, op.key, op.label) for op in forward]
+    saved = [k for k, (action, key, _) in enumerate(fkeys) if action == "alloc" and "act/" in key]
+    down = [k for k, (a, key, label) in enumerate(fkeys)
+            if (a, key) == ("alloc", "float8/scaled") and "down's" in label]  # fmt: skip
+    assert max(saved) < down[0]
+
+
+def test_a_checkpointed_layer_casts_again_in_its_recompute() -> None:
+    training = _training(**FP8_LORA, activation_checkpointing="full")
+    est = estimate(AGREEMENT, training, engine="analytic", simulate_allocator=False)
+    body = layer_bodies(est.schedules[0].step)[-1]
+    assert _casts(body, "the recomputed down's") == _cast_ops(512 * 5632)
+    keys = [(op.action, op.key) for op in body]
+    held = [k for k, (a, key) in enumerate(keys) if a == "alloc" and key.startswith("up_held/")]
+    assert held and max(held) < keys.index(("alloc", "float8/scaled"))
+
+
+def test_where_the_casts_apply() -> None:
+    model = resolve_model(AGREEMENT)
+    assert float8_weight_casts(model, _training(**FP8_LORA))
+    assert float8_weight_casts(model, _training(precision="fp8-mixed"))  # full fine-tuning too
+    assert float8_weight_casts(model, _training(**FP8_LORA, data_parallel_size=4))
+    assert not float8_weight_casts(model, _training(lora_rank=16))  # bf16-mixed
+    # FSDP2's float8 all-gather, compile's fused casts, a GPTQ base (not converted), TP styles
+    fsdp2 = {"data_parallel_size": 4, "zero_stage": 3, "framework": "fsdp2"}
+    assert not float8_weight_casts(model, _training(**FP8_LORA, **fsdp2))
+    assert not float8_weight_casts(model, _training(**FP8_LORA, compile=True))
+    assert not float8_weight_casts(model, _training(**FP8_LORA, quantize_base="gptq-int4"))
+    assert not float8_weight_casts(model, _training(**FP8_LORA, tensor_parallel_size=2))
