@@ -11,6 +11,8 @@ and the float8 result (n B). For the down projection n = 5,632 x 2,048 = 11,534,
 the other operand first and keeps its float8 copy (1 B a value) through the matmul: in the
 forward down's input, 512 x 5,632 = 2,883,584 B; in the backward the gradient of down's output,
 512 x 2,048 = 1,048,576 B, before ``cast_config_weight_for_grad_input`` casts the weight again.
+The backward never reads ``ctx.needs_input_grad``: the frozen weight's gradient is computed too,
+in the output gradient's dtype, 2 x 11,534,336 = 23,068,672 B, and dropped by autograd.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ def test_down_projection_casts_in_forward_and_backward() -> None:
     keys = [(op.action, op.key) for op in backward]
     made = keys.index(("alloc", "mlp_tmp"))
     assert keys.index(("free", "float8/clamped")) < made < keys.index(("free", "float8/weight"))
+    # the frozen weight's gradient, computed in bf16 (c i h) and dropped by autograd
+    assert [op.size_bytes for op in backward if op.key == "mlp_tmp/weight"] == [2 * N, 2 * N]
     # the forward's peak is the cast at layer 1's down projection, with every saved block alive
     peak = est.schedules[0].peak()
     label = "torchao's float8 casts of down's input and weight"

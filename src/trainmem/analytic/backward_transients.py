@@ -10,7 +10,7 @@ from trainmem.analytic.activation_parallelism import parallel_divisor
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
 from trainmem.analytic.attention import fp32_softmax
 from trainmem.analytic.checkpointing import layer_checkpoint_reentrant, layer_is_checkpointed
-from trainmem.analytic.float8 import float8_weight_casts
+from trainmem.analytic.float8 import float8_frozen_weight_gradient, float8_weight_casts
 from trainmem.analytic.lora import unsloth_fast_lora, unsloth_lora_product_tensor
 from trainmem.analytic.mlp import (
     SIGMOID_FORMULA_ACTIVATIONS,
@@ -42,7 +42,7 @@ class MlpBackwardParts(NamedTuple):
     Attributes:
         down_input: the down projection's input gradient, c t i.
         down_weight: its 16-bit weight gradient before the cast into the fp32 ``.grad``, c h i
-            (under autocast; 0 otherwise).
+            (under autocast; a frozen float8 linear's, discarded; 0 otherwise).
         activation: the activation's (and a gated MLP's product's) backward outputs made
             beside ``down_input`` once the weight gradient is gone, (n - 1) c t i.
     """
@@ -105,8 +105,11 @@ def mlp_backward_parts(model: ModelSpec, training: TrainingConfig) -> MlpBackwar
     divisor = parallel_divisor("mlp/gated", training)
     down_input = c * i * t * k_top // divisor
     weight = c * h * i // training.tensor_parallel_size
-    # a frozen down projection (LoRA's base) makes no weight gradient (the node's output mask)
-    weight = weight if training.uses_autocast and not training.is_lora else 0
+    # a frozen down projection (LoRA's base) makes no weight gradient (the node's output mask),
+    # except torchao's float8 linear, which computes it anyway (Note [Float8 casts of a base
+    # weight]: ``matmul_with_hp_or_float8_args.backward`` never reads ``needs_input_grad``)
+    trained = training.uses_autocast and not training.is_lora
+    weight = weight if trained or float8_frozen_weight_gradient(training) else 0
     return MlpBackwardParts(down_input, weight, (n - 1) * down_input)
 
 

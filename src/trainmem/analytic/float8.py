@@ -137,7 +137,10 @@ def float8_weight_casts(model: ModelSpec, training: TrainingConfig) -> bool:
         gradient) + the same 9 i h before down's input gradient is made. A frozen weight
         (LoRA's base) is cast as a trained one: the function never reads
         ``ctx.needs_input_grad``, and also computes the frozen weight's gradient (c i h,
-        discarded by autograd), below the cast's moment. Full fine-tuning has the same
+        discarded by autograd; :func:`float8_frozen_weight_gradient`), made after the input
+        gradient as a trained one's is under autocast (Note [An MLP's backward, linear by
+        linear]): below the cast's moment, but the backward's largest transient under FSDP2,
+        whose float8 all-gather leaves no cast in the matmul. Full fine-tuning has the same
         casts, but its peak is the optimizer step's (fp32 weights, gradients and states);
         under LoRA the model states are small and the casts set the forward's peak. The
         trace runs torchao's code on fake tensors (trainmem/trace/float8.py); on the
@@ -152,6 +155,19 @@ def float8_weight_casts(model: ModelSpec, training: TrainingConfig) -> bool:
     dense = model.num_experts <= 1 and model.mlp_kind == "gated"
     aligned = model.hidden_size % 16 == 0 and model.intermediate_size % 16 == 0
     return dense and aligned and model.architecture == "decoder"
+
+
+def float8_frozen_weight_gradient(training: TrainingConfig) -> bool:
+    """A frozen base's down projection is a float8 linear run eagerly, whose backward computes
+    the weight's gradient (c i h) that autograd then drops (Note [Float8 casts of a base
+    weight]): LoRA with ``fp8-mixed`` over an unquantized base, without torch.compile (whose
+    joint graph drops the unused gradient)."""
+    return (
+        training.is_fp8
+        and training.is_lora
+        and not training.compile
+        and training.quantize_base == "none"
+    )
 
 
 def float8_weight_cast_bytes(model: ModelSpec) -> tuple[int, int, int]:
