@@ -10,7 +10,7 @@ from trainmem.analytic.activation_parallelism import parallel_divisor
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
 from trainmem.analytic.attention import fp32_softmax
 from trainmem.analytic.checkpointing import layer_checkpoint_reentrant, layer_is_checkpointed
-from trainmem.analytic.float8 import float8_frozen_weight_gradient, float8_weight_casts
+from trainmem.analytic.float8 import float8_eager_casts, float8_frozen_weight_gradient
 from trainmem.analytic.lora import unsloth_fast_lora, unsloth_lora_product_tensor
 from trainmem.analytic.mlp import (
     SIGMOID_FORMULA_ACTIVATIONS,
@@ -183,7 +183,7 @@ def recompute_runs_down_forward(model: ModelSpec, training: TrainingConfig) -> b
         and not layer_checkpoint_reentrant(training)
     ):
         return False
-    if float8_weight_casts(model, training):  # Note [Float8 casts of a base weight]
+    if float8_eager_casts(model, training):  # Note [Float8 casts of a base weight]
         return True
     return (
         training.is_lora

@@ -98,14 +98,14 @@ def apply_float8(
         terms["mlp/down_input"] = f8 * i * t * k_top if tp else 0
 
 
-def float8_weight_casts(model: ModelSpec, training: TrainingConfig) -> bool:
-    """Each matmul of the layers' MLP linears casts their fp32 weight to float8 eagerly, as
+def float8_eager_casts(model: ModelSpec, training: TrainingConfig) -> bool:
+    """The layers' MLP linears cast their operands to float8 eagerly in each matmul, as
     modelled by Note [Float8 casts of a base weight]: float8 training without torch.compile
-    (whose fused casts make only the float8 output), without sharded parameters (FSDP2's
-    float8 all-gather casts the shard before gathering) or tensor parallelism (torchao's
-    float8 styles), over an unquantized base (a GPTQ base's ``QuantLinear`` is not
-    converted: Note [Tracing float8]), for a dense gated pre-norm decoder's MLP whose linears
-    torchtitan's filter converts (both sizes multiples of 16).
+    (whose fused casts make only the float8 output) or tensor parallelism (torchao's float8
+    styles), over an unquantized base (a GPTQ base's ``QuantLinear`` is not converted: Note
+    [Tracing float8]), for a dense gated pre-norm decoder's MLP whose linears torchtitan's
+    filter converts (both sizes multiples of 16). The weight's own cast only without sharded
+    parameters (:func:`float8_weight_cast_bytes`).
 
     Note [Float8 casts of a base weight]
         torchao 0.18's ``Float8Linear`` casts its high-precision weight to float8 in every
@@ -128,13 +128,17 @@ def float8_weight_casts(model: ModelSpec, training: TrainingConfig) -> bool:
            the matmul has run.
 
         The linear's input (its gradient of the output in the backward) is cast first the
-        same way, and its float8 copy (1 byte a value) is alive during the weight's cast.
-        So at the down projection (the layer's last MLP linear, its saved tensors all
-        alive; n = i h for gate, up and down alike) the forward holds t i (down's float8
-        input) + 2 x 4 i h + i h beside what Note [Forward tensors held at the down
-        projection] lists, without down's output, which the matmul makes after the fp32
-        copies are freed; the backward's first linear holds t h (the float8 output
-        gradient) + the same 9 i h before down's input gradient is made. A frozen weight
+        same way (2 x 4 m + m for m values), and its float8 copy (1 byte a value) is alive
+        during the weight's cast. So at the down projection (the layer's last MLP linear,
+        its saved tensors all alive; n = i h for gate, up and down alike) the forward holds
+        t i (down's float8 input) + 2 x 4 i h + i h beside what Note [Forward tensors held
+        at the down projection] lists, without down's output, which the matmul makes after
+        the fp32 copies are freed; the backward's first linear holds t h (the float8 output
+        gradient) + the same 9 i h before down's input gradient is made. Under FSDP2 the
+        weight is all-gathered in float8 (``enable_fsdp_float8_all_gather``, cast on the
+        shard in fsdp_utils.py ``WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather``)
+        and the matmul skips its cast (``tensor_already_casted_to_fp8``): the operand's
+        casts remain. A frozen weight
         (LoRA's base) is cast as a trained one: the function never reads
         ``ctx.needs_input_grad``, and also computes the frozen weight's gradient (c i h,
         discarded by autograd; :func:`float8_frozen_weight_gradient`), made after the input
@@ -150,7 +154,7 @@ def float8_weight_casts(model: ModelSpec, training: TrainingConfig) -> bool:
     """
     if not training.is_fp8 or training.compile or training.quantize_base != "none":
         return False
-    if training.zero_stage == 3 or training.tensor_parallel_size > 1:
+    if training.tensor_parallel_size > 1:
         return False
     dense = model.num_experts <= 1 and model.mlp_kind == "gated"
     aligned = model.hidden_size % 16 == 0 and model.intermediate_size % 16 == 0
@@ -170,8 +174,11 @@ def float8_frozen_weight_gradient(training: TrainingConfig) -> bool:
     )
 
 
-def float8_weight_cast_bytes(model: ModelSpec) -> tuple[int, int, int]:
+def float8_weight_cast_bytes(model: ModelSpec, training: TrainingConfig) -> tuple[int, ...]:
     """The scaled fp32 copy, its clamp and the float8 weight of one MLP linear's cast (4 n,
-    4 n, n bytes for n = i h; Note [Float8 casts of a base weight])."""
+    4 n, n bytes for n = i h); none where FSDP shards the parameters and all-gathers them in
+    float8 (Note [Float8 casts of a base weight])."""
+    if training.zero_stage == 3:
+        return ()
     n = model.intermediate_size * model.hidden_size
     return 4 * n, 4 * n, n

@@ -54,7 +54,7 @@ from collections.abc import Mapping
 from trainmem.analytic.activation_parallelism import parallel_divisor
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
 from trainmem.analytic.checkpointing import layer_is_checkpointed
-from trainmem.analytic.float8 import float8_weight_casts
+from trainmem.analytic.float8 import float8_eager_casts
 from trainmem.analytic.mlp import sequential_pre_norm_block
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
@@ -95,7 +95,7 @@ def down_projection_held_bytes(
     i = model.intermediate_size * t // parallel_divisor("mlp/gated", training)
     inner = layer_is_checkpointed(training)  # nothing inside the layer is saved
     # Note [Float8 casts of a base weight]: down's output is made after the cast's fp32 copies
-    out = [] if float8_weight_casts(model, training) else [c * h]
+    out = [] if float8_eager_casts(model, training) else [c * h]
     if inner or not terms.get("mlp/down_input", 0):
         out.append(c * i)
     if inner or not terms.get("mlp/input", 0) or r != c:

@@ -1,6 +1,7 @@
 """torchao's eager float8 casts of the MLP linears' weights as a transform (Note [Float8 casts
-of a base weight] in :mod:`trainmem.analytic.float8`): the linear's float8 input, the weight's
-two fp32 copies and its float8 copy, made per matmul and freed after it, at the layer's first
+of a base weight] in :mod:`trainmem.analytic.float8`): the linear's other operand's and
+the weight's two fp32 copies and float8 copy each (the weight's not under FSDP2's float8
+all-gather), made per matmul and freed after it, at the layer's first
 MLP linear (``layer.forward``), at its down projection (``layer.mlp.forward``), at a fully
 checkpointed layer's recompute (``layer.backward``) and at the down projection's backward
 (``layer.mlp.down_backward``), where the input gradient is made after the fp32 copies are
@@ -12,7 +13,7 @@ from collections.abc import Sequence
 
 from trainmem.analytic.activation_parallelism import parallel_divisor
 from trainmem.analytic.activation_shapes import tokens_per_sequence
-from trainmem.analytic.float8 import float8_weight_cast_bytes, float8_weight_casts
+from trainmem.analytic.float8 import float8_eager_casts, float8_weight_cast_bytes
 from trainmem.analytic.transforms.base import Emitted, RankContext, Transform, Where, alloc, free
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.schedule import Op
@@ -33,23 +34,30 @@ class Float8WeightCasts(Transform):
         # the gradient of down's output
         self.hidden = m.hidden_size * tokens // parallel_divisor("mlp/input", t)
         self.inner = m.intermediate_size * tokens // parallel_divisor("mlp/gated", t)
-        self.weight = float8_weight_cast_bytes(m)
+        self.weight = float8_weight_cast_bytes(m, t)
 
     @staticmethod
     def applies(ctx: RankContext) -> bool:
-        return float8_weight_casts(ctx.model, ctx.training)
+        return float8_eager_casts(ctx.model, ctx.training)
 
     def _casts(self, phase: Phase, operand: int, which: str) -> list[Op]:
-        """The operand's float8 copy, then the weight's scaled fp32 copy, its clamp and its
-        float8 copy; the fp32 copies freed after the cast, the float8 ones after the matmul."""
+        """The operand's scaled fp32 copy, its clamp and its float8 copy, then the weight's
+        (where it is cast); the fp32 copies freed after each cast, the float8 ones after the
+        matmul."""
         label = f"torchao's float8 casts of {which}"
-        x = alloc(operand, Cat.TEMPORARY, phase, "float8/operand", "layers.{i}", label)
-        scaled, clamped, weight = (
+        keys: tuple[str, ...] = ("operand_scaled", "operand_clamped", "operand")
+        sizes: tuple[int, ...] = (4 * operand, 4 * operand, operand)
+        if self.weight:
+            keys += ("scaled", "clamped", "weight")
+            sizes += self.weight
+        made = [
             alloc(size, Cat.TEMPORARY, phase, f"float8/{key}", "layers.{i}", label)
-            for key, size in zip(("scaled", "clamped", "weight"), self.weight, strict=True)
-        )
-        return [x, scaled, clamped, weight, free(scaled, phase), free(clamped, phase),
-                free(weight, phase), free(x, phase)]  # fmt: skip
+            for key, size in zip(keys, sizes, strict=True)
+        ]
+        out: list[Op] = []
+        for cast in (made[:3], made[3:]):  # fp32 copies freed as the cast returns
+            out += [*cast, *(free(op, phase) for op in cast[:2])]
+        return [*out, *(free(op, phase) for op in reversed(made[2::3]))]
 
     def layer_forward(self, where: Where) -> Sequence[Emitted]:
         return self._casts("forward", self.hidden, "the MLP's input and gate's weight")
