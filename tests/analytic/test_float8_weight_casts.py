@@ -119,3 +119,32 @@ def test_under_fsdp2_only_the_operands_are_cast() -> None:
     assert _casts(forward, "down's input and weight") == _cast_ops(512 * 5632, weight=False)
     backward = layer_bodies(step)[-1]
     assert _casts(backward, "down's output gradient") == _cast_ops(512 * 2048, weight=False)
+
+
+def test_the_weight_gradients_operands_are_cast_after_the_input_gradient() -> None:
+    # ``matmul_with_hp_or_float8_args.backward``: grad_input first, then the output gradient
+    # (m = 512 x 2,048) and down's saved input (m = 512 x 5,632) cast along dim 1, each
+    # 4 m + 4 m + m, and ``torch._scaled_mm``'s layout copy of each float8 operand (m) before
+    # the frozen weight's gradient (2 x 11,534,336 B) is computed
+    est = estimate(AGREEMENT, _training(**FP8_LORA), engine="analytic", simulate_allocator=False)
+    body = layer_bodies(est.schedules[0].step)[-1]
+    ops = [(op.action, op.key, op.size_bytes) for op in body]
+    go, x = 512 * 2048, 512 * 5632
+    grad_input = ops.index(("alloc", "mlp_tmp", 2 * x))
+    grad_weight = ops.index(("alloc", "mlp_tmp/weight", 2 * N))
+    assert ops[grad_input + 1 : grad_weight] == [
+        ("alloc", "float8/grad_output_dim1_scaled", 4 * go),
+        ("alloc", "float8/grad_output_dim1_clamped", 4 * go),
+        ("alloc", "float8/grad_output_dim1", go),
+        ("free", "float8/grad_output_dim1_scaled", 4 * go),
+        ("free", "float8/grad_output_dim1_clamped", 4 * go),
+        ("alloc", "float8/input_dim1_scaled", 4 * x),
+        ("alloc", "float8/input_dim1_clamped", 4 * x),
+        ("alloc", "float8/input_dim1", x),
+        ("free", "float8/input_dim1_scaled", 4 * x),
+        ("free", "float8/input_dim1_clamped", 4 * x),
+        ("alloc", "float8/grad_output_layout", go),
+        ("alloc", "float8/input_layout", x),
+    ]
+    # the float8 operands die once the weight gradient exists
+    assert ops.index(("free", "float8/input_dim1", x)) > grad_weight

@@ -815,7 +815,9 @@ class _Layers:
         """The transforms' ops at ``layer.mlp.down_backward`` with the down projection's
         transients (:meth:`_down_made`) made before the free of their last allocation (a
         quantized base's dequantized weight beside the input gradient)."""
-        ops, made = em.at("layer.mlp.down_backward", where), self._down_made()
+        ops, parts = em.at("layer.mlp.down_backward", where), self._down_made()
+        # the transforms' ops between the input gradient and the weight gradient
+        made = [parts[0], *em.at("layer.mlp.down_weight_backward", where), *parts[1:]]
         allocs = [op.key for op in ops if isinstance(op, Op) and op.action == "alloc"]
         if not allocs:
             return [*ops, *made]

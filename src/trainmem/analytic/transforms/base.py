@@ -535,6 +535,9 @@ class Transform:
     def layer_mlp_down_backward(self, where: Where) -> Sequence[Emitted]:
         return ()
 
+    def layer_mlp_down_weight_backward(self, where: Where) -> Sequence[Emitted]:
+        return ()
+
     def layer_mlp_post_backward(self, where: Where) -> Sequence[Emitted]:
         return ()
 

@@ -28,6 +28,8 @@ In step order:
   ``layer.mlp.down_backward`` (the down projection's input gradient is made between what a
   transform allocates there and the free of its last allocation; before the recompute
   where Note [A frozen 4-bit down projection before the recompute] holds),
+  ``layer.mlp.down_weight_backward`` (right after down's input gradient is made, before
+  its weight gradient),
   ``layer.mlp.post_backward`` (the layer's first weight gradient, its MLP's down
   projection's, exists, or all of them where a transform makes them; Note [Gradients where
   their linear's backward runs]), ``layer.attention.pre_backward``,
@@ -73,6 +75,7 @@ Point = Literal[
     "layer.backward",
     "layer.mlp.pre_backward",
     "layer.mlp.down_backward",
+    "layer.mlp.down_weight_backward",
     "layer.mlp.post_backward",
     "layer.attention.pre_backward",
     "layer.attention.post_backward",
@@ -114,6 +117,7 @@ PHASE: Final[dict[Point, Phase]] = {
     "layer.backward": "backward",
     "layer.mlp.pre_backward": "backward",
     "layer.mlp.down_backward": "backward",
+    "layer.mlp.down_weight_backward": "backward",
     "layer.mlp.post_backward": "backward",
     "layer.attention.pre_backward": "backward",
     "layer.attention.post_backward": "backward",
