@@ -236,6 +236,14 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     "megatron": {"framework": "megatron"},
     "megatron distributed optimizer 4": {**_DP, "zero_stage": 1, "framework": "megatron"},
     "hf-trainer": {"framework": "hf-trainer"},
+    # LLaMA-Factory's defaults: reentrant full checkpointing, LoRA on every linear; axolotl's:
+    # adamw_torch_fused, reentrant checkpointing when on (FRAMEWORK_CONVENTIONS rows)
+    "llama-factory lora": {"framework": "llama-factory", "lora_rank": 16},
+    "axolotl lora checkpointed": {
+        "framework": "axolotl",
+        "lora_rank": 16,
+        "activation_checkpointing": "full",
+    },
     "torchtune": {"framework": "torchtune", "precision": "bf16-true"},  # no autocast in torchtune
     "litgpt": {"framework": "litgpt"},
     # Unsloth's defaults: bf16, fp32 adapters on all seven linears, adamw-8bit, its offloaded

@@ -437,7 +437,7 @@ def _traced_hf_trainer(training: TrainingConfig) -> bool:
         * training.context_parallel_size
         * training.pipeline_parallel_size
     ) == 1
-    return training.framework == "hf-trainer" and single
+    return training.conventions.hf_trainer_loop and single
 
 
 def _traced_litgpt(training: TrainingConfig) -> bool:

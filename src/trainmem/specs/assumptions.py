@@ -31,6 +31,13 @@ from trainmem.specs.frameworks import (
 FRAMEWORK_SUMMARY: dict[str, str] = {
     "pytorch-amp": "a plain PyTorch loop: autocast on fp32 weights, fp32 gradients, torch.optim",
     "hf-trainer": "the transformers Trainer: accelerate's native AMP, its optimizer defaults",
+    "llama-factory": (
+        "LLaMA-Factory 0.9.5's YAML defaults on the HF Trainer: reentrant gradient checkpointing on, "
+        "LoRA on every linear"
+    ),
+    "axolotl": (
+        "axolotl 0.18.0 on the HF Trainer: adamw_torch_fused, reentrant checkpointing when on"
+    ),
     "accelerate-fsdp": "accelerate's FSDP: MixedPrecision(param_dtype=the 16-bit dtype)",
     "deepspeed": "the DeepSpeed engine: 16-bit weights and gradients, fp32 master in the optimizer",
     "megatron": "Megatron-LM: fp32 grad buffer from init, fp32 master, vocab-parallel loss",

@@ -914,6 +914,22 @@ class FrameworkConventions:
     """The activation checkpointing when none is given: ``none``; Unsloth ``full``
     (``FastLanguageModel.get_peft_model(use_gradient_checkpointing = "unsloth")``, its default,
     unsloth/models/llama.py 2026.3.5). An explicit value always wins."""
+    default_checkpoint_reentrant: bool | None
+    """Whether the HF model code's gradient checkpointing is torch's reentrant ``checkpoint``
+    when ``checkpoint_reentrant`` is not given; None: transformers' own default
+    (``TrainingConfig.hf_checkpoint_reentrant``). LLaMA-Factory True: ``use_reentrant_gc``
+    defaults to True (v0.9.5 src/llamafactory/hparams/model_args.py:149-150) and
+    model_utils/checkpointing.py:174-175 passes ``gradient_checkpointing_kwargs={"use_reentrant":
+    model_args.use_reentrant_gc}`` (before the option, 64bac4bc7 Dec 2024, the same True was
+    hard-coded); axolotl True: utils/config/__init__.py:377-383 (v0.18.0) sets
+    ``gradient_checkpointing_kwargs = {"use_reentrant": True}`` when none are given. An explicit
+    value always wins."""
+    hf_trainer_loop: bool
+    """The step is the transformers Trainer's (``Trainer._inner_training_loop``), run by the
+    traced engine as its plain loop with its default optimizer (``estimate._traced_hf_trainer``):
+    hf-trainer and the stacks built on it, LLaMA-Factory (its ``CustomSeq2SeqTrainer``,
+    src/llamafactory/train/sft/trainer.py) and axolotl (``AxolotlTrainer``,
+    src/axolotl/core/trainers/base.py)."""
     sharded_activation_checkpointing: str | None
     """The activation checkpointing when none is given and the step runs on more than one
     data-parallel rank; None: :attr:`default_activation_checkpointing` there too. litgpt
@@ -1033,6 +1049,8 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "default_lora_targets": PEFT_DEFAULT_LORA_TARGETS,
         "default_activation_checkpointing": "none",
         "sharded_activation_checkpointing": None,
+        "default_checkpoint_reentrant": None,
+        "hf_trainer_loop": False,
     }
     return FrameworkConventions(name=name, **{**defaults, **fields})  # type: ignore[arg-type]
 
@@ -1061,6 +1079,52 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             adafactor_from_transformers=True,
             trainer_default_fused_since_torch=(2, 8),
             accelerate_fp32_outputs=True,
+            hf_trainer_loop=True,
+        ),
+        # LLaMA-Factory v0.9.5 (hiyouga/LLaMA-Factory): the HF Trainer + peft, with its YAML
+        # defaults: gradient checkpointing on (``disable_gradient_checkpointing: False``,
+        # hparams/model_args.py:145-146; model_utils/checkpointing.py:166-175 enables it),
+        # reentrant (``use_reentrant_gc: True``, model_args.py:149-150), LoRA on every linear
+        # but the head (``lora_target: "all"``, hparams/finetuning_args.py:81-82; for a Llama
+        # the seven), lora_dropout 0 (finetuning_args.py:73-74, trainmem's default too), the
+        # Trainer's optimizer (no ``optim`` default of its own). Off by default and so not
+        # here: ``upcast_layernorm`` / ``upcast_lmhead_output`` (model_args.py:153-158),
+        # ``pure_bf16`` (finetuning_args.py:456-457), unsloth's checkpointing and liger
+        # (model_args.py:133-138). Its checkpoint wrapper (checkpointing.py:80-103) checkpoints
+        # only layers with a trainable parameter, which under LoRA / full fine-tuning is every
+        # layer, and sets requires_grad on the hidden states (what peft's
+        # ``enable_input_require_grads`` does for the reentrant checkpoint).
+        _row(
+            "llama-factory",
+            ddp_reducer_buckets=True,
+            autocast=True,
+            peft_kbit_training=True,
+            adafactor_from_transformers=True,
+            trainer_default_fused_since_torch=(2, 8),
+            accelerate_fp32_outputs=True,
+            hf_trainer_loop=True,
+            default_lora_targets=UNSLOTH_LORA_TARGETS,
+            default_activation_checkpointing="full",
+            default_checkpoint_reentrant=True,
+        ),
+        # axolotl v0.18.0 (axolotl-ai-cloud/axolotl): the HF Trainer + peft; gradient
+        # checkpointing off by default (utils/schemas/config.py:600-601), reentrant when on
+        # (utils/config/__init__.py:377-383); ``optimizer`` defaults to ``adamw_torch_fused``
+        # whatever the torch (utils/schemas/training.py:122-123; v0.17.0:78
+        # ``OptimizerNames.ADAMW_TORCH_FUSED``); LoRA targets only as the user lists them
+        # (``lora_target_linear`` None, utils/schemas/peft.py:58-59: peft's default), lora_dropout
+        # 0.0 (peft.py:80). Opt-in and so not here: sample packing, its cut-cross-entropy and
+        # liger plugins, ``gradient_checkpointing: offload``.
+        _row(
+            "axolotl",
+            ddp_reducer_buckets=True,
+            autocast=True,
+            peft_kbit_training=True,
+            adafactor_from_transformers=True,
+            fused_multi_tensor_adam=True,
+            accelerate_fp32_outputs=True,
+            hf_trainer_loop=True,
+            default_checkpoint_reentrant=True,
         ),
         _row(
             "accelerate-fsdp",

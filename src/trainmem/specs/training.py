@@ -1631,6 +1631,9 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
         :data:`~trainmem.specs.frameworks.HF_NON_REENTRANT_CHECKPOINT_SINCE`)."""
         if self.checkpoint_reentrant is not None:  # an explicit value always wins
             return self.checkpoint_reentrant
+        row = self.conventions.default_checkpoint_reentrant  # LLaMA-Factory's, axolotl's
+        if row is not None:
+            return row
         return self.transformers_release < HF_NON_REENTRANT_CHECKPOINT_SINCE
 
     @property
@@ -1830,7 +1833,7 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
         if not (self.is_mixed and self.conventions.accelerate_fp32_outputs and not self.is_fp8):
             return False
         return (
-            self.framework != "hf-trainer"
+            not self.conventions.hf_trainer_loop
             or self.transformers_release >= TRAINER_ON_ACCELERATE_SINCE
         )
 
