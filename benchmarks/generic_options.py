@@ -237,7 +237,10 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     "megatron distributed optimizer 4": {**_DP, "zero_stage": 1, "framework": "megatron"},
     "hf-trainer": {"framework": "hf-trainer"},
     # LLaMA-Factory's defaults: reentrant full checkpointing, LoRA on every linear; axolotl's:
-    # adamw_torch_fused, reentrant checkpointing when on (FRAMEWORK_CONVENTIONS rows)
+    # adamw_torch_fused, reentrant checkpointing when on (FRAMEWORK_CONVENTIONS rows). Session
+    # 19: +1.85 % / -1.56 %, exactly hf-trainer's given the same settings (--activation-
+    # checkpointing full --set checkpoint-reentrant=true, seven / q,v targets): the gap is
+    # reentrant checkpointing under LoRA's (non-reentrant, q,v: -0.87 %), not the presets
     "llama-factory lora": {"framework": "llama-factory", "lora_rank": 16},
     "axolotl lora checkpointed": {
         "framework": "axolotl",

@@ -32,8 +32,8 @@ FRAMEWORK_SUMMARY: dict[str, str] = {
     "pytorch-amp": "a plain PyTorch loop: autocast on fp32 weights, fp32 gradients, torch.optim",
     "hf-trainer": "the transformers Trainer: accelerate's native AMP, its optimizer defaults",
     "llama-factory": (
-        "LLaMA-Factory 0.9.5's YAML defaults on the HF Trainer: reentrant gradient checkpointing on, "
-        "LoRA on every linear"
+        "LLaMA-Factory 0.9.5's YAML defaults on the HF Trainer: reentrant gradient "
+        "checkpointing on, LoRA on every linear"
     ),
     "axolotl": (
         "axolotl 0.18.0 on the HF Trainer: adamw_torch_fused, reentrant checkpointing when on"
