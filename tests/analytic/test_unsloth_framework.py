@@ -197,6 +197,19 @@ def test_fast_lora_casts_adapters_not_inputs() -> None:
     assert peft["lora/q_input_cast"] == 4 * 4096 * 4096  # fp32 x of 4,096 tokens
 
 
+def test_dora_keeps_peft_forward_under_unsloth() -> None:
+    # unsloth 2026.3.5 models/llama.py patch_peft_model patches a group only when its linears'
+    # lora_magnitude_vector is empty: get_peft_model(use_dora=True) (**kwargs -> LoraConfig)
+    # keeps peft's forward, so peft's fp32 cast of each targeted linear's input is saved
+    from trainmem.analytic.activations import layer_activation_terms
+    from trainmem.analytic.lora import unsloth_fast_lora
+
+    llama = load_model_spec("llama-2-7b")
+    dora = _unsloth(lora_targets=ALL_LINEAR, lora_variant="dora")
+    assert not unsloth_fast_lora(llama, dora)
+    assert layer_activation_terms(llama, dora)["lora/q_input_cast"] == 4 * 4096 * 4096
+
+
 def test_dequantized_weights_go_into_one_kept_buffer() -> None:
     # fast_dequantize(..., use_global_buffer=True): WEIGHT_BUFFER of the largest weight
     # (gate / up / down: 11008 x 4096 bf16) and ABSMAX_BUFFER (fp32, one per 64 values)

@@ -270,10 +270,15 @@ def unsloth_fast_lora(model: ModelSpec, training: TrainingConfig) -> bool:
         matmul and remade in backward in place (``swiglu_DWf_DW_dfg_kernel(DW, e, g)``), and
         no ``X @ A`` is kept (remade for the B gradient). Modelled when all seven linears
         carry adapters (Unsloth's default targets) with no dropout; otherwise peft's rules.
+        DoRA (``get_peft_model(use_dora=True)``, passed through ``**kwargs`` to peft's
+        ``LoraConfig``) keeps peft's forward everywhere: each of the three patches also requires
+        ``len(proj.lora_magnitude_vector) == 0`` (models/llama.py ``patch_peft_model``, unsloth
+        2026.3.5), so peft's DoRA rules hold (Note [DoRA] in ``analytic/lora_variants.py``).
     """
     return (
         training.conventions.unsloth_fast_lora
         and training.is_lora
+        and training.lora_variant != "dora"
         and training.lora_dropout == 0
         and UNSLOTH_FAST_LORA_TARGETS <= set(training.lora_targets)
         and model.model_type in UNSLOTH_KERNEL_FAMILIES
