@@ -88,11 +88,15 @@ def test_qdora_saves_what_dora_saves_over_qlora() -> None:
 
 
 @pytest.mark.parametrize("framework", ["fsdp-qlora", "torchtune", "litgpt"])
-def test_frameworks_whose_dora_is_not_peft_are_refused(framework: str) -> None:
-    with pytest.raises(SpecError, match=rf"lora_variant: dora .* under --framework {framework}"):
-        TrainingConfig(lora_rank=8, lora_variant="dora", quantize_base="nf4", framework=framework)
-    # DoRA over an unquantized base and LoRA over this one still run there
-    TrainingConfig(lora_rank=8, lora_variant="lora", quantize_base="nf4", framework=framework)
+@pytest.mark.parametrize("base", ["nf4", "none"])
+def test_frameworks_whose_dora_is_not_peft_are_refused(framework: str, base: str) -> None:
+    # fsdp_qlora 05ed9f2 train.py: DoRA only as BNBDORA / HQQDORA over a quantized base, its
+    # peft train_type lora without use_dora; torchtune 0.6.1 modules/peft/dora.py DoRALinear;
+    # litgpt 0.5.13: no DoRA in its source. None of them runs peft's DoraLinearLayer.
+    with pytest.raises(SpecError, match=rf"lora_variant: dora.* under --framework {framework}"):
+        TrainingConfig(lora_rank=8, lora_variant="dora", quantize_base=base, framework=framework)
+    # LoRA over this base still runs there
+    TrainingConfig(lora_rank=8, lora_variant="lora", quantize_base=base, framework=framework)
 
 
 def test_dora_over_gptq_stays_refused_as_peft_refuses_it() -> None:

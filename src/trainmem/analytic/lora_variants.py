@@ -181,9 +181,10 @@ def qdora_dequantized_bytes(training: TrainingConfig) -> tuple[int, int] | None:
         when peft's k-bit preparation made the residual stream fp32 (the defaults); over a
         16-bit stream under autocast (``TrainingConfig.kbit_16bit_dense``) both engines keep
         ``lora.Linear``'s cast, as they do for LoRA over this base. Frameworks whose DoRA is
-        not peft's (fsdp_qlora's ``BNBDORA``, torchtune's ``DoRALinear``, litgpt) are refused
-        by ``TrainingConfig``. Checked against the generic path, which runs peft's DoRA on the
-        stand-in's dequantized weight (tests/analytic/test_qdora.py).
+        not peft's (fsdp_qlora's ``BNBDORA``, torchtune's ``DoRALinear``, litgpt's none) are
+        refused over any base by ``TrainingConfig`` (``_check_dora_framework``). Checked
+        against the generic path, which runs peft's DoRA on the stand-in's dequantized weight
+        (tests/analytic/test_qdora.py).
     """
     if training.lora_variant != "dora" or training.quantize_base == "none":
         return None

@@ -1926,7 +1926,7 @@ def _check_combinations(t: TrainingConfig) -> None:
     _check_fsdp1_quantized(t)
     _check_float8_quantized(t)
     _check_dora_gptq(t)
-    _check_qdora_framework(t)
+    _check_dora_framework(t)
     _check_fsdp1_adapters(t)
     _check_unsloth_single_gpu(t)
     if t.seq_len % t.context_parallel_size:
@@ -2265,34 +2265,37 @@ def _check_dora_gptq(t: TrainingConfig) -> None:
         )
 
 
-_QDORA_OWN_LAYERS = {
-    "fsdp-qlora": "Answer.AI fsdp_qlora's train_type bnb_dora runs its own BNBDORA layer "
-    "(scripts/dora.py: the column norm of W + B A from DORALayer, a MagnitudeLayer), not peft's",
-    "torchtune": "torchtune's DoRALinear over torchao's NF4Tensor (torchtune modules/peft/dora.py: "
-    "weight.to(x.dtype) decodes it for the norm), not peft's DoRA over bitsandbytes",
-    "litgpt": "litgpt trains its own LoRA layers (litgpt/lora.py) over Lightning's bitsandbytes "
-    "weights, not peft's DoRA",
+_DORA_NOT_PEFT = {
+    "fsdp-qlora": "Answer.AI fsdp_qlora (train.py @05ed9f2) runs DoRA only as its own layers over "
+    "a quantized base (train_type bnb_dora: BNBDORA, hqq_dora: HQQDORA, scripts/dora.py: the "
+    "column norm of W + B A from DORALayer, a MagnitudeLayer); its train_type lora builds peft's "
+    "LoraConfig without use_dora",
+    "torchtune": "torchtune 0.6.1 runs its own DoRALinear (torchtune/modules/peft/dora.py: the "
+    "adapters' weight as lora_b(lora_a(torch.eye(in_dim))), the norm of weight.to(x.dtype) plus "
+    "it, over torchao's NF4Tensor when quantized), not peft's DoRA",
+    "litgpt": "litgpt 0.5.13 has no DoRA (litgpt/lora.py trains LoRA layers only; no 'dora' in "
+    "its source)",
 }
-"""The frameworks whose DoRA over a quantized base is not peft's (Note [QDoRA] in
-``analytic/lora_variants.py``), with what they run instead."""
+"""The frameworks whose DoRA is not peft 0.21's ``DoraLinearLayer``, the one both engines
+model (Note [DoRA], Note [QDoRA] in ``analytic/lora_variants.py``), with what they run
+instead."""
 
 
-def _check_qdora_framework(t: TrainingConfig) -> None:
-    """DoRA over a bitsandbytes base (QDoRA) where the framework's DoRA is not peft's
-    (:data:`_QDORA_OWN_LAYERS`): both engines model peft 0.21's ``DoraLinearLayer`` on
-    bitsandbytes' dequantized weight (Note [QDoRA] in ``analytic/lora_variants.py``).
+def _check_dora_framework(t: TrainingConfig) -> None:
+    """DoRA (over any base) where the framework's DoRA is not peft's (:data:`_DORA_NOT_PEFT`):
+    refused rather than modelled as peft's layer, which those frameworks do not run.
 
     Raises:
         SpecError: ``lora_variant``, naming what runs instead.
     """
-    own = _QDORA_OWN_LAYERS.get(t.framework)
-    if t.lora_variant == "dora" and t.quantize_base != "none" and own is not None:
+    other = _DORA_NOT_PEFT.get(t.framework)
+    if t.lora_variant == "dora" and other is not None:
+        base = "" if t.quantize_base == "none" else f" with --quantize-base {t.quantize_base}"
         raise SpecError(
             "lora_variant",
-            f"dora with --quantize-base {t.quantize_base} under --framework {t.framework}: "
-            f"{own}; not modelled; allowed: lora over this base, dora over an unquantized "
-            "base, or QDoRA under a peft framework (pytorch-amp, hf-trainer, accelerate-fsdp, "
-            "deepspeed, fsdp2)",
+            f"dora{base} under --framework {t.framework}: {other}; not modelled; allowed: lora "
+            "under this framework, or dora (unquantized or over bitsandbytes) under a peft "
+            "framework (pytorch-amp, hf-trainer, accelerate-fsdp, deepspeed, fsdp2, unsloth)",
         )
 
 
