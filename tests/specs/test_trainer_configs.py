@@ -275,6 +275,25 @@ def test_an_unknown_optimizer_lists_the_allowed(tmp_path: Path) -> None:
 # --- torchtune -----------------------------------------------------------------------------
 
 
+def test_a_torchtune_dora_config_is_refused_not_read_as_lora(
+    invoke: Invoke, tmp_path: Path
+) -> None:
+    # torchtune runs its own DoRALinear (modules/peft/dora.py), not peft's: refused with what
+    # runs instead, where 0.2 estimated plain LoRA and listed use_dora as ignored
+    text = (
+        "model:\n  _component_: torchtune.models.llama3_2.lora_llama3_2_1b\n"
+        "  lora_attn_modules: [q_proj, v_proj]\n  use_dora: true\n"
+    )
+    path = _write(tmp_path, "t.yaml", text)
+    assert read_torchtune_config(path)["lora_variant"] == "dora"
+    result = invoke(
+        "estimate", "llama-3.2-1b", "-s", "128", "--torchtune-config", path, exit_code=2
+    )
+    message = result.stderr
+    assert "Traceback" not in message
+    assert "DoRALinear" in message and "lora under this framework" in message
+
+
 def test_torchtune_defaults_and_qlora(tmp_path: Path) -> None:
     text = (
         "model:\n  _component_: torchtune.models.llama3_1.qlora_llama3_1_8b\n"

@@ -656,7 +656,9 @@ def _torchtune_model(r: _Reading, cfg: dict[str, Any]) -> None:
         # torchao to_nf4: blocks of 64, scales quantized again in blocks of 256
         r.set("quantize_base", "nf4-dq", f"{builder}: torchao NF4")
     if r.get(model, "use_dora", bool, "true or false", key):
-        r.ignored.append("model.use_dora (DoRA's magnitude vectors)")
+        # torchtune's own DoRALinear (modules/peft/dora.py), which TrainingConfig refuses under
+        # --framework torchtune with what runs instead (not estimated as plain LoRA)
+        r.set("lora_variant", "dora", key + "use_dora")
 
 
 def _torchtune_sharded_layers(r: _Reading, cfg: dict[str, Any]) -> None:
