@@ -29,9 +29,13 @@ torch = pytest.importorskip("torch")
 H, T, LAYERS = 64, 8, 3
 
 
-def _alive_at_backward_end(*, reentrant: bool, frozen_unit: bool, fsdp: bool) -> int:
+def _alive_at_backward_end(
+    *, reentrant: bool, frozen_unit: bool, fsdp: bool, inside: bool = False
+) -> int:
     """Residual-stream-sized (1, T, H) tensors alive when the layers' backward has ended (the
-    embedding output's gradient hook: before FSDP's final callback)."""
+    embedding output's gradient hook: before FSDP's final callback). ``inside``: the layer
+    checkpoints itself in its own ``__call__`` (transformers >= 4.52 modeling_layers.py
+    ``GradientCheckpointingLayer``), inside the FSDP1 unit that wraps it."""
     from torch import nn
     from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -64,6 +68,11 @@ def _alive_at_backward_end(*, reentrant: bool, frozen_unit: bool, fsdp: bool) ->
             x = x + self.q(x * self.norm)
             return x + self.proj(torch.relu(self.fc(x)))
 
+        def __call__(self, x: Any) -> Any:
+            if inside:
+                return checkpoint(super().__call__, x, use_reentrant=reentrant)
+            return super().__call__(x)
+
     class Model(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -74,7 +83,7 @@ def _alive_at_backward_end(*, reentrant: bool, frozen_unit: bool, fsdp: bool) ->
         def forward(self, ids: Any) -> Any:
             x = self.emb(ids)
             for layer in self.layers:
-                x = checkpoint(layer.__call__, x, use_reentrant=reentrant)
+                x = layer(x) if inside else checkpoint(layer.__call__, x, use_reentrant=reentrant)
             return self.head(x)
 
     torch.manual_seed(0)
@@ -146,6 +155,15 @@ def test_real_fsdp1_keeps_nothing_more_otherwise(fake_group: None) -> None:
     assert _alive_at_backward_end(reentrant=True, frozen_unit=True, fsdp=False) == 2
 
 
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore")
+def test_real_fsdp1_keeps_nothing_when_the_layer_checkpoints_itself(fake_group: None) -> None:
+    # transformers >= 4.52: the checkpoint inside the unit; FSDP1's pre-forward sees the layer's
+    # input once, grad enabled, as the previous checkpoint's non-leaf output: no detached leaf
+    # input in the unit, so the embedding output and its gradient only
+    assert _alive_at_backward_end(reentrant=True, frozen_unit=True, fsdp=True, inside=True) == 2
+
+
 # -- the analytic rule --------------------------------------------------------------------------
 
 
@@ -172,13 +190,16 @@ def test_kept_input_is_one_residual_tensor_where_the_rule_applies() -> None:
     model = resolve_model("llama-2-70b")
     # b s h bf16: 2 x 4096 x 8192 x 2 B
     assert fsdp1_kept_input_bytes(model, _fms()) == 134_217_728
-    # transformers 5 checkpoints non-reentrant; an explicit value wins either way
+    # transformers 5 checkpoints non-reentrant; an explicit value wins
     assert fsdp1_kept_input_bytes(model, _fms(transformers_version="5.0")) == 0
     assert fsdp1_kept_input_bytes(model, _fms(checkpoint_reentrant=False)) == 0
-    assert (
-        fsdp1_kept_input_bytes(model, _fms(transformers_version="5.0", checkpoint_reentrant=True))
-        == 134_217_728
-    )
+    # reentrant, the checkpoint outside the unit: the model's loop checkpoints the FSDP1 wrapper
+    # up to transformers 4.51 (4.51.3 modeling_llama.py LlamaModel.forward); from 4.52 the
+    # layer's own GradientCheckpointingLayer.__call__ does, inside the unit: nothing kept
+    assert fsdp1_kept_input_bytes(model, _fms(transformers_version="4.51.3")) == 134_217_728
+    for inside in ("4.52.0", "5.0"):
+        given = _fms(transformers_version=inside, checkpoint_reentrant=True)
+        assert fsdp1_kept_input_bytes(model, given) == 0
     # fsdp_qlora checkpoints inside its units; a full fine-tune's units train; no checkpointing
     assert fsdp1_kept_input_bytes(model, _fms(framework="fsdp-qlora")) == 0
     assert fsdp1_kept_input_bytes(model, _fms(lora_rank=0, lora_targets=())) == 0

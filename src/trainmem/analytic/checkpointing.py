@@ -15,6 +15,7 @@ from trainmem.analytic.activation_shapes import (
 )
 from trainmem.analytic.mlp import experts_per_token
 from trainmem.analytic.params import linear_shapes
+from trainmem.specs.frameworks import GRADIENT_CHECKPOINTING_LAYER_SINCE
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 
@@ -152,7 +153,12 @@ def fsdp1_kept_input_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     (``TrainingConfig.hf_checkpoint_reentrant``) around FSDP1 units
     (``FrameworkConventions.fsdp1_checkpoint_outside_units``, sharded: ZeRO stage >= 2) whose
     flat parameters are frozen (LoRA), the input embeddings' hook on (every layer's input then
-    requires grad), without pipelining.
+    requires grad), without pipelining, and only with a transformers release before
+    :data:`~trainmem.specs.frameworks.GRADIENT_CHECKPOINTING_LAYER_SINCE` (4.52): from 4.52 the
+    decoder layer checkpoints itself in its own ``__call__``, inside FSDP1's forward, where
+    FSDP1's pre-forward sees the layer's input once, with grad enabled, as the previous
+    checkpoint's non-leaf output; no detached leaf input is recomputed inside the unit, so
+    nothing is kept.
 
     Source: torch 2.4.1 distributed/fsdp/_runtime_utils.py
     ``_register_post_backward_reshard_only_hook``, autograd/graph.py
@@ -168,6 +174,7 @@ def fsdp1_kept_input_bytes(model: ModelSpec, training: TrainingConfig) -> int:
         and t.input_embeddings_require_grad
         and model.architecture != "vision-encoder"
         and t.hf_checkpoint_reentrant
+        and t.transformers_release < GRADIENT_CHECKPOINTING_LAYER_SINCE
     ):
         return 0
     _, r = compute_and_residual_bytes(t)

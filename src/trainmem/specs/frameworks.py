@@ -20,6 +20,13 @@ DEFAULT_TRANSFORMERS_VERSION = (5, 24)
 """The transformers release assumed when none is given and none is installed: the newest the
 ``trace`` extra allows (pyproject.toml ``transformers>=4.45,<5.25``), whose model code the trace
 engine runs."""
+GRADIENT_CHECKPOINTING_LAYER_SINCE = (4, 52)
+"""transformers modeling_layers.py ``GradientCheckpointingLayer`` (first in 4.52.0; 4.51.3 has
+no modeling_layers.py): the decoder layer's own ``__call__`` runs
+``self._gradient_checkpointing_func(partial(super().__call__, **kwargs), *args)``, so the
+checkpoint sits inside whatever wraps the layer (an FSDP1 unit). Before, the model's loop
+checkpointed the wrapper (4.39.3 modeling_llama.py ``LlamaModel.forward``:
+``self._gradient_checkpointing_func(decoder_layer.__call__, hidden_states, ...)``)."""
 DEFAULT_BITSANDBYTES_VERSION = (0, 45, 0)
 """The bitsandbytes release assumed when none is given: a current one (>= 0.43.2)."""
 BNB_MATMUL4BIT_SAVES_NO_INPUT_SINCE = (0, 43, 2)
