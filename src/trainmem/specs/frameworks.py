@@ -749,7 +749,9 @@ class FrameworkConventions:
     ``fsdp_auto_wrap_policy`` (trainer.py ``_fsdp_qlora_plugin_updates``, 4.39 .. 4.48), which
     puts each LoRA leaf in a unit of its own. With reentrant checkpointing FSDP1 then keeps
     each layer's input and its gradient until the backward ends (Note [FSDP1 frozen units
-    under reentrant checkpointing]). True for accelerate-fsdp; False where the framework
+    under reentrant checkpointing]), with transformers before
+    :data:`GRADIENT_CHECKPOINTING_LAYER_SINCE` only (from 4.52 the layer checkpoints itself,
+    inside the unit). True for accelerate-fsdp; False where the framework
     checkpoints inside the unit (fsdp_qlora's ``apply_activation_checkpointing`` after
     wrapping) or runs FSDP2."""
     fsdp2_post_backward: bool

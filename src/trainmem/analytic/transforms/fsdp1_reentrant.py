@@ -32,9 +32,23 @@ Note [FSDP1 frozen units under reentrant checkpointing]
     it; a deep, wide stack (llama-2-70b: 80 layers of b s h) peaks at the end of the layers'
     backward with about one more copy of its checkpoints.
 
+    All this needs the checkpoint OUTSIDE the unit, as transformers through 4.51 placed it
+    (4.39.3 / 4.51.3 modeling_llama.py ``LlamaModel.forward``:
+    ``self._gradient_checkpointing_func(decoder_layer.__call__, hidden_states, ...)``, the
+    decoder layer being the FSDP1 wrapper). From 4.52.0 the decoder layer is a
+    ``GradientCheckpointingLayer`` (modeling_layers.py, new in 4.52.0) whose own ``__call__``
+    runs ``self._gradient_checkpointing_func(partial(super().__call__, **kwargs), *args)``:
+    FSDP1's forward calls the wrapped layer, which checkpoints itself INSIDE the unit. FSDP's
+    pre-forward then runs once, in the forward with grad on, on the previous checkpoint's
+    non-leaf output (no ``AccumulateGrad`` owns it: nothing kept); the recomputation calls the
+    inner layer only, never FSDP's pre-forward, so no detached leaf gets the hook. Nothing is
+    kept (the same CPU test, the layer checkpointing itself: 2 tensors); the rule applies
+    before ``GRADIENT_CHECKPOINTING_LAYER_SINCE`` (trainmem/specs/frameworks.py) only.
+
 Source: torch 2.4.1 distributed/fsdp/_runtime_utils.py, autograd/graph.py,
 utils/checkpoint.py (cited above); transformers 4.48 modeling_utils.py
-``gradient_checkpointing_enable``, trainer.py ``_fsdp_qlora_plugin_updates``.
+``gradient_checkpointing_enable``, trainer.py ``_fsdp_qlora_plugin_updates``; transformers
+4.51.3 / 4.52.0 modeling_llama.py and 4.52.0 modeling_layers.py (cited above).
 """
 
 from __future__ import annotations
