@@ -50,10 +50,15 @@ _PEFT_SFT_QLORA = (
 )
 
 _PEFT_SFT_QLORA_FSDP = (
-    [*_PEFT_SFT_QLORA[0], "--set", "checkpoint-reentrant=true"],
+    [*_PEFT_SFT_QLORA[0], "--set", "checkpoint-reentrant=true", "--transformers-version", "4.39"],
     _PEFT_SFT_QLORA[1] + "; run_peft_qlora_fsdp.sh passes --use_reentrant True and train.py "
     '(6008f272a) sets training_args.gradient_checkpointing_kwargs = {"use_reentrant": '
-    "model_args.use_reentrant} (transformers' reentrant checkpoint)",
+    "model_args.use_reentrant} (transformers' reentrant checkpoint); examples/sft/"
+    "requirements.txt installs transformers from git main, which on the PR's date (2024-03-13) "
+    "was 4.39.0.dev0, the release line whose trainer.py first has _fsdp_qlora_plugin_updates "
+    "(4.39.0, 2024-03-21; 4.40.0 came 2024-04-18: no trainmem rule tells 4.39 from 4.40): a "
+    "release whose LlamaModel.forward checkpoints the FSDP1-wrapped decoder layer, before "
+    "4.52's GradientCheckpointingLayer",
 )
 
 _PEFT_SFT_LORA = (

@@ -589,8 +589,8 @@ RECORDED_DEV2 = {
     "GT174": +0.0583,
     "GT175": +0.0367,
     "GT176": -0.0575,
-    "GT177": +0.0856,
-    "GT178": +0.1296,
+    "GT177": +0.0942,
+    "GT178": +0.1343,
     "GT179": +0.0205,
     "GT180": +0.0175,
     "GT181": +0.0078,
@@ -757,6 +757,12 @@ RECORDED_DEV2 = {
 # +0.7 %, GT148 +3.2 -> +2.8 %, GT149 +3.4 -> +0.8 %, GT156 +2.9 -> +0.7 %, GT158 +3.4 -> +0.8 %;
 # the 1-GPU rows 0.3-0.5 point lower (GT140 -0.5, GT142 -0.7, GT155 -0.8, GT157 -0.9 %); no other
 # row moves (dev set 1 neither). Median 2.86 -> 2.35 %.
+# Re-recorded for the FSDP1 kept inputs gated on transformers < 4.52 (Note [FSDP1 frozen units
+# under reentrant checkpointing]: from 4.52 GradientCheckpointingLayer checkpoints inside the
+# unit) and GT177 / GT178 amended with --transformers-version 4.39 (peft examples/sft installs
+# transformers' main, 4.39.0.dev0 on PR #1550's date), which keeps the kept inputs and adds
+# 4.39's fp32 logits and per-layer rotary tables: GT177 +8.6 -> +9.4 %, GT178 +13.0 -> +13.4 %
+# (without the amendment the gate alone would give -23.8 / -4.9 %). No other row moves.
 MIN_DEV2_ROWS_SCORED = 139
 # GPTQ rows GT156 / GT158 / GT159 / GT160 re-recorded (session 17, issue 26): GPTQ's triton v2
 # kernel saves no input (TrainingConfig.quantized_matmul_saves_input), -0.8 to -1.7 points each;
