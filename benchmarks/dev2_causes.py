@@ -1267,13 +1267,16 @@ CAUSES.update(
             "accelerate FSDP CPU offload of a 70B QLoRA: the double-quantized statistics stay on "
             "the GPU (Note [bitsandbytes statistics under sharding]; -26.8 -> -15.7%); "
             + _PEFT_QLORA_FSDP
-            + ": -16.4 -> +10.6%; over, not explained: the last layer's recomputation and "
+            + ": -16.4 -> +10.6%; dated to transformers 4.39 (the FSDP1 kept inputs, Note "
+            "[FSDP1 frozen units under reentrant checkpointing], hold before 4.52 only): +8.6 "
+            "-> +9.4%; over, not explained: the last layer's recomputation and "
             "transients as modelled, and the reading of a system-monitor screenshot"
         ),
         "GT178": (
             "accelerate FSDP QLoRA of a 70B; "
             + _PEFT_QLORA_FSDP
-            + ": -0.8 -> +14.1%; over, not explained: the last layer's recomputation and "
+            + ": -0.8 -> +14.1%; dated to transformers 4.39 (as GT177): +13.0 -> +13.4%; "
+            "over, not explained: the last layer's recomputation and "
             "transients as modelled, and the reading of a system-monitor screenshot (GT175, "
             "the same docs' monitor, reads as 1000-MiB 'GB' by its percentage: 35.6 such "
             "units are 37.3e9 B, +8.8%; not amended, this row's figure has no percentage to "
