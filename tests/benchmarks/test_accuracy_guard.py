@@ -773,8 +773,9 @@ MAX_DEV2_MEDIAN_ABS = 0.023  # 2.23 % at 2026-11-28 14:50 UTC (GT030 dated to it
 # 10:55 UTC; 3.07 % at 10:20 (the fms FSDP1 rows' 16-bit dense weights, above; 3.12 % at
 # 05:40 UTC: GT044 / GT051, op-level SAC; GT069 / GT070 amended with their script's loop,
 # --loop previous, cross the median)
-MAX_DEV2_P90_ABS = 0.094  # 9.32 % at 2026-11-28 14:50 UTC (GT030 out of the top decile); 9.9 % at
-# 05:25 UTC (the previous loop's bound output)
+MAX_DEV2_P90_ABS = 0.095  # 9.42 % at 2026-11-28 17:15 UTC (GT177, the p90 row, dated to
+# transformers 4.39: +8.6 -> +9.4 %, above); 9.32 % at 14:50 UTC (GT030 out of the top
+# decile); 9.9 % at 05:25 UTC (the previous loop's bound output)
 MAX_DEV2_UNDER = 2  # 2 at 2026-11-28 12:50 UTC: GT030 out (its March 2024 untruncated data);
 # 3 at 07:00 UTC: GT032 out (FSDP1's root flat gradient)
 MAX_DEV2_OOM = 0
