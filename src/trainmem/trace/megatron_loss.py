@@ -114,6 +114,21 @@ class _VocabParallelCrossEntropy(Function):
         return grad, None
 
 
+def _vocab_shard(logits: Any, target: Any) -> tuple[Any, Any]:
+    """Rank 0's shard of vocabulary-sharded ``DTensor`` logits ``[b, s, V / t]`` (the
+    output layer's ``ColwiseParallel``, as megatron-core's ``ColumnParallelLinear`` with
+    ``gather_output=False``) and the targets as that rank's
+    ``calculate_predicted_logits`` masks them: ids outside ``[0, V / t)`` read position 0
+    (``masked_target[target_mask] = 0``). The cross-rank all-reduces of the row max, the
+    predicted logit and the row sum are ``[tokens]`` fp32 tensors, in place (Note
+    [Megatron's cross-entropy on a traced step])."""
+    local = logits.to_local()  # differentiable: the gradient goes back as the same shard
+    outside = target >= local.size(-1)  # rank 0's vocab_start_index is 0
+    masked = target.clone()
+    masked[outside] = 0
+    return local, masked
+
+
 def megatron_cross_entropy_forward() -> Any:
     """A ``forward_loss(model, batch)`` computing Megatron's vocabulary-parallel cross-entropy
     on the model's logits (Note [Megatron's cross-entropy on a traced step]).
@@ -138,9 +153,10 @@ def megatron_cross_entropy_forward() -> Any:
         inputs = {k: v for k, v in batch.items() if k != "labels"}
         logits = model(**inputs).logits  # [b, s, V], the output layer's dtype
         labels = batch["labels"]
-        losses = _VocabParallelCrossEntropy.apply(
-            logits.reshape(-1, logits.size(-1)), labels.reshape(-1)
-        )
+        target = labels.reshape(-1)
+        if hasattr(logits, "to_local"):  # tensor parallelism: this rank's vocabulary shard
+            logits, target = _vocab_shard(logits, target)
+        losses = _VocabParallelCrossEntropy.apply(logits.reshape(-1, logits.size(-1)), target)
         del logits
         loss_mask = torch.ones_like(labels, dtype=torch.float32).view(-1)
         return torch.sum(losses.view(-1) * loss_mask) / loss_mask.sum()
