@@ -76,6 +76,8 @@ cells.py: a tied head under accumulation with autocast / HF Trainer +2.09 -> +0.
 ZeRO-2 +4.37 -> -0.01 % (Note [A tied gradient under DeepSpeed ZeRO-2/3]), DeepSpeed ZeRO-3
 tied +4.35 -> +0.00 % and untied -4.96 -> +0.00 % (with Note [Traced ZeRO-3]'s gathers at the
 traced modules).
+Megatron with tensor parallelism (session 19, helper megatp; refused before): "megatron tensor
+parallel 2" +0.98 %, "+ sp" +0.69 % (Note [Megatron's tensor parallelism on a traced step]).
 """
 
 from __future__ import annotations
@@ -235,6 +237,12 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     # buffer and (distributed) optimizer applied (Note [Megatron on a traced step])
     "megatron": {"framework": "megatron"},
     "megatron distributed optimizer 4": {**_DP, "zero_stage": 1, "framework": "megatron"},
+    "megatron tensor parallel 2": {"tensor_parallel_size": 2, "framework": "megatron"},
+    "megatron tensor parallel 2 + sp": {
+        "tensor_parallel_size": 2,
+        "sequence_parallel": True,
+        "framework": "megatron",
+    },
     "hf-trainer": {"framework": "hf-trainer"},
     # LLaMA-Factory's defaults: reentrant full checkpointing, LoRA on every linear; axolotl's:
     # adamw_torch_fused, reentrant checkpointing when on (FRAMEWORK_CONVENTIONS rows). Session

@@ -35,14 +35,38 @@ Note [Megatron on a traced step]
 
     The plain loop of one rank is traced (``data_parallel_size=1``, ``zero_stage=0``) with
     torch's fused AdamW as the optimizer stand-in (no step temporaries; its states are
-    replaced). Not traced: tensor, sequence, context and pipeline parallelism (Megatron's own
-    column / row-parallel layers, its sequence-parallel layout saving the sequence shard, its
-    pipeline schedules: not DTensor's or torch.distributed.pipelining's, which the trace runs),
+    replaced). Tensor and sequence parallelism run as DTensor's (Note [Megatron's tensor
+    parallelism on a traced step]). Not traced: context and pipeline parallelism (Megatron's
+    own schedules, not torch.distributed.pipelining's, which the trace runs), tensor beside
+    data parallelism (not reconciled),
     ZeRO-2/3 (megatron-core's custom FSDP), CPU offload, the optimizers the trace needs a
     stand-in for, LoRA and quantized bases (Megatron-LM trains no adapters; PEFT on
     megatron-core is NeMo's). Refused too: a model Megatron's ``GPTModel`` does not build
     (encoder-decoder, masked-LM, vision, speech, multimodal, attention-free, diffusion, timm;
     :func:`trainmem.trace.megatron_loss.megatron_model_refusal`).
+
+Note [Megatron's tensor parallelism on a traced step]
+    ``tensor_parallel_size=t`` (with or without ``sequence_parallel``) runs the trace's DTensor
+    plan (Note [Tracing tensor parallelism], trainmem/trace/tensor_parallel.py), whose shapes
+    are megatron-core's (megatron/core/tensor_parallel/layers.py: ``ColumnParallelLinear`` for
+    q / k / v, gate, up and the output layer with ``gather_output=False``,
+    ``RowParallelLinear`` for o and down, ``VocabParallelEmbedding``; norms replicated). The
+    cross-entropy runs on rank 0's vocabulary shard of the logits (trace/megatron_loss.py
+    ``_vocab_shard``). One difference is applied as a rule:
+
+    Note [Megatron's vocabulary-parallel embedding gradient]
+        ``VocabParallelEmbedding.forward`` looks the masked ids up in the rank's own weight
+        shard (``F.embedding(masked_input, self.weight)``, megatron-core core_r0.9.0
+        tensor_parallel/layers.py), so its new 16-bit gradient is ``V / t x h``; DTensor's
+        ``RowwiseParallel`` embedding makes the whole ``V x h`` one in the trace. Its size is
+        divided by ``t`` (as the formulas' new gradient of the embedding has it).
+
+    Not reconciled, and so refused: tensor beside data parallelism (+1.4 % vs the formulas on
+    the agreement Llama, 2 x 256 tokens, tp 2 x dp 2 ZeRO-1). Known difference that grows
+    with the tokens: the stand-in's transformers ``RMSNorm`` backward holds five fp32
+    ``tokens x h`` temporaries at the final norm (whole on each rank without SP), where the
+    formulas model Megatron's fused norm (``FrameworkConventions.hf_model_code=False``):
+    +0.98 % (tp 2) / +0.69 % (tp 2 + SP) at 2 x 256 tokens, +3.2 / +2.0 % at 2 x 1024.
 
 Source: megatron-core 0.9.0 (files cited per rule above); the analytic rules named per rule.
 """
@@ -75,6 +99,9 @@ __all__ = [
 ]
 
 NEW_GRADIENT_LABEL = "a new 16-bit gradient, added into Megatron's fp32 main_grad and dropped"
+EMBEDDING = "embed_tokens"
+"""The token embedding's module name under the traced TP plan (trainmem/trace/tensor_parallel.py
+applies it to models with this name only)."""
 BUFFER_LABEL = "Megatron's contiguous fp32 gradient buffer (grad_data, from wrap time)"
 
 
@@ -126,14 +153,16 @@ def untraced_megatron(training: TrainingConfig) -> str:
 
 def traced_megatron(training: TrainingConfig) -> bool:
     """A Megatron run the traced paths model (Note [Megatron on a traced step]): one GPU or
-    data parallelism, with or without the distributed optimizer (``zero_stage`` 0 or 1)."""
+    data parallelism, with or without the distributed optimizer (``zero_stage`` 0 or 1), or
+    tensor (+ sequence) parallelism alone (Note [Megatron's tensor parallelism on a traced
+    step])."""
     return training.framework == "megatron" and not megatron_refusals(training)
 
 
 def megatron_traced_as(training: TrainingConfig) -> TrainingConfig:
-    """The settings the trace runs for a Megatron run: one rank's plain loop with torch's
-    fused AdamW as the optimizer stand-in (its states and step replaced by
-    :func:`apply_megatron`)."""
+    """The settings the trace runs for a Megatron run: one rank's plain loop (its tensor- and
+    sequence-parallel layers as they are) with torch's fused AdamW as the optimizer stand-in
+    (its states and step replaced by :func:`apply_megatron`)."""
     return replace(
         training,
         data_parallel_size=1,
@@ -169,26 +198,31 @@ def apply_megatron(
     buffer = Op("alloc", buffer_bytes, Cat.GRADIENT, "init", "grad/main_grad", "(model)",
                 BUFFER_LABEL)  # fmt: skip
     dropped: set[str] = set()
-    setup = _main_grad(with_states.setup, dropped)
-    step = _main_grad(with_states.step, dropped)
+    tp = training.tensor_parallel_size
+    setup = _main_grad(with_states.setup, dropped, tp)
+    step = _main_grad(with_states.step, dropped, tp)
     if setup:
         return StepSchedule(setup=after_state(setup, buffer), step=step, name=schedule.name)
     return StepSchedule(setup=(), step=after_state(step, buffer), name=schedule.name)
 
 
-def _main_grad(items: Sequence[Item], dropped: set[str]) -> tuple[Item, ...]:
+def _main_grad(items: Sequence[Item], dropped: set[str], tp: int) -> tuple[Item, ...]:
     """``items`` with each gradient autograd makes in the backward a temporary freed at once
-    (Megatron's hook adds it into ``main_grad``), its own later free dropped."""
+    (Megatron's hook adds it into ``main_grad``), its own later free dropped; under tensor
+    parallelism the token embedding's one rank's vocabulary shard (Note [Megatron's
+    vocabulary-parallel embedding gradient])."""
     out: list[Item] = []
     for item in items:
         if isinstance(item, Repeat):
-            body = _main_grad(item.body, dropped)
+            body = _main_grad(item.body, dropped, tp)
             out.append(Repeat(body, item.count, item.reverse, item.start, item.independent))
             continue
         if item.category is not Cat.GRADIENT:
             out.append(item)
         elif item.action == "alloc" and item.phase == "backward":
             new = item._replace(category=Cat.TEMPORARY, label=NEW_GRADIENT_LABEL)
+            if tp > 1 and item.module.endswith(EMBEDDING):
+                new = new._replace(size_bytes=-(-item.size_bytes // tp))
             out += [new, new._replace(action="free")]
             dropped.add(item.key)
         elif not (item.action == "free" and item.key in dropped):
@@ -204,6 +238,12 @@ def megatron_note(training: TrainingConfig) -> str:
         if training.optimizer_states_partitioned
         else "fp32 master weights and optimizer states"
     )
+    tp = training.tensor_parallel_size
+    if tp > 1:
+        optimizer += (
+            f", tensor parallelism over {tp} ranks as DTensor's plan (the embedding's new "
+            "gradient one vocabulary shard, as megatron-core's VocabParallelEmbedding)"
+        )
     return (
         "framework=megatron: the transformers model's layers were traced as a stand-in for "
         "megatron-core's GPTModel (their weights, activations and transients), with Megatron's "

@@ -81,6 +81,43 @@ def test_agrees_with_the_formulas_and_sizes_megatron_states(changes: dict[str, A
     assert schedule.category_peak(MemoryCategory.OPTIMIZER_STATE) == 12 * n // shards
 
 
+def _agreement_local_params(tp: int) -> int:
+    """Elements one tensor-parallel rank of the agreement Llama holds, by hand: every linear,
+    the embedding and the head split over ``tp`` ranks (column / row / vocabulary shards),
+    the norms (2 per layer and the final one, h each) whole on every rank."""
+    cfg = json.loads((MODELS_DIR / "agreement" / "llama_h2048.json").read_text())
+    h = cfg["hidden_size"]
+    norms = (2 * cfg["num_hidden_layers"] + 1) * h
+    return (_agreement_params() - norms) // tp + norms
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["tp 2", "tp 2 + sp"])
+def test_tensor_parallel_agrees_with_the_formulas_and_shards_megatrons_buffers(sp: bool) -> None:
+    """Note [Megatron's tensor parallelism on a traced step]: DTensor's plan with Megatron's
+    shapes, the cross-entropy on the logits' vocabulary shard, the embedding's new gradient one
+    shard (V / 2 x h x 2 bytes, VocabParallelEmbedding's lookup in the rank's weight)."""
+    cfg = json.loads((MODELS_DIR / "agreement" / "llama_h2048.json").read_text())
+    h, v = cfg["hidden_size"], cfg["vocab_size"]
+    training = _training(tensor_parallel_size=2, sequence_parallel=sp)
+    schedule, generic, analytic = _both(AGREEMENT, training)
+    assert generic == pytest.approx(analytic, rel=0.01)
+    n = _agreement_local_params(2)
+    ops = _ops(schedule.setup) + _ops(schedule.step)
+    assert [op.size_bytes for op in ops if op.key == "grad/main_grad"] == [4 * n]
+    assert schedule.category_peak(MemoryCategory.OPTIMIZER_STATE) == 12 * n
+    embedding = [
+        op.size_bytes
+        for op in ops
+        if op.action == "alloc" and op.phase == "backward" and op.module.endswith("embed_tokens")
+        and op.size_bytes >= h * v // 2
+    ]  # fmt: skip
+    assert set(embedding) == {v // 2 * h * 2}  # (one per traced step)
+    # Megatron's saved softmax: fp32, 2 x 256 tokens x the rank's V / 2 logits
+    saved = [op.size_bytes for op in ops if op.action == "alloc" and op.module == ""
+             and op.category is MemoryCategory.ACTIVATION]  # fmt: skip
+    assert 4 * 2 * 256 * v // 2 in saved
+
+
 def test_remote_code_config_agrees_with_the_formulas() -> None:
     training = _training(seq_len=64, data_parallel_size=2, zero_stage=1)
     _, generic, analytic = _both(QWEN_7B, training)
@@ -147,7 +184,11 @@ def test_vocab_parallel_cross_entropy_matches_torch_and_saves_one_fp32_softmax()
 @pytest.mark.parametrize(
     ("changes", "named"),
     [
-        ({"tensor_parallel_size": 2, "sequence_parallel": True}, "tensor_parallel_size=2"),
+        (
+            {"tensor_parallel_size": 2, "data_parallel_size": 2, "zero_stage": 1},
+            "tensor_parallel_size=2 with data_parallel_size=2",
+        ),
+        ({"context_parallel_size": 2}, "context_parallel_size=2"),
         ({"pipeline_parallel_size": 2, "gradient_accumulation_steps": 4}, "pipeline_parallel"),
         ({"data_parallel_size": 2, "zero_stage": 2}, "zero_stage=2"),
         ({"lora_rank": 16}, "lora_rank=16"),
