@@ -68,6 +68,14 @@ Note [Megatron's tensor parallelism on a traced step]
     formulas model Megatron's fused norm (``FrameworkConventions.hf_model_code=False``):
     +0.98 % (tp 2) / +0.69 % (tp 2 + SP) at 2 x 256 tokens, +3.2 / +2.0 % at 2 x 1024.
 
+    Pipeline parallelism is refused too: with the trace's torch pipelining run for Megatron
+    (its states from the stage's traced tensors, Megatron's cross-entropy on the last stage)
+    the first stage agrees (+0.31 %, 1F1B, pp 2 x 4 micro-batches) but the last is +2.6 %:
+    ``PipelineStage`` keeps every micro-batch's logits (``output_chunks``) to the step's end,
+    where megatron-core's last stage returns the loss (GPTModel computes it on its logits;
+    core_r0.9.0 pipeline_parallel/schedules.py ``forward_step``) and frees what it sent
+    (``deallocate_output_tensor``). Context parallelism was not tried.
+
 Source: megatron-core 0.9.0 (files cited per rule above); the analytic rules named per rule.
 """
 
