@@ -77,7 +77,8 @@ ZeRO-2 +4.37 -> -0.01 % (Note [A tied gradient under DeepSpeed ZeRO-2/3]), DeepS
 tied +4.35 -> +0.00 % and untied -4.96 -> +0.00 % (with Note [Traced ZeRO-3]'s gathers at the
 traced modules).
 Megatron with tensor parallelism (session 19, helper megatp; refused before): "megatron tensor
-parallel 2" +0.98 %, "+ sp" +0.69 % (Note [Megatron's tensor parallelism on a traced step]).
+parallel 2" +0.98 %, "+ sp" +0.69 % (Note [Megatron's tensor parallelism on a traced step]);
+"megatron pipeline 2" +0.31 % (Note [Megatron's last pipeline stage]).
 """
 
 from __future__ import annotations
@@ -241,6 +242,11 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     "megatron tensor parallel 2 + sp": {
         "tensor_parallel_size": 2,
         "sequence_parallel": True,
+        "framework": "megatron",
+    },
+    "megatron pipeline 2": {
+        "pipeline_parallel_size": 2,
+        "gradient_accumulation_steps": 4,
         "framework": "megatron",
     },
     "hf-trainer": {"framework": "hf-trainer"},

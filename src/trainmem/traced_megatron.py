@@ -36,9 +36,9 @@ Note [Megatron on a traced step]
     The plain loop of one rank is traced (``data_parallel_size=1``, ``zero_stage=0``) with
     torch's fused AdamW as the optimizer stand-in (no step temporaries; its states are
     replaced). Tensor and sequence parallelism run as DTensor's (Note [Megatron's tensor
-    parallelism on a traced step]). Not traced: context and pipeline parallelism (Megatron's
-    own schedules, not torch.distributed.pipelining's, which the trace runs), tensor beside
-    data parallelism (not reconciled),
+    parallelism on a traced step]), pipeline parallelism as torch's pipelining (Note
+    [Megatron's last pipeline stage]). Not traced: context parallelism, tensor beside data
+    parallelism (not reconciled), GPipe,
     ZeRO-2/3 (megatron-core's custom FSDP), CPU offload, the optimizers the trace needs a
     stand-in for, LoRA and quantized bases (Megatron-LM trains no adapters; PEFT on
     megatron-core is NeMo's). Refused too: a model Megatron's ``GPTModel`` does not build
@@ -68,13 +68,20 @@ Note [Megatron's tensor parallelism on a traced step]
     formulas model Megatron's fused norm (``FrameworkConventions.hf_model_code=False``):
     +0.98 % (tp 2) / +0.69 % (tp 2 + SP) at 2 x 256 tokens, +3.2 / +2.0 % at 2 x 1024.
 
-    Pipeline parallelism is refused too: with the trace's torch pipelining run for Megatron
-    (its states from the stage's traced tensors, Megatron's cross-entropy on the last stage)
-    the first stage agrees (+0.31 %, 1F1B, pp 2 x 4 micro-batches) but the last is +2.6 %:
-    ``PipelineStage`` keeps every micro-batch's logits (``output_chunks``) to the step's end,
-    where megatron-core's last stage returns the loss (GPTModel computes it on its logits;
-    core_r0.9.0 pipeline_parallel/schedules.py ``forward_step``) and frees what it sent
-    (``deallocate_output_tensor``). Context parallelism was not tried.
+Note [Megatron's last pipeline stage]
+    ``pipeline_parallel_size=p`` runs the trace's torch pipelining (1F1B or interleaved 1F1B,
+    the schedules megatron-core has: pipeline_parallel/schedules.py
+    ``get_forward_backward_func``; GPipe is refused), with two of Megatron's conventions: the
+    last stage's loss is Megatron's cross-entropy (trace/megatron_loss.py ``megatron_loss``),
+    and the last stage keeps no micro-batch's logits (``schedule.step(return_outputs=False)``:
+    megatron-core's ``forward_step`` returns the loss GPTModel computes on its logits and
+    ``deallocate_output_tensor`` frees what a stage sent; torch's ``PipelineStage`` otherwise
+    holds every micro-batch's logits in ``output_chunks`` to the step's end, +2.6 % on the
+    last stage). Each stage's optimizer states and gradient buffer are its own traced
+    tensors' (Note [Traced tensors as model states]). Agreement on the agreement Llama,
+    pp 2 x 4 micro-batches: +0.31 % (the first stage sets the peak); the last stage alone is
+    +1.41 %, the stand-in's transformers ``RMSNorm`` saving fp32 tensors the formulas' fused
+    norm does not (as for tensor parallelism above). Context parallelism was not tried.
 
 Source: megatron-core 0.9.0 (files cited per rule above); the analytic rules named per rule.
 """
@@ -119,7 +126,7 @@ def megatron_refusals(training: TrainingConfig) -> list[str]:
     t = training
     out = [
         f"{name}={getattr(t, name)}"
-        for name in ("pipeline_parallel_size", "context_parallel_size")
+        for name in ("context_parallel_size",)
         if getattr(t, name) > 1
     ]
     if t.tensor_parallel_size > 1 and t.data_parallel_size > 1:
@@ -129,6 +136,10 @@ def megatron_refusals(training: TrainingConfig) -> list[str]:
             f"tensor_parallel_size={t.tensor_parallel_size} with "
             f"data_parallel_size={t.data_parallel_size}"
         )
+    if t.pipeline_parallel_size > 1 and t.pipeline_schedule == "gpipe":
+        # megatron-core schedules 1F1B or interleaved 1F1B only (pipeline_parallel/schedules.py
+        # get_forward_backward_func); +7.8 % vs the formulas' GPipe on the agreement Llama
+        out.append("pipeline_schedule=gpipe")
     if t.zero_stage not in (0, 1):
         out.append(f"zero_stage={t.zero_stage}")
     if t.offload != "none":
@@ -149,11 +160,12 @@ def untraced_megatron(training: TrainingConfig) -> str:
     return (
         "framework=megatron ("
         + (f"{', '.join(why)}: " if why else "")
-        + "megatron-core's context- and pipeline-parallel schedules, tensor parallelism "
+        + "megatron-core's context parallelism, GPipe (Megatron has none), tensor parallelism "
         "beside data parallelism, its ZeRO-2/3 (custom FSDP), CPU offload, LoRA and quantized "
         "bases are not traced; traced: --framework megatron on one GPU, over "
         "--data-parallel-size N with --zero-stage 0 or 1 (the distributed optimizer), or "
-        "with --tensor-parallel-size N (and --sequence-parallel) alone, with a "
+        "with --tensor-parallel-size N (and --sequence-parallel) alone, or with "
+        "--pipeline-parallel-size N (1F1B or interleaved), with a "
         "torch-traceable optimizer, megatron-core's memory applied to the transformers "
         "layers; or --engine analytic)"
     )
@@ -196,6 +208,10 @@ def apply_megatron(
         The schedule with Megatron's optimizer states, its fp32 gradient buffer and each new
         16-bit gradient dropped once added into it.
     """
+    if training.pipeline_parallel_size > 1:
+        # one stage's schedule: its own tensors' states (Note [Traced tensors as model
+        # states]; the analytic layout handed here is the whole model's)
+        model = None
     with_states = apply_optimizer(schedule, model, training)
     if not gradient_buffer_from_init(training):  # no master weights (bf16-true, 32-true)
         return with_states

@@ -118,6 +118,37 @@ def test_tensor_parallel_agrees_with_the_formulas_and_shards_megatrons_buffers(s
     assert 4 * 2 * 256 * v // 2 in saved
 
 
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"activation_checkpointing": "full"}, {"data_parallel_size": 2, "zero_stage": 1}],
+    ids=["pp 2", "pp 2 full checkpointing", "pp 2 x distributed optimizer over dp 2"],
+)
+def test_pipeline_agrees_with_the_formulas_and_keeps_no_logits(changes: dict[str, Any]) -> None:
+    """Note [Megatron's last pipeline stage]: each stage's buffer and states are its own
+    (stage 0: layer 0 and the embedding; stage 1: layer 1, the final norm and the head), and
+    the last stage holds no micro-batch's [b, s, V] logits once its backward is done."""
+    cfg = json.loads((MODELS_DIR / "agreement" / "llama_h2048.json").read_text())
+    h, ffn, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    kv = cfg["num_key_value_heads"] * (h // cfg["num_attention_heads"])
+    layer = 2 * h * h + 2 * h * kv + 3 * h * ffn + 2 * h
+    training = _training(pipeline_parallel_size=2, gradient_accumulation_steps=4, **changes)
+    generic = estimate(AGREEMENT, training, engine="generic", simulate_allocator=False)
+    analytic = estimate(AGREEMENT, training, engine="analytic", simulate_allocator=False)
+    g, a = generic.breakdown.allocated_bytes, analytic.breakdown.allocated_bytes
+    assert g == pytest.approx(a, rel=0.01)
+    dp = changes.get("data_parallel_size", 1)
+    for schedule, n in zip(generic.schedules, (layer + v * h, layer + h + v * h), strict=True):
+        ops = _ops(schedule.setup) + _ops(schedule.step)
+        assert [op.size_bytes for op in ops if op.key == "grad/main_grad"] == [4 * n]
+        assert schedule.category_peak(MemoryCategory.OPTIMIZER_STATE) == 12 * n // dp
+    last = generic.schedules[1]
+    logits = 2 * 256 * v * 2  # one micro-batch's bf16 logits
+    ops = _ops(last.setup) + _ops(last.step)
+    kept = {op.key for op in ops if op.action == "alloc" and op.size_bytes == logits}
+    freed_in_step = {op.key for op in ops if op.action == "free" and op.phase != "optimizer"}
+    assert kept and kept <= freed_in_step
+
+
 def test_remote_code_config_agrees_with_the_formulas() -> None:
     training = _training(seq_len=64, data_parallel_size=2, zero_stage=1)
     _, generic, analytic = _both(QWEN_7B, training)
@@ -189,7 +220,11 @@ def test_vocab_parallel_cross_entropy_matches_torch_and_saves_one_fp32_softmax()
             "tensor_parallel_size=2 with data_parallel_size=2",
         ),
         ({"context_parallel_size": 2}, "context_parallel_size=2"),
-        ({"pipeline_parallel_size": 2, "gradient_accumulation_steps": 4}, "pipeline_parallel"),
+        (
+            {"pipeline_parallel_size": 2, "gradient_accumulation_steps": 4,
+             "pipeline_schedule": "gpipe"},
+            "pipeline_schedule=gpipe",
+        ),  # fmt: skip
         ({"data_parallel_size": 2, "zero_stage": 2}, "zero_stage=2"),
         ({"lora_rank": 16}, "lora_rank=16"),
     ],

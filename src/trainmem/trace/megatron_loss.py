@@ -43,7 +43,7 @@ torch = require_torch()
 
 from torch.autograd import Function  # noqa: E402
 
-__all__ = ["megatron_cross_entropy_forward", "megatron_model_refusal"]
+__all__ = ["megatron_cross_entropy_forward", "megatron_loss", "megatron_model_refusal"]
 
 
 def megatron_model_refusal(raw: Mapping[str, Any]) -> str | None:
@@ -152,13 +152,21 @@ def megatron_cross_entropy_forward() -> Any:
             )
         inputs = {k: v for k, v in batch.items() if k != "labels"}
         logits = model(**inputs).logits  # [b, s, V], the output layer's dtype
-        labels = batch["labels"]
-        target = labels.reshape(-1)
-        if hasattr(logits, "to_local"):  # tensor parallelism: this rank's vocabulary shard
-            logits, target = _vocab_shard(logits, target)
-        losses = _VocabParallelCrossEntropy.apply(logits.reshape(-1, logits.size(-1)), target)
-        del logits
-        loss_mask = torch.ones_like(labels, dtype=torch.float32).view(-1)
-        return torch.sum(losses.view(-1) * loss_mask) / loss_mask.sum()
+        return megatron_loss(logits=logits, labels=batch["labels"])
 
     return forward_loss
+
+
+def megatron_loss(*, logits: Any, labels: Any, **_: Any) -> Any:
+    """Megatron's vocabulary-parallel cross-entropy of ``logits`` ``[b, s, V]`` (or their
+    vocabulary-sharded ``DTensor``) averaged over the loss mask, as ``pretrain_gpt.py``
+    ``loss_func`` (Note [Megatron's cross-entropy on a traced step]); it takes the keywords of
+    transformers' ``loss_function``, as a pipeline's last stage calls it
+    (trainmem/trace/pipeline.py)."""
+    target = labels.reshape(-1)
+    if hasattr(logits, "to_local"):  # tensor parallelism: this rank's vocabulary shard
+        logits, target = _vocab_shard(logits, target)
+    losses = _VocabParallelCrossEntropy.apply(logits.reshape(-1, logits.size(-1)), target)
+    del logits
+    loss_mask = torch.ones_like(labels, dtype=torch.float32).view(-1)
+    return torch.sum(losses.view(-1) * loss_mask) / loss_mask.sum()

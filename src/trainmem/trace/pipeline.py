@@ -67,6 +67,7 @@ from trainmem.errors import SpecError, UnsupportedError
 from trainmem.specs.ranks import RankMap, rank_map
 from trainmem.specs.training import TrainingConfig, check_torch_pipeline_microbatches
 from trainmem.trace._torch import require_torch
+from trainmem.trace.engine import megatron_loss_traced
 
 torch = require_torch()
 
@@ -279,6 +280,7 @@ class PipelineRun:
     stages: list[Any]
     batch: dict[str, Any]
     signal: list[Callable[[str], None]] = field(default_factory=lambda: [lambda _p: None])
+    return_outputs: bool = True
 
     def runtime_state(self) -> list[tuple[Any, MemoryCategory, str]]:
         """What the runtime keeps between steps (Note [Tracing pipeline parallelism])."""
@@ -368,7 +370,8 @@ def build_schedule(
             st._inference_mode = InferenceMode.STATIC
 
     schedule._warmup_p2p = static_shapes
-    run = PipelineRun(schedule, stages, {})
+    # Note [Megatron's last pipeline stage]: GPTModel returns the loss, no logits are kept
+    run = PipelineRun(schedule, stages, {}, return_outputs=not megatron_loss_traced(training))
     amp = autocast or contextlib.nullcontext
 
     def region(fn: Callable[..., Any], start: str, end: str, cast: bool) -> Callable[..., Any]:
@@ -465,7 +468,9 @@ def pipeline_step(
         target = run.batch["labels"] if last else None
         losses: list[Any] | None = [] if last else None
         with _named_fsdp_groups():
-            run.schedule.step(*args, target=target, losses=losses)
+            run.schedule.step(
+                *args, target=target, losses=losses, return_outputs=run.return_outputs
+            )
         del losses
         signal("optimizer")
         optimizer.step()
@@ -559,6 +564,10 @@ def trace_pipeline_rank(
     with torch.device("meta") if fake else contextlib.nullcontext():
         full = build_model()
     loss_function = full.loss_function
+    if megatron_loss_traced(training):  # Note [Megatron's last pipeline stage]
+        from trainmem.trace.megatron_loss import megatron_loss
+
+        loss_function = megatron_loss
     full.train()
     apply_activation_checkpointing(
         full, training.activation_checkpointing, reentrant=training.layer_checkpoint_reentrant
