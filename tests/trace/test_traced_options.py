@@ -119,9 +119,10 @@ _STILL_REFUSED: dict[str, dict[str, Any]] = {
     # torchtune beside tensor parallelism (its own TP plans); its bf16-true default is traced
     "torchtune": {"tensor_parallel_size": 2},
     "litgpt": {"tensor_parallel_size": 2},
-    # Megatron-LM's own tensor-parallel layers (traced: one GPU or data parallelism, its
-    # memory applied to the transformers layers, tests/trace/test_traced_megatron.py)
-    "megatron": {"tensor_parallel_size": 2},
+    # Megatron-LM's context parallelism (traced: one GPU, data, tensor or pipeline
+    # parallelism, its memory applied to the transformers layers,
+    # tests/trace/test_traced_megatron.py)
+    "megatron": {"context_parallel_size": 2},
     # (FSDP1 beside TP / PP is no accelerate or fsdp_qlora run: a SpecError on every path,
     # tests/specs/test_fsdp1_model_parallel.py)
 }
