@@ -124,11 +124,9 @@ def megatron_refusals(training: TrainingConfig) -> list[str]:
     """What of a Megatron run :func:`apply_megatron` does not model, as ``field=value`` (empty:
     it does)."""
     t = training
-    out = [
-        f"{name}={getattr(t, name)}"
-        for name in ("context_parallel_size",)
-        if getattr(t, name) > 1
-    ]
+    out = []
+    if t.context_parallel_size > 1:
+        out.append(f"context_parallel_size={t.context_parallel_size}")
     if t.tensor_parallel_size > 1 and t.data_parallel_size > 1:
         # +1.4 % vs the formulas on the agreement Llama (tp 2 x dp 2, ZeRO-1): the traced peak
         # is in the final norm's backward, the formulas' at the head's forward; not reconciled

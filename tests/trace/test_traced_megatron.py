@@ -88,7 +88,7 @@ def _agreement_local_params(tp: int) -> int:
     cfg = json.loads((MODELS_DIR / "agreement" / "llama_h2048.json").read_text())
     h = cfg["hidden_size"]
     norms = (2 * cfg["num_hidden_layers"] + 1) * h
-    return (_agreement_params() - norms) // tp + norms
+    return int((_agreement_params() - norms) // tp + norms)
 
 
 @pytest.mark.parametrize("sp", [False, True], ids=["tp 2", "tp 2 + sp"])
@@ -221,8 +221,11 @@ def test_vocab_parallel_cross_entropy_matches_torch_and_saves_one_fp32_softmax()
         ),
         ({"context_parallel_size": 2}, "context_parallel_size=2"),
         (
-            {"pipeline_parallel_size": 2, "gradient_accumulation_steps": 4,
-             "pipeline_schedule": "gpipe"},
+            {
+                "pipeline_parallel_size": 2,
+                "gradient_accumulation_steps": 4,
+                "pipeline_schedule": "gpipe",
+            },
             "pipeline_schedule=gpipe",
         ),  # fmt: skip
         ({"data_parallel_size": 2, "zero_stage": 2}, "zero_stage=2"),
