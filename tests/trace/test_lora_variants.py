@@ -151,4 +151,8 @@ def test_fsdp1_refuses_adapters_it_cannot_flatten(framework: str, variant: str) 
     # "Must flatten tensors with uniform requires_grad" on the generic path (a traceback)
     with pytest.raises(SpecError, match=rf"lora_variant: {variant} with --framework {framework}"):
         TrainingConfig(lora_rank=4, lora_variant=variant, framework=framework)
-    TrainingConfig(lora_rank=4, lora_variant="dora", framework=framework)  # its wrap policy's
+    if framework == "fsdp-qlora":  # its DoRA is its own BNBDORA layer (helper dora2)
+        with pytest.raises(SpecError, match=r"lora_variant: dora under --framework fsdp-qlora"):
+            TrainingConfig(lora_rank=4, lora_variant="dora", framework=framework)
+    else:  # DoRA's magnitude is a trainable parameter of its own: the wrap policy's
+        TrainingConfig(lora_rank=4, lora_variant="dora", framework=framework)
