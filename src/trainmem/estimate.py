@@ -1244,25 +1244,30 @@ def _traced_run(
 def _check_traced_framework(
     training: TrainingConfig, target: str | ModelSpec, *, deepspeed: bool, diffusers: bool
 ) -> None:
-    """Refuse a framework the traced model cannot run under: torchtune or Unsloth for a
-    diffusers or timm model (torchtune's builders are language models, Unsloth loads
-    transformers models), Megatron for a formula family that is not a causal LM (its
+    """Refuse a framework the traced model cannot run under: torchtune, Unsloth, LLaMA-Factory
+    or axolotl for a diffusers or timm model (torchtune's builders are language models, the
+    others load transformers models), Megatron for a formula family that is not a causal LM (its
     ``GPTModel``; other configs: ``trainmem.trace.generic.recipe_for_config``), DeepSpeed's
     ``"auto"`` sizes without a ModelSpec (:func:`_check_deepspeed_without_spec`).
 
     Raises:
-        NotApplicableError: torchtune or Unsloth on a diffusers or timm model, Megatron on a
-            model that is not a causal LM, naming what would work.
+        NotApplicableError: torchtune, Unsloth, LLaMA-Factory or axolotl on a diffusers or timm
+            model, Megatron on a model that is not a causal LM, naming what would work.
         UnsupportedError: DeepSpeed's ``"auto"`` sizes without a ModelSpec.
     """
-    if training.framework in ("torchtune", "unsloth") and (
+    language_only = {
+        "torchtune": "torchtune's recipes train its own language-model builders",
+        # unsloth 2026.3.5 models/loader.py: FastLanguageModel / FastModel load transformers
+        "unsloth": "Unsloth's FastLanguageModel and FastModel load transformers models",
+        # LLaMA-Factory v0.9.5 model/loader.py load_model and axolotl v0.18.0 loaders/model.py:
+        # transformers Auto classes (language and vision-language models), no diffusers
+        "llama-factory": "LLaMA-Factory loads transformers language and vision-language models",
+        "axolotl": "axolotl loads transformers language and vision-language models",
+    }
+    if training.framework in language_only and (
         diffusers or (isinstance(target, str) and _is_timm(target))
     ):
-        what = {
-            "torchtune": "torchtune's recipes train its own language-model builders",
-            # unsloth 2026.3.5 models/loader.py: FastLanguageModel / FastModel load transformers
-            "unsloth": "Unsloth's FastLanguageModel and FastModel load transformers models",
-        }[training.framework]
+        what = language_only[training.framework]
         raise NotApplicableError(
             f"framework={training.framework}: {what}, and this is a diffusers / timm model; use "
             "--framework pytorch-amp"

@@ -18,6 +18,8 @@ AdamW's two fp32 moments (8 bytes each): LLaMA-Factory's default targets add (9,
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from conftest import InvokeJson
@@ -108,3 +110,18 @@ def test_bad_framework_lists_the_presets() -> None:
         TrainingConfig(framework="llama_factory")
     text = str(err.value)
     assert "framework" in text and "llama-factory" in text and "axolotl" in text
+
+
+@pytest.mark.parametrize("framework", ["llama-factory", "axolotl"])
+def test_a_diffusers_model_is_not_applicable_under_the_llm_stacks(framework: str) -> None:
+    # found by benchmarks/generic_options.py (session 19): on PixArt llama-factory's LoRA
+    # targets named a 'gate' linear it has not, and axolotl's reentrant checkpoint failed inside
+    # the trace; neither stack loads a diffusers model (transformers Auto classes only)
+    pytest.importorskip("diffusers")
+    from trainmem.errors import NotApplicableError
+    from trainmem.estimate import estimate
+
+    pixart = str(Path(__file__).parents[1] / "models" / "diffusers" / "tiny-pixart.json")
+    training = TrainingConfig(micro_batch_size=2, seq_len=64, framework=framework, lora_rank=16)
+    with pytest.raises(NotApplicableError, match=f"framework={framework}: .* use --framework"):
+        estimate(pixart, training, engine="generic", simulate_allocator=False)
