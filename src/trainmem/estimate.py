@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from trainmem.analytic.activation_shapes import tokens_per_sequence
 from trainmem.analytic.buffers import device_context
 from trainmem.analytic.engine import estimate_analytic
 from trainmem.analytic.loss import unsloth_fused_loss
@@ -46,6 +47,7 @@ from trainmem.specs.training import (
     TrainingConfig,
     adafactor_on_dtensors_untraced,
     check_training_for_model,
+    derived,
     model_lora_linears,
     resolved_config,
 )
@@ -165,6 +167,31 @@ def default_seq_len_of(model: str | ModelSpec) -> int:
         return 1024
 
 
+def vision_sequence(spec: ModelSpec, training: TrainingConfig, *, given: bool) -> TrainingConfig:
+    """``training`` with a vision encoder's ``seq_len`` set to the tokens its layers see, the
+    patches of ``--resolution`` (or of the config's ``image_size``) plus [CLS]
+    (:func:`~trainmem.analytic.activation_shapes.tokens_per_sequence`), so the printed and JSON
+    configuration says what was computed; any other model unchanged.
+
+    Raises:
+        SpecError: ``seq_len`` given (``given``) for a vision encoder and not that count: the
+            image size sets it (``--resolution``).
+    """
+    if spec.architecture != "vision-encoder":
+        return training
+    tokens = tokens_per_sequence(spec, training)
+    if given and training.seq_len != tokens:
+        height, width = training.image_size or (spec.image_size, spec.image_size)
+        raise SpecError(
+            "seq_len",
+            f"{training.seq_len} for {spec.name}, a vision encoder: its sequence is its "
+            f"image's {spec.patch_size}-pixel patches (+1 [CLS] where it has one), {tokens} at "
+            f"{height}x{width} px; leave --seq-len out and set the image size with "
+            "--resolution (e.g. --resolution 384 or 384x512)",
+        )
+    return derived(training, seq_len=tokens)
+
+
 def default_attention_of(model: str | ModelSpec) -> str:
     """The attention a run of ``model`` uses when none is given: ``eager`` for the families
     transformers runs eager only (``ModelSpec.eager_only``, its family row's trait: BLOOM,
@@ -195,7 +222,8 @@ def route_diffusers(model: str | ModelSpec, training: TrainingConfig) -> bool:
             config = load_hf_config(model)
         except SpecError:
             config = {}  # the engine's own loading reports it
-    check_image_options(config, training)
+    vision = isinstance(model, ModelSpec) and model.architecture == "vision-encoder"
+    check_image_options(config, training, pixels=True if vision else None)
     return is_diffusers_config(config)
 
 

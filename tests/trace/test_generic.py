@@ -208,9 +208,9 @@ def test_cli_estimates_every_family_without_an_engine_flag(invoke: Invoke, famil
 
     extra = ["--attention", "eager"] if family == "bloom" else []
     seq = "8" if family == "mamba" else "32"  # mamba's eager scan runs one step per token
-    r = invoke(
-        "estimate", str(MODELS_DIR / f"{family}.json"), "-b", "1", "-s", seq, "--json", *extra
-    )
+    # a vision tower's sequence is its image's patches (--resolution), not a --seq-len
+    tokens = [] if family.endswith("_vision_model") else ["-s", seq]
+    r = invoke("estimate", str(MODELS_DIR / f"{family}.json"), "-b", "1", *tokens, "--json", *extra)
     d = json.loads(r.stdout)
     # tests/models/dinov2.json is Dinov2ForImageClassification: the formulas model the bare
     # tower only, so auto falls back to the generic path

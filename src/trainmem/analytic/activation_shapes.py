@@ -92,10 +92,32 @@ def cast_copies(n: int, training: TrainingConfig) -> int:
 
 def tokens_per_sequence(model: ModelSpec, training: TrainingConfig) -> int:
     """Sequence length the layers see: ``seq_len``; patches (+ 1 for [CLS], none in SigLIP) for a
-    vision encoder; the target length for a T5 decoder block (``cross_attention``) and for the
-    LM head of an encoder-decoder (:attr:`TrainingConfig.decoder_seq_len`)."""
+    vision encoder, of its config's ``image_size`` or of ``--resolution`` (H // p) x (W // p)
+    (the patch convolution's stride-p output, ``ViTPatchEmbeddings`` / ``Dinov2PatchEmbeddings``
+    ``Conv2d(kernel=p, stride=p)``; the position table stays the config's and is interpolated
+    to the grid: Note [Vision encoders at another resolution]); the target length for a T5
+    decoder block (``cross_attention``) and for the LM head of an encoder-decoder
+    (:attr:`TrainingConfig.decoder_seq_len`).
+
+    Note [Vision encoders at another resolution]
+        ``--resolution`` on a vision encoder is the size of the images it trains at, the
+        config (a checkpoint's) unchanged: the patch grid is (H // p) x (W // p) (transformers
+        5.24 ``ViTPatchEmbeddings`` / ``Dinov2PatchEmbeddings``: ``Conv2d(kernel_size=p,
+        stride=p)``), and the position table keeps the config's size and is interpolated to
+        the grid in every forward (``ViTEmbeddings.interpolate_pos_encoding``, CLIP's and
+        SigLIP's, with ``interpolate_pos_encoding=True``, which the generic path passes when
+        the forward takes it; DINOv2's ``Dinov2Embeddings`` always interpolates). The
+        interpolated [1, n, h] table is not counted (n h 4 B: 3 MB for ViT-L at 384 px).
+        Checked: the generic path's trace of tiny ViT / DINOv2 configs at 48x64 / 32x48 px
+        within 1 % of these formulas (tests/trace/test_vision_resolution.py); ViT-L/16,
+        DINOv2-L, CLIP-L and SigLIP so400m at 224 and 384x512 px within 0.6 %.
+    """
     if model.architecture == "vision-encoder":
-        return model.num_patches + int(model.class_token)
+        size = training.image_size
+        if size is None or not model.patch_size:
+            return model.num_patches + int(model.class_token)
+        p = model.patch_size
+        return (size[0] // p) * (size[1] // p) + int(model.class_token)
     if model.cross_attention:
         return training.decoder_seq_len
     return training.seq_len

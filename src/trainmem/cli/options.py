@@ -455,11 +455,15 @@ def training_from_options(
         # the HF Trainer's --fsdp is accelerate's FSDP plugin (MixedPrecision policy), whether
         # hf-trainer came from --framework or from a TrainingArguments / axolotl file
         settings["framework"] = "accelerate-fsdp"
+    seq_len_given = settings["seq_len"] is not None
     _fill_deferred(settings, model, spec)
     training = TrainingConfig(**settings)
     check_framework_versions(training)
     if spec is not None:
         check_training_for_model(spec, training)
+        from trainmem.estimate import vision_sequence
+
+        training = vision_sequence(spec, training, given=seq_len_given)
     if gpu is not None:
         check_precision_on_gpu(training.precision, get_gpu(gpu))
     if notes is not None:

@@ -67,6 +67,7 @@ __all__ = [
     "image_batch",
     "is_diffusers_config",
     "is_pixel_space",
+    "takes_pixels",
 ]
 
 
@@ -426,13 +427,17 @@ IMAGE_OPTIONS: tuple[str, ...] = ("resolution", "frames", "text_seq_len")
 ``--text-seq-len``)."""
 
 
-def check_image_options(config: Mapping[str, Any], training: Any) -> None:
+def check_image_options(
+    config: Mapping[str, Any], training: Any, *, pixels: bool | None = None
+) -> None:
     """Refuse the diffusers batch options for a model that is not a diffusers model, and check
     them against a diffusers one.
 
     Args:
         config: the model's ``config.json``.
         training: a :class:`~trainmem.specs.training.TrainingConfig`.
+        pixels: the model takes an image (``resolution`` allowed); None: from ``config``
+            (:func:`takes_pixels`).
 
     Raises:
         SpecError: an image option on a language model (names the option), or a bad value.
@@ -444,15 +449,41 @@ def check_image_options(config: Mapping[str, Any], training: Any) -> None:
         check_diffusers_config(config)
         image_batch(config, training)
         return
+    pixels = takes_pixels(config) if pixels is None else pixels
     for name in IMAGE_OPTIONS:
-        if getattr(training, name) is not None:
-            flag = "--" + name.replace("_", "-")
+        if getattr(training, name) is None or (pixels and name == "resolution"):
+            continue
+        flag = "--" + name.replace("_", "-")
+        if pixels:
             raise SpecError(
                 name,
-                f"{flag} describes the batch of a diffusers image/video model (a config.json "
-                "with _class_name); this model takes tokens: use --seq-len and "
-                "--micro-batch-size",
+                f"{flag} describes the batch of a diffusers image/video model; this model takes "
+                "one image per sample: use --resolution and --micro-batch-size",
             )
+        raise SpecError(
+            name,
+            f"{flag} describes the batch of an image model (a diffusers config.json with "
+            "_class_name, or a transformers vision model); this model takes tokens: use "
+            "--seq-len and --micro-batch-size",
+        )
+
+
+def takes_pixels(config: Mapping[str, Any]) -> bool:
+    """A transformers config whose model's own input is an image (ViT, DINOv2, the CLIP /
+    SigLIP vision towers, SegFormer, ConvNeXt...): it names ``num_channels`` or ``image_size``
+    (transformers' vision configs; a default one may be left out of the file) and no token
+    vocabulary, and is not a composite (a vision-language or encoder-decoder config keeps its
+    parts in ``vision_config`` / ``text_config`` / ``encoder``). Such a model takes
+    ``--resolution`` as its training images' size (``make_hf_batch``'s ``pixel_values``; the
+    analytic engine's patch count, :func:`trainmem.analytic.activation_shapes.
+    tokens_per_sequence`)."""
+    composite = ("text_config", "vision_config", "encoder", "decoder")
+    return (
+        "model_type" in config
+        and bool(config.get("num_channels") or config.get("image_size"))
+        and not config.get("vocab_size")
+        and not any(key in config for key in composite)
+    )
 
 
 CONTROLNET_BASES: tuple[str, ...] = ("UNet2DConditionModel",)

@@ -670,7 +670,11 @@ def estimate_trace(
 
     def batch() -> Any:
         return make_hf_batch(
-            holder["model"], training.micro_batch_size, training.seq_len, training.target_seq_len
+            holder["model"],
+            training.micro_batch_size,
+            training.seq_len,
+            training.target_seq_len,
+            training.image_size,
         )
 
     capture, report = run_trace(

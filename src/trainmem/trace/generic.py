@@ -188,7 +188,11 @@ def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfi
         lambda: build_hf_training_model(raw, training),
         lambda model: _padded(
             make_hf_batch(
-                model, training.micro_batch_size, training.seq_len, training.target_seq_len
+                model,
+                training.micro_batch_size,
+                training.seq_len,
+                training.target_seq_len,
+                training.image_size,
             ),
             training,
         ),

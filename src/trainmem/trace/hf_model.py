@@ -321,7 +321,11 @@ def materialize_fake(model: Any, fake_mode: Any) -> None:
 
 
 def make_hf_batch(
-    model: Any, micro_batch_size: int, seq_len: int, target_seq_len: int = 0
+    model: Any,
+    micro_batch_size: int,
+    seq_len: int,
+    target_seq_len: int = 0,
+    image_size: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """One unpadded training batch for a HF model (call inside the fake mode for fake tensors).
 
@@ -343,6 +347,8 @@ def make_hf_batch(
         micro_batch_size: b.
         seq_len: s (tokens; the decoder's for Whisper).
         target_seq_len: the decoder's length for T5; 0 means ``seq_len``.
+        image_size: (height, width) pixels of an image model's ``pixel_values`` (``--resolution``);
+            None: the config's ``image_size``.
 
     Returns:
         Keyword arguments of ``model(**batch)``, with ``labels`` when the model takes them (a
@@ -361,7 +367,7 @@ def make_hf_batch(
         if images is not None:
             return images
     if main in ("pixel_values", "input_values", "inputs"):
-        return _encoder_input_batch(base, b, s, dtype, head if takes_labels else "")
+        return _encoder_input_batch(base, b, s, dtype, head if takes_labels else "", image_size)
     batch: dict[str, Any] = {}
     if main == "input_features":
         batch, s = _feature_batch(cfg, b, s, dtype)
@@ -382,7 +388,9 @@ def make_hf_batch(
     return batch
 
 
-def _encoder_input_batch(model: Any, b: int, s: int, dtype: Any, head: str) -> dict[str, Any]:
+def _encoder_input_batch(
+    model: Any, b: int, s: int, dtype: Any, head: str, image_size: tuple[int, int] | None = None
+) -> dict[str, Any]:
     """The batch of a model whose input is an image or a waveform (:func:`_image_batch`,
     :func:`_waveform_batch`). A vision / speech encoder-decoder (``VisionEncoderDecoderModel``,
     ``SpeechEncoderDecoderModel``, whose ``inputs`` is its encoder's input) sizes the input from
@@ -396,7 +404,9 @@ def _encoder_input_batch(model: Any, b: int, s: int, dtype: Any, head: str) -> d
     name = getattr(model.encoder, "main_input_name", "input_values") if main == "inputs" else main
     label_head = "" if seq2seq else head
     if name == "pixel_values":
-        batch = _image_batch(encoder_cfg, b, dtype, label_head)
+        batch = _image_batch(encoder_cfg, b, dtype, label_head, image_size)
+        if image_size is not None and "interpolate_pos_encoding" in _forward_parameters(model):
+            batch["interpolate_pos_encoding"] = True  # Note [Vision encoders at another resolution]
     else:
         batch = _waveform_batch(encoder_cfg, b, s, dtype, label_head)
     if seq2seq and head:
@@ -421,13 +431,22 @@ def _vocab_size(cfg: Any) -> int:
     return int(vocab)
 
 
-def _image_batch(cfg: Any, b: int, dtype: Any, head: str) -> dict[str, Any]:
+def _forward_parameters(model: Any) -> Any:
+    """The names the model class's ``forward`` takes (the instance's may be wrapped by the
+    trace's hooks, whose signature is ``(*args, **kwargs)``)."""
+    return inspect.signature(type(model).forward).parameters
+
+
+def _image_batch(
+    cfg: Any, b: int, dtype: Any, head: str, image_size: tuple[int, int] | None = None
+) -> dict[str, Any]:
     """``pixel_values`` [b, num_channels, height, width] in the parameter dtype; ``image_size``
-    an int or [height, width] (ViT's non-square images), 224 where the config has none (the
-    ImageNet crop of the image processors); class ``labels`` [b] for a classification head,
-    per-pixel ``labels`` [b, height, width] for a ``*ForSemanticSegmentation`` head (SegFormer,
-    UperNet, DPT: ``modeling_segformer.py`` upsamples its logits to the labels' size)."""
-    size = getattr(cfg, "image_size", None) or 224
+    (``--resolution``), else the config's ``image_size``, an int or [height, width] (ViT's
+    non-square images), 224 where the config has none (the ImageNet crop of the image
+    processors); class ``labels`` [b] for a classification head, per-pixel ``labels``
+    [b, height, width] for a ``*ForSemanticSegmentation`` head (SegFormer, UperNet, DPT:
+    ``modeling_segformer.py`` upsamples its logits to the labels' size)."""
+    size = image_size or getattr(cfg, "image_size", None) or 224
     height, width = size if isinstance(size, (list, tuple)) else (size, size)
     channels = getattr(cfg, "num_channels", None) or 3
     batch = {"pixel_values": torch.randn(b, channels, height, width, dtype=dtype)}
