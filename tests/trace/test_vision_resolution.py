@@ -127,3 +127,13 @@ def test_the_traced_batch_is_the_resolution() -> None:
         batch = make_hf_batch(model, 2, 0, image_size=(64, 96))
     assert tuple(batch["pixel_values"].shape) == (2, 3, 64, 96)
     assert tuple(batch["labels"].shape) == (2, 64, 96)  # per-pixel labels at that size
+
+
+def test_a_sweep_over_the_sequence_of_a_vision_encoder_is_refused(invoke: Invoke) -> None:
+    args = ("sweep", "vit-large-patch16-224", "-b", "32", "--gpu", "A100-80GB", "--over")
+    result = invoke(*args, "seq-len=197,577", exit_code=2)
+    assert result.stderr.strip().startswith("error: seq_len: "), result.stderr
+    assert "--over resolution=" in result.stderr
+    rows = invoke(*args, "resolution=224,384", "--format", "csv").stdout.strip().splitlines()
+    allocated = [int(row.split(",")[2]) for row in rows[1:]]
+    assert allocated[1] > allocated[0] + 2**30  # 577 tokens a sample, not 197

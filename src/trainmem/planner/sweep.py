@@ -111,6 +111,13 @@ def sweep(
     names = [field_name(k) for k in over]
     if len(set(names)) != len(names):
         raise SpecError("over", "a field is given twice")
+    if spec.architecture == "vision-encoder" and "seq_len" in names:
+        raise SpecError(
+            "seq_len",
+            f"{spec.name} is a vision encoder: its sequence is its image's patches (Note "
+            "[Vision encoders at another resolution]); sweep the image size instead, e.g. "
+            "--over resolution=224,384",
+        )
     grids = [list(v) for v in over.values()]
     for name, values in zip(names, grids, strict=True):
         if not values:
