@@ -79,6 +79,10 @@ traced modules).
 Megatron with tensor parallelism (session 19, helper megatp; refused before): "megatron tensor
 parallel 2" +0.98 %, "+ sp" +0.69 % (Note [Megatron's tensor parallelism on a traced step]);
 "megatron pipeline 2" +0.31 % (Note [Megatron's last pipeline stage]).
+Session 20 (helper hfreent): "llama-factory lora" +1.85 -> +0.000 %, "axolotl lora
+checkpointed" -1.56 -> +0.000 % (Note [The recompute's tensors held at an autocast down
+projection]: under autocast a recomputed LoRA layer peaks inside its recompute at the down
+projection, reentrant or not; checked against a real CPU execution); no other set moved.
 """
 
 from __future__ import annotations
@@ -252,9 +256,8 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     "hf-trainer": {"framework": "hf-trainer"},
     # LLaMA-Factory's defaults: reentrant full checkpointing, LoRA on every linear; axolotl's:
     # adamw_torch_fused, reentrant checkpointing when on (FRAMEWORK_CONVENTIONS rows). Session
-    # 19: +1.85 % / -1.56 %, exactly hf-trainer's given the same settings (--activation-
-    # checkpointing full --set checkpoint-reentrant=true, seven / q,v targets): the gap is
-    # reentrant checkpointing under LoRA's (non-reentrant, q,v: -0.87 %), not the presets
+    # 19: +1.85 % / -1.56 %, exactly hf-trainer's given the same settings; session 20: +0.000 %
+    # both (Note [The recompute's tensors held at an autocast down projection])
     "llama-factory lora": {"framework": "llama-factory", "lora_rank": 16},
     "axolotl lora checkpointed": {
         "framework": "axolotl",

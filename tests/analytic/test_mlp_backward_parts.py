@@ -33,9 +33,13 @@ def test_parts_by_hand() -> None:
     # frozen linears (LoRA's base) make no weight gradient
     lora = mlp_backward_parts(resolve_model(AGREEMENT), _training(lora_rank=8))
     assert lora == MlpBackwardParts(2 * T * N_I, 0, 2 * 2 * T * N_I)
-    # ... but keep the one block when the layer is recomputed (the Note's last paragraph)
+    # ... split too when the layer is recomputed under autocast, where the recompute's own
+    # tensors are modelled (Note [The recompute's tensors held at an autocast down projection])
     full = _training(lora_rank=8, activation_checkpointing="full")
-    assert mlp_backward_parts(resolve_model(AGREEMENT), full) is None
+    assert mlp_backward_parts(resolve_model(AGREEMENT), full) == lora
+    # ... but keep the one block where they are not (the Note's last paragraph): no autocast
+    full16 = _training(lora_rank=8, activation_checkpointing="full", precision="bf16-true")
+    assert mlp_backward_parts(resolve_model(AGREEMENT), full16) is None
 
 
 def test_a_quantized_down_projection_dequantizes_beside_its_input_gradient() -> None:

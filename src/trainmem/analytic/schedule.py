@@ -87,12 +87,14 @@ from trainmem.analytic.backward_transients import (
     backward_layer_transients,
     down_backward_before_recompute,
     mlp_backward_parts,
+    recompute_holds_down_copy,
     recompute_runs_down_forward,
 )
 from trainmem.analytic.buffers import ROPE_BUFFERS_KEY, layer_rope_cache_bytes
 from trainmem.analytic.checkpointing import input_grad_hook_bytes, layer_is_checkpointed
 from trainmem.analytic.forward_transients import (
     down_projection_held_bytes,
+    recompute_down_held_bytes,
     recompute_up_held_bytes,
 )
 from trainmem.analytic.head import (
@@ -574,6 +576,13 @@ class _Layers:
         # Note [The recompute's tensors held at the down projection]
         if recompute_runs_down_forward(ctx.model, ctx.training):
             self.up_held = self.down_held[False]
+        # Note [The recompute's tensors held at an autocast down projection]: made and freed
+        # before the transforms' ops at layer.backward (the reentrant output is made after)
+        self.recompute_down = recompute_holds_down_copy(ctx.model, ctx.training)
+        if self.recompute_down:
+            self.up_held = recompute_down_held_bytes(
+                ctx.model, ctx.training, ctx.profile.terms, input_saved=saves_input
+            )
         copies, frozen = self.plan.weight_copy, self.plan.frozen_copy
         self.recomputed_copies = weight_blocks(ctx, copies) if copies else []
         self.frozen_copies = weight_blocks(ctx, frozen) if frozen else []
@@ -675,7 +684,7 @@ class _Layers:
         the tensors the recompute holds at the up projection besides its blocks (Note [The
         recompute's tensors held at the up projection]), made before them and freed after."""
         ops = em.at("layer.backward", where)
-        if not ops or not self.up_held:
+        if not self.up_held or not (ops or self.recompute_down):
             return ops
         b: Phase = "backward"
         where_ = "up" if self.down_first else "down"  # Note [... held at the down projection]
@@ -684,6 +693,8 @@ class _Layers:
             alloc(size, Cat.TEMPORARY, b, f"up_held/{k}", "layers.{i}", label)
             for k, size in enumerate(self.up_held)
         ]
+        if self.recompute_down:  # Note [... held at an autocast down projection]
+            return [*held, *(free(op, b) for op in held), *ops]
         return [*held, *ops, *(free(op, b) for op in held)]
 
     def _collectives(

@@ -14,6 +14,9 @@ Note [Reentrant checkpoint's recomputed output]
     as the recompute returned. The schedule makes it at ``layer.backward`` (after the
     recomputed activations) and frees it at ``layer.post_backward``. The layer's incoming
     gradient (``args``) is the residual-stream gradient the base order already holds there.
+    The recompute's own peak comes before the output exists (Note [The recompute's tensors
+    held at an autocast down projection]: under autocast LoRA it is the step's, the same
+    bytes as non-reentrant's).
 
     Where it applies: full checkpointing by torch's reentrant checkpoint. transformers'
     gradient checkpointing before 5.0 (:attr:`~trainmem.specs.training.TrainingConfig.
