@@ -63,6 +63,20 @@ from trainmem.specs.training import TrainingConfig
 __all__ = ["down_projection_held_bytes", "recompute_down_held_bytes", "recompute_up_held_bytes"]
 
 
+def _pre_norm_sizes(model: ModelSpec, training: TrainingConfig) -> tuple[int, int, int, int] | None:
+    """(c, r, h t, i t): the compute and residual bytes per value and the values in a layer's
+    hidden- and intermediate-wide tensors on this rank, for a dense sequential pre-norm decoder
+    block, the only block these Notes model; None for another block."""
+    dense = model.num_experts <= 1 and model.mlp_kind == "gated"
+    if not (dense and model.architecture == "decoder" and sequential_pre_norm_block(model)):
+        return None
+    c, r = compute_and_residual_bytes(training)
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    h = model.hidden_size * t // parallel_divisor("mlp/input", training)
+    i = model.intermediate_size * t // parallel_divisor("mlp/gated", training)
+    return c, r, h, i
+
+
 def down_projection_held_bytes(
     model: ModelSpec,
     training: TrainingConfig,
@@ -87,13 +101,10 @@ def down_projection_held_bytes(
         first_layer: the stack's first layer on this rank (its input is the embeddings').
         has_embedding: this rank runs the embeddings (pipeline stage 0).
     """
-    dense = model.num_experts <= 1 and model.mlp_kind == "gated"
-    if not (dense and model.architecture == "decoder" and sequential_pre_norm_block(model)):
+    sizes = _pre_norm_sizes(model, training)
+    if sizes is None:
         return []
-    c, r = compute_and_residual_bytes(training)
-    t = training.micro_batch_size * tokens_per_sequence(model, training)
-    h = model.hidden_size * t // parallel_divisor("mlp/input", training)
-    i = model.intermediate_size * t // parallel_divisor("mlp/gated", training)
+    c, r, h, i = sizes
     inner = layer_is_checkpointed(training)  # nothing inside the layer is saved
     # Note [Float8 casts of a base weight]: down's output is made after the cast's fp32 copies
     out = [] if float8_eager_casts(model, training) else [c * h]
@@ -155,12 +166,10 @@ def recompute_up_held_bytes(
         (2,097,152 B) at layer 1's up projection, the residual being the norm's saved input;
         bf16-true (accelerate FSDP-QLoRA) holds x and the residual, 2,097,152 B each.
     """
-    dense = model.num_experts <= 1 and model.mlp_kind == "gated"
-    if not (dense and model.architecture == "decoder" and sequential_pre_norm_block(model)):
+    sizes = _pre_norm_sizes(model, training)
+    if sizes is None:
         return []
-    c, r = compute_and_residual_bytes(training)
-    t = training.micro_batch_size * tokens_per_sequence(model, training)
-    h = model.hidden_size * t // parallel_divisor("mlp/input", training)
+    c, r, h, _ = sizes
     saved = bool(terms.get("mlp/input", 0))
     out = []
     if not saved or r != c:
@@ -231,13 +240,10 @@ def recompute_down_held_bytes(
         seven linears, the same reentrant or not; the generic path's trace holds the same
         tensors (146,298,912 / 177,215,520 B).
     """
-    dense = model.num_experts <= 1 and model.mlp_kind == "gated"
-    if not (dense and model.architecture == "decoder" and sequential_pre_norm_block(model)):
+    sizes = _pre_norm_sizes(model, training)
+    if sizes is None:
         return []
-    c, r = compute_and_residual_bytes(training)
-    t = training.micro_batch_size * tokens_per_sequence(model, training)
-    h = model.hidden_size * t // parallel_divisor("mlp/input", training)
-    i = model.intermediate_size * t // parallel_divisor("mlp/gated", training)
+    c, r, h, i = sizes
     adapted = "down" in training.lora_targets
     first = layer_checkpoint_reentrant(training) or r != c  # down's output / the grad's cast
     out = [c * h] * ((2 if adapted else 0) + (1 if first else 0))
