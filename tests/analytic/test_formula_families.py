@@ -171,16 +171,6 @@ SETTINGS = {
 #: (config, setting) pairs where the formulas are not yet within 1% of the trace engine.
 NOT_YET: dict[tuple[str, str], str] = {
     ("tiny-gemma3-text.json", "bf16-mixed full-AC"): "output-norm block backward (+1.7%)",
-    # -1.17 % since 1dce746 (which stopped making the layer's weight gradients during the MLP's
-    # transients, 0.86 MB that had hidden the gap: -0.58 % before). Not modelled: in
-    # transformers 5.24 Qwen2MoeSparseMoeBlock.forward the shared_expert_gate / sigmoid / mul
-    # nodes are made after the routed experts and the shared expert before them, so autograd
-    # (highest sequence number first) runs the gate path, then the experts, then the shared
-    # expert: through the experts' backward the trace holds the shared path's pending
-    # gradients (fp32 (t, h) input-buffer entry, bf16 (t, h) shared-output gradient) that the
-    # grouped-experts transient (backward_transients.py) does not count.
-    ("tiny-qwen2-moe.json", "bf16-mixed full-AC"): "shared expert's gradients held through "
-    "the routed experts' backward (-1.17%)",
 }
 
 

@@ -70,7 +70,11 @@ def moe_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dict[str
     * expert outputs: the down projection's output saved by the routing-weight product
       (w*h*k), the routing weights (c*k) and the un-permuting index (8k);
     * shared expert (Qwen2-MoE): a gated MLP (4 c*i_s; its autocast input copies are in
-      ``mlp/input``) and the sigmoid gate's output with the expert output it scales (c*h + c).
+      ``mlp/input``) and the sigmoid gate's output with the expert output it scales (c*h + c),
+      with, under autocast, the gate linear's own 16-bit copy of the block's input (c*h; a
+      term of its own because the gate path's backward runs first and frees it early, Note
+      [Qwen2-MoE's shared expert around the routed experts' backward] in
+      trainmem/analytic/backward_transients.py; a frozen gate under LoRA saves no input).
     """
     c, _ = compute_and_residual_bytes(training)
     # the weights as the layer computes with them: an FSDP mixed-precision policy gathers them
@@ -98,7 +102,8 @@ def moe_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dict[str
     if si:
         terms["mlp/shared_expert"] = 4 * c * si * t
         if model.shared_expert_gate:
-            terms["mlp/shared_expert_gate"] = (c * h + c) * t
+            own_copy = c * h * (mixed and not training.is_lora)
+            terms["mlp/shared_expert_gate"] = (c * h + c + own_copy) * t
     return terms
 
 
@@ -243,8 +248,9 @@ def mlp_terms(
     elif model.num_experts > 1 and training.conventions.hf_model_code:
         terms.update(moe_terms(model, training, t=t))
         # autocast copies of the block's input for the shared expert's gate and up
-        # projections and its sigmoid gate; in true precisions the router saves the input
-        copies = (2 if model.shared_expert_intermediate_size else 0) + model.shared_expert_gate
+        # projections (the sigmoid gate's is in ``mlp/shared_expert_gate``); in true
+        # precisions the router saves the input
+        copies = 2 if model.shared_expert_intermediate_size else 0
         terms["mlp/input"] = c * h * t * (copies if training.uses_autocast else 1)
     else:
         terms.update(_dense_mlp_terms(model, training, t=t))
