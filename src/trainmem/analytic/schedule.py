@@ -466,15 +466,15 @@ def _layer_loop(
 def _release_groups(
     terms: tuple[str, ...], eager: bool, pre_norm: bool = False, autocast: bool = True
 ) -> tuple[int, ...]:
-    """Per block term of a layer, the group its backward frees it in: 0, the MLP's down
-    projection input (its backward runs first) and a Qwen2-MoE block's sigmoid gate path
-    (Note [Qwen2-MoE's shared expert around the routed experts' backward]); 1, the rest of
-    the MLP's before the MLP's other weight gradients are made; 4, after them (Note
-    [Gradients where their linear's backward runs]: a pre-norm block's MLP norm, whose
-    backward follows the MLP's, and without autocast the MLP's input, saved by its linears
-    and released only when their backward, which makes their weight gradients, has run); 2, those released before eager attention's
-    softmax backward (Note [Eager attention's backward order]); 3, the others (cached: the
-    same names for every configuration of a model and setting)."""
+    """Per block term of a layer, the group its backward frees it in: 0, the MLP's down projection
+    input (its backward runs first) and a Qwen2-MoE block's sigmoid gate path (Note [Qwen2-MoE's
+    shared expert around the routed experts' backward]); 1, the rest of the MLP's before the MLP's
+    other weight gradients are made; 4, after them (Note [Gradients where their linear's backward
+    runs]: a pre-norm block's MLP norm, whose backward follows the MLP's, and without autocast the
+    MLP's input, saved by its linears and released only when their backward, which makes their
+    weight gradients, has run); 2, those released before eager attention's softmax backward (Note
+    [Eager attention's backward order]); 3, the others (cached: the same names for every
+    configuration of a model and setting)."""
     out = []
     for term in terms:
         if term in ("mlp/down_input", "mlp/shared_expert_gate"):
