@@ -227,7 +227,7 @@ def shared_expert_pending_gradients(model: ModelSpec, training: TrainingConfig) 
         transformers 5.24 modeling_qwen2_moe.py ``Qwen2MoeSparseMoeBlock.forward`` (l. 340-351)
         runs ``self.shared_expert``, then the router and ``self.experts``, and only then
         ``F.sigmoid(self.shared_expert_gate(x)) * shared_expert_output`` and the sum. torch's
-        autograd engine (torch/csrc/autograd/engine.cpp, ``ReadyQueue``'s
+        autograd engine (torch 2.13 torch/csrc/autograd/engine.h, ``ReadyQueue``'s
         ``CompareNodeTaskTime``: of the ready nodes, the highest ``sequence_nr``, i.e. the
         latest made, runs first) therefore runs, after the sum's ``AddBackward0``: the
         product's ``MulBackward0`` (the shared output's gradient, c*h per token, and the
