@@ -638,7 +638,8 @@ def untraced_data_parallel(training: TrainingConfig) -> str:
     else:
         why = (
             f"zero_stage {training.zero_stage} under {training.framework}; traced: DDP "
-            "(zero_stage 0), FSDP2 (zero_stage 3), DeepSpeed ZeRO-1/2"
+            "(zero_stage 0), FSDP2 (zero_stage 3), DeepSpeed ZeRO-1/2/3 (--framework "
+            "deepspeed, or --framework hf-trainer, which shards through DeepSpeed)"
         )
     return f"data_parallel_size={n} ({why})"
 

@@ -43,6 +43,7 @@ from trainmem.specs.training import (
     check_training_for_model,
     fsdp_settings,
     model_lora_linears,
+    trainer_sharding_framework,
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -451,10 +452,20 @@ def training_from_options(
         elif key not in explicit and key not in from_set:
             settings[key] = value
     settings.update(from_set)
-    if given["fsdp"] is not None and settings["framework"] == "hf-trainer":
-        # the HF Trainer's --fsdp is accelerate's FSDP plugin (MixedPrecision policy), whether
-        # hf-trainer came from --framework or from a TrainingArguments / axolotl file
-        settings["framework"] = "accelerate-fsdp"
+    # the HF Trainer's --fsdp is accelerate's FSDP plugin (MixedPrecision policy), its ZeRO
+    # DeepSpeed's, whether hf-trainer came from --framework or from a TrainingArguments /
+    # axolotl file
+    sharding = trainer_sharding_framework(
+        settings["framework"], settings["zero_stage"], given["fsdp"]
+    )
+    if sharding is not None:
+        settings["framework"] = sharding
+        if notes is not None and sharding == "deepspeed":
+            notes.append(
+                f"--framework hf-trainer with ZeRO stage {settings['zero_stage']}: the Trainer "
+                "shards through DeepSpeed (TrainingArguments(deepspeed=ds_config.json)), so "
+                "this is --framework deepspeed's estimate; give --fsdp for accelerate's FSDP"
+            )
     seq_len_given = settings["seq_len"] is not None
     _fill_deferred(settings, model, spec)
     training = TrainingConfig(**settings)

@@ -2498,6 +2498,31 @@ def zero_stage_from(zero_stage: int, fsdp: str | None) -> int:
     return stage
 
 
+def trainer_sharding_framework(framework: object, zero_stage: object, fsdp: object) -> str | None:
+    """The framework that shards an HF Trainer run, or None when ``framework`` stays: the
+    Trainer has no sharding of its own, it hands the model to accelerate's FSDP plugin
+    (``TrainingArguments(fsdp=...)``: ``--fsdp``, ``accelerate-fsdp``) or to DeepSpeed
+    (``TrainingArguments(deepspeed="ds_config.json")``: a ZeRO stage, ``deepspeed``;
+    transformers trainer.py ``Trainer.__init__`` / ``create_accelerator_and_postprocess``,
+    integrations/deepspeed.py ``deepspeed_init``). So ``--framework hf-trainer --zero-stage
+    2`` is DeepSpeed ZeRO-2 under the Trainer, which trainmem estimates as ``--framework
+    deepspeed`` (its engine's optimizer wrapper, buckets and fp32 master weights), as a
+    DeepSpeed config file given to the Trainer already is (``read_deepspeed_config``).
+
+    Args:
+        framework: the framework given or defaulted.
+        zero_stage: the ZeRO stage given (0: no sharding).
+        fsdp: the ``--fsdp`` strategy given, or None.
+    """
+    if framework != "hf-trainer":
+        return None
+    if fsdp is not None:
+        return "accelerate-fsdp"
+    if isinstance(zero_stage, int) and not isinstance(zero_stage, bool) and zero_stage > 0:
+        return "deepspeed"
+    return None
+
+
 def fsdp_settings(zero_stage: int, fsdp: str | None) -> dict[str, int | bool | None]:
     """TrainingConfig fields an FSDP ``ShardingStrategy`` sets: ``zero_stage``,
     ``reshard_after_forward`` (False for ``shard-grad-op``) and ``shard_group_size``
