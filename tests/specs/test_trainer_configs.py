@@ -42,12 +42,15 @@ def _estimate(invoke: Invoke, args: list[str], model: str = "llama-3.1-8b") -> d
 # --- the shipped examples ------------------------------------------------------------------
 
 AXOLOTL_EXAMPLE = {
-    "framework": "hf-trainer",  # axolotl trains with the HF Trainer
+    "framework": "axolotl",  # the HF Trainer with axolotl's defaults
     "micro_batch_size": 2,  # micro_batch_size: 2
     "gradient_accumulation_steps": 4,  # gradient_accumulation_steps: 4
     "seq_len": 4096,  # sequence_len: 4096
     "precision": "bf16-true",  # bf16: auto -> torch_dtype bfloat16 + the Trainer's autocast
     "activation_checkpointing": "full",  # gradient_checkpointing: true
+    # no gradient_checkpointing_kwargs: axolotl's {"use_reentrant": True}
+    # (v0.18.0 utils/config/__init__.py:377-383)
+    "checkpoint_reentrant": True,
     "attention": "flash",  # flash_attention: true
     "optimizer": "paged-adamw-8bit",  # optimizer: paged_adamw_8bit
     "lora_rank": 32,  # lora_r: 32
@@ -137,7 +140,7 @@ def test_axolotl_defaults_are_axolotls(tmp_path: Path) -> None:
     # "auto", optimizer adamw_torch_fused; no adapter: a full fine-tune
     out = read_axolotl_config(_write(tmp_path, "a.yml", "base_model: gpt2\n"))
     assert out == {
-        "framework": "hf-trainer",
+        "framework": "axolotl",
         "micro_batch_size": 1,
         "gradient_accumulation_steps": 1,
         "seq_len": 512,

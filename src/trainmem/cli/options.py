@@ -32,6 +32,7 @@ from typer.models import OptionInfo
 from trainmem.errors import SpecError, UnsupportedError
 from trainmem.specs.bounds import STRICT_INT, parse_strict_int
 from trainmem.specs.engines import ENGINES
+from trainmem.specs.frameworks import HF_TRAINER_STACKS
 from trainmem.specs.groups import FIELD_GROUPS
 from trainmem.specs.hardware import check_precision_on_gpu, get_gpu
 from trainmem.specs.model import ModelSpec
@@ -43,7 +44,7 @@ from trainmem.specs.training import (
     check_training_for_model,
     fsdp_settings,
     model_lora_linears,
-    trainer_sharding_framework,
+    trainer_sharding,
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -443,7 +444,16 @@ def training_from_options(
     )
     if notes is not None:
         notes.extend(file_notes)
+    stack = from_set.get(
+        "framework",
+        settings["framework"]
+        if "framework" in explicit
+        else from_files.get("framework", settings["framework"]),
+    )
+    sharded = _file_sharding(stack, from_files.get("framework"))
     for key, value in from_files.items():
+        if key == "framework" and sharded is not None:
+            continue  # the stack's sharding: trainer_sharding below
         if key in explicit and value != settings[key] and notes is not None:
             notes.append(
                 f"{flags[key]} {_shown(settings[key])} wins over the config file's "
@@ -453,19 +463,15 @@ def training_from_options(
             settings[key] = value
     settings.update(from_set)
     # the HF Trainer's --fsdp is accelerate's FSDP plugin (MixedPrecision policy), its ZeRO
-    # DeepSpeed's, whether hf-trainer came from --framework or from a TrainingArguments /
-    # axolotl file
-    sharding = trainer_sharding_framework(
-        settings["framework"], settings["zero_stage"], given["fsdp"]
-    )
-    if sharding is not None:
-        settings["framework"] = sharding
-        if notes is not None and sharding == "deepspeed":
-            notes.append(
-                f"--framework hf-trainer with ZeRO stage {settings['zero_stage']}: the Trainer "
-                "shards through DeepSpeed (TrainingArguments(deepspeed=ds_config.json)), so "
-                "this is --framework deepspeed's estimate; give --fsdp for accelerate's FSDP"
-            )
+    # DeepSpeed's, whether the stack came from --framework or from a TrainingArguments /
+    # axolotl file; LLaMA-Factory's and axolotl's own defaults go with it
+    stack_name = trainer_sharding(settings, given["fsdp"], sharded)
+    if stack_name is not None and notes is not None and settings["framework"] == "deepspeed":
+        notes.append(
+            f"--framework {stack_name} with ZeRO stage {settings['zero_stage']}: the Trainer "
+            "shards through DeepSpeed (TrainingArguments(deepspeed=ds_config.json)), so "
+            "this is --framework deepspeed's estimate; give --fsdp for accelerate's FSDP"
+        )
     seq_len_given = settings["seq_len"] is not None
     _fill_deferred(settings, model, spec)
     training = TrainingConfig(**settings)
@@ -480,6 +486,17 @@ def training_from_options(
     if notes is not None:
         notes.extend(_auto_notes(auto, training, flags, from_set))
     return training
+
+
+def _file_sharding(stack: Any, from_file: Any) -> str | None:
+    """A config file's sharding framework (``accelerate-fsdp`` / ``fsdp2`` from an accelerate
+    config, ``deepspeed`` from a DeepSpeed one) run under an HF Trainer stack
+    (:data:`HF_TRAINER_STACKS`) given otherwise: LLaMA-Factory's way to shard (v0.9.5
+    ``accelerate launch --config_file examples/accelerate/fsdp_config.yaml`` or ``deepspeed:
+    examples/deepspeed/ds_z3_config.json`` in its YAML). None otherwise."""
+    if stack in HF_TRAINER_STACKS and from_file in ("accelerate-fsdp", "fsdp2", "deepspeed"):
+        return str(from_file)
+    return None
 
 
 def _from_set(

@@ -1254,3 +1254,13 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
     )
 }
 """Every framework's row; see each field's docstring for the source."""
+
+HF_TRAINER_STACKS: tuple[str, ...] = ("hf-trainer", "llama-factory", "axolotl")
+"""The frameworks that run the HF Trainer, which shards through DeepSpeed or accelerate's FSDP
+plugin (:func:`~trainmem.specs.training.trainer_sharding`). Their FSDP: ``--fsdp`` with
+transformers' ``TrainingArguments(fsdp=...)`` (hf-trainer), LLaMA-Factory's ``accelerate launch
+--config_file examples/accelerate/fsdp_config.yaml`` (v0.9.5: ``distributed_type: FSDP``, no
+``fsdp_version``, so accelerate's FSDP1; ``fsdp2_config.yaml`` sets ``fsdp_version: 2``), axolotl's
+``fsdp_config`` (v0.18.0 utils/schemas/validation.py:882-887 ``_resolve_fsdp_version``: version 1
+when neither ``fsdp_version`` nor ``fsdp_config.fsdp_version`` is given)."""
+

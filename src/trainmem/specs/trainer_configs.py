@@ -443,6 +443,26 @@ def _axolotl_attention(r: _Reading, cfg: dict[str, Any]) -> None:
     r.set("attention", AXOLOTL_ATTENTION[impl], key)
 
 
+def _axolotl_reentrant(r: _Reading, cfg: dict[str, Any], checkpointing: bool) -> None:
+    """``gradient_checkpointing_kwargs.use_reentrant`` when given, else axolotl's True
+    (v0.18.0 utils/config/__init__.py:377-383: ``{"use_reentrant": True}`` when checkpointing
+    and neither ``unfrozen_parameters`` nor ``rl`` is set; core/builders/base.py:599-611 passes
+    it to ``TrainingArguments``). Read into ``checkpoint_reentrant`` so that it holds under the
+    DeepSpeed / FSDP frameworks the file may select too."""
+    kwargs = r.section(cfg, "gradient_checkpointing_kwargs")
+    given = kwargs.get("use_reentrant")
+    if given is not None and not isinstance(given, bool):
+        raise r.fail("gradient_checkpointing_kwargs.use_reentrant", given, ["true", "false"])
+    if not checkpointing:
+        return
+    if given is not None:
+        r.set("checkpoint_reentrant", given, "gradient_checkpointing_kwargs.use_reentrant")
+    elif all(
+        cfg.get(k) is None for k in ("gradient_checkpointing_kwargs", "unfrozen_parameters", "rl")
+    ):
+        r.set("checkpoint_reentrant", True, "gradient_checkpointing (axolotl's use_reentrant True)")
+
+
 def read_axolotl_config(
     path: str,
     notes: list[str] | None = None,
@@ -476,7 +496,7 @@ def read_axolotl_config(
         r.extra.append(
             f"base_model {base[:80]} is not MODEL {model[:80]}: the estimate is for {model[:80]}"
         )
-    r.set("framework", "hf-trainer", "axolotl trains with the HF Trainer")
+    r.set("framework", "axolotl", "axolotl trains with the HF Trainer (--framework axolotl)")
     mbs = r.positive(cfg, "micro_batch_size") or 1
     r.set("micro_batch_size", mbs, "micro_batch_size" if "micro_batch_size" in cfg else "default")
     gas = r.positive(cfg, "gradient_accumulation_steps")
@@ -496,6 +516,7 @@ def read_axolotl_config(
         r.set("activation_checkpointing", "full", "gradient_checkpointing")
     if gc in ("offload", "offload_disk"):
         r.set("activation_offloading", True, f"gradient_checkpointing {gc}")
+    _axolotl_reentrant(r, cfg, bool(gc))
     offload = cfg.get("activation_offloading", False)
     if offload not in (True, False, "legacy", "disk", "hidden_states", None):
         raise r.fail("activation_offloading", offload, ["true", "false", "legacy", "disk"])

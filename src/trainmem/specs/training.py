@@ -102,6 +102,7 @@ from trainmem.specs.frameworks import (
     FRAMEWORK_CONVENTIONS,
     GRAD_ACCUM_DTYPES,
     HF_NON_REENTRANT_CHECKPOINT_SINCE,
+    HF_TRAINER_STACKS,
     LOOPS,
     PEFT_DEFAULT_LORA_TARGETS,
     TORCHTITAN_COMPILED_LOSS_SINCE,
@@ -2499,7 +2500,8 @@ def zero_stage_from(zero_stage: int, fsdp: str | None) -> int:
 
 
 def trainer_sharding_framework(framework: object, zero_stage: object, fsdp: object) -> str | None:
-    """The framework that shards an HF Trainer run, or None when ``framework`` stays: the
+    """The framework that shards an HF Trainer run (hf-trainer, LLaMA-Factory, axolotl:
+    :data:`~trainmem.specs.frameworks.HF_TRAINER_STACKS`), or None when ``framework`` stays: the
     Trainer has no sharding of its own, it hands the model to accelerate's FSDP plugin
     (``TrainingArguments(fsdp=...)``: ``--fsdp``, ``accelerate-fsdp``) or to DeepSpeed
     (``TrainingArguments(deepspeed="ds_config.json")``: a ZeRO stage, ``deepspeed``;
@@ -2514,13 +2516,49 @@ def trainer_sharding_framework(framework: object, zero_stage: object, fsdp: obje
         zero_stage: the ZeRO stage given (0: no sharding).
         fsdp: the ``--fsdp`` strategy given, or None.
     """
-    if framework != "hf-trainer":
+    if framework not in HF_TRAINER_STACKS:
         return None
     if fsdp is not None:
         return "accelerate-fsdp"
     if isinstance(zero_stage, int) and not isinstance(zero_stage, bool) and zero_stage > 0:
         return "deepspeed"
     return None
+
+
+def trainer_sharding(
+    settings: dict[str, Any], fsdp: object, sharding: str | None = None
+) -> str | None:
+    """Make ``settings`` (TrainingConfig field values) an HF Trainer stack's sharded run:
+    ``framework`` the one that shards it (``sharding`` when given, a config file's FSDP or
+    DeepSpeed, else :func:`trainer_sharding_framework`), with the stack's own defaults that the
+    sharding framework's row lacks set where ``settings`` holds None: LLaMA-Factory's and
+    axolotl's checkpointing, reentrant checkpoint and LoRA targets, which their YAML passes to
+    ``TrainingArguments`` / peft whatever the sharding (LLaMA-Factory v0.9.5
+    model_utils/checkpointing.py:166-175, examples/accelerate/fsdp_config.yaml and
+    examples/deepspeed/ds_z*_config.json beside the same YAML; axolotl v0.18.0
+    utils/config/__init__.py:377-383 ``{"use_reentrant": True}`` with or without
+    ``fsdp_config`` / ``deepspeed``).
+
+    Returns:
+        The stack the run was (to name in a note), or None when ``settings`` is unchanged.
+    """
+    stack = settings["framework"]
+    if sharding is None:
+        sharding = trainer_sharding_framework(stack, settings.get("zero_stage"), fsdp)
+    if sharding is None or stack not in HF_TRAINER_STACKS:
+        return None
+    row = FRAMEWORK_CONVENTIONS[stack]
+    carried: dict[str, object] = {
+        "activation_checkpointing": row.default_activation_checkpointing,
+        "checkpoint_reentrant": row.default_checkpoint_reentrant,
+        "lora_targets": row.default_lora_targets,
+    }
+    base = FRAMEWORK_CONVENTIONS["hf-trainer"]  # what the sharding rows default to as well
+    for key, value in carried.items():
+        if settings.get(key) is None and value != getattr(base, f"default_{key}"):
+            settings[key] = value
+    settings["framework"] = sharding
+    return str(stack)
 
 
 def fsdp_settings(zero_stage: int, fsdp: str | None) -> dict[str, int | bool | None]:

@@ -32,7 +32,7 @@ from trainmem.specs.grid import parse_value
 from trainmem.specs.groups import FIELD_GROUPS
 from trainmem.specs.hardware import GPUS
 from trainmem.specs.settings import help_text, kind_of, settings_of
-from trainmem.specs.training import TrainingConfig, trainer_sharding_framework
+from trainmem.specs.training import TrainingConfig, trainer_sharding
 
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_GPU = "H100-80GB"
@@ -193,9 +193,7 @@ def training_config(
     if settings["attention"] is None:
         settings["attention"] = default_attention
     # the HF Trainer shards through DeepSpeed, as on the CLI (the page has no --fsdp)
-    sharding = trainer_sharding_framework(settings["framework"], settings["zero_stage"], None)
-    if sharding is not None:
-        settings["framework"] = sharding
+    trainer_sharding(settings, None)
     return TrainingConfig(**settings)
 
 
