@@ -128,7 +128,10 @@ def test_axolotl_config_fsdp_keeps_the_reentrant_checkpoint(tmp_path: Path) -> N
     out = read_axolotl_config(_write(tmp_path, "a.yml", text))
     assert out["framework"] == "accelerate-fsdp"  # fsdp_version 1 unless given
     assert out["checkpoint_reentrant"] is True
-    text = "gradient_checkpointing: true\nfsdp_version: 2\nfsdp_config:\n  reshard_after_forward: true\n"
+    text = (
+        "gradient_checkpointing: true\nfsdp_version: 2\nfsdp_config:\n"
+        "  reshard_after_forward: true\n"
+    )
     assert read_axolotl_config(_write(tmp_path, "b.yml", text))["framework"] == "fsdp2"
 
 
@@ -136,7 +139,8 @@ def test_axolotl_config_fsdp_keeps_the_reentrant_checkpoint(tmp_path: Path) -> N
     ("text", "expected"),
     [
         (
-            "gradient_checkpointing: true\ngradient_checkpointing_kwargs:\n  use_reentrant: false\n",
+            "gradient_checkpointing: true\n"
+            "gradient_checkpointing_kwargs:\n  use_reentrant: false\n",
             False,
         ),
         ("gradient_checkpointing: true\ngradient_checkpointing_kwargs: {}\n", None),
@@ -156,3 +160,41 @@ def test_axolotl_bad_use_reentrant_names_the_field(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="use_reentrant") as e:
         read_axolotl_config(_write(tmp_path, "a.yml", text))
     assert "true" in str(e.value) and "false" in str(e.value)
+
+
+def test_a_zero_stage_under_a_preset_is_deepspeed_with_the_presets_defaults() -> None:
+    # LLaMA-Factory shards through DeepSpeed with ``deepspeed: examples/deepspeed/
+    # ds_z3_config.json`` in the same YAML: its checkpointing and LoRA targets stay
+    t = training_from_options(
+        MODEL,
+        {"framework": "llama-factory", "zero_stage": 3, "lora_rank": 4, "data_parallel_size": 2},
+    )
+    assert t.framework == "deepspeed"
+    assert (t.activation_checkpointing, t.checkpoint_reentrant, t.lora_targets) == (
+        "full",
+        True,
+        SEVEN,
+    )
+
+
+def test_the_web_page_shards_a_preset_as_the_cli_does() -> None:
+    from trainmem.web.form import default_values, training_config
+
+    values = {
+        **default_values(),
+        "framework": "llama-factory",
+        "zero_stage": 3,
+        "lora_rank": 4,
+        "data_parallel_size": 2,
+    }
+    t = training_config(values, default_seq_len=64)
+    cli = training_from_options(
+        MODEL,
+        {"framework": "llama-factory", "zero_stage": 3, "lora_rank": 4, "data_parallel_size": 2},
+    )
+    assert t.framework == cli.framework == "deepspeed"
+    assert (t.activation_checkpointing, t.checkpoint_reentrant, t.lora_targets) == (
+        cli.activation_checkpointing,
+        cli.checkpoint_reentrant,
+        cli.lora_targets,
+    )

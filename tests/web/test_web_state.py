@@ -376,8 +376,9 @@ def test_a_trainer_config_upload_sets_the_widgets(tmp_path: Path, examples_dir: 
     )
     values = h.collect(widgets)
     # examples/axolotl-qlora.yml: micro_batch_size 2, lora_r 32, qlora -> nf4 double-quantized
+    # the upload selects the axolotl preset (framework axolotl, read by read_axolotl_config)
     assert (values["micro_batch_size"], values["lora_rank"]) == (2, 32)
-    assert (values["quantize_base"], values["framework"]) == ("nf4-dq", "hf-trainer")
+    assert (values["quantize_base"], values["framework"]) == ("nf4-dq", "axolotl")
     assert "axolotl-qlora.yml: set" in note and "lora_targets=q+k+v+o+gate+up+down" in note
     # a torchtune recipe is told apart by its _component_ entries, a .json is TrainingArguments
     settings, _ = trainer_config_from_upload(

@@ -1263,4 +1263,3 @@ transformers' ``TrainingArguments(fsdp=...)`` (hf-trainer), LLaMA-Factory's ``ac
 ``fsdp_version``, so accelerate's FSDP1; ``fsdp2_config.yaml`` sets ``fsdp_version: 2``), axolotl's
 ``fsdp_config`` (v0.18.0 utils/schemas/validation.py:882-887 ``_resolve_fsdp_version``: version 1
 when neither ``fsdp_version`` nor ``fsdp_config.fsdp_version`` is given)."""
-
