@@ -198,3 +198,16 @@ def test_the_web_page_shards_a_preset_as_the_cli_does() -> None:
         cli.checkpoint_reentrant,
         cli.lora_targets,
     )
+
+
+def test_axolotl_fused_adamw_on_an_old_torch_survives_the_sharding() -> None:
+    # adamw_torch_fused whatever the torch (axolotl v0.18.0 utils/schemas/training.py:122-123);
+    # the Trainer's own default is fused only from torch 2.8 (foreach on 2.7)
+    values = {"fsdp": "full-shard", "data_parallel_size": 2, "torch_version": "2.7"}
+    ax = training_from_options(MODEL, {"framework": "axolotl", **values})
+    hf = training_from_options(MODEL, {"framework": "hf-trainer", **values})
+    assert ax.framework == hf.framework == "accelerate-fsdp"
+    assert ax.optimizer_implementation == "fused"
+    assert hf.optimizer_implementation in (None, "foreach")
+    given = training_from_options(MODEL, {"framework": "axolotl", "optimizer": "sgd", **values})
+    assert given.optimizer_implementation != "fused"

@@ -2532,7 +2532,8 @@ def trainer_sharding(
     ``framework`` the one that shards it (``sharding`` when given, a config file's FSDP or
     DeepSpeed, else :func:`trainer_sharding_framework`), with the stack's own defaults that the
     sharding framework's row lacks set where ``settings`` holds None: LLaMA-Factory's and
-    axolotl's checkpointing, reentrant checkpoint and LoRA targets, which their YAML passes to
+    axolotl's checkpointing, reentrant checkpoint and LoRA targets, axolotl's fused AdamW,
+    which their YAML passes to
     ``TrainingArguments`` / peft whatever the sharding (LLaMA-Factory v0.9.5
     model_utils/checkpointing.py:166-175, examples/accelerate/fsdp_config.yaml and
     examples/deepspeed/ds_z*_config.json beside the same YAML; axolotl v0.18.0
@@ -2557,6 +2558,11 @@ def trainer_sharding(
     for key, value in carried.items():
         if settings.get(key) is None and value != getattr(base, f"default_{key}"):
             settings[key] = value
+    # axolotl's default optimizer is adamw_torch_fused on any torch (v0.18.0
+    # utils/schemas/training.py:122-123), the Trainer's fused AdamW only from torch 2.8
+    adamw = settings.get("optimizer") in (None, "adamw")
+    if row.fused_multi_tensor_adam and adamw and settings.get("optimizer_implementation") is None:
+        settings["optimizer_implementation"] = "fused"
     settings["framework"] = sharding
     return str(stack)
 
