@@ -580,6 +580,18 @@ _FRAMEWORKS_UNTRACED = {
         "needs pip install 'trainmem[litgpt]'); Fabric's FSDP and model-parallel strategies "
         "are not; traced: --framework litgpt on one GPU or DDP, or --engine analytic"
     ),
+    # the HF Trainer family: its ZeRO is DeepSpeed's engine (``--deepspeed ds_config.json``,
+    # transformers integrations/deepspeed.py ``deepspeed_init``) and its FSDP is accelerate's
+    # FSDP1 (``--fsdp``), which the traced paths run under those frameworks' names
+    **{
+        name: (
+            "the HF Trainer is traced on one GPU and under DDP; its ZeRO stages run DeepSpeed's "
+            "engine (--deepspeed ds_config.json) and its --fsdp accelerate's FSDP1; traced: "
+            "--framework deepspeed --zero-stage 1, 2 or 3, --framework accelerate-fsdp "
+            "--zero-stage 3, or --engine analytic"
+        )
+        for name in ("hf-trainer", "llama-factory", "axolotl")
+    },
     "fsdp-qlora": (
         "Answer.AI fsdp_qlora's train.py runs FSDP1 (FULL_SHARD, SHARD_GRAD_OP, the hybrids, "
         "NO_SHARD, one GPU) over data-parallel ranks with a bitsandbytes 4-bit base (nf4 / "
@@ -628,8 +640,8 @@ def untraced_data_parallel(training: TrainingConfig) -> str:
     """A data-parallel layout the traced paths refuse, as ``data_parallel_size=<n> (why;
     what works)``."""
     n = training.data_parallel_size
-    if training.framework == "deepspeed":  # its own refusal says what is traced
-        return f"data_parallel_size={n}"
+    if training.framework == "deepspeed" or training.conventions.hf_trainer_loop:
+        return f"data_parallel_size={n}"  # the framework's own refusal says what is traced
     if training.zero_stage == 0 and training.conventions.ddp_reducer_buckets:
         why = (
             "DDP beside tensor, context or pipeline parallelism; traced: DDP alone, or "

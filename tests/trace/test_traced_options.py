@@ -136,6 +136,35 @@ def test_frameworks_still_refused_say_what_is_traced(framework: str) -> None:
     assert "traced: --" in refused[-1] and "--engine analytic" in refused[-1]
 
 
+@pytest.mark.parametrize("framework", ["hf-trainer", "llama-factory", "axolotl"])
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_hf_trainer_zero_refusal_names_traced_alternatives(framework: str, stage: int) -> None:
+    # issue 26: the Trainer's ZeRO is DeepSpeed's engine (--deepspeed ds_config.json) and its
+    # --fsdp accelerate's FSDP1; the refusal names both, and both suggestions are traced
+    training = _training(framework=framework, zero_stage=stage, data_parallel_size=2)
+    refused = trace_unsupported_settings(training, "generic")
+    # the why is said once, by the framework's text (ZeRO-3 reads as FSDP: no dp refusal)
+    assert [r for r in refused if r.startswith("data_parallel")] in ([], ["data_parallel_size=2"])
+    assert refused[-1].startswith(f"framework={framework} (the HF Trainer"), refused
+    assert "--framework deepspeed --zero-stage 1, 2 or 3" in refused[-1]
+    assert "--framework accelerate-fsdp --zero-stage 3" in refused[-1]
+    ds = _training(framework="deepspeed", zero_stage=stage, data_parallel_size=2)
+    assert trace_unsupported_settings(ds, "generic") == []
+    fsdp1 = _training(framework="accelerate-fsdp", zero_stage=3, data_parallel_size=2)
+    assert trace_unsupported_settings(fsdp1, "generic") == []
+    # and the Trainer under DDP stays traced
+    ddp = _training(framework=framework, zero_stage=0, data_parallel_size=2)
+    assert trace_unsupported_settings(ddp, "generic") == []
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_pytorch_amp_zero_refusal_names_deepspeed(stage: int) -> None:
+    training = _training(zero_stage=stage, data_parallel_size=2)
+    refused = trace_unsupported_settings(training, "generic")
+    assert refused[0].startswith(f"data_parallel_size=2 (zero_stage {stage} under pytorch-amp")
+    assert "DeepSpeed ZeRO-1/2/3 (--framework deepspeed" in refused[0]
+
+
 _FSDP2_4: dict[str, Any] = {"data_parallel_size": 4, "zero_stage": 3}
 
 
