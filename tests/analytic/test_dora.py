@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from trainmem.analytic.lora_variants import dora_forward_transient_bytes
+from trainmem.analytic.lora_variants import (
+    dora_forward_transient_bytes,
+    dora_recompute_down_held_bytes,
+)
 from trainmem.errors import SpecError, UnsupportedError
 from trainmem.estimate import estimate, resolve_model
 from trainmem.specs.training import TrainingConfig
@@ -70,6 +73,36 @@ def test_forward_transient_of_the_down_projection_by_hand() -> None:
     training = dataclasses.replace(DORA, lora_targets=("q", "k", "v", "o", "gate", "up", "down"))
     spec = resolve_model(MODEL)
     assert dora_forward_transient_bytes(spec, training, adapter_bytes=4) == expected == 62_087_168
+
+
+def test_checkpointed_dora_q_v_norm_sits_at_the_recompute_start() -> None:
+    # full checkpointing: the recompute runs q / v's DoRA forward again at its start, beside
+    # the checkpoint's input and the incoming gradient only (Note [DoRA's moments in the
+    # recompute]), far below layer 1's down projection backward, where LoRA peaks too: DoRA
+    # adds there only layer 1's recomputed DoRA tensors (base_result, lora_result in bf16,
+    # three fp32 [out] vectors) and the magnitudes with their AdamW states. With the norm
+    # moment after the whole recomputed layer (before) the difference was 12,923,904 B.
+    full = {"activation_checkpointing": "full"}
+    lora = _analytic(dataclasses.replace(LORA, **full))
+    dora = _analytic(dataclasses.replace(DORA, **full))
+    recomputed = (2 + 2) * T * (Q_OUT + V_OUT) + 3 * 4 * (Q_OUT + V_OUT)
+    states = 12 * (Q_OUT + V_OUT) * LAYERS
+    assert dora.allocated_bytes - lora.allocated_bytes == recomputed + states  # type: ignore[attr-defined]
+
+
+def test_recompute_holds_down_output_and_mlp_input_at_down_dora_norm() -> None:
+    # peft 0.21.2 variants.py: DoraLinearVariant.forward adds the DoRA term to ``result``,
+    # down's base output (bf16 [t, 1024] under autocast), made first; the MLP's input, the
+    # second RMSNorm's fp32 output [t, 1024], is referenced by the layer's code until down
+    # returns (gate / up save its bf16 cast, not it)
+    spec = resolve_model(MODEL)
+    all_linear = ("q", "k", "v", "o", "gate", "up", "down")
+    full = dataclasses.replace(DORA, lora_targets=all_linear, activation_checkpointing="full")
+    assert dora_recompute_down_held_bytes(spec, full) == [2 * T * 1024, 4 * T * 1024]
+    q_v = dataclasses.replace(DORA, activation_checkpointing="full")
+    assert dora_recompute_down_held_bytes(spec, q_v) == []  # no DoRA on down
+    none = dataclasses.replace(full, activation_checkpointing="none")
+    assert dora_recompute_down_held_bytes(spec, none) == []  # no recompute
 
 
 def test_dora_needs_a_rank_and_is_refused_where_the_formulas_stop() -> None:

@@ -14,6 +14,7 @@ from trainmem.analytic.lora_variants import (
     INPUT_PROJECTIONS,
     dora_forward_transient_bytes,
     dora_layer_start_held_bytes,
+    dora_recompute_down_held_bytes,
 )
 from trainmem.analytic.transforms.base import Emitted, RankContext, Transform, Where, alloc, free
 from trainmem.breakdown import MemoryCategory as Cat
@@ -46,6 +47,12 @@ class DoraWeightNorm(Transform):
             model, training, adapter_bytes=adapter_bytes, exclude=INPUT_PROJECTIONS
         )
         self.bytes = max(self.start, self.end)
+        down = dora_forward_transient_bytes(
+            model, training, adapter_bytes=adapter_bytes, linears=frozenset({"down"})
+        )
+        # Note [DoRA's moments in the recompute]: down's moment, with what the recompute holds
+        self.recompute_down = dora_recompute_down_held_bytes(model, training) if down else []
+        self.down = down
 
     @staticmethod
     def applies(ctx: RankContext) -> bool:
@@ -74,7 +81,26 @@ class DoraWeightNorm(Transform):
     def layer_post_forward(self, where: Where) -> Sequence[Emitted]:
         return self._made(self.end, "forward")
 
-    def layer_backward(self, where: Where) -> Sequence[Emitted]:
+    def layer_pre_backward(self, where: Where) -> Sequence[Emitted]:
+        """The recompute's input projections' moment, at its start (Note [DoRA's moments in
+        the recompute])."""
         if self.ctx.training.activation_checkpointing == "none":
             return ()
-        return self._made(self.bytes, "backward")
+        return self._made(self.start, "backward")
+
+    def layer_backward(self, where: Where) -> Sequence[Emitted]:
+        """The recompute's other linears' moment, with what it holds at down's (Note [DoRA's
+        moments in the recompute])."""
+        if self.ctx.training.activation_checkpointing == "none":
+            return ()
+        made = self._made(self.end, "backward")
+        if not made or not self.recompute_down:
+            return made
+        label = "what the recompute holds at the down projection"
+        held = [
+            alloc(size, Cat.TEMPORARY, "backward", f"dora_re_held/{k}", "layers.{i}", label)
+            for k, size in enumerate(self.recompute_down)
+        ]
+        down = self._made(self.down, "backward")
+        rest = self._made(self.end, "backward") if self.end > self.down else ()
+        return [*held, *down, *(free(op, "backward") for op in held), *rest]
