@@ -82,9 +82,8 @@ def test_checkpointed_dora_q_v_norm_sits_at_the_recompute_start() -> None:
     # adds there only layer 1's recomputed DoRA tensors (base_result, lora_result in bf16,
     # three fp32 [out] vectors) and the magnitudes with their AdamW states. With the norm
     # moment after the whole recomputed layer (before) the difference was 12,923,904 B.
-    full = {"activation_checkpointing": "full"}
-    lora = _analytic(dataclasses.replace(LORA, **full))
-    dora = _analytic(dataclasses.replace(DORA, **full))
+    lora = _analytic(dataclasses.replace(LORA, activation_checkpointing="full"))
+    dora = _analytic(dataclasses.replace(DORA, activation_checkpointing="full"))
     recomputed = (2 + 2) * T * (Q_OUT + V_OUT) + 3 * 4 * (Q_OUT + V_OUT)
     states = 12 * (Q_OUT + V_OUT) * LAYERS
     assert dora.allocated_bytes - lora.allocated_bytes == recomputed + states  # type: ignore[attr-defined]
