@@ -104,6 +104,24 @@ def test_recompute_holds_down_output_and_mlp_input_at_down_dora_norm() -> None:
     assert dora_recompute_down_held_bytes(spec, none) == []  # no recompute
 
 
+def test_bf16_true_q_moment_holds_the_saved_input_cast_by_hand() -> None:
+    # bf16-true, no autocast, adapters fp32 (peft's autocast_adapter_dtype): peft 0.21.2
+    # lora/layer.py Linear.forward makes ``result = self.base_layer(x)`` (bf16 [t, 1024]),
+    # then ``x = self._cast_input_dtype(x, lora_A.weight.dtype)`` (fp32 [t, 1024], saved by
+    # lora_A later, not yet a block) before DoraLinearLayer.forward builds the norm: with the
+    # bf16 input, the fp32 eye (4 in^2) and lora_A's [in, 16] output, then the norm's four fp32
+    # [out, in] tensors (lora_weight, the weight's cast, scaling * lora_weight, the sum)
+    t, i, o = T, 1024, 1024
+    held = 2 * t * i + 4 * t * i + 4 * i * i + 4 * i * 16 + 2 * t * o
+    expected = held + 4 * 4 * o * i
+    training = dataclasses.replace(DORA, precision="bf16-true")
+    spec = resolve_model(MODEL)
+    got = dora_forward_transient_bytes(
+        spec, training, adapter_bytes=4, linears=frozenset({"q"}), at_start=True
+    )
+    assert got == expected == 25_231_360
+
+
 def test_dora_needs_a_rank_and_is_refused_where_the_formulas_stop() -> None:
     with pytest.raises(SpecError, match="lora_variant: dora is a kind of adapter"):
         TrainingConfig(lora_variant="dora")

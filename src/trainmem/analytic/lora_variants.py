@@ -335,7 +335,8 @@ def dora_forward_transient_bytes(
             continue
         if linears is not None and name not in linears:
             continue
-        x_cast = a * t * fan_in if autocast and a > c else 0
+        # at the start also the saved cast without autocast: a block made after this point
+        x_cast = a * t * fan_in if (autocast or at_start) and a > c else 0
         # the linear's own input (a frozen base saves none of it; the adapters read the cast)
         held = c * t * fan_in + x_cast + e * fan_in * fan_in + e * fan_in * r
         if at_start:
