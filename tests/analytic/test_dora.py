@@ -78,15 +78,17 @@ def test_forward_transient_of_the_down_projection_by_hand() -> None:
 def test_checkpointed_dora_q_v_norm_sits_at_the_recompute_start() -> None:
     # full checkpointing: the recompute runs q / v's DoRA forward again at its start, beside
     # the checkpoint's input and the incoming gradient only (Note [DoRA's moments in the
-    # recompute]), far below layer 1's down projection backward, where LoRA peaks too: DoRA
-    # adds there only layer 1's recomputed DoRA tensors (base_result, lora_result in bf16,
-    # three fp32 [out] vectors) and the magnitudes with their AdamW states. With the norm
-    # moment after the whole recomputed layer (before) the difference was 12,923,904 B.
-    lora = _analytic(dataclasses.replace(LORA, activation_checkpointing="full"))
-    dora = _analytic(dataclasses.replace(DORA, activation_checkpointing="full"))
+    # recompute]), far below layer 1's MLP backward, where LoRA peaks too: DoRA adds there
+    # only layer 1's recomputed DoRA tensors (base_result, lora_result in bf16, three fp32
+    # [out] vectors, with dropout the re-linear's bf16 weight) and the magnitudes with their
+    # AdamW states. Dropout on both: plain LoRA's recompute rule (Note [The recompute's
+    # tensors held at an autocast down projection]) is for no dropout only.
+    lora = _analytic(dataclasses.replace(LORA, activation_checkpointing="full", lora_dropout=0.1))
+    dora = _analytic(dataclasses.replace(DORA, activation_checkpointing="full", lora_dropout=0.1))
     recomputed = (2 + 2) * T * (Q_OUT + V_OUT) + 3 * 4 * (Q_OUT + V_OUT)
+    relinear = 2 * 1024 * (Q_OUT + V_OUT)
     states = 12 * (Q_OUT + V_OUT) * LAYERS
-    assert dora.allocated_bytes - lora.allocated_bytes == recomputed + states  # type: ignore[attr-defined]
+    assert dora.allocated_bytes - lora.allocated_bytes == recomputed + relinear + states  # type: ignore[attr-defined]
 
 
 def test_recompute_holds_down_output_and_mlp_input_at_down_dora_norm() -> None:
