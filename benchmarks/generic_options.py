@@ -83,6 +83,9 @@ Session 20 (helper hfreent): "llama-factory lora" +1.85 -> +0.000 %, "axolotl lo
 checkpointed" -1.56 -> +0.000 % (Note [The recompute's tensors held at an autocast down
 projection]: under autocast a recomputed LoRA layer peaks inside its recompute at the down
 projection, reentrant or not; checked against a real CPU execution); no other set moved.
+Megatron's fused RMSNorm (session 20, helper meganorm): the stand-in's norms run as a fused
+kernel saving the input and the fp32 rstd, as the formulas now have it (Note [Megatron's fused
+RMSNorm]); "megatron tensor parallel 2 x dp 2" (refused before, +1.4 %) added.
 """
 
 from __future__ import annotations
@@ -246,6 +249,12 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     "megatron tensor parallel 2 + sp": {
         "tensor_parallel_size": 2,
         "sequence_parallel": True,
+        "framework": "megatron",
+    },
+    "megatron tensor parallel 2 x dp 2": {
+        "tensor_parallel_size": 2,
+        "data_parallel_size": 2,
+        "zero_stage": 1,
         "framework": "megatron",
     },
     "megatron pipeline 2": {

@@ -37,8 +37,9 @@ Note [Megatron on a traced step]
     torch's fused AdamW as the optimizer stand-in (no step temporaries; its states are
     replaced). Tensor and sequence parallelism run as DTensor's (Note [Megatron's tensor
     parallelism on a traced step]), pipeline parallelism as torch's pipelining (Note
-    [Megatron's last pipeline stage]). Not traced: context parallelism, tensor beside data
-    parallelism (not reconciled), GPipe,
+    [Megatron's last pipeline stage]), the RMSNorms as Megatron's fused kernel (Note
+    [Megatron's fused RMSNorm], trainmem/trace/fused_norm.py). Not traced: context
+    parallelism, GPipe,
     ZeRO-2/3 (megatron-core's custom FSDP), CPU offload, the optimizers the trace needs a
     stand-in for, LoRA and quantized bases (Megatron-LM trains no adapters; PEFT on
     megatron-core is NeMo's). Refused too: a model Megatron's ``GPTModel`` does not build
@@ -61,12 +62,14 @@ Note [Megatron's tensor parallelism on a traced step]
         ``RowwiseParallel`` embedding makes the whole ``V x h`` one in the trace. Its size is
         divided by ``t`` (as the formulas' new gradient of the embedding has it).
 
-    Not reconciled, and so refused: tensor beside data parallelism (+1.4 % vs the formulas on
-    the agreement Llama, 2 x 256 tokens, tp 2 x dp 2 ZeRO-1). Known difference that grows
-    with the tokens: the stand-in's transformers ``RMSNorm`` backward holds five fp32
-    ``tokens x h`` temporaries at the final norm (whole on each rank without SP), where the
-    formulas model Megatron's fused norm (``FrameworkConventions.hf_model_code=False``):
-    +0.98 % (tp 2) / +0.69 % (tp 2 + SP) at 2 x 256 tokens, +3.2 / +2.0 % at 2 x 1024.
+    Tensor beside data parallelism is traced as tensor parallelism alone, its optimizer states
+    partitioned over the data-parallel ranks by the rule above (tp 2 x dp 2 ZeRO-1 on the
+    agreement Llama: +0.13 % at 2 x 256 tokens, -0.05 % at 2 x 1,024; refused while the
+    stand-in's transformers RMSNorm was traced: +1.4 %). The norms run as Megatron's fused
+    kernel (Note [Megatron's fused RMSNorm], trainmem/trace/fused_norm.py): tp 2 +0.09 % /
+    -0.04 % at 2 x 256 / 2 x 1,024 tokens (+0.98 / +3.2 % with transformers' norm), tp 2 + SP
+    +0.60 / +1.77 % (+0.69 / +2.05 %; the rest not separated: Megatron SP's saved sequence
+    shard vs DTensor's gathered input).
 
 Note [Megatron's last pipeline stage]
     ``pipeline_parallel_size=p`` runs the trace's torch pipelining (1F1B or interleaved 1F1B,
@@ -79,9 +82,8 @@ Note [Megatron's last pipeline stage]
     holds every micro-batch's logits in ``output_chunks`` to the step's end, +2.6 % on the
     last stage). Each stage's optimizer states and gradient buffer are its own traced
     tensors' (Note [Traced tensors as model states]). Agreement on the agreement Llama,
-    pp 2 x 4 micro-batches: +0.31 % (the first stage sets the peak); the last stage alone is
-    +1.41 %, the stand-in's transformers ``RMSNorm`` saving fp32 tensors the formulas' fused
-    norm does not (as for tensor parallelism above). Context parallelism was not tried.
+    pp 2 x 4 micro-batches: +0.31 % (the first stage sets the peak; -0.68 % at 2 x 1,024
+    tokens). Context parallelism was not tried.
 
 Source: megatron-core 0.9.0 (files cited per rule above); the analytic rules named per rule.
 """
@@ -127,13 +129,6 @@ def megatron_refusals(training: TrainingConfig) -> list[str]:
     out = []
     if t.context_parallel_size > 1:
         out.append(f"context_parallel_size={t.context_parallel_size}")
-    if t.tensor_parallel_size > 1 and t.data_parallel_size > 1:
-        # +1.4 % vs the formulas on the agreement Llama (tp 2 x dp 2, ZeRO-1): the traced peak
-        # is in the final norm's backward, the formulas' at the head's forward; not reconciled
-        out.append(
-            f"tensor_parallel_size={t.tensor_parallel_size} with "
-            f"data_parallel_size={t.data_parallel_size}"
-        )
     if t.pipeline_parallel_size > 1 and t.pipeline_schedule == "gpipe":
         # megatron-core schedules 1F1B or interleaved 1F1B only (pipeline_parallel/schedules.py
         # get_forward_backward_func); +7.8 % vs the formulas' GPipe on the agreement Llama
@@ -158,12 +153,11 @@ def untraced_megatron(training: TrainingConfig) -> str:
     return (
         "framework=megatron ("
         + (f"{', '.join(why)}: " if why else "")
-        + "megatron-core's context parallelism, GPipe (Megatron has none), tensor parallelism "
-        "beside data parallelism, its ZeRO-2/3 (custom FSDP), CPU offload, LoRA and quantized "
-        "bases are not traced; traced: --framework megatron on one GPU, over "
-        "--data-parallel-size N with --zero-stage 0 or 1 (the distributed optimizer), or "
-        "with --tensor-parallel-size N (and --sequence-parallel) alone, or with "
-        "--pipeline-parallel-size N (1F1B or interleaved), with a "
+        + "megatron-core's context parallelism, GPipe (Megatron has none), its ZeRO-2/3 "
+        "(custom FSDP), CPU offload, LoRA and quantized bases are not traced; traced: "
+        "--framework megatron on one GPU or over --data-parallel-size N with --zero-stage 0 "
+        "or 1 (the distributed optimizer), with --tensor-parallel-size N (and "
+        "--sequence-parallel) and --pipeline-parallel-size N (1F1B or interleaved), with a "
         "torch-traceable optimizer, megatron-core's memory applied to the transformers "
         "layers; or --engine analytic)"
     )
@@ -171,9 +165,9 @@ def untraced_megatron(training: TrainingConfig) -> str:
 
 def traced_megatron(training: TrainingConfig) -> bool:
     """A Megatron run the traced paths model (Note [Megatron on a traced step]): one GPU or
-    data parallelism, with or without the distributed optimizer (``zero_stage`` 0 or 1), or
-    tensor (+ sequence) parallelism alone (Note [Megatron's tensor parallelism on a traced
-    step])."""
+    data parallelism, with or without the distributed optimizer (``zero_stage`` 0 or 1), with
+    tensor (+ sequence) parallelism (Note [Megatron's tensor parallelism on a traced step])
+    and pipelining."""
     return training.framework == "megatron" and not megatron_refusals(training)
 
 

@@ -91,20 +91,36 @@ def _agreement_local_params(tp: int) -> int:
     return int((_agreement_params() - norms) // tp + norms)
 
 
-@pytest.mark.parametrize("sp", [False, True], ids=["tp 2", "tp 2 + sp"])
-def test_tensor_parallel_agrees_with_the_formulas_and_shards_megatrons_buffers(sp: bool) -> None:
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"sequence_parallel": True},
+        {"data_parallel_size": 2, "zero_stage": 1},
+        {"seq_len": 1024},
+    ],
+    ids=["tp 2", "tp 2 + sp", "tp 2 x dp 2 distributed optimizer", "tp 2 at 2 x 1024 tokens"],
+)
+def test_tensor_parallel_agrees_with_the_formulas_and_shards_megatrons_buffers(
+    changes: dict[str, Any],
+) -> None:
     """Note [Megatron's tensor parallelism on a traced step]: DTensor's plan with Megatron's
     shapes, the cross-entropy on the logits' vocabulary shard, the embedding's new gradient one
-    shard (V / 2 x h x 2 bytes, VocabParallelEmbedding's lookup in the rank's weight)."""
+    shard (V / 2 x h x 2 bytes, VocabParallelEmbedding's lookup in the rank's weight); the
+    norms as Megatron's fused kernel (Note [Megatron's fused RMSNorm]: +3.2 % at 2 x 1024
+    tokens and +1.4 % beside data parallelism with transformers' norm)."""
     cfg = json.loads((MODELS_DIR / "agreement" / "llama_h2048.json").read_text())
     h, v = cfg["hidden_size"], cfg["vocab_size"]
-    training = _training(tensor_parallel_size=2, sequence_parallel=sp)
+    training = _training(tensor_parallel_size=2, **changes)
+    tokens = 2 * training.seq_len
     schedule, generic, analytic = _both(AGREEMENT, training)
     assert generic == pytest.approx(analytic, rel=0.01)
     n = _agreement_local_params(2)
     ops = _ops(schedule.setup) + _ops(schedule.step)
     assert [op.size_bytes for op in ops if op.key == "grad/main_grad"] == [4 * n]
-    assert schedule.category_peak(MemoryCategory.OPTIMIZER_STATE) == 12 * n
+    # fp32 master weights and two moments, 12 B per element, half on each of dp 2 ranks
+    dp = changes.get("data_parallel_size", 1)
+    assert schedule.category_peak(MemoryCategory.OPTIMIZER_STATE) == 12 * n // dp
     embedding = [
         op.size_bytes
         for op in ops
@@ -112,10 +128,10 @@ def test_tensor_parallel_agrees_with_the_formulas_and_shards_megatrons_buffers(s
         and op.size_bytes >= h * v // 2
     ]  # fmt: skip
     assert set(embedding) == {v // 2 * h * 2}  # (one per traced step)
-    # Megatron's saved softmax: fp32, 2 x 256 tokens x the rank's V / 2 logits
+    # Megatron's saved softmax: fp32, the tokens x the rank's V / 2 logits
     saved = [op.size_bytes for op in ops if op.action == "alloc" and op.module == ""
              and op.category is MemoryCategory.ACTIVATION]  # fmt: skip
-    assert 4 * 2 * 256 * v // 2 in saved
+    assert 4 * tokens * v // 2 in saved
 
 
 @pytest.mark.parametrize(
@@ -215,10 +231,6 @@ def test_vocab_parallel_cross_entropy_matches_torch_and_saves_one_fp32_softmax()
 @pytest.mark.parametrize(
     ("changes", "named"),
     [
-        (
-            {"tensor_parallel_size": 2, "data_parallel_size": 2, "zero_stage": 1},
-            "tensor_parallel_size=2 with data_parallel_size=2",
-        ),
         ({"context_parallel_size": 2}, "context_parallel_size=2"),
         (
             {

@@ -27,6 +27,7 @@ from trainmem.analytic.loss import (
     unsloth_logits_loss,
 )
 from trainmem.analytic.norms import (
+    fused_norms,
     litgpt_norm_weight_in_fp32,
     norm_saved_bytes,
     unsloth_fast_norms,
@@ -63,8 +64,9 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
             not training.compile or compiled_chunked_loss(model, training)
         )
         fp32 = litgpt_norm_weight_in_fp32(training)
-        # Unsloth's Fast_RMS_Layernorm saves what a compiled norm keeps: its input and rstd
-        fast = unsloth_fast_final_norm(model, training)
+        # a fused norm (Unsloth's Fast_RMS_Layernorm, Megatron's TENorm) saves what a
+        # compiled norm keeps: its input and rstd
+        fast = unsloth_fast_final_norm(model, training) or fused_norms(training)
         # Note [Autocast over 16-bit weights]: a LayerNorm saves its fp32 cast of the input
         r_in = 4 if autocast_fp32_layer_norms(model, training) else r
         out["final_norm"] = (

@@ -82,14 +82,24 @@ def unsloth_fast_norms(training: TrainingConfig) -> bool:
     return training.conventions.unsloth_fast_rms_layernorm and training.is_lora
 
 
+def fused_norms(training: TrainingConfig) -> bool:
+    """The RMSNorms save what a compiled norm keeps, the input in its own dtype and the fp32
+    rstd (r h + 4 per token), and their backward holds no transients: Unsloth's
+    ``Fast_RMS_Layernorm`` (:func:`unsloth_fast_norms`) or a framework's fused kernel
+    (``FrameworkConventions.fused_rms_norm``: Megatron's ``TENorm`` / Apex's
+    ``FusedRMSNormAffineMixedDtypesFunction``, ``ctx.save_for_backward(input_, weight_,
+    invvar)``; Note [Megatron's fused RMSNorm], trainmem/trace/fused_norm.py)."""
+    return unsloth_fast_norms(training) or training.conventions.fused_rms_norm
+
+
 def norm_options(training: TrainingConfig) -> dict[str, bool]:
     """How the layer norms run: frozen (no normalised tensor saved for the weight's gradient)
-    under LoRA and under torch.compile, compiled under torch.compile (and as Unsloth's
-    ``Fast_RMS_Layernorm``, :func:`unsloth_fast_norms`, which saves the same), the weight
-    multiplied in fp32 by litgpt's RMSNorm (:func:`norm_saved_bytes`)."""
+    under LoRA and under torch.compile, compiled under torch.compile (and as a fused kernel,
+    :func:`fused_norms`, which saves the same), the weight multiplied in fp32 by litgpt's
+    RMSNorm (:func:`norm_saved_bytes`)."""
     return {
         "trainable": not training.is_lora and not training.compile,
-        "compiled": training.compile or unsloth_fast_norms(training),
+        "compiled": training.compile or fused_norms(training),
         "weight_in_fp32": litgpt_norm_weight_in_fp32(training),
     }
 

@@ -897,6 +897,13 @@ class FrameworkConventions:
     per row (``ctx.save_for_backward(X, W, r)``: r h + 4 per token), its backward writes the
     input gradient into the incoming one in place (``dX = dY``, no weight gradient) and makes
     nothing else. Applied to the final norm (the layers' run inside checkpointing)."""
+    fused_rms_norm: bool
+    """The RMSNorms are fused kernels that save their input in its own dtype and the fp32
+    inverse RMS per row, and hold no transients (r h + 4 per token): megatron-core's ``TENorm``
+    is TransformerEngine's ``te.pytorch.RMSNorm`` (core_r0.9.0 extensions/transformer_engine.py),
+    Apex's ``FusedRMSNormAffineMixedDtypesFunction`` without TE (apex normalization/
+    fused_layer_norm.py ``ctx.save_for_backward(input_, weight_, invvar)``); Note [Megatron's
+    fused RMSNorm], trainmem/trace/fused_norm.py."""
     unsloth_attention: bool
     """Attention is Unsloth's ``LlamaAttention_fast_forward`` (flash-attn when installed,
     ``--attention flash``; else xformers, else SDPA), which before 2025.12.2 saves grouped keys
@@ -1052,6 +1059,7 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "unsloth_alloc_conf": False,
         "unsloth_fused_cross_entropy": False,
         "unsloth_fast_rms_layernorm": False,
+        "fused_rms_norm": False,
         "unsloth_attention": False,
         "unsloth_fast_lora": False,
         "default_optimizer": "adamw",
@@ -1163,6 +1171,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             fused_multi_tensor_adam=True,
             vocab_parallel_cross_entropy=True,
             pipeline_last_stage_output_is_loss=True,
+            fused_rms_norm=True,
         ),
         _row(
             "fsdp2",

@@ -287,6 +287,10 @@ def build_hf_training_model(
         fuse_projections(model, raw_config)
     if raw_config.get("model_type") in VISION_TOWER_TYPES:
         attach_pooled_loss(model)
+    if training.conventions.fused_rms_norm:  # Note [Megatron's fused RMSNorm]
+        from trainmem.trace.fused_norm import fuse_rms_norms
+
+        fuse_rms_norms(model)
     model = apply_lora(model, training)
     quantize_base(model, training)  # Note [Traced quantized base]
     model.train()

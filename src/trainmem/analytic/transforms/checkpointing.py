@@ -37,7 +37,7 @@ from typing import NamedTuple
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
 from trainmem.analytic.autocast import autocast_cached_weight_bytes
 from trainmem.analytic.checkpointing import layer_is_checkpointed, op_selective_saved_terms
-from trainmem.analytic.norms import unsloth_fast_norms
+from trainmem.analytic.norms import fused_norms
 from trainmem.analytic.transforms.base import Emitted, RankContext, Transform, Where, alloc, free
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.memo import per_configuration
@@ -164,9 +164,9 @@ def first_norm_saves_its_input(model: ModelSpec, training: TrainingConfig) -> bo
     16-bit input (traced: a 1024-wide Qwen2, bf16-true LoRA, full checkpointing, FSDP2).
     """
     _, r = compute_and_residual_bytes(training)
-    # Unsloth's Fast_RMS_Layernorm saves its input itself (analytic/norms.py
-    # ``unsloth_fast_norms``)
-    return model.norm_kind == "layernorm" or r == 4 or unsloth_fast_norms(training)
+    # a fused norm (Unsloth's Fast_RMS_Layernorm, Megatron's TENorm) saves its input itself
+    # (analytic/norms.py ``fused_norms``)
+    return model.norm_kind == "layernorm" or r == 4 or fused_norms(training)
 
 
 def layer_plan(ctx: RankContext) -> LayerPlan:
