@@ -13,6 +13,7 @@ from trainmem.analytic.activation_shapes import (
     compute_and_residual_bytes,
     tokens_per_sequence,
 )
+from trainmem.analytic.float8 import float8_linears_save_input
 from trainmem.analytic.lora_variants import (
     check_lora_variant,
     dora_first_layer_unsaved,
@@ -52,8 +53,15 @@ def apply_lora(
     # See TrainingConfig.quantized_matmul_saves_input.
     # DeepSpeed ZeRO-3's persistent F.linear replacement saves every linear's input too
     # (TrainingConfig.zero3_linear_saves_input)
+    # torchao's eager float8 linears save their input too (Note [Frozen float8 linears save
+    # their input] in analytic/float8.py)
     check_lora_variant(training)
-    if not (training.quantized_matmul_saves_input or training.zero3_linear_saves_input):
+    keeps_inputs = (
+        training.quantized_matmul_saves_input
+        or training.zero3_linear_saves_input
+        or float8_linears_save_input(model, training)
+    )
+    if not keeps_inputs:
         _frozen_base_inputs(terms, model, training, t=t, k_top=k_top)
     terms.update(_adapter_terms(model, training, t=t, k_top=k_top))
     adapter_bytes = dtype_bytes(lora_adapter_dtype(training))

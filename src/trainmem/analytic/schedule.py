@@ -70,7 +70,7 @@ cited per term in :mod:`trainmem.analytic.activations` and :mod:`trainmem.analyt
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 from trainmem.analytic.activation_parallelism import (
@@ -92,6 +92,7 @@ from trainmem.analytic.backward_transients import (
 )
 from trainmem.analytic.buffers import ROPE_BUFFERS_KEY, layer_rope_cache_bytes
 from trainmem.analytic.checkpointing import input_grad_hook_bytes, layer_is_checkpointed
+from trainmem.analytic.float8 import float8_linears_save_input
 from trainmem.analytic.forward_transients import (
     down_projection_held_bytes,
     recompute_down_held_bytes,
@@ -549,6 +550,12 @@ class _Layers:
         self.down_first = self.mlp_parts is not None and down_backward_before_recompute(
             ctx.training
         )
+        # Note [Frozen float8 linears save their input]: down's input freed after its backward
+        self.down_input_late = (
+            self.mlp_parts is not None
+            and not self.down_first
+            and float8_linears_save_input(ctx.model, ctx.training)
+        )
         # Note [Final RMSNorm's backward], the layers' norms: each one's fp32 transients
         self.norm_tmp = layer_norm_backward_bytes(ctx.model, ctx.training)
         self.scores_tmp, self.mask_tmp = eager_scores_forward_bytes(ctx.model, ctx.training)
@@ -763,8 +770,10 @@ class _Layers:
         re_down, re_mlp, re_early, re_rest, re_after = self._released(
             recomputed, plan.dropped, self.copy_places
         )
-        body += down + re_down
-        mlp_items, (_, mlp_grads, o_grads, rest_grads) = self._mlp_backward(em, where)
+        late = down + re_down if self.down_input_late else []
+        if not late:
+            body += down + re_down
+        mlp_items, (_, mlp_grads, o_grads, rest_grads) = self._mlp_backward(em, where, late)
         body += mlp_items
         body += mlp + re_mlp + mlp_grads
         body += self._norm_backward(after + re_after, plan, "mlp/norm")
@@ -790,12 +799,14 @@ class _Layers:
         return tuple(body)
 
     def _mlp_backward(
-        self, em: Emitter, where: Where
+        self, em: Emitter, where: Where, late: Sequence[Op] = ()
     ) -> tuple[list[Item], tuple[list[Op], list[Op], list[Op], list[Op]]]:
         """The MLP's backward transients around its down projection's gradients (Note [An
         MLP's backward, linear by linear]; one block where the parts are not known), up to
         the frees of the MLP's other saved blocks; and the layer's four gradient groups
-        (:meth:`_Transforms.layer_gradients`)."""
+        (:meth:`_Transforms.layer_gradients`). ``late``: the frees of down's saved input when
+        its backward releases it after the weight gradient (Note [Frozen float8 linears save
+        their input])."""
         b: Phase = "backward"
         parts, made = self.mlp_parts, self._down_made()
         items: list[Item] = em.at("layer.mlp.pre_backward", where)
@@ -809,6 +820,7 @@ class _Layers:
         label = "the MLP activation's backward gradients"
         act = alloc(parts.activation, Cat.TEMPORARY, b, "mlp_tmp/act", "layers.{i}", label)
         items += [free(op, b) for op in made[1:]]
+        items += late
         return [*items, act, free(made[0], b), free(act, b)], grads
 
     def _down_made(self) -> list[Op]:

@@ -16,6 +16,19 @@ Note [Tracing float8]
     (trainmem.trace.fsdp); without FSDP the step runs under bf16 autocast. The float8 casts,
     amax / scale tensors and ``torch._scaled_mm`` have fake-tensor kernels, so the step traces
     as is (torchao 0.18, torch 2.13).
+
+Note [Float8Linear under the traced autocast]
+    ``Float8Linear.forward`` casts its input to the autocast dtype itself ("Duplicate the
+    autocast logic for F.linear": ``if torch.is_autocast_enabled(): input =
+    input.to(torch.get_autocast_gpu_dtype())``, torchao 0.18 float8/float8_linear.py), then
+    runs ``matmul_with_hp_or_float8_args``, which saves that 16-bit copy. The no-argument
+    ``torch.is_autocast_enabled()`` asks about CUDA; the trace runs CUDA's policy under the CPU
+    autocast key (trainmem.trace.cuda_autocast), so torchao's check is False on the trace and
+    each linear would save the fp32 input where a GPU saves a 16-bit copy per linear. A
+    forward pre-hook on each converted linear makes the same cast under the trace's autocast
+    (``torch.is_autocast_enabled("cpu")``, ``torch.get_autocast_dtype("cpu")``); torchao's own
+    branch stays off, so the cast happens once. Under FSDP2 no autocast runs (its
+    ``MixedPrecisionPolicy`` casts): nothing changes there.
 """
 
 from __future__ import annotations
@@ -61,3 +74,17 @@ def apply_float8(model: Any, training: TrainingConfig, *, fsdp: bool) -> None:
     del training
     config = Float8LinearConfig(enable_fsdp_float8_all_gather=fsdp)
     convert_to_float8_training(model, config=config, module_filter_fn=_keep)
+    from torchao.float8.float8_linear import Float8Linear  # type: ignore[import-untyped,import-not-found]
+
+    for module in model.modules():
+        if isinstance(module, Float8Linear):
+            module.register_forward_pre_hook(_autocast_input)
+
+
+def _autocast_input(module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """``Float8Linear.forward``'s input cast under the trace's autocast (Note [Float8Linear
+    under the traced autocast])."""
+    del module
+    if not torch.is_autocast_enabled("cpu") or not args:
+        return None
+    return (args[0].to(torch.get_autocast_dtype("cpu")), *args[1:])
