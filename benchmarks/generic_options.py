@@ -65,7 +65,9 @@ the diffusers model has no gate) +0.47 %.
 LoRA with fp8-mixed (session 19; set "lora fp8-mixed"): +17.3 -> +0.58 % (with full
 checkpointing +19.5 -> +0.02 %): torchao's eager casts of each frozen fp32 base weight, two fp32
 copies and the float8 weight beside the other operand's float8 copy, peak at the down
-projection (Note [Float8 casts of a base weight]).
+projection (Note [Float8 casts of a base weight]). Session 20 (helper fp8fsdp): +0.58 -> +0.33 %
+(Note [Frozen float8 linears save their input], Note [Float8Linear under the traced autocast]);
+outside the sets, under FSDP2 4 +4.35 -> -0.06 %.
 Megatron (session 18, helper megatron; refused on the generic path before): "megatron" +0.198 %,
 "megatron distributed optimizer 4" +0.371 % vs analytic (Note [Megatron on a traced step]);
 not applicable on the diffusers model (Megatron's GPTModel is a decoder-only language model).
