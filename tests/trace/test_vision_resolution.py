@@ -137,3 +137,11 @@ def test_a_sweep_over_the_sequence_of_a_vision_encoder_is_refused(invoke: Invoke
     rows = invoke(*args, "resolution=224,384", "--format", "csv").stdout.strip().splitlines()
     allocated = [int(row.split(",")[2]) for row in rows[1:]]
     assert allocated[1] > allocated[0] + 2**30  # 577 tokens a sample, not 197
+
+
+def test_a_resolution_under_one_patch_is_refused(invoke: Invoke) -> None:
+    # ViT-L/16: a 8 px side gives the stride-16 patch convolution no output (it was estimated
+    # as [CLS] alone)
+    result = invoke("estimate", "vit-large-patch16-224", "--resolution", "8", exit_code=2)
+    assert result.stderr.strip().startswith("error: resolution: 8x8 px"), result.stderr
+    assert "at least 16 px" in result.stderr

@@ -2865,6 +2865,15 @@ def check_training_for_model(model: ModelSpec, training: TrainingConfig) -> None
             field,
             f"is a causal-LM setting (a loss on the logits); {model.name} has head {model.head!r}",
         )
+    size = training.image_size
+    if model.architecture == "vision-encoder" and size is not None and model.patch_size:
+        p = model.patch_size
+        if min(size) < p:  # Conv2d(kernel=p, stride=p) makes no patch of a smaller side
+            raise SpecError(
+                "resolution",
+                f"{size[0]}x{size[1]} px is smaller than {model.name}'s {p}-pixel patch on a "
+                f"side, so its patch convolution makes no patch; allowed: at least {p} px a side",
+            )
     positions = model.max_position_embeddings
     if (
         model.position_kind == "learned"
