@@ -48,6 +48,11 @@ def test_estimate_table_states_gib_and_verdict(invoke: Invoke) -> None:
     assert "GiB = 2^30 bytes" in r.stdout
     assert "max_memory_allocated" in r.stdout and "T4" in r.stdout
     assert "micro_batch_size=4" in r.stdout
+    # the phase is said once: "peak falls in the backward: backward: ..." read as a stutter
+    line = next(x for x in r.stdout.splitlines() if x.startswith("peak falls in the "))
+    phase = line.removeprefix("peak falls in the ").split(":")[0]
+    assert phase in ("forward", "backward", "optimizer")
+    assert not line.split(": ", 1)[1].startswith(phase), line
 
 
 def test_estimate_of_a_user_config_file(invoke: Invoke, tmp_path: Path) -> None:

@@ -700,11 +700,14 @@ _PHASE_TEXT = {
 
 
 def _reason(phase: str, label: str, module: str) -> str:
-    """One sentence on the operation that sets the peak."""
+    """One sentence on the operation that sets the peak. Every reader prints it after the
+    peak's phase ("peak falls in the backward: ..."), so the phase is named again only where
+    the reported phase is not the schedule's (zero_grad is reported as the backward)."""
     where = _PHASE_TEXT.get(phase, phase)
+    said = f"{where}: " if phase not in ("forward", "backward", "optimizer") else ""
     if not label:
-        return f"{where}, in {module or 'the model'}"
-    return f"{where}: {label} allocated" + (f" in {module}" if module else "")
+        return f"{said}in {module or 'the model'}"
+    return f"{said}{label} allocated" + (f" in {module}" if module else "")
 
 
 def _validate_arguments(

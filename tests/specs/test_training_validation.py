@@ -270,3 +270,16 @@ def test_a_nightly_version_is_refused_with_the_release_to_give() -> None:
     with pytest.raises(SpecError, match="not a version") as other:
         TrainingConfig(torch_version="2.x")
     assert "nightly" not in str(other.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "named"),
+    [("torchtitan", "fsdp2"), ("TRL", "hf-trainer"), ("llamafactory", "llama-factory")],
+)
+def test_a_framework_known_by_another_name_is_named_in_the_error(name: str, named: str) -> None:
+    """torchtitan's conventions are ``fsdp2`` here (specs/assumptions.py); a user typing the
+    project's own name is told which value to pass, not only the list."""
+    with pytest.raises(SpecError) as err:
+        TrainingConfig(framework=name)
+    assert err.value.field == "framework"
+    assert f"is --framework {named}" in str(err.value)

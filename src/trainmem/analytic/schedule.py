@@ -1202,7 +1202,11 @@ class _Ends:
             b,
             "grad/embedding/vocab",
             "embedding",
-            "the token embedding's full-vocabulary partial gradient (DTensor)",
+            (
+                "the token embedding's full-vocabulary partial gradient (DTensor)"
+                if self.tied_shard
+                else "the token embedding's weight gradient (vocabulary x hidden)"
+            ),
         )
         items.append(vocab_grad)
         tied_sum = tied_sum_op(self.tied_sum)

@@ -210,8 +210,9 @@ def estimate_cmd(
         )
     elif est.fits is False:
         est.notes.append(
-            f"does not fit {est.gpu_name}: `trainmem fit` searches with the formulas, which do "
-            f"not model this family ({est.engine} path); re-run `trainmem estimate` with "
+            f"does not fit {est.gpu_name}: `trainmem fit {model} --gpu {gpu} [same options]` "
+            f"traces the changes that make it fit on the {est.engine} path (one traced step "
+            "per candidate); by hand, re-run `trainmem estimate` with "
             + ", or ".join(untried_fixes(training))
         )
     if modules and as_json:

@@ -5,9 +5,17 @@ This module deliberately has no ``from __future__ import annotations``: typer re
 annotations at registration time, and the aliases are local names of :func:`register`.
 """
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import typer
 
 from trainmem.specs.training import TrainingConfig
+
+if TYPE_CHECKING:
+    from trainmem.breakdown import MemoryEstimate
+    from trainmem.planner.fixes import Fix
+    from trainmem.specs.hardware import GPUSpec
 
 
 def register(app: typer.Typer) -> None:
@@ -22,7 +30,15 @@ def register(app: typer.Typer) -> None:
     MultipleOf = Annotated[
         int, typer.Option("--seq-len-multiple-of", help="Granularity of the planned seq_len.")
     ]
-    Limit = Annotated[int, typer.Option("--limit", help="At most this many fixes.")]
+    Limit = Annotated[
+        int | None,
+        typer.Option(
+            "--limit",
+            help="At most this many fixes. [default: 10; 3 for a model only the generic path "
+            "traces, each candidate being a traced step]",
+            show_default=False,
+        ),
+    ]
     Over = Annotated[
         list[str],
         typer.Option(
@@ -65,12 +81,19 @@ def register(app: typer.Typer) -> None:
         --micro-batch-size) that fit --gpu, with the margin left; with --gpus, every catalog
         GPU (and the fewest of each that fit a sharded run)."""
         # Note [--help imports no engine]: the planner and its engines load only to run
+        from trainmem.errors import UnsupportedError
         from trainmem.estimate import formula_model
         from trainmem.planner.evaluate import require_gpu
         from trainmem.planner.search import max_micro_batch_size, max_seq_len, plan_gpus
         from trainmem.report import render
 
         if all_gpus:
+            if traced_only(model):
+                raise UnsupportedError(
+                    "--gpus plans every catalog GPU with the formulas, which do not model this "
+                    "family; `trainmem plan MODEL --gpu NAME` traces the micro-batch search on "
+                    "one GPU"
+                )
             if gpu is not None:
                 raise SpecError("gpus", "--gpus lists every catalog GPU; drop --gpu")
             gpu_plan = plan_gpus(formula_model(model, "plan"), training)
@@ -94,6 +117,9 @@ def register(app: typer.Typer) -> None:
                 console.print(f"assumed: {gpu_plan.assumption}", highlight=False)
             return
         gpu_spec = require_gpu(gpu)
+        if traced_only(model):
+            _plan_traced(model, gpu_spec, training, as_json)
+            return
         spec = formula_model(model, "plan")
         results = [max_micro_batch_size(spec, training, gpu_spec)]
         if spec.architecture != "vision-encoder":
@@ -118,7 +144,7 @@ def register(app: typer.Typer) -> None:
     def fit_cmd(
         model: ModelArg,
         gpu: GpuOpt = None,
-        limit: Limit = 10,
+        limit: Limit = None,
         as_json: JsonOpt = False,
         *,
         training: TrainingConfig,
@@ -131,15 +157,24 @@ def register(app: typer.Typer) -> None:
         from trainmem.report import render
 
         gpu_spec = require_gpu(gpu)
-        spec = formula_model(model, "fit")
-        base = simulated_estimate(spec, training, gpu_spec)
-        found = [] if fits(base) else fixes(spec, training, gpu_spec, limit=limit, simulated=base)
+        if traced_only(model):
+            base, found = _fit_traced(model, gpu_spec, training, limit)
+            name = base.model_name
+        else:
+            spec = formula_model(model, "fit")
+            name = spec.name
+            base = simulated_estimate(spec, training, gpu_spec)
+            found = (
+                []
+                if fits(base)
+                else fixes(spec, training, gpu_spec, limit=limit or 10, simulated=base)
+            )
         if as_json:
             print(render.fixes_json(base, found))
             return
         total, cap = base.breakdown.device_total_bytes, gpu_spec.memory_bytes
         head = (
-            f"{spec.name} needs {render.gib(total)} GiB at the peak ({base.peak_phase}) "
+            f"{name} needs {render.gib(total)} GiB at the peak ({base.peak_phase}) "
             f"on {gpu_spec.name} ({render.gib(cap)} GiB usable): "
         )
         if fits(base):
@@ -153,8 +188,13 @@ def register(app: typer.Typer) -> None:
             return
         console.print(head + "does not fit.", highlight=False)
         if not found:
+            from trainmem.planner.traced import beyond_any_fix
+
+            why = beyond_any_fix(base, gpu_spec)
             console.print(
-                "no change in the planner's table, nor any two of them, makes it fit.",
+                f"no change can make it fit: {why}."
+                if why
+                else "no change in the planner's table, nor any two of them, makes it fit.",
                 highlight=False,
             )
             return
@@ -194,6 +234,74 @@ def register(app: typer.Typer) -> None:
         else:
             title = f"{spec.name}" + (f" on {gpu}" if gpu else "") + ": sweep"
             console.print(render.sweep_table(title, rows, simulated=simulate_allocator))
+
+
+def traced_only(model: str) -> bool:
+    """Whether ``model`` is a family the formulas do not model, so that ``plan`` and ``fit``
+    trace each candidate on the generic path (:mod:`trainmem.planner.traced`)."""
+    from trainmem.errors import UnsupportedError
+    from trainmem.estimate import resolve_model
+
+    try:
+        resolve_model(model)
+    except UnsupportedError:
+        return True
+    return False
+
+
+def _progress(model: str, base: TrainingConfig) -> "Callable[[TrainingConfig], None]":
+    """A line on stderr per traced candidate: the settings it changes from the run's."""
+    import sys
+
+    from trainmem.planner.fixes import changed_settings
+
+    def say(training: TrainingConfig) -> None:
+        changed = changed_settings(base, training)
+        what = ", ".join(f"{k}={v[1]}" for k, v in changed.items()) or "as given"
+        print(f"tracing {model}: {what}", file=sys.stderr, flush=True)
+
+    return say
+
+
+def _fit_traced(
+    model: str, gpu: "GPUSpec", training: TrainingConfig, limit: int | None
+) -> "tuple[MemoryEstimate, list[Fix]]":
+    """``trainmem fit`` on the generic path: the run traced, then, if it does not fit, the
+    planner's changes traced cheapest first (:func:`trainmem.planner.traced.traced_fixes`)."""
+    from trainmem.planner.traced import traced_fixes, traced_probe
+
+    probe = traced_probe(model, gpu, _progress(model, training))
+    base = probe(training)
+    if base.fits:
+        return base, []
+    return base, traced_fixes(base, training, gpu, probe, limit=limit or 3)
+
+
+def _plan_traced(model: str, gpu: "GPUSpec", training: TrainingConfig, as_json: bool) -> None:
+    """``trainmem plan`` on the generic path: the largest micro-batch size, traced."""
+    from trainmem.cli.common import console
+    from trainmem.planner.traced import traced_max_micro_batch_size, traced_probe
+    from trainmem.report import render
+
+    result = traced_max_micro_batch_size(
+        training, gpu, traced_probe(model, gpu, _progress(model, training))
+    )
+    name = (result.estimate or result.next_estimate or _never()).model_name
+    if as_json:
+        print(render.plan_json(name, [result]))
+        return
+    console.print(render.plan_table(name, [result]))
+    console.print(
+        f"fixed: {training.precision}, {training.optimizer}, checkpointing "
+        f"{training.activation_checkpointing}; each candidate traced on the generic path (the "
+        "formulas do not model this family); the sequence-length search needs the formulas",
+        highlight=False,
+    )
+    console.print(f"{result.dimension}: {result.reason}", highlight=False)
+
+
+def _never() -> "MemoryEstimate":  # pragma: no cover - a plan always probes micro-batch 1
+    raise AssertionError("a traced plan without an estimate")
 
 
 def estimate_command(model_arg: str, gpu: str, training: TrainingConfig) -> str:

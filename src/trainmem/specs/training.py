@@ -220,6 +220,18 @@ LORA_TARGET_ALIASES: dict[str, str] = {
 
 FRAMEWORKS: tuple[str, ...] = tuple(FRAMEWORK_CONVENTIONS)
 """Framework conventions, see Note [Framework conventions] and :mod:`trainmem.specs.frameworks`."""
+FRAMEWORK_NAMES: dict[str, str] = {
+    "torchtitan": "fsdp2",
+    "accelerate": "accelerate-fsdp (or hf-trainer without sharding)",
+    "trl": "hf-trainer",
+    "transformers": "hf-trainer",
+    "llamafactory": "llama-factory",
+    "lightning": "pytorch-amp (or fsdp2 / deepspeed as its strategy)",
+    "megatron-lm": "megatron",
+    "nemo": "megatron",
+    "qlora": "fsdp-qlora (Answer.AI's script), or --quantize-base nf4 with any framework",
+}
+"""What a user may call a framework that trainmem names otherwise, named in the error."""
 FSDP_TO_ZERO: dict[str, int] = {"no-shard": 0, "shard-grad-op": 3, "full-shard": 3}
 """FSDP sharding strategies as the ZeRO stage they shard like (torch.distributed.fsdp
 ``ShardingStrategy``): FULL_SHARD shards parameters, gradients and optimizer states; SHARD_GRAD_OP
@@ -286,7 +298,9 @@ def _parse_resolution(text: str) -> int | str:
 
 def _check_choice(field: str, value: str, allowed: tuple[str, ...]) -> None:
     if not isinstance(value, str) or value not in allowed:
-        raise SpecError(field, f"unknown value {value!r}; allowed: {', '.join(allowed)}")
+        hint = FRAMEWORK_NAMES.get(str(value).lower()) if field == "framework" else None
+        said = f" ({value} is --framework {hint})" if hint else ""
+        raise SpecError(field, f"unknown value {value!r}; allowed: {', '.join(allowed)}{said}")
 
 
 def _check_ints(config: object, names: tuple[str, ...], *, minimum: int) -> None:

@@ -195,9 +195,14 @@ def apply_activation_checkpointing(model: Any, mode: str, *, reentrant: bool = F
             return create_selective_checkpoint_contexts(selective_policy())
 
         kwargs["context_fn"] = make_contexts
+    if hasattr(model, "activation_checkpointing_enable") and getattr(
+        model, "supports_gradient_checkpointing", False
+    ):  # transformers 5.24's name; gradient_checkpointing_enable is its deprecated alias
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        return
     if hasattr(model, "gradient_checkpointing_enable") and getattr(
         model, "supports_gradient_checkpointing", False
-    ):
+    ):  # transformers before the rename
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         return
     if getattr(model, "_supports_gradient_checkpointing", False) and hasattr(

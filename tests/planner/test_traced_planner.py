@@ -1,0 +1,71 @@
+"""``trainmem fit`` and ``plan`` on a model only the generic path runs (a tiny Whisper): each
+answer is checked against ``trainmem estimate`` of the configuration it names, run on its own,
+and the paths a user can take (fits, does not fit, --gpus) each end in a clear answer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import Invoke, InvokeJson
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+WHISPER = Path(__file__).parents[1] / "models" / "whisper.json"
+"""d_model 64, 2 + 2 layers: 21 MB allocated at micro-batch 1, 81 MB at 64 (64 tokens)."""
+
+SMALL = "0.53GiB"
+"""A capacity the tiny model overflows at micro-batch 16 (about 0.5 GB of it is the CUDA
+context), so that each search stays a few traced steps."""
+
+
+def _fits(invoke_json: InvokeJson, *flags: str) -> bool:
+    d = invoke_json("estimate", WHISPER, "--gpu", SMALL, "-s", "64", *flags)
+    assert d["engine"] == "generic"
+    return bool(d["fits"])
+
+
+def _flags(settings: dict[str, dict[str, object]]) -> list[str]:
+    out: list[str] = []
+    for key, change in settings.items():
+        out += [f"--{key.replace('_', '-')}", str(change["to"])]
+    return out
+
+
+def test_fit_traces_changes_that_each_fit_on_their_own(invoke_json: InvokeJson) -> None:
+    base = ["-b", "32"]
+    assert not _fits(invoke_json, *base)
+    d = invoke_json("fit", WHISPER, "--gpu", SMALL, "-s", "64", "--limit", "1", *base)
+    assert d["fits"] is False and d["fixes"], d
+    for fix in d["fixes"]:
+        flags = _flags(fix["settings"])
+        settings = dict(zip(flags[::2], flags[1::2], strict=True))
+        run = [*base, *flags] if "--micro-batch-size" not in settings else flags
+        assert _fits(invoke_json, *run), fix["change"]
+    # the cheapest micro-batch that fits: the next larger divisor of 32 does not
+    accumulate = [f for f in d["fixes"] if "micro_batch_size" in f["settings"]]
+    assert accumulate, [f["change"] for f in d["fixes"]]
+    chosen = int(accumulate[0]["settings"]["micro_batch_size"]["to"])
+    assert not _fits(invoke_json, "-b", str(chosen * 2))
+
+
+def test_fit_of_a_traced_run_that_fits_changes_nothing(invoke: Invoke) -> None:
+    r = invoke("fit", WHISPER, "--gpu", SMALL, "-s", "64", "-b", "1")
+    assert "fits with" in r.stdout and "does not fit" not in r.stdout
+
+
+def test_plan_traces_the_largest_micro_batch(invoke_json: InvokeJson) -> None:
+    d = invoke_json("plan", WHISPER, "--gpu", SMALL, "-s", "64")
+    (row,) = d["results"]
+    value = row["value"]
+    assert row["dimension"] == "micro_batch_size" and row["limited_by"] == "memory"
+    assert _fits(invoke_json, "-b", str(value))
+    assert not _fits(invoke_json, "-b", str(value + 1))
+
+
+def test_plan_gpus_is_refused_with_what_works(invoke: Invoke) -> None:
+    r = invoke("plan", WHISPER, "--gpus", exit_code=None)
+    assert r.exit_code != 0
+    assert "--gpu NAME" in r.output and "Traceback" not in r.output
