@@ -484,7 +484,8 @@ def fsdp1_streams(root: Any) -> Iterator[None]:
 
 
 def _fsdp1_wrap_policy(model: Any) -> Any:
-    """accelerate's ``TRANSFORMER_BASED_WRAP`` on the layer class; with frozen parameters
+    """accelerate's ``TRANSFORMER_BASED_WRAP`` on the layer classes (of every stack:
+    :func:`~trainmem.trace.lora.wrapped_blocks`); with frozen parameters
     (LoRA) also every leaf module with a trainable ``weight`` as its own unit, as peft's
     ``fsdp_auto_wrap_policy`` (peft utils/other.py) does, which ``use_orig_params=False``
     needs (a flat parameter is all trainable or all frozen)."""
@@ -496,9 +497,9 @@ def _fsdp1_wrap_policy(model: Any) -> Any:
         transformer_auto_wrap_policy,
     )
 
-    from trainmem.trace.lora import layer_stack
+    from trainmem.trace.lora import wrapped_blocks
 
-    _, layers = layer_stack(model)
+    layers = wrapped_blocks(model, "fsdp")  # every stack's layers, as for FSDP2
     layer = functools.partial(
         transformer_auto_wrap_policy, transformer_layer_cls={type(m) for m in layers}
     )

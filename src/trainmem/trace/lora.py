@@ -133,7 +133,11 @@ def wrapped_blocks(model: Any, kind: str) -> list[Any]:
     if type(model).__module__.startswith("diffusers."):
         attribute = "_repeated_blocks" if kind == "compile" else "_no_split_modules"
         names = tuple(getattr(model, attribute, None) or ())
-    found = [m for m in model.modules() if m is not model and type(m).__name__ in names]
+        found = [m for m in model.modules() if m is not model and type(m).__name__ in names]
+    elif kind == "fsdp":
+        found = _declared_layers(model)
+    else:
+        found = []
     if not found:
         return list(layer_stack(model)[1])
     depth = {id(m): 0 for m in found}
@@ -142,6 +146,29 @@ def wrapped_blocks(model: Any, kind: str) -> list[Any]:
             if inner is not m and id(inner) in depth:
                 depth[id(inner)] += 1
     return sorted(found, key=lambda m: -depth[id(m)])
+
+
+def _declared_layers(model: Any) -> list[Any]:
+    """The layers of every stack of a transformers model: the members of its
+    ``nn.ModuleList`` s whose class is one of the model's ``_no_split_modules``, the classes
+    accelerate's FSDP auto-wrap takes for transformers models (accelerate/utils/dataclasses.py
+    ``FullyShardedDataParallelPlugin.set_auto_wrap_policy``: ``transformer_cls_names_to_wrap``
+    defaults to ``model._no_split_modules``; the HF Trainer's FSDP likewise). A
+    vision-language model's vision blocks and decoder layers, an encoder-decoder's two stacks
+    are each a unit, where :func:`layer_stack` finds one stack only (the rest stayed in the
+    root's unit, its gradients unsharded to the end of the backward). Embeddings and pooling
+    heads the list also names are left in their parent's unit (torchtitan shards the layers
+    only). [] for a model that declares none of its listed layers (Wav2Vec2)."""
+    declared = set(getattr(model, "_no_split_modules", None) or ())
+    if not declared:
+        return []
+    return [
+        layer
+        for stack in model.modules()
+        if isinstance(stack, torch.nn.ModuleList)
+        for layer in stack
+        if type(layer).__name__ in declared
+    ]
 
 
 _QKV_NAMES = (("q_proj", "query", "q"), ("k_proj", "key", "k"), ("v_proj", "value", "v"))
