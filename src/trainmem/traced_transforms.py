@@ -94,6 +94,7 @@ Source: DeepSpeed runtime/zero/stage_1_and_2.py (cited per rule in
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -321,7 +322,10 @@ def _zero3_gathers(schedule: StepSchedule, ctx: RankContext) -> DeepSpeedZero3Ga
 
 def _traced_layers_context(states: list[TensorState], training: TrainingConfig) -> RankContext:
     """The traced tensors as a rank of identical layers for ZeRO-3's gathers: the tensors
-    outside the block lists the root (embedding-side), the largest block the layer."""
+    outside the block lists the root (embedding-side), the largest block the layer, as many
+    layers as blocks (a repeated body's block counted once per repeat; before, its repeats
+    were one layer of all of them, so the prefetch pool, capped at
+    ``stage3_max_live_parameters`` but never below one layer, held every repeated layer)."""
     blocks: dict[str, list[TensorState]] = {}
     outer: list[TensorState] = []
     for state in states:
@@ -330,9 +334,18 @@ def _traced_layers_context(states: list[TensorState], training: TrainingConfig) 
             outer.append(state)
         else:
             blocks.setdefault(block, []).append(state)
-    layer = max(blocks.values(), key=lambda b: sum(s.full_param_bytes for s in b), default=[])
+    # a repeated body's block (``model.layers.{i}``) holds each of its tensors once per
+    # repeat (:func:`traced_tensor_states`): one layer's tensors, that many layers
+    layers: list[list[TensorState]] = []
+    num_layers = 0
+    for members in blocks.values():
+        repeats = Counter(s.owner for s in members)
+        firsts = {s.owner: s for s in reversed(members)}
+        layers.append([firsts[owner] for owner in repeats])
+        num_layers += max(repeats.values())
+    layer = max(layers, key=lambda b: sum(s.full_param_bytes for s in b), default=[])
     ctx = _traced_context(outer, training)
-    return replace(ctx, layer_states=layer, num_layers=len(blocks), memo={})
+    return replace(ctx, layer_states=layer, num_layers=num_layers, memo={})
 
 
 def _partition_buffer(segment: Sequence[Item], sizes: _Sizes) -> Op:

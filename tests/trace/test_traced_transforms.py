@@ -488,3 +488,33 @@ def test_zero2_with_a_flat_partition_optimizer_matches_the_analytic_engine(
     assert traced.model_states_bytes[states] == analytic.model_states_bytes[states]
     a, t = analytic.breakdown.allocated_bytes, traced.breakdown.allocated_bytes
     assert abs(t - a) <= 0.01 * a, (t, a)
+
+
+def _ops(items: tuple[Item, ...]) -> list[Op]:
+    out: list[Op] = []
+    for item in items:
+        out += [item] if isinstance(item, Op) else _ops(item.body)
+    return out
+
+
+def test_zero3_prefetch_pool_of_a_composed_model_is_one_layer(tmp_path: Path) -> None:
+    """A model without a ModelSpec, composed from a repeated body (12 decoder layers), under
+    ZeRO-3 with ``stage3_max_live_parameters=1``: DeepSpeed's pool holds the one layer it
+    runs (partitioned_param_coordinator.py: at most max_live elements, never less than the
+    submodule it fetches). By hand, the tiny LLaVA's LlamaDecoderLayer: q, k, v, o 4 x 64 x 64,
+    gate / up / down 3 x 64 x 128, two norms 2 x 64 = 41,088 elements, bf16 (DeepSpeed's bf16
+    weights): 82,176 B. Before, the repeated body's layers were one layer of all of them."""
+    config = json.loads((MODELS_DIR / "vlm" / "llava.json").read_text())
+    config["text_config"]["num_hidden_layers"] = 12
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    training = TrainingConfig(
+        zero_stage=3,
+        data_parallel_size=2,
+        framework="deepspeed",
+        seq_len=64,
+        stage3_max_live_parameters=1,
+    )
+    est = estimate(str(tmp_path), training)
+    assert est.engine == "generic"
+    pools = {op.size_bytes for s in est.schedules for op in _ops(s.step) if op.key == "gather/pool"}
+    assert pools == {2 * (4 * 64 * 64 + 3 * 64 * 128 + 2 * 64)}
