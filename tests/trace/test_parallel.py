@@ -112,3 +112,22 @@ def test_lora_under_tensor_parallelism_agrees_with_the_formulas() -> None:
     a = estimate(agreement, t, engine="analytic", simulate_allocator=False)
     ratio = g.breakdown.allocated_bytes / a.breakdown.allocated_bytes
     assert abs(ratio - 1) < 0.01, ratio
+
+
+def test_tensor_parallel_of_a_vision_language_model_shards_its_text_layers() -> None:
+    """The Llama TP plan on a vision-language model (the tiny LLaVA): its decoder layers, not
+    the longest list (before, the vision tower's was taken and refused: no ``self_attn``).
+    By hand, TP 2 halves the text layers' linears (2 layers x (4 x 64 x 64 + 3 x 64 x 128)),
+    the token embedding and the head (2 x 256 x 64), fp32 weights under autocast:
+    (2 x 40,960 + 32,768) / 2 x 4 B = 229,376 B fewer parameter bytes; the vision tower,
+    the projector and the norms stay whole."""
+    from conftest import MODELS_DIR
+    from trainmem.estimate import estimate
+    from trainmem.specs.training import TrainingConfig
+
+    llava = str(MODELS_DIR / "vlm" / "llava.json")
+    whole, split = (
+        estimate(llava, TrainingConfig(tensor_parallel_size=tp, seq_len=64)) for tp in (1, 2)
+    )
+    assert whole.engine == split.engine == "generic"
+    assert whole.breakdown.parameters - split.breakdown.parameters == 229_376

@@ -74,13 +74,30 @@ def _unsupported(why: str) -> UnsupportedError:
     )
 
 
+_LAYER_PARTS = (*(f"self_attn.{n}" for n in _ATTENTION), *(f"mlp.{n}" for n in _MLP), *_NORMS)
+
+
+def _llama_stack(model: Any) -> tuple[str, Any] | None:
+    """The longest ``nn.ModuleList`` whose layers have the Llama plan's modules, or None: a
+    vision-language model's decoder layers, where the longest list may be its vision
+    tower's (Pixtral's 24 blocks beside a cut text stack)."""
+    best: tuple[str, Any] | None = None
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.ModuleList) or len(module) == 0:
+            continue
+        if all(isinstance(_child(module[0], part), torch.nn.Module) for part in _LAYER_PARTS):
+            if best is None or len(module) > len(best[1]):
+                best = (name, module)
+    return best
+
+
 def _find_parts(model: Any) -> tuple[str, Any, str, str]:
     """(layer stack path, layers, embedding path, final norm path) of a Llama-shaped model."""
     from trainmem.trace.lora import layer_stack
 
-    stack_name, layers = layer_stack(model)
+    stack_name, layers = _llama_stack(model) or layer_stack(model)
     first = layers[0]
-    for name in (*(f"self_attn.{n}" for n in _ATTENTION), *(f"mlp.{n}" for n in _MLP), *_NORMS):
+    for name in _LAYER_PARTS:
         if not isinstance(_child(first, name), torch.nn.Module):
             raise _unsupported(f"a layer module {name!r} (Llama / Mistral / Qwen2 names)")
     parent = stack_name.rsplit(".", 1)[0] if "." in stack_name else ""
@@ -194,7 +211,10 @@ def apply_tensor_parallel(
     if getattr(model, "peft_config", None):  # peft's adapters sit in the base model's linears
         model = model.get_base_model()
     _, layers, emb, norm = _find_parts(model)
-    check_heads(getattr(model, "config", None), tp_mesh.size())
+    config: Any = getattr(model, "config", None)
+    if hasattr(config, "get_text_config"):  # a vision-language model's heads are its text's
+        config = config.get_text_config()
+    check_heads(config, tp_mesh.size())
     seq = Shard(1) if sequence_parallel else Replicate()
     local = not sequence_parallel  # without SP the residual stream is a plain (replicated) tensor
     for layer in layers:
