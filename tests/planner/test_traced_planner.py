@@ -69,3 +69,22 @@ def test_plan_gpus_is_refused_with_what_works(invoke: Invoke) -> None:
     r = invoke("plan", WHISPER, "--gpus", exit_code=None)
     assert r.exit_code != 0
     assert "--gpu NAME" in r.output and "Traceback" not in r.output
+
+
+def test_sweep_traces_each_point_as_estimate_does(invoke_json: InvokeJson, invoke: Invoke) -> None:
+    r = invoke(
+        "sweep", WHISPER, "--over", "micro-batch-size=1,32", "-s", "64", "--gpu", SMALL,
+        "--format", "json",
+    )  # fmt: skip
+    import json
+
+    rows = json.loads(r.stdout)
+    rows = rows["rows"] if isinstance(rows, dict) else rows
+    assert [row["micro_batch_size"] for row in rows] == [1, 32]
+    for row in rows:
+        d = invoke_json(
+            "estimate", WHISPER, "--gpu", SMALL, "-s", "64", "-b", str(row["micro_batch_size"])
+        )
+        assert row["verdict"] == d["verdict"]
+        assert row["allocated_bytes"] == d["peak"]["allocated_bytes"]
+    assert [row["fits"] for row in rows] == [True, False]

@@ -225,15 +225,23 @@ def register(app: typer.Typer) -> None:
         if output_format not in ("table", "csv", "json"):
             raise SpecError("format", f"unknown value {output_format!r}; allowed: table, csv, json")
         grid = parse_over(over)
-        spec = formula_model(model, "sweep")
-        rows = sweep(spec, training, gpu, grid, simulate_allocator=simulate_allocator)
+        traced = traced_only(model)
+        name = model if traced else formula_model(model, "sweep").name
+        rows = sweep(
+            model,
+            training,
+            gpu,
+            grid,
+            simulate_allocator=simulate_allocator,
+            on_point=_point_progress(model) if traced else None,
+        )
         if output_format == "csv":
             print(render.sweep_csv(rows), end="")
         elif output_format == "json":
             print(render.sweep_json(rows))
         else:
-            title = f"{spec.name}" + (f" on {gpu}" if gpu else "") + ": sweep"
-            console.print(render.sweep_table(title, rows, simulated=simulate_allocator))
+            title = f"{name}" + (f" on {gpu}" if gpu else "") + ": sweep"
+            console.print(render.sweep_table(title, rows, simulated=simulate_allocator or traced))
 
 
 def traced_only(model: str) -> bool:
@@ -258,6 +266,17 @@ def _progress(model: str, base: TrainingConfig) -> "Callable[[TrainingConfig], N
     def say(training: TrainingConfig) -> None:
         changed = changed_settings(base, training)
         what = ", ".join(f"{k}={v[1]}" for k, v in changed.items()) or "as given"
+        print(f"tracing {model}: {what}", file=sys.stderr, flush=True)
+
+    return say
+
+
+def _point_progress(model: str) -> "Callable[[dict[str, object]], None]":
+    """A line on stderr per traced grid point."""
+    import sys
+
+    def say(settings: dict[str, object]) -> None:
+        what = ", ".join(f"{k}={v}" for k, v in settings.items())
         print(f"tracing {model}: {what}", file=sys.stderr, flush=True)
 
     return say

@@ -15,13 +15,13 @@ All sizes are bytes (``int``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import product
-from typing import Any
+from typing import Any, cast
 
-from trainmem.errors import SpecError
-from trainmem.estimate import estimate, formula_model, resolve_gpu
+from trainmem.errors import SpecError, UnsupportedError
+from trainmem.estimate import estimate, resolve_gpu, resolve_model
 from trainmem.specs.grid import SWEEPABLE as SWEEPABLE  # re-exported for the callers
 from trainmem.specs.grid import field_name as field_name
 from trainmem.specs.grid import parse_over as parse_over
@@ -86,6 +86,7 @@ def sweep(
     *,
     simulate_allocator: bool = False,
     cuda_context_bytes: int | None = None,
+    on_point: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[SweepRow]:
     """Estimate every point of the grid ``over`` around ``base_training``.
 
@@ -98,6 +99,10 @@ def sweep(
         simulate_allocator: replay every row through the allocator simulator (tens of ms a
             row) for reserved memory and fragmentation; default off (closed form).
         cuda_context_bytes: memory outside the allocator, bytes; default per GPU catalog.
+        on_point: told each point's settings before it is estimated (the CLI's progress).
+
+    A family the formulas do not model is estimated on the generic path, each point a traced
+    step with the allocator replayed (``simulate_allocator`` has no effect there).
 
     Returns:
         One row per grid point.
@@ -106,12 +111,15 @@ def sweep(
         SpecError: unknown model, GPU or field, or a value a field does not accept (the message
             names the field).
     """
-    spec = formula_model(model, "sweep")
+    try:
+        spec: ModelSpec | None = resolve_model(model)
+    except UnsupportedError:  # a family only the generic path runs: each point traced
+        spec = None
     gpu_spec = resolve_gpu(gpu)
     names = [field_name(k) for k in over]
     if len(set(names)) != len(names):
         raise SpecError("over", "a field is given twice")
-    if spec.architecture == "vision-encoder" and "seq_len" in names:
+    if spec is not None and spec.architecture == "vision-encoder" and "seq_len" in names:
         raise SpecError(
             "seq_len",
             f"{spec.name} is a vision encoder: its sequence is its image's patches (Note "
@@ -141,13 +149,21 @@ def sweep(
             else {n: v for n, v, p in zip(names, point, previous, strict=True) if v is not p}
         )
         training, previous = derived(training, **changed), point
-        est = estimate(
-            spec,
-            training,
-            gpu=gpu_spec,
-            cuda_context_bytes=cuda_context_bytes,
-            simulate_allocator=simulate_allocator,
-            lean=lean,
+        if on_point is not None:
+            on_point(settings)
+        est = (
+            estimate(
+                spec,
+                training,
+                gpu=gpu_spec,
+                cuda_context_bytes=cuda_context_bytes,
+                simulate_allocator=simulate_allocator,
+                lean=lean,
+            )
+            if spec is not None
+            else estimate(
+                cast(str, model), training, gpu=gpu_spec, cuda_context_bytes=cuda_context_bytes
+            )
         )
         b = est.breakdown
         rows.append(
