@@ -118,3 +118,21 @@ def test_the_page_says_what_it_assumed_and_when_the_framework_matters() -> None:
     assert 'id="assumed"' in out["result"]
     assert "--framework pytorch-amp" in out["result"]
     assert "the framework matters here" in out["result"]
+
+
+@pytest.mark.slow  # about 30 s: each candidate is a traced step
+def test_fit_and_plan_of_an_uploaded_model_only_the_generic_path_runs(
+    invoke_json: InvokeJson,
+) -> None:
+    """An uploaded Whisper config that does not fit: the Fit tab traces the changes and the
+    micro-batch search (as ``trainmem fit`` / ``plan`` do), where it showed a refusal."""
+    from conftest import MODELS_DIR
+
+    whisper = str(MODELS_DIR / "whisper.json")
+    values = dict(default_values(), gpu="0.53GiB", micro_batch_size=32, seq_len=64)
+    fixes, plan = h.fit_and_plan(h.FIT_TAB, whisper, *h.widget_values(values))
+    assert "unexpected error" not in fixes + plan
+    assert '<table class="tm" id="fixes">' in fixes, fixes
+    cli = invoke_json("plan", whisper, "--gpu", "0.53GiB", "-s", "64", "-b", "32")
+    largest = cli["results"][0]["value"]
+    assert f">{largest}<" in plan, plan

@@ -25,6 +25,7 @@ def register(app: typer.Typer) -> None:
     from trainmem.cli.common import clean_errors, console
     from trainmem.cli.options import GpuOpt, JsonOpt, ModelArg, with_training_options
     from trainmem.errors import SpecError
+    from trainmem.planner.traced import traced_only
     from trainmem.specs.grid import SWEEPABLE, parse_over
 
     MultipleOf = Annotated[
@@ -244,19 +245,6 @@ def register(app: typer.Typer) -> None:
             console.print(render.sweep_table(title, rows, simulated=simulate_allocator or traced))
 
 
-def traced_only(model: str) -> bool:
-    """Whether ``model`` is a family the formulas do not model, so that ``plan`` and ``fit``
-    trace each candidate on the generic path (:mod:`trainmem.planner.traced`)."""
-    from trainmem.errors import UnsupportedError
-    from trainmem.estimate import resolve_model
-
-    try:
-        resolve_model(model)
-    except UnsupportedError:
-        return True
-    return False
-
-
 def _progress(model: str, base: TrainingConfig) -> "Callable[[TrainingConfig], None]":
     """A line on stderr per traced candidate: the settings it changes from the run's."""
     import sys
@@ -285,15 +273,10 @@ def _point_progress(model: str) -> "Callable[[dict[str, object]], None]":
 def _fit_traced(
     model: str, gpu: "GPUSpec", training: TrainingConfig, limit: int | None
 ) -> "tuple[MemoryEstimate, list[Fix]]":
-    """``trainmem fit`` on the generic path: the run traced, then, if it does not fit, the
-    planner's changes traced cheapest first (:func:`trainmem.planner.traced.traced_fixes`)."""
-    from trainmem.planner.traced import traced_fixes, traced_probe
+    """``trainmem fit`` on the generic path (:func:`trainmem.planner.traced.traced_fit`)."""
+    from trainmem.planner.traced import traced_fit
 
-    probe = traced_probe(model, gpu, _progress(model, training))
-    base = probe(training)
-    if base.fits:
-        return base, []
-    return base, traced_fixes(base, training, gpu, probe, limit=limit or 3)
+    return traced_fit(model, training, gpu, limit=limit or 3, on_probe=_progress(model, training))
 
 
 def _plan_traced(model: str, gpu: "GPUSpec", training: TrainingConfig, as_json: bool) -> None:

@@ -58,6 +58,39 @@ def traced_probe(
     return probe
 
 
+def traced_only(model: str | ModelSpec) -> bool:
+    """Whether ``model`` is a family the formulas do not model, so that ``fit``, ``plan``
+    and ``sweep`` trace each candidate on the generic path."""
+    from trainmem.estimate import resolve_model
+
+    try:
+        resolve_model(model)
+    except UnsupportedError:
+        return True
+    return False
+
+
+def traced_fit(
+    model: str,
+    training: TrainingConfig,
+    gpu: GPUSpec,
+    *,
+    limit: int = 3,
+    on_probe: Callable[[TrainingConfig], None] | None = None,
+) -> tuple[MemoryEstimate, list[Fix]]:
+    """``trainmem fit`` on the generic path: the run traced, then, if it does not fit,
+    :func:`traced_fixes` (``[]`` when it fits).
+
+    Raises:
+        SpecError / UnsupportedError: the run itself refused (as ``trainmem estimate``).
+    """
+    probe = traced_probe(model, gpu, on_probe)
+    base = probe(training)
+    if base.fits:
+        return base, []
+    return base, traced_fixes(base, training, gpu, probe, limit=limit)
+
+
 def _try(probe: Probe, training: TrainingConfig) -> MemoryEstimate | None:
     """``probe(training)``, or None when the generic path refuses the configuration (a change
     this model cannot take, e.g. LoRA targets it does not have)."""

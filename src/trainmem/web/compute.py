@@ -205,8 +205,13 @@ def fix_rows(req: Request, limit: int = 6) -> list[dict[str, Any]]:
     [] when it fits or no GPU is chosen."""
     if req.gpu is None:
         return []
+    from trainmem.planner.evaluate import require_gpu
     from trainmem.planner.fixes import fixes
+    from trainmem.planner.traced import traced_fit, traced_only
 
+    if isinstance(req.model, str) and traced_only(req.model):  # each candidate traced
+        _, found = traced_fit(req.model, req.training, require_gpu(req.gpu), limit=min(limit, 3))
+        return [f.to_dict() for f in found]
     return [f.to_dict() for f in fixes(req.model, req.training, req.gpu, limit=limit)]
 
 
@@ -215,9 +220,18 @@ def plan_rows(req: Request) -> list[dict[str, Any]]:
     (``PlanResult.to_dict()`` rows); [] without a GPU."""
     if req.gpu is None:
         return []
-    from trainmem.estimate import resolve_model
+    from trainmem.planner.evaluate import require_gpu
     from trainmem.planner.search import max_micro_batch_size, max_seq_len
+    from trainmem.planner.traced import (
+        traced_max_micro_batch_size,
+        traced_only,
+        traced_probe,
+    )
 
+    if isinstance(req.model, str) and traced_only(req.model):  # the micro-batch, traced
+        gpu = require_gpu(req.gpu)
+        probe = traced_probe(req.model, gpu)
+        return [traced_max_micro_batch_size(req.training, gpu, probe).to_dict()]
     spec = resolve_model(req.model)
     rows = [max_micro_batch_size(spec, req.training, req.gpu).to_dict()]
     if spec.architecture != "vision-encoder":
