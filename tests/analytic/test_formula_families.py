@@ -169,19 +169,7 @@ SETTINGS = {
 }
 
 #: (config, setting) pairs where the formulas are not yet within 1% of the trace engine.
-NOT_YET: dict[tuple[str, str], str] = {
-    # +1.29 % at session 20, two mechanisms that cancel in part (diagnosed on the traces of
-    # both engines, not fixed): (1) the sliding layers' boolean mask the checkpoint keeps is
-    # one (1, 1, s, s) tensor expanded over the batch without a padding mask (transformers
-    # 5.24 masking_utils.py ``sdpa_mask``: ``mask_function(...)`` broadcast, then
-    # ``.expand(batch_size, ...)``), 1 MB here, not ``sliding_mask``'s b s s = 8 MB; (2) SDPA's
-    # bias of a sliding layer (18.9 MB with the expanded k, v) is spread over both layers
-    # (9.4 MB each), but a recomputed layer holds only its own: layer 0 (sliding) all of it,
-    # layer 1 (full) none. Formulas with both, about (hand, +-1 MB): layer 1 129.0 MB vs the
-    # trace's 128.9 MB, layer 0 144.3 MB vs 143.9 MB (+0.24 %); (1) alone would give -3.8 %.
-    ("tiny-gemma3-text.json", "bf16-mixed full-AC"): "the checkpoint's sliding mask is s x s, "
-    "and a recomputed layer holds only its own SDPA mask bias (+1.3%)",
-}
+NOT_YET: dict[tuple[str, str], str] = {}
 
 
 def _cases() -> list[object]:

@@ -76,5 +76,7 @@ def test_gemma3_layer_types_must_list_every_layer() -> None:
     sliding = sum(kind == "sliding_attention" for kind in hf.layer_types)
     assert (spec.num_sliding_layers, spec.sliding_window) == (sliding, hf.sliding_window)
     assert sliding == 22  # sliding_window_pattern 6: every 6th of the 26 layers is global
+    # the pattern itself, layer by layer, as the config class lists it
+    assert spec.sliding_layers == tuple(kind == "sliding_attention" for kind in hf.layer_types)
     with pytest.raises(SpecError, match="layer_types"):
         model_spec_from_hf({**config, "layer_types": ["full_attention"]}, name="x")

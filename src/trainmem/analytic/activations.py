@@ -75,6 +75,7 @@ from trainmem.analytic.attention import (
     eager_mask_bytes,
     materialised_mask_bias_bytes,
     sliding_mask_bias_bytes,
+    sliding_mask_bytes,
 )
 from trainmem.analytic.autocast import autocast_weight_copy_bytes
 from trainmem.analytic.checkpointing import op_selective_saved_bytes
@@ -233,10 +234,10 @@ def embedding_activation_bytes(model: ModelSpec, training: TrainingConfig) -> di
     if eager_mask and training.activation_checkpointing != "none":
         out["attention_mask"] = eager_mask  # an input of every checkpointed layer
     if sliding_mask_bias_bytes(model, training) and training.activation_checkpointing != "none":
-        # the sliding layers' (b, 1, s, s) boolean mask is an input of every checkpointed
-        # layer, kept by the checkpoint until their backward (without checkpointing it dies
-        # with the forward; SDPA saves its own float bias)
-        out["sliding_mask"] = b * s * s
+        # the sliding layers' boolean mask is an input of every checkpointed layer, kept by
+        # the checkpoint until their backward (without checkpointing it dies with the
+        # forward; SDPA saves its own float bias): Note [The sliding mask is one s x s tensor]
+        out["sliding_mask"] = sliding_mask_bytes(model, training)
     if (
         materialised_mask_bias_bytes(model, training)
         and training.activation_checkpointing != "none"

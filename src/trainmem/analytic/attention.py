@@ -106,6 +106,10 @@ def sdpa_output_copied(model: ModelSpec, training: TrainingConfig) -> bool:
     return flash and q_cat
 
 
+SLIDING_MASK_BIAS = "attention/sliding_mask_bias"
+"""The term of the sliding-window layers' SDPA bias (:func:`sliding_mask_bias_bytes`)."""
+
+
 def sliding_mask_applies(model: ModelSpec, training: TrainingConfig) -> bool:
     """The sliding-window layers get an explicit mask at SDPA: the model has sliding layers,
     ``seq_len`` reaches ``sliding_window`` (masking_utils.py ``_ignore_causal_mask_sdpa``) and
@@ -135,6 +139,11 @@ def sliding_mask_bias_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     memory-efficient kernel's ``attn_bias``), and k and v reach it expanded to all query heads
     (``repeat_kv``, as with any mask: :func:`sdpa_expands_kv`). Found by the trace engine on a
     Gemma-3 layer. Eager attention adds the mask to the scores and saves none of it."""
+    return model.num_sliding_layers * sliding_layer_mask_bias_bytes(model, training)
+
+
+def sliding_layer_mask_bias_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """:func:`sliding_mask_bias_bytes` of one sliding-window layer (0 where none applies)."""
     if not sliding_mask_applies(model, training):
         return 0
     s = tokens_per_sequence(model, training)
@@ -143,7 +152,34 @@ def sliding_mask_bias_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     per_layer = c * b * s * s
     if not sdpa_expands_kv(training):
         per_layer += 2 * c * (model.num_heads - model.num_kv_heads) * model.head_dim * b * s
-    return model.num_sliding_layers * per_layer
+    return per_layer
+
+
+def sliding_mask_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes of the boolean mask transformers builds for the sliding-window layers once
+    ``seq_len`` reaches the window (:func:`sliding_mask_applies`): s*s, or b*s*s with a padded
+    batch's ``attention_mask``.
+
+    Note [The sliding mask is one s x s tensor]
+        transformers 5.24 masking_utils.py ``sdpa_mask`` builds the mask by broadcasting the
+        mask function over ``_non_vmap_expansion_sdpa``'s index tensors (batch (b, 1, 1, 1),
+        head (1, 1, 1, 1), q (1, 1, s, 1), kv (1, 1, 1, s)), then
+        ``attention_mask.expand(batch_size, -1, q_length, kv_length)``, a view. The sliding
+        window's function (``and_masks(sliding_window_overlay(w), causal_mask_function)``)
+        reads only the q and kv indices, so the one tensor allocated is (1, 1, s, s): s*s
+        bytes, whatever the batch. Only a 2D ``attention_mask`` (``padding_mask``) adds
+        ``padding_mask_function``, which indexes the batch: then (b, 1, s, s). The layers'
+        checkpoints keep that tensor; SDPA's additive bias of it (``convert_boolean_attn_mask``
+        on the expanded view) is (b, 1, s, s) either way (:func:`sliding_mask_bias_bytes`).
+        Found by comparing both engines' schedules of tiny-gemma3-text under full
+        checkpointing (session 20, helper moeorder): 1 MB in the trace, 8 MB in the formulas.
+    """
+    if not sliding_mask_applies(model, training):
+        return 0
+    s = tokens_per_sequence(model, training)
+    # (code other than transformers': one mask per sequence, as before; not checked)
+    per_sequence = training.padding_mask or not training.conventions.hf_model_code
+    return (training.micro_batch_size if per_sequence else 1) * s * s
 
 
 def materialised_mask_bias_bytes(model: ModelSpec, training: TrainingConfig) -> int:
@@ -470,8 +506,10 @@ def attention_terms(
         terms["attention/qk_norm"] = qk_norm_saved_bytes(model, c, **norm_options(training)) * t
     sliding = sliding_mask_bias_bytes(model, training)
     if sliding:
-        # spread over the layers (the schedule repeats one layer): exact in the total
-        terms["attention/sliding_mask_bias"] = -(-sliding // model.num_layers)
+        # spread over the layers (the mean layer): exact in the total; where a layer's
+        # recompute holds it, the schedule gives each kind its own (Note [Layer bodies per
+        # attention kind])
+        terms[SLIDING_MASK_BIAS] = -(-sliding // model.num_layers)
     mask_bias = materialised_mask_bias_bytes(model, training)
     if mask_bias:
         terms["attention/mask_bias"] = mask_bias

@@ -141,6 +141,7 @@ from trainmem.analytic.transforms.base import (
 from trainmem.analytic.transforms.checkpointing import (
     WEIGHT_COPIES,
     LayerPlan,
+    dropped_per_attention_kind,
     first_norm_saves_its_input,
     layer_plan,
     saved_ops,
@@ -421,46 +422,40 @@ def _repeated(names: list[str], k: int) -> tuple[str, ...]:
 
 
 def _layer_loop(
-    body: Callable[[Where], tuple[Item, ...]],
+    body: Callable[[Where, int], tuple[Item, ...]],
     n: int,
     *,
     reverse: bool,
     position: frozenset[str],
+    kinds: Sequence[int] = (),
 ) -> list[Item]:
-    """``n`` layers in execution order (down from ``n - 1`` when ``reverse``), the layers whose
-    bodies are the same as one ``Repeat``: a body differs only at the first and the last layer
-    run (``Where.first_layer`` / ``last_layer``), and only where a transform's ``position``
-    says so."""
+    """``n`` layers in execution order (down from ``n - 1`` when ``reverse``), each run of
+    consecutive layers whose bodies are the same as one ``Repeat``: a body differs only at the
+    first and the last layer run (``Where.first_layer`` / ``last_layer``), where a transform's
+    ``position`` says so, and by the layer's kind (``kinds[index]``, an index into the
+    layer's bodies; () for one kind: Note [Layer bodies per attention kind])."""
     if n <= 0:
         return []
-    if not position:
-        return [Repeat(body(Where()), n, reverse=reverse)]
-    made: dict[tuple[bool, bool], tuple[Item, ...]] = {}
-
-    def kind(k: int) -> tuple[Item, ...]:
-        at = ("first" in position and k == 0, "last" in position and k == n - 1)
-        if at not in made:
-            made[at] = body(Where(first_layer=at[0], last_layer=at[1]))
-        return made[at]
-
-    segments = [(kind(0), 1)]
-    if n > 2:
-        segments.append((kind(1), n - 2))
-    if n > 1:
-        segments.append((kind(n - 1), 1))
-    runs: list[tuple[tuple[Item, ...], int]] = []
-    for same, count in segments:
-        if runs and runs[-1][0] == same:
-            runs[-1] = (same, runs[-1][1] + count)
+    if not position and not kinds:
+        return [Repeat(body(Where(), 0), n, reverse=reverse)]
+    made: dict[tuple[bool, bool, int], tuple[Item, ...]] = {}
+    # (body, count, lowest index) per run of equal bodies in execution order
+    runs: list[tuple[tuple[Item, ...], int, int]] = []
+    for k in range(n):  # k: the execution position
+        index = n - 1 - k if reverse else k
+        key = ("first" in position and k == 0, "last" in position and k == n - 1,
+               kinds[index] if kinds else 0)  # fmt: skip
+        if key not in made:
+            made[key] = body(Where(first_layer=key[0], last_layer=key[1]), key[2])
+        same = made[key]
+        if runs and (runs[-1][0] is same or runs[-1][0] == same):
+            runs[-1] = (same, runs[-1][1] + 1, min(runs[-1][2], index))
         else:
-            runs.append((same, count))
-    out: list[Item] = []
-    done = 0
-    for same, count in runs:
-        start = n - done - count if reverse else done
-        out.append(Repeat(same, count, reverse=reverse and count > 1, start=start))
-        done += count
-    return out
+            runs.append((same, 1, index))
+    return [
+        Repeat(same, count, reverse=reverse and count > 1, start=start)
+        for same, count, start in runs
+    ]
 
 
 @lru_cache(maxsize=1024)
@@ -541,6 +536,8 @@ class _Layers:
             if self.first_plan is self.plan
             else saved_ops(self.first_plan, "forward", "{i}")
         )
+        # per layer its kind, an index into the dropped blocks of each kind of body
+        self.kinds, self.dropped = dropped_per_attention_kind(ctx)
         # the term names of a list of blocks (the plans' few lists, asked by every body)
         self._names: dict[int, tuple[list[tuple[str, int]], tuple[str, ...]]] = {}
         transients = backward_layer_transients(ctx.model, ctx.training)
@@ -610,17 +607,19 @@ class _Layers:
 
     def forward(self) -> list[Item]:
         n, position = self.ctx.num_layers, self.tr.layer_position
-        return _layer_loop(self._forward_body, n, reverse=False, position=position)
+        return _layer_loop(
+            self._forward_body, n, reverse=False, position=position, kinds=self.kinds
+        )
 
     def backward(self, where: Where) -> list[Item]:
-        def body(at: Where) -> tuple[Item, ...]:
-            return self._backward_body(where._replace(first_layer=at.first_layer,
-                                                      last_layer=at.last_layer))  # fmt: skip
+        def body(at: Where, kind: int) -> tuple[Item, ...]:
+            at = where._replace(first_layer=at.first_layer, last_layer=at.last_layer)
+            return self._backward_body(at, kind)
 
         n, position = self.ctx.num_layers, self.tr.layer_position
-        return _layer_loop(body, n, reverse=True, position=position)
+        return _layer_loop(body, n, reverse=True, position=position, kinds=self.kinds)
 
-    def _forward_body(self, where: Where) -> tuple[Item, ...]:
+    def _forward_body(self, where: Where, kind: int) -> tuple[Item, ...]:
         f: Phase = "forward"
         em = self.tr.emitter()
         body = em.at("layer.pre_forward", where)
@@ -628,6 +627,7 @@ class _Layers:
         body += em.at("layer.forward", where)
         plan = self.first_plan if where.first_layer else self.plan
         saved = self.first_saved if where.first_layer else self.saved
+        dropped_blocks = self.dropped[kind]
         dropped = [
             alloc(
                 size,
@@ -637,7 +637,7 @@ class _Layers:
                 "layers.{i}",
                 "activations dropped by checkpointing",
             )
-            for n, (_, size) in enumerate(self.plan.dropped)
+            for n, (_, size) in enumerate(dropped_blocks)
         ]
         # what the attention holds at its end beyond what it saves, before the MLP's terms
         scores = [
@@ -652,13 +652,13 @@ class _Layers:
             for k, size in enumerate(self._scores_tmp_tensors())
         ]
         n_saved = sum(not term.startswith("mlp/") for term, _ in plan.saved)
-        n_dropped = sum(not term.startswith("mlp/") for term, _ in self.plan.dropped)
-        names = [term for term, _ in plan.saved[:n_saved] + self.plan.dropped[:n_dropped]]
+        n_dropped = sum(not term.startswith("mlp/") for term, _ in dropped_blocks)
+        names = [term for term, _ in plan.saved[:n_saved] + dropped_blocks[:n_dropped]]
         attention, partial = self._collectives(saved[:n_saved] + dropped[:n_dropped], names, "o")
         body += attention + scores
         body += [free(op, f) for op in scores]
         body += partial
-        names = [term for term, _ in plan.saved[n_saved:] + self.plan.dropped[n_dropped:]]
+        names = [term for term, _ in plan.saved[n_saved:] + dropped_blocks[n_dropped:]]
         mlp, partial = self._collectives(saved[n_saved:] + dropped[n_dropped:], names, "down")
         body += mlp + partial
         # Note [Forward tensors held at the down projection]: a checkpointed layer's inner
@@ -734,12 +734,13 @@ class _Layers:
         ]
         return out, [*pair, *(free(op, f) for op in pair)]
 
-    def _recomputed(self, b: Phase) -> list[Op]:
-        """The dropped blocks made again (and autocast's weight copies with them: the frozen
-        weights' copies, saved by their linears, then the cached ones)."""
+    def _recomputed(self, b: Phase, kind: int) -> list[Op]:
+        """The dropped blocks of a layer of ``kind`` made again (and autocast's weight copies
+        with them: the frozen weights' copies, saved by their linears, then the cached
+        ones)."""
         ops = [
             alloc(size, Cat.ACTIVATION, b, f"re/{n}", "layers.{i}", "recomputed activations")
-            for n, (_, size) in enumerate(self.plan.dropped)
+            for n, (_, size) in enumerate(self.dropped[kind])
         ]
         label = "recomputed 16-bit copies of the frozen weights"
         ops += [
@@ -753,16 +754,18 @@ class _Layers:
         ]
         return ops
 
-    def _backward_body(self, where: Where) -> tuple[Item, ...]:
+    def _backward_body(self, where: Where, kind: int) -> tuple[Item, ...]:
         b: Phase = "backward"
         em = self.tr.emitter()
-        # layer 0 runs last
+        # layer 0 runs last; the layer's own dropped blocks (Note [Layer bodies per
+        # attention kind])
         plan = self.first_plan if where.last_layer else self.plan
+        plan = plan._replace(dropped=self.dropped[kind])
         saved = self.first_saved if where.last_layer else self.saved
         body = em.at("layer.pre_backward", where)
         if self.down_first:  # Note [A frozen 4-bit down projection before the recompute]
             body += self._down_backward(em, where)
-        recomputed = self._recomputed(b)
+        recomputed = self._recomputed(b, kind)
         body += recomputed
         body += self._recompute_up(em, where)
         # the frees of the saved and the recomputed blocks, in the order autograd releases them

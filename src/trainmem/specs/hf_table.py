@@ -354,8 +354,15 @@ def _sliding_layers(f: Fields, spec: SpecDict, *, default_pattern: int) -> None:
         raise SpecError(
             "layer_types", f"must list one attention type per layer ({layers}), got {short(types)}"
         )
-    spec["num_sliding_layers"] = sum(1 for kind in types if str(kind).startswith("sliding"))
+    _set_sliding_layers(spec, [str(kind).startswith("sliding") for kind in types])
     spec["sliding_window"] = f.positive_int("sliding_window", 4096)
+
+
+def _set_sliding_layers(spec: SpecDict, sliding: list[bool]) -> None:
+    """``num_sliding_layers`` and, where the layers mix both kinds, ``sliding_layers``."""
+    spec["num_sliding_layers"] = sum(sliding)
+    if 0 < sum(sliding) < len(sliding):
+        spec["sliding_layers"] = tuple(sliding)
 
 
 def _window(f: Fields, default: int | None) -> int | None:
@@ -399,16 +406,16 @@ def _qwen_sliding(f: Fields, spec: SpecDict, *, every_layer: bool = False) -> No
     layers = spec["num_layers"]
     types = f.config.get("layer_types")
     if isinstance(types, list) and len(types) == layers:
-        sliding = sum(1 for kind in types if str(kind).startswith("sliding"))
+        kinds = [str(kind).startswith("sliding") for kind in types]
     elif every_layer:
-        sliding = layers
+        kinds = [True] * layers
     else:
         first = f.config.get("max_window_layers", 28)
         if isinstance(first, bool) or not isinstance(first, int) or first < 0:
             raise SpecError("max_window_layers", f"must be an integer >= 0, got {short(first)}")
-        sliding = max(0, layers - first)
-    if sliding:
-        spec["num_sliding_layers"] = sliding
+        kinds = [n >= first for n in range(layers)]
+    if any(kinds):
+        _set_sliding_layers(spec, kinds)
         spec["sliding_window"] = window
 
 

@@ -234,6 +234,11 @@ class ModelSpec:
     num_sliding_layers: int = 0
     """Layers with sliding-window attention (Gemma-3 ``layer_types``); the rest attend to the
     whole causal prefix."""
+    sliding_layers: tuple[bool, ...] = ()
+    """Per layer, whether it attends within ``sliding_window`` (Gemma-2/3 ``layer_types``, or
+    their ``sliding_window_pattern``; Qwen2's layers from ``max_window_layers`` on), when the
+    model mixes sliding and full layers; () when every layer is of one kind. The schedule runs
+    each kind's layer body (Note [Layer bodies per attention kind])."""
     local_rope: bool = False
     """The sliding-window layers have their own rotary tables (Gemma-3
     ``rope_local_base_freq``)."""
@@ -506,6 +511,15 @@ class ModelSpec:
             raise SpecError(
                 "num_key_value_heads",
                 f"{self.num_kv_heads} must divide num_attention_heads={self.num_heads}",
+            )
+        if self.sliding_layers and (
+            len(self.sliding_layers) != self.num_layers
+            or sum(self.sliding_layers) != self.num_sliding_layers
+        ):
+            raise SpecError(
+                "layer_types",
+                f"{len(self.sliding_layers)} layer kinds with {sum(self.sliding_layers)} sliding"
+                f" for {self.num_layers} layers with {self.num_sliding_layers} sliding",
             )
         if self.num_experts < 1:
             raise SpecError("num_experts", f"must be >= 1, got {self.num_experts}")

@@ -34,7 +34,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from trainmem.analytic.activation_parallelism import split_for_parallelism
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
+from trainmem.analytic.attention import SLIDING_MASK_BIAS, sliding_layer_mask_bias_bytes
 from trainmem.analytic.autocast import autocast_cached_weight_bytes
 from trainmem.analytic.checkpointing import layer_is_checkpointed, op_selective_saved_terms
 from trainmem.analytic.norms import fused_norms
@@ -186,6 +188,45 @@ def layer_plan(ctx: RankContext) -> LayerPlan:
     out = LayerPlan(term_blocks(ctx, saved), term_blocks(ctx, dropped), copy, frozen)
     ctx.memo["layer_plan"] = out
     return out
+
+
+def dropped_per_attention_kind(ctx: RankContext) -> tuple[tuple[int, ...], tuple[Blocks, ...]]:
+    """The dropped blocks of each kind of layer body and, per layer of the rank's stack, its
+    kind (an index into them; () where every layer drops the same blocks, kind 0).
+
+    Note [Layer bodies per attention kind]
+        A model that mixes sliding-window and full-attention layers (``ModelSpec.
+        sliding_layers``: Gemma-3's five sliding layers to one full, Gemma-2's alternation,
+        Qwen2 past ``max_window_layers``) gives only its sliding layers SDPA's saved bias of
+        the sliding mask (:func:`~trainmem.analytic.attention.sliding_mask_bias_bytes`);
+        the mean layer spreads it over all layers (exact in the total). Under full
+        checkpointing each layer's recompute makes its own terms again: a sliding layer the
+        whole bias (c*b*s*s and the expanded k / v), a full layer none, so the recomputed
+        blocks differ by kind and the schedule runs each layer's own body (``_layer_loop``
+        over the pattern). The saved blocks stay the mean layer's: where the bias is saved
+        rather than recomputed (no checkpointing) the total is exact and the order of the
+        frees is all that differs. Found comparing both engines' schedules of
+        tiny-gemma3-text (one sliding, one full layer) under full checkpointing at 8 x 1024
+        tokens: the trace's recomputed layer 0 holds 18.9 MB of bias, layer 1 none (session
+        20, helper moeorder). Pipeline stages keep the mean layer (a stage's first layer index
+        is not known here).
+    """
+    plan = layer_plan(ctx)
+    model, t = ctx.model, ctx.training
+    if (
+        not model.sliding_layers
+        or ctx.num_layers != model.num_layers
+        or all(term != SLIDING_MASK_BIAS for term, _ in plan.dropped)
+    ):
+        return (), (plan.dropped,)
+    own = split_for_parallelism({SLIDING_MASK_BIAS: sliding_layer_mask_bias_bytes(model, t)}, t)
+    bias = [
+        (SLIDING_MASK_BIAS, size) for size in split(own[SLIDING_MASK_BIAS], tensor_sizes(model, t))
+    ]
+    full = [block for block in plan.dropped if block[0] != SLIDING_MASK_BIAS]
+    at = next(n for n, (term, _) in enumerate(plan.dropped) if term == SLIDING_MASK_BIAS)
+    sliding = full[:at] + bias + full[at:]
+    return tuple(0 if kind else 1 for kind in model.sliding_layers), (sliding, full)
 
 
 def term_blocks(ctx: RankContext, terms: dict[str, int]) -> Blocks:
