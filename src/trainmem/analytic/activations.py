@@ -72,6 +72,7 @@ from trainmem.analytic.attention import (
     apply_litgpt_attention,
     apply_mla,
     attention_terms,
+    boolean_mask_bytes,
     eager_mask_bytes,
     materialised_mask_bias_bytes,
     sliding_mask_bias_bytes,
@@ -242,8 +243,12 @@ def embedding_activation_bytes(model: ModelSpec, training: TrainingConfig) -> di
         materialised_mask_bias_bytes(model, training)
         and training.activation_checkpointing != "none"
     ):
-        # likewise the boolean causal mask Falcon builds for every layer
-        out["causal_mask"] = b * s * s
+        # likewise the boolean causal mask Falcon builds for every layer (``create_causal_mask``
+        # with ``allow_is_causal_skip=False``: one (1, 1, s, s) tensor expanded over the
+        # batch, Note [The sliding mask is one s x s tensor]); with ALiBi modeling_falcon.py
+        # makes a float mask of it per sequence (kept as before, not checked)
+        alibi = model.position_kind == "alibi"
+        out["causal_mask"] = b * s * s if alibi else boolean_mask_bytes(model, training)
     if training.dropout and model.embedding_dropout > 0 and not frozen_embeddings(training):
         out["embedding_dropout_mask"] = h * t
     if model.architecture == "encoder-decoder":

@@ -176,8 +176,15 @@ def sliding_mask_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     """
     if not sliding_mask_applies(model, training):
         return 0
+    return boolean_mask_bytes(model, training)
+
+
+def boolean_mask_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes of a boolean mask transformers' ``sdpa_mask`` builds from a mask function of the
+    q and kv indices alone (causal, sliding window): one (1, 1, s, s) tensor expanded over the
+    batch, (b, 1, s, s) with a padded batch's mask (Note [The sliding mask is one s x s
+    tensor]). Code other than transformers' keeps one mask per sequence (not checked)."""
     s = tokens_per_sequence(model, training)
-    # (code other than transformers': one mask per sequence, as before; not checked)
     per_sequence = training.padding_mask or not training.conventions.hf_model_code
     return (training.micro_batch_size if per_sequence else 1) * s * s
 
