@@ -123,6 +123,25 @@ def test_layer_kinds_and_the_mean_block() -> None:
         assert mean[key] == -(-total // 2)  # two blocks: the mean, rounded up
 
 
+def test_deepseek_v3_with_every_layer_dense_by_hand() -> None:
+    # first_k_dense_replace = num_hidden_layers: DeepseekV3DecoderLayer builds a DeepseekV3MLP
+    # in every layer (``layer_idx >= config.first_k_dense_replace`` never holds), so no expert,
+    # router or shared expert exists. tiny-deepseek-v3 (h 64, a 4, q_lora 48, kv_lora 32, nope
+    # 16, rope 8, v 16, intermediate 160, vocab 512 untied), per layer:
+    attention = 64 * 48 + 48 + 48 * 4 * 24 + 64 * (32 + 8) + 32 + 32 * 4 * 32 + 4 * 16 * 64
+    mlp = 3 * 64 * 160
+    norms = 2 * 64
+    expected = 2 * (attention + mlp + norms) + 2 * 512 * 64 + 64  # + embeddings, head, norm
+    assert expected == 164_320
+    deepseek = load_hf_config(str(CONFIGS / "tiny-deepseek-v3.json"))
+    spec = model_spec_from_hf({**deepseek, "first_k_dense_replace": 2}, "x")
+    assert num_parameters(spec) == expected
+    assert [(n, block.num_experts) for n, block in spec.layer_kinds()] == [(2, 1)]
+    terms = layer_activation_terms(spec, TrainingConfig(micro_batch_size=2, seq_len=64))
+    # (before: the MoE block's router, expert and shared-expert terms in every layer)
+    assert not [key for key in terms if "expert" in key or "router" in key]
+
+
 def test_t5_decoder_blocks_see_the_target_length() -> None:
     spec = load_model_spec(str(CONFIGS / "tiny-t5.json"))
     encoder, decoder = (block for _, block in spec.layer_kinds())

@@ -1010,6 +1010,17 @@ def _deepseek_v3(f: Fields, spec: SpecDict) -> None:
         dense_layers=first_dense,
         dense_intermediate_size=f.positive_int("intermediate_size", 18432),
     )
+    if first_dense == layers:
+        # every layer a DeepseekV3MLP (``layer_idx >= config.first_k_dense_replace`` never
+        # holds): the dense block of ``ModelSpec.layer_kinds`` is the whole model, so the
+        # readers of a homogeneous model (one kind) see no expert
+        spec.update(
+            num_experts=1,
+            num_experts_per_tok=1,
+            shared_expert_intermediate_size=0,
+            intermediate_size=spec["dense_intermediate_size"],
+            dense_layers=0,
+        )
 
 
 def _t5(f: Fields, spec: SpecDict) -> None:
