@@ -187,6 +187,12 @@ def _frozen_base_inputs(
         terms["mlp/input"] = 0
     elif training.uses_autocast:
         terms["mlp/input"] = c * h * t * k_top * cast_copies(n_up, training)
+    if (
+        "mlp/expert_inputs" in terms
+        and training.conventions.hf_model_code
+        and not expert_loop(model, training)
+    ):
+        _frozen_grouped_experts(terms, model, training, t=t)
     if ("down" not in targets or skip_inputs) and not expert_loop(model, training):
         # (transformers 4's expert loop counts no input of a frozen down projection)
         if "mlp/down_input" in terms:
@@ -198,6 +204,36 @@ def _frozen_base_inputs(
         else:
             key = "mlp/gated" if model.mlp_kind == "gated" else "mlp/activation"
             terms[key] -= c * model.intermediate_size * t * k_top
+
+
+def _frozen_grouped_experts(
+    terms: dict[str, int], model: ModelSpec, training: TrainingConfig, *, t: int
+) -> None:
+    """What a transformers 5 MoE block (:func:`~trainmem.analytic.mlp.moe_terms`) does not
+    save under LoRA, in place: its frozen weights' matmuls keep no input.
+
+    * the router (never adapted) keeps no autocast copy of the block's input (c h t);
+    * the routed experts' grouped matmul keeps the weight only for the input's gradient
+      (torch's ``GroupedMmBackward0``, Note [Traced grouped matmul of frozen experts] in
+      trainmem/trace/grouped_mm.py): without gate / up adapters not the gathered tokens
+      (w h k t; their int64 indices stay), the down projection's input as ``mlp/down_input``
+      (below, in the caller);
+    * the shared expert's frozen down projection keeps no input (c s_i t): its gate's and
+      up's outputs and the activation's stay, as in a dense MLP (Note [Frozen down
+      projection's input]).
+
+    Checked against the generic path's trace (peft 0.21.2 on transformers 5.24; r8 q,v, 2 x
+    256 tokens): see docs/formulas.md "LoRA on a transformers 5 MoE block"."""
+    c, _ = compute_and_residual_bytes(training)
+    targets = set(training.lora_targets)
+    h, k = model.hidden_size, model.num_experts_per_tok
+    if training.uses_autocast and "mlp/router" in terms:
+        terms["mlp/router"] -= c * h * t
+    if not {"gate", "up"} & targets:
+        w = dtype_bytes(training.gathered_weight_dtype)
+        terms["mlp/expert_inputs"] -= w * h * k * t
+    if "mlp/shared_expert" in terms and "down" not in targets:
+        terms["mlp/shared_expert"] -= c * model.shared_expert_intermediate_size * t
 
 
 def _adapter_terms(

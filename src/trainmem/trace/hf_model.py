@@ -17,6 +17,7 @@ from typing import Any
 from trainmem.errors import UnsupportedError
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch, require_transformers
+from trainmem.trace.grouped_mm import guarded_grouped_mm
 from trainmem.trace.hf_inputs import text_side_inputs, token_ids, vision_language_batch
 from trainmem.trace.quantized import parameter_dtype, quantize_base
 from trainmem.trace.remote_code import REMOTE_CODE_TYPES, fuse_projections, stand_in_config
@@ -596,21 +597,25 @@ def hf_mask_patches() -> Iterator[None]:
         mu._ignore_bidirectional_mask_sdpa = ignore_bidirectional
     if orig_fast_all is not None:
         mu.fast_all = fast_all
-    # MoE experts (transformers/integrations/moe.py): the fake CPU device would pick
-    # torch's grouped_mm, whose meta kernel accepts bf16 only; fp32 expert weights (AMP) take
-    # transformers' own grouped-mm fallback op instead, which saves the same input and weight.
+    # MoE experts (transformers/integrations/moe.py): torch's grouped_mm, whose meta kernel
+    # accepts bf16 only; fp32 expert weights (AMP) take transformers' own grouped-mm fallback
+    # op, saving what torch's grouped_mm saves (Note [Traced grouped matmul of frozen experts])
     moe: Any
     try:
         import transformers.integrations.moe as moe
     except ImportError:  # pragma: no cover - older transformers
         moe = None
     orig_can_use = getattr(moe, "_can_use_grouped_mm", None)
-    if moe is not None and orig_can_use is not None:
+    orig_grouped_mm = getattr(moe, "_grouped_mm", None)
+    if moe is not None and orig_can_use is not None and orig_grouped_mm is not None:
+        guarded = guarded_grouped_mm(torch)
 
-        def can_use_grouped_mm(inputs: Any, weight: Any, offs: Any) -> bool:
-            return bool(weight.dtype == torch.bfloat16 and orig_can_use(inputs, weight, offs))
+        def grouped_mm(inputs: Any, weight: Any, offs: Any) -> Any:
+            if weight.dtype == torch.bfloat16 and orig_can_use(inputs, weight, offs):
+                return orig_grouped_mm(inputs, weight, offs)
+            return guarded(inputs, weight, offs)
 
-        moe._can_use_grouped_mm = can_use_grouped_mm
+        moe._grouped_mm = grouped_mm
     try:
         yield
     finally:
@@ -620,5 +625,5 @@ def hf_mask_patches() -> Iterator[None]:
             mu._ignore_bidirectional_mask_sdpa = orig_ignore_bidirectional
         if orig_fast_all is not None:
             mu.fast_all = orig_fast_all
-        if moe is not None and orig_can_use is not None:
-            moe._can_use_grouped_mm = orig_can_use
+        if moe is not None and orig_can_use is not None and orig_grouped_mm is not None:
+            moe._grouped_mm = orig_grouped_mm
