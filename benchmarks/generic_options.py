@@ -49,7 +49,7 @@ Full checkpointing over nf4 (session 17, cdc3cd4; sets "qlora nf4 + checkpointin
 frozen bitsandbytes 4-bit down projection runs its backward before transformers 5's
 non-reentrant recompute, which peaks at the up projection (Note [A frozen 4-bit down projection
 before the recompute], Note [The recompute's tensors held at the up projection]). fsdp_qlora's
-train.py checkpoints reentrantly, the generic path non-reentrantly: not a set yet.
+train.py checkpoints reentrantly (now a set, session 21).
 GPTQ under accelerate FSDP 4 with full checkpointing (session 17; sets "accelerate-fsdp gptq 4
 + checkpointing full", its bf16-true twin): +11.2 / +10.7 -> -0.04 / -0.07 %: the trace's GPTQ
 backward now unpacks its packed tensors first, as ``QuantLinearFunction.backward`` does, so
@@ -90,6 +90,14 @@ kernel saving the input and the fp32 rstd, as the formulas now have it (Note [Me
 RMSNorm]): "megatron" +0.198 -> -0.006 %, "megatron distributed optimizer 4" +0.371 -> -0.012 %,
 "megatron tensor parallel 2" +0.98 -> +0.089 %, "+ sp" +0.69 -> +0.598 %, "megatron pipeline 2"
 +0.314 % (unchanged); "megatron tensor parallel 2 x dp 2" +0.128 % (refused before, +1.4 %).
+Session 21 (helper qloragen): "qlora nf4 bf16-true" refused on the generic path -> +1.34 % (the
+formulas 247,519,232 -> 312,530,944 B: fp32 activations, Note [peft's fp32 upcast of a 16-bit
+quantized model]); the remainder is the training KV cache, which the formulas hold from the
+loss on and the trace from each layer's attention (4 x 1 MiB at layer 1's down projection).
+"fsdp-qlora 4 + checkpointing full" (new set; the trace already ran torch's reentrant
+checkpoint): -4.31 -> -0.12 % (the formulas' reentrant recompute now peaks at down's
+dequantization and the MLP's backward runs linear by linear; Note [The recompute's tensors held
+at the down projection]).
 """
 
 from __future__ import annotations
@@ -135,6 +143,9 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     "lora r16": {"lora_rank": 16},
     "lora fp8-mixed": {"lora_rank": 16, "precision": "fp8-mixed"},
     "qlora nf4": {"lora_rank": 16, "quantize_base": "nf4"},
+    # peft's fp32 upcast of a 16-bit model without autocast (Note [peft's fp32 upcast of a
+    # 16-bit quantized model]): fp32 activations, bitsandbytes' output cast back to fp32
+    "qlora nf4 bf16-true": {**_QLORA, "precision": "bf16-true"},
     "int8 base + lora": {"lora_rank": 16, "quantize_base": "int8"},
     "gptq-int4 base + lora": {"lora_rank": 16, "quantize_base": "gptq-int4"},
     "qdora nf4": {**_QLORA, "lora_variant": "dora"},
@@ -172,6 +183,15 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     "accelerate-fsdp 1 gpu": {"zero_stage": 3, "framework": "accelerate-fsdp"},
     "fsdp-qlora 4": {**_DP, "zero_stage": 3, "framework": "fsdp-qlora", **_QLORA},
     "fsdp-qlora 1 gpu": {"zero_stage": 3, "framework": "fsdp-qlora", **_QLORA},
+    # train.py's reentrant checkpointing (--reentrant_checkpointing true), on both engines:
+    # Note [The recompute's tensors held at the down projection]
+    "fsdp-qlora 4 + checkpointing full": {
+        **_DP,
+        "zero_stage": 3,
+        "framework": "fsdp-qlora",
+        **_QLORA,
+        "activation_checkpointing": "full",
+    },
     # fsdp_qlora's default --use_cpu_offload (FSDP1 CPUOffload(offload_params=True))
     "fsdp-qlora 4 + cpu offload": {
         **_DP,

@@ -71,6 +71,7 @@ cited per term in :mod:`trainmem.analytic.activations` and :mod:`trainmem.analyt
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import lru_cache
 
 from trainmem.analytic.activation_parallelism import (
@@ -89,6 +90,7 @@ from trainmem.analytic.backward_transients import (
     mlp_backward_parts,
     recompute_holds_down_copy,
     recompute_runs_down_forward,
+    reentrant_recompute_runs_down,
 )
 from trainmem.analytic.buffers import ROPE_BUFFERS_KEY, layer_rope_cache_bytes
 from trainmem.analytic.checkpointing import input_grad_hook_bytes, layer_is_checkpointed
@@ -150,6 +152,7 @@ from trainmem.analytic.transforms.checkpointing import (
     weight_blocks,
 )
 from trainmem.analytic.transforms.loop import returned_cache_bytes, zero_grad_policy
+from trainmem.analytic.transforms.reentrant import KEY as REENTRANT_OUTPUT_KEY
 from trainmem.analytic.transforms.sharding import group_states
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
@@ -582,6 +585,16 @@ class _Layers:
         # Note [The recompute's tensors held at the down projection]
         if recompute_runs_down_forward(ctx.model, ctx.training):
             self.up_held = self.down_held[False]
+        self.reentrant_down = reentrant_recompute_runs_down(ctx.training)
+        if self.reentrant_down:  # the recompute saves the layer's blocks, the norms' inputs too
+            self.up_held = down_projection_held_bytes(
+                ctx.model,
+                replace(ctx.training, activation_checkpointing="none"),
+                ctx.profile.terms,
+                input_saved=saves_input,
+                first_layer=True,  # the layer's input (and layer 0's embeddings) is saved
+                has_embedding=ctx.rank.has_embedding,
+            )
         # Note [The recompute's tensors held at an autocast down projection]: made and freed
         # before the transforms' ops at layer.backward (the reentrant output is made after)
         self.recompute_down = recompute_holds_down_copy(ctx.model, ctx.training)
@@ -704,6 +717,10 @@ class _Layers:
         ]
         if self.recompute_down:  # Note [... held at an autocast down projection]
             return [*held, *(free(op, b) for op in held), *ops]
+        if self.reentrant_down:  # the recomputed output is made after down's matmul
+            out = [op for op in ops if isinstance(op, Op) and op.key == REENTRANT_OUTPUT_KEY]
+            rest = [op for op in ops if op not in out]
+            return [*held, *rest, *(free(op, b) for op in held), *out]
         return [*held, *ops, *(free(op, b) for op in held)]
 
     def _collectives(
