@@ -21,13 +21,12 @@ def quantized_base_refusals(training: TrainingConfig) -> list[str]:
     :class:`~trainmem.specs.training.TrainingConfig` for both engines (Note [float8 training
     over a bitsandbytes base]).
 
-    * a 16-bit model without autocast that peft upcast to fp32 around its quantized linears
-      (``TrainingConfig.kbit_fp32_stream``, Note [peft's fp32 upcast of a 16-bit quantized
-      model] in trainmem/trace/quantized.py) whose base matmul saves its input
-      (``TrainingConfig.quantized_matmul_saves_input``: int8, whose ``MatMul8bitLt`` saves the
-      fp32 input as given where the stand-in saves its 16-bit cast; 4-bit before bitsandbytes
-      0.43.2, where the two engines differ by more than 1 % on the agreement model). A 4-bit
-      base of a current bitsandbytes is traced.
+    * a 16-bit model without autocast under a framework that prepares the base with peft's
+      ``prepare_model_for_kbit_training`` (``TrainingConfig.kbit_fp32_upcast``): the embeddings,
+      norms and head are upcast to fp32 and bitsandbytes' linears then return fp32 outputs
+      (``Linear4bit.forward``: ``.to(inp_dtype)``), which the stand-in does not do; under
+      autocast (``bf16-mixed`` / ``16-mixed``, the weights already fp32) or ``32-true`` the
+      upcast changes nothing.
 
     DoRA over a bitsandbytes base (QDoRA) runs peft's DoRA code on the stand-in's dequantized
     weight (Note [Traced quantized base]); over GPTQ peft refuses it, and so does
@@ -37,11 +36,9 @@ def quantized_base_refusals(training: TrainingConfig) -> list[str]:
     if kind == "none":
         return []
     out = []
-    if training.kbit_fp32_stream and training.quantized_matmul_saves_input:
+    if training.kbit_fp32_upcast and training.weight_dtype != "float32":
         out.append(
             f"quantize_base={kind} with precision={training.precision} (peft's fp32 upcast of "
-            "the rest of a 16-bit model beside a base matmul that saves its input; traced: "
-            "--precision bf16-mixed, 16-mixed or 32-true, or a 4-bit base with "
-            "--bitsandbytes-version 0.43.2 or later)"
+            "the rest of a 16-bit model; traced: --precision bf16-mixed, 16-mixed or 32-true)"
         )
     return out

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 
@@ -118,14 +116,13 @@ def test_trace_refuses_only_what_it_cannot_model() -> None:
     assert stage == "zero_stage=2"
     (fsdp2,) = trace_unsupported_settings(TrainingConfig(framework="fsdp2"))
     assert fsdp2.startswith("framework=fsdp2 (") and "--engine analytic" in fsdp2
-    # a quantized base runs as a stand-in (trainmem.trace.quantized), a 4-bit one on a 16-bit
-    # model peft upcast to fp32 too; an int8 base there (its saved fp32 input) is refused,
-    # naming the precisions that work
+    # a quantized base runs as a stand-in under autocast (trainmem.trace.quantized); a 16-bit
+    # model without autocast is refused, naming the precisions that work
     assert trace_unsupported_settings(TrainingConfig(lora_rank=8, quantize_base="nf4")) == []
-    nf4 = TrainingConfig(lora_rank=8, quantize_base="nf4", precision="bf16-true")
-    assert trace_unsupported_settings(nf4) == []
-    (refused,) = trace_unsupported_settings(replace(nf4, quantize_base="int8"))
-    assert refused.startswith("quantize_base=int8 with precision=bf16-true")
+    (refused,) = trace_unsupported_settings(
+        TrainingConfig(lora_rank=8, quantize_base="nf4", precision="bf16-true")
+    )
+    assert refused.startswith("quantize_base=nf4 with precision=bf16-true")
     assert "bf16-mixed" in refused
 
 

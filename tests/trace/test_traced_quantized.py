@@ -166,8 +166,8 @@ def test_flux_with_an_nf4_base_on_the_traced_paths() -> None:
 
 
 def test_what_the_stand_in_does_not_run_is_refused_with_what_works() -> None:
-    training = TrainingConfig(lora_rank=8, quantize_base="int8", precision="bf16-true")
-    with pytest.raises(UnsupportedError, match="int8 with precision=bf16-true .*bf16-mixed"):
+    training = TrainingConfig(lora_rank=8, quantize_base="nf4", precision="bf16-true")
+    with pytest.raises(UnsupportedError, match="nf4 with precision=bf16-true .*bf16-mixed"):
         estimate(QWEN2, training, engine="generic", simulate_allocator=False)
 
 

@@ -19,9 +19,7 @@ def compute_and_residual_bytes(training: TrainingConfig) -> tuple[int, int]:
     follow from: every activation term asks, about twenty times a configuration).
 
     See Note [Activation terms] (trainmem/analytic/activations.py)."""
-    # a 16-bit model peft upcast to fp32 without autocast runs every op in fp32 but the
-    # quantized matmuls (Note [peft's fp32 upcast of a 16-bit quantized model])
-    c = 4 if training.kbit_fp32_stream else dtype_bytes(training.compute_dtype)
+    c = dtype_bytes(training.compute_dtype)
     # the residual stream is fp32 under autocast (fp32 embedding and norms), and after peft's
     # prepare_model_for_kbit_training; a quantized base kept in 16 bits under autocast
     # (TrainingConfig.kbit_16bit_dense) has a 16-bit embedding and norms: c

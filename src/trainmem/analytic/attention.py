@@ -359,21 +359,19 @@ def forward_kv_cache_bytes(model: ModelSpec, training: TrainingConfig, num_layer
     fp32 keys alive; 5.23 created the empty tensor in fp32, so its values' copy was fp32 too
     (r * kv_heads * head_dim more per token and layer, not modelled)."""
     c, r = compute_and_residual_bytes(training)
-    # k and v reach attention repeated to every query head (``repeat_kv``: a new tensor),
-    # which is what it saves: the cache's keys and values are extra whatever r (seen in the
-    # generic path's trace of a padded batch, transformers Qwen2 with 4 of 8 kv heads, and of
-    # an fp32 Llama with 4 of 16, whose memory-efficient kernel takes them repeated)
-    expanded = model.num_kv_heads < model.num_heads and sdpa_expands_kv(training)
     if (
         not model.forward_kv_cache
-        or (r == c and not expanded)
+        or r == c
         or training.activation_checkpointing != "none"
         or not training.conventions.hf_model_code
     ):
         return 0
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     per_layer = r * model.num_kv_heads * model.head_dim * t
-    if expanded:
+    if model.num_kv_heads < model.num_heads and sdpa_expands_kv(training):
+        # k and v reach attention repeated to every query head (``repeat_kv``: a new tensor),
+        # which is what it saves: the cache's values copy is extra too (seen in the generic
+        # path's trace of a padded batch, transformers Qwen2 with 4 of 8 kv heads)
         per_layer += c * model.num_kv_heads * model.head_dim * t
     return num_layers * -(-per_layer // parallel_divisor("attention/v", training))
 

@@ -27,14 +27,7 @@ Note [Forward tensors held at the down projection]
       decoder_layer(hidden_states, ...)``), unless the first norm saves it as itself;
     * in transformers' model code, the embeddings' output (r t h), bound as ``inputs_embeds``
       in ``LlamaModel.forward`` for the whole loop (``hidden_states = inputs_embeds``): a
-      tensor of its own from the second layer on (the first layer's input is that tensor),
-      also where the norms save their input as itself but the embeddings are frozen
-      (:func:`~trainmem.analytic.activation_shapes.frozen_embeddings`): the first layer's
-      norm records nothing on an input that needs no grad;
-    * on a 16-bit model peft upcast to fp32 without autocast (Note [peft's fp32 upcast of a
-      16-bit quantized model] in trainmem/trace/quantized.py), down's output in the compute
-      dtype (bitsandbytes returns it ``.to(inp_dtype)`` after the matmul) and its input's cast
-      to the compute dtype (``Linear4bit.forward``'s local ``x``), not an fp32 output.
+      tensor of its own from the second layer on (the first layer's input is that tensor).
 
     Under full checkpointing (and op-level selective with SDPA) the layer runs without saving
     its inner tensors: the gate's output and ``act(gate)`` / ``up`` are freed once their
@@ -59,18 +52,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from trainmem.analytic.activation_parallelism import parallel_divisor
-from trainmem.analytic.activation_shapes import (
-    compute_and_residual_bytes,
-    frozen_embeddings,
-    tokens_per_sequence,
-)
+from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
 from trainmem.analytic.checkpointing import layer_checkpoint_reentrant, layer_is_checkpointed
 from trainmem.analytic.float8 import float8_eager_casts
 from trainmem.analytic.lora import adapter_matmul_bytes
 from trainmem.analytic.mlp import sequential_pre_norm_block
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
-from trainmem.units import dtype_bytes
 
 __all__ = ["down_projection_held_bytes", "recompute_down_held_bytes", "recompute_up_held_bytes"]
 
@@ -120,9 +108,6 @@ def down_projection_held_bytes(
     inner = layer_is_checkpointed(training)  # nothing inside the layer is saved
     # Note [Float8 casts of a base weight]: down's output is made after the cast's fp32 copies
     out = [] if float8_eager_casts(model, training) else [c * h]
-    if training.kbit_fp32_stream:  # Note [peft's fp32 upcast of a 16-bit quantized model]
-        q = dtype_bytes(training.compute_dtype)
-        out = [q * h, q * i]  # down's 16-bit output, beside bitsandbytes' cast of its input
     if inner or not terms.get("mlp/down_input", 0):
         out.append(c * i)
     if inner or not terms.get("mlp/input", 0) or r != c:
@@ -132,9 +117,7 @@ def down_projection_held_bytes(
     kept = input_saved or inner  # the layer's input is saved (by its norm or the checkpoint)
     if not kept:
         out.append(r * h)  # the layer's input
-    # the first layer's norm saves nothing of a frozen embeddings' output (it needs no grad)
-    embeds_kept = inner or (input_saved and not frozen_embeddings(training))
-    if training.conventions.hf_model_code and has_embedding and not (first_layer or embeds_kept):
+    if training.conventions.hf_model_code and has_embedding and not (first_layer or kept):
         out.append(r * h)  # inputs_embeds, also the first layer's input
     return out
 

@@ -1665,14 +1665,6 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
         return self.conventions.peft_kbit_training
 
     @property
-    def kbit_fp32_stream(self) -> bool:
-        """A 16-bit quantized model peft upcast to fp32 (:attr:`kbit_fp32_upcast`) without
-        autocast (``bf16-true`` / ``16-true``): every op but the quantized linears' matmuls
-        runs in fp32, the linears returning their output in the input's dtype (Note [peft's
-        fp32 upcast of a 16-bit quantized model] in trainmem/trace/quantized.py)."""
-        return self.kbit_fp32_upcast and not self.is_mixed and self.compute_dtype != "float32"
-
-    @property
     def kbit_16bit_dense(self) -> bool:
         """A quantized base under autocast whose other parameters (embeddings, norms, LM head)
         stay in the 16-bit dtype it was loaded in, so the residual stream is 16-bit too: no

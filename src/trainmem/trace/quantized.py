@@ -82,29 +82,9 @@ Note [Traced quantized base]
     count (a 20-layer Qwen2 at hidden 128 with an int8 base: generic +3% vs analytic; nf4 with a
     current bitsandbytes saves no input: -0.2%). Not modelled by either: int8's quantized
     copies of the input (``MatMul8bitLt``: ``CA``, ``CAt``, row statistics; it saves the input
-    as given, not a cast), and, under autocast, the cast of a 4-bit linear's output back to the
-    input's dtype (Note [peft's fp32 upcast of a 16-bit quantized model]).
-
-Note [peft's fp32 upcast of a 16-bit quantized model]
-    peft's ``prepare_model_for_kbit_training`` (peft 0.21.2 utils/other.py: "cast all non INT8
-    parameters to fp32", every fp16 / bf16 parameter that is not a ``Params4bit``) leaves a
-    model loaded in 16 bits with fp32 embeddings, norms, head and biases, and peft's adapters
-    are fp32 (``autocast_adapter_dtype``). Without autocast (``bf16-true`` / ``16-true`` under
-    a framework that calls it: ``TrainingConfig.kbit_fp32_stream``) the residual stream is
-    then fp32, and so is every op but the quantized matmuls: bitsandbytes 0.45.0-0.49.2
-    nn/modules.py ``Linear4bit.forward`` casts its input to the compute dtype (``x =
-    x.to(self.compute_dtype)``, a local until it returns), runs ``matmul_4bit`` on it (the
-    dequantized weight and the output in the compute dtype) and returns
-    ``.to(inp_dtype)``: an fp32 output, the 16-bit one freed; peft's ``lora.Linear4bit``
-    (tuners/lora/bnb.py) adds the fp32 adapters' product to it. So the activations are those
-    of a ``32-true`` step, and at each quantized linear the compute-dtype cast of its input,
-    the dequantized weight and the 16-bit output are alive together. The stand-in does the
-    cast back wherever autocast is off (a no-op when the input is in the compute dtype), and
-    the model's non-quantized 16-bit parameters are cast to fp32 as peft does. The formulas
-    take c = 4 for the activations (``analytic/activation_shapes.py``) and hold the cast of
-    down's input and its 16-bit output at the down projection (``analytic/
-    forward_transients.py``). Under autocast the input's dtype is fp32 too, so bitsandbytes'
-    outputs are fp32 there as well; neither engine models that yet.
+    as given, not a cast), and the cast of a 4-bit linear's output back to the input's dtype
+    (bitsandbytes nn/modules.py ``Linear4bit.forward``: ``matmul_4bit(x, ...).to(inp_dtype)``
+    after ``x = x.to(self.compute_dtype)``: an fp32 output when the input is fp32).
 """
 
 from __future__ import annotations
@@ -259,8 +239,6 @@ def _forward(self: Any, x: Any) -> Any:
         self.through_fp16,
         self.saves_packed,
     )
-    if self.output_cast:  # Linear4bit.forward: ``matmul_4bit(x, ...).to(inp_dtype)``
-        out = out.to(x.dtype)
     return out
 
 
@@ -301,13 +279,6 @@ def quantize_base(model: Any, training: TrainingConfig, *, diffusers: bool = Fal
         for name, param in model.named_parameters():
             if "lora_" not in name and param.is_floating_point():
                 param.data = param.data.to(dtype)
-    if training.kbit_fp32_upcast:  # Note [peft's fp32 upcast of a 16-bit quantized model]
-        # before the packed weights exist: peft skips a ``Params4bit``, 16-bit storage or not
-        for param in model.parameters():
-            if param.dtype in (torch.float16, torch.bfloat16):
-                param.data = param.data.to(torch.float32)
-    # bitsandbytes' cast of the output back to the input's dtype, modelled without autocast
-    output_cast = not (training.uses_autocast or training.accelerate_fp32_outputs)
     storage = float_quant_storage(training)
     count = 0
     for module in model.modules():
@@ -332,7 +303,6 @@ def quantize_base(model: Any, training: TrainingConfig, *, diffusers: bool = Fal
         module.torchao_decode = training.torchao_nf4_decode
         module.through_fp16 = training.dequantizes_through_fp16
         module.saves_packed = kind == "gptq-int4"
-        module.output_cast = output_cast
         module.forward = types.MethodType(_forward, module)
         module.int8 = kind == "int8"
         module.W_q = None  # peft's dequantize_module_weight then calls dequantize()
