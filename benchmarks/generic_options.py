@@ -90,10 +90,6 @@ kernel saving the input and the fp32 rstd, as the formulas now have it (Note [Me
 RMSNorm]): "megatron" +0.198 -> -0.006 %, "megatron distributed optimizer 4" +0.371 -> -0.012 %,
 "megatron tensor parallel 2" +0.98 -> +0.089 %, "+ sp" +0.69 -> +0.598 %, "megatron pipeline 2"
 +0.314 % (unchanged); "megatron tensor parallel 2 x dp 2" +0.128 % (refused before, +1.4 %).
-Session 21 (helper qloragen): "qlora nf4 bf16-true" refused on the generic path -> +1.34 % (the
-formulas 247,519,232 -> 312,530,944 B: fp32 activations, Note [peft's fp32 upcast of a 16-bit
-quantized model]); the remainder is the training KV cache, which the formulas hold from the
-loss on and the trace from each layer's attention (4 x 1 MiB at layer 1's down projection).
 "fsdp-qlora 4 + checkpointing full" (new set; the trace already ran torch's reentrant
 checkpoint): -4.31 -> -0.12 % (the formulas' reentrant recompute now peaks at down's
 dequantization and the MLP's backward runs linear by linear; Note [The recompute's tensors held
@@ -143,9 +139,6 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     "lora r16": {"lora_rank": 16},
     "lora fp8-mixed": {"lora_rank": 16, "precision": "fp8-mixed"},
     "qlora nf4": {"lora_rank": 16, "quantize_base": "nf4"},
-    # peft's fp32 upcast of a 16-bit model without autocast (Note [peft's fp32 upcast of a
-    # 16-bit quantized model]): fp32 activations, bitsandbytes' output cast back to fp32
-    "qlora nf4 bf16-true": {**_QLORA, "precision": "bf16-true"},
     "int8 base + lora": {"lora_rank": 16, "quantize_base": "int8"},
     "gptq-int4 base + lora": {"lora_rank": 16, "quantize_base": "gptq-int4"},
     "qdora nf4": {**_QLORA, "lora_variant": "dora"},
