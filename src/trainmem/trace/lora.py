@@ -520,9 +520,18 @@ def lora_target_modules(model: Any, targets: tuple[str, ...]) -> list[str]:
         UnsupportedError: a target the model has no linear for (``gate`` on GPT-2), or no
             layer stack.
     """
-    stack_name, stack, scope = _adapted_stack(model)
-    role_layer = _role_layer(stack)
-    roles = layer_linear_roles(stack[0] if role_layer is None else role_layer)  # None: raises
+    try:
+        stack_name, stack, scope = _adapted_stack(model)
+        role_layer = _role_layer(stack)
+        roles = layer_linear_roles(stack[0] if role_layer is None else role_layer)
+    except UnsupportedError as exc:  # no attention to tell q/k/v/o in (Mamba, a CNN)
+        if set(LORA_TARGETS) <= set(targets):  # what --lora-targets all-linear gives then
+            return peft_all_linear(model)
+        raise UnsupportedError(
+            f"lora targets {','.join(targets)}: {type(model).__name__} has no attention "
+            "q/k/v/o linears to name; --lora-targets all-linear adapts every linear but the "
+            "output layer, as peft's target_modules='all-linear' does"
+        ) from exc
     rel: list[str] = []
     experts: list[str] = []
     for t in targets:
@@ -555,6 +564,24 @@ def lora_target_modules(model: Any, targets: tuple[str, ...]) -> list[str]:
         if not found:
             raise UnsupportedError(f"lora target 'lm_head': {type(model).__name__} has no head")
         names.append(found[0])
+    return names
+
+
+def peft_all_linear(model: Any) -> list[str]:
+    """peft's ``target_modules="all-linear"`` (peft 0.21.2 tuners/tuners_utils.py
+    ``_maybe_include_all_linear_layers``): every linear module but the output embeddings
+    (``get_output_embeddings()``), for a model whose layers have no q / k / v / o to name
+    (Mamba's ``in_proj`` / ``x_proj`` / ``dt_proj`` / ``out_proj``, ConvNeXt's point-wise
+    linears).
+
+    Raises:
+        UnsupportedError: the model has no linear module.
+    """
+    getter = getattr(model, "get_output_embeddings", None)
+    head = getter() if callable(getter) else None
+    names = [n for n, m in model.named_modules() if n and _is_linear(m) and m is not head]
+    if not names:
+        raise UnsupportedError(f"lora: {type(model).__name__} has no linear module to adapt")
     return names
 
 
@@ -694,6 +721,8 @@ def apply_lora(model: Any, training: TrainingConfig) -> Any:
         try:
             model = peft.get_peft_model(model, config)
         except ValueError as exc:
+            if str(exc).startswith("[PEFT:"):  # peft's own refusal (Mamba's out_proj, conv1d)
+                raise UnsupportedError(f"peft refuses these adapters: {exc}") from exc
             if "fused into" not in str(exc):
                 raise
             # peft renames a transformers 5 MoE's gate / up targets to the experts' fused
