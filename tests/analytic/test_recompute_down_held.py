@@ -80,7 +80,9 @@ def test_which_runs_hold_the_recompute_at_down() -> None:
     assert not recompute_holds_down_copy(model, _training(precision="bf16-true"))
     assert not recompute_holds_down_copy(model, _training(quantize_base="nf4"))
     assert not recompute_holds_down_copy(model, _training(activation_checkpointing="none"))
-    assert not recompute_holds_down_copy(model, _training(lora_variant="dora"))
+    assert recompute_holds_down_copy(model, _training(lora_variant="dora"))  # q / v: down bare
+    dora_down = _training(lora_variant="dora", lora_targets=("q", "v", "down"))
+    assert not recompute_holds_down_copy(model, dora_down)
     assert not recompute_holds_down_copy(model, _training(lora_dropout=0.05))
     assert not recompute_holds_down_copy(model, _training(lora_rank=0))
 
