@@ -325,3 +325,27 @@ def test_a_refusal_is_one_line_in_the_browser(server: str, browser: Any) -> None
     assert "\n" not in message.strip()
     _no_unexpected_error(page)
     page.close()
+
+
+def test_the_fsdp_dropdown_matches_the_cli(
+    invoke_json: InvokeJson, server: str, browser: Any
+) -> None:
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(server + "?model=gpt2&seq-len=512&data-parallel-size=4&framework=accelerate-fsdp")
+    page.wait_for_selector("#verdict[data-verdict]")
+    page.get_by_role("button", name="Parallelism and sharding").click()
+    pick(page, "opt-fsdp", "shard-grad-op")
+    cli = wait_cli(page, "--fsdp shard-grad-op")
+    assert "fsdp=shard-grad-op" in page.url
+    expected = invoke_json(*cli.split()[1:])
+    assert expected["config"]["reshard_after_forward"] is False  # SHARD_GRAD_OP
+    check_against_cli(page, expected)
+    # a strategy that contradicts the ZeRO stage: one line naming --fsdp, then it recovers
+    pick(page, "opt-zero-stage", "1")
+    page.wait_for_selector("#error")
+    assert "fsdp" in page.inner_text("#error") and "--zero-stage" in page.inner_text("#error")
+    pick(page, "opt-zero-stage", "0")
+    page.wait_for_selector("#error", state="detached")
+    _no_unexpected_error(page)
+    page.close()

@@ -4,20 +4,16 @@ page setting from the CLI; what differs is listed here with the page's way to th
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 
+from trainmem.cli.app import estimate_cmd
 from trainmem.cli.options import TRAINING_OPTIONS
 from trainmem.specs.training import TrainingConfig
 from trainmem.web import uploads
-from trainmem.web.form import CHOICES, DEFAULTS
+from trainmem.web.form import CHOICES, DEFAULTS, default_values
 
 PAGE_ROUTE: dict[str, Callable[[], bool]] = {
-    # --fsdp STRATEGY is the framework accelerate-fsdp / fsdp2 with a ZeRO stage (full-shard
-    # 3, shard-grad-op 3 + reshard_after_forward off, no-shard 0), all widgets of the page
-    "fsdp": lambda: (
-        {"accelerate-fsdp", "fsdp2"} <= set(CHOICES["framework"])
-        and {"zero_stage", "reshard_after_forward", "shard_group_size"} <= set(DEFAULTS)
-    ),
     # LoRA's alpha scales the update; it changes no tensor's size (no memory effect)
     "lora_alpha": lambda: "lora_rank" in DEFAULTS,
     # the config files are the page's uploads
@@ -31,14 +27,43 @@ PAGE_ROUTE: dict[str, Callable[[], bool]] = {
 }
 
 
+PAGE_KEYS = set(default_values())
+"""Every widget's setting: the TrainingConfig fields and the page's own (model, gpu, engine,
+alloc_conf, fsdp)."""
+
+ESTIMATE_ROUTE: dict[str, str] = {
+    "as_json": "Downloads: the estimate as JSON",
+    "snapshot": "Downloads: the memory snapshot",
+    "html": "Downloads: the HTML report",
+    "plot": "the Timeline picture tab",
+    "uncertainty": "always shown: the band under the verdict",
+    "modules": "the Per module tab (top rows)",
+    # the page does not show the host RAM of an offloaded run (details.host_memory, in the
+    # JSON download at the default of min(GPUs, 8) processes per node)
+    "gpus_per_node": "not on the page: it shows no host RAM",
+}
+"""``trainmem estimate``'s own options (not training settings) and where the page has them."""
+
+
 def test_every_cli_option_is_on_the_page() -> None:
     missing = [
-        p.name for p in TRAINING_OPTIONS if p.name not in DEFAULTS and p.name not in PAGE_ROUTE
+        p.name for p in TRAINING_OPTIONS if p.name not in PAGE_KEYS and p.name not in PAGE_ROUTE
     ]
     assert missing == []
     for name, reachable in PAGE_ROUTE.items():
-        assert name not in DEFAULTS, f"{name} has a widget now: drop it from PAGE_ROUTE"
+        assert name not in PAGE_KEYS, f"{name} has a widget now: drop it from PAGE_ROUTE"
         assert reachable(), name
+
+
+def test_every_estimate_option_is_on_the_page() -> None:
+    own = [
+        name
+        for name in inspect.signature(estimate_cmd).parameters
+        if name not in {p.name for p in TRAINING_OPTIONS} and name != "typer_context"
+    ]
+    missing = [n for n in own if n not in PAGE_KEYS and n not in ESTIMATE_ROUTE]
+    assert missing == []
+    assert not set(ESTIMATE_ROUTE) & PAGE_KEYS
 
 
 def test_every_page_setting_is_a_cli_setting() -> None:

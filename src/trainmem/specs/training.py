@@ -82,7 +82,7 @@ Note [Framework conventions]
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, fields, replace
 from operator import attrgetter
 from typing import Any, Literal
@@ -238,6 +238,14 @@ FSDP_TO_ZERO: dict[str, int] = {"no-shard": 0, "shard-grad-op": 3, "full-shard":
 too, outside computation (stage 3 with ``reshard_after_forward=False``: the weights are gathered
 from the forward to the backward, and the optimizer step sees sharded weights);
 ``hybrid-shard`` is ``full-shard`` within a node (``shard_group_size``)."""
+FSDP_STRATEGIES: tuple[str, ...] = ("full-shard", "shard-grad-op", "hybrid-shard", "no-shard")
+"""The ``--fsdp`` strategies (CLI option and web page dropdown), :data:`FSDP_TO_ZERO`'s and
+``hybrid-shard``."""
+FSDP_HELP = (
+    "FSDP sharding strategy; sets the ZeRO stage it shards like; with --framework hf-trainer, "
+    "llama-factory or axolotl it is accelerate-fsdp, the Trainer's FSDP"
+)
+"""What ``--fsdp`` does, as ``--help`` and the web page say it."""
 GPUS_PER_NODE = 8
 """Default HYBRID_SHARD shard group: the GPUs of one node (FSDP builds the intra-node group from
 ``torch.cuda.device_count()``, 8 on the usual HGX / MI300X node)."""
@@ -2593,9 +2601,10 @@ def fsdp_settings(zero_stage: int, fsdp: str | None) -> dict[str, int | bool | N
     """
     if fsdp is None:
         return {"zero_stage": zero_stage}
-    allowed = (*FSDP_TO_ZERO, "hybrid-shard")
-    if fsdp not in allowed:
-        raise SpecError("fsdp", f"unknown value {fsdp!r:.80}; allowed: {', '.join(allowed)}")
+    if fsdp not in FSDP_STRATEGIES:
+        raise SpecError(
+            "fsdp", f"unknown value {fsdp!r:.80}; allowed: {', '.join(FSDP_STRATEGIES)}"
+        )
     stage = 3 if fsdp == "hybrid-shard" else FSDP_TO_ZERO[fsdp]
     # SHARD_GRAD_OP is commonly called "ZeRO-2" (DeepSpeed's and FSDP's docs compare them so)
     if zero_stage not in (0, stage) and not (fsdp == "shard-grad-op" and zero_stage == 2):
@@ -2609,6 +2618,36 @@ def fsdp_settings(zero_stage: int, fsdp: str | None) -> dict[str, int | bool | N
     out: dict[str, int | bool | None] = {"zero_stage": stage}
     if fsdp == "shard-grad-op":
         out["reshard_after_forward"] = False
+    return out
+
+
+def apply_fsdp(settings: dict[str, Any], fsdp: str | None, given: Collection[str]) -> list[str]:
+    """Make ``settings`` (TrainingConfig field values) the run of an FSDP strategy, the one
+    place the CLI's ``--fsdp`` and the web page's dropdown are read: ``zero_stage`` and the
+    fields :func:`fsdp_settings` implies, each unless the user gave it (``given``: a flag or,
+    on the page, a widget moved off its default), where the user's value wins
+    (``--fsdp hybrid-shard --shard-group-size 4``). Then :func:`trainer_sharding` makes an HF
+    Trainer stack accelerate's FSDP, which the caller runs after reading its config files.
+
+    Args:
+        settings: field values, changed in place.
+        fsdp: the strategy (:data:`FSDP_STRATEGIES`), or None for none.
+        given: the fields the user set.
+
+    Returns:
+        The fields set from the strategy (empty without one).
+
+    Raises:
+        SpecError: as :func:`fsdp_settings` (an unknown strategy, a contradicting stage).
+    """
+    implied = fsdp_settings(settings["zero_stage"], fsdp)
+    if fsdp is None:
+        return []
+    out = []
+    for key, value in implied.items():
+        if key == "zero_stage" or key not in given:
+            settings[key] = value
+            out.append(key)
     return out
 
 

@@ -10,12 +10,12 @@ allowed values and help are the field's :class:`~trainmem.specs.settings.Setting
 the CLI options are generated from (``tests/test_settings_source.py``), so the page offers what
 ``trainmem estimate`` accepts and nothing is spelled twice.
 
-A *values* dict maps ``model``, ``gpu``, ``alloc_conf``, ``engine`` and every TrainingConfig field
-name to a
-typed value (``int``, ``float``, ``bool``, ``str``, ``tuple`` for ``lora_targets``, None
-there for the framework's; ``seq_len``
-None means the model's own context length, at most 4096, and ``attention`` None the model's own
-attention, eager for BLOOM / Gemma-2 and sdpa otherwise, as in the CLI).
+A *values* dict maps ``model``, ``gpu``, ``alloc_conf``, ``engine``, ``fsdp`` (the CLI's
+``--fsdp`` strategy, None for none) and every TrainingConfig field name to a typed value
+(``int``, ``float``, ``bool``, ``str``, ``tuple`` for ``lora_targets``, None there for the
+framework's; ``seq_len`` None means the model's own context length, at most 4096, and
+``attention`` None the model's own attention, eager for BLOOM / Gemma-2 and sdpa otherwise, as
+in the CLI).
 """
 
 from __future__ import annotations
@@ -32,7 +32,12 @@ from trainmem.specs.grid import parse_value
 from trainmem.specs.groups import FIELD_GROUPS
 from trainmem.specs.hardware import GPUS
 from trainmem.specs.settings import help_text, kind_of, settings_of
-from trainmem.specs.training import TrainingConfig, trainer_sharding
+from trainmem.specs.training import (
+    FSDP_STRATEGIES,
+    TrainingConfig,
+    apply_fsdp,
+    trainer_sharding,
+)
 
 DEFAULT_MODEL = "llama-3.1-8b"
 DEFAULT_GPU = "H100-80GB"
@@ -44,6 +49,11 @@ NO_GPU = "(none)"
 ALL_LINEAR = "all-linear"
 """The ``lora_targets`` choice that means every layer linear of the model, ticked alone (the
 CLI's ``--lora-targets all-linear``; :func:`trainmem.estimate.lora_linears_of`)."""
+NO_FSDP = "(none)"
+"""The ``--fsdp`` choice that shards by ``--zero-stage`` alone (the CLI without ``--fsdp``)."""
+FSDP_CHOICES: tuple[str, ...] = (NO_FSDP, *FSDP_STRATEGIES)
+"""The ``--fsdp`` dropdown: :data:`NO_FSDP`, then the CLI's strategies
+(:data:`~trainmem.specs.training.FSDP_STRATEGIES`)."""
 MODEL_DEFAULT = "model default"
 """The choice that leaves a setting to the model (``attention``: eager for BLOOM / Gemma-2,
 sdpa otherwise), the CLI without the option."""
@@ -169,8 +179,23 @@ def default_values() -> dict[str, Any]:
         "gpu": DEFAULT_GPU,
         "alloc_conf": "",
         "engine": DEFAULT_ENGINE,
+        "fsdp": None,
         **DEFAULTS,
     }
+
+
+def fsdp_of(raw: Any) -> str | None:
+    """The ``--fsdp`` strategy a widget or a URL holds: None for none (:data:`NO_FSDP`, empty).
+
+    Raises:
+        SpecError: an unknown strategy (the message names ``fsdp`` and lists the strategies).
+    """
+    if raw is None or raw in ("", NO_FSDP):
+        return None
+    if raw not in FSDP_STRATEGIES:
+        allowed = ", ".join(FSDP_STRATEGIES)
+        raise SpecError("fsdp", f"unknown value {raw!r:.80}; allowed: {allowed} (or none)")
+    return str(raw)
 
 
 def training_config(
@@ -188,12 +213,16 @@ def training_config(
         SpecError: a value of the wrong type or out of range (the message names the field).
     """
     settings = {name: coerce(name, values.get(name)) for name in DEFAULTS}
+    # --fsdp as the CLI reads it; a widget off its default is the page's given setting (as
+    # the page's CLI command gives it: cli_command)
+    fsdp = fsdp_of(values.get("fsdp"))
+    apply_fsdp(settings, fsdp, {k for k, v in settings.items() if v != DEFAULTS[k]})
     if settings["seq_len"] is None:
         settings["seq_len"] = default_seq_len
     if settings["attention"] is None:
         settings["attention"] = default_attention
-    # the HF Trainer shards through DeepSpeed, as on the CLI (the page has no --fsdp)
-    trainer_sharding(settings, None)
+    # the HF Trainer shards through accelerate's FSDP (--fsdp) or DeepSpeed, as on the CLI
+    trainer_sharding(settings, fsdp)
     return TrainingConfig(**settings)
 
 
@@ -201,10 +230,10 @@ def training_config(
 # URL query string and CLI command
 # ---------------------------------------------------------------------------------------
 
-_PAGE_KEYS = ("model", "gpu", "alloc_conf", "engine")
-_FLAGGED_PAGE_KEYS = ("alloc_conf", "engine")
+_PAGE_KEYS = ("model", "gpu", "alloc_conf", "engine", "fsdp")
+_FLAGGED_PAGE_KEYS = ("alloc_conf", "engine", "fsdp")
 """Page keys given to ``trainmem estimate`` as options of their own (``--alloc-conf``,
-``--engine``); the model is its argument, the GPU ``--gpu``."""
+``--engine``, ``--fsdp``); the model is its argument, the GPU ``--gpu``."""
 
 
 def _text(value: Any) -> str:
@@ -251,6 +280,11 @@ def from_query(
             pinned, _, bad = from_query(raw)
             pins.append(pinned)
             problems += bad
+        elif name == "fsdp":
+            try:
+                values[name] = fsdp_of(raw)
+            except SpecError as exc:
+                problems.append(f"link: {exc}")
         elif name in _PAGE_KEYS:
             values[name] = raw
         elif name in DEFAULTS:

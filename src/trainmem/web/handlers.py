@@ -37,6 +37,7 @@ from trainmem.web.form import (
     DEFAULTS,
     GROUPS,
     MODEL_DEFAULT,
+    NO_FSDP,
     cli_command,
     coerce,
     default_values,
@@ -54,7 +55,7 @@ from trainmem.web.uploads import (
 log = logging.getLogger("trainmem.web")
 
 TRAINING_NAMES: tuple[str, ...] = tuple(name for names in GROUPS.values() for name in names)
-INPUT_NAMES: tuple[str, ...] = ("model", "gpu", "alloc_conf", "engine", *TRAINING_NAMES)
+INPUT_NAMES: tuple[str, ...] = ("model", "gpu", "alloc_conf", "engine", "fsdp", *TRAINING_NAMES)
 """The widgets every handler reads, in this order."""
 
 MAX_PINS = 4
@@ -96,8 +97,9 @@ def _collected(value: Any, default: Any) -> Any:
 
 def _unset(value: Any, default: Any) -> bool:
     """A widget value that leaves the setting at None: the model's default, or an empty text
-    box where the default is None (a shown text box reports ``""``, a collapsed one None)."""
-    return value == MODEL_DEFAULT or (value == "" and default is None)
+    box (a shown text box reports ``""``, a collapsed one None) or no ``--fsdp`` strategy
+    (:data:`~trainmem.web.form.NO_FSDP`) where the default is None."""
+    return value == MODEL_DEFAULT or (value in ("", NO_FSDP) and default is None)
 
 
 def widget_values(values: Mapping[str, Any]) -> list[Any]:
@@ -110,6 +112,8 @@ def widget_values(values: Mapping[str, Any]) -> list[Any]:
 def _widget_value(name: str, value: Any) -> Any:
     if isinstance(value, tuple) or (value is None and name in _CHECKBOX_GROUPS):
         return list(value or ())
+    if value is None and name == "fsdp":
+        return NO_FSDP
     return MODEL_DEFAULT if value is None and name == "attention" else value
 
 

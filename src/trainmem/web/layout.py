@@ -18,14 +18,17 @@ except ImportError as exc:  # pragma: no cover - the web extra is missing
 
 from trainmem.report.plots import CATEGORY_COLORS
 from trainmem.specs.hf import list_presets
+from trainmem.specs.training import FSDP_HELP
 from trainmem.web import handlers as h
 from trainmem.web import views
 from trainmem.web.form import (
     DEFAULT_ENGINE,
     DEFAULT_GPU,
     DEFAULT_MODEL,
+    FSDP_CHOICES,
     GROUPS,
     MODEL_DEFAULT,
+    NO_FSDP,
     default_values,
     engine_choices,
     field,
@@ -151,6 +154,14 @@ def build_app() -> Any:
                     with gr.Accordion(group, open=group in _OPEN_GROUPS):
                         for name in names:
                             w[name] = _widget(name)
+                            if name == "zero_stage":  # the CLI's --fsdp, beside it
+                                w["fsdp"] = gr.Dropdown(
+                                    list(FSDP_CHOICES),
+                                    value=NO_FSDP,
+                                    label="--fsdp",
+                                    info=FSDP_HELP,
+                                    elem_id="opt-fsdp",
+                                )
                         if group == "Framework":
                             w["alloc_conf"] = gr.Textbox(
                                 label="--alloc-conf (PYTORCH_CUDA_ALLOC_CONF)",
