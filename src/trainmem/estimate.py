@@ -192,6 +192,77 @@ def vision_sequence(spec: ModelSpec, training: TrainingConfig, *, given: bool) -
     return derived(training, seq_len=tokens)
 
 
+SEQ_LEN_DEFAULT: int = TrainingConfig().seq_len
+"""TrainingConfig's own ``seq_len`` (1024, GPT-2's context): a library call that leaves it is
+not a length chosen for an image (:func:`estimate` reads it so, as the CLI reads a missing
+``--seq-len``)."""
+
+
+def image_sequence(
+    model: str | ModelSpec, training: TrainingConfig, *, given: bool
+) -> TrainingConfig:
+    """The sequence of a model whose input is an image, read one way by the CLI, the web page
+    and :func:`estimate`: a vision encoder's tokens (:func:`vision_sequence`); a pixel model
+    the formulas do not cover (SegFormer, ConvNeXt... on the generic path,
+    :func:`~trainmem.specs.diffusers.takes_pixels`) takes no sequence at all, so a given
+    ``seq_len`` is refused (it was accepted and ignored) and a default one set to
+    :data:`SEQ_LEN_DEFAULT` (reported as none: :func:`report_pixels`); any other model
+    unchanged.
+
+    Args:
+        model: preset name, config path or spec.
+        training: the settings.
+        given: whether the user chose ``seq_len`` (``--seq-len``, the page's box, a library
+            value other than :data:`SEQ_LEN_DEFAULT`).
+
+    Raises:
+        SpecError: ``seq_len`` given for an image model and not what it takes (names
+            ``--resolution``).
+    """
+    spec = model if isinstance(model, ModelSpec) else _loaded_spec(model)
+    if spec is not None:
+        return vision_sequence(spec, training, given=given)
+    if pixel_config(model) is None:
+        return training
+    if given:
+        raise SpecError(
+            "seq_len",
+            f"{training.seq_len} for {str(model):.80}, a model whose input is an image, not a "
+            "token sequence; leave --seq-len out and set the image size with --resolution "
+            "(e.g. --resolution 512 or 512x640)",
+        )
+    # unread by the model; TrainingConfig's own, so a later call reads it as not given
+    return derived(training, seq_len=SEQ_LEN_DEFAULT)
+
+
+def pixel_config(model: str | ModelSpec) -> dict[str, object] | None:
+    """The ``config.json`` of a transformers model whose input is an image and that the
+    formulas do not model (:func:`~trainmem.specs.diffusers.takes_pixels`: SegFormer, ConvNeXt;
+    not ViT, an analytic vision encoder), or None."""
+    if isinstance(model, ModelSpec) or _loaded_spec(model) is not None:
+        return None
+    from trainmem.specs.diffusers import takes_pixels
+    from trainmem.specs.hf import load_hf_config
+
+    try:
+        config = load_hf_config(model)
+    except SpecError:
+        return None
+    return config if takes_pixels(config) else None
+
+
+def report_pixels(est: MemoryEstimate, config: dict[str, object], training: TrainingConfig) -> None:
+    """Report what a generic-path pixel model (:func:`pixel_config`) takes: its images'
+    ``resolution`` in pixels (given, else its config's, as the trace fed it:
+    :func:`trainmem.trace.hf_model.pixel_input_size`), and no ``seq_len``, which it does not
+    read."""
+    from trainmem.trace.hf_model import pixel_input_size
+
+    height, width = pixel_input_size(config, training.image_size)
+    est.config["seq_len"] = None
+    est.config["resolution"] = height if height == width else f"{height}x{width}"
+
+
 def default_attention_of(model: str | ModelSpec) -> str:
     """The attention a run of ``model`` uses when none is given: ``eager`` for the families
     transformers runs eager only (``ModelSpec.eager_only``, its family row's trait: BLOOM,
@@ -776,8 +847,12 @@ def estimate(
         UnsupportedError: a model family the engine does not model.
     """
     _validate_arguments(model, training, engine, cuda_context_bytes, alloc_conf)
+    given_seq_len = training is not None and training.seq_len != SEQ_LEN_DEFAULT
     if training is None:
         training = TrainingConfig(seq_len=default_seq_len_of(model))
+    # an image model's sequence as the CLI reads it (Note [Vision encoders at another
+    # resolution]): the patches of its image, or none for a pixel model on the generic path
+    training = image_sequence(model, training, given=given_seq_len)
     if not alloc_conf:  # the framework's (Unsloth's expandable segments); a given one wins
         torch = parse_version("torch_version", training.torch_version)
         alloc_conf = training.conventions.default_alloc_conf(torch)
@@ -796,6 +871,9 @@ def estimate(
         model, training, gpu, engine, cuda_context_bytes, alloc_conf, simulate_allocator, lean
     )
     est.notes[:0] = setting_warnings(model, training) + ([pieces_note] if pieces_note else [])
+    pixels = pixel_config(model) if est.engine != "analytic" else None
+    if pixels is not None:
+        report_pixels(est, pixels, training)
     return est
 
 
@@ -891,7 +969,10 @@ def setting_warnings(model: str | ModelSpec, training: TrainingConfig) -> list[s
         )
     spec = model if isinstance(model, ModelSpec) else _loaded_spec(model)
     context = getattr(spec, "max_position_embeddings", 0) if spec is not None else 0
-    if context and training.seq_len > context:
+    # a vision encoder's table is interpolated to its image's patches (Note [Vision encoders
+    # at another resolution]): more patches than the config's are what --resolution asks for
+    interpolated = spec is not None and spec.architecture == "vision-encoder"
+    if context and training.seq_len > context and not interpolated:
         out.append(
             f"warning: seq_len={training.seq_len:,} is beyond the model's context "
             f"({context:,} tokens, max_position_embeddings): the estimate is for the length "

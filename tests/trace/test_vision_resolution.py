@@ -145,3 +145,69 @@ def test_a_resolution_under_one_patch_is_refused(invoke: Invoke) -> None:
     result = invoke("estimate", "vit-large-patch16-224", "--resolution", "8", exit_code=2)
     assert result.stderr.strip().startswith("error: resolution: 8x8 px"), result.stderr
     assert "at least 16 px" in result.stderr
+
+
+def test_the_library_refuses_the_seq_len_the_cli_refuses(invoke: Invoke) -> None:
+    from trainmem import TrainingConfig, estimate
+    from trainmem.errors import SpecError
+
+    result = invoke("estimate", "vit-large-patch16-224", "-s", "512", exit_code=2)
+    with pytest.raises(SpecError) as exc:
+        estimate("vit-large-patch16-224", TrainingConfig(seq_len=512))
+    assert result.stderr.strip() == f"error: {exc.value}"
+    assert "197 at 224x224 px" in str(exc.value)  # (224 // 16)^2 + 1
+
+
+def test_the_library_takes_the_resolution(invoke_json: InvokeJson) -> None:
+    from trainmem import TrainingConfig, estimate
+
+    cli = invoke_json(
+        "estimate", "vit-large-patch16-224", "-b", "2", "--resolution", "384", "-e", "analytic"
+    )
+    for training in (
+        TrainingConfig(micro_batch_size=2, resolution=384),  # seq_len left at its default
+        TrainingConfig(micro_batch_size=2, resolution=384, seq_len=577),  # (384 // 16)^2 + 1
+    ):
+        lib = estimate("vit-large-patch16-224", training, engine="analytic").to_dict()
+        lib = json.loads(json.dumps(lib))  # as the CLI prints it (tuples as lists)
+        assert lib["config"]["seq_len"] == 577 and lib["config"] == cli["config"]
+        assert lib["peak"] == cli["peak"]
+        # its position table is interpolated to the patches: no "beyond the context" warning
+        assert not any("beyond the model's context" in n for n in lib["notes"])
+
+
+def test_the_web_page_refuses_the_seq_len_the_cli_refuses(invoke: Invoke) -> None:
+    from trainmem.errors import SpecError
+    from trainmem.web.compute import resolve_request
+    from trainmem.web.form import default_values
+
+    result = invoke("estimate", "vit-large-patch16-224", "-s", "512", exit_code=2)
+    values = {**default_values(), "model": "vit-large-patch16-224", "seq_len": 512}
+    with pytest.raises(SpecError) as exc:
+        resolve_request(values)
+    assert result.stderr.strip() == f"error: {exc.value}"
+
+
+SEGFORMER = Path(__file__).parents[1] / "models" / "heads" / "segformer.json"
+"""A tiny SegFormer, image_size 128: a pixel model the formulas do not model."""
+
+
+def test_a_generic_pixel_model_reports_its_images_not_a_sequence(
+    invoke: Invoke, invoke_json: InvokeJson
+) -> None:
+    pytest.importorskip("transformers")
+    from trainmem import TrainingConfig, estimate
+    from trainmem.errors import SpecError
+
+    config = invoke_json("estimate", str(SEGFORMER))["config"]
+    assert config["seq_len"] is None and config["resolution"] == 128  # the config's image_size
+    config = invoke_json("estimate", str(SEGFORMER), "--resolution", "64x96")["config"]
+    assert config["seq_len"] is None and config["resolution"] == "64x96"
+    table = invoke("estimate", str(SEGFORMER)).stdout
+    assert "resolution=128" in table and "seq_len=" not in table
+    # a sequence length it does not read is refused, by the CLI and the library alike
+    result = invoke("estimate", str(SEGFORMER), "-s", "512", exit_code=2)
+    assert "--resolution" in result.stderr
+    with pytest.raises(SpecError) as exc:
+        estimate(str(SEGFORMER), TrainingConfig(seq_len=512))
+    assert result.stderr.strip() == f"error: {exc.value}"

@@ -38,11 +38,13 @@ from trainmem.specs.hardware import check_precision_on_gpu, get_gpu
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.settings import Setting, help_text, kind_of, settings_of
 from trainmem.specs.training import (
+    FSDP_HELP,
+    FSDP_STRATEGIES,
     LORA_TARGETS,
     TrainingConfig,
+    apply_fsdp,
     check_framework_versions,
     check_training_for_model,
-    fsdp_settings,
     model_lora_linears,
     trainer_sharding,
 )
@@ -173,9 +175,7 @@ _CLI_ONLY: dict[str, tuple[str, inspect.Parameter]] = {
                 str | None,
                 _o(
                     "--fsdp",
-                    help="full-shard | shard-grad-op | hybrid-shard | no-shard (sets the ZeRO "
-                    "stage it shards like; with --framework hf-trainer it is accelerate-fsdp, "
-                    "the Trainer's FSDP)",
+                    help=f"{_choices(FSDP_STRATEGIES)} ({FSDP_HELP})",
                 ),
             ],
             None,
@@ -420,12 +420,9 @@ def training_from_options(
     settings = {k: v for k, v in given.items() if k not in _NOT_FIELDS}
     explicit = {k for k in values if k in settings}
     flags = {k: _flag(k) for k in explicit}  # the flag that gave each explicit field
-    for key, value in fsdp_settings(given["zero_stage"], given["fsdp"]).items():
-        if key == "zero_stage" or settings.get(key) is None:
-            settings[key] = value
-        if given["fsdp"] is not None:
-            explicit.add(key)
-            flags.setdefault(key, "--fsdp")
+    for key in apply_fsdp(settings, given["fsdp"], set(explicit)):
+        explicit.add(key)
+        flags.setdefault(key, "--fsdp")
     if given["lora_targets"] is not None:  # None: the framework's (TrainingConfig resolves it)
         settings["lora_targets"] = parse_lora_targets(given["lora_targets"], spec, model)
     from_set = _from_set(given["settings"] or [], spec, settings, flags, model)
@@ -478,9 +475,9 @@ def training_from_options(
     check_framework_versions(training)
     if spec is not None:
         check_training_for_model(spec, training)
-        from trainmem.estimate import vision_sequence
+    from trainmem.estimate import image_sequence
 
-        training = vision_sequence(spec, training, given=seq_len_given)
+    training = image_sequence(spec or model, training, given=seq_len_given)
     if gpu is not None:
         check_precision_on_gpu(training.precision, get_gpu(gpu))
     if notes is not None:

@@ -21,7 +21,7 @@ from itertools import product
 from typing import Any, cast
 
 from trainmem.errors import SpecError, UnsupportedError
-from trainmem.estimate import estimate, resolve_gpu, resolve_model
+from trainmem.estimate import estimate, resolve_gpu, resolve_model, vision_sequence
 from trainmem.specs.grid import SWEEPABLE as SWEEPABLE  # re-exported for the callers
 from trainmem.specs.grid import field_name as field_name
 from trainmem.specs.grid import parse_over as parse_over
@@ -149,6 +149,8 @@ def sweep(
             else {n: v for n, v, p in zip(names, point, previous, strict=True) if v is not p}
         )
         training, previous = derived(training, **changed), point
+        if spec is not None:  # a vision encoder's sequence follows a swept resolution
+            training = vision_sequence(spec, training, given=False)
         if on_point is not None:
             on_point(settings)
         est = (

@@ -442,6 +442,38 @@ def _forward_parameters(model: Any) -> Any:
     return inspect.signature(type(model).forward).parameters
 
 
+def image_size_of(cfg: Any, image_size: tuple[int, int] | None = None) -> tuple[int, int]:
+    """(height, width) in pixels of the images a pixel model trains on: ``image_size``
+    (``--resolution``), else the config's ``image_size``, an int or [height, width] (ViT's
+    non-square images), 224 where the config has none (the ImageNet crop of the image
+    processors)."""
+    size = image_size or getattr(cfg, "image_size", None) or 224
+    height, width = size if isinstance(size, (list, tuple)) else (size, size)
+    return int(height), int(width)
+
+
+def pixel_input_size(
+    raw_config: Mapping[str, Any], image_size: tuple[int, int] | None = None
+) -> tuple[int, int]:
+    """:func:`image_size_of` the transformers config ``raw_config`` makes (its class's defaults
+    filled in, as :func:`build_hf_model` builds it): the images :func:`make_hf_batch` feeds.
+
+    Raises:
+        UnsupportedError: transformers cannot build the config.
+    """
+    transformers = require_transformers()
+    model_type = raw_config.get("model_type")
+    try:
+        config = transformers.AutoConfig.for_model(
+            model_type, **{k: v for k, v in raw_config.items() if k != "model_type"}
+        )
+    except (ValueError, KeyError) as exc:
+        raise UnsupportedError(
+            f"transformers {transformers.__version__} cannot build model_type={model_type!r}"
+        ) from exc
+    return image_size_of(config, image_size)
+
+
 def _image_batch(
     cfg: Any, b: int, dtype: Any, head: str, image_size: tuple[int, int] | None = None
 ) -> dict[str, Any]:
@@ -451,8 +483,7 @@ def _image_batch(
     processors); class ``labels`` [b] for a classification head, per-pixel ``labels``
     [b, height, width] for a ``*ForSemanticSegmentation`` head (SegFormer, UperNet, DPT:
     ``modeling_segformer.py`` upsamples its logits to the labels' size)."""
-    size = image_size or getattr(cfg, "image_size", None) or 224
-    height, width = size if isinstance(size, (list, tuple)) else (size, size)
+    height, width = image_size_of(cfg, image_size)
     channels = getattr(cfg, "num_channels", None) or 3
     batch = {"pixel_values": torch.randn(b, channels, height, width, dtype=dtype)}
     classes = max(getattr(cfg, "num_labels", 1), 1)

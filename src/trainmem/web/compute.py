@@ -17,15 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from trainmem.breakdown import MemoryEstimate
-from trainmem.errors import SpecError, UnsupportedError
+from trainmem.errors import SpecError
 from trainmem.estimate import (
     ENGINES,
     default_attention_of,
     default_seq_len_of,
     estimate,
+    image_sequence,
     lora_linears_of,
-    resolve_model,
-    vision_sequence,
 )
 from trainmem.specs.hf import TIMM_PREFIX, list_presets
 from trainmem.specs.model import ModelSpec
@@ -169,10 +168,10 @@ def resolve_request(values: Mapping[str, Any], uploaded: ModelSpec | str | None 
         default_seq_len=default_seq_len_of(model),
         default_attention=default_attention_of(model),
     )
-    try:  # a vision encoder's sequence is its image's patches (--resolution sets them)
-        training = vision_sequence(resolve_model(model), training, given=False)
-    except UnsupportedError:  # no formula family: the generic path sizes the image itself
-        pass
+    # an image model's sequence as the CLI reads it: a vision encoder's patches at
+    # --resolution; a seq_len typed in its box is refused, as --seq-len is
+    given = coerce("seq_len", values.get("seq_len")) is not None
+    training = image_sequence(model, training, given=given)
     return Request(
         model=model,
         model_arg=model_arg,
