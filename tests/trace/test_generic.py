@@ -38,6 +38,14 @@ WHOLE_TRACE: set[str] = set()  # families whose blocks do not split into identic
 # each composition kind (deepseek_v3 and t5: a first block apart, t5 encoder-decoder too;
 # gemma3_text: sliding + global units; the rest: one repeated block).
 SLOW_FAMILIES = {"mamba", "whisper", "starcoder2", "siglip_vision_model"}
+IMAGE_FAMILIES = {"clip_vision_model", "dinov2", "siglip_vision_model", "vit"}
+"""Families whose input is an image: their sequence is the image's (the config's image_size),
+and a seq_len is refused (Note [Vision encoders at another resolution])."""
+
+
+def _tokens(family: str, seq_len: int) -> dict[str, int]:
+    """``seq_len`` for a family that reads tokens, none for an image model."""
+    return {} if family in IMAGE_FAMILIES else {"seq_len": seq_len}
 
 
 def _deeper(path: Path, layers: int, tmp_path: Path) -> str:
@@ -75,7 +83,7 @@ def test_generic_matches_full_trace_on_families_without_formulas(
     layers = 12 if family == "gemma3_text" else 7
     model = _deeper(MODELS_DIR / f"{family}.json", layers, tmp_path)
     attention = "eager" if family in NO_SDPA else "sdpa"
-    training = TrainingConfig(micro_batch_size=2, seq_len=32, attention=attention)
+    training = TrainingConfig(micro_batch_size=2, attention=attention, **_tokens(family, 32))
     est, generic, full = _peaks(model, training)
     assert est.engine == "generic"
     assert abs(generic - full) <= 0.01 * full, (family, generic, full)
@@ -170,13 +178,14 @@ def test_parameter_count_is_the_full_models(tmp_path: Path) -> None:
 def test_generic_agrees_with_analytic_on_formula_families(model: str, batch: int, seq: int) -> None:
     if model == "tiny-gpt2-test" and seq > 128:
         seq = 128  # its learned positions
+    tokens = _tokens(model, seq)  # ViT: the patches of its config's image_size
     if model in FORMULA_FAMILIES:
         # Gemma-2 has no SDPA attention in transformers (``_supports_sdpa = False``)
         attention = "eager" if model == "gemma2" else "sdpa"
         model = str(MODELS_DIR / "formula" / f"{model}.json")
     else:
         attention = "sdpa"
-    training = TrainingConfig(micro_batch_size=batch, seq_len=seq, attention=attention)
+    training = TrainingConfig(micro_batch_size=batch, attention=attention, **tokens)
     a = estimate(model, training, engine="analytic", simulate_allocator=False)
     g = estimate(model, training, engine="generic", simulate_allocator=False)
     assert a.num_parameters == g.num_parameters
@@ -208,8 +217,8 @@ def test_cli_estimates_every_family_without_an_engine_flag(invoke: Invoke, famil
 
     extra = ["--attention", "eager"] if family == "bloom" else []
     seq = "8" if family == "mamba" else "32"  # mamba's eager scan runs one step per token
-    # a vision tower's sequence is its image's patches (--resolution), not a --seq-len
-    tokens = [] if family.endswith("_vision_model") else ["-s", seq]
+    # an image model's sequence is its image's patches (--resolution), not a --seq-len
+    tokens = [] if family in IMAGE_FAMILIES else ["-s", seq]
     r = invoke("estimate", str(MODELS_DIR / f"{family}.json"), "-b", "1", *tokens, "--json", *extra)
     d = json.loads(r.stdout)
     # tests/models/dinov2.json is Dinov2ForImageClassification: the formulas model the bare

@@ -19,7 +19,7 @@ import pytest
 from conftest import MODELS_DIR
 from trainmem.breakdown import MemoryCategory
 from trainmem.errors import UnsupportedError
-from trainmem.estimate import estimate, trace_unsupported_settings
+from trainmem.estimate import SEQ_LEN_DEFAULT, estimate, trace_unsupported_settings
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
 from trainmem.specs.training import TrainingConfig
 
@@ -407,8 +407,9 @@ def test_deepspeed_settings_the_traced_paths_still_refuse() -> None:
     # a family without formulas has no ModelSpec to give the hidden size "auto" buckets read
     # (Note [DeepSpeed without a ModelSpec]; a number of elements runs)
     dinov2 = MODELS_DIR / "dinov2.json"
+    image = replace(_deepspeed(), seq_len=SEQ_LEN_DEFAULT)  # its sequence is its image's
     with pytest.raises(UnsupportedError, match="reduce-bucket-size=N"):
-        estimate(str(dinov2), _deepspeed(), engine="generic")
+        estimate(str(dinov2), image, engine="generic")
 
 
 def test_quantized_optimizer_without_a_model_spec_reads_the_traced_step(wide_qwen2: str) -> None:
