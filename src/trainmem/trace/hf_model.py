@@ -143,16 +143,7 @@ def build_hf_model(
     if raw.get("model_type") in REMOTE_CODE_TYPES:  # Note [Remote-code stand-ins]
         raw = {**stand_in_config(raw), **{k: v for k, v in raw.items() if "dropout" in k}}
     raw = _training_switches(raw, dropout)
-    model_type = raw.get("model_type")
-    try:
-        config = transformers.AutoConfig.for_model(
-            model_type, **{k: v for k, v in raw.items() if k != "model_type"}
-        )
-    except (ValueError, KeyError) as exc:
-        raise UnsupportedError(
-            f"transformers {transformers.__version__} cannot build model_type={model_type!r} "
-            "for tracing; use --engine analytic"
-        ) from exc
+    config = hf_config_of(raw)
     config._attn_implementation = "eager" if attention == "eager" else "sdpa"
     _no_layerdrop(config)
     cls = _head_class(transformers, config, raw)
@@ -442,6 +433,26 @@ def _forward_parameters(model: Any) -> Any:
     return inspect.signature(type(model).forward).parameters
 
 
+def hf_config_of(raw: Mapping[str, Any]) -> Any:
+    """The transformers config object of a ``config.json`` dict (``AutoConfig.for_model``:
+    its class's defaults filled in).
+
+    Raises:
+        UnsupportedError: transformers cannot build ``model_type``.
+    """
+    transformers = require_transformers()
+    model_type = raw.get("model_type")
+    try:
+        return transformers.AutoConfig.for_model(
+            model_type, **{k: v for k, v in raw.items() if k != "model_type"}
+        )
+    except (ValueError, KeyError) as exc:
+        raise UnsupportedError(
+            f"transformers {transformers.__version__} cannot build model_type={model_type!r} "
+            "for tracing; use --engine analytic"
+        ) from exc
+
+
 def image_size_of(cfg: Any, image_size: tuple[int, int] | None = None) -> tuple[int, int]:
     """(height, width) in pixels of the images a pixel model trains on: ``image_size``
     (``--resolution``), else the config's ``image_size``, an int or [height, width] (ViT's
@@ -461,17 +472,7 @@ def pixel_input_size(
     Raises:
         UnsupportedError: transformers cannot build the config.
     """
-    transformers = require_transformers()
-    model_type = raw_config.get("model_type")
-    try:
-        config = transformers.AutoConfig.for_model(
-            model_type, **{k: v for k, v in raw_config.items() if k != "model_type"}
-        )
-    except (ValueError, KeyError) as exc:
-        raise UnsupportedError(
-            f"transformers {transformers.__version__} cannot build model_type={model_type!r}"
-        ) from exc
-    return image_size_of(config, image_size)
+    return image_size_of(hf_config_of(raw_config), image_size)
 
 
 def _image_batch(
