@@ -25,6 +25,7 @@ from trainmem.estimate import (
     estimate,
     image_sequence,
     lora_linears_of,
+    resolve_model,
 )
 from trainmem.specs.hf import TIMM_PREFIX, list_presets
 from trainmem.specs.model import ModelSpec
