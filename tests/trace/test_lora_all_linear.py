@@ -48,11 +48,11 @@ def test_all_linear_on_a_cnn_adapts_what_peft_adapts(convnext: str) -> None:
     # 8 (8 + 32) x 2 + 8 (16 + 64) x 2 + 8 (16 + 2) = 2,064
     assert expected == 2_064
     lora = ("q", "k", "v", "o", "gate", "up", "down")  # what all-linear expands to here
-    est = estimate(convnext, TrainingConfig(lora_rank=8, lora_targets=lora, seq_len=64))
+    est = estimate(convnext, TrainingConfig(lora_rank=8, lora_targets=lora))
     assert est.engine == "generic"
     assert est.num_trainable_parameters == expected
 
 
 def test_q_v_on_a_cnn_names_all_linear(convnext: str) -> None:
     with pytest.raises(UnsupportedError, match="--lora-targets all-linear"):
-        estimate(convnext, TrainingConfig(lora_rank=8, seq_len=64))
+        estimate(convnext, TrainingConfig(lora_rank=8))
