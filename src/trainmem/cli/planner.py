@@ -25,8 +25,13 @@ def register(app: typer.Typer) -> None:
     from trainmem.cli.common import clean_errors, console
     from trainmem.cli.options import GpuOpt, JsonOpt, ModelArg, with_training_options
     from trainmem.errors import SpecError
-    from trainmem.planner.traced import traced_only
     from trainmem.specs.grid import SWEEPABLE, parse_over
+
+    def traced_only(model: str) -> bool:
+        # Note [--help imports no engine]: the planner loads only when a command runs
+        from trainmem.planner.traced import traced_only as traced
+
+        return traced(model)
 
     MultipleOf = Annotated[
         int, typer.Option("--seq-len-multiple-of", help="Granularity of the planned seq_len.")
