@@ -140,7 +140,7 @@ def fixes_table(base: MemoryEstimate, found: Sequence[Fix]) -> Table:
     in numbers (:class:`~trainmem.planner.costs.CostFigures`; the words are in the JSON)."""
     table = Table(
         title=f"{base.model_name} on {base.gpu_name}: changes that make it fit, cheapest first",
-        caption=_CAPTION + "; saved = drop of the closed-form peak allocated",
+        caption=_CAPTION + "; saved = drop of the peak allocated (traced on the generic path)",
     )
     table.add_column("#", justify="right")
     table.add_column("change", style="bold")
