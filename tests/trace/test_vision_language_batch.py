@@ -44,3 +44,101 @@ def test_the_batch_places_one_placeholder_per_image_feature_row() -> None:
 def test_a_vision_language_model_estimates_with_its_image(invoke_json) -> None:
     out = invoke_json("estimate", LLAVA, "--engine", "generic", "-b", "2", "-s", "24")
     assert out["peak"]["allocated_bytes"] > 0
+
+
+QWEN2_VL = MODELS_DIR / "vlm" / "qwen2_vl.json"
+"""A 2 + 2 layer Qwen2-VL: patch_size 8, spatial_merge_size 2, temporal_patch_size 2, 3 channels,
+image token 250, mrope_section [2, 3, 3]."""
+
+
+def _qwen2_vl_batch(image_size: tuple[int, int] | None) -> tuple[dict, list[str]]:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from trainmem.trace.hf_model import build_hf_model, make_hf_batch, materialize_fake
+
+    model = build_hf_model(json.loads(QWEN2_VL.read_text()))
+    fake = FakeTensorMode()
+    materialize_fake(model, fake)
+    notes: list[str] = []
+    with fake:
+        batch = make_hf_batch(model, 2, 24, image_size=image_size, notes=notes)
+    return batch, notes
+
+
+def test_a_grid_model_takes_its_processor_patches_grid_and_positions() -> None:
+    """Qwen2-VL's processor layout, by hand: a 64 x 96 image in 8-pixel patches is an 8 x 12
+    grid, 96 patches of 3 x 2 x 8 x 8 = 384 values; merged 2 x 2, 24 image tokens. M-RoPE
+    (Qwen2-VL paper, sec. 2.1): image token i of the 4 x 6 merged grid sits at (0, i // 6,
+    i % 6); the text resumes at max(4, 6) = 6 on all three axes."""
+    from trainmem.trace.known_values import value_of
+
+    batch, notes = _qwen2_vl_batch((64, 96))
+    assert tuple(batch["pixel_values"].shape) == (2 * 96, 384)
+    assert value_of(batch["image_grid_thw"]).tolist() == [[1, 8, 12]] * 2
+    ids = value_of(batch["input_ids"])
+    assert tuple(ids.shape) == (2, 24 + 24)
+    assert (ids[:, :24] == 250).all() and not (ids[:, 24:] == 250).any()
+    assert value_of(batch["mm_token_type_ids"]).tolist() == [[1] * 24 + [0] * 24] * 2
+    pos = value_of(batch["position_ids"])
+    assert tuple(pos.shape) == (3, 2, 48)
+    i = torch.arange(24)
+    assert pos[0, :, :24].eq(0).all()
+    assert torch.equal(pos[1, 0, :24], i // 6) and torch.equal(pos[2, 0, :24], i % 6)
+    assert all(torch.equal(pos[k, 1, 24:], torch.arange(6, 30)) for k in range(3))
+    assert any("64 x 96 pixel image" in n and "24 image tokens" in n for n in notes)
+
+
+def test_a_grid_model_rounds_the_image_as_its_processor_does() -> None:
+    """``smart_resize`` rounds each side to the nearest multiple of patch x merge (16 here):
+    70 -> 64, 90 -> 96; without a size, the largest square of at most 28 * 28 * 1280 =
+    1,003,520 pixels: isqrt = 1001, so 62 x 16 = 992 here and 35 x 28 = 980 for Qwen2-VL's
+    14-pixel patches."""
+    from trainmem.trace.hf_inputs import grid_image_side
+
+    assert grid_image_side(16, (70, 90)) == (64, 96)
+    assert grid_image_side(16, (3, 3)) == (16, 16)  # at least one merged patch
+    assert grid_image_side(16, None) == (992, 992)
+    assert grid_image_side(28, None) == (980, 980)
+    batch, notes = _qwen2_vl_batch((70, 90))
+    assert tuple(batch["pixel_values"].shape) == (2 * 96, 384)
+
+
+def test_a_vision_language_estimate_says_what_image_it_traced(invoke_json) -> None:
+    out = invoke_json(
+        "estimate", QWEN2_VL, "--engine", "generic", "-b", "1", "-s", "16", "--resolution", "32"
+    )
+    said = [n for n in out["notes"] if n.startswith("vision-language model")]
+    assert len(said) == 1 and "32 x 32 pixel image" in said[0] and "4 image tokens" in said[0]
+    out = invoke_json("estimate", LLAVA, "--engine", "generic", "-b", "1", "-s", "16")
+    said = [n for n in out["notes"] if n.startswith("vision-language model")]
+    assert len(said) == 1 and "32 x 32 pixel image" in said[0] and "16 image tokens" in said[0]
+
+
+def test_more_image_tokens_cost_more_memory(invoke_json) -> None:
+    """The image's tokens go through the language model: a larger image at the same text
+    length raises the peak (32 x 32: 4 image tokens; 128 x 128: 64)."""
+
+    def peak(resolution: str) -> int:
+        out = invoke_json(
+            "estimate",
+            QWEN2_VL,
+            "--engine",
+            "generic",
+            "-b",
+            "1",
+            "-s",
+            "16",
+            "--resolution",
+            resolution,
+        )
+        return int(out["peak"]["allocated_bytes"])
+
+    assert peak("128") > peak("32")
+
+
+def test_a_fixed_size_tower_refuses_another_resolution(invoke) -> None:
+    result = invoke("estimate", LLAVA, "--engine", "generic", "--resolution", "48", exit_code=2)
+    assert "resolution" in result.stderr and "32 x 32" in result.stderr
+    result = invoke("estimate", LLAVA, "--engine", "generic", "--frames", "5", exit_code=2)
+    assert "--resolution and --seq-len" in result.stderr
+    invoke("estimate", LLAVA, "--engine", "generic", "--resolution", "32")  # its own size

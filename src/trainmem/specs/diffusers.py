@@ -439,6 +439,10 @@ def check_image_options(
         pixels: the model takes an image (``resolution`` allowed); None: from ``config``
             (:func:`takes_pixels`).
 
+    A vision-language model (``vision_config`` beside ``text_config`` or a vocabulary) takes
+    ``resolution`` as its one image per sample (``trainmem.trace.hf_inputs.
+    vision_language_batch``).
+
     Raises:
         SpecError: an image option on a language model (names the option), or a bad value.
     """
@@ -450,10 +454,21 @@ def check_image_options(
         image_batch(config, training)
         return
     pixels = takes_pixels(config) if pixels is None else pixels
+    language_and_vision = "vision_config" in config and bool(
+        config.get("text_config") or config.get("vocab_size")
+    )
     for name in IMAGE_OPTIONS:
-        if getattr(training, name) is None or (pixels and name == "resolution"):
+        if getattr(training, name) is None or (
+            name == "resolution" and (pixels or language_and_vision)
+        ):
             continue
         flag = "--" + name.replace("_", "-")
+        if language_and_vision:
+            raise SpecError(
+                name,
+                f"{flag} describes the batch of a diffusers image/video model; a vision-language "
+                "model takes one image per sample and its text: use --resolution and --seq-len",
+            )
         if pixels:
             raise SpecError(
                 name,

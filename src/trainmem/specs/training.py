@@ -1320,14 +1320,17 @@ class DiffusionConfig:
 
     resolution: int | str | None = setting(
         None,
-        "image models (diffusers, ViT, DINOv2, CLIP / SigLIP towers, SegFormer, timm): "
-        "image side in pixels, or HEIGHTxWIDTH (480x832).",
+        "image models (diffusers, ViT, DINOv2, CLIP / SigLIP towers, SegFormer, timm) and "
+        "vision-language models (one image per sample): image side in pixels, or "
+        "HEIGHTxWIDTH (480x832).",
         default_text="the model's, e.g. 1024",
     )
     """The training images' side in pixels (``1024``) or ``"HEIGHTxWIDTH"`` (``"480x832"``);
     a diffusers model's latents are 1/8 of it on a side; a vision encoder's sequence is its
     patches (Note [Vision encoders at another resolution] in
-    :mod:`trainmem.analytic.activation_shapes`); None, the default: the model's
+    :mod:`trainmem.analytic.activation_shapes`); a vision-language model's one image per sample
+    (Qwen2-VL and kin: rounded to whole merged patches as their processor does,
+    :func:`trainmem.trace.hf_inputs.grid_image_side`); None, the default: the model's
     (:data:`trainmem.specs.diffusers.DIFFUSERS_FAMILIES`, a vision config's ``image_size``). A
     square ``"NxN"`` or a digit string is stored as the int N."""
     frames: int | None = setting(

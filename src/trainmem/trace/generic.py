@@ -82,6 +82,8 @@ class Recipe:
         resident: frozen models held on the GPU beside it (``run_trace``'s ``resident``).
         hold_output: the loop binds each micro-batch's output through its backward
             (``run_trace``'s ``hold_output``; litgpt).
+        batch_notes: what ``make_batch`` says about the batch it built (a vision-language
+            model's image), for the estimate's notes.
     """
 
     name: str
@@ -92,6 +94,7 @@ class Recipe:
     library: str = "transformers"
     resident: tuple[tuple[str, int, str], ...] = ()
     hold_output: bool = False
+    batch_notes: list[str] = dataclasses.field(default_factory=list)
 
 
 def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfig) -> Recipe:
@@ -183,6 +186,7 @@ def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfi
         return _litgpt_recipe(name, raw, training)
     if training.recipe_loss not in (None, "cross-entropy"):  # cross-entropy: the model's own
         return _own_loss_recipe(name, raw, training)
+    said: list[str] = []
     return Recipe(
         name,
         lambda: build_hf_training_model(raw, training),
@@ -193,11 +197,13 @@ def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfi
                 training.seq_len,
                 training.target_seq_len,
                 training.image_size,
+                said,
             ),
             training,
         ),
         loss_fn=hf_loss,
         forward_loss=default_forward_loss(training),
+        batch_notes=said,
     )
 
 
@@ -411,6 +417,7 @@ def trace_generic(
         + recipe.library
         + " on fake tensors, a few blocks per list traced and repeated to full depth; "
         "requested sizes, the CUDA context and the NCCL communicators are added, not traced",
+        *dict.fromkeys(recipe.batch_notes),  # (the cut model's and the whole's batch: one)
         *notes,
     ]
     return est
@@ -492,11 +499,6 @@ def estimate_generic(
                 f"remote-code model_type {raw.get('model_type')!r} traced as transformers' "
                 f"{stand_in}, the class with the same tensors (Note [Remote-code stand-ins], "
                 "trainmem/trace/remote_code.py); no remote code ran"
-            )
-        if "vision_config" in raw and "text_config" in raw:
-            est.notes.append(
-                "vision-language model: the batch is text only (input_ids), no image tokens; "
-                "the vision tower gets no gradient"
             )
         return est
     except UnsupportedError as exc:

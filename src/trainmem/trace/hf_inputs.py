@@ -6,12 +6,17 @@ values of a synthetic batch], ``trainmem.trace.known_values``).
 from __future__ import annotations
 
 import inspect
+import math
+from collections.abc import Callable
 from typing import Any
 
+from trainmem.errors import UnsupportedError
 from trainmem.trace._torch import require_torch
-from trainmem.trace.known_values import known
+from trainmem.trace.known_values import known, known_values
 
 torch = require_torch()
+
+from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
 
 __all__ = ["special_token_ids", "text_side_inputs", "token_ids", "vision_language_batch"]
 
@@ -113,7 +118,13 @@ def _image_rows(model: Any, pixels: Any, text_width: int) -> int | None:
 
 
 def vision_language_batch(
-    model: Any, vocab: int, b: int, s: int, dtype: Any
+    model: Any,
+    vocab: int,
+    b: int,
+    s: int,
+    dtype: Any,
+    image_size: tuple[int, int] | None = None,
+    notes: list[str] | None = None,
 ) -> dict[str, Any] | None:
     """One image per sample and ``s`` text tokens for a vision-language model, or None when
     the model takes no ``pixel_values`` or trainmem cannot place its image (text only then).
@@ -127,28 +138,60 @@ def vision_language_batch(
     BLIP-2, GIT). Q-Former instructions (``qformer_input_ids``, InstructBLIP) are ``s`` ids of
     the Q-Former vocabulary; Kosmos-2's ``image_embeds_position_mask`` marks the
     ``latent_query_num`` positions its image embeddings take. Values known to the forward
-    (Note [Known values of a synthetic batch]). A model that also reads the processor's patch
-    grid (``image_grid_thw`` / ``image_grid_hw``: Qwen2-VL and kin) trains on text only: that
-    grid is not built yet.
+    (Note [Known values of a synthetic batch]). A model that reads the processor's patch grid
+    ``image_grid_thw`` (Qwen2-VL and kin) gets :func:`_grid_batch`'s; another grid
+    (``image_grid_hw``, Molmo's ``image_grids``) trains on text only. ``image_size``
+    (``--resolution``) replaces the vision config's size.
 
     Args:
         model: the (peft-unwrapped) model.
         vocab: the text vocabulary.
         b, s: batch size, text tokens per sample.
         dtype: the pixels' dtype (the parameters').
+        image_size: (height, width) pixels of the one image per sample; None: the model's.
+        notes: where the batch's description goes (one line for the estimate's notes).
 
     Returns:
-        Keyword arguments, or None.
+        Keyword arguments, or None (text only: a note says so).
     """
+    said = notes if notes is not None else []
+    before = len(said)
+    batch = _vision_language_batch(model, vocab, b, s, dtype, image_size, said)
+    if batch is None and len(said) == before:
+        said.append(
+            "vision-language model: the batch is text only (input_ids), no image tokens (trainmem "
+            "cannot build this model's image inputs yet); the vision tower gets no gradient"
+        )
+    return batch
+
+
+def _vision_language_batch(
+    model: Any,
+    vocab: int,
+    b: int,
+    s: int,
+    dtype: Any,
+    image_size: tuple[int, int] | None,
+    notes: list[str],
+) -> dict[str, Any] | None:
     cfg = model.config
     params = inspect.signature(model.forward).parameters
     vision = getattr(cfg, "vision_config", None)
-    size = getattr(vision, "image_size", None)
-    if "pixel_values" not in params or "input_ids" not in params or not size:
+    if "pixel_values" not in params or "input_ids" not in params or vision is None:
         return None
-    if any("grid" in name for name in params):
-        return None  # the image's patch grid the processor computes (image_grid_thw): not built
+    if "image_grid_thw" in params:
+        return _grid_batch(model, vocab, b, s, dtype, image_size, notes)
+    size = getattr(vision, "image_size", None)
+    if not size or any("grid" in name for name in params):
+        return None  # another patch grid the processor computes (image_grid_hw): not built
     height, width = size if isinstance(size, (list, tuple)) else (size, size)
+    if image_size is not None and tuple(image_size) != (height, width):
+        raise UnsupportedError(
+            f"resolution: {type(model).__name__} takes its vision config's {height} x {width} "
+            f"pixel images (the tower's position embeddings are sized for them; the processor "
+            f"resizes every image to it), not {image_size[0]} x {image_size[1]}: leave "
+            "--resolution unset, or set it to that size"
+        )
     pixels = torch.randn(b, getattr(vision, "num_channels", 3) or 3, height, width, dtype=dtype)
     batch: dict[str, Any] = {"pixel_values": pixels}
     token = _image_token(cfg)
@@ -173,6 +216,151 @@ def vision_language_batch(
     qformer = getattr(cfg, "qformer_config", None)
     if "qformer_input_ids" in params and qformer is not None:
         batch["qformer_input_ids"] = token_ids(qformer, qformer.vocab_size, (b, s))
+    notes.append(
+        f"vision-language model: one {height} x {width} pixel image per sample "
+        f"({'--resolution' if image_size else 'the vision config image_size'}), "
+        f"{n} image tokens before the {s} text tokens"
+    )
+    return batch
+
+
+def _rope_positions(
+    model: Any, ids: Callable[[], Any], types: Callable[[], Any], grid: Callable[[], Any]
+) -> list[Any] | None:
+    """The multimodal rotary positions [3, b, n + s] the model's own ``get_rope_index``
+    (``modeling_qwen2_vl.py``) computes from the batch's ids, token types and grid, run on
+    the real CPU values (it builds them with ``torch.tensor`` from Python lists of
+    per-sample results, which fake tensors cannot do); None when the model has none or it
+    fails. The forward would compute the same small int64 tensor from the same inputs."""
+    rope = next((m.get_rope_index for m in model.modules() if hasattr(m, "get_rope_index")), None)
+    if rope is None:
+        return None
+    try:
+        with _disable_current_modes():
+            out = rope(ids(), mm_token_type_ids=types(), image_grid_thw=grid())
+        positions = out[0] if isinstance(out, tuple) else out
+        return positions.tolist()  # type: ignore[no-any-return]
+    except Exception:  # noqa: BLE001 - another signature: the forward computes them
+        return None
+
+
+GRID_MAX_PIXELS = 28 * 28 * 1280
+"""Pixels of the largest image Qwen2-VL's image processor keeps unresized by default
+(``transformers/models/qwen2_vl/image_processing_qwen2_vl.py``: ``max_pixels`` /
+``size["longest_edge"]`` = 28 * 28 * 1280, i.e. 1280 merged patches of 28 x 28 pixels): the
+image a grid model's batch takes when neither ``--resolution`` nor its vision config gives one."""
+
+
+def grid_image_side(factor: int, size: tuple[int, int] | int | None) -> tuple[int, int]:
+    """(height, width) pixels of a grid model's image: ``size`` rounded to the nearest multiple
+    of ``factor`` (patch size x spatial merge size), at least one ``factor``, as Qwen2-VL's
+    ``smart_resize`` rounds (``image_processing_qwen2_vl.py``: ``round(height / factor) *
+    factor``); None: the largest square of at most :data:`GRID_MAX_PIXELS` pixels whose side is
+    a multiple of ``factor`` (980 x 980 for Qwen2-VL's 28).
+
+    Args:
+        factor: pixels per merged patch side.
+        size: (height, width) or a side in pixels, or None.
+    """
+    if size is None:
+        side = max(1, math.isqrt(GRID_MAX_PIXELS) // factor) * factor
+        return side, side
+    height, width = size if isinstance(size, (list, tuple)) else (size, size)
+    return tuple(max(factor, round(x / factor) * factor) for x in (height, width))  # type: ignore[return-value]
+
+
+def _grid_batch(
+    model: Any,
+    vocab: int,
+    b: int,
+    s: int,
+    dtype: Any,
+    image_size: tuple[int, int] | None,
+    notes: list[str],
+) -> dict[str, Any] | None:
+    """One image per sample in the patch layout of Qwen2-VL's processor, or None when the
+    vision config does not name it (text only then).
+
+    ``image_processing_qwen2_vl.py`` (``_preprocess``): the image, resized to multiples of
+    ``patch_size * spatial_merge_size`` (:func:`grid_image_side`), repeated to
+    ``temporal_patch_size`` frames, is cut into ``grid_h * grid_w`` patches (``grid_h = height
+    / patch_size``), each flattened to ``channels * temporal_patch_size * patch_size ** 2``
+    values: ``pixel_values`` [b * grid_h * grid_w, channels * temporal_patch_size *
+    patch_size ** 2] in the parameter dtype, ``image_grid_thw`` [b, 3] = (1, grid_h, grid_w)
+    per image. The processor expands each image placeholder to ``grid_h * grid_w /
+    spatial_merge_size ** 2`` image tokens (``processing_qwen2_vl.py``); the ids are those
+    tokens then ``s`` text ids, ``labels`` the same, ``mm_token_type_ids`` 1 on image tokens
+    and 0 on text (``modeling_qwen2_vl.py`` ``get_rope_index``: text 0, image 1). The model's
+    ``get_image_features`` must return one feature row per image token, else None.
+    """
+    cfg = model.config
+    vision = cfg.vision_config
+    sizes: list[Any] = [getattr(vision, k, None) for k in ("patch_size", "spatial_merge_size")]
+    frames = getattr(vision, "temporal_patch_size", None) or 1
+    channels = getattr(vision, "in_channels", None) or getattr(vision, "num_channels", None) or 3
+    token = _image_token(cfg)
+    if not all(isinstance(x, int) and x > 0 for x in (*sizes, frames)) or token is None:
+        return None
+    patch, merge = int(sizes[0]), int(sizes[1])
+    height, width = grid_image_side(
+        patch * merge, image_size or getattr(vision, "image_size", None)
+    )
+    gh, gw = height // patch, width // patch
+    n = gh * gw // merge**2
+    pixels = torch.randn(b * gh * gw, channels * frames * patch * patch, dtype=dtype)
+    grid = known(lambda: torch.tensor([[1, gh, gw]] * b))
+    try:
+        with torch.no_grad(), known_values():  # (the grid's values: rotary positions)
+            out = model.get_image_features(pixel_values=pixels, image_grid_thw=grid)
+    except Exception:  # noqa: BLE001 - a grid model with other inputs: text only
+        return None
+    features = getattr(out, "pooler_output", None)
+    features = out if features is None else features
+    flat = [t for t in torch.utils._pytree.tree_flatten(features)[0] if isinstance(t, torch.Tensor)]
+    text_width = cfg.get_text_config().hidden_size
+    if sum(t.shape[0] for t in flat) != b * n or any(t.shape[-1] != text_width for t in flat):
+        notes.append(
+            "vision-language model: the batch is text only (input_ids), no image tokens: the "
+            f"vision tower's image features ({', '.join(str(tuple(t.shape)) for t in flat)}) "
+            f"are not one row of the text width {text_width} per image token ({b} x {n}), so this "
+            "config cannot place an image; the vision tower gets no gradient"
+        )
+        return None
+
+    def ids() -> Any:
+        return torch.cat([torch.full((b, n), token), _text_ids(cfg, vocab, (b, s))], dim=1)
+
+    params = inspect.signature(model.forward).parameters
+    batch: dict[str, Any] = {
+        "pixel_values": pixels,
+        "image_grid_thw": grid,
+        "input_ids": known(ids),
+    }
+    if "labels" in params:
+        batch["labels"] = known(ids)
+
+    def types() -> Any:
+        return (torch.arange(n + s) < n).to(torch.int32).expand(b, n + s).contiguous()
+
+    if "mm_token_type_ids" in params:
+        batch["mm_token_type_ids"] = known(types)
+    positions = _rope_positions(model, ids, types, lambda: torch.tensor([[1, gh, gw]] * b))
+    if positions is not None and "position_ids" in params:
+        batch["position_ids"] = known(lambda: torch.tensor(positions))
+    said = (
+        "--resolution"
+        if image_size
+        else (
+            "the vision config image_size"
+            if getattr(vision, "image_size", None)
+            else "no size given: the largest square Qwen2-VL's processor keeps, "
+            f"{GRID_MAX_PIXELS:,} pixels at most; --resolution sets it"
+        )
+    )
+    notes.append(
+        f"vision-language model: one {height} x {width} pixel image per sample ({said}), "
+        f"{gh} x {gw} patches of {patch} pixels, {n} image tokens before the {s} text tokens"
+    )
     return batch
 
 

@@ -322,6 +322,7 @@ def make_hf_batch(
     seq_len: int,
     target_seq_len: int = 0,
     image_size: tuple[int, int] | None = None,
+    notes: list[str] | None = None,
 ) -> dict[str, Any]:
     """One unpadded training batch for a HF model (call inside the fake mode for fake tensors).
 
@@ -344,7 +345,9 @@ def make_hf_batch(
         seq_len: s (tokens; the decoder's for Whisper).
         target_seq_len: the decoder's length for T5; 0 means ``seq_len``.
         image_size: (height, width) pixels of an image model's ``pixel_values`` (``--resolution``);
-            None: the config's ``image_size``.
+            None: the config's ``image_size``; a vision-language model's one image per sample
+            (:func:`trainmem.trace.hf_inputs.vision_language_batch`).
+        notes: where a vision-language model's batch description goes.
 
     Returns:
         Keyword arguments of ``model(**batch)``, with ``labels`` when the model takes them (a
@@ -359,7 +362,7 @@ def make_hf_batch(
     dtype = parameter_dtype(model)  # not a quantized base's packed weights
     head = type(base).__name__
     if {"input_ids", "pixel_values"} <= params.keys():  # a vision-language model
-        images = vision_language_batch(base, _vocab_size(cfg), b, s, dtype)
+        images = vision_language_batch(base, _vocab_size(cfg), b, s, dtype, image_size, notes)
         if images is not None:
             return images
     if main in ("pixel_values", "input_values", "inputs"):
