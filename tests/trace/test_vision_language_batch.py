@@ -142,3 +142,25 @@ def test_a_fixed_size_tower_refuses_another_resolution(invoke) -> None:
     result = invoke("estimate", LLAVA, "--engine", "generic", "--frames", "5", exit_code=2)
     assert "--resolution and --seq-len" in result.stderr
     invoke("estimate", LLAVA, "--engine", "generic", "--resolution", "32")  # its own size
+
+
+def test_a_step_that_fails_with_the_default_image_falls_back_to_text(monkeypatch) -> None:
+    """A forward that cannot run the image on fake tensors (MiniMax-M3-VL's boolean index over
+    the whole embedding): without --resolution the step is traced on text and the notes say
+    so; with it, the failure stands. The failure is forced here in Qwen2-VL's placeholder
+    check, which runs only when the batch has pixels."""
+    import transformers.models.qwen2_vl.modeling_qwen2_vl as qwen2_vl
+
+    from trainmem.errors import TrainmemError
+    from trainmem.estimate import estimate
+    from trainmem.specs.training import TrainingConfig
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("forced")
+
+    monkeypatch.setattr(qwen2_vl.Qwen2VLModel, "get_placeholder_mask", fail)
+    est = estimate(str(QWEN2_VL), TrainingConfig(seq_len=16), engine="generic")
+    said = [n for n in est.notes if n.startswith("vision-language model")]
+    assert len(said) == 1 and "text only" in said[0] and "forced" in said[0]
+    with pytest.raises(TrainmemError, match="forced"):
+        estimate(str(QWEN2_VL), TrainingConfig(seq_len=16, resolution=32), engine="generic")

@@ -97,7 +97,9 @@ class Recipe:
     batch_notes: list[str] = dataclasses.field(default_factory=list)
 
 
-def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfig) -> Recipe:
+def recipe_for_config(
+    name: str, raw: Mapping[str, Any], training: TrainingConfig, *, images: bool = True
+) -> Recipe:
     """The recipe of a ``config.json``: transformers for a ``model_type``, diffusers for a
     ``_class_name`` without one (``trainmem.trace.diffusers_model``), timm for an
     ``architecture`` without either (``trainmem.trace.timm_model``).
@@ -106,6 +108,7 @@ def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfi
         name: the model's name for reports.
         raw: the parsed config.
         training: the settings (dropout, attention, dtype, LoRA, sequence length...).
+        images: False: a vision-language model trains on text only.
 
     Returns:
         The :class:`Recipe`.
@@ -198,6 +201,7 @@ def recipe_for_config(name: str, raw: Mapping[str, Any], training: TrainingConfi
                 training.target_seq_len,
                 training.image_size,
                 said,
+                images,
             ),
             training,
         ),
@@ -459,6 +463,32 @@ def _describe(runs: list[Run]) -> list[dict[str, Any]]:
     ]
 
 
+def _trace_config(
+    name: str, raw: Mapping[str, Any], training: TrainingConfig, **where: Any
+) -> MemoryEstimate:
+    """:func:`trace_generic` of the config's recipe. A vision-language model whose step fails
+    with the image trainmem built for it, no ``--resolution`` given, is traced on text only,
+    and the notes say why (a forward that reads values the fake batch does not keep, such as
+    a boolean index over the whole embedding); with ``--resolution`` the failure stands."""
+    from trainmem.trace.hf_inputs import IMAGE_BATCH_NOTE
+
+    recipe = recipe_for_config(name, raw, training)
+    try:
+        return trace_generic(recipe, training, **where)
+    except TraceError as exc:
+        imaged = any(n.startswith(IMAGE_BATCH_NOTE) for n in recipe.batch_notes)
+        if not imaged or training.image_size is not None:
+            raise
+        reason = " ".join(str(exc).split())[:160]
+    est = trace_generic(recipe_for_config(name, raw, training, images=False), training, **where)
+    est.notes.append(
+        "vision-language model: the batch is text only (input_ids), no image tokens: the step "
+        f"with {recipe.batch_notes[-1][len(IMAGE_BATCH_NOTE) :].split(' (')[0]} failed on "
+        f"fake tensors ({reason}); the vision tower gets no gradient"
+    )
+    return est
+
+
 def estimate_generic(
     name: str,
     training: TrainingConfig,
@@ -486,9 +516,7 @@ def estimate_generic(
 
     raw = load_hf_config(name)
     try:
-        est = trace_generic(
-            recipe_for_config(name, raw, training), training, gpu=gpu, copies=copies, layout=layout
-        )
+        est = _trace_config(name, raw, training, gpu=gpu, copies=copies, layout=layout)
         if is_diffusers_config(raw):
             from trainmem.trace.diffusers_model import describe_diffusers_batch
 
@@ -508,9 +536,7 @@ def estimate_generic(
     # transformers has no SDPA path for this class (BLOOM's ALiBi, Mamba has no attention):
     # a real run of it uses eager attention, so the trace does too
     eager = dataclasses.replace(training, attention="eager")
-    est = trace_generic(
-        recipe_for_config(name, raw, eager), eager, gpu=gpu, copies=copies, layout=layout
-    )
+    est = _trace_config(name, raw, eager, gpu=gpu, copies=copies, layout=layout)
     est.notes.append(
         "transformers has no SDPA attention for this model class; eager attention traced "
         "(--attention eager)"

@@ -18,7 +18,16 @@ torch = require_torch()
 
 from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
 
-__all__ = ["special_token_ids", "text_side_inputs", "token_ids", "vision_language_batch"]
+__all__ = [
+    "IMAGE_BATCH_NOTE",
+    "special_token_ids",
+    "text_side_inputs",
+    "token_ids",
+    "vision_language_batch",
+]
+
+IMAGE_BATCH_NOTE = "vision-language model: one "
+"""How a note describing a vision-language batch with an image starts."""
 
 _SEED = 0
 """Seed of the batch's token ids: the same ids every trace, so a forward that reads them takes
@@ -217,7 +226,7 @@ def _vision_language_batch(
     if "qformer_input_ids" in params and qformer is not None:
         batch["qformer_input_ids"] = token_ids(qformer, qformer.vocab_size, (b, s))
     notes.append(
-        f"vision-language model: one {height} x {width} pixel image per sample "
+        f"{IMAGE_BATCH_NOTE}{height} x {width} pixel image per sample "
         f"({'--resolution' if image_size else 'the vision config image_size'}), "
         f"{n} image tokens before the {s} text tokens"
     )
@@ -358,7 +367,7 @@ def _grid_batch(
         )
     )
     notes.append(
-        f"vision-language model: one {height} x {width} pixel image per sample ({said}), "
+        f"{IMAGE_BATCH_NOTE}{height} x {width} pixel image per sample ({said}), "
         f"{gh} x {gw} patches of {patch} pixels, {n} image tokens before the {s} text tokens"
     )
     return batch

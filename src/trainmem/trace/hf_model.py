@@ -323,6 +323,7 @@ def make_hf_batch(
     target_seq_len: int = 0,
     image_size: tuple[int, int] | None = None,
     notes: list[str] | None = None,
+    images: bool = True,
 ) -> dict[str, Any]:
     """One unpadded training batch for a HF model (call inside the fake mode for fake tensors).
 
@@ -348,6 +349,7 @@ def make_hf_batch(
             None: the config's ``image_size``; a vision-language model's one image per sample
             (:func:`trainmem.trace.hf_inputs.vision_language_batch`).
         notes: where a vision-language model's batch description goes.
+        images: False: a vision-language model's batch is text only.
 
     Returns:
         Keyword arguments of ``model(**batch)``, with ``labels`` when the model takes them (a
@@ -361,10 +363,10 @@ def make_hf_batch(
     takes_labels = "labels" in params
     dtype = parameter_dtype(model)  # not a quantized base's packed weights
     head = type(base).__name__
-    if {"input_ids", "pixel_values"} <= params.keys():  # a vision-language model
-        images = vision_language_batch(base, _vocab_size(cfg), b, s, dtype, image_size, notes)
-        if images is not None:
-            return images
+    if images and {"input_ids", "pixel_values"} <= params.keys():  # a vision-language model
+        pictured = vision_language_batch(base, _vocab_size(cfg), b, s, dtype, image_size, notes)
+        if pictured is not None:
+            return pictured
     if main in ("pixel_values", "input_values", "inputs"):
         return _encoder_input_batch(base, b, s, dtype, head if takes_labels else "", image_size)
     batch: dict[str, Any] = {}
