@@ -164,3 +164,34 @@ def test_a_step_that_fails_with_the_default_image_falls_back_to_text(monkeypatch
     assert len(said) == 1 and "text only" in said[0] and "forced" in said[0]
     with pytest.raises(TrainmemError, match="forced"):
         estimate(str(QWEN2_VL), TrainingConfig(seq_len=16, resolution=32), engine="generic")
+
+
+def test_the_checkpoint_dtype_in_a_config_does_not_set_the_run_weights(
+    invoke_json, tmp_path
+) -> None:
+    """A hub config names its checkpoint's dtype (``"torch_dtype": "bfloat16"``), and
+    transformers builds a composite's language model in its sub-config's dtype; the run's
+    weights are the precision's. bf16-mixed AdamW, by hand (mixed-precision training,
+    Micikevicius et al. 2018, sec. 3.1: fp32 master weights): fp32 gradients, 4 bytes per
+    parameter, and two fp32 Adam moments, 8 bytes per parameter, for every parameter;
+    bf16-true: 2 and 4."""
+    raw = json.loads(QWEN2_VL.read_text())
+    raw["torch_dtype"] = "bfloat16"
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    for precision, grad, states in (("bf16-mixed", 4, 8), ("bf16-true", 2, 4)):
+        out = invoke_json(
+            "estimate",
+            path,
+            "--engine",
+            "generic",
+            "-s",
+            "16",
+            "--resolution",
+            "32",
+            "--precision",
+            precision,
+        )
+        n = out["num_parameters"]
+        assert out["model_states_bytes"]["gradients"] == grad * n
+        assert out["model_states_bytes"]["optimizer_states"] == states * n

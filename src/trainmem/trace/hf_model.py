@@ -146,6 +146,7 @@ def build_hf_model(
     config = hf_config_of(raw)
     config._attn_implementation = "eager" if attention == "eager" else "sdpa"
     _no_layerdrop(config)
+    _pin_dtype(config, dtype or torch.float32)
     cls = _head_class(transformers, config, raw)
     try:
         with torch.device(device):
@@ -314,6 +315,25 @@ def materialize_fake(model: Any, fake_mode: Any) -> None:
         for n, b in list(m._buffers.items()):
             if b is not None:
                 m._buffers[n] = conv(b)
+
+
+def _pin_dtype(config: Any, dtype: Any) -> None:
+    """Set ``dtype`` on ``config`` and every sub-config it holds (``sub_configs``: a
+    vision-language model's ``text_config`` / ``vision_config``, an encoder-decoder's parts).
+
+    A hub ``config.json`` names the checkpoint's dtype (``"torch_dtype": "bfloat16"``), and
+    transformers builds each sub-model of a composite in its sub-config's dtype
+    (``modeling_utils.py`` ``_from_config``: ``dtype = kwargs.pop("dtype", config.dtype)``;
+    Qwen2-VL's and LLaVA's ``__init__`` build their language model with
+    ``AutoModel.from_config(config.text_config)``). Left alone, a bf16-mixed run would hold a
+    composite's language model in bf16 and the rest in fp32; the weights' dtype is the run's
+    (``TrainingConfig.weight_dtype``), for every part.
+    """
+    config.dtype = dtype
+    for key in getattr(config, "sub_configs", None) or {}:
+        sub = getattr(config, key, None)
+        if sub is not None and hasattr(sub, "to_dict"):
+            _pin_dtype(sub, dtype)
 
 
 def make_hf_batch(
