@@ -195,3 +195,18 @@ def test_the_checkpoint_dtype_in_a_config_does_not_set_the_run_weights(
         n = out["num_parameters"]
         assert out["model_states_bytes"]["gradients"] == grad * n
         assert out["model_states_bytes"]["optimizer_states"] == states * n
+
+
+MISTRAL3 = MODELS_DIR / "vlm" / "mistral3.json"
+"""A 2 + 2 layer Mistral-3 (Pixtral tower: image_size 64, patch_size 8; spatial_merge_size 2)."""
+
+
+def test_an_any_size_tower_takes_its_image_sizes(invoke_json) -> None:
+    """Pixtral in Mistral-3 takes any image up to its config's size, with ``image_sizes``; by
+    hand: 64 x 64 in 8-pixel patches, merged 2 x 2, is 4 x 4 = 16 image tokens. 100 x 50 is
+    scaled to fit 64 (x 0.64: 64 x 32, image_processing_pixtral.py), 4 x 2 = 8 tokens."""
+    for args, said in (((), "64 x 64 pixel image"), (("--resolution", "100x50"), "64 x 32")):
+        out = invoke_json("estimate", MISTRAL3, "--engine", "generic", "-s", "16", *args)
+        notes = [n for n in out["notes"] if n.startswith("vision-language model")]
+        tokens = "16 image tokens" if not args else "8 image tokens"
+        assert len(notes) == 1 and said in notes[0] and tokens in notes[0]

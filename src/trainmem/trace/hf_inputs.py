@@ -104,16 +104,17 @@ def _image_token(cfg: Any) -> int | None:
     return None
 
 
-def _image_rows(model: Any, pixels: Any, text_width: int) -> int | None:
+def _image_rows(model: Any, pixels: Any, text_width: int, extra: dict[str, Any]) -> int | None:
     """Rows of image features one image gives the language model: the model's own
-    ``get_image_features`` run on the (fake) pixels, its features' elements over the text
-    width, per image; None when the model has no such method or it fails on them."""
+    ``get_image_features`` run on the (fake) pixels (and ``extra``: ``image_sizes``), its
+    features' elements over the text width, per image; None when the model has no such
+    method or it fails on them."""
     get = getattr(model, "get_image_features", None)
     if get is None:
         return None
     try:
-        with torch.no_grad():
-            out = get(pixel_values=pixels)
+        with torch.no_grad(), known_values():
+            out = get(pixel_values=pixels, **extra)
     except Exception:  # noqa: BLE001 - a model that needs more than pixels: text only
         return None
     features = getattr(out, "pooler_output", None)
@@ -143,7 +144,9 @@ def vision_language_batch(
     ``image_token_index``), the ids start with one placeholder per row of image features the
     model's ``get_image_features`` gives for that image (LLaVA: the patches of the selected
     layer, projected), as the processor expands ``<image>``, then ``s`` text ids: [b, n + s],
-    ``labels`` the same ids. A model without a placeholder adds the image itself (BLIP,
+    ``labels`` the same ids; a model that also reads ``image_sizes`` (Pixtral in Mistral-3,
+    ``modeling_mistral3.py``) gets each image's (height, width). A model without a
+    placeholder adds the image itself (BLIP,
     BLIP-2, GIT). Q-Former instructions (``qformer_input_ids``, InstructBLIP) are ``s`` ids of
     the Q-Former vocabulary; Kosmos-2's ``image_embeds_position_mask`` marks the
     ``latent_query_num`` positions its image embeddings take. Values known to the forward
@@ -194,7 +197,17 @@ def _vision_language_batch(
     if not size or any("grid" in name for name in params):
         return None  # another patch grid the processor computes (image_grid_hw): not built
     height, width = size if isinstance(size, (list, tuple)) else (size, size)
-    if image_size is not None and tuple(image_size) != (height, width):
+    patch = getattr(vision, "patch_size", None)
+    any_size = getattr(vision, "model_type", None) == "pixtral" and "image_sizes" in params
+    if image_size is not None and any_size and isinstance(patch, int):
+        # Pixtral's any-size images (image_processing_pixtral.py: scaled down to fit the
+        # config's size, each side a multiple of the patch, merged 2 x 2 in Mistral-3)
+        merge = getattr(cfg, "spatial_merge_size", None) or 1
+        scale = min(1.0, height / image_size[0], width / image_size[1])  # the longest edge
+        height, width = grid_image_side(
+            patch * merge, (int(image_size[0] * scale), int(image_size[1] * scale))
+        )
+    elif image_size is not None and tuple(image_size) != (height, width):
         raise UnsupportedError(
             f"resolution: {type(model).__name__} takes its vision config's {height} x {width} "
             f"pixel images (the tower's position embeddings are sized for them; the processor "
@@ -211,7 +224,12 @@ def _vision_language_batch(
             lambda: torch.arange(n + s).expand(b, n + s) < n
         )
     elif token is not None:
-        rows = _image_rows(model, pixels, cfg.get_text_config().hidden_size)
+        text_width = cfg.get_text_config().hidden_size
+        rows = _image_rows(model, pixels, text_width, {})
+        if rows is None and "image_sizes" in params:  # Pixtral / Mistral-3: each image's size
+            sizes = {"image_sizes": known(lambda: torch.tensor([[height, width]] * b))}
+            rows = _image_rows(model, pixels, text_width, sizes)
+            batch.update(sizes)
         if rows is None:
             return None
         n = rows
