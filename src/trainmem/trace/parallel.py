@@ -286,6 +286,7 @@ def parallelize(model: Any, mesh: Any, training: TrainingConfig, fake_mode: Any)
                     mesh["tp"],
                     sequence_parallel=training.sequence_parallel,
                     float8=training.is_fp8,
+                    saves_gathered_input=training.sequence_parallel_saves_gathered_input,
                 )
     if "dp" in names:  # FSDP1 NO_SHARD (trainmem.specs.ranks.fsdp1_no_shard)
         dp_mesh = mesh if len(names) == 1 else mesh["dp"]

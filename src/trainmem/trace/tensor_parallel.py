@@ -49,6 +49,7 @@ from typing import Any
 
 from trainmem.errors import UnsupportedError
 from trainmem.trace._torch import require_torch
+from trainmem.trace.sequence_shard import save_sequence_shard
 
 torch = require_torch()
 
@@ -181,7 +182,12 @@ def _styles(float8: bool) -> tuple[Any, Any, Any]:
 
 
 def apply_tensor_parallel(
-    model: Any, tp_mesh: Any, *, sequence_parallel: bool, float8: bool = False
+    model: Any,
+    tp_mesh: Any,
+    *,
+    sequence_parallel: bool,
+    float8: bool = False,
+    saves_gathered_input: bool = True,
 ) -> None:
     """Parallelize ``model`` in place over ``tp_mesh``; see Note [Tracing tensor parallelism].
 
@@ -193,6 +199,10 @@ def apply_tensor_parallel(
             2022 sec. 4.2.2).
         float8: the layer linears are torchao ``Float8Linear`` (``trainmem.trace.float8``):
             torchao's float8 TP styles for them (float8 all-gather of their inputs).
+        saves_gathered_input: with ``sequence_parallel``, the column-parallel linears save
+            their all-gathered input (DTensor's); False: the sequence shard, gathered again in
+            backward (Megatron's, Note [Megatron's column-parallel linears save the shard];
+            ``TrainingConfig.sequence_parallel_saves_gathered_input``).
 
     Raises:
         UnsupportedError: the model does not have the Llama module names, or the heads do not
@@ -256,6 +266,9 @@ def apply_tensor_parallel(
                 use_local_output=not float8,
             )
         parallelize_module(layer, tp_mesh, plan)
+        if sequence_parallel and not saves_gathered_input:
+            save_sequence_shard(_child(layer, "self_attn"), tp_mesh, "hidden_states")
+            save_sequence_shard(_child(layer, "mlp"), tp_mesh)
         for module, local_output in replicated:
             _replicate(module, tp_mesh, local_output=local_output)
     # a pipeline stage may lack the embedding, the final norm (an Identity) or the head
@@ -274,6 +287,8 @@ def apply_tensor_parallel(
     if sequence_parallel and _has_weights(_child(model, norm)):
         top[norm] = SequenceParallel()
     parallelize_module(model, tp_mesh, top)
+    if sequence_parallel and not saves_gathered_input and head is not None:
+        save_sequence_shard(head, tp_mesh)
     if not sequence_parallel:
         for layer in layers:
             for name in _NORMS:
