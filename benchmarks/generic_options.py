@@ -90,6 +90,10 @@ kernel saving the input and the fp32 rstd, as the formulas now have it (Note [Me
 RMSNorm]): "megatron" +0.198 -> -0.006 %, "megatron distributed optimizer 4" +0.371 -> -0.012 %,
 "megatron tensor parallel 2" +0.98 -> +0.089 %, "+ sp" +0.69 -> +0.598 %, "megatron pipeline 2"
 +0.314 % (unchanged); "megatron tensor parallel 2 x dp 2" +0.128 % (refused before, +1.4 %).
+Megatron's column-parallel linears under sequence parallelism (session 22, helper megsp2): they
+save the sequence shard and gather it again in backward, as megatron-core's (Note [Megatron's
+column-parallel linears save the shard]): "megatron tensor parallel 2 + sp" +0.598 -> +0.191 %
+(2 x 1,024 tokens, outside the sets: +1.77 -> -0.04 %).
 "fsdp-qlora 4 + checkpointing full" (new set; the trace already ran torch's reentrant
 checkpoint): -4.31 -> -0.12 % (the formulas' reentrant recompute now peaks at down's
 dequantization and the MLP's backward runs linear by linear; Note [The recompute's tensors held

@@ -53,7 +53,11 @@ Note [Megatron's tensor parallelism on a traced step]
     q / k / v, gate, up and the output layer with ``gather_output=False``,
     ``RowParallelLinear`` for o and down, ``VocabParallelEmbedding``; norms replicated). The
     cross-entropy runs on rank 0's vocabulary shard of the logits (trace/megatron_loss.py
-    ``_vocab_shard``). One difference is applied as a rule:
+    ``_vocab_shard``). With sequence parallelism the column-parallel linears save the
+    sequence shard of their input and gather it again in backward, as Megatron's do (Note
+    [Megatron's column-parallel linears save the shard], trainmem/trace/sequence_shard.py;
+    ``TrainingConfig.sequence_parallel_saves_gathered_input``, False for Megatron, is the
+    decision the formulas read too). One difference is applied as a rule:
 
     Note [Megatron's vocabulary-parallel embedding gradient]
         ``VocabParallelEmbedding.forward`` looks the masked ids up in the rank's own weight
@@ -68,8 +72,8 @@ Note [Megatron's tensor parallelism on a traced step]
     stand-in's transformers RMSNorm was traced: +1.4 %). The norms run as Megatron's fused
     kernel (Note [Megatron's fused RMSNorm], trainmem/trace/fused_norm.py): tp 2 +0.09 % /
     -0.04 % at 2 x 256 / 2 x 1,024 tokens (+0.98 / +3.2 % with transformers' norm), tp 2 + SP
-    +0.60 / +1.77 % (+0.69 / +2.05 %; the rest not separated: Megatron SP's saved sequence
-    shard vs DTensor's gathered input).
+    +0.19 / -0.04 % (+0.60 / +1.77 % while the trace saved DTensor's gathered inputs; +0.69 /
+    +2.05 % with transformers' norm too).
 
 Note [Megatron's last pipeline stage]
     ``pipeline_parallel_size=p`` runs the trace's torch pipelining (1F1B or interleaved 1F1B,
