@@ -4,6 +4,7 @@ spec's rules (../shared/specs/cuda-caching-allocator.md sections 1-3)."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
@@ -180,3 +181,31 @@ def test_lean_statistics_replay_the_same_step(alloc_conf: str, capacity_mib: int
     }
     assert len(lean_run.memory_stats) < len(full_run.memory_stats)
     assert replace(lean_run, memory_stats={}) == replace(full_run, memory_stats={})
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_replay_leaves_the_collector_as_it_found_it(enabled: bool) -> None:
+    """Note [No cyclic collection during a replay]: the collector is off while the events are
+    read (an event source sees it off) and back in the caller's state afterwards, also when
+    the replay raises."""
+    import gc
+
+    seen: list[bool] = []
+
+    def events() -> Iterator[AllocEvent]:
+        seen.append(gc.isenabled())
+        yield alloc(1, 6 * MiB)
+        seen.append(gc.isenabled())
+
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        result = replay_timeline(events(), capacity_bytes=None)
+        assert seen == [False, False]
+        assert gc.isenabled() is enabled
+        with pytest.raises(TimelineError):
+            replay_timeline([free(7, MiB)], capacity_bytes=None)
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable() if was else gc.disable()
+    assert result.max_memory_allocated == 6 * MiB

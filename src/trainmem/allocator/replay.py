@@ -25,7 +25,9 @@ Known limitations:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import gc
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +109,34 @@ def _as_record(ev: AllocEvent | EventRecord) -> EventRecord:
     )
 
 
+@contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the block, back on after it if it was on.
+
+    Note [No cyclic collection during a replay]
+        A replay creates a container object per event and per block (the event tuples, the
+        simulator's blocks and their sorted keys), so CPython's generational collector runs
+        a young-generation pass every 700 net container allocations and an older one every
+        tenth of those (``gc.get_threshold()`` = (700, 10, 10)), and each pass walks what the
+        replay made and finds nothing to free: the blocks of a segment link to each other
+        and all live until the replay ends. About a tenth of a replay's time went to those
+        passes (the searches of ``trainmem plan``, issue 28). Reference counting still frees
+        everything acyclic at once; the simulator's linked blocks are collected at the next
+        pass after the replay. ``timeit`` turns the collector off in the same way while it
+        times (https://docs.python.org/3/library/timeit.html, "By default, timeit()
+        temporarily turns off garbage collection during the timing"; ``gc.disable``,
+        https://docs.python.org/3/library/gc.html). Nothing a replay computes depends on
+        when garbage is collected.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def replay_timeline(
     timeline: Timeline | Iterable[AllocEvent | EventRecord],
     *,
@@ -152,6 +182,33 @@ def replay_timeline(
 
     Source: spec sections 2-5; ``malloc``/``free`` of c10/cuda/CUDACachingAllocator.cpp.
     """
+    with _cyclic_gc_paused():  # Note [No cyclic collection during a replay]
+        return _replay(
+            timeline,
+            capacity_bytes=capacity_bytes,
+            alloc_conf=alloc_conf,
+            device_total_bytes=device_total_bytes,
+            continue_after_oom=continue_after_oom,
+            record_history=record_history,
+            torch_version=torch_version,
+            device=device,
+            full_stats=full_stats,
+        )
+
+
+def _replay(
+    timeline: Timeline | Iterable[AllocEvent | EventRecord],
+    *,
+    capacity_bytes: int | None,
+    alloc_conf: str,
+    device_total_bytes: int | None,
+    continue_after_oom: bool,
+    record_history: bool,
+    torch_version: tuple[int, int],
+    device: int,
+    full_stats: bool,
+) -> ReplayResult:
+    """:func:`replay_timeline`'s replay, with the collector as the caller left it."""
     config = AllocatorConfig.from_string(alloc_conf, torch_version=torch_version)
     sim = CachingAllocatorSim(
         capacity_bytes,
