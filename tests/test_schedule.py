@@ -17,6 +17,7 @@ from trainmem.planner.search import max_micro_batch_size
 from trainmem.schedule import Op, Repeat, StepSchedule
 from trainmem.specs.hardware import get_gpu
 from trainmem.specs.training import TrainingConfig
+from trainmem.timeline import AllocEvent, EventRecord
 
 MiB = 2**20
 SEGMENT = 2 * MiB  # kLargeBuffer / small-pool segment: every segment is a multiple of 2 MiB
@@ -284,3 +285,26 @@ def test_lazy_optimizer_states_left_alone() -> None:
     # an analytic schedule (it has its own warm-up in its setup): unchanged
     analytic = StepSchedule(setup=(_a(1, "w", Cat.PARAMETER),), step=(_a(1, "x"), _f(1, "x")))
     assert analytic.with_lazy_optimizer_states() is analytic
+
+
+def test_replay_events_are_the_events_but_for_module_names() -> None:
+    """replay_events(): the events of events() (same order, block ids, sizes, categories,
+    phases, streams) with the module names as the schedule holds them, and the same replay."""
+    from trainmem.allocator.replay import replay_timeline
+
+    training = TrainingConfig(micro_batch_size=2, seq_len=1024, precision="bf16-true")
+    sched = estimate("llama-3.2-1b", training, simulate_allocator=False).schedules[0]
+    fresh = estimate("llama-3.2-1b", training, simulate_allocator=False).schedules[0]
+    records = list(fresh.replay_events())  # before anything expanded the schedule
+    events = list(sched.events())
+    assert len(records) == len(events) > 1000
+
+    def fields(e: AllocEvent | EventRecord) -> tuple[object, ...]:
+        return (e.action, e.block_id, e.size_bytes, e.category, e.phase, e.stream)
+
+    assert [fields(e) for e in records] == [fields(e) for e in events]
+    assert not any("{" in e.module for e in events)
+    templated = [r.module for r, e in zip(records, events, strict=True) if r.module != e.module]
+    assert templated and all("{i" in m for m in templated)
+    replays = [replay_timeline(x, capacity_bytes=12 * 2**30) for x in (records, events)]
+    assert replays[0] == replays[1]
