@@ -1,7 +1,8 @@
 """Speed of the planner's inner loop (issue 28): a sweep of 10,000 distinct analytic
 configurations of llama-3.1-8b (closed form, ``simulate_allocator=False``) within 2 CPU seconds
 (at least 5,000 configurations per CPU second); the two searches of ``trainmem plan``
-(llama-3.2-1b, A100-80GB) are reported with the number of allocator replays they ran.
+(llama-3.2-1b, A100-80GB) are reported with the number of allocator replays and of
+closed-form estimates they ran.
 
 Run: ``python benchmarks/planner_speed.py [RUNS]``. Each run sweeps a grid no other run
 sweeps (the sequence lengths are shifted by the run's index), so every timed configuration is
@@ -58,14 +59,19 @@ def main(runs: int = 3) -> int:
             f", {10_000 / median:,.0f} configurations per CPU second",
         )
     ]
-    replays = [0]
-    simulated = search.simulated_estimate
+    replays, closed = [0], [0]
+    simulated, fast = search.simulated_estimate, search.fast_estimate
 
     def counted(*args: object, **kwargs: object) -> object:
         replays[0] += 1
         return simulated(*args, **kwargs)  # type: ignore[arg-type]
 
+    def counted_fast(*args: object, **kwargs: object) -> object:
+        closed[0] += 1
+        return fast(*args, **kwargs)  # type: ignore[arg-type]
+
     search.simulated_estimate = counted  # type: ignore[assignment]
+    search.fast_estimate = counted_fast  # type: ignore[assignment]
     training = TrainingConfig(seq_len=2048, activation_checkpointing="full")
     found: list[int | None] = []
 
@@ -75,13 +81,15 @@ def main(runs: int = 3) -> int:
 
     c, w = cpu_seconds(plan)
     search.simulated_estimate = simulated  # type: ignore[assignment]
+    search.fast_estimate = fast  # type: ignore[assignment]
     checks.append(
         Check(
             "plan searches (llama-3.2-1b, A100-80GB, in process)",
             [c],
             [w],
             None,
-            f", micro_batch_size={found[0]}, seq_len={found[1]}, {replays[0]} allocator replays",
+            f", micro_batch_size={found[0]}, seq_len={found[1]}, {replays[0]} allocator replays, "
+            f"{closed[0]} closed forms",
         )
     )
     return report(checks)
