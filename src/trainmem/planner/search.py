@@ -130,7 +130,8 @@ def largest_true(
         probes where bisection took 13 over a bracket of 8,192 tokens. An aimed probe that
         does not halve the bracket twice running is followed by a midpoint, so the calls stay
         within three times bisection's. tests/planner/test_interpolated_search.py compares
-        the aimed searches with bisection and with a scan of every value.
+        the aimed searches with bisection and with a scan of every value up to twice the
+        answer, and whole plans with the replays they ran, over 14 configurations.
     """
     if lo > hi or not pred(lo):
         return None
