@@ -55,9 +55,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from trainmem.trace._torch import require_torch
-
-torch = require_torch()
+import torch
 
 __all__ = ["MAMBA1_MODULES", "mamba_kernels"]
 
@@ -152,7 +150,7 @@ def _rms_rows(t: Any, rows_last: bool, L: int) -> Any:
 # ---- the autograd functions --------------------------------------------------------------------
 
 
-class SelectiveScan(torch.autograd.Function):  # type: ignore[misc]
+class SelectiveScan(torch.autograd.Function):
     """mamba_ssm ``SelectiveScanFn`` (Note [Traced Mamba kernels])."""
 
     @staticmethod
@@ -197,7 +195,7 @@ class SelectiveScan(torch.autograd.Function):  # type: ignore[misc]
         return du, ddelta, dA, dB, dC, dD, dz, ddelta_bias, None, None
 
 
-class CausalConv1d(torch.autograd.Function):  # type: ignore[misc]
+class CausalConv1d(torch.autograd.Function):
     """causal_conv1d ``CausalConv1dFn`` without initial / final states (Note [Traced Mamba
     kernels])."""
 
@@ -217,7 +215,7 @@ class CausalConv1d(torch.autograd.Function):  # type: ignore[misc]
         return dx, dweight, dbias if bias is not None else None
 
 
-class MambaInner(torch.autograd.Function):  # type: ignore[misc]
+class MambaInner(torch.autograd.Function):
     """mamba_ssm ``MambaInnerFn`` with checkpoint_lvl 1 and input-dependent B and C (Note
     [Traced Mamba kernels])."""
 

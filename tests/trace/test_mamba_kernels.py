@@ -1,0 +1,138 @@
+"""Note [Traced Mamba kernels] (trainmem/trace/mamba_kernels.py): during the trace transformers'
+Mamba mixers take their CUDA-kernel path, and the stand-ins keep what mamba_ssm's kernels keep.
+
+The expected bytes are derived by hand from mamba_ssm's ``MambaInnerFn.forward`` and
+``selective_scan.cpp`` (state-spaces/mamba e9594ce1), for a Mamba mixer of hidden size e = 8,
+intermediate size d = 16, state size n = 4, time-step rank r = 2, conv width 4, on a batch of
+b = 2 sequences of l = 3 tokens (c = ceil(3 / 2048) = 1 scan chunk)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from transformers.models.mamba import modeling_mamba  # noqa: E402
+
+from trainmem.trace import mamba_kernels  # noqa: E402
+from trainmem.trace.mamba_kernels import mamba_kernels as patched  # noqa: E402
+
+E, D_INNER, N, R, B, L = 8, 16, 4, 2, 2, 3
+
+
+def _mixer() -> Any:
+    config = transformers.MambaConfig(
+        hidden_size=E,
+        intermediate_size=D_INNER,
+        state_size=N,
+        time_step_rank=R,
+        conv_kernel=4,
+        num_hidden_layers=1,
+        vocab_size=16,
+        use_bias=False,
+        use_conv_bias=True,
+    )
+    return modeling_mamba.MambaMixer(config, layer_idx=0).train()
+
+
+def _saved_activation_bytes(out: Any, mixer: Any) -> int:
+    """Bytes of the tensors the kernel's autograd node keeps, parameters left out."""
+    params = {p.untyped_storage().data_ptr() for p in mixer.parameters()}
+    seen: set[int] = set()
+    total = 0
+    for t in out.grad_fn.saved_tensors:
+        if t is None:
+            continue
+        ptr = t.untyped_storage().data_ptr()
+        if ptr in params or ptr in seen:
+            continue
+        seen.add(ptr)
+        total += t.untyped_storage().nbytes()
+    return total
+
+
+def test_fp32_mixer_saves_what_mamba_inner_fn_saves() -> None:
+    mixer = _mixer()
+    hidden = torch.randn(B, L, E, requires_grad=True)
+    with patched():
+        out = mixer(hidden)
+    assert type(out.grad_fn).__name__ == "MambaInnerBackward"
+    # MambaInnerFn (checkpoint_lvl 1) keeps, besides the parameters, in fp32 (4 bytes):
+    xz = B * 2 * D_INNER * L * 4  # in_proj's output made contiguous ([b, l, 2d] transposed)
+    x_dbl = B * L * (R + 2 * N) * 4  # x_proj's output [b*l, r + 2n]
+    a = D_INNER * N * 4  # A = -exp(A_log) [d, n]
+    b_c = 2 * B * N * L * 4  # B and C as contiguous [b, 1, n, l] copies
+    states = B * D_INNER * 1 * 2 * N * 4  # scan states x [b, d, c, 2n], fp32
+    scan_out = B * D_INNER * L * 4  # the ungated scan output [b, d, l]
+    assert _saved_activation_bytes(out, mixer) == xz + x_dbl + a + b_c + states + scan_out == 2864
+    out.sum().backward()  # the backward's gradients have the parameters' shapes
+    assert all(p.grad is not None and p.grad.shape == p.shape for p in mixer.parameters())
+    assert hidden.grad is not None and hidden.grad.shape == hidden.shape
+
+
+def test_autocast_mixer_keeps_the_kernels_16_bit_weight_copies() -> None:
+    mixer = _mixer()
+    hidden = torch.randn(B, L, E, requires_grad=True)
+    with patched(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = mixer(hidden)
+    # the activations above in bf16 (2 bytes), the fp32 A and scan states unchanged, plus the
+    # copies MambaInnerFn casts itself: x_proj [r + 2n, d], dt_proj [d, r], out_proj [e, d]
+    activations = (B * 2 * D_INNER * L + B * L * (R + 2 * N) + 2 * B * N * L + B * D_INNER * L) * 2
+    fp32 = (D_INNER * N + B * D_INNER * 2 * N) * 4
+    copies = ((R + 2 * N) * D_INNER + D_INNER * R + E * D_INNER) * 2
+    assert _saved_activation_bytes(out, mixer) == activations + fp32 + copies == 2712
+
+
+def test_scan_states_one_chunk_per_2048_positions() -> None:
+    # selective_scan.cpp: n_chunks = (seqlen + 2048 - 1) / 2048; x [b, d, n_chunks, 2n] fp32
+    b, d, n, seq = 1, 2, 3, 2049
+    u = torch.randn(b, d, seq, dtype=torch.bfloat16, requires_grad=True)
+    delta = torch.randn(b, d, seq, dtype=torch.bfloat16, requires_grad=True)
+    bc = torch.randn(b, n, seq, dtype=torch.bfloat16, requires_grad=True)
+    a = torch.randn(d, n, requires_grad=True)
+    out = mamba_kernels.selective_scan_fn(u, delta, a, bc, bc, None, None)
+    shapes = {(tuple(t.shape), t.dtype) for t in out.grad_fn.saved_tensors if t is not None}
+    assert ((b, d, 2, 2 * n), torch.float32) in shapes
+
+
+def test_patch_is_undone() -> None:
+    original = modeling_mamba.mamba_inner_fn
+    with patched():
+        assert modeling_mamba.mamba_inner_fn is mamba_kernels.mamba_inner_fn
+    assert modeling_mamba.mamba_inner_fn is original
+
+
+def test_traced_mamba_runs_the_kernel_path(tmp_path: Path, monkeypatch: Any) -> None:
+    from trainmem.estimate import estimate
+    from trainmem.specs.training import TrainingConfig
+
+    calls: list[str] = []
+    stand_in = mamba_kernels.mamba_inner_fn
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append("kernel")
+        return stand_in(*args, **kwargs)
+
+    def reference(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the trace ran transformers' PyTorch scan")
+
+    monkeypatch.setitem(mamba_kernels._STAND_INS, "mamba_inner_fn", counted)
+    monkeypatch.setattr(modeling_mamba, "mamba_selective_scan", reference)
+    config = {
+        "model_type": "mamba",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "state_size": 16,
+        "num_hidden_layers": 2,
+        "vocab_size": 256,
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    training = TrainingConfig(micro_batch_size=1, seq_len=64)
+    estimate(str(path), training, engine="generic", simulate_allocator=False)
+    assert calls  # both layers, through the stand-in
