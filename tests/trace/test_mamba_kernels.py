@@ -136,3 +136,41 @@ def test_traced_mamba_runs_the_kernel_path(tmp_path: Path, monkeypatch: Any) -> 
     training = TrainingConfig(micro_batch_size=1, seq_len=64)
     estimate(str(path), training, engine="generic", simulate_allocator=False)
     assert calls  # both layers, through the stand-in
+
+
+def _mamba2_mixer() -> Any:
+    from transformers.models.mamba2 import modeling_mamba2
+
+    # h = 2 heads of p = 4 (d = 8), one group of state n = 4: conv channels d + 2n = 16,
+    # in_proj width 2d + 2n + h = 26 (z, xBC, dt; no extra MLP channels)
+    config = transformers.Mamba2Config(
+        hidden_size=8,
+        expand=1,
+        num_heads=2,
+        head_dim=4,
+        n_groups=1,
+        state_size=4,
+        conv_kernel=4,
+        chunk_size=256,
+        num_hidden_layers=1,
+        vocab_size=16,
+        use_bias=False,
+        use_conv_bias=True,
+    )
+    return modeling_mamba2.Mamba2Mixer(config, layer_idx=0).train()
+
+
+def test_mamba2_mixer_saves_what_the_split_conv1d_scan_kernel_saves() -> None:
+    mixer = _mamba2_mixer()
+    hidden = torch.randn(B, L, 8, requires_grad=True)
+    with patched():
+        out = mixer(hidden)
+    assert type(out.grad_fn).__name__ == "SplitConv1dScanBackward"
+    # MambaSplitConv1dScanCombinedFn with the gated RMSNorm and out_proj fused keeps, in fp32:
+    zxbcdt = B * L * 26 * 4  # in_proj's output itself
+    out_x = B * L * 2 * 4 * 4  # the scan's output [b, l, h, p], before the gated norm
+    a = 2 * 4  # A = -exp(A_log) [h]
+    rstd = 1 * B * L * 4  # the norm's 1/rms per group and row, fp32
+    assert _saved_activation_bytes(out, mixer) == zxbcdt + out_x + a + rstd == 848
+    out.sum().backward()
+    assert all(p.grad is not None and p.grad.shape == p.shape for p in mixer.parameters())
