@@ -41,8 +41,9 @@ Note [Traced Mamba kernels]
       output is out_proj(out_z). Its backward recomputes conv_out and delta, allocates dxz
       = empty_like(xz) (the scan writes dz and the conv's dx into its halves), dx_dbl
       = empty_like(x_dbl) and the weight gradients.
-    - ``mamba_split_conv1d_scan_combined`` (mamba_ssm/ops/triton/ssd_combined.py ``MambaSplitConv1dScanCombinedFn``,
-      what transformers' Mamba2 mixers call in training without a cache; h = heads, p = head
+    - ``mamba_split_conv1d_scan_combined`` (mamba_ssm/ops/triton/ssd_combined.py
+      ``MambaSplitConv1dScanCombinedFn``, what transformers' Mamba2 mixers call in training
+      without a cache; h = heads, p = head
       dim, g = groups, cs = chunk_size, nc = ceil(l / cs)): the conv over the xBC channels
       (a copy first unless its row stride is a multiple of 8, ``ensure_stride``), the chunked
       scan (``_mamba_chunk_scan_combined_fwd``: dt_out and dA_cumsum [b, h, nc, cs] fp32, the
