@@ -199,7 +199,7 @@ def test_generic_agrees_with_analytic_on_formula_families(model: str, batch: int
 def test_auto_runs_formulas_for_known_families_and_generic_otherwise() -> None:
     training = TrainingConfig(micro_batch_size=1, seq_len=32)
     assert estimate("tiny-llama-test", training).engine == "analytic"
-    # mamba's eager scan runs one step per token: 8 tokens are enough to see the engine
+    # 8 tokens are enough to see the engine
     est = estimate(str(MODELS_DIR / "mamba.json"), TrainingConfig(micro_batch_size=1, seq_len=8))
     assert est.engine == "generic"
     assert est.notes[0].startswith("auto: model_type 'mamba' is not supported")
@@ -216,7 +216,7 @@ def test_cli_estimates_every_family_without_an_engine_flag(invoke: Invoke, famil
     from trainmem.specs.hf import SUPPORTED_MODEL_TYPES
 
     extra = ["--attention", "eager"] if family == "bloom" else []
-    seq = "8" if family == "mamba" else "32"  # mamba's eager scan runs one step per token
+    seq = "8" if family == "mamba" else "32"
     # an image model's sequence is its image's patches (--resolution), not a --seq-len
     tokens = [] if family in IMAGE_FAMILIES else ["-s", seq]
     r = invoke("estimate", str(MODELS_DIR / f"{family}.json"), "-b", "1", *tokens, "--json", *extra)

@@ -63,7 +63,10 @@ Note [Traced Mamba kernels]
     Known limitations: buffers whose size depends on the GPU or on Triton's autotuning are not
     modelled (the layer-norm backward's per-SM dw rows, the scan backward's split dB / dC / dD
     partial sums, the deterministic-mode conv workspaces), nor a ``d_nonssm`` SwiGLU's own
-    backward buffers; the kernels' dtype checks are not repeated.
+    backward buffers; the kernels' dtype checks are not repeated. Under ``--compile`` the
+    trace's AOTAutograd traces through the stand-ins and its partitioner chooses what they
+    keep, where dynamo would break the graph at the CUDA extension and run the kernel's
+    autograd function eagerly (Note [Tracing torch.compile]): not modelled yet.
 """
 
 from __future__ import annotations
