@@ -107,35 +107,68 @@ def test_patch_is_undone() -> None:
     assert modeling_mamba.mamba_inner_fn is original
 
 
-def test_traced_mamba_runs_the_kernel_path(tmp_path: Path, monkeypatch: Any) -> None:
+TINY_CONFIGS = {
+    # (config, the modeling module's kernel name the stand-in replaces, its reference scan)
+    "mamba": (
+        {"hidden_size": 64, "intermediate_size": 128, "state_size": 16},
+        "mamba_inner_fn",
+        "mamba_selective_scan",
+    ),
+    "jamba": (
+        {
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "num_experts": 2,
+            "num_experts_per_tok": 1,
+            "expert_layer_period": 2,
+            "expert_layer_offset": 1,
+            "attn_layer_period": 2,
+            "attn_layer_offset": 1,
+            "mamba_d_state": 8,
+        },
+        "mamba_selective_scan",
+        None,
+    ),
+    "mamba2": (
+        {"hidden_size": 64, "num_heads": 4, "head_dim": 32, "expand": 2, "state_size": 16},
+        "mamba2_split_conv1d_scan_combined",
+        "mamba2_chunk_scan",
+    ),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(TINY_CONFIGS))
+def test_traced_model_runs_the_kernel_path(
+    model_type: str, tmp_path: Path, monkeypatch: Any
+) -> None:
+    import importlib
+
     from trainmem.estimate import estimate
     from trainmem.specs.training import TrainingConfig
 
+    fields, kernel, reference = TINY_CONFIGS[model_type]
+    module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
     calls: list[str] = []
-    stand_in = mamba_kernels.mamba_inner_fn
+    stand_in = mamba_kernels._STAND_INS[kernel]
 
     def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append("kernel")
+        calls.append(kernel)
         return stand_in(*args, **kwargs)
 
-    def reference(*args: Any, **kwargs: Any) -> Any:
+    def refused(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the trace ran transformers' PyTorch scan")
 
-    monkeypatch.setitem(mamba_kernels._STAND_INS, "mamba_inner_fn", counted)
-    monkeypatch.setattr(modeling_mamba, "mamba_selective_scan", reference)
-    config = {
-        "model_type": "mamba",
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "state_size": 16,
-        "num_hidden_layers": 2,
-        "vocab_size": 256,
-    }
+    monkeypatch.setitem(mamba_kernels._STAND_INS, kernel, counted)
+    if reference is not None:
+        monkeypatch.setattr(module, reference, refused)
+    config = {"model_type": model_type, "num_hidden_layers": 2, "vocab_size": 256, **fields}
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
     training = TrainingConfig(micro_batch_size=1, seq_len=64)
     estimate(str(path), training, engine="generic", simulate_allocator=False)
-    assert calls  # both layers, through the stand-in
+    assert calls  # the mixers ran through the stand-in
 
 
 def _mamba2_mixer() -> Any:
