@@ -73,7 +73,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -623,7 +623,7 @@ def mamba_chunk_scan_combined(
     )
 
 
-_STAND_INS = {
+_STAND_INS: dict[str, Callable[..., Any]] = {
     "mamba_inner_fn": mamba_inner_fn,
     "mamba_selective_scan": selective_scan_fn,
     "causal_conv1d_fn": causal_conv1d_fn,
