@@ -215,13 +215,7 @@ SETTINGS = {
 }
 
 #: (config, setting) pairs where the formulas are not yet within 1% of the trace engine.
-NOT_YET: dict[tuple[str, str], str] = {
-    # tiny-flan-t5 full-AC is within 1% (+0.6%) at session 18; tiny-t5 is +1.9% there: the
-    # schedule recomputes one mean encoder / decoder block, and each stack's relative position
-    # buckets are made in its block 0's recompute only (session 21, helper t5ac); being fixed
-    # with per-kind layer bodies (session 22, helper t5body).
-    ("tiny-t5.json", "bf16-mixed full-AC"): "T5 blocks' recompute under full AC (+1.9%)",
-}
+NOT_YET: dict[tuple[str, str], str] = {}
 
 
 def _cases() -> list[object]:

@@ -143,10 +143,11 @@ from trainmem.analytic.transforms.base import (
 from trainmem.analytic.transforms.checkpointing import (
     WEIGHT_COPIES,
     LayerPlan,
-    dropped_per_attention_kind,
+    dropped_per_layer_kind,
     first_norm_saves_its_input,
     layer_plan,
     saved_ops,
+    saved_per_stack_block,
     split,
     tensor_sizes,
     weight_blocks,
@@ -540,7 +541,14 @@ class _Layers:
             else saved_ops(self.first_plan, "forward", "{i}")
         )
         # per layer its kind, an index into the dropped blocks of each kind of body
-        self.kinds, self.dropped = dropped_per_attention_kind(ctx)
+        self.kinds, self.dropped = dropped_per_layer_kind(ctx)
+        # an encoder-decoder's saved blocks per kind too (Note [Layer bodies per stack and
+        # block 0]): (blocks, their allocations) per kind, () for the mean layer's
+        per_kind = saved_per_stack_block(ctx) if self.first_plan is self.plan else None
+        self.saved_kinds = tuple(
+            (blocks, saved_ops(self.plan._replace(saved=blocks), "forward", "{i}"))
+            for blocks in per_kind or ()
+        )
         # the term names of a list of blocks (the plans' few lists, asked by every body)
         self._names: dict[int, tuple[list[tuple[str, int]], tuple[str, ...]]] = {}
         transients = backward_layer_transients(ctx.model, ctx.training)
@@ -640,6 +648,9 @@ class _Layers:
         body += em.at("layer.forward", where)
         plan = self.first_plan if where.first_layer else self.plan
         saved = self.first_saved if where.first_layer else self.saved
+        if self.saved_kinds:
+            plan = plan._replace(saved=self.saved_kinds[kind][0])
+            saved = self.saved_kinds[kind][1]
         dropped_blocks = self.dropped[kind]
         dropped = [
             alloc(
@@ -779,6 +790,9 @@ class _Layers:
         plan = self.first_plan if where.last_layer else self.plan
         plan = plan._replace(dropped=self.dropped[kind])
         saved = self.first_saved if where.last_layer else self.saved
+        if self.saved_kinds:
+            plan = plan._replace(saved=self.saved_kinds[kind][0])
+            saved = self.saved_kinds[kind][1]
         body = em.at("layer.pre_backward", where)
         if self.down_first:  # Note [A frozen 4-bit down projection before the recompute]
             body += self._down_backward(em, where)

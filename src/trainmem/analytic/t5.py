@@ -70,23 +70,21 @@ def source_tokens(training: TrainingConfig) -> int:
 def t5_stack_bytes(model: ModelSpec, training: TrainingConfig) -> dict[str, int]:
     """What T5's two stacks keep besides their blocks (modeling_t5.py ``T5Stack.forward``,
     ``T5Attention.compute_bias``): the int64 relative-position buckets (s*s, saved by the
-    bias embedding), the decoder's all-zero cross-attention bias (1, a, s_target, s_source)
-    made once in 16-bit by its first block and saved by every block's SDPA, the dropout masks
-    of the decoder's embeddings and of both stacks' output, and under full checkpointing the
-    checkpointed blocks' tensor inputs: each stack's fp32 position bias (1, a, s, s) and the
-    encoder output every decoder block reads."""
+    bias embedding; the recompute of each stack's first block where
+    :func:`buckets_in_first_blocks`), the decoder's all-zero cross-attention bias
+    (1, a, s_target, s_source) made once in 16-bit by its first block and saved by every
+    block's SDPA, the dropout masks of the decoder's embeddings and of both stacks' output,
+    and under full checkpointing the checkpointed blocks' tensor inputs: each stack's fp32
+    position bias (1, a, s, s) and the encoder output every decoder block reads."""
     _, r = compute_and_residual_bytes(training)
     b, a, h = training.micro_batch_size, model.num_heads, model.hidden_size
     s_e, s_d = training.seq_len, training.decoder_seq_len
     c, _ = compute_and_residual_bytes(training)
     # the decoder's first block makes the zero bias and every block's SDPA saves it
-    out = {"position_buckets": 8 * (s_e * s_e + s_d * s_d), "cross_bias": c * a * s_d * s_e}
-    # Under LoRA the embeddings are frozen (:func:`frozen_embeddings`): the
-    # relative-attention-bias lookup saves no buckets (``embedding_backward`` reads the indices
-    # for the weight's gradient only) and the decoder's embedding dropout no mask
+    out = {"position_buckets": 0, "cross_bias": c * a * s_d * s_e}
+    if not buckets_in_first_blocks(training):
+        out["position_buckets"] = sum(position_bucket_bytes(model, training))
     frozen = frozen_embeddings(training)
-    if frozen:
-        out["position_buckets"] = 0
     if training.dropout and model.embedding_dropout > 0:
         # the decoder's embedding dropout and both stacks' dropout after final_layer_norm
         out["stack_dropout_masks"] = h * b * ((0 if frozen else s_d) + s_e + s_d)
@@ -94,3 +92,34 @@ def t5_stack_bytes(model: ModelSpec, training: TrainingConfig) -> dict[str, int]
         out["checkpoint_inputs/position_bias"] = 4 * a * (s_e * s_e + s_d * s_d)
         out["checkpoint_inputs/encoder_output"] = r * h * b * s_e
     return out
+
+
+def position_bucket_bytes(model: ModelSpec, training: TrainingConfig) -> tuple[int, int]:
+    """The int64 relative-position buckets (s, s) each stack's bias embedding saves, bytes:
+    (encoder's at the source length, decoder's at the target length).
+
+    Only block 0 of a stack has the bias (modeling_t5.py, transformers 5.24: ``T5Stack``
+    builds ``T5Block(config, has_relative_attention_bias=bool(i == 0))``); its
+    ``T5Attention.forward`` runs ``compute_bias`` when no ``position_bias`` is passed, whose
+    ``self.relative_attention_bias(relative_position_bucket)`` saves the bucket indices for the
+    weight's gradient, and the later blocks take the returned bias. So under full
+    checkpointing the buckets are made (and saved) by the recompute of each stack's first
+    block only (Note [Layer bodies per stack and block 0]). Under LoRA the bias weight is
+    frozen (peft trains the adapters only): the lookup saves no buckets (torch 2.13
+    tools/autograd/derivatives.yaml ``embedding``: the indices serve the weight's gradient
+    only), whether or not the token embeddings' output is made to require a gradient (the
+    input-grad hook under checkpointing, :func:`~trainmem.analytic.activation_shapes.
+    frozen_embeddings`): traced on tiny-t5 LoRA r4 under full checkpointing, the recompute
+    frees the buckets right after the lookup."""
+    if training.is_lora:
+        return 0, 0
+    s_e, s_d = training.seq_len, training.decoder_seq_len
+    return 8 * s_e * s_e, 8 * s_d * s_d
+
+
+def buckets_in_first_blocks(training: TrainingConfig) -> bool:
+    """Whether the relative-position buckets belong to the recompute of each stack's first
+    block (:func:`position_bucket_bytes`) rather than to the stacks' saved tensors: under full
+    checkpointing, where the schedule runs each stack's blocks as their own bodies (one
+    pipeline stage: a stage's first layer index is not known to the layer bodies)."""
+    return training.activation_checkpointing == "full" and training.pipeline_parallel_size == 1

@@ -34,12 +34,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from trainmem.analytic.activation_parallelism import split_for_parallelism
+from trainmem.analytic.activation_parallelism import parallel_divisor, split_for_parallelism
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
+from trainmem.analytic.activations import layer_activation_terms
 from trainmem.analytic.attention import SLIDING_MASK_BIAS, sliding_layer_mask_bias_bytes
 from trainmem.analytic.autocast import autocast_cached_weight_bytes
 from trainmem.analytic.checkpointing import layer_is_checkpointed, op_selective_saved_terms
 from trainmem.analytic.norms import fused_norms
+from trainmem.analytic.t5 import buckets_in_first_blocks, position_bucket_bytes
 from trainmem.analytic.transforms.base import Emitted, RankContext, Transform, Where, alloc, free
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.memo import per_configuration
@@ -49,6 +51,9 @@ from trainmem.specs.training import TrainingConfig
 from trainmem.timeline import Phase
 
 WEIGHT_COPIES = "autocast_weight_copies"
+POSITION_BUCKETS = "attention/position_buckets"
+"""T5's relative-position buckets, made by the recompute of each stack's first block (Note
+[Layer bodies per stack and block 0])."""
 
 MAX_BLOCKS_PER_TERM = 64
 """A term is split into at most this many tensors (tiny sequence lengths would otherwise split a
@@ -190,6 +195,87 @@ def layer_plan(ctx: RankContext) -> LayerPlan:
     return out
 
 
+def dropped_per_layer_kind(ctx: RankContext) -> tuple[tuple[int, ...], tuple[Blocks, ...]]:
+    """The dropped blocks of each kind of layer body and, per layer of the rank's stack, its
+    kind (an index into them; () where every layer drops the same blocks, kind 0): an
+    encoder-decoder's per stack and block 0 (:func:`dropped_per_stack_block`), a model mixing
+    sliding and full attention's per attention kind (:func:`dropped_per_attention_kind`)."""
+    per_stack = dropped_per_stack_block(ctx)
+    if per_stack is not None:
+        return per_stack
+    return dropped_per_attention_kind(ctx)
+
+
+def dropped_per_stack_block(
+    ctx: RankContext,
+) -> tuple[tuple[int, ...], tuple[Blocks, ...]] | None:
+    """An encoder-decoder's dropped blocks under full checkpointing: per kind (encoder block
+    0, the other encoder blocks, decoder block 0, the other decoder blocks) and per layer its
+    kind; None for other models and settings.
+
+    Note [Layer bodies per stack and block 0]
+        T5's schedule holds its encoder and decoder blocks as one mean block (``mean_terms``:
+        exact in the total of the saved tensors). Under full checkpointing each block's
+        recompute makes its own terms again, and they differ by stack: an encoder block's at
+        the source length, a decoder block's at the target length with its cross-attention
+        (modeling_t5.py ``T5Block``: ``T5LayerCrossAttention`` when ``is_decoder``). The
+        mean block's recompute (or the largest kind's) is neither, so, as for Note [Layer
+        bodies per attention kind], the layer loop runs each block's own recomputed blocks
+        (the schedule's layers are the encoder's, then the decoder's: ``ModelSpec.
+        layer_kinds``). Block 0 of each stack also makes the relative-position buckets again
+        (:func:`~trainmem.analytic.t5.position_bucket_bytes`: only it has
+        ``has_relative_attention_bias``; transformers 5.24 checkpoints each ``T5Block``, a
+        ``GradientCheckpointingLayer``, non-reentrantly), so they are its recompute's, not
+        the stacks' saved tensors. Found comparing both engines' schedules of tiny-t5 (8 x 256
+        source, 64 target tokens; session 21, helper t5ac): the trace peaks in encoder block
+        0's recompute with the encoder's 524,288 B of buckets. The saved blocks, the
+        checkpointed block inputs, are per stack too (:func:`saved_per_stack_block`).
+    """
+    model, t = ctx.model, ctx.training
+    if (
+        model.architecture != "encoder-decoder"
+        or not model.num_decoder_layers
+        or not buckets_in_first_blocks(t)
+        or ctx.num_layers != model.num_blocks
+    ):
+        return None
+    plan = layer_plan(ctx)
+    kinds: list[int] = []
+    bodies: list[Blocks] = []
+    for (count, block), buckets in zip(
+        model.layer_kinds(), position_bucket_bytes(model, t), strict=True
+    ):
+        terms = layer_activation_terms(block, t)
+        if plan.weight_copy:  # autocast's cached copies are the plan's own blocks
+            terms = {k: v for k, v in terms.items() if k != WEIGHT_COPIES}
+        own = split_for_parallelism({POSITION_BUCKETS: buckets}, t)
+        first = _term_blocks(ctx, block, {**own, **terms})
+        rest = _term_blocks(ctx, block, terms)
+        kinds += [len(bodies)] + [len(bodies) + 1] * (count - 1)
+        bodies += [first, rest]
+    return tuple(kinds), tuple(bodies)
+
+
+def saved_per_stack_block(ctx: RankContext) -> tuple[Blocks, ...] | None:
+    """Per kind of :func:`dropped_per_stack_block` (encoder block 0, encoder, decoder block 0,
+    decoder) the blocks full checkpointing keeps: the block's input hidden states, b s h in
+    the residual dtype at its stack's length (the source's for an encoder block, the
+    target's for a decoder block: modeling_t5.py ``T5Stack.forward`` passes each
+    ``T5Block`` its stack's ``hidden_states``), not the mean block's; None where
+    :func:`dropped_per_stack_block` is, or where a transform changes the first layer's saved
+    blocks (the mean layer's then)."""
+    if dropped_per_stack_block(ctx) is None:
+        return None
+    model, t = ctx.model, ctx.training
+    _, r = compute_and_residual_bytes(t)
+    out: list[Blocks] = []
+    for _, block in model.layer_kinds():
+        tokens = t.micro_batch_size * tokens_per_sequence(block, t)
+        size = r * model.hidden_size * tokens // parallel_divisor("layer_input", t)
+        out += [_term_blocks(ctx, block, {"layer_input": size})] * 2
+    return tuple(out)
+
+
 def dropped_per_attention_kind(ctx: RankContext) -> tuple[tuple[int, ...], tuple[Blocks, ...]]:
     """The dropped blocks of each kind of layer body and, per layer of the rank's stack, its
     kind (an index into them; () where every layer drops the same blocks, kind 0).
@@ -232,7 +318,12 @@ def dropped_per_attention_kind(ctx: RankContext) -> tuple[tuple[int, ...], tuple
 def term_blocks(ctx: RankContext, terms: dict[str, int]) -> Blocks:
     """A layer's terms (name -> bytes) as the blocks (term, bytes) they are made of, non-MLP
     terms first (:func:`split`; autocast's weight copies as :func:`weight_blocks`)."""
-    pieces = tensor_sizes(ctx.model, ctx.training)
+    return _term_blocks(ctx, ctx.model, terms)
+
+
+def _term_blocks(ctx: RankContext, model: ModelSpec, terms: dict[str, int]) -> Blocks:
+    """:func:`term_blocks` of a block of ``model`` (one kind of ``ctx.model``'s blocks)."""
+    pieces = tensor_sizes(model, ctx.training)
     ordered = sorted(terms.items(), key=lambda kv: kv[0].startswith("mlp/"))
     return [
         (k, size)
