@@ -152,9 +152,10 @@ def _full_recompute(ctx: RankContext, dropped: dict[str, int]) -> None:
             dropped["attention/norm"] = max(dropped["attention/norm"] - excess, 0)
     if model.architecture == "encoder-decoder" and sum(prof.terms.values()) < prof.recompute:
         # T5's blocks are held as their mean (encoder blocks at the source length, decoder
-        # blocks at the target length); the largest kind is recomputed whole (traced on
-        # 2-layer T5 / Flan-T5). DeepSeek's MoE block peaks mid-recompute, where its mean
-        # block already agrees with the trace.
+        # blocks at the target length); the largest kind is recomputed whole: the mean
+        # body's recompute, which only pipeline stages run (one stage runs each kind's own,
+        # Note [Layer bodies per stack and block 0]). DeepSeek's MoE block peaks
+        # mid-recompute, where its mean block already agrees with the trace.
         dropped["recompute/largest_block"] = prof.recompute - sum(prof.terms.values())
 
 
