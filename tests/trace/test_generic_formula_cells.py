@@ -114,3 +114,45 @@ def test_dora_q_v_under_full_checkpointing(tmp_path: Path) -> None:
     dora = {"lora_rank": 16, "lora_targets": ("q", "v"), "lora_variant": "dora"}
     gap = _gap(tmp_path, {}, activation_checkpointing="full", **dora)
     assert abs(gap) <= TOLERANCE, f"{gap:+.2%}"
+
+
+_DORA_OFF = {  # generic / formulas - 1 on this model before a fix (session 22, helper doraac)
+    ("o", "full"): "-8.18 %",
+    ("q,k,v,o", "full"): "-7.98 %",
+    ("gate,up", "full"): "-4.83 %",
+    ("o", "selective"): "-8.35 %",
+    ("q,k,v,o", "selective"): "-6.21 %",
+    ("gate,up", "selective"): "-1.34 %",
+    ("all seven", "selective"): "+7.99 %",
+    ("o", "none"): "-4.00 %",
+    ("q,k,v,o", "none"): "-2.13 %",
+    ("gate,up", "none"): "-10.85 %",
+}
+_DORA_TARGETS = {
+    "q,v": ("q", "v"),
+    "o": ("o",),
+    "q,k,v,o": ("q", "k", "v", "o"),
+    "gate,up": ("gate", "up"),
+    "all seven": ("q", "k", "v", "o", "gate", "up", "down"),
+}
+
+
+@pytest.mark.parametrize(
+    ("targets", "checkpointing"),
+    [
+        pytest.param(
+            name,
+            ac,
+            marks=[pytest.mark.xfail(strict=True, reason=_DORA_OFF[name, ac])]
+            if (name, ac) in _DORA_OFF
+            else [],
+        )
+        for ac in ("full", "selective", "none")
+        for name in _DORA_TARGETS
+    ],
+)
+def test_dora_targets_and_checkpointing(tmp_path: Path, targets: str, checkpointing: str) -> None:
+    """DoRA r 16 on each target set under each checkpointing mode (issue 26)."""
+    dora = {"lora_rank": 16, "lora_targets": _DORA_TARGETS[targets], "lora_variant": "dora"}
+    gap = _gap(tmp_path, {}, activation_checkpointing=checkpointing, **dora)
+    assert abs(gap) <= TOLERANCE, f"{gap:+.2%}"
