@@ -108,6 +108,7 @@ from trainmem.analytic.head import (
     layer_norm_backward_bytes,
 )
 from trainmem.analytic.load import load_items, load_rule
+from trainmem.analytic.lora_variants import INPUT_PROJECTIONS, dora_moments_per_linear
 from trainmem.analytic.loss import (
     accelerate_output_bytes,
     chunked_head_weight_grad_bytes,
@@ -519,6 +520,40 @@ def _weight_copy_places(model: ModelSpec, n: int) -> tuple[int, ...]:
     return (3,) * n
 
 
+def _copy_groups(n: int) -> list[int]:
+    """Per weight copy of a layer (:func:`~trainmem.analytic.transforms.checkpointing.
+    weight_blocks`' order: q, k, v, o, gate, up, down, then the adapters' block; without q, k
+    and v in LoRA's first layer) whether it is made before o's DoRA moment (0), between o's and
+    up's (1) or after up's (2); one unsplit block goes first."""
+    attention = {7: 4, 8: 4, 4: 1, 5: 1}.get(n)
+    if attention is None:
+        return [0] * n
+    return [0] * attention + [1, 1] + [2] * (n - attention - 2)
+
+
+def _linear_groups(names: Sequence[str]) -> list[int]:
+    """Per block of a layer (its term names, in the plan's order) whether the layer makes it
+    before o's DoRA moment (0), between o's and up's (1) or after up's (2) (Note [DoRA's moment
+    at each linear]): the attention's blocks, q / k / v's adapters' and the attention's weight
+    copies first; o's and gate's own blocks (adapters', a selective policy's saved matmul
+    outputs), the MLP's blocks but its last (up's output, saved by the product) and the gate /
+    up copies between; up's and down's own blocks, the MLP's last block and down's copy after."""
+    out = []
+    for term in names:
+        linear = term.rsplit("/", 1)[-1]
+        if term.startswith(("lora/", "dora/", "op_selective/mm/")):
+            out.append(0 if linear in INPUT_PROJECTIONS else 1 if linear in ("o", "gate") else 2)
+        else:
+            out.append(1 if term.startswith("mlp/") else 0)
+    mlp = [k for k, term in enumerate(names) if term.startswith("mlp/")]
+    if mlp:
+        out[mlp[-1]] = 2
+    copies = [k for k, term in enumerate(names) if term == WEIGHT_COPIES]
+    for k, g in zip(copies, _copy_groups(len(copies)), strict=True):
+        out[k] = g
+    return out
+
+
 class _Layers:
     """One layer's forward and backward in autograd order (Note [Analytic step schedule]),
     with the transforms' ops at the layer points."""
@@ -566,6 +601,8 @@ class _Layers:
         )
         # Note [Final RMSNorm's backward], the layers' norms: each one's fp32 transients
         self.norm_tmp = layer_norm_backward_bytes(ctx.model, ctx.training)
+        # Note [DoRA's moment at each linear] (no sequence-parallel copies: DoRA refuses TP)
+        self.dora_order = dora_moments_per_linear(ctx.model, ctx.training)
         self.scores_tmp, self.mask_tmp = eager_scores_forward_bytes(ctx.model, ctx.training)
         self.copies = sequence_parallel_copies(ctx.model, ctx.training)
         # Note [Forward tensors held at the down projection], per first layer or not
@@ -675,6 +712,17 @@ class _Layers:
             )
             for k, size in enumerate(self._scores_tmp_tensors())
         ]
+        if self.dora_order:  # Note [DoRA's moment at each linear]
+            names = [term for term, _ in plan.saved + dropped_blocks]
+            groups = _linear_groups(names)
+            blocks = saved + dropped
+            body += [op for op, g in zip(blocks, groups, strict=True) if g == 0] + scores
+            body += [free(op, f) for op in scores]
+            body += em.at("layer.o.forward", where)
+            body += [op for op, g in zip(blocks, groups, strict=True) if g == 1]
+            body += em.at("layer.mlp.up.forward", where)
+            body += [op for op, g in zip(blocks, groups, strict=True) if g == 2]
+            return self._forward_end(body, em, where, dropped)
         n_saved = sum(not term.startswith("mlp/") for term, _ in plan.saved)
         n_dropped = sum(not term.startswith("mlp/") for term, _ in dropped_blocks)
         names = [term for term, _ in plan.saved[:n_saved] + dropped_blocks[:n_dropped]]
@@ -685,6 +733,14 @@ class _Layers:
         names = [term for term, _ in plan.saved[n_saved:] + dropped_blocks[n_dropped:]]
         mlp, partial = self._collectives(saved[n_saved:] + dropped[n_dropped:], names, "down")
         body += mlp + partial
+        return self._forward_end(body, em, where, dropped)
+
+    def _forward_end(
+        self, body: list[Item], em: Emitter, where: Where, dropped: list[Op]
+    ) -> tuple[Item, ...]:
+        """``body`` (the layer's forward up to its blocks) with the down projection's point,
+        the frees of the ``dropped`` blocks and ``layer.post_forward``."""
+        f: Phase = "forward"
         # Note [Forward tensors held at the down projection]: a checkpointed layer's inner
         # tensors are gone by then
         down = self._down_projection(em, where)
@@ -797,7 +853,18 @@ class _Layers:
         if self.down_first:  # Note [A frozen 4-bit down projection before the recompute]
             body += self._down_backward(em, where)
         recomputed = self._recomputed(b, kind)
-        body += recomputed
+        if self.dora_order:  # Note [DoRA's moment at each linear]
+            names = [term for term, _ in self.dropped[kind]]
+            groups = _linear_groups(names)
+            groups += _copy_groups(len(self.frozen_copies))
+            groups += [2] * len(self.recomputed_copies)
+            body += [op for op, g in zip(recomputed, groups, strict=True) if g == 0]
+            body += em.at("layer.o.recompute", where)
+            body += [op for op, g in zip(recomputed, groups, strict=True) if g == 1]
+            body += em.at("layer.mlp.up.recompute", where)
+            body += [op for op, g in zip(recomputed, groups, strict=True) if g == 2]
+        else:
+            body += recomputed
         body += self._recompute_up(em, where)
         # the frees of the saved and the recomputed blocks, in the order autograd releases them
         down, mlp, early, rest, after = self._released(saved, plan.saved)

@@ -493,6 +493,12 @@ class Transform:
     def layer_forward(self, where: Where) -> Sequence[Emitted]:
         return ()
 
+    def layer_o_forward(self, where: Where) -> Sequence[Emitted]:
+        return ()
+
+    def layer_mlp_up_forward(self, where: Where) -> Sequence[Emitted]:
+        return ()
+
     def layer_mlp_forward(self, where: Where) -> Sequence[Emitted]:
         return ()
 
@@ -524,6 +530,12 @@ class Transform:
         return ()
 
     def layer_pre_backward(self, where: Where) -> Sequence[Emitted]:
+        return ()
+
+    def layer_o_recompute(self, where: Where) -> Sequence[Emitted]:
+        return ()
+
+    def layer_mlp_up_recompute(self, where: Where) -> Sequence[Emitted]:
         return ()
 
     def layer_backward(self, where: Where) -> Sequence[Emitted]:

@@ -27,8 +27,11 @@ from trainmem.analytic.checkpointing import layer_is_checkpointed
 from trainmem.analytic.lora import lora_adapter_dtype
 from trainmem.analytic.lora_variants import (
     INPUT_PROJECTIONS,
+    O_LINEARS,
+    UP_LINEARS,
     dora_forward_transient_bytes,
     dora_layer_start_held_bytes,
+    dora_moments_per_linear,
     dora_recompute_down_held_bytes,
 )
 from trainmem.analytic.transforms.base import Emitted, RankContext, Transform, Where, alloc, free
@@ -65,10 +68,21 @@ class DoraWeightNorm(Transform):
             for held in self.start_held.values():
                 if held:
                     held.append(4 * t * model.hidden_size)
-        self.end = dora_forward_transient_bytes(
-            model, training, adapter_bytes=adapter_bytes, exclude=INPUT_PROJECTIONS
+        # Note [DoRA's moment at each linear]: o's and gate / up's where they run
+        per_linear = dora_moments_per_linear(model, training)
+        self.o, self.up = (
+            dora_forward_transient_bytes(
+                model, training, adapter_bytes=adapter_bytes, linears=linears, at_start=True
+            )
+            if per_linear
+            else 0
+            for linears in (O_LINEARS, UP_LINEARS)
         )
-        self.bytes = max(self.start, self.end)
+        moved = O_LINEARS | UP_LINEARS if per_linear else frozenset()
+        self.end = dora_forward_transient_bytes(
+            model, training, adapter_bytes=adapter_bytes, exclude=INPUT_PROJECTIONS | moved
+        )
+        self.bytes = max(self.start, self.o, self.up, self.end)
         down = dora_forward_transient_bytes(
             model, training, adapter_bytes=adapter_bytes, linears=frozenset({"down"})
         )
@@ -100,8 +114,24 @@ class DoraWeightNorm(Transform):
         ]
         return [*held, *made, *(free(op, "forward") for op in held)]
 
+    def layer_o_forward(self, where: Where) -> Sequence[Emitted]:
+        return self._made(self.o, "forward")
+
+    def layer_mlp_up_forward(self, where: Where) -> Sequence[Emitted]:
+        return self._made(self.up, "forward")
+
     def layer_post_forward(self, where: Where) -> Sequence[Emitted]:
         return self._made(self.end, "forward")
+
+    def layer_o_recompute(self, where: Where) -> Sequence[Emitted]:
+        if self.ctx.training.activation_checkpointing == "none":
+            return ()
+        return self._made(self.o, "backward")
+
+    def layer_mlp_up_recompute(self, where: Where) -> Sequence[Emitted]:
+        if self.ctx.training.activation_checkpointing == "none":
+            return ()
+        return self._made(self.up, "backward")
 
     def layer_pre_backward(self, where: Where) -> Sequence[Emitted]:
         """The recompute's input projections' moment, at its start (Note [DoRA's moments in

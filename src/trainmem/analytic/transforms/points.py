@@ -13,7 +13,11 @@ In step order:
 * ``micro_batches.begin``: the micro-batch loop (a pipeline schedule's ``step``) starts;
 * ``micro_batch.begin``: a micro-batch's forward starts;
 * ``stack.pre_forward`` / ``stack.post_forward``: around the forward through the layers;
-* ``layer.pre_forward``, ``layer.forward`` (its weights are ready), ``layer.mlp.forward``
+* ``layer.pre_forward``, ``layer.forward`` (its weights are ready), ``layer.o.forward`` (the
+  attention's output projection runs: the attention's saved blocks exist, not o's own or the
+  MLP's), ``layer.mlp.up.forward`` (the MLP's up projection runs: the gate's and the
+  activation's blocks exist, not up's own; both only where :func:`~trainmem.analytic.
+  lora_variants.dora_moments_per_linear` orders the blocks by linear), ``layer.mlp.forward``
   (its MLP's down projection runs: the layer's saved blocks exist, with what its code still
   holds there, Note [Forward tensors held at the down projection]), ``layer.post_forward``:
   one layer's forward (the layer's body; ``where.first_layer`` / ``where.last_layer`` in
@@ -24,7 +28,9 @@ In step order:
 * ``head.backward``: the head's backward, its input gradients made;
 * ``head.post_backward``: the head's weight gradients exist;
 * ``stack.pre_backward`` / ``stack.post_backward``: around the backward through the layers;
-* ``layer.pre_backward``, ``layer.backward`` (recomputation done), ``layer.mlp.pre_backward``,
+* ``layer.pre_backward``, ``layer.o.recompute`` / ``layer.mlp.up.recompute`` (the recompute at
+  o / up, as ``layer.o.forward`` / ``layer.mlp.up.forward``), ``layer.backward``
+  (recomputation done), ``layer.mlp.pre_backward``,
   ``layer.mlp.down_backward`` (the down projection's input gradient is made between what a
   transform allocates there and the free of its last allocation; before the recompute
   where Note [A frozen 4-bit down projection before the recompute] holds),
@@ -61,6 +67,8 @@ Point = Literal[
     "stack.pre_forward",
     "layer.pre_forward",
     "layer.forward",
+    "layer.o.forward",
+    "layer.mlp.up.forward",
     "layer.mlp.forward",
     "layer.post_forward",
     "stack.post_forward",
@@ -72,6 +80,8 @@ Point = Literal[
     "head.post_backward",
     "stack.pre_backward",
     "layer.pre_backward",
+    "layer.o.recompute",
+    "layer.mlp.up.recompute",
     "layer.backward",
     "layer.mlp.pre_backward",
     "layer.mlp.down_backward",
@@ -103,6 +113,8 @@ PHASE: Final[dict[Point, Phase]] = {
     "stack.pre_forward": "forward",
     "layer.pre_forward": "forward",
     "layer.forward": "forward",
+    "layer.o.forward": "forward",
+    "layer.mlp.up.forward": "forward",
     "layer.mlp.forward": "forward",
     "layer.post_forward": "forward",
     "stack.post_forward": "forward",
@@ -114,6 +126,8 @@ PHASE: Final[dict[Point, Phase]] = {
     "head.post_backward": "backward",
     "stack.pre_backward": "backward",
     "layer.pre_backward": "backward",
+    "layer.o.recompute": "backward",
+    "layer.mlp.up.recompute": "backward",
     "layer.backward": "backward",
     "layer.mlp.pre_backward": "backward",
     "layer.mlp.down_backward": "backward",
