@@ -425,6 +425,48 @@ shapes` names): ``q_a_proj`` (or ``q_proj`` without ``q_lora_rank``) and
 
 MLP_LINEARS = ("gate_up", "gate", "up", "down")
 
+LATER_FIRST_LINEARS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
+    (
+        ("o",),
+        (
+            "attention/q_k", "attention/v", "attention/sdpa_output", "attention/logsumexp",
+            "attention/qkv_input", "attention/qk_norm", "attention/qkv_view_kept",
+            "attention/dropout_mask", "scores/",
+        ),
+    ),
+    (
+        ("gate_up", "gate", "up"),
+        (
+            "attention/out_proj_input", "attention/out_proj_input_float",
+            "attention/output_norm", "attention/layer_scale_input", "mlp/norm",
+        ),
+    ),
+    (("down",), ("mlp/input", "mlp/gated", "mlp/activation", "mlp/inner_dropout_mask")),
+)  # fmt: skip
+"""A dense sequential pre-norm block's linears after q / k / v in the order they run, each
+group with the terms its predecessors make (Note [LoRA's first layer], its adapters on later
+linears only): where a group holds the first adapters, the stack's first layer saves none of
+the terms of that group and of the groups before it."""
+
+
+def _first_adapted_linears(
+    model: ModelSpec, targets: set[str]
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The linears of the stack's first layer up to its first adapted one (q / k / v's group
+    when they hold one, or no later group does) and the terms made before that one's group
+    that the layer saves none of beyond ``attention/norm`` (Note [LoRA's first layer])."""
+    names = set(adapted_linears(model))
+    if model.num_experts != 1 or any(lora_targeted(n, targets) for n in FIRST_LINEARS if n in names):
+        return FIRST_LINEARS, ()
+    first: tuple[str, ...] = FIRST_LINEARS
+    whole: tuple[str, ...] = ()
+    for linears, terms in LATER_FIRST_LINEARS:
+        first += linears
+        whole += terms
+        if any(lora_targeted(n, targets) for n in linears if n in names):
+            return first, whole
+    return FIRST_LINEARS, ()
+
 
 def _mla_first_layer(
     model: ModelSpec, training: TrainingConfig
@@ -551,6 +593,8 @@ def first_layer_unsaved(model: ModelSpec, training: TrainingConfig) -> FirstLaye
     mla_whole: tuple[str, ...] = ()
     if model.mla:
         first, mla_whole = _mla_first_layer(model, training)
+    elif not parallel:  # adapters on later linears only: LATER_FIRST_LINEARS
+        first, mla_whole = _first_adapted_linears(model, targets)
     adapter_bytes = dtype_bytes(lora_adapter_dtype(training))
     less: dict[str, int] = {}
     copies = 0
