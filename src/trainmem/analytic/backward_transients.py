@@ -185,10 +185,16 @@ def recompute_holds_down_copy(model: ModelSpec, training: TrainingConfig) -> boo
     tensors are recomputed blocks freed nowhere before down, so the recompute's moment at
     down's frozen matmul holds the same tensors as LoRA's (generic trace of the agreement
     model, q / v, full checkpointing: DoRA - LoRA equal on both engines, -1.20 -> +0.00 %).
-    DoRA on down keeps Note [DoRA's moments in the recompute]."""
+    DoRA on down keeps Note [DoRA's moments in the recompute]. Op-level selective
+    checkpointing too: its recompute is the same non-reentrant replay of the whole layer
+    (torch 2.13 utils/checkpoint.py ``create_selective_checkpoint_contexts`` inside
+    ``checkpoint(use_reentrant=False)``, trainmem/trace/engine.py), the policy's saved outputs
+    served from its cache, so it holds the same tensors at down's frozen matmul (agreement
+    model h2048, LoRA r 16, selective: q,v -1.17 -> +0.00 %, all seven +5.06 -> +1.21 %, down
+    +3.09 -> -0.08 %, o -2.12 -> -0.43 %, h1024)."""
     return (
         training.is_lora
-        and training.activation_checkpointing == "full"
+        and training.activation_checkpointing in ("full", "selective")
         and training.conventions.hf_model_code
         and training.uses_autocast
         and training.quantize_base == "none"

@@ -310,12 +310,15 @@ def dora_recompute_down_held_bytes(model: ModelSpec, training: TrainingConfig) -
         beside the recomputed blocks only (+1.12 %; nf4 +1.71 %); with these two tensors
         236,064 B (-0.08 %). With DoRA on q / v only the formulas put the q moment after the
         whole recomputed layer: -5.66 % (h1024) / -8.42 % (h2048) against the trace, the
-        gap LoRA alone has once it sits at the recompute's start.
+        gap LoRA alone has once it sits at the recompute's start. Op-level selective
+        checkpointing replays the layer the same way (its policy's saved outputs served
+        from the cache: :func:`~trainmem.analytic.backward_transients.
+        recompute_holds_down_copy`).
     """
     if not (training.lora_variant == "dora" and "down" in training.lora_targets):
         return []
     if not (
-        training.activation_checkpointing == "full"
+        training.activation_checkpointing in ("full", "selective")
         and training.conventions.hf_model_code
         and not layer_checkpoint_reentrant(training)
     ):
