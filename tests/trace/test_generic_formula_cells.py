@@ -116,17 +116,13 @@ def test_dora_q_v_under_full_checkpointing(tmp_path: Path) -> None:
     assert abs(gap) <= TOLERANCE, f"{gap:+.2%}"
 
 
-_DORA_OFF = {  # generic / formulas - 1 on this model before a fix (session 22, helper doraac)
-    ("o", "full"): "-8.18 %",
-    ("q,k,v,o", "full"): "-7.98 %",
-    ("gate,up", "full"): "-4.83 %",
-    ("o", "selective"): "-8.35 %",
-    ("q,k,v,o", "selective"): "-6.21 %",
-    ("gate,up", "selective"): "-1.34 %",
-    ("all seven", "selective"): "+7.99 %",
-    ("o", "none"): "-4.00 %",
-    ("q,k,v,o", "none"): "-2.13 %",
-    ("gate,up", "none"): "-10.85 %",
+_DORA_OFF = {  # generic / formulas - 1 on this model (session 22, helper doraac)
+    # the checkpoint's cache of every other matmul output (the adapters' among them, DoRA's
+    # [in, out] product too) is not modelled: Note [DoRA's moment at each linear]
+    ("q,v", "selective"): "+1.70 %",
+    ("q,k,v,o", "selective"): "+1.69 %",
+    ("gate,up", "selective"): "+4.13 %",
+    ("all seven", "selective"): "+7.24 %",
 }
 _DORA_TARGETS = {
     "q,v": ("q", "v"),
@@ -152,7 +148,10 @@ _DORA_TARGETS = {
     ],
 )
 def test_dora_targets_and_checkpointing(tmp_path: Path, targets: str, checkpointing: str) -> None:
-    """DoRA r 16 on each target set under each checkpointing mode (issue 26)."""
+    """DoRA r 16 on each target set under each checkpointing mode (issue 26). Before session
+    22 (full / selective / none): o -8.18 / -8.35 / -4.00 %, q,k,v,o -7.98 / -6.21 / -2.13 %,
+    gate,up -4.83 / -1.34 / -10.85 % (Note [DoRA's moment at each linear], Note [LoRA's first
+    layer]; bytes by hand in tests/analytic/test_dora_moments.py)."""
     dora = {"lora_rank": 16, "lora_targets": _DORA_TARGETS[targets], "lora_variant": "dora"}
     gap = _gap(tmp_path, {}, activation_checkpointing=checkpointing, **dora)
     assert abs(gap) <= TOLERANCE, f"{gap:+.2%}"
