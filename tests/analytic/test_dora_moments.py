@@ -18,7 +18,7 @@ from trainmem.schedule import Item, Op, Repeat
 from trainmem.specs.training import TrainingConfig
 
 MODEL = str(Path(__file__).resolve().parents[1] / "models" / "lora_variants" / "llama_h1024.json")
-T, H, KV, I, R = 2 * 256, 1024, 256, 2816, 16
+T, H, KV, INNER, R = 2 * 256, 1024, 256, 2816, 16
 C, A = 2, 4  # bf16 compute, fp32 adapters
 LAYERS = 2
 BASE = TrainingConfig(micro_batch_size=2, seq_len=256, lora_rank=R)
@@ -59,8 +59,8 @@ def test_up_moment_by_hand() -> None:
     # three fp32 [2816, 1024] tensors (lora_weight, scaling * lora_weight, the sum; the fp32
     # base weight is the parameter itself). The trace's moment in layer 1's recompute shows
     # the three 11,534,336 B tensors, the 2 MiB input cast and the 2.75 MiB base output.
-    held = C * T * H + A * T * H + C * H * H + C * H * R + C * T * I
-    expected = held + 3 * A * H * I
+    held = C * T * H + A * T * H + C * H * H + C * H * R + C * T * INNER
+    expected = held + 3 * A * H * INNER
     training = dataclasses.replace(BASE, lora_targets=("gate", "up"), lora_variant="dora")
     got = dora_forward_transient_bytes(
         resolve_model(MODEL), training, adapter_bytes=A, linears=UP_LINEARS, at_start=True
@@ -110,8 +110,8 @@ def test_first_layer_with_adapters_on_the_mlp_only() -> None:
     assert {"attention/out_proj_input", "mlp/norm"} <= set(gate_up.whole)
     assert "mlp/gated" not in gate_up.whole
     attention = C * (H * H + 2 * H * KV + H * H)
-    assert gate_up.less == {"autocast_weight_copies": attention + 2 * C * H * I + 2 * C * R * H}
+    assert gate_up.less == {"autocast_weight_copies": attention + 2 * C * H * INNER + 2 * C * R * H}
     down = first_layer_unsaved(spec, dataclasses.replace(BASE, lora_targets=("down",)))
     assert down is not None
     assert {"mlp/input", "mlp/gated"} <= set(down.whole)
-    assert down.less == {"autocast_weight_copies": attention + 3 * C * H * I + C * R * I}
+    assert down.less == {"autocast_weight_copies": attention + 3 * C * H * INNER + C * R * INNER}

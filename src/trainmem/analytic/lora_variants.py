@@ -295,7 +295,8 @@ def dora_recompute_down_held_bytes(model: ModelSpec, training: TrainingConfig) -
         DoRA's weight-sized tensors (Note [DoRA forward transients]) are made there once more,
         beside what the recompute holds at that linear, not beside the whole recomputed layer:
         q / k / v's at the recompute's start (``layer.pre_backward``, before any recomputed
-        block: only the checkpoint's input and the incoming gradient), o / the MLP's at
+        block: only the checkpoint's input and the incoming gradient), o's and gate / up's
+        where they run (Note [DoRA's moment at each linear]), down's and any other linear's at
         ``layer.backward``. torch's non-reentrant checkpoint (torch/utils/checkpoint.py,
         ``_checkpoint_hook.unpack_hook``) recomputes up to the last tensor the layer saves, and
         DoRA on down saves after down's base matmul (peft 0.21.2 tuners/lora/dora.py

@@ -85,10 +85,14 @@ class DoraWeightNorm(Transform):
         # the forward's down moment at the down projection, beside what the forward holds
         # there (Note [Forward tensors held at the down projection]); the recompute's below
         down_linears = frozenset({"down"}) if per_linear else frozenset()
-        self.forward_down = dora_forward_transient_bytes(
-            model, training, adapter_bytes=adapter_bytes, linears=down_linears
-        ) if per_linear else 0
-        self.forward_end = dora_forward_transient_bytes(
+        self.down_in_forward = (
+            dora_forward_transient_bytes(
+                model, training, adapter_bytes=adapter_bytes, linears=down_linears
+            )
+            if per_linear
+            else 0
+        )
+        self.end_in_forward = dora_forward_transient_bytes(
             model,
             training,
             adapter_bytes=adapter_bytes,
@@ -133,10 +137,10 @@ class DoraWeightNorm(Transform):
         return self._made(self.up, "forward")
 
     def layer_mlp_forward(self, where: Where) -> Sequence[Emitted]:
-        return self._made(self.forward_down, "forward")
+        return self._made(self.down_in_forward, "forward")
 
     def layer_post_forward(self, where: Where) -> Sequence[Emitted]:
-        return self._made(self.forward_end, "forward")
+        return self._made(self.end_in_forward, "forward")
 
     def layer_o_recompute(self, where: Where) -> Sequence[Emitted]:
         if self.ctx.training.activation_checkpointing == "none":
