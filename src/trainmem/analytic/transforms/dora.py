@@ -82,22 +82,6 @@ class DoraWeightNorm(Transform):
         self.end = dora_forward_transient_bytes(
             model, training, adapter_bytes=adapter_bytes, exclude=INPUT_PROJECTIONS | moved
         )
-        # the forward's down moment at the down projection, beside what the forward holds
-        # there (Note [Forward tensors held at the down projection]); the recompute's below
-        down_linears = frozenset({"down"}) if per_linear else frozenset()
-        self.down_in_forward = (
-            dora_forward_transient_bytes(
-                model, training, adapter_bytes=adapter_bytes, linears=down_linears
-            )
-            if per_linear
-            else 0
-        )
-        self.end_in_forward = dora_forward_transient_bytes(
-            model,
-            training,
-            adapter_bytes=adapter_bytes,
-            exclude=INPUT_PROJECTIONS | moved | down_linears,
-        )
         self.bytes = max(self.start, self.o, self.up, self.end)
         down = dora_forward_transient_bytes(
             model, training, adapter_bytes=adapter_bytes, linears=frozenset({"down"})
@@ -136,11 +120,8 @@ class DoraWeightNorm(Transform):
     def layer_mlp_up_forward(self, where: Where) -> Sequence[Emitted]:
         return self._made(self.up, "forward")
 
-    def layer_mlp_forward(self, where: Where) -> Sequence[Emitted]:
-        return self._made(self.down_in_forward, "forward")
-
     def layer_post_forward(self, where: Where) -> Sequence[Emitted]:
-        return self._made(self.end_in_forward, "forward")
+        return self._made(self.end, "forward")
 
     def layer_o_recompute(self, where: Where) -> Sequence[Emitted]:
         if self.ctx.training.activation_checkpointing == "none":
