@@ -241,3 +241,16 @@ def test_the_stand_in_output_takes_an_in_place_add_under_grad() -> None:
     out += torch.ones(32, requires_grad=True)  # raised RuntimeError before
     out.sum().backward()
     assert model[0].weight.grad is not None
+
+
+@pytest.mark.parametrize("quantize", ["nf4", "int8"])
+def test_qlora_in_bf16_true_with_peft_upcast_matches_the_analytic_engine(quantize: str) -> None:
+    # peft's prepare_model_for_kbit_training (the default framework calls it) casts every
+    # non-quantized 16-bit parameter to fp32 (peft utils/other.py); no autocast under bf16-true
+    training = TrainingConfig(micro_batch_size=2, seq_len=128, lora_rank=16,
+                              quantize_base=quantize, precision="bf16-true")  # fmt: skip
+    assert training.kbit_fp32_upcast
+    generic = estimate(QWEN2, training, engine="generic", simulate_allocator=False)
+    analytic = estimate(QWEN2, training, engine="analytic", simulate_allocator=False)
+    g, a = generic.breakdown.allocated_bytes, analytic.breakdown.allocated_bytes
+    assert abs(g - a) <= 0.01 * a, (g, a)
