@@ -28,7 +28,6 @@ RANK = {
     "traced_options": 3,
     "traced_megatron": 3,
     "traced_activations": 3,
-    "traced_quantized": 3,
     "traced_unsloth": 3,
     "uncertainty": 3,
     "planner": 4,

@@ -112,13 +112,11 @@ def test_trace_limits_are_the_trace_engines_own_refusals() -> None:
     assert validate.trace_limits(TrainingConfig()) is None
     assert validate.trace_limits(TrainingConfig(lora_rank=8)) is None
     assert validate.trace_limits(TrainingConfig(data_parallel_size=2, zero_stage=3)) is None
-    # a quantized base under autocast is traced (trainmem.traced_quantized); peft's fp32
-    # upcast of a 16-bit model is not
+    # a quantized base is traced (trainmem.trace.quantized), peft's fp32 upcast of a 16-bit
+    # model included
     assert validate.trace_limits(TrainingConfig(lora_rank=8, quantize_base="nf4")) is None
-    why = validate.trace_limits(
-        TrainingConfig(lora_rank=8, quantize_base="nf4", precision="bf16-true")
-    )
-    assert why is not None and "quantize_base=nf4" in why
+    bf16 = TrainingConfig(lora_rank=8, quantize_base="nf4", precision="bf16-true")
+    assert validate.trace_limits(bf16) is None
     # offload outside DeepSpeed is a rule applied to the traced step (trainmem.traced_options)
     assert validate.trace_limits(TrainingConfig(offload="optimizer")) is None
     # and so is DeepSpeed's offload at every ZeRO stage (trainmem's DeepSpeed transforms on the

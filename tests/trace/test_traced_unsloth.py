@@ -94,7 +94,7 @@ def test_unsloth_on_a_traced_model_matches_the_analytic_engine(
 def replace_framework(training: TrainingConfig) -> TrainingConfig:
     """The Unsloth run's settings under the HF Trainer (its conventions' dtypes otherwise)."""
     t = training
-    # peft's fp32 upcast of a 4-bit base is traced under autocast only (traced_quantized.py)
+    # the HF Trainer's QLoRA under autocast (its bf16 run), not bf16-true under peft's upcast
     precision = "bf16-mixed" if t.quantize_base != "none" else t.precision
     return TrainingConfig(
         framework="hf-trainer",

@@ -17,7 +17,13 @@ Note [Traced quantized base]
       per-tensor rule: 4-bit codes and absmax, int8 and its row scales, GPTQ's packed tensors);
       the bias stays as it is; the model's other parameters stay in the 16-bit dtype it was
       loaded in when peft does not upcast them (``TrainingConfig.kbit_16bit_dense``: a GPTQ
-      base, or ``prepare_kbit_training=False``, under autocast), LoRA's adapters fp32;
+      base, or ``prepare_kbit_training=False``, under autocast), LoRA's adapters fp32; where
+      peft's ``prepare_model_for_kbit_training`` runs (``TrainingConfig.kbit_fp32_upcast``, the
+      decision the formulas read too) every 16-bit parameter but the packed weights is cast to
+      fp32 (peft 0.21.2 utils/other.py: ``param.data = param.data.to(torch.float32)`` for a
+      float16 / bfloat16 parameter that is not ``Params4bit``; bitsandbytes' ``Int8Params``
+      are int8): a no-op under autocast (the model is loaded in fp32), the embeddings, norms,
+      LM head and biases in fp32 under ``bf16-true`` / ``16-true``;
     * under FSDP1 (``framework="fsdp-qlora"``): bitsandbytes
       ``Linear4bit(quant_storage=<the model's dtype>)``, as Answer.AI fsdp_qlora train.py
       (50efa1e ``replace_linear(..., quant_storage=torch_dtype)``) builds it, since FSDP1
@@ -42,6 +48,18 @@ Note [Traced quantized base]
       ``(out, in)`` tensor of the compute dtype, the matmul, the dequantized weight freed
       (bitsandbytes autograd/_functions.py ``MatMul4Bit.forward``:
       ``F.dequantize_4bit(B, quant_state).to(A.dtype).t()`` into ``torch.nn.functional.linear``);
+      outside autocast the output cast back to the input's dtype, the compute-dtype output
+      freed (bitsandbytes 0.45.0 nn/modules.py ``Linear4bit.forward``: ``matmul_4bit(x, ...)
+      .to(inp_dtype)`` after ``x = x.to(self.compute_dtype)``; ``MatMul8bitLt.forward``:
+      ``.to(A.dtype)``): after peft's upcast under ``bf16-true`` every quantized linear reads
+      and returns fp32, so the whole residual stream and every layer activation is fp32.
+      Checked against a real CPU run (bitsandbytes 0.50.2, peft 0.21.2, transformers 5.24:
+      a 2-layer 128-wide Llama loaded in bf16, its linears bitsandbytes ``Linear4bit`` nf4 /
+      fp4 or ``Linear8bitLt``, ``prepare_model_for_kbit_training`` then LoRA r16 on q / v,
+      2 x 32 tokens): all 14 quantized linears take and return fp32, and the forward saves
+      1,250,308 B of fp32 storages and 512 B of int64, as the stand-in does
+      (tests/trace/test_traced_quantized.py); without the cast back the stand-in's bf16 k / v
+      beside LoRA's fp32 q fail SDPA's dtype check on real tensors;
     * saved for its backward (``ctx.save_for_backward``, which checkpointing's saved-tensor
       hooks see: unpacking one runs the recompute): GPTQ's packed weight (triton v2
       ``QuantLinearFunction`` saves qweight / scales / qzeros / g_idx; no bytes here, but under
@@ -82,9 +100,10 @@ Note [Traced quantized base]
     count (a 20-layer Qwen2 at hidden 128 with an int8 base: generic +3% vs analytic; nf4 with a
     current bitsandbytes saves no input: -0.2%). Not modelled by either: int8's quantized
     copies of the input (``MatMul8bitLt``: ``CA``, ``CAt``, row statistics; it saves the input
-    as given, not a cast), and the cast of a 4-bit linear's output back to the input's dtype
-    (bitsandbytes nn/modules.py ``Linear4bit.forward``: ``matmul_4bit(x, ...).to(inp_dtype)``
-    after ``x = x.to(self.compute_dtype)``: an fp32 output when the input is fp32).
+    as given, not a cast), and, under autocast, the cast of a 4-bit linear's output back to
+    the input's dtype (bitsandbytes nn/modules.py ``Linear4bit.forward``: ``matmul_4bit(x,
+    ...).to(inp_dtype)`` after ``x = x.to(self.compute_dtype)``: an fp32 output when the input
+    is fp32), which the stand-in does outside autocast only.
 """
 
 from __future__ import annotations
@@ -239,6 +258,8 @@ def _forward(self: Any, x: Any) -> Any:
         self.through_fp16,
         self.saves_packed,
     )
+    if out.dtype != x.dtype and not torch.is_autocast_enabled(x.device.type):
+        out = out.to(x.dtype)  # Note [Traced quantized base]: bitsandbytes' ``.to(inp_dtype)``
     return out
 
 
@@ -308,6 +329,11 @@ def quantize_base(model: Any, training: TrainingConfig, *, diffusers: bool = Fal
         module.W_q = None  # peft's dequantize_module_weight then calls dequantize()
         module.dequantize = types.MethodType(_peft_dequantize, module)
         count += 1
+    if training.kbit_fp32_upcast:  # peft's prepare_model_for_kbit_training
+        packed = {id(m.weight) for m in model.modules() if hasattr(m, "dequantized_shape")}
+        for param in model.parameters():
+            if id(param) not in packed and param.dtype in (torch.float16, torch.bfloat16):
+                param.data = param.data.to(torch.float32)
     return count
 
 
