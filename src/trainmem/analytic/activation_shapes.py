@@ -12,14 +12,15 @@ from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
 
 
-# what compute_dtype, uses_autocast, kbit_fp32_upcast and kbit_16bit_dense read
+# what compute_dtype, uses_autocast, kbit_fp32_upcast, kbit_16bit_dense and kbit_fp32_activations read
 @cached_on("precision", "framework", "quantize_base", "prepare_kbit_training")
 def compute_and_residual_bytes(training: TrainingConfig) -> tuple[int, int]:
     """(c, r): bytes of the compute dtype and of the residual stream (cached on the fields they
     follow from: every activation term asks, about twenty times a configuration).
 
     See Note [Activation terms] (trainmem/analytic/activations.py)."""
-    c = dtype_bytes(training.compute_dtype)
+    # peft's upcast without autocast: the quantized linears return fp32, every activation too
+    c = 4 if training.kbit_fp32_activations else dtype_bytes(training.compute_dtype)
     # the residual stream is fp32 under autocast (fp32 embedding and norms), and after peft's
     # prepare_model_for_kbit_training; a quantized base kept in 16 bits under autocast
     # (TrainingConfig.kbit_16bit_dense) has a 16-bit embedding and norms: c

@@ -45,6 +45,22 @@ Note [Forward tensors held at the down projection]
     reserved 1.2 points more). Only the dense sequential pre-norm decoder block (Note
     [Backward of a pre-norm block]) is modelled; other blocks hold none here (their
     dequantized weight sits beside the saved blocks alone).
+
+Note [fp32 layers over a 16-bit quantized matmul]
+    Under ``bf16-true`` / ``16-true`` with peft's ``prepare_model_for_kbit_training``
+    (``TrainingConfig.kbit_fp32_activations``: every 16-bit parameter but the packed weights
+    cast to fp32, peft 0.21.2 utils/other.py) the residual stream is fp32, and each
+    bitsandbytes linear casts its fp32 input to the 16-bit compute dtype, multiplies, and casts
+    its output back (0.45.0 nn/modules.py ``Linear4bit.forward``: ``x = x.to(self.compute_dtype)
+    ... .to(inp_dtype)``; ``MatMul8bitLt.forward``: ``.to(A.dtype)``), so every activation is
+    fp32 (c = 4, :func:`~trainmem.analytic.activation_shapes.compute_and_residual_bytes`) but
+    the matmul's own tensors: at the down projection's dequantization the forward holds down's
+    output in the compute dtype (2 t h, before its cast back) and its input's 16-bit copy
+    (2 t i) instead of a c t h output. Checked: a real CPU run (bitsandbytes 0.50.2, peft
+    0.21.2: every quantized linear takes and returns fp32, tests/trace/test_traced_quantized.py)
+    and the generic path's trace of the agreement model (nf4 on q / v, 2 x 256 tokens): the
+    activations 124,205,088 B traced vs 124,205,056 B here, and at layer 1's down projection
+    the trace holds down's bf16 output (2,097,152 B) and its input's bf16 copy (5,767,168 B).
 """
 
 from __future__ import annotations
@@ -59,6 +75,7 @@ from trainmem.analytic.lora import adapter_matmul_bytes
 from trainmem.analytic.mlp import sequential_pre_norm_block
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
+from trainmem.units import dtype_bytes
 
 __all__ = ["down_projection_held_bytes", "recompute_down_held_bytes", "recompute_up_held_bytes"]
 
@@ -108,6 +125,9 @@ def down_projection_held_bytes(
     inner = layer_is_checkpointed(training)  # nothing inside the layer is saved
     # Note [Float8 casts of a base weight]: down's output is made after the cast's fp32 copies
     out = [] if float8_eager_casts(model, training) else [c * h]
+    if training.kbit_fp32_activations:  # Note [fp32 layers over a 16-bit quantized matmul]
+        q = dtype_bytes(training.compute_dtype)
+        out = [q * h, q * i]  # down's output before its cast back, its input's 16-bit copy
     if inner or not terms.get("mlp/down_input", 0):
         out.append(c * i)
     if inner or not terms.get("mlp/input", 0) or r != c:

@@ -1676,6 +1676,18 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
         return self.conventions.peft_kbit_training
 
     @property
+    def kbit_fp32_activations(self) -> bool:
+        """Every layer activation is fp32 although the compute dtype is 16-bit: peft's upcast
+        (:attr:`kbit_fp32_upcast`) of a model loaded in 16 bits without autocast makes the
+        embeddings, norms, LM head and adapters fp32, and bitsandbytes' quantized linears return
+        their input's dtype (0.45.0 nn/modules.py ``Linear4bit.forward``: ``matmul_4bit(x,
+        ...).to(inp_dtype)`` after ``x = x.to(self.compute_dtype)``; autograd/_functions.py
+        ``MatMul8bitLt.forward``: ``.to(A.dtype)``), so the whole layer computes in fp32 but
+        for each base matmul (its dequantized weight and its input's and output's 16-bit
+        copies). Checked on a real CPU run (Note [Traced quantized base])."""
+        return self.kbit_fp32_upcast and not self.uses_autocast and self.compute_dtype != "float32"
+
+    @property
     def kbit_16bit_dense(self) -> bool:
         """A quantized base under autocast whose other parameters (embeddings, norms, LM head)
         stay in the 16-bit dtype it was loaded in, so the residual stream is 16-bit too: no
