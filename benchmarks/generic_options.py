@@ -98,14 +98,14 @@ column-parallel linears save the shard]): "megatron tensor parallel 2 + sp" +0.5
 checkpoint): -4.31 -> -0.12 % (the formulas' reentrant recompute now peaks at down's
 dequantization and the MLP's backward runs linear by linear; Note [The recompute's tensors held
 at the down projection]).
-QLoRA bf16-true under peft's fp32 upcast (session 22, helper qbf16; sets "qlora nf4 bf16-true",
-"qlora int8 bf16-true"; refused on the generic path before): the trace upcasts and casts each
-quantized linear's output back to its fp32 input (checked against real bitsandbytes 0.50.2 on the
-CPU), the formulas' activations fp32 (TrainingConfig.kbit_fp32_activations): nf4 +2.72 %, int8
-+4.76 % vs analytic on the agreement model (formulas 247.5 -> 308.3 MB for nf4). What is left is
-the formulas' gap at 32-true QLoRA too (+2.56 % nf4, +3.01 % int8): the training KV cache's k / v
-copies at r = c under a repeated-kv SDPA, and ``inputs_embeds`` at the down projection, neither
-counted (see session notes).
+QLoRA bf16-true under peft's fp32 upcast (session 22, helper qbf16; set "qlora nf4 bf16-true";
+refused on the generic path before): the trace upcasts and casts each quantized linear's output
+back to its fp32 input (checked against real bitsandbytes 0.50.2 on the CPU), the formulas'
+activations fp32 (TrainingConfig.kbit_fp32_activations): nf4 +2.72 % vs analytic on the
+agreement model (formulas 247.5 -> 308.3 MB). What is left is the formulas' gap at 32-true
+QLoRA too (+2.56 %): the training KV cache's k / v copies at r = c under a repeated-kv SDPA, and
+``inputs_embeds`` at the down projection, neither counted (see session notes). int8 and 4-bit
+before bitsandbytes 0.43.2 (a saved 16-bit input cast per linear) stay refused.
 """
 
 from __future__ import annotations
@@ -157,7 +157,6 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     # bitsandbytes returns its fp32 input's dtype: fp32 layers (TrainingConfig.
     # kbit_fp32_activations; session 22, helper qbf16)
     "qlora nf4 bf16-true": {**_QLORA, "precision": "bf16-true"},
-    "qlora int8 bf16-true": {"lora_rank": 16, "quantize_base": "int8", "precision": "bf16-true"},
     "qdora nf4": {**_QLORA, "lora_variant": "dora"},
     "qdora int8": {"lora_rank": 16, "quantize_base": "int8", "lora_variant": "dora"},
     # torchao converts the adapters, not GPTQ's QuantLinear (Note [Tracing float8])

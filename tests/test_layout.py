@@ -28,6 +28,7 @@ RANK = {
     "traced_options": 3,
     "traced_megatron": 3,
     "traced_activations": 3,
+    "traced_quantized": 3,
     "traced_unsloth": 3,
     "uncertainty": 3,
     "planner": 4,

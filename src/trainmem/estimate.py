@@ -63,6 +63,7 @@ from trainmem.traced_options import (
     untraced_fsdp1_quantized,
     untraced_offload,
 )
+from trainmem.traced_quantized import quantized_base_refusals
 from trainmem.traced_transforms import (
     apply_deepspeed,
     apply_optimizer,
@@ -330,7 +331,8 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
     :func:`traced_deepspeed`), the optimizers whose kernels do not run on fake tensors (a
     stand-in traced, :func:`trainmem.traced_transforms.apply_optimizer`; paged ones with their
     large states outside the allocator), quantized bases (a stand-in per quantized linear,
-    ``trainmem.trace.quantized``, peft's fp32 upcast included), the loop settings
+    ``trainmem.trace.quantized``, peft's fp32 upcast included; what it does not model:
+    :func:`trainmem.traced_quantized.quantized_base_refusals`), the loop settings
     ``keep_logits`` (loop ``step``) and ``zero_grad_before_backward``, the course's AdamW
     (``optimizer_implementation="cs336"``) and ``loss`` (the CS336 course model on the trace
     engine, ``trainmem.trace.course_model``; any transformers language model on the
@@ -369,6 +371,7 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
     if traced_deepspeed(training):  # DeepSpeed's offload: a transform of the traced step
         out = [x for x in out if not x.startswith("offload=")]
     out = [untraced_offload(training) if x.startswith("offload=") else x for x in out]
+    out += quantized_base_refusals(training)  # the rest runs as a stand-in (trace/quantized.py)
     # FSDP2 over the data ranks, or over the context-parallel ranks alone (trace/parallel.py
     # parallelize; Note [Context parallelism needs FSDP over its ranks], specs/training.py)
     sharded = training.data_parallel_size > 1 or training.sharding_degree > 1

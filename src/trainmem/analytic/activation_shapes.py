@@ -12,8 +12,10 @@ from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
 
 
-# what compute_dtype, uses_autocast, kbit_fp32_upcast, kbit_16bit_dense and kbit_fp32_activations read
-@cached_on("precision", "framework", "quantize_base", "prepare_kbit_training")
+# what compute_dtype, uses_autocast, kbit_fp32_upcast, kbit_16bit_dense, kbit_fp32_activations read
+@cached_on(
+    "precision", "framework", "quantize_base", "prepare_kbit_training", "bitsandbytes_version"
+)
 def compute_and_residual_bytes(training: TrainingConfig) -> tuple[int, int]:
     """(c, r): bytes of the compute dtype and of the residual stream (cached on the fields they
     follow from: every activation term asks, about twenty times a configuration).

@@ -1684,8 +1684,17 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
         ...).to(inp_dtype)`` after ``x = x.to(self.compute_dtype)``; autograd/_functions.py
         ``MatMul8bitLt.forward``: ``.to(A.dtype)``), so the whole layer computes in fp32 but
         for each base matmul (its dequantized weight and its input's and output's 16-bit
-        copies). Checked on a real CPU run (Note [Traced quantized base])."""
-        return self.kbit_fp32_upcast and not self.uses_autocast and self.compute_dtype != "float32"
+        copies). Checked on a real CPU run (Note [Traced quantized base]). Not where the
+        quantized matmul saves its input (:attr:`quantized_matmul_saves_input`: int8, 4-bit
+        before bitsandbytes 0.43.2), which would save a 16-bit cast per linear (three of one
+        input for q, k and v): not modelled, refused on the traced paths
+        (``trainmem.traced_quantized``)."""
+        return (
+            self.kbit_fp32_upcast
+            and not self.uses_autocast
+            and self.compute_dtype != "float32"
+            and not self.quantized_matmul_saves_input
+        )
 
     @property
     def kbit_16bit_dense(self) -> bool:
