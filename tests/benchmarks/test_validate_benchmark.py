@@ -117,6 +117,11 @@ def test_trace_limits_are_the_trace_engines_own_refusals() -> None:
     assert validate.trace_limits(TrainingConfig(lora_rank=8, quantize_base="nf4")) is None
     bf16 = TrainingConfig(lora_rank=8, quantize_base="nf4", precision="bf16-true")
     assert validate.trace_limits(bf16) is None
+    # beside a matmul that saves its input (int8) it is not
+    why = validate.trace_limits(
+        TrainingConfig(lora_rank=8, quantize_base="int8", precision="bf16-true")
+    )
+    assert why is not None and "quantize_base=int8" in why
     # offload outside DeepSpeed is a rule applied to the traced step (trainmem.traced_options)
     assert validate.trace_limits(TrainingConfig(offload="optimizer")) is None
     # and so is DeepSpeed's offload at every ZeRO stage (trainmem's DeepSpeed transforms on the

@@ -116,13 +116,14 @@ def test_trace_refuses_only_what_it_cannot_model() -> None:
     assert stage == "zero_stage=2"
     (fsdp2,) = trace_unsupported_settings(TrainingConfig(framework="fsdp2"))
     assert fsdp2.startswith("framework=fsdp2 (") and "--engine analytic" in fsdp2
-    # a quantized base runs as a stand-in under autocast (trainmem.trace.quantized); a 16-bit
-    # model without autocast is refused, naming the precisions that work
+    # a quantized base runs as a stand-in (trainmem.trace.quantized), under autocast or, nf4
+    # with a current bitsandbytes, a 16-bit model peft upcast to fp32; where the matmul saves
+    # its input (int8) beside peft's upcast it is refused, naming what works
     assert trace_unsupported_settings(TrainingConfig(lora_rank=8, quantize_base="nf4")) == []
-    (refused,) = trace_unsupported_settings(
-        TrainingConfig(lora_rank=8, quantize_base="nf4", precision="bf16-true")
-    )
-    assert refused.startswith("quantize_base=nf4 with precision=bf16-true")
+    bf16 = {"lora_rank": 8, "precision": "bf16-true"}
+    assert trace_unsupported_settings(TrainingConfig(quantize_base="nf4", **bf16)) == []
+    (refused,) = trace_unsupported_settings(TrainingConfig(quantize_base="int8", **bf16))
+    assert refused.startswith("quantize_base=int8 with precision=bf16-true")
     assert "bf16-mixed" in refused
 
 
