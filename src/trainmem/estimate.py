@@ -1356,15 +1356,17 @@ def _traced_run(
 def _check_traced_framework(
     training: TrainingConfig, target: str | ModelSpec, *, deepspeed: bool, diffusers: bool
 ) -> None:
-    """Refuse a framework the traced model cannot run under: torchtune, Unsloth, LLaMA-Factory
-    or axolotl for a diffusers or timm model (torchtune's builders are language models, the
-    others load transformers models), Megatron for a formula family that is not a causal LM (its
-    ``GPTModel``; other configs: ``trainmem.trace.generic.recipe_for_config``), DeepSpeed's
-    ``"auto"`` sizes without a ModelSpec (:func:`_check_deepspeed_without_spec`).
+    """Refuse a framework the traced model cannot run under: torchtune, Unsloth, LLaMA-Factory,
+    axolotl or fsdp-qlora for a diffusers or timm model (torchtune's builders are language
+    models, fsdp_qlora's train.py loads a causal LM, the others load transformers models),
+    Megatron for a formula family that is not a causal LM (its ``GPTModel``; other configs:
+    ``trainmem.trace.generic.recipe_for_config``), DeepSpeed's ``"auto"`` sizes without a
+    ModelSpec (:func:`_check_deepspeed_without_spec`).
 
     Raises:
-        NotApplicableError: torchtune, Unsloth, LLaMA-Factory or axolotl on a diffusers or timm
-            model, Megatron on a model that is not a causal LM, naming what would work.
+        NotApplicableError: torchtune, Unsloth, LLaMA-Factory, axolotl or fsdp-qlora on a
+            diffusers or timm model, Megatron on a model that is not a causal LM, naming what
+            would work.
         UnsupportedError: DeepSpeed's ``"auto"`` sizes without a ModelSpec.
     """
     language_only = {
@@ -1375,14 +1377,24 @@ def _check_traced_framework(
         # transformers Auto classes (language and vision-language models), no diffusers
         "llama-factory": "LLaMA-Factory loads transformers language and vision-language models",
         "axolotl": "axolotl loads transformers language and vision-language models",
+        # Answer.AI fsdp_qlora train.py (05ed9f2, lines 557-606): AutoTokenizer and
+        # AutoModelForCausalLM.from_pretrained / from_config, trained on text datasets
+        "fsdp-qlora": "Answer.AI's fsdp_qlora train.py loads a causal language model "
+        "(AutoModelForCausalLM) and trains it on tokenized text",
+    }
+    instead = {
+        # accelerate's FSDP wraps any nn.Module, as diffusers' example scripts run it
+        "fsdp-qlora": "--framework accelerate-fsdp (FSDP with --quantize-base nf4 and "
+        "--lora-rank for QLoRA) or pytorch-amp",
     }
     if training.framework in language_only and (
         diffusers or (isinstance(target, str) and _is_timm(target))
     ):
         what = language_only[training.framework]
+        use = instead.get(training.framework, "--framework pytorch-amp")
         raise NotApplicableError(
             f"framework={training.framework}: {what}, and this is a diffusers / timm model; use "
-            "--framework pytorch-amp"
+            f"{use}"
         )
     if deepspeed and not isinstance(target, ModelSpec):
         _check_deepspeed_without_spec(training)

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import MODELS_DIR
 from trainmem.breakdown import MemoryCategory
-from trainmem.errors import UnsupportedError
+from trainmem.errors import NotApplicableError, UnsupportedError
 from trainmem.estimate import estimate, trace_unsupported_settings
 from trainmem.schedule import Item, Op, StepSchedule
 from trainmem.specs.training import TrainingConfig
@@ -211,6 +211,24 @@ def test_torchtune_refuses_a_diffusers_model() -> None:
                  engine="generic")  # fmt: skip
 
 
+@pytest.mark.parametrize("checkpointing", ["none", "full"])
+def test_fsdp_qlora_is_not_applicable_to_a_diffusers_model(checkpointing: str) -> None:
+    # Answer.AI's train.py loads AutoModelForCausalLM and trains it on tokenized text; before,
+    # with full checkpointing the trace failed inside torch's reentrant checkpoint (no input of a
+    # frozen denoiser's block requires a gradient), and without it the step ran as if it applied
+    pytest.importorskip("diffusers")
+    training = _training(
+        framework="fsdp-qlora", zero_stage=3, data_parallel_size=4, lora_rank=16,
+        quantize_base="nf4", activation_checkpointing=checkpointing,
+    )  # fmt: skip
+    with pytest.raises(NotApplicableError, match="framework=fsdp-qlora: .*accelerate-fsdp"):
+        estimate(PIXART, training, engine="generic")
+    # what the message offers runs: accelerate's FSDP with the same QLoRA settings
+    offered = replace(training, framework="accelerate-fsdp", precision="bf16-true")
+    est = estimate(PIXART, offered, engine="generic", simulate_allocator=False)
+    assert est.breakdown.allocated_bytes > 0
+
+
 # -- CPU offload -------------------------------------------------------------------------------
 
 
@@ -386,9 +404,7 @@ def test_a_loss_on_the_logits_on_the_generic_path_matches_the_analytic_engine() 
 
 
 def test_a_loss_on_the_logits_is_refused_for_a_diffusers_model() -> None:
-    from trainmem.errors import UnsupportedError
-
-    with pytest.raises(UnsupportedError, match="leave --loss unset"):
+    with pytest.raises(NotApplicableError, match="leave --loss unset"):
         _generic(PIXART, loss="logits-sum")
 
 
