@@ -14,7 +14,7 @@ import inspect
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from trainmem.errors import UnsupportedError
+from trainmem.errors import SpecError, UnsupportedError
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch, require_transformers
 from trainmem.trace.grouped_mm import guarded_grouped_mm
@@ -147,6 +147,7 @@ def build_hf_model(
     config._attn_implementation = "eager" if attention == "eager" else "sdpa"
     _no_layerdrop(config)
     _pin_dtype(config, dtype or torch.float32)
+    _check_routing(config)
     cls = _head_class(transformers, config, raw)
     try:
         with torch.device(device):
@@ -193,6 +194,69 @@ def _no_layerdrop(config: Any) -> None:
         for key, value in c.to_dict().items():
             if key.endswith("layerdrop") and isinstance(value, (int, float)) and value:
                 setattr(c, key, 0.0)
+
+
+_EXPERT_COUNTS = ("n_routed_experts", "num_experts", "num_local_experts")
+"""Config fields holding a MoE layer's number of routed experts."""
+_TOPK_METHODS = ("greedy", "group_limited_greedy")
+"""The routings of DeepSeek-V2's router (``topk_method``, a field of the config classes whose
+router reads it: DeepSeek-V2's and its copies'; DeepSeek-V3's config keeps a released config's
+``"noaux_tc"`` as an extra attribute its router never reads)."""
+
+
+def _check_routing(config: Any) -> None:
+    """Refuse a MoE config whose router cannot pick its experts, as the training run's first
+    forward would fail (Note [A router without its top-k]).
+
+    Raises:
+        SpecError: naming the field: ``num_experts_per_tok`` unset while a layer routes among
+            experts; ``topk_method`` other than greedy / group_limited_greedy, or
+            ``group_limited_greedy`` without ``n_group`` / ``topk_group``.
+    """
+    # Note [A router without its top-k]: transformers 5.24's DeepseekV2Config defaults
+    # num_experts_per_tok, n_group and topk_group to None (configuration_deepseek_v2.py), so
+    # AutoConfig.for_model("deepseek_v2") saved as it is describes no routing:
+    # DeepseekV2TopkRouter.forward (modeling_deepseek_v2.py; deepseek_ocr2's and
+    # unlimited_ocr's routers are copies) runs torch.topk(scores, k=self.top_k) with
+    # top_k = num_experts_per_tok ("greedy"), after scores.view(-1, n_group, ...) and
+    # torch.topk(group_scores, k=topk_group) ("group_limited_greedy"), and leaves topk_weights
+    # unbound for any other topk_method. A GPU run of that config fails in its first forward
+    # as the trace does; there is no value to assume (the experts' activations scale with
+    # it), so the field is named with the released configs' values.
+    for c in _sub_configs(config):
+        experts = next((getattr(c, k) for k in _EXPERT_COUNTS if hasattr(c, k)), None)
+        layers = getattr(c, "num_hidden_layers", None)
+        dense_first = getattr(c, "first_k_dense_replace", None)  # layers before the first MoE
+        if not isinstance(experts, int) or experts < 1 or not hasattr(c, "num_experts_per_tok"):
+            continue
+        if isinstance(layers, int) and isinstance(dense_first, int) and dense_first >= layers:
+            continue  # every layer a dense MLP: no router is built
+        if c.num_experts_per_tok is None:
+            raise SpecError(
+                "num_experts_per_tok",
+                f"is null in this {c.model_type} config (transformers' default), and its "
+                f"{experts} routed experts need it: the router takes the top num_experts_per_tok "
+                "experts per token, and a training run of this config fails in its first forward; "
+                "set num_experts_per_tok in config.json (the released DeepSeek-V2 and "
+                "DeepSeek-V2-Lite configs: 6)",
+            )
+        if not hasattr(type(c), "topk_method"):  # a config class whose router reads it
+            continue
+        method = c.topk_method
+        if method not in _TOPK_METHODS:
+            raise SpecError(
+                "topk_method",
+                f"{method!r} is not a routing this {c.model_type} router runs; use one of "
+                + " | ".join(_TOPK_METHODS),
+            )
+        for key in ("n_group", "topk_group"):
+            if method == "group_limited_greedy" and getattr(c, key, None) is None:
+                raise SpecError(
+                    key,
+                    "is null, and topk_method='group_limited_greedy' routes among n_group "
+                    "groups of experts, keeping the top topk_group; set both in config.json "
+                    "(DeepSeek-V2: n_group 8, topk_group 3), or use topk_method='greedy'",
+                )
 
 
 def _no_spec_augment(config: Any) -> None:
