@@ -106,6 +106,9 @@ agreement model (formulas 247.5 -> 308.3 MB). What is left is the formulas' gap 
 QLoRA too (+2.56 %): the training KV cache's k / v copies at r = c under a repeated-kv SDPA, and
 ``inputs_embeds`` at the down projection, neither counted (see session notes). int8 and 4-bit
 before bitsandbytes 0.43.2 (a saved 16-bit input cast per linear) stay refused.
+Session 22 (helper misc22): the four fsdp-qlora sets are not applicable on the diffusers model
+(Answer.AI's train.py loads AutoModelForCausalLM; the message names accelerate-fsdp); three had
+run as if it applied, the checkpointed one failed inside torch's reentrant checkpoint.
 """
 
 from __future__ import annotations
