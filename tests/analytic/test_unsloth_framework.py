@@ -145,7 +145,7 @@ def test_fused_cross_entropy_saves_the_input_gradient_and_no_logits() -> None:
         "fused_grad_lm_head": 2 * 32000 * 4096,
     }
     # the HF Trainer's ForCausalLMLoss on the same run: two fp32 (t, V) gradients
-    hf = TrainingConfig(precision="bf16-true", **QLORA)  # type: ignore[arg-type]
+    hf = TrainingConfig(precision="bf16-true", prepare_kbit_training=False, **QLORA)  # type: ignore[arg-type]
     assert not unsloth_fused_loss(llama, hf)
     assert loss_backward_transient_bytes(llama, hf) == 2 * 4 * 32000 * 4096
     # and a piece's V h weight gradient before grad_lm_head.add_ (2 x 32000 x 4096)
@@ -166,7 +166,7 @@ def test_fast_rms_layernorm_final_norm() -> None:
     t = _unsloth()
     assert head_activation_bytes(llama, t)["final_norm"] == (2 * 4096 + 4) * 4096
     assert final_norm_backward_bytes(llama, t) == 0
-    hf = TrainingConfig(precision="bf16-true", **QLORA)  # type: ignore[arg-type]
+    hf = TrainingConfig(precision="bf16-true", prepare_kbit_training=False, **QLORA)  # type: ignore[arg-type]
     # transformers' LlamaRMSNorm: x.float() (4 h) + rstd (4), frozen; five fp32 temporaries
     assert head_activation_bytes(llama, hf)["final_norm"] == (4 * 4096 + 4) * 4096
     assert final_norm_backward_bytes(llama, hf) == 5 * 4 * 4096 * 4096
@@ -239,7 +239,10 @@ def test_kernels_save_x_e_g_and_fast_norms_their_input() -> None:
     assert ours["lora/q"] == ours["lora/down"] == 0
     assert ours["attention/norm"] == ours["mlp/norm"] == (2 * 4096 + 4) * 4096
     # peft's modules and transformers' RMSNorm on the same run (the HF Trainer)
-    hf = TrainingConfig(precision="bf16-true", **{**QLORA, "lora_targets": ALL_LINEAR})  # type: ignore[arg-type]
+    # transformers' own kernels on the 16-bit stream (no peft k-bit upcast, which makes it fp32)
+    hf = TrainingConfig(
+        precision="bf16-true", prepare_kbit_training=False, **{**QLORA, "lora_targets": ALL_LINEAR}
+    )  # type: ignore[arg-type]
     theirs = layer_activation_terms(llama, hf)
     assert theirs["mlp/gated"] == 3 * 2 * 11008 * 4096  # gate's, act's and up's outputs
     assert theirs["lora/q"] == 4 * 16 * 4096  # A's fp32 output, saved by B
@@ -273,7 +276,10 @@ def test_lora_mlp_backward_makes_one_intermediate_gradient() -> None:
     llama = load_model_spec("llama-2-7b")
     ours = backward_layer_transients(llama, _unsloth(lora_targets=ALL_LINEAR))
     assert ours[0] == 2 * 11008 * 4096
-    hf = TrainingConfig(precision="bf16-true", **{**QLORA, "lora_targets": ALL_LINEAR})  # type: ignore[arg-type]
+    # transformers' own kernels on the 16-bit stream (no peft k-bit upcast, which makes it fp32)
+    hf = TrainingConfig(
+        precision="bf16-true", prepare_kbit_training=False, **{**QLORA, "lora_targets": ALL_LINEAR}
+    )  # type: ignore[arg-type]
     assert backward_layer_transients(llama, hf)[0] == 3 * 2 * 11008 * 4096
 
 
@@ -310,7 +316,7 @@ def test_fused_loss_soft_caps_inside_its_piece() -> None:
 
     capped = dataclasses.replace(load_model_spec("gemma-3-1b"), final_logit_softcap=30.0)
     assert "final_logit_softcap_tanh" not in head_activation_bytes(capped, _unsloth())
-    hf = TrainingConfig(precision="bf16-true", **QLORA)  # type: ignore[arg-type]
+    hf = TrainingConfig(precision="bf16-true", prepare_kbit_training=False, **QLORA)  # type: ignore[arg-type]
     assert head_activation_bytes(capped, hf)["final_logit_softcap_tanh"] == 2 * 262144 * 4096
 
 
