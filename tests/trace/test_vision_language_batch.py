@@ -210,3 +210,25 @@ def test_an_any_size_tower_takes_its_image_sizes(invoke_json) -> None:
         notes = [n for n in out["notes"] if n.startswith("vision-language model")]
         tokens = "16 image tokens" if not args else "8 image tokens"
         assert len(notes) == 1 and said in notes[0] and tokens in notes[0]
+
+
+LLAVA_NEXT = MODELS_DIR / "vlm" / "llava_next.json"
+"""The tiny LLaVA (CLIP 32 x 32 in 8-pixel patches) as LLaVA-NeXT with image_grid_pinpoints
+[[32, 64], [64, 32], [64, 64]]."""
+
+
+def test_an_anyres_model_takes_its_tiles_and_unpadded_grid(invoke_json) -> None:
+    """LLaVA-NeXT's "anyres", by hand (image_processing_llava_next.py select_best_resolution,
+    modeling_llava_next.py pack_image_features / unpad_image):
+
+    - 32 x 32: every pinpoint keeps 32 x 32 effective pixels, the least waste is 32 x 64, so
+      1 x 2 tiles and the whole image: the base tile's 4 x 4 = 16 features ("default" drops
+      CLIP's class token), the tiles' 4 x 8 grid unpadded to the image's square 4 x 4 with a
+      newline per row, 4 x 5 = 20: 36 image tokens;
+    - 64 x 64: 64 x 64 fits best, 2 x 2 tiles: 16 + 8 x (8 + 1) = 88."""
+    for resolution, tokens in (("32", 36), ("64", 88)):
+        out = invoke_json(
+            "estimate", LLAVA_NEXT, "--engine", "generic", "-s", "16", "--resolution", resolution
+        )
+        notes = [n for n in out["notes"] if n.startswith("vision-language model")]
+        assert len(notes) == 1 and f"{tokens} image tokens" in notes[0], notes

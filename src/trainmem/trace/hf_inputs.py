@@ -145,7 +145,9 @@ def vision_language_batch(
     model's ``get_image_features`` gives for that image (LLaVA: the patches of the selected
     layer, projected), as the processor expands ``<image>``, then ``s`` text ids: [b, n + s],
     ``labels`` the same ids; a model that also reads ``image_sizes`` (Pixtral in Mistral-3,
-    ``modeling_mistral3.py``) gets each image's (height, width). A model without a
+    ``modeling_mistral3.py``) gets each image's (height, width), and one with
+    ``image_grid_pinpoints`` (LLaVA-NeXT, OneVision) its "anyres" tiles
+    (:func:`_tiled_pixels`); both take any ``--resolution``. A model without a
     placeholder adds the image itself (BLIP,
     BLIP-2, GIT). Q-Former instructions (``qformer_input_ids``, InstructBLIP) are ``s`` ids of
     the Q-Former vocabulary; Kosmos-2's ``image_embeds_position_mask`` marks the
@@ -198,8 +200,11 @@ def _vision_language_batch(
         return None  # another patch grid the processor computes (image_grid_hw): not built
     height, width = size if isinstance(size, (list, tuple)) else (size, size)
     patch = getattr(vision, "patch_size", None)
+    tiled = bool(getattr(cfg, "image_grid_pinpoints", None)) and "image_sizes" in params
     any_size = getattr(vision, "model_type", None) == "pixtral" and "image_sizes" in params
-    if image_size is not None and any_size and isinstance(patch, int):
+    if image_size is not None and tiled:
+        height, width = image_size  # any size: the processor picks the tiling that fits it
+    elif image_size is not None and any_size and isinstance(patch, int):
         # Pixtral's any-size images (image_processing_pixtral.py: scaled down to fit the
         # config's size, each side a multiple of the patch, merged 2 x 2 in Mistral-3)
         merge = getattr(cfg, "spatial_merge_size", None) or 1
@@ -214,7 +219,11 @@ def _vision_language_batch(
             f"resizes every image to it), not {image_size[0]} x {image_size[1]}: leave "
             "--resolution unset, or set it to that size"
         )
-    pixels = torch.randn(b, getattr(vision, "num_channels", 3) or 3, height, width, dtype=dtype)
+    channels = getattr(vision, "num_channels", 3) or 3
+    if tiled:
+        pixels = _tiled_pixels(cfg, b, channels, (height, width), dtype)
+    else:
+        pixels = torch.randn(b, channels, height, width, dtype=dtype)
     batch: dict[str, Any] = {"pixel_values": pixels}
     token = _image_token(cfg)
     n = 0
@@ -269,6 +278,19 @@ def _rope_positions(
         return positions.tolist()  # type: ignore[no-any-return]
     except Exception:  # noqa: BLE001 - another signature: the forward computes them
         return None
+
+
+def _tiled_pixels(cfg: Any, b: int, channels: int, image: tuple[int, int], dtype: Any) -> Any:
+    """LLaVA-NeXT's "anyres" pixels [b, tiles, channels, side, side]: the image resized to the
+    ``image_grid_pinpoints`` resolution that fits it best, cut into tiles of the vision tower's
+    ``side`` plus one tile of the whole image downscaled (``image_processing_llava_next.py``;
+    the count is transformers' own ``image_size_to_num_patches``, which the model's
+    ``get_image_features`` applies to ``image_sizes``)."""
+    from transformers.models.llava_next.modeling_llava_next import image_size_to_num_patches
+
+    side = cfg.vision_config.image_size
+    tiles = image_size_to_num_patches(list(image), cfg.image_grid_pinpoints, side)
+    return torch.randn(b, tiles, channels, side, side, dtype=dtype)
 
 
 GRID_MAX_PIXELS = 28 * 28 * 1280

@@ -204,6 +204,16 @@ router reads it: DeepSeek-V2's and its copies'; DeepSeek-V3's config keeps a rel
 ``"noaux_tc"`` as an extra attribute its router never reads)."""
 
 
+def _field(config: Any, name: str) -> Any:
+    """``config.name``, or None when it is missing or transformers refuses a global read (a
+    per-layer attribute of a config with ``per_layer_config``, dots3's
+    ``AmbiguousGlobalPerLayerAttributeError``: its layers are checked one by one instead)."""
+    try:
+        return getattr(config, name, None)
+    except Exception:  # noqa: BLE001 - transformers' own refusal of a global read
+        return None
+
+
 def _check_routing(config: Any) -> None:
     """Refuse a MoE config whose router cannot pick its experts, as the training run's first
     forward would fail (Note [A router without its top-k]).
@@ -224,39 +234,49 @@ def _check_routing(config: Any) -> None:
     # as the trace does; there is no value to assume (the experts' activations scale with
     # it), so the field is named with the released configs' values.
     for c in _sub_configs(config):
-        experts = next((getattr(c, k) for k in _EXPERT_COUNTS if hasattr(c, k)), None)
-        layers = getattr(c, "num_hidden_layers", None)
-        dense_first = getattr(c, "first_k_dense_replace", None)  # layers before the first MoE
-        if not isinstance(experts, int) or experts < 1 or not hasattr(c, "num_experts_per_tok"):
+        try:
+            _check_router(c)
+        except SpecError:
+            raise
+        except Exception:  # noqa: BLE001 - a per-layer field transformers will not read globally
             continue
-        if isinstance(layers, int) and isinstance(dense_first, int) and dense_first >= layers:
-            continue  # every layer a dense MLP: no router is built
-        if c.num_experts_per_tok is None:
+
+
+def _check_router(c: Any) -> None:
+    """:func:`_check_routing` of one (sub-)config."""
+    experts = next((_field(c, k) for k in _EXPERT_COUNTS if _field(c, k) is not None), None)
+    layers = _field(c, "num_hidden_layers")
+    dense_first = _field(c, "first_k_dense_replace")  # layers before the first MoE
+    if not isinstance(experts, int) or experts < 1 or not hasattr(c, "num_experts_per_tok"):
+        return
+    if isinstance(layers, int) and isinstance(dense_first, int) and dense_first >= layers:
+        return  # every layer a dense MLP: no router is built
+    if c.num_experts_per_tok is None:
+        raise SpecError(
+            "num_experts_per_tok",
+            f"is null in this {c.model_type} config (transformers' default), and its "
+            f"{experts} routed experts need it: the router takes the top num_experts_per_tok "
+            "experts per token, and a training run of this config fails in its first forward; "
+            "set num_experts_per_tok in config.json (the released DeepSeek-V2 and "
+            "DeepSeek-V2-Lite configs: 6)",
+        )
+    if not hasattr(type(c), "topk_method"):  # a config class whose router reads it
+        return
+    method = c.topk_method
+    if method not in _TOPK_METHODS:
+        raise SpecError(
+            "topk_method",
+            f"{method!r} is not a routing this {c.model_type} router runs; use one of "
+            + " | ".join(_TOPK_METHODS),
+        )
+    for key in ("n_group", "topk_group"):
+        if method == "group_limited_greedy" and getattr(c, key, None) is None:
             raise SpecError(
-                "num_experts_per_tok",
-                f"is null in this {c.model_type} config (transformers' default), and its "
-                f"{experts} routed experts need it: the router takes the top num_experts_per_tok "
-                "experts per token, and a training run of this config fails in its first forward; "
-                "set num_experts_per_tok in config.json (the released DeepSeek-V2 and "
-                "DeepSeek-V2-Lite configs: 6)",
+                key,
+                "is null, and topk_method='group_limited_greedy' routes among n_group "
+                "groups of experts, keeping the top topk_group; set both in config.json "
+                "(DeepSeek-V2: n_group 8, topk_group 3), or use topk_method='greedy'",
             )
-        if not hasattr(type(c), "topk_method"):  # a config class whose router reads it
-            continue
-        method = c.topk_method
-        if method not in _TOPK_METHODS:
-            raise SpecError(
-                "topk_method",
-                f"{method!r} is not a routing this {c.model_type} router runs; use one of "
-                + " | ".join(_TOPK_METHODS),
-            )
-        for key in ("n_group", "topk_group"):
-            if method == "group_limited_greedy" and getattr(c, key, None) is None:
-                raise SpecError(
-                    key,
-                    "is null, and topk_method='group_limited_greedy' routes among n_group "
-                    "groups of experts, keeping the top topk_group; set both in config.json "
-                    "(DeepSeek-V2: n_group 8, topk_group 3), or use topk_method='greedy'",
-                )
 
 
 def _no_spec_augment(config: Any) -> None:
@@ -393,11 +413,8 @@ def _pin_dtype(config: Any, dtype: Any) -> None:
     composite's language model in bf16 and the rest in fp32; the weights' dtype is the run's
     (``TrainingConfig.weight_dtype``), for every part.
     """
-    config.dtype = dtype
-    for key in getattr(config, "sub_configs", None) or {}:
-        sub = getattr(config, key, None)
-        if sub is not None and hasattr(sub, "to_dict"):
-            _pin_dtype(sub, dtype)
+    for c in _sub_configs(config):
+        c.dtype = dtype
 
 
 def make_hf_batch(
