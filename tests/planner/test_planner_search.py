@@ -153,3 +153,15 @@ def test_estimate_is_monotone_in_micro_batch_and_seq_len(
     for b in batches:
         row = [grid[b, s] for s in lengths]
         assert row == sorted(row), (b, row)
+
+
+def test_planned_seq_len_defaults_to_tensor_core_padding() -> None:
+    # transformers' data collators pad to a multiple of 8 for Tensor Cores (pad_to_multiple_of);
+    # the default answer is such a length, it fits, and the next multiple of 8 does not
+    model, gpu, training = CASES[2]
+    r = max_seq_len(model, training, gpu)
+    assert r.value is not None and r.limited_by == "memory" and r.value % 8 == 0
+    assert simulated_fits(model, replace(training, seq_len=r.value), gpu)
+    assert not simulated_fits(model, replace(training, seq_len=r.value + 8), gpu)
+    exact = max_seq_len(model, training, gpu, multiple_of=1)
+    assert exact.value is not None and r.value <= exact.value

@@ -34,7 +34,13 @@ def register(app: typer.Typer) -> None:
         return traced(model)
 
     MultipleOf = Annotated[
-        int, typer.Option("--seq-len-multiple-of", help="Granularity of the planned seq_len.")
+        int | None,
+        typer.Option(
+            "--seq-len-multiple-of",
+            help="Granularity of the planned seq_len, tokens; 1 for the exact longest "
+            "length. [default: 8, the padding that puts 16-bit matmuls on Tensor Cores]",
+            show_default=False,
+        ),
     ]
     Limit = Annotated[
         int | None,
@@ -77,7 +83,7 @@ def register(app: typer.Typer) -> None:
     def plan_cmd(
         model: ModelArg,
         gpu: GpuOpt = None,
-        seq_len_multiple_of: MultipleOf = 1,
+        seq_len_multiple_of: MultipleOf = None,
         all_gpus: AllGpus = False,
         as_json: JsonOpt = False,
         *,
@@ -90,7 +96,12 @@ def register(app: typer.Typer) -> None:
         from trainmem.errors import UnsupportedError
         from trainmem.estimate import formula_model
         from trainmem.planner.evaluate import require_gpu
-        from trainmem.planner.search import max_micro_batch_size, max_seq_len, plan_gpus
+        from trainmem.planner.search import (
+            SEQ_LEN_MULTIPLE_OF,
+            max_micro_batch_size,
+            max_seq_len,
+            plan_gpus,
+        )
         from trainmem.report import render
 
         if all_gpus:
@@ -128,15 +139,22 @@ def register(app: typer.Typer) -> None:
             return
         spec = formula_model(model, "plan")
         results = [max_micro_batch_size(spec, training, gpu_spec)]
+        multiple_of = SEQ_LEN_MULTIPLE_OF if seq_len_multiple_of is None else seq_len_multiple_of
         if spec.architecture != "vision-encoder":
-            results.append(max_seq_len(spec, training, gpu_spec, multiple_of=seq_len_multiple_of))
+            results.append(max_seq_len(spec, training, gpu_spec, multiple_of=multiple_of))
         if as_json:
             print(render.plan_json(spec.name, results))
             return
         console.print(render.plan_table(spec.name, results))
         console.print(
             f"fixed: seq_len={training.seq_len} for the micro-batch search, "
-            f"micro_batch_size={training.micro_batch_size} for the seq_len search; "
+            f"micro_batch_size={training.micro_batch_size} for the seq_len search"
+            + (
+                f" (multiples of {multiple_of} tokens)"
+                if len(results) > 1 and multiple_of > 1
+                else ""
+            )
+            + "; "
             f"{training.precision}, {training.optimizer} ({training.step_implementation}), "
             f"checkpointing {training.activation_checkpointing}, attention {training.attention}",
             highlight=False,

@@ -35,6 +35,16 @@ MAX_MICRO_BATCH_SIZE = 1 << 20
 """Upper end of the micro-batch search: a tiny model on a large GPU stops here instead of
 searching forever (reported as ``limited_by="search_limit"``)."""
 
+SEQ_LEN_MULTIPLE_OF = 8
+"""Default granularity of a planned ``seq_len``, tokens: the batches people train on are padded
+to a multiple of 8 so that 16-bit matmuls run on Tensor Cores (transformers 5.24
+data/data_collator.py ``pad_to_multiple_of``: "especially useful to enable the use of Tensor
+Cores on NVIDIA hardware with compute capability >= 7.0 (Volta)"; NVIDIA's Matrix
+Multiplication Background guide, "Tensor Core Requirements": dimensions multiples of 8 for
+FP16 / BF16). ``multiple_of=1`` gives the exact longest length; it costs about twice the
+allocator replays, since near the limit fragmentation makes fitting non-monotone (Note
+[Aimed probes at the boundary])."""
+
 LimitedBy = Literal["memory", "context_length", "search_limit", "nothing_fits"]
 
 
@@ -441,7 +451,7 @@ def max_seq_len(
     gpu: str | GPUSpec,
     *,
     cuda_context_bytes: int | None = None,
-    multiple_of: int = 1,
+    multiple_of: int = SEQ_LEN_MULTIPLE_OF,
 ) -> PlanResult:
     """The longest ``seq_len`` (a multiple of ``multiple_of``, at most the model's
     ``max_position_embeddings``) that fits ``gpu``, every other setting fixed.
@@ -451,7 +461,8 @@ def max_seq_len(
         training: the fixed settings (its ``seq_len`` is ignored).
         gpu: catalog name or GPUSpec.
         cuda_context_bytes: memory outside the allocator, bytes; default per GPU catalog.
-        multiple_of: granularity of the answer in tokens (e.g. 128).
+        multiple_of: granularity of the answer in tokens; default :data:`SEQ_LEN_MULTIPLE_OF`
+            (8), 1 for the exact longest length.
 
     Returns:
         As :func:`max_micro_batch_size`; ``limited_by="context_length"`` when the model's own
@@ -468,7 +479,7 @@ def max_seq_len(
             "(patches + 1); plan the micro-batch size instead"
         )
     if not isinstance(multiple_of, int) or multiple_of < 1:
-        raise SpecError("multiple_of", f"must be a positive integer, got {multiple_of!r}")
+        raise SpecError("seq_len_multiple_of", f"must be a positive integer, got {multiple_of!r}")
     return _search(
         "seq_len",
         spec,
