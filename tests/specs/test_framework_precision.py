@@ -95,3 +95,20 @@ def test_the_page_shows_the_same_message() -> None:
     out = dict(zip(h.ESTIMATE_OUTPUTS, h.update([], None, *raw), strict=True))
     assert "precision: 16-mixed with --framework torchtune" in out["message"]
     assert MESSAGE in out["message"] and "No estimate" in out["result"]
+
+
+@pytest.mark.parametrize(
+    ("precision", "words"),
+    [
+        ("bf16-true", "the whole model in bf16, no autocast"),
+        ("32-true", "the whole model in fp32, no autocast"),
+        ("bf16-mixed", "autocast on fp32 weights, fp32 gradients"),
+    ],
+)
+def test_the_plain_loop_says_what_its_precision_means(precision: str, words: str) -> None:
+    # *-true: the model is cast to the dtype (no torch.autocast); *-mixed: autocast over fp32
+    # weights (torch.amp): the assumption line must not claim autocast under bf16-true
+    config = resolved_config(TrainingConfig(precision=precision))  # type: ignore[arg-type]
+    means = assumptions(config)["framework_means"]
+    assert words in means
+    assert ("autocast on" in means) is precision.endswith("-mixed")

@@ -53,6 +53,19 @@ FRAMEWORK_SUMMARY: dict[str, str] = {
 """One line per ``--framework`` on what its conventions mean for memory (the rows and their
 sources are in :mod:`trainmem.specs.frameworks`)."""
 
+PYTORCH_TRUE_SUMMARY = "a plain PyTorch loop: the whole model in {dtype}, no autocast, torch.optim"
+"""The plain loop's line under a ``*-true`` precision (``model.to(dtype)``: weights, gradients
+and activations in that dtype), where :data:`FRAMEWORK_SUMMARY`'s autocast line does not hold."""
+
+
+def framework_means(framework: str, precision: Any) -> str:
+    """:data:`FRAMEWORK_SUMMARY`'s line for ``framework``; the plain loop's under a
+    ``*-true`` precision is :data:`PYTORCH_TRUE_SUMMARY` (``"bf16-true"`` -> bf16)."""
+    if framework == "pytorch-amp" and str(precision).endswith("-true"):
+        dtype = {"32": "fp32", "16": "fp16"}.get(str(precision)[:-5], str(precision)[:-5])
+        return PYTORCH_TRUE_SUMMARY.format(dtype=dtype)
+    return FRAMEWORK_SUMMARY.get(framework, "")
+
 
 def _version(value: Any, default: tuple[int, ...]) -> str:
     return str(value) if value else ".".join(map(str, default)) + " (default)"
@@ -158,7 +171,7 @@ def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dic
     framework = str(config.get("framework") or "pytorch-amp")
     out = {
         "framework": framework,
-        "framework_means": FRAMEWORK_SUMMARY.get(framework, ""),
+        "framework_means": framework_means(framework, config.get("precision")),
         "loop": loop_of(config),
         "torch": _version(config.get("torch_version"), DEFAULT_TORCH_VERSION),
     }
