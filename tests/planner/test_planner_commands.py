@@ -43,6 +43,8 @@ def test_plan_when_nothing_fits(invoke: Invoke) -> None:
 def test_fit_lists_fixes(invoke: Invoke) -> None:
     r = invoke("fit", "gpt2", "--gpu", "T4", "-b", "16", "-s", "1024")
     assert "does not fit" in r.stdout and "cheapest first" in r.stdout
+    # gpt2's fixes are the formulas' (analytic engine): the caption must not claim a trace
+    assert "generic path" not in r.stdout
     d = json.loads(invoke("fit", "gpt2", "--gpu", "T4", "-b", "16", "-s", "1024", "--json").stdout)
     assert d["fits"] is False and d["fixes"]
     assert all(f["margin_bytes"] >= 0 and f["saved_bytes"] > 0 for f in d["fixes"])

@@ -140,7 +140,9 @@ def fixes_table(base: MemoryEstimate, found: Sequence[Fix]) -> Table:
     in numbers (:class:`~trainmem.planner.costs.CostFigures`; the words are in the JSON)."""
     table = Table(
         title=f"{base.model_name} on {base.gpu_name}: changes that make it fit, cheapest first",
-        caption=_CAPTION + "; saved = drop of the peak allocated (traced on the generic path)",
+        caption=_CAPTION
+        + "; saved = drop of the peak allocated"
+        + (" (each change traced on the generic path)" if base.engine != "analytic" else ""),
     )
     table.add_column("#", justify="right")
     table.add_column("change", style="bold")
