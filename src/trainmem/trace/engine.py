@@ -9,7 +9,8 @@ What is emulated so that the fake CPU step allocates what a CUDA step allocates
 - SDPA kernel choice and saved tensors: ``trainmem.trace.cuda_sdpa``;
 - fused dropout with a bool mask: ``trainmem.trace.cuda_dropout``;
 - the Mamba kernels (``mamba_ssm``, ``causal_conv1d``) transformers calls on a GPU:
-  ``trainmem.trace.mamba_kernels``;
+  ``trainmem.trace.mamba_kernels``; the linear-attention ones (``fla``'s gated delta rule and
+  KDA, and the short convolutions): ``trainmem.trace.fla_kernels``;
 - CUDA autocast cast lists and weight-cast cache: ``trainmem.trace.cuda_autocast``;
 - foreach / fused / for-loop optimizers as asked (``trainmem.trace.optimizers``); Adam's scalar
   ``step`` states stay in host memory unless fused (``torch/optim/adam.py``);
@@ -60,6 +61,7 @@ from trainmem.trace.cuda_autocast import cuda_autocast_policy  # noqa: E402
 from trainmem.trace.cuda_dropout import cuda_dropout  # noqa: E402
 from trainmem.trace.cuda_scatter import cuda_scatter_backward  # noqa: E402
 from trainmem.trace.cuda_sdpa import cuda_sdpa  # noqa: E402
+from trainmem.trace.fla_kernels import linear_attention_kernels  # noqa: E402
 from trainmem.trace.mamba_kernels import mamba_kernels  # noqa: E402
 from trainmem.trace.optimizers import EMAStep, build_optimizer  # noqa: E402
 
@@ -92,6 +94,8 @@ def _emulation(training: TrainingConfig, emulate_cuda: bool) -> Iterator[None]:
             stack.enter_context(cuda_sdpa(force))
         if emulate_cuda:
             stack.enter_context(mamba_kernels())  # Note [Traced Mamba kernels]
+            # Note [Traced linear-attention kernels]
+            stack.enter_context(linear_attention_kernels())
             stack.enter_context(cuda_scatter_backward())
             stack.enter_context(cuda_grad_accumulation())
         yield

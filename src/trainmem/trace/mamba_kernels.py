@@ -78,7 +78,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["MAMBA_MODULES", "mamba_kernels"]
+__all__ = ["MAMBA_MODULES", "causal_conv1d_fn", "mamba_kernels", "point_module_names"]
 
 SCAN_CHUNK = 2048
 """Sequence positions per chunk of the selective scan's saved states
@@ -633,20 +633,23 @@ _STAND_INS: dict[str, Callable[..., Any]] = {
 
 
 @contextlib.contextmanager
-def mamba_kernels() -> Iterator[None]:
-    """Point the loaded Mamba-1 modeling modules of transformers at the kernel stand-ins
-    (Note [Traced Mamba kernels]) for the duration of the block.
+def point_module_names(
+    model_types: tuple[str, ...], stand_ins: dict[str, Callable[..., Any]]
+) -> Iterator[None]:
+    """Point the names ``stand_ins`` lists in the loaded modeling modules of ``model_types`` at
+    the stand-ins for the duration of the block (transformers' modeling code looks each kernel
+    up by its module-level name at call time).
 
     Yields:
         None.
     """
     saved: list[tuple[Any, str, Any]] = []
-    for model_type in MAMBA_MODULES:
+    for model_type in model_types:
         name = f"transformers.models.{model_type}.modeling_{model_type}"
         module = sys.modules.get(name)
         if module is None:
             continue
-        for attr, stand_in in _STAND_INS.items():
+        for attr, stand_in in stand_ins.items():
             if hasattr(module, attr):
                 saved.append((module, attr, getattr(module, attr)))
                 setattr(module, attr, stand_in)
@@ -655,3 +658,15 @@ def mamba_kernels() -> Iterator[None]:
     finally:
         for module, attr, value in saved:
             setattr(module, attr, value)
+
+
+@contextlib.contextmanager
+def mamba_kernels() -> Iterator[None]:
+    """Point the loaded Mamba modeling modules of transformers at the kernel stand-ins
+    (Note [Traced Mamba kernels]) for the duration of the block.
+
+    Yields:
+        None.
+    """
+    with point_module_names(MAMBA_MODULES, _STAND_INS):
+        yield
