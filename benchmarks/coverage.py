@@ -7,7 +7,8 @@ Groups:
   (``trainmem.trace.hf_model.TRAINING_HEADS``), its default config (``AutoConfig.for_model``)
   shrunk to 2 layers (a hybrid keeps the first layer of each kind, at most 4: ``shrink``). A
   type whose default config transformers itself cannot build into that head (on ``meta``, no
-  trainmem involved) is listed apart, with transformers' error, and is not counted;
+  trainmem involved) is listed apart, with transformers' error, and is not counted; two
+  hybrids whose default config has no attention layer get one (:data:`CONFIG_FIXES`);
 * ``diffusers``: every diffusers ``ModelMixin`` transformer and UNet class
   (:func:`diffusers_group`; two default configs that diffusers' own forward cannot run take
   the fields of diffusers' own model test, :data:`DIFFUSERS_CONFIG_FIXES`);
@@ -58,6 +59,22 @@ PATTERN_KEYS = ("block_types",)
 (RecurrentGemma's ``block_types``: layer i is ``block_types[i % len]``)."""
 
 TRAINING = TrainingConfig(micro_batch_size=1, seq_len=64)
+
+CONFIG_FIXES: dict[str, dict[str, Any]] = {
+    # The default configs are all Mamba (Bamba's attn_layer_indices None, GraniteMoeHybrid's
+    # layer_types all "linear_attention"), which transformers 5.24's own forward cannot run with the
+    # config's use_cache: the model makes a DynamicCache and create_causal_mask asks it for an
+    # attention layer's length (cache_utils.py get_seq_length: "can only be called on Attention
+    # layers"), on a GPU as here. The released models interleave attention layers (Bamba-9B,
+    # the granite-4.0-h models, 1 in about 10), so the cut keeps one Mamba layer and one
+    # attention layer, as it keeps them from a released config.
+    "bamba": {"attn_layer_indices": [1]},
+    "granitemoehybrid": {
+        "layer_types": ["full_attention" if i == 1 else "linear_attention" for i in range(32)]
+    },
+}
+"""transformers default configs that no user trains as they stand, with the fields a released
+config has."""
 
 
 def shrink(config: dict[str, Any]) -> dict[str, Any]:
@@ -220,7 +237,7 @@ def transformers_group(limit: int | None = None) -> Iterator[tuple[str, str, str
     for model_type in sorted(types)[:limit]:
         try:
             config = transformers.AutoConfig.for_model(model_type)
-            raw = shrink(config.to_dict())
+            raw = shrink({**config.to_dict(), **CONFIG_FIXES.get(model_type, {})})
             raw["model_type"] = model_type
             config = transformers.AutoConfig.for_model(
                 model_type, **{k: v for k, v in raw.items() if k != "model_type"}
