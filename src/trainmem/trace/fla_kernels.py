@@ -156,9 +156,11 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         dw = torch.empty_like(w)
         dq, dk = _heads_sum(dq, heads), _heads_sum(dk, heads)
         dg = dg.sum(0)
-        dk2 = _heads_sum(k.new_empty(b, l_, hv, kd), heads)  # prepare_wy_repr_bwd
-        dv = torch.empty_like(v)
+        dk2, dv_wy = k.new_empty(b, l_, hv, kd), torch.empty_like(v)  # prepare_wy_repr_bwd
         dg2, db = torch.empty_like(g), torch.empty_like(beta)
+        dk2 = _heads_sum(dk2, heads)
+        dv = dv_wy
+        del dv_wy
         dk.add_(dk2)
         dg.add_(dg2)
         dg = torch.empty_like(dg, dtype=torch.float32)  # chunk_local_cumsum(reverse=True)
@@ -221,9 +223,11 @@ class ChunkKDA(torch.autograd.Function):
         dv = torch.empty_like(dv)
         # chunk_kda_bwd_wy_dqkg_fused
         dq, dk = torch.empty(b, l_, hv, kd, **f32), torch.empty(b, l_, hv, kd, **f32)
-        dv = torch.empty_like(v)
+        dv_wy = torch.empty_like(v)
         dg, db = torch.empty_like(g, dtype=torch.float32), torch.empty_like(beta, **f32)
         dAkk = torch.empty_like(Akk, dtype=torch.float32)
+        dv = dv_wy
+        del dv_wy
         # chunk_kda_bwd_intra
         nk = -(-kd // min(KDA_INTRA_TILE, _next_pow2(kd)))
         dq2, dk2 = torch.empty_like(dq), torch.empty_like(dk)
