@@ -92,6 +92,20 @@ def test_gated_delta_net_saves_what_chunk_gated_delta_rule_saves() -> None:
     assert hidden.grad is not None and hidden.grad.shape == hidden.shape
 
 
+def test_gated_delta_net_under_autocast_keeps_the_gate_in_fp32() -> None:
+    layer = _gated_delta_net()
+    hidden = torch.randn(B, L, 8, requires_grad=True)
+    with patched(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer(hidden)
+    node = _node(out, "ChunkGatedDeltaRuleBackward")
+    hv = 2 * H
+    # in_proj's outputs are bf16 (2 bytes): q, k, v, beta and A (k's dtype); the rstds and the
+    # gate's cumsum stay fp32 (chunk_local_cumsum's output_dtype=torch.float)
+    bf16 = (2 * B * L * H * K + B * L * hv * K + B * L * hv + B * L * hv * 64) * 2
+    fp32 = (2 * B * L * H + B * L * hv) * 4
+    assert _saved_activation_bytes(node, layer) == bf16 + fp32 == 3696
+
+
 def test_kimi_delta_attention_saves_what_chunk_kda_saves() -> None:
     from transformers.models.kimi_linear import modeling_kimi_linear
 
