@@ -19,6 +19,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from kernel_saved_bytes import saved_activation_bytes  # noqa: E402
+
 from trainmem.trace import fla_kernels  # noqa: E402
 from trainmem.trace.fla_kernels import linear_attention_kernels as patched  # noqa: E402
 
@@ -37,22 +39,6 @@ def _node(out: Any, name: str) -> Any:
             return fn
         stack.extend(f for f, _ in fn.next_functions)
     raise AssertionError(f"no {name} in the graph: the kernel path did not run")
-
-
-def _saved_activation_bytes(node: Any, module: Any) -> int:
-    """Bytes of the tensors the kernel's autograd node keeps, parameters left out."""
-    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
-    seen: set[int] = set()
-    total = 0
-    for t in node.saved_tensors:
-        if t is None:
-            continue
-        ptr = t.untyped_storage().data_ptr()
-        if ptr in params or ptr in seen:
-            continue
-        seen.add(ptr)
-        total += t.untyped_storage().nbytes()
-    return total
 
 
 def _gated_delta_net() -> Any:
@@ -86,7 +72,7 @@ def test_gated_delta_net_saves_what_chunk_gated_delta_rule_saves() -> None:
     g = B * L * hv * 4  # chunk_local_cumsum's fp32 output [b, l, HV]
     beta = B * L * hv * 4  # sigmoid(b), as passed
     a = B * L * hv * 64 * 4  # the WY matrix A = zeros [b, l, HV, BT] in k's dtype
-    assert _saved_activation_bytes(node, layer) == q + k + rstd + v + g + beta + a == 7200
+    assert saved_activation_bytes(node, layer) == q + k + rstd + v + g + beta + a == 7200
     out.sum().backward()
     assert all(p.grad is not None and p.grad.shape == p.shape for p in layer.parameters())
     assert hidden.grad is not None and hidden.grad.shape == hidden.shape
@@ -103,7 +89,7 @@ def test_gated_delta_net_under_autocast_keeps_the_gate_in_fp32() -> None:
     # gate's cumsum stay fp32 (chunk_local_cumsum's output_dtype=torch.float)
     bf16 = (2 * B * L * H * K + B * L * hv * K + B * L * hv + B * L * hv * 64) * 2
     fp32 = (2 * B * L * H + B * L * hv) * 4
-    assert _saved_activation_bytes(node, layer) == bf16 + fp32 == 3696
+    assert saved_activation_bytes(node, layer) == bf16 + fp32 == 3696
 
 
 def test_kimi_delta_attention_saves_what_chunk_kda_saves() -> None:
@@ -133,7 +119,7 @@ def test_kimi_delta_attention_saves_what_chunk_kda_saves() -> None:
     g = 2 * B * L * H * K * 4  # the per-channel gate as passed and its fp32 chunk cumsum
     beta = B * L * H * 4
     a = 2 * B * L * H * 64 * 4  # Aqk (empty) and Akk (zeros), [b, l, HV, BT] in k's dtype
-    assert _saved_activation_bytes(node, layer) == q + k + v + rstd + g + beta + a == 7248
+    assert saved_activation_bytes(node, layer) == q + k + v + rstd + g + beta + a == 7248
     out.sum().backward()
     assert hidden.grad is not None and hidden.grad.shape == hidden.shape
 

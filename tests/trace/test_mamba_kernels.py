@@ -17,6 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from kernel_saved_bytes import saved_activation_bytes  # noqa: E402
 from transformers.models.mamba import modeling_mamba  # noqa: E402
 
 from trainmem.trace import mamba_kernels  # noqa: E402
@@ -40,22 +41,6 @@ def _mixer() -> Any:
     return modeling_mamba.MambaMixer(config, layer_idx=0).train()
 
 
-def _saved_activation_bytes(out: Any, mixer: Any) -> int:
-    """Bytes of the tensors the kernel's autograd node keeps, parameters left out."""
-    params = {p.untyped_storage().data_ptr() for p in mixer.parameters()}
-    seen: set[int] = set()
-    total = 0
-    for t in out.grad_fn.saved_tensors:
-        if t is None:
-            continue
-        ptr = t.untyped_storage().data_ptr()
-        if ptr in params or ptr in seen:
-            continue
-        seen.add(ptr)
-        total += t.untyped_storage().nbytes()
-    return total
-
-
 def test_fp32_mixer_saves_what_mamba_inner_fn_saves() -> None:
     mixer = _mixer()
     hidden = torch.randn(B, L, E, requires_grad=True)
@@ -69,7 +54,8 @@ def test_fp32_mixer_saves_what_mamba_inner_fn_saves() -> None:
     b_c = 2 * B * N * L * 4  # B and C as contiguous [b, 1, n, l] copies
     states = B * D_INNER * 1 * 2 * N * 4  # scan states x [b, d, c, 2n], fp32
     scan_out = B * D_INNER * L * 4  # the ungated scan output [b, d, l]
-    assert _saved_activation_bytes(out, mixer) == xz + x_dbl + a + b_c + states + scan_out == 2864
+    saved = saved_activation_bytes(out.grad_fn, mixer)
+    assert saved == xz + x_dbl + a + b_c + states + scan_out == 2864
     out.sum().backward()  # the backward's gradients have the parameters' shapes
     assert all(p.grad is not None and p.grad.shape == p.shape for p in mixer.parameters())
     assert hidden.grad is not None and hidden.grad.shape == hidden.shape
@@ -85,7 +71,7 @@ def test_autocast_mixer_keeps_the_kernels_16_bit_weight_copies() -> None:
     activations = (B * 2 * D_INNER * L + B * L * (R + 2 * N) + 2 * B * N * L + B * D_INNER * L) * 2
     fp32 = (D_INNER * N + B * D_INNER * 2 * N) * 4
     copies = ((R + 2 * N) * D_INNER + D_INNER * R + E * D_INNER) * 2
-    assert _saved_activation_bytes(out, mixer) == activations + fp32 + copies == 2712
+    assert saved_activation_bytes(out.grad_fn, mixer) == activations + fp32 + copies == 2712
 
 
 def test_scan_states_one_chunk_per_2048_positions() -> None:
@@ -204,6 +190,6 @@ def test_mamba2_mixer_saves_what_the_split_conv1d_scan_kernel_saves() -> None:
     out_x = B * L * 2 * 4 * 4  # the scan's output [b, l, h, p], before the gated norm
     a = 2 * 4  # A = -exp(A_log) [h]
     rstd = 1 * B * L * 4  # the norm's 1/rms per group and row, fp32
-    assert _saved_activation_bytes(out, mixer) == zxbcdt + out_x + a + rstd == 848
+    assert saved_activation_bytes(out.grad_fn, mixer) == zxbcdt + out_x + a + rstd == 848
     out.sum().backward()
     assert all(p.grad is not None and p.grad.shape == p.shape for p in mixer.parameters())

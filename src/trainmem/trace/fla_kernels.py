@@ -106,6 +106,28 @@ def _heads_sum(t: Any, heads: int) -> Any:
     return t if hv == heads else t.view(b, l_, heads, hv // heads, k).sum(3)
 
 
+def _dims(k: Any, v: Any) -> tuple[int, int, int, int, int, int]:
+    """b, l, H, K, HV, V from k [b, l, H, K] and v [b, l, HV, V]."""
+    b, l_, heads, kd = k.shape
+    return b, l_, heads, kd, v.shape[2], v.shape[3]
+
+
+def _forward_inputs(
+    q: Any, k: Any, v: Any, g: Any, beta: Any, use_qk_l2norm: bool
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """What both chunk functions do first: ``input_guard``'s contiguous copies (returned, as
+    the guard holds them to the forward's end), the optional ``l2norm_fwd`` of q and k, and
+    ``chunk_local_cumsum``'s fp32 gate. Returns (the guarded inputs, (q, q_rstd, k, k_rstd, v,
+    g as passed, its cumsum, beta))."""
+    guarded = tuple(t.contiguous() for t in (q, k, v, g, beta))
+    q, k, v, g, beta = guarded
+    q_rstd = k_rstd = None
+    if use_qk_l2norm:
+        q, q_rstd = _l2norm_fwd(q)
+        k, k_rstd = _l2norm_fwd(k)
+    return guarded, (q, q_rstd, k, k_rstd, v, g, torch.empty_like(g, dtype=torch.float32), beta)
+
+
 class ChunkGatedDeltaRule(torch.autograd.Function):
     """fla ``ChunkGatedDeltaRuleFunction`` (Note [Traced linear-attention kernels])."""
 
@@ -114,16 +136,11 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         ctx: Any, q: Any, k: Any, v: Any, g: Any, beta: Any, output_final_state: bool,
         use_qk_l2norm: bool,
     ) -> Any:  # fmt: skip
-        guarded = tuple(t.contiguous() for t in (q, k, v, g, beta))  # input_guard
-        q, k, v, g, beta = guarded
-        b, l_, _, kd = k.shape
-        hv, vd = v.shape[2], v.shape[3]
+        guarded, (q, q_rstd, k, k_rstd, v, _, g, beta) = _forward_inputs(
+            q, k, v, g, beta, use_qk_l2norm
+        )
+        b, l_, _, kd, hv, vd = _dims(k, v)
         nt = -(-l_ // CHUNK)
-        q_rstd = k_rstd = None
-        if use_qk_l2norm:
-            q, q_rstd = _l2norm_fwd(q)
-            k, k_rstd = _l2norm_fwd(k)
-        g = torch.empty_like(g, dtype=torch.float32)  # chunk_local_cumsum
         A = torch.zeros(b, l_, hv, CHUNK, dtype=k.dtype, device=k.device)
         w = k.new_empty(b, l_, hv, kd)
         u = torch.empty_like(v)
@@ -142,8 +159,7 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
     def backward(ctx: Any, do: Any, *_: Any) -> Any:
         q, q_rstd, k, k_rstd, v, g, beta, A = ctx.saved_tensors
         do = do.contiguous()
-        b, l_, heads, kd = k.shape
-        hv, vd = v.shape[2], v.shape[3]
+        b, l_, heads, kd, hv, vd = _dims(k, v)
         nt = -(-l_ // CHUNK)
         w, u = k.new_empty(b, l_, hv, kd), torch.empty_like(v)  # recompute_w_u_fwd
         h, v_new = k.new_empty(b, nt, hv, kd, vd), torch.empty_like(u)  # _fwd_h
@@ -179,16 +195,11 @@ class ChunkKDA(torch.autograd.Function):
         ctx: Any, q: Any, k: Any, v: Any, g: Any, beta: Any, output_final_state: bool,
         use_qk_l2norm: bool,
     ) -> Any:  # fmt: skip
-        guarded = tuple(t.contiguous() for t in (q, k, v, g, beta))  # input_guard
-        q, k, v, g_input, beta = guarded
-        b, l_, _, kd = k.shape
-        hv, vd = v.shape[2], v.shape[3]
+        guarded, (q, q_rstd, k, k_rstd, v, g_input, g, beta) = _forward_inputs(
+            q, k, v, g, beta, use_qk_l2norm
+        )
+        b, l_, _, kd, hv, vd = _dims(k, v)
         nt = -(-l_ // CHUNK)
-        q_rstd = k_rstd = None
-        if use_qk_l2norm:
-            q, q_rstd = _l2norm_fwd(q)
-            k, k_rstd = _l2norm_fwd(k)
-        g = torch.empty_like(g_input, dtype=torch.float32)  # chunk_local_cumsum (vector)
         # chunk_kda_fwd_intra
         Aqk = torch.empty(b, l_, hv, CHUNK, dtype=k.dtype, device=k.device)
         Akk = torch.zeros(b, l_, hv, CHUNK, dtype=k.dtype, device=k.device)
@@ -210,8 +221,7 @@ class ChunkKDA(torch.autograd.Function):
     def backward(ctx: Any, do: Any, *_: Any) -> Any:
         q, q_rstd, k, k_rstd, v, g, g_input, beta, Aqk, Akk = ctx.saved_tensors
         do = do.contiguous()
-        b, l_, heads, kd = k.shape
-        hv, vd = v.shape[2], v.shape[3]
+        b, l_, heads, kd, hv, vd = _dims(k, v)
         nt = -(-l_ // CHUNK)
         f32 = {"dtype": torch.float32, "device": k.device}
         # recompute_w_u_fwd with q: w, u, qg, kg
