@@ -284,11 +284,16 @@ _FMS_LORA_DROPOUT = (
     "0.1",
 )
 _FMS_BNB = (
-    [*_FMS_LORA_DROPOUT[0], "--quantize-base", "nf4-dq"],
+    [*_FMS_LORA_DROPOUT[0], "--quantize-base", "nf4-dq", "--trl-version", "0.13.0"],
     _FMS_LORA_DROPOUT[1] + "; both bnb configurations load through the accelerated-peft "
     "plugin's model_loader (plugins/accelerated-peft/.../framework_plugin_bnb.py @24bdadb: "
     "BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_use_double_quant=True, ...)), so the base "
-    "is NF4 with double quantization",
+    "is NF4 with double quantization; scripts/benchmarks/refs/requirements.txt @24bdadb pins "
+    "trl==0.13.0, whose SFTTrainer gets fms-hf-tuning 2.5.0's peft_config (tuning/"
+    "sft_trainer.py; baseline-peft-bnb's no_peft_model: true leaves the preparation to it): "
+    "on one GPU (benchmark.py COMMAND_PYTHON) it runs peft's prepare_model_for_kbit_training "
+    "and, under bf16, peft_module_casting_to_bf16 (embed_tokens and lm_head back to bf16); "
+    "the FSDP rows' base is sharded (is_sharded_qlora), neither runs",
 )
 
 _HUB = (

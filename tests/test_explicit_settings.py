@@ -61,6 +61,7 @@ FLAG_CASES: dict[str, tuple[list[str], Any, str]] = {
         "0.19.8",
         "deepspeed-version=0.16.9",
     ),
+    "trl_version": (["--trl-version", "0.13.0"], "0.13.0", "trl-version=0.12.0"),
     "activation_checkpointing": (["-c", "none"], "none", "activation-checkpointing=full"),
     "attention": (["--attention", "sdpa"], "sdpa", "attention=eager"),
     "gradient_accumulation_steps": (

@@ -33,7 +33,7 @@ from trainmem.analytic.norms import (
     unsloth_fast_norms,
 )
 from trainmem.analytic.tensor_states import quantized_lm_head
-from trainmem.specs.frameworks import litgpt_head_chunk_rows
+from trainmem.specs.frameworks import litgpt_head_chunk_rows, trl_bf16_tensors
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 
@@ -130,8 +130,18 @@ def _lm_head_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dic
     # already in 16 bits (a quantized base's unconverted modules kept as loaded,
     # TrainingConfig.kbit_16bit_dense: ``cached_cast`` casts only a type other than the
     # target) nor a quantized head (bitsandbytes dequantizes inside its matmul,
-    # lm_head_dequant_bytes). Source: aten/src/ATen/autocast_mode.cpp ``cached_cast``.
-    if training.uses_autocast and not training.kbit_16bit_dense and not quantized_lm_head(training):
+    # lm_head_dequant_bytes), nor one TRL's SFTTrainer cast back to bf16 after peft's upcast
+    # (TrainingConfig.trl_bf16_embeddings). Source: aten/src/ATen/autocast_mode.cpp
+    # ``cached_cast``.
+    head_bf16 = training.trl_bf16_embeddings and "lm_head" in trl_bf16_tensors(
+        model.model_type, model.tie_word_embeddings
+    )
+    if (
+        training.uses_autocast
+        and not training.kbit_16bit_dense
+        and not quantized_lm_head(training)
+        and not head_bf16
+    ):
         out["autocast_weight_copies"] = c * v * h * autocast_head_casts(training)
     return out
 

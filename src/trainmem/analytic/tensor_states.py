@@ -85,6 +85,7 @@ from trainmem.specs.frameworks import (
     LITGPT_LORA_LINEAR_UNITS_SINCE,
     TORCHAO_NF4_FACTOR_CONTIGUOUS_SINCE,
     TORCHAO_OFFLOAD_MINIMAL_SIZE,
+    trl_bf16_tensors,
 )
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.optimizers import OPTIMIZER_TABLE
@@ -330,6 +331,8 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
     :func:`trainmem.analytic.model_states.optimizer_state_bytes`.
     """
     make = _TensorMaker(training)
+    if training.trl_bf16_embeddings:  # TRL's SFTTrainer before 0.26: back to bf16
+        make.bf16 = frozenset(trl_bf16_tensors(model.model_type, model.tie_word_embeddings))
     lora = training.is_lora
     counts = parameter_counts(model)
     h = model.hidden_size
@@ -458,6 +461,9 @@ class _TensorMaker:
         if lora_adapter_dtype(training) != "float32":
             self.adapter_training = training
         self.flat = flat_parameter_grads(training)
+        self.bf16: frozenset[str] = frozenset()
+        """Tensors kept fp32 by peft's k-bit preparation but cast back to bf16
+        (:func:`~trainmem.specs.frameworks.trl_bf16_tensors`)."""
 
     def __call__(
         self,
@@ -484,7 +490,9 @@ class _TensorMaker:
         is_linear = not name.startswith(_NOT_LINEAR)
         w = dtype_bytes(tr.weight_dtype)
         if training.kbit_fp32_upcast and not is_linear and not name.startswith("lora_"):
-            w = 4  # peft prepare_model_for_kbit_training: non-quantized params in fp32
+            # peft prepare_model_for_kbit_training: non-quantized params in fp32, but those
+            # TRL's SFTTrainer casts back (TrainingConfig.trl_bf16_embeddings)
+            w = 2 if name in self.bf16 else 4
         elif training.kbit_16bit_dense and not trainable and not name.startswith("lora_"):
             w = dtype_bytes(training.compute_dtype)  # loaded in 16 bits, never upcast
         # Megatron tensor parallelism splits every layer linear (column / row parallel) and

@@ -33,6 +33,53 @@ BNB_MATMUL4BIT_SAVES_NO_INPUT_SINCE = (0, 43, 2)
 """bitsandbytes autograd/_functions.py ``MatMul4Bit.forward``: since 0.43.2 it keeps
 ``ctx.tensors = (None, B)`` (the quantized weight only; the input gradient needs only B);
 before, ``(A, B)``: the 16-bit input of every 4-bit linear stayed saved until its backward."""
+TRL_SFT_BF16_EMBEDDINGS_SINCE = (0, 7, 5)
+"""TRL's ``SFTTrainer``, given a ``peft_config`` and an unsharded 4-bit base under
+``TrainingArguments(bf16=True)``, runs peft's ``prepare_model_for_kbit_training`` (every
+non-quantized parameter to fp32) and then ``peft_module_casting_to_bf16`` (trl/trainer/utils.py,
+first in 0.7.5, PR #1110, 2023-12-19): modules named ``*norm*`` stay fp32, ``lm_head`` /
+``embed_tokens`` / ``wte`` / ``wpe`` go back to bf16 (trl v0.13.0 trl/trainer/sft_trainer.py
+``__init__`` and utils.py; v0.24.0 trl/models/utils.py ``prepare_peft_model``). Before 0.7.5
+the preparation alone."""
+TRL_SFT_ADAPTERS_FP32_SINCE = (0, 9, 3)
+"""Before it (TRL 0.7.5 .. 0.8.6) ``peft_module_casting_to_bf16`` also cast every
+``BaseTunerLayer`` to bf16 (the adapters); TRL PR #1644 (99f2c94b2, 2024-05-15, "don't cast
+the trainable lora layers to half precision"), first in the 0.9 releases (0.9.3, the first
+tagged), keeps them fp32. The bf16 adapters of the releases before are not modelled."""
+TRL_SFT_PREPARES_KBIT_UNTIL = (0, 26, 0)
+"""From TRL 0.26.0 (2025-12-09) ``SFTTrainer`` no longer prepares a quantized base (no
+``prepare_peft_model``: trl/trainer/sft_trainer.py calls ``get_peft_model`` alone) and casts
+the trainable parameters of a quantized model to bf16 (``param.data.to(torch.bfloat16)``):
+not modelled."""
+TRL_BF16_NAMES_MATCHED = ("lm_head", "embed_tokens", "wte", "wpe")
+"""The module-name fragments TRL's ``peft_module_casting_to_bf16`` casts back to bf16 (a name
+that also holds ``norm`` stays fp32)."""
+_TRL_NAMES_BY_FAMILY: dict[str, tuple[str, ...]] = {
+    # transformers' module names for the token embedding, the LM head and a learned position
+    # table (read on meta-device models of each family): GPT-2 and GPTBigCode name them
+    # transformer.wte / wpe / lm_head; GPT-NeoX gpt_neox.embed_in / embed_out (transformers 4,
+    # the releases TRL before 0.26 ran); BERT bert.embeddings.word_embeddings /
+    # cls.predictions.decoder; BLOOM and Falcon transformer.word_embeddings (tied to lm_head)
+    "gpt2": ("embedding/tokens", "embedding/positions", "lm_head"),
+    "gpt_bigcode": ("embedding/tokens", "embedding/positions", "lm_head"),
+    "gpt_neox": (),
+    "bert": (),
+    "bloom": ("lm_head",),
+    "falcon": ("lm_head",),
+}
+
+
+def trl_bf16_tensors(model_type: str, tied: bool) -> tuple[str, ...]:
+    """trainmem's names of the tensors TRL's ``peft_module_casting_to_bf16`` casts to bf16
+    (:data:`TRL_BF16_NAMES_MATCHED` in the module's name): the token embedding
+    (``model.embed_tokens``) and the LM head (``lm_head``) of most families, the table's for the
+    others; a tied embedding is the head's weight, cast with it."""
+    names = _TRL_NAMES_BY_FAMILY.get(model_type, ("embedding/tokens", "lm_head"))
+    if tied and "lm_head" in names and "embedding/tokens" not in names:
+        names = ("embedding/tokens", *names)
+    return names
+
+
 DEFAULT_TORCHAO_VERSION = (0, 18, 0)
 """The torchao release assumed when none is given: a current one (>= 0.2, NF4 quantized in
 chunks)."""

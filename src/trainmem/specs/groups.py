@@ -73,6 +73,7 @@ FIELD_GROUPS: dict[str, tuple[str, ...]] = {
         "torchtitan_version",
         "unsloth_version",
         "deepspeed_version",
+        "trl_version",
         "load_phase",
         "grad_accum_dtype",
     ),

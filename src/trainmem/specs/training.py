@@ -108,6 +108,9 @@ from trainmem.specs.frameworks import (
     TORCHTITAN_COMPILED_LOSS_SINCE,
     TORCHTUNE_RESHAPED_LOSS_SINCE,
     TRAINER_ON_ACCELERATE_SINCE,
+    TRL_SFT_ADAPTERS_FP32_SINCE,
+    TRL_SFT_BF16_EMBEDDINGS_SINCE,
+    TRL_SFT_PREPARES_KBIT_UNTIL,
     UNSLOTH_FUSED_LOSS_SINCE,
     UNSLOTH_OLDEST_MODELLED,
     FrameworkConventions,
@@ -1232,6 +1235,22 @@ class FrameworkConfig:
     )
     """DeepSpeed release (``"0.16.9"``) where a default depends on it (bf16 gradients
     accumulate in fp32 without ZeRO before 0.17.6); None, the default: a current release."""
+    trl_version: str | None = setting(
+        None,
+        "TRL release whose SFTTrainer prepares a QLoRA base on one GPU / DDP (0.9.3 .. 0.25: "
+        "peft's fp32 upcast, then the embeddings and LM head back to bf16 under bf16).",
+        default_text="none: peft's preparation alone",
+    )
+    """TRL release (``"0.13.0"``) whose ``SFTTrainer`` (given a ``peft_config``) prepares the
+    quantized base: read where peft's preparation runs (:attr:`TrainingConfig.kbit_fp32_upcast`:
+    TRL's ``is_sharded_qlora`` skips it under FSDP / ZeRO-3 as the framework rows do). From
+    :data:`~trainmem.specs.frameworks.TRL_SFT_BF16_EMBEDDINGS_SINCE` under ``bf16-mixed`` a 4-bit
+    base's embeddings and LM head go back to bf16
+    (:attr:`TrainingConfig.trl_bf16_embeddings`); the releases with bf16 adapters (before
+    :data:`~trainmem.specs.frameworks.TRL_SFT_ADAPTERS_FP32_SINCE`) and those without the
+    preparation (from :data:`~trainmem.specs.frameworks.TRL_SFT_PREPARES_KBIT_UNTIL`) are
+    refused there. None, the default: no SFTTrainer, peft's preparation as the framework
+    calls it (a plain Trainer loop calling ``prepare_model_for_kbit_training``)."""
 
     @property
     def conventions(self) -> FrameworkConventions:
@@ -1301,6 +1320,7 @@ class FrameworkConfig:
             "torchtitan_version",
             "unsloth_version",
             "deepspeed_version",
+            "trl_version",
         ):
             parse_version(name, getattr(self, name))
         if self.load_phase is not None and not isinstance(self.load_phase, bool):
@@ -1676,6 +1696,24 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
         return self.conventions.peft_kbit_training
 
     @property
+    def trl_bf16_embeddings(self) -> bool:
+        """TRL's ``SFTTrainer`` cast a 4-bit base's embeddings and LM head back to bf16 after
+        peft's fp32 upcast (``peft_module_casting_to_bf16``: ``lm_head`` / ``embed_tokens`` /
+        ``wte`` / ``wpe`` to bf16, the norms fp32; trl v0.13.0 trl/trainer/sft_trainer.py
+        ``__init__``, utils.py), under ``TrainingArguments(bf16=True)`` (``bf16-mixed``):
+        ``trl_version`` from :data:`~trainmem.specs.frameworks.TRL_SFT_BF16_EMBEDDINGS_SINCE`,
+        where peft's preparation runs (:attr:`kbit_fp32_upcast`). Its 2 B a value and no
+        autocast copy of the head weight (``cached_cast`` casts only another dtype)."""
+        trl = parse_version("trl_version", self.trl_version)
+        return (
+            trl is not None
+            and trl >= TRL_SFT_BF16_EMBEDDINGS_SINCE
+            and self.kbit_fp32_upcast
+            and self.quantize_base in ("nf4", "nf4-dq", "fp4", "fp4-dq")  # is_loaded_in_4bit
+            and self.precision == "bf16-mixed"
+        )
+
+    @property
     def kbit_fp32_activations(self) -> bool:
         """Every layer activation is fp32 although the compute dtype is 16-bit: peft's upcast
         (:attr:`kbit_fp32_upcast`) of a model loaded in 16 bits without autocast makes the
@@ -1979,6 +2017,7 @@ def _check_combinations(t: TrainingConfig) -> None:
     _check_dora_framework(t)
     _check_fsdp1_adapters(t)
     _check_unsloth_single_gpu(t)
+    _check_trl_release(t)
     if t.seq_len % t.context_parallel_size:
         raise SpecError(
             "context_parallel_size",
@@ -2094,6 +2133,35 @@ def _check_adafactor_on_dtensors(t: TrainingConfig) -> None:
         "under --framework accelerate-fsdp (FSDP1's flat shards), DeepSpeed or plain DDP, "
         "or another optimizer (adamw, adamw-8bit, lion, sgd) under FSDP2",
     )
+
+
+def _check_trl_release(t: TrainingConfig) -> None:
+    """A ``trl_version`` whose SFTTrainer prepares the quantized base in a way not modelled,
+    where that preparation runs (:attr:`TrainingConfig.kbit_fp32_upcast`).
+
+    Raises:
+        SpecError: naming ``trl_version``, what that release does and the releases modelled.
+    """
+    trl = parse_version("trl_version", t.trl_version)
+    if trl is None or not t.kbit_fp32_upcast:
+        return
+    allowed = (
+        "allowed: a release before 0.7.5 or from 0.9.3 to 0.25 (peft's preparation, then "
+        "the embeddings and LM head in bf16), or drop the version"
+    )
+    if trl >= TRL_SFT_PREPARES_KBIT_UNTIL:
+        raise SpecError(
+            "trl_version",
+            f"{t.trl_version}: from 0.26 SFTTrainer does not run peft's "
+            "prepare_model_for_kbit_training and casts the adapters of a quantized base to "
+            f"bf16, which is not modelled; {allowed}",
+        )
+    if TRL_SFT_BF16_EMBEDDINGS_SINCE <= trl < TRL_SFT_ADAPTERS_FP32_SINCE:
+        raise SpecError(
+            "trl_version",
+            f"{t.trl_version}: TRL 0.7.5 .. 0.8.6 also cast the LoRA layers to bf16 "
+            f"(peft_module_casting_to_bf16), which is not modelled; {allowed}",
+        )
 
 
 def _check_unsloth_single_gpu(t: TrainingConfig) -> None:

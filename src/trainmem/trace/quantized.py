@@ -111,6 +111,7 @@ from __future__ import annotations
 import types
 from typing import Any
 
+from trainmem.specs.frameworks import TRL_BF16_NAMES_MATCHED
 from trainmem.specs.quantization import (
     float_quant_storage,
     quantized_weight_bytes,
@@ -334,7 +335,23 @@ def quantize_base(model: Any, training: TrainingConfig, *, diffusers: bool = Fal
         for param in model.parameters():
             if id(param) not in packed and param.dtype in (torch.float16, torch.bfloat16):
                 param.data = param.data.to(torch.float32)
+    if training.trl_bf16_embeddings:  # TRL's SFTTrainer, after peft's upcast
+        _trl_casting_to_bf16(model)
     return count
+
+
+def _trl_casting_to_bf16(model: Any) -> None:
+    """TRL's ``peft_module_casting_to_bf16`` (trl v0.13.0 trl/trainer/utils.py, 0.9.3 .. 0.25):
+    LayerNorms and modules named ``*norm*`` to fp32, else the embeddings and LM head
+    (:data:`~trainmem.specs.frameworks.TRL_BF16_NAMES_MATCHED` in the name) from fp32 to
+    bf16."""
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.LayerNorm) or "norm" in name:
+            module.to(torch.float32)
+        elif any(x in name for x in TRL_BF16_NAMES_MATCHED):
+            weight = getattr(module, "weight", None)
+            if weight is not None and weight.dtype == torch.float32:
+                module.to(torch.bfloat16)
 
 
 def _float_packed(nbytes: int, dtype: Any, device: Any) -> Any:
