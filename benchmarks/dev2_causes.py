@@ -724,11 +724,13 @@ _PEFT_QLORA_FSDP = (
 )
 
 _FMS_1GPU_4BIT = (
-    "unexplained: fms-acceleration baseline-peft-bnb (peft's fp32 upcast, modelled) on 1 GPU "
-    "(the Mixtral rows GT150 / GT152 within 2% with Note [transformers 4 expert loop]); the "
-    "GPTQ rows of the "
-    "same table (accelerated-peft-autogptq, GT155/157/159) are within 2% since peft's "
-    "prepare_model_for_kbit_training skips the fp32 cast for GPTQ"
+    "fms-acceleration baseline-peft-bnb on 1 GPU: trl 0.13.0's SFTTrainer runs peft's fp32 "
+    "upcast, then casts embed_tokens and lm_head back to bf16 under bf16 "
+    "(peft_module_casting_to_bf16; TrainingConfig.trl_bf16_embeddings, amended --trl-version "
+    "0.13.0 from refs/requirements.txt): GT146 +4.5 -> +0.7%, GT148 +2.8 -> +0.7%, GT150 +0.5 "
+    "-> -0.7%, GT152 +0.5 -> -0.4% (the Mixtral rows with Note [transformers 4 expert loop]); "
+    "the GPTQ rows of the same table (accelerated-peft-autogptq, GT155/157/159) are within 2% "
+    "since peft's prepare_model_for_kbit_training skips the fp32 cast for GPTQ"
 )
 _GPTQ_TRITON = (
     "; GPTQ's triton v2 kernel (the plugin's kernel: configs/autogptq.yaml) saves only the "

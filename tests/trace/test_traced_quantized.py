@@ -292,3 +292,23 @@ def test_qlora_in_bf16_true_runs_on_a_model_only_the_generic_path_runs() -> None
     assert runs[0].breakdown.parameters == runs[1].breakdown.parameters
     assert runs[2].breakdown.parameters < runs[0].breakdown.parameters
     assert runs[0].num_trainable_parameters == runs[1].num_trainable_parameters > 0
+
+
+def test_trl_sfttrainer_casts_the_embeddings_and_head_back_to_bf16() -> None:
+    # trl v0.13.0 SFTTrainer on an unsharded 4-bit base under bf16: peft's fp32 upcast, then
+    # peft_module_casting_to_bf16 (trl/trainer/utils.py): "*norm*" fp32, lm_head / embed_tokens
+    # bf16, the adapters fp32 (peft's default, a uint8 base weight). Seen on a real CPU run of
+    # trl 0.13.0's SFTTrainer (transformers 4.48.1, peft 0.13.2; session 23, helper rows24).
+    from trainmem.trace.hf_model import build_hf_training_model
+
+    training = TrainingConfig(framework="hf-trainer", micro_batch_size=2, seq_len=32,
+                              lora_rank=16, quantize_base="nf4", precision="bf16-mixed",
+                              trl_version="0.13.0")  # fmt: skip
+    assert training.trl_bf16_embeddings
+    model = build_hf_training_model(_TINY_LLAMA, training)
+    dtypes = {n: p.dtype for n, p in model.named_parameters()}
+    assert {d for n, d in dtypes.items() if "embed_tokens" in n or "lm_head" in n} == {
+        torch.bfloat16
+    }
+    assert {d for n, d in dtypes.items() if "norm" in n} == {torch.float32}
+    assert {d for n, d in dtypes.items() if "lora_" in n} == {torch.float32}
