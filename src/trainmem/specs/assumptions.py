@@ -209,6 +209,9 @@ def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dic
             out["unsloth"] = out["unsloth"].replace("(default)", f"(default; unsloth_zoo {zoo})")
     if framework == "deepspeed":
         out["deepspeed"] = _version(config.get("deepspeed_version"), DEFAULT_DEEPSPEED_VERSION)
+    if config.get("trl_version"):
+        # TRL's SFTTrainer preparing a quantized base (TrainingConfig.trl_bf16_embeddings)
+        out["trl"] = str(config["trl_version"])
     if framework == "fsdp2" and config.get("compile"):
         # torchtitan compiles its loss from 0.1 (Note [torchtitan's compiled cross-entropy])
         out["torchtitan"] = _version(config.get("torchtitan_version"), DEFAULT_TORCHTITAN_VERSION)
