@@ -101,3 +101,24 @@ def test_without_known_tensors_the_mode_is_not_pushed() -> None:
         with known_values():
             assert len(_get_current_dispatch_mode_stack()) == depth + 1
         del m
+
+
+def test_a_large_known_tensor_keeps_values_through_ops_no_larger_than_it() -> None:
+    """Idefics2's ``get_image_features`` drops all-zero padding images by comparing and summing
+    the pixels: ``(pixels == 0).sum(dim=(-1, -2, -3)) != values per image``, then indexes the
+    pixels with that mask. The batch's pixels (ones here: 3 images of 2^21 values, beyond
+    MAX_KNOWN_ELEMENTS) keep their value through the comparison (same size), the sum (smaller)
+    and the index (no larger); a result larger than every input with a value has none."""
+    from trainmem.trace.known_values import MAX_KNOWN_ELEMENTS
+
+    per_image = 2 * 1024 * 1024
+    assert 3 * per_image > MAX_KNOWN_ELEMENTS
+    with FakeTensorMode():
+        pixels = known(lambda: torch.ones(3, 2, 1024, 1024))
+        with known_values():
+            real = (pixels == 0.0).sum(dim=(-1, -2, -3)) != per_image
+            assert real.tolist() == [True, True, True]  # no image is padding
+            assert tuple(pixels[real].shape) == (3, 2, 1024, 1024)
+            assert int(real.sum()) == 3
+            wide = pixels.view(-1)[: 2**21].unsqueeze(1).expand(-1, 4).contiguous()  # 2^23
+            assert value_of(wide) is None

@@ -14,9 +14,11 @@ Note [Known values of a synthetic batch]
 
     - propagates the copies: an op whose every tensor input has a value (or that reads none:
       ``zeros`` / ``ones`` / ``full`` / ``arange``, ``new_zeros`` ...) is run on the real copies
-      too, its outputs get theirs (at most :data:`MAX_KNOWN_ELEMENTS` elements each; views
-      alias as the real views do, in-place ops update them). Random and uninitialised results
-      (``rand``, ``empty``) never have a value;
+      too, its outputs get theirs (each at most :data:`MAX_KNOWN_ELEMENTS` elements or no
+      larger than its largest input: an image's pixels the batch chose, compared and summed
+      by a forward that drops padding images, ``modeling_idefics2.py`` ``get_image_features``;
+      views alias as the real views do, in-place ops update them). Random and uninitialised
+      results (``rand``, ``empty``) never have a value;
     - answers the reads: an op that raises one of the two exceptions above while every tensor
       input has a value returns the real result (a Python number for ``.item()``, a fake tensor
       of the real result's shape and contents otherwise); ``index`` / ``index_put_`` with a
@@ -58,8 +60,11 @@ from torch.utils.weak import WeakTensorKeyDictionary  # noqa: E402
 __all__ = ["MAX_KNOWN_ELEMENTS", "known", "known_values", "value_of"]
 
 MAX_KNOWN_ELEMENTS = 1 << 22
-"""Largest tensor (elements) whose value is kept: masks and ids are [batch, tokens]; a
-[batch, 1, tokens, tokens] attention mask built from them is kept up to 2,048 tokens."""
+"""Largest tensor (elements) whose value is kept when it is larger than every input of the op
+that made it: masks and ids are [batch, tokens]; a [batch, 1, tokens, tokens] attention mask
+built from them is kept up to 2,048 tokens. An op's result no larger than one of its inputs
+with a value (a view, an elementwise op, a reduction of the pixels :func:`known` made) keeps
+its value at any size: the real work is that of the op on the batch's own tensor."""
 
 _VALUES: Any = WeakTensorKeyDictionary()
 """fake tensor -> its real CPU value."""
@@ -173,6 +178,13 @@ def _all_have_values(args: Any) -> bool:
     return True
 
 
+def _limit(args: Any, kwargs: Any) -> int:
+    """Elements an op's result may have and keep its value: :data:`MAX_KNOWN_ELEMENTS`, or the
+    largest of the op's inputs that has a value."""
+    sizes = [t.numel() for t in _tensors((args, kwargs)) if value_of(t) is not None]
+    return max([MAX_KNOWN_ELEMENTS, *sizes])
+
+
 def _storage(t: Any) -> int:
     return id(t.untyped_storage())
 
@@ -209,7 +221,8 @@ class _KnownValueMode(TorchDispatchMode):  # type: ignore[misc]
 
     def _propagate(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
         fakes = [t for t in _tensors(out) if isinstance(t, FakeTensor)]
-        if not fakes or any(t.numel() > MAX_KNOWN_ELEMENTS for t in fakes):
+        limit = _limit(args, kwargs)
+        if not fakes or any(t.numel() > limit for t in fakes):
             return
         try:
             real = _tensors(_real(func, args, kwargs))
@@ -228,6 +241,7 @@ class _KnownValueMode(TorchDispatchMode):  # type: ignore[misc]
         if not isinstance(real, torch.Tensor | tuple | list):
             return real  # ``.item()``: a Python number
         mode = next(t.fake_mode for t in _tensors((args, kwargs)) if isinstance(t, FakeTensor))
+        limit = _limit(args, kwargs)
 
         def fake(value: Any) -> Any:
             if not isinstance(value, torch.Tensor):
@@ -235,7 +249,7 @@ class _KnownValueMode(TorchDispatchMode):  # type: ignore[misc]
             with _disable_current_modes():
                 value = value.clone()
             t = mode.from_tensor(value)
-            if value.numel() <= MAX_KNOWN_ELEMENTS:
+            if value.numel() <= limit:
                 _VALUES[t] = value
                 self.storages.add(_storage(t))
             return t
