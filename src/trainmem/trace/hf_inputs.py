@@ -13,6 +13,7 @@ from typing import Any
 from trainmem.errors import UnsupportedError
 from trainmem.trace._torch import require_torch
 from trainmem.trace.known_values import known, known_values
+from trainmem.trace.processor_layouts import ImageLayout, idefics2_layout, idefics3_layout
 
 torch = require_torch()
 
@@ -195,6 +196,8 @@ def _vision_language_batch(
         return None
     if "image_grid_thw" in params:
         return _grid_batch(model, vocab, b, s, dtype, image_size, notes)
+    if "pixel_attention_mask" in params:
+        return _tiled_batch(model, vocab, b, s, dtype, image_size, notes)
     size = getattr(vision, "image_size", None)
     if not size or any("grid" in name for name in params):
         return None  # another patch grid the processor computes (image_grid_hw): not built
@@ -256,6 +259,97 @@ def _vision_language_batch(
         f"{IMAGE_BATCH_NOTE}{height} x {width} pixel image per sample "
         f"({'--resolution' if image_size else 'the vision config image_size'}), "
         f"{n} image tokens before the {s} text tokens"
+    )
+    return batch
+
+
+def _tiled_batch(
+    model: Any,
+    vocab: int,
+    b: int,
+    s: int,
+    dtype: Any,
+    image_size: tuple[int, int] | None,
+    notes: list[str],
+) -> dict[str, Any] | None:
+    """One image per sample as Idefics2's, Idefics3's or SmolVLM's processor hands it over
+    (:func:`~trainmem.trace.processor_layouts.idefics2_layout`, ``idefics3_layout``):
+    ``pixel_values`` [b, tiles, channels, height, width] and ``pixel_attention_mask`` [b, tiles,
+    height, width] all ones (no padding: every sample's image has the same size), the ids the
+    processor's expanded placeholder (image tokens and the separators around them, text ids)
+    then ``s`` text ids, ``labels`` the same. The pixels' value is kept: the model drops
+    all-zero padding images by reading them (``modeling_idefics2.py`` ``get_image_features``).
+    The model's ``get_image_features`` must give one row per image token, else None (text
+    only, a note says why)."""
+    cfg = model.config
+    vision = cfg.vision_config
+    side, patch = getattr(vision, "image_size", None), getattr(vision, "patch_size", None)
+    token = _image_token(cfg)
+    if not isinstance(side, int) or not isinstance(patch, int) or token is None:
+        return None
+    perceiver = getattr(cfg, "perceiver_config", None)
+    scale = getattr(cfg, "scale_factor", None)
+    layout: ImageLayout
+    if perceiver is not None:  # Idefics2
+        layout = idefics2_layout(side, perceiver.resampler_n_latents, image_size)
+    elif isinstance(scale, int):  # Idefics3, SmolVLM
+        layout = idefics3_layout(side, patch, scale, image_size)
+    else:
+        return None
+    channels = getattr(vision, "num_channels", 3) or 3
+    tiles, height, width = layout.tiles, layout.height, layout.width
+    pixels = known(lambda: torch.ones(b, tiles, channels, height, width, dtype=dtype))
+    mask = known(lambda: torch.ones(b, tiles, height, width, dtype=torch.long))
+    try:
+        with torch.no_grad(), known_values():
+            out = model.get_image_features(pixel_values=pixels, pixel_attention_mask=mask)
+    except Exception:  # noqa: BLE001 - a config this layout does not fit: text only
+        return None
+    flat = [t for t in torch.utils._pytree.tree_flatten(out.pooler_output)[0]]
+    rows = sum(t.shape[0] for t in flat if isinstance(t, torch.Tensor))
+    if rows != b * layout.image_tokens:
+        notes.append(
+            "vision-language model: the batch is text only (input_ids), no image tokens: the "
+            f"vision tower gives {rows} rows of image features for {b} x {tiles} tiles, not the "
+            f"{b} x {layout.image_tokens} image tokens the processor would place; the vision "
+            "tower gets no gradient"
+        )
+        return None
+    n = layout.tokens
+    flags = [image for image, count in layout.prompt for _ in range(count)] + [False] * s
+
+    def ids() -> Any:
+        return torch.where(torch.tensor(flags), token, _text_ids(cfg, vocab, (b, n + s)))
+
+    params = inspect.signature(model.forward).parameters
+    batch: dict[str, Any] = {
+        "pixel_values": pixels,
+        "pixel_attention_mask": mask,
+        "input_ids": known(ids),
+    }
+    if "labels" in params:
+        batch["labels"] = known(ids)
+    rows_cols = layout.grid
+    split = (
+        f"{rows_cols[0]} x {rows_cols[1]} tiles of {side} x {side} pixels and the whole image "
+        f"at {side} x {side} ({tiles} images through the tower)"
+        if tiles > 1
+        else f"not split ({height} x {width} pixels through the tower)"
+    )
+    if image_size is None:
+        said = (
+            "the vision config image_size"
+            if perceiver is not None
+            else f"the default processor's longest edge, {layout.image[0]} pixels"
+        )
+    else:
+        said = f"--resolution {image_size[0]} x {image_size[1]}" + (
+            ", resized by the processor" if tuple(image_size) != layout.image else ""
+        )
+    notes.append(
+        f"{IMAGE_BATCH_NOTE}{layout.image[0]} x {layout.image[1]} pixel image per sample "
+        f"({said}), {split}, {layout.image_tokens} image tokens ({n} with the processor's "
+        f"separators) before the {s} text tokens"
     )
     return batch
 
