@@ -303,9 +303,15 @@ def _tiled_batch(
     try:
         with torch.no_grad(), known_values():
             out = model.get_image_features(pixel_values=pixels, pixel_attention_mask=mask)
-    except Exception:  # noqa: BLE001 - a config this layout does not fit: text only
+    except Exception as exc:  # noqa: BLE001 - a config whose tower cannot take its tiles
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:160]
+        notes.append(
+            "vision-language model: the batch is text only (input_ids), no image tokens: the "
+            f"vision tower fails on the processor's {tiles} tiles of {height} x {width} pixels "
+            f"({reason}); the vision tower gets no gradient"
+        )
         return None
-    flat = [t for t in torch.utils._pytree.tree_flatten(out.pooler_output)[0]]
+    flat = torch.utils._pytree.tree_flatten(out.pooler_output)[0]
     rows = sum(t.shape[0] for t in flat if isinstance(t, torch.Tensor))
     if rows != b * layout.image_tokens:
         notes.append(
