@@ -223,18 +223,38 @@ def _vision_language_batch(
             "--resolution unset, or set it to that size"
         )
     channels = getattr(vision, "num_channels", 3) or 3
+    queries = getattr(cfg, "num_query_tokens", None)
+    video = hasattr(cfg, "video_token_index")  # InstructBLIP-Video: a clip of frames
     if tiled:
         pixels = _tiled_pixels(cfg, b, channels, (height, width), dtype)
+    elif video or "image_attention_mask" in params:  # [b, frames or images, c, h, w]
+        shape = (b, VIDEO_FRAMES if video else 1, channels, height, width)
+        pixels = torch.randn(*shape, dtype=dtype)
     else:
         pixels = torch.randn(b, channels, height, width, dtype=dtype)
     batch: dict[str, Any] = {"pixel_values": pixels}
     token = _image_token(cfg)
-    n = 0
+    n, extra, said = 0, 0, ""
     if "image_embeds_position_mask" in params:
         n = int(getattr(cfg, "latent_query_num", 0))
         batch["image_embeds_position_mask"] = known(
             lambda: torch.arange(n + s).expand(b, n + s) < n
         )
+    elif "image_attention_mask" in params:
+        extra = IDEFICS_IMAGE_TOKENS
+        batch["image_attention_mask"] = known(
+            lambda: (torch.arange(extra + s) >= 1).long().expand(b, extra + s)[..., None]
+        )
+        said = (
+            f"; the image's {extra} tokens <fake_token_around_image><image>"
+            "<fake_token_around_image> start the text, which attends to the image by "
+            "cross-attention (image_attention_mask, processing_idefics.py)"
+        )
+    elif isinstance(queries, int) and queries > 0:  # BLIP-2, InstructBLIP(-Video)
+        token, said = _query_placeholder(cfg, vocab, video)
+        n = queries * pixels.shape[1] if video else queries
+        if video:
+            said = f"; a clip of {VIDEO_FRAMES} such frames, {queries} query tokens each{said}"
     elif token is not None:
         text_width = cfg.get_text_config().hidden_size
         rows = _image_rows(model, pixels, text_width, {})
@@ -246,21 +266,56 @@ def _vision_language_batch(
             return None
         n = rows
     fill = token if token is not None else 0
-    ids = known(lambda: torch.cat([torch.full((b, n), fill), _text_ids(cfg, vocab, (b, s))], dim=1))
-    batch["input_ids"] = ids
+    length = extra + s  # IDEFICS' tokens around its image are text ids
+
+    def ids() -> Any:
+        return torch.cat([torch.full((b, n), fill), _text_ids(cfg, vocab, (b, length))], dim=1)
+
+    batch["input_ids"] = known(ids)
     if "labels" in params:
-        batch["labels"] = known(
-            lambda: torch.cat([torch.full((b, n), fill), _text_ids(cfg, vocab, (b, s))], dim=1)
-        )
+        decoder = getattr(cfg.get_text_config(), "is_encoder_decoder", False) and queries
+        # (BLIP-2 with Flan-T5: the labels are the decoder's target text, s ids)
+        batch["labels"] = token_ids(cfg, vocab, (b, s)) if decoder else known(ids)
     qformer = getattr(cfg, "qformer_config", None)
     if "qformer_input_ids" in params and qformer is not None:
         batch["qformer_input_ids"] = token_ids(qformer, qformer.vocab_size, (b, s))
     notes.append(
         f"{IMAGE_BATCH_NOTE}{height} x {width} pixel image per sample "
         f"({'--resolution' if image_size else 'the vision config image_size'}), "
-        f"{n} image tokens before the {s} text tokens"
+        f"{n} image tokens before the {s} text tokens{said}"
     )
     return batch
+
+
+IDEFICS_IMAGE_TOKENS = 3
+"""``<fake_token_around_image><image><fake_token_around_image>``: what IDEFICS' processor puts
+for an image (``processing_idefics.py`` ``image_tokens``); the text from the ``<image>`` token on
+attends to it (``image_attention_mask_for_packed_input_ids``: 0 before the first image, its
+index after; one-hot by ``incremental_to_binary_attention_mask``)."""
+
+VIDEO_FRAMES = 4
+"""Frames of an InstructBLIP-Video clip: "InstrucBLIP works with 4 frames only"
+(``processing_instructblipvideo.py``: ``num_query_tokens * 4`` video tokens;
+``modeling_instructblipvideo.py``: "video has frames=4 always")."""
+
+
+def _query_placeholder(cfg: Any, vocab: int, video: bool) -> tuple[int, str]:
+    """The id of the placeholder a Q-Former model's processor puts ``num_query_tokens`` times
+    (per frame) before the text (``processing_blip_2.py``, ``processing_instructblip.py``,
+    ``processing_instructblipvideo.py``), and how the note names it. A config without one
+    (``image_token_index`` / ``video_token_index`` None: transformers' default configs) gets
+    the largest id of the text vocabulary that no field reserves, set on the model's config:
+    the processor adds its ``<image>`` token to the tokenizer as a new id, and the forward
+    scatters the query outputs onto the ids equal to the config's (``modeling_blip_2.py``
+    ``get_placeholder_mask``)."""
+    key = "video_token_index" if video else "image_token_index"
+    token = getattr(cfg, key, None)
+    if isinstance(token, int) and token >= 0:
+        return token, ""
+    special = special_token_ids(cfg)
+    token = next(i for i in range(vocab - 1, -1, -1) if i not in special)
+    setattr(cfg, key, token)
+    return token, f"; the config names no {key}: id {token}, the vocabulary's last free id"
 
 
 def _tiled_batch(
