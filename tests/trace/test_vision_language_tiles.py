@@ -219,3 +219,31 @@ def test_each_family_estimates_with_its_image(invoke_json, path) -> None:
 def test_a_query_token_model_refuses_another_resolution(invoke) -> None:
     result = invoke("estimate", BLIP2, "--engine", "generic", "--resolution", "48", exit_code=2)
     assert "32 x 32" in result.stderr
+
+
+PIX2STRUCT = MODELS_DIR / "vlm" / "pix2struct.json"
+"""A 2 + 2 layer Pix2Struct, patch_embed_hidden_size 48 (4 x 4 pixel patches of 3 channels)."""
+
+
+def test_pix2struct_takes_its_processors_flattened_patches(invoke, invoke_json) -> None:
+    """The processor's flattened_patches: max_patches = 2048 rows of (row id, column id, 48
+    pixel values) = 50 (image_processing_pix2struct.py extract_flattened_patches, padded to
+    max_patches whatever the image), and the decoder's 16 label ids; --resolution changes
+    nothing, so it is refused."""
+    from transformers.models.pix2struct.image_processing_pil_pix2struct import (
+        Pix2StructImageProcessorPil,
+    )
+
+    processor = Pix2StructImageProcessorPil(patch_size={"height": 4, "width": 4})
+    for height, width in ((64, 64), (1000, 300)):
+        image = np.random.default_rng(0).integers(0, 255, (height, width, 3), dtype=np.uint8)
+        out = processor(images=[image], return_tensors="pt")
+        assert tuple(out["flattened_patches"].shape) == (1, 2048, 50)
+    _, batch, notes = _batch(PIX2STRUCT)
+    assert tuple(batch["flattened_patches"].shape) == (2, 2048, 50)
+    assert tuple(batch["labels"].shape) == (2, 16) and "input_ids" not in batch
+    out = invoke_json("estimate", PIX2STRUCT, "--engine", "generic", "-b", "1", "-s", "16")
+    said = [n for n in out["notes"] if n.startswith("vision-language model")]
+    assert len(said) == 1 and "2048 flattened patches" in said[0]
+    result = invoke("estimate", PIX2STRUCT, "--engine", "generic", "--resolution", "64", exit_code=2)
+    assert "max_patches" in result.stderr

@@ -21,6 +21,7 @@ from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
 
 __all__ = [
     "IMAGE_BATCH_NOTE",
+    "flattened_patch_batch",
     "special_token_ids",
     "text_side_inputs",
     "token_ids",
@@ -566,6 +567,52 @@ def _grid_batch(
         f"{gh} x {gw} patches of {patch} pixels, {n} image tokens before the {s} text tokens"
     )
     return batch
+
+
+PIX2STRUCT_MAX_PATCHES = 2048
+"""``Pix2StructImageProcessor.max_patches`` (``image_processing_pix2struct.py``): every image is
+rescaled to at most this many patches and padded to exactly this many."""
+
+
+def flattened_patch_batch(
+    model: Any, vocab: int, b: int, s: int, dtype: Any, image_size: tuple[int, int] | None
+) -> tuple[dict[str, Any], str]:
+    """Pix2Struct's batch: ``flattened_patches`` [b, max_patches, 2 + patch values] (each
+    patch's row and column then its ``patch_embed_hidden_size`` pixel values) as
+    ``image_processing_pix2struct.py`` ``extract_flattened_patches`` makes them, padded to
+    :data:`PIX2STRUCT_MAX_PATCHES`, and ``labels`` [b, s], the text the decoder writes. The
+    processor rescales any image to fit ``max_patches`` and pads the rest, so the shapes do
+    not depend on the image: ``--resolution`` is refused.
+
+    Args:
+        model: the (peft-unwrapped) Pix2Struct model.
+        vocab: the decoder's vocabulary.
+        b, s: batch size, decoder tokens per sample.
+        dtype: the patches' dtype (the parameters').
+        image_size: ``--resolution``; must be None.
+
+    Returns:
+        The keyword arguments and a note describing them.
+
+    Raises:
+        UnsupportedError: a ``--resolution`` was given.
+    """
+    if image_size is not None:
+        raise UnsupportedError(
+            f"resolution: {type(model).__name__}'s processor resizes every image to at most "
+            f"{PIX2STRUCT_MAX_PATCHES} patches (max_patches) and pads it to {PIX2STRUCT_MAX_PATCHES}"
+            ", so the batch and its memory are the same for any image: leave --resolution unset"
+        )
+    width = model.config.vision_config.patch_embed_hidden_size + 2
+    patches = torch.randn(b, PIX2STRUCT_MAX_PATCHES, width, dtype=dtype)
+    batch: dict[str, Any] = {"flattened_patches": patches}
+    if "labels" in inspect.signature(model.forward).parameters:
+        batch["labels"] = token_ids(model.config.get_text_config(), vocab, (b, s))
+    note = (
+        f"{IMAGE_BATCH_NOTE}image per sample as {PIX2STRUCT_MAX_PATCHES} flattened patches "
+        f"(the processor's max_patches, any image size), {s} decoder tokens"
+    )
+    return batch, note
 
 
 def text_side_inputs(model: Any, b: int, s: int) -> dict[str, Any]:

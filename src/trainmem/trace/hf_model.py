@@ -18,7 +18,12 @@ from trainmem.errors import SpecError, UnsupportedError
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch, require_transformers
 from trainmem.trace.grouped_mm import guarded_grouped_mm
-from trainmem.trace.hf_inputs import text_side_inputs, token_ids, vision_language_batch
+from trainmem.trace.hf_inputs import (
+    flattened_patch_batch,
+    text_side_inputs,
+    token_ids,
+    vision_language_batch,
+)
 from trainmem.trace.quantized import parameter_dtype, quantize_base
 from trainmem.trace.remote_code import REMOTE_CODE_TYPES, fuse_projections, stand_in_config
 
@@ -468,6 +473,11 @@ def make_hf_batch(
         pictured = vision_language_batch(base, _vocab_size(cfg), b, s, dtype, image_size, notes)
         if pictured is not None:
             return pictured
+    if main == "flattened_patches":  # Pix2Struct
+        batch, said = flattened_patch_batch(base, _vocab_size(cfg), b, s, dtype, image_size)
+        if notes is not None:
+            notes.append(said)
+        return batch
     if main in ("pixel_values", "input_values", "inputs"):
         return _encoder_input_batch(base, b, s, dtype, head if takes_labels else "", image_size)
     batch: dict[str, Any] = {}
