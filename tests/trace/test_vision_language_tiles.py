@@ -79,6 +79,9 @@ def test_idefics3_tiles_are_the_image_processors(height: int, width: int, side: 
     assert layout.grid == grid
 
 
+SEPARATORS = ("<fake_token_around_image>", "<image>", "<global-img>")
+
+
 def test_idefics3_prompt_is_the_processors_string() -> None:
     """SmolVLM-256M's numbers (tower 512, patch 16, scale_factor 4: 64 tokens a tile), its
     default processor (longest edge 2048): 4 x 4 tiles and the whole image. transformers'
@@ -92,9 +95,7 @@ def test_idefics3_prompt_is_the_processors_string() -> None:
 
     layout = idefics3_layout(512, 16, 4, None)
     assert layout.image == (2048, 2048) and layout.grid == (4, 4) and layout.tiles == 17
-    text = get_image_prompt_string(
-        4, 4, 64, "<fake_token_around_image>", "<image>", "<global-img>"
-    )
+    text = get_image_prompt_string(4, 4, 64, "<fake_token_around_image>", "<image>", "<global-img>")
     tokens = re.findall(r"<fake_token_around_image>|<row_\d_col_\d>|<global-img>|<image>|\n+", text)
     assert "".join(tokens) == text
     assert layout.tokens == len(tokens) == 1127
@@ -102,7 +103,9 @@ def test_idefics3_prompt_is_the_processors_string() -> None:
     flags = [image for image, n in layout.prompt for _ in range(n)]
     assert flags == [t == "<image>" for t in tokens]
     alone = idefics3_layout(512, 16, 4, (300, 512))  # one tile: not split
-    whole = get_image_prompt_string(0, 0, 64, "<fake_token_around_image>", "<image>", "<global-img>")
+    whole = get_image_prompt_string(
+        0, 0, 64, "<fake_token_around_image>", "<image>", "<global-img>"
+    )
     assert alone.tiles == 1 and alone.tokens == 64 + 3 == len(re.findall(r"<[^>]+>", whole))
 
 
@@ -117,7 +120,9 @@ def test_idefics2_image_is_the_image_processors(height: int, width: int) -> None
     from trainmem.trace.processor_layouts import idefics2_layout
 
     image = np.random.default_rng(0).integers(0, 255, (height, width, 3), dtype=np.uint8)
-    shape = tuple(Idefics2ImageProcessorPil()(images=[[image]], return_tensors="pt")["pixel_values"].shape)
+    shape = tuple(
+        Idefics2ImageProcessorPil()(images=[[image]], return_tensors="pt")["pixel_values"].shape
+    )
     layout = idefics2_layout(980, 64, (height, width))
     assert (1, layout.tiles, 3, layout.height, layout.width) == shape
     assert layout.image_tokens == 64 and layout.tokens == 66  # <fake> <image> x 64 <fake>
@@ -245,5 +250,7 @@ def test_pix2struct_takes_its_processors_flattened_patches(invoke, invoke_json) 
     out = invoke_json("estimate", PIX2STRUCT, "--engine", "generic", "-b", "1", "-s", "16")
     said = [n for n in out["notes"] if n.startswith("vision-language model")]
     assert len(said) == 1 and "2048 flattened patches" in said[0]
-    result = invoke("estimate", PIX2STRUCT, "--engine", "generic", "--resolution", "64", exit_code=2)
+    result = invoke(
+        "estimate", PIX2STRUCT, "--engine", "generic", "--resolution", "64", exit_code=2
+    )
     assert "max_patches" in result.stderr

@@ -600,8 +600,9 @@ def flattened_patch_batch(
     if image_size is not None:
         raise UnsupportedError(
             f"resolution: {type(model).__name__}'s processor resizes every image to at most "
-            f"{PIX2STRUCT_MAX_PATCHES} patches (max_patches) and pads it to {PIX2STRUCT_MAX_PATCHES}"
-            ", so the batch and its memory are the same for any image: leave --resolution unset"
+            f"{PIX2STRUCT_MAX_PATCHES} patches (max_patches) and pads it to "
+            f"{PIX2STRUCT_MAX_PATCHES}, so the batch and its memory are the same for any image: "
+            "leave --resolution unset"
         )
     width = model.config.vision_config.patch_embed_hidden_size + 2
     patches = torch.randn(b, PIX2STRUCT_MAX_PATCHES, width, dtype=dtype)

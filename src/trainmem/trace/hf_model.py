@@ -441,7 +441,8 @@ def make_hf_batch(
     vision towers) with class ``labels`` [b] when the model takes labels; ``input_features``
     [b, mel bins, 2 * max_source_positions] (Whisper's 30 s log-mel window: two frames per
     encoder position after its stride-2 convolution, ``modeling_whisper.py``) with decoder
-    ``labels`` [b, min(s, max_target_positions)]. A ``*ForSequenceClassification`` head takes
+    ``labels`` [b, min(s, max_target_positions)]; Pix2Struct's ``flattened_patches``
+    (:func:`trainmem.trace.hf_inputs.flattened_patch_batch`). A ``*ForSequenceClassification`` head takes
     class ``labels`` [b], a ``*ForTokenClassification`` head [b, s], in ``range(num_labels)``
     (``modeling_bert.py`` ``BertForSequenceClassification.forward``: ``labels.view(-1)``
     against ``logits.view(-1, num_labels)``).
@@ -474,10 +475,10 @@ def make_hf_batch(
         if pictured is not None:
             return pictured
     if main == "flattened_patches":  # Pix2Struct
-        batch, said = flattened_patch_batch(base, _vocab_size(cfg), b, s, dtype, image_size)
+        patches, said = flattened_patch_batch(base, _vocab_size(cfg), b, s, dtype, image_size)
         if notes is not None:
             notes.append(said)
-        return batch
+        return patches
     if main in ("pixel_values", "input_values", "inputs"):
         return _encoder_input_batch(base, b, s, dtype, head if takes_labels else "", image_size)
     batch: dict[str, Any] = {}
