@@ -225,7 +225,7 @@ def _vision_language_batch(
         )
     channels = getattr(vision, "num_channels", 3) or 3
     queries = getattr(cfg, "num_query_tokens", None)
-    video = hasattr(cfg, "video_token_index")  # InstructBLIP-Video: a clip of frames
+    video = isinstance(queries, int) and hasattr(cfg, "video_token_index")  # InstructBLIP-Video
     if tiled:
         pixels = _tiled_pixels(cfg, b, channels, (height, width), dtype)
     elif video or "image_attention_mask" in params:  # [b, frames or images, c, h, w]
