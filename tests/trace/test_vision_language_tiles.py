@@ -254,3 +254,27 @@ def test_pix2struct_takes_its_processors_flattened_patches(invoke, invoke_json) 
         "estimate", PIX2STRUCT, "--engine", "generic", "--resolution", "64", exit_code=2
     )
     assert "max_patches" in result.stderr
+
+
+def test_an_encoder_decoder_blip2_learns_the_text_alone(tmp_path) -> None:
+    """BLIP-2 with Flan-T5: the query outputs and the prompt go to the encoder (8 + 16 ids),
+    the labels are the decoder's target text, 16 ids (modeling_blip_2.py passes ``labels`` to
+    the T5 language model)."""
+    raw = json.loads(BLIP2.read_text())
+    raw["text_config"] = {
+        "model_type": "t5",
+        "vocab_size": 256,
+        "d_model": 64,
+        "d_kv": 16,
+        "d_ff": 128,
+        "num_layers": 2,
+        "num_heads": 4,
+        "decoder_start_token_id": 0,
+        "pad_token_id": 0,
+        "eos_token_id": 1,
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    _, batch, _ = _batch(path)
+    assert tuple(batch["input_ids"].shape) == (2, 8 + 16)
+    assert tuple(batch["labels"].shape) == (2, 16)
