@@ -442,8 +442,9 @@ def make_hf_batch(
     [b, mel bins, 2 * max_source_positions] (Whisper's 30 s log-mel window: two frames per
     encoder position after its stride-2 convolution, ``modeling_whisper.py``) with decoder
     ``labels`` [b, min(s, max_target_positions)]; Pix2Struct's ``flattened_patches``
-    (:func:`trainmem.trace.hf_inputs.flattened_patch_batch`). A ``*ForSequenceClassification`` head takes
-    class ``labels`` [b], a ``*ForTokenClassification`` head [b, s], in ``range(num_labels)``
+    (:func:`trainmem.trace.hf_inputs.flattened_patch_batch`). A
+    ``*ForSequenceClassification`` head takes class ``labels`` [b], a
+    ``*ForTokenClassification`` head [b, s], in ``range(num_labels)``
     (``modeling_bert.py`` ``BertForSequenceClassification.forward``: ``labels.view(-1)``
     against ``logits.view(-1, num_labels)``).
 
