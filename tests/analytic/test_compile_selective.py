@@ -4,7 +4,7 @@ down_proj: read only by the residual add) are not kept. Expected numbers by hand
 
 from __future__ import annotations
 
-from trainmem.analytic.checkpointing import op_selective_saved_bytes
+from trainmem.analytic.op_selective import op_selective_saved_bytes
 from trainmem.specs.hf import load_model_spec
 from trainmem.specs.training import TrainingConfig
 

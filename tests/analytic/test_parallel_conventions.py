@@ -98,7 +98,7 @@ def test_op_level_sac_saves_row_parallel_outputs_whole_under_tp() -> None:
     # scattered over the sequence only after the matmul, so down's saved output is c*h*t on
     # each TP rank, not /t (RowwiseParallel: Partial output). llama-3.1-8b, b=1, s=8192,
     # TP 2 + SP, bf16 (c = 2): h = 4096, 32 heads, 8 KV heads of 128, MLP 14336.
-    from trainmem.analytic.checkpointing import op_selective_saved_terms
+    from trainmem.analytic.op_selective import op_selective_saved_terms
     from trainmem.specs.hf import load_model_spec
 
     training = TrainingConfig(

@@ -53,7 +53,7 @@ Note [Activation checkpointing]
     where there is no attention core to drop, ``selective`` is op-level selective checkpointing
     as torchtitan does it: matmul and SDPA outputs are saved, the rest (norms, activation
     functions, dropout, rotary) is recomputed
-    (:func:`~trainmem.analytic.checkpointing.op_selective_saved_bytes`).
+    (:func:`~trainmem.analytic.op_selective.op_selective_saved_bytes`).
 """
 
 from __future__ import annotations
@@ -79,12 +79,12 @@ from trainmem.analytic.attention import (
     sliding_mask_bytes,
 )
 from trainmem.analytic.autocast import autocast_weight_copy_bytes
-from trainmem.analytic.checkpointing import op_selective_saved_bytes
 from trainmem.analytic.float8 import apply_float8
 from trainmem.analytic.head import head_activation_bytes
 from trainmem.analytic.lora import apply_lora
 from trainmem.analytic.mlp import experts_per_token, mlp_terms
 from trainmem.analytic.norms import block_norm_bytes, norm_saved_bytes
+from trainmem.analytic.op_selective import op_selective_saved_bytes
 from trainmem.analytic.t5 import apply_t5, t5_stack_bytes
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig

@@ -7,14 +7,11 @@ registers when it enables checkpointing. Symbols as in
 
 from __future__ import annotations
 
-from trainmem.analytic.activation_parallelism import parallel_divisor, split_for_parallelism
+from trainmem.analytic.activation_parallelism import parallel_divisor
 from trainmem.analytic.activation_shapes import (
     compute_and_residual_bytes,
-    mean_terms,
     tokens_per_sequence,
 )
-from trainmem.analytic.mlp import experts_per_token
-from trainmem.analytic.params import linear_shapes
 from trainmem.specs.frameworks import GRADIENT_CHECKPOINTING_LAYER_SINCE
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
@@ -26,75 +23,6 @@ def layer_is_checkpointed(training: TrainingConfig) -> bool:
     (``cached_cast``; cleared on exiting the autocast region)."""
     mode = training.activation_checkpointing
     return mode == "full" or (mode == "selective" and training.attention != "eager")
-
-
-def op_selective_saved_bytes(model: ModelSpec, training: TrainingConfig) -> int:
-    """Bytes one layer keeps under op-level selective checkpointing: the sum of
-    :func:`op_selective_saved_terms`."""
-    return sum(op_selective_saved_terms(model, training).values())
-
-
-def op_selective_saved_terms(model: ModelSpec, training: TrainingConfig) -> dict[str, int]:
-    """Tensors one layer keeps under op-level selective checkpointing as torchtitan does it
-    (``selective_ac_option="op"``): the layer input, the SDPA output + logsumexp, and the output
-    of every other matmul in execution order (the 1st, 3rd, ...; torchtitan's policy saves
-    ``aten.mm`` "except every second mm"); everything else is recomputed in backward.
-
-    Under ``torch.compile`` the checkpoint is a tagged region of the compiled graph and the
-    min-cut partitioner keeps a ``MUST_SAVE`` output only if the backward reads it
-    (``torch/_functorch/partitioners.py``: tags ban recomputation, they do not add outputs); the
-    outputs of the attention and MLP output projections (``o``, ``down``) only enter the
-    residual add, whose backward reads no input, so they are not kept (eager SAC's cache keeps
-    every ``MUST_SAVE`` output for the replay). Seen in the trace of llama-3.2-1b (one
-    ``(tokens, h)`` tensor per layer less with compile, Note [Tracing torch.compile] in
-    trainmem/trace/compile.py).
-
-    Source: torchtitan ``apply_ac`` / ``_get_custom_policy`` (``_save_list`` and the mm counter),
-    ``torch.utils.checkpoint.create_selective_checkpoint_contexts``. See Note [Activation
-    checkpointing] (trainmem/analytic/activations.py).
-    """
-    mean = mean_terms(model, lambda block: op_selective_saved_terms(block, training))
-    if mean is not None:
-        return mean
-    t = training.micro_batch_size * tokens_per_sequence(model, training)
-    c, r = compute_and_residual_bytes(training)
-    k_top = experts_per_token(model)
-    # matmul outputs in execution order (experts: k_top of each)
-    outputs = [
-        (name, c * fan_out * t * (k_top if name in ("gate", "up", "down") else 1))
-        for name, (_fan_in, fan_out, _n) in linear_shapes(model).items()
-        if name != "router"
-    ]
-    # a linear with a bias runs as ``addmm`` (always saved); without one as ``mm`` (counted)
-    biased = {
-        "qkv": model.attention_bias,
-        "q": model.attention_bias,
-        "k": model.attention_bias,
-        "v": model.attention_bias,
-        "o": model.attention_out_bias,
-        "gate": model.mlp_bias,
-        "up": model.mlp_bias,
-        "down": model.mlp_bias,
-    }
-    kept: dict[str, int] = {}
-    mm_count = 0
-    for name, size in outputs:
-        if biased.get(name, False):
-            kept[f"mm/{name}"] = size
-            continue
-        mm_count += 1
-        if mm_count % 2 == 1:
-            kept[f"mm/{name}"] = size
-    if training.compile:  # read by no backward op: the min-cut does not keep them
-        kept.pop("mm/o", None)
-        kept.pop("mm/down", None)
-    split = {
-        "layer_input": r * model.hidden_size * t,
-        "attention/sdpa_output": c * model.num_heads * model.head_dim * t,
-        "attention/logsumexp": 4 * model.num_heads * t,
-        **kept,
-    }
-    return split_for_parallelism(split, training)
 
 
 def input_grad_hook_bytes(model: ModelSpec, training: TrainingConfig) -> int:

@@ -636,3 +636,49 @@ def first_layer_unsaved(model: ModelSpec, training: TrainingConfig) -> FirstLaye
     if parallel:
         whole += ("mlp/",)
     return FirstLayerUnsaved(whole, split_for_parallelism(less, training))
+
+
+def peft_adapter_matmuls(
+    model: ModelSpec, training: TrainingConfig, name: str, *, fan_in: int, fan_out: int, t: int
+) -> list[tuple[str, int]]:
+    """The ``aten.mm`` outputs peft's adapters on the linear ``name`` run after its base
+    matmul, in execution order, as (key, bytes) (Note [The adapters' matmuls under op-level
+    selective checkpointing] in trainmem/analytic/op_selective.py); [] where the linear has no
+    adapter or the sequence is not peft's on a dense unquantized linear of one rank.
+
+    LoRA (peft 0.21.2 tuners/lora/layer.py ``Linear.forward``: ``result =
+    self.base_layer(x)``, then ``lora_B(lora_A(dropout(x)))``): A's [t, r] output
+    (``mm/lora_A/<linear>``) and B's [t, out] (``mm/lora_B/<linear>``). DoRA
+    (tuners/lora/variants.py ``DoraLinearVariant.forward`` -> tuners/lora/dora.py
+    ``DoraLinearLayer.forward``): first ``get_lora_weight``, the adapters on ``torch.eye(in)``
+    ([in, r] then the [in, out] product: ``mm/dora_eye_A`` / ``mm/dora_eye_B``), then
+    ``lora_B(lora_A(x))`` as LoRA's, then with dropout ``F.linear(x, weight)``, DoRA's own
+    base result (``mm/dora_base``). Each in the adapters' matmul dtype (the compute dtype
+    under autocast; :func:`adapter_matmul_bytes`)."""
+    t_ = training
+    if not (
+        t_.is_lora
+        and t_.lora_variant in ("lora", "dora")
+        and t_.conventions.hf_model_code
+        and t_.quantize_base == "none"
+        and t_.tensor_parallel_size == 1
+        and t_.context_parallel_size == 1
+        and model.num_experts == 1
+        and not model.fused_gate_up
+        and name in adapted_linears(model)
+        and lora_targeted(name, t_.lora_targets)
+        and not unsloth_fast_lora(model, t_)
+    ):
+        return []
+    c, _ = compute_and_residual_bytes(t_)
+    a = c if t_.uses_autocast else adapter_matmul_bytes(t_, model)
+    r = t_.lora_rank
+    adapters = [(f"mm/lora_A/{name}", a * r * t), (f"mm/lora_B/{name}", a * fan_out * t)]
+    if t_.lora_variant == "lora":
+        return adapters
+    eye = [
+        (f"mm/dora_eye_A/{name}", a * fan_in * r),
+        (f"mm/dora_eye_B/{name}", a * fan_in * fan_out),
+    ]
+    base = [(f"mm/dora_base/{name}", a * fan_out * t)] if t_.lora_dropout > 0 else []
+    return eye + adapters + base

@@ -39,8 +39,9 @@ from trainmem.analytic.activation_shapes import compute_and_residual_bytes, toke
 from trainmem.analytic.activations import layer_activation_terms
 from trainmem.analytic.attention import SLIDING_MASK_BIAS, sliding_layer_mask_bias_bytes
 from trainmem.analytic.autocast import autocast_cached_weight_bytes
-from trainmem.analytic.checkpointing import layer_is_checkpointed, op_selective_saved_terms
+from trainmem.analytic.checkpointing import layer_is_checkpointed
 from trainmem.analytic.norms import fused_norms
+from trainmem.analytic.op_selective import op_selective_cache_uses, op_selective_saved_terms
 from trainmem.analytic.t5 import buckets_in_first_blocks, position_bucket_bytes
 from trainmem.analytic.transforms.base import Emitted, RankContext, Transform, Where, alloc, free
 from trainmem.breakdown import MemoryCategory as Cat
@@ -113,7 +114,7 @@ def _saved_and_dropped(ctx: RankContext) -> tuple[dict[str, int], dict[str, int]
 
 def op_selective_recomputed(ctx: RankContext, kept: dict[str, int]) -> dict[str, int]:
     """What op-level selective checkpointing makes again in a layer's backward, per layer term
-    (bytes; ``kept``: :func:`~trainmem.analytic.checkpointing.op_selective_saved_terms`, empty
+    (bytes; ``kept``: :func:`~trainmem.analytic.op_selective.op_selective_saved_terms`, empty
     where the saved tensors are not those terms: then one ``recomputed`` block).
 
     See Note [Op-level selective recompute per tensor]. Autocast's weight copies stay their own
@@ -130,8 +131,12 @@ def op_selective_recomputed(ctx: RankContext, kept: dict[str, int]) -> dict[str,
     for name in ("attention/sdpa_output", "attention/logsumexp"):
         if name in terms:
             terms[name] -= min(kept.get(name, 0), terms[name])
-    if "mlp/gated" in terms:  # the gate projection's output, of (gate, act(gate), up)
-        terms["mlp/gated"] -= min(kept.get("mm/gate", 0), terms["mlp/gated"])
+    # cached matmul outputs the recompute's ops save in place of (part of) a term: an
+    # untargeted gate's output within ``mlp/gated`` (gate, act(gate), up), the adapters'
+    # (Note [The adapters' matmuls under op-level selective checkpointing])
+    for key, term in op_selective_cache_uses(ctx.training, kept).items():
+        if term in terms:
+            terms[term] -= min(kept[key], terms[term])
     return terms
 
 

@@ -1,0 +1,170 @@
+"""Op-level selective activation checkpointing as torchtitan does it: the tensors one layer's
+policy keeps (the outputs of every other matmul, the attention kernel's) and what the recompute
+does with each cached matmul output. Symbols as in :mod:`trainmem.analytic.activations`.
+
+Note [The adapters' matmuls under op-level selective checkpointing]
+    torchtitan's policy (``_get_custom_policy``, trainmem/trace/sac.py ``selective_policy``)
+    counts every ``aten.mm`` the layer runs and caches the output of the 1st, 3rd, ...: peft's
+    adapters are ``nn.Linear`` modules run inside the layer, so their matmuls are counted and
+    cached as the base linears' are (:func:`~trainmem.analytic.lora.peft_adapter_matmuls`:
+    LoRA's A and B on the input; DoRA's A and B on ``torch.eye(in)`` first, whose [in, out]
+    product ``get_lora_weight`` returns, peft 0.21.2 tuners/lora/dora.py). torch's
+    ``_CachingTorchDispatchMode`` keeps a cached output from the forward to the recompute,
+    where ``_CachedTorchDispatchMode`` pops it and hands it to the replayed op's consumer
+    (torch/utils/checkpoint.py): from there it lives as long as the recompute needs it. So
+    each cached output of a targeted linear is either
+
+    * a layer term the recompute would otherwise make again, saved by the consumer's node
+      (:func:`op_selective_cache_uses`): A's [t, r] output, saved by B's matmul (``lora/
+      <linear>``); under DoRA the base output and B's output, saved by
+      ``(mag_norm_scale - 1) * base_result`` and ``mag_norm_scale * lora_result`` (the
+      ``base_result`` / ``lora_result`` of ``dora/<linear>``; with dropout the base result
+      is DoRA's own re-linear, ``mm/dora_base``);
+    * or read by no saving op, freed where the recompute replays it: the eye products (the
+      product is cast to x's dtype, ``.to`` saves nothing, then detached), and under LoRA the
+      base output and B's output (``result + lora_B(...) * scaling``: an add and a product
+      with a number save neither).
+
+    A targeted gate's output is then the add, not its base matmul: the gate share of
+    ``mlp/gated`` is recomputed, the base output is one of the above. Traced on the
+    2-layer 2048-wide agreement Llama (2 x 256 tokens, r 16, DoRA on q / v): layer 0's
+    forward caches q's base output, its [2048, 2048] eye product and B's output (2,097,152 +
+    8,388,608 + 2,097,152 B) and v's (524,288 + 2,097,152 + 524,288 B), 13,107,200 B beyond
+    the base linears' outputs; at the peak (layer 1's recompute at the down projection) the
+    products of layer 1 are gone, its base and B outputs held as DoRA's saved tensors.
+    Not modelled: a quantized base (bitsandbytes' matmul runs inside its own autograd
+    function), Unsloth's kernels, experts, a fused gate / up module, tensor or context
+    parallelism: their adapters' matmuls are not counted (the previous rule).
+
+Source: torchtitan ``apply_ac`` / ``_get_custom_policy`` (``_save_list`` and the mm counter),
+torch/utils/checkpoint.py ``create_selective_checkpoint_contexts``; peft 0.21.2
+tuners/lora/layer.py, variants.py, dora.py.
+"""
+
+from __future__ import annotations
+
+from trainmem.analytic.activation_parallelism import split_for_parallelism
+from trainmem.analytic.activation_shapes import (
+    compute_and_residual_bytes,
+    mean_terms,
+    tokens_per_sequence,
+)
+from trainmem.analytic.lora import peft_adapter_matmuls
+from trainmem.analytic.mlp import experts_per_token
+from trainmem.analytic.params import linear_shapes
+from trainmem.specs.model import ModelSpec
+from trainmem.specs.training import TrainingConfig
+
+EYE_PRODUCTS = ("mm/dora_eye_A/", "mm/dora_eye_B/")
+"""Prefixes of the cached outputs of DoRA's matmuls on ``torch.eye(in)`` (Note [The adapters'
+matmuls under op-level selective checkpointing])."""
+
+
+def op_selective_saved_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes one layer keeps under op-level selective checkpointing: the sum of
+    :func:`op_selective_saved_terms`."""
+    return sum(op_selective_saved_terms(model, training).values())
+
+
+def op_selective_saved_terms(model: ModelSpec, training: TrainingConfig) -> dict[str, int]:
+    """Tensors one layer keeps under op-level selective checkpointing as torchtitan does it
+    (``selective_ac_option="op"``): the layer input, the SDPA output + logsumexp, and the output
+    of every other matmul in execution order (the 1st, 3rd, ...; torchtitan's policy saves
+    ``aten.mm`` "except every second mm"), peft's adapters' among them (Note [The adapters'
+    matmuls under op-level selective checkpointing]); everything else is recomputed in
+    backward.
+
+    Under ``torch.compile`` the checkpoint is a tagged region of the compiled graph and the
+    min-cut partitioner keeps a ``MUST_SAVE`` output only if the backward reads it
+    (``torch/_functorch/partitioners.py``: tags ban recomputation, they do not add outputs); the
+    outputs of the attention and MLP output projections (``o``, ``down``) only enter the
+    residual add, whose backward reads no input, so they are not kept (eager SAC's cache keeps
+    every ``MUST_SAVE`` output for the replay). Seen in the trace of llama-3.2-1b (one
+    ``(tokens, h)`` tensor per layer less with compile, Note [Tracing torch.compile] in
+    trainmem/trace/compile.py).
+
+    Source: torchtitan ``apply_ac`` / ``_get_custom_policy`` (``_save_list`` and the mm counter),
+    ``torch.utils.checkpoint.create_selective_checkpoint_contexts``. See Note [Activation
+    checkpointing] (trainmem/analytic/activations.py).
+    """
+    mean = mean_terms(model, lambda block: op_selective_saved_terms(block, training))
+    if mean is not None:
+        return mean
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    c, r = compute_and_residual_bytes(training)
+    k_top = experts_per_token(model)
+    # a linear with a bias runs as ``addmm`` (always saved); without one as ``mm`` (counted)
+    biased = {
+        "qkv": model.attention_bias,
+        "q": model.attention_bias,
+        "k": model.attention_bias,
+        "v": model.attention_bias,
+        "o": model.attention_out_bias,
+        "gate": model.mlp_bias,
+        "up": model.mlp_bias,
+        "down": model.mlp_bias,
+    }
+    # matmul outputs in execution order (experts: k_top of each), each linear's adapters after it
+    outputs: list[tuple[str, int, bool]] = []
+    for name, (fan_in, fan_out, _n) in linear_shapes(model).items():
+        if name == "router":
+            continue
+        active = k_top if name in ("gate", "up", "down") else 1
+        outputs.append((f"mm/{name}", c * fan_out * t * active, biased.get(name, False)))
+        adapters = (
+            ()
+            if training.compile
+            else peft_adapter_matmuls(model, training, name, fan_in=fan_in, fan_out=fan_out, t=t)
+        )
+        outputs += [(key, size, False) for key, size in adapters]
+    kept: dict[str, int] = {}
+    mm_count = 0
+    for key, size, addmm in outputs:
+        if addmm:
+            kept[key] = size
+            continue
+        mm_count += 1
+        if mm_count % 2 == 1:
+            kept[key] = size
+    if training.compile:  # read by no backward op: the min-cut does not keep them
+        kept.pop("mm/o", None)
+        kept.pop("mm/down", None)
+    split = {
+        "layer_input": r * model.hidden_size * t,
+        "attention/sdpa_output": c * model.num_heads * model.head_dim * t,
+        "attention/logsumexp": 4 * model.num_heads * t,
+        **kept,
+    }
+    return split_for_parallelism(split, training)
+
+
+def op_selective_cache_uses(training: TrainingConfig, kept: dict[str, int]) -> dict[str, str]:
+    """What the recompute does with each cached matmul output of ``kept``
+    (:func:`op_selective_saved_terms`) that belongs to an adapted linear or holds a layer
+    term: the layer term it stands for (its bytes not made again), or ``""`` where no op of
+    the recompute saves it, so it is freed where the recompute replays it (Note [The adapters'
+    matmuls under op-level selective checkpointing]). The other linears' outputs, which the
+    terms do not hold (q / k before RoPE, o / down before the residual adds), are not listed:
+    they stay kept to the layer's backward (Note [Op-level selective recompute per
+    tensor])."""
+    dora = training.lora_variant == "dora"
+    # the linears whose adapters' matmuls were counted (each runs 3 or more: one is cached)
+    adapted = {key.rsplit("/", 1)[-1] for key in kept if key.count("/") == 2}
+    uses: dict[str, str] = {}
+    for key in kept:
+        parts = key.split("/")
+        if parts[0] != "mm":
+            continue
+        linear = parts[-1]
+        if len(parts) == 2 and linear not in adapted:
+            if linear == "gate":
+                uses[key] = "mlp/gated"  # the gate's output, read by the activation
+        elif len(parts) == 2:  # an adapted linear's base output
+            uses[key] = f"dora/{linear}" if dora and training.lora_dropout == 0 else ""
+        elif key.startswith("mm/lora_A/"):
+            uses[key] = f"lora/{linear}"  # saved by B's matmul
+        elif key.startswith(("mm/lora_B/", "mm/dora_base/")):
+            uses[key] = f"dora/{linear}" if dora else ""
+        else:  # DoRA's eye products
+            uses[key] = ""
+    return uses
