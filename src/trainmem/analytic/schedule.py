@@ -144,6 +144,7 @@ from trainmem.analytic.transforms.base import (
 from trainmem.analytic.transforms.checkpointing import (
     WEIGHT_COPIES,
     LayerPlan,
+    cache_release_places,
     dropped_per_layer_kind,
     first_norm_saves_its_input,
     layer_plan,
@@ -849,7 +850,14 @@ class _Layers:
         if self.saved_kinds:
             plan = plan._replace(saved=self.saved_kinds[kind][0])
             saved = self.saved_kinds[kind][1]
-        body = em.at("layer.pre_backward", where)
+        # Note [The adapters' matmuls under op-level selective checkpointing]: cached outputs
+        # the recompute frees where their linear replays them
+        places = cache_release_places(self.ctx, self.names(plan.saved))
+        popped = {
+            place: [free(op, b) for op, at in zip(saved, places, strict=True) if at == place]
+            for place in ("pre_backward", "o", "up", "backward", "after")
+        }
+        body = popped["pre_backward"] + em.at("layer.pre_backward", where)
         if self.down_first:  # Note [A frozen 4-bit down projection before the recompute]
             body += self._down_backward(em, where)
         recomputed = self._recomputed(b, kind)
@@ -859,14 +867,17 @@ class _Layers:
             groups += _copy_groups(len(self.frozen_copies))
             groups += [2] * len(self.recomputed_copies)
             body += [op for op, g in zip(recomputed, groups, strict=True) if g == 0]
-            body += em.at("layer.o.recompute", where)
+            body += popped["o"] + em.at("layer.o.recompute", where)
             body += [op for op, g in zip(recomputed, groups, strict=True) if g == 1]
-            body += em.at("layer.mlp.up.recompute", where)
+            body += popped["up"] + em.at("layer.mlp.up.recompute", where)
             body += [op for op, g in zip(recomputed, groups, strict=True) if g == 2]
         else:
             body += recomputed
-        body += self._recompute_up(em, where)
+        body += popped["backward"] + self._recompute_up(em, where) + popped["after"]
         # the frees of the saved and the recomputed blocks, in the order autograd releases them
+        if any(places):
+            plan = plan._replace(saved=[blk for blk, at in zip(plan.saved, places) if not at])
+            saved = [op for op, at in zip(saved, places, strict=True) if not at]
         down, mlp, early, rest, after = self._released(saved, plan.saved)
         re_down, re_mlp, re_early, re_rest, re_after = self._released(
             recomputed, plan.dropped, self.copy_places

@@ -40,8 +40,18 @@ from trainmem.analytic.activations import layer_activation_terms
 from trainmem.analytic.attention import SLIDING_MASK_BIAS, sliding_layer_mask_bias_bytes
 from trainmem.analytic.autocast import autocast_cached_weight_bytes
 from trainmem.analytic.checkpointing import layer_is_checkpointed
+from trainmem.analytic.lora_variants import (
+    INPUT_PROJECTIONS,
+    O_LINEARS,
+    UP_LINEARS,
+    dora_moments_per_linear,
+)
 from trainmem.analytic.norms import fused_norms
-from trainmem.analytic.op_selective import op_selective_cache_uses, op_selective_saved_terms
+from trainmem.analytic.op_selective import (
+    EYE_PRODUCTS,
+    op_selective_cache_uses,
+    op_selective_saved_terms,
+)
 from trainmem.analytic.t5 import buckets_in_first_blocks, position_bucket_bytes
 from trainmem.analytic.transforms.base import Emitted, RankContext, Transform, Where, alloc, free
 from trainmem.breakdown import MemoryCategory as Cat
@@ -138,6 +148,45 @@ def op_selective_recomputed(ctx: RankContext, kept: dict[str, int]) -> dict[str,
         if term in terms:
             terms[term] -= min(kept[key], terms[term])
     return terms
+
+
+def cache_release_places(ctx: RankContext, names: Sequence[str]) -> tuple[str, ...]:
+    """Per saved block of a layer (``names``, the plan's term names) where the recompute
+    frees it: ``""`` for a block kept to the layer's backward (the release groups of Note
+    [Gradients where their linear's backward runs]); for a cached matmul output no op of the
+    recompute saves (:func:`~trainmem.analytic.op_selective.op_selective_cache_uses`), the
+    point its linear replays it: ``pre_backward`` (q / k / v under Note [DoRA's moment at
+    each linear]), ``o``, ``up`` (gate / up), ``backward`` (before the transforms' ops at
+    ``layer.backward``: down, every linear without that order) or ``after`` (after them: the
+    down projection's base and B outputs, replayed after its frozen weight's copy; Note [The
+    recompute's tensors held at an autocast down projection]). DoRA's eye products are
+    popped inside their linear's DoRA forward, so before its moment (Note [DoRA forward
+    transients] counts the product there); the other outputs where their linear runs.
+
+    Note [The adapters' matmuls under op-level selective checkpointing] (analytic/
+    op_selective.py)."""
+    t = ctx.training
+    if t.activation_checkpointing != "selective" or t.attention == "eager" or t.compile:
+        return ("",) * len(names)
+    kept = op_selective_saved_terms(ctx.model, t)
+    freed = {f"op_selective/{key}" for key, use in op_selective_cache_uses(t, kept).items()
+             if not use}  # fmt: skip
+    per_linear = dora_moments_per_linear(ctx.model, t)
+    out = []
+    for name in names:
+        linear = name.rsplit("/", 1)[-1]
+        eye = name.startswith(tuple(f"op_selective/{p}" for p in EYE_PRODUCTS))
+        if name not in freed:
+            out.append("")
+        elif linear == "down" and not eye:
+            out.append("after")
+        elif per_linear and linear in INPUT_PROJECTIONS:
+            out.append("pre_backward")
+        elif per_linear and linear in O_LINEARS | UP_LINEARS:
+            out.append("o" if linear in O_LINEARS else "up")
+        else:
+            out.append("backward")
+    return tuple(out)
 
 
 def _full_recompute(ctx: RankContext, dropped: dict[str, int]) -> None:
