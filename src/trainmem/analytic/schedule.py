@@ -876,7 +876,9 @@ class _Layers:
         body += popped["backward"] + self._recompute_up(em, where) + popped["after"]
         # the frees of the saved and the recomputed blocks, in the order autograd releases them
         if any(places):
-            plan = plan._replace(saved=[blk for blk, at in zip(plan.saved, places) if not at])
+            plan = plan._replace(
+                saved=[blk for blk, at in zip(plan.saved, places, strict=True) if not at]
+            )
             saved = [op for op, at in zip(saved, places, strict=True) if not at]
         down, mlp, early, rest, after = self._released(saved, plan.saved)
         re_down, re_mlp, re_early, re_rest, re_after = self._released(
