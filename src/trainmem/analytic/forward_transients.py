@@ -158,6 +158,10 @@ def recompute_up_held_bytes(
         terms: the layer's activation terms without checkpointing (what the recompute
             saves), bytes.
         input_saved: the norms save their input as itself (RMSNorm on an fp32 stream).
+        base_output_cached: an adapted down's base output comes from op-level selective
+            checkpointing's cache, a saved block of the layer (Note [The adapters' matmuls
+            under op-level selective checkpointing] in analytic/op_selective.py), so not one
+            more tensor here.
 
     Note [The recompute's tensors held at the up projection]
         Under torch's non-reentrant checkpoint (utils/checkpoint.py, ``_checkpoint_hook``'s
@@ -202,7 +206,12 @@ def recompute_up_held_bytes(
 
 
 def recompute_down_held_bytes(
-    model: ModelSpec, training: TrainingConfig, terms: Mapping[str, int], *, input_saved: bool
+    model: ModelSpec,
+    training: TrainingConfig,
+    terms: Mapping[str, int],
+    *,
+    input_saved: bool,
+    base_output_cached: bool = False,
 ) -> list[int]:
     """The tensors (bytes each) a recomputed LoRA layer holds under autocast at its down
     projection besides the blocks it recomputes and autocast's weight copies (Note [The
@@ -215,6 +224,10 @@ def recompute_down_held_bytes(
         terms: the layer's activation terms without checkpointing (what the recompute
             saves), bytes.
         input_saved: the norms save their input as itself (RMSNorm on an fp32 stream).
+        base_output_cached: an adapted down's base output comes from op-level selective
+            checkpointing's cache, a saved block of the layer (Note [The adapters' matmuls
+            under op-level selective checkpointing] in analytic/op_selective.py), so not one
+            more tensor here.
 
     Note [The recompute's tensors held at an autocast down projection]
         Under full checkpointing of a peft LoRA model with autocast, the layer's backward
@@ -266,7 +279,9 @@ def recompute_down_held_bytes(
     c, r, h, i = sizes
     adapted = "down" in training.lora_targets
     first = layer_checkpoint_reentrant(training) or r != c  # down's output / the grad's cast
-    out = [c * h] * ((2 if adapted else 0) + (1 if first else 0))
+    # the gradient's product with ``scaling`` and down's base output, with an adapter
+    own = (1 if base_output_cached else 2) if adapted else 0
+    out = [c * h] * (own + (1 if first else 0))
     a = adapter_matmul_bytes(training, model)
     if adapted and a != c:
         out.append(a * i)  # peft's cast of down's input to the adapters' dtype

@@ -283,12 +283,17 @@ def dora_layer_start_held_bytes(
     return out
 
 
-def dora_recompute_down_held_bytes(model: ModelSpec, training: TrainingConfig) -> list[int]:
+def dora_recompute_down_held_bytes(
+    model: ModelSpec, training: TrainingConfig, *, base_output_cached: bool = False
+) -> list[int]:
     """The tensors (bytes each) a full non-reentrant recompute holds beside DoRA's moment at
     the down projection, besides its recomputed blocks and what
     :func:`dora_forward_transient_bytes` counts (Note [DoRA's moments in the recompute]):
-    down's base output and, where the residual stream's dtype is not the compute dtype, the
-    MLP's input. Empty where the moment is not down's or the recompute does not run there.
+    down's base output (unless ``base_output_cached``: op-level selective checkpointing's
+    cache holds it as a saved block of the layer, Note [The adapters' matmuls under op-level
+    selective checkpointing] in analytic/op_selective.py) and, where the residual stream's
+    dtype is not the compute dtype, the MLP's input. Empty where the moment is not down's or
+    the recompute does not run there.
 
     Note [DoRA's moments in the recompute]
         Under full checkpointing the recompute runs each targeted linear's forward again, so
@@ -327,7 +332,7 @@ def dora_recompute_down_held_bytes(model: ModelSpec, training: TrainingConfig) -
     c, r = compute_and_residual_bytes(training)
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     h = model.hidden_size * t // parallel_divisor("mlp/input", training)
-    return [c * h, r * h] if r != c else [c * h]
+    return ([] if base_output_cached else [c * h]) + ([r * h] if r != c else [])
 
 
 def dora_forward_transient_bytes(

@@ -145,6 +145,7 @@ from trainmem.analytic.transforms.checkpointing import (
     WEIGHT_COPIES,
     LayerPlan,
     cache_release_places,
+    cached_down_output,
     dropped_per_layer_kind,
     first_norm_saves_its_input,
     layer_plan,
@@ -646,7 +647,11 @@ class _Layers:
         self.recompute_down = recompute_holds_down_copy(ctx.model, ctx.training)
         if self.recompute_down:
             self.up_held = recompute_down_held_bytes(
-                ctx.model, ctx.training, ctx.profile.terms, input_saved=saves_input
+                ctx.model,
+                ctx.training,
+                ctx.profile.terms,
+                input_saved=saves_input,
+                base_output_cached=cached_down_output(ctx),
             )
         copies, frozen = self.plan.weight_copy, self.plan.frozen_copy
         self.recomputed_copies = weight_blocks(ctx, copies) if copies else []

@@ -189,6 +189,20 @@ def cache_release_places(ctx: RankContext, names: Sequence[str]) -> tuple[str, .
     return tuple(out)
 
 
+def cached_down_output(ctx: RankContext) -> bool:
+    """Whether the recompute's adapted down projection takes its base output from op-level
+    selective checkpointing's cache (a saved block of the layer, Note [The adapters' matmuls
+    under op-level selective checkpointing]): then that output is not one more tensor the
+    recompute holds at down (:func:`~trainmem.analytic.forward_transients.
+    recompute_down_held_bytes`, :func:`~trainmem.analytic.lora_variants.
+    dora_recompute_down_held_bytes` list it)."""
+    names = {term for term, _ in layer_plan(ctx).saved}
+    if "op_selective/mm/down" not in names:
+        return False
+    kept = {name.removeprefix("op_selective/"): 0 for name in names}
+    return "mm/down" in op_selective_cache_uses(ctx.training, kept)
+
+
 def _full_recompute(ctx: RankContext, dropped: dict[str, int]) -> None:
     """Full checkpointing's corrections of the dropped terms (in place)."""
     prof, model = ctx.profile, ctx.model

@@ -35,7 +35,10 @@ from trainmem.analytic.lora_variants import (
     dora_recompute_down_held_bytes,
 )
 from trainmem.analytic.transforms.base import Emitted, RankContext, Transform, Where, alloc, free
-from trainmem.analytic.transforms.checkpointing import first_norm_saves_its_input
+from trainmem.analytic.transforms.checkpointing import (
+    cached_down_output,
+    first_norm_saves_its_input,
+)
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.timeline import Phase
 from trainmem.units import dtype_bytes
@@ -87,7 +90,12 @@ class DoraWeightNorm(Transform):
             model, training, adapter_bytes=adapter_bytes, linears=frozenset({"down"})
         )
         # Note [DoRA's moments in the recompute]: down's moment, with what the recompute holds
-        self.recompute_down = dora_recompute_down_held_bytes(model, training) if down else []
+        cached = cached_down_output(ctx)  # Note [The adapters' matmuls under op-level ...]
+        self.recompute_down = (
+            dora_recompute_down_held_bytes(model, training, base_output_cached=cached)
+            if down
+            else []
+        )
         self.down = down
 
     @staticmethod
