@@ -72,6 +72,10 @@ term into millions of blocks); beyond it the term is one block."""
 
 Blocks = list[tuple[str, int]]
 
+CACHED_EYE_PRODUCTS = tuple(f"op_selective/{prefix}" for prefix in EYE_PRODUCTS)
+"""The saved blocks of DoRA's cached matmuls on ``torch.eye(in)`` (Note [The adapters'
+matmuls under op-level selective checkpointing])."""
+
 
 class LayerPlan(NamedTuple):
     """One layer's activations as blocks (term, bytes), non-MLP terms first (the forward
@@ -175,7 +179,7 @@ def cache_release_places(ctx: RankContext, names: Sequence[str]) -> tuple[str, .
     out = []
     for name in names:
         linear = name.rsplit("/", 1)[-1]
-        eye = name.startswith(tuple(f"op_selective/{p}" for p in EYE_PRODUCTS))
+        eye = name.startswith(CACHED_EYE_PRODUCTS)
         if name not in freed:
             out.append("")
         elif linear == "down" and not eye:
@@ -397,7 +401,13 @@ def _term_blocks(ctx: RankContext, model: ModelSpec, terms: dict[str, int]) -> B
     return [
         (k, size)
         for k, v in ordered
-        for size in (weight_blocks(ctx, v) if k == WEIGHT_COPIES else split(v, pieces))
+        for size in (
+            weight_blocks(ctx, v)
+            if k == WEIGHT_COPIES
+            else [v]
+            if k.startswith(CACHED_EYE_PRODUCTS)  # one [in, out] (or [in, r]) tensor each
+            else split(v, pieces)
+        )
         if v > 0
     ]
 
