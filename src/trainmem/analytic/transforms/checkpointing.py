@@ -20,6 +20,9 @@ Note [Op-level selective recompute per tensor]
     terms (the layer input where the first norm saves it, the SDPA output and logsumexp, the
     gate projection's output within ``mlp/gated``; the q / v / down outputs the policy saves are
     not terms: RoPE and the residual add make new tensors), the weight copies apart: +0.48 %.
+    peft's adapters' matmuls are cached too, and some of those outputs no recompute op saves:
+    they are freed where the recompute replays them (Note [The adapters' matmuls under
+    op-level selective checkpointing] in analytic/op_selective.py).
     A compiled region keeps the one block: the min-cut partitioner chooses what it
     recomputes (Note [Tracing torch.compile] in trainmem/trace/compile.py).
 
