@@ -862,7 +862,8 @@ class _Layers:
             place: [free(op, b) for op, at in zip(saved, places, strict=True) if at == place]
             for place in ("pre_backward", "o", "up", "backward", "after")
         }
-        body = popped["pre_backward"] + em.at("layer.pre_backward", where)
+        body: list[Item] = [*popped["pre_backward"]]
+        body += em.at("layer.pre_backward", where)
         if self.down_first:  # Note [A frozen 4-bit down projection before the recompute]
             body += self._down_backward(em, where)
         recomputed = self._recomputed(b, kind)
@@ -872,13 +873,17 @@ class _Layers:
             groups += _copy_groups(len(self.frozen_copies))
             groups += [2] * len(self.recomputed_copies)
             body += [op for op, g in zip(recomputed, groups, strict=True) if g == 0]
-            body += popped["o"] + em.at("layer.o.recompute", where)
+            body += popped["o"]
+            body += em.at("layer.o.recompute", where)
             body += [op for op, g in zip(recomputed, groups, strict=True) if g == 1]
-            body += popped["up"] + em.at("layer.mlp.up.recompute", where)
+            body += popped["up"]
+            body += em.at("layer.mlp.up.recompute", where)
             body += [op for op, g in zip(recomputed, groups, strict=True) if g == 2]
         else:
             body += recomputed
-        body += popped["backward"] + self._recompute_up(em, where) + popped["after"]
+        body += popped["backward"]
+        body += self._recompute_up(em, where)
+        body += popped["after"]
         # the frees of the saved and the recomputed blocks, in the order autograd releases them
         if any(places):
             plan = plan._replace(
