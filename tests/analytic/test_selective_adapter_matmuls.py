@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from conftest import MODELS_DIR
+from conftest import MODELS_DIR, layer_bodies
 from trainmem.analytic.op_selective import op_selective_cache_uses, op_selective_saved_terms
 from trainmem.estimate import estimate
-from trainmem.schedule import Item, Op, Repeat
+from trainmem.schedule import Op
 from trainmem.specs.hf import load_model_spec
 from trainmem.specs.training import TrainingConfig
 
@@ -125,18 +125,7 @@ def test_no_adapter_matmuls_under_compile_or_a_quantized_base() -> None:
 
 def _layer_backward(training: TrainingConfig) -> list[Op]:
     est = estimate(AGREEMENT, training, engine="analytic", simulate_allocator=False)
-    bodies: list[tuple[Item, ...]] = []
-
-    def walk(items: tuple[Item, ...]) -> None:
-        for x in items:
-            if isinstance(x, Repeat):
-                if x.reverse or x.count == 1:
-                    bodies.append(x.body)
-                walk(x.body)
-
-    walk(est.schedules[0].step)
-    layer = [b for b in bodies if any(isinstance(op, Op) and op.key == "mlp_tmp" for op in b)]
-    return [op for op in layer[0] if isinstance(op, Op)]
+    return layer_bodies(est.schedules[0].step)[0]
 
 
 def _at(ops: list[Op], action: str, key: str) -> int:
