@@ -125,7 +125,8 @@ def test_no_adapter_matmuls_under_compile_or_a_quantized_base() -> None:
 
 def _layer_backward(training: TrainingConfig) -> list[Op]:
     est = estimate(AGREEMENT, training, engine="analytic", simulate_allocator=False)
-    return layer_bodies(est.schedules[0].step)[0]
+    ops: list[Op] = layer_bodies(est.schedules[0].step)[0]
+    return ops
 
 
 def _at(ops: list[Op], action: str, key: str) -> int:
