@@ -588,6 +588,8 @@ class _Layers:
         )
         # the term names of a list of blocks (the plans' few lists, asked by every body)
         self._names: dict[int, tuple[list[tuple[str, int]], tuple[str, ...]]] = {}
+        # where the recompute frees each saved block, per list of saved terms
+        self._places: dict[tuple[str, ...], tuple[str, ...]] = {}
         transients = backward_layer_transients(ctx.model, ctx.training)
         self.mlp_tmp, self.attention_tmp, self.residual_tmp = transients
         self.mlp_parts = mlp_backward_parts(ctx.model, ctx.training)
@@ -857,7 +859,10 @@ class _Layers:
             saved = self.saved_kinds[kind][1]
         # Note [The adapters' matmuls under op-level selective checkpointing]: cached outputs
         # the recompute frees where their linear replays them
-        places = cache_release_places(self.ctx, self.names(plan.saved))
+        saved_names = self.names(plan.saved)
+        places = self._places.get(saved_names)
+        if places is None:
+            places = self._places[saved_names] = cache_release_places(self.ctx, saved_names)
         popped = {
             place: [free(op, b) for op, at in zip(saved, places, strict=True) if at == place]
             for place in ("pre_backward", "o", "up", "backward", "after")
