@@ -7,8 +7,9 @@ Groups:
   (``trainmem.trace.hf_model.TRAINING_HEADS``), its default config (``AutoConfig.for_model``)
   shrunk to 2 layers (a hybrid keeps the first layer of each kind, at most 4: ``shrink``). A
   type whose default config transformers itself cannot build into that head (on ``meta``, no
-  trainmem involved) is listed apart, with transformers' error, and is not counted; two
-  hybrids whose default config has no attention layer get one (:data:`CONFIG_FIXES`);
+  trainmem involved) is listed apart, with transformers' error, and is not counted; default
+  configs that transformers' own forward cannot run take a released config's fields
+  (:data:`CONFIG_FIXES`: two hybrids with no attention layer, three GLM-4V rotary layouts);
 * ``diffusers``: every diffusers ``ModelMixin`` transformer and UNet class
   (:func:`diffusers_group`; two default configs that diffusers' own forward cannot run take
   the fields of diffusers' own model test, :data:`DIFFUSERS_CONFIG_FIXES`);
@@ -19,6 +20,7 @@ length 64 (images at the config's size), bf16-mixed AdamW, allocator replay off.
 
     PYTHONPATH=src python benchmarks/coverage.py                 # every group
     PYTHONPATH=src python benchmarks/coverage.py transformers --limit 40
+    PYTHONPATH=src python benchmarks/coverage.py transformers --only glm4v,jetmoe
     PYTHONPATH=src python benchmarks/coverage.py --json coverage.json
 
 It prints one line per model and a summary per group: built and estimated / counted, and the
@@ -60,6 +62,18 @@ PATTERN_KEYS = ("block_types",)
 
 TRAINING = TrainingConfig(micro_batch_size=1, seq_len=64)
 
+_GLM4V_ROPE = {
+    "rope_type": "default",
+    "rope_theta": 10000.0,
+    "partial_rotary_factor": 0.5,
+    "mrope_section": [8, 12, 12],
+}
+"""The released GLM-4.1V / GLM-4.5V text rotary layout: half of each 128-wide head rotated (64
+dims, 32 frequencies), split 8 / 12 / 12 over time, height and width (zai-org/GLM-4.1V-9B-Thinking
+and zai-org/GLM-4.5V config.json ``text_config``; GLM-4's partial rotary, which transformers'
+own ``Glm4Config`` and ``Glm4vMoeTextConfig`` default to, ``kwargs.setdefault(
+"partial_rotary_factor", 0.5)``)."""
+
 CONFIG_FIXES: dict[str, dict[str, Any]] = {
     # The default configs are all Mamba (Bamba's attn_layer_indices None, GraniteMoeHybrid's
     # layer_types all "linear_attention"), which transformers 5.24's own forward cannot run with the
@@ -72,9 +86,18 @@ CONFIG_FIXES: dict[str, dict[str, Any]] = {
     "granitemoehybrid": {
         "layer_types": ["full_attention" if i == 1 else "linear_attention" for i in range(32)]
     },
+    # transformers 5.24's default Glm4vTextConfig has no partial_rotary_factor (1.0: 128 dims,
+    # 64 frequencies) while its rotary embedding splits them by the default mrope_section
+    # [8, 12, 12] (32): modeling_glm4v.py Glm4vTextRotaryEmbedding.recomposition_frequencies
+    # fails in transformers' own forward. GLM-4.6V (Flash) takes the same text config.
+    "glm4v": {"text_config": {"rope_parameters": _GLM4V_ROPE}},
+    "glm46v": {"text_config": {"rope_parameters": _GLM4V_ROPE}},
+    # GLM-4.5V: 96 heads of 128 (released head_dim), not hidden_size // heads = 42
+    "glm4v_moe": {"text_config": {"head_dim": 128, "rope_parameters": _GLM4V_ROPE}},
 }
-"""transformers default configs that no user trains as they stand, with the fields a released
-config has."""
+"""transformers default configs that no user trains as they stand (transformers' own forward
+cannot run them), with the fields a released config has (cited per row; merged field by field
+into sub-configs, :func:`_merged`)."""
 
 
 def shrink(config: dict[str, Any]) -> dict[str, Any]:
@@ -221,7 +244,19 @@ def _estimate(config: dict[str, Any]) -> int:
     return est.breakdown.allocated_bytes
 
 
-def transformers_group(limit: int | None = None) -> Iterator[tuple[str, str, str]]:
+def _merged(config: dict[str, Any], fix: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with ``fix``'s fields set, in place, sub-config dicts merged field by field."""
+    for k, v in fix.items():
+        if isinstance(v, dict) and isinstance(config.get(k), dict):
+            _merged(config[k], v)
+        else:
+            config[k] = v
+    return config
+
+
+def transformers_group(
+    limit: int | None = None, only: frozenset[str] = frozenset()
+) -> Iterator[tuple[str, str, str]]:
     """(model type, outcome, detail) per transformers ``model_type``; outcome ``ok``,
     ``refused`` (trainmem's reason) or ``excluded`` (transformers cannot build its own default
     config into the head)."""
@@ -234,10 +269,10 @@ def transformers_group(limit: int | None = None) -> Iterator[tuple[str, str, str
     types: dict[str, None] = {}
     for mapping, _ in TRAINING_HEADS:
         types.update(dict.fromkeys(getattr(modeling_auto, mapping, {})))
-    for model_type in sorted(types)[:limit]:
+    for model_type in [t for t in sorted(types) if not only or t in only][:limit]:
         try:
             config = transformers.AutoConfig.for_model(model_type)
-            raw = shrink({**config.to_dict(), **CONFIG_FIXES.get(model_type, {})})
+            raw = shrink(_merged(config.to_dict(), CONFIG_FIXES.get(model_type, {})))
             raw["model_type"] = model_type
             config = transformers.AutoConfig.for_model(
                 model_type, **{k: v for k, v in raw.items() if k != "model_type"}
@@ -288,7 +323,9 @@ DIFFUSERS_CONFIG_FIXES: dict[str, dict[str, Any]] = {
 fields of the config diffusers' own model test uses instead (cited per row)."""
 
 
-def diffusers_group(limit: int | None = None) -> Iterator[tuple[str, str, str]]:
+def diffusers_group(
+    limit: int | None = None, only: frozenset[str] = frozenset()
+) -> Iterator[tuple[str, str, str]]:
     """(class name, outcome, detail) per diffusers transformer / UNet class: its default
     ``register_to_config`` arguments as the config (with :data:`DIFFUSERS_CONFIG_FIXES` for the
     classes whose default diffusers' own forward cannot run), shrunk to 2 layers; ``excluded``
@@ -304,7 +341,7 @@ def diffusers_group(limit: int | None = None) -> Iterator[tuple[str, str, str]]:
         if (n.endswith("Model") or "Transformer" in n or "UNet" in n)
         and ("Transformer" in n or "UNet" in n)
     )
-    for name in names[:limit]:
+    for name in [n for n in names if not only or n in only][:limit]:
         try:
             cls = getattr(diffusers, name)
             if not (isinstance(cls, type) and issubclass(cls, diffusers.ModelMixin)):
@@ -351,7 +388,9 @@ are downloaded most. Fixed here (no network at run time), each name checked by
 ``timm.is_model``."""
 
 
-def timm_group(limit: int | None = None) -> Iterator[tuple[str, str, str]]:
+def timm_group(
+    limit: int | None = None, only: frozenset[str] = frozenset()
+) -> Iterator[tuple[str, str, str]]:
     """(model name, outcome, detail) per timm model of :data:`TIMM_MODELS`, at its own input
     size (``pretrained_cfg["input_size"]``)."""
     try:
@@ -359,7 +398,7 @@ def timm_group(limit: int | None = None) -> Iterator[tuple[str, str, str]]:
     except ImportError:
         yield "timm", "excluded", "timm is not installed (pip install 'trainmem[vision]')"
         return
-    for name in TIMM_MODELS[:limit]:
+    for name in [n for n in TIMM_MODELS if not only or n in only][:limit]:
         if not timm.is_model(name):
             yield name, "excluded", f"timm {timm.__version__} has no model {name}"
             continue
@@ -370,7 +409,7 @@ def timm_group(limit: int | None = None) -> Iterator[tuple[str, str, str]]:
             yield name, "refused", _one_line(exc)
 
 
-GROUPS: dict[str, Callable[[int | None], Iterator[tuple[str, str, str]]]] = {
+GROUPS: dict[str, Callable[[int | None, frozenset[str]], Iterator[tuple[str, str, str]]]] = {
     "transformers": transformers_group,
     "diffusers": diffusers_group,
     "timm": timm_group,
@@ -381,14 +420,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("groups", nargs="*", default=list(GROUPS), choices=list(GROUPS))
     parser.add_argument("--limit", type=int, default=None, help="first N models per group")
+    parser.add_argument(
+        "--only", default="", help="comma-separated model types / class / model names to run"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write every outcome here")
     args = parser.parse_args(argv)
     logging.disable(logging.WARNING)
     warnings.simplefilter("ignore")
+    only = frozenset(n for n in args.only.split(",") if n)
     results: dict[str, list[dict[str, str]]] = {}
     for group in args.groups:
         rows = results.setdefault(group, [])
-        for name, outcome, detail in GROUPS[group](args.limit):
+        for name, outcome, detail in GROUPS[group](args.limit, only):
             rows.append({"model": name, "outcome": outcome, "detail": detail})
             print(f"{group:12} {name:40} {outcome:8} {detail}", flush=True)
         counted = [r for r in rows if r["outcome"] != "excluded"]
