@@ -9,14 +9,15 @@ Groups:
   type whose default config transformers itself cannot build into that head (on ``meta``, no
   trainmem involved) is listed apart, with transformers' error, and is not counted; default
   configs that transformers' own forward cannot run take a released config's fields
-  (:data:`CONFIG_FIXES`: two hybrids with no attention layer, three GLM-4V rotary layouts);
+  (:data:`CONFIG_FIXES`: two hybrids with no attention layer, four GLM-4V rotary layouts);
 * ``diffusers``: every diffusers ``ModelMixin`` transformer and UNet class
   (:func:`diffusers_group`; two default configs that diffusers' own forward cannot run take
   the fields of diffusers' own model test, :data:`DIFFUSERS_CONFIG_FIXES`);
 * ``timm``: the most used timm models (:func:`timm_group`; needs the optional ``timm``).
 
 Each model runs ``trainmem.estimate(..., engine="generic")`` at micro-batch 1, sequence
-length 64 (images at the config's size), bf16-mixed AdamW, allocator replay off.
+length 64 (an image model without one, as the CLI runs it without ``--seq-len``: images at the
+config's size), bf16-mixed AdamW, allocator replay off.
 
     PYTHONPATH=src python benchmarks/coverage.py                 # every group
     PYTHONPATH=src python benchmarks/coverage.py transformers --limit 40
@@ -41,7 +42,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from trainmem.estimate import default_attention_of, estimate
+from trainmem.estimate import default_attention_of, estimate, image_sequence
 from trainmem.specs.training import TrainingConfig
 
 LAYER_KEYS = (
@@ -89,9 +90,11 @@ CONFIG_FIXES: dict[str, dict[str, Any]] = {
     # transformers 5.24's default Glm4vTextConfig has no partial_rotary_factor (1.0: 128 dims,
     # 64 frequencies) while its rotary embedding splits them by the default mrope_section
     # [8, 12, 12] (32): modeling_glm4v.py Glm4vTextRotaryEmbedding.recomposition_frequencies
-    # fails in transformers' own forward. GLM-4.6V (Flash) takes the same text config.
+    # fails in transformers' own forward. GLM-4.6V (Flash) and Glmga (GLM-4.6V's model,
+    # modular_glmga.py: GlmgaConfig(Glm46VConfig)) take the same text config.
     "glm4v": {"text_config": {"rope_parameters": _GLM4V_ROPE}},
     "glm46v": {"text_config": {"rope_parameters": _GLM4V_ROPE}},
+    "glmga": {"text_config": {"rope_parameters": _GLM4V_ROPE}},
     # GLM-4.5V: 96 heads of 128 (released head_dim), not hidden_size // heads = 42
     "glm4v_moe": {"text_config": {"head_dim": 128, "rope_parameters": _GLM4V_ROPE}},
 }
@@ -240,6 +243,9 @@ def _estimate(config: dict[str, Any]) -> int:
         path.write_text(json.dumps(config, default=str))
         # the attention a run uses when none is given, as the CLI and the page choose it
         training = replace(TRAINING, attention=default_attention_of(str(path)))
+        # an image model takes no --seq-len (refused when given, since 48c6e37): its sequence
+        # is what the CLI reads without one, the patches of its config's image size
+        training = image_sequence(str(path), training, given=False)
         est = estimate(str(path), training, engine="generic", simulate_allocator=False)
     return est.breakdown.allocated_bytes
 

@@ -79,31 +79,3 @@ def test_backbone_stages_and_per_layer_entries_follow_the_kept_layers() -> None:
         "backbone_out_indices": [0, 1, 1, 1],
         "per_layer_config": {"01": {"head_dim": 512}},
     }
-
-
-def _rotary_split(model_type: str, fix: dict[str, Any]) -> tuple[int, int]:
-    """(frequencies the text rotary embedding makes, frequencies its mrope_section splits) for
-    transformers' default config of ``model_type`` with ``fix``'s fields, by hand from
-    modeling_glm4v.py ``compute_default_rope_parameters`` (``arange(0, dim, 2)`` over
-    ``dim = int(head_dim * partial_rotary_factor)``) and ``recomposition_frequencies``."""
-    import transformers
-
-    raw = coverage_bench._merged(transformers.AutoConfig.for_model(model_type).to_dict(), fix)
-    text = raw["text_config"]
-    rope = text.get("rope_parameters") or {}
-    head_dim = text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"]
-    dim = int(head_dim * rope.get("partial_rotary_factor", 1.0))
-    return (dim + 1) // 2, sum(rope.get("mrope_section", [8, 12, 12]))
-
-
-def test_the_glm4v_fixes_give_the_rotary_embedding_the_frequencies_its_sections_split() -> None:
-    """The default GLM-4V text configs make 64 (GLM-4.1V, 4.6V: 128 dims) or 11 (GLM-4.5V:
-    4096 // 96 = 42 wide heads, half rotated) frequencies for an mrope_section of 32, which
-    transformers' own forward cannot split; the released layout (head_dim 128, half rotated)
-    makes 32."""
-    fixes = coverage_bench.CONFIG_FIXES
-    assert {"glm4v", "glm46v", "glm4v_moe"} <= set(fixes)
-    assert _rotary_split("glm4v", {}) == (64, 32)
-    assert _rotary_split("glm4v_moe", {}) == (11, 32)
-    for model_type in ("glm4v", "glm46v", "glm4v_moe"):
-        assert _rotary_split(model_type, fixes[model_type]) == (32, 32)
