@@ -22,6 +22,7 @@ from torch.utils._python_dispatch import _disable_current_modes  # noqa: E402
 __all__ = [
     "IMAGE_BATCH_NOTE",
     "flattened_patch_batch",
+    "patch_sequence_batch",
     "special_token_ids",
     "text_side_inputs",
     "token_ids",
@@ -634,3 +635,46 @@ def text_side_inputs(model: Any, b: int, s: int) -> dict[str, Any]:
     if "lang_ids" in params:
         out["lang_ids"] = known(lambda: torch.zeros(b, dtype=torch.long))
     return out
+
+
+def patch_sequence_batch(
+    cfg: Any, b: int, dtype: Any, image_size: tuple[int, int]
+) -> dict[str, Any]:
+    """The batch of a vision model that takes its image as a padded sequence of patches
+    (SigLIP 2's NaFlex variant: ``forward(pixel_values, pixel_attention_mask,
+    spatial_shapes)``), as its processor lays one image out (transformers 5.24
+    ``models/siglip2/image_processing_pil_siglip2.py`` ``_preprocess``, the torchvision
+    backend's layout too): the image resized, keeping
+    its aspect ratio, to the largest patch grid of at most ``num_patches`` patches
+    (``get_image_size_for_max_num_patches``, called here), cut into ``patch_size`` squares of
+    ``num_channels * patch_size**2`` values, padded to ``num_patches``; ``pixel_attention_mask``
+    marks the grid's patches, ``spatial_shapes`` is the grid. Mask and grid have known values
+    (the embeddings resize their positions to the grid). Every sample is the same image.
+
+    Args:
+        cfg: the vision config (``num_patches``, ``patch_size``, ``num_channels``).
+        b: micro-batch size.
+        dtype: the pixels' dtype.
+        image_size: (height, width) of the image before the processor resizes it.
+
+    Returns:
+        ``pixel_values`` [b, num_patches, num_channels * patch_size**2], ``pixel_attention_mask``
+        [b, num_patches] and ``spatial_shapes`` [b, 2].
+    """
+    from transformers.models.siglip2.image_processing_pil_siglip2 import (
+        get_image_size_for_max_num_patches,
+    )
+
+    patch = int(cfg.patch_size)
+    slots = int(cfg.num_patches)
+    height, width = get_image_size_for_max_num_patches(*image_size, patch, slots)
+    grid = (height // patch, width // patch)
+    used = grid[0] * grid[1]
+    channels = getattr(cfg, "num_channels", None) or 3
+    return {
+        "pixel_values": torch.randn(b, slots, channels * patch * patch, dtype=dtype),
+        "pixel_attention_mask": known(
+            lambda: (torch.arange(slots) < used).to(torch.int32).expand(b, slots).clone()
+        ),
+        "spatial_shapes": known(lambda: torch.tensor([grid] * b)),
+    }

@@ -20,6 +20,7 @@ from trainmem.trace._torch import require_torch, require_transformers
 from trainmem.trace.grouped_mm import guarded_grouped_mm
 from trainmem.trace.hf_inputs import (
     flattened_patch_batch,
+    patch_sequence_batch,
     text_side_inputs,
     token_ids,
     vision_language_batch,
@@ -517,7 +518,14 @@ def _encoder_input_batch(
     main = model.main_input_name
     name = getattr(model.encoder, "main_input_name", "input_values") if main == "inputs" else main
     label_head = "" if seq2seq else head
-    if name == "pixel_values":
+    if name == "pixel_values" and "spatial_shapes" in _forward_parameters(model):
+        vision_cfg = getattr(encoder_cfg, "vision_config", encoder_cfg)
+        size = image_size_of(vision_cfg, image_size)
+        batch = patch_sequence_batch(vision_cfg, b, dtype, size)  # SigLIP 2's patches
+        if label_head:
+            classes = max(getattr(cfg, "num_labels", 1), 1)
+            batch["labels"] = torch.randint(0, classes, (b,))
+    elif name == "pixel_values":
         batch = _image_batch(encoder_cfg, b, dtype, label_head, image_size)
         if image_size is not None and "interpolate_pos_encoding" in _forward_parameters(model):
             batch["interpolate_pos_encoding"] = True  # Note [Vision encoders at another resolution]
