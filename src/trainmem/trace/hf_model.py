@@ -500,6 +500,26 @@ def make_hf_batch(
             batch["labels"] = torch.randint(0, classes, (b,))
         elif head.endswith("ForTokenClassification"):  # one class per token
             batch["labels"] = torch.randint(0, classes, (b, s))
+    codebooks = getattr(getattr(cfg, "decoder_config", None), "num_channels", None)
+    if isinstance(codebooks, int) and "decoder_input_ids" in params:
+        batch.update(_audio_code_batch(cfg.decoder_config, b, s, codebooks, takes_labels))
+    return batch
+
+
+def _audio_code_batch(
+    decoder_cfg: Any, b: int, s: int, codebooks: int, takes_labels: bool
+) -> dict[str, Any]:
+    """A text-to-speech decoder's audio codes (Dia: ``decoder_config.num_channels`` codebooks
+    of ``decoder_config.vocab_size`` codes per frame), as transformers 5.24's
+    ``models/dia/processing_dia.py`` ``DiaProcessor.__call__(..., output_labels=True)`` lays
+    them out for training: ``decoder_input_ids`` [b, frames, codebooks] and ``labels``
+    [b * codebooks, frames] (codebook-major: ``labels.transpose(1, 2).reshape(b * C, -1)``,
+    the layout ``DiaForConditionalGeneration.forward`` flattens its logits to). ``s`` frames
+    (the text takes ``s`` tokens too), codes avoiding the decoder's special ids."""
+    vocab = _vocab_size(decoder_cfg)
+    batch = {"decoder_input_ids": token_ids(decoder_cfg, vocab, (b, s, codebooks))}
+    if takes_labels:
+        batch["labels"] = token_ids(decoder_cfg, vocab, (b * codebooks, s))
     return batch
 
 
