@@ -8,16 +8,22 @@ resolution given.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
-# timm needs torchvision, and no torchvision build runs on the CPU torch 2.13.0 wheel this
-# project installs (the PyPI one is a CUDA build: "operator torchvision::nms does not
-# exist"); with a matching torch + torchvision pair installed these tests run
-timm = pytest.importorskip("timm")
+if importlib.util.find_spec("timm") is None:  # not importorskip: see import_timm below
+    pytest.skip("timm is the optional extra trainmem[vision]", allow_module_level=True)
+
+from trainmem.trace.timm_model import import_timm  # noqa: E402
+
+# timm imported as trainmem imports it: beside a torchvision whose C extension does not load
+# under this torch (PyPI's CUDA build of 0.28.0 beside the CPU torch 2.13.0 wheel), after
+# defining the op schemas its import needs (Note [torchvision without its C ops])
+timm = import_timm()
 
 
 def _timm_counts(name: str, **kwargs: object) -> tuple[int, int]:

@@ -11,9 +11,27 @@ Note [timm training step]
     defaults (0 unless the config names them), as ``timm.create_model`` builds it. Mixup, the
     EMA copy (``--ema``) and channels-last are options of the script, not of the model.
 
+Note [torchvision without its C ops]
+    timm imports torchvision unconditionally (timm 1.0.31 timm/layers/create_norm.py:29, ``from
+    torchvision.ops.misc import FrozenBatchNorm2d``). A torchvision wheel built for another
+    torch (PyPI's torchvision 0.28.0 is a CUDA build; beside the CPU torch 2.13.0 wheel its
+    ``_C.so`` cannot load ``libc10_cuda.so``) still imports its Python code: the load failure
+    is caught (torchvision/extension.py ``_load_library``, ``_has_ops()`` is then False) and
+    every op wrapper checks ``_assert_has_ops()``. Only torchvision/_meta_registrations.py:163
+    and :177 register fake kernels for ``torchvision::nms`` / ``qnms`` unconditionally, and
+    ``torch.library.register_fake`` raises "operator torchvision::nms does not exist" when the
+    extension, which defines their schemas, did not load. So when that import fails that way,
+    trainmem defines the two schemas the extension would have defined (torchvision v0.28.0
+    torchvision/csrc/ops/nms.cpp and csrc/ops/quantized/cpu/qnms_kernel.cpp, the same strings
+    as in the wheel's ``_C.so``), with no kernel, and imports torchvision again. Calling either
+    op still fails (``torchvision.ops.nms`` -> ``_assert_has_ops`` RuntimeError; the raw op ->
+    NotImplementedError, no CPU kernel), and no image model timm builds calls them (they are
+    detection ops). When the extension loaded, the import succeeds the first time and nothing
+    is defined.
+
 Source: pytorch-image-models train.py ``train_one_epoch``, timm/models/_builder.py
 ``build_model_with_cfg`` (``pretrained_cfg``), timm/_hub.py ``save_config_for_hf`` (the hub
-``config.json``).
+``config.json``); torchvision v0.28.0 torchvision/_meta_registrations.py, extension.py.
 """
 
 from __future__ import annotations
@@ -28,16 +46,68 @@ from trainmem.trace.quantized import parameter_dtype, quantize_base
 
 torch = require_torch()
 
-__all__ = ["build_timm_model", "make_timm_batch", "timm_forward_loss", "timm_input_size"]
+__all__ = [
+    "build_timm_model",
+    "import_timm",
+    "make_timm_batch",
+    "timm_forward_loss",
+    "timm_input_size",
+]
 
 VISION_INSTALL = "pip install 'trainmem[vision]' (timm)"
 
+TORCHVISION_OP_SCHEMAS: dict[str, str] = {
+    "nms": "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+    "qnms": "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+}
+"""The ops torchvision's meta registrations need to exist, by name, with the schema its C
+extension defines (Note [torchvision without its C ops])."""
 
-def _timm() -> Any:
+_SCHEMA_LIBRARIES: list[Any] = []
+"""The ``torch.library.Library`` holding those schemas: a Library removes its definitions when
+it is garbage-collected, so it lives as long as the process."""
+
+
+def _import_torchvision() -> None:
+    """Import torchvision; if that fails only because its C extension did not load, define the
+    schemas of the ops its meta registrations need and import it again (Note [torchvision
+    without its C ops])."""
     try:
+        import torchvision  # noqa: F401
+    except ImportError:
+        return  # not installed: timm's own import says so
+    except RuntimeError as exc:
+        missing = [op for op in TORCHVISION_OP_SCHEMAS if not hasattr(torch.ops.torchvision, op)]
+        if "torchvision::" not in str(exc) or not missing:
+            raise
+        library = torch.library.Library("torchvision", "FRAGMENT")
+        for op in missing:
+            library.define(TORCHVISION_OP_SCHEMAS[op])
+        _SCHEMA_LIBRARIES.append(library)
+        import torchvision  # noqa: F401, F811
+
+
+def import_timm() -> Any:
+    """The ``timm`` module, importing torchvision first (Note [torchvision without its C ops]).
+
+    Returns:
+        The ``timm`` module.
+
+    Raises:
+        UnsupportedError: timm is not installed, or torchvision does not import under this
+            torch (naming both versions).
+    """
+    try:
+        _import_torchvision()
         import timm
     except ImportError as exc:
         raise UnsupportedError(f"timm models need the timm library: {VISION_INSTALL}") from exc
+    except RuntimeError as exc:
+        reason = " ".join(str(exc).split())[:200]
+        raise UnsupportedError(
+            f"timm needs torchvision, which does not import under torch {torch.__version__} "
+            f"({reason}); install the torchvision built for this torch"
+        ) from exc
     return timm
 
 
@@ -58,7 +128,7 @@ def build_timm_model(raw: Mapping[str, Any], training: TrainingConfig) -> Any:
     """
     from trainmem.trace.lora import apply_lora
 
-    timm = _timm()
+    timm = import_timm()
     name = str(raw["architecture"])
     if not timm.is_model(name):
         close = timm.list_models(f"*{name.split('.')[0][:40]}*")[:5]
