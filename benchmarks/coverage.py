@@ -42,6 +42,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from trainmem.errors import UnsupportedError
 from trainmem.estimate import default_attention_of, estimate, image_sequence
 from trainmem.specs.training import TrainingConfig
 
@@ -400,9 +401,11 @@ def timm_group(
     """(model name, outcome, detail) per timm model of :data:`TIMM_MODELS`, at its own input
     size (``pretrained_cfg["input_size"]``)."""
     try:
-        import timm
-    except ImportError:
-        yield "timm", "excluded", "timm is not installed (pip install 'trainmem[vision]')"
+        from trainmem.trace.timm_model import import_timm
+
+        timm = import_timm()
+    except (ImportError, UnsupportedError) as exc:  # no torch, no timm, or no torchvision
+        yield "timm", "excluded", _one_line(exc)
         return
     for name in [n for n in TIMM_MODELS if not only or n in only][:limit]:
         if not timm.is_model(name):

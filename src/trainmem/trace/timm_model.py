@@ -101,7 +101,9 @@ def import_timm() -> Any:
         _import_torchvision()
         import timm
     except ImportError as exc:
-        raise UnsupportedError(f"timm models need the timm library: {VISION_INSTALL}") from exc
+        raise UnsupportedError(
+            f"timm models need the timm library ({exc}): {VISION_INSTALL}"
+        ) from exc
     except RuntimeError as exc:
         reason = " ".join(str(exc).split())[:200]
         raise UnsupportedError(
