@@ -114,6 +114,7 @@ run as if it applied, the checkpointed one failed inside torch's reentrant check
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import re
@@ -127,11 +128,13 @@ from trainmem.estimate import estimate
 from trainmem.specs.training import TrainingConfig
 
 MODELS = Path(__file__).resolve().parents[1] / "tests" / "models"
-TARGETS = {
+TARGETS: dict[str, Path | str] = {
     "formula (qwen2)": MODELS / "formula" / "qwen2.json",
     "remote code (qwen-7b)": MODELS / "remote_code" / "qwen-7b.json",
     "diffusers (pixart)": MODELS / "diffusers" / "tiny-pixart.json",
 }
+if importlib.util.find_spec("timm") is not None:  # the optional extra (trainmem[vision])
+    TARGETS["timm (test_vit)"] = "timm:test_vit"
 AGREEMENT = MODELS / "agreement" / "llama_h2048.json"
 AGREEMENT_SEQ_LEN = 256
 _DP: dict[str, Any] = {"data_parallel_size": 4}
@@ -344,7 +347,9 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
 }
 
 
-def _run(target: Path, settings: dict[str, Any], engine: str, seq_len: int = 64) -> tuple[str, int]:
+def _run(
+    target: Path | str, settings: dict[str, Any], engine: str, seq_len: int = 64
+) -> tuple[str, int]:
     try:
         training = TrainingConfig(micro_batch_size=2, seq_len=seq_len, **settings)
         est = estimate(str(target), training, engine=engine, simulate_allocator=False)
