@@ -12,6 +12,7 @@ torchvision::nms does not exist". The expected schemas are the extension's own s
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -45,17 +46,22 @@ _lib.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
 """
 
 _CHECK = """
+import importlib.util
 import json
+import sys
 import torch
 from trainmem.errors import UnsupportedError
+from trainmem.trace import _torch
+
+_torch.require_torch()  # every traced path's first step: transformers imports torchvision too
+out = {"torchvision": "torchvision" in sys.modules}
 from trainmem.trace import timm_model
 
-out = {}
 try:
     out["timm"] = timm_model.import_timm().__name__
 except UnsupportedError as exc:
     out["error"] = str(exc)
-out["defined"] = len(timm_model._SCHEMA_LIBRARIES)
+out["defined"] = len(_torch._SCHEMA_LIBRARIES)
 out["schemas"] = [
     str(getattr(torch.ops.torchvision, op).default._schema)
     for op in ("nms", "qnms")
@@ -84,7 +90,7 @@ def _run(tmp_path: Path, torchvision_init: str) -> dict[str, object]:
 
 def test_missing_extension_gets_the_schemas_and_the_ops_still_fail(tmp_path: Path) -> None:
     out = _run(tmp_path, _FAKE_KERNELS)
-    assert out["timm"] == "timm"
+    assert out["torchvision"] is True and out["timm"] == "timm"
     assert out["defined"] == 1
     assert out["schemas"] == [
         "torchvision::nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
@@ -100,6 +106,24 @@ def test_nothing_is_defined_when_the_extension_loaded(tmp_path: Path) -> None:
 
 def test_another_torchvision_failure_is_a_one_line_error(tmp_path: Path) -> None:
     out = _run(tmp_path, "raise RuntimeError('torchvision broke otherwise')\n")
+    assert out["torchvision"] is False
     assert out["defined"] == 0 and out["schemas"] == []
     assert "torchvision broke otherwise" in str(out["error"])
     assert "install the torchvision built for this torch" in str(out["error"])
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("torchvision") is None, reason="needs an installed torchvision"
+)
+def test_transformers_models_import_beside_the_installed_torchvision() -> None:
+    """With the installed torchvision (whatever its extension does), a transformers model's
+    module imports after require_torch: transformers imports torchvision for every model."""
+    code = (
+        "from trainmem.trace._torch import require_torch\n"
+        "require_torch()\n"
+        "import transformers.models.qwen2.modeling_qwen2\n"
+        "print('imported')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO_DIR / "src")}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.stdout.strip() == "imported", proc.stderr[-500:]

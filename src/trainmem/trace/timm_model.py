@@ -11,27 +11,11 @@ Note [timm training step]
     defaults (0 unless the config names them), as ``timm.create_model`` builds it. Mixup, the
     EMA copy (``--ema``) and channels-last are options of the script, not of the model.
 
-Note [torchvision without its C ops]
-    timm imports torchvision unconditionally (timm 1.0.31 timm/layers/create_norm.py:29, ``from
-    torchvision.ops.misc import FrozenBatchNorm2d``). A torchvision wheel built for another
-    torch (PyPI's torchvision 0.28.0 is a CUDA build; beside the CPU torch 2.13.0 wheel its
-    ``_C.so`` cannot load ``libc10_cuda.so``) still imports its Python code: the load failure
-    is caught (torchvision/extension.py ``_load_library``, ``_has_ops()`` is then False) and
-    every op wrapper checks ``_assert_has_ops()``. Only torchvision/_meta_registrations.py:163
-    and :177 register fake kernels for ``torchvision::nms`` / ``qnms`` unconditionally, and
-    ``torch.library.register_fake`` raises "operator torchvision::nms does not exist" when the
-    extension, which defines their schemas, did not load. So when that import fails that way,
-    trainmem defines the two schemas the extension would have defined (torchvision v0.28.0
-    torchvision/csrc/ops/nms.cpp and csrc/ops/quantized/cpu/qnms_kernel.cpp, the same strings
-    as in the wheel's ``_C.so``), with no kernel, and imports torchvision again. Calling either
-    op still fails (``torchvision.ops.nms`` -> ``_assert_has_ops`` RuntimeError; the raw op ->
-    NotImplementedError, no CPU kernel), and no image model timm builds calls them (they are
-    detection ops). When the extension loaded, the import succeeds the first time and nothing
-    is defined.
-
 Source: pytorch-image-models train.py ``train_one_epoch``, timm/models/_builder.py
 ``build_model_with_cfg`` (``pretrained_cfg``), timm/_hub.py ``save_config_for_hf`` (the hub
-``config.json``); torchvision v0.28.0 torchvision/_meta_registrations.py, extension.py.
+``config.json``). timm imports torchvision (timm 1.0.31 timm/layers/create_norm.py:29), which
+:func:`trainmem.trace._torch.require_torch` has imported first (Note [torchvision without its C
+ops]).
 """
 
 from __future__ import annotations
@@ -56,39 +40,9 @@ __all__ = [
 
 VISION_INSTALL = "pip install 'trainmem[vision]' (timm)"
 
-TORCHVISION_OP_SCHEMAS: dict[str, str] = {
-    "nms": "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
-    "qnms": "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
-}
-"""The ops torchvision's meta registrations need to exist, by name, with the schema its C
-extension defines (Note [torchvision without its C ops])."""
-
-_SCHEMA_LIBRARIES: list[Any] = []
-"""The ``torch.library.Library`` holding those schemas: a Library removes its definitions when
-it is garbage-collected, so it lives as long as the process."""
-
-
-def _import_torchvision() -> None:
-    """Import torchvision; if that fails only because its C extension did not load, define the
-    schemas of the ops its meta registrations need and import it again (Note [torchvision
-    without its C ops])."""
-    try:
-        import torchvision  # noqa: F401
-    except ImportError:
-        return  # not installed: timm's own import says so
-    except RuntimeError as exc:
-        missing = [op for op in TORCHVISION_OP_SCHEMAS if not hasattr(torch.ops.torchvision, op)]
-        if "torchvision::" not in str(exc) or not missing:
-            raise
-        library = torch.library.Library("torchvision", "FRAGMENT")
-        for op in missing:
-            library.define(TORCHVISION_OP_SCHEMAS[op])
-        _SCHEMA_LIBRARIES.append(library)
-        import torchvision  # noqa: F401, F811
-
 
 def import_timm() -> Any:
-    """The ``timm`` module, importing torchvision first (Note [torchvision without its C ops]).
+    """The ``timm`` module, after torchvision (Note [torchvision without its C ops]).
 
     Returns:
         The ``timm`` module.
@@ -98,8 +52,7 @@ def import_timm() -> Any:
             torch (naming both versions).
     """
     try:
-        _import_torchvision()
-        import timm
+        import timm  # imports torchvision, which require_torch imported first
     except ImportError as exc:
         raise UnsupportedError(
             f"timm models need the timm library ({exc}): {VISION_INSTALL}"
