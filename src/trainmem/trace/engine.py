@@ -175,8 +175,11 @@ def apply_activation_checkpointing(model: Any, mode: str, *, reentrant: bool = F
     HF models: ``model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=
     {"use_reentrant": False})`` (``transformers/modeling_utils.py``); diffusers models:
     ``model.enable_gradient_checkpointing(func)`` (``diffusers/models/modeling_utils.py``, the
-    blocks its forward checkpoints). Other models: every element
-    of every ``nn.ModuleList`` is wrapped in ``torch.utils.checkpoint.checkpoint``.
+    blocks its forward checkpoints); timm models, ``full`` and non-reentrant:
+    ``model.set_grad_checkpointing(True)``, what timm's train.py ``--grad-checkpointing`` calls
+    (its blocks through timm/models/_manipulate.py ``checkpoint`` / ``checkpoint_seq``,
+    ``use_reentrant=False`` unless ``TIMM_REENTRANT_CKPT``; timm 1.0.31). Other models: every
+    element of every ``nn.ModuleList`` is wrapped in ``torch.utils.checkpoint.checkpoint``.
     ``selective`` is op-level selective checkpointing as in torchtitan: attention outputs and
     every other matmul output are saved, everything else is recomputed
     (``torch.utils.checkpoint.create_selective_checkpoint_contexts``; torchtitan
@@ -219,6 +222,9 @@ def apply_activation_checkpointing(model: Any, mode: str, *, reentrant: bool = F
         model.enable_gradient_checkpointing(
             lambda module, *args: checkpoint(module.__call__, *args, **kwargs)
         )
+        return
+    if mode == "full" and not reentrant and hasattr(model, "set_grad_checkpointing"):
+        model.set_grad_checkpointing(True)  # timm
         return
     wrapped = 0
     for module in model.modules():

@@ -80,7 +80,9 @@ def _features(module: Any) -> tuple[int, int]:
 
 
 def layer_stack(model: Any) -> tuple[str, Any]:
-    """The transformer layers: the longest ``nn.ModuleList`` of one module class.
+    """The transformer layers: the longest ``nn.ModuleList`` of one module class; in a model
+    with no ``nn.ModuleList`` (timm's ViT, Swin, ConvNeXt: ``blocks`` / ``stages`` are
+    ``nn.Sequential``), the longest ``nn.Sequential`` of one module class.
 
     Args:
         model: any ``nn.Module``.
@@ -89,16 +91,19 @@ def layer_stack(model: Any) -> tuple[str, Any]:
         ``(dotted name, ModuleList)``.
 
     Raises:
-        UnsupportedError: the model has no ``nn.ModuleList``.
+        UnsupportedError: the model has no ``nn.ModuleList`` or ``nn.Sequential``.
     """
     best: tuple[int, str, Any] | None = None
-    for name, module in model.named_modules():
-        if not isinstance(module, torch.nn.ModuleList) or len(module) == 0:
-            continue
-        kinds = Counter(type(m) for m in module)
-        n = kinds.most_common(1)[0][1]
-        if best is None or n > best[0]:
-            best = (n, name, module)
+    for container in (torch.nn.ModuleList, torch.nn.Sequential):
+        for name, module in model.named_modules():
+            if not isinstance(module, container) or len(module) == 0:
+                continue
+            kinds = Counter(type(m) for m in module)
+            n = kinds.most_common(1)[0][1]
+            if best is None or n > best[0]:
+                best = (n, name, module)
+        if best is not None:
+            break
     if best is None:
         raise UnsupportedError(
             "LoRA tracing needs the transformer layers in an nn.ModuleList; wrap the model with "
