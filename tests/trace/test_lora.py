@@ -237,3 +237,20 @@ def test_an_output_projection_defined_first_is_still_o() -> None:
         "v": ("self_attn.qkv_proj",),
         "o": ("self_attn.o_proj",),
     }
+
+
+def test_layer_stack_without_a_module_list_is_the_longest_sequential_of_one_block() -> None:
+    """timm's ViT keeps its blocks in an ``nn.Sequential`` and has no ``nn.ModuleList``."""
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+    blocks = torch.nn.Sequential(Block(), Block(), Block())
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GELU(), blocks)
+    name, stack = layer_stack(model)
+    assert (name, stack) == ("2", blocks)
+    # a ModuleList, when there is one, still wins over a longer Sequential
+    with_list = torch.nn.ModuleDict({"seq": blocks, "list": torch.nn.ModuleList([Block()])})
+    assert layer_stack(with_list)[0] == "list"

@@ -101,3 +101,22 @@ def test_the_page_takes_a_timm_name_as_the_cli_does(invoke_json) -> None:
     page = numbers(run(resolve_request(values)))
     cli = invoke_json(*shlex.split(cli_command(values))[1:])
     assert page.breakdown_bytes == cli["breakdown_bytes"]
+
+
+def test_full_checkpointing_is_timms_own_and_keeps_fewer_activations() -> None:
+    """timm's train.py ``--grad-checkpointing`` calls ``model.set_grad_checkpointing(True)``;
+    the traced step does the same, so the blocks' activations are no longer kept."""
+    from trainmem.estimate import estimate
+    from trainmem.specs.training import TrainingConfig
+    from trainmem.trace.engine import apply_activation_checkpointing
+
+    model = timm.create_model("test_vit", pretrained=False)
+    apply_activation_checkpointing(model, "full")
+    assert model.grad_checkpointing is True
+
+    def peak(mode: str) -> int:
+        training = TrainingConfig(micro_batch_size=8, activation_checkpointing=mode)
+        est = estimate("timm:test_vit", training, engine="generic", simulate_allocator=False)
+        return int(est.breakdown.allocated_bytes)
+
+    assert peak("full") < peak("none")
