@@ -43,6 +43,14 @@ _STILL_REFUSED = {
     ("hsdp 4 / 2 + context parallel 2", "diffusers"),
     # peft's adapters beside diffusers' tensor-parallel plan (trainmem.trace.diffusers_parallel)
     ("lora r16 + tensor parallel 2", "diffusers"),
+    # timm's train.py runs data parallelism and whole-block checkpointing only
+    # (trainmem.trace.timm_model.check_timm_settings)
+    ("pipeline 2", "timm"),
+    ("lora r16 + pipeline 2", "timm"),
+    ("tensor parallel 2 + sp", "timm"),
+    ("lora r16 + tensor parallel 2", "timm"),
+    ("hsdp 4 / 2 + context parallel 2", "timm"),
+    ("checkpointing selective", "timm"),
 }
 """Cells refused on purpose, for options the formulas do not support on that model kind."""
 _EXTRA = {"litgpt": "litgpt", "timm": "timm"}

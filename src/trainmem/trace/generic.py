@@ -156,6 +156,7 @@ def recipe_for_config(
     if is_timm_config(raw):
         from trainmem.trace import timm_model as tm
 
+        tm.check_timm_settings(training)
         return Recipe(
             name,
             lambda: tm.build_timm_model(raw, training),

@@ -32,6 +32,7 @@ torch = require_torch()
 
 __all__ = [
     "build_timm_model",
+    "check_timm_settings",
     "import_timm",
     "make_timm_batch",
     "timm_forward_loss",
@@ -64,6 +65,45 @@ def import_timm() -> Any:
             f"({reason}); install the torchvision built for this torch"
         ) from exc
     return timm
+
+
+def check_timm_settings(training: TrainingConfig) -> None:
+    """Refuse the settings timm's training does not run, each with what is traced instead.
+
+    timm's train.py distributes by data parallelism only (``DistributedDataParallel``, or
+    FSDP / ZeRO through a wrapper around the whole model) and checkpoints whole blocks
+    (``--grad-checkpointing``: ``set_grad_checkpointing``); no timm model has a tensor-parallel
+    plan (torchtitan's Llama plan names ``self_attn.q_proj``), pipeline stages (the traced ones
+    are cut from transformers language models) or token ids to shard for context parallelism.
+
+    Raises:
+        UnsupportedError: the settings above, named with the reason.
+    """
+    traced = (
+        "traced: data parallelism, ZeRO / FSDP (--zero-stage, --data-parallel-size), full "
+        "checkpointing (timm's --grad-checkpointing)"
+    )
+    why = {
+        "tensor_parallel_size": (
+            training.tensor_parallel_size > 1,
+            "no timm model has a tensor-parallel plan",
+        ),
+        "pipeline_parallel_size": (
+            training.pipeline_parallel_size > 1,
+            "the traced pipeline stages are cut from transformers language models",
+        ),
+        "context_parallel_size": (
+            training.context_parallel_size > 1,
+            "context parallelism shards token ids, which an image model takes none of",
+        ),
+        "activation_checkpointing": (
+            training.activation_checkpointing == "selective",
+            "timm checkpoints whole blocks (set_grad_checkpointing), not single ops",
+        ),
+    }
+    refused = [f"{k}={getattr(training, k)} ({reason})" for k, (on, reason) in why.items() if on]
+    if refused:
+        raise UnsupportedError(f"a timm model's trace does not run {'; '.join(refused)}; {traced}")
 
 
 def build_timm_model(raw: Mapping[str, Any], training: TrainingConfig) -> Any:
