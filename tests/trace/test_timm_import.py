@@ -127,3 +127,22 @@ def test_transformers_models_import_beside_the_installed_torchvision() -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO_DIR / "src")}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert proc.stdout.strip() == "imported", proc.stderr[-500:]
+
+
+@pytest.mark.parametrize(
+    ("settings", "named"),
+    [
+        ({"tensor_parallel_size": 2}, "tensor_parallel_size=2"),
+        ({"pipeline_parallel_size": 2, "gradient_accumulation_steps": 4}, "pipeline_parallel_size"),
+        ({"activation_checkpointing": "selective"}, "activation_checkpointing=selective"),
+    ],
+)
+def test_timm_settings_train_py_does_not_run_are_refused(settings: dict, named: str) -> None:
+    from trainmem.errors import UnsupportedError
+    from trainmem.specs.training import TrainingConfig
+    from trainmem.trace.timm_model import check_timm_settings
+
+    with pytest.raises(UnsupportedError, match="traced: data parallelism") as info:
+        check_timm_settings(TrainingConfig(**settings))
+    assert named in str(info.value)
+    check_timm_settings(TrainingConfig(activation_checkpointing="full"))  # timm's own: runs

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from trainmem.errors import UnsupportedError
+from trainmem.errors import NotApplicableError, UnsupportedError
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
 from trainmem.trace.quantized import parameter_dtype, quantize_base
@@ -77,8 +77,15 @@ def check_timm_settings(training: TrainingConfig) -> None:
     are cut from transformers language models) or token ids to shard for context parallelism.
 
     Raises:
+        NotApplicableError: a chunked cross-entropy (a timm model has no token logits).
         UnsupportedError: the settings above, named with the reason.
     """
+    if training.chunked_cross_entropy > 0:
+        raise NotApplicableError(
+            f"chunked_cross_entropy={training.chunked_cross_entropy}: a chunked cross-entropy "
+            "splits a language model's token logits, and a timm model's loss is one "
+            "cross-entropy on [b, num_classes] class logits: leave it 0"
+        )
     traced = (
         "traced: data parallelism, ZeRO / FSDP (--zero-stage, --data-parallel-size), full "
         "checkpointing (timm's --grad-checkpointing)"
