@@ -344,34 +344,47 @@ def eager_scores_forward_bytes(model: ModelSpec, training: TrainingConfig) -> tu
 
 def forward_kv_cache_bytes(model: ModelSpec, training: TrainingConfig, num_layers: int) -> int:
     """Bytes of the KV cache transformers builds in training (``ModelSpec.forward_kv_cache``),
-    alive from each layer's attention to the end of forward (the loss): per layer the cache's
-    copy of the rotated keys, r * kv_heads * head_dim bytes per token (fp32 under autocast: the
-    rotary tables are fp32), which SDPA does not save (it saves its own 16-bit cast). The
-    values' copy is in the values' own dtype, the compute dtype c, and is the very tensor SDPA
-    saves (counted in ``attention/v``), so nothing extra, unless k and v reach attention repeated
-    to every query head (:func:`sdpa_expands_kv` with fewer kv heads), when SDPA saves the
-    repeated copy and the cache's values are c * kv_heads * head_dim bytes per token more. When
-    r = c the keys' copy is the saved key too, and nothing is extra. Source: transformers 5.24
-    cache_utils.py
-    ``DynamicLayer.lazy_initialization`` (an empty tensor in the keys' / values' dtype) and
-    ``update`` (``torch.cat``); modeling_llama.py ``LlamaModel.forward`` (``DynamicCache``
-    when ``use_cache``). transformers 4.x appends the tensors themselves, which keeps the same
-    fp32 keys alive; 5.23 created the empty tensor in fp32, so its values' copy was fp32 too
-    (r * kv_heads * head_dim more per token and layer, not modelled)."""
+    alive from each layer's attention to the end of forward (the loss), beyond what SDPA saves.
+
+    Note [The training KV cache's copies]
+        transformers 5.24 cache_utils.py ``DynamicLayer.lazy_initialization`` makes an empty
+        tensor in the keys' / values' own dtype and ``update`` concatenates onto it
+        (``torch.cat``: a copy), and modeling_llama.py ``LlamaAttention.forward`` hands the
+        cache's copies on to attention (``key_states, value_states =
+        past_key_values.update(...)``); ``LlamaModel.forward`` builds a ``DynamicCache`` when
+        ``use_cache`` and returns it in the output. Per layer, r * kv_heads * head_dim bytes
+        per token of rotated keys (fp32 under autocast: the rotary tables are fp32; r = c
+        otherwise) and c * kv_heads * head_dim of values. What SDPA saves decides which are
+        extra:
+
+        * k and v handed to the kernel as they are (GQA in the kernel, or as many kv heads as
+          query heads): it saves the cache's tensors themselves, except the fp32 keys under
+          autocast, of which it saves its own 16-bit cast: the keys' copy is extra when r != c;
+        * k and v repeated to every query head first (:func:`sdpa_expands_kv` with fewer kv
+          heads: integrations/sdpa_attention.py ``repeat_kv``, a new tensor; or the kernel's
+          own repeat): it saves the repeated tensors, so both of the cache's copies are extra,
+          whatever r and c (32-true, bf16-true, and a quantized base's fp32 stream alike).
+
+        Checked on a real CPU run (transformers 5.24, peft 0.21.2 LoRA on q / v, bitsandbytes
+        0.50.2 nf4 under peft's k-bit preparation, a 2-layer Llama with 2 of 4 kv heads, saved
+        tensors by storage): without a mask no cache tensor but the autocast run's fp32 keys is
+        unsaved; with a padded batch's mask (transformers repeats k / v) none of them is saved,
+        under 32-true, bf16-true and bf16-mixed, plain and nf4. transformers 4.x appends the
+        tensors themselves, which keeps the same tensors alive; 5.23 created the empty tensor in
+        fp32, so its values' copy was fp32 too (r * kv_heads * head_dim more per token and
+        layer, not modelled)."""
     c, r = compute_and_residual_bytes(training)
+    expanded = model.num_kv_heads < model.num_heads and sdpa_expands_kv(training)
     if (
         not model.forward_kv_cache
-        or r == c
+        or (r == c and not expanded)
         or training.activation_checkpointing != "none"
         or not training.conventions.hf_model_code
     ):
         return 0
     t = training.micro_batch_size * tokens_per_sequence(model, training)
-    per_layer = r * model.num_kv_heads * model.head_dim * t
-    if model.num_kv_heads < model.num_heads and sdpa_expands_kv(training):
-        # k and v reach attention repeated to every query head (``repeat_kv``: a new tensor),
-        # which is what it saves: the cache's values copy is extra too (seen in the generic
-        # path's trace of a padded batch, transformers Qwen2 with 4 of 8 kv heads)
+    per_layer = r * model.num_kv_heads * model.head_dim * t  # the keys' copy
+    if expanded:  # the values' copy: SDPA saves the repeated tensor
         per_layer += c * model.num_kv_heads * model.head_dim * t
     return num_layers * -(-per_layer // parallel_divisor("attention/v", training))
 
