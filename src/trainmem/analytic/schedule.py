@@ -155,7 +155,11 @@ from trainmem.analytic.transforms.checkpointing import (
     tensor_sizes,
     weight_blocks,
 )
-from trainmem.analytic.transforms.loop import returned_cache_bytes, zero_grad_policy
+from trainmem.analytic.transforms.loop import (
+    layer_kv_cache_bytes,
+    returned_presents_bytes_of,
+    zero_grad_policy,
+)
 from trainmem.analytic.transforms.reentrant import KEY as REENTRANT_OUTPUT_KEY
 from trainmem.analytic.transforms.sharding import group_states
 from trainmem.breakdown import MemoryCategory as Cat
@@ -609,6 +613,9 @@ class _Layers:
         self.dora_order = dora_moments_per_linear(ctx.model, ctx.training)
         self.scores_tmp, self.mask_tmp = eager_scores_forward_bytes(ctx.model, ctx.training)
         self.copies = sequence_parallel_copies(ctx.model, ctx.training)
+        # Note [The training KV cache's copies]: each layer's copies from its attention on,
+        # freed with the model output (_Ends.head_forward); the loop's held cache is one block
+        self.kv_cache = 0 if transforms.held_cache else layer_kv_cache_bytes(ctx)
         # Note [Forward tensors held at the down projection], per first layer or not
         self.inner_unsaved = layer_is_checkpointed(ctx.training)
         saves_input = first_norm_saves_its_input(ctx.model, ctx.training)
@@ -724,7 +731,8 @@ class _Layers:
             names = [term for term, _ in plan.saved + dropped_blocks]
             groups = _linear_groups(names)
             blocks = saved + dropped
-            body += [op for op, g in zip(blocks, groups, strict=True) if g == 0] + scores
+            body += [op for op, g in zip(blocks, groups, strict=True) if g == 0]
+            body += self._kv_cache() + scores
             body += [free(op, f) for op in scores]
             body += em.at("layer.o.forward", where)
             body += [op for op, g in zip(blocks, groups, strict=True) if g == 1]
@@ -735,13 +743,21 @@ class _Layers:
         n_dropped = sum(not term.startswith("mlp/") for term, _ in dropped_blocks)
         names = [term for term, _ in plan.saved[:n_saved] + dropped_blocks[:n_dropped]]
         attention, partial = self._collectives(saved[:n_saved] + dropped[:n_dropped], names, "o")
-        body += attention + scores
+        body += attention + self._kv_cache() + scores
         body += [free(op, f) for op in scores]
         body += partial
         names = [term for term, _ in plan.saved[n_saved:] + dropped_blocks[n_dropped:]]
         mlp, partial = self._collectives(saved[n_saved:] + dropped[n_dropped:], names, "down")
         body += mlp + partial
         return self._forward_end(body, em, where, dropped)
+
+    def _kv_cache(self) -> list[Item]:
+        """The layer's KV cache copies, made at its attention (Note [The training KV cache's
+        copies]), freed with the model output (``_Ends.head_forward``)."""
+        if not self.kv_cache:
+            return []
+        label = "the KV cache transformers builds in training, until the loss"
+        return [alloc(self.kv_cache, Cat.TEMPORARY, "forward", "kv_cache/{i}", "layers.{i}", label)]
 
     def _forward_end(
         self, body: list[Item], em: Emitter, where: Where, dropped: list[Op]
@@ -1073,7 +1089,10 @@ class _Ends:
         self.chunk_wgrad = chunked_head_weight_grad_bytes(model, training) if head else 0
         # transformers' KV cache in training, or the presents that keep each layer's fused
         # QKV output (transformers < 4.54 GPT-BigCode under checkpointing), until the loss
-        self.kv_cache = 0 if transforms.held_cache else returned_cache_bytes(ctx)
+        self.kv_cache = 0 if transforms.held_cache else returned_presents_bytes_of(ctx)
+        # each layer's KV cache copies (_Layers), freed with the model output
+        self.layer_cache = 0 if transforms.held_cache else layer_kv_cache_bytes(ctx)
+        self.layer_caches = ctx.num_layers if self.layer_cache else 0
         self.final_hidden = final_hidden_transient_bytes(model, training) if head else 0
         self.input_grad_hook = input_grad_hook_bytes(model, training) if rank.stage == 0 else 0
         self.emb_acts = ctx.profile.embedding if rank.stage == 0 else 0
@@ -1192,7 +1211,11 @@ class _Ends:
             items += [logits, *em.at("head.post_forward", where), *head_act, free(logits, f)]
         if not self.tr.held_logits:
             items.append(free(logits16, f))
-        return [*items, free(hidden, f), free(cache, f)]
+        caches = [
+            free(alloc(self.layer_cache, Cat.TEMPORARY, f, f"kv_cache/{k}", f"layers.{k}"), f)
+            for k in range(self.layer_caches)
+        ]
+        return [*items, free(hidden, f), free(cache, f), *caches]
 
     def _loss_gradients(self) -> tuple[list[Op], Op]:
         """The loss's (tokens x vocab) gradients, two for a cross-entropy, three under DTensor's

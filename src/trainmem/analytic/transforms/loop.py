@@ -172,10 +172,19 @@ def returned_cache_bytes(ctx: RankContext) -> int:
     (:func:`~trainmem.analytic.attention.forward_kv_cache_bytes`) or the presents it returns
     (:func:`~trainmem.analytic.attention.returned_presents_bytes`) over the rank's layers: the
     model output holds them until the loss, or as long as the loop binds the output."""
-    n = ctx.num_layers
-    return forward_kv_cache_bytes(ctx.model, ctx.training, n) + returned_presents_bytes(
-        ctx.model, ctx.training, n
-    )
+    return ctx.num_layers * layer_kv_cache_bytes(ctx) + returned_presents_bytes_of(ctx)
+
+
+def layer_kv_cache_bytes(ctx: RankContext) -> int:
+    """One layer's KV cache copies beyond what SDPA saves (Note [The training KV cache's
+    copies]), made at its attention."""
+    return forward_kv_cache_bytes(ctx.model, ctx.training, 1)
+
+
+def returned_presents_bytes_of(ctx: RankContext) -> int:
+    """The presents the rank's layers return (:func:`~trainmem.analytic.attention.
+    returned_presents_bytes`), one block with the model output."""
+    return returned_presents_bytes(ctx.model, ctx.training, ctx.num_layers)
 
 
 def bound_cache_bytes(ctx: RankContext) -> int:
