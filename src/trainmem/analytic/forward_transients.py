@@ -27,7 +27,13 @@ Note [Forward tensors held at the down projection]
       decoder_layer(hidden_states, ...)``), unless the first norm saves it as itself;
     * in transformers' model code, the embeddings' output (r t h), bound as ``inputs_embeds``
       in ``LlamaModel.forward`` for the whole loop (``hidden_states = inputs_embeds``): a
-      tensor of its own from the second layer on (the first layer's input is that tensor).
+      tensor of its own from the second layer on (the first layer's input is that tensor),
+      also where the norms save their input as itself but the embeddings are frozen
+      (:func:`~trainmem.analytic.activation_shapes.frozen_embeddings`): torch records no
+      saved tensor for an input that needs no grad, so the first layer's norm saves nothing
+      of it (checked on a real CPU run, transformers 5.24 + peft 0.21.2 LoRA on a tiny Llama,
+      saved tensors by storage: ``inputs_embeds`` is never saved, under 32-true, bf16-true,
+      bf16-mixed, plain and bitsandbytes nf4 bases).
 
     Under full checkpointing (and op-level selective with SDPA) the layer runs without saving
     its inner tensors: the gate's output and ``act(gate)`` / ``up`` are freed once their
@@ -68,7 +74,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from trainmem.analytic.activation_parallelism import parallel_divisor
-from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
+from trainmem.analytic.activation_shapes import (
+    compute_and_residual_bytes,
+    frozen_embeddings,
+    tokens_per_sequence,
+)
 from trainmem.analytic.checkpointing import layer_checkpoint_reentrant, layer_is_checkpointed
 from trainmem.analytic.float8 import float8_eager_casts
 from trainmem.analytic.lora import adapter_matmul_bytes
@@ -137,7 +147,9 @@ def down_projection_held_bytes(
     kept = input_saved or inner  # the layer's input is saved (by its norm or the checkpoint)
     if not kept:
         out.append(r * h)  # the layer's input
-    if training.conventions.hf_model_code and has_embedding and not (first_layer or kept):
+    # the first layer's norm saves nothing of a frozen embeddings' output (it needs no grad)
+    embeds_kept = inner or (input_saved and not frozen_embeddings(training))
+    if training.conventions.hf_model_code and has_embedding and not (first_layer or embeds_kept):
         out.append(r * h)  # inputs_embeds, also the first layer's input
     return out
 
