@@ -362,8 +362,11 @@ def forward_kv_cache_bytes(model: ModelSpec, training: TrainingConfig, num_layer
           autocast, of which it saves its own 16-bit cast: the keys' copy is extra when r != c;
         * k and v repeated to every query head first (:func:`sdpa_expands_kv` with fewer kv
           heads: integrations/sdpa_attention.py ``repeat_kv``, a new tensor; or the kernel's
-          own repeat): it saves the repeated tensors, so both of the cache's copies are extra,
-          whatever r and c (32-true, bf16-true, and a quantized base's fp32 stream alike).
+          own repeat; in a sliding-window layer past the window, whose explicit mask makes
+          transformers repeat them, :func:`sliding_mask_applies`): it saves the repeated
+          tensors, so both of the cache's copies are extra, whatever r and c (32-true,
+          bf16-true, and a quantized base's fp32 stream alike). A model mixing sliding and
+          full layers gets the layers' mean (the schedule's layer body is one for all).
 
         Checked on a real CPU run (transformers 5.24, peft 0.21.2 LoRA on q / v, bitsandbytes
         0.50.2 nf4 under peft's k-bit preparation, a 2-layer Llama with 2 of 4 kv heads, saved
@@ -374,19 +377,26 @@ def forward_kv_cache_bytes(model: ModelSpec, training: TrainingConfig, num_layer
         fp32, so its values' copy was fp32 too (r * kv_heads * head_dim more per token and
         layer, not modelled)."""
     c, r = compute_and_residual_bytes(training)
-    expanded = model.num_kv_heads < model.num_heads and sdpa_expands_kv(training)
     if (
         not model.forward_kv_cache
-        or (r == c and not expanded)
         or training.activation_checkpointing != "none"
         or not training.conventions.hf_model_code
     ):
         return 0
+    grouped = model.num_kv_heads < model.num_heads
+    if grouped and sdpa_expands_kv(training):
+        repeated = num_layers
+    elif grouped and sliding_mask_applies(model, training):
+        # the sliding layers' explicit mask makes transformers repeat their k / v
+        # (:func:`sliding_mask_bias_bytes`); the layers' mean where only some slide
+        repeated = num_layers * model.num_sliding_layers / model.num_layers
+    else:
+        repeated = 0
     t = training.micro_batch_size * tokens_per_sequence(model, training)
-    per_layer = r * model.num_kv_heads * model.head_dim * t  # the keys' copy
-    if expanded:  # the values' copy: SDPA saves the repeated tensor
-        per_layer += c * model.num_kv_heads * model.head_dim * t
-    return num_layers * -(-per_layer // parallel_divisor("attention/v", training))
+    width = -(-model.num_kv_heads * model.head_dim * t // parallel_divisor("attention/v", training))
+    keys = r * width * (num_layers if r != c else repeated)  # the keys' copies
+    values = c * width * repeated  # the values' copies: SDPA saves the repeated tensors
+    return int(keys + values)
 
 
 def returned_presents_bytes(model: ModelSpec, training: TrainingConfig, num_layers: int) -> int:

@@ -177,8 +177,9 @@ def returned_cache_bytes(ctx: RankContext) -> int:
 
 def layer_kv_cache_bytes(ctx: RankContext) -> int:
     """One layer's KV cache copies beyond what SDPA saves (Note [The training KV cache's
-    copies]), made at its attention."""
-    return forward_kv_cache_bytes(ctx.model, ctx.training, 1)
+    copies]), made at its attention: the rank's layers' mean (sliding and full layers differ)."""
+    n = ctx.num_layers
+    return forward_kv_cache_bytes(ctx.model, ctx.training, n) // n if n else 0
 
 
 def returned_presents_bytes_of(ctx: RankContext) -> int:
