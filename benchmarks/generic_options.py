@@ -106,6 +106,10 @@ agreement model (formulas 247.5 -> 308.3 MB). What is left is the formulas' gap 
 QLoRA too (+2.56 %): the training KV cache's k / v copies at r = c under a repeated-kv SDPA, and
 ``inputs_embeds`` at the down projection, neither counted (see session notes). int8 and 4-bit
 before bitsandbytes 0.43.2 (a saved 16-bit input cast per linear) stay refused.
+Session 23 (helper kvcopy): "qlora nf4 bf16-true" +2.72 -> +0.001 % (32-true QLoRA, not a set,
++2.56 -> +0.001 %): the training KV cache's k / v copies counted where SDPA takes them repeated
+at r = c too and made layer by layer at each attention (Note [The training KV cache's copies]),
+``inputs_embeds`` held at the down projection under frozen embeddings.
 Session 22 (helper misc22): the four fsdp-qlora sets are not applicable on the diffusers model
 (Answer.AI's train.py loads AutoModelForCausalLM; the message names accelerate-fsdp); three had
 run as if it applied, the checkpointed one failed inside torch's reentrant checkpoint.

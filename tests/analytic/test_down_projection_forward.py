@@ -97,3 +97,17 @@ def test_gptq_saves_no_input_so_its_layer_holds_both_at_the_down_projection() ->
     assert (terms["mlp/input"], terms["mlp/down_input"]) == (0, 0)
     out, product, x, residual, layer_input, embeds = 2 * T * H, 2 * T * INTER, *[2 * T * H] * 4
     assert _held(False, **gptq) == [out, product, x, residual, layer_input, embeds]
+
+
+def test_frozen_embeddings_output_is_held_though_the_norm_would_save_its_input() -> None:
+    """32-true (c = r = 4 B): the first norm saves its input as itself (``x.to(float32)`` is the
+    input), so a fully trained model's ``inputs_embeds`` is layer 0's saved input. Under LoRA
+    the embeddings are frozen and torch saves nothing for an input that needs no grad (a real
+    CPU run, transformers 5.24 + peft 0.21.2: ``inputs_embeds`` is never among the saved
+    tensors), so from layer 1 on it is held at the down projection, 4 x 512 x 2048 B. Beside
+    it (LoRA on q / v): down's output, its input (a frozen down saves none) and the MLP's input
+    (frozen gate / up save none); fully trained, only down's output (the rest saved)."""
+    out, product, x, embeds = 4 * T * H, 4 * T * INTER, 4 * T * H, 4 * T * H
+    assert _held(False, lora_rank=16, precision="32-true") == [out, product, x, embeds]
+    assert _held(True, lora_rank=16, precision="32-true") == [out, product, x]
+    assert _held(False, precision="32-true") == [out]

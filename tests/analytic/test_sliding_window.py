@@ -124,3 +124,19 @@ def test_flash_attention_2_gets_no_sliding_mask(tmp_path: Path) -> None:
 
     assert activations(128, "flash") == activations(None, "flash")
     assert activations(128, "sdpa") > activations(None, "sdpa")
+
+
+def test_sliding_layers_leave_the_cache_values_unsaved() -> None:
+    """Note [The training KV cache's copies]: past the window the sliding layers' explicit mask
+    makes transformers repeat k / v, so SDPA saves the repeated tensors and the cache's values
+    copy is extra too, beside the fp32 keys' copy (bf16-mixed: r = 4, c = 2). Hand: per layer
+    kv_heads x head_dim x b x s = 2 x 32 x 2 x 256 = 32,768 values; below the window
+    4 x 32,768 B per layer, past it (4 + 2) x 32,768 B."""
+    from trainmem.analytic.attention import forward_kv_cache_bytes
+
+    training = TrainingConfig(micro_batch_size=2, seq_len=256, precision="bf16-mixed")
+    per_layer = K * D * 2 * 256
+    below = model_spec_from_hf({**MISTRAL, "sliding_window": 512}, name="x")
+    past = model_spec_from_hf({**MISTRAL, "sliding_window": 128}, name="x")
+    assert forward_kv_cache_bytes(below, training, L) == L * 4 * per_layer
+    assert forward_kv_cache_bytes(past, training, L) == L * (4 + 2) * per_layer

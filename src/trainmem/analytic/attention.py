@@ -384,6 +384,7 @@ def forward_kv_cache_bytes(model: ModelSpec, training: TrainingConfig, num_layer
     ):
         return 0
     grouped = model.num_kv_heads < model.num_heads
+    repeated: float  # layers whose k / v SDPA takes repeated
     if grouped and sdpa_expands_kv(training):
         repeated = num_layers
     elif grouped and sliding_mask_applies(model, training):

@@ -751,7 +751,7 @@ class _Layers:
         body += mlp + partial
         return self._forward_end(body, em, where, dropped)
 
-    def _kv_cache(self) -> list[Item]:
+    def _kv_cache(self) -> list[Op]:
         """The layer's KV cache copies, made at its attention (Note [The training KV cache's
         copies]), freed with the model output (``_Ends.head_forward``)."""
         if not self.kv_cache:
