@@ -384,20 +384,22 @@ def forward_kv_cache_bytes(model: ModelSpec, training: TrainingConfig, num_layer
     ):
         return 0
     grouped = model.num_kv_heads < model.num_heads
-    repeated: float  # layers whose k / v SDPA takes repeated
+    # the layers whose k / v SDPA takes repeated, as a fraction of num_layers (integers only:
+    # the sizes may be a template's symbols, Note [Schedule templates])
     if grouped and sdpa_expands_kv(training):
-        repeated = num_layers
+        part, whole = 1, 1
     elif grouped and sliding_mask_applies(model, training):
         # the sliding layers' explicit mask makes transformers repeat their k / v
         # (:func:`sliding_mask_bias_bytes`); the layers' mean where only some slide
-        repeated = num_layers * model.num_sliding_layers / model.num_layers
+        part, whole = model.num_sliding_layers, model.num_layers
     else:
-        repeated = 0
+        part, whole = 0, 1
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     width = -(-model.num_kv_heads * model.head_dim * t // parallel_divisor("attention/v", training))
-    keys = r * width * (num_layers if r != c else repeated)  # the keys' copies
-    values = c * width * repeated  # the values' copies: SDPA saves the repeated tensors
-    return int(keys + values)
+    repeated = width * num_layers * part // whole
+    keys = r * width * num_layers if r != c else r * repeated  # the keys' copies
+    values = c * repeated  # the values' copies: SDPA saves the repeated tensors
+    return keys + values
 
 
 def returned_presents_bytes(model: ModelSpec, training: TrainingConfig, num_layers: int) -> int:
