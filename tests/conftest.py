@@ -3,6 +3,11 @@
 
 ``trainmem`` is imported inside the fixtures only, so collecting the tests loads nothing of it
 (tests/test_no_torch.py checks in fresh interpreters what the package imports by itself).
+One exception, at the session's start: where torch and a torchvision built for another torch
+are installed (the test install: PyPI's torchvision is a CUDA build), torchvision is imported
+as trainmem imports it (Note [torchvision without its C ops]), so that a test importing
+transformers directly (transformers 5.24 imports torchvision for every model) runs as it would
+after trainmem did, whatever test ran first in its worker.
 """
 
 from __future__ import annotations
@@ -200,3 +205,15 @@ def fake_group() -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """torchvision imported the way trainmem imports it (see the module docstring)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        from trainmem.trace._torch import import_torchvision
+
+        import_torchvision(torch)
