@@ -437,6 +437,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.disable(logging.WARNING)
     warnings.simplefilter("ignore")
     only = frozenset(n for n in args.only.split(",") if n)
+    # torch and torchvision as trainmem imports them (Note [torchvision without its C ops]):
+    # the groups import transformers / diffusers directly, which import torchvision when installed
+    from trainmem.trace._torch import require_torch
+
+    require_torch()
     results: dict[str, list[dict[str, str]]] = {}
     for group in args.groups:
         rows = results.setdefault(group, [])
