@@ -1,0 +1,243 @@
+"""Published per-GPU training memory from a source outside both development sets (issue 24's
+held-out proxy, helper probe24): trainmem's prediction against each measurement, no constant
+fitted to any of them.
+
+Source: QwenLM/Qwen README.md @85cb093f20e1faa1d772d6abe8458661f3b09202 (Feb 2024), section
+"Profiling of Memory and Speed" (https://github.com/QwenLM/Qwen#profiling-of-memory-and-speed).
+Stated there: one A100-SXM4-80G per run unless told, CUDA 11.8, PyTorch 2.0, flash attention 2,
+batch size 1, gradient accumulation 8, inputs of 256 ... 8192 tokens; "memory (GB)" with no tool
+named. Multi-GPU cells are the sum over the GPUs (the 2 x 2 multinode LoRA cell, 74.7G, is 18.7
+per GPU against 20.1 on one GPU): they are divided by the GPU count here.
+
+Setup of each method, from the same commit's scripts (finetune.py, finetune/*.sh):
+- the model's own remote code (Qwen/Qwen-7B modeling_qwen.py, ``model_type`` "qwen"), cast to
+  bf16 in ``QWenLMHeadModel.__init__`` (config bf16/fp16/fp32 all false: auto-set to bf16 where
+  supported; the Int4 checkpoints are fp16); ``--model_max_length`` pads every sample to the
+  length (``preprocess``: ``input_id += [pad] * (max_len - len(input_id))``), so the sequence
+  length is exact; ``--gradient_checkpointing``; transformers 4.32 (requirements.txt:
+  ``>=4.32.0,<4.38.0``).
+- LoRA (chat model, no ``modules_to_save``): ``finetune_lora_single_gpu.sh``, plain HF Trainer,
+  ``--bf16 True``, peft LoRA r 64 / alpha 16 / dropout 0.05 on ``c_attn``, ``c_proj``, ``w1``,
+  ``w2`` (every linear of the layers). Mapped as ``bf16-true`` with ``hf-trainer``: the Trainer
+  autocasts over weights the model already holds in bf16, which no trainmem precision states
+  (``bf16-mixed`` is fp32 weights under autocast), so these rows are approximate.
+- Q-LoRA: ``finetune_qlora_single_gpu.sh``, the GPTQ Int4 chat checkpoint (``GPTQConfig(bits=
+  4)``), ``--fp16``, DeepSpeed ZeRO-2 (``finetune/ds_config_zero2.json``) on one GPU.
+- Full-parameter: ``finetune_ds.sh``, ``--bf16``, DeepSpeed ZeRO-3 (``ds_config_zero3.json``).
+- 72B LoRA: ``finetune_lora_ds.sh`` with ``ds_config_zero3.json`` on 4 GPUs, bf16.
+Not mapped: "LoRA (emb)" (peft ``modules_to_save=["wte", "lm_head"]``: trainable copies of the
+embedding and head, which trainmem does not model), the 2-GPU full-parameter 7B cells (162.0G at
+1024 tokens is 81 GB per GPU, above the A100's 80 GB: not a per-GPU sum) and the multinode cells.
+
+Metric: the README names none. Its figures are compared with trainmem's device total
+(``max_memory_reserved`` + CUDA context, what nvidia-smi shows), ``allocated`` shown beside it.
+"G" is read as GB (1e9 B), as the development set reads a bare "GB"; the GiB reading (2**30 B,
++7.4 %) is the last column.
+
+Run: ``PYTHONPATH=src python benchmarks/published_probe.py`` (about a minute).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+SOURCE = (
+    "https://github.com/QwenLM/Qwen/blob/85cb093f20e1faa1d772d6abe8458661f3b09202/README.md"
+    "#profiling-of-memory-and-speed"
+)
+
+_QWEN = {
+    "architectures": ["QWenLMHeadModel"],
+    "model_type": "qwen",
+    "bf16": False,
+    "fp16": False,
+    "fp32": False,
+    "kv_channels": 128,
+    "layer_norm_epsilon": 1e-06,
+    "max_position_embeddings": 32768,
+    "no_bias": True,
+    "rotary_emb_base": 10000,
+    "rotary_pct": 1.0,
+    "seq_length": 8192,
+    "tie_word_embeddings": False,
+    "use_flash_attn": "auto",
+    "attn_dropout_prob": 0.0,
+    "emb_dropout_prob": 0.0,
+}
+#: config.json of each size (Qwen/Qwen-1_8B, Qwen-7B, Qwen-14B, Qwen-72B on the Hub): width,
+#: layers, heads, intermediate_size (the MLP's w1 / w2 are half of it), vocabulary.
+CONFIGS: dict[str, dict[str, Any]] = {
+    name: {
+        **_QWEN,
+        "hidden_size": h,
+        "num_hidden_layers": n_layers,
+        "num_attention_heads": heads,
+        "intermediate_size": inter,
+        "vocab_size": vocab,
+    }
+    for name, h, n_layers, heads, inter, vocab in (
+        ("qwen-1.8b", 2048, 24, 16, 11008, 151936),
+        ("qwen-7b", 4096, 32, 32, 22016, 151936),
+        ("qwen-14b", 5120, 40, 40, 27392, 152064),
+        ("qwen-72b", 8192, 80, 64, 49152, 152064),
+    )
+}
+
+#: finetune/ds_config_zero2.json and ds_config_zero3.json at the same commit (the settings
+#: that bear on memory; "auto" values are the Trainer's).
+DS_ZERO2 = {
+    "fp16": {"enabled": "auto"},
+    "bf16": {"enabled": "auto"},
+    "optimizer": {"type": "AdamW"},
+    "zero_optimization": {
+        "stage": 2,
+        "offload_optimizer": {"device": "none"},
+        "allgather_partitions": True,
+        "allgather_bucket_size": 2e8,
+        "overlap_comm": True,
+        "reduce_scatter": True,
+        "reduce_bucket_size": 2e8,
+        "contiguous_gradients": True,
+    },
+}
+DS_ZERO3 = {
+    "fp16": {"enabled": "auto"},
+    "bf16": {"enabled": "auto"},
+    "optimizer": {"type": "AdamW"},
+    "zero_optimization": {
+        "stage": 3,
+        "offload_optimizer": {"device": "none"},
+        "offload_param": {"device": "none"},
+        "overlap_comm": True,
+        "contiguous_gradients": True,
+        "sub_group_size": 1e9,
+        "reduce_bucket_size": "auto",
+        "stage3_prefetch_bucket_size": "auto",
+        "stage3_param_persistence_threshold": "auto",
+        "stage3_max_live_parameters": 1e9,
+        "stage3_max_reuse_distance": 1e9,
+    },
+}
+
+_COMMON = [
+    "--micro-batch-size", "1",
+    "--gradient-accumulation-steps", "8",
+    "--activation-checkpointing", "full",
+    "--attention", "flash",
+    "--optimizer", "adamw",
+    "--transformers-version", "4.32.0",
+    "--torch-version", "2.0.1",
+    "--gpu", "A100-80GB",
+]  # fmt: skip
+_LORA = [
+    "--lora-rank", "64", "--lora-alpha", "16", "--lora-dropout", "0.05",
+    "--lora-targets", "all-linear",
+]  # fmt: skip
+METHODS: dict[str, list[str]] = {
+    "LoRA": [*_LORA, "--framework", "hf-trainer", "--precision", "bf16-true"],
+    "Q-LoRA": [
+        *_LORA,
+        "--quantize-base", "gptq-int4",
+        "--framework", "hf-trainer",
+        "--deepspeed-config", "{ds_zero2}",
+        "--precision", "16-mixed",
+    ],
+    "Full, ZeRO-3": [
+        "--framework", "hf-trainer", "--deepspeed-config", "{ds_zero3}",
+        "--precision", "bf16-mixed",
+    ],
+    "LoRA, ZeRO-3 x4": [
+        *_LORA,
+        "--framework", "hf-trainer", "--deepspeed-config", "{ds_zero3}",
+        "--precision", "bf16-mixed", "--data-parallel-size", "4",
+    ],
+}  # fmt: skip
+
+#: (method, model, sequence length, the README's cell in G, GPUs the cell sums over)
+ROWS: list[tuple[str, str, int, float, int]] = [
+    ("LoRA", "qwen-1.8b", 256, 6.7, 1),
+    ("LoRA", "qwen-1.8b", 2048, 11.0, 1),
+    ("LoRA", "qwen-1.8b", 8192, 21.8, 1),
+    ("LoRA", "qwen-7b", 256, 20.1, 1),
+    ("LoRA", "qwen-7b", 8192, 36.6, 1),
+    ("LoRA", "qwen-14b", 256, 34.6, 1),
+    ("LoRA", "qwen-14b", 8192, 55.2, 1),
+    ("Q-LoRA", "qwen-1.8b", 256, 5.8, 1),
+    ("Q-LoRA", "qwen-1.8b", 8192, 15.8, 1),
+    ("Q-LoRA", "qwen-7b", 256, 11.5, 1),
+    ("Q-LoRA", "qwen-7b", 8192, 23.5, 1),
+    ("Q-LoRA", "qwen-14b", 256, 18.7, 1),
+    ("Q-LoRA", "qwen-14b", 8192, 27.9, 1),
+    ("Q-LoRA", "qwen-72b", 256, 61.4, 1),
+    ("Q-LoRA", "qwen-72b", 8192, 75.6, 1),
+    ("Full, ZeRO-3", "qwen-1.8b", 256, 43.5, 1),
+    ("Full, ZeRO-3", "qwen-1.8b", 8192, 48.3, 1),
+    ("LoRA, ZeRO-3 x4", "qwen-72b", 256, 215.4, 4),
+    ("LoRA, ZeRO-3 x4", "qwen-72b", 8192, 289.2, 4),
+]
+
+
+def write_inputs(folder: Path) -> dict[str, str]:
+    """The config.json files and DeepSpeed configs in ``folder``; their paths by name."""
+    paths: dict[str, str] = {}
+    for name, config in {**CONFIGS, "ds_zero2": DS_ZERO2, "ds_zero3": DS_ZERO3}.items():
+        path = folder / f"{name}.json"
+        path.write_text(json.dumps(config))
+        paths[name] = str(path)
+    return paths
+
+
+def row_args(method: str, model: str, seq_len: int, paths: dict[str, str]) -> list[str]:
+    """``trainmem estimate`` arguments of one row (without ``--json``)."""
+    args = [a.format(**paths) for a in METHODS[method]]
+    return [paths[model], "--seq-len", str(seq_len), *_COMMON, *args]
+
+
+def _pct(predicted: float, measured: float) -> str:
+    return f"{100 * (predicted - measured) / measured:+.1f}%"
+
+
+def main() -> int:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from validate import _invoke_estimate, metric_of
+
+    warnings.filterwarnings("ignore")
+    print(f"source: {SOURCE}")
+    print(
+        "| method | model | seq | measured G/GPU | device total GB | error (G = GB) "
+        "| allocated GB | error (G = GiB) |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    errors: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = write_inputs(Path(tmp))
+        for method, model, seq_len, cell, gpus in ROWS:
+            measured = cell / gpus
+            answer, error = _invoke_estimate(row_args(method, model, seq_len, paths))
+            head = f"| {method} | {model} | {seq_len} | {measured:.2f} |"
+            total = None if answer is None else metric_of(answer, "device_total")
+            if answer is None or total is None:
+                peak = {} if answer is None else answer["peak"]
+                allocated = f"{peak['allocated_bytes'] / 1e9:.2f}" if peak else ""
+                print(f"{head} {error or 'out of memory'} | | {allocated} | |")
+                continue
+            predicted = total / 1e9
+            errors.append(abs(predicted - measured) / measured)
+            allocated = answer["peak"]["allocated_bytes"] / 1e9
+            print(
+                f"{head} {predicted:.2f} | {_pct(predicted, measured)} | {allocated:.2f} "
+                f"| {_pct(predicted, measured * 2**30 / 1e9)} |"
+            )
+    if errors:
+        print(f"median |error| (G = GB): {100 * median(errors):.1f}% over {len(errors)} rows")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
