@@ -17,7 +17,7 @@ from trainmem.specs.frameworks import (
     UNSLOTH_FUSED_LOSS_SINCE,
     UNSLOTH_SMART_CHECKPOINT_SINCE,
 )
-from trainmem.specs.model import ModelSpec
+from trainmem.specs.model import REMOTE_CODE_LOSS_IN_LOGITS_DTYPE, ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
 
@@ -522,14 +522,18 @@ def shifted_logits_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     Source: transformers 4.46.0 / 4.48.0 loss/loss_utils.py ``ForCausalLMLoss`` (``logits =
     logits.float()``, then the shift); 4.45.2 modeling_mistral.py / modeling_llama.py
     ``*ForCausalLM.forward`` (the same, in the model); 4.48.0 modeling_gpt_bigcode.py (the
-    shift of the 16-bit logits). 0 from 4.49, for other model code, other losses and a chunked
-    loss."""
+    shift of the 16-bit logits). 0 from 4.49 (not for the remote-code families of
+    :data:`~trainmem.specs.model.REMOTE_CODE_LOSS_IN_LOGITS_DTYPE`, whose own file shifts the
+    logits in every release), for other model code, other losses and a chunked loss."""
     if (
         model.head != "causal-lm"
         or not training.conventions.hf_model_code
         or training.chunked_cross_entropy
         or loss_kind(model, training) != "cross-entropy"
-        or training.transformers_release >= SHIFTED_LABELS_SINCE
+        or (
+            training.transformers_release >= SHIFTED_LABELS_SINCE
+            and model.model_type not in REMOTE_CODE_LOSS_IN_LOGITS_DTYPE
+        )
     ):
         return 0
     c, _ = compute_and_residual_bytes(training)

@@ -76,6 +76,15 @@ modeling_persimmon.py; checked on the 4.45.2, 4.46.0, 4.47.0 and 4.48.0 wheels);
 (``logits = logits.float()``) and through ``ForCausalLMLoss`` after
 (``ModelSpec.causal_lm_loss_in_logits_dtype``)."""
 
+REMOTE_CODE_LOSS_IN_LOGITS_DTYPE = frozenset({"qwen"})
+"""Remote-code families whose causal-LM head computes its loss on its 16-bit logits with a
+shifted copy of them, whatever the transformers release: the Hub's modeling file runs, not
+transformers' (``trust_remote_code``). Qwen-1 (Qwen/Qwen-7B modeling_qwen.py
+``QWenLMHeadModel.forward``: ``lm_logits = self.lm_head(hidden_states)``, then ``shift_logits =
+lm_logits[..., :-1, :].contiguous()`` and ``CrossEntropyLoss()`` on them, no ``.float()``; its
+``__init__`` casts the model to bf16 / fp16 from the config's flags). The traced stand-in runs
+the same loss (``trainmem.trace.remote_code.remote_code_loss``)."""
+
 FP32_LOGITS_IN_MODEL_UNTIL: dict[str, tuple[int, ...]] = {"llama": (4, 46), "mistral": (4, 48)}
 """Families whose causal-LM forward upcasts its logits itself, so that the output it returns
 holds them in fp32, until a release: ``logits = logits.float()`` before the loss in
@@ -372,6 +381,8 @@ class ModelSpec:
         Returns:
             True when the model's own loss takes the logits as they are.
         """
+        if self.head == "causal-lm" and self.model_type in REMOTE_CODE_LOSS_IN_LOGITS_DTYPE:
+            return True
         since = CAUSAL_LM_LOSS_UPCAST_SINCE.get(self.model_type)
         return self.head == "causal-lm" and since is not None and transformers_version < since
 

@@ -30,6 +30,7 @@ from trainmem.breakdown import MemoryEstimate
 from trainmem.errors import NotApplicableError, TraceError, UnsupportedError
 from trainmem.schedule import StepSchedule
 from trainmem.specs.hardware import GPUSpec
+from trainmem.specs.model import REMOTE_CODE_LOSS_IN_LOGITS_DTYPE
 from trainmem.specs.ranks import RankMap, fsdp1_framework
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
@@ -185,16 +186,19 @@ def recipe_for_config(
             resident=tuple(frozen_components(raw, training)),
         )
     from trainmem.trace.hf_model import build_hf_training_model, hf_loss, make_hf_batch
+    from trainmem.trace.remote_code import remote_code_loss
 
     if training.framework == "litgpt":
         return _litgpt_recipe(name, raw, training)
     if training.recipe_loss not in (None, "cross-entropy"):  # cross-entropy: the model's own
         return _own_loss_recipe(name, raw, training)
     said: list[str] = []
-    return Recipe(
-        name,
-        lambda: build_hf_training_model(raw, training),
-        lambda model: _padded(
+    forward_loss = default_forward_loss(training)
+    # a remote-code family's own loss on its 16-bit logits (Qwen-1), not the stand-in's
+    own_loss = forward_loss is None and raw.get("model_type") in REMOTE_CODE_LOSS_IN_LOGITS_DTYPE
+
+    def batch(model: Any) -> Any:
+        out = _padded(
             make_hf_batch(
                 model,
                 training.micro_batch_size,
@@ -205,9 +209,17 @@ def recipe_for_config(
                 images,
             ),
             training,
-        ),
-        loss_fn=hf_loss,
-        forward_loss=default_forward_loss(training),
+        )
+        if own_loss:
+            out.pop("labels", None)
+        return out
+
+    return Recipe(
+        name,
+        lambda: build_hf_training_model(raw, training),
+        batch,
+        loss_fn=remote_code_loss if own_loss else hf_loss,
+        forward_loss=forward_loss,
         batch_notes=said,
     )
 

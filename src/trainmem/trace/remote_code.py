@@ -64,7 +64,7 @@ from trainmem.trace._torch import require_torch
 
 torch = require_torch()
 
-__all__ = ["REMOTE_CODE_TYPES", "fuse_projections", "stand_in_config"]
+__all__ = ["REMOTE_CODE_TYPES", "fuse_projections", "remote_code_loss", "stand_in_config"]
 
 
 def stand_in_config(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -195,3 +195,28 @@ def fuse_projections(model: Any, raw: Mapping[str, Any]) -> None:
             _fuse(module, names, "qkv_proj", copy_last=not spec.fused_qkv_output_kept)
         if spec.fused_gate_up and all(hasattr(module, n) for n in ("gate_proj", "up_proj")):
             _fuse(module, ("gate_proj", "up_proj"), "gate_up_proj")
+
+
+def remote_code_loss(output: Any, batch: Any) -> Any:
+    """The causal-LM loss of a remote-code family that computes it on its 16-bit logits
+    (:data:`~trainmem.specs.model.REMOTE_CODE_LOSS_IN_LOGITS_DTYPE`), on the stand-in's logits:
+    the stand-in runs without labels (transformers' own loss would upcast), and this takes a
+    shifted contiguous copy of the logits as they are and their cross-entropy against the
+    shifted ids. Source: Qwen/Qwen-7B modeling_qwen.py ``QWenLMHeadModel.forward``
+    (``shift_logits = lm_logits[..., :-1, :].contiguous()``, ``shift_labels = labels[..., 1:]
+    .contiguous()``, ``CrossEntropyLoss()(shift_logits.view(-1, V), shift_labels.view(-1))``).
+
+    Args:
+        output: the stand-in's output (``logits`` in the model's dtype).
+        batch: its batch; the token ids stand for the labels (the same values in a causal LM
+            batch, ``make_hf_batch``).
+
+    Returns:
+        The scalar loss.
+    """
+    logits = output.logits
+    shift_logits = logits[..., :-1, :].contiguous()
+    shift_labels = batch["input_ids"][..., 1:].contiguous()
+    return torch.nn.functional.cross_entropy(
+        shift_logits.view(-1, shift_logits.size(-1)), shift_labels.view(-1)
+    )
