@@ -159,27 +159,28 @@ METHODS: dict[str, list[str]] = {
     ],
 }  # fmt: skip
 
-#: (method, model, sequence length, the README's cell in G, GPUs the cell sums over)
-ROWS: list[tuple[str, str, int, float, int]] = [
-    ("LoRA", "qwen-1.8b", 256, 6.7, 1),
-    ("LoRA", "qwen-1.8b", 2048, 11.0, 1),
-    ("LoRA", "qwen-1.8b", 8192, 21.8, 1),
-    ("LoRA", "qwen-7b", 256, 20.1, 1),
-    ("LoRA", "qwen-7b", 8192, 36.6, 1),
-    ("LoRA", "qwen-14b", 256, 34.6, 1),
-    ("LoRA", "qwen-14b", 8192, 55.2, 1),
-    ("Q-LoRA", "qwen-1.8b", 256, 5.8, 1),
-    ("Q-LoRA", "qwen-1.8b", 8192, 15.8, 1),
-    ("Q-LoRA", "qwen-7b", 256, 11.5, 1),
-    ("Q-LoRA", "qwen-7b", 8192, 23.5, 1),
-    ("Q-LoRA", "qwen-14b", 256, 18.7, 1),
-    ("Q-LoRA", "qwen-14b", 8192, 27.9, 1),
-    ("Q-LoRA", "qwen-72b", 256, 61.4, 1),
-    ("Q-LoRA", "qwen-72b", 8192, 75.6, 1),
-    ("Full, ZeRO-3", "qwen-1.8b", 256, 43.5, 1),
-    ("Full, ZeRO-3", "qwen-1.8b", 8192, 48.3, 1),
-    ("LoRA, ZeRO-3 x4", "qwen-72b", 256, 215.4, 4),
-    ("LoRA, ZeRO-3 x4", "qwen-72b", 8192, 289.2, 4),
+#: (method, model, sequence length, the README's cell in G, GPUs the cell sums over, trainmem's
+#: device total in GB on main 4b5a074 before Qwen-1's 16-bit loss; None: out of memory there)
+ROWS: list[tuple[str, str, int, float, int, float | None]] = [
+    ("LoRA", "qwen-1.8b", 256, 6.7, 1, 6.09),
+    ("LoRA", "qwen-1.8b", 2048, 11.0, 1, 11.08),
+    ("LoRA", "qwen-1.8b", 8192, 21.8, 1, 24.83),
+    ("LoRA", "qwen-7b", 256, 20.1, 1, 20.24),
+    ("LoRA", "qwen-7b", 8192, 36.6, 1, 39.96),
+    ("LoRA", "qwen-14b", 256, 34.6, 1, 34.71),
+    ("LoRA", "qwen-14b", 8192, 55.2, 1, 55.37),
+    ("Q-LoRA", "qwen-1.8b", 256, 5.8, 1, 5.06),
+    ("Q-LoRA", "qwen-1.8b", 8192, 15.8, 1, 22.22),
+    ("Q-LoRA", "qwen-7b", 256, 11.5, 1, 10.68),
+    ("Q-LoRA", "qwen-7b", 8192, 23.5, 1, 34.14),
+    ("Q-LoRA", "qwen-14b", 256, 18.7, 1, 16.33),
+    ("Q-LoRA", "qwen-14b", 8192, 27.9, 1, 40.46),
+    ("Q-LoRA", "qwen-72b", 256, 61.4, 1, 62.07),
+    ("Q-LoRA", "qwen-72b", 8192, 75.6, 1, None),
+    ("Full, ZeRO-3", "qwen-1.8b", 256, 43.5, 1, 36.33),
+    ("Full, ZeRO-3", "qwen-1.8b", 8192, 48.3, 1, 52.03),
+    ("LoRA, ZeRO-3 x4", "qwen-72b", 256, 215.4, 4, 45.78),
+    ("LoRA, ZeRO-3 x4", "qwen-72b", 8192, 289.2, 4, 76.79),
 ]
 
 
@@ -210,17 +211,18 @@ def main() -> int:
     warnings.filterwarnings("ignore")
     print(f"source: {SOURCE}")
     print(
-        "| method | model | seq | measured G/GPU | device total GB | error (G = GB) "
-        "| allocated GB | error (G = GiB) |"
+        "| method | model | seq | measured G/GPU | before (4b5a074) | device total GB "
+        "| error (G = GB) | allocated GB | error (G = GiB) |"
     )
-    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     errors: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         paths = write_inputs(Path(tmp))
-        for method, model, seq_len, cell, gpus in ROWS:
+        for method, model, seq_len, cell, gpus, before in ROWS:
             measured = cell / gpus
             answer, error = _invoke_estimate(row_args(method, model, seq_len, paths))
-            head = f"| {method} | {model} | {seq_len} | {measured:.2f} |"
+            was = "OOM" if before is None else f"{before:.2f} ({_pct(before, measured)})"
+            head = f"| {method} | {model} | {seq_len} | {measured:.2f} | {was} |"
             total = None if answer is None else metric_of(answer, "device_total")
             if answer is None or total is None:
                 peak = {} if answer is None else answer["peak"]
