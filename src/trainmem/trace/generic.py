@@ -194,8 +194,13 @@ def recipe_for_config(
         return _own_loss_recipe(name, raw, training)
     said: list[str] = []
     forward_loss = default_forward_loss(training)
-    # a remote-code family's own loss on its 16-bit logits (Qwen-1), not the stand-in's
-    own_loss = forward_loss is None and raw.get("model_type") in REMOTE_CODE_LOSS_IN_LOGITS_DTYPE
+    # a remote-code family's own loss on its 16-bit logits (Qwen-1), not the stand-in's, where
+    # the model's own loss runs (as analytic/loss.py model_loss_in_logits_dtype)
+    own_loss = (
+        forward_loss is None
+        and training.conventions.hf_model_code
+        and raw.get("model_type") in REMOTE_CODE_LOSS_IN_LOGITS_DTYPE
+    )
 
     def batch(model: Any) -> Any:
         out = _padded(
