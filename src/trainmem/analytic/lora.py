@@ -395,7 +395,10 @@ def adapter_matmul_bytes(training: TrainingConfig, model: ModelSpec | None = Non
 def lora_adapter_dtype(training: TrainingConfig) -> str:
     """Dtype of the LoRA A and B matrices: peft upcasts adapters on a 16-bit base to fp32
     (``autocast_adapter_dtype=True``, peft tuners/tuners_utils.py); lit-gpt and torchtune keep
-    them in the model's dtype."""
+    them in the model's dtype; TRL's SFTTrainer from 0.26 casts them to bf16 on a
+    bitsandbytes base (``TrainingConfig.trl_bf16_adapters``)."""
+    if training.trl_bf16_adapters:
+        return "bfloat16"
     if training.conventions.adapter_dtype_follows_weights:
         return training.weight_dtype
     return "float32"

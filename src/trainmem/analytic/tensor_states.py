@@ -458,8 +458,11 @@ class _TensorMaker:
             grad_accum_dtype=None,
             context_parallel_size=1,
         )
-        if lora_adapter_dtype(training) != "float32":
+        adapters = lora_adapter_dtype(training)
+        if adapters == training.weight_dtype:
             self.adapter_training = training
+        elif adapters == "bfloat16":  # TRL's cast (TrainingConfig.trl_bf16_adapters)
+            self.adapter_training = replace(self.adapter_training, precision="bf16-true")
         self.flat = flat_parameter_grads(training)
         self.bf16: frozenset[str] = frozenset()
         """Tensors kept fp32 by peft's k-bit preparation but cast back to bf16

@@ -48,9 +48,39 @@ the trainable lora layers to half precision"), first in the 0.9 releases (0.9.3,
 tagged), keeps them fp32. The bf16 adapters of the releases before are not modelled."""
 TRL_SFT_PREPARES_KBIT_UNTIL = (0, 26, 0)
 """From TRL 0.26.0 (2025-12-09) ``SFTTrainer`` no longer prepares a quantized base (no
-``prepare_peft_model``: trl/trainer/sft_trainer.py calls ``get_peft_model`` alone) and casts
-the trainable parameters of a quantized model to bf16 (``param.data.to(torch.bfloat16)``):
-not modelled."""
+``prepare_peft_model``: trl v0.26.0 trl/trainer/sft_trainer.py:703 calls ``get_peft_model``
+alone, so peft's ``autocast_adapter_dtype=True`` makes the adapters fp32 first) and then casts
+every trainable parameter of a bitsandbytes model (``is_loaded_in_4bit`` or
+``is_loaded_in_8bit``) to bf16, whatever ``bf16`` / ``fp16`` say (sft_trainer.py:715-718
+``param.data = param.data.to(torch.bfloat16)``; v1.9.0 sft_trainer.py:1127-1130 and 1.16.0
+as ``if _is_quantized_model:``): the embeddings, norms and LM head stay in the dtype the model
+was loaded in, the adapters (and their gradients and AdamW states) are bf16
+(:attr:`~trainmem.specs.training.TrainingConfig.trl_bf16_adapters`)."""
+TRL_SFT_CHECKPOINTING_SINCE = (0, 22, 0)
+"""From TRL 0.22.0 ``SFTConfig.gradient_checkpointing`` defaults to True (trl v0.22.0
+trl/trainer/sft_config.py:111-112 ``gradient_checkpointing: bool = field(default=True``;
+v0.21.0 has no such field: the Trainer's False): ``--framework trl``'s default
+``activation_checkpointing`` is ``full`` from it, ``none`` before."""
+TRL_SFT_NON_REENTRANT_SINCE = (0, 27, 0)
+"""From TRL 0.27.0 ``SFTConfig.__post_init__`` (trl v0.27.0 trl/trainer/sft_config.py:281-287;
+from 1.0.0 in ``SFTTrainer.__init__``, v1.9.0 sft_trainer.py:1328-1334) sets
+``gradient_checkpointing_kwargs.setdefault("use_reentrant", False)`` under transformers < 5.0,
+so SFTTrainer checkpoints non-reentrantly with any transformers (5.0's own default is
+non-reentrant, :data:`HF_NON_REENTRANT_CHECKPOINT_SINCE`)."""
+TRL_SFT_ZERO3_REENTRANT_SINCE = (0, 28, 0)
+"""From TRL 0.28.0 ``SFTTrainer.__init__`` sets ``gradient_checkpointing_kwargs["use_reentrant"]
+= True`` for a PEFT model under DeepSpeed ZeRO-3 with checkpointing (trl v0.28.0
+trl/trainer/sft_trainer.py:728-742, TRL issue 2514; 0.27.2 has no such block): reentrant there,
+over :data:`TRL_SFT_NON_REENTRANT_SINCE`'s default."""
+DEFAULT_TRL_VERSION = (1, 16, 0)
+"""The TRL release assumed under ``--framework trl`` when none is given and none is installed:
+the newest modelled (PyPI's newest on 2026-11-29), whose SFTTrainer, like 0.26's, casts a
+bitsandbytes base's trainable parameters to bf16 without peft's k-bit preparation (checked on
+a CPU run, benchmarks/trl_kbit_casting.py)."""
+TRL_CASTS_BITSANDBYTES: tuple[str, ...] = ("nf4", "nf4-dq", "fp4", "fp4-dq", "int8")
+"""The quantized bases TRL's casts see as quantized: transformers sets ``is_loaded_in_4bit`` /
+``is_loaded_in_8bit`` only on a bitsandbytes model (quantizers/quantizer_bnb_4bit.py,
+quantizer_bnb_8bit.py), not on a GPTQ one."""
 TRL_BF16_NAMES_MATCHED = ("lm_head", "embed_tokens", "wte", "wpe")
 """The module-name fragments TRL's ``peft_module_casting_to_bf16`` casts back to bf16 (a name
 that also holds ``norm`` stays fp32)."""
@@ -500,6 +530,21 @@ def installed_transformers_version() -> tuple[int, ...] | None:
     """(major, minor, ...) of the installed transformers, read from its package metadata
     without importing it (``"5.0.0.dev0"`` -> (5, 0, 0)); None when it is not installed."""
     return installed_version("transformers")
+
+
+def default_trl_release() -> tuple[int, ...]:
+    """The TRL release ``--framework trl`` assumes when none is given: the installed one (read
+    from its package metadata, not imported), else :data:`DEFAULT_TRL_VERSION`."""
+    return installed_version("trl") or DEFAULT_TRL_VERSION
+
+
+TRL_RELEASES_MODELLED = (
+    "a TRL release such as 0.13.0 or 1.16.0: before 0.7.5 (peft's k-bit preparation alone), "
+    "0.9.3 .. 0.25 (then the embeddings and LM head back to bf16), from 0.26 (no "
+    "preparation, a bitsandbytes base's adapters in bf16); 0.7.5 .. 0.8.6 are refused under "
+    "the preparation (bf16 LoRA layers)"
+)
+"""The TRL release ranges ``trl_version`` models, named in its errors."""
 
 
 def installed_version(distribution: str) -> tuple[int, ...] | None:
@@ -987,6 +1032,16 @@ class FrameworkConventions:
     hard-coded); axolotl True: utils/config/__init__.py:377-383 (v0.18.0) sets
     ``gradient_checkpointing_kwargs = {"use_reentrant": True}`` when none are given. An explicit
     value always wins."""
+    trl_sft_trainer: bool
+    """The training loop is TRL's ``SFTTrainer`` (``--framework trl``): its release
+    (:attr:`~trainmem.specs.training.TrainingConfig.trl_release`) defaults to the installed
+    one, else :data:`DEFAULT_TRL_VERSION`, and sets how a quantized base is prepared and the
+    checkpointing defaults. Elsewhere only a ``trl_version`` given says SFTTrainer runs."""
+    strips_trl_peft_casts: bool
+    """The stack removes TRL's PEFT set-up and its bf16 cast from the SFTTrainer it runs:
+    Unsloth rewrites the trainer's source (unsloth 015bdef0 unsloth/models/rl.py:3683-3711:
+    the 0.26 PEFT block and ``if getattr(model, "is_loaded_in_4bit", ...)`` / ``if
+    _is_quantized_model:`` become ``if False:``), so a ``trl_version`` changes no dtype."""
     hf_trainer_loop: bool
     """The step is the transformers Trainer's (``Trainer._inner_training_loop``), run by the
     traced engine as its plain loop with its default optimizer (``estimate._traced_hf_trainer``):
@@ -1115,6 +1170,8 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "sharded_activation_checkpointing": None,
         "default_checkpoint_reentrant": None,
         "hf_trainer_loop": False,
+        "trl_sft_trainer": False,
+        "strips_trl_peft_casts": False,
     }
     return FrameworkConventions(name=name, **{**defaults, **fields})  # type: ignore[arg-type]
 
@@ -1144,6 +1201,22 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             trainer_default_fused_since_torch=(2, 8),
             accelerate_fp32_outputs=True,
             hf_trainer_loop=True,
+        ),
+        # TRL's SFTTrainer on the HF Trainer (trl/trainer/sft_trainer.py ``SFTTrainer(Trainer)``):
+        # the HF Trainer's conventions, peft's k-bit preparation before 0.26 (TRL prepares the
+        # base itself, TrainingConfig.kbit_fp32_upcast), checkpointing on from 0.22
+        # (TRL_SFT_CHECKPOINTING_SINCE, resolved by release in _resolve_precision).
+        _row(
+            "trl",
+            ddp_reducer_buckets=True,
+            autocast=True,
+            peft_kbit_training=True,
+            adafactor_from_transformers=True,
+            trainer_default_fused_since_torch=(2, 8),
+            accelerate_fp32_outputs=True,
+            hf_trainer_loop=True,
+            default_activation_checkpointing="full",
+            trl_sft_trainer=True,
         ),
         # LLaMA-Factory v0.9.5 (hiyouga/LLaMA-Factory): the HF Trainer + peft, with its YAML
         # defaults: gradient checkpointing on (``disable_gradient_checkpointing: False``,
@@ -1306,12 +1379,13 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             default_lora_targets=UNSLOTH_LORA_TARGETS,
             default_activation_checkpointing="full",
             default_precision="bf16-true",
+            strips_trl_peft_casts=True,
         ),
     )
 }
 """Every framework's row; see each field's docstring for the source."""
 
-HF_TRAINER_STACKS: tuple[str, ...] = ("hf-trainer", "llama-factory", "axolotl")
+HF_TRAINER_STACKS: tuple[str, ...] = ("hf-trainer", "trl", "llama-factory", "axolotl")
 """The frameworks that run the HF Trainer, which shards through DeepSpeed or accelerate's FSDP
 plugin (:func:`~trainmem.specs.training.trainer_sharding`). Their FSDP: ``--fsdp`` with
 transformers' ``TrainingArguments(fsdp=...)`` (hf-trainer), LLaMA-Factory's ``accelerate launch

@@ -109,8 +109,13 @@ from trainmem.specs.frameworks import (
     TORCHTUNE_RESHAPED_LOSS_SINCE,
     TRAINER_ON_ACCELERATE_SINCE,
     TRL_SFT_ADAPTERS_FP32_SINCE,
+    TRL_CASTS_BITSANDBYTES,
+    TRL_RELEASES_MODELLED,
     TRL_SFT_BF16_EMBEDDINGS_SINCE,
+    TRL_SFT_CHECKPOINTING_SINCE,
+    TRL_SFT_NON_REENTRANT_SINCE,
     TRL_SFT_PREPARES_KBIT_UNTIL,
+    TRL_SFT_ZERO3_REENTRANT_SINCE,
     UNSLOTH_FUSED_LOSS_SINCE,
     UNSLOTH_OLDEST_MODELLED,
     FrameworkConventions,
@@ -119,6 +124,7 @@ from trainmem.specs.frameworks import (
     deepspeed_copies_fp32_weights,
     deepspeed_grad_accum_dtype,
     deepspeed_optimizer_wrapper,
+    default_trl_release,
     installed_transformers_version,
     parse_version,
 )
@@ -226,7 +232,6 @@ FRAMEWORKS: tuple[str, ...] = tuple(FRAMEWORK_CONVENTIONS)
 FRAMEWORK_NAMES: dict[str, str] = {
     "torchtitan": "fsdp2",
     "accelerate": "accelerate-fsdp (or hf-trainer without sharding)",
-    "trl": "hf-trainer",
     "transformers": "hf-trainer",
     "llamafactory": "llama-factory",
     "lightning": "pytorch-amp (or fsdp2 / deepspeed as its strategy)",
@@ -1237,20 +1242,28 @@ class FrameworkConfig:
     accumulate in fp32 without ZeRO before 0.17.6); None, the default: a current release."""
     trl_version: str | None = setting(
         None,
-        "TRL release whose SFTTrainer prepares a QLoRA base on one GPU / DDP (0.9.3 .. 0.25: "
-        "peft's fp32 upcast, then the embeddings and LM head back to bf16 under bf16).",
-        default_text="none: peft's preparation alone",
+        "TRL release whose SFTTrainer runs (0.9.3 .. 0.25: peft's k-bit fp32 upcast, then "
+        "the embeddings and LM head back to bf16; from 0.26: no upcast, a bitsandbytes base's "
+        "adapters in bf16; checkpointing on from 0.22, non-reentrant from 0.27).",
+        default_text="--framework trl: the installed TRL, else 1.16.0; else no SFTTrainer",
     )
-    """TRL release (``"0.13.0"``) whose ``SFTTrainer`` (given a ``peft_config``) prepares the
-    quantized base: read where peft's preparation runs (:attr:`TrainingConfig.kbit_fp32_upcast`:
-    TRL's ``is_sharded_qlora`` skips it under FSDP / ZeRO-3 as the framework rows do). From
-    :data:`~trainmem.specs.frameworks.TRL_SFT_BF16_EMBEDDINGS_SINCE` under ``bf16-mixed`` a 4-bit
-    base's embeddings and LM head go back to bf16
-    (:attr:`TrainingConfig.trl_bf16_embeddings`); the releases with bf16 adapters (before
-    :data:`~trainmem.specs.frameworks.TRL_SFT_ADAPTERS_FP32_SINCE`) and those without the
-    preparation (from :data:`~trainmem.specs.frameworks.TRL_SFT_PREPARES_KBIT_UNTIL`) are
-    refused there. None, the default: no SFTTrainer, peft's preparation as the framework
-    calls it (a plain Trainer loop calling ``prepare_model_for_kbit_training``)."""
+    """TRL release (``"0.13.0"``) whose ``SFTTrainer`` (given a ``peft_config``) runs
+    (:attr:`TrainingConfig.trl_release`; a value given always wins, under any HF Trainer stack
+    it says SFTTrainer runs). Before
+    :data:`~trainmem.specs.frameworks.TRL_SFT_PREPARES_KBIT_UNTIL` it prepares a quantized base
+    with peft's ``prepare_model_for_kbit_training`` (:attr:`TrainingConfig.kbit_fp32_upcast`:
+    TRL's ``is_sharded_qlora`` skips it under FSDP / ZeRO-3 as the framework rows do) and from
+    :data:`~trainmem.specs.frameworks.TRL_SFT_BF16_EMBEDDINGS_SINCE` under ``bf16-mixed`` casts
+    a 4-bit base's embeddings and LM head back to bf16
+    (:attr:`TrainingConfig.trl_bf16_embeddings`); from 0.26 it skips the preparation and casts
+    a bitsandbytes base's trainable parameters to bf16
+    (:attr:`TrainingConfig.trl_bf16_adapters`). The releases with bf16 adapters after the
+    upcast (0.7.5 .. 0.8.6, before
+    :data:`~trainmem.specs.frameworks.TRL_SFT_ADAPTERS_FP32_SINCE`) are refused. None, the
+    default: under ``--framework trl`` the installed TRL, else
+    :data:`~trainmem.specs.frameworks.DEFAULT_TRL_VERSION`; elsewhere no SFTTrainer (peft's
+    preparation as the framework calls it: a plain Trainer loop calling
+    ``prepare_model_for_kbit_training``)."""
 
     @property
     def conventions(self) -> FrameworkConventions:
@@ -1264,6 +1277,19 @@ class FrameworkConfig:
         :data:`~trainmem.specs.frameworks.DEFAULT_TRANSFORMERS_VERSION`."""
         given = parse_version("transformers_version", self.transformers_version)
         return given or installed_transformers_version() or DEFAULT_TRANSFORMERS_VERSION
+
+    @property
+    def trl_release(self) -> tuple[int, ...] | None:
+        """(major, minor, ...) of the TRL whose ``SFTTrainer`` runs: ``trl_version`` when
+        given (it always wins), else under a framework whose loop is SFTTrainer
+        (``FrameworkConventions.trl_sft_trainer``: ``--framework trl``) the installed TRL,
+        else :data:`~trainmem.specs.frameworks.DEFAULT_TRL_VERSION`
+        (:func:`~trainmem.specs.frameworks.default_trl_release`); None: no SFTTrainer (the
+        other stacks: the HF Trainer, LLaMA-Factory's Seq2SeqTrainer, axolotl's Trainer)."""
+        given = parse_trl_version(self.trl_version)
+        if given is not None:
+            return given
+        return default_trl_release() if self.conventions.trl_sft_trainer else None
 
     @property
     def torchao_release(self) -> tuple[int, int, int]:
@@ -1683,6 +1709,12 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
         row = self.conventions.default_checkpoint_reentrant  # LLaMA-Factory's, axolotl's
         if row is not None:
             return row
+        trl = self.trl_release
+        zero3_peft = self.framework == "deepspeed" and self.zero_stage == 3 and self.is_lora
+        if trl is not None and trl >= TRL_SFT_ZERO3_REENTRANT_SINCE and zero3_peft:
+            return True  # SFTTrainer forces reentrant for PEFT under ZeRO-3 from 0.28
+        if trl is not None and trl >= TRL_SFT_NON_REENTRANT_SINCE:
+            return False  # SFTTrainer's setdefault("use_reentrant", False) from 0.27
         return self.transformers_release < HF_NON_REENTRANT_CHECKPOINT_SINCE
 
     @property
@@ -1693,6 +1725,8 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
             return False
         if self.prepare_kbit_training is not None:  # an explicit value always wins
             return self.prepare_kbit_training
+        if self.trl_bf16_adapters:  # TRL's SFTTrainer from 0.26 prepares nothing
+            return False
         return self.conventions.peft_kbit_training
 
     @property
@@ -1704,13 +1738,32 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
         ``trl_version`` from :data:`~trainmem.specs.frameworks.TRL_SFT_BF16_EMBEDDINGS_SINCE`,
         where peft's preparation runs (:attr:`kbit_fp32_upcast`). Its 2 B a value and no
         autocast copy of the head weight (``cached_cast`` casts only another dtype)."""
-        trl = parse_version("trl_version", self.trl_version)
+        trl = self.trl_release
         return (
             trl is not None
-            and trl >= TRL_SFT_BF16_EMBEDDINGS_SINCE
+            and not self.conventions.strips_trl_peft_casts
+            and TRL_SFT_BF16_EMBEDDINGS_SINCE <= trl < TRL_SFT_PREPARES_KBIT_UNTIL
             and self.kbit_fp32_upcast
             and self.quantize_base in ("nf4", "nf4-dq", "fp4", "fp4-dq")  # is_loaded_in_4bit
             and self.precision == "bf16-mixed"
+        )
+
+    @property
+    def trl_bf16_adapters(self) -> bool:
+        """TRL's ``SFTTrainer`` from 0.26 casts every trainable parameter of a bitsandbytes
+        model (:data:`~trainmem.specs.frameworks.TRL_CASTS_BITSANDBYTES`) to bf16 after
+        ``get_peft_model``, whatever the precision, and runs no k-bit preparation
+        (:data:`~trainmem.specs.frameworks.TRL_SFT_PREPARES_KBIT_UNTIL`; trl v0.26.0
+        trl/trainer/sft_trainer.py:715-718): LoRA adapters, their gradients and AdamW states
+        in bf16 (``analytic.lora.lora_adapter_dtype``), sharded or not. Not under a stack that
+        strips the cast (``FrameworkConventions.strips_trl_peft_casts``: Unsloth)."""
+        trl = self.trl_release
+        return (
+            trl is not None
+            and trl >= TRL_SFT_PREPARES_KBIT_UNTIL
+            and not self.conventions.strips_trl_peft_casts
+            and self.quantize_base in TRL_CASTS_BITSANDBYTES
+            and self.is_lora
         )
 
     @property
@@ -1973,10 +2026,25 @@ def _resolve_precision(t: TrainingConfig) -> None:
         object.__setattr__(t, "lora_targets", default_targets)
     if t.activation_checkpointing is None:
         default = row.default_activation_checkpointing if row else "none"
+        if row is not None and row.trl_sft_trainer:  # SFTConfig's default from 0.22
+            default = framework_checkpointing_default(row, t.trl_version)
         sharded = row.sharded_activation_checkpointing if row else None
         if sharded is not None and isinstance(t.data_parallel_size, int):
             default = sharded if t.data_parallel_size > 1 else default
         object.__setattr__(t, "activation_checkpointing", default)
+
+
+def framework_checkpointing_default(row: FrameworkConventions, trl_version: object) -> str:
+    """The framework's ``activation_checkpointing`` when none is given
+    (``FrameworkConventions.default_activation_checkpointing``); under TRL's SFTTrainer
+    (``trl_sft_trainer``) ``none`` before
+    :data:`~trainmem.specs.frameworks.TRL_SFT_CHECKPOINTING_SINCE` (``SFTConfig`` had no
+    ``gradient_checkpointing`` default of its own: the Trainer's False)."""
+    if row.trl_sft_trainer:
+        given = parse_trl_version(trl_version) if isinstance(trl_version, str) else None
+        if (given or default_trl_release()) < TRL_SFT_CHECKPOINTING_SINCE:
+            return "none"
+    return row.default_activation_checkpointing
 
 
 def _check_framework_precision(t: TrainingConfig) -> None:
@@ -2135,6 +2203,20 @@ def _check_adafactor_on_dtensors(t: TrainingConfig) -> None:
     )
 
 
+def parse_trl_version(text: str | None) -> tuple[int, ...] | None:
+    """``trl_version`` as (major, minor, ...), None when not given.
+
+    Raises:
+        SpecError: naming ``trl_version`` and the releases modelled
+            (:data:`~trainmem.specs.frameworks.TRL_RELEASES_MODELLED`).
+    """
+    try:
+        return parse_version("trl_version", text)
+    except SpecError as error:
+        said = str(error).removeprefix("trl_version: ")
+        raise SpecError("trl_version", f"{said}; allowed: {TRL_RELEASES_MODELLED}") from None
+
+
 def _check_trl_release(t: TrainingConfig) -> None:
     """A ``trl_version`` whose SFTTrainer prepares the quantized base in a way not modelled,
     where that preparation runs (:attr:`TrainingConfig.kbit_fp32_upcast`).
@@ -2142,20 +2224,14 @@ def _check_trl_release(t: TrainingConfig) -> None:
     Raises:
         SpecError: naming ``trl_version``, what that release does and the releases modelled.
     """
-    trl = parse_version("trl_version", t.trl_version)
+    trl = parse_trl_version(t.trl_version)
     if trl is None or not t.kbit_fp32_upcast:
         return
     allowed = (
-        "allowed: a release before 0.7.5 or from 0.9.3 to 0.25 (peft's preparation, then "
-        "the embeddings and LM head in bf16), or drop the version"
+        "allowed: a release before 0.7.5 (peft's preparation alone), 0.9.3 to 0.25 (then "
+        "the embeddings and LM head in bf16) or from 0.26 (no preparation, bf16 adapters), "
+        "or drop the version"
     )
-    if trl >= TRL_SFT_PREPARES_KBIT_UNTIL:
-        raise SpecError(
-            "trl_version",
-            f"{t.trl_version}: from 0.26 SFTTrainer does not run peft's "
-            "prepare_model_for_kbit_training and casts the adapters of a quantized base to "
-            f"bf16, which is not modelled; {allowed}",
-        )
     if TRL_SFT_BF16_EMBEDDINGS_SINCE <= trl < TRL_SFT_ADAPTERS_FP32_SINCE:
         raise SpecError(
             "trl_version",
@@ -2663,8 +2739,13 @@ def trainer_sharding(
     if sharding is None or stack not in HF_TRAINER_STACKS:
         return None
     row = FRAMEWORK_CONVENTIONS[stack]
+    if row.trl_sft_trainer and settings.get("trl_version") is None:
+        # SFTTrainer still runs under the sharding framework: its release as trl would take it
+        settings["trl_version"] = ".".join(map(str, default_trl_release()))
     carried: dict[str, object] = {
-        "activation_checkpointing": row.default_activation_checkpointing,
+        "activation_checkpointing": framework_checkpointing_default(
+            row, settings.get("trl_version")
+        ),
         "checkpoint_reentrant": row.default_checkpoint_reentrant,
         "lora_targets": row.default_lora_targets,
     }

@@ -777,7 +777,14 @@ def cast_adapters(model: Any, training: TrainingConfig) -> None:
     every parameter of the module it wraps, runtime/engine.py ``_configure_distributed_model``).
     peft leaves them fp32 on a ``meta`` model (``_move_adapter_to_device_of_base_layer`` skips
     meta adapters), which is what it makes of a 16-bit base elsewhere
-    (``autocast_adapter_dtype=True``)."""
+    (``autocast_adapter_dtype=True``). TRL's SFTTrainer from 0.26 casts every trainable
+    parameter of a bitsandbytes base to bf16 (``TrainingConfig.trl_bf16_adapters``; trl
+    v0.26.0 trl/trainer/sft_trainer.py:715-718)."""
+    if training.trl_bf16_adapters:
+        for param in model.parameters():
+            if param.requires_grad:
+                param.data = param.data.to(torch.bfloat16)
+        return
     if not training.conventions.adapter_dtype_follows_weights:
         return
     dtype = getattr(torch, training.weight_dtype)
