@@ -89,7 +89,7 @@ from trainmem.analytic.transforms.optimizer import per_parameter_step_ops
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.errors import ScheduleError, UnsupportedError
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
-from trainmem.specs.frameworks import litgpt_last_chunk_rows
+from trainmem.specs.frameworks import HF_TRAINER_STACKS, litgpt_last_chunk_rows
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.optimizers import OPTIMIZER_TABLE
 from trainmem.specs.training import TrainingConfig
@@ -626,7 +626,7 @@ _FRAMEWORKS_UNTRACED = {
             "--framework deepspeed --zero-stage 1, 2 or 3, --framework accelerate-fsdp "
             "--zero-stage 3, or --engine analytic"
         )
-        for name in ("hf-trainer", "llama-factory", "axolotl")
+        for name in HF_TRAINER_STACKS
     },
     "fsdp-qlora": (
         "Answer.AI fsdp_qlora's train.py runs FSDP1 (FULL_SHARD, SHARD_GRAD_OP, the hybrids, "

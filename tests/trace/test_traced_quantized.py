@@ -312,3 +312,21 @@ def test_trl_sfttrainer_casts_the_embeddings_and_head_back_to_bf16() -> None:
     }
     assert {d for n, d in dtypes.items() if "norm" in n} == {torch.float32}
     assert {d for n, d in dtypes.items() if "lora_" in n} == {torch.float32}
+
+
+def test_trl_sfttrainer_from_026_casts_the_adapters_to_bf16() -> None:
+    # trl v0.26.0 trl/trainer/sft_trainer.py:703-718 (1.16.0 alike): get_peft_model without
+    # peft's k-bit preparation, then every trainable parameter of an is_loaded_in_4bit model
+    # to bf16: embeddings, norms and head stay as loaded (bf16), the adapters bf16. Seen on a
+    # real CPU run of trl 1.16.0's SFTTrainer (transformers 5.24.0, peft 0.21.2; session 24,
+    # helper trl26, benchmarks/trl_kbit_casting.py).
+    from trainmem.trace.hf_model import build_hf_training_model
+
+    training = TrainingConfig(framework="trl", micro_batch_size=2, seq_len=32, lora_rank=16,
+                              quantize_base="nf4", precision="bf16-mixed",
+                              trl_version="1.16.0")  # fmt: skip
+    assert training.trl_bf16_adapters and not training.kbit_fp32_upcast
+    model = build_hf_training_model(_TINY_LLAMA, training)
+    floats = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    assert floats == {torch.bfloat16}
+    assert {p.dtype for p in model.parameters() if p.requires_grad} == {torch.bfloat16}

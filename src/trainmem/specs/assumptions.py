@@ -20,6 +20,7 @@ from trainmem.specs.frameworks import (
     DEFAULT_TORCHTITAN_VERSION,
     DEFAULT_TORCHTUNE_VERSION,
     DEFAULT_TRANSFORMERS_VERSION,
+    DEFAULT_TRL_VERSION,
     DEFAULT_UNSLOTH_VERSION,
     DEFAULT_UNSLOTH_ZOO_VERSION,
     FRAMEWORK_CONVENTIONS,
@@ -31,6 +32,10 @@ from trainmem.specs.frameworks import (
 FRAMEWORK_SUMMARY: dict[str, str] = {
     "pytorch-amp": "a plain PyTorch loop: autocast on fp32 weights, fp32 gradients, torch.optim",
     "hf-trainer": "the transformers Trainer: accelerate's native AMP, its optimizer defaults",
+    "trl": (
+        "TRL's SFTTrainer on the transformers Trainer: its QLoRA preparation and "
+        "checkpointing defaults by release"
+    ),
     "llama-factory": (
         "LLaMA-Factory 0.9.5's YAML defaults on the HF Trainer: reentrant gradient "
         "checkpointing on, LoRA on every linear"
@@ -80,6 +85,22 @@ def _transformers(value: Any) -> str:
     if installed is not None:
         return ".".join(map(str, installed)) + " (installed)"
     return ".".join(map(str, DEFAULT_TRANSFORMERS_VERSION)) + " (default)"
+
+
+def _trl(config: Mapping[str, Any], framework: str) -> str | None:
+    """The TRL release whose SFTTrainer runs (``TrainingConfig.trl_release``): as given, else
+    under ``--framework trl`` the installed one, else the newest modelled; None where no
+    SFTTrainer runs."""
+    if config.get("trl_version"):
+        return str(config["trl_version"])
+    row = FRAMEWORK_CONVENTIONS.get(framework)
+    if row is None or not row.trl_sft_trainer:
+        return None
+    installed = installed_version("trl")
+    if installed is not None:
+        return ".".join(map(str, installed)) + " (installed)"
+    newest = ".".join(map(str, DEFAULT_TRL_VERSION))
+    return f"{newest} (default: none installed, the newest modelled)"
 
 
 def loop_of(config: Mapping[str, Any]) -> str:
@@ -166,7 +187,8 @@ def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dic
         torchtune's ``bf16-true``), ``"lora_targets"`` likewise (:func:`framework_lora_targets`:
         Unsloth's seven linears); a version
         the user did not give reads ``"2.8 (default)"`` (transformers: ``"5.24.0 (installed)"``
-        when installed).
+        when installed; TRL, where its SFTTrainer runs, likewise, else ``"1.16.0 (default:
+        none installed, the newest modelled)"``).
     """
     framework = str(config.get("framework") or "pytorch-amp")
     out = {
@@ -209,9 +231,9 @@ def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dic
             out["unsloth"] = out["unsloth"].replace("(default)", f"(default; unsloth_zoo {zoo})")
     if framework == "deepspeed":
         out["deepspeed"] = _version(config.get("deepspeed_version"), DEFAULT_DEEPSPEED_VERSION)
-    if config.get("trl_version"):
-        # TRL's SFTTrainer preparing a quantized base (TrainingConfig.trl_bf16_embeddings)
-        out["trl"] = str(config["trl_version"])
+    trl = _trl(config, framework)
+    if trl is not None:  # TRL's SFTTrainer: its QLoRA preparation, checkpointing defaults
+        out["trl"] = trl
     if framework == "fsdp2" and config.get("compile"):
         # torchtitan compiles its loss from 0.1 (Note [torchtitan's compiled cross-entropy])
         out["torchtitan"] = _version(config.get("torchtitan_version"), DEFAULT_TORCHTITAN_VERSION)
