@@ -76,7 +76,7 @@ TORCHTUNE_EXAMPLE = {
 }
 
 SFT_EXAMPLE = {
-    "framework": "hf-trainer",
+    "framework": "trl",  # SFTConfig keys (max_length): TRL's SFTTrainer
     "micro_batch_size": 4,  # per_device_train_batch_size
     "gradient_accumulation_steps": 8,
     "precision": "bf16-mixed",  # bf16: true, model_init_kwargs null: fp32 weights + autocast

@@ -387,6 +387,7 @@ def test_a_trainer_config_upload_sets_the_widgets(tmp_path: Path, examples_dir: 
     assert settings["framework"] == "torchtune"
     settings, _ = trainer_config_from_upload(str(examples_dir / "sft-config.json"))
     assert settings["micro_batch_size"] == 4
+    assert settings["framework"] == "trl"  # an SFTConfig is TRL's SFTTrainer, as on the CLI
     named = tmp_path / "axolotl.yml"
     named.write_text("deepspeed: deepspeed_configs/zero3.json\n", encoding="utf-8")
     with pytest.raises(SpecError, match="upload that ds_config.json in the DeepSpeed box"):

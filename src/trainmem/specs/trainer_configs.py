@@ -846,8 +846,8 @@ def _hf_fsdp(r: _Reading, args: dict[str, Any]) -> None:
 
 def read_training_args(path: str, notes: list[str] | None = None) -> dict[str, Any]:
     """TrainingConfig field values from a Hugging Face ``TrainingArguments`` (or TRL
-    ``SFTConfig``) JSON, as ``args.to_json_string()`` writes it (``framework`` hf-trainer, or
-    the DeepSpeed / FSDP convention it selects).
+    ``SFTConfig``) JSON, as ``args.to_json_string()`` writes it (``framework`` hf-trainer, trl
+    for an ``SFTConfig``, or the DeepSpeed / FSDP convention it selects).
 
     Args:
         path: the file.
@@ -866,7 +866,10 @@ def read_training_args(path: str, notes: list[str] | None = None) -> dict[str, A
     sft = any(k in args for k in _SFT_KEYS)
     if sft:
         r.label = "SFTConfig"
-    r.set("framework", "hf-trainer", "the HF Trainer")
+    if sft:  # TRL's SFTTrainer: its release's QLoRA preparation (TrainingConfig.trl_release)
+        r.set("framework", "trl", "SFTConfig: TRL's SFTTrainer")
+    else:
+        r.set("framework", "hf-trainer", "the HF Trainer")
     mbs = r.positive(args, "per_device_train_batch_size")
     r.set(
         "micro_batch_size", mbs or 8, "per_device_train_batch_size" + ("" if mbs else " default 8")
