@@ -24,23 +24,40 @@ Usage::
 
     python3 -m venv /tmp/trl-venv
     /tmp/trl-venv/bin/pip install torch==2.13.0 trl==0.13.0 transformers==4.48.1 \\
-        peft==0.13.2 accelerate==1.0.1 datasets
+        peft==0.13.2 accelerate==1.0.1 datasets bitsandbytes
     python benchmarks/trl_kbit_casting.py --python /tmp/trl-venv/bin/python
 
-Output at trl 0.13.0 / transformers 4.48.1 / peft 0.13.2 (session 23, helper rows24; the
-states and checkpointing rows added in session 24)::
+Output at trl 0.13.0 / transformers 4.48.1 / peft 0.13.2 / accelerate 1.0.1 (session 23,
+helper rows24; the states and checkpointing rows added in session 24, helper trl26)::
 
-    trl 0.13.0
-    group         TRL (real)      trainmem (trace)
-    embed_tokens  bfloat16        bfloat16
-    lm_head       bfloat16        bfloat16
-    norm          float32         float32
-    lora_         float32         float32
+    trl 0.13.0, transformers 4.48.1
+                          TRL (real)      trainmem
+    params embed_tokens   bfloat16        bfloat16
+    params lm_head        bfloat16        bfloat16
+    params norm           float32         float32
+    params lora_          float32         float32
+    states lora_          float32         float32
+    checkpointing         False           False
+    use_reentrant         None            None
 
-Output at trl 1.16.0 / transformers 5.24.0 / peft 0.21.2 / accelerate 1.15.0 (session 24,
-helper trl26; ``pip install torch==2.13.0 trl peft accelerate datasets``)::
+At trl 0.26.2 / transformers 4.57.6 and trl 1.16.0 / transformers 5.24.0 (peft 0.21.2,
+accelerate 1.15.0, bitsandbytes 0.50.2 for the Trainer's parameter count; session 24, helper
+trl26; ``pip install torch==2.13.0 trl==0.26.2 transformers==4.57.6 peft accelerate datasets
+bitsandbytes``, and ``trl`` unpinned for 1.16.0)::
 
-    RESULT_1_16
+    trl 0.26.2, transformers 4.57.6
+                          TRL (real)      trainmem
+    params embed_tokens   bfloat16        bfloat16
+    params lm_head        bfloat16        bfloat16
+    params norm           bfloat16        bfloat16
+    params lora_          bfloat16        bfloat16
+    states lora_          bfloat16        bfloat16
+    checkpointing         True            True
+    use_reentrant         True            True
+
+    trl 1.16.0, transformers 5.24.0
+    (the same, but)
+    use_reentrant         False           False
 """
 
 from __future__ import annotations

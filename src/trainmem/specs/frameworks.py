@@ -1176,6 +1176,18 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
     return FrameworkConventions(name=name, **{**defaults, **fields})  # type: ignore[arg-type]
 
 
+_HF_TRAINER: dict[str, object] = {
+    "ddp_reducer_buckets": True,
+    "autocast": True,
+    "peft_kbit_training": True,
+    "adafactor_from_transformers": True,
+    "trainer_default_fused_since_torch": (2, 8),
+    "accelerate_fp32_outputs": True,
+    "hf_trainer_loop": True,
+}
+"""The transformers Trainer's conventions, shared by the stacks that run it with its optimizer
+defaults (hf-trainer, TRL's SFTTrainer, LLaMA-Factory)."""
+
 FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
     row.name: row
     for row in (
@@ -1194,13 +1206,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
         ),
         _row(
             "hf-trainer",
-            ddp_reducer_buckets=True,
-            autocast=True,
-            peft_kbit_training=True,
-            adafactor_from_transformers=True,
-            trainer_default_fused_since_torch=(2, 8),
-            accelerate_fp32_outputs=True,
-            hf_trainer_loop=True,
+            **_HF_TRAINER,
         ),
         # TRL's SFTTrainer on the HF Trainer (trl/trainer/sft_trainer.py ``SFTTrainer(Trainer)``):
         # the HF Trainer's conventions, peft's k-bit preparation before 0.26 (TRL prepares the
@@ -1208,13 +1214,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
         # (TRL_SFT_CHECKPOINTING_SINCE, resolved by release in _resolve_precision).
         _row(
             "trl",
-            ddp_reducer_buckets=True,
-            autocast=True,
-            peft_kbit_training=True,
-            adafactor_from_transformers=True,
-            trainer_default_fused_since_torch=(2, 8),
-            accelerate_fp32_outputs=True,
-            hf_trainer_loop=True,
+            **_HF_TRAINER,
             default_activation_checkpointing="full",
             trl_sft_trainer=True,
         ),
@@ -1233,13 +1233,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
         # ``enable_input_require_grads`` does for the reentrant checkpoint).
         _row(
             "llama-factory",
-            ddp_reducer_buckets=True,
-            autocast=True,
-            peft_kbit_training=True,
-            adafactor_from_transformers=True,
-            trainer_default_fused_since_torch=(2, 8),
-            accelerate_fp32_outputs=True,
-            hf_trainer_loop=True,
+            **_HF_TRAINER,
             default_lora_targets=UNSLOTH_LORA_TARGETS,
             default_activation_checkpointing="full",
             default_checkpoint_reentrant=True,
