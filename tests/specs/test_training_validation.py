@@ -274,7 +274,7 @@ def test_a_nightly_version_is_refused_with_the_release_to_give() -> None:
 
 @pytest.mark.parametrize(
     ("name", "named"),
-    [("torchtitan", "fsdp2"), ("TRL", "hf-trainer"), ("llamafactory", "llama-factory")],
+    [("torchtitan", "fsdp2"), ("TRL", "trl"), ("llamafactory", "llama-factory")],
 )
 def test_a_framework_known_by_another_name_is_named_in_the_error(name: str, named: str) -> None:
     """torchtitan's conventions are ``fsdp2`` here (specs/assumptions.py); a user typing the

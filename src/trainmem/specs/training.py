@@ -314,7 +314,9 @@ def _parse_resolution(text: str) -> int | str:
 
 def _check_choice(field: str, value: str, allowed: tuple[str, ...]) -> None:
     if not isinstance(value, str) or value not in allowed:
-        hint = FRAMEWORK_NAMES.get(str(value).lower()) if field == "framework" else None
+        lower = str(value).lower()
+        hint = lower if lower in allowed else FRAMEWORK_NAMES.get(lower)  # "TRL" is trl
+        hint = hint if field == "framework" else None
         said = f" ({value} is --framework {hint})" if hint else ""
         raise SpecError(field, f"unknown value {value!r}; allowed: {', '.join(allowed)}{said}")
 
