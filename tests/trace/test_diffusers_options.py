@@ -104,6 +104,56 @@ def test_tensor_parallel_rank_holds_its_shards_of_every_block_linear() -> None:
     assert est.details["traced_mesh"] == {"tp": 2}
 
 
+def _lora_tp(path: str) -> tuple[Any, Any]:
+    """(TP 1, TP 2) estimates with rank-16 LoRA on every diffusers target kind."""
+    targets = ("q", "k", "v", "o", "up", "down")
+    return tuple(  # type: ignore[return-value]
+        estimate(
+            path,
+            TrainingConfig(
+                micro_batch_size=2,
+                precision="32-true",
+                lora_rank=16,
+                lora_targets=targets,
+                tensor_parallel_size=tp,
+            ),  # fmt: skip
+            engine="generic",
+            simulate_allocator=False,
+        )
+        for tp in (1, 2)
+    )
+
+
+def test_lora_adapters_are_sharded_beside_the_block_plan() -> None:
+    # Note [LoRA under tensor parallelism] on diffusers' layout: beside a column-parallel base
+    # (to_q / to_k / to_v, ff.net.0.proj) lora_A [16, in] whole and lora_B [out, 16] split by
+    # rows; beside a row-parallel base (to_out.0, ff.net.2) lora_A [16, in] split by columns
+    # and lora_B whole. Tiny PixArt, per block (two attentions of 32 -> 32, ff 32 -> 128 -> 32):
+    # 6 q / k / v: 16 * 32 + 32 * 16 / 2 = 768 each; 2 to_out.0: 16 * 32 / 2 + 32 * 16 = 768
+    # each; net.0.proj: 16 * 32 + 128 * 16 / 2 = 1,536; net.2: 16 * 128 / 2 + 32 * 16 = 1,536
+    per_block_tp2 = 6 * 768 + 2 * 768 + 1_536 + 1_536
+    per_block = 8 * (16 * 32 + 32 * 16) + 2 * (16 * 32 + 128 * 16)  # whole, TP 1
+    whole, split = _lora_tp(PIXART)
+    assert whole.num_trainable_parameters == 2 * per_block
+    assert whole.breakdown.optimizer_states == 2 * 4 * 2 * per_block
+    assert split.breakdown.optimizer_states == 2 * 4 * 2 * per_block_tp2  # AdamW, fp32
+    base = PARAMS - 2 * (16_992 - 8_640)  # the blocks' base linears as without LoRA (above)
+    assert split.breakdown.parameters == (base + 2 * per_block_tp2) * 4 + POS_EMBED_BUFFER
+    assert split.details["traced_mesh"] == {"tp": 2}
+
+
+def test_lora_under_tensor_parallelism_on_joint_attention() -> None:
+    # not PixArt-only: tiny SD3 (MMDiT, width 32, 2 blocks, the last context_pre_only: no
+    # to_add_out, no ff_context). Block 0: 6 column q / k / v (image and text streams) and 2
+    # row to_out.0 / to_add_out at 768 each, ff and ff_context at 1,536 + 1,536 each; block 1:
+    # 6 column, 1 row, ff alone
+    sd3 = str(Path(__file__).parent / "diffusers_configs" / "tiny-sd3.json")
+    per_rank = (8 * 768 + 2 * 3_072) + (7 * 768 + 3_072)
+    whole, split = _lora_tp(sd3)
+    assert whole.num_trainable_parameters == 8 * 1_024 + 2 * 5_120 + 7 * 1_024 + 5_120
+    assert split.breakdown.optimizer_states == 2 * 4 * per_rank
+
+
 @pytest.mark.parametrize("sp", [False, True])
 def test_sequence_parallel_blocks_keep_their_tokens_shard(sp: bool) -> None:
     # 64 px -> 4 x 4 = 16 tokens of width 32, b = 2, fp32. The LayerNorm before the attention

@@ -35,12 +35,18 @@ Note [Tracing tensor parallelism of diffusers blocks]
     rank's chunk of the tokens and the last all-gathers them, so the layers outside the blocks
     run on the whole sequence. Norms and the adaLN modulation run on the local tokens.
 
+    LoRA: peft's adapters on these linears are split as peft splits them beside transformers'
+    TP plan (Note [LoRA under tensor parallelism] in trainmem/trace/tensor_parallel.py, the
+    same plan entries: ``lora_A`` whole and ``lora_B`` column-parallel beside a column-parallel
+    base, ``lora_A`` row-parallel and ``lora_B`` whole beside a row-parallel one); what the
+    language-model path refuses beside it (sequence parallelism, FSDP2, a quantized base,
+    other variants: ``trainmem.estimate``) is refused here too.
+
     Not modelled (refused by name): a block linear outside attentions and ``FeedForward``s
     (FLUX's single-stream ``proj_mlp`` / packed ``proj_out``, diffusers'
     ``PackedRowwiseParallel``), q / k norms across all heads (Wan's ``rms_norm_across_heads``:
     the norm would need the other ranks' heads), sequence parallelism of joint (MMDiT)
-    attention (SD3, FLUX: the text stream's sharding), LoRA under tensor parallelism, heads
-    that t does not divide.
+    attention (SD3, FLUX: the text stream's sharding), heads that t does not divide.
 """
 
 from __future__ import annotations
@@ -69,10 +75,22 @@ ROWWISE = ("to_out.0", "to_add_out")
 ``FeedForward``'s ``net.2`` too."""
 
 
+def _is_linear(module: Any) -> bool:
+    """An ``nn.Linear``, or a peft LoRA layer wrapping one (its ``base_layer``)."""
+    base = getattr(module, "base_layer", None) if hasattr(module, "lora_A") else module
+    return isinstance(base, torch.nn.Linear)
+
+
+def _adapter_part(name: str) -> bool:
+    """``name`` is inside a peft LoRA layer (its base layer, adapters or dropout)."""
+    return any(p in ("base_layer", "lora_A", "lora_B", "lora_dropout") for p in name.split("."))
+
+
 def is_attention(module: Any) -> bool:
     """A diffusers attention: ``Attention`` or one of the per-model classes
-    (``FluxAttention``, ``WanAttention``...), all with ``heads`` and a ``to_q`` linear."""
-    return hasattr(module, "heads") and isinstance(getattr(module, "to_q", None), torch.nn.Linear)
+    (``FluxAttention``, ``WanAttention``...), all with ``heads`` and a ``to_q`` linear (LoRA-
+    wrapped or not)."""
+    return hasattr(module, "heads") and _is_linear(getattr(module, "to_q", None))
 
 
 def _roles(block: Any) -> dict[str, str]:
@@ -84,7 +102,7 @@ def _roles(block: Any) -> dict[str, str]:
     for path, module in block.named_modules():
         prefix = f"{path}." if path else ""
         if is_attention(module):
-            names = {n for n, m in module.named_modules() if isinstance(m, torch.nn.Linear)}
+            names = {n for n, m in module.named_modules() if _is_linear(m)}
             roles.update({prefix + n: "colwise" for n in COLWISE if n in names})
             roles.update({prefix + n: "rowwise" for n in ROWWISE if n in names})
         elif isinstance(module, FeedForward):
@@ -100,16 +118,21 @@ def _refusal(block: Any, why: str) -> UnsupportedError:
     )
 
 
-def _block_plan(block: Any, sequence_parallel: bool) -> dict[str, Any]:
-    """The ``parallelize_module`` plan of one block; refuses what the layout cannot place."""
+def _block_plan(block: Any, sequence_parallel: bool) -> tuple[dict[str, Any], list[Any]]:
+    """The ``parallelize_module`` plan of one block and the LoRA adapters it leaves whole
+    (Note [LoRA under tensor parallelism]); refuses what the layout cannot place."""
     from torch.distributed.tensor import Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    from trainmem.trace.tensor_parallel import adapter_plan
 
     roles = _roles(block)
     plan: dict[str, Any] = {}
     unplaced = []
     for name, module in block.named_modules():
-        if isinstance(module, torch.nn.Linear) and name not in roles and "norm" not in name:
+        if _adapter_part(name):
+            continue
+        if _is_linear(module) and name not in roles and "norm" not in name:
             unplaced.append(name)  # (a norm's own linear, AdaLayerNorm's, stays whole)
         if is_attention(module):
             norm = getattr(module, "norm_q", None)
@@ -126,14 +149,15 @@ def _block_plan(block: Any, sequence_parallel: bool) -> dict[str, Any]:
         raise _refusal(
             block, f"has linears outside attention / FeedForward ({', '.join(unplaced[:4])})"
         )
+    whole: list[Any] = []
+    out = Shard(1) if sequence_parallel else None
     for name, role in roles.items():
         if role == "colwise":
-            plan[name] = ColwiseParallel()
+            whole += adapter_plan(block, name, ColwiseParallel(), plan, column=True)
         else:
-            plan[name] = (
-                RowwiseParallel(output_layouts=Shard(1)) if sequence_parallel else RowwiseParallel()
-            )
-    return plan
+            style = RowwiseParallel(output_layouts=out) if out else RowwiseParallel()
+            whole += adapter_plan(block, name, style, plan, column=False, output_layouts=out)
+    return plan, whole
 
 
 def _gather_hook(mesh: Any) -> Any:
@@ -213,22 +237,14 @@ def apply_diffusers_tensor_parallel(model: Any, tp_mesh: Any, *, sequence_parall
         sequence_parallel: shard the residual stream inside the block lists by tokens.
 
     Raises:
-        UnsupportedError: LoRA adapters, heads t does not divide, or a block linear outside
-            the layout.
+        UnsupportedError: heads t does not divide, or a block linear outside the layout.
     """
     from diffusers.models.attention import FeedForward
     from torch.distributed.tensor.parallel import parallelize_module
 
     from trainmem.trace.lora import wrapped_blocks
+    from trainmem.trace.tensor_parallel import replicate_adapters
 
-    if getattr(model, "peft_config", None):
-        raise UnsupportedError(
-            "tensor_parallel_size: LoRA with tensor parallelism is not traced on a diffusers "
-            "model (its adapters would need a plan beside each block's ColwiseParallel / "
-            "RowwiseParallel linears; no diffusers training script shards them); traced: LoRA "
-            "with FSDP2 (--zero-stage 3 --data-parallel-size N) or full fine-tuning with "
-            "--tensor-parallel-size N"
-        )
     t = tp_mesh.size()
     blocks = wrapped_blocks(model, "compile")
     plans = [_block_plan(block, sequence_parallel) for block in blocks]  # refuse before changing
@@ -239,8 +255,9 @@ def apply_diffusers_tensor_parallel(model: Any, tp_mesh: Any, *, sequence_parall
                 f"tensor_parallel_size: {t} must divide the attention heads ({attn.heads}); "
                 "ColwiseParallel splits them"
             )
-    for block, plan in zip(blocks, plans, strict=True):
+    for block, (plan, whole) in zip(blocks, plans, strict=True):
         parallelize_module(block, tp_mesh, plan)
+        replicate_adapters(whole, tp_mesh)  # Note [LoRA under tensor parallelism]
     for attn in attentions:
         attn.heads //= t
     if not sequence_parallel:

@@ -53,7 +53,7 @@ from trainmem.trace.sequence_shard import save_sequence_shard
 
 torch = require_torch()
 
-__all__ = ["apply_tensor_parallel"]
+__all__ = ["adapter_plan", "apply_tensor_parallel", "replicate_adapters"]
 
 _ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
@@ -137,6 +137,58 @@ def _adapted(layer: Any, path: str) -> bool:
     """The linear at ``path`` is wrapped by a peft LoRA layer (its ``base_layer``)."""
     module = _child(layer, path)
     return module is not None and hasattr(module, "base_layer") and hasattr(module, "lora_A")
+
+
+def adapter_plan(
+    block: Any,
+    path: str,
+    base_style: Any,
+    plan: dict[str, Any],
+    *,
+    column: bool,
+    output_layouts: Any = None,
+    local_output: bool = True,
+) -> list[tuple[Any, bool]]:
+    """Add the ``parallelize_module`` entries of the linear at ``path`` (relative to
+    ``block``) to ``plan``: ``base_style`` on the linear itself, or, when peft wraps it, on
+    its ``base_layer`` with its adapters split as peft splits them (Note [LoRA under tensor
+    parallelism]).
+
+    Args:
+        block: the module the plan is applied to.
+        path: the linear's path in ``block``.
+        base_style: the linear's ``ColwiseParallel`` / ``RowwiseParallel`` style.
+        plan: the plan, updated in place.
+        column: the base is column-parallel (else row-parallel).
+        output_layouts: a row-parallel base's output layout (``Shard(1)`` under sequence
+            parallelism), for its ``lora_A``.
+        local_output: a row-parallel base returns a local tensor.
+
+    Returns:
+        The adapters left whole, with whether their output is made local, for
+        :func:`replicate_adapters` after ``parallelize_module``.
+    """
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    if not _adapted(block, path):
+        plan[path] = base_style
+        return []
+    plan[f"{path}.base_layer"] = base_style
+    if column:  # lora_A whole on the replicated input, lora_B split by its output
+        plan[f"{path}.lora_B.default"] = ColwiseParallel()
+        return [(_child(block, f"{path}.lora_A.default"), True)]
+    # lora_A split by its input (the base's sharded input), its r-wide output reduced as the
+    # base's; lora_B whole
+    plan[f"{path}.lora_A.default"] = RowwiseParallel(
+        output_layouts=output_layouts, use_local_output=local_output
+    )
+    return [(_child(block, f"{path}.lora_B.default"), local_output)]
+
+
+def replicate_adapters(adapters: list[tuple[Any, bool]], mesh: Any) -> None:
+    """Replicated ``DTensor`` weights for the adapters :func:`adapter_plan` leaves whole."""
+    for module, local_output in adapters:
+        _replicate(module, mesh, local_output=local_output)
 
 
 def _replicate(module: Any, mesh: Any, *, local_output: bool = True) -> None:
@@ -236,22 +288,12 @@ def apply_tensor_parallel(
         plan: dict[str, Any] = {}
         replicated: list[tuple[Any, bool]] = []
         for path in columns:  # Note [LoRA under tensor parallelism]
-            if _adapted(layer, path):
-                plan[f"{path}.base_layer"] = colwise()
-                plan[f"{path}.lora_B.default"] = ColwiseParallel()
-                replicated.append((_child(layer, f"{path}.lora_A.default"), True))
-            else:
-                plan[path] = colwise()
+            replicated += adapter_plan(layer, path, colwise(), plan, column=True)
         for path in rows:
             style = rowwise(output_layouts=seq, use_local_output=local)
-            if _adapted(layer, path):
-                plan[f"{path}.base_layer"] = style
-                plan[f"{path}.lora_A.default"] = RowwiseParallel(
-                    output_layouts=seq, use_local_output=local
-                )
-                replicated.append((_child(layer, f"{path}.lora_B.default"), local))
-            else:
-                plan[path] = style
+            replicated += adapter_plan(
+                layer, path, style, plan, column=False, output_layouts=seq, local_output=local
+            )
         if sequence_parallel:
             plan.update({n: SequenceParallel() for n in _NORMS})
             # float8: the input stays a DTensor (torchtitan's use_local_output=False default)
@@ -269,8 +311,7 @@ def apply_tensor_parallel(
         if sequence_parallel and not saves_gathered_input:
             save_sequence_shard(_child(layer, "self_attn"), tp_mesh, "hidden_states")
             save_sequence_shard(_child(layer, "mlp"), tp_mesh)
-        for module, local_output in replicated:
-            _replicate(module, tp_mesh, local_output=local_output)
+        replicate_adapters(replicated, tp_mesh)
     # a pipeline stage may lack the embedding, the final norm (an Identity) or the head
     head = getattr(model, "lm_head", None)
     embedding = _child(model, emb)
