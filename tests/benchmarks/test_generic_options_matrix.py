@@ -34,10 +34,6 @@ KINDS = {
     "timm": "timm:test_vit",
 }
 _STILL_REFUSED = {
-    # no diffusers or accelerate script pipelines a denoiser, and the formulas do not model
-    # diffusers models: refused naming what is traced (trainmem.trace.diffusers_model)
-    ("pipeline 2", "diffusers"),
-    ("lora r16 + pipeline 2", "diffusers"),
     # torch's context parallelism shards the batch's token ids, which a denoiser takes none of
     # (trainmem.trace.diffusers_model.check_diffusers_settings)
     ("hsdp 4 / 2 + context parallel 2", "diffusers"),

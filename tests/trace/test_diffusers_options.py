@@ -197,7 +197,6 @@ def test_sequence_parallel_refuses_joint_attention() -> None:
     ("settings", "named"),
     [
         ({"context_parallel_size": 2, "zero_stage": 3}, "context_parallel_size=2 (torch's context"),
-        ({"pipeline_parallel_size": 2}, "pipeline_parallel_size=2 (the traced pipeline"),
     ],
 )
 def test_refusals_say_why_and_what_runs_instead(settings: dict[str, Any], named: str) -> None:

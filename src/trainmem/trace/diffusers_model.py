@@ -359,7 +359,7 @@ def diffusers_loss_for(raw_config: Mapping[str, Any]) -> Callable[[Any, Any], An
     return diffusers_loss
 
 
-def check_diffusers_settings(training: TrainingConfig) -> None:
+def check_diffusers_settings(training: TrainingConfig, *, generic: bool = False) -> None:
     """Refuse the settings a diffusers trace does not run (whole model or generic path).
 
     Traced for real under torch's fake process group: FSDP2 (``zero_stage=3`` over
@@ -367,9 +367,13 @@ def check_diffusers_settings(training: TrainingConfig) -> None:
     ``trainmem.trace.fsdp``), tensor and sequence parallelism of the blocks
     (``trainmem.trace.diffusers_parallel``); and ``compile`` (each block compiled, as
     diffusers' ``ModelMixin.compile_repeated_blocks`` does; ``trainmem.trace.compile``).
-    Refused, each with what runs instead: context and pipeline parallelism (their traced plans
-    split transformers language models); not applicable: a chunked loss (a diffusers model has
-    no token logits).
+    Pipeline parallelism on the generic path (``generic``; trainmem.trace.diffusers_pipeline).
+    Refused, each with what runs instead: context parallelism, pipeline parallelism in the
+    whole-model trace; not applicable: a chunked loss (a diffusers model has no token logits).
+
+    Args:
+        training: the settings.
+        generic: the generic path's check (pipeline parallelism traced there).
 
     Raises:
         NotApplicableError: a chunked cross-entropy.
@@ -389,13 +393,10 @@ def check_diffusers_settings(training: TrainingConfig) -> None:
             "FSDP2 (--zero-stage 3 --data-parallel-size N), HSDP without context parallelism",
         ),
         "pipeline_parallel_size": (
-            training.pipeline_parallel_size > 1,
-            "the traced pipeline stages are cut from transformers language models "
-            "(trainmem.trace.pipeline); a denoiser's stages would hand its conditioning "
-            "(text states, timestep embedding) and, in a UNet, every skip connection across "
-            "each boundary, a split per class that diffusers' and accelerate's training "
-            "scripts do not run and no formula checks; traced: FSDP2 (--zero-stage 3 "
-            "--data-parallel-size N) or tensor parallelism (--tensor-parallel-size N)",
+            training.pipeline_parallel_size > 1 and not generic,
+            "the whole-model trace does not split a denoiser into stages; traced: "
+            "--engine generic (torch's pipeline frontend cuts the stages, Note [Tracing "
+            "pipeline parallelism of a denoiser])",
         ),
     }
     refused = [f"{k}={getattr(training, k)} ({reason})" for k, (on, reason) in why.items() if on]

@@ -173,7 +173,7 @@ def recipe_for_config(
                 f"{raw.get('_class_name')!s:.80} is a diffusers model; this version of trainmem "
                 "has no diffusers builder (trainmem.trace.diffusers_model)"
             ) from exc
-        dm.check_diffusers_settings(training)
+        dm.check_diffusers_settings(training, generic=True)
         dm.diffusers_class(raw)  # a class that is not a denoiser is refused before the build
         if training.controlnet or training.train_text_encoder:
             return _pipeline_recipe(name, raw, training)
@@ -382,6 +382,10 @@ def trace_generic(
             "added, not traced"
         )
         return est
+    if training.pipeline_parallel_size > 1 and recipe.library == "diffusers":
+        from trainmem.trace.diffusers_pipeline import estimate_denoiser_pipeline
+
+        return estimate_denoiser_pipeline(recipe, training, gpu=gpu)
     with torch.device("meta"):
         model = recipe.build()
     n_all, n_train = count_parameters(model)

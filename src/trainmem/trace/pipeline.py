@@ -73,7 +73,12 @@ torch = require_torch()
 
 __all__ = [
     "PipelineRank",
+    "PipelineRun",
+    "RankCapture",
     "RankTrace",
+    "capture_rank",
+    "pipeline_estimate",
+    "signal_phases",
     "StageModule",
     "estimate_pipeline",
     "estimate_pipeline_trace",
@@ -274,6 +279,10 @@ class PipelineRun:
         stages: the rank's ``PipelineStage`` objects.
         batch: ``{"input_ids", "labels"}`` of the whole step ([m * b, s]).
         signal: where the phase callback of the step in progress is kept.
+        return_outputs: ``schedule.step(return_outputs=...)``.
+        inputs: the first stage's keyword inputs of the whole step, when they are not
+            ``input_ids`` (a denoiser's, ``trainmem.trace.diffusers_pipeline``).
+        target: the last stage's loss target of the whole step then.
     """
 
     schedule: Any
@@ -281,6 +290,8 @@ class PipelineRun:
     batch: dict[str, Any]
     signal: list[Callable[[str], None]] = field(default_factory=lambda: [lambda _p: None])
     return_outputs: bool = True
+    inputs: dict[str, Any] | None = None
+    target: Any = None
 
     def runtime_state(self) -> list[tuple[Any, MemoryCategory, str]]:
         """What the runtime keeps between steps (Note [Tracing pipeline parallelism])."""
@@ -372,6 +383,19 @@ def build_schedule(
     schedule._warmup_p2p = static_shapes
     # Note [Megatron's last pipeline stage]: GPTModel returns the loss, no logits are kept
     run = PipelineRun(schedule, stages, {}, return_outputs=not megatron_loss_traced(training))
+    signal_phases(run, autocast)
+    # the whole sequence: context parallelism shards the batch in place (context_parallel)
+    ids = torch.randint(0, vocab_size, (m * b, training.seq_len))
+    run.batch = {"input_ids": ids, "labels": ids.clone()}
+    return run
+
+
+def signal_phases(
+    run: PipelineRun, autocast: Callable[[], contextlib.AbstractContextManager[Any]] | None
+) -> None:
+    """Phase signals around each micro-batch's forward (and loss, under ``autocast``) and
+    backward of ``run``'s stages and schedule, in place."""
+    schedule, stages = run.schedule, run.stages
     amp = autocast or contextlib.nullcontext
 
     def region(fn: Callable[..., Any], start: str, end: str, cast: bool) -> Callable[..., Any]:
@@ -399,10 +423,6 @@ def build_schedule(
     schedule._maybe_compute_loss = region(
         schedule._maybe_compute_loss, "forward", "forward_end", True
     )
-    # the whole sequence: context parallelism shards the batch in place (context_parallel)
-    ids = torch.randint(0, vocab_size, (m * b, training.seq_len))
-    run.batch = {"input_ids": ids, "labels": ids.clone()}
-    return run
 
 
 @contextlib.contextmanager
@@ -464,12 +484,18 @@ def pipeline_step(
     def step(on_phase: Callable[[str], None] | None) -> None:
         signal = on_phase or (lambda _phase: None)
         run.signal[0] = signal
-        args = (run.batch["input_ids"],) if first else ()
-        target = run.batch["labels"] if last else None
+        lm = run.inputs is None  # a language model: token ids in, labels as the target
+        args = (run.batch["input_ids"],) if first and lm else ()
+        kwargs = run.inputs if first and not lm else {}
+        target = (run.batch["labels"] if lm else run.target) if last else None
         losses: list[Any] | None = [] if last else None
         with _named_fsdp_groups():
             run.schedule.step(
-                *args, target=target, losses=losses, return_outputs=run.return_outputs
+                *args,
+                target=target,
+                losses=losses,
+                return_outputs=run.return_outputs,
+                **(kwargs or {}),
             )
         del losses
         signal("optimizer")
@@ -540,22 +566,15 @@ def trace_pipeline_rank(
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from trainmem.errors import TraceError
-    from trainmem.trace.capture import capture_step
     from trainmem.trace.compile import compile_layers
-    from trainmem.trace.compose import trainable_params
     from trainmem.trace.engine import (
         _autocast_factory,
         _maybe_float8,
-        _stacked,
-        _step_context,
         _torch_dtype,
         apply_activation_checkpointing,
-        peak_report,
     )
     from trainmem.trace.hf_model import materialize_fake
-    from trainmem.trace.optimizers import build_optimizer
-    from trainmem.trace.parallel import context_parallel, mesh_size, parallelize
+    from trainmem.trace.parallel import mesh_size, parallelize
 
     check_pipeline_settings(training)
     # the rank this process plays in the traced mesh (pp outermost)
@@ -600,10 +619,71 @@ def trace_pipeline_rank(
             loss_function,
             _autocast_factory(training),
         )
+    traced = capture_rank(
+        stages,
+        run,
+        training,
+        fake_mode=fake_mode,
+        emulate_cuda=emulate_cuda,
+        workspace_bytes=workspace_bytes,
+        mesh=mesh,
+    )
+    return RankTrace(
+        rank, global_rank, traced.capture, traced.report, runs, traced.params, module_names
+    )
+
+
+@dataclass
+class RankCapture:
+    """One pipeline rank's recorded step (:func:`capture_rank`)."""
+
+    capture: Any
+    report: Any
+    params: list[Any]
+
+
+def capture_rank(
+    stages: Any,
+    run: PipelineRun,
+    training: TrainingConfig,
+    *,
+    fake_mode: Any,
+    emulate_cuda: bool,
+    workspace_bytes: int,
+    mesh: Any,
+) -> RankCapture:
+    """The optimizer over a rank's stage modules and its recorded steady-state step (Note
+    [Tracing pipeline parallelism]).
+
+    Args:
+        stages: the rank's stage modules (an ``nn.ModuleDict``), parallelized.
+        run: their schedule (:func:`build_schedule`, or a denoiser's).
+        training: the settings.
+        fake_mode: the ``FakeTensorMode`` of the tensors, or None for real tensors.
+        emulate_cuda: CUDA kernels' allocations and the cuBLAS workspaces.
+        workspace_bytes: one cuBLAS workspace.
+        mesh: the traced device mesh (context parallelism around the step).
+
+    Returns:
+        The capture, its peak report and the trainable parameters
+        (``trainmem.trace.compose.ParamInfo``).
+
+    Raises:
+        TraceError: the step failed.
+    """
+    from trainmem.errors import TraceError
+    from trainmem.trace.capture import capture_step
+    from trainmem.trace.compose import trainable_params
+    from trainmem.trace.engine import _stacked, _step_context, peak_report
+    from trainmem.trace.optimizers import build_optimizer
+    from trainmem.trace.parallel import context_parallel
+
+    with fake_mode if fake_mode is not None else contextlib.nullcontext():
         params = [p for p in dict.fromkeys(stages.parameters()) if p.requires_grad]
         opt = build_optimizer(params, training)
     infos = trainable_params(stages)
     fused = bool(opt.defaults.get("fused")) if hasattr(opt, "defaults") else False
+    fake = fake_mode is not None
     try:
         capture = capture_step(
             stages,
@@ -624,7 +704,7 @@ def trace_pipeline_rank(
             raise
         raise TraceError(f"the traced pipeline step failed: {type(exc).__name__}: {exc}") from exc
     report = peak_report(capture, emulate_cuda, workspace_bytes)
-    return RankTrace(rank, global_rank, capture, report, runs, infos, module_names)
+    return RankCapture(capture, report, infos)
 
 
 _RANK_DETAILS = (
@@ -718,7 +798,7 @@ def estimate_pipeline(
         :func:`trainmem.estimate.finish` completes it.
     """
     from trainmem.trace.compose import count_parameters
-    from trainmem.trace.engine import DEFAULT_CUBLAS_WORKSPACE_BYTES, _estimate
+    from trainmem.trace.engine import DEFAULT_CUBLAS_WORKSPACE_BYTES
     from trainmem.trace.parallel import trace_mesh
 
     check_pipeline_settings(training)
@@ -755,10 +835,61 @@ def estimate_pipeline(
             )
             traces.append(traced)
             schedules.append(schedule)
+    return pipeline_estimate(
+        name,
+        training,
+        layout,
+        traces,
+        schedules,
+        gpu=gpu,
+        workspace_bytes=ws,
+        counts=(n_all, n_train),
+        generic=generic,
+        few=cut_layers,
+        notes=notes,
+    )
+
+
+def pipeline_estimate(
+    name: str,
+    training: TrainingConfig,
+    layout: RankMap,
+    traces: list[RankTrace],
+    schedules: list[Any],
+    *,
+    gpu: Any,
+    workspace_bytes: int,
+    counts: tuple[int, int],
+    generic: bool,
+    few: bool,
+    notes: list[str],
+) -> Any:
+    """The draft estimate of the traced pipeline ranks: one schedule per rank, the layout and
+    the schedule in the details.
+
+    Args:
+        name: the model's name.
+        training: the settings.
+        layout: the world's rank map.
+        traces: the traced ranks, first pipeline rank first.
+        schedules: their step schedules.
+        gpu: the GPU (cuBLAS workspace size, verdict).
+        workspace_bytes: one cuBLAS workspace.
+        counts: (parameters, trainable parameters) of the whole model.
+        generic: the generic path (``engine="generic"``).
+        few: a few layers per stage were traced and repeated.
+        notes: notes of the ranks' traces.
+
+    Returns:
+        The draft :class:`~trainmem.breakdown.MemoryEstimate`.
+    """
+    from trainmem.trace.engine import _estimate
+
+    ws = workspace_bytes
     est = _estimate(name, traces[0].capture, traces[0].report, training, gpu, ws, layout)
     if generic:
         est.engine = "generic"
-    est.num_parameters, est.num_trainable_parameters = n_all, n_train
+    est.num_parameters, est.num_trainable_parameters = counts
     for k in _RANK_DETAILS:
         est.details.pop(k, None)
     m = training.gradient_accumulation_steps
@@ -774,11 +905,11 @@ def estimate_pipeline(
     est.peak_reason = ""
     est.schedules = schedules
     est.rank_labels = labels
-    few = " (a few layers per stage, repeated to full depth)" if cut_layers else ""
+    repeated = " (a few layers per stage, repeated to full depth)" if few else ""
     est.notes = [
         "trace engine: torch.distributed.pipelining's schedule run over every micro-batch of "
-        f"the step on the first, the last and the most loaded pipeline rank{few}; requested "
-        "sizes, the CUDA context and the NCCL communicators are added, not traced",
+        f"the step on the first, the last and the most loaded pipeline rank{repeated}; "
+        "requested sizes, the CUDA context and the NCCL communicators are added, not traced",
         *notes,
     ]
     return est
