@@ -34,9 +34,6 @@ KINDS = {
     "timm": "timm:test_vit",
 }
 _STILL_REFUSED = {
-    # torch's context parallelism shards the batch's token ids, which a denoiser takes none of
-    # (trainmem.trace.diffusers_model.check_diffusers_settings)
-    ("hsdp 4 / 2 + context parallel 2", "diffusers"),
     # timm's train.py runs data parallelism and whole-block checkpointing only
     # (trainmem.trace.timm_model.check_timm_settings)
     ("pipeline 2", "timm"),

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from trainmem.breakdown import MemoryCategory
 from trainmem.errors import NotApplicableError, UnsupportedError
 from trainmem.estimate import estimate
 from trainmem.specs.training import TrainingConfig
@@ -196,12 +197,15 @@ def test_sequence_parallel_refuses_joint_attention() -> None:
 @pytest.mark.parametrize(
     ("settings", "named"),
     [
-        ({"context_parallel_size": 2, "zero_stage": 3}, "context_parallel_size=2 (torch's context"),
+        ({"context_parallel_size": 2, "zero_stage": 3}, "context_parallel_size=2 (the whole"),
+        ({"pipeline_parallel_size": 2, "gradient_accumulation_steps": 4}, "--engine generic"),
     ],
 )
 def test_refusals_say_why_and_what_runs_instead(settings: dict[str, Any], named: str) -> None:
+    # the whole-model trace (engine "trace") refuses them, naming the generic path that runs
+    training = TrainingConfig(micro_batch_size=2, precision="32-true", **settings)
     with pytest.raises(UnsupportedError) as info:
-        _estimate(**settings)
+        estimate(PIXART, training, engine="trace", simulate_allocator=False)
     assert named in str(info.value)
     assert not isinstance(info.value, NotApplicableError)  # a gap, not a meaningless option
 
@@ -357,15 +361,18 @@ def test_untraced_settings_on_a_model_without_formulas_name_what_to_drop() -> No
 def test_auto_keeps_what_the_generic_refusal_says_would_work() -> None:
     # Found by fuzzing (session 17): --engine auto (the CLI's and the page's default) kept the
     # generic refusal only up to its first "; ", which cut what the trace runs instead
+    # (session 24: context parallelism runs on PixArt; SD3's joint attention is refused)
     training = TrainingConfig(
         micro_batch_size=2, precision="32-true", context_parallel_size=2, zero_stage=3
     )
     with pytest.raises(UnsupportedError) as info:
-        estimate(PIXART, training, simulate_allocator=False)
+        estimate(str(Path(__file__).parent / "diffusers_configs" / "tiny-sd3.json"), training,
+                 simulate_allocator=False)  # fmt: skip
     message = str(info.value)
-    assert message.startswith("the analytic formulas: 'PixArtTransformer2DModel' is a diffusers")
+    assert message.startswith("the analytic formulas: 'SD3Transformer2DModel' is a diffusers")
+    assert "SD3Transformer2DModel's joint (MMDiT) attention" in message
     assert message.endswith(
-        "; traced: FSDP2 (--zero-stage 3 --data-parallel-size N), HSDP without context parallelism)"
+        "; traced: FSDP2 / HSDP (--zero-stage 3 --data-parallel-size N) or tensor parallelism"
     )
     assert "--engine analytic" not in message  # auto has just tried it
 
@@ -381,3 +388,71 @@ def test_the_previous_loop_is_refused_before_the_trace(monkeypatch: pytest.Monke
     monkeypatch.setattr(trainmem.trace.generic, "estimate_generic", no_trace)
     with pytest.raises(UnsupportedError, match="loop=previous: .* use --loop drop"):
         _estimate(loop="previous")
+
+
+def _block0_cp(**settings: Any) -> dict[str, int]:
+    """Block 0's activations by module (CUDA's SDPA kernels emulated: torch's ring runs the
+    flash / efficient kernels only)."""
+    from trainmem.trace import diffusers_model as dm
+    from trainmem.trace.engine import run_trace
+
+    training = TrainingConfig(micro_batch_size=2, precision="32-true", resolution=64, **settings)
+    raw = json.loads(Path(PIXART).read_text())
+    holder: dict[str, Any] = {}
+
+    def build() -> Any:
+        holder["m"] = dm.build_diffusers_model(raw, training)
+        return holder["m"]
+
+    _, report = run_trace(
+        build,
+        lambda: dm.make_diffusers_batch(holder["m"], training),
+        training,
+        loss_fn=dm.diffusers_loss,
+    )
+    return dict(report.activation_bytes_by_module)
+
+
+def test_context_parallel_ranks_hold_their_rows_of_image_tokens() -> None:
+    # Note [Context parallelism of a denoiser]: the latents [2, 4, 8, 8] sharded by rows over
+    # cp 2, 16 -> 8 image tokens of width 32 per rank, fp32. norm1 keeps its output and
+    # mean / rstd: 2 x s x 32 x 4 + 2 x (2 x s x 4); attn1's to_q output [2, s, 32]; the
+    # cross-attention's keys / values are the whole caption on every rank, [2, 77, 32]
+    whole = _block0_cp(data_parallel_size=2, zero_stage=3)
+    split = _block0_cp(data_parallel_size=4, zero_stage=3, shard_group_size=2,
+                       context_parallel_size=2)  # fmt: skip
+    for s, acts in ((16, whole), (8, split)):
+        assert acts["transformer_blocks.0.norm1"] == 2 * s * 32 * 4 + 2 * (2 * s * 4)
+        assert acts["transformer_blocks.0.attn1.to_q"] == 2 * s * 32 * 4
+        assert acts["transformer_blocks.0.attn2.to_k"] == 2 * 77 * 32 * 4
+
+
+def test_hsdp_beside_context_parallelism_shards_over_the_context_ranks() -> None:
+    # torchtitan's mesh: a shard group of 2 = the 2 context ranks (dp_shard_cp), 4 replicas;
+    # every dim 0 of tiny PixArt divides by 2. The latents' storage keeps its [2, 4, 8, 8]
+    # size (resize_ never shrinks one), captions [2, 77, 48] and timesteps [2] whole
+    est = _estimate(data_parallel_size=4, zero_stage=3, shard_group_size=2,
+                    context_parallel_size=2)  # fmt: skip
+    assert est.details["traced_mesh"] == {"dp_replicate": 4, "cp": 2}
+    assert est.breakdown.parameters == PARAMS // 2 * 4 + POS_EMBED_BUFFER
+    assert est.breakdown.optimizer_states == 2 * PARAMS // 2 * 4
+    assert (
+        est.schedules[0].peak().by_category[MemoryCategory.INPUT]
+        == (2 * 4 * 64 + 2 * 77 * 48 + 2) * 4
+    )
+
+
+@pytest.mark.parametrize(
+    ("config", "named"),
+    [
+        ("tiny-sd3.json", "joint \\(MMDiT\\) attention"),
+        ("tiny-flux.json", "joint \\(MMDiT\\) attention"),
+        ("tiny-sdxl-unet.json", "not one of the denoisers whose context parallelism is traced"),
+    ],
+)
+def test_context_parallelism_refuses_what_a_row_shard_cannot_split(config: str, named: str) -> None:
+    path = Path(__file__).parent / "diffusers_configs" / config
+    training = TrainingConfig(micro_batch_size=1, resolution=64, context_parallel_size=2,
+                              zero_stage=3)  # fmt: skip
+    with pytest.raises(UnsupportedError, match=named):
+        estimate(str(path), training, engine="generic", simulate_allocator=False)

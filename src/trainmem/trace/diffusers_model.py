@@ -367,9 +367,10 @@ def check_diffusers_settings(training: TrainingConfig, *, generic: bool = False)
     ``trainmem.trace.fsdp``), tensor and sequence parallelism of the blocks
     (``trainmem.trace.diffusers_parallel``); and ``compile`` (each block compiled, as
     diffusers' ``ModelMixin.compile_repeated_blocks`` does; ``trainmem.trace.compile``).
-    Pipeline parallelism on the generic path (``generic``; trainmem.trace.diffusers_pipeline).
-    Refused, each with what runs instead: context parallelism, pipeline parallelism in the
-    whole-model trace; not applicable: a chunked loss (a diffusers model has no token logits).
+    Pipeline and context parallelism on the generic path (``generic``;
+    trainmem.trace.diffusers_pipeline, trainmem.trace.diffusers_parallel). Refused, each with
+    what runs instead: both in the whole-model trace; not applicable: a chunked loss (a
+    diffusers model has no token logits).
 
     Args:
         training: the settings.
@@ -387,10 +388,10 @@ def check_diffusers_settings(training: TrainingConfig, *, generic: bool = False)
         )
     why = {
         "context_parallel_size": (
-            training.context_parallel_size > 1,
-            "torch's context parallelism shards the batch's token ids, which a diffusers model "
-            "takes none of (diffusers' ContextParallelConfig is an inference hook); traced: "
-            "FSDP2 (--zero-stage 3 --data-parallel-size N), HSDP without context parallelism",
+            training.context_parallel_size > 1 and not generic,
+            "the whole-model trace does not shard a denoiser's latents; traced: --engine "
+            "generic (torch's context parallelism over the latents' rows, Note [Context "
+            "parallelism of a denoiser])",
         ),
         "pipeline_parallel_size": (
             training.pipeline_parallel_size > 1 and not generic,

@@ -61,8 +61,10 @@ torch = require_torch()
 
 __all__ = [
     "COLWISE",
+    "ROW_SHARDED",
     "ROWWISE",
     "apply_diffusers_tensor_parallel",
+    "denoiser_context_parallel",
     "is_attention",
     "mixed_parameters",
 ]
@@ -290,3 +292,144 @@ def mixed_parameters(model: Any) -> contextlib.AbstractContextManager[Any]:
     from torch.distributed.tensor.experimental import implicit_replication
 
     return implicit_replication()
+
+
+ROW_SHARDED = frozenset({"PixArtTransformer2DModel"})
+"""Denoisers whose context parallelism is traced (Note [Context parallelism of a denoiser]):
+checked to run SDPA self-attention over the image tokens alone and cross-attention to the
+caption. (DiT's transformer is of this kind too, but its forward calls block 0's
+``norm1.emb`` outside block 0, which FSDP2, required with CP, has not gathered.)"""
+
+
+def _cross_attention_local(model: Any) -> contextlib.AbstractContextManager[Any]:
+    """Inside each cross-attention of ``model`` (``attn.is_cross_attention``), SDPA runs as
+    the plain function, not torch's ring: its keys and values are the whole caption on every
+    rank (Note [Context parallelism of a denoiser])."""
+    import torch.nn.functional as F  # noqa: N812
+
+    inside: list[int] = [0]
+    crosses = [m for m in model.modules() if is_attention(m) and m.is_cross_attention]
+
+    @contextlib.contextmanager
+    def scope() -> Any:
+        plain = F.scaled_dot_product_attention  # torch's CP wrapper inside its context
+
+        def enter(_m: Any, _args: Any) -> None:
+            inside[0] += 1
+
+        def leave(_m: Any, _args: Any, _out: Any) -> None:
+            inside[0] -= 1
+
+        handles = [h for m in crosses for h in (m.register_forward_pre_hook(enter),
+                                                 m.register_forward_hook(leave))]  # fmt: skip
+        ring = F.scaled_dot_product_attention
+        original = _original_sdpa(ring)
+
+        def sdpa(*args: Any, **kwargs: Any) -> Any:
+            return (original if inside[0] else ring)(*args, **kwargs)
+
+        F.scaled_dot_product_attention = sdpa
+        try:
+            yield
+        finally:
+            F.scaled_dot_product_attention = plain
+            for h in handles:
+                h.remove()
+
+    return scope()
+
+
+def _original_sdpa(wrapped: Any) -> Any:
+    """The SDPA function torch's context parallelism replaced by ``wrapped``."""
+    from torch.distributed.tensor.experimental._context_parallel import _attention
+
+    return _attention._replaced_functions.get(wrapped, (None, wrapped))[1]
+
+
+def denoiser_context_parallel(
+    model: Any, mesh: Any, batches: list[Any], training: Any
+) -> contextlib.AbstractContextManager[Any]:
+    """torch's context parallelism around a denoiser's step; see Note [Context parallelism of
+    a denoiser].
+
+    Note [Context parallelism of a denoiser]
+        ``context_parallel_size=c`` on a diffusers transformer runs torch's context
+        parallelism as on a language model (``trainmem.trace.parallel.context_parallel``:
+        ``torch.distributed.tensor.experimental.context_parallel`` over the ``cp`` mesh
+        dimension, the buffers sharded in place with its head-tail load balancing, SDPA
+        replaced by its ring attention over the CUDA flash / efficient kernels; FSDP2 shards
+        over dp_shard x cp, torchtitan's mesh, HSDP's replicas beside it). The buffer is the
+        latent batch ``hidden_states`` [b, c, h, w], sharded along its rows (dim 2): the patch
+        embedding then makes the rank's ``h / c`` rows of patches, s / c image tokens (the
+        positional table is computed for the local grid, ``PatchEmbed.forward``), every block
+        runs on them and the prediction and its loss are the local rows'. The self-attention
+        over the image tokens is the ring; a cross-attention (``attn.is_cross_attention``)
+        attends to the whole caption on every rank, as diffusers' own context-parallel
+        attention does (``WanAttnProcessor`` passes its ``parallel_config`` to self-attention
+        only), so its SDPA runs as the plain kernel. diffusers' ``ContextParallelConfig`` /
+        ``_cp_plan`` (models/_modeling_parallel.py) shards the same way after the patch
+        embedding but ships no plan for PixArt, and its ring needs a class's processor calling
+        ``dispatch_attention_fn``: torch's is the one that runs on any SDPA.
+
+        Refused: joint (MMDiT) attention (SD3, FLUX: the text tokens join the image tokens'
+        sequence, which a row shard of the latents does not split), UNets (their
+        convolutions would need the neighbouring rows, a halo no CP implementation adds),
+        latents whose rows ``c`` times the patch size does not divide, and any class not in
+        :data:`ROW_SHARDED`: a self-attention that is not SDPA (Sana's linear attention
+        would sum its key-value state over the local tokens only) or a caption joined to
+        the image tokens without ``add_q_proj`` (Lumina2) would run without the exchange CP
+        needs, silently; each class is added once checked.
+
+    Args:
+        model: the parallelized diffusers model.
+        mesh: the traced mesh (with a ``cp`` dimension).
+        batches: the micro-batches (dicts with ``hidden_states``), sharded in place.
+        training: ``context_parallel_size``.
+
+    Returns:
+        A context manager for both steps.
+
+    Raises:
+        UnsupportedError: what is refused above.
+    """
+    from torch.distributed.tensor.experimental import context_parallel as cp_context
+
+    c = training.context_parallel_size
+    name = next(c.__name__ for c in type(model).__mro__ if c.__module__.startswith("diffusers."))
+    latents: list[Any] = [b["hidden_states"] for b in batches if "hidden_states" in b]
+    if any(getattr(m, "add_q_proj", None) is not None for m in model.modules() if is_attention(m)):
+        raise UnsupportedError(
+            f"context_parallel_size={c}: {name}'s joint (MMDiT) attention joins the text "
+            "tokens to the image tokens' sequence, which sharding the latents' rows does not "
+            "split; traced: FSDP2 / HSDP (--zero-stage 3 --data-parallel-size N) or tensor "
+            "parallelism"
+        )
+    if name not in ROW_SHARDED:
+        raise UnsupportedError(
+            f"context_parallel_size={c}: {name} is not one of the denoisers whose context "
+            f"parallelism is traced ({', '.join(sorted(ROW_SHARDED))}: SDPA self-attention "
+            "over the image tokens alone, cross-attention to the caption); traced: FSDP2 / "
+            "HSDP (--zero-stage 3 --data-parallel-size N)"
+        )
+    patch = int(dict(model.config).get("patch_size") or 1)
+    rows = latents[0].shape[2]
+    if rows % (2 * c * patch):  # the head-tail halves of every rank, whole patches each
+        raise UnsupportedError(
+            f"context_parallel_size={c}: the latents' {rows} rows do not split into 2 x {c} "
+            f"chunks of whole {patch}-row patches; pick a resolution whose latent height "
+            f"divides by {2 * c * patch}"
+        )
+    cp_mesh = mesh["cp"] if len(mesh.mesh_dim_names) > 1 else mesh
+
+    @contextlib.contextmanager
+    def step() -> Any:
+        with cp_context(
+            cp_mesh,
+            buffers=latents,
+            buffer_seq_dims=[2] * len(latents),
+            no_restore_buffers=set(latents),
+        ):
+            with _cross_attention_local(model):
+                yield
+
+    return step()

@@ -408,7 +408,7 @@ def _run_trace(
             fused=fused,
             context=lambda: _stacked(
                 _step_context(training, emulate_cuda, opt if fake else None),
-                context_parallel(mesh, batches, training),
+                context_parallel(mesh, batches, training, model),
                 mixed_parameters(model) if mesh is not None else contextlib.nullcontext(),
                 fsdp1_streams(model),  # Note [FSDP1 streams on the trace]
             ),

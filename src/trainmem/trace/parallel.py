@@ -336,7 +336,7 @@ def add_position_ids(batch: Any, training: TrainingConfig) -> None:
 
 
 def context_parallel(
-    mesh: Any, batches: list[Any], training: TrainingConfig
+    mesh: Any, batches: list[Any], training: TrainingConfig, model: Any = None
 ) -> contextlib.AbstractContextManager[Any]:
     """torch's context parallelism around the steps, or a no-op.
 
@@ -351,12 +351,19 @@ def context_parallel(
         mesh: the traced mesh (None: no mesh).
         batches: the micro-batches (dicts), sharded in place.
         training: ``context_parallel_size``.
+        model: the model; a diffusers denoiser's latents are sharded instead (Note [Context
+            parallelism of a denoiser] in trainmem/trace/diffusers_parallel.py).
 
     Returns:
         A context manager for both steps.
     """
     if mesh is None or training.context_parallel_size == 1:
         return contextlib.nullcontext()
+    if any(c.__module__.startswith("diffusers.") for c in type(model).__mro__):
+        # (FSDP2's class of the model subclasses the diffusers one)
+        from trainmem.trace.diffusers_parallel import denoiser_context_parallel
+
+        return denoiser_context_parallel(model, mesh, batches, training)
     from torch.distributed.tensor.experimental import context_parallel as cp_context
 
     keys = ("input_ids", "labels", "position_ids")
