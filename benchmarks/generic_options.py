@@ -113,6 +113,12 @@ at r = c too and made layer by layer at each attention (Note [The training KV ca
 Session 22 (helper misc22): the four fsdp-qlora sets are not applicable on the diffusers model
 (Answer.AI's train.py loads AutoModelForCausalLM; the message names accelerate-fsdp); three had
 run as if it applied, the checkpointed one failed inside torch's reentrant checkpoint.
+Session 24 (helper diffpar): the diffusers model's last four refusals run ("pipeline 2", "lora
+r16 + pipeline 2": torch's pipeline frontend cuts the denoiser at its blocks, Note [Tracing
+pipeline parallelism of a denoiser]; "hsdp 4 / 2 + context parallel 2": torch's context
+parallelism over the latents' rows, Note [Context parallelism of a denoiser]; "lora r16 +
+tensor parallel 2": peft's adapters beside the block plan); the language models' rows of these
+sets did not move.
 """
 
 from __future__ import annotations
