@@ -293,9 +293,8 @@ BF16_COMPILED_BLOCK = 108_800
 saves checks the trace against it); eager autograd saves 114,944 B there."""
 
 
-def _block0_by_module(training: TrainingConfig) -> dict[str, int]:
-    """The trace's activations of block 0 (bytes alive when the forward ends) by module path
-    (real CPU kernel choices, ``emulate_cuda=False``, as the torch.compile reference runs)."""
+def _activations_by_module(training: TrainingConfig, *, emulate_cuda: bool) -> dict[str, int]:
+    """The trace's activations (bytes alive when the forward ends) by module path."""
     from trainmem.trace import diffusers_model as dm
     from trainmem.trace.engine import run_trace
 
@@ -311,11 +310,17 @@ def _block0_by_module(training: TrainingConfig) -> dict[str, int]:
         lambda: dm.make_diffusers_batch(holder["m"], training),
         training,
         loss_fn=dm.diffusers_loss,
-        emulate_cuda=False,
+        emulate_cuda=emulate_cuda,
     )
+    return dict(report.activation_bytes_by_module)
+
+
+def _block0_by_module(training: TrainingConfig) -> dict[str, int]:
+    """Block 0's activations by module path (real CPU kernel choices, ``emulate_cuda=False``,
+    as the torch.compile reference runs)."""
     return {
         k: v
-        for k, v in report.activation_bytes_by_module.items()
+        for k, v in _activations_by_module(training, emulate_cuda=False).items()
         if k == "transformer_blocks.0" or k.startswith("transformer_blocks.0.")
     }
 
@@ -391,26 +396,10 @@ def test_the_previous_loop_is_refused_before_the_trace(monkeypatch: pytest.Monke
 
 
 def _block0_cp(**settings: Any) -> dict[str, int]:
-    """Block 0's activations by module (CUDA's SDPA kernels emulated: torch's ring runs the
-    flash / efficient kernels only)."""
-    from trainmem.trace import diffusers_model as dm
-    from trainmem.trace.engine import run_trace
-
+    """Activations by module with CUDA's SDPA kernels emulated (torch's ring runs the flash /
+    efficient kernels only)."""
     training = TrainingConfig(micro_batch_size=2, precision="32-true", resolution=64, **settings)
-    raw = json.loads(Path(PIXART).read_text())
-    holder: dict[str, Any] = {}
-
-    def build() -> Any:
-        holder["m"] = dm.build_diffusers_model(raw, training)
-        return holder["m"]
-
-    _, report = run_trace(
-        build,
-        lambda: dm.make_diffusers_batch(holder["m"], training),
-        training,
-        loss_fn=dm.diffusers_loss,
-    )
-    return dict(report.activation_bytes_by_module)
+    return _activations_by_module(training, emulate_cuda=True)
 
 
 def test_context_parallel_ranks_hold_their_rows_of_image_tokens() -> None:
