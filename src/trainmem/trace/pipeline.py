@@ -277,7 +277,8 @@ class PipelineRun:
     Attributes:
         schedule: the ``torch.distributed.pipelining`` schedule.
         stages: the rank's ``PipelineStage`` objects.
-        batch: ``{"input_ids", "labels"}`` of the whole step ([m * b, s]).
+        batch: ``{"input_ids", "labels"}`` of the whole step ([m * b, s]); a denoiser's:
+            every input of the whole step (the recorder holds them as inputs).
         signal: where the phase callback of the step in progress is kept.
         return_outputs: ``schedule.step(return_outputs=...)``.
         inputs: the first stage's keyword inputs of the whole step, when they are not
