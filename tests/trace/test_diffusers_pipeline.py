@@ -83,3 +83,15 @@ def test_what_is_not_traced_beside_it_is_refused_by_name() -> None:
     with pytest.raises(UnsupportedError, match="whole-model trace does not split"):
         estimate(PIXART, TrainingConfig(pipeline_parallel_size=2, gradient_accumulation_steps=4),
                  engine="trace")  # fmt: skip
+
+
+def test_inputs_without_a_batch_dimension_are_replicated_to_every_micro_batch() -> None:
+    # tiny FLUX at its default 128 px: 64 x 64 packed latents = 4,096 image tokens of 64
+    # channels, 512 text tokens of 48, pooled 24, fp32. The whole step (4 micro-batches of 2)
+    # holds the batched inputs of 8 samples and the position ids once: img_ids [4096, 3],
+    # txt_ids [512, 3], which the schedule replicates to every micro-batch (chunked by 4, the
+    # rotary table would cover 1,024 + 128 of the 4,096 + 512 tokens and the forward fail)
+    flux = str(Path(__file__).parent / "diffusers_configs" / "tiny-flux.json")
+    est = _pipeline(flux)
+    batched = 8 * (4_096 * 64 + 512 * 48 + 24 + 1 + 1)  # + timestep, guidance
+    assert _at_peak(est, 0, MemoryCategory.INPUT) == (batched + 4_096 * 3 + 512 * 3) * 4
