@@ -199,7 +199,6 @@ def recompute_holds_down_copy(model: ModelSpec, training: TrainingConfig) -> boo
         and training.uses_autocast
         and training.quantize_base == "none"
         and (training.lora_variant == "lora" or no_dora_on_down(training))
-        and training.lora_dropout == 0
         and not float8_eager_casts(model, training)
         and not unsloth_fast_lora(model, training)
     )

@@ -297,6 +297,8 @@ def recompute_down_held_bytes(
     a = adapter_matmul_bytes(training, model)
     if adapted and a != c:
         out.append(a * i)  # peft's cast of down's input to the adapters' dtype
+        if training.lora_dropout > 0:
+            out.append(a * i)  # the dropout's output, until lora_A's 16-bit copy of it
         out.append(c * i)  # act(gate) * up itself (the block is lora_A's 16-bit copy)
     elif not terms.get("mlp/down_input", 0):
         out.append(c * i)  # act(gate) * up
