@@ -265,6 +265,16 @@ def recompute_down_held_bytes(
           of down's input to the adapters' (a t i; ``x = self._cast_input_dtype(x,
           lora_A.weight.dtype)``), bound in ``Linear.forward``; ``lora_A`` saves autocast's
           16-bit copy of it (the ``mlp/down_input`` block), not the input itself;
+        * with ``lora_dropout`` there, the dropout's output (a t i) too: ``lora_B(lora_A(
+          dropout(x)))`` (peft 0.21.2 tuners/lora/layer.py ``Linear.forward``, lines
+          1098-1102) holds it until ``lora_A``'s matmul returns, beside its 16-bit copy,
+          which lora_A saves, and the mask, which ``native_dropout`` saves (torch 2.13
+          derivatives.yaml: its backward reads ``result1`` only; CUDA runs ``native_dropout``,
+          ATen native/Dropout.cpp ``dropout``), both recomputed blocks (``lora/down_dropout``).
+          Non-reentrant, that is the moment (the gradient's products were made before the
+          recompute). Reentrant, lora_B's output and its product come after the dropout's
+          output is freed: the larger of the two moments, lora_A's (a t i more, two c t h
+          less) wherever a t i > 2 c t h;
         * down's input ``act(gate) * up`` (c t i), the argument of down's call, where no
           block is that tensor: a frozen down saves only its weight copy (Note [Frozen down
           projection's input]), an adapter in another dtype a copy;
@@ -290,14 +300,20 @@ def recompute_down_held_bytes(
         return []
     c, r, h, i = sizes
     adapted = "down" in training.lora_targets
-    first = layer_checkpoint_reentrant(training) or r != c  # down's output / the grad's cast
+    reentrant = layer_checkpoint_reentrant(training)
+    first = reentrant or r != c  # down's output / the grad's cast
     # the gradient's product with ``scaling`` and down's base output, with an adapter
+    # (reentrant: lora_B's output and its product)
     own = (1 if base_output_cached else 2) if adapted else 0
-    out = [c * h] * (own + (1 if first else 0))
     a = adapter_matmul_bytes(training, model)
+    # peft's dropout output in the adapters' dtype, alive at lora_A's matmul
+    dropout_output = adapted and a != c and training.lora_dropout > 0
+    if dropout_output and reentrant and a * i > own * c * h:
+        own = 0  # the moment at lora_A's matmul, before lora_B's output and its product
+    out = [c * h] * (own + (1 if first else 0))
     if adapted and a != c:
         out.append(a * i)  # peft's cast of down's input to the adapters' dtype
-        if training.lora_dropout > 0:
+        if dropout_output and not (reentrant and own):
             out.append(a * i)  # the dropout's output, until lora_A's 16-bit copy of it
         out.append(c * i)  # act(gate) * up itself (the block is lora_A's 16-bit copy)
     elif not terms.get("mlp/down_input", 0):
