@@ -164,3 +164,45 @@ def test_lora_dropout_under_checkpointing(tmp_path: Path, targets: str, checkpoi
     lora = {"lora_rank": 16, "lora_targets": _LORA_DROPOUT_TARGETS[targets], "lora_dropout": 0.1}
     gap = _gap(tmp_path, {}, activation_checkpointing=checkpointing, **lora)
     assert abs(gap) <= TOLERANCE, f"{gap:+.2%}"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="formulas 2.9 MB over at layer 1's recomputed up DoRA moment (diagnosed, not fixed)",
+)
+def test_dora_gate_up_under_selective_at_1024_wide(tmp_path: Path) -> None:
+    """DoRA r 16 on gate / up, op-level selective checkpointing, the 1024-wide agreement Llama
+    at 2 x 256 tokens: -1.09 % (formulas 264,655,872 B, trace 261,758,520 B). Both peak at
+    layer 1's recomputed up projection, in DoRA's weight norm (three fp32 [out, in] tensors,
+    peft 0.21.2 tuners/lora/dora.py ``get_weight_norm``). With t = 512, h = 1,024, c = 2,
+    r = a = 4, the formulas hold there, against the trace:
+
+    * the cached q output (c t h = 1,048,576 B) kept to the layer's backward, which the
+      recompute frees when it replays q (RoPE's products save cos / sin, not q), and the
+      cached v output beside the recomputed ``attention/v`` (SDPA saves the cached tensor):
+      +2,097,152 B (session 23's "left", it moves plain selective cells and the golden);
+    * the up moment's input as c t in + a t in (1 + 2 MiB: the 16-bit input and peft's fp32
+      cast) with the ``mlp/input`` block holding up's lora_A 16-bit copy, made only after the
+      norm; peft's ``_cast_input_dtype`` of the fp32 norm output is the tensor itself, so the
+      trace holds x (r t in = 2 MiB) and gate's copy: +2,097,152 B;
+    * not the incoming gradient's bf16 cast (c t h, made before the non-reentrant recompute,
+      Note [The recompute's tensors held at an autocast down projection]) nor gate's / up's
+      adapter weight copies (245,760 B, made at their matmuls before up's norm, placed after
+      it): -1,294,336 B.
+    Net +2,899,968 B (measured 2,897,352 B). Fixing one part alone moves the cell the wrong
+    way or other DoRA cells (2048 gate,up -0.55 %); a fix takes all of them together."""
+    path = tmp_path / "config.json"
+    width = json.loads((MODELS_DIR / "agreement" / "llama_h1024.json").read_text())
+    path.write_text(json.dumps(width))
+    training = TrainingConfig(
+        micro_batch_size=2,
+        seq_len=256,
+        lora_rank=16,
+        lora_targets=("gate", "up"),
+        lora_variant="dora",
+        activation_checkpointing="selective",
+    )
+    g = estimate(str(path), training, engine="generic", simulate_allocator=False)
+    a = estimate(str(path), training, engine="analytic", simulate_allocator=False)
+    gap = g.breakdown.allocated_bytes / a.breakdown.allocated_bytes - 1
+    assert abs(gap) <= TOLERANCE, f"{gap:+.2%}"
