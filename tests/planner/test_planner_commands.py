@@ -27,6 +27,8 @@ def test_plan_json(invoke: Invoke) -> None:
     assert 0 <= mb["margin_bytes"] < 15_000_000_000
     assert sl["dimension"] == "seq_len" and sl["value"] == 1024
     assert sl["limited_by"] == "context_length"
+    # the granularity the CLI's "fixed:" line states, in the JSON too
+    assert (mb["step"], sl["step"]) == (1, 8)
 
 
 def test_plan_table_and_reasons(invoke: Invoke) -> None:

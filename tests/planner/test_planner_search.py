@@ -165,3 +165,24 @@ def test_planned_seq_len_defaults_to_tensor_core_padding() -> None:
     assert not simulated_fits(model, replace(training, seq_len=r.value + 8), gpu)
     exact = max_seq_len(model, training, gpu, multiple_of=1)
     assert exact.value is not None and r.value <= exact.value
+
+
+def test_seq_len_below_a_context_length_off_the_granularity(tmp_path) -> None:  # noqa: ANN001
+    # gpt2 with a 1,020-token position table: multiples of 8 stop at 1,016 (127 * 8), which is
+    # the last multiple of 8 below the context length, not the context length itself
+    import json
+
+    from trainmem.specs.hf import load_hf_config
+
+    cfg = {**load_hf_config("gpt2"), "n_positions": 1020}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    path = str(tmp_path / "config.json")
+    r = max_seq_len(path, TrainingConfig(), "A100-80GB")
+    assert (r.value, r.limited_by, r.step) == (1016, "context_length", 8)
+    assert "last multiple of 8 tokens below the model's context length" in r.reason
+    assert "max_position_embeddings=1020" in r.reason
+    assert r.to_dict()["step"] == 8
+    exact = max_seq_len(path, TrainingConfig(), "A100-80GB", multiple_of=1)
+    assert (exact.value, exact.step) == (1020, 1)
+    assert "it is the model's context length (max_position_embeddings=1020)" in exact.reason
+    assert max_micro_batch_size(path, TrainingConfig(seq_len=64), "T4").to_dict()["step"] == 1

@@ -64,6 +64,9 @@ class PlanResult:
             reached the model's ``max_position_embeddings``), ``search_limit``, or
             ``nothing_fits``.
         reason: one sentence for a person: why the answer is what it is.
+        step: the granularity of the search: only multiples of ``step`` were tried (1 for the
+            micro-batch size; for ``seq_len`` the ``multiple_of``, 8 tokens by default, times
+            the context-parallel size when that does not divide it).
     """
 
     dimension: str
@@ -74,6 +77,7 @@ class PlanResult:
     gpu: GPUSpec
     limited_by: LimitedBy
     reason: str
+    step: int = 1
 
     @property
     def margin_bytes(self) -> int | None:
@@ -90,6 +94,7 @@ class PlanResult:
             "value": self.value,
             "limited_by": self.limited_by,
             "reason": self.reason,
+            "step": self.step,
             "verdict": "does not fit" if est is None else est.verdict,
             "margin_bytes": self.margin_bytes,
             "gpu": {"name": self.gpu.name, "capacity_bytes": self.gpu.memory_bytes},
@@ -310,6 +315,7 @@ def _search(
             gpu,
             "nothing_fits",
             why_nothing_fits(dimension, first, gpu),
+            step,
         )
     if not fits(sim(best)):
         # Fragmentation pushed the closed-form answer over: search below it on the simulator,
@@ -326,6 +332,7 @@ def _search(
                 gpu,
                 "nothing_fits",
                 why_nothing_fits(dimension, first, gpu),
+                step,
             )
         best = sim_best
     est = sim(best)
@@ -334,7 +341,7 @@ def _search(
         limit = cap_reason
         nxt = None
         reason = f"{dimension}={value} fits with {format_bytes(margin_bytes(est))} to spare; " + (
-            f"it is the model's context length (max_position_embeddings={max_value})"
+            _context_length(value, step, max_value)
             if limit == "context_length"
             else f"the search stops at {max_value}"
         )
@@ -349,7 +356,16 @@ def _search(
             f"in the {nxt.peak_phase}{_fragmentation(nxt)} (usable "
             f"{format_bytes(gpu.memory_bytes)})"
         )
-    return PlanResult(dimension, value, config(best), est, nxt, gpu, limit, reason)
+    return PlanResult(dimension, value, config(best), est, nxt, gpu, limit, reason, step)
+
+
+def _context_length(value: int, step: int, max_value: int) -> str:
+    """Why ``value`` is the answer when the next multiple of ``step`` passes the model's
+    context length ``max_value``: it is that length, or the last multiple of ``step`` below it."""
+    cap = f"the model's context length (max_position_embeddings={max_value})"
+    if value == max_value:
+        return f"it is {cap}"
+    return f"it is the last multiple of {step} tokens below {cap}"
 
 
 def _fragmentation(est: MemoryEstimate) -> str:
