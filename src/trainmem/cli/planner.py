@@ -5,6 +5,7 @@ This module deliberately has no ``from __future__ import annotations``: typer re
 annotations at registration time, and the aliases are local names of :func:`register`.
 """
 
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -113,6 +114,7 @@ def register(app: typer.Typer) -> None:
                 )
             if gpu is not None:
                 raise SpecError("gpus", "--gpus lists every catalog GPU; drop --gpu")
+            _no_seq_len_search(seq_len_multiple_of, "--gpus plans the micro-batch size")
             gpu_plan = plan_gpus(formula_model(model, "plan"), training)
             if as_json:
                 print(render.gpus_json(gpu_plan))
@@ -135,6 +137,7 @@ def register(app: typer.Typer) -> None:
             return
         gpu_spec = require_gpu(gpu)
         if traced_only(model):
+            _no_seq_len_search(seq_len_multiple_of, "the generic path plans the micro-batch size")
             _plan_traced(model, gpu_spec, training, as_json)
             return
         spec = formula_model(model, "plan")
@@ -142,17 +145,20 @@ def register(app: typer.Typer) -> None:
         multiple_of = SEQ_LEN_MULTIPLE_OF if seq_len_multiple_of is None else seq_len_multiple_of
         if spec.architecture != "vision-encoder":
             results.append(max_seq_len(spec, training, gpu_spec, multiple_of=multiple_of))
+        else:
+            _no_seq_len_search(seq_len_multiple_of, f"{spec.name} is a vision encoder")
         if as_json:
             print(render.plan_json(spec.name, results))
             return
         console.print(render.plan_table(spec.name, results))
         console.print(
             f"fixed: seq_len={training.seq_len} for the micro-batch search, "
-            f"micro_batch_size={training.micro_batch_size} for the seq_len search"
             + (
-                f" (multiples of {multiple_of} tokens)"
-                if len(results) > 1 and multiple_of > 1
-                else ""
+                f"micro_batch_size={training.micro_batch_size} for the seq_len search"
+                + (f" (multiples of {multiple_of} tokens)" if multiple_of > 1 else "")
+                if len(results) > 1
+                else "no seq_len search (a vision encoder's sequence is its image's patches: "
+                "--resolution)"
             )
             + "; "
             f"{training.precision}, {training.optimizer} ({training.step_implementation}), "
@@ -181,6 +187,8 @@ def register(app: typer.Typer) -> None:
         from trainmem.report import render
 
         gpu_spec = require_gpu(gpu)
+        if limit is not None and limit < 1:  # before any engine runs, on either path
+            raise SpecError("limit", f"must be a positive number of fixes, got {limit}")
         if traced_only(model):
             base, found = _fit_traced(model, gpu_spec, training, limit)
             name = base.model_name
@@ -191,7 +199,9 @@ def register(app: typer.Typer) -> None:
             found = (
                 []
                 if fits(base)
-                else fixes(spec, training, gpu_spec, limit=limit or 10, simulated=base)
+                else fixes(
+                    spec, training, gpu_spec, limit=10 if limit is None else limit, simulated=base
+                )
             )
         if as_json:
             print(render.fixes_json(base, found))
@@ -270,8 +280,6 @@ def register(app: typer.Typer) -> None:
 
 def _progress(model: str, base: TrainingConfig) -> "Callable[[TrainingConfig], None]":
     """A line on stderr per traced candidate: the settings it changes from the run's."""
-    import sys
-
     from trainmem.planner.fixes import changed_settings
 
     def say(training: TrainingConfig) -> None:
@@ -284,7 +292,6 @@ def _progress(model: str, base: TrainingConfig) -> "Callable[[TrainingConfig], N
 
 def _point_progress(model: str) -> "Callable[[dict[str, object]], None]":
     """A line on stderr per traced grid point."""
-    import sys
 
     def say(settings: dict[str, object]) -> None:
         what = ", ".join(f"{k}={v}" for k, v in settings.items())
@@ -293,13 +300,30 @@ def _point_progress(model: str) -> "Callable[[dict[str, object]], None]":
     return say
 
 
+def _no_seq_len_search(seq_len_multiple_of: int | None, why: str) -> None:
+    """Warn (on stderr, so that ``--json`` stays JSON) that an explicit
+    ``--seq-len-multiple-of`` has no effect: this plan has no sequence-length search."""
+    if seq_len_multiple_of is not None:
+        print(
+            f"warning: --seq-len-multiple-of has no effect here: {why}, no sequence length",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def _fit_traced(
     model: str, gpu: "GPUSpec", training: TrainingConfig, limit: int | None
 ) -> "tuple[MemoryEstimate, list[Fix]]":
     """``trainmem fit`` on the generic path (:func:`trainmem.planner.traced.traced_fit`)."""
     from trainmem.planner.traced import traced_fit
 
-    return traced_fit(model, training, gpu, limit=limit or 3, on_probe=_progress(model, training))
+    return traced_fit(
+        model,
+        training,
+        gpu,
+        limit=3 if limit is None else limit,
+        on_probe=_progress(model, training),
+    )
 
 
 def _plan_traced(model: str, gpu: "GPUSpec", training: TrainingConfig, as_json: bool) -> None:

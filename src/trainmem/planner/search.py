@@ -496,14 +496,29 @@ def max_seq_len(
         )
     if not isinstance(multiple_of, int) or multiple_of < 1:
         raise SpecError("seq_len_multiple_of", f"must be a positive integer, got {multiple_of!r}")
+    # every context-parallel rank holds seq_len / context_parallel_size tokens
+    step = math.lcm(multiple_of, training.context_parallel_size)
+    context = spec.max_position_embeddings
+    if step > context:
+        cp = training.context_parallel_size
+        raise SpecError(
+            "seq_len_multiple_of",
+            f"{multiple_of}"
+            + (
+                f" (with context_parallel_size={cp}: steps of {step})"
+                if step != multiple_of
+                else ""
+            )
+            + f" is longer than {spec.name}'s context length (max_position_embeddings={context})"
+            f"; allowed: 1-{context}",
+        )
     return _search(
         "seq_len",
         spec,
         training,
         gpu_spec,
-        # every context-parallel rank holds seq_len / context_parallel_size tokens
-        step=math.lcm(multiple_of, training.context_parallel_size),
-        max_value=spec.max_position_embeddings,
+        step=step,
+        max_value=context,
         cap_reason="context_length",
         cuda_context_bytes=cuda_context_bytes,
     )

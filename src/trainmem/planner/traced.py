@@ -157,7 +157,12 @@ def traced_fixes(
     Returns:
         Fixes sorted by cost rank then memory saved; [] when nothing in the table, nor a pair of
         its rows, makes the run fit.
+
+    Raises:
+        SpecError: ``limit`` below 1.
     """
+    if limit < 1:  # as :func:`trainmem.planner.fixes.fixes`
+        raise SpecError("limit", f"must be a positive number of fixes, got {limit}")
     if base.breakdown.cuda_context >= gpu.memory_bytes:
         return []  # no change in the table shrinks the CUDA context (:func:`beyond_any_fix`)
     base_bytes = base.breakdown.allocated_bytes

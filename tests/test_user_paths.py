@@ -1,0 +1,47 @@
+"""Paths a user takes in a first hour with the CLI (helper useraudit, session 24): each was a
+silently ignored setting, a contradictory line or an error naming the wrong field."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import Invoke
+
+
+@pytest.mark.parametrize("model", ["gpt2", "timm:resnet50", "flux.1-dev-transformer"])
+@pytest.mark.parametrize("limit", ["0", "-3"])
+def test_fit_refuses_a_limit_below_one_on_every_path(
+    invoke: Invoke, model: str, limit: str
+) -> None:
+    # `--limit 0` used to mean the default 10 (formulas) or 3 (generic path: `-3` gave no fix
+    # at all, silently); refused before anything is traced
+    r = invoke("fit", model, "--gpu", "T4", "-b", "64", "--limit", limit, exit_code=2)
+    assert r.stderr.strip() == f"error: limit: must be a positive number of fixes, got {limit}"
+
+
+def test_plan_names_seq_len_multiple_of_when_it_is_longer_than_the_context(
+    invoke: Invoke,
+) -> None:
+    r = invoke("plan", "gpt2", "--gpu", "T4", "--seq-len-multiple-of", "2048", exit_code=2)
+    assert r.stderr.strip() == (
+        "error: seq_len_multiple_of: 2048 is longer than gpt2's context length "
+        "(max_position_embeddings=1024); allowed: 1-1024"
+    )
+
+
+def test_plan_of_a_vision_encoder_says_there_is_no_seq_len_search(invoke: Invoke) -> None:
+    # the "fixed:" line used to name "micro_batch_size=1 for the seq_len search", a search
+    # that a vision encoder does not have; an explicit --seq-len-multiple-of had no effect
+    r = invoke("plan", "vit-large-patch16-224", "--gpu", "T4", "--seq-len-multiple-of", "16")
+    assert "for the seq_len search" not in r.stdout
+    assert "no seq_len search" in r.stdout
+    assert r.stderr.startswith("warning: --seq-len-multiple-of has no effect here")
+    assert "warning" not in invoke("plan", "vit-large-patch16-224", "--gpu", "T4").stderr
+
+
+def test_plan_gpus_warns_that_seq_len_multiple_of_has_no_effect(invoke: Invoke) -> None:
+    import json
+
+    r = invoke("plan", "gpt2", "--gpus", "--seq-len-multiple-of", "16", "--json")
+    assert json.loads(r.stdout)["model"] == "gpt2"  # the warning stays off stdout
+    assert r.stderr.startswith("warning: --seq-len-multiple-of has no effect here")
