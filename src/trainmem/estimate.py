@@ -238,27 +238,36 @@ def image_sequence(
 def pixel_config(model: str | ModelSpec) -> dict[str, object] | None:
     """The ``config.json`` of a transformers model whose input is an image and that the
     formulas do not model (:func:`~trainmem.specs.diffusers.takes_pixels`: SegFormer, ConvNeXt;
-    not ViT, an analytic vision encoder), or None."""
+    not ViT, an analytic vision encoder), or of a timm model (``timm:resnet50``, an image
+    classifier: :func:`~trainmem.specs.hf.is_timm_config`), or None."""
     if isinstance(model, ModelSpec) or _loaded_spec(model) is not None:
         return None
     from trainmem.specs.diffusers import takes_pixels
-    from trainmem.specs.hf import load_hf_config
+    from trainmem.specs.hf import is_timm_config, load_hf_config
 
     try:
         config = load_hf_config(model)
     except SpecError:
         return None
-    return config if takes_pixels(config) else None
+    return config if takes_pixels(config) or is_timm_config(config) else None
 
 
 def report_pixels(est: MemoryEstimate, config: dict[str, object], training: TrainingConfig) -> None:
     """Report what a generic-path pixel model (:func:`pixel_config`) takes: its images'
     ``resolution`` in pixels (given, else its config's, as the trace fed it:
-    :func:`trainmem.trace.hf_model.pixel_input_size`), and no ``seq_len``, which it does not
+    :func:`trainmem.trace.hf_model.pixel_input_size`; a timm model's:
+    :func:`trainmem.trace.timm_model.timm_image_size`), and no ``seq_len``, which it does not
     read."""
-    from trainmem.trace.hf_model import pixel_input_size
+    from trainmem.specs.hf import is_timm_config
 
-    height, width = pixel_input_size(config, training.image_size)
+    if is_timm_config(config):
+        from trainmem.trace.timm_model import timm_image_size
+
+        height, width = timm_image_size(config, training)
+    else:
+        from trainmem.trace.hf_model import pixel_input_size
+
+        height, width = pixel_input_size(config, training.image_size)
     est.config["seq_len"] = None
     est.config["resolution"] = height if height == width else f"{height}x{width}"
 
@@ -285,7 +294,7 @@ def route_diffusers(model: str | ModelSpec, training: TrainingConfig) -> bool:
         SpecError: a diffusers option on a language model, or a value the model cannot take.
     """
     from trainmem.specs.diffusers import check_image_options, is_diffusers_config
-    from trainmem.specs.hf import load_hf_config
+    from trainmem.specs.hf import is_timm_config, load_hf_config
 
     config: dict[str, object] = {}
     if isinstance(model, str):
@@ -294,7 +303,9 @@ def route_diffusers(model: str | ModelSpec, training: TrainingConfig) -> bool:
         except SpecError:
             config = {}  # the engine's own loading reports it
     vision = isinstance(model, ModelSpec) and model.architecture == "vision-encoder"
-    check_image_options(config, training, pixels=True if vision else None)
+    # a timm model takes images (timm_model.make_timm_batch), at --resolution if given
+    pixels = vision or is_timm_config(config)
+    check_image_options(config, training, pixels=True if pixels else None)
     return is_diffusers_config(config)
 
 

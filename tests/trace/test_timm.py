@@ -120,3 +120,27 @@ def test_full_checkpointing_is_timms_own_and_keeps_fewer_activations() -> None:
         return int(est.breakdown.allocated_bytes)
 
     assert peak("full") < peak("none")
+
+
+def test_cli_resolution_reaches_a_timm_vit_and_is_reported(invoke_json) -> None:
+    # `--resolution` was refused on the CLI ("this model takes tokens") and, through the
+    # library, raised AttributeError (timm has `model_entrypoint`, not `get_model_entrypoint`);
+    # a ViT built at 320 px has the position table of (320 / 16)^2 + 1 tokens, as timm builds it
+    out = invoke_json("estimate", "timm:test_vit", "-b", "2", "--resolution", "320")
+    assert out["num_parameters"] == _timm_counts("test_vit", img_size=320)[0]
+    assert out["num_parameters"] != _timm_counts("test_vit")[0]
+    assert (out["config"]["resolution"], out["config"]["seq_len"]) == (320, None)
+
+
+def test_cli_timm_cnn_takes_resolution_and_no_seq_len(invoke, invoke_json) -> None:
+    default = invoke_json("estimate", "timm:test_resnet", "-b", "8")
+    # the image timm's pretrained config names (test_resnet: 3 x 160 x 160), not a seq_len
+    assert (default["config"]["resolution"], default["config"]["seq_len"]) == (160, None)
+    small = invoke_json("estimate", "timm:test_resnet", "-b", "8", "--resolution", "64x96")
+    assert small["config"]["resolution"] == "64x96"
+    assert small["peak"]["allocated_bytes"] < default["peak"]["allocated_bytes"]
+    # a sequence length was accepted and ignored
+    err = invoke("estimate", "timm:test_resnet", "-s", "77", exit_code=2).stderr
+    assert err.startswith("error: seq_len: 77 for timm:test_resnet, a model whose input is an")
+    err = invoke("estimate", "timm:test_resnet", "--frames", "5", exit_code=2).stderr
+    assert err.startswith("error: frames: ") and "use --resolution" in err

@@ -167,7 +167,7 @@ def _create_args(timm: Any, name: str) -> set[str]:
     """The keyword arguments the model's class takes (``img_size`` for ViT-style models)."""
     import inspect
 
-    entry = timm.models.get_model_entrypoint(name)
+    entry = timm.models.model_entrypoint(name)  # timm/models/_registry.py
     cls = getattr(inspect.getmodule(entry), "VisionTransformer", None)
     if cls is None:
         return set()
@@ -184,6 +184,20 @@ def timm_input_size(model: Any, training: TrainingConfig) -> tuple[int, int, int
     if training.image_size is not None:
         height, width = training.image_size
     return int(channels), int(height), int(width)
+
+
+def timm_image_size(raw: Mapping[str, Any], training: TrainingConfig) -> tuple[int, int]:
+    """(height, width) of the images :func:`make_timm_batch` feeds the model of the timm config
+    ``raw``, without building it: ``--resolution`` if given, else the ``input_size`` of the
+    pretrained config the model is built with (timm/models/_registry.py ``get_pretrained_cfg``,
+    what ``create_model`` sets as ``model.pretrained_cfg``; :func:`timm_input_size`)."""
+    if training.image_size is not None:
+        height, width = training.image_size
+        return int(height), int(width)
+    timm = import_timm()
+    cfg = timm.models.get_pretrained_cfg(str(raw["architecture"]))
+    _, height, width = tuple(getattr(cfg, "input_size", None) or (3, 224, 224))
+    return int(height), int(width)
 
 
 def make_timm_batch(model: Any, training: TrainingConfig) -> dict[str, Any]:
