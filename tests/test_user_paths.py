@@ -45,3 +45,24 @@ def test_plan_gpus_warns_that_seq_len_multiple_of_has_no_effect(invoke: Invoke) 
     r = invoke("plan", "gpt2", "--gpus", "--seq-len-multiple-of", "16", "--json")
     assert json.loads(r.stdout)["model"] == "gpt2"  # the warning stays off stdout
     assert r.stderr.startswith("warning: --seq-len-multiple-of has no effect here")
+
+
+def test_sweep_csv_and_json_say_whether_the_allocator_was_replayed(invoke: Invoke) -> None:
+    # gpt2 at micro-batch 9 on a T4: the closed form (reserved = allocated) leaves 0.28 GiB,
+    # the simulated allocator runs out of memory, as `estimate` says; the sweep's table
+    # caption said "closed form" but its CSV / JSON rows did not
+    import csv
+    import io
+    import json
+
+    args = ["sweep", "gpt2", "--gpu", "T4", "--over", "micro-batch-size=9"]
+    closed = json.loads(invoke(*args, "--format", "json").stdout)[0]
+    assert closed["allocator_simulated"] is False
+    assert closed["reserved_bytes"] == closed["allocated_bytes"]
+    replayed = json.loads(invoke(*args, "--simulate-allocator", "--format", "json").stdout)[0]
+    assert replayed["allocator_simulated"] is True
+    assert replayed["verdict"] == "does not fit" and replayed["reserved_bytes"] is None
+    est = json.loads(invoke("estimate", "gpt2", "--gpu", "T4", "-b", "9", "--json").stdout)
+    assert est["verdict"] == replayed["verdict"]
+    row = next(csv.DictReader(io.StringIO(invoke(*args, "--format", "csv").stdout)))
+    assert row["allocator_simulated"] == "false"

@@ -60,6 +60,7 @@ def test_csv_and_json_parse_back() -> None:
         "fits",
         "verdict",
         "margin_bytes",
+        "allocator_simulated",
     ]
     for p, r in zip(parsed, rows, strict=True):
         assert int(p["device_total_bytes"]) == r.device_total_bytes

@@ -53,6 +53,10 @@ class SweepRow:
             None without a GPU.
         margin_bytes: usable capacity minus the device total (None without a GPU, or when the
             simulated allocator runs out of memory: no device total).
+        allocator_simulated: whether the row's step was replayed through the allocator
+            simulator (``--simulate-allocator``, or a traced step); False: the closed form,
+            reserved = allocated, so a run that fragmentation pushes out of memory may read
+            ``tight`` here and ``does not fit`` in ``trainmem estimate``.
     """
 
     settings: dict[str, Any]
@@ -63,6 +67,7 @@ class SweepRow:
     fits: bool | None
     verdict: str | None
     margin_bytes: int | None
+    allocator_simulated: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """Flat JSON-able dict: the settings, then the figures (bytes)."""
@@ -75,6 +80,7 @@ class SweepRow:
             "fits": self.fits,
             "verdict": self.verdict,
             "margin_bytes": self.margin_bytes,
+            "allocator_simulated": self.allocator_simulated,
         }
 
 
@@ -178,6 +184,7 @@ def sweep(
                 fits=est.fits,
                 verdict=est.verdict,
                 margin_bytes=est.margin_bytes,
+                allocator_simulated=simulate_allocator or spec is None,
             )
         )
     return rows
