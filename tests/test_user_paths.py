@@ -66,3 +66,24 @@ def test_sweep_csv_and_json_say_whether_the_allocator_was_replayed(invoke: Invok
     assert est["verdict"] == replayed["verdict"]
     row = next(csv.DictReader(io.StringIO(invoke(*args, "--format", "csv").stdout)))
     assert row["allocator_simulated"] == "false"
+
+
+def test_plan_and_fit_give_an_oom_step_no_device_total(invoke: Invoke) -> None:
+    # gpt2 at 9 x 1024 on a T4: 13.99 GiB allocated + 0.49 GiB context < 14.75 GiB usable,
+    # but the simulated allocator runs out of memory (fragmentation). `estimate` prints OOM and
+    # gives no device total; plan's "next" and fit's "peak" gave allocated + context (14.47 GiB)
+    # and plan / fit said "needs 14.47 GiB ... (usable 14.75 GiB)" / "does not fit"
+    import json
+
+    est = json.loads(invoke("estimate", "gpt2", "--gpu", "T4", "-b", "9", "--json").stdout)
+    assert est["peak"]["oom"] and est["peak"]["device_total_bytes"] is None
+    plan = json.loads(invoke("plan", "gpt2", "--gpu", "T4", "-s", "1024", "--json").stdout)
+    mb = plan["results"][0]
+    assert (mb["value"], mb["next"]["micro_batch_size"]) == (8, 9)
+    assert {k: v for k, v in mb["next"].items() if k != "micro_batch_size"} == est["peak"]
+    assert "micro_batch_size=9 runs out of memory in the backward" in mb["reason"]
+    assert "fragmentation" in mb["reason"] and "needs" not in mb["reason"]
+    fit = json.loads(invoke("fit", "gpt2", "--gpu", "T4", "-b", "9", "--json").stdout)
+    assert fit["peak"] == est["peak"]
+    head = invoke("fit", "gpt2", "--gpu", "T4", "-b", "9").stdout.splitlines()[0]
+    assert head.startswith("gpt2 runs out of memory in the backward on T4") and "needs" not in head

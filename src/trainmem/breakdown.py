@@ -198,6 +198,20 @@ class MemoryEstimate:
             return None
         return self.gpu_capacity_bytes - self.breakdown.device_total_bytes
 
+    def peak_dict(self) -> dict[str, Any]:
+        """The peak as every JSON report gives it (``estimate``, ``plan``, ``fit``), bytes: no
+        reserved or device total when the simulated allocator runs out of memory (``oom``, its
+        message), as the tables print ``OOM``."""
+        b = self.breakdown
+        return {
+            "allocated_bytes": b.allocated_bytes,
+            "reserved_bytes": None if self.oom_message else b.reserved_bytes,
+            "device_total_bytes": None if self.oom_message else b.device_total_bytes,
+            "phase": self.peak_phase,
+            "reason": self.peak_reason,
+            "oom": self.oom_message,
+        }
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict (schema :data:`SCHEMA_VERSION`); all sizes integers in bytes."""
         b = self.breakdown
@@ -209,14 +223,7 @@ class MemoryEstimate:
             "num_trainable_parameters": self.num_trainable_parameters,
             "breakdown_bytes": b.as_dict(),
             "model_states_bytes": dict(self.model_states_bytes),
-            "peak": {
-                "allocated_bytes": b.allocated_bytes,
-                "reserved_bytes": None if self.oom_message else b.reserved_bytes,
-                "device_total_bytes": None if self.oom_message else b.device_total_bytes,
-                "phase": self.peak_phase,
-                "reason": self.peak_reason,
-                "oom": self.oom_message,
-            },
+            "peak": self.peak_dict(),
             "fits": self.fits,
             "verdict": self.verdict,
             "margin_bytes": self.margin_bytes,

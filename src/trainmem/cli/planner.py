@@ -220,6 +220,15 @@ def register(app: typer.Typer) -> None:
             )
             console.print(head + f"fits with {spare}; {tail}.", highlight=False)
             return
+        b = base.breakdown
+        if base.oom_message and b.allocated_bytes + b.cuda_context <= cap:
+            # the device total (allocated + context) fits: the OOM is fragmentation's
+            head = (
+                f"{name} runs out of memory in the {base.peak_phase} on {gpu_spec.name} "
+                f"({render.gib(cap)} GiB usable): {render.gib(b.allocated_bytes)} GiB allocated "
+                f"plus the CUDA context ({render.gib(b.cuda_context)} GiB) would fit, but the "
+                "simulated caching allocator finds no free block large enough (fragmentation): "
+            )
         console.print(head + "does not fit.", highlight=False)
         if not found:
             from trainmem.planner.traced import beyond_any_fix

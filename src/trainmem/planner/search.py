@@ -98,22 +98,12 @@ class PlanResult:
             "verdict": "does not fit" if est is None else est.verdict,
             "margin_bytes": self.margin_bytes,
             "gpu": {"name": self.gpu.name, "capacity_bytes": self.gpu.memory_bytes},
-            "peak": None if est is None else _peak(est),
+            "peak": None if est is None else est.peak_dict(),
             "next": None
             if nxt is None
-            else {**_peak(nxt), self.dimension: nxt.config.get(self.dimension)},
+            else {**nxt.peak_dict(), self.dimension: nxt.config.get(self.dimension)},
             "config": None if est is None else dict(est.config),
         }
-
-
-def _peak(est: MemoryEstimate) -> dict[str, Any]:
-    b = est.breakdown
-    return {
-        "allocated_bytes": b.allocated_bytes,
-        "reserved_bytes": b.reserved_bytes,
-        "device_total_bytes": b.device_total_bytes,
-        "phase": est.peak_phase,
-    }
 
 
 def largest_true(
@@ -352,9 +342,7 @@ def _search(
             nxt = sim(best + 1)
         reason = (
             f"{dimension}={value} fits with {format_bytes(margin_bytes(est))} to spare; "
-            f"{dimension}={value + step} needs {format_bytes(nxt.breakdown.device_total_bytes)} "
-            f"in the {nxt.peak_phase}{_fragmentation(nxt)} (usable "
-            f"{format_bytes(gpu.memory_bytes)})"
+            + _why_next_does_not_fit(f"{dimension}={value + step}", nxt, gpu)
         )
     return PlanResult(dimension, value, config(best), est, nxt, gpu, limit, reason, step)
 
@@ -366,6 +354,24 @@ def _context_length(value: int, step: int, max_value: int) -> str:
     if value == max_value:
         return f"it is {cap}"
     return f"it is the last multiple of {step} tokens below {cap}"
+
+
+def _why_next_does_not_fit(what: str, nxt: MemoryEstimate, gpu: GPUSpec) -> str:
+    """Why the first value past the answer does not fit: what it needs, or, when its allocated
+    peak would fit and the simulated allocator still runs out of memory, that fragmentation
+    does (its device total is then not a number: the estimate's table prints OOM)."""
+    b, usable = nxt.breakdown, format_bytes(gpu.memory_bytes)
+    if nxt.oom_message and b.allocated_bytes + b.cuda_context <= gpu.memory_bytes:
+        return (
+            f"{what} runs out of memory in the {nxt.peak_phase}: "
+            f"{format_bytes(b.allocated_bytes)} allocated plus the CUDA context "
+            f"({format_bytes(b.cuda_context)}) would fit the {usable} usable, but the "
+            "simulated caching allocator finds no free block large enough (fragmentation)"
+        )
+    return (
+        f"{what} needs {format_bytes(b.device_total_bytes)} in the {nxt.peak_phase}"
+        f"{_fragmentation(nxt)} (usable {usable})"
+    )
 
 
 def _fragmentation(est: MemoryEstimate) -> str:
@@ -557,7 +563,7 @@ class ShardResult:
             "zero_stage": est.config.get("zero_stage"),
             "verdict": est.verdict,
             "margin_bytes": margin_bytes(est),
-            "peak": _peak(est),
+            "peak": est.peak_dict(),
             "at_data_parallel_size": est.config.get("data_parallel_size"),
         }
 

@@ -169,19 +169,13 @@ def fixes_table(base: MemoryEstimate, found: Sequence[Fix]) -> Table:
 
 def fixes_json(base: MemoryEstimate, found: Sequence[Fix]) -> str:
     """``{"schema_version", "model", "gpu", "fits", "peak", "config", "fixes": [...]}``."""
-    b = base.breakdown
     return json.dumps(
         {
             "schema_version": SCHEMA_VERSION,
             "model": base.model_name,
             "gpu": {"name": base.gpu_name, "capacity_bytes": base.gpu_capacity_bytes},
             "fits": base.fits,
-            "peak": {
-                "allocated_bytes": b.allocated_bytes,
-                "reserved_bytes": b.reserved_bytes,
-                "device_total_bytes": b.device_total_bytes,
-                "phase": base.peak_phase,
-            },
+            "peak": base.peak_dict(),
             "config": base.config,
             "fixes": [f.to_dict() for f in found],
         },
