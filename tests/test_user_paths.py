@@ -87,3 +87,11 @@ def test_plan_and_fit_give_an_oom_step_no_device_total(invoke: Invoke) -> None:
     assert fit["peak"] == est["peak"]
     head = invoke("fit", "gpt2", "--gpu", "T4", "-b", "9").stdout.splitlines()[0]
     assert head.startswith("gpt2 runs out of memory in the backward on T4") and "needs" not in head
+
+
+def test_formulas_refuses_a_generic_model_naming_what_runs_it(invoke: Invoke) -> None:
+    # `formulas timm:...` said "use --engine generic", an option `formulas` does not take
+    err = invoke("formulas", "timm:test_resnet", exit_code=2).stderr.strip()
+    assert err.startswith("error: 'test_resnet' is a timm model, not a formula family")
+    assert "`trainmem formulas`" in err and "`trainmem estimate` runs the generic path" in err
+    assert "--engine" not in err

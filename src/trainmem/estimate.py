@@ -125,10 +125,21 @@ def lora_linears_of(model: str | ModelSpec) -> tuple[str, ...]:
         return LORA_TARGETS
 
 
-def formula_model(model: str | ModelSpec, command: str) -> ModelSpec:
-    """:func:`resolve_model` for the commands that sweep settings with the formulas only
-    (``plan``, ``fit``, ``sweep``): a family without formulas is refused with one line saying
-    so, rather than traced once per setting.
+def formula_model(
+    model: str | ModelSpec,
+    command: str,
+    does: str = "sweeps settings with the analytic formulas only (one estimate each)",
+) -> ModelSpec:
+    """:func:`resolve_model` for the commands that run the formulas only (``plan``, ``fit``,
+    ``sweep``, which sweep settings; ``formulas``, the rules of thumb of the formula
+    families): a family without formulas is refused with one line saying so and naming the
+    command that runs it (not the engine's own hint, ``--engine generic``, an option these
+    commands do not take), rather than traced once per setting.
+
+    Args:
+        model: preset name, config path or spec.
+        command: the command's name, for the message.
+        does: what the command does that needs the formulas, for the message.
 
     Raises:
         UnsupportedError: a family or option the formulas do not model.
@@ -138,9 +149,8 @@ def formula_model(model: str | ModelSpec, command: str) -> ModelSpec:
     except UnsupportedError as exc:
         reason = str(exc).split("; ")[0]
         raise UnsupportedError(
-            f"{reason}; `{command}` sweeps settings with the analytic formulas only; estimate "
-            "one setting at a time with `trainmem estimate`, which runs the generic path for "
-            "this model"
+            f"{reason}; `trainmem {command}` {does}; `trainmem estimate` runs the generic "
+            "path for this model"
         ) from exc
 
 

@@ -313,10 +313,10 @@ def formulas_cmd(
 ) -> None:
     """The published rules of thumb next to trainmem's own estimate, for one configuration."""
     from trainmem.analytic.formulas import rules_of_thumb
-    from trainmem.estimate import estimate, resolve_model
+    from trainmem.estimate import estimate, formula_model
     from trainmem.report.table import formulas_table
 
-    spec = resolve_model(model)
+    spec = formula_model(model, "formulas", "sets rules of thumb beside the analytic formulas")
     est = estimate(spec, training)
     rows = rules_of_thumb(spec, training)
     rows.append(

@@ -232,7 +232,7 @@ def plan_html(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         peak = r.get("peak") or {}
         value = "nothing fits" if r["value"] is None else f"{r['value']:,}"
-        if r.get("step", 1) > 1:  # the CLI's "fixed:" line says it too
+        if r["value"] is not None and r.get("step", 1) > 1:  # as the CLI's "fixed:" line
             value += f" (multiples of {r['step']} tokens)"
         body.append(
             f'<tr data-dimension="{_e(r["dimension"])}"><td>{_e(r["dimension"])}</td>'
