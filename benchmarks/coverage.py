@@ -412,7 +412,9 @@ def timm_group(
             yield name, "excluded", f"timm {timm.__version__} has no model {name}"
             continue
         try:
-            est = estimate(f"timm:{name}", TRAINING, engine="generic", simulate_allocator=False)
+            # an image model takes no seq_len: TRAINING's 64 would be refused (image_sequence)
+            training = image_sequence(f"timm:{name}", TRAINING, given=False)
+            est = estimate(f"timm:{name}", training, engine="generic", simulate_allocator=False)
             yield name, "ok", f"{est.breakdown.allocated_bytes:,} B"
         except Exception as exc:  # noqa: BLE001 - the refusal is the result
             yield name, "refused", _one_line(exc)

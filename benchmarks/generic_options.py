@@ -134,7 +134,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmem.errors import NotApplicableError
-from trainmem.estimate import estimate
+from trainmem.estimate import estimate, image_sequence
 from trainmem.specs.training import TrainingConfig
 
 MODELS = Path(__file__).resolve().parents[1] / "tests" / "models"
@@ -362,6 +362,8 @@ def _run(
 ) -> tuple[str, int]:
     try:
         training = TrainingConfig(micro_batch_size=2, seq_len=seq_len, **settings)
+        # an image model (timm) takes no seq_len: the default, as if none were given
+        training = image_sequence(str(target), training, given=False)
         est = estimate(str(target), training, engine=engine, simulate_allocator=False)
     except NotApplicableError as exc:  # not a gap: the option means nothing for this model
         return " ".join(f"n/a: {exc}".split())[:110], 0

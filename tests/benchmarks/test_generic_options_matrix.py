@@ -20,7 +20,7 @@ import pytest
 
 from conftest import MODELS_DIR, REPO_DIR
 from trainmem.errors import NotApplicableError, UnsupportedError
-from trainmem.estimate import estimate, trace_unsupported_settings
+from trainmem.estimate import estimate, image_sequence, trace_unsupported_settings
 from trainmem.specs.training import TrainingConfig
 
 sys.path.insert(0, str(REPO_DIR / "benchmarks"))
@@ -68,7 +68,8 @@ def test_every_option_set_runs_on_every_model_kind(name: str, kind: str) -> None
             pytest.skip(f"{needed} is an optional extra")
     if kind == "diffusers":
         pytest.importorskip("diffusers")
-    training = _training(OPTION_SETS[name])
+    # an image model (timm) takes no seq_len: the default, as if none were given
+    training = image_sequence(str(KINDS[kind]), _training(OPTION_SETS[name]), given=False)
     try:
         est = estimate(KINDS[kind], training, engine="generic", simulate_allocator=False)
     except NotApplicableError:  # a language model's option on a diffusers / timm model
