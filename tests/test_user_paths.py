@@ -95,3 +95,18 @@ def test_formulas_refuses_a_generic_model_naming_what_runs_it(invoke: Invoke) ->
     assert err.startswith("error: 'test_resnet' is a timm model, not a formula family")
     assert "`trainmem formulas`" in err and "`trainmem estimate` runs the generic path" in err
     assert "--engine" not in err
+
+
+def test_seq_len_on_a_diffusers_model_warns_that_it_has_no_effect(invoke: Invoke) -> None:
+    # -s 500 was accepted and dropped: the same bytes as without it, nothing said
+    import json
+
+    pytest.importorskip("diffusers")
+    from conftest import REPO_DIR
+
+    config = str(REPO_DIR / "tests" / "models" / "diffusers" / "tiny-pixart.json")
+    plain = json.loads(invoke("estimate", config, "--gpu", "T4", "--json").stdout)
+    given = json.loads(invoke("estimate", config, "--gpu", "T4", "-s", "500", "--json").stdout)
+    assert given["peak"] == plain["peak"]  # the batch is the image and the prompt
+    assert not any(n.startswith("warning: seq_len") for n in plain["notes"])
+    assert "warning: seq_len=500 has no effect on a diffusers model" in given["notes"][0]

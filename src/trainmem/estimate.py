@@ -891,7 +891,11 @@ def estimate(
     est = _dispatch(
         model, training, gpu, engine, cuda_context_bytes, alloc_conf, simulate_allocator, lean
     )
-    est.notes[:0] = setting_warnings(model, training) + ([pieces_note] if pieces_note else [])
+    est.notes[:0] = (
+        setting_warnings(model, training)
+        + ([pieces_note] if pieces_note else [])
+        + _unread_seq_len(model, training, given=given_seq_len)
+    )
     pixels = pixel_config(model) if est.engine != "analytic" else None
     if pixels is not None:
         report_pixels(est, pixels, training)
@@ -959,6 +963,28 @@ def _walk(items: list[Item]) -> Iterator[Op]:
                 yield from _walk(list(item.body))
         else:
             yield item
+
+
+def _unread_seq_len(model: str | ModelSpec, training: TrainingConfig, *, given: bool) -> list[str]:
+    """A warning when ``seq_len`` was given for a diffusers model, which reads none: its batch
+    is the image's latents (``--resolution``, ``--frames``) and the prompt's tokens
+    (``--text-seq-len``), :func:`trainmem.specs.diffusers.image_batch`."""
+    if not given or isinstance(model, ModelSpec):
+        return []
+    from trainmem.specs.diffusers import is_diffusers_config
+    from trainmem.specs.hf import load_hf_config
+
+    try:
+        config = load_hf_config(model)
+    except SpecError:
+        return []
+    if not is_diffusers_config(config):
+        return []
+    return [
+        f"warning: seq_len={training.seq_len} has no effect on a diffusers model: its batch is "
+        "the image's latents (--resolution, --frames for video) and the prompt's tokens "
+        "(--text-seq-len); leave --seq-len out"
+    ]
 
 
 def setting_warnings(model: str | ModelSpec, training: TrainingConfig) -> list[str]:
