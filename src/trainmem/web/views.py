@@ -48,12 +48,16 @@ def verdict_html(n: Numbers) -> str:
     cannot run has no device total)."""
     gpu = n.gpu_name
     needs = n.allocated_bytes + n.cuda_context_bytes
+    usable = "" if n.capacity_bytes is None else f" of {gib(n.capacity_bytes)} GiB usable"
     if n.device_total_bytes is not None:
-        detail = f"device total {gib(n.device_total_bytes)} GiB"
+        detail = f"device total {gib(n.device_total_bytes)} GiB{usable}"
     else:
+        fragmentation = n.capacity_bytes is not None and needs <= n.capacity_bytes
         detail = (
-            f"peak allocated + CUDA context {gib(needs)} GiB; the caching allocator runs out "
-            "of memory, so there is no reserved figure"
+            f"peak allocated + CUDA context {gib(needs)} GiB{usable}; the caching allocator "
+            "runs out of memory"
+            + (" (fragmentation: no free block large enough)" if fragmentation else "")
+            + ", so there is no reserved figure"
         )
     if n.verdict is None or n.capacity_bytes is None:
         total = n.device_total_bytes if n.device_total_bytes is not None else needs
@@ -74,8 +78,6 @@ def verdict_html(n: Numbers) -> str:
     else:
         head = f"Does not fit on {gpu}: {gib(-n.margin_bytes)} GiB short"
         cls = "nofit"
-    if n.capacity_bytes is not None:
-        detail += f" of {gib(n.capacity_bytes)} GiB usable"
     trainable = (
         "all trainable"
         if n.num_trainable_parameters == n.num_parameters
