@@ -110,3 +110,17 @@ def test_seq_len_on_a_diffusers_model_warns_that_it_has_no_effect(invoke: Invoke
     assert given["peak"] == plain["peak"]  # the batch is the image and the prompt
     assert not any(n.startswith("warning: seq_len") for n in plain["notes"])
     assert "warning: seq_len=500 has no effect on a diffusers model" in given["notes"][0]
+
+
+def test_a_training_arguments_file_given_as_model_points_to_training_args(
+    invoke: Invoke,
+) -> None:
+    from conftest import REPO_DIR
+
+    sft = str(REPO_DIR / "examples" / "sft-config.json")
+    err = invoke("estimate", sft, exit_code=2).stderr.strip()
+    assert err.startswith("error: model_type: required field missing from the config")
+    assert err.endswith(
+        "this file has output_dir, per_device_train_batch_size: a TrainingArguments / "
+        "SFTConfig file, which --training-args FILE reads beside MODEL"
+    )

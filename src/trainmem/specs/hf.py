@@ -386,10 +386,18 @@ def model_spec_from_hf(config: Mapping[str, Any], name: str) -> ModelSpec:
         )
     model_type = config.get("model_type")
     if not model_type or not isinstance(model_type, str):
+        # a training-arguments file passed as MODEL (transformers' TrainingArguments fields)
+        trainer = {"output_dir", "per_device_train_batch_size"} & set(config)
+        hint = (
+            f"; this file has {', '.join(sorted(trainer))}: a TrainingArguments / SFTConfig "
+            "file, which --training-args FILE reads beside MODEL"
+            if trainer
+            else ""
+        )
         raise SpecError(
             "model_type",
             "required field missing from the config; a Hugging Face config.json names its "
-            f"family there (supported: {', '.join(HF_MODEL_TYPES)})",
+            f"family there (supported: {', '.join(HF_MODEL_TYPES)}){hint}",
         )
     row = FAMILIES.get(model_type)
     if row is None:
