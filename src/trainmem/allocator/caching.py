@@ -207,6 +207,34 @@ class Block:
         return self.prev is not None or self.next is not None
 
 
+_ADDRESS_BITS = 64
+"""Bits of a device address or a block size (both below 2**64, as CUDA's are): the width of the
+fields of a pool key (Note [Pool keys])."""
+_ADDRESS_MASK = (1 << _ADDRESS_BITS) - 1
+_STREAM_SHIFT = 2 * _ADDRESS_BITS
+
+
+def pool_key(stream: int, size: int, ptr: int) -> int:
+    """The pool key of a free block: ``(stream, size, ptr)`` as one int (Note [Pool keys]).
+
+    Note [Pool keys]
+        A pool orders its free blocks by (stream, size, address) (``BlockComparatorSize``,
+        spec 2.3). The key is ``stream * 2**128 + size * 2**64 + ptr``: with ``size`` and
+        ``ptr`` in [0, 2**64), two keys compare as the tuples do (for any int ``stream``), and
+        the keys of one stream lie in ``[stream * 2**128, (stream + 1) * 2**128)``. Comparing
+        two ints costs about half what comparing two tuples does, and each ``bisect`` of a pool
+        compares about log2(n) times: the pools are searched or changed several times per
+        simulated ``malloc`` and ``free``. Addresses are checked to stay below 2**64 where a
+        segment's range is taken (:meth:`CachingAllocatorSim._occupy`).
+    """
+    return (stream << _STREAM_SHIFT) + (size << _ADDRESS_BITS) + ptr
+
+
+def key_fields(key: int) -> tuple[int, int, int]:
+    """``(stream, size, ptr)`` of a pool key (Note [Pool keys])."""
+    return key >> _STREAM_SHIFT, (key >> _ADDRESS_BITS) & _ADDRESS_MASK, key & _ADDRESS_MASK
+
+
 class BlockPool:
     """Free blocks of one pool (small or large), ordered by (stream, size, address)."""
 
@@ -215,8 +243,8 @@ class BlockPool:
     def __init__(self, is_small: bool) -> None:
         self.is_small = is_small
         self.stat_type = SMALL_POOL if is_small else LARGE_POOL
-        #: Sorted (stream, size, ptr) of free mapped blocks.
-        self.keys: list[tuple[int, int, int]] = []
+        #: Sorted keys of the free mapped blocks (Note [Pool keys]).
+        self.keys: list[int] = []
         self.free_at: dict[int, Block] = {}
         #: Sorted (stream, ptr) of unmapped expandable blocks.
         self.unmapped: list[tuple[int, int]] = []
@@ -227,14 +255,18 @@ class BlockPool:
     def insert(self, block: Block) -> None:
         """Insert a free mapped block (``insert_into_blocks``)."""
         block.gc_count_base = self.calls
-        insort(self.keys, (block.stream, block.size, block.ptr))
-        self.free_at[block.ptr] = block
+        ptr = block.ptr
+        insort(self.keys, (block.stream << _STREAM_SHIFT) + (block.size << _ADDRESS_BITS) + ptr)
+        self.free_at[ptr] = block
 
     def remove(self, block: Block) -> None:
         """Remove a free mapped block; its ptr and size must be those it was inserted with."""
         keys = self.keys
-        del keys[bisect_left(keys, (block.stream, block.size, block.ptr))]
-        del self.free_at[block.ptr]
+        ptr = block.ptr
+        del keys[
+            bisect_left(keys, (block.stream << _STREAM_SHIFT) + (block.size << _ADDRESS_BITS) + ptr)
+        ]
+        del self.free_at[ptr]
 
     def insert_unmapped(self, block: Block) -> None:
         """Insert an unmapped expandable block."""
@@ -292,6 +324,7 @@ class CachingAllocatorSim:
         )
         self.device = device
         self.stats = DeviceStats()
+        self._allocated_stat = self.stats.allocated_bytes[0]  # ``allocated_bytes.all``
         self.small_pool = BlockPool(is_small=True)
         self.large_pool = BlockPool(is_small=False)
         self._allocated: dict[int, Block] = {}
@@ -308,6 +341,8 @@ class CachingAllocatorSim:
         self.trace: list[dict[str, Any]] | None = [] if record_history else None
         self._full_stats = full_stats
         self._memory_fraction: float | None = None
+        #: The garbage collector runs: a memory fraction is set and a threshold (spec 3.3).
+        self._gc_active = False
         if self.config.per_process_memory_fraction < 1.0:
             self.set_per_process_memory_fraction(self.config.per_process_memory_fraction)
         # Hot-path copies of config values.
@@ -380,6 +415,9 @@ class CachingAllocatorSim:
                 "(--gpu) so that there is a capacity to take the fraction of",
             )
         self._memory_fraction = fraction if fraction < 1.0 else None
+        self._gc_active = (
+            self._memory_fraction is not None and self.config.garbage_collection_threshold > 0
+        )
 
     def round_size(self, size: int) -> int:
         """Block size for a request of ``size`` bytes (``round_size``, spec 1.2).
@@ -430,18 +468,36 @@ class CachingAllocatorSim:
 
         Source: spec section 2.2 (``malloc``), 2.4 to 2.6, 3.
         """
+        block = self._malloc(size_bytes, stream, category, frames)
+        return 0 if block is None else block.ptr
+
+    def _malloc(
+        self,
+        size_bytes: int,
+        stream: int,
+        category: str | None,
+        frames: list[dict[str, Any]] | None,
+    ) -> Block | None:
+        """:meth:`malloc`, returning the allocated block (None for 0 bytes). NB: a replay's hot
+        path (:mod:`trainmem.allocator.replay` calls it once per allocation, positionally):
+        ``round_size`` inline without ``roundup_power2_divisions``."""
         if size_bytes <= 0:
             if size_bytes == 0:
-                return 0
+                return None
             raise ValueError(f"size_bytes must be >= 0, got {size_bytes}")
         if self._pending:
             self._process_events()
-        size = self.round_size(size_bytes)
+        if self._any_divisions:
+            size = self.round_size(size_bytes)
+        elif size_bytes < K_MIN_BLOCK_SIZE:
+            size = K_MIN_BLOCK_SIZE
+        else:
+            size = -(-size_bytes // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE  # round_size's
         pool = self.small_pool if size <= K_SMALL_SIZE else self.large_pool
         block = self._get_free_block(pool, stream, size)
         if block is None:
             alloc_size = get_allocation_size(size, self.config.large_segment_size_bytes)
-            if self._memory_fraction is not None and self.config.garbage_collection_threshold > 0:
+            if self._gc_active:
                 self._garbage_collect()
             block = self._alloc_block(pool, stream, size, alloc_size, is_retry=False)
             if block is None and self._release_available_cached_blocks(pool, stream, size):
@@ -468,19 +524,23 @@ class CachingAllocatorSim:
         """
         if handle == 0:
             return
-        block = self._allocated.pop(handle, None)
+        block = self._allocated.get(handle)
         if block is None:
             raise ValueError(f"invalid device pointer: {handle:#x}")
+        self._free(block)
+
+    def _free(self, block: Block) -> None:
+        """:meth:`free` of a live block (a replay's hot path: it holds the blocks)."""
+        del self._allocated[block.ptr]
         block.allocated = False
-        st = block.pool.stat_type
-        s = self.stats
         if self._full_stats:
+            s, st = self.stats, block.pool.stat_type
             decrease(s.allocation, st, 1)
             decrease(s.allocated_bytes, st, block.size)
         else:  # Note [Lean statistics]
-            s.allocated_bytes[0].current -= block.size
+            self._allocated_stat.current -= block.size
         if block.size >= self._max_split:
-            s.oversize_allocations.decrease(1)
+            self.stats.oversize_allocations.decrease(1)
         if self.trace is not None:
             self._record("free_requested", block.ptr, block.requested_size, block.stream, block)
         if block.stream_uses:
@@ -561,7 +621,10 @@ class CachingAllocatorSim:
                 is not a positive multiple of 512.
         """
         if size <= 0 or not self._range_is_free(address, size):
-            raise ValueError(f"segment {address:#x}+{size} is empty or overlaps one already held")
+            raise ValueError(
+                f"segment {address:#x}+{size} is empty, overlaps one already held or leaves the "
+                "64-bit address space"
+            )
         pool = self.small_pool if small else self.large_pool
         st = pool.stat_type
         s = self.stats
@@ -656,19 +719,20 @@ class CachingAllocatorSim:
 
     def _get_free_block(self, pool: BlockPool, stream: int, size: int) -> Block | None:
         """Best-fit cached block, or None (``get_free_block``, spec 2.3 and 2.4)."""
-        cfg = self.config
-        if self._memory_fraction is not None and cfg.garbage_collection_threshold > 0:
+        if self._gc_active:
             pool.calls += 1
         keys = pool.keys
-        i = bisect_left(keys, (stream, size, 0))
+        base = stream << _STREAM_SHIFT  # Note [Pool keys]
+        i = bisect_left(keys, base + (size << _ADDRESS_BITS))
         n = len(keys)
-        if i == n or keys[i][0] != stream:
+        end = base + (1 << _STREAM_SHIFT)  # the first key of the next stream
+        if i == n or keys[i] >= end:
             return None
-        block = pool.free_at[keys[i][2]]
+        block = pool.free_at[keys[i] & _ADDRESS_MASK]
         if block.expandable is not None:
             # Best fit by "expandable size": skip the growable tail for an interior block (4.3).
-            while i + 1 < n and keys[i + 1][0] == stream and block.expandable is not None:
-                nxt = pool.free_at[keys[i + 1][2]]
+            while i + 1 < n and keys[i + 1] < end and block.expandable is not None:
+                nxt = pool.free_at[keys[i + 1] & _ADDRESS_MASK]
                 if _expandable_size(nxt) < _expandable_size(block):
                     i += 1
                     block = nxt
@@ -679,7 +743,10 @@ class CachingAllocatorSim:
             if size < self._max_split and block.size >= self._max_split:
                 return None
             # Oversize rule B: an oversize request reuses a block less than 20 MiB bigger.
-            if size >= self._max_split and block.size >= size + cfg.max_non_split_rounding_bytes:
+            if (
+                size >= self._max_split
+                and block.size >= size + self.config.max_non_split_rounding_bytes
+            ):
                 return None
         del keys[i]  # pool.remove(block), at the index found
         del pool.free_at[block.ptr]
@@ -693,12 +760,11 @@ class CachingAllocatorSim:
         orig_size: int,
         category: str | None,
         frames: list[dict[str, Any]] | None,
-    ) -> int:
-        """Split if worth it, mark allocated, update stats (``alloc_found_block``, spec 2.6)."""
-        st = pool.stat_type
-        s = self.stats
-        already_split = block.prev is not None or block.next is not None  # block.is_split()
-        not_expandable = block.expandable is None
+    ) -> Block:
+        """Split if worth it, mark allocated, update stats (``alloc_found_block``, spec 2.6).
+
+        NB: once per simulated ``malloc``: the statistics' locals are read only where the full
+        statistics are kept (Note [Lean statistics])."""
         full = self._full_stats
         left = block.size - size  # should_split (spec 2.5), inline: once per malloc
         if (
@@ -708,8 +774,16 @@ class CachingAllocatorSim:
         ):
             # Carve the allocation from the low end; the remainder stays in the pool.
             remaining = block
+            prev = remaining.prev
+            if full and remaining.expandable is None:
+                s = self.stats
+                if prev is not None or remaining.next is not None:  # remaining.is_split()
+                    decrease(s.inactive_split_bytes, pool.stat_type, size)
+                else:
+                    increase(s.inactive_split_bytes, pool.stat_type, left)
+                    increase(s.inactive_split, pool.stat_type, 1)
             block = Block(remaining.ptr, size, remaining.stream, pool, remaining.expandable)
-            prev = block.prev = remaining.prev
+            block.prev = prev
             if prev is not None:
                 prev.next = block
             block.next = remaining
@@ -717,15 +791,12 @@ class CachingAllocatorSim:
             remaining.ptr += size
             remaining.size = left
             pool.insert(remaining)
-            if not_expandable and full:
-                if already_split:
-                    decrease(s.inactive_split_bytes, st, size)
-                else:
-                    increase(s.inactive_split_bytes, st, remaining.size)
-                    increase(s.inactive_split, st, 1)
-        elif already_split and not_expandable and full:
-            decrease(s.inactive_split_bytes, st, block.size)
-            decrease(s.inactive_split, st, 1)
+        elif (
+            full and block.expandable is None and (block.prev is not None or block.next is not None)
+        ):
+            s = self.stats
+            decrease(s.inactive_split_bytes, pool.stat_type, block.size)
+            decrease(s.inactive_split, pool.stat_type, 1)
         block.allocated = True
         block.requested_size = orig_size
         block.category = category
@@ -733,21 +804,22 @@ class CachingAllocatorSim:
         self._allocated[block.ptr] = block
         bsize = block.size
         if full:
+            s, st = self.stats, pool.stat_type
             increase(s.allocation, st, 1)
             increase(s.allocated_bytes, st, bsize)
             increase(s.active, st, 1)
             increase(s.active_bytes, st, bsize)
             increase(s.requested_bytes, st, orig_size)
         else:  # Note [Lean statistics]
-            a = s.allocated_bytes[0]
+            a = self._allocated_stat
             current = a.current = a.current + bsize
             if current > a.peak:
                 a.peak = current
         if bsize >= self._max_split:
-            s.oversize_allocations.increase(1)
+            self.stats.oversize_allocations.increase(1)
         if self.trace is not None:
             self._record("alloc", block.ptr, orig_size, block.stream, block)
-        return block.ptr
+        return block
 
     # ------------------------------------------------------------------ internals: free
 
@@ -757,13 +829,18 @@ class CachingAllocatorSim:
             self._record("free_completed", block.ptr, block.requested_size, block.stream, block)
         pool = block.pool
         original_size = block.size
-        requested = block.requested_size
         net_blocks = 0
         net_bytes = 0
-        for candidate in (block.prev, block.next):
-            if candidate is None or candidate.allocated:  # _try_merge_blocks' first test
-                continue
-            subsumed = self._try_merge_blocks(block, candidate, pool)
+        # NB: once per simulated free: the two neighbours unrolled, an allocated one never
+        # asked to merge (_try_merge_blocks' first test)
+        prev, nxt = block.prev, block.next
+        if prev is not None and not prev.allocated:
+            subsumed = self._try_merge_blocks(block, prev, pool)
+            if subsumed:
+                net_blocks -= 1
+                net_bytes -= subsumed
+        if nxt is not None and not nxt.allocated:
+            subsumed = self._try_merge_blocks(block, nxt, pool)
             if subsumed:
                 net_blocks -= 1
                 net_bytes -= subsumed
@@ -787,7 +864,7 @@ class CachingAllocatorSim:
                 decrease(s.inactive_split_bytes, st, -net_bytes)
         decrease(s.active, st, 1)
         decrease(s.active_bytes, st, original_size)
-        decrease(s.requested_bytes, st, requested)
+        decrease(s.requested_bytes, st, block.requested_size)
 
     @staticmethod
     def _try_merge_blocks(dst: Block, src: Block | None, pool: BlockPool) -> int:
@@ -844,7 +921,10 @@ class CachingAllocatorSim:
         return ptr
 
     def _range_is_free(self, ptr: int, size: int) -> bool:
-        """True if [ptr, ptr + size) overlaps no segment or expandable range held now."""
+        """True if [ptr, ptr + size) overlaps no segment or expandable range held now and lies
+        in a 64-bit address space (Note [Pool keys])."""
+        if ptr < 0 or ptr + size > _ADDRESS_MASK + 1:
+            return False
         ranges = self._ranges
         i = bisect_left(ranges, (ptr, ptr))
         if i < len(ranges) and ranges[i][0] < ptr + size:
@@ -852,6 +932,8 @@ class CachingAllocatorSim:
         return not (i > 0 and ranges[i - 1][1] > ptr)
 
     def _occupy(self, ptr: int, size: int) -> None:
+        if ptr < 0 or ptr + size > _ADDRESS_MASK + 1:  # Note [Pool keys]
+            raise ValueError(f"segment {ptr:#x}+{size} is not within a 64-bit address space")
         insort(self._ranges, (ptr, ptr + size))
 
     def _vacate(self, ptr: int) -> None:
@@ -910,9 +992,9 @@ class CachingAllocatorSim:
             return False
         key_size = max(size, self._max_split)
         keys = pool.keys
-        i = bisect_left(keys, (stream, key_size, 0))
-        if i < len(keys) and keys[i][0] == stream:
-            block = pool.free_at[keys[i][2]]
+        i = bisect_left(keys, pool_key(stream, key_size, 0))
+        if i < len(keys) and key_fields(keys[i])[0] == stream:
+            block = pool.free_at[keys[i] & _ADDRESS_MASK]
             if block.expandable is None and not block.is_split():
                 self._release_block(block)
                 return True
@@ -920,7 +1002,7 @@ class CachingAllocatorSim:
         released = 0
         i -= 1
         while i >= 0 and released < key_size:
-            st_, bsize, ptr = keys[i]
+            st_, bsize, ptr = key_fields(keys[i])
             if st_ != stream or bsize < self._max_split:
                 break
             block = pool.free_at[ptr]
@@ -940,8 +1022,8 @@ class CachingAllocatorSim:
 
     def _release_blocks(self, pool: BlockPool) -> None:
         to_unmap: list[Block] = []
-        for _, _, ptr in list(pool.keys):
-            block = pool.free_at[ptr]
+        for key in list(pool.keys):
+            block = pool.free_at[key & _ADDRESS_MASK]
             if block.expandable is not None:
                 to_unmap.append(block)
             elif block.prev is None and block.next is None:
@@ -966,7 +1048,7 @@ class CachingAllocatorSim:
         pool = self.large_pool
 
         def candidates() -> list[Block]:
-            blocks = (pool.free_at[ptr] for _, _, ptr in pool.keys)
+            blocks = (pool.free_at[key & _ADDRESS_MASK] for key in pool.keys)
             return [b for b in blocks if not b.is_split() and b.expandable is None]
 
         blocks = candidates()
@@ -1270,7 +1352,8 @@ class CachingAllocatorSim:
         for pool in (self.small_pool, self.large_pool):
             assert pool.keys == sorted(pool.keys), "pool keys out of order"
             assert len(pool.keys) == len(pool.free_at), "pool index out of sync"
-            for stream, size, ptr in pool.keys:
+            for pool_key_ in pool.keys:
+                stream, size, ptr = key_fields(pool_key_)
                 b = pool.free_at[ptr]
                 assert (b.stream, b.size, b.ptr) == (stream, size, ptr), "stale pool key"
         s = self.stats

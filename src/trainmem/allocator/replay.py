@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainmem.allocator.caching import CachingAllocatorSim, OutOfMemoryError
+from trainmem.allocator.caching import Block, CachingAllocatorSim, OutOfMemoryError
 from trainmem.allocator.config import AllocatorConfig
 from trainmem.breakdown import MemoryCategory
 from trainmem.errors import TimelineError
@@ -100,6 +100,10 @@ class ReplayResult:
     def fits(self) -> bool:
         """True if the step ran without an out-of-memory error."""
         return not self.oom
+
+
+_NOT_LIVE: Any = object()
+"""What ``live.pop`` answers for a block id that is not live (None is a 0-byte allocation)."""
 
 
 def _as_record(ev: AllocEvent | EventRecord) -> EventRecord:
@@ -220,9 +224,9 @@ def _replay(
     )
     allocated_stat = sim.stats.allocated_bytes[0]
     reserved_stat = sim.stats.reserved_bytes[0]
-    malloc = sim.malloc
-    free = sim.free
-    live: dict[int, tuple[int, str, int]] = {}  # block_id -> (handle, category, block bytes)
+    malloc = sim._malloc  # positional, returns the block (None for 0 bytes)
+    free = sim._free  # of a block
+    live: dict[int, Block | None] = {}  # block_id -> its block (None: a 0-byte allocation)
     by_category: dict[str, int] = {}
     peak_by_category: dict[str, int] = {}
     peak_allocated = peak_reserved = 0
@@ -233,38 +237,43 @@ def _replay(
     oom_index: int | None = None
     oom_phase: str | None = None
     load_allocated = load_reserved = 0
-    num_events = 0
     events = timeline.events if isinstance(timeline, Timeline) else timeline
     values = _CATEGORY_VALUES
-    blocks = sim.allocated_blocks
     # NB: the planner's hot loop (every probe replays thousands of events): an EventRecord is
-    # unpacked at once, and the split by category at the allocated peak is copied once per
-    # climb (at the first free after it), not at every allocation that raises the peak
+    # unpacked at once, a live allocation is its block (its size and category are the
+    # block's), and the split by category at the allocated peak is copied once per climb (at
+    # the first free after it), not at every allocation that raises the peak
     rising = False
-    for i, event in enumerate(events):
-        ev = event if type(event) is EventRecord else _as_record(event)
-        action, block_id, size_bytes, cat, phase, module, stream = ev
+    i = -1
+    for i, event in enumerate(events):  # noqa: B007 (i is read after the loop)
+        action, block_id, size_bytes, cat, phase, module, stream = (
+            event if type(event) is EventRecord else _as_record(event)
+        )
         if action == "alloc":
             if block_id in live:
                 raise TimelineError(
                     f"event {i}: block_id {block_id} allocated again while live", event_index=i
                 )
             category = values.get(id(cat)) or cat.value
-            frames = None
-            if record_history:  # shown as the allocation's stack in MemoryViz
-                frames = [{"filename": module or "<trainmem>", "line": 0, "name": phase}]
+            frames = (  # shown as the allocation's stack in MemoryViz
+                [{"filename": module or "<trainmem>", "line": 0, "name": phase}]
+                if record_history
+                else None
+            )
             try:
-                handle = malloc(size_bytes, stream, category=category, frames=frames)
+                block = malloc(size_bytes, stream, category, frames)
             except OutOfMemoryError as err:
                 if oom_message is None:
                     oom_message, oom_index, oom_phase = str(err), i, phase
                 if not continue_after_oom:
+                    num_events = i  # the failed event is not replayed
                     break
                 sim.capacity_bytes = None  # See Note [Out of memory during a replay]
-                handle = malloc(size_bytes, stream, category=category, frames=frames)
-            size = blocks[handle].size if handle else 0
-            live[block_id] = (handle, category, size)
-            by_category[category] = by_category.get(category, 0) + size
+                block = malloc(size_bytes, stream, category, frames)
+            live[block_id] = block
+            by_category[category] = by_category.get(category, 0) + (
+                block.size if block is not None else 0
+            )
             allocated = allocated_stat.current
             if allocated > peak_allocated:
                 peak_allocated, peak_allocated_index = allocated, i
@@ -278,16 +287,17 @@ def _replay(
                 load_allocated = max(load_allocated, allocated)
                 load_reserved = max(load_reserved, reserved)
         else:
-            entry = live.pop(block_id, None)
-            if entry is None:
+            block = live.pop(block_id, _NOT_LIVE)
+            if block is _NOT_LIVE:
                 raise TimelineError(
                     f"event {i}: free of block_id {block_id}, which is not live", event_index=i
                 )
             if rising:
                 peak_by_category, rising = by_category.copy(), False
-            handle, category, size = entry
-            free(handle)
-            by_category[category] -= size
+            if block is not None:
+                by_category[block.category] -= block.size  # type: ignore[index]
+                free(block)  # (which may merge the block with its free neighbours)
+    else:
         num_events = i + 1
     peak_by_category = by_category.copy() if rising else peak_by_category
     snapshot = None
