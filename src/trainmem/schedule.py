@@ -40,7 +40,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache, partial
 from itertools import chain
-from typing import Literal, NamedTuple, cast
+from typing import Any, Literal, NamedTuple, cast
 
 from trainmem.breakdown import MemoryCategory
 from trainmem.errors import ScheduleError
@@ -548,6 +548,11 @@ _record_of = partial(tuple.__new__, EventRecord)
 Python-level ``__new__`` (nor a Python frame of ours: ``partial`` calls ``tuple.__new__``)."""
 
 
+def _event_of(fields: tuple[Any, ...]) -> AllocEvent:
+    """An :class:`~trainmem.timeline.AllocEvent` from the tuple of its fields."""
+    return AllocEvent(*fields)
+
+
 def _expand(
     items: Sequence[Item],
     i: int,
@@ -568,7 +573,7 @@ def _expand(
     explicit stack of (items, index) frames rather than by a nested generator, so each event
     is yielded once instead of through one ``yield from`` per level of nesting."""
     fmt = _format_index
-    record = _record_of
+    make = _record_of if records else _event_of
     frames: list[tuple[Iterator[Item], int]] = []  # what is left to walk, innermost last
     walk: Iterator[Item] = iter(items)
     # the next block id and the events written so far, kept in locals and written back to
@@ -604,25 +609,22 @@ def _expand(
                     live[key] = (-1, 0)
                     continue
                 live[key] = (block_id, size_bytes)
-                event = (action, block_id, size_bytes, category, phase, module, stream)
+                add(make((action, block_id, size_bytes, category, phase, module, stream)))
                 block_id += 1
-                written += 1
-                add(record(event) if records else AllocEvent(*event))
             else:
                 entry = live.pop(key, None)
                 if entry is None:
                     raise ScheduleError(f"free of key {key!r}, which is not live")
                 block, size = entry
                 if block >= 0:
-                    written += 1
-                    freed = (action, block, size, category, phase, module, stream)
-                    add(record(freed) if records else AllocEvent(*freed))
+                    add(make((action, block, size, category, phase, module, stream)))
         else:  # this list is done: back to the one it was entered from
             if not frames:
-                counter[0], counter[1] = block_id, written
+                counter[0], counter[1] = block_id, written + len(run)
                 yield run
                 return
             walk, i = frames.pop()
+        written += len(run)  # (counted a run at a time)
         yield run  # a repeated body entered or left: the run so far (maybe empty)
         run = []
         add = run.append

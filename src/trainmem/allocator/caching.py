@@ -185,13 +185,15 @@ class Block:
         stream: int,
         pool: BlockPool,
         expandable: _ExpandableSegment | None = None,
+        prev: Block | None = None,
+        next: Block | None = None,  # noqa: A002 (the field's name)
     ) -> None:
         self.ptr = ptr
         self.size = size
         self.requested_size = 0
         self.allocated = False
-        self.prev: Block | None = None
-        self.next: Block | None = None
+        self.prev = prev
+        self.next = next
         self.stream = stream
         self.pool = pool
         self.mapped = True
@@ -782,11 +784,11 @@ class CachingAllocatorSim:
                 else:
                     increase(s.inactive_split_bytes, pool.stat_type, left)
                     increase(s.inactive_split, pool.stat_type, 1)
-            block = Block(remaining.ptr, size, remaining.stream, pool, remaining.expandable)
-            block.prev = prev
+            block = Block(
+                remaining.ptr, size, remaining.stream, pool, remaining.expandable, prev, remaining
+            )
             if prev is not None:
                 prev.next = block
-            block.next = remaining
             remaining.prev = block
             remaining.ptr += size
             remaining.size = left
