@@ -388,10 +388,7 @@ class CachingAllocatorSim:
         """``torch.cuda.memory_stats()`` of the simulated device (spec 5.1); with
         ``full_stats=False`` only the keys kept (Note [Lean statistics])."""
         max_split = -1 if self._max_split == MAX_SPLIT_SIZE_UNLIMITED else self._max_split
-        out = self.stats.as_dict(max_split)
-        if self._full_stats:
-            return out
-        return {k: v for k, v in out.items() if k.startswith(LEAN_STATS)}
+        return self.stats.as_dict(max_split, None if self._full_stats else LEAN_STATS)
 
     def reset_peak_memory_stats(self) -> None:
         """Set every peak to its current value (``torch.cuda.reset_peak_memory_stats``)."""

@@ -11,6 +11,8 @@ Source: ../shared/specs/cuda-caching-allocator.md section 5.1; ``increase_stat``
 
 from __future__ import annotations
 
+from functools import cache
+
 #: Index of each stat type in a stat array (``StatType`` in c10).
 ALL, SMALL_POOL, LARGE_POOL = 0, 1, 2
 STAT_TYPE_NAMES: tuple[str, ...] = ("all", "small_pool", "large_pool")
@@ -39,6 +41,26 @@ SCALAR_STATS: tuple[str, ...] = (
     "num_device_alloc",
     "num_device_free",
 )
+
+
+_FIELDS: tuple[str, ...] = ("current", "peak", "allocated", "freed")
+
+
+@cache
+def _keys(prefixes: tuple[str, ...] | None) -> tuple[tuple[str, str, int | None, str], ...]:
+    """``(key, stat name, stat type index or None, field or "")`` of every ``memory_stats()``
+    key that starts with one of ``prefixes`` (None: all), in sorted key order: the names are
+    built once, not at every :meth:`DeviceStats.as_dict` (the planner's replays ask for the
+    statistics once each)."""
+    rows: list[tuple[str, str, int | None, str]] = [
+        (f"{name}.{type_name}.{field}", name, index, field)
+        for name in ARRAY_STATS
+        for index, type_name in enumerate(STAT_TYPE_NAMES)
+        for field in _FIELDS
+    ]
+    rows += [(f"{name}.{field}", name, None, field) for name in SINGLE_STATS for field in _FIELDS]
+    rows += [(name, name, None, "") for name in (*SCALAR_STATS, "max_split_size")]
+    return tuple(sorted(row for row in rows if prefixes is None or row[0].startswith(prefixes)))
 
 
 class Stat:
@@ -115,33 +137,27 @@ class DeviceStats:
         self.num_device_alloc = 0
         self.num_device_free = 0
 
-    def as_dict(self, max_split_size: int) -> dict[str, int]:
+    def as_dict(
+        self, max_split_size: int, prefixes: tuple[str, ...] | None = None
+    ) -> dict[str, int]:
         """Flatten to ``torch.cuda.memory_stats()`` keys, sorted as torch sorts them.
 
         Args:
             max_split_size: the ``max_split_size`` entry, -1 when unlimited (SIZE_MAX as int64).
+            prefixes: keep only the keys that start with one of these (None: every key).
 
         Returns:
             ``{"allocated_bytes.all.current": ..., "num_ooms": ..., ...}``.
         """
         out: dict[str, int] = {}
-        for name in ARRAY_STATS:
-            for type_name, s in zip(STAT_TYPE_NAMES, getattr(self, name), strict=True):
-                prefix = f"{name}.{type_name}."
-                out[prefix + "current"] = s.current
-                out[prefix + "peak"] = s.peak
-                out[prefix + "allocated"] = s.allocated
-                out[prefix + "freed"] = s.freed
-        for name in SINGLE_STATS:
-            s = getattr(self, name)
-            out[f"{name}.current"] = s.current
-            out[f"{name}.peak"] = s.peak
-            out[f"{name}.allocated"] = s.allocated
-            out[f"{name}.freed"] = s.freed
-        for name in SCALAR_STATS:
-            out[name] = getattr(self, name)
-        out["max_split_size"] = max_split_size
-        return dict(sorted(out.items()))
+        for key, name, index, field in _keys(prefixes):
+            if not field:  # a scalar counter
+                out[key] = max_split_size if name == "max_split_size" else getattr(self, name)
+            elif index is None:
+                out[key] = getattr(getattr(self, name), field)
+            else:
+                out[key] = getattr(getattr(self, name)[index], field)
+        return out
 
     def _all_stats(self) -> list[Stat]:
         stats = [s for name in ARRAY_STATS for s in getattr(self, name)]
