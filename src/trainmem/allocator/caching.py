@@ -8,11 +8,12 @@ Note [Simulator data model]
     A *segment* is one simulated ``cudaMalloc`` (or one expandable virtual range); its *blocks*
     are a doubly linked list in address order (``prev``/``next``) that tiles it exactly. Free
     blocks live in a pool (small or large) kept as a sorted list of ``(stream, size, ptr)``
-    tuples, so ``bisect`` finds the best fit in O(log n): the smallest block of the stream with
-    size >= request, lowest address among equal sizes (spec 2.3). Unmapped blocks of expandable
-    segments live in a second list ordered by ``(stream, ptr)``. Allocated blocks are found by
-    address; the address is the handle ``malloc`` returns. Addresses are invented: segments are
-    laid out bump-pointer style with a 2 MiB gap, so they never overlap and never get reused.
+    keys (one int each, Note [Pool keys]), so ``bisect`` finds the best fit in O(log n): the
+    smallest block of the stream with size >= request, lowest address among equal sizes (spec
+    2.3). Unmapped blocks of expandable segments live in a second list ordered by ``(stream,
+    ptr)``. Allocated blocks are found by address; the address is the handle ``malloc``
+    returns. Addresses are invented: segments are laid out bump-pointer style with a 2 MiB gap,
+    so they never overlap and never get reused.
 
 Note [Cross-stream frees]
     A block with ``record_stream`` uses becomes ``active_pending_free`` on free. A simulator
