@@ -468,26 +468,13 @@ class CachingAllocatorSim:
 
         Source: spec section 2.2 (``malloc``), 2.4 to 2.6, 3.
         """
-        block = self._malloc(size_bytes, stream, category, frames)
-        return 0 if block is None else block.ptr
-
-    def _malloc(
-        self,
-        size_bytes: int,
-        stream: int,
-        category: str | None,
-        frames: list[dict[str, Any]] | None,
-    ) -> Block | None:
-        """:meth:`malloc`, returning the allocated block (None for 0 bytes). NB: a replay's hot
-        path (:mod:`trainmem.allocator.replay` calls it once per allocation, positionally):
-        ``round_size`` inline without ``roundup_power2_divisions``."""
         if size_bytes <= 0:
             if size_bytes == 0:
-                return None
+                return 0
             raise ValueError(f"size_bytes must be >= 0, got {size_bytes}")
         if self._pending:
             self._process_events()
-        if self._any_divisions:
+        if self._any_divisions:  # NB: else round_size's rounding inline (once per malloc)
             size = self.round_size(size_bytes)
         elif size_bytes < K_MIN_BLOCK_SIZE:
             size = K_MIN_BLOCK_SIZE
@@ -507,7 +494,7 @@ class CachingAllocatorSim:
                 block = self._alloc_block(pool, stream, size, alloc_size, is_retry=True)
             if block is None:
                 raise self._out_of_memory(size, alloc_size, stream)
-        return self._alloc_found_block(block, pool, size, size_bytes, category, frames)
+        return self._alloc_found_block(block, pool, size, size_bytes, category, frames).ptr
 
     def free(self, handle: int) -> None:
         """Free the block behind ``handle`` (``free``, spec 2.7).
@@ -524,14 +511,9 @@ class CachingAllocatorSim:
         """
         if handle == 0:
             return
-        block = self._allocated.get(handle)
+        block = self._allocated.pop(handle, None)
         if block is None:
             raise ValueError(f"invalid device pointer: {handle:#x}")
-        self._free(block)
-
-    def _free(self, block: Block) -> None:
-        """:meth:`free` of a live block (a replay's hot path: it holds the blocks)."""
-        del self._allocated[block.ptr]
         block.allocated = False
         if self._full_stats:
             s, st = self.stats, block.pool.stat_type

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainmem.allocator.caching import Block, CachingAllocatorSim, OutOfMemoryError
+from trainmem.allocator.caching import CachingAllocatorSim, OutOfMemoryError
 from trainmem.allocator.config import AllocatorConfig
 from trainmem.breakdown import MemoryCategory
 from trainmem.errors import TimelineError
@@ -100,10 +100,6 @@ class ReplayResult:
     def fits(self) -> bool:
         """True if the step ran without an out-of-memory error."""
         return not self.oom
-
-
-_NOT_LIVE: Any = object()
-"""What ``live.pop`` answers for a block id that is not live (None is a 0-byte allocation)."""
 
 
 def _as_record(ev: AllocEvent | EventRecord) -> EventRecord:
@@ -224,9 +220,9 @@ def _replay(
     )
     allocated_stat = sim.stats.allocated_bytes[0]
     reserved_stat = sim.stats.reserved_bytes[0]
-    malloc = sim._malloc  # positional, returns the block (None for 0 bytes)
-    free = sim._free  # of a block
-    live: dict[int, Block | None] = {}  # block_id -> its block (None: a 0-byte allocation)
+    malloc = sim.malloc
+    free = sim.free
+    live: dict[int, tuple[int, str, int]] = {}  # block_id -> (handle, category, block bytes)
     by_category: dict[str, int] = {}
     peak_by_category: dict[str, int] = {}
     peak_allocated = peak_reserved = 0
@@ -239,10 +235,10 @@ def _replay(
     load_allocated = load_reserved = 0
     events = timeline.events if isinstance(timeline, Timeline) else timeline
     values = _CATEGORY_VALUES
+    blocks = sim.allocated_blocks
     # NB: the planner's hot loop (every probe replays thousands of events): an EventRecord is
-    # unpacked at once, a live allocation is its block (its size and category are the
-    # block's), and the split by category at the allocated peak is copied once per climb (at
-    # the first free after it), not at every allocation that raises the peak
+    # unpacked at once, and the split by category at the allocated peak is copied once per
+    # climb (at the first free after it), not at every allocation that raises the peak
     rising = False
     i = -1
     for i, event in enumerate(events):  # noqa: B007 (i is read after the loop)
@@ -261,7 +257,7 @@ def _replay(
                 else None
             )
             try:
-                block = malloc(size_bytes, stream, category, frames)
+                handle = malloc(size_bytes, stream, category=category, frames=frames)
             except OutOfMemoryError as err:
                 if oom_message is None:
                     oom_message, oom_index, oom_phase = str(err), i, phase
@@ -269,11 +265,10 @@ def _replay(
                     num_events = i  # the failed event is not replayed
                     break
                 sim.capacity_bytes = None  # See Note [Out of memory during a replay]
-                block = malloc(size_bytes, stream, category, frames)
-            live[block_id] = block
-            by_category[category] = by_category.get(category, 0) + (
-                block.size if block is not None else 0
-            )
+                handle = malloc(size_bytes, stream, category=category, frames=frames)
+            size = blocks[handle].size if handle else 0
+            live[block_id] = (handle, category, size)
+            by_category[category] = by_category.get(category, 0) + size
             allocated = allocated_stat.current
             if allocated > peak_allocated:
                 peak_allocated, peak_allocated_index = allocated, i
@@ -287,16 +282,16 @@ def _replay(
                 load_allocated = max(load_allocated, allocated)
                 load_reserved = max(load_reserved, reserved)
         else:
-            block = live.pop(block_id, _NOT_LIVE)
-            if block is _NOT_LIVE:
+            entry = live.pop(block_id, None)
+            if entry is None:
                 raise TimelineError(
                     f"event {i}: free of block_id {block_id}, which is not live", event_index=i
                 )
             if rising:
                 peak_by_category, rising = by_category.copy(), False
-            if block is not None:
-                by_category[block.category] -= block.size  # type: ignore[index]
-                free(block)  # (which may merge the block with its free neighbours)
+            handle, category, size = entry
+            free(handle)
+            by_category[category] -= size
     else:
         num_events = i + 1
     peak_by_category = by_category.copy() if rising else peak_by_category
