@@ -179,7 +179,8 @@ def apply_activation_checkpointing(model: Any, mode: str, *, reentrant: bool = F
     ``model.set_grad_checkpointing(True)``, what timm's train.py ``--grad-checkpointing`` calls
     (its blocks through timm/models/_manipulate.py ``checkpoint`` / ``checkpoint_seq``,
     ``use_reentrant=False`` unless ``TIMM_REENTRANT_CKPT``; timm 1.0.31). Other models: every
-    element of every ``nn.ModuleList`` is wrapped in ``torch.utils.checkpoint.checkpoint``.
+    element of every ``nn.ModuleList`` is wrapped in ``torch.utils.checkpoint.checkpoint``;
+    timm models, ``selective``: each transformer block (Note [timm's transformer blocks]).
     ``selective`` is op-level selective checkpointing as in torchtitan: attention outputs and
     every other matmul output are saved, everything else is recomputed
     (``torch.utils.checkpoint.create_selective_checkpoint_contexts``; torchtitan
@@ -206,6 +207,11 @@ def apply_activation_checkpointing(model: Any, mode: str, *, reentrant: bool = F
             return create_selective_checkpoint_contexts(selective_policy())
 
         kwargs["context_fn"] = make_contexts
+    from trainmem.trace.timm_parallel import apply_timm_selective_checkpointing, is_timm_model
+
+    if mode == "selective" and is_timm_model(model):
+        apply_timm_selective_checkpointing(model, kwargs)  # Note [timm's transformer blocks]
+        return
     if hasattr(model, "activation_checkpointing_enable") and getattr(
         model, "supports_gradient_checkpointing", False
     ):  # transformers 5.24's name; gradient_checkpointing_enable is its deprecated alias

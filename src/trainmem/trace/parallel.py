@@ -269,11 +269,16 @@ def parallelize(model: Any, mesh: Any, training: TrainingConfig, fake_mode: Any)
         UnsupportedError: a model / setting the parallelisms cannot be applied to.
     """
     from trainmem.trace.tensor_parallel import apply_tensor_parallel
+    from trainmem.trace.timm_parallel import apply_timm_tensor_parallel, is_timm_model
 
     names = mesh.mesh_dim_names or ()
     if "tp" in names:
         with fake_mode if fake_mode is not None else contextlib.nullcontext():
-            if type(model).__module__.startswith("diffusers."):
+            if is_timm_model(model):  # Note [timm's transformer blocks]
+                apply_timm_tensor_parallel(
+                    model, mesh["tp"], sequence_parallel=training.sequence_parallel
+                )
+            elif type(model).__module__.startswith("diffusers."):
                 from trainmem.trace.diffusers_parallel import apply_diffusers_tensor_parallel
 
                 # Note [Tracing tensor parallelism of diffusers blocks]

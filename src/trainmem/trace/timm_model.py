@@ -68,13 +68,16 @@ def import_timm() -> Any:
 
 
 def check_timm_settings(training: TrainingConfig) -> None:
-    """Refuse the settings timm's training does not run, each with what is traced instead.
+    """Refuse the settings a timm model's trace does not run, each with what is traced instead.
 
-    timm's train.py distributes by data parallelism only (``DistributedDataParallel``, or
-    FSDP / ZeRO through a wrapper around the whole model) and checkpoints whole blocks
-    (``--grad-checkpointing``: ``set_grad_checkpointing``); no timm model has a tensor-parallel
-    plan (torchtitan's Llama plan names ``self_attn.q_proj``), pipeline stages (the traced ones
-    are cut from transformers language models) or token ids to shard for context parallelism.
+    Traced: data parallelism, ZeRO / FSDP, full checkpointing (timm's
+    ``set_grad_checkpointing``), and on ViT-style blocks selective checkpointing and tensor /
+    sequence parallelism (Note [timm's transformer blocks], trainmem/trace/timm_parallel.py; a
+    CNN refuses those as not applicable when its blocks are looked at). Refused: pipeline
+    stages (the traced ones are cut from transformers language models, trainmem/trace/
+    pipeline.py) and context parallelism (torch's ``context_parallel`` shards the batch's
+    token buffers before the step, and an image model's batch is pixels: its patch tokens
+    exist only after the patch embedding).
 
     Raises:
         NotApplicableError: a chunked cross-entropy (a timm model has no token logits).
@@ -88,24 +91,20 @@ def check_timm_settings(training: TrainingConfig) -> None:
         )
     traced = (
         "traced: data parallelism, ZeRO / FSDP (--zero-stage, --data-parallel-size), full "
-        "checkpointing (timm's --grad-checkpointing)"
+        "checkpointing (timm's --grad-checkpointing), and on ViT blocks selective "
+        "checkpointing and tensor / sequence parallelism (--tensor-parallel-size, "
+        "--sequence-parallel)"
     )
     why = {
-        "tensor_parallel_size": (
-            training.tensor_parallel_size > 1,
-            "no timm model has a tensor-parallel plan",
-        ),
         "pipeline_parallel_size": (
             training.pipeline_parallel_size > 1,
             "the traced pipeline stages are cut from transformers language models",
         ),
         "context_parallel_size": (
             training.context_parallel_size > 1,
-            "context parallelism shards token ids, which an image model takes none of",
-        ),
-        "activation_checkpointing": (
-            training.activation_checkpointing == "selective",
-            "timm checkpoints whole blocks (set_grad_checkpointing), not single ops",
+            "torch's context_parallel shards the batch's token buffers before the step, and a "
+            "timm model's batch is pixels (its patch tokens exist only after the patch "
+            "embedding)",
         ),
     }
     refused = [f"{k}={getattr(training, k)} ({reason})" for k, (on, reason) in why.items() if on]
