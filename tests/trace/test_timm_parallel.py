@@ -19,7 +19,7 @@ if importlib.util.find_spec("timm") is None:
     pytest.skip("timm is the optional extra trainmem[vision]", allow_module_level=True)
 
 from trainmem.breakdown import MemoryCategory  # noqa: E402
-from trainmem.errors import NotApplicableError  # noqa: E402
+from trainmem.errors import NotApplicableError, UnsupportedError  # noqa: E402
 from trainmem.estimate import estimate  # noqa: E402
 from trainmem.specs.training import TrainingConfig  # noqa: E402
 
@@ -134,3 +134,34 @@ def test_a_cnn_refuses_as_not_applicable_and_says_what_runs(
     with pytest.raises(NotApplicableError, match="no attention blocks") as err:
         estimate(name, TrainingConfig(micro_batch_size=2, **settings), engine="generic")
     assert "full checkpointing" in str(err.value)
+
+
+def test_context_parallelism_shards_the_patch_tokens_inside_the_blocks() -> None:
+    """At 176 x 176 the ViT has 11 * 11 + 1 = 122 tokens; over 2 context ranks each block runs
+    on 61 (its qkv output 3 d wide, the ring attention's local output and logsumexp, the residual
+    sums), while the final norm after the blocks' all-gather holds all 122 (Note [Context
+    parallelism of a ViT's tokens]). FSDP2 shards over the context ranks (torchtitan)."""
+    tokens, local = 11 * 11 + 1, 61
+    acts = _activations(zero_stage=3, context_parallel_size=2, resolution=176)
+    assert acts["blocks.1.attn.qkv"] == B * local * 3 * D * F32
+    head_dim = D // HEADS
+    lse = B * HEADS * (-(-local // 32) * 32) * F32
+    assert acts["blocks.1.attn"] == B * HEADS * local * head_dim * F32 + lse + 2 * 8
+    assert acts["blocks.1"] == 2 * B * local * D * F32
+    assert acts["norm"] == B * tokens * D * F32 + 2 * B * tokens * F32
+
+
+def test_context_parallelism_needs_a_token_count_it_divides() -> None:
+    """test_vit's own 160 x 160 input gives 101 tokens: torch's ring attention all-gathers equal
+    chunks, so 2 ranks are refused, naming --resolution."""
+    training = TrainingConfig(micro_batch_size=2, zero_stage=3, context_parallel_size=2)
+    with pytest.raises(UnsupportedError, match="101 tokens.*--resolution"):
+        estimate("timm:test_vit", training, engine="generic")
+
+
+def test_resolution_reaches_a_timm_vit_through_estimate() -> None:
+    """``--resolution`` sets a timm ViT's input and position table (``img_size``): 176 x 176 is
+    11 * 11 patches of 16 pixels, the position table (121 + 1 class token) x d."""
+    est = estimate("timm:test_vit", _training(resolution=176), engine="generic")
+    base = estimate("timm:test_vit", _training(), engine="generic")
+    assert est.num_parameters - base.num_parameters == (122 - 101) * D

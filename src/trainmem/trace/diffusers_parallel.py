@@ -67,6 +67,8 @@ __all__ = [
     "denoiser_context_parallel",
     "is_attention",
     "mixed_parameters",
+    "output_gather_hook",
+    "split_hook",
 ]
 
 COLWISE = ("to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj")
@@ -180,7 +182,7 @@ def _gather_hook(mesh: Any) -> Any:
     return hook
 
 
-def _split_hook(mesh: Any) -> Any:
+def split_hook(mesh: Any) -> Any:
     """A forward pre-hook keeping this rank's chunk of the tokens of ``hidden_states`` (a
     ``Replicate -> Shard(1)`` redistribution: a local view, backward an all-gather)."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -197,7 +199,7 @@ def _split_hook(mesh: Any) -> Any:
     return hook
 
 
-def _output_gather_hook(mesh: Any) -> Any:
+def output_gather_hook(mesh: Any) -> Any:
     """A forward hook all-gathering a block's output tokens (dim 1; a tuple's tensors)."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
@@ -269,8 +271,8 @@ def apply_diffusers_tensor_parallel(model: Any, tp_mesh: Any, *, sequence_parall
             if is_attention(module) or isinstance(module, FeedForward):
                 module.register_forward_pre_hook(_gather_hook(tp_mesh), with_kwargs=True)
     for run in _runs_of_blocks(model, blocks):
-        run[0].register_forward_pre_hook(_split_hook(tp_mesh), with_kwargs=True)
-        run[-1].register_forward_hook(_output_gather_hook(tp_mesh))
+        run[0].register_forward_pre_hook(split_hook(tp_mesh), with_kwargs=True)
+        run[-1].register_forward_hook(output_gather_hook(tp_mesh))
 
 
 def mixed_parameters(model: Any) -> contextlib.AbstractContextManager[Any]:

@@ -293,6 +293,10 @@ def parallelize(model: Any, mesh: Any, training: TrainingConfig, fake_mode: Any)
                     float8=training.is_fp8,
                     saves_gathered_input=training.sequence_parallel_saves_gathered_input,
                 )
+    if "cp" in names and is_timm_model(model):  # Note [Context parallelism of a ViT's tokens]
+        from trainmem.trace.timm_parallel import apply_timm_context_parallel
+
+        apply_timm_context_parallel(model, mesh["cp"] if len(names) > 1 else mesh)
     if "dp" in names:  # FSDP1 NO_SHARD (trainmem.specs.ranks.fsdp1_no_shard)
         dp_mesh = mesh if len(names) == 1 else mesh["dp"]
         return wrap_fsdp1(model, dp_mesh, training, fake_mode)
@@ -373,12 +377,36 @@ def context_parallel(
 
     keys = ("input_ids", "labels", "position_ids")
     buffers = [b[k] for b in batches if isinstance(b, dict) for k in keys if k in b]
+    cp_mesh = mesh["cp"] if len(mesh.mesh_dim_names) > 1 else mesh
+    if not buffers:  # an image model: its tokens are sharded inside it (trace.timm_parallel)
+        return _ring_attention(cp_mesh)
     return cp_context(
-        mesh["cp"] if len(mesh.mesh_dim_names) > 1 else mesh,
+        cp_mesh,
         buffers=buffers,
         buffer_seq_dims=[1] * len(buffers),
         no_restore_buffers=set(buffers),
     )
+
+
+@contextlib.contextmanager
+def _ring_attention(cp_mesh: Any) -> Iterator[None]:
+    """SDPA as ring attention over ``cp_mesh``, without load balancing and without a buffer to
+    shard: ``context_parallel``'s dispatcher alone (torch 2.13 distributed/tensor/experimental/
+    _context_parallel/_attention.py ``context_parallel``: its monkey-patch mode,
+    ``_enable_context_parallel_dispatcher_impl(seq_dim=2, ...)``), for a model that shards its
+    own tokens (Note [Context parallelism of a ViT's tokens] in trainmem/trace/timm_parallel.py;
+    its non-causal attention refuses load balancing)."""
+    from torch.distributed.tensor.experimental._context_parallel import _attention as cp
+
+    cp._dispatch_mode = cp._DispatchMode.MONKEY_PATCH  # as context_parallel sets it
+    balance = cp._cp_options.enable_load_balance
+    cp._cp_options.enable_load_balance = False
+    cp._enable_context_parallel_dispatcher_impl(seq_dim=2, mesh=cp_mesh)
+    try:
+        yield
+    finally:
+        cp._disable_context_parallel_dispatcher_impl()
+        cp._cp_options.enable_load_balance = balance
 
 
 def loss_context(training: TrainingConfig) -> contextlib.AbstractContextManager[Any]:

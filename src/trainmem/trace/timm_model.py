@@ -71,13 +71,13 @@ def check_timm_settings(training: TrainingConfig) -> None:
     """Refuse the settings a timm model's trace does not run, each with what is traced instead.
 
     Traced: data parallelism, ZeRO / FSDP, full checkpointing (timm's
-    ``set_grad_checkpointing``), and on ViT-style blocks selective checkpointing and tensor /
-    sequence parallelism (Note [timm's transformer blocks], trainmem/trace/timm_parallel.py; a
+    ``set_grad_checkpointing``), and on ViT-style blocks selective checkpointing, tensor /
+    sequence parallelism and context parallelism of the patch tokens (Note [timm's transformer
+    blocks], Note [Context parallelism of a ViT's tokens], trainmem/trace/timm_parallel.py; a
     CNN refuses those as not applicable when its blocks are looked at). Refused: pipeline
     stages (the traced ones are cut from transformers language models, trainmem/trace/
-    pipeline.py) and context parallelism (torch's ``context_parallel`` shards the batch's
-    token buffers before the step, and an image model's batch is pixels: its patch tokens
-    exist only after the patch embedding).
+    pipeline.py) and context parallelism beside sequence parallelism (both would split the
+    same blocks' tokens).
 
     Raises:
         NotApplicableError: a chunked cross-entropy (a timm model has no token logits).
@@ -92,8 +92,8 @@ def check_timm_settings(training: TrainingConfig) -> None:
     traced = (
         "traced: data parallelism, ZeRO / FSDP (--zero-stage, --data-parallel-size), full "
         "checkpointing (timm's --grad-checkpointing), and on ViT blocks selective "
-        "checkpointing and tensor / sequence parallelism (--tensor-parallel-size, "
-        "--sequence-parallel)"
+        "checkpointing, tensor / sequence and context parallelism (--tensor-parallel-size, "
+        "--sequence-parallel, --context-parallel-size)"
     )
     why = {
         "pipeline_parallel_size": (
@@ -101,10 +101,10 @@ def check_timm_settings(training: TrainingConfig) -> None:
             "the traced pipeline stages are cut from transformers language models",
         ),
         "context_parallel_size": (
-            training.context_parallel_size > 1,
-            "torch's context_parallel shards the batch's token buffers before the step, and a "
-            "timm model's batch is pixels (its patch tokens exist only after the patch "
-            "embedding)",
+            training.context_parallel_size > 1 and training.sequence_parallel,
+            "the tokens sharded over the context ranks would be split again over the tensor "
+            "ranks at the same blocks; context parallelism runs beside tensor parallelism "
+            "without --sequence-parallel",
         ),
     }
     refused = [f"{k}={getattr(training, k)} ({reason})" for k, (on, reason) in why.items() if on]

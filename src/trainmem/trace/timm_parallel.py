@@ -55,6 +55,7 @@ from trainmem.trace._torch import require_torch
 torch = require_torch()
 
 __all__ = [
+    "apply_timm_context_parallel",
     "apply_timm_selective_checkpointing",
     "apply_timm_tensor_parallel",
     "attention_blocks",
@@ -246,3 +247,59 @@ def apply_timm_tensor_parallel(model: Any, tp_mesh: Any, *, sequence_parallel: b
                 output_layouts=(seq,), desired_output_layouts=(Replicate(),), use_local_output=True
             ),
         )
+
+
+def apply_timm_context_parallel(model: Any, cp_mesh: Any) -> None:
+    """Shard a ViT's patch tokens over the context-parallel ranks inside its blocks (Note [Context
+    parallelism of a ViT's tokens]).
+
+    Args:
+        model: the timm model or peft's wrapper of it.
+        cp_mesh: 1-D ``DeviceMesh`` of the context-parallel ranks.
+
+    Raises:
+        NotApplicableError: a CNN (no token sequence).
+        UnsupportedError: blocks outside one list (Swin's stages merge tokens between them).
+
+    Note [Context parallelism of a ViT's tokens]
+        torch's ``context_parallel`` (torch 2.13 distributed/tensor/experimental/
+        _context_parallel/_attention.py) shards the step's token buffers along the sequence
+        before the step and makes SDPA ring attention (each rank's queries against every
+        rank's keys and values, all-gathered by the default ``_AllGatherRotater``). A ViT's
+        batch is pixels: its tokens exist after the patch embedding, the class token and the
+        position table. So the first block takes its rank's contiguous chunk of the tokens
+        (a ``Replicate -> Shard(1)`` redistribution, backward an all-gather) and the last
+        all-gathers them, so the final norm, the pooling and the head run on all of them
+        (their gradients flow back through the gather: the rank's chunk); inside, SDPA runs
+        under the same dispatcher ``context_parallel`` enables, without a buffer to shard
+        (:func:`trainmem.trace.parallel.context_parallel`). ViT's attention is non-causal, and
+        torch's ring attention refuses load balancing without ``is_causal``
+        (``_templated_ring_attention``: "Load balancing requires `is_causal=True`"): the
+        chunks stay in order, as ``context_parallel`` leaves them when the sequence does not
+        divide by twice the ranks. The all-gather needs equal chunks, so cp must divide the
+        token count (class and register tokens included).
+    """
+    from trainmem.trace.diffusers_parallel import output_gather_hook, split_hook
+
+    cp = cp_mesh.size()
+    blocks = attention_blocks(model, f"context_parallel_size={cp}")
+    holder = getattr(_base(model), "blocks", None)
+    if not isinstance(holder, torch.nn.Sequential) or any(b not in holder for b in blocks):
+        raise UnsupportedError(
+            f"context_parallel_size: the traced token sharding runs ViT-style blocks in one "
+            f"list (model.blocks); {type(_base(model)).__name__}'s stages change the token "
+            "count between them; shard this model with FSDP (--zero-stage 3) instead"
+        )
+
+    def check(_module: Any, args: Any) -> None:
+        tokens = int(args[0].shape[1])
+        if tokens % cp:
+            raise UnsupportedError(
+                f"context_parallel_size: {cp} must divide the ViT's {tokens} tokens (patches "
+                "plus class / register tokens): torch's ring attention all-gathers equal "
+                "chunks; choose a --resolution whose token count it divides"
+            )
+
+    blocks[0].register_forward_pre_hook(check)
+    blocks[0].register_forward_pre_hook(split_hook(cp_mesh), with_kwargs=True)
+    blocks[-1].register_forward_hook(output_gather_hook(cp_mesh))
