@@ -297,7 +297,8 @@ def apply_timm_context_parallel(model: Any, cp_mesh: Any) -> None:
             raise UnsupportedError(
                 f"context_parallel_size: {cp} must divide the ViT's {tokens} tokens (patches "
                 "plus class / register tokens): torch's ring attention all-gathers equal "
-                "chunks; choose a --resolution whose token count it divides"
+                "chunks; traced: context parallelism at a --resolution whose token count it "
+                "divides, or FSDP without it (--zero-stage 3 --data-parallel-size N)"
             )
 
     blocks[0].register_forward_pre_hook(check)
