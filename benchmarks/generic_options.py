@@ -119,6 +119,10 @@ pipeline parallelism of a denoiser]; "hsdp 4 / 2 + context parallel 2": torch's 
 parallelism over the latents' rows, Note [Context parallelism of a denoiser]; "lora r16 +
 tensor parallel 2": peft's adapters beside the block plan); the language models' rows of these
 sets did not move.
+Session 24 (helper timmpar): on timm:test_vit "checkpointing selective", "tensor parallel 2 +
+sp" and "lora r16 + tensor parallel 2" run (Note [timm's transformer blocks]); "hsdp 4 / 2 +
+context parallel 2" is refused at its 101 tokens, which 2 ranks do not divide (it runs at
+--resolution 176; Note [Context parallelism of a ViT's tokens]); the pipeline sets stay refused.
 """
 
 from __future__ import annotations

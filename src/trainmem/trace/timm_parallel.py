@@ -17,7 +17,9 @@ Note [timm's transformer blocks]
       with torchtitan's op-level policy (``trainmem.trace.sac``: matmul and attention outputs
       saved, every second ``mm`` and all else recomputed), as timm's own ``checkpoint_seq``
       (timm/models/_manipulate.py, ``every=1``) checkpoints each block under
-      ``--grad-checkpointing``, with the policy's ``context_fn`` added.
+      ``--grad-checkpointing``, with the policy's ``context_fn`` added. A hybrid's blocks
+      without attention (CoAtNet's, MaxViT's convolution stages) are not checkpointed: the
+      policy's saves are the attention blocks' matmuls.
     - Tensor parallelism (Megatron's layout, the one torchtitan's Llama plan writes,
       torchtitan/models/llama3/infra/parallelize.py ``apply_tp``, on timm's names): ``attn.qkv``
       and ``mlp.fc1`` ``ColwiseParallel``, ``attn.proj`` and ``mlp.fc2`` ``RowwiseParallel``;
