@@ -132,9 +132,16 @@ def test_transformers_models_import_beside_the_installed_torchvision() -> None:
 @pytest.mark.parametrize(
     ("settings", "named"),
     [
-        ({"tensor_parallel_size": 2}, "tensor_parallel_size=2"),
         ({"pipeline_parallel_size": 2, "gradient_accumulation_steps": 4}, "pipeline_parallel_size"),
-        ({"activation_checkpointing": "selective"}, "activation_checkpointing=selective"),
+        (
+            {
+                "context_parallel_size": 2,
+                "tensor_parallel_size": 2,
+                "sequence_parallel": True,
+                "zero_stage": 3,
+            },
+            "context_parallel_size=2",
+        ),
     ],
 )
 def test_timm_settings_train_py_does_not_run_are_refused(settings: dict, named: str) -> None:
