@@ -21,10 +21,9 @@ import pytest
 
 from conftest import other_values
 from trainmem.analytic import engine
-from trainmem.analytic.template import _REC, Sym, _Recorder, templated_schedules
+from trainmem.analytic.template import _REC, Filled, Sym, _Recorder, templated_schedules
 from trainmem.errors import SpecError, UnsupportedError
 from trainmem.estimate import estimate
-from trainmem.schedule import StepSchedule
 from trainmem.specs.hf import load_model_spec
 from trainmem.specs.training import TrainingConfig, derived
 
@@ -60,7 +59,9 @@ def _variants(base: dict[str, Any]) -> Iterator[TrainingConfig]:
                 continue  # a combination TrainingConfig refuses
 
 
-def _answer(model: object, training: TrainingConfig, lean: bool) -> tuple[object, ...] | str:
+def _answer(
+    model: object, training: TrainingConfig, lean: bool, *, details: bool = False
+) -> tuple[object, ...] | str:
     try:
         est = estimate(
             model,  # type: ignore[arg-type]
@@ -89,10 +90,11 @@ def _answer(model: object, training: TrainingConfig, lean: bool) -> tuple[object
         est.details.get("load_phase"),
         est.num_parameters,
         est.num_trainable_parameters,
+        (est.details, est.notes) if details else None,
     )
 
 
-def _builder_only(*args: Any, eager: bool) -> list[StepSchedule] | None:
+def _builder_only(*args: Any, eager: bool) -> Filled | None:
     """``templated_schedules`` for the built answer: a sweep's rows filled, one estimate built
     (it would be filled from the template once its structure was met before)."""
     return templated_schedules(*args, eager=True) if eager else None
@@ -160,7 +162,8 @@ def test_a_template_serves_other_shapes_and_refuses_another_path() -> None:
         filled = templated_schedules(model, training, ranks, 1 << 20)
         assert len(template._TEMPLATES[key].fills) == recordings
         layout, prof = state_layout(model, training), activation_profile(model, training)
-        assert filled == [
+        assert filled is not None
+        assert filled.schedules == [
             rank_schedule(
                 model, training, r, layout=layout, prof=prof, workspace_per_handle=1 << 20
             )
@@ -172,7 +175,9 @@ def test_one_estimate_records_after_a_few_builds() -> None:
     # Note [When a template is recorded]: single estimates of a new structure are built, and
     # record nothing, until RECORD_AFTER_BUILDS of them were; the next records its template and
     # the one after is filled from it; every answer is the builder's (the schedules and the
-    # estimate, compared with the same configuration estimated by the builder only)
+    # estimate, its details among them: the activation terms and the loss's transients are
+    # filled with the schedules; compared with the same configuration estimated by the
+    # builder only)
     from trainmem.analytic import template
     from trainmem.specs.hardware import get_gpu
 
@@ -184,12 +189,12 @@ def test_one_estimate_records_after_a_few_builds() -> None:
     builds = template.RECORD_AFTER_BUILDS
     for k, recordings in enumerate([None] * builds + [1, 1]):
         training = derived(base, seq_len=300 + k)
-        answer = _answer(model, training, lean=False)
+        answer = _answer(model, training, lean=False, details=True)
         found = template._TEMPLATES.get(key)
         assert (found and len(found.fills)) == recordings, k
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(engine, "templated_schedules", _builder_only)
-            assert answer == _answer(model, training, lean=False)
+            assert answer == _answer(model, training, lean=False, details=True)
 
 
 def test_recorded_values_guard_every_decision() -> None:

@@ -40,7 +40,7 @@ from trainmem.breakdown import MemoryBreakdown, MemoryEstimate
 from trainmem.errors import SpecError
 from trainmem.specs.hardware import DEFAULT_CUBLAS_WORKSPACE_BYTES, GPUSpec
 from trainmem.specs.model import ModelSpec
-from trainmem.specs.ranks import model_rank_map
+from trainmem.specs.ranks import RankMap, model_rank_map
 from trainmem.specs.training import (
     TrainingConfig,
     pipeline_sizes,
@@ -96,9 +96,9 @@ def estimate_analytic(
     ranks = pipeline_ranks(model, training)
     # a sweep's row records a template at once, one estimate once it met the structure before
     # (Note [When a template is recorded])
-    schedules = templated_schedules(model, training, ranks, per_handle, eager=lean)
-    prof = None if lean else activation_profile(model, training)
-    if schedules is None:
+    filled = templated_schedules(model, training, ranks, per_handle, eager=lean)
+    loss_backward: int | None = None
+    if filled is None:
         prof = activation_profile(model, training)
         schedules = [
             rank_schedule(
@@ -106,6 +106,8 @@ def estimate_analytic(
             )
             for rank in ranks
         ]
+    else:  # the profile and the loss's transients the details report, filled with them
+        schedules, prof, loss_backward = filled
     if training.earlier_seq_lens:  # Note [Steps of varying length]
         schedules = [
             after_earlier_steps(
@@ -126,8 +128,7 @@ def estimate_analytic(
         )
     details: dict[str, object] = {"outside_allocator_bytes": outside}
     if not lean:
-        assert prof is not None  # built, not filled
-        details = _details(model, training, prof, per_handle, outside)
+        details = _details(model, training, prof, per_handle, outside, world, loss_backward)
     if training.offload != "none" and not lean:  # Note [Host memory of offloaded states]
         host = host_memory(model, training)
         details["host_memory"] = host.as_details()
@@ -159,15 +160,20 @@ def _details(
     prof: ActivationProfile,
     per_handle: int,
     outside: object,
+    world: RankMap,
+    loss_backward: int | None,
 ) -> dict[str, object]:
     """The engine's details of one configuration: the rank map, the activation terms, the
-    loss's backward temporaries, the cuBLAS workspaces and what is outside the allocator."""
+    loss's backward temporaries (``loss_backward``: filled with the schedules, else None), the
+    cuBLAS workspaces and what is outside the allocator."""
+    if loss_backward is None:
+        loss_backward = loss_backward_transient_bytes(model, training)
     return {
-        "rank_map": model_rank_map(model, training).to_json(),
+        "rank_map": world.to_json(),
         "activation_terms_per_layer_bytes": prof.terms,
         "activation_terms_outside_layers_bytes": prof.head_terms,
         "activations_per_layer_bytes": prof.per_layer,
-        "loss_backward_temporary_bytes": loss_backward_transient_bytes(model, training),
+        "loss_backward_temporary_bytes": loss_backward,
         "cublas_workspace_bytes": cublas_workspace_bytes(per_handle),
         "outside_allocator_bytes": outside,
     }

@@ -53,9 +53,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import fields
 from enum import Enum
 from types import CodeType
-from typing import Any
+from typing import Any, NamedTuple
 
-from trainmem.analytic.activations import activation_profile
+from trainmem.analytic.activations import ActivationProfile, activation_profile
+from trainmem.analytic.loss import loss_backward_transient_bytes
 from trainmem.analytic.schedule import rank_schedule
 from trainmem.analytic.tensor_states import state_layout
 from trainmem.analytic.transforms.base import PipelineRank
@@ -264,7 +265,19 @@ class Sym:
         return 0
 
 
-Fill = Callable[[int, int], "list[StepSchedule] | None"]
+class Filled(NamedTuple):
+    """What a template fills for one configuration: the step schedules of its ranks and the
+    two terms the estimate's details report beside them, each what the builder's run computes
+    (recorded in the same run, so under the same guards)."""
+
+    schedules: list[StepSchedule]
+    profile: ActivationProfile
+    """:func:`~trainmem.analytic.activations.activation_profile`."""
+    loss_backward_bytes: int
+    """:func:`~trainmem.analytic.loss.loss_backward_transient_bytes`."""
+
+
+Fill = Callable[[int, int], "Filled | None"]
 
 
 class _Structure:
@@ -279,7 +292,7 @@ class _Structure:
         self.fills: list[Fill] = []
         self.by_seq_len: dict[int, Fill] = {}
 
-    def fill(self, b: int, s: int) -> list[StepSchedule] | None:
+    def fill(self, b: int, s: int) -> Filled | None:
         hint = self.by_seq_len.get(s)
         if hint is not None:
             out = hint(b, s)
@@ -337,9 +350,10 @@ def templated_schedules(
     per_handle: int,
     *,
     eager: bool = True,
-) -> list[StepSchedule] | None:
+) -> Filled | None:
     """The step schedules of ``ranks`` (as :func:`~trainmem.analytic.schedule.rank_schedule`
-    builds them) filled from a template (Note [Schedule templates]), recording one when no
+    builds them), with the activation profile and the loss's backward transients the details
+    report, filled from a template (Note [Schedule templates]), recording one when no
     template's guards hold; None when this structure cannot be recorded (the caller builds).
     ``eager=False`` (one estimate, not a sweep's row): None (the caller builds) instead of a
     recording until :data:`RECORD_AFTER_BUILDS` configurations of the structure were built
@@ -359,7 +373,7 @@ def _templated(
     ranks: Sequence[PipelineRank],
     per_handle: int,
     eager: bool,
-) -> list[StepSchedule] | None:
+) -> Filled | None:
     key = _key(model, training, per_handle)
     b, s = training.micro_batch_size, training.seq_len
     found = _TEMPLATES.get(key)
@@ -429,26 +443,32 @@ def record(
     try:
         sym = _symbolic(training)
         prof = activation_profile(model, sym)
-        recorded = [
-            rank_schedule(model, sym, r, layout=layout, prof=prof, workspace_per_handle=per_handle)
-            for r in ranks
-        ]
+        recorded = Filled(
+            [
+                rank_schedule(
+                    model, sym, r, layout=layout, prof=prof, workspace_per_handle=per_handle
+                )
+                for r in ranks
+            ],
+            prof,
+            loss_backward_transient_bytes(model, sym),
+        )
         fill = _compile(rec, recorded)
     except Exception as exc:  # noqa: BLE001 -- any failure: this structure is built instead
         raise RecordingError(f"the builder cannot be recorded: {exc!r}") from exc
     finally:
         _REC.pop()
-    built = [
-        rank_schedule(
-            model,
-            training,
-            r,
-            layout=layout,
-            prof=activation_profile(model, training),
-            workspace_per_handle=per_handle,
-        )
-        for r in ranks
-    ]
+    prof = activation_profile(model, training)
+    built = Filled(
+        [
+            rank_schedule(
+                model, training, r, layout=layout, prof=prof, workspace_per_handle=per_handle
+            )
+            for r in ranks
+        ],
+        prof,
+        loss_backward_transient_bytes(model, training),
+    )
     try:
         filled = fill(training.micro_batch_size, training.seq_len)
     except Exception as exc:  # noqa: BLE001 -- a fill that cannot run: built instead
@@ -478,6 +498,10 @@ def _holds_sym(items: object, seen: dict[int, bool] | None = None) -> bool:
         parts = (items.count, items.body)
     elif isinstance(items, tuple | list):
         parts = tuple(items)
+    elif isinstance(items, ActivationProfile):
+        parts = tuple(getattr(items, f.name) for f in fields(items))
+    elif isinstance(items, dict):
+        parts = (*items, *items.values())
     out = seen[id(items)] = any(_holds_sym(x, seen) for x in parts)
     return out
 
@@ -515,8 +539,12 @@ class _Codegen:
             return name
         if isinstance(x, Op):
             code = "_op(Op, (" + ", ".join(self.value(f) for f in x) + ",))"
-        elif isinstance(x, Repeat | StepSchedule):
+        elif isinstance(x, Repeat | StepSchedule | ActivationProfile):
             return self.instance(x)
+        elif type(x) is Filled:
+            code = "_op(_Filled, (" + ", ".join(self.value(f) for f in x) + ",))"
+        elif type(x) is dict:
+            code = "{" + ", ".join(f"{self.value(k)}: {self.value(v)}" for k, v in x.items()) + "}"
         elif type(x) is tuple:
             code = "(" + "".join(self.value(e) + ", " for e in x) + ")"
         elif type(x) is list:
@@ -530,8 +558,8 @@ class _Codegen:
         self.lines.append(f"    {name} = {code}")
         return name
 
-    def instance(self, x: Repeat | StepSchedule) -> str:
-        """A repeat or a schedule made without its dataclass ``__init__`` (which sets each
+    def instance(self, x: Repeat | StepSchedule | ActivationProfile) -> str:
+        """A repeat, a schedule or a profile made without its dataclass ``__init__`` (which sets each
         field through ``object.__setattr__``, the most of a fill's time): each slot set, the
         uncompared caches (``memo``, ``_cache``) fresh."""
         cls = type(x)
@@ -566,7 +594,11 @@ class _Codegen:
         return "def fill(b, s):\n" + "\n".join(body + self.lines) + f"\n    return {outputs}\n"
 
 
-def _compile(rec: _Recorder, recorded: list[StepSchedule]) -> Fill:
+_MADE = (Repeat, StepSchedule, ActivationProfile)
+"""The frozen dataclasses a fill makes slot by slot (:meth:`_Codegen.instance`)."""
+
+
+def _compile(rec: _Recorder, recorded: Filled) -> Fill:
     gen = _Codegen(rec)
     outputs = gen.value(recorded)
     source = gen.source(outputs)
@@ -575,11 +607,13 @@ def _compile(rec: _Recorder, recorded: list[StepSchedule]) -> Fill:
         "Op": Op,
         "Repeat": Repeat,
         "StepSchedule": StepSchedule,
+        "ActivationProfile": ActivationProfile,
+        "_Filled": Filled,
         "_op": tuple.__new__,
         "_new": object.__new__,
         **{
             f"_{cls.__name__}_{f.name}": getattr(cls, f.name).__set__
-            for cls in (Repeat, StepSchedule)
+            for cls in _MADE
             for f in fields(cls)
         },
         "_trunc": math.trunc,
@@ -594,7 +628,7 @@ def _compile(rec: _Recorder, recorded: list[StepSchedule]) -> Fill:
     exec(code, namespace)  # noqa: S102
     raw: Fill = namespace["fill"]
 
-    def fill(b: int, s: int) -> list[StepSchedule] | None:
+    def fill(b: int, s: int) -> Filled | None:
         try:
             return raw(b, s)
         except (ArithmeticError, ValueError):  # a path the recording did not take
