@@ -1211,10 +1211,10 @@ class _Ends:
             items += [logits, *em.at("head.post_forward", where), *head_act, free(logits, f)]
         if not self.tr.held_logits:
             items.append(free(logits16, f))
-        caches = [
-            free(alloc(self.layer_cache, Cat.TEMPORARY, f, f"kv_cache/{k}", f"layers.{k}"), f)
-            for k in range(self.layer_caches)
-        ]
+        # each layer's cache freed, layer by layer: one repeated free (the index formats its
+        # key and module as the layer's own allocation has them), not a free per layer
+        layer_cache = alloc(self.layer_cache, Cat.TEMPORARY, f, "kv_cache/{i}", "layers.{i}")
+        caches = [Repeat((free(layer_cache, f),), self.layer_caches)] if self.layer_caches else []
         return [*items, free(hidden, f), free(cache, f), *caches]
 
     def _loss_gradients(self) -> tuple[list[Op], Op]:
