@@ -94,10 +94,10 @@ def _answer(
     )
 
 
-def _builder_only(*args: Any, eager: bool) -> Filled | None:
+def _builder_only(*args: Any, eager: bool, details: bool) -> Filled | None:
     """``templated_schedules`` for the built answer: a sweep's rows filled, one estimate built
     (it would be filled from the template once its structure was met before)."""
-    return templated_schedules(*args, eager=True) if eager else None
+    return templated_schedules(*args, eager=True, details=details) if eager else None
 
 
 def _check(

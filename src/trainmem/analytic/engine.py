@@ -96,7 +96,8 @@ def estimate_analytic(
     ranks = pipeline_ranks(model, training)
     # a sweep's row records a template at once, one estimate once it met the structure before
     # (Note [When a template is recorded])
-    filled = templated_schedules(model, training, ranks, per_handle, eager=lean)
+    filled = templated_schedules(model, training, ranks, per_handle, eager=lean, details=not lean)
+    prof: ActivationProfile | None = None
     loss_backward: int | None = None
     if filled is None:
         prof = activation_profile(model, training)
@@ -107,7 +108,7 @@ def estimate_analytic(
             for rank in ranks
         ]
     else:  # the profile and the loss's transients the details report, filled with them
-        schedules, prof, loss_backward = filled
+        schedules, prof, loss_backward = filled  # (None, None: a sweep's row)
     if training.earlier_seq_lens:  # Note [Steps of varying length]
         schedules = [
             after_earlier_steps(
@@ -128,6 +129,7 @@ def estimate_analytic(
         )
     details: dict[str, object] = {"outside_allocator_bytes": outside}
     if not lean:
+        assert prof is not None  # built, or filled with the details
         details = _details(model, training, prof, per_handle, outside, world, loss_backward)
     if training.offload != "none" and not lean:  # Note [Host memory of offloaded states]
         host = host_memory(model, training)

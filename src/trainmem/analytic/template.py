@@ -266,18 +266,20 @@ class Sym:
 
 
 class Filled(NamedTuple):
-    """What a template fills for one configuration: the step schedules of its ranks and the
-    two terms the estimate's details report beside them, each what the builder's run computes
-    (recorded in the same run, so under the same guards)."""
+    """What a template fills for one configuration: the step schedules of its ranks and, when
+    asked for (one estimate's details, not a sweep's row), the two terms the details report
+    beside them, each what the builder's run computes (recorded in the same run, so under the
+    same guards)."""
 
     schedules: list[StepSchedule]
-    profile: ActivationProfile
-    """:func:`~trainmem.analytic.activations.activation_profile`."""
-    loss_backward_bytes: int
-    """:func:`~trainmem.analytic.loss.loss_backward_transient_bytes`."""
+    profile: ActivationProfile | None
+    """:func:`~trainmem.analytic.activations.activation_profile` (None: not asked for)."""
+    loss_backward_bytes: int | None
+    """:func:`~trainmem.analytic.loss.loss_backward_transient_bytes` (None: not asked for)."""
 
 
-Fill = Callable[[int, int], "Filled | None"]
+Fill = Callable[[int, int, bool], "Filled | None"]
+"""A template's fill function of ``(b, s, details)``."""
 
 
 class _Structure:
@@ -292,16 +294,16 @@ class _Structure:
         self.fills: list[Fill] = []
         self.by_seq_len: dict[int, Fill] = {}
 
-    def fill(self, b: int, s: int) -> Filled | None:
+    def fill(self, b: int, s: int, details: bool) -> Filled | None:
         hint = self.by_seq_len.get(s)
         if hint is not None:
-            out = hint(b, s)
+            out = hint(b, s, details)
             if out is not None:
                 return out
         for k, fill in enumerate(self.fills):
             if fill is hint:
                 continue
-            out = fill(b, s)
+            out = fill(b, s, details)
             if out is not None:
                 if k:  # the next configuration likely takes the same path: try it first
                     self.fills.insert(0, self.fills.pop(k))
@@ -350,18 +352,20 @@ def templated_schedules(
     per_handle: int,
     *,
     eager: bool = True,
+    details: bool = False,
 ) -> Filled | None:
     """The step schedules of ``ranks`` (as :func:`~trainmem.analytic.schedule.rank_schedule`
     builds them), with the activation profile and the loss's backward transients the details
-    report, filled from a template (Note [Schedule templates]), recording one when no
-    template's guards hold; None when this structure cannot be recorded (the caller builds).
+    report (``details``; else None), filled from a template (Note [Schedule templates]),
+    recording one when no template's guards hold; None when this structure cannot be recorded
+    (the caller builds).
     ``eager=False`` (one estimate, not a sweep's row): None (the caller builds) instead of a
     recording until :data:`RECORD_AFTER_BUILDS` configurations of the structure were built
     (Note [When a template is recorded]). One thread at a time (a recording's values record
     into the one recording under way).
     """
     with _LOCK:
-        return _templated(model, training, ranks, per_handle, eager)
+        return _templated(model, training, ranks, per_handle, eager, details)
 
 
 _LOCK = threading.Lock()
@@ -373,13 +377,14 @@ def _templated(
     ranks: Sequence[PipelineRank],
     per_handle: int,
     eager: bool,
+    details: bool,
 ) -> Filled | None:
     key = _key(model, training, per_handle)
     b, s = training.micro_batch_size, training.seq_len
     found = _TEMPLATES.get(key)
     if found is None and key in _UNRECORDABLE:
         return None
-    out = None if found is None else found.fill(b, s)
+    out = None if found is None else found.fill(b, s, details)
     if out is not None or (found is not None and len(found.fills) >= MAX_TEMPLATES_PER_STRUCTURE):
         return out
     if not eager:  # Note [When a template is recorded]
@@ -407,7 +412,7 @@ def _templated(
     _TOTAL[0] += 1
     while _TOTAL[0] > MAX_TEMPLATES and len(_TEMPLATES) > 1:
         _TOTAL[0] -= len(_TEMPLATES.pop(next(iter(_TEMPLATES))).fills)
-    out = fill(b, s)
+    out = fill(b, s, details)
     assert out is not None
     return out
 
@@ -470,7 +475,7 @@ def record(
         loss_backward_transient_bytes(model, training),
     )
     try:
-        filled = fill(training.micro_batch_size, training.seq_len)
+        filled = fill(training.micro_batch_size, training.seq_len, True)
     except Exception as exc:  # noqa: BLE001 -- a fill that cannot run: built instead
         raise RecordingError(f"the template cannot be filled: {exc!r}") from exc
     if filled != built or _holds_sym(built):
@@ -541,8 +546,6 @@ class _Codegen:
             code = "_op(Op, (" + ", ".join(self.value(f) for f in x) + ",))"
         elif isinstance(x, Repeat | StepSchedule | ActivationProfile):
             return self.instance(x)
-        elif type(x) is Filled:
-            code = "_op(_Filled, (" + ", ".join(self.value(f) for f in x) + ",))"
         elif type(x) is dict:
             code = "{" + ", ".join(f"{self.value(k)}: {self.value(v)}" for k, v in x.items()) + "}"
         elif type(x) is tuple:
@@ -573,8 +576,10 @@ class _Codegen:
         ]
         return name
 
-    def source(self, outputs: str) -> str:
-        """The fill function: guards and the expressions they and the items need."""
+    def source(self, schedules: str, details: tuple[str, str], lines: int) -> str:
+        """The fill function: guards and the expressions they and the items need, the
+        schedules (made by the first ``lines`` of the items' lines), and the details'
+        profile and loss transients (the rest) when asked for."""
         nodes, guards = self.rec.nodes, self.rec.guards
         needed = set(self.used)
         for _, _, deps in guards:
@@ -591,7 +596,11 @@ class _Codegen:
             if i in needed:
                 body.append(f"    x{i} = {code}")
         body += [f"    if not {code}: return None" for _, code, _ in guards[g:]]
-        return "def fill(b, s):\n" + "\n".join(body + self.lines) + f"\n    return {outputs}\n"
+        body += self.lines[:lines]
+        body.append(f"    if not details: return _op(_Filled, ({schedules}, None, None))")
+        body += self.lines[lines:]
+        body.append(f"    return _op(_Filled, ({schedules}, {details[0]}, {details[1]}))")
+        return "def fill(b, s, details):\n" + "\n".join(body) + "\n"
 
 
 _MADE = (Repeat, StepSchedule, ActivationProfile)
@@ -600,8 +609,10 @@ _MADE = (Repeat, StepSchedule, ActivationProfile)
 
 def _compile(rec: _Recorder, recorded: Filled) -> Fill:
     gen = _Codegen(rec)
-    outputs = gen.value(recorded)
-    source = gen.source(outputs)
+    schedules = gen.value(recorded.schedules)
+    lines = len(gen.lines)  # the rest make the details' terms (the schedules hold no dict)
+    details = (gen.value(recorded.profile), gen.value(recorded.loss_backward_bytes))
+    source = gen.source(schedules, details, lines)
     namespace: dict[str, Any] = {
         "K": gen.consts,
         "Op": Op,
@@ -628,9 +639,9 @@ def _compile(rec: _Recorder, recorded: Filled) -> Fill:
     exec(code, namespace)  # noqa: S102
     raw: Fill = namespace["fill"]
 
-    def fill(b: int, s: int) -> Filled | None:
+    def fill(b: int, s: int, details: bool) -> Filled | None:
         try:
-            return raw(b, s)
+            return raw(b, s, details)
         except (ArithmeticError, ValueError):  # a path the recording did not take
             return None
 
