@@ -22,7 +22,11 @@ Note [Schedule templates]
     and tests/analytic/test_template.py compares filled and built schedules over thousands
     of configurations of five models with every setting varied. ``peak()``, the breakdown and
     the verdict come from the filled schedule through the one driver
-    (:func:`trainmem.estimate.finish`): nothing here computes a peak.
+    (:func:`trainmem.estimate.finish`): nothing here computes a peak. The same run records the
+    two terms one estimate's details report beside the schedules (the activation profile and
+    the loss's backward transients: :class:`Filled`), so an estimate filled from a template
+    does not run those formulas again; a sweep's row, which reads no details, fills the
+    schedules alone.
 
     Anything the recording cannot follow (an operation on a recorded value with a type it does
     not know, a recorded value leaking into a cache that outlives the recording) raises, and
@@ -562,9 +566,9 @@ class _Codegen:
         return name
 
     def instance(self, x: Repeat | StepSchedule | ActivationProfile) -> str:
-        """A repeat, a schedule or a profile made without its dataclass ``__init__`` (which sets each
-        field through ``object.__setattr__``, the most of a fill's time): each slot set, the
-        uncompared caches (``memo``, ``_cache``) fresh."""
+        """A repeat, a schedule or a profile made without its dataclass ``__init__`` (which
+        sets each field through ``object.__setattr__``, the most of a fill's time): each slot
+        set, the uncompared caches (``memo``, ``_cache``) fresh."""
         cls = type(x)
         values = ["{}" if not f.compare else self.value(getattr(x, f.name)) for f in fields(cls)]
         name = self.names[id(x)] = f"v{len(self.names)}"
