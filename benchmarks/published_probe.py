@@ -18,9 +18,12 @@ Setup of each method, from the same commit's scripts (finetune.py, finetune/*.sh
   ``>=4.32.0,<4.38.0``).
 - LoRA (chat model, no ``modules_to_save``): ``finetune_lora_single_gpu.sh``, plain HF Trainer,
   ``--bf16 True``, peft LoRA r 64 / alpha 16 / dropout 0.05 on ``c_attn``, ``c_proj``, ``w1``,
-  ``w2`` (every linear of the layers). Mapped as ``bf16-true`` with ``hf-trainer``: the Trainer
-  autocasts over weights the model already holds in bf16, which no trainmem precision states
-  (``bf16-mixed`` is fp32 weights under autocast), so these rows are approximate.
+  ``w2`` (every linear of the layers). Mapped as ``bf16-mixed --load-dtype bfloat16`` with
+  ``hf-trainer``: the Trainer autocasts over weights the model already holds in bf16
+  (``TrainingConfig.autocast_over_loaded_16bit``; ``bf16-true`` before, which has no
+  autocast). Still approximate: peft of that time (0.5-0.7) made the adapters in the base
+  weight's dtype (bf16); trainmem models current peft's fp32 adapters
+  (``autocast_adapter_dtype=True``, peft 0.12).
 - Q-LoRA: ``finetune_qlora_single_gpu.sh``, the GPTQ Int4 chat checkpoint (``GPTQConfig(bits=
   4)``), ``--fp16``, DeepSpeed ZeRO-2 (``finetune/ds_config_zero2.json``) on one GPU.
 - Full-parameter: ``finetune_ds.sh``, ``--bf16``, DeepSpeed ZeRO-3 (``ds_config_zero3.json``).
@@ -140,7 +143,11 @@ _LORA = [
     "--lora-targets", "all-linear",
 ]  # fmt: skip
 METHODS: dict[str, list[str]] = {
-    "LoRA": [*_LORA, "--framework", "hf-trainer", "--precision", "bf16-true"],
+    "LoRA": [
+        *_LORA,
+        "--framework", "hf-trainer",
+        "--precision", "bf16-mixed", "--load-dtype", "bfloat16",
+    ],
     "Q-LoRA": [
         *_LORA,
         "--quantize-base", "gptq-int4",

@@ -14,7 +14,12 @@ from trainmem.units import dtype_bytes
 
 # what compute_dtype, uses_autocast, kbit_fp32_upcast, kbit_16bit_dense, kbit_fp32_activations read
 @cached_on(
-    "precision", "framework", "quantize_base", "prepare_kbit_training", "bitsandbytes_version"
+    "precision",
+    "framework",
+    "quantize_base",
+    "prepare_kbit_training",
+    "bitsandbytes_version",
+    "load_dtype",
 )
 def compute_and_residual_bytes(training: TrainingConfig) -> tuple[int, int]:
     """(c, r): bytes of the compute dtype and of the residual stream (cached on the fields they
@@ -26,7 +31,9 @@ def compute_and_residual_bytes(training: TrainingConfig) -> tuple[int, int]:
     # the residual stream is fp32 under autocast (fp32 embedding and norms), and after peft's
     # prepare_model_for_kbit_training; a quantized base kept in 16 bits under autocast
     # (TrainingConfig.kbit_16bit_dense) has a 16-bit embedding and norms: c
-    fp32 = (training.uses_autocast and not training.kbit_16bit_dense) or training.kbit_fp32_upcast
+    # (TrainingConfig.kbit_16bit_dense), as does a model loaded in 16 bits
+    # (TrainingConfig.autocast_over_loaded_16bit)
+    fp32 = (training.uses_autocast and not _dense_16bit(training)) or training.kbit_fp32_upcast
     r = 4 if fp32 else c
     return c, r
 
@@ -70,7 +77,13 @@ def autocast_casts_layer_inputs(training: TrainingConfig, model: ModelSpec | Non
     :func:`autocast_fp32_layer_norms`)."""
     if model is not None and autocast_fp32_layer_norms(model, training):
         return True
-    return training.uses_autocast and not training.kbit_16bit_dense
+    return training.uses_autocast and not _dense_16bit(training)
+
+
+def _dense_16bit(training: TrainingConfig) -> bool:
+    """Autocast runs over 16-bit embeddings, norms and linears: a quantized base kept in 16
+    bits (``kbit_16bit_dense``) or a model loaded in 16 bits (``autocast_over_loaded_16bit``)."""
+    return training.kbit_16bit_dense or training.autocast_over_loaded_16bit
 
 
 def cast_copies(n: int, training: TrainingConfig) -> int:

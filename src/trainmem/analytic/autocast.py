@@ -43,7 +43,9 @@ def autocast_weight_copy_bytes(model: ModelSpec, training: TrainingConfig) -> in
     c, _ = compute_and_residual_bytes(training)
     # LoRA adapters (fp32 under autocast) are cast and saved by their own matmuls too
     adapters = c * lora_adapter_elements(model, training)
-    if training.quantize_base != "none":
+    # a model loaded in 16 bits: its linears' weights are in the compute dtype already
+    # (``cached_cast`` casts only another dtype; TrainingConfig.autocast_over_loaded_16bit)
+    if training.quantize_base != "none" or training.autocast_over_loaded_16bit:
         return adapters
     return c * layer_linear_weights(model, autocast_only=True) + adapters
 
@@ -72,5 +74,8 @@ def autocast_cached_weight_bytes(model: ModelSpec, training: TrainingConfig) -> 
         return 0
     c, _ = compute_and_residual_bytes(training)
     if not training.is_lora:
+        # 16-bit weights (autocast_over_loaded_16bit) are not kFloat: nothing cached
+        if training.autocast_over_loaded_16bit:
+            return 0
         return c * layer_linear_weights(model, autocast_only=True)
     return c * lora_adapter_elements(model, training)

@@ -139,6 +139,7 @@ def _lm_head_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dic
     if (
         training.uses_autocast
         and not training.kbit_16bit_dense
+        and not training.autocast_over_loaded_16bit  # a 16-bit head weight: no cast
         and not quantized_lm_head(training)
         and not head_bf16
     ):

@@ -457,6 +457,7 @@ class _TensorMaker:
             framework="pytorch-amp",
             grad_accum_dtype=None,
             context_parallel_size=1,
+            load_dtype=None,
         )
         adapters = lora_adapter_dtype(training)
         if adapters == training.weight_dtype:

@@ -62,6 +62,13 @@ PYTORCH_TRUE_SUMMARY = "a plain PyTorch loop: the whole model in {dtype}, no aut
 """The plain loop's line under a ``*-true`` precision (``model.to(dtype)``: weights, gradients
 and activations in that dtype), where :data:`FRAMEWORK_SUMMARY`'s autocast line does not hold."""
 
+LOADED_16BIT_SUMMARY = (
+    "autocast over a model loaded in {dtype} (--load-dtype): {dtype} weights, gradients and "
+    "AdamW states, peft's LoRA adapters fp32, autocast's fp32 ops (LayerNorm, softmax, pow)"
+)
+"""The line of an autocasting framework over a model loaded in 16 bits
+(``TrainingConfig.autocast_over_loaded_16bit``), where its fp32-weights line does not hold."""
+
 
 def framework_means(framework: str, precision: Any) -> str:
     """:data:`FRAMEWORK_SUMMARY`'s line for ``framework``; the plain loop's under a
@@ -197,6 +204,9 @@ def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dic
         "loop": loop_of(config),
         "torch": _version(config.get("torch_version"), DEFAULT_TORCH_VERSION),
     }
+    load_dtype = config.get("load_dtype")
+    if load_dtype not in (None, "float32"):  # accepted only under autocast (training.py)
+        out["framework_means"] = LOADED_16BIT_SUMMARY.format(dtype=load_dtype)
     precision = framework_precision(config)
     if precision:
         out["precision"] = precision

@@ -16,6 +16,7 @@ FIELD_GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "Precision and optimizer": (
         "precision",
+        "load_dtype",
         "optimizer",
         "optimizer_implementation",
         "zero_grad_set_to_none",

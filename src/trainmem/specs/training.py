@@ -258,6 +258,10 @@ GPUS_PER_NODE = 8
 """Default HYBRID_SHARD shard group: the GPUs of one node (FSDP builds the intra-node group from
 ``torch.cuda.device_count()``, 8 on the usual HGX / MI300X node)."""
 
+LOAD_DTYPES = ("float32", "bfloat16", "float16")
+"""``load_dtype`` values: the weights' dtype as ``from_pretrained(torch_dtype=...)`` loads
+them (torch spellings)."""
+
 #: (weight dtype, compute dtype) per precision; torch dtype spellings.
 _PRECISION_DTYPES: dict[str, tuple[str, str]] = {
     "32-true": ("float32", "float32"),
@@ -491,6 +495,21 @@ class PrecisionConfig:
     (:attr:`TrainingConfig.deepspeed_optimizer`); None, the default: DeepSpeed's default for
     ``deepspeed_version`` (:func:`~trainmem.specs.frameworks.deepspeed_grad_accum_dtype`). Only
     with ``framework="deepspeed"``."""
+
+    load_dtype: str | None = setting(
+        None,
+        "Dtype the model's weights are loaded in (transformers from_pretrained torch_dtype) "
+        "under a *-mixed autocast:",
+        choices=LOAD_DTYPES,
+        default_text="float32: autocast over fp32 weights",
+    )
+    """The dtype the model's weights are loaded in under a ``*-mixed`` precision whose loop
+    autocasts (``FrameworkConventions.autocast``: pytorch-amp, hf-trainer): ``float32`` (None,
+    the default: torch.autocast over fp32 weights), or the 16-bit compute dtype, the common
+    ``from_pretrained(..., torch_dtype=torch.bfloat16)`` + ``TrainingArguments(bf16=True)``
+    recipe (:attr:`TrainingConfig.autocast_over_loaded_16bit`): weights, gradients and
+    AdamW's states in 16 bits, autocast still running its fp32 ops. Note [Autocast over
+    16-bit weights]."""
 
     @property
     def is_mixed(self) -> bool:
@@ -1554,8 +1573,10 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
 
     @property
     def weight_dtype(self) -> str:
-        """Dtype of the model's stored parameters (torch spelling)."""
-        if self.master_weights:
+        """Dtype of the model's stored parameters (torch spelling): the compute dtype under
+        16-bit master weights or a model loaded in 16 bits under autocast
+        (:attr:`autocast_over_loaded_16bit`)."""
+        if self.master_weights or self.autocast_over_loaded_16bit:
             return self.compute_dtype
         return _PRECISION_DTYPES[self.precision][0]
 
@@ -1981,6 +2002,19 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
         )
 
     @property
+    def autocast_over_loaded_16bit(self) -> bool:
+        """The loop autocasts (:attr:`uses_autocast`) over a model the user loaded in the 16-bit
+        compute dtype (``load_dtype``; transformers ``from_pretrained(torch_dtype=
+        torch.bfloat16)`` with ``TrainingArguments(bf16=True)``): weights and gradients in 16
+        bits, AdamW's states in the parameter's dtype (torch/optim/adamw.py
+        ``torch.zeros_like(p, memory_format=torch.preserve_format)``), peft's LoRA adapters
+        fp32 (peft ``autocast_adapter_dtype=True``: tuners_utils.py ``_cast_adapter_dtype``
+        upcasts float16 / bfloat16 adapter weights to float32), no autocast copy of a 16-bit
+        weight (``cached_cast`` casts only another dtype), autocast's fp32 ops (LayerNorm,
+        softmax, log_softmax, pow) still fp32. Note [Autocast over 16-bit weights]."""
+        return self.uses_autocast and self.load_dtype not in (None, "float32")
+
+    @property
     def autocast_over_16bit_weights(self) -> bool:
         """accelerate's ``native_amp`` autocast runs over weights its FSDP1 ``MixedPrecision``
         already gathers in the 16-bit compute dtype (``--framework accelerate-fsdp`` under
@@ -1989,7 +2023,9 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
         stream, but autocast's fp32 ops (``layer_norm``, ``pow``) still return fp32, which the
         next linears cast again (Note [Autocast over 16-bit weights],
         trainmem/analytic/activation_shapes.py). False where :attr:`uses_autocast` (fp32
-        weights) holds."""
+        weights) holds, but for a model loaded in 16 bits (:attr:`autocast_over_loaded_16bit`)."""
+        if self.autocast_over_loaded_16bit:
+            return True
         return (
             self.accelerate_fp32_outputs
             and not self.uses_autocast
@@ -2068,6 +2104,40 @@ def _check_framework_precision(t: TrainingConfig) -> None:
     )
 
 
+def _check_load_dtype(t: TrainingConfig) -> None:
+    """A 16-bit ``load_dtype`` is the compute dtype of a ``*-mixed`` precision the framework
+    runs under torch.autocast (``FrameworkConventions.autocast``), on an unquantized,
+    unsharded model (a quantized base keeps the dtype it is loaded in already:
+    ``kbit_16bit_dense``).
+
+    Raises:
+        SpecError: ``load_dtype``, naming what it meets and the allowed values.
+    """
+    if t.load_dtype in (None, "float32"):
+        return
+    why = None
+    if not (t.is_mixed and not t.is_fp8 and t.conventions.autocast):
+        why = (
+            f"--precision {t.precision} with --framework {t.framework} runs no torch.autocast "
+            "(a 16-bit model without autocast is --precision bf16-true / 16-true)"
+        )
+    elif t.load_dtype != t.compute_dtype:
+        why = f"autocast computes in {t.compute_dtype} under --precision {t.precision}"
+    elif t.load_dtype == "float16" and not t.is_lora:
+        # torch/amp/grad_scaler.py ``_unscale_grads_``: "Attempting to unscale FP16 gradients."
+        why = "16-mixed's GradScaler refuses fp16 gradients (trained fp16 weights); LoRA only"
+    elif t.quantize_base != "none":
+        why = "a quantized base's other weights stay in the dtype it is loaded in already"
+    elif t.zero_stage != 0 or t.tensor_parallel_size > 1 or t.pipeline_parallel_size > 1:
+        why = "modelled without ZeRO / FSDP sharding or model parallelism only"
+    if why is not None:
+        raise SpecError(
+            "load_dtype",
+            f"{t.load_dtype}: {why}; allowed: float32, or {t.compute_dtype} for a *-mixed "
+            "precision under autocast",
+        )
+
+
 def _check_combinations(t: TrainingConfig) -> None:
     """The checks that span concerns, after each concern has checked its own fields.
 
@@ -2075,6 +2145,7 @@ def _check_combinations(t: TrainingConfig) -> None:
         SpecError: naming one field of the pair (the message says which other it meets).
     """
     _check_framework_precision(t)
+    _check_load_dtype(t)
     _check_deepspeed_dtypes(t)
     _check_micro_batches(t)
     _check_loop(t)
