@@ -26,6 +26,7 @@ FLAG_CASES: dict[str, tuple[list[str], Any, str]] = {
     "target_seq_len": (["--target-seq-len", "0"], 0, "target-seq-len=64"),
     "earlier_seq_lens": (["--earlier-seq-lens", "64,32"], "64,32", "earlier-seq-lens=16"),
     "precision": (["-p", "bf16-mixed"], "bf16-mixed", "precision=32-true"),
+    "load_dtype": (["--load-dtype", "float32"], "float32", "load-dtype=bfloat16"),
     "optimizer": (["-o", "adamw"], "adamw", "optimizer=sgd"),
     "optimizer_implementation": (
         ["--optimizer-implementation", "foreach"],

@@ -33,7 +33,7 @@ from trainmem.estimate import resolve_model
 from trainmem.specs.training import TrainingConfig
 
 
-def _training(load_dtype: str | None = "bfloat16", **fields: object) -> TrainingConfig:
+def _training(load_dtype: object = "bfloat16", **fields: object) -> TrainingConfig:
     settings: dict[str, object] = {
         "framework": "hf-trainer",
         "precision": "bf16-mixed",
@@ -69,9 +69,7 @@ def test_model_states_bytes(lora_rank: int, parameters: int, optimizer_states: i
     )
     assert est.breakdown.parameters == parameters
     assert est.breakdown.optimizer_states == optimizer_states
-    fp32 = estimate(
-        "tiny-llama-test", _training(None), engine="analytic", simulate_allocator=False
-    )
+    fp32 = estimate("tiny-llama-test", _training(None), engine="analytic", simulate_allocator=False)
     assert (fp32.breakdown.parameters, fp32.breakdown.optimizer_states) == (632_064, 1_264_128)
 
 

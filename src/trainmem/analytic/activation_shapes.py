@@ -60,7 +60,10 @@ def autocast_fp32_layer_norms(model: ModelSpec, training: TrainingConfig) -> boo
         ``layer_norm``, ``pow``, ``softmax``; ``cached_cast``). Seen in the trace, which runs
         accelerate's autocast over FSDP1 (trainmem/trace/fsdp.py ``accelerate_native_amp``):
         the saved bytes per module of tiny phi, GPT-NeoX and Falcon, bf16-mixed against
-        bf16-true (session notes, helper fp32out).
+        bf16-true (session notes, helper fp32out). The same holds for a model the user loaded
+        in 16 bits under torch's autocast (``load_dtype``: ``from_pretrained(torch_dtype=
+        torch.bfloat16)`` with ``TrainingArguments(bf16=True)``; ``TrainingConfig.
+        autocast_over_loaded_16bit``), whose trace loads the model in that dtype.
     """
     return training.autocast_over_16bit_weights and model.norm_kind == "layernorm"
 

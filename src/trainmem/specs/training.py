@@ -42,6 +42,8 @@ Note [Framework conventions]
     framework       ``*-mixed`` means
     ==============  =============================================================================
     pytorch-amp     fp32 weights and grads, torch.autocast (16 B/param with Adam); the default.
+                    ``load_dtype`` bfloat16 / float16: the model loaded in 16 bits under the
+                    same autocast (16-bit weights, grads, Adam states; 8 B/param).
     hf-trainer      as pytorch-amp (``Trainer(fp16/bf16=True)`` uses torch.autocast); its default
                     optimizer is torch AdamW, fused (``adamw_torch_fused``) from torch 2.8;
                     accelerate returns the 16-bit logits as an fp32 copy (Note
