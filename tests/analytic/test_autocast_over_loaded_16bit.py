@@ -103,3 +103,22 @@ def test_fp16_lora_is_accepted() -> None:
     # GradScaler unscales the adapters' fp32 gradients only
     t = _training("float16", precision="16-mixed", lora_rank=8)
     assert t.weight_dtype == "float16"
+
+
+def test_planner_proposals_drop_or_skip_the_load_dtype() -> None:
+    from trainmem.planner.fixes import CHANGES, _apply
+    from trainmem.specs.hardware import get_gpu
+
+    model, gpu = resolve_model("tiny-llama-test"), get_gpu("A10G")
+    by_name = {c.name: c for c in CHANGES}
+    # pure 16-bit is a model in bf16 already: proposed without a load dtype beside it
+    pure16 = by_name["pure 16-bit weights and optimizer states"]
+    (true16,) = _apply(model, _training(), gpu, (pure16,))
+    assert (true16.precision, true16.load_dtype) == ("bf16-true", None)
+    # ZeRO-3 refuses a 16-bit load dtype (not modelled there): no proposal, and no error
+    zero3 = by_name["ZeRO-3 / FSDP full-shard over N GPUs"]
+    assert list(_apply(model, _training(), gpu, (zero3,))) == []
+    assert list(_apply(model, _training(None), gpu, (zero3,)))  # fp32 weights: proposed
+    # LoRA on the 16-bit model stays as loaded
+    lora = next(_apply(model, _training(), gpu, (by_name["LoRA (rank 16)"],)))
+    assert (lora.lora_rank, lora.load_dtype) == (16, "bfloat16")

@@ -169,7 +169,12 @@ def _precision(t: TrainingConfig, precision: str) -> list[TrainingConfig]:
     """``t`` in ``precision``, if its framework trains in it (torchtune: bf16-true / 32-true,
     ``FrameworkConventions.precisions``)."""
     allowed = t.conventions.precisions
-    return [derived(t, precision=precision)] if allowed is None or precision in allowed else []
+    if allowed is not None and precision not in allowed:
+        return []
+    if precision.endswith("-true") and t.load_dtype not in (None, "float32"):
+        # a *-true model is in its precision's dtype: no load_dtype beside it
+        return [derived(t, precision=precision, load_dtype=None)]
+    return [derived(t, precision=precision)]
 
 
 def _mixed_precision(_m: ModelSpec, t: TrainingConfig, g: GPUSpec) -> list[TrainingConfig]:
@@ -401,7 +406,11 @@ def _apply(
         yield training
         return
     first, rest = rows[0], rows[1:]
-    for proposed in first.propose(model, training, gpu):
+    try:
+        proposals = first.propose(model, training, gpu)
+    except SpecError:  # a change this configuration cannot take (load_dtype under ZeRO-3)
+        return
+    for proposed in proposals:
         yield from _apply(model, proposed, gpu, rest)
 
 
