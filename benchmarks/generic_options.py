@@ -327,6 +327,11 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
         "activation_checkpointing": "full",
     },
     "torchtune": {"framework": "torchtune", "precision": "bf16-true"},  # no autocast in torchtune
+    # session 24: TRL's SFTTrainer (helper trl26) and a model loaded in 16 bits under the
+    # loop's autocast (helper autocast16)
+    "trl": {"framework": "trl"},
+    "load-dtype bfloat16": {"load_dtype": "bfloat16"},
+    "lora r16 + load-dtype bfloat16": {"lora_rank": 16, "load_dtype": "bfloat16"},
     "litgpt": {"framework": "litgpt"},
     # Unsloth's defaults: bf16, fp32 adapters on all seven linears, adamw-8bit, its offloaded
     # checkpoint (plain full checkpointing below 512 tokens); Note [Unsloth on a traced step]

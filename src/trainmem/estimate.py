@@ -1404,14 +1404,14 @@ def _check_traced_framework(
     training: TrainingConfig, target: str | ModelSpec, *, deepspeed: bool, diffusers: bool
 ) -> None:
     """Refuse a framework the traced model cannot run under: torchtune, Unsloth, LLaMA-Factory,
-    axolotl or fsdp-qlora for a diffusers or timm model (torchtune's builders are language
+    axolotl, TRL or fsdp-qlora for a diffusers or timm model (torchtune's builders are language
     models, fsdp_qlora's train.py loads a causal LM, the others load transformers models),
     Megatron for a formula family that is not a causal LM (its ``GPTModel``; other configs:
     ``trainmem.trace.generic.recipe_for_config``), DeepSpeed's ``"auto"`` sizes without a
     ModelSpec (:func:`_check_deepspeed_without_spec`).
 
     Raises:
-        NotApplicableError: torchtune, Unsloth, LLaMA-Factory, axolotl or fsdp-qlora on a
+        NotApplicableError: torchtune, Unsloth, LLaMA-Factory, axolotl, TRL or fsdp-qlora on a
             diffusers or timm model, Megatron on a model that is not a causal LM, naming what
             would work.
         UnsupportedError: DeepSpeed's ``"auto"`` sizes without a ModelSpec.
@@ -1428,6 +1428,11 @@ def _check_traced_framework(
         # AutoModelForCausalLM.from_pretrained / from_config, trained on text datasets
         "fsdp-qlora": "Answer.AI's fsdp_qlora train.py loads a causal language model "
         "(AutoModelForCausalLM) and trains it on tokenized text",
+        # trl v0.26.0 trainer/sft_trainer.py SFTTrainer.__init__: a model id is loaded with
+        # AutoModelForCausalLM (or, for a processor's model, the image-text-to-text class), and
+        # its loss is a token loss over the tokenized dataset
+        "trl": "TRL's SFTTrainer trains transformers causal language and vision-language "
+        "models on tokenized text",
     }
     instead = {
         # accelerate's FSDP wraps any nn.Module, as diffusers' example scripts run it
