@@ -112,11 +112,13 @@ def test_bad_framework_lists_the_presets() -> None:
     assert "framework" in text and "llama-factory" in text and "axolotl" in text
 
 
-@pytest.mark.parametrize("framework", ["llama-factory", "axolotl"])
+@pytest.mark.parametrize("framework", ["llama-factory", "axolotl", "trl"])
 def test_a_diffusers_model_is_not_applicable_under_the_llm_stacks(framework: str) -> None:
     # found by benchmarks/generic_options.py (session 19): on PixArt llama-factory's LoRA
     # targets named a 'gate' linear it has not, and axolotl's reentrant checkpoint failed inside
-    # the trace; neither stack loads a diffusers model (transformers Auto classes only)
+    # the trace; neither stack loads a diffusers model (transformers Auto classes only); TRL's
+    # SFTTrainer neither (trl v0.26.0 trainer/sft_trainer.py: AutoModelForCausalLM or the
+    # image-text-to-text class; session 24: it had run on PixArt as the HF Trainer)
     pytest.importorskip("diffusers")
     from trainmem.errors import NotApplicableError
     from trainmem.estimate import estimate
