@@ -151,12 +151,34 @@ def test_context_parallelism_shards_the_patch_tokens_inside_the_blocks() -> None
     assert acts["norm"] == B * tokens * D * F32 + 2 * B * tokens * F32
 
 
-def test_context_parallelism_needs_a_token_count_it_divides() -> None:
-    """test_vit's own 160 x 160 input gives 101 tokens: torch's ring attention all-gathers equal
-    chunks, so 2 ranks are refused, naming --resolution."""
-    training = TrainingConfig(micro_batch_size=2, zero_stage=3, context_parallel_size=2)
-    with pytest.raises(UnsupportedError, match="101 tokens.*--resolution"):
-        estimate("timm:test_vit", training, engine="generic")
+def test_context_parallelism_pads_tokens_the_ranks_do_not_divide() -> None:
+    """test_vit's own 160 x 160 input gives 101 tokens; torch's ring attention all-gathers equal
+    chunks, so they are padded with one zero token to 102, 51 per rank (Note [Context
+    parallelism of a ViT's tokens]): each block's qkv output, ring attention output and
+    logsumexp (51 rounded up to 64) and residual sums are 51 tokens wide; the blocks' gathered
+    output keeps the pad (102 tokens, the final norm saves a narrowed view of it), while the
+    final norm's own output and statistics are the 101 real tokens."""
+    padded, local = N + 1, (N + 1) // 2
+    acts = _activations(zero_stage=3, context_parallel_size=2)
+    assert acts["blocks.1.attn.qkv"] == B * local * 3 * D * F32
+    head_dim = D // HEADS
+    lse = B * HEADS * (-(-local // 32) * 32) * F32
+    assert acts["blocks.1.attn"] == B * HEADS * local * head_dim * F32 + lse + 2 * 8
+    assert acts["blocks.1"] == 2 * B * local * D * F32
+    assert acts["blocks"] == B * padded * D * F32
+    assert acts["norm"] == B * N * D * F32 + 2 * B * N * F32
+
+
+def test_the_padding_is_in_the_estimates_notes() -> None:
+    """Over 4 context ranks 101 tokens pad to 104, 26 per rank; a divisible count (122 at 176 x
+    176 over 2) is split without padding, and the notes say which."""
+    padded = estimate("timm:test_vit", _training(zero_stage=3, context_parallel_size=4), engine="generic")
+    assert any("tokens padded 101 -> 104" in n and "26 per rank" in n for n in padded.notes)
+    even = estimate(
+        "timm:test_vit", _training(zero_stage=3, context_parallel_size=2, resolution=176), engine="generic"
+    )
+    assert any("122 tokens split 61 per rank" in n for n in even.notes)
+    assert not any("padded" in n for n in even.notes)
 
 
 def test_resolution_reaches_a_timm_vit_through_estimate() -> None:

@@ -158,12 +158,14 @@ def recipe_for_config(
         from trainmem.trace import timm_model as tm
 
         tm.check_timm_settings(training)
+        told: list[str] = []
         return Recipe(
             name,
             lambda: tm.build_timm_model(raw, training),
-            lambda model: tm.make_timm_batch(model, training),
+            lambda model: tm.make_timm_batch(model, training, told),
             forward_loss=tm.timm_forward_loss,
             library="timm",
+            batch_notes=told,
         )
     if is_diffusers_config(raw):
         try:

@@ -199,9 +199,19 @@ def timm_image_size(raw: Mapping[str, Any], training: TrainingConfig) -> tuple[i
     return int(height), int(width)
 
 
-def make_timm_batch(model: Any, training: TrainingConfig) -> dict[str, Any]:
+def make_timm_batch(
+    model: Any, training: TrainingConfig, said: list[str] | None = None
+) -> dict[str, Any]:
     """One batch (call inside the fake mode): ``input`` [b, channels, height, width] in the
-    parameter dtype and ``target`` class ids [b] (Note [timm training step])."""
+    parameter dtype and ``target`` class ids [b] (Note [timm training step]); ``said`` gets
+    what the step assumes of the batch's tokens (their padding over the context ranks, Note
+    [Context parallelism of a ViT's tokens])."""
+    if said is not None and training.context_parallel_size > 1:
+        from trainmem.trace.timm_parallel import context_parallel_note
+
+        note = context_parallel_note(model, training.context_parallel_size)
+        if note:
+            said.append(note)
     b = training.micro_batch_size
     channels, height, width = timm_input_size(model, training)
     dtype = parameter_dtype(model)

@@ -58,10 +58,13 @@ torch = require_torch()
 
 __all__ = [
     "apply_timm_context_parallel",
+    "context_parallel_note",
     "apply_timm_selective_checkpointing",
     "apply_timm_tensor_parallel",
     "attention_blocks",
     "is_timm_model",
+    "padded_tokens",
+    "vit_tokens",
 ]
 
 TRACED = (
@@ -251,6 +254,40 @@ def apply_timm_tensor_parallel(model: Any, tp_mesh: Any, *, sequence_parallel: b
         )
 
 
+def padded_tokens(tokens: int, cp: int) -> int:
+    """``tokens`` rounded up to a multiple of ``cp``: the sequence each context rank's equal
+    chunk is cut from (Note [Context parallelism of a ViT's tokens])."""
+    return -(-tokens // cp) * cp
+
+
+def vit_tokens(model: Any) -> int | None:
+    """The token count of a ViT's blocks at the size it was built for: its patches plus its class
+    / register / distillation tokens (timm 1.0.31 ``VisionTransformer``: ``patch_embed.
+    num_patches``, ``num_prefix_tokens``), or None for a model without them."""
+    base = _base(model)
+    patches = getattr(getattr(base, "patch_embed", None), "num_patches", None)
+    if not isinstance(patches, int):
+        return None
+    return patches + int(getattr(base, "num_prefix_tokens", 0) or 0)
+
+
+def context_parallel_note(model: Any, cp: int) -> str | None:
+    """What the estimate assumes of a ViT's tokens over ``cp`` context ranks, for its notes (None:
+    not a ViT whose tokens are known)."""
+    tokens = vit_tokens(model)
+    if tokens is None or cp == 1:
+        return None
+    padded = padded_tokens(tokens, cp)
+    if padded == tokens:
+        return f"context parallel {cp}: the ViT's {tokens} tokens split {tokens // cp} per rank"
+    return (
+        f"context parallel {cp}: tokens padded {tokens} -> {padded} ({padded - tokens} zero "
+        f"token(s) after the last patch), {padded // cp} per rank: torch's ring attention "
+        "all-gathers equal chunks and takes no attention mask, so the pad tokens are keys every "
+        f"query sees; trimmed back to {tokens} after the last block"
+    )
+
+
 def apply_timm_context_parallel(model: Any, cp_mesh: Any) -> None:
     """Shard a ViT's patch tokens over the context-parallel ranks inside its blocks (Note [Context
     parallelism of a ViT's tokens]).
@@ -278,8 +315,25 @@ def apply_timm_context_parallel(model: Any, cp_mesh: Any) -> None:
         torch's ring attention refuses load balancing without ``is_causal``
         (``_templated_ring_attention``: "Load balancing requires `is_causal=True`"): the
         chunks stay in order, as ``context_parallel`` leaves them when the sequence does not
-        divide by twice the ranks. The all-gather needs equal chunks, so cp must divide the
-        token count (class and register tokens included).
+        divide by twice the ranks.
+
+        The ring needs equal chunks (``_AllGatherRotater`` all-gathers each rank's keys and
+        values with ``all_gather_single`` and cuts the result in ``world_size`` equal pieces),
+        and a ViT's count rarely divides (224 x 224 at patch 16: 196 patches + 1 class token =
+        197). So the tokens are padded with zeros at the end to the next multiple of the ranks
+        (``F.pad``: 197 -> 198 over 2 ranks, 99 each), the blocks run on the equal chunks, and
+        their all-gathered output is trimmed back with ``narrow`` (a view of the gathered
+        tokens) before the final norm: the sequence-parallel code of the video DiTs does the
+        same (VideoSys videosys/core/comm.py ``set_pad``, ``_split_sequence_func``: zeros
+        concatenated at the end, equal splits; ``_gather_sequence_func``: all-gather, then
+        ``narrow`` off the pad), as TransformerEngine's context-parallel utilities pad each
+        sequence to a multiple of 2 cp (NVIDIA/TransformerEngine#2129; diffusers 0.42.1's
+        ``EquipartitionSharder`` still asserts divisibility). torch 2.13's ring takes no
+        attention mask (``_scaled_dot_product_ring_efficient_attention``: "attn_bias is not
+        supported yet"), so the pad tokens are keys every query sees: a small change to the
+        attention that a masked kernel would avoid at the cost of a mask, said in the
+        estimate's notes (:func:`context_parallel_note`). Every rank holds the same N_pad / cp
+        tokens, so rank 0, the one traced, is the largest.
     """
     from trainmem.trace.diffusers_parallel import output_gather_hook, split_hook
 
@@ -292,17 +346,20 @@ def apply_timm_context_parallel(model: Any, cp_mesh: Any) -> None:
             f"list (model.blocks); {type(_base(model)).__name__}'s stages change the token "
             "count between them; shard this model with FSDP (--zero-stage 3) instead"
         )
+    seen: list[int] = []  # this step's token count, for the trim after the last block
 
-    def check(_module: Any, args: Any) -> None:
+    def pad(_module: Any, args: Any) -> Any:
         tokens = int(args[0].shape[1])
-        if tokens % cp:
-            raise UnsupportedError(
-                f"context_parallel_size: {cp} must divide the ViT's {tokens} tokens (patches "
-                "plus class / register tokens): torch's ring attention all-gathers equal "
-                "chunks; traced: context parallelism at a --resolution whose token count it "
-                "divides, or FSDP without it (--zero-stage 3 --data-parallel-size N)"
-            )
+        seen[:] = [tokens]
+        extra = padded_tokens(tokens, cp) - tokens
+        if not extra:
+            return None
+        return (torch.nn.functional.pad(args[0], (0, 0, 0, extra)), *args[1:])
 
-    blocks[0].register_forward_pre_hook(check)
+    def trim(_module: Any, _args: Any, output: Any) -> Any:
+        return output.narrow(1, 0, seen[0]) if output.shape[1] != seen[0] else None
+
+    blocks[0].register_forward_pre_hook(pad)
     blocks[0].register_forward_pre_hook(split_hook(cp_mesh), with_kwargs=True)
     blocks[-1].register_forward_hook(output_gather_hook(cp_mesh))
+    holder.register_forward_hook(trim)  # (outside FSDP's block: its output is no view)
