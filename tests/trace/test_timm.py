@@ -144,3 +144,17 @@ def test_cli_timm_cnn_takes_resolution_and_no_seq_len(invoke, invoke_json) -> No
     assert err.startswith("error: seq_len: 77 for timm:test_resnet, a model whose input is an")
     err = invoke("estimate", "timm:test_resnet", "--frames", "5", exit_code=2).stderr
     assert err.startswith("error: frames: ") and "use --resolution" in err
+
+
+def test_batchnorm_on_pooled_features_at_micro_batch_1_names_the_field(invoke) -> None:
+    """LeViT's head batch-normalises the pooled features (timm/models/levit.py ``NormLinear``):
+    at one image PyTorch refuses that in training, on a real CPU forward of the model too, so
+    the estimate refuses with the field and what is allowed, not a traced failure."""
+    import torch
+
+    real = timm.create_model("levit_128s", pretrained=False).train()
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
+        real(torch.zeros(1, 3, 224, 224))
+    result = invoke("estimate", "timm:levit_128s", "-b", "1", exit_code=2)
+    assert "error: micro_batch_size: 1: LevitDistilled batch-normalises" in result.output
+    assert "allowed: --micro-batch-size 2 or more" in result.output
