@@ -123,6 +123,9 @@ Session 24 (helper timmpar): on timm:test_vit "checkpointing selective", "tensor
 sp" and "lora r16 + tensor parallel 2" run (Note [timm's transformer blocks]); "hsdp 4 / 2 +
 context parallel 2" is refused at its 101 tokens, which 2 ranks do not divide (it runs at
 --resolution 176; Note [Context parallelism of a ViT's tokens]); the pipeline sets stay refused.
+Session 25 (helper timmcp): "hsdp 4 / 2 + context parallel 2" runs on timm:test_vit: its 101
+tokens are padded to 102 (51 per rank) for the ring attention's equal chunks and trimmed after the
+blocks (Note [Context parallelism of a ViT's tokens]); the estimate's notes say so.
 """
 
 from __future__ import annotations

@@ -35,11 +35,9 @@ KINDS = {
 }
 _STILL_REFUSED = {
     # the traced pipeline stages are cut from transformers language models
-    # (trainmem.trace.timm_model.check_timm_settings); test_vit's 101 tokens do not divide over
-    # 2 context ranks, whose ring attention all-gathers equal chunks (trace/timm_parallel.py)
+    # (trainmem.trace.timm_model.check_timm_settings)
     ("pipeline 2", "timm"),
     ("lora r16 + pipeline 2", "timm"),
-    ("hsdp 4 / 2 + context parallel 2", "timm"),
 }
 """Cells refused on purpose, for options the formulas do not support on that model kind."""
 _EXTRA = {"litgpt": "litgpt", "timm": "timm"}

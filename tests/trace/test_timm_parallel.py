@@ -19,7 +19,7 @@ if importlib.util.find_spec("timm") is None:
     pytest.skip("timm is the optional extra trainmem[vision]", allow_module_level=True)
 
 from trainmem.breakdown import MemoryCategory  # noqa: E402
-from trainmem.errors import NotApplicableError, UnsupportedError  # noqa: E402
+from trainmem.errors import NotApplicableError  # noqa: E402
 from trainmem.estimate import estimate  # noqa: E402
 from trainmem.specs.training import TrainingConfig  # noqa: E402
 
@@ -172,10 +172,14 @@ def test_context_parallelism_pads_tokens_the_ranks_do_not_divide() -> None:
 def test_the_padding_is_in_the_estimates_notes() -> None:
     """Over 4 context ranks 101 tokens pad to 104, 26 per rank; a divisible count (122 at 176 x
     176 over 2) is split without padding, and the notes say which."""
-    padded = estimate("timm:test_vit", _training(zero_stage=3, context_parallel_size=4), engine="generic")
+    padded = estimate(
+        "timm:test_vit", _training(zero_stage=3, context_parallel_size=4), engine="generic"
+    )
     assert any("tokens padded 101 -> 104" in n and "26 per rank" in n for n in padded.notes)
     even = estimate(
-        "timm:test_vit", _training(zero_stage=3, context_parallel_size=2, resolution=176), engine="generic"
+        "timm:test_vit",
+        _training(zero_stage=3, context_parallel_size=2, resolution=176),
+        engine="generic",
     )
     assert any("122 tokens split 61 per rank" in n for n in even.notes)
     assert not any("padded" in n for n in even.notes)
