@@ -33,13 +33,9 @@ KINDS = {
     "diffusers": str(MODELS_DIR / "diffusers" / "tiny-pixart.json"),
     "timm": "timm:test_vit",
 }
-_STILL_REFUSED = {
-    # the traced pipeline stages are cut from transformers language models
-    # (trainmem.trace.timm_model.check_timm_settings)
-    ("pipeline 2", "timm"),
-    ("lora r16 + pipeline 2", "timm"),
-}
-"""Cells refused on purpose, for options the formulas do not support on that model kind."""
+_STILL_REFUSED: set[tuple[str, str]] = set()
+"""Cells refused on purpose, for options the formulas do not support on that model kind (none
+since session 25: timm's pipeline sets run, Note [Pipeline stages of a timm ViT])."""
 _EXTRA = {"litgpt": "litgpt", "timm": "timm"}
 """Optional extras: an option set or model kind that needs one is skipped without it."""
 

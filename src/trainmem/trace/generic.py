@@ -384,10 +384,15 @@ def trace_generic(
             "added, not traced"
         )
         return est
-    if training.pipeline_parallel_size > 1 and recipe.library == "diffusers":
-        from trainmem.trace.diffusers_pipeline import estimate_denoiser_pipeline
+    if training.pipeline_parallel_size > 1 and recipe.library in ("diffusers", "timm"):
+        # Note [Pipeline stages cut by torch's frontend]
+        from trainmem.trace.diffusers_pipeline import denoiser_inputs
+        from trainmem.trace.frontend_pipeline import estimate_frontend_pipeline
+        from trainmem.trace.timm_parallel import timm_pipeline_inputs
 
-        return estimate_denoiser_pipeline(recipe, training, gpu=gpu)
+        diffusers = recipe.library == "diffusers"
+        inputs = denoiser_inputs(recipe) if diffusers else timm_pipeline_inputs()
+        return estimate_frontend_pipeline(recipe, inputs, training, gpu=gpu)
     with torch.device("meta"):
         model = recipe.build()
     n_all, n_train = count_parameters(model)

@@ -37,6 +37,7 @@ __all__ = [
     "make_timm_batch",
     "timm_forward_loss",
     "timm_input_size",
+    "timm_loss",
 ]
 
 VISION_INSTALL = "pip install 'trainmem[vision]' (timm)"
@@ -72,12 +73,11 @@ def check_timm_settings(training: TrainingConfig) -> None:
 
     Traced: data parallelism, ZeRO / FSDP, full checkpointing (timm's
     ``set_grad_checkpointing``), and on ViT-style blocks selective checkpointing, tensor /
-    sequence parallelism and context parallelism of the patch tokens (Note [timm's transformer
-    blocks], Note [Context parallelism of a ViT's tokens], trainmem/trace/timm_parallel.py; a
-    CNN refuses those as not applicable when its blocks are looked at). Refused: pipeline
-    stages (the traced ones are cut from transformers language models, trainmem/trace/
-    pipeline.py) and context parallelism beside sequence parallelism (both would split the
-    same blocks' tokens).
+    sequence parallelism, context parallelism of the patch tokens and pipeline stages (Note
+    [timm's transformer blocks], Note [Context parallelism of a ViT's tokens], Note [Pipeline
+    stages of a timm ViT], trainmem/trace/timm_parallel.py; a CNN refuses those when its
+    blocks are looked at). Refused: context parallelism beside sequence parallelism (both
+    would split the same blocks' tokens).
 
     Raises:
         NotApplicableError: a chunked cross-entropy (a timm model has no token logits).
@@ -92,14 +92,11 @@ def check_timm_settings(training: TrainingConfig) -> None:
     traced = (
         "traced: data parallelism, ZeRO / FSDP (--zero-stage, --data-parallel-size), full "
         "checkpointing (timm's --grad-checkpointing), and on ViT blocks selective "
-        "checkpointing, tensor / sequence and context parallelism (--tensor-parallel-size, "
-        "--sequence-parallel, --context-parallel-size)"
+        "checkpointing, tensor / sequence, context and pipeline parallelism "
+        "(--tensor-parallel-size, --sequence-parallel, --context-parallel-size, "
+        "--pipeline-parallel-size)"
     )
     why = {
-        "pipeline_parallel_size": (
-            training.pipeline_parallel_size > 1,
-            "the traced pipeline stages are cut from transformers language models",
-        ),
         "context_parallel_size": (
             training.context_parallel_size > 1 and training.sequence_parallel,
             "the tokens sharded over the context ranks would be split again over the tensor "
@@ -224,8 +221,7 @@ def make_timm_batch(
 
 
 def timm_forward_loss(model: Any, batch: Mapping[str, Any]) -> Any:
-    """``cross_entropy(model(input), target)``, timm train.py's step (a headless model,
-    ``num_classes=0``, returns pooled features: their mean stands in for a head).
+    """``cross_entropy(model(input), target)``, timm train.py's step (:func:`timm_loss`).
 
     Raises:
         SpecError: a micro-batch of one image on a model that batch-normalises its pooled
@@ -247,6 +243,13 @@ def timm_forward_loss(model: Any, batch: Mapping[str, Any]) -> Any:
             f"micro-batch ({got}), which PyTorch refuses in training on any device "
             "(torch.nn.functional.batch_norm); allowed: --micro-batch-size 2 or more",
         ) from exc
+    return timm_loss(output, batch)
+
+
+def timm_loss(output: Any, batch: Mapping[str, Any]) -> Any:
+    """timm train.py's ``loss_fn(output, target)``: the cross-entropy of the class logits
+    against ``batch["target"]`` (a headless model, ``num_classes=0``, returns pooled features:
+    their mean stands in for a head)."""
     if output.dim() == 2 and output.shape[-1] > 1:
         return torch.nn.functional.cross_entropy(output, batch["target"])
     return output.float().mean()

@@ -64,6 +64,7 @@ __all__ = [
     "attention_blocks",
     "is_timm_model",
     "padded_tokens",
+    "timm_pipeline_inputs",
     "vit_tokens",
 ]
 
@@ -119,6 +120,18 @@ def attention_blocks(model: Any, option: str) -> list[Any]:
     Raises:
         NotApplicableError: the model has no attention (a CNN): the option has no meaning.
     """
+    found = _attention_blocks(model)
+    if not found:
+        raise NotApplicableError(
+            f"{option}: {type(_base(model)).__name__} has no attention blocks (a convolutional "
+            "network); the option acts on a transformer's attention and MLP (its matmuls, "
+            f"heads and token sequence); {TRACED}"
+        )
+    return found
+
+
+def _attention_blocks(model: Any) -> list[Any]:
+    """:func:`attention_blocks`, empty on a CNN."""
     base = _base(model)
     found: list[Any] = []
     inside: set[int] = set()
@@ -128,12 +141,6 @@ def attention_blocks(model: Any, option: str) -> list[Any]:
         if any(_is_attention(child) for child in module.children()):
             found.append(module)
             inside.update(id(m) for m in module.modules())
-    if not found:
-        raise NotApplicableError(
-            f"{option}: {type(base).__name__} has no attention blocks (a convolutional "
-            "network); the option acts on a transformer's attention and MLP (its matmuls, "
-            f"heads and token sequence); {TRACED}"
-        )
     return found
 
 
@@ -363,3 +370,51 @@ def apply_timm_context_parallel(model: Any, cp_mesh: Any) -> None:
     blocks[0].register_forward_pre_hook(split_hook(cp_mesh), with_kwargs=True)
     blocks[-1].register_forward_hook(output_gather_hook(cp_mesh))
     holder.register_forward_hook(trim)  # (outside FSDP's block: its output is no view)
+
+
+
+def timm_pipeline_inputs() -> Any:
+    """How a timm ViT is fed to torch's pipeline frontend (Note [Pipeline stages of a timm
+    ViT]).
+
+    Returns:
+        The :class:`~trainmem.trace.frontend_pipeline.FrontendInputs`.
+
+    Note [Pipeline stages of a timm ViT]
+        ``pipeline_parallel_size=p`` on a timm model cuts it with torch's pipeline frontend
+        (Note [Pipeline stages cut by torch's frontend], trainmem/trace/frontend_pipeline.py)
+        before the first transformer block of each stage but the first (the blocks of
+        :func:`attention_blocks`: ViT's ``blocks.i``, Swin's ``layers.i.blocks.j``), split
+        as the rank map splits layers. Stage 0 holds the patch embedding, the class / register
+        tokens and the position table with its blocks, the last stage its blocks, the final
+        norm, the pooling and the head (timm 1.0.31 vision_transformer.py
+        ``VisionTransformer.forward_features`` / ``forward_head``); the ViT's residual stream
+        [b, tokens, d] crosses each cut. The step's input is the whole step's images
+        [m x b, 3, h, w], passed as the forward's ``x`` (``VisionTransformer.forward(self,
+        x)``) and chunked by the schedule; the loss is timm train.py's cross-entropy of the
+        last stage's logits against the class ids (:func:`trainmem.trace.timm_model.timm_loss`),
+        chunked with the images. timm's train.py runs no pipeline; this is what torch's
+        pipelining runs on its model. A CNN has no transformer blocks to cut at: refused,
+        naming what is traced on it.
+    """
+    from trainmem.trace.frontend_pipeline import FrontendInputs
+    from trainmem.trace.timm_model import make_timm_batch, timm_loss
+
+    def blocks(model: Any) -> list[Any]:
+        found = _attention_blocks(model)
+        if not found:
+            raise UnsupportedError(
+                f"pipeline_parallel_size: the traced stages of a timm model are cut before its "
+                f"transformer blocks, and {type(_base(model)).__name__} has none (a "
+                f"convolutional network); {TRACED}"
+            )
+        return found
+
+    return FrontendInputs(
+        kind="a timm model",
+        blocks=blocks,
+        make_batch=make_timm_batch,
+        forward_kwargs=lambda batch: {"x": batch["input"]},
+        target_key=lambda _batch: "target",
+        loss_fn=timm_loss,
+    )
