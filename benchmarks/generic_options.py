@@ -126,6 +126,9 @@ context parallel 2" is refused at its 101 tokens, which 2 ranks do not divide (i
 Session 25 (helper timmcp): "hsdp 4 / 2 + context parallel 2" runs on timm:test_vit: its 101
 tokens are padded to 102 (51 per rank) for the ring attention's equal chunks and trimmed after the
 blocks (Note [Context parallelism of a ViT's tokens]); the estimate's notes say so.
+Session 25 (helper timmpp): on timm:test_vit "pipeline 2" and "lora r16 + pipeline 2" run
+(torch's pipeline frontend cuts the ViT before each stage's first block, as the denoiser's; Note
+[Pipeline stages of a timm ViT]); 26.64 / 23.20 MB peak.
 """
 
 from __future__ import annotations

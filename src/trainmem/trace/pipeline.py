@@ -282,7 +282,7 @@ class PipelineRun:
         signal: where the phase callback of the step in progress is kept.
         return_outputs: ``schedule.step(return_outputs=...)``.
         inputs: the first stage's keyword inputs of the whole step, when they are not
-            ``input_ids`` (a denoiser's, ``trainmem.trace.diffusers_pipeline``).
+            ``input_ids`` (a denoiser's or a ViT's, ``trainmem.trace.frontend_pipeline``).
         target: the last stage's loss target of the whole step then.
     """
 
