@@ -1,5 +1,5 @@
 """Pipeline parallelism of a timm ViT (Note [Pipeline stages of a timm ViT], trainmem/trace/
-timm_parallel.py; Note [Pipeline stages cut by torch's frontend], trace/frontend_pipeline.py):
+timm_pipeline.py; Note [Pipeline stages cut by torch's frontend], trace/frontend_pipeline.py):
 torch's pipeline frontend cuts timm's ``test_vit`` before the first block of each stage.
 
 Expected bytes by hand from timm 1.0.31's ``test_vit`` (timm/models/vision_transformer.py:

@@ -388,7 +388,7 @@ def trace_generic(
         # Note [Pipeline stages cut by torch's frontend]
         from trainmem.trace.diffusers_pipeline import denoiser_inputs
         from trainmem.trace.frontend_pipeline import estimate_frontend_pipeline
-        from trainmem.trace.timm_parallel import timm_pipeline_inputs
+        from trainmem.trace.timm_pipeline import timm_pipeline_inputs
 
         diffusers = recipe.library == "diffusers"
         inputs = denoiser_inputs(recipe) if diffusers else timm_pipeline_inputs()

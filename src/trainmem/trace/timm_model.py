@@ -74,10 +74,11 @@ def check_timm_settings(training: TrainingConfig) -> None:
     Traced: data parallelism, ZeRO / FSDP, full checkpointing (timm's
     ``set_grad_checkpointing``), and on ViT-style blocks selective checkpointing, tensor /
     sequence parallelism, context parallelism of the patch tokens and pipeline stages (Note
-    [timm's transformer blocks], Note [Context parallelism of a ViT's tokens], Note [Pipeline
-    stages of a timm ViT], trainmem/trace/timm_parallel.py; a CNN refuses those when its
-    blocks are looked at). Refused: context parallelism beside sequence parallelism (both
-    would split the same blocks' tokens).
+    [timm's transformer blocks], Note [Context parallelism of a ViT's tokens],
+    trainmem/trace/timm_parallel.py; Note [Pipeline stages of a timm ViT],
+    trainmem/trace/timm_pipeline.py; a CNN refuses those when its blocks are looked at).
+    Refused: context parallelism beside sequence parallelism (both would split the same
+    blocks' tokens).
 
     Raises:
         NotApplicableError: a chunked cross-entropy (a timm model has no token logits).

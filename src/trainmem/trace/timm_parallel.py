@@ -62,9 +62,10 @@ __all__ = [
     "apply_timm_selective_checkpointing",
     "apply_timm_tensor_parallel",
     "attention_blocks",
+    "base_model",
     "is_timm_model",
     "padded_tokens",
-    "timm_pipeline_inputs",
+    "transformer_blocks",
     "vit_tokens",
 ]
 
@@ -74,7 +75,7 @@ TRACED = (
 )
 
 
-def _base(model: Any) -> Any:
+def base_model(model: Any) -> Any:
     """The model inside peft's wrapper (``PeftModel.get_base_model``), else ``model``."""
     get = getattr(model, "get_base_model", None)
     return get() if callable(get) and getattr(model, "peft_config", None) else model
@@ -82,7 +83,7 @@ def _base(model: Any) -> Any:
 
 def is_timm_model(model: Any) -> bool:
     """A model timm built (its class in a ``timm.`` module), inside peft's wrapper or not."""
-    return type(_base(model)).__module__.startswith("timm.")
+    return type(base_model(model)).__module__.startswith("timm.")
 
 
 def _is_timm_attention(module: Any) -> bool:
@@ -120,19 +121,19 @@ def attention_blocks(model: Any, option: str) -> list[Any]:
     Raises:
         NotApplicableError: the model has no attention (a CNN): the option has no meaning.
     """
-    found = _attention_blocks(model)
+    found = transformer_blocks(model)
     if not found:
         raise NotApplicableError(
-            f"{option}: {type(_base(model)).__name__} has no attention blocks (a convolutional "
-            "network); the option acts on a transformer's attention and MLP (its matmuls, "
-            f"heads and token sequence); {TRACED}"
+            f"{option}: {type(base_model(model)).__name__} has no attention blocks (a "
+            "convolutional network); the option acts on a transformer's attention and MLP "
+            f"(its matmuls, heads and token sequence); {TRACED}"
         )
     return found
 
 
-def _attention_blocks(model: Any) -> list[Any]:
+def transformer_blocks(model: Any) -> list[Any]:
     """:func:`attention_blocks`, empty on a CNN."""
-    base = _base(model)
+    base = base_model(model)
     found: list[Any] = []
     inside: set[int] = set()
     for module in base.modules():
@@ -271,7 +272,7 @@ def vit_tokens(model: Any) -> int | None:
     """The token count of a ViT's blocks at the size it was built for: its patches plus its class
     / register / distillation tokens (timm 1.0.31 ``VisionTransformer``: ``patch_embed.
     num_patches``, ``num_prefix_tokens``), or None for a model without them."""
-    base = _base(model)
+    base = base_model(model)
     patches = getattr(getattr(base, "patch_embed", None), "num_patches", None)
     if not isinstance(patches, int):
         return None
@@ -346,11 +347,11 @@ def apply_timm_context_parallel(model: Any, cp_mesh: Any) -> None:
 
     cp = cp_mesh.size()
     blocks = attention_blocks(model, f"context_parallel_size={cp}")
-    holder = getattr(_base(model), "blocks", None)
+    holder = getattr(base_model(model), "blocks", None)
     if not isinstance(holder, torch.nn.Sequential) or any(b not in holder for b in blocks):
         raise UnsupportedError(
             f"context_parallel_size: the traced token sharding runs ViT-style blocks in one "
-            f"list (model.blocks); {type(_base(model)).__name__}'s stages change the token "
+            f"list (model.blocks); {type(base_model(model)).__name__}'s stages change the token "
             "count between them; shard this model with FSDP (--zero-stage 3) instead"
         )
     seen: list[int] = []  # this step's token count, for the trim after the last block
@@ -370,51 +371,3 @@ def apply_timm_context_parallel(model: Any, cp_mesh: Any) -> None:
     blocks[0].register_forward_pre_hook(split_hook(cp_mesh), with_kwargs=True)
     blocks[-1].register_forward_hook(output_gather_hook(cp_mesh))
     holder.register_forward_hook(trim)  # (outside FSDP's block: its output is no view)
-
-
-
-def timm_pipeline_inputs() -> Any:
-    """How a timm ViT is fed to torch's pipeline frontend (Note [Pipeline stages of a timm
-    ViT]).
-
-    Returns:
-        The :class:`~trainmem.trace.frontend_pipeline.FrontendInputs`.
-
-    Note [Pipeline stages of a timm ViT]
-        ``pipeline_parallel_size=p`` on a timm model cuts it with torch's pipeline frontend
-        (Note [Pipeline stages cut by torch's frontend], trainmem/trace/frontend_pipeline.py)
-        before the first transformer block of each stage but the first (the blocks of
-        :func:`attention_blocks`: ViT's ``blocks.i``, Swin's ``layers.i.blocks.j``), split
-        as the rank map splits layers. Stage 0 holds the patch embedding, the class / register
-        tokens and the position table with its blocks, the last stage its blocks, the final
-        norm, the pooling and the head (timm 1.0.31 vision_transformer.py
-        ``VisionTransformer.forward_features`` / ``forward_head``); the ViT's residual stream
-        [b, tokens, d] crosses each cut. The step's input is the whole step's images
-        [m x b, 3, h, w], passed as the forward's ``x`` (``VisionTransformer.forward(self,
-        x)``) and chunked by the schedule; the loss is timm train.py's cross-entropy of the
-        last stage's logits against the class ids (:func:`trainmem.trace.timm_model.timm_loss`),
-        chunked with the images. timm's train.py runs no pipeline; this is what torch's
-        pipelining runs on its model. A CNN has no transformer blocks to cut at: refused,
-        naming what is traced on it.
-    """
-    from trainmem.trace.frontend_pipeline import FrontendInputs
-    from trainmem.trace.timm_model import make_timm_batch, timm_loss
-
-    def blocks(model: Any) -> list[Any]:
-        found = _attention_blocks(model)
-        if not found:
-            raise UnsupportedError(
-                f"pipeline_parallel_size: the traced stages of a timm model are cut before its "
-                f"transformer blocks, and {type(_base(model)).__name__} has none (a "
-                f"convolutional network); {TRACED}"
-            )
-        return found
-
-    return FrontendInputs(
-        kind="a timm model",
-        blocks=blocks,
-        make_batch=make_timm_batch,
-        forward_kwargs=lambda batch: {"x": batch["input"]},
-        target_key=lambda _batch: "target",
-        loss_fn=timm_loss,
-    )
