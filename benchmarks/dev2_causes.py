@@ -269,6 +269,14 @@ _PEFT_DS_ZERO3_OFFLOAD = (
     "the row's script: LoRAConfig(task_type=TaskType.CAUSAL_LM, inference_mode=False, r=8, "
     "lora_alpha=32, lora_dropout=0.1); the reading had none",
 )
+_PEFT_DS_PR2653 = (
+    ["--deepspeed-version", "0.8.0"],
+    "peft 73d7224b README.md line 84 (2022-12-30): 'Currently DeepSpeed requires PR [ZeRO3 "
+    "handling frozen weights](.../DeepSpeed/pull/2653)', merged 2023-01-17 into v0.8.0 "
+    "(commit bf6b9802); the row ran DeepSpeed of that PR, before 0.9.0's one-rank path "
+    "(partition_parameters.py _no_gather_coalesced, PR #2953): one GPU still gathers; the "
+    "reading had the default release",
+)
 _PEFT_PLAIN_LOOP = (
     ["--loop", "previous"],
     "peft 5d602fdb examples/causal_language_modeling/peft_lora_clm_accelerate_ds_zero3_offload.py "
@@ -401,7 +409,8 @@ AMENDMENTS: dict[str, tuple[list[str], str]] = {
     **{f"GT{n}": _RASBT_ZERO_GRAD for n in range(179, 183)},
     **{f"GT{n}": _RASBT_NIGHTLY for n in range(183, 185)},
     "GT170": _TORCHAO_DS_OFFLOAD,
-    **{f"GT0{n}": _joined(_PEFT_DS_ZERO3_OFFLOAD, _PEFT_PLAIN_LOOP) for n in (69, 70)},
+    "GT069": _joined(_PEFT_DS_ZERO3_OFFLOAD, _PEFT_PLAIN_LOOP),
+    "GT070": _joined(_PEFT_DS_ZERO3_OFFLOAD, _PEFT_PLAIN_LOOP, _PEFT_DS_PR2653),
     "GT062": _TITAN_010,
     "GT063": _TITAN_010,
 }

@@ -814,13 +814,15 @@ def test_deepspeed_zero3_tied_small_model_keeps_the_embedding() -> None:
     # gpt2: 12 layers of 7,087,872 elements (12 h^2 + 13 h, h = 768), tied 50257 x 768 wte:
     # the layers (85,054,464 elements) are fewer than max_reuse_distance (1e9), so the tied
     # weight stays gathered from the lookup to its own backward, every layer across the
-    # turnaround; fp32 (32-true), one rank with parameter offload: the gather's host copy
+    # turnaround; fp32 (32-true), one rank with parameter offload on DeepSpeed 0.8.0 (a
+    # gathered buffer beside the partition's host copy; one rank gathers nothing from 0.9.0)
     from trainmem.analytic.zero3_gathers import zero3_gathers
 
     model = load_model_spec("gpt2")
     t = TrainingConfig(
-        framework="deepspeed", zero_stage=3, offload="optimizer+params", precision="32-true"
-    )
+        framework="deepspeed", zero_stage=3, offload="optimizer+params", precision="32-true",
+        deepspeed_version="0.8.0",
+    )  # fmt: skip
     lay = state_layout(model, t)
     g = zero3_gathers(lay.layer, 12, lay.embedding, lay.head, tied=True, training=t)
     per_layer = 12 * 768 * 768 + 13 * 768
@@ -1019,12 +1021,14 @@ def test_deepspeed_zero3_offload_on_one_gpu_gathers_in_order(llama_2_7b: ModelSp
     # the embedding (32000 x 4096) gathered with its host partition's copy beside it, freed
     # before the pool (1e9 fp32 elements: 32 layers of 202,383,360 exceed it) fills; the
     # untied head (32000 x 4096 + the final norm) fetched while the pool is alive, its copy
-    # beside it, released after the head's backward
+    # beside it, released after the head's backward (DeepSpeed 0.8.0: one rank gathers as many
+    # do; from 0.9.0 the copy is the gathered parameter, the next test)
     from trainmem.schedule import Op
 
     t = TrainingConfig(
         framework="deepspeed", zero_stage=3, offload="optimizer+params", precision="32-true",
         micro_batch_size=1, seq_len=64, activation_checkpointing="none",
+        deepspeed_version="0.8.0",
     )  # fmt: skip
     est = estimate_analytic(llama_2_7b, t, simulate_allocator=False)
 
@@ -1059,3 +1063,59 @@ def test_deepspeed_zero3_offload_on_one_gpu_gathers_in_order(llama_2_7b: ModelSp
         ("alloc", "gather/kept", 4 * 2 * 202_383_360),
         ("free", "gather/head", head),
     ]
+
+
+def test_deepspeed_zero3_one_rank_gathers_nothing_from_0_9(llama_2_7b: ModelSpec) -> None:
+    # DeepSpeed partition_parameters.py all_gather_coalesced from 0.9.0 (PR #2953): a parameter
+    # over one rank is not gathered, NoGatherCoalescedHandle sets param.data = param.ds_tensor.
+    # data.to(device).view(shape): the partition itself on the GPU (no block), one host-to-device
+    # copy when offloaded (that copy is the gathered parameter, nothing beside it). 0.8.0 has no
+    # such path (read on the 0.8.0, 0.9.0, 0.12.3 and 0.19.5 tags)
+    from trainmem.schedule import Op
+
+    def flat(items: object) -> list[Op]:
+        out: list[Op] = []
+        for item in items:  # type: ignore[attr-defined]
+            out += [item] if isinstance(item, Op) else flat(item.body)
+        return out
+
+    def gathers(**kw: object) -> list[tuple[str, str, int]]:
+        kw = {"precision": "bf16-mixed", **kw}
+        t = TrainingConfig(
+            framework="deepspeed", zero_stage=3, micro_batch_size=1, seq_len=64,
+            activation_checkpointing="none", **kw,  # type: ignore[arg-type]
+        )  # fmt: skip
+        est = estimate_analytic(llama_2_7b, t, simulate_allocator=False)
+        step = flat(est.schedules[0].step)
+        return [(op.action, op.key, op.size_bytes) for op in step if op.key.startswith("gather/")]
+
+    assert TrainingConfig(framework="deepspeed", zero_stage=3).zero3_one_rank_views
+    assert TrainingConfig(
+        framework="deepspeed", zero_stage=3, deepspeed_version="0.9.0"
+    ).zero3_one_rank_views
+    assert not TrainingConfig(
+        framework="deepspeed", zero_stage=3, deepspeed_version="0.8.0"
+    ).zero3_one_rank_views
+    assert not TrainingConfig(
+        framework="deepspeed", zero_stage=3, data_parallel_size=2
+    ).zero3_one_rank_views
+    assert not TrainingConfig(framework="deepspeed", zero_stage=2).zero3_one_rank_views
+    # one GPU, partitions on the GPU: no gathered weight at all (0.12.3, Qwen-1's README runs)
+    assert gathers(deepspeed_version="0.12.3") == []
+    assert gathers() == []
+    # 0.8.0 on one GPU, and two ranks on any release, gather: the bf16 pool of 1e9 elements
+    pool = 2 * 10**9
+    assert ("alloc", "gather/pool", pool) in gathers(deepspeed_version="0.8.0")
+    assert ("alloc", "gather/pool", pool) in gathers(data_parallel_size=2)
+    # one GPU with the parameters offloaded (fp32): the embedding (32000 x 4096), the pool and
+    # the untied head (+ the final norm) as the 0.8.0 test has them, without the h2d copies
+    emb, head = 4 * 32000 * 4096, 4 * (32000 * 4096 + 4096)
+    ops = gathers(offload="optimizer+params", precision="32-true")
+    assert ops[:5] == [
+        ("alloc", "gather/embedding", emb),
+        ("free", "gather/embedding", emb),
+        ("alloc", "gather/pool", 4 * 10**9),
+        ("alloc", "gather/head", head),
+        ("free", "gather/pool", 4 * 10**9),
+    ]
+    assert not any(key.endswith("/h2d") for _, key, _ in ops)

@@ -5,9 +5,16 @@ Note [DeepSpeed ZeRO-3 parameter gathers]
     DeepSpeed ZeRO-3 (runtime/zero/partitioned_param_coordinator.py, v0.8.0 to v0.16.4 alike)
     gathers a module's parameters in its pre-forward / pre-backward hook (``fetch_sub_module``)
     and releases them in its post hook (``release_sub_module``), on any number of ranks: the
-    coordinator has no one-rank path, so a single GPU holds gathered copies too (whole ones,
-    beside the partition when the parameters are not offloaded). From the second step on (a
-    recorded trace, ``is_complete_trace``) three rules set what is alive:
+    coordinator has no one-rank path. Before 0.9.0 the gather had none either, so a single GPU
+    held gathered copies too (whole ones, beside the partition when the parameters are not
+    offloaded); from 0.9.0 (:data:`~trainmem.specs.frameworks.
+    DEEPSPEED_ZERO3_ONE_RANK_VIEWS_SINCE`) a parameter over one rank is its partition
+    (``_no_gather_coalesced``: ``param.data = param.ds_tensor.data.to(device).view(
+    param.ds_shape)``), so one GPU gathers nothing unless the parameters are offloaded, and then
+    the host-to-device copy is the gathered parameter, with no buffer beside it
+    (:attr:`TrainingConfig.zero3_one_rank_views`). The rules below then hold for that copy.
+    From the second step on (a recorded trace, ``is_complete_trace``) three rules set what is
+    alive:
 
     * Prefetch runs ahead to ``stage3_max_live_parameters``. Every hooked module (norms,
       dropouts, activations and containers too, whether they own parameters or not) prefetches
@@ -33,8 +40,9 @@ Note [DeepSpeed ZeRO-3 parameter gathers]
       gathered weights are still alive, and the layers are gathered again after its backward
       releases it.
 
-    With ``offload_param`` the partition lives in host memory and the gather copies it to the
-    GPU first, beside the gathered buffer (partition_parameters.py ``all_gather_coalesced``:
+    With ``offload_param`` the partition lives in host memory and a gather over several ranks
+    (one rank before 0.9.0) copies it to the GPU first, beside the gathered buffer
+    (partition_parameters.py ``all_gather_coalesced``:
     ``param_buffer = torch.empty(...)`` then ``_dist_allgather_fn(param.ds_tensor.to(
     torch.cuda.current_device()), param_buffer, ...)``; several parameters: ``torch.cat([p.
     ds_tensor.to(...) for p in params], out=...)``): a transient of one partition (the whole
@@ -47,8 +55,9 @@ Note [DeepSpeed ZeRO-3 parameter gathers]
 
 Source: DeepSpeed runtime/zero/partitioned_param_coordinator.py (``fetch_sub_module``,
 ``release_sub_module``, ``__params_to_release``), partition_parameters.py
-(``all_gather_coalesced``), runtime/zero/config.py (``max_live_parameters``,
-``max_reuse_distance``: ``pp_int(1e9)``), v0.8.0.
+(``all_gather_coalesced``; ``NoGatherCoalescedHandle`` from 0.9.0), runtime/zero/config.py
+(``max_live_parameters``, ``max_reuse_distance``: ``pp_int(1e9)``), v0.8.0; the one-rank path
+read at v0.9.0, v0.12.3 and v0.19.5.
 """
 
 from __future__ import annotations
@@ -168,6 +177,10 @@ def zero3_gathers(
     elif to_head:
         release = "head.post_backward"
     offload = training.offload == "optimizer+params"
+    if training.zero3_one_rank_views and not offload:  # every parameter is its partition
+        return Zero3Gathers(0, 0, 0, "stack.pre_forward", 0, False, 0)
+    # one rank from 0.9.0: the host-to-device copy is the gathered parameter itself
+    copy_share = training.sharding_degree if offload and not training.zero3_one_rank_views else 0
     return Zero3Gathers(
         pool=int(per * pool),
         turnaround=int(per * min(kept * p_numel, pool)),
@@ -175,5 +188,5 @@ def zero3_gathers(
         embedding_release=release,
         head=0 if to_head else h_bytes,
         embedding_backward=trainable and not to_backward,
-        copy_share=training.sharding_degree if offload else 0,
+        copy_share=copy_share,
     )

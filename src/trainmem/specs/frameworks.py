@@ -336,6 +336,24 @@ need another copy of the weights"); before, ``.clone().float().detach()`` always
 Checked on the 0.18.1 and 0.18.2 sdists."""
 
 
+DEEPSPEED_ZERO3_ONE_RANK_VIEWS_SINCE = (0, 9, 0)
+"""deepspeed/runtime/zero/partition_parameters.py ``all_gather_coalesced``: since 0.9.0 (PR
+#2953, commit 4d27225f, "Simplify world_size=1") a parameter partitioned over one rank is not
+gathered (0.9.0 ``if self.world_size == 1: return _no_gather_coalesced(params)``; 0.12.3
+``self.num_partitions == 1``; 0.19.5 ``_partition_world_size(param) == 1``): its
+``NoGatherCoalescedHandle`` sets ``param.data = param.ds_tensor.data.to(device).view(
+param.ds_shape)``, the partition itself when it is on the GPU (``.to`` returns it, no copy)
+and one host-to-device copy when it is offloaded. 0.8.0 had no such path (a gathered buffer
+and, offloaded, the partition's copy beside it). Checked on the 0.8.0, 0.9.0, 0.12.3 and 0.19.5
+tags."""
+
+
+def deepspeed_zero3_gathers_on_one_rank(version: tuple[int, ...] | None) -> bool:
+    """Whether DeepSpeed ZeRO-3 over one rank still gathers its parameters into buffers of their
+    own: only before :data:`DEEPSPEED_ZERO3_ONE_RANK_VIEWS_SINCE` (None: a current release)."""
+    return (version or DEFAULT_DEEPSPEED_VERSION) < DEEPSPEED_ZERO3_ONE_RANK_VIEWS_SINCE
+
+
 def litgpt_head_chunk_rows(seq_len: int, chunks: int) -> int:
     """Rows of the sequence per output-head chunk when litgpt's ``GPT.forward`` runs its head
     in ``chunks`` pieces (``lm_head_chunk_size``: ``x.split(lm_head_chunk_size, dim=1)``,

@@ -126,6 +126,7 @@ from trainmem.specs.frameworks import (
     deepspeed_copies_fp32_weights,
     deepspeed_grad_accum_dtype,
     deepspeed_optimizer_wrapper,
+    deepspeed_zero3_gathers_on_one_rank,
     default_trl_release,
     installed_transformers_version,
     parse_version,
@@ -1604,6 +1605,16 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
             pipeline=self.pipeline_parallel_size > 1,
             version=parse_version("deepspeed_version", self.deepspeed_version),
         )
+
+    @property
+    def zero3_one_rank_views(self) -> bool:
+        """DeepSpeed ZeRO-3 over one rank gathers nothing: each parameter is its partition (a
+        view on the GPU; offloaded, one host-to-device copy), from 0.9.0
+        (:data:`~trainmem.specs.frameworks.DEEPSPEED_ZERO3_ONE_RANK_VIEWS_SINCE`)."""
+        if self.sharding_degree != 1 or self.zero_stage != 3:
+            return False
+        version = parse_version("deepspeed_version", self.deepspeed_version)
+        return not deepspeed_zero3_gathers_on_one_rank(version)
 
     @property
     def deepspeed_grad_accum_dtype(self) -> str:

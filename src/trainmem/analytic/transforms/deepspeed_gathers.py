@@ -46,8 +46,11 @@ def deepspeed_zero3_gathers(ctx: RankContext) -> Zero3Gathers:
 
 
 def applies_to(ctx: RankContext) -> bool:
-    """DeepSpeed ZeRO-3 (``zero_ipg_buckets`` at stage 3)."""
-    return ctx.training.conventions.zero_ipg_buckets and ctx.zero_stage == 3
+    """DeepSpeed ZeRO-3 (``zero_ipg_buckets`` at stage 3), unless it gathers nothing: one rank
+    from 0.9.0 with the parameters on the GPU (``TrainingConfig.zero3_one_rank_views``)."""
+    t = ctx.training
+    views = t.zero3_one_rank_views and t.offload != "optimizer+params"
+    return t.conventions.zero_ipg_buckets and ctx.zero_stage == 3 and not views
 
 
 class DeepSpeedZero3Gathers(Transform):
