@@ -537,6 +537,37 @@ def test_deepspeed_zero3_steps_one_sub_group_at_a_time(llama_2_7b: ModelSpec) ->
     assert est.details["phase_peaks_bytes"]["optimizer"] == peak  # type: ignore[index]
 
 
+def test_deepspeed_zero3_norms_each_gradient_partition_in_fp64(llama_2_7b: ModelSpec) -> None:
+    # stage3.py step -> _get_norm_groups -> get_grad_norm_direct: g.to(device).double().norm(2)
+    # per gradient partition, one at a time, before the sub-groups' copies (v0.9.0 .. v0.19.5).
+    # llama-2-7b's largest parameters are the untied 32000 x 4096 embedding and head:
+    # 131,072,000 elements, 8 B each in fp64, 1/8 of them over 8 ranks
+    from trainmem.schedule import Op
+
+    def flat(items: object) -> list[Op]:
+        out: list[Op] = []
+        for item in items:  # type: ignore[attr-defined]
+            out += [item] if isinstance(item, Op) else flat(item.body)
+        return out
+
+    def optimizer_ops(**kw: object) -> list[tuple[str, str, int]]:
+        t = TrainingConfig(framework="deepspeed", seq_len=512, **kw)  # type: ignore[arg-type]
+        est = estimate_analytic(llama_2_7b, t, simulate_allocator=False)
+        ops = flat(est.schedules[0].step)
+        return [(o.action, o.key, o.size_bytes) for o in ops if o.phase == "optimizer"]
+
+    emb = 32000 * 4096
+    ops = optimizer_ops(zero_stage=3, data_parallel_size=8)
+    norm = ("alloc", "grad/norm_fp64", 8 * emb // 8)
+    assert ops.index(norm) + 1 == ops.index(("free", "grad/norm_fp64", 8 * emb // 8))
+    assert ops.index(norm) < ops.index(("alloc", "grad/step_copy", 2 * PSI // 8))
+    # one rank: the whole embedding's gradient
+    assert ("alloc", "grad/norm_fp64", 8 * emb) in optimizer_ops(zero_stage=3)
+    # ZeRO-2 and an offloaded optimizer (its norms are taken in the backward): none
+    for kw in ({"zero_stage": 2}, {"zero_stage": 3, "offload": "optimizer"}):
+        assert not any(key == "grad/norm_fp64" for _, key, _ in optimizer_ops(**kw))
+
+
 def test_deepspeed_zero1_reduces_into_the_partition_before_the_step(llama_2_7b: ModelSpec) -> None:
     # ZeRO-1 (stage_1_and_2.py reduce_gradients -> copy_grads_in_partition): the flat partition
     # buffer (2 B x PSI / 8) is allocated while the full bf16 gradients (2 B x PSI) are alive;

@@ -550,6 +550,30 @@ def deepspeed_zero3_sub_group_elements(
     return max(largest, current)
 
 
+def deepspeed_zero3_norm_copy_bytes(partitions: Sequence[int], training: TrainingConfig) -> int:
+    """Bytes of the largest fp64 copy DeepSpeed ZeRO-3 makes to take the gradients' norm at the
+    step: 8 per element of the largest gradient partition on this rank; 0 with the optimizer
+    offloaded (its norms are taken in the backward) and for other frameworks and stages.
+
+    Alive: inside the step, before the sub-groups' gradient copies (one partition at a time).
+
+    Source: DeepSpeed runtime/zero/stage3.py ``step`` -> ``_get_norm_groups`` ->
+    ``get_grad_norm_direct(self.averaged_gradients[i], ...)``: ``grad_norms.append(g.to(
+    device, non_blocking=True).double().norm(2))`` per gradient partition (each a view of the
+    flat gradient-partition buffer), the fp64 copy freed once its 0-dim norm exists; the same
+    line at v0.9.0, v0.12.3, v0.16.4 and v0.19.5.
+
+    Args:
+        partitions: per trainable parameter, its gradient partition's elements on this rank.
+        training: framework, ZeRO stage, offload.
+    """
+    if training.deepspeed_optimizer != "zero" or training.zero_stage != 3:
+        return 0
+    if training.offload != "none" or not partitions:
+        return 0
+    return 8 * max(partitions)
+
+
 def deepspeed_step_gradient_copies(
     trainable_elements: int, training: TrainingConfig, *, largest_sub_group: int | None = None
 ) -> tuple[int, int]:

@@ -23,7 +23,9 @@ Note [DeepSpeed gradient copies at the step]
     in ``independent_gradient_partition_epilogue`` (``accumulated_grad.add_(new_avg_grad)``) and
     frees it: one more partition of gradients through that backward (allocated with the first
     reduced bucket; at the start of the backward for the rank holding the last layers).
-    ZeRO-3 (runtime/zero/stage3.py ``step``) builds the step's two copies per optimizer
+    ZeRO-3 (runtime/zero/stage3.py ``step``) first takes the gradients' norm, an fp64 copy of
+    one gradient partition at a time (:func:`~trainmem.analytic.buffers.
+    deepspeed_zero3_norm_copy_bytes`), then builds the step's two copies per optimizer
     sub-group (``_prepare_fp32_grad_for_sub_group``; ``sub_group_size`` 1e9
     partition elements), freeing each fp32 copy before the next (``_release_sub_group``); its
     gradient partition stays (a buffer from init). ``FP16_Optimizer`` (ZeRO off, 16-bit gradients;
@@ -44,6 +46,7 @@ from trainmem.analytic.buffers import (
     deepspeed_partition_elements,
     deepspeed_persistent_bucket_bytes,
     deepspeed_step_gradient_copies,
+    deepspeed_zero3_norm_copy_bytes,
     deepspeed_zero3_sub_group_elements,
     gradient_buffer_from_init,
 )
@@ -208,8 +211,9 @@ class DeepSpeedZero(Transform):
         )
         return (Lifetime(fresh, "micro_batch.end"),)
 
-    def _largest_sub_group(self) -> int | None:
-        """ZeRO-3's largest optimizer sub-group, elements (None below ZeRO-3)."""
+    def _zero3_partitions(self) -> list[int] | None:
+        """ZeRO-3's gradient partitions on this rank, elements, one per trainable parameter in
+        the optimizer's order (None below ZeRO-3)."""
         ctx, t = self.ctx, self.ctx.training
         if t.deepspeed_optimizer != "zero" or t.zero_stage != 3:
             return None
@@ -220,7 +224,23 @@ class DeepSpeedZero(Transform):
             return [-(-(s.full_grad_bytes // gb) // dp) for s in states if s.trainable]
 
         order = parts(ctx.emb_states) + ctx.num_layers * parts(ctx.layer_states)
-        return deepspeed_zero3_sub_group_elements(order + parts(ctx.head_states))
+        return order + parts(ctx.head_states)
+
+    def _largest_sub_group(self) -> int | None:
+        """ZeRO-3's largest optimizer sub-group, elements (None below ZeRO-3)."""
+        partitions = self._zero3_partitions()
+        return None if partitions is None else deepspeed_zero3_sub_group_elements(partitions)
+
+    def _norm_copy(self) -> list[Emitted]:
+        """ZeRO-3's gradient norm: each gradient partition's fp64 copy, one at a time
+        (:func:`~trainmem.analytic.buffers.deepspeed_zero3_norm_copy_bytes`)."""
+        partitions = self._zero3_partitions()
+        size = deepspeed_zero3_norm_copy_bytes(partitions or [], self.ctx.training)
+        if not size:
+            return []
+        label = "a gradient partition's fp64 copy for the norm (get_grad_norm_direct)"
+        op = alloc(size, Cat.TEMPORARY, "optimizer", "grad/norm_fp64", "(optimizer)", label)
+        return [op, free(op, "optimizer")]
 
     def optimizer_step(self, where: Where) -> Sequence[Emitted]:
         ctx, t = self.ctx, self.ctx.training
@@ -229,7 +249,7 @@ class DeepSpeedZero(Transform):
         transient, kept = deepspeed_step_gradient_copies(
             n, t, largest_sub_group=self._largest_sub_group()
         )
-        out: list[Emitted] = []
+        out: list[Emitted] = self._norm_copy()
         if self.zero1_reduce:
             # a temporary: ``model_states_bytes`` keeps ZeRO-1's 2 B of gradients per parameter
             # (ZeRO paper Fig. 1), this buffer replaces them for the step
