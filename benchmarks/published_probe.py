@@ -26,7 +26,10 @@ Setup of each method, from the same commit's scripts (finetune.py, finetune/*.sh
   (``autocast_adapter_dtype=True``, peft 0.12).
 - Q-LoRA: ``finetune_qlora_single_gpu.sh``, the GPTQ Int4 chat checkpoint (``GPTQConfig(bits=
   4)``), ``--fp16``, DeepSpeed ZeRO-2 (``finetune/ds_config_zero2.json``) on one GPU.
-- Full-parameter: ``finetune_ds.sh``, ``--bf16``, DeepSpeed ZeRO-3 (``ds_config_zero3.json``).
+- Full-parameter: ``finetune_ds.sh``, ``--bf16``, DeepSpeed ZeRO-3 (``ds_config_zero3.json``);
+  on one GPU DeepSpeed (0.12.x at the README's 2023-11-30 commit) gathers nothing from 0.9.0
+  (Note [DeepSpeed ZeRO-3 parameter gathers]); its init's flat blocks, not modelled, are
+  replayed by ``benchmarks/deepspeed_zero3_init_replay.py``.
 - 72B LoRA: ``finetune_lora_ds.sh`` with ``ds_config_zero3.json`` on 4 GPUs, bf16.
 Not mapped: "LoRA (emb)" (peft ``modules_to_save=["wte", "lm_head"]``: trainable copies of the
 embedding and head, which trainmem does not model), the 2-GPU full-parameter 7B cells (162.0G at
