@@ -37,7 +37,8 @@ from trainmem.specs.frameworks import (
 )
 from trainmem.specs.hardware import GPUSpec, check_precision_on_gpu
 from trainmem.specs.hardware import resolve_gpu as resolve_gpu  # re-exported for the callers
-from trainmem.specs.hf import load_model_spec
+from trainmem.specs.hf import checkpoint_dtype, load_hf_config, load_model_spec
+from trainmem.specs.load_dtype import LOADS_FROM_PRETRAINED, resolve_load_dtype
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.optimizers import OPTIMIZER_TABLE
 from trainmem.specs.quantization import float_quant_storage
@@ -874,6 +875,9 @@ def estimate(
     # an image model's sequence as the CLI reads it (Note [Vision encoders at another
     # resolution]): the patches of its image, or none for a pixel model on the generic path
     training = image_sequence(model, training, given=given_seq_len)
+    load_dtype_note = None
+    if training.load_dtype is None and training.framework in LOADS_FROM_PRETRAINED:
+        training, load_dtype_note = resolve_load_dtype(training, _checkpoint_dtype(model))
     if not alloc_conf:  # the framework's (Unsloth's expandable segments); a given one wins
         torch = parse_version("torch_version", training.torch_version)
         alloc_conf = training.conventions.default_alloc_conf(torch)
@@ -891,6 +895,8 @@ def estimate(
     est = _dispatch(
         model, training, gpu, engine, cuda_context_bytes, alloc_conf, simulate_allocator, lean
     )
+    if load_dtype_note and "assumed" in est.details:
+        est.details["assumed"]["load_dtype"] = load_dtype_note
     est.notes[:0] = (
         setting_warnings(model, training)
         + ([pieces_note] if pieces_note else [])
@@ -900,6 +906,19 @@ def estimate(
     if pixels is not None:
         report_pixels(est, pixels, training)
     return est
+
+
+def _checkpoint_dtype(model: str | ModelSpec) -> str | None:
+    """The dtype ``model``'s config says its checkpoint is in (``ModelSpec.checkpoint_dtype``;
+    a transformers config outside the formula families read the same way); None for none, a
+    diffusers or timm config, or one that cannot be read (its own error comes later)."""
+    if isinstance(model, ModelSpec):
+        return model.checkpoint_dtype
+    try:
+        config = load_hf_config(model)
+    except SpecError:
+        return None
+    return checkpoint_dtype(config) if "model_type" in config else None
 
 
 def unsloth_chunk_count(vocab_size: int, tokens: int, free_bytes: int) -> int:

@@ -271,6 +271,7 @@ _NOT_VERSIONS = (
     "load",
     "precision",
     "lora_targets",
+    "load_dtype",
     "litgpt_sharding",
 )
 """The keys of :func:`assumptions`' result that are not library versions."""
@@ -300,8 +301,11 @@ def assumptions_line(a: Mapping[str, str]) -> str:
 def precision_text(assumed: Mapping[str, str]) -> str:
     """``"precision: bf16-true (torchtune's default: ...); "`` when :func:`assumptions` names
     the framework's own default precision, else ``""``; then ``"LoRA targets: ...; "`` when it
-    names the framework's own default targets (Unsloth's seven linears)."""
+    names the framework's own default targets (Unsloth's seven linears); then ``"load dtype:
+    ...; "`` when the driver assumed the framework's (``"load_dtype"``)."""
     text = f"precision: {assumed['precision']}; " if assumed.get("precision") else ""
     if assumed.get("lora_targets"):
         text += f"LoRA targets: {assumed['lora_targets']}; "
+    if assumed.get("load_dtype"):  # the driver's (trainmem.specs.load_dtype)
+        text += f"load dtype: {assumed['load_dtype']}; "
     return text

@@ -418,4 +418,18 @@ def model_spec_from_hf(config: Mapping[str, Any], name: str) -> ModelSpec:
     spec["use_cache"] = bool(use_cache)
     if row.adjust is not None:
         row.adjust(f, spec)
+    spec["checkpoint_dtype"] = checkpoint_dtype(config)
     return ModelSpec(name=name, model_type=model_type, **spec)
+
+
+def checkpoint_dtype(config: Mapping[str, Any]) -> str | None:
+    """A config's ``torch_dtype`` (transformers 5 writes ``dtype``) in torch spelling
+    (``"torch.bfloat16"`` and ``"bfloat16"`` alike) when it is float32, bfloat16 or float16,
+    the dtype ``from_pretrained(dtype="auto")`` loads (``ModelSpec.checkpoint_dtype``); None
+    otherwise (none given, ``"auto"``, another dtype)."""
+    for key in ("dtype", "torch_dtype"):
+        value = config.get(key)
+        if isinstance(value, str):
+            name = value.removeprefix("torch.")
+            return name if name in ("float32", "bfloat16", "float16") else None
+    return None

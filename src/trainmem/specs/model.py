@@ -330,6 +330,13 @@ class ModelSpec:
     """T5 multiplies the decoder output by d_model**-0.5 before the LM head
     (``T5ForConditionalGeneration.forward``, ``config.scale_decoder_outputs``: original T5, not
     T5 v1.1 / Flan-T5)."""
+    checkpoint_dtype: str | None = None
+    """The dtype the config says its checkpoint is in (``torch_dtype``, transformers 5's
+    ``dtype``; torch spelling: ``"bfloat16"``), which ``from_pretrained(dtype="auto")`` loads
+    the weights in (transformers 5.0.0 modeling_utils.py ``_get_dtype``: ``config.dtype``);
+    None where the config names none (then transformers reads the first floating weight of
+    the checkpoint file, which trainmem does not have). See
+    :mod:`trainmem.specs.load_dtype`."""
 
     @property
     def family_row(self) -> Family:

@@ -504,15 +504,20 @@ class PrecisionConfig:
         "Dtype the model's weights are loaded in (transformers from_pretrained torch_dtype) "
         "under a *-mixed autocast:",
         choices=LOAD_DTYPES,
-        default_text="float32: autocast over fp32 weights",
+        default_text="the framework's: hf-trainer on transformers >= 5 the config's dtype "
+        "(from_pretrained dtype='auto'), TRL 0.26 likewise, LLaMA-Factory's LoRA the config's; "
+        "else float32",
     )
     """The dtype the model's weights are loaded in under a ``*-mixed`` precision whose loop
-    autocasts (``FrameworkConventions.autocast``: pytorch-amp, hf-trainer): ``float32`` (None,
-    the default: torch.autocast over fp32 weights), or the 16-bit compute dtype, the common
+    autocasts (``FrameworkConventions.autocast``: pytorch-amp, hf-trainer): ``float32``
+    (torch.autocast over fp32 weights), or the 16-bit compute dtype, the common
     ``from_pretrained(..., torch_dtype=torch.bfloat16)`` + ``TrainingArguments(bf16=True)``
     recipe (:attr:`TrainingConfig.autocast_over_loaded_16bit`): weights, gradients and
     AdamW's states in 16 bits, autocast still running its fp32 ops. Note [Autocast over
-    16-bit weights]."""
+    16-bit weights]. None, the default: the framework's load for the model's config
+    (:func:`trainmem.specs.load_dtype.resolve_load_dtype`, applied by the driver: transformers
+    >= 5's ``dtype="auto"`` under hf-trainer, TRL's ``model_init_kwargs`` by release,
+    LLaMA-Factory's), float32 elsewhere; ``details["assumed"]["load_dtype"]`` says which."""
 
     @property
     def is_mixed(self) -> bool:

@@ -1,0 +1,186 @@
+"""The dtype a framework loads the model in when ``load_dtype`` is not given.
+
+``load_dtype`` (:class:`~trainmem.specs.training.TrainingConfig`) is the dtype
+``from_pretrained`` puts the weights in; under a ``*-mixed`` precision whose loop autocasts, a
+16-bit load means 16-bit weights, gradients and AdamW states
+(``TrainingConfig.autocast_over_loaded_16bit``). Which dtype that is, when the user gives
+none, is each framework's and each release's (Note [The framework's load dtype]):
+
+- transformers' ``from_pretrained`` without a dtype: ``torch.get_default_dtype()`` (float32)
+  before 5.0 (4.57.6 modeling_utils.py ``_get_dtype``: ``dtype`` None -> the default dtype),
+  ``dtype="auto"`` from 5.0 (5.0.0 modeling_utils.py ``from_pretrained``: ``if dtype is None:
+  dtype = "auto"``; ``_get_dtype``: ``config.dtype``, the config's ``torch_dtype``). A plain HF
+  Trainer script (``--framework hf-trainer``) loads so.
+- TRL's ``SFTTrainer(model="<name>")`` (``--framework trl``) passes ``model_init_kwargs``'
+  dtype: none before 0.26 (transformers' default, above), ``"auto"`` in 0.26
+  (trl/trainer/utils.py ``create_model_from_path``: ``kwargs.get("dtype", "auto")``),
+  ``"float32"`` from 0.27 (``kwargs.get("dtype", "float32")``; 1.9.0's SFTTrainer docstring:
+  "it defaults to `float32`. This differs from from_pretrained, where (since Transformers v5)
+  the dtype is inferred from the model config").
+- LLaMA-Factory v0.9.5 loads ``torch_dtype="auto"`` (src/llamafactory/model/loader.py:155;
+  v0.8.3 .. v0.9.3 loaded the compute dtype, the same for a 16-bit checkpoint under bf16 /
+  fp16), then upcasts every trainable parameter to float32 unless ``pure_bf16``
+  (model/adapter.py:313-325, 286-288): LoRA trains fp32 adapters over the checkpoint's
+  dtype, full fine-tuning fp32 weights.
+
+A 16-bit default is applied only where trainmem models the load
+(``TrainingConfig._check_load_dtype``: autocast in that dtype, no quantized base, no ZeRO /
+FSDP, no model parallelism); elsewhere the step is the float32 one and
+``details["assumed"]["load_dtype"]`` says why: DeepSpeed casts the parameters to its 16-bit
+dtype and keeps fp32 masters whatever was loaded (v0.19.5 runtime/engine.py
+``_configure_distributed_model``), accelerate's FSDP upcasts low-precision parameters to
+float32 under mixed precision (accelerate 0.30.0, accelerator.py ``prepare_model``: "FSDP
+upcast of low precision parameters"), a quantized base's other weights take the
+quantization's dtype (``kbit_16bit_dense``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from trainmem.errors import SpecError
+from trainmem.specs.training import TrainingConfig
+
+TRANSFORMERS_AUTO_DTYPE_SINCE = (5, 0)
+"""transformers' ``from_pretrained`` defaults to ``dtype="auto"`` (the config's dtype) from
+5.0.0 (modeling_utils.py ``from_pretrained``: ``if dtype is None: dtype = "auto"``); before,
+``torch.get_default_dtype()`` (4.57.6 ``_get_dtype``)."""
+TRL_MODEL_INIT_AUTO_DTYPE = ((0, 26), (0, 27))
+"""TRL releases [first, next) whose ``SFTTrainer`` loads a model name with
+``dtype="auto"`` (trl/trainer/utils.py ``create_model_from_path`` v0.26.0-v0.26.2:
+``kwargs.get("dtype", "auto")``); from the second, ``"float32"`` (v0.27.0 .. v1.9.0);
+before the first, no dtype (v0.25.1 ``kwargs.get("dtype")``: transformers' default)."""
+
+LOADS_FROM_PRETRAINED = ("hf-trainer", "trl", "llama-factory")
+"""The frameworks whose default load :func:`framework_load_dtype` reads (the others: None)."""
+
+_LLAMA_FACTORY = "LLaMA-Factory v0.9.5"
+
+
+@dataclass(frozen=True)
+class LoadDtype:
+    """The dtype ``from_pretrained`` loads the weights in and the source that says so."""
+
+    dtype: str
+    """torch spelling: ``float32``, ``bfloat16``, ``float16``."""
+    why: str
+    """The framework's rule, with its release and file."""
+
+
+def framework_load_dtype(t: TrainingConfig, checkpoint_dtype: str | None) -> LoadDtype | None:
+    """The dtype ``t``'s framework loads the model in when ``load_dtype`` is not given.
+
+    Args:
+        t: the training settings (framework, precision, releases, LoRA).
+        checkpoint_dtype: the config's ``torch_dtype`` / ``dtype``
+            (``ModelSpec.checkpoint_dtype``); None when it names none.
+
+    Returns:
+        The dtype and its source; None for a framework that does not load through
+        ``from_pretrained`` (a plain loop, Megatron, torchtune, litgpt...) or whose load is
+        not read here (axolotl's: its norms and embeddings in fp32, loaders/model.py
+        ``_configure_embedding_dtypes``; Unsloth's ``bf16-true`` default already is its
+        16-bit load).
+    """
+    auto = checkpoint_dtype or "float32"
+    auto_text = (
+        f"the config's dtype, {checkpoint_dtype}"
+        if checkpoint_dtype
+        else "no dtype in the config: the checkpoint's first float weight, taken as float32"
+    )
+    if t.framework == "llama-factory":
+        if not t.is_lora:
+            return LoadDtype(
+                "float32",
+                f"{_LLAMA_FACTORY} upcasts every trainable parameter to float32 "
+                "(model/adapter.py:313-325) unless pure_bf16",
+            )
+        return LoadDtype(
+            auto,
+            f"{_LLAMA_FACTORY} loads torch_dtype='auto' (model/loader.py:155): {auto_text}; "
+            "its LoRA adapters fp32 (adapter.py:286-288)",
+        )
+    if t.framework == "trl":
+        trl = t.trl_release or ()
+        release = ".".join(map(str, trl))
+        first, after = TRL_MODEL_INIT_AUTO_DTYPE
+        if trl >= after:
+            return LoadDtype(
+                "float32",
+                f"TRL {release} SFTTrainer(model=<name>) loads dtype='float32' unless "
+                "model_init_kwargs says (trl/trainer/utils.py create_model_from_path)",
+            )
+        if trl >= first:
+            return LoadDtype(
+                auto,
+                f"TRL {release} SFTTrainer(model=<name>) loads dtype='auto' "
+                f"(trl/trainer/utils.py create_model_from_path): {auto_text}",
+            )
+    elif t.framework != "hf-trainer":
+        return None
+    transformers = t.transformers_release
+    release = ".".join(map(str, transformers))
+    if transformers >= TRANSFORMERS_AUTO_DTYPE_SINCE:
+        return LoadDtype(
+            auto,
+            f"transformers {release} from_pretrained defaults to dtype='auto' "
+            f"(modeling_utils.py, from 5.0.0): {auto_text}",
+        )
+    return LoadDtype(
+        "float32",
+        f"transformers {release} from_pretrained loads in torch's default dtype when none is "
+        "given (modeling_utils.py _get_dtype, before 5.0)",
+    )
+
+
+def _not_modelled(t: TrainingConfig, dtype: str) -> str:
+    """Why a 16-bit default load is not applied to ``t`` (``_check_load_dtype`` refuses it),
+    in the terms of what the framework then does."""
+    if not t.uses_autocast:
+        return (
+            f"--precision {t.precision} runs no autocast: a {dtype} model then trains in "
+            f"{dtype} throughout, which --precision {'bf16' if dtype == 'bfloat16' else '16'}"
+            "-true models"
+        )
+    if t.quantize_base != "none":
+        return "a quantized base: its other weights take the quantization's dtype"
+    if t.zero_stage != 0:
+        return (
+            "DeepSpeed casts the weights to its 16-bit dtype with fp32 masters whatever is "
+            "loaded, and accelerate's FSDP upcasts them to float32 (accelerate 0.30.0 "
+            "prepare_model)"
+        )
+    if t.tensor_parallel_size > 1 or t.pipeline_parallel_size > 1:
+        return "a 16-bit load under model parallelism is not modelled"
+    if dtype == "float16" and dtype == t.compute_dtype and not t.is_lora:
+        # torch/amp/grad_scaler.py ``_unscale_grads_``
+        return "16-mixed's GradScaler raises 'Attempting to unscale FP16 gradients.' on them"
+    return f"autocast to {t.compute_dtype} over {dtype} weights is not modelled"
+
+
+def resolve_load_dtype(
+    t: TrainingConfig, checkpoint_dtype: str | None
+) -> tuple[TrainingConfig, str | None]:
+    """``t`` with the framework's ``load_dtype`` when none is given, and what was assumed.
+
+    Returns:
+        ``t`` (with ``load_dtype`` set where the framework's default is a 16-bit load trainmem
+        models; a given ``load_dtype`` always wins) and the ``details["assumed"]["load_dtype"]``
+        text (None where the framework does not load through ``from_pretrained``).
+    """
+    if t.load_dtype is not None:
+        return t, None
+    default = framework_load_dtype(t, checkpoint_dtype)
+    if default is None:
+        return t, None
+    if default.dtype == "float32":
+        return t, f"float32 ({default.why})"
+    try:
+        loaded = replace(t, load_dtype=default.dtype)
+    except SpecError:  # _check_load_dtype: a load the step does not model
+        return t, (
+            f"float32 modelled; the load is {default.dtype} ({default.why}), but "
+            f"{_not_modelled(t, default.dtype)}"
+        )
+    return loaded, f"{default.dtype} ({default.why}); --load-dtype float32 overrides it"
+
