@@ -11,12 +11,14 @@ none, is each framework's and each release's (Note [The framework's load dtype])
   ``dtype="auto"`` from 5.0 (5.0.0 modeling_utils.py ``from_pretrained``: ``if dtype is None:
   dtype = "auto"``; ``_get_dtype``: ``config.dtype``, the config's ``torch_dtype``). A plain HF
   Trainer script (``--framework hf-trainer``) loads so.
-- TRL's ``SFTTrainer(model="<name>")`` (``--framework trl``) passes ``model_init_kwargs``'
-  dtype: none before 0.26 (transformers' default, above), ``"auto"`` in 0.26
-  (trl/trainer/utils.py ``create_model_from_path``: ``kwargs.get("dtype", "auto")``),
-  ``"float32"`` from 0.27 (``kwargs.get("dtype", "float32")``; 1.9.0's SFTTrainer docstring:
-  "it defaults to `float32`. This differs from from_pretrained, where (since Transformers v5)
-  the dtype is inferred from the model config").
+- TRL's ``SFTTrainer(model="<name>")`` (``--framework trl``) loads through
+  trl/trainer/utils.py ``create_model_from_path``: before 0.27 it passes no dtype unless
+  ``model_init_kwargs`` has one (v0.25.1 ``kwargs.get("dtype")``; v0.26.0-v0.26.2
+  ``kwargs.get("dtype", "auto")`` only reads, ``"auto"`` is not written back), so
+  transformers' default above; from 0.27 ``kwargs.get("dtype", "float32")`` writes
+  ``torch.float32`` (v0.27.0 .. v1.9.0; 1.9.0's SFTTrainer docstring: "it defaults to
+  `float32`. This differs from from_pretrained, where (since Transformers v5) the dtype is
+  inferred from the model config"). Run for real: benchmarks/load_dtype_by_release.py.
 - LLaMA-Factory v0.9.5 loads ``torch_dtype="auto"`` (src/llamafactory/model/loader.py:155;
   v0.8.3 .. v0.9.3 loaded the compute dtype, the same for a 16-bit checkpoint under bf16 /
   fp16), then upcasts every trainable parameter to float32 unless ``pure_bf16``
@@ -45,11 +47,12 @@ TRANSFORMERS_AUTO_DTYPE_SINCE = (5, 0)
 """transformers' ``from_pretrained`` defaults to ``dtype="auto"`` (the config's dtype) from
 5.0.0 (modeling_utils.py ``from_pretrained``: ``if dtype is None: dtype = "auto"``); before,
 ``torch.get_default_dtype()`` (4.57.6 ``_get_dtype``)."""
-TRL_MODEL_INIT_AUTO_DTYPE = ((0, 26), (0, 27))
-"""TRL releases [first, next) whose ``SFTTrainer`` loads a model name with
-``dtype="auto"`` (trl/trainer/utils.py ``create_model_from_path`` v0.26.0-v0.26.2:
-``kwargs.get("dtype", "auto")``); from the second, ``"float32"`` (v0.27.0 .. v1.9.0);
-before the first, no dtype (v0.25.1 ``kwargs.get("dtype")``: transformers' default)."""
+TRL_MODEL_INIT_FLOAT32_SINCE = (0, 27)
+"""TRL's ``SFTTrainer`` loads a model name in float32 unless ``model_init_kwargs`` gives a
+dtype from 0.27.0 (trl/trainer/utils.py ``create_model_from_path``: ``kwargs.get("dtype",
+"float32")`` then ``kwargs["dtype"] = torch.float32``); before, no dtype reaches
+``from_pretrained`` (v0.26.2 ``kwargs.get("dtype", "auto")`` leaves ``kwargs`` as it is; a real
+CPU run of 0.26.2 on transformers 4.57.6 loads float32, benchmarks/load_dtype_by_release.py)."""
 
 LOADS_FROM_PRETRAINED = ("hf-trainer", "trl", "llama-factory")
 """The frameworks whose default load :func:`framework_load_dtype` reads (the others: None)."""
@@ -100,36 +103,33 @@ def framework_load_dtype(t: TrainingConfig, checkpoint_dtype: str | None) -> Loa
             f"{_LLAMA_FACTORY} loads torch_dtype='auto' (model/loader.py:155): {auto_text}; "
             "its LoRA adapters fp32 (adapter.py:286-288)",
         )
-    if t.framework == "trl":
-        trl = t.trl_release or ()
-        release = ".".join(map(str, trl))
-        first, after = TRL_MODEL_INIT_AUTO_DTYPE
-        if trl >= after:
-            return LoadDtype(
-                "float32",
-                f"TRL {release} SFTTrainer(model=<name>) loads dtype='float32' unless "
-                "model_init_kwargs says (trl/trainer/utils.py create_model_from_path)",
-            )
-        if trl >= first:
-            return LoadDtype(
-                auto,
-                f"TRL {release} SFTTrainer(model=<name>) loads dtype='auto' "
-                f"(trl/trainer/utils.py create_model_from_path): {auto_text}",
-            )
-    elif t.framework != "hf-trainer":
+    if t.framework == "trl" and (t.trl_release or ()) >= TRL_MODEL_INIT_FLOAT32_SINCE:
+        release = ".".join(map(str, t.trl_release or ()))
+        return LoadDtype(
+            "float32",
+            f"TRL {release} SFTTrainer(model=<name>) loads dtype='float32' unless "
+            "model_init_kwargs says (trl/trainer/utils.py create_model_from_path, from 0.27)",
+        )
+    if t.framework not in ("hf-trainer", "trl"):  # TRL before 0.27: transformers' default
         return None
+    trl = ""
+    if t.framework == "trl":
+        trl = (
+            f"TRL {'.'.join(map(str, t.trl_release or ()))} SFTTrainer(model=<name>) passes no "
+            "dtype before 0.27 (trl/trainer/utils.py create_model_from_path), so "
+        )
     transformers = t.transformers_release
     release = ".".join(map(str, transformers))
     if transformers >= TRANSFORMERS_AUTO_DTYPE_SINCE:
         return LoadDtype(
             auto,
-            f"transformers {release} from_pretrained defaults to dtype='auto' "
+            f"{trl}transformers {release} from_pretrained defaults to dtype='auto' "
             f"(modeling_utils.py, from 5.0.0): {auto_text}",
         )
     return LoadDtype(
         "float32",
-        f"transformers {release} from_pretrained loads in torch's default dtype when none is "
-        "given (modeling_utils.py _get_dtype, before 5.0)",
+        f"{trl}transformers {release} from_pretrained loads in torch's default dtype when none "
+        "is given (modeling_utils.py _get_dtype, before 5.0)",
     )
 
 

@@ -505,8 +505,8 @@ class PrecisionConfig:
         "under a *-mixed autocast:",
         choices=LOAD_DTYPES,
         default_text="the framework's: hf-trainer on transformers >= 5 the config's dtype "
-        "(from_pretrained dtype='auto'), TRL 0.26 likewise, LLaMA-Factory's LoRA the config's; "
-        "else float32",
+        "(from_pretrained dtype='auto'), TRL before 0.27 likewise, LLaMA-Factory's LoRA the "
+        "config's; else float32",
     )
     """The dtype the model's weights are loaded in under a ``*-mixed`` precision whose loop
     autocasts (``FrameworkConventions.autocast``: pytorch-amp, hf-trainer): ``float32``
@@ -516,7 +516,7 @@ class PrecisionConfig:
     AdamW's states in 16 bits, autocast still running its fp32 ops. Note [Autocast over
     16-bit weights]. None, the default: the framework's load for the model's config
     (:func:`trainmem.specs.load_dtype.resolve_load_dtype`, applied by the driver: transformers
-    >= 5's ``dtype="auto"`` under hf-trainer, TRL's ``model_init_kwargs`` by release,
+    >= 5's ``dtype="auto"`` under hf-trainer, TRL's ``create_model_from_path`` by release,
     LLaMA-Factory's), float32 elsewhere; ``details["assumed"]["load_dtype"]`` says which."""
 
     @property

@@ -1,0 +1,155 @@
+"""The dtype a framework loads the model in when ``--load-dtype`` is not given (issue 24;
+trainmem/specs/load_dtype.py).
+
+Expected values from the sources, read at their releases:
+
+* transformers ``from_pretrained`` without a dtype: 4.57.6 modeling_utils.py ``_get_dtype``
+  (``dtype`` None -> ``torch.get_default_dtype()``, float32); 5.0.0 ``from_pretrained`` (``if
+  dtype is None: dtype = "auto"``) and ``_get_dtype`` (``"auto"`` -> ``config.dtype``). The
+  installed release is also run for real on CPU below (a tiny Llama saved in bf16 / fp16).
+* TRL ``create_model_from_path`` (trl/trainer/utils.py): v0.25.1 ``kwargs.get("dtype")`` and
+  v0.26.0-v0.26.2 ``kwargs.get("dtype", "auto")`` only read the dtype (none given: none reaches
+  ``from_pretrained``, transformers' default; a real run of 0.26.2 on transformers 4.57.6
+  loads float32, benchmarks/load_dtype_by_release.py), v0.27.0 .. v1.9.0
+  ``kwargs.get("dtype", "float32")`` then ``kwargs["dtype"] = torch.float32``.
+* LLaMA-Factory v0.9.5: model/loader.py:155 ``init_kwargs["torch_dtype"] = "auto"``, then
+  model/adapter.py:313-325 upcasts every trainable parameter to float32 (not ``pure_bf16``):
+  LoRA keeps the frozen base in the checkpoint's dtype, full fine-tuning trains fp32 weights.
+
+Bytes by hand, Llama-3.2-1B (h 2048, i 8192, 16 layers, 32 heads of 64, 8 KV heads, vocabulary
+128,256, tied head): embedding 128,256 x 2,048 = 262,668,288; a layer q 4,194,304 + k 1,048,576 +
+v 1,048,576 + o 4,194,304 + gate / up / down 3 x 16,777,216 + two norms 4,096 = 60,821,504,
+16 times 973,144,064; final norm 2,048: N = 1,235,814,400. Loaded in bf16: weights 2 N =
+2,471,628,800 B, AdamW's two states in the weights' dtype 4 N = 4,943,257,600 B; loaded in
+fp32: 4 N = 4,943,257,600 B and 8 N = 9,886,515,200 B.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainmem import estimate
+from trainmem.specs.frameworks import installed_transformers_version
+from trainmem.specs.hf import checkpoint_dtype, load_model_spec
+from trainmem.specs.load_dtype import framework_load_dtype, resolve_load_dtype
+from trainmem.specs.training import TrainingConfig
+
+N = 1_235_814_400
+
+
+def _t(**fields: object) -> TrainingConfig:
+    settings: dict[str, object] = {"framework": "hf-trainer", "precision": "bf16-mixed", **fields}
+    return TrainingConfig(**settings)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("fields", "checkpoint", "loads"),
+    [
+        ({"transformers_version": "4.57.6"}, "bfloat16", "float32"),
+        ({"transformers_version": "5.0.0"}, "bfloat16", "bfloat16"),
+        ({"transformers_version": "5.0.0"}, "float16", "float16"),
+        ({"transformers_version": "5.0.0"}, None, "float32"),
+        ({"framework": "trl", "trl_version": "0.25.1", "transformers_version": "4.57"}, "bfloat16", "float32"),
+        ({"framework": "trl", "trl_version": "0.25.1", "transformers_version": "5.0"}, "bfloat16", "bfloat16"),
+        ({"framework": "trl", "trl_version": "0.26.2", "transformers_version": "4.57"}, "bfloat16", "float32"),
+        ({"framework": "trl", "trl_version": "0.26.2", "transformers_version": "5.0"}, "bfloat16", "bfloat16"),
+        ({"framework": "trl", "trl_version": "0.27.0", "transformers_version": "5.0"}, "bfloat16", "float32"),
+        ({"framework": "trl", "trl_version": "1.16.0"}, "bfloat16", "float32"),
+        ({"framework": "llama-factory", "lora_rank": 8}, "bfloat16", "bfloat16"),
+        ({"framework": "llama-factory", "lora_rank": 8}, None, "float32"),
+        ({"framework": "llama-factory"}, "bfloat16", "float32"),
+    ],
+)
+def test_each_framework_and_release(
+    fields: dict[str, object], checkpoint: str | None, loads: str
+) -> None:
+    default = framework_load_dtype(_t(**fields), checkpoint)
+    assert default is not None
+    assert default.dtype == loads
+
+
+@pytest.mark.parametrize("framework", ["pytorch-amp", "axolotl", "unsloth", "deepspeed"])
+def test_frameworks_whose_load_is_not_read(framework: str) -> None:
+    assert framework_load_dtype(_t(framework=framework, precision="bf16-true"), "bfloat16") is None
+
+
+def test_a_given_load_dtype_wins() -> None:
+    t = _t(transformers_version="5.0", load_dtype="float32")
+    assert resolve_load_dtype(t, "bfloat16") == (t, None)
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"precision": "32-true"}, "--precision bf16-true models"),
+        ({"zero_stage": 3, "data_parallel_size": 2}, "DeepSpeed casts the weights"),
+        ({"quantize_base": "nf4", "lora_rank": 8}, "quantized base"),
+        ({"precision": "16-mixed"}, "autocast to float16 over bfloat16 weights"),
+    ],
+)
+def test_a_16bit_load_the_step_does_not_model_stays_float32_and_says_why(
+    fields: dict[str, object], says: str
+) -> None:
+    t = _t(transformers_version="5.0", **fields)
+    resolved, why = resolve_load_dtype(t, "bfloat16")
+    assert resolved.load_dtype is None and not resolved.autocast_over_loaded_16bit
+    assert why is not None and why.startswith("float32 modelled; the load is bfloat16")
+    assert says in why
+
+
+def test_config_dtype_spellings() -> None:
+    assert checkpoint_dtype({"torch_dtype": "bfloat16"}) == "bfloat16"
+    assert checkpoint_dtype({"dtype": "torch.float16"}) == "float16"
+    assert checkpoint_dtype({"torch_dtype": "auto"}) is None
+    assert checkpoint_dtype({"torch_dtype": "float64"}) is None
+    assert checkpoint_dtype({}) is None
+    # the shipped config.json of meta-llama/Llama-3.2-1B says "torch_dtype": "bfloat16"
+    assert load_model_spec("llama-3.2-1b").checkpoint_dtype == "bfloat16"
+
+
+@pytest.mark.parametrize(
+    ("transformers", "parameters", "optimizer_states", "assumed"),
+    [
+        ("5.0", 2 * N, 4 * N, "bfloat16 (transformers 5.0 from_pretrained defaults to dtype='auto'"),
+        ("4.57", 4 * N, 8 * N, "float32 (transformers 4.57 from_pretrained loads in torch's"),
+    ],
+)
+def test_hf_trainer_bytes_follow_the_release(
+    transformers: str, parameters: int, optimizer_states: int, assumed: str
+) -> None:
+    t = _t(transformers_version=transformers, micro_batch_size=1, seq_len=256)
+    est = estimate("llama-3.2-1b", t, engine="analytic", simulate_allocator=False)
+    assert est.breakdown.parameters == parameters
+    assert est.breakdown.optimizer_states == optimizer_states
+    assert est.details["assumed"]["load_dtype"].startswith(assumed)
+    assert est.config["load_dtype"] == ("bfloat16" if transformers == "5.0" else None)
+
+
+@pytest.mark.parametrize("saved", ["bfloat16", "float16"])
+def test_installed_from_pretrained_loads_what_the_rule_says(tmp_path: Path, saved: str) -> None:
+    """A real CPU run of the installed transformers' ``from_pretrained`` without a dtype on a
+    tiny Llama saved in ``saved``: the parameters come out in the dtype the rule gives for the
+    installed release."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+    )
+    model = transformers.LlamaForCausalLM(config).to(getattr(torch, saved))
+    model.save_pretrained(tmp_path)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+    dtypes = {str(p.dtype).removeprefix("torch.") for p in loaded.parameters()}
+    release = installed_transformers_version()
+    assert release is not None
+    t = _t(transformers_version=".".join(map(str, release)))
+    # trainmem reads the config.json save_pretrained wrote, as a user's path
+    default = framework_load_dtype(t, load_model_spec(str(tmp_path)).checkpoint_dtype)
+    assert default is not None
+    assert dtypes == {default.dtype}
