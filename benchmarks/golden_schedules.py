@@ -68,7 +68,15 @@ GRID: dict[str, tuple[str, dict[str, Any]]] = {
         {**_DP, "zero_stage": 3, "framework": "accelerate-fsdp"},
     ),
     "llama fsdp2": ("llama-3.2-1b", {**_DP, "zero_stage": 3, "framework": "fsdp2"}),
-    "llama hf-trainer": ("llama-3.2-1b", {"framework": "hf-trainer"}),
+    # the release pinned: the load dtype follows it (trainmem/specs/load_dtype.py)
+    "llama hf-trainer": (
+        "llama-3.2-1b",
+        {"framework": "hf-trainer", "transformers_version": "4.57"},
+    ),
+    "llama hf-trainer transformers 5": (
+        "llama-3.2-1b",
+        {"framework": "hf-trainer", "transformers_version": "5.0"},
+    ),
     "llama torchtune": ("llama-3.2-1b", {"framework": "torchtune"}),
     "llama litgpt": ("llama-3.2-1b", {"framework": "litgpt"}),
     "llama megatron tp2": ("llama-3.2-1b", {"framework": "megatron", "tensor_parallel_size": 2}),

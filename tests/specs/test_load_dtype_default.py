@@ -51,11 +51,31 @@ def _t(**fields: object) -> TrainingConfig:
         ({"transformers_version": "5.0.0"}, "bfloat16", "bfloat16"),
         ({"transformers_version": "5.0.0"}, "float16", "float16"),
         ({"transformers_version": "5.0.0"}, None, "float32"),
-        ({"framework": "trl", "trl_version": "0.25.1", "transformers_version": "4.57"}, "bfloat16", "float32"),
-        ({"framework": "trl", "trl_version": "0.25.1", "transformers_version": "5.0"}, "bfloat16", "bfloat16"),
-        ({"framework": "trl", "trl_version": "0.26.2", "transformers_version": "4.57"}, "bfloat16", "float32"),
-        ({"framework": "trl", "trl_version": "0.26.2", "transformers_version": "5.0"}, "bfloat16", "bfloat16"),
-        ({"framework": "trl", "trl_version": "0.27.0", "transformers_version": "5.0"}, "bfloat16", "float32"),
+        (
+            {"framework": "trl", "trl_version": "0.25.1", "transformers_version": "4.57"},
+            "bfloat16",
+            "float32",
+        ),
+        (
+            {"framework": "trl", "trl_version": "0.25.1", "transformers_version": "5.0"},
+            "bfloat16",
+            "bfloat16",
+        ),
+        (
+            {"framework": "trl", "trl_version": "0.26.2", "transformers_version": "4.57"},
+            "bfloat16",
+            "float32",
+        ),
+        (
+            {"framework": "trl", "trl_version": "0.26.2", "transformers_version": "5.0"},
+            "bfloat16",
+            "bfloat16",
+        ),
+        (
+            {"framework": "trl", "trl_version": "0.27.0", "transformers_version": "5.0"},
+            "bfloat16",
+            "float32",
+        ),
         ({"framework": "trl", "trl_version": "1.16.0"}, "bfloat16", "float32"),
         ({"framework": "llama-factory", "lora_rank": 8}, "bfloat16", "bfloat16"),
         ({"framework": "llama-factory", "lora_rank": 8}, None, "float32"),
@@ -112,7 +132,12 @@ def test_config_dtype_spellings() -> None:
 @pytest.mark.parametrize(
     ("transformers", "parameters", "optimizer_states", "assumed"),
     [
-        ("5.0", 2 * N, 4 * N, "bfloat16 (transformers 5.0 from_pretrained defaults to dtype='auto'"),
+        (
+            "5.0",
+            2 * N,
+            4 * N,
+            "bfloat16 (transformers 5.0 from_pretrained defaults to dtype='auto'",
+        ),
         ("4.57", 4 * N, 8 * N, "float32 (transformers 4.57 from_pretrained loads in torch's"),
     ],
 )

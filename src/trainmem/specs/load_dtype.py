@@ -183,4 +183,3 @@ def resolve_load_dtype(
             f"{_not_modelled(t, default.dtype)}"
         )
     return loaded, f"{default.dtype} ({default.why}); --load-dtype float32 overrides it"
-
