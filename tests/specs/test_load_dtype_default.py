@@ -15,6 +15,11 @@ Expected values from the sources, read at their releases:
 * LLaMA-Factory v0.9.5: model/loader.py:155 ``init_kwargs["torch_dtype"] = "auto"``, then
   model/adapter.py:313-325 upcasts every trainable parameter to float32 (not ``pure_bf16``):
   LoRA keeps the frozen base in the checkpoint's dtype, full fine-tuning trains fp32 weights.
+* axolotl v0.18.0: utils/config/__init__.py ``resolve_dtype`` (``torch_dtype`` bfloat16 under
+  ``bf16``, float16 under ``fp16``, else float32, whatever the checkpoint), loaders/model.py
+  ``_configure_embedding_dtypes`` (norms and embeddings to float32, then back to
+  ``torch_dtype`` when an adapter sets ``needs_fa2_dtype``): LoRA over a base in the compute
+  dtype; a full fine-tune mixes the two (modelled as float32).
 
 Bytes by hand, Llama-3.2-1B (h 2048, i 8192, 16 layers, 32 heads of 64, 8 KV heads, vocabulary
 128,256, tied head): embedding 128,256 x 2,048 = 262,668,288; a layer q 4,194,304 + k 1,048,576 +
@@ -80,6 +85,10 @@ def _t(**fields: object) -> TrainingConfig:
         ({"framework": "llama-factory", "lora_rank": 8}, "bfloat16", "bfloat16"),
         ({"framework": "llama-factory", "lora_rank": 8}, None, "float32"),
         ({"framework": "llama-factory"}, "bfloat16", "float32"),
+        ({"framework": "axolotl", "lora_rank": 8}, "float32", "bfloat16"),
+        ({"framework": "axolotl", "lora_rank": 8, "precision": "16-mixed"}, None, "float16"),
+        ({"framework": "axolotl"}, "bfloat16", "float32"),
+        ({"framework": "axolotl", "lora_rank": 8, "precision": "32-true"}, "bfloat16", "float32"),
     ],
 )
 def test_each_framework_and_release(
@@ -90,7 +99,7 @@ def test_each_framework_and_release(
     assert default.dtype == loads
 
 
-@pytest.mark.parametrize("framework", ["pytorch-amp", "axolotl", "unsloth", "deepspeed"])
+@pytest.mark.parametrize("framework", ["pytorch-amp", "unsloth", "deepspeed", "torchtune"])
 def test_frameworks_whose_load_is_not_read(framework: str) -> None:
     assert framework_load_dtype(_t(framework=framework, precision="bf16-true"), "bfloat16") is None
 

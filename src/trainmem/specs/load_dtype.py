@@ -24,6 +24,9 @@ none, is each framework's and each release's (Note [The framework's load dtype])
   fp16), then upcasts every trainable parameter to float32 unless ``pure_bf16``
   (model/adapter.py:313-325, 286-288): LoRA trains fp32 adapters over the checkpoint's
   dtype, full fine-tuning fp32 weights.
+- axolotl v0.18.0 loads in its ``torch_dtype`` (the ``bf16`` / ``fp16`` flag's, not the
+  checkpoint's): a LoRA base wholly in it, a full fine-tune's norms, embeddings and head in
+  float32 beside it (a mixed load, modelled as float32); :func:`_axolotl`.
 
 A 16-bit default is applied only where trainmem models the load
 (``TrainingConfig._check_load_dtype``: autocast in that dtype, no quantized base, no ZeRO /
@@ -54,7 +57,7 @@ dtype from 0.27.0 (trl/trainer/utils.py ``create_model_from_path``: ``kwargs.get
 ``from_pretrained`` (v0.26.2 ``kwargs.get("dtype", "auto")`` leaves ``kwargs`` as it is; a real
 CPU run of 0.26.2 on transformers 4.57.6 loads float32, benchmarks/load_dtype_by_release.py)."""
 
-LOADS_FROM_PRETRAINED = ("hf-trainer", "trl", "llama-factory")
+LOADS_FROM_PRETRAINED = ("hf-trainer", "trl", "llama-factory", "axolotl")
 """The frameworks whose default load :func:`framework_load_dtype` reads (the others: None)."""
 
 _LLAMA_FACTORY = "LLaMA-Factory v0.9.5"
@@ -81,9 +84,7 @@ def framework_load_dtype(t: TrainingConfig, checkpoint_dtype: str | None) -> Loa
     Returns:
         The dtype and its source; None for a framework that does not load through
         ``from_pretrained`` (a plain loop, Megatron, torchtune, litgpt...) or whose load is
-        not read here (axolotl's: its norms and embeddings in fp32, loaders/model.py
-        ``_configure_embedding_dtypes``; Unsloth's ``bf16-true`` default already is its
-        16-bit load).
+        not read here (Unsloth's: its ``bf16-true`` default already is its 16-bit load).
     """
     auto = checkpoint_dtype or "float32"
     auto_text = (
@@ -103,6 +104,8 @@ def framework_load_dtype(t: TrainingConfig, checkpoint_dtype: str | None) -> Loa
             f"{_LLAMA_FACTORY} loads torch_dtype='auto' (model/loader.py:155): {auto_text}; "
             "its LoRA adapters fp32 (adapter.py:286-288)",
         )
+    if t.framework == "axolotl":
+        return _axolotl(t)
     if t.framework == "trl" and (t.trl_release or ()) >= TRL_MODEL_INIT_FLOAT32_SINCE:
         release = ".".join(map(str, t.trl_release or ()))
         return LoadDtype(
@@ -130,6 +133,30 @@ def framework_load_dtype(t: TrainingConfig, checkpoint_dtype: str | None) -> Loa
         "float32",
         f"{trl}transformers {release} from_pretrained loads in torch's default dtype when none "
         "is given (modeling_utils.py _get_dtype, before 5.0)",
+    )
+
+
+def _axolotl(t: TrainingConfig) -> LoadDtype:
+    """axolotl v0.18.0 loads in ``cfg.torch_dtype`` (utils/config/__init__.py ``resolve_dtype``:
+    bfloat16 under ``bf16``, float16 under ``fp16``, else float32) whatever the checkpoint's;
+    ``_configure_embedding_dtypes`` (loaders/model.py:422-477) then puts norms, embeddings and
+    head in float32 (not under FSDP) and, with an adapter (``needs_fa2_dtype``), back in
+    ``torch_dtype``: a LoRA base wholly in the compute dtype, a full fine-tune's linears in it
+    beside fp32 norms, embeddings and head, a mixed load not modelled (float32 here)."""
+    flag = {"bfloat16": "bf16", "float16": "fp16"}.get(t.compute_dtype, "")
+    if not (t.is_mixed and flag):
+        return LoadDtype("float32", "axolotl v0.18.0: no bf16 / fp16, torch_dtype float32")
+    source = f"axolotl v0.18.0 loads torch_dtype {t.compute_dtype} under {flag} (resolve_dtype)"
+    if t.is_lora:
+        return LoadDtype(
+            t.compute_dtype,
+            f"{source}, norms and embeddings cast back to it with an adapter "
+            "(loaders/model.py _configure_embedding_dtypes)",
+        )
+    return LoadDtype(
+        "float32",
+        f"{source}, but a full fine-tune keeps norms, embeddings and head in float32 "
+        "(loaders/model.py _configure_embedding_dtypes): a mixed load, not modelled",
     )
 
 

@@ -506,7 +506,7 @@ class PrecisionConfig:
         choices=LOAD_DTYPES,
         default_text="the framework's: hf-trainer on transformers >= 5 the config's dtype "
         "(from_pretrained dtype='auto'), TRL before 0.27 likewise, LLaMA-Factory's LoRA the "
-        "config's; else float32",
+        "config's, axolotl's LoRA the compute dtype; else float32",
     )
     """The dtype the model's weights are loaded in under a ``*-mixed`` precision whose loop
     autocasts (``FrameworkConventions.autocast``: pytorch-amp, hf-trainer): ``float32``
@@ -517,7 +517,8 @@ class PrecisionConfig:
     16-bit weights]. None, the default: the framework's load for the model's config
     (:func:`trainmem.specs.load_dtype.resolve_load_dtype`, applied by the driver: transformers
     >= 5's ``dtype="auto"`` under hf-trainer, TRL's ``create_model_from_path`` by release,
-    LLaMA-Factory's), float32 elsewhere; ``details["assumed"]["load_dtype"]`` says which."""
+    LLaMA-Factory's, axolotl's), float32 elsewhere; ``details["assumed"]["load_dtype"]`` says
+    which."""
 
     @property
     def is_mixed(self) -> bool:
