@@ -175,5 +175,6 @@ def frozen_embeddings(training: TrainingConfig) -> bool:
     lookup no indices (torch records an op only for inputs that need a gradient: torch 2.13
     torchgen/packaged/autograd/gen_variable_type.py, Note [LoRA's first layer] in
     :mod:`trainmem.analytic.lora`; traced on T5: no dropout mask after either stack's
-    embeddings, no relative-position buckets)."""
-    return training.is_lora and not training.input_embeddings_require_grad
+    embeddings, no relative-position buckets). Not with a trained copy of the token embedding
+    (``lora_modules_to_save``, Note [peft modules_to_save]): its output requires grad."""
+    return not training.trains_embedding and not training.input_embeddings_require_grad

@@ -51,7 +51,7 @@ def input_grad_hook_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     ``_activation_checkpointing_enable``; peft utils/other.py
     ``prepare_model_for_kbit_training``; torch/csrc/autograd/functions/accumulate_grad.h.
     """
-    frozen_embeddings = training.is_lora
+    frozen_embeddings = not training.trains_embedding  # Note [peft modules_to_save]
     if not (
         training.input_embeddings_require_grad
         and frozen_embeddings

@@ -34,7 +34,7 @@ from trainmem.analytic.params import num_parameters
 from trainmem.analytic.schedule import PipelineRank, rank_schedule
 from trainmem.analytic.template import templated_schedules
 from trainmem.analytic.temporaries import cublas_workspace_bytes
-from trainmem.analytic.tensor_states import StateLayout, state_layout
+from trainmem.analytic.tensor_states import StateLayout, saved_modules, state_layout
 from trainmem.analytic.varying_lengths import after_earlier_steps
 from trainmem.breakdown import MemoryBreakdown, MemoryEstimate
 from trainmem.errors import SpecError
@@ -184,8 +184,14 @@ def _details(
 def model_as_built(model: ModelSpec, training: TrainingConfig) -> ModelSpec:
     """``model`` as the framework builds it: a config's tied output head untied where the
     framework's model code has its own (``FrameworkConventions.untied_output_head``: litgpt's
-    ``GPT.lm_head``, litgpt/model.py @43c44323), else ``model`` itself."""
-    if training.conventions.untied_output_head and model.tie_word_embeddings:
+    ``GPT.lm_head``, litgpt/model.py @43c44323) or peft trains a copy of the embedding or the
+    head (``lora_modules_to_save``: the copies are untied, Note [peft modules_to_save] in
+    :mod:`trainmem.analytic.tensor_states`), else ``model`` itself."""
+    if not model.tie_word_embeddings:
+        return model
+    if saved_modules(training) and model.head == "causal-lm":
+        return replace(model, tie_word_embeddings=False, untied_from_config=True)
+    if training.conventions.untied_output_head:
         return replace(model, tie_word_embeddings=False)
     return model
 

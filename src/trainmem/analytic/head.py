@@ -90,7 +90,7 @@ def _lm_head_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dic
     out: dict[str, int] = {}
     if model.head == "masked-lm":
         out["mlm_transform"] = (2 * c * h + norm_saved_bytes(model, r)) * t
-    lm_head_frozen = training.is_lora and "lm_head" not in training.lora_targets
+    lm_head_frozen = not training.trains_lm_head and "lm_head" not in training.lora_targets
     # a frozen LM head saves no input, unless bitsandbytes quantized it (lit-gpt quantizes
     # every linear, the LM head too; HF keeps it unquantized)
     # a quantized head saves its input only where bitsandbytes' MatMul4Bit still did (< 0.43.2)
@@ -370,5 +370,5 @@ def head_matmul_backward_parts(
     h, v = model.hidden_size, model.vocab_size
     tokens = t.micro_batch_size * output_tokens(model, t)
     cast = t.uses_autocast and t.gathered_weight_dtype != t.compute_dtype
-    trained = not t.is_lora and not quantized_lm_head(t)
+    trained = t.trains_lm_head and not quantized_lm_head(t)
     return HeadMatmulBackward(c * v * tokens, c * v * h if cast and trained else 0, c * h * tokens)

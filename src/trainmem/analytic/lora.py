@@ -591,6 +591,7 @@ def first_layer_unsaved(model: ModelSpec, training: TrainingConfig) -> FirstLaye
     parallel = model.parallel_attention
     if (
         not training.is_lora
+        or training.trains_embedding  # Note [peft modules_to_save]: its output needs grad
         or training.lora_variant not in ("lora", "dora")
         or training.activation_checkpointing != "none"
         or training.input_embeddings_require_grad

@@ -391,7 +391,7 @@ def cut_cross_entropy_backward_bytes(model: ModelSpec, training: TrainingConfig)
     the head weight's dtype)."""
     c, _ = compute_and_residual_bytes(training)
     t = training.micro_batch_size * output_tokens(model, training)
-    frozen = training.is_lora and "lm_head" not in training.lora_targets
+    frozen = not training.trains_lm_head and "lm_head" not in training.lora_targets
     old = training.unsloth_release < UNSLOTH_SMART_CHECKPOINT_SINCE
     dc = dtype_bytes(training.weight_dtype) * model.vocab_size * model.hidden_size
     return c * model.hidden_size * t + (dc if frozen and old else 0)
@@ -404,7 +404,7 @@ def unsloth_fused_saved_terms(
     input gradient (r h per token) and a trained head's weight gradient (V h in its dtype)."""
     _, r = compute_and_residual_bytes(training)
     out = {"fused_grad_input": r * model.hidden_size * t}
-    if not training.is_lora or "lm_head" in training.lora_targets:
+    if training.trains_lm_head or "lm_head" in training.lora_targets:
         w = dtype_bytes(training.weight_dtype)
         out["fused_grad_lm_head"] = w * model.vocab_size * model.hidden_size
     return out
@@ -859,7 +859,7 @@ def chunked_head_weight_grad_bytes(model: ModelSpec, training: TrainingConfig) -
         training.chunked_cross_entropy <= 1
         or model.head != "causal-lm"
         or training.conventions.own_model_code
-        or training.is_lora
+        or not training.trains_lm_head
         or unsloth_fused_loss(model, training)  # added in place: ``grad_lm_head.add_``
     ):
         return 0

@@ -49,6 +49,34 @@ Note [bitsandbytes statistics under sharding]
     moved) the codes alone. torchao's ``NF4Tensor`` (torchtune) keeps its scalers inside the
     parameter and shards them with it.
 
+Note [peft modules_to_save]
+    ``LoraConfig(modules_to_save=["embed_tokens", "lm_head"])`` trains the token embedding and
+    the LM head whole beside the adapters (Qwen-1's "LoRA (emb)", axolotl
+    ``lora_modules_to_save``, LLaMA-Factory ``additional_target``). peft 0.21.2
+    utils/other.py ``ModulesToSaveWrapper.update``: ``self.modules_to_save[adapter_name] =
+    copy.deepcopy(self.original_module)``, then ``self.original_module.requires_grad_(False)``
+    and the copy's ``requires_grad`` True (so since peft 0.6.0; peft 0.5.0's ``_set_trainable``
+    set the original's ``requires_grad`` True before copying it and never froze it, but the
+    wrapper's forward runs the copy only, so the original gets no gradient and torch's
+    optimizers, which skip a parameter whose ``grad`` is None, make no state for it: the same
+    bytes). So each saved module holds two V x h weights on the GPU: the frozen original (no
+    gradient, no optimizer state) and the trained copy, a
+    deep copy in the original's dtype: peft's ``cast_adapter_dtype`` upcasts only the
+    ``BaseTunerLayer`` adapters, not an ``AuxiliaryTrainingWrapper`` (peft 0.21.2
+    tuners/tuners_utils.py), so the copy is bf16 on a bf16-loaded model, fp32 after
+    ``prepare_model_for_kbit_training``. The copy gets a gradient and optimizer states like a
+    fully fine-tuned module's, in the weight dtype (``TensorState`` name ``embedding/tokens``
+    / ``lm_head``, trainable; the original is ``<name>.original``, frozen), and the step's
+    activations are those of a trained embedding (its dense V x h ``embedding_dense_backward``
+    gradient) and a trained head (its saved input, its V x h weight gradient): every reader
+    of :attr:`~trainmem.specs.training.TrainingConfig.trains_embedding` /
+    ``trains_lm_head``. Weights tied in the config (``tie_word_embeddings``): both modules
+    copy the one shared weight independently (peft's ``_set_trainable`` matches the
+    ``lm_head`` module, whose ``weight`` is the embedding's, and deep-copies it), so the copies
+    are untied; the frozen original stays shared (:func:`~trainmem.analytic.engine.
+    model_as_built`). peft's ``ensure_weight_tying=True`` (0.18+), which ties the head's copy
+    to the embedding's, is not modelled.
+
 Note [EMA weights]
     diffusers' training scripts keep an exponential moving average of the trained weights
     (diffusers 0.42.1 src/diffusers/training_utils.py ``EMAModel.__init__``: ``self.shadow_params
@@ -340,11 +368,16 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
     # layer class, as lit-gpt / accelerate / torchtitan do)
     layer_tensors = _layer_tensors(model, training)
     layer_unit = any(trainable for *_, trainable in layer_tensors)
-    root_unit = not lora or "lm_head" in training.lora_targets
+    root_unit = not lora or "lm_head" in training.lora_targets or bool(saved_modules(training))
     out: list[TensorState] = []
     for key, n in counts.items():
         if key.startswith("embedding/"):
-            out.append(make("embedding", key, n, h, not lora, root_unit))
+            tokens = key == "embedding/tokens"
+            trainable = training.trains_embedding if tokens else not lora
+            out.append(make("embedding", key, n, h, trainable, root_unit))
+            if tokens and "embed_tokens" in frozen_originals(model, training):
+                # See Note [peft modules_to_save]: the frozen original beside the trained copy
+                out.append(make("embedding", key + ORIGINAL, n, h, False, root_unit))
     layer = [
         make("layers.0", name, n, o, trainable, layer_unit)
         for name, n, o, trainable in layer_tensors
@@ -352,26 +385,52 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
     head: list[TensorState] = []
     for key, n in counts.items():
         if not key.startswith(("embedding/", "layers/")):
-            head.extend(_head_tensor(make, key, n, h, root_unit))
+            head.extend(_head_tensor(make, key, n, h, root_unit, frozen_originals(model, training)))
     return StateLayout(embedding=out, layer=layer, head=head, num_layers=model.num_blocks)
 
 
 def _head_tensor(
-    make: _TensorMaker, key: str, n: int, h: int, root_unit: bool
+    make: _TensorMaker, key: str, n: int, h: int, root_unit: bool, originals: tuple[str, ...]
 ) -> list[TensorState]:
     """A tensor after the layers (final norm, LM head, pooler...), with its LoRA adapters when
-    ``lm_head`` is a LoRA target."""
+    ``lm_head`` is a LoRA target and its frozen original when ``originals`` has it."""
     training = make.training
     lora = training.is_lora
-    trainable = not lora or (key == "lm_head" and "lm_head" in training.lora_targets)
     # the LM head's output rows are the vocabulary (an int8 head's row scales count them)
     rows = n // h if key == "lm_head" else h
-    out = [make("head", key, n, rows, trainable and not lora, root_unit)]
+    trainable = training.trains_lm_head if key == "lm_head" else not lora
+    out = [make("head", key, n, rows, trainable, root_unit)]
+    if key == "lm_head" and "lm_head" in originals:
+        # See Note [peft modules_to_save]: the frozen original beside the trained copy
+        out.append(make("head", key + ORIGINAL, n, rows, False, root_unit))
     if lora and key == "lm_head" and "lm_head" in training.lora_targets:
         r = training.lora_rank
         out.append(make("head", "lora_A.lm_head", r * h, r, True))
         out.append(make("head", "lora_B.lm_head", n // h * r, n // h, True))
     return out
+
+
+ORIGINAL = ".original"
+"""Suffix of the frozen original of a module peft trains a copy of (Note [peft
+modules_to_save]): ``embedding/tokens.original``, ``lm_head.original``."""
+
+
+def saved_modules(training: TrainingConfig) -> tuple[str, ...]:
+    """The modules peft trains whole beside LoRA (``TrainingConfig.lora_modules_to_save``),
+    each a trained copy beside its frozen original; () without LoRA."""
+    return training.lora_modules_to_save if training.is_lora else ()
+
+
+def frozen_originals(model: ModelSpec, training: TrainingConfig) -> tuple[str, ...]:
+    """The saved modules (:func:`saved_modules`) whose frozen original is a tensor of its own:
+    each, except where the config tied the two (``ModelSpec.untied_from_config``): their one
+    original is then the frozen module not saved (``embed_tokens`` alone: the head still
+    reads it), or counted once with the embedding when both are saved. See Note [peft
+    modules_to_save]."""
+    saved = saved_modules(training)
+    if not model.untied_from_config:
+        return saved
+    return ("embed_tokens",) if set(saved) == {"embed_tokens", "lm_head"} else ()
 
 
 _NOT_LINEAR = ("lora_", "vector", "embedding", "head", "lm_head", "final_norm", "pooler", "router")
@@ -496,7 +555,7 @@ class _TensorMaker:
         if training.kbit_fp32_upcast and not is_linear and not name.startswith("lora_"):
             # peft prepare_model_for_kbit_training: non-quantized params in fp32, but those
             # TRL's SFTTrainer casts back (TrainingConfig.trl_bf16_embeddings)
-            w = 2 if name in self.bf16 else 4
+            w = 2 if name.removesuffix(ORIGINAL) in self.bf16 else 4
         elif training.kbit_16bit_dense and not trainable and not name.startswith("lora_"):
             w = dtype_bytes(training.compute_dtype)  # loaded in 16 bits, never upcast
         # Megatron tensor parallelism splits every layer linear (column / row parallel) and

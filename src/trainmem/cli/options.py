@@ -425,6 +425,9 @@ def training_from_options(
         flags.setdefault(key, "--fsdp")
     if given["lora_targets"] is not None:  # None: the framework's (TrainingConfig resolves it)
         settings["lora_targets"] = parse_lora_targets(given["lora_targets"], spec, model)
+    if isinstance(given["lora_modules_to_save"], str):  # comma-separated, as --lora-targets
+        names = given["lora_modules_to_save"].replace("+", ",").split(",")
+        settings["lora_modules_to_save"] = tuple(n.strip() for n in names if n.strip())
     from_set = _from_set(given["settings"] or [], spec, settings, flags, model)
     auto: dict[str, str] = {}
     file_notes: list[str] = []

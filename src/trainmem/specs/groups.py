@@ -60,6 +60,7 @@ FIELD_GROUPS: dict[str, tuple[str, ...]] = {
         "lora_targets",
         "lora_dropout",
         "lora_variant",
+        "lora_modules_to_save",
         "quantize_base",
         "prepare_kbit_training",
     ),

@@ -337,6 +337,12 @@ class ModelSpec:
     None where the config names none (then transformers reads the first floating weight of
     the checkpoint file, which trainmem does not have). See
     :mod:`trainmem.specs.load_dtype`."""
+    untied_from_config: bool = False
+    """The config ties the head to the token embedding (``tie_word_embeddings``) and training
+    unties them: peft's ``modules_to_save`` copies of either (Note [peft modules_to_save] in
+    :mod:`trainmem.analytic.tensor_states`); set by :func:`trainmem.analytic.engine.
+    model_as_built`, not read from a config: the one frozen weight the two shared is then
+    counted once."""
 
     @property
     def family_row(self) -> Family:

@@ -191,6 +191,21 @@ LORA_TARGETS: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
 """Linear names ``--lora-targets`` accepts (``all-linear`` means all of them); for fused-qkv
 families (GPT-2 ``c_attn``, Falcon / GPT-NeoX ``query_key_value``) any of q, k, v targets the
 one fused module, as peft does."""
+LORA_MODULES_TO_SAVE: tuple[str, ...] = ("embed_tokens", "lm_head")
+"""``TrainingConfig.lora_modules_to_save`` values: the modules LoRA trains whole beside its
+adapters (peft ``LoraConfig(modules_to_save=[...])``): the input embedding and the LM head.
+See Note [peft modules_to_save] in :mod:`trainmem.analytic.tensor_states`."""
+LORA_MODULES_TO_SAVE_ALIASES: dict[str, str] = {
+    "wte": "embed_tokens",
+    "word_embeddings": "embed_tokens",
+    "embed_in": "embed_tokens",
+    "tok_embeddings": "embed_tokens",
+    "embed_out": "lm_head",
+}
+"""peft ``modules_to_save`` names of other families' modeling code -> trainmem's: GPT-2's and
+Qwen-1's ``transformer.wte`` (Qwen finetune.py ``modules_to_save=["wte", "lm_head"]``), BLOOM's /
+Falcon's ``word_embeddings``, GPT-NeoX's ``embed_in`` / ``embed_out``, torchtune's / InternLM's
+``tok_embeddings``."""
 LORA_VARIANTS: tuple[str, ...] = ("lora", "dora", "adalora", "lokr")
 """``TrainingConfig.lora_variant`` values: peft's adapter types on the targeted linears,
 ``lora`` (``LoraConfig``), ``dora`` (``LoraConfig(use_dora=True)``, Liu et al. 2024,
@@ -1082,6 +1097,19 @@ class PeftConfig:
     code on the traced paths only (``trainmem.trace.lora``); AdaLoRA's rank allocator
     (``update_and_allocate``, called by the loop: two averages of the adapters' importance) is
     not modelled. Needs ``lora_rank > 0``."""
+    lora_modules_to_save: tuple[str, ...] = setting(
+        (),
+        "Modules LoRA trains whole beside its adapters (peft modules_to_save; on the command "
+        "line: comma-separated):",
+        choices=LORA_MODULES_TO_SAVE,
+        default_text="none",
+    )
+    """Modules trained whole beside the LoRA adapters (peft ``LoraConfig(modules_to_save=
+    [...])``; axolotl ``lora_modules_to_save``; LLaMA-Factory ``additional_target``): names of
+    :data:`LORA_MODULES_TO_SAVE` (``embed_tokens``, ``lm_head``; peft's names of other families
+    in :data:`LORA_MODULES_TO_SAVE_ALIASES` are read as theirs). peft keeps the original module
+    frozen and trains a deep copy of it, in the original's dtype (Note [peft modules_to_save]
+    in :mod:`trainmem.analytic.tensor_states`). Default: none. Needs ``lora_rank > 0``."""
     quantize_base: str = setting(
         "none", "Frozen base weights quantized (QLoRA and kin):", choices=QUANTIZE_BASE
     )
@@ -1109,8 +1137,21 @@ class PeftConfig:
 
     @property
     def is_lora(self) -> bool:
-        """True when only LoRA adapters are trained."""
+        """True when LoRA adapters are trained (beside them, only the modules of
+        ``lora_modules_to_save``)."""
         return self.lora_rank > 0
+
+    @property
+    def trains_embedding(self) -> bool:
+        """The token embedding's weight gets a gradient: full fine-tuning, or LoRA with
+        ``embed_tokens`` in ``lora_modules_to_save`` (peft's trainable copy of it)."""
+        return not self.is_lora or "embed_tokens" in self.lora_modules_to_save
+
+    @property
+    def trains_lm_head(self) -> bool:
+        """The LM head's weight (not a LoRA adapter on it) gets a gradient: full fine-tuning,
+        or LoRA with ``lm_head`` in ``lora_modules_to_save`` (peft's trainable copy of it)."""
+        return not self.is_lora or "lm_head" in self.lora_modules_to_save
 
     def __post_init__(self) -> None:
         _check_ints(self, ("lora_rank",), minimum=0)
@@ -1126,6 +1167,33 @@ class PeftConfig:
             _check_choice("lora_targets", target, LORA_TARGETS + ("lm_head",))
         if self.lora_rank > 0 and not self.lora_targets:
             raise SpecError("lora_targets", "empty: LoRA (lora_rank > 0) needs at least one")
+        if not isinstance(self.lora_modules_to_save, tuple):
+            raise SpecError(
+                "lora_modules_to_save",
+                f"must be a tuple of names, got {self.lora_modules_to_save!r}; allowed: "
+                + ", ".join(LORA_MODULES_TO_SAVE),
+            )
+        saved = tuple(
+            LORA_MODULES_TO_SAVE_ALIASES.get(m, m) if isinstance(m, str) else m
+            for m in self.lora_modules_to_save
+        )
+        object.__setattr__(self, "lora_modules_to_save", tuple(dict.fromkeys(saved)))
+        for module in self.lora_modules_to_save:
+            _check_choice("lora_modules_to_save", module, LORA_MODULES_TO_SAVE)
+        if self.lora_modules_to_save and self.lora_rank == 0:
+            raise SpecError(
+                "lora_modules_to_save",
+                f"{','.join(self.lora_modules_to_save)} is trained beside LoRA adapters: set "
+                "lora_rank > 0 (full fine-tuning already trains every module)",
+            )
+        if "lm_head" in self.lora_modules_to_save and "lm_head" in self.lora_targets:
+            raise SpecError(
+                "lora_modules_to_save",
+                "lm_head is also a LoRA target: peft 0.21.2 never adapts a module it saves "
+                "(tuners/tuners_utils.py check_target_module_exists: _ExcludedModule), so the "
+                "head is trained whole with no adapter; allowed: lm_head in one of "
+                "lora_modules_to_save, lora_targets",
+            )
         dropout = self.lora_dropout
         if isinstance(dropout, bool) or not isinstance(dropout, int | float):
             raise SpecError("lora_dropout", f"must be a number in [0, 1), got {dropout!r}")
@@ -2175,6 +2243,7 @@ def _check_combinations(t: TrainingConfig) -> None:
     _check_float8_quantized(t)
     _check_dora_gptq(t)
     _check_dora_framework(t)
+    _check_modules_to_save(t)
     _check_fsdp1_adapters(t)
     _check_unsloth_single_gpu(t)
     _check_trl_release(t)
@@ -2582,6 +2651,58 @@ def _check_dora_framework(t: TrainingConfig) -> None:
             f"dora{base} under --framework {t.framework}: {other}; not modelled; allowed: lora "
             "under this framework, or dora (unquantized or over bitsandbytes) under a peft "
             "framework (pytorch-amp, hf-trainer, accelerate-fsdp, deepspeed, fsdp2, unsloth)",
+        )
+
+
+_MODULES_TO_SAVE_NOT_PEFT: dict[str, str] = {
+    "megatron": "Megatron-LM trains no adapters",
+    "torchtune": "torchtune 0.6.1's LoRA recipes build their own LoRALinear layers, with no "
+    "modules_to_save (the embedding and output are frozen or trained whole)",
+    "litgpt": "litgpt 0.5.13's LoRA (litgpt/lora.py mark_only_lora_as_trainable) has no "
+    "modules_to_save",
+    "fsdp-qlora": "Answer.AI fsdp_qlora's train.py builds its LoraConfig without modules_to_save",
+    "unsloth": "Unsloth's get_peft_model moves and casts the saved modules itself "
+    "(not peft's plain deep copy)",
+}
+"""The frameworks whose LoRA is not peft's ``LoraConfig(modules_to_save=...)`` as Note [peft
+modules_to_save] models it, with what they run instead."""
+
+
+def _check_modules_to_save(t: TrainingConfig) -> None:
+    """peft's ``modules_to_save`` (Note [peft modules_to_save]) where it is not modelled: a
+    framework whose LoRA is not peft's (:data:`_MODULES_TO_SAVE_NOT_PEFT`), model parallelism
+    (the copies' vocabulary split), or parameter sharding (ZeRO-3 / FSDP: peft gathers the
+    original to copy it, ``deepspeed.zero.GatheredParameters``, and the copy's units are not
+    modelled; Qwen-1's finetune.py refuses ZeRO-3 with it: "ZeRO3 is incompatible with LoRA
+    when finetuning on base model").
+
+    Raises:
+        SpecError: ``lora_modules_to_save``, naming what runs.
+    """
+    if not t.lora_modules_to_save or not t.is_lora:
+        return
+    saved = ",".join(t.lora_modules_to_save)
+    other = _MODULES_TO_SAVE_NOT_PEFT.get(t.framework)
+    if other is not None:
+        raise SpecError(
+            "lora_modules_to_save",
+            f"{saved} under --framework {t.framework}: {other}; not modelled; allowed: none "
+            "under this framework, or a peft framework (pytorch-amp, hf-trainer, trl, "
+            "llama-factory, axolotl, deepspeed)",
+        )
+    if t.tensor_parallel_size > 1 or t.pipeline_parallel_size > 1:
+        raise SpecError(
+            "lora_modules_to_save",
+            f"{saved} with tensor or pipeline parallelism: not modelled; allowed: none, or "
+            "tensor_parallel_size 1 and pipeline_parallel_size 1",
+        )
+    fsdp = t.framework in ("accelerate-fsdp", "fsdp2")
+    if t.sharding_degree > 1 and (t.zero_stage == 3 or fsdp):
+        raise SpecError(
+            "lora_modules_to_save",
+            f"{saved} with {'FSDP' if fsdp else 'ZeRO-3'} over {t.sharding_degree} ranks: the "
+            "trained copies under parameter sharding are not modelled; allowed: none, or "
+            "DDP / DeepSpeed ZeRO-1/2",
         )
 
 

@@ -63,6 +63,7 @@ __all__ = [
     "layer_stack",
     "lora_linear_names",
     "lora_target_modules",
+    "modules_to_save",
     "wrapped_blocks",
 ]
 
@@ -572,6 +573,33 @@ def lora_target_modules(model: Any, targets: tuple[str, ...]) -> list[str]:
     return names
 
 
+def modules_to_save(model: Any, names: tuple[str, ...]) -> list[str] | None:
+    """peft's ``modules_to_save`` for trainmem's ``lora_modules_to_save`` names: the dotted
+    name of ``model.get_input_embeddings()`` for ``embed_tokens`` and of
+    ``get_output_embeddings()`` for ``lm_head`` (the module objects, tied weights or not;
+    peft 0.21.2 utils/other.py ``_set_trainable`` wraps every module whose name ends with
+    one). None for none.
+
+    Raises:
+        UnsupportedError: the model has no such module.
+    """
+    if not names:
+        return None
+    getters = {"embed_tokens": "get_input_embeddings", "lm_head": "get_output_embeddings"}
+    out = []
+    for name in names:
+        getter = getattr(model, getters[name], None)
+        module = getter() if callable(getter) else None
+        found = [n for n, m in model.named_modules() if module is not None and m is module]
+        if not found:
+            raise UnsupportedError(
+                f"lora_modules_to_save {name!r}: {type(model).__name__} has no "
+                f"{'input embedding' if name == 'embed_tokens' else 'output head'} module"
+            )
+        out.append(found[0])
+    return out
+
+
 def peft_all_linear(model: Any) -> list[str]:
     """peft's ``target_modules="all-linear"`` (peft 0.21.2 tuners/tuners_utils.py
     ``_maybe_include_all_linear_layers``): every linear module but the output embeddings
@@ -620,7 +648,7 @@ def adapter_config(training: TrainingConfig, target_modules: list[str], **lora: 
     tuners/adalora/config.py; ``target_r`` 8 is peft's default); ``lokr``: ``LoKrConfig(r,
     alpha=r)`` (peft tuners/lokr/config.py; no input dropout). ``lora`` holds the other
     ``LoraConfig`` arguments (``lora_alpha``, ``fan_in_fan_out``, ``init_lora_weights``); for
-    LoKr only ``lora_alpha`` is read.
+    LoKr only ``lora_alpha`` and ``modules_to_save`` are read.
 
     Raises:
         UnsupportedError: peft is missing.
@@ -631,7 +659,12 @@ def adapter_config(training: TrainingConfig, target_modules: list[str], **lora: 
         raise UnsupportedError("LoRA tracing needs peft: pip install 'trainmem[trace]'") from exc
     r, variant = training.lora_rank, training.lora_variant
     if variant == "lokr":
-        return peft.LoKrConfig(r=r, alpha=lora.get("lora_alpha", r), target_modules=target_modules)
+        return peft.LoKrConfig(
+            r=r,
+            alpha=lora.get("lora_alpha", r),
+            target_modules=target_modules,
+            modules_to_save=lora.get("modules_to_save"),
+        )
     common = dict(lora_dropout=training.lora_dropout, target_modules=target_modules, **lora)
     if variant == "adalora":
         return peft.AdaLoraConfig(
@@ -712,6 +745,8 @@ def apply_lora(model: Any, training: TrainingConfig) -> Any:
         names,
         lora_alpha=2 * training.lora_rank,  # alpha only scales values, never memory
         fan_in_fan_out=conv1d,
+        # Note [peft modules_to_save] (trainmem.analytic.tensor_states)
+        modules_to_save=modules_to_save(model, training.lora_modules_to_save),
     )
     with warnings.catch_warnings():
         # peft warns when it flips fan_in_fan_out for a Conv1D / Linear mix (GPT-2 + lm_head),
