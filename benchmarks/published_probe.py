@@ -31,9 +31,12 @@ Setup of each method, from the same commit's scripts (finetune.py, finetune/*.sh
   (Note [DeepSpeed ZeRO-3 parameter gathers]); its init's flat blocks, not modelled, are
   replayed by ``benchmarks/deepspeed_zero3_init_replay.py``.
 - 72B LoRA: ``finetune_lora_ds.sh`` with ``ds_config_zero3.json`` on 4 GPUs, bf16.
-Not mapped: "LoRA (emb)" (peft ``modules_to_save=["wte", "lm_head"]``: trainable copies of the
-embedding and head, which trainmem does not model), the 2-GPU full-parameter 7B cells (162.0G at
-1024 tokens is 81 GB per GPU, above the A100's 80 GB: not a per-GPU sum) and the multinode cells.
+- LoRA (emb): the base (not chat) model, where finetune.py adds ``modules_to_save=["wte",
+  "lm_head"]`` to the same LoraConfig (``if lora_args.q_lora or is_chat_model: modules_to_save
+  = None``): ``--lora-modules-to-save wte,lm_head`` (helper modsave, session 25: trained bf16
+  copies of the embedding and head beside the frozen originals, Note [peft modules_to_save]).
+Not mapped: the 2-GPU full-parameter 7B cells (162.0G at 1024 tokens is 81 GB per GPU, above the
+A100's 80 GB: not a per-GPU sum) and the multinode cells.
 
 Metric: the README names none. Its figures are compared with trainmem's device total
 (``max_memory_reserved`` + CUDA context, what nvidia-smi shows), ``allocated`` shown beside it.
@@ -151,6 +154,12 @@ METHODS: dict[str, list[str]] = {
         "--framework", "hf-trainer",
         "--precision", "bf16-mixed", "--load-dtype", "bfloat16",
     ],
+    "LoRA (emb)": [
+        *_LORA,
+        "--lora-modules-to-save", "wte,lm_head",
+        "--framework", "hf-trainer",
+        "--precision", "bf16-mixed", "--load-dtype", "bfloat16",
+    ],
     "Q-LoRA": [
         *_LORA,
         "--quantize-base", "gptq-int4",
@@ -170,8 +179,9 @@ METHODS: dict[str, list[str]] = {
 }  # fmt: skip
 
 #: (method, model, sequence length, the README's cell in G, GPUs the cell sums over, trainmem's
-#: device total in GB on main 4b5a074 before Qwen-1's 16-bit loss; None: out of memory there)
-ROWS: list[tuple[str, str, int, float, int, float | None]] = [
+#: device total in GB on main 4b5a074 before Qwen-1's 16-bit loss; None: out of memory there;
+#: "unmapped": not modelled there, LoRA (emb) before session 25)
+ROWS: list[tuple[str, str, int, float, int, float | str | None]] = [
     ("LoRA", "qwen-1.8b", 256, 6.7, 1, 6.09),
     ("LoRA", "qwen-1.8b", 2048, 11.0, 1, 11.08),
     ("LoRA", "qwen-1.8b", 8192, 21.8, 1, 24.83),
@@ -179,6 +189,13 @@ ROWS: list[tuple[str, str, int, float, int, float | None]] = [
     ("LoRA", "qwen-7b", 8192, 36.6, 1, 39.96),
     ("LoRA", "qwen-14b", 256, 34.6, 1, 34.71),
     ("LoRA", "qwen-14b", 8192, 55.2, 1, 55.37),
+    ("LoRA (emb)", "qwen-1.8b", 256, 13.7, 1, "unmapped"),
+    ("LoRA (emb)", "qwen-1.8b", 2048, 15.1, 1, "unmapped"),
+    ("LoRA (emb)", "qwen-1.8b", 8192, 27.7, 1, "unmapped"),
+    ("LoRA (emb)", "qwen-7b", 256, 33.7, 1, "unmapped"),
+    ("LoRA (emb)", "qwen-7b", 8192, 48.5, 1, "unmapped"),
+    ("LoRA (emb)", "qwen-14b", 256, 51.2, 1, "unmapped"),
+    ("LoRA (emb)", "qwen-14b", 8192, 67.7, 1, "unmapped"),
     ("Q-LoRA", "qwen-1.8b", 256, 5.8, 1, 5.06),
     ("Q-LoRA", "qwen-1.8b", 8192, 15.8, 1, 22.22),
     ("Q-LoRA", "qwen-7b", 256, 11.5, 1, 10.68),
@@ -231,7 +248,10 @@ def main() -> int:
         for method, model, seq_len, cell, gpus, before in ROWS:
             measured = cell / gpus
             answer, error = _invoke_estimate(row_args(method, model, seq_len, paths))
-            was = "OOM" if before is None else f"{before:.2f} ({_pct(before, measured)})"
+            if isinstance(before, str):
+                was = before
+            else:
+                was = "OOM" if before is None else f"{before:.2f} ({_pct(before, measured)})"
             head = f"| {method} | {model} | {seq_len} | {measured:.2f} | {was} |"
             total = None if answer is None else metric_of(answer, "device_total")
             if answer is None or total is None:

@@ -190,14 +190,18 @@ def test_axolotl_lora_target_linear_takes_the_models_linears(
 def test_axolotl_names_what_it_ignores_and_a_base_model_mismatch(tmp_path: Path) -> None:
     text = (
         "base_model: mistralai/Mistral-7B-v0.1\nadapter: lora\nlora_r: 8\npeft_use_dora: true\n"
-        "lora_modules_to_save: [embed_tokens, lm_head]\ntf32: true\n"
+        "lora_modules_to_save: [embed_tokens, lm_head]\ntiled_mlp: true\ntf32: true\n"
     )
     notes: list[str] = []
     out = read_axolotl_config(_write(tmp_path, "a.yml", text), notes, model="llama-3.1-8b")
     assert out["lora_variant"] == "dora"  # peft_use_dora: peft's LoraConfig(use_dora=True)
+    # loaders/adapter.py: LoraConfig(modules_to_save=cfg.lora_modules_to_save), read since
+    # session 25 (Note [peft modules_to_save])
+    assert out["lora_modules_to_save"] == ("embed_tokens", "lm_head")
     ignored = [n for n in notes if "ignored" in n]
     assert len(ignored) == 1 and "peft_use_dora" not in ignored[0]
-    assert "lora_modules_to_save" in ignored[0] and "tf32" not in ignored[0]
+    assert "lora_modules_to_save" not in ignored[0] and "tiled_mlp" in ignored[0]
+    assert "tf32" not in ignored[0]
     assert any("base_model mistralai/Mistral-7B-v0.1 is not MODEL llama-3.1-8b" in n for n in notes)
     notes = []
     read_axolotl_config(_write(tmp_path, "b.yml", "base_model: meta-llama/Llama-3.1-8B\n"), notes)

@@ -20,7 +20,8 @@ Sources (names and defaults, read from the released packages):
   ``flash_attention`` ... as ``attn_implementation``, ``deepspeed``, ``fsdp_config``,
   ``torch_compile``), ``peft.py`` ``LoraConfig`` (``adapter``, ``load_in_4bit``,
   ``load_in_8bit``, ``lora_r``, ``lora_dropout`` 0.0, ``lora_target_modules``,
-  ``lora_target_linear``, ``peft_use_dora``), ``fsdp.py`` ``FSDPConfig``, ``enums.py``
+  ``lora_target_linear``, ``peft_use_dora``, ``lora_modules_to_save``: ``loaders/adapter.py``
+  passes it to peft's ``LoraConfig(modules_to_save=...)``), ``fsdp.py`` ``FSDPConfig``, ``enums.py``
   (``CustomSupportedOptimizers``, ``LEGACY_ATTN_FLAG_TO_IMPL``); ``utils/config/__init__.py``
   ``resolve_dtype`` (the model is loaded in ``torch_dtype`` bfloat16 when ``bf16``) and
   ``normalize_config``; ``loaders/model.py`` (QLoRA's ``BitsAndBytesConfig``: nf4 with
@@ -57,7 +58,13 @@ from trainmem.specs.framework_configs import (
     _load,
     deepspeed_settings,
 )
-from trainmem.specs.training import LORA_TARGET_ALIASES, LORA_TARGETS, fsdp_settings
+from trainmem.specs.training import (
+    LORA_MODULES_TO_SAVE,
+    LORA_MODULES_TO_SAVE_ALIASES,
+    LORA_TARGET_ALIASES,
+    LORA_TARGETS,
+    fsdp_settings,
+)
 
 HF_OPTIMIZERS: dict[str, tuple[str, str | None]] = {
     "adamw_torch": ("adamw", "foreach"),
@@ -325,7 +332,6 @@ def _lora_targets(r: _Reading, names: Any, table: dict[str, str], key: str) -> l
 # --- axolotl -------------------------------------------------------------------------------
 
 _AXOLOTL_IGNORED = {
-    "lora_modules_to_save": "full trainable copies of these modules",
     "unfrozen_parameters": "a partly frozen full fine-tune",
     "chunked_cross_entropy": "axolotl's chunked loss",
     "cut_cross_entropy": "Cut Cross-Entropy never builds the logits",
@@ -398,6 +404,16 @@ def _axolotl_adapter(r: _Reading, cfg: dict[str, Any], linears: tuple[str, ...])
     r.set("lora_dropout", 0.0 if dropout is None else dropout, "lora_dropout")
     if r.get(cfg, "peft_use_dora", bool, flag):  # peft.py peft_use_dora: LoraConfig(use_dora)
         r.set("lora_variant", "dora", "peft_use_dora")
+    saved = cfg.get("lora_modules_to_save")
+    if saved:  # loaders/adapter.py: LoraConfig(modules_to_save=cfg.lora_modules_to_save or None)
+        names = [saved] if isinstance(saved, str) else saved
+        allowed = [*LORA_MODULES_TO_SAVE, *LORA_MODULES_TO_SAVE_ALIASES]
+        if not isinstance(names, list):
+            raise r.fail("lora_modules_to_save", names, ["a list of module names"])
+        for name in names:
+            if not _known(name, allowed):
+                raise r.fail("lora_modules_to_save", name, allowed)
+        r.set("lora_modules_to_save", tuple(names), "lora_modules_to_save")
     targets = []
     if cfg.get("lora_target_modules") is not None:
         targets = _lora_targets(r, cfg["lora_target_modules"], PEFT_TARGETS, "lora_target_modules")
