@@ -83,6 +83,11 @@ FLAG_CASES: dict[str, tuple[list[str], Any, str]] = {
     "lora_targets": (["--lora-targets", "q,v"], ["q", "v"], "lora-targets=q+k+v"),
     "lora_dropout": (["--lora-dropout", "0.0"], 0.0, "lora-dropout=0.1"),
     "lora_variant": (["--lora-variant", "lora"], "lora", "lora-variant=dora"),
+    "lora_modules_to_save": (
+        ["--lora-modules-to-save", "embed_tokens"],
+        ["embed_tokens"],
+        "lora-modules-to-save=lm_head",
+    ),
     "quantize_base": (["--quantize-base", "none"], "none", "quantize-base=nf4"),
     "tensor_parallel_size": (["--tensor-parallel-size", "1"], 1, "tensor-parallel-size=2"),
     "sequence_parallel": (

@@ -167,6 +167,8 @@ def test_none_is_taken_only_where_the_field_means_a_default_by_it(
         "optimizer": ("adamw", "adamw-8bit"),
         "activation_checkpointing": ("none", "full"),
         "lora_targets": (("q", "v"), ("q", "k", "v", "o", "gate", "up", "down")),
+        # none saved under every framework: the web page's unticked group
+        "lora_modules_to_save": ((), ()),
     }
     if field.name in resolved:
         # the same: the framework's default (FrameworkConventions.default_optimizer /

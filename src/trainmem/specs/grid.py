@@ -57,6 +57,8 @@ def parse_value(name: str, text: str) -> Any:
             default = False
         elif annotation.startswith("int") and raw.lstrip("-").isdigit():
             default = 0
+        elif annotation.startswith("tuple"):  # lora_modules_to_save: none by default
+            default = ()
     if isinstance(default, bool):
         folded = raw.lower()
         if folded in ("true", "1", "yes", "on"):

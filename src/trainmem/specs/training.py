@@ -1098,7 +1098,7 @@ class PeftConfig:
     (``update_and_allocate``, called by the loop: two averages of the adapters' importance) is
     not modelled. Needs ``lora_rank > 0``."""
     lora_modules_to_save: tuple[str, ...] = setting(
-        (),
+        None,
         "Modules LoRA trains whole beside its adapters (peft modules_to_save; on the command "
         "line: comma-separated):",
         choices=LORA_MODULES_TO_SAVE,
@@ -1109,7 +1109,8 @@ class PeftConfig:
     :data:`LORA_MODULES_TO_SAVE` (``embed_tokens``, ``lm_head``; peft's names of other families
     in :data:`LORA_MODULES_TO_SAVE_ALIASES` are read as theirs). peft keeps the original module
     frozen and trains a deep copy of it, in the original's dtype (Note [peft modules_to_save]
-    in :mod:`trainmem.analytic.tensor_states`). Default: none. Needs ``lora_rank > 0``."""
+    in :mod:`trainmem.analytic.tensor_states`). None, the default: none, resolved to ``()``
+    when the config is made (the web page's unticked group). Needs ``lora_rank > 0``."""
     quantize_base: str = setting(
         "none", "Frozen base weights quantized (QLoRA and kin):", choices=QUANTIZE_BASE
     )
@@ -1167,6 +1168,8 @@ class PeftConfig:
             _check_choice("lora_targets", target, LORA_TARGETS + ("lm_head",))
         if self.lora_rank > 0 and not self.lora_targets:
             raise SpecError("lora_targets", "empty: LoRA (lora_rank > 0) needs at least one")
+        if self.lora_modules_to_save is None:
+            object.__setattr__(self, "lora_modules_to_save", ())
         if not isinstance(self.lora_modules_to_save, tuple):
             raise SpecError(
                 "lora_modules_to_save",
