@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -135,7 +136,7 @@ def test_names_of_other_families_are_read_as_trainmems() -> None:
     ],
 )
 def test_settings_peft_does_not_run_or_trainmem_does_not_model_are_refused(
-    settings: dict[str, object], words: str
+    settings: dict[str, Any], words: str
 ) -> None:
     with pytest.raises(SpecError) as info:
         dataclasses.replace(LORA, **settings)
