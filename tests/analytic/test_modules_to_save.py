@@ -161,3 +161,16 @@ def test_the_cli_names_the_field_and_the_allowed_modules(invoke: Invoke, tmp_pat
     assert result.exit_code != 0
     assert "lora_modules_to_save" in result.stderr
     assert "embed_tokens, lm_head" in result.stderr
+
+
+def test_the_web_page_ticks_modules_as_the_cli_names_them() -> None:
+    """The page's checkbox group (``multi``: the setting's choices) -> the config, and the
+    same page's ``trainmem estimate`` command; an unticked group is none saved."""
+    from trainmem.web.form import cli_command, coerce, default_values, field, training_config
+
+    assert field("lora_modules_to_save").choices == BOTH
+    values = {**default_values(), "lora_rank": 16}
+    assert training_config(values, 256).lora_modules_to_save == ()
+    values["lora_modules_to_save"] = coerce("lora_modules_to_save", ["embed_tokens", "lm_head"])
+    assert training_config(values, 256).lora_modules_to_save == BOTH
+    assert cli_command(values).endswith("--lora-modules-to-save embed_tokens,lm_head")
