@@ -174,3 +174,19 @@ def test_the_web_page_ticks_modules_as_the_cli_names_them() -> None:
     values["lora_modules_to_save"] = coerce("lora_modules_to_save", ["embed_tokens", "lm_head"])
     assert training_config(values, 256).lora_modules_to_save == BOTH
     assert cli_command(values).endswith("--lora-modules-to-save embed_tokens,lm_head")
+
+
+def test_counts_are_the_configs_parameters_and_peft_trainable_ones(tmp_path: Path) -> None:
+    """Tied: the config's parameters unchanged; trainable = two V x h copies + the adapters
+    (q: 16 x (2,048 + 2,048), v: 16 x (2,048 + 512), two layers = 212,992), as peft's
+    ``print_trainable_parameters`` counts the copies' ``requires_grad`` parameters."""
+    from trainmem.estimate import estimate
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**CONFIG, "tie_word_embeddings": True}))
+    plain = estimate(str(path), LORA, engine="analytic", simulate_allocator=False)
+    saved = dataclasses.replace(LORA, lora_modules_to_save=BOTH)
+    both = estimate(str(path), saved, engine="analytic", simulate_allocator=False)
+    assert both.num_parameters == plain.num_parameters
+    assert plain.num_trainable_parameters == 212_992
+    assert both.num_trainable_parameters == 2 * VH + 212_992

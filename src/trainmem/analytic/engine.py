@@ -209,7 +209,9 @@ def _parameter_counts(
     n_trainable += model.num_blocks * sum(s.numel for s in layout.layer if s.trainable)
     # blocks of several kinds are held as identical mean blocks (tensor_states._layer_tensors),
     # whose rounding loses a few elements: report the exact count
-    rounding = num_parameters(model) - n_params
+    # (the config's count: not the head a tied config gets from peft's modules_to_save copies)
+    config = replace(model, tie_word_embeddings=True) if model.untied_from_config else model
+    rounding = num_parameters(config) - n_params
     n_params += rounding
     if not training.is_lora:
         n_trainable += rounding

@@ -194,6 +194,8 @@ def config_line(est: MemoryEstimate) -> str:
         ]
         if c.get("lora_variant", "lora") != "lora":
             parts.append(f"lora_variant={c['lora_variant']}")
+        if c.get("lora_modules_to_save"):
+            parts.append(f"lora_modules_to_save={','.join(c['lora_modules_to_save'])}")
     return (
         f"{est.num_parameters:,} parameters ({est.num_trainable_parameters:,} trainable); "
         + ", ".join(parts)
