@@ -68,8 +68,27 @@ def test_peft_holds_a_trained_copy_beside_each_frozen_original(tmp_path: Path) -
                 "gradient_accumulation_steps": 4,
             },
         ),
+        (
+            False,
+            BOTH,
+            {
+                "framework": "deepspeed",
+                "zero_stage": 2,
+                "data_parallel_size": 4,
+                "gradient_accumulation_steps": 4,
+            },
+        ),
+        (False, BOTH, {"framework": "hf-trainer", "data_parallel_size": 2}),
     ],
-    ids=["untied both", "untied embed", "tied both", "tied head", "bf16 hf-trainer ckpt accum"],
+    ids=[
+        "untied both",
+        "untied embed",
+        "tied both",
+        "tied head",
+        "bf16 hf-trainer ckpt accum",
+        "deepspeed zero2 x4 accum",
+        "hf-trainer ddp x2",
+    ],
 )
 def test_generic_agrees_with_the_formulas(
     tmp_path: Path, tied: bool, saved: tuple[str, ...], settings: dict[str, Any]
