@@ -81,6 +81,18 @@ def test_the_copy_keeps_a_bf16_model_in_bf16(tmp_path: Path) -> None:
     assert (w - w0, g - g0, s - s0) == (2 * 2 * VH, 2 * 2 * VH, 2 * 4 * VH)
 
 
+def test_trls_bf16_cast_reaches_the_copies_over_a_4bit_base(tmp_path: Path) -> None:
+    """TRL 0.20's SFTTrainer casts every module named like ``lm_head`` / ``embed_tokens`` to
+    bf16 after ``get_peft_model`` (``peft_module_casting_to_bf16``), the saved copies too:
+    2 B weights, 2 B gradients and two 2 B AdamW moments a copy, over peft's fp32 upcast."""
+    trl = dataclasses.replace(LORA, framework="trl", quantize_base="nf4-dq", trl_version="0.20.0")
+    assert trl.trl_bf16_embeddings
+    model = _model(tmp_path)
+    w0, g0, s0, _ = _totals(model, trl)
+    w, g, s, _ = _totals(model, dataclasses.replace(trl, lora_modules_to_save=BOTH))
+    assert (w - w0, g - g0, s - s0) == (2 * 2 * VH, 2 * 2 * VH, 2 * 4 * VH)
+
+
 @pytest.mark.parametrize(
     ("saved", "weights"), [(BOTH, 3), (("embed_tokens",), 2), (("lm_head",), 2)]
 )
@@ -133,6 +145,15 @@ def test_names_of_other_families_are_read_as_trainmems() -> None:
             "ZeRO-3",
         ),
         ({"lora_modules_to_save": BOTH, "tensor_parallel_size": 2}, "tensor or pipeline"),
+        (
+            {
+                "lora_modules_to_save": BOTH,
+                "quantize_base": "nf4",
+                "framework": "hf-trainer",
+                "prepare_kbit_training": False,
+            },
+            "16 bits",
+        ),
     ],
 )
 def test_settings_peft_does_not_run_or_trainmem_does_not_model_are_refused(

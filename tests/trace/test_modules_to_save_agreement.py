@@ -79,6 +79,8 @@ def test_peft_holds_a_trained_copy_beside_each_frozen_original(tmp_path: Path) -
             },
         ),
         (False, BOTH, {"framework": "hf-trainer", "data_parallel_size": 2}),
+        (False, BOTH, {"framework": "hf-trainer", "quantize_base": "nf4-dq"}),
+        (False, BOTH, {"framework": "trl", "quantize_base": "nf4-dq", "trl_version": "0.20.0"}),
     ],
     ids=[
         "untied both",
@@ -88,6 +90,8 @@ def test_peft_holds_a_trained_copy_beside_each_frozen_original(tmp_path: Path) -
         "bf16 hf-trainer ckpt accum",
         "deepspeed zero2 x4 accum",
         "hf-trainer ddp x2",
+        "qlora nf4-dq hf-trainer",
+        "qlora trl 0.20 bf16 cast",
     ],
 )
 def test_generic_agrees_with_the_formulas(

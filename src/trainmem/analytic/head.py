@@ -133,9 +133,7 @@ def _lm_head_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dic
     # lm_head_dequant_bytes), nor one TRL's SFTTrainer cast back to bf16 after peft's upcast
     # (TrainingConfig.trl_bf16_embeddings). Source: aten/src/ATen/autocast_mode.cpp
     # ``cached_cast``.
-    head_bf16 = training.trl_bf16_embeddings and "lm_head" in trl_bf16_tensors(
-        model.model_type, model.tie_word_embeddings
-    )
+    head_bf16 = trl_bf16_head(model, training)
     if (
         training.uses_autocast
         and not training.kbit_16bit_dense
@@ -145,6 +143,15 @@ def _lm_head_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dic
     ):
         out["autocast_weight_copies"] = c * v * h * autocast_head_casts(training)
     return out
+
+
+def trl_bf16_head(model: ModelSpec, training: TrainingConfig) -> bool:
+    """The LM head's weight is one TRL's SFTTrainer cast back to bf16 after peft's k-bit upcast
+    (``TrainingConfig.trl_bf16_embeddings``; a saved copy of it too, Note [peft
+    modules_to_save]): autocast makes no 16-bit copy of it."""
+    return training.trl_bf16_embeddings and "lm_head" in trl_bf16_tensors(
+        model.model_type, model.tie_word_embeddings
+    )
 
 
 def autocast_head_casts(training: TrainingConfig) -> int:
@@ -370,5 +377,6 @@ def head_matmul_backward_parts(
     h, v = model.hidden_size, model.vocab_size
     tokens = t.micro_batch_size * output_tokens(model, t)
     cast = t.uses_autocast and t.gathered_weight_dtype != t.compute_dtype
+    cast = cast and not trl_bf16_head(model, t)  # a bf16 head's gradient is its own
     trained = t.trains_lm_head and not quantized_lm_head(t)
     return HeadMatmulBackward(c * v * tokens, c * v * h if cast and trained else 0, c * h * tokens)

@@ -70,12 +70,15 @@ Note [peft modules_to_save]
     activations are those of a trained embedding (its dense V x h ``embedding_dense_backward``
     gradient) and a trained head (its saved input, its V x h weight gradient): every reader
     of :attr:`~trainmem.specs.training.TrainingConfig.trains_embedding` /
-    ``trains_lm_head``. Weights tied in the config (``tie_word_embeddings``): both modules
-    copy the one shared weight independently (peft's ``_set_trainable`` matches the
-    ``lm_head`` module, whose ``weight`` is the embedding's, and deep-copies it), so the copies
-    are untied; the frozen original stays shared (:func:`~trainmem.analytic.engine.
-    model_as_built`). peft's ``ensure_weight_tying=True`` (0.18+), which ties the head's copy
-    to the embedding's, is not modelled.
+    ``trains_lm_head``. TRL's SFTTrainer before 0.26 casts every module named like the
+    embedding or the head back to bf16 after ``get_peft_model`` (``peft_module_casting_to_bf16``:
+    ``lm_head.modules_to_save.default`` matches ``lm_head``), so over a k-bit base the copy is
+    bf16 with a bf16 gradient and bf16 AdamW moments. Weights tied in the config
+    (``tie_word_embeddings``): both modules copy the one shared weight independently (peft's
+    ``_set_trainable`` matches the ``lm_head`` module, whose ``weight`` is the embedding's, and
+    deep-copies it), so the copies are untied; the frozen original stays shared
+    (:func:`~trainmem.analytic.engine.model_as_built`). peft's ``ensure_weight_tying=True``
+    (0.18+), which ties the head's copy to the embedding's, is not modelled.
 
 Note [EMA weights]
     diffusers' training scripts keep an exponential moving average of the trained weights
@@ -523,6 +526,11 @@ class _TensorMaker:
             self.adapter_training = training
         elif adapters == "bfloat16":  # TRL's cast (TrainingConfig.trl_bf16_adapters)
             self.adapter_training = replace(self.adapter_training, precision="bf16-true")
+        # a trained copy TRL's cast left in bf16 (Note [peft modules_to_save]): its gradient
+        # and AdamW moments in bf16 too (autograd and ``zeros_like(p)`` follow the parameter)
+        self.bf16_training = self.adapter_training
+        if training.trl_bf16_embeddings and saved_modules(training):
+            self.bf16_training = replace(self.adapter_training, precision="bf16-true")
         self.flat = flat_parameter_grads(training)
         self.bf16: frozenset[str] = frozenset()
         """Tensors kept fp32 by peft's k-bit preparation but cast back to bf16
@@ -556,6 +564,8 @@ class _TensorMaker:
             # peft prepare_model_for_kbit_training: non-quantized params in fp32, but those
             # TRL's SFTTrainer casts back (TrainingConfig.trl_bf16_embeddings)
             w = 2 if name.removesuffix(ORIGINAL) in self.bf16 else 4
+            if trainable and w == 2:  # a saved module's trained copy, cast back to bf16
+                tr = self.bf16_training
         elif training.kbit_16bit_dense and not trainable and not name.startswith("lora_"):
             w = dtype_bytes(training.compute_dtype)  # loaded in 16 bits, never upcast
         # Megatron tensor parallelism splits every layer linear (column / row parallel) and

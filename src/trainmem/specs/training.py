@@ -2699,6 +2699,13 @@ def _check_modules_to_save(t: TrainingConfig) -> None:
             f"{saved} with tensor or pipeline parallelism: not modelled; allowed: none, or "
             "tensor_parallel_size 1 and pipeline_parallel_size 1",
         )
+    if t.kbit_16bit_dense:
+        raise SpecError(
+            "lora_modules_to_save",
+            f"{saved} over a quantized base kept in 16 bits (no peft k-bit preparation): the "
+            "copies' 16-bit training is not modelled; allowed: none, or prepare_kbit_training "
+            "true",
+        )
     fsdp = t.framework in ("accelerate-fsdp", "fsdp2")
     if t.sharding_degree > 1 and (t.zero_stage == 3 or fsdp):
         raise SpecError(
