@@ -2664,8 +2664,9 @@ _MODULES_TO_SAVE_NOT_PEFT: dict[str, str] = {
     "litgpt": "litgpt 0.5.13's LoRA (litgpt/lora.py mark_only_lora_as_trainable) has no "
     "modules_to_save",
     "fsdp-qlora": "Answer.AI fsdp_qlora's train.py builds its LoraConfig without modules_to_save",
-    "unsloth": "Unsloth's get_peft_model moves and casts the saved modules itself "
-    "(not peft's plain deep copy)",
+    "unsloth": "Unsloth's get_peft_model offloads the frozen original to the CPU and trains an "
+    "fp16 copy in fp32 (models/llama.py: 'Training embed_tokens in mixed precision to save "
+    "VRAM', _offload_frozen_module_for_training), not peft's plain deep copy",
 }
 """The frameworks whose LoRA is not peft's ``LoraConfig(modules_to_save=...)`` as Note [peft
 modules_to_save] models it, with what they run instead."""
