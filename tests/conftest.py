@@ -80,6 +80,112 @@ def live_at(ops: Iterable[Any], key: str, nth: int = 0) -> dict[str, int]:
     raise AssertionError(f"{key} allocated {seen} times")
 
 
+TINY_LLAMA: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_act": "silu",
+    "hidden_size": 256,
+    "intermediate_size": 1024,
+    "max_position_embeddings": 512,
+    "model_type": "llama",
+    "num_attention_heads": 4,
+    "num_hidden_layers": 2,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-05,
+    "tie_word_embeddings": False,
+    "vocab_size": 256,
+}
+"""A small Llama whose step peaks in its last layer's recompute or right after it (the real
+CPU executions of :func:`peft_llama_step_peak`)."""
+
+
+def peft_llama_step_peak(
+    peft_config: Any, checkpointing: Callable[[Any], None], seq_len: int
+) -> int:
+    """:func:`storage_peak` of one forward + backward of transformers' Llama
+    (:data:`TINY_LLAMA`) wrapped by peft with ``peft_config``, ``checkpointing(model)`` applied,
+    at 2 x ``seq_len`` tokens under bf16 autocast."""
+    import torch
+    from peft import get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(**{k: v for k, v in TINY_LLAMA.items() if k != "architectures"})
+    model = get_peft_model(LlamaForCausalLM(cfg), peft_config)
+    checkpointing(model)
+    model.train()
+    ids = torch.randint(0, cfg.vocab_size, (2, seq_len))
+
+    def step() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+
+    return storage_peak(step)
+
+
+def step_made_at_peak(est: Any) -> int:
+    """The bytes an estimate (``trainmem.estimate`` result) made during the step and holds at
+    its step peak: the forward's and the backward's (activations, temporaries, gradients),
+    not the weights, the optimizer states or the cuBLAS workspaces; what
+    :func:`storage_peak` counts of a real step."""
+    timeline = est.schedules[est.reported_rank].expand()
+    live: dict[int, Any] = {}
+    total, best, made = 0, -1, 0
+    for n, ev in enumerate(timeline.events):
+        if ev.action == "alloc":
+            live[ev.block_id] = ev
+            total += ev.size_bytes
+        else:
+            total -= live.pop(ev.block_id).size_bytes
+        if n >= timeline.steady_state_start and total > best:
+            best = total
+            made = sum(
+                e.size_bytes
+                for e in live.values()
+                if e.phase in ("forward", "backward") and e.module != "cublas"
+            )
+    return made
+
+
+def storage_peak(step: Callable[[], None]) -> int:
+    """Peak bytes of the storages made while ``step`` runs on the CPU (a dispatch-mode counter:
+    each op's new output storages, alive until their last reference goes), under CUDA's
+    autocast cast lists and CUDA's fused dropout (trainmem.trace.cuda_autocast /
+    cuda_dropout): a real execution of the code ``step`` calls."""
+    import torch
+    from torch.multiprocessing.reductions import StorageWeakRef
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    from trainmem.trace.cuda_autocast import cuda_autocast_policy
+    from trainmem.trace.cuda_dropout import cuda_dropout
+
+    class Counter(TorchDispatchMode):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.live: dict[int, tuple[Any, int]] = {}
+            self.peak = 0
+
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
+            out = func(*args, **(kwargs or {}))
+            for key in [k for k, (ref, _) in self.live.items() if ref.expired()]:
+                del self.live[key]
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    st = t.untyped_storage()
+                    if st.nbytes() and st.data_ptr() not in self.live:
+                        self.live[st.data_ptr()] = (StorageWeakRef(st), st.nbytes())
+            self.peak = max(self.peak, sum(size for _, size in self.live.values()))
+            return out
+
+    counter = Counter()
+    with cuda_autocast_policy(), cuda_dropout(), counter:
+        step()
+    return counter.peak
+
+
 def other_values(field: Any) -> Iterator[object]:
     """The values a TrainingConfig setting (a ``dataclasses.Field``) is varied over by the
     tests that vary every setting: its choices, both flags, a few counts."""

@@ -99,11 +99,14 @@ def test_recompute_holds_down_output_and_mlp_input_at_down_dora_norm() -> None:
     spec = resolve_model(MODEL)
     all_linear = ("q", "k", "v", "o", "gate", "up", "down")
     full = dataclasses.replace(DORA, lora_targets=all_linear, activation_checkpointing="full")
-    assert dora_recompute_down_held_bytes(spec, full) == [2 * T * 1024, 4 * T * 1024]
+    assert dora_recompute_down_held_bytes(spec, full, adapter_bytes=4) == [
+        2 * T * 1024,
+        4 * T * 1024,
+    ]
     q_v = dataclasses.replace(DORA, activation_checkpointing="full")
-    assert dora_recompute_down_held_bytes(spec, q_v) == []  # no DoRA on down
+    assert dora_recompute_down_held_bytes(spec, q_v, adapter_bytes=4) == []  # no DoRA on down
     none = dataclasses.replace(full, activation_checkpointing="none")
-    assert dora_recompute_down_held_bytes(spec, none) == []  # no recompute
+    assert dora_recompute_down_held_bytes(spec, none, adapter_bytes=4) == []  # no recompute
 
 
 def test_bf16_true_q_moment_holds_the_saved_input_cast_by_hand() -> None:

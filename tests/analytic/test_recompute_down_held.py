@@ -40,7 +40,7 @@ from typing import Any
 
 import pytest
 
-from conftest import MODELS_DIR
+from conftest import MODELS_DIR, TINY_LLAMA, peft_llama_step_peak, step_made_at_peak
 from trainmem.analytic.activations import activation_profile
 from trainmem.analytic.backward_transients import recompute_holds_down_copy
 from trainmem.analytic.forward_transients import recompute_down_held_bytes
@@ -111,82 +111,30 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
-# a small Llama whose step peaks in its last layer's recompute or right after it
-TINY = {
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_act": "silu",
-    "hidden_size": 256,
-    "intermediate_size": 1024,
-    "max_position_embeddings": 512,
-    "model_type": "llama",
-    "num_attention_heads": 4,
-    "num_hidden_layers": 2,
-    "num_key_value_heads": 2,
-    "rms_norm_eps": 1e-05,
-    "tie_word_embeddings": False,
-    "vocab_size": 256,
-}
 SEQ = 128
 
 
-def _real_step_peak(
-    config: dict[str, Any], targets: tuple[str, ...], reentrant: bool, dropout: float
-) -> int:
+def _real_step_peak(targets: tuple[str, ...], reentrant: bool, dropout: float) -> int:
     """Peak bytes of the storages made during one forward + backward of transformers' Llama
     with peft's LoRA (r 16, ``lora_dropout`` as given) and HF gradient checkpointing, on the
     CPU under bf16 autocast with CUDA's cast lists and CUDA's fused dropout (a bool mask:
     trainmem.trace.cuda_dropout, ATen native/Dropout.cpp ``is_fused_kernel_acceptable``)."""
-    from peft import LoraConfig, get_peft_model
-    from torch.multiprocessing.reductions import StorageWeakRef
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from peft import LoraConfig
 
-    from trainmem.trace.cuda_autocast import cuda_autocast_policy
-    from trainmem.trace.cuda_dropout import cuda_dropout
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(**{k: v for k, v in config.items() if k != "architectures"})
     lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=dropout, target_modules=[
         f"{t}_proj" for t in targets])  # fmt: skip
-    model = get_peft_model(LlamaForCausalLM(cfg), lora)
-    # transformers' gradient_checkpointing_enable also calls enable_input_require_grads
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
-    model.train()
-    ids = torch.randint(0, cfg.vocab_size, (2, SEQ))
 
-    class Counter(TorchDispatchMode):  # type: ignore[no-untyped-call]
-        def __init__(self) -> None:
-            super().__init__()  # type: ignore[no-untyped-call]
-            self.live: dict[int, tuple[Any, int]] = {}
-            self.peak = 0
+    def checkpointing(model: Any) -> None:  # also calls enable_input_require_grads
+        kwargs = {"use_reentrant": reentrant}
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):  # type: ignore[no-untyped-def]
-            out = func(*args, **(kwargs or {}))
-            for key in [k for k, (ref, _) in self.live.items() if ref.expired()]:
-                del self.live[key]
-            for t in tree_leaves(out):
-                if isinstance(t, torch.Tensor):
-                    st = t.untyped_storage()
-                    if st.nbytes() and st.data_ptr() not in self.live:
-                        self.live[st.data_ptr()] = (StorageWeakRef(st), st.nbytes())  # type: ignore[no-untyped-call]
-            self.peak = max(self.peak, sum(size for _, size in self.live.values()))
-            return out
-
-    counter = Counter()
-    with cuda_autocast_policy(), cuda_dropout(), counter:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-    return counter.peak
+    return peft_llama_step_peak(lora, checkpointing, SEQ)
 
 
 def _analytic_step_peak(
     path: str, targets: tuple[str, ...], reentrant: bool, dropout: float
 ) -> int:
-    """The formulas' bytes made during the step alive at its peak: the forward's and the
-    backward's (activations, temporaries, gradients), not the weights, the optimizer states
-    or the cuBLAS workspaces."""
+    """The formulas' bytes made during the step alive at its peak (``step_made_at_peak``)."""
     training = TrainingConfig(
         micro_batch_size=2,
         seq_len=SEQ,
@@ -197,24 +145,7 @@ def _analytic_step_peak(
         checkpoint_reentrant=reentrant,
         lora_dropout=dropout,
     )
-    est = estimate(path, training, engine="analytic", simulate_allocator=False)
-    timeline = est.schedules[est.reported_rank].expand()
-    live: dict[int, Any] = {}
-    total, best, made = 0, -1, 0
-    for n, ev in enumerate(timeline.events):
-        if ev.action == "alloc":
-            live[ev.block_id] = ev
-            total += ev.size_bytes
-        else:
-            total -= live.pop(ev.block_id).size_bytes
-        if n >= timeline.steady_state_start and total > best:
-            best = total
-            made = sum(
-                e.size_bytes
-                for e in live.values()
-                if e.phase in ("forward", "backward") and e.module != "cublas"
-            )
-    return made
+    return step_made_at_peak(estimate(path, training, engine="analytic", simulate_allocator=False))
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
@@ -229,11 +160,11 @@ def test_step_peak_matches_a_real_cpu_execution(
     # 8,928,264 twice: nothing held at the recomputed down's adapter); with dropout 0.1 the
     # recompute's moment at down was not modelled at all before session 24
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(TINY))
-    real = _real_step_peak(TINY, targets, reentrant, dropout)
+    path.write_text(json.dumps(TINY_LLAMA))
+    real = _real_step_peak(targets, reentrant, dropout)
     formulas = _analytic_step_peak(str(path), targets, reentrant, dropout)
     # with dropout on down the peak is lora_A's moment: down's lora_B 16-bit weight copy
     # (r x h x 2 = 8,192 B), which the formulas make with the layer's recomputed adapter
     # copies, is made only at lora_B's matmul after it (not modelled)
-    b_copy = 16 * 256 * 2 if dropout and "down" in targets else 0  # r x TINY's h x 2 B
+    b_copy = 16 * 256 * 2 if dropout and "down" in targets else 0  # r x TINY_LLAMA's h x 2 B
     assert abs(formulas - b_copy - real) <= 0.001 * real, (formulas, real)

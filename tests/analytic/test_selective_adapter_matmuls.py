@@ -66,7 +66,7 @@ def test_dora_on_q_v_caches_the_eye_products() -> None:
     # trace's layer-0 cache (q_proj.lora_B 10,485,760 B, v_proj.lora_B 2,621,440 B)
     bases = 2 * H * T + 2 * KV * T + 2 * INTER * T + 2 * H * T  # q, v, gate, down
     assert sum(kept.values()) - sum(ALWAYS.values()) - bases == 13_107_200
-    uses = op_selective_cache_uses(training, kept)
+    uses = op_selective_cache_uses(load_model_spec(AGREEMENT), training, kept)
     # the base and B outputs are DoRA's saved base_result / lora_result, the products freed;
     # the untargeted gate's output is the activation's input
     assert uses == {
@@ -99,7 +99,7 @@ def test_lora_on_all_seven_alternates_through_the_adapters() -> None:
     training = _training(("q", "k", "v", "o", "gate", "up", "down"))
     kept = op_selective_saved_terms(load_model_spec(AGREEMENT), training)
     assert kept == expected
-    uses = op_selective_cache_uses(training, kept)
+    uses = op_selective_cache_uses(load_model_spec(AGREEMENT), training, kept)
     # A's output is saved by B's matmul; LoRA's base and B outputs only enter
     # ``result + lora_B(...) * scaling`` (an add and a product with a number save neither),
     # the adapted gate's output included: the activation reads the add
@@ -137,7 +137,12 @@ def test_dora_recompute_frees_the_products_and_keeps_the_stand_ins() -> None:
     ops = _layer_backward(_training(("q", "v"), "dora"))
     # the saved blocks act/{i}/<n> in op_selective_saved_terms' order: 3 q's base output, 4
     # q's eye product, 5 q's B output, 6 / 7 / 8 v's
-    first_made = next(n for n, op in enumerate(ops) if op.action == "alloc")
+    # the incoming gradient's bf16 cast exists before the recompute (Note [The gradient's cast
+    # through the recompute]); the recompute's own tensors come after it
+    assert ops[0].action == "alloc" and ops[0].key == "grad_cast"
+    first_made = next(
+        n for n, op in enumerate(ops) if op.action == "alloc" and op.key != "grad_cast"
+    )
     last_recomputed = max(
         n for n, op in enumerate(ops) if op.action == "alloc" and op.key.startswith("re/")
     )
@@ -164,7 +169,10 @@ def test_lora_recompute_frees_the_outputs_no_op_saves() -> None:
     for n in (12, 13):
         assert _at(ops, "free", f"act/{{i}}/{n}") > held
     # what the recompute holds at down without down's base output, a cached block: the
-    # gradient's cast to 16 bits and its product with scaling (2 h t each), down's input
-    # cast to the fp32 adapters (4 i t) and itself (2 i t), the MLP's input (4 h t)
+    # gradient's cast to 16 bits (2 h t, made before the recompute and held from its start:
+    # Note [The gradient's cast through the recompute]) and its product with scaling (2 h t),
+    # down's input cast to the fp32 adapters (4 i t) and itself (2 i t), the MLP's input (4 h t)
     sizes = [op.size_bytes for op in ops if op.action == "alloc" and op.key.startswith("up_held/")]
-    assert sizes == [2 * H * T, 2 * H * T, 4 * INTER * T, 2 * INTER * T, 4 * H * T]
+    assert sizes == [2 * H * T, 4 * INTER * T, 2 * INTER * T, 4 * H * T]
+    cast = _at(ops, "alloc", "grad_cast")
+    assert ops[cast].size_bytes == 2 * H * T and cast < held < _at(ops, "free", "grad_cast")

@@ -43,10 +43,11 @@ def test_selective_recomputes_the_full_recompute_less_the_cached_terms() -> None
     selective = _layer_backward(activation_checkpointing="selective")
     full = _layer_backward(activation_checkpointing="full")
     # the policy's cached outputs that are layer terms: the SDPA output (bf16, 2 h t), its
-    # logsumexp (fp32, 4 heads t) and the gate projection's output (bf16, 2 i t); the layer
-    # input both keep
-    cached = 2 * H * T + 4 * HEADS * T + 2 * INTER * T
-    assert cached == 7_897_088
+    # logsumexp (fp32, 4 heads t), the gate projection's output (bf16, 2 i t) and v's output
+    # (bf16, 2 x 512 t: SDPA's saved value, flash taking v at its 4 heads; Note [The cached q
+    # and v outputs in the recompute]); the layer input both keep
+    cached = 2 * H * T + 4 * HEADS * T + 2 * INTER * T + 2 * 512 * T
+    assert cached == 8_421_376
     assert _made(full, "re/") - _made(selective, "re/") == cached
     # autocast's weight copies made again once (not also inside the recompute): 2 B x (q, o:
     # h x h; k, v: h x 512; gate, up, down: h x i) = 90,177,536 B

@@ -87,7 +87,12 @@ from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
 
-__all__ = ["down_projection_held_bytes", "recompute_down_held_bytes", "recompute_up_held_bytes"]
+__all__ = [
+    "down_projection_held_bytes",
+    "recompute_down_held_bytes",
+    "recompute_gradient_cast_bytes",
+    "recompute_up_held_bytes",
+]
 
 
 def _pre_norm_sizes(model: ModelSpec, training: TrainingConfig) -> tuple[int, int, int, int] | None:
@@ -301,7 +306,8 @@ def recompute_down_held_bytes(
     c, r, h, i = sizes
     adapted = "down" in training.lora_targets
     reentrant = layer_checkpoint_reentrant(training)
-    first = reentrant or r != c  # down's output / the grad's cast
+    # down's output / the grad's cast (recompute_gradient_cast_bytes)
+    first = reentrant or recompute_gradient_cast_bytes(model, training) > 0
     # the gradient's product with ``scaling`` and down's base output, with an adapter
     # (reentrant: lora_B's output and its product)
     own = (1 if base_output_cached else 2) if adapted else 0
@@ -323,3 +329,30 @@ def recompute_down_held_bytes(
     if not input_saved:
         out.append(r * h)  # the residual
     return out
+
+
+def recompute_gradient_cast_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """The incoming gradient's 16-bit cast a non-reentrant recompute runs beside (c t h; 0
+    where the residual stream is in the compute dtype, under a reentrant checkpoint, or for a
+    block these Notes do not model), one of :func:`recompute_down_held_bytes`' tensors.
+
+    Note [The gradient's cast through the recompute]
+        The layer's backward starts with the residual add after the MLP (transformers 5.24
+        modeling_llama.py ``LlamaDecoderLayer.forward``: ``hidden_states = residual +
+        hidden_states``), whose ``AddBackward0`` casts the fp32 incoming gradient to down's
+        16-bit output dtype; then down's ``MmBackward0`` unpacks its first saved tensor and
+        torch's non-reentrant checkpoint runs the whole recompute (torch 2.13
+        utils/checkpoint.py ``_checkpoint_hook``: the unpack hook calls ``recompute_fn``), so
+        that cast is alive from the recompute's start to down's backward, at every moment of
+        the recompute, not only at down's (Note [The recompute's tensors held at an autocast
+        down projection]): at q / k / v's DoRA moment at the recompute's start and at o's and
+        up's (Note [DoRA's moment at each linear]). Traced on the 1024-wide agreement Llama
+        (2 x 256 tokens, DoRA r 16 on gate / up, selective checkpointing): a 1,048,576 B
+        ``layers.1`` block made before layer 1's recompute replays its first norm, alive at
+        the up projection's DoRA moment, the step's peak.
+    """
+    sizes = _pre_norm_sizes(model, training)
+    if sizes is None or layer_checkpoint_reentrant(training):
+        return 0
+    c, r, h, _ = sizes
+    return c * h if r != c else 0

@@ -53,11 +53,13 @@ from trainmem.units import dtype_bytes
 __all__ = [
     "INPUT_PROJECTIONS",
     "check_lora_variant",
+    "dora_embeddings_held_bytes",
     "dora_first_layer_unsaved",
     "dora_forward_transient_bytes",
     "dora_layer_start_held_bytes",
     "dora_moments_per_linear",
     "dora_recompute_down_held_bytes",
+    "dora_recompute_gradient_bytes",
     "dora_terms",
     "qdora_dequantized_bytes",
 ]
@@ -196,6 +198,27 @@ def qdora_dequantized_bytes(training: TrainingConfig) -> tuple[int, int] | None:
     return q, q
 
 
+NORM_READERS = frozenset({"qkv", "q", "k", "v", "q_a", "kv_a", "gate_up", "gate", "up"})
+"""The linears of :func:`~trainmem.analytic.params.adapted_linears` whose input is a pre-norm
+block's norm output (Note [DoRA's input at a norm's reader]).
+
+Note [DoRA's input at a norm's reader]
+    A linear that reads a norm's output (q / k / v, the MLP's gate / up) takes it in the
+    residual stream's dtype r: transformers 5.24 modeling_llama.py ``LlamaRMSNorm.forward``
+    returns ``self.weight * hidden_states.to(input_dtype)``, an fp32 product on an fp32 stream
+    under autocast (``mul`` is on no autocast list). Autocast's 16-bit cast of it for the
+    frozen base's matmul (c t in) is freed when that matmul returns (``mm`` saves ``self`` only
+    for the weight's gradient: torch 2.13 derivatives.yaml), before peft's DoRA branch; peft's
+    ``_cast_input_dtype(x, lora_A.weight.dtype)`` (peft 0.21.2 tuners/lora/layer.py
+    ``Linear.forward``) returns x itself when the dtypes match (``Tensor.to``). So DoRA's
+    moment holds the input as r t in, plus a t in only where a differs, not the c t in + a t in
+    of a 16-bit input (o's, down's). Traced on the 1024-wide agreement Llama (2 x 256 tokens,
+    DoRA r 16 on gate / up, selective checkpointing): at layer 1's recomputed up moment the
+    trace holds the fp32 norm output (2,097,152 B) and no cast of it; the formulas held
+    1,048,576 + 2,097,152 B (Note [The cached q and v outputs in the recompute] for the rest
+    of that cell).
+"""
+
 INPUT_PROJECTIONS = frozenset({"qkv", "q", "k", "v", "q_a", "q_b", "kv_a", "kv_b"})
 """The linears of :func:`~trainmem.analytic.params.adapted_linears` that read the layer's
 normed input before any of the attention's saved blocks exist (Note [Where DoRA's transients
@@ -276,15 +299,35 @@ def dora_layer_start_held_bytes(
     _, r = compute_and_residual_bytes(training)
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     size = r * t * model.hidden_size // parallel_divisor("attention/norm", training)
-    out = [size]
-    embeds = training.conventions.hf_model_code and has_embedding and not first_layer
-    if embeds and not layer_is_checkpointed(training):
-        out.append(size)
-    return out
+    embeds = dora_embeddings_held_bytes(
+        model, training, first_layer=first_layer, has_embedding=has_embedding
+    )
+    return [size, *embeds]
+
+
+def dora_embeddings_held_bytes(
+    model: ModelSpec, training: TrainingConfig, *, first_layer: bool, has_embedding: bool
+) -> list[int]:
+    """transformers' ``inputs_embeds`` (r t h), held by ``LlamaModel.forward`` through the
+    layer loop and saved by no block from the second layer on without checkpointing (Note
+    [Where DoRA's transients sit]), at each DoRA moment of that layer's forward: q / k / v's
+    (:func:`dora_layer_start_held_bytes`), o's and gate / up's (Note [DoRA's moment at each
+    linear]); [] where it is a saved block or not bound."""
+    if training.lora_variant != "dora" or layer_is_checkpointed(training):
+        return []
+    if not (training.conventions.hf_model_code and has_embedding and not first_layer):
+        return []
+    _, r = compute_and_residual_bytes(training)
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    return [r * t * model.hidden_size // parallel_divisor("attention/norm", training)]
 
 
 def dora_recompute_down_held_bytes(
-    model: ModelSpec, training: TrainingConfig, *, base_output_cached: bool = False
+    model: ModelSpec,
+    training: TrainingConfig,
+    *,
+    adapter_bytes: int,
+    base_output_cached: bool = False,
 ) -> list[int]:
     """The tensors (bytes each) a full non-reentrant recompute holds beside DoRA's moment at
     the down projection, besides its recomputed blocks and what
@@ -321,18 +364,66 @@ def dora_recompute_down_held_bytes(
         from the cache: :func:`~trainmem.analytic.backward_transients.
         recompute_holds_down_copy`).
     """
-    if not (training.lora_variant == "dora" and "down" in training.lora_targets):
-        return []
-    if not (
-        training.activation_checkpointing in ("full", "selective")
-        and training.conventions.hf_model_code
-        and not layer_checkpoint_reentrant(training)
-    ):
+    if not _dora_down_recomputed(training):
         return []
     c, r = compute_and_residual_bytes(training)
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     h = model.hidden_size * t // parallel_divisor("mlp/input", training)
-    return ([] if base_output_cached else [c * h]) + ([r * h] if r != c else [])
+    out = ([] if base_output_cached else [c * h]) + ([r * h] if r != c else [])
+    if training.lora_dropout > 0:  # Note [What down's DoRA moment precedes]: x = dropout(x)
+        i = model.intermediate_size * t // parallel_divisor("mlp/gated", training)
+        out.append(adapter_bytes * i)
+    return out
+
+
+def _dora_down_recomputed(training: TrainingConfig) -> bool:
+    """DoRA on the down projection of a layer whose backward runs a non-reentrant recompute in
+    transformers' model code (Note [DoRA's moments in the recompute])."""
+    return (
+        training.lora_variant == "dora"
+        and "down" in training.lora_targets
+        and training.activation_checkpointing in ("full", "selective")
+        and training.conventions.hf_model_code
+        and not layer_checkpoint_reentrant(training)
+    )
+
+
+def dora_recompute_gradient_bytes(
+    model: ModelSpec, training: TrainingConfig, *, adapter_bytes: int
+) -> list[int]:
+    """The tensors (bytes each) the layer's backward makes from its output gradient before a
+    non-reentrant recompute of a layer with DoRA on its down projection, alive through the
+    whole recompute (Note [DoRA's output gradient before the recompute]); [] where
+    :func:`dora_recompute_down_held_bytes` is.
+
+    Note [DoRA's output gradient before the recompute]
+        peft's DoRA on a linear returns ``(result + result_dora).to(torch_result_dtype)``
+        (peft 0.21.2 tuners/lora/variants.py ``DoraLinearVariant.forward``: ``result =
+        result + module.lora_magnitude_vector[active_adapter](...)``; tuners/lora/layer.py
+        ``Linear.forward``: ``result = result.to(torch_result_dtype)``), with
+        ``result_dora = (mag_norm_scale - 1) * base_result + mag_norm_scale * lora_result *
+        scaling`` (tuners/lora/dora.py ``DoraLinearLayer.forward``) in the magnitude's dtype,
+        the adapters' a. Down's output gradient (c t h) therefore goes, before any node that
+        reads a saved tensor, through ``ToCopyBackward0`` (its cast to a: a t h), the sum's
+        ``AddBackward0`` (the gradient of ``result`` cast back to c: c t h; DoRA's share is
+        the a tensor itself) and the product with the number ``scaling`` (``MulBackward1``,
+        which saves nothing: a t h); the next node, ``mag_norm_scale * lora_result``'s
+        ``MulBackward0``, unpacks its saved tensors, and that unpack runs torch's
+        non-reentrant recompute (torch 2.13 utils/checkpoint.py ``_checkpoint_hook``). So the
+        three are alive at every DoRA moment of the recompute, down's included; with a = c
+        the casts return their input and only the product is new. Traced on the 1024-wide
+        agreement Llama (2 x 256 tokens, DoRA r 16 on down, selective and full
+        checkpointing): 2,097,152 + 1,048,576 + 2,097,152 B made in layer 1's backward
+        before its recompute replays the first norm, alive at down's DoRA moment (the step's
+        peak). Reentrant, the recompute runs before the layer's backward: none.
+    """
+    if not _dora_down_recomputed(training):
+        return []
+    c, _ = compute_and_residual_bytes(training)
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    h = model.hidden_size * t // parallel_divisor("mlp/input", training)
+    a = adapter_bytes
+    return [a * h, c * h, a * h] if a != c else [c * h]
 
 
 def dora_forward_transient_bytes(
@@ -358,10 +449,12 @@ def dora_forward_transient_bytes(
         [in, out] product are alive together; ``forward`` then casts the product to x's dtype
         (a), casts the base weight to it when its dtype differs, and ``get_weight_norm`` makes
         ``scaling * lora_weight`` and the sum: three (four with the weight's cast) a-byte
-        [out, in] tensors beside the eye's cast. All the while the linear's 16-bit input (c x t
-        x in: the frozen base saves none of it) and peft's cast of it to the adapters' dtype
-        (``_cast_input_dtype``, a x t x in; saved, so not counted here, when no autocast
-        follows) are alive. The larger of the two moments, over the targeted linears. Checked
+        [out, in] tensors beside the eye's cast. All the while the linear's input (c x t x in
+        where it is a 16-bit tensor: the frozen base saves none of it; a norm's output in the
+        residual dtype, Note [DoRA's input at a norm's reader]) and peft's cast of it to the
+        adapters' dtype (``_cast_input_dtype``, a x t x in; saved, so not counted here, when no
+        autocast follows; none where the input has that dtype) are alive. The larger of the
+        two moments, over the targeted linears. Checked
         against the live tensors of peft 0.21's forward on CPU under autocast (a 2816 -> 1024
         linear, r 16, 512 tokens: eye fp32 31.7 MB, its cast 15.9 MB, the product 5.8 MB, the
         input cast 5.8 MB, the input 2.9 MB at ``lora_B``'s mm) and the generic path's peak in
@@ -369,7 +462,7 @@ def dora_forward_transient_bytes(
     """
     if training.lora_variant != "dora":
         return 0
-    c, _ = compute_and_residual_bytes(training)
+    c, r_in = compute_and_residual_bytes(training)
     a = adapter_bytes
     autocast = training.uses_autocast
     e = c if autocast else a  # the eye as lora_A's matmul saves it
@@ -385,10 +478,12 @@ def dora_forward_transient_bytes(
             continue
         if linears is not None and name not in linears:
             continue
+        # Note [DoRA's input at a norm's reader]: the input in its own dtype
+        x = r_in if name in NORM_READERS else c
         # at the start also the saved cast without autocast: a block made after this point
-        x_cast = a * t * fan_in if (autocast or at_start) and a > c else 0
+        x_cast = a * t * fan_in if (autocast or at_start) and a > x else 0
         # the linear's own input (a frozen base saves none of it; the adapters read the cast)
-        held = c * t * fan_in + x_cast + e * fan_in * fan_in + e * fan_in * r
+        held = x * t * fan_in + x_cast + e * fan_in * fan_in + e * fan_in * r
         if at_start:
             held += c * t * fan_out
         at_product = held + (a * fan_in * fan_in if autocast else 0) + e * fan_in * fan_out

@@ -49,6 +49,7 @@ from trainmem.analytic.activation_shapes import (
     mean_terms,
     tokens_per_sequence,
 )
+from trainmem.analytic.attention import sdpa_expands_kv
 from trainmem.analytic.lora import peft_adapter_matmuls
 from trainmem.analytic.mlp import experts_per_token
 from trainmem.analytic.params import linear_shapes
@@ -138,16 +139,43 @@ def op_selective_saved_terms(model: ModelSpec, training: TrainingConfig) -> dict
     return split_for_parallelism(split, training)
 
 
-def op_selective_cache_uses(training: TrainingConfig, kept: dict[str, int]) -> dict[str, str]:
+def op_selective_cache_uses(
+    model: ModelSpec, training: TrainingConfig, kept: dict[str, int]
+) -> dict[str, str]:
     """What the recompute does with each cached matmul output of ``kept``
     (:func:`op_selective_saved_terms`) that belongs to an adapted linear or holds a layer
     term: the layer term it stands for (its bytes not made again), or ``""`` where no op of
     the recompute saves it, so it is freed where the recompute replays it (Note [The adapters'
-    matmuls under op-level selective checkpointing]). The other linears' outputs, which the
-    terms do not hold (q / k before RoPE, o / down before the residual adds), are not listed:
-    they stay kept to the layer's backward (Note [Op-level selective recompute per
-    tensor])."""
+    matmuls under op-level selective checkpointing]; an unadapted q / k / v: Note [The cached
+    q and v outputs in the recompute]). The other linears' outputs, which the terms do not
+    hold (o / down before the residual adds; q / k without RoPE or a q / k norm), are not
+    listed: they stay kept to the layer's backward (Note [Op-level selective recompute per
+    tensor]).
+
+    Note [The cached q and v outputs in the recompute]
+        An unadapted q / k / v projection's cached output (the 1st and 3rd ``aten.mm`` of a
+        Llama layer without adapters on them) is popped from the cache where the recompute
+        replays the projection, as the adapters' outputs are, and lives as long as an op of
+        the recompute saves it. q's (and k's) goes through RoPE, whose products by cos / sin
+        save cos / sin, not it (transformers 5.24 modeling_llama.py ``apply_rotary_pos_emb``;
+        torch 2.13 derivatives.yaml ``mul.Tensor``: ``self`` is saved only for ``other``'s
+        gradient, and cos / sin need none), or through a q / k RMSNorm that saves its fp32
+        copy: nothing saves it, so it is freed there, before the layer's backward. v's is
+        viewed into heads and handed to SDPA, which saves that view (``attention/v``: the
+        same bytes where SDPA takes v at its own heads, :func:`~trainmem.analytic.attention.
+        sdpa_expands_kv`), so it stands for that term, which the recompute does not make
+        again; expanded to every query head (``repeat_kv``), the expansion is the saved
+        tensor and the cached one is freed. The formulas kept both to the layer's backward
+        and recomputed ``attention/v`` besides: on the 1024-wide agreement Llama (2 x 256
+        tokens, DoRA r 16 on gate / up, selective) the trace's layer-1 recompute frees q's
+        cached output at its attention (its ``q_proj`` block, 1,048,576 B) and holds v's as
+        SDPA's saved value, 2,097,152 B less than the formulas held at the up projection's
+        DoRA moment.
+    """
     dora = training.lora_variant == "dora"
+    # Note [The cached q and v outputs in the recompute]
+    rotated = model.position_kind == "rotary" or model.qk_norm
+    v_saved = model.num_kv_heads == model.num_heads or not sdpa_expands_kv(training)
     # the linears whose adapters' matmuls were counted (each runs 3 or more: one is cached)
     adapted = {key.rsplit("/", 1)[-1] for key in kept if key.count("/") == 2}
     uses: dict[str, str] = {}
@@ -159,6 +187,10 @@ def op_selective_cache_uses(training: TrainingConfig, kept: dict[str, int]) -> d
         if len(parts) == 2 and linear not in adapted:
             if linear == "gate":
                 uses[key] = "mlp/gated"  # the gate's output, read by the activation
+            elif linear in ("q", "k") and rotated:
+                uses[key] = ""  # read by RoPE's products, which save cos / sin
+            elif linear == "v":
+                uses[key] = "attention/v" if v_saved else ""
         elif len(parts) == 2:  # an adapted linear's base output
             uses[key] = f"dora/{linear}" if dora and training.lora_dropout == 0 else ""
         elif key.startswith("mm/lora_A/"):

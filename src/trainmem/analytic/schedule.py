@@ -98,6 +98,7 @@ from trainmem.analytic.float8 import float8_linears_save_input
 from trainmem.analytic.forward_transients import (
     down_projection_held_bytes,
     recompute_down_held_bytes,
+    recompute_gradient_cast_bytes,
     recompute_up_held_bytes,
 )
 from trainmem.analytic.head import (
@@ -108,7 +109,12 @@ from trainmem.analytic.head import (
     layer_norm_backward_bytes,
 )
 from trainmem.analytic.load import load_items, load_rule
-from trainmem.analytic.lora_variants import INPUT_PROJECTIONS, dora_moments_per_linear
+from trainmem.analytic.lora_variants import (
+    INPUT_PROJECTIONS,
+    O_LINEARS,
+    UP_LINEARS,
+    dora_moments_per_linear,
+)
 from trainmem.analytic.loss import (
     accelerate_output_bytes,
     chunked_head_weight_grad_bytes,
@@ -142,8 +148,10 @@ from trainmem.analytic.transforms.base import (
     unit_states,
 )
 from trainmem.analytic.transforms.checkpointing import (
+    DOWN_DROPOUT,
     WEIGHT_COPIES,
     LayerPlan,
+    adapter_copy_blocks,
     cache_release_places,
     cached_down_output,
     dropped_per_layer_kind,
@@ -526,6 +534,28 @@ def _weight_copy_places(model: ModelSpec, n: int) -> tuple[int, ...]:
     return (3,) * n
 
 
+AFTER_DOWN_MOMENT = frozenset({"lora/down", "dora/down", "mlp/down_input"})
+"""The terms of a layer with DoRA on its down projection that the recompute makes after down's
+DoRA moment.
+
+Note [What down's DoRA moment precedes]
+    Down's DoRA moment (its weight norm, peft 0.21.2 tuners/lora/dora.py
+    ``DoraLinearLayer.forward``: ``get_lora_weight`` and ``get_weight_norm``) comes before
+    ``lora_result = lora_B(lora_A(x))``, and so before ``lora_A``'s saved 16-bit copy of its
+    input (``mlp/down_input``), ``lora_A``'s output (``lora/down``) and DoRA's saved tensors
+    (``dora/down``: ``lora_result``, ``mag_norm_scale``, ``mag_norm_scale - 1``; the norm is
+    taken there; ``base_result``, down's base output, is held at the moment by
+    :func:`~trainmem.analytic.lora_variants.dora_recompute_down_held_bytes` unless the
+    selective cache keeps it). Under Note [DoRA's moment at each linear] the recompute makes
+    them after that moment (the forward keeps them before its end). Traced on the 1024-wide
+    agreement Llama (2 x 256 tokens, DoRA r 16 on down): at layer 1's recomputed down moment
+    the trace holds down's input ``act(gate) * up`` and peft's fp32 cast of it, not the 16-bit
+    copy; with these blocks made before it and the gradients of Note [DoRA's output gradient
+    before the recompute] the formulas were -1.80 % (full) / -1.00 % (selective), after it
+    +0.00 % / +0.00 %.
+"""
+
+
 def _copy_groups(n: int) -> list[int]:
     """Per weight copy of a layer (:func:`~trainmem.analytic.transforms.checkpointing.
     weight_blocks`' order: q, k, v, o, gate, up, down, then the adapters' block; without q, k
@@ -537,13 +567,19 @@ def _copy_groups(n: int) -> list[int]:
     return [0] * attention + [1, 1] + [2] * (n - attention - 2)
 
 
-def _linear_groups(names: Sequence[str]) -> list[int]:
+def _linear_groups(
+    names: Sequence[str], up_input: bool = False, down_after: bool = False
+) -> list[int]:
     """Per block of a layer (its term names, in the plan's order) whether the layer makes it
     before o's DoRA moment (0), between o's and up's (1) or after up's (2) (Note [DoRA's moment
     at each linear]): the attention's blocks, q / k / v's adapters' and the attention's weight
     copies first; o's and gate's own blocks (adapters', a selective policy's saved matmul
     outputs), the MLP's blocks but its last (up's output, saved by the product) and the gate /
-    up copies between; up's and down's own blocks, the MLP's last block and down's copy after."""
+    up copies between; up's and down's own blocks, the MLP's last block and down's copy after.
+    ``up_input``: the last ``mlp/input`` block is up's ``lora_A`` 16-bit input copy
+    (:func:`~trainmem.analytic.transforms.checkpointing.mlp_input_copies`), made after up's
+    DoRA moment. ``down_after``: down's own blocks (:data:`AFTER_DOWN_MOMENT`) are made after
+    its DoRA moment in the recompute (3; Note [What down's DoRA moment precedes])."""
     out = []
     for term in names:
         linear = term.rsplit("/", 1)[-1]
@@ -554,6 +590,15 @@ def _linear_groups(names: Sequence[str]) -> list[int]:
     mlp = [k for k, term in enumerate(names) if term.startswith("mlp/")]
     if mlp:
         out[mlp[-1]] = 2
+    inputs = [k for k, term in enumerate(names) if term == "mlp/input"]
+    if up_input and inputs:
+        out[inputs[-1]] = 2
+    if down_after:
+        out = [3 if term in AFTER_DOWN_MOMENT else g for g, term in zip(out, names, strict=True)]
+        # lora_A's 16-bit copy of the dropout output, the term's first block (the mask after)
+        dropped = [k for k, term in enumerate(names) if term == DOWN_DROPOUT]
+        if dropped:
+            out[dropped[0]] = 3
     copies = [k for k, term in enumerate(names) if term == WEIGHT_COPIES]
     for k, g in zip(copies, _copy_groups(len(copies)), strict=True):
         out[k] = g
@@ -611,6 +656,10 @@ class _Layers:
         self.norm_tmp = layer_norm_backward_bytes(ctx.model, ctx.training)
         # Note [DoRA's moment at each linear] (no sequence-parallel copies: DoRA refuses TP)
         self.dora_order = dora_moments_per_linear(ctx.model, ctx.training)
+        # up's lora_A input copy, a block of its own (checkpointing.mlp_input_copies)
+        self.up_input = self.dora_order and "up" in ctx.training.lora_targets
+        # Note [What down's DoRA moment precedes]
+        self.down_after = self.dora_order and "down" in ctx.training.lora_targets
         self.scores_tmp, self.mask_tmp = eager_scores_forward_bytes(ctx.model, ctx.training)
         self.copies = sequence_parallel_copies(ctx.model, ctx.training)
         # Note [The training KV cache's copies]: each layer's copies from its attention on,
@@ -654,6 +703,8 @@ class _Layers:
         # Note [The recompute's tensors held at an autocast down projection]: made and freed
         # before the transforms' ops at layer.backward (the reentrant output is made after)
         self.recompute_down = recompute_holds_down_copy(ctx.model, ctx.training)
+        # Note [The gradient's cast through the recompute]: one of them, from its start
+        self.grad_cast = 0
         if self.recompute_down:
             self.up_held = recompute_down_held_bytes(
                 ctx.model,
@@ -662,12 +713,28 @@ class _Layers:
                 input_saved=saves_input,
                 base_output_cached=cached_down_output(ctx),
             )
+            self.grad_cast = recompute_gradient_cast_bytes(ctx.model, ctx.training)
+            if self.grad_cast:
+                self.up_held.remove(self.grad_cast)
         copies, frozen = self.plan.weight_copy, self.plan.frozen_copy
         self.recomputed_copies = weight_blocks(ctx, copies) if copies else []
+        # Note [DoRA's moment at each linear]: the adapters' copies made at their linears
+        self.recomputed_groups = [2] * len(self.recomputed_copies)
+        per_linear = adapter_copy_blocks(ctx, copies) if self.dora_order and copies else None
+        if per_linear is not None:
+            self.recomputed_copies = [size for _, size in per_linear]
+            self.recomputed_groups = [
+                0 if linear in INPUT_PROJECTIONS | O_LINEARS else 1 if linear in UP_LINEARS else 2
+                for linear, _ in per_linear
+            ]
         self.frozen_copies = weight_blocks(ctx, frozen) if frozen else []
         # where the backward frees the recomputed copies (the frozen ones first)
         self.copy_places = _weight_copy_places(ctx.model, len(self.frozen_copies))
-        self.copy_places += _weight_copy_places(ctx.model, len(self.recomputed_copies))
+        self.copy_places += (
+            (3,) * len(per_linear)  # released last, as their one block was
+            if per_linear is not None
+            else _weight_copy_places(ctx.model, len(self.recomputed_copies))
+        )
 
     def weight_copy_ops(self, phase: Phase, key: str, label: str) -> list[Op]:
         """Autocast's cached 16-bit weight copies of the layer (under checkpointing)."""
@@ -729,7 +796,7 @@ class _Layers:
         ]
         if self.dora_order:  # Note [DoRA's moment at each linear]
             names = [term for term, _ in plan.saved + dropped_blocks]
-            groups = _linear_groups(names)
+            groups = _linear_groups(names, self.up_input)
             blocks = saved + dropped
             body += [op for op, g in zip(blocks, groups, strict=True) if g == 0]
             body += self._kv_cache() + scores
@@ -883,16 +950,23 @@ class _Layers:
             place: [free(op, b) for op, at in zip(saved, places, strict=True) if at == place]
             for place in ("pre_backward", "o", "up", "backward", "after")
         }
-        body: list[Item] = [*popped["pre_backward"]]
+        # Note [The gradient's cast through the recompute]
+        label = "the incoming gradient's 16-bit cast, through the recompute"
+        cast = (
+            [alloc(self.grad_cast, Cat.TEMPORARY, b, "grad_cast", "layers.{i}", label)]
+            if self.grad_cast
+            else []
+        )
+        body: list[Item] = [*cast, *popped["pre_backward"]]
         body += em.at("layer.pre_backward", where)
         if self.down_first:  # Note [A frozen 4-bit down projection before the recompute]
             body += self._down_backward(em, where)
         recomputed = self._recomputed(b, kind)
         if self.dora_order:  # Note [DoRA's moment at each linear]
             names = [term for term, _ in self.dropped[kind]]
-            groups = _linear_groups(names)
+            groups = _linear_groups(names, self.up_input, self.down_after)
             groups += _copy_groups(len(self.frozen_copies))
-            groups += [2] * len(self.recomputed_copies)
+            groups += self.recomputed_groups
             body += [op for op, g in zip(recomputed, groups, strict=True) if g == 0]
             body += popped["o"]
             body += em.at("layer.o.recompute", where)
@@ -904,7 +978,10 @@ class _Layers:
             body += recomputed
         body += popped["backward"]
         body += self._recompute_up(em, where)
+        body += [free(op, b) for op in cast]
         body += popped["after"]
+        if self.dora_order:  # Note [What down's DoRA moment precedes]
+            body += [op for op, g in zip(recomputed, groups, strict=True) if g == 3]
         # the frees of the saved and the recomputed blocks, in the order autograd releases them
         if any(places):
             plan = plan._replace(

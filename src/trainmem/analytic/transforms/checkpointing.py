@@ -38,7 +38,11 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from trainmem.analytic.activation_parallelism import parallel_divisor, split_for_parallelism
-from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
+from trainmem.analytic.activation_shapes import (
+    cast_copies,
+    compute_and_residual_bytes,
+    tokens_per_sequence,
+)
 from trainmem.analytic.activations import layer_activation_terms
 from trainmem.analytic.attention import SLIDING_MASK_BIAS, sliding_layer_mask_bias_bytes
 from trainmem.analytic.autocast import autocast_cached_weight_bytes
@@ -55,6 +59,7 @@ from trainmem.analytic.op_selective import (
     op_selective_cache_uses,
     op_selective_saved_terms,
 )
+from trainmem.analytic.params import adapted_linears, lora_targeted
 from trainmem.analytic.t5 import buckets_in_first_blocks, position_bucket_bytes
 from trainmem.analytic.transforms.base import Emitted, RankContext, Transform, Where, alloc, free
 from trainmem.breakdown import MemoryCategory as Cat
@@ -74,6 +79,10 @@ MAX_BLOCKS_PER_TERM = 64
 term into millions of blocks); beyond it the term is one block."""
 
 Blocks = list[tuple[str, int]]
+
+UNADAPTED_ROTATED = frozenset({"op_selective/mm/q", "op_selective/mm/k"})
+"""The saved blocks of an unadapted q / k projection's cached output, freed where the recompute
+applies RoPE (Note [The cached q and v outputs in the recompute])."""
 
 CACHED_EYE_PRODUCTS = tuple(f"op_selective/{prefix}" for prefix in EYE_PRODUCTS)
 """The saved blocks of DoRA's cached matmuls on ``torch.eye(in)`` (Note [The adapters'
@@ -151,7 +160,7 @@ def op_selective_recomputed(ctx: RankContext, kept: dict[str, int]) -> dict[str,
     # cached matmul outputs the recompute's ops save in place of (part of) a term: an
     # untargeted gate's output within ``mlp/gated`` (gate, act(gate), up), the adapters'
     # (Note [The adapters' matmuls under op-level selective checkpointing])
-    for key, term in op_selective_cache_uses(ctx.training, kept).items():
+    for key, term in op_selective_cache_uses(ctx.model, ctx.training, kept).items():
         if term in terms:
             terms[term] -= min(kept[key], terms[term])
     return terms
@@ -176,9 +185,10 @@ def cache_release_places(ctx: RankContext, names: Sequence[str]) -> tuple[str, .
     if t.activation_checkpointing != "selective" or t.attention == "eager" or t.compile:
         return ("",) * len(names)
     kept = op_selective_saved_terms(ctx.model, t)
-    freed = {f"op_selective/{key}" for key, use in op_selective_cache_uses(t, kept).items()
-             if not use}  # fmt: skip
+    uses = op_selective_cache_uses(ctx.model, t, kept)
+    freed = {f"op_selective/{key}" for key, use in uses.items() if not use}
     per_linear = dora_moments_per_linear(ctx.model, t)
+    adapted = {key.rsplit("/", 1)[-1] for key in kept if key.count("/") == 2}
     out = []
     for name in names:
         linear = name.rsplit("/", 1)[-1]
@@ -187,6 +197,9 @@ def cache_release_places(ctx: RankContext, names: Sequence[str]) -> tuple[str, .
             out.append("")
         elif linear == "down" and not eye:
             out.append("after")
+        elif name in UNADAPTED_ROTATED and linear not in adapted:
+            # Note [The cached q and v outputs in the recompute]: freed after RoPE, before o
+            out.append("o" if per_linear else "pre_backward")
         elif per_linear and linear in INPUT_PROJECTIONS:
             out.append("pre_backward")
         elif per_linear and linear in O_LINEARS | UP_LINEARS:
@@ -207,7 +220,7 @@ def cached_down_output(ctx: RankContext) -> bool:
     if "op_selective/mm/down" not in names:
         return False
     kept = {name.removeprefix("op_selective/"): 0 for name in names}
-    return "mm/down" in op_selective_cache_uses(ctx.training, kept)
+    return "mm/down" in op_selective_cache_uses(ctx.model, ctx.training, kept)
 
 
 def _full_recompute(ctx: RankContext, dropped: dict[str, int]) -> None:
@@ -401,6 +414,7 @@ def _term_blocks(ctx: RankContext, model: ModelSpec, terms: dict[str, int]) -> B
     """:func:`term_blocks` of a block of ``model`` (one kind of ``ctx.model``'s blocks)."""
     pieces = tensor_sizes(model, ctx.training)
     ordered = sorted(terms.items(), key=lambda kv: kv[0].startswith("mlp/"))
+    copies = mlp_input_copies(ctx)
     return [
         (k, size)
         for k, v in ordered
@@ -409,10 +423,63 @@ def _term_blocks(ctx: RankContext, model: ModelSpec, terms: dict[str, int]) -> B
             if k == WEIGHT_COPIES
             else [v]
             if k.startswith(CACHED_EYE_PRODUCTS)  # one [in, out] (or [in, r]) tensor each
+            else [v // copies] * copies
+            if k == "mlp/input" and copies > 1 and v % copies == 0
+            else dropout_blocks(ctx, v)
+            if k == DOWN_DROPOUT and dropout_blocks(ctx, v)
             else split(v, pieces)
         )
         if v > 0
     ]
+
+
+DOWN_DROPOUT = "lora/down_dropout"
+"""peft's dropout on the down projection's adapter input: ``lora_A``'s 16-bit copy of the
+dropout output and the dropout's mask (:func:`dropout_blocks`)."""
+
+
+def dropout_blocks(ctx: RankContext, size: int) -> list[int]:
+    """The ``lora/down_dropout`` term (``size`` bytes: (c + 1) t i) as its two tensors,
+    ``lora_A``'s 16-bit copy of the dropout output (c t i) then the mask (t i), where DoRA on
+    down has its moment before the copy (Note [What down's DoRA moment precedes]); [] (the
+    term split as any other) otherwise."""
+    t = ctx.training
+    c, _ = compute_and_residual_bytes(t)
+    if not (dora_moments_per_linear(ctx.model, t) and "down" in t.lora_targets):
+        return []
+    if size % (c + 1):
+        return []
+    return [size // (c + 1) * c, size // (c + 1)]
+
+
+def mlp_input_copies(ctx: RankContext) -> int:
+    """The tensors the ``mlp/input`` term is kept as under Note [DoRA's moment at each
+    linear]: autocast's 16-bit copy of the MLP's input that each adapted gate / up's
+    ``lora_A`` saves (peft 0.21.2 tuners/lora/layer.py ``Linear.forward``), one block each,
+    up's made after up's DoRA moment (:func:`~trainmem.analytic.schedule._linear_groups`);
+    1 (the term split as any other) otherwise."""
+    t = ctx.training
+    if not (t.uses_autocast and dora_moments_per_linear(ctx.model, t)):
+        return 1
+    return cast_copies(len({"gate", "up"} & set(t.lora_targets)), t)
+
+
+def adapter_copy_blocks(ctx: RankContext, total: int) -> list[tuple[str, int]] | None:
+    """autocast's cached 16-bit copies of one layer's adapters (``total`` bytes: the
+    recompute's ``LayerPlan.weight_copy`` of a LoRA layer) per targeted linear, (linear, c r
+    (in + out) n bytes) in the layer's order, or None where they do not add up to ``total``.
+    Each is made inside its linear's forward (autocast's ``cached_cast`` at ``lora_A`` /
+    ``lora_B``'s first matmul: for DoRA the one on ``torch.eye(in)``, before the weight norm;
+    peft 0.21.2 tuners/lora/dora.py ``get_lora_weight``), so the recompute makes gate's and
+    up's before up's DoRA moment (Note [DoRA's moment at each linear])."""
+    t = ctx.training
+    c, _ = compute_and_residual_bytes(t)
+    blocks = [
+        (name, c * n * t.lora_rank * (fan_in + fan_out))
+        for name, (fan_in, fan_out, n) in adapted_linears(ctx.model).items()
+        if name != "router" and lora_targeted(name, t.lora_targets)
+    ]
+    return blocks if sum(size for _, size in blocks) == total else None
 
 
 def weight_blocks(ctx: RankContext, total: int) -> list[int]:

@@ -29,10 +29,12 @@ from trainmem.analytic.lora_variants import (
     INPUT_PROJECTIONS,
     O_LINEARS,
     UP_LINEARS,
+    dora_embeddings_held_bytes,
     dora_forward_transient_bytes,
     dora_layer_start_held_bytes,
     dora_moments_per_linear,
     dora_recompute_down_held_bytes,
+    dora_recompute_gradient_bytes,
 )
 from trainmem.analytic.transforms.base import Emitted, RankContext, Transform, Where, alloc, free
 from trainmem.analytic.transforms.checkpointing import (
@@ -40,6 +42,7 @@ from trainmem.analytic.transforms.checkpointing import (
     first_norm_saves_its_input,
 )
 from trainmem.breakdown import MemoryCategory as Cat
+from trainmem.schedule import Op
 from trainmem.timeline import Phase
 from trainmem.units import dtype_bytes
 
@@ -61,6 +64,13 @@ class DoraWeightNorm(Transform):
         )
         self.start_held = {
             first: dora_layer_start_held_bytes(
+                model, training, first_layer=first, has_embedding=ctx.rank.has_embedding
+            )
+            for first in (False, True)
+        }
+        # inputs_embeds at o's and gate / up's moments (Note [DoRA's moment at each linear])
+        self.embeddings = {
+            first: dora_embeddings_held_bytes(
                 model, training, first_layer=first, has_embedding=ctx.rank.has_embedding
             )
             for first in (False, True)
@@ -92,11 +102,17 @@ class DoraWeightNorm(Transform):
         # Note [DoRA's moments in the recompute]: down's moment, with what the recompute holds
         cached = cached_down_output(ctx)  # Note [The adapters' matmuls under op-level ...]
         self.recompute_down = (
-            dora_recompute_down_held_bytes(model, training, base_output_cached=cached)
+            dora_recompute_down_held_bytes(
+                model, training, adapter_bytes=adapter_bytes, base_output_cached=cached
+            )
             if down
             else []
         )
         self.down = down
+        # Note [DoRA's output gradient before the recompute]
+        self.output_grads = dora_recompute_gradient_bytes(
+            model, training, adapter_bytes=adapter_bytes
+        )
 
     @staticmethod
     def applies(ctx: RankContext) -> bool:
@@ -109,24 +125,35 @@ class DoraWeightNorm(Transform):
         op = alloc(size, Cat.TEMPORARY, phase, "dora_norm", "layers.{i}", label)
         return (op, free(op, phase))
 
+    def _beside(self, size: int, held: Sequence[int], key: str, label: str) -> Sequence[Emitted]:
+        """A forward moment of ``size`` bytes with the tensors ``held`` (bytes each; keys
+        ``key/<k>``) alive around it; nothing without the moment."""
+        made = self._made(size, "forward")
+        if not made:
+            return ()
+        ops = [
+            alloc(n, Cat.TEMPORARY, "forward", f"{key}/{k}", "layers.{i}", label)
+            for k, n in enumerate(held)
+        ]
+        return [*ops, *made, *(free(op, "forward") for op in ops)]
+
     def layer_forward(self, where: Where) -> Sequence[Emitted]:
         """The input projections' moment, with what the forward holds there that no block
         made so far counts (Note [Where DoRA's transients sit])."""
-        made = self._made(self.start, "forward")
-        if not made:
-            return ()
         label = "what the forward holds at the layer's input projections"
-        held = [
-            alloc(size, Cat.TEMPORARY, "forward", f"dora_held/{k}", "layers.{i}", label)
-            for k, size in enumerate(self.start_held[where.first_layer])
-        ]
-        return [*held, *made, *(free(op, "forward") for op in held)]
+        return self._beside(self.start, self.start_held[where.first_layer], "dora_held", label)
+
+    def _made_beside_embeddings(self, size: int, where: Where) -> Sequence[Emitted]:
+        """A forward moment after the layer's input projections, with transformers'
+        ``inputs_embeds`` where no block holds it (:func:`dora_embeddings_held_bytes`)."""
+        label = "transformers' inputs_embeds, held through the layer loop"
+        return self._beside(size, self.embeddings[where.first_layer], "dora_embeds", label)
 
     def layer_o_forward(self, where: Where) -> Sequence[Emitted]:
-        return self._made(self.o, "forward")
+        return self._made_beside_embeddings(self.o, where)
 
     def layer_mlp_up_forward(self, where: Where) -> Sequence[Emitted]:
-        return self._made(self.up, "forward")
+        return self._made_beside_embeddings(self.up, where)
 
     def layer_post_forward(self, where: Where) -> Sequence[Emitted]:
         return self._made(self.end, "forward")
@@ -141,21 +168,31 @@ class DoraWeightNorm(Transform):
             return ()
         return self._made(self.up, "backward")
 
+    def _gradients(self) -> list[Op]:
+        """What the layer's backward makes before the recompute (Note [DoRA's output gradient
+        before the recompute]), freed after down's moment."""
+        label = "DoRA's output gradient before the recompute"
+        return [
+            alloc(size, Cat.TEMPORARY, "backward", f"dora_grad/{k}", "layers.{i}", label)
+            for k, size in enumerate(self.output_grads)
+        ]
+
     def layer_pre_backward(self, where: Where) -> Sequence[Emitted]:
         """The recompute's input projections' moment, at its start (Note [DoRA's moments in
         the recompute])."""
         if self.ctx.training.activation_checkpointing == "none":
             return ()
-        return self._made(self.start, "backward")
+        return [*self._gradients(), *self._made(self.start, "backward")]
 
     def layer_backward(self, where: Where) -> Sequence[Emitted]:
         """The recompute's other linears' moment, with what it holds at down's (Note [DoRA's
         moments in the recompute])."""
         if self.ctx.training.activation_checkpointing == "none":
             return ()
+        gradients = [free(op, "backward") for op in self._gradients()]
         made = self._made(self.end, "backward")
         if not made or not self.recompute_down:
-            return made
+            return [*made, *gradients]
         label = "what the recompute holds at the down projection"
         held = [
             alloc(size, Cat.TEMPORARY, "backward", f"dora_re_held/{k}", "layers.{i}", label)
@@ -163,4 +200,4 @@ class DoraWeightNorm(Transform):
         ]
         down = self._made(self.down, "backward")
         rest = self._made(self.end, "backward") if self.end > self.down else ()
-        return [*held, *down, *(free(op, "backward") for op in held), *rest]
+        return [*held, *down, *(free(op, "backward") for op in held), *gradients, *rest]
