@@ -28,7 +28,10 @@ template.py, scripts/benchmark/test_memory_time/run_single.py):
   copies of the layer input where swift keeps one);
 - full: the same bf16 model and AdamW (``adamw_torch``): weights, gradients and moments in bf16;
 - bnb int4: ``BitsAndBytesConfig`` nf4, double quantization, compute dtype bf16 (argument.py
-  defaults); GPTQ int8 is not mapped (trainmem has no GPTQ int8).
+  defaults), bitsandbytes 0.41.3; swift calls no ``prepare_model_for_kbit_training`` (not in
+  swift/ at that commit; tuner.py ``prepare_model``), so the embedding, norms and head stay
+  16-bit: ``--set prepare-kbit-training=false`` (the hf-trainer convention is peft's fp32
+  upcast); GPTQ int8 is not mapped (trainmem has no GPTQ int8).
 Not mapped: the 2-GPU cells (``device_map='auto'`` splits the layers over the GPUs with no
 pipelining, which trainmem does not model), ``--use_flash_attn false`` (the remote code's own
 attention), the other model families (no config.json offline here).
@@ -89,6 +92,7 @@ METHODS: dict[str, list[str]] = {
     "LoRA, GPTQ int4": [*_LORA, "--quantize-base", "gptq-int4", "--precision", "16-mixed",
                         *_CKPT_FA],
     "LoRA, bnb nf4": [*_LORA, "--quantize-base", "nf4-dq", "--precision", "bf16-mixed",
+                      "--bitsandbytes-version", "0.41.3", "--set", "prepare-kbit-training=false",
                       *_CKPT_FA],
 }  # fmt: skip
 
