@@ -97,6 +97,13 @@ def test_refusals_name_the_field(fields: dict[str, object], says: str) -> None:
     with pytest.raises(SpecError, match="load_dtype") as err:
         _training(**fields)
     assert says in str(err.value)
+    # the allowed values offer the compute dtype only where the dtype alone was the mismatch:
+    # bfloat16 under bf16-mixed over a quantized base is the value refused, not an alternative
+    allowed = str(err.value).split("allowed here: ")[1].split(" (")[0]
+    if "autocast computes in" in says:
+        assert allowed == "float32 or bfloat16"
+    else:
+        assert allowed == "float32"
 
 
 def test_fp16_lora_is_accepted() -> None:

@@ -2206,6 +2206,8 @@ def _check_load_dtype(t: TrainingConfig) -> None:
     if t.load_dtype in (None, "float32"):
         return
     why = None
+    # what else would work here: the compute dtype only where that alone was the mismatch
+    allowed = "float32"
     if not (t.is_mixed and not t.is_fp8 and t.conventions.autocast):
         why = (
             f"--precision {t.precision} with --framework {t.framework} runs no torch.autocast "
@@ -2213,6 +2215,7 @@ def _check_load_dtype(t: TrainingConfig) -> None:
         )
     elif t.load_dtype != t.compute_dtype:
         why = f"autocast computes in {t.compute_dtype} under --precision {t.precision}"
+        allowed = f"float32 or {t.compute_dtype}"
     elif t.load_dtype == "float16" and not t.is_lora:
         # torch/amp/grad_scaler.py ``_unscale_grads_``: "Attempting to unscale FP16 gradients."
         why = "16-mixed's GradScaler refuses fp16 gradients (trained fp16 weights); LoRA only"
@@ -2223,8 +2226,8 @@ def _check_load_dtype(t: TrainingConfig) -> None:
     if why is not None:
         raise SpecError(
             "load_dtype",
-            f"{t.load_dtype}: {why}; allowed: float32, or {t.compute_dtype} for a *-mixed "
-            "precision under autocast",
+            f"{t.load_dtype}: {why}; allowed here: {allowed} (a 16-bit load dtype is the "
+            "compute dtype of a *-mixed precision under autocast)",
         )
 
 
