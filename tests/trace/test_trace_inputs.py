@@ -99,6 +99,32 @@ def test_classification_heads_get_class_labels(
     invoke("estimate", path, "-e", "trace", "-b", "3", "-s", "16")
 
 
+def test_imagegpt_classifier_gets_one_class_per_image(invoke: Invoke, tmp_path: Path) -> None:
+    """ImageGPTForImageClassification reads colour-cluster tokens (``input_ids``) and takes
+    ``labels`` of shape ``(batch_size,)`` (modeling_imagegpt.py docstring; it averages the
+    hidden states over the sequence before its ``score`` layer). The token-id labels of the
+    language-model batch made transformers raise "Expected input batch_size (1) to match
+    target batch_size (64)", refused as a failed trace (coverage run of session 23)."""
+    from trainmem.trace.hf_model import build_hf_model, make_hf_batch
+
+    raw = {
+        "model_type": "imagegpt",
+        "architectures": ["ImageGPTForImageClassification"],
+        "n_embd": 64,
+        "n_head": 4,
+        "n_layer": 2,
+        "n_positions": 64,
+        "num_labels": 3,
+    }
+    model = build_hf_model(raw, attention="eager")
+    batch = make_hf_batch(model, 2, 16)
+    assert tuple(batch["input_ids"].shape) == (2, 16)
+    assert tuple(batch["labels"].shape) == (2,)
+    assert int(batch["labels"].max()) < 3
+    path = _config(tmp_path, **raw)
+    invoke("estimate", path, "-e", "trace", "-b", "2", "-s", "16", "--attention", "eager")
+
+
 def test_a_changed_model_spec_is_not_traced_as_its_preset() -> None:
     """The traced paths build the model from the config a ModelSpec names; a spec changed after
     loading would be traced as the unchanged config (a silently different model)."""

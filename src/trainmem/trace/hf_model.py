@@ -444,7 +444,9 @@ def make_hf_batch(
     encoder position after its stride-2 convolution, ``modeling_whisper.py``) with decoder
     ``labels`` [b, min(s, max_target_positions)]; Pix2Struct's ``flattened_patches``
     (:func:`trainmem.trace.hf_inputs.flattened_patch_batch`). A
-    ``*ForSequenceClassification`` head takes class ``labels`` [b], a
+    ``*ForSequenceClassification`` head, or an image classifier on tokens (ImageGPT's
+    colour-cluster ids, ``modeling_imagegpt.py`` ``ImageGPTForImageClassification``:
+    ``labels`` of shape ``(batch_size,)``), takes class ``labels`` [b], a
     ``*ForTokenClassification`` head [b, s], in ``range(num_labels)``
     (``modeling_bert.py`` ``BertForSequenceClassification.forward``: ``labels.view(-1)``
     against ``logits.view(-1, num_labels)``).
@@ -496,7 +498,8 @@ def make_hf_batch(
         target = target_seq_len or s if cfg.model_type == "t5" else s
         batch["labels"] = token_ids(cfg, vocab, (b, target))  # = the ids when target == s
         classes = max(getattr(cfg, "num_labels", 1), 1)
-        if head.endswith("ForSequenceClassification"):  # one class per sequence
+        if head.endswith(("ForSequenceClassification", "ForImageClassification")):
+            # one class per sequence; ImageGPT's image classifier reads pixel tokens
             batch["labels"] = torch.randint(0, classes, (b,))
         elif head.endswith("ForTokenClassification"):  # one class per token
             batch["labels"] = torch.randint(0, classes, (b, s))
