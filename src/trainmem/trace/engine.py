@@ -105,12 +105,14 @@ def _emulation(training: TrainingConfig, emulate_cuda: bool) -> Iterator[None]:
 def _step_context(training: TrainingConfig, emulate_cuda: bool, optimizer: Any) -> Iterator[None]:
     from trainmem.trace.host_scalars import host_scalars
     from trainmem.trace.known_values import known_values
+    from trainmem.trace.module_conversions import unchanged_conversions_kept
     from trainmem.trace.parallel import loss_context
 
     with _emulation(training, emulate_cuda), loss_context(training):
         with host_scalars(optimizer) if optimizer is not None else contextlib.nullcontext():
             with known_values():  # Note [Known values of a synthetic batch]
-                yield
+                with unchanged_conversions_kept():  # Note [Module.to on fake parameters]
+                    yield
 
 
 def _maybe_float8(model: Any, training: TrainingConfig) -> None:
