@@ -113,7 +113,9 @@ def shrink(config: dict[str, Any]) -> dict[str, Any]:
     full or shared indexers), at least 2 and at most 4, the same layers in every list, so the
     cut model still has every kind of layer and the lists agree; a repeating pattern shorter
     than the model (RecurrentGemma's ``block_types``) keeps the leading layers up to its last
-    new kind. Fields that point at layers follow them: index lists (``out_indices``,
+    new kind; the layers a neck reads one feature map each (DPT's ``backbone_out_indices``, a
+    backbone's ``out_features``) are kept when the cut would merge two of them and there is
+    room (:func:`_feature_layers`). Fields that point at layers follow them: index lists (``out_indices``,
     ``backbone_out_indices``, ``out_features``' ``stageN``) point at the last kept layer at or
     before the one they named, a per-layer dict (``per_layer_config``) keeps its kept layers'
     entries, an attention period / offset pair (Jamba's ``attn_layer_period``) puts its first
@@ -173,12 +175,34 @@ def _kept_layers(config: dict[str, Any], counts: set[int]) -> list[int]:
         if isinstance(v, list) and 1 < len(v) < max(counts) and len(set(map(str, v))) > 1:
             prefix = max(prefix, max(v.index(x) for x in v) + 1)
     kept = sorted(firsts)[:4] if not prefix else list(range(min(prefix, 4)))
+    named = _feature_layers(config, counts)
+    if len({_position(kept or [0], i) for i in named}) < len(named) <= 4 - len(set(kept) - named):
+        kept = sorted(set(kept) | named)  # the cut would merge two feature maps: keep them
     for i in range(max(counts)):
         if len(kept) >= 2:
             break
         if i not in kept:
             kept = sorted([*kept, i])
     return kept
+
+
+def _feature_layers(config: dict[str, Any], counts: set[int]) -> set[int]:
+    """The layers whose outputs a neck reads one feature map each, which must stay distinct
+    after the cut: DPT's ``backbone_out_indices`` (modeling_dpt.py keeps hidden state ``idx``
+    ``if idx in config.backbone_out_indices``: two entries at one layer give one map, and the
+    neck's ``neck_hidden_sizes`` count refuses it) and a backbone's ``out_features`` ``stageN``
+    (layer N - 1; transformers' ``BackboneConfigMixin`` refuses duplicates)."""
+    v = config.get("backbone_out_indices")
+    if _is_index_list("backbone_out_indices", v, counts):
+        return set(v)
+    f = config.get("out_features")
+    stages = [_stage_number(x) for x in f] if isinstance(f, list) else []
+    return {n - 1 for n in stages if n} if stages and None not in stages else set()
+
+
+def _stage_number(name: Any) -> int | None:
+    ok = isinstance(name, str) and name.startswith("stage") and name[5:].isdigit()
+    return int(name[5:]) if ok else None
 
 
 def _position(kept: list[int], layer: int) -> int:
@@ -229,9 +253,8 @@ def _layer_ints(value: Any, counts: set[int]) -> bool:
 
 def _stage(name: Any, kept: list[int]) -> Any:
     """A backbone's ``stageN`` (layer N - 1; ``stem`` is 0) renamed after the cut."""
-    if isinstance(name, str) and name.startswith("stage") and name[5:].isdigit():
-        return f"stage{_position(kept, int(name[5:]) - 1) + 1}"
-    return name
+    n = _stage_number(name)
+    return name if n is None else f"stage{_position(kept, n - 1) + 1}"
 
 
 def _one_line(exc: BaseException) -> str:

@@ -79,3 +79,36 @@ def test_backbone_stages_and_per_layer_entries_follow_the_kept_layers() -> None:
         "backbone_out_indices": [0, 1, 1, 1],
         "per_layer_config": {"01": {"head_dim": 512}},
     }
+
+
+def test_feature_maps_a_neck_reads_stay_distinct() -> None:
+    # DPT: modeling_dpt.py keeps hidden state idx `if idx in config.backbone_out_indices`, so
+    # the 2-layer cut's [0, 1, 1, 1] gave 2 maps for 4 neck sizes ("The number of hidden states
+    # should be equal to the number of neck hidden sizes"): the 4 named layers are kept
+    dpt: dict[str, Any] = {
+        "num_hidden_layers": 12,
+        "backbone_out_indices": [2, 5, 8, 11],
+        "neck_hidden_sizes": [96, 192, 384, 768],
+    }
+    assert shrink(dpt) == {
+        "num_hidden_layers": 4,
+        "backbone_out_indices": [0, 1, 2, 3],
+        "neck_hidden_sizes": [96, 192, 384, 768],
+    }
+    # a backbone's out_features (TIPSv2-DPT's DINOv2-style backbone_config): the cut's
+    # ['stage2'] * 4 was refused by transformers ("out_features must not contain any
+    # duplicates"); stage N is layer N - 1, out_indices are stage numbers
+    tips: dict[str, Any] = {
+        "backbone_config": {
+            "num_hidden_layers": 12,
+            "out_features": ["stage3", "stage6", "stage9", "stage12"],
+            "out_indices": [3, 6, 9, 12],
+        }
+    }
+    assert shrink(tips) == {
+        "backbone_config": {
+            "num_hidden_layers": 4,
+            "out_features": ["stage1", "stage2", "stage3", "stage4"],
+            "out_indices": [1, 2, 3, 4],
+        }
+    }
