@@ -115,12 +115,12 @@ def shrink(config: dict[str, Any]) -> dict[str, Any]:
     than the model (RecurrentGemma's ``block_types``) keeps the leading layers up to its last
     new kind; the layers a neck reads one feature map each (DPT's ``backbone_out_indices``, a
     backbone's ``out_features``) are kept when the cut would merge two of them and there is
-    room (:func:`_feature_layers`). Fields that point at layers follow them: index lists (``out_indices``,
-    ``backbone_out_indices``, ``out_features``' ``stageN``) point at the last kept layer at or
-    before the one they named, a per-layer dict (``per_layer_config``) keeps its kept layers'
-    entries, an attention period / offset pair (Jamba's ``attn_layer_period``) puts its first
-    such layer inside the cut; DeepSeek's leading dense layers (``first_k_dense_replace``)
-    become one."""
+    room (:func:`_feature_layers`). Fields that point at layers follow them: index lists
+    (``out_indices``, ``backbone_out_indices``, ``out_features``' ``stageN``) point at the
+    last kept layer at or before the one they named, a per-layer dict (``per_layer_config``)
+    keeps its kept layers' entries, an attention period / offset pair (Jamba's
+    ``attn_layer_period``) puts its first such layer inside the cut; DeepSeek's leading dense
+    layers (``first_k_dense_replace``) become one."""
     counts = {v for k in LAYER_KEYS if isinstance(v := config.get(k), int) and v > 2}
     if counts:
         kept = _kept_layers(config, counts)

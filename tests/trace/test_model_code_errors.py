@@ -3,7 +3,11 @@ latent layout, a value check) gives one line naming the cause, never a traceback
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+
+from conftest import Invoke
 
 torch = pytest.importorskip("torch")
 
@@ -37,3 +41,48 @@ def test_model_code_errors_become_one_trace_error(error: type[Exception]) -> Non
             TrainingConfig(precision="32-true"),
             loss_fn=lambda out, batch: out.sum(),
         )
+
+
+_UPERNET = {
+    "model_type": "upernet",
+    "hidden_size": 32,
+    "auxiliary_in_channels": 32,
+    "auxiliary_channels": 16,
+    "num_labels": 3,
+    "backbone_config": {
+        "model_type": "convnext",
+        "hidden_sizes": [8, 16, 32, 64],
+        "depths": [1, 1, 1, 1],
+        "image_size": 64,
+        "out_features": ["stage1", "stage2", "stage3", "stage4"],
+    },
+}
+
+
+def test_batchnorm_with_one_value_per_channel_names_the_micro_batch(
+    invoke: Invoke, tmp_path: Path
+) -> None:
+    """UperNet's pyramid pooling pools to 1 x 1 and batch-normalises it
+    (modeling_upernet.py ``UperNetPyramidPoolingBlock``): at one image PyTorch refuses that in
+    training on any device, as the real model's CPU forward here shows, and runs at two. The
+    estimate refuses with the field and what works (the same refusal as timm's LeViT head,
+    tests/trace/test_timm.py), not "the traced step failed"."""
+    import json
+
+    transformers = pytest.importorskip("transformers")
+    from trainmem.trace._torch import import_torchvision
+
+    import_torchvision(torch)  # (UperNet's module imports torchvision)
+    config = transformers.AutoConfig.for_model(**_UPERNET)
+    real = transformers.AutoModelForSemanticSegmentation.from_config(config).train()
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel"):
+        real(pixel_values=torch.randn(1, 3, 64, 64))
+    real(pixel_values=torch.randn(2, 3, 64, 64))  # two images run
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(_UPERNET))
+    result = invoke("estimate", str(path), "-e", "generic", "-b", "1", exit_code=2)
+    assert "error: micro_batch_size: 1: UperNetForSemanticSegmentation batch-normalises" in (
+        result.output
+    )
+    assert "allowed: --micro-batch-size 2 or more" in result.output
+    invoke("estimate", str(path), "-e", "generic", "-b", "2")

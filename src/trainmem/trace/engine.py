@@ -63,6 +63,7 @@ from trainmem.trace.cuda_scatter import cuda_scatter_backward  # noqa: E402
 from trainmem.trace.cuda_sdpa import cuda_sdpa  # noqa: E402
 from trainmem.trace.fla_kernels import linear_attention_kernels  # noqa: E402
 from trainmem.trace.mamba_kernels import mamba_kernels  # noqa: E402
+from trainmem.trace.model_errors import refusal_of  # noqa: E402
 from trainmem.trace.optimizers import EMAStep, build_optimizer  # noqa: E402
 
 __all__ = ["default_forward_loss", "estimate_trace", "run_trace", "trace"]
@@ -431,6 +432,9 @@ def _run_trace(
     except _MODEL_CODE_ERRORS as exc:
         if isinstance(exc, TrainmemError):  # trainmem's own refusals keep their message
             raise
+        refused = refusal_of(exc, model, training.micro_batch_size)
+        if refused is not None:  # an error the GPU run meets too: the setting that would work
+            raise refused from exc
         # the model's own code failing on the batch or settings (a diffusers forward that
         # unpacks another layout, a value check): one line, never a traceback
         raise TraceError(f"the traced step failed: {type(exc).__name__}: {exc}") from exc

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from trainmem.errors import NotApplicableError, SpecError, UnsupportedError
+from trainmem.errors import NotApplicableError, UnsupportedError
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
 from trainmem.trace.quantized import parameter_dtype, quantize_base
@@ -222,29 +222,10 @@ def make_timm_batch(
 
 
 def timm_forward_loss(model: Any, batch: Mapping[str, Any]) -> Any:
-    """``cross_entropy(model(input), target)``, timm train.py's step (:func:`timm_loss`).
-
-    Raises:
-        SpecError: a micro-batch of one image on a model that batch-normalises its pooled
-            features (MobileNetV4's head, LeViT's): PyTorch refuses it in training, on a GPU
-            too (torch/nn/functional.py ``_verify_batch_size``: "Expected more than 1 value
-            per channel when training"), so the real run fails as the trace does.
-    """
-    try:
-        output = model(batch["input"])
-    except ValueError as exc:
-        if "Expected more than 1 value per channel when training" not in str(exc):
-            raise
-        b = int(batch["input"].shape[0])
-        name = type(getattr(model, "get_base_model", lambda: model)()).__name__
-        got = str(exc).rsplit("got ", 1)[-1]
-        raise SpecError(
-            "micro_batch_size",
-            f"{b}: {name} batch-normalises a tensor with one value per channel at this "
-            f"micro-batch ({got}), which PyTorch refuses in training on any device "
-            "(torch.nn.functional.batch_norm); allowed: --micro-batch-size 2 or more",
-        ) from exc
-    return timm_loss(output, batch)
+    """``cross_entropy(model(input), target)``, timm train.py's step (:func:`timm_loss`). A
+    head that batch-normalises pooled features at micro-batch 1 is refused by the engine
+    (:func:`trainmem.trace.model_errors.refusal_of`)."""
+    return timm_loss(model(batch["input"]), batch)
 
 
 def timm_loss(output: Any, batch: Mapping[str, Any]) -> Any:
