@@ -58,6 +58,12 @@ LAYER_KEYS = (
 )
 """Config fields that count a model's layers (transformers' and diffusers' spellings)."""
 
+ALIAS_KEYS = ("num_blocks",)
+"""Fields that count the layers in some configs only, cut where they equal a count of
+:data:`LAYER_KEYS` (xLSTM's ``num_blocks``, which configuration_xlstm.py sets to
+``num_hidden_layers`` and modeling_xlstm.py builds its blocks from; elsewhere ``num_blocks``
+counts other things: EoMT's query blocks, Perceiver's cross-attention blocks)."""
+
 PATTERN_KEYS = ("block_types",)
 """Config fields holding a repeating pattern of layer kinds, shorter than the model
 (RecurrentGemma's ``block_types``: layer i is ``block_types[i % len]``)."""
@@ -214,6 +220,9 @@ def _cut_layers(config: dict[str, Any], counts: set[int], kept: list[int]) -> No
     keep = len(kept)
     for k in LAYER_KEYS:
         if isinstance(config.get(k), int) and config[k] > keep:
+            config[k] = keep
+    for k in ALIAS_KEYS:  # the same count under another name
+        if isinstance(config.get(k), int) and config[k] in counts:
             config[k] = keep
     for k in _per_layer(config, counts):
         config[k] = [config[k][i] for i in kept]

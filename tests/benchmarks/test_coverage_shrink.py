@@ -112,3 +112,18 @@ def test_feature_maps_a_neck_reads_stay_distinct() -> None:
             "out_indices": [1, 2, 3, 4],
         }
     }
+
+
+def test_a_layer_count_under_another_name_is_cut_with_it() -> None:
+    # xLSTM: configuration_xlstm.py sets num_blocks = num_hidden_layers (32) and modeling_xlstm.py
+    # builds config.num_blocks blocks, its cache num_hidden_layers states: the cut of one
+    # left 32 blocks reading 2 states (KeyError: 2). A num_blocks that is no layer count
+    # (Perceiver's 1 cross-attention block) is left alone.
+    assert shrink({"num_hidden_layers": 32, "num_blocks": 32}) == {
+        "num_hidden_layers": 2,
+        "num_blocks": 2,
+    }
+    assert shrink({"num_hidden_layers": 32, "num_blocks": 1}) == {
+        "num_hidden_layers": 2,
+        "num_blocks": 1,
+    }
