@@ -186,3 +186,40 @@ def test_trace_refuses_a_bad_gpu_or_training_in_one_line(
             kwargs.get("training"),
             **{k: v for k, v in kwargs.items() if k == "gpu"},
         )
+
+
+_PERCEIVER = {
+    "model_type": "perceiver",
+    "d_model": 64,
+    "d_latents": 64,
+    "num_latents": 16,
+    "num_blocks": 1,
+    "num_self_attends_per_block": 2,
+    "num_self_attention_heads": 4,
+    "num_cross_attention_heads": 4,
+    "max_position_embeddings": 128,
+    "vocab_size": 262,
+}
+
+
+def test_perceiver_masked_lm_trains_at_its_decoder_length(invoke: Invoke, tmp_path: Path) -> None:
+    """PerceiverForMaskedLM's decoder emits max_position_embeddings positions whatever the
+    input length (modeling_perceiver.py ``output_index_dims=config.max_position_embeddings``):
+    the real model on CPU fails on 64 byte ids with their labels and trains on 128. The
+    estimate refuses 64 naming seq_len and 128, and runs at 128; before, the batch builder
+    raised AttributeError ('PerceiverForMaskedLM' object has no attribute 'encoder')."""
+    import torch
+    import transformers
+
+    config = transformers.AutoConfig.for_model(**_PERCEIVER)
+    real = transformers.PerceiverForMaskedLM(config).train()
+    ids = torch.randint(0, 262, (2, 64))
+    with pytest.raises(ValueError, match="batch_size"):
+        real(inputs=ids, labels=ids)
+    ids = torch.randint(0, 262, (2, 128))
+    real(inputs=ids, labels=ids).loss.backward()
+    path = _config(tmp_path, **_PERCEIVER)
+    err = invoke("estimate", path, "-e", "generic", "-b", "2", "-s", "64", exit_code=2).stderr
+    assert err.strip().splitlines()[-1].startswith("error: seq_len: 64: PerceiverForMaskedLM")
+    assert "allowed: --seq-len 128" in err
+    invoke("estimate", path, "-e", "generic", "-b", "2", "-s", "128")

@@ -10,7 +10,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from trainmem.errors import UnsupportedError
+from trainmem.errors import SpecError, UnsupportedError
 from trainmem.trace._torch import require_torch
 from trainmem.trace.known_values import known, known_values
 from trainmem.trace.processor_layouts import ImageLayout, idefics2_layout, idefics3_layout
@@ -23,6 +23,7 @@ __all__ = [
     "IMAGE_BATCH_NOTE",
     "flattened_patch_batch",
     "patch_sequence_batch",
+    "perceiver_text_batch",
     "special_token_ids",
     "text_side_inputs",
     "token_ids",
@@ -678,3 +679,39 @@ def patch_sequence_batch(
         ),
         "spatial_shapes": known(lambda: torch.tensor([grid] * b)),
     }
+
+
+def perceiver_text_batch(model: Any, b: int, s: int, takes_labels: bool) -> dict[str, Any]:
+    """The batch of a Perceiver on bytes (``PerceiverForMaskedLM``: ``inputs`` through its
+    ``PerceiverTextPreprocessor``): ``inputs`` [b, s] byte ids, with ``labels`` [b, s].
+
+    Its decoder emits a fixed ``max_position_embeddings`` positions (transformers 5.24
+    modeling_perceiver.py ``PerceiverForMaskedLM.__init__``: ``output_index_dims=
+    config.max_position_embeddings``, "we need to define the seq_len of the inputs
+    beforehand"; the loss flattens those logits against the labels, and the model's example
+    pads every text to that length, ``padding="max_length"``), so ``s`` must be that length.
+
+    Raises:
+        SpecError: ``s`` is not ``max_position_embeddings`` (names ``seq_len`` and the length
+            that works).
+        UnsupportedError: a Perceiver whose preprocessor is not the text one (images, audio,
+            multimodal).
+    """
+    cfg = model.config
+    preprocessor = getattr(getattr(model, "perceiver", None), "input_preprocessor", None)
+    if type(preprocessor).__name__ != "PerceiverTextPreprocessor":
+        raise UnsupportedError(
+            f"{type(model).__name__} takes inputs through "
+            f"{type(preprocessor).__name__}, whose batch trainmem does not build (known: "
+            "PerceiverForMaskedLM's byte ids); use --engine analytic"
+        )
+    n = int(cfg.max_position_embeddings)
+    if s != n:
+        raise SpecError(
+            "seq_len",
+            f"{s}: {type(model).__name__} decodes a fixed max_position_embeddings={n} "
+            "positions (modeling_perceiver.py: output_index_dims=max_position_embeddings; its "
+            f"tokenizer pads every text to them); allowed: --seq-len {n}",
+        )
+    ids = token_ids(cfg, int(cfg.vocab_size), (b, s))
+    return {"inputs": ids, "labels": ids} if takes_labels else {"inputs": ids}

@@ -21,6 +21,7 @@ from trainmem.trace.grouped_mm import guarded_grouped_mm
 from trainmem.trace.hf_inputs import (
     flattened_patch_batch,
     patch_sequence_batch,
+    perceiver_text_batch,
     text_side_inputs,
     token_ids,
     vision_language_batch,
@@ -483,6 +484,8 @@ def make_hf_batch(
         if notes is not None:
             notes.append(said)
         return patches
+    if main == "inputs" and hasattr(base, "perceiver"):  # its preprocessor takes the inputs
+        return perceiver_text_batch(base, b, s, takes_labels)
     if main in ("pixel_values", "input_values", "inputs"):
         return _encoder_input_batch(base, b, s, dtype, head if takes_labels else "", image_size)
     batch: dict[str, Any] = {}
