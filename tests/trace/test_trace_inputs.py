@@ -223,3 +223,29 @@ def test_perceiver_masked_lm_trains_at_its_decoder_length(invoke: Invoke, tmp_pa
     assert err.strip().splitlines()[-1].startswith("error: seq_len: 64: PerceiverForMaskedLM")
     assert "allowed: --seq-len 128" in err
     invoke("estimate", path, "-e", "generic", "-b", "2", "-s", "128")
+
+
+def test_canine_reads_unicode_code_points(invoke: Invoke, tmp_path: Path) -> None:
+    """CANINE's config names no vocab_size: its tokenizer gives each character's code point
+    (tokenization_canine.py), any of Unicode's 1,114,112; the model hashes them into buckets.
+    Before, the batch builder refused "its config names no vocab_size"."""
+    import transformers
+
+    from trainmem.trace.hf_model import CODE_POINT_VOCABULARY, build_hf_model, make_hf_batch
+
+    ids = transformers.CanineTokenizer()("a\U0001f600", add_special_tokens=False).input_ids
+    assert ids == [ord("a"), 0x1F600] and CODE_POINT_VOCABULARY == 0x10FFFF + 1
+    raw = {
+        "model_type": "canine",
+        "architectures": ["CanineForSequenceClassification"],
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "intermediate_size": 128,
+        "num_hash_buckets": 256,
+        "num_labels": 3,
+    }
+    batch = make_hf_batch(build_hf_model(raw, attention="eager"), 2, 32)
+    assert int(batch["input_ids"].max()) < CODE_POINT_VOCABULARY
+    assert int(batch["input_ids"].max()) > 256  # code points, not hash buckets
+    invoke("estimate", _config(tmp_path, **raw), "-e", "generic", "-b", "2", "-s", "32")

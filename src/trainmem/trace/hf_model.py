@@ -565,12 +565,24 @@ def _encoder_input_batch(
     return batch
 
 
+CODE_POINT_VOCABULARY = 1_114_112
+"""Unicode's code points, the ids of a character-level model's tokenizer (transformers 5.24
+models/canine/tokenization_canine.py ``UNICODE_VOCAB_SIZE``: CanineTokenizer turns each
+character into its code point; the model hashes them into ``num_hash_buckets``)."""
+
+CODE_POINT_MODELS = frozenset({"canine"})
+"""Model types whose ``input_ids`` are code points (:data:`CODE_POINT_VOCABULARY`)."""
+
+
 def _vocab_size(cfg: Any) -> int:
     """The token vocabulary of a config, or of its text config (vision-language models keep it
-    in ``text_config``: ``PretrainedConfig.get_text_config``)."""
+    in ``text_config``: ``PretrainedConfig.get_text_config``); CANINE's, which reads Unicode
+    code points and names no vocabulary, every code point (:data:`CODE_POINT_VOCABULARY`)."""
     vocab = getattr(cfg, "vocab_size", None)
     if not vocab and hasattr(cfg, "get_text_config"):
         vocab = getattr(cfg.get_text_config(), "vocab_size", None)
+    if not vocab and cfg.model_type in CODE_POINT_MODELS:
+        vocab = CODE_POINT_VOCABULARY
     if not vocab:
         raise UnsupportedError(
             f"model_type={cfg.model_type!r} takes input_ids but its config names no vocab_size; "
