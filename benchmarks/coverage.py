@@ -199,7 +199,7 @@ def _feature_layers(config: dict[str, Any], counts: set[int]) -> set[int]:
     neck's ``neck_hidden_sizes`` count refuses it) and a backbone's ``out_features`` ``stageN``
     (layer N - 1; transformers' ``BackboneConfigMixin`` refuses duplicates)."""
     v = config.get("backbone_out_indices")
-    if _is_index_list("backbone_out_indices", v, counts):
+    if isinstance(v, list) and _is_index_list("backbone_out_indices", v, counts):
         return set(v)
     f = config.get("out_features")
     stages = [_stage_number(x) for x in f] if isinstance(f, list) else []
