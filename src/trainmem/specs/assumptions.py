@@ -192,7 +192,8 @@ def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dic
         ``"litgpt_sharding"`` for litgpt on more than one rank (:data:`LITGPT_SHARDING`),
         ``"precision"`` where it is the framework's own default (:func:`framework_precision`:
         torchtune's ``bf16-true``), ``"lora_targets"`` likewise (:func:`framework_lora_targets`:
-        Unsloth's seven linears); a version
+        Unsloth's seven linears), ``"lengths"`` for a language model without
+        ``earlier_seq_lens`` (:data:`FIXED_LENGTH`); a version
         the user did not give reads ``"2.8 (default)"`` (transformers: ``"5.24.0 (installed)"``
         when installed; TRL, where its SFTTrainer runs, likewise, else ``"1.16.0 (default:
         none installed, the newest modelled)"``).
@@ -215,6 +216,8 @@ def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dic
         out["lora_targets"] = targets
     if library == "transformers":
         out["transformers"] = _transformers(config.get("transformers_version"))
+        if not config.get("earlier_seq_lens"):
+            out["lengths"] = FIXED_LENGTH.format(seq_len=config.get("seq_len"))
     else:
         installed = installed_version(library)
         out[library] = ".".join(map(str, installed)) + " (installed)" if installed else "?"
@@ -260,6 +263,18 @@ LITGPT_SHARDING = (
 0.5.13 finetune/full.py and lora.py, 281510ab, 5ac69b06)."""
 
 
+FIXED_LENGTH = (
+    "every micro-batch at {seq_len} tokens (padded or packed to --seq-len); batches padded "
+    "to their own longest sample reserve more, as the caching allocator splits and keeps "
+    "blocks of every size it met: --earlier-seq-lens replays such steps first"
+)
+"""What a language model's estimate assumes of its steps' lengths (``assumptions()
+["lengths"]``, without ``earlier_seq_lens``): one fixed shape, whose replay the caching
+allocator's reserved bytes come from (Note [Steps of varying length]). Published runs over
+unpacked data measure more reserved memory (session 25's ms-swift probe:
+benchmarks/published_probe_swift.py, every cell under at fixed length)."""
+
+
 LOAD_OFF_HINT = "--set load-phase=false for none"
 """How the ``load`` assumption says it is turned off (``TrainingConfig.load_phase``)."""
 
@@ -273,6 +288,7 @@ _NOT_VERSIONS = (
     "lora_targets",
     "load_dtype",
     "litgpt_sharding",
+    "lengths",
 )
 """The keys of :func:`assumptions`' result that are not library versions."""
 
@@ -295,6 +311,7 @@ def assumptions_line(a: Mapping[str, str]) -> str:
     return (
         f"assumed: --framework {a['framework']} ({a['framework_means']}); "
         f"{precision_text(a)}loop: {a['loop']}; {versions_text(a)}"
+        + (f"; lengths: {a['lengths']}" if a.get("lengths") else "")
     )
 
 

@@ -1,0 +1,24 @@
+"""The step lengths an estimate assumes are said (``details["assumed"]["lengths"]``): one
+fixed shape at ``seq_len`` unless ``earlier_seq_lens`` lists the steps before it (Note [Steps of
+varying length]); session 25's ms-swift probe measured every cell of a run over batches padded
+to their own longest sample above the fixed-length figure."""
+
+from __future__ import annotations
+
+from trainmem.specs.assumptions import assumptions, assumptions_line
+
+
+def test_a_language_model_says_every_step_is_at_seq_len() -> None:
+    assumed = assumptions({"framework": "hf-trainer", "seq_len": 2048})
+    assert assumed["lengths"].startswith("every micro-batch at 2048 tokens")
+    assert "--earlier-seq-lens" in assumed["lengths"]
+    assert "lengths: every micro-batch at 2048 tokens" in assumptions_line(assumed)
+    assert "lengths" not in assumed["torch"]  # not listed among the library versions
+
+
+def test_earlier_steps_given_or_an_image_model_say_nothing_of_lengths() -> None:
+    given = assumptions({"seq_len": 2048, "earlier_seq_lens": (512, 1024)})
+    assert "lengths" not in given
+    assert "lengths:" not in assumptions_line(given)
+    for library in ("diffusers", "timm"):
+        assert "lengths" not in assumptions({"seq_len": 2048}, library)
