@@ -1,11 +1,21 @@
-"""Paths a user takes in a first hour with the CLI (helper useraudit, session 24): each was a
-silently ignored setting, a contradictory line or an error naming the wrong field."""
+"""Paths a user takes in a first hour with the CLI (helper useraudit, sessions 24 and 25): each
+was a silently ignored setting, a contradictory line or an error naming the wrong field."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from conftest import Invoke
+from trainmem.errors import SpecError
+from trainmem.estimate import image_sequence
+from trainmem.specs.training import TrainingConfig
+from trainmem.web.compute import resolve_request
+from trainmem.web.form import default_values
+
+WHISPER = str(Path(__file__).parent / "models" / "whisper.json")
+"""A tiny Whisper: max_target_positions 64, no max_position_embeddings."""
 
 
 @pytest.mark.parametrize("model", ["gpt2", "timm:resnet50", "flux.1-dev-transformer"])
@@ -124,3 +134,26 @@ def test_a_training_arguments_file_given_as_model_points_to_training_args(
         "this file has output_dir, per_device_train_batch_size: a TrainingArguments / "
         "SFTConfig file, which --training-args FILE reads beside MODEL"
     )
+
+
+def test_whisper_refuses_a_decoder_longer_than_max_target_positions(invoke: Invoke) -> None:
+    # transformers 5.24 modeling_whisper.py WhisperForConditionalGeneration.forward raises
+    # ValueError for labels longer than max_target_positions (64 here); trainmem traced
+    # min(s, 64) tokens and reported seq_len=1024, on the CLI and the page alike
+    r = invoke("estimate", WHISPER, "--seq-len", "1024", "--gpu", "T4", exit_code=2)
+    assert r.stderr.startswith("error: seq_len: 1024 for ")
+    assert "at most 64 tokens (max_target_positions" in r.stderr
+    assert "give --seq-len 64 or less" in r.stderr
+    with pytest.raises(SpecError, match="seq_len: 65 .* at most 64 tokens"):
+        resolve_request({**default_values(), "gpu": "T4", "seq_len": 65}, WHISPER)
+
+
+def test_whisper_default_seq_len_is_the_decoder_length_traced() -> None:
+    # no length given (the CLI's and the page's default is the config's context, 1024 for a
+    # config without max_position_embeddings; a library TrainingConfig's own is 1024): the
+    # decoder's 64 tokens, what the trace runs and the report then says
+    assert image_sequence(WHISPER, TrainingConfig(), given=False).seq_len == 64
+    assert resolve_request({**default_values(), "gpu": "T4"}, WHISPER).training.seq_len == 64
+    # a length within the decoder's is the user's
+    given = TrainingConfig(seq_len=48)
+    assert image_sequence(WHISPER, given, given=True).seq_len == 48

@@ -234,7 +234,7 @@ def image_sequence(
     if spec is not None:
         return vision_sequence(spec, training, given=given)
     if pixel_config(model) is None:
-        return training
+        return speech_decoder_sequence(model, training, given=given)
     if given:
         raise SpecError(
             "seq_len",
@@ -244,6 +244,44 @@ def image_sequence(
         )
     # unread by the model; TrainingConfig's own, so a later call reads it as not given
     return derived(training, seq_len=SEQ_LEN_DEFAULT)
+
+
+def speech_decoder_sequence(
+    model: str | ModelSpec, training: TrainingConfig, *, given: bool
+) -> TrainingConfig:
+    """A Whisper-like model's ``seq_len``, its decoder's tokens (the audio is the 30 s log-mel
+    window, :func:`trainmem.trace.hf_model.hf_batch`): at most the config's
+    ``max_target_positions``, which transformers 5.24 enforces
+    (``modeling_whisper.py`` ``WhisperForConditionalGeneration.forward``: "Labels' sequence
+    length ... cannot exceed the maximum allowed length of ... tokens", a ValueError). A longer
+    one given is refused, as the run would be; a default one becomes that maximum, so the
+    report says the length the trace ran (it said 1024 and traced 448). Any other model
+    unchanged.
+
+    Raises:
+        SpecError: ``seq_len`` given above ``max_target_positions``.
+    """
+    if isinstance(model, ModelSpec):
+        return training
+    from trainmem.specs.hf import load_hf_config
+
+    try:
+        config = load_hf_config(model)
+    except SpecError:
+        return training
+    most = config.get("max_target_positions")
+    whisper_like = "num_mel_bins" in config and "max_source_positions" in config
+    if not whisper_like or not isinstance(most, int) or training.seq_len <= most:
+        return training
+    if given:
+        raise SpecError(
+            "seq_len",
+            f"{training.seq_len} for {str(model):.80}: its decoder takes at most {most} tokens "
+            f"(max_target_positions; transformers' WhisperForConditionalGeneration refuses "
+            f"longer labels), and the audio is its fixed 30 s window; give --seq-len {most} "
+            "or less",
+        )
+    return derived(training, seq_len=most)
 
 
 def pixel_config(model: str | ModelSpec) -> dict[str, object] | None:
