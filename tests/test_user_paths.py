@@ -157,3 +157,24 @@ def test_whisper_default_seq_len_is_the_decoder_length_traced() -> None:
     # a length within the decoder's is the user's
     given = TrainingConfig(seq_len=48)
     assert image_sequence(WHISPER, given, given=True).seq_len == 48
+
+
+@pytest.mark.parametrize("gpu", ["A100-80GB", "4GB"])  # a run that fits, one where nothing fits
+def test_plan_and_fit_say_what_estimate_assumed(invoke: Invoke, gpu: str) -> None:
+    # estimate's JSON carries details.assumed (framework, loop, versions) and its table an
+    # "assumed:" line; plan's and fit's had neither, so their answers did not say which
+    # framework's step (here torchtune's bf16-true default) or which releases they were for
+    import json
+
+    run = ["llama-3.2-1b", "--gpu", gpu, "--framework", "torchtune", "-s", "2048"]
+    d = json.loads(invoke("estimate", *run, "--json").stdout)
+    assumed = d["details"]["assumed"]
+    assert assumed["framework"] == "torchtune" and "torch" in assumed  # the reference
+    line = next(x for x in invoke("estimate", *run).stdout.splitlines() if x.startswith("assumed"))
+    plan = json.loads(invoke("plan", *run, "--json").stdout)
+    assert [r["assumed"] for r in plan["results"]] == [assumed, assumed]
+    fit = json.loads(invoke("fit", *run, "--json").stdout)
+    assert fit["assumed"] == assumed
+    for command in ("plan", "fit"):
+        text = invoke(command, *run).stdout.splitlines()
+        assert line in text, command

@@ -755,10 +755,23 @@ def _report_details(est: MemoryEstimate, reported: StepSchedule) -> None:
     """The details of the reported rank's step that only a report reads: its peak per phase
     and the settings assumed."""
     est.details["phase_peaks_bytes"] = reported.phase_peaks()
-    library = est.details.get("generic", {}).get("library", "transformers")
-    est.details["assumed"] = assumptions(est.config, library)
+    est.details["assumed"] = _assumptions_of(est)
     if reported.load_rule:  # Note [The load phase]: a preset, turned off explicitly
         est.details["assumed"]["load"] = reported.load_rule
+
+
+def _assumptions_of(est: MemoryEstimate) -> dict[str, str]:
+    """:func:`~trainmem.specs.assumptions.assumptions` of ``est``'s settings and library."""
+    library = est.details.get("generic", {}).get("library", "transformers")
+    return assumptions(est.config, library)
+
+
+def assumed_of(est: MemoryEstimate) -> dict[str, str]:
+    """What ``est`` assumed (framework, loop, library versions): its ``details["assumed"]``,
+    or for a lean estimate (a planner's probe, which skips the report's details) the same
+    from its settings, so ``plan`` and ``fit`` say what ``estimate`` says."""
+    assumed = est.details.get("assumed")
+    return dict(assumed) if assumed else _assumptions_of(est)
 
 
 def _load_phase(sched: StepSchedule, result: ReplayResult | None) -> dict[str, object]:

@@ -14,8 +14,11 @@ import typer
 from trainmem.specs.training import TrainingConfig
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from trainmem.breakdown import MemoryEstimate
     from trainmem.planner.fixes import Fix
+    from trainmem.planner.search import PlanResult
     from trainmem.specs.hardware import GPUSpec
 
 
@@ -165,6 +168,7 @@ def register(app: typer.Typer) -> None:
             f"checkpointing {training.activation_checkpointing}, attention {training.attention}",
             highlight=False,
         )
+        _print_assumed(results)
         for r in results:
             console.print(f"{r.dimension}: {r.reason}", highlight=False)
 
@@ -219,6 +223,7 @@ def register(app: typer.Typer) -> None:
                 else "nothing to change"
             )
             console.print(head + f"fits with {spare}; {tail}.", highlight=False)
+            _print_assumed([base])
             return
         b = base.breakdown
         if base.oom_message and b.allocated_bytes + b.cuda_context <= cap:
@@ -230,6 +235,7 @@ def register(app: typer.Typer) -> None:
                 "simulated caching allocator finds no free block large enough (fragmentation): "
             )
         console.print(head + "does not fit.", highlight=False)
+        _print_assumed([base])
         if not found:
             from trainmem.planner.traced import beyond_any_fix
 
@@ -355,7 +361,24 @@ def _plan_traced(model: str, gpu: "GPUSpec", training: TrainingConfig, as_json: 
         "formulas do not model this family); the sequence-length search needs the formulas",
         highlight=False,
     )
+    _print_assumed([result])
     console.print(f"{result.dimension}: {result.reason}", highlight=False)
+
+
+def _print_assumed(results: "Sequence[PlanResult | MemoryEstimate]") -> None:
+    """The ``assumed:`` line ``trainmem estimate`` prints (framework, loop, versions), of the
+    first estimate among ``results`` (a plan's, or the first value that does not fit)."""
+    from trainmem.breakdown import MemoryEstimate
+    from trainmem.cli.common import console
+    from trainmem.estimate import assumed_of
+    from trainmem.specs.assumptions import assumptions_line
+
+    for r in results:
+        for est in (r,) if isinstance(r, MemoryEstimate) else (r.estimate, r.next_estimate):
+            if est is not None:
+                line = assumptions_line(assumed_of(est))
+                console.print(line, highlight=False, markup=False)
+                return
 
 
 def _never() -> "MemoryEstimate":  # pragma: no cover - a plan always probes micro-batch 1

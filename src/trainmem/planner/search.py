@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from trainmem.breakdown import MemoryEstimate
 from trainmem.errors import SpecError, UnsupportedError
+from trainmem.estimate import assumed_of
 from trainmem.planner.evaluate import (
     fast_estimate,
     fits,
@@ -103,6 +104,9 @@ class PlanResult:
             if nxt is None
             else {**nxt.peak_dict(), self.dimension: nxt.config.get(self.dimension)},
             "config": None if est is None else dict(est.config),
+            # framework, loop and versions, as estimate's details.assumed (of the first value
+            # that does not fit when none does)
+            "assumed": None if (est or nxt) is None else assumed_of(est or nxt),
         }
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from rich.table import Table
 
 from trainmem.breakdown import MemoryEstimate
+from trainmem.estimate import assumed_of
 from trainmem.planner.evaluate import margin_bytes
 from trainmem.planner.fixes import Fix
 from trainmem.planner.search import GpuPlan, PlanResult
@@ -168,7 +169,8 @@ def fixes_table(base: MemoryEstimate, found: Sequence[Fix]) -> Table:
 
 
 def fixes_json(base: MemoryEstimate, found: Sequence[Fix]) -> str:
-    """``{"schema_version", "model", "gpu", "fits", "peak", "config", "fixes": [...]}``."""
+    """``{"schema_version", "model", "gpu", "fits", "peak", "config", "assumed", "fixes": [...]}``
+    (``assumed``: framework, loop and versions, as estimate's ``details.assumed``)."""
     return json.dumps(
         {
             "schema_version": SCHEMA_VERSION,
@@ -177,6 +179,7 @@ def fixes_json(base: MemoryEstimate, found: Sequence[Fix]) -> str:
             "fits": base.fits,
             "peak": base.peak_dict(),
             "config": base.config,
+            "assumed": assumed_of(base),
             "fixes": [f.to_dict() for f in found],
         },
         indent=2,
