@@ -178,3 +178,17 @@ def test_plan_and_fit_say_what_estimate_assumed(invoke: Invoke, gpu: str) -> Non
     for command in ("plan", "fit"):
         text = invoke(command, *run).stdout.splitlines()
         assert line in text, command
+
+
+def test_an_oom_rank_has_no_reserved_figure_in_the_json(invoke: Invoke) -> None:
+    # the run's peak said reserved_bytes null (out of memory), its per_rank row gave the
+    # reserved bytes at the failure (82,411,782,144 for llama-3.1-8b on an A100-80GB), a
+    # figure under the capacity beside "oom": true; the table's cell says OOM
+    import json
+
+    d = json.loads(invoke("estimate", "llama-3.1-8b", "--gpu", "A100-80GB", "--json").stdout)
+    assert d["peak"]["reserved_bytes"] is None
+    (rank,) = d["per_rank"]
+    assert rank["oom"] is True and rank["reserved_bytes"] is None
+    fits = json.loads(invoke("estimate", "gpt2", "--gpu", "T4", "--json").stdout)
+    assert fits["per_rank"][0]["reserved_bytes"] == fits["peak"]["reserved_bytes"]

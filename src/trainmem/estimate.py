@@ -696,7 +696,9 @@ def finish(
             result = _replay(
                 sched.replay_events(), ctx, gpu=gpu, alloc_conf=alloc_conf, full_stats=False
             )
-            per_rank[k]["reserved_bytes"] = result.max_memory_reserved
+            # a rank whose step fails has no reserved figure, as the whole run's peak has
+            # none (MemoryEstimate.peak_dict); the reserved at the failure is not a peak
+            per_rank[k]["reserved_bytes"] = None if result.oom else result.max_memory_reserved
             per_rank[k]["oom"] = result.oom
             if result.oom and est.oom_message is None and result.oom_message:
                 est.oom_message = result.oom_message.splitlines()[0]
