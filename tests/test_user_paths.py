@@ -192,3 +192,19 @@ def test_an_oom_rank_has_no_reserved_figure_in_the_json(invoke: Invoke) -> None:
     assert rank["oom"] is True and rank["reserved_bytes"] is None
     fits = json.loads(invoke("estimate", "gpt2", "--gpu", "T4", "--json").stdout)
     assert fits["per_rank"][0]["reserved_bytes"] == fits["peak"]["reserved_bytes"]
+
+
+@pytest.mark.parametrize("model", ["gpt2", "vit-large-patch16-224"])
+def test_target_seq_len_on_a_model_without_t5s_decoder_warns(invoke: Invoke, model: str) -> None:
+    # TrainingConfig.target_seq_len is read only as T5's decoder length (analytic
+    # decoder_seq_len, the generic path's T5 labels); on GPT-2 or ViT it was accepted and
+    # dropped without a word
+    import json
+
+    d = json.loads(invoke("estimate", model, "--target-seq-len", "64", "--json").stdout)
+    warned = [n for n in d["notes"] if n.startswith("warning: target_seq_len=64 has no effect")]
+    assert len(warned) == 1
+    plain = json.loads(invoke("estimate", model, "--json").stdout)
+    assert d["peak"] == plain["peak"]  # what the warning says: nothing changed
+    t5 = json.loads(invoke("estimate", "t5-base", "--target-seq-len", "64", "--json").stdout)
+    assert not any("target_seq_len" in n for n in t5["notes"])

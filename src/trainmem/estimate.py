@@ -954,6 +954,7 @@ def estimate(
         setting_warnings(model, training)
         + ([pieces_note] if pieces_note else [])
         + _unread_seq_len(model, training, given=given_seq_len)
+        + _unread_target_seq_len(model, training)
     )
     pixels = pixel_config(model) if est.engine != "analytic" else None
     if pixels is not None:
@@ -1056,6 +1057,33 @@ def _unread_seq_len(model: str | ModelSpec, training: TrainingConfig, *, given: 
         f"warning: seq_len={training.seq_len} has no effect on a diffusers model: its batch is "
         "the image's latents (--resolution, --frames for video) and the prompt's tokens "
         "(--text-seq-len); leave --seq-len out"
+    ]
+
+
+def _unread_target_seq_len(model: str | ModelSpec, training: TrainingConfig) -> list[str]:
+    """A warning when ``target_seq_len`` was given for a model that does not read it: only
+    T5's decoder length is an input of its own (the formulas' encoder-decoder,
+    :attr:`~trainmem.specs.training.TrainingConfig.decoder_seq_len`; the generic path's T5
+    labels, :func:`trainmem.trace.hf_model.hf_batch`); a decoder-only or encoder model has no
+    decoder, and another encoder-decoder's labels are ``seq_len`` long there."""
+    if not training.target_seq_len:
+        return []
+    spec = model if isinstance(model, ModelSpec) else _loaded_spec(model)
+    if spec is not None and (spec.architecture == "encoder-decoder" or spec.cross_attention):
+        return []
+    if spec is None and not isinstance(model, ModelSpec):
+        from trainmem.specs.hf import load_hf_config
+
+        try:
+            if load_hf_config(model).get("model_type") == "t5":
+                return []
+        except SpecError:
+            pass
+    return [
+        f"warning: target_seq_len={training.target_seq_len} has no effect on this model: only "
+        "T5's decoder length is modelled apart from seq_len (a decoder-only or encoder model "
+        "has no decoder; another encoder-decoder's labels are seq_len long); leave "
+        "--target-seq-len out"
     ]
 
 
