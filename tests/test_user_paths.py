@@ -208,3 +208,20 @@ def test_target_seq_len_on_a_model_without_t5s_decoder_warns(invoke: Invoke, mod
     assert d["peak"] == plain["peak"]  # what the warning says: nothing changed
     t5 = json.loads(invoke("estimate", "t5-base", "--target-seq-len", "64", "--json").stdout)
     assert not any("target_seq_len" in n for n in t5["notes"])
+
+
+def test_a_config_files_text_length_on_a_vision_encoder_warns_instead_of_refusing(
+    invoke: Invoke,
+) -> None:
+    # examples/sft-config.json's max_length 2048 on ViT-L/16 was refused with "leave --seq-len
+    # out", a flag the user had not given; the file's length is dropped with a warning and
+    # the image's 197 tokens (14 x 14 patches + [CLS]) used, as without the file
+    import json
+
+    path = str(Path(__file__).parents[1] / "examples" / "sft-config.json")
+    run = ["vit-large-patch16-224", "--gpu", "T4", "--training-args", path, "--json"]
+    d = json.loads(invoke("estimate", *run).stdout)
+    assert d["config"]["seq_len"] == 197 and d["config"]["micro_batch_size"] == 4  # the file's
+    assert any(n.startswith("warning: seq_len=2048 from the config file") for n in d["notes"])
+    r = invoke("estimate", *run, "--seq-len", "300", exit_code=2)  # a flag is still refused
+    assert "leave --seq-len out" in r.stderr

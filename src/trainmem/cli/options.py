@@ -480,7 +480,19 @@ def training_from_options(
         check_training_for_model(spec, training)
     from trainmem.estimate import image_sequence
 
-    training = image_sequence(spec or model, training, given=seq_len_given)
+    # a config file's text length (SFTConfig max_length, axolotl sequence_len) on a model whose
+    # sequence is not a text length the user picks (an image's patches, Whisper's decoder at
+    # most max_target_positions) is dropped with a warning, not refused as --seq-len is: the
+    # refusal's advice ("leave --seq-len out") named a flag the user had not given
+    from_file = "seq_len" in from_files and "seq_len" not in explicit and "seq_len" not in from_set
+    read = image_sequence(spec or model, training, given=seq_len_given and not from_file)
+    if from_file and read.seq_len != training.seq_len and notes is not None:
+        notes.append(
+            f"warning: seq_len={training.seq_len} from the config file does not apply to this "
+            "model (an image model's sequence is its image's; Whisper's decoder takes at most "
+            "max_target_positions tokens): the model's own is used"
+        )
+    training = read
     if gpu is not None:
         check_precision_on_gpu(training.precision, get_gpu(gpu))
     if notes is not None:
