@@ -225,3 +225,16 @@ def test_a_config_files_text_length_on_a_vision_encoder_warns_instead_of_refusin
     assert any(n.startswith("warning: seq_len=2048 from the config file") for n in d["notes"])
     r = invoke("estimate", *run, "--seq-len", "300", exit_code=2)  # a flag is still refused
     assert "leave --seq-len out" in r.stderr
+
+
+def test_compare_prints_the_warnings_estimate_prints(invoke: Invoke) -> None:
+    # `estimate gpt2 --zero-stage 3` warns that one rank shards nothing; the same set in
+    # `compare` showed its number with no word (only --json's rows carried the note)
+    warning = "warning: zero_stage=3 with data_parallel_size=1 shards nothing"
+    assert warning in invoke("estimate", "gpt2", "--gpu", "T4", "--zero-stage", "3").stdout
+    r = invoke(
+        "compare", "gpt2", "--gpu", "T4", "--set", "activation-checkpointing=full",
+        "--set", "zero-stage=3",
+    )  # fmt: skip
+    lines = [x for x in r.stdout.splitlines() if "warning:" in x]
+    assert len(lines) == 1 and lines[0].startswith(f"#2: {warning}")

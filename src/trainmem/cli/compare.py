@@ -88,5 +88,9 @@ def register(app: typer.Typer) -> None:
             print(json.dumps({"configurations": rows, "notes": notes}, indent=2, default=str))
             return
         console.print(compare_table(estimates, labels))
+        for i, e in enumerate(estimates, 1):  # a setting a configuration ignores, as estimate
+            for note in e.notes:  # says it (the JSON rows carry every note)
+                if note.startswith("warning: "):
+                    console.print(f"#{i}: {note}", highlight=False, markup=False)
         for note in notes:
             console.print(f"note: {note}", highlight=False)
