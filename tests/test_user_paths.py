@@ -238,3 +238,15 @@ def test_compare_prints_the_warnings_estimate_prints(invoke: Invoke) -> None:
     )  # fmt: skip
     lines = [x for x in r.stdout.splitlines() if "warning:" in x]
     assert len(lines) == 1 and lines[0].startswith(f"#2: {warning}")
+
+
+def test_chunked_cross_entropy_on_a_vision_encoder_is_refused(invoke: Invoke) -> None:
+    # ViT-L/16's loss is one cross-entropy on [b, classes]: --chunked-cross-entropy 4 gave
+    # the same 6,103,572,000 bytes as 0, silently (timm's ViT already refused it)
+    from trainmem.estimate import estimate
+
+    r = invoke("estimate", "vit-large-patch16-224", "--chunked-cross-entropy", "4", exit_code=2)
+    assert r.stderr.startswith("error: chunked_cross_entropy: 4: a chunked cross-entropy")
+    assert r.stderr.rstrip().endswith("leave it 0")
+    with pytest.raises(SpecError, match="chunked_cross_entropy: 4: .* dinov2-large is a vision"):
+        estimate("dinov2-large", TrainingConfig(chunked_cross_entropy=4))

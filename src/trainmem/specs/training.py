@@ -3318,6 +3318,14 @@ def check_training_for_model(model: ModelSpec, training: TrainingConfig) -> None
             field,
             f"is a causal-LM setting (a loss on the logits); {model.name} has head {model.head!r}",
         )
+    if training.chunked_cross_entropy and model.architecture == "vision-encoder":
+        # accepted and dropped: the formulas chunk only token logits (analytic/loss.py)
+        raise SpecError(
+            "chunked_cross_entropy",
+            f"{training.chunked_cross_entropy}: a chunked cross-entropy splits a language "
+            f"model's token logits; {model.name} is a vision encoder (head {model.head!r}, one "
+            "loss per image): leave it 0",
+        )
     size = training.image_size
     if model.architecture == "vision-encoder" and size is not None and model.patch_size:
         p = model.patch_size
