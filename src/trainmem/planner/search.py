@@ -90,6 +90,7 @@ class PlanResult:
         """JSON-able summary; sizes in bytes."""
         est = self.estimate
         nxt = self.next_estimate
+        said = est or nxt  # what was assumed: at the answer, else at the first value tried
         return {
             "dimension": self.dimension,
             "value": self.value,
@@ -104,9 +105,8 @@ class PlanResult:
             if nxt is None
             else {**nxt.peak_dict(), self.dimension: nxt.config.get(self.dimension)},
             "config": None if est is None else dict(est.config),
-            # framework, loop and versions, as estimate's details.assumed (of the first value
-            # that does not fit when none does)
-            "assumed": None if (est or nxt) is None else assumed_of(est or nxt),
+            # framework, loop and versions, as estimate's details.assumed
+            "assumed": None if said is None else assumed_of(said),
         }
 
 
