@@ -250,3 +250,13 @@ def test_chunked_cross_entropy_on_a_vision_encoder_is_refused(invoke: Invoke) ->
     assert r.stderr.rstrip().endswith("leave it 0")
     with pytest.raises(SpecError, match="chunked_cross_entropy: 4: .* dinov2-large is a vision"):
         estimate("dinov2-large", TrainingConfig(chunked_cross_entropy=4))
+
+
+def test_fit_names_a_default_it_changes_not_none(invoke: Invoke) -> None:
+    # llama-3.1-8b on an A100-80GB: the Adafactor fixes switch to torch's for-loop step; the
+    # settings column read "optimizer_implementation: None -> for-loop", None being the
+    # framework's default, which the estimate resolves (foreach, its JSON config)
+    r = invoke("fit", "llama-3.1-8b", "--gpu", "A100-80GB")
+    text = " ".join(r.stdout.replace("│", " ").split())
+    assert "None ->" not in text
+    assert "optimizer_implementation: foreach (default) -> for-loop" in text

@@ -44,6 +44,15 @@ def _show(value: Any) -> str:
     return str(value)
 
 
+def _was(base: MemoryEstimate, field: str, old: Any) -> str:
+    """A fix's old value: a setting left to the framework (None) as the estimate resolved it
+    (``optimizer_implementation``: ``foreach``), else ``default``; it printed "None"."""
+    if old is not None:
+        return _show(old)
+    resolved = base.config.get(field)
+    return "default" if resolved is None else f"{_show(resolved)} (default)"
+
+
 def plan_table(model_name: str, results: Sequence[PlanResult]) -> Table:
     """One row per searched dimension: the maximum, its peak, the margin, why it stops."""
     gpu = results[0].gpu if results else None
@@ -154,7 +163,7 @@ def fixes_table(base: MemoryEstimate, found: Sequence[Fix]) -> Table:
     table.add_column("cost")
     for i, fix in enumerate(found, 1):
         settings = ", ".join(
-            f"{k}: {_show(old)} -> {_show(new)}" for k, (old, new) in fix.settings.items()
+            f"{k}: {_was(base, k, old)} -> {_show(new)}" for k, (old, new) in fix.settings.items()
         )
         table.add_row(
             str(i),
