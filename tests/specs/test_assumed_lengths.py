@@ -10,9 +10,11 @@ from trainmem.specs.assumptions import assumptions, assumptions_line
 
 def test_a_language_model_says_every_step_is_at_seq_len() -> None:
     assumed = assumptions({"framework": "hf-trainer", "seq_len": 2048})
-    assert assumed["lengths"].startswith("every micro-batch at 2048 tokens")
+    # no number: plan's candidates (a sequence-length search among them) share one text
+    assert assumed["lengths"].startswith("every micro-batch at the sequence length")
+    assert assumed == assumptions({"framework": "hf-trainer", "seq_len": 8})
     assert "--earlier-seq-lens" in assumed["lengths"]
-    assert "lengths: every micro-batch at 2048 tokens" in assumptions_line(assumed)
+    assert "lengths: every micro-batch at the sequence length" in assumptions_line(assumed)
     assert "lengths" not in assumed["torch"]  # not listed among the library versions
 
 

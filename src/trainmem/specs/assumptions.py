@@ -217,7 +217,7 @@ def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dic
     if library == "transformers":
         out["transformers"] = _transformers(config.get("transformers_version"))
         if not config.get("earlier_seq_lens"):
-            out["lengths"] = FIXED_LENGTH.format(seq_len=config.get("seq_len"))
+            out["lengths"] = FIXED_LENGTH
     else:
         installed = installed_version(library)
         out[library] = ".".join(map(str, installed)) + " (installed)" if installed else "?"
@@ -264,7 +264,7 @@ LITGPT_SHARDING = (
 
 
 FIXED_LENGTH = (
-    "every micro-batch at {seq_len} tokens (padded or packed to --seq-len); batches padded "
+    "every micro-batch at the sequence length (padded or packed to it); batches padded "
     "to their own longest sample reserve more, as the caching allocator splits and keeps "
     "blocks of every size it met: --earlier-seq-lens replays such steps first"
 )
