@@ -338,6 +338,12 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     "trl": {"framework": "trl"},
     "load-dtype bfloat16": {"load_dtype": "bfloat16"},
     "lora r16 + load-dtype bfloat16": {"lora_rank": 16, "load_dtype": "bfloat16"},
+    # session 25: peft's modules_to_save, the embedding and head trained beside LoRA (helper
+    # modsave)
+    "lora r16 + modules to save": {
+        "lora_rank": 16,
+        "lora_modules_to_save": ("embed_tokens", "lm_head"),
+    },
     "litgpt": {"framework": "litgpt"},
     # Unsloth's defaults: bf16, fp32 adapters on all seven linears, adamw-8bit, its offloaded
     # checkpoint (plain full checkpointing below 512 tokens); Note [Unsloth on a traced step]

@@ -1512,8 +1512,8 @@ def _check_traced_framework(
 
     Raises:
         NotApplicableError: torchtune, Unsloth, LLaMA-Factory, axolotl, TRL or fsdp-qlora on a
-            diffusers or timm model, Megatron on a model that is not a causal LM, naming what
-            would work.
+            diffusers or timm model, peft's ``lora_modules_to_save`` (a token embedding and LM
+            head) on one, Megatron on a model that is not a causal LM, naming what would work.
         UnsupportedError: DeepSpeed's ``"auto"`` sizes without a ModelSpec.
     """
     language_only = {
@@ -1547,6 +1547,20 @@ def _check_traced_framework(
         raise NotApplicableError(
             f"framework={training.framework}: {what}, and this is a diffusers / timm model; use "
             f"{use}"
+        )
+    if (
+        training.is_lora
+        and training.lora_modules_to_save
+        and (diffusers or (isinstance(target, str) and _is_timm(target)))
+    ):
+        # the names are a transformers model's get_input_embeddings / get_output_embeddings
+        # (trace/lora.py modules_to_save); diffusers' add_adapter path took no modules_to_save,
+        # so PixArt ran as if the option were not given (session 25, generic_options.py)
+        raise NotApplicableError(
+            "lora_modules_to_save="
+            f"{','.join(training.lora_modules_to_save)}: a transformers model's token embedding "
+            "and language-model head, which a diffusers / timm model has not; leave it out "
+            "(LoRA alone) or train the whole model (--lora-rank 0)"
         )
     if deepspeed and not isinstance(target, ModelSpec):
         _check_deepspeed_without_spec(training)

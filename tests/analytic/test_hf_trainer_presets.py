@@ -127,3 +127,27 @@ def test_a_diffusers_model_is_not_applicable_under_the_llm_stacks(framework: str
     training = TrainingConfig(micro_batch_size=2, seq_len=64, framework=framework, lora_rank=16)
     with pytest.raises(NotApplicableError, match=f"framework={framework}: .* use --framework"):
         estimate(pixart, training, engine="generic", simulate_allocator=False)
+
+
+@pytest.mark.parametrize("model", ["diffusers/tiny-pixart.json", "timm:test_vit"])
+def test_modules_to_save_is_not_applicable_on_a_diffusers_or_timm_model(model: str) -> None:
+    # session 25 (generic_options.py "lora r16 + modules to save"): PixArt ran as if the option
+    # were not given (diffusers' add_adapter path takes no modules_to_save), timm's ViT failed
+    # as unsupported; neither has the token embedding / LM head the names stand for
+    from trainmem.errors import NotApplicableError
+    from trainmem.estimate import estimate
+
+    if model.startswith("diffusers"):
+        pytest.importorskip("diffusers")
+        model = str(Path(__file__).parents[1] / "models" / model)
+    else:
+        pytest.importorskip("timm")
+    length = {"seq_len": 64} if model.endswith(".json") else {}  # timm: its image size
+    training = TrainingConfig(
+        micro_batch_size=2,
+        lora_rank=16,
+        lora_modules_to_save=("embed_tokens", "lm_head"),
+        **length,  # type: ignore[arg-type]
+    )
+    with pytest.raises(NotApplicableError, match="lora_modules_to_save=embed_tokens,lm_head"):
+        estimate(model, training, engine="generic", simulate_allocator=False)
