@@ -73,9 +73,8 @@ def main(base: Path, runs: int) -> int:
     differ = 0
     with tempfile.TemporaryDirectory(prefix="trainmem-pycache-") as cache:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-        trees = {}
-        for name, src in (("base", base), ("new", new)):  # bytecode apart, as installed
-            trees[name] = {**env, "PYTHONPYCACHEPREFIX": str(Path(cache) / name)}
+        # each tree's bytecode apart, written by the comparison's runs before any is timed
+        trees = {n: {**env, "PYTHONPYCACHEPREFIX": str(Path(cache) / n)} for n in ("base", "new")}
         for config in CONFIGURATIONS:
             for json_flag in (["--json"], []):
                 args = ["plan", *config, *json_flag]

@@ -295,7 +295,10 @@ def test_replay_events_are_the_events_but_for_module_names() -> None:
     training = TrainingConfig(micro_batch_size=2, seq_len=1024, precision="bf16-true")
     sched = estimate("llama-3.2-1b", training, simulate_allocator=False).schedules[0]
     fresh = estimate("llama-3.2-1b", training, simulate_allocator=False).schedules[0]
-    records = list(fresh.replay_events())  # before anything expanded the schedule
+    # before anything expanded the schedule; plain tuples (Note [Plain event tuples])
+    raw = list(fresh.replay_events())
+    assert all(type(r) is tuple and len(r) == len(EventRecord._fields) for r in raw)
+    records = [EventRecord(*r) for r in raw]
     events = list(sched.events())
     assert len(records) == len(events) > 1000
 
@@ -306,5 +309,5 @@ def test_replay_events_are_the_events_but_for_module_names() -> None:
     assert not any("{" in e.module for e in events)
     templated = [r.module for r, e in zip(records, events, strict=True) if r.module != e.module]
     assert templated and all("{i" in m for m in templated)
-    replays = [replay_timeline(x, capacity_bytes=12 * 2**30) for x in (records, events)]
-    assert replays[0] == replays[1]
+    replays = [replay_timeline(x, capacity_bytes=12 * 2**30) for x in (raw, records, events)]
+    assert replays[0] == replays[1] == replays[2]

@@ -80,7 +80,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from trainmem.allocator.replay import ReplayResult
-    from trainmem.timeline import AllocEvent, EventRecord, Timeline
+    from trainmem.timeline import AllocEvent, EventFields, Timeline
 
 TRACE_INSTALL = "pip install 'trainmem[trace]'"
 """What installs the generic path and the trace engine (torch + transformers)."""
@@ -790,7 +790,7 @@ def _load_phase(sched: StepSchedule, result: ReplayResult | None) -> dict[str, o
 
 
 def _replay(
-    timeline: Timeline | Iterable[AllocEvent | EventRecord],
+    timeline: Timeline | Iterable[AllocEvent | EventFields],
     ctx: int,
     *,
     gpu: GPUSpec | None,

@@ -38,13 +38,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache, partial
+from functools import lru_cache
 from itertools import chain
-from typing import Any, Literal, NamedTuple, cast
+from typing import Literal, NamedTuple, cast
 
 from trainmem.breakdown import MemoryCategory
 from trainmem.errors import ScheduleError
-from trainmem.timeline import AllocEvent, EventRecord, Phase, Timeline
+from trainmem.timeline import AllocEvent, EventFields, Phase, Timeline
 
 Action = Literal["alloc", "free"]
 
@@ -368,12 +368,13 @@ class StepSchedule:
             return iter(cached.events)
         return cast("Iterator[AllocEvent]", self._events(records=False))
 
-    def replay_events(self) -> Iterator[AllocEvent | EventRecord]:
+    def replay_events(self) -> Iterator[AllocEvent | EventFields]:
         """:meth:`events` for a replay that keeps none of them (the driver's): the same events
-        as :class:`~trainmem.timeline.EventRecord` named tuples, unless the timeline is built,
-        their ``module`` left as the schedule holds it (a layer's ``{i}`` not filled in): a
-        replay reads module names only to record a memory history, which the driver's does not
-        (about a sixth of the events' cost in the planner's searches, issue 28).
+        as plain tuples of their fields (:data:`~trainmem.timeline.EventFields`, Note [Plain
+        event tuples]), unless the timeline is built, their ``module`` left as the schedule
+        holds it (a layer's ``{i}`` not filled in): a replay reads module names only to record
+        a memory history, which the driver's does not (about a sixth of the events' cost in the
+        planner's searches, issue 28).
 
         Raises:
             ScheduleError: as :meth:`events`.
@@ -383,14 +384,14 @@ class StepSchedule:
             return iter(cached.events)
         return self._events(records=True)
 
-    def _events(self, *, records: bool) -> Iterator[AllocEvent | EventRecord]:
+    def _events(self, *, records: bool) -> Iterator[AllocEvent | EventFields]:
         # NB: the runs of events chained in C (a replay reads thousands of events; a
         # generator resumed per event cost a tenth of a microsecond each)
         return chain.from_iterable(self._runs(records))
 
     def _runs(
         self, records: bool, live: dict[str, tuple[int, int]] | None = None
-    ) -> Iterator[list[AllocEvent | EventRecord]]:
+    ) -> Iterator[list[AllocEvent] | list[EventFields]]:
         live = {} if live is None else live  # key -> (block id, size) of what is allocated
         counter = [0, 0]  # next block id, events written
         adopt: frozenset[str] = frozenset()
@@ -543,14 +544,9 @@ def _format_index(text: str, i: int) -> str:
     )
 
 
-_record_of = partial(tuple.__new__, EventRecord)
-"""An :class:`~trainmem.timeline.EventRecord` from the tuple of its fields, without its
-Python-level ``__new__`` (nor a Python frame of ours: ``partial`` calls ``tuple.__new__``)."""
-
-
-def _event_of(fields: tuple[Any, ...]) -> AllocEvent:
-    """An :class:`~trainmem.timeline.AllocEvent` from the tuple of its fields."""
-    return AllocEvent(*fields)
+def _events_of(run: list[EventFields]) -> list[AllocEvent]:
+    """The :class:`~trainmem.timeline.AllocEvent` of each tuple of fields."""
+    return [AllocEvent(*fields) for fields in run]
 
 
 def _expand(
@@ -560,10 +556,10 @@ def _expand(
     counter: list[int],
     records: bool,
     adopt: frozenset[str] = frozenset(),
-) -> Iterator[list[AllocEvent | EventRecord]]:
+) -> Iterator[list[AllocEvent] | list[EventFields]]:
     """The events of ``items`` with ``{i}`` (the innermost repeat's index, 0 outside any) filled
     in (in keys always, in module names only for :class:`~trainmem.timeline.AllocEvent`), as
-    :class:`~trainmem.timeline.EventRecord` tuples when ``records``, in runs: a list per
+    plain tuples of their fields when ``records`` (Note [Plain event tuples]), in runs: a list per
     run of ops walked without entering or leaving a repeated body (a replay that stops early
     leaves the later runs unbuilt); an allocation of a
     key in ``adopt`` that is live (the load phase made it) is no event (Note [The load
@@ -571,15 +567,24 @@ def _expand(
     path (every event of every replay the planner runs passes here): the op is unpacked at once
     and a key or module without ``{`` is not formatted; a repeated body is walked from an
     explicit stack of (items, index) frames rather than by a nested generator, so each event
-    is yielded once instead of through one ``yield from`` per level of nesting."""
+    is yielded once instead of through one ``yield from`` per level of nesting.
+
+    Note [Plain event tuples]
+        A replay reads an event's seven fields by unpacking it. The walk writes each event as
+        a plain tuple of them (:data:`~trainmem.timeline.EventFields`): ``BUILD_TUPLE`` from
+        the values on the stack, where an ``EventRecord`` (a ``NamedTuple`` subclass) takes a
+        call that copies a tuple into a new instance of the subclass, about 0.45 us more per
+        event, half of the walk's cost per event (issue 28: ``trainmem plan``'s 18 probes walk
+        ~75,000 events). A run is turned into :class:`~trainmem.timeline.AllocEvent` objects
+        only for :meth:`StepSchedule.events`, whose readers read fields by name.
+    """
     fmt = _format_index
-    make = _record_of if records else _event_of
     frames: list[tuple[Iterator[Item], int]] = []  # what is left to walk, innermost last
     walk: Iterator[Item] = iter(items)
     # the next block id and the events written so far, kept in locals and written back to
     # ``counter`` when the walk ends (a walk left unfinished is never continued)
     block_id, written = counter
-    run: list[AllocEvent | EventRecord] = []
+    run: list[EventFields] = []
     add = run.append
     while True:
         for item in walk:
@@ -609,7 +614,7 @@ def _expand(
                     live[key] = (-1, 0)
                     continue
                 live[key] = (block_id, size_bytes)
-                add(make((action, block_id, size_bytes, category, phase, module, stream)))
+                add((action, block_id, size_bytes, category, phase, module, stream))
                 block_id += 1
             else:
                 entry = live.pop(key, None)
@@ -617,14 +622,15 @@ def _expand(
                     raise ScheduleError(f"free of key {key!r}, which is not live")
                 block, size = entry
                 if block >= 0:
-                    add(make((action, block, size, category, phase, module, stream)))
+                    add((action, block, size, category, phase, module, stream))
         else:  # this list is done: back to the one it was entered from
             if not frames:
                 counter[0], counter[1] = block_id, written + len(run)
-                yield run
+                yield run if records else _events_of(run)
                 return
             walk, i = frames.pop()
         written += len(run)  # (counted a run at a time)
-        yield run  # a repeated body entered or left: the run so far (maybe empty)
+        # a repeated body entered or left: the run so far (maybe empty)
+        yield run if records else _events_of(run)
         run = []
         add = run.append

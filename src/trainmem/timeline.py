@@ -79,6 +79,14 @@ class EventRecord(NamedTuple):
     stream: int = 0
 
 
+EventFields = tuple[Action, int, int, MemoryCategory, Phase, str, int]
+"""An event's fields as a plain tuple, in :class:`EventRecord`'s order: what a schedule hands
+the driver's replay (:meth:`~trainmem.schedule.StepSchedule.replay_events`). A plain tuple is
+built by one bytecode from the values on the stack, about a quarter of the time of an
+``EventRecord`` (a subclass instance, made by a call); a replay reads an event's fields by
+unpacking it, never by name (Note [Plain event tuples] in ``trainmem.schedule``)."""
+
+
 @dataclass(slots=True)
 class Timeline:
     """Ordered allocation events of one steady-state step, plus the blocks live before it.

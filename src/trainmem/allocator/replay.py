@@ -35,7 +35,7 @@ from trainmem.allocator.caching import CachingAllocatorSim, OutOfMemoryError
 from trainmem.allocator.config import AllocatorConfig
 from trainmem.breakdown import MemoryCategory
 from trainmem.errors import TimelineError
-from trainmem.timeline import AllocEvent, EventRecord, Timeline
+from trainmem.timeline import AllocEvent, EventFields, EventRecord, Timeline
 
 _CATEGORY_VALUES = {id(c): c.value for c in MemoryCategory}
 """``category.value`` by the member's id: an Enum's ``value`` is a descriptor call, about
@@ -102,11 +102,10 @@ class ReplayResult:
         return not self.oom
 
 
-def _as_record(ev: AllocEvent | EventRecord) -> EventRecord:
-    """``ev``'s fields as an :class:`~trainmem.timeline.EventRecord`."""
-    return EventRecord(
-        ev.action, ev.block_id, ev.size_bytes, ev.category, ev.phase, ev.module, ev.stream
-    )
+def _as_record(ev: Any) -> EventFields:
+    """The fields of ``ev`` (an :class:`~trainmem.timeline.AllocEvent`, or any object with its
+    fields) as a tuple, in :class:`~trainmem.timeline.EventRecord`'s order."""
+    return (ev.action, ev.block_id, ev.size_bytes, ev.category, ev.phase, ev.module, ev.stream)
 
 
 @contextmanager
@@ -138,7 +137,7 @@ def _cyclic_gc_paused() -> Iterator[None]:
 
 
 def replay_timeline(
-    timeline: Timeline | Iterable[AllocEvent | EventRecord],
+    timeline: Timeline | Iterable[AllocEvent | EventRecord | EventFields],
     *,
     capacity_bytes: int | None,
     alloc_conf: str = "",
@@ -152,8 +151,9 @@ def replay_timeline(
     """Replay ``timeline`` through a fresh simulated caching allocator.
 
     Args:
-        timeline: ordered alloc/free events (a Timeline or any iterable of them, consumed
-            lazily: a replay that stops at an out-of-memory error reads no further);
+        timeline: ordered alloc/free events (a Timeline or any iterable of them:
+            AllocEvents, EventRecords or tuples of their fields in EventRecord's order,
+            consumed lazily: a replay that stops at an out-of-memory error reads no further);
             ``size_bytes`` are requested (unrounded) bytes and a
             free names the ``block_id`` of a live alloc.
         capacity_bytes: bytes the allocator may obtain from CUDA: the device's ``total_memory``
@@ -197,7 +197,7 @@ def replay_timeline(
 
 
 def _replay(
-    timeline: Timeline | Iterable[AllocEvent | EventRecord],
+    timeline: Timeline | Iterable[AllocEvent | EventRecord | EventFields],
     *,
     capacity_bytes: int | None,
     alloc_conf: str,
@@ -236,14 +236,15 @@ def _replay(
     events = timeline.events if isinstance(timeline, Timeline) else timeline
     values = _CATEGORY_VALUES
     blocks = sim.allocated_blocks
-    # NB: the planner's hot loop (every probe replays thousands of events): an EventRecord is
-    # unpacked at once, and the split by category at the allocated peak is copied once per
+    # NB: the planner's hot loop (every probe replays thousands of events): a tuple of an
+    # event's fields (a schedule's, Note [Plain event tuples]) or an EventRecord is unpacked
+    # at once, and the split by category at the allocated peak is copied once per
     # climb (at the first free after it), not at every allocation that raises the peak
     rising = False
     i = -1
     for i, event in enumerate(events):  # noqa: B007 (i is read after the loop)
         action, block_id, size_bytes, cat, phase, module, stream = (
-            event if type(event) is EventRecord else _as_record(event)
+            event if type(event) is tuple or type(event) is EventRecord else _as_record(event)
         )
         if action == "alloc":
             if block_id in live:
