@@ -17,6 +17,7 @@ quiet machine by ``cli_speed.py``).
 
 from __future__ import annotations
 
+import difflib
 import os
 import statistics
 import subprocess
@@ -82,6 +83,9 @@ def main(base: Path, runs: int) -> int:
                 same = outs[0] == outs[1]
                 differ += not same
                 print(f"{'same' if same else 'DIFFERS'}: trainmem {' '.join(args)}")
+                if not same:  # the first lines that differ, base then new
+                    lines = difflib.unified_diff(*(o.splitlines() for o in outs), n=0)
+                    print("\n".join(list(lines)[:12]))
         cpu: dict[str, list[float]] = {"base": [], "new": []}
         argv = [sys.executable, "-m", "trainmem", "plan", *TIMED]
         for _ in range(runs):  # alternately: both trees see the same machine state
