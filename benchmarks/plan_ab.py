@@ -9,8 +9,10 @@ each, and compares the outputs byte for byte; then it times ``cli_speed.py``'s `
 so that both see the same machine state, and prints both medians.
 
 Run: ``python benchmarks/plan_ab.py BASE_SRC [RUNS]`` from a checkout (its ``src`` is the
-new tree), e.g. ``python benchmarks/plan_ab.py /path/to/main/src 7``. The exit status is 1
-when any output differs. Not a test: it needs two trees, and the timings depend on the
+new tree), the base a fixed snapshot of the commit the new tree is on, e.g. ``git archive main
+src | tar -x -C /tmp/base`` then ``python benchmarks/plan_ab.py /tmp/base/src 7`` (a checkout
+that moves during the run compares two different programs). The exit status is 1 when any
+output differs. Not a test: it needs two trees, and the timings depend on the
 machine; the answers' identity is the check (the lead's README speed block is measured on a
 quiet machine by ``cli_speed.py``).
 """
