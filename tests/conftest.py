@@ -80,7 +80,7 @@ def live_at(ops: Iterable[Any], key: str, nth: int = 0) -> dict[str, int]:
     raise AssertionError(f"{key} allocated {seen} times")
 
 
-TINY_LLAMA: dict[str, Any] = {
+PEFT_LLAMA: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
     "hidden_act": "silu",
     "hidden_size": 256,
@@ -102,14 +102,14 @@ def peft_llama_step_peak(
     peft_config: Any, checkpointing: Callable[[Any], None], seq_len: int
 ) -> int:
     """:func:`storage_peak` of one forward + backward of transformers' Llama
-    (:data:`TINY_LLAMA`) wrapped by peft with ``peft_config``, ``checkpointing(model)`` applied,
+    (:data:`PEFT_LLAMA`) wrapped by peft with ``peft_config``, ``checkpointing(model)`` applied,
     at 2 x ``seq_len`` tokens under bf16 autocast."""
     import torch
     from peft import get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(**{k: v for k, v in TINY_LLAMA.items() if k != "architectures"})
+    cfg = LlamaConfig(**{k: v for k, v in PEFT_LLAMA.items() if k != "architectures"})
     model = get_peft_model(LlamaForCausalLM(cfg), peft_config)
     checkpointing(model)
     model.train()

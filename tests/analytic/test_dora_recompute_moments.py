@@ -33,7 +33,7 @@ from typing import Literal
 
 import pytest
 
-from conftest import MODELS_DIR, TINY_LLAMA, peft_llama_step_peak, step_made_at_peak
+from conftest import MODELS_DIR, PEFT_LLAMA, peft_llama_step_peak, step_made_at_peak
 from trainmem.analytic.forward_transients import recompute_gradient_cast_bytes
 from trainmem.analytic.lora_variants import (
     dora_recompute_down_held_bytes,
@@ -210,7 +210,7 @@ def test_step_peak_matches_a_real_cpu_execution(
     # before these Notes (same order): +1.00 / +0.49 / +0.78 / -1.75 / -1.89 / +2.61 %, each
     # step peaking at layer 1's recomputed down (o) DoRA moment
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(TINY_LLAMA))
+    path.write_text(json.dumps(PEFT_LLAMA))
     real = _real_step_peak(targets, mode, dropout)
     formulas = _analytic_step_peak(str(path), targets, mode, dropout)
     assert abs(formulas - real) <= 0.001 * real, (formulas, real)

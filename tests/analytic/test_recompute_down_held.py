@@ -40,7 +40,7 @@ from typing import Any
 
 import pytest
 
-from conftest import MODELS_DIR, TINY_LLAMA, peft_llama_step_peak, step_made_at_peak
+from conftest import MODELS_DIR, PEFT_LLAMA, peft_llama_step_peak, step_made_at_peak
 from trainmem.analytic.activations import activation_profile
 from trainmem.analytic.backward_transients import recompute_holds_down_copy
 from trainmem.analytic.forward_transients import recompute_down_held_bytes
@@ -160,11 +160,11 @@ def test_step_peak_matches_a_real_cpu_execution(
     # 8,928,264 twice: nothing held at the recomputed down's adapter); with dropout 0.1 the
     # recompute's moment at down was not modelled at all before session 24
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(TINY_LLAMA))
+    path.write_text(json.dumps(PEFT_LLAMA))
     real = _real_step_peak(targets, reentrant, dropout)
     formulas = _analytic_step_peak(str(path), targets, reentrant, dropout)
     # with dropout on down the peak is lora_A's moment: down's lora_B 16-bit weight copy
     # (r x h x 2 = 8,192 B), which the formulas make with the layer's recomputed adapter
     # copies, is made only at lora_B's matmul after it (not modelled)
-    b_copy = 16 * 256 * 2 if dropout and "down" in targets else 0  # r x TINY_LLAMA's h x 2 B
+    b_copy = 16 * 256 * 2 if dropout and "down" in targets else 0  # r x PEFT_LLAMA's h x 2 B
     assert abs(formulas - b_copy - real) <= 0.001 * real, (formulas, real)
