@@ -263,8 +263,6 @@ def speech_decoder_sequence(
     """
     if isinstance(model, ModelSpec):
         return training
-    from trainmem.specs.hf import load_hf_config
-
     try:
         config = load_hf_config(model)
     except SpecError:
@@ -1072,8 +1070,6 @@ def _unread_target_seq_len(model: str | ModelSpec, training: TrainingConfig) -> 
     if spec is not None and (spec.architecture == "encoder-decoder" or spec.cross_attention):
         return []
     if spec is None and not isinstance(model, ModelSpec):
-        from trainmem.specs.hf import load_hf_config
-
         try:
             if load_hf_config(model).get("model_type") == "t5":
                 return []

@@ -5,7 +5,7 @@ to their own longest sample above the fixed-length figure."""
 
 from __future__ import annotations
 
-from trainmem.specs.assumptions import assumptions, assumptions_line
+from trainmem.specs.assumptions import assumptions, assumptions_line, versions_text
 
 
 def test_a_language_model_says_every_step_is_at_seq_len() -> None:
@@ -15,7 +15,9 @@ def test_a_language_model_says_every_step_is_at_seq_len() -> None:
     assert assumed == assumptions({"framework": "hf-trainer", "seq_len": 8})
     assert "--earlier-seq-lens" in assumed["lengths"]
     assert "lengths: every micro-batch at the sequence length" in assumptions_line(assumed)
-    assert "lengths" not in assumed["torch"]  # not listed among the library versions
+    # said once, after the versions, not among them
+    assert "every micro-batch" not in versions_text(assumed)
+    assert assumptions_line(assumed).count("every micro-batch") == 1
 
 
 def test_earlier_steps_given_or_an_image_model_say_nothing_of_lengths() -> None:
