@@ -1007,7 +1007,9 @@ def unsloth_loss_pieces(
     if training.chunked_cross_entropy or not unsloth_fused_loss(spec, training):
         return max(training.chunked_cross_entropy, 1)
     check_training_for_model(spec, training)
-    first = estimate_analytic(spec, training, gpu=gpu, cuda_context_bytes=cuda_context_bytes)
+    first = estimate_analytic(
+        spec, training, gpu=gpu, cuda_context_bytes=cuda_context_bytes, earlier_steps=False
+    )
     context, _, _ = device_context(training, cuda_context_bytes, gpu=gpu)
     free = gpu.memory_bytes - context - _live_at_loss(first.schedules[0])
     tokens = training.micro_batch_size * training.seq_len
@@ -1165,7 +1167,12 @@ def _dispatch(
     spec = resolve_model(model)
     check_training_for_model(spec, training)
     est = estimate_analytic(
-        spec, training, gpu=gpu_spec, cuda_context_bytes=cuda_context_bytes, lean=lean
+        spec,
+        training,
+        gpu=gpu_spec,
+        cuda_context_bytes=cuda_context_bytes,
+        lean=lean,
+        earlier_steps=simulate_allocator,  # they change only what the allocator reserves
     )
     return finish(
         est, gpu=gpu_spec, alloc_conf=alloc_conf, simulate_allocator=simulate_allocator, lean=lean
@@ -1187,7 +1194,12 @@ def _estimate_auto(
         spec = resolve_model(model)
         check_training_for_model(spec, training)
         est = estimate_analytic(
-            spec, training, gpu=gpu_spec, cuda_context_bytes=cuda_context_bytes, lean=lean
+            spec,
+            training,
+            gpu=gpu_spec,
+            cuda_context_bytes=cuda_context_bytes,
+            lean=lean,
+            earlier_steps=simulate_allocator,  # they change only what the allocator reserves
         )
     except UnsupportedError as exc:
         reason = str(exc).split("; ")[0]
@@ -1349,11 +1361,15 @@ def _estimate_traced(
     length's step is traced too and runs before the measured one, as the analytic engine
     splices its own (Note [Steps of varying length] in trainmem/analytic/varying_lengths.py)."""
     args = (gpu_spec, engine, diffusers, cuda_context_bytes)
-    est = _traced_step(model, replace(training, earlier_seq_lens=None), *args)
+    est = _traced_step(model, replace(training, earlier_seq_lens=None, sample_lengths=None), *args)
     lengths = earlier_lengths(training)
     if lengths:
         earlier = [
-            _traced_step(model, replace(training, seq_len=n, earlier_seq_lens=None), *args)
+            _traced_step(
+                model,
+                replace(training, seq_len=n, earlier_seq_lens=None, sample_lengths=None),
+                *args,
+            )
             for n in lengths
         ]
         est.schedules = [
@@ -1362,7 +1378,7 @@ def _estimate_traced(
         ]
         est.config = resolved_config(training)
         est.notes.append(
-            f"earlier_seq_lens={training.earlier_seq_lens}: each listed length's step traced "
+            f"earlier_seq_lens={','.join(map(str, lengths))}: each listed length's step traced "
             "and run before the measured one through one allocator (Note [Steps of varying "
             "length] in trainmem/analytic/varying_lengths.py)"
         )

@@ -55,6 +55,7 @@ def estimate_analytic(
     gpu: GPUSpec | None = None,
     cuda_context_bytes: int | None = None,
     lean: bool = False,
+    earlier_steps: bool = True,
 ) -> MemoryEstimate:
     """The analytic engine's answer before the driver derives the peak: one step schedule per
     distinct rank (Note [Analytic step schedule]) and the engine's details.
@@ -69,6 +70,10 @@ def estimate_analytic(
             (the same schedules, Note [Schedule templates]: for many configurations that
             differ in micro-batch size and sequence length only) and none of the details the
             row does not read (the rank map, the activation terms, the host memory).
+        earlier_steps: splice the steps of ``earlier_seq_lens`` / ``sample_lengths`` before
+            the measured one (Note [Steps of varying length]); False for a closed-form answer
+            that replays nothing: every earlier length is at most ``seq_len``, so its steps
+            change only the caching allocator's reserved bytes, never the allocated peak.
 
     Returns:
         A draft :class:`~trainmem.breakdown.MemoryEstimate` whose ``schedules`` hold one
@@ -109,7 +114,7 @@ def estimate_analytic(
         ]
     else:  # the profile and the loss's transients the details report, filled with them
         schedules, prof, loss_backward = filled  # (None, None: a sweep's row)
-    if training.earlier_seq_lens:  # Note [Steps of varying length]
+    if earlier_steps and training.earlier_seq_len_list:  # Note [Steps of varying length]
         schedules = [
             after_earlier_steps(
                 model, training, rank, sched, layout=layout, workspace_per_handle=per_handle

@@ -22,7 +22,9 @@ Note [Steps of varying length]
     figure holds every listed step's layout; the allocated peak is the measured step's (every
     listed length is at most ``seq_len``). Each listed length is one whole step: its
     micro-batches (``gradient_accumulation_steps``) all at that length. The lengths are the
-    user's (from their data loader): the tool assumes no distribution.
+    user's (from their data loader), or drawn from a dataset's length statistics
+    (``sample_lengths``, Note [Lengths from a dataset's statistics] in
+    trainmem/specs/sample_lengths.py); without either the tool assumes no distribution.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ def after_earlier_steps(
         return measured
     earlier = []
     for n in lengths:
-        t = replace(training, seq_len=n, earlier_seq_lens=None)
+        t = replace(training, seq_len=n, earlier_seq_lens=None, sample_lengths=None)
         prof = activation_profile(model, t)
         earlier.append(
             rank_schedule(
@@ -81,7 +83,8 @@ def after_earlier_steps(
 
 
 def earlier_lengths(training: TrainingConfig) -> tuple[int, ...]:
-    """``training.earlier_seq_lens`` in order, each at most ``seq_len`` (a listed length above
+    """``training.earlier_seq_lens`` in order (or those drawn from ``sample_lengths``), each at
+    most ``seq_len`` (a listed length above
     it counts as ``seq_len``: a planner's search over the length; the estimate warns,
     :func:`trainmem.estimate.setting_warnings`)."""
     return tuple(min(n, training.seq_len) for n in training.earlier_seq_len_list)

@@ -28,6 +28,7 @@ from trainmem.specs.frameworks import (
     installed_transformers_version,
     installed_version,
 )
+from trainmem.specs.sample_lengths import describe_lengths, sampled_seq_lens
 
 FRAMEWORK_SUMMARY: dict[str, str] = {
     "pytorch-amp": "a plain PyTorch loop: autocast on fp32 weights, fp32 gradients, torch.optim",
@@ -216,7 +217,19 @@ def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dic
         out["lora_targets"] = targets
     if library == "transformers":
         out["transformers"] = _transformers(config.get("transformers_version"))
-        if not config.get("earlier_seq_lens"):
+        if config.get("earlier_seq_lens"):
+            pass  # the user's own lengths (the config holds them)
+        elif config.get("sample_lengths"):  # Note [Lengths from a dataset's statistics]
+            text = str(config["sample_lengths"])
+            long_samples = config.get("long_samples") or "truncate"
+            lengths = sampled_seq_lens(
+                text,
+                int(config.get("seq_len") or 1),
+                int(config.get("micro_batch_size") or 1),
+                long_samples,
+            )
+            out["lengths"] = describe_lengths(text, lengths, long_samples)
+        else:
             out["lengths"] = FIXED_LENGTH
     else:
         installed = installed_version(library)

@@ -8,6 +8,8 @@ FIELD_GROUPS: dict[str, tuple[str, ...]] = {
         "seq_len",
         "target_seq_len",
         "earlier_seq_lens",
+        "sample_lengths",
+        "long_samples",
         "gradient_accumulation_steps",
         "chunked_cross_entropy",
         "loss",

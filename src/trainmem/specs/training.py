@@ -133,6 +133,13 @@ from trainmem.specs.frameworks import (
 )
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.optimizers import OPTIMIZER_TABLE, Optimizer
+from trainmem.specs.sample_lengths import (
+    DATASETS,
+    LONG_SAMPLES,
+    LongSamples,
+    parse_sample_lengths,
+    sampled_seq_lens,
+)
 from trainmem.specs.settings import kind_of, setting, settings_of
 
 Precision = Literal["32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true", "fp8-mixed"]
@@ -418,6 +425,28 @@ class BatchConfig:
     blocks, cached at one step's sizes, are split or bypassed by the next, so
     ``max_memory_reserved`` depends on the lengths seen (Note [Steps of varying length]);
     None, the default: every step at ``seq_len``. See :attr:`earlier_seq_len_list`."""
+    sample_lengths: str | None = setting(
+        None,
+        "Tokens per sample of the data, when batches are padded to their longest sample: a "
+        "dataset (" + ", ".join(DATASETS) + ") or MEAN:SD[:SHORTEST[:LONGEST]]; earlier steps "
+        "at lengths drawn from it run before the measured one (--earlier-seq-lens wins).",
+        default_text="none: every step at --seq-len",
+    )
+    """The data's tokens per sample, for a run whose micro-batches are padded to their own
+    longest sample: a name of :data:`~trainmem.specs.sample_lengths.DATASETS` (published
+    statistics, each cited) or ``"MEAN:SD"`` with optional ``:SHORTEST`` and ``:LONGEST``.
+    :data:`~trainmem.specs.sample_lengths.SAMPLED_STEPS` earlier steps at micro-batch
+    lengths drawn from it (Note [Lengths from a dataset's statistics]) run before the measured
+    step, as :attr:`earlier_seq_lens` would list them; ignored when those are given. None, the
+    default: every step at ``seq_len``."""
+    long_samples: LongSamples = setting(
+        "truncate",
+        "What the data pipeline does with a sample above --seq-len, for --sample-lengths:",
+        choices=LONG_SAMPLES,
+    )
+    """A sample above ``seq_len`` under :attr:`sample_lengths`: ``"truncate"`` (cut to it:
+    torchtune, litgpt, HF tokenizers' ``truncation=True``; the default) or ``"delete"``
+    (dropped from the data: ms-swift's ``--truncation_strategy delete``)."""
     gradient_accumulation_steps: int = setting(
         1,
         "Micro-batches per optimizer step.",
@@ -432,10 +461,16 @@ class BatchConfig:
 
     @property
     def earlier_seq_len_list(self) -> tuple[int, ...]:
-        """:attr:`earlier_seq_lens` as integers (empty when None)."""
-        if not self.earlier_seq_lens:
-            return ()
-        return tuple(int(x) for x in self.earlier_seq_lens.split(","))
+        """:attr:`earlier_seq_lens` as integers; without them the lengths drawn from
+        :attr:`sample_lengths` (Note [Lengths from a dataset's statistics]); empty when
+        neither is given."""
+        if self.earlier_seq_lens:
+            return tuple(int(x) for x in self.earlier_seq_lens.split(","))
+        if self.sample_lengths:
+            return sampled_seq_lens(
+                self.sample_lengths, self.seq_len, self.micro_batch_size, self.long_samples
+            )
+        return ()
 
     @property
     def decoder_seq_len(self) -> int:
@@ -447,6 +482,11 @@ class BatchConfig:
         _check_ints(self, ("micro_batch_size", "seq_len", "gradient_accumulation_steps"), minimum=1)
         _check_ints(self, ("target_seq_len",), minimum=0)
         _check_earlier_seq_lens(self.earlier_seq_lens)
+        if self.sample_lengths is not None:
+            if not isinstance(self.sample_lengths, str):
+                raise SpecError("sample_lengths", f"must be text, got {self.sample_lengths!r}")
+            parse_sample_lengths(self.sample_lengths)
+        _check_choices(self, BatchConfig)
 
 
 MAX_EARLIER_STEPS = 64
