@@ -136,8 +136,8 @@ def dev_rows(quick: bool) -> None:
             )  # fmt: skip
             if res is not None:
                 out[name].append(res)
-    for name, res in out.items():
-        _summary(name, res)
+    for name, results in out.items():
+        _summary(name, results)
 
 
 def swift_cells(quick: bool) -> None:
@@ -148,7 +148,7 @@ def swift_cells(quick: bool) -> None:
         paths = write_inputs(Path(tmp))
         _header(quick)
         results = []
-        for table, method, model, max_length, batch, cell in swift.ROWS:
+        for _table, method, model, max_length, batch, cell in swift.ROWS:
             args = swift.row_args(method, model, max_length, batch, paths)
             label = f"{method} {model} {max_length} b{batch}"
             # Benchmark.md's GiB as GB, so the table's errors are relative to the cell
@@ -157,7 +157,7 @@ def swift_cells(quick: bool) -> None:
             )
             if res is not None:
                 results.append(res)
-        _summary(f"ms-swift cells ({table.split()[0]} ...)", results)
+        _summary("ms-swift cells", results)
 
 
 def main() -> int:

@@ -25,7 +25,11 @@ FLAG_CASES: dict[str, tuple[list[str], Any, str]] = {
     "seq_len": (["-s", "128"], 128, "seq-len=256"),
     "target_seq_len": (["--target-seq-len", "0"], 0, "target-seq-len=64"),
     "earlier_seq_lens": (["--earlier-seq-lens", "64,32"], "64,32", "earlier-seq-lens=16"),
-    "sample_lengths": (["--sample-lengths", "alpaca-cleaned"], "alpaca-cleaned", "sample-lengths=9:3"),
+    "sample_lengths": (
+        ["--sample-lengths", "alpaca-cleaned"],
+        "alpaca-cleaned",
+        "sample-lengths=9:3",
+    ),
     "long_samples": (["--long-samples", "truncate"], "truncate", "long-samples=delete"),
     "precision": (["-p", "bf16-mixed"], "bf16-mixed", "precision=32-true"),
     "load_dtype": (["--load-dtype", "float32"], "float32", "load-dtype=bfloat16"),

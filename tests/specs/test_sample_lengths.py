@@ -97,7 +97,7 @@ def test_the_estimate_replays_the_drawn_lengths_as_listed_ones() -> None:
     # allocated peak (every drawn length is at most --seq-len)
     assert a.breakdown.reserved_bytes > fixed.breakdown.reserved_bytes
     assert a.breakdown.allocated_bytes == fixed.breakdown.allocated_bytes
-    assumed = a.details["assumed"]["lengths"]  # type: ignore[index]
+    assumed = a.details["assumed"]["lengths"]
     assert "100:80" in assumed and ",".join(map(str, sampled_seq_lens("100:80", 512, 4))) in assumed
 
 

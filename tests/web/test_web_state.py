@@ -130,6 +130,20 @@ def test_an_empty_text_box_of_an_unset_setting_is_unset() -> None:
     assert "--earlier-seq-lens 128,256" in cli_command(h.collect(widgets))
 
 
+def test_the_page_takes_a_dataset_s_lengths() -> None:
+    # the page's sample-lengths box reaches the estimate: its assumed lengths name the dataset
+    widgets = h.widget_values(default_values())
+    widgets[h.INPUT_NAMES.index("sample_lengths")] = ""
+    assert h.collect(widgets)["sample_lengths"] is None
+    widgets[h.INPUT_NAMES.index("sample_lengths")] = "alpaca-cleaned"
+    widgets[h.INPUT_NAMES.index("long_samples")] = "delete"
+    values = h.collect(widgets)
+    command = cli_command(values)
+    assert "--sample-lengths alpaca-cleaned" in command and "--long-samples delete" in command
+    est = run(resolve_request({**values, "model": "gpt2", "seq_len": 256}))
+    assert "alpaca-cleaned" in est.details["assumed"]["lengths"]
+
+
 def test_a_broken_link_opens_with_a_message() -> None:
     values, pins, problems = from_query("micro-batch-size=four&colour=red&precision=bf16-true")
     assert values["micro_batch_size"] == 1 and values["precision"] == "bf16-true"

@@ -28,7 +28,7 @@ from trainmem.specs.frameworks import (
     installed_transformers_version,
     installed_version,
 )
-from trainmem.specs.sample_lengths import describe_lengths, sampled_seq_lens
+from trainmem.specs.sample_lengths import LongSamples, describe_lengths, sampled_seq_lens
 
 FRAMEWORK_SUMMARY: dict[str, str] = {
     "pytorch-amp": "a plain PyTorch loop: autocast on fp32 weights, fp32 gradients, torch.optim",
@@ -221,14 +221,13 @@ def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dic
             pass  # the user's own lengths (the config holds them)
         elif config.get("sample_lengths"):  # Note [Lengths from a dataset's statistics]
             text = str(config["sample_lengths"])
-            long_samples = config.get("long_samples") or "truncate"
-            lengths = sampled_seq_lens(
-                text,
-                int(config.get("seq_len") or 1),
-                int(config.get("micro_batch_size") or 1),
-                long_samples,
+            long_samples: LongSamples = (
+                "delete" if config.get("long_samples") == "delete" else "truncate"
             )
-            out["lengths"] = describe_lengths(text, lengths, long_samples)
+            seq_len = int(config.get("seq_len") or 1)
+            b = int(config.get("micro_batch_size") or 1)
+            lengths = sampled_seq_lens(text, seq_len, b, long_samples)
+            out["lengths"] = describe_lengths(text, lengths, long_samples, seq_len, b)
         else:
             out["lengths"] = FIXED_LENGTH
     else:
@@ -279,7 +278,8 @@ LITGPT_SHARDING = (
 FIXED_LENGTH = (
     "every micro-batch at the sequence length (padded or packed to it); batches padded "
     "to their own longest sample reserve more, as the caching allocator splits and keeps "
-    "blocks of every size it met: --earlier-seq-lens replays such steps first"
+    "blocks of every size it met: --sample-lengths (a dataset's lengths) or --earlier-seq-lens "
+    "replays such steps first"
 )
 """What a language model's estimate assumes of its steps' lengths (``assumptions()
 ["lengths"]``, without ``earlier_seq_lens``): one fixed shape, whose replay the caching

@@ -74,42 +74,39 @@ class LengthStatistics:
     source: str = "given"
 
 
-_SWIFT_DOC = (
-    "ms-swift docs/source_en/Instruction/Supported-models-datasets.md @b40f31df (v3.0, "
-    "2024-12-05), 'Statistic (token)': the first 5,000 samples encoded with the Qwen2-7B-Instruct "
-    "tokenizer and swift's qwen chat template (scripts/utils/run_dataset_info.py @b40f31df)"
-)
+_SWIFT = "ms-swift v3.0 dataset table, Qwen2 tokenizer and chat template"
+_SWIFT_BENCHMARK = "ms-swift Benchmark.md @4312aeb2, Qwen-1 tokenizer"
 
 DATASETS: dict[str, LengthStatistics] = {
-    "alpaca-cleaned": LengthStatistics(
-        170.1, 122.9, 29, 1028, f"yahma/alpaca-cleaned: {_SWIFT_DOC}"
-    ),
-    "alpaca-gpt4": LengthStatistics(167.6, 123.9, 29, 607, f"vicgalle/alpaca-gpt4: {_SWIFT_DOC}"),
-    "codealpaca-20k": LengthStatistics(
-        99.3, 57.6, 30, 857, f"HuggingFaceH4/CodeAlpaca_20K: {_SWIFT_DOC}"
-    ),
-    "dolly-15k": LengthStatistics(
-        199.0, 268.8, 26, 5987, f"databricks/databricks-dolly-15k: {_SWIFT_DOC}"
-    ),
-    "no-robots": LengthStatistics(300.0, 246.2, 40, 6739, f"HuggingFaceH4/no_robots: {_SWIFT_DOC}"),
-    "slimorca": LengthStatistics(405.5, 442.1, 47, 8312, f"Open-Orca/SlimOrca: {_SWIFT_DOC}"),
-    "sharegpt": LengthStatistics(
-        820.5, 366.1, 25, 2221, f"swift/sharegpt (common-zh, unknow-zh, common-en): {_SWIFT_DOC}"
-    ),
-    "ultrachat-200k": LengthStatistics(
-        1188.0, 571.1, 170, 4068, f"HuggingFaceH4/ultrachat_200k train_sft: {_SWIFT_DOC}"
-    ),
-    "cls-fudan-news-zh": LengthStatistics(
-        3234.4,
-        2547.5,
-        91,
-        19548,
-        "ms-swift docs/source/LLM/Benchmark.md @4312aeb2 (2024-01-04): the Qwen-1 tokenizer",
-    ),
+    "alpaca-cleaned": LengthStatistics(170.1, 122.9, 29, 1028, _SWIFT),
+    "alpaca-gpt4": LengthStatistics(167.6, 123.9, 29, 607, _SWIFT),
+    "codealpaca-20k": LengthStatistics(99.3, 57.6, 30, 857, _SWIFT),
+    "dolly-15k": LengthStatistics(199.0, 268.8, 26, 5987, _SWIFT),
+    "no-robots": LengthStatistics(300.0, 246.2, 40, 6739, _SWIFT),
+    "slimorca": LengthStatistics(405.5, 442.1, 47, 8312, _SWIFT),
+    "sharegpt": LengthStatistics(820.5, 366.1, 25, 2221, _SWIFT),
+    "ultrachat-200k": LengthStatistics(1188.0, 571.1, 170, 4068, _SWIFT),
+    "cls-fudan-news-zh": LengthStatistics(3234.4, 2547.5, 91, 19548, _SWIFT_BENCHMARK),
 }
-"""Shipped token statistics by name (``--sample-lengths NAME``); each figure as its source
-prints it. The tokenizer is the source's: another model's counts differ by its tokenizer
-(a Llama-2 tokenizer counts English text about 10-20 % longer than Qwen's)."""
+"""Shipped token statistics by name (``--sample-lengths NAME``), each figure as its source
+prints it (mean, standard deviation, shortest, longest):
+
+- ``cls-fudan-news-zh``: modelscope/ms-swift docs/source/LLM/Benchmark.md @4312aeb28776
+  (2024-01-04), the dataset of its Qwen-1 benchmark, tokens of the Qwen-1 tokenizer;
+- the others: ms-swift docs/source_en/Instruction/Supported-models-datasets.md @b40f31df7c09
+  (v3.0, 2024-12-05; unchanged in the current Supported-models-and-datasets.md), column
+  "Statistic (token)", computed by scripts/utils/run_dataset_info.py at that commit: the first
+  5,000 samples of the Hugging Face dataset (alpaca-cleaned: yahma/alpaca-cleaned;
+  alpaca-gpt4: vicgalle/alpaca-gpt4; codealpaca-20k: HuggingFaceH4/CodeAlpaca_20K; dolly-15k:
+  databricks/databricks-dolly-15k; no-robots: HuggingFaceH4/no_robots; slimorca:
+  Open-Orca/SlimOrca; sharegpt: swift/sharegpt's common-zh, unknow-zh and common-en subsets;
+  ultrachat-200k: HuggingFaceH4/ultrachat_200k train_sft) encoded with the Qwen2-7B-Instruct
+  tokenizer and swift's ``qwen`` chat template (its system prompt included), mean +- standard
+  deviation, min, max of ``len(input_ids)``.
+
+The tokenizer and template are the source's: another model's counts differ (a Llama-2
+tokenizer splits English text into more tokens than Qwen's; another prompt template adds or
+removes a few dozen tokens); ``MEAN:SD`` gives one's own."""
 
 
 def parse_sample_lengths(text: str) -> LengthStatistics:
@@ -197,15 +194,17 @@ def _sampled(
     return tuple(lengths)
 
 
-def describe_lengths(text: str, lengths: tuple[int, ...], long_samples: LongSamples) -> str:
+def describe_lengths(
+    text: str, lengths: tuple[int, ...], long_samples: LongSamples, seq_len: int, b: int
+) -> str:
     """The ``assumed: lengths`` text for sampled lengths: the statistics, their source, and the
-    lengths replayed."""
+    lengths replayed (at ``seq_len`` and micro-batch ``b``)."""
     stats = parse_sample_lengths(text)
     bounds = f", {stats.shortest}..{stats.longest}" if stats.longest else ""
     return (
-        f"micro-batches padded to their longest sample: {len(lengths)} earlier steps at lengths "
-        f"sampled from {text} ({stats.mean:g} +- {stats.sd:g} tokens{bounds}; {stats.source}), "
-        f"log-normal, the longest of each batch, above --seq-len {long_samples}d, "
-        f"in {ORDER} order (Note [Lengths from a dataset's statistics]): "
+        f"micro-batches padded to their longest sample, {len(lengths)} earlier steps drawn from "
+        f"{text} ({stats.mean:g} +- {stats.sd:g} tokens{bounds}; {stats.source}) as log-normal, "
+        f"each the longest of {b}, samples above --seq-len {long_samples}d, {ORDER} (Note "
+        f"[Lengths from a dataset's statistics]); at seq_len {seq_len}: "
         + ",".join(str(n) for n in lengths)
     )
