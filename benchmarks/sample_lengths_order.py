@@ -15,7 +15,7 @@ same quantiles under other orders (ascending, descending, shuffled with seeds 1-
 step counts (16, 63): the spread over orders is the figure's uncertainty from the order alone.
 
 Run: ``python benchmarks/sample_lengths_order.py [--rows dev|swift|all] [--quick]``
-(``--quick``: the shipped draw only). Prints a markdown table and a summary per group.
+(``--quick``: the shipped draw only; ``--start K``: ms-swift's cells from the K-th). Prints a markdown table and a summary per group.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def dev_rows(quick: bool) -> None:
         _summary(name, results)
 
 
-def swift_cells(quick: bool) -> None:
+def swift_cells(quick: bool, start: int = 0) -> None:
     import published_probe_swift as swift
     from published_probe import write_inputs
 
@@ -148,7 +148,7 @@ def swift_cells(quick: bool) -> None:
         paths = write_inputs(Path(tmp))
         _header(quick)
         results = []
-        for _table, method, model, max_length, batch, cell in swift.ROWS:
+        for _table, method, model, max_length, batch, cell in swift.ROWS[start:]:
             args = swift.row_args(method, model, max_length, batch, paths)
             label = f"{method} {model} {max_length} b{batch}"
             # Benchmark.md's GiB as GB, so the table's errors are relative to the cell
@@ -164,11 +164,12 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", choices=("dev", "swift", "all"), default="all")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--start", type=int, default=0, help="the first ms-swift cell (0-34)")
     ns = parser.parse_args()
     if ns.rows in ("dev", "all"):
         dev_rows(ns.quick)
     if ns.rows in ("swift", "all"):
-        swift_cells(ns.quick)
+        swift_cells(ns.quick, ns.start)
     return 0
 
 
