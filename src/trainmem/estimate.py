@@ -1364,14 +1364,17 @@ def _estimate_traced(
     est = _traced_step(model, replace(training, earlier_seq_lens=None, sample_lengths=None), *args)
     lengths = earlier_lengths(training)
     if lengths:
-        earlier = [
-            _traced_step(
+        traced = {training.seq_len: est}  # each length traced once (drawn ones repeat)
+        traced |= {
+            n: _traced_step(
                 model,
                 replace(training, seq_len=n, earlier_seq_lens=None, sample_lengths=None),
                 *args,
             )
-            for n in lengths
-        ]
+            for n in dict.fromkeys(lengths)
+            if n not in traced
+        }
+        earlier = [traced[n] for n in lengths]
         est.schedules = [
             after_steps([e.schedules[k] for e in earlier], measured, measured_state=True)
             for k, measured in enumerate(est.schedules)

@@ -9,6 +9,7 @@ config derived by hand (elements in tests/trace/test_traced_transforms.py: 139,8
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -542,3 +543,26 @@ def test_earlier_lengths_are_traced_steps_before_the_measured_one() -> None:
     assert abs(generic / analytic.breakdown.allocated_bytes - 1) < 0.01
     assert generic == estimate(QWEN2, _training(), engine="generic",
                                simulate_allocator=False).breakdown.allocated_bytes  # fmt: skip
+
+
+@pytest.mark.slow  # three traces
+def test_a_repeated_length_is_traced_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # lengths drawn from a dataset repeat (--sample-lengths: every truncated batch is at
+    # seq_len): each distinct length is traced once, seq_len's being the measured step's trace,
+    # and spliced at every place it is listed (head inputs 2 x n x 64 x 2 B, as above)
+    driver = sys.modules["trainmem.estimate"]  # the package's ``estimate`` is the function
+    traced: list[int] = []
+    real = driver._traced_step
+
+    def counted(model: object, training: TrainingConfig, *args: object) -> object:
+        traced.append(training.seq_len)
+        return real(model, training, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(driver, "_traced_step", counted)
+    training = _training(earlier_seq_lens="16,64,16,32")
+    schedule = estimate(QWEN2, training, engine="generic", simulate_allocator=False).schedules[0]
+    assert sorted(traced) == [16, 32, 64]
+    heads = [op.size_bytes for op in _ops(schedule.setup) if op.action == "alloc"
+             and op.phase == "forward" and op.module.endswith("lm_head")
+             and op.size_bytes in (4_096, 8_192, 16_384)]  # fmt: skip
+    assert heads == [4_096, 16_384, 4_096, 8_192, 16_384]
