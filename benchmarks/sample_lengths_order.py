@@ -15,7 +15,8 @@ same quantiles under other orders (ascending, descending, shuffled with seeds 1-
 step counts (16, 63): the spread over orders is the figure's uncertainty from the order alone.
 
 Run: ``python benchmarks/sample_lengths_order.py [--rows dev|swift|all] [--quick]``
-(``--quick``: the shipped draw only; ``--start K``: ms-swift's cells from the K-th). Prints a markdown table and a summary per group.
+(``--quick``: the shipped draw only; ``--start K``: ms-swift's cells from the K-th). Prints a
+markdown table and a summary per group.
 """
 
 from __future__ import annotations

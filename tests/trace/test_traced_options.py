@@ -556,7 +556,7 @@ def test_a_repeated_length_is_traced_once(monkeypatch: pytest.MonkeyPatch) -> No
 
     def counted(model: object, training: TrainingConfig, *args: object) -> object:
         traced.append(training.seq_len)
-        return real(model, training, *args)  # type: ignore[arg-type]
+        return real(model, training, *args)
 
     monkeypatch.setattr(driver, "_traced_step", counted)
     training = _training(earlier_seq_lens="16,64,16,32")

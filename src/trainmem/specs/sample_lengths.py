@@ -32,10 +32,11 @@ Note [Lengths from a dataset's statistics]
     seeds the seed-0 figure lies within 4.2 points of their median on every row studied (it was
     not chosen for that: 0 is the first seed). The shuffles' spread is the figure's uncertainty
     from the order alone: a median of 8 points (0-9) on torchtune's alpaca rows at 512 (GT033:
-    -6.3 .. +2.5 %), 5-45 points on ms-swift's first 11 LoRA cells. It is a property of a run, not of the
-    short sample: i.i.d. draws over 256 steps settle within 32-64 steps (the cache then holds
-    blocks for every later size) at seed-dependent figures (GT033: -3.5 / -5.9 / -6.7 %;
-    GT029: -26.7 / -28.3 / -31.4 %). 16 and 63 steps land within the shuffles' range; :data:`SAMPLED_STEPS` is 32, where those long runs have settled. Explicit
+    -6.3 .. +2.5 %), 5-45 points on ms-swift's first 11 LoRA cells. It is a property of a run,
+    not of the short sample: i.i.d. draws over 256 steps settle within 32-64 steps (the cache
+    then holds blocks for every later size) at seed-dependent figures (GT033: -3.5 / -5.9 / -6.7
+    %; GT029: -26.7 / -28.3 / -31.4 %). 16 and 63 steps land within the shuffles' range;
+    :data:`SAMPLED_STEPS` is 32, where those long runs have settled. Explicit
     ``earlier_seq_lens`` win over ``sample_lengths``.
 
 Source: the statistics of :data:`DATASETS`, each with its citation.
