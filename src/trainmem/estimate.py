@@ -1164,18 +1164,32 @@ def _dispatch(
         )
     if engine != "analytic":
         raise SpecError("engine", f"unknown value {engine!r}; allowed: {', '.join(ENGINES)}")
+    est = _analytic(model, training, gpu_spec, cuda_context_bytes, simulate_allocator, lean)
+    return finish(
+        est, gpu=gpu_spec, alloc_conf=alloc_conf, simulate_allocator=simulate_allocator, lean=lean
+    )
+
+
+def _analytic(
+    model: str | ModelSpec,
+    training: TrainingConfig,
+    gpu_spec: GPUSpec | None,
+    cuda_context_bytes: int | None,
+    simulate_allocator: bool,
+    lean: bool,
+) -> MemoryEstimate:
+    """The analytic engine's draft for :func:`finish`; the steps of ``earlier_seq_lens`` /
+    ``sample_lengths`` only where the allocator is replayed (they change only what it
+    reserves: every earlier length is at most ``seq_len``)."""
     spec = resolve_model(model)
     check_training_for_model(spec, training)
-    est = estimate_analytic(
+    return estimate_analytic(
         spec,
         training,
         gpu=gpu_spec,
         cuda_context_bytes=cuda_context_bytes,
         lean=lean,
-        earlier_steps=simulate_allocator,  # they change only what the allocator reserves
-    )
-    return finish(
-        est, gpu=gpu_spec, alloc_conf=alloc_conf, simulate_allocator=simulate_allocator, lean=lean
+        earlier_steps=simulate_allocator,
     )
 
 
@@ -1191,16 +1205,7 @@ def _estimate_auto(
 ) -> MemoryEstimate:
     """Note [Which path runs]."""
     try:
-        spec = resolve_model(model)
-        check_training_for_model(spec, training)
-        est = estimate_analytic(
-            spec,
-            training,
-            gpu=gpu_spec,
-            cuda_context_bytes=cuda_context_bytes,
-            lean=lean,
-            earlier_steps=simulate_allocator,  # they change only what the allocator reserves
-        )
+        est = _analytic(model, training, gpu_spec, cuda_context_bytes, simulate_allocator, lean)
     except UnsupportedError as exc:
         reason = str(exc).split("; ")[0]
         try:
