@@ -44,7 +44,9 @@ Metric: the README names none. Its figures are compared with trainmem's device t
 +7.4 %) is the last column.
 
 Second source (helper probe25): ms-swift's Qwen-1 benchmark, 35 cells, in
-``published_probe_swift.py`` (its docstring maps them), run after these.
+``published_probe_swift.py`` (its docstring maps them), run after these. Third source (helper
+probecn, session 26): THUDM's ChatGLM3-6B and GLM-4-9B fine-tuning READMEs, 10 cells (6 run),
+in ``published_probe_glm.py``, run last.
 
 Run: ``PYTHONPATH=src python benchmarks/published_probe.py`` (a few seconds for these cells,
 about 4 minutes of CPU for ms-swift's, each run 6 times).
@@ -273,9 +275,14 @@ def main() -> int:
         import published_probe_swift
 
         fixed, band = published_probe_swift.run(paths)
+        import published_probe_glm
+
+        models = Path(__file__).resolve().parents[1] / "tests" / "models" / "remote_code"
+        glm = published_probe_glm.run(Path(tmp), models)
     _summary("Qwen README, device total (G = GB)", errors)
     _summary("ms-swift, every step at max_length", fixed)
     _summary("ms-swift, band median (earlier lengths drawn)", band)
+    _summary("THUDM ChatGLM3 / GLM-4 READMEs, device total (MiB)", glm)
     return 0
 
 
