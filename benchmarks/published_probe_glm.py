@@ -5,11 +5,12 @@ memory figures for ChatGLM3-6B and GLM-4-9B (remote code, ``model_type`` "chatgl
 Sources (the README beside the code that ran, both read at the commit that added the figures):
 
 - THUDM/ChatGLM3 finetune_demo/README.md @9484f8204f1536e338a5557138a65e31d2a3984d (27 Jan 2024,
-  unchanged to c6fe1af, May 2024), "测试硬件标准": "本仓库中的默认配置文件中，我们记录了显存的占用
-  情况: SFT 全量微调: 4张显卡平均分配，每张显卡占用 48346MiB; P-TuningV2 微调: 1张显卡，占用 18426MiB;
-  LORA 微调: 1张显卡，占用 14082MiB" (A100 / H100 named as the cards tested). The same commit's
-  finetune_hf.py and configs/{lora,ptuning_v2,sft}.yaml, requirements (transformers>=4.37.1,
-  torch>=2.1.0, peft>=0.7.1, deepspeed>=0.13.1: 4.37.1, 2.1.2, 0.13.1 were current).
+  unchanged to c6fe1af, May 2024), "测试硬件标准": "本仓库中的默认配置文件中，我们记录了显存的
+  占用情况: SFT 全量微调: 4张显卡平均分配，每张显卡占用 48346MiB; P-TuningV2 微调: 1张显卡，
+  占用 18426MiB; LORA 微调: 1张显卡，占用 14082MiB" (A100 / H100 named as the cards
+  tested). The same commit's finetune_hf.py and configs/{lora,ptuning_v2,sft}.yaml;
+  requirements transformers>=4.37.1, torch>=2.1.0, peft>=0.7.1, deepspeed>=0.13.1 (4.37.1,
+  2.1.2, 0.13.1 were current).
 - THUDM/ChatGLM3 finetune_demo/README.md @7559fe2 (2 Nov 2023), "参考显存用量": P-Tuning V2 at
   PRE_SEQ_LEN 128 / batch 1 / 2048 tokens "约需要 21GB"; 8-bit and 4-bit at 1024 tokens 12 / 7.6
   GB; full fine-tuning with scripts/finetune_ds_multiturn.sh (2048 tokens, batch 16, 4 GPUs)
@@ -204,8 +205,8 @@ UNMAPPED = {
 
 #: Stated elsewhere, not run: the first generations' P-Tuning v2 figures (THUDM/ChatGLM-6B and
 #: ChatGLM2-6B ptuning/README.md: quantization_bit 4, batch 1, "最低只需 6.7G"; ChatGLM-6B README:
-#: 14 / 9 / 7 GB "最低 GPU 显存（高效参数微调）" at FP16 / INT8 / INT4): the prefix encoder, ChatGLM's
-#: own int4 / int8 kernels and ChatGLM-6B's GLM architecture are not modelled.
+#: 14 / 9 / 7 GB "最低 GPU 显存（高效参数微调）" at FP16 / INT8 / INT4): the prefix encoder,
+#: ChatGLM's own int4 / int8 kernels and ChatGLM-6B's GLM architecture are not modelled.
 
 
 def write_inputs(folder: Path, repo_models: Path) -> dict[str, str]:

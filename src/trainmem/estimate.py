@@ -928,7 +928,7 @@ def estimate(
     training = image_sequence(model, training, given=given_seq_len)
     load_dtype_note = None
     if training.load_dtype is None and training.framework in LOADS_FROM_PRETRAINED:
-        training, load_dtype_note = resolve_load_dtype(training, _checkpoint_dtype(model))
+        training, load_dtype_note = resolve_load_dtype(training, *_checkpoint_dtype(model))
     if not alloc_conf:  # the framework's (Unsloth's expandable segments); a given one wins
         torch = parse_version("torch_version", training.torch_version)
         alloc_conf = training.conventions.default_alloc_conf(torch)
@@ -960,17 +960,21 @@ def estimate(
     return est
 
 
-def _checkpoint_dtype(model: str | ModelSpec) -> str | None:
+def _checkpoint_dtype(model: str | ModelSpec) -> tuple[str | None, str | None]:
     """The dtype ``model``'s config says its checkpoint is in (``ModelSpec.checkpoint_dtype``;
-    a transformers config outside the formula families read the same way); None for none, a
-    diffusers or timm config, or one that cannot be read (its own error comes later)."""
+    a transformers config outside the formula families read the same way) and its
+    ``model_type``; None for none, a diffusers or timm config, or one that cannot be read (its
+    own error comes later)."""
     if isinstance(model, ModelSpec):
-        return model.checkpoint_dtype
+        return model.checkpoint_dtype, model.model_type
     try:
         config = load_hf_config(model)
     except SpecError:
-        return None
-    return checkpoint_dtype(config) if "model_type" in config else None
+        return None, None
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str):
+        return None, None
+    return checkpoint_dtype(config), model_type
 
 
 def unsloth_chunk_count(vocab_size: int, tokens: int, free_bytes: int) -> int:

@@ -31,6 +31,7 @@ fp32: 4 N = 4,943,257,600 B and 8 N = 9,886,515,200 B.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -187,3 +188,50 @@ def test_installed_from_pretrained_loads_what_the_rule_says(tmp_path: Path, save
     default = framework_load_dtype(t, load_model_spec(str(tmp_path)).checkpoint_dtype)
     assert default is not None
     assert dtypes == {default.dtype}
+
+
+# ChatGLM3-6B (tests/models/remote_code/chatglm3-6b.json, torch_dtype float16) by hand: embedding
+# and output_layer 65,024 x 4,096 = 266,338,304 each; a layer query_key_value 4,096 x (32 + 2 x 2)
+# x 128 = 18,874,368 + bias 4,608, dense 4,096^2 = 16,777,216, dense_h_to_4h 4,096 x 27,392 =
+# 112,197,632, dense_4h_to_h 56,098,816, two RMSNorms 8,192: 203,960,832, 28 times
+# 5,710,903,296; final norm 4,096: N = 6,243,584,000. LoRA r 8 on query_key_value: 8 x 4,096 +
+# 4,608 x 8 = 69,632 a layer, 1,949,696 in all.
+CHATGLM3 = str(Path(__file__).parents[1] / "models" / "remote_code" / "chatglm3-6b.json")
+N_CHATGLM3, N_LORA = 6_243_584_000, 1_949_696
+
+
+@pytest.mark.parametrize(
+    ("model_type", "checkpoint", "loads"),
+    [("chatglm", "float16", "float16"), ("chatglm", "bfloat16", "bfloat16"),
+     ("chatglm", None, "float32"), ("llama", "float16", "float32"), (None, "float16", "float32")],
+)  # fmt: skip
+def test_chatglm_remote_code_builds_in_the_config_dtype(
+    model_type: str | None, checkpoint: str | None, loads: str
+) -> None:
+    # modeling_chatglm.py _config_to_kwargs: every module made with dtype=config.torch_dtype,
+    # which from_pretrained without a dtype leaves as the config.json says (before 5.0)
+    default = framework_load_dtype(_t(transformers_version="4.37.1"), checkpoint, model_type)
+    assert default is not None
+    assert default.dtype == loads
+
+
+def test_chatglm3_lora_loads_fp16_under_transformers_4() -> None:
+    t = _t(
+        transformers_version="4.37.1",
+        precision="16-mixed",
+        lora_rank=8,
+        lora_targets=("q", "k", "v"),
+        micro_batch_size=1,
+        seq_len=256,
+    )
+    est = estimate(CHATGLM3, t, engine="analytic", simulate_allocator=False)
+    # the fp16 base and peft's fp32 adapters (autocast_adapter_dtype); AdamW's two fp32 moments
+    assert est.breakdown.parameters == 2 * N_CHATGLM3 + 4 * N_LORA == 12_494_966_784
+    assert est.breakdown.optimizer_states == 8 * N_LORA
+    assert est.details["assumed"]["load_dtype"].startswith("float16 (transformers 4.37.1")
+    # no autocast: the model trains in its loaded dtype, and the note says so (not "float32")
+    true16 = estimate(
+        CHATGLM3, replace(t, precision="16-true"), engine="analytic", simulate_allocator=False
+    )
+    assert true16.details["assumed"]["load_dtype"].startswith("float16 (")
+    assert true16.details["assumed"]["load_dtype"].endswith("as --precision 16-true trains")

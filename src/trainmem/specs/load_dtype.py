@@ -57,6 +57,16 @@ dtype from 0.27.0 (trl/trainer/utils.py ``create_model_from_path``: ``kwargs.get
 ``from_pretrained`` (v0.26.2 ``kwargs.get("dtype", "auto")`` leaves ``kwargs`` as it is; a real
 CPU run of 0.26.2 on transformers 4.57.6 loads float32, benchmarks/load_dtype_by_release.py)."""
 
+BUILT_IN_CONFIG_DTYPE = frozenset({"chatglm"})
+"""Remote-code families whose modeling file creates every module in ``config.torch_dtype``, so
+that ``from_pretrained`` without a dtype (transformers before 5.0, which then leaves the config's
+``torch_dtype`` as read) still gives the config's dtype: THUDM/chatglm3-6b and glm-4-9b-chat
+modeling_chatglm.py ``_config_to_kwargs`` (``{"dtype": args.torch_dtype}``) passed to every
+``nn.Linear``, the word embedding and the norms. THUDM's own LoRA figure agrees: ChatGLM3-6B
+(float16 config) loaded with no dtype and trained without autocast in 14,082 MiB
+(THUDM/ChatGLM3 finetune_demo/README.md @9484f82), under its fp32 weights alone (23.3 GiB);
+benchmarks/published_probe_glm.py."""
+
 LOADS_FROM_PRETRAINED = ("hf-trainer", "trl", "llama-factory", "axolotl")
 """The frameworks whose default load :func:`framework_load_dtype` reads (the others: None)."""
 
@@ -73,13 +83,17 @@ class LoadDtype:
     """The framework's rule, with its release and file."""
 
 
-def framework_load_dtype(t: TrainingConfig, checkpoint_dtype: str | None) -> LoadDtype | None:
+def framework_load_dtype(
+    t: TrainingConfig, checkpoint_dtype: str | None, model_type: str | None = None
+) -> LoadDtype | None:
     """The dtype ``t``'s framework loads the model in when ``load_dtype`` is not given.
 
     Args:
         t: the training settings (framework, precision, releases, LoRA).
         checkpoint_dtype: the config's ``torch_dtype`` / ``dtype``
             (``ModelSpec.checkpoint_dtype``); None when it names none.
+        model_type: the config's ``model_type`` (:data:`BUILT_IN_CONFIG_DTYPE`: the remote code
+            builds the model in the config's dtype); None when unknown.
 
     Returns:
         The dtype and its source; None for a framework that does not load through
@@ -128,6 +142,13 @@ def framework_load_dtype(t: TrainingConfig, checkpoint_dtype: str | None) -> Loa
             auto,
             f"{trl}transformers {release} from_pretrained defaults to dtype='auto' "
             f"(modeling_utils.py, from 5.0.0): {auto_text}",
+        )
+    if model_type in BUILT_IN_CONFIG_DTYPE and checkpoint_dtype:
+        return LoadDtype(
+            checkpoint_dtype,
+            f"{trl}transformers {release} from_pretrained passes no dtype, but {model_type}'s "
+            f"remote code builds every module in config.torch_dtype, {checkpoint_dtype} "
+            "(modeling_chatglm.py _config_to_kwargs)",
         )
     return LoadDtype(
         "float32",
@@ -186,7 +207,7 @@ def _not_modelled(t: TrainingConfig, dtype: str) -> str:
 
 
 def resolve_load_dtype(
-    t: TrainingConfig, checkpoint_dtype: str | None
+    t: TrainingConfig, checkpoint_dtype: str | None, model_type: str | None = None
 ) -> tuple[TrainingConfig, str | None]:
     """``t`` with the framework's ``load_dtype`` when none is given, and what was assumed.
 
@@ -197,16 +218,20 @@ def resolve_load_dtype(
     """
     if t.load_dtype is not None:
         return t, None
-    default = framework_load_dtype(t, checkpoint_dtype)
+    default = framework_load_dtype(t, checkpoint_dtype, model_type)
     if default is None:
         return t, None
     if default.dtype == "float32":
         return t, f"float32 ({default.why})"
+    if not t.uses_autocast and t.compute_dtype == default.dtype:
+        # 16-true / bf16-true: the model trains in the loaded dtype throughout, as modelled
+        return t, f"{default.dtype} ({default.why}), as --precision {t.precision} trains"
     try:
         loaded = replace(t, load_dtype=default.dtype)
     except SpecError:  # _check_load_dtype: a load the step does not model
+        modelled = "float32" if t.uses_autocast else t.compute_dtype  # the precision's own
         return t, (
-            f"float32 modelled; the load is {default.dtype} ({default.why}), but "
+            f"{modelled} modelled; the load is {default.dtype} ({default.why}), but "
             f"{_not_modelled(t, default.dtype)}"
         )
     return loaded, f"{default.dtype} ({default.why}); --load-dtype float32 overrides it"
