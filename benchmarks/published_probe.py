@@ -45,8 +45,8 @@ Metric: the README names none. Its figures are compared with trainmem's device t
 
 Second source (helper probe25): ms-swift's Qwen-1 benchmark, 35 cells, in
 ``published_probe_swift.py`` (its docstring maps them), run after these. Third source (helper
-probecn, session 26): THUDM's ChatGLM3-6B and GLM-4-9B fine-tuning READMEs, 10 cells (6 run),
-in ``published_probe_glm.py``, run last.
+probecn, session 26): THUDM's ChatGLM3-6B and GLM-4-9B fine-tuning READMEs, 10 cells (7 run,
+4 against a figure), in ``published_probe_glm.py``, run last.
 
 Run: ``PYTHONPATH=src python benchmarks/published_probe.py`` (a few seconds for these cells,
 about 4 minutes of CPU for ms-swift's, each run 6 times).
