@@ -24,6 +24,18 @@ Output, session 25 (helper loaddtype; the TRL venvs are helper trl26's of sessio
     transformers 4.57.6, trl 0.26.2    SFTTrainer      float32  (trainmem float32)
     transformers 5.24.0, trl 1.16.0    from_pretrained bfloat16 (trainmem bfloat16)
     transformers 5.24.0, trl 1.16.0    SFTTrainer      float32  (trainmem float32)
+
+The ``chatglm-like`` cell (session 26, helper probecn): a model that builds its Linear with
+``dtype=config.torch_dtype`` (modeling_chatglm.py ``_config_to_kwargs``), saved with
+``torch_dtype`` float16, loaded with no dtype; the dtype the config holds at ``__init__``
+(4.49.0: the string "float32"); venvs with only transformers (and torch 2.13.0)::
+
+    transformers 4.30.2, trl -         chatglm-like    float16  (trainmem float16)
+    transformers 4.37.1, trl -         chatglm-like    float16  (trainmem float16)
+    transformers 4.48.1, trl -         chatglm-like    float16  (trainmem float16)
+    transformers 4.49.0, trl -         chatglm-like    float32  (trainmem float32)
+    transformers 4.57.6, trl -         chatglm-like    float32  (trainmem float32)
+    transformers 5.24.0, trl -         chatglm-like    float16  (trainmem float16)
 """
 
 from __future__ import annotations
@@ -62,6 +74,28 @@ if trl is not None:
                              train_dataset=Dataset.from_dict({"text": ["hello world"] * 4}))
     out["trl"] = trl.__version__
     out["sft_trainer"] = dtypes(trainer.model)
+
+class GlmLikeConfig(transformers.PretrainedConfig):
+    model_type = "glm_like"
+
+
+class GlmLike(transformers.PreTrainedModel):
+    # modeling_chatglm.py _config_to_kwargs: every module built with dtype=config.torch_dtype
+    config_class = GlmLikeConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        dtype = getattr(config, "torch_dtype", None)
+        self.built_in = str(dtype).removeprefix("torch.")
+        dtype = dtype if isinstance(dtype, torch.dtype) else None  # 4.49.0: a string
+        self.dense = torch.nn.Linear(8, 8, dtype=dtype)
+        self.post_init()
+
+
+glm = tempfile.mkdtemp()
+GlmLike(GlmLikeConfig(torch_dtype="float16")).save_pretrained(glm)
+loaded = GlmLike.from_pretrained(glm)
+out["remote_code"] = [loaded.built_in]
 print(json.dumps(out))
 """
 
@@ -79,16 +113,18 @@ def main() -> None:
         ).stdout.strip()
         real = json.loads(run.splitlines()[-1])
         version = str(real["transformers"]).split(".dev")[0]
-        cells = [("from_pretrained", "hf-trainer", real["from_pretrained"])]
+        cells = [("from_pretrained", "hf-trainer", real["from_pretrained"], "bfloat16", None)]
         if real["trl"]:
-            cells.append(("SFTTrainer", "trl", real["sft_trainer"]))
-        for what, framework, found in cells:
+            cells.append(("SFTTrainer", "trl", real["sft_trainer"], "bfloat16", None))
+        # a model built in config.torch_dtype, saved float16 (ChatGLM's remote code)
+        cells.append(("chatglm-like", "hf-trainer", real["remote_code"], "float16", "chatglm"))
+        for what, framework, found, saved, model_type in cells:
             t = TrainingConfig(
                 framework=framework,
                 transformers_version=version,
                 trl_version=real["trl"] if framework == "trl" else None,
             )
-            rule = framework_load_dtype(t, "bfloat16")
+            rule = framework_load_dtype(t, saved, model_type)
             ours = rule.dtype if rule else "-"
             print(
                 f"transformers {version}, trl {real['trl'] or '-':<9} {what:<15} "

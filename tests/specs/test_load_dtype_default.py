@@ -201,16 +201,21 @@ N_CHATGLM3, N_LORA = 6_243_584_000, 1_949_696
 
 
 @pytest.mark.parametrize(
-    ("model_type", "checkpoint", "loads"),
-    [("chatglm", "float16", "float16"), ("chatglm", "bfloat16", "bfloat16"),
-     ("chatglm", None, "float32"), ("llama", "float16", "float32"), (None, "float16", "float32")],
+    ("model_type", "checkpoint", "transformers", "loads"),
+    [("chatglm", "float16", "4.37.1", "float16"), ("chatglm", "bfloat16", "4.48.1", "bfloat16"),
+     ("chatglm", "float16", "4.49.0", "float32"), ("chatglm", "float16", "4.57.6", "float32"),
+     ("chatglm", "float16", "5.0.0", "float16"), ("chatglm", None, "4.37.1", "float32"),
+     ("llama", "float16", "4.37.1", "float32"), (None, "float16", "4.37.1", "float32")],
 )  # fmt: skip
 def test_chatglm_remote_code_builds_in_the_config_dtype(
-    model_type: str | None, checkpoint: str | None, loads: str
+    model_type: str | None, checkpoint: str | None, transformers: str, loads: str
 ) -> None:
     # modeling_chatglm.py _config_to_kwargs: every module made with dtype=config.torch_dtype,
-    # which from_pretrained without a dtype leaves as the config.json says (before 5.0)
-    default = framework_load_dtype(_t(transformers_version="4.37.1"), checkpoint, model_type)
+    # which from_pretrained without a dtype leaves as the config.json says before 4.49 and
+    # overwrites with torch's default from 4.49 (4.49.0 modeling_utils.py
+    # ``config.torch_dtype = default_dtype``); 5.0's dtype="auto" reads the config again
+    t = _t(transformers_version=transformers)
+    default = framework_load_dtype(t, checkpoint, model_type)
     assert default is not None
     assert default.dtype == loads
 

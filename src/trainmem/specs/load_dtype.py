@@ -58,14 +58,24 @@ dtype from 0.27.0 (trl/trainer/utils.py ``create_model_from_path``: ``kwargs.get
 CPU run of 0.26.2 on transformers 4.57.6 loads float32, benchmarks/load_dtype_by_release.py)."""
 
 BUILT_IN_CONFIG_DTYPE = frozenset({"chatglm"})
-"""Remote-code families whose modeling file creates every module in ``config.torch_dtype``, so
-that ``from_pretrained`` without a dtype (transformers before 5.0, which then leaves the config's
-``torch_dtype`` as read) still gives the config's dtype: THUDM/chatglm3-6b and glm-4-9b-chat
-modeling_chatglm.py ``_config_to_kwargs`` (``{"dtype": args.torch_dtype}``) passed to every
-``nn.Linear``, the word embedding and the norms. THUDM's own LoRA figure agrees: ChatGLM3-6B
-(float16 config) loaded with no dtype and trained without autocast in 14,082 MiB
-(THUDM/ChatGLM3 finetune_demo/README.md @9484f82), under its fp32 weights alone (23.3 GiB);
-benchmarks/published_probe_glm.py."""
+"""Remote-code families whose modeling file creates every module in ``config.torch_dtype``:
+THUDM/chatglm3-6b and glm-4-9b-chat modeling_chatglm.py ``_config_to_kwargs`` (``{"dtype":
+args.torch_dtype}``) passed to every ``nn.Linear``, the word embedding and the norms. Before
+transformers :data:`CONFIG_DTYPE_OVERWRITTEN_SINCE`, ``from_pretrained`` without a dtype leaves
+the config's ``torch_dtype`` as config.json says, so the model is built in it; THUDM's own
+LoRA figure agrees (ChatGLM3-6B, float16 config, no dtype given, no autocast: 14,082 MiB,
+under its fp32 weights alone, 23.3 GiB; THUDM/ChatGLM3 finetune_demo/README.md @9484f82,
+benchmarks/published_probe_glm.py)."""
+
+CONFIG_DTYPE_OVERWRITTEN_SINCE = (4, 49)
+"""From transformers 4.49 to 5.0, ``from_pretrained`` without a dtype writes torch's default
+dtype into the config before building the model (4.49.0 modeling_utils.py ``from_pretrained``:
+``config.torch_dtype = default_dtype``, the string "float32" in 4.49.0, ``torch.float32`` from
+4.50), so a :data:`BUILT_IN_CONFIG_DTYPE` model is float32 there; 5.0's ``dtype="auto"`` gives
+the config's dtype again. Run on CPU (benchmarks/load_dtype_by_release.py's ``chatglm-like``
+cell: a model that builds a Linear with ``dtype=config.torch_dtype``, saved with
+``torch_dtype`` float16, loaded with no dtype): float16 on 4.30.2, 4.37.1, 4.48.1 and 5.24.0;
+"float32" on 4.49.0; float32 on 4.50.0, 4.50.3, 4.51.3, 4.54.1, 4.56.2, 4.57.6."""
 
 LOADS_FROM_PRETRAINED = ("hf-trainer", "trl", "llama-factory", "axolotl")
 """The frameworks whose default load :func:`framework_load_dtype` reads (the others: None)."""
@@ -143,12 +153,17 @@ def framework_load_dtype(
             f"{trl}transformers {release} from_pretrained defaults to dtype='auto' "
             f"(modeling_utils.py, from 5.0.0): {auto_text}",
         )
-    if model_type in BUILT_IN_CONFIG_DTYPE and checkpoint_dtype:
+    if (
+        model_type in BUILT_IN_CONFIG_DTYPE
+        and checkpoint_dtype
+        and transformers < CONFIG_DTYPE_OVERWRITTEN_SINCE
+    ):
         return LoadDtype(
             checkpoint_dtype,
-            f"{trl}transformers {release} from_pretrained passes no dtype, but {model_type}'s "
-            f"remote code builds every module in config.torch_dtype, {checkpoint_dtype} "
-            "(modeling_chatglm.py _config_to_kwargs)",
+            f"{trl}transformers {release} from_pretrained passes no dtype and leaves the "
+            f"config's, and {model_type}'s remote code builds every module in "
+            f"config.torch_dtype, {checkpoint_dtype} (modeling_chatglm.py _config_to_kwargs; "
+            "from 4.49 the config gets float32)",
         )
     return LoadDtype(
         "float32",
