@@ -147,6 +147,37 @@ def test_chatglm_variants_the_formulas_do_not_model_are_refused(
         model_spec_from_hf({**_config("chatglm3-6b"), **change}, name="x")
 
 
+# THUDM/chatglm-6b config.json (the first generation, as published): the same model_type, a
+# GLM architecture (2D positions, a GELU MLP of inner_hidden_size, LayerNorm)
+CHATGLM_6B_V1 = {
+    "architectures": ["ChatGLMModel"],
+    "model_type": "chatglm",
+    "hidden_size": 4096,
+    "inner_hidden_size": 16384,
+    "layernorm_epsilon": 1e-05,
+    "max_sequence_length": 2048,
+    "num_attention_heads": 32,
+    "num_layers": 28,
+    "position_encoding_2d": True,
+    "torch_dtype": "float16",
+    "vocab_size": 130528,
+}
+
+
+@pytest.mark.parametrize(
+    "extra",
+    # as published; with the ChatGLM2 fields a user might add to get past a missing one, which
+    # would read its plain 16,384-wide GELU MLP as a gated one of twice that
+    [{}, {"ffn_hidden_size": 16384, "padded_vocab_size": 130528}],
+)
+def test_chatglm_6b_first_generation_is_refused_as_such(extra: dict[str, Any]) -> None:
+    with pytest.raises(UnsupportedError, match="position_encoding_2d: a ChatGLM-6B"):
+        model_spec_from_hf({**CHATGLM_6B_V1, **extra}, name="x")
+    without_2d = {k: v for k, v in CHATGLM_6B_V1.items() if k != "position_encoding_2d"}
+    with pytest.raises(UnsupportedError, match="inner_hidden_size: a ChatGLM-6B"):
+        model_spec_from_hf({**without_2d, **extra}, name="x")
+
+
 # --- Baichuan2 --------------------------------------------------------------------------
 
 

@@ -407,6 +407,8 @@ def model_spec_from_hf(config: Mapping[str, Any], name: str) -> ModelSpec:
             "the config of a supported family with the same shapes"
         )
     f = Fields(config, model_type)
+    if row.refuse is not None:
+        row.refuse(f)
     spec: dict[str, Any] = dict(row.traits)
     _read(row, f, spec)
     spec["head"], spec["num_labels"] = read_head(f, _HEAD_BY_ARCHITECTURE[spec["architecture"]])

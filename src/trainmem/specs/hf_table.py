@@ -55,6 +55,9 @@ class Family:
     derived: Mapping[str, Callable[[SpecDict], Any]] = field(default_factory=dict)
     """Quantities the modeling code computes instead of reading (BLOOM's MLP width 4h)."""
     adjust: Callable[[Fields, SpecDict], None] | None = None
+    refuse: Callable[[Fields], None] | None = None
+    """Raises for a config of this ``model_type`` that another architecture shares, before any
+    field is read (ChatGLM-6B's first generation under ``model_type`` chatglm)."""
 
     # Behaviour traits: what the family's modeling code does at run time (read by ModelSpec's
     # properties of the same names); each found by the trace engine or read in the source cited.
@@ -1315,6 +1318,23 @@ def _chatglm(f: Fields, spec: SpecDict) -> None:
         )
 
 
+def _chatglm_first_generation(f: Fields) -> None:
+    """THUDM/chatglm-6b (the first generation, May 2023) shares ``model_type`` "chatglm" with
+    ChatGLM2 / ChatGLM3 / GLM-4 but is another architecture: GLM blocks with 2D rotary positions
+    (``position_encoding_2d``), a plain GELU MLP of ``inner_hidden_size``, LayerNorm and a
+    130,528-token vocabulary (its config.json and modeling_chatglm.py ``GLMBlock``), none of
+    which the ChatGLM2 row models; adding ``ffn_hidden_size`` by hand would read its MLP as
+    gated."""
+    for key in ("position_encoding_2d", "inner_hidden_size"):
+        if key in f.config:
+            raise UnsupportedError(
+                f"{key}: a ChatGLM-6B (first generation) config; its GLM blocks (2D positions, "
+                "a GELU MLP of inner_hidden_size, LayerNorm) are not modelled, only ChatGLM2 / "
+                "ChatGLM3 / GLM-4 configs (ffn_hidden_size, padded_vocab_size, "
+                "multi_query_group_num)"
+            )
+
+
 _BAICHUAN_ROPE_WIDTH = 4096
 """Baichuan's two modeling files share ``model_type`` and ``architectures``: the 4096-wide
 models (Baichuan-7B, Baichuan2-7B) use RoPE, the 5120-wide ones (Baichuan-13B, Baichuan2-13B)
@@ -1388,6 +1408,7 @@ _REMOTE_CODE_ROWS: tuple[Family, ...] = (
         ),
         derived=dict(head_dim=_placeholder),
         adjust=_chatglm,
+        refuse=_chatglm_first_generation,
     ),
     Family(
         "baichuan",
