@@ -57,3 +57,22 @@ def test_transformers_qwen2_still_upcasts() -> None:
     qwen2 = load_model_spec("qwen2.5-7b")
     assert loss_upcast(qwen2, _training("4.57.0"))
     assert shifted_logits_bytes(qwen2, _training("4.57.0")) == 0
+
+
+# ChatGLM3-6B (V = 65,024; tests/models/remote_code/chatglm3-6b.json), b = 1, s = 2048
+CHATGLM3 = load_model_spec(str(MODELS_DIR / "remote_code" / "chatglm3-6b.json"))
+V_GLM = 65_024
+
+
+def test_chatglm_shifts_its_fp32_logits_in_any_release() -> None:
+    # THUDM/chatglm3-6b modeling_chatglm.py: lm_logits.to(torch.float32), then
+    # shift_logits = lm_logits[..., :-1, :].contiguous(): its own file, not ForCausalLMLoss
+    # (which shifts the labels from transformers 4.49), so the fp32 shifted copy stays:
+    # b (s - 1) V values of 4 B = 65,024 x 2,047 x 4 = 532,416,512 B
+    for version in ("4.37.1", "4.48.0", "4.57.0", None):
+        training = _training(version)
+        assert loss_upcast(CHATGLM3, training)
+        assert shifted_logits_bytes(CHATGLM3, training) == 4 * V_GLM * 2047 == 532_416_512
+    # transformers' own Llama-style family from 4.49: the labels are shifted, no copy
+    qwen2 = load_model_spec("qwen2.5-7b")
+    assert shifted_logits_bytes(qwen2, _training("4.49.0")) == 0

@@ -100,6 +100,22 @@ def test_lora_on_chatglm_adapts_its_fused_linears(tmp_path: Path) -> None:
     assert abs(ratio - 1) < 0.01
 
 
+def test_chatglm_own_loss_on_the_stand_in_matches_the_table_row(tmp_path: Path) -> None:
+    # a vocabulary of 32,768 over 2 x 256 tokens, so the loss's tensors lead: ChatGLM's own
+    # loss (fp32 upcast, then a shifted contiguous copy, modeling_chatglm.py) in the trace
+    # (remote_code_upcast_loss on the stand-in) and the formulas (shifted_logits_bytes in any
+    # release); transformers' ForCausalLMLoss of the installed release would shift the labels
+    config = json.loads(Path(_tiny_chatglm(tmp_path)).read_text())
+    config["padded_vocab_size"] = 32_768
+    path = tmp_path / "tiny-chatglm-vocab.json"
+    path.write_text(json.dumps(config))
+    training = TrainingConfig(micro_batch_size=2, seq_len=256, precision="bf16-true")
+    generic = estimate(str(path), training, engine="generic", simulate_allocator=False)
+    analytic = estimate(str(path), training, engine="analytic", simulate_allocator=False)
+    ratio = generic.breakdown.allocated_bytes / analytic.breakdown.allocated_bytes
+    assert abs(ratio - 1) < 0.005
+
+
 @pytest.mark.slow
 def test_lora_on_chatglm3_matches_the_table_row() -> None:
     # the fast representative is the tiny ChatGLM above; here activations dominate

@@ -17,7 +17,7 @@ from trainmem.specs.frameworks import (
     UNSLOTH_FUSED_LOSS_SINCE,
     UNSLOTH_SMART_CHECKPOINT_SINCE,
 )
-from trainmem.specs.model import REMOTE_CODE_LOSS_IN_LOGITS_DTYPE, ModelSpec
+from trainmem.specs.model import REMOTE_CODE_OWN_LOSS, ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
 
@@ -523,8 +523,9 @@ def shifted_logits_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     logits.float()``, then the shift); 4.45.2 modeling_mistral.py / modeling_llama.py
     ``*ForCausalLM.forward`` (the same, in the model); 4.48.0 modeling_gpt_bigcode.py (the
     shift of the 16-bit logits). 0 from 4.49 (not for the remote-code families of
-    :data:`~trainmem.specs.model.REMOTE_CODE_LOSS_IN_LOGITS_DTYPE`, whose own file shifts the
-    logits in every release), for other model code, other losses and a chunked loss."""
+    :data:`~trainmem.specs.model.REMOTE_CODE_OWN_LOSS`, whose own file shifts the logits in
+    every release: Qwen-1's 16-bit ones, ChatGLM's fp32 copy), for other model code, other
+    losses and a chunked loss."""
     if (
         model.head != "causal-lm"
         or not training.conventions.hf_model_code
@@ -532,7 +533,7 @@ def shifted_logits_bytes(model: ModelSpec, training: TrainingConfig) -> int:
         or loss_kind(model, training) != "cross-entropy"
         or (
             training.transformers_release >= SHIFTED_LABELS_SINCE
-            and model.model_type not in REMOTE_CODE_LOSS_IN_LOGITS_DTYPE
+            and model.model_type not in REMOTE_CODE_OWN_LOSS
         )
     ):
         return 0

@@ -85,6 +85,23 @@ lm_logits[..., :-1, :].contiguous()`` and ``CrossEntropyLoss()`` on them, no ``.
 ``__init__`` casts the model to bf16 / fp16 from the config's flags). The traced stand-in runs
 the same loss (``trainmem.trace.remote_code.remote_code_loss``)."""
 
+REMOTE_CODE_UPCAST_SHIFTED_LOSS = frozenset({"chatglm"})
+"""Remote-code families whose causal-LM head upcasts its logits to fp32 and takes a shifted
+contiguous copy of them for its loss, whatever the transformers release (the Hub's modeling
+file runs, not transformers' ``ForCausalLMLoss``, which shifts the labels from 4.49):
+THUDM/chatglm3-6b and glm-4-9b-chat modeling_chatglm.py
+``ChatGLMForConditionalGeneration.forward`` (``lm_logits = lm_logits.to(torch.float32)``,
+``shift_logits = lm_logits[..., :-1, :].contiguous()``, ``CrossEntropyLoss(ignore_index=-100)``
+on them, then ``lm_logits = lm_logits.to(hidden_states.dtype)``: the returned logits are
+16-bit). The traced stand-in runs the same loss (``trainmem.trace.remote_code
+.remote_code_loss``). Not modelled: ChatGLM2 / ChatGLM3's ``transpose(0, 1).contiguous()``
+16-bit copy of the (s, b, V) logits before the upcast and the 16-bit copy returned."""
+
+REMOTE_CODE_OWN_LOSS = REMOTE_CODE_LOSS_IN_LOGITS_DTYPE | REMOTE_CODE_UPCAST_SHIFTED_LOSS
+"""Remote-code families whose own file computes the causal-LM loss with a shifted copy of the
+logits in every release (:data:`REMOTE_CODE_LOSS_IN_LOGITS_DTYPE`: on the 16-bit logits;
+:data:`REMOTE_CODE_UPCAST_SHIFTED_LOSS`: on their fp32 copy)."""
+
 FP32_LOGITS_IN_MODEL_UNTIL: dict[str, tuple[int, ...]] = {"llama": (4, 46), "mistral": (4, 48)}
 """Families whose causal-LM forward upcasts its logits itself, so that the output it returns
 holds them in fp32, until a release: ``logits = logits.float()`` before the loss in

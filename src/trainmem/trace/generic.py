@@ -30,7 +30,7 @@ from trainmem.breakdown import MemoryEstimate
 from trainmem.errors import NotApplicableError, TraceError, UnsupportedError
 from trainmem.schedule import StepSchedule
 from trainmem.specs.hardware import GPUSpec
-from trainmem.specs.model import REMOTE_CODE_LOSS_IN_LOGITS_DTYPE
+from trainmem.specs.model import REMOTE_CODE_LOSS_IN_LOGITS_DTYPE, REMOTE_CODE_OWN_LOSS
 from trainmem.specs.ranks import RankMap, fsdp1_framework
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
@@ -188,7 +188,7 @@ def recipe_for_config(
             resident=tuple(frozen_components(raw, training)),
         )
     from trainmem.trace.hf_model import build_hf_training_model, hf_loss, make_hf_batch
-    from trainmem.trace.remote_code import remote_code_loss
+    from trainmem.trace.remote_code import remote_code_loss, remote_code_upcast_loss
 
     if training.framework == "litgpt":
         return _litgpt_recipe(name, raw, training)
@@ -196,12 +196,18 @@ def recipe_for_config(
         return _own_loss_recipe(name, raw, training)
     said: list[str] = []
     forward_loss = default_forward_loss(training)
-    # a remote-code family's own loss on its 16-bit logits (Qwen-1), not the stand-in's, where
-    # the model's own loss runs (as analytic/loss.py model_loss_in_logits_dtype)
+    # a remote-code family's own loss (Qwen-1's on its 16-bit logits, ChatGLM's on their fp32
+    # copy), not the stand-in's, where the model's own loss runs (as analytic/loss.py
+    # model_loss_in_logits_dtype and shifted_logits_bytes)
     own_loss = (
         forward_loss is None
         and training.conventions.hf_model_code
-        and raw.get("model_type") in REMOTE_CODE_LOSS_IN_LOGITS_DTYPE
+        and raw.get("model_type") in REMOTE_CODE_OWN_LOSS
+    )
+    remote_loss = (
+        remote_code_loss
+        if raw.get("model_type") in REMOTE_CODE_LOSS_IN_LOGITS_DTYPE
+        else remote_code_upcast_loss
     )
 
     def batch(model: Any) -> Any:
@@ -225,7 +231,7 @@ def recipe_for_config(
         name,
         lambda: build_hf_training_model(raw, training),
         batch,
-        loss_fn=remote_code_loss if own_loss else hf_loss,
+        loss_fn=remote_loss if own_loss else hf_loss,
         forward_loss=forward_loss,
         batch_notes=said,
     )

@@ -200,9 +200,9 @@ def fuse_projections(model: Any, raw: Mapping[str, Any]) -> None:
 def remote_code_loss(output: Any, batch: Any) -> Any:
     """The causal-LM loss of a remote-code family that computes it on its 16-bit logits
     (:data:`~trainmem.specs.model.REMOTE_CODE_LOSS_IN_LOGITS_DTYPE`), on the stand-in's logits:
-    the stand-in runs without labels (transformers' own loss would upcast), and this takes a
-    shifted contiguous copy of the logits as they are and their cross-entropy against the
-    shifted ids. Source: Qwen/Qwen-7B modeling_qwen.py ``QWenLMHeadModel.forward``
+    the stand-in runs without labels (transformers' own loss shifts the labels from 4.49), and
+    this takes a shifted contiguous copy of the logits as they are and their cross-entropy
+    against the shifted ids. Source: Qwen/Qwen-7B modeling_qwen.py ``QWenLMHeadModel.forward``
     (``shift_logits = lm_logits[..., :-1, :].contiguous()``, ``shift_labels = labels[..., 1:]
     .contiguous()``, ``CrossEntropyLoss()(shift_logits.view(-1, V), shift_labels.view(-1))``).
 
@@ -214,7 +214,21 @@ def remote_code_loss(output: Any, batch: Any) -> Any:
     Returns:
         The scalar loss.
     """
-    logits = output.logits
+    return _shifted_cross_entropy(output.logits, batch)
+
+
+def remote_code_upcast_loss(output: Any, batch: Any) -> Any:
+    """The causal-LM loss of a remote-code family that upcasts its logits first
+    (:data:`~trainmem.specs.model.REMOTE_CODE_UPCAST_SHIFTED_LOSS`): the stand-in's logits
+    (no labels given) to fp32, then :func:`remote_code_loss`'s shifted copy and cross-entropy.
+    Source: THUDM/chatglm3-6b modeling_chatglm.py ``ChatGLMForConditionalGeneration.forward``
+    (``lm_logits = lm_logits.to(torch.float32)``, ``shift_logits = lm_logits[..., :-1, :]
+    .contiguous()``, ``CrossEntropyLoss(ignore_index=-100)``)."""
+    return _shifted_cross_entropy(output.logits.to(torch.float32), batch)
+
+
+def _shifted_cross_entropy(logits: Any, batch: Any) -> Any:
+    """Cross-entropy of a shifted contiguous copy of ``logits`` against the shifted ids."""
     shift_logits = logits[..., :-1, :].contiguous()
     shift_labels = batch["input_ids"][..., 1:].contiguous()
     return torch.nn.functional.cross_entropy(
