@@ -113,7 +113,9 @@ def main() -> None:
         ).stdout.strip()
         real = json.loads(run.splitlines()[-1])
         version = str(real["transformers"]).split(".dev")[0]
-        cells = [("from_pretrained", "hf-trainer", real["from_pretrained"], "bfloat16", None)]
+        cells: list[tuple[str, str, list[str], str, str | None]] = [
+            ("from_pretrained", "hf-trainer", real["from_pretrained"], "bfloat16", None)
+        ]
         if real["trl"]:
             cells.append(("SFTTrainer", "trl", real["sft_trainer"], "bfloat16", None))
         # a model built in config.torch_dtype, saved float16 (ChatGLM's remote code)
