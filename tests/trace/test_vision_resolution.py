@@ -211,3 +211,22 @@ def test_a_generic_pixel_model_reports_its_images_not_a_sequence(
     with pytest.raises(SpecError) as exc:
         estimate(str(SEGFORMER), TrainingConfig(seq_len=512))
     assert result.stderr.strip() == f"error: {exc.value}"
+
+
+def test_a_head_on_a_vision_backbone_takes_the_resolution(invoke_json: InvokeJson) -> None:
+    """UperNet keeps ``num_channels`` in its ``backbone_config`` (transformers
+    ``UperNetConfig``; the Hub's openmmlab/upernet-* files): ``--resolution`` was refused as
+    for a language model ("this model takes tokens"), so mmsegmentation's UperNet runs could
+    not be expressed (benchmarks/published_probe_vision.py)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    config = str(Path(__file__).parents[1] / "models" / "heads" / "upernet_convnext.json")
+    args = ("estimate", config, "-b", "2", "-p", "32-true", "--engine", "generic")
+    small = invoke_json(*args, "--resolution", "64")
+    large = invoke_json(*args, "--resolution", "128")
+    assert (small["config"]["resolution"], large["config"]["resolution"]) == (64, 128)
+    assert small["config"]["seq_len"] is None
+    # 3-class fp32 logits upsampled to the labels' size, and their log-softmax: at least
+    # 2 x 2 x 3 x (128^2 - 64^2) x 4 bytes more at four times the pixels
+    gap = large["peak"]["allocated_bytes"] - small["peak"]["allocated_bytes"]
+    assert gap > 2 * 2 * 3 * (128**2 - 64**2) * 4, gap

@@ -491,11 +491,19 @@ def takes_pixels(config: Mapping[str, Any]) -> bool:
     parts in ``vision_config`` / ``text_config`` / ``encoder``). Such a model takes
     ``--resolution`` as its training images' size (``make_hf_batch``'s ``pixel_values``; the
     analytic engine's patch count, :func:`trainmem.analytic.activation_shapes.
-    tokens_per_sequence`)."""
+    tokens_per_sequence`). A head on a vision backbone whose own config has neither field
+    (UperNet: transformers ``UperNetConfig`` keeps ``num_channels`` in its ``backbone_config``,
+    as the Hub's openmmlab/upernet-* config.json files do) takes pixels when its
+    ``backbone_config`` does."""
     composite = ("text_config", "vision_config", "encoder", "decoder")
+    backbone = config.get("backbone_config")
     return (
         "model_type" in config
-        and bool(config.get("num_channels") or config.get("image_size"))
+        and bool(
+            config.get("num_channels")
+            or config.get("image_size")
+            or (isinstance(backbone, Mapping) and takes_pixels(backbone))
+        )
         and not config.get("vocab_size")
         and not any(key in config for key in composite)
     )
