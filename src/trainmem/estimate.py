@@ -31,7 +31,6 @@ from trainmem.schedule import Item, Op, Repeat, StepSchedule
 from trainmem.specs.assumptions import assumptions
 from trainmem.specs.engines import ENGINES as ENGINES  # re-exported for the callers
 from trainmem.specs.frameworks import (
-    SOFTMAX_BACKWARD_INPUT_DTYPE_SINCE,
     installed_transformers_version,
     parse_version,
 )
@@ -493,8 +492,6 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
         )
     if _older_torch_step(training):  # the trace runs the installed torch.optim's step
         out.append(f"torch_version={training.torch_version} (its optimizer step)")
-    if _older_softmax_backward(training):  # and the installed autograd's saved tensors
-        out.append(f"torch_version={training.torch_version} (its softmax saves its input)")
     if training.training_loop == "previous" and training.pipeline_parallel_size > 1:
         out.append("loop=previous with pipeline parallelism")
     # the generic path computes --loss on the logits (trainmem.trace.generic); the trace
@@ -552,18 +549,6 @@ def _fsdp1_refusals(training: TrainingConfig) -> list[str]:
     if training.quantize_base != "none" and float_quant_storage(training) is None:
         out.append(untraced_fsdp1_quantized(training))
     return out
-
-
-def _older_softmax_backward(training: TrainingConfig) -> bool:
-    """Eager attention on a ``torch_version`` whose softmax saves its input
-    (:data:`~trainmem.specs.frameworks.SOFTMAX_BACKWARD_INPUT_DTYPE_SINCE`), which the traced
-    paths, on the installed torch's autograd, do not."""
-    version = parse_version("torch_version", training.torch_version)
-    return (
-        training.attention == "eager"
-        and version is not None
-        and version < SOFTMAX_BACKWARD_INPUT_DTYPE_SINCE
-    )
 
 
 def _older_torch_step(training: TrainingConfig) -> bool:

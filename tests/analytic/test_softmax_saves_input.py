@@ -37,9 +37,9 @@ def test_torch_1_10_saves_the_scores_before_the_softmax(precision: str, per_valu
     assert "scores/softmax_input" not in _terms(precision=precision, torch_version="1.11")
 
 
-def test_the_traced_paths_refuse_it() -> None:
-    # they run the installed torch's autograd, which saves the output only
+def test_the_traced_paths_run_it() -> None:
+    # they were refused (the installed torch's autograd saves the output only); the trace now
+    # keeps the input as the older release did (Note [Softmax saving its input before torch
+    # 1.11], trainmem/trace/older_softmax.py; tests/trace/test_older_softmax.py)
     old = TrainingConfig(attention="eager", torch_version="1.10")
-    assert any("softmax saves its input" in r for r in trace_unsupported_settings(old))
-    sdpa = TrainingConfig(attention="sdpa", torch_version="1.10")
-    assert not any("softmax" in r for r in trace_unsupported_settings(sdpa))
+    assert not any("softmax" in r for r in trace_unsupported_settings(old))

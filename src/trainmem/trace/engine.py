@@ -8,6 +8,8 @@ What is emulated so that the fake CPU step allocates what a CUDA step allocates
 (shared/notes/tracing-without-a-gpu.md):
 - SDPA kernel choice and saved tensors: ``trainmem.trace.cuda_sdpa``;
 - fused dropout with a bool mask: ``trainmem.trace.cuda_dropout``;
+- softmax / log-softmax saving their input on a ``torch_version`` before 1.11:
+  ``trainmem.trace.older_softmax``;
 - the Mamba kernels (``mamba_ssm``, ``causal_conv1d``) transformers calls on a GPU:
   ``trainmem.trace.mamba_kernels``; the linear-attention ones (``fla``'s gated delta rule and
   KDA, and the short convolutions): ``trainmem.trace.fla_kernels``;
@@ -38,6 +40,7 @@ from typing import Any
 
 from trainmem.breakdown import MemoryBreakdown, MemoryCategory, MemoryEstimate
 from trainmem.errors import SpecError, TraceError, TrainmemError, UnsupportedError
+from trainmem.specs.frameworks import SOFTMAX_BACKWARD_INPUT_DTYPE_SINCE, parse_version
 from trainmem.specs.hardware import (
     DEFAULT_CUBLAS_WORKSPACE_BYTES,
     DEFAULT_CUDA_CONTEXT_BYTES,
@@ -64,6 +67,7 @@ from trainmem.trace.cuda_sdpa import cuda_sdpa  # noqa: E402
 from trainmem.trace.fla_kernels import linear_attention_kernels  # noqa: E402
 from trainmem.trace.mamba_kernels import mamba_kernels  # noqa: E402
 from trainmem.trace.model_errors import refusal_of  # noqa: E402
+from trainmem.trace.older_softmax import older_softmax_backward  # noqa: E402
 from trainmem.trace.optimizers import EMAStep, build_optimizer  # noqa: E402
 
 __all__ = ["default_forward_loss", "estimate_trace", "run_trace", "trace"]
@@ -90,6 +94,10 @@ def _emulation(training: TrainingConfig, emulate_cuda: bool) -> Iterator[None]:
             stack.enter_context(cuda_autocast_policy())
         # native_dropout also runs on real CPU tensors, so the proof covers this emulation too.
         stack.enter_context(cuda_dropout())
+        torch_release = parse_version("torch_version", training.torch_version)
+        if torch_release is not None and torch_release < SOFTMAX_BACKWARD_INPUT_DTYPE_SINCE:
+            # Note [Softmax saving its input before torch 1.11]
+            stack.enter_context(older_softmax_backward())
         if emulate_cuda and training.attention != "eager":
             force = "flash" if training.attention == "flash" else None
             stack.enter_context(cuda_sdpa(force))
