@@ -46,10 +46,12 @@ Metric: the README names none. Its figures are compared with trainmem's device t
 Second source (helper probe25): ms-swift's Qwen-1 benchmark, 35 cells, in
 ``published_probe_swift.py`` (its docstring maps them), run after these. Third source (helper
 probecn, session 26): THUDM's ChatGLM3-6B and GLM-4-9B fine-tuning READMEs, 10 cells (7 run,
-4 against a figure), in ``published_probe_glm.py``, run last.
+4 against a figure), in ``published_probe_glm.py``. Fourth (helper probespeech, session 26):
+mmsegmentation's SegFormer / UPerNet model-zoo memory, 24 cells, and two Whisper "fits a 16 GB
+T4" bounds, in ``published_probe_vision.py``, run last.
 
 Run: ``PYTHONPATH=src python benchmarks/published_probe.py`` (a few seconds for these cells,
-about 4 minutes of CPU for ms-swift's, each run 6 times).
+about 4 minutes of CPU for ms-swift's, each run 6 times, about 10 for the vision cells).
 """
 
 from __future__ import annotations
@@ -273,16 +275,19 @@ def main() -> int:
                 f"| {_pct(predicted, measured * 2**30 / 1e9)} |"
             )
         import published_probe_swift
+        import published_probe_vision
 
         fixed, band = published_probe_swift.run(paths)
         import published_probe_glm
 
         models = Path(__file__).resolve().parents[1] / "tests" / "models" / "remote_code"
         glm = published_probe_glm.run(Path(tmp), models)
+        vision, _ = published_probe_vision.run(published_probe_vision.write_configs(Path(tmp)))
     _summary("Qwen README, device total (G = GB)", errors)
     _summary("ms-swift, every step at max_length", fixed)
     _summary("ms-swift, band median (earlier lengths drawn)", band)
     _summary("THUDM ChatGLM3 / GLM-4 READMEs, device total (MiB)", glm)
+    print(f"mmsegmentation model zoo, allocated: {published_probe_vision.summary(vision)}")
     return 0
 
 
