@@ -33,9 +33,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from trainmem.trace._torch import require_torch
+import torch
 
-torch = require_torch()
 F = torch.nn.functional
 
 __all__ = ["older_softmax_backward"]
