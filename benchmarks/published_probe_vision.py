@@ -68,7 +68,8 @@ takes tokens), ``--torch-version`` before 1.11 with eager attention refused on t
 path, and with the defaults (SDPA, gradients freed, the installed torch) SegFormer was -20 ..
 -36 % (ADE20K) and -52 .. -61 % (Cityscapes); with eager attention and ``--zero-grad-keep``
 but the installed torch's softmax, SegFormer -15 .. -30 %, Swin -15 % (T). Both bounds hold:
-whisper-large-v2 int8 + LoRA 9.55 GiB device total of the T4's 14.75.
+whisper-small 12.02 GiB device total and whisper-large-v2 int8 + LoRA 9.55 GiB, of the T4's
+14.75 usable.
 
 Run: ``PYTHONPATH=src python benchmarks/published_probe_vision.py`` (about 10 minutes of CPU),
 or through ``published_probe.py``.

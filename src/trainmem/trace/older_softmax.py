@@ -21,7 +21,9 @@ Note [Softmax saving its input before torch 1.11]
     ``F.cross_entropy`` with class-index targets and no label smoothing runs as the ATen
     composite it is (aten/src/ATen/native/LossNLL.cpp ``cross_entropy_loss``:
     ``nll_loss_nd(log_softmax(self, 1, self.scalar_type()), target, weight, reduction,
-    ignore_index)``) so that its log-softmax is the patched one. ``Tensor.softmax`` and
+    ignore_index)``) so that its log-softmax is the patched one (with label smoothing,
+    probability targets or the legacy ``size_average`` / ``reduce`` the installed op runs, whose
+    log-softmax keeps its output only). ``Tensor.softmax`` and
     ``torch.softmax`` are not patched (transformers' eager attentions call
     ``nn.functional.softmax``). The analytic engine keeps the scores of an eager attention on
     such a release (``trainmem.analytic.attention``) but not yet a loss's logits.
