@@ -31,7 +31,14 @@ template.py, scripts/benchmark/test_memory_time/run_single.py):
   defaults), bitsandbytes 0.41.3; swift calls no ``prepare_model_for_kbit_training`` (not in
   swift/ at that commit; tuner.py ``prepare_model``), so the embedding, norms and head stay
   16-bit: ``--set prepare-kbit-training=false`` (the hf-trainer convention is peft's fp32
-  upcast); GPTQ int8 is not mapped (trainmem has no GPTQ int8).
+  upcast); in float16, not bf16 (helper bnbgap): ``get_model_tokenizer_qwen`` passes
+  ``torch_dtype=None`` to ``from_pretrained`` (model.py), transformers 4.36.2 then forces
+  float16 on a bitsandbytes model (modeling_utils.py: "We force the `dtype` to be float16,
+  this is a requirement from `bitsandbytes`") and ``set_module_quantized_tensor_to_device``
+  puts the unquantized weights on the GPU in it (the config's ``bf16`` flag casts only the
+  meta weights in ``QWenLMHeadModel.__init__``): ``--load-dtype float16`` beside
+  ``bf16-mixed`` (Note [A quantized base's other weights in another 16-bit dtype]); GPTQ
+  int8 is not mapped (trainmem has no GPTQ int8).
 Not mapped: the 2-GPU cells (``device_map='auto'`` splits the layers over the GPUs with no
 pipelining, which trainmem does not model), ``--use_flash_attn false`` (the remote code's own
 attention), the other model families (no config.json offline here).
@@ -92,6 +99,7 @@ METHODS: dict[str, list[str]] = {
     "LoRA, GPTQ int4": [*_LORA, "--quantize-base", "gptq-int4", "--precision", "16-mixed",
                         *_CKPT_FA],
     "LoRA, bnb nf4": [*_LORA, "--quantize-base", "nf4-dq", "--precision", "bf16-mixed",
+                      "--load-dtype", "float16",
                       "--bitsandbytes-version", "0.41.3", "--set", "prepare-kbit-training=false",
                       *_CKPT_FA],
 }  # fmt: skip

@@ -77,9 +77,13 @@ def autocast_casts_layer_inputs(training: TrainingConfig, model: ModelSpec | Non
     autocast_mode.cpp: it casts only another dtype), so every linear saves that one tensor.
     Traced on the generic path (a 1024-wide Qwen2, int8 base without peft's upcast). Over
     16-bit weights, where a LayerNorm returns fp32 (``model`` given:
-    :func:`autocast_fp32_layer_norms`)."""
+    :func:`autocast_fp32_layer_norms`), and over a quantized base whose norms stay in the
+    other 16-bit dtype (``TrainingConfig.kbit_dense_cast``: fp16 under bf16 autocast; Note [A
+    quantized base's other weights in another 16-bit dtype])."""
     if model is not None and autocast_fp32_layer_norms(model, training):
         return True
+    if training.kbit_dense_cast:  # fp16 norms' output under bf16 autocast: cast per linear
+        return training.uses_autocast
     return training.uses_autocast and not _dense_16bit(training)
 
 

@@ -127,16 +127,17 @@ def _lm_head_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dic
         # fp32 log-softmax output until the loss backward
         out["logits_for_loss"] = c * v * t
     # autocast casts an fp32 head weight to 16 bits and the matmul saves the cast; not a head
-    # already in 16 bits (a quantized base's unconverted modules kept as loaded,
+    # already in the compute dtype (a quantized base's unconverted modules kept as loaded,
     # TrainingConfig.kbit_16bit_dense: ``cached_cast`` casts only a type other than the
-    # target) nor a quantized head (bitsandbytes dequantizes inside its matmul,
+    # target; but an fp16 head under bf16 autocast is cast, TrainingConfig.kbit_dense_cast,
+    # Note [A quantized base's other weights in another 16-bit dtype]) nor a quantized head (bitsandbytes dequantizes inside its matmul,
     # lm_head_dequant_bytes), nor one TRL's SFTTrainer cast back to bf16 after peft's upcast
     # (TrainingConfig.trl_bf16_embeddings). Source: aten/src/ATen/autocast_mode.cpp
     # ``cached_cast``.
     head_bf16 = trl_bf16_head(model, training)
     if (
         training.uses_autocast
-        and not training.kbit_16bit_dense
+        and (not training.kbit_16bit_dense or training.kbit_dense_cast)
         and not training.autocast_over_loaded_16bit  # a 16-bit head weight: no cast
         and not quantized_lm_head(training)
         and not head_bf16

@@ -340,7 +340,9 @@ def state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayout:
                 seq_len=training.context_parallel_size,  # the shortest sequence accepted
                 gradient_accumulation_steps=1,
                 activation_checkpointing="none",
-                attention="sdpa",
+                # flash whenever a quantized base's rest is in the other 16-bit dtype
+                # (TrainingConfig._check_load_dtype accepts no other attention there)
+                attention="flash" if training.kbit_dense_cast else "sdpa",
                 dropout=True,
             ),
         )
@@ -567,7 +569,7 @@ class _TensorMaker:
             if trainable and w == 2:  # a saved module's trained copy, cast back to bf16
                 tr = self.bf16_training
         elif training.kbit_16bit_dense and not trainable and not name.startswith("lora_"):
-            w = dtype_bytes(training.compute_dtype)  # loaded in 16 bits, never upcast
+            w = dtype_bytes(training.kbit_dense_dtype)  # loaded in 16 bits, never upcast
         # Megatron tensor parallelism splits every layer linear (column / row parallel) and
         # the vocabulary (VocabParallelEmbedding, the output layer); norms are replicated.
         tp_split = is_linear or name in ("embedding/tokens", "lm_head")

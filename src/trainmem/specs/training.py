@@ -1964,6 +1964,51 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
         )
 
     @property
+    def kbit_dense_dtype(self) -> str:
+        """The dtype a quantized base's other parameters (embeddings, norms, LM head) are in
+        where they stay as loaded (:attr:`kbit_16bit_dense`): ``load_dtype`` when given (16
+        bits), else the compute dtype (the recipes pass ``torch_dtype``). Note [A quantized
+        base's other weights in another 16-bit dtype]."""
+        if self.kbit_16bit_dense and self.load_dtype in ("float16", "bfloat16"):
+            return self.load_dtype
+        return self.compute_dtype
+
+    @property
+    def kbit_dense_cast(self) -> bool:
+        """A quantized base's other parameters stay in a 16-bit dtype other than the compute
+        dtype autocast runs in (:attr:`kbit_dense_dtype`): fp16 under ``bf16-mixed`` where
+        ``from_pretrained`` got no ``torch_dtype``.
+
+        Note [A quantized base's other weights in another 16-bit dtype]
+            transformers forces float16 on a bitsandbytes model loaded with no
+            ``torch_dtype`` (4.36.2 modeling_utils.py ``from_pretrained``: "We force the
+            `dtype` to be float16, this is a requirement from `bitsandbytes`"; from 4.38
+            quantizers/quantizer_bnb_4bit.py ``update_torch_dtype``), and
+            ``set_module_quantized_tensor_to_device`` puts every unquantized weight on the
+            GPU in it (``value.to(device)``). ms-swift @4312aeb loads Qwen-1 so
+            (swift/llm/utils/model.py ``get_model_tokenizer_qwen``: ``torch_dtype = None``
+            before ``from_pretrained``; the config's ``bf16`` flag casts only the meta weights
+            in ``QWenLMHeadModel.__init__``) and trains under the Trainer's bf16 autocast.
+            Then:
+
+            * the LM head's fp16 weight is cast to bf16 by autocast at every forward and the
+              matmul saves the cast for the input gradient (aten/src/ATen/autocast_mode.cpp
+              ``cached_cast`` casts another dtype, and caches only a leaf that requires
+              grad; tools/autograd/derivatives.yaml: mm saves ``mat2`` when ``self``
+              requires grad): ``V x h`` 16-bit values from the head's forward to its
+              backward;
+            * the residual stream and the norms' outputs are fp16, so every base linear
+              makes its own bf16 copy of its input (bitsandbytes 0.41.3 nn/modules.py
+              ``Linear4bit.forward``: ``x = x.to(self.compute_dtype)``, which ``MatMul4Bit``
+              saves before 0.43.2; peft's LoRA under autocast casts the dropout output), as
+              autocast does over fp32 weights (``autocast_casts_layer_inputs``), and casts
+              its output back (``out = out.to(inp_dtype)``).
+
+            Given as ``load_dtype`` (``--load-dtype float16``) beside ``bf16-mixed``: the
+            weights' bytes are the same 2 a value."""
+        return self.kbit_16bit_dense and self.kbit_dense_dtype != self.compute_dtype
+
+    @property
     def torchao_cpu_offload(self) -> bool:
         """The optimizer offload is torchao's ``CPUOffloadOptimizer`` (single GPU, no ZeRO /
         FSDP; ``FrameworkConventions.optimizer_offload_torchao``): tensors under
@@ -2142,7 +2187,11 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
         upcasts float16 / bfloat16 adapter weights to float32), no autocast copy of a 16-bit
         weight (``cached_cast`` casts only another dtype), autocast's fp32 ops (LayerNorm,
         softmax, log_softmax, pow) still fp32. Note [Autocast over 16-bit weights]."""
-        return self.uses_autocast and self.load_dtype not in (None, "float32")
+        return (
+            self.uses_autocast
+            and self.load_dtype not in (None, "float32")
+            and self.quantize_base == "none"  # a quantized base's: kbit_dense_dtype
+        )
 
     @property
     def autocast_over_16bit_weights(self) -> bool:
@@ -2237,14 +2286,16 @@ def _check_framework_precision(t: TrainingConfig) -> None:
 def _check_load_dtype(t: TrainingConfig) -> None:
     """A 16-bit ``load_dtype`` is the compute dtype of a ``*-mixed`` precision the framework
     runs under torch.autocast (``FrameworkConventions.autocast``), on an unquantized,
-    unsharded model (a quantized base keeps the dtype it is loaded in already:
-    ``kbit_16bit_dense``).
+    unsharded model; over a quantized base whose other weights stay as loaded under autocast
+    (``kbit_16bit_dense``), either 16-bit dtype: the one they stay in (``kbit_dense_dtype``,
+    Note [A quantized base's other weights in another 16-bit dtype]).
 
     Raises:
         SpecError: ``load_dtype``, naming what it meets and the allowed values.
     """
     if t.load_dtype in (None, "float32"):
         return
+    kbit = t.kbit_16bit_dense and t.uses_autocast
     why = None
     # what else would work here: the compute dtype only where that alone was the mismatch
     allowed = "float32"
@@ -2253,21 +2304,34 @@ def _check_load_dtype(t: TrainingConfig) -> None:
             f"--precision {t.precision} with --framework {t.framework} runs no torch.autocast "
             "(a 16-bit model without autocast is --precision bf16-true / 16-true)"
         )
-    elif t.load_dtype != t.compute_dtype:
+    elif t.quantize_base != "none" and not kbit:
+        why = (
+            "a quantized base's other weights take a 16-bit load dtype only where they stay as "
+            "loaded under autocast (prepare_kbit_training false)"
+        )
+    elif t.load_dtype != t.compute_dtype and not kbit:
         why = f"autocast computes in {t.compute_dtype} under --precision {t.precision}"
         allowed = f"float32 or {t.compute_dtype}"
+    elif t.load_dtype != t.compute_dtype and t.attention != "flash":
+        # SDPA is on autocast's lower-precision list: it casts q, k, v to the compute dtype and
+        # returns it, and the output projection's residual add (fp16 + bf16) promotes to fp32
+        why = (
+            f"{t.load_dtype} weights under {t.compute_dtype} autocast with --attention "
+            f"{t.attention}: the attention returns {t.compute_dtype} and the residual stream "
+            "turns float32, not modelled (flash-attn keeps the loaded dtype)"
+        )
+        allowed = f"float32 or {t.compute_dtype}, or {t.load_dtype} with --attention flash"
     elif t.load_dtype == "float16" and not t.is_lora:
         # torch/amp/grad_scaler.py ``_unscale_grads_``: "Attempting to unscale FP16 gradients."
         why = "16-mixed's GradScaler refuses fp16 gradients (trained fp16 weights); LoRA only"
-    elif t.quantize_base != "none":
-        why = "a quantized base's other weights stay in the dtype it is loaded in already"
     elif t.zero_stage != 0 or t.tensor_parallel_size > 1 or t.pipeline_parallel_size > 1:
         why = "modelled without ZeRO / FSDP sharding or model parallelism only"
     if why is not None:
         raise SpecError(
             "load_dtype",
             f"{t.load_dtype}: {why}; allowed here: {allowed} (a 16-bit load dtype is the "
-            "compute dtype of a *-mixed precision under autocast)",
+            "compute dtype of a *-mixed precision under autocast, or the dtype a quantized "
+            "base's other weights stay in)",
         )
 
 
