@@ -130,10 +130,10 @@ def _lm_head_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dic
     # already in the compute dtype (a quantized base's unconverted modules kept as loaded,
     # TrainingConfig.kbit_16bit_dense: ``cached_cast`` casts only a type other than the
     # target; but an fp16 head under bf16 autocast is cast, TrainingConfig.kbit_dense_cast,
-    # Note [A quantized base's other weights in another 16-bit dtype]) nor a quantized head (bitsandbytes dequantizes inside its matmul,
-    # lm_head_dequant_bytes), nor one TRL's SFTTrainer cast back to bf16 after peft's upcast
-    # (TrainingConfig.trl_bf16_embeddings). Source: aten/src/ATen/autocast_mode.cpp
-    # ``cached_cast``.
+    # Note [A quantized base's other weights in another 16-bit dtype]) nor a quantized head
+    # (bitsandbytes dequantizes inside its matmul, lm_head_dequant_bytes), nor one TRL's
+    # SFTTrainer cast back to bf16 after peft's upcast (TrainingConfig.trl_bf16_embeddings).
+    # Source: aten/src/ATen/autocast_mode.cpp ``cached_cast``.
     head_bf16 = trl_bf16_head(model, training)
     if (
         training.uses_autocast

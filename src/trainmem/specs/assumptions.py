@@ -70,6 +70,13 @@ LOADED_16BIT_SUMMARY = (
 """The line of an autocasting framework over a model loaded in 16 bits
 (``TrainingConfig.autocast_over_loaded_16bit``), where its fp32-weights line does not hold."""
 
+LOADED_16BIT_QUANTIZED_SUMMARY = (
+    "autocast over a quantized base whose embeddings, norms and LM head stay {dtype} as loaded "
+    "(--load-dtype){casts}"
+)
+"""The same line over a quantized base kept as loaded (``TrainingConfig.kbit_16bit_dense``;
+Note [A quantized base's other weights in another 16-bit dtype])."""
+
 
 def framework_means(framework: str, precision: Any) -> str:
     """:data:`FRAMEWORK_SUMMARY`'s line for ``framework``; the plain loop's under a
@@ -209,6 +216,16 @@ def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dic
     load_dtype = config.get("load_dtype")
     if load_dtype not in (None, "float32"):  # accepted only under autocast (training.py)
         out["framework_means"] = LOADED_16BIT_SUMMARY.format(dtype=load_dtype)
+        if config.get("quantize_base") not in (None, "none"):
+            compute = config.get("compute_dtype")
+            casts = (
+                ""
+                if compute in (None, load_dtype)
+                else (f": autocast casts the head weight and each linear's input to {compute}")
+            )
+            out["framework_means"] = LOADED_16BIT_QUANTIZED_SUMMARY.format(
+                dtype=load_dtype, casts=casts
+            )
     precision = framework_precision(config)
     if precision:
         out["precision"] = precision
