@@ -105,3 +105,17 @@ def test_the_traced_paths_refuse_it() -> None:
     (refusal,) = quantized_base_refusals(_nf4(load_dtype="float16"))
     assert refusal.startswith("load_dtype=float16 over quantize_base=nf4")
     assert "--engine analytic" in refusal
+
+
+def test_bitsandbytes_before_0_43_dequantizes_through_fp16() -> None:
+    # bitsandbytes 0.41.3 ``Params4bit.cuda`` quantizes ``self.data.contiguous().half()``
+    # (QuantState.dtype float16), 0.43.0 ``_quantize`` the weight as loaded: under bf16
+    # ``MatMul4Bit`` then has an fp16 dequantization (2 B a value) beside its bf16 cast
+    from trainmem.analytic.buffers import dequantize_cast_bytes
+
+    n = 64 * 128  # the MLP's gate weight
+    assert dequantize_cast_bytes(n, _nf4()) == 2 * n
+    assert dequantize_cast_bytes(n, _nf4(bitsandbytes_version="0.42.0")) == 2 * n
+    assert dequantize_cast_bytes(n, _nf4(bitsandbytes_version="0.43.0")) == 0
+    assert dequantize_cast_bytes(n, _nf4(precision="16-mixed")) == 0  # the cast is a no-op
+    assert dequantize_cast_bytes(n, _nf4(quantize_base="int8")) == 0

@@ -113,11 +113,12 @@ def largest_base_numel(layer: Sequence[TensorState], training: TrainingConfig) -
 
 def dequantize_cast_bytes(numel: int, training: TrainingConfig) -> int:
     """Bytes of the fp16 weight bitsandbytes' ``MatMul4Bit`` dequantizes before casting it to
-    the compute dtype, for a 4-bit weight of ``numel`` elements that Lightning quantized from
-    fp16 (``FrameworkConventions.bnb_4bit_quantized_from_fp16``): 2 x numel, alive beside the
+    the compute dtype, for a 4-bit weight of ``numel`` elements quantized from fp16 (by
+    Lightning, ``FrameworkConventions.bnb_4bit_quantized_from_fp16``, or by bitsandbytes
+    before 0.43.0: ``TrainingConfig.dequantizes_through_fp16``): 2 x numel, alive beside the
     cast copy (:func:`dequantized_weight_bytes`) while ``.to(A.dtype)`` runs, then freed before
     the matmul; 0 when the compute dtype is fp16 itself (the cast returns the same tensor) or
-    the weight is not a Lightning 4-bit one.
+    the weight is not quantized from fp16.
 
     Alive: in each quantized linear's forward and again in its input gradient's backward.
 

@@ -33,6 +33,13 @@ BNB_MATMUL4BIT_SAVES_NO_INPUT_SINCE = (0, 43, 2)
 """bitsandbytes autograd/_functions.py ``MatMul4Bit.forward``: since 0.43.2 it keeps
 ``ctx.tensors = (None, B)`` (the quantized weight only; the input gradient needs only B);
 before, ``(A, B)``: the 16-bit input of every 4-bit linear stayed saved until its backward."""
+BNB_4BIT_QUANTIZED_IN_ITS_DTYPE_SINCE = (0, 43, 0)
+"""bitsandbytes nn/modules.py ``Params4bit``: from 0.43.0 ``_quantize`` quantizes the weight in
+the dtype it has (``w = self.data.contiguous().cuda(device)``), so ``QuantState.dtype`` is the
+load dtype; before (0.39.0 .. 0.42.0 ``Params4bit.cuda``: ``w =
+self.data.contiguous().half().cuda(device)``) every 4-bit weight was quantized from an fp16
+copy, and ``MatMul4Bit`` dequantizes it to fp16 before its cast to the compute dtype
+(``TrainingConfig.dequantizes_through_fp16``)."""
 TRL_SFT_BF16_EMBEDDINGS_SINCE = (0, 7, 5)
 """TRL's ``SFTTrainer``, given a ``peft_config`` and an unsharded 4-bit base under
 ``TrainingArguments(bf16=True)``, runs peft's ``prepare_model_for_kbit_training`` (every
@@ -943,8 +950,9 @@ class FrameworkConventions:
     dequantizes to fp16 and casts to the input's dtype (``F.dequantize_4bit(B, quant_state)
     .to(A.dtype)``, autograd/_functions.py 0.42.0, forward and backward): under a bf16 compute
     dtype both copies of the weight are alive at the cast
-    (:func:`~trainmem.analytic.buffers.dequantize_cast_bytes`). False: the weight is quantized
-    from the dtype it was loaded in, the compute dtype (transformers' ``from_pretrained``)."""
+    (:func:`~trainmem.analytic.buffers.dequantize_cast_bytes`). False: bitsandbytes quantizes
+    the weight, from an fp16 copy before 0.43.0 (``TrainingConfig.dequantizes_through_fp16``),
+    from the dtype it was loaded in since (transformers' ``from_pretrained``)."""
     vocab_parallel_cross_entropy: bool
     """A causal LM's loss is Megatron's vocabulary-parallel cross-entropy (megatron-core 0.9.0
     megatron/core/tensor_parallel/cross_entropy.py ``_VocabParallelCrossEntropy``, called by

@@ -92,6 +92,7 @@ from typing import Any, Literal
 from trainmem.errors import SpecError
 from trainmem.specs.bounds import MAX_COUNT, describe_int
 from trainmem.specs.frameworks import (
+    BNB_4BIT_QUANTIZED_IN_ITS_DTYPE_SINCE,
     BNB_MATMUL4BIT_SAVES_NO_INPUT_SINCE,
     DEFAULT_BITSANDBYTES_VERSION,
     DEFAULT_LITGPT_VERSION,
@@ -2132,15 +2133,24 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
     @property
     def dequantizes_through_fp16(self) -> bool:
         """bitsandbytes' ``MatMul4Bit`` dequantizes a 4-bit base weight to fp16 and then casts it
-        to the compute dtype, both copies alive at the cast: a Lightning 4-bit weight
-        (``FrameworkConventions.bnb_4bit_quantized_from_fp16``, its ``QuantState.dtype`` is
-        float16) under a compute dtype other than fp16 (bitsandbytes 0.42.0
-        autograd/_functions.py ``F.dequantize_4bit(B, quant_state).to(A.dtype)``)."""
-        return (
-            self.conventions.bnb_4bit_quantized_from_fp16
-            and self.quantize_base in ("nf4", "nf4-dq", "fp4", "fp4-dq")
-            and self.compute_dtype != "float16"
-        )
+        to the compute dtype, both copies alive at the cast (bitsandbytes 0.42.0
+        autograd/_functions.py ``F.dequantize_4bit(B, quant_state).to(A.dtype)``), under a
+        compute dtype other than fp16, where the weight's ``QuantState.dtype`` is float16: a
+        Lightning 4-bit weight (``FrameworkConventions.bnb_4bit_quantized_from_fp16``), and
+        every 4-bit weight bitsandbytes itself quantized before 0.43.0
+        (:data:`~trainmem.specs.frameworks.BNB_4BIT_QUANTIZED_IN_ITS_DTYPE_SINCE`:
+        ``Params4bit.cuda`` quantizes ``self.data.contiguous().half()``, which transformers'
+        ``from_pretrained`` reaches through ``set_module_quantized_tensor_to_device``)."""
+        if self.quantize_base not in ("nf4", "nf4-dq", "fp4", "fp4-dq"):
+            return False
+        if self.compute_dtype == "float16":
+            return False
+        if self.conventions.bnb_4bit_quantized_from_fp16:
+            return True
+        if not self.conventions.quantized_base_saves_input:  # not bitsandbytes (torchao's NF4)
+            return False
+        version = parse_version("bitsandbytes_version", self.bitsandbytes_version)
+        return (version or DEFAULT_BITSANDBYTES_VERSION) < BNB_4BIT_QUANTIZED_IN_ITS_DTYPE_SINCE
 
     @property
     def zero3_linear_saves_input(self) -> bool:
