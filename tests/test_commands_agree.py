@@ -48,7 +48,7 @@ def test_sweep_verdict_is_estimates(invoke: Invoke, invoke_json: InvokeJson, b: 
         "--format",
         "json",
     )
-    row = json.loads(r.stdout)[0]
+    row = json.loads(r.stdout)["rows"][0]
     assert row["verdict"] == invoke_json("estimate", *args, "-b", str(b))["verdict"]
 
 

@@ -66,10 +66,11 @@ def test_sweep_csv_and_json_say_whether_the_allocator_was_replayed(invoke: Invok
     import json
 
     args = ["sweep", "gpt2", "--gpu", "T4", "--over", "micro-batch-size=9"]
-    closed = json.loads(invoke(*args, "--format", "json").stdout)[0]
+    closed = json.loads(invoke(*args, "--format", "json").stdout)["rows"][0]
     assert closed["allocator_simulated"] is False
     assert closed["reserved_bytes"] == closed["allocated_bytes"]
-    replayed = json.loads(invoke(*args, "--simulate-allocator", "--format", "json").stdout)[0]
+    replayed = json.loads(invoke(*args, "--simulate-allocator", "--format", "json").stdout)
+    replayed = replayed["rows"][0]
     assert replayed["allocator_simulated"] is True
     assert replayed["verdict"] == "does not fit" and replayed["reserved_bytes"] is None
     est = json.loads(invoke("estimate", "gpt2", "--gpu", "T4", "-b", "9", "--json").stdout)
@@ -260,3 +261,20 @@ def test_fit_names_a_default_it_changes_not_none(invoke: Invoke) -> None:
     text = " ".join(r.stdout.replace("│", " ").split())
     assert "None ->" not in text
     assert "optimizer_implementation: foreach (default) -> for-loop" in text
+
+
+@pytest.mark.parametrize(
+    "model",
+    ["timm:test_resnet", str(Path(__file__).parent / "trace/diffusers_configs/tiny-sd3.json")],
+)
+def test_a_generic_only_model_is_refused_with_the_real_reason_first(
+    invoke: Invoke, model: str
+) -> None:
+    # issue 26: under the default engine (auto) a timm / diffusers model's refusal began with
+    # the formulas' "'X' is a ... model, not a formula family of the analytic engine" before
+    # the generic path's reason, the only one that says what to change
+    pytest.importorskip("torch")
+    err = invoke("estimate", model, "--framework", "torchtune", exit_code=2).stderr.strip()
+    last = err.splitlines()[-1]  # after the progress line
+    assert last.startswith("error: framework=torchtune: torchtune's recipes train its own")
+    assert "not a formula family" not in err and "analytic" not in err

@@ -10,7 +10,9 @@ Note [Which path runs]
     engine), else the generic path (``trainmem.trace.generic``: the model built by transformers
     or diffusers, a few blocks traced and repeated to full depth) when torch and transformers
     import, else one line saying what to install. An explicit engine always wins. The
-    estimate's ``engine`` field says which path ran.
+    estimate's ``engine`` field says which path ran. When both refuse, the refusal gives both
+    reasons, the formulas' first; for a diffusers or timm model, which no formula family is,
+    the generic path's reason alone.
 """
 
 from __future__ import annotations
@@ -1218,9 +1220,11 @@ def _estimate_auto(
                 cuda_context_bytes,
             )
         except UnsupportedError as generic_exc:  # neither path models it: both reasons
-            raise UnsupportedError(
-                f"the analytic formulas: {reason}; {without_analytic_advice(str(generic_exc))}"
-            ) from generic_exc
+            why = without_analytic_advice(str(generic_exc))
+            if diffusers or (isinstance(model, str) and _is_timm(model)):
+                # no formula family was ever in question: the generic path's reason alone
+                raise type(generic_exc)(why) from generic_exc
+            raise UnsupportedError(f"the analytic formulas: {reason}; {why}") from generic_exc
         est.notes.insert(0, f"auto: {reason}; the generic path ran")
         return est
     return finish(

@@ -64,10 +64,38 @@ def test_sweep_csv_and_json(invoke: Invoke) -> None:
     rows = list(csv.DictReader(io.StringIO(r.stdout)))
     assert len(rows) == 8 and rows[0]["micro_batch_size"] == "1"
     r = invoke(*args, "--format", "json")
-    data = json.loads(r.stdout)
+    data = json.loads(r.stdout)["rows"]
     assert len(data) == 8 and {d["seq_len"] for d in data} == {512, 1024}
     r = invoke(*args)
     assert "sweep" in r.stdout
+
+
+def test_sweep_json_says_what_was_computed_and_assumed(invoke: Invoke) -> None:
+    # issue 26: `sweep --format json` printed a bare list of rows, without the model, the GPU
+    # or what was assumed, where estimate / plan / fit report them; each is checked here
+    # against `estimate --json` of the same point, the command a user would run to check it
+    args = ["sweep", "gpt2", "--gpu", "T4", "-s", "512", "--over", "micro-batch-size=2,4"]
+    d = json.loads(invoke(*args, "--format", "json").stdout)
+    est = json.loads(
+        invoke("estimate", "gpt2", "--gpu", "T4", "-s", "512", "-b", "2", "--json").stdout
+    )
+    assert d["schema_version"] == 1
+    assert (d["model"], d["engine"], d["gpu"]) == (est["model"], est["engine"], est["gpu"])
+    assert d["over"] == {"micro_batch_size": [2, 4]}
+    assert d["config"] == est["config"]
+    assert d["assumed"] == est["details"]["assumed"]
+    assert [r["micro_batch_size"] for r in d["rows"]] == [2, 4]
+    assert all("assumed" not in r for r in d["rows"])  # the same as the top-level one
+    # a swept framework changes what a row assumed: that row says so
+    over = ["--over", "framework=pytorch-amp,hf-trainer"]
+    d = json.loads(invoke(*args[:-2], *over, "--format", "json").stdout)
+    hf = json.loads(
+        invoke(
+            "estimate", "gpt2", "--gpu", "T4", "-s", "512", "--framework", "hf-trainer", "--json"
+        ).stdout
+    )
+    assert d["assumed"]["framework"] == "pytorch-amp" and "assumed" not in d["rows"][0]
+    assert d["rows"][1]["assumed"] == hf["details"]["assumed"]
 
 
 @pytest.mark.parametrize(

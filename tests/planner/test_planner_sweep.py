@@ -68,7 +68,7 @@ def test_csv_and_json_parse_back() -> None:
         assert p["fits"] == ("true" if r.fits else "false")
         assert p["verdict"] in ("fits", "tight", "does not fit")
         assert (p["verdict"] == "does not fit") == (not r.fits)
-    data = json.loads(sweep_json(rows))
+    data = json.loads(sweep_json(rows))["rows"]
     assert data == [r.to_dict() for r in rows]
     assert isinstance(data[0]["fits"], bool) and isinstance(data[0]["margin_bytes"], int)
 

@@ -78,8 +78,7 @@ def test_sweep_traces_each_point_as_estimate_does(invoke_json: InvokeJson, invok
     )  # fmt: skip
     import json
 
-    rows = json.loads(r.stdout)
-    rows = rows["rows"] if isinstance(rows, dict) else rows
+    rows = json.loads(r.stdout)["rows"]
     assert [row["micro_batch_size"] for row in rows] == [1, 32]
     for row in rows:
         d = invoke_json(

@@ -4,7 +4,8 @@
   answer confirmed with the allocator simulator (``search.py``); :func:`plan_gpus`: both for
   every catalog GPU, with the fewest GPUs of each kind for a sharded run (:func:`fewest_gpus`).
 * :func:`fixes`: ranked changes from the table :data:`CHANGES` (``fixes.py``).
-* :func:`sweep`: estimates over a grid (``sweep.py``); renderers in ``render.py``.
+* :func:`sweep`: estimates over a grid (``sweep.py``), a :class:`Sweep` of rows; renderers in
+  ``render.py``.
 * ``commands.py``: the ``plan``, ``fit`` and ``sweep`` CLI commands (``register(app)``).
 
 All sizes are bytes (``int``).
@@ -21,7 +22,7 @@ from trainmem.planner.search import (
     max_seq_len,
     plan_gpus,
 )
-from trainmem.planner.sweep import SweepRow, parse_over, sweep
+from trainmem.planner.sweep import Sweep, SweepRow, parse_over, sweep
 
 __all__ = [
     "CHANGES",
@@ -29,6 +30,7 @@ __all__ = [
     "Fix",
     "GpuPlan",
     "PlanResult",
+    "Sweep",
     "SweepRow",
     "fewest_gpus",
     "fixes",

@@ -15,13 +15,14 @@ All sizes are bytes (``int``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from itertools import product
-from typing import Any, cast
+from typing import Any, cast, overload
 
+from trainmem.breakdown import MemoryEstimate
 from trainmem.errors import SpecError, UnsupportedError
-from trainmem.estimate import estimate, resolve_gpu, resolve_model, vision_sequence
+from trainmem.estimate import assumed_of, estimate, resolve_gpu, resolve_model, vision_sequence
 from trainmem.specs.grid import SWEEPABLE as SWEEPABLE  # re-exported for the callers
 from trainmem.specs.grid import field_name as field_name
 from trainmem.specs.grid import parse_over as parse_over
@@ -29,6 +30,11 @@ from trainmem.specs.grid import parse_value as parse_value
 from trainmem.specs.hardware import GPUSpec
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig, derived
+
+SHAPE_FIELDS = ("micro_batch_size", "seq_len")
+"""Swept fields that change no assumption (:func:`trainmem.specs.assumptions.assumptions` reads
+the framework, loop, precision, LoRA, quantization, versions and parallel sizes, never the
+shape): a sweep works out what each point assumed once per value of its other swept fields."""
 
 TEMPLATED_FROM = 16
 """(micro-batch size, sequence length) pairs per other setting from which a sweep fills its
@@ -57,6 +63,9 @@ class SweepRow:
             simulator (``--simulate-allocator``, or a traced step); False: the closed form,
             reserved = allocated, so a run that fragmentation pushes out of memory may read
             ``tight`` here and ``does not fit`` in ``trainmem estimate``.
+        assumed: what the point assumed (framework, loop, library versions:
+            :func:`~trainmem.estimate.assumed_of`, estimate's ``details.assumed``); not in
+            :meth:`to_dict` (the CSV's flat rows): :meth:`Sweep.to_dict` carries it.
     """
 
     settings: dict[str, Any]
@@ -68,6 +77,7 @@ class SweepRow:
     verdict: str | None
     margin_bytes: int | None
     allocator_simulated: bool = False
+    assumed: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         """Flat JSON-able dict: the settings, then the figures (bytes)."""
@@ -84,6 +94,63 @@ class SweepRow:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class Sweep(Sequence[SweepRow]):
+    """A sweep's rows with what they were computed for: a sequence of :class:`SweepRow` (the
+    grid points in order), plus the model, GPU, grid, the settings held fixed and what was
+    assumed, as ``estimate`` / ``plan`` / ``fit`` report them.
+
+    Attributes:
+        model_name: the model as the estimates name it (preset name or config path).
+        engine: the first point's engine (``analytic``, or the generic path's ``trace``).
+        gpu: the GPU of the verdicts, or None.
+        over: the grid: field -> values, fields spelled as :class:`TrainingConfig`'s.
+        config: every resolved setting of the first point (the swept fields vary by row).
+        assumed: what the first point assumed (framework, loop, versions); a row whose
+            assumptions differ (a swept framework, loop or version) carries its own.
+        rows: one per grid point, in ``itertools.product`` order.
+    """
+
+    model_name: str
+    engine: str
+    gpu: GPUSpec | None
+    over: dict[str, list[Any]]
+    config: dict[str, Any]
+    assumed: Mapping[str, str]
+    rows: tuple[SweepRow, ...]
+
+    @overload
+    def __getitem__(self, index: int) -> SweepRow: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[SweepRow]: ...
+    def __getitem__(self, index: int | slice) -> SweepRow | Sequence[SweepRow]:
+        return self.rows[index]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[SweepRow]:
+        return iter(self.rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"model", "engine", "gpu", "over", "config", "assumed", "rows"}``: ``gpu`` is
+        ``{"name", "capacity_bytes"}`` or None; each row :meth:`SweepRow.to_dict`, plus
+        ``"assumed"`` where it differs from the top-level one."""
+        gpu = self.gpu
+        return {
+            "model": self.model_name,
+            "engine": self.engine,
+            "gpu": None if gpu is None else {"name": gpu.name, "capacity_bytes": gpu.memory_bytes},
+            "over": self.over,
+            "config": self.config,
+            "assumed": dict(self.assumed),
+            "rows": [
+                r.to_dict() | ({} if r.assumed == self.assumed else {"assumed": dict(r.assumed)})
+                for r in self.rows
+            ],
+        }
+
+
 def sweep(
     model: str | ModelSpec,
     base_training: TrainingConfig,
@@ -93,7 +160,7 @@ def sweep(
     simulate_allocator: bool = False,
     cuda_context_bytes: int | None = None,
     on_point: Callable[[dict[str, Any]], None] | None = None,
-) -> list[SweepRow]:
+) -> Sweep:
     """Estimate every point of the grid ``over`` around ``base_training``.
 
     Args:
@@ -111,7 +178,8 @@ def sweep(
     step with the allocator replayed (``simulate_allocator`` has no effect there).
 
     Returns:
-        One row per grid point.
+        One row per grid point (a sequence), with the model, GPU, grid, the first point's
+        settings and what each point assumed.
 
     Raises:
         SpecError: unknown model, GPU or field, or a value a field does not accept (the message
@@ -144,6 +212,8 @@ def sweep(
             shapes *= len(values)
     lean = shapes >= TEMPLATED_FROM
     rows: list[SweepRow] = []
+    first: MemoryEstimate | None = None  # the sweep's config and assumptions
+    assumed: dict[str, Mapping[str, str]] = {}  # by the point's other swept values (repr)
     training, previous = base_training, None
     for point in product(*grids):
         settings = dict(zip(names, point, strict=True))
@@ -174,6 +244,11 @@ def sweep(
             )
         )
         b = est.breakdown
+        first = est if first is None else first
+        key = repr([(n, v) for n, v in settings.items() if n not in SHAPE_FIELDS])
+        said = assumed.get(key)
+        if said is None:
+            said = assumed[key] = assumed_of(est)
         rows.append(
             SweepRow(
                 settings=settings,
@@ -185,6 +260,16 @@ def sweep(
                 verdict=est.verdict,
                 margin_bytes=est.margin_bytes,
                 allocator_simulated=simulate_allocator or spec is None,
+                assumed=said,
             )
         )
-    return rows
+    assert first is not None  # every field has a value (checked above): one point at least
+    return Sweep(
+        model_name=first.model_name,
+        engine=first.engine,
+        gpu=gpu_spec,
+        over=dict(zip(names, grids, strict=True)),
+        config=dict(first.config),
+        assumed=rows[0].assumed,
+        rows=tuple(rows),
+    )

@@ -19,12 +19,12 @@ from trainmem.estimate import assumed_of
 from trainmem.planner.evaluate import margin_bytes
 from trainmem.planner.fixes import Fix
 from trainmem.planner.search import GpuPlan, PlanResult
-from trainmem.planner.sweep import SweepRow
+from trainmem.planner.sweep import Sweep, SweepRow
 from trainmem.report.table import VERDICT_STYLE
 from trainmem.units import gib_text
 
 SCHEMA_VERSION = 1
-"""Version of the plan / fit JSON; bump on any key change."""
+"""Version of the plan / fit / sweep JSON; bump on any key change."""
 
 _CAPTION = "GiB = 2^30 bytes; '--json' gives exact bytes"
 
@@ -252,6 +252,10 @@ def sweep_csv(rows: Sequence[SweepRow]) -> str:
     return buf.getvalue()
 
 
-def sweep_json(rows: Sequence[SweepRow]) -> str:
-    """A JSON list of :meth:`SweepRow.to_dict` (exact bytes)."""
-    return json.dumps([r.to_dict() for r in rows], indent=2, default=list)
+def sweep_json(result: Sweep) -> str:
+    """``{"schema_version", **Sweep.to_dict()}``: the model, GPU, grid, the first point's
+    settings and what was assumed (as plan / fit's ``assumed``), the rows under ``"rows"``
+    (exact bytes)."""
+    return json.dumps(
+        {"schema_version": SCHEMA_VERSION, **result.to_dict()}, indent=2, default=list
+    )
