@@ -197,9 +197,9 @@ def test_an_oom_rank_has_no_reserved_figure_in_the_json(invoke: Invoke) -> None:
 
 @pytest.mark.parametrize("model", ["gpt2", "vit-large-patch16-224"])
 def test_target_seq_len_on_a_model_without_t5s_decoder_warns(invoke: Invoke, model: str) -> None:
-    # TrainingConfig.target_seq_len is read only as T5's decoder length (analytic
-    # decoder_seq_len, the generic path's T5 labels); on GPT-2 or ViT it was accepted and
-    # dropped without a word
+    # TrainingConfig.target_seq_len is read only as a text encoder-decoder's decoder length
+    # (analytic decoder_seq_len, the generic path's labels: T5, BART...); on GPT-2 or ViT it
+    # was accepted and dropped without a word
     import json
 
     d = json.loads(invoke("estimate", model, "--target-seq-len", "64", "--json").stdout)

@@ -1052,28 +1052,40 @@ def _unread_seq_len(model: str | ModelSpec, training: TrainingConfig, *, given: 
 
 
 def _unread_target_seq_len(model: str | ModelSpec, training: TrainingConfig) -> list[str]:
-    """A warning when ``target_seq_len`` was given for a model that does not read it: only
-    T5's decoder length is an input of its own (the formulas' encoder-decoder,
-    :attr:`~trainmem.specs.training.TrainingConfig.decoder_seq_len`; the generic path's T5
-    labels, :func:`trainmem.trace.hf_model.hf_batch`); a decoder-only or encoder model has no
-    decoder, and another encoder-decoder's labels are ``seq_len`` long there."""
+    """A warning when ``target_seq_len`` was given for a model that does not read it: a text
+    encoder-decoder's decoder length is an input of its own (the formulas' T5,
+    :attr:`~trainmem.specs.training.TrainingConfig.decoder_seq_len`; the generic path's labels,
+    :func:`trainmem.trace.hf_model.reads_target_seq_len`: T5, mT5, BART, Pegasus, Marian...);
+    a decoder-only or encoder model has no decoder, Whisper's and a vision / speech
+    encoder-decoder's labels are ``seq_len`` long."""
     if not training.target_seq_len:
         return []
     spec = model if isinstance(model, ModelSpec) else _loaded_spec(model)
     if spec is not None and (spec.architecture == "encoder-decoder" or spec.cross_attention):
         return []
-    if spec is None and not isinstance(model, ModelSpec):
-        try:
-            if load_hf_config(model).get("model_type") == "t5":
-                return []
-        except SpecError:
-            pass
+    if spec is None and not isinstance(model, ModelSpec) and _generic_reads_target(model):
+        return []
     return [
         f"warning: target_seq_len={training.target_seq_len} has no effect on this model: only "
-        "T5's decoder length is modelled apart from seq_len (a decoder-only or encoder model "
-        "has no decoder; another encoder-decoder's labels are seq_len long); leave "
-        "--target-seq-len out"
+        "a text encoder-decoder's (T5, BART, Pegasus, Marian...) decoder length is modelled "
+        "apart from seq_len (a decoder-only or encoder model has no decoder; Whisper's and a "
+        "vision / speech encoder-decoder's labels are seq_len long); leave --target-seq-len out"
     ]
+
+
+def _generic_reads_target(model: str) -> bool:
+    """Whether the generic path's batch of the config ``model`` has labels ``target_seq_len``
+    long (:func:`trainmem.trace.hf_model.reads_target_seq_len`); False when the config cannot be
+    read or built, or transformers is missing (its own error comes later)."""
+    try:
+        raw = load_hf_config(model)
+        if "model_type" not in raw:  # a diffusers or timm config
+            return False
+        from trainmem.trace.hf_model import hf_config_of, reads_target_seq_len
+
+        return reads_target_seq_len(hf_config_of(raw))
+    except (ImportError, SpecError, UnsupportedError):
+        return False
 
 
 def setting_warnings(model: str | ModelSpec, training: TrainingConfig) -> list[str]:

@@ -408,9 +408,11 @@ class BatchConfig:
         "Decoder (target) tokens per sequence of an encoder-decoder such as T5.",
         default_text="0, the same as --seq-len",
     )
-    """Decoder (target) tokens per sequence of an encoder-decoder (T5 ``labels``, from which
-    ``decoder_input_ids`` are shifted), 0 to 2^31 - 1; 0, the default, means the same as
-    ``seq_len``. Ignored by decoder-only and encoder models. See :attr:`decoder_seq_len`."""
+    """Decoder (target) tokens per sequence of a text encoder-decoder (T5, mT5, BART, Pegasus,
+    Marian...: ``labels``, from which ``decoder_input_ids`` are shifted), 0 to 2^31 - 1; 0, the
+    default, means the same as ``seq_len``. Ignored by decoder-only and encoder models, and by
+    Whisper and image / speech encoder-decoders (their decoder reads ``seq_len`` tokens). See
+    :attr:`decoder_seq_len`."""
     earlier_seq_lens: str | None = setting(
         None,
         "Lengths of the steps run before the measured one, comma-separated, none above "

@@ -437,8 +437,8 @@ def make_hf_batch(
 
     The input follows the model's ``main_input_name`` (``transformers/modeling_utils.py``):
     ``input_ids`` [b, s] int64 with ``labels`` = the same ids (causal and masked LM, T5/BART:
-    the decoder reads the labels shifted right; T5's ``labels`` are [b, target] with
-    ``target_seq_len``; Mamba);
+    the decoder reads the labels shifted right; a text encoder-decoder's ``labels`` are
+    [b, target] with ``target_seq_len``, :func:`reads_target_seq_len`; Mamba);
     ``pixel_values`` [b, c, height, width] in the parameter dtype (ViT, DINOv2, CLIP / SigLIP
     vision towers) with class ``labels`` [b] when the model takes labels; ``input_features``
     [b, mel bins, 2 * max_source_positions] (Whisper's 30 s log-mel window: two frames per
@@ -456,7 +456,8 @@ def make_hf_batch(
         model: the HF model (its ``config`` decides the inputs).
         micro_batch_size: b.
         seq_len: s (tokens; the decoder's for Whisper).
-        target_seq_len: the decoder's length for T5; 0 means ``seq_len``.
+        target_seq_len: the decoder's length of a text encoder-decoder (T5, mT5, UMT5, BART,
+            Pegasus, Marian...: :func:`reads_target_seq_len`); 0 means ``seq_len``.
         image_size: (height, width) pixels of an image model's ``pixel_values`` (``--resolution``);
             None: the config's ``image_size``; a vision-language model's one image per sample
             (:func:`trainmem.trace.hf_inputs.vision_language_batch`).
@@ -498,7 +499,7 @@ def make_hf_batch(
         batch.update(text_side_inputs(base, b, s))
     if takes_labels and not (main == "input_features" and head.endswith("ForCTC")):
         # (a CTC head's labels: see _waveform_batch)
-        target = target_seq_len or s if cfg.model_type == "t5" else s
+        target = target_seq_len or s if reads_target_seq_len(cfg) else s
         batch["labels"] = token_ids(cfg, vocab, (b, target))  # = the ids when target == s
         classes = max(getattr(cfg, "num_labels", 1), 1)
         if head.endswith(("ForSequenceClassification", "ForImageClassification")):
@@ -510,6 +511,22 @@ def make_hf_batch(
     if isinstance(codebooks, int) and "decoder_input_ids" in params:
         batch.update(_audio_code_batch(cfg.decoder_config, b, s, codebooks, takes_labels))
     return batch
+
+
+def reads_target_seq_len(cfg: Any) -> bool:
+    """Whether ``cfg``'s labels are a decoder's own sequence, ``target_seq_len`` long: an
+    encoder-decoder (``is_encoder_decoder``) of transformers' text-to-text table
+    (``MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES``, transformers 5.24
+    models/auto/modeling_auto.py: T5, mT5, UMT5, BART, Pegasus, Marian, mBART, LED...), whose
+    ``*ForConditionalGeneration`` shifts the labels right into the decoder's input, of any
+    length (modeling_t5.py / modeling_bart.py ``shift_tokens_right``). Whisper's decoder length
+    is ``seq_len`` itself, a vision / speech encoder-decoder's labels are the text it writes
+    (``seq_len``); the audio language models of that table are no encoder-decoders."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
+
+    return bool(getattr(cfg, "is_encoder_decoder", False)) and (
+        cfg.model_type in MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES
+    )
 
 
 def _audio_code_batch(
