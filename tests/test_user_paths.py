@@ -278,3 +278,21 @@ def test_a_generic_only_model_is_refused_with_the_real_reason_first(
     last = err.splitlines()[-1]  # after the progress line
     assert last.startswith("error: framework=torchtune: torchtune's recipes train its own")
     assert "not a formula family" not in err and "analytic" not in err
+
+
+def test_litgpt_refusal_names_commands_that_install_it_beside_transformers_5(
+    invoke: Invoke,
+) -> None:
+    # issue 26: the hint said `pip install 'trainmem[litgpt]'`, which cannot resolve beside
+    # transformers 5 (litgpt 0.5.13 pins huggingface-hub<1.4; transformers 5.24 needs >=1.31).
+    # Checked in a throwaway venv (torch 2.13.0+cpu, transformers 5.24.0): these two commands
+    # install what litgpt's config / model / lora modules import, and the trace runs
+    pytest.importorskip("torch")
+    from trainmem.trace.litgpt_model import litgpt_available
+
+    if litgpt_available():
+        pytest.skip("litgpt is installed: nothing is refused")
+    args = ("estimate", "tiny-llama-test", "--framework", "litgpt", "--engine", "generic")
+    err = " ".join(invoke(*args, "-s", "64", exit_code=2).stderr.split())
+    assert "pip install --no-deps litgpt==0.5.13 && pip install lightning" in err
+    assert "huggingface-hub<1.4" in err and "Traceback" not in err

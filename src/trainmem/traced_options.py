@@ -89,7 +89,7 @@ from trainmem.analytic.transforms.optimizer import per_parameter_step_ops
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.errors import ScheduleError, UnsupportedError
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
-from trainmem.specs.frameworks import HF_TRAINER_STACKS, litgpt_last_chunk_rows
+from trainmem.specs.frameworks import HF_TRAINER_STACKS, LITGPT_INSTALL, litgpt_last_chunk_rows
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.optimizers import OPTIMIZER_TABLE
 from trainmem.specs.training import TrainingConfig
@@ -613,7 +613,7 @@ _FRAMEWORKS_UNTRACED = {
     ),
     "litgpt": (
         "litgpt's own GPT is traced on one GPU and under DDP (trainmem.trace.litgpt_model, "
-        "needs pip install 'trainmem[litgpt]'); Fabric's FSDP and model-parallel strategies "
+        f"needs litgpt: {LITGPT_INSTALL}); Fabric's FSDP and model-parallel strategies "
         "are not; traced: --framework litgpt on one GPU or DDP, or --engine analytic"
     ),
     # the HF Trainer family: its ZeRO is DeepSpeed's engine (``--deepspeed ds_config.json``,

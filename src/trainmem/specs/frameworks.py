@@ -144,7 +144,18 @@ TORCHTUNE_PRECISIONS = ("bf16-true", "32-true")
 model, no autocast, fp16 refused by every training recipe (``FrameworkConventions.precisions``)."""
 DEFAULT_LITGPT_VERSION = (0, 5, 13)
 """The litgpt release assumed when none is given: 0.5.13, whose model code the traced paths run
-(trainmem.trace.litgpt_model; ``pip install 'trainmem[litgpt]'``)."""
+(trainmem.trace.litgpt_model; :data:`LITGPT_INSTALL`)."""
+LITGPT_INSTALL = "pip install --no-deps litgpt==0.5.13 && pip install lightning"
+"""How to install litgpt's model code beside transformers 5: litgpt 0.5.13 (the newest on PyPI
+on 2026-11-29) pins ``huggingface-hub<1.4`` and ``jsonargparse<=4.41``, and transformers 5.24.0
+needs ``huggingface-hub>=1.31.0,<3.0``, so ``pip install 'trainmem[litgpt]'`` resolves only with
+transformers 4. The modules the trace imports (``litgpt.config``, ``litgpt.model``,
+``litgpt.lora`` and, through ``litgpt/__init__.py``, ``api`` / ``utils`` / ``tokenizer``) import
+lightning, psutil, PyYAML, safetensors, numpy and torch at module level, never huggingface_hub or
+jsonargparse: with lightning installed beside it (its dependencies bring PyYAML; peft, in the
+``trace`` extra, psutil) ``--no-deps`` runs the trace. Checked in a fresh venv (session 26:
+torch 2.13.0+cpu, transformers 5.24.0, huggingface-hub 2.4.0, lightning 2.6.6; pip warns of the
+two pins and installs; tests/trace/test_litgpt_model.py passes there)."""
 LITGPT_LORA_LINEAR_UNITS_SINCE = (0, 5, 8)
 """litgpt 0.5.8 (281510ab, "Do not wrap LoRA layers with FSDP", Mar 2025): multi-GPU
 finetune/lora.py wraps each ``torch.nn.Linear`` as an FSDP1 unit (``auto_wrap_policy=

@@ -242,7 +242,8 @@ def _litgpt_recipe(name: str, raw: Mapping[str, Any], training: TrainingConfig) 
     them (Note [litgpt's training step], ``trace/litgpt_model.py``).
 
     Raises:
-        UnsupportedError: litgpt is not installed (naming ``pip install 'trainmem[litgpt]'``),
+        UnsupportedError: litgpt is not installed (naming how:
+            :data:`~trainmem.specs.frameworks.LITGPT_INSTALL`),
             or the model is not one litgpt's ``GPT`` is built for here.
     """
     from trainmem.specs.hf import model_spec_from_hf

@@ -3,7 +3,8 @@
 litgpt trains its own ``GPT`` (litgpt/model.py), not transformers' classes, so the generic path
 builds that model from the run's :class:`~trainmem.specs.model.ModelSpec` and traces it on fake
 tensors: the real litgpt code runs, nothing of its attention, MLP, LoRA or loss is modelled.
-litgpt is an optional extra (``pip install 'trainmem[litgpt]'``); without it the traced paths
+litgpt is optional (:data:`~trainmem.specs.frameworks.LITGPT_INSTALL`: beside transformers 5,
+``pip install --no-deps litgpt==0.5.13 && pip install lightning``); without it the traced paths
 refuse ``framework=litgpt`` and say so.
 
 Note [litgpt's training step]
@@ -44,7 +45,7 @@ from types import ModuleType
 from typing import Any
 
 from trainmem.errors import UnsupportedError
-from trainmem.specs.frameworks import installed_version, litgpt_head_chunk_rows
+from trainmem.specs.frameworks import LITGPT_INSTALL, installed_version, litgpt_head_chunk_rows
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
@@ -66,7 +67,11 @@ __all__ = [
     "require_litgpt",
 ]
 
-LITGPT_INSTALL_HINT = "pip install 'trainmem[litgpt]'"
+LITGPT_INSTALL_HINT = (
+    f"{LITGPT_INSTALL} (litgpt pins huggingface-hub<1.4, which transformers 5 cannot share, so "
+    "pip install 'trainmem[litgpt]' resolves only beside transformers 4; its model code does "
+    "not import the hub: pip warns of the pin and the trace runs)"
+)
 
 _LORA_TARGETS = {"q": "lora_query", "k": "lora_key", "v": "lora_value", "o": "lora_projection"}
 """trainmem's LoRA target names -> litgpt.lora.Config flags (``lora_mlp`` covers the MLP's
