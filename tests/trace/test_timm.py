@@ -158,3 +158,36 @@ def test_batchnorm_on_pooled_features_at_micro_batch_1_names_the_field(invoke) -
     result = invoke("estimate", "timm:levit_128s", "-b", "1", exit_code=2)
     assert "error: micro_batch_size: 1: LevitDistilled batch-normalises" in result.output
     assert "allowed: --micro-batch-size 2 or more" in result.output
+
+
+EVA = "eva02_tiny_patch14_224"
+"""EVA-02 Ti/14: 12 EvaBlocks of width 192, fused qkv with q / v biases, SwiGLU MLP fc1 192 ->
+1024 (gate and up), fc2 512 -> 192."""
+
+
+def test_lora_on_evas_fused_qkv_never_runs_its_adapter_on_cpu() -> None:
+    # the premise, by a real CPU step with real peft: EvaAttention with its q / v biases calls
+    # F.linear(x, self.qkv.weight, bias) (timm eva.py), so the adapter put on qkv is bypassed
+    # and nothing in the loss's graph is trainable
+    import peft
+    import torch
+
+    model = timm.create_model(EVA, pretrained=False, num_classes=10, img_size=56)
+    model = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules=["qkv"]))
+    loss = model(torch.randn(1, 3, 56, 56)).sum()
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        loss.backward()
+
+
+def test_eva_lora_on_qkv_is_refused_with_the_reason_and_what_runs(invoke, invoke_json) -> None:
+    # issue 26: the refusal was "the traced step failed: RuntimeError: element 0 of tensors
+    # does not require grad", which says nothing of why or what to target instead
+    r = invoke("estimate", f"timm:{EVA}", "-b", "2", "--lora-rank", "8", exit_code=2)
+    err = r.stderr.strip().splitlines()[-1]
+    assert err.startswith("error: lora_targets: q,v adapt only EvaAttention's fused qkv")
+    assert "F.linear(x, self.qkv.weight, bias)" in err and "--lora-targets o,up,down" in err
+    out = invoke_json(
+        "estimate", f"timm:{EVA}", "-b", "2", "--lora-rank", "8", "--lora-targets", "o,up,down"
+    )
+    # rank 8 per block: proj 8 x (192 + 192) + fc1 8 x (192 + 1024) + fc2 8 x (512 + 192)
+    assert out["num_trainable_parameters"] == 12 * 8 * ((192 + 192) + (192 + 1024) + (512 + 192))
