@@ -191,3 +191,23 @@ def test_eva_lora_on_qkv_is_refused_with_the_reason_and_what_runs(invoke, invoke
     )
     # rank 8 per block: proj 8 x (192 + 192) + fc1 8 x (192 + 1024) + fc2 8 x (512 + 192)
     assert out["num_trainable_parameters"] == 12 * 8 * ((192 + 192) + (192 + 1024) + (512 + 192))
+
+
+def test_eva_context_parallelism_is_refused_for_its_real_reason(invoke) -> None:
+    # issue 26: the refusal said "Eva's stages change the token count between them"; EVA has
+    # no stages: one list of blocks at one token count, called in a loop with the rotary
+    # table of the whole sequence (timm eva.py Eva.forward_features: blk(x, rope=...))
+    import inspect
+
+    import torch
+
+    with torch.device("meta"):
+        model = timm.create_model(EVA, pretrained=False)
+    assert isinstance(model.blocks, torch.nn.ModuleList)  # iterated, not one Sequential call
+    assert "rope" in inspect.signature(type(model.blocks[0]).forward).parameters
+    args = ["--context-parallel-size", "2", "--zero-stage", "3", "--data-parallel-size", "2"]
+    r = invoke("estimate", f"timm:{EVA}", "-b", "2", *args, exit_code=2)
+    err = " ".join(r.stderr.split())
+    assert "error: context_parallel_size:" in err and "stages" not in err
+    assert "Eva's forward calls its blocks in a loop with tables of the whole token" in err
+    assert "(--zero-stage 3)" in err

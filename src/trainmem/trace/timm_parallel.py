@@ -306,7 +306,8 @@ def apply_timm_context_parallel(model: Any, cp_mesh: Any) -> None:
 
     Raises:
         NotApplicableError: a CNN (no token sequence).
-        UnsupportedError: blocks outside one list (Swin's stages merge tokens between them).
+        UnsupportedError: blocks outside one ``nn.Sequential`` (Swin's stages merge tokens
+            between them; EVA and BEiT call theirs in a loop with whole-sequence tables).
 
     Note [Context parallelism of a ViT's tokens]
         torch's ``context_parallel`` (torch 2.13 distributed/tensor/experimental/
@@ -349,10 +350,21 @@ def apply_timm_context_parallel(model: Any, cp_mesh: Any) -> None:
     blocks = attention_blocks(model, f"context_parallel_size={cp}")
     holder = getattr(base_model(model), "blocks", None)
     if not isinstance(holder, torch.nn.Sequential) or any(b not in holder for b in blocks):
+        name = type(base_model(model)).__name__
+        looped = isinstance(holder, torch.nn.ModuleList) and all(b in holder for b in blocks)
+        why = (
+            # timm 1.0.31 eva.py Eva.forward_features: ``blk(x, rope=rot_pos_embed)``; beit.py
+            # Beit.forward_features: ``blk(x, shared_rel_pos_bias=rel_pos_bias)``
+            f"{name}'s forward calls its blocks in a loop with tables of the whole token "
+            "sequence beside the tokens (EVA's rotary embedding, BEiT's relative position "
+            "bias), which a rank's chunk of tokens would need cut to its own positions"
+            if looped
+            else f"{name}'s stages change the token count between them"
+        )
         raise UnsupportedError(
-            f"context_parallel_size: the traced token sharding runs ViT-style blocks in one "
-            f"list (model.blocks); {type(base_model(model)).__name__}'s stages change the token "
-            "count between them; shard this model with FSDP (--zero-stage 3) instead"
+            "context_parallel_size: the traced token sharding runs ViT-style blocks called in "
+            f"one nn.Sequential (model.blocks) on the tokens alone; {why}; shard this model "
+            "with FSDP (--zero-stage 3) instead"
         )
     seen: list[int] = []  # this step's token count, for the trim after the last block
 
