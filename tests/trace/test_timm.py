@@ -211,3 +211,13 @@ def test_eva_context_parallelism_is_refused_for_its_real_reason(invoke) -> None:
     assert "error: context_parallel_size:" in err and "stages" not in err
     assert "Eva's forward calls its blocks in a loop with tables of the whole token" in err
     assert "(--zero-stage 3)" in err
+
+
+def test_eva_quantized_base_is_refused_with_the_reason(invoke) -> None:
+    # a quantized qkv weight goes into EvaAttention's F.linear(x, self.qkv.weight, bias) packed:
+    # it failed as "the traced step failed: RuntimeError: b must be 2D"
+    args = ["--quantize-base", "nf4", "--lora-rank", "8", "--lora-targets", "o,up,down"]
+    r = invoke("estimate", f"timm:{EVA}", "-b", "2", *args, exit_code=2)
+    err = r.stderr.strip().splitlines()[-1]
+    assert err.startswith("error: quantize_base: nf4 quantizes EvaAttention's fused qkv linear")
+    assert "traced step failed" not in err

@@ -50,6 +50,7 @@ from typing import Any
 from trainmem.errors import SpecError, UnsupportedError
 from trainmem.specs.training import LORA_TARGETS, TrainingConfig
 from trainmem.trace._torch import require_torch
+from trainmem.trace.quantized import weight_read_directly
 
 torch = require_torch()
 
@@ -779,33 +780,17 @@ def apply_lora(model: Any, training: TrainingConfig) -> Any:
     return model
 
 
-def _weight_read_directly(model: Any, name: str) -> bool:
-    """Whether ``model``'s module ``name`` is a fused q/k/v linear whose attention's forward
-    reads its weight rather than calling it: timm's attention with a q / v bias (``q_bias``,
-    ``k_bias`` a zero buffer) and ``qkv_bias_separate`` False runs
-    ``F.linear(x, weight=self.qkv.weight, bias=torch.cat((q_bias, k_bias, v_bias)))`` (timm 1.0.31
-    models/eva.py ``EvaAttention.forward``, models/beit.py ``Attention.forward``,
-    models/swin_transformer_v2.py ``WindowAttention.forward``), so a wrapper put in the linear's
-    place, peft's LoRA layer, is never called (its ``weight`` is the base layer's)."""
-    parent_name, _, leaf = name.rpartition(".")
-    if leaf != "qkv":
-        return False
-    parent = model.get_submodule(parent_name) if parent_name else model
-    return isinstance(getattr(parent, "q_bias", None), torch.nn.Parameter) and not getattr(
-        parent, "qkv_bias_separate", False
-    )
-
-
 def _check_adapters_reached(model: Any, names: list[str], training: TrainingConfig) -> None:
     """Refuse LoRA targets none of whose adapters the forward reaches
-    (:func:`_weight_read_directly`: q / k / v on timm's EVA, BEiT and Swin V2 attention with
-    their q / v biases): no parameter is trainable in the graph, and ``loss.backward()`` fails
-    on the GPU as in the trace ("element 0 of tensors does not require grad").
+    (:func:`~trainmem.trace.quantized.weight_read_directly`: q / k / v on timm's EVA, BEiT and
+    Swin V2 attention with their q / v biases): no parameter is trainable in the graph, and
+    ``loss.backward()`` fails on the GPU as in the trace ("element 0 of tensors does not require
+    grad").
 
     Raises:
         SpecError: ``lora_targets``, naming the targets whose adapters run.
     """
-    bypassed = [n for n in names if _weight_read_directly(model, n)]
+    bypassed = [n for n in names if weight_read_directly(model, n)]
     if not bypassed or len(bypassed) < len(names):
         return
     owner = type(model.get_submodule(bypassed[0].rpartition(".")[0])).__name__

@@ -111,6 +111,7 @@ from __future__ import annotations
 import types
 from typing import Any
 
+from trainmem.errors import SpecError
 from trainmem.specs.frameworks import TRL_BF16_NAMES_MATCHED
 from trainmem.specs.quantization import (
     float_quant_storage,
@@ -278,6 +279,50 @@ def _kept_in_precision(model: Any, diffusers: bool) -> set[int]:
     return {id(m) for m in head.modules()}
 
 
+def weight_read_directly(model: Any, name: str) -> bool:
+    """Whether ``model``'s module ``name`` is a fused q/k/v linear whose attention's forward
+    reads its weight rather than calling it: timm's attention with a q / v bias (``q_bias``,
+    ``k_bias`` a zero buffer) and ``qkv_bias_separate`` False runs
+    ``F.linear(x, weight=self.qkv.weight, bias=torch.cat((q_bias, k_bias, v_bias)))`` (timm 1.0.31
+    models/eva.py ``EvaAttention.forward``, models/beit.py ``Attention.forward``,
+    models/swin_transformer_v2.py ``WindowAttention.forward``), so a wrapper put in the linear's
+    place, peft's LoRA layer, is never called (its ``weight`` is the base layer's), and a
+    quantized weight is read packed, never dequantized (bitsandbytes dequantizes in
+    ``Linear4bit.forward``)."""
+    parent_name, _, leaf = name.rpartition(".")
+    if leaf != "qkv":
+        return False
+    parent = model.get_submodule(parent_name) if parent_name else model
+    return isinstance(getattr(parent, "q_bias", None), torch.nn.Parameter) and not getattr(
+        parent, "qkv_bias_separate", False
+    )
+
+
+def _check_weights_called(model: Any, kept: set[int], training: TrainingConfig) -> None:
+    """Refuse a quantized base whose model reads a linear's weight directly
+    (:func:`weight_read_directly`: timm's EVA, BEiT and Swin V2 fused qkv): the packed weight
+    would go into ``F.linear`` as it is.
+
+    Raises:
+        SpecError: ``quantize_base``.
+    """
+    for name, module in model.named_modules():
+        path = name.removesuffix(".base_layer")  # peft's LoRA wraps the linear
+        if id(module) in kept or not isinstance(module, torch.nn.Linear):
+            continue
+        if weight_read_directly(model, path):
+            owner = type(model.get_submodule(path.rpartition(".")[0])).__name__
+            raise SpecError(
+                "quantize_base",
+                f"{training.quantize_base} quantizes {owner}'s fused qkv linear, whose weight "
+                "its forward reads directly: with its q / v biases it runs "
+                "F.linear(x, self.qkv.weight, bias) (timm eva.py / beit.py / "
+                "swin_transformer_v2.py), which would take the packed codes as they are, as on "
+                "a GPU (bitsandbytes dequantizes only in its own Linear4bit / Linear8bitLt "
+                "forward); allowed: none (LoRA on the 16-bit base)",
+            )
+
+
 def quantize_base(model: Any, training: TrainingConfig, *, diffusers: bool = False) -> int:
     """Replace, in place, each frozen linear of ``model`` that ``training.quantize_base``
     quantizes by its stand-in (Note [Traced quantized base]); no-op without a quantized base.
@@ -301,6 +346,7 @@ def quantize_base(model: Any, training: TrainingConfig, *, diffusers: bool = Fal
         for name, param in model.named_parameters():
             if "lora_" not in name and param.is_floating_point():
                 param.data = param.data.to(dtype)
+    _check_weights_called(model, kept, training)
     storage = float_quant_storage(training)
     count = 0
     for module in model.modules():
