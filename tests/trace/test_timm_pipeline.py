@@ -108,3 +108,32 @@ def test_a_cnn_is_refused_naming_what_is_traced_on_it() -> None:
 def test_what_is_not_traced_beside_it_is_refused_by_name() -> None:
     with pytest.raises(UnsupportedError, match="a timm model .* without activation_checkpointing"):
         _pipeline(activation_checkpointing="full")
+
+
+def test_maxvit_stages_are_said_to_be_split_by_block_count_not_size() -> None:
+    # issue 26 item 6: MaxViT's attention blocks widen stage by stage; the stages are cut at
+    # equal block counts (4 / 4 of test_maxvit's 8), so they hold 220,310 / 872,942
+    # parameters: the sizes of the two stage modules torch's frontend cut (session 25's
+    # timmpp run), which sum to timm's own count. A ViT's equal blocks need no word.
+    import torch
+
+    from trainmem.specs.training import TrainingConfig
+    from trainmem.trace.frontend_pipeline import _split_points, stage_balance_note
+    from trainmem.trace.timm_model import import_timm
+    from trainmem.trace.timm_pipeline import timm_pipeline_inputs
+
+    timm = import_timm()
+    training = TrainingConfig(pipeline_parallel_size=2, gradient_accumulation_steps=2)
+    inputs = timm_pipeline_inputs()
+    notes = {}
+    for name in ("test_maxvit", "test_vit"):
+        with torch.device("meta"):
+            model = timm.create_model(name, pretrained=False)
+        _, spec = _split_points(model, training, inputs)
+        notes[name] = stage_balance_note(model, training, inputs, spec)
+        if name == "test_maxvit":
+            assert 220_310 + 872_942 == sum(p.numel() for p in model.parameters())
+    assert notes["test_vit"] is None
+    assert notes["test_maxvit"] is not None
+    assert "split by count (4 / 4 per stage" in notes["test_maxvit"]
+    assert "the stages hold 220,310 / 872,942 parameters" in notes["test_maxvit"]

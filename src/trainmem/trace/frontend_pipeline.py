@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from trainmem.errors import TraceError, UnsupportedError
-from trainmem.specs.ranks import rank_map
+from trainmem.specs.ranks import rank_map, stage_layers
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
 
@@ -118,8 +118,6 @@ def _split_points(
 ) -> tuple[int, dict[str, Any]]:
     """(number of blocks, the split spec: the first block of every stage but the first)."""
     from torch.distributed.pipelining import SplitPoint
-
-    from trainmem.specs.ranks import stage_layers
 
     names = {id(m): n for n, m in model.named_modules()}
     blocks = [names[id(b)] for b in inputs.blocks(model)]
@@ -271,7 +269,8 @@ def estimate_frontend_pipeline(
     with torch.device("meta"):
         full = recipe.build()
     counts = count_parameters(full)
-    num_blocks, _ = _split_points(full, training, inputs)
+    num_blocks, split_spec = _split_points(full, training, inputs)
+    balance = stage_balance_note(full, training, inputs, split_spec)
     del full
     layout = rank_map(training, num_blocks)
     ws = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
@@ -301,4 +300,35 @@ def estimate_frontend_pipeline(
         "traced pipeline rank's stages traced under its schedule; requested sizes, the CUDA "
         "context and the NCCL communicators are added, not traced"
     )
+    if balance:
+        est.notes.append(balance)
     return est
+
+
+def stage_balance_note(
+    model: Any, training: TrainingConfig, inputs: FrontendInputs, split_spec: dict[str, Any]
+) -> str | None:
+    """What the estimate assumes of the stages' sizes when the model's blocks differ in size
+    (MaxViT, Swin: wider blocks deeper in), else None: the stages are cut at equal block
+    counts (:func:`_split_points`, as the rank map splits layers and torchtitan's
+    ``pipeline_module_split`` its layers), not balanced by parameters, which torch's frontend
+    would cut wherever told (``split_spec`` names any module). Each stage's parameters are
+    those of the modules from its first block to the next stage's, in model order (the order
+    ``torch.export`` runs them in timm's models), the stem on the first, the head on the last.
+    """
+    sizes = [sum(p.numel() for p in b.parameters()) for b in inputs.blocks(model)]
+    if len(set(sizes)) < 2:
+        return None
+    stages = [0]
+    for name, module in model.named_modules():
+        if name in split_spec:
+            stages.append(0)
+        stages[-1] += sum(p.numel() for p in module.parameters(recurse=False))
+    counts = [len(r) for r in stage_layers(len(sizes), training)]
+    return (
+        f"pipeline stages: {type(model).__name__}'s {len(sizes)} attention blocks differ in "
+        f"size ({min(sizes):,} to {max(sizes):,} parameters) and are split by count "
+        f"({' / '.join(map(str, counts))} per stage, as layers are), not by size: the stages "
+        f"hold {' / '.join(f'{n:,}' for n in stages)} parameters; a split balanced by "
+        "parameters (torch's frontend cuts at any module) is not modelled"
+    )
