@@ -82,6 +82,10 @@ def test_each_stage_holds_its_blocks_and_what_runs_beside_them() -> None:
     # 1F1B: stage 0 of 2 runs two forwards before its first backward, whose first op (fc2's
     # backward in block 2) is the peak: two micro-batches' activations in flight
     assert _at_peak(est, 0, MemoryCategory.ACTIVATION) == 2 * MICRO_BATCH_STAGE0
+    # what was assumed names timm, which built the model, as without pipeline stages; it said
+    # "transformers 5.24.0 (installed)" and a language model's "lengths" (session 26)
+    assumed = est.details["assumed"]
+    assert "timm" in assumed and "transformers" not in assumed and "lengths" not in assumed
 
 
 def test_gpipe_holds_every_micro_batch_on_the_first_stage() -> None:

@@ -300,6 +300,9 @@ def estimate_frontend_pipeline(
         "traced pipeline rank's stages traced under its schedule; requested sizes, the CUDA "
         "context and the NCCL communicators are added, not traced"
     )
+    # what built the model, as the generic path records it: the assumptions name its library
+    # (timm, diffusers) rather than transformers (trainmem.estimate assumed_of)
+    est.details["generic"] = {"block_lists": [], "library": recipe.library}
     if balance:
         est.notes.append(balance)
     return est
