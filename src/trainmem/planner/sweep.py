@@ -213,7 +213,8 @@ def sweep(
     lean = shapes >= TEMPLATED_FROM
     rows: list[SweepRow] = []
     first: MemoryEstimate | None = None  # the sweep's config and assumptions
-    assumed: dict[str, Mapping[str, str]] = {}  # by the point's other swept values (repr)
+    assumed: dict[object, Mapping[str, str]] = {}  # by the point's other swept values
+    others = [i for i, n in enumerate(names) if n not in SHAPE_FIELDS]
     training, previous = base_training, None
     for point in product(*grids):
         settings = dict(zip(names, point, strict=True))
@@ -245,8 +246,12 @@ def sweep(
         )
         b = est.breakdown
         first = est if first is None else first
-        key = repr([(n, v) for n, v in settings.items() if n not in SHAPE_FIELDS])
-        said = assumed.get(key)
+        key: object = tuple(point[i] for i in others)
+        try:
+            said = assumed.get(key)
+        except TypeError:  # a value that does not hash (a list given through the library)
+            key = repr(key)
+            said = assumed.get(key)
         if said is None:
             said = assumed[key] = assumed_of(est)
         rows.append(
