@@ -96,6 +96,14 @@ def test_sweep_json_says_what_was_computed_and_assumed(invoke: Invoke) -> None:
     )
     assert d["assumed"]["framework"] == "pytorch-amp" and "assumed" not in d["rows"][0]
     assert d["rows"][1]["assumed"] == hf["details"]["assumed"]
+    # lengths drawn from a dataset's statistics depend on the micro-batch size: each row's own
+    lengths = ["--sample-lengths", "alpaca-cleaned"]
+    d = json.loads(invoke(*args, *lengths, "--format", "json").stdout)
+    est4 = json.loads(
+        invoke("estimate", "gpt2", "--gpu", "T4", "-s", "512", "-b", "4", *lengths, "--json").stdout
+    )
+    assert d["rows"][1]["assumed"]["lengths"] == est4["details"]["assumed"]["lengths"]
+    assert d["rows"][1]["assumed"]["lengths"] != d["assumed"]["lengths"]
 
 
 @pytest.mark.parametrize(

@@ -32,9 +32,11 @@ from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig, derived
 
 SHAPE_FIELDS = ("micro_batch_size", "seq_len")
-"""Swept fields that change no assumption (:func:`trainmem.specs.assumptions.assumptions` reads
-the framework, loop, precision, LoRA, quantization, versions and parallel sizes, never the
-shape): a sweep works out what each point assumed once per value of its other swept fields."""
+"""Swept fields that change no assumption unless the lengths are drawn from a dataset's
+statistics (:func:`trainmem.specs.assumptions.assumptions` reads the framework, loop,
+precision, LoRA, quantization, versions and parallel sizes; the shape only for
+``sample_lengths``' drawn lengths): a sweep works out what each point assumed once per value of
+its other swept fields (of all of them with ``sample_lengths``)."""
 
 TEMPLATED_FROM = 16
 """(micro-batch size, sequence length) pairs per other setting from which a sweep fills its
@@ -246,7 +248,7 @@ def sweep(
         )
         b = est.breakdown
         first = est if first is None else first
-        key: object = tuple(point[i] for i in others)
+        key: object = point if training.sample_lengths else tuple(point[i] for i in others)
         try:
             said = assumed.get(key)
         except TypeError:  # a value that does not hash (a list given through the library)
