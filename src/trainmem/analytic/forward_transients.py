@@ -117,6 +117,7 @@ def down_projection_held_bytes(
     input_saved: bool,
     first_layer: bool,
     has_embedding: bool,
+    base_output_saved: bool = False,
 ) -> list[int]:
     """The tensors (bytes each) a layer's forward holds at its MLP's down projection besides
     its saved blocks (Note [Forward tensors held at the down projection]): down's output, its
@@ -132,6 +133,9 @@ def down_projection_held_bytes(
             stream).
         first_layer: the stack's first layer on this rank (its input is the embeddings').
         has_embedding: this rank runs the embeddings (pipeline stage 0).
+        base_output_saved: down's output is a saved block of the layer made before this
+            point (DoRA's ``base_result``: Note [DoRA's down moment in the forward] in
+            analytic/lora_variants.py), so not one more tensor here.
     """
     sizes = _pre_norm_sizes(model, training)
     if sizes is None:
@@ -139,7 +143,7 @@ def down_projection_held_bytes(
     c, r, h, i = sizes
     inner = layer_is_checkpointed(training)  # nothing inside the layer is saved
     # Note [Float8 casts of a base weight]: down's output is made after the cast's fp32 copies
-    out = [] if float8_eager_casts(model, training) else [c * h]
+    out = [] if float8_eager_casts(model, training) or base_output_saved else [c * h]
     if training.kbit_fp32_activations:  # Note [fp32 layers over a 16-bit quantized matmul]
         q = dtype_bytes(training.compute_dtype)
         out = [q * h, q * i]  # down's output before its cast back, its input's 16-bit copy

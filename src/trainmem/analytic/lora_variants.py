@@ -44,6 +44,7 @@ from __future__ import annotations
 from trainmem.analytic.activation_parallelism import parallel_divisor
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
 from trainmem.analytic.checkpointing import layer_checkpoint_reentrant, layer_is_checkpointed
+from trainmem.analytic.float8 import float8_linears_save_input
 from trainmem.analytic.params import adapted_linears, lora_targeted
 from trainmem.errors import UnsupportedError
 from trainmem.specs.model import ModelSpec
@@ -54,6 +55,8 @@ __all__ = [
     "INPUT_PROJECTIONS",
     "check_lora_variant",
     "dora_embeddings_held_bytes",
+    "dora_down_after_moment",
+    "dora_down_moment_in_forward",
     "dora_first_layer_unsaved",
     "dora_forward_transient_bytes",
     "dora_layer_start_held_bytes",
@@ -376,6 +379,65 @@ def dora_recompute_down_held_bytes(
     return out
 
 
+def dora_down_moment_in_forward(model: ModelSpec, training: TrainingConfig) -> bool:
+    """Whether the forward's DoRA moment at the down projection sits at its base matmul,
+    before down's own saved blocks (Note [DoRA's down moment in the forward]): DoRA on down
+    under :func:`dora_moments_per_linear`, without checkpointing and without
+    ``lora_dropout``.
+
+    Note [DoRA's down moment in the forward]
+        peft 0.21.2 tuners/lora/layer.py ``Linear.forward`` runs ``result =
+        self.base_layer(x)``, casts x to the adapters' dtype (``_cast_input_dtype``), then
+        tuners/lora/variants.py ``DoraLinearVariant.forward`` passes ``base_result=result``
+        (no dropout) to tuners/lora/dora.py ``DoraLinearLayer.forward``, whose weight norm
+        (``get_lora_weight``, ``weight.to``, ``get_weight_norm``) runs before ``lora_result =
+        lora_B(lora_A(x))``. So at down's norm in the forward the layer holds every block made
+        before down, down's base output (``base_result``, saved later by ``(mag_norm_scale -
+        1) * base_result``: a saved block, made first) and what the decoder layer's code
+        still references (the MLP's input; transformers' ``inputs_embeds`` from the second
+        layer on: Note [Forward tensors held at the down projection]); ``lora_A``'s 16-bit
+        copy of its input, its output (``lora/down``) and DoRA's other saved tensors
+        (``lora_result``, ``mag_norm_scale``, ``mag_norm_scale - 1``) come after, as in the
+        recompute (Note [What down's DoRA moment precedes]). Where the base matmul saves its
+        input (bitsandbytes' int8 ``MatMul8bitLt``, the stand-in's ``ctx.save_for_backward(
+        cast)``: the input itself when already in the compute dtype), ``mlp/down_input`` is
+        that saved input, made before the moment and not counted again among the moment's
+        transients (``lora/down_input_copy`` is ``lora_A``'s copy, after). Traced on the
+        1024-wide Llama of tests/models/lora_variants (2 x 256 tokens, DoRA r 16 on all seven
+        linears, no checkpointing; the step peaks at layer 1's down norm in the forward):
+        with the moment at the layer's end the formulas held these blocks as activations
+        (3,960,832 B over the trace) and the MLP's input and ``inputs_embeds`` not at all
+        (4,194,304 B under), and over an int8 base counted down's saved input twice
+        (2,883,584 B): generic / formulas - 1 +0.15 % (nf4, none), -1.01 % (int8); by
+        category activations -3.97 MB, temporaries +4.29 / +1.41 MB. Now within 0.1 MB
+        each (tests/analytic/test_dora_forward_down_moment.py). With ``lora_dropout`` the
+        base result is DoRA's re-linear on the dropout output, made after the norm; that
+        case keeps the layer's end, as do a run without autocast (``lora_A`` then saves peft's
+        cast itself, made before the norm) and the other linears that save their input
+        (DeepSpeed ZeRO-3's, float8's), not checked against a trace.
+    """
+    return (
+        dora_moments_per_linear(model, training)
+        and "down" in training.lora_targets
+        and training.activation_checkpointing == "none"
+        and training.lora_dropout == 0
+        and training.uses_autocast
+        and not training.zero3_linear_saves_input
+        and not float8_linears_save_input(model, training)
+    )
+
+
+def dora_down_after_moment(training: TrainingConfig) -> frozenset[str]:
+    """The terms of a layer with DoRA on its down projection made after down's DoRA moment
+    (Note [What down's DoRA moment precedes]): ``lora_A``'s 16-bit copy of down's input is
+    ``mlp/down_input`` where the base matmul saves no input, ``lora/down_input_copy`` where
+    it saves its own (then ``mlp/down_input``, made before: Note [DoRA's down moment in the
+    forward])."""
+    if training.quantized_matmul_saves_input:
+        return frozenset({"lora/down", "dora/down", "lora/down_input_copy"})
+    return frozenset({"lora/down", "dora/down", "mlp/down_input"})
+
+
 def _dora_down_recomputed(training: TrainingConfig) -> bool:
     """DoRA on the down projection of a layer whose backward runs a non-reentrant recompute in
     transformers' model code (Note [DoRA's moments in the recompute])."""
@@ -434,12 +496,15 @@ def dora_forward_transient_bytes(
     linears: frozenset[str] | None = None,
     exclude: frozenset[str] = frozenset(),
     at_start: bool = False,
+    input_saved: bool = False,
 ) -> int:
     """The most one targeted linear's DoRA forward holds at once beyond what it saves (Note
     [DoRA forward transients]), bytes; 0 without DoRA. ``linears``: only those (all by
     default); ``exclude``: not those; ``at_start``: before the layer's saved blocks exist, so
     with the linear's base output (c t out), a block of the layer's saved set after (Note
-    [Where DoRA's transients sit]).
+    [Where DoRA's transients sit]); ``input_saved``: a 16-bit input is a saved block made
+    before the moment where the base matmul saves it as itself (Note [DoRA's down moment in
+    the forward]), so not counted here.
 
     Note [DoRA forward transients]
         ``DoraLinearLayer.get_lora_weight`` (peft tuners/lora/dora.py) builds the adapters'
@@ -480,10 +545,12 @@ def dora_forward_transient_bytes(
             continue
         # Note [DoRA's input at a norm's reader]: the input in its own dtype
         x = r_in if name in NORM_READERS else c
+        # Note [DoRA's down moment in the forward]: the base's saved input, itself
+        own = 0 if input_saved and x == c and training.quantized_matmul_saves_input else x
         # at the start also the saved cast without autocast: a block made after this point
         x_cast = a * t * fan_in if (autocast or at_start) and a > x else 0
         # the linear's own input (a frozen base saves none of it; the adapters read the cast)
-        held = x * t * fan_in + x_cast + e * fan_in * fan_in + e * fan_in * r
+        held = own * t * fan_in + x_cast + e * fan_in * fan_in + e * fan_in * r
         if at_start:
             held += c * t * fan_out
         at_product = held + (a * fan_in * fan_in if autocast else 0) + e * fan_in * fan_out

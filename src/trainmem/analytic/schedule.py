@@ -113,6 +113,8 @@ from trainmem.analytic.lora_variants import (
     INPUT_PROJECTIONS,
     O_LINEARS,
     UP_LINEARS,
+    dora_down_after_moment,
+    dora_down_moment_in_forward,
     dora_moments_per_linear,
 )
 from trainmem.analytic.loss import (
@@ -148,6 +150,7 @@ from trainmem.analytic.transforms.base import (
     unit_states,
 )
 from trainmem.analytic.transforms.checkpointing import (
+    DORA_DOWN,
     DOWN_DROPOUT,
     WEIGHT_COPIES,
     LayerPlan,
@@ -568,7 +571,10 @@ def _copy_groups(n: int) -> list[int]:
 
 
 def _linear_groups(
-    names: Sequence[str], up_input: bool = False, down_after: bool = False
+    names: Sequence[str],
+    up_input: bool = False,
+    down_after: bool = False,
+    after: frozenset[str] = AFTER_DOWN_MOMENT,
 ) -> list[int]:
     """Per block of a layer (its term names, in the plan's order) whether the layer makes it
     before o's DoRA moment (0), between o's and up's (1) or after up's (2) (Note [DoRA's moment
@@ -578,8 +584,10 @@ def _linear_groups(
     up copies between; up's and down's own blocks, the MLP's last block and down's copy after.
     ``up_input``: the last ``mlp/input`` block is up's ``lora_A`` 16-bit input copy
     (:func:`~trainmem.analytic.transforms.checkpointing.mlp_input_copies`), made after up's
-    DoRA moment. ``down_after``: down's own blocks (:data:`AFTER_DOWN_MOMENT`) are made after
-    its DoRA moment in the recompute (3; Note [What down's DoRA moment precedes])."""
+    DoRA moment. ``down_after``: down's own blocks (``after``, by default
+    :data:`AFTER_DOWN_MOMENT`) are made after its DoRA moment (3; Note [What down's DoRA
+    moment precedes]), but for down's base output where ``dora/down`` is split (Note [DoRA's
+    down moment in the forward])."""
     out = []
     for term in names:
         linear = term.rsplit("/", 1)[-1]
@@ -594,11 +602,15 @@ def _linear_groups(
     if up_input and inputs:
         out[inputs[-1]] = 2
     if down_after:
-        out = [3 if term in AFTER_DOWN_MOMENT else g for g, term in zip(out, names, strict=True)]
+        out = [3 if term in after else g for g, term in zip(out, names, strict=True)]
         # lora_A's 16-bit copy of the dropout output, the term's first block (the mask after)
         dropped = [k for k, term in enumerate(names) if term == DOWN_DROPOUT]
         if dropped:
             out[dropped[0]] = 3
+        # down's base output, the first of a split dora/down (lora_result and the rest after)
+        based = [k for k, term in enumerate(names) if term == DORA_DOWN]
+        if len(based) == 2:
+            out[based[0]] = 2
     copies = [k for k, term in enumerate(names) if term == WEIGHT_COPIES]
     for k, g in zip(copies, _copy_groups(len(copies)), strict=True):
         out[k] = g
@@ -656,6 +668,9 @@ class _Layers:
         self.norm_tmp = layer_norm_backward_bytes(ctx.model, ctx.training)
         # Note [DoRA's moment at each linear] (no sequence-parallel copies: DoRA refuses TP)
         self.dora_order = dora_moments_per_linear(ctx.model, ctx.training)
+        # Note [DoRA's down moment in the forward]
+        self.forward_down = dora_down_moment_in_forward(ctx.model, ctx.training)
+        self.forward_after = dora_down_after_moment(ctx.training)
         # up's lora_A input copy, a block of its own (checkpointing.mlp_input_copies)
         self.up_input = self.dora_order and "up" in ctx.training.lora_targets
         # Note [What down's DoRA moment precedes]
@@ -676,6 +691,7 @@ class _Layers:
                 input_saved=saves_input,
                 first_layer=first,
                 has_embedding=ctx.rank.has_embedding,
+                base_output_saved=self.forward_down,
             )
             for first in (False, True)
         }
@@ -796,7 +812,9 @@ class _Layers:
         ]
         if self.dora_order:  # Note [DoRA's moment at each linear]
             names = [term for term, _ in plan.saved + dropped_blocks]
-            groups = _linear_groups(names, self.up_input)
+            groups = _linear_groups(
+                names, self.up_input, self.forward_down, after=self.forward_after
+            )
             blocks = saved + dropped
             body += [op for op, g in zip(blocks, groups, strict=True) if g == 0]
             body += self._kv_cache() + scores
@@ -805,7 +823,9 @@ class _Layers:
             body += [op for op, g in zip(blocks, groups, strict=True) if g == 1]
             body += em.at("layer.mlp.up.forward", where)
             body += [op for op, g in zip(blocks, groups, strict=True) if g == 2]
-            return self._forward_end(body, em, where, dropped)
+            # Note [DoRA's down moment in the forward]: down's own blocks after its moment
+            after_down = [op for op, g in zip(blocks, groups, strict=True) if g == 3]
+            return self._forward_end(body, em, where, dropped, after_down)
         n_saved = sum(not term.startswith("mlp/") for term, _ in plan.saved)
         n_dropped = sum(not term.startswith("mlp/") for term, _ in dropped_blocks)
         names = [term for term, _ in plan.saved[:n_saved] + dropped_blocks[:n_dropped]]
@@ -827,14 +847,20 @@ class _Layers:
         return [alloc(self.kv_cache, Cat.TEMPORARY, "forward", "kv_cache/{i}", "layers.{i}", label)]
 
     def _forward_end(
-        self, body: list[Item], em: Emitter, where: Where, dropped: list[Op]
+        self,
+        body: list[Item],
+        em: Emitter,
+        where: Where,
+        dropped: list[Op],
+        after_down: Sequence[Op] = (),
     ) -> tuple[Item, ...]:
         """``body`` (the layer's forward up to its blocks) with the down projection's point,
-        the frees of the ``dropped`` blocks and ``layer.post_forward``."""
+        the blocks made ``after_down`` it, the frees of the ``dropped`` blocks and
+        ``layer.post_forward``."""
         f: Phase = "forward"
         # Note [Forward tensors held at the down projection]: a checkpointed layer's inner
         # tensors are gone by then
-        down = self._down_projection(em, where)
+        down = [*self._down_projection(em, where), *after_down]
         dropped_frees: list[Item] = [free(op, f) for op in dropped]
         body += [*dropped_frees, *down] if self.inner_unsaved else [*down, *dropped_frees]
         body += em.at("layer.post_forward", where)

@@ -47,11 +47,14 @@ from trainmem.analytic.activations import layer_activation_terms
 from trainmem.analytic.attention import SLIDING_MASK_BIAS, sliding_layer_mask_bias_bytes
 from trainmem.analytic.autocast import autocast_cached_weight_bytes
 from trainmem.analytic.checkpointing import layer_is_checkpointed
+from trainmem.analytic.lora import lora_adapter_dtype
 from trainmem.analytic.lora_variants import (
     INPUT_PROJECTIONS,
     O_LINEARS,
     UP_LINEARS,
+    dora_down_moment_in_forward,
     dora_moments_per_linear,
+    dora_terms,
 )
 from trainmem.analytic.norms import fused_norms
 from trainmem.analytic.op_selective import (
@@ -68,6 +71,7 @@ from trainmem.schedule import Op
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.timeline import Phase
+from trainmem.units import dtype_bytes
 
 WEIGHT_COPIES = "autocast_weight_copies"
 POSITION_BUCKETS = "attention/position_buckets"
@@ -427,6 +431,8 @@ def _term_blocks(ctx: RankContext, model: ModelSpec, terms: dict[str, int]) -> B
             if k == "mlp/input" and copies > 1 and v % copies == 0
             else dropout_blocks(ctx, v)
             if k == DOWN_DROPOUT and dropout_blocks(ctx, v)
+            else dora_down_blocks(ctx, model, v)
+            if k == DORA_DOWN and dora_down_blocks(ctx, model, v)
             else split(v, pieces)
         )
         if v > 0
@@ -450,6 +456,30 @@ def dropout_blocks(ctx: RankContext, size: int) -> list[int]:
     if size % (c + 1):
         return []
     return [size // (c + 1) * c, size // (c + 1)]
+
+
+DORA_DOWN = "dora/down"
+"""DoRA's saved tensors of the down projection (Note [DoRA] in analytic/lora_variants.py)."""
+
+
+def dora_down_blocks(ctx: RankContext, model: ModelSpec, size: int) -> list[int]:
+    """The ``dora/down`` term (``size`` bytes) of a block of ``model`` as down's base output
+    (``base_result``, c t h, made before down's DoRA moment) then DoRA's other saved tensors
+    (``lora_result`` and the [out] vectors, made after it), where the forward's down moment
+    splits them (Note [DoRA's down moment in the forward] in analytic/lora_variants.py); []
+    (the term split as any other) otherwise, or where ``size`` is not the term
+    :func:`~trainmem.analytic.lora_variants.dora_terms` gives."""
+    t = ctx.training
+    if not dora_down_moment_in_forward(model, t):
+        return []
+    tokens = t.micro_batch_size * tokens_per_sequence(model, t)
+    adapter_bytes = dtype_bytes(lora_adapter_dtype(t))
+    terms = dora_terms(model, t, t=tokens, k_top=1, adapter_bytes=adapter_bytes)
+    if terms.get(DORA_DOWN) != size:
+        return []
+    c, _ = compute_and_residual_bytes(t)
+    base = c * tokens * adapted_linears(model)["down"][1]
+    return [base, size - base]
 
 
 def mlp_input_copies(ctx: RankContext) -> int:

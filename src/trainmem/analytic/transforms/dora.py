@@ -29,6 +29,7 @@ from trainmem.analytic.lora_variants import (
     INPUT_PROJECTIONS,
     O_LINEARS,
     UP_LINEARS,
+    dora_down_moment_in_forward,
     dora_embeddings_held_bytes,
     dora_forward_transient_bytes,
     dora_layer_start_held_bytes,
@@ -92,10 +93,21 @@ class DoraWeightNorm(Transform):
             for linears in (O_LINEARS, UP_LINEARS)
         )
         moved = O_LINEARS | UP_LINEARS if per_linear else frozenset()
+        # Note [DoRA's down moment in the forward]: down's at its base matmul
+        self.forward_down = 0
+        if dora_down_moment_in_forward(model, training):
+            moved |= {"down"}
+            self.forward_down = dora_forward_transient_bytes(
+                model,
+                training,
+                adapter_bytes=adapter_bytes,
+                linears=frozenset({"down"}),
+                input_saved=True,
+            )
         self.end = dora_forward_transient_bytes(
             model, training, adapter_bytes=adapter_bytes, exclude=INPUT_PROJECTIONS | moved
         )
-        self.bytes = max(self.start, self.o, self.up, self.end)
+        self.bytes = max(self.start, self.o, self.up, self.end, self.forward_down)
         down = dora_forward_transient_bytes(
             model, training, adapter_bytes=adapter_bytes, linears=frozenset({"down"})
         )
@@ -154,6 +166,11 @@ class DoraWeightNorm(Transform):
 
     def layer_mlp_up_forward(self, where: Where) -> Sequence[Emitted]:
         return self._made_beside_embeddings(self.up, where)
+
+    def layer_mlp_forward(self, where: Where) -> Sequence[Emitted]:
+        """Down's moment beside what the forward holds at down (Note [DoRA's down moment in
+        the forward]; the schedule's ``down_held``)."""
+        return self._made(self.forward_down, "forward")
 
     def layer_post_forward(self, where: Where) -> Sequence[Emitted]:
         return self._made(self.end, "forward")
