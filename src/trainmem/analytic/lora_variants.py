@@ -56,6 +56,7 @@ __all__ = [
     "check_lora_variant",
     "dora_embeddings_held_bytes",
     "dora_down_after_moment",
+    "dora_down_dropout_output_bytes",
     "dora_down_moment_in_forward",
     "dora_first_layer_unsaved",
     "dora_forward_transient_bytes",
@@ -373,10 +374,19 @@ def dora_recompute_down_held_bytes(
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     h = model.hidden_size * t // parallel_divisor("mlp/input", training)
     out = ([] if base_output_cached else [c * h]) + ([r * h] if r != c else [])
-    if training.lora_dropout > 0:  # Note [What down's DoRA moment precedes]: x = dropout(x)
-        i = model.intermediate_size * t // parallel_divisor("mlp/gated", training)
-        out.append(adapter_bytes * i)
-    return out
+    return out + dora_down_dropout_output_bytes(model, training, adapter_bytes=adapter_bytes)
+
+
+def dora_down_dropout_output_bytes(
+    model: ModelSpec, training: TrainingConfig, *, adapter_bytes: int
+) -> list[int]:
+    """peft's dropout output on down's input, alive at down's DoRA moment (``x = dropout(x)``
+    in tuners/lora/variants.py ``DoraLinearVariant.forward``, before the norm: Note [What
+    down's DoRA moment precedes]): [a t i] with ``lora_dropout``, [] without."""
+    if training.lora_dropout == 0:
+        return []
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    return [adapter_bytes * model.intermediate_size * t // parallel_divisor("mlp/gated", training)]
 
 
 def dora_down_moment_in_forward(model: ModelSpec, training: TrainingConfig) -> bool:
@@ -420,7 +430,6 @@ def dora_down_moment_in_forward(model: ModelSpec, training: TrainingConfig) -> b
         dora_moments_per_linear(model, training)
         and "down" in training.lora_targets
         and training.activation_checkpointing == "none"
-        and training.lora_dropout == 0
         and training.uses_autocast
         and not training.zero3_linear_saves_input
         and not float8_linears_save_input(model, training)
@@ -496,15 +505,15 @@ def dora_forward_transient_bytes(
     linears: frozenset[str] | None = None,
     exclude: frozenset[str] = frozenset(),
     at_start: bool = False,
-    input_saved: bool = False,
+    input_held: bool = False,
 ) -> int:
     """The most one targeted linear's DoRA forward holds at once beyond what it saves (Note
     [DoRA forward transients]), bytes; 0 without DoRA. ``linears``: only those (all by
     default); ``exclude``: not those; ``at_start``: before the layer's saved blocks exist, so
     with the linear's base output (c t out), a block of the layer's saved set after (Note
-    [Where DoRA's transients sit]); ``input_saved``: a 16-bit input is a saved block made
-    before the moment where the base matmul saves it as itself (Note [DoRA's down moment in
-    the forward]), so not counted here.
+    [Where DoRA's transients sit]); ``input_held``: the linear's input is counted where the
+    moment sits (a saved block, or what the schedule holds there: Note [DoRA's down moment in
+    the forward]), so not here.
 
     Note [DoRA forward transients]
         ``DoraLinearLayer.get_lora_weight`` (peft tuners/lora/dora.py) builds the adapters'
@@ -545,8 +554,7 @@ def dora_forward_transient_bytes(
             continue
         # Note [DoRA's input at a norm's reader]: the input in its own dtype
         x = r_in if name in NORM_READERS else c
-        # Note [DoRA's down moment in the forward]: the base's saved input, itself
-        own = 0 if input_saved and x == c and training.quantized_matmul_saves_input else x
+        own = 0 if input_held else x  # Note [DoRA's down moment in the forward]
         # at the start also the saved cast without autocast: a block made after this point
         x_cast = a * t * fan_in if (autocast or at_start) and a > x else 0
         # the linear's own input (a frozen base saves none of it; the adapters read the cast)

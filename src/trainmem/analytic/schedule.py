@@ -691,7 +691,7 @@ class _Layers:
                 input_saved=saves_input,
                 first_layer=first,
                 has_embedding=ctx.rank.has_embedding,
-                base_output_saved=self.forward_down,
+                base_output_saved=self.forward_down and ctx.training.lora_dropout == 0,
             )
             for first in (False, True)
         }

@@ -470,7 +470,7 @@ def dora_down_blocks(ctx: RankContext, model: ModelSpec, size: int) -> list[int]
     (the term split as any other) otherwise, or where ``size`` is not the term
     :func:`~trainmem.analytic.lora_variants.dora_terms` gives."""
     t = ctx.training
-    if not dora_down_moment_in_forward(model, t):
+    if not dora_down_moment_in_forward(model, t) or t.lora_dropout > 0:
         return []
     tokens = t.micro_batch_size * tokens_per_sequence(model, t)
     adapter_bytes = dtype_bytes(lora_adapter_dtype(t))

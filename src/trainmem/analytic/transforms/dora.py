@@ -29,6 +29,7 @@ from trainmem.analytic.lora_variants import (
     INPUT_PROJECTIONS,
     O_LINEARS,
     UP_LINEARS,
+    dora_down_dropout_output_bytes,
     dora_down_moment_in_forward,
     dora_embeddings_held_bytes,
     dora_forward_transient_bytes,
@@ -97,13 +98,18 @@ class DoraWeightNorm(Transform):
         self.forward_down = 0
         if dora_down_moment_in_forward(model, training):
             moved |= {"down"}
+            # down's input: the base matmul's saved input, or held by the schedule where no
+            # block saves it (``down_projection_held_bytes``); the product's cast a t i here
+            held = training.quantized_matmul_saves_input or not ctx.profile.terms.get(
+                "mlp/down_input"
+            )
             self.forward_down = dora_forward_transient_bytes(
                 model,
                 training,
                 adapter_bytes=adapter_bytes,
                 linears=frozenset({"down"}),
-                input_saved=True,
-            )
+                input_held=held,
+            ) + sum(dora_down_dropout_output_bytes(model, training, adapter_bytes=adapter_bytes))
         self.end = dora_forward_transient_bytes(
             model, training, adapter_bytes=adapter_bytes, exclude=INPUT_PROJECTIONS | moved
         )
