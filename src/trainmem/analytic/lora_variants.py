@@ -53,6 +53,7 @@ from trainmem.units import dtype_bytes
 
 __all__ = [
     "INPUT_PROJECTIONS",
+    "UP_OWN_TERMS",
     "check_lora_variant",
     "dora_embeddings_held_bytes",
     "dora_down_after_moment",
@@ -65,6 +66,7 @@ __all__ = [
     "dora_recompute_down_held_bytes",
     "dora_recompute_gradient_bytes",
     "dora_terms",
+    "dora_up_combination_bytes",
     "qdora_dequantized_bytes",
 ]
 
@@ -236,6 +238,69 @@ UP_LINEARS = frozenset({"gate", "up"})
 """The linears whose DoRA moment is at ``layer.mlp.up.forward`` / ``layer.mlp.up.recompute``:
 the gate's moment comes first with fewer blocks made, the up's is the larger of the two (the
 same shape, Note [DoRA's moment at each linear])."""
+
+
+UP_OWN_TERMS = frozenset(
+    {"lora/up", "dora/up", "lora/up_dropout", "lora/up_input_copy", "op_selective/mm/lora_A/up",
+     "op_selective/mm/lora_B/up", "op_selective/mm/dora_base/up"}
+)  # fmt: skip
+"""The terms of up's own blocks, made between its DoRA norm and its output combination (Note
+[DoRA's output combination])."""
+
+
+def dora_up_combination_bytes(
+    model: ModelSpec, training: TrainingConfig, *, adapter_bytes: int
+) -> int:
+    """What up's DoRA forward holds at its output combination beyond the layer's blocks made
+    so far, up's own included (Note [DoRA's output combination]); 0 where up has no DoRA or
+    the schedule keeps no moment at up (:func:`dora_moments_per_linear`).
+
+    Note [DoRA's output combination]
+        After the weight norm peft 0.21.2 tuners/lora/dora.py ``DoraLinearLayer.forward``
+        runs ``lora_result = lora_B(lora_A(x))`` (with ``lora_dropout``, on ``x =
+        dropout(x)``: tuners/lora/variants.py ``DoraLinearVariant.forward``), with dropout
+        ``base_result = F.linear(x, weight)``, then ``result_dora = (mag_norm_scale - 1) *
+        base_result + mag_norm_scale * lora_result * scaling``: ``mul`` and ``add`` are on no
+        autocast list, so each product takes the magnitude's dtype a (torch type promotion
+        over the 16-bit ``lora_result`` / ``base_result``), and at ``mag_norm_scale *
+        lora_result * scaling`` the first product, the scaled one and ``(mag_norm_scale - 1)
+        * base_result`` are alive, three a t out tensors (the first is saved by nothing:
+        ``MulBackward0`` saves ``mag_norm_scale`` and ``lora_result``; ``MulBackward1`` with
+        a number nothing), and at the sum its output replaces the first. Alive beside them:
+        the linear's input and peft's casts (x, ``_cast_input_dtype``'s, the dropout output
+        a t in), ``lora_weight`` (a in out, a local until the return: its graph keeps the
+        eye's 16-bit cast, saved by ``lora_A``'s matmul, and ``lora_A(eye)``, saved by
+        ``lora_B``'s), ``weight`` where it is a new tensor (a 16-bit base cast to a, or a
+        dequantized one: a in out), the base output ``result`` where DoRA does not save it
+        (with dropout; without, it is ``base_result``, a saved block), and every block made
+        after the norm (``lora_A``'s input copy and output, ``lora_result``, the vectors, with
+        dropout the re-linear's weight cast and output: :data:`UP_OWN_TERMS`). So the
+        combination exceeds the norm's 4 a in out where t out is large beside in out, or
+        with dropout. Traced on the 1024-wide agreement Llama (2 x 256 tokens, DoRA r 16 on
+        gate / up with ``lora_dropout`` 0.1, full checkpointing): the step peaks at layer 1's
+        recomputed up combination, 11,062,816 B above the formulas with the norm the only
+        moment (+4.43 %; helper dora25's grid, session 25). Modelled at up only (the gate's
+        comes first with fewer blocks made, the same shape; o's, down's and q / k / v's
+        combinations are not modelled: their norms set the peaks traced so far).
+    """
+    if training.lora_variant != "dora" or not dora_moments_per_linear(model, training):
+        return 0
+    if "up" not in training.lora_targets:
+        return 0
+    c, r_in = compute_and_residual_bytes(training)
+    a = adapter_bytes
+    autocast = training.uses_autocast
+    e = c if autocast else a
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    fan_in, fan_out, _n = adapted_linears(model)["up"]
+    n = fan_in * fan_out
+    x_cast = a * t * fan_in if autocast and a > r_in else 0
+    held = r_in * t * fan_in + x_cast + e * fan_in * fan_in + e * fan_in * training.lora_rank
+    if training.lora_dropout > 0:
+        held += a * t * fan_in + c * t * fan_out  # the dropout output; result, not saved
+    weight_new = dtype_bytes(training.weight_dtype) != a or training.quantize_base != "none"
+    held += a * n * (2 if weight_new else 1)  # lora_weight, and weight where new
+    return held + 3 * a * t * fan_out
 
 
 def dora_moments_per_linear(model: ModelSpec, training: TrainingConfig) -> bool:

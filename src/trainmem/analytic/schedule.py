@@ -109,13 +109,16 @@ from trainmem.analytic.head import (
     layer_norm_backward_bytes,
 )
 from trainmem.analytic.load import load_items, load_rule
+from trainmem.analytic.lora import lora_adapter_dtype
 from trainmem.analytic.lora_variants import (
     INPUT_PROJECTIONS,
     O_LINEARS,
     UP_LINEARS,
+    UP_OWN_TERMS,
     dora_down_after_moment,
     dora_down_moment_in_forward,
     dora_moments_per_linear,
+    dora_up_combination_bytes,
 )
 from trainmem.analytic.loss import (
     accelerate_output_bytes,
@@ -559,7 +562,7 @@ Note [What down's DoRA moment precedes]
 """
 
 
-def _copy_groups(n: int) -> list[int]:
+def _copy_groups(n: int, up_combine: bool = False) -> list[int]:
     """Per weight copy of a layer (:func:`~trainmem.analytic.transforms.checkpointing.
     weight_blocks`' order: q, k, v, o, gate, up, down, then the adapters' block; without q, k
     and v in LoRA's first layer) whether it is made before o's DoRA moment (0), between o's and
@@ -567,7 +570,8 @@ def _copy_groups(n: int) -> list[int]:
     attention = {7: 4, 8: 4, 4: 1, 5: 1}.get(n)
     if attention is None:
         return [0] * n
-    return [0] * attention + [1, 1] + [2] * (n - attention - 2)
+    late = 4 if up_combine else 2  # after up's output combination (down's copy)
+    return [0] * attention + [1, 1] + [late] * (n - attention - 2)
 
 
 def _linear_groups(
@@ -575,6 +579,7 @@ def _linear_groups(
     up_input: bool = False,
     down_after: bool = False,
     after: frozenset[str] = AFTER_DOWN_MOMENT,
+    up_combine: bool = False,
 ) -> list[int]:
     """Per block of a layer (its term names, in the plan's order) whether the layer makes it
     before o's DoRA moment (0), between o's and up's (1) or after up's (2) (Note [DoRA's moment
@@ -587,10 +592,13 @@ def _linear_groups(
     DoRA moment. ``down_after``: down's own blocks (``after``, by default
     :data:`AFTER_DOWN_MOMENT`) are made after its DoRA moment (3; Note [What down's DoRA
     moment precedes]), but for down's base output where ``dora/down`` is split (Note [DoRA's
-    down moment in the forward])."""
+    down moment in the forward]). ``up_combine``: of the blocks after up's moment only up's
+    own (:data:`~trainmem.analytic.lora_variants.UP_OWN_TERMS`, its input copy) precede its
+    output combination, the others come after it (4; Note [DoRA's output combination])."""
     out = []
     for term in names:
-        linear = term.rsplit("/", 1)[-1]
+        # lora/<linear>_dropout and lora/<linear>_input_copy are made at <linear> too
+        linear = term.rsplit("/", 1)[-1].removesuffix("_dropout").removesuffix("_input_copy")
         if term.startswith(("lora/", "dora/", "op_selective/mm/")):
             out.append(0 if linear in INPUT_PROJECTIONS else 1 if linear in ("o", "gate") else 2)
         else:
@@ -611,8 +619,14 @@ def _linear_groups(
         based = [k for k, term in enumerate(names) if term == DORA_DOWN]
         if len(based) == 2:
             out[based[0]] = 2
+    if up_combine:
+        own = set(inputs[-1:]) if up_input else set()
+        out = [
+            4 if g == 2 and term not in UP_OWN_TERMS and k not in own else g
+            for k, (g, term) in enumerate(zip(out, names, strict=True))
+        ]
     copies = [k for k, term in enumerate(names) if term == WEIGHT_COPIES]
-    for k, g in zip(copies, _copy_groups(len(copies)), strict=True):
+    for k, g in zip(copies, _copy_groups(len(copies), up_combine), strict=True):
         out[k] = g
     return out
 
@@ -671,6 +685,10 @@ class _Layers:
         # Note [DoRA's down moment in the forward]
         self.forward_down = dora_down_moment_in_forward(ctx.model, ctx.training)
         self.forward_after = dora_down_after_moment(ctx.training)
+        # Note [DoRA's output combination]
+        self.up_combine = dora_up_combination_bytes(
+            ctx.model, ctx.training, adapter_bytes=dtype_bytes(lora_adapter_dtype(ctx.training))
+        )
         # up's lora_A input copy, a block of its own (checkpointing.mlp_input_copies)
         self.up_input = self.dora_order and "up" in ctx.training.lora_targets
         # Note [What down's DoRA moment precedes]
@@ -813,7 +831,11 @@ class _Layers:
         if self.dora_order:  # Note [DoRA's moment at each linear]
             names = [term for term, _ in plan.saved + dropped_blocks]
             groups = _linear_groups(
-                names, self.up_input, self.forward_down, after=self.forward_after
+                names,
+                self.up_input,
+                self.forward_down,
+                after=self.forward_after,
+                up_combine=bool(self.up_combine),
             )
             blocks = saved + dropped
             body += [op for op, g in zip(blocks, groups, strict=True) if g == 0]
@@ -823,6 +845,8 @@ class _Layers:
             body += [op for op, g in zip(blocks, groups, strict=True) if g == 1]
             body += em.at("layer.mlp.up.forward", where)
             body += [op for op, g in zip(blocks, groups, strict=True) if g == 2]
+            body += self._up_combination(f)  # Note [DoRA's output combination]
+            body += [op for op, g in zip(blocks, groups, strict=True) if g == 4]
             # Note [DoRA's down moment in the forward]: down's own blocks after its moment
             after_down = [op for op, g in zip(blocks, groups, strict=True) if g == 3]
             return self._forward_end(body, em, where, dropped, after_down)
@@ -837,6 +861,17 @@ class _Layers:
         mlp, partial = self._collectives(saved[n_saved:] + dropped[n_dropped:], names, "down")
         body += mlp + partial
         return self._forward_end(body, em, where, dropped)
+
+    def _up_combination(self, phase: Phase) -> list[Op]:
+        """Up's DoRA output combination, made and freed after up's own blocks (Note [DoRA's
+        output combination]); nothing without it or in a backward without a recompute."""
+        if not self.up_combine or (
+            phase == "backward" and self.training.activation_checkpointing == "none"
+        ):
+            return []
+        label = "DoRA's output combination at up (peft tuners/lora/dora.py)"
+        op = alloc(self.up_combine, Cat.TEMPORARY, phase, "dora_combine", "layers.{i}", label)
+        return [op, free(op, phase)]
 
     def _kv_cache(self) -> list[Op]:
         """The layer's KV cache copies, made at its attention (Note [The training KV cache's
@@ -990,9 +1025,10 @@ class _Layers:
         recomputed = self._recomputed(b, kind)
         if self.dora_order:  # Note [DoRA's moment at each linear]
             names = [term for term, _ in self.dropped[kind]]
-            groups = _linear_groups(names, self.up_input, self.down_after)
-            groups += _copy_groups(len(self.frozen_copies))
-            groups += self.recomputed_groups
+            combine = bool(self.up_combine)
+            groups = _linear_groups(names, self.up_input, self.down_after, up_combine=combine)
+            groups += _copy_groups(len(self.frozen_copies), combine)
+            groups += [4 if combine and g == 2 else g for g in self.recomputed_groups]
             body += [op for op, g in zip(recomputed, groups, strict=True) if g == 0]
             body += popped["o"]
             body += em.at("layer.o.recompute", where)
@@ -1000,6 +1036,8 @@ class _Layers:
             body += popped["up"]
             body += em.at("layer.mlp.up.recompute", where)
             body += [op for op, g in zip(recomputed, groups, strict=True) if g == 2]
+            body += self._up_combination(b)  # Note [DoRA's output combination]
+            body += [op for op, g in zip(recomputed, groups, strict=True) if g == 4]
         else:
             body += recomputed
         body += popped["backward"]
