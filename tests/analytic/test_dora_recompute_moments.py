@@ -194,6 +194,8 @@ def _analytic_step_peak(
         (ALL, "full", 0.1),
         (ALL, "selective", 0.1),
         (("o",), "selective", 0.0),
+        (("gate", "up"), "full", 0.1),
+        (("gate", "up"), "selective", 0.1),
     ],
     ids=[
         "down full",
@@ -202,13 +204,17 @@ def _analytic_step_peak(
         "all full dropout",
         "all selective dropout",
         "o selective",
+        "gate,up full dropout",
+        "gate,up selective dropout",
     ],  # fmt: skip
 )
 def test_step_peak_matches_a_real_cpu_execution(
     tmp_path: Path, targets: tuple[str, ...], mode: Checkpointing, dropout: float
 ) -> None:
     # before these Notes (same order): +1.00 / +0.49 / +0.78 / -1.75 / -1.89 / +2.61 %, each
-    # step peaking at layer 1's recomputed down (o) DoRA moment
+    # step peaking at layer 1's recomputed down (o) DoRA moment; gate,up with dropout before
+    # Note [DoRA's output combination] (session 26): about -15 / -16.4 %, the step peaking at
+    # layer 1's recomputed up combination
     path = tmp_path / "config.json"
     path.write_text(json.dumps(PEFT_LLAMA))
     real = _real_step_peak(targets, mode, dropout)
