@@ -553,7 +553,9 @@ Note [What down's DoRA moment precedes]
     taken there; ``base_result``, down's base output, is held at the moment by
     :func:`~trainmem.analytic.lora_variants.dora_recompute_down_held_bytes` unless the
     selective cache keeps it). Under Note [DoRA's moment at each linear] the recompute makes
-    them after that moment (the forward keeps them before its end). Traced on the 1024-wide
+    them after that moment, and so does the forward without checkpointing (Note [DoRA's down
+    moment in the forward], where the terms are :func:`~trainmem.analytic.lora_variants.
+    dora_down_after_moment`'s). Traced on the 1024-wide
     agreement Llama (2 x 256 tokens, DoRA r 16 on down): at layer 1's recomputed down moment
     the trace holds down's input ``act(gate) * up`` and peft's fp32 cast of it, not the 16-bit
     copy; with these blocks made before it and the gradients of Note [DoRA's output gradient

@@ -100,7 +100,7 @@ class DoraWeightNorm(Transform):
             moved |= {"down"}
             # down's input: the base matmul's saved input, or held by the schedule where no
             # block saves it (``down_projection_held_bytes``); the product's cast a t i here
-            held = training.quantized_matmul_saves_input or not ctx.profile.terms.get(
+            input_held = training.quantized_matmul_saves_input or not ctx.profile.terms.get(
                 "mlp/down_input"
             )
             self.forward_down = dora_forward_transient_bytes(
@@ -108,7 +108,7 @@ class DoraWeightNorm(Transform):
                 training,
                 adapter_bytes=adapter_bytes,
                 linears=frozenset({"down"}),
-                input_held=held,
+                input_held=input_held,
             ) + sum(dora_down_dropout_output_bytes(model, training, adapter_bytes=adapter_bytes))
         self.end = dora_forward_transient_bytes(
             model, training, adapter_bytes=adapter_bytes, exclude=INPUT_PROJECTIONS | moved
