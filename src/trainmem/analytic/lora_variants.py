@@ -626,6 +626,8 @@ def dora_forward_transient_bytes(
         held = own * t * fan_in + x_cast + e * fan_in * fan_in + e * fan_in * r
         if at_start:
             held += c * t * fan_out
+            if training.lora_dropout > 0:  # x = dropout(x) before DoRA's forward (a t in)
+                held += a * t * fan_in
         at_product = held + (a * fan_in * fan_in if autocast else 0) + e * fan_in * fan_out
         if dequantized is None:
             at_norm = held + (3 + int(weight_cast)) * a * fan_in * fan_out

@@ -617,6 +617,11 @@ def _linear_groups(
         dropped = [k for k, term in enumerate(names) if term == DOWN_DROPOUT]
         if dropped:
             out[dropped[0]] = 3
+    # o's / up's dropout mask, the second block of its split term, made before their moment
+    for term, before in (("lora/o_dropout", 0), ("lora/up_dropout", 1)):
+        masks = [k for k, name in enumerate(names) if name == term]
+        if len(masks) == 2:
+            out[masks[1]] = before
         # down's base output, the first of a split dora/down (lora_result and the rest after)
         based = [k for k, term in enumerate(names) if term == DORA_DOWN]
         if len(based) == 2:

@@ -429,8 +429,8 @@ def _term_blocks(ctx: RankContext, model: ModelSpec, terms: dict[str, int]) -> B
             if k.startswith(CACHED_EYE_PRODUCTS)  # one [in, out] (or [in, r]) tensor each
             else [v // copies] * copies
             if k == "mlp/input" and copies > 1 and v % copies == 0
-            else dropout_blocks(ctx, v)
-            if k == DOWN_DROPOUT and dropout_blocks(ctx, v)
+            else dropout_blocks(ctx, v, k)
+            if k in MOMENT_DROPOUT and dropout_blocks(ctx, v, k)
             else dora_down_blocks(ctx, model, v)
             if k == DORA_DOWN and dora_down_blocks(ctx, model, v)
             else split(v, pieces)
@@ -444,14 +444,22 @@ DOWN_DROPOUT = "lora/down_dropout"
 dropout output and the dropout's mask (:func:`dropout_blocks`)."""
 
 
-def dropout_blocks(ctx: RankContext, size: int) -> list[int]:
-    """The ``lora/down_dropout`` term (``size`` bytes: (c + 1) t i) as its two tensors,
-    ``lora_A``'s 16-bit copy of the dropout output (c t i) then the mask (t i), where DoRA on
-    down has its moment before the copy (Note [What down's DoRA moment precedes]); [] (the
-    term split as any other) otherwise."""
+MOMENT_DROPOUT = frozenset({DOWN_DROPOUT, "lora/up_dropout", "lora/o_dropout"})
+"""peft's dropout terms of the linears with a DoRA moment of their own in the layer (Note
+[DoRA's moment at each linear]): each split by :func:`dropout_blocks`."""
+
+
+def dropout_blocks(ctx: RankContext, size: int, term: str = DOWN_DROPOUT) -> list[int]:
+    """A ``lora/<linear>_dropout`` term of :data:`MOMENT_DROPOUT` (``size`` bytes: (c + 1) t
+    in) as its two tensors, ``lora_A``'s 16-bit copy of the dropout output (c t in) then the
+    mask (t in), where DoRA on that linear has its moment between them (the mask made by
+    ``x = dropout(x)`` before DoRA's forward, the copy by ``lora_A(x)`` after the norm: Note
+    [What down's DoRA moment precedes], Note [DoRA's output combination]); [] (the term split
+    as any other) otherwise."""
     t = ctx.training
     c, _ = compute_and_residual_bytes(t)
-    if not (dora_moments_per_linear(ctx.model, t) and "down" in t.lora_targets):
+    linear = term.removeprefix("lora/").removesuffix("_dropout")
+    if not (dora_moments_per_linear(ctx.model, t) and linear in t.lora_targets):
         return []
     if size % (c + 1):
         return []
