@@ -279,7 +279,12 @@ def dora_up_combination_bytes(
         with dropout. Traced on the 1024-wide agreement Llama (2 x 256 tokens, DoRA r 16 on
         gate / up with ``lora_dropout`` 0.1, full checkpointing): the step peaks at layer 1's
         recomputed up combination, 11,062,816 B above the formulas with the norm the only
-        moment (+4.43 %; helper dora25's grid, session 25). Modelled at up only (the gate's
+        moment (+4.43 %; helper dora25's grid, session 25); now +0.001 %, each category
+        too. With dropout the norm itself holds peft's dropout output (a t in, ``x =
+        dropout(x)`` before DoRA's forward: :func:`dora_forward_transient_bytes` ``at_start``)
+        beside the dropout's mask, made before o's / up's moment (``dropout_blocks``): on the
+        2048-wide agreement Llama gate / up + dropout, none / full / selective, +1.18 / +1.12
+        / +1.01 % before session 26, +0.14 / +0.00 / +0.00 % after. Modelled at up only (the gate's
         comes first with fewer blocks made, the same shape; o's, down's and q / k / v's
         combinations are not modelled: their norms set the peaks traced so far).
     """
