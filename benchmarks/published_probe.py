@@ -48,7 +48,9 @@ Second source (helper probe25): ms-swift's Qwen-1 benchmark, 35 cells, in
 probecn, session 26): THUDM's ChatGLM3-6B and GLM-4-9B fine-tuning READMEs, 10 cells (7 run,
 4 against a figure), in ``published_probe_glm.py``. Fourth (helper probespeech, session 26):
 mmsegmentation's SegFormer / UPerNet model-zoo memory, 24 cells, and two Whisper "fits a 16 GB
-T4" bounds, in ``published_probe_vision.py``, run last.
+T4" bounds, in ``published_probe_vision.py``. Fifth (helper probediff, session 26):
+finetrainers' and the FLUX QLoRA blog's measured diffusion cells and CogVideo's hardware
+claims, in ``published_probe_diffusion.py``, run last.
 
 Run: ``PYTHONPATH=src python benchmarks/published_probe.py`` (a few seconds for these cells,
 about 4 minutes of CPU for ms-swift's, each run 6 times, about 10 for the vision cells).
@@ -283,11 +285,15 @@ def main() -> int:
         models = Path(__file__).resolve().parents[1] / "tests" / "models" / "remote_code"
         glm = published_probe_glm.run(Path(tmp), models)
         vision, _ = published_probe_vision.run(published_probe_vision.write_configs(Path(tmp)))
+    import published_probe_diffusion
+
+    diffusion = published_probe_diffusion.run()
     _summary("Qwen README, device total (G = GB)", errors)
     _summary("ms-swift, every step at max_length", fixed)
     _summary("ms-swift, band median (earlier lengths drawn)", band)
     _summary("THUDM ChatGLM3 / GLM-4 READMEs, device total (MiB)", glm)
     print(f"mmsegmentation model zoo, allocated: {published_probe_vision.summary(vision)}")
+    _summary("diffusion (finetrainers, flux-qlora blog), measured cells", diffusion)
     return 0
 
 

@@ -252,11 +252,42 @@ def apply_diffusers_lora(model: Any, training: TrainingConfig) -> None:
 
             inject_adapter_in_model(config, model)
     lokr_module_dropout_off(model)
+    _adapters_in_base_dtype(model, training)  # Note [diffusers' adapters take the base dtype]
     cast_adapters(model, training)  # DeepSpeed's cast of the wrapped module
     if training.weight_dtype == "float16":  # diffusers.training_utils.cast_training_params
         for p in model.parameters():
             if p.requires_grad:
                 p.data = p.to(torch.float32)
+
+
+def _adapters_in_base_dtype(model: Any, training: TrainingConfig) -> None:
+    """Cast the adapters ``add_adapter`` made to their base layer's floating dtype, in place.
+
+    Note [diffusers' adapters take the base dtype]
+        diffusers' ``add_adapter`` calls peft's ``inject_adapter_in_model``, never
+        ``PeftModel``: each new LoRA layer is moved to its base layer's device and floating
+        dtype (peft 0.21.2 tuners/tuners_utils.py ``_move_adapter_to_device_of_base_layer``)
+        and nothing upcasts it (``_cast_adapter_dtype``, peft's ``autocast_adapter_dtype``,
+        runs in ``PeftModel.__init__`` only). So over a bf16 transformer (the LoRA scripts'
+        ``transformer.to(accelerator.device, dtype=weight_dtype)``; finetrainers' trainer.py
+        ``self.transformer.to(dtype=weight_dtype)``) the adapters, their gradients and AdamW's
+        states are bf16; the scripts upcast them (``cast_training_params``) for fp16 only. A
+        real CPU execution (diffusers 0.42.1, peft 0.21.2: a bf16 LTXVideoTransformer3DModel,
+        ``add_adapter(LoraConfig(r=4, target_modules=["to_q", ...]))``) gives bf16 adapters.
+        On ``meta`` peft skips the move (its adapters are on ``meta`` too), leaving fp32: this
+        restores the dtype the real call gives. A quantized base (added after this) keeps
+        fp32 adapters: peft casts to a floating base dtype only, and a bitsandbytes weight is
+        uint8."""
+    if training.quantize_base != "none":
+        return
+    for module in model.modules():
+        base = getattr(module, "base_layer", None)
+        weight = getattr(base, "weight", None)
+        if weight is None or not weight.is_floating_point():
+            continue
+        for name, param in module.named_parameters():  # the adapters: all but the base's
+            if not name.startswith("base_layer.") and param.is_floating_point():
+                param.data = param.data.to(weight.dtype)
 
 
 def _matching(names: list[str], suffixes: tuple[str, ...]) -> list[str]:
