@@ -446,3 +446,19 @@ def test_context_parallelism_refuses_what_a_row_shard_cannot_split(config: str, 
                               zero_stage=3)  # fmt: skip
     with pytest.raises(UnsupportedError, match=named):
         estimate(str(path), training, engine="generic", simulate_allocator=False)
+
+
+@pytest.mark.parametrize(
+    ("precision", "adapter_bytes"),
+    [("bf16-true", 2), ("16-true", 4)],
+)
+def test_lora_adapters_take_the_base_dtype_except_fp16(precision: str, adapter_bytes: int) -> None:
+    # Note [diffusers' adapters take the base dtype]: peft's inject_adapter_in_model moves each
+    # adapter to its base layer's dtype and never upcasts (a real CPU run of diffusers 0.42.1 +
+    # peft 0.21.2 gives bf16 adapters on a bf16 model); the scripts' cast_training_params makes
+    # them fp32 for fp16 only. Same 8 linears of 32 -> 32 at rank 16 as above.
+    lora = 8 * (16 * 32 + 32 * 16)
+    training = TrainingConfig(micro_batch_size=2, precision=precision, lora_rank=16)
+    est = estimate(PIXART, training, engine="generic", simulate_allocator=False)
+    assert est.breakdown.parameters == PARAMS * 2 + lora * adapter_bytes + POS_EMBED_BUFFER // 2
+    assert est.breakdown.optimizer_states == 2 * lora * adapter_bytes
