@@ -20,7 +20,10 @@ e5df80c finetrainers/trainer.py): ``self.transformer.to(dtype=weight_dtype)`` (b
 only), full fine-tuning trains the bf16 weights (AdamW states bf16), accelerate's bf16 autocast
 over it (``--precision bf16-mixed --load-dtype bfloat16``), ``enable_gradient_checkpointing``,
 ``torch.optim.AdamW``, conditions and latents precomputed and the text encoders / VAE deleted
-before training (``_delete_components``). Prompt lengths: LTX's T5 128 tokens, HunyuanVideo's
+before training (``_delete_components``); the "without precomputation" cells keep them on the
+GPU in bf16 (``--frozen-on-gpu all``; their figure is the row "before validation start", after
+the training steps), encoding each batch inside the step (those forwards are not traced: a
+video VAE's encode is its largest transient). Prompt lengths: LTX's T5 128 tokens, HunyuanVideo's
 Llama 256, CogVideoX's T5 226 (each model file's ``max_sequence_length``). Metric:
 ``get_memory_statistics`` (utils/memory_utils.py) ``torch.cuda.max_memory_reserved / 1024**3``
 "after epoch 1". No ``reset_peak_memory_stats`` runs between "before training start" and it, so
@@ -108,6 +111,13 @@ _BLOG = [
 ROWS: list[tuple[str, str, str, list[str], float, str, str, str]] = [
     ("finetrainers", "LTX-Video LoRA r128", "ltx-video-0.9-transformer",
      [*_LTX, *_FT, *_FT_LORA, "--gpu", "A100-80GB"], 10.916, "GiB", "reserved", "measured"),
+    ("finetrainers", "LTX-Video LoRA r128, T5 and VAE on the GPU", "ltx-video-0.9-transformer",
+     [*_LTX, *_FT, *_FT_LORA, "--frozen-on-gpu", "all", "--gpu", "A100-80GB"], 17.623, "GiB",
+     "reserved", "measured"),
+    ("finetrainers", "HunyuanVideo LoRA r128, encoders and VAE on the GPU",
+     "hunyuanvideo-transformer",
+     [*_HUNYUAN, *_FT, *_FT_LORA, "--frozen-on-gpu", "all", "--gpu", "A100-80GB"], 56.266,
+     "GiB", "reserved", "measured"),
     ("finetrainers", "LTX-Video full", "ltx-video-0.9-transformer",
      [*_LTX, *_FT, "--gpu", "A100-80GB"], 20.357, "GiB", "reserved", "measured"),
     ("finetrainers", "HunyuanVideo LoRA r128", "hunyuanvideo-transformer",

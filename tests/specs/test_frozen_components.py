@@ -38,6 +38,24 @@ VAE = dict(
     norm_num_groups=32, act_fn="silu",
 )  # fmt: skip
 
+# diffusers scripts/convert_ltx_to_diffusers.py get_vae_config("0.9.0"); HunyuanVideo's
+# text_encoder/config.json (LlamaModel of llava-llama-3-8b-v1_1)
+LTX_VAE = dict(
+    in_channels=3, out_channels=3, latent_channels=128, block_out_channels=(128, 256, 512, 512),
+    down_block_types=("LTXVideoDownBlock3D",) * 4, decoder_block_out_channels=(128, 256, 512, 512),
+    layers_per_block=(4, 3, 3, 3, 4), decoder_layers_per_block=(4, 3, 3, 3, 4),
+    spatio_temporal_scaling=(True, True, True, False),
+    decoder_spatio_temporal_scaling=(True, True, True, False),
+    decoder_inject_noise=(False,) * 5, downsample_type=("conv",) * 4,
+    upsample_residual=(False,) * 4, upsample_factor=(1,) * 4, patch_size=4, patch_size_t=1,
+    resnet_norm_eps=1e-6, scaling_factor=1.0, encoder_causal=True, decoder_causal=False,
+    timestep_conditioning=False,
+)  # fmt: skip
+LLAVA_LLAMA_3_8B = dict(
+    hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_hidden_layers=32,
+    num_key_value_heads=8, head_dim=128, vocab_size=128320, tie_word_embeddings=False,
+)  # fmt: skip
+
 
 def _count(source: str) -> int:
     torch = pytest.importorskip("torch")
@@ -58,6 +76,10 @@ def _count(source: str) -> int:
         ),
         "AutoencoderKL, 4": lambda: df.AutoencoderKL(latent_channels=4, **VAE),
         "AutoencoderKLWan": lambda: df.AutoencoderKLWan(),
+        "AutoencoderKLLTXVideo": lambda: df.AutoencoderKLLTXVideo(**LTX_VAE),
+        "AutoencoderKLHunyuanVideo": lambda: df.AutoencoderKLHunyuanVideo(),
+        "AutoencoderKLCogVideoX": lambda: df.AutoencoderKLCogVideoX(),
+        "LlamaModel": lambda: tf.LlamaModel(tf.LlamaConfig(**LLAVA_LLAMA_3_8B)),
     }
     (build,) = [b for prefix, b in builders.items() if source.startswith(prefix)]
     with torch.device("meta"):
@@ -125,3 +147,19 @@ def test_sd1_unet_keeps_clip_l_and_the_vae_in_the_compute_dtype() -> None:
     assert kept == [("text_encoder", 123_060_480, "float16"), ("vae", 83_653_863, "float16")]
     trained = TrainingConfig(frozen_on_gpu="all", train_text_encoder=True)
     assert frozen_components(sd1, trained) == [("vae", 83_653_863, "bfloat16")]
+
+
+def test_video_pipelines_as_finetrainers_keeps_them() -> None:
+    # finetrainers (e5df80c) without precomputation: the condition and latent models in bf16
+    # beside the transformer. Its LTX-Video doc's "before training start" 13.486 GiB allocated
+    # is these two plus the transformer (1,923,385,472) and LoRA r 128 (117,440,512), all bf16:
+    # (4,762,310,656 + 419,193,649 + 1,923,385,472 + 117,440,512) x 2 B = 13.453 GiB
+    bf16 = TrainingConfig(precision="bf16-mixed", frozen_on_gpu="all")
+    ltx = frozen_components({"_class_name": "LTXVideoTransformer3DModel"}, bf16)
+    assert ltx == [("text_encoder", 4_762_310_656, "bfloat16"), ("vae", 419_193_649, "bfloat16")]
+    total = sum(n for _, n, _ in ltx) + 1_923_385_472 + 117_440_512
+    assert abs(total * 2 / 2**30 - 13.486) < 0.05
+    hunyuan = frozen_components({"_class_name": "HunyuanVideoTransformer3DModel"}, bf16)
+    assert [a for a, *_ in hunyuan] == ["text_encoder", "text_encoder_2", "vae"]
+    cog = frozen_components({"_class_name": "CogVideoXTransformer3DModel"}, bf16)
+    assert [n for _, n, _ in cog] == [4_762_310_656, 215_583_907]

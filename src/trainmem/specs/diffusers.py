@@ -727,6 +727,47 @@ FROZEN_COMPONENTS: dict[str, tuple[FrozenComponent, ...]] = {
             83_653_863,
         ),
     ),
+    "LTXVideoTransformer3DModel": (
+        FrozenComponent(
+            "text_encoder", "text-encoder", "T5EncoderModel, google/t5-v1_1-xxl", 4_762_310_656
+        ),
+        FrozenComponent(
+            "vae",
+            "vae",
+            "AutoencoderKLLTXVideo, LTX-Video 0.9.0 (diffusers scripts/convert_ltx_to_diffusers.py "
+            "get_vae_config; equal to the class defaults)",
+            419_193_649,
+        ),
+    ),
+    "HunyuanVideoTransformer3DModel": (
+        FrozenComponent(
+            "text_encoder",
+            "text-encoder",
+            "LlamaModel, llava-llama-3-8b text model (hidden 4096, 32 layers, 8 KV heads, "
+            "intermediate 14336, vocabulary 128320)",
+            7_505_186_816,
+        ),
+        FrozenComponent(
+            "text_encoder_2",
+            "text-encoder",
+            "CLIPTextModel, openai/clip-vit-large-patch14 text_config (HunyuanVideo)",
+            123_060_480,
+        ),
+        FrozenComponent(
+            "vae", "vae", "AutoencoderKLHunyuanVideo, its defaults (HunyuanVideo)", 246_478_803
+        ),
+    ),
+    "CogVideoXTransformer3DModel": (
+        FrozenComponent(
+            "text_encoder",
+            "text-encoder",
+            "T5EncoderModel, google/t5-v1_1-xxl (CogVideoX)",
+            4_762_310_656,
+        ),
+        FrozenComponent(
+            "vae", "vae", "AutoencoderKLCogVideoX, its defaults (CogVideoX-2b / 5b)", 215_583_907
+        ),
+    ),
     "WanTransformer3DModel": (
         FrozenComponent(
             "text_encoder",
@@ -746,14 +787,22 @@ FROZEN_COMPONENTS: dict[str, tuple[FrozenComponent, ...]] = {
 16-channel VAE), SD3 / SD3.5 (CLIP-L and OpenCLIP bigG with projections, T5-XXL, the 16-channel
 VAE), SDXL (CLIP-L, bigG with projection, the 4-channel VAE; a UNet with
 ``addition_embed_type: text_time``), SD 1.x (:data:`SD1_UNET`: CLIP-L, the 4-channel VAE), Wan
-2.1 (umT5-XXL encoder, the Wan VAE). Counted by
+2.1 (umT5-XXL encoder, the Wan VAE), LTX-Video (T5-XXL encoder, its VAE), HunyuanVideo (the
+llava-llama-3-8b text model, CLIP-L, its VAE) and CogVideoX (T5-XXL encoder, its VAE). Counted by
 building each class from its Hub config on ``meta`` with transformers 5 / diffusers 0.42.
 
 The scripts move them with ``.to(accelerator.device, dtype=weight_dtype)`` (diffusers
 examples/dreambooth/train_dreambooth_lora_flux.py, train_dreambooth_lora_sd3.py), except
 SDXL's VAE: ``vae.to(accelerator.device, dtype=torch.float32)`` ("The VAE is always in float32
 to avoid NaN losses", examples/text_to_image/train_text_to_image_lora_sdxl.py). Wan has no
-diffusers training example; the same convention is assumed."""
+diffusers training example; the same convention is assumed. The video pipelines are as
+finetrainers (e5df80c, Jan 2025) trains them without precomputation: each model's
+``load_condition_models`` / ``load_latent_models`` in ``--text_encoder_dtype`` /
+``--text_encoder_2_dtype`` / ``--vae_dtype``, all ``bf16`` by default (finetrainers/args.py),
+here the run's compute dtype; its docs' "before training start" allocations are these counts
+in bf16 beside the transformer and its LoRA r 128 to 0.04 GiB (LTX-Video: 13.486 GiB against
+(4,762,310,656 + 419,193,649 + 1,923,385,472 + 117,440,512) x 2 B = 13.453 GiB; HunyuanVideo:
+38.889 against 38.854)."""
 
 
 def frozen_components(config: Mapping[str, Any], training: Any) -> list[tuple[str, int, str]]:
