@@ -62,6 +62,23 @@ GPU), the cogvideox-factory tables (their column matches neither a peak nor the 
 allocation consistently), CogVideo's full fine-tuning cells (DeepSpeed with fp32 master copies
 under ``cast_training_params``; not attempted in the time).
 
+Findings (session 26, at the commit that added this file): 8 measured cells, median |error|
+3.5 %, p90 11.6 %; 2 under by more than 10 %, neither the training step's own memory:
+- LTX-Video LoRA with precomputation (-45.8 %): the run reserved 10.010 GiB with 3.809
+  allocated before its first step (the LTX full run after the same precomputation: 4.025);
+  the step added 0.906 GiB to that pool. trainmem's 5.92 GiB is the step in a fresh process.
+- LTX-Video LoRA without precomputation (-11.6 %, 2.05 GiB): the VAE encodes each 49 x 512 x
+  768 clip inside the step, a forward trainmem does not trace (``--frozen-on-gpu`` holds the
+  weights only). Its size, traced on meta tensors with the recorder (AutoencoderKLLTXVideo
+  0.9.0, bf16, ``encode`` under no_grad, untiled): 2.12 GiB above its weights. Not landed.
+- HunyuanVideo with precomputation (-6.3 %): the doc's command lists buckets 17 / 49 / 61 x
+  512 x 768; at 61 frames trainmem gives 42.24 GiB (-0.4 %).
+diffusers' LoRA adapters in the base dtype moved the LoRA cells (main before -> after):
+LTX 7.04 -> 5.92 GiB, HunyuanVideo 39.76 -> 39.71, CogVideoX-5b bound 20.85 (over) -> 20.62
+(under), FLUX 16-bit LoRA 25.61 -> 25.66 GB (r 4: 6.5M adapters; allocator rounding), the
+bf16 CogVideo bound 22.92 -> 22.66 GB; the two cells without precomputation were refused on
+main (no frozen components known for the video pipelines).
+
 Run: ``PYTHONPATH=src python benchmarks/published_probe.py`` (this part: a few minutes of CPU).
 """
 
@@ -153,6 +170,10 @@ UNMAPPED: list[tuple[str, str]] = [
      "memory_allocated after backward, not a peak; HiDream's four text encoders on the GPU"),
     ("finetrainers examples/_legacy/training/README.md (cogvideox-factory tables)",
      "the column equals the allocation before training in checkpointed rows: not a peak"),
+    ("finetrainers README.md (v0.0.1 table): 'Min. LoRA VRAM' LTX 5 GB, HunyuanVideo 32 GB, "
+     "CogVideoX-5b 18 GB with FP8 weights",
+     "layerwise upcasting (fp8 storage, bf16 compute; diffusers enable_layerwise_casting) is "
+     "not modelled"),
     ("THUDM/CogVideo finetune/README.md SFT rows (ZeRO-2 / ZeRO-3, offload)",
      "cast_training_params makes fp32 master weights of a bf16 model; not attempted"),
 ]  # fmt: skip
@@ -174,8 +195,7 @@ def run() -> list[float]:
 
     print("\nsources: " + "; ".join(f"{k}: {v}" for k, v in SOURCES.items()))
     print(
-        "| source | cell | kind | published | metric | trainmem | error | allocated GiB "
-        "| verdict |"
+        "| source | cell | kind | published | metric | trainmem | error | allocated GiB | verdict |"
     )
     print("|---|---|---|---:|---|---:|---:|---:|---|")
     errors: list[float] = []
@@ -197,9 +217,7 @@ def run() -> list[float]:
             shown = "under (holds)" if predicted <= figure else f"over by {_pct(predicted, figure)}"
         else:
             shown = f"says {verdict}"
-        print(
-            f"{head} {predicted:.3f} {unit} | {shown} | {allocated:.2f} | {verdict} |"
-        )
+        print(f"{head} {predicted:.3f} {unit} | {shown} | {allocated:.2f} | {verdict} |")
     print("\nnot mapped:")
     for figure_text, reason in UNMAPPED:
         print(f"- {figure_text}: {reason}")
