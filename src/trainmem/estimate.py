@@ -39,7 +39,11 @@ from trainmem.specs.frameworks import (
 from trainmem.specs.hardware import GPUSpec, check_precision_on_gpu
 from trainmem.specs.hardware import resolve_gpu as resolve_gpu  # re-exported for the callers
 from trainmem.specs.hf import checkpoint_dtype, load_hf_config, load_model_spec
-from trainmem.specs.load_dtype import LOADS_FROM_PRETRAINED, resolve_load_dtype
+from trainmem.specs.load_dtype import (
+    LOADS_FROM_PRETRAINED,
+    diffusers_lora_load_dtype,
+    resolve_load_dtype,
+)
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.optimizers import OPTIMIZER_TABLE
 from trainmem.specs.quantization import float_quant_storage
@@ -916,6 +920,12 @@ def estimate(
     load_dtype_note = None
     if training.load_dtype is None and training.framework in LOADS_FROM_PRETRAINED:
         training, load_dtype_note = resolve_load_dtype(training, *_checkpoint_dtype(model))
+    elif training.load_dtype is None and training.is_lora and isinstance(model, str):
+        # Note [diffusers' LoRA scripts cast the frozen model]
+        try:
+            training, load_dtype_note = diffusers_lora_load_dtype(training, load_hf_config(model))
+        except SpecError:  # an unreadable config: its own error comes later
+            pass
     if not alloc_conf:  # the framework's (Unsloth's expandable segments); a given one wins
         torch = parse_version("torch_version", training.torch_version)
         alloc_conf = training.conventions.default_alloc_conf(torch)

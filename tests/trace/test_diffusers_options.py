@@ -462,3 +462,26 @@ def test_lora_adapters_take_the_base_dtype_except_fp16(precision: str, adapter_b
     est = estimate(PIXART, training, engine="generic", simulate_allocator=False)
     assert est.breakdown.parameters == PARAMS * 2 + lora * adapter_bytes + POS_EMBED_BUFFER // 2
     assert est.breakdown.optimizer_states == 2 * lora * adapter_bytes
+
+
+def test_lora_under_mixed_precision_loads_the_frozen_model_in_the_compute_dtype() -> None:
+    # Note [diffusers' LoRA scripts cast the frozen model]: train_dreambooth_lora_*.py move the
+    # frozen denoiser with dtype=weight_dtype (bf16 here) before add_adapter, whose adapters
+    # take that dtype; accelerate autocasts over it. By hand: 2 B per parameter and buffer
+    # element, AdamW's two states 2 B per adapter element.
+    lora = 8 * (16 * 32 + 32 * 16)
+    training = TrainingConfig(micro_batch_size=2, precision="bf16-mixed", lora_rank=16)
+    est = estimate(PIXART, training, engine="generic", simulate_allocator=False)
+    assert est.breakdown.parameters == (PARAMS + lora) * 2 + POS_EMBED_BUFFER // 2
+    assert est.breakdown.optimizer_states == 2 * lora * 2
+    assert "weight_dtype" in est.details["assumed"]["load_dtype"]
+    assert "LoRA adapters bfloat16" in est.details["assumed"]["framework_means"]
+    # a given load dtype wins; full fine-tuning keeps the fp32 trained model
+    fp32 = TrainingConfig(
+        micro_batch_size=2, precision="bf16-mixed", lora_rank=16, load_dtype="float32"
+    )
+    est = estimate(PIXART, fp32, engine="generic", simulate_allocator=False)
+    assert est.breakdown.parameters == (PARAMS + lora) * 4 + POS_EMBED_BUFFER
+    full = TrainingConfig(micro_batch_size=2, precision="bf16-mixed")
+    est = estimate(PIXART, full, engine="generic", simulate_allocator=False)
+    assert est.breakdown.parameters == PARAMS * 4 + POS_EMBED_BUFFER

@@ -65,7 +65,7 @@ and activations in that dtype), where :data:`FRAMEWORK_SUMMARY`'s autocast line 
 
 LOADED_16BIT_SUMMARY = (
     "autocast over a model loaded in {dtype} (--load-dtype): {dtype} weights, gradients and "
-    "AdamW states, peft's LoRA adapters fp32, autocast's fp32 ops (LayerNorm, softmax, pow)"
+    "AdamW states, peft's LoRA adapters {adapters}, autocast's fp32 ops (LayerNorm, softmax, pow)"
 )
 """The line of an autocasting framework over a model loaded in 16 bits
 (``TrainingConfig.autocast_over_loaded_16bit``), where its fp32-weights line does not hold."""
@@ -215,7 +215,10 @@ def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dic
     }
     load_dtype = config.get("load_dtype")
     if load_dtype not in (None, "float32"):  # accepted only under autocast (training.py)
-        out["framework_means"] = LOADED_16BIT_SUMMARY.format(dtype=load_dtype)
+        # diffusers' add_adapter: the base's dtype, fp32 for fp16 (Note [diffusers' adapters
+        # take the base dtype]); PeftModel's autocast_adapter_dtype elsewhere: fp32
+        adapters = load_dtype if library == "diffusers" and load_dtype != "float16" else "fp32"
+        out["framework_means"] = LOADED_16BIT_SUMMARY.format(dtype=load_dtype, adapters=adapters)
         if config.get("quantize_base") not in (None, "none"):
             compute = config.get("compute_dtype")
             casts = (

@@ -41,9 +41,12 @@ quantization's dtype (``kbit_16bit_dense``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from trainmem.errors import SpecError
+from trainmem.specs.diffusers import is_diffusers_config
 from trainmem.specs.training import TrainingConfig
 
 TRANSFORMERS_AUTO_DTYPE_SINCE = (5, 0)
@@ -250,3 +253,43 @@ def resolve_load_dtype(
             f"{_not_modelled(t, default.dtype)}"
         )
     return loaded, f"{default.dtype} ({default.why}); --load-dtype float32 overrides it"
+
+
+DIFFUSERS_LORA_LOAD = (
+    "diffusers' LoRA scripts move the frozen model in weight_dtype (examples/dreambooth/"
+    "train_dreambooth_lora_flux.py, _sd3.py, _sdxl.py: transformer / unet.to(accelerator.device, "
+    "dtype=weight_dtype); finetrainers trainer.py likewise)"
+)
+"""Why a diffusers LoRA run under ``*-mixed`` loads its model in the compute dtype."""
+
+
+def diffusers_lora_load_dtype(
+    t: TrainingConfig, config: Mapping[str, Any]
+) -> tuple[TrainingConfig, str | None]:
+    """``t`` with ``load_dtype`` the compute dtype for LoRA on a diffusers model under an
+    autocasting ``*-mixed`` precision when none is given, and what was assumed.
+
+    Note [diffusers' LoRA scripts cast the frozen model]
+        Every diffusers LoRA training script casts the frozen denoiser to ``weight_dtype``
+        (bf16 / fp16 under ``--mixed_precision``) before ``add_adapter``
+        (:data:`DIFFUSERS_LORA_LOAD`), and accelerate autocasts over it: a 16-bit frozen base,
+        16-bit adapters (fp32 for fp16, ``cast_training_params``), autocast's fp32 ops
+        (``TrainingConfig.autocast_over_loaded_16bit``). Without this, ``*-mixed`` meant an fp32
+        frozen transformer (FLUX.1-dev: 44 GiB of weights where the script holds 22). The full
+        fine-tuning scripts keep the trained model fp32 (``train_text_to_image.py``), so only
+        LoRA takes it. A given ``load_dtype`` wins; where the 16-bit load is not modelled
+        (a quantized base, ZeRO / FSDP: ``_check_load_dtype``) the fp32 step stays.
+
+    Returns:
+        ``t`` (``load_dtype`` set where it applies) and the ``details["assumed"]["load_dtype"]``
+        text, or None where nothing was assumed.
+    """
+    if t.load_dtype is not None or not t.is_lora or not t.uses_autocast:
+        return t, None
+    if not is_diffusers_config(config):
+        return t, None
+    try:
+        loaded = replace(t, load_dtype=t.compute_dtype)
+    except SpecError:  # _check_load_dtype: a load the step does not model
+        return t, None
+    return loaded, f"{t.compute_dtype} ({DIFFUSERS_LORA_LOAD}); --load-dtype float32 overrides it"
