@@ -18,7 +18,9 @@ stood before 7285ccc (6 Mar 2025, which dropped the tables; written at eeb4dd7 /
 e5df80c finetrainers/trainer.py): ``self.transformer.to(dtype=weight_dtype)`` (bf16) before
 ``add_adapter`` (adapters bf16: Note [diffusers' adapters take the base dtype]; fp32 for fp16
 only), full fine-tuning trains the bf16 weights (AdamW states bf16), accelerate's bf16 autocast
-over it (``--precision bf16-mixed --load-dtype bfloat16``), ``enable_gradient_checkpointing``,
+over it (``--precision bf16-mixed --load-dtype bfloat16``; for LoRA the load dtype is also
+trainmem's default since this session: Note [diffusers' LoRA scripts cast the frozen model]),
+``enable_gradient_checkpointing``,
 ``torch.optim.AdamW``, conditions and latents precomputed and the text encoders / VAE deleted
 before training (``_delete_components``); the "without precomputation" cells keep them on the
 GPU in bf16 (``--frozen-on-gpu all``; their figure is the row "before validation start", after
