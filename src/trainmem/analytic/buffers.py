@@ -523,32 +523,43 @@ DEEPSPEED_SUB_GROUP_SIZE = 1_000_000_000
 once (runtime/zero/config.py ``sub_group_size: int = Field(pp_int(1e9), ge=0)``)."""
 
 
-def deepspeed_zero3_sub_group_elements(
+def deepspeed_zero3_sub_groups(
     partitions: Sequence[int], sub_group_size: int = DEEPSPEED_SUB_GROUP_SIZE
-) -> int:
-    """Elements of ZeRO-3's largest optimizer sub-group: this rank's parameter partitions, in
-    order, gathered until a group reaches ``sub_group_size``.
+) -> list[int]:
+    """Elements of each of ZeRO-3's optimizer sub-groups, in order: this rank's parameter
+    partitions, in order, gathered until a group reaches ``sub_group_size``.
 
-    Source: DeepSpeed runtime/zero/stage3.py ``_create_fp16_sub_groups`` (``if
+    Source: DeepSpeed runtime/zero/stage3.py ``_create_fp16_sub_groups`` (``if sub_group_size
+    is None or sub_group_size >= params_group_numel: return [params_group]``; else ``if
     local_sub_group_size >= sub_group_size or id(param) == id(params_group[-1])``: close the
-    group).
+    group), the same at v0.8.0, v0.12.3 and v0.19.5.
 
     Args:
         partitions: per trainable parameter, its partition's elements on this rank.
         sub_group_size: DeepSpeed's ``sub_group_size``.
 
     Returns:
-        Elements of the largest sub-group.
+        Elements per sub-group (empty without partitions).
     """
     total = sum(partitions)
     if sub_group_size >= total:
-        return total
-    largest = current = 0
+        return [total] if partitions else []
+    groups: list[int] = []
+    current = 0
     for n in partitions:
         current += n
         if current >= sub_group_size:
-            largest, current = max(largest, current), 0
-    return max(largest, current)
+            groups.append(current)
+            current = 0
+    return groups + [current] if current else groups
+
+
+def deepspeed_zero3_sub_group_elements(
+    partitions: Sequence[int], sub_group_size: int = DEEPSPEED_SUB_GROUP_SIZE
+) -> int:
+    """Elements of ZeRO-3's largest optimizer sub-group (:func:`deepspeed_zero3_sub_groups`;
+    0 without partitions)."""
+    return max(deepspeed_zero3_sub_groups(partitions, sub_group_size), default=0)
 
 
 def deepspeed_zero3_norm_copy_bytes(partitions: Sequence[int], training: TrainingConfig) -> int:

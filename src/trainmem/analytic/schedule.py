@@ -148,6 +148,8 @@ from trainmem.analytic.transforms.base import (
     gradient_ops,
     gradient_places,
     head_reads_embedding,
+    layer_parameter_ops,
+    outer_parameter_ops,
     point_table,
     tied_sum_op,
     unit_states,
@@ -169,6 +171,7 @@ from trainmem.analytic.transforms.checkpointing import (
     tensor_sizes,
     weight_blocks,
 )
+from trainmem.analytic.transforms.deepspeed_init import deepspeed_flat_buffers
 from trainmem.analytic.transforms.loop import (
     layer_kv_cache_bytes,
     returned_presents_bytes_of,
@@ -1567,7 +1570,9 @@ class _Builder:
         shared: dict[str, Repeat] = layout.cache.setdefault(
             ("schedule", L, rank.has_embedding, rank.has_head, rank.stage > 0, pp_fsdp), {}
         )
-        self.ctx = ctx = RankContext.build(model, training, rank, layout, prof, shared)
+        self.ctx = ctx = RankContext.build(
+            model, training, rank, layout, prof, shared, builds_model_states=True
+        )
         self.model, self.training, self.rank = model, training, rank
         self.workspace_per_handle = workspace_per_handle
         self.tr = _Transforms(ctx)
@@ -1580,16 +1585,26 @@ class _Builder:
     # -- setup ------------------------------------------------------------------------------
 
     def parameters(self) -> list[Item]:
-        cached = self.shared.get("parameters")
+        flat = deepspeed_flat_buffers(self.ctx)
+        # Note [DeepSpeed's flat buffers at init]: the trainable tensors' blocks are gone
+        # before the flat one exists (unless it is made beside them)
+        replaced = flat is not None and not flat.params_beside
+        key = "parameters/flat" if replaced else "parameters"
+        cached = self.shared.get(key)
         if cached is None:
-            cached = self.shared["parameters"] = Repeat(tuple(self._parameters()), 1)
+            cached = self.shared[key] = Repeat(tuple(self._parameters(replaced)), 1)
         return [cached]
 
-    def _parameters(self) -> list[Item]:
+    def _parameters(self, replaced: bool) -> list[Item]:
+        """Every parameter tensor's block; ``replaced``: the trainable ones' are DeepSpeed's
+        flat block instead."""
         ctx = self.ctx
         items: list[Item] = [
-            alloc(s.param_bytes, Cat.PARAMETER, "init", f"param/{s.owner}/{n}", s.owner)
-            for n, s in enumerate(ctx.emb_states + ctx.head_states)
+            op
+            for op, s in zip(
+                outer_parameter_ops(ctx), ctx.emb_states + ctx.head_states, strict=True
+            )
+            if not (replaced and s.trainable)
         ]
         if ctx.emb_states and self.model.module_buffer_bytes:
             # the model's buffers, with the embeddings (counted with the parameters, as
@@ -1604,9 +1619,11 @@ class _Builder:
                     "the model's buffers",
                 )
             )
-        layer = tuple(  # Note [FSDP1 flat blocks of a layer unit]: one flat shard per unit
-            alloc(s.param_bytes, Cat.PARAMETER, "init", f"param/{{i}}/{n}", "layers.{i}")
-            for n, s in enumerate(unit_states(ctx, ctx.layer_states))
+        states = unit_states(ctx, ctx.layer_states)  # Note [FSDP1 flat blocks of a layer unit]
+        layer = tuple(
+            op
+            for op, s in zip(layer_parameter_ops(ctx), states, strict=True)
+            if not (replaced and s.trainable)
         )
         items.append(Repeat(layer, ctx.num_layers))
         rope = layer_rope_cache_bytes(self.model, ctx.training)

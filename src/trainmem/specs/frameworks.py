@@ -372,6 +372,37 @@ def deepspeed_zero3_gathers_on_one_rank(version: tuple[int, ...] | None) -> bool
     return (version or DEFAULT_DEEPSPEED_VERSION) < DEEPSPEED_ZERO3_ONE_RANK_VIEWS_SINCE
 
 
+DEEPSPEED_LAZY_OPTIMIZER_STATES_SINCE = (0, 13, 2)
+"""deepspeed/runtime/zero/stage_1_and_2.py and stage3.py ``initialize_optimizer_states``: up to
+0.13.1 the ZeRO optimizer stepped its client optimizer once when it was built (ZeRO-1/2
+``self.optimizer.step()``, ZeRO-3 ``self._optimizer_step(i)`` per sub-group), so the optimizer
+states existed from ``deepspeed.initialize``; PR #5104 (commit 18179807, "Remove optimizer step
+on initialization"), first in 0.13.2, dropped that step: the states are made by the first
+``step()``. Checked on the 0.13.1 and 0.13.2 tags."""
+
+
+DEEPSPEED_FLATTENS_ON_DEVICE_SINCE = (0, 19, 0)
+"""deepspeed/runtime/zero/stage_1_and_2.py ``DeepSpeedZeroOptimizer.__init__``: up to 0.18.9
+every trainable parameter of a group is moved to the CPU (``move_to_cpu``, ``empty_cache()``)
+and the flat 16-bit group built there and copied to the GPU; from 0.19.0 the group is flattened
+on the GPU when it has room for the flat buffer (``flatten_on_accelerator = available_memory >=
+flat_buffer_bytes``), the parameters still on it, and their blocks freed when they become
+views of the flat buffer (``_update_model_bit16_weights``). Checked on the 0.18.9 and 0.19.0
+tags."""
+
+
+def deepspeed_states_at_init(version: tuple[int, ...] | None) -> bool:
+    """Whether the ZeRO optimizer makes its optimizer states when it is built (before
+    :data:`DEEPSPEED_LAZY_OPTIMIZER_STATES_SINCE`; None: a current release, lazily)."""
+    return (version or DEFAULT_DEEPSPEED_VERSION) < DEEPSPEED_LAZY_OPTIMIZER_STATES_SINCE
+
+
+def deepspeed_flattens_on_device(version: tuple[int, ...] | None) -> bool:
+    """Whether ZeRO-1/2 flatten a parameter group on the GPU beside its parameters (from
+    :data:`DEEPSPEED_FLATTENS_ON_DEVICE_SINCE`; None: a current release)."""
+    return (version or DEFAULT_DEEPSPEED_VERSION) >= DEEPSPEED_FLATTENS_ON_DEVICE_SINCE
+
+
 def litgpt_head_chunk_rows(seq_len: int, chunks: int) -> int:
     """Rows of the sequence per output-head chunk when litgpt's ``GPT.forward`` runs its head
     in ``chunks`` pieces (``lm_head_chunk_size``: ``x.split(lm_head_chunk_size, dim=1)``,

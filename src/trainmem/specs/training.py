@@ -125,8 +125,10 @@ from trainmem.specs.frameworks import (
     deepspeed_bf16_grads_released,
     deepspeed_bf16_immediate_grad_update,
     deepspeed_copies_fp32_weights,
+    deepspeed_flattens_on_device,
     deepspeed_grad_accum_dtype,
     deepspeed_optimizer_wrapper,
+    deepspeed_states_at_init,
     deepspeed_zero3_gathers_on_one_rank,
     default_trl_release,
     installed_transformers_version,
@@ -1735,6 +1737,20 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
             return False
         version = parse_version("deepspeed_version", self.deepspeed_version)
         return not deepspeed_zero3_gathers_on_one_rank(version)
+
+    @property
+    def deepspeed_states_at_init(self) -> bool:
+        """DeepSpeed's ZeRO optimizer makes the optimizer states when it is built, up to 0.13.1
+        (:data:`~trainmem.specs.frameworks.DEEPSPEED_LAZY_OPTIMIZER_STATES_SINCE`)."""
+        version = parse_version("deepspeed_version", self.deepspeed_version)
+        return deepspeed_states_at_init(version)
+
+    @property
+    def deepspeed_flattens_on_device(self) -> bool:
+        """DeepSpeed ZeRO-1/2 flatten the trainable parameters on the GPU beside them, from
+        0.19.0 (:data:`~trainmem.specs.frameworks.DEEPSPEED_FLATTENS_ON_DEVICE_SINCE`)."""
+        version = parse_version("deepspeed_version", self.deepspeed_version)
+        return deepspeed_flattens_on_device(version)
 
     @property
     def deepspeed_grad_accum_dtype(self) -> str:

@@ -14,6 +14,7 @@ from trainmem.analytic.transforms.checkpointing import ActivationOffloading
 from trainmem.analytic.transforms.ddp import DdpReducer
 from trainmem.analytic.transforms.deepspeed import DeepSpeedZero
 from trainmem.analytic.transforms.deepspeed_gathers import DeepSpeedZero3Gathers
+from trainmem.analytic.transforms.deepspeed_init import DeepSpeedFlatBuffers
 from trainmem.analytic.transforms.dora import DoraWeightNorm
 from trainmem.analytic.transforms.float8 import Float8WeightCasts
 from trainmem.analytic.transforms.fsdp import FullyShardedDataParallel
@@ -31,6 +32,7 @@ from trainmem.analytic.transforms.reentrant import ReentrantRecomputedOutput
 from trainmem.analytic.transforms.unsloth import UnslothOffloadedCheckpointing
 
 ORDER: tuple[type[Transform], ...] = (
+    DeepSpeedFlatBuffers,
     DeepSpeedZero,
     DeepSpeedZero3Gathers,
     FsdpEmbeddingHeadUnits,  # its units' shards exist before an optimizer in backward steps them

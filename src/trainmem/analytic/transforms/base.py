@@ -168,6 +168,11 @@ class RankContext:
             stream, FSDP1's post-backward stream, with ``fsdp_collective_streams``; 0
             otherwise).
         prof: the activation profile (None for a step whose activations were recorded).
+        builds_model_states: the step's model-state blocks are this context's own (the
+            analytic builder allocates them from the layout), so a transform may lay them out
+            as its framework does (Note [DeepSpeed's flat buffers at init]); False for a
+            recorded step, whose traced blocks are re-sized in place
+            (trainmem/traced_transforms.py).
         shared: schedule pieces that depend only on the model states (cached per layout).
         memo: terms derived from this context, computed once for the transforms that share them.
     """
@@ -184,6 +189,7 @@ class RankContext:
     zero_stage: int
     grad_stream: int
     prof: ActivationProfile | None = None
+    builds_model_states: bool = False
     shared: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
     memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -196,6 +202,8 @@ class RankContext:
         layout: StateLayout,
         prof: ActivationProfile | None = None,
         shared: dict[Any, Any] | None = None,
+        *,
+        builds_model_states: bool = False,
     ) -> RankContext:
         """The context of ``rank`` from the per-tensor layout (the analytic one, or one whose
         sizes a trace measured): a later stage holding a tied embedding keeps only the token
@@ -225,6 +233,7 @@ class RankContext:
             zero_stage=stage,
             grad_stream=REDUCE_SCATTER_STREAM if streams else 0,
             prof=prof,
+            builds_model_states=builds_model_states,
             shared={} if shared is None else shared,
         )
 
@@ -746,6 +755,24 @@ def unit_states(ctx: RankContext, states: Sequence[TensorState]) -> Sequence[Ten
     )  # fmt: skip
     ctx.memo["flat_unit"] = out = [merged]
     return out
+
+
+def outer_parameter_ops(ctx: RankContext) -> list[Op]:
+    """The parameters outside the layers (embedding, head) as the step's setup allocates
+    them, one block per tensor (key ``param/<owner>/<n>``)."""
+    return [
+        alloc(s.param_bytes, Cat.PARAMETER, "init", f"param/{s.owner}/{n}", s.owner)
+        for n, s in enumerate(ctx.emb_states + ctx.head_states)
+    ]
+
+
+def layer_parameter_ops(ctx: RankContext) -> list[Op]:
+    """One layer's parameters as the step's setup allocates them (key ``param/{i}/<n>``; one
+    flat shard per unit: Note [FSDP1 flat blocks of a layer unit])."""
+    return [
+        alloc(s.param_bytes, Cat.PARAMETER, "init", f"param/{{i}}/{n}", "layers.{i}")
+        for n, s in enumerate(unit_states(ctx, ctx.layer_states))
+    ]
 
 
 def gradient_ops(

@@ -61,6 +61,7 @@ from trainmem.analytic.transforms.base import (
     free,
     free_gradients,
 )
+from trainmem.analytic.transforms.deepspeed_init import deepspeed_flat_buffers, zero3_partitions
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.timeline import Phase
 from trainmem.units import dtype_bytes
@@ -134,8 +135,9 @@ class DeepSpeedZero(Transform):
                     self.bf16_buffer, Cat.GRADIENT, "forward", "grad/bf16_buffer", "(model)", label
                 )
             )
-        if self.bucket_persistent:
-            # ZeRO-3's gradient bucket, allocated once at init
+        if self.bucket_persistent and deepspeed_flat_buffers(self.ctx) is None:
+            # ZeRO-3's gradient bucket, allocated once at init (there, with the flat buffers:
+            # Note [DeepSpeed's flat buffers at init])
             label = "DeepSpeed's gradient bucket"
             out.append(
                 alloc(
@@ -211,30 +213,15 @@ class DeepSpeedZero(Transform):
         )
         return (Lifetime(fresh, "micro_batch.end"),)
 
-    def _zero3_partitions(self) -> list[int] | None:
-        """ZeRO-3's gradient partitions on this rank, elements, one per trainable parameter in
-        the optimizer's order (None below ZeRO-3)."""
-        ctx, t = self.ctx, self.ctx.training
-        if t.deepspeed_optimizer != "zero" or t.zero_stage != 3:
-            return None
-        gb = max(dtype_bytes(t.grad_dtype), 1)
-        dp = t.sharding_degree
-
-        def parts(states: list[TensorState]) -> list[int]:
-            return [-(-(s.full_grad_bytes // gb) // dp) for s in states if s.trainable]
-
-        order = parts(ctx.emb_states) + ctx.num_layers * parts(ctx.layer_states)
-        return order + parts(ctx.head_states)
-
     def _largest_sub_group(self) -> int | None:
         """ZeRO-3's largest optimizer sub-group, elements (None below ZeRO-3)."""
-        partitions = self._zero3_partitions()
+        partitions = zero3_partitions(self.ctx)
         return None if partitions is None else deepspeed_zero3_sub_group_elements(partitions)
 
     def _norm_copy(self) -> list[Emitted]:
         """ZeRO-3's gradient norm: each gradient partition's fp64 copy, one at a time
         (:func:`~trainmem.analytic.buffers.deepspeed_zero3_norm_copy_bytes`)."""
-        partitions = self._zero3_partitions()
+        partitions = zero3_partitions(self.ctx)
         size = deepspeed_zero3_norm_copy_bytes(partitions or [], self.ctx.training)
         if not size:
             return []

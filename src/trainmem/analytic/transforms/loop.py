@@ -34,6 +34,7 @@ from trainmem.analytic.transforms.base import (
     keeps_gradients,
 )
 from trainmem.analytic.transforms.deepspeed import zero1_reduces
+from trainmem.analytic.transforms.deepspeed_init import deepspeed_flat_buffers
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.schedule import Op, Repeat
 
@@ -279,6 +280,9 @@ class TrainingLoop(Transform):
 
     def step_begin(self, where: Where) -> Sequence[Emitted]:
         z = self.zero_grad
+        flat = deepspeed_flat_buffers(self.ctx)
+        if flat is not None and flat.gradients:  # Note [DeepSpeed's flat buffers at init]
+            return ()
         if where.first_step and (z.keep or z.before_backward):
             return all_gradients(self.ctx, "forward")
         return ()

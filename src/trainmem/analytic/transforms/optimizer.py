@@ -29,6 +29,7 @@ from trainmem.analytic.transforms.base import (
     gradient_ops,
     unit_states,
 )
+from trainmem.analytic.transforms.deepspeed_init import deepspeed_flat_buffers
 from trainmem.analytic.transforms.sharding import OWN_UNIT_STATES, own_units_apply
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.schedule import Item, Op, Repeat
@@ -96,8 +97,8 @@ class Optimizer(Transform):
 
     def optimizer_begin(self, where: Where) -> Sequence[Emitted]:
         """Every optimizer state, allocated lazily by the first step (torch ``_init_group``)."""
-        if not where.first_step:
-            return ()
+        if not where.first_step or deepspeed_flat_buffers(self.ctx) is not None:
+            return ()  # DeepSpeed's flat states (Note [DeepSpeed's flat buffers at init])
         ctx = self.ctx
         cached = ctx.shared.get("states")
         if isinstance(cached, Repeat):
