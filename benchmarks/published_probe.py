@@ -28,8 +28,9 @@ Setup of each method, from the same commit's scripts (finetune.py, finetune/*.sh
   4)``), ``--fp16``, DeepSpeed ZeRO-2 (``finetune/ds_config_zero2.json``) on one GPU.
 - Full-parameter: ``finetune_ds.sh``, ``--bf16``, DeepSpeed ZeRO-3 (``ds_config_zero3.json``);
   on one GPU DeepSpeed (0.12.x at the README's 2023-11-30 commit) gathers nothing from 0.9.0
-  (Note [DeepSpeed ZeRO-3 parameter gathers]); its init's flat blocks, not modelled, are
-  replayed by ``benchmarks/deepspeed_zero3_init_replay.py``.
+  (Note [DeepSpeed ZeRO-3 parameter gathers]); its init's flat blocks are in the schedule
+  (Note [DeepSpeed's flat buffers at init], session 26; session 25's replay of them,
+  ``deepspeed_zero3_init_replay.py``, gave the same 38.86 / 43.81 GB and is gone).
 - 72B LoRA: ``finetune_lora_ds.sh`` with ``ds_config_zero3.json`` on 4 GPUs, bf16.
 - LoRA (emb): the base (not chat) model, where finetune.py adds ``modules_to_save=["wte",
   "lm_head"]`` to the same LoraConfig (``if lora_args.q_lora or is_chat_model: modules_to_save

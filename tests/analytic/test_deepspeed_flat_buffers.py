@@ -137,3 +137,31 @@ def test_offloaded_optimizer_keeps_the_per_tensor_blocks() -> None:
     ops = _setup(zero_stage=3, offload="optimizer")
     assert not [o for o in ops if o.key.startswith("ds/")]
     assert [o for o in ops if o.key.startswith("param/")]
+
+
+def test_zero3_sub_groups_each_get_their_partition_and_states() -> None:
+    from trainmem.analytic.buffers import deepspeed_zero3_sub_groups
+
+    # stage3.py _create_fp16_sub_groups: a group closes once it reaches sub_group_size
+    assert deepspeed_zero3_sub_groups([6 * 10**8, 6 * 10**8, 3 * 10**8]) == [12 * 10**8, 3 * 10**8]
+    assert deepspeed_zero3_sub_groups([4, 4, 4], sub_group_size=5) == [8, 4]
+    assert deepspeed_zero3_sub_groups([]) == []
+    # llama-2-7b on one rank (6,738,415,616 trainable elements, more than one 1e9 sub-group),
+    # v0.12.3: per sub-group a bf16 clone then its fp32 partition; one fp32 gradient_buffer of
+    # the largest; each sub-group's exp_avg and exp_avg_sq as large as its fp32 partition
+    psi = 6_738_415_616
+    training = TrainingConfig(
+        framework="deepspeed", precision="bf16-mixed", zero_stage=3, seq_len=16,
+        micro_batch_size=1, deepspeed_version="0.12.3",
+    )  # fmt: skip
+    est = estimate("llama-2-7b", training, engine="analytic", simulate_allocator=False)
+    flat = _flat(_ops(est.schedules[0].setup))
+    clones = [s for a, k, s in flat if a == "alloc" and k.startswith("ds/clone/")]
+    fp32 = [s for a, k, s in flat if a == "alloc" and k.startswith("ds/fp32/")]
+    states = [s for a, k, s in flat if a == "alloc" and k.startswith("ds/state/")]
+    assert len(fp32) > 1 and sum(fp32) == 4 * psi and sum(clones) == 2 * psi
+    assert [2 * s for s in clones] == fp32
+    assert states == [s for s in fp32 for _ in range(2)]
+    assert ("alloc", "ds/init_grad/0", max(fp32)) in flat
+    keys = [k for a, k, _ in flat if a == "alloc"]
+    assert keys.index("ds/fp32/1") < keys.index("ds/init_grad/0") < keys.index("ds/state/0/0")

@@ -58,8 +58,9 @@ Note [DeepSpeed's flat buffers at init]
     norms and biases: a second, small flat group), the init step's own temporaries (FusedAdam
     makes none), the fp64 norm copies ZeRO-1/2 take at the step (stage_1_and_2.py
     ``get_grad_norm_direct``), CPU offload (the fp32 partitions, states and ZeRO-3's gradient
-    buffer on the host: the per-tensor blocks stay), and a recorded (traced) step, whose traced
-    blocks trainmem/traced_transforms.py re-sizes in place.
+    buffer on the host: the per-tensor blocks stay), paged and torchao low-bit optimizers (their
+    per-tensor rules stay, Note [Optimizer states of flat tensors]), and a recorded (traced)
+    step, whose traced blocks trainmem/traced_transforms.py re-sizes in place.
 
 Source: DeepSpeed runtime/zero/stage3.py, runtime/zero/stage_1_and_2.py, runtime/utils.py at
 the tags named above (the deepspeedai/DeepSpeed repository).
@@ -177,15 +178,25 @@ def _state_blocks(elements: int, ctx: RankContext) -> tuple[int, tuple[int, ...]
 
 def deepspeed_flat_buffers(ctx: RankContext) -> FlatBuffers | None:
     """This rank's DeepSpeed flat buffers (Note [DeepSpeed's flat buffers at init]), or None:
-    not DeepSpeed's ZeRO optimizer, something offloaded, a paged optimizer, optimizer in
-    backward, pipelining, no trainable element, or a step whose model-state blocks are not the
-    context's own (``RankContext.builds_model_states``). Computed once per context."""
+    not DeepSpeed's ZeRO optimizer, something offloaded, a paged or torchao low-bit optimizer,
+    optimizer in backward, pipelining, no trainable element, or a step whose model-state
+    blocks are not the context's own (``RankContext.builds_model_states``). Computed once per
+    context."""
     memo = ctx.memo.get("deepspeed_flat_buffers", False)
     if memo is not False:
         return memo if isinstance(memo, FlatBuffers) else None
     out = _flat_buffers(ctx)
     ctx.memo["deepspeed_flat_buffers"] = out
     return out
+
+
+def _flat_states_modelled(optimizer: str) -> bool:
+    """The optimizer's states of one flat partition are modelled: not a paged optimizer
+    (bitsandbytes pages a tensor of >= 1e5 elements: the flat partition whole), nor torchao's
+    low-bit rows, which quantize only a tensor the block divides (Note [Optimizer states of
+    flat tensors]: their per-tensor rule stays)."""
+    row = OPTIMIZER_TABLE[optimizer]
+    return not row.paged and not (row.blockwise is not None and row.blockwise.block_must_divide)
 
 
 def _flat_buffers(ctx: RankContext) -> FlatBuffers | None:
@@ -195,7 +206,7 @@ def _flat_buffers(ctx: RankContext) -> FlatBuffers | None:
         and t.deepspeed_optimizer == "zero"
         and t.zero_stage in (1, 2, 3)
         and t.offload == "none"
-        and not OPTIMIZER_TABLE[t.optimizer].paged
+        and _flat_states_modelled(t.optimizer)
         and not t.optimizer_in_backward
         and t.pipeline_parallel_size == 1
     ):
