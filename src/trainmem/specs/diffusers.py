@@ -64,6 +64,7 @@ __all__ = [
     "diffusers_class",
     "diffusers_family",
     "frozen_components",
+    "kept_components",
     "image_batch",
     "is_diffusers_config",
     "is_pixel_space",
@@ -661,6 +662,10 @@ class FrozenComponent:
     dtype: str | None = None
     """The dtype the scripts move it in; None: their ``weight_dtype`` (the run's 16-bit
     compute dtype, fp32 for ``32-true``)."""
+    build: tuple[str, Mapping[str, Any]] | None = None
+    """A VAE's diffusers class and its constructor arguments (the config ``num_params`` was
+    counted from), for its encode inside the step (Note [The frozen VAE encodes inside the
+    step], trainmem/trace/frozen_encode.py); None for a text encoder."""
 
 
 _CLIP_L = FrozenComponent(
@@ -684,12 +689,31 @@ _CLIP_G_PROJ = FrozenComponent(
 _T5_XXL = FrozenComponent(
     "text_encoder_2", "text-encoder", "T5EncoderModel, google/t5-v1_1-xxl", 4_762_310_656
 )
+SD_VAE: Mapping[str, Any] = {
+    "in_channels": 3,
+    "out_channels": 3,
+    "block_out_channels": (128, 256, 512, 512),
+    "layers_per_block": 2,
+    "down_block_types": ("DownEncoderBlock2D",) * 4,
+    "up_block_types": ("UpDecoderBlock2D",) * 4,
+    "norm_num_groups": 32,
+    "act_fn": "silu",
+}
+"""The ``AutoencoderKL`` fields SD 1.x's, SDXL's, SD3's and FLUX's ``vae/config.json`` share
+(runwayml/stable-diffusion-v1-5, stabilityai/stable-diffusion-xl-base-1.0,
+black-forest-labs/FLUX.1-dev); ``latent_channels`` and the quant convs differ."""
+
 _VAE_16 = FrozenComponent(
     "vae",
     "vae",
     "AutoencoderKL, 16 latent channels, no quant convs (FLUX.1-dev / SD3 vae/config.json)",
     83_819_683,
+    build=(
+        "AutoencoderKL",
+        {**SD_VAE, "latent_channels": 16, "use_quant_conv": False, "use_post_quant_conv": False},
+    ),
 )
+_VAE_4 = ("AutoencoderKL", {**SD_VAE, "latent_channels": 4})
 
 SD1_UNET = "UNet2DConditionModel (SD 1.x)"
 """:data:`FROZEN_COMPONENTS`' key of an SD 1.x UNet (``cross_attention_dim`` 768, no added
@@ -716,6 +740,7 @@ FROZEN_COMPONENTS: dict[str, tuple[FrozenComponent, ...]] = {
             "vae/config.json)",
             83_653_863,
             dtype="float32",
+            build=_VAE_4,
         ),
     ),
     SD1_UNET: (
@@ -725,6 +750,7 @@ FROZEN_COMPONENTS: dict[str, tuple[FrozenComponent, ...]] = {
             "vae",
             "AutoencoderKL, 4 latent channels (runwayml/stable-diffusion-v1-5 vae/config.json)",
             83_653_863,
+            build=_VAE_4,
         ),
     ),
     "LTXVideoTransformer3DModel": (
@@ -737,6 +763,7 @@ FROZEN_COMPONENTS: dict[str, tuple[FrozenComponent, ...]] = {
             "AutoencoderKLLTXVideo, LTX-Video 0.9.0 (diffusers scripts/convert_ltx_to_diffusers.py "
             "get_vae_config; equal to the class defaults)",
             419_193_649,
+            build=("AutoencoderKLLTXVideo", {}),
         ),
     ),
     "HunyuanVideoTransformer3DModel": (
@@ -754,7 +781,11 @@ FROZEN_COMPONENTS: dict[str, tuple[FrozenComponent, ...]] = {
             123_060_480,
         ),
         FrozenComponent(
-            "vae", "vae", "AutoencoderKLHunyuanVideo, its defaults (HunyuanVideo)", 246_478_803
+            "vae",
+            "vae",
+            "AutoencoderKLHunyuanVideo, its defaults (HunyuanVideo)",
+            246_478_803,
+            build=("AutoencoderKLHunyuanVideo", {}),
         ),
     ),
     "CogVideoXTransformer3DModel": (
@@ -765,7 +796,11 @@ FROZEN_COMPONENTS: dict[str, tuple[FrozenComponent, ...]] = {
             4_762_310_656,
         ),
         FrozenComponent(
-            "vae", "vae", "AutoencoderKLCogVideoX, its defaults (CogVideoX-2b / 5b)", 215_583_907
+            "vae",
+            "vae",
+            "AutoencoderKLCogVideoX, its defaults (CogVideoX-2b / 5b)",
+            215_583_907,
+            build=("AutoencoderKLCogVideoX", {}),
         ),
     ),
     "WanTransformer3DModel": (
@@ -780,6 +815,7 @@ FROZEN_COMPONENTS: dict[str, tuple[FrozenComponent, ...]] = {
             "vae",
             "AutoencoderKLWan, its defaults (Wan-AI/Wan2.1-T2V-1.3B-Diffusers vae/config.json)",
             126_892_531,
+            build=("AutoencoderKLWan", {}),
         ),
     ),
 }
@@ -807,14 +843,24 @@ in bf16 beside the transformer and its LoRA r 128 to 0.04 GiB (LTX-Video: 13.486
 
 def frozen_components(config: Mapping[str, Any], training: Any) -> list[tuple[str, int, str]]:
     """The frozen pipeline models ``training.frozen_on_gpu`` keeps on the GPU beside the trained
-    diffusers model, as ``(pipeline attribute, elements, dtype)``.
+    diffusers model, as ``(pipeline attribute, elements, dtype)`` (:func:`kept_components`'
+    rows in the dtype the scripts move them in)."""
+    return [
+        (c.attribute, c.num_params, c.dtype or training.compute_dtype)
+        for c in kept_components(config, training)
+    ]
+
+
+def kept_components(config: Mapping[str, Any], training: Any) -> list[FrozenComponent]:
+    """The frozen pipeline models ``training.frozen_on_gpu`` keeps on the GPU beside the trained
+    diffusers model.
 
     Args:
         config: the trained model's diffusers ``config.json``.
         training: a :class:`~trainmem.specs.training.TrainingConfig`.
 
     Returns:
-        One triple per component kept (none for ``frozen_on_gpu="none"``).
+        :data:`FROZEN_COMPONENTS`' rows kept (none for ``frozen_on_gpu="none"``).
 
     Raises:
         SpecError: ``frozen_on_gpu`` for a model that is not a diffusers model, or for a UNet
@@ -853,8 +899,4 @@ def frozen_components(config: Mapping[str, Any], training: Any) -> list[tuple[st
         kinds = (which.removesuffix("s"),)
     if training.train_text_encoder:  # trained: part of the model, not resident beside it
         kinds = tuple(k for k in kinds if k != "text-encoder")
-    return [
-        (c.attribute, c.num_params, c.dtype or training.compute_dtype)
-        for c in FROZEN_COMPONENTS[name]
-        if c.kind in kinds
-    ]
+    return [c for c in FROZEN_COMPONENTS[name] if c.kind in kinds]

@@ -1545,7 +1545,9 @@ class DiffusionConfig:
     (:data:`FROZEN_ON_GPU`): ``vae``, ``text-encoders``, ``all``, or ``none``, the default
     (latents and prompt embeddings precomputed, the models freed or never moved: the scripts'
     ``--cache_latents`` and precomputed embeddings). Their sizes:
-    :data:`trainmem.specs.diffusers.FROZEN_COMPONENTS`."""
+    :data:`trainmem.specs.diffusers.FROZEN_COMPONENTS`. A kept VAE also encodes each batch
+    inside the step, as the scripts do without cached latents (Note [The frozen VAE encodes
+    inside the step], trainmem/trace/frozen_encode.py)."""
     controlnet: bool = setting(
         False,
         "diffusers UNet models: train a ControlNet (ControlNetModel.from_unet) beside the "

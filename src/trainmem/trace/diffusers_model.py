@@ -20,7 +20,9 @@ Note [diffusers training step]
     prompt embeddings, pooled embeddings. By default (``frozen_on_gpu="none"``) they hold no
     GPU memory; ``vae`` / ``text-encoders`` / ``all`` keep them there as the scripts do without
     cached latents / precomputed embeddings (their weights only, as parameters from setup;
-    :data:`trainmem.specs.diffusers.FROZEN_COMPONENTS`; their forwards are not traced).
+    :data:`trainmem.specs.diffusers.FROZEN_COMPONENTS`); a kept VAE encodes the batch's pixels
+    inside the step (Note [The frozen VAE encodes inside the step], trace/frozen_encode.py),
+    the text encoders' forwards are not traced.
     Differences from the scripts, all a few latent-sized tensors: the target is drawn inside
     the loss (``noise - latents`` there: one tensor of the latent shape; SDXL's ``target =
     noise`` exists before the forward there), FLUX's prediction is not unpacked back to
@@ -544,9 +546,13 @@ def estimate_diffusers_trace(
     resident = frozen_components(raw, training)
     pipeline = training.controlnet or training.train_text_encoder
     loss = diffusers_loss if pipeline else diffusers_loss_for(raw)
+    from trainmem.trace.frozen_encode import encode_in_step
+
+    encode = None if pipeline else encode_in_step(raw, training, loss)
     capture, report = run_trace(
-        build, batch, training, loss_fn=loss, workspace_bytes=ws, resident=resident
-    )
+        build, batch, training, loss_fn=loss, workspace_bytes=ws, resident=resident,
+        forward_loss=encode,  # Note [The frozen VAE encodes inside the step]
+    )  # fmt: skip
     est = _estimate(name, capture, report, training, gpu, ws)
     describe_diffusers_batch(est, raw, training)
     return est

@@ -179,11 +179,16 @@ def recipe_for_config(
         dm.diffusers_class(raw)  # a class that is not a denoiser is refused before the build
         if training.controlnet or training.train_text_encoder:
             return _pipeline_recipe(name, raw, training)
+        from trainmem.trace.frozen_encode import encode_in_step
+
+        loss = dm.diffusers_loss_for(raw)
         return Recipe(
             name,
             lambda: dm.build_diffusers_model(raw, training, device="meta"),
             lambda model: dm.make_diffusers_batch(model, training),
-            loss_fn=dm.diffusers_loss_for(raw),
+            loss_fn=loss,
+            # Note [The frozen VAE encodes inside the step]
+            forward_loss=encode_in_step(raw, training, loss),
             library="diffusers",
             resident=tuple(frozen_components(raw, training)),
         )

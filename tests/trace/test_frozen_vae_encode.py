@@ -1,0 +1,90 @@
+"""The frozen VAE's encode inside the step (issue 26; Note [The frozen VAE encodes inside the
+step] in ``trace/frozen_encode.py``): with ``--frozen-on-gpu vae`` the scripts encode each
+batch's pixels with the VAE before the denoiser's forward (finetrainers e5df80c
+``trainer.py`` / ``ltx_video_lora.py prepare_latents``; diffusers' ``train_dreambooth_lora_*``
+without ``--cache_latents``), and the step's peak holds that encode's transients.
+
+Expected bytes from a real CPU execution: diffusers' ``AutoencoderKL`` (a toy width: 2 blocks
+of 32 / 64 channels, one resnet each, no mid-block attention so no attention kernel differs
+between the CPU run and the emulated CUDA one) encoding a [2, 3, 64, 64] bf16 batch made
+inside the counted call, under ``no_grad``, ``latent_dist.sample()`` kept, its storages counted
+by tests/conftest.py ``storage_peak``. The toy SD 1.x UNet (tests/models/diffusers/
+tiny-sd1-unet.json) at 64 px works on an 8 x 8 latent, far below the encode at 64 x 64."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import step_made_at_peak, storage_peak
+from trainmem.estimate import estimate
+from trainmem.specs import diffusers as spec
+from trainmem.specs.training import TrainingConfig
+
+SD1 = str(Path(__file__).resolve().parents[1] / "models" / "diffusers" / "tiny-sd1-unet.json")
+TINY_VAE: dict[str, Any] = {
+    **spec.SD_VAE,
+    "block_out_channels": (32, 64),
+    "layers_per_block": 1,
+    "down_block_types": ("DownEncoderBlock2D",) * 2,
+    "up_block_types": ("UpDecoderBlock2D",) * 2,
+    "latent_channels": 4,
+    "mid_block_add_attention": False,
+}
+
+
+def _real_encode_peak() -> int:
+    import torch
+
+    diffusers = pytest.importorskip("diffusers")
+    torch.manual_seed(0)
+    vae = diffusers.AutoencoderKL(**TINY_VAE).to(torch.bfloat16).requires_grad_(False)
+    kept: list[Any] = []
+
+    def step() -> None:
+        with torch.no_grad():
+            pixels = torch.randn(2, 3, 64, 64, dtype=torch.bfloat16)
+            kept.append(vae.encode(pixels).latent_dist.sample())
+
+    return int(storage_peak(step))
+
+
+@pytest.fixture
+def tiny_vae(monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = tuple(
+        dataclasses.replace(c, build=("AutoencoderKL", TINY_VAE)) if c.kind == "vae" else c
+        for c in spec.FROZEN_COMPONENTS[spec.SD1_UNET]
+    )
+    monkeypatch.setitem(spec.FROZEN_COMPONENTS, spec.SD1_UNET, rows)
+
+
+@pytest.mark.parametrize("engine", ["trace", "generic"])
+def test_the_step_peak_holds_the_vae_encode(tiny_vae: None, engine: str) -> None:
+    pytest.importorskip("diffusers")
+    training = TrainingConfig(
+        precision="bf16-mixed", resolution=64, micro_batch_size=2, frozen_on_gpu="vae",
+        lora_rank=4, activation_checkpointing="full",  # (the UNet small beside the encode)
+    )  # fmt: skip
+    est = estimate(SD1, training, engine=engine)
+    expected = _real_encode_peak()
+    assert step_made_at_peak(est) == expected
+    # the setting without the VAE on the GPU (latents cached) made far less at its peak
+    cached = estimate(SD1, dataclasses.replace(training, frozen_on_gpu="none"), engine=engine)
+    assert step_made_at_peak(cached) < expected / 2
+
+
+def test_each_vae_build_is_the_counted_model() -> None:
+    # the class and arguments the encode builds give the count --frozen-on-gpu holds
+    torch = pytest.importorskip("torch")
+    diffusers = pytest.importorskip("diffusers")
+    for rows in spec.FROZEN_COMPONENTS.values():
+        for c in rows:
+            assert (c.build is None) == (c.kind != "vae"), c.source
+            if c.build is not None:
+                cls, kwargs = c.build
+                with torch.device("meta"):
+                    vae = getattr(diffusers, cls)(**kwargs)
+                assert sum(p.numel() for p in vae.parameters()) == c.num_params, c.source
