@@ -24,8 +24,9 @@ trainmem's default since this session: Note [diffusers' LoRA scripts cast the fr
 ``torch.optim.AdamW``, conditions and latents precomputed and the text encoders / VAE deleted
 before training (``_delete_components``); the "without precomputation" cells keep them on the
 GPU in bf16 (``--frozen-on-gpu all``; their figure is the row "before validation start", after
-the training steps), encoding each batch inside the step (those forwards are not traced: a
-video VAE's encode is its largest transient). Prompt lengths: LTX's T5 128 tokens, HunyuanVideo's
+the training steps), encoding each batch inside the step (the VAE's encode traced since
+session 26, helper vaeenc: Note [The frozen VAE encodes inside the step], untiled; the text
+encoders' forwards are not). Prompt lengths: LTX's T5 128 tokens, HunyuanVideo's
 Llama 256, CogVideoX's T5 226 (each model file's ``max_sequence_length``). Metric:
 ``get_memory_statistics`` (utils/memory_utils.py) ``torch.cuda.max_memory_reserved / 1024**3``
 "after epoch 1". No ``reset_peak_memory_stats`` runs between "before training start" and it, so
@@ -70,9 +71,13 @@ Findings (session 26, at the commit that added this file): 8 measured cells, med
   allocated before its first step (the LTX full run after the same precomputation: 4.025);
   the step added 0.906 GiB to that pool. trainmem's 5.92 GiB is the step in a fresh process.
 - LTX-Video LoRA without precomputation (-11.6 %, 2.05 GiB): the VAE encodes each 49 x 512 x
-  768 clip inside the step, a forward trainmem does not trace (``--frozen-on-gpu`` holds the
+  768 clip inside the step, a forward trainmem did not trace (``--frozen-on-gpu`` held the
   weights only). Its size, traced on meta tensors with the recorder (AutoencoderKLLTXVideo
-  0.9.0, bf16, ``encode`` under no_grad, untiled): 2.12 GiB above its weights. Not landed.
+  0.9.0, bf16, ``encode`` under no_grad, untiled): 2.12 GiB above its weights. Landed by
+  helper vaeenc (session 26): 15.574 -> 17.756 GiB reserved (+0.8 %); the docs' command also
+  passes ``--enable_tiling --enable_slicing`` (diffusers 0.42's tiling: 16.80 GiB, -4.7 %),
+  which trainmem cannot express; HunyuanVideo with its encoders and VAE -3.4 -> -4.6 %
+  (allocated +0.004 GiB, the allocator's pool packed differently).
 - HunyuanVideo with precomputation (-6.3 %): the doc's command lists buckets 17 / 49 / 61 x
   512 x 768; at 61 frames trainmem gives 42.24 GiB (-0.4 %).
 diffusers' LoRA adapters in the base dtype moved the LoRA cells (main before -> after):
