@@ -21,9 +21,12 @@ Setup of each method, from the same commit's scripts (finetune.py, finetune/*.sh
   ``w2`` (every linear of the layers). Mapped as ``bf16-mixed --load-dtype bfloat16`` with
   ``hf-trainer``: the Trainer autocasts over weights the model already holds in bf16
   (``TrainingConfig.autocast_over_loaded_16bit``; ``bf16-true`` before, which has no
-  autocast). Still approximate: peft of that time (0.5-0.7) made the adapters in the base
-  weight's dtype (bf16); trainmem models current peft's fp32 adapters
-  (``autocast_adapter_dtype=True``, peft 0.12).
+  autocast). Since session 26 (helper qwendtype) trainmem's default for a Qwen-1 config on an
+  A100 is that bf16 load (``specs/load_dtype.py`` ``qwen_init_dtype``): without
+  ``--load-dtype bfloat16`` every LoRA / LoRA (emb) cell here and every bf16 ms-swift cell
+  gives the same figure; the flag stays as the mapping's record. Still approximate: peft of
+  that time (0.5-0.7) made the adapters in the base weight's dtype (bf16); trainmem models
+  current peft's fp32 adapters (``autocast_adapter_dtype=True``, peft 0.12).
 - Q-LoRA: ``finetune_qlora_single_gpu.sh``, the GPTQ Int4 chat checkpoint (``GPTQConfig(bits=
   4)``), ``--fp16``, DeepSpeed ZeRO-2 (``finetune/ds_config_zero2.json``) on one GPU.
 - Full-parameter: ``finetune_ds.sh``, ``--bf16``, DeepSpeed ZeRO-3 (``ds_config_zero3.json``);

@@ -18,9 +18,9 @@ Note [Which path runs]
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trainmem.analytic.activation_shapes import tokens_per_sequence
 from trainmem.analytic.buffers import device_context
@@ -918,8 +918,12 @@ def estimate(
     # resolution]): the patches of its image, or none for a pixel model on the generic path
     training = image_sequence(model, training, given=given_seq_len)
     load_dtype_note = None
+    gpu_spec = resolve_gpu(gpu)
     if training.load_dtype is None and training.framework in LOADS_FROM_PRETRAINED:
-        training, load_dtype_note = resolve_load_dtype(training, *_checkpoint_dtype(model))
+        dtype, model_type, config = _checkpoint_dtype(model)
+        training, load_dtype_note = resolve_load_dtype(
+            training, dtype, model_type, config=config, gpu=gpu_spec
+        )
     elif training.load_dtype is None and training.is_lora and isinstance(model, str):
         # Note [diffusers' LoRA scripts cast the frozen model]
         try:
@@ -930,7 +934,6 @@ def estimate(
         torch = parse_version("torch_version", training.torch_version)
         alloc_conf = training.conventions.default_alloc_conf(torch)
     pieces_note = ""
-    gpu_spec = resolve_gpu(gpu)
     if gpu_spec is not None and training.conventions.unsloth_fused_cross_entropy:
         pieces = unsloth_loss_pieces(model, training, gpu_spec, cuda_context_bytes)
         if pieces > 1:
@@ -957,21 +960,23 @@ def estimate(
     return est
 
 
-def _checkpoint_dtype(model: str | ModelSpec) -> tuple[str | None, str | None]:
+def _checkpoint_dtype(
+    model: str | ModelSpec,
+) -> tuple[str | None, str | None, Mapping[str, Any] | None]:
     """The dtype ``model``'s config says its checkpoint is in (``ModelSpec.checkpoint_dtype``;
-    a transformers config outside the formula families read the same way) and its
-    ``model_type``; None for none, a diffusers or timm config, or one that cannot be read (its
-    own error comes later)."""
+    a transformers config outside the formula families read the same way), its
+    ``model_type`` and the config itself (None for a ModelSpec); None for none, a diffusers or
+    timm config, or one that cannot be read (its own error comes later)."""
     if isinstance(model, ModelSpec):
-        return model.checkpoint_dtype, model.model_type
+        return model.checkpoint_dtype, model.model_type, None
     try:
         config = load_hf_config(model)
     except SpecError:
-        return None, None
+        return None, None, None
     model_type = config.get("model_type")
     if not isinstance(model_type, str):
-        return None, None
-    return checkpoint_dtype(config), model_type
+        return None, None, None
+    return checkpoint_dtype(config), model_type, config
 
 
 def unsloth_chunk_count(vocab_size: int, tokens: int, free_bytes: int) -> int:

@@ -20,6 +20,11 @@ Expected values from the sources, read at their releases:
   ``_configure_embedding_dtypes`` (norms and embeddings to float32, then back to
   ``torch_dtype`` when an adapter sets ``needs_fa2_dtype``): LoRA over a base in the compute
   dtype; a full fine-tune mixes the two (modelled as float32).
+* Qwen-1's remote code (Qwen/Qwen-7B modeling_qwen.py ``QWenLMHeadModel.__init__``, the Hub
+  repo's copy zhangningboo/Qwen-7B @ffe04dd5): with no ``bf16`` / ``fp16`` / ``fp32`` in the
+  config, ``config.bf16 = True`` where ``torch.cuda.is_bf16_supported()`` (capability >= 8.0;
+  any CUDA device from torch 2.3, pytorch PR #115924), else ``fp16`` from capability 7.0, else
+  ``fp32``; then ``self.transformer.bfloat16()`` / ``.half()``.
 
 Bytes by hand, Llama-3.2-1B (h 2048, i 8192, 16 layers, 32 heads of 64, 8 KV heads, vocabulary
 128,256, tied head): embedding 128,256 x 2,048 = 262,668,288; a layer q 4,194,304 + k 1,048,576 +
@@ -37,7 +42,9 @@ from pathlib import Path
 import pytest
 
 from trainmem import estimate
+from trainmem.errors import SpecError
 from trainmem.specs.frameworks import installed_transformers_version
+from trainmem.specs.hardware import GPUSpec, get_gpu
 from trainmem.specs.hf import checkpoint_dtype, load_model_spec
 from trainmem.specs.load_dtype import framework_load_dtype, resolve_load_dtype
 from trainmem.specs.training import TrainingConfig
@@ -240,3 +247,93 @@ def test_chatglm3_lora_loads_fp16_under_transformers_4() -> None:
     )
     assert true16.details["assumed"]["load_dtype"].startswith("float16 (")
     assert true16.details["assumed"]["load_dtype"].endswith("as --precision 16-true trains")
+
+
+# Qwen-7B (tests/models/remote_code/qwen-7b.json; bf16 / fp16 / fp32 false) by hand: wte and
+# lm_head 151,936 x 4,096 = 622,329,856 each; a layer c_attn 4,096 x 12,288 = 50,331,648 + bias
+# 12,288, attn c_proj 4,096^2 = 16,777,216, w1 and w2 4,096 x 11,008 = 45,088,768 each, mlp
+# c_proj 45,088,768, ln_1 / ln_2 8,192: 202,395,648, 32 times 6,476,660,736; ln_f 4,096:
+# N = 7,721,324,544. LoRA r 8 on the fused c_attn: 8 x 4,096 + 12,288 x 8 = 131,072 a layer,
+# 4,194,304 in all.
+QWEN_7B = str(Path(__file__).parents[1] / "models" / "remote_code" / "qwen-7b.json")
+N_QWEN_7B, N_QWEN_LORA = 7_721_324_544, 4_194_304
+
+
+def _gpu(name: str, cc: str) -> GPUSpec:
+    return replace(get_gpu(name), compute_capability=cc)
+
+
+@pytest.mark.parametrize(
+    ("gpu", "torch", "flags", "loads"),
+    [
+        # modeling_qwen.py: autoset_precision -> bf16 where torch.cuda.is_bf16_supported()
+        (get_gpu("A100-80GB"), "2.0.1", {}, "bfloat16"),
+        (get_gpu("H100-80GB"), None, {}, "bfloat16"),
+        (get_gpu("MI300X"), "2.1.1", {}, "bfloat16"),  # ROCm: torch.version.hip -> True
+        # no bf16 below 8.0 before torch 2.3 -> fp16 from capability 7.0
+        (get_gpu("V100-32GB"), "2.2.2", {}, "float16"),
+        (get_gpu("T4"), "2.1.1", {}, "float16"),
+        # from torch 2.3 a bf16 tensor on the device is enough (pytorch PR #115924)
+        (get_gpu("V100-32GB"), "2.3.0", {}, "bfloat16"),
+        (_gpu("V100-32GB", "6.0"), "2.1.1", {}, "float32"),  # neither: config.fp32 = True
+        # a flag in the config wins over the GPU
+        (get_gpu("A100-80GB"), "2.0.1", {"fp32": True}, "float32"),
+        (get_gpu("A100-80GB"), "2.0.1", {"fp16": True, "bf16": False}, "float16"),
+        (get_gpu("T4"), "2.1.1", {"bf16": True}, "bfloat16"),
+    ],
+)
+def test_qwen1_casts_itself_at_init(
+    gpu: GPUSpec, torch: str | None, flags: dict[str, bool], loads: str
+) -> None:
+    t = _t(transformers_version="4.32.0", torch_version=torch)
+    config = {"model_type": "qwen", "bf16": False, "fp16": False, "fp32": False, **flags}
+    default = framework_load_dtype(t, None, "qwen", config=config, gpu=gpu)
+    assert default is not None
+    assert default.dtype == loads
+    assert "modeling_qwen.py" in default.why
+
+
+def test_qwen1_refuses_two_precision_flags() -> None:
+    config = {"bf16": True, "fp16": True}
+    with pytest.raises(SpecError, match="bf16 and fp16"):
+        framework_load_dtype(_t(), None, "qwen", config=config, gpu=get_gpu("A100-80GB"))
+
+
+def test_qwen1_lora_loads_bf16_on_an_a100() -> None:
+    t = _t(
+        transformers_version="4.32.0",
+        torch_version="2.0.1",
+        lora_rank=8,
+        lora_targets=("q", "k", "v"),
+        micro_batch_size=1,
+        seq_len=256,
+    )
+    est = estimate(QWEN_7B, t, gpu="A100-80GB", engine="analytic", simulate_allocator=False)
+    # the bf16 base and peft's fp32 adapters; AdamW's two fp32 moments of the adapters
+    assert est.breakdown.parameters == 2 * N_QWEN_7B + 4 * N_QWEN_LORA == 15_459_426_304
+    assert est.breakdown.optimizer_states == 8 * N_QWEN_LORA
+    assert est.details["assumed"]["load_dtype"].startswith("bfloat16 (")
+    # an explicit --load-dtype wins: the fp32 base
+    fp32 = estimate(
+        QWEN_7B,
+        replace(t, load_dtype="float32"),
+        gpu="A100-80GB",
+        engine="analytic",
+        simulate_allocator=False,
+    )
+    assert fp32.breakdown.parameters == 4 * N_QWEN_7B + 4 * N_QWEN_LORA
+    # on a V100 under torch 2.2 it casts to fp16, which bf16 autocast over is not modelled:
+    # the fp32 step, and the note says why
+    v100 = estimate(
+        QWEN_7B,
+        replace(t, torch_version="2.2.2"),
+        gpu="V100-32GB",
+        engine="analytic",
+        simulate_allocator=False,
+    )
+    assert v100.breakdown.parameters == 4 * N_QWEN_7B + 4 * N_QWEN_LORA
+    assert "the load is float16" in v100.details["assumed"]["load_dtype"]
+    # no GPU: the cast is not known; transformers' float32 and a word on --gpu
+    bare = estimate(QWEN_7B, t, engine="analytic", simulate_allocator=False)
+    assert bare.breakdown.parameters == 4 * N_QWEN_7B + 4 * N_QWEN_LORA
+    assert bare.details["assumed"]["load_dtype"].endswith("give --gpu)")

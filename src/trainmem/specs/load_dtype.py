@@ -28,6 +28,10 @@ none, is each framework's and each release's (Note [The framework's load dtype])
   checkpoint's): a LoRA base wholly in it, a full fine-tune's norms, embeddings and head in
   float32 beside it (a mixed load, modelled as float32); :func:`_axolotl`.
 
+Qwen-1's remote code (``model_type`` qwen) casts itself at init, whatever dtype
+``from_pretrained`` was given: :func:`qwen_init_dtype`, read before transformers' rule for the
+HF Trainer and TRL before 0.27.
+
 A 16-bit default is applied only where trainmem models the load
 (``TrainingConfig._check_load_dtype``: autocast in that dtype, no quantized base, no ZeRO /
 FSDP, no model parallelism); elsewhere the step is the float32 one and
@@ -47,6 +51,8 @@ from typing import Any
 
 from trainmem.errors import SpecError
 from trainmem.specs.diffusers import is_diffusers_config
+from trainmem.specs.frameworks import parse_version
+from trainmem.specs.hardware import GPUSpec
 from trainmem.specs.training import TrainingConfig
 
 TRANSFORMERS_AUTO_DTYPE_SINCE = (5, 0)
@@ -80,6 +86,25 @@ cell: a model that builds a Linear with ``dtype=config.torch_dtype``, saved with
 ``torch_dtype`` float16, loaded with no dtype): float16 on 4.30.2, 4.37.1, 4.48.1 and 5.24.0;
 "float32" on 4.49.0; float32 on 4.50.0, 4.50.3, 4.51.3, 4.54.1, 4.56.2, 4.57.6."""
 
+QWEN_INIT_CAST_SOURCE = (
+    "Qwen/Qwen-7B modeling_qwen.py QWenLMHeadModel.__init__ (the Hub repo's copy "
+    "zhangningboo/Qwen-7B @ffe04dd5, l. 935-988)"
+)
+"""Qwen-1's remote code sets its precision at init: with none of the config's ``bf16`` /
+``fp16`` / ``fp32`` true (``autoset_precision``) it sets ``bf16`` where ``SUPPORT_BF16``
+(``torch.cuda.is_bf16_supported()``), else ``fp16`` where ``SUPPORT_FP16`` (compute capability
+major >= 7), else ``fp32``; then ``self.transformer.bfloat16()`` / ``.half()`` and the same for
+``lm_head``. The weights loaded afterwards take the parameters' dtype, so the model is in that
+dtype whatever ``from_pretrained`` was given (the Qwen README's finetune.py passes none).
+Every Qwen-1 size (1.8B .. 72B) ships the same file; config.json has the three flags false."""
+
+TORCH_BF16_EMULATION_SINCE = (2, 3)
+"""``torch.cuda.is_bf16_supported()`` is True on any CUDA device that can hold a bf16 tensor
+from torch 2.3 (pytorch PR #115924, merged 2024-01-01 after the 2.2 branch cut: "Try creating
+a bf16 tensor as a last resort"; ``including_emulation=True`` by default later); before, compute
+capability >= 8.0 only (a V100 gives False on torch 2.2.2, pytorch issue #124996). ROCm: True
+(``if torch.version.hip: return True``, pytorch PR #80410, from 1.13)."""
+
 LOADS_FROM_PRETRAINED = ("hf-trainer", "trl", "llama-factory", "axolotl")
 """The frameworks whose default load :func:`framework_load_dtype` reads (the others: None)."""
 
@@ -96,8 +121,62 @@ class LoadDtype:
     """The framework's rule, with its release and file."""
 
 
+def qwen_init_dtype(t: TrainingConfig, config: Mapping[str, Any] | None, gpu: GPUSpec) -> LoadDtype:
+    """The dtype Qwen-1's ``QWenLMHeadModel.__init__`` casts the model to on ``gpu``
+    (:data:`QWEN_INIT_CAST_SOURCE`): the config's ``bf16`` / ``fp16`` / ``fp32`` flag when one
+    is true, else bf16 where torch says the GPU supports it (compute capability >= 8.0, any
+    CUDA device from torch :data:`TORCH_BF16_EMULATION_SINCE`, ROCm), else float16 from
+    compute capability 7.0, else float32.
+
+    Raises:
+        SpecError: more than one of the flags true (the remote code's assert).
+    """
+    flags = [f for f in ("bf16", "fp16", "fp32") if config is not None and config.get(f) is True]
+    if len(flags) > 1:
+        raise SpecError(
+            "bf16 / fp16 / fp32",
+            f"Qwen's config sets {' and '.join(flags)}; only one may be true (modeling_qwen.py)",
+        )
+    named = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+    if flags:
+        return LoadDtype(
+            named[flags[0]],
+            f"Qwen-1's config sets {flags[0]}, so {QWEN_INIT_CAST_SOURCE} casts the model to "
+            f"{named[flags[0]]}",
+        )
+    torch = parse_version("torch_version", t.torch_version)
+    emulated = torch is None or torch >= TORCH_BF16_EMULATION_SINCE
+    major = int(gpu.compute_capability.split(".")[0]) if gpu.vendor == "nvidia" else 0
+    auto = f"with no bf16 / fp16 / fp32 in its config {QWEN_INIT_CAST_SOURCE} casts itself to"
+    if gpu.vendor != "nvidia" or major >= 8 or emulated:
+        reason = (
+            "ROCm"
+            if gpu.vendor != "nvidia"
+            else f"compute capability {gpu.compute_capability}"
+            if major >= 8
+            else f"torch >= 2.3 counts emulated bf16 on compute capability {gpu.compute_capability}"
+        )
+        return LoadDtype(
+            "bfloat16", f"{auto} bfloat16 where torch.cuda.is_bf16_supported() ({reason})"
+        )
+    if major >= 7:
+        return LoadDtype(
+            "float16",
+            f"{auto} float16: no bf16 on compute capability {gpu.compute_capability} before "
+            "torch 2.3, fp16 from 7.0",
+        )
+    return LoadDtype(
+        "float32", f"{auto} nothing: compute capability {gpu.compute_capability} < 7.0"
+    )
+
+
 def framework_load_dtype(
-    t: TrainingConfig, checkpoint_dtype: str | None, model_type: str | None = None
+    t: TrainingConfig,
+    checkpoint_dtype: str | None,
+    model_type: str | None = None,
+    *,
+    config: Mapping[str, Any] | None = None,
+    gpu: GPUSpec | None = None,
 ) -> LoadDtype | None:
     """The dtype ``t``'s framework loads the model in when ``load_dtype`` is not given.
 
@@ -106,7 +185,12 @@ def framework_load_dtype(
         checkpoint_dtype: the config's ``torch_dtype`` / ``dtype``
             (``ModelSpec.checkpoint_dtype``); None when it names none.
         model_type: the config's ``model_type`` (:data:`BUILT_IN_CONFIG_DTYPE`: the remote code
-            builds the model in the config's dtype); None when unknown.
+            builds the model in the config's dtype; qwen: :func:`qwen_init_dtype`); None when
+            unknown.
+        config: the model's config.json (Qwen-1's ``bf16`` / ``fp16`` / ``fp32``); None: not
+            read (the flags taken as false).
+        gpu: the GPU (Qwen-1 casts itself by its bf16 support); None: not known, and
+            transformers' rule is given with a word on it.
 
     Returns:
         The dtype and its source; None for a framework that does not load through
@@ -142,6 +226,27 @@ def framework_load_dtype(
         )
     if t.framework not in ("hf-trainer", "trl"):  # TRL before 0.27: transformers' default
         return None
+    qwen = model_type == "qwen" and t.quantize_base == "none"
+    if qwen and gpu is not None:
+        return qwen_init_dtype(t, config, gpu)
+    default = _transformers_default(t, checkpoint_dtype, model_type, auto, auto_text)
+    if qwen:  # no GPU: the cast is not known
+        return replace(
+            default,
+            why=f"{default.why}; Qwen-1 then casts itself by the GPU's bf16 support "
+            "(modeling_qwen.py QWenLMHeadModel.__init__): give --gpu",
+        )
+    return default
+
+
+def _transformers_default(
+    t: TrainingConfig,
+    checkpoint_dtype: str | None,
+    model_type: str | None,
+    auto: str,
+    auto_text: str,
+) -> LoadDtype:
+    """transformers' ``from_pretrained`` default for the HF Trainer and TRL before 0.27."""
     trl = ""
     if t.framework == "trl":
         trl = (
@@ -225,7 +330,12 @@ def _not_modelled(t: TrainingConfig, dtype: str) -> str:
 
 
 def resolve_load_dtype(
-    t: TrainingConfig, checkpoint_dtype: str | None, model_type: str | None = None
+    t: TrainingConfig,
+    checkpoint_dtype: str | None,
+    model_type: str | None = None,
+    *,
+    config: Mapping[str, Any] | None = None,
+    gpu: GPUSpec | None = None,
 ) -> tuple[TrainingConfig, str | None]:
     """``t`` with the framework's ``load_dtype`` when none is given, and what was assumed.
 
@@ -236,7 +346,7 @@ def resolve_load_dtype(
     """
     if t.load_dtype is not None:
         return t, None
-    default = framework_load_dtype(t, checkpoint_dtype, model_type)
+    default = framework_load_dtype(t, checkpoint_dtype, model_type, config=config, gpu=gpu)
     if default is None:
         return t, None
     if default.dtype == "float32":
