@@ -563,9 +563,29 @@ def test_deepspeed_zero3_norms_each_gradient_partition_in_fp64(llama_2_7b: Model
     assert ops.index(norm) < ops.index(("alloc", "grad/step_copy", 2 * PSI // 8))
     # one rank: the whole embedding's gradient
     assert ("alloc", "grad/norm_fp64", 8 * emb) in optimizer_ops(zero_stage=3)
-    # ZeRO-2 and an offloaded optimizer (its norms are taken in the backward): none
-    for kw in ({"zero_stage": 2}, {"zero_stage": 3, "offload": "optimizer"}):
+    # an offloaded optimizer (its norms are taken in the backward): none
+    for kw in (
+        {"zero_stage": 3, "offload": "optimizer"},
+        {"zero_stage": 2, "offload": "optimizer"},
+    ):
         assert not any(key == "grad/norm_fp64" for _, key, _ in optimizer_ops(**kw))
+    # ZeRO-1/2 (stage_1_and_2.py scaled_global_norm -> get_grad_norm_direct): g.double() per
+    # tensor's piece of this rank's flat partition, v0.9.0 .. v0.19.5. The flat group
+    # (embedding, 32 layers, norm, head) padded to a multiple of 2N, N equal partitions:
+    # N 8: 6,738,415,616 / 16 = 421,150,976 -> P = 842,301,952; the embedding (131,072,000
+    # elements at offset 0) lies in rank 0's partition whole, the largest piece: 8 B x it.
+    for stage in (1, 2):
+        ops = optimizer_ops(zero_stage=stage, data_parallel_size=8)
+        norm = ("alloc", "grad/norm_fp64", 8 * emb)
+        assert ops.index(norm) + 1 == ops.index(("free", "grad/norm_fp64", 8 * emb))
+        assert ops.index(norm) < ops.index(("alloc", "grad/step_copy", 2 * 842_301_952))
+    # N 64: 6,738,415,616 / 128 = 52,643,872 -> P = 105,287,744, under the embedding: rank 0
+    # holds its first P elements (rank 1 the other 25,784,256), a full partition: 8 B x P
+    ops = optimizer_ops(zero_stage=2, data_parallel_size=64)
+    assert ("alloc", "grad/norm_fp64", 8 * 105_287_744) in ops
+    # ZeRO-1: the norm is taken on the partition once the full gradients are reduced into it
+    ops = optimizer_ops(zero_stage=1, data_parallel_size=8)
+    assert ops.index(("alloc", "grad/partition", 2 * 842_301_952)) < ops.index(norm)
 
 
 def test_deepspeed_zero1_reduces_into_the_partition_before_the_step(llama_2_7b: ModelSpec) -> None:

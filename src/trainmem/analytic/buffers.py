@@ -586,6 +586,44 @@ def deepspeed_zero3_norm_copy_bytes(partitions: Sequence[int], training: Trainin
     return 8 * max(partitions)
 
 
+def deepspeed_zero12_norm_copy_bytes(tensors: Sequence[int], training: TrainingConfig) -> int:
+    """Bytes of the largest fp64 copy DeepSpeed ZeRO-1/2 makes to take the gradients' norm at
+    the step: 8 per element of the largest piece a trainable tensor has in one rank's
+    partition of the flat group (the tensors flattened in order, padded and split in N equal
+    partitions, :func:`deepspeed_partition_elements`; the pieces differ between ranks and the
+    largest on any rank is taken); 0 with the optimizer offloaded (the norms are taken per
+    parameter in the backward, ``complete_grad_norm_calculation_for_cpu_offload``; not
+    modelled) and for other frameworks and stages.
+
+    Alive: inside the step, before the step's gradient copies (one piece at a time).
+
+    Source: DeepSpeed runtime/zero/stage_1_and_2.py ``step`` -> ``scaled_global_norm`` ->
+    ``get_grad_norm_direct(self.averaged_gradients[i], self.params_in_partition[i])``, one
+    ``g.data.double()`` per piece (``averaged_gradients[i]`` is ``get_flat_partition(...,
+    return_tensor_list=True)``: each tensor's part in this rank's partition), freed once its
+    0-dim norm exists: ``g.data.double().norm(2)`` at v0.9.0 and v0.12.3,
+    ``torch.linalg.vector_norm(g.data.double().detach(), ...)`` at v0.16.4 and v0.19.5.
+
+    Args:
+        tensors: elements of each trainable tensor on this rank (its tensor-parallel slice),
+            in the optimizer's order.
+        training: framework, ZeRO stage, data-parallel size, offload.
+    """
+    if training.deepspeed_optimizer != "zero" or training.zero_stage not in (1, 2):
+        return 0
+    if training.offload != "none" or not tensors:
+        return 0
+    size = deepspeed_partition_elements(sum(tensors), training)
+    largest, start = 0, 0
+    for n in tensors:
+        end = start + n
+        cut = (start // size + 1) * size  # the end of the partition the tensor starts in
+        piece = n if end <= cut else max(cut - start, min(size, end - cut))
+        largest = max(largest, piece)
+        start = end
+    return 8 * largest
+
+
 def deepspeed_step_gradient_copies(
     trainable_elements: int, training: TrainingConfig, *, largest_sub_group: int | None = None
 ) -> tuple[int, int]:

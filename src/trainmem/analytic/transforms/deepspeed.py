@@ -23,7 +23,11 @@ Note [DeepSpeed gradient copies at the step]
     in ``independent_gradient_partition_epilogue`` (``accumulated_grad.add_(new_avg_grad)``) and
     frees it: one more partition of gradients through that backward (allocated with the first
     reduced bucket; at the start of the backward for the rank holding the last layers).
-    ZeRO-3 (runtime/zero/stage3.py ``step``) first takes the gradients' norm, an fp64 copy of
+    ZeRO-1/2 take the gradients' norm before the copies, an fp64 copy of one tensor's piece of
+    the partition at a time (``scaled_global_norm`` -> ``get_grad_norm_direct``,
+    :func:`~trainmem.analytic.buffers.deepspeed_zero12_norm_copy_bytes`; 8 B per element of
+    the largest piece, up to the partition). ZeRO-3 (runtime/zero/stage3.py ``step``) first
+    takes the gradients' norm, an fp64 copy of
     one gradient partition at a time (:func:`~trainmem.analytic.buffers.
     deepspeed_zero3_norm_copy_bytes`), then builds the step's two copies per optimizer
     sub-group (``_prepare_fp32_grad_for_sub_group``; ``sub_group_size`` 1e9
@@ -48,6 +52,7 @@ from trainmem.analytic.buffers import (
     deepspeed_step_gradient_copies,
     deepspeed_zero3_norm_copy_bytes,
     deepspeed_zero3_sub_group_elements,
+    deepspeed_zero12_norm_copy_bytes,
     gradient_buffer_from_init,
 )
 from trainmem.analytic.tensor_states import TensorState
@@ -61,7 +66,11 @@ from trainmem.analytic.transforms.base import (
     free,
     free_gradients,
 )
-from trainmem.analytic.transforms.deepspeed_init import deepspeed_flat_buffers, zero3_partitions
+from trainmem.analytic.transforms.deepspeed_init import (
+    deepspeed_flat_buffers,
+    zero3_partitions,
+    zero12_tensors,
+)
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.timeline import Phase
 from trainmem.units import dtype_bytes
@@ -219,10 +228,13 @@ class DeepSpeedZero(Transform):
         return None if partitions is None else deepspeed_zero3_sub_group_elements(partitions)
 
     def _norm_copy(self) -> list[Emitted]:
-        """ZeRO-3's gradient norm: each gradient partition's fp64 copy, one at a time
-        (:func:`~trainmem.analytic.buffers.deepspeed_zero3_norm_copy_bytes`)."""
-        partitions = zero3_partitions(self.ctx)
-        size = deepspeed_zero3_norm_copy_bytes(partitions or [], self.ctx.training)
+        """The gradients' norm: an fp64 copy of each gradient partition (ZeRO-3) or of each
+        tensor's piece of the flat partition (ZeRO-1/2), one at a time
+        (:func:`~trainmem.analytic.buffers.deepspeed_zero3_norm_copy_bytes`,
+        :func:`~trainmem.analytic.buffers.deepspeed_zero12_norm_copy_bytes`)."""
+        t = self.ctx.training
+        size = deepspeed_zero3_norm_copy_bytes(zero3_partitions(self.ctx) or [], t)
+        size += deepspeed_zero12_norm_copy_bytes(zero12_tensors(self.ctx) or [], t)
         if not size:
             return []
         label = "a gradient partition's fp64 copy for the norm (get_grad_norm_direct)"
@@ -236,7 +248,7 @@ class DeepSpeedZero(Transform):
         transient, kept = deepspeed_step_gradient_copies(
             n, t, largest_sub_group=self._largest_sub_group()
         )
-        out: list[Emitted] = self._norm_copy()
+        out: list[Emitted] = []
         if self.zero1_reduce:
             # a temporary: ``model_states_bytes`` keeps ZeRO-1's 2 B of gradients per parameter
             # (ZeRO paper Fig. 1), this buffer replaces them for the step
@@ -249,6 +261,7 @@ class DeepSpeedZero(Transform):
                 "this rank's gradient partition (ZeRO-1 grads_in_partition)",
             )
             out += [grads, *free_gradients(ctx, o)]
+        out += self._norm_copy()  # on the partition (ZeRO-1: once reduced into it)
         copy = alloc(
             transient, Cat.TEMPORARY, o, "grad/step_copy", "(optimizer)", "flat gradient copy"
         )

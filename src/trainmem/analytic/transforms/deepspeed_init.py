@@ -56,8 +56,7 @@ Note [DeepSpeed's flat buffers at init]
     the states are plain, else one), made at ``setup`` in this order; frozen parameters keep
     their blocks. Not modelled: a second parameter group (the HF Trainer's no-decay group of
     norms and biases: a second, small flat group), the init step's own temporaries (FusedAdam
-    makes none), the fp64 norm copies ZeRO-1/2 take at the step (stage_1_and_2.py
-    ``get_grad_norm_direct``), CPU offload (the fp32 partitions, states and ZeRO-3's gradient
+    makes none), CPU offload (the fp32 partitions, states and ZeRO-3's gradient
     buffer on the host: the per-tensor blocks stay), paged and torchao low-bit optimizers (their
     per-tensor rules stay, Note [Optimizer states of flat tensors]), and a recorded (traced)
     step, whose traced blocks trainmem/traced_transforms.py re-sizes in place.
@@ -121,6 +120,15 @@ def zero3_partitions(ctx: RankContext) -> list[int] | None:
     if t.deepspeed_optimizer != "zero" or t.zero_stage != 3:
         return None
     return [-(-n // t.sharding_degree) for n, _ in _trainable(ctx)]
+
+
+def zero12_tensors(ctx: RankContext) -> list[int] | None:
+    """Elements of each trainable tensor on this rank in the order ZeRO-1/2 flattens them
+    (embedding, layers, head; None for other stages)."""
+    t = ctx.training
+    if t.deepspeed_optimizer != "zero" or t.zero_stage not in (1, 2):
+        return None
+    return [n for n, _ in _trainable(ctx)]
 
 
 @dataclass(frozen=True, slots=True)
