@@ -27,6 +27,7 @@ from trainmem.analytic.temporaries import optimizer_step_temporary_bytes
 from trainmem.analytic.tensor_states import state_layout, tensor_states
 from trainmem.errors import SpecError
 from trainmem.estimate import estimate as estimate_analytic
+from trainmem.schedule import Op
 from trainmem.specs.frameworks import FRAMEWORK_CONVENTIONS
 from trainmem.specs.hardware import DEFAULT_CUDA_CONTEXT_BYTES
 from trainmem.specs.hf import load_model_spec
@@ -47,6 +48,14 @@ def _candidates(model: object, training: TrainingConfig) -> dict[str, int]:
     """The peak of each phase of the step schedule (``details["phase_peaks_bytes"]``)."""
     est = estimate_analytic(model, training, simulate_allocator=False)  # type: ignore[arg-type]
     return dict(est.details["phase_peaks_bytes"])  # type: ignore[arg-type]
+
+
+def _flat(items: object) -> list[Op]:
+    """The ops of a step schedule, its repeats unrolled once (in order)."""
+    out: list[Op] = []
+    for item in items:  # type: ignore[attr-defined]
+        out += [item] if isinstance(item, Op) else _flat(item.body)
+    return out
 
 
 def test_every_framework_has_one_conventions_row() -> None:
@@ -486,7 +495,7 @@ def test_deepspeed_gradient_copies_at_the_step(llama_2_7b: ModelSpec) -> None:
 
 
 def test_deepspeed_zero2_accumulation_reduces_into_a_fresh_partition(llama_2_7b: ModelSpec) -> None:
-    from trainmem.schedule import Op, Repeat
+    from trainmem.schedule import Repeat
 
     # stage_1_and_2.py: the kept averaged_gradients / all_grad_tensors hold the first
     # micro-batch's grads_in_partition; _release_ipg_buffers drops the attribute, so each later
@@ -542,18 +551,11 @@ def test_deepspeed_zero3_norms_each_gradient_partition_in_fp64(llama_2_7b: Model
     # per gradient partition, one at a time, before the sub-groups' copies (v0.9.0 .. v0.19.5).
     # llama-2-7b's largest parameters are the untied 32000 x 4096 embedding and head:
     # 131,072,000 elements, 8 B each in fp64, 1/8 of them over 8 ranks
-    from trainmem.schedule import Op
-
-    def flat(items: object) -> list[Op]:
-        out: list[Op] = []
-        for item in items:  # type: ignore[attr-defined]
-            out += [item] if isinstance(item, Op) else flat(item.body)
-        return out
 
     def optimizer_ops(**kw: object) -> list[tuple[str, str, int]]:
         t = TrainingConfig(framework="deepspeed", seq_len=512, **kw)  # type: ignore[arg-type]
         est = estimate_analytic(llama_2_7b, t, simulate_allocator=False)
-        ops = flat(est.schedules[0].step)
+        ops = _flat(est.schedules[0].step)
         return [(o.action, o.key, o.size_bytes) for o in ops if o.phase == "optimizer"]
 
     emb = 32000 * 4096
@@ -1074,7 +1076,6 @@ def test_deepspeed_zero3_offload_on_one_gpu_gathers_in_order(llama_2_7b: ModelSp
     # untied head (32000 x 4096 + the final norm) fetched while the pool is alive, its copy
     # beside it, released after the head's backward (DeepSpeed 0.8.0: one rank gathers as many
     # do; from 0.9.0 the copy is the gathered parameter, the next test)
-    from trainmem.schedule import Op
 
     t = TrainingConfig(
         framework="deepspeed", zero_stage=3, offload="optimizer+params", precision="32-true",
@@ -1083,15 +1084,9 @@ def test_deepspeed_zero3_offload_on_one_gpu_gathers_in_order(llama_2_7b: ModelSp
     )  # fmt: skip
     est = estimate_analytic(llama_2_7b, t, simulate_allocator=False)
 
-    def flat(items: object) -> list[Op]:
-        out: list[Op] = []
-        for item in items:  # type: ignore[attr-defined]
-            out += [item] if isinstance(item, Op) else flat(item.body)
-        return out
-
     ops = [
         (op.action, op.key, op.size_bytes)
-        for op in flat(est.schedules[0].step)
+        for op in _flat(est.schedules[0].step)
         if op.key.startswith("gather/")
     ]
     emb, head = 4 * 32000 * 4096, 4 * (32000 * 4096 + 4096)
@@ -1122,13 +1117,6 @@ def test_deepspeed_zero3_one_rank_gathers_nothing_from_0_9(llama_2_7b: ModelSpec
     # data.to(device).view(shape): the partition itself on the GPU (no block), one host-to-device
     # copy when offloaded (that copy is the gathered parameter, nothing beside it). 0.8.0 has no
     # such path (read on the 0.8.0, 0.9.0, 0.12.3 and 0.19.5 tags)
-    from trainmem.schedule import Op
-
-    def flat(items: object) -> list[Op]:
-        out: list[Op] = []
-        for item in items:  # type: ignore[attr-defined]
-            out += [item] if isinstance(item, Op) else flat(item.body)
-        return out
 
     def gathers(**kw: object) -> list[tuple[str, str, int]]:
         kw = {"precision": "bf16-mixed", **kw}
@@ -1137,7 +1125,7 @@ def test_deepspeed_zero3_one_rank_gathers_nothing_from_0_9(llama_2_7b: ModelSpec
             activation_checkpointing="none", **kw,  # type: ignore[arg-type]
         )  # fmt: skip
         est = estimate_analytic(llama_2_7b, t, simulate_allocator=False)
-        step = flat(est.schedules[0].step)
+        step = _flat(est.schedules[0].step)
         return [(op.action, op.key, op.size_bytes) for op in step if op.key.startswith("gather/")]
 
     assert TrainingConfig(framework="deepspeed", zero_stage=3).zero3_one_rank_views
@@ -1170,3 +1158,41 @@ def test_deepspeed_zero3_one_rank_gathers_nothing_from_0_9(llama_2_7b: ModelSpec
         ("free", "gather/pool", 4 * 10**9),
     ]
     assert not any(key.endswith("/h2d") for _, key, _ in ops)
+
+
+def test_deepspeed_zero3_gathers_allocate_on_the_all_gather_stream(llama_2_7b: ModelSpec) -> None:
+    # DeepSpeed parameter_offload.py (v0.8.0 .. v0.19.5): ``self.__allgather_stream =
+    # get_accelerator().Stream() if overlap_comm else get_accelerator().default_stream()``;
+    # partitioned_param_coordinator.py fetch_sub_module gathers and waits inside ``with
+    # get_accelerator().stream(self.__allgather_stream)``, so every gathered buffer
+    # (partition_parameters.py all_gather_coalesced: ``torch.empty(buffer_size, ...)``) comes
+    # from that stream's pool. overlap_comm is None -> True at stage 3 (runtime/zero/config.py
+    # overlap_comm_valid). Two ranks, bf16: the pool is 1e9 elements, 2e9 bytes, either way.
+    from trainmem.timeline import ALL_GATHER_STREAM
+
+    def gathers(**kw: object) -> set[tuple[str, int]]:
+        t = TrainingConfig(
+            framework="deepspeed", zero_stage=3, data_parallel_size=2, precision="bf16-mixed",
+            micro_batch_size=1, seq_len=64, activation_checkpointing="none",
+            **kw,  # type: ignore[arg-type]
+        )  # fmt: skip
+        est = estimate_analytic(llama_2_7b, t, simulate_allocator=False)
+        step = _flat(est.schedules[0].step)
+        ops = [op for op in step if op.key.startswith("gather/")]
+        assert ("alloc", "gather/pool", 2 * 10**9) in [(o.action, o.key, o.size_bytes) for o in ops]
+        return {(op.key, op.stream) for op in ops}
+
+    on = gathers()
+    assert {stream for _, stream in on} == {ALL_GATHER_STREAM} != {0}
+    assert {key for key, _ in on} >= {"gather/pool", "gather/embedding", "gather/head"}
+    assert on == gathers(overlap_comm=True)
+    off = gathers(overlap_comm=False)
+    assert {stream for _, stream in off} == {0}
+    assert {key for key, _ in off} == {key for key, _ in on}
+    # everything else stays on the default stream
+    t = TrainingConfig(
+        framework="deepspeed", zero_stage=3, data_parallel_size=2, precision="bf16-mixed",
+        micro_batch_size=1, seq_len=64, activation_checkpointing="none",
+    )  # fmt: skip
+    step = _flat(estimate_analytic(llama_2_7b, t, simulate_allocator=False).schedules[0].step)
+    assert {op.stream for op in step if not op.key.startswith("gather/")} == {0}

@@ -48,16 +48,35 @@ Note [DeepSpeed ZeRO-3 parameter gathers]
     ds_tensor.to(...) for p in params], out=...)``): a transient of one partition (the whole
     parameter on one rank).
 
+    Every gather runs on the coordinator's all-gather stream (``fetch_sub_module``: ``with
+    get_accelerator().stream(self.__allgather_stream)`` around ``__all_gather_params`` and
+    the handles' ``wait``), which is its own CUDA stream when ``overlap_comm`` is on
+    (parameter_offload.py: ``self.__allgather_stream = ... get_accelerator().Stream() if
+    overlap_comm else get_accelerator().default_stream()``, v0.8.0 to v0.19.5 alike;
+    ``overlap_comm`` defaults to True at stage 3, runtime/zero/config.py
+    ``overlap_comm_valid``). The buffers it allocates there (``torch.empty`` of the gathered
+    parameter or of a coalesced flat buffer, ``partition_parameters.py``
+    ``all_gather_coalesced``; an offloaded partition's ``.to(device)``) come from that stream's
+    pool of the caching allocator, whose cached blocks the default stream never reuses: the
+    gathered weights reserve their own segments, beside the segments of everything else
+    (:attr:`Zero3Gathers.stream`, :data:`~trainmem.timeline.ALL_GATHER_STREAM`). With
+    ``overlap_comm`` false the stream is the default one.
+
     Not modelled: the first step (a trace being recorded releases every parameter after its
     module, no prefetch); parameters under ``stage3_param_persistence_threshold`` (gathered
     once, never released: small); the transient copies of the layers' own gathers (one weight's
-    partition at a time).
+    partition at a time); a coalesced gather's per-parameter copies (``AllGatherCoalescedHandle.
+    wait``: ``param.data = torch.cat(partitions)`` beside the flat buffer, which lives until
+    every parameter of that gather is waited for: a module's weight with its bias, or a
+    prefetch of several small parameters).
 
 Source: DeepSpeed runtime/zero/partitioned_param_coordinator.py (``fetch_sub_module``,
 ``release_sub_module``, ``__params_to_release``), partition_parameters.py
 (``all_gather_coalesced``; ``NoGatherCoalescedHandle`` from 0.9.0), runtime/zero/config.py
 (``max_live_parameters``, ``max_reuse_distance``: ``pp_int(1e9)``), v0.8.0; the one-rank path
-read at v0.9.0, v0.12.3 and v0.19.5.
+read at v0.9.0, v0.12.3 and v0.19.5; the all-gather stream (parameter_offload.py,
+partitioned_param_coordinator.py ``fetch_sub_module``) at v0.8.0, v0.9.0, v0.13.1, v0.14.2,
+v0.16.4 and v0.19.5.
 """
 
 from __future__ import annotations
@@ -69,6 +88,7 @@ from typing import Literal
 from trainmem.analytic.buffers import DEEPSPEED_MAX_LIVE_PARAMETERS
 from trainmem.analytic.tensor_states import TensorState
 from trainmem.specs.training import TrainingConfig
+from trainmem.timeline import ALL_GATHER_STREAM
 from trainmem.units import dtype_bytes
 
 Release = Literal["stack.pre_forward", "head.post_backward", "embedding.post_backward"]
@@ -96,6 +116,8 @@ class Zero3Gathers:
         embedding_backward: the embedding is gathered again for its own backward.
         copy_share: N, the host-to-device copy of an offloaded partition being 1/N of the
             gathered bytes (0 without parameter offload).
+        stream: the CUDA stream the gathers allocate on: :data:`~trainmem.timeline.
+            ALL_GATHER_STREAM` with ``overlap_comm`` (DeepSpeed's default at stage 3), else 0.
     """
 
     pool: int
@@ -105,6 +127,7 @@ class Zero3Gathers:
     head: int
     embedding_backward: bool
     copy_share: int
+    stream: int = 0
 
     def copy(self, gathered: int) -> int:
         """Bytes of the offloaded partition's copy for a gather of ``gathered`` bytes."""
@@ -181,6 +204,7 @@ def zero3_gathers(
         return Zero3Gathers(0, 0, 0, "stack.pre_forward", 0, False, 0)
     # one rank from 0.9.0: the host-to-device copy is the gathered parameter itself
     copy_share = training.sharding_degree if offload and not training.zero3_one_rank_views else 0
+    overlap = training.overlap_comm is None or training.overlap_comm  # None: True at stage 3
     return Zero3Gathers(
         pool=int(per * pool),
         turnaround=int(per * min(kept * p_numel, pool)),
@@ -189,4 +213,5 @@ def zero3_gathers(
         head=0 if to_head else h_bytes,
         embedding_backward=trainable and not to_backward,
         copy_share=copy_share,
+        stream=ALL_GATHER_STREAM if overlap else 0,
     )

@@ -2,7 +2,8 @@
 gathers]): the input embeddings' at the start of the forward, the layers' prefetch pool up to
 ``stage3_max_live_parameters`` through the forward and the backward, the output layer's weight
 fetched while the last layers run and released after the head's backward, the layers kept
-across the turnaround, and under parameter offload each root gather's host-to-device copy.
+across the turnaround, and under parameter offload each root gather's host-to-device copy,
+all on the all-gather stream with ``overlap_comm`` (their own pool of cached blocks).
 
 Source: DeepSpeed runtime/zero/partitioned_param_coordinator.py, partition_parameters.py,
 v0.8.0 (cited per rule in :mod:`trainmem.analytic.zero3_gathers`).
@@ -79,7 +80,7 @@ class DeepSpeedZero3Gathers(Transform):
     def _gather(self, size: int, phase: Phase, key: str, module: str, label: str) -> list[Op]:
         """A gather of ``size`` bytes: the gathered buffer, then the offloaded partition's
         copy beside it (allocated and freed)."""
-        op = alloc(size, Cat.TEMPORARY, phase, key, module, label)
+        op = alloc(size, Cat.TEMPORARY, phase, key, module, label, self.g.stream)
         copy = alloc(
             self.g.copy(size),
             Cat.TEMPORARY,
@@ -87,6 +88,7 @@ class DeepSpeedZero3Gathers(Transform):
             f"{key}/h2d",
             module,
             "the offloaded partition copied to the GPU for the gather",
+            self.g.stream,
         )
         return [op, copy, free(copy, phase)] if copy.size_bytes else [op]
 
@@ -101,11 +103,14 @@ class DeepSpeedZero3Gathers(Transform):
 
     def _pool(self, phase: Phase) -> Op:
         label = "the layers' gathered weights (prefetched up to stage3_max_live_parameters)"
-        return alloc(self.g.pool, Cat.TEMPORARY, phase, "gather/pool", "layers", label)
+        return alloc(
+            self.g.pool, Cat.TEMPORARY, phase, "gather/pool", "layers", label, self.g.stream
+        )
 
     def _turnaround(self) -> Op:
         label = "the layers' gathered weights kept from their forward to their backward"
-        return alloc(self.g.turnaround, Cat.TEMPORARY, "forward", "gather/kept", "layers", label)
+        size, stream = self.g.turnaround, self.g.stream
+        return alloc(size, Cat.TEMPORARY, "forward", "gather/kept", "layers", label, stream)
 
     def micro_batch_begin(self, where: Where) -> Sequence[Emitted]:
         if not self.g.embedding:
