@@ -1196,3 +1196,34 @@ def test_deepspeed_zero3_gathers_allocate_on_the_all_gather_stream(llama_2_7b: M
     )  # fmt: skip
     step = _flat(estimate_analytic(llama_2_7b, t, simulate_allocator=False).schedules[0].step)
     assert {op.stream for op in step if not op.key.startswith("gather/")} == {0}
+
+
+def test_deepspeed_zero3_head_and_embedding_new_gradients_are_whole(llama_2_7b: ModelSpec) -> None:
+    # Note [Whole new gradients of the head and the embedding under ZeRO-3]: autograd makes
+    # the gathered weight's full-shape .grad; stage3.py (v0.13.1, v0.14.2) leaves a gradient
+    # larger than reduce_bucket_size out of the contiguous bucket (__add_grad_to_ipg_bucket),
+    # reduce-scatters it as one tensor (reduce_scatter_coalesced: a view of it when its numel
+    # divides by N) and frees it in partition_grads (param.grad = None). llama-2-7b's untied
+    # 32000 x 4096 lm_head and embed_tokens over 4 ranks, bf16 gradients (DeepSpeed's
+    # gradient_accumulation_dtype is the model dtype under ZeRO): 262,144,000 B each, whole,
+    # where the rank's partition is 65,536,000 B; the final norm's 4096 x 2 = 8,192 B
+    def new_grads(**kw: object) -> dict[str, int]:
+        t = TrainingConfig(
+            framework="deepspeed", zero_stage=3, precision="bf16-mixed", micro_batch_size=1,
+            seq_len=64, activation_checkpointing="none", **kw,  # type: ignore[arg-type]
+        )  # fmt: skip
+        est = estimate_analytic(llama_2_7b, t, simulate_allocator=False)
+        step = _flat(est.schedules[0].step)
+        return {
+            op.key: op.size_bytes
+            for op in step
+            if op.action == "alloc" and op.key.startswith(("new_grad/head", "new_grad/embedding"))
+        }
+
+    whole = 32000 * 4096 * 2
+    assert whole == 262_144_000
+    four = new_grads(data_parallel_size=4)
+    assert sorted(four.values()) == [8192, whole, whole]
+    assert new_grads(data_parallel_size=8) == four  # whole on any number of ranks
+    # one rank: the partition is the whole gradient anyway
+    assert sorted(new_grads().values()) == [8192, whole, whole]

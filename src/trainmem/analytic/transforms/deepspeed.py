@@ -36,6 +36,23 @@ Note [DeepSpeed gradient copies at the step]
     fp16/fused_optimizer.py ``step``): ``_flatten_dense_tensors([p.grad.to(fp32) for p in
     group])``, every gradient's fp32 copy alive until the concatenation exists.
 
+Note [Whole new gradients of the head and the embedding under ZeRO-3]
+    ZeRO-3 keeps only this rank's partition of each gradient (``grad_partitions_flat_buffer``,
+    from init), but autograd makes every gradient whole: the gathered parameter's full-shape
+    ``.grad`` (``AccumulateGrad``), which the post-accumulate hook then queues for its
+    reduce-scatter (stage3.py v0.13.1 / v0.14.2 ``reduce_independent_p_g_buckets_and_remove_
+    grads`` -> ``__add_grad_to_ipg_bucket``: a gradient larger than ``reduce_bucket_size`` is
+    not copied into the bucket and stays ``param.grad``; the next parameter's hook, or the
+    backward's epilogue ``independent_gradient_partition_epilogue``, runs ``__reduce_and_
+    partition_ipg_grads`` -> ``__avg_scatter_grads`` -> ``reduce_scatter_coalesced``, whose
+    output for one tensor divisible by N is a view of it, and ``partition_grads`` copies or adds
+    that view into the partition and sets ``param.grad = None``). So the output layer's and the
+    token embedding's new gradients are transients of their whole size (V x h in the gradient
+    dtype: 2.31 GiB each for GLM-4-9B in fp32), not the partition's 1/N (the layers' whole
+    gradients are the layer's reduce bucket, :mod:`.fsdp`'s ``reduce``). Untied weights only:
+    a tied weight's gradient waits whole in autograd's input buffer already (Note [A tied
+    gradient under DeepSpeed ZeRO-2/3]).
+
 Source: DeepSpeed runtime/zero/stage_1_and_2.py, runtime/zero/stage3.py,
 runtime/fp16/fused_optimizer.py (cited per rule in :mod:`trainmem.analytic.buffers`).
 """
@@ -58,11 +75,13 @@ from trainmem.analytic.buffers import (
 from trainmem.analytic.tensor_states import TensorState
 from trainmem.analytic.transforms.base import (
     Emitted,
+    Group,
     Lifetime,
     RankContext,
     Transform,
     Where,
     alloc,
+    embedding_gradients,
     free,
     free_gradients,
 )
@@ -72,6 +91,7 @@ from trainmem.analytic.transforms.deepspeed_init import (
     zero12_tensors,
 )
 from trainmem.breakdown import MemoryCategory as Cat
+from trainmem.schedule import Op
 from trainmem.timeline import Phase
 from trainmem.units import dtype_bytes
 
@@ -132,6 +152,26 @@ class DeepSpeedZero(Transform):
     def applies(ctx: RankContext) -> bool:
         t = ctx.training
         return t.conventions.zero_ipg_buckets or t.deepspeed_optimizer is not None
+
+    def gradients(self, group: Group, where: Where) -> Sequence[Op] | None:
+        # Note [Whole new gradients of the head and the embedding under ZeRO-3]
+        ctx, t = self.ctx, self.ctx.training
+        if (
+            group == "layer"
+            or where.new_grads
+            or t.deepspeed_optimizer != "zero"
+            or ctx.zero_stage != 3
+            or embedding_gradients(ctx).tied_lookup
+        ):
+            return None
+        states = ctx.head_grad_states if group == "head" else ctx.emb_grad_states
+        label = "a new gradient, whole, before its reduce-scatter into the partition"
+        out: list[Op] = []
+        for n, s in enumerate(states):
+            new = alloc(s.full_grad_bytes, Cat.TEMPORARY, "backward", f"new_grad/{group}/{n}",
+                        group, label)  # fmt: skip
+            out += [new, free(new, "backward")]
+        return out
 
     def step_begin(self, where: Where) -> Sequence[Emitted]:
         if not where.first_step:
