@@ -21,10 +21,11 @@ Models: a formula family (tests/models/formula/qwen2.json), a remote-code config
 (tests/models/remote_code/qwen-7b.json: Qwen-1 mapped onto the modelled shapes), and a diffusers
 model (tests/models/diffusers/tiny-pixart.json). timm models need the optional timm extra; the
 "litgpt" set runs litgpt's own GPT (trainmem/trace/litgpt_model.py) on the formula and
-remote-code models only with the optional litgpt extra (``pip install 'trainmem[litgpt]'``),
-and is refused naming it without (on the diffusers model always: litgpt trains language
-models). With litgpt 0.5.13 (2026-11-28 04:50 UTC): +0.012 % vs analytic on the agreement model
-(-0.10 % on the tiny Qwen2 at 2 x 64 tokens, 01:30 UTC).
+remote-code models only with litgpt installed (``pip install 'trainmem[litgpt]' && pip install
+--no-deps litgpt==0.5.13``, as README's test command installs it), and is refused naming that
+without (not applicable on the diffusers and timm models: litgpt trains language models). With
+litgpt 0.5.13 (2026-11-28 04:50 UTC): +0.012 % vs analytic on the agreement model (-0.10 % on
+the tiny Qwen2 at 2 x 64 tokens, 01:30 UTC); the same +0.012 % on 2026-11-29 14:43 UTC (31b4cca).
 
 Agreement figures moved in session 16 (2026-11-28, 07:17 UTC; generic / analytic - 1): "fsdp2 4"
 -3.5 -> +0.000 % and "zero-3 + optimizer offload" -2.3 -> +0.000 %, "zero-3 +

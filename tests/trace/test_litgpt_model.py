@@ -1,9 +1,9 @@
 """litgpt's own GPT on the generic path (trainmem.trace.litgpt_model; issue 26).
 
 The config mapping and the refusals need no litgpt; the traced steps need litgpt (beside
-transformers 5: ``pip install --no-deps litgpt==0.5.13 && pip install lightning``) and skip
-without it. CI does not install it: litgpt 0.5.13 pins huggingface-hub<1.4, which transformers 5
-cannot install beside (pyproject.toml); session 26 ran this file in such a venv.
+transformers 5: ``pip install 'trainmem[litgpt]' && pip install --no-deps litgpt==0.5.13``, as
+README's test command installs it, so CI runs them; litgpt 0.5.13 pins huggingface-hub<1.4,
+which transformers 5.24 cannot install beside: pyproject.toml) and skip without it.
 
 The agreement tests compare the traced step of litgpt's own code with the formulas' litgpt rows
 (issue 26's bar: within 1 %; an independent derivation of the same run, each of its litgpt rules
@@ -41,8 +41,8 @@ QWEN2 = str(MODELS_DIR / "formula" / "qwen2.json")
 PARAMETERS = 139_840
 needs_litgpt = pytest.mark.skipif(
     not litgpt_available(),
-    reason="litgpt is not installed (beside transformers 5: pip install --no-deps litgpt==0.5.13 "
-    "&& pip install lightning)",
+    reason="litgpt is not installed (beside transformers 5: pip install 'trainmem[litgpt]' && "
+    "pip install --no-deps litgpt==0.5.13)",
 )
 
 

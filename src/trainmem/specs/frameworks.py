@@ -145,17 +145,21 @@ model, no autocast, fp16 refused by every training recipe (``FrameworkConvention
 DEFAULT_LITGPT_VERSION = (0, 5, 13)
 """The litgpt release assumed when none is given: 0.5.13, whose model code the traced paths run
 (trainmem.trace.litgpt_model; :data:`LITGPT_INSTALL`)."""
-LITGPT_INSTALL = "pip install --no-deps litgpt==0.5.13 && pip install lightning"
+LITGPT_INSTALL = "pip install 'trainmem[litgpt]' && pip install --no-deps litgpt==0.5.13"
 """How to install litgpt's model code beside transformers 5: litgpt 0.5.13 (the newest on PyPI
-on 2026-11-29) pins ``huggingface-hub<1.4`` and ``jsonargparse<=4.41``, and transformers 5.24.0
-needs ``huggingface-hub>=1.31.0,<3.0``, so ``pip install 'trainmem[litgpt]'`` resolves only with
-transformers 4. The modules the trace imports (``litgpt.config``, ``litgpt.model``,
-``litgpt.lora`` and, through ``litgpt/__init__.py``, ``api`` / ``utils`` / ``tokenizer``) import
-lightning, psutil, PyYAML, safetensors, numpy and torch at module level, never huggingface_hub or
-jsonargparse: with lightning installed beside it (its dependencies bring PyYAML; peft, in the
-``trace`` extra, psutil) ``--no-deps`` runs the trace. Checked in a fresh venv (session 26:
-torch 2.13.0+cpu, transformers 5.24.0, huggingface-hub 2.4.0, lightning 2.6.6; pip warns of the
-two pins and installs; tests/trace/test_litgpt_model.py passes there)."""
+on 2026-11-29) pins ``huggingface-hub<1.4``, ``jsonargparse<=4.41`` and ``psutil==7.2.2``;
+transformers 5.24.0 needs ``huggingface-hub>=1.31.0,<3.0`` (from 5.4.0 ``>=1.5.0``; only 5.0 to
+5.3's ``>=1.3.0,<2.0`` meet litgpt's pin), diffusers 0.42.1 ``>=1.32.0`` and gradio 6.31
+``>=1.16.0``, so no resolver installs litgpt beside the test install's transformers 5.24. The
+modules the trace imports (``litgpt.config``, ``litgpt.model``, ``litgpt.lora`` and, through
+``litgpt/__init__.py``, ``api`` / ``utils`` / ``tokenizer``) import lightning, psutil, PyYAML,
+safetensors, numpy and torch at module level, never huggingface_hub or jsonargparse: the
+``litgpt`` extra is those that resolve (``trainmem[trace]`` and ``lightning>=2.6.1``, litgpt
+0.5.13's own bound), and litgpt itself installs without its pins (``--no-deps``, which also
+skips pip's conflict warning). Checked in a fresh venv built as README's test command builds
+``.venv`` (session 27: torch 2.13.0+cpu, transformers 5.24.0, huggingface-hub 2.4.0, lightning
+2.6.6, neither torch nor transformers replaced; tests/trace/test_litgpt_model.py passes, the
+slow agreement tests too; session 26 first with ``pip install lightning`` after litgpt)."""
 LITGPT_LORA_LINEAR_UNITS_SINCE = (0, 5, 8)
 """litgpt 0.5.8 (281510ab, "Do not wrap LoRA layers with FSDP", Mar 2025): multi-GPU
 finetune/lora.py wraps each ``torch.nn.Linear`` as an FSDP1 unit (``auto_wrap_policy=

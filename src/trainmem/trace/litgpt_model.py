@@ -4,8 +4,8 @@ litgpt trains its own ``GPT`` (litgpt/model.py), not transformers' classes, so t
 builds that model from the run's :class:`~trainmem.specs.model.ModelSpec` and traces it on fake
 tensors: the real litgpt code runs, nothing of its attention, MLP, LoRA or loss is modelled.
 litgpt is optional (:data:`~trainmem.specs.frameworks.LITGPT_INSTALL`: beside transformers 5,
-``pip install --no-deps litgpt==0.5.13 && pip install lightning``); without it the traced paths
-refuse ``framework=litgpt`` and say so.
+``pip install 'trainmem[litgpt]' && pip install --no-deps litgpt==0.5.13``, as README's test
+command installs it); without it the traced paths refuse ``framework=litgpt`` and say so.
 
 Note [litgpt's training step]
     What litgpt 0.5.13's recipes run, and the step built here (litgpt/finetune/lora.py and
@@ -68,9 +68,9 @@ __all__ = [
 ]
 
 LITGPT_INSTALL_HINT = (
-    f"{LITGPT_INSTALL} (litgpt pins huggingface-hub<1.4, which transformers 5 cannot share, so "
-    "pip install 'trainmem[litgpt]' resolves only beside transformers 4; its model code does "
-    "not import the hub: pip warns of the pin and the trace runs)"
+    f"{LITGPT_INSTALL} (the extra is lightning, which litgpt's model code imports; litgpt "
+    "itself pins huggingface-hub<1.4, which transformers 5.24 cannot share, and its model code "
+    "does not import the hub, so it installs without its pins and the trace runs)"
 )
 
 _LORA_TARGETS = {"q": "lora_query", "k": "lora_key", "v": "lora_value", "o": "lora_projection"}
@@ -278,7 +278,8 @@ def build_litgpt_model(model: ModelSpec, training: TrainingConfig) -> LitGPTStep
 
     Raises:
         UnsupportedError: see :func:`litgpt_config_kwargs`.
-        ImportError: litgpt is not installed (names ``pip install 'trainmem[litgpt]'``).
+        ImportError: litgpt is not installed (naming
+            :data:`~trainmem.specs.frameworks.LITGPT_INSTALL`).
     """
     config_mod, model_mod, lora_mod = require_litgpt()
     kwargs = litgpt_config_kwargs(model, training)
