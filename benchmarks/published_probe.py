@@ -54,7 +54,11 @@ probecn, session 26): THUDM's ChatGLM3-6B and GLM-4-9B fine-tuning READMEs, 10 c
 mmsegmentation's SegFormer / UPerNet model-zoo memory, 24 cells, and two Whisper "fits a 16 GB
 T4" bounds, in ``published_probe_vision.py``. Fifth (helper probediff, session 26):
 finetrainers' and the FLUX QLoRA blog's measured diffusion cells and CogVideo's hardware
-claims, in ``published_probe_diffusion.py``, run last.
+claims, in ``published_probe_diffusion.py``. Sixth (helper probe2, session 27): PEFT's
+method comparison suite (a plain PyTorch loop on one L40S, Llama-3.2-3B, each peft method),
+9 cells, in ``published_probe_peft.py``; seventh (probe2): Megatron-LM's CI memory tests (a 7B
+GPT, TP 4 and PP 4 interleaved on 8 H100 / A100), 4 cells, in ``published_probe_megatron.py``,
+run last.
 
 Run: ``PYTHONPATH=src python benchmarks/published_probe.py`` (a few seconds for these cells,
 about 4 minutes of CPU for ms-swift's, each run 6 times, about 10 for the vision cells).
@@ -225,14 +229,27 @@ ROWS: list[tuple[str, str, int, float, int, float | str | None]] = [
 ]
 
 
-def write_inputs(folder: Path) -> dict[str, str]:
-    """The config.json files and DeepSpeed configs in ``folder``; their paths by name."""
+def write_json_files(folder: Path, files: dict[str, Any]) -> dict[str, str]:
+    """Each of ``files`` as ``<name>.json`` in ``folder``; their paths by name (the probes'
+    configs, written at run time from the dicts they ship)."""
     paths: dict[str, str] = {}
-    for name, config in {**CONFIGS, "ds_zero2": DS_ZERO2, "ds_zero3": DS_ZERO3}.items():
+    for name, content in files.items():
         path = folder / f"{name}.json"
-        path.write_text(json.dumps(config))
+        path.write_text(json.dumps(content))
         paths[name] = str(path)
     return paths
+
+
+def write_inputs(folder: Path) -> dict[str, str]:
+    """The config.json files and DeepSpeed configs in ``folder``; their paths by name."""
+    return write_json_files(folder, {**CONFIGS, "ds_zero2": DS_ZERO2, "ds_zero3": DS_ZERO3})
+
+
+def run_alone(label: str, run: Any) -> None:
+    """Run one probe module's cells by themselves (its ``__main__``): ``run()`` prints the
+    table and returns the |relative errors| summarised under ``label``."""
+    warnings.filterwarnings("ignore")
+    _summary(label, run())
 
 
 def row_args(method: str, model: str, seq_len: int, paths: dict[str, str]) -> list[str]:
@@ -292,12 +309,20 @@ def main() -> int:
     import published_probe_diffusion
 
     diffusion = published_probe_diffusion.run()
+    import published_probe_peft
+
+    peft_cells = published_probe_peft.run()
+    import published_probe_megatron
+
+    megatron = published_probe_megatron.run()
     _summary("Qwen README, device total (G = GB)", errors)
     _summary("ms-swift, every step at max_length", fixed)
     _summary("ms-swift, band median (earlier lengths drawn)", band)
     _summary("THUDM ChatGLM3 / GLM-4 READMEs, device total (MiB)", glm)
     print(f"mmsegmentation model zoo, allocated: {published_probe_vision.summary(vision)}")
     _summary("diffusion (finetrainers, flux-qlora blog), measured cells", diffusion)
+    _summary("PEFT method comparison (L40S), reserved at 768 tokens", peft_cells)
+    _summary("Megatron-LM CI memory tests, peak allocated of the logged rank", megatron)
     return 0
 
 

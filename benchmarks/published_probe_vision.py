@@ -77,7 +77,6 @@ or through ``published_probe.py``.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from statistics import median
@@ -252,12 +251,9 @@ BOUNDS: list[tuple[str, str, list[str]]] = [
 
 def write_configs(folder: Path) -> dict[str, str]:
     """The config.json of every model in ``folder``; their paths by name."""
-    paths: dict[str, str] = {}
-    for name, config in CONFIGS.items():
-        path = folder / f"{name}.json"
-        path.write_text(json.dumps(config))
-        paths[name] = str(path)
-    return paths
+    from published_probe import write_json_files
+
+    return write_json_files(folder, CONFIGS)
 
 
 def row_args(method: str, model: str, side: int, images: int, paths: dict[str, str]) -> list[str]:

@@ -139,7 +139,7 @@ def test_up_without_gate_on_a_transformers_5_moe_names_the_field() -> None:
         build_hf_training_model(raw, training)
 
 
-@pytest.mark.parametrize("variant", ["dora", "adalora", "lokr"])
+@pytest.mark.parametrize("variant", ["dora", "adalora", "lokr", "loha"])
 def test_other_variants_on_fused_experts_name_the_field(variant: str) -> None:
     # peft 0.21.2 converts the transformers 4 expert names for LoRA only (AdaLoRA and LoKr
     # left the experts silently unadapted: 1,808 / 448 trainable on this Mixtral) and

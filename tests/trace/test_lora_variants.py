@@ -127,12 +127,27 @@ def test_lokr_runs_peft_kronecker_factors() -> None:
     assert est.num_trainable_parameters == 2 * ((8 * 8 + 8 * 8) + (4 * 8 + 8 * 8))
 
 
+def test_loha_runs_peft_hadamard_pairs() -> None:
+    # peft tuners/loha/layer.py create_adapter_parameters on a Linear: hada_w1_a / hada_w2_a
+    # [out, r], hada_w1_b / hada_w2_b [r, in], all four trainable: 2 r (out + in) per linear,
+    # q 2*8*(64+64), v 2*8*(32+64) per layer (engine auto: the formulas refuse LoHa)
+    est = estimate("tiny-llama-test", dataclasses.replace(SMALL, lora_variant="loha"))
+    assert est.engine == "generic"
+    assert "lora_variant loha is not modelled by the formulas" in est.notes[0]
+    assert est.num_trainable_parameters == 2 * (2 * 8 * (64 + 64) + 2 * 8 * (32 + 64))
+    # its update rebuilt to full size in the forward (HadaWeight: (w1a @ w1b) * (w2a @ w2b)),
+    # so the step holds more than LoRA's at the same rank
+    assert est.breakdown.allocated_bytes > _small("lora").breakdown.allocated_bytes
+
+
 def test_adalora_and_lokr_are_refused_by_the_formulas_and_lokr_dropout_by_the_spec() -> None:
     with pytest.raises(UnsupportedError, match="lora_variant adalora is not modelled .* generic"):
         estimate("tiny-llama-test", dataclasses.replace(SMALL, lora_variant="adalora"),
                  engine="analytic")  # fmt: skip
     with pytest.raises(SpecError, match="lora_dropout: 0.1: peft's LoKr has no input dropout"):
         TrainingConfig(lora_rank=8, lora_variant="lokr", lora_dropout=0.1)
+    with pytest.raises(SpecError, match="lora_dropout: 0.1: peft's LoHa has no input dropout"):
+        TrainingConfig(lora_rank=8, lora_variant="loha", lora_dropout=0.1)
 
 
 def test_lokr_on_conv1d_linears_is_refused_naming_what_runs() -> None:
@@ -144,7 +159,8 @@ def test_lokr_on_conv1d_linears_is_refused_naming_what_runs() -> None:
 
 
 @pytest.mark.parametrize(
-    ("framework", "variant"), [("fsdp-qlora", "lokr"), ("accelerate-fsdp", "adalora")]
+    ("framework", "variant"),
+    [("fsdp-qlora", "lokr"), ("accelerate-fsdp", "adalora"), ("accelerate-fsdp", "loha")],
 )
 def test_fsdp1_refuses_adapters_it_cannot_flatten(framework: str, variant: str) -> None:
     # Found by fuzzing (session 17): FSDP1 with use_orig_params=False raised torch's

@@ -79,10 +79,10 @@ def check_lora_variant(training: TrainingConfig) -> None:
     """Refuse the variant settings the analytic formulas do not model.
 
     Raises:
-        UnsupportedError: AdaLoRA or LoKr (traced only), DoRA on ``lm_head`` or under tensor
+        UnsupportedError: AdaLoRA, LoKr or LoHa (traced only), DoRA on ``lm_head`` or under tensor
             parallelism (Note [DoRA]).
     """
-    if training.lora_variant in ("adalora", "lokr"):
+    if training.lora_variant in ("adalora", "lokr", "loha"):
         raise UnsupportedError(
             f"lora_variant {training.lora_variant} is not modelled by the formulas; use "
             "--engine generic, which runs peft's own code"

@@ -216,12 +216,13 @@ LORA_MODULES_TO_SAVE_ALIASES: dict[str, str] = {
 Qwen-1's ``transformer.wte`` (Qwen finetune.py ``modules_to_save=["wte", "lm_head"]``), BLOOM's /
 Falcon's ``word_embeddings``, GPT-NeoX's ``embed_in`` / ``embed_out``, torchtune's / InternLM's
 ``tok_embeddings``."""
-LORA_VARIANTS: tuple[str, ...] = ("lora", "dora", "adalora", "lokr")
+LORA_VARIANTS: tuple[str, ...] = ("lora", "dora", "adalora", "lokr", "loha")
 """``TrainingConfig.lora_variant`` values: peft's adapter types on the targeted linears,
 ``lora`` (``LoraConfig``), ``dora`` (``LoraConfig(use_dora=True)``, Liu et al. 2024,
 arXiv:2402.09353; peft tuners/lora/dora.py), ``adalora`` (``AdaLoraConfig``, Zhang et al. 2023,
-arXiv:2303.10512; peft tuners/adalora) and ``lokr`` (``LoKrConfig``, LyCORIS' Kronecker
-product; peft tuners/lokr)."""
+arXiv:2303.10512; peft tuners/adalora), ``lokr`` (``LoKrConfig``, LyCORIS' Kronecker
+product; peft tuners/lokr) and ``loha`` (``LoHaConfig``, LyCORIS' Hadamard product of two
+low-rank pairs, Hyeon-Woo et al. 2022, arXiv:2108.06098; peft tuners/loha)."""
 PIPELINE_SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved-1f1b", "gpipe")
 EMA_DTYPES: tuple[str, ...] = ("float32", "bfloat16")
 """``TrainingConfig.ema_dtype`` values: diffusers' ``EMAModel`` shadow copy as its training
@@ -1129,7 +1130,7 @@ class PeftConfig:
     lora_variant: str = setting(
         "lora",
         "peft adapter type on the --lora-targets (dora: LoraConfig(use_dora=True); adalora, "
-        "lokr: peft's AdaLoraConfig, LoKrConfig):",
+        "lokr, loha: peft's AdaLoraConfig, LoKrConfig, LoHaConfig):",
         choices=LORA_VARIANTS,
     )
     """peft's adapter type (:data:`LORA_VARIANTS`): ``lora``, the default; ``dora``
@@ -1138,7 +1139,9 @@ class PeftConfig:
     row norms; Note [DoRA] in ``analytic/lora_variants.py``); ``adalora`` (``AdaLoraConfig``
     with ``init_r = lora_rank``: SVD-shaped adapters P, Lambda, Q and the orthogonality penalty
     in the forward); ``lokr`` (``LoKrConfig(r=lora_rank)``: each targeted weight's update as a
-    Kronecker product, rebuilt to full size in every forward). ``adalora`` / ``lokr`` run peft's
+    Kronecker product, rebuilt to full size in every forward); ``loha`` (``LoHaConfig(r=
+    lora_rank)``: each targeted weight's update as the Hadamard product of two rank-r
+    products, rebuilt to full size in every forward). ``adalora`` / ``lokr`` / ``loha`` run peft's
     code on the traced paths only (``trainmem.trace.lora``); AdaLoRA's rank allocator
     (``update_and_allocate``, called by the loop: two averages of the adapters' importance) is
     not modelled. Needs ``lora_rank > 0``."""
@@ -1259,11 +1262,13 @@ class PeftConfig:
             raise SpecError(
                 "quantize_base", "a quantized base is frozen: set lora_rank > 0 (QLoRA)"
             )
-        if self.lora_variant == "lokr" and self.lora_dropout > 0:
+        if self.lora_variant in ("lokr", "loha") and self.lora_dropout > 0:
+            name = {"lokr": "LoKr", "loha": "LoHa"}[self.lora_variant]
             raise SpecError(
                 "lora_dropout",
-                f"{self.lora_dropout}: peft's LoKr has no input dropout (its rank_dropout and "
-                "module_dropout drop other things); set lora_dropout 0 with lora_variant lokr",
+                f"{self.lora_dropout}: peft's {name} has no input dropout (its rank_dropout and "
+                "module_dropout drop other things); set lora_dropout 0 with lora_variant "
+                f"{self.lora_variant}",
             )
         if self.lora_variant != "lora" and self.lora_rank == 0:
             raise SpecError(
@@ -2658,14 +2663,19 @@ def _check_fsdp1_adapters(t: TrainingConfig) -> None:
     get units of their own, wrapped by peft's ``fsdp_auto_wrap_policy`` (peft utils/other.py)
     or fsdp_qlora's ``get_wrapping_policy``: leaf modules with a trainable ``weight``. LoRA's
     and DoRA's ``lora_A`` / ``lora_B`` / magnitude are such leaves; LoKr's ``lokr_w1`` /
-    ``lokr_w2`` and AdaLoRA's ``lora_A`` / ``lora_E`` / ``lora_B`` are parameters of the
-    adapted layer itself (peft tuners/lokr/layer.py, tuners/adalora/layer.py), flattened with
+    ``lokr_w2``, LoHa's ``hada_w1_a`` ... ``hada_w2_b`` and AdaLoRA's ``lora_A`` / ``lora_E`` /
+    ``lora_B`` are parameters of the adapted layer itself (peft tuners/lokr/layer.py,
+    tuners/loha/layer.py, tuners/adalora/layer.py), flattened with
     its frozen base weight. fsdp_qlora's ``train_type`` offers LoRA and DoRA adapters only.
 
     Raises:
         SpecError: ``lora_variant``, naming the variants that run.
     """
-    if t.framework in ("accelerate-fsdp", "fsdp-qlora") and t.lora_variant in ("lokr", "adalora"):
+    if t.framework in ("accelerate-fsdp", "fsdp-qlora") and t.lora_variant in (
+        "lokr",
+        "loha",
+        "adalora",
+    ):
         raise SpecError(
             "lora_variant",
             f"{t.lora_variant} with --framework {t.framework}: FSDP1 with use_orig_params="

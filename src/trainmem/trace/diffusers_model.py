@@ -241,7 +241,9 @@ def apply_diffusers_lora(model: Any, training: TrainingConfig) -> None:
             )
         names.extend(n for n in found if n not in names)
     model.requires_grad_(False)
-    gaussian = {} if training.lora_variant == "lokr" else {"init_lora_weights": "gaussian"}
+    gaussian = (
+        {} if training.lora_variant in ("lokr", "loha") else {"init_lora_weights": "gaussian"}
+    )
     config = adapter_config(  # train_dreambooth_lora_*.py --use_dora: lora_variant dora
         training, names, lora_alpha=training.lora_rank, **gaussian
     )

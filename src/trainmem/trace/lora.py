@@ -646,10 +646,11 @@ def adapter_config(training: TrainingConfig, target_modules: list[str], **lora: 
 
     ``lora`` / ``dora``: ``LoraConfig(r, lora_dropout, use_dora)``; ``adalora``:
     ``AdaLoraConfig(init_r=r, target_r=min(8, r), total_step=ADALORA_TOTAL_STEPS)`` (peft
-    tuners/adalora/config.py; ``target_r`` 8 is peft's default); ``lokr``: ``LoKrConfig(r,
-    alpha=r)`` (peft tuners/lokr/config.py; no input dropout). ``lora`` holds the other
-    ``LoraConfig`` arguments (``lora_alpha``, ``fan_in_fan_out``, ``init_lora_weights``); for
-    LoKr only ``lora_alpha`` and ``modules_to_save`` are read.
+    tuners/adalora/config.py; ``target_r`` 8 is peft's default); ``lokr`` / ``loha``:
+    ``LoKrConfig(r, alpha=r)`` / ``LoHaConfig(r, alpha=r)`` (peft tuners/lokr/config.py,
+    tuners/loha/config.py; no input dropout). ``lora`` holds the other ``LoraConfig``
+    arguments (``lora_alpha``, ``fan_in_fan_out``, ``init_lora_weights``); for LoKr and LoHa
+    only ``lora_alpha`` and ``modules_to_save`` are read.
 
     Raises:
         UnsupportedError: peft is missing.
@@ -659,8 +660,9 @@ def adapter_config(training: TrainingConfig, target_modules: list[str], **lora: 
     except ImportError as exc:  # pragma: no cover - peft is in the trace extra
         raise UnsupportedError("LoRA tracing needs peft: pip install 'trainmem[trace]'") from exc
     r, variant = training.lora_rank, training.lora_variant
-    if variant == "lokr":
-        return peft.LoKrConfig(
+    if variant in ("lokr", "loha"):
+        lycoris = peft.LoKrConfig if variant == "lokr" else peft.LoHaConfig
+        return lycoris(
             r=r,
             alpha=lora.get("lora_alpha", r),
             target_modules=target_modules,
@@ -675,14 +677,15 @@ def adapter_config(training: TrainingConfig, target_modules: list[str], **lora: 
 
 
 def lokr_module_dropout_off(model: Any) -> None:
-    """Let peft's LoKr layers apply their adapter without drawing a random number.
+    """Let peft's LoKr and LoHa layers apply their adapter without drawing a random number.
 
-    ``LoKrLayer.forward`` (peft tuners/lokr/layer.py) adds the adapter when ``not
-    self.training or torch.rand(1) > module_dropout``: a value read that fake tensors cannot
-    answer. With ``module_dropout`` 0 (:func:`adapter_config`) the draw is always above it, so
-    each LoKr layer runs its forward with ``training`` False (a forward pre-hook, restored by a
-    forward hook): the same ops, as ``rank_dropout`` 0 is the only other use of the flag
-    (``get_delta_weight``). No-op on a model without LoKr layers.
+    ``LoKrLayer.forward`` and ``LoHaLayer.forward`` (peft tuners/lokr/layer.py,
+    tuners/loha/layer.py) add the adapter when ``not self.training or torch.rand(1) >
+    module_dropout``: a value read that fake tensors cannot answer. With ``module_dropout`` 0
+    (:func:`adapter_config`) the draw is always above it, so each such layer runs its forward
+    with ``training`` False (a forward pre-hook, restored by a forward hook): the same ops, as
+    ``rank_dropout`` 0 is the only other use of the flag (``get_delta_weight``). No-op on a
+    model without LoKr or LoHa layers.
     """
 
     def off(module: Any, args: Any) -> None:
@@ -692,7 +695,7 @@ def lokr_module_dropout_off(model: Any) -> None:
         module.training = True
 
     for module in model.modules():
-        if type(module).__module__.startswith("peft.tuners.lokr"):
+        if type(module).__module__.startswith(("peft.tuners.lokr", "peft.tuners.loha")):
             module.register_forward_pre_hook(off)
             module.register_forward_hook(on)
 
@@ -721,10 +724,12 @@ def apply_lora(model: Any, training: TrainingConfig) -> Any:
 
     names = lora_target_modules(model, training.lora_targets)
     conv1d = any(type(m).__name__ == "Conv1D" for n, m in model.named_modules() if n in names)
-    if conv1d and training.lora_variant == "lokr":
+    if conv1d and training.lora_variant in ("lokr", "loha"):
+        name = {"lokr": "LoKr", "loha": "LoHa"}[training.lora_variant]
         raise SpecError(
             "lora_variant",
-            f"lokr: peft's LoKr adapts torch's Linear, Conv1d and Conv2d only, and "
+            f"{training.lora_variant}: peft's {name} adapts torch's Linear, Conv1d and Conv2d "
+            "only, and "
             f"{type(model).__name__}'s targeted linears are transformers Conv1D (peft "
             "tuners/lycoris_utils.py _create_new_module: 'Target module of type Conv1D not "
             "supported'); allowed: lora, dora, adalora",

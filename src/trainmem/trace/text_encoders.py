@@ -98,7 +98,9 @@ def _build_encoder(encoder: TextEncoder, training: TrainingConfig) -> Any:
         model.requires_grad_(False)
         from trainmem.trace.lora import adapter_config, lokr_module_dropout_off
 
-        gaussian = {} if training.lora_variant == "lokr" else {"init_lora_weights": "gaussian"}
+        gaussian = (
+            {} if training.lora_variant in ("lokr", "loha") else {"init_lora_weights": "gaussian"}
+        )
         lora = adapter_config(
             training, list(TEXT_LORA_MODULES), lora_alpha=training.lora_rank, **gaussian
         )
