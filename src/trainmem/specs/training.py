@@ -223,6 +223,9 @@ arXiv:2402.09353; peft tuners/lora/dora.py), ``adalora`` (``AdaLoraConfig``, Zha
 arXiv:2303.10512; peft tuners/adalora), ``lokr`` (``LoKrConfig``, LyCORIS' Kronecker
 product; peft tuners/lokr) and ``loha`` (``LoHaConfig``, LyCORIS' Hadamard product of two
 low-rank pairs, Hyeon-Woo et al. 2022, arXiv:2108.06098; peft tuners/loha)."""
+LYCORIS_VARIANTS: dict[str, str] = {"lokr": "LoKr", "loha": "LoHa"}
+"""The LyCORIS variants (peft tuners/lycoris_utils.py ``LycorisLayer``) by their peft names:
+no input dropout, adapters on torch's Linear / Conv1d / Conv2d only."""
 PIPELINE_SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved-1f1b", "gpipe")
 EMA_DTYPES: tuple[str, ...] = ("float32", "bfloat16")
 """``TrainingConfig.ema_dtype`` values: diffusers' ``EMAModel`` shadow copy as its training
@@ -1262,8 +1265,8 @@ class PeftConfig:
             raise SpecError(
                 "quantize_base", "a quantized base is frozen: set lora_rank > 0 (QLoRA)"
             )
-        if self.lora_variant in ("lokr", "loha") and self.lora_dropout > 0:
-            name = {"lokr": "LoKr", "loha": "LoHa"}[self.lora_variant]
+        if self.lora_variant in LYCORIS_VARIANTS and self.lora_dropout > 0:
+            name = LYCORIS_VARIANTS[self.lora_variant]
             raise SpecError(
                 "lora_dropout",
                 f"{self.lora_dropout}: peft's {name} has no input dropout (its rank_dropout and "

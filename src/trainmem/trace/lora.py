@@ -48,7 +48,7 @@ from collections import Counter
 from typing import Any
 
 from trainmem.errors import SpecError, UnsupportedError
-from trainmem.specs.training import LORA_TARGETS, TrainingConfig
+from trainmem.specs.training import LORA_TARGETS, LYCORIS_VARIANTS, TrainingConfig
 from trainmem.trace._torch import require_torch
 from trainmem.trace.quantized import weight_read_directly
 
@@ -724,8 +724,8 @@ def apply_lora(model: Any, training: TrainingConfig) -> Any:
 
     names = lora_target_modules(model, training.lora_targets)
     conv1d = any(type(m).__name__ == "Conv1D" for n, m in model.named_modules() if n in names)
-    if conv1d and training.lora_variant in ("lokr", "loha"):
-        name = {"lokr": "LoKr", "loha": "LoHa"}[training.lora_variant]
+    if conv1d and training.lora_variant in LYCORIS_VARIANTS:
+        name = LYCORIS_VARIANTS[training.lora_variant]
         raise SpecError(
             "lora_variant",
             f"{training.lora_variant}: peft's {name} adapts torch's Linear, Conv1d and Conv2d "
