@@ -25,16 +25,12 @@ LEGACY = {"cuda_context_bytes": LEGACY_CUDA_CONTEXT_BYTES, "metric": "device_tot
 
 
 def _bert(**training: Any) -> dict[str, Any]:
-    # HF Trainer 4.21 calls ``model.zero_grad()`` after each step; on torch 1.10 that zeroes
-    # the gradients but keeps them allocated (set_to_none=False was the default before 2.0).
-    # torch ~1.10 (the row's framework column): per-parameter loop optimizers and no
-    # torch.optim.Adafactor (transformers' runs).
-    base = {
-        "seq_len": 512,
-        "attention": "eager",
-        "torch_version": "1.10",
-        "zero_grad_set_to_none": False,
-    }
+    # torch ~1.10 (the row's framework column): per-parameter loop optimizers, no
+    # torch.optim.Adafactor (transformers' runs), and the HF Trainer 4.21's
+    # ``model.zero_grad()`` after each step zeroes the gradients but keeps them allocated
+    # (set_to_none=False before 2.0: the default for the release, Note [zero_grad's default
+    # by release] in trainmem/specs/frameworks.py).
+    base = {"seq_len": 512, "attention": "eager", "torch_version": "1.10"}
     return {**BERT_SEQ_CLS, **LEGACY, "training": {**base, **training}}
 
 

@@ -34,7 +34,9 @@ Setup from the configs (``_base_/models/segformer_mit-b0.py``, ``upernet_swin.py
 - attention: torch's ``nn.MultiheadAttention`` (SegFormer, through mmcv) or explicit matmul /
   softmax (Swin): ``--attention eager``;
 - mmcv 1.x's ``OptimizerHook`` calls ``optimizer.zero_grad()``, ``set_to_none=False`` on torch
-  1.x: ``--zero-grad-keep`` (the gradients live through the next forward);
+  1.x, the default for ``--torch-version`` 1.8.1 (Note [zero_grad's default by release];
+  passed as ``--zero-grad-keep`` before session 27): the gradients live through the next
+  forward;
 - torch: the logs of that time ran torch 1.x before 1.11 (read as 1.8.1, the release the
   OpenMMLab model zoo lists; not read from the logs, which are not stored offline). Before
   1.11 softmax and log-softmax keep their input for the backward (Note [Softmax saving its
@@ -51,7 +53,8 @@ T4's usable capacity.
   Dhivehi, "on any 16GB+ GPU ... such as the 16GB T4 GPU provided in the Google Colab free
   tier"; its Seq2SeqTrainingArguments: batch 16, ``fp16=True``, ``gradient_checkpointing=True``
   (transformers 4.3x with eager Whisper attention, torch 2.0, whose foreach AdamW step the
-  traced paths refuse: the installed torch's step here); labels padded to the batch's longest,
+  traced paths refused in session 26: the installed torch's step here; since session 27 they
+  run it, ``--torch-version 2.0``, not yet passed here); labels padded to the batch's longest,
   at most 448 tokens (``max_target_positions``): every step at 448 here, the most;
 - huggingface/peft examples/int8_training/peft_bnb_whisper_large_v2_training.ipynb (the README's
   "fine tune whisper-large ... in a Google Colab"; "train the whisper-large-v2 seamlessly on a
@@ -198,7 +201,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
 
 _MMSEG = [
     "--optimizer", "adamw", "--data-parallel-size", "8", "--gpu", "V100-32GB",
-    "--attention", "eager", "--zero-grad-keep", "--torch-version", "1.8.1",
+    "--attention", "eager", "--torch-version", "1.8.1",
 ]  # fmt: skip
 METHODS: dict[str, list[str]] = {
     "fp32": [*_MMSEG, "--precision", "32-true"],

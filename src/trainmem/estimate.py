@@ -74,6 +74,7 @@ from trainmem.traced_transforms import (
     apply_deepspeed,
     apply_optimizer,
     deepspeed_refusals,
+    older_torch_step,
     optimizer_standin,
     untraced_deepspeed,
 )
@@ -496,8 +497,6 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
             f"{training.torch_version} (the installed torch refuses its in-place steps there: "
             "Note [Adafactor on DTensor-sharded matrices])"
         )
-    if _older_torch_step(training):  # the trace runs the installed torch.optim's step
-        out.append(f"torch_version={training.torch_version} (its optimizer step)")
     if training.training_loop == "previous" and training.pipeline_parallel_size > 1:
         out.append("loop=previous with pipeline parallelism")
     # the generic path computes --loss on the logits (trainmem.trace.generic); the trace
@@ -555,22 +554,6 @@ def _fsdp1_refusals(training: TrainingConfig) -> list[str]:
     if training.quantize_base != "none" and float_quant_storage(training) is None:
         out.append(untraced_fsdp1_quantized(training))
     return out
-
-
-def _older_torch_step(training: TrainingConfig) -> bool:
-    """The optimizer step of the ``torch_version`` asked for holds other temporaries than the
-    installed torch's (``OptimizerRow.older_torch``: foreach Adam before 2.1), which the traced
-    paths run."""
-    from trainmem.specs.optimizers import OPTIMIZER_TABLE
-
-    older = OPTIMIZER_TABLE[training.optimizer].older_torch
-    version = parse_version("torch_version", training.torch_version)
-    return (
-        older is not None
-        and version is not None
-        and version < older.before
-        and training.step_implementation in older.temporaries
-    )
 
 
 def _traced_hf_trainer(training: TrainingConfig) -> bool:
@@ -1667,11 +1650,16 @@ def _apply_traced_transforms(
         )
     else:
         est.schedules = [apply_optimizer(s, target, training) for s in est.schedules]
+        why = (
+            f"torch_version={training.torch_version}: its {training.step_implementation} "
+            "step holds other temporaries than the installed torch's"
+            if older_torch_step(training)
+            else "its kernels do not run on fake tensors"
+        )
         est.notes.append(
-            f"{training.optimizer}: its kernels do not run on fake tensors, so the step was "
-            "traced with torch's fused AdamW and its states and step temporaries replaced by "
-            f"{training.optimizer}'s, as the analytic engine's optimizer transform sizes them "
-            "(trainmem/traced_transforms.py)"
+            f"{training.optimizer}: {why}, so the step was traced with torch's fused AdamW and "
+            f"its states and step temporaries replaced by {training.optimizer}'s, as the "
+            "analytic engine's optimizer transform sizes them (trainmem/traced_transforms.py)"
         )
     _drop_traced_peak(est, training)
 

@@ -102,10 +102,12 @@ from trainmem.analytic.tensor_states import state_layout
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
 from trainmem.specs.model import ModelSpec
+from trainmem.specs.optimizers import OPTIMIZER_TABLE
 from trainmem.specs.training import TrainingConfig
 from trainmem.traced_transforms import (
     after_state,
     apply_optimizer,
+    older_torch_step,
     optimizer_standin,
     traced_tensor_states,
 )
@@ -142,7 +144,8 @@ def megatron_refusals(training: TrainingConfig) -> list[str]:
     if t.offload != "none":
         out.append(f"offload={t.offload}")
     if optimizer_standin(t) is not None:
-        out.append(f"optimizer={t.optimizer}")
+        older = older_torch_step(t) and not OPTIMIZER_TABLE[t.optimizer].untraceable
+        out.append(f"torch_version={t.torch_version}" if older else f"optimizer={t.optimizer}")
     if t.is_lora:  # Megatron-LM trains no adapters (PEFT on megatron-core is NeMo's)
         out.append(f"lora_rank={t.lora_rank}")
     if t.quantize_base != "none":

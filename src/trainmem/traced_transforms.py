@@ -121,6 +121,7 @@ from trainmem.analytic.transforms.points import Point
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.errors import ScheduleError
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
+from trainmem.specs.frameworks import parse_version
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.optimizers import OPTIMIZER_TABLE
 from trainmem.specs.ranks import flat_optimizer_tensors
@@ -136,6 +137,7 @@ __all__ = [
     "element_bytes",
     "layer_of",
     "micro_batches",
+    "older_torch_step",
     "optimizer_standin",
     "split_state",
     "traced_tensor_states",
@@ -360,15 +362,28 @@ def _partition_buffer(segment: Sequence[Item], sizes: _Sizes) -> Op:
     return Op("alloc", size, Cat.GRADIENT, "init", "grad/partition3", "(optimizer)", label)
 
 
+def older_torch_step(training: TrainingConfig) -> bool:
+    """The optimizer step of the ``torch_version`` asked for holds other temporaries than the
+    installed torch's, which the trace runs (``OptimizerRow.older_torch``: foreach Adam /
+    AdamW before 2.1, two parameter-sized lists; :meth:`~trainmem.specs.optimizers.
+    OptimizerRow.older_step`)."""
+    return OPTIMIZER_TABLE[training.optimizer].older_step(
+        training.step_implementation, parse_version("torch_version", training.torch_version)
+    )
+
+
 def optimizer_standin(training: TrainingConfig) -> TrainingConfig | None:
     """The settings the trace runs in place of an optimizer it cannot run on fake tensors
-    (bitsandbytes' and torchao's kernels, ``OptimizerRow.untraceable``): torch's fused AdamW,
-    which allocates nothing at the step (its states are then replaced, Note [Traced optimizer
-    states]; a paged optimizer's large states leave the allocator as the layout's
-    ``paged_state_bytes``); None when the optimizer runs as it is, or is not a torch
-    optimizer's replacement (DeepSpeed's wrappers)."""
+    (bitsandbytes' and torchao's kernels, ``OptimizerRow.untraceable``) or whose step on the
+    ``torch_version`` asked for differs from the installed torch's (:func:`older_torch_step`;
+    not under DeepSpeed, whose traced step's temporaries :func:`apply_deepspeed` replaces
+    anyway): torch's fused AdamW, which allocates nothing at the step (its states are then
+    replaced, and the step's temporaries are the optimizer transform's for the release, Note
+    [Traced optimizer states]; a paged optimizer's large states leave the allocator as the
+    layout's ``paged_state_bytes``); None when the optimizer runs as it is."""
     row = OPTIMIZER_TABLE[training.optimizer]
-    if not row.untraceable:
+    older = older_torch_step(training) and not training.conventions.deepspeed_optimizer_wrappers
+    if not row.untraceable and not older:
         return None
     return replace(training, optimizer="adamw", optimizer_implementation="fused")
 

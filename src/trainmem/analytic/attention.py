@@ -17,7 +17,6 @@ from trainmem.analytic.activation_shapes import (
 from trainmem.analytic.norms import norm_options, qk_norm_saved_bytes
 from trainmem.specs.frameworks import (
     DEFAULT_TORCH_VERSION,
-    SOFTMAX_BACKWARD_INPUT_DTYPE_SINCE,
     TRANSFORMERS_SDPA_GQA_SINCE,
     UNSLOTH_SDPA_GQA_SINCE,
     parse_version,
@@ -574,8 +573,7 @@ def _kernel_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dict
             # ``eager_attention_forward``; tools/autograd/derivatives.yaml ``tanh``)
             terms["scores/softcap_tanh"] = c * a * s * s * b
         terms["scores/softmax"] = sm * a * s * s * b
-        torch = parse_version("torch_version", training.torch_version) or DEFAULT_TORCH_VERSION
-        if torch < SOFTMAX_BACKWARD_INPUT_DTYPE_SINCE:
+        if training.softmax_saves_input:
             # torch < 1.11 saves the softmax's input too, in the output's dtype (autocast casts
             # it to fp32 first; SOFTMAX_BACKWARD_INPUT_DTYPE_SINCE)
             terms["scores/softmax_input"] = sm * a * s * s * b

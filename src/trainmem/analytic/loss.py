@@ -446,7 +446,7 @@ def loss_saved_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> d
     if loss_in_logits_dtype(model, training):
         # the 16-bit log-softmax output and nll_loss's fp32 copy of it
         # (Note [Cross-entropy on 16-bit logits])
-        return {"log_softmax": (c + 4) * v * t}
+        return {"log_softmax": (c + 4) * v * t, **_log_softmax_input(training, c * v * t)}
     if compiled_loss(model, training):
         # Note [Compiled chunked cross-entropy]: every chunk's logits in their own dtype and
         # two fp32 values per token (row max, log-sum-exp), no fp32 log-softmax
@@ -459,7 +459,17 @@ def loss_saved_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> d
         # Note [torchtune's transposed cross-entropy]: the fp32 log-softmax of the shifted
         # positions
         return {"log_softmax": 4 * v * shifted_positions(model, training)}
-    return {"log_softmax": (4 if loss_upcast(model, training) else c) * v * t}
+    saved = (4 if loss_upcast(model, training) else c) * v * t
+    return {"log_softmax": saved, **_log_softmax_input(training, saved)}
+
+
+def _log_softmax_input(training: TrainingConfig, output_bytes: int) -> dict[str, int]:
+    """The log-softmax's input, kept beside its output on a torch before 1.11
+    (``TrainingConfig.softmax_saves_input``; Note [Softmax saving its input before torch
+    1.11] in trainmem/trace/older_softmax.py: ``_log_softmax_backward_data(grad, result, dim,
+    self)``): the logits the kernel saw, in the output's dtype (the fp32 copy of an upcast),
+    as many bytes as the output; nothing on a later release."""
+    return {"log_softmax_input": output_bytes} if training.softmax_saves_input else {}
 
 
 def written_out_exp_bytes(training: TrainingConfig) -> int:

@@ -147,7 +147,7 @@ def _field_option(field: dataclasses.Field[Any], s: Setting) -> inspect.Paramete
     decls = [f"{flag}/{s.off_flag}" if s.off_flag else flag, *([s.short] if s.short else [])]
     extra: dict[str, Any] = {"show_default": not s.default_text}
     default: Any = None if s.defer else field.default
-    if kind == "bool":
+    if kind == "bool" or s.off_flag:  # a flag pair; None: the default resolved later
         annotation: Any = bool
     elif kind == "int" or (kind == "choice" and isinstance(s.choices[0], int)):
         annotation, extra["parser"], extra["metavar"] = int, strict_int, "INTEGER"

@@ -210,6 +210,43 @@ checkpointed with ``{"use_reentrant": True}`` from PR #28538 (Jan 2024, 4.37; to
 reentrant default before it) and with ``{"use_reentrant": False}`` from PR #43203 (merged
 2026-01-09, "Switch gradient checkpointing default to use_reentrant=False"), which 5.0 ships
 (5.24's ``_activation_checkpointing_enable``)."""
+
+
+def softmax_saves_input(torch_version: tuple[int, ...] | None) -> bool:
+    """Autograd keeps a softmax's / log-softmax's input beside its output: torch before
+    :data:`SOFTMAX_BACKWARD_INPUT_DTYPE_SINCE` (Note [Softmax saving its input before torch
+    1.11] in trainmem/trace/older_softmax.py). One rule for an eager attention's scores
+    (``trainmem.analytic.attention``), a cross-entropy's logits (``trainmem.analytic.loss``)
+    and the traced paths' patched ops (``trainmem.trace.engine``).
+
+    Args:
+        torch_version: (major, minor, ...) of torch; None: a current release.
+    """
+    version = DEFAULT_TORCH_VERSION if torch_version is None else torch_version
+    return version < SOFTMAX_BACKWARD_INPUT_DTYPE_SINCE
+
+
+ZERO_GRAD_SET_TO_NONE_SINCE = (2, 0)
+"""The torch release from which ``zero_grad()`` without an argument frees the gradients.
+
+Note [zero_grad's default by release]
+    ``torch.optim.Optimizer.zero_grad`` and ``torch.nn.Module.zero_grad`` default to
+    ``set_to_none=True`` from torch 2.0 (pytorch PR #92731, "[nn] zero_grad() set_to_none
+    default True", issue #92656; its BC-breaking note shows 1.13's ``module.zero_grad()``
+    leaving zero tensors); before, ``set_to_none=False`` (the argument exists from 1.7, PR
+    #42754; before 1.7 ``zero_grad()`` always zeroed in place), so the gradients stay
+    allocated through the next forward. The loops that call it without an argument follow
+    the release: a plain PyTorch loop's ``optimizer.zero_grad()``, the transformers Trainer's
+    ``model.zero_grad()`` (trainer.py ``_inner_training_loop`` at 4.21.0, 4.30.2, 4.40.0 and
+    5.24.0 alike), Lightning's ``LightningModule.optimizer_zero_grad`` (``optimizer.zero_grad()``
+    at 1.0.0 to 2.4.0), mmcv 1.x's ``OptimizerHook``. Not DeepSpeed (its ZeRO optimizers'
+    own ``zero_grad``, called by ``DeepSpeedEngine._take_model_step``) nor Megatron (its
+    gradient buffer, zeroed in place: ``grad_buffer_from_init``). Not modelled: accelerate's
+    ``AcceleratedOptimizer.zero_grad(set_to_none=None)`` passes ``set_to_none=False`` before
+    0.28.0 whatever the torch release (accelerate src/accelerate/optimizer.py at v0.5.1 ..
+    v0.27.0; True from v0.28.0, PR #2472), which a loop on accelerate's optimizer meets; there
+    is no accelerate version to select it. ``TrainingConfig.zero_grad_set_to_none`` given
+    always wins."""
 TORCHAO_OFFLOAD_MINIMAL_SIZE = 4096
 """torchao ``CPUOffloadOptimizer(minimal_size=4096)``: parameters with fewer elements are kept
 in an optimizer on the GPU ("to avoid excessively many small transfers",
@@ -1158,6 +1195,20 @@ class FrameworkConventions:
             return ""
         version = DEFAULT_TORCH_VERSION if torch_version is None else torch_version
         return UNSLOTH_ALLOC_CONF if version >= (2, 9) else UNSLOTH_ALLOC_CONF_BEFORE_TORCH_2_9
+
+    def zero_grad_set_to_none(self, torch_version: tuple[int, ...] | None) -> bool:
+        """Whether the loop's ``zero_grad()`` frees the gradients when
+        ``zero_grad_set_to_none`` is not given: torch's default for ``torch_version`` (Note
+        [zero_grad's default by release]); True under DeepSpeed's ZeRO optimizers and
+        Megatron's gradient buffer, which have their own.
+
+        Args:
+            torch_version: (major, minor, ...) of torch; None: a current release.
+        """
+        if self.deepspeed_optimizer_wrappers or self.grad_buffer_from_init:
+            return True
+        version = DEFAULT_TORCH_VERSION if torch_version is None else torch_version
+        return version >= ZERO_GRAD_SET_TO_NONE_SINCE
 
     def default_optimizer_implementation(
         self, torch_version: tuple[int, ...] | None, optimizer: str = "adamw"

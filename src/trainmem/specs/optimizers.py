@@ -270,11 +270,23 @@ class OptimizerRow:
         (None: a current release)."""
         if transformers_class and self.transformers_temporaries is not None:
             return self.transformers_temporaries
-        older = self.older_torch
-        if older is not None and torch_version is not None and torch_version < older.before:
-            if implementation in older.temporaries:
-                return older.temporaries[implementation]
+        if self.older_step(implementation, torch_version):
+            assert self.older_torch is not None
+            return self.older_torch.temporaries[implementation]
         return self.temporaries.get(implementation, NO_TEMPORARIES)
+
+    def older_step(self, implementation: str, torch_version: tuple[int, ...] | None) -> bool:
+        """The step of ``implementation`` on ``torch_version`` holds :attr:`older_torch`'s
+        temporaries, not a current release's (None: a current release): what the traced paths,
+        running the installed torch's step, replace by the table's (Note [Traced optimizer
+        states] in trainmem/traced_transforms.py)."""
+        older = self.older_torch
+        return (
+            older is not None
+            and torch_version is not None
+            and torch_version < older.before
+            and implementation in older.temporaries
+        )
 
 
 _ADAM_TEMPORARIES: Mapping[str, StepTemporaries] = {

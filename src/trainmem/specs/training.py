@@ -133,6 +133,7 @@ from trainmem.specs.frameworks import (
     default_trl_release,
     installed_transformers_version,
     parse_version,
+    softmax_saves_input,
 )
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.optimizers import OPTIMIZER_TABLE, Optimizer
@@ -719,17 +720,21 @@ class LoopConfig:
     (``FrameworkConventions.loop``), or ``step`` with ``keep_logits``; an explicit value always
     wins (:attr:`TrainingConfig.training_loop`).
     """
-    zero_grad_set_to_none: bool = setting(
-        True,
-        "zero_grad(set_to_none=...); keep = torch < 2.0 behaviour, or a loop that never zeroes "
-        "its gradients.",
+    zero_grad_set_to_none: bool | None = setting(
+        None,
+        "zero_grad(set_to_none=...); keep: the gradients stay allocated, zeroed (torch < 2.0's "
+        "default, or a loop that never zeroes its gradients).",
         off_flag="--zero-grad-keep",
+        default_text="torch's for --torch-version: keep before 2.0",
     )
-    """``optimizer.zero_grad(set_to_none=...)``: True (the default since PyTorch 2.0) frees the
-    gradients after the step; False (the default before 2.0, and HF Trainer's
-    ``model.zero_grad()`` on torch 1.x) keeps them allocated, zeroed, through the next forward
-    (PyTorch 2.0 release notes, torch/optim/optimizer.py ``zero_grad``). A loop that never
-    zeroes its gradients (they accumulate across steps) holds the same memory as False."""
+    """``optimizer.zero_grad(set_to_none=...)``: True frees the gradients after the step;
+    False keeps them allocated, zeroed, through the next forward. None, the default: the
+    framework's loop with torch's default for ``torch_version``, True from 2.0 and False before
+    (``FrameworkConventions.zero_grad_set_to_none``, Note [zero_grad's default by release]:
+    a plain loop's ``optimizer.zero_grad()``, the HF Trainer's ``model.zero_grad()``; DeepSpeed
+    and Megatron have their own), resolved when the TrainingConfig is built. A loop that never
+    zeroes its gradients (they accumulate across steps) holds the same memory as False. An
+    explicit value always wins."""
     zero_grad_before_backward: bool = setting(
         False,
         "zero_grad() between the loss and backward(): last step's gradients live through the "
@@ -744,6 +749,8 @@ class LoopConfig:
     nothing)."""
 
     def __post_init__(self) -> None:
+        if self.zero_grad_set_to_none is None:  # alone; TrainingConfig resolves it by release
+            object.__setattr__(self, "zero_grad_set_to_none", True)
         _check_ints(self, ("chunked_cross_entropy",), minimum=0)
         _check_flags(self, ("zero_grad_set_to_none", "zero_grad_before_backward", "keep_logits"))
         _check_choices(self, LoopConfig)
@@ -2059,6 +2066,15 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
         return self.conventions.hf_model_code and self.activation_checkpointing != "none"
 
     @property
+    def softmax_saves_input(self) -> bool:
+        """Autograd keeps a softmax's and a log-softmax's input beside the output:
+        ``torch_version`` before 1.11 (Note [Softmax saving its input before torch 1.11] in
+        trainmem/trace/older_softmax.py; :func:`~trainmem.specs.frameworks.
+        softmax_saves_input`): an eager attention's scores and a cross-entropy's logits, in
+        both engines."""
+        return softmax_saves_input(parse_version("torch_version", self.torch_version))
+
+    @property
     def adafactor_implementation(self) -> str:
         """``transformers`` (transformers/optimization.py ``Adafactor``) or ``torch``
         (``torch.optim.Adafactor``, torch >= 2.5): which ``adafactor`` runs
@@ -2267,7 +2283,9 @@ def _resolve_precision(t: TrainingConfig) -> None:
     :data:`~trainmem.specs.frameworks.DEFAULT_PRECISION`), before any check reads it; an
     unknown framework is left to its own check. So do an ``optimizer``, ``lora_targets`` and
     ``activation_checkpointing`` of None (``FrameworkConventions.default_optimizer``,
-    ``default_lora_targets``, ``default_activation_checkpointing``); a value given is kept."""
+    ``default_lora_targets``, ``default_activation_checkpointing``) and a
+    ``zero_grad_set_to_none`` of None (``FrameworkConventions.zero_grad_set_to_none`` for
+    ``torch_version``); a value given is kept."""
     # a framework of the wrong type (a list from a config file) is its own check's error
     row = FRAMEWORK_CONVENTIONS.get(t.framework) if isinstance(t.framework, str) else None
     if t.precision is None:
@@ -2279,6 +2297,14 @@ def _resolve_precision(t: TrainingConfig) -> None:
     if t.lora_targets is None:  # the framework's (FrameworkConventions.default_lora_targets)
         default_targets = row.default_lora_targets if row else PEFT_DEFAULT_LORA_TARGETS
         object.__setattr__(t, "lora_targets", default_targets)
+    if t.zero_grad_set_to_none is None and row is not None:
+        # Note [zero_grad's default by release]; a torch_version that is no version string is
+        # its own check's error, and leaves torch's current default here
+        try:
+            release = parse_version("torch_version", t.torch_version)
+        except SpecError:
+            release = None
+        object.__setattr__(t, "zero_grad_set_to_none", row.zero_grad_set_to_none(release))
     if t.activation_checkpointing is None:
         default = row.default_activation_checkpointing if row else "none"
         if row is not None and row.trl_sft_trainer:  # SFTConfig's default from 0.22

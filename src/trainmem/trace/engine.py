@@ -40,7 +40,6 @@ from typing import Any
 
 from trainmem.breakdown import MemoryBreakdown, MemoryCategory, MemoryEstimate
 from trainmem.errors import SpecError, TraceError, TrainmemError, UnsupportedError
-from trainmem.specs.frameworks import SOFTMAX_BACKWARD_INPUT_DTYPE_SINCE, parse_version
 from trainmem.specs.hardware import (
     DEFAULT_CUBLAS_WORKSPACE_BYTES,
     DEFAULT_CUDA_CONTEXT_BYTES,
@@ -94,8 +93,7 @@ def _emulation(training: TrainingConfig, emulate_cuda: bool) -> Iterator[None]:
             stack.enter_context(cuda_autocast_policy())
         # native_dropout also runs on real CPU tensors, so the proof covers this emulation too.
         stack.enter_context(cuda_dropout())
-        torch_release = parse_version("torch_version", training.torch_version)
-        if torch_release is not None and torch_release < SOFTMAX_BACKWARD_INPUT_DTYPE_SINCE:
+        if training.softmax_saves_input:
             # Note [Softmax saving its input before torch 1.11]
             stack.enter_context(older_softmax_backward())
         if emulate_cuda and training.attention != "eager":
@@ -429,7 +427,7 @@ def _run_trace(
                 mixed_parameters(model) if mesh is not None else contextlib.nullcontext(),
                 fsdp1_streams(model),  # Note [FSDP1 streams on the trace]
             ),
-            set_to_none=training.zero_grad_set_to_none,
+            set_to_none=bool(training.zero_grad_set_to_none),  # resolved by TrainingConfig
             forward_loss=forward_loss,
             keep_output=training.training_loop == "step",
             # Note [The current micro-batch's bound output]: the loop's own binding

@@ -25,8 +25,12 @@ Note [Softmax saving its input before torch 1.11]
     probability targets or the legacy ``size_average`` / ``reduce`` the installed op runs, whose
     log-softmax keeps its output only). ``Tensor.softmax`` and
     ``torch.softmax`` are not patched (transformers' eager attentions call
-    ``nn.functional.softmax``). The analytic engine keeps the scores of an eager attention on
-    such a release (``trainmem.analytic.attention``) but not yet a loss's logits.
+    ``nn.functional.softmax``). The analytic engine keeps the scores of an eager attention
+    (``trainmem.analytic.attention``) and a cross-entropy's logits in the log-softmax's
+    output dtype (``trainmem.analytic.loss`` ``loss_saved_terms``: the plain and the 16-bit
+    cross-entropy; the course's, chunked-compiled, Megatron's, torchtune's transposed and
+    Unsloth's losses are torch 2 code) on such a release; both engines ask
+    ``TrainingConfig.softmax_saves_input``.
 """
 
 from __future__ import annotations

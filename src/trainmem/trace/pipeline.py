@@ -697,7 +697,7 @@ def capture_rank(
                 _step_context(training, emulate_cuda, opt if fake else None),
                 context_parallel(mesh, [run.batch], training),
             ),
-            step=pipeline_step(run, opt, set_to_none=training.zero_grad_set_to_none),
+            step=pipeline_step(run, opt, set_to_none=bool(training.zero_grad_set_to_none)),
             runtime_state=run.runtime_state,
         )
     except (RuntimeError, TypeError, NotImplementedError, ValueError) as exc:

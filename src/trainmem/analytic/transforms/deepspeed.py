@@ -104,7 +104,7 @@ def zero1_reduces(ctx: RankContext) -> bool:
         t.deepspeed_optimizer == "zero"
         and ctx.zero_stage == 1
         and t.offload == "none"
-        and t.zero_grad_set_to_none
+        and bool(t.zero_grad_set_to_none)  # resolved by TrainingConfig
         and not gradient_buffer_from_init(t)
     )
 

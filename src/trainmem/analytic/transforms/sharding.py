@@ -251,7 +251,7 @@ def sharding(ctx: RankContext) -> Sharding:
         and stage == 3
         and t.conventions.fsdp_no_sync_accumulation
         and t.gradient_accumulation_steps > 1
-        and t.zero_grad_set_to_none
+        and bool(t.zero_grad_set_to_none)  # resolved by TrainingConfig
         and not gradient_buffer_from_init(t)
     )
     if no_sync:  # the accumulated unsharded gradient is the reduce-scatter's input
