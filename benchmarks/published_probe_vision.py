@@ -53,9 +53,11 @@ T4's usable capacity.
   Dhivehi, "on any 16GB+ GPU ... such as the 16GB T4 GPU provided in the Google Colab free
   tier"; its Seq2SeqTrainingArguments: batch 16, ``fp16=True``, ``gradient_checkpointing=True``
   (transformers 4.3x with eager Whisper attention, torch 2.0, whose foreach AdamW step the
-  traced paths refused in session 26: the installed torch's step here; since session 27 they
-  run it, ``--torch-version 2.0``, not yet passed here); labels padded to the batch's longest,
-  at most 448 tokens (``max_target_positions``): every step at 448 here, the most;
+  traced paths refused in session 26, which ran the installed torch's step: 12.02 GiB; since
+  session 27 they run it, ``--torch-version 2.0``: its two fp32 lists of the parameters at the
+  step, 13.07 GiB device total, allocated unchanged at 9.43 GiB); labels padded to the
+  batch's longest, at most 448 tokens (``max_target_positions``): every step at 448 here, the
+  most;
 - huggingface/peft examples/int8_training/peft_bnb_whisper_large_v2_training.ipynb (the README's
   "fine tune whisper-large ... in a Google Colab"; "train the whisper-large-v2 seamlessly on a
   colab with T4 GPU (16 GB VRAM)"; added ca7b462, 2023-02-16, Colab's torch 1.13.1 then):
@@ -72,7 +74,9 @@ path, and with the defaults (SDPA, gradients freed, the installed torch) SegForm
 -36 % (ADE20K) and -52 .. -61 % (Cityscapes); with eager attention and ``--zero-grad-keep``
 but the installed torch's softmax, SegFormer -15 .. -30 %, Swin -15 % (T). Both bounds hold:
 whisper-small 12.02 GiB device total and whisper-large-v2 int8 + LoRA 9.55 GiB, of the T4's
-14.75 usable.
+14.75 usable. Session 27 (zero_grad's default and the foreach step by ``--torch-version``):
+whisper-small on torch 2.0 13.07 GiB, whisper-large-v2 on 1.13.1 (its LoRA gradients kept by
+``zero_grad()``) 9.57 GiB; both still fit; the 24 cells' configurations are unchanged.
 
 Run: ``PYTHONPATH=src python benchmarks/published_probe_vision.py`` (about 10 minutes of CPU),
 or through ``published_probe.py``.
@@ -244,7 +248,7 @@ _WHISPER = [
 #: (model, what the source claims, ``trainmem estimate`` arguments after the config)
 BOUNDS: list[tuple[str, str, list[str]]] = [
     ("whisper-small", "full fine-tune, batch 16, fits a 16 GB T4",
-     ["--micro-batch-size", "16", *_WHISPER]),
+     ["--micro-batch-size", "16", *_WHISPER, "--torch-version", "2.0"]),
     ("whisper-large-v2", "int8 base + LoRA r 32 on q,v, batch 8, fits a 16 GB T4",
      ["--micro-batch-size", "8", *_WHISPER, "--torch-version", "1.13.1",
       "--quantize-base", "int8", "--lora-rank", "32", "--lora-alpha", "64",

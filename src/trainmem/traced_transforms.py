@@ -402,7 +402,10 @@ def apply_optimizer(
         quantized tensors, 32-bit states for the small ones), allocated by the warm-up step's
         ``optimizer.begin`` as torch-style optimizers do (lazily at the first step), and the
         step's temporaries at ``optimizer.step`` (the row's per implementation). The fused
-        stand-in allocates nothing of its own at the step, so nothing else moves.
+        stand-in allocates nothing of its own at the step, so nothing else moves. A torch
+        optimizer whose step on the ``torch_version`` asked for differs from the installed
+        torch's (:func:`older_torch_step`: foreach Adam / AdamW before 2.1) takes the same
+        path: its states as the table sizes them (torch's), its temporaries the release's.
 
     Args:
         schedule: the traced step (stand-in optimizer).
