@@ -39,6 +39,12 @@ template.py, scripts/benchmark/test_memory_time/run_single.py):
   meta weights in ``QWenLMHeadModel.__init__``): ``--load-dtype float16`` beside
   ``bf16-mixed`` (Note [A quantized base's other weights in another 16-bit dtype]); GPTQ
   int8 is not mapped (trainmem has no GPTQ int8).
+- checkpointing: torch's non-reentrant checkpoint, ``--set checkpoint-reentrant=false``:
+  ``get_model_tokenizer`` patches ``torch.utils.checkpoint.checkpoint`` to ``use_reentrant=False``
+  by default (model.py ``fix_gradient_checkpointing_warning``) and Qwen-1's remote code calls
+  it without the argument (modeling_qwen.py ``QWenModel.forward``), so bitsandbytes 0.41.3's
+  ``MatMul4Bit`` keeps every layer's inputs through the backward in the bnb cells (Note
+  [bitsandbytes' inputs under non-reentrant checkpointing]; helper bnbrest).
 Not mapped: the 2-GPU cells (``device_map='auto'`` splits the layers over the GPUs with no
 pipelining, which trainmem does not model), ``--use_flash_attn false`` (the remote code's own
 attention), the other model families (no config.json offline here).
@@ -80,6 +86,7 @@ _COMMON = [
     "--transformers-version", "4.36.2",
     "--torch-version", "2.1.1",
     "--gpu", "A100-80GB",
+    "--set", "checkpoint-reentrant=false",
 ]  # fmt: skip
 _CKPT_FA = ["--activation-checkpointing", "full", "--attention", "flash"]
 _BF16 = ["--precision", "bf16-mixed", "--load-dtype", "bfloat16"]

@@ -323,3 +323,16 @@ def pytest_configure(config: pytest.Config) -> None:
         from trainmem.trace._torch import import_torchvision
 
         import_torchvision(torch)
+
+
+def keyed_schedule_ops(items: list[Any], prefix: str, i: int = 0) -> Iterator[tuple[str, str, int]]:
+    """(action, key with its layer index, bytes) of every op of a schedule whose key starts
+    with ``prefix``, the repeats unrolled."""
+    from trainmem.schedule import Repeat, _format_index
+
+    for item in items:
+        if isinstance(item, Repeat):
+            for k in range(item.count):
+                yield from keyed_schedule_ops(list(item.body), prefix, item.index(k))
+        elif item.key.startswith(prefix):
+            yield item.action, _format_index(item.key, i), item.size_bytes

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import functools
 import gc
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from conftest import keyed_schedule_ops
 from trainmem.analytic.checkpointing import fsdp1_kept_input_bytes
 from trainmem.estimate import estimate, resolve_model
-from trainmem.schedule import Item, Repeat, _format_index
 from trainmem.specs.training import TrainingConfig
 
 torch = pytest.importorskip("torch")
@@ -206,21 +205,12 @@ def test_kept_input_is_one_residual_tensor_where_the_rule_applies() -> None:
     assert fsdp1_kept_input_bytes(model, _fms(activation_checkpointing="none")) == 0
 
 
-def _kept_ops(items: list[Item], i: int = 0) -> Iterator[tuple[str, str, int]]:
-    for item in items:
-        if isinstance(item, Repeat):
-            for k in range(item.count):
-                yield from _kept_ops(list(item.body), item.index(k))
-        elif item.key.startswith("fsdp1_kept/"):
-            yield item.action, _format_index(item.key, i), item.size_bytes
-
-
 def test_schedule_keeps_two_tensors_per_layer_until_the_backward_ends() -> None:
     # llama-2-7b, one sequence of 512 tokens: u = 512 x 4096 x 2 B = 4,194,304 per tensor;
     # layers 31 .. 1 keep 2 u each, layer 0 u (the input-embedding hook keeps its input): 63 u
     training = _fms(micro_batch_size=1, seq_len=512)
     est = estimate("llama-2-7b", training, simulate_allocator=False)
-    ops = list(_kept_ops(list(est.schedules[0].step)))
+    ops = list(keyed_schedule_ops(list(est.schedules[0].step), "fsdp1_kept/"))
     u = 4_194_304
     allocs = [(key, size) for action, key, size in ops if action == "alloc"]
     assert allocs == [(f"fsdp1_kept/{i}", 2 * u) for i in range(31, 0, -1)] + [("fsdp1_kept/0", u)]

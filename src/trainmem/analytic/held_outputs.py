@@ -37,11 +37,58 @@ Note [The previous micro-batch's graph]
     embedding and norms are frozen, so in the first layer the attention's input (the normed
     embedding) needs none, nor, in a parallel block, the MLP's input and, without MLP
     adapters, the MLP's down input; every input after the first layer's attention does.
+
+Note [bitsandbytes' inputs under non-reentrant checkpointing]
+    The same ``ctx`` attribute outlives activation checkpointing when the checkpoint is
+    torch's non-reentrant one. bitsandbytes before 0.43.2 keeps each 4-bit linear's input as
+    ``ctx.tensors = (A, B)`` whenever A or B needs a gradient (0.41.3 autograd/_functions.py
+    ``MatMul4Bit.forward``), A being the linear's cast input (nn/modules.py
+    ``Linear4bit.forward``: ``x = x.to(self.compute_dtype)``). torch's non-reentrant checkpoint
+    (torch 2.1 utils/checkpoint.py ``_checkpoint_without_reentrant_generator``) runs the
+    layer's forward with grad enabled inside ``saved_tensors_hooks``, which drop only what
+    ``save_for_backward`` saves: the ``MatMul4Bit`` nodes are built as without checkpointing
+    and hold A as a plain Python reference. The backward releases a node's saved variables,
+    not the node (Note [The previous micro-batch's graph]), so every layer's inputs live from
+    its forward until the graph is dropped with the loss (the HF Trainer's ``training_step``
+    returns after the backward): all layers' at once at the start of the backward and through
+    it. The recompute builds nodes of its own, dropped with the recompute. Under torch's
+    reentrant checkpoint the first forward runs under ``no_grad`` (A needs no gradient:
+    ``(None, None)``) and the recompute's graph dies when ``CheckpointFunction.backward``
+    returns: nothing is kept (:attr:`~trainmem.specs.training.TrainingConfig.
+    layer_checkpoint_reentrant`). Per layer (:func:`checkpoint_held_input_bytes`), c bytes a
+    value (A is in the compute dtype): a copy per linear where the layer's normed input is in
+    another dtype (q, k, v each theirs; gate, up each theirs: autocast over an fp32 stream,
+    peft's fp32 upcast, or an fp16 stream under bf16 autocast), else one tensor per input the
+    linears share (q / k / v one, gate / up one); o's and down's inputs one each. The first
+    layer's attention input needs a gradient only where the input-embedding hook runs
+    (``TrainingConfig.input_embeddings_require_grad``).
+
+    Who runs it so: ms-swift @4312aeb (its benchmark's commit) patches
+    ``torch.utils.checkpoint.checkpoint`` to ``use_reentrant=False`` by default in
+    ``get_model_tokenizer`` (swift/llm/utils/model.py ``fix_gradient_checkpointing_warning``),
+    and Qwen-1's remote code calls ``torch.utils.checkpoint.checkpoint(...)`` without the
+    argument (modeling_qwen.py ``QWenModel.forward``, Qwen/Qwen-7B Dec 2023); Answer.AI's
+    fsdp_qlora asks for ``--reentrant_checkpointing true`` with bitsandbytes "to avoid
+    triggering a bug in bitsandbytes which results in high memory usage" (README.md). The
+    ms-swift benchmark's nf4 cells measured 4.64 / 6.75 / 20.0 GiB over their GPTQ int4
+    cells at 7B / 14B / 72B (2,048 tokens); less the head's bf16 copy (Note [A quantized
+    base's other weights in another 16-bit dtype]) that is 3.48 / 5.30 / 17.69 GiB, against
+    L x 2 B x 2,048 x (4 h + i) = 3.34 / 5.22 / 17.50 GiB here (Qwen-1's fused c_attn, o,
+    w1, w2 reading its fp16 stream, each with its own bf16 copy, and the MLP's c_proj).
+    Checked on the CPU (benchmarks/bnb_ctx_checkpoint.py: bitsandbytes 0.41.3's own
+    ``MatMul4Bit`` under torch's checkpoint, its CUDA dequantization stubbed). Not modelled:
+    int8 (``MatMul8bitLt`` keeps ``(CAt, subA, A)`` alike), blocks other than a dense
+    decoder's, and the recompute's own copies, which the schedule keeps through the layer's
+    backward as recomputed terms where the real recompute drops them with its graph.
 """
 
 from __future__ import annotations
 
-from trainmem.analytic.activation_shapes import compute_and_residual_bytes, tokens_per_sequence
+from trainmem.analytic.activation_shapes import (
+    autocast_casts_layer_inputs,
+    compute_and_residual_bytes,
+    tokens_per_sequence,
+)
 from trainmem.analytic.loss import (
     accelerate_output_bytes,
     shifted_positions,
@@ -51,6 +98,7 @@ from trainmem.analytic.params import linear_shapes
 from trainmem.analytic.tensor_states import quantized_lm_head
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
+from trainmem.units import dtype_bytes
 
 
 def previous_output_bytes(model: ModelSpec, training: TrainingConfig) -> int:
@@ -147,3 +195,38 @@ def graph_held_input_bytes(
     if has_head and model.head == "causal-lm" and quantized_lm_head(training):
         values += model.hidden_size * (c + 1 if int8 else c)
     return values * t
+
+
+_DENSE_LINEARS = frozenset({"q", "k", "v", "qkv", "o", "gate", "up", "gate_up", "down"})
+
+
+def checkpoint_held_input_bytes(
+    model: ModelSpec, training: TrainingConfig, *, first_layer: bool = False
+) -> int:
+    """Bytes one checkpointed layer's bitsandbytes 4-bit linears keep of their inputs from the
+    layer's forward to the end of the backward under torch's non-reentrant checkpoint (Note
+    [bitsandbytes' inputs under non-reentrant checkpointing]): c x t x the values per token of
+    the inputs, a copy per linear where the normed input is cast, one per shared input
+    otherwise; the stack's ``first_layer`` without its attention input unless the
+    input-embedding hook makes it need a gradient. 0 where
+    ``TrainingConfig.checkpoint_keeps_4bit_inputs`` does not hold, and for a block other than
+    a dense decoder's."""
+    if not training.checkpoint_keeps_4bit_inputs or model.architecture != "decoder":
+        return 0
+    shapes = linear_shapes(model)
+    if not set(shapes) <= _DENSE_LINEARS or not {"o", "down"} <= set(shapes):
+        return 0
+    cast = autocast_casts_layer_inputs(training, model) or (
+        training.kbit_fp32_upcast and training.compute_dtype != "float32"
+    )
+    h = model.hidden_size
+    attention = [n for n in ("q", "k", "v", "qkv") if n in shapes]
+    mlp = [n for n in ("gate", "up", "gate_up") if n in shapes]
+    shared = model.parallel_attention and model.num_norms_per_layer == 1
+    values = shapes["o"][0] + shapes["down"][0]
+    if not first_layer or training.input_embeddings_require_grad:
+        values += h * (len(attention) if cast else 1)
+    if not shared or cast:
+        values += h * (len(mlp) if cast else 1)
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    return dtype_bytes(training.compute_dtype) * values * t

@@ -2175,6 +2175,23 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
         return (version or DEFAULT_BITSANDBYTES_VERSION) < BNB_MATMUL4BIT_SAVES_NO_INPUT_SINCE
 
     @property
+    def checkpoint_keeps_4bit_inputs(self) -> bool:
+        """Every checkpointed layer's bitsandbytes 4-bit linears keep their 16-bit input from
+        the layer's forward to the end of the backward: ``MatMul4Bit`` keeps it as a ``ctx``
+        attribute (:attr:`quantized_matmul_saves_input`: before 0.43.2) and the layers run
+        under torch's non-reentrant checkpoint (full checkpointing, not
+        :attr:`layer_checkpoint_reentrant`; not Unsloth's own checkpoint), whose saved-tensor
+        hooks never see that attribute (Note [bitsandbytes' inputs under non-reentrant
+        checkpointing] in trainmem/analytic/held_outputs.py)."""
+        return (
+            self.activation_checkpointing == "full"
+            and self.quantize_base in ("nf4", "nf4-dq", "fp4", "fp4-dq")
+            and self.quantized_matmul_saves_input
+            and not self.layer_checkpoint_reentrant
+            and self.framework != "unsloth"
+        )
+
+    @property
     def dequantizes_through_fp16(self) -> bool:
         """bitsandbytes' ``MatMul4Bit`` dequantizes a 4-bit base weight to fp16 and then casts it
         to the compute dtype, both copies alive at the cast (bitsandbytes 0.42.0

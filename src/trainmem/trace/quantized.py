@@ -70,6 +70,10 @@ Note [Traced quantized base]
       always, 4-bit before bitsandbytes 0.43.2; GPTQ's triton v2 kernel never), else nothing
       (the packed weight is a parameter); a cast input that is the input itself (already in
       the compute dtype) is the same storage, so what else saves it is not counted twice;
+      under torch's non-reentrant checkpoint (``TrainingConfig.checkpoint_keeps_4bit_inputs``)
+      that input is kept as bitsandbytes keeps it, a ``ctx`` attribute the hooks never see,
+      alive until the graph goes (Note [bitsandbytes' inputs under non-reentrant
+      checkpointing] in trainmem/analytic/held_outputs.py);
     * its backward (only when the input requires grad): the weight dequantized again for the
       input gradient, ``grad_output @ W``, then freed (``MatMul4Bit.backward``).
     * a Lightning 4-bit weight (lit-gpt; ``TrainingConfig.dequantizes_through_fp16``): each
@@ -145,6 +149,7 @@ class _QuantizedMatmul(Function):
         torchao: bool = False,
         through_fp16: bool = False,
         saves_packed: bool = False,
+        keeps_on_ctx: bool = False,
     ) -> Any:
         cast = x.to(dtype)
         weight = _dequantized(shape, dtype, x.device, torchao, through_fp16)
@@ -159,7 +164,11 @@ class _QuantizedMatmul(Function):
             out += cast_bias
         ctx.shape, ctx.torchao, ctx.through_fp16 = shape, torchao, through_fp16
         ctx.saves_packed = saves_packed and not saves_input
-        if saves_input:
+        if saves_input and keeps_on_ctx:
+            # bitsandbytes' own ``ctx.tensors = (A, B)``, which non-reentrant checkpointing's
+            # hooks never see (Note [bitsandbytes' inputs under non-reentrant checkpointing])
+            ctx.tensors = (cast, None) if ctx.needs_input_grad[0] else (None, None)
+        elif saves_input:
             ctx.save_for_backward(cast)
         elif saves_packed:  # no bytes (a parameter), but a saved tensor checkpointing sees
             ctx.save_for_backward(packed)
@@ -177,7 +186,7 @@ class _QuantizedMatmul(Function):
         weight = _dequantized(ctx.shape, grad.dtype, grad.device, ctx.torchao, ctx.through_fp16)
         grad_input = grad @ weight
         del weight
-        return grad_input, None, None, None, None, None, None, None, None
+        return grad_input, None, None, None, None, None, None, None, None, None
 
 
 def _dequantized(
@@ -259,6 +268,7 @@ def _forward(self: Any, x: Any) -> Any:
         self.torchao_decode,
         self.through_fp16,
         self.saves_packed,
+        self.keeps_on_ctx,
     )
     if out.dtype != x.dtype and not torch.is_autocast_enabled(x.device.type):
         out = out.to(x.dtype)  # Note [Traced quantized base]: bitsandbytes' ``.to(inp_dtype)``
@@ -371,6 +381,7 @@ def quantize_base(model: Any, training: TrainingConfig, *, diffusers: bool = Fal
         module.torchao_decode = training.torchao_nf4_decode
         module.through_fp16 = training.dequantizes_through_fp16
         module.saves_packed = kind == "gptq-int4"
+        module.keeps_on_ctx = training.checkpoint_keeps_4bit_inputs
         module.forward = types.MethodType(_forward, module)
         module.int8 = kind == "int8"
         module.W_q = None  # peft's dequantize_module_weight then calls dequantize()

@@ -10,6 +10,7 @@ its transform and its Notes. :func:`active` picks the transforms of one rank in
 from __future__ import annotations
 
 from trainmem.analytic.transforms.base import RankContext, Transform
+from trainmem.analytic.transforms.bnb_inputs import Bnb4bitCheckpointInputs
 from trainmem.analytic.transforms.checkpointing import ActivationOffloading
 from trainmem.analytic.transforms.ddp import DdpReducer
 from trainmem.analytic.transforms.deepspeed import DeepSpeedZero
@@ -52,6 +53,7 @@ ORDER: tuple[type[Transform], ...] = (
     DoraWeightNorm,
     LoraFirstLayer,
     Fsdp1ReentrantInputs,
+    Bnb4bitCheckpointInputs,
 )
 """Every transform, in emission order at a point they share (the order that reproduces the
 recorded schedules, tests/golden)."""

@@ -1,0 +1,56 @@
+"""bitsandbytes' 4-bit inputs under torch's non-reentrant checkpoint on the generic path: the
+stand-in keeps its cast input as a ``ctx`` attribute as ``MatMul4Bit`` does before 0.43.2
+(Note [bitsandbytes' inputs under non-reentrant checkpointing]), so the traced step holds every
+layer's inputs through the backward, as the analytic engine's schedule does. Expected rise by
+hand from the layer's linears; the two engines within 1 % of each other."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import MODELS_DIR
+from trainmem.estimate import estimate
+from trainmem.specs.training import TrainingConfig
+
+pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+QWEN2 = str(MODELS_DIR / "formula" / "qwen2.json")  # h 64, i 128, 2 layers
+
+
+@pytest.mark.parametrize(
+    ("prepare", "values"),
+    [
+        # peft's fp32 upcast under bf16 autocast: q, k, v, gate, up each cast their own copy
+        (True, 5 * 64 + 64 + 128),
+        # a bf16 stream: q / k / v share the normed input, gate / up theirs
+        (False, 64 + 64 + 64 + 128),
+    ],
+)
+def test_both_engines_keep_every_layers_inputs_under_non_reentrant_checkpointing(
+    prepare: bool, values: int
+) -> None:
+    def training(reentrant: bool) -> TrainingConfig:
+        return TrainingConfig(
+            micro_batch_size=2,
+            seq_len=128,
+            lora_rank=16,
+            quantize_base="nf4-dq",
+            bitsandbytes_version="0.42.0",
+            activation_checkpointing="full",
+            checkpoint_reentrant=reentrant,
+            prepare_kbit_training=prepare,
+        )
+
+    kept = 2 * 256 * values * 2  # bf16 x 2 x 128 tokens x values, 2 layers
+    rises = []
+    for engine in ("generic", "analytic"):
+        plain = estimate(QWEN2, training(True), engine=engine, simulate_allocator=False)
+        held = estimate(QWEN2, training(False), engine=engine, simulate_allocator=False)
+        rises.append(held.breakdown.allocated_bytes - plain.breakdown.allocated_bytes)
+        if engine == "generic":
+            g = held.breakdown.allocated_bytes
+        else:
+            a = held.breakdown.allocated_bytes
+    assert rises == [kept, kept]
+    assert abs(g - a) <= 0.01 * a, (g, a)
