@@ -49,8 +49,9 @@ Metric: the README names none. Its figures are compared with trainmem's device t
 
 Second source (helper probe25): ms-swift's Qwen-1 benchmark, 35 cells, in
 ``published_probe_swift.py`` (its docstring maps them), run after these. Third source (helper
-probecn, session 26): THUDM's ChatGLM3-6B and GLM-4-9B fine-tuning READMEs, 10 cells (7 run,
-4 against a figure), in ``published_probe_glm.py``. Fourth (helper probespeech, session 26):
+probecn, session 26): THUDM's ChatGLM3-6B and GLM-4-9B fine-tuning READMEs, 10 cells (8 run,
+7 against a figure; the three P-Tuning v2 cells as prefix tuning since session 27), in
+``published_probe_glm.py``. Fourth (helper probespeech, session 26):
 mmsegmentation's SegFormer / UPerNet model-zoo memory, 24 cells, and two Whisper "fits a 16 GB
 T4" bounds, in ``published_probe_vision.py``. Fifth (helper probediff, session 26):
 finetrainers' and the FLUX QLoRA blog's measured diffusion cells and CogVideo's hardware

@@ -50,6 +50,26 @@ Setup, from the code at those commits:
   and each sample cut at ``max_input_length + max_output_length + 1`` (``process_batch``); the
   cells are run at that cap, the longest a step can be. AdvertiseGen's samples are shorter (its
   lengths are not read offline), so the cap is an upper bound on the length-dependent part.
+- P-Tuning v2 (helper ptuning, session 27): ChatGLM3's finetune_hf.py @9484f82 sets
+  ``config.pre_seq_len = num_virtual_tokens`` (64, configs/ptuning_v2.yaml) and builds the
+  remote code's own ``PrefixEncoder`` (``_prepare_model_for_training`` casts it to fp32);
+  GLM-4's finetune.py @c0a6d1e runs peft's ``PrefixTuningConfig`` (num_virtual_tokens 512,
+  token_dim 256 = 2 groups x 128) on the bf16 model with ``gradient_checkpointing_enable()``;
+  ChatGLM3 @7559fe2's finetune.py: ``model.half()``, the prefix encoder ``.float()``,
+  ``gradient_checkpointing_enable()``, PRE_SEQ_LEN 128. All three as ``--num-virtual-tokens``
+  on the generic path (Note [Prefix tuning] in trainmem/trace/prefix.py: the shapes of peft's
+  prefix; ChatGLM's prefix dropout not reproduced), with the installed transformers and torch
+  (:data:`_TRACED`).
+- ChatGLM's own ``quantize(bits)`` (quantization.py ``QuantizedLinear`` / ``W8A16Linear``, the
+  encoder's four linears per layer): an int8 ``weight`` of [out, in * bits / 8] and an fp16
+  ``weight_scale`` of [out], so ``out * in * bits / 8 + 2 out`` bytes a linear: no
+  ``--quantize-base`` storage has these bytes (``int8``, bitsandbytes: ``out * in + 4 out``;
+  ``nf4``: ``out * in / 2 + 4 out * in / 64``; ``gptq-int4``: group-128 fp16 scales, packed
+  zeros and an int32 ``g_idx``), and its step is its own: the forward and the backward each
+  rebuild the fp16 weight (``extract_weight_to_half``), the input of every quantized linear is
+  saved (``ctx.save_for_backward(inp, quant_w, scale_w)``) and the backward makes a full fp16
+  ``grad_weight`` of the frozen weight; a quantized base also needs LoRA in trainmem. Left
+  unmapped.
 Not modelled: the evaluation every 500 steps (``predict_with_generate`` with
 ``per_device_eval_batch_size`` 16 / 4, ``max_new_tokens`` 256 / 512): its KV cache and logits
 are outside the training step.
@@ -158,6 +178,11 @@ _GLM4 = [
     "--framework", "hf-trainer", "--transformers-version", "4.40.0",
     "--torch-version", "2.3.0", "--gpu", "A100-80GB",
 ]  # fmt: skip
+_TRACED = ["--framework", "hf-trainer", "--gpu", "A100-80GB", "--engine", "generic"]
+"""The P-Tuning v2 cells: traced (prefix tuning is not in the formulas) with the installed
+transformers and torch, as the generic path runs only those; ChatGLM's modeling is its remote
+code's whatever the transformers release, and the HF Trainer's plain step on one GPU is the
+same in 4.30 to 4.40."""
 _LORA = [
     "--lora-rank", "8", "--lora-alpha", "32", "--lora-dropout", "0.1", "--lora-targets", "q,k,v",
 ]  # fmt: skip
@@ -167,22 +192,24 @@ _LORA = [
 ROWS: list[tuple[str, str, str, int, int, int, float | None, list[str] | None]] = [
     ("ChatGLM3 Jan 2024", "LoRA", "chatglm3-6b", 1, 385, 1, 14082,
      [*_LORA, "--precision", "16-true", *_CHATGLM3_JAN24]),
-    ("ChatGLM3 Jan 2024", "P-Tuning v2 (pre_seq_len 64)", "chatglm3-6b-pt64", 1, 769, 4, 18426,
-     ["--precision", "16-true", *_CHATGLM3_JAN24]),
+    ("ChatGLM3 Jan 2024", "P-Tuning v2 (pre_seq_len 64)", "chatglm3-6b", 1, 769, 4, 18426,
+     ["--num-virtual-tokens", "64", "--precision", "16-true", *_TRACED]),
     ("ChatGLM3 Jan 2024", "SFT, ZeRO-3 x4", "chatglm3-6b", 4, 385, 1, 48346,
      ["--precision", "32-true", "--deepspeed-config", "{ds_zero3}", "--data-parallel-size", "4",
       "--deepspeed-version", "0.13.1", *_CHATGLM3_JAN24]),
     ("GLM-4 Jun 2024", "LoRA", "glm-4-9b-chat", 1, 1025, 1, 21531,
      [*_LORA, "--precision", "bf16-true", "--activation-checkpointing", "full", *_GLM4]),
     ("GLM-4 Jun 2024", "p-tuning v2 (peft prefix, 512 tokens)", "glm-4-9b-chat", 1, 257, 4,
-     21381, None),
+     21381,
+     ["--num-virtual-tokens", "512", "--precision", "bf16-true", "--activation-checkpointing",
+      "full", *_TRACED]),
     ("GLM-4 Jun 2024", "SFT, ZeRO-3 x8", "glm-4-9b-chat", 8, 769, 1, 80935,
      ["--precision", "32-true", "--deepspeed-config", "{ds_zero3}", "--data-parallel-size", "8",
       "--deepspeed-version", "0.14.2", "--activation-checkpointing", "full", *_GLM4]),
-    ("ChatGLM3 Nov 2023", "P-Tuning v2 (pre_seq_len 128)", "chatglm3-6b-pt128", 1, 2048, 1,
+    ("ChatGLM3 Nov 2023", "P-Tuning v2 (pre_seq_len 128)", "chatglm3-6b", 1, 2048, 1,
      21 * 1000**3 / 2**20,
-     ["--precision", "16-true", "--activation-checkpointing", "full", "--framework",
-      "hf-trainer", "--transformers-version", "4.30.2", "--gpu", "A100-80GB"]),
+     ["--num-virtual-tokens", "128", "--precision", "16-true", "--activation-checkpointing",
+      "full", *_TRACED]),
     ("ChatGLM3 Nov 2023", "P-Tuning v2, int8 base", "chatglm3-6b", 1, 1024, 1,
      12 * 1000**3 / 2**20, None),
     ("ChatGLM3 Nov 2023", "P-Tuning v2, int4 base", "chatglm3-6b", 1, 1024, 1,
@@ -196,17 +223,20 @@ ROWS: list[tuple[str, str, str, int, int, int, float | None, list[str] | None]] 
 ]  # fmt: skip
 
 UNMAPPED = {
-    "p-tuning v2 (peft prefix, 512 tokens)": (
-        "peft PREFIX_TUNING (num_virtual_tokens 512, token_dim 256) has no trainmem option"
+    "P-Tuning v2, int8 base": (
+        "ChatGLM's own quantize(8) (cpm_kernels: int8 weight + fp16 row scale, its W8A16Linear "
+        "step) matches no --quantize-base storage"
     ),
-    "P-Tuning v2, int8 base": "ChatGLM's own quantize(8) (cpm_kernels) and its prefix encoder",
-    "P-Tuning v2, int4 base": "ChatGLM's own quantize(4) (cpm_kernels) and its prefix encoder",
+    "P-Tuning v2, int4 base": (
+        "ChatGLM's own quantize(4) (cpm_kernels: packed int4 weight + fp16 row scale, its "
+        "W8A16Linear step) matches no --quantize-base storage"
+    ),
 }
 
 #: Stated elsewhere, not run: the first generations' P-Tuning v2 figures (THUDM/ChatGLM-6B and
 #: ChatGLM2-6B ptuning/README.md: quantization_bit 4, batch 1, "最低只需 6.7G"; ChatGLM-6B README:
-#: 14 / 9 / 7 GB "最低 GPU 显存（高效参数微调）" at FP16 / INT8 / INT4): the prefix encoder,
-#: ChatGLM's own int4 / int8 kernels and ChatGLM-6B's GLM architecture are not modelled.
+#: 14 / 9 / 7 GB "最低 GPU 显存（高效参数微调）" at FP16 / INT8 / INT4): ChatGLM's own int4 / int8
+#: kernels and ChatGLM-6B's GLM architecture are not modelled.
 
 
 def write_inputs(folder: Path, repo_models: Path) -> dict[str, str]:
@@ -214,8 +244,6 @@ def write_inputs(folder: Path, repo_models: Path) -> dict[str, str]:
     chatglm3: dict[str, Any] = json.loads((repo_models / "chatglm3-6b.json").read_text())
     files: dict[str, dict[str, Any]] = {
         "chatglm3-6b": chatglm3,
-        "chatglm3-6b-pt64": {**chatglm3, "pre_seq_len": 64, "use_cache": False},
-        "chatglm3-6b-pt128": {**chatglm3, "pre_seq_len": 128},
         "glm-4-9b-chat": _GLM4_9B,
         "ds_zero3": DS_ZERO3,
         "ds_zero2_fp16": DS_ZERO2_FP16,

@@ -94,6 +94,17 @@ FLAG_CASES: dict[str, tuple[list[str], Any, str]] = {
         ["embed_tokens"],
         "lora-modules-to-save=lm_head",
     ),
+    "num_virtual_tokens": (["--num-virtual-tokens", "0"], 0, "num-virtual-tokens=8"),
+    "prompt_learning": (
+        ["--prompt-learning", "prefix-tuning", "--num-virtual-tokens", "8"],
+        "prefix-tuning",
+        "prompt-learning=p-tuning",
+    ),
+    "prefix_projection": (
+        ["--prefix-projection", "--num-virtual-tokens", "8"],
+        True,
+        "prefix-projection=false",
+    ),
     "quantize_base": (["--quantize-base", "none"], "none", "quantize-base=nf4"),
     "tensor_parallel_size": (["--tensor-parallel-size", "1"], 1, "tensor-parallel-size=2"),
     "sequence_parallel": (

@@ -23,6 +23,7 @@ num_layers of them (measured: one, at a backward peak in the second layer's reco
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -36,6 +37,7 @@ SCALAR_SLACK_BYTES = 512
 NEEDS_TORCHAO = pytest.mark.skipif(
     importlib.util.find_spec("torchao") is None, reason="float8 training needs torchao"
 )
+TINY_CHATGLM = str(Path(__file__).parents[1] / "models" / "remote_code" / "tiny-chatglm-test.json")
 RNG_STATE_BYTES = torch.get_rng_state().numel()  # 5056 B for the Mersenne Twister state
 
 
@@ -83,6 +85,19 @@ CASES = [
                              lora_targets=("q", "v", "down"), activation_checkpointing="full")),
     ("tiny-gpt2-test", dict(micro_batch_size=2, seq_len=64, precision="32-true", lora_rank=8,
                             lora_targets=("q", "o", "up", "down", "lm_head"), lora_dropout=0.05)),
+    # Prompt learning through peft (Note [Prefix tuning]): a frozen base, the fp32 prefix / prompt
+    # encoder trained; on ChatGLM's stand-in under checkpointing, its layers reading the prefix.
+    ("tiny-llama-test", dict(micro_batch_size=2, seq_len=64, precision="32-true",
+                             num_virtual_tokens=8)),
+    ("tiny-llama-test", dict(micro_batch_size=2, seq_len=64, precision="bf16-true",
+                             num_virtual_tokens=16, prefix_projection=True)),
+    (TINY_CHATGLM, dict(micro_batch_size=2, seq_len=64, precision="bf16-true",
+                        num_virtual_tokens=8, activation_checkpointing="full")),
+    ("tiny-llama-test", dict(micro_batch_size=2, seq_len=64, precision="32-true",
+                             num_virtual_tokens=8, prompt_learning="p-tuning")),
+    ("tiny-llama-test", dict(micro_batch_size=2, seq_len=64, precision="bf16-true",
+                             num_virtual_tokens=16, prompt_learning="prompt-tuning",
+                             activation_checkpointing="full")),
     # Gradients kept (zeroed) across steps; the loss in chunks with a per-chunk fp32 upcast.
     ("tiny-llama-test", dict(micro_batch_size=2, seq_len=64, precision="32-true",
                              zero_grad_set_to_none=False, gradient_accumulation_steps=2)),
@@ -138,7 +153,7 @@ def test_fake_trace_matches_real_cpu_step(preset: str, cfg: dict) -> None:
 
 
 @pytest.mark.slow  # GPT-2 small (124M) run for real on the CPU and traced: ~25 s each; the
-# 27 tiny-model cases above check the same equality in the fast set
+# 32 tiny-model cases above check the same equality in the fast set
 @pytest.mark.parametrize(
     "cfg",
     [

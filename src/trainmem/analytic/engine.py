@@ -37,7 +37,7 @@ from trainmem.analytic.temporaries import cublas_workspace_bytes
 from trainmem.analytic.tensor_states import StateLayout, saved_modules, state_layout
 from trainmem.analytic.varying_lengths import after_earlier_steps
 from trainmem.breakdown import MemoryBreakdown, MemoryEstimate
-from trainmem.errors import SpecError
+from trainmem.errors import SpecError, UnsupportedError
 from trainmem.specs.hardware import DEFAULT_CUBLAS_WORKSPACE_BYTES, GPUSpec
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.ranks import RankMap, model_rank_map
@@ -92,6 +92,12 @@ def estimate_analytic(
     (:func:`trainmem.analytic.activation_parallelism.parallel_divisor`) and the layer linears and
     the vocabulary; pipeline parallelism is evaluated per stage (:func:`pipeline_ranks`).
     """
+    if training.is_prompt_learning:  # Note [Prefix tuning] (trainmem.trace.prefix)
+        raise UnsupportedError(
+            f"num_virtual_tokens: {training.prompt_learning} ({training.num_virtual_tokens} "
+            "virtual tokens) is not in the formulas; the generic path traces peft's prompt "
+            "learning on the transformers model (--engine generic)"
+        )
     model = model_as_built(model, training)
     _check_parallel_shape(model, training)
     layout = state_layout(model, training)

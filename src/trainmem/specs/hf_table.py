@@ -1313,8 +1313,9 @@ def _chatglm(f: Fields, spec: SpecDict) -> None:
         )
     if f.config.get("pre_seq_len") is not None:
         raise UnsupportedError(
-            "pre_seq_len: the P-tuning v2 prefix encoder is not modelled; remove pre_seq_len to "
-            "estimate the model without it"
+            "pre_seq_len: P-Tuning v2's prefix is a training setting here: remove pre_seq_len "
+            "from the config and pass --num-virtual-tokens with its value (ChatGLM's "
+            "PrefixEncoder has the shapes of peft's prefix tuning, traced on the generic path)"
         )
 
 

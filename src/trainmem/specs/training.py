@@ -217,6 +217,10 @@ LORA_MODULES_TO_SAVE_ALIASES: dict[str, str] = {
 Qwen-1's ``transformer.wte`` (Qwen finetune.py ``modules_to_save=["wte", "lm_head"]``), BLOOM's /
 Falcon's ``word_embeddings``, GPT-NeoX's ``embed_in`` / ``embed_out``, torchtune's / InternLM's
 ``tok_embeddings``."""
+PROMPT_LEARNING: tuple[str, ...] = ("prefix-tuning", "p-tuning", "prompt-tuning")
+"""``TrainingConfig.prompt_learning`` values: peft 0.21.2's ``PrefixTuningConfig``,
+``PromptEncoderConfig`` and ``PromptTuningConfig`` (``PeftType`` PREFIX_TUNING, P_TUNING,
+PROMPT_TUNING)."""
 LORA_VARIANTS: tuple[str, ...] = ("lora", "dora", "adalora", "lokr", "loha")
 """``TrainingConfig.lora_variant`` values: peft's adapter types on the targeted linears,
 ``lora`` (``LoraConfig``), ``dora`` (``LoraConfig(use_dora=True)``, Liu et al. 2024,
@@ -1178,6 +1182,42 @@ class PeftConfig:
     ``bnb_4bit_use_double_quant=True``), ``int8`` (LLM.int8()), ``gptq-int4`` (GPTQ, Frantar et
     al. 2022: 4-bit weights, group size 128), or ``none``, the default (the base in its
     precision's dtype)."""
+    num_virtual_tokens: int = setting(
+        0,
+        "Virtual tokens trained over a frozen base (peft num_virtual_tokens; prefix tuning / "
+        "P-Tuning v2: keys and values per layer, ChatGLM's pre_seq_len); 0: none.",
+    )
+    """Prefix tuning (Li and Liang 2021, arXiv:2101.00190; P-Tuning v2, Liu et al. 2022,
+    arXiv:2110.07602): the number of virtual tokens whose keys and values every layer's
+    attention reads before the sequence's (peft ``PrefixTuningConfig(num_virtual_tokens)``;
+    ChatGLM2/3's remote code ``config.pre_seq_len``, its own ``PrefixEncoder`` of the same
+    shapes), or the prompts of :attr:`prompt_learning`'s other methods. The base is frozen;
+    the prefix / prompt encoder is the only trainable module (Note [Prefix tuning] in
+    :mod:`trainmem.trace.prefix`). 0, the default: none. Traced (``--engine generic``); not in
+    the formulas."""
+    prompt_learning: str = setting(
+        "prefix-tuning",
+        "peft prompt-learning method of the --num-virtual-tokens:",
+        choices=PROMPT_LEARNING,
+    )
+    """peft's prompt-learning method (:data:`PROMPT_LEARNING`) the ``num_virtual_tokens`` are
+    trained by: ``prefix-tuning``, the default (``PrefixTuningConfig``: keys and values of
+    every layer, P-Tuning v2, ChatGLM's ``pre_seq_len``); ``p-tuning`` (``PromptEncoderConfig``,
+    Liu et al. 2021, arXiv:2103.10385: virtual token embeddings through an MLP, prepended to
+    the input embeddings); ``prompt-tuning`` (``PromptTuningConfig``, Lester et al. 2021,
+    arXiv:2104.08691: virtual token embeddings prepended as they are). The last two lengthen
+    every layer's sequence by ``num_virtual_tokens`` (Note [Prefix tuning] in
+    :mod:`trainmem.trace.prefix`). Only read with ``num_virtual_tokens``."""
+    prefix_projection: bool = setting(
+        False,
+        "Prefix tuning's two-layer MLP over the prefix embedding (peft / ChatGLM "
+        "prefix_projection).",
+    )
+    """peft's ``PrefixTuningConfig(prefix_projection=True)``: the prefix is an embedding of
+    ``token_dim`` per virtual token reparametrised by ``Linear(token_dim, token_dim)``, tanh,
+    ``Linear(token_dim, 2 L token_dim)`` (peft tuners/prefix_tuning/model.py
+    ``PrefixEncoder``); False, the default (peft's and ChatGLM3's finetune configs'): the
+    prefix keys / values are the embedding's weight itself. Needs ``num_virtual_tokens``."""
     prepare_kbit_training: bool | None = setting(
         None,
         "peft's prepare_model_for_kbit_training on a quantized base: embeddings, norms and LM "
@@ -1201,15 +1241,27 @@ class PeftConfig:
         return self.lora_rank > 0
 
     @property
+    def is_prompt_learning(self) -> bool:
+        """True when ``num_virtual_tokens > 0`` virtual tokens are trained over a frozen base
+        (peft's prompt learning: :attr:`prompt_learning`)."""
+        return self.num_virtual_tokens > 0
+
+    @property
     def trains_embedding(self) -> bool:
         """The token embedding's weight gets a gradient: full fine-tuning, or LoRA with
-        ``embed_tokens`` in ``lora_modules_to_save`` (peft's trainable copy of it)."""
+        ``embed_tokens`` in ``lora_modules_to_save`` (peft's trainable copy of it); never
+        under prefix tuning (the base is frozen)."""
+        if self.is_prompt_learning:
+            return False
         return not self.is_lora or "embed_tokens" in self.lora_modules_to_save
 
     @property
     def trains_lm_head(self) -> bool:
         """The LM head's weight (not a LoRA adapter on it) gets a gradient: full fine-tuning,
-        or LoRA with ``lm_head`` in ``lora_modules_to_save`` (peft's trainable copy of it)."""
+        or LoRA with ``lm_head`` in ``lora_modules_to_save`` (peft's trainable copy of it);
+        never under prefix tuning (the base is frozen)."""
+        if self.is_prompt_learning:
+            return False
         return not self.is_lora or "lm_head" in self.lora_modules_to_save
 
     def __post_init__(self) -> None:
@@ -1285,6 +1337,33 @@ class PeftConfig:
                 "lora_variant",
                 f"{self.lora_variant} is a kind of adapter: set lora_rank > 0 (or leave lora)",
             )
+        _check_prefix_tuning(self)
+
+
+def _check_prefix_tuning(p: PeftConfig) -> None:
+    """Prefix tuning's own checks: a count of virtual tokens, its projection only with a
+    prefix, and no LoRA beside it (peft 0.21.2 ``get_peft_model`` makes one adapter type per
+    model: a ``PrefixTuningConfig`` is a prompt-learning ``PeftModel``, LoRA a tuner's).
+
+    Raises:
+        SpecError: a negative or non-integer count, ``prefix_projection`` not a bool or
+            without ``num_virtual_tokens``, or LoRA beside the prefix.
+    """
+    _check_ints(p, ("num_virtual_tokens",), minimum=0)
+    _check_flags(p, ("prefix_projection",))
+    if p.prefix_projection and not (p.is_prompt_learning and p.prompt_learning == "prefix-tuning"):
+        raise SpecError(
+            "prefix_projection",
+            "reparametrises a trained prefix: set num_virtual_tokens > 0 with prompt_learning "
+            "prefix-tuning (or leave it false)",
+        )
+    if p.is_prompt_learning and p.is_lora:
+        raise SpecError(
+            "num_virtual_tokens",
+            f"{p.num_virtual_tokens} beside lora_rank {p.lora_rank}: peft trains one adapter "
+            "type per model (a PrefixTuningConfig or a LoraConfig); allowed: "
+            "num_virtual_tokens 0 with LoRA, or lora_rank 0 with prefix tuning",
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -2431,6 +2510,7 @@ def _check_combinations(t: TrainingConfig) -> None:
     _check_ema_combinations(t)
     _check_fsdp1_model_parallel(t)
     _check_fsdp1_quantized(t)
+    _check_prefix_tuning_run(t)
     _check_float8_quantized(t)
     _check_dora_gptq(t)
     _check_dora_framework(t)
@@ -2731,6 +2811,61 @@ def _check_fsdp1_adapters(t: TrainingConfig) -> None:
             "requires_grad'); allowed: lora, dora, or this variant under --framework fsdp2 "
             "(use_orig_params semantics), DeepSpeed or DDP",
         )
+
+
+PREFIX_TUNING_FRAMEWORKS = ("pytorch-amp", "hf-trainer", "trl")
+"""The frameworks whose loop runs peft's ``PrefixTuningConfig`` model as built (the plain
+loop, the HF Trainer, TRL's trainers); LLaMA-Factory and axolotl offer no prefix tuning, the
+others no peft prompt learning."""
+
+_PREFIX_TUNING_UNTRACED = (
+    "data_parallel_size",
+    "zero_stage",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "context_parallel_size",
+    "offload",
+    "optimizer_in_backward",
+    "activation_offloading",
+)
+"""Settings whose traced rules size the trainable parameters as full fine-tuning or LoRA
+(:mod:`trainmem.analytic.tensor_states`), not as a frozen base with a prefix: refused beside
+prefix tuning (Note [Prefix tuning] in :mod:`trainmem.trace.prefix`)."""
+
+
+def _check_prefix_tuning_run(t: TrainingConfig) -> None:
+    """Prefix tuning runs on one GPU, unsharded, under a framework that runs peft's prefix
+    tuning (:data:`PREFIX_TUNING_FRAMEWORKS`), with an optimizer the trace runs as itself and
+    none of :data:`_PREFIX_TUNING_UNTRACED`.
+
+    Raises:
+        SpecError: the first setting prefix tuning is not modelled with.
+    """
+    if not t.is_prompt_learning:
+        return
+    if t.framework not in PREFIX_TUNING_FRAMEWORKS:
+        raise SpecError(
+            "num_virtual_tokens",
+            f"prefix tuning under {t.framework} is not modelled (peft's PrefixTuningConfig "
+            f"runs in the plain loop, the HF Trainer and TRL); allowed frameworks: "
+            f"{', '.join(PREFIX_TUNING_FRAMEWORKS)}",
+        )
+    if OPTIMIZER_TABLE[t.optimizer].torch_optim is None:
+        traced = [n for n, row in OPTIMIZER_TABLE.items() if row.torch_optim is not None]
+        raise SpecError(
+            "optimizer",
+            f"{t.optimizer} beside prefix tuning is not modelled: the traced paths size its "
+            "states by the formulas' rule, which knows no prefix; allowed: " + ", ".join(traced),
+        )
+    defaults = TrainingConfig()
+    for name in _PREFIX_TUNING_UNTRACED:
+        if getattr(t, name) != getattr(defaults, name):
+            raise SpecError(
+                name,
+                f"{getattr(t, name)} beside prefix tuning (num_virtual_tokens "
+                f"{t.num_virtual_tokens}) is not modelled: it runs on one GPU without "
+                f"sharding or offload; allowed: {name} {getattr(defaults, name)}",
+            )
 
 
 def _check_fsdp1_quantized(t: TrainingConfig) -> None:

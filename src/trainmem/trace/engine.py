@@ -373,8 +373,9 @@ def _run_trace(
         model = build_model()
         _maybe_float8(model, training)
     weight_dtype = _torch_dtype(training.weight_dtype)
-    if not fake and weight_dtype != torch.float32 and not training.is_lora:
-        model = model.to(weight_dtype)  # (peft keeps its adapters fp32 on purpose)
+    peft_adapters = training.is_lora or training.is_prompt_learning
+    if not fake and weight_dtype != torch.float32 and not peft_adapters:
+        model = model.to(weight_dtype)  # (peft keeps its adapters / prefix fp32 on purpose)
     model.train()
     apply_activation_checkpointing(
         model, training.activation_checkpointing, reentrant=training.layer_checkpoint_reentrant
@@ -691,6 +692,9 @@ def estimate_trace(
         )
     ws = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
     if family_row(raw.get("model_type")).not_transformers:
+        from trainmem.trace.prefix import refuse_prefix_tuning
+
+        refuse_prefix_tuning(training, "the CS336 course model")
         return _estimate_course(name, raw, training, gpu, ws, _layout(model_spec_or_name, training))
     if training.recipe_loss not in (None, "cross-entropy"):
         raise UnsupportedError(

@@ -51,6 +51,7 @@ from trainmem.trace.engine import (  # noqa: E402
     run_trace,
 )
 from trainmem.trace.module_paths import clean_module_path  # noqa: E402
+from trainmem.trace.prefix import refuse_prefix_tuning  # noqa: E402
 
 __all__ = ["Recipe", "estimate_generic", "recipe_for_config", "trace_generic"]
 
@@ -405,6 +406,8 @@ def trace_generic(
         diffusers = recipe.library == "diffusers"
         inputs = denoiser_inputs(recipe) if diffusers else timm_pipeline_inputs()
         return estimate_frontend_pipeline(recipe, inputs, training, gpu=gpu)
+    if recipe.library != "transformers":  # Note [Prefix tuning]: peft's, on transformers LMs
+        refuse_prefix_tuning(training, f"a {recipe.library} model")
     with torch.device("meta"):
         model = recipe.build()
     n_all, n_train = count_parameters(model)

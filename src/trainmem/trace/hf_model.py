@@ -347,7 +347,8 @@ def _training_switches(raw: dict[str, Any], dropout: bool) -> dict[str, Any]:
 def build_hf_training_model(
     raw_config: Mapping[str, Any], training: TrainingConfig, *, device: str = "meta"
 ) -> Any:
-    """The model a training run of ``training`` steps: built, cast, wrapped in peft LoRA if asked.
+    """The model a training run of ``training`` steps: built, cast, wrapped in peft LoRA or
+    prefix tuning if asked.
 
     Args:
         raw_config: the parsed ``config.json``.
@@ -358,6 +359,7 @@ def build_hf_training_model(
         The ``nn.Module`` (a ``PeftModel`` with LoRA), in train mode.
     """
     from trainmem.trace.lora import apply_lora
+    from trainmem.trace.prefix import apply_prefix_tuning
 
     dtype = None if training.weight_dtype == "float32" else getattr(torch, training.weight_dtype)
     model = build_hf_model(
@@ -376,6 +378,7 @@ def build_hf_training_model(
 
         fuse_rms_norms(model)
     model = apply_lora(model, training)
+    model = apply_prefix_tuning(model, training, raw_config.get("model_type"))
     quantize_base(model, training)  # Note [Traced quantized base]
     model.train()
     return model

@@ -1,0 +1,130 @@
+"""Prefix tuning / P-Tuning v2 (and peft's p-tuning, prompt tuning) through peft on the generic
+path (Note [Prefix tuning] in
+trainmem/trace/prefix.py).
+
+Expected sizes derived by hand from peft 0.21.2 tuners/prefix_tuning/model.py
+``PrefixEncoder`` and utils/other.py ``_prepare_prompt_learning_config``, for
+tiny-llama-test (hidden 64, 4 heads of 16, 2 key/value heads, 2 layers): ``token_dim`` t is the
+key/value width, 2 x 16 = 32, and the prefix encoder is made in fp32 over any base dtype.
+The real CPU runs of the same steps are in tests/trace/test_real_cpu.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from trainmem.errors import SpecError, UnsupportedError
+from trainmem.estimate import estimate
+from trainmem.specs.training import TrainingConfig
+
+pytest.importorskip("torch")
+pytest.importorskip("peft")
+
+L, T = 2, 2 * 16  # tiny-llama-test: layers; key/value width (2 kv heads x head_dim 16)
+BASE = 159_040 - 1_024  # tiny-llama-test's parameters (the CLI run: 159,040 with p = 8)
+
+
+def _estimate(**settings: Any) -> Any:
+    training = TrainingConfig(micro_batch_size=2, seq_len=64, **settings)
+    return estimate("tiny-llama-test", training, engine="generic", simulate_allocator=False)
+
+
+def test_the_prefix_embedding_is_the_only_trained_tensor_in_fp32() -> None:
+    # Embedding(p, 2 L t) with p = 8: 8 x 2 x 2 x 32 = 1,024 elements, fp32 over a bf16 base
+    # (2 bytes a parameter), AdamW's exp_avg + exp_avg_sq 8 bytes per element; beside them the
+    # rotary embedding's inv_freq and original_inv_freq buffers (head_dim / 2 = 8 fp32 each)
+    # and peft's prompt token ids (p int64).
+    # No gradient at the peak: the prefix's is the backward's last, made after it.
+    p = 8
+    prefix = p * 2 * L * T
+    est = _estimate(precision="bf16-true", num_virtual_tokens=p)
+    assert prefix == 1_024
+    assert est.num_trainable_parameters == prefix
+    assert est.num_parameters == BASE + prefix
+    assert est.breakdown.parameters == 2 * BASE + 4 * prefix + 2 * 8 * 4 + 8 * p
+    assert est.breakdown.optimizer_states == 8 * prefix
+
+
+def test_prefix_projection_trains_the_embedding_and_a_two_layer_mlp() -> None:
+    # Embedding(p, t), Linear(t, t) + bias, Linear(t, 2 L t) + bias (encoder_hidden_size = t)
+    p = 16
+    trained = p * T + (T * T + T) + (T * 2 * L * T + 2 * L * T)
+    est = _estimate(precision="bf16-true", num_virtual_tokens=p, prefix_projection=True)
+    assert trained == 512 + 1_056 + 4_224
+    assert est.num_trainable_parameters == trained
+    assert est.breakdown.optimizer_states == 8 * trained
+
+
+@pytest.mark.parametrize(
+    ("method", "p", "trained"),
+    [
+        # PromptTuningConfig: Embedding(p, h), h = 64
+        ("prompt-tuning", 16, 16 * 64),
+        # PromptEncoderConfig: Embedding(p, h) + its MLP head, three Linear(h, h) with biases
+        ("p-tuning", 8, 8 * 64 + 3 * (64 * 64 + 64)),
+    ],
+)
+def test_prompt_and_p_tuning_train_virtual_token_embeddings(
+    method: str, p: int, trained: int
+) -> None:
+    # the prompts are prepended to the input embeddings: no cache, so full checkpointing runs
+    est = _estimate(
+        precision="bf16-true",
+        num_virtual_tokens=p,
+        prompt_learning=method,
+        activation_checkpointing="full",
+    )
+    assert est.num_trainable_parameters == trained
+    assert est.breakdown.optimizer_states == 8 * trained
+
+
+def test_more_virtual_tokens_cost_more_than_their_parameters() -> None:
+    # the longer key / value length of every layer's attention (saved concatenations, a wider
+    # mask) grows the activations as well as the prefix's states
+    short = _estimate(precision="bf16-true", num_virtual_tokens=8)
+    long = _estimate(precision="bf16-true", num_virtual_tokens=64)
+    states = 16 * (64 - 8) * 2 * L * T  # fp32 weight, gradient, two AdamW moments
+    extra = long.breakdown.allocated_bytes - short.breakdown.allocated_bytes
+    assert extra > states
+    assert long.breakdown.activations > short.breakdown.activations
+
+
+def test_the_formulas_refuse_prefix_tuning_and_auto_traces_it() -> None:
+    training = TrainingConfig(micro_batch_size=2, seq_len=64, num_virtual_tokens=8)
+    with pytest.raises(UnsupportedError, match="num_virtual_tokens: prefix-tuning"):
+        estimate("tiny-llama-test", training, engine="analytic")
+    est = estimate("tiny-llama-test", training, simulate_allocator=False)
+    assert est.engine == "generic"
+    assert est.num_trainable_parameters == 1_024
+
+
+def test_checkpointing_a_transformers_family_under_prefix_tuning_is_refused() -> None:
+    # transformers 5.24's GradientCheckpointingLayer drops a writing layer's cache: the step
+    # fails on a real CPU run ("The size of tensor a (64) must match the size of tensor b (72)")
+    with pytest.raises(UnsupportedError, match="activation_checkpointing=full"):
+        _estimate(num_virtual_tokens=8, activation_checkpointing="full")
+
+
+@pytest.mark.parametrize(
+    ("settings", "field"),
+    [
+        (dict(num_virtual_tokens=8, lora_rank=8), "num_virtual_tokens"),
+        (dict(prefix_projection=True), "prefix_projection"),
+        (dict(num_virtual_tokens=8, prompt_learning="p-tuning", prefix_projection=True),
+         "prefix_projection"),
+        (dict(num_virtual_tokens=8, prompt_learning="ia3"), "prompt_learning"),
+        (dict(num_virtual_tokens=-1), "num_virtual_tokens"),
+        (dict(num_virtual_tokens=8, framework="torchtune"), "num_virtual_tokens"),
+        (dict(num_virtual_tokens=8, data_parallel_size=2), "data_parallel_size"),
+        (dict(num_virtual_tokens=8, offload="optimizer", zero_stage=2,
+              framework="hf-trainer"), "zero_stage"),
+    ],
+)  # fmt: skip
+def test_settings_prefix_tuning_is_not_modelled_with_name_the_field(
+    settings: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(SpecError) as exc:
+        TrainingConfig(**settings)
+    assert exc.value.field == field
