@@ -91,6 +91,27 @@ def test_unadapted_q_and_v_cached_outputs_in_the_recompute() -> None:
         assert op_selective_cache_uses(gqa, training, kept)["mm/v"] == use
 
 
+def test_unadapted_up_cached_output_in_the_recompute() -> None:
+    # DoRA on o with lora_dropout: the layer's aten.mm in order (peft 0.21.2 dora.py /
+    # variants.py): 1 q, 2 k, 3 v, 4 o, 5 / 6 o's eye pair, 7 o's A, 8 o's B, 9 o's re-linear
+    # on the dropout output, 10 gate, 11 up, 12 down: the policy caches the odd ones, so up's
+    # output, not gate's (without dropout: gate 9, up 10). The product act(gate) * up saves
+    # that tensor: up's share of mlp/gated, not recomputed (Note [An unadapted up's cached
+    # output in the recompute])
+    model = resolve_model(AGREEMENT)
+    o_dropout = dataclasses.replace(GATE_UP, lora_targets=("o",), lora_dropout=0.1)
+    kept = op_selective_saved_terms(model, o_dropout)
+    assert [key for key in kept if key.startswith("mm/")] == [
+        "mm/q", "mm/v", "mm/dora_eye_A/o", "mm/lora_A/o", "mm/dora_base/o", "mm/up"
+    ]  # fmt: skip
+    assert kept["mm/up"] == C * T * INNER == 2_883_584
+    assert op_selective_cache_uses(model, o_dropout, kept)["mm/up"] == "mlp/gated"
+    no_dropout = dataclasses.replace(o_dropout, lora_dropout=0.0)
+    kept = op_selective_saved_terms(model, no_dropout)
+    assert "mm/up" not in kept
+    assert op_selective_cache_uses(model, no_dropout, kept)["mm/gate"] == "mlp/gated"
+
+
 def test_gradient_before_the_recompute() -> None:
     model = resolve_model(AGREEMENT)
     # down bare: AddBackward0 of the residual casts the fp32 gradient to down's bf16 output
@@ -194,6 +215,7 @@ def _analytic_step_peak(
         (ALL, "full", 0.1),
         (ALL, "selective", 0.1),
         (("o",), "selective", 0.0),
+        (("o",), "selective", 0.1),
         (("gate", "up"), "full", 0.1),
         (("gate", "up"), "selective", 0.1),
     ],
@@ -204,6 +226,7 @@ def _analytic_step_peak(
         "all full dropout",
         "all selective dropout",
         "o selective",
+        "o selective dropout",
         "gate,up full dropout",
         "gate,up selective dropout",
     ],  # fmt: skip
@@ -214,7 +237,8 @@ def test_step_peak_matches_a_real_cpu_execution(
     # before these Notes (same order): +1.00 / +0.49 / +0.78 / -1.75 / -1.89 / +2.61 %, each
     # step peaking at layer 1's recomputed down (o) DoRA moment; gate,up with dropout before
     # Note [DoRA's output combination] (session 26): about -15 / -16.4 %, the step peaking at
-    # layer 1's recomputed up combination
+    # layer 1's recomputed up combination; o selective dropout before Note [An unadapted up's
+    # cached output in the recompute] (session 27): +6.83 % (up's cached output counted twice)
     path = tmp_path / "config.json"
     path.write_text(json.dumps(PEFT_LLAMA))
     real = _real_step_peak(targets, mode, dropout)

@@ -65,6 +65,7 @@ __all__ = [
     "dora_moments_per_linear",
     "dora_recompute_down_held_bytes",
     "dora_recompute_gradient_bytes",
+    "dora_recomputed_down_splits",
     "dora_terms",
     "dora_up_combination_bytes",
     "qdora_dequantized_bytes",
@@ -515,6 +516,35 @@ def dora_down_after_moment(training: TrainingConfig) -> frozenset[str]:
     if training.quantized_matmul_saves_input:
         return frozenset({"lora/down", "dora/down", "lora/down_input_copy"})
     return frozenset({"lora/down", "dora/down", "mlp/down_input"})
+
+
+def dora_recomputed_down_splits(model: ModelSpec, training: TrainingConfig) -> bool:
+    """Whether the recompute's down DoRA moment sits between down's base output and DoRA's
+    other saved tensors (Note [DoRA's base output in the recompute]): DoRA on down recomputed
+    under :func:`dora_moments_per_linear`, without ``lora_dropout``.
+
+    Note [DoRA's base output in the recompute]
+        Without ``lora_dropout`` DoRA's ``base_result`` is down's base output ``result``
+        (peft 0.21.2 tuners/lora/variants.py ``DoraLinearVariant.forward``), made before the
+        weight norm and saved after it by ``(mag_norm_scale - 1) * base_result``
+        (tuners/lora/dora.py ``DoraLinearLayer.forward``): at down's moment in a
+        non-reentrant recompute it is alive, and it is the ``base_result`` share of
+        ``dora/down``, the block the recompute makes (Note [What down's DoRA moment
+        precedes]). The formulas held it at the moment as one more temporary (c t h,
+        :func:`dora_recompute_down_held_bytes`) and made the whole ``dora/down`` after; the
+        trace's block is the one saved tensor, an activation from its making: the same bytes,
+        c t h more activations and less temporaries in the trace (1,048,576 B on the 1024-wide
+        agreement Llama, DoRA r 16 on down or all seven linears, full checkpointing). Now
+        ``dora/down`` is split as in the forward (Note [DoRA's down moment in the forward]):
+        its base output a recomputed block made before the moment, the rest after, and the
+        held list leaves it out. Where op-level selective checkpointing caches down's base
+        output the cached block is that tensor already (``base_output_cached``).
+    """
+    return (
+        _dora_down_recomputed(training)
+        and dora_moments_per_linear(model, training)
+        and training.lora_dropout == 0
+    )
 
 
 def _dora_down_recomputed(training: TrainingConfig) -> bool:

@@ -171,6 +171,29 @@ def op_selective_cache_uses(
         cached output at its attention (its ``q_proj`` block, 1,048,576 B) and holds v's as
         SDPA's saved value, 2,097,152 B less than the formulas held at the up projection's
         DoRA moment.
+
+    Note [An unadapted up's cached output in the recompute]
+        Which of a gated MLP's matmuls the policy caches depends on how many ``aten.mm`` ran
+        before them in the layer: gate (the 5th) in a bare Llama layer, and with adapters
+        that run an even number (LoRA's A and B; DoRA's two eye products and A and B), but
+        up where an odd number ran: DoRA with ``lora_dropout`` adds a fifth, its re-linear
+        ``F.linear(dropout(x), weight)`` (peft 0.21.2 tuners/lora/variants.py
+        ``DoraLinearVariant.forward``), so DoRA on o alone (or on any odd count of linears
+        before the MLP) with dropout caches up's output, not gate's. The recompute pops it
+        where it replays up (torch 2.13 utils/checkpoint.py ``_CachedTorchDispatchMode``) and
+        hands it to ``act_fn(gate_proj(x)) * up_proj(x)`` (transformers 5.24
+        modeling_llama.py ``LlamaMLP.forward``), whose ``MulBackward0`` saves both factors
+        (derivatives.yaml ``mul.Tensor``): it is up's share of ``mlp/gated``, not made again,
+        as the gate's cached output is. The formulas kept it to the layer's backward and
+        recomputed all of ``mlp/gated`` besides, one c t i too many from the recompute's
+        MLP on: a real CPU execution (transformers' Llama of tests/conftest.py
+        ``PEFT_LLAMA``, 2 x 128 tokens, peft's DoRA r 16 on o with ``lora_dropout`` 0.1,
+        torchtitan's policy, a dispatch-mode storage counter) peaks at 7,723,016 B made in
+        the step at layer 1's recomputed down projection, the formulas at 8,250,368 B
+        (+6.83 %: c t i = 524,288 B and the 3,064 B of the same cell without dropout); the
+        generic path's trace of the 1024 / 2048-wide agreement Llamas was -1.29 / -0.93 %
+        under them. A non-gated MLP's up (its output read by the activation) is not
+        modelled here: no such cell has been traced.
     """
     dora = training.lora_variant == "dora"
     # Note [The cached q and v outputs in the recompute]
@@ -185,8 +208,10 @@ def op_selective_cache_uses(
             continue
         linear = parts[-1]
         if len(parts) == 2 and linear not in adapted:
-            if linear == "gate":
-                uses[key] = "mlp/gated"  # the gate's output, read by the activation
+            if linear == "gate" or (linear == "up" and model.mlp_kind == "gated"):
+                # the gate's output, read by the activation; up's, saved by the product
+                # (Note [An unadapted up's cached output in the recompute])
+                uses[key] = "mlp/gated"
             elif linear in ("q", "k") and rotated:
                 uses[key] = ""  # read by RoPE's products, which save cos / sin
             elif linear == "v":

@@ -54,6 +54,7 @@ from trainmem.analytic.lora_variants import (
     UP_LINEARS,
     dora_down_moment_in_forward,
     dora_moments_per_linear,
+    dora_recomputed_down_splits,
     dora_terms,
 )
 from trainmem.analytic.norms import fused_norms
@@ -474,11 +475,14 @@ def dora_down_blocks(ctx: RankContext, model: ModelSpec, size: int) -> list[int]
     """The ``dora/down`` term (``size`` bytes) of a block of ``model`` as down's base output
     (``base_result``, c t h, made before down's DoRA moment) then DoRA's other saved tensors
     (``lora_result`` and the [out] vectors, made after it), where the forward's down moment
-    splits them (Note [DoRA's down moment in the forward] in analytic/lora_variants.py); []
+    splits them (Note [DoRA's down moment in the forward] in analytic/lora_variants.py) or the
+    recompute's does (:func:`dora_down_base_recomputed_first`); []
     (the term split as any other) otherwise, or where ``size`` is not the term
     :func:`~trainmem.analytic.lora_variants.dora_terms` gives."""
     t = ctx.training
-    if not dora_down_moment_in_forward(model, t) or t.lora_dropout > 0:
+    if not (dora_down_moment_in_forward(model, t) or dora_down_base_recomputed_first(model, t)):
+        return []
+    if t.lora_dropout > 0:
         return []
     tokens = t.micro_batch_size * tokens_per_sequence(model, t)
     adapter_bytes = dtype_bytes(lora_adapter_dtype(t))
@@ -488,6 +492,20 @@ def dora_down_blocks(ctx: RankContext, model: ModelSpec, size: int) -> list[int]
     c, _ = compute_and_residual_bytes(t)
     base = c * tokens * adapted_linears(model)["down"][1]
     return [base, size - base]
+
+
+def dora_down_base_recomputed_first(model: ModelSpec, training: TrainingConfig) -> bool:
+    """Whether a non-reentrant recompute makes down's base output (``base_result``, saved by
+    DoRA) before down's DoRA moment as a block of the layer (Note [DoRA's base output in the
+    recompute] in analytic/lora_variants.py): DoRA on down without ``lora_dropout``, the
+    output not op-level selective checkpointing's cached one (Note [The adapters' matmuls
+    under op-level selective checkpointing] in analytic/op_selective.py)."""
+    if not dora_recomputed_down_splits(model, training):
+        return False
+    if training.activation_checkpointing != "selective":
+        return True
+    kept = op_selective_saved_terms(model, training)
+    return "mm/down" not in op_selective_cache_uses(model, training, kept)
 
 
 def mlp_input_copies(ctx: RankContext) -> int:

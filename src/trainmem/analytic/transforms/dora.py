@@ -41,6 +41,7 @@ from trainmem.analytic.lora_variants import (
 from trainmem.analytic.transforms.base import Emitted, RankContext, Transform, Where, alloc, free
 from trainmem.analytic.transforms.checkpointing import (
     cached_down_output,
+    dora_down_base_recomputed_first,
     first_norm_saves_its_input,
 )
 from trainmem.breakdown import MemoryCategory as Cat
@@ -118,7 +119,9 @@ class DoraWeightNorm(Transform):
             model, training, adapter_bytes=adapter_bytes, linears=frozenset({"down"})
         )
         # Note [DoRA's moments in the recompute]: down's moment, with what the recompute holds
-        cached = cached_down_output(ctx)  # Note [The adapters' matmuls under op-level ...]
+        # Note [The adapters' matmuls under op-level ...], Note [DoRA's base output in the
+        # recompute]: down's base output a block of the layer
+        cached = cached_down_output(ctx) or dora_down_base_recomputed_first(model, training)
         self.recompute_down = (
             dora_recompute_down_held_bytes(
                 model, training, adapter_bytes=adapter_bytes, base_output_cached=cached
