@@ -141,8 +141,38 @@ def test_dora_targets_and_checkpointing(tmp_path: Path, targets: str, checkpoint
     (Note [The adapters' matmuls under op-level selective checkpointing]; the cached set by
     hand in tests/analytic/test_selective_adapter_matmuls.py)."""
     dora = {"lora_rank": 16, "lora_targets": _DORA_TARGETS[targets], "lora_variant": "dora"}
-    gap = _gap(tmp_path, {}, activation_checkpointing=checkpointing, **dora)
-    assert abs(gap) <= TOLERANCE, f"{gap:+.2%}"
+    g, a = _breakdowns(tmp_path, AGREEMENT, activation_checkpointing=checkpointing, **dora)
+    fields = ["allocated_bytes"]
+    if checkpointing != "none" and (targets, checkpointing) not in _CATEGORIES_LEFT:
+        # by category too (Note [A recompute's unwound tensors], Note [DoRA's base output in
+        # the recompute]): before session 27 activations +5.77 MB (c t i), all seven / down
+        # full +83.0 MB, temporaries as much less
+        fields += ["activations", "temporary"]
+    for field in fields:
+        gap = getattr(g, field) / getattr(a, field) - 1
+        assert abs(gap) <= TOLERANCE, f"{field} {gap:+.2%}"
+
+
+_CATEGORIES_LEFT = {
+    ("gate,up", "full"),
+    ("gate,up", "selective"),
+    ("all seven", "selective"),
+    ("down", "selective"),
+}
+"""DoRA cells whose total agrees but not each category (session 27, left): up's base output
+(DoRA's ``base_result``, saved after up's norm) counted as a moment temporary by the formulas,
+an activation block in the trace; under selective, up's / down's cached outputs (up's base
+output, down's eye product) popped before the moment by the formulas, the cached activation
+block in the trace."""
+
+
+def _breakdowns(tmp_path: Path, base: dict[str, Any], **settings: Any) -> tuple[Any, Any]:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(base))
+    training = TrainingConfig(micro_batch_size=2, seq_len=256, **settings)
+    g = estimate(str(path), training, engine="generic", simulate_allocator=False)
+    a = estimate(str(path), training, engine="analytic", simulate_allocator=False)
+    return g.breakdown, a.breakdown
 
 
 _LORA_DROPOUT_TARGETS = {
@@ -256,5 +286,7 @@ def test_dora_o_with_dropout_under_selective(tmp_path: Path, width: str) -> None
     session 27 the formulas counted it twice: -1.29 / -0.93 % (1024 / 2048 wide)."""
     base = json.loads((MODELS_DIR / "agreement" / width).read_text())
     dora = {"lora_rank": 16, "lora_targets": ("o",), "lora_variant": "dora", "lora_dropout": 0.1}
-    gap = _gap(tmp_path, {}, base, activation_checkpointing="selective", **dora)
-    assert abs(gap) <= TOLERANCE, f"{gap:+.2%}"
+    g, a = _breakdowns(tmp_path, base, activation_checkpointing="selective", **dora)
+    for field in ("allocated_bytes", "activations", "temporary"):
+        gap = getattr(g, field) / getattr(a, field) - 1
+        assert abs(gap) <= TOLERANCE, f"{field} {gap:+.2%}"
