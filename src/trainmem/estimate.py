@@ -33,7 +33,6 @@ from trainmem.schedule import Item, Op, Repeat, StepSchedule
 from trainmem.specs.assumptions import assumptions
 from trainmem.specs.engines import ENGINES as ENGINES  # re-exported for the callers
 from trainmem.specs.frameworks import (
-    installed_transformers_version,
     parse_version,
 )
 from trainmem.specs.hardware import GPUSpec, check_precision_on_gpu
@@ -70,6 +69,7 @@ from trainmem.traced_options import (
     untraced_offload,
 )
 from trainmem.traced_quantized import quantized_base_refusals
+from trainmem.traced_releases import release_refusals
 from trainmem.traced_transforms import (
     apply_deepspeed,
     apply_optimizer,
@@ -486,11 +486,9 @@ def trace_unsupported_settings(training: TrainingConfig, engine: str = "trace") 
                    untraced_framework(training))  # fmt: skip
     out += _fsdp1_refusals(training)
     out += _lora_tensor_parallel_refusals(training, fsdp)
-    if training.transformers_version is not None:
-        # the trace runs the installed transformers' model code, not the release asked for
-        installed = installed_transformers_version()
-        if installed is None or training.transformers_release[:2] != installed[:2]:
-            out.append(f"transformers_version={training.transformers_version} (not installed)")
+    # another transformers release: the installed code traced and the release's differences
+    # applied (trainmem.traced_releases); what they do not model is refused in _traced_step,
+    # which knows the model
     if adafactor_on_dtensors_untraced(training):  # an older torch_version
         out.append(
             f"optimizer=adafactor on DTensor-sharded parameters with torch_version="
@@ -1435,6 +1433,10 @@ def _traced_step(
     deepspeed = traced_deepspeed(training)
     shape = target if isinstance(target, ModelSpec) else None
     _check_traced_framework(training, target, deepspeed=deepspeed, diffusers=diffusers)
+    unmodelled = release_refusals(shape if not diffusers else None, training)
+    if unmodelled:
+        what = "the trace engine" if engine == "trace" else "the generic path (a trace)"
+        raise UnsupportedError(f"{what} does not model " + ", ".join(unmodelled))
     check_previous_loop_shape(shape, training)  # before the trace, which takes seconds
     check_unsloth_run(shape, training)
     standin, run, options = _traced_run(training, deepspeed=deepspeed)

@@ -100,6 +100,12 @@ from trainmem.traced_megatron import (
     megatron_traced_as,
     traced_megatron,
 )
+from trainmem.traced_releases import (
+    apply_release,
+    release_note,
+    release_traced_as,
+    traced_release,
+)
 from trainmem.traced_transforms import (
     after_state,
     element_bytes,
@@ -701,6 +707,17 @@ def untraced_offload(training: TrainingConfig) -> str:
     )
 
 
+RELEASE = TracedOption(
+    name="transformers release",
+    applies=traced_release,
+    traced_as=release_traced_as,
+    apply=apply_release,
+    note=release_note,
+)
+"""Another transformers release than the installed one: the installed code traced, the
+release's differences applied (Note [An older transformers release on a traced step] in
+trainmem/traced_releases.py; what they do not model is refused in trainmem.estimate)."""
+
 OPTIONS: tuple[TracedOption, ...] = (
     UNSLOTH,
     MEGATRON,
@@ -708,6 +725,7 @@ OPTIONS: tuple[TracedOption, ...] = (
     OFFLOAD,
     ACTIVATION_OFFLOADING,
     PREVIOUS_LOOP,
+    RELEASE,
 )
 """Every option, in the order their rewrites apply (each to the previous one's schedule)."""
 

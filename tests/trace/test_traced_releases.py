@@ -1,0 +1,62 @@
+"""An older transformers release on the generic path (Note [An older transformers release on a
+traced step] in trainmem/traced_releases.py): the installed model code traced, the release's
+differences applied as the formulas' rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import MODELS_DIR
+from trainmem.errors import UnsupportedError
+from trainmem.estimate import estimate
+from trainmem.specs.training import TrainingConfig
+
+pytest.importorskip("transformers")
+
+LLAMA = str(MODELS_DIR / "agreement" / "llama_h1024.json")
+
+
+def _peak(engine: str, **kw: object) -> int:
+    t = TrainingConfig(micro_batch_size=1, seq_len=128, transformers_version="4.40.0", **kw)
+    return estimate(LLAMA, t, engine=engine).breakdown.allocated_bytes
+
+
+def test_rotary_buffers_hand_derived() -> None:
+    """transformers 4.40.0 LlamaRotaryEmbedding registers fp32 cos / sin caches of
+    (max_position_embeddings, head_dim) per layer: 2 layers x 2 x 2048 x 128 x 4 B = 4 MiB more
+    than the installed release's step; the same difference a real trace of 4.40.0 showed
+    (702,913,024 B allocated at the peak, against 698,718,720 B on 5.24)."""
+    plain = TrainingConfig(micro_batch_size=1, seq_len=128)
+    old = estimate(
+        LLAMA,
+        TrainingConfig(micro_batch_size=1, seq_len=128, transformers_version="4.40.0"),
+        engine="generic",
+    )
+    new = estimate(LLAMA, plain, engine="generic")
+    assert old.breakdown.allocated_bytes - new.breakdown.allocated_bytes == 2 * 2 * 2048 * 128 * 4
+    assert old.breakdown.allocated_bytes == 702_913_024
+    assert any("traced_releases.py" in n for n in old.notes)
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{}, {"activation_checkpointing": "full"}, {"lora_rank": 8}],
+    ids=["none", "full", "lora"],
+)
+def test_agrees_with_formulas(kw: dict[str, object]) -> None:
+    """Both engines at 4.40.0 within 1 % on the agreement model."""
+    generic, formulas = _peak("generic", **kw), _peak("analytic", **kw)
+    assert abs(generic / formulas - 1) < 0.01
+
+
+def test_unknown_family_refused() -> None:
+    """A family whose releases were not read keeps a refusal naming what works."""
+    gpt2 = TrainingConfig(micro_batch_size=1, seq_len=64, transformers_version="4.40.0")
+    with pytest.raises(UnsupportedError, match="known for llama, mistral"):
+        estimate("gpt2", gpt2, engine="generic")
+
+
+def test_newer_than_installed_refused() -> None:
+    t = TrainingConfig(micro_batch_size=1, seq_len=64, transformers_version="5.99.0")
+    with pytest.raises(UnsupportedError, match="up to the installed one"):
+        estimate(LLAMA, t, engine="generic")
