@@ -376,6 +376,10 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     "ema": {"ema": True},
     "loss logits-sum": {"loss": "logits-sum"},
     "padding mask": {"padding_mask": True},
+    # another transformers / litgpt release than the installed one (issue 26, session 27):
+    # the installed code traced and the release's differences applied (traced_releases.py)
+    "transformers 4.40": {"transformers_version": "4.40.0"},
+    "litgpt 0.4.0": {"framework": "litgpt", "litgpt_version": "0.4.0"},
 }
 
 

@@ -30,6 +30,7 @@ RANK = {
     "traced_activations": 3,
     "traced_quantized": 3,
     "traced_unsloth": 3,
+    "traced_releases": 3,
     "uncertainty": 3,
     "planner": 4,
     "report": 5,

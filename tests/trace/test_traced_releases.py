@@ -60,3 +60,11 @@ def test_newer_than_installed_refused() -> None:
     t = TrainingConfig(micro_batch_size=1, seq_len=64, transformers_version="5.99.0")
     with pytest.raises(UnsupportedError, match="up to the installed one"):
         estimate(LLAMA, t, engine="generic")
+
+
+def test_grouped_query_sdpa_refused() -> None:
+    """transformers 4.40's LlamaSdpaAttention expands grouped keys and values (repeat_kv),
+    which the installed release hands to SDPA as they are: not a transform, so refused."""
+    t = TrainingConfig(micro_batch_size=1, seq_len=64, transformers_version="4.40.0")
+    with pytest.raises(UnsupportedError, match="repeat_kv"):
+        estimate("tinyllama-1.1b", t, engine="generic")
