@@ -38,9 +38,14 @@ Note [An older transformers release on a traced step]
     the whole gap is temporaries, 33.6 MB: 16.8 MB are the 16-bit logits, which 4.40 frees at
     ``logits = logits.float()`` in the plain loop too (Note [The upcast 16-bit logits] has it
     for the loops that hold the output only) where the formulas and the installed release keep
-    them beside the upcast; the other 16.8 MB (two (b, s, h) fp32 blocks, one per layer, alive
-    from the layers into the loss in the installed release's step and not in 4.40's) are not
-    identified yet. Both are differences no rule has yet, so neither engine has them.
+    them beside the upcast; the other 16.8 MB are each layer's rotated keys in fp32 (4 x 8 x
+    512 x 128 x 4 B), which the installed release's ``DynamicCache`` (``use_cache``) holds
+    until the forward returns: 5.24 rotates with cos / sin of the model-level
+    ``self.rotary_emb(hidden_states, ...)``, in the fp32 residual stream's dtype under
+    autocast, where 4.40's ``LlamaSdpaAttention.forward`` takes ``self.rotary_emb(
+    value_states, ...)``, whose ``cos.to(dtype=x.dtype)`` is 16-bit, so its cached keys are
+    the 16-bit ones SDPA saves anyway. Both are release differences no rule has yet, so
+    neither engine has them.
 
 Source: transformers 4.40.0 models/llama/modeling_llama.py (``LlamaRotaryEmbedding``,
 ``LlamaForCausalLM.forward``), 5.24 loss/loss_utils.py ``ForCausalLMLoss``; the release tables
