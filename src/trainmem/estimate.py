@@ -69,7 +69,7 @@ from trainmem.traced_options import (
     untraced_offload,
 )
 from trainmem.traced_quantized import quantized_base_refusals
-from trainmem.traced_releases import release_refusals
+from trainmem.traced_releases import litgpt_release_refusals, release_refusals
 from trainmem.traced_transforms import (
     apply_deepspeed,
     apply_optimizer,
@@ -1434,6 +1434,7 @@ def _traced_step(
     shape = target if isinstance(target, ModelSpec) else None
     _check_traced_framework(training, target, deepspeed=deepspeed, diffusers=diffusers)
     unmodelled = release_refusals(shape if not diffusers else None, training)
+    unmodelled += litgpt_release_refusals(training)
     if unmodelled:
         what = "the trace engine" if engine == "trace" else "the generic path (a trace)"
         raise UnsupportedError(f"{what} does not model " + ", ".join(unmodelled))

@@ -102,8 +102,11 @@ from trainmem.traced_megatron import (
 )
 from trainmem.traced_releases import (
     apply_release,
+    litgpt_release_note,
+    litgpt_release_traced_as,
     release_note,
     release_traced_as,
+    traced_litgpt_release,
     traced_release,
 )
 from trainmem.traced_transforms import (
@@ -718,6 +721,17 @@ RELEASE = TracedOption(
 release's differences applied (Note [An older transformers release on a traced step] in
 trainmem/traced_releases.py; what they do not model is refused in trainmem.estimate)."""
 
+LITGPT_RELEASE = TracedOption(
+    name="litgpt release",
+    applies=traced_litgpt_release,
+    traced_as=litgpt_release_traced_as,
+    apply=lambda schedule, model, training: schedule,  # the same rules: nothing to apply
+    note=litgpt_release_note,
+)
+"""A litgpt release other than the installed one whose rules match it (Note [An older litgpt
+release on a traced step] in trainmem/traced_releases.py; the rest refused in
+trainmem.estimate)."""
+
 OPTIONS: tuple[TracedOption, ...] = (
     UNSLOTH,
     MEGATRON,
@@ -726,6 +740,7 @@ OPTIONS: tuple[TracedOption, ...] = (
     ACTIVATION_OFFLOADING,
     PREVIOUS_LOOP,
     RELEASE,
+    LITGPT_RELEASE,
 )
 """Every option, in the order their rewrites apply (each to the previous one's schedule)."""
 

@@ -47,6 +47,15 @@ Note [An older transformers release on a traced step]
     the 16-bit ones SDPA saves anyway. Both are release differences no rule has yet, so
     neither engine has them.
 
+Note [An older litgpt release on a traced step]
+    ``--framework litgpt`` traces the installed litgpt's own GPT. The formulas know one rule
+    keyed by the litgpt release on the paths the trace runs (one GPU, DDP): RMSNorm's fp32
+    weight multiply from 0.4.6 (:func:`~trainmem.analytic.norms.litgpt_norm_weight_in_fp32`;
+    the per-Linear FSDP units of 0.5.8 need Fabric's FSDP, which the traced paths refuse). A
+    requested release on the same side of every rule as the installed one is traced as the
+    installed release (the note says so); one across a rule (0.4.0 against 0.5.13: the norm's
+    16-bit saved copy, not a transform yet) is refused, naming the rule and what works.
+
 Source: transformers 4.40.0 models/llama/modeling_llama.py (``LlamaRotaryEmbedding``,
 ``LlamaForCausalLM.forward``), 5.24 loss/loss_utils.py ``ForCausalLMLoss``; the release tables
 cited where they are defined.
@@ -61,11 +70,16 @@ from trainmem.analytic.attention import sdpa_expands_kv
 from trainmem.analytic.buffers import layer_rope_cache_bytes
 from trainmem.analytic.checkpointing import fsdp1_kept_input_bytes
 from trainmem.analytic.loss import shifted_logits_bytes
+from trainmem.analytic.norms import litgpt_norm_weight_in_fp32
 from trainmem.analytic.transforms.base import alloc, free
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.errors import ScheduleError
 from trainmem.schedule import Item, Op, StepSchedule
-from trainmem.specs.frameworks import installed_transformers_version
+from trainmem.specs.frameworks import (
+    LITGPT_RMSNORM_FP32_WEIGHT_SINCE,
+    installed_transformers_version,
+    installed_version,
+)
 from trainmem.specs.model import FP32_LOGITS_IN_MODEL_UNTIL, LAYER_ROPE_CACHE_UNTIL, ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.traced_transforms import after_state, layer_of, micro_batches
@@ -74,6 +88,10 @@ __all__ = [
     "KNOWN_FAMILIES",
     "OLDEST_READ",
     "apply_release",
+    "litgpt_release_note",
+    "litgpt_release_refusals",
+    "litgpt_release_traced_as",
+    "traced_litgpt_release",
     "release_note",
     "release_refusals",
     "release_traced_as",
@@ -251,3 +269,59 @@ def _with_shifted(items: Sequence[Item], shifted: int, logits: int) -> list[Item
         at, end = upcast[0] + 1, backward[0]
         out += [*seg[:at], op, *seg[at:end], free(op, "forward"), *seg[end:]]
     return out + tail
+
+
+# -- litgpt ------------------------------------------------------------------------------------
+
+
+def _installed_litgpt() -> str | None:
+    found = installed_version("litgpt")
+    return ".".join(map(str, (*found, 0, 0)[:3])) if found is not None else None
+
+
+def traced_litgpt_release(training: TrainingConfig) -> bool:
+    """``--framework litgpt`` with a ``litgpt_version`` other than the installed litgpt's
+    (Note [An older litgpt release on a traced step])."""
+    installed = _installed_litgpt()
+    if training.framework != "litgpt" or training.litgpt_version is None or installed is None:
+        return False
+    return ".".join(map(str, training.litgpt_release)) != installed
+
+
+def litgpt_release_traced_as(training: TrainingConfig) -> TrainingConfig:
+    """The settings the trace runs: the installed litgpt release."""
+    return replace(training, litgpt_version=_installed_litgpt())
+
+
+def litgpt_release_refusals(training: TrainingConfig) -> list[str]:
+    """The requested litgpt release where a rule the formulas know differs from the installed
+    release's, as ``field=value (why; what works)`` (empty: traced as the installed one)."""
+    if not traced_litgpt_release(training):
+        return []
+    traced = litgpt_release_traced_as(training)
+    newer = training.litgpt_release > traced.litgpt_release
+    if not newer and litgpt_norm_weight_in_fp32(training) == litgpt_norm_weight_in_fp32(traced):
+        return []
+    if newer:
+        return [
+            f"litgpt_version={training.litgpt_version} (newer than the installed "
+            f"{traced.litgpt_version}, whose model code the trace runs; traced: up to the "
+            "installed release, or --engine analytic)"
+        ]
+    since = ".".join(map(str, LITGPT_RMSNORM_FP32_WEIGHT_SINCE))
+    return [
+        f"litgpt_version={training.litgpt_version} (RMSNorm multiplies its weight in fp32 "
+        f"from litgpt {since}, the installed {traced.litgpt_version} does, this release does "
+        f"not: not a transform of the traced step yet; traced: --litgpt-version {since} or "
+        f"newer, up to the installed {traced.litgpt_version}, or --engine analytic)"
+    ]
+
+
+def litgpt_release_note(training: TrainingConfig) -> str:
+    """The estimate's note for a litgpt release traced as the installed one."""
+    return (
+        f"litgpt_version={training.litgpt_version}: the installed litgpt "
+        f"{_installed_litgpt()}'s model code was traced; the rules the formulas know by litgpt "
+        "release are the same for both (Note [An older litgpt release on a traced step] in "
+        "trainmem/traced_releases.py)"
+    )

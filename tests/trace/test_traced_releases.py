@@ -4,11 +4,14 @@ differences applied as the formulas' rules."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from conftest import MODELS_DIR
 from trainmem.errors import UnsupportedError
 from trainmem.estimate import estimate
+from trainmem.specs.frameworks import installed_version
 from trainmem.specs.training import TrainingConfig
 
 pytest.importorskip("transformers")
@@ -68,3 +71,26 @@ def test_grouped_query_sdpa_refused() -> None:
     t = TrainingConfig(micro_batch_size=1, seq_len=64, transformers_version="4.40.0")
     with pytest.raises(UnsupportedError, match="repeat_kv"):
         estimate("tinyllama-1.1b", t, engine="generic")
+
+
+_LITGPT = pytest.mark.skipif(
+    installed_version("litgpt") != (0, 5, 13), reason="needs litgpt 0.5.13 (README's test install)"
+)
+
+
+@_LITGPT
+def test_litgpt_release_across_a_rule_refused() -> None:
+    """litgpt 0.4.0's RMSNorm casts before the weight multiply (fp32 from 0.4.6): refused."""
+    t = TrainingConfig(micro_batch_size=1, seq_len=64, framework="litgpt", litgpt_version="0.4.0")
+    with pytest.raises(UnsupportedError, match="RMSNorm multiplies its weight in fp32"):
+        estimate(LLAMA, t, engine="generic")
+
+
+@_LITGPT
+def test_litgpt_release_with_the_same_rules_traced() -> None:
+    """0.5.10 is on the installed 0.5.13's side of every litgpt rule: the same traced step."""
+    base = TrainingConfig(micro_batch_size=1, seq_len=64, framework="litgpt")
+    old = estimate(LLAMA, replace(base, litgpt_version="0.5.10"), engine="generic")
+    new = estimate(LLAMA, base, engine="generic")
+    assert old.breakdown.allocated_bytes == new.breakdown.allocated_bytes
+    assert any("litgpt_version=0.5.10" in n for n in old.notes)
