@@ -1434,7 +1434,8 @@ def _traced_step(
     shape = target if isinstance(target, ModelSpec) else None
     _check_traced_framework(training, target, deepspeed=deepspeed, diffusers=diffusers)
     unmodelled = release_refusals(shape if not diffusers else None, training)
-    unmodelled += litgpt_release_refusals(training)
+    if not diffusers and not (isinstance(target, str) and _is_timm(target)):
+        unmodelled += litgpt_release_refusals(training)  # litgpt on these: not applicable
     if unmodelled:
         what = "the trace engine" if engine == "trace" else "the generic path (a trace)"
         raise UnsupportedError(f"{what} does not model " + ", ".join(unmodelled))

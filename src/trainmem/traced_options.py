@@ -87,7 +87,7 @@ from trainmem.analytic.transforms.ddp import bucket_op
 from trainmem.analytic.transforms.offload import torchao_gradient_offload
 from trainmem.analytic.transforms.optimizer import per_parameter_step_ops
 from trainmem.breakdown import MemoryCategory as Cat
-from trainmem.errors import ScheduleError, UnsupportedError
+from trainmem.errors import UnsupportedError
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
 from trainmem.specs.frameworks import HF_TRAINER_STACKS, LITGPT_INSTALL, litgpt_last_chunk_rows
 from trainmem.specs.model import ModelSpec
@@ -112,8 +112,9 @@ from trainmem.traced_releases import (
 from trainmem.traced_transforms import (
     after_state,
     element_bytes,
+    forward_allocs_outside_layers,
     layer_of,
-    micro_batches,
+    state_and_micro_batches,
     traced_tensor_states,
 )
 from trainmem.traced_unsloth import apply_unsloth, traced_unsloth, unsloth_traced_as
@@ -541,15 +542,10 @@ def _bound_output_last_bytes(model: ModelSpec, training: TrainingConfig, output:
 def _hold_previous(items: Sequence[Item], held: list[Op], logits: int) -> list[Item]:
     """``items`` (a state, then a step, either may be empty) with ``held`` allocated at each
     micro-batch's start and freed after its first forward allocation of ``logits`` bytes."""
-    n = 0
-    while n < len(items) and isinstance(items[n], Op) and items[n].phase == "init":  # type: ignore[union-attr]
-        n += 1
-    state, body = list(items[:n]), list(items[n:])
-    try:
-        segments, tail = micro_batches(body)
-    except ScheduleError:  # a state without a warm-up step
+    split = state_and_micro_batches(items)
+    if split is None:  # a state without a warm-up step
         return list(items)
-    out = state
+    out, segments, tail = split
     for seg in segments:
         at = _after_logits(seg, logits)
         out += [*held, *seg[:at], *(free(op, "forward") for op in reversed(held)), *seg[at:]]
@@ -560,16 +556,7 @@ def _after_logits(segment: Sequence[Item], logits: int) -> int:
     """The index after a micro-batch's own logits: its last forward allocation of ``logits``
     bytes by a module outside the block lists (the head's output), else its first backward
     item."""
-    found = [
-        k
-        for k, x in enumerate(segment)
-        if isinstance(x, Op)
-        and x.phase == "forward"
-        and x.action == "alloc"
-        and x.size_bytes == logits
-        and x.module
-        and layer_of(x.module) is None
-    ]
+    found = forward_allocs_outside_layers(segment, logits, named=True)
     if found:
         return found[-1] + 1
     backward = (k for k, x in enumerate(segment) if isinstance(x, Op) and x.phase == "backward")

@@ -82,7 +82,11 @@ from trainmem.specs.frameworks import (
 )
 from trainmem.specs.model import FP32_LOGITS_IN_MODEL_UNTIL, LAYER_ROPE_CACHE_UNTIL, ModelSpec
 from trainmem.specs.training import TrainingConfig
-from trainmem.traced_transforms import after_state, layer_of, micro_batches
+from trainmem.traced_transforms import (
+    after_state,
+    forward_allocs_outside_layers,
+    state_and_micro_batches,
+)
 
 __all__ = [
     "KNOWN_FAMILIES",
@@ -243,26 +247,14 @@ def apply_release(
 def _with_shifted(items: Sequence[Item], shifted: int, logits: int) -> list[Item]:
     """``items`` (a state, then a step, either may be empty) with each micro-batch's shifted
     copy of its fp32 logits, allocated after their upcast and freed when its forward ends."""
-    n = 0
-    while n < len(items) and isinstance(items[n], Op) and items[n].phase == "init":  # type: ignore[union-attr]
-        n += 1
-    state, body = list(items[:n]), list(items[n:])
-    try:
-        segments, tail = micro_batches(body)
-    except ScheduleError:  # a state without a warm-up step
+    split = state_and_micro_batches(items)
+    if split is None:  # a state without a warm-up step
         return list(items)
-    out = state
+    out, segments, tail = split
+    n = len(out)
     for k, seg in enumerate(segments):
         op = alloc(shifted, Cat.TEMPORARY, "forward", f"shifted/{n}/{k}", "", "shifted logits")
-        upcast = [
-            j
-            for j, x in enumerate(seg)
-            if isinstance(x, Op)
-            and x.phase == "forward"
-            and x.action == "alloc"
-            and x.size_bytes == logits
-            and layer_of(x.module) is None
-        ]
+        upcast = forward_allocs_outside_layers(seg, logits)
         backward = [j for j, x in enumerate(seg) if isinstance(x, Op) and x.phase == "backward"]
         if not upcast or not backward:
             raise ScheduleError("no fp32 logits before the backward to shift for the loss")

@@ -135,8 +135,10 @@ __all__ = [
     "apply_optimizer",
     "deepspeed_refusals",
     "element_bytes",
+    "forward_allocs_outside_layers",
     "layer_of",
     "micro_batches",
+    "state_and_micro_batches",
     "older_torch_step",
     "optimizer_standin",
     "split_state",
@@ -569,6 +571,39 @@ def split_state(schedule: StepSchedule) -> tuple[list[Item], list[Item]]:
     while n < len(items) and _phases(items[n]) == {"init"}:
         n += 1
     return items[:n], items[n:]
+
+
+def forward_allocs_outside_layers(
+    segment: Sequence[Item], size: int, *, named: bool = False
+) -> list[int]:
+    """Indices of ``segment``'s forward allocations of ``size`` bytes by a module outside the
+    block lists (the head's logits and the loss's copies of them); ``named``: by a module with
+    a name only."""
+    return [
+        k
+        for k, x in enumerate(segment)
+        if isinstance(x, Op)
+        and x.phase == "forward"
+        and x.action == "alloc"
+        and x.size_bytes == size
+        and (x.module or not named)
+        and layer_of(x.module) is None
+    ]
+
+
+def state_and_micro_batches(
+    items: Sequence[Item],
+) -> tuple[list[Item], list[list[Item]], list[Item]] | None:
+    """``items`` (a state, then a step, either may be empty) as (the leading ``init`` ops, the
+    micro-batches, the rest: :func:`micro_batches`), or None for a state without a step."""
+    n = 0
+    while n < len(items) and isinstance(items[n], Op) and items[n].phase == "init":  # type: ignore[union-attr]
+        n += 1
+    try:
+        segments, tail = micro_batches(list(items[n:]))
+    except ScheduleError:  # a state without a warm-up step
+        return None
+    return list(items[:n]), segments, tail
 
 
 def micro_batches(body: list[Item]) -> tuple[list[list[Item]], list[Item]]:
