@@ -27,6 +27,12 @@ without (not applicable on the diffusers and timm models: litgpt trains language
 litgpt 0.5.13 (2026-11-28 04:50 UTC): +0.012 % vs analytic on the agreement model (-0.10 % on
 the tiny Qwen2 at 2 x 64 tokens, 01:30 UTC); the same +0.012 % on 2026-11-29 14:43 UTC (31b4cca).
 
+"transformers 4.40" / "litgpt 0.4.0" (session 27, helper tfversion; trainmem/traced_releases.py):
+refused on all four models (the release differences are known for Llama / Mistral only; litgpt
+0.4.0 crosses RMSNorm's fp32 weight rule; n/a on the diffusers and timm models), and the GQA
+agreement model is refused for repeat_kv; on tests/models/agreement/llama_h1024.json the
+generic path at 4.40 is within 0.02 % of the formulas (tests/trace/test_traced_releases.py).
+
 Agreement figures moved in session 16 (2026-11-28, 07:17 UTC; generic / analytic - 1): "fsdp2 4"
 -3.5 -> +0.000 % and "zero-3 + optimizer offload" -2.3 -> +0.000 %, "zero-3 +
 optimizer+params offload" +3.1 -> +0.5 % (Note [FSDP2 post-backward]: the layer's unsharded
