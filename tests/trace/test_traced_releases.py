@@ -94,3 +94,22 @@ def test_litgpt_release_with_the_same_rules_traced() -> None:
     new = estimate(LLAMA, base, engine="generic")
     assert old.breakdown.allocated_bytes == new.breakdown.allocated_bytes
     assert any("litgpt_version=0.5.10" in n for n in old.notes)
+
+
+def test_checkpointing_default_of_the_requested_release() -> None:
+    """transformers 4.37 .. 4.x checkpoint with ``{"use_reentrant": True}`` when given no
+    kwargs (modeling_utils.py ``gradient_checkpointing_enable``), 5.x non-reentrant: the
+    installed code is traced with 4.40's reentrant set explicitly; an explicit value wins."""
+    from trainmem.traced_releases import release_traced_as
+
+    full = TrainingConfig(transformers_version="4.40.0", activation_checkpointing="full")
+    traced = release_traced_as(full)
+    assert traced.transformers_version is None and traced.checkpoint_reentrant is True
+    explicit = TrainingConfig(
+        transformers_version="4.40.0", activation_checkpointing="full", checkpoint_reentrant=False
+    )
+    assert release_traced_as(explicit).checkpoint_reentrant is False
+    assert (
+        release_traced_as(TrainingConfig(transformers_version="4.40.0")).checkpoint_reentrant
+        is None
+    )
