@@ -35,13 +35,29 @@ that row (CogVideoX-5b LoRA, 20.701 both) the training step stayed under it, a b
 reserved pool the load left (LTX LoRA: 10.010 GiB reserved, 3.809 allocated before training)
 is reused by the step, which a fresh process does not have.
 
+Source 1b: finetrainers ``README.md`` at d220aac ("(fake*) FP8 training support", 15 Jan 2025,
+until v0.0.1), "Min. LoRA VRAM": LTX-Video 5, HunyuanVideo 32, CogVideoX-5b 18 "GB", "at
+resolution 49x512x768, rank 128, with pre-computation, using FP8 weights & gradient
+checkpointing", training only. The same commit's table had said 11 / 42 / 21 for bf16 weights,
+the docs' ``max_memory_reserved`` GiB rounded (10.916, 42.387, 20.701): so GiB to +-0.5 (LTX's
++-10 %). The trainer at d220aac: ``--layerwise_upcasting_modules transformer`` (its
+``apply_layerwise_upcasting``: float8_e4m3fn storage, bf16 compute, before ``add_adapter``,
+peft's adapter cast to the base dtype patched out), then ``cast_training_params([transformer],
+torch.float32)`` for every LoRA run (fp32 adapters; before d220aac fp16 only), accelerate's bf16
+autocast (accelerate_configs ``mixed_precision: bf16``): ``--layerwise-casting float8_e4m3fn
+--lora-adapter-dtype float32`` on the bf16 cells' arguments (session 27, helper diffpipe; Note
+[diffusers' layerwise casting]: trainmem casts the layers diffusers' ``enable_layerwise_casting``
+casts, which also casts LTX-Video's ``time_embed`` that finetrainers' patterns keep). The
+CogVideoX-5b figure may be its precomputation's load peak, as the bf16 one was (T5-XXL beside the
+transformer before training); kept as measured.
+
 Source 2: the Hugging Face blog "(LoRA) Fine-Tuning FLUX.1-dev on Consumer Hardware"
 (huggingface/blog flux-qlora.md @2ece681, 19 Jun 2025): RTX 4090, diffusers' research_projects/
 flux_lora_quantization ``train_dreambooth_lora_flux_miniature.py``, 512 x 768 (height 768),
 batch 1, gradient accumulation 4, bf16, 8-bit AdamW, gradient checkpointing, cached latents,
 T5 embeddings precomputed at 77 tokens, LoRA r 4 on ``to_q``, ``to_k``, ``to_v``, ``to_out.0``
-(4,669,440 trainable; trainmem's q,k,v,o adds the joint attention's ``add_*_proj``:
-6,537,216, a 7.5 MB difference in bf16 weights). QLoRA: nf4 (no double quantization), compute
+(4,669,440 trainable, mapped as ``--lora-targets to_q,to_k,to_v,to_out.0`` since session 27;
+trainmem's q,k,v,o adds the joint attention's ``add_*_proj``: 6,537,216). QLoRA: nf4 (no double quantization), compute
 bf16, ``prepare_model_for_kbit_training`` (its fp32 upcast of the unquantized weights): "Peak
 VRAM usage ... approximately 9GB"; the same run with the base in 16 bits: "26 GB" (not on
 the 24 GB RTX 4090 it names: the bf16 weights alone are 23.8 GB; run here for an 80 GB card,
@@ -54,8 +70,8 @@ THUDM/CogVideo ``finetune/README.md`` @e519ece (May 2025) "Hardware Requirements
 checkpointing on (schemas/args.py), latents and T5 embeddings cached and the VAE / T5
 unloaded (``UNLOAD_LIST``), AdamW. Its trainer (finetune/trainer.py ``prepare_optimizer``)
 calls ``cast_training_params(transformer, torch.float32)`` for every precision: fp32 adapters,
-which the bf16 cell cannot express (trainmem gives diffusers' bf16 adapters over a bf16 base,
-8 B a trainable parameter less: 1.06 GB at 132M).
+``--lora-adapter-dtype float32`` since session 27 (before: diffusers' bf16 adapters over a bf16
+base, 8 B a trainable parameter less, 1.06 GB at 132M).
 
 Not mapped (listed by ``UNMAPPED``): diffusers' FLUX ControlNet README table (``--controlnet``
 takes a UNet config only; FLUX's ControlNet is ``FluxControlNetModel``), the blog's FP8 cell
@@ -120,6 +136,7 @@ _FT = [
     "--micro-batch-size", "1", "--activation-checkpointing", "full", "--optimizer", "adamw",
     "--precision", "bf16-mixed", "--load-dtype", "bfloat16",
 ]  # fmt: skip
+_FP8 = ["--layerwise-casting", "float8_e4m3fn", "--lora-adapter-dtype", "float32"]
 _LTX = ["--resolution", "512x768", "--frames", "49", "--text-seq-len", "128"]
 _HUNYUAN = ["--resolution", "512x768", "--frames", "49", "--text-seq-len", "256"]
 _COG = ["--resolution", "480x720", "--frames", "49", "--text-seq-len", "226"]
@@ -127,7 +144,7 @@ _BLOG = [
     "--resolution", "768x512", "--text-seq-len", "77", "--micro-batch-size", "1",
     "--gradient-accumulation-steps", "4", "--activation-checkpointing", "full",
     "--optimizer", "adamw-8bit", "--lora-rank", "4", "--lora-alpha", "4",
-    "--lora-targets", "q,k,v,o", "--precision", "bf16-mixed",
+    "--lora-targets", "to_q,to_k,to_v,to_out.0", "--precision", "bf16-mixed",
 ]  # fmt: skip
 
 #: (source, cell, model, arguments, published figure, unit "GiB" / "GB", metric compared:
@@ -152,6 +169,17 @@ ROWS: list[tuple[str, str, str, list[str], float, str, str, str]] = [
      "upper bound"),
     ("finetrainers", "CogVideoX-5b full", "cogvideox-5b-transformer",
      [*_COG, *_FT, "--gpu", "A100-80GB"], 52.939, "GiB", "reserved", "measured"),
+    ("finetrainers", "LTX-Video LoRA r128, FP8 layerwise upcasting", "ltx-video-0.9-transformer",
+     [*_LTX, *_FT, *_FT_LORA, *_FP8, "--gpu", "A100-80GB"], 5.0, "GiB", "reserved",
+     "measured"),
+    ("finetrainers", "HunyuanVideo LoRA r128, FP8 layerwise upcasting",
+     "hunyuanvideo-transformer",
+     [*_HUNYUAN, *_FT, *_FT_LORA, *_FP8, "--gpu", "A100-80GB"], 32.0, "GiB", "reserved",
+     "measured"),
+    ("finetrainers", "CogVideoX-5b LoRA r128, FP8 layerwise upcasting",
+     "cogvideox-5b-transformer",
+     [*_COG, *_FT, *_FT_LORA, *_FP8, "--gpu", "A100-80GB"], 18.0, "GiB", "reserved",
+     "measured"),
     ("flux-qlora blog", "FLUX.1-dev QLoRA nf4 r4", "flux.1-dev-transformer",
      [*_BLOG, "--quantize-base", "nf4", "--gpu", "RTX-4090"], 9.0, "GB", "device_total",
      "measured"),
@@ -161,10 +189,11 @@ ROWS: list[tuple[str, str, str, list[str], float, str, str, str]] = [
     ("CogVideo", "CogVideoX-2b LoRA r128 fp16 (16 GB, RTX 4080)", "cogvideox-2b-transformer",
      [*_COG, "--micro-batch-size", "1", "--activation-checkpointing", "full",
       "--optimizer", "adamw", "--precision", "16-mixed", "--load-dtype", "float16",
-      "--lora-rank", "128", "--lora-alpha", "64", "--lora-targets", "q,k,v,o",
-      "--gpu", "16GB"], 16.0, "GB", "device_total", "fits"),
+      "--lora-rank", "128", "--lora-alpha", "64", "--lora-targets", "to_q,to_k,to_v,to_out.0",
+      "--lora-adapter-dtype", "float32", "--gpu", "16GB"], 16.0, "GB", "device_total", "fits"),
     ("CogVideo", "CogVideoX-5b LoRA r128 bf16 (24 GB, RTX 4090)", "cogvideox-5b-transformer",
-     [*_COG, *_FT, "--lora-rank", "128", "--lora-alpha", "64", "--lora-targets", "q,k,v,o",
+     [*_COG, *_FT, "--lora-rank", "128", "--lora-alpha", "64",
+      "--lora-targets", "to_q,to_k,to_v,to_out.0", "--lora-adapter-dtype", "float32",
       "--gpu", "RTX-4090"], 24.0, "GB", "device_total", "fits"),
 ]  # fmt: skip
 
@@ -177,10 +206,6 @@ UNMAPPED: list[tuple[str, str]] = [
      "memory_allocated after backward, not a peak; HiDream's four text encoders on the GPU"),
     ("finetrainers examples/_legacy/training/README.md (cogvideox-factory tables)",
      "the column equals the allocation before training in checkpointed rows: not a peak"),
-    ("finetrainers README.md (v0.0.1 table): 'Min. LoRA VRAM' LTX 5 GB, HunyuanVideo 32 GB, "
-     "CogVideoX-5b 18 GB with FP8 weights",
-     "layerwise upcasting (fp8 storage, bf16 compute; diffusers enable_layerwise_casting) is "
-     "not modelled"),
     ("THUDM/CogVideo finetune/README.md SFT rows (ZeRO-2 / ZeRO-3, offload)",
      "cast_training_params makes fp32 master weights of a bf16 model; not attempted"),
 ]  # fmt: skip

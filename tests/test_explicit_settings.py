@@ -136,6 +136,16 @@ FLAG_CASES: dict[str, tuple[list[str], Any, str]] = {
     "ema_dtype": (["--ema", "--ema-dtype", "float32"], "float32", "ema-dtype=bfloat16"),
     "ema_device": (["--ema", "--ema-device", "cuda"], "cuda", "ema-device=cpu"),
     "frozen_on_gpu": (["--frozen-on-gpu", "none"], "none", "frozen-on-gpu=vae"),
+    "layerwise_casting": (
+        ["--layerwise-casting", "none"],
+        "none",
+        "layerwise-casting=float8_e5m2",
+    ),
+    "lora_adapter_dtype": (
+        ["--lora-rank", "8", "--lora-adapter-dtype", "float32"],
+        "float32",
+        "lora-adapter-dtype=bfloat16",
+    ),
     "controlnet": (["--controlnet"], True, "controlnet=false"),
     "train_text_encoder": (["--train-text-encoder"], True, "train-text-encoder=false"),
     "nccl_buffer_bytes": (

@@ -396,7 +396,10 @@ def lora_adapter_dtype(training: TrainingConfig) -> str:
     """Dtype of the LoRA A and B matrices: peft upcasts adapters on a 16-bit base to fp32
     (``autocast_adapter_dtype=True``, peft tuners/tuners_utils.py); lit-gpt and torchtune keep
     them in the model's dtype; TRL's SFTTrainer from 0.26 casts them to bf16 on a
-    bitsandbytes base (``TrainingConfig.trl_bf16_adapters``)."""
+    bitsandbytes base (``TrainingConfig.trl_bf16_adapters``). An explicit
+    ``TrainingConfig.lora_adapter_dtype`` wins (diffusers' ``cast_training_params``)."""
+    if training.lora_adapter_dtype is not None:
+        return training.lora_adapter_dtype
     if training.trl_bf16_adapters:
         return "bfloat16"
     if training.conventions.adapter_dtype_follows_weights:

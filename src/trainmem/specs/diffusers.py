@@ -59,7 +59,9 @@ __all__ = [
     "MAX_DIFFUSERS_BLOCKS",
     "CONTROLNET_BASES",
     "check_controlnet",
+    "check_layerwise_casting",
     "check_diffusers_config",
+    "check_diffusers_lora_targets",
     "check_image_options",
     "diffusers_class",
     "diffusers_family",
@@ -449,6 +451,8 @@ def check_image_options(
     """
     frozen_components(config, training)
     check_controlnet(config, training)
+    check_layerwise_casting(config, training)
+    check_diffusers_lora_targets(config, training)
     trained_text_encoders(config, training)
     if is_diffusers_config(config):
         check_diffusers_config(config)
@@ -541,6 +545,66 @@ def check_controlnet(config: Mapping[str, Any], training: Any) -> None:
             "train_controlnet.py trains the whole ControlNet; set lora_rank 0 (or leave "
             "controlnet off to train LoRA adapters on the UNet)",
         )
+
+
+def check_diffusers_lora_targets(config: Mapping[str, Any], training: Any) -> None:
+    """Refuse diffusers module names in ``lora_targets`` for a model that is not a diffusers
+    model (:data:`~trainmem.specs.training.DIFFUSERS_LORA_TARGETS`).
+
+    Raises:
+        SpecError: ``lora_targets``, naming the diffusers names and what the model takes.
+    """
+    from trainmem.specs.training import DIFFUSERS_LORA_TARGETS, LORA_TARGETS
+
+    named = [t for t in training.lora_targets if t in DIFFUSERS_LORA_TARGETS]
+    if not named or training.lora_rank == 0 or is_diffusers_config(config):
+        return
+    raise SpecError(
+        "lora_targets",
+        f"{','.join(named)}: diffusers module names, for a diffusers model (a config.json with "
+        f"_class_name); this model takes {','.join(LORA_TARGETS)}",
+    )
+
+
+def check_layerwise_casting(config: Mapping[str, Any], training: Any) -> None:
+    """Refuse ``layerwise_casting`` where trainmem does not run diffusers' layerwise casting
+    (Note [diffusers' layerwise casting] in trainmem/trace/layerwise_casting.py).
+
+    Args:
+        config: the model's ``config.json``.
+        training: a :class:`~trainmem.specs.training.TrainingConfig`.
+
+    Raises:
+        SpecError: ``layerwise_casting`` on a model that is not a diffusers model, without LoRA
+            (finetrainers applies it to LoRA runs only: the trained weights would be float8),
+            with a quantized base, a ControlNet or trained text encoders, sharded
+            (``zero_stage`` > 0: finetrainers casts the model back to one dtype for FSDP;
+            tensor parallelism) or compiled.
+    """
+    which = training.layerwise_casting
+    if which == "none":
+        return
+    why = ""
+    if not is_diffusers_config(config):
+        why = "casts a diffusers model's layers (a config.json with _class_name); this is not one"
+    elif training.lora_rank == 0:
+        why = (
+            "stores the frozen weights in float8; without LoRA the weights are trained "
+            "(finetrainers applies it to LoRA runs only): set lora_rank"
+        )
+    elif training.quantize_base != "none":
+        why = f"and quantize_base={training.quantize_base} both store the frozen weights: pick one"
+    elif training.controlnet or training.train_text_encoder:
+        why = "is modelled on the trained denoiser alone: leave controlnet / train_text_encoder off"
+    elif training.zero_stage > 0 or training.tensor_parallel_size > 1:
+        why = (
+            "is modelled on one unsharded model (finetrainers casts the model back to one dtype "
+            "when it shards it): zero_stage 0, tensor_parallel_size 1"
+        )
+    elif training.compile:
+        why = "is not modelled under torch.compile (its hooks swap the weights): compile off"
+    if why:
+        raise SpecError("layerwise_casting", f"{which} {why}; allowed here: none")
 
 
 @dataclass(frozen=True, slots=True)

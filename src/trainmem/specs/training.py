@@ -202,6 +202,24 @@ LORA_TARGETS: tuple[str, ...] = ("q", "k", "v", "o", "gate", "up", "down")
 """Linear names ``--lora-targets`` accepts (``all-linear`` means all of them); for fused-qkv
 families (GPT-2 ``c_attn``, Falcon / GPT-NeoX ``query_key_value``) any of q, k, v targets the
 one fused module, as peft does."""
+DIFFUSERS_LORA_TARGETS: tuple[str, ...] = (
+    "to_q",
+    "to_k",
+    "to_v",
+    "to_out.0",
+    "add_q_proj",
+    "add_k_proj",
+    "add_v_proj",
+    "to_add_out",
+    "net.0.proj",
+    "net.2",
+)
+"""diffusers module names ``--lora-targets`` also takes, for a diffusers model only, as its
+LoRA scripts and finetrainers write ``target_modules`` (``to_q,to_k,to_v,to_out.0``): each
+adapts the linears whose module path ends in it, as peft's ``check_target_module_exists``
+matches a name (the name itself or ``.name`` at its end). Unlike ``q,k,v,o``
+(``trainmem.trace.diffusers_model.DIFFUSERS_LORA_MODULES``), ``to_q`` leaves joint (MMDiT)
+attention's text-stream projections ``add_q_proj`` / ``to_add_out`` unadapted."""
 LORA_MODULES_TO_SAVE: tuple[str, ...] = ("embed_tokens", "lm_head")
 """``TrainingConfig.lora_modules_to_save`` values: the modules LoRA trains whole beside its
 adapters (peft ``LoraConfig(modules_to_save=[...])``): the input embedding and the LM head.
@@ -237,6 +255,11 @@ EMA_DTYPES: tuple[str, ...] = ("float32", "bfloat16")
 scripts keep it (``.to(dtype=...)``), fp32 or bf16."""
 FROZEN_ON_GPU: tuple[str, ...] = ("none", "vae", "text-encoders", "all")
 """``TrainingConfig.frozen_on_gpu`` values (:data:`trainmem.specs.diffusers.FROZEN_COMPONENTS`)."""
+LORA_ADAPTER_DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+"""``TrainingConfig.lora_adapter_dtype`` values."""
+LAYERWISE_CASTING: tuple[str, ...] = ("none", "float8_e4m3fn", "float8_e5m2")
+"""``TrainingConfig.layerwise_casting`` values: the storage dtype of diffusers' layerwise casting
+(``ModelMixin.enable_layerwise_casting(storage_dtype=...)``), or none."""
 EMA_DEVICES: tuple[str, ...] = ("cuda", "cpu")
 """``TrainingConfig.ema_device`` values: ``cuda`` (``ema_unet.to(accelerator.device)``) or ``cpu``
 (diffusers examples' ``--offload_ema``: on the GPU only for ``ema_unet.step``)."""
@@ -1127,11 +1150,13 @@ class PeftConfig:
     lora_targets: tuple[str, ...] = setting(
         None,
         "Linears that get LoRA adapters (on the command line: comma-separated, or all-linear):",
-        choices=(*LORA_TARGETS, "lm_head"),
+        choices=(*LORA_TARGETS, "lm_head", *DIFFUSERS_LORA_TARGETS),
         default_text="q,v, peft's; --framework unsloth: q,k,v,o,gate,up,down, its get_peft_model's",
     )
     """Linears that get LoRA adapters: names of :data:`LORA_TARGETS` or ``lm_head`` (peft's
-    Llama module names of :data:`LORA_TARGET_ALIASES` are read as theirs). None, the default:
+    Llama module names of :data:`LORA_TARGET_ALIASES` are read as theirs); for a diffusers
+    model also its module names of :data:`DIFFUSERS_LORA_TARGETS` (``to_q,to_k,to_v,to_out.0``,
+    refused for other models). None, the default:
     the framework's (``FrameworkConventions.default_lora_targets``, resolved when the
     TrainingConfig is made, so every reader sees names): ``("q", "v")``, peft's default for
     Llama (q_proj, v_proj); under Unsloth all seven linears, ``FastLanguageModel.
@@ -1173,6 +1198,25 @@ class PeftConfig:
     frozen and trains a deep copy of it, in the original's dtype (Note [peft modules_to_save]
     in :mod:`trainmem.analytic.tensor_states`). None, the default: none, resolved to ``()``
     when the config is made (the web page's unticked group). Needs ``lora_rank > 0``."""
+    lora_adapter_dtype: str | None = setting(
+        None,
+        "Dtype of the LoRA adapters, their gradients and optimizer states (float32: diffusers' "
+        "cast_training_params(model, torch.float32), which CogVideo's and finetrainers' LoRA "
+        "trainers call for every precision):",
+        choices=LORA_ADAPTER_DTYPES,
+        default_text="the framework's (peft: float32 over a 16-bit base; diffusers' add_adapter: "
+        "the base's)",
+    )
+    """Dtype of the LoRA adapters (:data:`LORA_ADAPTER_DTYPES`), cast after they are made, as
+    diffusers' ``training_utils.cast_training_params(model, dtype)`` casts every trainable
+    parameter (CogVideo finetune/trainer.py ``prepare_optimizer`` and finetrainers from d220aac
+    call it with ``torch.float32`` for every precision); their gradients and optimizer states
+    follow. None, the default: the framework's rule (``trainmem.analytic.lora.
+    lora_adapter_dtype``: peft's ``PeftModel`` upcasts adapters over a 16-bit base to fp32,
+    diffusers' ``add_adapter`` keeps the base layer's dtype and its scripts upcast for fp16
+    only, DeepSpeed casts them with the module, lit-gpt / torchtune keep the model's). Needs
+    ``lora_rank > 0``; not with ``zero_stage`` > 0 (DeepSpeed and FSDP flatten or cast the
+    wrapped module's parameters to one dtype) nor a quantized base."""
     quantize_base: str = setting(
         "none", "Frozen base weights quantized (QLoRA and kin):", choices=QUANTIZE_BASE
     )
@@ -1275,7 +1319,9 @@ class PeftConfig:
         )
         object.__setattr__(self, "lora_targets", tuple(dict.fromkeys(targets)))
         for target in self.lora_targets:
-            _check_choice("lora_targets", target, LORA_TARGETS + ("lm_head",))
+            _check_choice(
+                "lora_targets", target, (*LORA_TARGETS, "lm_head", *DIFFUSERS_LORA_TARGETS)
+            )
         if self.lora_rank > 0 and not self.lora_targets:
             raise SpecError("lora_targets", "empty: LoRA (lora_rank > 0) needs at least one")
         if self.lora_modules_to_save is None:
@@ -1313,6 +1359,14 @@ class PeftConfig:
         if not 0.0 <= dropout < 1.0:  # also refuses NaN
             raise SpecError("lora_dropout", f"must be in [0, 1), got {dropout!r}")
         _check_choices(self, PeftConfig)
+        if self.lora_adapter_dtype is not None and (
+            self.lora_rank == 0 or self.quantize_base != "none"
+        ):
+            raise SpecError(
+                "lora_adapter_dtype",
+                f"{self.lora_adapter_dtype} casts LoRA adapters over an unquantized base: set "
+                "lora_rank > 0 and quantize_base none, or leave it unset",
+            )
         if self.prepare_kbit_training is not None and not isinstance(
             self.prepare_kbit_training, bool
         ):
@@ -1642,6 +1696,20 @@ class DiffusionConfig:
     :data:`trainmem.specs.diffusers.FROZEN_COMPONENTS`. A kept VAE also encodes each batch
     inside the step, as the scripts do without cached latents (Note [The frozen VAE encodes
     inside the step], trainmem/trace/frozen_encode.py)."""
+    layerwise_casting: str = setting(
+        "none",
+        "diffusers models with LoRA: store the frozen layers' weights in this float8 dtype, "
+        "each layer cast to the weights' dtype for its forward (diffusers "
+        "enable_layerwise_casting; finetrainers --layerwise_upcasting_modules transformer):",
+        choices=LAYERWISE_CASTING,
+    )
+    """The storage dtype of diffusers' layerwise casting of the trained model's frozen layers
+    (:data:`LAYERWISE_CASTING`): each ``Linear`` / ``Conv`` / ``Embedding`` outside the skip
+    patterns stores its weights in ``float8_e4m3fn`` or ``float8_e5m2`` (1 byte) and is cast to
+    the load dtype before its forward and back after it (diffusers ``hooks/
+    layerwise_casting.py``; Note [diffusers' layerwise casting] in
+    trainmem/trace/layerwise_casting.py). Needs a diffusers model and LoRA (the weights are
+    frozen); ``none``, the default: the weights stay in the load dtype."""
     controlnet: bool = setting(
         False,
         "diffusers UNet models: train a ControlNet (ControlNetModel.from_unet) beside the "
@@ -2495,6 +2563,25 @@ def _check_load_dtype(t: TrainingConfig) -> None:
         )
 
 
+def _check_adapter_dtype(t: TrainingConfig) -> None:
+    """An explicit ``lora_adapter_dtype`` on one unsharded model only: DeepSpeed casts the
+    module it wraps to one dtype (``FrameworkConventions.adapter_dtype_follows_weights``), and
+    sharding flattens or gathers the adapters in the sharded dtype.
+
+    Raises:
+        SpecError: ``lora_adapter_dtype`` with ``zero_stage`` > 0 or such a framework.
+    """
+    if t.lora_adapter_dtype is None:
+        return
+    if t.zero_stage > 0 or t.conventions.adapter_dtype_follows_weights:
+        raise SpecError(
+            "lora_adapter_dtype",
+            f"{t.lora_adapter_dtype}: with zero_stage {t.zero_stage} under {t.framework} the "
+            "adapters are cast or flattened with the model (DeepSpeed, FSDP); allowed: unset, "
+            "or zero_stage 0 outside DeepSpeed",
+        )
+
+
 def _check_combinations(t: TrainingConfig) -> None:
     """The checks that span concerns, after each concern has checked its own fields.
 
@@ -2516,6 +2603,7 @@ def _check_combinations(t: TrainingConfig) -> None:
     _check_dora_framework(t)
     _check_modules_to_save(t)
     _check_fsdp1_adapters(t)
+    _check_adapter_dtype(t)
     _check_unsloth_single_gpu(t)
     _check_trl_release(t)
     if t.seq_len % t.context_parallel_size:

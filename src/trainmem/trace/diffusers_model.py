@@ -55,6 +55,7 @@ from trainmem.specs.hardware import GPUSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
 from trainmem.trace.diffusers_inputs import forward_inputs
+from trainmem.trace.layerwise_casting import apply_layerwise_casting
 from trainmem.trace.quantized import quantize_base
 from trainmem.units import dtype_bytes
 
@@ -108,7 +109,8 @@ def build_diffusers_model(
 
     Built with ``diffusers.<_class_name>.from_config`` under ``torch.device(device)`` (on
     ``meta`` no weight is initialised), cast to ``training.weight_dtype``, dropout zeroed when
-    ``training.dropout`` is off, LoRA adapters added (:func:`apply_diffusers_lora`).
+    ``training.dropout`` is off, LoRA adapters added (:func:`apply_diffusers_lora`), the frozen
+    layers cast for storage (``layerwise_casting``: Note [diffusers' layerwise casting]).
 
     Args:
         raw_config: the parsed ``config.json`` (with ``_class_name``).
@@ -155,6 +157,8 @@ def build_diffusers_model(
         model = torch.nn.Module.to(model, getattr(torch, training.weight_dtype))
     apply_diffusers_lora(model, training)
     quantize_base(model, training, diffusers=True)  # Note [Traced quantized base]
+    # Note [diffusers' layerwise casting]: after the adapters, as enable_layerwise_casting
+    apply_layerwise_casting(model, training, real=device != "meta")
     model.train()
     return model
 
@@ -232,7 +236,8 @@ def apply_diffusers_lora(model: Any, training: TrainingConfig) -> None:
     linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     names: list[str] = []
     for target in training.lora_targets:
-        found = _matching(linears, DIFFUSERS_LORA_MODULES.get(target, ()))
+        # a diffusers module name (DIFFUSERS_LORA_TARGETS, "to_out.0") matches itself alone
+        found = _matching(linears, DIFFUSERS_LORA_MODULES.get(target, (target,)))
         if not found:
             have = [t for t, s in DIFFUSERS_LORA_MODULES.items() if _matching(linears, s)]
             raise UnsupportedError(
@@ -258,7 +263,8 @@ def apply_diffusers_lora(model: Any, training: TrainingConfig) -> None:
     lokr_module_dropout_off(model)
     _adapters_in_base_dtype(model, training)  # Note [diffusers' adapters take the base dtype]
     cast_adapters(model, training)  # DeepSpeed's cast of the wrapped module
-    if training.weight_dtype == "float16":  # diffusers.training_utils.cast_training_params
+    if training.weight_dtype == "float16" and training.lora_adapter_dtype is None:
+        # diffusers.training_utils.cast_training_params (an explicit dtype: cast_adapters)
         for p in model.parameters():
             if p.requires_grad:
                 p.data = p.to(torch.float32)

@@ -846,7 +846,16 @@ def cast_adapters(model: Any, training: TrainingConfig) -> None:
     meta adapters), which is what it makes of a 16-bit base elsewhere
     (``autocast_adapter_dtype=True``). TRL's SFTTrainer from 0.26 casts every trainable
     parameter of a bitsandbytes base to bf16 (``TrainingConfig.trl_bf16_adapters``; trl
-    v0.26.0 trl/trainer/sft_trainer.py:715-718)."""
+    v0.26.0 trl/trainer/sft_trainer.py:715-718). An explicit ``lora_adapter_dtype`` casts every
+    trainable parameter to it, as diffusers' ``cast_training_params(model, dtype)`` does
+    (diffusers 0.42.1 training_utils.py: ``param.data = param.to(dtype)`` where
+    ``param.requires_grad``)."""
+    if training.lora_adapter_dtype is not None:
+        dtype = getattr(torch, training.lora_adapter_dtype)
+        for param in model.parameters():
+            if param.requires_grad:
+                param.data = param.data.to(dtype)
+        return
     if training.trl_bf16_adapters:
         for param in model.parameters():
             if param.requires_grad:

@@ -420,6 +420,11 @@ def _float_packed(nbytes: int, dtype: Any, device: Any) -> Any:
 
 
 def parameter_dtype(model: Any) -> Any:
-    """The dtype of ``model``'s first floating-point parameter (the dtype its inputs take): a
-    quantized base's packed ``uint8`` weights are not it. ``torch.float32`` when it has none."""
-    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    """The dtype of ``model``'s first floating-point parameter wider than a byte (the dtype its
+    inputs take): a quantized base's packed ``uint8`` weights are not it, nor layerwise
+    casting's float8 storage (Note [diffusers' layerwise casting]: the layers compute in the
+    load dtype). ``torch.float32`` when it has none."""
+    return next(
+        (p.dtype for p in model.parameters() if p.is_floating_point() and p.element_size() > 1),
+        torch.float32,
+    )
