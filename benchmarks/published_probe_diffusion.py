@@ -54,15 +54,15 @@ transformer before training); kept as measured.
 Source 2: the Hugging Face blog "(LoRA) Fine-Tuning FLUX.1-dev on Consumer Hardware"
 (huggingface/blog flux-qlora.md @2ece681, 19 Jun 2025): RTX 4090, diffusers' research_projects/
 flux_lora_quantization ``train_dreambooth_lora_flux_miniature.py``, 512 x 768 (height 768),
-batch 1, gradient accumulation 4, bf16, 8-bit AdamW, gradient checkpointing, cached latents,
-T5 embeddings precomputed at 77 tokens, LoRA r 4 on ``to_q``, ``to_k``, ``to_v``, ``to_out.0``
+batch 1, gradient accumulation 4, bf16, 8-bit AdamW, gradient checkpointing, cached latents, T5
+embeddings precomputed at 77 tokens, LoRA r 4 on ``to_q``, ``to_k``, ``to_v``, ``to_out.0``
 (4,669,440 trainable, mapped as ``--lora-targets to_q,to_k,to_v,to_out.0`` since session 27;
-trainmem's q,k,v,o adds the joint attention's ``add_*_proj``: 6,537,216). QLoRA: nf4 (no double quantization), compute
-bf16, ``prepare_model_for_kbit_training`` (its fp32 upcast of the unquantized weights): "Peak
-VRAM usage ... approximately 9GB"; the same run with the base in 16 bits: "26 GB" (not on
-the 24 GB RTX 4090 it names: the bf16 weights alone are 23.8 GB; run here for an 80 GB card,
-the GPU only sets the verdict). No tool named: compared with trainmem's device total in GB
-(1e9 B), as published_probe.py reads the Qwen README.
+trainmem's q,k,v,o adds the joint attention's ``add_*_proj``: 6,537,216). QLoRA: nf4 (no double
+quantization), compute bf16, ``prepare_model_for_kbit_training`` (its fp32 upcast of the
+unquantized weights): "Peak VRAM usage ... approximately 9GB"; the same run with the base in 16
+bits: "26 GB" (not on the 24 GB RTX 4090 it names: the bf16 weights alone are 23.8 GB; run here
+for an 80 GB card, the GPU only sets the verdict). No tool named: compared with trainmem's
+device total in GB (1e9 B), as published_probe.py reads the Qwen README.
 
 Bounds (hardware claims, not measurements; reported as whether trainmem says it fits):
 THUDM/CogVideo ``finetune/README.md`` @e519ece (May 2025) "Hardware Requirements": LoRA r 128
@@ -101,6 +101,11 @@ LTX 7.04 -> 5.92 GiB, HunyuanVideo 39.76 -> 39.71, CogVideoX-5b bound 20.85 (ove
 (under), FLUX 16-bit LoRA 25.61 -> 25.66 GB (r 4: 6.5M adapters; allocator rounding), the
 bf16 CogVideo bound 22.92 -> 22.66 GB; the two cells without precomputation were refused on
 main (no frozen components known for the video pipelines).
+
+Session 27 (helper diffpipe): the three FP8 cells LTX-Video 4.906 GiB (-1.9 %), HunyuanVideo
+31.486 (-1.6 %), CogVideoX-5b 16.234 (-9.8 %); the blog's cells with its own targets: QLoRA
+9.309 GB (+3.7 -> +3.4 %), 16-bit LoRA 25.646 (-1.3 -> -1.4 %); CogVideo's bounds with fp32
+adapters: 5b 22.66 -> 22.916 GB; the other cells unchanged.
 
 Run: ``PYTHONPATH=src python benchmarks/published_probe.py`` (this part: a few minutes of CPU).
 """
