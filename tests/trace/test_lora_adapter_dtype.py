@@ -86,3 +86,20 @@ def test_refused_where_the_framework_casts_the_adapters() -> None:
         )  # fmt: skip
     with pytest.raises(SpecError, match="lora_adapter_dtype.*lora_rank > 0"):
         TrainingConfig(lora_adapter_dtype="float32")
+
+
+def test_the_assumed_line_names_the_given_adapter_dtype_and_the_casting() -> None:
+    from trainmem.specs.assumptions import assumptions
+
+    config = {
+        "precision": "bf16-mixed", "load_dtype": "bfloat16", "lora_rank": 4,
+        "lora_adapter_dtype": "float32", "layerwise_casting": "float8_e4m3fn",
+    }  # fmt: skip
+    means = assumptions(config, library="diffusers")["framework_means"]
+    assert "LoRA adapters float32 (--lora-adapter-dtype)" in means
+    assert "stored in float8_e4m3fn" in means
+    plain = assumptions(
+        {**config, "lora_adapter_dtype": None, "layerwise_casting": "none"}, "diffusers"
+    )
+    assert "LoRA adapters bfloat16," in plain["framework_means"]
+    assert "float8" not in plain["framework_means"]

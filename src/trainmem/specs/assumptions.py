@@ -218,6 +218,8 @@ def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dic
         # diffusers' add_adapter: the base's dtype, fp32 for fp16 (Note [diffusers' adapters
         # take the base dtype]); PeftModel's autocast_adapter_dtype elsewhere: fp32
         adapters = load_dtype if library == "diffusers" and load_dtype != "float16" else "fp32"
+        if config.get("lora_adapter_dtype"):  # given: it wins (diffusers' cast_training_params)
+            adapters = f"{config['lora_adapter_dtype']} (--lora-adapter-dtype)"
         out["framework_means"] = LOADED_16BIT_SUMMARY.format(dtype=load_dtype, adapters=adapters)
         if config.get("quantize_base") not in (None, "none"):
             compute = config.get("compute_dtype")
@@ -229,6 +231,13 @@ def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dic
             out["framework_means"] = LOADED_16BIT_QUANTIZED_SUMMARY.format(
                 dtype=load_dtype, casts=casts
             )
+    casting = config.get("layerwise_casting")
+    if casting not in (None, "none"):  # Note [diffusers' layerwise casting]
+        out["framework_means"] += (
+            f"; the frozen layers stored in {casting}, each cast for its forward "
+            "(--layerwise-casting; norms, pos_embed / patch_embed, proj_in / proj_out and the "
+            "adapters kept)"
+        )
     precision = framework_precision(config)
     if precision:
         out["precision"] = precision
