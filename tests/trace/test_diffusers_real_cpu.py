@@ -89,6 +89,11 @@ def real_peak(config: str, training: TrainingConfig) -> tuple[int, int]:
 
 
 def fake_peak(config: str, training: TrainingConfig) -> int:
+    return fake_report(config, training).peak_bytes
+
+
+def fake_report(config: str, training: TrainingConfig):
+    """The trace's peak report of ``config``'s step (CPU behaviour, no CUDA emulation)."""
     raw = load_hf_config(str(CONFIGS / config))
     holder = {}
 
@@ -103,7 +108,7 @@ def fake_peak(config: str, training: TrainingConfig) -> int:
         loss_fn=diffusers_loss,
         emulate_cuda=False,
     )
-    return report.peak_bytes
+    return report
 
 
 IMAGE = dict(resolution=64, text_seq_len=16)

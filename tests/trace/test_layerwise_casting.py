@@ -33,7 +33,6 @@ from trainmem.trace.engine import (  # noqa: E402
     _autocast_factory,
     _emulation,
     apply_activation_checkpointing,
-    run_trace,
 )
 from trainmem.trace.optimizers import build_optimizer  # noqa: E402
 from trainmem.trace.step import run_step  # noqa: E402
@@ -103,20 +102,9 @@ def _real_peak(training: TrainingConfig) -> tuple[int, dict[Any, int]]:
 
 def _fake_peak(training: TrainingConfig) -> tuple[int, int]:
     """(peak, parameter bytes at the end of the recorded step) of the trace."""
-    raw = load_hf_config(str(FLUX))
-    holder: dict[str, Any] = {}
+    from test_diffusers_real_cpu import fake_report
 
-    def build() -> Any:
-        holder["m"] = build_diffusers_model(raw, training)
-        return holder["m"]
-
-    capture, report = run_trace(
-        build,
-        lambda: make_diffusers_batch(holder["m"], training),
-        training,
-        loss_fn=diffusers_loss,
-        emulate_cuda=False,
-    )
+    report = fake_report(FLUX.name, training)
     live: dict[int, int] = {}
     for ev in report.timeline.events:
         if ev.category.value != "parameters":
