@@ -38,20 +38,15 @@ optimizer's 12 B / 2; absent on the PP 4 last stage); rope's cos / sin caches ar
 instead (a few MB).
 
 Found (session 27): TP 4 -1.0 % (H100) / -2.8 % (A100); the model states between steps 20.16
-GB against the logged 20.66 (the position table's 0.40 GB). PP 4 interleaved +5.4 / +5.7 % on
-the last stage: trainmem puts torch.distributed.pipelining's stage buffers on a Megatron stage
-(trainmem/analytic/pipeline.py ``stage_buffers``, Note [Pipeline stage buffers]): 25.4 stage
-outputs kept in ``fwd_cache`` (3.625 micro-batches in flight x 7 non-last chunks) and 31
-persistent receive buffers, 56.4 x 67.1 MB (1 x 8192 x 4096 bf16) = 3.78 GB. Megatron holds
-neither: megatron-core schedules.py ``deallocate_output_tensor`` replaces each sent output's
-``.data`` by a 1-element tensor (``deallocate_pipeline_outputs``, set True by Megatron-LM's
-``core_transformer_config_from_args``: training/arguments.py at core_r0.9.0,
-training/argument_utils.py at 7e6a045), and p2p_communication.py ``_communicate`` allocates
-every received tensor per message (``torch.empty``), the stage input held only while its
-micro-batch is in flight (the first layer's saved input). Without the two on the Megatron
-stage (an experiment, not landed: the traced path runs torch's pipelining and would disagree)
-the last stage is 60.21 GB against 60.72 (-0.8 %). The logged PP rank holds 24.81 GB between
-steps against trainmem's 23.36 GB of model states: 1.45 GB not read.
+GB against the logged 20.66 (the position table's 0.40 GB). PP 4 interleaved, the last stage:
++5.4 / +5.7 % while trainmem put torch.distributed.pipelining's stage buffers on a Megatron
+stage (25.4 stage outputs kept in ``fwd_cache`` and 31 persistent receive buffers, 56.4 x 67.1
+MB = 3.78 GB); Megatron keeps neither (megatron-core ``deallocate_output_tensor`` under
+``deallocate_pipeline_outputs=True``, p2p_communication.py ``_communicate``'s ``torch.empty``
+per message: Note [Megatron's pipeline stage buffers] in trainmem/analytic/pipeline.py, helper
+megapipe): 64.00 -> 60.28 GB against 60.72 (-0.7 %, H100) and 60.49 (-0.4 %, A100). The
+logged PP rank holds 24.81 GB between steps against trainmem's 23.36 GB of model states: 1.45
+GB not read.
 
 Run: ``PYTHONPATH=src python benchmarks/published_probe.py`` (these cells last), or this file.
 """

@@ -3,6 +3,8 @@ per-rank tensor sizes under context parallelism; expected numbers by hand from t
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from trainmem.analytic.pipeline import stage_buffers
@@ -285,3 +287,36 @@ def test_step_merges_the_logits_after_the_pipeline_reduce_scatter() -> None:
             if e.phase == "optimizer" and at_step < 0:
                 at_step = grads
     assert at_merge == at_step > 0
+
+
+def test_megatron_stage_frees_sent_outputs_and_receives_per_message() -> None:
+    # megatron-core schedules.py deallocate_output_tensor (Megatron-LM's
+    # deallocate_pipeline_outputs=True): a sent output's data becomes one element, so no
+    # output waits in a cache for its backward; p2p_communication.py _communicate: every
+    # receive is a new torch.empty, the input living as the first layer's saved input, the
+    # gradient through its backward (Note [Megatron's pipeline stage buffers]). The probe's
+    # PP 4 last rank (published_probe_megatron.py): interleaved, 8 one-layer chunks a rank,
+    # 4 micro-batches of 1 x 8192 tokens, bf16 residual stream of h = 4096:
+    # 1 * 8192 * 4096 * 2 = 67,108,864 B per boundary tensor
+    model = load_model("llama-3.1-8b")  # h = 4096, 32 layers
+    megatron = TrainingConfig(framework="megatron", precision="bf16-mixed", seq_len=8192,
+                              pipeline_parallel_size=4, gradient_accumulation_steps=4,
+                              pipeline_schedule="interleaved-1f1b",
+                              virtual_pipeline_stages=8)  # fmt: skip
+    edge = 1 * 8192 * 4096 * 2
+    assert edge == 67_108_864
+    last = stage_buffers(model, megatron, in_flight=3.625, first=False, last=True)
+    # 7 of its 8 chunks are not the last stage: one received gradient in a backward
+    assert (last.in_flight_outputs, last.output_chunk, last.recv_buffers) == (0, 0, 0)
+    assert last.backward_grad == edge
+    # torch's pipelining (torchtitan, fsdp2) on the same rank: round(3.625 * 7) = 25 outputs
+    # in fwd_cache; inputs of 4 micro-batches x 8 chunks less the round(3.625 * 8) = 29 in
+    # flight, gradients of 4 x 7 chunks: 3 + 28 = 31 receive buffers (the probe's 25.4 and 31)
+    titan = replace(megatron, framework="fsdp2")
+    kept = stage_buffers(model, titan, in_flight=3.625, first=False, last=True)
+    assert (kept.in_flight_outputs, kept.recv_buffers) == (round(3.625 * 7 * edge), 31 * edge)
+    assert kept.backward_grad == 0
+    # a single-stage rank holding the last stage receives no gradient
+    one = replace(megatron, pipeline_schedule="1f1b", virtual_pipeline_stages=1)
+    assert stage_buffers(model, one, in_flight=1, first=False, last=True).backward_grad == 0
+    assert stage_buffers(model, one, in_flight=4, first=True, last=False).backward_grad == edge

@@ -326,3 +326,41 @@ def test_lora_stages_agree_with_the_formulas_and_keep_no_first_layer_copies() ->
     # q's copy would be o's size (cast for its matmul, a temporary, not saved); k's and v's,
     # 2 MiB, share their size with [t, h] tensors
     assert not any(2048 * 2048 * 2 in made.get(n, set()) for n in ("q_proj", "base_layer"))
+
+
+def test_megatron_stages_keep_no_receive_buffers_between_steps() -> None:
+    # megatron-core p2p_communication.py _communicate receives every tensor into a new
+    # torch.empty per message (Note [Megatron's stage buffers in the trace]): nothing of the
+    # pipeline runtime is alive when the recorded step starts, where torch's pipelining keeps
+    # m = 4 receive buffers per stage (test_receive_buffers_and_output_chunks_are_the_runtime_s)
+    est = estimate("tiny-llama-test", _pp(framework="megatron"), engine="trace",
+                   simulate_allocator=False)  # fmt: skip
+    for schedule in est.schedules:
+        for category in (MemoryCategory.TEMPORARY, MemoryCategory.ACTIVATION):
+            assert _init_bytes(schedule, category, "pipeline") == 0
+
+
+def test_megatron_freed_output_still_runs_its_backward() -> None:
+    # megatron-core deallocate_output_tensor then custom_backward, run on the CPU: y = x * w
+    # (x [2, 3], w [3]), its data replaced by one element once "sent"; the C++ engine's
+    # backward with the received gradient g gives x.grad = g * w, as torch.autograd.grad of the
+    # kept y would, and the stage hands back x's gradient (clearing x.grad, as torch's
+    # stage_backward)
+    import torch
+
+    from trainmem.trace.megatron_pipeline import deallocate_output, megatron_stage_backward
+
+    x = torch.arange(6.0).reshape(2, 3).requires_grad_()
+    w = torch.tensor([1.0, -2.0, 0.5])
+    y = x * w
+    deallocate_output(y)
+    assert y.shape == (1,) and y.grad_fn is not None
+    g = torch.full((2, 3), 3.0)
+    (grad,) = megatron_stage_backward((y,), (g,), [x])
+    assert torch.equal(grad, torch.tensor([[3.0, -6.0, 1.5]] * 2))
+    assert x.grad is None
+    # a view's base is freed with it (DTensor.to_local under sequence parallelism)
+    base = torch.ones(4, 4).requires_grad_() * 2
+    view = base.view(16)
+    deallocate_output(view)
+    assert base.numel() == 1 and view.numel() == 1

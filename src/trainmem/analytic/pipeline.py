@@ -40,6 +40,31 @@ Note [Pipeline stage buffers]
     under sequence parallelism (torchtitan's TP plan: the block outputs are ``Shard(1)`` local
     tensors) and context parallelism; the logits are vocabulary-sharded under TP (loss
     parallel).
+
+Note [Megatron's pipeline stage buffers]
+    megatron-core keeps neither the stage outputs nor persistent receive buffers
+    (megatron/core/pipeline_parallel/schedules.py and p2p_communication.py, the same at
+    core_r0.9.0 and at 7e6a045 of Jul 2026;
+    ``FrameworkConventions.pipeline_sent_outputs_freed``):
+
+    * ``forward_backward_pipelining_without_interleaving`` / ``..._with_interleaving`` append
+      each micro-batch's output to ``output_tensors`` for its backward, but call
+      ``deallocate_output_tensor(output_tensor, config.deallocate_pipeline_outputs)`` right
+      after sending it: ``out.data = torch.empty((1,), ...)``, the grad_fn kept (Megatron-LM
+      sets ``deallocate_pipeline_outputs = True``: training/arguments.py
+      ``core_transformer_config_from_args`` at core_r0.9.0, training/argument_utils.py at
+      7e6a045). ``backward_step`` then runs ``custom_backward``, the C++ engine's
+      ``run_backward`` on the 1-element output with the received gradient. So no stage output
+      outlives its send: ``in_flight_outputs`` is 0.
+    * ``_communicate`` receives every tensor into a new ``torch.empty(tensor_shape,
+      requires_grad=True, dtype=config.pipeline_dtype)`` per message. A received input lives
+      in ``input_tensors`` until its micro-batch's backward: it is the first layer's saved
+      input, counted with the activations. A received gradient (``output_tensor_grad``,
+      received by ``send_forward_recv_backward`` before the backward) lives through that
+      backward: one boundary tensor during a backward on a rank with a non-last stage
+      (``backward_grad``). No buffer outlives its message: ``recv_buffers`` is 0.
+
+    Megatron's last stage keeps no logits either (``output_chunk`` 0, the note above).
 """
 
 from __future__ import annotations
@@ -65,11 +90,15 @@ class StageBuffers:
         output_chunk: one micro-batch's logits kept in ``output_chunks`` (last stage; 0
             elsewhere, and under Megatron's schedules).
         recv_buffers: the persistent receive buffers not already counted as saved inputs.
+        backward_grad: the received output gradient alive through one micro-batch's backward,
+            when it is allocated per message (Note [Megatron's pipeline stage buffers]; 0
+            under torch's pipelining, whose gradient buffers are in ``recv_buffers``).
     """
 
     in_flight_outputs: int
     output_chunk: int
     recv_buffers: int
+    backward_grad: int = 0
 
 
 def boundary_bytes(model: ModelSpec, training: TrainingConfig) -> int:
@@ -121,4 +150,9 @@ def stage_buffers(
     # Megatron's last stage hands its schedule the loss, not the logits
     # (``FrameworkConventions.pipeline_last_stage_output_is_loss``)
     keeps_logits = last and not training.conventions.pipeline_last_stage_output_is_loss
-    return StageBuffers(outputs, logits_bytes(model, training) if keeps_logits else 0, recv)
+    logits = logits_bytes(model, training) if keeps_logits else 0
+    if training.conventions.pipeline_sent_outputs_freed:
+        # Note [Megatron's pipeline stage buffers]: outputs freed once sent, receives per
+        # message; one received gradient during a backward
+        return StageBuffers(0, logits, 0, edge if non_last else 0)
+    return StageBuffers(outputs, logits, recv)

@@ -1072,6 +1072,13 @@ class FrameworkConventions:
     ``GPTModel.forward`` returns the loss when labels are given, models/gpt/gpt_model.py), so no
     micro-batch's logits outlive its loss. False: torch.distributed.pipelining appends each
     micro-batch's output to ``output_chunks`` (Note [Pipeline stage buffers])."""
+    pipeline_sent_outputs_freed: bool
+    """A pipeline stage frees each sent output's data and receives every tensor into a buffer
+    allocated for that message (Note [Megatron's pipeline stage buffers] in
+    :mod:`trainmem.analytic.pipeline`: megatron-core ``deallocate_output_tensor`` under
+    Megatron-LM's ``deallocate_pipeline_outputs=True``, p2p_communication.py ``_communicate``'s
+    ``torch.empty``). False: torch.distributed.pipelining keeps the outputs in ``fwd_cache`` to
+    their backward and one receive buffer per micro-batch for the schedule's life."""
 
     unsloth_alloc_conf: bool
     """The caching allocator runs with Unsloth's ``PYTORCH_CUDA_ALLOC_CONF`` unless the user
@@ -1276,6 +1283,7 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "fsdp_unsharded_leaf_parameters": False,
         "vocab_parallel_cross_entropy": False,
         "pipeline_last_stage_output_is_loss": False,
+        "pipeline_sent_outputs_freed": False,
         "loop": "drop",
         "untied_output_head": False,
         "precisions": None,
@@ -1408,6 +1416,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
             fused_multi_tensor_adam=True,
             vocab_parallel_cross_entropy=True,
             pipeline_last_stage_output_is_loss=True,
+            pipeline_sent_outputs_freed=True,
             fused_rms_norm=True,
         ),
         _row(

@@ -68,6 +68,7 @@ from trainmem.specs.ranks import RankMap, rank_map
 from trainmem.specs.training import TrainingConfig, check_torch_pipeline_microbatches
 from trainmem.trace._torch import require_torch
 from trainmem.trace.engine import megatron_loss_traced
+from trainmem.trace.megatron_pipeline import drop_loss_graphs, free_sent_outputs
 
 torch = require_torch()
 
@@ -366,6 +367,8 @@ def build_schedule(
         # the process runs as pp rank 0 for every traced rank (one fake group, one mesh: DTensor
         # caches compare meshes without their groups); the schedule reads the rank from here
         stage.group_rank = rank.rank
+        if training.conventions.pipeline_sent_outputs_freed:
+            free_sent_outputs(stage)  # Note [Megatron's stage buffers in the trace]
         stages.append(stage)
     vocab_size = next(iter(stage_modules.values())).config.vocab_size
 
@@ -382,6 +385,8 @@ def build_schedule(
             st._inference_mode = InferenceMode.STATIC
 
     schedule._warmup_p2p = static_shapes
+    if training.conventions.pipeline_sent_outputs_freed:
+        drop_loss_graphs(schedule, stages)  # Note [Megatron's stage buffers in the trace]
     # Note [Megatron's last pipeline stage]: GPTModel returns the loss, no logits are kept
     run = PipelineRun(schedule, stages, {}, return_outputs=not megatron_loss_traced(training))
     signal_phases(run, autocast)

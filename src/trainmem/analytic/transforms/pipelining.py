@@ -4,6 +4,7 @@ output (Note [Pipeline stage buffers] in :mod:`trainmem.analytic.pipeline`).
 
 Source: torch/distributed/pipelining/schedules.py (``ScheduleGPipe`` / ``Schedule1F1B``
 ``_step_microbatches``, ``_merge_outputs``), stage.py (``fwd_cache``, ``output_chunks``);
+megatron-core schedules.py / p2p_communication.py (Note [Megatron's pipeline stage buffers]);
 Korthikanti et al. 2022 sec. 4.2.3 (micro-batches in flight).
 """
 
@@ -33,7 +34,9 @@ class Pipeline(Transform):
     Inserts: ``micro_batches.begin`` the receive buffers (warm-up step, kept);
     ``micro_batch.begin`` the other micro-batches' activations and stage outputs in flight
     (until ``micro_batch.end``); ``head.forward`` the micro-batch's logits kept in
-    ``output_chunks`` (freed at ``step.end``); ``step.post_backward`` the merged output.
+    ``output_chunks`` (freed at ``step.end``); ``step.post_backward`` the merged output;
+    ``backward.begin`` a received output gradient allocated per message (Megatron, until
+    ``micro_batch.end``).
     """
 
     name = "pipeline"
@@ -110,6 +113,21 @@ class Pipeline(Transform):
             "stage outputs kept for backward (pipelining fwd_cache)",
         )
         return [Lifetime(op, "micro_batch.end") for op in (acts, outputs) if op.size_bytes]
+
+    def backward_begin(self, where: Where) -> Sequence[Emitted]:
+        # Note [Megatron's pipeline stage buffers]: the output gradient received for this
+        # backward, allocated per message
+        if not self.buffers.backward_grad:
+            return ()
+        grad = alloc(
+            self.buffers.backward_grad,
+            Cat.TEMPORARY,
+            "backward",
+            "pp/grad_recv",
+            "pipeline",
+            "the stage output's gradient received for this backward (one per message)",
+        )
+        return (Lifetime(grad, "micro_batch.end"),)
 
     def _output_chunk(self) -> Op:
         """The last stage's logits of micro-batch ``{i}``, kept in ``output_chunks`` until the
