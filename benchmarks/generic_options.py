@@ -389,6 +389,60 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     # the installed code traced and the release's differences applied (traced_releases.py)
     "transformers 4.40": {"transformers_version": "4.40.0"},
     "litgpt 0.4.0": {"framework": "litgpt", "litgpt_version": "0.4.0"},
+    # session 27 (helper matrix): one set per option of `trainmem estimate --help` no set used
+    # (tests/benchmarks/test_generic_options_matrix.py checks every option has one)
+    "lora loha": {"lora_rank": 16, "lora_variant": "loha"},
+    "lora dropout 0.1": {"lora_rank": 16, "lora_dropout": 0.1},
+    "lora r16 on q,v": {"lora_rank": 16, "lora_targets": ("q", "v")},
+    "lora adapter dtype bfloat16": {"lora_rank": 16, "lora_adapter_dtype": "bfloat16"},
+    "prefix tuning": {"num_virtual_tokens": 8},
+    "prefix tuning + projection": {"num_virtual_tokens": 8, "prefix_projection": True},
+    "p-tuning": {"num_virtual_tokens": 8, "prompt_learning": "p-tuning"},
+    "prompt tuning": {"num_virtual_tokens": 8, "prompt_learning": "prompt-tuning"},
+    # diffusers' layerwise casting needs LoRA (the cast weights are frozen)
+    "layerwise casting fp8 e4m3": {"lora_rank": 16, "layerwise_casting": "float8_e4m3fn"},
+    "attention eager": {"attention": "eager"},
+    "dropout off": {"dropout": False},
+    "zero_grad before backward": {"zero_grad_before_backward": True},
+    "loop keeps previous outputs": {"loop": "previous"},
+    "ema bfloat16": {"ema": True, "ema_dtype": "bfloat16"},
+    "ema on cpu": {"ema": True, "ema_device": "cpu"},
+    "pipeline 2 gpipe": {
+        "pipeline_parallel_size": 2,
+        "gradient_accumulation_steps": 4,
+        "pipeline_schedule": "gpipe",
+    },
+    "ddp 4 + nccl buffer 64 MiB": {**_DP, "nccl_buffer_bytes": 64 << 20},
+    "sample lengths alpaca-cleaned": {"sample_lengths": "alpaca-cleaned"},
+    "sample lengths, long samples deleted": {
+        "sample_lengths": "alpaca-cleaned",
+        "long_samples": "delete",
+    },
+    "torch 2.4.0": {"torch_version": "2.4.0"},
+    "torchao 0.5.0 + lora fp8-mixed": {
+        "lora_rank": 16,
+        "precision": "fp8-mixed",
+        "torchao_version": "0.5.0",
+    },
+    "torchtune 0.3.0": {
+        "framework": "torchtune",
+        "precision": "bf16-true",
+        "torchtune_version": "0.3.0",
+    },
+    "fsdp2 4 torchtitan 0.1.0": {
+        **_DP,
+        "zero_stage": 3,
+        "framework": "fsdp2",
+        "torchtitan_version": "0.1.0",
+    },
+    "unsloth 2024.8 lora": {"framework": "unsloth", "lora_rank": 16, "unsloth_version": "2024.8"},
+    "zero-2 deepspeed 0.14.0": {
+        **_DP,
+        "zero_stage": 2,
+        "framework": "deepspeed",
+        "deepspeed_version": "0.14.0",
+    },
+    "trl 0.9.0": {"framework": "trl", "trl_version": "0.9.0"},
 }
 
 

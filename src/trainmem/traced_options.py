@@ -463,7 +463,7 @@ def _previous_loop_without_shape() -> UnsupportedError:
     return UnsupportedError(
         "loop=previous: the previous micro-batch's output is sized from the model's LM head "
         "(b x s x V logits, analytic/held_outputs.py), and this model has no ModelSpec (a "
-        "formula family or a remote-code config has one); use --loop drop"
+        "formula family or a remote-code config has one); use --loop drop (traced: drop)"
     )
 
 

@@ -3,11 +3,13 @@ estimate --help` works on the generic path (a test matrix of options x {a formul
 diffusers model, a timm model, a remote-code config})"), over benchmarks/generic_options.py's
 option sets.
 
-Fast: no option set is refused by the generic path's settings check (what it refuses before
-building a model, ``trace_unsupported_settings``). Slow: every set on every model kind runs end
-to end, or, on a model the option means nothing for (a language model's option on the diffusers
-or timm model), is refused with ``NotApplicableError`` naming what to use instead; the timm model
-runs when timm is installed (the optional extra), litgpt's own GPT with the litgpt extra.
+Fast: every option of ``trainmem estimate --help`` (read from the command) is used by some
+option set or exempted below with its reason; no option set is refused by the generic path's
+settings check (what it refuses before building a model, ``trace_unsupported_settings``). Slow:
+every set on every model kind runs end to end, or, on a model the option means nothing for (a
+language model's option on the diffusers or timm model), is refused with ``NotApplicableError``
+naming what to use instead; the timm model runs when timm is installed (the optional extra),
+litgpt's own GPT with the litgpt extra.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import sys
 from typing import Any
 
 import pytest
+import typer.main
 
 from conftest import MODELS_DIR, REPO_DIR
-from trainmem.errors import NotApplicableError, UnsupportedError
+from trainmem.cli.app import app
+from trainmem.errors import NotApplicableError, TraceError, UnsupportedError
 from trainmem.estimate import estimate, image_sequence, trace_unsupported_settings
 from trainmem.specs.training import TrainingConfig
 
@@ -33,11 +37,73 @@ KINDS = {
     "diffusers": str(MODELS_DIR / "diffusers" / "tiny-pixart.json"),
     "timm": "timm:test_vit",
 }
-_STILL_REFUSED: set[tuple[str, str]] = set()
-"""Cells refused on purpose, for options the formulas do not support on that model kind (none
-since session 25: timm's pipeline sets run, Note [Pipeline stages of a timm ViT])."""
+_STILL_REFUSED: set[tuple[str, str]] = {
+    # release differences known for Llama / Mistral only (traced_releases.py; session 27)
+    *(("transformers 4.40", kind) for kind in ("formula", "remote-code", "diffusers", "timm")),
+    # litgpt 0.4.0 crosses the RMSNorm fp32 weight rule (traced_releases.py; session 27)
+    ("litgpt 0.4.0", "formula"),
+    ("litgpt 0.4.0", "remote-code"),
+    # diffusers' attention dispatch runs SDPA; its eager path is not traced
+    ("attention eager", "diffusers"),
+    # the held output is sized from an LM head's logits; a denoiser's / ViT's is not modelled
+    ("loop keeps previous outputs", "diffusers"),
+    ("loop keeps previous outputs", "timm"),
+}
+"""Cells refused on purpose, for options the generic path does not model on that model kind."""
+_CRASHES: dict[tuple[str, str], str] = {
+    # session 27 (helper matrix), not fixed: Qwen-1's remote code shifts the labels of the
+    # 64 tokens, not of the 8 virtual tokens peft prepends (142 vs 126 positions)
+    ("p-tuning", "remote-code"): "Expected input batch_size",
+    ("prompt tuning", "remote-code"): "Expected input batch_size",
+}
+"""Cells whose trace fails (a defect to fix, listed so that a fix is noticed: the test fails
+when they run)."""
+_DIFFUSERS_ONLY = {"layerwise casting fp8 e4m3"}
+"""Sets of a diffusers model's option, not applicable on the other kinds."""
 _EXTRA = {"litgpt": "litgpt", "timm": "timm"}
 """Optional extras: an option set or model kind that needs one is skipped without it."""
+
+
+_NO_SET: dict[str, str] = {
+    "model": "the model: the four kinds of the slow test",
+    "gpu": "the verdict's GPU, not the step",
+    "engine": "the generic engine, in every cell",
+    "alloc_conf": "the allocator simulator, off in every cell",
+    "snapshot": "output: a memory snapshot file",
+    "plot": "output",
+    "html": "output",
+    "uncertainty": "output: the estimate's range",
+    "modules": "output: the per-module table",
+    "gpus_per_node": "host RAM per node, not the GPU step",
+    "as_json": "output",
+    "micro_batch_size": "set by every cell",
+    "seq_len": "set by every cell (the image models' own, image_sequence)",
+    "resolution": "an image model's shape: every cell runs the model's default",
+    "frames": "a video model's shape: none of the four kinds is a video model",
+    "text_seq_len": "a diffusers model's prompt shape: every cell runs the model's default",
+    "target_seq_len": "an encoder-decoder's decoder tokens: none of the four kinds is one",
+    "frozen_on_gpu": "a diffusers pipeline's VAE / text encoders: PixArt's are not known",
+    "controlnet": "made from an SD UNet2DConditionModel: none of the four kinds is one",
+    "train_text_encoder": "SD 1.x / SDXL's CLIP encoders: none of the four kinds is one",
+    "fsdp": "zero_stage by another name (the sets give zero_stage; options.apply_fsdp)",
+    "lora_alpha": "LoRA's scaling, no memory effect",
+    "deepspeed_config": "a config file read into the fields the sets give",
+    "accelerate_config": "a config file read into the fields the sets give",
+    "axolotl_config": "a config file read into the fields the sets give",
+    "torchtune_config": "a config file read into the fields the sets give",
+    "training_args": "a config file read into the fields the sets give",
+    "settings": "--set KEY=VALUE: any field, the sets give the fields",
+}
+"""The options of ``trainmem estimate`` no option set uses, each with why (issue 26)."""
+
+
+def test_every_estimate_option_is_in_an_option_set_or_exempted() -> None:
+    command = typer.main.get_command(app).commands["estimate"]  # type: ignore[attr-defined]
+    options = {param.name for param in command.params}
+    used = {name for settings in OPTION_SETS.values() for name in settings}
+    assert options - used - set(_NO_SET) == set(), "options no set uses: add a set or exempt it"
+    assert set(_NO_SET) <= options, "an exempted name is no longer an option of estimate"
+    assert set(_NO_SET) & used == set(), "an exempted option is used by a set: drop it from _NO_SET"
 
 
 def _training(settings: dict[str, Any]) -> TrainingConfig:
@@ -62,10 +128,14 @@ def test_every_option_set_runs_on_every_model_kind(name: str, kind: str) -> None
         pytest.importorskip("diffusers")
     # an image model (timm) takes no seq_len: the default, as if none were given
     training = image_sequence(str(KINDS[kind]), _training(OPTION_SETS[name]), given=False)
+    if (name, kind) in _CRASHES:
+        with pytest.raises(TraceError, match=_CRASHES[name, kind]):
+            estimate(KINDS[kind], training, engine="generic", simulate_allocator=False)
+        return
     try:
         est = estimate(KINDS[kind], training, engine="generic", simulate_allocator=False)
     except NotApplicableError:  # a language model's option on a diffusers / timm model
-        assert kind in ("diffusers", "timm"), name
+        assert kind in ("diffusers", "timm") or name in _DIFFUSERS_ONLY, name
         return
     except UnsupportedError as exc:
         assert (name, kind) in _STILL_REFUSED, f"{name} on the {kind} model: {exc}"

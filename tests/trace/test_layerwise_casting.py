@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from trainmem.errors import SpecError
+from trainmem.errors import NotApplicableError, SpecError
 from trainmem.specs.hf import load_hf_config
 from trainmem.specs.training import TrainingConfig
 
@@ -162,5 +162,5 @@ def test_refusals_name_the_field(changes: dict[str, Any], said: str) -> None:
     )
     with pytest.raises(SpecError, match=f"layerwise_casting.*{said}"):
         check_layerwise_casting(load_hf_config(str(FLUX)), training)
-    with pytest.raises(SpecError, match="layerwise_casting.*not one"):
+    with pytest.raises(NotApplicableError, match="layerwise_casting.*not one"):
         check_layerwise_casting({"model_type": "llama"}, training)

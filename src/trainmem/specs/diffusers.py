@@ -41,7 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from trainmem.errors import SpecError, UnsupportedError
+from trainmem.errors import NotApplicableError, SpecError, UnsupportedError
 from trainmem.specs.bounds import MAX_COUNT, describe_int
 
 __all__ = [
@@ -603,6 +603,8 @@ def check_layerwise_casting(config: Mapping[str, Any], training: Any) -> None:
         )
     elif training.compile:
         why = "is not modelled under torch.compile (its hooks swap the weights): compile off"
+    if why and not is_diffusers_config(config):  # an option of diffusers models only
+        raise NotApplicableError(f"layerwise_casting: {which} {why}; allowed here: none")
     if why:
         raise SpecError("layerwise_casting", f"{which} {why}; allowed here: none")
 

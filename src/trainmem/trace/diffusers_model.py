@@ -131,7 +131,7 @@ def build_diffusers_model(
     if training.attention == "eager":
         raise UnsupportedError(
             f"attention: {name} computes attention with SDPA (diffusers' attention dispatch); "
-            "use --attention sdpa or flash"
+            "use --attention sdpa or flash (traced: sdpa, flash)"
         )
     raw = dict(raw_config)
     if not training.dropout:

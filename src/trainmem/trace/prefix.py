@@ -72,7 +72,7 @@ import types
 import warnings
 from typing import Any
 
-from trainmem.errors import UnsupportedError
+from trainmem.errors import NotApplicableError, UnsupportedError
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
 
@@ -138,10 +138,11 @@ def refuse_prefix_tuning(training: TrainingConfig, what: str) -> None:
         what: the kind of model, for the message.
 
     Raises:
-        UnsupportedError: ``num_virtual_tokens > 0``.
+        NotApplicableError: ``num_virtual_tokens > 0`` (peft's prompt learning trains a
+            transformers language model).
     """
     if training.is_prompt_learning:
-        raise UnsupportedError(
+        raise NotApplicableError(
             f"num_virtual_tokens: {training.prompt_learning} on {what} is not modelled: peft's "
             "prompt learning runs on a transformers language model (virtual tokens in its "
             "key/value cache or its input embeddings); use a transformers causal or seq2seq "
