@@ -105,9 +105,12 @@ def test_the_release_is_reported_as_assumed() -> None:
     assert default["transformers"].endswith("(installed)")
 
 
-def test_the_trace_refuses_a_release_it_does_not_run() -> None:
-    assert any(
-        s.startswith("transformers_version=4.48.1")
+def test_the_settings_check_leaves_the_release_to_the_traced_step() -> None:
+    # session 27 (Note in trainmem/traced_releases.py): a release other than the installed one
+    # is no longer refused before the model is known; the traced step applies the release
+    # differences the formulas know (llama / mistral) or refuses naming transformers_version
+    assert not any(
+        s.startswith("transformers_version=")
         for s in trace_unsupported_settings(_training("4.48.1", framework="pytorch-amp"))
     )
 
