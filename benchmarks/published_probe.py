@@ -58,8 +58,10 @@ finetrainers' and the FLUX QLoRA blog's measured diffusion cells and CogVideo's 
 claims, in ``published_probe_diffusion.py``. Sixth (helper probe2, session 27): PEFT's
 method comparison suite (a plain PyTorch loop on one L40S, Llama-3.2-3B, each peft method),
 9 cells, in ``published_probe_peft.py``; seventh (probe2): Megatron-LM's CI memory tests (a 7B
-GPT, TP 4 and PP 4 interleaved on 8 H100 / A100), 4 cells, in ``published_probe_megatron.py``,
-run last.
+GPT, TP 4 and PP 4 interleaved on 8 H100 / A100), 4 cells, in ``published_probe_megatron.py``;
+eighth (helper probe3, session 28): axolotl's example READMEs ("This config uses about N GiB
+VRAM", single-GPU QLoRA through ``--axolotl-config``), 9 cells, in
+``published_probe_axolotl.py``, run last.
 
 Run: ``PYTHONPATH=src python benchmarks/published_probe.py`` (a few seconds for these cells,
 about 4 minutes of CPU for ms-swift's, each run 6 times, about 10 for the vision cells).
@@ -316,6 +318,10 @@ def main() -> int:
     import published_probe_megatron
 
     megatron = published_probe_megatron.run()
+    import published_probe_axolotl
+
+    with tempfile.TemporaryDirectory() as tmp:
+        axolotl = published_probe_axolotl.run(published_probe_axolotl.write_inputs(Path(tmp)))
     _summary("Qwen README, device total (G = GB)", errors)
     _summary("ms-swift, every step at max_length", fixed)
     _summary("ms-swift, band median (earlier lengths drawn)", band)
@@ -324,6 +330,8 @@ def main() -> int:
     _summary("diffusion (finetrainers, flux-qlora blog), measured cells", diffusion)
     _summary("PEFT method comparison (L40S), reserved at 768 tokens", peft_cells)
     _summary("Megatron-LM CI memory tests, peak allocated of the logged rank", megatron)
+    for metric, values in axolotl.items():
+        print(f"axolotl example READMEs, {metric}: {published_probe_axolotl.summary(values)}")
     return 0
 
 
