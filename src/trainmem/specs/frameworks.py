@@ -1377,11 +1377,23 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
         # (``lora_target_linear`` None, utils/schemas/peft.py:58-59: peft's default), lora_dropout
         # 0.0 (peft.py:80). Opt-in and so not here: sample packing, its cut-cross-entropy and
         # liger plugins, ``gradient_checkpointing: offload``.
+        # Note [axolotl casts a k-bit base's embeddings and norms back]: axolotl calls peft's
+        # ``prepare_model_for_kbit_training`` on a quantized LoRA / QLoRA base
+        # (loaders/model.py:455 ``_prepare_model_for_quantization``, v0.18.0), which casts every
+        # 16-bit parameter that is not quantized to fp32, and right after it, for any
+        # ``adapter`` lora / qlora (``needs_fa2_dtype``, :447-449) but QLoRA under FSDP (where
+        # the preparation is skipped: :1003-1009), casts every module named ``*norm*`` and the
+        # embedding modules (``embed_tokens``, ``lm_head``: loaders/utils.py:231-239) back to
+        # ``torch_dtype`` (:458-477 ``should_convert``, ``_convert_embedding_modules_dtype``
+        # :1025-1047); the same in v0.8.0 utils/models.py:1264-1277. So no fp32 upcast: the
+        # embeddings, norms and head stay 16-bit and so does the residual stream. Not
+        # modelled: what stays fp32 (linear biases, a GPT-2 / BLOOM embedding named otherwise,
+        # the opt-in ``fp32_norms``).
         _row(
             "axolotl",
             ddp_reducer_buckets=True,
             autocast=True,
-            peft_kbit_training=True,
+            peft_kbit_training=False,
             adafactor_from_transformers=True,
             fused_multi_tensor_adam=True,
             accelerate_fp32_outputs=True,

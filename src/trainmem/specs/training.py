@@ -1272,8 +1272,10 @@ class PeftConfig:
     """Whether the quantized base goes through peft's ``prepare_model_for_kbit_training``
     (peft utils/other.py: every parameter that is not quantized cast to fp32, so the residual
     stream is fp32 too); None, the default: the framework's
-    (``FrameworkConventions.peft_kbit_training``: HF Trainer / TRL and axolotl call it; lit-gpt,
-    torchtune and Answer.AI fsdp_qlora do not). False for a loop that prepares the model
+    (``FrameworkConventions.peft_kbit_training``: the HF Trainer / TRL stacks call it; lit-gpt,
+    torchtune and Answer.AI fsdp_qlora do not; axolotl calls it and casts the embeddings and
+    norms back, Note [axolotl casts a k-bit base's embeddings and norms back]). False for a
+    loop that prepares the model
     itself without the upcast (fms-acceleration's accelerated-peft plugins,
     ``framework_plugin_bnb.py _prepare_model_for_kbit_training``: "the stock one in peft will
     introduce extraneous casting"). Only read with a quantized base."""
