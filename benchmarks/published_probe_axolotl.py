@@ -30,6 +30,22 @@ Qwen3-4B fine-tune), OLMo-3-7B (its 3-sliding + 1-full layer pattern, seen in pu
 the config), Hunyuan-0.5B, AFM-4.5B and Seed-OSS-36B (the last three medium confidence: widths
 and vocabularies as recalled, not checked).
 
+Results (session 28, allocated / reserved against the figure read as GiB; before -> after the
+axolotl k-bit dtype fix, Note [axolotl casts a k-bit base's embeddings and norms back] in
+trainmem/specs/frameworks.py): Magistral-Small-2506 (no plugin) +11.1 / +23.6 -> -5.8 / +8.5 %;
+with the plugin Magistral-Small-2507 +39.7 / +55.4 -> +18.4 / +36.4 %, Devstral +31.9 / +39.7
+-> +12.6 / +21.5 %, Ministral-8B +88.7 / +107.1 -> +53.0 / +85.5 %, Qwen3-4B (Plano) +140.7 /
++173.2 -> +112.7 / +162.9 %, OLMo-3-7B +20.7 / +34.4 -> -1.7 / +12.6 %, Hunyuan-0.5B +45.1 /
++52.2 -> +36.2 / +60.1 %, AFM-4.5B +58.2 / +70.5 -> +33.6 / +59.2 % (with ``EXTRA``), Seed-OSS-36B
++35.3 / +40.3 -> +15.6 / +22.6 %. Every cell over but the plugin-free one and OLMo 3: the rest
+is the cut cross-entropy plugin. At trainmem's peak (the loss's backward) the logits' terms are
+the loss's (tokens x vocabulary) temporaries and the head's saved output: 4.00 + 2.08 GiB of
+Magistral's 22.61, 4.00 + 2.06 of Ministral's 13.40, 4.64 + 2.36 of Plano's 10.85, none of
+which CCE makes (axolotl-ai-cloud/ml-cross-entropy cce.py / cce_backward.py: log-sum-exp per
+token, the hidden states saved, ``dc`` only for a classifier that requires grad). The two
+Magistral cells (same model and settings, the plugin added) differ by 4.9 GiB measured against
+those 6.1 GiB.
+
 Run: ``PYTHONPATH=src python benchmarks/published_probe_axolotl.py`` (about 2 minutes of CPU a
 cell on the generic path for the model types the analytic engine lacks).
 """
