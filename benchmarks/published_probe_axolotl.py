@@ -44,7 +44,9 @@ Magistral's 22.61, 4.00 + 2.06 of Ministral's 13.40, 4.64 + 2.36 of Plano's 10.8
 which CCE makes (axolotl-ai-cloud/ml-cross-entropy cce.py / cce_backward.py: log-sum-exp per
 token, the hidden states saved, ``dc`` only for a classifier that requires grad). The two
 Magistral cells (same model and settings, the plugin added) differ by 4.9 GiB measured against
-those 6.1 GiB.
+those 6.1 GiB. OLMo 3 (the generic path) is the exception: 3.06 + 1.53 GiB of its 11.11 are
+those terms and the pinned CCE (ml-cross-entropy 242b245) patches olmo3, so it would be about
+40 % under with the plugin modelled; not diagnosed.
 
 Run: ``PYTHONPATH=src python benchmarks/published_probe_axolotl.py`` (about 2 minutes of CPU a
 cell on the generic path for the model types the analytic engine lacks).
