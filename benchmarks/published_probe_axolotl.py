@@ -245,13 +245,10 @@ def row_args(index: int, paths: dict[str, str], extra: list[str] | None = None) 
     ]  # fmt: skip
 
 
-def _pct(predicted: float, measured: float) -> str:
-    return f"{100 * (predicted - measured) / measured:+.1f}%"
-
-
 def run(paths: dict[str, str], extra: list[str] | None = None) -> dict[str, list[float]]:
     """Print the rows' table; the signed relative errors on allocated and reserved, and on
     each for the rows without the cut cross-entropy plugin."""
+    from published_probe_vision import _pct
     from validate import _invoke_estimate, metric_of
 
     print(f"\nsource: {REPO}/<commit>/<README> (axolotl example READMEs)")
