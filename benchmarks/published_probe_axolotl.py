@@ -37,7 +37,8 @@ with the plugin Magistral-Small-2507 +39.7 / +55.4 -> +18.4 / +36.4 %, Devstral 
 -> +12.6 / +21.5 %, Ministral-8B +88.7 / +107.1 -> +53.0 / +85.5 %, Qwen3-4B (Plano) +140.7 /
 +173.2 -> +112.7 / +162.9 %, OLMo-3-7B +20.7 / +34.4 -> -1.7 / +12.6 %, Hunyuan-0.5B +45.1 /
 +52.2 -> +36.2 / +60.1 %, AFM-4.5B +58.2 / +70.5 -> +33.6 / +59.2 % (with ``EXTRA``), Seed-OSS-36B
-+35.3 / +40.3 -> +15.6 / +22.6 %. Every cell over but the plugin-free one and OLMo 3: the rest
++35.3 / +40.3 -> +15.6 / +22.6 %; median |error| allocated 37.5 % (8 cells: AFM refused without
+``EXTRA``) -> 18.4 % (9), reserved 46.3 -> 36.4 %. Every cell over but the plugin-free one and OLMo 3: the rest
 is the cut cross-entropy plugin. At trainmem's peak (the loss's backward) the logits' terms are
 the loss's (tokens x vocabulary) temporaries and the head's saved output: 4.00 + 2.08 GiB of
 Magistral's 22.61, 4.00 + 2.06 of Ministral's 13.40, 4.64 + 2.36 of Plano's 10.85, none of
