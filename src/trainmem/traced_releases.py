@@ -16,6 +16,17 @@ Note [An older transformers release on a traced step]
       shifted_logits_bytes`): allocated after the loss's fp32 upcast of each micro-batch's
       logits (the last forward allocation of that size outside the layers), freed when the
       forward ends (``clone`` saves nothing);
+    * the 16-bit logits freed at the model's own ``logits = logits.float()`` (Llama before
+      4.46, Mistral before 4.48: :func:`~trainmem.analytic.loss.model_upcast_logits_bytes`,
+      Note [The upcast 16-bit logits]) in the plain loop: the free of the traced release's
+      lm_head output (held by the output until the loss returns) moved to just after the
+      loss's fp32 upcast;
+    * the training KV cache's fp32 copies of the rotated keys, which the installed release
+      holds from each layer's attention until the forward ends and a release that rotates in
+      the values' 16-bit dtype does not (Llama before 4.43, Mistral before 4.48:
+      :func:`~trainmem.analytic.attention.forward_kv_cache_bytes`, Note [The rotated keys'
+      dtype by release]): each layer's forward allocation of that size freed after the last
+      layer is dropped;
     * transformers' gradient-checkpointing default, reentrant from 4.37 until 5.0
       (``TrainingConfig.hf_checkpoint_reentrant``): the installed code is traced with the
       requested release's ``use_reentrant`` set explicitly, so the trace runs it for real.
@@ -27,25 +38,15 @@ Note [An older transformers release on a traced step]
     ``previous``), the weights' load dtype, the FSDP1 checkpoint placement before 4.52; so is a
     family whose releases were not read, a release before 4.38 or after the installed one.
 
-    Checked against a real trace of transformers 4.40.0 (torch 2.13.0 CPU, a throwaway venv,
-    the generic path of this package on its installed 4.40.0) on the agreement Llama
-    (tests/models/agreement/llama_h1024.json, bf16-mixed, AdamW): 1 x 128 tokens and 4 x 512
-    under full checkpointing, the transformed step's peak equals the real one to the byte
-    (702,913,024 and 702,943,744 B: the rotary buffers, 4 MiB). Where the peak is at the loss
-    (4 x 512 tokens, no checkpointing: 889,164,376 B against the real 855,527,960, +3.9 %;
-    LoRA r8: 508,482,136 against 474,845,720, +7.1 %; the formulas within 0.02 % of the
-    transformed step in both) the weights, states and activations agree within 0.02 % and
-    the whole gap is temporaries, 33.6 MB: 16.8 MB are the 16-bit logits, which 4.40 frees at
-    ``logits = logits.float()`` in the plain loop too (Note [The upcast 16-bit logits] has it
-    for the loops that hold the output only) where the formulas and the installed release keep
-    them beside the upcast; the other 16.8 MB are each layer's rotated keys in fp32 (4 x 8 x
-    512 x 128 x 4 B), which the installed release's ``DynamicCache`` (``use_cache``) holds
-    until the forward returns: 5.24 rotates with cos / sin of the model-level
-    ``self.rotary_emb(hidden_states, ...)``, in the fp32 residual stream's dtype under
-    autocast, where 4.40's ``LlamaSdpaAttention.forward`` takes ``self.rotary_emb(
-    value_states, ...)``, whose ``cos.to(dtype=x.dtype)`` is 16-bit, so its cached keys are
-    the 16-bit ones SDPA saves anyway. Both are release differences no rule has yet, so
-    neither engine has them.
+    Checked against a real trace of transformers 4.40.0 (torch 2.13.0 CPU, peft 0.10.0, a
+    throwaway venv, the generic path of this package on its installed 4.40.0:
+    benchmarks/transformers_release_trace.py) on the agreement Llama (tests/models/agreement/
+    llama_h1024.json, bf16-mixed, AdamW): 1 x 128 tokens and 4 x 512 under full checkpointing,
+    the transformed step's peak equals the real one to the byte (702,913,024 and 702,943,744
+    B: the rotary buffers, 4 MiB). Where the peak is at the loss, 4 x 512 tokens without
+    checkpointing: 855,609,944 B against the real 855,527,960 (+0.01 %; +3.9 % before the
+    logits and keys rules), LoRA r8: 474,927,704 against 474,845,720 (+0.02 %; +7.1 %
+    before); the formulas 855,576,576 and 474,861,568.
 
 Note [An older litgpt release on a traced step]
     ``--framework litgpt`` traces the installed litgpt's own GPT. The formulas know one rule
@@ -57,24 +58,25 @@ Note [An older litgpt release on a traced step]
     16-bit saved copy, not a transform yet) is refused, naming the rule and what works.
 
 Source: transformers 4.40.0 models/llama/modeling_llama.py (``LlamaRotaryEmbedding``,
-``LlamaForCausalLM.forward``), 5.24 loss/loss_utils.py ``ForCausalLMLoss``; the release tables
-cited where they are defined.
+``LlamaSdpaAttention.forward``, ``LlamaForCausalLM.forward``), 4.40.0 cache_utils.py
+``DynamicCache.update``, 5.24 loss/loss_utils.py ``ForCausalLMLoss``; the release tables cited
+where they are defined.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from trainmem.analytic.attention import sdpa_expands_kv
+from trainmem.analytic.attention import forward_kv_cache_bytes, sdpa_expands_kv
 from trainmem.analytic.buffers import layer_rope_cache_bytes
 from trainmem.analytic.checkpointing import fsdp1_kept_input_bytes
-from trainmem.analytic.loss import shifted_logits_bytes
+from trainmem.analytic.loss import model_upcast_logits_bytes, shifted_logits_bytes
 from trainmem.analytic.norms import litgpt_norm_weight_in_fp32
 from trainmem.analytic.transforms.base import alloc, free
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.errors import ScheduleError
-from trainmem.schedule import Item, Op, StepSchedule
+from trainmem.schedule import Item, Op, Repeat, StepSchedule
 from trainmem.specs.frameworks import (
     LITGPT_RMSNORM_FP32_WEIGHT_SINCE,
     installed_transformers_version,
@@ -85,6 +87,7 @@ from trainmem.specs.training import TrainingConfig
 from trainmem.traced_transforms import (
     after_state,
     forward_allocs_outside_layers,
+    layer_of,
     state_and_micro_batches,
 )
 
@@ -198,9 +201,10 @@ def release_note(training: TrainingConfig) -> str:
     return (
         f"transformers_version={training.transformers_version}: the installed transformers "
         f"{here}'s model code was traced and the differences the formulas know applied to its "
-        "step (each layer's rotary buffers, the loss's shifted logits, the checkpointing "
-        "default, where the release has them; Note [An older transformers release on a traced "
-        "step] in trainmem/traced_releases.py)"
+        "step (each layer's rotary buffers, the loss's shifted logits, the 16-bit logits freed "
+        "at the model's upcast, the cache's 16-bit keys, the checkpointing default, where the "
+        "release has them; Note [An older transformers release on a traced step] in "
+        "trainmem/traced_releases.py)"
     )
 
 
@@ -216,7 +220,9 @@ def apply_release(
         training: the run with the requested ``transformers_version``.
 
     Returns:
-        The schedule with each layer's rotary buffers and the loss's shifted copy added.
+        The schedule with each layer's rotary buffers and the loss's shifted copy added, the
+        16-bit logits freed at their upcast and the cache's fp32 keys dropped, where the
+        requested release has them.
 
     Raises:
         ScheduleError: no ModelSpec, or a rewritten free that pairs with no allocation.
@@ -226,6 +232,11 @@ def apply_release(
     traced = release_traced_as(training)
     rope = layer_rope_cache_bytes(model, training) - layer_rope_cache_bytes(model, traced)
     shifted = shifted_logits_bytes(model, training) - shifted_logits_bytes(model, traced)
+    rebound = model_upcast_logits_bytes(model, training) - model_upcast_logits_bytes(model, traced)
+    n = model.num_layers
+    keys = forward_kv_cache_bytes(model, traced, n) - forward_kv_cache_bytes(model, training, n)
+    if rebound < 0 or keys < 0 or keys % n:
+        raise ScheduleError("the requested release holds logits or keys the traced one does not")
     logits = 4 * model.vocab_size * training.micro_batch_size * training.seq_len
     setup, step = schedule.setup, schedule.step
     if rope > 0:
@@ -239,6 +250,12 @@ def apply_release(
     if shifted > 0:
         setup = tuple(_with_shifted(setup, shifted, logits))
         step = tuple(_with_shifted(step, shifted, logits))
+    if rebound > 0:
+        setup = tuple(_each_micro_batch(setup, lambda seg: _rebound(seg, rebound, logits)))
+        step = tuple(_each_micro_batch(step, lambda seg: _rebound(seg, rebound, logits)))
+    if keys > 0:
+        setup = tuple(_each_micro_batch(setup, lambda seg: _uncached(seg, keys // n, n)))
+        step = tuple(_each_micro_batch(step, lambda seg: _uncached(seg, keys // n, n)))
     out = StepSchedule(setup=setup, step=step, name=schedule.name)
     list(out.events())  # every free pairs with its allocation
     return out
@@ -261,6 +278,89 @@ def _with_shifted(items: Sequence[Item], shifted: int, logits: int) -> list[Item
         at, end = upcast[0] + 1, backward[0]
         out += [*seg[:at], op, *seg[at:end], free(op, "forward"), *seg[end:]]
     return out + tail
+
+
+def _each_micro_batch(
+    items: Sequence[Item], rewrite: Callable[[list[Item]], list[Item]]
+) -> list[Item]:
+    """``items`` (a state, then a step, either may be empty) with each micro-batch rewritten."""
+    split = state_and_micro_batches(items)
+    if split is None:  # a state without a warm-up step
+        return list(items)
+    out, segments, tail = split
+    for seg in segments:
+        out += rewrite(seg)
+    return out + tail
+
+
+def _rebound(seg: list[Item], size: int, logits: int) -> list[Item]:
+    """A micro-batch whose 16-bit logits (``size`` bytes) are freed at their fp32 upcast
+    (``logits`` bytes), where the model code rebinds ``logits = logits.float()`` (Note [The
+    upcast 16-bit logits])."""
+    upcast = forward_allocs_outside_layers(seg, logits)
+    made = [k for k in forward_allocs_outside_layers(seg, size) if upcast and k < upcast[0]]
+    if not made:
+        raise ScheduleError("no 16-bit logits before their fp32 upcast in the traced step")
+    op = _op_at(seg, made[-1])
+    gone = [k for k, x in enumerate(seg) if isinstance(x, Op) and x == free(op, x.phase)]
+    if not gone or gone[0] < upcast[0]:
+        raise ScheduleError("the traced step's 16-bit logits are freed before their upcast")
+    rest = [x for k, x in enumerate(seg) if k != gone[0]]
+    at = upcast[0] + 1  # the free's index was after the upcast: the upcast's is unchanged
+    return [*rest[:at], free(op, "forward"), *rest[at:]]
+
+
+def _uncached(seg: list[Item], size: int, num_layers: int) -> list[Item]:
+    """A micro-batch without the traced release's per-layer copies of the keys (``size``
+    bytes each) that its training KV cache holds from each layer's attention until the
+    forward ends (Note [The rotated keys' dtype by release]): the forward allocations in a
+    layer, of that size, freed after the last layer's forward."""
+    last = max(
+        (k for k, x in enumerate(seg) if any(_layer_forward_alloc(op) for op in _flat(x))),
+        default=-1,
+    )
+    late = {
+        op.key
+        for x in seg[last + 1 :]
+        for op in _flat(x)
+        if op.action == "free" and op.phase == "forward"
+    }
+    held: dict[str, int] = {}
+    for x in seg[: last + 1]:
+        count = x.count if isinstance(x, Repeat) else 1
+        for op in _flat(x):
+            if _layer_forward_alloc(op) and op.size_bytes == size and op.key in late:
+                held[op.key] = held.get(op.key, 0) + count
+    if sum(held.values()) != num_layers:
+        raise ScheduleError(
+            f"{sum(held.values())} of the {num_layers} layers' cached keys found in the traced step"
+        )
+    return [y for x in seg if (y := _without(x, held)) is not None]
+
+
+def _layer_forward_alloc(op: Op) -> bool:
+    return op.action == "alloc" and op.phase == "forward" and layer_of(op.module) is not None
+
+
+def _flat(item: Item) -> list[Op]:
+    """The ops of ``item`` (a Repeat's body's, nested ones too)."""
+    if isinstance(item, Repeat):
+        return [op for x in item.body for op in _flat(x)]
+    return [item]
+
+
+def _without(item: Item, keys: Mapping[str, int]) -> Item | None:
+    """``item`` without the ops of ``keys`` of :func:`_uncached`'s size (None: nothing left)."""
+    if isinstance(item, Repeat):
+        body = tuple(y for x in item.body if (y := _without(x, keys)) is not None)
+        return replace(item, body=body, memo={}) if body else None
+    return None if item.key in keys else item
+
+
+def _op_at(seg: Sequence[Item], k: int) -> Op:
+    op = seg[k]
+    assert isinstance(op, Op)
+    return op
 
 
 # -- litgpt ------------------------------------------------------------------------------------

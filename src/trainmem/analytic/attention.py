@@ -374,7 +374,19 @@ def forward_kv_cache_bytes(model: ModelSpec, training: TrainingConfig, num_layer
         under 32-true, bf16-true and bf16-mixed, plain and nf4. transformers 4.x appends the
         tensors themselves, which keeps the same tensors alive; 5.23 created the empty tensor in
         fp32, so its values' copy was fp32 too (r * kv_heads * head_dim more per token and
-        layer, not modelled)."""
+        layer, not modelled).
+
+    Note [The rotated keys' dtype by release]
+        The keys are fp32 under autocast only where the rotary tables are: transformers'
+        ``LlamaRotaryEmbedding.forward`` returns ``cos.to(dtype=x.dtype)``, and Llama before
+        4.43 (Mistral before 4.48: :data:`~trainmem.specs.model.ROTARY_IN_MODEL_SINCE`) calls
+        it in every attention layer on ``value_states``, the 16-bit output of ``v_proj`` under
+        autocast (4.40.0 modeling_llama.py ``LlamaSdpaAttention.forward``), so ``q * cos +
+        rotate_half(q) * sin`` stays 16-bit and the cache's keys (4.x ``DynamicCache.update``
+        appends the tensor itself) are the ones SDPA saves: none extra, as at r = c. From the
+        release the model computes them once on ``hidden_states``, the fp32 residual (4.43.0
+        ``LlamaModel.forward``), and the keys are promoted to fp32. Checked on a real CPU trace
+        of transformers 4.40.0 (benchmarks/transformers_release_trace.py)."""
     c, r = compute_and_residual_bytes(training)
     if (
         not model.forward_kv_cache
@@ -396,7 +408,10 @@ def forward_kv_cache_bytes(model: ModelSpec, training: TrainingConfig, num_layer
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     width = -(-model.num_kv_heads * model.head_dim * t // parallel_divisor("attention/v", training))
     repeated = width * num_layers * part // whole
-    keys = r * width * num_layers if r != c else r * repeated  # the keys' copies
+    # Note [The rotated keys' dtype by release]: the rotary tables are in the residual's dtype
+    # from the release that computes them at the model level, in the values' before it
+    k = r if model.rotates_in_residual_dtype(training.transformers_release) else c
+    keys = k * width * num_layers if k != c else c * repeated  # the keys' copies
     values = c * repeated  # the values' copies: SDPA saves the repeated tensors
     return keys + values
 

@@ -703,13 +703,27 @@ def upcast_logits_bytes(model: ModelSpec, training: TrainingConfig) -> int:
         ones just before them and frees them just after; they were held with the loss's
         other forward transients until the loss returned. Checked on torch's autograd on the
         CPU: the lm_head output's storage is freed at the rebinding
-        (tests/analytic/test_upcast_logits.py).
+        (tests/analytic/test_upcast_logits.py). The plain loop (the output dropped after the
+        loss) meets the same rebinding: its 16-bit logits go at the upcast too, before the
+        shifted copy (:func:`model_upcast_logits_bytes`; 4.45.0's ``self.lm_head(...).float()``
+        binds no name to them at all). Checked on a real CPU trace of transformers 4.40.0
+        (benchmarks/transformers_release_trace.py).
     """
+    t = training
+    if t.training_loop not in ("step", "previous"):
+        return 0
+    return model_upcast_logits_bytes(model, t)
+
+
+def model_upcast_logits_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes of the 16-bit logits transformers' model code frees at its own upcast, per rank,
+    whatever the loop (Note [The upcast 16-bit logits]): c V t where the model returns
+    ``logits.float()`` (``ModelSpec.returns_fp32_logits``), without pipelining or accelerate's
+    own fp32 copy; 0 otherwise."""
     t = training
     if not (
         t.conventions.hf_model_code
         and model.returns_fp32_logits(t.transformers_release)
-        and t.training_loop in ("step", "previous")
         and t.pipeline_parallel_size == 1
         and not accelerate_output_bytes(model, t)
         and model.head == "causal-lm"

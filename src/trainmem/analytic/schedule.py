@@ -127,6 +127,7 @@ from trainmem.analytic.loss import (
     loss_backward_tensors,
     loss_backward_transient_bytes,
     loss_forward_transient_bytes,
+    model_upcast_logits_bytes,
     shifted_copy_bytes,
     upcast_logits_bytes,
 )
@@ -1294,6 +1295,8 @@ class _Ends:
             if 0 < part < self.loss_fwd:
                 self.logits16 = part
                 self.loss_fwd -= part
+        # Note [The upcast 16-bit logits]: the model code's own upcast frees them in any loop
+        self.logits16_at_upcast = bool(self.logits16 and model_upcast_logits_bytes(model, training))
         # and the loss's shifted copy of the fp32 logits a third (transformers before 4.49)
         shifted = shifted_copy_bytes(model, training) if head else 0
         self.shifted = shifted if 0 < shifted < self.loss_fwd else 0
@@ -1351,16 +1354,20 @@ class _Ends:
             items += [gather, free(gather, f)]
         if not self.tr.held_logits:
             items.append(logits16)
+        # the 16-bit logits freed at ``logits = logits.float()`` (the fp32 copy's allocation)
+        rebound = [free(logits16, f)] if self.logits16_at_upcast else []
         if self.shifted:  # made after the upcast, freed with it when the loss returns
-            items += [logits, shifted, *em.at("head.post_forward", where), *head_act]
+            items += [logits, *rebound, shifted, *em.at("head.post_forward", where), *head_act]
             items += [free(shifted, f), free(logits, f)]
         elif self.before_rebind:  # Note [litgpt's cast output]
             first = [head_act[k] for k in self.before_rebind]
             rest = [op for k, op in enumerate(head_act) if k not in self.before_rebind]
-            items += [logits, *first, *em.at("head.post_forward", where), free(logits, f), *rest]
+            items += [logits, *rebound, *first, *em.at("head.post_forward", where)]
+            items += [free(logits, f), *rest]
         else:
-            items += [logits, *em.at("head.post_forward", where), *head_act, free(logits, f)]
-        if not self.tr.held_logits:
+            items += [logits, *rebound, *em.at("head.post_forward", where), *head_act]
+            items.append(free(logits, f))
+        if not self.tr.held_logits and not rebound:
             items.append(free(logits16, f))
         # each layer's cache freed, layer by layer: one repeated free (the index formats its
         # key and module as the layer's own allocation has them), not a free per layer

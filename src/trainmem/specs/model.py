@@ -122,6 +122,19 @@ head_dim)); modeling_mistral.py 4.39.3 / 4.41.2 ``MistralRotaryEmbedding._set_co
 (``cos_cached`` / ``sin_cached``, ``dtype=torch.get_default_dtype()``). The 4.41.2 (Llama) and
 4.42.4 (Mistral) wheels register none. Not looked at: the other families' releases."""
 
+ROTARY_IN_MODEL_SINCE: dict[str, tuple[int, ...]] = {"llama": (4, 43), "mistral": (4, 48)}
+"""Families whose decoder computes the rotary cos / sin once, at the model level, on the
+residual stream, from a release; before it each attention layer computes them on its own values:
+modeling_llama.py 4.40.0 / 4.41.0 / 4.42.0 ``LlamaSdpaAttention.forward`` ``cos, sin =
+self.rotary_emb(value_states, position_ids)``, 4.43.0 ``LlamaModel.forward`` ``position_embeddings
+= self.rotary_emb(hidden_states, position_ids)`` (handed to every layer);
+modeling_mistral.py 4.42.0 to 4.47.0 ``cos, sin = self.rotary_emb(value_states, position_ids)``,
+4.48.0 ``MistralModel.forward`` as Llama's. ``LlamaRotaryEmbedding.forward`` returns
+``cos.to(dtype=x.dtype)``: the tables, and so the rotated keys, are in the dtype of what it is
+given, the values' compute dtype before the release, the residual's (fp32 under autocast) from it
+(``ModelSpec.rotates_in_residual_dtype``). Not looked at: the other families' releases (they
+take the residual's dtype, the installed 5.24's)."""
+
 FUSED_KV_PRESENTS_UNTIL: dict[str, tuple[int, ...]] = {"gpt_bigcode": (4, 54)}
 """Families whose transformers code returned each layer's keys and values as a view of the fused
 projection's output until a release: modeling_gpt_bigcode.py (4.48.1 to 4.53.0 wheels)
@@ -428,6 +441,20 @@ class ModelSpec:
         """
         until = FP32_LOGITS_IN_MODEL_UNTIL.get(self.model_type)
         return self.head == "causal-lm" and until is not None and transformers_version < until
+
+    def rotates_in_residual_dtype(self, transformers_version: tuple[int, ...]) -> bool:
+        """The rotary cos / sin, and so the rotated queries and keys, are in the residual
+        stream's dtype in this transformers release (:data:`ROTARY_IN_MODEL_SINCE`), not in the
+        values' compute dtype.
+
+        Args:
+            transformers_version: (major, minor, ...) of transformers.
+
+        Returns:
+            False for the families of the table before their release, True otherwise.
+        """
+        since = ROTARY_IN_MODEL_SINCE.get(self.model_type)
+        return since is None or transformers_version >= since
 
     def layer_rope_cache_values(self, transformers_version: tuple[int, ...]) -> int:
         """Values of the cos and sin tables each decoder layer's own rotary embedding keeps as
