@@ -38,6 +38,10 @@ CELLS: dict[str, dict[str, object]] = {
     "none": {"micro_batch_size": 4, "seq_len": 512},
     "full": {"micro_batch_size": 4, "seq_len": 512, "activation_checkpointing": "full"},
     "lora": {"micro_batch_size": 4, "seq_len": 512, "lora_rank": 8},
+    # for a model of 256 positions (a tiny Qwen2 of tests/models/formula/qwen2.json's shape)
+    "4x128": {"micro_batch_size": 4, "seq_len": 128},
+    "4x128-full": {"micro_batch_size": 4, "seq_len": 128, "activation_checkpointing": "full"},
+    "4x128-lora": {"micro_batch_size": 4, "seq_len": 128, "lora_rank": 8},
 }
 
 _FLAGS = {
@@ -70,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--python", required=True, help="the venv's python with the release")
     parser.add_argument("--version", default="4.40.0", help="the release installed there")
     parser.add_argument("--model", type=Path, default=MODEL)
-    parser.add_argument("--cells", default=",".join(CELLS), help=f"of {', '.join(CELLS)}")
+    parser.add_argument("--cells", default="1x128,none,full,lora", help=", ".join(CELLS))
     args = parser.parse_args(argv)
     print(f"{'cell':6} {'real ' + args.version:>14} {'generic':>22} {'formulas':>22}")
     for name in args.cells.split(","):

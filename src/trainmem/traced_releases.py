@@ -5,7 +5,8 @@ are applied to its step as transforms, each with the formula's own rule.
 Note [An older transformers release on a traced step]
     The traced paths run the installed transformers' model code; ``--transformers-version``
     asks for another release. What changes between releases for the families whose model code
-    was read release by release (:data:`KNOWN_FAMILIES`: Llama and Mistral, from 4.38 on) is
+    was read release by release (:data:`KNOWN_FAMILIES`: Llama and Mistral from 4.38 on, Qwen2
+    from 4.40) is
     what the analytic engine's rules say, each keyed by its own release table:
 
     * each decoder layer's own rotary cos / sin tables, buffers kept for the run
@@ -82,7 +83,12 @@ from trainmem.specs.frameworks import (
     installed_transformers_version,
     installed_version,
 )
-from trainmem.specs.model import FP32_LOGITS_IN_MODEL_UNTIL, LAYER_ROPE_CACHE_UNTIL, ModelSpec
+from trainmem.specs.model import (
+    FP32_LOGITS_IN_MODEL_UNTIL,
+    LAYER_ROPE_CACHE_UNTIL,
+    ROTARY_IN_MODEL_SINCE,
+    ModelSpec,
+)
 from trainmem.specs.training import TrainingConfig
 from trainmem.traced_transforms import (
     after_state,
@@ -105,13 +111,18 @@ __all__ = [
     "traced_release",
 ]
 
-KNOWN_FAMILIES = frozenset(LAYER_ROPE_CACHE_UNTIL) | frozenset(FP32_LOGITS_IN_MODEL_UNTIL)
+KNOWN_FAMILIES = (
+    frozenset(LAYER_ROPE_CACHE_UNTIL)
+    | frozenset(FP32_LOGITS_IN_MODEL_UNTIL)
+    | frozenset(ROTARY_IN_MODEL_SINCE)
+)
 """Families whose transformers model code was read release by release (the release tables'
 rows): the differences between two releases are known for these only."""
 
-OLDEST_READ = (4, 38)
-"""The oldest transformers release whose model code the tables were read from
-(:data:`~trainmem.specs.model.FP32_LOGITS_IN_MODEL_UNTIL`: "Releases before 4.38 not read")."""
+OLDEST_READ: dict[str, tuple[int, ...]] = {"llama": (4, 38), "mistral": (4, 38), "qwen2": (4, 40)}
+"""The oldest transformers release whose model code the tables were read from, by family
+(:data:`~trainmem.specs.model.FP32_LOGITS_IN_MODEL_UNTIL`: "Releases before 4.38 not read
+(Qwen2's before 4.40)")."""
 
 
 def _installed() -> tuple[int, ...] | None:
@@ -164,8 +175,8 @@ def _unmodelled(
     if model is None or model.model_type not in KNOWN_FAMILIES:
         kind = model.model_type if model is not None else "this model"
         return f"the differences between transformers releases are known for {known}, not {kind}"
-    if release[:2] < OLDEST_READ or release[:2] > installed[:2]:
-        oldest = ".".join(map(str, OLDEST_READ))
+    if release[:2] < OLDEST_READ[model.model_type] or release[:2] > installed[:2]:
+        oldest = ".".join(map(str, OLDEST_READ[model.model_type]))
         return f"releases from {oldest} up to the installed one are modelled"
     traced = release_traced_as(training)
     differs = [

@@ -4,7 +4,9 @@ differences applied as the formulas' rules."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +14,7 @@ from conftest import MODELS_DIR
 from trainmem.errors import UnsupportedError
 from trainmem.estimate import estimate
 from trainmem.specs.frameworks import installed_version
+from trainmem.specs.hf import load_model_spec
 from trainmem.specs.training import TrainingConfig
 
 pytest.importorskip("transformers")
@@ -74,10 +77,49 @@ def test_real_440_trace_at_the_loss(kind: str) -> None:
         assert abs(peak / _REAL_440[kind] - 1) < 0.005, engine
 
 
+def _qwen2_mha(tmp_path: Path) -> str:
+    """tests/models/formula/qwen2.json with as many kv heads as query heads (4)."""
+    config = json.loads((MODELS_DIR / "formula" / "qwen2.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**config, "num_key_value_heads": 4}))
+    return str(path)
+
+
+def test_qwen2_releases(tmp_path: Path) -> None:
+    """Qwen2's model code read at 4.40 / 4.44 / 4.45 / 4.46 (modeling_qwen2.py): per-layer
+    fp32 cos / sin caches of 256 positions x head_dim 16 until 4.45, where the rotary moves to
+    the model (fp32 keys in the cache under autocast), ``logits.float()`` until 4.46."""
+    model = load_model_spec(_qwen2_mha(tmp_path))
+    assert model.layer_rope_cache_values((4, 44)) == 2 * 256 * 16
+    assert model.layer_rope_cache_values((4, 45)) == 0
+    assert not model.rotates_in_residual_dtype((4, 44))
+    assert model.rotates_in_residual_dtype((4, 45))
+    assert model.returns_fp32_logits((4, 45)) and not model.returns_fp32_logits((4, 46))
+
+
+@pytest.mark.slow  # a 4 x 128 trace of a tiny Qwen2, about 20 s on 2 cores
+def test_qwen2_real_440_trace(tmp_path: Path) -> None:
+    """A real trace of transformers 4.40.0 (as _REAL_440) of the tiny Qwen2 without grouped
+    kv heads, bf16-mixed AdamW 4 x 128 tokens: 26,033,240 B allocated at the peak."""
+    t = TrainingConfig(
+        micro_batch_size=4, seq_len=128, precision="bf16-mixed", transformers_version="4.40.0"
+    )
+    for engine in ("generic", "analytic"):
+        peak = estimate(_qwen2_mha(tmp_path), t, engine=engine).breakdown.allocated_bytes
+        assert abs(peak / 26_033_240 - 1) < 0.005, engine
+
+
+def test_qwen2_grouped_query_refused() -> None:
+    """The tiny Qwen2 of the options matrix has 2 of 4 kv heads: 4.40's repeat_kv refused."""
+    t = TrainingConfig(micro_batch_size=1, seq_len=64, transformers_version="4.40.0")
+    with pytest.raises(UnsupportedError, match="repeat_kv"):
+        estimate(str(MODELS_DIR / "formula" / "qwen2.json"), t, engine="generic")
+
+
 def test_unknown_family_refused() -> None:
     """A family whose releases were not read keeps a refusal naming what works."""
     gpt2 = TrainingConfig(micro_batch_size=1, seq_len=64, transformers_version="4.40.0")
-    with pytest.raises(UnsupportedError, match="known for llama, mistral"):
+    with pytest.raises(UnsupportedError, match="known for llama, mistral, qwen2"):
         estimate("gpt2", gpt2, engine="generic")
 
 

@@ -102,15 +102,25 @@ REMOTE_CODE_OWN_LOSS = REMOTE_CODE_LOSS_IN_LOGITS_DTYPE | REMOTE_CODE_UPCAST_SHI
 logits in every release (:data:`REMOTE_CODE_LOSS_IN_LOGITS_DTYPE`: on the 16-bit logits;
 :data:`REMOTE_CODE_UPCAST_SHIFTED_LOSS`: on their fp32 copy)."""
 
-FP32_LOGITS_IN_MODEL_UNTIL: dict[str, tuple[int, ...]] = {"llama": (4, 46), "mistral": (4, 48)}
+FP32_LOGITS_IN_MODEL_UNTIL: dict[str, tuple[int, ...]] = {
+    "llama": (4, 46),
+    "mistral": (4, 48),
+    "qwen2": (4, 46),
+}
 """Families whose causal-LM forward upcasts its logits itself, so that the output it returns
 holds them in fp32, until a release: ``logits = logits.float()`` before the loss in
 modeling_llama.py ``LlamaForCausalLM.forward`` (4.38.2, 4.39.3, 4.40.0, 4.43.4; 4.45.2 when
 labels are given) and modeling_mistral.py ``MistralForCausalLM.forward`` (4.39.3, 4.46.0,
 4.47.0), in neither from the release named (4.46.0: Llama calls ``self.loss_function``; 4.48.0
-Mistral too). Releases before 4.38 not read."""
+Mistral too); modeling_qwen2.py ``Qwen2ForCausalLM.forward`` the same as Llama's (4.40.0 to
+4.44.0 ``logits = logits.float()``, 4.45.0 ``self.lm_head(...).float()``, 4.46.0
+``self.loss_function``). Releases before 4.38 not read (Qwen2's before 4.40)."""
 
-LAYER_ROPE_CACHE_UNTIL: dict[str, tuple[int, ...]] = {"llama": (4, 41), "mistral": (4, 42)}
+LAYER_ROPE_CACHE_UNTIL: dict[str, tuple[int, ...]] = {
+    "llama": (4, 41),
+    "mistral": (4, 42),
+    "qwen2": (4, 45),
+}
 """Families whose transformers code gave every attention layer its own rotary embedding module
 with a cos and a sin table of (max_position_embeddings, head_dim) values as buffers, in the
 default dtype at construction, until a release: modeling_llama.py 4.38.2 / 4.39.3 / 4.40.0
@@ -120,16 +130,25 @@ and sin cached": ``register_buffer("_cos_cached", emb.cos().to(torch.get_default
 persistent=False)``, the same for ``_sin_cached``, ``emb`` of (max_position_embeddings,
 head_dim)); modeling_mistral.py 4.39.3 / 4.41.2 ``MistralRotaryEmbedding._set_cos_sin_cache``
 (``cos_cached`` / ``sin_cached``, ``dtype=torch.get_default_dtype()``). The 4.41.2 (Llama) and
-4.42.4 (Mistral) wheels register none. Not looked at: the other families' releases."""
+4.42.4 (Mistral) wheels register none; modeling_qwen2.py 4.40.0 to 4.44.0
+``Qwen2RotaryEmbedding._set_cos_sin_cache`` (``register_buffer("cos_cached", emb.cos().to(
+dtype), persistent=False)``, the same for ``sin_cached``, ``dtype=torch.get_default_dtype()``,
+one per attention layer), none in 4.45.0. Not looked at: the other families' releases."""
 
-ROTARY_IN_MODEL_SINCE: dict[str, tuple[int, ...]] = {"llama": (4, 43), "mistral": (4, 48)}
+ROTARY_IN_MODEL_SINCE: dict[str, tuple[int, ...]] = {
+    "llama": (4, 43),
+    "mistral": (4, 48),
+    "qwen2": (4, 45),
+}
 """Families whose decoder computes the rotary cos / sin once, at the model level, on the
 residual stream, from a release; before it each attention layer computes them on its own values:
 modeling_llama.py 4.40.0 / 4.41.0 / 4.42.0 ``LlamaSdpaAttention.forward`` ``cos, sin =
 self.rotary_emb(value_states, position_ids)``, 4.43.0 ``LlamaModel.forward`` ``position_embeddings
 = self.rotary_emb(hidden_states, position_ids)`` (handed to every layer);
 modeling_mistral.py 4.42.0 to 4.47.0 ``cos, sin = self.rotary_emb(value_states, position_ids)``,
-4.48.0 ``MistralModel.forward`` as Llama's. ``LlamaRotaryEmbedding.forward`` returns
+4.48.0 ``MistralModel.forward`` as Llama's; modeling_qwen2.py 4.40.0 to 4.44.0 ``cos, sin =
+self.rotary_emb(value_states, seq_len=kv_seq_len)`` (``self.cos_cached[:seq_len].to(dtype=
+x.dtype)``), 4.45.0 ``Qwen2Model.forward`` as Llama's. ``LlamaRotaryEmbedding.forward`` returns
 ``cos.to(dtype=x.dtype)``: the tables, and so the rotated keys, are in the dtype of what it is
 given, the values' compute dtype before the release, the residual's (fp32 under autocast) from it
 (``ModelSpec.rotates_in_residual_dtype``). Not looked at: the other families' releases (they
