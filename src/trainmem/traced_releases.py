@@ -32,9 +32,14 @@ Note [An older transformers release on a traced step]
       (``TrainingConfig.hf_checkpoint_reentrant``): the installed code is traced with the
       requested release's ``use_reentrant`` set explicitly, so the trace runs it for real.
 
+    * ``repeat_kv``'s copies of grouped keys and values, which SDPA saves before 4.54
+      (Note [repeat_kv under SDPA on a traced step]), where the step builds the training KV
+      cache.
+
     The rules the transforms do not reproduce are refused (:func:`release_refusals`) where they
     differ between the two releases for the run: ``repeat_kv``'s expanded keys and values under
-    SDPA before 4.54 on a grouped-query model (``sdpa_expands_kv``), the fp32 logits a loop
+    SDPA before 4.54 on a grouped-query model without the training KV cache (checkpointing,
+    ``use_cache`` off: the values SDPA saves are then ``v_proj``'s output), the fp32 logits a loop
     holds before 4.46 / 4.48 (``ModelSpec.returns_fp32_logits`` under ``--loop step`` /
     ``previous``), the weights' load dtype, the FSDP1 checkpoint placement before 4.52; so is a
     family whose releases were not read, a release before 4.38 or after the installed one.
@@ -48,6 +53,24 @@ Note [An older transformers release on a traced step]
     checkpointing: 855,609,944 B against the real 855,527,960 (+0.01 %; +3.9 % before the
     logits and keys rules), LoRA r8: 474,927,704 against 474,845,720 (+0.02 %; +7.1 %
     before); the formulas 855,576,576 and 474,861,568.
+
+Note [repeat_kv under SDPA on a traced step]
+    Before 4.54 transformers' SDPA path repeats grouped keys and values to every query head
+    (4.40.0 modeling_llama.py ``LlamaSdpaAttention.forward``: ``key_states = repeat_kv(
+    key_states, self.num_key_value_groups)``, the same for the values, an ``expand`` then a
+    ``reshape``: a copy) and SDPA saves the copies, c x heads x head_dim per token each, until
+    the layer's backward; the installed release hands the kernel the cache's own tensors (the
+    16-bit cast of its fp32 keys, its values' copy: c x kv_heads x head_dim each, saved the same
+    way). The originals 4.40's cache keeps (16-bit keys and values, 4.x's ``DynamicCache.update``
+    appends them) until the forward ends weigh what the installed release's cache keeps (fp32
+    keys) under autocast, so :func:`~trainmem.analytic.attention.forward_kv_cache_bytes` differs
+    by nothing there; the transform resizes each layer's two saved tensors (the attention
+    module's own activations of the keys' size) to the repeated size. Not modelled: the backward's
+    gradients of the repeated tensors before ``repeat_kv``'s backward sums them (c x heads x
+    head_dim each, transients of the layer's backward). Checked against real 4.40.0 traces of
+    the agreement Llama with 2 of 8 kv heads, bf16-mixed AdamW: 4 x 256 equal to the byte
+    (640,012,800 B), 4 x 512 815,764,056 against 815,682,072 (+0.01 %; -1.5 % without the
+    transform), LoRA r8 463,221,336 against 463,139,352 (+0.02 %).
 
 Note [An older litgpt release on a traced step]
     ``--framework litgpt`` traces the installed litgpt's own GPT. The formulas know one rule
@@ -69,6 +92,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
+from trainmem.analytic.activation_shapes import compute_and_residual_bytes
 from trainmem.analytic.attention import forward_kv_cache_bytes, sdpa_expands_kv
 from trainmem.analytic.buffers import layer_rope_cache_bytes
 from trainmem.analytic.checkpointing import fsdp1_kept_input_bytes
@@ -183,9 +207,10 @@ def _unmodelled(
         what
         for what, requested, as_traced in (
             (
-                "repeat_kv's expanded keys and values under SDPA before 4.54",
-                model.num_kv_heads < model.num_heads and sdpa_expands_kv(training),
-                model.num_kv_heads < model.num_heads and sdpa_expands_kv(traced),
+                "repeat_kv's expanded keys and values under SDPA before 4.54 without the "
+                "training KV cache (checkpointing, use_cache off)",
+                _repeats_kv(model, training) and not _cached(model, traced),
+                _repeats_kv(model, traced) and not _cached(model, traced),
             ),
             (
                 "the fp32 logits the loop holds",
@@ -204,6 +229,25 @@ def _unmodelled(
         if requested != as_traced
     ]
     return "not modelled on a traced step: " + "; ".join(differs) if differs else ""
+
+
+def _repeats_kv(model: ModelSpec, training: TrainingConfig) -> bool:
+    """SDPA takes grouped keys and values repeated to every query head (``repeat_kv``)."""
+    return model.num_kv_heads < model.num_heads and sdpa_expands_kv(training)
+
+
+def _cached(model: ModelSpec, training: TrainingConfig) -> bool:
+    """The step builds transformers' training KV cache (Note [The training KV cache's
+    copies])."""
+    return forward_kv_cache_bytes(model, training, model.num_layers) > 0
+
+
+def repeated_kv_sizes(model: ModelSpec, training: TrainingConfig) -> tuple[int, int]:
+    """(bytes of one layer's keys, of their ``repeat_kv`` copy): c x kv_heads x head_dim x t
+    and c x heads x head_dim x t."""
+    c, _ = compute_and_residual_bytes(training)
+    t = training.micro_batch_size * training.seq_len
+    return c * model.num_kv_heads * model.head_dim * t, c * model.num_heads * model.head_dim * t
 
 
 def release_note(training: TrainingConfig) -> str:
@@ -267,6 +311,10 @@ def apply_release(
     if keys > 0:
         setup = tuple(_each_micro_batch(setup, lambda seg: _uncached(seg, keys // n, n)))
         step = tuple(_each_micro_batch(step, lambda seg: _uncached(seg, keys // n, n)))
+    if _repeats_kv(model, training) and not _repeats_kv(model, traced):
+        small, big = repeated_kv_sizes(model, training)
+        setup = _repeated(setup, small, big, n)
+        step = _repeated(step, small, big, n)
     out = StepSchedule(setup=setup, step=step, name=schedule.name)
     list(out.events())  # every free pairs with its allocation
     return out
@@ -347,6 +395,42 @@ def _uncached(seg: list[Item], size: int, num_layers: int) -> list[Item]:
             f"{sum(held.values())} of the {num_layers} layers' cached keys found in the traced step"
         )
     return [y for x in seg if (y := _without(x, held)) is not None]
+
+
+def _repeated(items: tuple[Item, ...], small: int, big: int, num_layers: int) -> tuple[Item, ...]:
+    """``items`` with the keys and values SDPA saves in each layer (``small`` bytes each, the
+    attention module's own activations of that size: the cache's copies it is handed) at the
+    size of their ``repeat_kv`` copies (``big``), which a release before 4.54 saves instead
+    (Note [repeat_kv under SDPA on a traced step]).
+
+    Raises:
+        ScheduleError: not two such activations per layer and micro-batch.
+    """
+    found: dict[str, int] = {}
+    for x in items:
+        count = x.count if isinstance(x, Repeat) else 1
+        for op in _flat(x):
+            if (
+                op.action == "alloc"
+                and op.category == Cat.ACTIVATION
+                and op.size_bytes == small
+                and layer_of(op.module) is not None
+                and op.module.endswith(".self_attn")
+            ):
+                found[op.key] = found.get(op.key, 0) + count
+    total = sum(found.values())
+    if not total or total % (2 * num_layers):
+        raise ScheduleError(
+            f"{total} saved keys / values found in the traced step for {num_layers} layers"
+        )
+    return tuple(_resized(x, found, big) for x in items)
+
+
+def _resized(item: Item, keys: Mapping[str, int], size: int) -> Item:
+    if isinstance(item, Repeat):
+        body = tuple(_resized(x, keys, size) for x in item.body)
+        return replace(item, body=body, memo={})
+    return item._replace(size_bytes=size) if item.key in keys else item
 
 
 def _layer_forward_alloc(op: Op) -> bool:

@@ -39,9 +39,8 @@ KINDS = {
 }
 _STILL_REFUSED: set[tuple[str, str]] = {
     # release differences known for Llama / Mistral / Qwen2 only (traced_releases.py; session
-    # 27, Qwen2 session 28); the formula Qwen2 has 2 of 4 kv heads: 4.40's repeat_kv under SDPA
-    # is not a transform yet (session 28, tfrel)
-    *(("transformers 4.40", kind) for kind in ("formula", "remote-code", "diffusers", "timm")),
+    # 27; Qwen2 and repeat_kv, which the formula Qwen2 needs, session 28, helper tfrel)
+    *(("transformers 4.40", kind) for kind in ("remote-code", "diffusers", "timm")),
     # litgpt 0.4.0 crosses the RMSNorm fp32 weight rule (traced_releases.py; session 27)
     ("litgpt 0.4.0", "formula"),
     ("litgpt 0.4.0", "remote-code"),
