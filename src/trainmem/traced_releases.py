@@ -302,15 +302,18 @@ def apply_release(
                 setup = after_state(setup, op)
             else:
                 step = after_state(step, op)
+    # each micro-batch's rewrites, in this order (the 16-bit logits' free lands before the
+    # shifted copy, both just after the fp32 upcast)
+    rewrites: list[Callable[[list[Item], str], list[Item]]] = []
     if shifted > 0:
-        setup = tuple(_with_shifted(setup, shifted, logits))
-        step = tuple(_with_shifted(step, shifted, logits))
+        rewrites.append(lambda seg, tag: _shifted(seg, tag, shifted, logits))
     if rebound > 0:
-        setup = tuple(_each_micro_batch(setup, lambda seg: _rebound(seg, rebound, logits)))
-        step = tuple(_each_micro_batch(step, lambda seg: _rebound(seg, rebound, logits)))
+        rewrites.append(lambda seg, _: _rebound(seg, rebound, logits))
     if keys > 0:
-        setup = tuple(_each_micro_batch(setup, lambda seg: _uncached(seg, keys // n, n)))
-        step = tuple(_each_micro_batch(step, lambda seg: _uncached(seg, keys // n, n)))
+        rewrites.append(lambda seg, _: _uncached(seg, keys // n, n))
+    for rewrite in rewrites:
+        setup = tuple(_each_micro_batch(setup, rewrite))
+        step = tuple(_each_micro_batch(step, rewrite))
     if _repeats_kv(model, training) and not _repeats_kv(model, traced):
         small, big = repeated_kv_sizes(model, training)
         setup = _repeated(setup, small, big, n)
@@ -320,35 +323,31 @@ def apply_release(
     return out
 
 
-def _with_shifted(items: Sequence[Item], shifted: int, logits: int) -> list[Item]:
-    """``items`` (a state, then a step, either may be empty) with each micro-batch's shifted
-    copy of its fp32 logits, allocated after their upcast and freed when its forward ends."""
+def _shifted(seg: list[Item], tag: str, shifted: int, logits: int) -> list[Item]:
+    """A micro-batch with the shifted copy of its fp32 logits (``shifted`` bytes), allocated
+    after their upcast (``logits`` bytes) and freed when its forward ends."""
+    op = alloc(shifted, Cat.TEMPORARY, "forward", f"shifted/{tag}", "", "shifted logits")
+    upcast = forward_allocs_outside_layers(seg, logits)
+    backward = [j for j, x in enumerate(seg) if isinstance(x, Op) and x.phase == "backward"]
+    if not upcast or not backward:
+        raise ScheduleError("no fp32 logits before the backward to shift for the loss")
+    at, end = upcast[0] + 1, backward[0]
+    return [*seg[:at], op, *seg[at:end], free(op, "forward"), *seg[end:]]
+
+
+def _each_micro_batch(
+    items: Sequence[Item], rewrite: Callable[[list[Item], str], list[Item]]
+) -> list[Item]:
+    """``items`` (a state, then a step, either may be empty) with each micro-batch rewritten;
+    ``rewrite`` gets the micro-batch and a tag for the keys of what it adds (the state's length
+    and the micro-batch's index: unique in the schedule)."""
     split = state_and_micro_batches(items)
     if split is None:  # a state without a warm-up step
         return list(items)
     out, segments, tail = split
     n = len(out)
     for k, seg in enumerate(segments):
-        op = alloc(shifted, Cat.TEMPORARY, "forward", f"shifted/{n}/{k}", "", "shifted logits")
-        upcast = forward_allocs_outside_layers(seg, logits)
-        backward = [j for j, x in enumerate(seg) if isinstance(x, Op) and x.phase == "backward"]
-        if not upcast or not backward:
-            raise ScheduleError("no fp32 logits before the backward to shift for the loss")
-        at, end = upcast[0] + 1, backward[0]
-        out += [*seg[:at], op, *seg[at:end], free(op, "forward"), *seg[end:]]
-    return out + tail
-
-
-def _each_micro_batch(
-    items: Sequence[Item], rewrite: Callable[[list[Item]], list[Item]]
-) -> list[Item]:
-    """``items`` (a state, then a step, either may be empty) with each micro-batch rewritten."""
-    split = state_and_micro_batches(items)
-    if split is None:  # a state without a warm-up step
-        return list(items)
-    out, segments, tail = split
-    for seg in segments:
-        out += rewrite(seg)
+        out += rewrite(seg, f"{n}/{k}")
     return out + tail
 
 
