@@ -35,10 +35,10 @@ generic path at 4.40 is within 0.02 % of the formulas (tests/trace/test_traced_r
 Session 28 (helper tfrel): Qwen2's releases read (4.40-4.46) and 4.40's repeat_kv copies a
 transform (with the training KV cache), so "transformers 4.40" runs on the formula model (a
 real 4.40.0 trace of it at 4 x 128: generic +0.05 %, formulas +0.01 %) and on the GQA agreement
-model (+0.000 % vs analytic; 18:43 UTC, 244d029); the other three kinds refused as before. Against a real 4.40.0 trace (benchmarks/transformers_release_trace
-.py): the agreement Llama 4 x 512 +3.9 -> +0.01 %, LoRA r8 +7.1 -> +0.02 % (the 16-bit logits
-freed at the model's upcast, the cache's 16-bit keys); a tiny Qwen2 without grouped kv heads
-within 0.13 %.
+model (+0.000 % vs analytic; 18:43 UTC, 244d029); the other three kinds refused as before.
+Against a real 4.40.0 trace (benchmarks/transformers_release_trace.py): llama_h1024 4 x 512
++3.9 -> +0.01 %, LoRA r8 +7.1 -> +0.02 % (the 16-bit logits freed at the model's upcast, the
+cache's 16-bit keys); a tiny Qwen2 without grouped kv heads within 0.13 %.
 
 Agreement figures moved in session 16 (2026-11-28, 07:17 UTC; generic / analytic - 1): "fsdp2 4"
 -3.5 -> +0.000 % and "zero-3 + optimizer offload" -2.3 -> +0.000 %, "zero-3 +
