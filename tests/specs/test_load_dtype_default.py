@@ -337,3 +337,101 @@ def test_qwen1_lora_loads_bf16_on_an_a100() -> None:
     bare = estimate(QWEN_7B, t, engine="analytic", simulate_allocator=False)
     assert bare.breakdown.parameters == 4 * N_QWEN_7B + 4 * N_QWEN_LORA
     assert bare.details["assumed"]["load_dtype"].endswith("give --gpu)")
+
+
+# Note [transformers 4 loads a quantized base in float16]: transformers 4.30.2 / 4.36.2
+# modeling_utils.py ``from_pretrained`` ("We force the `dtype` to be float16", bitsandbytes;
+# ``if torch_dtype is None: torch_dtype = torch.float16``, GPTQ) and 4.40.0 .. 4.57.6
+# quantizers/quantizer_bnb_4bit.py, quantizer_bnb_8bit.py, quantizer_gptq.py
+# ``update_torch_dtype``; 5.0.0's bitsandbytes quantizers set none and ``dtype="auto"`` gives
+# the config's.
+@pytest.mark.parametrize(
+    ("fields", "loads"),
+    [
+        ({"quantize_base": "nf4", "transformers_version": "4.36.2"}, "float16"),
+        ({"quantize_base": "int8", "transformers_version": "4.57.6"}, "float16"),
+        ({"quantize_base": "gptq-int4", "transformers_version": "4.40"}, "float16"),
+        ({"quantize_base": "nf4", "transformers_version": "5.0.0"}, "bfloat16"),
+        (
+            {
+                "framework": "trl",
+                "trl_version": "0.25.1",
+                "quantize_base": "nf4",
+                "transformers_version": "4.57",
+            },
+            "float16",
+        ),
+        # TRL from 0.27 passes dtype float32 itself, which transformers keeps
+        (
+            {
+                "framework": "trl",
+                "trl_version": "0.27.0",
+                "quantize_base": "nf4",
+                "transformers_version": "4.57",
+            },
+            "float32",
+        ),
+    ],
+)
+def test_transformers_4_loads_a_quantized_base_in_float16(
+    fields: dict[str, object], loads: str
+) -> None:
+    default = framework_load_dtype(_t(lora_rank=8, **fields), "bfloat16")
+    assert default is not None
+    assert default.dtype == loads
+
+
+def test_the_float16_load_of_a_quantized_base_where_it_stays_as_loaded() -> None:
+    kept = {"quantize_base": "nf4", "lora_rank": 8, "prepare_kbit_training": False}
+    flash = _t(transformers_version="4.36.2", attention="flash", **kept)
+    resolved, why = resolve_load_dtype(flash, "bfloat16")
+    assert resolved.load_dtype == "float16" and resolved.kbit_dense_cast
+    assert why is not None and why.startswith("float16 (transformers 4.36.2 forces float16")
+    assert why.endswith("--load-dtype bfloat16 overrides it")
+    # under 16-mixed the load is the compute dtype: nothing to override
+    fp16 = _t(transformers_version="4.36.2", precision="16-mixed", **kept)
+    resolved, why = resolve_load_dtype(fp16, "bfloat16")
+    assert resolved.load_dtype == "float16" and not resolved.kbit_dense_cast
+    assert why is not None and "overrides" not in why
+    # SDPA over an fp16 stream under bf16 autocast is not modelled: the compute dtype stays
+    sdpa = _t(transformers_version="4.36.2", **kept)
+    resolved, why = resolve_load_dtype(sdpa, "bfloat16")
+    assert resolved.load_dtype is None and resolved.kbit_dense_dtype == "bfloat16"
+    assert why is not None and why.startswith("bfloat16 modelled; the load is float16")
+    assert "--attention flash keeps float16" in why
+    # peft's preparation casts the rest to fp32 (the HF Trainer's default)
+    prepared = _t(transformers_version="4.36.2", quantize_base="nf4", lora_rank=8)
+    resolved, why = resolve_load_dtype(prepared, "bfloat16")
+    assert resolved.load_dtype is None and resolved.kbit_fp32_upcast
+    assert why is not None and why.startswith("float32 modelled; the load is float16")
+    assert "prepare_model_for_kbit_training casts its other weights to float32" in why
+    # a given load dtype wins
+    given = replace(flash, load_dtype="bfloat16")
+    assert resolve_load_dtype(given, "bfloat16") == (given, None)
+
+
+def test_the_float16_load_of_a_quantized_base_moves_the_head_cast() -> None:
+    """Llama-3.2-1B (V 128,256, h 2,048, tied head kept in 16 bits as loaded) under bf16
+    autocast: the fp16 head weight is cast to bf16 at the forward and the matmul saves the cast
+    for the input gradient (aten autocast ``cached_cast``; derivatives.yaml mm saves ``mat2``),
+    2 x 128,256 x 2,048 = 525,336,576 B of activations more than a bf16 load, which has no
+    cast (Note [A quantized base's other weights in another 16-bit dtype])."""
+    t = _t(
+        transformers_version="4.36.2",
+        quantize_base="nf4",
+        lora_rank=8,
+        prepare_kbit_training=False,
+        attention="flash",
+        micro_batch_size=1,
+        seq_len=512,
+    )
+    run = estimate("llama-3.2-1b", t, engine="analytic", simulate_allocator=False)
+    bf16 = estimate(
+        "llama-3.2-1b",
+        replace(t, load_dtype="bfloat16"),
+        engine="analytic",
+        simulate_allocator=False,
+    )
+    assert run.config["load_dtype"] == "float16"
+    assert run.details["assumed"]["load_dtype"].startswith("float16 (transformers 4.36.2")
+    assert run.breakdown.activations - bf16.breakdown.activations == 2 * 128_256 * 2_048

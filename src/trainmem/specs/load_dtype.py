@@ -40,7 +40,8 @@ dtype and keeps fp32 masters whatever was loaded (v0.19.5 runtime/engine.py
 ``_configure_distributed_model``), accelerate's FSDP upcasts low-precision parameters to
 float32 under mixed precision (accelerate 0.30.0, accelerator.py ``prepare_model``: "FSDP
 upcast of low precision parameters"), a quantized base's other weights take the
-quantization's dtype (``kbit_16bit_dense``).
+quantization's dtype: transformers 4 forces float16 on it (Note [transformers 4 loads a quantized
+base in float16]), which stays where ``kbit_16bit_dense`` and peft's fp32 upcast replaces.
 """
 
 from __future__ import annotations
@@ -85,6 +86,31 @@ the config's dtype again. Run on CPU (benchmarks/load_dtype_by_release.py's ``ch
 cell: a model that builds a Linear with ``dtype=config.torch_dtype``, saved with
 ``torch_dtype`` float16, loaded with no dtype): float16 on 4.30.2, 4.37.1, 4.48.1 and 5.24.0;
 "float32" on 4.49.0; float32 on 4.50.0, 4.50.3, 4.51.3, 4.54.1, 4.56.2, 4.57.6."""
+
+QUANTIZED_LOAD_FP16_SOURCE = (
+    "modeling_utils.py from_pretrained to 4.36, quantizers' update_torch_dtype 4.40 .. 4.57"
+)
+"""Where transformers 4.x forces float16 on a quantized model given no dtype.
+
+Note [transformers 4 loads a quantized base in float16]
+    Given no ``torch_dtype``, transformers 4.x sets ``torch_dtype = torch.float16`` for a
+    bitsandbytes model ("We force the `dtype` to be float16, this is a requirement from
+    `bitsandbytes`", 4.30.2 and 4.36.2 modeling_utils.py ``from_pretrained``; from the
+    quantizer refactor 4.40.0 .. 4.57.6 quantizers/quantizer_bnb_4bit.py and
+    quantizer_bnb_8bit.py ``update_torch_dtype``) and for a GPTQ model (4.36.2
+    ``if torch_dtype is None: torch_dtype = torch.float16``; quantizer_gptq.py from 4.40), so
+    the unquantized weights (embeddings, norms, LM head) are float16 whatever the checkpoint's
+    dtype. 4.22.0 (the first with ``load_in_8bit``) forced float16 even over a given dtype
+    (``if torch_dtype == "auto" or torch_dtype != torch.float16``); not modelled, a given
+    ``load_dtype`` wins. From 5.0 the bitsandbytes quantizers no longer set a dtype and
+    ``from_pretrained``'s ``dtype="auto"`` gives the config's
+    (:data:`TRANSFORMERS_AUTO_DTYPE_SINCE`; 5.0.0 quantizer_gptq.py ``update_dtype`` only
+    suggests float16). Where peft's ``prepare_model_for_kbit_training`` runs
+    (``TrainingConfig.kbit_fp32_upcast``) those weights are then cast to float32 and the load
+    dtype is gone; where they stay as loaded (``TrainingConfig.kbit_16bit_dense``) it is
+    ``TrainingConfig.kbit_dense_dtype``: float16 under ``16-mixed`` the compute dtype, under
+    ``bf16-mixed`` an fp16 stream beside bf16 matmuls (Note [A quantized base's other weights
+    in another 16-bit dtype]), modelled with ``--attention flash`` by the formulas only."""
 
 QWEN_INIT_CAST_SOURCE = (
     "Qwen/Qwen-7B modeling_qwen.py QWenLMHeadModel.__init__ (the Hub repo's copy "
@@ -255,6 +281,13 @@ def _transformers_default(
         )
     transformers = t.transformers_release
     release = ".".join(map(str, transformers))
+    if t.quantize_base != "none" and transformers < TRANSFORMERS_AUTO_DTYPE_SINCE:
+        # Note [transformers 4 loads a quantized base in float16]
+        return LoadDtype(
+            "float16",
+            f"{trl}transformers {release} forces float16 on a {t.quantize_base} model given no "
+            f"torch_dtype ({QUANTIZED_LOAD_FP16_SOURCE}; before 5.0)",
+        )
     if transformers >= TRANSFORMERS_AUTO_DTYPE_SINCE:
         return LoadDtype(
             auto,
@@ -313,6 +346,17 @@ def _not_modelled(t: TrainingConfig, dtype: str) -> str:
             f"{dtype} throughout, which --precision {'bf16' if dtype == 'bfloat16' else '16'}"
             "-true models"
         )
+    if t.kbit_fp32_upcast:
+        return (
+            "a quantized base: peft's prepare_model_for_kbit_training casts its other weights "
+            "to float32"
+        )
+    if t.kbit_16bit_dense and t.uses_autocast and t.attention != "flash":
+        return (
+            f"a quantized base's other weights in {dtype} under {t.compute_dtype} autocast with "
+            f"--attention {t.attention}: the attention returns {t.compute_dtype} and the "
+            f"residual stream turns float32, not modelled (--attention flash keeps {dtype})"
+        )
     if t.quantize_base != "none":
         return "a quantized base: its other weights take the quantization's dtype"
     if t.zero_stage != 0:
@@ -357,12 +401,19 @@ def resolve_load_dtype(
     try:
         loaded = replace(t, load_dtype=default.dtype)
     except SpecError:  # _check_load_dtype: a load the step does not model
-        modelled = "float32" if t.uses_autocast else t.compute_dtype  # the precision's own
+        # the precision's own; a quantized base's rest kept as loaded: the compute dtype
+        modelled = t.kbit_dense_dtype if t.kbit_16bit_dense else "float32"
+        modelled = modelled if t.uses_autocast else t.compute_dtype
         return t, (
             f"{modelled} modelled; the load is {default.dtype} ({default.why}), but "
             f"{_not_modelled(t, default.dtype)}"
         )
-    return loaded, f"{default.dtype} ({default.why}); --load-dtype float32 overrides it"
+    if t.quantize_base == "none":
+        return loaded, f"{default.dtype} ({default.why}); --load-dtype float32 overrides it"
+    # a quantized base's other weights take a 16-bit load only (kbit_dense_dtype)
+    if default.dtype == t.compute_dtype:
+        return loaded, f"{default.dtype} ({default.why})"
+    return loaded, f"{default.dtype} ({default.why}); --load-dtype {t.compute_dtype} overrides it"
 
 
 DIFFUSERS_LORA_LOAD = (
