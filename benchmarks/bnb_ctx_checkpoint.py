@@ -23,18 +23,31 @@ Result (2026-11-29, torch 2.13.0+cpu, bitsandbytes 0.41.3.post2, h 64, i 176, 3 
 2 x 32 tokens): non-reentrant 165,888 B kept (= 3 layers x 2 B x 64 tokens x (4 x 64 + 176)),
 reentrant 0.
 
-    python benchmarks/bnb_ctx_checkpoint.py
+``--int8``: the same block with bitsandbytes' ``Linear8bitLt`` (``has_fp16_weights=False``,
+threshold 6.0) against Note [bitsandbytes' int8 inputs under non-reentrant checkpointing].
+Needs a bitsandbytes whose int8 runs on the CPU (0.49.2: its default ops; the modules in eval
+mode, as ``bnb.matmul`` sends a training CPU input to ``MatMul8bitFp`` instead, a frozen int8
+weight being the same otherwise). Sums the distinct storages of the ``MatMul8bitLtBackward``
+nodes' ``ctx.tensors``. Expected: each input kept once, as given (fp16, no cast): 2 B x t x
+(3 h + i) per layer non-reentrant (c_attn's normed input, c_proj's, w1 / w2's one normed input,
+the MLP's c_proj's), no ``CAt`` (from 0.45.0), nothing reentrant.
+
+Result (2026-11-29, torch 2.13.0+cpu, bitsandbytes 0.49.2, the same shapes): non-reentrant
+141,312 B kept (= 3 x 2 B x 64 x (3 x 64 + 176)), reentrant 0.
+
+    python benchmarks/bnb_ctx_checkpoint.py [--int8]
 """
 
 from __future__ import annotations
 
+import sys
 import types
 from typing import Any
 
 H, INTER, LAYERS, B, S = 64, 176, 3, 2, 32
 
 
-def _build(torch: Any, bnb: Any) -> Any:
+def _build(torch: Any, bnb: Any, int8: bool = False) -> Any:
     functional = bnb.functional
 
     def dequantize_4bit(packed: Any, quant_state: Any = None, *args: Any, **kw: Any) -> Any:
@@ -45,6 +58,8 @@ def _build(torch: Any, bnb: Any) -> Any:
     functional.dequantize_4bit = dequantize_4bit  # the CUDA kernel's stand-in
 
     def linear4bit(fan_in: int, fan_out: int, bias: bool = False) -> Any:
+        if int8:
+            return linear8bit(fan_in, fan_out, bias)
         module = bnb.nn.Linear4bit(
             fan_in, fan_out, bias=bias, compute_dtype=torch.bfloat16, quant_type="nf4"
         )
@@ -54,6 +69,16 @@ def _build(torch: Any, bnb: Any) -> Any:
         if bias:
             module.bias = torch.nn.Parameter(torch.zeros(fan_out, dtype=torch.float16), False)
         return module
+
+    def linear8bit(fan_in: int, fan_out: int, bias: bool) -> Any:
+        module = bnb.nn.Linear8bitLt(
+            fan_in, fan_out, bias=bias, has_fp16_weights=False, threshold=6.0
+        )
+        weight = torch.randn(fan_out, fan_in, dtype=torch.float16) * 0.02
+        module.weight = bnb.nn.Int8Params(weight, requires_grad=False, has_fp16_weights=False)
+        if bias:
+            module.bias = torch.nn.Parameter(torch.zeros(fan_out, dtype=torch.float16), False)
+        return module.to("cpu").eval()  # Int8Params quantizes on the move
 
     class Block(torch.nn.Module):
         def __init__(self) -> None:
@@ -88,14 +113,20 @@ def kept_bytes(torch: Any, blocks: Any, reentrant: bool) -> int:
     for block in blocks:
         h = checkpoint(block, h, use_reentrant=reentrant)
     seen, stack, total = set(), [h.grad_fn], 0
+    storages: set[int] = set()
     while stack:
         node = stack.pop()
         if node is None or id(node) in seen:
             continue
         seen.add(id(node))
-        if type(node).__name__ == "MatMul4BitBackward":
-            a, _ = node.tensors
-            total += 0 if a is None else a.numel() * a.element_size()
+        name = type(node).__name__
+        if name in ("MatMul4BitBackward", "MatMul8bitLtBackward"):
+            # (A, B): A, B being the packed weight; (CAt, subA, A); storages counted once
+            for a in node.tensors[:1] if name == "MatMul4BitBackward" else node.tensors:
+                if a is None or a.untyped_storage().data_ptr() in storages:
+                    continue
+                storages.add(a.untyped_storage().data_ptr())
+                total += a.untyped_storage().nbytes() if a.numel() else 0
         stack.extend(fn for fn, _ in node.next_functions)
     h.float().sum().backward()
     return total
@@ -108,8 +139,9 @@ def main() -> None:
     import torch
 
     torch.manual_seed(0)
-    blocks = _build(torch, bnb)
-    expected = LAYERS * 2 * B * S * (4 * H + INTER)
+    int8 = "--int8" in sys.argv
+    blocks = _build(torch, bnb, int8)
+    expected = LAYERS * 2 * B * S * ((3 if int8 else 4) * H + INTER)
     print(f"torch {torch.__version__}, bitsandbytes {version('bitsandbytes')}")
     print(f"non-reentrant: {kept_bytes(torch, blocks, False):,} B kept (expected {expected:,})")
     print(f"reentrant: {kept_bytes(torch, blocks, True):,} B kept (expected 0)")

@@ -133,3 +133,30 @@ def test_schedule_keeps_every_layers_inputs_to_the_end_of_the_backward() -> None
     reentrant = estimate(QWEN1, dataclasses.replace(training, checkpoint_reentrant=True))
     rise = est.breakdown.allocated_bytes - reentrant.breakdown.allocated_bytes
     assert rise == 32 * u
+
+
+def test_int8_keeps_each_input_once_as_given() -> None:
+    """``MatMul8bitLt`` keeps ``ctx.tensors = (CAt, subA, A)`` (bitsandbytes 0.40.0 .. 0.49.2
+    autograd/_functions.py), A the input as ``Linear8bitLt.forward`` passes it: no bf16 copies
+    of the fp16 stream (Note [bitsandbytes' int8 inputs under non-reentrant checkpointing])."""
+    int8 = _swift(quantize_base="int8", bitsandbytes_version="0.45.0")
+    # c_attn's normed input, c_proj's, w1 / w2's one normed input, the MLP's c_proj's, fp16:
+    # 2 B x 2,048 x (3 x 4,096 + 11,008)
+    assert checkpoint_held_input_bytes(QWEN1, int8) == 95_420_416
+    # before 0.45.0 each linear's int8 copy CAt besides: 1 B x 2,048 x (4 x 4,096 + 11,008)
+    old = _swift(quantize_base="int8", bitsandbytes_version="0.44.1")
+    assert checkpoint_held_input_bytes(QWEN1, old) == 95_420_416 + 56_098_816
+    # peft's fp32 upcast: the two normed inputs fp32, c_proj's and the MLP's c_proj's bf16:
+    # 2,048 x (4 x 2 x 4,096 + 2 x 4,096 + 2 x 11,008)
+    upcast = _swift(
+        quantize_base="int8",
+        bitsandbytes_version="0.45.0",
+        prepare_kbit_training=True,
+        load_dtype=None,
+    )
+    assert checkpoint_held_input_bytes(QWEN1, upcast) == 128_974_848
+    # reentrant: the first forward under no_grad, the recompute's graph dropped: nothing
+    assert (
+        checkpoint_held_input_bytes(QWEN1, _swift(quantize_base="int8", checkpoint_reentrant=True))
+        == 0
+    )

@@ -54,3 +54,44 @@ def test_both_engines_keep_every_layers_inputs_under_non_reentrant_checkpointing
             a = held.breakdown.allocated_bytes
     assert rises == [kept, kept]
     assert abs(g - a) <= 0.01 * a, (g, a)
+
+
+@pytest.mark.parametrize(
+    ("prepare", "bnb", "per_token"),
+    [
+        # MatMul8bitLt keeps its input as given (Note [bitsandbytes' int8 inputs under
+        # non-reentrant checkpointing]): under peft's fp32 upcast the normed inputs are fp32,
+        # q / k / v one tensor and gate / up one (4 B x 64 each), o's and down's bf16 (the
+        # step's attention output and MLP product): 4 x 64 + 2 x 64 + 4 x 64 + 2 x 128
+        (True, "0.45.0", 4 * 64 + 2 * 64 + 4 * 64 + 2 * 128),
+        # a bf16 stream: the same four tensors, 2 B each
+        (False, "0.45.0", 2 * (64 + 64 + 64 + 128)),
+        # before 0.45.0 each linear's int8 transposed copy CAt besides (1 B a value): q, k, v,
+        # o, gate, up read 64 values a token, down 128
+        (False, "0.42.0", 2 * (64 + 64 + 64 + 128) + 6 * 64 + 128),
+    ],
+)
+def test_both_engines_keep_an_int8_bases_inputs_under_non_reentrant_checkpointing(
+    prepare: bool, bnb: str, per_token: int
+) -> None:
+    def training(reentrant: bool) -> TrainingConfig:
+        return TrainingConfig(
+            micro_batch_size=2,
+            seq_len=128,
+            lora_rank=16,
+            quantize_base="int8",
+            bitsandbytes_version=bnb,
+            activation_checkpointing="full",
+            checkpoint_reentrant=reentrant,
+            prepare_kbit_training=prepare,
+        )
+
+    kept = 2 * 256 * per_token  # 2 layers x 2 x 128 tokens
+    rises, peaks = [], []
+    for engine in ("generic", "analytic"):
+        plain = estimate(QWEN2, training(True), engine=engine, simulate_allocator=False)
+        held = estimate(QWEN2, training(False), engine=engine, simulate_allocator=False)
+        rises.append(held.breakdown.allocated_bytes - plain.breakdown.allocated_bytes)
+        peaks.append(held.breakdown.allocated_bytes)
+    assert rises == [kept, kept]
+    assert abs(peaks[0] - peaks[1]) <= 0.01 * peaks[1], peaks

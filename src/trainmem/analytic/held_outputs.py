@@ -77,9 +77,28 @@ Note [bitsandbytes' inputs under non-reentrant checkpointing]
     w1, w2 reading its fp16 stream, each with its own bf16 copy, and the MLP's c_proj).
     Checked on the CPU (benchmarks/bnb_ctx_checkpoint.py: bitsandbytes 0.41.3's own
     ``MatMul4Bit`` under torch's checkpoint, its CUDA dequantization stubbed). Not modelled:
-    int8 (``MatMul8bitLt`` keeps ``(CAt, subA, A)`` alike), blocks other than a dense
-    decoder's, and the recompute's own copies, which the schedule keeps through the layer's
-    backward as recomputed terms where the real recompute drops them with its graph.
+    blocks other than a dense decoder's, and the recompute's own copies, which the schedule
+    keeps through the layer's backward as recomputed terms where the real recompute drops them
+    with its graph.
+
+Note [bitsandbytes' int8 inputs under non-reentrant checkpointing]
+    ``MatMul8bitLt`` keeps ``ctx.tensors = (CAt, subA, A)`` at every release read (0.40.0 ..
+    0.49.2 autograd/_functions.py) whenever its input or weight needs a gradient, so an int8
+    base under torch's non-reentrant checkpoint keeps its inputs as a 4-bit one before
+    0.43.2 does (Note [bitsandbytes' inputs under non-reentrant checkpointing]), with three
+    differences. A is the input as given, not a cast (nn/modules.py ``Linear8bitLt.forward``
+    passes ``x`` to ``bnb.matmul``, which reshapes a 3-d input to 2-d, a view): the linears
+    that read one tensor keep it once (q / k / v the normed input, gate / up theirs), in its
+    own dtype (the residual stream's, fp32 under peft's upcast); o's and down's inputs as the
+    step has them. Before 0.45.0 (:data:`~trainmem.specs.frameworks.
+    BNB_INT8_KEEPS_ONLY_GRADED_INPUT_SINCE`) ``F.double_quant`` always made ``CAt``, the int8
+    transposed copy of the input (1 B a value, one per linear), kept with A, and a node whose
+    inputs need no gradient kept A all the same (``[None, None, A]``: the first layer's
+    attention input); from 0.45.0 a frozen weight's fast path makes no ``CAt`` and such a node
+    keeps nothing. Not modelled: ``subA``, the input's outlier columns (``A[:, idx]``, those
+    with a value over ``llm_int8_threshold``, 6.0 in transformers' ``BitsAndBytesConfig``),
+    which depend on the data. Checked on the CPU: benchmarks/bnb_ctx_checkpoint.py's int8
+    cell.
 """
 
 from __future__ import annotations
@@ -94,7 +113,7 @@ from trainmem.analytic.loss import (
     shifted_positions,
     transposed_cross_entropy,
 )
-from trainmem.analytic.params import linear_shapes
+from trainmem.analytic.params import LinearShapes, linear_shapes
 from trainmem.analytic.tensor_states import quantized_lm_head
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
@@ -203,19 +222,25 @@ _DENSE_LINEARS = frozenset({"q", "k", "v", "qkv", "o", "gate", "up", "gate_up", 
 def checkpoint_held_input_bytes(
     model: ModelSpec, training: TrainingConfig, *, first_layer: bool = False
 ) -> int:
-    """Bytes one checkpointed layer's bitsandbytes 4-bit linears keep of their inputs from the
+    """Bytes one checkpointed layer's bitsandbytes linears keep of their inputs from the
     layer's forward to the end of the backward under torch's non-reentrant checkpoint (Note
-    [bitsandbytes' inputs under non-reentrant checkpointing]): c x t x the values per token of
-    the inputs, a copy per linear where the normed input is cast, one per shared input
-    otherwise; the stack's ``first_layer`` without its attention input unless the
-    input-embedding hook makes it need a gradient. 0 where
-    ``TrainingConfig.checkpoint_keeps_4bit_inputs`` does not hold, and for a block other than
-    a dense decoder's."""
-    if not training.checkpoint_keeps_4bit_inputs or model.architecture != "decoder":
+    [bitsandbytes' inputs under non-reentrant checkpointing]): 4-bit, c x t x the values per
+    token of the inputs, a copy per linear where the normed input is cast, one per shared
+    input otherwise; int8 (Note [bitsandbytes' int8 inputs under non-reentrant
+    checkpointing]), the inputs as given, one per shared input (the normed ones in the residual
+    stream's dtype, r), and before bitsandbytes 0.45.0 each linear's own int8 copy of its
+    input (1 B a value); the stack's ``first_layer`` without its attention input unless the
+    input-embedding hook makes it need a gradient (int8 before 0.45.0: its input kept all the
+    same, no copy). 0 where ``TrainingConfig.checkpoint_keeps_bnb_inputs`` does not hold, and
+    for a block other than a dense decoder's."""
+    if not training.checkpoint_keeps_bnb_inputs or model.architecture != "decoder":
         return 0
     shapes = linear_shapes(model)
     if not set(shapes) <= _DENSE_LINEARS or not {"o", "down"} <= set(shapes):
         return 0
+    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    if training.quantize_base == "int8":
+        return _int8_kept_bytes(model, training, shapes, first_layer=first_layer) * t
     cast = autocast_casts_layer_inputs(training, model) or (
         training.kbit_fp32_upcast and training.compute_dtype != "float32"
     )
@@ -228,5 +253,35 @@ def checkpoint_held_input_bytes(
         values += h * (len(attention) if cast else 1)
     if not shared or cast:
         values += h * (len(mlp) if cast else 1)
-    t = training.micro_batch_size * tokens_per_sequence(model, training)
     return dtype_bytes(training.compute_dtype) * values * t
+
+
+def _int8_kept_bytes(
+    model: ModelSpec,
+    training: TrainingConfig,
+    shapes: LinearShapes,
+    *,
+    first_layer: bool,
+) -> int:
+    """Bytes per token one layer's ``MatMul8bitLt`` nodes keep under non-reentrant
+    checkpointing (Note [bitsandbytes' int8 inputs under non-reentrant checkpointing]): the
+    normed inputs (r bytes, q / k / v one tensor, gate / up one; a parallel block's one
+    norm one for both), o's and down's inputs (c bytes, as the step models them), and before
+    0.45.0 (``TrainingConfig.bnb_int8_transposed_copy``) each graded linear's int8 ``CAt``."""
+    c, r = compute_and_residual_bytes(training)
+    h = model.hidden_size
+    attention = [n for n in ("q", "k", "v", "qkv") if n in shapes]
+    mlp = [n for n in ("gate", "up", "gate_up") if n in shapes]
+    shared = model.parallel_attention and model.num_norms_per_layer == 1
+    graded_attention = not first_layer or training.input_embeddings_require_grad
+    copy = training.bnb_int8_transposed_copy
+    total = c * (shapes["o"][0] + shapes["down"][0])
+    if graded_attention or copy:  # before 0.45.0 kept with no gradient too
+        total += r * h
+    if not shared:
+        total += r * h
+    if copy:  # a parallel block's first MLP reads the embedding too: no gradient there
+        mlp_graded = graded_attention or not model.parallel_attention
+        graded = ["o", *(attention if graded_attention else []), *(mlp if mlp_graded else [])]
+        total += sum(shapes[n][0] for n in (*graded, "down"))
+    return total

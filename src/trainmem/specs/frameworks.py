@@ -33,6 +33,14 @@ BNB_MATMUL4BIT_SAVES_NO_INPUT_SINCE = (0, 43, 2)
 """bitsandbytes autograd/_functions.py ``MatMul4Bit.forward``: since 0.43.2 it keeps
 ``ctx.tensors = (None, B)`` (the quantized weight only; the input gradient needs only B);
 before, ``(A, B)``: the 16-bit input of every 4-bit linear stayed saved until its backward."""
+BNB_INT8_KEEPS_ONLY_GRADED_INPUT_SINCE = (0, 45, 0)
+"""bitsandbytes autograd/_functions.py ``MatMul8bitLt.forward``: from 0.45.0 (its LLM.int8
+rewrite) a frozen weight takes the fast path (``int8_vectorwise_quant``: ``CAt = SCAt = None``
+unless ``ctx.needs_input_grad[1]``) and ``ctx.tensors = [None, None, None]`` when neither input
+needs a gradient; before (0.40.0 .. 0.44.1) ``F.double_quant`` always made ``CAt``, the int8
+transposed copy of the input, kept with it (``ctx.tensors = (CAt, subA, A)``) when either needs
+a gradient, and the input alone (``[None, None, A]``) otherwise. Read at 0.40.0, 0.41.0,
+0.42.0, 0.43.0, 0.43.2, 0.43.3, 0.44.1, 0.45.0, 0.45.5, 0.46.0, 0.47.0, 0.48.2, 0.49.2."""
 BNB_4BIT_QUANTIZED_IN_ITS_DTYPE_SINCE = (0, 43, 0)
 """bitsandbytes nn/modules.py ``Params4bit``: from 0.43.0 ``_quantize`` quantizes the weight in
 the dtype it has (``w = self.data.contiguous().cuda(device)``), so ``QuantState.dtype`` is the

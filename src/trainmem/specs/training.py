@@ -93,6 +93,7 @@ from trainmem.errors import SpecError
 from trainmem.specs.bounds import MAX_COUNT, describe_int
 from trainmem.specs.frameworks import (
     BNB_4BIT_QUANTIZED_IN_ITS_DTYPE_SINCE,
+    BNB_INT8_KEEPS_ONLY_GRADED_INPUT_SINCE,
     BNB_MATMUL4BIT_SAVES_NO_INPUT_SINCE,
     DEFAULT_BITSANDBYTES_VERSION,
     DEFAULT_LITGPT_VERSION,
@@ -2324,21 +2325,34 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
         return (version or DEFAULT_BITSANDBYTES_VERSION) < BNB_MATMUL4BIT_SAVES_NO_INPUT_SINCE
 
     @property
-    def checkpoint_keeps_4bit_inputs(self) -> bool:
-        """Every checkpointed layer's bitsandbytes 4-bit linears keep their 16-bit input from
-        the layer's forward to the end of the backward: ``MatMul4Bit`` keeps it as a ``ctx``
-        attribute (:attr:`quantized_matmul_saves_input`: before 0.43.2) and the layers run
-        under torch's non-reentrant checkpoint (full checkpointing, not
-        :attr:`layer_checkpoint_reentrant`; not Unsloth's own checkpoint), whose saved-tensor
-        hooks never see that attribute (Note [bitsandbytes' inputs under non-reentrant
-        checkpointing] in trainmem/analytic/held_outputs.py)."""
+    def checkpoint_keeps_bnb_inputs(self) -> bool:
+        """Every checkpointed layer's bitsandbytes linears keep their input from the layer's
+        forward to the end of the backward: ``MatMul4Bit`` keeps its 16-bit cast as a ``ctx``
+        attribute (:attr:`quantized_matmul_saves_input`: before 0.43.2), ``MatMul8bitLt`` the
+        input as given at every release (and before 0.45.0 its int8 transposed copy,
+        :attr:`bnb_int8_transposed_copy`), and the layers run under torch's non-reentrant
+        checkpoint (full checkpointing, not :attr:`layer_checkpoint_reentrant`; not Unsloth's
+        own checkpoint), whose saved-tensor hooks never see that attribute (Note
+        [bitsandbytes' inputs under non-reentrant checkpointing] in
+        trainmem/analytic/held_outputs.py)."""
         return (
             self.activation_checkpointing == "full"
-            and self.quantize_base in ("nf4", "nf4-dq", "fp4", "fp4-dq")
+            and self.quantize_base in ("nf4", "nf4-dq", "fp4", "fp4-dq", "int8")
             and self.quantized_matmul_saves_input
             and not self.layer_checkpoint_reentrant
             and self.framework != "unsloth"
         )
+
+    @property
+    def bnb_int8_transposed_copy(self) -> bool:
+        """An int8 base's ``MatMul8bitLt`` keeps ``CAt``, the int8 transposed copy of its input
+        (1 B a value), beside the input when the input needs a gradient, and the input even
+        when it needs none: bitsandbytes before 0.45.0
+        (:data:`~trainmem.specs.frameworks.BNB_INT8_KEEPS_ONLY_GRADED_INPUT_SINCE`)."""
+        if self.quantize_base != "int8" or not self.conventions.quantized_base_saves_input:
+            return False
+        version = parse_version("bitsandbytes_version", self.bitsandbytes_version)
+        return (version or DEFAULT_BITSANDBYTES_VERSION) < BNB_INT8_KEEPS_ONLY_GRADED_INPUT_SINCE
 
     @property
     def dequantizes_through_fp16(self) -> bool:

@@ -70,7 +70,7 @@ Note [Traced quantized base]
       always, 4-bit before bitsandbytes 0.43.2; GPTQ's triton v2 kernel never), else nothing
       (the packed weight is a parameter); a cast input that is the input itself (already in
       the compute dtype) is the same storage, so what else saves it is not counted twice;
-      under torch's non-reentrant checkpoint (``TrainingConfig.checkpoint_keeps_4bit_inputs``)
+      under torch's non-reentrant checkpoint (``TrainingConfig.checkpoint_keeps_bnb_inputs``)
       that input is kept as bitsandbytes keeps it, a ``ctx`` attribute the hooks never see,
       alive until the graph goes (Note [bitsandbytes' inputs under non-reentrant
       checkpointing] in trainmem/analytic/held_outputs.py);
@@ -150,6 +150,8 @@ class _QuantizedMatmul(Function):
         through_fp16: bool = False,
         saves_packed: bool = False,
         keeps_on_ctx: bool = False,
+        int8: bool = False,
+        int8_copy: bool = False,
     ) -> Any:
         cast = x.to(dtype)
         weight = _dequantized(shape, dtype, x.device, torchao, through_fp16)
@@ -164,7 +166,16 @@ class _QuantizedMatmul(Function):
             out += cast_bias
         ctx.shape, ctx.torchao, ctx.through_fp16 = shape, torchao, through_fp16
         ctx.saves_packed = saves_packed and not saves_input
-        if saves_input and keeps_on_ctx:
+        if saves_input and keeps_on_ctx and int8:
+            # MatMul8bitLt's ``ctx.tensors = (CAt, subA, A)``: the input as given, and before
+            # bitsandbytes 0.45.0 its int8 copy (Note [bitsandbytes' int8 inputs under
+            # non-reentrant checkpointing]; subA's outlier columns not modelled)
+            graded = ctx.needs_input_grad[0]
+            copy = None
+            if graded and int8_copy:
+                copy = torch.empty(x.shape, dtype=torch.int8, device=x.device)
+            ctx.tensors = (copy, None, x if graded or int8_copy else None)
+        elif saves_input and keeps_on_ctx:
             # bitsandbytes' own ``ctx.tensors = (A, B)``, which non-reentrant checkpointing's
             # hooks never see (Note [bitsandbytes' inputs under non-reentrant checkpointing])
             ctx.tensors = (cast, None) if ctx.needs_input_grad[0] else (None, None)
@@ -186,7 +197,7 @@ class _QuantizedMatmul(Function):
         weight = _dequantized(ctx.shape, grad.dtype, grad.device, ctx.torchao, ctx.through_fp16)
         grad_input = grad @ weight
         del weight
-        return grad_input, None, None, None, None, None, None, None, None, None
+        return grad_input, None, None, None, None, None, None, None, None, None, None, None
 
 
 def _dequantized(
@@ -269,6 +280,8 @@ def _forward(self: Any, x: Any) -> Any:
         self.through_fp16,
         self.saves_packed,
         self.keeps_on_ctx,
+        self.int8,
+        self.int8_copy,
     )
     if out.dtype != x.dtype and not torch.is_autocast_enabled(x.device.type):
         out = out.to(x.dtype)  # Note [Traced quantized base]: bitsandbytes' ``.to(inp_dtype)``
@@ -381,9 +394,10 @@ def quantize_base(model: Any, training: TrainingConfig, *, diffusers: bool = Fal
         module.torchao_decode = training.torchao_nf4_decode
         module.through_fp16 = training.dequantizes_through_fp16
         module.saves_packed = kind == "gptq-int4"
-        module.keeps_on_ctx = training.checkpoint_keeps_4bit_inputs
+        module.keeps_on_ctx = training.checkpoint_keeps_bnb_inputs
         module.forward = types.MethodType(_forward, module)
         module.int8 = kind == "int8"
+        module.int8_copy = training.bnb_int8_transposed_copy
         module.W_q = None  # peft's dequantize_module_weight then calls dequantize()
         module.dequantize = types.MethodType(_peft_dequantize, module)
         count += 1
