@@ -450,6 +450,12 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
         "deepspeed_version": "0.14.0",
     },
     "trl 0.9.0": {"framework": "trl", "trl_version": "0.9.0"},
+    "fsdp 4 accelerate 0.27.0": {
+        **_DP,
+        "zero_stage": 3,
+        "framework": "accelerate-fsdp",
+        "accelerate_version": "0.27.0",
+    },
 }
 
 

@@ -69,6 +69,11 @@ FLAG_CASES: dict[str, tuple[list[str], Any, str]] = {
         "deepspeed-version=0.16.9",
     ),
     "trl_version": (["--trl-version", "0.13.0"], "0.13.0", "trl-version=0.12.0"),
+    "accelerate_version": (
+        ["--accelerate-version", "0.27.2"],
+        "0.27.2",
+        "accelerate-version=0.28.0",
+    ),
     "activation_checkpointing": (["-c", "none"], "none", "activation-checkpointing=full"),
     "attention": (["--attention", "sdpa"], "sdpa", "attention=eager"),
     "gradient_accumulation_steps": (

@@ -81,3 +81,64 @@ def test_the_command_line_follows_the_release(invoke_json: InvokeJson) -> None:
     assert given is True
     newer = invoke_json("estimate", "gpt2", "-b", "1", "-s", "128", "--torch-version", "2.0")
     assert newer["config"]["zero_grad_set_to_none"] is True
+
+
+# accelerate's AcceleratedOptimizer.zero_grad(set_to_none=None) passes set_to_none=False
+# before 0.28.0 (src/accelerate/optimizer.py v0.27.0 ``if set_to_none is None: set_to_none =
+# False``; v0.28.0 ``True``), whatever torch's default; the HF Trainer calls model.zero_grad().
+@pytest.mark.parametrize(
+    ("framework", "accelerate_version", "frees"),
+    [
+        ("accelerate-fsdp", "0.27.2", False),
+        ("accelerate-fsdp", "0.28.0", True),
+        ("accelerate-fsdp", None, True),  # a current release
+        ("hf-trainer", "0.27.2", True),  # torch's Module.zero_grad on torch 2.x
+        ("pytorch-amp", "0.27.2", True),  # not accelerate's optimizer
+    ],
+)
+def test_accelerates_optimizer_follows_its_release(
+    framework: str, accelerate_version: str | None, frees: bool
+) -> None:
+    sharded = {"zero_stage": 3, "data_parallel_size": 2} if framework == "accelerate-fsdp" else {}
+    t = TrainingConfig(
+        framework=framework, torch_version="2.1", accelerate_version=accelerate_version, **sharded
+    )
+    assert t.zero_grad_set_to_none is frees
+    # a given value wins
+    given = TrainingConfig(
+        framework=framework,
+        accelerate_version=accelerate_version,
+        zero_grad_set_to_none=not frees,
+        **sharded,
+    )
+    assert given.zero_grad_set_to_none is (not frees)
+
+
+def test_accelerate_0_27_keeps_the_gradient_shards() -> None:
+    """GPT-2 small in fp32 under accelerate's FSDP over 2 ranks: each rank's flat gradient
+    shard, 4 B x 124,439,808 / 2 = 248,879,616 B, stays allocated through the next forward."""
+
+    def peak(**fields: Any) -> int:
+        training = TrainingConfig(
+            micro_batch_size=2,
+            seq_len=512,
+            precision="32-true",
+            framework="accelerate-fsdp",
+            zero_stage=3,
+            data_parallel_size=2,
+            **fields,
+        )
+        return estimate("gpt2", training, engine="analytic").breakdown.allocated_bytes
+
+    kept = peak(accelerate_version="0.27.0")
+    assert kept - peak(accelerate_version="0.28.0") == 4 * GPT2_PARAMETERS // 2 == 248_879_616
+
+
+def test_the_trainers_fsdp_keeps_its_own_zero_grad(invoke_json: InvokeJson) -> None:
+    args = ("estimate", "gpt2", "-b", "1", "-s", "128", "--fsdp", "full-shard")
+    args += ("--data-parallel-size", "2", "--accelerate-version", "0.27.0")
+    own = invoke_json(*args, "--framework", "accelerate-fsdp")["config"]
+    assert own["zero_grad_set_to_none"] is False
+    trainer = invoke_json(*args, "--framework", "hf-trainer")["config"]
+    assert trainer["framework"] == "accelerate-fsdp"
+    assert trainer["zero_grad_set_to_none"] is True

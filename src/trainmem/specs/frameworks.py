@@ -249,12 +249,19 @@ Note [zero_grad's default by release]
     5.24.0 alike), Lightning's ``LightningModule.optimizer_zero_grad`` (``optimizer.zero_grad()``
     at 1.0.0 to 2.4.0), mmcv 1.x's ``OptimizerHook``. Not DeepSpeed (its ZeRO optimizers'
     own ``zero_grad``, called by ``DeepSpeedEngine._take_model_step``) nor Megatron (its
-    gradient buffer, zeroed in place: ``grad_buffer_from_init``). Not modelled: accelerate's
+    gradient buffer, zeroed in place: ``grad_buffer_from_init``). accelerate's
     ``AcceleratedOptimizer.zero_grad(set_to_none=None)`` passes ``set_to_none=False`` before
-    0.28.0 whatever the torch release (accelerate src/accelerate/optimizer.py at v0.5.1 ..
-    v0.27.0; True from v0.28.0, PR #2472), which a loop on accelerate's optimizer meets; there
-    is no accelerate version to select it. ``TrainingConfig.zero_grad_set_to_none`` given
-    always wins."""
+    0.28.0 whatever the torch release (accelerate src/accelerate/optimizer.py at v0.27.0:
+    ``if set_to_none is None: set_to_none = False``; ``True`` from v0.28.0, PR #2472), which a
+    loop calling ``optimizer.zero_grad()`` on accelerate's prepared optimizer meets
+    (``FrameworkConventions.accelerate_optimizer_zero_grad``: accelerate-fsdp's own loop, not
+    the HF Trainer's ``--fsdp``, whose ``model.zero_grad()`` is torch's):
+    :data:`ACCELERATE_ZERO_GRAD_SET_TO_NONE_SINCE`, ``TrainingConfig.accelerate_version``.
+    ``TrainingConfig.zero_grad_set_to_none`` given always wins."""
+ACCELERATE_ZERO_GRAD_SET_TO_NONE_SINCE = (0, 28, 0)
+"""The accelerate release from which ``AcceleratedOptimizer.zero_grad()`` without an argument
+frees the gradients (src/accelerate/optimizer.py: v0.27.0 ``set_to_none = False``, v0.28.0
+``set_to_none = True``; Note [zero_grad's default by release])."""
 TORCHAO_OFFLOAD_MINIMAL_SIZE = 4096
 """torchao ``CPUOffloadOptimizer(minimal_size=4096)``: parameters with fewer elements are kept
 in an optimizer on the GPU ("to avoid excessively many small transfers",
@@ -818,6 +825,12 @@ class FrameworkConventions:
     optimizer is built, so the (sharded) gradients exist in the forward pass too (DeepSpeed
     runtime/zero/stage3.py ``self.grad_partitions_flat_buffer = torch.zeros(sum(p.
     partition_numel() ...), dtype=self.gradient_accumulation_dtype, ...)``)."""
+    accelerate_optimizer_zero_grad: bool
+    """The loop zeroes the gradients with ``optimizer.zero_grad()`` on the optimizer
+    accelerate prepared (``AcceleratedOptimizer``), whose default follows the accelerate
+    release (Note [zero_grad's default by release]): accelerate-fsdp, a loop on accelerate's
+    FSDP plugin (an HF Trainer run with ``--fsdp`` calls ``model.zero_grad()`` and keeps its
+    stack's default, ``trainer_sharding``)."""
     deepspeed_optimizer_wrappers: bool
     """The optimizer is wrapped as DeepSpeed's engine chooses (deepspeed/runtime/engine.py
     ``_do_optimizer_sanity_check``, :func:`deepspeed_optimizer_wrapper`): the ZeRO optimizer
@@ -1211,17 +1224,26 @@ class FrameworkConventions:
         version = DEFAULT_TORCH_VERSION if torch_version is None else torch_version
         return UNSLOTH_ALLOC_CONF if version >= (2, 9) else UNSLOTH_ALLOC_CONF_BEFORE_TORCH_2_9
 
-    def zero_grad_set_to_none(self, torch_version: tuple[int, ...] | None) -> bool:
+    def zero_grad_set_to_none(
+        self,
+        torch_version: tuple[int, ...] | None,
+        accelerate_version: tuple[int, ...] | None = None,
+    ) -> bool:
         """Whether the loop's ``zero_grad()`` frees the gradients when
         ``zero_grad_set_to_none`` is not given: torch's default for ``torch_version`` (Note
-        [zero_grad's default by release]); True under DeepSpeed's ZeRO optimizers and
+        [zero_grad's default by release]); False on accelerate's optimizer before 0.28.0
+        (:attr:`accelerate_optimizer_zero_grad`); True under DeepSpeed's ZeRO optimizers and
         Megatron's gradient buffer, which have their own.
 
         Args:
             torch_version: (major, minor, ...) of torch; None: a current release.
+            accelerate_version: (major, minor, ...) of accelerate; None: a current release.
         """
         if self.deepspeed_optimizer_wrappers or self.grad_buffer_from_init:
             return True
+        if self.accelerate_optimizer_zero_grad and accelerate_version is not None:
+            if accelerate_version < ACCELERATE_ZERO_GRAD_SET_TO_NONE_SINCE:
+                return False
         version = DEFAULT_TORCH_VERSION if torch_version is None else torch_version
         return version >= ZERO_GRAD_SET_TO_NONE_SINCE
 
@@ -1264,6 +1286,7 @@ def _row(name: str, **fields: object) -> FrameworkConventions:
         "fsdp_reduce_in_compute_dtype": False,
         "fused_multi_tensor_adam": False,
         "optimizer_offload_torchao": False,
+        "accelerate_optimizer_zero_grad": False,
         "deepspeed_optimizer_wrappers": False,
         "zero_ipg_buckets": False,
         "zero3_grad_partition_from_init": False,
@@ -1410,6 +1433,7 @@ FRAMEWORK_CONVENTIONS: dict[str, FrameworkConventions] = {
         ),
         _row(
             "accelerate-fsdp",
+            accelerate_optimizer_zero_grad=True,
             fsdp_collective_streams=True,
             fsdp1_checkpoint_outside_units=True,
             fsdp_param_dtype_follows_precision=True,

@@ -81,6 +81,7 @@ FIELD_GROUPS: dict[str, tuple[str, ...]] = {
         "torchtitan_version",
         "unsloth_version",
         "deepspeed_version",
+        "accelerate_version",
         "trl_version",
         "load_phase",
         "grad_accum_dtype",

@@ -1537,6 +1537,18 @@ class FrameworkConfig:
     )
     """DeepSpeed release (``"0.16.9"``) where a default depends on it (bf16 gradients
     accumulate in fp32 without ZeRO before 0.17.6); None, the default: a current release."""
+    accelerate_version: str | None = setting(
+        None,
+        "accelerate release whose prepared optimizer's zero_grad() the loop calls "
+        "(--framework accelerate-fsdp; before 0.28 it keeps the gradients as zeros).",
+        default_text="a current release",
+    )
+    """accelerate release (``"0.27.2"``) whose ``AcceleratedOptimizer.zero_grad()`` the loop
+    calls (``FrameworkConventions.accelerate_optimizer_zero_grad``: accelerate-fsdp): before
+    :data:`~trainmem.specs.frameworks.ACCELERATE_ZERO_GRAD_SET_TO_NONE_SINCE` it passes
+    ``set_to_none=False``, so the gradients stay allocated through the next forward (Note
+    [zero_grad's default by release]); None, the default: a current release. A given
+    ``zero_grad_set_to_none`` wins."""
     trl_version: str | None = setting(
         None,
         "TRL release whose SFTTrainer runs (0.9.3 .. 0.25: peft's k-bit fp32 upcast, then "
@@ -1643,6 +1655,7 @@ class FrameworkConfig:
             "torchtitan_version",
             "unsloth_version",
             "deepspeed_version",
+            "accelerate_version",
             "trl_version",
         ):
             parse_version(name, getattr(self, name))
@@ -2484,7 +2497,13 @@ def _resolve_precision(t: TrainingConfig) -> None:
             release = parse_version("torch_version", t.torch_version)
         except SpecError:
             release = None
-        object.__setattr__(t, "zero_grad_set_to_none", row.zero_grad_set_to_none(release))
+        try:
+            accelerate = parse_version("accelerate_version", t.accelerate_version)
+        except SpecError:  # its own check's error
+            accelerate = None
+        object.__setattr__(
+            t, "zero_grad_set_to_none", row.zero_grad_set_to_none(release, accelerate)
+        )
     if t.activation_checkpointing is None:
         default = row.default_activation_checkpointing if row else "none"
         if row is not None and row.trl_sft_trainer:  # SFTConfig's default from 0.22
@@ -3414,6 +3433,15 @@ def trainer_sharding(
     adamw = settings.get("optimizer") in (None, "adamw")
     if row.fused_multi_tensor_adam and adamw and settings.get("optimizer_implementation") is None:
         settings["optimizer_implementation"] = "fused"
+    sharded = FRAMEWORK_CONVENTIONS[sharding]
+    if sharded.accelerate_optimizer_zero_grad and settings.get("zero_grad_set_to_none") is None:
+        # the Trainer's model.zero_grad() (Note [zero_grad's default by release]), not the
+        # accelerate optimizer's that accelerate-fsdp's own loop calls
+        try:
+            torch = parse_version("torch_version", settings.get("torch_version"))
+        except SpecError:  # its own check's error
+            torch = None
+        settings["zero_grad_set_to_none"] = row.zero_grad_set_to_none(torch)
     settings["framework"] = sharding
     return str(stack)
 

@@ -1,6 +1,7 @@
-"""bitsandbytes' 4-bit inputs under torch's non-reentrant checkpoint as a transform: each
-checkpointed layer's quantized-linear inputs, kept by their ``MatMul4Bit`` nodes from the
-layer's forward to the end of the backward (Note [bitsandbytes' inputs under non-reentrant
+"""bitsandbytes' inputs under torch's non-reentrant checkpoint as a transform: each
+checkpointed layer's quantized-linear inputs, kept by their ``MatMul4Bit`` / ``MatMul8bitLt``
+nodes from the layer's forward to the end of the backward (Note [bitsandbytes' inputs under
+non-reentrant checkpointing], Note [bitsandbytes' int8 inputs under non-reentrant
 checkpointing] in trainmem/analytic/held_outputs.py)."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.schedule import Op, Repeat
 
 KEY = "bnb_ctx_inputs/{i}"
-LABEL = "a layer's bitsandbytes 4-bit inputs, kept by MatMul4Bit's ctx through the backward"
+LABEL = "a layer's bitsandbytes inputs, kept by its matmuls' ctx through the backward"
 
 
 class Bnb4bitCheckpointInputs(Transform):
