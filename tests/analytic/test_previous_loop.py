@@ -104,12 +104,17 @@ def test_qwen2_previous_graph_and_output_bytes_by_hand() -> None:
 
 
 def test_int8_keeps_its_input_and_its_int8_copy() -> None:
-    # MatMul8bitLt: A always (2 bytes), CAt (1 byte) where a gradient is needed: 576 + 64 graded
-    # values x 3 bytes, the 64 of layer 0's attention input x 2 bytes
+    # MatMul8bitLt before bitsandbytes 0.45.0: A always (2 bytes), CAt (1 byte) where a
+    # gradient is needed: 576 + 64 graded values x 3 bytes, the 64 of layer 0's attention input
+    # x 2 bytes (0.44.1 autograd/_functions.py: ``F.double_quant``, ``[None, None, A]``)
     model = load_model_spec(QWEN2)
-    training = _training(quantize_base="int8", precision="16-true")
+    training = _training(quantize_base="int8", precision="16-true", bitsandbytes_version="0.44.1")
     held = graph_held_input_bytes(model, training, num_layers=2, has_head=True)
     assert held == (640 * 3 + 64 * 2) * 128
+    # from 0.45.0 a frozen weight makes no CAt, and a node needing no gradient keeps nothing
+    # (0.45.0: ``CAt = SCAt = None`` unless the weight needs one; ``[None, None, None]``)
+    current = _training(quantize_base="int8", precision="16-true", bitsandbytes_version="0.45.0")
+    assert graph_held_input_bytes(model, current, num_layers=2, has_head=True) == 640 * 2 * 128
 
 
 def test_falcon_parallel_block_bytes_by_hand() -> None:

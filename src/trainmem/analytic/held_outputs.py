@@ -25,8 +25,9 @@ Note [The previous micro-batch's graph]
     stores as a plain ``ctx`` attribute lives as long as the graph does. bitsandbytes does so:
     ``MatMul4Bit.forward`` keeps ``ctx.tensors = (A, B)`` before 0.43.2 (the 16-bit input A
     when it or the weight needs a gradient; 0.42.0 bitsandbytes/autograd/_functions.py),
-    ``MatMul8bitLt.forward`` ``ctx.tensors = (CAt, subA, A)`` (A always, and the int8 copy
-    CAt of A when a gradient is needed). So through the next micro-batch's forward, the
+    ``MatMul8bitLt.forward`` ``ctx.tensors = (CAt, subA, A)`` when a gradient is needed (before
+    0.45.0 A always, and the int8 copy CAt of A when a gradient is needed; Note [bitsandbytes'
+    int8 inputs under non-reentrant checkpointing]). So through the next micro-batch's forward, the
     previous one's inputs of every quantized linear are alive beside its own
     (:func:`graph_held_input_bytes`), and so is its output (:func:`previous_output_bytes`).
     Lightning's bitsandbytes plugin replaces every ``nn.Linear``, the LM head's too
@@ -192,8 +193,9 @@ def graph_held_input_bytes(
     4-bit from 0.43.2, torchao NF4) and GPTQ (not a bitsandbytes function).
 
     Per input tensor of T = b*s tokens and w values per token: 4-bit (``MatMul4Bit``) c*w*T
-    when it needs a gradient, nothing otherwise; int8 (``MatMul8bitLt``) c*w*T always and
-    w*T more (the int8 ``CAt``) when it needs one. ``num_layers`` layers (layer 0 counted as
+    when it needs a gradient, nothing otherwise; int8 (``MatMul8bitLt``) from bitsandbytes
+    0.45.0 the same, before c*w*T always and w*T more (the int8 ``CAt``) when it needs one
+    (``TrainingConfig.bnb_int8_transposed_copy``). ``num_layers`` layers (layer 0 counted as
     the first, its frozen inputs apart) and, when ``has_head`` and the LM head is quantized
     (:func:`~trainmem.analytic.tensor_states.quantized_lm_head`), the final norm's output
     (c*h*T; the chunks lit-gpt's head reads are views of it).
@@ -207,12 +209,14 @@ def graph_held_input_bytes(
         return 0
     c, _ = compute_and_residual_bytes(training)
     t = training.micro_batch_size * tokens_per_sequence(model, training)
-    int8 = training.quantize_base == "int8"
+    # MatMul8bitLt before 0.45.0: the int8 CAt beside a graded input, and an ungraded input
+    # kept too (Note [bitsandbytes' int8 inputs under non-reentrant checkpointing])
+    copy = training.bnb_int8_transposed_copy
     total, no_grad = _layer_widths(model, training)
     graded = num_layers * total - no_grad
-    values = graded * (c + 1 if int8 else c) + (no_grad * c if int8 else 0)
+    values = graded * (c + 1 if copy else c) + (no_grad * c if copy else 0)
     if has_head and model.head == "causal-lm" and quantized_lm_head(training):
-        values += model.hidden_size * (c + 1 if int8 else c)
+        values += model.hidden_size * (c + 1 if copy else c)
     return values * t
 
 
