@@ -599,7 +599,8 @@ class PrecisionConfig:
         choices=LOAD_DTYPES,
         default_text="the framework's: hf-trainer on transformers >= 5 the config's dtype "
         "(from_pretrained dtype='auto'), TRL before 0.27 likewise, LLaMA-Factory's LoRA the "
-        "config's, axolotl's LoRA the compute dtype; else float32",
+        "config's, axolotl's LoRA the compute dtype; a quantized base on transformers < 5 "
+        "float16; else float32",
     )
     """The dtype the model's weights are loaded in under a ``*-mixed`` precision whose loop
     autocasts (``FrameworkConventions.autocast``: pytorch-amp, hf-trainer): ``float32``
