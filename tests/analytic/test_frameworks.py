@@ -1227,3 +1227,41 @@ def test_deepspeed_zero3_head_and_embedding_new_gradients_are_whole(llama_2_7b: 
     assert new_grads(data_parallel_size=8) == four  # whole on any number of ranks
     # one rank: the partition is the whole gradient anyway
     assert sorted(new_grads().values()) == [8192, whole, whole]
+
+
+def test_deepspeed_zero2_head_and_embedding_new_gradients_are_whole(llama_2_7b: ModelSpec) -> None:
+    # Note [Whole new gradients of the head and the embedding under ZeRO-2]: autograd makes
+    # each micro-batch's .grad whole (zero_grad(set_to_none=True) in the backward's epilogue
+    # leaves none defined); stage_1_and_2.py (v0.12.3, v0.16.4, v0.19.5)
+    # reduce_independent_p_g_buckets_and_remove_grads copies it into the reduce bucket, or
+    # keeps it as param.grad when larger than reduce_bucket_size until reduce_ipg_grads, and
+    # copy_grads_in_partition moves this rank's piece into grads_in_partition. llama-2-7b's
+    # untied 32000 x 4096 lm_head and embed_tokens, bf16 gradients, over 4 ranks: the new
+    # gradient 32000 x 4096 x 2 = 262,144,000 B while the rank keeps 262,144,000 / 4 =
+    # 65,536,000 B of it; the final norm's 4096 x 2 = 8,192 B, kept 2,048 B
+    def backward(**kw: object) -> list[Op]:
+        t = TrainingConfig(
+            framework="deepspeed", zero_stage=2, precision="bf16-mixed", micro_batch_size=1,
+            seq_len=64, activation_checkpointing="none", data_parallel_size=4, **kw,  # type: ignore[arg-type]
+        )  # fmt: skip
+        step = _flat(estimate_analytic(llama_2_7b, t, simulate_allocator=False).schedules[0].step)
+        return [op for op in step if op.phase == "backward" and op.module in ("head", "embedding")]
+
+    whole, kept = 32000 * 4096 * 2, 32000 * 4096 * 2 // 4
+    assert (whole, kept) == (262_144_000, 65_536_000)
+    ops = backward()
+    new = [(op.action, op.size_bytes) for op in ops if op.key.startswith("new_grad/")]
+    assert new == [
+        ("alloc", 8192), ("free", 8192), ("alloc", whole), ("free", whole),  # head: norm, lm_head
+        ("alloc", whole), ("free", whole),  # embedding
+    ]  # fmt: skip
+    # the rank's piece is made while the whole gradient exists
+    keys = [(op.action, op.key) for op in ops if op.size_bytes in (whole, kept)]
+    assert keys == [
+        ("alloc", "new_grad/head/1"), ("alloc", "grad/head/1"), ("free", "new_grad/head/1"),
+        ("alloc", "new_grad/embedding/0"), ("alloc", "grad/embedding/0"),
+        ("free", "new_grad/embedding/0"),
+    ]  # fmt: skip
+    # a later micro-batch makes them whole again (not the 65,536,000 B piece)
+    later = [op.size_bytes for op in backward(gradient_accumulation_steps=2)]
+    assert later.count(whole) == 2 * 2 * 2 and kept in later

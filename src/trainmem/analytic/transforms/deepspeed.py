@@ -53,6 +53,24 @@ Note [Whole new gradients of the head and the embedding under ZeRO-3]
     a tied weight's gradient waits whole in autograd's input buffer already (Note [A tied
     gradient under DeepSpeed ZeRO-2/3]).
 
+Note [Whole new gradients of the head and the embedding under ZeRO-2]
+    ZeRO-2 keeps this rank's piece of each gradient (``grads_in_partition``, made in the
+    backward), but autograd makes every micro-batch's gradient whole: the backward's epilogue
+    sets every ``.grad`` to None (stage_1_and_2.py v0.12.3 / v0.16.4 / v0.19.5
+    ``independent_gradient_partition_epilogue`` -> ``zero_grad(set_to_none=True)``), so each
+    ``AccumulateGrad`` stores the whole new gradient, and the hook that runs after it
+    (``reduce_independent_p_g_buckets_and_remove_grads``) copies it into the reduce bucket
+    (``grad_reduc.data = new_grad_tensor.data.view_as(grad_reduc)``: the whole block freed),
+    or, larger than ``reduce_bucket_size``, keeps it as ``param.grad``
+    (``extra_large_param_to_reduce``) until ``reduce_ipg_grads`` reduces it in place and
+    ``copy_grads_in_partition`` moves it into ``grads_in_partition`` (a rank that does not
+    own it: ``clear_grad_attribute``). So, as under ZeRO-3, the output layer's and the token
+    embedding's new gradients are transients of their whole size (V x h in the gradient
+    dtype) in every micro-batch, the rank's piece made while the first one exists; before,
+    the first micro-batch had only the piece and a later one a new gradient of the piece's
+    size. The layers' whole gradients are their reduce bucket as before; untied weights only
+    (Note [A tied gradient under DeepSpeed ZeRO-2/3]).
+
 Source: DeepSpeed runtime/zero/stage_1_and_2.py, runtime/zero/stage3.py,
 runtime/fp16/fused_optimizer.py (cited per rule in :mod:`trainmem.analytic.buffers`).
 """
@@ -84,12 +102,14 @@ from trainmem.analytic.transforms.base import (
     embedding_gradients,
     free,
     free_gradients,
+    gradient_ops,
 )
 from trainmem.analytic.transforms.deepspeed_init import (
     deepspeed_flat_buffers,
     zero3_partitions,
     zero12_tensors,
 )
+from trainmem.analytic.transforms.sharding import group_states
 from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.schedule import Op
 from trainmem.timeline import Phase
@@ -154,23 +174,26 @@ class DeepSpeedZero(Transform):
         return t.conventions.zero_ipg_buckets or t.deepspeed_optimizer is not None
 
     def gradients(self, group: Group, where: Where) -> Sequence[Op] | None:
-        # Note [Whole new gradients of the head and the embedding under ZeRO-3]
+        # Note [Whole new gradients of the head and the embedding under ZeRO-3]; ZeRO-2's
+        # likewise (Note [Whole new gradients of the head and the embedding under ZeRO-2])
         ctx, t = self.ctx, self.ctx.training
         if (
             group == "layer"
-            or where.new_grads
             or t.deepspeed_optimizer != "zero"
-            or ctx.zero_stage != 3
+            or ctx.zero_stage not in (2, 3)
+            or (ctx.zero_stage == 3 and where.new_grads)
             or embedding_gradients(ctx).tied_lookup
         ):
             return None
-        states = ctx.head_grad_states if group == "head" else ctx.emb_grad_states
+        states, key, module = group_states(ctx, group)
+        # ZeRO-2's first micro-batch keeps this rank's piece of each (grads_in_partition)
+        kept = gradient_ops(ctx, states, "backward", key, module) if where.new_grads else []
         label = "a new gradient, whole, before its reduce-scatter into the partition"
         out: list[Op] = []
         for n, s in enumerate(states):
             new = alloc(s.full_grad_bytes, Cat.TEMPORARY, "backward", f"new_grad/{group}/{n}",
-                        group, label)  # fmt: skip
-            out += [new, free(new, "backward")]
+                        module, label)  # fmt: skip
+            out += [new, *kept[n : n + 1], free(new, "backward")]
         return out
 
     def step_begin(self, where: Where) -> Sequence[Emitted]:
