@@ -27,6 +27,7 @@ import argparse
 import csv
 import datetime
 import json
+import os
 import platform
 import re
 import statistics
@@ -52,9 +53,11 @@ from trainmem.specs.training import TrainingConfig  # noqa: E402
 from trainmem.uncertainty import configuration_kinds  # noqa: E402
 
 REPO = HERE.parent
-DEFAULT_CSV = REPO.parent / "shared/validation/dev_measurements.csv"
-DEV2_CSV = REPO.parent / "shared/validation/dev_measurements_2.csv"
-DEV2_ARGS = REPO.parent / "shared/validation/dev_measurements_2_args.jsonl"
+# ``../shared`` beside the clone, or TRAINMEM_SHARED (a git worktree elsewhere reads the same data).
+SHARED = Path(os.environ.get("TRAINMEM_SHARED", REPO.parent / "shared"))
+DEFAULT_CSV = SHARED / "validation/dev_measurements.csv"
+DEV2_CSV = SHARED / "validation/dev_measurements_2.csv"
+DEV2_ARGS = SHARED / "validation/dev_measurements_2_args.jsonl"
 PEERS_DIR = HERE / "peers"
 PEERS_VENV = HERE / ".peers-venv"
 RESULTS_MD = HERE / "RESULTS.md"
