@@ -42,7 +42,9 @@ def quantized_weight_bytes(numel: int, out_features: int, quantize: str) -> int:
     :data:`NF4_BLOCK` values, or one 8-bit absmax per block and one fp32 absmax per
     :data:`NF4_DOUBLE_QUANT_BLOCK` blocks (``-dq``); int8: a byte per value and one fp32 scale
     per output row; GPTQ: 4-bit ``qweight``, per group of :data:`GPTQ_GROUP_SIZE` input rows an
-    fp16 ``scales`` row and a 4-bit ``qzeros`` row, and an int32 ``g_idx`` per input row.
+    fp16 ``scales`` row and a 4-bit ``qzeros`` row, and an int32 ``g_idx`` per input row;
+    ChatGLM's own quantize (``chatglm-int8`` / ``chatglm-int4``): ``bits / 8`` bytes a value
+    and one 16-bit scale per output row.
 
     Raises:
         AssertionError: an unknown ``quantize``.
@@ -66,6 +68,12 @@ def quantized_weight_bytes(numel: int, out_features: int, quantize: str) -> int:
             + -(-groups * out_features // 2)
             + (4 * in_features)
         )
+    if quantize in ("chatglm-int8", "chatglm-int4"):
+        # ChatGLM's QuantizedLinear (THUDM chatglm2-6b / chatglm3-6b quantization.py): an int8
+        # ``weight`` of [out, in * bits / 8] (two 4-bit values a byte) and a 16-bit
+        # ``weight_scale`` of [out] (the dtype of the weight it quantized, fp16 / bf16)
+        bits = 8 if quantize == "chatglm-int8" else 4
+        return numel * bits // 8 + 2 * out_features
     raise AssertionError(quantize)
 
 

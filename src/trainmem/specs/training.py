@@ -194,7 +194,20 @@ cs336_basics/nn_utils.py ``cross_entropy``), ``logits-sum`` / ``logits-mean`` (`
 logits.sum()`` / ``.mean()``, a profiling script's stand-in loss)."""
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 OFFLOADS: tuple[str, ...] = ("none", "optimizer", "optimizer+gradients", "optimizer+params")
-QUANTIZE_BASE: tuple[str, ...] = ("none", "nf4", "nf4-dq", "fp4", "fp4-dq", "int8", "gptq-int4")
+CHATGLM_QUANTIZE: tuple[str, ...] = ("chatglm-int8", "chatglm-int4")
+"""ChatGLM's own ``model.quantize(bits)`` (THUDM remote code quantization.py
+``QuantizedLinear`` / ``W8A16Linear``; Note [ChatGLM's quantize] in
+:mod:`trainmem.trace.chatglm_quantized`)."""
+QUANTIZE_BASE: tuple[str, ...] = (
+    "none",
+    "nf4",
+    "nf4-dq",
+    "fp4",
+    "fp4-dq",
+    "int8",
+    "gptq-int4",
+    *CHATGLM_QUANTIZE,
+)
 KBIT_NOT_UPCAST: tuple[str, ...] = ("gptq-int4",)
 """Quantized bases peft's ``prepare_model_for_kbit_training`` leaves in their dtype (peft
 utils/other.py: ``if not is_gptq_quantized and not is_aqlm_quantized ...`` around the fp32
@@ -1226,7 +1239,9 @@ class PeftConfig:
     them: ``nf4`` / ``fp4`` (4-bit, blocksize 64, fp32 absmax), ``nf4-dq`` / ``fp4-dq`` (with
     QLoRA's double quantization, Dettmers et al. 2023; peft's
     ``bnb_4bit_use_double_quant=True``), ``int8`` (LLM.int8()), ``gptq-int4`` (GPTQ, Frantar et
-    al. 2022: 4-bit weights, group size 128), or ``none``, the default (the base in its
+    al. 2022: 4-bit weights, group size 128), ``chatglm-int8`` / ``chatglm-int4`` (ChatGLM2 /
+    ChatGLM3's own ``model.quantize(8 | 4)`` under P-Tuning v2, as THUDM's ptuning scripts'
+    ``--quantization_bit``: :data:`CHATGLM_QUANTIZE`), or ``none``, the default (the base in its
     precision's dtype)."""
     num_virtual_tokens: int = setting(
         0,
@@ -1378,7 +1393,9 @@ class PeftConfig:
                 "prepare_kbit_training",
                 f"must be true or false, got {self.prepare_kbit_training!r}",
             )
-        if self.quantize_base != "none" and self.lora_rank == 0:
+        if self.quantize_base in CHATGLM_QUANTIZE:
+            _check_chatglm_quantize(self)
+        elif self.quantize_base != "none" and self.lora_rank == 0:
             raise SpecError(
                 "quantize_base", "a quantized base is frozen: set lora_rank > 0 (QLoRA)"
             )
@@ -1396,6 +1413,27 @@ class PeftConfig:
                 f"{self.lora_variant} is a kind of adapter: set lora_rank > 0 (or leave lora)",
             )
         _check_prefix_tuning(self)
+
+
+def _check_chatglm_quantize(p: PeftConfig) -> None:
+    """ChatGLM's own quantize (:data:`CHATGLM_QUANTIZE`) trains a prompt over its frozen base:
+    THUDM's ptuning scripts quantize before P-Tuning v2 (ChatGLM2-6B ptuning/main.py,
+    ChatGLM3 finetune_demo/finetune.py @7559fe2: ``model.quantize(quantization_bit)`` then
+    ``model.half()`` and the prefix encoder ``.float()``); peft's LoRA cannot wrap its
+    ``QuantizedLinear`` (a ``torch.nn.Module``, not a ``Linear``: peft 0.21.2
+    tuners/lora/model.py ``_create_new_module`` raises "Target module ... is not supported").
+
+    Raises:
+        SpecError: ``quantize_base`` beside LoRA or without virtual tokens.
+    """
+    if p.is_lora or not p.is_prompt_learning:
+        raise SpecError(
+            "quantize_base",
+            f"{p.quantize_base} (ChatGLM's own quantize) is a frozen base under P-Tuning v2: set "
+            "num_virtual_tokens > 0 with lora_rank 0 (peft's LoRA cannot wrap its "
+            "QuantizedLinear, not a torch.nn.Linear); for LoRA over a quantized base: nf4, "
+            "nf4-dq, fp4, fp4-dq, int8 or gptq-int4",
+        )
 
 
 def _check_prefix_tuning(p: PeftConfig) -> None:
@@ -2074,8 +2112,8 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
     def kbit_fp32_upcast(self) -> bool:
         """A quantized base whose other parameters peft cast to fp32: ``prepare_kbit_training``
         when given, else the framework's (``FrameworkConventions.peft_kbit_training``)."""
-        if self.quantize_base == "none" or self.quantize_base in KBIT_NOT_UPCAST:
-            return False
+        if self.quantize_base in ("none", *KBIT_NOT_UPCAST, *CHATGLM_QUANTIZE):
+            return False  # ChatGLM's scripts run model.half(), no peft preparation
         if self.prepare_kbit_training is not None:  # an explicit value always wins
             return self.prepare_kbit_training
         if self.trl_bf16_adapters:  # TRL's SFTTrainer from 0.26 prepares nothing
@@ -2331,6 +2369,8 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
         tritonv2 alike) and dequantizes again for the input gradient."""
         if self.quantize_base == "none" or not self.conventions.quantized_base_saves_input:
             return False
+        if self.quantize_base in CHATGLM_QUANTIZE:  # W8A16Linear: save_for_backward(inp, ...)
+            return True
         if self.quantize_base == "gptq-int4":
             return False
         if self.quantize_base == "int8":
@@ -2634,6 +2674,7 @@ def _check_combinations(t: TrainingConfig) -> None:
     _check_fsdp1_model_parallel(t)
     _check_fsdp1_quantized(t)
     _check_prefix_tuning_run(t)
+    _check_chatglm_quantize_precision(t)
     _check_float8_quantized(t)
     _check_dora_gptq(t)
     _check_dora_framework(t)
@@ -2990,6 +3031,26 @@ def _check_prefix_tuning_run(t: TrainingConfig) -> None:
                 f"{t.num_virtual_tokens}) is not modelled: it runs on one GPU without "
                 f"sharding or offload; allowed: {name} {getattr(defaults, name)}",
             )
+
+
+def _check_chatglm_quantize_precision(t: TrainingConfig) -> None:
+    """ChatGLM's own quantize runs over a 16-bit model without autocast: THUDM's ptuning
+    scripts call ``model.half()`` after ``quantize`` and pass no ``--fp16`` / ``--bf16``, and
+    its dequantization asserts a 16-bit scale (quantization.py ``extract_weight_to_half``:
+    ``assert scale_list.dtype in [torch.half, torch.bfloat16]``; a ``model.float()`` model
+    fails there).
+
+    Raises:
+        SpecError: ``precision``.
+    """
+    if t.quantize_base in CHATGLM_QUANTIZE and t.precision not in ("16-true", "bf16-true"):
+        raise SpecError(
+            "precision",
+            f"{t.precision} with --quantize-base {t.quantize_base}: ChatGLM's quantized "
+            "linears rebuild a 16-bit weight from a 16-bit scale (quantization.py "
+            "extract_weight_to_half asserts it) and THUDM's scripts run model.half() without "
+            "autocast; allowed: 16-true or bf16-true",
+        )
 
 
 def _check_fsdp1_quantized(t: TrainingConfig) -> None:

@@ -379,7 +379,8 @@ def build_hf_training_model(
         fuse_rms_norms(model)
     model = apply_lora(model, training)
     model = apply_prefix_tuning(model, training, raw_config.get("model_type"))
-    quantize_base(model, training)  # Note [Traced quantized base]
+    model_type = str(raw_config.get("model_type") or "")
+    quantize_base(model, training, model_type=model_type)  # Note [Traced quantized base]
     model.train()
     return model
 

@@ -122,8 +122,9 @@ from trainmem.specs.quantization import (
     quantized_weight_bytes,
     unflattened_quantized_bytes,
 )
-from trainmem.specs.training import TrainingConfig
+from trainmem.specs.training import CHATGLM_QUANTIZE, TrainingConfig
 from trainmem.trace._torch import require_torch
+from trainmem.trace.chatglm_quantized import chatglm_quantize
 
 torch = require_torch()
 
@@ -346,7 +347,9 @@ def _check_weights_called(model: Any, kept: set[int], training: TrainingConfig) 
             )
 
 
-def quantize_base(model: Any, training: TrainingConfig, *, diffusers: bool = False) -> int:
+def quantize_base(
+    model: Any, training: TrainingConfig, *, diffusers: bool = False, model_type: str = ""
+) -> int:
     """Replace, in place, each frozen linear of ``model`` that ``training.quantize_base``
     quantizes by its stand-in (Note [Traced quantized base]); no-op without a quantized base.
 
@@ -356,14 +359,21 @@ def quantize_base(model: Any, training: TrainingConfig, *, diffusers: bool = Fal
         training: ``quantize_base``, ``compute_dtype``, ``quantized_matmul_saves_input``,
             ``torchao_nf4_decode``.
         diffusers: a diffusers model (every linear is converted).
+        model_type: the ``model_type`` of the config the user gave (ChatGLM's own quantize,
+            Note [ChatGLM's quantize], runs on ``chatglm`` only).
 
     Returns:
         The number of linears replaced.
+
+    Raises:
+        SpecError: ``quantize_base`` that the model cannot take.
     """
     kind = training.quantize_base
     if kind == "none":
         return 0
     kept = _kept_in_precision(model, diffusers)
+    if kind in CHATGLM_QUANTIZE:
+        return chatglm_quantize(model, training, kept, model_type)
     dtype = getattr(torch, training.compute_dtype)
     if training.kbit_16bit_dense:  # loaded in 16 bits and not upcast by peft: the rest stays
         for name, param in model.named_parameters():
