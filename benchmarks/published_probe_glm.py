@@ -61,15 +61,22 @@ Setup, from the code at those commits:
   prefix; ChatGLM's prefix dropout not reproduced), with the installed transformers and torch
   (:data:`_TRACED`).
 - ChatGLM's own ``quantize(bits)`` (quantization.py ``QuantizedLinear`` / ``W8A16Linear``, the
-  encoder's four linears per layer): an int8 ``weight`` of [out, in * bits / 8] and an fp16
-  ``weight_scale`` of [out], so ``out * in * bits / 8 + 2 out`` bytes a linear: no
-  ``--quantize-base`` storage has these bytes (``int8``, bitsandbytes: ``out * in + 4 out``;
-  ``nf4``: ``out * in / 2 + 4 out * in / 64``; ``gptq-int4``: group-128 fp16 scales, packed
-  zeros and an int32 ``g_idx``), and its step is its own: the forward and the backward each
-  rebuild the fp16 weight (``extract_weight_to_half``), the input of every quantized linear is
-  saved (``ctx.save_for_backward(inp, quant_w, scale_w)``) and the backward makes a full fp16
-  ``grad_weight`` of the frozen weight; a quantized base also needs LoRA in trainmem. Left
-  unmapped.
+  encoder's four linears per layer; helper chatglmq, session 28): ``--quantize-base
+  chatglm-int8`` / ``chatglm-int4`` (Note [ChatGLM's quantize] in
+  trainmem/trace/chatglm_quantized.py: an int8 ``weight`` of [out, in * bits / 8] and an fp16
+  ``weight_scale`` of [out]; the forward and the backward each rebuild the fp16 weight, every
+  quantized linear saves its input and its backward makes a full fp16 ``grad_weight`` of the
+  frozen weight). ChatGLM3 @7559fe2's finetune.py and ChatGLM2-6B's ptuning/main.py: ``model.
+  quantize(quantization_bit)``, ``model.half()``, the prefix encoder ``.float()``,
+  ``gradient_checkpointing_enable()`` (the remote code's per-layer checkpoint), no ``--fp16``.
+- ChatGLM2-6B ptuning/README.md @3be48aa (THUDM/ChatGLM2-6B): "在默认配置
+  ``quantization_bit=4``、``per_device_train_batch_size=1``、``gradient_accumulation_steps=16``
+  下 ... 最低只需 6.7G 显存" with ptuning/train.sh @623e48d (PRE_SEQ_LEN 128, max_source_length
+  64, max_target_length 128) and main.py @3be48aa: every sample padded to
+  ``max_source_length + max_target_length`` = 192 tokens (``preprocess_function_train``; a
+  sample of 64 + 128 + eos is 193, not cut), ``model.quantize(4)`` then ``model.half()``.
+  ChatGLM2-6B's config.json is ChatGLM3-6B's but for ``seq_length`` (32,768; the rotary table
+  length, no tensor of the step) and its name.
 Not modelled: the evaluation every 500 steps (``predict_with_generate`` with
 ``per_device_eval_batch_size`` 16 / 4, ``max_new_tokens`` 256 / 512): its KV cache and logits
 are outside the training step.
@@ -88,6 +95,7 @@ CHATGLM3_JAN24 = (
     "finetune_demo/README.md"
 )
 CHATGLM3_NOV23 = "https://github.com/THUDM/ChatGLM3/blob/7559fe2/finetune_demo/README.md"
+CHATGLM2_PTUNING = "https://github.com/THUDM/ChatGLM2-6B/blob/3be48aa/ptuning/README.md"
 GLM4_JUN24 = "https://github.com/THUDM/GLM-4/blob/c0a6d1e/finetune_demo/README.md"
 
 #: THUDM/chatglm3-6b config.json (tests/models/remote_code/chatglm3-6b.json) and
@@ -183,6 +191,12 @@ _TRACED = ["--framework", "hf-trainer", "--gpu", "A100-80GB", "--engine", "gener
 transformers and torch, as the generic path runs only those; ChatGLM's modeling is its remote
 code's whatever the transformers release, and the HF Trainer's plain step on one GPU is the
 same in 4.30 to 4.40."""
+_PTUNING_QUANTIZED = [
+    "--num-virtual-tokens", "128", "--precision", "16-true", "--activation-checkpointing", "full",
+    *_TRACED, "--quantize-base",
+]  # fmt: skip
+"""THUDM's P-Tuning v2 over ChatGLM's own quantize (PRE_SEQ_LEN 128, ``model.half()``, the
+remote code's checkpointing); the base's ``--quantize-base`` value follows."""
 _LORA = [
     "--lora-rank", "8", "--lora-alpha", "32", "--lora-dropout", "0.1", "--lora-targets", "q,k,v",
 ]  # fmt: skip
@@ -211,9 +225,11 @@ ROWS: list[tuple[str, str, str, int, int, int, float | None, list[str] | None]] 
      ["--num-virtual-tokens", "128", "--precision", "16-true", "--activation-checkpointing",
       "full", *_TRACED]),
     ("ChatGLM3 Nov 2023", "P-Tuning v2, int8 base", "chatglm3-6b", 1, 1024, 1,
-     12 * 1000**3 / 2**20, None),
+     12 * 1000**3 / 2**20, [*_PTUNING_QUANTIZED, "chatglm-int8"]),
     ("ChatGLM3 Nov 2023", "P-Tuning v2, int4 base", "chatglm3-6b", 1, 1024, 1,
-     7.6 * 1000**3 / 2**20, None),
+     7.6 * 1000**3 / 2**20, [*_PTUNING_QUANTIZED, "chatglm-int4"]),
+    ("ChatGLM2-6B ptuning", "P-Tuning v2 (pre_seq_len 128), int4 base", "chatglm2-6b", 1, 192,
+     1, 6.7 * 1000**3 / 2**20, [*_PTUNING_QUANTIZED, "chatglm-int4"]),
     ("ChatGLM3 Nov 2023", "Full, ZeRO-2 fp16 x4 ('just fills 4 x 80GB')", "chatglm3-6b", 4, 2048,
      16, None,
      ["--precision", "16-mixed", "--deepspeed-config", "{ds_zero2_fp16}",
@@ -222,21 +238,13 @@ ROWS: list[tuple[str, str, str, int, int, int, float | None, list[str] | None]] 
       "--gpu", "A100-80GB"]),
 ]  # fmt: skip
 
-UNMAPPED = {
-    "P-Tuning v2, int8 base": (
-        "ChatGLM's own quantize(8) (cpm_kernels: int8 weight + fp16 row scale, its W8A16Linear "
-        "step) matches no --quantize-base storage"
-    ),
-    "P-Tuning v2, int4 base": (
-        "ChatGLM's own quantize(4) (cpm_kernels: packed int4 weight + fp16 row scale, its "
-        "W8A16Linear step) matches no --quantize-base storage"
-    ),
-}
+UNMAPPED: dict[str, str] = {}
+"""Why a row is not mapped, by method (every row is mapped since session 28)."""
 
-#: Stated elsewhere, not run: the first generations' P-Tuning v2 figures (THUDM/ChatGLM-6B and
-#: ChatGLM2-6B ptuning/README.md: quantization_bit 4, batch 1, "最低只需 6.7G"; ChatGLM-6B README:
-#: 14 / 9 / 7 GB "最低 GPU 显存（高效参数微调）" at FP16 / INT8 / INT4): ChatGLM's own int4 / int8
-#: kernels and ChatGLM-6B's GLM architecture are not modelled.
+#: Stated elsewhere, not run: the first generation's P-Tuning v2 figures (THUDM/ChatGLM-6B
+#: ptuning/README.md: quantization_bit 4, batch 1; ChatGLM-6B README: 14 / 9 / 7 GB "最低 GPU
+#: 显存（高效参数微调）" at FP16 / INT8 / INT4): ChatGLM-6B's GLM architecture (2D positions, a
+#: GELU MLP, 130,528 tokens) is not modelled (hf_table.py ``_chatglm_first_generation``).
 
 
 def write_inputs(folder: Path, repo_models: Path) -> dict[str, str]:
@@ -244,6 +252,7 @@ def write_inputs(folder: Path, repo_models: Path) -> dict[str, str]:
     chatglm3: dict[str, Any] = json.loads((repo_models / "chatglm3-6b.json").read_text())
     files: dict[str, dict[str, Any]] = {
         "chatglm3-6b": chatglm3,
+        "chatglm2-6b": {**chatglm3, "_name_or_path": "THUDM/chatglm2-6b", "seq_length": 32768},
         "glm-4-9b-chat": _GLM4_9B,
         "ds_zero3": DS_ZERO3,
         "ds_zero2_fp16": DS_ZERO2_FP16,
@@ -277,6 +286,7 @@ def run(folder: Path, repo_models: Path) -> list[float]:
 
     paths = write_inputs(folder, repo_models)
     print(f"\nsources: {CHATGLM3_JAN24}\n         {CHATGLM3_NOV23}\n         {GLM4_JUN24}")
+    print(f"         {CHATGLM2_PTUNING}")
     print(
         "| source | method | model | GPUs | tokens (cap) | batch | measured GiB/GPU "
         "| device total GiB | error | reserved GiB |"
