@@ -11,10 +11,14 @@ The real CPU runs of the same steps are in tests/trace/test_real_cpu.py.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from conftest import MODELS_DIR
 from trainmem.errors import SpecError, UnsupportedError
 from trainmem.estimate import estimate
 from trainmem.specs.training import TrainingConfig
@@ -128,3 +132,71 @@ def test_settings_prefix_tuning_is_not_modelled_with_name_the_field(
     with pytest.raises(SpecError) as exc:
         TrainingConfig(**settings)
     assert exc.value.field == field
+
+
+def test_a_loss_outside_the_model_reads_peft_s_labels_for_the_prompts() -> None:
+    # peft PeftModelForCausalLM.forward (p-tuning / prompt tuning): p labels of -100 before the
+    # batch's; after the causal shift the last prompt position predicts the first token and
+    # the others are ignored: the loss is the cross-entropy of logits[:, p - 1 : p + s - 1]
+    # against the s token ids
+    import torch
+
+    from trainmem.trace.prefix import with_prompt_labels
+    from trainmem.trace.remote_code import remote_code_loss
+
+    b, p, s, v = 2, 3, 5, 7
+    torch.manual_seed(0)
+    logits = torch.randn(b, p + s, v)
+    ids = torch.randint(0, v, (b, s))
+    training = TrainingConfig(num_virtual_tokens=p, prompt_learning="p-tuning")
+    loss = with_prompt_labels(remote_code_loss, training)(
+        SimpleNamespace(logits=logits), {"input_ids": ids}
+    )
+    expected = torch.nn.functional.cross_entropy(
+        logits[:, p - 1 : p + s - 1].reshape(-1, v), ids.reshape(-1)
+    )
+    assert torch.allclose(loss, expected)
+    # prefix tuning's tokens are in the cache, not the logits: the labels stay as they are
+    prefix = TrainingConfig(num_virtual_tokens=p)
+    assert with_prompt_labels(remote_code_loss, prefix) is remote_code_loss
+
+
+def test_qwen1_s_own_loss_runs_over_the_prompts_and_the_tokens(tmp_path: Path) -> None:
+    # Qwen-1's remote code computes its loss on its 16-bit logits against the labels peft pads
+    # (crashed before: "Expected input batch_size (142) to match target batch_size (126)").
+    # Prompt tuning with p + s fixed (8 + 64 and 16 + 56): after peft's concatenation every
+    # layer, the logits and the loss see the same [b, p + s] shapes, so the activations differ
+    # by the b x s int64 input ids only; the trained Embedding(p, h) (fp32 weight, AdamW's two
+    # moments) and peft's p int64 prompt token ids by their p.
+    config = json.loads((MODELS_DIR / "remote_code" / "qwen-7b.json").read_text())
+    config.update(hidden_size=64, num_attention_heads=4, kv_channels=16, num_hidden_layers=2)
+    config.update(intermediate_size=256, vocab_size=512)
+    path = tmp_path / "tiny-qwen.json"
+    path.write_text(json.dumps(config))
+    b, h = 2, 64
+    ests = {
+        p: estimate(
+            str(path),
+            TrainingConfig(
+                micro_batch_size=b,
+                seq_len=72 - p,
+                precision="bf16-true",
+                num_virtual_tokens=p,
+                prompt_learning="prompt-tuning",
+            ),
+            engine="generic",
+            simulate_allocator=False,
+        ).breakdown
+        for p in (8, 16)
+    }
+    short, long = ests[8], ests[16]
+    assert short.activations - long.activations == 8 * b * (64 - 56)
+    assert long.parameters - short.parameters == (4 * h + 8) * (16 - 8)
+    assert long.optimizer_states - short.optimizer_states == 8 * h * (16 - 8)
+
+
+def test_the_course_cross_entropy_cannot_ignore_the_prompts() -> None:
+    # CS336's cross-entropy gathers every target (trace/course_model.py): a -100 label has no
+    # row, so peft's padded labels fail it
+    with pytest.raises(UnsupportedError, match="loss=cs336-cross-entropy"):
+        _estimate(num_virtual_tokens=8, prompt_learning="p-tuning", loss="cs336-cross-entropy")

@@ -98,6 +98,10 @@ CASES = [
     ("tiny-llama-test", dict(micro_batch_size=2, seq_len=64, precision="bf16-true",
                              num_virtual_tokens=16, prompt_learning="prompt-tuning",
                              activation_checkpointing="full")),
+    # the chunked loss outside the model, on peft's labels padded for the prepended prompts
+    ("tiny-llama-test", dict(micro_batch_size=2, seq_len=64, precision="32-true",
+                             num_virtual_tokens=8, prompt_learning="p-tuning",
+                             chunked_cross_entropy=4)),
     # Gradients kept (zeroed) across steps; the loss in chunks with a per-chunk fp32 upcast.
     ("tiny-llama-test", dict(micro_batch_size=2, seq_len=64, precision="32-true",
                              zero_grad_set_to_none=False, gradient_accumulation_steps=2)),

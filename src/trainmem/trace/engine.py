@@ -498,18 +498,21 @@ def default_forward_loss(training: TrainingConfig) -> Callable[[Any, Any], Any] 
     if training.chunked_cross_entropy == 0 and not titan:
         return None
     from trainmem.trace.chunked_loss import chunked_cross_entropy_forward
+    from trainmem.trace.prefix import with_prompt_labels
 
     keep = training.training_loop != "drop"  # the loop binds the output
     if titan:
         # Note [torchtitan's compiled cross-entropy] (trainmem/analytic/loss.py): the whole
         # logits one chunk, their upcast and the loss compiled together
         return chunked_cross_entropy_forward(1, upcast=True, compiled=True, keep_output=keep)
-    return chunked_cross_entropy_forward(
+    chunked = chunked_cross_entropy_forward(
         training.chunked_cross_entropy,
         upcast=training.loss_upcast,
         compiled=training.compile,
         keep_output=keep,
     )
+    # the model runs without its labels: peft's padding of them for prepended prompts
+    return with_prompt_labels(chunked, training, key="labels")
 
 
 def megatron_loss_traced(training: TrainingConfig) -> bool:

@@ -51,7 +51,11 @@ from trainmem.trace.engine import (  # noqa: E402
     run_trace,
 )
 from trainmem.trace.module_paths import clean_module_path  # noqa: E402
-from trainmem.trace.prefix import refuse_prefix_tuning  # noqa: E402
+from trainmem.trace.prefix import (  # noqa: E402
+    prepended_tokens,
+    refuse_prefix_tuning,
+    with_prompt_labels,
+)
 
 __all__ = ["Recipe", "estimate_generic", "recipe_for_config", "trace_generic"]
 
@@ -237,7 +241,8 @@ def recipe_for_config(
         name,
         lambda: build_hf_training_model(raw, training),
         batch,
-        loss_fn=remote_loss if own_loss else hf_loss,
+        # peft pads the labels of the prompts it prepends (with_prompt_labels), here the ids
+        loss_fn=with_prompt_labels(remote_loss, training) if own_loss else hf_loss,
         forward_loss=forward_loss,
         batch_notes=said,
     )
@@ -336,6 +341,13 @@ def _own_loss_recipe(name: str, raw: Mapping[str, Any], training: TrainingConfig
             "its own; allowed: chunked_cross_entropy 0 or the model's own loss"
         )
     fn = course_loss(kind)
+    if kind == "cs336-cross-entropy" and prepended_tokens(training):
+        raise UnsupportedError(
+            f"loss={kind} with prompt_learning={training.prompt_learning}: the course's "
+            "cross-entropy gathers every target and has no ignored label for the prompts peft "
+            "prepends (Note [Prefix tuning]); allowed: loss cross-entropy, "
+            "transposed-cross-entropy, logits-sum or logits-mean, or prefix tuning"
+        )
 
     def batch(model: Any) -> Any:
         out = make_hf_batch(
@@ -353,7 +365,7 @@ def _own_loss_recipe(name: str, raw: Mapping[str, Any], training: TrainingConfig
         name,
         lambda: build_hf_training_model(raw, training),
         batch,
-        loss_fn=lambda output, b: fn(output.logits, b["input_ids"]),
+        loss_fn=with_prompt_labels(lambda output, b: fn(output.logits, b["input_ids"]), training),
     )
 
 

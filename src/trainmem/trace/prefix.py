@@ -60,6 +60,15 @@ Note [Prefix tuning]
     ``p + s`` tokens, and the logits are ``p + s`` long; no cache, so checkpointing runs as
     usual.
 
+    A loss computed outside the model on the token ids (a remote-code family's own loss on the
+    stand-in's logits, :func:`trainmem.trace.remote_code.remote_code_loss`; a loop's own loss,
+    ``TrainingConfig.loss``) reads the labels peft hands the model: ``p`` ignored labels (-100)
+    before the ``s`` of the batch (``PeftModelForCausalLM.forward``: ``prefix_labels =
+    torch.full((batch_size, num_virtual_tokens), -100)``, ``torch.cat((prefix_labels, labels),
+    dim=1)``), so its shift runs over the ``p + s`` positions of the logits
+    (:func:`with_prompt_labels`). Prefix tuning leaves the labels as they are (its tokens are in
+    the cache, not the logits).
+
     The prompt token ids (``PeftModel.prompt_tokens``, an ``arange(p)`` int64 tensor kept in a
     dict, on the host until each forward moves it) are held here as a buffer of the prompt
     encoder so that the fake-tensor trace converts them with the parameters; they are ``8 p``
@@ -70,6 +79,7 @@ from __future__ import annotations
 
 import types
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from trainmem.errors import NotApplicableError, UnsupportedError
@@ -78,7 +88,13 @@ from trainmem.trace._torch import require_torch
 
 torch = require_torch()
 
-__all__ = ["READ_ONLY_PREFIX_TYPES", "apply_prefix_tuning", "refuse_prefix_tuning"]
+__all__ = [
+    "READ_ONLY_PREFIX_TYPES",
+    "apply_prefix_tuning",
+    "prepended_tokens",
+    "refuse_prefix_tuning",
+    "with_prompt_labels",
+]
 
 READ_ONLY_PREFIX_TYPES = frozenset({"chatglm"})
 """Remote-code families whose layers read their prefix without writing a cache, so that
@@ -128,6 +144,33 @@ def _read_only_prompt(model: Any) -> None:
         return cache
 
     model.get_prompt = read_only
+
+
+def prepended_tokens(training: TrainingConfig) -> int:
+    """The virtual tokens peft prepends to the input embeddings (and the labels): ``p`` under
+    p-tuning / prompt tuning, 0 under prefix tuning (its tokens are keys / values in the cache)
+    or without prompt learning (Note [Prefix tuning])."""
+    if not training.is_prompt_learning or training.prompt_learning == "prefix-tuning":
+        return 0
+    return training.num_virtual_tokens
+
+
+def with_prompt_labels(
+    loss_fn: Callable[[Any, Any], Any], training: TrainingConfig, key: str = "input_ids"
+) -> Callable[[Any, Any], Any]:
+    """``loss_fn(output, batch)``, which reads ``batch[key]`` as the labels, given the labels
+    peft hands the model when it prepends prompts (Note [Prefix tuning]): ``p`` ignored ones
+    (-100) before the batch's; ``loss_fn`` itself without prepended prompts."""
+    p = prepended_tokens(training)
+    if p == 0:
+        return loss_fn
+
+    def loss(output: Any, batch: Any) -> Any:
+        labels = batch[key]
+        ignored = torch.full((labels.shape[0], p), -100, dtype=labels.dtype, device=labels.device)
+        return loss_fn(output, {**batch, key: torch.cat((ignored, labels), dim=1)})
+
+    return loss
 
 
 def refuse_prefix_tuning(training: TrainingConfig, what: str) -> None:
