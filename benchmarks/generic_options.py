@@ -406,6 +406,22 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     "prefix tuning + projection": {"num_virtual_tokens": 8, "prefix_projection": True},
     "p-tuning": {"num_virtual_tokens": 8, "prompt_learning": "p-tuning"},
     "prompt tuning": {"num_virtual_tokens": 8, "prompt_learning": "prompt-tuning"},
+    # session 28 (helper prompt2): prompt learning under DDP / ZeRO / FSDP (the prompt encoder
+    # in the state layout, trainmem/analytic/prompt_encoder.py)
+    "prefix tuning + ddp": {**_DP, "num_virtual_tokens": 8},
+    "prefix tuning + zero-3 deepspeed": {
+        **_DP,
+        "zero_stage": 3,
+        "framework": "deepspeed",
+        "num_virtual_tokens": 8,
+    },
+    "p-tuning + fsdp2": {
+        **_DP,
+        "zero_stage": 3,
+        "framework": "fsdp2",
+        "num_virtual_tokens": 8,
+        "prompt_learning": "p-tuning",
+    },
     # diffusers' layerwise casting needs LoRA (the cast weights are frozen)
     "layerwise casting fp8 e4m3": {"lora_rank": 16, "layerwise_casting": "float8_e4m3fn"},
     "attention eager": {"attention": "eager"},

@@ -452,8 +452,10 @@ def _is_state(op: Op) -> bool:
 
 
 def element_bytes(training: TrainingConfig, module: str) -> int:
-    """Bytes per element of a traced weight (LoRA adapters in their own dtype)."""
-    dtype = lora_adapter_dtype(training) if "lora_" in module else training.weight_dtype
+    """Bytes per element of a traced weight (LoRA adapters and peft's prompt encoder in their
+    own dtype: Note [Prompt encoder tensors] in analytic/prompt_encoder.py)."""
+    adapter = "lora_" in module or "prompt_encoder." in module
+    dtype = lora_adapter_dtype(training) if adapter else training.weight_dtype
     return max(dtype_bytes(dtype), 1)
 
 

@@ -121,9 +121,9 @@ def test_checkpointing_a_transformers_family_under_prefix_tuning_is_refused() ->
         (dict(num_virtual_tokens=8, prompt_learning="ia3"), "prompt_learning"),
         (dict(num_virtual_tokens=-1), "num_virtual_tokens"),
         (dict(num_virtual_tokens=8, framework="torchtune"), "num_virtual_tokens"),
-        (dict(num_virtual_tokens=8, data_parallel_size=2), "data_parallel_size"),
+        (dict(num_virtual_tokens=8, tensor_parallel_size=2), "tensor_parallel_size"),
         (dict(num_virtual_tokens=8, offload="optimizer", zero_stage=2,
-              framework="hf-trainer"), "zero_stage"),
+              framework="deepspeed"), "offload"),
     ],
 )  # fmt: skip
 def test_settings_prefix_tuning_is_not_modelled_with_name_the_field(

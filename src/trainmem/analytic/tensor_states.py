@@ -111,6 +111,7 @@ from trainmem.analytic.params import (
     lora_targeted,
     parameter_counts,
 )
+from trainmem.analytic.prompt_encoder import PROMPT_ENCODER, prompt_encoder_tensors
 from trainmem.memo import Identity, by_value
 from trainmem.specs.frameworks import (
     LITGPT_LORA_LINEAR_UNITS_SINCE,
@@ -276,6 +277,7 @@ def _layer_tensors(model: ModelSpec, training: TrainingConfig) -> list[tuple[str
     layer_total = sum(n for k, n in counts.items() if k.startswith("layers/")) // model.num_layers
     out: list[tuple[str, int, int, bool]] = []
     lora = training.is_lora
+    frozen = _frozen_base(training)
     weights = 0
     # transformers 5 holds a MoE layer's routed experts as two 3-D parameters, gate_up_proj
     # [E, 2i, h] and down_proj [E, h, i] (modeling_qwen3_moe.py ``Qwen3MoeExperts``; Mixtral,
@@ -292,16 +294,16 @@ def _layer_tensors(model: ModelSpec, training: TrainingConfig) -> list[tuple[str
                 numel, width = experts.get(key, (0, 0))
                 experts[key] = (numel + n * i * o, width + o)
             else:
-                out.append((name, i * o, o, not lora))
+                out.append((name, i * o, o, not frozen))
             weights += i * o * (n if expert else 1)
         if lora:  # a linear's adapters after it (a fused gate / up's after up)
             out += _adapters(adapted, name, training)
-    out.extend((key, numel, width, not lora) for key, (numel, width) in experts.items())
+    out.extend((key, numel, width, not frozen) for key, (numel, width) in experts.items())
     vectors = layer_total - weights
     h = model.hidden_size
-    out.extend(("vector", h, h, not lora) for _ in range(vectors // h))
+    out.extend(("vector", h, h, not frozen) for _ in range(vectors // h))
     if vectors % h:
-        out.append(("vector", vectors % h, vectors % h, not lora))
+        out.append(("vector", vectors % h, vectors % h, not frozen))
     return out
 
 
@@ -366,23 +368,27 @@ def build_state_layout(model: ModelSpec, training: TrainingConfig) -> StateLayou
     make = _TensorMaker(training)
     if training.trl_bf16_embeddings:  # TRL's SFTTrainer before 0.26: back to bf16
         make.bf16 = frozenset(trl_bf16_tensors(model.model_type, model.tie_word_embeddings))
-    lora = training.is_lora
+    frozen = _frozen_base(training)
     counts = parameter_counts(model)
     h = model.hidden_size
     # FSDP units: one per layer, the root holds the embedding and the head (auto-wrapping the
     # layer class, as lit-gpt / accelerate / torchtitan do)
     layer_tensors = _layer_tensors(model, training)
     layer_unit = any(trainable for *_, trainable in layer_tensors)
-    root_unit = not lora or "lm_head" in training.lora_targets or bool(saved_modules(training))
+    root_unit = not frozen or "lm_head" in training.lora_targets or bool(saved_modules(training))
     out: list[TensorState] = []
     for key, n in counts.items():
         if key.startswith("embedding/"):
             tokens = key == "embedding/tokens"
-            trainable = training.trains_embedding if tokens else not lora
+            trainable = training.trains_embedding if tokens else not frozen
             out.append(make("embedding", key, n, h, trainable, root_unit))
             if tokens and "embed_tokens" in frozen_originals(model, training):
                 # See Note [peft modules_to_save]: the frozen original beside the trained copy
                 out.append(make("embedding", key + ORIGINAL, n, h, False, root_unit))
+    # Note [Prompt encoder tensors]: peft's prompt encoder, the only trained tensors over the
+    # frozen base (a unit of its own: peft's fsdp_auto_wrap_policy wraps it)
+    for name, n, o in prompt_encoder_tensors(model, training):
+        out.append(make("embedding", name, n, o, True, True))
     layer = [
         make("layers.0", name, n, o, trainable, layer_unit)
         for name, n, o, trainable in layer_tensors
@@ -403,7 +409,7 @@ def _head_tensor(
     lora = training.is_lora
     # the LM head's output rows are the vocabulary (an int8 head's row scales count them)
     rows = n // h if key == "lm_head" else h
-    trainable = training.trains_lm_head if key == "lm_head" else not lora
+    trainable = training.trains_lm_head if key == "lm_head" else not _frozen_base(training)
     out = [make("head", key, n, rows, trainable, root_unit)]
     if key == "lm_head" and "lm_head" in originals:
         # See Note [peft modules_to_save]: the frozen original beside the trained copy
@@ -418,6 +424,12 @@ def _head_tensor(
 ORIGINAL = ".original"
 """Suffix of the frozen original of a module peft trains a copy of (Note [peft
 modules_to_save]): ``embedding/tokens.original``, ``lm_head.original``."""
+
+
+def _frozen_base(training: TrainingConfig) -> bool:
+    """The base's own tensors are frozen: LoRA trains its adapters (and the saved modules),
+    prompt learning its prompt encoder (Note [Prompt encoder tensors])."""
+    return training.is_lora or training.is_prompt_learning
 
 
 def saved_modules(training: TrainingConfig) -> tuple[str, ...]:
@@ -438,7 +450,21 @@ def frozen_originals(model: ModelSpec, training: TrainingConfig) -> tuple[str, .
     return ("embed_tokens",) if set(saved) == {"embed_tokens", "lm_head"} else ()
 
 
-_NOT_LINEAR = ("lora_", "vector", "embedding", "head", "lm_head", "final_norm", "pooler", "router")
+_ADAPTERS = ("lora_", PROMPT_ENCODER)
+"""Name prefixes of the tensors a PEFT method adds beside the base, in their own dtype
+(:func:`~trainmem.analytic.lora.lora_adapter_dtype`): LoRA's adapters, peft's prompt encoder
+(Note [Prompt encoder tensors])."""
+
+_NOT_LINEAR = (
+    *_ADAPTERS,
+    "vector",
+    "embedding",
+    "head",
+    "lm_head",
+    "final_norm",
+    "pooler",
+    "router",
+)
 """Name prefixes of the tensors that are not layer linears (not quantized, not split by tensor
 parallelism, upcast by peft's k-bit preparation)."""
 
@@ -559,16 +585,17 @@ class _TensorMaker:
         self, name: str, numel: int, out_features: int, trainable: bool, with_grad: bool
     ) -> TensorState:
         training = self.training
-        tr = self.adapter_training if name.startswith("lora_") else training
+        adapter = name.startswith(_ADAPTERS)
+        tr = self.adapter_training if adapter else training
         is_linear = not name.startswith(_NOT_LINEAR)
         w = dtype_bytes(tr.weight_dtype)
-        if training.kbit_fp32_upcast and not is_linear and not name.startswith("lora_"):
+        if training.kbit_fp32_upcast and not is_linear and not adapter:
             # peft prepare_model_for_kbit_training: non-quantized params in fp32, but those
             # TRL's SFTTrainer casts back (TrainingConfig.trl_bf16_embeddings)
             w = 2 if name.removesuffix(ORIGINAL) in self.bf16 else 4
             if trainable and w == 2:  # a saved module's trained copy, cast back to bf16
                 tr = self.bf16_training
-        elif training.kbit_16bit_dense and not trainable and not name.startswith("lora_"):
+        elif training.kbit_16bit_dense and not trainable and not adapter:
             w = dtype_bytes(training.kbit_dense_dtype)  # loaded in 16 bits, never upcast
         # Megatron tensor parallelism splits every layer linear (column / row parallel) and
         # the vocabulary (VocabParallelEmbedding, the output layer); norms are replicated.

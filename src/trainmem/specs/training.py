@@ -2978,14 +2978,22 @@ def _check_fsdp1_adapters(t: TrainingConfig) -> None:
         )
 
 
-PREFIX_TUNING_FRAMEWORKS = ("pytorch-amp", "hf-trainer", "trl")
+PREFIX_TUNING_FRAMEWORKS = (
+    "pytorch-amp",
+    "hf-trainer",
+    "trl",
+    "deepspeed",
+    "accelerate-fsdp",
+    "fsdp2",
+)
 """The frameworks whose loop runs peft's ``PrefixTuningConfig`` model as built (the plain
-loop, the HF Trainer, TRL's trainers); LLaMA-Factory and axolotl offer no prefix tuning, the
-others no peft prompt learning."""
+loop, the HF Trainer, TRL's trainers, each over DDP; the HF Trainer's DeepSpeed engine, as
+THUDM's finetune_demo runs it, and its FSDP through accelerate; FSDP2); LLaMA-Factory and
+axolotl offer no prefix tuning, the others no peft prompt learning. Under data parallelism,
+ZeRO and FSDP the prompt encoder is the only trained tensor the rules size (Note [Prompt
+encoder tensors] in trainmem/analytic/prompt_encoder.py)."""
 
 _PREFIX_TUNING_UNTRACED = (
-    "data_parallel_size",
-    "zero_stage",
     "tensor_parallel_size",
     "pipeline_parallel_size",
     "context_parallel_size",
@@ -2993,9 +3001,11 @@ _PREFIX_TUNING_UNTRACED = (
     "optimizer_in_backward",
     "activation_offloading",
 )
-"""Settings whose traced rules size the trainable parameters as full fine-tuning or LoRA
-(:mod:`trainmem.analytic.tensor_states`), not as a frozen base with a prefix: refused beside
-prefix tuning (Note [Prefix tuning] in :mod:`trainmem.trace.prefix`)."""
+"""Settings not modelled beside prompt learning (Note [Prefix tuning] in
+:mod:`trainmem.trace.prefix`): the model-parallel layouts (peft's prompt encoder outside
+the tensor / pipeline / context splits), CPU offload, the optimizer in backward and
+activation offloading (not checked with a prompt encoder). Data parallelism, ZeRO and FSDP
+run (the prompt encoder in the state layout, Note [Prompt encoder tensors])."""
 
 
 def _check_prefix_tuning_run(t: TrainingConfig) -> None:

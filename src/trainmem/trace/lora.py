@@ -865,5 +865,6 @@ def cast_adapters(model: Any, training: TrainingConfig) -> None:
         return
     dtype = getattr(torch, training.weight_dtype)
     for name, param in model.named_parameters():
-        if "lora_" in name and param.is_floating_point():
+        # peft's prompt encoder too (Note [Prompt encoder tensors] in analytic/prompt_encoder.py)
+        if ("lora_" in name or "prompt_encoder." in name) and param.is_floating_point():
             param.data = param.data.to(dtype)

@@ -88,6 +88,8 @@ from trainmem.trace._torch import require_torch
 
 torch = require_torch()
 
+from trainmem.trace.lora import cast_adapters  # noqa: E402
+
 __all__ = [
     "READ_ONLY_PREFIX_TYPES",
     "apply_prefix_tuning",
@@ -240,6 +242,7 @@ def apply_prefix_tuning(model: Any, training: TrainingConfig, model_type: str | 
         tokens = model.prompt_tokens[name]
         encoder.register_buffer(_TOKENS_BUFFER, tokens, persistent=False)
     model.prompt_tokens = _PromptTokens(model.prompt_encoder)
+    cast_adapters(model, training)  # DeepSpeed casts its whole module, the encoder too
     if prefix and training.activation_checkpointing != "none":
         _read_only_prompt(model)
     return model
