@@ -29,8 +29,9 @@ the tiny Qwen2 at 2 x 64 tokens, 01:30 UTC); the same +0.012 % on 2026-11-29 14:
 
 "transformers 4.40" / "litgpt 0.4.0" (session 27, helper tfversion; trainmem/traced_releases.py):
 refused on all four models (the release differences are known for Llama / Mistral only; litgpt
-0.4.0 crosses RMSNorm's fp32 weight rule; n/a on the diffusers and timm models), and the GQA
-agreement model is refused for repeat_kv; on tests/models/agreement/llama_h1024.json the
+0.4.0 crossed RMSNorm's fp32 weight rule: since session 28 (helper prompt2) traced with 0.4.0's
+RMSNorm, run on the formula and remote-code models; n/a on the diffusers and timm models), and
+the GQA agreement model is refused for repeat_kv; on tests/models/agreement/llama_h1024.json the
 generic path at 4.40 is within 0.02 % of the formulas (tests/trace/test_traced_releases.py).
 Session 28 (helper tfrel): Qwen2's releases read (4.40-4.46) and 4.40's repeat_kv copies a
 transform (with the training KV cache), so "transformers 4.40" runs on the formula model (a

@@ -78,8 +78,12 @@ Note [An older litgpt release on a traced step]
     weight multiply from 0.4.6 (:func:`~trainmem.analytic.norms.litgpt_norm_weight_in_fp32`;
     the per-Linear FSDP units of 0.5.8 need Fabric's FSDP, which the traced paths refuse). A
     requested release on the same side of every rule as the installed one is traced as the
-    installed release (the note says so); one across a rule (0.4.0 against 0.5.13: the norm's
-    16-bit saved copy, not a transform yet) is refused, naming the rule and what works.
+    installed release (the note says so). One across it (0.4.0 against 0.5.13) is traced with
+    that release's RMSNorm: every ``RMSNorm`` of the built GPT runs litgpt 0.4.0's forward
+    (litgpt/model.py v0.4.0: ``x_normed.to(dtype=dtype)``, then ``x_normed * self.weight``;
+    ``trace/litgpt_model._rms_norm_cast_first``), so a trained norm saves its 16-bit copy
+    where 0.4.6 on saves the fp32 normalised tensor and ``weight.float()``. The rest of the
+    model code is the installed release's. A release newer than the installed is refused.
 
 Source: transformers 4.40.0 models/llama/modeling_llama.py (``LlamaRotaryEmbedding``,
 ``LlamaSdpaAttention.forward``, ``LlamaForCausalLM.forward``), 4.40.0 cache_utils.py
@@ -103,7 +107,6 @@ from trainmem.breakdown import MemoryCategory as Cat
 from trainmem.errors import ScheduleError
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
 from trainmem.specs.frameworks import (
-    LITGPT_RMSNORM_FP32_WEIGHT_SINCE,
     installed_transformers_version,
     installed_version,
 )
@@ -475,36 +478,46 @@ def traced_litgpt_release(training: TrainingConfig) -> bool:
 
 
 def litgpt_release_traced_as(training: TrainingConfig) -> TrainingConfig:
-    """The settings the trace runs: the installed litgpt release."""
-    return replace(training, litgpt_version=_installed_litgpt())
+    """The settings the trace runs: the installed litgpt release, or the requested one when
+    it crosses the RMSNorm rule (its norms run as that release's,
+    ``trace/litgpt_model._rms_norm_cast_first``)."""
+    installed = replace(training, litgpt_version=_installed_litgpt())
+    if litgpt_norm_weight_in_fp32(training) != litgpt_norm_weight_in_fp32(installed):
+        return training
+    return installed
 
 
 def litgpt_release_refusals(training: TrainingConfig) -> list[str]:
-    """The requested litgpt release where a rule the formulas know differs from the installed
-    release's, as ``field=value (why; what works)`` (empty: traced as the installed one)."""
+    """A requested litgpt release the trace does not run, as ``field=value (why; what
+    works)``: one newer than the installed (empty: an older one is traced, Note [An older
+    litgpt release on a traced step])."""
     if not traced_litgpt_release(training):
         return []
-    traced = litgpt_release_traced_as(training)
-    newer = training.litgpt_release > traced.litgpt_release
-    if not newer and litgpt_norm_weight_in_fp32(training) == litgpt_norm_weight_in_fp32(traced):
-        return []
-    if newer:
-        return [
-            f"litgpt_version={training.litgpt_version} (newer than the installed "
-            f"{traced.litgpt_version}, whose model code the trace runs; traced: up to the "
-            "installed release, or --engine analytic)"
-        ]
-    since = ".".join(map(str, LITGPT_RMSNORM_FP32_WEIGHT_SINCE))
+    installed = _installed_litgpt()
+    if not _newer(training):
+        return []  # older: traced as the installed release, or with its norms (traced_as)
     return [
-        f"litgpt_version={training.litgpt_version} (RMSNorm multiplies its weight in fp32 "
-        f"from litgpt {since}, the installed {traced.litgpt_version} does, this release does "
-        f"not: not a transform of the traced step yet; traced: --litgpt-version {since} or "
-        f"newer, up to the installed {traced.litgpt_version}, or --engine analytic)"
+        f"litgpt_version={training.litgpt_version} (newer than the installed "
+        f"{installed}, whose model code the trace runs; traced: up to the "
+        "installed release, or --engine analytic)"
     ]
 
 
+def _newer(training: TrainingConfig) -> bool:
+    """The requested litgpt release is newer than the installed one."""
+    found = installed_version("litgpt")
+    return found is not None and training.litgpt_release > (*found, 0, 0)[:3]
+
+
 def litgpt_release_note(training: TrainingConfig) -> str:
-    """The estimate's note for a litgpt release traced as the installed one."""
+    """The estimate's note for a litgpt release other than the installed one."""
+    if litgpt_release_traced_as(training) is training:
+        return (
+            f"litgpt_version={training.litgpt_version}: the installed litgpt "
+            f"{_installed_litgpt()}'s model code was traced with this release's RMSNorm (cast "
+            "to the input's dtype before the weight multiply; Note [An older litgpt release on "
+            "a traced step] in trainmem/traced_releases.py)"
+        )
     return (
         f"litgpt_version={training.litgpt_version}: the installed litgpt "
         f"{_installed_litgpt()}'s model code was traced; the rules the formulas know by litgpt "

@@ -41,9 +41,7 @@ _STILL_REFUSED: set[tuple[str, str]] = {
     # release differences known for Llama / Mistral / Qwen2 only (traced_releases.py; session
     # 27; Qwen2 and repeat_kv, which the formula Qwen2 needs, session 28, helper tfrel)
     *(("transformers 4.40", kind) for kind in ("remote-code", "diffusers", "timm")),
-    # litgpt 0.4.0 crosses the RMSNorm fp32 weight rule (traced_releases.py; session 27)
-    ("litgpt 0.4.0", "formula"),
-    ("litgpt 0.4.0", "remote-code"),
+    # (litgpt 0.4.0 runs since session 28, helper prompt2: traced with 0.4.0's RMSNorm)
     # diffusers' attention dispatch runs SDPA; its eager path is not traced
     ("attention eager", "diffusers"),
     # the held output is sized from an LM head's logits; a denoiser's / ViT's is not modelled

@@ -41,11 +41,16 @@ lightning 2.6 fabric/wrappers.py, fabric/plugins/precision/half.py and amp.py.
 
 from __future__ import annotations
 
-from types import ModuleType
+from types import MethodType, ModuleType
 from typing import Any
 
 from trainmem.errors import UnsupportedError
-from trainmem.specs.frameworks import LITGPT_INSTALL, installed_version, litgpt_head_chunk_rows
+from trainmem.specs.frameworks import (
+    LITGPT_INSTALL,
+    LITGPT_RMSNORM_FP32_WEIGHT_SINCE,
+    installed_version,
+    litgpt_head_chunk_rows,
+)
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
@@ -110,8 +115,10 @@ def require_litgpt() -> tuple[ModuleType, ModuleType, ModuleType]:
 
 
 def check_litgpt_release(training: TrainingConfig) -> None:
-    """Refuse a ``litgpt_version`` other than the installed litgpt's: the trace runs the
-    installed model code (``TrainingConfig.litgpt_release``, default 0.5.13).
+    """Refuse a ``litgpt_version`` the trace cannot run: one other than the installed
+    litgpt's, except an older one across the RMSNorm rule alone, whose norms the build runs as
+    that release's (:func:`_cast_first_norms`; Note [An older litgpt release on a traced step]
+    in trainmem/traced_releases.py).
 
     Raises:
         UnsupportedError: naming both releases and what works.
@@ -120,7 +127,8 @@ def check_litgpt_release(training: TrainingConfig) -> None:
     if installed is None:
         return  # (the import refuses, naming the extra)
     release = (*installed, 0, 0)[:3]
-    if release != training.litgpt_release:
+    cast_first = release >= LITGPT_RMSNORM_FP32_WEIGHT_SINCE > training.litgpt_release
+    if release != training.litgpt_release and not cast_first:
         asked = ".".join(map(str, training.litgpt_release))
         raise UnsupportedError(
             f"litgpt_version={asked}: the traced paths run the installed litgpt's model code, "
@@ -295,10 +303,35 @@ def build_litgpt_model(model: ModelSpec, training: TrainingConfig) -> LitGPTStep
     finally:
         torch.set_default_dtype(previous)
     gpt.max_seq_length = training.seq_len  # rebuilds cos / sin: seq_len rows, fp32
+    if training.litgpt_release < LITGPT_RMSNORM_FP32_WEIGHT_SINCE:
+        _cast_first_norms(gpt, model_mod.RMSNorm)
     # ``--quantize bnb.*``: Lightning's BitsandbytesPrecision converts every linear, the output
     # head too (the generic path's stand-ins, Note [Traced quantized base])
     quantize_base(gpt, training, diffusers=True)
     return LitGPTStep(gpt, training.chunked_cross_entropy)
+
+
+def _cast_first_norms(gpt: Any, norm_class: Any) -> None:
+    """Run every RMSNorm of ``gpt`` as litgpt before 0.4.6 does (:func:`_rms_norm_cast_first`)
+    instead of the installed release's fp32 weight multiply."""
+    for module in gpt.modules():
+        if isinstance(module, norm_class):
+            module.forward = MethodType(_rms_norm_cast_first, module)
+
+
+def _rms_norm_cast_first(self: Any, x: Any) -> Any:
+    """litgpt's ``RMSNorm.forward`` before 0.4.6
+    (:data:`~trainmem.specs.frameworks.LITGPT_RMSNORM_FP32_WEIGHT_SINCE`; v0.4.0
+    litgpt/model.py): normalised in fp32, cast to the input's dtype, then multiplied by the
+    weight in its own dtype, so a trained norm saves that 16-bit copy (0.4.6 on multiplies the
+    fp32 normalised tensor by ``weight.float()`` and casts the product)."""
+    dtype = x.dtype
+    x = x.float()
+    norm_x = torch.mean(x * x, dim=self.dim, keepdim=True)
+    x_normed = (x * torch.rsqrt(norm_x + self.eps)).to(dtype=dtype)
+    if self.add_unit_offset:
+        return x_normed * (1 + self.weight)
+    return x_normed * self.weight
 
 
 def make_litgpt_batch(model: LitGPTStep, training: TrainingConfig) -> dict[str, Any]:
