@@ -87,3 +87,28 @@ def test_fsdp2_shards_the_frozen_base_and_the_prefix() -> None:
     est = _estimate(framework="fsdp2", data_parallel_size=4, zero_stage=3).breakdown
     assert est.parameters == 4 * (BASE + PREFIX) // 4 + BUFFERS
     assert est.optimizer_states == 8 * PREFIX // 4
+
+
+def test_bitsandbytes_8bit_states_of_the_prompt_encoder() -> None:
+    # the trace runs torch's AdamW in place of bitsandbytes' (no kernel on fake tensors); the
+    # states come from the layout: 32-bit (8 B per element) under min_8bit_size = 4096
+    # elements, else two 1-byte codes per element and one fp32 absmax per 256-element block
+    # (bitsandbytes optim/optimizer.py Optimizer2State.init_state). Projection, p 16:
+    # Embedding(16, 32) 512, Linear(32, 32) 1,024 + 32, Linear(32, 128) 4,096 + 128.
+    assert _estimate(optimizer="adamw-8bit").breakdown.optimizer_states == 8 * PREFIX
+    est = estimate(
+        "tiny-llama-test",
+        TrainingConfig(
+            micro_batch_size=2,
+            seq_len=64,
+            precision="bf16-mixed",
+            num_virtual_tokens=16,
+            prefix_projection=True,
+            optimizer="adamw-8bit",
+        ),
+        engine="generic",
+        simulate_allocator=False,
+    )
+    small = 8 * (512 + 1_024 + 32 + 128)
+    quantized = 2 * (4_096 + 4 * 4_096 // 256)
+    assert est.breakdown.optimizer_states == small + quantized

@@ -3009,9 +3009,8 @@ run (the prompt encoder in the state layout, Note [Prompt encoder tensors])."""
 
 
 def _check_prefix_tuning_run(t: TrainingConfig) -> None:
-    """Prefix tuning runs on one GPU, unsharded, under a framework that runs peft's prefix
-    tuning (:data:`PREFIX_TUNING_FRAMEWORKS`), with an optimizer the trace runs as itself and
-    none of :data:`_PREFIX_TUNING_UNTRACED`.
+    """Prefix tuning runs under a framework that runs peft's prefix tuning
+    (:data:`PREFIX_TUNING_FRAMEWORKS`), with none of :data:`_PREFIX_TUNING_UNTRACED`.
 
     Raises:
         SpecError: the first setting prefix tuning is not modelled with.
@@ -3022,16 +3021,12 @@ def _check_prefix_tuning_run(t: TrainingConfig) -> None:
         raise SpecError(
             "num_virtual_tokens",
             f"prefix tuning under {t.framework} is not modelled (peft's PrefixTuningConfig "
-            f"runs in the plain loop, the HF Trainer and TRL); allowed frameworks: "
+            f"runs in the plain loop, the HF Trainer, TRL, DeepSpeed and FSDP); allowed "
+            "frameworks: "
             f"{', '.join(PREFIX_TUNING_FRAMEWORKS)}",
         )
-    if OPTIMIZER_TABLE[t.optimizer].torch_optim is None:
-        traced = [n for n, row in OPTIMIZER_TABLE.items() if row.torch_optim is not None]
-        raise SpecError(
-            "optimizer",
-            f"{t.optimizer} beside prefix tuning is not modelled: the traced paths size its "
-            "states by the formulas' rule, which knows no prefix; allowed: " + ", ".join(traced),
-        )
+    # an optimizer the trace runs as a stand-in is sized from the state layout, which holds
+    # the prompt encoder (Note [Prompt encoder tensors] in trainmem/analytic/prompt_encoder.py)
     defaults = TrainingConfig()
     for name in _PREFIX_TUNING_UNTRACED:
         if getattr(t, name) != getattr(defaults, name):
