@@ -3033,8 +3033,9 @@ def _check_prefix_tuning_run(t: TrainingConfig) -> None:
             raise SpecError(
                 name,
                 f"{getattr(t, name)} beside prefix tuning (num_virtual_tokens "
-                f"{t.num_virtual_tokens}) is not modelled: it runs on one GPU without "
-                f"sharding or offload; allowed: {name} {getattr(defaults, name)}",
+                f"{t.num_virtual_tokens}) is not modelled: it runs on one GPU or over data "
+                "parallelism (DDP, DeepSpeed ZeRO, FSDP) without model parallelism or "
+                f"offload; allowed: {name} {getattr(defaults, name)}",
             )
 
 
