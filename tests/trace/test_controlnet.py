@@ -14,7 +14,7 @@ from trainmem.estimate import estimate
 from trainmem.specs.training import TrainingConfig
 
 UNET = str(Path(__file__).parent / "diffusers_configs" / "tiny-sdxl-unet.json")
-FLUX = str(Path(__file__).parent / "diffusers_configs" / "tiny-flux.json")
+WAN = str(Path(__file__).parent / "diffusers_configs" / "tiny-wan.json")
 TRAINING = TrainingConfig(precision="bf16-mixed", resolution=64, text_seq_len=16, controlnet=True)
 
 
@@ -34,8 +34,9 @@ def _counts() -> tuple[int, int]:
 
 
 def test_controlnet_is_refused_off_a_unet_and_with_lora() -> None:
-    with pytest.raises(SpecError, match="controlnet: .* this model is diffusers FluxTransf"):
-        estimate(FLUX, TrainingConfig(controlnet=True), engine="generic")
+    # (FLUX and SD3 transformers take one: tests/trace/test_transformer_controlnet.py)
+    with pytest.raises(SpecError, match="controlnet: .* this model is diffusers WanTransf"):
+        estimate(WAN, TrainingConfig(controlnet=True), engine="generic")
     with pytest.raises(SpecError, match="controlnet: .* this model is not a diffusers model"):
         estimate("tiny-llama-test", TrainingConfig(controlnet=True), engine="analytic")
     with pytest.raises(SpecError, match="controlnet: train_controlnet.py trains the whole"):

@@ -514,8 +514,15 @@ def takes_pixels(config: Mapping[str, Any]) -> bool:
     )
 
 
-CONTROLNET_BASES: tuple[str, ...] = ("UNet2DConditionModel",)
-"""Classes a ControlNet is made from (diffusers ``ControlNetModel.from_unet``)."""
+CONTROLNET_BASES: tuple[str, ...] = (
+    "UNet2DConditionModel",
+    "FluxTransformer2DModel",
+    "SD3Transformer2DModel",
+)
+"""Classes a ControlNet is made from: diffusers ``ControlNetModel.from_unet``
+(``train_controlnet.py`` / ``_sdxl.py``), ``FluxControlNetModel.from_transformer``
+(``train_controlnet_flux.py``), ``SD3ControlNetModel.from_transformer``
+(``train_controlnet_sd3.py``)."""
 
 
 def check_controlnet(config: Mapping[str, Any], training: Any) -> None:
@@ -526,8 +533,8 @@ def check_controlnet(config: Mapping[str, Any], training: Any) -> None:
         training: a :class:`~trainmem.specs.training.TrainingConfig`.
 
     Raises:
-        SpecError: ``controlnet`` on a model that is not a diffusers UNet2DConditionModel, or
-            with LoRA (``train_controlnet.py`` trains the whole ControlNet).
+        SpecError: ``controlnet`` on a model that is not one of :data:`CONTROLNET_BASES`, or
+            with LoRA (the ControlNet scripts train the whole ControlNet).
     """
     if not training.controlnet:
         return
@@ -536,14 +543,15 @@ def check_controlnet(config: Mapping[str, Any], training: Any) -> None:
         what = f"diffusers {name}" if name else "not a diffusers model"
         raise SpecError(
             "controlnet",
-            f"a ControlNet is made from a diffusers UNet2DConditionModel config (SD 1.x / 2.x, "
-            f"SDXL: the pipeline's unet/config.json); this model is {what}: leave it off",
+            "a ControlNet is made from a diffusers UNet2DConditionModel (SD 1.x / 2.x, SDXL: "
+            "the pipeline's unet/config.json), FluxTransformer2DModel or SD3Transformer2DModel "
+            f"config (transformer/config.json); this model is {what}: leave it off",
         )
     if training.lora_rank > 0:
         raise SpecError(
             "controlnet",
             "train_controlnet.py trains the whole ControlNet; set lora_rank 0 (or leave "
-            "controlnet off to train LoRA adapters on the UNet)",
+            "controlnet off to train LoRA adapters on the denoiser)",
         )
 
 

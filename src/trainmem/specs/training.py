@@ -1767,14 +1767,18 @@ class DiffusionConfig:
     frozen); ``none``, the default: the weights stay in the load dtype."""
     controlnet: bool = setting(
         False,
-        "diffusers UNet models: train a ControlNet (ControlNetModel.from_unet) beside the "
-        "frozen UNet, as diffusers' train_controlnet.py does.",
+        "diffusers UNet, FLUX and SD3 models: train a ControlNet made from the model beside "
+        "it, frozen, as diffusers' train_controlnet.py / _flux.py / _sd3.py do.",
     )
-    """Train a ControlNet made from the given UNet's config (diffusers ``ControlNetModel.
-    from_unet``, ``examples/controlnet/train_controlnet.py`` / ``_sdxl.py`` without
-    ``--controlnet_model_name_or_path``) in the weights' dtype, the UNet frozen in the compute
-    dtype beside it receiving its residuals (``trainmem.trace.controlnet``). Needs a diffusers
-    ``UNet2DConditionModel`` config and no LoRA. Default False: the model itself is trained."""
+    """Train a ControlNet made from the given denoiser's config (diffusers ``ControlNetModel.
+    from_unet``, ``examples/controlnet/train_controlnet.py`` / ``_sdxl.py``;
+    ``FluxControlNetModel.from_transformer`` with 4 double- and 4 single-stream blocks,
+    ``train_controlnet_flux.py``; ``SD3ControlNetModel.from_transformer`` with 12 blocks,
+    ``train_controlnet_sd3.py``; all without ``--controlnet_model_name_or_path``) in the
+    weights' dtype, the denoiser frozen in the compute dtype beside it receiving its residuals
+    (``trainmem.trace.controlnet``). Needs a diffusers ``UNet2DConditionModel``,
+    ``FluxTransformer2DModel`` or ``SD3Transformer2DModel`` config and no LoRA. Default False:
+    the model itself is trained."""
     train_text_encoder: bool = setting(
         False,
         "diffusers UNet models (SD 1.x, SDXL): train the text encoders too, their forward in "

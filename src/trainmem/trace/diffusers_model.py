@@ -343,7 +343,9 @@ def make_diffusers_batch(model: Any, training: TrainingConfig) -> dict[str, Any]
     return forward_inputs(model, training)
 
 
-def diffusers_loss(output: Any, batch: Mapping[str, Any], *, precondition: bool = False) -> Any:
+def diffusers_loss(
+    output: Any, batch: Mapping[str, Any], *, precondition: bool = False, mse: bool = False
+) -> Any:
     """The training loss of diffusers' example scripts on the model's prediction.
 
     UNets (``sample`` in the batch; ``train_text_to_image.py``, ``train_text_to_image_sdxl.py``,
@@ -360,6 +362,9 @@ def diffusers_loss(output: Any, batch: Mapping[str, Any], *, precondition: bool 
         output: the model's output (a tuple with ``return_dict=False``, or an output object).
         batch: the micro-batch (``sample`` in it marks a UNet).
         precondition: SD3's output preconditioning.
+        mse: the UNets' plain MSE on a transformer's prediction (``train_controlnet_flux.py``:
+            ``F.mse_loss(noise_pred.float(), (noise - pixel_latents).float(), reduction=
+            "mean")``).
 
     Returns:
         The scalar loss.
@@ -371,7 +376,7 @@ def diffusers_loss(output: Any, batch: Mapping[str, Any], *, precondition: bool 
     if isinstance(pred, list):  # Z-Image: one prediction per sample
         pred = torch.stack(pred)
     target = torch.randn_like(pred)
-    if "sample" in batch:
+    if "sample" in batch or mse:
         return torch.nn.functional.mse_loss(pred.float(), target.float(), reduction="mean")
     b = pred.shape[0]
     if precondition:
@@ -398,6 +403,16 @@ def diffusers_loss_for(raw_config: Mapping[str, Any]) -> Callable[[Any, Any], An
     if diffusers_class(raw_config) in PRECONDITIONED:
         return functools.partial(diffusers_loss, precondition=True)
     return diffusers_loss
+
+
+def pipeline_loss(raw_config: Mapping[str, Any], training: TrainingConfig) -> Any:
+    """The loss of a step with more of the pipeline in it (``controlnet`` /
+    ``train_text_encoder``): the UNet scripts' MSE; a FLUX ControlNet's plain MSE
+    (``train_controlnet_flux.py``), an SD3 ControlNet's preconditioned flow-matching loss
+    (``train_controlnet_sd3.py``, ``--precondition_outputs`` 1 by default; diffusers v0.40)."""
+    if training.controlnet and diffusers_class(raw_config) == "FluxTransformer2DModel":
+        return functools.partial(diffusers_loss, mse=True)
+    return diffusers_loss_for(raw_config)
 
 
 def check_diffusers_settings(training: TrainingConfig, *, generic: bool = False) -> None:
@@ -494,12 +509,33 @@ def describe_diffusers_batch(
         )
     if training.controlnet:
         est.details["diffusers"]["controlnet"] = True
-        est.notes.append(
-            f"--controlnet: a ControlNet (ControlNetModel.from_unet) trained in "
-            f"{training.weight_dtype} beside this UNet, frozen in {training.compute_dtype} and "
-            "fed its residuals; the conditioning image is the batch's pixels "
-            "(examples/controlnet/train_controlnet.py)"
+        est.notes.append(controlnet_note(cls, training))
+
+
+def controlnet_note(cls: str, training: TrainingConfig) -> str:
+    """The estimate's line on ``--controlnet`` for a denoiser of class ``cls`` (Note
+    [ControlNet training step], Note [FLUX and SD3 ControlNet training steps])."""
+    from trainmem.trace.controlnet import FLUX_CONTROLNET_LAYERS, SD3_CONTROLNET_LAYERS
+
+    dtypes = f"trained in {training.weight_dtype} beside this {{}}, frozen in "
+    dtypes += f"{training.compute_dtype} and fed its residuals"
+    if cls == "UNet2DConditionModel":
+        return (
+            f"--controlnet: a ControlNet (ControlNetModel.from_unet) {dtypes.format('UNet')}; "
+            "the conditioning image is the batch's pixels (examples/controlnet/"
+            "train_controlnet.py)"
         )
+    if cls == "FluxTransformer2DModel":
+        made = "FluxControlNetModel.from_transformer, {} double- and {} single-stream blocks"
+        made, script = made.format(*FLUX_CONTROLNET_LAYERS), "train_controlnet_flux.py"
+    else:
+        made = f"SD3ControlNetModel.from_transformer, {SD3_CONTROLNET_LAYERS} blocks"
+        script = "train_controlnet_sd3.py"
+    return (
+        f"--controlnet: a ControlNet ({made}) {dtypes.format('transformer')}; the "
+        "conditioning image enters as VAE latents of the noisy input's shape (examples/"
+        f"controlnet/{script}; its VAE encodes are in the step with --frozen-on-gpu vae)"
+    )
 
 
 def estimate_diffusers_trace(
@@ -552,11 +588,10 @@ def estimate_diffusers_trace(
 
     ws = gpu.cublas_workspace_bytes if gpu else DEFAULT_CUBLAS_WORKSPACE_BYTES
     resident = frozen_components(raw, training)
-    pipeline = training.controlnet or training.train_text_encoder
-    loss = diffusers_loss if pipeline else diffusers_loss_for(raw)
+    loss = pipeline_loss(raw, training)
     from trainmem.trace.frozen_encode import encode_in_step
 
-    encode = None if pipeline else encode_in_step(raw, training, loss)
+    encode = None if training.train_text_encoder else encode_in_step(raw, training, loss)
     capture, report = run_trace(
         build, batch, training, loss_fn=loss, workspace_bytes=ws, resident=resident,
         forward_loss=encode,  # Note [The frozen VAE encodes inside the step]

@@ -27,6 +27,13 @@ Note [The frozen VAE encodes inside the step]
     and inputs, and its latents below the denoiser's forward. Untiled, unsliced: the scripts'
     default (finetrainers ``--enable_tiling`` / ``--enable_slicing`` off). The text encoders'
     forwards on the prompt (a few MB at 128-256 tokens) are not traced.
+
+    A ControlNet step (``--controlnet``) encodes too: ``train_controlnet.py`` the pixels
+    (``vae.encode(batch["pixel_values"].to(dtype=weight_dtype))``, its conditioning image
+    stays pixels), ``train_controlnet_flux.py`` / ``train_controlnet_sd3.py`` the pixels and
+    then the conditioning image (``control_latents = vae.encode(control_values)...``), the
+    first latents bound while the second encode runs (diffusers v0.40; Note [FLUX and SD3
+    ControlNet training steps]): two encodes, both latents kept to the next micro-batch.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from trainmem.specs.diffusers import image_batch, kept_components
+from trainmem.specs.diffusers import diffusers_class, image_batch, kept_components
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
 from trainmem.trace.step import forward_and_loss
@@ -66,9 +73,9 @@ def encode_in_step(
     training: TrainingConfig,
     loss_fn: Callable[[Any, Any], Any] | None,
 ) -> Callable[[Any, Any], Any] | None:
-    """The step's forward + loss with the frozen VAE's encode before the denoiser's forward
-    (Note [The frozen VAE encodes inside the step]), or None when the VAE is not kept on the
-    GPU.
+    """The step's forward + loss with the frozen VAE's encode (two for a FLUX / SD3
+    ControlNet's step) before the denoiser's forward (Note [The frozen VAE encodes inside the
+    step]), or None when the VAE is not kept on the GPU.
 
     Args:
         raw: the denoiser's diffusers ``config.json``.
@@ -98,10 +105,13 @@ def encode_in_step(
             return built["vae"].encode(pixels).latent_dist.sample()
 
     held: list[Any] = []
+    # the pixels, and a FLUX / SD3 ControlNet's conditioning image
+    encodes = 2 if training.controlnet and diffusers_class(raw) != "UNet2DConditionModel" else 1
 
     def forward_loss(model: Any, batch: Any) -> Any:
         held.clear()  # the previous micro-batch's latents, rebound by the loop
-        held.append(encode())
+        for _ in range(encodes):
+            held.append(encode())
         return forward_and_loss(model, batch, loss_fn)
 
     return forward_loss

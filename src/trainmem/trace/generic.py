@@ -281,23 +281,28 @@ def _litgpt_recipe(name: str, raw: Mapping[str, Any], training: TrainingConfig) 
 
 
 def _pipeline_recipe(name: str, raw: Mapping[str, Any], training: TrainingConfig) -> Recipe:
-    """A diffusers UNet trained with more of its pipeline inside the step: a ControlNet beside
-    it (Note [ControlNet training step], ``trace/controlnet.py``) or its text encoders (Note
-    [Text-encoder training step], ``trace/text_encoders.py``); the UNet's MSE loss."""
+    """A diffusers denoiser trained with more of its pipeline inside the step: a ControlNet
+    beside it (Note [ControlNet training step], Note [FLUX and SD3 ControlNet training steps],
+    ``trace/controlnet.py``) or its text encoders (Note [Text-encoder training step],
+    ``trace/text_encoders.py``); the scripts' loss (``diffusers_model.pipeline_loss``)."""
     from trainmem.specs.diffusers import frozen_components
     from trainmem.trace import controlnet as cn
     from trainmem.trace import diffusers_model as dm
     from trainmem.trace import text_encoders as te
+    from trainmem.trace.frozen_encode import encode_in_step
 
     wrap: Callable[[Mapping[str, Any], Any, TrainingConfig], Any] = te.build_text_encoder_step
     batch: Callable[[Any, TrainingConfig], Any] = te.make_text_batch
     if training.controlnet:
         wrap, batch = cn.build_controlnet_step, cn.make_controlnet_batch
+    loss = dm.pipeline_loss(raw, training)
     return Recipe(
         name,
         lambda: wrap(raw, dm.build_diffusers_model(raw, training, device="meta"), training),
         lambda step: batch(step, training),
-        loss_fn=dm.diffusers_loss,
+        loss_fn=loss,
+        # Note [The frozen VAE encodes inside the step] (a ControlNet's step)
+        forward_loss=None if training.train_text_encoder else encode_in_step(raw, training, loss),
         library="diffusers",
         resident=tuple(frozen_components(raw, training)),
     )
