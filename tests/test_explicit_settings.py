@@ -152,6 +152,16 @@ FLAG_CASES: dict[str, tuple[list[str], Any, str]] = {
         "lora-adapter-dtype=bfloat16",
     ),
     "controlnet": (["--controlnet"], True, "controlnet=false"),
+    "controlnet_double_layers": (
+        ["--controlnet-double-layers", "4"],
+        4,
+        "controlnet-double-layers=2",
+    ),
+    "controlnet_single_layers": (
+        ["--controlnet-single-layers", "4"],
+        4,
+        "controlnet-single-layers=0",
+    ),
     "train_text_encoder": (["--train-text-encoder"], True, "train-text-encoder=false"),
     "nccl_buffer_bytes": (
         ["--nccl-buffer-bytes", "600000000"],

@@ -81,6 +81,8 @@ _NO_SET: dict[str, str] = {
     "target_seq_len": "an encoder-decoder's decoder tokens: none of the four kinds is one",
     "frozen_on_gpu": "a diffusers pipeline's VAE / text encoders: PixArt's are not known",
     "controlnet": "made from an SD UNet, a FLUX or SD3 transformer: none of the four kinds is one",
+    "controlnet_double_layers": "a FLUX ControlNet's blocks: none of the four kinds is FLUX",
+    "controlnet_single_layers": "a FLUX ControlNet's blocks: none of the four kinds is FLUX",
     "train_text_encoder": "SD 1.x / SDXL's CLIP encoders: none of the four kinds is one",
     "fsdp": "zero_stage by another name (the sets give zero_stage; options.apply_fsdp)",
     "lora_alpha": "LoRA's scaling, no memory effect",

@@ -30,8 +30,9 @@ SD3 = str(CONFIGS / "tiny-sd3.json")
 TRAINING = TrainingConfig(precision="bf16-mixed", resolution=64, text_seq_len=16, controlnet=True)
 
 
-def _models(path: str, device: str) -> tuple[Any, Any]:
-    """(transformer, ControlNet) as the scripts make them, diffusers' classes on ``device``."""
+def _models(path: str, device: str, flux_blocks: tuple[int, int] = (4, 4)) -> tuple[Any, Any]:
+    """(transformer, ControlNet) as the scripts make them, diffusers' classes on ``device``;
+    ``flux_blocks``: ``--num_double_layers`` / ``--num_single_layers`` (their defaults)."""
     diffusers = pytest.importorskip("diffusers")
     import torch
 
@@ -43,8 +44,8 @@ def _models(path: str, device: str) -> tuple[Any, Any]:
                 transformer,
                 attention_head_dim=transformer.config["attention_head_dim"],
                 num_attention_heads=transformer.config["num_attention_heads"],
-                num_layers=4,  # --num_double_layers' default
-                num_single_layers=4,  # --num_single_layers' default
+                num_layers=flux_blocks[0],
+                num_single_layers=flux_blocks[1],
                 load_weights_from_transformer=False,  # (the toy SD3's blocks differ in shape)
             )
         else:
@@ -211,3 +212,36 @@ def test_a_flux_controlnet_step_encodes_pixels_and_conditioning_image(
         simulate_allocator=False,
     )  # fmt: skip
     assert step_made_at_peak(cached) < expected / 2
+
+
+def test_flux_controlnet_blocks_are_settings_of_a_flux_controlnet_only() -> None:
+    pytest.importorskip("diffusers")
+    from trainmem.specs.hf import load_hf_config
+    from trainmem.trace.controlnet import build_controlnet_step
+    from trainmem.trace.diffusers_model import build_diffusers_model
+
+    # diffusers' README_flux.md command: --num_double_layers 4 --num_single_layers 0
+    training = dataclasses.replace(TRAINING, controlnet_double_layers=3, controlnet_single_layers=0)
+    raw = load_hf_config(FLUX)
+    step = build_controlnet_step(raw, build_diffusers_model(raw, training), training)
+    assert len(step.controlnet.transformer_blocks) == 3
+    assert len(step.controlnet.single_transformer_blocks) == 0
+    with pytest.raises(SpecError, match="controlnet_single_layers: 0: the blocks of a FLUX"):
+        estimate(SD3, dataclasses.replace(TRAINING, controlnet_single_layers=0), engine="generic")
+    unset = dataclasses.replace(TRAINING, controlnet=False, controlnet_double_layers=2)
+    with pytest.raises(SpecError, match="controlnet_double_layers: 2: the blocks of a FLUX"):
+        estimate(FLUX, unset, engine="generic")
+    with pytest.raises(SpecError, match="controlnet_double_layers: must be a non-negative"):
+        TrainingConfig(controlnet_double_layers=-1)
+
+
+@pytest.mark.slow  # ~40 s: the toy FLUX traced with a ControlNet of double blocks only
+def test_a_flux_controlnet_without_single_blocks_runs() -> None:
+    # the README's command: no single-stream residuals (the ControlNet returns None for them)
+    training = dataclasses.replace(TRAINING, controlnet_double_layers=2, controlnet_single_layers=0)
+    est = estimate(FLUX, training, engine="generic", simulate_allocator=False)
+    transformer, controlnet = _models(FLUX, "meta", (2, 0))
+    n_cn = sum(p.numel() for p in controlnet.parameters())
+    assert est.num_trainable_parameters == n_cn
+    assert est.num_parameters == n_cn + sum(p.numel() for p in transformer.parameters())
+    assert "2 double- and 0 single-stream blocks" in " ".join(est.notes)

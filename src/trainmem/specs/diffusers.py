@@ -534,11 +534,22 @@ def check_controlnet(config: Mapping[str, Any], training: Any) -> None:
 
     Raises:
         SpecError: ``controlnet`` on a model that is not one of :data:`CONTROLNET_BASES`, or
-            with LoRA (the ControlNet scripts train the whole ControlNet).
+            with LoRA (the ControlNet scripts train the whole ControlNet); a FLUX ControlNet's
+            block counts without ``controlnet`` on a FLUX transformer.
     """
+    name = str(config.get("_class_name", ""))[:80] if is_diffusers_config(config) else ""
+    for field in ("controlnet_double_layers", "controlnet_single_layers"):
+        if getattr(training, field) is not None and not (
+            training.controlnet and name == "FluxTransformer2DModel"
+        ):
+            raise SpecError(
+                field,
+                f"{getattr(training, field)}: the blocks of a FLUX ControlNet "
+                "(train_controlnet_flux.py); set with controlnet on a FluxTransformer2DModel "
+                "config, or leave it unset",
+            )
     if not training.controlnet:
         return
-    name = str(config.get("_class_name", ""))[:80] if is_diffusers_config(config) else ""
     if name not in CONTROLNET_BASES:
         what = f"diffusers {name}" if name else "not a diffusers model"
         raise SpecError(

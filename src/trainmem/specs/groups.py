@@ -93,6 +93,8 @@ FIELD_GROUPS: dict[str, tuple[str, ...]] = {
         "frozen_on_gpu",
         "layerwise_casting",
         "controlnet",
+        "controlnet_double_layers",
+        "controlnet_single_layers",
         "train_text_encoder",
     ),
 }

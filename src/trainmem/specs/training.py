@@ -1779,6 +1779,24 @@ class DiffusionConfig:
     (``trainmem.trace.controlnet``). Needs a diffusers ``UNet2DConditionModel``,
     ``FluxTransformer2DModel`` or ``SD3Transformer2DModel`` config and no LoRA. Default False:
     the model itself is trained."""
+    controlnet_double_layers: int | None = setting(
+        None,
+        "FLUX with --controlnet: the ControlNet's double-stream blocks "
+        "(train_controlnet_flux.py --num_double_layers).",
+        default_text="4",
+    )
+    """A FLUX ControlNet's double-stream blocks (``train_controlnet_flux.py
+    --num_double_layers``), 0 to 2^31 - 1; None, the default: the script's 4. Needs
+    ``controlnet`` on a ``FluxTransformer2DModel``."""
+    controlnet_single_layers: int | None = setting(
+        None,
+        "FLUX with --controlnet: the ControlNet's single-stream blocks "
+        "(train_controlnet_flux.py --num_single_layers).",
+        default_text="4",
+    )
+    """A FLUX ControlNet's single-stream blocks (``train_controlnet_flux.py
+    --num_single_layers``; diffusers' README_flux.md command passes 0), 0 to 2^31 - 1; None,
+    the default: the script's 4. Needs ``controlnet`` on a ``FluxTransformer2DModel``."""
     train_text_encoder: bool = setting(
         False,
         "diffusers UNet models (SD 1.x, SDXL): train the text encoders too, their forward in "
@@ -1813,6 +1831,9 @@ class DiffusionConfig:
                 _check_int(field, value, minimum=1)
         _check_choices(self, DiffusionConfig)
         _check_flags(self, ("controlnet", "train_text_encoder"))
+        for field in ("controlnet_double_layers", "controlnet_single_layers"):
+            if getattr(self, field) is not None:
+                _check_int(field, getattr(self, field), minimum=0)
 
 
 CONCERNS: tuple[type[Any], ...] = (

@@ -31,7 +31,8 @@ Note [FLUX and SD3 ControlNet training steps]
     ``--controlnet_model_name_or_path``: ``FluxControlNetModel.from_transformer(
     flux_transformer, attention_head_dim=..., num_attention_heads=... (the transformer's),
     num_layers=args.num_double_layers, num_single_layers=args.num_single_layers)``, both
-    flags 4 by default (:data:`FLUX_CONTROLNET_LAYERS`); ``train_controlnet_sd3.py``:
+    flags 4 by default (:data:`FLUX_CONTROLNET_LAYERS`; ``controlnet_double_layers`` /
+    ``controlnet_single_layers`` set them); ``train_controlnet_sd3.py``:
     ``SD3ControlNetModel.from_transformer(transformer, num_extra_conditioning_channels=
     args.num_extra_conditioning_channels)`` (the flag 0, ``num_layers`` the method's 12:
     :data:`SD3_CONTROLNET_LAYERS`). The transformer and the VAE are frozen and moved with
@@ -54,8 +55,8 @@ Note [FLUX and SD3 ControlNet training steps]
     and the encoders moved to the CPU / deleted, ``--frozen-on-gpu vae`` is the scripts'
     setting). Here :class:`TransformerControlNetStep` runs the two calls; the ControlNet is
     built by ``from_transformer(..., load_weights_from_transformer=False)`` on ``meta`` in the
-    weights' dtype. Not modelled: ``--num_double_layers`` / ``--num_single_layers`` /
-    ``--num_extra_conditioning_channels`` other than the defaults, a union ControlNet
+    weights' dtype. Not modelled: ``--num_extra_conditioning_channels`` other than 0, a union
+    ControlNet
     (``num_mode``) or one with an ``input_hint_block`` (``conditioning_embedding_channels``).
 """
 
@@ -80,6 +81,7 @@ __all__ = [
     "ControlNetStep",
     "TransformerControlNetStep",
     "build_controlnet_step",
+    "flux_controlnet_layers",
     "make_controlnet_batch",
 ]
 
@@ -189,18 +191,30 @@ class TransformerControlNetStep(torch.nn.Module):  # type: ignore[misc,name-defi
         return self.transformer(**kwargs, **residuals, return_dict=False)
 
 
+def flux_controlnet_layers(training: TrainingConfig) -> tuple[int, int]:
+    """(double-stream, single-stream) blocks of the FLUX ControlNet: the settings
+    (``controlnet_double_layers`` / ``controlnet_single_layers``), else
+    :data:`FLUX_CONTROLNET_LAYERS`."""
+    double, single = FLUX_CONTROLNET_LAYERS
+    if training.controlnet_double_layers is not None:
+        double = training.controlnet_double_layers
+    if training.controlnet_single_layers is not None:
+        single = training.controlnet_single_layers
+    return double, single
+
+
 def _cast(samples: Any, dtype: Any) -> Any:
     """The scripts' ``[sample.to(dtype=weight_dtype) for sample in ...]`` (None stays)."""
     return None if samples is None else [t.to(dtype=dtype) for t in samples]
 
 
-def _transformer_controlnet(transformer: Any) -> Any:
+def _transformer_controlnet(transformer: Any, training: TrainingConfig) -> Any:
     """The FLUX / SD3 ControlNet the scripts make from ``transformer`` (Note [FLUX and SD3
     ControlNet training steps]), on ``meta``, no weights copied."""
     import diffusers
 
     if type(transformer).__name__ == "FluxTransformer2DModel":
-        double, single = FLUX_CONTROLNET_LAYERS
+        double, single = flux_controlnet_layers(training)
         return diffusers.FluxControlNetModel.from_transformer(
             transformer,
             attention_head_dim=transformer.config["attention_head_dim"],
@@ -254,7 +268,7 @@ def build_controlnet_step(
         warnings.simplefilter("ignore", FutureWarning)
         try:
             if transformer:
-                controlnet = _transformer_controlnet(unet)
+                controlnet = _transformer_controlnet(unet, training)
             else:
                 controlnet = diffusers.ControlNetModel.from_unet(unet, load_weights_from_unet=False)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:

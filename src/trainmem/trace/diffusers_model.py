@@ -515,7 +515,7 @@ def describe_diffusers_batch(
 def controlnet_note(cls: str, training: TrainingConfig) -> str:
     """The estimate's line on ``--controlnet`` for a denoiser of class ``cls`` (Note
     [ControlNet training step], Note [FLUX and SD3 ControlNet training steps])."""
-    from trainmem.trace.controlnet import FLUX_CONTROLNET_LAYERS, SD3_CONTROLNET_LAYERS
+    from trainmem.trace.controlnet import SD3_CONTROLNET_LAYERS, flux_controlnet_layers
 
     dtypes = f"trained in {training.weight_dtype} beside this {{}}, frozen in "
     dtypes += f"{training.compute_dtype} and fed its residuals"
@@ -527,7 +527,8 @@ def controlnet_note(cls: str, training: TrainingConfig) -> str:
         )
     if cls == "FluxTransformer2DModel":
         made = "FluxControlNetModel.from_transformer, {} double- and {} single-stream blocks"
-        made, script = made.format(*FLUX_CONTROLNET_LAYERS), "train_controlnet_flux.py"
+        made = made.format(*flux_controlnet_layers(training))
+        script = "train_controlnet_flux.py"
     else:
         made = f"SD3ControlNetModel.from_transformer, {SD3_CONTROLNET_LAYERS} blocks"
         script = "train_controlnet_sd3.py"
