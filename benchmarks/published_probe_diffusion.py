@@ -73,8 +73,16 @@ calls ``cast_training_params(transformer, torch.float32)`` for every precision: 
 ``--lora-adapter-dtype float32`` since session 27 (before: diffusers' bf16 adapters over a bf16
 base, 8 B a trainable parameter less, 1.06 GB at 132M).
 
-Not mapped (listed by ``UNMAPPED``): diffusers' FLUX ControlNet README table (``--controlnet``
-takes a UNet config only; FLUX's ControlNet is ``FluxControlNetModel``), the blog's FP8 cell
+diffusers ``examples/controlnet/README_flux.md`` (v0.40.0) "gpu memory consumption for
+reference, tested on a single A100 with 80G": "training ~58G", the README's command
+(``train_controlnet_flux.py``, FLUX.1-dev, bf16 mixed precision, 512 px, batch 1, accumulation
+16, ``--num_double_layers 4 --num_single_layers 0``, no gradient checkpointing, AdamW; the
+prompt embeddings precomputed at 512 T5 tokens and the text encoders moved to the CPU, "offload
+te to cpu ~30G"; the VAE kept in bf16 and encoding the pixels and the conditioning image each
+step). No tool named; read as nvidia-smi's whole-device figure in GiB (``device_total``); read
+in GB the cell is +8.8 %.
+
+Not mapped (listed by ``UNMAPPED``): the blog's FP8 cell
 (torchao float8 training of a LoRA run with the text encoders encoding each step), HiDream's
 README figures (``memory_allocated`` after backward, not a peak, with four text encoders on the
 GPU), the cogvideox-factory tables (their column matches neither a peak nor the current
@@ -107,6 +115,10 @@ Session 27 (helper diffpipe): the three FP8 cells LTX-Video 4.906 GiB (-1.9 %), 
 9.309 GB (+3.7 -> +3.4 %), 16-bit LoRA 25.646 (-1.3 -> -1.4 %); CogVideo's bounds with fp32
 adapters: 5b 22.66 -> 22.916 GB; the other cells unchanged.
 
+Session 28 (helper pipes): FLUX ControlNet (``--controlnet`` on a FLUX transformer, mapped
+from the unmapped list) 58.76 GiB device total against "~58G" (+1.3 %; allocated 54.26 GiB; in
+GB 63.09 against 58, +8.8 %).
+
 Run: ``PYTHONPATH=src python benchmarks/published_probe.py`` (this part: a few minutes of CPU).
 """
 
@@ -127,6 +139,9 @@ SOURCES = {
     ),
     "CogVideo": (
         "https://github.com/THUDM/CogVideo/blob/e519ece/finetune/README.md#hardware-requirements"
+    ),
+    "diffusers README_flux": (
+        "https://github.com/huggingface/diffusers/blob/v0.40.0/examples/controlnet/README_flux.md"
     ),
 }
 
@@ -191,6 +206,13 @@ ROWS: list[tuple[str, str, str, list[str], float, str, str, str]] = [
     ("flux-qlora blog", "FLUX.1-dev LoRA r4, 16-bit base", "flux.1-dev-transformer",
      [*_BLOG, "--load-dtype", "bfloat16", "--gpu", "H100-80GB"], 26.0, "GB", "device_total",
      "measured"),
+    ("diffusers README_flux", "FLUX.1-dev ControlNet 4 double / 0 single blocks, 512 px",
+     "flux.1-dev-transformer",
+     ["--resolution", "512", "--text-seq-len", "512", "--micro-batch-size", "1",
+      "--gradient-accumulation-steps", "16", "--optimizer", "adamw", "--precision", "bf16-mixed",
+      "--controlnet", "--controlnet-double-layers", "4", "--controlnet-single-layers", "0",
+      "--frozen-on-gpu", "vae", "--gpu", "A100-80GB"], 58.0, "GiB", "device_total",
+     "measured"),
     ("CogVideo", "CogVideoX-2b LoRA r128 fp16 (16 GB, RTX 4080)", "cogvideox-2b-transformer",
      [*_COG, "--micro-batch-size", "1", "--activation-checkpointing", "full",
       "--optimizer", "adamw", "--precision", "16-mixed", "--load-dtype", "float16",
@@ -203,8 +225,6 @@ ROWS: list[tuple[str, str, str, list[str], float, str, str, str]] = [
 ]  # fmt: skip
 
 UNMAPPED: list[tuple[str, str]] = [
-    ("diffusers examples/controlnet/README_flux.md: FLUX ControlNet 'training ~58G' (A100)",
-     "--controlnet builds a ControlNet from a UNet config only (FluxControlNetModel not built)"),
     ("flux-qlora blog: FP8 LoRA on H100, 'peak memory usage of 36.57 GB'",
      "torchao float8 LoRA with CLIP / T5 encoding each step (custom captions): not attempted"),
     ("diffusers examples/dreambooth/README_hidream.md: 36.9 / 59.9 GB 'after backward'",
