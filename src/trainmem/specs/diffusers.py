@@ -751,28 +751,62 @@ class FrozenComponent:
     """A VAE's diffusers class and its constructor arguments (the config ``num_params`` was
     counted from), for its encode inside the step (Note [The frozen VAE encodes inside the
     step], trainmem/trace/frozen_encode.py); None for a text encoder."""
+    text: tuple[str, Mapping[str, Any], str] | None = None
+    """A text encoder's transformers model class, its config class's arguments (the config
+    ``num_params`` was counted from) and the prompt tokens it reads (:data:`PROMPT_TOKENS`),
+    for its forward inside the step (Note [The frozen text encoders encode inside the step]);
+    None: not traced (a VAE, or an encoder without a config here)."""
 
+
+PROMPT_TOKENS: tuple[str, ...] = ("clip", "all", "after-clip")
+"""A frozen text encoder's prompt tokens: ``clip`` CLIP's 77 (``tokenize_prompt(...,
+max_sequence_length=77)``), ``all`` the run's ``text_seq_len`` (FLUX's T5 at
+``--max_sequence_length``, 512), ``after-clip`` ``text_seq_len`` - 77 (SD3's T5: its 256
+tokens follow the 77 CLIP ones in ``prompt_embeds``)."""
+
+
+T5_XXL: Mapping[str, Any] = {
+    "vocab_size": 32128,
+    "d_model": 4096,
+    "d_kv": 64,
+    "d_ff": 10240,
+    "num_layers": 24,
+    "num_heads": 64,
+    "relative_attention_num_buckets": 32,
+    "relative_attention_max_distance": 128,
+    "feed_forward_proj": "gated-gelu",
+    "tie_word_embeddings": False,
+}
+"""google/t5-v1_1-xxl ``config.json``'s encoder fields (FLUX's ``text_encoder_2``, SD3's
+``text_encoder_3``, LTX-Video's and CogVideoX's ``text_encoder``)."""
 
 _CLIP_L = FrozenComponent(
     "text_encoder",
     "text-encoder",
     "CLIPTextModel, openai/clip-vit-large-patch14 text_config",
     123_060_480,
+    text=("CLIPTextModel", CLIP_L_TEXT, "clip"),
 )
 _CLIP_L_PROJ = FrozenComponent(
     "text_encoder",
     "text-encoder",
     "CLIPTextModelWithProjection, openai/clip-vit-large-patch14 text_config",
     123_650_304,
+    text=("CLIPTextModelWithProjection", CLIP_L_TEXT, "clip"),
 )
 _CLIP_G_PROJ = FrozenComponent(
     "text_encoder_2",
     "text-encoder",
     "CLIPTextModelWithProjection, laion/CLIP-ViT-bigG-14-laion2B-39B-b160k text_config",
     694_659_840,
+    text=("CLIPTextModelWithProjection", CLIP_G_TEXT, "clip"),
 )
 _T5_XXL = FrozenComponent(
-    "text_encoder_2", "text-encoder", "T5EncoderModel, google/t5-v1_1-xxl", 4_762_310_656
+    "text_encoder_2",
+    "text-encoder",
+    "T5EncoderModel, google/t5-v1_1-xxl",
+    4_762_310_656,
+    text=("T5EncoderModel", T5_XXL, "all"),
 )
 SD_VAE: Mapping[str, Any] = {
     "in_channels": 3,
@@ -811,7 +845,11 @@ FROZEN_COMPONENTS: dict[str, tuple[FrozenComponent, ...]] = {
         _CLIP_L_PROJ,
         _CLIP_G_PROJ,
         FrozenComponent(
-            "text_encoder_3", "text-encoder", "T5EncoderModel, google/t5-v1_1-xxl", 4_762_310_656
+            "text_encoder_3",
+            "text-encoder",
+            "T5EncoderModel, google/t5-v1_1-xxl",
+            4_762_310_656,
+            text=("T5EncoderModel", T5_XXL, "after-clip"),
         ),
         _VAE_16,
     ),
@@ -840,7 +878,11 @@ FROZEN_COMPONENTS: dict[str, tuple[FrozenComponent, ...]] = {
     ),
     "LTXVideoTransformer3DModel": (
         FrozenComponent(
-            "text_encoder", "text-encoder", "T5EncoderModel, google/t5-v1_1-xxl", 4_762_310_656
+            "text_encoder",
+            "text-encoder",
+            "T5EncoderModel, google/t5-v1_1-xxl",
+            4_762_310_656,
+            text=("T5EncoderModel", T5_XXL, "all"),
         ),
         FrozenComponent(
             "vae",
@@ -879,6 +921,7 @@ FROZEN_COMPONENTS: dict[str, tuple[FrozenComponent, ...]] = {
             "text-encoder",
             "T5EncoderModel, google/t5-v1_1-xxl (CogVideoX)",
             4_762_310_656,
+            text=("T5EncoderModel", T5_XXL, "all"),
         ),
         FrozenComponent(
             "vae",
