@@ -1750,7 +1750,9 @@ class DiffusionConfig:
     ``--cache_latents`` and precomputed embeddings). Their sizes:
     :data:`trainmem.specs.diffusers.FROZEN_COMPONENTS`. A kept VAE also encodes each batch
     inside the step, as the scripts do without cached latents (Note [The frozen VAE encodes
-    inside the step], trainmem/trace/frozen_encode.py)."""
+    inside the step], trainmem/trace/frozen_encode.py); kept CLIP / T5 text encoders encode
+    its prompts there too, as the scripts do with per-image captions (Note [The frozen text
+    encoders encode inside the step])."""
     layerwise_casting: str = setting(
         "none",
         "diffusers models with LoRA: store the frozen layers' weights in this float8 dtype, "
