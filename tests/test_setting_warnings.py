@@ -97,3 +97,18 @@ def test_suggestions_leave_out_what_the_run_already_does() -> None:
     tips = " ".join(untried_fixes(done))
     assert "--quantize-base nf4" in tips
     assert "--activation-checkpointing" not in tips and "--lora-rank" not in tips
+
+
+def test_suggestions_leave_out_what_the_configuration_refuses() -> None:
+    # prefix tuning trains one adapter type on one unsharded GPU: TrainingConfig refuses LoRA
+    # beside it (peft trains a PrefixTuningConfig or a LoraConfig) and data_parallel_size > 1
+    # (specs/training.py _check_prefix_tuning_run); the OOM note suggested both (session 28)
+    from trainmem.cli.app import untried_fixes
+    from trainmem.specs.training import TrainingConfig
+
+    tips = " ".join(untried_fixes(TrainingConfig(num_virtual_tokens=20)))
+    assert "--lora-rank" not in tips and "more GPUs" not in tips
+    assert "--optimizer adamw-8bit" not in tips  # no torch optimizer: refused beside a prefix
+    assert "--activation-checkpointing full" in tips  # ChatGLM's prefix reads under it
+    plain = " ".join(untried_fixes(TrainingConfig()))
+    assert "--lora-rank 16" in plain and "more GPUs" in plain

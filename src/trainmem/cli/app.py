@@ -44,22 +44,35 @@ app = typer.Typer(
 
 
 def untried_fixes(t: TrainingConfig) -> list[str]:
-    """The flags that usually make a run fit, leaving out what the run already does."""
-    out = []
+    """The flags that usually make a run fit, leaving out what the run already does and what
+    this configuration refuses (TrainingConfig's own checks, as ``trainmem estimate`` would
+    meet them: no LoRA beside prefix tuning, which runs on one GPU unsharded)."""
+    out: list[tuple[str, dict[str, object]]] = []
     if t.activation_checkpointing != "full":
-        out.append("--activation-checkpointing full")
+        out.append(("--activation-checkpointing full", {"activation_checkpointing": "full"}))
     if t.micro_batch_size > 1:
-        out.append("a smaller --micro-batch-size")
+        out.append(("a smaller --micro-batch-size", {"micro_batch_size": 1}))
     if t.lora_rank == 0:
-        out.append("--lora-rank 16")
+        out.append(("--lora-rank 16", {"lora_rank": 16}))
     elif t.quantize_base == "none":
-        out.append("--quantize-base nf4")
+        out.append(("--quantize-base nf4", {"quantize_base": "nf4"}))
     eight_bit = OPTIMIZER_TABLE[t.optimizer].eight_bit
     if eight_bit is not None and t.lora_rank == 0:
-        out.append(f"--optimizer {eight_bit}")
+        out.append((f"--optimizer {eight_bit}", {"optimizer": eight_bit}))
     if t.data_parallel_size == 1 or t.zero_stage < 3:
-        out.append("more GPUs (--data-parallel-size N --zero-stage 3)")
-    return out
+        more = {"data_parallel_size": max(t.data_parallel_size, 2), "zero_stage": 3}
+        out.append(("more GPUs (--data-parallel-size N --zero-stage 3)", more))
+    return [flag for flag, changes in out if _accepted(t, changes)]
+
+
+def _accepted(t: TrainingConfig, changes: dict[str, object]) -> bool:
+    from trainmem.specs.training import derived
+
+    try:
+        derived(t, **changes)
+    except SpecError:
+        return False
+    return True
 
 
 def _print_version(value: bool) -> None:
@@ -210,12 +223,15 @@ def estimate_cmd(
             "ranks the changes that make it fit"
         )
     elif est.fits is False:
-        est.notes.append(
+        note = (
             f"does not fit {est.gpu_name}: `trainmem fit {model} --gpu {gpu} [same options]` "
             f"traces the changes that make it fit on the {est.engine} path (one traced step "
-            "per candidate); by hand, re-run `trainmem estimate` with "
-            + ", or ".join(untried_fixes(training))
+            "per candidate)"
         )
+        by_hand = untried_fixes(training)
+        if by_hand:
+            note += "; by hand, re-run `trainmem estimate` with " + ", or ".join(by_hand)
+        est.notes.append(note)
     if modules and as_json:
         from trainmem.report.modules import activation_rows, peak_rows
 
