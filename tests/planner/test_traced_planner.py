@@ -87,3 +87,41 @@ def test_sweep_traces_each_point_as_estimate_does(invoke_json: InvokeJson, invok
         assert row["verdict"] == d["verdict"]
         assert row["allocated_bytes"] == d["peak"]["allocated_bytes"]
     assert [row["fits"] for row in rows] == [True, False]
+
+
+PREFIX = ["tiny-llama-test", "-s", "512", "--num-virtual-tokens", "8"]
+"""A formula family with a setting the formulas refuse (prefix tuning): ``--engine auto`` traces
+it (Note [Which path runs]), and so must ``fit``'s candidates (session 28: the formulas' search
+traced each screened candidate and stopped at the first one the generic path refuses,
+selective checkpointing, with that refusal as the command's error)."""
+
+
+@pytest.mark.slow  # about ten traced steps
+def test_fit_traces_a_run_the_formulas_refuse_and_skips_refused_changes(
+    invoke_json: InvokeJson,
+) -> None:
+    d = invoke_json("fit", *PREFIX, "-b", "16", "--gpu", "0.6GB", "--limit", "1")
+    assert d["fits"] is False and d["fixes"], d
+    for fix in d["fixes"]:
+        # LoRA beside prefix tuning is refused (peft trains one adapter type)
+        assert "lora_rank" not in fix["settings"], fix
+        flags = _flags(fix["settings"])
+        run = ["-b", "16", *flags] if "--micro-batch-size" not in flags else flags
+        est = invoke_json("estimate", *PREFIX, "--gpu", "0.6GB", *run)
+        assert est["engine"] == "generic" and est["fits"] is True, fix["change"]
+
+
+def test_which_fit_runs_traced() -> None:
+    from trainmem.planner.fixes import CHANGES
+    from trainmem.planner.traced import _proposals, traced_run
+    from trainmem.specs.hardware import resolve_gpu
+    from trainmem.specs.training import TrainingConfig
+
+    assert traced_run("llama-3.1-8b", TrainingConfig(num_virtual_tokens=8))
+    assert traced_run("llama-3.1-8b", TrainingConfig(lora_rank=8, lora_variant="loha"))
+    assert not traced_run("llama-3.1-8b", TrainingConfig(lora_rank=8))
+    assert traced_run(str(WHISPER), TrainingConfig())
+    # a change the run refuses proposes nothing (it raised out of the search before)
+    lora = [c for c in CHANGES if c.group == "adapters"]
+    prefix = TrainingConfig(num_virtual_tokens=8)
+    assert lora and all(_proposals((c,), prefix, resolve_gpu("T4")) == [] for c in lora)

@@ -60,7 +60,10 @@ def untried_fixes(t: TrainingConfig) -> list[str]:
     if eight_bit is not None and t.lora_rank == 0:
         out.append((f"--optimizer {eight_bit}", {"optimizer": eight_bit}))
     if t.data_parallel_size == 1 or t.zero_stage < 3:
-        more = {"data_parallel_size": max(t.data_parallel_size, 2), "zero_stage": 3}
+        more: dict[str, object] = {
+            "data_parallel_size": max(t.data_parallel_size, 2),
+            "zero_stage": 3,
+        }
         out.append(("more GPUs (--data-parallel-size N --zero-stage 3)", more))
     return [flag for flag, changes in out if _accepted(t, changes)]
 

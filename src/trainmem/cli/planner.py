@@ -37,6 +37,11 @@ def register(app: typer.Typer) -> None:
 
         return traced(model)
 
+    def traced_run(model: str, training: TrainingConfig) -> bool:
+        from trainmem.planner.traced import traced_run as traced
+
+        return traced(model, training)
+
     MultipleOf = Annotated[
         int | None,
         typer.Option(
@@ -193,7 +198,7 @@ def register(app: typer.Typer) -> None:
         gpu_spec = require_gpu(gpu)
         if limit is not None and limit < 1:  # before any engine runs, on either path
             raise SpecError("limit", f"must be a positive number of fixes, got {limit}")
-        if traced_only(model):
+        if traced_run(model, training):
             base, found = _fit_traced(model, gpu_spec, training, limit)
             name = base.model_name
         else:

@@ -70,6 +70,25 @@ def traced_only(model: str | ModelSpec) -> bool:
     return False
 
 
+def traced_run(model: str | ModelSpec, training: TrainingConfig) -> bool:
+    """Whether ``trainmem fit`` traces each candidate for this run: a family the formulas do
+    not model (:func:`traced_only`), or a setting they refuse (prefix tuning, LoHa), which
+    ``--engine auto`` sends to the generic path (Note [Which path runs] in
+    ``trainmem/estimate.py``). The formulas' fix search would trace each of its hundreds of
+    screened candidates there and stop at the first one the generic path refuses.
+
+    Raises:
+        SpecError: the run refused by the formulas' checks (as ``trainmem estimate``).
+    """
+    if traced_only(model):
+        return True
+    try:
+        estimate(model, training, engine="analytic", simulate_allocator=False)
+    except UnsupportedError:
+        return True
+    return False
+
+
 def traced_fit(
     model: str,
     training: TrainingConfig,
@@ -111,7 +130,10 @@ def _proposals(
     proposal (the propose functions read the training and the GPU, never the model)."""
     out = [training]
     for row in rows:
-        nxt = row.propose(cast(ModelSpec, None), out[-1], gpu)
+        try:
+            nxt = row.propose(cast(ModelSpec, None), out[-1], gpu)
+        except SpecError:  # a change this configuration refuses (LoRA beside prefix tuning)
+            return []
         if not nxt:
             return []
         out = nxt if row is rows[-1] else [nxt[-1]]

@@ -207,9 +207,9 @@ def fix_rows(req: Request, limit: int = 6) -> list[dict[str, Any]]:
         return []
     from trainmem.planner.evaluate import require_gpu
     from trainmem.planner.fixes import fixes
-    from trainmem.planner.traced import traced_fit, traced_only
+    from trainmem.planner.traced import traced_fit, traced_run
 
-    if isinstance(req.model, str) and traced_only(req.model):  # each candidate traced
+    if isinstance(req.model, str) and traced_run(req.model, req.training):  # each one traced
         _, found = traced_fit(req.model, req.training, require_gpu(req.gpu), limit=min(limit, 3))
         return [f.to_dict() for f in found]
     return [f.to_dict() for f in fixes(req.model, req.training, req.gpu, limit=limit)]
