@@ -111,6 +111,8 @@ def test_every_field_has_one_web_input_of_the_same_source(field: dataclasses.Fie
     expected = (form.MODEL_DEFAULT, *s.choices) if model_choice else s.choices
     if field.name == "lora_targets":  # and the CLI's --lora-targets all-linear (issue 26)
         expected = (*expected, form.ALL_LINEAR)
+    if widget.kind == "tristate":  # true / false / None: the framework's and the release's
+        expected = ("default", "true", "false")
     assert widget.choices == expected
     assert form.DEFAULTS[field.name] == (None if s.defer == "model" else field.default)
     # the page's command spells a setting without an option as --set
@@ -174,7 +176,6 @@ def test_an_option_for_a_field_without_one_would_be_caught(
         ("torch_version", "2.10", "2.10"),  # a number box made it 2.1
         ("reduce_bucket_size", "500000000", 500_000_000),  # was refused as text
         ("reduce_bucket_size", "auto", "auto"),
-        ("overlap_comm", "false", False),
         ("resolution", "480x832", "480x832"),
         ("resolution", "1024", 1024),
     ],
@@ -184,3 +185,21 @@ def test_the_page_reads_a_text_setting_as_set_does(name: str, text: str, value: 
     assert form.coerce(name, text) == value
     assert parse_set(f"{name.replace('_', '-')}={text}")[name] == value
     TrainingConfig(**{name: form.coerce(name, text)})  # and TrainingConfig takes it
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["zero_grad_set_to_none", "checkpoint_reentrant", "overlap_comm", "prepare_kbit_training"],
+)
+def test_a_three_valued_flag_is_a_dropdown_read_as_set_reads_it(name: str) -> None:
+    # True, False, or None: the framework's / the release's default (a text box before
+    # session 28); each choice means what `--set NAME=true|false` or no option means
+    assert form.field(name).kind == "tristate"
+    dashed = name.replace("_", "-")
+    for text, value in (("true", True), ("false", False)):
+        assert form.coerce(name, text) is value
+        assert parse_set(f"{dashed}={text}")[name] is value
+    assert form.coerce(name, "default") is None
+    assert form.DEFAULTS[name] is None
+    with pytest.raises(SpecError, match=name):
+        form.coerce(name, "maybe")

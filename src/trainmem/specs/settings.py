@@ -81,12 +81,16 @@ def settings_of(cls: type) -> dict[str, tuple[dataclasses.Field[Any], Setting]]:
 
 def kind_of(field: dataclasses.Field[Any]) -> str:
     """The input a field needs: ``multi`` (several of its choices: a tuple field), ``choice``,
-    ``bool``, ``int``, ``float`` or ``str`` (free text, or a value of a mixed type), from its
-    :attr:`Setting.choices`, its default and, for a default of None, its annotation (a tuple
-    field whose default is None, ``lora_targets``: the framework's, is still ``multi``)."""
+    ``bool``, ``tristate`` (true, false, or None: the framework's or the release's default,
+    ``zero_grad_set_to_none``), ``int``, ``float`` or ``str`` (free text, or a value of a mixed
+    type), from its :attr:`Setting.choices`, its default and, for a default of None, its
+    annotation (a tuple field whose default is None, ``lora_targets``: the framework's, is
+    still ``multi``)."""
     default = field.default
     if isinstance(default, tuple) or str(field.type).startswith("tuple["):  # None: resolved
         return "multi"
+    if default is None and str(field.type) == "bool | None":
+        return "tristate"
     if setting_of(field).choices:
         return "choice"
     if isinstance(default, bool | int | float):

@@ -74,6 +74,16 @@ CHOICES: dict[str, tuple[Any, ...]] = {
 :data:`ALL_LINEAR` last, as the CLI's ``--lora-targets all-linear``)."""
 CHOICES["lora_targets"] = (*CHOICES["lora_targets"], ALL_LINEAR)
 
+FLAG_DEFAULT = "default"
+"""The choice of a three-valued flag (``zero_grad_set_to_none``, ``overlap_comm``...) that
+leaves it to the framework and its releases (None; the CLI without the option)."""
+TRISTATE_CHOICES: tuple[str, ...] = (FLAG_DEFAULT, "true", "false")
+"""The dropdown of a three-valued flag (kind ``tristate``): :data:`FLAG_DEFAULT`, then the
+flag's two values as ``--set`` spells them."""
+for _f, _s in _SETTINGS.values():
+    if kind_of(_f) == "tristate":
+        CHOICES[_f.name] = TRISTATE_CHOICES
+
 _NO_FLAG = tuple(name for name, (_, s) in _SETTINGS.items() if s.no_option)
 """Fields without an option of their own in the CLI (given there as ``--set KEY=VALUE``;
 :attr:`~trainmem.specs.settings.Setting.no_option` says why)."""
@@ -93,9 +103,10 @@ class Field:
 
     Attributes:
         name: the TrainingConfig field.
-        kind: ``choice``, ``multi`` (several of ``choices``), ``bool``, ``int``, ``float`` or
-            ``str`` (:func:`~trainmem.specs.settings.kind_of`).
-        choices: allowed values for ``choice`` / ``multi``.
+        kind: ``choice``, ``multi`` (several of ``choices``), ``bool``, ``tristate`` (one of
+            :data:`TRISTATE_CHOICES`), ``int``, ``float`` or ``str``
+            (:func:`~trainmem.specs.settings.kind_of`).
+        choices: allowed values for ``choice`` / ``multi`` / ``tristate``.
         help: what the setting is and its default, as ``--help`` says it
             (:func:`~trainmem.specs.settings.help_text`; the allowed values are the input's).
         label: the CLI option it mirrors (``--micro-batch-size``), shown on the page.
@@ -128,7 +139,8 @@ def field(name: str) -> Field:
 def coerce(name: str, raw: Any) -> Any:
     """The typed value of one setting from what a widget or a URL holds.
 
-    ``"4"``, ``4.0`` -> ``4`` for an int field; ``"true"`` -> True; ``"q+v"`` or ``["q", "v"]``
+    ``"4"``, ``4.0`` -> ``4`` for an int field; ``"true"`` -> True (:data:`FLAG_DEFAULT` -> None
+    for a three-valued flag); ``"q+v"`` or ``["q", "v"]``
     -> ``("q", "v")``; ``""`` / None (``[]`` for ``lora_targets``) -> the default (None there:
     the framework's); the text of a ``str`` field as ``--set``
     reads it (:func:`trainmem.specs.grid.parse_value`: ``"2.10"`` stays a version,
@@ -141,10 +153,12 @@ def coerce(name: str, raw: Any) -> Any:
     f = field(name)
     if raw is None or raw == "" or raw == MODEL_DEFAULT or (f.kind == "multi" and not raw):
         return DEFAULTS[name]  # none ticked: lora_targets left to the framework
+    if f.kind == "tristate" and raw == FLAG_DEFAULT:
+        return None
     if f.kind == "multi":
         parts = raw.split("+") if isinstance(raw, str) else list(raw)
         return tuple(str(p) for p in parts if p)
-    if f.kind == "bool":
+    if f.kind in ("bool", "tristate"):
         if isinstance(raw, bool):
             return raw
         text = str(raw).strip().lower()

@@ -35,9 +35,11 @@ from trainmem.web.compute import (
 )
 from trainmem.web.form import (
     DEFAULTS,
+    FLAG_DEFAULT,
     GROUPS,
     MODEL_DEFAULT,
     NO_FSDP,
+    TRISTATE_CHOICES,
     cli_command,
     coerce,
     default_values,
@@ -82,16 +84,21 @@ def collect(raw: Sequence[Any]) -> dict[str, Any]:
     """A values dict from widget values in :data:`INPUT_NAMES` order (checkbox-group lists
     as tuples, an empty one as None: ``lora_targets`` left to the framework;
     :data:`~trainmem.web.form.MODEL_DEFAULT` and an empty text box of a setting whose default
-    is None as None; the rest is typed by :func:`trainmem.web.form.coerce` when it is used)."""
+    is None as None; a three-valued flag's choice as True, False or None (its
+    :data:`~trainmem.web.form.FLAG_DEFAULT`); the rest is typed by
+    :func:`trainmem.web.form.coerce` when it is used)."""
     base = default_values()
     return {
-        name: _collected(v, base.get(name, 0)) for name, v in zip(INPUT_NAMES, raw, strict=True)
+        name: _collected(name, v, base.get(name, 0))
+        for name, v in zip(INPUT_NAMES, raw, strict=True)
     }
 
 
-def _collected(value: Any, default: Any) -> Any:
+def _collected(name: str, value: Any, default: Any) -> Any:
     if isinstance(value, list):  # a checkbox group; none ticked: the framework's
         return tuple(value) or None
+    if name in _TRISTATES and value in (*TRISTATE_CHOICES, True, False, None):
+        return coerce(name, value)  # typed: the CLI command spells True / False as a flag
     return None if _unset(value, default) else value
 
 
@@ -105,7 +112,8 @@ def _unset(value: Any, default: Any) -> bool:
 def widget_values(values: Mapping[str, Any]) -> list[Any]:
     """Widget values in :data:`INPUT_NAMES` order (tuples as lists for checkbox groups, None
     there as none ticked: ``lora_targets`` left to the framework; an ``attention`` left to the
-    model as :data:`~trainmem.web.form.MODEL_DEFAULT`)."""
+    model as :data:`~trainmem.web.form.MODEL_DEFAULT`; a three-valued flag as ``"true"``,
+    ``"false"`` or :data:`~trainmem.web.form.FLAG_DEFAULT`)."""
     return [_widget_value(n, values[n]) for n in INPUT_NAMES]
 
 
@@ -114,10 +122,13 @@ def _widget_value(name: str, value: Any) -> Any:
         return list(value or ())
     if value is None and name == "fsdp":
         return NO_FSDP
+    if name in _TRISTATES:
+        return FLAG_DEFAULT if value is None else ("true" if value else "false")
     return MODEL_DEFAULT if value is None and name == "attention" else value
 
 
 _CHECKBOX_GROUPS = frozenset(n for n in DEFAULTS if field(n).kind == "multi")
+_TRISTATES = frozenset(n for n in DEFAULTS if field(n).kind == "tristate")
 """The settings shown as checkbox groups (``lora_targets``)."""
 
 

@@ -25,6 +25,7 @@ from trainmem.web.form import (
     DEFAULT_ENGINE,
     DEFAULT_GPU,
     DEFAULT_MODEL,
+    FLAG_DEFAULT,
     FSDP_CHOICES,
     GROUPS,
     MODEL_DEFAULT,
@@ -83,6 +84,9 @@ def _widget(name: str) -> Any:
         )
     if f.kind == "choice":
         value = MODEL_DEFAULT if default is None else default
+        return gr.Dropdown(list(f.choices), value=value, label=label, info=info, elem_id=elem_id)
+    if f.kind == "tristate":  # true / false / the framework's and the release's
+        value = FLAG_DEFAULT if default is None else ("true" if default else "false")
         return gr.Dropdown(list(f.choices), value=value, label=label, info=info, elem_id=elem_id)
     if f.kind == "bool":
         return gr.Checkbox(value=default, label=label, info=info, elem_id=elem_id)
