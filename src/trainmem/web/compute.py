@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from trainmem.breakdown import MemoryEstimate
-from trainmem.errors import SpecError
+from trainmem.errors import SpecError, UnsupportedError
 from trainmem.estimate import (
     ENGINES,
     default_attention_of,
@@ -29,7 +29,11 @@ from trainmem.estimate import (
 )
 from trainmem.specs.hf import TIMM_PREFIX, list_presets
 from trainmem.specs.model import ModelSpec
-from trainmem.specs.training import TrainingConfig
+from trainmem.specs.training import (
+    TrainingConfig,
+    check_framework_versions,
+    check_training_for_model,
+)
 from trainmem.web.form import ALL_LINEAR, DEFAULT_ENGINE, NO_GPU, coerce, training_config
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -173,6 +177,13 @@ def resolve_request(values: Mapping[str, Any], uploaded: ModelSpec | str | None 
     # --resolution; a seq_len typed in its box is refused, as --seq-len is
     given = coerce("seq_len", values.get("seq_len")) is not None
     training = image_sequence(model, training, given=given)
+    # the checks the CLI makes where the options become a configuration
+    # (trainmem.cli.options.training_from_options): a framework's release beside another
+    # framework, and the settings against a formula family's shape (its LoRA linears)
+    check_framework_versions(training)
+    spec = _formula_spec(model)
+    if spec is not None:
+        check_training_for_model(spec, training)
     return Request(
         model=model,
         model_arg=model_arg,
@@ -181,6 +192,15 @@ def resolve_request(values: Mapping[str, Any], uploaded: ModelSpec | str | None 
         alloc_conf=str(values.get("alloc_conf") or ""),
         engine=engine,
     )
+
+
+def _formula_spec(model: str | ModelSpec) -> ModelSpec | None:
+    """The model's shape, or None for a family only the generic path runs (as the CLI's
+    ``model_spec_or_none``)."""
+    try:
+        return resolve_model(model)
+    except UnsupportedError:
+        return None
 
 
 @lru_cache(maxsize=16)
