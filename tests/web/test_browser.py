@@ -349,3 +349,33 @@ def test_the_fsdp_dropdown_matches_the_cli(
     page.wait_for_selector("#error", state="detached")
     _no_unexpected_error(page)
     page.close()
+
+
+def test_the_three_valued_flag_and_prefix_tuning_match_the_cli(
+    invoke_json: InvokeJson, server: str, browser: Any
+) -> None:
+    # --zero-grad-set-to-none / --zero-grad-keep / neither: a dropdown default / true / false
+    # (a text box before session 28, whose "false" became '--zero-grad-set-to-none false')
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(server + "?model=gpt2&seq-len=512")
+    page.wait_for_selector("#verdict[data-verdict]")
+    pick(page, "opt-zero-grad-set-to-none", "false")
+    cli = wait_cli(page, "--zero-grad-keep")
+    assert "zero-grad-set-to-none=false" in page.url
+    expected = invoke_json(*cli.split()[1:])
+    assert "keeps the gradients allocated" in expected["details"]["assumed"]["loop"]
+    check_against_cli(page, expected)
+    pick(page, "opt-zero-grad-set-to-none", "default")
+    page.wait_for_function(
+        "() => !document.querySelector('#cli textarea').value.includes('--zero-grad')"
+    )
+    # prefix tuning (session 27) from a link: the generic path, the CLI's verdict
+    page.goto(server + "?model=tiny-llama-test&seq-len=64&num-virtual-tokens=8")
+    cli = wait_cli(page, "--num-virtual-tokens 8")
+    page.wait_for_selector("#verdict[data-verdict]")
+    expected = invoke_json(*cli.split()[1:])
+    assert expected["engine"] == "generic"
+    check_against_cli(page, expected)
+    _no_unexpected_error(page)
+    page.close()
