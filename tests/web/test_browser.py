@@ -327,13 +327,21 @@ def test_a_refusal_is_one_line_in_the_browser(server: str, browser: Any) -> None
     page.close()
 
 
+def open_estimated(browser: Any, url: str) -> Page:
+    """A new page at ``url``, once its first estimate has drawn a verdict."""
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(url)
+    page.wait_for_selector("#verdict[data-verdict]")
+    return page
+
+
 def test_the_fsdp_dropdown_matches_the_cli(
     invoke_json: InvokeJson, server: str, browser: Any
 ) -> None:
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.set_default_timeout(TIMEOUT_MS)
-    page.goto(server + "?model=gpt2&seq-len=512&data-parallel-size=4&framework=accelerate-fsdp")
-    page.wait_for_selector("#verdict[data-verdict]")
+    page = open_estimated(
+        browser, server + "?model=gpt2&seq-len=512&data-parallel-size=4&framework=accelerate-fsdp"
+    )
     page.get_by_role("button", name="Parallelism and sharding").click()
     pick(page, "opt-fsdp", "shard-grad-op")
     cli = wait_cli(page, "--fsdp shard-grad-op")
@@ -356,10 +364,7 @@ def test_the_three_valued_flag_and_prefix_tuning_match_the_cli(
 ) -> None:
     # --zero-grad-set-to-none / --zero-grad-keep / neither: a dropdown default / true / false
     # (a text box before session 28, whose "false" became '--zero-grad-set-to-none false')
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.set_default_timeout(TIMEOUT_MS)
-    page.goto(server + "?model=gpt2&seq-len=512")
-    page.wait_for_selector("#verdict[data-verdict]")
+    page = open_estimated(browser, server + "?model=gpt2&seq-len=512")
     pick(page, "opt-zero-grad-set-to-none", "false")
     cli = wait_cli(page, "--zero-grad-keep")
     assert "zero-grad-set-to-none=false" in page.url
@@ -372,8 +377,8 @@ def test_the_three_valued_flag_and_prefix_tuning_match_the_cli(
     )
     # prefix tuning (session 27) from a link: the generic path, the CLI's verdict
     page.goto(server + "?model=tiny-llama-test&seq-len=64&num-virtual-tokens=8")
+    page.wait_for_selector("#verdict[data-verdict]", timeout=3 * TIMEOUT_MS)  # a traced step
     cli = wait_cli(page, "--num-virtual-tokens 8")
-    page.wait_for_selector("#verdict[data-verdict]")
     expected = invoke_json(*cli.split()[1:])
     assert expected["engine"] == "generic"
     check_against_cli(page, expected)
