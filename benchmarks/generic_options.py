@@ -387,6 +387,8 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     "optimizer in backward": {"optimizer_in_backward": True},
     "activation offloading": {"activation_offloading": True, "activation_checkpointing": "full"},
     "chunked cross-entropy 8": {"chunked_cross_entropy": 8},
+    # axolotl's CutCrossEntropyPlugin (trainmem/trace/cut_loss.py)
+    "cut cross-entropy": {"cut_cross_entropy": True},
     "keep logits": {"keep_logits": True},
     "keep logits + chunked cross-entropy 8": {"keep_logits": True, "chunked_cross_entropy": 8},
     "zero_grad keeps gradients": {"zero_grad_set_to_none": False},

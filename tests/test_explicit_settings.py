@@ -132,6 +132,7 @@ FLAG_CASES: dict[str, tuple[list[str], Any, str]] = {
     ),
     "loss": (["--loss", "cross-entropy"], "cross-entropy", "loss=logits-sum"),
     "keep_logits": (["--keep-logits"], True, "keep-logits=false"),
+    "cut_cross_entropy": (["--cut-cross-entropy"], True, "cut-cross-entropy=false"),
     "loop": (["--loop", "drop"], "drop", "loop=previous"),
     "compile": (["--compile"], True, "compile=false"),
     "resolution": (["--resolution", "1024"], 1024, "resolution=512"),
@@ -251,6 +252,13 @@ TRAINER_FILE_CASES: list[tuple[str, str, str, str]] = [
     ("--axolotl-config", "optimizer", "ax.yml", "optimizer: sgd\n"),
     ("--axolotl-config", "lora_rank", "ax.yml", "adapter: lora\nlora_r: 8\n"),
     ("--axolotl-config", "framework", "ax.yml", "{}\n"),
+    (
+        "--axolotl-config",
+        "cut_cross_entropy",
+        "ax.yml",
+        "plugins: [axolotl.integrations.cut_cross_entropy.CutCrossEntropyPlugin]\n"
+        "cut_cross_entropy: false\n",
+    ),
     ("--torchtune-config", "framework", "tt.yaml", "batch_size: 2\n"),
     (
         "--torchtune-config",

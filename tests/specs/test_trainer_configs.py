@@ -187,6 +187,25 @@ def test_axolotl_lora_target_linear_takes_the_models_linears(
     assert config["lora_targets"] == ["q", "k", "v", "o", "up", "down"]
 
 
+def test_axolotl_lora_target_linear_on_a_family_only_the_generic_path_runs(
+    invoke: Invoke, tmp_path: Path
+) -> None:
+    # AFM-4.5B's architecture (transformers ``ArceeMLP``: up_proj, down_proj, relu2; no
+    # gate_proj), which the formulas lack: peft's all-linear is q, k, v, o, up, down (session
+    # 28: the reader targeted gate too and the estimate refused it)
+    config = {
+        "architectures": ["ArceeForCausalLM"], "model_type": "arcee", "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256,
+        "max_position_embeddings": 256, "hidden_act": "relu2", "tie_word_embeddings": False,
+    }  # fmt: skip
+    model = _write(tmp_path, "config.json", json.dumps(config))
+    path = _write(tmp_path, "a.yml", "adapter: lora\nlora_r: 8\nlora_target_linear: true\n")
+    out = _estimate(invoke, ["-s", "64", "--axolotl-config", path], model)
+    assert out["engine"] == "generic"
+    assert out["config"]["lora_targets"] == ["q", "k", "v", "o", "up", "down"]
+
+
 def test_axolotl_names_what_it_ignores_and_a_base_model_mismatch(tmp_path: Path) -> None:
     text = (
         "base_model: mistralai/Mistral-7B-v0.1\nadapter: lora\nlora_r: 8\npeft_use_dora: true\n"

@@ -17,12 +17,12 @@ from trainmem.analytic.activation_shapes import (
 from trainmem.analytic.loss import (
     compiled_chunked_loss,
     compiled_loss,
+    cut_cross_entropy,
     loss_backward_tensors,
     loss_kind,
     loss_saved_terms,
     loss_upcast,
     megatron_cross_entropy,
-    unsloth_cut_cross_entropy,
     unsloth_fused_loss,
     unsloth_logits_loss,
 )
@@ -96,7 +96,7 @@ def _lm_head_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dic
     # a quantized head saves its input only where bitsandbytes' MatMul4Bit still did (< 0.43.2)
     fused = unsloth_fused_loss(model, training)  # Note [Unsloth's fused cross-entropy]
     # Note [Unsloth's Cut Cross Entropy]: it saves the hidden states, the head's input
-    cut = unsloth_cut_cross_entropy(model, training)
+    cut = cut_cross_entropy(model, training)
     if cut or (
         not fused
         and (
@@ -366,7 +366,7 @@ def head_matmul_backward_parts(
         or megatron_cross_entropy(model, t)
         or loss_backward_tensors(model, t) != 2
         or unsloth_fused_loss(model, t)
-        or unsloth_cut_cross_entropy(model, t)
+        or cut_cross_entropy(model, t)
         or unsloth_logits_loss(model, t)
         or t.tensor_parallel_size > 1
         or t.context_parallel_size > 1

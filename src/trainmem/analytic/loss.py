@@ -359,6 +359,36 @@ def unsloth_cut_cross_entropy(model: ModelSpec, training: TrainingConfig) -> boo
     )
 
 
+def cut_cross_entropy(model: ModelSpec, training: TrainingConfig) -> bool:
+    """A causal LM's head and cross-entropy are Apple's Cut Cross Entropy: Unsloth's
+    (:func:`unsloth_cut_cross_entropy`) or asked for (``TrainingConfig.cut_cross_entropy``,
+    axolotl's plugin).
+
+    Note [axolotl's Cut Cross Entropy]
+        axolotl's ``CutCrossEntropyPlugin`` (v0.18.0 src/axolotl/integrations/
+        cut_cross_entropy/__init__.py ``pre_model_load``) calls ``cce_patch(model_type)`` of
+        its fork axolotl-ai-cloud/ml-cross-entropy (pinned 5f0c7a7) with the defaults: impl
+        ``cce``, ``filter_eps="auto"``, ``accum_e_fp32`` / ``accum_c_fp32`` False. The patched
+        ``ForCausalLM.forward`` (transformers/llama.py ``cce_forward``, with labels) passes
+        ``hidden_states[:, slice_indices]`` (all of them, a view) and ``lm_head.weight`` to
+        transformers/utils.py ``apply_lce`` -> cce.py ``LinearCrossEntropyFunction``, and
+        returns no logits. As Note [Unsloth's Cut Cross Entropy] has it, with one difference:
+        cce_backward.py ``cce_backward_kernel`` makes ``dc = torch.zeros_like(c) if
+        c.requires_grad else None``, so a frozen head never gets ``dc`` (``de`` likewise only
+        for hidden states that require grad, which they do under training). So: saved c h +
+        4 per token (the hidden states, the fp32 log-sum-exp) and 4 V (``logit_avg``); the
+        backward's transient c h per token (``de``). Not modelled, as for Unsloth: the int32
+        valid positions and the targets (up to 8 B per token).
+    """
+    if unsloth_cut_cross_entropy(model, training):
+        return True
+    return (
+        training.cut_cross_entropy
+        and model.head == "causal-lm"
+        and loss_kind(model, training) == "cross-entropy"
+    )
+
+
 def unsloth_logits_loss(model: ModelSpec, training: TrainingConfig) -> bool:
     """A causal LM's cross-entropy is Unsloth's own kernel on the whole returned logits, as
     before 2024.11.8 (:data:`~trainmem.specs.frameworks.UNSLOTH_CUT_CROSS_ENTROPY_SINCE`).
@@ -392,7 +422,11 @@ def cut_cross_entropy_backward_bytes(model: ModelSpec, training: TrainingConfig)
     c, _ = compute_and_residual_bytes(training)
     t = training.micro_batch_size * output_tokens(model, training)
     frozen = not training.trains_lm_head and "lm_head" not in training.lora_targets
-    old = training.unsloth_release < UNSLOTH_SMART_CHECKPOINT_SINCE
+    # Note [axolotl's Cut Cross Entropy]: its fork never makes dc for a frozen head
+    old = (
+        unsloth_cut_cross_entropy(model, training)
+        and training.unsloth_release < UNSLOTH_SMART_CHECKPOINT_SINCE
+    )
     dc = dtype_bytes(training.weight_dtype) * model.vocab_size * model.hidden_size
     return c * model.hidden_size * t + (dc if frozen and old else 0)
 
@@ -439,7 +473,7 @@ def loss_saved_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> d
         return {"log_softmax": 2 * e * v * t + (8 + e) * t}
     if unsloth_fused_loss(model, training):
         return unsloth_fused_saved_terms(model, training, t=t)
-    if unsloth_cut_cross_entropy(model, training):  # Note [Unsloth's Cut Cross Entropy]
+    if cut_cross_entropy(model, training):  # Note [Unsloth's Cut Cross Entropy]
         return {"cut_ce_lse": 4 * t, "cut_ce_logit_avg": 4 * v}
     if unsloth_logits_loss(model, training):  # Note [Unsloth's cross-entropy on the logits]
         return {"unsloth_ce_logits": c * v * t, "unsloth_ce_lse": 4 * t}
@@ -759,7 +793,7 @@ def _special_loss_forward_bytes(model: ModelSpec, training: TrainingConfig) -> i
         # Note [Unsloth's fused cross-entropy]: the logits and their gradient in the logits'
         # dtype, then the input gradient before its copy into the saved one
         total = unsloth_fused_forward_bytes(model, training, t=t)
-    elif unsloth_cut_cross_entropy(model, training):
+    elif cut_cross_entropy(model, training):
         total = 0  # Note [Unsloth's Cut Cross Entropy]: no logit is written
     elif unsloth_logits_loss(model, training):
         total = 0  # Note [Unsloth's cross-entropy on the logits]: they are what it saves
@@ -789,7 +823,7 @@ def loss_backward_tensors(model: ModelSpec, training: TrainingConfig) -> int:
     if kind == "cs336-cross-entropy":  # Note [The course's cross-entropy]
         c, _ = compute_and_residual_bytes(training)
         return 1 if written_out_exp_bytes(training) == c else 2
-    if unsloth_cut_cross_entropy(model, training):
+    if cut_cross_entropy(model, training):
         return 1  # Note [Unsloth's Cut Cross Entropy]: de and dc, one kernel's, as one block
     if kind not in ("cross-entropy", TRANSPOSED_CROSS_ENTROPY) or megatron_cross_entropy(
         model, training
@@ -812,7 +846,7 @@ def loss_backward_transient_bytes(model: ModelSpec, training: TrainingConfig) ->
         return 0
     if unsloth_fused_loss(model, training):
         return 0  # Note [Unsloth's fused cross-entropy]: the gradients were made in forward
-    if unsloth_cut_cross_entropy(model, training):
+    if cut_cross_entropy(model, training):
         return cut_cross_entropy_backward_bytes(model, training)
     if unsloth_logits_loss(model, training):
         return 0  # Note [Unsloth's cross-entropy on the logits]: in place

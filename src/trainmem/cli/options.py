@@ -366,7 +366,17 @@ def config_file_settings(
     if training_args:
         from_files.update(read_training_args(training_args, notes))
     if axolotl_config:
-        linears = None if spec is None else model_lora_linears(spec)
+        # ``lora_target_linear``: the model's own linears (peft's all-linear), from the
+        # ModelSpec or, for a family only the generic path runs, the model built on meta
+        # (AFM-4.5B's ungated MLP has no gate); every name without a MODEL
+        if spec is not None:
+            linears: tuple[str, ...] | None = model_lora_linears(spec)
+        elif model is not None:
+            from trainmem.estimate import lora_linears_of  # Note [--help imports no engine]
+
+            linears = lora_linears_of(model)
+        else:
+            linears = None
         from_files.update(read_axolotl_config(axolotl_config, notes, model, linears))
     if torchtune_config:
         from_files.update(read_torchtune_config(torchtune_config, notes))

@@ -12,6 +12,7 @@ FIELD_GROUPS: dict[str, tuple[str, ...]] = {
         "long_samples",
         "gradient_accumulation_steps",
         "chunked_cross_entropy",
+        "cut_cross_entropy",
         "loss",
         "keep_logits",
         "loop",

@@ -334,7 +334,6 @@ def _lora_targets(r: _Reading, names: Any, table: dict[str, str], key: str) -> l
 _AXOLOTL_IGNORED = {
     "unfrozen_parameters": "a partly frozen full fine-tune",
     "chunked_cross_entropy": "axolotl's chunked loss",
-    "cut_cross_entropy": "Cut Cross-Entropy never builds the logits",
     "tiled_mlp": "ALST tiled MLP",
     "layer_offloading": "weights offloaded to the CPU between layers",
     "selective_checkpointing": "ops saved inside checkpointed layers",
@@ -591,10 +590,30 @@ def read_axolotl_config(
         }
         _with_deepspeed(r, "deepspeed", deepspeed, path, trainer)
     r.ignore(cfg, _AXOLOTL_IGNORED)
-    plugins = cfg.get("plugins")
-    if isinstance(plugins, list) and plugins:
-        r.ignored.append("plugins " + ", ".join(str(p).rsplit(".", 1)[-1] for p in plugins)[:200])
+    plugins = cfg.get("plugins") or []
+    if not isinstance(plugins, list):
+        raise r.fail("plugins", plugins, ["a list of plugin class paths"])
+    names = [str(p).rsplit(".", 1)[-1] for p in plugins]
+    _axolotl_cut_cross_entropy(r, cfg, "CutCrossEntropyPlugin" in names)
+    others = [n for n in names if n != "CutCrossEntropyPlugin"]
+    if others:
+        r.ignored.append("plugins " + ", ".join(others)[:200])
     return r.finish(notes)
+
+
+def _axolotl_cut_cross_entropy(r: _Reading, cfg: dict[str, Any], plugin: bool) -> None:
+    """``cut_cross_entropy``: the plugin's own key (integrations/cut_cross_entropy/args.py
+    ``CutCrossEntropyArgs.cut_cross_entropy``, default True), read only with the plugin listed
+    (``pre_model_load`` patches the model when it is true; Note [axolotl's Cut Cross Entropy]
+    in trainmem/analytic/loss.py); without the plugin the key is not axolotl's."""
+    flag = r.get(cfg, "cut_cross_entropy", bool, "true or false")
+    if not plugin:
+        if flag is not None:
+            r.ignored.append("cut_cross_entropy (no CutCrossEntropyPlugin in plugins)")
+        return
+    on = flag is not False
+    why = "plugins CutCrossEntropyPlugin" + (", cut_cross_entropy" if flag is not None else "")
+    r.set("cut_cross_entropy", on, why)
 
 
 def same_model(model: str, base_model: str) -> bool:

@@ -738,6 +738,18 @@ class LoopConfig:
     """Compute the loss in this many chunks of tokens, 0 to 2^31 - 1 (0, the default: in one
     piece, as ``F.cross_entropy``; torchtune's ``CEWithChunkedOutputLoss`` uses 8); see
     :func:`trainmem.analytic.activations.loss_backward_transient_bytes`."""
+    cut_cross_entropy: bool = setting(
+        False,
+        "Apple's Cut Cross Entropy replaces a causal LM's head and loss (axolotl's "
+        "CutCrossEntropyPlugin): the logits are never built.",
+    )
+    """A causal LM's LM head and cross-entropy are Apple's Cut Cross Entropy
+    (``cut_cross_entropy.linear_cross_entropy`` on the final hidden states and the head
+    weight, as axolotl's ``CutCrossEntropyPlugin`` patches the model's forward): no (tokens x
+    vocabulary) tensor in the forward or the backward (Note [Unsloth's Cut Cross Entropy],
+    trainmem/analytic/loss.py). Default False; the axolotl reader sets it from the plugin.
+    Under ``--framework unsloth`` the release decides (it is refused there); it needs
+    ``chunked_cross_entropy`` 0 and the cross-entropy loss."""
     keep_logits: bool = setting(
         False,
         "The loop holds `logits = model(x)` until the step ends (through backward and the "
@@ -794,7 +806,15 @@ class LoopConfig:
         if self.zero_grad_set_to_none is None:  # alone; TrainingConfig resolves it by release
             object.__setattr__(self, "zero_grad_set_to_none", True)
         _check_ints(self, ("chunked_cross_entropy",), minimum=0)
-        _check_flags(self, ("zero_grad_set_to_none", "zero_grad_before_backward", "keep_logits"))
+        _check_flags(
+            self,
+            (
+                "zero_grad_set_to_none",
+                "zero_grad_before_backward",
+                "keep_logits",
+                "cut_cross_entropy",
+            ),
+        )
         _check_choices(self, LoopConfig)
         if self.chunked_cross_entropy and self.loss not in (None, "cross-entropy"):
             raise SpecError(
@@ -802,6 +822,17 @@ class LoopConfig:
                 f"{self.loss!r} cannot be chunked; chunked_cross_entropy "
                 f"{self.chunked_cross_entropy} is a cross-entropy (use loss cross-entropy, or "
                 "chunked_cross_entropy 0)",
+            )
+        if self.cut_cross_entropy and (
+            self.chunked_cross_entropy or self.loss not in (None, "cross-entropy")
+        ):
+            # axolotl integrations/cut_cross_entropy/args.py
+            # ``check_chunked_cross_entropy_not_set``; the kernel is a cross-entropy
+            raise SpecError(
+                "cut_cross_entropy",
+                "Cut Cross Entropy is the whole cross-entropy: it needs chunked_cross_entropy 0 "
+                f"(got {self.chunked_cross_entropy}) and loss cross-entropy or the model's own "
+                f"(got {self.loss!r})",
             )
 
 
@@ -2696,6 +2727,7 @@ def _check_combinations(t: TrainingConfig) -> None:
     _check_deepspeed_dtypes(t)
     _check_micro_batches(t)
     _check_loop(t)
+    _check_cut_cross_entropy(t)
     _check_step_in_backward(t)
     _check_ema_combinations(t)
     _check_fsdp1_model_parallel(t)
@@ -2888,6 +2920,12 @@ def _check_unsloth_single_gpu(t: TrainingConfig) -> None:
             "2025.8.5 Unsloth's loss (Cut Cross Entropy, before 2024.11.8 its kernel on the "
             "whole logits) has no pieces (UNSLOTH_CE_LOSS_N_CHUNKS came with its fused loss); "
             "allowed: 0",
+        )
+    if t.cut_cross_entropy:
+        raise SpecError(
+            "cut_cross_entropy",
+            f"Unsloth's loss is its release's (--unsloth-version {t.unsloth_version}: Cut "
+            "Cross Entropy from 2024.11.8 to 2025.8.4, its fused loss after); allowed: false",
         )
     for name in (
         "data_parallel_size",
@@ -3276,6 +3314,28 @@ def _check_deepspeed_dtypes(t: TrainingConfig) -> None:
             f"not read it (allowed with: {', '.join(deepspeed)})",
         )
     _ = t.deepspeed_optimizer  # refuses the dtype mixes DeepSpeed refuses
+
+
+def _check_cut_cross_entropy(t: TrainingConfig) -> None:
+    """Cut Cross Entropy patches transformers' ``ForCausalLM.forward`` (axolotl's plugin,
+    Note [axolotl's Cut Cross Entropy] in trainmem/analytic/loss.py): refused where the model
+    code is the framework's own (litgpt, torchtune, Megatron) and under tensor parallelism
+    (its vocabulary-parallel options are not modelled)."""
+    if not t.cut_cross_entropy:
+        return
+    if not t.conventions.hf_model_code:
+        raise SpecError(
+            "cut_cross_entropy",
+            f"--framework {t.framework} runs its own model code, which Cut Cross Entropy "
+            "(axolotl's plugin) does not patch; allowed: a transformers framework (axolotl, "
+            "hf-trainer, accelerate, deepspeed, ...) or cut_cross_entropy false",
+        )
+    if t.tensor_parallel_size > 1:
+        raise SpecError(
+            "cut_cross_entropy",
+            "with tensor_parallel_size > 1 (its vocabulary-parallel kernel) is not modelled; "
+            "allowed: tensor_parallel_size 1",
+        )
 
 
 def _check_loop(t: TrainingConfig) -> None:

@@ -433,9 +433,15 @@ def check_diffusers_settings(training: TrainingConfig, *, generic: bool = False)
         generic: the generic path's check (pipeline parallelism traced there).
 
     Raises:
-        NotApplicableError: a chunked cross-entropy.
+        NotApplicableError: Cut Cross Entropy or a chunked cross-entropy.
         UnsupportedError: the parallelisms above, named with the reason.
     """
+    if training.cut_cross_entropy:
+        raise NotApplicableError(
+            "cut_cross_entropy: Cut Cross Entropy replaces a causal language model's LM head "
+            "and token cross-entropy, and a diffusers model's loss is an MSE on its "
+            "prediction: leave it false"
+        )
     if training.chunked_cross_entropy > 0:
         raise NotApplicableError(
             f"chunked_cross_entropy={training.chunked_cross_entropy}: a chunked cross-entropy "

@@ -480,17 +480,23 @@ def default_forward_loss(training: TrainingConfig) -> Callable[[Any, Any], Any] 
     """The forward + loss ``training`` asks for beyond ``model(**batch).loss``, or None.
 
     Args:
-        training: ``chunked_cross_entropy``, the framework's ``loss_upcast`` and ``compile``
-            (the chunks' loss compiled, as torchtune's recipes compile it);
-            ``torchtitan_compiles_loss`` (torchtitan >= 0.1 compiles its whole loss);
+        training: ``cut_cross_entropy``, ``chunked_cross_entropy``, the framework's
+            ``loss_upcast`` and ``compile`` (the chunks' loss compiled, as torchtune's recipes
+            compile it); ``torchtitan_compiles_loss`` (torchtitan >= 0.1 compiles its whole loss);
             ``training_loop`` (a loop that binds the output holds the chunks' logits).
 
     Returns:
-        The chunked cross-entropy (``trainmem.trace.chunked_loss``), Megatron's
-        vocabulary-parallel one (``trainmem.trace.megatron_loss``: ``framework="megatron"``,
+        Cut Cross Entropy (``trainmem.trace.cut_loss``), the chunked cross-entropy
+        (``trainmem.trace.chunked_loss``), Megatron's vocabulary-parallel one
+        (``trainmem.trace.megatron_loss``: ``framework="megatron"``,
         :func:`megatron_loss_traced`) or None.
     """
     titan = training.torchtitan_compiles_loss
+    if training.cut_cross_entropy:
+        # Note [Cut Cross Entropy on a traced step] (trainmem/trace/cut_loss.py)
+        from trainmem.trace.cut_loss import cut_cross_entropy_forward
+
+        return cut_cross_entropy_forward(keep_output=training.training_loop != "drop")
     if megatron_loss_traced(training):
         from trainmem.trace.megatron_loss import megatron_cross_entropy_forward
 

@@ -81,9 +81,16 @@ def check_timm_settings(training: TrainingConfig) -> None:
     blocks' tokens).
 
     Raises:
-        NotApplicableError: a chunked cross-entropy (a timm model has no token logits).
+        NotApplicableError: Cut Cross Entropy or a chunked cross-entropy (a timm model has
+            no token logits).
         UnsupportedError: the settings above, named with the reason.
     """
+    if training.cut_cross_entropy:
+        raise NotApplicableError(
+            "cut_cross_entropy: Cut Cross Entropy replaces a causal language model's LM head "
+            "and token cross-entropy, and a timm model's loss is one cross-entropy on "
+            "[b, num_classes] class logits: leave it false"
+        )
     if training.chunked_cross_entropy > 0:
         raise NotApplicableError(
             f"chunked_cross_entropy={training.chunked_cross_entropy}: a chunked cross-entropy "
