@@ -12,7 +12,8 @@ length), ``micro_batch_size: 2``, ``gradient_checkpointing: true`` (reentrant), 
 2, ``bf16: auto`` (the model loaded in bf16, no autocast: ``bf16-true``), optimizer
 ``adamw_bnb_8bit`` (Devstral: ``adamw_torch``; OLMo 3: ``adamw_8bit``). All but the first
 Magistral cell use axolotl's ``CutCrossEntropyPlugin`` (Apple's cut cross-entropy: the logits are
-never built), which trainmem does not model for axolotl (the reader lists it as ignored).
+never built), which the reader maps to ``cut_cross_entropy`` since session 28 (helper cce; Note
+[axolotl's Cut Cross Entropy] in trainmem/analytic/loss.py).
 
 Metric: the READMEs name none. axolotl logs, at every logging step, ``memory/max_active
 (GiB)``, ``memory/max_allocated (GiB)`` and ``memory/device_reserved (GiB)``
@@ -30,24 +31,21 @@ Qwen3-4B fine-tune), OLMo-3-7B (its 3-sliding + 1-full layer pattern, seen in pu
 the config), Hunyuan-0.5B, AFM-4.5B and Seed-OSS-36B (the last three medium confidence: widths
 and vocabularies as recalled, not checked).
 
-Results (session 28, allocated / reserved against the figure read as GiB; before -> after the
-axolotl k-bit dtype fix, Note [axolotl casts a k-bit base's embeddings and norms back] in
-trainmem/specs/frameworks.py): Magistral-Small-2506 (no plugin) +11.1 / +23.6 -> -5.8 / +8.5 %;
-with the plugin Magistral-Small-2507 +39.7 / +55.4 -> +18.4 / +36.4 %, Devstral +31.9 / +39.7
--> +12.6 / +21.5 %, Ministral-8B +88.7 / +107.1 -> +53.0 / +85.5 %, Qwen3-4B (Plano) +140.7 /
-+173.2 -> +112.7 / +162.9 %, OLMo-3-7B +20.7 / +34.4 -> -1.7 / +12.6 %, Hunyuan-0.5B +45.1 /
-+52.2 -> +36.2 / +60.1 %, AFM-4.5B +58.2 / +70.5 -> +33.6 / +59.2 % (with ``EXTRA``), Seed-OSS-36B
-+35.3 / +40.3 -> +15.6 / +22.6 %; median |error| allocated 37.5 % (8 cells: AFM refused without
-``EXTRA``) -> 18.4 % (9), reserved 46.3 -> 36.4 %. Every cell over but the plugin-free one and OLMo 3: the rest
-is the cut cross-entropy plugin. At trainmem's peak (the loss's backward) the logits' terms are
-the loss's (tokens x vocabulary) temporaries and the head's saved output: 4.00 + 2.08 GiB of
-Magistral's 22.61, 4.00 + 2.06 of Ministral's 13.40, 4.64 + 2.36 of Plano's 10.85, none of
-which CCE makes (axolotl-ai-cloud/ml-cross-entropy cce.py / cce_backward.py: log-sum-exp per
-token, the hidden states saved, ``dc`` only for a classifier that requires grad). The two
-Magistral cells (same model and settings, the plugin added) differ by 4.9 GiB measured against
-those 6.1 GiB. OLMo 3 (the generic path) is the exception: 3.06 + 1.53 GiB of its 11.11 are
-those terms and the pinned CCE (ml-cross-entropy 242b245) patches olmo3, so it would be about
-40 % under with the plugin modelled; not diagnosed.
+Results (session 28, helper probe3, allocated / reserved against the figure read as GiB, before
+-> after the axolotl k-bit dtype fix, Note [axolotl casts a k-bit base's embeddings and norms
+back] in trainmem/specs/frameworks.py): median |error| allocated 37.5 % (8 cells) -> 18.4 % (9),
+reserved 46.3 -> 36.4 %, every plugin cell but OLMo 3 over (Magistral 2507 +18.4, Devstral
++12.6, Ministral +53.0, Plano +112.7, Hunyuan +36.2, AFM +33.6, Seed-OSS +15.6 % allocated):
+the loss's (tokens x vocabulary) temporaries and the head's saved output, which the plugin
+never makes. Then (helper cce) with the plugin modelled (``cut_cross_entropy``; generic path:
+trainmem/trace/cut_loss.py): Magistral 2506 (no plugin) -5.8 / +8.5 % unchanged; Magistral 2507
++4.8 / +9.2 %, Devstral -3.2 / +1.8 %, Ministral +4.6 / +13.1 %, Plano +3.7 / +14.4 % (the
+analytic engine), Seed-OSS +1.0 / +2.5 %, OLMo 3 -27.7 / -24.1 %, Hunyuan -69.9 / -68.9 %,
+AFM-4.5B -23.6 / -17.7 % (the generic path; AFM without ``--lora-targets`` now); median
+|error| allocated 18.4 -> 4.8 %, reserved 36.4 -> 13.1 %; 3 cells under by more than 10 % (OLMo
+3, Hunyuan, AFM: all generic-path model types, not diagnosed: the configs recalled offline are
+the weakest there, and at 0.5B Hunyuan's measured 4.7 GiB is mostly not weights or layers).
+The two Magistral cells differ by 2.6 GiB predicted against 4.9 measured.
 
 Run: ``PYTHONPATH=src python benchmarks/published_probe_axolotl.py`` (about 2 minutes of CPU a
 cell on the generic path for the model types the analytic engine lacks).
@@ -221,11 +219,11 @@ ROWS: list[tuple[str, str, str, str, float, str, dict[str, Any]]] = [
 ]  # fmt: skip
 
 
-#: trainmem arguments a row needs beside its YAML: AFM-4.5B's MLP is ungated (up / down, relu2),
-#: which the reader's ``lora_target_linear`` cannot know for a model type the analytic engine
-#: lacks (``cli/options.py``: no ModelSpec, so every LORA_TARGETS name, ``gate`` included, and
-#: the estimate refuses a ``gate`` the model has not): peft's all-linear given by hand.
-EXTRA: dict[str, list[str]] = {"afm-4.5b-qlora": ["--lora-targets", "q,k,v,o,up,down"]}
+#: trainmem arguments a row needs beside its YAML: none since session 28 (helper cce), when
+#: ``lora_target_linear`` came to take the model's own linears for a model type the analytic
+#: engine lacks (``cli/options.py``: the model built on meta; AFM-4.5B's ungated MLP, up / down,
+#: relu2, has no ``gate``); before, AFM-4.5B needed ``--lora-targets q,k,v,o,up,down``.
+EXTRA: dict[str, list[str]] = {}
 
 
 def write_inputs(folder: Path) -> dict[str, str]:

@@ -102,3 +102,12 @@ def test_refused_where_the_plugin_does_not_run(changes: dict[str, object], field
     with pytest.raises(SpecError) as info:
         _axolotl(cut_cross_entropy=True, **changes)
     assert info.value.field == field
+
+
+def test_refused_on_a_model_without_a_causal_lm_head() -> None:
+    from trainmem.specs.training import check_training_for_model
+
+    bert = load_model_spec("bert-base-uncased")
+    with pytest.raises(SpecError) as info:
+        check_training_for_model(bert, TrainingConfig(cut_cross_entropy=True))
+    assert info.value.field == "cut_cross_entropy"

@@ -25,7 +25,8 @@ Sources (names and defaults, read from the released packages):
   (``CustomSupportedOptimizers``, ``LEGACY_ATTN_FLAG_TO_IMPL``); ``utils/config/__init__.py``
   ``resolve_dtype`` (the model is loaded in ``torch_dtype`` bfloat16 when ``bf16``) and
   ``normalize_config``; ``loaders/model.py`` (QLoRA's ``BitsAndBytesConfig``: nf4 with
-  ``bnb_4bit_use_double_quant=True``).
+  ``bnb_4bit_use_double_quant=True``); ``integrations/cut_cross_entropy`` (``plugins``
+  listing ``CutCrossEntropyPlugin``, its ``cut_cross_entropy`` key, default true).
 - torchtune 0.6.1: ``recipes/lora_finetune_single_device.py`` / ``full_finetune_*.py``
   (``batch_size``, ``gradient_accumulation_steps``, ``dtype``, ``enable_activation_
   checkpointing``, ``enable_activation_offloading``, ``compile``, ``optimizer_in_bwd``,

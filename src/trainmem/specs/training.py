@@ -3930,6 +3930,13 @@ def check_training_for_model(model: ModelSpec, training: TrainingConfig) -> None
             field,
             f"is a causal-LM setting (a loss on the logits); {model.name} has head {model.head!r}",
         )
+    if training.cut_cross_entropy and model.head != "causal-lm":
+        # Note [axolotl's Cut Cross Entropy]: it patches a ``ForCausalLM.forward``
+        raise SpecError(
+            "cut_cross_entropy",
+            f"Cut Cross Entropy replaces a causal LM's head and loss; {model.name} has head "
+            f"{model.head!r}: leave it false",
+        )
     if training.chunked_cross_entropy and model.architecture == "vision-encoder":
         # accepted and dropped: the formulas chunk only token logits (analytic/loss.py)
         raise SpecError(
