@@ -6,13 +6,10 @@ Qwen2 with the plugin (the engines' agreement bar, 2 %)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 import torch
+from test_engines_agree_per_cell import wide_qwen2  # noqa: F401 - the fixture
 
-from conftest import MODELS_DIR
 from trainmem.estimate import estimate
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace.cut_loss import _CutCrossEntropy
@@ -54,16 +51,7 @@ def test_saves_the_hidden_states_lse_and_logit_avg_and_no_logits() -> None:
     assert dc is not None and dc.shape == (10, 8) and dc.dtype == torch.bfloat16
 
 
-@pytest.fixture(scope="module")
-def wide_qwen2(tmp_path_factory: pytest.TempPathFactory) -> str:
-    config = json.loads((MODELS_DIR / "formula" / "qwen2.json").read_text())
-    config.update(hidden_size=256, intermediate_size=704)
-    path = Path(tmp_path_factory.mktemp("wide")) / "config.json"
-    path.write_text(json.dumps(config))
-    return str(path)
-
-
-def test_the_engines_agree_with_the_plugin(wide_qwen2: str) -> None:
+def test_the_engines_agree_with_the_plugin(wide_qwen2: str) -> None:  # noqa: F811
     training = TrainingConfig(
         framework="axolotl",
         micro_batch_size=2,
