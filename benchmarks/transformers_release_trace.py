@@ -37,6 +37,7 @@ CELLS: dict[str, dict[str, object]] = {
     "1x128": {"micro_batch_size": 1, "seq_len": 128},
     "none": {"micro_batch_size": 4, "seq_len": 512},
     "full": {"micro_batch_size": 4, "seq_len": 512, "activation_checkpointing": "full"},
+    "selective": {"micro_batch_size": 4, "seq_len": 512, "activation_checkpointing": "selective"},
     "lora": {"micro_batch_size": 4, "seq_len": 512, "lora_rank": 8},
     # for a model of 256 positions (a tiny Qwen2 of tests/models/formula/qwen2.json's shape)
     "4x128": {"micro_batch_size": 4, "seq_len": 128},

@@ -30,18 +30,16 @@ Note [An older transformers release on a traced step]
       layer is dropped;
     * transformers' gradient-checkpointing default, reentrant from 4.37 until 5.0
       (``TrainingConfig.hf_checkpoint_reentrant``): the installed code is traced with the
-      requested release's ``use_reentrant`` set explicitly, so the trace runs it for real.
-
+      requested release's ``use_reentrant`` set explicitly, so the trace runs it for real;
     * ``repeat_kv``'s copies of grouped keys and values, which SDPA saves before 4.54
-      (Note [repeat_kv under SDPA on a traced step]), where the step builds the training KV
-      cache.
+      (Note [repeat_kv under SDPA on a traced step]), with the training KV cache or without it
+      (full checkpointing, ``use_cache`` off).
 
     The rules the transforms do not reproduce are refused (:func:`release_refusals`) where they
-    differ between the two releases for the run: ``repeat_kv``'s expanded keys and values under
-    SDPA before 4.54 on a grouped-query model without the training KV cache (checkpointing,
-    ``use_cache`` off: the values SDPA saves are then ``v_proj``'s output), the fp32 logits a loop
-    holds before 4.46 / 4.48 (``ModelSpec.returns_fp32_logits`` under ``--loop step`` /
-    ``previous``), the weights' load dtype, the FSDP1 checkpoint placement before 4.52; so is a
+    differ between the two releases for the run: ``repeat_kv``'s copies under op-level
+    selective checkpointing without the cache (the Note), the fp32 logits a loop holds before
+    4.46 / 4.48 (``ModelSpec.returns_fp32_logits`` under ``--loop step`` / ``previous``), the
+    weights' load dtype, the FSDP1 checkpoint placement before 4.52; so is a
     family whose releases were not read, a release before 4.38 or after the installed one.
 
     Checked against a real trace of transformers 4.40.0 (torch 2.13.0 CPU, peft 0.10.0, a
@@ -64,13 +62,28 @@ Note [repeat_kv under SDPA on a traced step]
     way). The originals 4.40's cache keeps (16-bit keys and values, 4.x's ``DynamicCache.update``
     appends them) until the forward ends weigh what the installed release's cache keeps (fp32
     keys) under autocast, so :func:`~trainmem.analytic.attention.forward_kv_cache_bytes` differs
-    by nothing there; the transform resizes each layer's two saved tensors (the attention
-    module's own activations of the keys' size) to the repeated size. Not modelled: the backward's
-    gradients of the repeated tensors before ``repeat_kv``'s backward sums them (c x heads x
-    head_dim each, transients of the layer's backward). Checked against real 4.40.0 traces of
-    the agreement Llama with 2 of 8 kv heads, bf16-mixed AdamW: 4 x 256 equal to the byte
-    (640,012,800 B), 4 x 512 815,764,056 against 815,682,072 (+0.01 %; -1.5 % without the
-    transform), LoRA r8 463,221,336 against 463,139,352 (+0.02 %).
+    by nothing there. Without the cache (full checkpointing, ``use_cache`` off) the installed
+    release hands SDPA ``v_proj``'s output viewed into heads (allocated in the layer's
+    ``self_attn.v_proj``) and the keys' 16-bit cast (the rotated keys themselves without
+    autocast), which it saves; in the recompute under full checkpointing (the reentrant
+    forward saves nothing). The transform resizes each layer's two saved tensors (the attention
+    module's and its ``v_proj``'s activations of the keys' size) to the repeated size.
+
+    Not modelled: the backward's gradients of the repeated tensors before ``repeat_kv``'s
+    backward sums them (c x heads x head_dim each, transients of the layer's backward);
+    without the cache, 4.40's transients of kv size before the copies (the rotated keys,
+    ``v_proj``'s output, freed at the ``repeat_kv``). Refused: op-level selective checkpointing
+    without the cache, whose policy caches ``v_proj``'s output from the forward at kv size
+    (4.40 repeats it in the recompute): resized there, it held c x (heads - kv_heads) x
+    head_dim per token and layer too many until each layer's recompute (real 4.40.0 trace, 4 x
+    512: 643,424,792 B; resized 650,060,376, +1.0 %; the formulas +0.05 %); a transform would
+    add the copy at the recompute instead.
+
+    Checked against real 4.40.0 traces of the agreement Llama with 2 of 8 kv heads, bf16-mixed
+    AdamW: 4 x 256 equal to the byte (640,012,800 B), 4 x 512 815,764,056 against 815,682,072
+    (+0.01 %; -1.5 % without the transform), LoRA r8 463,221,336 against 463,139,352 (+0.02 %);
+    full checkpointing 4 x 512 640,610,848 against 640,348,704 (+0.04 %; -0.05 % without it:
+    the peak is outside the layers' recompute), the formulas 640,606,208.
 
 Note [An older litgpt release on a traced step]
     ``--framework litgpt`` traces the installed litgpt's own GPT. The formulas know one rule
@@ -210,10 +223,13 @@ def _unmodelled(
         what
         for what, requested, as_traced in (
             (
-                "repeat_kv's expanded keys and values under SDPA before 4.54 without the "
-                "training KV cache (checkpointing, use_cache off)",
-                _repeats_kv(model, training) and not _cached(model, traced),
-                _repeats_kv(model, traced) and not _cached(model, traced),
+                "repeat_kv's expanded keys and values under SDPA before 4.54 with op-level "
+                "selective checkpointing (v_proj's output the policy caches is held at kv size "
+                "until the recompute's repeat_kv)",
+                _repeats_kv(model, training)
+                and not _cached(model, traced)
+                and training.activation_checkpointing == "selective",
+                _repeats_kv(model, traced) and training.activation_checkpointing == "selective",
             ),
             (
                 "the fp32 logits the loop holds",
@@ -401,7 +417,8 @@ def _uncached(seg: list[Item], size: int, num_layers: int) -> list[Item]:
 
 def _repeated(items: tuple[Item, ...], small: int, big: int, num_layers: int) -> tuple[Item, ...]:
     """``items`` with the keys and values SDPA saves in each layer (``small`` bytes each, the
-    attention module's own activations of that size: the cache's copies it is handed) at the
+    activations of that size of the attention module (the cache's copies it is handed; without
+    the cache, the keys' cast) and of its ``v_proj`` (``v_proj``'s output, without it)) at the
     size of their ``repeat_kv`` copies (``big``), which a release before 4.54 saves instead
     (Note [repeat_kv under SDPA on a traced step]).
 
@@ -417,7 +434,7 @@ def _repeated(items: tuple[Item, ...], small: int, big: int, num_layers: int) ->
                 and op.category == Cat.ACTIVATION
                 and op.size_bytes == small
                 and layer_of(op.module) is not None
-                and op.module.endswith(".self_attn")
+                and op.module.endswith((".self_attn", ".self_attn.v_proj"))
             ):
                 found[op.key] = found.get(op.key, 0) + count
     total = sum(found.values())
