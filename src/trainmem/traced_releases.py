@@ -6,8 +6,8 @@ Note [An older transformers release on a traced step]
     The traced paths run the installed transformers' model code; ``--transformers-version``
     asks for another release. What changes between releases for the families whose model code
     was read release by release (:data:`KNOWN_FAMILIES`: Llama and Mistral from 4.38 on, Qwen2
-    from 4.40) is
-    what the analytic engine's rules say, each keyed by its own release table:
+    and Gemma from 4.40) is what the analytic engine's rules say, each keyed by its own release
+    table:
 
     * each decoder layer's own rotary cos / sin tables, buffers kept for the run
       (``ModelSpec.layer_rope_cache_values``, :data:`~trainmem.specs.model.
@@ -68,6 +68,13 @@ Note [repeat_kv under SDPA on a traced step]
     autocast), which it saves; in the recompute under full checkpointing (the reentrant
     forward saves nothing). The transform resizes each layer's two saved tensors (the attention
     module's and its ``v_proj``'s activations of the keys' size) to the repeated size.
+
+    One kv head (multi-query: Gemma 2B, the formula Gemma) is repeated without a copy:
+    ``repeat_kv``'s ``hidden_states[:, :, None, :, :].expand(...).reshape(batch, heads, ...)``
+    merges a size-1 dim with the stride-0 one, a view (torch ``reshape`` copies only where no
+    view exists), so SDPA saves views of the kv-size tensors: no transform (a real 4.40.0 trace
+    of the formula Gemma, 1 of 4 kv heads, saves ``v_proj``'s output and the rotated keys at kv
+    size and no copy; the analytic engine still counts them, ``sdpa_expands_kv``: left).
 
     Not modelled: the backward's gradients of the repeated tensors before ``repeat_kv``'s
     backward sums them (c x heads x head_dim each, transients of the layer's backward);
@@ -159,10 +166,15 @@ KNOWN_FAMILIES = (
 """Families whose transformers model code was read release by release (the release tables'
 rows): the differences between two releases are known for these only."""
 
-OLDEST_READ: dict[str, tuple[int, ...]] = {"llama": (4, 38), "mistral": (4, 38), "qwen2": (4, 40)}
+OLDEST_READ: dict[str, tuple[int, ...]] = {
+    "llama": (4, 38),
+    "mistral": (4, 38),
+    "qwen2": (4, 40),
+    "gemma": (4, 40),
+}
 """The oldest transformers release whose model code the tables were read from, by family
 (:data:`~trainmem.specs.model.FP32_LOGITS_IN_MODEL_UNTIL`: "Releases before 4.38 not read
-(Qwen2's before 4.40)")."""
+(Qwen2's and Gemma's before 4.40)")."""
 
 
 def _installed() -> tuple[int, ...] | None:
@@ -251,8 +263,9 @@ def _unmodelled(
 
 
 def _repeats_kv(model: ModelSpec, training: TrainingConfig) -> bool:
-    """SDPA takes grouped keys and values repeated to every query head (``repeat_kv``)."""
-    return model.num_kv_heads < model.num_heads and sdpa_expands_kv(training)
+    """SDPA takes grouped keys and values repeated to every query head (``repeat_kv``), copies
+    of two or more kv heads (Note [repeat_kv under SDPA on a traced step]: one is a view)."""
+    return 1 < model.num_kv_heads < model.num_heads and sdpa_expands_kv(training)
 
 
 def _cached(model: ModelSpec, training: TrainingConfig) -> bool:

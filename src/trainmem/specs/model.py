@@ -106,6 +106,7 @@ FP32_LOGITS_IN_MODEL_UNTIL: dict[str, tuple[int, ...]] = {
     "llama": (4, 46),
     "mistral": (4, 48),
     "qwen2": (4, 46),
+    "gemma": (4, 46),
 }
 """Families whose causal-LM forward upcasts its logits itself, so that the output it returns
 holds them in fp32, until a release: ``logits = logits.float()`` before the loss in
@@ -114,7 +115,9 @@ labels are given) and modeling_mistral.py ``MistralForCausalLM.forward`` (4.39.3
 4.47.0), in neither from the release named (4.46.0: Llama calls ``self.loss_function``; 4.48.0
 Mistral too); modeling_qwen2.py ``Qwen2ForCausalLM.forward`` the same as Llama's (4.40.0 to
 4.44.0 ``logits = logits.float()``, 4.45.0 ``self.lm_head(...).float()``, 4.46.0
-``self.loss_function``). Releases before 4.38 not read (Qwen2's before 4.40)."""
+``self.loss_function``); modeling_gemma.py ``GemmaForCausalLM.forward`` the same as Qwen2's
+(4.40.0 to 4.44.0 ``logits = logits.float()``, 4.45.0 ``.float()`` on the head's output, 4.46.0
+``self.loss_function``). Releases before 4.38 not read (Qwen2's and Gemma's before 4.40)."""
 
 LAYER_ROPE_CACHE_UNTIL: dict[str, tuple[int, ...]] = {
     "llama": (4, 41),
@@ -133,12 +136,16 @@ head_dim)); modeling_mistral.py 4.39.3 / 4.41.2 ``MistralRotaryEmbedding._set_co
 4.42.4 (Mistral) wheels register none; modeling_qwen2.py 4.40.0 to 4.44.0
 ``Qwen2RotaryEmbedding._set_cos_sin_cache`` (``register_buffer("cos_cached", emb.cos().to(
 dtype), persistent=False)``, the same for ``sin_cached``, ``dtype=torch.get_default_dtype()``,
-one per attention layer), none in 4.45.0. Not looked at: the other families' releases."""
+one per attention layer), none in 4.45.0. Gemma never registered the tables (modeling_gemma.py
+4.40.0 ``GemmaRotaryEmbedding``: an ``inv_freq`` of head_dim / 2 fp32 values per layer, set in
+the first forward, a buffer from 4.41.0; not modelled, 5.24 keeps one). Not looked at: the other
+families' releases."""
 
 ROTARY_IN_MODEL_SINCE: dict[str, tuple[int, ...]] = {
     "llama": (4, 43),
     "mistral": (4, 48),
     "qwen2": (4, 45),
+    "gemma": (4, 48),
 }
 """Families whose decoder computes the rotary cos / sin once, at the model level, on the
 residual stream, from a release; before it each attention layer computes them on its own values:
@@ -148,7 +155,10 @@ self.rotary_emb(value_states, position_ids)``, 4.43.0 ``LlamaModel.forward`` ``p
 modeling_mistral.py 4.42.0 to 4.47.0 ``cos, sin = self.rotary_emb(value_states, position_ids)``,
 4.48.0 ``MistralModel.forward`` as Llama's; modeling_qwen2.py 4.40.0 to 4.44.0 ``cos, sin =
 self.rotary_emb(value_states, seq_len=kv_seq_len)`` (``self.cos_cached[:seq_len].to(dtype=
-x.dtype)``), 4.45.0 ``Qwen2Model.forward`` as Llama's. ``LlamaRotaryEmbedding.forward`` returns
+x.dtype)``), 4.45.0 ``Qwen2Model.forward`` as Llama's; modeling_gemma.py 4.40.0 to 4.47.0
+``cos, sin = self.rotary_emb(value_states, position_ids, seq_len=None)`` in every attention
+layer (``GemmaRotaryEmbedding.forward`` returns ``cos.to(dtype=x.dtype)``), 4.48.0
+``GemmaModel.forward`` as Llama's. ``LlamaRotaryEmbedding.forward`` returns
 ``cos.to(dtype=x.dtype)``: the tables, and so the rotated keys, are in the dtype of what it is
 given, the values' compute dtype before the release, the residual's (fp32 under autocast) from it
 (``ModelSpec.rotates_in_residual_dtype``). Not looked at: the other families' releases (they
