@@ -74,7 +74,8 @@ Note [repeat_kv under SDPA on a traced step]
     merges a size-1 dim with the stride-0 one, a view (torch ``reshape`` copies only where no
     view exists), so SDPA saves views of the kv-size tensors: no transform (a real 4.40.0 trace
     of the formula Gemma, 1 of 4 kv heads, saves ``v_proj``'s output and the rotated keys at kv
-    size and no copy; the analytic engine still counts them, ``sdpa_expands_kv``: left).
+    size and no copy; the formulas read the same rule: Note [repeat_kv of one kv head is a
+    view] in trainmem/analytic/attention.py).
 
     Not modelled: the backward's gradients of the repeated tensors before ``repeat_kv``'s
     backward sums them (c x heads x head_dim each, transients of the layer's backward);
@@ -117,7 +118,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes
-from trainmem.analytic.attention import forward_kv_cache_bytes, sdpa_expands_kv
+from trainmem.analytic.attention import forward_kv_cache_bytes, kv_saved_repeated
 from trainmem.analytic.buffers import layer_rope_cache_bytes
 from trainmem.analytic.checkpointing import fsdp1_kept_input_bytes
 from trainmem.analytic.loss import model_upcast_logits_bytes, shifted_logits_bytes
@@ -264,8 +265,9 @@ def _unmodelled(
 
 def _repeats_kv(model: ModelSpec, training: TrainingConfig) -> bool:
     """SDPA takes grouped keys and values repeated to every query head (``repeat_kv``), copies
-    of two or more kv heads (Note [repeat_kv under SDPA on a traced step]: one is a view)."""
-    return 1 < model.num_kv_heads < model.num_heads and sdpa_expands_kv(training)
+    of two or more kv heads (Note [repeat_kv under SDPA on a traced step]: one is a view;
+    the formulas' predicate, :func:`~trainmem.analytic.attention.kv_saved_repeated`)."""
+    return kv_saved_repeated(model, training)
 
 
 def _cached(model: ModelSpec, training: TrainingConfig) -> bool:

@@ -143,8 +143,9 @@ _REAL_440_GEMMA = {"none": 25_201_756, "lora": 22_937_432, "full": 22_342_700}
 @pytest.mark.parametrize("kind", sorted(_REAL_440_GEMMA))
 def test_gemma_real_440_trace(kind: str) -> None:
     """The generic path within 0.5 % of the real trace (+1.09 % with repeat_kv's copies
-    counted for the one kv head, unchanged: -0.47 %), the formulas within 1 % (they count the
-    copies: +0.79 % without checkpointing)."""
+    counted for the one kv head, unchanged: -0.47 %), the formulas within 0.2 % (no copies for
+    one kv head, Note [repeat_kv of one kv head is a view]: none +0.01 %, LoRA +0.00 %, full
+    +0.09 %; +0.79 / +0.86 % when they counted the copies)."""
     kw: dict[str, object] = {"lora_rank": 8} if kind == "lora" else {}
     if kind == "full":
         kw["activation_checkpointing"] = "full"
@@ -155,7 +156,7 @@ def test_gemma_real_440_trace(kind: str) -> None:
     generic = estimate(path, t, engine="generic").breakdown.allocated_bytes
     formulas = estimate(path, t, engine="analytic").breakdown.allocated_bytes
     assert abs(generic / _REAL_440_GEMMA[kind] - 1) < 0.005
-    assert abs(formulas / _REAL_440_GEMMA[kind] - 1) < 0.01
+    assert abs(formulas / _REAL_440_GEMMA[kind] - 1) < 0.002
 
 
 def test_unknown_family_refused() -> None:

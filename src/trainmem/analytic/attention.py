@@ -61,12 +61,60 @@ def sdpa_expands_kv(training: TrainingConfig) -> bool:
         return True
     if training.conventions.unsloth_attention:  # Note [Unsloth's attention]
         return training.attention != "flash" and training.unsloth_release < UNSLOTH_SDPA_GQA_SINCE
-    if training.attention != "sdpa" or not training.conventions.hf_model_code:
+    return transformers_repeats_kv(training)
+
+
+def transformers_repeats_kv(training: TrainingConfig) -> bool:
+    """transformers' SDPA path calls ``repeat_kv`` itself before the kernel (the release or the
+    batch's mask keeps GQA out of the kernel: :func:`sdpa_expands_kv`)."""
+    if (
+        training.attention != "sdpa"
+        or not training.conventions.hf_model_code
+        or training.conventions.unsloth_attention
+    ):
         return False
     if training.transformers_release < TRANSFORMERS_SDPA_GQA_SINCE:
         return True
     torch = parse_version("torch_version", training.torch_version) or DEFAULT_TORCH_VERSION
     return training.padding_mask or torch < (2, 5)
+
+
+def repeat_kv_copies(model: ModelSpec) -> bool:
+    """transformers' ``repeat_kv`` of this model's keys and values is a copy: two or more kv
+    heads, fewer than the query heads (Note [repeat_kv of one kv head is a view])."""
+    return 1 < model.num_kv_heads < model.num_heads
+
+
+def kv_saved_repeated(model: ModelSpec, training: TrainingConfig) -> bool:
+    """Attention saves keys and values repeated to every query head, new tensors of c x heads x
+    head_dim per token each: grouped kv heads that reach it expanded (:func:`sdpa_expands_kv`),
+    except one kv head expanded by transformers' own ``repeat_kv`` before SDPA, a view of the
+    kv-size tensors, which SDPA saves (Note [repeat_kv of one kv head is a view]).
+
+    Note [repeat_kv of one kv head is a view]
+        transformers' ``repeat_kv`` (4.40.0 modeling_llama.py; integrations/sdpa_attention.py
+        from 4.48) is ``hidden_states[:, :, None, :, :].expand(batch, num_key_value_heads,
+        n_rep, slen, head_dim)`` then ``.reshape(batch, num_key_value_heads * n_rep, slen,
+        head_dim)``. ``reshape`` returns a view wherever the strides allow one and copies only
+        otherwise (torch docs ``torch.reshape``; aten/src/ATen/TensorUtils.cpp
+        ``computeStride``, called by ``reshape`` through ``_reshape_view`` /
+        ``view``): with one kv head the merged dims are a size-1 dim (any stride) and the
+        expand's stride-0 one, so ``computeStride`` finds strides (a stride-0 head dim) and
+        the result is a view of the kv-size tensor; with two or more the kv dim's stride is
+        not 0 x n_rep, no view exists and it copies. SDPA's kernels save the tensors they are
+        given, so with one kv head they save views of the kv-size keys and values. Found on a
+        real transformers 4.40.0 trace of the formula Gemma (1 of 4 kv heads: ``v_proj``'s
+        output and the rotated keys saved at kv size, no copy; Note [repeat_kv under SDPA on
+        a traced step] in trainmem/traced_releases.py). Not this rule: eager attention's
+        ``torch.matmul`` reshapes the expanded (b, heads, ...) tensor to (b x heads, ...),
+        which merges the batch dim with the stride-0 head dim: a copy for b > 1, which
+        ``bmm`` saves (counted as repeated; b = 1 not modelled); the kernel's own repeat
+        (fp32 with GQA in SDPA: ``repeat_interleave``, a copy) and Unsloth's expand (not
+        read for one kv head) stay counted as copies.
+    """
+    if model.num_kv_heads >= model.num_heads or not sdpa_expands_kv(training):
+        return False
+    return repeat_kv_copies(model) or not transformers_repeats_kv(training)
 
 
 def sdpa_output_copied(model: ModelSpec, training: TrainingConfig) -> bool:
@@ -149,7 +197,7 @@ def sliding_layer_mask_bias_bytes(model: ModelSpec, training: TrainingConfig) ->
     c, _ = compute_and_residual_bytes(training)
     b = training.micro_batch_size
     per_layer = c * b * s * s
-    if not sdpa_expands_kv(training):
+    if not sdpa_expands_kv(training) and repeat_kv_copies(model):
         per_layer += 2 * c * (model.num_heads - model.num_kv_heads) * model.head_dim * b * s
     return per_layer
 
@@ -394,12 +442,11 @@ def forward_kv_cache_bytes(model: ModelSpec, training: TrainingConfig, num_layer
         or not training.conventions.hf_model_code
     ):
         return 0
-    grouped = model.num_kv_heads < model.num_heads
     # the layers whose k / v SDPA takes repeated, as a fraction of num_layers (integers only:
     # the sizes may be a template's symbols, Note [Schedule templates])
-    if grouped and sdpa_expands_kv(training):
+    if kv_saved_repeated(model, training):
         part, whole = 1, 1
-    elif grouped and sliding_mask_applies(model, training):
+    elif repeat_kv_copies(model) and sliding_mask_applies(model, training):
         # the sliding layers' explicit mask makes transformers repeat their k / v
         # (:func:`sliding_mask_bias_bytes`); the layers' mean where only some slide
         part, whole = model.num_sliding_layers, model.num_layers
@@ -530,8 +577,9 @@ def attention_terms(
     # Keys and values reach the kernel expanded to all query heads (GQA) in eager attention
     # (HF ``repeat_kv`` + the matmul's reshape copy) and in the fp32 memory-efficient SDPA
     # kernel; flash (16-bit) takes them at kv-head size. Only the rotated q and k are saved:
-    # RoPE's multiplications by cos/sin save cos/sin, not q or k.
-    kv_saved = a if sdpa_expands_kv(training) else kv
+    # RoPE's multiplications by cos/sin save cos/sin, not q or k. One kv head repeated by
+    # transformers is a view, saved at kv size (Note [repeat_kv of one kv head is a view]).
+    kv_saved = a if kv_saved_repeated(model, training) else kv
     terms["attention/q_k"] = c * (a * d + kv_saved * d) * t
     terms["attention/v"] = c * kv_saved * d * t
     if model.fused_qkv_output_kept and kv == a:

@@ -49,7 +49,7 @@ from trainmem.analytic.activation_shapes import (
     mean_terms,
     tokens_per_sequence,
 )
-from trainmem.analytic.attention import sdpa_expands_kv
+from trainmem.analytic.attention import kv_saved_repeated
 from trainmem.analytic.lora import peft_adapter_matmuls
 from trainmem.analytic.mlp import experts_per_token
 from trainmem.analytic.params import linear_shapes
@@ -163,7 +163,7 @@ def op_selective_cache_uses(
         copy: nothing saves it, so it is freed there, before the layer's backward. v's is
         viewed into heads and handed to SDPA, which saves that view (``attention/v``: the
         same bytes where SDPA takes v at its own heads, :func:`~trainmem.analytic.attention.
-        sdpa_expands_kv`), so it stands for that term, which the recompute does not make
+        kv_saved_repeated`), so it stands for that term, which the recompute does not make
         again; expanded to every query head (``repeat_kv``), the expansion is the saved
         tensor and the cached one is freed. The formulas kept both to the layer's backward
         and recomputed ``attention/v`` besides: on the 1024-wide agreement Llama (2 x 256
@@ -198,7 +198,7 @@ def op_selective_cache_uses(
     dora = training.lora_variant == "dora"
     # Note [The cached q and v outputs in the recompute]
     rotated = model.position_kind == "rotary" or model.qk_norm
-    v_saved = model.num_kv_heads == model.num_heads or not sdpa_expands_kv(training)
+    v_saved = not kv_saved_repeated(model, training)
     # the linears whose adapters' matmuls were counted (each runs 3 or more: one is cached)
     adapted = {key.rsplit("/", 1)[-1] for key in kept if key.count("/") == 2}
     uses: dict[str, str] = {}
