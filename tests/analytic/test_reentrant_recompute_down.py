@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from conftest import MODELS_DIR, layer_bodies
 from trainmem.analytic.backward_transients import (
     down_backward_before_recompute,
@@ -82,3 +84,45 @@ def test_the_mlp_backward_runs_linear_by_linear() -> None:
     sizes = {op.key: op.size_bytes for op in body if op.action == "alloc"}
     assert sizes["mlp_tmp"] == 2 * T * INTER
     assert sizes["mlp_tmp/act"] == 2 * 2 * T * INTER  # the product's two gradients
+
+
+# axolotl's default QLoRA path: reentrant checkpointing, the k-bit base's norms / embeddings /
+# head cast back to bf16 (Note [axolotl casts a k-bit base's embeddings and norms back]), so a
+# 16-bit residual stream: c = r = 2, the norms save their own fp32 copies, not their inputs
+AXOLOTL: dict[str, Any] = {
+    "framework": "axolotl",
+    "lora_rank": 16,
+    "quantize_base": "nf4-dq",
+    "activation_checkpointing": "full",
+    "precision": "bf16-true",
+}
+
+
+def test_a_16_bit_stream_holds_the_residual_but_not_the_layer_input_twice() -> None:
+    training = TrainingConfig(micro_batch_size=2, seq_len=256, **AXOLOTL)
+    assert reentrant_recompute_runs_down(training) and not training.kbit_fp32_activations
+    est = estimate(AGREEMENT, training, engine="analytic", simulate_allocator=False)
+    body = layer_bodies(est.schedules[0].step, marker="up_held/0")[-1]
+    held = [op.size_bytes for op in body if op.action == "alloc" and op.key.startswith("up_held/")]
+    # down's output c t h, its input act(gate) * up c t i, the MLP's input (the second norm's
+    # bf16 output) r t h and the residual r t h (the norm saved its fp32 copy, not it); the
+    # layer's input is the checkpoint's saved tensor (next test), not a fifth 2 t h
+    assert held == [2 * T * H, 2 * T * INTER, 2 * T * H, 2 * T * H]
+
+
+def test_the_reentrant_recompute_runs_on_the_saved_input_itself() -> None:
+    # a real CPU run of torch's reentrant checkpoint: the recompute's input is a view of the
+    # bf16 tensor the checkpoint saved (detach_variable's inp.detach()), not a copy
+    torch = pytest.importorskip("torch")
+    from torch.utils.checkpoint import checkpoint
+
+    seen: list[int] = []
+
+    def layer(x: Any) -> Any:
+        seen.append(x.untyped_storage().data_ptr())
+        return (x.float() * 2).to(x.dtype)
+
+    weight = torch.ones(4, 8, dtype=torch.bfloat16, requires_grad=True)
+    x = weight * 3  # a layer input that needs grad, like a LoRA layer's
+    checkpoint(layer, x, use_reentrant=True).sum().backward()
+    assert seen == [x.untyped_storage().data_ptr()] * 2  # the forward's and the recompute's

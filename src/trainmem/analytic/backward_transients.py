@@ -251,7 +251,14 @@ def recompute_runs_down_forward(model: ModelSpec, training: TrainingConfig) -> b
         linear]). The generic path runs torch's own reentrant checkpoint on the stand-in:
         agreement model, 'fsdp-qlora 4' + full checkpointing, generic / formulas - 1 -4.31 ->
         -0.12 %, on one GPU -3.66 -> +0.00 % (the formulas held one c h i + 3 c t i block for
-        the MLP's backward and the recompute's moment not at all).
+        the MLP's backward and the recompute's moment not at all). The layer's input is the
+        checkpoint's on a 16-bit residual stream too (axolotl's k-bit cast back, Note
+        [axolotl casts a k-bit base's embeddings and norms back]): ``detach_variable`` (torch 2.13
+        utils/checkpoint.py) hands the recompute ``inp.detach()``, a view of the tensor
+        ``ctx.save_for_backward`` kept, not a copy, and the first norm saves its own fp32
+        copy beside it; the formulas counted it once more there (session 28, helper reent16:
+        agreement model, axolotl nf4-dq r 16, full reentrant, 2 x 256: generic / formulas -
+        1 -1.15 -> +0.00 %, one c t h = 2,097,152 B at layer 1's down projection).
     """
     if reentrant_recompute_runs_down(training):
         return True

@@ -118,6 +118,7 @@ def down_projection_held_bytes(
     first_layer: bool,
     has_embedding: bool,
     base_output_saved: bool = False,
+    input_kept: bool = False,
 ) -> list[int]:
     """The tensors (bytes each) a layer's forward holds at its MLP's down projection besides
     its saved blocks (Note [Forward tensors held at the down projection]): down's output, its
@@ -136,6 +137,10 @@ def down_projection_held_bytes(
         base_output_saved: down's output is a saved block of the layer made before this
             point (DoRA's ``base_result``: Note [DoRA's down moment in the forward] in
             analytic/lora_variants.py), so not one more tensor here.
+        input_kept: the layer's input is a tensor held elsewhere whatever its norm saves
+            (the reentrant checkpoint's saved input, which its recompute runs on: Note
+            [The recompute's tensors held at the down projection] in
+            analytic/backward_transients.py), so not one more tensor here.
     """
     sizes = _pre_norm_sizes(model, training)
     if sizes is None:
@@ -153,7 +158,8 @@ def down_projection_held_bytes(
         out.append(r * h)
     if inner or not input_saved:
         out.append(r * h)  # the residual
-    kept = input_saved or inner  # the layer's input is saved (by its norm or the checkpoint)
+    # the layer's input is saved (by its norm or the checkpoint)
+    kept = input_saved or inner or input_kept
     if not kept:
         out.append(r * h)  # the layer's input
     # the first layer's norm saves nothing of a frozen embeddings' output (it needs no grad)

@@ -744,6 +744,7 @@ class _Layers:
                 input_saved=saves_input,
                 first_layer=True,  # the layer's input (and layer 0's embeddings) is saved
                 has_embedding=ctx.rank.has_embedding,
+                input_kept=True,  # the checkpoint's saved input, on a 16-bit stream too
             )
         # Note [The recompute's tensors held at an autocast down projection]: made and freed
         # before the transforms' ops at layer.backward (the reentrant output is made after)
