@@ -46,7 +46,7 @@ app = typer.Typer(
 def untried_fixes(t: TrainingConfig) -> list[str]:
     """The flags that usually make a run fit, leaving out what the run already does and what
     this configuration refuses (TrainingConfig's own checks, as ``trainmem estimate`` would
-    meet them: no LoRA beside prefix tuning, which runs on one GPU unsharded)."""
+    meet them: no LoRA beside prefix tuning)."""
     out: list[tuple[str, dict[str, object]]] = []
     if t.activation_checkpointing != "full":
         out.append(("--activation-checkpointing full", {"activation_checkpointing": "full"}))
