@@ -7,8 +7,11 @@ Source: axolotl-ai-cloud/axolotl ``examples/<model>/README.md`` and the YAML bes
 the commit that wrote the figure (``git log -S 'uses about'``; the mirror's HEAD 067b021c,
 2026-07-24). Every example is a single-GPU QLoRA (nf4 with double quantization, LoRA r 32 on
 every linear of the layers, ``lora_target_linear``), ``sequence_len: 2048`` with
-``sample_packing: true`` (multipack bins filled to 2048 tokens: every micro-batch row at the
-length), ``micro_batch_size: 2``, ``gradient_checkpointing: true`` (reentrant), flash attention
+``sample_packing: true`` (multipack bins filled to the length), ``micro_batch_size: 2``
+(modelled as 2 rows of 2,048 tokens; axolotl packs them as one row of 4,096,
+core/trainers/base.py ``_create_multipack_sampler`` without ``multipack_real_batches``, which
+under flash attention's variable-length kernel is the same memory: Hunyuan 1 x 4,096 1.416
+GiB against 2 x 2,048 1.415), ``gradient_checkpointing: true`` (reentrant), flash attention
 2, ``bf16: auto`` (the model loaded in bf16, no autocast: ``bf16-true``), optimizer
 ``adamw_bnb_8bit`` (Devstral: ``adamw_torch``; OLMo 3: ``adamw_8bit``). All but the first
 Magistral cell use axolotl's ``CutCrossEntropyPlugin`` (Apple's cut cross-entropy: the logits are
@@ -45,7 +48,12 @@ AFM-4.5B -23.6 / -17.7 % (the generic path; AFM without ``--lora-targets`` now);
 |error| allocated 18.4 -> 4.8 %, reserved 36.4 -> 13.1 %; 3 cells under by more than 10 % (OLMo
 3, Hunyuan, AFM: all generic-path model types, not diagnosed: the configs recalled offline are
 the weakest there, and at 0.5B Hunyuan's measured 4.7 GiB is mostly not weights or layers).
-The two Magistral cells differ by 2.6 GiB predicted against 4.9 measured.
+The two Magistral cells differ by 2.6 GiB predicted against 4.9 measured. Session 29 (helper
+rows29): the plugin was a no-op for Seed-OSS at its figure's commit (see ``EXTRA``), so that row
+runs without it: Seed-OSS +1.0 / +2.5 -> +15.6 / +22.6 %; median |error| allocated 4.8 -> 5.8
+%, reserved 13.1 -> 14.4 %. The plugin is live at the three under cells' pins (ml-cross-entropy
+bb8d9f8 arcee.py and c6a32c5 hunyuan_v1.py replace the ``modeling_*`` classes' forwards, 242b245
+olmo3.py too), so their gaps are not the loss's; still not diagnosed.
 
 Run: ``PYTHONPATH=src python benchmarks/published_probe_axolotl.py`` (about 2 minutes of CPU a
 cell on the generic path for the model types the analytic engine lacks).
@@ -219,11 +227,22 @@ ROWS: list[tuple[str, str, str, str, float, str, dict[str, Any]]] = [
 ]  # fmt: skip
 
 
-#: trainmem arguments a row needs beside its YAML: none since session 28 (helper cce), when
-#: ``lora_target_linear`` came to take the model's own linears for a model type the analytic
-#: engine lacks (``cli/options.py``: the model built on meta; AFM-4.5B's ungated MLP, up / down,
-#: relu2, has no ``gate``); before, AFM-4.5B needed ``--lora-targets q,k,v,o,up,down``.
-EXTRA: dict[str, list[str]] = {}
+#: trainmem arguments a row needs beside its YAML. Since session 28 (helper cce)
+#: ``lora_target_linear`` takes the model's own linears for a model type the analytic engine
+#: lacks (``cli/options.py``: the model built on meta; AFM-4.5B's ungated MLP, up / down, relu2,
+#: has no ``gate``); before, AFM-4.5B needed ``--lora-targets q,k,v,o,up,down``.
+#: Seed-OSS (session 29, helper rows29): the plugin was a no-op at the figure's commit. axolotl
+#: 79103b01c pins ml-cross-entropy c6a32c5 (scripts/cutcrossentropy_install.py), whose
+#: ``cut_cross_entropy/transformers/seed_oss.py`` (lines 40-49) replaces the forward of
+#: ``transformers.models.seed_oss.modular_seed_oss.SeedOssForCausalLM``, the modular file's
+#: class; ``AutoModelForCausalLM`` builds ``modeling_seed_oss.SeedOssForCausalLM`` (transformers
+#: 4.56.1 models/auto/modeling_auto.py, a standalone class of its own), whose forward -- the
+#: logits and the model's loss -- is left as it is. ``seed_oss`` is in the pin's ``PATCH_FNS``,
+#: so the plugin's generic llama-like patch does not step in either. Fixed in ml-cross-entropy
+#: 83c7fba (2026-06-25: ``modeling_seed_oss``), so axolotl v0.18.0 (pin 5f0c7a7) does cut it.
+EXTRA: dict[str, list[str]] = {
+    "seed-oss-36b-qlora": ["--set", "cut-cross-entropy=false"],
+}
 
 
 def write_inputs(folder: Path) -> dict[str, str]:
