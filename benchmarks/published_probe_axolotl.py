@@ -51,9 +51,11 @@ the weakest there, and at 0.5B Hunyuan's measured 4.7 GiB is mostly not weights 
 The two Magistral cells differ by 2.6 GiB predicted against 4.9 measured. Session 29 (helper
 rows29): the plugin was a no-op for Seed-OSS at its figure's commit (see ``EXTRA``), so that row
 runs without it: Seed-OSS +1.0 / +2.5 -> +15.6 / +22.6 %; median |error| allocated 4.8 -> 5.8
-%, reserved 13.1 -> 14.4 %. The plugin is live at the three under cells' pins (ml-cross-entropy
-bb8d9f8 arcee.py and c6a32c5 hunyuan_v1.py replace the ``modeling_*`` classes' forwards, 242b245
-olmo3.py too), so their gaps are not the loss's; still not diagnosed.
+% (3 under / 1 over by more than 10 %), reserved 13.1 -> 14.4 % (3 under / 3 over). The plugin
+is live at the three under cells' pins (ml-cross-entropy bb8d9f8 arcee.py and c6a32c5
+hunyuan_v1.py replace the ``modeling_*`` classes' forwards, 242b245 olmo3.py too), so their gaps
+are not the loss's; still not diagnosed (Hunyuan's widths match public copies of HunyuanOCR's
+0.5B text config, so not the recalled config either).
 
 Run: ``PYTHONPATH=src python benchmarks/published_probe_axolotl.py`` (about 2 minutes of CPU a
 cell on the generic path for the model types the analytic engine lacks).
