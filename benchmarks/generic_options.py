@@ -37,6 +37,9 @@ Session 28 (helper tfrel): Qwen2's releases read (4.40-4.46) and 4.40's repeat_k
 transform (with the training KV cache), so "transformers 4.40" runs on the formula model (a
 real 4.40.0 trace of it at 4 x 128: generic +0.05 %, formulas +0.01 %) and on the GQA agreement
 model (+0.000 % vs analytic; 18:43 UTC, 244d029); the other three kinds refused as before.
+Session 29 (helper tfrel3): the diffusers and timm models run it (their step runs no
+transformers model code: traced as installed, the note says the version does not apply; the
+same bytes as without it); the remote-code model is still refused.
 Against a real 4.40.0 trace (benchmarks/transformers_release_trace.py): llama_h1024 4 x 512
 +3.9 -> +0.01 %, LoRA r8 +7.1 -> +0.02 % (the 16-bit logits freed at the model's upcast, the
 cache's 16-bit keys); a tiny Qwen2 without grouped kv heads within 0.13 %.

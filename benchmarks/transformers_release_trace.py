@@ -27,7 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainmem.estimate import estimate
+from trainmem.estimate import default_attention_of, estimate
 from trainmem.specs.training import TrainingConfig
 
 REPO = Path(__file__).resolve().parent.parent
@@ -66,7 +66,13 @@ def real_peak(python: str, model: Path, cell: dict[str, object]) -> int:
 
 def here_peak(engine: str, model: Path, cell: dict[str, object], version: str) -> int:
     """Peak allocated bytes on the installed transformers with ``--transformers-version``."""
-    t = TrainingConfig(precision="bf16-mixed", transformers_version=version, **cell)  # type: ignore[arg-type]
+    # the attention the CLI picks (eager for Phi-3 before 4.45), as the real run's CLI does
+    attention = default_attention_of(str(model), version)
+    t = TrainingConfig(
+        precision="bf16-mixed",
+        transformers_version=version,
+        **{"attention": attention, **cell},  # type: ignore[arg-type]
+    )
     return estimate(str(model), t, engine=engine).breakdown.allocated_bytes
 
 

@@ -34,6 +34,7 @@ from trainmem.specs.assumptions import assumptions
 from trainmem.specs.engines import ENGINES as ENGINES  # re-exported for the callers
 from trainmem.specs.frameworks import (
     parse_version,
+    transformers_release_of,
 )
 from trainmem.specs.hardware import GPUSpec, check_precision_on_gpu
 from trainmem.specs.hardware import resolve_gpu as resolve_gpu  # re-exported for the callers
@@ -69,7 +70,11 @@ from trainmem.traced_options import (
     untraced_offload,
 )
 from trainmem.traced_quantized import quantized_base_refusals
-from trainmem.traced_releases import litgpt_release_refusals, release_refusals
+from trainmem.traced_releases import (
+    litgpt_release_refusals,
+    release_not_applied,
+    release_refusals,
+)
 from trainmem.traced_transforms import (
     apply_deepspeed,
     apply_optimizer,
@@ -325,17 +330,23 @@ def report_pixels(est: MemoryEstimate, config: dict[str, object], training: Trai
     est.config["resolution"] = height if height == width else f"{height}x{width}"
 
 
-def default_attention_of(model: str | ModelSpec) -> str:
+def default_attention_of(model: str | ModelSpec, transformers_version: str | None = None) -> str:
     """The attention a run of ``model`` uses when none is given: ``eager`` for the families
     transformers runs eager only (``ModelSpec.eager_only``, its family row's trait: BLOOM,
-    Gemma-2, whose ``_supports_sdpa`` is False), ``sdpa`` otherwise (transformers'
-    ``PreTrainedModel._check_and_adjust_attn_implementation`` default when torch has SDPA);
-    ``sdpa`` for a family only the traced paths run."""
+    Gemma-2, whose ``_supports_sdpa`` is False) or runs eager in the requested release
+    (``transformers_version``: Phi-3 before 4.45, ``ModelSpec.has_sdpa``), ``sdpa`` otherwise
+    (transformers' ``PreTrainedModel._check_and_adjust_attn_implementation`` default when
+    torch has SDPA); ``sdpa`` for a family only the traced paths run.
+
+    Raises:
+        SpecError: ``transformers_version`` is not a version string.
+    """
+    release = transformers_release_of(transformers_version)
     try:
         spec = resolve_model(model)
     except UnsupportedError:
         return "sdpa"
-    return "eager" if spec.eager_only else "sdpa"
+    return "sdpa" if spec.has_sdpa(release) else "eager"
 
 
 def route_diffusers(model: str | ModelSpec, training: TrainingConfig) -> bool:
@@ -1430,11 +1441,15 @@ def _traced_step(
             target = model
         check_traceable_size(target, training)
         _check_traced_family(target, engine)
+    timm = isinstance(target, str) and _is_timm(target)
+    not_applied = release_not_applied(training, diffusers=diffusers, timm=timm)
+    if not_applied:  # no transformers model code in the step: the installed release traced
+        training = replace(training, transformers_version=None)
     deepspeed = traced_deepspeed(training)
     shape = target if isinstance(target, ModelSpec) else None
     _check_traced_framework(training, target, deepspeed=deepspeed, diffusers=diffusers)
     unmodelled = release_refusals(shape if not diffusers else None, training)
-    if not diffusers and not (isinstance(target, str) and _is_timm(target)):
+    if not diffusers and not timm:
         unmodelled += litgpt_release_refusals(training)  # litgpt on these: not applicable
     if unmodelled:
         what = "the trace engine" if engine == "trace" else "the generic path (a trace)"
@@ -1501,7 +1516,7 @@ def _traced_step(
     ctx, outside, notes = device_context(training, cuda_context_bytes, paged, gpu=gpu_spec)
     est.breakdown = replace(est.breakdown, cuda_context=ctx)
     est.details["outside_allocator_bytes"] = outside
-    est.notes.extend(notes)
+    est.notes.extend(notes + ([not_applied] if not_applied else []))
     return est
 
 

@@ -93,6 +93,23 @@ Note [repeat_kv under SDPA on a traced step]
     full checkpointing 4 x 512 640,610,848 against 640,348,704 (+0.04 %; -0.05 % without it:
     the peak is outside the layers' recompute), the formulas 640,606,208.
 
+Note [A transformers release on a model it does not build]
+    ``--transformers-version`` names the release whose model code runs. A timm model's step
+    runs timm's modules (``trainmem.trace.timm_model``), a diffusers denoiser's runs diffusers'
+    (``trainmem.trace.diffusers_model``: the prompt embeddings and latents inputs), and the
+    optimizer, loss and loop around them are torch's; no rule the formulas key by the
+    transformers release (the tables of trainmem/specs/model.py, the loss's shift before 4.49,
+    the checkpointing default, which only ``PreTrainedModel.gradient_checkpointing_enable``
+    reads) reaches them, so the installed release is traced and the note says the version does
+    not apply (:func:`release_not_applied`), where it was refused before. A diffusers run whose
+    step runs transformers' CLIP / T5 text encoders (``train_text_encoder``, ``frozen_on_gpu``
+    text-encoders / all: Note [The frozen text encoders encode inside the step]) is refused:
+    those families' releases were not read. Remote-code models (Qwen-1, ChatGLM, Baichuan) run
+    the Hub's modeling file, whose loss and cache are its own in every release
+    (:data:`~trainmem.specs.model.REMOTE_CODE_OWN_LOSS`), but whose checkpointing goes through
+    transformers' ``gradient_checkpointing_enable`` or its own ``torch.utils.checkpoint`` calls
+    by file: refused (not read release by release).
+
 Note [An older litgpt release on a traced step]
     ``--framework litgpt`` traces the installed litgpt's own GPT. The formulas know one rule
     keyed by the litgpt release on the paths the trace runs (one GPU, DDP): RMSNorm's fp32
@@ -118,7 +135,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes
-from trainmem.analytic.attention import forward_kv_cache_bytes, kv_saved_repeated
+from trainmem.analytic.attention import (
+    builds_training_kv_cache,
+    forward_kv_cache_bytes,
+    kv_saved_repeated,
+)
 from trainmem.analytic.buffers import layer_rope_cache_bytes
 from trainmem.analytic.checkpointing import fsdp1_kept_input_bytes
 from trainmem.analytic.loss import model_upcast_logits_bytes, shifted_logits_bytes
@@ -153,6 +174,7 @@ __all__ = [
     "litgpt_release_refusals",
     "litgpt_release_traced_as",
     "traced_litgpt_release",
+    "release_not_applied",
     "release_note",
     "release_refusals",
     "release_traced_as",
@@ -172,10 +194,11 @@ OLDEST_READ: dict[str, tuple[int, ...]] = {
     "mistral": (4, 38),
     "qwen2": (4, 40),
     "gemma": (4, 40),
+    "phi3": (4, 41),
 }
 """The oldest transformers release whose model code the tables were read from, by family
 (:data:`~trainmem.specs.model.FP32_LOGITS_IN_MODEL_UNTIL`: "Releases before 4.38 not read
-(Qwen2's and Gemma's before 4.40)")."""
+(Qwen2's and Gemma's before 4.40)"; Phi-3's first release is 4.41)."""
 
 
 def _installed() -> tuple[int, ...] | None:
@@ -219,12 +242,41 @@ def release_refusals(model: ModelSpec | None, training: TrainingConfig) -> list[
     return [f"transformers_version={asked} ({why}; {works})"] if why else []
 
 
+def release_not_applied(training: TrainingConfig, *, diffusers: bool, timm: bool) -> str:
+    """The estimate's note where the requested transformers release reaches none of the step's
+    code, so the installed release is traced as it is: a timm model (timm's own modules) or a
+    diffusers denoiser whose prompt embeddings and latents are inputs (diffusers' own
+    modules); ``""`` otherwise (a language model, or a diffusers run whose step runs
+    transformers' CLIP / T5 text encoders: ``train_text_encoder``, ``frozen_on_gpu``
+    text-encoders / all, refused by :func:`release_refusals`). Note [A transformers release on
+    a model it does not build]."""
+    if not traced_release(training) or not (timm or diffusers) or _text_encoders_run(training):
+        return ""
+    kind = "a timm model (timm's own modules)" if timm else "a diffusers model (its own modules)"
+    return (
+        f"transformers_version={training.transformers_version} does not apply: the step of "
+        f"{kind} runs no transformers model code, so the installed release was traced (Note "
+        "[A transformers release on a model it does not build] in trainmem/traced_releases.py)"
+    )
+
+
+def _text_encoders_run(training: TrainingConfig) -> bool:
+    """A diffusers run whose step runs transformers' text encoders (trained, or kept on the GPU
+    to encode each batch's prompts: Note [The frozen text encoders encode inside the step])."""
+    return training.train_text_encoder or training.frozen_on_gpu in ("text-encoders", "all")
+
+
 def _unmodelled(
     model: ModelSpec | None, training: TrainingConfig, installed: tuple[int, ...]
 ) -> str:
     """Why the requested release's differences are not modelled, or ``""``."""
     release = training.transformers_release
     known = ", ".join(sorted(KNOWN_FAMILIES))
+    if model is None and _text_encoders_run(training):
+        return (
+            "the step runs transformers' CLIP / T5 text encoders (train_text_encoder, "
+            "frozen_on_gpu), whose releases were not read"
+        )
     if model is None or model.model_type not in KNOWN_FAMILIES:
         kind = model.model_type if model is not None else "this model"
         return f"the differences between transformers releases are known for {known}, not {kind}"
@@ -243,6 +295,18 @@ def _unmodelled(
                 and not _cached(model, traced)
                 and training.activation_checkpointing == "selective",
                 _repeats_kv(model, traced) and training.activation_checkpointing == "selective",
+            ),
+            (
+                "the training KV cache of a 4.x release under eager attention (DynamicCache."
+                "update keeps each layer's rotated 16-bit keys and, through the values' view, "
+                "the projection output they are sliced from: Phi-3's whole fused qkv_proj "
+                "output; eager attention saves copies of neither)",
+                training.attention == "eager"
+                and builds_training_kv_cache(model, training)
+                and training.transformers_release < (5,),
+                training.attention == "eager"
+                and builds_training_kv_cache(model, traced)
+                and traced.transformers_release < (5,),
             ),
             (
                 "the fp32 logits the loop holds",

@@ -389,6 +389,17 @@ def eager_scores_forward_bytes(model: ModelSpec, training: TrainingConfig) -> tu
     return scores + hidden, eager_mask_bytes(model, training)
 
 
+def builds_training_kv_cache(model: ModelSpec, training: TrainingConfig) -> bool:
+    """transformers' model code builds a KV cache in the training forward
+    (``ModelSpec.forward_kv_cache``, no activation checkpointing: Note [The training KV
+    cache's copies])."""
+    return (
+        model.forward_kv_cache
+        and training.activation_checkpointing == "none"
+        and training.conventions.hf_model_code
+    )
+
+
 def forward_kv_cache_bytes(model: ModelSpec, training: TrainingConfig, num_layers: int) -> int:
     """Bytes of the KV cache transformers builds in training (``ModelSpec.forward_kv_cache``),
     alive from each layer's attention to the end of forward (the loss), beyond what SDPA saves.
@@ -436,11 +447,7 @@ def forward_kv_cache_bytes(model: ModelSpec, training: TrainingConfig, num_layer
         ``LlamaModel.forward``), and the keys are promoted to fp32. Checked on a real CPU trace
         of transformers 4.40.0 (benchmarks/transformers_release_trace.py)."""
     c, r = compute_and_residual_bytes(training)
-    if (
-        not model.forward_kv_cache
-        or training.activation_checkpointing != "none"
-        or not training.conventions.hf_model_code
-    ):
+    if not builds_training_kv_cache(model, training):
         return 0
     # the layers whose k / v SDPA takes repeated, as a fraction of num_layers (integers only:
     # the sizes may be a template's symbols, Note [Schedule templates])

@@ -564,8 +564,10 @@ def _fill_deferred(settings: dict[str, Any], model: str, spec: ModelSpec | None)
 
     if settings["seq_len"] is None:
         settings["seq_len"] = default_seq_len_of(model)
-    if settings["attention"] is None:  # not given: the model's own (BLOOM, Gemma-2: eager only)
-        settings["attention"] = "sdpa" if spec is None else default_attention_of(spec)
+    if settings["attention"] is None:  # not given: the model's own (BLOOM, Gemma-2: eager only;
+        # Phi-3 before transformers 4.45: ModelSpec.has_sdpa)
+        release = settings.get("transformers_version")
+        settings["attention"] = "sdpa" if spec is None else default_attention_of(spec, release)
 
 
 def _auto_notes(

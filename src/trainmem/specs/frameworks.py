@@ -655,6 +655,18 @@ def installed_transformers_version() -> tuple[int, ...] | None:
     return installed_version("transformers")
 
 
+def transformers_release_of(version: str | None) -> tuple[int, ...]:
+    """(major, minor, ...) of the transformers whose model code runs: ``version`` (a
+    ``transformers_version`` setting) when given, else the installed one, else
+    :data:`DEFAULT_TRANSFORMERS_VERSION`.
+
+    Raises:
+        SpecError: ``version`` is not a version string.
+    """
+    given = parse_version("transformers_version", version)
+    return given or installed_transformers_version() or DEFAULT_TRANSFORMERS_VERSION
+
+
 def default_trl_release() -> tuple[int, ...]:
     """The TRL release ``--framework trl`` assumes when none is given: the installed one (read
     from its package metadata, not imported), else :data:`DEFAULT_TRL_VERSION`."""

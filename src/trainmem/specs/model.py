@@ -107,6 +107,7 @@ FP32_LOGITS_IN_MODEL_UNTIL: dict[str, tuple[int, ...]] = {
     "mistral": (4, 48),
     "qwen2": (4, 46),
     "gemma": (4, 46),
+    "phi3": (4, 46),
 }
 """Families whose causal-LM forward upcasts its logits itself, so that the output it returns
 holds them in fp32, until a release: ``logits = logits.float()`` before the loss in
@@ -117,7 +118,10 @@ Mistral too); modeling_qwen2.py ``Qwen2ForCausalLM.forward`` the same as Llama's
 4.44.0 ``logits = logits.float()``, 4.45.0 ``self.lm_head(...).float()``, 4.46.0
 ``self.loss_function``); modeling_gemma.py ``GemmaForCausalLM.forward`` the same as Qwen2's
 (4.40.0 to 4.44.0 ``logits = logits.float()``, 4.45.0 ``.float()`` on the head's output, 4.46.0
-``self.loss_function``). Releases before 4.38 not read (Qwen2's and Gemma's before 4.40)."""
+``self.loss_function``); modeling_phi3.py ``Phi3ForCausalLM.forward`` the same again (4.41.0, its
+first release, to 4.44.0 ``logits = logits.float()``, 4.45.0 ``.float()`` on the head's output,
+4.46.0 ``self.loss_function``). Releases before 4.38 not read (Qwen2's and Gemma's before 4.40;
+Phi-3 has none before 4.41)."""
 
 LAYER_ROPE_CACHE_UNTIL: dict[str, tuple[int, ...]] = {
     "llama": (4, 41),
@@ -146,6 +150,7 @@ ROTARY_IN_MODEL_SINCE: dict[str, tuple[int, ...]] = {
     "mistral": (4, 48),
     "qwen2": (4, 45),
     "gemma": (4, 48),
+    "phi3": (4, 48),
 }
 """Families whose decoder computes the rotary cos / sin once, at the model level, on the
 residual stream, from a release; before it each attention layer computes them on its own values:
@@ -158,11 +163,26 @@ self.rotary_emb(value_states, seq_len=kv_seq_len)`` (``self.cos_cached[:seq_len]
 x.dtype)``), 4.45.0 ``Qwen2Model.forward`` as Llama's; modeling_gemma.py 4.40.0 to 4.47.0
 ``cos, sin = self.rotary_emb(value_states, position_ids, seq_len=None)`` in every attention
 layer (``GemmaRotaryEmbedding.forward`` returns ``cos.to(dtype=x.dtype)``), 4.48.0
-``GemmaModel.forward`` as Llama's. ``LlamaRotaryEmbedding.forward`` returns
+``GemmaModel.forward`` as Llama's; modeling_phi3.py 4.41.0 to 4.47.0 ``cos, sin =
+self.rotary_emb(value_states, position_ids, seq_len=kv_seq_len)`` in every attention layer
+(``Phi3RotaryEmbedding.forward`` returns ``cos.to(dtype=x.dtype)``; its ``__init__`` registers
+only ``inv_freq``, no cos / sin tables), 4.48.0 ``Phi3Model.forward`` as Llama's.
+``LlamaRotaryEmbedding.forward`` returns
 ``cos.to(dtype=x.dtype)``: the tables, and so the rotated keys, are in the dtype of what it is
 given, the values' compute dtype before the release, the residual's (fp32 under autocast) from it
 (``ModelSpec.rotates_in_residual_dtype``). Not looked at: the other families' releases (they
 take the residual's dtype, the installed 5.24's)."""
+
+SDPA_SINCE: dict[str, tuple[int, ...]] = {"phi3": (4, 45)}
+"""Families whose transformers code ran no SDPA attention until a release, so that
+``from_pretrained`` picks eager attention by default and refuses ``attn_implementation="sdpa"``
+("does not support an attention implementation through torch.nn.functional.
+scaled_dot_product_attention yet", ``PreTrainedModel._check_and_enable_sdpa``, 4.41.0 to 4.44.0
+modeling_utils.py): modeling_phi3.py 4.41.0 (its first release) to 4.44.0
+``Phi3PreTrainedModel._supports_sdpa = False`` (a ``Phi3SdpaAttention`` class exists but is
+never picked), 4.45.0 ``True``; its flash-attn 2 path is there in every release
+(``_supports_flash_attn_2 = True``). Not looked at: the other families' releases
+(``Family.eager_only`` is the installed release's)."""
 
 FUSED_KV_PRESENTS_UNTIL: dict[str, tuple[int, ...]] = {"gpt_bigcode": (4, 54)}
 """Families whose transformers code returned each layer's keys and values as a view of the fused
@@ -500,6 +520,19 @@ class ModelSpec:
         if until is None or transformers_version >= until:
             return 0
         return 2 * self.max_position_embeddings * self.head_dim
+
+    def has_sdpa(self, transformers_version: tuple[int, ...]) -> bool:
+        """transformers' code of the family runs SDPA attention in this release: not
+        ``eager_only``, nor a family of :data:`SDPA_SINCE` before its release.
+
+        Args:
+            transformers_version: (major, minor, ...) of transformers.
+
+        Returns:
+            False where only eager (or flash-attn 2) attention runs.
+        """
+        since = SDPA_SINCE.get(self.model_type)
+        return not self.eager_only and (since is None or transformers_version >= since)
 
     def returns_fused_kv_views(self, transformers_version: tuple[int, ...]) -> bool:
         """Each layer returns its keys and values as a view of the fused QKV output in this

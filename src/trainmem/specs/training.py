@@ -101,7 +101,6 @@ from trainmem.specs.frameworks import (
     DEFAULT_TORCHAO_VERSION,
     DEFAULT_TORCHTITAN_VERSION,
     DEFAULT_TORCHTUNE_VERSION,
-    DEFAULT_TRANSFORMERS_VERSION,
     DEFAULT_UNSLOTH_VERSION,
     FRAMEWORK_CONVENTIONS,
     GRAD_ACCUM_DTYPES,
@@ -132,11 +131,11 @@ from trainmem.specs.frameworks import (
     deepspeed_states_at_init,
     deepspeed_zero3_gathers_on_one_rank,
     default_trl_release,
-    installed_transformers_version,
     parse_version,
     softmax_saves_input,
+    transformers_release_of,
 )
-from trainmem.specs.model import ModelSpec
+from trainmem.specs.model import SDPA_SINCE, ModelSpec
 from trainmem.specs.optimizers import OPTIMIZER_TABLE, Optimizer
 from trainmem.specs.sample_lengths import (
     DATASETS,
@@ -1654,8 +1653,7 @@ class FrameworkConfig:
         """(major, minor, ...) of the transformers whose model code runs:
         ``transformers_version`` when given (it always wins), else the installed one, else
         :data:`~trainmem.specs.frameworks.DEFAULT_TRANSFORMERS_VERSION`."""
-        given = parse_version("transformers_version", self.transformers_version)
-        return given or installed_transformers_version() or DEFAULT_TRANSFORMERS_VERSION
+        return transformers_release_of(self.transformers_version)
 
     @property
     def trl_release(self) -> tuple[int, ...] | None:
@@ -3920,6 +3918,18 @@ def check_training_for_model(model: ModelSpec, training: TrainingConfig) -> None
             "attention",
             f"{training.attention!r} is not available for {model.model_type} (its attention "
             "code has no SDPA path, so none of its kernels); allowed: eager (--attention eager)",
+        )
+    if (
+        training.attention == "sdpa"
+        and training.conventions.hf_model_code
+        and not model.has_sdpa(training.transformers_release)
+    ):
+        raise SpecError(
+            "attention",
+            f"'sdpa' is not available for {model.model_type} in transformers "
+            f"{training.transformers_version} (its model class has no SDPA attention before "
+            f"{'.'.join(map(str, SDPA_SINCE[model.model_type]))}: ModelSpec.has_sdpa); allowed: "
+            "eager (--attention eager), flash",
         )
     if (training.loss is not None or training.training_loop == "step") and (
         model.head != "causal-lm"

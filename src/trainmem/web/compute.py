@@ -171,7 +171,9 @@ def resolve_request(values: Mapping[str, Any], uploaded: ModelSpec | str | None 
     training = training_config(
         values,
         default_seq_len=default_seq_len_of(model),
-        default_attention=default_attention_of(model),
+        default_attention=default_attention_of(
+            model, coerce("transformers_version", values.get("transformers_version"))
+        ),
     )
     # an image model's sequence as the CLI reads it: a vision encoder's patches at
     # --resolution; a seq_len typed in its box is refused, as --seq-len is
