@@ -6,8 +6,9 @@ Note [An older transformers release on a traced step]
     The traced paths run the installed transformers' model code; ``--transformers-version``
     asks for another release. What changes between releases for the families whose model code
     was read release by release (:data:`KNOWN_FAMILIES`: Llama and Mistral from 4.38 on, Qwen2
-    and Gemma from 4.40) is what the analytic engine's rules say, each keyed by its own release
-    table:
+    and Gemma from 4.40, Phi-3 from 4.41, its first) is what the analytic engine's rules say,
+    each keyed by its own release table (Phi-3 before 4.45 has no SDPA: eager attention by
+    default, ``ModelSpec.has_sdpa``):
 
     * each decoder layer's own rotary cos / sin tables, buffers kept for the run
       (``ModelSpec.layer_rope_cache_values``, :data:`~trainmem.specs.model.
@@ -36,7 +37,13 @@ Note [An older transformers release on a traced step]
       (full checkpointing, ``use_cache`` off).
 
     The rules the transforms do not reproduce are refused (:func:`release_refusals`) where they
-    differ between the two releases for the run: ``repeat_kv``'s copies under op-level
+    differ between the two releases for the run: a 4.x release's training KV cache under eager
+    attention (4.42.0 cache_utils.py ``DynamicCache.update`` appends the tensors themselves,
+    which keeps each layer's rotated 16-bit keys and, through the values' view, the projection
+    output they were sliced from, Phi-3's whole fused ``qkv_proj`` output; eager attention
+    saves copies of neither: a real 4.42.0 trace of tests/models/phi3.json, 4 x 128 bf16-mixed,
+    is 1.75 % above the transformed step; under SDPA the cache's tensors are the ones SDPA
+    saves), ``repeat_kv``'s copies under op-level
     selective checkpointing without the cache (the Note), the fp32 logits a loop holds before
     4.46 / 4.48 (``ModelSpec.returns_fp32_logits`` under ``--loop step`` / ``previous``), the
     weights' load dtype, the FSDP1 checkpoint placement before 4.52; so is a
