@@ -178,6 +178,30 @@ def test_phi3_releases() -> None:
     assert default_attention_of(PHI3, "4.40.0") == "eager"  # before Phi-3: refused below
 
 
+def test_phi3_release_bytes_hand_derived() -> None:
+    """What the transforms apply to Phi-3's traced step at 4.42, from modeling_phi3.py 4.42.0
+    ``Phi3ForCausalLM.forward`` by hand (tests/models/phi3.json: V = 512; 4 x 128 tokens,
+    bf16-mixed): the 16-bit logits freed at ``logits = logits.float()``, 2 x 512 x 512 B =
+    524,288; the loss's ``logits[..., :-1, :].contiguous()`` fp32 copy, 4 x 512 x 4 x 127 B =
+    1,040,384; none of either at 4.46 (``self.loss_function``, the labels shifted from 4.49 but
+    the logits no longer upcast in the model), and no rotary buffer at any release."""
+    from trainmem.analytic.buffers import layer_rope_cache_bytes
+    from trainmem.analytic.loss import model_upcast_logits_bytes, shifted_logits_bytes
+
+    model = load_model_spec(PHI3)
+    t = TrainingConfig(
+        micro_batch_size=4,
+        seq_len=128,
+        precision="bf16-mixed",
+        transformers_version="4.42.0",
+        attention="eager",
+    )
+    assert model_upcast_logits_bytes(model, t) == 2 * 512 * 512
+    assert shifted_logits_bytes(model, t) == 4 * 512 * 4 * 127
+    assert layer_rope_cache_bytes(model, t) == 0
+    assert model_upcast_logits_bytes(model, replace(t, transformers_version="4.46.0")) == 0
+
+
 def test_phi3_sdpa_before_445_refused() -> None:
     """SDPA asked of Phi-3 in a release whose model class has none is refused, naming what
     works (transformers itself raises at ``from_pretrained``)."""
