@@ -27,10 +27,11 @@ from trainmem.analytic.buffers import device_context
 from trainmem.analytic.engine import estimate_analytic
 from trainmem.analytic.loss import unsloth_fused_loss
 from trainmem.analytic.varying_lengths import after_steps, earlier_lengths
-from trainmem.breakdown import MemoryEstimate
+from trainmem.breakdown import MemoryEstimate, fold_category
 from trainmem.errors import NotApplicableError, SpecError, TrainmemError, UnsupportedError
 from trainmem.schedule import Item, Op, Repeat, StepSchedule
 from trainmem.specs.assumptions import assumptions
+from trainmem.specs.diffusers import check_image_options, is_diffusers_config
 from trainmem.specs.engines import ENGINES as ENGINES  # re-exported for the callers
 from trainmem.specs.frameworks import (
     parse_version,
@@ -38,7 +39,7 @@ from trainmem.specs.frameworks import (
 )
 from trainmem.specs.hardware import GPUSpec, check_precision_on_gpu
 from trainmem.specs.hardware import resolve_gpu as resolve_gpu  # re-exported for the callers
-from trainmem.specs.hf import checkpoint_dtype, load_hf_config, load_model_spec
+from trainmem.specs.hf import checkpoint_dtype, is_timm_config, load_hf_config, load_model_spec
 from trainmem.specs.load_dtype import (
     LOADS_FROM_PRETRAINED,
     diffusers_lora_load_dtype,
@@ -357,11 +358,10 @@ def route_diffusers(model: str | ModelSpec, training: TrainingConfig) -> bool:
     Raises:
         SpecError: a diffusers option on a language model, or a value the model cannot take.
     """
-    from trainmem.specs.diffusers import check_image_options, is_diffusers_config
-    from trainmem.specs.hf import is_timm_config, load_hf_config
-
     config: dict[str, object] = {}
     if isinstance(model, str):
+        from trainmem.specs.hf import load_hf_config  # the module's, as every reader here
+
         try:
             config = load_hf_config(model)
         except SpecError:
@@ -654,8 +654,6 @@ def finish(
     Raises:
         SpecError: a bad ``alloc_conf``.
     """
-    from trainmem.breakdown import fold_category
-
     if not est.schedules:
         raise UnsupportedError("the engine produced no step schedule")
     peaks = [s.peak() for s in est.schedules]

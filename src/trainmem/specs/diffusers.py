@@ -43,6 +43,7 @@ from typing import Any
 
 from trainmem.errors import NotApplicableError, SpecError, UnsupportedError
 from trainmem.specs.bounds import MAX_COUNT, describe_int
+from trainmem.specs.training import DIFFUSERS_LORA_TARGETS, LORA_TARGETS
 
 __all__ = [
     "DIFFUSERS_FAMILIES",
@@ -573,8 +574,6 @@ def check_diffusers_lora_targets(config: Mapping[str, Any], training: Any) -> No
     Raises:
         SpecError: ``lora_targets``, naming the diffusers names and what the model takes.
     """
-    from trainmem.specs.training import DIFFUSERS_LORA_TARGETS, LORA_TARGETS
-
     named = [t for t in training.lora_targets if t in DIFFUSERS_LORA_TARGETS]
     if not named or training.lora_rank == 0 or is_diffusers_config(config):
         return
