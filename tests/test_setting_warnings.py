@@ -114,3 +114,19 @@ def test_suggestions_leave_out_what_the_configuration_refuses() -> None:
     assert "--activation-checkpointing full" in tips  # ChatGLM's prefix reads under it
     plain = " ".join(untried_fixes(TrainingConfig()))
     assert "--lora-rank 16" in plain and "more GPUs" in plain
+
+
+def test_suggestions_for_a_controlnet_leave_out_lora() -> None:
+    # diffusers v0.40 examples/controlnet/train_controlnet_flux.py trains the whole ControlNet
+    # (all its parameters to the optimizer, no adapters): `estimate --controlnet --lora-rank
+    # 16` is refused, yet a FLUX ControlNet's OOM note suggested it (session 29, useraudit4)
+    from trainmem.cli.app import untried_fixes
+    from trainmem.errors import SpecError
+    from trainmem.specs.training import TrainingConfig
+
+    controlnet = TrainingConfig(controlnet=True, resolution=64)
+    tips = " ".join(untried_fixes(controlnet))
+    assert "--lora-rank" not in tips
+    assert "--activation-checkpointing full" in tips and "--optimizer adamw-8bit" in tips
+    with pytest.raises(SpecError, match="controlnet: train_controlnet.py trains the whole"):
+        TrainingConfig(controlnet=True, lora_rank=16)

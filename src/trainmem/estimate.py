@@ -1097,7 +1097,8 @@ def setting_warnings(model: str | ModelSpec, training: TrainingConfig) -> list[s
     """One line for each setting that is accepted but ignored or out of range for the model,
     so that nothing is dropped silently: a ZeRO stage without data parallelism (ZeRO
     partitions across the data-parallel group: one rank holds everything, Rajbhandari et al.
-    2020, sec. 5), a sequence longer than the model's context (``max_position_embeddings``).
+    2020, sec. 5), a sequence longer than the model's context (``max_position_embeddings``),
+    an accelerate release no loop of the framework reads.
     """
     out = []
     if training.zero_stage > 0 and training.data_parallel_size == 1:
@@ -1112,6 +1113,14 @@ def setting_warnings(model: str | ModelSpec, training: TrainingConfig) -> list[s
         out.append(
             "warning: fsdp_embedding_head_units applies to FSDP FULL_SHARD over more than one "
             "rank without pipelining (zero_stage=3, data_parallel_size > 1): ignored here"
+        )
+    if t.accelerate_version and not t.conventions.accelerate_optimizer_zero_grad:
+        # Note [zero_grad's default by release]: only accelerate's prepared optimizer reads it
+        out.append(
+            f"warning: accelerate_version={t.accelerate_version} has no effect under "
+            f"--framework {t.framework}: only --framework accelerate-fsdp's loop calls the "
+            "zero_grad() of accelerate's prepared optimizer, whose default follows the release "
+            "(the HF Trainer calls torch's model.zero_grad()): ignored here"
         )
     longer = [n for n in training.earlier_seq_len_list if n > training.seq_len]
     if longer:

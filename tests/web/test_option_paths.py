@@ -11,19 +11,29 @@ import html
 import json
 import re
 import shlex
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import Invoke
+from conftest import MODELS_DIR, TESTS_DIR, Invoke
 from trainmem.web import handlers as h
 from trainmem.web.form import default_values, from_query, to_query
 
 pytest.importorskip("torch")
 pytest.importorskip("peft")
 
+CONFIGS = TESTS_DIR / "trace" / "diffusers_configs"
+
 TINY = {"model": "tiny-llama-test", "gpu": "T4", "micro_batch_size": 2, "seq_len": 64}
 GPT2 = {"model": "gpt2", "gpu": "T4"}
+FLUX = {"model": str(CONFIGS / "tiny-flux.json"), "gpu": "T4", "resolution": 64}
+SD3 = {"model": str(CONFIGS / "tiny-sd3.json"), "gpu": "T4", "resolution": 64}
+SMALL_CONTROLNET = {
+    "controlnet": True, "controlnet_double_layers": 1, "controlnet_single_layers": 0,
+    "text_seq_len": 16,
+}  # fmt: skip
+TINY_CHATGLM = str(MODELS_DIR / "remote_code" / "tiny-chatglm-test.json")
 
 #: widget changes of each path (the model and GPU included)
 PATHS: dict[str, dict[str, Any]] = {
@@ -49,7 +59,39 @@ PATHS: dict[str, dict[str, Any]] = {
     "litgpt release beside another framework": {**GPT2, "litgpt_version": "0.4.0"},
     "a version that is not one": {**GPT2, "transformers_version": "abc"},
     "an old transformers traced": {**TINY, "engine": "generic", "transformers_version": "4.45"},
+    # session 28's options (helper useraudit4, session 29)
+    "cut cross entropy under axolotl": {**TINY, "framework": "axolotl", "cut_cross_entropy": True},
+    "accelerate 0.27 keeps the gradients": {
+        **TINY, "framework": "accelerate-fsdp", "accelerate_version": "0.27.0"
+    },
+    "an accelerate release no loop reads": {**TINY, "accelerate_version": "0.27.0"},
+    "prefix tuning under ZeRO-2": {
+        **TINY, "num_virtual_tokens": 8, "data_parallel_size": 2, "zero_stage": 2
+    },
+    "prefix tuning with 8-bit Adam": {**TINY, "num_virtual_tokens": 8, "optimizer": "adamw-8bit"},
+    "cut cross entropy on litgpt's code": {**GPT2, "framework": "litgpt", "cut_cross_entropy": True},
+    "an accelerate release that is not one": {
+        **TINY, "framework": "accelerate-fsdp", "accelerate_version": "x.y"
+    },
+    "chatglm's quantize on llama": {
+        **TINY, "num_virtual_tokens": 8, "quantize_base": "chatglm-int8", "precision": "16-true"
+    },
+    "chatglm's quantize under LoRA": {**TINY, "lora_rank": 8, "quantize_base": "chatglm-int4"},
+    "controlnet blocks without a controlnet": {**FLUX, "controlnet_double_layers": 2},
+    "controlnet blocks on SD3": {**SD3, "controlnet": True, "controlnet_single_layers": 0},
+    "a controlnet with LoRA": {**FLUX, "controlnet": True, "lora_rank": 8},
 }  # fmt: skip
+
+SLOW_PATHS: dict[str, dict[str, Any]] = {
+    "FLUX controlnet": {**FLUX, **SMALL_CONTROLNET},
+    "FLUX controlnet does not fit": {**FLUX, **SMALL_CONTROLNET, "gpu": "0.01GB"},
+    "chatglm int4 p-tuning v2": {
+        "model": TINY_CHATGLM, "gpu": "T4", "num_virtual_tokens": 8,
+        "quantize_base": "chatglm-int4", "precision": "16-true",
+    },
+}  # fmt: skip
+"""Traced paths of session 28's options (a FLUX ControlNet, ChatGLM's quantize): tens of seconds
+each under load, twice (the page and its command)."""
 
 
 ASSUMED: dict[str, dict[str, str]] = {
@@ -60,21 +102,63 @@ ASSUMED: dict[str, dict[str, str]] = {
     "gradients freed on torch 1.13": {"torch": "1.13", "loop": "set_to_none=True"},
     "litgpt release": {"framework": "litgpt", "litgpt": "0.4.0"},
     "prefix tuning": {"framework": "pytorch-amp", "transformers": "(installed)"},
-}
+    # accelerate src/accelerate/optimizer.py v0.27.0 AcceleratedOptimizer.zero_grad:
+    # ``if set_to_none is None: set_to_none = False`` (True from v0.28.0)
+    "accelerate 0.27 keeps the gradients": {
+        "accelerate": "0.27.0", "loop": "keeps the gradients allocated"
+    },
+    "cut cross entropy under axolotl": {"framework": "axolotl"},
+    "FLUX controlnet": {"framework": "pytorch-amp"},
+}  # fmt: skip
 """What ``details.assumed`` of the path's JSON must say."""
 
 
 def _page(changes: dict[str, Any]) -> dict[str, str]:
+    """The page's outputs; a model that is a file is uploaded, as the page takes one."""
+    upload = changes["model"] if str(changes["model"]).endswith(".json") else None
+    if upload:
+        changes = {**changes, "model": default_values()["model"]}
     raw = h.widget_values({**default_values(), **changes})
-    return dict(zip(h.ESTIMATE_OUTPUTS, h.update([], None, *raw), strict=True))
+    return dict(zip(h.ESTIMATE_OUTPUTS, h.update([], upload, *raw), strict=True))
 
 
-@pytest.mark.parametrize("path", list(PATHS))
+def _command(out: dict[str, str], model: str) -> list[str]:
+    """The words of the page's command, an uploaded config named by its path here (the page
+    names it by its file name, as the user saved it)."""
+    words = shlex.split(out["cli"])[1:]
+    if model.endswith(".json"):
+        assert words[1] == Path(model).name
+        words[1] = model
+    return words
+
+
+NOT_ASSUMED: dict[str, tuple[str, ...]] = {
+    # accelerate's release is read only by accelerate-fsdp's own loop
+    "an accelerate release no loop reads": ("accelerate",),
+    # ChatGLM's quantize is its remote code's quantization.py, no bitsandbytes
+    "chatglm int4 p-tuning v2": ("bitsandbytes",),
+}
+"""What ``details.assumed`` of the path's JSON must not name."""
+
+NOTES: dict[str, str] = {
+    "an accelerate release no loop reads": "warning: accelerate_version=0.27.0 has no effect",
+}
+"""A note the path's JSON and page must both carry."""
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        *PATHS,
+        *(pytest.param(p, marks=pytest.mark.slow) for p in SLOW_PATHS),
+    ],
+)
 def test_the_page_and_its_command_give_one_answer(invoke: Invoke, path: str) -> None:
-    out = _page(PATHS[path])
+    changes = {**PATHS, **SLOW_PATHS}[path]
+    out = _page(changes)
     assert "unexpected error" not in out["message"] + out["result"]
     assert out["cli"].startswith("trainmem estimate ")
-    result = invoke(*shlex.split(out["cli"])[1:], "--json", exit_code=None)
+    result = invoke(*_command(out, str(changes["model"])), "--json", exit_code=None)
     if result.exit_code:
         assert result.exit_code == 2 and "Traceback" not in result.stderr
         error = result.stderr.strip().splitlines()[-1]
@@ -90,7 +174,11 @@ def test_the_page_and_its_command_give_one_answer(invoke: Invoke, path: str) -> 
     assert {"framework", "framework_means", "loop", "torch", "transformers"} <= assumed.keys()
     for key, text in ASSUMED.get(path, {}).items():
         assert text in assumed[key], (key, assumed[key])
-    if path == "prefix tuning does not fit":
+    assert not set(NOT_ASSUMED.get(path, ())) & assumed.keys(), assumed
+    if path in NOTES:
+        assert any(n.startswith(NOTES[path]) for n in d["notes"]), d["notes"]
+        assert html.escape(NOTES[path], quote=False) in out["result"]
+    if path.endswith("does not fit"):
         assert verdict == "does not fit"
 
 

@@ -29,6 +29,13 @@ from trainmem.specs.frameworks import (
     installed_version,
 )
 from trainmem.specs.sample_lengths import LongSamples, describe_lengths, sampled_seq_lens
+from trainmem.specs.training import CHATGLM_QUANTIZE
+
+NOT_BITSANDBYTES: tuple[str, ...] = ("none", "gptq-int4", *CHATGLM_QUANTIZE)
+"""``quantize_base`` values whose weights bitsandbytes does not hold: none, GPTQ (its own
+kernels' packed ``qweight``), ChatGLM's own ``quantize`` (its remote code's quantization.py,
+Note [ChatGLM's quantize]); the assumed bitsandbytes release is named only beside its
+quantized bases or 8-bit optimizers."""
 
 FRAMEWORK_SUMMARY: dict[str, str] = {
     "pytorch-amp": "a plain PyTorch loop: autocast on fp32 weights, fp32 gradients, torch.optim",
@@ -196,7 +203,9 @@ def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dic
 
     Returns:
         ``{"framework", "framework_means", "loop", "torch", "transformers", "bitsandbytes",
-        "torchao", "deepspeed", "torchtitan"}`` as text (``loop``: :func:`loop_of`), and
+        "torchao", "deepspeed", "torchtitan", "accelerate"}`` as text (``loop``:
+        :func:`loop_of`; bitsandbytes beside its quantized bases and 8-bit optimizers,
+        accelerate where the loop calls its optimizer's zero_grad), and
         ``"litgpt_sharding"`` for litgpt on more than one rank (:data:`LITGPT_SHARDING`),
         ``"precision"`` where it is the framework's own default (:func:`framework_precision`:
         torchtune's ``bf16-true``), ``"lora_targets"`` likewise (:func:`framework_lora_targets`:
@@ -262,7 +271,8 @@ def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dic
     else:
         installed = installed_version(library)
         out[library] = ".".join(map(str, installed)) + " (installed)" if installed else "?"
-    if config.get("quantize_base", "none") != "none" or "8bit" in str(config.get("optimizer")):
+    quantize = config.get("quantize_base") or "none"
+    if quantize not in NOT_BITSANDBYTES or "8bit" in str(config.get("optimizer")):
         out["bitsandbytes"] = _version(
             config.get("bitsandbytes_version"), DEFAULT_BITSANDBYTES_VERSION
         )
@@ -283,6 +293,12 @@ def assumptions(config: Mapping[str, Any], library: str = "transformers") -> dic
         if not given:  # the unsloth_zoo read with the default release
             zoo = ".".join(map(str, DEFAULT_UNSLOTH_ZOO_VERSION))
             out["unsloth"] = out["unsloth"].replace("(default)", f"(default; unsloth_zoo {zoo})")
+    row = FRAMEWORK_CONVENTIONS.get(framework)
+    if row is not None and row.accelerate_optimizer_zero_grad:
+        # its loop calls accelerate's optimizer's zero_grad(), which keeps the gradients
+        # before 0.28 (Note [zero_grad's default by release])
+        given = config.get("accelerate_version")
+        out["accelerate"] = str(given) if given else "a current release (default)"
     if framework == "deepspeed":
         out["deepspeed"] = _version(config.get("deepspeed_version"), DEFAULT_DEEPSPEED_VERSION)
     trl = _trl(config, framework)

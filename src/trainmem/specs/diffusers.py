@@ -534,8 +534,8 @@ def check_controlnet(config: Mapping[str, Any], training: Any) -> None:
         training: a :class:`~trainmem.specs.training.TrainingConfig`.
 
     Raises:
-        SpecError: ``controlnet`` on a model that is not one of :data:`CONTROLNET_BASES`, or
-            with LoRA (the ControlNet scripts train the whole ControlNet); a FLUX ControlNet's
+        SpecError: ``controlnet`` on a model that is not one of :data:`CONTROLNET_BASES`
+            (with LoRA: TrainingConfig refuses it, whatever the model); a FLUX ControlNet's
             block counts without ``controlnet`` on a FLUX transformer.
     """
     name = str(config.get("_class_name", ""))[:80] if is_diffusers_config(config) else ""
@@ -558,12 +558,6 @@ def check_controlnet(config: Mapping[str, Any], training: Any) -> None:
             "a ControlNet is made from a diffusers UNet2DConditionModel (SD 1.x / 2.x, SDXL: "
             "the pipeline's unet/config.json), FluxTransformer2DModel or SD3Transformer2DModel "
             f"config (transformer/config.json); this model is {what}: leave it off",
-        )
-    if training.lora_rank > 0:
-        raise SpecError(
-            "controlnet",
-            "train_controlnet.py trains the whole ControlNet; set lora_rank 0 (or leave "
-            "controlnet off to train LoRA adapters on the denoiser)",
         )
 
 

@@ -2726,6 +2726,7 @@ def _check_combinations(t: TrainingConfig) -> None:
     _check_micro_batches(t)
     _check_loop(t)
     _check_cut_cross_entropy(t)
+    _check_controlnet_lora(t)
     _check_step_in_backward(t)
     _check_ema_combinations(t)
     _check_fsdp1_model_parallel(t)
@@ -3333,6 +3334,20 @@ def _check_cut_cross_entropy(t: TrainingConfig) -> None:
             "cut_cross_entropy",
             "with tensor_parallel_size > 1 (its vocabulary-parallel kernel) is not modelled; "
             "allowed: tensor_parallel_size 1",
+        )
+
+
+def _check_controlnet_lora(t: TrainingConfig) -> None:
+    """A ControlNet is trained whole (diffusers v0.40 ``examples/controlnet/
+    train_controlnet.py`` / ``_flux.py`` / ``_sd3.py``: ``controlnet.train()``, all its
+    parameters to the optimizer, no LoRA adapters), so ``controlnet`` with ``lora_rank`` is
+    refused here, whatever the model, where the planner's and the OOM note's changes meet it
+    too (:func:`~trainmem.specs.diffusers.check_controlnet` refuses the models)."""
+    if t.controlnet and t.lora_rank > 0:
+        raise SpecError(
+            "controlnet",
+            "train_controlnet.py trains the whole ControlNet; set lora_rank 0 (or leave "
+            "controlnet off to train LoRA adapters on the denoiser)",
         )
 
 
