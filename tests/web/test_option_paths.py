@@ -69,7 +69,9 @@ PATHS: dict[str, dict[str, Any]] = {
         **TINY, "num_virtual_tokens": 8, "data_parallel_size": 2, "zero_stage": 2
     },
     "prefix tuning with 8-bit Adam": {**TINY, "num_virtual_tokens": 8, "optimizer": "adamw-8bit"},
-    "cut cross entropy on litgpt's code": {**GPT2, "framework": "litgpt", "cut_cross_entropy": True},
+    "cut cross entropy on litgpt's code": {
+        **GPT2, "framework": "litgpt", "cut_cross_entropy": True
+    },
     "an accelerate release that is not one": {
         **TINY, "framework": "accelerate-fsdp", "accelerate_version": "x.y"
     },
