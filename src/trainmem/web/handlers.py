@@ -133,11 +133,13 @@ _TRISTATES = frozenset(n for n in DEFAULTS if field(n).kind == "tristate")
 
 
 def request_of(config_path: str | None, values: Mapping[str, Any]) -> Request:
-    """The resolved request; an uploaded config.json replaces the preset (under a traced
-    engine, ``generic`` or ``trace``, as its path: they build the model from the file, as the
-    CLI's path argument does)."""
+    """The resolved request; an uploaded config.json replaces the preset (but under the
+    ``analytic`` engine as its path, as the CLI's path argument: the traced paths build the
+    model from the file, and ``auto`` sends a setting the formulas refuse there, prefix
+    tuning or ChatGLM's quantize on a formula family's config, whose fix search then traces
+    each candidate as the CLI's does)."""
     uploaded = model_from_upload(config_path)[0] if config_path else None
-    if config_path and values.get("engine") in ("generic", "trace"):
+    if config_path and values.get("engine") != "analytic":
         uploaded = config_path
     return resolve_request(values, uploaded)
 
