@@ -57,6 +57,10 @@ table.tm td.num {text-align: right; font-variant-numeric: tabular-nums}
 table.tm td[title] {cursor: help}
 table.tm tr.sum td {font-weight: 600}
 table.tm caption {caption-side: bottom; font-size: 0.85em; color: #666; text-align: left}
+#result[aria-busy="true"]:not(:has(#estimating))::before, #estimating::before {
+  content: "Estimating... (a traced model takes a while)"; display: block; padding: 6px 12px;
+  border-radius: 6px; background: #e8f0fe; border: 1px solid #4285f4; margin-bottom: 8px}
+#result[aria-busy="true"] .verdict {opacity: 0.5}
 """
 
 SLOT = ["tm-slot"]
@@ -68,6 +72,24 @@ SET_URL_JS = """(query) => {
   window.history.replaceState(null, "", url.toString());
 }"""
 """Write the page state into the address bar, so the link reproduces the configuration."""
+
+BUSY_JS = """() => {
+  document.getElementById("result")?.setAttribute("aria-busy", "true");
+}"""
+"""Mark the result as being computed (``aria-busy``; the CSS shows "Estimating..." above it
+and dims the previous verdict) before the estimate's request: a traced model takes tens of
+seconds, a minute on a loaded machine, and the estimate's own progress is hidden (it would
+flash on every change of a formula family's fast estimate)."""
+
+DONE_JS = """() => {
+  document.getElementById("result")?.removeAttribute("aria-busy");
+}"""
+"""The estimate's outputs are drawn (a verdict or the message): the page's own completion
+signal, which the browser tests wait on."""
+
+FIRST_ESTIMATE = '<div id="estimating" aria-busy="true"></div>'
+"""The result before the page's first estimate is drawn (the page loading, its query read):
+busy, as :data:`BUSY_JS` marks every later one."""
 
 _OPEN_GROUPS = ("Batch and sequence", "Precision and optimizer")
 
@@ -194,7 +216,7 @@ def build_app() -> Any:
                                 height=110,
                             )
             with gr.Column(scale=2):
-                result = gr.HTML(elem_id="result", elem_classes=SLOT)
+                result = gr.HTML(FIRST_ESTIMATE, elem_id="result", elem_classes=SLOT)
                 cli = gr.Textbox(
                     label="CLI: the same estimate in a terminal",
                     interactive=False,
@@ -258,14 +280,17 @@ def build_app() -> Any:
         last = "always_last"  # a change made while one is computed is computed next
 
         def refresh(event: Any) -> None:
-            """Chain estimate -> URL -> details -> fit and plan after ``event``."""
-            event.then(
+            """Chain busy -> estimate -> done -> URL -> details -> fit and plan after
+            ``event``."""
+            event.then(None, None, None, js=BUSY_JS, trigger_mode=last).then(
                 h.update,
                 [pins, config_file, *inputs],
                 estimate_outputs,
                 show_progress="hidden",
                 trigger_mode=last,
-            ).then(None, [query], None, js=SET_URL_JS, trigger_mode=last).then(
+            ).then(None, None, None, js=DONE_JS, trigger_mode=last).then(
+                None, [query], None, js=SET_URL_JS, trigger_mode=last
+            ).then(
                 h.details,
                 [tab, config_file, *inputs],
                 detail_outputs,
