@@ -130,3 +130,20 @@ def test_suggestions_for_a_controlnet_leave_out_lora() -> None:
     assert "--activation-checkpointing full" in tips and "--optimizer adamw-8bit" in tips
     with pytest.raises(SpecError, match="controlnet: train_controlnet.py trains the whole"):
         TrainingConfig(controlnet=True, lora_rank=16)
+
+
+def test_the_console_script_drops_library_deprecations(monkeypatch: pytest.MonkeyPatch) -> None:
+    # transformers 5.24's FutureWarnings on peft's prefix tuning (`past_key_values` is
+    # deprecated ...) reached stderr after every traced prompt-learning estimate (Note
+    # [Library deprecations kept off the CLI's output]); a program's own filters are kept
+    import warnings
+
+    from trainmem.cli.app import quiet_library_deprecations
+
+    monkeypatch.setattr("sys.warnoptions", [])  # no -W / PYTHONWARNINGS of the user's
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        quiet_library_deprecations()
+        warnings.warn("`past_key_values` is deprecated", FutureWarning, stacklevel=1)
+        warnings.warn("a user's warning", UserWarning, stacklevel=1)
+    assert [type(w.message) for w in seen] == [UserWarning]

@@ -10,6 +10,7 @@ import copy
 import gc
 import json
 import sys
+import warnings
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -481,7 +482,26 @@ def main() -> None:
         collector as it set it.
     """
     gc.freeze()
+    quiet_library_deprecations()
     only_invoked(sys.argv[1:])()
+
+
+def quiet_library_deprecations() -> None:
+    """Drop FutureWarnings in the console script's process, unless the user gave ``-W`` /
+    ``PYTHONWARNINGS`` (``sys.warnoptions``).
+
+    Note [Library deprecations kept off the CLI's output]
+        The libraries the traced paths drive warn each other of their own API changes as
+        FutureWarning: transformers 5.24 on peft's prefix tuning (``past_key_values`` "is
+        deprecated and will be removed in version 5.40.0 for Qwen2ForCausalLM.forward",
+        ``is_gradient_checkpointing`` "is deprecated"), printed with their source lines after
+        every traced prompt-learning estimate (session 28's ChatGLM P-Tuning v2 paths). They
+        say nothing about the user's run or its memory; trainmem raises none itself. As
+        ``gc.freeze`` above, only the console script does this: a program that imports
+        trainmem keeps its own warning filters.
+    """
+    if not sys.warnoptions:
+        warnings.filterwarnings("ignore", category=FutureWarning)
 
 
 def only_invoked(args: list[str]) -> typer.Typer:
