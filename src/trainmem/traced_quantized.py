@@ -29,10 +29,11 @@ def quantized_base_refusals(training: TrainingConfig) -> list[str]:
       base the fp32 layers are traced (Note [fp32 layers over a 16-bit quantized matmul] in
       trainmem/analytic/forward_transients.py).
 
-    * the rest of the base in the other 16-bit dtype than autocast's
-      (``TrainingConfig.kbit_dense_cast``, Note [A quantized base's other weights in another
-      16-bit dtype]): an fp16 residual stream beside bf16 matmuls, which flash-attn keeps
-      and the trace's attention (SDPA under autocast) does not.
+    The rest of the base in the other 16-bit dtype than autocast's
+    (``TrainingConfig.kbit_dense_cast``, Note [A quantized base's other weights in another
+    16-bit dtype]) is traced: the rest loaded in that dtype, each stand-in casting its output
+    back to its 16-bit input's dtype, the flash stand-in keeping a 16-bit input's dtype
+    (trainmem/trace/cuda_sdpa.py, as transformers' flash-attn path does).
 
     DoRA over a bitsandbytes base (QDoRA) runs peft's DoRA code on the stand-in's dequantized
     weight (Note [Traced quantized base]); over GPTQ peft refuses it, and so does
@@ -49,14 +50,5 @@ def quantized_base_refusals(training: TrainingConfig) -> list[str]:
             "the rest of a 16-bit model beside a quantized matmul that saves its input, a "
             "16-bit cast per linear; traced: nf4 / fp4 with bitsandbytes >= 0.43.2, or "
             "--precision bf16-mixed, 16-mixed or 32-true)"
-        )
-    if training.kbit_dense_cast:
-        out.append(
-            f"load_dtype={training.load_dtype} over quantize_base={kind} under "
-            f"precision={training.precision} (the rest of the base in {training.load_dtype} "
-            f"beside {training.compute_dtype} matmuls: the trace's attention stand-ins return "
-            f"{training.compute_dtype} where flash-attn keeps {training.load_dtype}; "
-            "modelled by the formulas: --engine analytic, or --load-dtype "
-            f"{training.compute_dtype})"
         )
     return out

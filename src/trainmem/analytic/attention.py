@@ -659,7 +659,11 @@ def _kernel_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dict
         terms["attention/sdpa_output"] = c * a * d * t
         terms["attention/logsumexp"] = 4 * a * t
         mha_copy = model.mha_out_proj_copy and training.micro_batch_size > 1
-        if sdpa_output_copied(model, training) or mha_copy:
+        # flash-attn over an fp16 stream under bf16 autocast returns fp16, which the output
+        # projection (a quantized linear) casts to bf16 itself: its own copy, not the
+        # kernel's output (Note [A quantized base's other weights in another 16-bit dtype])
+        cast = training.kbit_dense_cast
+        if sdpa_output_copied(model, training) or mha_copy or cast:
             # nn.MultiheadAttention: ``permute(2, 0, 1, 3).contiguous()`` of the (b, s, a, d)
             # kernel output (Family.mha_out_proj_copy); a view for one sequence
             terms["attention/out_proj_input"] = c * a * d * t

@@ -83,9 +83,15 @@ def make_cuda_sdpa(force: str | None = None) -> Callable[..., Any]:
         enable_gqa: bool = False,
     ) -> Any:
         lp = _autocast_dtype()
-        if lp is not None:
+        if lp is not None and not (force == "flash" and query.dtype != torch.float32):
             # CUDA autocast lists scaled_dot_product_attention as lower_precision_fp
-            # (aten/src/ATen/autocast_mode.h, AT_FORALL_LOWER_PRECISION_FP).
+            # (aten/src/ATen/autocast_mode.h, AT_FORALL_LOWER_PRECISION_FP). flash-attn is on
+            # no autocast list: transformers casts q / k / v to autocast's dtype only when q
+            # is fp32 (5.24 integrations/flash_attention.py ``get_target_dtype``,
+            # modeling_flash_attention_utils.py ``if target_dtype and q.dtype ==
+            # torch.float32``) and otherwise runs the 16-bit dtype they come in (an fp16
+            # stream under bf16 autocast: Note [A quantized base's other weights in another
+            # 16-bit dtype])
             from trainmem.trace.cuda_autocast import cast_for_autocast
 
             query, key, value = (cast_for_autocast(t, lp) for t in (query, key, value))

@@ -284,8 +284,12 @@ def _forward(self: Any, x: Any) -> Any:
         self.int8,
         self.int8_copy,
     )
-    if out.dtype != x.dtype and not torch.is_autocast_enabled(x.device.type):
-        out = out.to(x.dtype)  # Note [Traced quantized base]: bitsandbytes' ``.to(inp_dtype)``
+    if out.dtype != x.dtype and (
+        not torch.is_autocast_enabled(x.device.type) or x.dtype != torch.float32
+    ):
+        # Note [Traced quantized base]: bitsandbytes' ``.to(inp_dtype)``; under autocast only
+        # a 16-bit input's (an fp16 stream under bf16 autocast, kbit_dense_cast)
+        out = out.to(x.dtype)
     return out
 
 
@@ -376,9 +380,10 @@ def quantize_base(
         return chatglm_quantize(model, training, kept, model_type)
     dtype = getattr(torch, training.compute_dtype)
     if training.kbit_16bit_dense:  # loaded in 16 bits and not upcast by peft: the rest stays
+        rest = getattr(torch, training.kbit_dense_dtype)  # fp16 beside bf16: kbit_dense_cast
         for name, param in model.named_parameters():
             if "lora_" not in name and param.is_floating_point():
-                param.data = param.data.to(dtype)
+                param.data = param.data.to(rest)
     _check_weights_called(model, kept, training)
     storage = float_quant_storage(training)
     count = 0
