@@ -204,6 +204,14 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     # bitsandbytes returns its fp32 input's dtype: fp32 layers (TrainingConfig.
     # kbit_fp32_activations; session 22, helper qbf16)
     "qlora nf4 bf16-true": {**_QLORA, "precision": "bf16-true"},
+    # the rest of the base kept fp16 (transformers 4's load of a quantized base given no dtype)
+    # under bf16 autocast, flash-attn keeping the fp16 stream (session 29, helper quant29)
+    "qlora nf4 fp16 rest flash": {
+        **_QLORA,
+        "prepare_kbit_training": False,
+        "load_dtype": "float16",
+        "attention": "flash",
+    },
     "qdora nf4": {**_QLORA, "lora_variant": "dora"},
     "qdora int8": {"lora_rank": 16, "quantize_base": "int8", "lora_variant": "dora"},
     # torchao converts the adapters, not GPTQ's QuantLinear (Note [Tracing float8])

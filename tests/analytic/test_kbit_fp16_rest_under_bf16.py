@@ -16,7 +16,16 @@ no peft k-bit preparation, LoRA on q / v with dropout:
   B)``): three bf16 copies of the attention norm's output (q, k, v) and two of the MLP
   norm's (gate, up), 2 * h * t = 16,384 B each; a bf16 norm output is the tensor every base
   linear keeps, once;
+* flash-attn takes the fp16 q / k / v as they are (transformers casts only fp32 ones:
+  integrations/flash_attention.py ``get_target_dtype``) and returns fp16, so the output
+  projection's ``Linear4bit`` casts that too and keeps its bf16 copy, beside the kernel's own
+  saved fp16 output: 2 * a * d * t = 16,384 B a layer (both layers: the attention output
+  requires grad from q's and v's adapters on), where a bf16 rest's output projection keeps
+  the kernel's output itself;
 * the weights' bytes are the same (2 a value).
+
+The generic path traces the same (the rest loaded in fp16, each stand-in casting its output
+back to its fp16 input's dtype as ``Linear4bit.forward`` does, ``out.to(inp_dtype)``).
 """
 
 from __future__ import annotations
@@ -84,6 +93,9 @@ def test_each_base_linear_keeps_its_own_bf16_copy_of_an_fp16_input() -> None:
     kept = layer_activation_terms(MODEL, _nf4())
     assert (fp16["attention/qkv_input"], fp16["mlp/input"]) == (3 * COPY, 2 * COPY)
     assert (kept["attention/qkv_input"], kept["mlp/input"]) == (COPY, COPY)
+    # a = 4 heads of d = 16: the output projection's own bf16 copy of flash's fp16 output
+    assert fp16["attention/out_proj_input"] == 2 * 4 * 16 * 128 == COPY
+    assert kept.get("attention/out_proj_input", 0) == 0
 
 
 def test_same_weight_bytes_and_the_difference_in_the_estimate() -> None:
@@ -94,17 +106,25 @@ def test_same_weight_bytes_and_the_difference_in_the_estimate() -> None:
     assert runs[0].breakdown.parameters == runs[1].breakdown.parameters
     # no checkpointing: both layers keep theirs, but the first layer's q / k / v save no
     # input (the frozen embedding's output needs no gradient, so MatMul4Bit keeps
-    # ``(None, None)``): its MLP's two copies for one, the second layer's three for one and
-    # two for one, beside the head's weight copy
-    layers = (2 - 1) * COPY + (3 - 1 + 2 - 1) * COPY
+    # ``(None, None)``): its MLP's two copies for one and the output projection's copy, the
+    # second layer's three for one, two for one and the output projection's, beside the
+    # head's weight copy
+    layers = (2 - 1 + 1) * COPY + (3 - 1 + 2 - 1 + 1) * COPY
     assert runs[1].breakdown.activations - runs[0].breakdown.activations == layers + HEAD_COPY
 
 
-def test_the_traced_paths_refuse_it() -> None:
-    assert quantized_base_refusals(_nf4()) == []
-    (refusal,) = quantized_base_refusals(_nf4(load_dtype="float16"))
-    assert refusal.startswith("load_dtype=float16 over quantize_base=nf4")
-    assert "--engine analytic" in refusal
+@pytest.mark.slow  # two traces (~25 s on a loaded machine); the stand-in's run on real CPU
+# tensors is fast: tests/trace/test_traced_quantized.py
+def test_the_traced_paths_run_it() -> None:
+    # the same difference on the generic path's trace (the stand-in's own copies)
+    assert quantized_base_refusals(_nf4(load_dtype="float16")) == []
+    traced = [
+        estimate(PATH, t, engine="generic", simulate_allocator=False).breakdown
+        for t in (_nf4(), _nf4(load_dtype="float16"))
+    ]
+    layers = (2 - 1 + 1) * COPY + (3 - 1 + 2 - 1 + 1) * COPY
+    assert traced[1].activations - traced[0].activations == layers + HEAD_COPY
+    assert traced[0].parameters == traced[1].parameters
 
 
 def test_bitsandbytes_before_0_43_dequantizes_through_fp16() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -346,3 +347,65 @@ def test_trl_sfttrainer_from_026_casts_the_adapters_to_bf16() -> None:
     floats = {p.dtype for p in model.parameters() if p.is_floating_point()}
     assert floats == {torch.bfloat16}
     assert {p.dtype for p in model.parameters() if p.requires_grad} == {torch.bfloat16}
+
+
+def test_an_fp16_rest_under_bf16_autocast_saves_what_real_bitsandbytes_saves() -> None:
+    # Expected bytes from a real CPU run (session 29, helper quant29,
+    # benchmarks/kbit_fp16_rest_cpu.py; bitsandbytes 0.50.2, peft 0.21.2, transformers 5.24,
+    # torch 2.13): this Llama built in fp16, its linears but lm_head real bitsandbytes
+    # Linear4bit (nf4, compute dtype bf16), peft's bnb LoRA r16 on q_proj / v_proj, no k-bit
+    # preparation, one forward of 2 x 32 tokens with loss under bf16 autocast with CUDA's cast
+    # lists, the attention run as transformers' flash path runs it (16-bit q / k / v as they
+    # come, then a kernel on no autocast list): each Linear4bit took and returned fp16, every
+    # layer's input and the head's was fp16, and saved_tensors_hooks saw these bytes per
+    # dtype. The stand-in, run on the same real CPU tensors under the same emulations, must
+    # match (before, the trace loaded the rest in bf16 and was refused).
+    from trainmem.trace.cuda_autocast import cuda_autocast_policy
+    from trainmem.trace.hf_model import build_hf_training_model
+
+    training = TrainingConfig(framework="hf-trainer", micro_batch_size=2, seq_len=32,
+                              lora_rank=16, lora_targets=("q", "v"), lora_dropout=0.0,
+                              quantize_base="nf4", precision="bf16-mixed",
+                              prepare_kbit_training=False, load_dtype="float16",
+                              attention="flash")  # fmt: skip
+    assert training.kbit_dense_cast
+    model = build_hf_training_model(_TINY_LLAMA, training, device="cpu")
+    seen: dict[int, tuple[torch.dtype, int]] = {}
+    streams: list[torch.dtype] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        seen.setdefault(storage.data_ptr(), (t.dtype, storage.nbytes()))
+        return t
+
+    base = model.get_base_model()
+    for module in (*base.model.layers, base.lm_head):
+        module.register_forward_pre_hook(lambda _m, args: streams.append(args[0].dtype))
+    functional = torch.nn.functional
+    sdpa = functional.scaled_dot_product_attention
+
+    def flash_like(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *a: Any, **kw: Any) -> Any:
+        if q.dtype == torch.float32:  # transformers' get_target_dtype
+            q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
+        with torch.autocast("cpu", enabled=False):
+            return sdpa(q, k, v, *a, **kw)
+
+    ids = torch.randint(3, 512, (2, 32), generator=torch.Generator().manual_seed(1))
+    functional.scaled_dot_product_attention = flash_like
+    try:
+        with cuda_autocast_policy(), torch.autocast("cpu", torch.bfloat16):
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                out = model(input_ids=ids, labels=ids)
+    finally:
+        functional.scaled_dot_product_attention = sdpa
+    out.loss.backward()
+    by_dtype: dict[torch.dtype, int] = {}
+    for dtype, nbytes in seen.values():
+        by_dtype[dtype] = by_dtype.get(dtype, 0) + nbytes
+    assert streams == [torch.float16] * 3
+    assert by_dtype == {
+        torch.bfloat16: 225_280,
+        torch.float16: 300_032,
+        torch.float32: 265_220,
+        torch.int64: 512,
+    }

@@ -110,7 +110,7 @@ Note [transformers 4 loads a quantized base in float16]
     dtype is gone; where they stay as loaded (``TrainingConfig.kbit_16bit_dense``) it is
     ``TrainingConfig.kbit_dense_dtype``: float16 under ``16-mixed`` the compute dtype, under
     ``bf16-mixed`` an fp16 stream beside bf16 matmuls (Note [A quantized base's other weights
-    in another 16-bit dtype]), modelled with ``--attention flash`` by the formulas only."""
+    in another 16-bit dtype]), modelled with ``--attention flash`` by both engines."""
 
 QWEN_INIT_CAST_SOURCE = (
     "Qwen/Qwen-7B modeling_qwen.py QWenLMHeadModel.__init__ (the Hub repo's copy "

@@ -2296,10 +2296,26 @@ class TrainingConfig(  # bases listed last concern first: a dataclass's fields a
               ``Linear4bit.forward``: ``x = x.to(self.compute_dtype)``, which ``MatMul4Bit``
               saves before 0.43.2; peft's LoRA under autocast casts the dropout output), as
               autocast does over fp32 weights (``autocast_casts_layer_inputs``), and casts
-              its output back (``out = out.to(inp_dtype)``).
+              its output back (``out = out.to(inp_dtype)``);
+            * flash-attn takes those fp16 q / k / v as they are (transformers casts them to
+              autocast's dtype only when q is fp32: 5.24 integrations/flash_attention.py
+              ``get_target_dtype``; flash-attn is on no autocast list) and returns fp16, so
+              the output projection casts it too and, where the matmul saves its input,
+              keeps that bf16 copy beside the kernel's saved fp16 output (found by the
+              generic path's trace, session 29).
 
             Given as ``load_dtype`` (``--load-dtype float16``) beside ``bf16-mixed``: the
-            weights' bytes are the same 2 a value."""
+            weights' bytes are the same 2 a value. Both engines run it; a real CPU run
+            (bitsandbytes 0.50.2 ``Linear4bit``, peft 0.21.2, a 2-layer Llama in fp16 under
+            bf16 autocast with CUDA's lists; benchmarks/kbit_fp16_rest_cpu.py) saves the
+            bytes per dtype the trace's stand-in does. The fp16 stream is peft's before
+            0.9.0: its ``lora.bnb.Linear4bit`` adds the adapters' output in place (v0.8.2
+            tuners/lora/bnb.py ``result += output``: fp16); from v0.9.0 ``result = result +
+            output`` adds a bf16 output under autocast to the fp16 base output, so a targeted
+            linear returns fp32, flash then casts q / k / v to bf16 and the residual add turns
+            the stream fp32 after the first attention (the same CPU run with peft's
+            ``torch.is_autocast_enabled()`` answering as on a GPU: +25 % saved bytes). Not
+            modelled (no peft release setting): both engines give the fp16 stream."""
         return self.kbit_16bit_dense and self.kbit_dense_dtype != self.compute_dtype
 
     @property
