@@ -9,12 +9,12 @@ schedule, an independent derivation) for the agreement within 1% on a formula fa
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from conftest import MODELS_DIR
+from conftest import MODELS_DIR, REPO_DIR
 from trainmem.estimate import estimate
 from trainmem.specs.training import TrainingConfig
 
@@ -358,54 +358,17 @@ def test_an_fp16_rest_under_bf16_autocast_saves_what_real_bitsandbytes_saves() -
     # lists, the attention run as transformers' flash path runs it (16-bit q / k / v as they
     # come, then a kernel on no autocast list): each Linear4bit took and returned fp16, every
     # layer's input and the head's was fp16, and saved_tensors_hooks saw these bytes per
-    # dtype. The stand-in, run on the same real CPU tensors under the same emulations, must
-    # match (before, the trace loaded the rest in bf16 and was refused).
-    from trainmem.trace.cuda_autocast import cuda_autocast_policy
-    from trainmem.trace.hf_model import build_hf_training_model
+    # dtype. The stand-in (the benchmark's stand_in_model: build_hf_training_model with
+    # --load-dtype float16), run on the same real CPU tensors the same way, must match (before,
+    # the trace loaded the rest in bf16, and the traced paths refused it).
+    sys.path.insert(0, str(REPO_DIR / "benchmarks"))
+    from kbit_fp16_rest_cpu import saved_by_dtype, stand_in_model
 
-    training = TrainingConfig(framework="hf-trainer", micro_batch_size=2, seq_len=32,
-                              lora_rank=16, lora_targets=("q", "v"), lora_dropout=0.0,
-                              quantize_base="nf4", precision="bf16-mixed",
-                              prepare_kbit_training=False, load_dtype="float16",
-                              attention="flash")  # fmt: skip
-    assert training.kbit_dense_cast
-    model = build_hf_training_model(_TINY_LLAMA, training, device="cpu")
-    seen: dict[int, tuple[torch.dtype, int]] = {}
-    streams: list[torch.dtype] = []
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        seen.setdefault(storage.data_ptr(), (t.dtype, storage.nbytes()))
-        return t
-
-    base = model.get_base_model()
-    for module in (*base.model.layers, base.lm_head):
-        module.register_forward_pre_hook(lambda _m, args: streams.append(args[0].dtype))
-    functional = torch.nn.functional
-    sdpa = functional.scaled_dot_product_attention
-
-    def flash_like(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *a: Any, **kw: Any) -> Any:
-        if q.dtype == torch.float32:  # transformers' get_target_dtype
-            q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
-        with torch.autocast("cpu", enabled=False):
-            return sdpa(q, k, v, *a, **kw)
-
-    ids = torch.randint(3, 512, (2, 32), generator=torch.Generator().manual_seed(1))
-    functional.scaled_dot_product_attention = flash_like
-    try:
-        with cuda_autocast_policy(), torch.autocast("cpu", torch.bfloat16):
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                out = model(input_ids=ids, labels=ids)
-    finally:
-        functional.scaled_dot_product_attention = sdpa
-    out.loss.backward()
-    by_dtype: dict[torch.dtype, int] = {}
-    for dtype, nbytes in seen.values():
-        by_dtype[dtype] = by_dtype.get(dtype, 0) + nbytes
-    assert streams == [torch.float16] * 3
+    by_dtype, streams = saved_by_dtype(torch, stand_in_model(torch))
+    assert streams == ["torch.float16"] * 3
     assert by_dtype == {
-        torch.bfloat16: 225_280,
-        torch.float16: 300_032,
-        torch.float32: 265_220,
-        torch.int64: 512,
+        "torch.bfloat16": 225_280,
+        "torch.float16": 300_032,
+        "torch.float32": 265_220,
+        "torch.int64": 512,
     }
