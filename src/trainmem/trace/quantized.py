@@ -48,11 +48,14 @@ Note [Traced quantized base]
       ``(out, in)`` tensor of the compute dtype, the matmul, the dequantized weight freed
       (bitsandbytes autograd/_functions.py ``MatMul4Bit.forward``:
       ``F.dequantize_4bit(B, quant_state).to(A.dtype).t()`` into ``torch.nn.functional.linear``);
-      outside autocast the output cast back to the input's dtype, the compute-dtype output
-      freed (bitsandbytes 0.45.0 nn/modules.py ``Linear4bit.forward``: ``matmul_4bit(x, ...)
-      .to(inp_dtype)`` after ``x = x.to(self.compute_dtype)``; ``MatMul8bitLt.forward``:
-      ``.to(A.dtype)``): after peft's upcast under ``bf16-true`` every quantized linear reads
-      and returns fp32, so the whole residual stream and every layer activation is fp32.
+      outside autocast, and under it for a 16-bit input of the other dtype (an fp16 stream
+      under bf16 autocast: ``TrainingConfig.kbit_dense_cast``; checked against a real CPU run,
+      benchmarks/kbit_fp16_rest_cpu.py), the output cast back to the input's dtype, the
+      compute-dtype output freed (bitsandbytes 0.45.0 nn/modules.py ``Linear4bit.forward``:
+      ``matmul_4bit(x, ...).to(inp_dtype)`` after ``x = x.to(self.compute_dtype)``;
+      ``MatMul8bitLt.forward``: ``.to(A.dtype)``): after peft's upcast under ``bf16-true``
+      every quantized linear reads and returns fp32, so the whole residual stream and every
+      layer activation is fp32.
       Checked against a real CPU run (bitsandbytes 0.50.2, peft 0.21.2, transformers 5.24:
       a 2-layer 128-wide Llama loaded in bf16, its linears bitsandbytes ``Linear4bit`` nf4 /
       fp4 or ``Linear8bitLt``, ``prepare_model_for_kbit_training`` then LoRA r16 on q / v,
@@ -107,7 +110,7 @@ Note [Traced quantized base]
     as given, not a cast), and, under autocast, the cast of a 4-bit linear's output back to
     the input's dtype (bitsandbytes nn/modules.py ``Linear4bit.forward``: ``matmul_4bit(x,
     ...).to(inp_dtype)`` after ``x = x.to(self.compute_dtype)``: an fp32 output when the input
-    is fp32), which the stand-in does outside autocast only.
+    is fp32), which the stand-in does outside autocast and for a 16-bit input only.
 """
 
 from __future__ import annotations
