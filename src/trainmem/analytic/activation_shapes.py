@@ -143,7 +143,9 @@ def tokens_per_sequence(model: ModelSpec, training: TrainingConfig) -> int:
         return (size[0] // p) * (size[1] // p) + int(model.class_token)
     if model.cross_attention:
         return training.decoder_seq_len
-    return training.seq_len
+    # p-tuning / prompt tuning: peft prepends its p prompts to the input embeddings (Note
+    # [Prompt learning in the formulas] in trainmem/analytic/prompt_encoder.py)
+    return training.seq_len + training.prepended_tokens
 
 
 def output_tokens(model: ModelSpec, training: TrainingConfig) -> int:

@@ -174,7 +174,7 @@ def _layer_adjustments(
                 autocast_weight_copies=autocast_weight_copy_bytes(model, training)
             ),
         ),
-        (training.is_lora, lambda terms: apply_lora(terms, model, training, t=t, k_top=k_top)),
+        (training.frozen_base, lambda terms: apply_lora(terms, model, training, t=t, k_top=k_top)),
         (
             training.conventions.own_model_code,
             lambda terms: apply_litgpt_attention(terms, model, training, t=t),

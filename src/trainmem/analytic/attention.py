@@ -23,6 +23,7 @@ from trainmem.specs.frameworks import (
 )
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
+from trainmem.units import dtype_bytes
 
 
 def sdpa_expands_kv(training: TrainingConfig) -> bool:
@@ -76,7 +77,16 @@ def transformers_repeats_kv(training: TrainingConfig) -> bool:
     if training.transformers_release < TRANSFORMERS_SDPA_GQA_SINCE:
         return True
     torch = parse_version("torch_version", training.torch_version) or DEFAULT_TORCH_VERSION
-    return training.padding_mask or torch < (2, 5)
+    return explicit_mask(training) or torch < (2, 5)
+
+
+def explicit_mask(training: TrainingConfig) -> bool:
+    """transformers hands SDPA an explicit mask in every layer: a padded batch's
+    (``padding_mask``), or prefix tuning's, whose ``p`` cached keys make the key length differ
+    from the query's (masking_utils.py ``_ignore_causal_mask_sdpa`` skips the mask only when
+    ``kv_length == query_length``; Note [Prompt learning in the formulas] in
+    trainmem/analytic/prompt_encoder.py)."""
+    return training.padding_mask or training.prefix_tokens > 0
 
 
 def repeat_kv_copies(model: ModelSpec) -> bool:
@@ -144,7 +154,7 @@ def sdpa_output_copied(model: ModelSpec, training: TrainingConfig) -> bool:
         or (
             training.attention == "sdpa"
             and c == 2
-            and not training.padding_mask
+            and not explicit_mask(training)
             and not every_layer_masked
         )
     ) and model.head_dim <= 256
@@ -233,7 +243,8 @@ def boolean_mask_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     tensor]). Code other than transformers' keeps one mask per sequence (not checked)."""
     s = tokens_per_sequence(model, training)
     per_sequence = training.padding_mask or not training.conventions.hf_model_code
-    return (training.micro_batch_size if per_sequence else 1) * s * s
+    # (s, p + s) under prefix tuning: the p cached keys' columns too
+    return (training.micro_batch_size if per_sequence else 1) * s * (s + training.prefix_tokens)
 
 
 def materialised_mask_bias_bytes(model: ModelSpec, training: TrainingConfig) -> int:
@@ -262,7 +273,7 @@ def materialised_mask_bias_bytes(model: ModelSpec, training: TrainingConfig) -> 
     the batch instead."""
     hf = training.conventions.hf_model_code
     padded = (
-        training.padding_mask
+        explicit_mask(training)
         and training.attention == "sdpa"
         and model.architecture == "decoder"
         and not model.sdpa_mask_materialised
@@ -271,7 +282,8 @@ def materialised_mask_bias_bytes(model: ModelSpec, training: TrainingConfig) -> 
         return 0
     c, _ = compute_and_residual_bytes(training)
     s = tokens_per_sequence(model, training)
-    per_layer = c * training.micro_batch_size * s * s
+    # prefix tuning's mask has the p cached keys' columns too: (b, 1, s, p + s)
+    per_layer = c * training.micro_batch_size * s * (s + training.prefix_tokens)
     if padded and sliding_mask_applies(model, training):
         full = model.num_layers - model.num_sliding_layers
         return -(-per_layer * full // model.num_layers)
@@ -391,10 +403,10 @@ def eager_scores_forward_bytes(model: ModelSpec, training: TrainingConfig) -> tu
 
 def builds_training_kv_cache(model: ModelSpec, training: TrainingConfig) -> bool:
     """transformers' model code builds a KV cache in the training forward
-    (``ModelSpec.forward_kv_cache``, no activation checkpointing: Note [The training KV
-    cache's copies])."""
+    (``ModelSpec.forward_kv_cache``, or peft's prefix handed in as ``past_key_values``; no
+    activation checkpointing: Note [The training KV cache's copies])."""
     return (
-        model.forward_kv_cache
+        (model.forward_kv_cache or bool(training.prefix_tokens))
         and training.activation_checkpointing == "none"
         and training.conventions.hf_model_code
     )
@@ -459,14 +471,24 @@ def forward_kv_cache_bytes(model: ModelSpec, training: TrainingConfig, num_layer
         part, whole = model.num_sliding_layers, model.num_layers
     else:
         part, whole = 0, 1
-    t = training.micro_batch_size * tokens_per_sequence(model, training)
+    # prefix tuning: the cache holds the prefix's p rows before each layer's (Note [Prompt
+    # learning in the formulas] in trainmem/analytic/prompt_encoder.py)
+    s = tokens_per_sequence(model, training) + training.prefix_tokens
+    t = training.micro_batch_size * s
     width = -(-model.num_kv_heads * model.head_dim * t // parallel_divisor("attention/v", training))
     repeated = width * num_layers * part // whole
     # Note [The rotated keys' dtype by release]: the rotary tables are in the residual's dtype
     # from the release that computes them at the model level, in the values' before it
     k = r if model.rotates_in_residual_dtype(training.transformers_release) else c
+    v = c
+    if training.prefix_tokens:
+        # peft casts the prefix to the base model's dtype; ``torch.cat`` promotes each layer's
+        # keys / values to the wider of it and the layer's own
+        prefix = dtype_bytes(training.weight_dtype)
+        k, v = max(k, prefix), max(v, prefix)
     keys = k * width * num_layers if k != c else c * repeated  # the keys' copies
-    values = c * repeated  # the values' copies: SDPA saves the repeated tensors
+    # the values' copies: SDPA saves the repeated tensors (or its own 16-bit cast)
+    values = v * width * num_layers if v != c else c * repeated
     return keys + values
 
 
@@ -518,7 +540,7 @@ def apply_mla(terms: dict[str, int], model: ModelSpec, training: TrainingConfig,
     mixed = autocast_casts_layer_inputs(training)
     terms["attention/qkv_input"] = c * h * t * (cast_copies(2, training) if mixed else 1)
     # a frozen norm (LoRA) saves no normalised tensor: only its weight's gradient reads it
-    normalised = 0 if training.is_lora else c
+    normalised = 0 if training.frozen_base else c
     for rank, name in ((model.q_lora_rank, "q"), (model.kv_lora_rank, "kv")):
         if rank:
             terms[f"attention/{name}_latent_norm"] = (4 * rank + normalised * rank + 4) * t
@@ -589,6 +611,11 @@ def attention_terms(
     kv_saved = a if kv_saved_repeated(model, training) else kv
     terms["attention/q_k"] = c * (a * d + kv_saved * d) * t
     terms["attention/v"] = c * kv_saved * d * t
+    if training.prefix_tokens:
+        # prefix tuning: the keys and values SDPA saves are the cache's p + s rows
+        # (Note [Prompt learning in the formulas] in trainmem/analytic/prompt_encoder.py)
+        prefix = training.micro_batch_size * training.prefix_tokens
+        terms["attention/prefix_kv"] = 2 * c * kv_saved * d * prefix
     if model.fused_qkv_output_kept and kv == a:
         # v is a view of the fused (a + 2k) * d output, which it keeps alive (remote-code Qwen-1
         # ``c_attn(...).split``, Baichuan ``W_pack``; Note [Fused stand-in projections] in

@@ -73,7 +73,7 @@ def autocast_cached_weight_bytes(model: ModelSpec, training: TrainingConfig) -> 
     if not training.uses_autocast or (sharded and not leaves):
         return 0
     c, _ = compute_and_residual_bytes(training)
-    if not training.is_lora:
+    if not training.frozen_base:
         # 16-bit weights (autocast_over_loaded_16bit) are not kFloat: nothing cached
         if training.autocast_over_loaded_16bit:
             return 0

@@ -19,6 +19,7 @@ from trainmem.analytic.mlp import (
     experts_per_token,
     sequential_pre_norm_block,
 )
+from trainmem.analytic.params import adapter_targets
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
@@ -98,7 +99,7 @@ def mlp_backward_parts(model: ModelSpec, training: TrainingConfig) -> MlpBackwar
         return None
     if model.num_experts > 1 and training.conventions.hf_model_code:
         return None
-    recomputed = training.is_lora and layer_is_checkpointed(training)
+    recomputed = training.frozen_base and layer_is_checkpointed(training)
     split = down_backward_before_recompute(training) or recompute_holds_down_copy(model, training)
     split = split or reentrant_recompute_runs_down(training)
     if recomputed and not split:  # the Note's last paragraph
@@ -114,7 +115,7 @@ def mlp_backward_parts(model: ModelSpec, training: TrainingConfig) -> MlpBackwar
     # a frozen down projection (LoRA's base) makes no weight gradient (the node's output mask),
     # except torchao's float8 linear, which computes it anyway (Note [Float8 casts of a base
     # weight]: ``matmul_with_hp_or_float8_args.backward`` never reads ``needs_input_grad``)
-    trained = training.uses_autocast and not training.is_lora
+    trained = training.uses_autocast and not training.frozen_base
     weight = weight if trained or float8_frozen_weight_gradient(training) else 0
     return MlpBackwardParts(down_input, weight, (n - 1) * down_input)
 
@@ -147,13 +148,13 @@ def down_backward_before_recompute(training: TrainingConfig) -> bool:
         first there.
     """
     return (
-        training.is_lora
+        training.frozen_base
         and training.activation_checkpointing == "full"
         and training.conventions.hf_model_code
         and not layer_checkpoint_reentrant(training)
         and training.quantize_base in ("nf4", "nf4-dq", "fp4", "fp4-dq")
         and not training.quantized_matmul_saves_input
-        and "down" not in training.lora_targets
+        and "down" not in adapter_targets(training)
     )
 
 
@@ -164,13 +165,13 @@ def reentrant_recompute_runs_down(training: TrainingConfig) -> bool:
     down projection, full reentrant checkpointing of transformers' layers (fsdp_qlora's
     ``CheckpointImpl.REENTRANT``)."""
     return (
-        training.is_lora
+        training.frozen_base
         and training.activation_checkpointing == "full"
         and training.conventions.hf_model_code
         and layer_checkpoint_reentrant(training)
         and training.quantize_base in ("nf4", "nf4-dq", "fp4", "fp4-dq")
         and not training.quantized_matmul_saves_input
-        and "down" not in training.lora_targets
+        and "down" not in adapter_targets(training)
     )
 
 
@@ -195,7 +196,7 @@ def recompute_holds_down_copy(model: ModelSpec, training: TrainingConfig) -> boo
     model h2048, LoRA r 16, selective: q,v -1.17 -> +0.00 %, all seven +5.06 -> +1.21 %, down
     +3.09 -> -0.08 %, o -2.12 -> -0.43 %, h1024)."""
     return (
-        training.is_lora
+        training.frozen_base
         and training.activation_checkpointing in ("full", "selective")
         and training.conventions.hf_model_code
         and training.uses_autocast
@@ -208,7 +209,7 @@ def recompute_holds_down_copy(model: ModelSpec, training: TrainingConfig) -> boo
 
 def no_dora_on_down(training: TrainingConfig) -> bool:
     """DoRA whose targets leave the down projection without an adapter."""
-    return training.lora_variant == "dora" and "down" not in training.lora_targets
+    return training.lora_variant == "dora" and "down" not in adapter_targets(training)
 
 
 def recompute_runs_down_forward(model: ModelSpec, training: TrainingConfig) -> bool:
@@ -271,9 +272,9 @@ def recompute_runs_down_forward(model: ModelSpec, training: TrainingConfig) -> b
     if float8_eager_casts(model, training):  # Note [Float8 casts of a base weight]
         return True
     return (
-        training.is_lora
+        training.frozen_base
         and training.quantize_base == "gptq-int4"
-        and "down" not in training.lora_targets
+        and "down" not in adapter_targets(training)
     )
 
 

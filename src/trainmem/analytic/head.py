@@ -56,11 +56,11 @@ def head_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[st
         # the encoder stack's final_layer_norm, on the source tokens (frozen under LoRA, as
         # the decoder's final norm below: it saves no normalised tensor)
         t_source = b * training.seq_len
-        trained = not training.is_lora
+        trained = not training.frozen_base
         out["encoder_final_norm"] = norm_saved_bytes(model, r, trainable=trained) * t_source
     if model.final_norm:  # BERT (post-LN) has none
         # Note [Chunked head's first weight-gradient sum]: eager beside a compiled loss
-        trainable = not training.is_lora and (
+        trainable = not training.frozen_base and (
             not training.compile or compiled_chunked_loss(model, training)
         )
         fp32 = litgpt_norm_weight_in_fp32(training)
@@ -225,14 +225,18 @@ def final_hidden_transient_bytes(model: ModelSpec, training: TrainingConfig) -> 
     """Bytes of the final norm's output, held by the causal-LM forward
     (``hidden_states = outputs.last_hidden_state``) while its loss runs, where nothing saves it:
     under autocast it is in the residual dtype r and the LM head saves its 16-bit cast (r*h per
-    token); when r = c the LM head saves this very tensor (``lm_head_input``). For the
-    families of ``ModelSpec.loss_holds_hidden``. Source: modeling_llama.py
-    ``LlamaForCausalLM.forward``; found by the trace engine."""
+    token); when r = c a trained LM head saves this very tensor (``lm_head_input``), a frozen
+    one (LoRA, prompt learning) saves no input (``mm`` keeps ``self`` only for the weight's
+    gradient), so the tensor is held here then too (generic path, 1024-wide agreement Llama,
+    bf16-true, 2 x 256 tokens: the forward's peak under LoRA r 16 and prefix tuning alike
+    c h t = 1,048,576 B over the formulas before). For the families of
+    ``ModelSpec.loss_holds_hidden``. Source: modeling_llama.py ``LlamaForCausalLM.forward``;
+    found by the trace engine."""
     c, r = compute_and_residual_bytes(training)
     if (
         model.head != "causal-lm"
         or not model.loss_holds_hidden
-        or r == c
+        or (r == c and training.trains_lm_head)
         or not training.conventions.hf_model_code
     ):
         return 0

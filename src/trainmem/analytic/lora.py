@@ -20,7 +20,12 @@ from trainmem.analytic.lora_variants import (
     dora_terms,
 )
 from trainmem.analytic.mlp import expert_loop
-from trainmem.analytic.params import adapted_linears, linear_shapes, lora_targeted
+from trainmem.analytic.params import (
+    adapted_linears,
+    adapter_targets,
+    linear_shapes,
+    lora_targeted,
+)
 from trainmem.analytic.t5 import source_tokens
 from trainmem.specs.frameworks import UNSLOTH_SMART_CHECKPOINT_SINCE
 from trainmem.specs.model import ModelSpec
@@ -103,7 +108,7 @@ def _adapter_input_copies(
     if not training.uses_autocast or training.lora_dropout > 0:
         return {}
     c, _ = compute_and_residual_bytes(training)
-    targets = set(training.lora_targets)
+    targets = set(adapter_targets(training))
     out: dict[str, int] = {}
     for name, (fan_in, _out, _n) in adapted_linears(model).items():
         targeted = lora_targeted(name, targets)
@@ -134,7 +139,7 @@ def _frozen_base_inputs(
         traced, 1,152,369,664 B from the formulas; 1,129,300,992 B before).
     """
     c, _ = compute_and_residual_bytes(training)
-    targets = set(training.lora_targets)
+    targets = set(adapter_targets(training))
     h = model.hidden_size
     qkv_targets = len({"q", "k", "v"} & targets)
     adapter_bytes = adapter_matmul_bytes(training, model)
@@ -225,7 +230,7 @@ def _frozen_grouped_experts(
     Checked against the generic path's trace (peft 0.21.2 on transformers 5.24; r8 q,v, 2 x
     256 tokens): see docs/formulas.md "LoRA on a transformers 5 MoE block"."""
     c, _ = compute_and_residual_bytes(training)
-    targets = set(training.lora_targets)
+    targets = set(adapter_targets(training))
     h, k = model.hidden_size, model.num_experts_per_tok
     if training.uses_autocast and "mlp/router" in terms:
         terms["mlp/router"] -= c * h * t
@@ -242,7 +247,7 @@ def _adapter_terms(
     """What each targeted linear's adapters save: A's output (saved by B), peft's dropout
     output and mask, and the input's cast to the fp32 adapters (Note [LoRA activations])."""
     c, _ = compute_and_residual_bytes(training)
-    targets = set(training.lora_targets)
+    targets = set(adapter_targets(training))
     # autocast runs the adapters' matmuls in 16-bit
     a_bytes = c if training.uses_autocast else adapter_matmul_bytes(training, model)
     # lit-gpt's fused ``attn`` applies one dropout to x for q, k and v together
@@ -509,7 +514,7 @@ def _mla_first_layer(
         -> +0.13 %, o -3.74 -> +0.14 % (the rest is the MoE block's, its own mechanism);
         tests/analytic/test_mla_lora.py by hand.
     """
-    targets = set(training.lora_targets)
+    targets = set(adapter_targets(training))
     shapes = linear_shapes(model)
     q_first = "q_a" if "q_a" in shapes else "q"
     q_chain = lora_targeted(q_first, targets)  # q_a's output needs a gradient
@@ -590,7 +595,9 @@ def first_layer_unsaved(model: ModelSpec, training: TrainingConfig) -> FirstLaye
         attention terms are every kind's. Not modelled (None): AdaLoRA and LoKr, and a
         parallel block with MLP adapters.
     """
-    targets = set(training.lora_targets)
+    if training.prefix_tokens:
+        return _prefix_first_layer(model, training)
+    targets = set(adapter_targets(training))
     parallel = model.parallel_attention
     if (
         not training.is_lora
@@ -642,6 +649,36 @@ def first_layer_unsaved(model: ModelSpec, training: TrainingConfig) -> FirstLaye
     whole += mla_whole
     if parallel:
         whole += ("mlp/",)
+    return FirstLayerUnsaved(whole, split_for_parallelism(less, training))
+
+
+def _prefix_first_layer(model: ModelSpec, training: TrainingConfig) -> FirstLayerUnsaved | None:
+    """:func:`first_layer_unsaved` under prefix tuning (Note [Prompt learning in the formulas]
+    in trainmem/analytic/prompt_encoder.py): the first layer's input needs no gradient up to
+    the concatenation of the prefix's keys and values with its own, so its input norm records
+    nothing and its frozen q / k / v (and a parallel block's MLP, which reads the same input)
+    keep no autocast weight copy; from attention's kernel on (its keys and values need a
+    gradient) it saves what every layer saves. None where the rule is not modelled
+    (checkpointing, a block that is not a pre-norm decoder's)."""
+    if (
+        training.activation_checkpointing != "none"
+        or training.input_embeddings_require_grad
+        or model.architecture != "decoder"
+        or not model.pre_norms
+        or model.mla
+    ):
+        return None
+    parallel = model.parallel_attention
+    first = FIRST_LINEARS + (MLP_LINEARS if parallel else ())
+    c, _ = compute_and_residual_bytes(training)
+    less: dict[str, int] = {}
+    if training.uses_autocast and training.quantize_base == "none":
+        less["autocast_weight_copies"] = sum(
+            c * fan_in * fan_out * n
+            for name, (fan_in, fan_out, n) in adapted_linears(model).items()
+            if name in first
+        )
+    whole: tuple[str, ...] = ("attention/norm", "mlp/") if parallel else ("attention/norm",)
     return FirstLayerUnsaved(whole, split_for_parallelism(less, training))
 
 

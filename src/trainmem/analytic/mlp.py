@@ -11,6 +11,7 @@ from trainmem.analytic.activation_shapes import (
     cast_copies,
     compute_and_residual_bytes,
 )
+from trainmem.analytic.params import adapter_targets
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
@@ -102,7 +103,7 @@ def moe_terms(model: ModelSpec, training: TrainingConfig, *, t: int) -> dict[str
     if si:
         terms["mlp/shared_expert"] = 4 * c * si * t
         if model.shared_expert_gate:
-            own_copy = c * h * (mixed and not training.is_lora)
+            own_copy = c * h * (mixed and not training.frozen_base)
             terms["mlp/shared_expert_gate"] = (c * h + c + own_copy) * t
     return terms
 
@@ -127,8 +128,8 @@ def expert_loop(model: ModelSpec, training: TrainingConfig) -> bool:
         and training.conventions.hf_model_code
         and model.model_type in EXPERT_LOOP_FAMILIES
         and training.transformers_release < EXPERT_LOOP_UNTIL
-        and training.is_lora
-        and not {"gate", "up", "down"} & set(training.lora_targets)
+        and training.frozen_base
+        and not {"gate", "up", "down"} & set(adapter_targets(training))
         and not training.quantized_matmul_saves_input
     )
 

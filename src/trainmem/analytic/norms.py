@@ -98,7 +98,7 @@ def norm_options(training: TrainingConfig) -> dict[str, bool]:
     :func:`fused_norms`, which saves the same), the weight multiplied in fp32 by litgpt's
     RMSNorm (:func:`norm_saved_bytes`)."""
     return {
-        "trainable": not training.is_lora and not training.compile,
+        "trainable": not training.frozen_base and not training.compile,
         "compiled": training.compile or fused_norms(training),
         "weight_in_fp32": litgpt_norm_weight_in_fp32(training),
     }

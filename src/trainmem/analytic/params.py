@@ -13,6 +13,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from trainmem.specs.model import ModelSpec
+from trainmem.specs.training import TrainingConfig
 
 LinearShapes = dict[str, tuple[int, int, int]]
 """Linear name -> (in_features, out_features, count per layer)."""
@@ -143,6 +144,12 @@ def lora_targeted(name: str, targets: tuple[str, ...] | set[str]) -> bool:
     ``SelfAttention.q``, peft tuners_utils.py ``check_target_module_exists``)."""
     name = name.removeprefix("cross_")
     return any(part in targets for part in FUSED_PARTS.get(name, (name,)))
+
+
+def adapter_targets(training: TrainingConfig) -> tuple[str, ...]:
+    """The linears LoRA adapts (``--lora-targets``); none without LoRA, whose default targets
+    a full fine-tune or prompt learning's frozen base leaves unread."""
+    return training.lora_targets if training.is_lora else ()
 
 
 ATTENTION_LINEARS = frozenset(

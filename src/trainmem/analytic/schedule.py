@@ -922,7 +922,7 @@ class _Layers:
         # autocast's 16-bit copy of a frozen down projection's weight (LoRA's base), saved by
         # its matmul, is made there as a quantized base's dequantized weight is
         copies = any(term == WEIGHT_COPIES and size for term, size in self.plan.saved)
-        if not ops and not (copies and self.training.is_lora):
+        if not ops and not (copies and self.training.frozen_base):
             return ops
         f: Phase = "forward"
         label = "what the forward holds at the down projection"

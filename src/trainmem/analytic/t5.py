@@ -111,7 +111,7 @@ def position_bucket_bytes(model: ModelSpec, training: TrainingConfig) -> tuple[i
     input-grad hook under checkpointing, :func:`~trainmem.analytic.activation_shapes.
     frozen_embeddings`): traced on tiny-t5 LoRA r4 under full checkpointing, the recompute
     frees the buckets right after the lookup."""
-    if training.is_lora:
+    if training.frozen_base:
         return 0, 0
     s_e, s_d = training.seq_len, training.decoder_seq_len
     return 8 * s_e * s_e, 8 * s_d * s_d

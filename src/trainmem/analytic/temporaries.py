@@ -114,7 +114,7 @@ def ema_step_temporary_bytes(
 
     Source: diffusers 0.42.1 src/diffusers/training_utils.py ``EMAModel.step``.
     """
-    weight = lora_adapter_dtype(training) if training.is_lora else training.weight_dtype
+    weight = lora_adapter_dtype(training) if training.frozen_base else training.weight_dtype
     ema = dtype_bytes(training.ema_dtype or weight)
     wide = max(ema, dtype_bytes(weight))  # s_param - param promotes to the wider dtype
     moved = ema * num_trainable_parameters if training.ema_device == "cpu" else 0
@@ -129,8 +129,8 @@ def _optimizer_only_temporary_bytes(
     tmp = _step_temporaries(training)
     copies = tmp.group_copies * num_trainable_parameters + tmp.largest_copies * largest_parameter
     if tmp.upcasts_16bit:  # transformers' Adafactor.step, Note [Optimizer-step temporaries]
-        weight = lora_adapter_dtype(training) if training.is_lora else training.weight_dtype
-        grad = weight if training.is_lora else training.grad_dtype
+        weight = lora_adapter_dtype(training) if training.frozen_base else training.weight_dtype
+        grad = weight if training.frozen_base else training.grad_dtype
         upcasts = (dtype_bytes(grad) < 4) + (dtype_bytes(weight) < 4)
         copies += upcasts * largest_parameter
     kernels = -(-tmp.largest_bytes_per_256 * largest_parameter // 256)  # torchao's compiled step

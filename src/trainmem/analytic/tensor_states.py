@@ -427,9 +427,9 @@ modules_to_save]): ``embedding/tokens.original``, ``lm_head.original``."""
 
 
 def _frozen_base(training: TrainingConfig) -> bool:
-    """The base's own tensors are frozen: LoRA trains its adapters (and the saved modules),
-    prompt learning its prompt encoder (Note [Prompt encoder tensors])."""
-    return training.is_lora or training.is_prompt_learning
+    """The base's own tensors are frozen (:attr:`~trainmem.specs.training.TrainingConfig.
+    frozen_base`: LoRA, or prompt learning's encoder, Note [Prompt encoder tensors])."""
+    return training.frozen_base
 
 
 def saved_modules(training: TrainingConfig) -> tuple[str, ...]:

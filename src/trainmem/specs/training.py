@@ -1340,6 +1340,32 @@ class PeftConfig:
         return self.num_virtual_tokens > 0
 
     @property
+    def frozen_base(self) -> bool:
+        """The base model's own weights are frozen: LoRA trains its adapters (and the saved
+        modules), prompt learning its prompt encoder (Note [Prompt encoder tensors] in
+        trainmem/analytic/prompt_encoder.py)."""
+        return self.is_lora or self.is_prompt_learning
+
+    @property
+    def prepended_tokens(self) -> int:
+        """The virtual tokens peft prepends to the input embeddings (and ``p`` ignored labels
+        to the labels): ``num_virtual_tokens`` under p-tuning / prompt tuning, 0 under prefix
+        tuning (its tokens are keys / values in the cache) or without prompt learning (Note
+        [Prefix tuning] in trainmem/trace/prefix.py)."""
+        if not self.is_prompt_learning or self.prompt_learning == "prefix-tuning":
+            return 0
+        return self.num_virtual_tokens
+
+    @property
+    def prefix_tokens(self) -> int:
+        """The virtual tokens whose keys / values every attention layer reads before the
+        sequence's: ``num_virtual_tokens`` under prefix tuning, else 0 (Note [Prefix tuning] in
+        trainmem/trace/prefix.py)."""
+        if self.is_prompt_learning and self.prompt_learning == "prefix-tuning":
+            return self.num_virtual_tokens
+        return 0
+
+    @property
     def trains_embedding(self) -> bool:
         """The token embedding's weight gets a gradient: full fine-tuning, or LoRA with
         ``embed_tokens`` in ``lora_modules_to_save`` (peft's trainable copy of it); never

@@ -149,12 +149,9 @@ def _read_only_prompt(model: Any) -> None:
 
 
 def prepended_tokens(training: TrainingConfig) -> int:
-    """The virtual tokens peft prepends to the input embeddings (and the labels): ``p`` under
-    p-tuning / prompt tuning, 0 under prefix tuning (its tokens are keys / values in the cache)
-    or without prompt learning (Note [Prefix tuning])."""
-    if not training.is_prompt_learning or training.prompt_learning == "prefix-tuning":
-        return 0
-    return training.num_virtual_tokens
+    """The virtual tokens peft prepends to the input embeddings (and the labels):
+    :attr:`~trainmem.specs.training.TrainingConfig.prepended_tokens` (Note [Prefix tuning])."""
+    return training.prepended_tokens
 
 
 def with_prompt_labels(

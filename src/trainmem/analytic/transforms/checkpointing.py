@@ -283,7 +283,7 @@ def layer_plan(ctx: RankContext) -> LayerPlan:
     frozen = 0
     if copy:  # autocast's cache holds them (Note [Analytic step schedule])
         copies = dropped.pop(WEIGHT_COPIES, 0)
-        frozen = max(copies - copy, 0) if t.is_lora else 0  # LayerPlan.frozen_copy
+        frozen = max(copies - copy, 0) if t.frozen_base else 0  # LayerPlan.frozen_copy
     out = LayerPlan(term_blocks(ctx, saved), term_blocks(ctx, dropped), copy, frozen)
     ctx.memo["layer_plan"] = out
     return out
