@@ -85,6 +85,7 @@ from trainmem.analytic.lora import apply_lora
 from trainmem.analytic.mlp import experts_per_token, mlp_terms
 from trainmem.analytic.norms import block_norm_bytes, norm_saved_bytes
 from trainmem.analytic.op_selective import op_selective_saved_bytes
+from trainmem.analytic.prompt_encoder import prompt_encoder_activation_bytes
 from trainmem.analytic.t5 import apply_t5, t5_stack_bytes
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
@@ -253,6 +254,7 @@ def embedding_activation_bytes(model: ModelSpec, training: TrainingConfig) -> di
         out["embedding_dropout_mask"] = h * t
     if model.architecture == "encoder-decoder":
         out.update(t5_stack_bytes(model, training))
+    out.update(prompt_encoder_activation_bytes(model, training))
     return split_for_parallelism(out, training)
 
 

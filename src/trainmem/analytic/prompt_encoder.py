@@ -27,10 +27,18 @@ Note [Prompt encoder tensors]
 
 from __future__ import annotations
 
+from trainmem.analytic.activation_shapes import compute_and_residual_bytes
+from trainmem.analytic.lora import lora_adapter_dtype
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
+from trainmem.units import dtype_bytes
 
-__all__ = ["PROMPT_ENCODER", "prompt_encoder_tensors"]
+__all__ = [
+    "PROMPT_ENCODER",
+    "prompt_encoder_activation_bytes",
+    "prompt_encoder_tensors",
+    "prompted_inputs_held_bytes",
+]
 
 PROMPT_ENCODER = "prompt_encoder."
 """Name prefix of the prompt encoder's tensors in the layout (Note [Prompt encoder tensors])."""
@@ -64,3 +72,66 @@ def prompt_encoder_tensors(
         (name + "transform.2.weight", t * width, width),
         (name + "transform.2.bias", width, width),
     ]
+
+
+def prompt_encoder_activation_bytes(model: ModelSpec, training: TrainingConfig) -> dict[str, int]:
+    """Bytes the prompt encoder's forward saves for its backward, by term (Note [Prompt
+    learning in the formulas]); {} without prompt learning or where it saves nothing but its
+    embedding's indices (a view of peft's prompt ids): prompt tuning, prefix tuning without
+    the projection.
+
+    p-tuning runs the encoder on one row of ``p`` virtual tokens and repeats its output ``b``
+    times (peft 0.21.2 peft_model.py ``get_prompt``: ``prompt_tokens[:1]``, then
+    ``prompts.repeat(batch_size, 1, 1)``), prefix tuning on ``b`` rows. They run in the
+    encoder's dtype ``w`` (:func:`~trainmem.analytic.lora.lora_adapter_dtype`, fp32 unless the
+    framework casts it);
+    under autocast each linear casts its fp32 weight and its input to the compute dtype ``c``
+    and saves both casts (``mm``: ``mat2`` for the input's gradient, ``self`` for the
+    weight's), and the activations between the linears are ``c``:
+
+    * p-tuning's MLP (peft 0.21.2 tuners/p_tuning/model.py ``PromptEncoder``: ``Linear(h, e)``,
+      ReLU, ``Linear(e, e)``, ReLU, ``Linear(e, h)``, ``e = h``): the first linear's input,
+      the two ReLU outputs (``relu`` saves its result, which the next linear saves too), and
+      under autocast the three weights' copies;
+    * prefix tuning's projection (tuners/prefix_tuning/model.py ``PrefixEncoder``:
+      ``Linear(t, e)``, Tanh, ``Linear(e, 2 L t)``): the first linear's input, the tanh output
+      (saved by ``tanh`` and the second linear) and under autocast the two weights' copies.
+    """
+    if training.prompt_learning == "p-tuning":
+        h = e = model.hidden_size
+        linears = [(h, e), (e, e), (e, h)]
+        inner = 2 * e  # the two ReLU outputs
+        rows = training.num_virtual_tokens  # one row, repeated b times after the encoder
+    elif training.prompt_learning == "prefix-tuning" and training.prefix_projection:
+        t = model.head_dim * model.num_kv_heads
+        h, e = t, t
+        linears = [(t, e), (e, 2 * model.num_layers * t)]
+        inner = e  # the tanh output
+        rows = training.micro_batch_size * training.num_virtual_tokens
+    else:
+        return {}
+    c, _ = compute_and_residual_bytes(training)
+    w = dtype_bytes(lora_adapter_dtype(training))
+    cast = training.uses_autocast and w != c
+    a = c if training.uses_autocast else w  # the activations' dtype inside the encoder
+    out = {"prompt_encoder/activations": a * rows * (h + inner)}
+    if cast:
+        out["prompt_encoder/weight_copies"] = c * sum(i * o for i, o in linears)
+    return out
+
+
+def prompted_inputs_held_bytes(model: ModelSpec, training: TrainingConfig) -> int:
+    """Bytes peft's forward holds from the embedding to the end of the loss under p-tuning /
+    prompt tuning, where nothing saves them (Note [Prompt learning in the formulas]): the
+    ``b`` repeated prompts in the residual dtype ``r`` (r b p h) and, unless the first layer's
+    norm saves it as it is (an fp32 residual stream, whose ``to(float32)`` is the tensor
+    itself), the prompted input embeddings (r b (p + s) h). 0 otherwise."""
+    p = training.prepended_tokens
+    if not p:
+        return 0
+    _, r = compute_and_residual_bytes(training)
+    b, h = training.micro_batch_size, model.hidden_size
+    held = r * b * p * h  # ``prompts``
+    if r < 4:  # ``inputs_embeds``: the first norm saves its fp32 cast instead
+        held += r * b * (training.seq_len + p) * h
+    return held

@@ -132,6 +132,7 @@ from trainmem.analytic.loss import (
     upcast_logits_bytes,
 )
 from trainmem.analytic.pipeline import logits_bytes
+from trainmem.analytic.prompt_encoder import prompted_inputs_held_bytes
 from trainmem.analytic.tensor_states import StateLayout
 from trainmem.analytic.transforms import active
 from trainmem.analytic.transforms.base import (
@@ -1247,6 +1248,8 @@ class _Ends:
         self.layer_cache = 0 if transforms.held_cache else layer_kv_cache_bytes(ctx)
         self.layer_caches = ctx.num_layers if self.layer_cache else 0
         self.final_hidden = final_hidden_transient_bytes(model, training) if head else 0
+        # peft's prompted input embeddings, held to the end of its forward (the loss)
+        self.prompted = prompted_inputs_held_bytes(model, training) if rank.stage == 0 else 0
         self.input_grad_hook = input_grad_hook_bytes(model, training) if rank.stage == 0 else 0
         self.emb_acts = ctx.profile.embedding if rank.stage == 0 else 0
         self.head_acts = ctx.profile.head if head else 0
@@ -1312,6 +1315,12 @@ class _Ends:
         label = "embedding activations"
         return alloc(self.emb_acts, Cat.ACTIVATION, "forward", "act/embedding", "embedding", label)
 
+    def prompted_inputs(self) -> Op:
+        """peft's prompts and prompted input embeddings under p-tuning / prompt tuning, held by
+        its forward from the embedding to the loss (Note [Prompt learning in the formulas])."""
+        label = "peft's prompted input embeddings, held until the loss"
+        return alloc(self.prompted, Cat.TEMPORARY, "forward", "prompted_inputs", "embedding", label)
+
     def head_forward(self, em: Emitter, where: Where) -> list[Item]:
         f: Phase = "forward"
         logits = alloc(
@@ -1374,7 +1383,7 @@ class _Ends:
         # key and module as the layer's own allocation has them), not a free per layer
         layer_cache = alloc(self.layer_cache, Cat.TEMPORARY, f, "kv_cache/{i}", "layers.{i}")
         caches = [Repeat((free(layer_cache, f),), self.layer_caches)] if self.layer_caches else []
-        return [*items, free(hidden, f), free(cache, f), *caches]
+        return [*items, free(hidden, f), free(cache, f), free(self.prompted_inputs(), f), *caches]
 
     def _loss_gradients(self) -> tuple[list[Op], Op]:
         """The loss's (tokens x vocab) gradients, two for a cross-entropy, three under DTensor's
@@ -1666,6 +1675,7 @@ class _Builder:
         f: Phase = "forward"
         items = em.at("micro_batch.begin", where)
         items.append(self.ends.embedding_activations())
+        items.append(self.ends.prompted_inputs())
         mask = alloc(
             self.mask_tmp if self.training.activation_checkpointing == "none" else 0,
             Cat.TEMPORARY,
