@@ -59,6 +59,13 @@ def input_grad_hook_bytes(model: ModelSpec, training: TrainingConfig) -> int:
     ):
         return 0
     _, r = compute_and_residual_bytes(training)
+    if training.prepended_tokens:
+        # p-tuning / prompt tuning: the leaf is the embedding's s tokens, not the first layer's
+        # input (peft's concatenation with the prompts), so it is held from the forward on
+        # (:func:`~trainmem.analytic.prompt_encoder.prompt_encoder_activation_bytes`); here
+        # its gradient alone
+        t = training.micro_batch_size * training.seq_len
+        return r * model.hidden_size * t // parallel_divisor("mlp/input", training)
     t = training.micro_batch_size * tokens_per_sequence(model, training)
     return 2 * r * model.hidden_size * t // parallel_divisor("mlp/input", training)
 

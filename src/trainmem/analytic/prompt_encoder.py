@@ -97,6 +97,15 @@ def prompt_encoder_activation_bytes(model: ModelSpec, training: TrainingConfig) 
       ``Linear(t, e)``, Tanh, ``Linear(e, 2 L t)``): the first linear's input, the tanh output
       (saved by ``tanh`` and the second linear) and under autocast the two weights' copies.
     """
+    out: dict[str, int] = {}
+    if training.prepended_tokens and training.input_embeddings_require_grad:
+        # the embedding's output, made a leaf by transformers' input-grad hook, held by its
+        # AccumulateGrad node: not the first layer's input, which is peft's concatenation
+        # (its gradient: trainmem.analytic.checkpointing.input_grad_hook_bytes)
+        _, r = compute_and_residual_bytes(training)
+        out["prompt_encoder/embedding_leaf"] = (
+            r * training.micro_batch_size * training.seq_len * model.hidden_size
+        )
     if training.prompt_learning == "p-tuning":
         h = e = model.hidden_size
         linears = [(h, e), (e, e), (e, h)]
@@ -109,12 +118,12 @@ def prompt_encoder_activation_bytes(model: ModelSpec, training: TrainingConfig) 
         inner = e  # the tanh output
         rows = training.micro_batch_size * training.num_virtual_tokens
     else:
-        return {}
+        return out
     c, _ = compute_and_residual_bytes(training)
     w = dtype_bytes(lora_adapter_dtype(training))
     cast = training.uses_autocast and w != c
     a = c if training.uses_autocast else w  # the activations' dtype inside the encoder
-    out = {"prompt_encoder/activations": a * rows * (h + inner)}
+    out["prompt_encoder/activations"] = a * rows * (h + inner)
     if cast:
         out["prompt_encoder/weight_copies"] = c * sum(i * o for i, o in linears)
     return out
@@ -125,13 +134,16 @@ def prompted_inputs_held_bytes(model: ModelSpec, training: TrainingConfig) -> in
     prompt tuning, where nothing saves them (Note [Prompt learning in the formulas]): the
     ``b`` repeated prompts in the residual dtype ``r`` (r b p h) and, unless the first layer's
     norm saves it as it is (an fp32 residual stream, whose ``to(float32)`` is the tensor
-    itself), the prompted input embeddings (r b (p + s) h). 0 otherwise."""
+    itself; nor under checkpointing, whose first layer saves it as its input), the prompted
+    input embeddings (r b (p + s) h). 0 otherwise."""
     p = training.prepended_tokens
     if not p:
         return 0
     _, r = compute_and_residual_bytes(training)
     b, h = training.micro_batch_size, model.hidden_size
     held = r * b * p * h  # ``prompts``
-    if r < 4:  # ``inputs_embeds``: the first norm saves its fp32 cast instead
+    # ``inputs_embeds``: the first norm saves its fp32 cast instead, a checkpointed first layer
+    # the tensor itself
+    if r < 4 and training.activation_checkpointing == "none":
         held += r * b * (training.seq_len + p) * h
     return held
