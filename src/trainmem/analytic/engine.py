@@ -31,13 +31,14 @@ from trainmem.analytic.buffers import device_context
 from trainmem.analytic.host_memory import host_memory
 from trainmem.analytic.loss import loss_backward_transient_bytes, loss_kind
 from trainmem.analytic.params import num_parameters
+from trainmem.analytic.prompt_encoder import check_prompt_learning
 from trainmem.analytic.schedule import PipelineRank, rank_schedule
 from trainmem.analytic.template import templated_schedules
 from trainmem.analytic.temporaries import cublas_workspace_bytes
 from trainmem.analytic.tensor_states import StateLayout, saved_modules, state_layout
 from trainmem.analytic.varying_lengths import after_earlier_steps
 from trainmem.breakdown import MemoryBreakdown, MemoryEstimate
-from trainmem.errors import SpecError, UnsupportedError
+from trainmem.errors import SpecError
 from trainmem.specs.hardware import DEFAULT_CUBLAS_WORKSPACE_BYTES, GPUSpec
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.ranks import RankMap, model_rank_map
@@ -92,12 +93,7 @@ def estimate_analytic(
     (:func:`trainmem.analytic.activation_parallelism.parallel_divisor`) and the layer linears and
     the vocabulary; pipeline parallelism is evaluated per stage (:func:`pipeline_ranks`).
     """
-    if training.is_prompt_learning and False:  # Note [Prefix tuning] (trainmem.trace.prefix)
-        raise UnsupportedError(
-            f"num_virtual_tokens: {training.prompt_learning} ({training.num_virtual_tokens} "
-            "virtual tokens) is not in the formulas; the generic path traces peft's prompt "
-            "learning on the transformers model (--engine generic)"
-        )
+    check_prompt_learning(model, training)
     model = model_as_built(model, training)
     _check_parallel_shape(model, training)
     layout = state_layout(model, training)

@@ -29,12 +29,15 @@ from __future__ import annotations
 
 from trainmem.analytic.activation_shapes import compute_and_residual_bytes
 from trainmem.analytic.lora import lora_adapter_dtype
+from trainmem.errors import UnsupportedError
+from trainmem.specs.hf_table import REMOTE_CODE_TYPES
 from trainmem.specs.model import ModelSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.units import dtype_bytes
 
 __all__ = [
     "PROMPT_ENCODER",
+    "check_prompt_learning",
     "prompt_encoder_activation_bytes",
     "prompt_encoder_tensors",
     "prompted_inputs_held_bytes",
@@ -147,3 +150,37 @@ def prompted_inputs_held_bytes(model: ModelSpec, training: TrainingConfig) -> in
     if r < 4 and training.activation_checkpointing == "none":
         held += r * b * (training.seq_len + p) * h
     return held
+
+
+def check_prompt_learning(model: ModelSpec, training: TrainingConfig) -> None:
+    """Refuse the prompt learning the formulas do not model (Note [Prompt learning in the
+    formulas]); the generic path traces peft itself.
+
+    Raises:
+        UnsupportedError: an encoder-decoder, a remote-code family (its own prefix code), or
+            prefix tuning with multi-head latent attention, sliding-window layers, or
+            activation checkpointing.
+    """
+    if not training.is_prompt_learning:
+        return
+    method = f"num_virtual_tokens: {training.prompt_learning}"
+    generic = "the generic path traces peft on the transformers model (--engine generic)"
+    reason = None
+    if model.architecture != "decoder":
+        reason = f"on a {model.architecture} model"
+    elif model.model_type in REMOTE_CODE_TYPES:
+        reason = f"on {model.model_type}'s remote code (its own prompt code)"
+    elif training.prefix_tokens and model.mla:
+        reason = "with multi-head latent attention"
+    elif training.prefix_tokens and model.num_sliding_layers:
+        reason = "with sliding-window layers"
+    if reason is not None:
+        raise UnsupportedError(f"{method} {reason} is not in the formulas; {generic}")
+    if training.prefix_tokens and training.activation_checkpointing != "none":
+        raise UnsupportedError(
+            f"{method} with activation_checkpointing={training.activation_checkpointing}: "
+            "transformers drops the prefix's key/value cache in checkpointed layers "
+            "(GradientCheckpointingLayer) and the step fails (Note [Prefix tuning] in "
+            "trainmem/trace/prefix.py); allowed: activation_checkpointing none with prefix "
+            "tuning, or prompt_learning p-tuning or prompt-tuning"
+        )

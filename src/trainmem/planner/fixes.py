@@ -27,8 +27,9 @@ from dataclasses import asdict, dataclass, fields
 from itertools import combinations, islice
 from typing import Any, TypeVar
 
+from trainmem.analytic.prompt_encoder import check_prompt_learning
 from trainmem.breakdown import MemoryEstimate
-from trainmem.errors import SpecError
+from trainmem.errors import SpecError, UnsupportedError
 from trainmem.planner.costs import CostFigures, cost_figures
 from trainmem.planner.evaluate import (
     fast_estimate,
@@ -397,11 +398,14 @@ def _apply(
 ) -> Iterator[TrainingConfig]:
     """Every configuration the rows propose applied in order (first row's proposals outer),
     those the model refuses left out (a pair that no release runs together: Adafactor and
-    FSDP2, Note [Adafactor on DTensor-sharded matrices])."""
+    FSDP2, Note [Adafactor on DTensor-sharded matrices]), and those the formulas refuse under
+    prompt learning (prefix tuning with checkpointing: the step fails; Note [Prompt learning in
+    the formulas] in trainmem/analytic/prompt_encoder.py)."""
     if not rows:
         try:
             check_training_for_model(model, training)
-        except SpecError:
+            check_prompt_learning(model, training)
+        except (SpecError, UnsupportedError):
             return
         yield training
         return
