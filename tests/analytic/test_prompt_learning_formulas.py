@@ -33,7 +33,7 @@ from trainmem.specs.training import TrainingConfig
 
 LLAMA = str(MODELS_DIR / "agreement" / "llama_h1024.json")
 B, S, P = 2, 256, 16
-H, A, D, I, L = 1024, 8, 128, 2816, 2
+H, A, D, INNER, L = 1024, 8, 128, 2816, 2
 
 
 def _training(**kw: Any) -> TrainingConfig:
@@ -83,7 +83,7 @@ def test_prompt_tuning_lengthens_every_layer_and_holds_its_inputs() -> None:
     model = load_model_spec(LLAMA)
     prompt = layer_activation_terms(model, _training(prompt_learning="prompt-tuning"))
     # p + s tokens through the MLP: gate, act and up outputs, c i b (p + s) each
-    assert prompt["mlp/gated"] == 3 * 2 * I * B * (S + P)
+    assert prompt["mlp/gated"] == 3 * 2 * INNER * B * (S + P)
     # peft's forward holds ``prompts`` (r b p h) to the end of the loss; bf16-mixed: the
     # prompted embeddings are the fp32 residual the first norm saves itself
     held = prompted_inputs_held_bytes(model, _training(prompt_learning="prompt-tuning"))
