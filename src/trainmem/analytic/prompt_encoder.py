@@ -23,6 +23,47 @@ Note [Prompt encoder tensors]
     :data:`PROMPT_ENCODER`; the sharding, offload and optimizer rules read them as any trained
     tensor. Checked against peft's own modules on the generic path
     (tests/analytic/test_prompt_encoder_states.py).
+
+Note [Prompt learning in the formulas]
+    The formulas' rules for peft 0.21.2's prompt learning on a transformers 5.24 decoder
+    (peft_model.py ``get_prompt``, ``PeftModelForCausalLM.forward``), ``p`` virtual tokens:
+
+    * the base is frozen (``TrainingConfig.frozen_base``): LoRA's frozen-base rules with no
+      adapter (Note [LoRA activations] in trainmem/analytic/lora.py: no linear saves its
+      input, no norm its normalised output, the down projection's input goes);
+    * p-tuning / prompt tuning (``TrainingConfig.prepended_tokens``) prepend the prompts to the
+      input embeddings: every layer and the head run ``p + s`` tokens
+      (:func:`~trainmem.analytic.activation_shapes.tokens_per_sequence`); the first layer's
+      input needs a gradient, so it saves what the others do; peft's forward holds its
+      ``prompts`` and, where the first norm saves a cast instead, the prompted embeddings to
+      the end of the loss (:func:`prompted_inputs_held_bytes`); under checkpointing the input
+      embeddings' leaf (transformers' input-grad hook) is held from the forward on, not the
+      first layer's input (``prompt_encoder/embedding_leaf``);
+    * prefix tuning (``TrainingConfig.prefix_tokens``): each layer's cache concatenates the
+      prefix's keys and values before its own (cache_utils.py ``DynamicLayer.update``), so
+      SDPA saves ``p + s`` rows of them (``attention/prefix_kv``); the key length differs from
+      the query's, so transformers builds an explicit (1, 1, s, p + s) mask
+      (masking_utils.py ``_ignore_causal_mask_sdpa``) that SDPA turns into a saved
+      (b, 1, s, p + s) bias, and repeats grouped keys / values itself
+      (:func:`~trainmem.analytic.attention.explicit_mask`); the cache's tensors are in the
+      wider of the base's dtype (peft's ``past_key_values.to(base_model_torch_dtype)``) and
+      the layer's, held to the end of the forward where SDPA saves its own cast
+      (:func:`~trainmem.analytic.attention.forward_kv_cache_bytes`); the first layer's input
+      needs no gradient up to the concatenation (:func:`~trainmem.analytic.lora.
+      first_layer_unsaved`);
+    * the prompt encoder's own saved tensors (:func:`prompt_encoder_activation_bytes`).
+
+    Checked against the generic path (peft on the transformers model) on the 1024-wide
+    agreement Llama with 8 and 2 kv heads and a Gemma with 1, bf16-mixed and bf16-true, the
+    three methods, the projection, checkpointed p-tuning, ZeRO-2: every step peak within
+    0.01 % (tests/analytic/test_prompt_learning_formulas.py); before, the formulas refused
+    prompt learning. Not modelled (:func:`check_prompt_learning` refuses, the generic path
+    traces): encoder-decoders (peft's two-submodule prefix), remote-code families (their own
+    prompt code), prefix tuning with multi-head latent attention, sliding-window layers or
+    activation checkpointing (which fails for real). Not modelled either: peft before the
+    single-row encoder run of p-tuning / prompt tuning (``prompt_tokens[:1]`` then
+    ``repeat``), the prefix's copies held in the cache during the first layers' forward (2 L b
+    k p d at most), the autocast bias copies of the encoders' linears.
 """
 
 from __future__ import annotations
