@@ -436,6 +436,14 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
         "num_virtual_tokens": 8,
         "prompt_learning": "p-tuning",
     },
+    # session 29 (helper prompt3): and with CPU offload (peft under DeepSpeed's offload)
+    "prefix tuning + zero-2 offload": {
+        **_DP,
+        "zero_stage": 2,
+        "framework": "deepspeed",
+        "offload": "optimizer",
+        "num_virtual_tokens": 8,
+    },
     # diffusers' layerwise casting needs LoRA (the cast weights are frozen)
     "layerwise casting fp8 e4m3": {"lora_rank": 16, "layerwise_casting": "float8_e4m3fn"},
     "attention eager": {"attention": "eager"},

@@ -169,6 +169,18 @@ AGREEMENT = [
         dict(precision="bf16-mixed", framework="deepspeed", zero_stage=2, data_parallel_size=4),
         id="gqa-prefix-zero2", marks=pytest.mark.slow,
     ),
+    # CPU offload beside prompt learning (accepted since session 29)
+    pytest.param(
+        dict(num_key_value_heads=2),
+        dict(precision="bf16-mixed", framework="deepspeed", zero_stage=2, data_parallel_size=4,
+             offload="optimizer"),
+        id="gqa-prefix-zero2-offload", marks=pytest.mark.slow,
+    ),
+    pytest.param(
+        dict(num_key_value_heads=2),
+        dict(precision="bf16-mixed", prompt_learning="p-tuning", offload="optimizer"),
+        id="gqa-p-tuning-offload", marks=pytest.mark.slow,
+    ),
 ]  # fmt: skip
 
 

@@ -127,8 +127,7 @@ def test_checkpointing_a_transformers_family_under_prefix_tuning_is_refused() ->
         (dict(num_virtual_tokens=-1), "num_virtual_tokens"),
         (dict(num_virtual_tokens=8, framework="torchtune"), "num_virtual_tokens"),
         (dict(num_virtual_tokens=8, tensor_parallel_size=2), "tensor_parallel_size"),
-        (dict(num_virtual_tokens=8, offload="optimizer", zero_stage=2,
-              framework="deepspeed"), "offload"),
+        (dict(num_virtual_tokens=8, pipeline_parallel_size=2), "pipeline_parallel_size"),
     ],
 )  # fmt: skip
 def test_settings_prefix_tuning_is_not_modelled_with_name_the_field(

@@ -3103,15 +3103,18 @@ _PREFIX_TUNING_UNTRACED = (
     "tensor_parallel_size",
     "pipeline_parallel_size",
     "context_parallel_size",
-    "offload",
     "optimizer_in_backward",
     "activation_offloading",
 )
 """Settings not modelled beside prompt learning (Note [Prefix tuning] in
-:mod:`trainmem.trace.prefix`): the model-parallel layouts (peft's prompt encoder outside
-the tensor / pipeline / context splits), CPU offload, the optimizer in backward and
-activation offloading (not checked with a prompt encoder). Data parallelism, ZeRO and FSDP
-run (the prompt encoder in the state layout, Note [Prompt encoder tensors])."""
+:mod:`trainmem.trace.prefix`): the model-parallel layouts (peft's prompt encoder sits outside
+the model's tensor / pipeline / context splits: peft wraps a transformers model, which the
+frameworks that split it, Megatron, torchtitan, nanotron, build from their own modules, and
+none of them runs peft's prompt learning), the optimizer in backward and activation
+offloading (not checked with a prompt encoder). Data parallelism, ZeRO, FSDP and their CPU
+offload run (the prompt encoder in the state layout, Note [Prompt encoder tensors]; offload
+since session 29: DeepSpeed ZeRO-2 / ZeRO-3 and FSDP2 offload, the plain loop's, checked
+against the formulas in tests/analytic/test_prompt_learning_formulas.py)."""
 
 
 def _check_prefix_tuning_run(t: TrainingConfig) -> None:
@@ -3139,9 +3142,10 @@ def _check_prefix_tuning_run(t: TrainingConfig) -> None:
             raise SpecError(
                 name,
                 f"{getattr(t, name)} beside prefix tuning (num_virtual_tokens "
-                f"{t.num_virtual_tokens}) is not modelled: it runs on one GPU or over data "
-                "parallelism (DDP, DeepSpeed ZeRO, FSDP) without model parallelism or "
-                f"offload; allowed: {name} {getattr(defaults, name)}",
+                f"{t.num_virtual_tokens}) is not modelled: peft's prompt learning runs on one "
+                "GPU or over data parallelism (DDP, DeepSpeed ZeRO, FSDP, with or without CPU "
+                "offload), not inside a tensor / pipeline / context-parallel model; allowed: "
+                f"{name} {getattr(defaults, name)}",
             )
 
 
