@@ -128,6 +128,12 @@ def test_what_the_formulas_refuse() -> None:
         estimate("gemma-3-1b", _training(), engine="analytic")
     with pytest.raises(UnsupportedError, match="--engine generic"):
         estimate("flan-t5-xl", _training(), engine="analytic")
+    # multi-query Falcon: peft's prefix has every head (no num_key_value_heads in its config),
+    # the step fails; the generic path refuses it with the same reason
+    falcon = str(MODELS_DIR / "formula" / "falcon.json")
+    for engine in ("analytic", "generic"):
+        with pytest.raises(UnsupportedError, match="Falcon with 1 key/value heads of 4"):
+            estimate(falcon, _training(seq_len=64), engine=engine, simulate_allocator=False)
 
 
 def _peak(model: str, training: TrainingConfig, engine: str) -> int:

@@ -215,6 +215,19 @@ def check_prompt_learning(model: ModelSpec, training: TrainingConfig) -> None:
         reason = "with multi-head latent attention"
     elif training.prefix_tokens and model.num_sliding_layers:
         reason = "with sliding-window layers"
+    if (
+        training.prefix_tokens
+        and model.model_type == "falcon"
+        and model.num_kv_heads < model.num_heads
+    ):
+        # peft sizes the prefix for every head (Falcon's config has no num_key_value_heads):
+        # the step fails (trainmem/trace/prefix.py ``_refuse_unnamed_kv_heads``)
+        raise UnsupportedError(
+            f"{method} on Falcon with {model.num_kv_heads} key/value heads of "
+            f"{model.num_heads}: peft sizes the prefix for every head and each layer's "
+            "concatenation with the keys fails; allowed: prompt_learning p-tuning or "
+            "prompt-tuning, or LoRA (--lora-rank)"
+        )
     if reason is not None:
         raise UnsupportedError(f"{method} {reason} is not in the formulas; {generic}")
     if training.prefix_tokens and training.activation_checkpointing != "none":

@@ -192,6 +192,35 @@ def refuse_prefix_tuning(training: TrainingConfig, what: str) -> None:
         )
 
 
+def _refuse_unnamed_kv_heads(config: Any) -> None:
+    """Refuse prefix tuning where peft sizes the prefix for every query head while the model
+    has fewer key/value heads under another name: peft 0.21.2 utils/other.py
+    ``_prepare_prompt_learning_config`` reads ``num_key_value_heads`` from the config's dict and
+    otherwise takes ``token_dim = hidden_size``; Falcon's config names them ``num_kv_heads``
+    (one with ``multi_query``), so each layer's ``torch.cat`` of prefix and keys fails
+    ("Sizes of tensors must match", the generic path's trace of a multi-query Falcon; the same
+    code runs on a GPU).
+
+    Raises:
+        UnsupportedError: a multi-query / grouped Falcon.
+    """
+    if "num_key_value_heads" in config.to_dict() or getattr(config, "model_type", "") != "falcon":
+        return
+    heads = config.num_attention_heads
+    if getattr(config, "new_decoder_architecture", False):
+        kv = getattr(config, "num_kv_heads", None) or heads
+    else:
+        kv = 1 if getattr(config, "multi_query", False) else heads
+    if kv < heads:
+        raise UnsupportedError(
+            f"num_virtual_tokens: prefix tuning on Falcon with {kv} key/value heads of {heads}: "
+            "peft sizes the prefix for every head (its config has no num_key_value_heads, "
+            "utils/other.py _prepare_prompt_learning_config) and each layer's concatenation "
+            "with the keys fails; allowed: prompt_learning p-tuning or prompt-tuning, or LoRA "
+            "(--lora-rank)"
+        )
+
+
 def apply_prefix_tuning(model: Any, training: TrainingConfig, model_type: str | None) -> Any:
     """Wrap ``model`` in peft's prompt learning (prefix tuning, p-tuning, prompt tuning) as
     ``training`` asks (no-op without it).
@@ -231,6 +260,8 @@ def apply_prefix_tuning(model: Any, training: TrainingConfig, model_type: str | 
                 "activation_checkpointing none with prefix tuning, prompt_learning p-tuning or "
                 "prompt-tuning, or LoRA (--lora-rank)"
             )
+    if prefix:
+        _refuse_unnamed_kv_heads(config)
     adapter = _peft_config(training, "SEQ_2_SEQ_LM" if seq2seq else "CAUSAL_LM")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
