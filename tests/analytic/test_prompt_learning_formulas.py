@@ -128,6 +128,10 @@ def test_what_the_formulas_refuse() -> None:
         estimate("gemma-3-1b", _training(), engine="analytic")
     with pytest.raises(UnsupportedError, match="--engine generic"):
         estimate("flan-t5-xl", _training(), engine="analytic")
+    # sharded weights: the generic path is 1.4 % (ZeRO-3) / 8.8 % (FSDP2) off the formulas
+    sharded = _training(framework="fsdp2", zero_stage=3, data_parallel_size=4)
+    with pytest.raises(UnsupportedError, match="sharded weights"):
+        estimate(LLAMA, sharded, engine="analytic")
     # multi-query Falcon: peft's prefix has every head (no num_key_value_heads in its config),
     # the step fails; the generic path refuses it with the same reason
     falcon = str(MODELS_DIR / "formula" / "falcon.json")
