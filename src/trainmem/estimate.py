@@ -62,7 +62,6 @@ from trainmem.traced_megatron import traced_megatron, untraced_megatron
 from trainmem.traced_options import (
     TracedOption,
     active_options,
-    check_previous_loop_shape,
     paged_states,
     traced_settings,
     untraced_data_parallel,
@@ -1461,7 +1460,6 @@ def _traced_step(
     if unmodelled:
         what = "the trace engine" if engine == "trace" else "the generic path (a trace)"
         raise UnsupportedError(f"{what} does not model " + ", ".join(unmodelled))
-    check_previous_loop_shape(shape, training)  # before the trace, which takes seconds
     check_unsloth_run(shape, training)
     standin, run, options = _traced_run(training, deepspeed=deepspeed)
     litgpt = training.framework == "litgpt"  # its own GPT: trace.litgpt_model, generic only

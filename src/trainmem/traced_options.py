@@ -446,27 +446,6 @@ def traced_previous_loop(training: TrainingConfig) -> bool:
     return training.training_loop == "previous" and training.pipeline_parallel_size == 1
 
 
-def check_previous_loop_shape(model: ModelSpec | None, training: TrainingConfig) -> None:
-    """Refuse the ``previous`` loop (:func:`traced_previous_loop`), asked for with ``loop``, on
-    a model without a ModelSpec before the traced paths trace it (:func:`apply_previous_loop`
-    sizes the held output from the model's shape). A framework's own ``previous`` loop
-    (litgpt's) is left to the trace, whose refusal of the framework on such a model says more.
-
-    Raises:
-        UnsupportedError: no ModelSpec (a diffusers, timm or other traced-only family).
-    """
-    if model is None and training.loop == "previous" and traced_previous_loop(training):
-        raise _previous_loop_without_shape()
-
-
-def _previous_loop_without_shape() -> UnsupportedError:
-    return UnsupportedError(
-        "loop=previous: the previous micro-batch's output is sized from the model's LM head "
-        "(b x s x V logits, analytic/held_outputs.py), and this model has no ModelSpec (a "
-        "formula family or a remote-code config has one); use --loop drop (traced: drop)"
-    )
-
-
 def apply_previous_loop(
     schedule: StepSchedule, model: ModelSpec | None, training: TrainingConfig
 ) -> StepSchedule:
@@ -489,8 +468,9 @@ def apply_previous_loop(
         this micro-batch's own logits exist (the last forward allocation of the logits' size
         by a module outside the block lists: the head's output, the analytic
         ``head.post_forward``), or when its backward begins if no such tensor is traced. Both
-        sizes are read from the model's shape (an LM head's b x s x V logits), so a model
-        without a ModelSpec is refused.
+        sizes are read from the model's shape (an LM head's b x s x V logits); a model
+        without a ModelSpec has them from its trace (Note [The previous output of a model
+        without a ModelSpec]).
 
     Args:
         schedule: the traced step (each output held through its own backward).
@@ -501,10 +481,10 @@ def apply_previous_loop(
         The schedule with the previous micro-batch's output and graph in every micro-batch.
 
     Raises:
-        UnsupportedError: a model without a ModelSpec.
+        UnsupportedError: a model without a ModelSpec whose traced step holds no output.
     """
     if model is None:
-        raise _previous_loop_without_shape()
+        return _hold_traced_output(schedule)
     output = previous_output_bytes(model, training)
     graph = graph_held_input_bytes(model, training, num_layers=model.num_layers, has_head=True)
     logits = _bound_output_last_bytes(model, training, output)
@@ -525,6 +505,105 @@ def apply_previous_loop(
         step=tuple(_hold_previous(schedule.step, held, logits)),
         name=schedule.name,
     )
+
+
+def _hold_traced_output(schedule: StepSchedule) -> StepSchedule:
+    """:func:`apply_previous_loop` on a model without a ModelSpec: the previous micro-batch's
+    output as its trace has it.
+
+    Note [The previous output of a model without a ModelSpec]
+        A diffusers denoiser or a timm classifier has no LM head to size the output from, but
+        its traced step holds the output the loop binds: ``run_step``'s ``hold_output`` keeps
+        the last micro-batch's output (and the graph behind it, with what its nodes keep as
+        ``ctx`` attributes past the backward: bitsandbytes linears' inputs) until
+        ``optimizer.step()`` returns, so the forward allocations of the last micro-batch freed
+        in the step's optimizer phase are exactly what the binding holds: a denoiser's
+        noise / velocity prediction (the latents' shape in the model's output dtype), a
+        classifier's b x classes logits. Each micro-batch is given copies of them at its start
+        (the warm-up step's too, as after an earlier step), freed once its own output exists
+        (after its last forward allocation of the last-made held tensor's size by the same
+        module), as the LM rule above does with the formulas' sizes. The loops that do this:
+        diffusers' training scripts bind ``model_pred = transformer(...)`` in the loop's scope
+        (examples/dreambooth/train_dreambooth_lora_flux.py, v0.40.0 lines 1697-1857: rebound to
+        ``FluxPipeline._unpack_latents(model_pred, ...)``, the same bytes, only after the next
+        forward returns; so is ``target = noise - model_input``, one more latent-sized tensor,
+        which the trace draws inside the loss: Note [diffusers training step]); timm's
+        train.py binds ``output = model(input)`` inside its ``_forward()`` closure, which
+        returns the loss alone, so timm's own loop holds nothing: ``--loop previous`` is a
+        user's loop that keeps ``output`` in its own scope.
+
+    Raises:
+        UnsupportedError: the traced step frees no forward tensor in its optimizer phase (a
+            forward that returns the loss alone: nothing held to size the previous output by).
+    """
+    step_held = _traced_held(schedule.step)
+    if not step_held:
+        raise UnsupportedError(
+            "loop=previous: this model's traced step binds no output past its backward (its "
+            "forward returns the loss alone), so the previous micro-batch's output cannot be "
+            "sized from the trace; use --loop drop or step (traced: drop, step)"
+        )
+    out = StepSchedule(
+        setup=tuple(_hold_copies(schedule.setup, _traced_held(schedule.setup) or step_held)),
+        step=tuple(_hold_copies(schedule.step, step_held)),
+        name=schedule.name,
+    )
+    list(out.events())  # every free pairs with its allocation
+    return out
+
+
+def _traced_held(items: Sequence[Item]) -> list[Op]:
+    """The last micro-batch's top-level forward allocations ``items`` frees in its optimizer
+    phase, in allocation order (Note [The previous output of a model without a ModelSpec])."""
+    split = state_and_micro_batches(items)
+    if split is None:
+        return []
+    _, segments, tail = split
+    made = [
+        x
+        for x in segments[-1]
+        if isinstance(x, Op) and x.phase == "forward" and x.action == "alloc"
+    ]
+    freed = {
+        x.key for x in tail if isinstance(x, Op) and x.action == "free" and x.phase == "optimizer"
+    }
+    return [op for op in made if op.key in freed]
+
+
+def _hold_copies(items: Sequence[Item], held: list[Op]) -> list[Item]:
+    """``items`` with a copy of each of ``held`` allocated at each micro-batch's start and
+    freed after the micro-batch's own last-made held tensor exists."""
+    split = state_and_micro_batches(items)
+    if split is None:  # a state without a warm-up step
+        return list(items)
+    copies = [
+        alloc(op.size_bytes, op.category, "forward", f"previous/output/{k}", op.module,
+              "the previous micro-batch's output, held by the loop")
+        for k, op in enumerate(held)
+    ]  # fmt: skip
+    last = held[-1]
+    out, segments, tail = split
+    for seg in segments:
+        at = _after_own(seg, last)
+        out += [*copies, *seg[:at], *(free(op, "forward") for op in reversed(copies)), *seg[at:]]
+    return out + tail
+
+
+def _after_own(segment: Sequence[Item], last: Op) -> int:
+    """The index after ``segment``'s last top-level forward allocation of ``last``'s size by
+    its module, else its first backward item."""
+    found = [
+        k
+        for k, x in enumerate(segment)
+        if isinstance(x, Op)
+        and x.phase == "forward"
+        and x.action == "alloc"
+        and (x.size_bytes, x.module) == (last.size_bytes, last.module)
+    ]
+    if found:
+        return found[-1] + 1
+    backward = (k for k, x in enumerate(segment) if isinstance(x, Op) and x.phase == "backward")
+    return next(backward, len(segment))
 
 
 def _bound_output_last_bytes(model: ModelSpec, training: TrainingConfig, output: int) -> int:
@@ -572,8 +651,10 @@ PREVIOUS_LOOP = TracedOption(
         "loop=previous: the step was traced with the loop's binding of each output through "
         "its backward, then each micro-batch given the previous one's logits (and the inputs "
         "its graph keeps) until its own logits exist, as the analytic engine's TrainingLoop "
-        "transform has them (Note "
-        "[The previous loop on a traced step] in trainmem/traced_options.py)"
+        "transform has them; a model without a ModelSpec (a diffusers or timm model) given "
+        "its traced output, a denoiser's prediction or a classifier's logits (Notes "
+        "[The previous loop on a traced step], [The previous output of a model without a "
+        "ModelSpec] in trainmem/traced_options.py)"
     ),
 )
 

@@ -45,11 +45,10 @@ _STILL_REFUSED: set[tuple[str, str]] = {
     # their step, the note says the version does not apply)
     ("transformers 4.40", "remote-code"),
     # (litgpt 0.4.0 runs since session 28, helper prompt2: traced with 0.4.0's RMSNorm)
-    # diffusers' attention dispatch runs SDPA; its eager path is not traced
-    ("attention eager", "diffusers"),
-    # the held output is sized from an LM head's logits; a denoiser's / ViT's is not modelled
-    ("loop keeps previous outputs", "diffusers"),
-    ("loop keeps previous outputs", "timm"),
+    # (session 29, helper pipes2: "attention eager" runs on the diffusers model, diffusers' own
+    # eager AttnProcessor, Note [diffusers' eager attention]; "loop keeps previous outputs" on
+    # the diffusers and timm models, the previous prediction / logits sized from the traced
+    # output, Note [The previous output of a model without a ModelSpec])
 }
 """Cells refused on purpose, for options the generic path does not model on that model kind."""
 _CRASHES: dict[tuple[str, str], str] = {

@@ -383,19 +383,6 @@ def test_auto_keeps_what_the_generic_refusal_says_would_work() -> None:
     assert "--engine analytic" not in message  # auto has just tried it
 
 
-def test_the_previous_loop_is_refused_before_the_trace(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Found by fuzzing (session 17): the refusal came after the whole trace (22 s on the tiny
-    # SD 1.x UNet); the model's shape it needs is known before
-    import trainmem.trace.generic
-
-    def no_trace(*args: Any, **kwargs: Any) -> None:
-        raise AssertionError("traced before refusing")
-
-    monkeypatch.setattr(trainmem.trace.generic, "estimate_generic", no_trace)
-    with pytest.raises(UnsupportedError, match="loop=previous: .* use --loop drop"):
-        _estimate(loop="previous")
-
-
 def _block0_cp(**settings: Any) -> dict[str, int]:
     """Activations by module with CUDA's SDPA kernels emulated (torch's ring runs the flash /
     efficient kernels only)."""
@@ -485,3 +472,28 @@ def test_lora_under_mixed_precision_loads_the_frozen_model_in_the_compute_dtype(
     full = TrainingConfig(micro_batch_size=2, precision="bf16-mixed")
     est = estimate(PIXART, full, engine="generic", simulate_allocator=False)
     assert est.breakdown.parameters == PARAMS * 4 + POS_EMBED_BUFFER
+
+
+def test_eager_attention_runs_diffusers_own_eager_processor() -> None:
+    # Note [diffusers' eager attention]: PixArt's AttnProcessor2_0 (SDPA) become AttnProcessor,
+    # as its set_default_attn_processor sets; the bytes are checked against a real CPU step in
+    # tests/trace/test_diffusers_real_cpu.py
+    from diffusers.models.attention_processor import AttnProcessor
+
+    from trainmem.specs.hf import load_hf_config
+    from trainmem.trace.diffusers_model import build_diffusers_model
+
+    training = TrainingConfig(micro_batch_size=2, attention="eager")
+    model = build_diffusers_model(load_hf_config(PIXART), training)
+    assert {type(p) for p in model.attn_processors.values()} == {AttnProcessor}
+
+
+def test_eager_attention_without_a_diffusers_eager_processor_is_refused() -> None:
+    # FLUX's processors call the attention dispatch, which has no eager backend
+    from trainmem.specs.hf import load_hf_config
+    from trainmem.trace.diffusers_model import build_diffusers_model
+
+    flux = Path(__file__).parent / "diffusers_configs" / "tiny-flux.json"
+    training = TrainingConfig(micro_batch_size=2, attention="eager")
+    with pytest.raises(UnsupportedError, match="FluxAttnProcessor.*traced: sdpa, flash"):
+        build_diffusers_model(load_hf_config(str(flux)), training)

@@ -131,11 +131,17 @@ CASES = [
     ("tiny-wan.json", dict(micro_batch_size=1, precision="bf16-mixed", frames=5, lora_rank=4,
                            lora_targets=("q", "v", "up"), **IMAGE)),
     ("tiny-wan.json", dict(micro_batch_size=1, precision="32-true", frames=9, **IMAGE)),
+    # diffusers' eager processor (AttnProcessor: baddbmm, softmax, bmm; Note [diffusers' eager
+    # attention]) on PixArt's self- and cross-attention
+    ("../../models/diffusers/tiny-pixart.json", dict(micro_batch_size=2, precision="32-true",
+                                                     attention="eager", **IMAGE)),
+    ("../../models/diffusers/tiny-pixart.json", dict(micro_batch_size=1, precision="bf16-mixed",
+                                                     attention="eager", resolution=128)),
 ]  # fmt: skip
 # The UNet's real CPU steps with gradient accumulation, SGD or bf16 LoRA + checkpointing take
 # 13-16 s each: slow. Case 3 keeps the UNet in the fast set; the other diffusers cases (LoRA,
 # checkpointing) and tests/trace/test_real_cpu.py (accumulation, SGD) keep those settings.
-SLOW_CASES = {4, 5, 6}
+SLOW_CASES = {4, 5, 6, 11}  # 11: 17 s; the bf16 eager PixArt (12) stays fast
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ import pytest
 from conftest import MODELS_DIR
 from trainmem.breakdown import MemoryCategory
 from trainmem.errors import NotApplicableError, UnsupportedError
-from trainmem.estimate import estimate, trace_unsupported_settings
+from trainmem.estimate import estimate, image_sequence, trace_unsupported_settings
 from trainmem.schedule import Item, Op, StepSchedule
 from trainmem.specs.training import TrainingConfig
 
@@ -492,10 +492,68 @@ def test_previous_loop_of_a_traced_qwen2_by_hand() -> None:
     assert not [op for op in _ops(schedule.step) if op.key == "previous/graph"]
 
 
-def test_previous_loop_needs_a_model_spec() -> None:
-    pytest.importorskip("diffusers")
+def test_previous_output_of_a_model_without_a_spec_by_hand() -> None:
+    # Note [The previous output of a model without a ModelSpec], on a step written out: the
+    # forward allocation the step frees in its optimizer phase ("out", 96 B by "head": the
+    # loop's binding) is the held output; its copy is made at the micro-batch's start and
+    # freed right after the micro-batch's own "out"; the optimizer's temporary and the
+    # gradient (freed in the optimizer / zero_grad phases, not made in the forward) are not
+    from trainmem.analytic.transforms.base import alloc, free
+    from trainmem.traced_options import apply_previous_loop
+
+    act = alloc(64, MemoryCategory.ACTIVATION, "forward", "a", "blocks.0")
+    out = alloc(96, MemoryCategory.ACTIVATION, "forward", "out", "head")
+    grad = alloc(32, MemoryCategory.GRADIENT, "backward", "g", "blocks.0")
+    tmp = alloc(8, MemoryCategory.TEMPORARY, "optimizer", "t")
+    step = (act, out, grad, free(act, "backward"), tmp, free(tmp, "optimizer"),
+            free(out, "optimizer"), free(grad, "zero_grad"))  # fmt: skip
+    training = _training(loop="previous")
+    got = apply_previous_loop(StepSchedule(setup=(), step=step), None, training).step
+    held = alloc(96, MemoryCategory.ACTIVATION, "forward", "previous/output/0", "head",
+                 "the previous micro-batch's output, held by the loop")  # fmt: skip
+    assert got == (held, act, out, free(held, "forward"), *step[2:])
+    # a forward that returns the loss alone binds nothing past its backward: refused
+    bare = (act, grad, free(act, "backward"), tmp, free(tmp, "optimizer"), free(grad, "zero_grad"))
     with pytest.raises(UnsupportedError, match="loop=previous: .* use --loop drop"):
-        estimate(PIXART, _training(loop="previous"), engine="generic")
+        apply_previous_loop(StepSchedule(setup=(), step=bare), None, training)
+
+
+def test_previous_loop_of_a_denoiser_holds_its_prediction() -> None:
+    # PixArt's prediction: [b 2, out_channels 8, 8, 8] (sample_size 8 latents), bf16 (proj_out
+    # under the bf16 autocast), from each micro-batch's start until its own prediction exists;
+    # two micro-batches per step, and the warm-up step's as after an earlier one
+    pytest.importorskip("diffusers")
+    schedule = _generic(PIXART, loop="previous", gradient_accumulation_steps=2)
+    held = 2 * 8 * 8 * 8 * 2
+    for items in (schedule.setup, schedule.step):
+        ops = [op for op in _ops(items) if op.key.startswith("previous/")]
+        assert [(op.action, op.size_bytes) for op in ops] == [("alloc", held), ("free", held)] * 2
+    step = list(schedule.step)
+    first_free = next(k for k, x in enumerate(step) if isinstance(x, Op)
+                      and x.key == "previous/output/0" and x.action == "free")  # fmt: skip
+    before = step[first_free - 1]
+    assert isinstance(before, Op) and before.phase == "forward" and before.size_bytes == held
+
+
+@pytest.mark.slow  # two traces (21 s); the rule itself: the fast test by hand above
+def test_previous_loop_of_a_timm_classifier_holds_its_logits() -> None:
+    # timm's test_vit: 1,000 classes, b 2, the head's bf16 output under autocast; its peak is
+    # in the forward, where the previous logits are held: the peak grows by exactly them
+    import importlib.util
+
+    if importlib.util.find_spec("timm") is None:
+        pytest.skip("timm is an optional extra")
+    held = 2 * 1000 * 2
+    peaks = {}
+    for loop in ("drop", "previous"):
+        training = image_sequence("timm:test_vit", _training(loop=loop), given=False)
+        est = estimate("timm:test_vit", training, engine="generic", simulate_allocator=False)
+        peaks[loop] = est.breakdown.allocated_bytes
+        ops = [op for op in _ops(est.schedules[0].step) if op.key.startswith("previous/")]
+        assert [(op.size_bytes, op.module) for op in ops] == [(held, "head")] * 2 * (
+            loop == "previous"
+        )
+    assert peaks["previous"] - peaks["drop"] == held
 
 
 def test_fsdp1_over_a_quantized_base_runs_or_names_what_works() -> None:

@@ -279,6 +279,10 @@ def build_controlnet_step(
                 f"({type(exc).__name__}: {reason})"
             ) from exc
     controlnet = torch.nn.Module.to(controlnet, getattr(torch, training.weight_dtype))
+    if training.attention == "eager":  # as the denoiser's (Note [diffusers' eager attention])
+        from trainmem.trace.diffusers_eager import use_eager_attention
+
+        use_eager_attention(controlnet)
     step = (TransformerControlNetStep if transformer else ControlNetStep)(unet, controlnet)
     step.train()
     return step

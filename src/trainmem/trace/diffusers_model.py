@@ -54,6 +54,7 @@ from trainmem.specs.diffusers import (
 from trainmem.specs.hardware import GPUSpec
 from trainmem.specs.training import TrainingConfig
 from trainmem.trace._torch import require_torch
+from trainmem.trace.diffusers_eager import use_eager_attention
 from trainmem.trace.diffusers_inputs import forward_inputs
 from trainmem.trace.layerwise_casting import apply_layerwise_casting
 from trainmem.trace.quantized import quantize_base
@@ -121,18 +122,13 @@ def build_diffusers_model(
         The ``nn.Module`` in train mode.
 
     Raises:
-        UnsupportedError: diffusers missing, an unknown class, or settings diffusers models do
-            not take (``--attention eager``).
+        UnsupportedError: diffusers missing, an unknown class, or ``--attention eager`` on a
+            model diffusers has no eager processor for (Note [diffusers' eager attention]).
     """
     diffusers = _require_diffusers()
     name = diffusers_class(raw_config)
     check_diffusers_config(raw_config)
     cls = getattr(diffusers, name)
-    if training.attention == "eager":
-        raise UnsupportedError(
-            f"attention: {name} computes attention with SDPA (diffusers' attention dispatch); "
-            "use --attention sdpa or flash (traced: sdpa, flash)"
-        )
     raw = dict(raw_config)
     if not training.dropout:
         for key in _DROPOUT_KEYS:
@@ -151,6 +147,8 @@ def build_diffusers_model(
             ) from exc
     if device == "meta":
         _tensor_attributes_as_buffers(model)
+    if training.attention == "eager":
+        use_eager_attention(model)  # Note [diffusers' eager attention]
     if training.weight_dtype != "float32":
         # every parameter, as the scripts' ``transformer.to(device, dtype=weight_dtype)`` casts
         # (ModelMixin.to only adds a log line about ``_keep_in_fp32_modules`` before this)

@@ -228,11 +228,14 @@ def make_timm_batch(
     }
 
 
-def timm_forward_loss(model: Any, batch: Mapping[str, Any]) -> Any:
-    """``cross_entropy(model(input), target)``, timm train.py's step (:func:`timm_loss`). A
-    head that batch-normalises pooled features at micro-batch 1 is refused by the engine
+def timm_forward_loss(model: Any, batch: Mapping[str, Any]) -> tuple[Any, Any]:
+    """``cross_entropy(model(input), target)``, timm train.py's step (:func:`timm_loss`), as
+    ``(loss, output)`` so that a loop binding the output (``run_step``'s ``hold_output``) holds
+    it (Note [The previous output of a model without a ModelSpec]). A head that
+    batch-normalises pooled features at micro-batch 1 is refused by the engine
     (:func:`trainmem.trace.model_errors.refusal_of`)."""
-    return timm_loss(model(batch["input"]), batch)
+    output = model(batch["input"])
+    return timm_loss(output, batch), output
 
 
 def timm_loss(output: Any, batch: Mapping[str, Any]) -> Any:
