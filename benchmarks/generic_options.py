@@ -173,6 +173,7 @@ TARGETS: dict[str, Path | str] = {
     "formula (qwen2)": MODELS / "formula" / "qwen2.json",
     "remote code (qwen-7b)": MODELS / "remote_code" / "qwen-7b.json",
     "diffusers (pixart)": MODELS / "diffusers" / "tiny-pixart.json",
+    "diffusers unet (sd1)": MODELS / "diffusers" / "tiny-sd1-unet.json",
 }
 if importlib.util.find_spec("timm") is not None:  # the optional extra (trainmem[vision])
     TARGETS["timm (test_vit)"] = "timm:test_vit"
@@ -446,6 +447,11 @@ OPTION_SETS: dict[str, dict[str, Any]] = {
     },
     # diffusers' layerwise casting needs LoRA (the cast weights are frozen)
     "layerwise casting fp8 e4m3": {"lora_rank": 16, "layerwise_casting": "float8_e4m3fn"},
+    # session 29 (helper pipes2): a diffusers pipeline's options, for the SD UNet kind
+    "controlnet": {"controlnet": True},
+    "train text encoder": {"train_text_encoder": True},
+    "frozen on gpu all": {"frozen_on_gpu": "all"},
+    "vae tiling": {"frozen_on_gpu": "vae", "vae_tiling": True},
     "attention eager": {"attention": "eager"},
     "dropout off": {"dropout": False},
     "zero_grad before backward": {"zero_grad_before_backward": True},

@@ -164,6 +164,7 @@ FLAG_CASES: dict[str, tuple[list[str], Any, str]] = {
         "controlnet-single-layers=0",
     ),
     "train_text_encoder": (["--train-text-encoder"], True, "train-text-encoder=false"),
+    "vae_tiling": (["--vae-tiling"], True, "vae-tiling=false"),
     "nccl_buffer_bytes": (
         ["--nccl-buffer-bytes", "600000000"],
         600000000,

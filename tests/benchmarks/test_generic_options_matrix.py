@@ -23,7 +23,7 @@ import typer.main
 
 from conftest import MODELS_DIR, REPO_DIR
 from trainmem.cli.app import app
-from trainmem.errors import NotApplicableError, TraceError, UnsupportedError
+from trainmem.errors import NotApplicableError, SpecError, TraceError, UnsupportedError
 from trainmem.estimate import estimate, image_sequence, trace_unsupported_settings
 from trainmem.specs.training import TrainingConfig
 
@@ -36,6 +36,9 @@ KINDS = {
     "remote-code": str(MODELS_DIR / "remote_code" / "qwen-7b.json"),
     "diffusers": str(MODELS_DIR / "diffusers" / "tiny-pixart.json"),
     "timm": "timm:test_vit",
+    # session 29 (helper pipes2): an SD 1.x UNet, the model a diffusers pipeline's options
+    # (ControlNet, text-encoder training, frozen VAE / encoders on the GPU) are made for
+    "unet": str(MODELS_DIR / "diffusers" / "tiny-sd1-unet.json"),
 }
 _STILL_REFUSED: set[tuple[str, str]] = {
     # release differences known for Llama / Mistral / Qwen2 / Gemma / Phi-3 (traced_releases.py;
@@ -59,12 +62,24 @@ _CRASHES: dict[tuple[str, str], str] = {
 when they run)."""
 _DIFFUSERS_ONLY = {"layerwise casting fp8 e4m3"}
 """Sets of a diffusers model's option, not applicable on the other kinds."""
+_PIPELINE_ONLY = {
+    "controlnet": "controlnet",
+    "train text encoder": "train_text_encoder",
+    "frozen on gpu all": "frozen_on_gpu",
+    "vae tiling": "frozen_on_gpu",
+}
+"""Sets of a diffusers pipeline's option (set -> its field), made for the SD UNet kind: on the
+other kinds refused as a bad value for the model (``SpecError`` naming the field and the models
+it takes: a ControlNet / the CLIP encoders are made for a UNet, FLUX or SD3 model; the frozen
+components are known for those and a few more, not for PixArt)."""
+_DIFFUSERS_KINDS = ("diffusers", "timm", "unet")
+"""Kinds a language model's option is not applicable on."""
 _EXTRA = {"litgpt": "litgpt", "timm": "timm"}
 """Optional extras: an option set or model kind that needs one is skipped without it."""
 
 
 _NO_SET: dict[str, str] = {
-    "model": "the model: the four kinds of the slow test",
+    "model": "the model: the five kinds of the slow test",
     "gpu": "the verdict's GPU, not the step",
     "engine": "the generic engine, in every cell",
     "alloc_conf": "the allocator simulator, off in every cell",
@@ -78,14 +93,11 @@ _NO_SET: dict[str, str] = {
     "micro_batch_size": "set by every cell",
     "seq_len": "set by every cell (the image models' own, image_sequence)",
     "resolution": "an image model's shape: every cell runs the model's default",
-    "frames": "a video model's shape: none of the four kinds is a video model",
+    "frames": "a video model's shape: none of the five kinds is a video model",
     "text_seq_len": "a diffusers model's prompt shape: every cell runs the model's default",
-    "target_seq_len": "an encoder-decoder's decoder tokens: none of the four kinds is one",
-    "frozen_on_gpu": "a diffusers pipeline's VAE / text encoders: PixArt's are not known",
-    "controlnet": "made from an SD UNet, a FLUX or SD3 transformer: none of the four kinds is one",
-    "controlnet_double_layers": "a FLUX ControlNet's blocks: none of the four kinds is FLUX",
-    "controlnet_single_layers": "a FLUX ControlNet's blocks: none of the four kinds is FLUX",
-    "train_text_encoder": "SD 1.x / SDXL's CLIP encoders: none of the four kinds is one",
+    "target_seq_len": "an encoder-decoder's decoder tokens: none of the five kinds is one",
+    "controlnet_double_layers": "a FLUX ControlNet's blocks: none of the five kinds is FLUX",
+    "controlnet_single_layers": "a FLUX ControlNet's blocks: none of the five kinds is FLUX",
     "fsdp": "zero_stage by another name (the sets give zero_stage; options.apply_fsdp)",
     "lora_alpha": "LoRA's scaling, no memory effect",
     "deepspeed_config": "a config file read into the fields the sets give",
@@ -125,10 +137,14 @@ def test_every_option_set_runs_on_every_model_kind(name: str, kind: str) -> None
         # whose C extension did not load, which trainmem's own import handles (import_timm)
         if importlib.util.find_spec(str(needed)) is None:
             pytest.skip(f"{needed} is an optional extra")
-    if kind == "diffusers":
+    if kind in ("diffusers", "unet"):
         pytest.importorskip("diffusers")
     # an image model (timm) takes no seq_len: the default, as if none were given
     training = image_sequence(str(KINDS[kind]), _training(OPTION_SETS[name]), given=False)
+    if name in _PIPELINE_ONLY and kind != "unet":
+        with pytest.raises(SpecError, match=_PIPELINE_ONLY[name]):
+            estimate(KINDS[kind], training, engine="generic", simulate_allocator=False)
+        return
     if (name, kind) in _CRASHES:
         with pytest.raises(TraceError, match=_CRASHES[name, kind]):
             estimate(KINDS[kind], training, engine="generic", simulate_allocator=False)
@@ -136,7 +152,7 @@ def test_every_option_set_runs_on_every_model_kind(name: str, kind: str) -> None
     try:
         est = estimate(KINDS[kind], training, engine="generic", simulate_allocator=False)
     except NotApplicableError:  # a language model's option on a diffusers / timm model
-        assert kind in ("diffusers", "timm") or name in _DIFFUSERS_ONLY, name
+        assert kind in _DIFFUSERS_KINDS or name in _DIFFUSERS_ONLY, name
         return
     except UnsupportedError as exc:
         assert (name, kind) in _STILL_REFUSED, f"{name} on the {kind} model: {exc}"

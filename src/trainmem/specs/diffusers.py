@@ -985,9 +985,15 @@ def kept_components(config: Mapping[str, Any], training: Any) -> list[FrozenComp
 
     Raises:
         SpecError: ``frozen_on_gpu`` for a model that is not a diffusers model, or for a UNet
-            that is neither SDXL's nor SD 1.x's.
+            that is neither SDXL's nor SD 1.x's; ``vae_tiling`` without the VAE kept.
     """
     which = training.frozen_on_gpu
+    if getattr(training, "vae_tiling", False) and which not in ("vae", "all"):
+        raise SpecError(
+            "vae_tiling",
+            f"the VAE encodes in tiles inside the step when it is kept on the GPU, and "
+            f"frozen_on_gpu is {which}; set --frozen-on-gpu vae or all (or leave vae_tiling off)",
+        )
     if which == "none":
         return []
     if not is_diffusers_config(config):

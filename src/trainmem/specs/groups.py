@@ -97,6 +97,7 @@ FIELD_GROUPS: dict[str, tuple[str, ...]] = {
         "controlnet_double_layers",
         "controlnet_single_layers",
         "train_text_encoder",
+        "vae_tiling",
     ),
 }
 """Every TrainingConfig field by concern: the web page's option groups and the panels of the

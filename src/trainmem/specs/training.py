@@ -1868,6 +1868,17 @@ class DiffusionConfig:
     ``UNet2DConditionModel`` config of SD 1.x (CLIP-L, cross_attention_dim 768) or SDXL
     (CLIP-L + OpenCLIP bigG, 2048); :data:`trainmem.specs.diffusers.TEXT_ENCODERS`. Default
     False: prompt embeddings are inputs."""
+    vae_tiling: bool = setting(
+        False,
+        "diffusers models with --frozen-on-gpu vae / all: the VAE encodes each batch in tiles "
+        "inside the step (vae.enable_tiling()).",
+    )
+    """The kept VAE encodes the batch's pixels tile by tile (diffusers ``vae.enable_tiling()``,
+    ``AutoencoderKL._tiled_encode``: tiles of the VAE's ``sample_size`` pixels overlapping by a
+    quarter, each through the encoder alone, the tiles' moments blended and concatenated), so
+    the encode's peak holds one tile's activations instead of the whole image's (Note [The
+    frozen VAE encodes inside the step], trainmem/trace/frozen_encode.py). Needs the VAE kept on
+    the GPU (``frozen_on_gpu`` ``vae`` / ``all``); default False: the scripts' untiled encode."""
 
     @property
     def image_size(self) -> tuple[int, int] | None:
@@ -1887,7 +1898,7 @@ class DiffusionConfig:
             if value is not None and not (field == "resolution" and isinstance(value, str)):
                 _check_int(field, value, minimum=1)
         _check_choices(self, DiffusionConfig)
-        _check_flags(self, ("controlnet", "train_text_encoder"))
+        _check_flags(self, ("controlnet", "train_text_encoder", "vae_tiling"))
         for field in ("controlnet_double_layers", "controlnet_single_layers"):
             if getattr(self, field) is not None:
                 _check_int(field, getattr(self, field), minimum=0)

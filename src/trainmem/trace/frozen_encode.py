@@ -25,8 +25,17 @@ Note [The frozen VAE encodes inside the step]
     module's fake weights are made before the recorded step). So the encode's transient peak
     sits in the one step schedule at the forward's start, above the weights, optimizer states
     and inputs, and its latents below the denoiser's forward. Untiled, unsliced: the scripts'
-    default (finetrainers ``--enable_tiling`` / ``--enable_slicing`` off). The text encoders'
-    forwards: Note [The frozen text encoders encode inside the step].
+    default (finetrainers ``--enable_tiling`` / ``--enable_slicing`` off). With ``vae_tiling``
+    the VAE's ``enable_tiling()`` is called after the build (finetrainers ``--enable_tiling``:
+    ``vae.enable_tiling()`` in its model loaders), and the trace runs diffusers' own tiled path
+    (diffusers 0.42.1 ``AutoencoderKL._encode``: an image wider or taller than
+    ``tile_sample_min_size``, the VAE config's ``sample_size``, goes through
+    ``_tiled_encode``: tiles of that size every ``0.75 x`` of it, each through ``encoder`` and
+    ``quant_conv``, every tile's moments kept, then blended (``blend_v`` / ``blend_h``) and
+    concatenated), so the encode's transient peak is one tile's encoder activations beside the
+    tiles' moments instead of the whole image's activations; an image within one tile encodes
+    as before. The text encoders' forwards: Note [The frozen text encoders encode inside the
+    step].
 
     A ControlNet step (``--controlnet``) encodes too: ``train_controlnet.py`` the pixels
     (``vae.encode(batch["pixel_values"].to(dtype=weight_dtype))``, its conditioning image
@@ -75,13 +84,16 @@ torch = require_torch()
 __all__ = ["encode_in_step"]
 
 
-def _build_vae(cls_name: str, kwargs: Mapping[str, Any], dtype: Any) -> Any:
-    """The VAE on ``meta``, then fake tensors of the active fake mode (the step's)."""
+def _build_vae(cls_name: str, kwargs: Mapping[str, Any], dtype: Any, tiling: bool = False) -> Any:
+    """The VAE on ``meta``, then fake tensors of the active fake mode (the step's); with
+    ``tiling``, ``vae.enable_tiling()`` (Note [The frozen VAE encodes inside the step])."""
     import diffusers
 
     with torch.device("meta"):
         vae = getattr(diffusers, cls_name)(**kwargs)
     _fake_in_dtype(vae, dtype)
+    if tiling:
+        vae.enable_tiling()
     return vae
 
 
@@ -171,7 +183,7 @@ def encode_in_step(
         frames = (g.frames,) if g.frames else ()
         shape = (b, int(vae_kwargs.get("in_channels", 3)), *frames, g.height, g.width)
         dtype = getattr(torch, vae.dtype or training.compute_dtype)
-        make = functools.partial(_build_vae, cls_name, vae_kwargs, dtype)
+        make = functools.partial(_build_vae, cls_name, vae_kwargs, dtype, training.vae_tiling)
         # the pixels, and a FLUX / SD3 ControlNet's conditioning image
         n = 2 if training.controlnet and diffusers_class(raw) != "UNet2DConditionModel" else 1
         calls += [(vae.attribute, make, shape, dtype, _vae_call)] * n
