@@ -150,6 +150,13 @@ Session 25 (helper timmpp): on timm:test_vit "pipeline 2" and "lora r16 + pipeli
 Session 27 (helper megapipe): Megatron's stage frees each sent output and receives per message
 in both engines (Note [Megatron's pipeline stage buffers], Note [Megatron's stage buffers in the
 trace]): "megatron pipeline 2" +0.314 -> +0.317 % (each engine -10.5 MB on stage 0).
+Session 29 (helper pipes2): "attention eager" runs on the diffusers model (diffusers' own
+eager AttnProcessor, Note [diffusers' eager attention]) and "loop keeps previous outputs" on
+the diffusers and timm models (the previous prediction / logits as the traced step holds them,
+Note [The previous output of a model without a ModelSpec]); an SD 1.x UNet
+(tests/models/diffusers/tiny-sd1-unet.json) is a model of the table, with the pipeline's sets
+"controlnet", "train text encoder", "frozen on gpu all", "vae tiling" (refused on the other
+models by a SpecError naming the field).
 """
 
 from __future__ import annotations
