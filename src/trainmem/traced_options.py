@@ -501,8 +501,8 @@ def apply_previous_loop(
     if not held:
         return schedule
     return StepSchedule(
-        setup=tuple(_hold_previous(schedule.setup, held, logits)),
-        step=tuple(_hold_previous(schedule.step, held, logits)),
+        setup=tuple(_hold_previous(schedule.setup, held, _logits_of(logits))),
+        step=tuple(_hold_previous(schedule.step, held, _logits_of(logits))),
         name=schedule.name,
     )
 
@@ -572,38 +572,26 @@ def _traced_held(items: Sequence[Item]) -> list[Op]:
 
 def _hold_copies(items: Sequence[Item], held: list[Op]) -> list[Item]:
     """``items`` with a copy of each of ``held`` allocated at each micro-batch's start and
-    freed after the micro-batch's own last-made held tensor exists."""
-    split = state_and_micro_batches(items)
-    if split is None:  # a state without a warm-up step
-        return list(items)
+    freed after the micro-batch's own last-made held tensor exists: its last top-level forward
+    allocation of that tensor's size by its module."""
     copies = [
         alloc(op.size_bytes, op.category, "forward", f"previous/output/{k}", op.module,
               "the previous micro-batch's output, held by the loop")
         for k, op in enumerate(held)
     ]  # fmt: skip
-    last = held[-1]
-    out, segments, tail = split
-    for seg in segments:
-        at = _after_own(seg, last)
-        out += [*copies, *seg[:at], *(free(op, "forward") for op in reversed(copies)), *seg[at:]]
-    return out + tail
+    last = (held[-1].size_bytes, held[-1].module)
 
+    def own_output(segment: Sequence[Item]) -> list[int]:
+        return [
+            k
+            for k, x in enumerate(segment)
+            if isinstance(x, Op)
+            and x.phase == "forward"
+            and x.action == "alloc"
+            and (x.size_bytes, x.module) == last
+        ]
 
-def _after_own(segment: Sequence[Item], last: Op) -> int:
-    """The index after ``segment``'s last top-level forward allocation of ``last``'s size by
-    its module, else its first backward item."""
-    found = [
-        k
-        for k, x in enumerate(segment)
-        if isinstance(x, Op)
-        and x.phase == "forward"
-        and x.action == "alloc"
-        and (x.size_bytes, x.module) == (last.size_bytes, last.module)
-    ]
-    if found:
-        return found[-1] + 1
-    backward = (k for k, x in enumerate(segment) if isinstance(x, Op) and x.phase == "backward")
-    return next(backward, len(segment))
+    return _hold_previous(items, copies, own_output)
 
 
 def _bound_output_last_bytes(model: ModelSpec, training: TrainingConfig, output: int) -> int:
@@ -618,24 +606,32 @@ def _bound_output_last_bytes(model: ModelSpec, training: TrainingConfig, output:
     return 4 * b * model.vocab_size * litgpt_last_chunk_rows(s, training.chunked_cross_entropy)
 
 
-def _hold_previous(items: Sequence[Item], held: list[Op], logits: int) -> list[Item]:
+def _hold_previous(
+    items: Sequence[Item],
+    held: list[Op],
+    own_output: Callable[[Sequence[Item]], list[int]],
+) -> list[Item]:
     """``items`` (a state, then a step, either may be empty) with ``held`` allocated at each
-    micro-batch's start and freed after its first forward allocation of ``logits`` bytes."""
+    micro-batch's start and freed after the last of ``own_output(micro-batch)``'s indices
+    (the micro-batch's own output), else at its first backward item."""
     split = state_and_micro_batches(items)
     if split is None:  # a state without a warm-up step
         return list(items)
     out, segments, tail = split
     for seg in segments:
-        at = _after_logits(seg, logits)
+        at = _after(seg, own_output(seg))
         out += [*held, *seg[:at], *(free(op, "forward") for op in reversed(held)), *seg[at:]]
     return out + tail
 
 
-def _after_logits(segment: Sequence[Item], logits: int) -> int:
-    """The index after a micro-batch's own logits: its last forward allocation of ``logits``
-    bytes by a module outside the block lists (the head's output), else its first backward
-    item."""
-    found = forward_allocs_outside_layers(segment, logits, named=True)
+def _logits_of(logits: int) -> Callable[[Sequence[Item]], list[int]]:
+    """A micro-batch's own logits: its forward allocations of ``logits`` bytes by a module
+    outside the block lists (the head's output)."""
+    return lambda segment: forward_allocs_outside_layers(segment, logits, named=True)
+
+
+def _after(segment: Sequence[Item], found: list[int]) -> int:
+    """The index after the last of ``found``, else ``segment``'s first backward item."""
     if found:
         return found[-1] + 1
     backward = (k for k, x in enumerate(segment) if isinstance(x, Op) and x.phase == "backward")

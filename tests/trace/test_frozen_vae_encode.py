@@ -36,12 +36,14 @@ TINY_VAE: dict[str, Any] = {
 }
 
 
-def _real_encode_peak() -> int:
+def _real_encode_peak(config: dict[str, Any] | None = None, tiling: bool = False) -> int:
     import torch
 
     diffusers = pytest.importorskip("diffusers")
     torch.manual_seed(0)
-    vae = diffusers.AutoencoderKL(**TINY_VAE).to(torch.bfloat16).requires_grad_(False)
+    vae = diffusers.AutoencoderKL(**(config or TINY_VAE)).to(torch.bfloat16).requires_grad_(False)
+    if tiling:
+        vae.enable_tiling()
     kept: list[Any] = []
 
     def step() -> None:
@@ -95,24 +97,6 @@ TILED_VAE: dict[str, Any] = {**TINY_VAE, "sample_size": 32}
 image is encoded as 3 x 3 tiles (every 24 pixels: 0.75 x 32; 32, 32 and 16 pixels wide)."""
 
 
-def _real_tiled_encode_peak(tiling: bool) -> int:
-    import torch
-
-    diffusers = pytest.importorskip("diffusers")
-    torch.manual_seed(0)
-    vae = diffusers.AutoencoderKL(**TILED_VAE).to(torch.bfloat16).requires_grad_(False)
-    if tiling:
-        vae.enable_tiling()
-    kept: list[Any] = []
-
-    def step() -> None:
-        with torch.no_grad():
-            pixels = torch.randn(2, 3, 64, 64, dtype=torch.bfloat16)
-            kept.append(vae.encode(pixels).latent_dist.sample())
-
-    return int(storage_peak(step))
-
-
 def test_vae_tiling_encodes_tile_by_tile(monkeypatch: pytest.MonkeyPatch) -> None:
     # Note [The frozen VAE encodes inside the step]: --vae-tiling calls vae.enable_tiling(),
     # and the step's peak is diffusers' own tiled encode, as a real CPU execution of it counts
@@ -126,8 +110,8 @@ def test_vae_tiling_encodes_tile_by_tile(monkeypatch: pytest.MonkeyPatch) -> Non
         precision="bf16-mixed", resolution=64, micro_batch_size=2, frozen_on_gpu="vae",
         lora_rank=4, activation_checkpointing="full", vae_tiling=True,
     )  # fmt: skip
-    tiled = _real_tiled_encode_peak(tiling=True)
-    assert tiled < _real_tiled_encode_peak(tiling=False) / 2  # one tile's activations
+    tiled = _real_encode_peak(TILED_VAE, tiling=True)
+    assert tiled < _real_encode_peak(TILED_VAE) / 2  # one tile's activations
     # (602,112 B against 2,146,304 B untiled; the UNet's backward now peaks higher, so the
     # encode's own peak is compared: the bytes made before the UNet's first module runs)
     assert _encode_peak(estimate(SD1, training, engine="generic")) == tiled

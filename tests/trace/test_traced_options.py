@@ -480,14 +480,8 @@ def test_previous_loop_of_a_traced_qwen2_by_hand() -> None:
     # logits exist; two micro-batches per step, and the warm-up step's as after an earlier one
     schedule = _generic(QWEN2, loop="previous", gradient_accumulation_steps=2)
     held = 2 * 64 * 512 * 2
-    for items in (schedule.setup, schedule.step):
-        ops = [op for op in _ops(items) if op.key == "previous/logits"]
-        assert [(op.action, op.size_bytes) for op in ops] == [("alloc", held), ("free", held)] * 2
-    step = list(schedule.step)
-    first_free = next(k for k, x in enumerate(step) if isinstance(x, Op)
-                      and x.key == "previous/logits" and x.action == "free")  # fmt: skip
-    before = step[first_free - 1]
-    assert isinstance(before, Op) and before.module == "lm_head" and before.size_bytes == held
+    before = _made_before_the_release(schedule, "previous/logits", held)
+    assert before.module == "lm_head" and before.size_bytes == held
     # no graph-held inputs without a bitsandbytes base
     assert not [op for op in _ops(schedule.step) if op.key == "previous/graph"]
 
@@ -525,14 +519,22 @@ def test_previous_loop_of_a_denoiser_holds_its_prediction() -> None:
     pytest.importorskip("diffusers")
     schedule = _generic(PIXART, loop="previous", gradient_accumulation_steps=2)
     held = 2 * 8 * 8 * 8 * 2
+    before = _made_before_the_release(schedule, "previous/output/0", held)
+    assert before.phase == "forward" and before.size_bytes == held
+
+
+def _made_before_the_release(schedule: StepSchedule, key: str, held: int) -> Op:
+    """The op before the first release of the previous output ``key`` (``held`` bytes, made
+    and released twice in the warm-up step and in the step, two micro-batches each)."""
     for items in (schedule.setup, schedule.step):
         ops = [op for op in _ops(items) if op.key.startswith("previous/")]
         assert [(op.action, op.size_bytes) for op in ops] == [("alloc", held), ("free", held)] * 2
     step = list(schedule.step)
     first_free = next(k for k, x in enumerate(step) if isinstance(x, Op)
-                      and x.key == "previous/output/0" and x.action == "free")  # fmt: skip
+                      and x.key == key and x.action == "free")  # fmt: skip
     before = step[first_free - 1]
-    assert isinstance(before, Op) and before.phase == "forward" and before.size_bytes == held
+    assert isinstance(before, Op)
+    return before
 
 
 @pytest.mark.slow  # two traces (21 s); the rule itself: the fast test by hand above
