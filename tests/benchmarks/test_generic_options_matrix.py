@@ -52,9 +52,16 @@ _STILL_REFUSED: set[tuple[str, str]] = {
     # eager AttnProcessor, Note [diffusers' eager attention]; "loop keeps previous outputs" on
     # the diffusers and timm models, the previous prediction / logits sized from the traced
     # output, Note [The previous output of a model without a ModelSpec])
+    # the SD UNet's context parallelism is not traced (its self-attention runs over the
+    # latents' rows beside convolutions; diffusers_parallel.py ROW_SHARDED; session 29)
+    ("hsdp 4 / 2 + context parallel 2", "unet"),
 }
 """Cells refused on purpose, for options the generic path does not model on that model kind."""
 _CRASHES: dict[tuple[str, str], str] = {
+    # the SD UNet cut into pipeline stages by torch's frontend (session 29, helper pipes2: found
+    # when the UNet became a kind): torch's pipelining refuses the stage's received
+    # activations ("_retrieve_recv_activations expected non-..."); not investigated
+    ("lora r16 + pipeline 2", "unet"): "PipeliningMetadataError",
     # none now: p-tuning / prompt tuning on Qwen-1's remote code (session 27) run since its
     # loss reads peft's labels padded for the prepended prompts (session 28, helper prompt2)
 }
