@@ -61,6 +61,7 @@ _CRASHES: dict[tuple[str, str], str] = {
     # the SD UNet cut into pipeline stages by torch's frontend (session 29, helper pipes2: found
     # when the UNet became a kind): torch's pipelining refuses the stage's received
     # activations ("_retrieve_recv_activations expected non-..."); not investigated
+    ("pipeline 2", "unet"): "PipeliningMetadataError",
     ("lora r16 + pipeline 2", "unet"): "PipeliningMetadataError",
     # none now: p-tuning / prompt tuning on Qwen-1's remote code (session 27) run since its
     # loss reads peft's labels padded for the prepended prompts (session 28, helper prompt2)
