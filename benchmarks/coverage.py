@@ -64,6 +64,15 @@ ALIAS_KEYS = ("num_blocks",)
 ``num_hidden_layers`` and modeling_xlstm.py builds its blocks from; elsewhere ``num_blocks``
 counts other things: EoMT's query blocks, Perceiver's cross-attention blocks)."""
 
+STACK_KEYS = ("num_layers_per_stack",)
+"""Fields holding the real layer count of a model whose ``num_hidden_layers`` counts cache slots,
+a multiple of it: HRM's ``num_layers_per_stack`` blocks per stack, run ``H_cycles * (L_cycles +
+1)`` times, each run its own cache slot (transformers 5.24 configuration_hrm_text.py
+``__post_init__``: ``num_hidden_layers = num_layers_per_stack * H_cycles * (L_cycles + 1)``;
+modeling_hrm_text.py builds ``num_layers_per_stack`` layers and indexes the cache at
+``layer_idx + cycle_offset``). The cut keeps the multiple: cutting the slots alone left 16
+blocks writing up to slot 127 of a 2-slot cache (IndexError)."""
+
 PATTERN_KEYS = ("block_types",)
 """Config fields holding a repeating pattern of layer kinds, shorter than the model
 (RecurrentGemma's ``block_types``: layer i is ``block_types[i % len]``)."""
@@ -126,15 +135,31 @@ def shrink(config: dict[str, Any]) -> dict[str, Any]:
     last kept layer at or before the one they named, a per-layer dict (``per_layer_config``)
     keeps its kept layers' entries, an attention period / offset pair (Jamba's
     ``attn_layer_period``) puts its first such layer inside the cut; DeepSeek's leading dense
-    layers (``first_k_dense_replace``) become one."""
+    layers (``first_k_dense_replace``) become one; a count of cache slots that is a multiple of
+    the real layer count (HRM, :data:`STACK_KEYS`) stays that multiple of the cut layers."""
     counts = {v for k in LAYER_KEYS if isinstance(v := config.get(k), int) and v > 2}
+    slots = _slots_per_layer(config)
     if counts:
         kept = _kept_layers(config, counts)
         _cut_layers(config, counts, kept)
+    for k, per_layer in slots.items():
+        config[k] = min(config[k], 2)
+        config["num_hidden_layers"] = config[k] * per_layer
     for v in config.values():
         if isinstance(v, dict):
             shrink(v)
     return config
+
+
+def _slots_per_layer(config: dict[str, Any]) -> dict[str, int]:
+    """Each :data:`STACK_KEYS` field of ``config`` and the cache slots per layer it counts
+    (``num_hidden_layers`` over it)."""
+    slots = config.get("num_hidden_layers")
+    return {
+        k: slots // v
+        for k in STACK_KEYS
+        if isinstance(v := config.get(k), int) and isinstance(slots, int) and v and not slots % v
+    }
 
 
 _INDEX_SUFFIXES = ("_indices", "_ids", "_idxs", "_layers")

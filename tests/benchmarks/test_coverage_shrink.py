@@ -127,3 +127,16 @@ def test_a_layer_count_under_another_name_is_cut_with_it() -> None:
         "num_hidden_layers": 2,
         "num_blocks": 1,
     }
+
+
+def test_a_count_of_cache_slots_stays_a_multiple_of_the_layers_kept() -> None:
+    # HRM (configuration_hrm_text.py __post_init__): 16 blocks per stack run H_cycles * (L_cycles
+    # + 1) = 2 * 4 times, one cache slot each, num_hidden_layers = 16 * 8 = 128. The cut of the
+    # slots alone left 16 blocks indexing a 2-slot cache; 2 blocks take 2 * 8 = 16 slots.
+    config = {"num_hidden_layers": 128, "num_layers_per_stack": 16, "H_cycles": 2, "L_cycles": 3}
+    assert shrink(config) == {
+        "num_hidden_layers": 16,
+        "num_layers_per_stack": 2,
+        "H_cycles": 2,
+        "L_cycles": 3,
+    }
