@@ -113,6 +113,13 @@ CONFIG_FIXES: dict[str, dict[str, Any]] = {
     "glmga": {"text_config": {"rope_parameters": _GLM4V_ROPE}},
     # GLM-4.5V: 96 heads of 128 (released head_dim), not hidden_size // heads = 42
     "glm4v_moe": {"text_config": {"head_dim": 128, "rope_parameters": _GLM4V_ROPE}},
+    # Step3p7's text model builds a sliding-window mask for every forward (modeling_step3p7.py:
+    # create_sliding_window_causal_mask), which raises without a sliding_window, and the
+    # default config has none (every layer full attention); transformers' own model test
+    # (tests/models/step3p7/test_modeling_step3p7.py: "sliding_window required by
+    # create_sliding_window_causal_mask even when no sliding layers are used") sets 64. No
+    # layer slides, so the window changes no layer's attention.
+    "step3p7": {"text_config": {"sliding_window": 64}},
 }
 """transformers default configs that no user trains as they stand (transformers' own forward
 cannot run them), with the fields a released config has (cited per row; merged field by field

@@ -63,3 +63,30 @@ def test_an_image_model_runs_without_the_token_length_it_does_not_take() -> None
         else:
             raise AssertionError(f"{name}: 64 tokens given to an image model were not refused")
         assert coverage_bench._estimate(raw) > 0
+
+
+def test_the_step3p7_fix_gives_the_sliding_mask_its_window_and_no_layer_slides() -> None:
+    """Step3p7's text model builds a sliding-window mask on every forward; transformers' own
+    create_sliding_window_causal_mask raises on the default text config (no sliding_window) and
+    builds one on the config with the fix, whose layers all stay full attention."""
+    import pytest
+
+    from trainmem.trace._torch import require_torch
+
+    torch = require_torch()
+    import transformers
+    from transformers.masking_utils import create_sliding_window_causal_mask
+
+    def mask_of(fix: dict[str, Any]) -> Any:
+        raw = coverage_bench._merged(transformers.AutoConfig.for_model("step3p7").to_dict(), fix)
+        raw.pop("model_type")
+        text = transformers.AutoConfig.for_model("step3p7", **raw).text_config
+        assert set(text.layer_types) == {"full_attention"}
+        text._attn_implementation = "sdpa"  # (None: the mask functions return early)
+        return create_sliding_window_causal_mask(
+            config=text, inputs_embeds=torch.zeros(1, 4, 8), attention_mask=None, cache=None
+        )
+
+    with pytest.raises(ValueError, match="sliding_window"):
+        mask_of({})
+    mask_of(coverage_bench.CONFIG_FIXES["step3p7"])
