@@ -86,3 +86,38 @@ def test_batchnorm_with_one_value_per_channel_names_the_micro_batch(
     )
     assert "allowed: --micro-batch-size 2 or more" in result.output
     invoke("estimate", str(path), "-e", "generic", "-b", "2")
+
+
+class _Routes(torch.nn.Module):
+    """An MoE-style per-expert loop: the experts its activations pick (``nonzero`` of a count,
+    transformers' per-expert loop in modeling_step3p7.py / modeling_switch_transformers.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.router = torch.nn.Linear(4, 2)
+        self.experts = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        picked = self.router(x).argmax(-1)
+        out = torch.zeros_like(x)
+        for e in torch.bincount(picked, minlength=2).nonzero():
+            out = out + self.experts[int(e)](x)
+        return out
+
+
+def test_a_read_of_activation_values_is_refused_saying_so() -> None:
+    """The fake tensors have no values: a forward that loops over the experts its router
+    picked cannot be traced, and the refusal says so and names the op, not "the traced step
+    failed" (the loop runs on real CPU tensors)."""
+    _Routes()(torch.randn(2, 4)).sum().backward()  # the model runs for real
+    with pytest.raises(TraceError) as info:
+        run_trace(
+            _Routes,
+            lambda: torch.randn(2, 4),
+            TrainingConfig(precision="32-true"),
+            loss_fn=lambda out, batch: out.sum(),
+        )
+    message = str(info.value)
+    assert message.startswith("_Routes's forward reads the values of its activations (aten.")
+    assert "fake tensors do not have" in message
+    assert "traced step failed" not in message
