@@ -680,6 +680,13 @@ def _image_batch(
     return batch
 
 
+CHANNEL_WAVEFORM_TYPES = frozenset({"omniasr_ctc"})
+"""Model types whose waveform has a channel dimension, [b, 1, samples]: OmniASR's feature
+extractor adds it (transformers 5.24 models/omniasr/feature_extraction_omniasr.py: "add channel
+dimension", ``input_values[:, None, :]``) and its convolutions read it
+(modeling_omniasr.py ``OmniASREncoderSubsamplingConv1D``)."""
+
+
 def _waveform_batch(cfg: Any, b: int, s: int, dtype: Any, head: str) -> dict[str, Any]:
     """``input_values`` [b, samples], a raw waveform (wav2vec2, HuBERT, WavLM), with ``s`` its
     length in encoder frames: samples = s x the feature encoder's total stride (the product of
@@ -688,7 +695,9 @@ def _waveform_batch(cfg: Any, b: int, s: int, dtype: Any, head: str) -> dict[str
     head takes class ``labels`` [b]; a CTC head none (:func:`hf_loss` stands in: its
     ``labels.max()`` check and label masking depend on the labels' values, which fake tensors
     do not have). A config with ``num_mel_bins`` and ``max_length`` (the Audio Spectrogram
-    Transformer) takes a log-mel spectrogram [b, max_length, num_mel_bins] instead."""
+    Transformer) takes a log-mel spectrogram [b, max_length, num_mel_bins] instead. The stride
+    is the audio sub-config's where the model has one (OmniASR's ``audio_config``), and
+    :data:`CHANNEL_WAVEFORM_TYPES` take [b, 1, samples]."""
     if hasattr(cfg, "num_mel_bins") and hasattr(cfg, "max_length"):
         # a spectrogram, not a waveform (Audio Spectrogram Transformer: [b, max_length,
         # num_mel_bins], modeling_audio_spectrogram_transformer.py)
@@ -697,10 +706,12 @@ def _waveform_batch(cfg: Any, b: int, s: int, dtype: Any, head: str) -> dict[str
         if head:
             batch["labels"] = torch.randint(0, max(getattr(cfg, "num_labels", 1), 1), (b,))
         return batch
+    audio = getattr(cfg, "audio_config", None) or cfg  # OmniASR: its audio tower's convolutions
     stride = 1
-    for k in getattr(cfg, "conv_stride", None) or (320,):
+    for k in getattr(audio, "conv_stride", None) or (320,):
         stride *= int(k)
-    batch = {"input_values": torch.randn(b, s * stride, dtype=dtype)}
+    shape = (b, 1, s * stride) if cfg.model_type in CHANNEL_WAVEFORM_TYPES else (b, s * stride)
+    batch = {"input_values": torch.randn(*shape, dtype=dtype)}
     if head and not head.endswith("ForCTC"):
         batch["labels"] = torch.randint(0, max(getattr(cfg, "num_labels", 1), 1), (b,))
     return batch
