@@ -16,6 +16,7 @@ option has no meaning there, and the message says what to use instead).
 
     PYTHONPATH=src python benchmarks/generic_options.py [--json out.json]
         [--sets REGEX] [--models REGEX]   # a subset: option sets / models whose name matches
+    PYTHONPATH=src python benchmarks/generic_options.py --summary a.json b.json  # runs' table
 
 Models: a formula family (tests/models/formula/qwen2.json), a remote-code config
 (tests/models/remote_code/qwen-7b.json: Qwen-1 mapped onto the modelled shapes), and a diffusers
@@ -535,45 +536,71 @@ def agreement(settings: dict[str, Any]) -> float | None:
     return generic / analytic - 1
 
 
+def summary(rows: list[dict[str, Any]]) -> list[str]:
+    """The table's lines from the rows of one or more runs: per model, the sets run end to end,
+    not applicable and refused; then generic vs analytic on the agreement model where both ran
+    (its range and any set outside 1 %), and every refusal."""
+    lines = []
+    for label in dict.fromkeys(row["model"] for row in rows):
+        outcomes = [row["outcome"] for row in rows if row["model"] == label]
+        n, na = outcomes.count("ok"), sum(o.startswith("n/a:") for o in outcomes)
+        lines.append(
+            f"== {label}: {n} of {len(outcomes)} option sets run on the generic path, {na} not "
+            f"applicable, {len(outcomes) - n - na} refused"
+        )
+    gaps = {
+        row["options"]: row["generic_vs_analytic_pct"]
+        for row in rows
+        if "generic_vs_analytic_pct" in row
+    }
+    if gaps:
+        low, high = min(gaps, key=gaps.__getitem__), max(gaps, key=gaps.__getitem__)
+        lines.append(
+            f"== generic vs analytic on the agreement model: {len(gaps)} sets, from "
+            f"{gaps[low]:+.3f} % ({low}) to {gaps[high]:+.3f} % ({high}); outside 1 %: "
+            + (", ".join(f"{k} {v:+.3f} %" for k, v in gaps.items() if abs(v) > 1) or "none")
+        )
+    for row in rows:
+        if row["outcome"] != "ok" and not row["outcome"].startswith("n/a:"):
+            lines.append(f"== refused: {row['options']} on {row['model']}: {row['outcome']}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--json", type=Path, default=None, help="rows, written after each cell")
     parser.add_argument("--sets", default="", help="only the option sets matching this regex")
     parser.add_argument("--models", default="", help="only the models matching this regex")
+    parser.add_argument(
+        "--summary", type=Path, nargs="+", default=None, help="print the table of --json files"
+    )
     args = parser.parse_args(argv)
+    if args.summary:  # the runs of one table split across processes (by --sets / --models)
+        print("\n".join(summary([row for f in args.summary for row in json.loads(f.read_text())])))
+        return 0
     logging.disable(logging.WARNING)
     warnings.simplefilter("ignore")
     rows: list[dict[str, Any]] = []
     sets = {k: v for k, v in OPTION_SETS.items() if re.search(args.sets, k)}
     targets = {k: v for k, v in TARGETS.items() if re.search(args.models, k)}
-    counts = dict.fromkeys(targets, 0)
-    not_applicable = dict.fromkeys(targets, 0)
     for name, settings in sets.items():
         for label, target in targets.items():
-            outcome, generic = _run(target, settings, "generic")
+            outcome, _ = _run(target, settings, "generic")
             row: dict[str, Any] = {"options": name, "model": label, "outcome": outcome}
-            counts[label] += outcome == "ok"
-            not_applicable[label] += outcome.startswith("n/a:")
             if outcome == "ok" and label.startswith("formula"):
                 gap = agreement(settings)
                 if gap is not None:
                     row["generic_vs_analytic_pct"] = round(100 * gap, 3)
             rows.append(row)
+            if args.json:  # a run stopped early keeps the rows it has
+                args.json.write_text(json.dumps(rows, indent=1))
             extra = (
                 f" ({row['generic_vs_analytic_pct']:+.3f}% vs analytic)"
                 if "generic_vs_analytic_pct" in row
                 else ""
             )
             print(f"{name:28} {label:22} {outcome}{extra}", flush=True)
-    for label, n in counts.items():
-        na = not_applicable[label]
-        refused = len(sets) - n - na
-        print(
-            f"== {label}: {n} of {len(sets)} option sets run on the generic path, {na} not "
-            f"applicable, {refused} refused"
-        )
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+    print("\n".join(summary(rows)))
     return 0
 
 

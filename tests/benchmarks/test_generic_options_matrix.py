@@ -29,7 +29,7 @@ from trainmem.specs.training import TrainingConfig
 
 sys.path.insert(0, str(REPO_DIR / "benchmarks"))
 
-from generic_options import OPTION_SETS  # noqa: E402
+from generic_options import OPTION_SETS, summary  # noqa: E402
 
 KINDS = {
     "formula": str(MODELS_DIR / "formula" / "qwen2.json"),
@@ -168,3 +168,33 @@ def test_every_option_set_runs_on_every_model_kind(name: str, kind: str) -> None
         return
     assert (name, kind) not in _STILL_REFUSED
     assert est.breakdown.allocated_bytes > 0
+
+
+def test_the_summary_of_runs_split_across_processes() -> None:
+    # two processes' rows (--sets / --models split), merged by --summary: hand-counted
+    rows = [
+        {
+            "options": "a",
+            "model": "formula (qwen2)",
+            "outcome": "ok",
+            "generic_vs_analytic_pct": 0.5,
+        },
+        {"options": "a", "model": "timm (test_vit)", "outcome": "n/a: a language model's"},
+        {
+            "options": "b",
+            "model": "formula (qwen2)",
+            "outcome": "ok",
+            "generic_vs_analytic_pct": -1.2,
+        },
+        {"options": "b", "model": "timm (test_vit)", "outcome": "UnsupportedError: no"},
+        {"options": "c", "model": "formula (qwen2)", "outcome": "ok"},  # analytic refused
+    ]
+    assert summary(rows) == [
+        "== formula (qwen2): 3 of 3 option sets run on the generic path, 0 not applicable, "
+        "0 refused",
+        "== timm (test_vit): 0 of 2 option sets run on the generic path, 1 not applicable, "
+        "1 refused",
+        "== generic vs analytic on the agreement model: 2 sets, from -1.200 % (b) to +0.500 % "
+        "(a); outside 1 %: b -1.200 %",
+        "== refused: b on timm (test_vit): UnsupportedError: no",
+    ]
