@@ -415,14 +415,15 @@ def test_the_three_valued_flag_and_prefix_tuning_match_the_cli(
     page.wait_for_function(
         "() => !document.querySelector('#cli textarea').value.includes('--zero-grad')"
     )
-    # prefix tuning (session 27) from a link: the generic path, the CLI's verdict
-    # (a traced step: the wait follows the page's busy signal, not a fixed time; it timed out
-    # at 90 s under load 8 in session 28's CI)
+    # prefix tuning (session 27) from a link: the CLI's engine and verdict (the formulas since
+    # session 29, helper prompt3: `--engine auto` takes them for prompt learning on a formula
+    # family; the generic path before; the wait follows the page's busy signal, not a fixed
+    # time: a trace timed out at 90 s under load 8 in session 28's CI)
     page.goto(server + "?model=tiny-llama-test&seq-len=64&num-virtual-tokens=8")
     wait_estimated(page)
     cli = wait_cli(page, "--num-virtual-tokens 8")
     expected = invoke_json(*cli.split()[1:])
-    assert expected["engine"] == "generic"
+    assert expected["engine"] == "analytic"
     check_against_cli(page, expected)
     _no_unexpected_error(page)
     page.close()
